@@ -1,0 +1,26 @@
+//! Generates the docker.swarmkit.v1 types and gRPC stubs. Uses `$PROTOC` when set, else the vendored protoc,
+//! so a fresh machine needs no system package.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("PROTOC").is_none() {
+        let protoc = protoc_bin_vendored::protoc_bin_path()?;
+        // SAFETY-free: build scripts are single-threaded; set_var is only unsafe in edition 2024.
+        std::env::set_var("PROTOC", protoc);
+    }
+    let protos = [
+        "proto/types.proto",
+        "proto/specs.proto",
+        "proto/objects.proto",
+        "proto/dispatcher.proto",
+        "proto/health.proto",
+        "proto/raft.proto",
+    ];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(&protos, &["proto"])?;
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! Small conveniences on the generated types: time conversions and the task-state order.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::TaskState;
+
+/// Converts milliseconds since the Unix epoch to a protobuf timestamp.
+pub fn timestamp_from_unix_ms(ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
+}
+
+/// Converts a protobuf timestamp to milliseconds since the Unix epoch (0 for times before it).
+pub fn timestamp_to_unix_ms(ts: &prost_types::Timestamp) -> u64 {
+    if ts.seconds < 0 {
+        return 0;
+    }
+    ts.seconds as u64 * 1000 + (ts.nanos.max(0) as u64) / 1_000_000
+}
+
+/// Converts a `SystemTime` to a protobuf timestamp.
+pub fn timestamp_from_system_time(t: SystemTime) -> prost_types::Timestamp {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+/// Converts a protobuf duration to a std duration (negative durations become zero).
+pub fn duration_from_proto(d: &prost_types::Duration) -> Duration {
+    if d.seconds < 0 || (d.seconds == 0 && d.nanos < 0) {
+        return Duration::ZERO;
+    }
+    Duration::new(d.seconds as u64, d.nanos.max(0) as u32)
+}
+
+/// Converts a std duration to a protobuf duration.
+pub fn duration_to_proto(d: Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+impl TaskState {
+    /// True for states a task never leaves: it has stopped running for good.
+    pub fn is_terminal(self) -> bool {
+        self as i32 > TaskState::Running as i32
+    }
+
+    /// Decodes a wire value, mapping unknown values to `New`.
+    pub fn from_wire(v: i32) -> TaskState {
+        TaskState::try_from(v).unwrap_or(TaskState::New)
+    }
+
+    /// The name Docker's API uses for this state ("running", "shutdown", ...).
+    pub fn docker_name(self) -> &'static str {
+        match self {
+            TaskState::New => "new",
+            TaskState::Pending => "pending",
+            TaskState::Assigned => "assigned",
+            TaskState::Accepted => "accepted",
+            TaskState::Preparing => "preparing",
+            TaskState::Ready => "ready",
+            TaskState::Starting => "starting",
+            TaskState::Running => "running",
+            TaskState::Complete => "complete",
+            TaskState::Shutdown => "shutdown",
+            TaskState::Failed => "failed",
+            TaskState::Rejected => "rejected",
+            TaskState::Remove => "remove",
+            TaskState::Orphaned => "orphaned",
+        }
+    }
+
+    /// Parses Docker's lower-case state name.
+    pub fn from_docker_name(s: &str) -> Option<TaskState> {
+        const ALL: [TaskState; 14] = [
+            TaskState::New,
+            TaskState::Pending,
+            TaskState::Assigned,
+            TaskState::Accepted,
+            TaskState::Preparing,
+            TaskState::Ready,
+            TaskState::Starting,
+            TaskState::Running,
+            TaskState::Complete,
+            TaskState::Shutdown,
+            TaskState::Failed,
+            TaskState::Rejected,
+            TaskState::Remove,
+            TaskState::Orphaned,
+        ];
+        ALL.into_iter().find(|st| st.docker_name() == s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_states_keep_swarmkit_values_and_order() {
+        assert_eq!(TaskState::New as i32, 0);
+        assert_eq!(TaskState::Pending as i32, 64);
+        assert_eq!(TaskState::Running as i32, 512);
+        assert_eq!(TaskState::Orphaned as i32, 832);
+        assert!(!TaskState::Running.is_terminal());
+        assert!(TaskState::Complete.is_terminal());
+        assert_eq!(TaskState::from_docker_name("shutdown"), Some(TaskState::Shutdown));
+    }
+
+    #[test]
+    fn time_round_trips() {
+        let ts = timestamp_from_unix_ms(1_234_567);
+        assert_eq!(timestamp_to_unix_ms(&ts), 1_234_567);
+        let d = duration_to_proto(Duration::from_millis(1500));
+        assert_eq!(duration_from_proto(&d), Duration::from_millis(1500));
+    }
+}

@@ -1,0 +1,29 @@
+//! The cluster state: typed tables (nodes, services, tasks, clusters) with indexes, consistent read views,
+//! all-or-nothing application of committed writes with compare-and-swap on `meta.version`, a bounded watch
+//! queue, and the codecs for Raft proposals and snapshots.
+//!
+//! No IO, no async runtime, no clock reads: time and randomness come in through `Clock` and `IdSource`.
+//! The store does not know about Raft; the raft crate calls `apply` with each committed entry.
+
+mod changes;
+pub mod clock;
+mod codec;
+mod error;
+pub mod ids;
+mod memory;
+mod object;
+mod table;
+
+pub use changes::Changes;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use codec::{decode_request, decode_snapshot, encode_request, encode_snapshot};
+pub use error::StoreError;
+pub use ids::IdSource;
+pub use memory::{Change, Commit, MemoryStore, Tables, Watch, DEFAULT_WATCH_QUEUE_COMMITS};
+pub use object::{Action, ActionKind, Object, ObjectKind, StoreObject};
+pub use table::{Table, TaskTable};
+
+pub use tokio::sync::broadcast::error::RecvError as WatchError;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,306 @@
+//! `MemoryStore`: the tables behind one lock, read views, atomic application of committed writes, and the
+//! watch queue.
+//!
+//! Writes are not made here directly: a writer builds a `Changes` list from a view, the list is proposed to
+//! Raft, and every member applies the committed list with `apply(index, ..)`. Application is deterministic and
+//! all-or-nothing: an update whose version no longer matches, a create whose ID or name is taken, or a remove
+//! of a missing object fails the whole list, on every member alike. Applied objects get `meta.version.index =
+//! index` (the Raft index), which is what the next compare-and-swap checks against.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use shoal_api::{Cluster, Node, Service, StoreSnapshot, Task};
+use tokio::sync::broadcast;
+
+use crate::object::{Action, ActionKind, Object, ObjectKind, StoreObject};
+use crate::table::{Table, TaskTable};
+use crate::StoreError;
+
+/// Default capacity of the watch queue, in commits. A watcher that falls further behind sees
+/// `RecvError::Lagged` and must re-read the state from a fresh view.
+pub const DEFAULT_WATCH_QUEUE_COMMITS: usize = 4096;
+
+/// What happened to one object in a commit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    /// Create, update or remove.
+    pub kind: ActionKind,
+    /// The object after the change (for a remove: the object as it was).
+    pub object: Object,
+    /// The object before the change, for updates and removes.
+    pub old: Option<Object>,
+}
+
+/// One applied write: its Raft index and the changes it made, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Commit {
+    /// The Raft index of the write (the new version of every object it touched).
+    pub index: u64,
+    /// The changes, in the order they were applied.
+    pub changes: Vec<Change>,
+}
+
+/// A receiver of commits, made by `view_and_watch` or `watch`. Bounded: see `DEFAULT_WATCH_QUEUE_COMMITS`.
+pub type Watch = broadcast::Receiver<Arc<Commit>>;
+
+/// The tables. Read them through `MemoryStore::view`.
+#[derive(Clone, Debug, Default)]
+pub struct Tables {
+    nodes: Table<Node>,
+    services: Table<Service>,
+    tasks: TaskTable,
+    clusters: Table<Cluster>,
+    last_index: u64,
+}
+
+impl Tables {
+    /// Nodes by ID.
+    pub fn nodes(&self) -> &Table<Node> {
+        &self.nodes
+    }
+    /// Services by ID and by unique name.
+    pub fn services(&self) -> &Table<Service> {
+        &self.services
+    }
+    /// Tasks, with the task indexes.
+    pub fn tasks(&self) -> &TaskTable {
+        &self.tasks
+    }
+    /// The cluster object(s).
+    pub fn clusters(&self) -> &Table<Cluster> {
+        &self.clusters
+    }
+    /// The Raft index of the last applied write (or of the snapshot restored).
+    pub fn last_index(&self) -> u64 {
+        self.last_index
+    }
+
+    /// The current version of an object, if present.
+    fn current(&self, kind: ObjectKind, id: &str) -> Option<Object> {
+        match kind {
+            ObjectKind::Node => self.nodes.get(id).cloned().map(Object::Node),
+            ObjectKind::Service => self.services.get(id).cloned().map(Object::Service),
+            ObjectKind::Task => self.tasks.get(id).cloned().map(Object::Task),
+            ObjectKind::Cluster => self.clusters.get(id).cloned().map(Object::Cluster),
+        }
+    }
+
+    fn name_owner(&self, obj: &Object) -> Option<(&str, String)> {
+        let (name, owner) = match obj {
+            Object::Service(s) => (s.unique_name()?, self.services.name_owner(s.unique_name()?)),
+            Object::Cluster(c) => (c.unique_name()?, self.clusters.name_owner(c.unique_name()?)),
+            _ => return None,
+        };
+        owner.map(|o| (o, name.to_string()))
+    }
+
+    fn put(&mut self, obj: Object) -> Option<Object> {
+        match obj {
+            Object::Node(o) => self.nodes.insert(o).map(Object::Node),
+            Object::Service(o) => self.services.insert(o).map(Object::Service),
+            Object::Task(o) => self.tasks.insert(o).map(Object::Task),
+            Object::Cluster(o) => self.clusters.insert(o).map(Object::Cluster),
+        }
+    }
+
+    fn delete(&mut self, kind: ObjectKind, id: &str) -> Option<Object> {
+        match kind {
+            ObjectKind::Node => self.nodes.remove(id).map(Object::Node),
+            ObjectKind::Service => self.services.remove(id).map(Object::Service),
+            ObjectKind::Task => self.tasks.remove(id).map(Object::Task),
+            ObjectKind::Cluster => self.clusters.remove(id).map(Object::Cluster),
+        }
+    }
+
+    /// Checks and applies one action, returning the change it made.
+    fn apply_one(&mut self, index: u64, action: &Action) -> Result<Change, StoreError> {
+        let kind = action.object.kind();
+        let id = action.object.id().to_string();
+        if id.is_empty() {
+            return Err(StoreError::InvalidObject(format!("{} without an ID", kind.name())));
+        }
+        let current = self.current(kind, &id);
+        match action.kind {
+            ActionKind::Create => {
+                if current.is_some() {
+                    return Err(StoreError::Exists { kind, id });
+                }
+                if let Some((owner, name)) = self.name_owner(&action.object) {
+                    return Err(StoreError::NameConflict { kind, name, owner: owner.to_string() });
+                }
+                let obj = stamp(&action.object, index);
+                self.put(obj.clone());
+                Ok(Change { kind: ActionKind::Create, object: obj, old: None })
+            }
+            ActionKind::Update => {
+                let Some(current) = current else {
+                    return Err(StoreError::NotFound { kind, id });
+                };
+                if current.version() != action.object.version() {
+                    return Err(StoreError::VersionConflict {
+                        kind,
+                        id,
+                        expected: action.object.version(),
+                        actual: current.version(),
+                    });
+                }
+                if let Some((owner, name)) = self.name_owner(&action.object) {
+                    if owner != id {
+                        return Err(StoreError::NameConflict { kind, name, owner: owner.to_string() });
+                    }
+                }
+                let obj = stamp(&action.object, index);
+                self.put(obj.clone());
+                Ok(Change { kind: ActionKind::Update, object: obj, old: Some(current) })
+            }
+            ActionKind::Remove => {
+                let Some(old) = self.delete(kind, &id) else {
+                    return Err(StoreError::NotFound { kind, id });
+                };
+                Ok(Change { kind: ActionKind::Remove, object: old.clone(), old: Some(old) })
+            }
+        }
+    }
+
+    fn undo(&mut self, change: Change) {
+        match change.kind {
+            ActionKind::Create => {
+                self.delete(change.object.kind(), change.object.id());
+            }
+            ActionKind::Update | ActionKind::Remove => {
+                if let Some(old) = change.old {
+                    self.put(old);
+                }
+            }
+        }
+    }
+}
+
+/// Returns a copy of the object with its version set to `index`.
+fn stamp(obj: &Object, index: u64) -> Object {
+    fn with_version<T: StoreObject>(o: &Arc<T>, index: u64) -> Arc<T> {
+        let mut o = (**o).clone();
+        o.meta_mut().version = Some(shoal_api::Version { index });
+        Arc::new(o)
+    }
+    match obj {
+        Object::Node(o) => Object::Node(with_version(o, index)),
+        Object::Service(o) => Object::Service(with_version(o, index)),
+        Object::Task(o) => Object::Task(with_version(o, index)),
+        Object::Cluster(o) => Object::Cluster(with_version(o, index)),
+    }
+}
+
+/// The in-memory cluster state. Cheap to share (`Arc<MemoryStore>`); all methods take `&self`.
+pub struct MemoryStore {
+    tables: RwLock<Tables>,
+    events: broadcast::Sender<Arc<Commit>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new(DEFAULT_WATCH_QUEUE_COMMITS)
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").field("last_index", &self.tables.read().last_index).finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store whose watch queue holds at most `watch_queue_commits` commits per watcher.
+    pub fn new(watch_queue_commits: usize) -> MemoryStore {
+        let (events, _) = broadcast::channel(watch_queue_commits.max(1));
+        MemoryStore { tables: RwLock::new(Tables::default()), events }
+    }
+
+    /// Runs `f` on a consistent read view. Keep `f` short: writes wait for it.
+    pub fn view<R>(&self, f: impl FnOnce(&Tables) -> R) -> R {
+        f(&self.tables.read())
+    }
+
+    /// Subscribes to commits and reads a view atomically: every commit after the view is delivered, none
+    /// before it ("watch before view, so no event is missed").
+    pub fn view_and_watch<R>(&self, f: impl FnOnce(&Tables) -> R) -> (R, Watch) {
+        let tables = self.tables.read();
+        let watch = self.events.subscribe();
+        (f(&tables), watch)
+    }
+
+    /// Subscribes to commits from now on.
+    pub fn watch(&self) -> Watch {
+        self.events.subscribe()
+    }
+
+    /// The index of the last applied write.
+    pub fn last_index(&self) -> u64 {
+        self.tables.read().last_index
+    }
+
+    /// Applies a committed list of actions at Raft index `index`, all or nothing. On success the commit is
+    /// published to watchers. On failure nothing changes (but `last_index` still advances, so that the
+    /// index stays in step with the log).
+    pub fn apply(&self, index: u64, actions: &[Action]) -> Result<Arc<Commit>, StoreError> {
+        let mut tables = self.tables.write();
+        debug_assert!(index > tables.last_index || actions.is_empty(), "apply must move forward");
+        tables.last_index = tables.last_index.max(index);
+        let mut changes = Vec::with_capacity(actions.len());
+        for action in actions {
+            match tables.apply_one(index, action) {
+                Ok(change) => changes.push(change),
+                Err(e) => {
+                    while let Some(change) = changes.pop() {
+                        tables.undo(change);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let commit = Arc::new(Commit { index, changes });
+        if !commit.changes.is_empty() {
+            // No receivers is fine: nobody is watching.
+            let _ = self.events.send(commit.clone());
+        }
+        Ok(commit)
+    }
+
+    /// Records that a log entry carrying no store change (e.g. a Raft configuration change) was applied.
+    pub fn advance_index(&self, index: u64) {
+        let mut tables = self.tables.write();
+        tables.last_index = tables.last_index.max(index);
+    }
+
+    /// A copy of the whole state, for a Raft snapshot.
+    pub fn snapshot(&self) -> (u64, StoreSnapshot) {
+        let t = self.tables.read();
+        let snap = StoreSnapshot {
+            nodes: t.nodes.iter().map(|o| (**o).clone()).collect(),
+            services: t.services.iter().map(|o| (**o).clone()).collect(),
+            tasks: t.tasks.iter().map(|o| (**o).clone()).collect(),
+            clusters: t.clusters.iter().map(|o| (**o).clone()).collect(),
+        };
+        (t.last_index, snap)
+    }
+
+    /// Replaces the whole state with a snapshot taken at `index`. Watchers are not told object by object;
+    /// they see `Lagged`-free silence, so callers restore before starting subsystems.
+    pub fn restore(&self, index: u64, snap: StoreSnapshot) {
+        let mut t = Tables { last_index: index, ..Tables::default() };
+        for o in snap.nodes {
+            t.nodes.insert(Arc::new(o));
+        }
+        for o in snap.services {
+            t.services.insert(Arc::new(o));
+        }
+        for o in snap.tasks {
+            t.tasks.insert(Arc::new(o));
+        }
+        for o in snap.clusters {
+            t.clusters.insert(Arc::new(o));
+        }
+        *self.tables.write() = t;
+    }
+}

@@ -1,0 +1,239 @@
+//! The four object kinds the store holds, behind one trait (`StoreObject`) and one enum (`Object`), and the
+//! conversions to and from SwarmKit's `StoreAction` wire form.
+
+use std::sync::Arc;
+
+use shoal_api::{store_action, Cluster, Meta, Node, Service, StoreAction, StoreActionKind, Task};
+
+/// Which table an object lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ObjectKind {
+    /// Cluster members (managers and workers).
+    Node,
+    /// Services: the desired state users write.
+    Service,
+    /// Tasks: one scheduled instance of a service.
+    Task,
+    /// The cluster object (one per cluster).
+    Cluster,
+}
+
+impl ObjectKind {
+    /// Lower-case name, as used in error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjectKind::Node => "node",
+            ObjectKind::Service => "service",
+            ObjectKind::Task => "task",
+            ObjectKind::Cluster => "cluster",
+        }
+    }
+}
+
+/// What every stored object offers the store: an ID, a version in its `Meta`, and an optional unique name.
+pub trait StoreObject: Clone + Send + Sync + 'static {
+    /// The table this type lives in.
+    const KIND: ObjectKind;
+    /// The object's ID.
+    fn id(&self) -> &str;
+    /// The object's metadata, if set.
+    fn meta(&self) -> Option<&Meta>;
+    /// The object's metadata, created if missing.
+    fn meta_mut(&mut self) -> &mut Meta;
+    /// The name that must be unique in its table (services, clusters), or `None` where names may repeat.
+    fn unique_name(&self) -> Option<&str>;
+    /// Wraps a shared reference to this object in the `Object` enum.
+    fn wrap(obj: Arc<Self>) -> Object;
+    /// The version (Raft index of the object's last write), 0 if never written.
+    fn version(&self) -> u64 {
+        self.meta().and_then(|m| m.version.as_ref()).map(|v| v.index).unwrap_or(0)
+    }
+}
+
+fn meta_mut(meta: &mut Option<Meta>) -> &mut Meta {
+    meta.get_or_insert_with(Meta::default)
+}
+
+impl StoreObject for Node {
+    const KIND: ObjectKind = ObjectKind::Node;
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn meta(&self) -> Option<&Meta> {
+        self.meta.as_ref()
+    }
+    fn meta_mut(&mut self) -> &mut Meta {
+        meta_mut(&mut self.meta)
+    }
+    fn unique_name(&self) -> Option<&str> {
+        None
+    }
+    fn wrap(obj: Arc<Self>) -> Object {
+        Object::Node(obj)
+    }
+}
+
+impl StoreObject for Service {
+    const KIND: ObjectKind = ObjectKind::Service;
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn meta(&self) -> Option<&Meta> {
+        self.meta.as_ref()
+    }
+    fn meta_mut(&mut self) -> &mut Meta {
+        meta_mut(&mut self.meta)
+    }
+    fn unique_name(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str())
+    }
+    fn wrap(obj: Arc<Self>) -> Object {
+        Object::Service(obj)
+    }
+}
+
+impl StoreObject for Task {
+    const KIND: ObjectKind = ObjectKind::Task;
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn meta(&self) -> Option<&Meta> {
+        self.meta.as_ref()
+    }
+    fn meta_mut(&mut self) -> &mut Meta {
+        meta_mut(&mut self.meta)
+    }
+    fn unique_name(&self) -> Option<&str> {
+        None
+    }
+    fn wrap(obj: Arc<Self>) -> Object {
+        Object::Task(obj)
+    }
+}
+
+impl StoreObject for Cluster {
+    const KIND: ObjectKind = ObjectKind::Cluster;
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn meta(&self) -> Option<&Meta> {
+        self.meta.as_ref()
+    }
+    fn meta_mut(&mut self) -> &mut Meta {
+        meta_mut(&mut self.meta)
+    }
+    fn unique_name(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str())
+    }
+    fn wrap(obj: Arc<Self>) -> Object {
+        Object::Cluster(obj)
+    }
+}
+
+/// A stored object of any kind, shared.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// A node.
+    Node(Arc<Node>),
+    /// A service.
+    Service(Arc<Service>),
+    /// A task.
+    Task(Arc<Task>),
+    /// The cluster object.
+    Cluster(Arc<Cluster>),
+}
+
+impl Object {
+    /// The object's kind.
+    pub fn kind(&self) -> ObjectKind {
+        match self {
+            Object::Node(_) => ObjectKind::Node,
+            Object::Service(_) => ObjectKind::Service,
+            Object::Task(_) => ObjectKind::Task,
+            Object::Cluster(_) => ObjectKind::Cluster,
+        }
+    }
+
+    /// The object's ID.
+    pub fn id(&self) -> &str {
+        match self {
+            Object::Node(o) => &o.id,
+            Object::Service(o) => &o.id,
+            Object::Task(o) => &o.id,
+            Object::Cluster(o) => &o.id,
+        }
+    }
+
+    /// The object's version.
+    pub fn version(&self) -> u64 {
+        match self {
+            Object::Node(o) => o.version(),
+            Object::Service(o) => o.version(),
+            Object::Task(o) => o.version(),
+            Object::Cluster(o) => o.version(),
+        }
+    }
+
+    /// Converts a wire action target to an object.
+    pub fn from_target(t: store_action::Target) -> Object {
+        match t {
+            store_action::Target::Node(o) => Object::Node(Arc::new(o)),
+            store_action::Target::Service(o) => Object::Service(Arc::new(o)),
+            store_action::Target::Task(o) => Object::Task(Arc::new(o)),
+            store_action::Target::Cluster(o) => Object::Cluster(Arc::new(o)),
+        }
+    }
+
+    /// Converts the object to a wire action target (clones the object).
+    pub fn to_target(&self) -> store_action::Target {
+        match self {
+            Object::Node(o) => store_action::Target::Node((**o).clone()),
+            Object::Service(o) => store_action::Target::Service((**o).clone()),
+            Object::Task(o) => store_action::Target::Task((**o).clone()),
+            Object::Cluster(o) => store_action::Target::Cluster((**o).clone()),
+        }
+    }
+}
+
+/// What a write does to one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActionKind {
+    /// Insert a new object; its ID (and unique name) must be free.
+    Create,
+    /// Replace an object; the given object's version must equal the stored one (compare-and-swap).
+    Update,
+    /// Delete an object by ID.
+    Remove,
+}
+
+/// One change in a write: what to do and the object it applies to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Action {
+    /// Create, update or remove.
+    pub kind: ActionKind,
+    /// The object (for a remove, only its kind and ID matter).
+    pub object: Object,
+}
+
+impl Action {
+    /// Encodes to SwarmKit's wire form.
+    pub fn to_wire(&self) -> StoreAction {
+        let kind = match self.kind {
+            ActionKind::Create => StoreActionKind::StoreActionCreate,
+            ActionKind::Update => StoreActionKind::StoreActionUpdate,
+            ActionKind::Remove => StoreActionKind::StoreActionRemove,
+        };
+        StoreAction { action: kind as i32, target: Some(self.object.to_target()) }
+    }
+
+    /// Decodes from SwarmKit's wire form; `None` for an action with no target or an unknown kind.
+    pub fn from_wire(a: StoreAction) -> Option<Action> {
+        let kind = match StoreActionKind::try_from(a.action).ok()? {
+            StoreActionKind::StoreActionCreate => ActionKind::Create,
+            StoreActionKind::StoreActionUpdate => ActionKind::Update,
+            StoreActionKind::StoreActionRemove => ActionKind::Remove,
+            StoreActionKind::Unknown => return None,
+        };
+        Some(Action { kind, object: Object::from_target(a.target?) })
+    }
+}

@@ -1,0 +1,171 @@
+//! Unit tests of the store: indexes, compare-and-swap, atomicity, watch-before-view, snapshots.
+
+use std::sync::Arc;
+
+use shoal_api::{Annotations, Service, ServiceSpec, Task, TaskState, TaskStatus};
+
+use crate::*;
+
+fn service(id: &str, name: &str) -> Service {
+    Service {
+        id: id.into(),
+        spec: Some(ServiceSpec {
+            annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn task(id: &str, service_id: &str, slot: u64, node: &str) -> Task {
+    let mut t = Task { id: id.into(), service_id: service_id.into(), slot, node_id: node.into(), ..Default::default() };
+    t.set_desired_state(TaskState::Running);
+    t.status = Some(TaskStatus { state: TaskState::Pending as i32, ..Default::default() });
+    t
+}
+
+fn apply(store: &MemoryStore, index: u64, changes: Changes) -> Result<Arc<Commit>, StoreError> {
+    store.apply(index, changes.actions())
+}
+
+#[test]
+fn create_sets_version_to_the_raft_index() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(service("s1", "web"));
+    apply(&store, 7, c).unwrap();
+    let got = store.view(|t| t.services().get("s1").cloned()).unwrap();
+    assert_eq!(got.version(), 7);
+    assert_eq!(store.last_index(), 7);
+    assert_eq!(store.view(|t| t.services().by_name("WEB").map(|s| s.id.clone())), Some("s1".into()));
+}
+
+#[test]
+fn update_is_compare_and_swap_on_version() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(service("s1", "web"));
+    apply(&store, 1, c).unwrap();
+    let read = (*store.view(|t| t.services().get("s1").cloned()).unwrap()).clone();
+
+    let mut first = read.clone();
+    first.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels.insert("a".into(), "1".into());
+    let mut c = Changes::new();
+    c.update(first);
+    apply(&store, 2, c).unwrap();
+
+    // A second writer that read version 1 loses.
+    let mut stale = read;
+    stale.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels.insert("b".into(), "2".into());
+    let mut c = Changes::new();
+    c.update(stale);
+    let err = apply(&store, 3, c).unwrap_err();
+    assert!(matches!(err, StoreError::VersionConflict { expected: 1, actual: 2, .. }), "{err}");
+    let now = store.view(|t| t.services().get("s1").cloned()).unwrap();
+    assert_eq!(now.version(), 2);
+    assert!(!now.spec.as_ref().unwrap().annotations.as_ref().unwrap().labels.contains_key("b"));
+}
+
+#[test]
+fn a_failing_action_undoes_the_whole_write() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(service("s1", "web"));
+    apply(&store, 1, c).unwrap();
+    let mut c = Changes::new();
+    c.create(task("t1", "s1", 1, "")).create(service("s2", "Web"));
+    let err = apply(&store, 2, c).unwrap_err();
+    assert!(matches!(err, StoreError::NameConflict { .. }), "{err}");
+    assert_eq!(store.view(|t| t.tasks().len()), 0);
+    assert_eq!(store.view(|t| t.services().len()), 1);
+}
+
+#[test]
+fn task_indexes_follow_updates_and_removes() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(task("t1", "s1", 1, "")).create(task("t2", "s1", 2, "n1")).create(task("t3", "s2", 1, "n1"));
+    apply(&store, 1, c).unwrap();
+    let ids = |f: &dyn Fn(&Tables) -> Vec<String>| {
+        let mut v = store.view(f);
+        v.sort();
+        v
+    };
+    assert_eq!(ids(&|t| t.tasks().by_service("s1").map(|t| t.id.clone()).collect()), ["t1", "t2"]);
+    assert_eq!(ids(&|t| t.tasks().by_node("n1").map(|t| t.id.clone()).collect()), ["t2", "t3"]);
+    assert_eq!(ids(&|t| t.tasks().by_state(TaskState::Pending).map(|t| t.id.clone()).collect()).len(), 3);
+
+    let mut t1 = (*store.view(|t| t.tasks().get("t1").cloned()).unwrap()).clone();
+    t1.node_id = "n2".into();
+    t1.status.as_mut().unwrap().state = TaskState::Assigned as i32;
+    let mut c = Changes::new();
+    c.update(t1);
+    apply(&store, 2, c).unwrap();
+    assert_eq!(ids(&|t| t.tasks().by_node("n2").map(|t| t.id.clone()).collect()), ["t1"]);
+    assert_eq!(ids(&|t| t.tasks().by_state(TaskState::Pending).map(|t| t.id.clone()).collect()), ["t2", "t3"]);
+    assert_eq!(ids(&|t| t.tasks().by_slot("s1", 1).map(|t| t.id.clone()).collect()), ["t1"]);
+
+    let t3 = store.view(|t| t.tasks().get("t3").cloned()).unwrap();
+    let mut c = Changes::new();
+    c.remove(t3);
+    apply(&store, 3, c).unwrap();
+    assert_eq!(ids(&|t| t.tasks().by_node("n1").map(|t| t.id.clone()).collect()), ["t2"]);
+    assert_eq!(store.view(|t| t.tasks().count_by_service("s2")), 0);
+}
+
+#[test]
+fn watch_before_view_misses_nothing() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(service("s1", "web"));
+    apply(&store, 1, c).unwrap();
+    let (count, mut watch) = store.view_and_watch(|t| t.services().len());
+    assert_eq!(count, 1);
+    let mut c = Changes::new();
+    c.create(service("s2", "db"));
+    apply(&store, 2, c).unwrap();
+    let commit = watch.try_recv().unwrap();
+    assert_eq!(commit.index, 2);
+    assert_eq!(commit.changes.len(), 1);
+    assert_eq!(commit.changes[0].kind, ActionKind::Create);
+    assert_eq!(commit.changes[0].object.id(), "s2");
+    assert!(watch.try_recv().is_err());
+}
+
+#[test]
+fn a_slow_watcher_is_told_it_lagged() {
+    let store = MemoryStore::new(2);
+    let mut watch = store.watch();
+    for i in 1..=5u64 {
+        let mut c = Changes::new();
+        c.create(task(&format!("t{i}"), "s", i, ""));
+        apply(&store, i, c).unwrap();
+    }
+    assert!(matches!(watch.try_recv(), Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_))));
+}
+
+#[test]
+fn snapshot_round_trips_through_the_codec() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(service("s1", "web")).create(task("t1", "s1", 1, "n1"));
+    apply(&store, 5, c).unwrap();
+    let (index, snap) = store.snapshot();
+    let bytes = encode_snapshot(snap);
+    let other = MemoryStore::default();
+    other.restore(index, decode_snapshot(&bytes).unwrap());
+    assert_eq!(other.last_index(), 5);
+    assert_eq!(other.view(|t| t.tasks().by_node("n1").count()), 1);
+    assert_eq!(other.view(|t| t.services().by_name("web").map(|s| s.version())), Some(5));
+}
+
+#[test]
+fn requests_round_trip_through_the_codec() {
+    let mut c = Changes::new();
+    c.create(service("s1", "web")).update(task("t1", "s1", 1, ""));
+    let bytes = encode_request(42, c.actions());
+    let (id, actions) = decode_request(&bytes).unwrap();
+    assert_eq!(id, 42);
+    assert_eq!(actions, c.actions());
+    assert!(decode_request(&[0xff, 0xff]).is_err());
+}
