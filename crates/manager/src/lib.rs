@@ -1,1 +1,17 @@
-//! placeholder during bootstrap
+//! The manager's subsystems, one folder each: `orchestrator` (replicated services, restarts, rolling
+//! updates, task reaper), `scheduler` (filters, then spread), `dispatcher` (agent sessions, heartbeats,
+//! assignments, task status). `state` holds what they share; `subsystem` starts and stops the leader-only
+//! ones on leadership change.
+//!
+//! Subsystems never call each other: each reads and watches the store and writes through the proposer.
+//! The manager knows nothing of HTTP or the Engine API (that is `shoal-engine-api`).
+
+pub mod controlapi;
+pub mod dispatcher;
+pub mod orchestrator;
+pub mod scheduler;
+pub mod state;
+pub mod subsystem;
+
+pub use state::{ClusterState, RandomIds, WriteError};
+pub use subsystem::{run_while_leader, stopped, Subsystem, SubsystemFuture};

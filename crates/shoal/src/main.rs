@@ -1,1 +1,36 @@
-fn main() {}
+//! The `shoal` binary: `shoal daemon` runs a node; every other subcommand is a client of the Engine API on
+//! the control socket (see `cli`). Argument parsing and dispatch only.
+
+mod cli;
+mod daemon;
+
+use clap::{Parser, Subcommand};
+
+/// Shoal: a container orchestrator on the design of Docker SwarmKit.
+#[derive(Debug, Parser)]
+#[command(name = "shoal", version, about, propagate_version = true)]
+struct Args {
+    /// Control socket of the daemon to talk to (unix:///path or a path).
+    #[arg(short = 'H', long = "host", env = "SHOAL_HOST", global = true, default_value = cli::DEFAULT_HOST)]
+    host: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a Shoal node (manager and worker).
+    Daemon(daemon::DaemonArgs),
+    #[command(flatten)]
+    Client(cli::ClientCommand),
+}
+
+fn main() {
+    let args = Args::parse();
+    let code = match args.command {
+        Command::Daemon(d) => daemon::run(d),
+        Command::Client(c) => cli::run(&args.host, c),
+    };
+    std::process::exit(code);
+}

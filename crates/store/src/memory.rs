@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use shoal_api::{Cluster, Node, Service, StoreSnapshot, Task};
+use shoal_api::{Cluster, Node, Service, StoreSnapshot};
 use tokio::sync::broadcast;
 
 use crate::object::{Action, ActionKind, Object, ObjectKind, StoreObject};

@@ -1,0 +1,1 @@
+//! controlapi (being written)

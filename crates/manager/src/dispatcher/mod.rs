@@ -1,0 +1,1 @@
+//! dispatcher (being written)

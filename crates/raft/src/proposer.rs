@@ -1,0 +1,107 @@
+//! The seam between the cluster logic and consensus: a `Proposer` takes a list of store actions, gets it
+//! committed, and resolves once the local store has applied it. `RaftNode` is the real one; `LocalProposer`
+//! applies directly (no log), for unit tests of the subsystems.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use shoal_store::{Action, Commit, MemoryStore, StoreError};
+use tokio::sync::watch;
+
+/// The future a proposal returns.
+pub type ProposeFuture = Pin<Box<dyn Future<Output = Result<Arc<Commit>, ProposeError>> + Send + 'static>>;
+
+/// Why a proposal did not take effect.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// This manager is not the leader; send the write to the leader (its Raft ID, if known).
+    #[error("this manager is not the leader (leader: {leader:?}); retry against the leader")]
+    NotLeader {
+        /// The leader's Raft ID, when known.
+        leader: Option<u64>,
+    },
+    /// The write was committed but could not be applied (version conflict, name taken, ...). Nothing changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Leadership was lost or the node stopped before the write was known to be committed: it may or may
+    /// not have been applied. Read the state again before retrying.
+    #[error("the write's outcome is unknown: {0}; read the state again before retrying")]
+    Unknown(String),
+    /// The proposal is larger than one Raft entry may be.
+    #[error("the write is too large ({size} bytes, limit {limit}); split it")]
+    TooLarge {
+        /// Encoded size.
+        size: usize,
+        /// Limit.
+        limit: usize,
+    },
+    /// The Raft node has stopped.
+    #[error("the raft node is stopped")]
+    Stopped,
+}
+
+/// Who leads, as this node sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaderState {
+    /// True when this node is the leader.
+    pub is_leader: bool,
+    /// The current term.
+    pub term: u64,
+    /// The leader's Raft ID (0 when unknown).
+    pub leader_id: u64,
+}
+
+/// Gets writes committed and applied.
+pub trait Proposer: Send + Sync + 'static {
+    /// Proposes `actions` as one atomic write; resolves once applied to the local store.
+    fn propose(&self, actions: Vec<Action>) -> ProposeFuture;
+
+    /// Leadership changes, as a watch channel (the current value is always available).
+    fn leadership(&self) -> watch::Receiver<LeaderState>;
+}
+
+/// Applies writes straight to a store, with consecutive indexes; always the leader. For tests.
+#[derive(Debug)]
+pub struct LocalProposer {
+    store: Arc<MemoryStore>,
+    next_index: AtomicU64,
+    lock: Mutex<()>,
+    leader: watch::Sender<LeaderState>,
+}
+
+impl LocalProposer {
+    /// A proposer over `store`, continuing after its last index.
+    pub fn new(store: Arc<MemoryStore>) -> LocalProposer {
+        let next = store.last_index() + 1;
+        let (leader, _) = watch::channel(LeaderState { is_leader: true, term: 1, leader_id: 1 });
+        LocalProposer { store, next_index: AtomicU64::new(next), lock: Mutex::new(()), leader }
+    }
+
+    /// Flips leadership, to test start/stop of leader-only subsystems.
+    pub fn set_leader(&self, is_leader: bool) {
+        self.leader.send_modify(|s| {
+            s.is_leader = is_leader;
+            s.term += 1;
+        });
+    }
+}
+
+impl Proposer for LocalProposer {
+    fn propose(&self, actions: Vec<Action>) -> ProposeFuture {
+        let result = if !self.leader.borrow().is_leader {
+            Err(ProposeError::NotLeader { leader: None })
+        } else {
+            let _guard = self.lock.lock();
+            let index = self.next_index.fetch_add(1, Ordering::SeqCst);
+            self.store.apply(index, &actions).map_err(ProposeError::from)
+        };
+        Box::pin(async move { result })
+    }
+
+    fn leadership(&self) -> watch::Receiver<LeaderState> {
+        self.leader.subscribe()
+    }
+}
