@@ -1,1 +1,295 @@
-//! placeholder during bootstrap
+//! One Shoal node: a manager (Raft, the leader-only subsystems, the dispatcher, the control API) and a worker
+//! (the agent with its executor) in one process.
+//!
+//! `Node::start` opens or creates the state dir, starts Raft (recovering the store from snapshot + log),
+//! bootstraps the cluster on first start, serves gRPC on the remote address and the Engine API on the control
+//! socket, and runs the agent. `RunningNode::shutdown` stops everything in reverse order, so no task process
+//! outlives the daemon. This crate does no argument parsing (that is the `shoal` binary).
+
+mod bootstrap;
+mod config;
+mod identity;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_agent::{Agent, AgentConfig, Executor};
+use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
+use shoal_manager::{ClusterState, RandomIds, Subsystem};
+use shoal_raft::{RaftConfig, RaftNode};
+use shoal_store::{MemoryStore, SystemClock};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
+pub use config::{DaemonConfig, ExecutorKind};
+pub use identity::NodeIdentity;
+
+/// Why a node could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A file or socket operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The state dir holds something unusable.
+    #[error("state dir: {0}")]
+    State(String),
+    /// Raft could not start.
+    #[error("raft: {0}")]
+    Raft(#[from] shoal_raft::RaftError),
+    /// The cluster could not be bootstrapped.
+    #[error("cannot bootstrap the cluster: {0}")]
+    Bootstrap(String),
+    /// A setting cannot be honoured.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl NodeError {
+    fn io(path: &Path, source: std::io::Error) -> NodeError {
+        NodeError::Io { path: path.display().to_string(), source }
+    }
+}
+
+/// A started node. Dropping it without `shutdown` aborts its tasks, but task processes still die with the
+/// process (they are bound to it).
+pub struct RunningNode {
+    identity: NodeIdentity,
+    cluster_id: String,
+    raft: RaftNode,
+    state: ClusterState,
+    shutdown_tx: watch::Sender<bool>,
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+    control_socket: std::path::PathBuf,
+    remote_addr: std::net::SocketAddr,
+}
+
+fn machine_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+fn pick_executor(kind: ExecutorKind) -> Result<Arc<dyn Executor>, NodeError> {
+    match kind {
+        // The Docker executor arrives with its own issue; until then `auto` means processes.
+        ExecutorKind::Auto | ExecutorKind::Process => Ok(Arc::new(shoal_agent::process::ProcessExecutor::new())),
+        ExecutorKind::Docker => Err(NodeError::Config(
+            "the docker executor is not available in this build yet; use --executor process (or auto)".into(),
+        )),
+    }
+}
+
+/// Starting a node.
+pub struct Node;
+
+impl Node {
+    /// Starts a node from `cfg`. Returns once the control socket answers.
+    pub async fn start(cfg: DaemonConfig) -> Result<RunningNode, NodeError> {
+        std::fs::create_dir_all(&cfg.state_dir).map_err(|e| NodeError::io(&cfg.state_dir, e))?;
+        set_mode(&cfg.state_dir, 0o700)?;
+        let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
+        let identity = match identity::load(&cfg.state_dir)? {
+            Some(id) => id,
+            None => {
+                if RaftNode::has_existing_state(&cfg.state_dir) {
+                    return Err(NodeError::State(format!(
+                        "{} has raft data but no node.json; restore node.json or start with an empty state dir",
+                        cfg.state_dir.display()
+                    )));
+                }
+                let id = NodeIdentity { node_id: shoal_store::IdSource::new_id(&*ids), raft_id: random_raft_id() };
+                identity::store(&cfg.state_dir, &id)?;
+                id
+            }
+        };
+        let hostname = cfg.hostname.clone().unwrap_or_else(machine_hostname);
+        let executor = pick_executor(cfg.executor)?;
+        let mut description = executor.describe();
+        description.hostname = hostname.clone();
+
+        // Raft: recovers the store from snapshot + log before returning.
+        let store = Arc::new(MemoryStore::default());
+        let mut raft_cfg = RaftConfig::new(cfg.state_dir.clone(), identity.raft_id);
+        raft_cfg.tick_interval_ms = cfg.raft_tick_interval_ms;
+        let raft = RaftNode::start(raft_cfg, store.clone()).await?;
+        let state = ClusterState::new(store, Arc::new(raft.clone()), Arc::new(SystemClock), ids);
+
+        // Wait for leadership (a single member elects itself at once), then bootstrap.
+        wait_for_leader(&state, Duration::from_secs(30)).await?;
+        let advertised = cfg.advertised();
+        let cluster_id = bootstrap::ensure_cluster(
+            &state,
+            bootstrap::LocalManager {
+                node_id: &identity.node_id,
+                raft_id: identity.raft_id,
+                addr: advertised.to_string(),
+                description: description.clone(),
+            },
+        )
+        .await?;
+
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+
+        // gRPC: dispatcher + health on the remote address.
+        let dispatcher = Dispatcher::new(
+            state.clone(),
+            DispatcherConfig { manager_addr: advertised.to_string(), ..DispatcherConfig::default() },
+        );
+        let listener = tokio::net::TcpListener::bind(cfg.listen_remote_api)
+            .await
+            .map_err(|e| NodeError::io(Path::new(&cfg.listen_remote_api.to_string()), e))?;
+        let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
+        let grpc = tonic::transport::Server::builder()
+            .add_service(dispatcher.grpc_service())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                wait_true(shutdown_rx.clone()),
+            );
+        tasks.push((
+            "grpc",
+            tokio::spawn(async move {
+                if let Err(e) = grpc.await {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            }),
+        ));
+
+        // Leader-only subsystems, from one declarative list.
+        let mut subsystems: Vec<Box<dyn Subsystem>> = shoal_manager::orchestrator::subsystems();
+        subsystems.push(shoal_manager::scheduler::subsystem());
+        subsystems.push(dispatcher.subsystem());
+        tasks.push((
+            "leader-subsystems",
+            tokio::spawn(shoal_manager::run_while_leader(state.clone(), subsystems, shutdown_rx.clone())),
+        ));
+
+        // The control socket.
+        let control_socket = cfg.listen_control_api.clone();
+        if let Some(dir) = control_socket.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
+        }
+        match std::fs::remove_file(&control_socket) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(NodeError::io(&control_socket, e)),
+        }
+        let unix = tokio::net::UnixListener::bind(&control_socket).map_err(|e| NodeError::io(&control_socket, e))?;
+        set_mode(&control_socket, 0o660)?;
+        let ctx = shoal_engine_api::ApiContext {
+            state: state.clone(),
+            node_id: identity.node_id.clone(),
+            node_addr: advertised.to_string(),
+            executor: executor.name().to_string(),
+            hostname: hostname.clone(),
+        };
+        tasks.push((
+            "engine-api",
+            tokio::spawn({
+                let stop = wait_true(shutdown_rx.clone());
+                async move {
+                    if let Err(e) = shoal_engine_api::serve_unix(unix, ctx, stop).await {
+                        tracing::error!(error = %e, "control API server failed");
+                    }
+                }
+            }),
+        ));
+
+        // The agent: this node is a worker too.
+        let agent = Agent::new(
+            AgentConfig {
+                node_id: identity.node_id.clone(),
+                manager_addr: format!("http://{remote_addr}"),
+                hostname,
+                state_dir: cfg.state_dir.clone(),
+                engine_labels: Default::default(),
+            },
+            executor,
+        );
+        tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
+
+        tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
+        Ok(RunningNode { identity, cluster_id, raft, state, shutdown_tx, tasks, control_socket, remote_addr })
+    }
+}
+
+impl RunningNode {
+    /// This node's identity.
+    pub fn identity(&self) -> &NodeIdentity {
+        &self.identity
+    }
+    /// The cluster's ID.
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+    /// The cluster state handles (store, proposer, clock, IDs).
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+    /// The bound gRPC address.
+    pub fn remote_addr(&self) -> std::net::SocketAddr {
+        self.remote_addr
+    }
+
+    /// Stops the node: the agent first (so every task process is stopped), then the servers and the
+    /// leader-only subsystems, then Raft. Bounded: each part gets `grace` to finish before it is aborted.
+    pub async fn shutdown(self, grace: Duration) {
+        let _ = self.shutdown_tx.send(true);
+        for (name, handle) in self.tasks {
+            let abort = handle.abort_handle();
+            if tokio::time::timeout(grace, handle).await.is_err() {
+                tracing::warn!(part = name, "did not stop in time; aborting");
+                abort.abort();
+            }
+        }
+        self.raft.shutdown().await;
+        let _ = std::fs::remove_file(&self.control_socket);
+    }
+}
+
+async fn wait_true(mut rx: watch::Receiver<bool>) {
+    shoal_manager::stopped(&mut rx).await
+}
+
+async fn wait_for_leader(state: &ClusterState, limit: Duration) -> Result<(), NodeError> {
+    let mut leadership = state.proposer.leadership();
+    let wait = async {
+        while !leadership.borrow_and_update().is_leader {
+            if leadership.changed().await.is_err() {
+                return Err(NodeError::Bootstrap("raft stopped before electing a leader".into()));
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(limit, wait)
+        .await
+        .map_err(|_| NodeError::Bootstrap(format!("no leader elected within {limit:?}")))?
+}
+
+fn random_raft_id() -> u64 {
+    use rand::Rng;
+    rand::rng().random_range(1..u64::MAX)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| NodeError::io(path, e))
+}
+
+/// Runs a node until `stop` resolves, then shuts it down.
+pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
+    let node = Node::start(cfg).await?;
+    stop.await;
+    tracing::info!("shutting down");
+    node.shutdown(Duration::from_secs(15)).await;
+    Ok(())
+}

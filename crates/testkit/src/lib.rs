@@ -1,1 +1,15 @@
-//! placeholder during bootstrap
+//! Test harness shared by the end-to-end tests and later multi-node and fault tests:
+//! - `daemon`: a `shoal daemon` process under test, on a temporary state dir, control socket and port, stopped
+//!   (and its task processes with it) when dropped, even when the test fails;
+//! - `http`: a minimal Engine API client over the control socket;
+//! - `wait`: wait for a condition with a deadline (never a fixed sleep);
+//! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket.
+
+pub mod daemon;
+pub mod docker_cli;
+pub mod http;
+pub mod process;
+pub mod wait;
+
+pub use daemon::{DaemonOptions, DaemonProcess};
+pub use wait::wait_until;

@@ -1,0 +1,95 @@
+//! Cluster bootstrap: on a new cluster's first leadership, write the cluster object (defaults below) and this
+//! manager's own node object. Idempotent: a start that finds them already there writes nothing, so a crash
+//! between Raft initialisation and this write is repaired on the next start.
+
+use std::time::Duration;
+
+use shoal_api::{
+    duration_to_proto, node_spec, Annotations, CaConfig, Cluster, ClusterSpec, DispatcherConfig, ManagerStatus, Node,
+    NodeDescription, NodeRole, NodeSpec, NodeStatus, OrchestrationConfig, RaftConfig,
+};
+use shoal_manager::ClusterState;
+
+/// The name of the one cluster object.
+pub const CLUSTER_NAME: &str = "default";
+/// Default number of tasks kept per slot.
+pub const DEFAULT_TASK_HISTORY: i64 = 5;
+/// Default heartbeat period.
+pub const DEFAULT_HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
+/// Default node certificate validity.
+pub const DEFAULT_NODE_CERT_EXPIRY: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// The cluster spec a new cluster starts with.
+pub fn default_cluster_spec() -> ClusterSpec {
+    ClusterSpec {
+        annotations: Some(Annotations { name: CLUSTER_NAME.into(), ..Default::default() }),
+        orchestration: Some(OrchestrationConfig { task_history_retention_limit: DEFAULT_TASK_HISTORY }),
+        raft: Some(RaftConfig {
+            snapshot_interval: 10_000,
+            keep_old_snapshots: 0,
+            log_entries_for_slow_followers: 500,
+            heartbeat_tick: 1,
+            election_tick: 10,
+        }),
+        dispatcher: Some(DispatcherConfig { heartbeat_period: Some(duration_to_proto(DEFAULT_HEARTBEAT_PERIOD)) }),
+        ca_config: Some(CaConfig { node_cert_expiry: Some(duration_to_proto(DEFAULT_NODE_CERT_EXPIRY)), force_rotate: 0 }),
+        task_defaults: None,
+        encryption_config: None,
+    }
+}
+
+/// What the local manager says about itself.
+pub struct LocalManager<'a> {
+    /// The node ID.
+    pub node_id: &'a str,
+    /// The Raft ID.
+    pub raft_id: u64,
+    /// The advertised remote address.
+    pub addr: String,
+    /// The node's description (hostname, platform, resources, engine).
+    pub description: NodeDescription,
+}
+
+/// Writes the cluster object and the local manager's node object if missing. Returns the cluster ID.
+pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Result<String, crate::NodeError> {
+    let now = state.now();
+    let new_cluster_id = state.ids.new_id();
+    let (cluster_id, _) = state
+        .write(|t, changes| {
+            let cluster_id = match t.clusters().by_name(CLUSTER_NAME) {
+                Some(c) => c.id.clone(),
+                None => {
+                    let mut c = Cluster { id: new_cluster_id.clone(), spec: Some(default_cluster_spec()), ..Default::default() };
+                    c.meta = Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) });
+                    changes.create(c);
+                    new_cluster_id.clone()
+                }
+            };
+            if t.nodes().get(me.node_id).is_none() {
+                let mut spec = NodeSpec { annotations: Some(Annotations::default()), ..Default::default() };
+                spec.set_desired_role(NodeRole::Manager);
+                spec.set_membership(node_spec::Membership::Accepted);
+                spec.set_availability(node_spec::Availability::Active);
+                let mut node = Node {
+                    id: me.node_id.to_string(),
+                    meta: Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+                    spec: Some(spec),
+                    description: Some(me.description.clone()),
+                    status: Some(NodeStatus { state: shoal_api::node_status::State::Ready as i32, message: String::new(), addr: me.addr.clone() }),
+                    manager_status: Some(ManagerStatus {
+                        raft_id: me.raft_id,
+                        addr: me.addr.clone(),
+                        leader: true,
+                        reachability: shoal_api::raft_member_status::Reachability::Reachable as i32,
+                    }),
+                    role: 0,
+                };
+                node.set_role(NodeRole::Manager);
+                changes.create(node);
+            }
+            Ok::<_, std::convert::Infallible>(cluster_id)
+        })
+        .await
+        .map_err(|e| crate::NodeError::Bootstrap(e.to_string()))?;
+    Ok(cluster_id)
+}

@@ -1,0 +1,67 @@
+//! `DaemonConfig`: everything a node needs to start, as the `shoal daemon` flags give it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Which executor runs tasks on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExecutorKind {
+    /// Docker when a Docker Engine answers, else plain processes.
+    #[default]
+    Auto,
+    /// Plain processes.
+    Process,
+    /// Docker containers through the local Docker Engine.
+    Docker,
+}
+
+impl std::str::FromStr for ExecutorKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(ExecutorKind::Auto),
+            "process" => Ok(ExecutorKind::Process),
+            "docker" => Ok(ExecutorKind::Docker),
+            other => Err(format!("unknown executor {other:?}: use auto, process or docker")),
+        }
+    }
+}
+
+/// How to run one node.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Where the node keeps its identity, Raft log, snapshots and task logs.
+    pub state_dir: PathBuf,
+    /// The control socket (Engine API over HTTP on a unix socket).
+    pub listen_control_api: PathBuf,
+    /// The address the gRPC remote API (dispatcher, health) listens on.
+    pub listen_remote_api: SocketAddr,
+    /// The address other nodes use to reach this one (defaults to `listen_remote_api`).
+    pub advertise_remote_api: Option<SocketAddr>,
+    /// The node's hostname (defaults to the machine's).
+    pub hostname: Option<String>,
+    /// Which executor to use.
+    pub executor: ExecutorKind,
+    /// Raft tick interval.
+    pub raft_tick_interval_ms: u64,
+}
+
+impl DaemonConfig {
+    /// A config with defaults for everything but the state dir and the control socket.
+    pub fn new(state_dir: PathBuf, listen_control_api: PathBuf) -> DaemonConfig {
+        DaemonConfig {
+            state_dir,
+            listen_control_api,
+            listen_remote_api: SocketAddr::from(([127, 0, 0, 1], 4242)),
+            advertise_remote_api: None,
+            hostname: None,
+            executor: ExecutorKind::Auto,
+            raft_tick_interval_ms: 100,
+        }
+    }
+
+    /// The advertised remote address.
+    pub fn advertised(&self) -> SocketAddr {
+        self.advertise_remote_api.unwrap_or(self.listen_remote_api)
+    }
+}

@@ -1,0 +1,73 @@
+//! `shoal daemon`: flags (modeled on swarmd), logging setup, the runtime, and signal handling.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use shoal_node::{DaemonConfig, ExecutorKind};
+
+/// Flags of `shoal daemon`.
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// State directory: node identity, Raft log and snapshots, task logs.
+    #[arg(long, short = 'd', default_value = "./shoal-state", env = "SHOAL_STATE_DIR")]
+    state_dir: PathBuf,
+    /// Control socket to serve the Engine API on (default: <state dir>/control.sock).
+    #[arg(long)]
+    listen_control_api: Option<PathBuf>,
+    /// Address for the remote gRPC API (dispatcher, raft).
+    #[arg(long, default_value = "127.0.0.1:4242")]
+    listen_remote_api: SocketAddr,
+    /// Address other nodes use to reach this one (default: the listen address).
+    #[arg(long)]
+    advertise_remote_api: Option<SocketAddr>,
+    /// Node hostname (default: the machine's).
+    #[arg(long)]
+    hostname: Option<String>,
+    /// Task executor: auto, process or docker.
+    #[arg(long, default_value = "auto")]
+    executor: ExecutorKind,
+    /// Log filter (tracing env-filter syntax), e.g. info or shoal=debug.
+    #[arg(long, env = "SHOAL_LOG", default_value = "info")]
+    log_level: String,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT. Returns the process exit code.
+pub fn run(args: DaemonArgs) -> i32 {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let listen_control_api = args.listen_control_api.clone().unwrap_or_else(|| args.state_dir.join("control.sock"));
+    let mut cfg = DaemonConfig::new(args.state_dir, listen_control_api);
+    cfg.listen_remote_api = args.listen_remote_api;
+    cfg.advertise_remote_api = args.advertise_remote_api;
+    cfg.hostname = args.hostname;
+    cfg.executor = args.executor;
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("shoal: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    let result = runtime.block_on(shoal_node::run_daemon(cfg, shutdown_signal()));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("shoal: {e}");
+            1
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

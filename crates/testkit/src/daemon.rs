@@ -1,0 +1,175 @@
+//! A `shoal daemon` process under test. Each gets its own temporary state dir, control socket and a free
+//! loopback port. Dropping it stops the daemon (SIGTERM, then SIGKILL after a bound) and removes the dir, so
+//! tests leave nothing behind even when they panic; task processes die with the daemon.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::http;
+
+/// How to start a daemon.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonOptions {
+    /// Extra flags.
+    pub extra_args: Vec<String>,
+    /// Reuse this state dir instead of a fresh one (for restart tests).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// A running daemon.
+pub struct DaemonProcess {
+    binary: PathBuf,
+    child: Option<Child>,
+    tmp: Option<tempfile::TempDir>,
+    state_dir: PathBuf,
+    socket: PathBuf,
+    port: u16,
+    log_path: PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+impl DaemonProcess {
+    /// Starts `binary daemon` on a fresh state dir and waits until its control socket answers `/_ping`.
+    pub fn start(binary: &Path) -> DaemonProcess {
+        DaemonProcess::start_with(binary, DaemonOptions::default())
+    }
+
+    /// Starts with options.
+    pub fn start_with(binary: &Path, opts: DaemonOptions) -> DaemonProcess {
+        let tmp = tempfile::Builder::new().prefix("shoal-test-").tempdir().expect("tempdir");
+        let state_dir = opts.state_dir.clone().unwrap_or_else(|| tmp.path().join("state"));
+        let socket = tmp.path().join("control.sock");
+        let log_path = tmp.path().join("daemon.log");
+        let mut d = DaemonProcess {
+            binary: binary.to_path_buf(),
+            child: None,
+            tmp: Some(tmp),
+            state_dir,
+            socket,
+            port: free_port(),
+            log_path,
+        };
+        d.spawn(&opts.extra_args);
+        d
+    }
+
+    fn spawn(&mut self, extra: &[String]) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).expect("daemon log");
+        let child = Command::new(&self.binary)
+            .arg("daemon")
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("--listen-control-api")
+            .arg(&self.socket)
+            .arg("--listen-remote-api")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--executor")
+            .arg("process")
+            .arg("--hostname")
+            .arg("shoal-test-node")
+            .args(extra)
+            .env("SHOAL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("start shoal daemon");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = http::request(&self.socket, "GET", "/_ping", None) {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("daemon exited during start ({status}); log:\n{}", self.log());
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                panic!("daemon did not answer /_ping within 30 s; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The control socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The state dir.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// The daemon's PID.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    /// What the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// GET a path on the Engine API and return the JSON body, panicking on a non-2xx answer.
+    pub fn get(&self, path: &str) -> serde_json::Value {
+        let r = http::request(&self.socket, "GET", path, None).expect("request");
+        assert!((200..300).contains(&r.status), "GET {path} -> {} {}", r.status, r.body);
+        r.body
+    }
+
+    /// Stops the daemon with SIGTERM and waits (bounded) for it to exit; returns whether it exited cleanly.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else { return true };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the daemon with SIGKILL (a crash).
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the daemon again on the same state dir, socket and port.
+    pub fn restart(&mut self, extra: &[String]) {
+        assert!(self.child.is_none(), "stop or kill the daemon before restarting it");
+        self.spawn(extra);
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("--- shoal daemon log ---\n{}", self.log());
+        }
+        if let Some(tmp) = self.tmp.take() {
+            let _ = tmp.close();
+        }
+    }
+}
