@@ -1,0 +1,85 @@
+//! Helpers shared by the end-to-end tests of the `shoal` binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+pub use shoal_testkit::{docker_cli, process, wait_until, DaemonOptions, DaemonProcess};
+
+/// The binary under test.
+pub fn shoal_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_shoal"))
+}
+
+/// Starts a daemon on a fresh state dir.
+pub fn daemon() -> DaemonProcess {
+    DaemonProcess::start(&shoal_bin())
+}
+
+/// Tasks of a service, from the Engine API.
+pub fn tasks_of(d: &DaemonProcess, service: &str) -> Vec<Value> {
+    let filters = format!("{{\"service\":{{\"{service}\":true}}}}");
+    let v = d.get(&format!("/v1.47/tasks?filters={}", urlencode(&filters)));
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// Percent-encodes a query value.
+pub fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// State of a task JSON ("running", ...).
+pub fn state(t: &Value) -> &str {
+    t["Status"]["State"].as_str().unwrap_or("")
+}
+
+/// Desired state of a task JSON.
+pub fn desired(t: &Value) -> &str {
+    t["DesiredState"].as_str().unwrap_or("")
+}
+
+/// Waits until the service has exactly `n` tasks running with desired state running, and `n` processes with
+/// the given command line exist. Returns the running tasks.
+pub fn wait_running(d: &DaemonProcess, service: &str, n: usize, argv: &[&str], deadline: Duration) -> Vec<Value> {
+    wait_until(&format!("{n} running tasks of {service} and {n} `{}` processes", argv.join(" ")), deadline, || {
+        let tasks = tasks_of(d, service);
+        let running: Vec<Value> =
+            tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").cloned().collect();
+        let pids = process::pids_with_cmdline(argv);
+        if running.len() == n && pids.len() == n {
+            Ok(running)
+        } else {
+            Err(format!("{} running tasks, {} processes", running.len(), pids.len()))
+        }
+    })
+}
+
+/// The docker CLI against the daemon, asserting success.
+pub fn docker(d: &DaemonProcess, args: &[&str]) -> String {
+    docker_cli::ok(d.socket(), args)
+}
+
+/// Skips (returns true) when the docker CLI is not installed, printing why.
+pub fn no_docker_cli() -> bool {
+    if docker_cli::available() {
+        return false;
+    }
+    eprintln!("skipped: the docker CLI is not installed on this machine");
+    true
+}
+
+/// Runs our own CLI against the daemon.
+pub fn shoal_cli(socket: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(shoal_bin())
+        .arg("-H")
+        .arg(format!("unix://{}", socket.display()))
+        .args(args)
+        .output()
+        .expect("run shoal")
+}
