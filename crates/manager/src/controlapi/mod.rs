@@ -1,1 +1,154 @@
-//! controlapi (being written)
+//! The control API: validated reads and writes of services, tasks and nodes, on `ClusterState`. This is what
+//! the Engine API (`shoal-engine-api`) calls for every request; it holds the rules (names, versions, specs,
+//! last-manager protection) and none of the HTTP/JSON.
+//!
+//! Lookups take a reference that is a full ID, then an exact name, then a unique ID prefix (an ambiguous
+//! prefix is an error). Prefix and name lookups of nodes scan the node table: they run once per request,
+//! never per event.
+//!
+//! `Service.spec_version` (coordinated with the orchestrator): it changes exactly when the spec is written
+//! and only grows. `create_service` sets it to `Version { index: 0 }`; `update_service` sets it to the
+//! service's `meta.version` read before the update (SwarmKit does the same). It is therefore not comparable
+//! to `meta.version`: compare a task's `spec_version` with its service's `spec_version` for equality only.
+//! `previous_spec_version` keeps the one before.
+//!
+//! Service removal deletes the service and, in the same write, sets the desired state of its tasks to
+//! REMOVE (the reaper deletes them once they no longer run).
+//!
+//! Must not depend on HTTP, JSON, processes or Docker.
+
+mod node;
+mod service;
+mod task;
+#[cfg(test)]
+mod tests;
+
+pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
+pub use service::{
+    create_service, get_service, list_services, remove_service, service_status, update_service, validate_service_spec,
+    ServiceFilters, ServiceStatus,
+};
+pub use task::{get_task, list_tasks, task_name, TaskFilters};
+
+use std::sync::Arc;
+
+use shoal_raft::ProposeError;
+use shoal_store::{StoreError, StoreObject, Tables};
+
+use crate::state::WriteError;
+
+/// Why a control API call failed. Each message says what was wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// No object matches the reference.
+    #[error("{kind} {reference} not found: check the ID or name (the `ls` command lists them)")]
+    NotFound {
+        /// "service", "task" or "node".
+        kind: &'static str,
+        /// What the caller asked for.
+        reference: String,
+    },
+    /// The request is malformed or violates a rule; the message names the field.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A name is taken, or the object changed since the caller read it.
+    #[error("{0}")]
+    Conflict(String),
+    /// This manager cannot accept writes.
+    #[error("this manager is not the leader; send the request to the leader")]
+    NotLeader,
+    /// The write's fate is unknown or the node is stopping; read again, then retry.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A bug: a write that validation should have rejected was refused by the store.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ControlError {
+    pub(crate) fn not_found(kind: &'static str, reference: &str) -> ControlError {
+        ControlError::NotFound { kind, reference: reference.to_string() }
+    }
+}
+
+impl From<ProposeError> for ControlError {
+    fn from(e: ProposeError) -> ControlError {
+        match e {
+            ProposeError::NotLeader { .. } => ControlError::NotLeader,
+            ProposeError::Store(s) => s.into(),
+            ProposeError::Unknown(_) | ProposeError::Stopped => ControlError::Unavailable(e.to_string()),
+            ProposeError::TooLarge { .. } => ControlError::InvalidArgument(e.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for ControlError {
+    fn from(e: StoreError) -> ControlError {
+        match e {
+            StoreError::NameConflict { kind, name, owner } => ControlError::Conflict(format!(
+                "{0} name {name} is already in use by {0} {owner}; choose another name or remove that {0}",
+                kind.name()
+            )),
+            StoreError::VersionConflict { .. } => ControlError::Conflict(e.to_string()),
+            StoreError::NotFound { kind, id } => ControlError::not_found(kind.name(), &id),
+            StoreError::Exists { .. } | StoreError::InvalidObject(_) | StoreError::Decode { .. } => {
+                ControlError::Internal(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<WriteError<ControlError>> for ControlError {
+    fn from(e: WriteError<ControlError>) -> ControlError {
+        match e {
+            WriteError::Rejected(e) => e,
+            WriteError::Propose(p) => p.into(),
+        }
+    }
+}
+
+/// Finds an object by full ID, then by `by_name`, then by unique ID prefix.
+/// `get` looks up by ID, `all` lists every object (for the prefix search).
+pub(crate) fn resolve<'a, T: StoreObject + 'a, I: Iterator<Item = &'a Arc<T>>>(
+    kind: &'static str,
+    reference: &str,
+    get: impl FnOnce(&str) -> Option<&'a Arc<T>>,
+    by_name: impl FnOnce(&str) -> Option<&'a Arc<T>>,
+    all: I,
+) -> Result<&'a Arc<T>, ControlError> {
+    if reference.is_empty() {
+        return Err(ControlError::InvalidArgument(format!("a {kind} ID or name is required")));
+    }
+    if let Some(o) = get(reference) {
+        return Ok(o);
+    }
+    if let Some(o) = by_name(reference) {
+        return Ok(o);
+    }
+    let mut found = all.filter(|o| o.id().starts_with(reference));
+    match (found.next(), found.next()) {
+        (Some(o), None) => Ok(o),
+        (Some(_), Some(_)) => Err(ControlError::InvalidArgument(format!(
+            "{kind} {reference} is ambiguous: more than one {kind} ID starts with it; give more characters"
+        ))),
+        (None, _) => Err(ControlError::not_found(kind, reference)),
+    }
+}
+
+/// True when `labels` has every `key` or `key=value` of `wanted`.
+pub(crate) fn labels_match(labels: &std::collections::HashMap<String, String>, wanted: &[String]) -> bool {
+    wanted.iter().all(|w| match w.split_once('=') {
+        Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
+        None => labels.contains_key(w.as_str()),
+    })
+}
+
+/// True when `filter` is empty or some entry is a prefix of `value`.
+pub(crate) fn any_prefix(filter: &[String], value: &str) -> bool {
+    filter.is_empty() || filter.iter().any(|p| value.starts_with(p.as_str()))
+}
+
+/// The service with this ID, name or unique ID prefix, in a view.
+pub(crate) fn find_service<'a>(t: &'a Tables, reference: &str) -> Result<&'a Arc<shoal_api::Service>, ControlError> {
+    resolve("service", reference, |id| t.services().get(id), |n| t.services().by_name(n), t.services().iter())
+}

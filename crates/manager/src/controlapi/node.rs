@@ -1,0 +1,161 @@
+//! Nodes: lookup (ID, then name or hostname, then ID prefix), list with filters, spec updates
+//! (availability, labels, role; the last manager cannot be demoted) and removal (refused for a ready node
+//! unless forced, and always for a manager). Must not depend on HTTP or JSON.
+
+use std::sync::Arc;
+
+use shoal_api::{node_spec, node_status, Node, NodeRole, NodeSpec};
+use shoal_store::{Changes, StoreObject, Tables};
+
+use super::{any_prefix, labels_match, resolve, ControlError};
+use crate::state::ClusterState;
+
+/// The name a node goes by: its spec name, else its hostname.
+pub fn node_name(node: &Node) -> &str {
+    let spec_name = node.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()).unwrap_or("");
+    if !spec_name.is_empty() {
+        return spec_name;
+    }
+    node.description.as_ref().map(|d| d.hostname.as_str()).unwrap_or("")
+}
+
+pub(crate) fn find<'a>(t: &'a Tables, reference: &str) -> Result<&'a Arc<Node>, ControlError> {
+    resolve("node", reference, |id| t.nodes().get(id), |name| {
+        let mut named = t.nodes().iter().filter(|n| node_name(n) == name);
+        match (named.next(), named.next()) {
+            (Some(n), None) => Some(n),
+            _ => None,
+        }
+    }, t.nodes().iter())
+}
+
+/// The node with this ID, name (or hostname) or unique ID prefix.
+pub fn get_node(state: &ClusterState, reference: &str) -> Result<Arc<Node>, ControlError> {
+    state.store.view(|t| find(t, reference).cloned())
+}
+
+/// Which nodes to list. Empty fields match everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFilters {
+    /// ID prefixes.
+    pub id_prefixes: Vec<String>,
+    /// Name (or hostname) prefixes.
+    pub name_prefixes: Vec<String>,
+    /// "manager" or "worker".
+    pub roles: Vec<String>,
+    /// "accepted" or "pending".
+    pub memberships: Vec<String>,
+    /// `key` or `key=value` node (spec) labels; all must match.
+    pub labels: Vec<String>,
+}
+
+fn role_name(r: NodeRole) -> &'static str {
+    match r {
+        NodeRole::Manager => "manager",
+        NodeRole::Worker => "worker",
+    }
+}
+
+/// Nodes matching `filters`, sorted by name then ID.
+pub fn list_nodes(state: &ClusterState, filters: &NodeFilters) -> Vec<Arc<Node>> {
+    let mut out: Vec<Arc<Node>> = state.store.view(|t| {
+        t.nodes()
+            .iter()
+            .filter(|n| {
+                let spec = n.spec.clone().unwrap_or_default();
+                let labels = spec.annotations.as_ref().map(|a| a.labels.clone()).unwrap_or_default();
+                let membership = match spec.membership() {
+                    node_spec::Membership::Accepted => "accepted",
+                    node_spec::Membership::Pending => "pending",
+                };
+                any_prefix(&filters.id_prefixes, &n.id)
+                    && any_prefix(&filters.name_prefixes, node_name(n))
+                    && (filters.roles.is_empty() || filters.roles.iter().any(|r| r == role_name(n.role())))
+                    && (filters.memberships.is_empty() || filters.memberships.iter().any(|m| m == membership))
+                    && labels_match(&labels, &filters.labels)
+            })
+            .cloned()
+            .collect()
+    });
+    out.sort_by(|a, b| node_name(a).cmp(node_name(b)).then_with(|| a.id.cmp(&b.id)));
+    out
+}
+
+/// Replaces node `reference`'s spec. `version` must be the node's current version. Demoting the last
+/// manager is refused.
+pub async fn update_node(
+    state: &ClusterState,
+    reference: &str,
+    version: u64,
+    spec: NodeSpec,
+) -> Result<Node, ControlError> {
+    let now = state.now();
+    let (id, _) = state
+        .write(|t: &Tables, c: &mut Changes| {
+            let current = find(t, reference)?;
+            if current.version() != version {
+                return Err(ControlError::Conflict(format!(
+                    "update out of sequence: node {} is at version {}, the update was based on version {version}; \
+                     inspect it again and retry",
+                    current.id,
+                    current.version()
+                )));
+            }
+            let was_manager = current.spec.as_ref().map(|s| s.desired_role()) == Some(NodeRole::Manager)
+                || current.role() == NodeRole::Manager;
+            if was_manager && spec.desired_role() == NodeRole::Worker {
+                let managers = t
+                    .nodes()
+                    .iter()
+                    .filter(|n| {
+                        n.spec.as_ref().map(|s| s.desired_role()) == Some(NodeRole::Manager)
+                            || n.role() == NodeRole::Manager
+                    })
+                    .count();
+                if managers <= 1 {
+                    return Err(ControlError::InvalidArgument(format!(
+                        "node {} is the last manager of the cluster and cannot be demoted; promote another node first",
+                        current.id
+                    )));
+                }
+            }
+            let mut next = (**current).clone();
+            next.spec = Some(spec);
+            next.meta_mut().updated_at = Some(now);
+            c.update(next);
+            Ok(current.id.clone())
+        })
+        .await?;
+    state
+        .store
+        .view(|t| t.nodes().get(&id).map(|n| (**n).clone()))
+        .ok_or_else(|| ControlError::not_found("node", reference))
+}
+
+/// Removes node `reference` from the cluster. A manager must be demoted first; a node that is up (READY)
+/// is only removed with `force`.
+pub async fn remove_node(state: &ClusterState, reference: &str, force: bool) -> Result<(), ControlError> {
+    state
+        .write(|t: &Tables, c: &mut Changes| {
+            let node = find(t, reference)?;
+            if node.role() == NodeRole::Manager
+                || node.spec.as_ref().map(|s| s.desired_role()) == Some(NodeRole::Manager)
+            {
+                return Err(ControlError::InvalidArgument(format!(
+                    "node {} is a manager; demote it to a worker before removing it",
+                    node.id
+                )));
+            }
+            let ready = node.status.as_ref().map(|s| s.state()) == Some(node_status::State::Ready);
+            if ready && !force {
+                return Err(ControlError::InvalidArgument(format!(
+                    "node {} is not down and can't be removed; stop it first, or use force to remove it anyway",
+                    node.id
+                )));
+            }
+            c.remove(node.clone());
+            Ok(())
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! Services: validation of a spec, create, update (compare-and-swap on the version the caller read),
+//! remove, lookup, list with filters, and the running/desired task counts `service ls` shows.
+//! Must not depend on HTTP or JSON.
+
+use std::sync::Arc;
+
+use shoal_api::{service_spec, task_spec, Service, ServiceSpec, TaskState, Version};
+use shoal_store::{Changes, StoreObject, Tables};
+
+use super::{any_prefix, find_service, labels_match, ControlError};
+use crate::scheduler::constraint;
+use crate::state::ClusterState;
+
+/// Longest service name accepted (a DNS label).
+pub const MAX_NAME_LEN: usize = 63;
+
+/// How many times `remove_service` re-reads and retries when a task changed under it.
+const REMOVE_RETRIES: usize = 3;
+
+fn invalid(msg: impl Into<String>) -> ControlError {
+    ControlError::InvalidArgument(msg.into())
+}
+
+fn validate_name(name: &str) -> Result<(), ControlError> {
+    if name.is_empty() {
+        return Err(invalid("service name is required: pass a name (e.g. --name web)"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(invalid(format!("service name {name:?} is longer than {MAX_NAME_LEN} characters; shorten it")));
+    }
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if !first_ok || !rest_ok {
+        return Err(invalid(format!(
+            "invalid service name {name:?}: use letters, digits, '_', '.' and '-', starting with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+fn check_duration(what: &str, d: Option<&shoal_api::prost_types::Duration>) -> Result<(), ControlError> {
+    match d {
+        Some(d) if d.seconds < 0 || d.nanos < 0 => Err(invalid(format!("{what} must not be negative"))),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a service spec: a valid name, a container spec with an image, a mode, valid constraints,
+/// non-negative restart delays and resources.
+pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
+    let name = spec.annotations.as_ref().map(|a| a.name.as_str()).unwrap_or("");
+    validate_name(name)?;
+    let task = spec.task.as_ref().ok_or_else(|| invalid("the service has no task template: give it an image"))?;
+    match &task.runtime {
+        Some(task_spec::Runtime::Container(c)) => {
+            if c.image.trim().is_empty() {
+                return Err(invalid("ContainerSpec.Image is required: give the service an image"));
+            }
+            check_duration("ContainerSpec.StopGracePeriod", c.stop_grace_period.as_ref())?;
+        }
+        None => return Err(invalid("the task template has no container spec: give the service an image")),
+    }
+    match &spec.mode {
+        Some(service_spec::Mode::Replicated(_)) | Some(service_spec::Mode::Global(_)) => {}
+        Some(service_spec::Mode::ReplicatedJob(_)) | Some(service_spec::Mode::GlobalJob(_)) => {
+            return Err(invalid("job modes (replicated-job, global-job) are not supported yet; use replicated or global"))
+        }
+        None => return Err(invalid("the service mode is required: replicated (with a replica count) or global")),
+    }
+    if let Some(p) = &task.placement {
+        constraint::parse(&p.constraints).map_err(|e| invalid(e.to_string()))?;
+    }
+    if let Some(r) = &task.restart {
+        check_duration("RestartPolicy.Delay", r.delay.as_ref())?;
+        check_duration("RestartPolicy.Window", r.window.as_ref())?;
+    }
+    if let Some(res) = &task.resources {
+        for (what, r) in [("Limits", &res.limits), ("Reservations", &res.reservations)] {
+            if let Some(r) = r {
+                if r.nano_cpus < 0 || r.memory_bytes < 0 {
+                    return Err(invalid(format!("Resources.{what}: CPU and memory must not be negative")));
+                }
+            }
+        }
+    }
+    for (what, u) in [("UpdateConfig", &spec.update), ("RollbackConfig", &spec.rollback)] {
+        if let Some(u) = u {
+            check_duration(&format!("{what}.Delay"), u.delay.as_ref())?;
+            check_duration(&format!("{what}.Monitor"), u.monitor.as_ref())?;
+            if !(0.0..=1.0).contains(&u.max_failure_ratio) {
+                return Err(invalid(format!("{what}.MaxFailureRatio must be between 0 and 1")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Validates `spec` and creates a service with a new ID. Fails with `Conflict` when the name is taken.
+pub async fn create_service(state: &ClusterState, spec: ServiceSpec) -> Result<Service, ControlError> {
+    validate_service_spec(&spec)?;
+    let now = state.now();
+    let service = Service {
+        id: state.ids.new_id(),
+        meta: Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+        spec: Some(spec),
+        spec_version: Some(Version { index: 0 }),
+        ..Default::default()
+    };
+    let id = service.id.clone();
+    state
+        .write(|t: &Tables, c: &mut Changes| {
+            let name = service.unique_name().unwrap_or_default();
+            if let Some(owner) = t.services().by_name(name) {
+                return Err(name_taken(name, &owner.id));
+            }
+            c.create(service);
+            Ok(())
+        })
+        .await?;
+    state.store.view(|t| t.services().get(&id).map(|s| (**s).clone())).ok_or_else(|| {
+        ControlError::Unavailable(format!("service {id} was created but removed right after; list services"))
+    })
+}
+
+fn name_taken(name: &str, owner: &str) -> ControlError {
+    ControlError::Conflict(format!(
+        "service name {name} is already in use by service {owner}; choose another name or remove that service"
+    ))
+}
+
+/// Replaces the spec of service `reference` (ID, name or prefix). `version` must be the service's current
+/// version (the one the caller read), else `Conflict` ("update out of sequence").
+pub async fn update_service(
+    state: &ClusterState,
+    reference: &str,
+    version: u64,
+    spec: ServiceSpec,
+) -> Result<Service, ControlError> {
+    validate_service_spec(&spec)?;
+    let now = state.now();
+    let (id, _) = state
+        .write(|t: &Tables, c: &mut Changes| {
+            let current = find_service(t, reference)?;
+            if current.version() != version {
+                return Err(ControlError::Conflict(format!(
+                    "update out of sequence: service {} is at version {}, the update was based on version {version}; \
+                     inspect it again and retry",
+                    current.id,
+                    current.version()
+                )));
+            }
+            let new_name = spec.annotations.as_ref().map(|a| a.name.as_str()).unwrap_or_default();
+            if let Some(owner) = t.services().by_name(new_name) {
+                if owner.id != current.id {
+                    return Err(name_taken(new_name, &owner.id));
+                }
+            }
+            let mut next = (**current).clone();
+            next.previous_spec = next.spec.take();
+            next.previous_spec_version = next.spec_version.take();
+            next.spec = Some(spec);
+            next.spec_version = Some(Version { index: current.version() });
+            next.meta_mut().updated_at = Some(now);
+            c.update(next);
+            Ok(current.id.clone())
+        })
+        .await?;
+    state
+        .store
+        .view(|t| t.services().get(&id).map(|s| (**s).clone()))
+        .ok_or_else(|| ControlError::not_found("service", reference))
+}
+
+/// Removes a service and marks its tasks for removal (desired state REMOVE), in one write.
+pub async fn remove_service(state: &ClusterState, reference: &str) -> Result<(), ControlError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let res = state
+            .write(|t: &Tables, c: &mut Changes| {
+                let svc = find_service(t, reference)?;
+                for task in t.tasks().by_service(&svc.id) {
+                    if task.desired_state < TaskState::Remove as i32 {
+                        let mut task = (**task).clone();
+                        task.set_desired_state(TaskState::Remove);
+                        c.update(task);
+                    }
+                }
+                c.remove(svc.clone());
+                Ok(())
+            })
+            .await
+            .map_err(ControlError::from);
+        match res {
+            // A task changed between our read and the commit: read again.
+            Err(ControlError::Conflict(_)) if attempt < REMOVE_RETRIES => continue,
+            other => return other.map(|_| ()),
+        }
+    }
+}
+
+/// The service with this ID, name or unique ID prefix.
+pub fn get_service(state: &ClusterState, reference: &str) -> Result<Arc<Service>, ControlError> {
+    state.store.view(|t| find_service(t, reference).cloned())
+}
+
+/// Which services to list. Empty fields match everything; entries within a field are alternatives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceFilters {
+    /// ID prefixes.
+    pub id_prefixes: Vec<String>,
+    /// Name prefixes (Docker's `name` filter matches prefixes).
+    pub name_prefixes: Vec<String>,
+    /// `key` or `key=value` service labels; all must match.
+    pub labels: Vec<String>,
+    /// "replicated" or "global" (and the job modes).
+    pub modes: Vec<String>,
+}
+
+fn mode_name(spec: &ServiceSpec) -> &'static str {
+    match spec.mode {
+        Some(service_spec::Mode::Replicated(_)) => "replicated",
+        Some(service_spec::Mode::Global(_)) => "global",
+        Some(service_spec::Mode::ReplicatedJob(_)) => "replicated-job",
+        Some(service_spec::Mode::GlobalJob(_)) => "global-job",
+        None => "",
+    }
+}
+
+/// Services matching `filters`, sorted by name.
+pub fn list_services(state: &ClusterState, filters: &ServiceFilters) -> Vec<Arc<Service>> {
+    let mut out: Vec<Arc<Service>> = state.store.view(|t| {
+        t.services()
+            .iter()
+            .filter(|s| {
+                let spec = s.spec.clone().unwrap_or_default();
+                let ann = spec.annotations.clone().unwrap_or_default();
+                any_prefix(&filters.id_prefixes, &s.id)
+                    && any_prefix(&filters.name_prefixes, &ann.name)
+                    && labels_match(&ann.labels, &filters.labels)
+                    && (filters.modes.is_empty() || filters.modes.iter().any(|m| m == mode_name(&spec)))
+            })
+            .cloned()
+            .collect()
+    });
+    out.sort_by(|a, b| a.unique_name().cmp(&b.unique_name()).then_with(|| a.id.cmp(&b.id)));
+    out
+}
+
+/// Task counts of a service, as `service ls` shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceStatus {
+    /// Tasks observed running whose desired state is running.
+    pub running_tasks: u64,
+    /// Replicas asked for (replicated), or tasks meant to run (global: tasks with desired state running).
+    pub desired_tasks: u64,
+    /// Tasks that completed (jobs).
+    pub completed_tasks: u64,
+}
+
+/// Counts a service's tasks (through the service index) for `ServiceStatus`.
+pub fn service_status(tables: &Tables, service: &Service) -> ServiceStatus {
+    let mut st = ServiceStatus::default();
+    let mut desired_running = 0;
+    for task in tables.tasks().by_service(&service.id) {
+        let observed = task.status.as_ref().map(|s| s.state).unwrap_or(0);
+        if task.desired_state == TaskState::Running as i32 {
+            desired_running += 1;
+            if observed == TaskState::Running as i32 {
+                st.running_tasks += 1;
+            }
+        }
+        if observed == TaskState::Complete as i32 {
+            st.completed_tasks += 1;
+        }
+    }
+    st.desired_tasks = match service.spec.as_ref().and_then(|s| s.mode.as_ref()) {
+        Some(service_spec::Mode::Replicated(r)) => r.replicas,
+        Some(service_spec::Mode::ReplicatedJob(j)) => j.max_concurrent,
+        _ => desired_running,
+    };
+    st
+}

@@ -1,0 +1,307 @@
+//! Unit tests of the control API over a `LocalProposer`, a `MemoryStore`, a `ManualClock` and seeded IDs.
+
+use std::sync::Arc;
+
+use shoal_api::{
+    node_spec, node_status, service_spec, task_spec, Annotations, ContainerSpec, Node, NodeRole, NodeSpec,
+    NodeStatus, Placement, ReplicatedService, RestartPolicy, Service, ServiceSpec, Task, TaskSpec, TaskState,
+    TaskStatus,
+};
+use shoal_raft::LocalProposer;
+use shoal_store::{Changes, ManualClock, MemoryStore, StoreObject};
+
+use super::*;
+use crate::state::{ClusterState, RandomIds};
+
+fn cluster() -> (ClusterState, Arc<LocalProposer>) {
+    let store = Arc::new(MemoryStore::default());
+    let proposer = Arc::new(LocalProposer::new(store.clone()));
+    let state = ClusterState::new(
+        store,
+        proposer.clone(),
+        Arc::new(ManualClock::new(1_700_000_000_000)),
+        Arc::new(RandomIds::seeded(7)),
+    );
+    (state, proposer)
+}
+
+fn spec(name: &str, replicas: u64) -> ServiceSpec {
+    ServiceSpec {
+        annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+        task: Some(TaskSpec {
+            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                image: "busybox".into(),
+                args: vec!["sleep".into(), "1".into()],
+                ..Default::default()
+            })),
+            ..Default::default()
+        }),
+        mode: Some(service_spec::Mode::Replicated(ReplicatedService { replicas })),
+        ..Default::default()
+    }
+}
+
+fn invalid_spec(mutate: impl FnOnce(&mut ServiceSpec), expected_fragment: &str) {
+    let mut s = spec("web", 1);
+    mutate(&mut s);
+    match validate_service_spec(&s) {
+        Err(ControlError::InvalidArgument(m)) => assert!(m.contains(expected_fragment), "{m}"),
+        other => panic!("expected InvalidArgument containing {expected_fragment:?}, got {other:?}"),
+    }
+}
+
+fn task_spec_mut(s: &mut ServiceSpec) -> &mut TaskSpec {
+    s.task.as_mut().unwrap()
+}
+
+#[test]
+fn validation_names_the_bad_field() {
+    assert!(validate_service_spec(&spec("web-1.a_b", 1)).is_ok());
+    invalid_spec(|s| s.annotations = None, "name is required");
+    invalid_spec(|s| s.annotations.as_mut().unwrap().name = "-web".into(), "invalid service name");
+    invalid_spec(|s| s.annotations.as_mut().unwrap().name = "we b".into(), "invalid service name");
+    invalid_spec(|s| s.annotations.as_mut().unwrap().name = "a".repeat(64), "longer than 63");
+    invalid_spec(|s| task_spec_mut(s).runtime = None, "no container spec");
+    invalid_spec(
+        |s| task_spec_mut(s).runtime = Some(task_spec::Runtime::Container(ContainerSpec::default())),
+        "Image is required",
+    );
+    invalid_spec(|s| s.mode = None, "mode is required");
+    invalid_spec(
+        |s| {
+            task_spec_mut(s).placement =
+                Some(Placement { constraints: vec!["node.color==red".into()], ..Default::default() })
+        },
+        "unknown key",
+    );
+    invalid_spec(
+        |s| {
+            task_spec_mut(s).restart = Some(RestartPolicy {
+                delay: Some(shoal_api::prost_types::Duration { seconds: -1, nanos: 0 }),
+                ..Default::default()
+            })
+        },
+        "RestartPolicy.Delay",
+    );
+    invalid_spec(
+        |s| {
+            task_spec_mut(s).resources = Some(shoal_api::ResourceRequirements {
+                limits: Some(shoal_api::Resources { nano_cpus: -5, ..Default::default() }),
+                ..Default::default()
+            })
+        },
+        "Resources.Limits",
+    );
+}
+
+#[tokio::test]
+async fn create_sets_id_times_and_spec_version_and_refuses_a_taken_name() {
+    let (state, _) = cluster();
+    let svc = create_service(&state, spec("web", 3)).await.unwrap();
+    assert_eq!(svc.id.len(), 25);
+    assert_eq!(svc.version(), 1);
+    assert_eq!(svc.spec_version.as_ref().unwrap().index, 0);
+    let meta = svc.meta.as_ref().unwrap();
+    assert_eq!(meta.created_at.unwrap().seconds, 1_700_000_000);
+    assert_eq!(meta.created_at, meta.updated_at);
+
+    let err = create_service(&state, spec("WEB", 1)).await.unwrap_err();
+    match err {
+        ControlError::Conflict(m) => {
+            assert!(m.contains("service name WEB is already in use by service"), "{m}");
+            assert!(m.contains(&svc.id), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn update_is_compare_and_swap_and_keeps_the_previous_spec() {
+    let (state, _) = cluster();
+    let svc = create_service(&state, spec("web", 3)).await.unwrap();
+    create_service(&state, spec("db", 1)).await.unwrap();
+
+    let updated = update_service(&state, "web", svc.version(), spec("web", 5)).await.unwrap();
+    assert!(updated.version() > svc.version());
+    assert_eq!(updated.spec_version.as_ref().unwrap().index, svc.version());
+    assert_eq!(updated.previous_spec, svc.spec);
+    assert_eq!(updated.previous_spec_version, svc.spec_version);
+
+    // A stale version is refused.
+    let err = update_service(&state, &svc.id, svc.version(), spec("web", 6)).await.unwrap_err();
+    assert!(matches!(&err, ControlError::Conflict(m) if m.contains("update out of sequence")), "{err:?}");
+    // A rename to a taken name is refused; to a free one, allowed.
+    let err = update_service(&state, &svc.id, updated.version(), spec("db", 1)).await.unwrap_err();
+    assert!(matches!(&err, ControlError::Conflict(m) if m.contains("already in use")), "{err:?}");
+    let renamed = update_service(&state, &svc.id, updated.version(), spec("web2", 1)).await.unwrap();
+    assert_eq!(get_service(&state, "web2").unwrap().id, renamed.id);
+    assert!(matches!(get_service(&state, "web"), Err(ControlError::NotFound { .. })));
+}
+
+#[tokio::test]
+async fn lookups_go_id_then_name_then_unique_prefix() {
+    let (state, _) = cluster();
+    let a = create_service(&state, spec("alpha", 1)).await.unwrap();
+    let b = create_service(&state, spec("beta", 1)).await.unwrap();
+    assert_eq!(get_service(&state, &a.id).unwrap().id, a.id);
+    assert_eq!(get_service(&state, "beta").unwrap().id, b.id);
+    assert_eq!(get_service(&state, &a.id[..10]).unwrap().id, a.id);
+    assert!(matches!(get_service(&state, "nope"), Err(ControlError::NotFound { kind: "service", .. })));
+    assert!(matches!(get_service(&state, ""), Err(ControlError::InvalidArgument(_))));
+    // "" prefix is refused above; a one-character prefix common to both is ambiguous when it is.
+    let common: String =
+        a.id.chars().zip(b.id.chars()).take_while(|(x, y)| x == y).map(|(x, _)| x).collect();
+    if !common.is_empty() {
+        assert!(matches!(get_service(&state, &common), Err(ControlError::InvalidArgument(m)) if m.contains("ambiguous")));
+    }
+}
+
+#[tokio::test]
+async fn list_services_filters_by_prefix_label_and_mode() {
+    let (state, _) = cluster();
+    let mut s = spec("web", 1);
+    s.annotations.as_mut().unwrap().labels.insert("tier".into(), "front".into());
+    create_service(&state, s).await.unwrap();
+    create_service(&state, spec("webhook", 1)).await.unwrap();
+    let mut g = spec("agent", 1);
+    g.mode = Some(service_spec::Mode::Global(shoal_api::GlobalService {}));
+    create_service(&state, g).await.unwrap();
+
+    let names = |f: ServiceFilters| -> Vec<String> {
+        list_services(&state, &f).iter().map(|s| s.unique_name().unwrap().to_string()).collect()
+    };
+    assert_eq!(names(ServiceFilters::default()), ["agent", "web", "webhook"]);
+    assert_eq!(names(ServiceFilters { name_prefixes: vec!["web".into()], ..Default::default() }), ["web", "webhook"]);
+    assert_eq!(names(ServiceFilters { labels: vec!["tier".into()], ..Default::default() }), ["web"]);
+    assert_eq!(names(ServiceFilters { labels: vec!["tier=back".into()], ..Default::default() }), Vec::<String>::new());
+    assert_eq!(names(ServiceFilters { modes: vec!["global".into()], ..Default::default() }), ["agent"]);
+}
+
+fn task(id: &str, service: &Service, slot: u64, node: &str, state: TaskState, desired: TaskState) -> Task {
+    let mut t = Task {
+        id: id.into(),
+        service_id: service.id.clone(),
+        slot,
+        node_id: node.into(),
+        service_annotations: service.spec.as_ref().unwrap().annotations.clone(),
+        status: Some(TaskStatus { state: state as i32, ..Default::default() }),
+        ..Default::default()
+    };
+    t.set_desired_state(desired);
+    t
+}
+
+#[tokio::test]
+async fn tasks_list_by_service_node_state_and_status_counts() {
+    let (state, _) = cluster();
+    let web = create_service(&state, spec("web", 3)).await.unwrap();
+    let db = create_service(&state, spec("db", 1)).await.unwrap();
+    let mut c = Changes::new();
+    c.create(task("t1", &web, 1, "n1", TaskState::Running, TaskState::Running));
+    c.create(task("t2", &web, 2, "n2", TaskState::Pending, TaskState::Running));
+    c.create(task("t3", &web, 1, "n1", TaskState::Failed, TaskState::Shutdown));
+    c.create(task("t4", &db, 1, "n1", TaskState::Running, TaskState::Running));
+    c.create(node("n1", "box1", NodeRole::Manager, node_status::State::Ready));
+    state.propose(c).await.unwrap();
+
+    let ids = |f: TaskFilters| -> Vec<String> { list_tasks(&state, &f).iter().map(|t| t.id.clone()).collect() };
+    let mut all = ids(TaskFilters::default());
+    all.sort();
+    assert_eq!(all, ["t1", "t2", "t3", "t4"]);
+    assert_eq!(ids(TaskFilters { services: vec!["web".into()], ..Default::default() }).len(), 3);
+    assert_eq!(ids(TaskFilters { services: vec!["nope".into()], ..Default::default() }), Vec::<String>::new());
+    let mut on_box1 = ids(TaskFilters { nodes: vec!["box1".into()], ..Default::default() });
+    on_box1.sort();
+    assert_eq!(on_box1, ["t1", "t3", "t4"]);
+    assert_eq!(
+        ids(TaskFilters {
+            services: vec!["web".into()],
+            desired_states: vec![TaskState::Running],
+            nodes: vec!["n1".into()],
+            ..Default::default()
+        }),
+        ["t1"]
+    );
+    assert_eq!(ids(TaskFilters { name_prefixes: vec!["web.2.".into()], ..Default::default() }), ["t2"]);
+    assert_eq!(get_task(&state, "t3").unwrap().slot, 1);
+    assert!(matches!(get_task(&state, "zz"), Err(ControlError::NotFound { kind: "task", .. })));
+
+    let st = state.store.view(|t| service_status(t, &web));
+    assert_eq!(st, ServiceStatus { running_tasks: 1, desired_tasks: 3, completed_tasks: 0 });
+}
+
+#[tokio::test]
+async fn remove_service_marks_its_tasks_for_removal_in_the_same_write() {
+    let (state, _) = cluster();
+    let web = create_service(&state, spec("web", 2)).await.unwrap();
+    let mut c = Changes::new();
+    c.create(task("t1", &web, 1, "n1", TaskState::Running, TaskState::Running));
+    state.propose(c).await.unwrap();
+    let mut watch = state.store.watch();
+    remove_service(&state, "web").await.unwrap();
+    let commit = watch.try_recv().unwrap();
+    assert_eq!(commit.changes.len(), 2);
+    let t1 = get_task(&state, "t1").unwrap();
+    assert_eq!(t1.desired_state, TaskState::Remove as i32);
+    assert!(matches!(remove_service(&state, "web").await, Err(ControlError::NotFound { .. })));
+}
+
+fn node(id: &str, host: &str, role: NodeRole, st: node_status::State) -> Node {
+    let mut n = Node {
+        id: id.into(),
+        spec: Some(NodeSpec { ..Default::default() }),
+        description: Some(shoal_api::NodeDescription { hostname: host.into(), ..Default::default() }),
+        status: Some(NodeStatus { ..Default::default() }),
+        ..Default::default()
+    };
+    n.set_role(role);
+    n.spec.as_mut().unwrap().set_desired_role(role);
+    n.spec.as_mut().unwrap().set_membership(node_spec::Membership::Accepted);
+    n.status.as_mut().unwrap().set_state(st);
+    n
+}
+
+#[tokio::test]
+async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
+    let (state, _) = cluster();
+    let mut c = Changes::new();
+    c.create(node("m1", "mgr", NodeRole::Manager, node_status::State::Ready));
+    c.create(node("w1", "wrk", NodeRole::Worker, node_status::State::Ready));
+    c.create(node("w2", "old", NodeRole::Worker, node_status::State::Down));
+    state.propose(c).await.unwrap();
+
+    let m1 = get_node(&state, "mgr").unwrap();
+    let mut demote = m1.spec.clone().unwrap();
+    demote.set_desired_role(NodeRole::Worker);
+    let err = update_node(&state, "m1", m1.version(), demote).await.unwrap_err();
+    assert!(matches!(&err, ControlError::InvalidArgument(m) if m.contains("last manager")), "{err:?}");
+
+    let w1 = get_node(&state, "w1").unwrap();
+    let mut drain = w1.spec.clone().unwrap();
+    drain.set_availability(node_spec::Availability::Drain);
+    drain.annotations = Some(Annotations {
+        labels: [("zone".to_string(), "east".to_string())].into(),
+        ..Default::default()
+    });
+    let updated = update_node(&state, "wrk", w1.version(), drain.clone()).await.unwrap();
+    assert_eq!(updated.spec.as_ref().unwrap().availability(), node_spec::Availability::Drain);
+    assert!(matches!(update_node(&state, "w1", w1.version(), drain).await, Err(ControlError::Conflict(_))));
+
+    let labelled = list_nodes(&state, &NodeFilters { labels: vec!["zone=east".into()], ..Default::default() });
+    assert_eq!(labelled.len(), 1);
+    let managers = list_nodes(&state, &NodeFilters { roles: vec!["manager".into()], ..Default::default() });
+    assert_eq!(managers[0].id, "m1");
+
+    assert!(matches!(remove_node(&state, "m1", true).await, Err(ControlError::InvalidArgument(m)) if m.contains("demote")));
+    assert!(matches!(remove_node(&state, "w1", false).await, Err(ControlError::InvalidArgument(m)) if m.contains("force")));
+    remove_node(&state, "w2", false).await.unwrap();
+    remove_node(&state, "w1", true).await.unwrap();
+    assert_eq!(list_nodes(&state, &NodeFilters::default()).len(), 1);
+}
+
+#[tokio::test]
+async fn writes_on_a_follower_are_refused_with_not_leader() {
+    let (state, proposer) = cluster();
+    proposer.set_leader(false);
+    assert_eq!(create_service(&state, spec("web", 1)).await.unwrap_err(), ControlError::NotLeader);
+}
