@@ -1,1 +1,817 @@
-//! dispatcher (being written)
+//! The gRPC `docker.swarmkit.v1.Dispatcher` service: agent sessions, heartbeats, task assignments and task
+//! status reports. The logic lives in sans-IO parts (`heartbeats`, `assignments`, `status`); this file is
+//! the shell around them: RPC handlers, per-stream tasks, and the leader-only loop (`subsystem`) that
+//! expires heartbeats (node DOWN) and flushes batched status updates as one store write per batch.
+//!
+//! It reads and writes only through `ClusterState`; it knows nothing of executors, HTTP or Raft internals.
+//!
+//! Bounds: each response stream has a channel of `STREAM_CHANNEL_MESSAGES` messages; an INCREMENTAL message
+//! holds at most `ASSIGNMENT_BATCH_MAX_CHANGES` changes (commits already queued are batched, no artificial
+//! delay); the status queue holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full);
+//! a request carries at most `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates
+//! (a single larger request forms its own batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
+//!
+//! UpdateTaskStatus answers after the batch holding its updates is committed, so an error means the
+//! agent should retry and success means the store has the statuses.
+
+mod assignments;
+mod heartbeats;
+mod status;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use shoal_api::dispatcher_server::{Dispatcher as DispatcherRpc, DispatcherServer};
+use shoal_api::{
+    assignments_message, node_spec, node_status, AssignmentsMessage, AssignmentsRequest,
+    HeartbeatRequest, HeartbeatResponse, Node, NodeRole, NodeSpec, NodeStatus, Peer,
+    SessionMessage, SessionRequest, UpdateTaskStatusRequest, UpdateTaskStatusResponse,
+    WeightedPeer,
+};
+use shoal_raft::ProposeError;
+use shoal_store::{ObjectKind, StoreError, WatchError};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+pub use assignments::{agent_cares, is_assigned_to, AssignmentSet};
+pub use heartbeats::Heartbeats;
+pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
+
+use crate::state::{ClusterState, WriteError};
+use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
+
+/// gRPC metadata key carrying the caller's node ID (until mutual TLS provides it).
+pub const NODE_ID_METADATA_KEY: &str = "x-shoal-node-id";
+/// Messages buffered per response stream before the sender waits for the client.
+pub const STREAM_CHANNEL_MESSAGES: usize = 16;
+/// Most changes in one INCREMENTAL assignments message.
+pub const ASSIGNMENT_BATCH_MAX_CHANGES: usize = 1000;
+/// Most status requests queued for the flusher; further callers wait.
+pub const STATUS_QUEUE_REQUESTS: usize = 1024;
+/// Most updates in one UpdateTaskStatus request.
+pub const MAX_UPDATES_PER_REQUEST: usize = 10_000;
+/// Attempts for one store write that keeps hitting version conflicts.
+pub const WRITE_ATTEMPTS: usize = 5;
+
+/// Dispatcher settings.
+#[derive(Clone, Debug)]
+pub struct DispatcherConfig {
+    /// Heartbeat period when the cluster object sets none, in milliseconds.
+    pub heartbeat_period_ms_default: u64,
+    /// A node is DOWN after this many periods without a heartbeat.
+    pub missed_heartbeats_before_down: u32,
+    /// Most task status updates per store write.
+    pub status_batch_max: usize,
+    /// How often queued status updates are written, in milliseconds.
+    pub status_flush_ms: u64,
+    /// The address agents should use to reach this manager (sent in session messages).
+    pub manager_addr: String,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        DispatcherConfig {
+            heartbeat_period_ms_default: 5000,
+            missed_heartbeats_before_down: 3,
+            status_batch_max: 1000,
+            status_flush_ms: 50,
+            manager_addr: String::new(),
+        }
+    }
+}
+
+/// One open session: its ID and the handle whose drop ends its streams.
+struct SessionEntry {
+    session_id: String,
+    /// Dropping this sender ends every stream of the session (replaced, expired).
+    _alive: watch::Sender<()>,
+    alive_rx: watch::Receiver<()>,
+}
+
+#[derive(Default)]
+struct Registry {
+    sessions: HashMap<String, SessionEntry>,
+    heartbeats: Heartbeats,
+}
+
+/// A queued status request: its updates, and where to say that they were committed.
+struct StatusRequest {
+    updates: Vec<StatusUpdate>,
+    done: oneshot::Sender<Result<(), Status>>,
+}
+
+/// The dispatcher: shared by the gRPC service and the leader-only loop.
+pub struct Dispatcher {
+    state: ClusterState,
+    config: DispatcherConfig,
+    registry: Mutex<Registry>,
+    status_tx: mpsc::Sender<StatusRequest>,
+    status_rx: tokio::sync::Mutex<mpsc::Receiver<StatusRequest>>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// Extracts the caller's node ID. The one place that knows where identity comes from (metadata now, the
+/// TLS certificate later).
+pub fn node_identity<T>(req: &Request<T>) -> Result<String, Status> {
+    let id = req
+        .metadata()
+        .get(NODE_ID_METADATA_KEY)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .trim();
+    if id.is_empty() {
+        return Err(Status::unauthenticated(format!(
+            "no node identity: send the node ID in the {NODE_ID_METADATA_KEY} gRPC metadata"
+        )));
+    }
+    Ok(id.to_string())
+}
+
+fn write_status<E: std::fmt::Display>(e: WriteError<E>) -> Status {
+    match e {
+        WriteError::Propose(ProposeError::NotLeader { .. }) => not_leader(),
+        other => Status::unavailable(format!(
+            "could not write to the cluster store: {other}; retry"
+        )),
+    }
+}
+
+fn not_leader() -> Status {
+    Status::unavailable("this manager is not the leader; reconnect to the current leader")
+}
+
+fn is_conflict<E>(e: &WriteError<E>) -> bool {
+    matches!(
+        e,
+        WriteError::Propose(ProposeError::Store(StoreError::VersionConflict { .. }))
+    )
+}
+
+fn unknown_session(session_id: &str) -> Status {
+    Status::not_found(format!(
+        "session {session_id:?} is not open on this manager (it expired or was replaced): open a new session"
+    ))
+}
+
+impl Dispatcher {
+    /// A dispatcher over `state`.
+    pub fn new(state: ClusterState, config: DispatcherConfig) -> Arc<Dispatcher> {
+        let (status_tx, status_rx) = mpsc::channel(STATUS_QUEUE_REQUESTS);
+        Arc::new(Dispatcher {
+            state,
+            config,
+            registry: Mutex::new(Registry::default()),
+            status_tx,
+            status_rx: tokio::sync::Mutex::new(status_rx),
+        })
+    }
+
+    /// The gRPC service to mount on the manager's server.
+    pub fn grpc_service(self: &Arc<Self>) -> DispatcherServer<impl DispatcherRpc> {
+        DispatcherServer::new(DispatcherService(self.clone()))
+    }
+
+    /// The leader-only loop: heartbeat expiry (node DOWN) and the status-update flusher.
+    pub fn subsystem(self: &Arc<Self>) -> Box<dyn Subsystem> {
+        Box::new(DispatcherSubsystem(self.clone()))
+    }
+
+    fn check_leader(&self) -> Result<(), Status> {
+        if self.state.leader_state().is_leader {
+            Ok(())
+        } else {
+            Err(not_leader())
+        }
+    }
+
+    /// The heartbeat period: the cluster object's setting, else the configured default, in milliseconds.
+    pub fn heartbeat_period_ms(&self) -> u64 {
+        let from_cluster = self.state.store.view(|t| {
+            t.clusters()
+                .iter()
+                .next()
+                .and_then(|c| c.spec.as_ref()?.dispatcher.as_ref()?.heartbeat_period)
+                .map(|d| shoal_api::duration_from_proto(&d).as_millis() as u64)
+        });
+        match from_cluster {
+            Some(ms) if ms > 0 => ms,
+            _ => self.config.heartbeat_period_ms_default.max(1),
+        }
+    }
+
+    fn heartbeat_ttl_ms(&self) -> u64 {
+        self.heartbeat_period_ms()
+            .saturating_mul(u64::from(self.config.missed_heartbeats_before_down.max(1)))
+    }
+
+    /// The alive-receiver of `node_id`'s session, if `session_id` is its current one.
+    fn session_alive(
+        &self,
+        node_id: &str,
+        session_id: &str,
+    ) -> Result<watch::Receiver<()>, Status> {
+        let reg = self.registry.lock();
+        match reg.sessions.get(node_id) {
+            Some(s) if s.session_id == session_id => Ok(s.alive_rx.clone()),
+            _ => Err(unknown_session(session_id)),
+        }
+    }
+
+    /// Registers the node (create or update to READY) and returns the written node.
+    async fn register_node(
+        &self,
+        node_id: &str,
+        req: &SessionRequest,
+        addr: String,
+    ) -> Result<(), Status> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let res = self
+                .state
+                .write(|t, changes| {
+                    let status = NodeStatus {
+                        state: node_status::State::Ready as i32,
+                        message: String::new(),
+                        addr: addr.clone(),
+                    };
+                    match t.nodes().get(node_id) {
+                        Some(existing) => {
+                            let mut node = (**existing).clone();
+                            if req.description.is_some() {
+                                node.description = req.description.clone();
+                            }
+                            node.status = Some(status);
+                            node.meta_mut_updated(self.state.now());
+                            changes.update(node);
+                        }
+                        None => {
+                            let now = self.state.now();
+                            changes.create(Node {
+                                id: node_id.to_string(),
+                                meta: Some(shoal_api::Meta {
+                                    version: None,
+                                    created_at: Some(now),
+                                    updated_at: Some(now),
+                                }),
+                                spec: Some(NodeSpec {
+                                    annotations: None,
+                                    desired_role: NodeRole::Worker as i32,
+                                    membership: node_spec::Membership::Accepted as i32,
+                                    availability: node_spec::Availability::Active as i32,
+                                }),
+                                description: req.description.clone(),
+                                status: Some(status),
+                                manager_status: None,
+                                role: NodeRole::Worker as i32,
+                            });
+                        }
+                    }
+                    Ok::<(), std::convert::Infallible>(())
+                })
+                .await;
+            match res {
+                Ok(_) => return Ok(()),
+                Err(e) if is_conflict(&e) => continue,
+                Err(WriteError::Propose(ProposeError::Store(StoreError::Exists {
+                    kind: ObjectKind::Node,
+                    ..
+                }))) => continue,
+                Err(e) => return Err(write_status(e)),
+            }
+        }
+        Err(Status::unavailable(
+            "the node object kept changing while registering it; retry",
+        ))
+    }
+
+    fn session_message(&self, session_id: &str, node: Option<Node>) -> SessionMessage {
+        SessionMessage {
+            session_id: session_id.to_string(),
+            node,
+            managers: vec![WeightedPeer {
+                peer: Some(Peer {
+                    node_id: String::new(),
+                    addr: self.config.manager_addr.clone(),
+                }),
+                weight: 1,
+            }],
+            root_ca: Vec::new(),
+        }
+    }
+
+    async fn open_session(
+        self: &Arc<Self>,
+        node_id: String,
+        peer: Option<SocketAddr>,
+        req: SessionRequest,
+    ) -> Result<ReceiverStream<Result<SessionMessage, Status>>, Status> {
+        let addr = peer.map(|p| p.ip().to_string()).unwrap_or_default();
+        self.register_node(&node_id, &req, addr).await?;
+        let session_id = self.state.ids.new_id();
+        let (alive_tx, alive_rx) = watch::channel(());
+        {
+            let mut reg = self.registry.lock();
+            // Replacing the entry drops the old session's sender, which ends its streams.
+            reg.sessions.insert(
+                node_id.clone(),
+                SessionEntry {
+                    session_id: session_id.clone(),
+                    _alive: alive_tx,
+                    alive_rx: alive_rx.clone(),
+                },
+            );
+            let ttl = self.heartbeat_ttl_ms();
+            reg.heartbeats
+                .beat(&node_id, self.state.clock.now_unix_ms(), ttl);
+        }
+        tracing::info!(node = %node_id, session = %session_id, "agent session opened");
+        let (node, mut watch) = self
+            .state
+            .store
+            .view_and_watch(|t| t.nodes().get(&node_id).map(|n| (**n).clone()));
+        let (tx, rx) = mpsc::channel(STREAM_CHANNEL_MESSAGES);
+        let first = self.session_message(&session_id, node);
+        tx.send(Ok(first))
+            .await
+            .map_err(|_| Status::cancelled("the agent went away"))?;
+        let this = self.clone();
+        let mut alive = alive_rx;
+        let mut leadership = self.state.proposer.leadership();
+        tokio::spawn(async move {
+            loop {
+                let node = tokio::select! {
+                    r = watch.recv() => match r {
+                        Ok(commit) => {
+                            let mut latest = None;
+                            for c in &commit.changes {
+                                if let shoal_store::Object::Node(n) = &c.object {
+                                    if n.id == node_id && c.kind != shoal_store::ActionKind::Remove {
+                                        latest = Some((**n).clone());
+                                    }
+                                }
+                            }
+                            match latest { Some(n) => n, None => continue }
+                        }
+                        Err(WatchError::Lagged(_)) => {
+                            let (node, w) = this.state.store.view_and_watch(|t| t.nodes().get(&node_id).map(|n| (**n).clone()));
+                            watch = w;
+                            match node { Some(n) => n, None => continue }
+                        }
+                        Err(WatchError::Closed) => break,
+                    },
+                    r = alive.changed() => { if r.is_err() { break } else { continue } }
+                    r = leadership.changed() => {
+                        if r.is_err() || !leadership.borrow_and_update().is_leader {
+                            let _ = tx.send(Err(not_leader())).await;
+                            break;
+                        }
+                        continue;
+                    }
+                    _ = tx.closed() => break,
+                };
+                if tx
+                    .send(Ok(this.session_message(&session_id, Some(node))))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            let mut reg = this.registry.lock();
+            if reg
+                .sessions
+                .get(&node_id)
+                .is_some_and(|s| s.session_id == session_id)
+            {
+                reg.sessions.remove(&node_id);
+            }
+            tracing::info!(node = %node_id, session = %session_id, "agent session closed");
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+
+    fn heartbeat(&self, node_id: &str, session_id: &str) -> Result<HeartbeatResponse, Status> {
+        let period_ms = self.heartbeat_period_ms();
+        let ttl =
+            period_ms.saturating_mul(u64::from(self.config.missed_heartbeats_before_down.max(1)));
+        let mut reg = self.registry.lock();
+        match reg.sessions.get(node_id) {
+            Some(s) if s.session_id == session_id => {}
+            _ => return Err(unknown_session(session_id)),
+        }
+        reg.heartbeats
+            .beat(node_id, self.state.clock.now_unix_ms(), ttl);
+        Ok(HeartbeatResponse {
+            period: Some(shoal_api::duration_to_proto(Duration::from_millis(
+                period_ms,
+            ))),
+        })
+    }
+
+    async fn update_task_status(
+        &self,
+        node_id: String,
+        req: UpdateTaskStatusRequest,
+    ) -> Result<(), Status> {
+        self.session_alive(&node_id, &req.session_id)?;
+        if req.updates.len() > MAX_UPDATES_PER_REQUEST {
+            return Err(Status::invalid_argument(format!(
+                "{} status updates in one request; send at most {MAX_UPDATES_PER_REQUEST} per request",
+                req.updates.len()
+            )));
+        }
+        let mut updates = Vec::with_capacity(req.updates.len());
+        for u in req.updates {
+            let Some(status) = u.status else {
+                tracing::warn!(node = %node_id, task = %u.task_id, "status update without a status: skipped");
+                continue;
+            };
+            // Cheap pre-check against the current view; the flusher checks again at write time.
+            let check = StatusUpdate {
+                node_id: node_id.clone(),
+                task_id: u.task_id,
+                status,
+            };
+            match self
+                .state
+                .store
+                .view(|t| check_update(t.tasks().get(&check.task_id).map(|t| &**t), &check))
+            {
+                Ok(()) => updates.push(check),
+                Err(SkipReason::Unchanged { .. }) => {}
+                Err(why) => tracing::warn!(node = %node_id, "status update skipped: {why}"),
+            }
+        }
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let (done, wait) = oneshot::channel();
+        self.status_tx
+            .send(StatusRequest { updates, done })
+            .await
+            .map_err(|_| Status::unavailable("the status queue is closed; retry"))?;
+        match wait.await {
+            Ok(r) => r,
+            Err(_) => Err(Status::unavailable(
+                "the status updates were not written (leadership changed?); retry",
+            )),
+        }
+    }
+
+    /// Writes queued status updates: at most one batch (`status_batch_max` updates, or one larger request).
+    /// Returns the number of updates taken from the queue (written, or dropped as stale). Called by the
+    /// leader-only loop; callable from tests.
+    pub async fn flush_status_updates(&self) -> usize {
+        let mut rx = self.status_rx.lock().await;
+        let mut batch: Vec<StatusRequest> = Vec::new();
+        let mut count = 0;
+        while count < self.config.status_batch_max.max(1) {
+            match rx.try_recv() {
+                Ok(req) => {
+                    count += req.updates.len();
+                    batch.push(req);
+                }
+                Err(_) => break,
+            }
+        }
+        drop(rx);
+        if batch.is_empty() {
+            return 0;
+        }
+        let updates: Vec<StatusUpdate> = batch
+            .iter()
+            .flat_map(|r| r.updates.iter().cloned())
+            .collect();
+        let mut result = Err(Status::unavailable(
+            "the status batch kept conflicting with other writes; retry",
+        ));
+        for _ in 0..WRITE_ATTEMPTS {
+            let now = self.state.now();
+            let res = self
+                .state
+                .write(|t, changes| {
+                    let (c, skipped) = apply_updates(t, &updates, &now);
+                    for why in skipped {
+                        if !matches!(
+                            why,
+                            SkipReason::Unchanged { .. } | SkipReason::Backwards { .. }
+                        ) {
+                            tracing::warn!("status update skipped: {why}");
+                        }
+                    }
+                    *changes = c;
+                    Ok::<(), std::convert::Infallible>(())
+                })
+                .await;
+            match res {
+                Ok(_) => {
+                    result = Ok(());
+                    break;
+                }
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => {
+                    result = Err(write_status(e));
+                    break;
+                }
+            }
+        }
+        if let Err(e) = &result {
+            tracing::warn!(updates = count, "status batch not written: {}", e.message());
+        }
+        for req in batch {
+            let _ = req.done.send(result.clone());
+        }
+        count
+    }
+
+    /// Expires heartbeat deadlines at `now_unix_ms`: closes the sessions of late nodes and writes them
+    /// DOWN ("heartbeat failure"). Returns the nodes marked down. Called by the leader-only loop.
+    pub async fn expire_heartbeats(&self, now_unix_ms: u64) -> Vec<String> {
+        let expired = {
+            let mut reg = self.registry.lock();
+            let expired = reg.heartbeats.expire(now_unix_ms);
+            for node in &expired {
+                reg.sessions.remove(node);
+            }
+            expired
+        };
+        if expired.is_empty() {
+            return expired;
+        }
+        for _ in 0..WRITE_ATTEMPTS {
+            let res = self
+                .state
+                .write(|t, changes| {
+                    let reg = self.registry.lock();
+                    let mut down = Vec::new();
+                    for id in &expired {
+                        // A node that came back (new session) since expiry stays up.
+                        if reg.heartbeats.is_tracked(id) {
+                            continue;
+                        }
+                        let Some(node) = t.nodes().get(id) else {
+                            continue;
+                        };
+                        if node
+                            .status
+                            .as_ref()
+                            .is_some_and(|s| s.state == node_status::State::Down as i32)
+                        {
+                            continue;
+                        }
+                        let mut node = (**node).clone();
+                        let addr = node
+                            .status
+                            .as_ref()
+                            .map(|s| s.addr.clone())
+                            .unwrap_or_default();
+                        node.status = Some(NodeStatus {
+                            state: node_status::State::Down as i32,
+                            message: "heartbeat failure".into(),
+                            addr,
+                        });
+                        node.meta_mut_updated(self.state.now());
+                        changes.update(node);
+                        down.push(id.clone());
+                    }
+                    Ok::<_, std::convert::Infallible>(down)
+                })
+                .await;
+            match res {
+                Ok((down, _)) => {
+                    for id in &down {
+                        tracing::warn!(node = %id, "node missed its heartbeats: marked down");
+                    }
+                    return down;
+                }
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => {
+                    tracing::warn!("could not mark expired nodes down: {e}");
+                    return Vec::new();
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    /// Grace period on becoming leader: every READY node counts as having just sent a heartbeat.
+    pub fn grant_grace_period(&self, now_unix_ms: u64) {
+        let ttl = self.heartbeat_ttl_ms();
+        let ready: Vec<String> = self.state.store.view(|t| {
+            t.nodes()
+                .iter()
+                .filter(|n| {
+                    n.status
+                        .as_ref()
+                        .is_some_and(|s| s.state == node_status::State::Ready as i32)
+                })
+                .map(|n| n.id.clone())
+                .collect()
+        });
+        let mut reg = self.registry.lock();
+        for id in ready {
+            reg.heartbeats
+                .track_at_least(&id, now_unix_ms.saturating_add(ttl));
+        }
+    }
+
+    async fn open_assignments(
+        self: &Arc<Self>,
+        node_id: String,
+        req: AssignmentsRequest,
+    ) -> Result<ReceiverStream<Result<AssignmentsMessage, Status>>, Status> {
+        let mut alive = self.session_alive(&node_id, &req.session_id)?;
+        let (tx, rx) = mpsc::channel(STREAM_CHANNEL_MESSAGES);
+        let this = self.clone();
+        let mut leadership = self.state.proposer.leadership();
+        tokio::spawn(async move {
+            let mut set = AssignmentSet::new(&node_id);
+            let mut sequence: u64 = 0;
+            let (changes, mut watch) = this.state.store.view_and_watch(|t| set.complete(t));
+            let mut next = Some(complete_message(&mut sequence, changes));
+            loop {
+                if let Some(msg) = next.take() {
+                    if tx.send(Ok(msg)).await.is_err() {
+                        break;
+                    }
+                }
+                tokio::select! {
+                    r = watch.recv() => match r {
+                        Ok(commit) => {
+                            let mut changes: Vec<_> = commit.changes.iter().filter_map(|c| set.on_change(c)).collect();
+                            // Batch what is already queued, up to the message bound.
+                            while changes.len() < ASSIGNMENT_BATCH_MAX_CHANGES {
+                                match watch.try_recv() {
+                                    Ok(commit) => changes.extend(commit.changes.iter().filter_map(|c| set.on_change(c))),
+                                    Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {
+                                        let (c, w) = this.state.store.view_and_watch(|t| set.complete(t));
+                                        watch = w;
+                                        next = Some(complete_message(&mut sequence, c));
+                                        changes.clear();
+                                        break;
+                                    }
+                                    Err(_) => break,
+                                }
+                            }
+                            if next.is_none() && !changes.is_empty() {
+                                let applies_to = sequence.to_string();
+                                sequence += 1;
+                                next = Some(AssignmentsMessage {
+                                    r#type: assignments_message::Type::Incremental as i32,
+                                    applies_to,
+                                    results_in: sequence.to_string(),
+                                    changes,
+                                });
+                            }
+                        }
+                        Err(WatchError::Lagged(_)) => {
+                            let (c, w) = this.state.store.view_and_watch(|t| set.complete(t));
+                            watch = w;
+                            next = Some(complete_message(&mut sequence, c));
+                        }
+                        Err(WatchError::Closed) => break,
+                    },
+                    r = alive.changed() => if r.is_err() { break },
+                    r = leadership.changed() => {
+                        if r.is_err() || !leadership.borrow_and_update().is_leader {
+                            let _ = tx.send(Err(not_leader())).await;
+                            break;
+                        }
+                    }
+                    _ = tx.closed() => break,
+                }
+            }
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+}
+
+fn complete_message(
+    sequence: &mut u64,
+    changes: Vec<shoal_api::AssignmentChange>,
+) -> AssignmentsMessage {
+    *sequence += 1;
+    AssignmentsMessage {
+        r#type: assignments_message::Type::Complete as i32,
+        applies_to: String::new(),
+        results_in: sequence.to_string(),
+        changes,
+    }
+}
+
+/// Sets `meta.updated_at` on a node about to be written.
+trait TouchMeta {
+    fn meta_mut_updated(&mut self, now: shoal_api::prost_types::Timestamp);
+}
+
+impl TouchMeta for Node {
+    fn meta_mut_updated(&mut self, now: shoal_api::prost_types::Timestamp) {
+        self.meta.get_or_insert_with(Default::default).updated_at = Some(now);
+    }
+}
+
+/// The tonic service wrapper.
+struct DispatcherService(Arc<Dispatcher>);
+
+#[tonic::async_trait]
+impl DispatcherRpc for DispatcherService {
+    type SessionStream = ReceiverStream<Result<SessionMessage, Status>>;
+    type AssignmentsStream = ReceiverStream<Result<AssignmentsMessage, Status>>;
+
+    async fn session(
+        &self,
+        request: Request<SessionRequest>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        self.0.check_leader()?;
+        let node_id = node_identity(&request)?;
+        let peer = request.remote_addr();
+        let stream = self
+            .0
+            .open_session(node_id, peer, request.into_inner())
+            .await?;
+        Ok(Response::new(stream))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        self.0.check_leader()?;
+        let node_id = node_identity(&request)?;
+        Ok(Response::new(
+            self.0.heartbeat(&node_id, &request.get_ref().session_id)?,
+        ))
+    }
+
+    async fn update_task_status(
+        &self,
+        request: Request<UpdateTaskStatusRequest>,
+    ) -> Result<Response<UpdateTaskStatusResponse>, Status> {
+        self.0.check_leader()?;
+        let node_id = node_identity(&request)?;
+        self.0
+            .update_task_status(node_id, request.into_inner())
+            .await?;
+        Ok(Response::new(UpdateTaskStatusResponse {}))
+    }
+
+    async fn assignments(
+        &self,
+        request: Request<AssignmentsRequest>,
+    ) -> Result<Response<Self::AssignmentsStream>, Status> {
+        self.0.check_leader()?;
+        let node_id = node_identity(&request)?;
+        let stream = self
+            .0
+            .open_assignments(node_id, request.into_inner())
+            .await?;
+        Ok(Response::new(stream))
+    }
+}
+
+/// The leader-only loop around `expire_heartbeats` and `flush_status_updates`.
+struct DispatcherSubsystem(Arc<Dispatcher>);
+
+impl Subsystem for DispatcherSubsystem {
+    fn name(&self) -> &'static str {
+        "dispatcher"
+    }
+
+    fn run(&self, state: ClusterState, mut stop: watch::Receiver<bool>) -> SubsystemFuture {
+        let d = self.0.clone();
+        Box::pin(async move {
+            d.grant_grace_period(state.clock.now_unix_ms());
+            let mut tick =
+                tokio::time::interval(Duration::from_millis(d.config.status_flush_ms.max(1)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stopped(&mut stop) => break,
+                    _ = tick.tick() => {
+                        d.expire_heartbeats(state.clock.now_unix_ms()).await;
+                        // Keep writing while full batches are waiting.
+                        while d.flush_status_updates().await >= d.config.status_batch_max.max(1) {
+                            if *stop.borrow() { break; }
+                        }
+                    }
+                }
+            }
+            // Requests still queued are answered "unavailable" by dropping their reply senders.
+            let mut rx = d.status_rx.lock().await;
+            while rx.try_recv().is_ok() {}
+        })
+    }
+}

@@ -1,0 +1,128 @@
+//! Heartbeat deadlines, sans IO: which node must send its next heartbeat by when, and which nodes have
+//! missed their deadline at a given `now`. Time comes in as `now_unix_ms` arguments; nothing here reads a
+//! clock, sleeps or writes the store (the dispatcher's leader-only loop does that with the expired list).
+//!
+//! Bound: one entry per node that opened a session (or was READY when this manager became leader).
+
+use std::collections::{BTreeSet, HashMap};
+
+/// Per-node heartbeat deadlines, ordered so that expiry is O(expired) rather than a scan.
+#[derive(Debug, Default)]
+pub struct Heartbeats {
+    deadline_by_node: HashMap<String, u64>,
+    by_deadline: BTreeSet<(u64, String)>,
+}
+
+impl Heartbeats {
+    /// No node tracked.
+    pub fn new() -> Heartbeats {
+        Heartbeats::default()
+    }
+
+    /// Records a heartbeat (or a new session) from `node_id`: it must send the next one before
+    /// `now_unix_ms + ttl_ms`, where `ttl_ms` is the period times the heartbeats it may miss.
+    pub fn beat(&mut self, node_id: &str, now_unix_ms: u64, ttl_ms: u64) {
+        self.set_deadline(node_id, now_unix_ms.saturating_add(ttl_ms));
+    }
+
+    /// Starts tracking `node_id` with the given deadline, unless it is already tracked with a later one
+    /// (used for the grace period when this manager becomes leader).
+    pub fn track_at_least(&mut self, node_id: &str, deadline_unix_ms: u64) {
+        if self
+            .deadline_by_node
+            .get(node_id)
+            .is_some_and(|d| *d >= deadline_unix_ms)
+        {
+            return;
+        }
+        self.set_deadline(node_id, deadline_unix_ms);
+    }
+
+    fn set_deadline(&mut self, node_id: &str, deadline: u64) {
+        if let Some(old) = self.deadline_by_node.insert(node_id.to_string(), deadline) {
+            self.by_deadline.remove(&(old, node_id.to_string()));
+        }
+        self.by_deadline.insert((deadline, node_id.to_string()));
+    }
+
+    /// Stops tracking `node_id`.
+    pub fn forget(&mut self, node_id: &str) {
+        if let Some(old) = self.deadline_by_node.remove(node_id) {
+            self.by_deadline.remove(&(old, node_id.to_string()));
+        }
+    }
+
+    /// True when `node_id` is tracked (it has a live deadline).
+    pub fn is_tracked(&self, node_id: &str) -> bool {
+        self.deadline_by_node.contains_key(node_id)
+    }
+
+    /// The deadline of `node_id`, if tracked.
+    pub fn deadline(&self, node_id: &str) -> Option<u64> {
+        self.deadline_by_node.get(node_id).copied()
+    }
+
+    /// Removes and returns every node whose deadline is at or before `now_unix_ms`, earliest first.
+    pub fn expire(&mut self, now_unix_ms: u64) -> Vec<String> {
+        let mut expired = Vec::new();
+        while let Some((deadline, _)) = self.by_deadline.first() {
+            if *deadline > now_unix_ms {
+                break;
+            }
+            let (_, node) = self.by_deadline.pop_first().expect("first exists");
+            self.deadline_by_node.remove(&node);
+            expired.push(node);
+        }
+        expired
+    }
+
+    /// Number of tracked nodes.
+    pub fn len(&self) -> usize {
+        self.deadline_by_node.len()
+    }
+
+    /// True when no node is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.deadline_by_node.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_expires_only_after_its_deadline() {
+        let mut hb = Heartbeats::new();
+        hb.beat("a", 1_000, 15_000);
+        hb.beat("b", 2_000, 15_000);
+        assert!(hb.expire(15_999).is_empty());
+        assert_eq!(hb.expire(16_000), vec!["a".to_string()]);
+        assert!(!hb.is_tracked("a"));
+        assert_eq!(hb.expire(20_000), vec!["b".to_string()]);
+        assert!(hb.is_empty());
+    }
+
+    #[test]
+    fn a_heartbeat_pushes_the_deadline_back() {
+        let mut hb = Heartbeats::new();
+        hb.beat("a", 0, 100);
+        hb.beat("a", 90, 100);
+        assert!(hb.expire(150).is_empty());
+        assert_eq!(hb.deadline("a"), Some(190));
+        assert_eq!(hb.len(), 1);
+        assert_eq!(hb.expire(190), vec!["a".to_string()]);
+    }
+
+    #[test]
+    fn grace_tracking_never_shortens_a_deadline() {
+        let mut hb = Heartbeats::new();
+        hb.beat("a", 0, 1_000);
+        hb.track_at_least("a", 500);
+        assert_eq!(hb.deadline("a"), Some(1_000));
+        hb.track_at_least("b", 500);
+        assert_eq!(hb.deadline("b"), Some(500));
+        hb.forget("b");
+        assert_eq!(hb.expire(10_000), vec!["a".to_string()]);
+    }
+}

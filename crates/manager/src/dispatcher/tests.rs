@@ -1,0 +1,541 @@
+//! Dispatcher tests over real gRPC on 127.0.0.1:0, with a `LocalProposer` store and a `ManualClock`.
+//! Waits are on conditions with a deadline; heartbeat expiry is driven by advancing the clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_api::dispatcher_client::DispatcherClient;
+use shoal_api::update_task_status_request::TaskStatusUpdate;
+use shoal_api::{
+    assignment, assignment_change::AssignmentAction, assignments_message, node_status,
+    AssignmentsRequest, HeartbeatRequest, NodeDescription, SessionRequest, Task, TaskState,
+    TaskStatus, UpdateTaskStatusRequest,
+};
+use shoal_raft::LocalProposer;
+use shoal_store::{Changes, Clock, ManualClock, MemoryStore};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+use tonic::Request;
+
+use super::*;
+use crate::state::RandomIds;
+
+const START_MS: u64 = 1_700_000_000_000;
+
+struct Harness {
+    state: ClusterState,
+    proposer: Arc<LocalProposer>,
+    clock: Arc<ManualClock>,
+    dispatcher: Arc<Dispatcher>,
+    addr: SocketAddr,
+    _stop: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn harness() -> Harness {
+    let store = Arc::new(MemoryStore::default());
+    let proposer = Arc::new(LocalProposer::new(store.clone()));
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let state = ClusterState::new(
+        store,
+        proposer.clone(),
+        clock.clone(),
+        Arc::new(RandomIds::seeded(7)),
+    );
+    let config = DispatcherConfig {
+        status_flush_ms: 5,
+        manager_addr: "127.0.0.1:4242".into(),
+        ..Default::default()
+    };
+    let dispatcher = Dispatcher::new(state.clone(), config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let svc = dispatcher.grpc_service();
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let fut = dispatcher.subsystem().run(state.clone(), stop_rx);
+    tokio::spawn(fut);
+    Harness {
+        state,
+        proposer,
+        clock,
+        dispatcher,
+        addr,
+        _stop: stop_tx,
+        server,
+    }
+}
+
+impl Harness {
+    async fn client(&self) -> DispatcherClient<Channel> {
+        DispatcherClient::connect(format!("http://{}", self.addr))
+            .await
+            .unwrap()
+    }
+
+    fn node_state(&self, id: &str) -> Option<i32> {
+        self.state.store.view(|t| {
+            t.nodes()
+                .get(id)
+                .and_then(|n| n.status.as_ref())
+                .map(|s| s.state)
+        })
+    }
+
+    fn task(&self, id: &str) -> Task {
+        self.state
+            .store
+            .view(|t| (**t.tasks().get(id).unwrap()).clone())
+    }
+
+    async fn put_task(&self, task: Task) {
+        let mut c = Changes::new();
+        if self.state.store.view(|t| t.tasks().get(&task.id).is_some()) {
+            c.update(task);
+        } else {
+            c.create(task);
+        }
+        self.state.propose(c).await.unwrap();
+    }
+}
+
+fn req<T>(node: &str, msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut()
+        .insert(NODE_ID_METADATA_KEY, node.parse().unwrap());
+    r
+}
+
+fn task(id: &str, node: &str, state: TaskState, desired: TaskState) -> Task {
+    Task {
+        id: id.into(),
+        node_id: node.into(),
+        service_id: "svc".into(),
+        desired_state: desired as i32,
+        status: Some(TaskStatus {
+            state: state as i32,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn open_session(
+    h: &Harness,
+    client: &mut DispatcherClient<Channel>,
+    node: &str,
+) -> (String, tonic::Streaming<SessionMessage>) {
+    let desc = NodeDescription {
+        hostname: format!("host-{node}"),
+        ..Default::default()
+    };
+    let mut stream = client
+        .session(req(
+            node,
+            SessionRequest {
+                description: Some(desc),
+                session_id: String::new(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(!first.session_id.is_empty());
+    assert_eq!(first.node.as_ref().unwrap().id, node);
+    assert_eq!(
+        first.managers[0].peer.as_ref().unwrap().addr,
+        "127.0.0.1:4242"
+    );
+    let _ = h;
+    (first.session_id, stream)
+}
+
+fn task_ids(msg: &AssignmentsMessage) -> Vec<(String, i32)> {
+    let mut v: Vec<_> = msg
+        .changes
+        .iter()
+        .map(|c| {
+            let Some(assignment::Item::Task(t)) =
+                c.assignment.as_ref().and_then(|a| a.item.clone())
+            else {
+                panic!("assignment without a task")
+            };
+            (t.id, c.action)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn session_creates_the_node_ready_and_heartbeat_expiry_marks_it_down() {
+    let h = harness().await;
+    let mut client = h.client().await;
+    let (session_id, _stream) = open_session(&h, &mut client, "node-1").await;
+    assert_eq!(
+        h.node_state("node-1"),
+        Some(node_status::State::Ready as i32)
+    );
+    let node = h
+        .state
+        .store
+        .view(|t| t.nodes().get("node-1").cloned())
+        .unwrap();
+    assert_eq!(node.description.as_ref().unwrap().hostname, "host-node-1");
+    assert_eq!(node.status.as_ref().unwrap().addr, "127.0.0.1");
+    assert_eq!(
+        node.spec.as_ref().unwrap().membership,
+        shoal_api::node_spec::Membership::Accepted as i32
+    );
+
+    let resp = client
+        .heartbeat(req(
+            "node-1",
+            HeartbeatRequest {
+                session_id: session_id.clone(),
+            },
+        ))
+        .await
+        .unwrap();
+    assert_eq!(resp.into_inner().period.unwrap().seconds, 5);
+
+    // 3 periods of 5 s minus a little: still up.
+    h.clock.advance_ms(14_999);
+    assert!(h
+        .dispatcher
+        .expire_heartbeats(h.clock.now_unix_ms())
+        .await
+        .is_empty());
+    assert_eq!(
+        h.node_state("node-1"),
+        Some(node_status::State::Ready as i32)
+    );
+    h.clock.advance_ms(1);
+    wait_for("node down", || {
+        h.node_state("node-1") == Some(node_status::State::Down as i32)
+    })
+    .await;
+    let msg = h.state.store.view(|t| {
+        t.nodes()
+            .get("node-1")
+            .unwrap()
+            .status
+            .clone()
+            .unwrap()
+            .message
+    });
+    assert_eq!(msg, "heartbeat failure");
+
+    // The expired session is gone: the agent is told to open a new one.
+    let err = client
+        .heartbeat(req("node-1", HeartbeatRequest { session_id }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    // A new session brings the node back.
+    let (_sid, _s) = open_session(&h, &mut client, "node-1").await;
+    assert_eq!(
+        h.node_state("node-1"),
+        Some(node_status::State::Ready as i32)
+    );
+}
+
+#[tokio::test]
+async fn a_new_session_replaces_the_old_one() {
+    let h = harness().await;
+    let mut client = h.client().await;
+    let (old, mut old_stream) = open_session(&h, &mut client, "node-1").await;
+    let (new, _s) = open_session(&h, &mut client, "node-1").await;
+    assert_ne!(old, new);
+    // The old stream ends (after, possibly, the node update the new session wrote).
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = old_stream.message().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the replaced session's stream did not end");
+    let err = client
+        .heartbeat(req("node-1", HeartbeatRequest { session_id: old }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    client
+        .heartbeat(req("node-1", HeartbeatRequest { session_id: new }))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn assignments_send_a_complete_set_then_increments() {
+    let h = harness().await;
+    h.put_task(task(
+        "t1",
+        "node-1",
+        TaskState::Assigned,
+        TaskState::Running,
+    ))
+    .await;
+    h.put_task(task(
+        "t-pending",
+        "node-1",
+        TaskState::Pending,
+        TaskState::Running,
+    ))
+    .await;
+    h.put_task(task(
+        "t-other",
+        "node-2",
+        TaskState::Assigned,
+        TaskState::Running,
+    ))
+    .await;
+    let mut client = h.client().await;
+    let (sid, _s) = open_session(&h, &mut client, "node-1").await;
+    let mut stream = client
+        .assignments(req(
+            "node-1",
+            AssignmentsRequest {
+                session_id: sid.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.r#type, assignments_message::Type::Complete as i32);
+    assert_eq!(
+        task_ids(&first),
+        vec![("t1".into(), AssignmentAction::Update as i32)]
+    );
+
+    // A new task for the node.
+    h.put_task(task(
+        "t2",
+        "node-1",
+        TaskState::Assigned,
+        TaskState::Running,
+    ))
+    .await;
+    let msg = stream.message().await.unwrap().unwrap();
+    assert_eq!(msg.r#type, assignments_message::Type::Incremental as i32);
+    assert_eq!(msg.applies_to, first.results_in);
+    assert_eq!(
+        task_ids(&msg),
+        vec![("t2".into(), AssignmentAction::Update as i32)]
+    );
+
+    // The agent's own status report is not echoed; the desired-state change after it is.
+    client
+        .update_task_status(req(
+            "node-1",
+            UpdateTaskStatusRequest {
+                session_id: sid.clone(),
+                updates: vec![TaskStatusUpdate {
+                    task_id: "t1".into(),
+                    status: Some(TaskStatus {
+                        state: TaskState::Running as i32,
+                        ..Default::default()
+                    }),
+                }],
+            },
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.task("t1").status.unwrap().state,
+        TaskState::Running as i32
+    );
+    let mut t1 = h.task("t1");
+    t1.desired_state = TaskState::Shutdown as i32;
+    h.put_task(t1).await;
+    let msg = stream.message().await.unwrap().unwrap();
+    assert_eq!(
+        task_ids(&msg),
+        vec![("t1".into(), AssignmentAction::Update as i32)]
+    );
+    let Some(assignment::Item::Task(sent)) = msg.changes[0].assignment.clone().unwrap().item else {
+        panic!()
+    };
+    assert_eq!(sent.desired_state, TaskState::Shutdown as i32);
+
+    // Deleting a task sends REMOVE.
+    let t2 = h
+        .state
+        .store
+        .view(|t| t.tasks().get("t2").cloned())
+        .unwrap();
+    let mut c = Changes::new();
+    c.remove(t2);
+    h.state.propose(c).await.unwrap();
+    let msg = stream.message().await.unwrap().unwrap();
+    assert_eq!(
+        task_ids(&msg),
+        vec![("t2".into(), AssignmentAction::Remove as i32)]
+    );
+}
+
+#[tokio::test]
+async fn status_updates_move_forward_and_ignore_stale_or_foreign_reports() {
+    let h = harness().await;
+    h.put_task(task(
+        "t1",
+        "node-1",
+        TaskState::Assigned,
+        TaskState::Running,
+    ))
+    .await;
+    h.put_task(task(
+        "t9",
+        "node-2",
+        TaskState::Assigned,
+        TaskState::Running,
+    ))
+    .await;
+    let mut client = h.client().await;
+    let (sid, _s) = open_session(&h, &mut client, "node-1").await;
+    let send = |updates: Vec<(&str, TaskState)>| {
+        let updates = updates
+            .into_iter()
+            .map(|(id, st)| TaskStatusUpdate {
+                task_id: id.into(),
+                status: Some(TaskStatus {
+                    state: st as i32,
+                    message: st.docker_name().into(),
+                    ..Default::default()
+                }),
+            })
+            .collect();
+        req(
+            "node-1",
+            UpdateTaskStatusRequest {
+                session_id: sid.clone(),
+                updates,
+            },
+        )
+    };
+    client
+        .update_task_status(send(vec![("t1", TaskState::Running)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.task("t1").status.unwrap().state,
+        TaskState::Running as i32
+    );
+    // Backwards: ignored, still OK for the agent.
+    client
+        .update_task_status(send(vec![("t1", TaskState::Preparing)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.task("t1").status.unwrap().state,
+        TaskState::Running as i32
+    );
+    // Another node's task and a missing task: ignored; a valid one in the same request applies.
+    client
+        .update_task_status(send(vec![
+            ("t9", TaskState::Failed),
+            ("nope", TaskState::Failed),
+            ("t1", TaskState::Complete),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.task("t9").status.unwrap().state,
+        TaskState::Assigned as i32
+    );
+    assert_eq!(
+        h.task("t1").status.unwrap().state,
+        TaskState::Complete as i32
+    );
+    // A bad session id is refused.
+    let mut bad = send(vec![("t1", TaskState::Complete)]);
+    bad.get_mut().session_id = "nope".into();
+    assert_eq!(
+        client.update_task_status(bad).await.unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+}
+
+#[tokio::test]
+async fn rpcs_need_identity_and_leadership() {
+    let h = harness().await;
+    let mut client = h.client().await;
+    let err = client
+        .heartbeat(Request::new(HeartbeatRequest {
+            session_id: "x".into(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let (sid, mut stream) = open_session(&h, &mut client, "node-1").await;
+    h.proposer.set_leader(false);
+    // The open session stream ends with "unavailable".
+    let end = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .unwrap();
+    assert_eq!(end.unwrap_err().code(), tonic::Code::Unavailable);
+    let err = client
+        .heartbeat(req("node-1", HeartbeatRequest { session_id: sid }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    let err = client
+        .session(req(
+            "node-1",
+            SessionRequest {
+                description: None,
+                session_id: String::new(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+}
+
+#[tokio::test]
+async fn becoming_leader_gives_ready_nodes_a_grace_period() {
+    let h = harness().await;
+    let mut client = h.client().await;
+    let (_sid, _s) = open_session(&h, &mut client, "node-1").await;
+    h.dispatcher.registry.lock().heartbeats.forget("node-1");
+    h.clock.advance_ms(60_000);
+    h.dispatcher.grant_grace_period(h.clock.now_unix_ms());
+    assert!(h
+        .dispatcher
+        .expire_heartbeats(h.clock.now_unix_ms() + 14_999)
+        .await
+        .is_empty());
+    assert_eq!(
+        h.dispatcher
+            .expire_heartbeats(h.clock.now_unix_ms() + 15_000)
+            .await,
+        vec!["node-1".to_string()]
+    );
+    assert_eq!(
+        h.node_state("node-1"),
+        Some(node_status::State::Down as i32)
+    );
+}
