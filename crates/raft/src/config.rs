@@ -1,0 +1,66 @@
+//! `RaftConfig`: where the Raft state lives and the timing and size limits of one Raft member.
+//!
+//! Plain data; depends on nothing else in the crate.
+
+use std::path::PathBuf;
+
+use crate::RaftError;
+
+/// Configuration of one Raft member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaftConfig {
+    /// The node's state directory; raft data goes under `state_dir/raft`.
+    pub state_dir: PathBuf,
+    /// This member's Raft ID (non-zero).
+    pub raft_id: u64,
+    /// Length of one Raft tick, in milliseconds.
+    pub tick_interval_ms: u64,
+    /// Ticks without hearing from a leader before a follower campaigns (randomized in `[n, 2n)`).
+    pub election_tick: usize,
+    /// Ticks between leader heartbeats.
+    pub heartbeat_tick: usize,
+    /// Take a snapshot of the store and compact the log every this many applied entries.
+    pub snapshot_interval_entries: u64,
+    /// Entries kept in the log behind a snapshot, so slow followers catch up without a snapshot.
+    pub log_entries_for_slow_followers: u64,
+    /// Largest encoded proposal accepted, in bytes; larger ones fail with `ProposeError::TooLarge`.
+    pub max_proposal_bytes: usize,
+}
+
+impl RaftConfig {
+    /// A configuration with the defaults: 100 ms ticks, election after 10 ticks, heartbeat every tick,
+    /// a snapshot every 10 000 entries keeping 500 behind it, proposals up to 8 MiB.
+    pub fn new(state_dir: PathBuf, raft_id: u64) -> Self {
+        RaftConfig {
+            state_dir,
+            raft_id,
+            tick_interval_ms: 100,
+            election_tick: 10,
+            heartbeat_tick: 1,
+            snapshot_interval_entries: 10_000,
+            log_entries_for_slow_followers: 500,
+            max_proposal_bytes: 8 << 20,
+        }
+    }
+
+    /// Checks the values that raft-rs or this crate cannot work with.
+    pub(crate) fn validate(&self) -> Result<(), RaftError> {
+        let bad = |m: &str| Err(RaftError::InvalidConfig(m.to_string()));
+        if self.raft_id == 0 {
+            return bad("raft_id must be non-zero");
+        }
+        if self.tick_interval_ms == 0 {
+            return bad("tick_interval_ms must be at least 1");
+        }
+        if self.heartbeat_tick == 0 || self.election_tick <= self.heartbeat_tick {
+            return bad("election_tick must be greater than heartbeat_tick, which must be at least 1");
+        }
+        if self.snapshot_interval_entries == 0 {
+            return bad("snapshot_interval_entries must be at least 1");
+        }
+        if self.max_proposal_bytes == 0 {
+            return bad("max_proposal_bytes must be at least 1");
+        }
+        Ok(())
+    }
+}

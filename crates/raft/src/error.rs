@@ -1,0 +1,55 @@
+//! Errors of the raft node boundary: opening, recovering and running the Raft state on disk.
+//!
+//! Depends only on std and thiserror; callers see these from `RaftNode::start`.
+
+use std::path::PathBuf;
+
+/// Why the Raft node could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftError {
+    /// The configuration is not usable.
+    #[error("invalid raft configuration: {0}; fix the configuration and start again")]
+    InvalidConfig(String),
+    /// The state directory (or a file in it) could not be created, written or read.
+    #[error("cannot use the raft state at {path}: {source}; check that the directory exists, is writable by this user and the disk is not full")]
+    StateDir {
+        /// The path that failed.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The raft log (raft-engine) could not be opened, read or written.
+    #[error("the raft log at {path} failed: {reason}; if another shoal process uses this state dir stop it, otherwise the log may be corrupted (restore the state dir from a backup)")]
+    Log {
+        /// The log directory.
+        path: PathBuf,
+        /// What raft-engine reported.
+        reason: String,
+    },
+    /// The raft state on disk is inconsistent (e.g. the snapshot the log refers to is missing).
+    #[error("the raft state at {path} is corrupted: {reason}; restore the state dir from a backup or rejoin this manager to the cluster")]
+    Corrupted {
+        /// The state directory.
+        path: PathBuf,
+        /// What is inconsistent.
+        reason: String,
+    },
+    /// A snapshot file could not be decoded.
+    #[error("cannot decode the raft snapshot {path}: {reason}; the file is damaged, remove it only if an older snapshot and the log cover it, or restore from a backup")]
+    SnapshotDecode {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// raft-rs refused an operation.
+    #[error("raft refused the operation: {0}")]
+    Raft(#[from] raft::Error),
+    /// The node has stopped.
+    #[error("the raft node is stopped")]
+    Stopped,
+    /// The incoming-message queue is full; the message was dropped (Raft retries on its own).
+    #[error("the raft inbound queue is full ({0} messages); the message was dropped and will be retried by its sender")]
+    Busy(usize),
+}

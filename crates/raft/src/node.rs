@@ -1,0 +1,692 @@
+//! `RaftNode`: the production `Proposer`. A cloneable handle talks over bounded channels to a driver that
+//! owns the raft-rs `RawNode` and its raft-engine storage, on a dedicated OS thread (named `raft-<id>`)
+//! running its own single-threaded tokio runtime: fsyncs block only that thread, never the caller's runtime.
+//!
+//! The driver loop: wait for a proposal, an inbound message, a tick or a stop; then handle every `Ready`:
+//! persist entries + hard state (one fsync for all the entries of the Ready: group commit), send messages,
+//! persist the new commit index, apply committed entries to the store, resolve the proposals they carry,
+//! take a snapshot every `snapshot_interval_entries`, and publish leadership.
+//! Must not know services, tasks or subsystems: entries are opaque `encode_request` bytes for the store.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use protobuf::Message as _;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, Snapshot, SnapshotMetadata};
+use raft::{RawNode, StateRole};
+use shoal_store::{decode_request, decode_snapshot, encode_request, encode_snapshot, Action, Commit, MemoryStore, StoreError};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::logger::raft_logger;
+use crate::storage::{log_dir, EngineStorage, REPLAY_CHUNK_ENTRIES};
+use crate::transport::{NoPeers, Transport};
+use crate::{LeaderState, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError};
+
+/// Bound of the proposal queue between the handles and the driver. A proposer waits for room when it is full.
+pub const PROPOSAL_QUEUE: usize = 4096;
+/// Most proposals taken from the queue before the driver handles the resulting Ready (one group commit).
+pub const MAX_PROPOSALS_PER_READY: usize = 1024;
+/// Bound of the queue of messages received from peers; `step` fails with `RaftError::Busy` when full.
+pub const INBOUND_QUEUE: usize = 1024;
+/// Most inbound messages stepped before the driver handles the resulting Ready.
+const MAX_MESSAGES_PER_READY: usize = 256;
+/// Largest append message raft-rs builds for a follower, in bytes.
+const MAX_SIZE_PER_MSG: u64 = 1 << 20;
+/// Most in-flight append messages per follower.
+const MAX_INFLIGHT_MSGS: usize = 256;
+
+/// A snapshot of the node's Raft progress, for status displays and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RaftStatus {
+    /// This member's Raft ID.
+    pub id: u64,
+    /// The current term.
+    pub term: u64,
+    /// The leader's Raft ID (0 when unknown).
+    pub leader_id: u64,
+    /// The highest index known committed.
+    pub commit: u64,
+    /// The highest index applied to the store.
+    pub applied: u64,
+    /// Index of the latest snapshot (0 when none was taken).
+    pub last_snapshot_index: u64,
+    /// True when this node leads and has applied an entry of its own term (it may write).
+    pub is_leader: bool,
+}
+
+/// One proposal on its way to the driver.
+struct Proposal {
+    id: u64,
+    data: Vec<u8>,
+    done: oneshot::Sender<Result<Arc<Commit>, ProposeError>>,
+}
+
+/// A proposal appended to the log, waiting for its entry to be applied.
+struct Pending {
+    id: u64,
+    done: oneshot::Sender<Result<Arc<Commit>, ProposeError>>,
+}
+
+struct Inner {
+    raft_id: u64,
+    max_proposal_bytes: usize,
+    proposals: mpsc::Sender<Proposal>,
+    inbound: mpsc::Sender<Message>,
+    /// Set to true to ask the driver to stop; dropping it (last handle gone) also stops the driver.
+    stop: watch::Sender<bool>,
+    /// Becomes true (or closes) once the driver has exited and released the files.
+    stopped: watch::Receiver<bool>,
+    leader: watch::Receiver<LeaderState>,
+    status: Arc<Mutex<RaftStatus>>,
+    next_request_id: AtomicU64,
+    shut: AtomicBool,
+}
+
+/// A Raft member whose log lives under `state_dir/raft`. Cheap to clone; all clones drive the same node.
+/// Dropping the last clone stops the driver as `shutdown` would (without waiting for it).
+#[derive(Clone)]
+pub struct RaftNode {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RaftNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaftNode").field("status", &self.status()).finish()
+    }
+}
+
+impl RaftNode {
+    /// Opens (or creates) the Raft state under `cfg.state_dir/raft`. Without state, bootstraps a new
+    /// single-member cluster with `cfg.raft_id` as its only voter. With state, restores `store` (which must
+    /// be empty) from the latest snapshot and replays the committed log entries into it before returning.
+    /// The driver runs on a dedicated thread; a single-member cluster campaigns at once.
+    pub async fn start(cfg: RaftConfig, store: Arc<MemoryStore>) -> Result<RaftNode, RaftError> {
+        RaftNode::start_with_transport(cfg, store, Arc::new(NoPeers)).await
+    }
+
+    /// Like `start`, sending messages for peers through `transport`.
+    pub async fn start_with_transport(
+        cfg: RaftConfig,
+        store: Arc<MemoryStore>,
+        transport: Arc<dyn Transport>,
+    ) -> Result<RaftNode, RaftError> {
+        cfg.validate()?;
+        let (prop_tx, prop_rx) = mpsc::channel(PROPOSAL_QUEUE);
+        let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (stopped_tx, stopped_rx) = watch::channel(false);
+        let (leader_tx, leader_rx) = watch::channel(LeaderState::default());
+        let status = Arc::new(Mutex::new(RaftStatus { id: cfg.raft_id, ..RaftStatus::default() }));
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<(), RaftError>>();
+
+        let raft_id = cfg.raft_id;
+        let max_proposal_bytes = cfg.max_proposal_bytes;
+        let driver_status = status.clone();
+        std::thread::Builder::new()
+            .name(format!("raft-{raft_id}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(RaftError::StateDir { path: cfg.state_dir.clone(), source: e }));
+                        return;
+                    }
+                };
+                let driver = match Driver::open(cfg, store, transport, leader_tx, driver_status) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                rt.block_on(driver.run(prop_rx, in_rx, stop_rx));
+                // The driver (and with it the engine and its directory lock) is gone.
+                let _ = stopped_tx.send(true);
+            })
+            .map_err(|e| RaftError::StateDir { path: std::path::PathBuf::from("<thread>"), source: e })?;
+
+        match ready_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(RaftError::Stopped),
+        }
+        // Request IDs only need to differ between this node's proposals in flight at one index; a base from
+        // the wall clock keeps them distinct across restarts too (matching is by index, then ID).
+        let base = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let next_request_id = ((raft_id & 0xffff) << 48) | (base & ((1 << 48) - 1));
+        Ok(RaftNode {
+            inner: Arc::new(Inner {
+                raft_id,
+                max_proposal_bytes,
+                proposals: prop_tx,
+                inbound: in_tx,
+                stop: stop_tx,
+                stopped: stopped_rx,
+                leader: leader_rx,
+                status,
+                next_request_id: AtomicU64::new(next_request_id),
+                shut: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// True when `state_dir/raft` holds a Raft log (this node was bootstrapped or joined before).
+    pub fn has_existing_state(state_dir: &Path) -> bool {
+        let Ok(entries) = std::fs::read_dir(log_dir(state_dir)) else { return false };
+        entries.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".raftlog")))
+    }
+
+    /// This member's Raft ID.
+    pub fn id(&self) -> u64 {
+        self.inner.raft_id
+    }
+
+    /// The node's Raft progress as of the last Ready handled.
+    pub fn status(&self) -> RaftStatus {
+        *self.inner.status.lock()
+    }
+
+    /// Feeds a message received from a peer. Fails with `Busy` when the inbound queue (`INBOUND_QUEUE`)
+    /// is full (Raft retransmits) and `Stopped` after shutdown.
+    pub fn step(&self, msg: Message) -> Result<(), RaftError> {
+        self.inner.inbound.try_send(msg).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => RaftError::Busy(INBOUND_QUEUE),
+            mpsc::error::TrySendError::Closed(_) => RaftError::Stopped,
+        })
+    }
+
+    /// Resolves once the driver has exited (after `shutdown`, after the last handle was dropped, or after
+    /// a fatal storage error) and the Raft files are released.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.inner.stopped.clone();
+        async move {
+            // An error means the driver thread ended without saying so (panic): it is gone either way.
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+
+    /// Stops the driver: pending proposals resolve with `Stopped`, the log is flushed and its files
+    /// released. After it returns, `propose` fails with `Stopped`.
+    pub async fn shutdown(&self) {
+        self.inner.shut.store(true, Ordering::SeqCst);
+        self.inner.stop.send_replace(true);
+        self.closed().await;
+    }
+}
+
+impl Proposer for RaftNode {
+    fn propose(&self, actions: Vec<Action>) -> ProposeFuture {
+        let inner = &self.inner;
+        if inner.shut.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(ProposeError::Stopped) });
+        }
+        let state = *inner.leader.borrow();
+        if !state.is_leader {
+            let leader = (state.leader_id != 0).then_some(state.leader_id);
+            return Box::pin(async move { Err(ProposeError::NotLeader { leader }) });
+        }
+        let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let data = encode_request(id, &actions);
+        if data.len() > inner.max_proposal_bytes {
+            let (size, limit) = (data.len(), inner.max_proposal_bytes);
+            return Box::pin(async move { Err(ProposeError::TooLarge { size, limit }) });
+        }
+        let tx = inner.proposals.clone();
+        Box::pin(async move {
+            let (done, rx) = oneshot::channel();
+            tx.send(Proposal { id, data, done }).await.map_err(|_| ProposeError::Stopped)?;
+            // A dropped sender means the driver stopped before answering.
+            rx.await.unwrap_or(Err(ProposeError::Stopped))
+        })
+    }
+
+    fn leadership(&self) -> watch::Receiver<LeaderState> {
+        self.inner.leader.clone()
+    }
+}
+
+/// Why the driver loop ended.
+enum Exit {
+    /// `shutdown` was called or every handle was dropped.
+    Stopped,
+    /// Storage failed; the node cannot continue.
+    Failed(RaftError),
+}
+
+/// Owns the raft-rs node and its storage; runs on the driver thread.
+struct Driver {
+    cfg: RaftConfig,
+    raw: RawNode<EngineStorage>,
+    store: Arc<MemoryStore>,
+    transport: Arc<dyn Transport>,
+    /// Proposals appended to the log, by index.
+    pending: BTreeMap<u64, Pending>,
+    leader_tx: watch::Sender<LeaderState>,
+    status: Arc<Mutex<RaftStatus>>,
+    /// Seeded per member: the election timeouts are repeatable (raft-rs's own draw is not seedable).
+    rng: SmallRng,
+    role_term: (StateRole, u64),
+    applied: u64,
+    applied_term: u64,
+    last_snapshot_index: u64,
+}
+
+impl Driver {
+    /// Opens the storage, bootstraps or recovers the store, builds the raft-rs node and, for a
+    /// single-member cluster, wins the election.
+    fn open(
+        cfg: RaftConfig,
+        store: Arc<MemoryStore>,
+        transport: Arc<dyn Transport>,
+        leader_tx: watch::Sender<LeaderState>,
+        status: Arc<Mutex<RaftStatus>>,
+    ) -> Result<Driver, RaftError> {
+        let (mut storage, bootstrapped) = EngineStorage::open(&cfg.state_dir)?;
+        if !bootstrapped {
+            tracing::info!(raft_id = cfg.raft_id, "bootstrapping a new single-member raft cluster");
+            storage.bootstrap(ConfState { voters: vec![cfg.raft_id], ..ConfState::default() })?;
+        }
+        let (applied, applied_term) = recover_store(&cfg, &storage, &store)?;
+        let last_snapshot_index = storage.snapshot_metadata().index;
+        let single_voter = {
+            let cs = storage.conf_state();
+            cs.voters == [cfg.raft_id] && cs.learners.is_empty() && cs.voters_outgoing.is_empty()
+        };
+        let raft_cfg = raft::Config {
+            id: cfg.raft_id,
+            election_tick: cfg.election_tick,
+            heartbeat_tick: cfg.heartbeat_tick,
+            applied,
+            max_size_per_msg: MAX_SIZE_PER_MSG,
+            max_inflight_msgs: MAX_INFLIGHT_MSGS,
+            check_quorum: true,
+            pre_vote: true,
+            ..raft::Config::default()
+        };
+        raft_cfg.validate()?;
+        let raw = RawNode::new(&raft_cfg, storage, &raft_logger(cfg.raft_id))?;
+        let mut driver = Driver {
+            rng: SmallRng::seed_from_u64(election_rng_seed(cfg.raft_id)),
+            cfg,
+            raw,
+            store,
+            transport,
+            pending: BTreeMap::new(),
+            leader_tx,
+            status,
+            role_term: (StateRole::Follower, 0),
+            applied,
+            applied_term,
+            last_snapshot_index,
+        };
+        driver.reseed_election_timeout();
+        if single_voter {
+            driver.raw.campaign()?;
+            driver.reseed_election_timeout();
+        }
+        match driver.handle_ready() {
+            Ok(()) => Ok(driver),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut proposals: mpsc::Receiver<Proposal>,
+        mut inbound: mpsc::Receiver<Message>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut ticker = tokio::time::interval(Duration::from_millis(self.cfg.tick_interval_ms));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut inbound_open = true;
+        let exit = loop {
+            tokio::select! {
+                biased;
+                // A value change is a shutdown; an error means every handle was dropped.
+                _ = stop.changed() => break Exit::Stopped,
+                p = proposals.recv() => match p {
+                    Some(p) => {
+                        self.propose(p);
+                        for _ in 1..MAX_PROPOSALS_PER_READY {
+                            match proposals.try_recv() {
+                                Ok(p) => self.propose(p),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => break Exit::Stopped,
+                },
+                m = inbound.recv(), if inbound_open => match m {
+                    Some(m) => {
+                        self.step(m);
+                        for _ in 1..MAX_MESSAGES_PER_READY {
+                            match inbound.try_recv() {
+                                Ok(m) => self.step(m),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => inbound_open = false,
+                },
+                _ = ticker.tick() => {
+                    self.raw.tick();
+                }
+            }
+            self.reseed_election_timeout();
+            if let Err(e) = self.handle_ready() {
+                break Exit::Failed(e);
+            }
+        };
+        let reason = match exit {
+            Exit::Stopped => {
+                tracing::info!(raft_id = self.cfg.raft_id, "raft node stopping");
+                ProposeError::Stopped
+            }
+            Exit::Failed(e) => {
+                tracing::error!(raft_id = self.cfg.raft_id, error = %e, "raft node failed and stopped");
+                ProposeError::Unknown(format!("the raft node failed: {e}"))
+            }
+        };
+        self.fail_pending(&reason);
+        // Everything acknowledged was synced already; this makes the last non-synced writes (log
+        // compaction) durable too.
+        if let Err(e) = self.raw.store().sync() {
+            tracing::warn!(error = %e, "final raft log flush failed");
+        }
+        self.leader_tx.send_modify(|s| s.is_leader = false);
+        self.status.lock().is_leader = false;
+    }
+
+    /// Appends a proposal to the log (if leader) and remembers whom to answer.
+    fn propose(&mut self, p: Proposal) {
+        if self.raw.raft.state != StateRole::Leader {
+            let leader = (self.raw.raft.leader_id != 0).then_some(self.raw.raft.leader_id);
+            let _ = p.done.send(Err(ProposeError::NotLeader { leader }));
+            return;
+        }
+        let before = self.raw.raft.raft_log.last_index();
+        match self.raw.propose(vec![], p.data) {
+            Ok(()) => {
+                let index = self.raw.raft.raft_log.last_index();
+                if index == before {
+                    let _ = p.done.send(Err(ProposeError::Unknown("raft did not append the proposal".into())));
+                } else {
+                    self.pending.insert(index, Pending { id: p.id, done: p.done });
+                }
+            }
+            Err(raft::Error::ProposalDropped) => {
+                let leader = (self.raw.raft.leader_id != 0).then_some(self.raw.raft.leader_id);
+                let _ = p.done.send(Err(ProposeError::NotLeader { leader }));
+            }
+            Err(e) => {
+                let _ = p.done.send(Err(ProposeError::Unknown(format!("raft refused the proposal: {e}"))));
+            }
+        }
+    }
+
+    fn step(&mut self, m: Message) {
+        if let Err(e) = self.raw.step(m) {
+            tracing::debug!(error = %e, "raft message dropped");
+        }
+    }
+
+    /// raft-rs draws election timeouts from an unseeded RNG whenever it resets its timer (on every role or
+    /// term change); this replaces each draw with one from the member's seeded RNG.
+    fn reseed_election_timeout(&mut self) {
+        let now = (self.raw.raft.state, self.raw.raft.term);
+        if now == self.role_term && self.role_term.1 != 0 {
+            return;
+        }
+        self.role_term = now;
+        let min = self.cfg.election_tick;
+        let t = self.rng.random_range(min..2 * min);
+        self.raw.raft.set_randomized_election_timeout(t);
+    }
+
+    /// Handles every pending Ready: persist, send, apply, snapshot, publish.
+    fn handle_ready(&mut self) -> Result<(), RaftError> {
+        while self.raw.has_ready() {
+            let mut rd = self.raw.ready();
+            if !rd.snapshot().is_empty() {
+                self.install_snapshot(rd.snapshot().clone())?;
+            }
+            // Entries and hard state are durable before anything that depends on them leaves this node.
+            self.raw.mut_store().append(rd.entries(), rd.hs())?;
+            self.send(rd.take_messages());
+            self.apply(rd.take_committed_entries())?;
+            self.send(rd.take_persisted_messages());
+            let mut light = self.raw.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                self.raw.mut_store().set_commit(commit)?;
+            }
+            self.send(light.take_messages());
+            self.apply(light.take_committed_entries())?;
+            self.raw.advance_apply();
+            self.maybe_snapshot()?;
+        }
+        self.publish();
+        Ok(())
+    }
+
+    fn send(&self, msgs: Vec<Message>) {
+        if !msgs.is_empty() {
+            self.transport.send(msgs);
+        }
+    }
+
+    /// Applies committed entries to the store in order and answers the proposals they carry.
+    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), RaftError> {
+        for e in entries {
+            if e.index <= self.applied {
+                continue;
+            }
+            match e.get_entry_type() {
+                EntryType::EntryNormal => {
+                    let pending = self.pending.remove(&e.index);
+                    let (id, result) = apply_normal(&self.store, &e);
+                    if let Some(p) = pending {
+                        let answer = if id == Some(p.id) {
+                            result.map_err(ProposeError::Store)
+                        } else {
+                            Err(ProposeError::Unknown("another leader's entry replaced the proposal".into()))
+                        };
+                        let _ = p.done.send(answer);
+                    }
+                }
+                EntryType::EntryConfChange => {
+                    let cc = ConfChange::parse_from_bytes(&e.data)
+                        .map_err(|err| self.corrupted(format!("conf change at {}: {err}", e.index)))?;
+                    let cs = self.raw.apply_conf_change(&cc)?;
+                    self.raw.mut_store().set_conf_state(cs)?;
+                    self.store.advance_index(e.index);
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let cc = ConfChangeV2::parse_from_bytes(&e.data)
+                        .map_err(|err| self.corrupted(format!("conf change at {}: {err}", e.index)))?;
+                    let cs = self.raw.apply_conf_change(&cc)?;
+                    self.raw.mut_store().set_conf_state(cs)?;
+                    self.store.advance_index(e.index);
+                }
+            }
+            self.applied = e.index;
+            self.applied_term = e.term;
+        }
+        Ok(())
+    }
+
+    fn corrupted(&self, reason: String) -> RaftError {
+        RaftError::Corrupted { path: self.cfg.state_dir.join("raft"), reason }
+    }
+
+    /// Installs a snapshot sent by the leader: file, log state, then the store.
+    fn install_snapshot(&mut self, snap: Snapshot) -> Result<(), RaftError> {
+        let meta = snap.get_metadata().clone();
+        let dir = self.raw.store().snapshot_dir().clone();
+        let decoded = decode_snapshot(&snap.data)
+            .map_err(|e| RaftError::SnapshotDecode { path: dir.path(meta.index), reason: e.to_string() })?;
+        dir.write(meta.index, &snap.data)?;
+        self.raw.mut_store().install_snapshot(meta.clone())?;
+        self.store.restore(meta.index, decoded);
+        tracing::info!(raft_id = self.cfg.raft_id, index = meta.index, "installed a snapshot from the leader");
+        self.applied = meta.index;
+        self.applied_term = meta.term;
+        self.last_snapshot_index = meta.index;
+        let stale: Vec<u64> = self.pending.range(..=meta.index).map(|(i, _)| *i).collect();
+        for index in stale {
+            if let Some(p) = self.pending.remove(&index) {
+                let _ = p.done.send(Err(ProposeError::Unknown("a snapshot replaced the log".into())));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every `snapshot_interval_entries` applied entries: snapshot the store to a file, record it, and
+    /// compact the log up to `log_entries_for_slow_followers` entries behind it.
+    fn maybe_snapshot(&mut self) -> Result<(), RaftError> {
+        if self.applied < self.last_snapshot_index + self.cfg.snapshot_interval_entries {
+            return Ok(());
+        }
+        let (index, snap) = self.store.snapshot();
+        if index != self.applied {
+            return Err(self.corrupted(format!(
+                "the store is at index {index} but raft applied {}: something else writes to the store",
+                self.applied
+            )));
+        }
+        let data = encode_snapshot(snap);
+        self.raw.store().snapshot_dir().write(index, &data)?;
+        let meta = SnapshotMetadata {
+            index,
+            term: self.applied_term,
+            conf_state: protobuf::SingularPtrField::some(self.raw.store().conf_state().clone()),
+            ..SnapshotMetadata::default()
+        };
+        let compact_through = index.saturating_sub(self.cfg.log_entries_for_slow_followers);
+        self.raw.mut_store().record_snapshot(meta, compact_through)?;
+        self.last_snapshot_index = index;
+        tracing::debug!(
+            raft_id = self.cfg.raft_id,
+            index,
+            bytes = data.len(),
+            first_log_index = self.raw.store().first_log_index(),
+            "raft snapshot taken"
+        );
+        Ok(())
+    }
+
+    /// Publishes leadership and status. A leader counts as such once it has applied an entry of its own
+    /// term (its no-op): from then on its store holds everything committed before it, so writes based on
+    /// it are meaningful. Losing the leader role fails the proposals in flight with `Unknown`.
+    fn publish(&mut self) {
+        let raft = &self.raw.raft;
+        let role_leader = raft.state == StateRole::Leader;
+        let state = LeaderState {
+            is_leader: role_leader && self.applied_term == raft.term,
+            term: raft.term,
+            leader_id: raft.leader_id,
+        };
+        *self.status.lock() = RaftStatus {
+            id: self.cfg.raft_id,
+            term: raft.term,
+            leader_id: raft.leader_id,
+            commit: raft.raft_log.committed,
+            applied: self.applied,
+            last_snapshot_index: self.last_snapshot_index,
+            is_leader: state.is_leader,
+        };
+        let before = *self.leader_tx.borrow();
+        if before != state {
+            if before.is_leader != state.is_leader || before.leader_id != state.leader_id {
+                tracing::info!(
+                    raft_id = self.cfg.raft_id,
+                    term = state.term,
+                    leader = state.leader_id,
+                    is_leader = state.is_leader,
+                    "raft leadership changed"
+                );
+            }
+            self.leader_tx.send_replace(state);
+        }
+        if !role_leader && !self.pending.is_empty() {
+            self.fail_pending(&ProposeError::Unknown("leadership was lost before the write was applied".into()));
+        }
+    }
+
+    fn fail_pending(&mut self, reason: &ProposeError) {
+        for (_, p) in std::mem::take(&mut self.pending) {
+            let _ = p.done.send(Err(reason.clone()));
+        }
+    }
+}
+
+/// Seed of a member's election-timeout RNG: fixed per member, different between members.
+const fn election_rng_seed(raft_id: u64) -> u64 {
+    raft_id.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Applies one normal entry: an empty one (a leader's no-op) only advances the index; otherwise the
+/// decoded actions are applied all-or-nothing. Returns the request ID (when decodable) and the outcome.
+fn apply_normal(store: &MemoryStore, e: &Entry) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
+    if e.data.is_empty() {
+        store.advance_index(e.index);
+        return (None, Ok(Arc::new(Commit { index: e.index, changes: Vec::new() })));
+    }
+    match decode_request(&e.data) {
+        Ok((id, actions)) => (Some(id), store.apply(e.index, &actions)),
+        Err(err) => {
+            tracing::error!(index = e.index, error = %err, "undecodable raft entry skipped");
+            store.advance_index(e.index);
+            (None, Err(err))
+        }
+    }
+}
+
+/// Restores the store from the latest snapshot and replays the committed entries after it. Returns the
+/// applied index and its term.
+fn recover_store(cfg: &RaftConfig, storage: &EngineStorage, store: &MemoryStore) -> Result<(u64, u64), RaftError> {
+    let meta = storage.snapshot_metadata().clone();
+    let (mut applied, mut applied_term) = (0, 0);
+    if meta.index > 0 {
+        let dir = storage.snapshot_dir();
+        let bytes = dir.read(meta.index).map_err(|e| RaftError::Corrupted {
+            path: cfg.state_dir.join("raft"),
+            reason: format!("the log refers to snapshot {} which cannot be read: {e}", meta.index),
+        })?;
+        let snap = decode_snapshot(&bytes)
+            .map_err(|e| RaftError::SnapshotDecode { path: dir.path(meta.index), reason: e.to_string() })?;
+        store.restore(meta.index, snap);
+        applied = meta.index;
+        applied_term = meta.term;
+    }
+    let commit = storage.hard_state().commit;
+    let mut low = applied + 1;
+    while low <= commit {
+        let high = (commit + 1).min(low + REPLAY_CHUNK_ENTRIES);
+        for e in storage.read_entries(low, high)? {
+            match e.get_entry_type() {
+                EntryType::EntryNormal => {
+                    let _ = apply_normal(store, &e);
+                }
+                // The membership they made was persisted when they were applied.
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => store.advance_index(e.index),
+            }
+            applied = e.index;
+            applied_term = e.term;
+        }
+        low = high;
+    }
+    if applied > 0 {
+        tracing::info!(raft_id = cfg.raft_id, applied, snapshot = meta.index, "raft state recovered");
+    }
+    Ok((applied, applied_term))
+}

@@ -1,0 +1,95 @@
+//! Snapshot files under `state_dir/raft/snapshots`: one file per snapshot, named by its Raft index, written
+//! atomically (temporary file, fsync, rename, fsync of the directory). The newest `KEEP_SNAPSHOTS` are kept.
+//!
+//! Only file IO here: the bytes are the store's `encode_snapshot` output and the metadata lives in the log.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::RaftError;
+
+/// How many snapshot files are kept (the newest ones).
+pub(crate) const KEEP_SNAPSHOTS: usize = 2;
+
+const PREFIX: &str = "snapshot-";
+const SUFFIX: &str = ".bin";
+
+fn io_err(path: &Path, source: std::io::Error) -> RaftError {
+    RaftError::StateDir { path: path.to_path_buf(), source }
+}
+
+/// The snapshot directory.
+#[derive(Debug, Clone)]
+pub(crate) struct SnapshotDir {
+    dir: PathBuf,
+}
+
+impl SnapshotDir {
+    /// Creates the directory if needed.
+    pub(crate) fn open(dir: PathBuf) -> Result<SnapshotDir, RaftError> {
+        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        Ok(SnapshotDir { dir })
+    }
+
+    /// The file of the snapshot at `index`.
+    pub(crate) fn path(&self, index: u64) -> PathBuf {
+        self.dir.join(format!("{PREFIX}{index:020}{SUFFIX}"))
+    }
+
+    /// Writes the snapshot at `index` durably, then removes all but the newest `KEEP_SNAPSHOTS` files.
+    pub(crate) fn write(&self, index: u64, data: &[u8]) -> Result<PathBuf, RaftError> {
+        let path = self.path(index);
+        let tmp = self.dir.join(format!("{PREFIX}{index:020}{SUFFIX}.tmp"));
+        {
+            let mut f = fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
+            f.write_all(data).map_err(|e| io_err(&tmp, e))?;
+            f.sync_all().map_err(|e| io_err(&tmp, e))?;
+        }
+        fs::rename(&tmp, &path).map_err(|e| io_err(&path, e))?;
+        fs::File::open(&self.dir).and_then(|d| d.sync_all()).map_err(|e| io_err(&self.dir, e))?;
+        self.prune()?;
+        Ok(path)
+    }
+
+    /// Reads the snapshot at `index`.
+    pub(crate) fn read(&self, index: u64) -> Result<Vec<u8>, RaftError> {
+        let path = self.path(index);
+        fs::read(&path).map_err(|e| io_err(&path, e))
+    }
+
+    /// Indexes of the snapshot files present, ascending.
+    pub(crate) fn list(&self) -> Result<Vec<u64>, RaftError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(|e| io_err(&self.dir, e))? {
+            let entry = entry.map_err(|e| io_err(&self.dir, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(index) = name.strip_prefix(PREFIX).and_then(|n| n.strip_suffix(SUFFIX)) {
+                if let Ok(index) = index.parse::<u64>() {
+                    out.push(index);
+                }
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Removes all but the newest `KEEP_SNAPSHOTS` snapshot files, and leftover temporary files.
+    fn prune(&self) -> Result<(), RaftError> {
+        let all = self.list()?;
+        let old = all.len().saturating_sub(KEEP_SNAPSHOTS);
+        for index in &all[..old] {
+            let p = self.path(*index);
+            fs::remove_file(&p).map_err(|e| io_err(&p, e))?;
+        }
+        for entry in fs::read_dir(&self.dir).map_err(|e| io_err(&self.dir, e))? {
+            let entry = entry.map_err(|e| io_err(&self.dir, e))?;
+            if entry.file_name().to_str().is_some_and(|n| n.ends_with(".tmp")) {
+                let p = entry.path();
+                fs::remove_file(&p).map_err(|e| io_err(&p, e))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,376 @@
+//! `raft::Storage` over raft-engine: the log entries (region `LOG_REGION`) and the small durable state
+//! (region `META_REGION`: hard state, conf state, the latest snapshot's metadata and the truncation point)
+//! under `state_dir/raft/log`. Every write that Raft depends on is made with `sync = true`.
+//!
+//! The log may start before the latest snapshot (entries are kept for slow followers); `truncated` is the
+//! (index, term) of the entry just before the first one kept, so `term(first_index - 1)` always answers.
+//! Knows nothing of the store: snapshot bytes live in `snapshot_files`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
+use raft::{GetEntriesContext, RaftState, StorageError};
+use raft_engine::{Command, Engine, LogBatch, MessageExt};
+
+use crate::snapshot_files::SnapshotDir;
+use crate::RaftError;
+
+/// raft-engine group holding the log entries.
+const LOG_REGION: u64 = 1;
+/// raft-engine group holding the durable state (keys below).
+const META_REGION: u64 = 2;
+const KEY_HARD_STATE: &[u8] = b"hard_state";
+const KEY_CONF_STATE: &[u8] = b"conf_state";
+const KEY_SNAPSHOT: &[u8] = b"snapshot_meta";
+const KEY_TRUNCATED: &[u8] = b"truncated";
+
+/// Entries read per raft-engine call when replaying the log at start.
+pub(crate) const REPLAY_CHUNK_ENTRIES: u64 = 1024;
+
+/// Tells raft-engine how to index raft-rs entries.
+struct EntryCodec;
+
+impl MessageExt for EntryCodec {
+    type Entry = Entry;
+
+    fn index(e: &Entry) -> u64 {
+        e.index
+    }
+}
+
+/// The Raft log and durable state on disk, plus a cache of the small state.
+pub(crate) struct EngineStorage {
+    engine: Arc<Engine>,
+    log_dir: PathBuf,
+    snapshots: SnapshotDir,
+    hard_state: HardState,
+    conf_state: ConfState,
+    snapshot: SnapshotMetadata,
+    /// (index, term) of the last entry removed from the front of the log.
+    truncated: (u64, u64),
+}
+
+impl std::fmt::Debug for EngineStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineStorage")
+            .field("log_dir", &self.log_dir)
+            .field("hard_state", &self.hard_state)
+            .field("snapshot_index", &self.snapshot.index)
+            .field("truncated", &self.truncated)
+            .finish()
+    }
+}
+
+/// The raft-engine directory under a node's state dir.
+pub(crate) fn log_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("raft").join("log")
+}
+
+fn engine_err(path: &Path, e: impl std::fmt::Display) -> RaftError {
+    RaftError::Log { path: path.to_path_buf(), reason: e.to_string() }
+}
+
+fn store_err(e: impl std::fmt::Display) -> raft::Error {
+    raft::Error::Store(StorageError::Other(e.to_string().into()))
+}
+
+impl EngineStorage {
+    /// Opens (creating if needed) the log under `state_dir/raft`. Returns the storage and whether it holds
+    /// a bootstrapped state (a conf state was recorded).
+    pub(crate) fn open(state_dir: &Path) -> Result<(EngineStorage, bool), RaftError> {
+        let log_dir = log_dir(state_dir);
+        std::fs::create_dir_all(&log_dir).map_err(|e| RaftError::StateDir { path: log_dir.clone(), source: e })?;
+        let snapshots = SnapshotDir::open(state_dir.join("raft").join("snapshots"))?;
+        let cfg = raft_engine::Config {
+            dir: log_dir.to_string_lossy().into_owned(),
+            // A torn record at the tail (crash during a write that was never acknowledged) is dropped.
+            recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
+            ..Default::default()
+        };
+        let engine = Engine::open(cfg).map_err(|e| engine_err(&log_dir, e))?;
+        let get = |key: &[u8]| -> Result<Option<Vec<u8>>, RaftError> { Ok(engine.get(META_REGION, key)) };
+        let parse_err = |what: &str, e: protobuf::ProtobufError| RaftError::Corrupted {
+            path: log_dir.clone(),
+            reason: format!("cannot decode the stored {what}: {e}"),
+        };
+        let hard_state = match get(KEY_HARD_STATE)? {
+            Some(b) => HardState::parse_from_bytes(&b).map_err(|e| parse_err("hard state", e))?,
+            None => HardState::default(),
+        };
+        let (conf_state, bootstrapped) = match get(KEY_CONF_STATE)? {
+            Some(b) => (ConfState::parse_from_bytes(&b).map_err(|e| parse_err("conf state", e))?, true),
+            None => (ConfState::default(), false),
+        };
+        let snapshot = match get(KEY_SNAPSHOT)? {
+            Some(b) => SnapshotMetadata::parse_from_bytes(&b).map_err(|e| parse_err("snapshot metadata", e))?,
+            None => SnapshotMetadata::default(),
+        };
+        let truncated = match get(KEY_TRUNCATED)? {
+            Some(b) if b.len() == 16 => {
+                let index = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
+                let term = u64::from_be_bytes(b[8..].try_into().expect("8 bytes"));
+                (index, term)
+            }
+            Some(b) => {
+                return Err(RaftError::Corrupted {
+                    path: log_dir,
+                    reason: format!("the truncation point has {} bytes, expected 16", b.len()),
+                })
+            }
+            None => (snapshot.index, snapshot.term),
+        };
+        let storage = EngineStorage {
+            engine: Arc::new(engine),
+            log_dir,
+            snapshots,
+            hard_state,
+            conf_state,
+            snapshot,
+            truncated,
+        };
+        if bootstrapped && storage.hard_state.commit < storage.snapshot.index {
+            return Err(RaftError::Corrupted {
+                path: storage.log_dir.clone(),
+                reason: format!(
+                    "the commit index {} is behind the snapshot index {}",
+                    storage.hard_state.commit, storage.snapshot.index
+                ),
+            });
+        }
+        Ok((storage, bootstrapped))
+    }
+
+    /// Records the initial membership of a new cluster (durably).
+    pub(crate) fn bootstrap(&mut self, conf_state: ConfState) -> Result<(), RaftError> {
+        let mut batch = LogBatch::default();
+        self.put(&mut batch, KEY_CONF_STATE, &conf_state)?;
+        self.write(&mut batch)?;
+        self.conf_state = conf_state.clone();
+        self.snapshot.set_conf_state(conf_state);
+        Ok(())
+    }
+
+    /// The snapshot files.
+    pub(crate) fn snapshot_dir(&self) -> &SnapshotDir {
+        &self.snapshots
+    }
+
+    /// The hard state as last persisted.
+    pub(crate) fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    /// The membership as last persisted.
+    pub(crate) fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
+    /// The latest snapshot's metadata (index 0 when there is none).
+    pub(crate) fn snapshot_metadata(&self) -> &SnapshotMetadata {
+        &self.snapshot
+    }
+
+    fn put(&self, batch: &mut LogBatch, key: &[u8], msg: &impl protobuf::Message) -> Result<(), RaftError> {
+        batch.put_message(META_REGION, key.to_vec(), msg).map_err(|e| engine_err(&self.log_dir, e))
+    }
+
+    fn write(&self, batch: &mut LogBatch) -> Result<(), RaftError> {
+        self.engine.write(batch, true).map_err(|e| engine_err(&self.log_dir, e))?;
+        Ok(())
+    }
+
+    /// Persists new log entries (overwriting any conflicting tail) and the hard state, with one fsync.
+    pub(crate) fn append(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<(), RaftError> {
+        if entries.is_empty() && hard_state.is_none() {
+            return Ok(());
+        }
+        let mut batch = LogBatch::default();
+        if !entries.is_empty() {
+            batch.add_entries::<EntryCodec>(LOG_REGION, entries).map_err(|e| engine_err(&self.log_dir, e))?;
+        }
+        if let Some(hs) = hard_state {
+            self.put(&mut batch, KEY_HARD_STATE, hs)?;
+        }
+        self.write(&mut batch)?;
+        if let Some(hs) = hard_state {
+            self.hard_state = hs.clone();
+        }
+        Ok(())
+    }
+
+    /// Persists a higher commit index (before the newly committed entries are applied).
+    pub(crate) fn set_commit(&mut self, commit: u64) -> Result<(), RaftError> {
+        if commit <= self.hard_state.commit {
+            return Ok(());
+        }
+        let mut hs = self.hard_state.clone();
+        hs.commit = commit;
+        self.append(&[], Some(&hs))
+    }
+
+    /// Persists a new membership (after a conf change was applied).
+    pub(crate) fn set_conf_state(&mut self, cs: ConfState) -> Result<(), RaftError> {
+        let mut batch = LogBatch::default();
+        self.put(&mut batch, KEY_CONF_STATE, &cs)?;
+        self.write(&mut batch)?;
+        self.conf_state = cs;
+        Ok(())
+    }
+
+    /// Records a snapshot this node took (its file is already written), then drops log entries up to and
+    /// including `compact_through` (if that moves the front of the log) and purges obsolete log files.
+    pub(crate) fn record_snapshot(&mut self, meta: SnapshotMetadata, compact_through: u64) -> Result<(), RaftError> {
+        let mut batch = LogBatch::default();
+        self.put(&mut batch, KEY_SNAPSHOT, &meta)?;
+        let mut new_truncated = None;
+        if compact_through > self.truncated.0 && compact_through <= meta.index {
+            let term = raft::Storage::term(self, compact_through)
+                .map_err(|e| engine_err(&self.log_dir, format!("term of entry {compact_through}: {e}")))?;
+            batch
+                .put(META_REGION, KEY_TRUNCATED.to_vec(), truncated_bytes(compact_through, term))
+                .map_err(|e| engine_err(&self.log_dir, e))?;
+            batch.add_command(LOG_REGION, Command::Compact { index: compact_through + 1 });
+            new_truncated = Some((compact_through, term));
+        }
+        self.write(&mut batch)?;
+        self.snapshot = meta;
+        if let Some(t) = new_truncated {
+            self.truncated = t;
+            self.engine.purge_expired_files().map_err(|e| engine_err(&self.log_dir, e))?;
+        }
+        Ok(())
+    }
+
+    /// Installs a snapshot received from the leader (its file is already written): the whole log is
+    /// replaced by it.
+    pub(crate) fn install_snapshot(&mut self, meta: SnapshotMetadata) -> Result<(), RaftError> {
+        let mut hs = self.hard_state.clone();
+        hs.term = hs.term.max(meta.term);
+        hs.commit = meta.index;
+        let cs = meta.get_conf_state().clone();
+        let mut batch = LogBatch::default();
+        batch.add_command(LOG_REGION, Command::Clean);
+        self.put(&mut batch, KEY_SNAPSHOT, &meta)?;
+        self.put(&mut batch, KEY_HARD_STATE, &hs)?;
+        self.put(&mut batch, KEY_CONF_STATE, &cs)?;
+        batch
+            .put(META_REGION, KEY_TRUNCATED.to_vec(), truncated_bytes(meta.index, meta.term))
+            .map_err(|e| engine_err(&self.log_dir, e))?;
+        self.write(&mut batch)?;
+        self.truncated = (meta.index, meta.term);
+        self.hard_state = hs;
+        self.conf_state = cs;
+        self.snapshot = meta;
+        Ok(())
+    }
+
+    /// Reads entries `[low, high)` for replay at start.
+    pub(crate) fn read_entries(&self, low: u64, high: u64) -> Result<Vec<Entry>, RaftError> {
+        let mut out = Vec::with_capacity((high - low) as usize);
+        self.engine
+            .fetch_entries_to::<EntryCodec>(LOG_REGION, low, high, None, &mut out)
+            .map_err(|e| engine_err(&self.log_dir, format!("reading entries {low}..{high}: {e}")))?;
+        if out.len() as u64 != high - low {
+            return Err(RaftError::Corrupted {
+                path: self.log_dir.clone(),
+                reason: format!("entries {low}..{high} are incomplete ({} found)", out.len()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Flushes everything written so far.
+    pub(crate) fn sync(&self) -> Result<(), RaftError> {
+        self.engine.sync().map_err(|e| engine_err(&self.log_dir, e))
+    }
+
+    fn first(&self) -> u64 {
+        self.truncated.0 + 1
+    }
+
+    fn last(&self) -> u64 {
+        match self.engine.last_index(LOG_REGION) {
+            Some(last) if last > self.truncated.0 => last,
+            _ => self.truncated.0,
+        }
+    }
+
+    /// First index still in the log.
+    pub(crate) fn first_log_index(&self) -> u64 {
+        self.first()
+    }
+}
+
+fn truncated_bytes(index: u64, term: u64) -> Vec<u8> {
+    let mut v = index.to_be_bytes().to_vec();
+    v.extend_from_slice(&term.to_be_bytes());
+    v
+}
+
+impl raft::Storage for EngineStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(self.hard_state.clone(), self.conf_state.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low < self.first() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last() + 1 {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let mut out = Vec::with_capacity((high - low) as usize);
+        let max = max_size.into().map(|m| m as usize);
+        self.engine.fetch_entries_to::<EntryCodec>(LOG_REGION, low, high, max, &mut out).map_err(store_err)?;
+        if out.is_empty() && high > low {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx == self.truncated.0 {
+            return Ok(self.truncated.1);
+        }
+        if idx == self.snapshot.index {
+            return Ok(self.snapshot.term);
+        }
+        if idx < self.first() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if idx > self.last() {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        match self.engine.get_entry::<EntryCodec>(LOG_REGION, idx).map_err(store_err)? {
+            Some(e) => Ok(e.term),
+            None => Err(raft::Error::Store(StorageError::Unavailable)),
+        }
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.first())
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.last())
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snapshot.index == 0 {
+            return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
+        }
+        let data = self.snapshots.read(self.snapshot.index).map_err(store_err)?;
+        let mut snap = Snapshot::default();
+        snap.set_metadata(self.snapshot.clone());
+        snap.data = data.into();
+        Ok(snap)
+    }
+}

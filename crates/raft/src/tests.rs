@@ -1,0 +1,251 @@
+//! Tests of `RaftNode` on a real raft-engine log in a temporary directory: leadership of a single member,
+//! proposals (results, versions = Raft index, concurrency, conflicts, size limit), restart and crash
+//! recovery, snapshots with log compaction. No sleeps: every wait is a future under a deadline.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_api::{Annotations, Service, ServiceSpec, StoreSnapshot};
+use shoal_store::{Action, Changes, MemoryStore, StoreError, StoreObject};
+
+use crate::storage::EngineStorage;
+use crate::*;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+async fn within<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, f).await.expect("timed out")
+}
+
+fn service(id: &str) -> Service {
+    Service {
+        id: id.into(),
+        spec: Some(ServiceSpec {
+            annotations: Some(Annotations { name: format!("name-{id}"), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn create(id: &str) -> Vec<Action> {
+    let mut c = Changes::new();
+    c.create(service(id));
+    c.into_actions()
+}
+
+async fn start(dir: &std::path::Path, tweak: impl FnOnce(&mut RaftConfig)) -> (RaftNode, Arc<MemoryStore>) {
+    let mut cfg = RaftConfig::new(dir.to_path_buf(), 1);
+    tweak(&mut cfg);
+    let store = Arc::new(MemoryStore::default());
+    let node = within(RaftNode::start(cfg, store.clone())).await.expect("start");
+    let mut leader = node.leadership();
+    within(leader.wait_for(|s| s.is_leader)).await.expect("leadership channel open");
+    (node, store)
+}
+
+/// The store's content in a comparable order.
+fn sorted(mut s: StoreSnapshot) -> StoreSnapshot {
+    s.nodes.sort_by(|a, b| a.id.cmp(&b.id));
+    s.services.sort_by(|a, b| a.id.cmp(&b.id));
+    s.tasks.sort_by(|a, b| a.id.cmp(&b.id));
+    s.clusters.sort_by(|a, b| a.id.cmp(&b.id));
+    s
+}
+
+fn version_of(store: &MemoryStore, id: &str) -> Option<u64> {
+    store.view(|t| t.services().get(id).map(|s| s.version()))
+}
+
+#[tokio::test]
+async fn single_member_leads_and_applies_with_raft_index_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(!RaftNode::has_existing_state(dir.path()));
+    let (node, store) = start(dir.path(), |_| {}).await;
+    assert!(RaftNode::has_existing_state(dir.path()));
+    let st = node.status();
+    assert!(st.is_leader && st.leader_id == 1 && st.term >= 1, "{st:?}");
+
+    let commit = within(node.propose(create("s1"))).await.unwrap();
+    assert_eq!(commit.changes.len(), 1);
+    assert_eq!(version_of(&store, "s1"), Some(commit.index));
+    assert_eq!(store.last_index(), commit.index);
+    let st = node.status();
+    assert_eq!((st.applied, st.commit), (commit.index, commit.index));
+
+    let next = within(node.propose(create("s2"))).await.unwrap();
+    assert_eq!(next.index, commit.index + 1);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_proposals_all_resolve_with_distinct_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, store) = start(dir.path(), |_| {}).await;
+    let mut handles = Vec::new();
+    for i in 0..200 {
+        let node = node.clone();
+        handles.push(tokio::spawn(async move { node.propose(create(&format!("s{i}"))).await }));
+    }
+    let mut indexes = Vec::new();
+    for h in handles {
+        indexes.push(within(h).await.unwrap().unwrap().index);
+    }
+    indexes.sort_unstable();
+    indexes.dedup();
+    assert_eq!(indexes.len(), 200);
+    assert_eq!(store.view(|t| t.services().len()), 200);
+    for i in 0..200 {
+        assert!(version_of(&store, &format!("s{i}")).is_some());
+    }
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn version_conflict_is_reported_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, store) = start(dir.path(), |_| {}).await;
+    within(node.propose(create("s1"))).await.unwrap();
+    let read = (*store.view(|t| t.services().get("s1").cloned()).unwrap()).clone();
+
+    let mut first = read.clone();
+    first.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels.insert("a".into(), "1".into());
+    let mut c = Changes::new();
+    c.update(first);
+    let applied = within(node.propose(c.into_actions())).await.unwrap();
+
+    let mut stale = read;
+    stale.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels.insert("b".into(), "2".into());
+    let mut c = Changes::new();
+    c.update(stale);
+    c.create(service("s2"));
+    let err = within(node.propose(c.into_actions())).await.unwrap_err();
+    assert!(matches!(err, ProposeError::Store(StoreError::VersionConflict { .. })), "{err:?}");
+
+    let now = store.view(|t| t.services().get("s1").cloned()).unwrap();
+    assert_eq!(now.version(), applied.index);
+    assert!(!now.spec.as_ref().unwrap().annotations.as_ref().unwrap().labels.contains_key("b"));
+    assert_eq!(version_of(&store, "s2"), None);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn too_large_proposal_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, store) = start(dir.path(), |c| c.max_proposal_bytes = 1024).await;
+    let mut big = service("big");
+    big.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels.insert("x".into(), "y".repeat(2000));
+    let mut c = Changes::new();
+    c.create(big);
+    let err = within(node.propose(c.into_actions())).await.unwrap_err();
+    assert!(matches!(err, ProposeError::TooLarge { limit: 1024, size } if size > 2000), "{err:?}");
+    assert_eq!(version_of(&store, "big"), None);
+    within(node.propose(create("small"))).await.unwrap();
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn proposals_after_shutdown_fail_with_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _store) = start(dir.path(), |_| {}).await;
+    let other = node.clone();
+    node.shutdown().await;
+    assert_eq!(within(other.propose(create("s1"))).await.unwrap_err(), ProposeError::Stopped);
+    assert!(!other.leadership().borrow().is_leader);
+}
+
+#[tokio::test]
+async fn restart_recovers_the_store_and_continues_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, store) = start(dir.path(), |_| {}).await;
+    let mut last = 0;
+    for i in 0..25 {
+        last = within(node.propose(create(&format!("s{i}")))).await.unwrap().index;
+    }
+    let before = sorted(store.snapshot().1);
+    node.shutdown().await;
+
+    let (node, store) = start(dir.path(), |_| {}).await;
+    assert_eq!(sorted(store.snapshot().1), before);
+    for i in 0..25 {
+        assert!(version_of(&store, &format!("s{i}")).is_some());
+    }
+    assert_eq!(version_of(&store, "s24"), Some(last));
+    let next = within(node.propose(create("after"))).await.unwrap();
+    assert!(next.index > last, "{} <= {last}", next.index);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn acknowledged_writes_survive_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, store) = start(dir.path(), |_| {}).await;
+    for i in 0..10 {
+        within(node.propose(create(&format!("s{i}")))).await.unwrap();
+    }
+    let before = sorted(store.snapshot().1);
+    // No shutdown: dropping the only handle ends the driver as it is, like a killed process would.
+    let closed = node.closed();
+    drop(node);
+    within(closed).await;
+
+    let (_node, store) = start(dir.path(), |_| {}).await;
+    assert_eq!(sorted(store.snapshot().1), before);
+}
+
+#[tokio::test]
+async fn snapshots_compact_the_log_and_restore_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |c: &mut RaftConfig| {
+        c.snapshot_interval_entries = 10;
+        c.log_entries_for_slow_followers = 5;
+    };
+    let (node, store) = start(dir.path(), tweak).await;
+    for i in 0..35 {
+        within(node.propose(create(&format!("s{i}")))).await.unwrap();
+    }
+    let st = node.status();
+    // 35 writes + the election no-op: snapshots at 10, 20, 30.
+    assert_eq!(st.applied, 36);
+    assert_eq!(st.last_snapshot_index, 30);
+    let before = sorted(store.snapshot().1);
+    node.shutdown().await;
+
+    let snaps = crate::snapshot_files::SnapshotDir::open(dir.path().join("raft").join("snapshots")).unwrap();
+    assert_eq!(snaps.list().unwrap(), vec![20, 30]);
+    {
+        let (storage, bootstrapped) = EngineStorage::open(dir.path()).unwrap();
+        assert!(bootstrapped);
+        assert_eq!(storage.first_log_index(), 26, "the log keeps 5 entries behind snapshot 30");
+        assert_eq!(storage.snapshot_metadata().index, 30);
+        assert_eq!(raft::Storage::last_index(&storage).unwrap(), 36);
+    }
+
+    let (node, store) = start(dir.path(), tweak).await;
+    assert_eq!(sorted(store.snapshot().1), before);
+    assert_eq!(node.status().last_snapshot_index, 30);
+    let next = within(node.propose(create("after"))).await.unwrap();
+    assert!(next.index > 36);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_second_process_on_the_same_state_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _store) = start(dir.path(), |_| {}).await;
+    let err = RaftNode::start(RaftConfig::new(dir.path().to_path_buf(), 1), Arc::new(MemoryStore::default()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RaftError::Log { .. }), "{err}");
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_config_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = RaftNode::start(RaftConfig::new(dir.path().to_path_buf(), 0), Arc::new(MemoryStore::default()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RaftError::InvalidConfig(_)), "{err}");
+}
