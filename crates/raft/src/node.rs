@@ -86,6 +86,7 @@ struct Inner {
     status: Arc<Mutex<RaftStatus>>,
     next_request_id: AtomicU64,
     shut: AtomicBool,
+    synced_writes: Arc<AtomicU64>,
 }
 
 /// A Raft member whose log lives under `state_dir/raft`. Cheap to clone; all clones drive the same node.
@@ -123,7 +124,7 @@ impl RaftNode {
         let (stopped_tx, stopped_rx) = watch::channel(false);
         let (leader_tx, leader_rx) = watch::channel(LeaderState::default());
         let status = Arc::new(Mutex::new(RaftStatus { id: cfg.raft_id, ..RaftStatus::default() }));
-        let (ready_tx, ready_rx) = oneshot::channel::<Result<(), RaftError>>();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<Arc<AtomicU64>, RaftError>>();
 
         let raft_id = cfg.raft_id;
         let max_proposal_bytes = cfg.max_proposal_bytes;
@@ -145,18 +146,18 @@ impl RaftNode {
                         return;
                     }
                 };
-                let _ = ready_tx.send(Ok(()));
+                let _ = ready_tx.send(Ok(driver.raw.store().synced_writes()));
                 rt.block_on(driver.run(prop_rx, in_rx, stop_rx));
                 // The driver (and with it the engine and its directory lock) is gone.
                 let _ = stopped_tx.send(true);
             })
             .map_err(|e| RaftError::StateDir { path: std::path::PathBuf::from("<thread>"), source: e })?;
 
-        match ready_rx.await {
-            Ok(Ok(())) => {}
+        let synced_writes = match ready_rx.await {
+            Ok(Ok(counter)) => counter,
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(RaftError::Stopped),
-        }
+        };
         // Request IDs only need to differ between this node's proposals in flight at one index; a base from
         // the wall clock keeps them distinct across restarts too (matching is by index, then ID).
         let base = std::time::SystemTime::now()
@@ -176,6 +177,7 @@ impl RaftNode {
                 status,
                 next_request_id: AtomicU64::new(next_request_id),
                 shut: AtomicBool::new(false),
+                synced_writes,
             }),
         })
     }
@@ -194,6 +196,12 @@ impl RaftNode {
     /// The node's Raft progress as of the last Ready handled.
     pub fn status(&self) -> RaftStatus {
         *self.inner.status.lock()
+    }
+
+    /// Number of synced (fsync'd) writes to the Raft log since start. With group commit this grows by about
+    /// two per batch of proposals, not per proposal.
+    pub fn synced_writes(&self) -> u64 {
+        self.inner.synced_writes.load(Ordering::Relaxed)
     }
 
     /// Feeds a message received from a peer. Fails with `Busy` when the inbound queue (`INBOUND_QUEUE`)
@@ -275,7 +283,8 @@ struct Driver {
     status: Arc<Mutex<RaftStatus>>,
     /// Seeded per member: the election timeouts are repeatable (raft-rs's own draw is not seedable).
     rng: SmallRng,
-    role_term: (StateRole, u64),
+    /// Role and term when the election timeout was last drawn.
+    role_term: Option<(StateRole, u64)>,
     applied: u64,
     applied_term: u64,
     last_snapshot_index: u64,
@@ -324,7 +333,7 @@ impl Driver {
             pending: BTreeMap::new(),
             leader_tx,
             status,
-            role_term: (StateRole::Follower, 0),
+            role_term: None,
             applied,
             applied_term,
             last_snapshot_index,
@@ -443,8 +452,8 @@ impl Driver {
     /// raft-rs draws election timeouts from an unseeded RNG whenever it resets its timer (on every role or
     /// term change); this replaces each draw with one from the member's seeded RNG.
     fn reseed_election_timeout(&mut self) {
-        let now = (self.raw.raft.state, self.raw.raft.term);
-        if now == self.role_term && self.role_term.1 != 0 {
+        let now = Some((self.raw.raft.state, self.raw.raft.term));
+        if now == self.role_term {
             return;
         }
         self.role_term = now;

@@ -7,6 +7,7 @@
 //! Knows nothing of the store: snapshot bytes live in `snapshot_files`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use protobuf::Message as _;
@@ -50,6 +51,8 @@ pub(crate) struct EngineStorage {
     snapshot: SnapshotMetadata,
     /// (index, term) of the last entry removed from the front of the log.
     truncated: (u64, u64),
+    /// Synced writes made so far (observability; shows group commit at work).
+    synced_writes: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for EngineStorage {
@@ -129,6 +132,7 @@ impl EngineStorage {
             conf_state,
             snapshot,
             truncated,
+            synced_writes: Arc::new(AtomicU64::new(0)),
         };
         if bootstrapped && storage.hard_state.commit < storage.snapshot.index {
             return Err(RaftError::Corrupted {
@@ -157,6 +161,11 @@ impl EngineStorage {
         &self.snapshots
     }
 
+    /// The counter of synced writes (shared, for the handle).
+    pub(crate) fn synced_writes(&self) -> Arc<AtomicU64> {
+        self.synced_writes.clone()
+    }
+
     /// The hard state as last persisted.
     pub(crate) fn hard_state(&self) -> &HardState {
         &self.hard_state
@@ -178,6 +187,7 @@ impl EngineStorage {
 
     fn write(&self, batch: &mut LogBatch) -> Result<(), RaftError> {
         self.engine.write(batch, true).map_err(|e| engine_err(&self.log_dir, e))?;
+        self.synced_writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -83,6 +83,7 @@ async fn single_member_leads_and_applies_with_raft_index_versions() {
 async fn concurrent_proposals_all_resolve_with_distinct_indexes() {
     let dir = tempfile::tempdir().unwrap();
     let (node, store) = start(dir.path(), |_| {}).await;
+    let syncs_before = node.synced_writes();
     let mut handles = Vec::new();
     for i in 0..200 {
         let node = node.clone();
@@ -95,6 +96,9 @@ async fn concurrent_proposals_all_resolve_with_distinct_indexes() {
     indexes.sort_unstable();
     indexes.dedup();
     assert_eq!(indexes.len(), 200);
+    // Group commit: one proposal per Ready would take two synced writes each.
+    let syncs = node.synced_writes() - syncs_before;
+    assert!(syncs < 200, "{syncs} synced writes for 200 proposals");
     assert_eq!(store.view(|t| t.services().len()), 200);
     for i in 0..200 {
         assert!(version_of(&store, &format!("s{i}")).is_some());
@@ -220,6 +224,19 @@ async fn snapshots_compact_the_log_and_restore_identically() {
         assert_eq!(storage.first_log_index(), 26, "the log keeps 5 entries behind snapshot 30");
         assert_eq!(storage.snapshot_metadata().index, 30);
         assert_eq!(raft::Storage::last_index(&storage).unwrap(), 36);
+        // The term of the entry before the first kept one still answers (log matching), older ones do not.
+        assert!(raft::Storage::term(&storage, 25).unwrap() >= 1);
+        assert_eq!(raft::Storage::term(&storage, 30).unwrap(), storage.snapshot_metadata().term);
+        let compacted = raft::Error::Store(raft::StorageError::Compacted);
+        assert_eq!(raft::Storage::term(&storage, 24).unwrap_err(), compacted);
+        let ctx = raft::GetEntriesContext::empty(false);
+        assert_eq!(raft::Storage::entries(&storage, 20, 30, None, ctx).unwrap_err(), compacted);
+        let ctx = raft::GetEntriesContext::empty(false);
+        let kept = raft::Storage::entries(&storage, 26, 37, None, ctx).unwrap();
+        assert_eq!(kept.iter().map(|e| e.index).collect::<Vec<_>>(), (26..37).collect::<Vec<_>>());
+        let snap = raft::Storage::snapshot(&storage, 30, 2).unwrap();
+        assert_eq!(snap.get_metadata().index, 30);
+        assert_eq!(snap.get_metadata().get_conf_state().voters, vec![1]);
     }
 
     let (node, store) = start(dir.path(), tweak).await;
@@ -248,4 +265,37 @@ async fn invalid_config_is_refused() {
         .await
         .unwrap_err();
     assert!(matches!(err, RaftError::InvalidConfig(_)), "{err}");
+}
+
+#[tokio::test]
+async fn a_higher_term_leader_takes_over_and_the_lone_voter_wins_back() {
+    use raft::eraftpb::{Message, MessageType};
+    let dir = tempfile::tempdir().unwrap();
+    let (node, store) = start(dir.path(), |c| c.tick_interval_ms = 10).await;
+    let term = node.status().term;
+    let in_flight: Vec<_> = (0..50).map(|i| tokio::spawn(node.propose(create(&format!("s{i}"))))).collect();
+
+    // A heartbeat from a leader of a later term makes this member a follower of it.
+    let mut hb = Message::default();
+    hb.set_msg_type(MessageType::MsgHeartbeat);
+    hb.from = 2;
+    hb.to = 1;
+    hb.term = term + 5;
+    node.step(hb).unwrap();
+
+    // Every proposal resolves: applied before the step, failed as unknown when leadership was lost, or
+    // refused while another node led.
+    for p in in_flight {
+        match within(p).await.unwrap() {
+            Ok(c) => assert_eq!(version_of(&store, c.changes[0].object.id()), Some(c.index)),
+            Err(ProposeError::Unknown(_)) | Err(ProposeError::NotLeader { .. }) => {}
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    // Being the only voter, it campaigns after its election timeout and leads a later term.
+    let mut leader = node.leadership();
+    let state = *within(leader.wait_for(|s| s.is_leader && s.term > term + 5)).await.unwrap();
+    assert_eq!(state.leader_id, 1);
+    within(node.propose(create("after"))).await.unwrap();
+    node.shutdown().await;
 }
