@@ -1,1 +1,119 @@
-//! placeholder during bootstrap
+//! The worker side of Shoal: the agent keeps a session with the dispatcher (heartbeats, assignments,
+//! status reports), runs one task runner per assigned task, and drives each task through the `Executor`
+//! seam. Executors: `process` (runs the container spec's command as a local process) and `testing`
+//! (a scriptable fake for tests and benchmarks).
+//!
+//! The agent knows nothing of the store, Raft or the manager's internals: it talks to managers only over
+//! the Dispatcher gRPC protocol.
+
+pub mod exec;
+pub mod process;
+pub mod runner;
+pub mod session;
+pub mod testing;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use exec::{BoxFuture, Controller, Executor, ExecutorError, ExitStatus};
+pub use session::{Backoff, SessionError, NODE_ID_METADATA_KEY};
+pub use shoal_api::NodeDescription;
+pub use worker::LOST_TASK_MESSAGE;
+
+use runner::StatusReporter;
+use session::{run_session, SessionContext};
+use tokio::sync::watch;
+use worker::Worker;
+
+/// Shortest wait before reconnecting to the manager.
+pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
+/// Longest wait before reconnecting to the manager.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// Agent settings.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// This node's ID (sent on every RPC).
+    pub node_id: String,
+    /// The manager's dispatcher URI, e.g. "http://127.0.0.1:4242".
+    pub manager_addr: String,
+    /// The hostname reported in the node description (the executor's when empty).
+    pub hostname: String,
+    /// The agent's state directory; task files live under `state_dir/tasks/<task id>/`.
+    pub state_dir: PathBuf,
+    /// Engine labels reported in the node description (added to the executor's).
+    pub engine_labels: HashMap<String, String>,
+}
+
+/// The agent: run it with `run`.
+pub struct Agent {
+    config: AgentConfig,
+    executor: Arc<dyn Executor>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("config", &self.config).field("executor", &self.executor.name()).finish()
+    }
+}
+
+impl Agent {
+    /// An agent running tasks with `executor`.
+    pub fn new(config: AgentConfig, executor: Arc<dyn Executor>) -> Agent {
+        Agent { config, executor }
+    }
+
+    /// The node description sent to the manager: the executor's, with the configured hostname and labels.
+    pub fn description(&self) -> NodeDescription {
+        let mut d = self.executor.describe();
+        if !self.config.hostname.is_empty() {
+            d.hostname = self.config.hostname.clone();
+        }
+        let engine = d.engine.get_or_insert_with(Default::default);
+        for (k, v) in &self.config.engine_labels {
+            engine.labels.insert(k.clone(), v.clone());
+        }
+        d
+    }
+
+    /// Runs until `shutdown` turns true: then stops every task it runs (executor shutdown with grace, then
+    /// terminate) and returns. Reconnects with backoff (bounded, jittered) when the manager is unreachable.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        if let Err(e) = std::fs::create_dir_all(self.config.state_dir.join("tasks")) {
+            tracing::warn!(dir = %self.config.state_dir.display(), "cannot create the agent's task directory: {e}");
+        }
+        let reporter = Arc::new(StatusReporter::new());
+        let mut worker = Worker::new(self.executor.clone(), reporter.clone());
+        let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
+        let description = self.description();
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let ctx = SessionContext {
+                manager_addr: &self.config.manager_addr,
+                node_id: &self.config.node_id,
+                description: description.clone(),
+                worker: &mut worker,
+                reporter: reporter.clone(),
+                backoff: &mut backoff,
+            };
+            match run_session(ctx, &mut shutdown).await {
+                Ok(()) => break,
+                Err(e) => {
+                    let delay = backoff.next_delay(&mut rand::rng());
+                    tracing::warn!(node = %self.config.node_id, "session with the manager ended: {e}; retrying in {delay:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        r = shutdown.changed() => if r.is_err() { break },
+                    }
+                }
+            }
+        }
+        tracing::info!(node = %self.config.node_id, "agent stopping: stopping its tasks");
+        worker.stop_all().await;
+    }
+}

@@ -1,0 +1,86 @@
+//! The executor seam: an `Executor` describes the node and makes one `Controller` per task; a controller
+//! drives one task's runtime object (a process, later a container) through prepare, start, wait, shutdown,
+//! terminate and remove. The task runner (`runner`) decides which call comes next; controllers decide
+//! nothing about task states.
+//!
+//! Must not depend on gRPC, the session, or any particular runtime.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use shoal_api::{NodeDescription, Task};
+
+/// A boxed, sendable future: the controller methods' return type (keeps the traits object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How a task's runtime object ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitStatus {
+    /// The exit code (128 + signal number when killed by a signal).
+    pub code: i32,
+    /// The process ID it had (0 when not applicable).
+    pub pid: i32,
+}
+
+/// Why an executor call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecutorError {
+    /// The task cannot run on this executor as specified; fix the service spec.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// Preparing the task's resources failed.
+    #[error("preparing the task failed: {0}")]
+    Prepare(String),
+    /// Starting the task failed.
+    #[error("starting the task failed: {0}")]
+    Start(String),
+    /// Waiting for, stopping or removing the task failed.
+    #[error("{0}")]
+    Runtime(String),
+    /// The call does not apply in the controller's current state (e.g. wait before start).
+    #[error("the task is not {0}")]
+    NotReady(&'static str),
+}
+
+/// The stop grace period from a task's container spec (default 10 s).
+pub fn stop_grace_period(task: &Task) -> Duration {
+    task.spec
+        .as_ref()
+        .and_then(|s| match &s.runtime {
+            Some(shoal_api::task_spec::Runtime::Container(c)) => c.stop_grace_period.as_ref(),
+            None => None,
+        })
+        .map(shoal_api::duration_from_proto)
+        .unwrap_or(DEFAULT_STOP_GRACE_PERIOD)
+}
+
+/// Grace between the polite stop signal and the kill, when the spec sets none.
+pub const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(10);
+
+/// Runs tasks of one kind (processes, containers) on this node.
+pub trait Executor: Send + Sync + 'static {
+    /// What this node offers: hostname, platform, resources, engine.
+    fn describe(&self) -> NodeDescription;
+    /// A controller for `task`. Fails with `InvalidSpec` when the task cannot run here.
+    fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError>;
+    /// Short name, for logs ("process", "fake").
+    fn name(&self) -> &'static str;
+}
+
+/// Drives one task's runtime object. Every method is idempotent where it can be, and `wait` is cancel-safe
+/// (the runner drops a pending `wait` to react to a new desired state, then calls it again).
+pub trait Controller: Send {
+    /// Creates what the task needs before it starts (directories, log files; images later).
+    fn prepare(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>>;
+    /// Starts the task; returns its process ID (0 when not applicable).
+    fn start(&mut self) -> BoxFuture<'_, Result<i32, ExecutorError>>;
+    /// Waits for the task to exit.
+    fn wait(&mut self) -> BoxFuture<'_, Result<ExitStatus, ExecutorError>>;
+    /// Stops the task gracefully: the stop signal, then a kill after the task's stop grace period.
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>>;
+    /// Kills the task at once.
+    fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>>;
+    /// Releases everything the task held (kills it first if it still runs).
+    fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>>;
+}

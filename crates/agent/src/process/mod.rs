@@ -1,0 +1,302 @@
+//! `ProcessExecutor`: runs a task's `ContainerSpec` command (+ args) as a local process, with the spec's
+//! environment and working directory, stdout/stderr to `state_dir/tasks/<task id>/{stdout,stderr}.log`,
+//! in its own process group. The image is not used (there is no container runtime here).
+//!
+//! Children must die with the daemon, even on `kill -9`: every process gets PR_SET_PDEATHSIG(SIGKILL), and
+//! is forked from one long-lived spawner thread (the death signal fires when the forking *thread* exits,
+//! so spawning from short-lived blocking-pool threads would kill tasks at random). Stop = SIGTERM to the
+//! process group, SIGKILL after the stop grace period. Controllers kill their process group on drop.
+//!
+//! Environment: the process gets PATH (the daemon's, or a default) plus the spec's `env`; nothing else of
+//! the daemon's environment leaks in. Must not depend on the session or gRPC.
+
+mod spawner;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use shoal_api::{task_spec, ContainerSpec, EngineDescription, NodeDescription, Platform, Resources, Task};
+
+use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus};
+use spawner::Spawner;
+
+/// PATH given to tasks when the daemon has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Runs tasks as local processes.
+pub struct ProcessExecutor {
+    state_dir: PathBuf,
+    hostname: String,
+    engine_labels: HashMap<String, String>,
+    spawner: Arc<Spawner>,
+}
+
+impl std::fmt::Debug for ProcessExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessExecutor").field("state_dir", &self.state_dir).finish()
+    }
+}
+
+impl ProcessExecutor {
+    /// An executor keeping task files under `state_dir/tasks/`. Starts the spawner thread, which lives as
+    /// long as this executor or any of its controllers.
+    pub fn new(
+        state_dir: impl Into<PathBuf>,
+        hostname: &str,
+        engine_labels: HashMap<String, String>,
+    ) -> ProcessExecutor {
+        ProcessExecutor {
+            state_dir: state_dir.into(),
+            hostname: hostname.to_string(),
+            engine_labels,
+            spawner: Arc::new(Spawner::start()),
+        }
+    }
+
+    /// The directory of one task's files.
+    pub fn task_dir(&self, task_id: &str) -> PathBuf {
+        self.state_dir.join("tasks").join(task_id)
+    }
+}
+
+/// Docker's name for this machine's architecture.
+pub fn docker_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "x86_64",
+        "aarch64" => "aarch64",
+        "arm" => "armv7l",
+        "x86" => "i386",
+        "powerpc64" => "ppc64le",
+        "s390x" => "s390x",
+        other => other,
+    }
+}
+
+/// Total memory from /proc/meminfo, in bytes (0 when unreadable).
+fn total_memory_bytes() -> i64 {
+    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else { return 0 };
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<i64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn container_spec(task: &Task) -> Option<&ContainerSpec> {
+    match task.spec.as_ref()?.runtime.as_ref()? {
+        task_spec::Runtime::Container(c) => Some(c),
+    }
+}
+
+impl Executor for ProcessExecutor {
+    fn describe(&self) -> NodeDescription {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as i64;
+        NodeDescription {
+            hostname: self.hostname.clone(),
+            platform: Some(Platform { architecture: docker_arch().into(), os: "linux".into() }),
+            resources: Some(Resources {
+                nano_cpus: cpus * 1_000_000_000,
+                memory_bytes: total_memory_bytes(),
+                generic: vec![],
+            }),
+            engine: Some(EngineDescription {
+                engine_version: "shoal-process".into(),
+                labels: self.engine_labels.clone(),
+                plugins: vec![],
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError> {
+        let spec = container_spec(task).cloned().unwrap_or_default();
+        let argv: Vec<String> = spec.command.iter().chain(spec.args.iter()).cloned().collect();
+        if argv.is_empty() {
+            return Err(ExecutorError::InvalidSpec(format!(
+                "image {} has no command: the process executor needs a command or args",
+                spec.image
+            )));
+        }
+        let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_string());
+        let mut env = vec![("PATH".to_string(), path)];
+        for kv in &spec.env {
+            if let Some((k, v)) = kv.split_once('=') {
+                env.retain(|(ek, _)| ek != k);
+                env.push((k.to_string(), v.to_string()));
+            }
+        }
+        Ok(Box::new(ProcessController {
+            task_id: task.id.clone(),
+            argv,
+            env,
+            dir: (!spec.dir.is_empty()).then(|| PathBuf::from(&spec.dir)),
+            task_dir: self.task_dir(&task.id),
+            grace: stop_grace_period(task),
+            spawner: self.spawner.clone(),
+            child: None,
+            pid: 0,
+            exit: None,
+        }))
+    }
+
+    fn name(&self) -> &'static str {
+        "process"
+    }
+}
+
+struct ProcessController {
+    task_id: String,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    dir: Option<PathBuf>,
+    task_dir: PathBuf,
+    grace: Duration,
+    spawner: Arc<Spawner>,
+    child: Option<tokio::process::Child>,
+    pid: i32,
+    exit: Option<ExitStatus>,
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
+    format!("{what} {}: {e}", path.display())
+}
+
+impl ProcessController {
+    fn signal_group(&self, sig: Signal) {
+        if self.pid > 0 {
+            // ESRCH (group already gone) is the normal outcome after the leader and its children exited.
+            let _ = killpg(Pid::from_raw(self.pid), sig);
+        }
+    }
+
+    async fn wait_exit(&mut self) -> Result<ExitStatus, ExecutorError> {
+        if let Some(exit) = self.exit {
+            return Ok(exit);
+        }
+        let child = self.child.as_mut().ok_or(ExecutorError::NotReady("started"))?;
+        let st =
+            child.wait().await.map_err(|e| ExecutorError::Runtime(format!("waiting for the process failed: {e}")))?;
+        use std::os::unix::process::ExitStatusExt;
+        let code = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
+        let exit = ExitStatus { code, pid: self.pid };
+        self.exit = Some(exit);
+        self.child = None;
+        Ok(exit)
+    }
+
+    async fn kill_and_reap(&mut self) -> Result<(), ExecutorError> {
+        self.signal_group(Signal::SIGKILL);
+        if self.child.is_some() {
+            self.wait_exit().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Controller for ProcessController {
+    fn prepare(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            if let Some(dir) = &self.dir {
+                if !dir.is_dir() {
+                    return Err(ExecutorError::InvalidSpec(format!(
+                        "working directory {} does not exist on this node; create it or change the service's workdir",
+                        dir.display()
+                    )));
+                }
+            }
+            std::fs::create_dir_all(&self.task_dir)
+                .map_err(|e| ExecutorError::Prepare(io_err("cannot create", &self.task_dir, e)))?;
+            Ok(())
+        })
+    }
+
+    fn start(&mut self) -> BoxFuture<'_, Result<i32, ExecutorError>> {
+        Box::pin(async move {
+            if self.child.is_some() || self.exit.is_some() {
+                return Ok(self.pid);
+            }
+            let open = |name: &str| {
+                let p = self.task_dir.join(name);
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&p)
+                    .map_err(|e| ExecutorError::Start(io_err("cannot open", &p, e)))
+            };
+            let (stdout, stderr) = (open("stdout.log")?, open("stderr.log")?);
+            let mut cmd = std::process::Command::new(&self.argv[0]);
+            cmd.args(&self.argv[1..])
+                .env_clear()
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .current_dir(self.dir.as_deref().unwrap_or(Path::new("/")))
+                .stdin(std::process::Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr);
+            let child = self
+                .spawner
+                .spawn(cmd)
+                .await
+                .map_err(|e| ExecutorError::Start(format!("cannot run {:?}: {e}", self.argv[0])))?;
+            self.pid = child.id().map_or(0, |p| p as i32);
+            self.child = Some(child);
+            tracing::debug!(task = %self.task_id, pid = self.pid, "process started");
+            Ok(self.pid)
+        })
+    }
+
+    fn wait(&mut self) -> BoxFuture<'_, Result<ExitStatus, ExecutorError>> {
+        Box::pin(self.wait_exit())
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            if self.child.is_none() {
+                // Exited already: sweep any children it left in its group.
+                self.signal_group(Signal::SIGKILL);
+                return Ok(());
+            }
+            self.signal_group(Signal::SIGTERM);
+            let grace = self.grace;
+            match tokio::time::timeout(grace, self.wait_exit()).await {
+                Ok(r) => {
+                    r?;
+                    self.signal_group(Signal::SIGKILL);
+                    Ok(())
+                }
+                Err(_) => {
+                    tracing::info!(task = %self.task_id, "process ignored SIGTERM for {grace:?}: killing it");
+                    self.kill_and_reap().await
+                }
+            }
+        })
+    }
+
+    fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(self.kill_and_reap())
+    }
+
+    fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            self.kill_and_reap().await?;
+            match std::fs::remove_dir_all(&self.task_dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(ExecutorError::Runtime(io_err("cannot remove", &self.task_dir, e))),
+            }
+        })
+    }
+}
+
+impl Drop for ProcessController {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.signal_group(Signal::SIGKILL);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,111 @@
+//! ProcessExecutor tests: real processes, bounded waits, nothing left running (controllers kill their
+//! process group on drop).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use shoal_api::{task_spec, ContainerSpec, Task, TaskSpec};
+
+use super::*;
+
+fn task(id: &str, command: &[&str], args: &[&str], grace_ms: Option<u64>) -> Task {
+    Task {
+        id: id.into(),
+        spec: Some(TaskSpec {
+            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                image: "busybox".into(),
+                command: command.iter().map(|s| s.to_string()).collect(),
+                args: args.iter().map(|s| s.to_string()).collect(),
+                env: vec!["GREETING=hi".into()],
+                stop_grace_period: grace_ms.map(|ms| shoal_api::duration_to_proto(Duration::from_millis(ms))),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn started(exec: &ProcessExecutor, t: &Task) -> Box<dyn Controller> {
+    let mut c = exec.controller(t).unwrap();
+    c.prepare().await.unwrap();
+    let pid = c.start().await.unwrap();
+    assert!(pid > 0);
+    c
+}
+
+#[tokio::test]
+async fn a_failing_command_reports_its_exit_code_and_logs_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let t = task("t1", &["sh", "-c"], &["echo $GREETING; exit 3"], None);
+    let mut c = started(&exec, &t).await;
+    let exit = tokio::time::timeout(Duration::from_secs(10), c.wait()).await.unwrap().unwrap();
+    assert_eq!(exit.code, 3);
+    let log = std::fs::read_to_string(exec.task_dir("t1").join("stdout.log")).unwrap();
+    assert!(log.contains("hi"), "log: {log:?}");
+    c.remove().await.unwrap();
+    assert!(!exec.task_dir("t1").exists());
+}
+
+#[tokio::test]
+async fn shutdown_stops_a_sleeping_process_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let mut c = started(&exec, &task("t2", &["sleep"], &["30"], None)).await;
+    let t0 = Instant::now();
+    c.shutdown().await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+    let exit = c.wait().await.unwrap();
+    assert_eq!(exit.code, 128 + libc::SIGTERM);
+}
+
+#[tokio::test]
+async fn a_process_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let t = task("t3", &["sh", "-c"], &["trap '' TERM; echo ready; while :; do sleep 0.05; done"], Some(200));
+    let mut c = started(&exec, &t).await;
+    // Wait (bounded) until the trap is installed, so SIGTERM really is ignored.
+    let log = exec.task_dir("t3").join("stdout.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("ready") {
+        assert!(Instant::now() < deadline, "the process never became ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    c.shutdown().await.unwrap();
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(c.wait().await.unwrap().code, 128 + libc::SIGKILL);
+}
+
+#[tokio::test]
+async fn no_command_and_a_missing_workdir_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let err = exec.controller(&task("t4", &[], &[], None)).err().unwrap();
+    assert_eq!(err.to_string(), "image busybox has no command: the process executor needs a command or args");
+    let mut t = task("t5", &["true"], &[], None);
+    if let Some(task_spec::Runtime::Container(c)) = t.spec.as_mut().unwrap().runtime.as_mut() {
+        c.dir = "/does/not/exist".into();
+    }
+    let err = exec.controller(&t).unwrap().prepare().await.unwrap_err();
+    assert!(matches!(err, ExecutorError::InvalidSpec(_)), "{err:?}");
+}
+
+#[test]
+fn describe_reports_platform_resources_and_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let labels = HashMap::from([("zone".to_string(), "a".to_string())]);
+    let d = ProcessExecutor::new(dir.path(), "host-1", labels).describe();
+    assert_eq!(d.hostname, "host-1");
+    assert_eq!(d.platform.as_ref().unwrap().os, "linux");
+    assert!(!d.platform.as_ref().unwrap().architecture.is_empty());
+    let r = d.resources.unwrap();
+    assert!(r.nano_cpus >= 1_000_000_000);
+    assert!(r.memory_bytes > 0);
+    let e = d.engine.unwrap();
+    assert_eq!(e.engine_version, "shoal-process");
+    assert_eq!(e.labels.get("zone").map(String::as_str), Some("a"));
+}

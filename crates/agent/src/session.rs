@@ -1,0 +1,255 @@
+//! One session with the dispatcher, and the backoff between sessions. A session is: connect, open the
+//! Session stream (its first message carries the session ID), then run together the heartbeat loop (at the
+//! period the manager returns), the Assignments stream (fed to the `Worker`) and the status reporter
+//! (batches of at most `STATUS_BATCH_MAX` statuses; a failed batch is put back and resent by the next
+//! session). Any failure ends the session; the agent then backs off and opens a new one.
+//!
+//! Must not depend on the store or the manager: it speaks only the Dispatcher gRPC protocol.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use shoal_api::dispatcher_client::DispatcherClient;
+use shoal_api::update_task_status_request::TaskStatusUpdate;
+use shoal_api::{AssignmentsRequest, HeartbeatRequest, NodeDescription, SessionRequest, UpdateTaskStatusRequest};
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Request;
+
+use crate::runner::StatusReporter;
+use crate::worker::Worker;
+
+/// gRPC metadata key carrying this node's ID (until mutual TLS provides it).
+pub const NODE_ID_METADATA_KEY: &str = "x-shoal-node-id";
+/// Most statuses per UpdateTaskStatus request.
+pub const STATUS_BATCH_MAX: usize = 100;
+/// Largest message the agent accepts (a COMPLETE assignment set of a busy node).
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// Timeout of one unary call (heartbeat, status update) and of connecting.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The manager address is not a valid URI.
+    #[error("invalid manager address {addr:?}: {reason}; use a URI such as http://127.0.0.1:4242")]
+    BadAddress {
+        /// The address.
+        addr: String,
+        /// The parser's message.
+        reason: String,
+    },
+    /// Connecting failed.
+    #[error("cannot connect to the manager at {addr}: {source}")]
+    Connect {
+        /// The address.
+        addr: String,
+        /// The transport error.
+        source: tonic::transport::Error,
+    },
+    /// An RPC failed.
+    #[error("{call} failed: {} ({:?})", status.message(), status.code())]
+    Rpc {
+        /// Which call.
+        call: &'static str,
+        /// The status.
+        status: tonic::Status,
+    },
+    /// The manager closed a stream.
+    #[error("the manager closed the {0} stream")]
+    StreamEnded(&'static str),
+}
+
+fn rpc(call: &'static str) -> impl FnOnce(tonic::Status) -> SessionError {
+    move |status| SessionError::Rpc { call, status }
+}
+
+/// Bounded, jittered exponential backoff between sessions.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    /// From `min` doubling up to `max`.
+    pub fn new(min: Duration, max: Duration) -> Backoff {
+        Backoff { min, max, attempt: 0 }
+    }
+
+    /// The next delay: the capped exponential value, jittered down to as little as half of it.
+    pub fn next_delay(&mut self, rng: &mut impl Rng) -> Duration {
+        let exp = self.min.saturating_mul(1u32 << self.attempt.min(16)).min(self.max);
+        self.attempt = self.attempt.saturating_add(1);
+        let half = exp / 2;
+        half + Duration::from_nanos(rng.random_range(0..=half.as_nanos().min(u64::MAX as u128) as u64))
+    }
+
+    /// Back to the minimum (after a session was established).
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// Everything one session needs.
+pub struct SessionContext<'a> {
+    /// Manager URI.
+    pub manager_addr: &'a str,
+    /// This node's ID.
+    pub node_id: &'a str,
+    /// What this node offers.
+    pub description: NodeDescription,
+    /// The task runners.
+    pub worker: &'a mut Worker,
+    /// Statuses waiting to be sent.
+    pub reporter: Arc<StatusReporter>,
+    /// Reset once the session is established.
+    pub backoff: &'a mut Backoff,
+}
+
+fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Ok(v) = node_id.parse() {
+        r.metadata_mut().insert(NODE_ID_METADATA_KEY, v);
+    }
+    if let Some(t) = timeout {
+        r.set_timeout(t);
+    }
+    r
+}
+
+/// Aborts a spawned helper task when the session ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), SessionError>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs one session until it fails (`Err`) or `shutdown` turns true (`Ok`).
+pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), SessionError> {
+    let addr = ctx.manager_addr.to_string();
+    let endpoint = Endpoint::from_shared(addr.clone())
+        .map_err(|e| SessionError::BadAddress { addr: addr.clone(), reason: e.to_string() })?
+        .connect_timeout(CALL_TIMEOUT)
+        .tcp_nodelay(true);
+    let channel: Channel = endpoint.connect().await.map_err(|source| SessionError::Connect { addr, source })?;
+    let mut client = DispatcherClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let node_id = ctx.node_id.to_string();
+
+    let mut session = client
+        .session(req(&node_id, SessionRequest { description: Some(ctx.description), session_id: String::new() }, None))
+        .await
+        .map_err(rpc("Session"))?
+        .into_inner();
+    let first = session.message().await.map_err(rpc("Session"))?.ok_or(SessionError::StreamEnded("session"))?;
+    let session_id = first.session_id;
+    tracing::info!(node = %node_id, session = %session_id, "session with the manager established");
+
+    let mut assignments = client
+        .assignments(req(&node_id, AssignmentsRequest { session_id: session_id.clone() }, None))
+        .await
+        .map_err(rpc("Assignments"))?
+        .into_inner();
+    ctx.backoff.reset();
+
+    let heartbeat = {
+        let mut client = client.clone();
+        let (node_id, session_id) = (node_id.clone(), session_id.clone());
+        tokio::spawn(async move {
+            loop {
+                let resp = client
+                    .heartbeat(req(&node_id, HeartbeatRequest { session_id: session_id.clone() }, Some(CALL_TIMEOUT)))
+                    .await
+                    .map_err(rpc("Heartbeat"))?
+                    .into_inner();
+                let period = resp.period.as_ref().map(shoal_api::duration_from_proto).unwrap_or(Duration::from_secs(5));
+                tokio::time::sleep(period.max(Duration::from_millis(10))).await;
+            }
+        })
+    };
+    let reporter = {
+        let mut client = client.clone();
+        let (node_id, session_id) = (node_id.clone(), session_id.clone());
+        let reporter = ctx.reporter.clone();
+        tokio::spawn(async move {
+            loop {
+                let batch = reporter.take_batch(STATUS_BATCH_MAX);
+                if batch.is_empty() {
+                    reporter.changed().await;
+                    continue;
+                }
+                let updates = batch
+                    .iter()
+                    .map(|(id, st)| TaskStatusUpdate { task_id: id.clone(), status: Some(st.clone()) })
+                    .collect();
+                let r = client
+                    .update_task_status(req(
+                        &node_id,
+                        UpdateTaskStatusRequest { session_id: session_id.clone(), updates },
+                        Some(CALL_TIMEOUT),
+                    ))
+                    .await;
+                if let Err(status) = r {
+                    reporter.put_back(batch);
+                    return Err(SessionError::Rpc { call: "UpdateTaskStatus", status });
+                }
+            }
+        })
+    };
+    let (mut heartbeat, mut reporter) = (AbortOnDrop(heartbeat), AbortOnDrop(reporter));
+
+    loop {
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        tokio::select! {
+            r = shutdown.changed() => if r.is_err() { return Ok(()) },
+            m = session.message() => match m {
+                Ok(Some(_node_update)) => {}
+                Ok(None) => return Err(SessionError::StreamEnded("session")),
+                Err(status) => return Err(SessionError::Rpc { call: "Session", status }),
+            },
+            m = assignments.message() => match m {
+                Ok(Some(msg)) => ctx.worker.apply(msg),
+                Ok(None) => return Err(SessionError::StreamEnded("assignments")),
+                Err(status) => return Err(SessionError::Rpc { call: "Assignments", status }),
+            },
+            r = &mut heartbeat.0 => return Err(joined(r)),
+            r = &mut reporter.0 => return Err(joined(r)),
+        }
+    }
+}
+
+fn joined(r: Result<Result<(), SessionError>, tokio::task::JoinError>) -> SessionError {
+    match r {
+        Ok(Err(e)) => e,
+        Ok(Ok(())) => SessionError::StreamEnded("helper"),
+        Err(e) => SessionError::Rpc { call: "helper task", status: tonic::Status::internal(e.to_string()) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn backoff_grows_to_the_cap_with_jitter_and_resets() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let first = b.next_delay(&mut rng);
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100), "{first:?}");
+        for _ in 0..20 {
+            let d = b.next_delay(&mut rng);
+            assert!(d <= Duration::from_secs(5), "{d:?}");
+        }
+        let late = b.next_delay(&mut rng);
+        assert!(late >= Duration::from_millis(2500), "{late:?}");
+        b.reset();
+        assert!(b.next_delay(&mut rng) <= Duration::from_millis(100));
+    }
+}

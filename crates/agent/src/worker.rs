@@ -1,0 +1,114 @@
+//! The worker: turns the dispatcher's assignment messages into task runners. A COMPLETE message replaces
+//! the set (runners of tasks not in it are stopped and removed); INCREMENTAL messages add, update or
+//! remove single tasks. A task that arrives already RUNNING (or STARTING) without a runner here lost its
+//! process (the agent restarted): it is reported FAILED (SHUTDOWN when it was being stopped anyway).
+//!
+//! Bound: one runner per task assigned to this node. Must not depend on gRPC transport details.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use shoal_api::{
+    assignment, assignment_change::AssignmentAction, assignments_message, AssignmentsMessage, Task, TaskState,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::exec::Executor;
+use crate::runner::{run_task, status, RunnerInput, StatusReporter};
+
+/// The message a lost task is failed with.
+pub const LOST_TASK_MESSAGE: &str = "task process was lost (agent restarted)";
+
+struct RunnerHandle {
+    input: watch::Sender<RunnerInput>,
+    join: JoinHandle<()>,
+}
+
+/// The set of task runners on this node.
+pub struct Worker {
+    executor: Arc<dyn Executor>,
+    reporter: Arc<StatusReporter>,
+    runners: HashMap<String, RunnerHandle>,
+}
+
+fn observed(task: &Task) -> TaskState {
+    TaskState::from_wire(task.status.as_ref().map_or(0, |s| s.state))
+}
+
+impl Worker {
+    /// A worker with no tasks.
+    pub fn new(executor: Arc<dyn Executor>, reporter: Arc<StatusReporter>) -> Worker {
+        Worker { executor, reporter, runners: HashMap::new() }
+    }
+
+    /// IDs of the tasks with a live runner.
+    pub fn task_ids(&self) -> Vec<String> {
+        self.runners.iter().filter(|(_, r)| !r.join.is_finished()).map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Applies one assignments message.
+    pub fn apply(&mut self, msg: AssignmentsMessage) {
+        self.runners.retain(|_, r| !r.join.is_finished());
+        let complete = msg.r#type == assignments_message::Type::Complete as i32;
+        let mut seen = HashSet::new();
+        for change in msg.changes {
+            let Some(assignment::Item::Task(task)) = change.assignment.and_then(|a| a.item) else { continue };
+            seen.insert(task.id.clone());
+            if change.action == AssignmentAction::Remove as i32 {
+                self.remove(&task.id);
+            } else {
+                self.upsert(task);
+            }
+        }
+        if complete {
+            let gone: Vec<String> = self.runners.keys().filter(|id| !seen.contains(*id)).cloned().collect();
+            for id in gone {
+                self.remove(&id);
+            }
+        }
+    }
+
+    fn upsert(&mut self, task: Task) {
+        if let Some(r) = self.runners.get(&task.id) {
+            let task = Arc::new(task);
+            r.input.send_modify(|i| i.task = task);
+            return;
+        }
+        let state = observed(&task);
+        if state.is_terminal() {
+            return;
+        }
+        if state as i32 >= TaskState::Starting as i32 {
+            let desired = task.desired_state;
+            let to = if desired >= TaskState::Shutdown as i32 { TaskState::Shutdown } else { TaskState::Failed };
+            tracing::warn!(task = %task.id, "{LOST_TASK_MESSAGE}");
+            self.reporter.report(&task.id, status(to, LOST_TASK_MESSAGE, LOST_TASK_MESSAGE));
+            return;
+        }
+        let ctlr = self.executor.controller(&task);
+        let initial = task.status.clone().unwrap_or_default();
+        let id = task.id.clone();
+        let (input, rx) = watch::channel(RunnerInput { task: Arc::new(task), removed: false, agent_stopping: false });
+        let join = tokio::spawn(run_task(initial, ctlr, self.reporter.clone(), rx));
+        self.runners.insert(id, RunnerHandle { input, join });
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(r) = self.runners.get(id) {
+            r.input.send_modify(|i| i.removed = true);
+        }
+    }
+
+    /// Stops every task (graceful stop, then kill) and waits for the runners to end.
+    pub async fn stop_all(&mut self) {
+        for r in self.runners.values() {
+            r.input.send_modify(|i| i.agent_stopping = true);
+        }
+        for (id, r) in self.runners.drain() {
+            if let Err(e) = r.join.await {
+                tracing::warn!(task = %id, "task runner ended abnormally: {e}");
+            }
+        }
+    }
+}
