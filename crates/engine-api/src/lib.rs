@@ -1,1 +1,111 @@
-//! placeholder during bootstrap
+//! The Docker Engine API v1.47 (its swarm part) over HTTP on the control unix socket, so that the stock
+//! docker CLI and Shoal's own CLI can drive a Shoal cluster: routing (with an optional `/v1.NN` prefix on
+//! every path), the JSON documents and their conversions (`json`), `filters`, and errors as
+//! `{"message": ...}`. Every response carries `API-Version: 1.47` and `Server: Shoal/<version>`.
+//!
+//! Reads come from the store; every write goes through `shoal_manager::controlapi`. Must not depend on Raft
+//! or the executors.
+
+pub mod error;
+pub mod filters;
+mod handlers;
+pub mod json;
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::http::{HeaderValue, Uri};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use shoal_manager::ClusterState;
+
+pub use error::ApiError;
+
+/// The Engine API version served.
+pub const API_VERSION: &str = "1.47";
+
+/// What the API server needs to know about this node.
+#[derive(Clone, Debug)]
+pub struct ApiContext {
+    /// The cluster state (store to read, proposer to write through `controlapi`).
+    pub state: ClusterState,
+    /// This node's ID (`Swarm.NodeID` in `/info`; marks the current node in `docker node ls`).
+    pub node_id: String,
+    /// This node's advertised remote API address.
+    pub node_addr: String,
+    /// The task executor in use: "process" or "docker".
+    pub executor: String,
+    /// This node's host name.
+    pub hostname: String,
+}
+
+/// Serves the API on `listener` until `shutdown` resolves; in-flight requests finish first.
+pub async fn serve_unix(
+    listener: tokio::net::UnixListener,
+    ctx: ApiContext,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(ctx)).with_graceful_shutdown(shutdown).await
+}
+
+/// The API's routes over `ctx`. Requests may carry a `/v1.NN` prefix; it is stripped before routing.
+pub fn router(ctx: ApiContext) -> Router {
+    let routes = Router::new()
+        .route("/_ping", get(handlers::ping))
+        .route("/version", get(handlers::version))
+        .route("/info", get(handlers::info))
+        .route("/swarm", get(handlers::swarm))
+        .route("/services", get(handlers::list_services))
+        .route("/services/create", post(handlers::create_service))
+        .route("/services/{id}", get(handlers::get_service).delete(handlers::remove_service))
+        .route("/services/{id}/update", post(handlers::update_service))
+        .route("/tasks", get(handlers::list_tasks))
+        .route("/tasks/{id}", get(handlers::get_task))
+        .route("/nodes", get(handlers::list_nodes))
+        .route("/nodes/{id}", get(handlers::get_node).delete(handlers::remove_node))
+        .route("/nodes/{id}/update", post(handlers::update_node))
+        .route("/distribution/{*name}", get(handlers::distribution))
+        .fallback(handlers::not_found)
+        .layer(axum::middleware::map_response(add_headers))
+        .with_state(Arc::new(ctx));
+    let stripped = tower::ServiceBuilder::new().map_request(strip_version_prefix).service(routes);
+    Router::new().fallback_service(stripped)
+}
+
+async fn add_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert("API-Version", HeaderValue::from_static(API_VERSION));
+    h.insert("Server", HeaderValue::from_static(concat!("Shoal/", env!("CARGO_PKG_VERSION"))));
+    r
+}
+
+/// Returns the path without a leading `/v<major>.<minor>` segment, if it has one.
+fn without_version(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v")?;
+    let end = rest.find('/').unwrap_or(rest.len());
+    let (ver, tail) = rest.split_at(end);
+    let (major, minor) = ver.split_once('.')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(major) && digits(minor)).then_some(if tail.is_empty() { "/" } else { tail })
+}
+
+fn strip_version_prefix(mut req: Request) -> Request {
+    if let Some(path) = without_version(req.uri().path()) {
+        let pq = match req.uri().query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_string(),
+        };
+        let mut parts = req.uri().clone().into_parts();
+        if let Ok(p) = pq.parse() {
+            parts.path_and_query = Some(p);
+            if let Ok(uri) = Uri::from_parts(parts) {
+                *req.uri_mut() = uri;
+            }
+        }
+    }
+    req
+}

@@ -1,0 +1,292 @@
+//! The Engine API endpoints: request parsing (path, query, JSON body), a call into `controlapi` or a read of
+//! the store, and the JSON answer. Every write goes through `controlapi`. Must not depend on Raft or the
+//! executors.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use shoal_api::NodeRole;
+use shoal_manager::controlapi;
+
+use crate::error::ApiError;
+use crate::filters;
+use crate::json::system::{ComponentJson, PeerJson, PlatformNameJson};
+use crate::json::{
+    InfoJson, NodeJson, NodeSpecJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson, ServiceStatusJson,
+    ServiceUpdateResponse, SwarmInfoJson, SwarmJson, SystemVersionJson, TaskJson,
+};
+use crate::{ApiContext, API_VERSION};
+
+type Ctx = State<Arc<ApiContext>>;
+type Params = Query<HashMap<String, String>>;
+type ApiResult = Result<Response, ApiError>;
+
+/// The oldest API version we answer to (what Docker 28 reports).
+const MIN_API_VERSION: &str = "1.24";
+
+fn flag(q: &HashMap<String, String>, name: &str) -> bool {
+    q.get(name).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
+}
+
+fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
+    let v = q.get("version").ok_or_else(|| {
+        ApiError::BadRequest("the version query parameter is required: pass the Version.Index you inspected".into())
+    })?;
+    v.parse().map_err(|_| ApiError::BadRequest(format!("invalid version {v:?}: expected a non-negative integer")))
+}
+
+fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::BadRequest(format!("the request body is empty: send a {what} as JSON")));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid {what} JSON: {e}")))
+}
+
+fn json<T: serde::Serialize>(v: T) -> ApiResult {
+    Ok(Json(v).into_response())
+}
+
+/// `GET|HEAD /_ping`.
+pub async fn ping() -> Response {
+    let mut r = "OK".into_response();
+    let h = r.headers_mut();
+    h.insert("OSType", HeaderValue::from_static("linux"));
+    h.insert("Docker-Experimental", HeaderValue::from_static("false"));
+    h.insert("Swarm", HeaderValue::from_static("active/manager"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, no-store, must-revalidate"));
+    h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+fn kernel_version() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+fn os_description() -> String {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
+        })
+        .unwrap_or_else(|| "linux".into())
+}
+
+fn mem_total_bytes() -> i64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")?.trim().trim_end_matches("kB").trim().parse::<i64>().ok()
+            })
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// `GET /version`.
+pub async fn version() -> ApiResult {
+    let v = env!("CARGO_PKG_VERSION");
+    json(SystemVersionJson {
+        platform: PlatformNameJson { name: "Shoal".into() },
+        components: vec![ComponentJson { name: "Shoal".into(), version: v.into() }],
+        version: v.into(),
+        api_version: API_VERSION.into(),
+        min_api_version: MIN_API_VERSION.into(),
+        git_commit: String::new(),
+        go_version: "rust".into(),
+        os: "linux".into(),
+        arch: go_arch().into(),
+        kernel_version: kernel_version(),
+    })
+}
+
+/// `GET /info`.
+pub async fn info(State(ctx): Ctx) -> ApiResult {
+    let swarm = ctx.state.store.view(|t| {
+        let managers: Vec<_> = t.nodes().iter().filter(|n| n.role() == NodeRole::Manager).collect();
+        let mut remote: Vec<PeerJson> = managers
+            .iter()
+            .map(|n| PeerJson {
+                node_id: n.id.clone(),
+                addr: n
+                    .manager_status
+                    .as_ref()
+                    .map(|m| m.addr.clone())
+                    .filter(|a| !a.is_empty())
+                    .unwrap_or_else(|| if n.id == ctx.node_id { ctx.node_addr.clone() } else { String::new() }),
+            })
+            .collect();
+        remote.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        SwarmInfoJson {
+            node_id: ctx.node_id.clone(),
+            node_addr: ctx.node_addr.clone(),
+            local_node_state: "active".into(),
+            control_available: true,
+            error: String::new(),
+            remote_managers: remote,
+            nodes: t.nodes().len() as u64,
+            managers: managers.len() as u64,
+            cluster: first_cluster(t).map(|c| SwarmJson::from_api(c).cluster),
+        }
+    });
+    json(InfoJson {
+        id: ctx.node_id.clone(),
+        name: ctx.hostname.clone(),
+        operating_system: os_description(),
+        os_type: "linux".into(),
+        architecture: std::env::consts::ARCH.into(),
+        ncpu: std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1),
+        mem_total: mem_total_bytes(),
+        kernel_version: kernel_version(),
+        server_version: env!("CARGO_PKG_VERSION").into(),
+        labels: vec![format!("shoal.executor={}", ctx.executor)],
+        swarm,
+        ..Default::default()
+    })
+}
+
+fn first_cluster(t: &shoal_store::Tables) -> Option<&shoal_api::Cluster> {
+    // One cluster object per cluster; pick deterministically if a bug ever made two.
+    t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)).map(|c| &**c)
+}
+
+/// `GET /swarm`.
+pub async fn swarm(State(ctx): Ctx) -> ApiResult {
+    let found = ctx.state.store.view(|t| first_cluster(t).map(SwarmJson::from_api));
+    match found {
+        Some(s) => json(s),
+        None => Err(ApiError::Unavailable(
+            "the cluster is not initialized yet: wait for the node to finish starting, then retry".into(),
+        )),
+    }
+}
+
+/// `GET /services`.
+pub async fn list_services(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+    let f = filters::services(q.get("filters").map(String::as_str))?;
+    let with_status = flag(&q, "status");
+    let services = controlapi::list_services(&ctx.state, &f);
+    let out: Vec<ServiceJson> = ctx.state.store.view(|t| {
+        services
+            .iter()
+            .map(|s| {
+                let mut j = ServiceJson::from_api(s);
+                if with_status {
+                    let st = controlapi::service_status(t, s);
+                    j.service_status = Some(ServiceStatusJson {
+                        running_tasks: st.running_tasks,
+                        desired_tasks: st.desired_tasks,
+                        completed_tasks: st.completed_tasks,
+                    });
+                }
+                j
+            })
+            .collect()
+    });
+    json(out)
+}
+
+/// `POST /services/create`.
+pub async fn create_service(State(ctx): Ctx, body: Bytes) -> ApiResult {
+    let spec: ServiceSpecJson = parse_body(&body, "service spec")?;
+    let svc = controlapi::create_service(&ctx.state, spec.to_api()?).await?;
+    Ok((StatusCode::CREATED, Json(ServiceCreateResponse { id: svc.id, warnings: Vec::new() })).into_response())
+}
+
+/// `GET /services/{id}`.
+pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+    let s = controlapi::get_service(&ctx.state, &id)?;
+    json(ServiceJson::from_api(&s))
+}
+
+/// `DELETE /services/{id}`.
+pub async fn remove_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+    controlapi::remove_service(&ctx.state, &id).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `POST /services/{id}/update?version=N[&rollback=previous]`.
+pub async fn update_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params, body: Bytes) -> ApiResult {
+    let version = version_param(&q)?;
+    let spec = if q.get("rollback").map(String::as_str) == Some("previous") {
+        let current = controlapi::get_service(&ctx.state, &id)?;
+        current.previous_spec.clone().ok_or_else(|| {
+            ApiError::BadRequest(format!("service {id} has no previous spec to roll back to"))
+        })?
+    } else {
+        parse_body::<ServiceSpecJson>(&body, "service spec")?.to_api()?
+    };
+    controlapi::update_service(&ctx.state, &id, version, spec).await?;
+    json(ServiceUpdateResponse { warnings: Vec::new() })
+}
+
+/// `GET /tasks`.
+pub async fn list_tasks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+    let f = filters::tasks(q.get("filters").map(String::as_str))?;
+    let tasks = controlapi::list_tasks(&ctx.state, &f);
+    json(tasks.iter().map(|t| TaskJson::from_api(t)).collect::<Vec<_>>())
+}
+
+/// `GET /tasks/{id}`.
+pub async fn get_task(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+    let t = controlapi::get_task(&ctx.state, &id)?;
+    json(TaskJson::from_api(&t))
+}
+
+/// `GET /nodes`.
+pub async fn list_nodes(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+    let f = filters::nodes(q.get("filters").map(String::as_str))?;
+    let nodes = controlapi::list_nodes(&ctx.state, &f);
+    json(nodes.iter().map(|n| NodeJson::from_api(n)).collect::<Vec<_>>())
+}
+
+/// `GET /nodes/{id}`.
+pub async fn get_node(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+    let n = controlapi::get_node(&ctx.state, &id)?;
+    json(NodeJson::from_api(&n))
+}
+
+/// `POST /nodes/{id}/update?version=N`.
+pub async fn update_node(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params, body: Bytes) -> ApiResult {
+    let version = version_param(&q)?;
+    let spec: NodeSpecJson = parse_body(&body, "node spec")?;
+    let current = controlapi::get_node(&ctx.state, &id)?;
+    let membership = current.spec.as_ref().map(|s| s.membership()).unwrap_or_default();
+    controlapi::update_node(&ctx.state, &current.id, version, spec.to_api(membership)?).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `DELETE /nodes/{id}?force=`.
+pub async fn remove_node(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
+    controlapi::remove_node(&ctx.state, &id, flag(&q, "force")).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `GET /distribution/{name}/json`: Shoal does not talk to registries. The docker CLI warns that the
+/// digest could not be recorded and goes on with the reference as given.
+pub async fn distribution() -> ApiResult {
+    Err(ApiError::NotImplemented(
+        "Shoal does not query registries: the image reference is used as given (pass --no-resolve-image to skip this)"
+            .into(),
+    ))
+}
+
+/// Any other path.
+pub async fn not_found(uri: axum::http::Uri) -> ApiResult {
+    Err(ApiError::NotFound(format!("page not found: {} is not an endpoint of the Shoal Engine API", uri.path())))
+}

@@ -1,0 +1,791 @@
+//! The Engine API's `ServiceSpec` and `TaskSpec` (TaskTemplate) JSON, with conversions to and from
+//! `shoal_api::ServiceSpec`/`TaskSpec`. Field names follow Docker's Go structs exactly; durations are
+//! nanoseconds; enums are Docker's lower-case strings. Unknown JSON fields are ignored.
+//! Must not depend on HTTP or the store.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use shoal_api::{
+    container_spec, endpoint_spec, mount, placement_preference, port_config, restart_policy, service_spec, task_spec,
+    update_config, Annotations, ContainerSpec, Driver, EndpointSpec, GlobalJob, GlobalService, HealthConfig, Mount,
+    Placement, PlacementPreference, Platform, PortConfig, ReplicatedJob, ReplicatedService, ResourceRequirements,
+    Resources, RestartPolicy, ServiceSpec, SpreadOver, TaskSpec, UpdateConfig,
+};
+
+use super::common::*;
+
+/// `ServiceSpec`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ServiceSpecJson {
+    /// The service name.
+    pub name: String,
+    /// User labels.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    pub labels: BTreeMap<String, String>,
+    /// What each task runs.
+    pub task_template: TaskSpecJson,
+    /// Replicated, global, or a job mode.
+    pub mode: ModeJson,
+    /// Rolling update settings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_config: Option<UpdateConfigJson>,
+    /// Rollback settings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollback_config: Option<UpdateConfigJson>,
+    /// Ports and resolution mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint_spec: Option<EndpointSpecJson>,
+}
+
+/// `ServiceSpec.Mode`: exactly one member set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ModeJson {
+    /// A fixed number of replicas.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicated: Option<ReplicatedJson>,
+    /// One task per node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global: Option<Empty>,
+    /// A job run to a number of completions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicated_job: Option<ReplicatedJobJson>,
+    /// A job run once per node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_job: Option<Empty>,
+}
+
+/// `{}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Empty {}
+
+/// `Mode.Replicated`. Replicas is signed here so that a negative count is reported clearly.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ReplicatedJson {
+    /// Desired replica count (1 when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i64>,
+}
+
+/// `Mode.ReplicatedJob`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ReplicatedJobJson {
+    /// Tasks run at once.
+    pub max_concurrent: u64,
+    /// Completions wanted.
+    pub total_completions: u64,
+}
+
+/// `TaskSpec` (a service's `TaskTemplate`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct TaskSpecJson {
+    /// The container to run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_spec: Option<ContainerSpecJson>,
+    /// Limits and reservations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesJson>,
+    /// When to restart a task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<RestartPolicyJson>,
+    /// Where tasks may run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementJson>,
+    /// Log driver.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_driver: Option<DriverJson>,
+    /// Counter bumped to force a redeploy.
+    pub force_update: u64,
+    /// "container" (the only runtime).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub runtime: String,
+}
+
+/// `ContainerSpec`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ContainerSpecJson {
+    /// Image reference.
+    pub image: String,
+    /// Container labels.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    pub labels: BTreeMap<String, String>,
+    /// Entrypoint override.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Arguments.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Hostname.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub hostname: String,
+    /// `KEY=VALUE` environment.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Working directory.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub dir: String,
+    /// User.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub user: String,
+    /// Extra groups.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// Allocate a TTY.
+    #[serde(rename = "TTY", skip_serializing_if = "std::ops::Not::not")]
+    pub tty: bool,
+    /// Keep stdin open.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub open_stdin: bool,
+    /// Read-only root filesystem.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    /// Mounts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MountJson>,
+    /// Signal to stop the container.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub stop_signal: String,
+    /// Time to wait after the stop signal before killing, in nanoseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_grace_period: Option<i64>,
+    /// Health check.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub healthcheck: Option<HealthcheckJson>,
+    /// `IP hostname` entries for /etc/hosts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    /// DNS settings.
+    #[serde(rename = "DNSConfig", skip_serializing_if = "Option::is_none")]
+    pub dns_config: Option<DnsConfigJson>,
+    /// Run an init process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init: Option<bool>,
+}
+
+/// `ContainerSpec.Mounts[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct MountJson {
+    /// "bind", "volume", "tmpfs", "npipe" or "cluster".
+    #[serde(rename = "Type")]
+    pub kind: String,
+    /// Source path or volume name.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// Path in the container.
+    pub target: String,
+    /// Mount read-only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+/// `HealthConfig`; durations in nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct HealthcheckJson {
+    /// The test (`["CMD", ...]`, `["CMD-SHELL", "..."]` or `["NONE"]`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub test: Vec<String>,
+    /// Time between checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval: Option<i64>,
+    /// Time a check may take.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<i64>,
+    /// Consecutive failures to be unhealthy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retries: Option<i32>,
+    /// Grace period at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_period: Option<i64>,
+    /// Time between checks during the start period.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_interval: Option<i64>,
+}
+
+/// `ContainerSpec.DNSConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct DnsConfigJson {
+    /// Name servers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nameservers: Vec<String>,
+    /// Search domains.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub search: Vec<String>,
+    /// resolv.conf options.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+/// `TaskSpec.Resources`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ResourcesJson {
+    /// Hard limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ResourceValuesJson>,
+    /// What the scheduler reserves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservations: Option<ResourceValuesJson>,
+}
+
+/// CPU (in 1e-9 CPUs) and memory (bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ResourceValuesJson {
+    /// CPU in units of 1e-9 CPUs.
+    #[serde(rename = "NanoCPUs", skip_serializing_if = "is_zero")]
+    pub nano_cpus: i64,
+    /// Memory in bytes.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub memory_bytes: i64,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
+}
+
+/// `TaskSpec.RestartPolicy`; durations in nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct RestartPolicyJson {
+    /// "none", "on-failure" or "any" (the default).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub condition: String,
+    /// Delay between restarts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<i64>,
+    /// Restarts allowed in the window (0: unlimited).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u64>,
+    /// Window over which restarts are counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<i64>,
+}
+
+/// `TaskSpec.Placement`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct PlacementJson {
+    /// `key==value` / `key!=value` constraints.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<String>,
+    /// Spread preferences.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preferences: Vec<PreferenceJson>,
+    /// Platforms the image runs on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub platforms: Vec<PlatformJson>,
+    /// Most replicas of this service per node (0: unlimited).
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub max_replicas: u64,
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
+/// `Placement.Preferences[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct PreferenceJson {
+    /// Spread over the values of a label.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<SpreadJson>,
+}
+
+/// `{"SpreadDescriptor": "node.labels.zone"}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct SpreadJson {
+    /// The label to spread over.
+    pub spread_descriptor: String,
+}
+
+/// `{"Architecture": ..., "OS": ...}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct PlatformJson {
+    /// e.g. "x86_64".
+    pub architecture: String,
+    /// e.g. "linux".
+    #[serde(rename = "OS")]
+    pub os: String,
+}
+
+/// `{"Name": ..., "Options": {...}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct DriverJson {
+    /// Driver name.
+    pub name: String,
+    /// Driver options.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    pub options: BTreeMap<String, String>,
+}
+
+/// `UpdateConfig` / `RollbackConfig`; durations in nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct UpdateConfigJson {
+    /// Tasks updated at once (0: all).
+    pub parallelism: u64,
+    /// Delay between batches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<i64>,
+    /// "pause", "continue" or "rollback".
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub failure_action: String,
+    /// How long to watch a task after its update.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub monitor: Option<i64>,
+    /// Failure ratio tolerated.
+    pub max_failure_ratio: f32,
+    /// "stop-first" or "start-first".
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub order: String,
+}
+
+/// `EndpointSpec`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct EndpointSpecJson {
+    /// "vip" or "dnsrr".
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mode: String,
+    /// Published ports.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortJson>,
+}
+
+/// `EndpointPortConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct PortJson {
+    /// Port name.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// "tcp", "udp" or "sctp".
+    pub protocol: String,
+    /// Port inside the container.
+    pub target_port: u32,
+    /// Port published on the node(s).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub published_port: u32,
+    /// "ingress" or "host".
+    pub publish_mode: String,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+const RESTART: &[(&str, restart_policy::RestartCondition)] = &[
+    ("none", restart_policy::RestartCondition::None),
+    ("on-failure", restart_policy::RestartCondition::OnFailure),
+    ("any", restart_policy::RestartCondition::Any),
+];
+const FAILURE_ACTION: &[(&str, update_config::FailureAction)] = &[
+    ("pause", update_config::FailureAction::Pause),
+    ("continue", update_config::FailureAction::Continue),
+    ("rollback", update_config::FailureAction::Rollback),
+];
+const ORDER: &[(&str, update_config::UpdateOrder)] =
+    &[("stop-first", update_config::UpdateOrder::StopFirst), ("start-first", update_config::UpdateOrder::StartFirst)];
+const ENDPOINT_MODE: &[(&str, endpoint_spec::ResolutionMode)] =
+    &[("vip", endpoint_spec::ResolutionMode::Vip), ("dnsrr", endpoint_spec::ResolutionMode::Dnsrr)];
+const PROTOCOL: &[(&str, port_config::Protocol)] = &[
+    ("tcp", port_config::Protocol::Tcp),
+    ("udp", port_config::Protocol::Udp),
+    ("sctp", port_config::Protocol::Sctp),
+];
+const PUBLISH_MODE: &[(&str, port_config::PublishMode)] =
+    &[("ingress", port_config::PublishMode::Ingress), ("host", port_config::PublishMode::Host)];
+const MOUNT_TYPE: &[(&str, mount::Type)] = &[
+    ("bind", mount::Type::Bind),
+    ("volume", mount::Type::Volume),
+    ("tmpfs", mount::Type::Tmpfs),
+    ("npipe", mount::Type::Npipe),
+    ("cluster", mount::Type::Cluster),
+];
+
+impl ServiceSpecJson {
+    /// Converts to the API spec. Unknown enum strings and negative replica counts are errors; a missing mode
+    /// means one replica (as Docker does).
+    pub fn to_api(&self) -> Result<ServiceSpec, ConvertError> {
+        let mode = if let Some(r) = &self.mode.replicated {
+            let replicas = r.replicas.unwrap_or(1);
+            if replicas < 0 {
+                return Err(ConvertError(format!(
+                    "invalid Mode.Replicated.Replicas {replicas}: the replica count must be 0 or more"
+                )));
+            }
+            service_spec::Mode::Replicated(ReplicatedService { replicas: replicas as u64 })
+        } else if self.mode.global.is_some() {
+            service_spec::Mode::Global(GlobalService {})
+        } else if let Some(j) = &self.mode.replicated_job {
+            service_spec::Mode::ReplicatedJob(ReplicatedJob {
+                max_concurrent: j.max_concurrent,
+                total_completions: j.total_completions,
+            })
+        } else if self.mode.global_job.is_some() {
+            service_spec::Mode::GlobalJob(GlobalJob {})
+        } else {
+            service_spec::Mode::Replicated(ReplicatedService { replicas: 1 })
+        };
+        Ok(ServiceSpec {
+            annotations: Some(Annotations {
+                name: self.name.clone(),
+                labels: labels_from_json(&self.labels),
+                indices: Vec::new(),
+            }),
+            task: Some(self.task_template.to_api()?),
+            mode: Some(mode),
+            update: self.update_config.as_ref().map(|u| u.to_api("UpdateConfig")).transpose()?,
+            rollback: self.rollback_config.as_ref().map(|u| u.to_api("RollbackConfig")).transpose()?,
+            endpoint: self.endpoint_spec.as_ref().map(EndpointSpecJson::to_api).transpose()?,
+        })
+    }
+
+    /// Converts from the API spec.
+    pub fn from_api(s: &ServiceSpec) -> ServiceSpecJson {
+        let ann = s.annotations.clone().unwrap_or_default();
+        let mut mode = ModeJson::default();
+        match &s.mode {
+            Some(service_spec::Mode::Replicated(r)) => {
+                mode.replicated = Some(ReplicatedJson { replicas: Some(r.replicas as i64) })
+            }
+            Some(service_spec::Mode::Global(_)) => mode.global = Some(Empty {}),
+            Some(service_spec::Mode::ReplicatedJob(j)) => {
+                mode.replicated_job =
+                    Some(ReplicatedJobJson { max_concurrent: j.max_concurrent, total_completions: j.total_completions })
+            }
+            Some(service_spec::Mode::GlobalJob(_)) => mode.global_job = Some(Empty {}),
+            None => {}
+        }
+        ServiceSpecJson {
+            name: ann.name,
+            labels: labels_to_json(&ann.labels),
+            task_template: s.task.as_ref().map(TaskSpecJson::from_api).unwrap_or_default(),
+            mode,
+            update_config: s.update.as_ref().map(UpdateConfigJson::from_api),
+            rollback_config: s.rollback.as_ref().map(UpdateConfigJson::from_api),
+            endpoint_spec: s.endpoint.as_ref().map(EndpointSpecJson::from_api),
+        }
+    }
+}
+
+impl TaskSpecJson {
+    /// Converts to the API task spec.
+    pub fn to_api(&self) -> Result<TaskSpec, ConvertError> {
+        if !self.runtime.is_empty() && self.runtime != "container" {
+            return Err(ConvertError::bad_value("TaskTemplate.Runtime", &self.runtime, &["container"]));
+        }
+        Ok(TaskSpec {
+            runtime: self.container_spec.as_ref().map(|c| c.to_api().map(task_spec::Runtime::Container)).transpose()?,
+            resources: self.resources.as_ref().map(|r| ResourceRequirements {
+                limits: r.limits.as_ref().map(ResourceValuesJson::to_api),
+                reservations: r.reservations.as_ref().map(ResourceValuesJson::to_api),
+                ..Default::default()
+            }),
+            restart: self.restart_policy.as_ref().map(RestartPolicyJson::to_api).transpose()?,
+            placement: self.placement.as_ref().map(PlacementJson::to_api),
+            log_driver: self.log_driver.as_ref().map(DriverJson::to_api),
+            force_update: self.force_update,
+        })
+    }
+
+    /// Converts from the API task spec.
+    pub fn from_api(t: &TaskSpec) -> TaskSpecJson {
+        TaskSpecJson {
+            container_spec: match &t.runtime {
+                Some(task_spec::Runtime::Container(c)) => Some(ContainerSpecJson::from_api(c)),
+                None => None,
+            },
+            resources: t.resources.as_ref().map(|r| ResourcesJson {
+                limits: r.limits.as_ref().map(ResourceValuesJson::from_api),
+                reservations: r.reservations.as_ref().map(ResourceValuesJson::from_api),
+            }),
+            restart_policy: t.restart.as_ref().map(RestartPolicyJson::from_api),
+            placement: t.placement.as_ref().map(PlacementJson::from_api),
+            log_driver: t.log_driver.as_ref().map(DriverJson::from_api),
+            force_update: t.force_update,
+            runtime: if t.runtime.is_some() { "container".into() } else { String::new() },
+        }
+    }
+}
+
+impl ContainerSpecJson {
+    fn to_api(&self) -> Result<ContainerSpec, ConvertError> {
+        Ok(ContainerSpec {
+            image: self.image.clone(),
+            labels: labels_from_json(&self.labels),
+            command: self.command.clone(),
+            args: self.args.clone(),
+            env: self.env.clone(),
+            dir: self.dir.clone(),
+            user: self.user.clone(),
+            mounts: self.mounts.iter().map(MountJson::to_api).collect::<Result<_, _>>()?,
+            stop_grace_period: self.stop_grace_period.map(duration_from_ns),
+            groups: self.groups.clone(),
+            tty: self.tty,
+            hostname: self.hostname.clone(),
+            dns_config: self.dns_config.as_ref().map(|d| container_spec::DnsConfig {
+                nameservers: d.nameservers.clone(),
+                search: d.search.clone(),
+                options: d.options.clone(),
+            }),
+            healthcheck: self.healthcheck.as_ref().map(|h| HealthConfig {
+                test: h.test.clone(),
+                interval: h.interval.map(duration_from_ns),
+                timeout: h.timeout.map(duration_from_ns),
+                retries: h.retries.unwrap_or(0),
+                start_period: h.start_period.map(duration_from_ns),
+                start_interval: h.start_interval.map(duration_from_ns),
+            }),
+            hosts: self.hosts.clone(),
+            open_stdin: self.open_stdin,
+            read_only: self.read_only,
+            stop_signal: self.stop_signal.clone(),
+            init: self.init,
+        })
+    }
+
+    fn from_api(c: &ContainerSpec) -> ContainerSpecJson {
+        ContainerSpecJson {
+            image: c.image.clone(),
+            labels: labels_to_json(&c.labels),
+            command: c.command.clone(),
+            args: c.args.clone(),
+            hostname: c.hostname.clone(),
+            env: c.env.clone(),
+            dir: c.dir.clone(),
+            user: c.user.clone(),
+            groups: c.groups.clone(),
+            tty: c.tty,
+            open_stdin: c.open_stdin,
+            read_only: c.read_only,
+            mounts: c.mounts.iter().map(MountJson::from_api).collect(),
+            stop_signal: c.stop_signal.clone(),
+            stop_grace_period: opt_ns(c.stop_grace_period.as_ref()),
+            healthcheck: c.healthcheck.as_ref().map(|h| HealthcheckJson {
+                test: h.test.clone(),
+                interval: opt_ns(h.interval.as_ref()),
+                timeout: opt_ns(h.timeout.as_ref()),
+                retries: (h.retries != 0).then_some(h.retries),
+                start_period: opt_ns(h.start_period.as_ref()),
+                start_interval: opt_ns(h.start_interval.as_ref()),
+            }),
+            hosts: c.hosts.clone(),
+            dns_config: c.dns_config.as_ref().map(|d| DnsConfigJson {
+                nameservers: d.nameservers.clone(),
+                search: d.search.clone(),
+                options: d.options.clone(),
+            }),
+            init: c.init,
+        }
+    }
+}
+
+impl MountJson {
+    fn to_api(&self) -> Result<Mount, ConvertError> {
+        let mut m = Mount {
+            source: self.source.clone(),
+            target: self.target.clone(),
+            readonly: self.read_only,
+            ..Default::default()
+        };
+        m.set_type(enum_from_str("Mount.Type", &self.kind, MOUNT_TYPE, mount::Type::Volume)?);
+        Ok(m)
+    }
+    fn from_api(m: &Mount) -> MountJson {
+        MountJson {
+            kind: enum_to_str(m.r#type(), MOUNT_TYPE).into(),
+            source: m.source.clone(),
+            target: m.target.clone(),
+            read_only: m.readonly,
+        }
+    }
+}
+
+impl ResourceValuesJson {
+    fn to_api(&self) -> Resources {
+        Resources { nano_cpus: self.nano_cpus, memory_bytes: self.memory_bytes, generic: Vec::new() }
+    }
+    fn from_api(r: &Resources) -> ResourceValuesJson {
+        ResourceValuesJson { nano_cpus: r.nano_cpus, memory_bytes: r.memory_bytes }
+    }
+}
+
+impl RestartPolicyJson {
+    fn to_api(&self) -> Result<RestartPolicy, ConvertError> {
+        let mut r = RestartPolicy {
+            delay: self.delay.map(duration_from_ns),
+            max_attempts: self.max_attempts.unwrap_or(0),
+            window: self.window.map(duration_from_ns),
+            ..Default::default()
+        };
+        r.set_condition(enum_from_str(
+            "RestartPolicy.Condition",
+            &self.condition,
+            RESTART,
+            restart_policy::RestartCondition::Any,
+        )?);
+        Ok(r)
+    }
+    fn from_api(r: &RestartPolicy) -> RestartPolicyJson {
+        RestartPolicyJson {
+            condition: enum_to_str(r.condition(), RESTART).into(),
+            delay: opt_ns(r.delay.as_ref()),
+            max_attempts: Some(r.max_attempts),
+            window: opt_ns(r.window.as_ref()),
+        }
+    }
+}
+
+impl PlacementJson {
+    fn to_api(&self) -> Placement {
+        Placement {
+            constraints: self.constraints.clone(),
+            preferences: self
+                .preferences
+                .iter()
+                .filter_map(|p| p.spread.as_ref())
+                .map(|s| PlacementPreference {
+                    preference: Some(placement_preference::Preference::Spread(SpreadOver {
+                        spread_descriptor: s.spread_descriptor.clone(),
+                    })),
+                })
+                .collect(),
+            platforms: self
+                .platforms
+                .iter()
+                .map(|p| Platform { architecture: p.architecture.clone(), os: p.os.clone() })
+                .collect(),
+            max_replicas: self.max_replicas,
+        }
+    }
+    fn from_api(p: &Placement) -> PlacementJson {
+        PlacementJson {
+            constraints: p.constraints.clone(),
+            preferences: p
+                .preferences
+                .iter()
+                .map(|pref| PreferenceJson {
+                    spread: match &pref.preference {
+                        Some(placement_preference::Preference::Spread(s)) => {
+                            Some(SpreadJson { spread_descriptor: s.spread_descriptor.clone() })
+                        }
+                        None => None,
+                    },
+                })
+                .collect(),
+            platforms: p
+                .platforms
+                .iter()
+                .map(|x| PlatformJson { architecture: x.architecture.clone(), os: x.os.clone() })
+                .collect(),
+            max_replicas: p.max_replicas,
+        }
+    }
+}
+
+impl DriverJson {
+    fn to_api(&self) -> Driver {
+        Driver { name: self.name.clone(), options: labels_from_json(&self.options) }
+    }
+    fn from_api(d: &Driver) -> DriverJson {
+        DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }
+    }
+}
+
+impl UpdateConfigJson {
+    fn to_api(&self, field: &str) -> Result<UpdateConfig, ConvertError> {
+        let mut u = UpdateConfig {
+            parallelism: self.parallelism,
+            delay: self.delay.map(duration_from_ns),
+            monitor: self.monitor.map(duration_from_ns),
+            max_failure_ratio: self.max_failure_ratio,
+            ..Default::default()
+        };
+        u.set_failure_action(enum_from_str(
+            &format!("{field}.FailureAction"),
+            &self.failure_action,
+            FAILURE_ACTION,
+            update_config::FailureAction::Pause,
+        )?);
+        u.set_order(enum_from_str(
+            &format!("{field}.Order"),
+            &self.order,
+            ORDER,
+            update_config::UpdateOrder::StopFirst,
+        )?);
+        Ok(u)
+    }
+    fn from_api(u: &UpdateConfig) -> UpdateConfigJson {
+        UpdateConfigJson {
+            parallelism: u.parallelism,
+            delay: opt_ns(u.delay.as_ref()),
+            failure_action: enum_to_str(u.failure_action(), FAILURE_ACTION).into(),
+            monitor: opt_ns(u.monitor.as_ref()),
+            max_failure_ratio: u.max_failure_ratio,
+            order: enum_to_str(u.order(), ORDER).into(),
+        }
+    }
+}
+
+impl EndpointSpecJson {
+    /// Converts to the API endpoint spec.
+    pub fn to_api(&self) -> Result<EndpointSpec, ConvertError> {
+        let mut e = EndpointSpec {
+            ports: self.ports.iter().map(PortJson::to_api).collect::<Result<_, _>>()?,
+            ..Default::default()
+        };
+        e.set_mode(enum_from_str("EndpointSpec.Mode", &self.mode, ENDPOINT_MODE, endpoint_spec::ResolutionMode::Vip)?);
+        Ok(e)
+    }
+    /// Converts from the API endpoint spec.
+    pub fn from_api(e: &EndpointSpec) -> EndpointSpecJson {
+        EndpointSpecJson {
+            mode: enum_to_str(e.mode(), ENDPOINT_MODE).into(),
+            ports: e.ports.iter().map(PortJson::from_api).collect(),
+        }
+    }
+}
+
+impl PortJson {
+    /// Converts to the API port.
+    pub fn to_api(&self) -> Result<PortConfig, ConvertError> {
+        let mut p = PortConfig {
+            name: self.name.clone(),
+            target_port: self.target_port,
+            published_port: self.published_port,
+            ..Default::default()
+        };
+        p.set_protocol(enum_from_str("Port.Protocol", &self.protocol, PROTOCOL, port_config::Protocol::Tcp)?);
+        p.set_publish_mode(enum_from_str(
+            "Port.PublishMode",
+            &self.publish_mode,
+            PUBLISH_MODE,
+            port_config::PublishMode::Ingress,
+        )?);
+        Ok(p)
+    }
+    /// Converts from the API port.
+    pub fn from_api(p: &PortConfig) -> PortJson {
+        PortJson {
+            name: p.name.clone(),
+            protocol: enum_to_str(p.protocol(), PROTOCOL).into(),
+            target_port: p.target_port,
+            published_port: p.published_port,
+            publish_mode: enum_to_str(p.publish_mode(), PUBLISH_MODE).into(),
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! In-process tests of every endpoint and error class: the router driven with `tower::ServiceExt::oneshot`
+//! over a `ClusterState` with a `LocalProposer`, a `ManualClock` and seeded IDs.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use shoal_api::{node_status, Cluster, ClusterSpec, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus, Task, TaskState, TaskStatus};
+use shoal_manager::{ClusterState, RandomIds};
+use shoal_raft::LocalProposer;
+use shoal_store::{Changes, ManualClock, MemoryStore};
+use tower::ServiceExt;
+
+use crate::{router, ApiContext};
+
+pub(crate) fn test_state() -> (ClusterState, Arc<LocalProposer>) {
+    let store = Arc::new(MemoryStore::default());
+    let proposer = Arc::new(LocalProposer::new(store.clone()));
+    let state = ClusterState::new(
+        store,
+        proposer.clone(),
+        Arc::new(ManualClock::new(1_700_000_000_000)),
+        Arc::new(RandomIds::seeded(42)),
+    );
+    (state, proposer)
+}
+
+pub(crate) fn ctx(state: ClusterState) -> ApiContext {
+    ApiContext {
+        state,
+        node_id: "node1".into(),
+        node_addr: "127.0.0.1:4242".into(),
+        executor: "process".into(),
+        hostname: "box1".into(),
+    }
+}
+
+struct Api {
+    state: ClusterState,
+    proposer: Arc<LocalProposer>,
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Value,
+    text: String,
+}
+
+impl Api {
+    fn new() -> Api {
+        let (state, proposer) = test_state();
+        Api { state, proposer }
+    }
+
+    async fn call(&self, method: Method, uri: &str, body: Option<Value>) -> Reply {
+        self.raw(method, uri, body.map(|b| b.to_string())).await
+    }
+
+    async fn raw(&self, method: Method, uri: &str, body: Option<String>) -> Reply {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .body(body.map(Body::from).unwrap_or_else(Body::empty))
+            .unwrap();
+        let resp = router(ctx(self.state.clone())).oneshot(req).await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Reply { status, headers, body, text }
+    }
+
+    async fn create(&self, name: &str, replicas: i64) -> String {
+        let r = self.call(Method::POST, "/services/create", Some(spec(name, replicas))).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        r.body["ID"].as_str().unwrap().to_string()
+    }
+
+    async fn seed(&self, f: impl FnOnce(&mut Changes)) {
+        let mut c = Changes::new();
+        f(&mut c);
+        self.state.propose(c).await.unwrap();
+    }
+}
+
+fn spec(name: &str, replicas: i64) -> Value {
+    json!({
+        "Name": name,
+        "Labels": {},
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox:latest", "Args": ["sleep", "3141"], "Init": false,
+                                           "DNSConfig": {}},
+                         "Resources": {"Limits": {}, "Reservations": {}}, "Placement": {}, "ForceUpdate": 0},
+        "Mode": {"Replicated": {"Replicas": replicas}},
+        "EndpointSpec": {"Mode": "vip"}
+    })
+}
+
+fn node(id: &str, host: &str, role: NodeRole) -> Node {
+    let mut n = Node {
+        id: id.into(),
+        spec: Some(NodeSpec::default()),
+        description: Some(NodeDescription { hostname: host.into(), ..Default::default() }),
+        status: Some(NodeStatus { addr: "127.0.0.1".into(), ..Default::default() }),
+        ..Default::default()
+    };
+    n.set_role(role);
+    n.spec.as_mut().unwrap().set_desired_role(role);
+    n.status.as_mut().unwrap().set_state(node_status::State::Ready);
+    n
+}
+
+fn assert_error(r: &Reply, status: StatusCode, fragment: &str) {
+    assert_eq!(r.status, status, "{}", r.text);
+    let msg = r.body["message"].as_str().unwrap_or_else(|| panic!("no JSON message in {:?}", r.text));
+    assert!(msg.contains(fragment), "message {msg:?} lacks {fragment:?}");
+}
+
+#[tokio::test]
+async fn ping_version_and_headers_with_and_without_prefix() {
+    let api = Api::new();
+    for uri in ["/_ping", "/v1.47/_ping", "/v1.24/_ping"] {
+        let r = api.raw(Method::GET, uri, None).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.text, "OK");
+        assert_eq!(r.headers["API-Version"], "1.47");
+        assert_eq!(r.headers["OSType"], "linux");
+        assert!(r.headers["Server"].to_str().unwrap().starts_with("Shoal/"));
+    }
+    let head = api.raw(Method::HEAD, "/_ping", None).await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert_eq!(head.headers["API-Version"], "1.47");
+
+    let v = api.call(Method::GET, "/v1.47/version", None).await;
+    assert_eq!(v.body["ApiVersion"], "1.47");
+    assert_eq!(v.body["Os"], "linux");
+    assert_eq!(v.headers["API-Version"], "1.47");
+}
+
+#[tokio::test]
+async fn unknown_paths_are_404_json_with_headers() {
+    let api = Api::new();
+    for uri in ["/containers/json", "/v1.47/containers/json", "/vx.y/services"] {
+        let r = api.call(Method::GET, uri, None).await;
+        assert_error(&r, StatusCode::NOT_FOUND, "page not found");
+        assert_eq!(r.headers["API-Version"], "1.47");
+    }
+    let d = api.call(Method::GET, "/distribution/library/busybox:latest/json", None).await;
+    assert_error(&d, StatusCode::NOT_IMPLEMENTED, "registries");
+}
+
+#[tokio::test]
+async fn info_and_swarm_describe_the_node_and_cluster() {
+    let api = Api::new();
+    let r = api.call(Method::GET, "/swarm", None).await;
+    assert_error(&r, StatusCode::SERVICE_UNAVAILABLE, "not initialized");
+
+    let mut cluster = Cluster {
+        id: "cluster1".into(),
+        spec: Some(ClusterSpec {
+            annotations: Some(shoal_api::Annotations { name: "default".into(), ..Default::default() }),
+            orchestration: Some(shoal_api::OrchestrationConfig { task_history_retention_limit: 5 }),
+            dispatcher: Some(shoal_api::DispatcherConfig {
+                heartbeat_period: Some(shoal_api::prost_types::Duration { seconds: 5, nanos: 0 }),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    cluster.root_ca = Some(shoal_api::RootCa {
+        join_tokens: Some(shoal_api::JoinTokens { worker: "SWMTKN-w".into(), manager: "SWMTKN-m".into() }),
+        ..Default::default()
+    });
+    api.seed(|c| {
+        c.create(cluster);
+        c.create(node("node1", "box1", NodeRole::Manager));
+        c.create(node("node2", "box2", NodeRole::Worker));
+    })
+    .await;
+
+    let s = api.call(Method::GET, "/swarm", None).await;
+    assert_eq!(s.status, StatusCode::OK, "{}", s.text);
+    assert_eq!(s.body["ID"], "cluster1");
+    assert_eq!(s.body["Spec"]["Orchestration"]["TaskHistoryRetentionLimit"], 5);
+    assert_eq!(s.body["Spec"]["Dispatcher"]["HeartbeatPeriod"], 5_000_000_000i64);
+    assert_eq!(s.body["JoinTokens"]["Worker"], "SWMTKN-w");
+
+    let i = api.call(Method::GET, "/info", None).await;
+    let sw = &i.body["Swarm"];
+    assert_eq!(i.body["Name"], "box1");
+    assert_eq!(i.body["OSType"], "linux");
+    assert_eq!(sw["NodeID"], "node1");
+    assert_eq!(sw["NodeAddr"], "127.0.0.1:4242");
+    assert_eq!(sw["LocalNodeState"], "active");
+    assert_eq!(sw["ControlAvailable"], true);
+    assert_eq!(sw["Nodes"], 2);
+    assert_eq!(sw["Managers"], 1);
+    assert_eq!(sw["RemoteManagers"][0]["Addr"], "127.0.0.1:4242");
+    assert_eq!(sw["Cluster"]["ID"], "cluster1");
+}
+
+#[tokio::test]
+async fn service_lifecycle_create_inspect_list_update_remove() {
+    let api = Api::new();
+    let id = api.create("web", 3).await;
+    assert_eq!(id.len(), 25);
+
+    let g = api.call(Method::GET, "/v1.47/services/web?insertDefaults=false", None).await;
+    assert_eq!(g.status, StatusCode::OK);
+    assert_eq!(g.body["ID"], id.as_str());
+    assert_eq!(g.body["Spec"]["Name"], "web");
+    assert_eq!(g.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
+    assert_eq!(g.body["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"], json!(["sleep", "3141"]));
+    assert_eq!(g.body["CreatedAt"], "2023-11-14T22:13:20Z");
+    let version = g.body["Version"]["Index"].as_u64().unwrap();
+
+    // A running task makes RunningTasks 1.
+    let svc = shoal_manager::controlapi::get_service(&api.state, &id).unwrap();
+    api.seed(|c| {
+        let mut t = Task {
+            id: "task1".into(),
+            service_id: svc.id.clone(),
+            slot: 1,
+            node_id: "node1".into(),
+            spec: svc.spec.as_ref().unwrap().task.clone(),
+            status: Some(TaskStatus { state: TaskState::Running as i32, message: "started".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        t.set_desired_state(TaskState::Running);
+        c.create(t);
+    })
+    .await;
+    let l = api.call(Method::GET, "/services?status=true", None).await;
+    assert_eq!(l.body[0]["ServiceStatus"], json!({"RunningTasks": 1, "DesiredTasks": 3, "CompletedTasks": 0}));
+    let plain = api.call(Method::GET, "/services", None).await;
+    assert!(plain.body[0].get("ServiceStatus").is_none());
+    let by_name = api.call(Method::GET, "/services?filters=%7B%22name%22%3A%7B%22we%22%3Atrue%7D%7D", None).await;
+    assert_eq!(by_name.body.as_array().unwrap().len(), 1);
+    let none = api.call(Method::GET, "/services?filters=%7B%22id%22%3A%5B%22zzz%22%5D%7D", None).await;
+    assert_eq!(none.body, json!([]));
+
+    let u = api.call(Method::POST, &format!("/services/{id}/update?version={version}"), Some(spec("web", 5))).await;
+    assert_eq!(u.status, StatusCode::OK, "{}", u.text);
+    assert_eq!(u.body, json!({"Warnings": []}));
+    let g2 = api.call(Method::GET, &format!("/services/{id}"), None).await;
+    assert_eq!(g2.body["Spec"]["Mode"]["Replicated"]["Replicas"], 5);
+    assert_eq!(g2.body["PreviousSpec"]["Mode"]["Replicated"]["Replicas"], 3);
+
+    // Stale version -> 409.
+    let stale = api.call(Method::POST, &format!("/services/{id}/update?version={version}"), Some(spec("web", 6))).await;
+    assert_error(&stale, StatusCode::CONFLICT, "update out of sequence");
+    // Rollback to the previous spec.
+    let v2 = g2.body["Version"]["Index"].as_u64().unwrap();
+    let rb = api.call(Method::POST, &format!("/services/{id}/update?version={v2}&rollback=previous"), None).await;
+    assert_eq!(rb.status, StatusCode::OK, "{}", rb.text);
+    let g3 = api.call(Method::GET, &format!("/services/{id}"), None).await;
+    assert_eq!(g3.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
+
+    let t = api.call(Method::GET, "/tasks?filters=%7B%22service%22%3A%7B%22web%22%3Atrue%7D%7D", None).await;
+    assert_eq!(t.body[0]["ID"], "task1");
+    assert_eq!(t.body[0]["Status"]["State"], "running");
+    assert_eq!(t.body[0]["DesiredState"], "running");
+    assert_eq!(t.body[0]["Slot"], 1);
+    let t1 = api.call(Method::GET, "/tasks/task1", None).await;
+    assert_eq!(t1.body["ServiceID"], id.as_str());
+    assert_error(&api.call(Method::GET, "/tasks/nope", None).await, StatusCode::NOT_FOUND, "task nope not found");
+
+    let d = api.call(Method::DELETE, "/services/web", None).await;
+    assert_eq!(d.status, StatusCode::OK, "{}", d.text);
+    assert_error(&api.call(Method::GET, "/services/web", None).await, StatusCode::NOT_FOUND, "service web not found");
+    assert_error(&api.call(Method::DELETE, "/services/web", None).await, StatusCode::NOT_FOUND, "not found");
+    let t1 = api.call(Method::GET, "/tasks/task1", None).await;
+    assert_eq!(t1.body["DesiredState"], "remove");
+}
+
+#[tokio::test]
+async fn bad_service_requests_are_400_and_conflicts_409() {
+    let api = Api::new();
+    api.create("web", 1).await;
+    let dup = api.call(Method::POST, "/services/create", Some(spec("web", 1))).await;
+    assert_error(&dup, StatusCode::CONFLICT, "service name web is already in use");
+
+    let neg = api.call(Method::POST, "/services/create", Some(spec("neg", -1))).await;
+    assert_error(&neg, StatusCode::BAD_REQUEST, "Replicas -1");
+    let malformed = api.raw(Method::POST, "/services/create", Some("{not json".into())).await;
+    assert_error(&malformed, StatusCode::BAD_REQUEST, "invalid service spec JSON");
+    let wrong_type = api.call(Method::POST, "/services/create", Some(json!({"Name": 5}))).await;
+    assert_error(&wrong_type, StatusCode::BAD_REQUEST, "invalid type");
+    let empty = api.raw(Method::POST, "/services/create", None).await;
+    assert_error(&empty, StatusCode::BAD_REQUEST, "body is empty");
+    let mut bad_constraint = spec("bc", 1);
+    bad_constraint["TaskTemplate"]["Placement"]["Constraints"] = json!(["node.colour==red"]);
+    let r = api.call(Method::POST, "/services/create", Some(bad_constraint)).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "unknown key");
+    let no_image = api.call(Method::POST, "/services/create", Some(json!({"Name": "x"}))).await;
+    assert_error(&no_image, StatusCode::BAD_REQUEST, "image");
+    let bad_name = api.call(Method::POST, "/services/create", Some(spec("-x", 1))).await;
+    assert_error(&bad_name, StatusCode::BAD_REQUEST, "invalid service name");
+
+    let no_version = api.call(Method::POST, "/services/web/update", Some(spec("web", 2))).await;
+    assert_error(&no_version, StatusCode::BAD_REQUEST, "version query parameter is required");
+    let bad_filter = api.call(Method::GET, "/services?filters=%7Bnope", None).await;
+    assert_error(&bad_filter, StatusCode::BAD_REQUEST, "invalid filters");
+    let unknown_filter = api.call(Method::GET, "/tasks?filters=%7B%22colour%22%3A%5B%22x%22%5D%7D", None).await;
+    assert_error(&unknown_filter, StatusCode::BAD_REQUEST, "invalid filter 'colour'");
+    let nf = api.call(Method::POST, "/services/nope/update?version=1", Some(spec("nope", 1))).await;
+    assert_error(&nf, StatusCode::NOT_FOUND, "service nope not found");
+}
+
+#[tokio::test]
+async fn writes_on_a_follower_are_503() {
+    let api = Api::new();
+    api.proposer.set_leader(false);
+    let r = api.call(Method::POST, "/services/create", Some(spec("web", 1))).await;
+    assert_error(&r, StatusCode::SERVICE_UNAVAILABLE, "not the leader");
+}
+
+#[tokio::test]
+async fn nodes_list_inspect_update_remove() {
+    let api = Api::new();
+    api.seed(|c| {
+        c.create(node("node1", "box1", NodeRole::Manager));
+        c.create(node("node2", "box2", NodeRole::Worker));
+    })
+    .await;
+    let l = api.call(Method::GET, "/nodes", None).await;
+    assert_eq!(l.body.as_array().unwrap().len(), 2);
+    assert_eq!(l.body[0]["Description"]["Hostname"], "box1");
+    assert_eq!(l.body[0]["Status"]["State"], "ready");
+    assert_eq!(l.body[0]["Spec"]["Role"], "manager");
+    let w = api.call(Method::GET, "/nodes?filters=%7B%22role%22%3A%7B%22worker%22%3Atrue%7D%7D", None).await;
+    assert_eq!(w.body[0]["ID"], "node2");
+
+    let n = api.call(Method::GET, "/nodes/box2", None).await;
+    let v = n.body["Version"]["Index"].as_u64().unwrap();
+    let body = json!({"Labels": {"zone": "east"}, "Role": "worker", "Availability": "drain"});
+    let u = api.call(Method::POST, &format!("/nodes/node2/update?version={v}"), Some(body.clone())).await;
+    assert_eq!(u.status, StatusCode::OK, "{}", u.text);
+    let n2 = api.call(Method::GET, "/nodes/node2", None).await;
+    assert_eq!(n2.body["Spec"]["Availability"], "drain");
+    assert_eq!(n2.body["Spec"]["Labels"]["zone"], "east");
+    let stale = api.call(Method::POST, &format!("/nodes/node2/update?version={v}"), Some(body)).await;
+    assert_error(&stale, StatusCode::CONFLICT, "out of sequence");
+    let bad = api.call(Method::POST, "/nodes/node2/update?version=1", Some(json!({"Role": "boss", "Availability": "active"}))).await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "NodeSpec.Role");
+
+    let v1 = api.call(Method::GET, "/nodes/node1", None).await.body["Version"]["Index"].as_u64().unwrap();
+    let demote = api
+        .call(Method::POST, &format!("/nodes/node1/update?version={v1}"), Some(json!({"Role": "worker", "Availability": "active"})))
+        .await;
+    assert_error(&demote, StatusCode::BAD_REQUEST, "last manager");
+
+    assert_error(&api.call(Method::DELETE, "/nodes/node2", None).await, StatusCode::BAD_REQUEST, "force");
+    assert_eq!(api.call(Method::DELETE, "/nodes/node2?force=true", None).await.status, StatusCode::OK);
+    assert_error(&api.call(Method::GET, "/nodes/node2", None).await, StatusCode::NOT_FOUND, "node node2 not found");
+}
+
+#[test]
+fn version_prefixes_are_recognized() {
+    assert_eq!(crate::without_version("/v1.47/services"), Some("/services"));
+    assert_eq!(crate::without_version("/v1.24"), Some("/"));
+    assert_eq!(crate::without_version("/services"), None);
+    assert_eq!(crate::without_version("/v1/services"), None);
+    assert_eq!(crate::without_version("/va.b/x"), None);
+}
