@@ -1,1 +1,74 @@
-//! orchestrator (being written)
+//! The orchestrators: they turn services into tasks. `replicated` keeps N tasks per replicated service (one
+//! per slot), and holds the restart supervisor (`restart`) and the rolling updater (`update`) as parts of one
+//! per-service reconcile; `taskreaper` deletes old and removed tasks. Each has a sans-IO core (plain
+//! functions over a `&Tables` view and a time in milliseconds, returning `Changes`) and a thin async loop
+//! over the store's watch queue (`replicated_loop`, `taskreaper`).
+//!
+//! This module must not depend on the scheduler, the dispatcher or any IO other than `ClusterState`'s
+//! proposer: subsystems only talk through the store.
+
+pub mod replicated;
+mod replicated_loop;
+pub mod restart;
+pub mod taskreaper;
+pub mod update;
+pub(crate) mod write;
+
+#[cfg(test)]
+pub(crate) mod fixture;
+#[cfg(test)]
+mod tests;
+
+use shoal_api::{node_status, Node, Task, TaskState};
+use shoal_store::Tables;
+
+pub use replicated::{reconcile_service, remove_service_tasks, Reconciled};
+pub use replicated_loop::ReplicatedOrchestrator;
+pub use taskreaper::TaskReaper;
+
+use crate::subsystem::Subsystem;
+
+/// The leader-only orchestration subsystems: the replicated orchestrator (with its restart supervisor and
+/// rolling updater) and the task reaper.
+pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
+    vec![Box::new(ReplicatedOrchestrator), Box::new(TaskReaper)]
+}
+
+/// The task's observed state (`status.state`), `New` when it has no status.
+pub fn observed_state(t: &Task) -> TaskState {
+    t.status.as_ref().map(|s| s.state()).unwrap_or(TaskState::New)
+}
+
+/// When the task was created, in ms since the epoch (0 when unknown).
+pub fn created_ms(t: &Task) -> u64 {
+    t.meta.as_ref().and_then(|m| m.created_at.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
+}
+
+/// The time of the task's last status change, in ms since the epoch (0 when unknown).
+pub fn status_ms(t: &Task) -> u64 {
+    t.status.as_ref().and_then(|s| s.timestamp.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
+}
+
+/// True when the node is gone from the store or marked DOWN: its tasks will not report again.
+pub fn node_is_down(node: Option<&Node>) -> bool {
+    match node {
+        None => true,
+        Some(n) => n.status.as_ref().map(|s| s.state()) == Some(node_status::State::Down),
+    }
+}
+
+/// True when the task may still be running somewhere: it reached a node (observed >= ASSIGNED), has not
+/// reached a terminal state, and its node is not down.
+pub fn task_is_live(tables: &Tables, t: &Task) -> bool {
+    let observed = observed_state(t);
+    observed >= TaskState::Assigned
+        && !observed.is_terminal()
+        && !t.node_id.is_empty()
+        && !node_is_down(tables.nodes().get(&t.node_id).map(|n| &**n))
+}
+
+/// Order of tasks in a slot's history: by creation time, then version, then ID (oldest first).
+pub(crate) fn history_key(t: &Task) -> (u64, u64, &str) {
+    use shoal_store::StoreObject;
+    (created_ms(t), t.version(), t.id.as_str())
+}

@@ -1,0 +1,353 @@
+//! The replicated orchestrator's core: `reconcile_service` brings one replicated service's tasks in line
+//! with its spec, as a pure function of a read view, the time and an ID source. One pass:
+//!
+//! 1. Restart supervisor: every task still meant to run (desired <= RUNNING) that reached a terminal
+//!    observed state, or whose node is down, is told to shut down (desired SHUTDOWN); if its restart policy
+//!    allows (`restart::should_restart`) and no other task runs in the slot, a replacement is created in the
+//!    same slot, with desired READY while the restart delay runs (desired RUNNING when there is none).
+//! 2. Delayed replacements whose delay has passed are promoted to desired RUNNING.
+//! 3. Scaling: slots are classified (runnable / stopping / finished / empty, see `SlotClass`); empty slots
+//!    are filled (lowest slot numbers first) until N slots are held; extra slots are removed (desired REMOVE
+//!    on their tasks), finished and stopping slots first, then slots whose task is not running, highest
+//!    slot number first.
+//! 4. Rolling update (`update`): tasks whose spec differs from the service's are replaced in batches.
+//!
+//! Because every decision is derived from the store (no in-memory history), a new leader that reconciles
+//! reaches the same result, and a pass over an already reconciled service produces no change.
+//!
+//! Must not depend on IO, async, the clock (time comes in as `now_ms`) or other subsystems.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use shoal_api::service_spec::Mode;
+use shoal_api::{Meta, Service, Task, TaskState, TaskStatus, Version};
+use shoal_store::{Changes, IdSource, StoreObject, Tables};
+
+use super::{history_key, node_is_down, observed_state, restart, task_is_live, update};
+
+/// The status message of a task the orchestrator just created.
+pub const PENDING_MESSAGE: &str = "pending task scheduling";
+
+/// What one reconcile pass decided.
+#[derive(Debug, Default)]
+pub struct Reconciled {
+    /// The writes to propose (task creations and desired-state updates, maybe a service update-status
+    /// update). Empty when the service is in line with its spec.
+    pub changes: Changes,
+    /// The earliest time (ms since the epoch) at which a pass over this service has more to do even if
+    /// nothing changes in the store (a restart delay or an update delay ends). `None`: only events matter.
+    pub wake_at_ms: Option<u64>,
+}
+
+/// One task of the service as this pass sees it: the stored task, plus the desired state the pass gives it.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    /// The stored task (for a new task: the task to create).
+    pub task: Arc<Task>,
+    /// The desired state after this pass.
+    pub desired: TaskState,
+    /// True when `desired` differs from the stored one.
+    pub changed: bool,
+    /// True for a task this pass creates.
+    pub created: bool,
+}
+
+impl Entry {
+    fn stored(task: &Arc<Task>) -> Entry {
+        Entry { task: task.clone(), desired: task.desired_state(), changed: false, created: false }
+    }
+
+    /// Sets the desired state (never lowers it, except READY -> RUNNING promotion which raises it).
+    pub(crate) fn set_desired(&mut self, state: TaskState) {
+        if self.desired != state {
+            self.desired = state;
+            self.changed = true;
+        }
+    }
+
+    /// True while the task is meant to run (desired <= RUNNING).
+    pub(crate) fn runnable(&self) -> bool {
+        self.desired <= TaskState::Running
+    }
+}
+
+/// How a slot stands, for scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum SlotClass {
+    /// Its last task ended and its restart policy forbids a replacement: it stays empty but counts as held.
+    Finished,
+    /// No task is meant to run, but one told to shut down (desired SHUTDOWN) may still run: the slot is
+    /// being replaced (stop-first update) and is refilled once that task stops.
+    Stopping,
+    /// A task is meant to run in it.
+    Runnable,
+    /// Nothing holds it: it may be filled.
+    Empty,
+}
+
+/// The working state of one pass over one service.
+pub(crate) struct Work<'a> {
+    pub tables: &'a Tables,
+    pub service: &'a Service,
+    pub now_ms: u64,
+    pub ids: &'a dyn IdSource,
+    /// Tasks by slot.
+    pub slots: BTreeMap<u64, Vec<Entry>>,
+    pub wake_at_ms: Option<u64>,
+}
+
+/// The version tasks created now carry: the service's `spec_version`, or its object version when unset.
+pub fn service_spec_version(service: &Service) -> Version {
+    service.spec_version.unwrap_or(Version { index: service.version() })
+}
+
+impl<'a> Work<'a> {
+    pub(crate) fn wake_at(&mut self, ms: u64) {
+        self.wake_at_ms = Some(self.wake_at_ms.map_or(ms, |w| w.min(ms)));
+    }
+
+    /// A new task for `slot` from the service's current spec.
+    pub(crate) fn new_task(&self, slot: u64, desired: TaskState) -> Entry {
+        let now = shoal_api::timestamp_from_unix_ms(self.now_ms);
+        let spec = self.service.spec.as_ref();
+        let task_spec = spec.and_then(|s| s.task.clone());
+        let mut t = Task {
+            id: self.ids.new_id(),
+            meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+            log_driver: task_spec.as_ref().and_then(|s| s.log_driver.clone()),
+            spec: task_spec,
+            service_id: self.service.id.clone(),
+            slot,
+            service_annotations: spec.and_then(|s| s.annotations.clone()),
+            status: Some(TaskStatus {
+                timestamp: Some(now),
+                state: TaskState::Pending as i32,
+                message: PENDING_MESSAGE.to_string(),
+                ..Default::default()
+            }),
+            endpoint: self.service.endpoint.clone(),
+            spec_version: Some(service_spec_version(self.service)),
+            ..Default::default()
+        };
+        t.set_desired_state(desired);
+        Entry { task: Arc::new(t), desired, changed: false, created: true }
+    }
+
+    /// True when a task's spec equals the service's current task spec.
+    pub(crate) fn is_current(&self, t: &Task) -> bool {
+        t.spec.as_ref() == self.service.spec.as_ref().and_then(|s| s.task.as_ref())
+    }
+
+    fn live(&self, e: &Entry) -> bool {
+        !e.created && task_is_live(self.tables, &e.task)
+    }
+
+    /// Classifies a slot (see `SlotClass`).
+    pub(crate) fn classify(&self, slot: u64) -> SlotClass {
+        let Some(entries) = self.slots.get(&slot) else { return SlotClass::Empty };
+        if entries.iter().any(Entry::runnable) {
+            return SlotClass::Runnable;
+        }
+        if entries.iter().any(|e| e.desired == TaskState::Shutdown && self.live(e)) {
+            return SlotClass::Stopping;
+        }
+        let newest = entries.iter().max_by(|a, b| history_key(&a.task).cmp(&history_key(&b.task)));
+        if let Some(newest) = newest {
+            let same_version = newest.task.spec_version.as_ref() == Some(&service_spec_version(self.service));
+            if newest.desired == TaskState::Shutdown
+                && same_version
+                && self.is_current(&newest.task)
+                && !restart::should_restart(&newest.task, entries.iter().map(|e| &*e.task))
+            {
+                return SlotClass::Finished;
+            }
+        }
+        SlotClass::Empty
+    }
+
+    /// Adds a new task to a slot.
+    pub(crate) fn add(&mut self, entry: Entry) {
+        self.slots.entry(entry.task.slot).or_default().push(entry);
+    }
+
+    /// Restart supervisor (step 1) and promotion of delayed replacements (step 2).
+    fn restart_and_promote(&mut self) {
+        let slots: Vec<u64> = self.slots.keys().copied().collect();
+        for slot in slots {
+            let mut replacement = false;
+            {
+                let tables = self.tables;
+                let entries = self.slots.get_mut(&slot).expect("slot listed");
+                let history: Vec<Arc<Task>> = entries.iter().map(|e| e.task.clone()).collect();
+                for i in 0..entries.len() {
+                    let e = &entries[i];
+                    if !e.runnable() || e.created {
+                        continue;
+                    }
+                    let observed = observed_state(&e.task);
+                    let node_down = observed >= TaskState::Assigned
+                        && !e.task.node_id.is_empty()
+                        && node_is_down(tables.nodes().get(&e.task.node_id).map(|n| &**n));
+                    if !observed.is_terminal() && !node_down {
+                        continue;
+                    }
+                    let restart = restart::should_restart(&e.task, history.iter().map(|t| &**t));
+                    entries[i].set_desired(TaskState::Shutdown);
+                    if restart && !entries.iter().any(Entry::runnable) {
+                        replacement = true;
+                    }
+                }
+            }
+            if replacement {
+                let delay = restart::EffectivePolicy::of(self.service.spec.as_ref().and_then(|s| s.task.as_ref()))
+                    .delay_ms;
+                let desired = if delay > 0 { TaskState::Ready } else { TaskState::Running };
+                let e = self.new_task(slot, desired);
+                self.add(e);
+            }
+        }
+        let now = self.now_ms;
+        let mut wakes = Vec::new();
+        for e in self.slots.values_mut().flat_map(|v| v.iter_mut()) {
+            if e.desired == TaskState::Ready {
+                let at = restart::ready_at_ms(&e.task);
+                if at <= now {
+                    e.set_desired(TaskState::Running);
+                } else {
+                    wakes.push(at);
+                }
+            }
+        }
+        for w in wakes {
+            self.wake_at(w);
+        }
+    }
+
+    /// Number of slots held (runnable, stopping or finished).
+    fn held_slots(&self) -> Vec<(u64, SlotClass)> {
+        self.slots
+            .keys()
+            .map(|&s| (s, self.classify(s)))
+            .filter(|(_, c)| *c != SlotClass::Empty)
+            .collect()
+    }
+
+    /// Step 3, fill: creates tasks in the lowest empty slots until `replicas` slots are held.
+    pub(crate) fn fill(&mut self, replicas: u64) {
+        let held = self.held_slots();
+        let mut missing = replicas.saturating_sub(held.len() as u64);
+        let held: std::collections::HashSet<u64> = held.into_iter().map(|(s, _)| s).collect();
+        let mut slot = 0u64;
+        while missing > 0 {
+            slot += 1;
+            if held.contains(&slot) {
+                continue;
+            }
+            let e = self.new_task(slot, TaskState::Running);
+            self.add(e);
+            missing -= 1;
+        }
+    }
+
+    /// Step 3, scale down: removes the extra held slots.
+    fn scale_down(&mut self, replicas: u64) {
+        let held = self.held_slots();
+        let extra = (held.len() as u64).saturating_sub(replicas) as usize;
+        if extra == 0 {
+            return;
+        }
+        // Cheapest to remove first: finished, stopping, not yet running, running; then highest slot.
+        let mut ranked: Vec<(u8, std::cmp::Reverse<u64>)> = held
+            .iter()
+            .map(|&(slot, class)| {
+                let rank = match class {
+                    SlotClass::Finished => 0,
+                    SlotClass::Stopping => 1,
+                    _ => {
+                        let running = self.slots[&slot]
+                            .iter()
+                            .any(|e| e.runnable() && observed_state(&e.task) == TaskState::Running);
+                        if running {
+                            3
+                        } else {
+                            2
+                        }
+                    }
+                };
+                (rank, std::cmp::Reverse(slot))
+            })
+            .collect();
+        ranked.sort();
+        for (_, std::cmp::Reverse(slot)) in ranked.into_iter().take(extra) {
+            for e in self.slots.get_mut(&slot).into_iter().flatten() {
+                if e.desired < TaskState::Remove {
+                    e.set_desired(TaskState::Remove);
+                }
+            }
+        }
+    }
+
+    /// Turns the pass into writes: creations, then desired-state updates.
+    fn into_changes(self, service_update: Option<Service>) -> Reconciled {
+        let mut changes = Changes::new();
+        let now = shoal_api::timestamp_from_unix_ms(self.now_ms);
+        for e in self.slots.into_values().flatten() {
+            if e.created {
+                let mut t = (*e.task).clone();
+                t.set_desired_state(e.desired);
+                changes.create(t);
+            } else if e.changed {
+                let mut t = (*e.task).clone();
+                t.set_desired_state(e.desired);
+                t.meta_mut().updated_at = Some(now);
+                changes.update(t);
+            }
+        }
+        if let Some(s) = service_update {
+            changes.update(s);
+        }
+        Reconciled { changes, wake_at_ms: self.wake_at_ms }
+    }
+}
+
+/// The replica count of a replicated service, `None` for other modes.
+pub fn replicas(service: &Service) -> Option<u64> {
+    match service.spec.as_ref()?.mode.as_ref()? {
+        Mode::Replicated(r) => Some(r.replicas),
+        _ => None,
+    }
+}
+
+/// Reconciles one replicated service (see the module doc). Services of other modes get no change.
+/// `now_ms` stamps new tasks and decides restart and update delays; `ids` names new tasks.
+pub fn reconcile_service(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn IdSource) -> Reconciled {
+    let Some(replicas) = replicas(service) else { return Reconciled::default() };
+    let mut slots: BTreeMap<u64, Vec<Entry>> = BTreeMap::new();
+    for t in tables.tasks().by_service(&service.id) {
+        slots.entry(t.slot).or_default().push(Entry::stored(t));
+    }
+    let mut work = Work { tables, service, now_ms, ids, slots, wake_at_ms: None };
+    work.restart_and_promote();
+    work.scale_down(replicas);
+    work.fill(replicas);
+    let service_update = update::rolling_update(&mut work);
+    work.fill(replicas);
+    work.into_changes(service_update)
+}
+
+/// The writes for a deleted service: every task of `service_id` not yet marked gets desired REMOVE (the
+/// reaper deletes them once they stopped).
+pub fn remove_service_tasks(tables: &Tables, service_id: &str, now_ms: u64) -> Changes {
+    let mut changes = Changes::new();
+    let now = shoal_api::timestamp_from_unix_ms(now_ms);
+    for t in tables.tasks().by_service(service_id) {
+        if t.desired_state() < TaskState::Remove {
+            let mut t = (**t).clone();
+            t.set_desired_state(TaskState::Remove);
+            t.meta_mut().updated_at = Some(now);
+            changes.update(t);
+        }
+    }
+    changes
+}

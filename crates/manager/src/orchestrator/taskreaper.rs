@@ -1,0 +1,192 @@
+//! The task reaper: deletes tasks the cluster no longer needs.
+//!
+//! - Tasks with desired REMOVE (scale-down, service removal), once they stopped: observed state terminal,
+//!   or never assigned (no node, or observed < ASSIGNED).
+//! - Tasks whose service no longer exists, once they are not running (same test).
+//! - History: at most `task_history_retention_limit` tasks per (service, slot) (from the cluster object's
+//!   `spec.orchestration`; 0/unset or no cluster: `DEFAULT_RETENTION_LIMIT`; negative: no history is kept).
+//!   The oldest tasks that are done go first: desired past RUNNING and observed terminal (or never
+//!   assigned). A task still meant to run, or still running, is never deleted.
+//!
+//! The core is `reap(tables, keys)`; the loop (`TaskReaper`) collects the slots touched by task commits and
+//! flushes every `FLUSH_AFTER_MS` or `MAX_DIRTY_SLOTS` slots, whichever comes first. It reads the whole task
+//! table once at start. Must not depend on other subsystems.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_api::{Task, TaskState};
+use shoal_store::{ActionKind, Changes, Object, Tables, WatchError};
+use tokio::sync::watch;
+
+use super::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
+use super::{history_key, observed_state};
+use crate::state::ClusterState;
+use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
+
+/// History kept per slot when the cluster sets none (SwarmKit's default).
+pub const DEFAULT_RETENTION_LIMIT: usize = 5;
+/// The reaper flushes collected slots at most this long after the first one.
+pub const FLUSH_AFTER_MS: u64 = 250;
+/// The reaper flushes as soon as this many slots are collected.
+pub const MAX_DIRTY_SLOTS: usize = 1000;
+/// Most deletions proposed per write (also bounded by `write::MAX_ACTIONS_PER_WRITE`).
+pub const MAX_DELETES_PER_WRITE: usize = MAX_ACTIONS_PER_WRITE;
+/// Most attempts per flush when a deletion conflicts (a task changed or vanished meanwhile).
+const MAX_ATTEMPTS: u32 = 3;
+
+/// One slot of one service: what the reaper groups history by.
+pub type SlotKey = (String, u64);
+
+/// The retention limit in force: the cluster's `task_history_retention_limit` (0 or no cluster: the
+/// default; negative: 0).
+pub fn retention_limit(tables: &Tables) -> usize {
+    let limit = tables
+        .clusters()
+        .iter()
+        .next()
+        .and_then(|c| c.spec.as_ref())
+        .and_then(|s| s.orchestration.as_ref())
+        .map(|o| o.task_history_retention_limit)
+        .unwrap_or(0);
+    match limit {
+        0 => DEFAULT_RETENTION_LIMIT,
+        n if n < 0 => 0,
+        n => n as usize,
+    }
+}
+
+/// True when the task no longer runs anywhere: observed terminal, or never reached a node.
+fn stopped_or_never_assigned(t: &Task) -> bool {
+    let observed = observed_state(t);
+    observed.is_terminal() || observed < TaskState::Assigned || t.node_id.is_empty()
+}
+
+/// The deletions for the given slots (see the module doc). Each task is deleted at most once.
+pub fn reap<'a>(tables: &Tables, keys: impl IntoIterator<Item = &'a SlotKey>) -> Changes {
+    let limit = retention_limit(tables);
+    let mut changes = Changes::new();
+    for (service_id, slot) in keys {
+        let service_exists = tables.services().get(service_id).is_some();
+        let mut keep: Vec<&Arc<Task>> = Vec::new();
+        for t in tables.tasks().by_slot(service_id, *slot) {
+            let gone = t.desired_state() == TaskState::Remove || !service_exists;
+            if gone && stopped_or_never_assigned(t) {
+                changes.remove(t.clone());
+            } else {
+                keep.push(t);
+            }
+        }
+        if keep.len() <= limit {
+            continue;
+        }
+        keep.sort_by(|a, b| history_key(a).cmp(&history_key(b)));
+        let mut excess = keep.len() - limit;
+        for t in keep {
+            if excess == 0 {
+                break;
+            }
+            if t.desired_state() > TaskState::Running && stopped_or_never_assigned(t) {
+                changes.remove(t.clone());
+                excess -= 1;
+            }
+        }
+    }
+    changes
+}
+
+/// Every slot that has a task.
+pub fn all_slots(tables: &Tables) -> BTreeSet<SlotKey> {
+    tables.tasks().iter().map(|t| (t.service_id.clone(), t.slot)).collect()
+}
+
+/// The task reaper subsystem.
+#[derive(Debug, Default)]
+pub struct TaskReaper;
+
+impl Subsystem for TaskReaper {
+    fn name(&self) -> &'static str {
+        "task-reaper"
+    }
+
+    fn run(&self, state: ClusterState, stop: watch::Receiver<bool>) -> SubsystemFuture {
+        Box::pin(run(state, stop))
+    }
+}
+
+async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
+    let (mut dirty, mut events) = state.store.view_and_watch(all_slots);
+    let mut removed_services: HashSet<String> = HashSet::new();
+    loop {
+        if !removed_services.is_empty() {
+            state.store.view(|t| {
+                for s in removed_services.drain() {
+                    dirty.extend(t.tasks().by_service(&s).map(|t| (t.service_id.clone(), t.slot)));
+                }
+            });
+        }
+        if !dirty.is_empty() {
+            flush(&state, std::mem::take(&mut dirty)).await;
+        }
+        // Wait for the first event, then collect until the window closes or the batch is full.
+        let mut deadline: Option<tokio::time::Instant> = None;
+        loop {
+            let timer = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = stopped(&mut stop) => return,
+                _ = timer => break,
+                r = events.recv() => match r {
+                    Ok(commit) => {
+                        for ch in &commit.changes {
+                            match (&ch.object, ch.kind) {
+                                (Object::Task(t), ActionKind::Create | ActionKind::Update) => {
+                                    dirty.insert((t.service_id.clone(), t.slot));
+                                }
+                                (Object::Service(s), ActionKind::Remove) => {
+                                    removed_services.insert(s.id.clone());
+                                }
+                                (Object::Cluster(_), _) => {
+                                    dirty.extend(state.store.view(all_slots));
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                    Err(WatchError::Lagged(_)) => dirty.extend(state.store.view(all_slots)),
+                    Err(WatchError::Closed) => return,
+                },
+            }
+            if dirty.len() + removed_services.len() >= MAX_DIRTY_SLOTS {
+                break;
+            }
+            if deadline.is_none() && !(dirty.is_empty() && removed_services.is_empty()) {
+                deadline = Some(tokio::time::Instant::now() + Duration::from_millis(FLUSH_AFTER_MS));
+            }
+        }
+    }
+}
+
+/// Deletes what `reap` finds in `slots`, in writes of bounded size, retrying conflicts from a fresh view.
+async fn flush(state: &ClusterState, slots: BTreeSet<SlotKey>) {
+    let mut slots: Vec<SlotKey> = slots.into_iter().collect();
+    for _ in 0..MAX_ATTEMPTS {
+        if slots.is_empty() {
+            return;
+        }
+        let groups: Vec<(SlotKey, Changes)> =
+            state.store.view(|t| slots.iter().map(|k| (k.clone(), reap(t, std::iter::once(k)))).collect());
+        let failed = propose_grouped(state, groups, MAX_DELETES_PER_WRITE).await;
+        if failed.iter().any(|(_, e)| !is_conflict(e)) {
+            tracing::debug!("task reaper write failed; will retry on the next event");
+            return;
+        }
+        slots = failed.into_iter().map(|(k, _)| k).collect();
+        slots.dedup();
+    }
+}

@@ -1,0 +1,218 @@
+//! The scheduler's filters, as a pipeline in SwarmKit's manner: each filter is set up for a task (and may
+//! say it does not apply), `check`s a node, and `explain`s how many nodes it refused. The pipeline counts,
+//! per filter, the nodes it was the first to refuse, which makes the message a pending task shows:
+//! "no suitable node (1 node not available for new tasks; insufficient resources on 2 nodes)".
+//!
+//! Must not depend on the store or IO: filters see only the task and a `NodeInfo`.
+
+use shoal_api::node_spec::Availability;
+use shoal_api::{node_status, Platform, Task};
+
+use super::constraint::{self, Constraint};
+use super::nodeinfo::{Amount, NodeInfo};
+
+/// One test a node must pass to take a task.
+pub trait Filter: Send {
+    /// Prepares for `task`; returns false when the filter does not apply to it (then it is skipped).
+    fn set_task(&mut self, task: &Task) -> bool;
+    /// True when the node passes.
+    fn check(&self, node: &NodeInfo) -> bool;
+    /// Why `nodes` nodes were refused, e.g. "insufficient resources on 2 nodes".
+    fn explain(&self, nodes: usize) -> String;
+}
+
+fn nodes(n: usize) -> String {
+    if n == 1 {
+        "1 node".to_string()
+    } else {
+        format!("{n} nodes")
+    }
+}
+
+/// The node is READY and its availability is ACTIVE (not paused or drained).
+#[derive(Debug, Default)]
+pub struct ReadyFilter;
+
+impl Filter for ReadyFilter {
+    fn set_task(&mut self, _task: &Task) -> bool {
+        true
+    }
+    fn check(&self, n: &NodeInfo) -> bool {
+        let ready = n.node.status.as_ref().map(|s| s.state()) == Some(node_status::State::Ready);
+        let active = n.node.spec.as_ref().map(|s| s.availability()).unwrap_or(Availability::Active) == Availability::Active;
+        ready && active
+    }
+    fn explain(&self, n: usize) -> String {
+        format!("{} not available for new tasks", nodes(n))
+    }
+}
+
+/// The node has the CPU and memory the task reserves, after what its other tasks reserve.
+#[derive(Debug, Default)]
+pub struct ResourceFilter {
+    need: Amount,
+}
+
+impl Filter for ResourceFilter {
+    fn set_task(&mut self, task: &Task) -> bool {
+        self.need = Amount::reserved_by(task);
+        !self.need.is_zero()
+    }
+    fn check(&self, n: &NodeInfo) -> bool {
+        n.available.covers(&self.need)
+    }
+    fn explain(&self, n: usize) -> String {
+        format!("insufficient resources on {}", nodes(n))
+    }
+}
+
+/// The node satisfies the task's placement constraints (`scheduler::constraint`).
+#[derive(Debug, Default)]
+pub struct ConstraintFilter {
+    constraints: Vec<Constraint>,
+    invalid: bool,
+}
+
+impl Filter for ConstraintFilter {
+    fn set_task(&mut self, task: &Task) -> bool {
+        let exprs = task
+            .spec
+            .as_ref()
+            .and_then(|s| s.placement.as_ref())
+            .map(|p| p.constraints.as_slice())
+            .unwrap_or(&[]);
+        match constraint::parse(exprs) {
+            Ok(c) => {
+                self.constraints = c;
+                self.invalid = false;
+            }
+            Err(e) => {
+                // The control API validates; a bad constraint that got through matches no node.
+                tracing::warn!(task = %task.id, error = %e, "task has an invalid constraint");
+                self.constraints.clear();
+                self.invalid = true;
+            }
+        }
+        self.invalid || !self.constraints.is_empty()
+    }
+    fn check(&self, n: &NodeInfo) -> bool {
+        !self.invalid && self.constraints.iter().all(|c| c.matches(&n.node))
+    }
+    fn explain(&self, n: usize) -> String {
+        format!("scheduling constraints not satisfied on {}", nodes(n))
+    }
+}
+
+/// The node's platform is one of the task's `placement.platforms` (any, when the list is empty).
+#[derive(Debug, Default)]
+pub struct PlatformFilter {
+    platforms: Vec<Platform>,
+}
+
+/// Architecture names that mean the same thing, folded to one (Go's names).
+fn normalize_arch(a: &str) -> String {
+    match a.to_ascii_lowercase().as_str() {
+        "x86_64" | "x86-64" => "amd64".to_string(),
+        "aarch64" => "arm64".to_string(),
+        other => other.to_string(),
+    }
+}
+
+impl Filter for PlatformFilter {
+    fn set_task(&mut self, task: &Task) -> bool {
+        self.platforms =
+            task.spec.as_ref().and_then(|s| s.placement.as_ref()).map(|p| p.platforms.clone()).unwrap_or_default();
+        !self.platforms.is_empty()
+    }
+    fn check(&self, n: &NodeInfo) -> bool {
+        let Some(np) = n.node.description.as_ref().and_then(|d| d.platform.as_ref()) else { return false };
+        self.platforms.iter().any(|p| {
+            let os_ok = p.os.is_empty() || p.os.eq_ignore_ascii_case(&np.os);
+            let arch_ok = p.architecture.is_empty() || normalize_arch(&p.architecture) == normalize_arch(&np.architecture);
+            os_ok && arch_ok
+        })
+    }
+    fn explain(&self, n: usize) -> String {
+        format!("unsupported platform on {}", nodes(n))
+    }
+}
+
+/// The node holds fewer than `placement.max_replicas` tasks of the task's service (when set).
+#[derive(Debug, Default)]
+pub struct MaxReplicasFilter {
+    service_id: String,
+    max: u64,
+}
+
+impl Filter for MaxReplicasFilter {
+    fn set_task(&mut self, task: &Task) -> bool {
+        self.service_id = task.service_id.clone();
+        self.max = task.spec.as_ref().and_then(|s| s.placement.as_ref()).map_or(0, |p| p.max_replicas);
+        self.max > 0
+    }
+    fn check(&self, n: &NodeInfo) -> bool {
+        (n.service_tasks(&self.service_id) as u64) < self.max
+    }
+    fn explain(&self, n: usize) -> String {
+        format!("max replicas per node limit exceed on {}", nodes(n))
+    }
+}
+
+struct Stage {
+    filter: Box<dyn Filter>,
+    enabled: bool,
+    failures: usize,
+}
+
+/// The filters in order (ready, resources, constraints, platform, max replicas), with failure counts.
+pub struct Pipeline {
+    stages: Vec<Stage>,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        let filters: Vec<Box<dyn Filter>> = vec![
+            Box::new(ReadyFilter),
+            Box::new(ResourceFilter::default()),
+            Box::new(ConstraintFilter::default()),
+            Box::new(PlatformFilter::default()),
+            Box::new(MaxReplicasFilter::default()),
+        ];
+        Pipeline { stages: filters.into_iter().map(|filter| Stage { filter, enabled: false, failures: 0 }).collect() }
+    }
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline").field("stages", &self.stages.len()).finish()
+    }
+}
+
+impl Pipeline {
+    /// Prepares every filter for `task` and clears the failure counts.
+    pub fn set_task(&mut self, task: &Task) {
+        for s in &mut self.stages {
+            s.enabled = s.filter.set_task(task);
+            s.failures = 0;
+        }
+    }
+
+    /// Runs the node through the filters; on refusal, counts it against the first filter that refused.
+    pub fn process(&mut self, node: &NodeInfo) -> bool {
+        for s in &mut self.stages {
+            if s.enabled && !s.filter.check(node) {
+                s.failures += 1;
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The refusals, most frequent first (ties in pipeline order), joined by "; "; empty when none.
+    pub fn explain(&self) -> String {
+        let mut counted: Vec<(usize, usize)> =
+            self.stages.iter().enumerate().filter(|(_, s)| s.failures > 0).map(|(i, s)| (i, s.failures)).collect();
+        counted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        counted.iter().map(|&(i, n)| self.stages[i].filter.explain(n)).collect::<Vec<_>>().join("; ")
+    }
+}
