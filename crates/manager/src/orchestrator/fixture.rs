@@ -6,8 +6,8 @@ use std::sync::Arc;
 use shoal_api::node_spec::Availability;
 use shoal_api::service_spec::Mode;
 use shoal_api::{
-    node_status, Annotations, ContainerSpec, Node, NodeDescription, NodeSpec, NodeStatus, Platform,
-    ReplicatedService, Resources, Service, ServiceSpec, Task, TaskSpec, TaskState, TaskStatus, Version,
+    node_status, Annotations, ContainerSpec, Node, NodeDescription, NodeSpec, NodeStatus, Platform, ReplicatedService,
+    Resources, Service, ServiceSpec, Task, TaskSpec, TaskState, TaskStatus, Version,
 };
 use shoal_raft::{LocalProposer, Proposer};
 use shoal_store::{Changes, ManualClock, MemoryStore, StoreObject, Tables};
@@ -181,9 +181,7 @@ pub fn node(id: &str) -> Node {
 
 /// Sets the image of a service spec's container.
 pub fn set_image(spec: &mut ServiceSpec, image: &str) {
-    if let Some(shoal_api::task_spec::Runtime::Container(c)) =
-        spec.task.as_mut().and_then(|t| t.runtime.as_mut())
-    {
+    if let Some(shoal_api::task_spec::Runtime::Container(c)) = spec.task.as_mut().and_then(|t| t.runtime.as_mut()) {
         c.image = image.to_string();
     }
 }

@@ -200,8 +200,8 @@ impl<'a> Work<'a> {
                 }
             }
             if replacement {
-                let delay = restart::EffectivePolicy::of(self.service.spec.as_ref().and_then(|s| s.task.as_ref()))
-                    .delay_ms;
+                let delay =
+                    restart::EffectivePolicy::of(self.service.spec.as_ref().and_then(|s| s.task.as_ref())).delay_ms;
                 let desired = if delay > 0 { TaskState::Ready } else { TaskState::Running };
                 let e = self.new_task(slot, desired);
                 self.add(e);
@@ -226,11 +226,7 @@ impl<'a> Work<'a> {
 
     /// Number of slots held (runnable, stopping or finished).
     fn held_slots(&self) -> Vec<(u64, SlotClass)> {
-        self.slots
-            .keys()
-            .map(|&s| (s, self.classify(s)))
-            .filter(|(_, c)| *c != SlotClass::Empty)
-            .collect()
+        self.slots.keys().map(|&s| (s, self.classify(s))).filter(|(_, c)| *c != SlotClass::Empty).collect()
     }
 
     /// Step 3, fill: creates tasks in the lowest empty slots until `replicas` slots are held.

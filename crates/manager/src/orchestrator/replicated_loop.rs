@@ -79,9 +79,7 @@ impl LoopState {
                 }
                 Object::Node(n) => {
                     let down = |o: &Option<Object>| match o {
-                        Some(Object::Node(n)) => {
-                            n.status.as_ref().map(|s| s.state()) == Some(node_status::State::Down)
-                        }
+                        Some(Object::Node(n)) => n.status.as_ref().map(|s| s.state()) == Some(node_status::State::Down),
                         _ => false,
                     };
                     let now_down = ch.kind == ActionKind::Remove

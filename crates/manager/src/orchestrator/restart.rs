@@ -68,11 +68,8 @@ pub fn restarts_in_window<'a>(
     slot_history: impl IntoIterator<Item = &'a Task>,
     policy: &EffectivePolicy,
 ) -> u64 {
-    let mut created: Vec<u64> = slot_history
-        .into_iter()
-        .filter(|t| t.spec_version == task.spec_version)
-        .map(created_ms)
-        .collect();
+    let mut created: Vec<u64> =
+        slot_history.into_iter().filter(|t| t.spec_version == task.spec_version).map(created_ms).collect();
     created.sort_unstable();
     let end = status_ms(task).max(created_ms(task));
     let start = if policy.window_ms == 0 { 0 } else { end.saturating_sub(policy.window_ms) };
@@ -89,8 +86,7 @@ pub fn should_restart<'a>(task: &Task, slot_history: impl IntoIterator<Item = &'
         RestartCondition::OnFailure => observed_state(task) != TaskState::Complete,
         RestartCondition::Any => true,
     };
-    by_condition
-        && (policy.max_attempts == 0 || restarts_in_window(task, slot_history, &policy) < policy.max_attempts)
+    by_condition && (policy.max_attempts == 0 || restarts_in_window(task, slot_history, &policy) < policy.max_attempts)
 }
 
 /// When a replacement created at `created_ms` with this spec may be told to run.

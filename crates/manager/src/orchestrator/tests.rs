@@ -22,7 +22,14 @@ fn set_replicas(fx: &Fx, id: &str, n: u64) {
     fx.update_service(id, |s| s.mode = Some(Mode::Replicated(ReplicatedService { replicas: n })));
 }
 
-fn with_restart(id: &str, replicas: u64, condition: RestartCondition, delay_ms: u64, max: u64, window_ms: u64) -> shoal_api::Service {
+fn with_restart(
+    id: &str,
+    replicas: u64,
+    condition: RestartCondition,
+    delay_ms: u64,
+    max: u64,
+    window_ms: u64,
+) -> shoal_api::Service {
     let mut s = service(id, replicas);
     s.spec.as_mut().unwrap().task.as_mut().unwrap().restart = Some(RestartPolicy {
         condition: condition as i32,
@@ -303,8 +310,7 @@ fn reap_all(fx: &Fx) -> usize {
 fn reaper_keeps_five_tasks_per_slot() {
     let fx = Fx::new();
     fx.create(service("s1", 1));
-    let old: Vec<String> =
-        (0..7).map(|_| history_task(&fx, 1, TaskState::Shutdown, TaskState::Failed, "n1")).collect();
+    let old: Vec<String> = (0..7).map(|_| history_task(&fx, 1, TaskState::Shutdown, TaskState::Failed, "n1")).collect();
     let running = history_task(&fx, 1, TaskState::Running, TaskState::Running, "n1");
     assert_eq!(reap_all(&fx), 3);
     let left: Vec<String> = fx.tasks("s1").into_iter().map(|t| t.id).collect();
@@ -349,7 +355,13 @@ fn reaper_deletes_removed_and_orphaned_tasks_once_stopped() {
     let mut orphan = shoal_api::Task { id: "o1".into(), service_id: "gone".into(), slot: 1, ..Default::default() };
     orphan.status = Some(shoal_api::TaskStatus { state: TaskState::Failed as i32, ..Default::default() });
     fx.create(orphan);
-    let mut orphan_running = shoal_api::Task { id: "o2".into(), service_id: "gone".into(), slot: 2, node_id: "n1".into(), ..Default::default() };
+    let mut orphan_running = shoal_api::Task {
+        id: "o2".into(),
+        service_id: "gone".into(),
+        slot: 2,
+        node_id: "n1".into(),
+        ..Default::default()
+    };
     orphan_running.status = Some(shoal_api::TaskStatus { state: TaskState::Running as i32, ..Default::default() });
     fx.create(orphan_running);
     assert_eq!(reap_all(&fx), 3);
@@ -419,4 +431,41 @@ async fn loops_follow_commits_and_stop_with_leadership() {
     fx.proposer.set_leader(false);
     shutdown_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), runner).await.expect("loops stopped").unwrap();
+}
+
+#[test]
+fn update_waits_the_delay_between_batches() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    let mut s = service("s1", 2);
+    s.spec.as_mut().unwrap().update = Some(UpdateConfig {
+        parallelism: 1,
+        delay: Some(shoal_api::duration_to_proto(Duration::from_secs(10))),
+        ..Default::default()
+    });
+    fx.create(s);
+    fx.reconcile("s1");
+    for t in fx.tasks("s1") {
+        fx.place(&t.id, "n1", TaskState::Running);
+    }
+    fx.update_service("s1", |s| set_image(s, "busybox:2"));
+    fx.reconcile("s1");
+    let first = fx.tasks("s1").into_iter().find(|t| t.desired_state() == TaskState::Shutdown).unwrap();
+    fx.set_state(&first.id, TaskState::Shutdown);
+    fx.reconcile("s1");
+    let new = fx.runnable("s1").into_iter().find(|t| t.slot == first.slot).unwrap();
+    fx.place(&new.id, "n1", TaskState::Running);
+    let started = fx.now();
+    let wake = fx.reconcile("s1");
+    assert_eq!(wake, Some(started + 10_000));
+    assert_eq!(fx.runnable("s1").len(), 2, "the second batch waits for the delay");
+    fx.clock.advance_ms(10_000);
+    fx.reconcile("s1");
+    let told: Vec<u64> = fx
+        .tasks("s1")
+        .iter()
+        .filter(|t| t.desired_state() == TaskState::Shutdown && t.slot != first.slot)
+        .map(|t| t.slot)
+        .collect();
+    assert_eq!(told.len(), 1);
 }

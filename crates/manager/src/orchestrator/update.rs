@@ -150,7 +150,8 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
 
     if !dirty.is_empty() {
         let gate_ms = last_started_ms.saturating_add(cfg.delay_ms);
-        let delayed = was_updating && in_flight == 0 && cfg.delay_ms > 0 && last_started_ms > 0 && work.now_ms < gate_ms;
+        let delayed =
+            was_updating && in_flight == 0 && cfg.delay_ms > 0 && last_started_ms > 0 && work.now_ms < gate_ms;
         if delayed {
             work.wake_at(gate_ms);
         } else {

@@ -39,7 +39,8 @@ impl Filter for ReadyFilter {
     }
     fn check(&self, n: &NodeInfo) -> bool {
         let ready = n.node.status.as_ref().map(|s| s.state()) == Some(node_status::State::Ready);
-        let active = n.node.spec.as_ref().map(|s| s.availability()).unwrap_or(Availability::Active) == Availability::Active;
+        let active =
+            n.node.spec.as_ref().map(|s| s.availability()).unwrap_or(Availability::Active) == Availability::Active;
         ready && active
     }
     fn explain(&self, n: usize) -> String {
@@ -75,12 +76,8 @@ pub struct ConstraintFilter {
 
 impl Filter for ConstraintFilter {
     fn set_task(&mut self, task: &Task) -> bool {
-        let exprs = task
-            .spec
-            .as_ref()
-            .and_then(|s| s.placement.as_ref())
-            .map(|p| p.constraints.as_slice())
-            .unwrap_or(&[]);
+        let exprs =
+            task.spec.as_ref().and_then(|s| s.placement.as_ref()).map(|p| p.constraints.as_slice()).unwrap_or(&[]);
         match constraint::parse(exprs) {
             Ok(c) => {
                 self.constraints = c;
@@ -128,7 +125,8 @@ impl Filter for PlatformFilter {
         let Some(np) = n.node.description.as_ref().and_then(|d| d.platform.as_ref()) else { return false };
         self.platforms.iter().any(|p| {
             let os_ok = p.os.is_empty() || p.os.eq_ignore_ascii_case(&np.os);
-            let arch_ok = p.architecture.is_empty() || normalize_arch(&p.architecture) == normalize_arch(&np.architecture);
+            let arch_ok =
+                p.architecture.is_empty() || normalize_arch(&p.architecture) == normalize_arch(&np.architecture);
             os_ok && arch_ok
         })
     }

@@ -5,9 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use shoal_api::node_spec::Availability;
-use shoal_api::{
-    node_status, Annotations, Placement, Platform, ResourceRequirements, Resources, Service, TaskState,
-};
+use shoal_api::{node_status, Annotations, Placement, Platform, ResourceRequirements, Resources, Service, TaskState};
 
 use super::*;
 use crate::orchestrator::fixture::{node, service, Fx};
@@ -112,7 +110,8 @@ fn constraints_platforms_and_resources_filter_nodes() {
     };
     let arm = |id: &str| {
         let mut n = node(id);
-        n.description.as_mut().unwrap().platform = Some(Platform { architecture: "aarch64".into(), os: "linux".into() });
+        n.description.as_mut().unwrap().platform =
+            Some(Platform { architecture: "aarch64".into(), os: "linux".into() });
         n
     };
     // Constraint: only east nodes.
