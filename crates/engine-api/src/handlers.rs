@@ -44,7 +44,23 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Resul
     if body.is_empty() {
         return Err(ApiError::BadRequest(format!("the request body is empty: send a {what} as JSON")));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid {what} JSON: {e}")))
+    let bad = |e: serde_json::Error| ApiError::BadRequest(format!("invalid {what} JSON: {e}"));
+    let mut doc: serde_json::Value = serde_json::from_slice(body).map_err(bad)?;
+    drop_nulls(&mut doc);
+    serde_json::from_value(doc).map_err(bad)
+}
+
+/// Removes `null` members from objects, recursively: Go clients send `null` for nil maps and slices, which
+/// mean the same as absent.
+fn drop_nulls(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
 
 fn json<T: serde::Serialize>(v: T) -> ApiResult {

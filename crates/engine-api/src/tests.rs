@@ -296,6 +296,11 @@ async fn bad_service_requests_are_400_and_conflicts_409() {
     bad_constraint["TaskTemplate"]["Placement"]["Constraints"] = json!(["node.colour==red"]);
     let r = api.call(Method::POST, "/services/create", Some(bad_constraint)).await;
     assert_error(&r, StatusCode::BAD_REQUEST, "unknown key");
+    let mut nulls = spec("nulls", 1);
+    nulls["Labels"] = Value::Null;
+    nulls["TaskTemplate"]["ContainerSpec"]["Env"] = Value::Null;
+    let r = api.call(Method::POST, "/services/create", Some(nulls)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "Go's null maps and slices are accepted: {}", r.text);
     let no_image = api.call(Method::POST, "/services/create", Some(json!({"Name": "x"}))).await;
     assert_error(&no_image, StatusCode::BAD_REQUEST, "image");
     let bad_name = api.call(Method::POST, "/services/create", Some(spec("-x", 1))).await;

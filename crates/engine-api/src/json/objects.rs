@@ -283,14 +283,13 @@ impl TaskJson {
                 state: TaskState::from_wire(st.state).docker_name().into(),
                 message: st.message.clone(),
                 err: st.err.clone(),
-                container_status: match &st.runtime_status {
-                    Some(task_status::RuntimeStatus::Container(c)) => Some(ContainerStatusJson {
+                container_status: st.runtime_status.as_ref().map(|r| match r {
+                    task_status::RuntimeStatus::Container(c) => ContainerStatusJson {
                         container_id: c.container_id.clone(),
                         pid: c.pid,
                         exit_code: c.exit_code,
-                    }),
-                    None => None,
-                },
+                    },
+                }),
                 port_status: st
                     .port_status
                     .as_ref()
@@ -766,7 +765,7 @@ impl SwarmJson {
         let spec = c.spec.clone().unwrap_or_default();
         let ann = spec.annotations.clone().unwrap_or_default();
         let tokens = c.root_ca.as_ref().and_then(|r| r.join_tokens.clone()).unwrap_or_default();
-        let raft = spec.raft.clone().unwrap_or_default();
+        let raft = spec.raft.unwrap_or_default();
         SwarmJson {
             cluster: ClusterInfoJson {
                 id: c.id.clone(),

@@ -505,10 +505,9 @@ impl TaskSpecJson {
     /// Converts from the API task spec.
     pub fn from_api(t: &TaskSpec) -> TaskSpecJson {
         TaskSpecJson {
-            container_spec: match &t.runtime {
-                Some(task_spec::Runtime::Container(c)) => Some(ContainerSpecJson::from_api(c)),
-                None => None,
-            },
+            container_spec: t.runtime.as_ref().map(|r| match r {
+                task_spec::Runtime::Container(c) => ContainerSpecJson::from_api(c),
+            }),
             resources: t.resources.as_ref().map(|r| ResourcesJson {
                 limits: r.limits.as_ref().map(ResourceValuesJson::from_api),
                 reservations: r.reservations.as_ref().map(ResourceValuesJson::from_api),
@@ -679,12 +678,11 @@ impl PlacementJson {
                 .preferences
                 .iter()
                 .map(|pref| PreferenceJson {
-                    spread: match &pref.preference {
-                        Some(placement_preference::Preference::Spread(s)) => {
-                            Some(SpreadJson { spread_descriptor: s.spread_descriptor.clone() })
+                    spread: pref.preference.as_ref().map(|p| match p {
+                        placement_preference::Preference::Spread(s) => {
+                            SpreadJson { spread_descriptor: s.spread_descriptor.clone() }
                         }
-                        None => None,
-                    },
+                    }),
                 })
                 .collect(),
             platforms: p
