@@ -109,3 +109,54 @@ fn describe_reports_platform_resources_and_engine() {
     assert_eq!(e.engine_version, "shoal-process");
     assert_eq!(e.labels.get("zone").map(String::as_str), Some("a"));
 }
+
+/// Set in the re-executed test binary that plays the daemon in `task_processes_die_with_the_daemon`.
+const DAEMON_ROLE_ENV: &str = "SHOAL_TEST_PDEATHSIG_DAEMON";
+
+fn process_gone(pid: i32) -> bool {
+    // Gone, or a zombie waiting for whoever adopted it to reap it: either way it no longer runs.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn task_processes_die_with_the_daemon_even_on_sigkill() {
+    if let Some(dir) = std::env::var_os(DAEMON_ROLE_ENV) {
+        // The "daemon": start a long task, say its pid, then wait to be killed.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let exec = ProcessExecutor::new(PathBuf::from(dir), "h", HashMap::new());
+            let mut c = exec.controller(&task("orphan", &["sleep"], &["30"], None)).unwrap();
+            c.prepare().await.unwrap();
+            let pid = c.start().await.unwrap();
+            println!("TASKPID {pid}");
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "process::tests::task_processes_die_with_the_daemon_even_on_sigkill", "--nocapture"])
+        .env(DAEMON_ROLE_ENV, dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = daemon.stdout.take().unwrap();
+    let pid = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("TASKPID ").and_then(|p| p.trim().parse::<i32>().ok()))
+        .expect("the daemon never reported its task's pid");
+    assert!(!process_gone(pid));
+    daemon.kill().unwrap(); // SIGKILL: no cleanup code runs in the daemon.
+    daemon.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !process_gone(pid) {
+        if Instant::now() >= deadline {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            panic!("task process {pid} outlived its daemon");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
