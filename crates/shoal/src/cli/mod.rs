@@ -1,0 +1,113 @@
+//! The client side of the `shoal` binary: `service`, `node`, `task`, `info` and `version` commands, which
+//! talk to a daemon's Engine API over its control unix socket (`-H/--host` or `SHOAL_HOST`; default
+//! `DEFAULT_HOST`). Tables look like docker's; `--format json` prints the API objects. Errors print one
+//! line, `shoal: <message>`, on stderr and exit 1 (usage errors exit 2, from clap).
+//! Must not depend on cluster logic: it only speaks HTTP/JSON.
+
+mod client;
+mod node;
+mod output;
+mod service;
+#[cfg(test)]
+mod tests;
+
+use std::io::Write;
+
+use clap::Subcommand;
+use shoal_engine_api::json::{InfoJson, SystemVersionJson};
+
+pub use client::{CliError, Client};
+use node::{NodeCommand, TaskCommand};
+use service::ServiceCommand;
+
+/// Where the client looks for the daemon when neither `-H` nor `SHOAL_HOST` is given: the control socket
+/// of a daemon started with `--listen-control-api /var/run/shoal/control.sock`.
+pub const DEFAULT_HOST: &str = "unix:///var/run/shoal/control.sock";
+
+/// The client commands (flattened into the top level of `shoal`).
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// Manage services.
+    #[command(subcommand)]
+    Service(ServiceCommand),
+    /// Manage nodes.
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// List and inspect tasks.
+    #[command(subcommand)]
+    Task(TaskCommand),
+    /// Show information about the node and the cluster.
+    Info,
+    /// Show the client and daemon versions.
+    Version,
+}
+
+/// Runs a client command against `host`; prints results on stdout and errors on stderr. Returns the exit
+/// code (0 or 1).
+pub fn run(host: &str, cmd: ClientCommand) -> i32 {
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let mut out = stdout.lock();
+    let mut err = stderr.lock();
+    let result = Client::new(host).and_then(|c| execute(&c, cmd, &mut out, &mut err));
+    let _ = out.flush();
+    exit_code(result, &mut err)
+}
+
+/// Prints an error as one `shoal: ...` line and returns the exit code.
+fn exit_code(result: Result<(), CliError>, err: &mut dyn Write) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(CliError::AlreadyReported) => 1,
+        Err(e) => {
+            let _ = writeln!(err, "shoal: {e}");
+            1
+        }
+    }
+}
+
+/// Runs a command with a client, writing to `out` and per-item errors to `err`.
+pub fn execute(c: &Client, cmd: ClientCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
+    match cmd {
+        ClientCommand::Service(s) => service::run(c, s, out, err),
+        ClientCommand::Node(n) => node::run_node(c, n, out),
+        ClientCommand::Task(t) => node::run_task(c, t, out),
+        ClientCommand::Info => {
+            let i: InfoJson = c.get("/info")?;
+            let sw = &i.swarm;
+            let executor = i.labels.iter().find_map(|l| l.strip_prefix("shoal.executor=")).unwrap_or("");
+            let cluster = sw.cluster.as_ref();
+            let lines = [
+                format!("Server Version: {}", i.server_version),
+                format!("Name: {}", i.name),
+                format!("Executor: {executor}"),
+                format!("Swarm: {}", sw.local_node_state),
+                format!(" NodeID: {}", sw.node_id),
+                format!(" Is Manager: {}", sw.control_available),
+                format!(" ClusterID: {}", cluster.map(|c| c.id.as_str()).unwrap_or("")),
+                format!(" Managers: {}", sw.managers),
+                format!(" Nodes: {}", sw.nodes),
+                format!(" Node Address: {}", sw.node_addr),
+                format!(
+                    " Task History Retention Limit: {}",
+                    cluster.map(|c| c.spec.orchestration.task_history_retention_limit).unwrap_or(0)
+                ),
+                format!("Operating System: {}", i.operating_system),
+                format!("Architecture: {}", i.architecture),
+                format!("CPUs: {}", i.ncpu),
+                format!("Total Memory: {} bytes", i.mem_total),
+            ];
+            for l in lines {
+                writeln!(out, "{l}").map_err(output::io)?;
+            }
+            Ok(())
+        }
+        ClientCommand::Version => {
+            writeln!(out, "Client:\n Version: {}", env!("CARGO_PKG_VERSION")).map_err(output::io)?;
+            let v: SystemVersionJson = c.get("/version")?;
+            writeln!(out, "Server: {}\n Version: {}\n API version: {} (minimum {})\n OS/Arch: {}/{}",
+                v.platform.name, v.version, v.api_version, v.min_api_version, v.os, v.arch)
+            .map_err(output::io)
+        }
+    }
+}
