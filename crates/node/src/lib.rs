@@ -9,14 +9,15 @@
 mod bootstrap;
 mod config;
 mod identity;
+mod services;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_agent::{Agent, AgentConfig, Executor};
-use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
-use shoal_manager::{ClusterState, RandomIds, Subsystem};
+use shoal_manager::dispatcher::DispatcherConfig;
+use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::{RaftConfig, RaftNode};
 use shoal_store::{MemoryStore, SystemClock};
 use tokio::sync::watch;
@@ -25,6 +26,7 @@ use tokio::task::JoinHandle;
 pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
 pub use config::{DaemonConfig, ExecutorKind};
 pub use identity::NodeIdentity;
+pub use services::{leader_subsystems, start_manager_services};
 
 /// Why a node could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -78,10 +80,12 @@ fn machine_hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-fn pick_executor(kind: ExecutorKind) -> Result<Arc<dyn Executor>, NodeError> {
+fn pick_executor(kind: ExecutorKind, state_dir: &Path, hostname: &str) -> Result<Arc<dyn Executor>, NodeError> {
     match kind {
         // The Docker executor arrives with its own issue; until then `auto` means processes.
-        ExecutorKind::Auto | ExecutorKind::Process => Ok(Arc::new(shoal_agent::process::ProcessExecutor::new())),
+        ExecutorKind::Auto | ExecutorKind::Process => {
+            Ok(Arc::new(shoal_agent::process::ProcessExecutor::new(state_dir, hostname, Default::default())))
+        }
         ExecutorKind::Docker => Err(NodeError::Config(
             "the docker executor is not available in this build yet; use --executor process (or auto)".into(),
         )),
@@ -112,7 +116,7 @@ impl Node {
             }
         };
         let hostname = cfg.hostname.clone().unwrap_or_else(machine_hostname);
-        let executor = pick_executor(cfg.executor)?;
+        let executor = pick_executor(cfg.executor, &cfg.state_dir, &hostname)?;
         let mut description = executor.describe();
         description.hostname = hostname.clone();
 
@@ -140,37 +144,16 @@ impl Node {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
 
-        // gRPC: dispatcher + health on the remote address.
-        let dispatcher = Dispatcher::new(
-            state.clone(),
-            DispatcherConfig { manager_addr: advertised.to_string(), ..DispatcherConfig::default() },
-        );
+        // gRPC (dispatcher) on the remote address, and the leader-only subsystems.
         let listener = tokio::net::TcpListener::bind(cfg.listen_remote_api)
             .await
             .map_err(|e| NodeError::io(Path::new(&cfg.listen_remote_api.to_string()), e))?;
         let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
-        let grpc = tonic::transport::Server::builder()
-            .add_service(dispatcher.grpc_service())
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                wait_true(shutdown_rx.clone()),
-            );
-        tasks.push((
-            "grpc",
-            tokio::spawn(async move {
-                if let Err(e) = grpc.await {
-                    tracing::error!(error = %e, "gRPC server failed");
-                }
-            }),
-        ));
-
-        // Leader-only subsystems, from one declarative list.
-        let mut subsystems: Vec<Box<dyn Subsystem>> = shoal_manager::orchestrator::subsystems();
-        subsystems.push(shoal_manager::scheduler::subsystem());
-        subsystems.push(dispatcher.subsystem());
-        tasks.push((
-            "leader-subsystems",
-            tokio::spawn(shoal_manager::run_while_leader(state.clone(), subsystems, shutdown_rx.clone())),
+        tasks.extend(services::start_manager_services(
+            &state,
+            DispatcherConfig { manager_addr: advertised.to_string(), ..DispatcherConfig::default() },
+            listener,
+            shutdown_rx.clone(),
         ));
 
         // The control socket.

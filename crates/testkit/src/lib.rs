@@ -1,15 +1,18 @@
 //! Test harness shared by the end-to-end tests and later multi-node and fault tests:
+//! - `cluster`: a whole cluster in one process (real manager subsystems and dispatcher, fake executors);
 //! - `daemon`: a `shoal daemon` process under test, on a temporary state dir, control socket and port, stopped
 //!   (and its task processes with it) when dropped, even when the test fails;
 //! - `http`: a minimal Engine API client over the control socket;
 //! - `wait`: wait for a condition with a deadline (never a fixed sleep);
 //! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket.
 
+pub mod cluster;
 pub mod daemon;
 pub mod docker_cli;
 pub mod http;
 pub mod process;
 pub mod wait;
 
+pub use cluster::{ClusterOptions, TestCluster, TestWorker};
 pub use daemon::{DaemonOptions, DaemonProcess};
 pub use wait::wait_until;
