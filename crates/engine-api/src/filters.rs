@@ -16,10 +16,14 @@ pub type RawFilters = BTreeMap<String, Vec<String>>;
 /// Parses the `filters` parameter (absent or empty: no filters), accepting only `allowed` names.
 pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<RawFilters, ApiError> {
     let mut out = RawFilters::new();
-    let Some(raw) = raw.filter(|r| !r.trim().is_empty()) else { return Ok(out) };
+    let Some(raw) = raw.filter(|r| !r.trim().is_empty()) else {
+        return Ok(out);
+    };
     let bad = |why: &str| ApiError::BadRequest(format!("invalid filters {raw:?}: {why}"));
     let doc: Value = serde_json::from_str(raw).map_err(|e| bad(&e.to_string()))?;
-    let Value::Object(map) = doc else { return Err(bad("expected a JSON object")) };
+    let Value::Object(map) = doc else {
+        return Err(bad("expected a JSON object"));
+    };
     for (name, values) in map {
         if !allowed.contains(&name.as_str()) {
             return Err(ApiError::BadRequest(format!(
@@ -28,10 +32,18 @@ pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<RawFilters, ApiError
             )));
         }
         let list: Vec<String> = match values {
-            Value::Object(m) => m.into_iter().filter(|(_, v)| v.as_bool() == Some(true)).map(|(k, _)| k).collect(),
+            Value::Object(m) => m
+                .into_iter()
+                .filter(|(_, v)| v.as_bool() == Some(true))
+                .map(|(k, _)| k)
+                .collect(),
             Value::Array(a) => a
                 .into_iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad("filter values must be strings")))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| bad("filter values must be strings"))
+                })
                 .collect::<Result<_, _>>()?,
             _ => return Err(bad("each filter must map to an object or a list")),
         };
@@ -48,7 +60,12 @@ fn take(f: &mut RawFilters, name: &str) -> Vec<String> {
 pub fn services(raw: Option<&str>) -> Result<ServiceFilters, ApiError> {
     let mut f = parse(raw, &["id", "name", "label", "mode"])?;
     let modes = take(&mut f, "mode");
-    if let Some(m) = modes.iter().find(|m| !matches!(m.as_str(), "replicated" | "global" | "replicated-job" | "global-job")) {
+    if let Some(m) = modes.iter().find(|m| {
+        !matches!(
+            m.as_str(),
+            "replicated" | "global" | "replicated-job" | "global-job"
+        )
+    }) {
         return Err(ApiError::BadRequest(format!(
             "invalid filter 'mode={m}': use replicated, global, replicated-job or global-job"
         )));
@@ -63,28 +80,52 @@ pub fn services(raw: Option<&str>) -> Result<ServiceFilters, ApiError> {
 
 /// `GET /nodes` filters: id, name, role, membership, label (node.label is accepted as label).
 pub fn nodes(raw: Option<&str>) -> Result<NodeFilters, ApiError> {
-    let mut f = parse(raw, &["id", "name", "role", "membership", "label", "node.label"])?;
+    let mut f = parse(
+        raw,
+        &["id", "name", "role", "membership", "label", "node.label"],
+    )?;
     let roles = take(&mut f, "role");
-    if let Some(r) = roles.iter().find(|r| !matches!(r.as_str(), "manager" | "worker")) {
-        return Err(ApiError::BadRequest(format!("invalid filter 'role={r}': use manager or worker")));
+    if let Some(r) = roles
+        .iter()
+        .find(|r| !matches!(r.as_str(), "manager" | "worker"))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "invalid filter 'role={r}': use manager or worker"
+        )));
     }
     let memberships = take(&mut f, "membership");
-    if let Some(m) = memberships.iter().find(|m| !matches!(m.as_str(), "accepted" | "pending")) {
-        return Err(ApiError::BadRequest(format!("invalid filter 'membership={m}': use accepted or pending")));
+    if let Some(m) = memberships
+        .iter()
+        .find(|m| !matches!(m.as_str(), "accepted" | "pending"))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "invalid filter 'membership={m}': use accepted or pending"
+        )));
     }
     let mut labels = take(&mut f, "label");
     labels.extend(take(&mut f, "node.label"));
-    Ok(NodeFilters { id_prefixes: take(&mut f, "id"), name_prefixes: take(&mut f, "name"), roles, memberships, labels })
+    Ok(NodeFilters {
+        id_prefixes: take(&mut f, "id"),
+        name_prefixes: take(&mut f, "name"),
+        roles,
+        memberships,
+        labels,
+    })
 }
 
 /// `GET /tasks` filters: id, name, service, node, desired-state, label.
 pub fn tasks(raw: Option<&str>) -> Result<TaskFilters, ApiError> {
-    let mut f = parse(raw, &["id", "name", "service", "node", "desired-state", "label"])?;
+    let mut f = parse(
+        raw,
+        &["id", "name", "service", "node", "desired-state", "label"],
+    )?;
     let desired_states = take(&mut f, "desired-state")
         .iter()
         .map(|s| {
             TaskState::from_docker_name(s).ok_or_else(|| {
-                ApiError::BadRequest(format!("invalid filter 'desired-state={s}': use running, shutdown or accepted"))
+                ApiError::BadRequest(format!(
+                    "invalid filter 'desired-state={s}': use running, shutdown or accepted"
+                ))
             })
         })
         .collect::<Result<_, _>>()?;
@@ -122,7 +163,10 @@ mod tests {
             (r#"{"name":"web"}"#, "object or a list"),
         ] {
             let e = services(Some(raw)).unwrap_err();
-            assert!(matches!(&e, ApiError::BadRequest(m) if m.contains(fragment)), "{raw}: {e:?}");
+            assert!(
+                matches!(&e, ApiError::BadRequest(m) if m.contains(fragment)),
+                "{raw}: {e:?}"
+            );
         }
         assert!(tasks(Some(r#"{"desired-state":{"dancing":true}}"#)).is_err());
         assert!(nodes(Some(r#"{"role":{"boss":true}}"#)).is_err());

@@ -17,8 +17,9 @@ use crate::error::ApiError;
 use crate::filters;
 use crate::json::system::{ComponentJson, PeerJson, PlatformNameJson};
 use crate::json::{
-    InfoJson, NodeJson, NodeSpecJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson, ServiceStatusJson,
-    ServiceUpdateResponse, SwarmInfoJson, SwarmJson, SystemVersionJson, TaskJson,
+    InfoJson, NodeJson, NodeSpecJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson,
+    ServiceStatusJson, ServiceUpdateResponse, SwarmInfoJson, SwarmJson, SystemVersionJson,
+    TaskJson,
 };
 use crate::{ApiContext, API_VERSION};
 
@@ -30,19 +31,28 @@ type ApiResult = Result<Response, ApiError>;
 const MIN_API_VERSION: &str = "1.24";
 
 fn flag(q: &HashMap<String, String>, name: &str) -> bool {
-    q.get(name).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
+    q.get(name)
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
 }
 
 fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
     let v = q.get("version").ok_or_else(|| {
-        ApiError::BadRequest("the version query parameter is required: pass the Version.Index you inspected".into())
+        ApiError::BadRequest(
+            "the version query parameter is required: pass the Version.Index you inspected".into(),
+        )
     })?;
-    v.parse().map_err(|_| ApiError::BadRequest(format!("invalid version {v:?}: expected a non-negative integer")))
+    v.parse().map_err(|_| {
+        ApiError::BadRequest(format!(
+            "invalid version {v:?}: expected a non-negative integer"
+        ))
+    })
 }
 
 fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::BadRequest(format!("the request body is empty: send a {what} as JSON")));
+        return Err(ApiError::BadRequest(format!(
+            "the request body is empty: send a {what} as JSON"
+        )));
     }
     let bad = |e: serde_json::Error| ApiError::BadRequest(format!("invalid {what} JSON: {e}"));
     let mut doc: serde_json::Value = serde_json::from_slice(body).map_err(bad)?;
@@ -74,9 +84,15 @@ pub async fn ping() -> Response {
     h.insert("OSType", HeaderValue::from_static("linux"));
     h.insert("Docker-Experimental", HeaderValue::from_static("false"));
     h.insert("Swarm", HeaderValue::from_static("active/manager"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, no-store, must-revalidate"));
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-store, must-revalidate"),
+    );
     h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }
 
@@ -89,15 +105,19 @@ fn go_arch() -> &'static str {
 }
 
 fn kernel_version() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn os_description() -> String {
     std::fs::read_to_string("/etc/os-release")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
+            s.lines().find_map(|l| {
+                l.strip_prefix("PRETTY_NAME=")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
         })
         .unwrap_or_else(|| "linux".into())
 }
@@ -107,7 +127,12 @@ fn mem_total_bytes() -> i64 {
         .ok()
         .and_then(|s| {
             s.lines().find_map(|l| {
-                l.strip_prefix("MemTotal:")?.trim().trim_end_matches("kB").trim().parse::<i64>().ok()
+                l.strip_prefix("MemTotal:")?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
             })
         })
         .map(|kb| kb * 1024)
@@ -118,8 +143,13 @@ fn mem_total_bytes() -> i64 {
 pub async fn version() -> ApiResult {
     let v = env!("CARGO_PKG_VERSION");
     json(SystemVersionJson {
-        platform: PlatformNameJson { name: "Shoal".into() },
-        components: vec![ComponentJson { name: "Shoal".into(), version: v.into() }],
+        platform: PlatformNameJson {
+            name: "Shoal".into(),
+        },
+        components: vec![ComponentJson {
+            name: "Shoal".into(),
+            version: v.into(),
+        }],
         version: v.into(),
         api_version: API_VERSION.into(),
         min_api_version: MIN_API_VERSION.into(),
@@ -134,7 +164,11 @@ pub async fn version() -> ApiResult {
 /// `GET /info`.
 pub async fn info(State(ctx): Ctx) -> ApiResult {
     let swarm = ctx.state.store.view(|t| {
-        let managers: Vec<_> = t.nodes().iter().filter(|n| n.role() == NodeRole::Manager).collect();
+        let managers: Vec<_> = t
+            .nodes()
+            .iter()
+            .filter(|n| n.role() == NodeRole::Manager)
+            .collect();
         let mut remote: Vec<PeerJson> = managers
             .iter()
             .map(|n| PeerJson {
@@ -144,7 +178,13 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
                     .as_ref()
                     .map(|m| m.addr.clone())
                     .filter(|a| !a.is_empty())
-                    .unwrap_or_else(|| if n.id == ctx.node_id { ctx.node_addr.clone() } else { String::new() }),
+                    .unwrap_or_else(|| {
+                        if n.id == ctx.node_id {
+                            ctx.node_addr.clone()
+                        } else {
+                            String::new()
+                        }
+                    }),
             })
             .collect();
         remote.sort_by(|a, b| a.node_id.cmp(&b.node_id));
@@ -166,7 +206,9 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
         operating_system: os_description(),
         os_type: "linux".into(),
         architecture: std::env::consts::ARCH.into(),
-        ncpu: std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1),
+        ncpu: std::thread::available_parallelism()
+            .map(|n| n.get() as u64)
+            .unwrap_or(1),
         mem_total: mem_total_bytes(),
         kernel_version: kernel_version(),
         server_version: env!("CARGO_PKG_VERSION").into(),
@@ -178,16 +220,23 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
 
 fn first_cluster(t: &shoal_store::Tables) -> Option<&shoal_api::Cluster> {
     // One cluster object per cluster; pick deterministically if a bug ever made two.
-    t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)).map(|c| &**c)
+    t.clusters()
+        .iter()
+        .min_by(|a, b| a.id.cmp(&b.id))
+        .map(|c| &**c)
 }
 
 /// `GET /swarm`.
 pub async fn swarm(State(ctx): Ctx) -> ApiResult {
-    let found = ctx.state.store.view(|t| first_cluster(t).map(SwarmJson::from_api));
+    let found = ctx
+        .state
+        .store
+        .view(|t| first_cluster(t).map(SwarmJson::from_api));
     match found {
         Some(s) => json(s),
         None => Err(ApiError::Unavailable(
-            "the cluster is not initialized yet: wait for the node to finish starting, then retry".into(),
+            "the cluster is not initialized yet: wait for the node to finish starting, then retry"
+                .into(),
         )),
     }
 }
@@ -221,7 +270,14 @@ pub async fn list_services(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 pub async fn create_service(State(ctx): Ctx, body: Bytes) -> ApiResult {
     let spec: ServiceSpecJson = parse_body(&body, "service spec")?;
     let svc = controlapi::create_service(&ctx.state, spec.to_api()?).await?;
-    Ok((StatusCode::CREATED, Json(ServiceCreateResponse { id: svc.id, warnings: Vec::new() })).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(ServiceCreateResponse {
+            id: svc.id,
+            warnings: Vec::new(),
+        }),
+    )
+        .into_response())
 }
 
 /// `GET /services/{id}`.
@@ -237,7 +293,12 @@ pub async fn remove_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResul
 }
 
 /// `POST /services/{id}/update?version=N[&rollback=previous]`.
-pub async fn update_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params, body: Bytes) -> ApiResult {
+pub async fn update_service(
+    State(ctx): Ctx,
+    Path(id): Path<String>,
+    Query(q): Params,
+    body: Bytes,
+) -> ApiResult {
     let version = version_param(&q)?;
     let spec = if q.get("rollback").map(String::as_str) == Some("previous") {
         let current = controlapi::get_service(&ctx.state, &id)?;
@@ -248,14 +309,21 @@ pub async fn update_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): P
         parse_body::<ServiceSpecJson>(&body, "service spec")?.to_api()?
     };
     controlapi::update_service(&ctx.state, &id, version, spec).await?;
-    json(ServiceUpdateResponse { warnings: Vec::new() })
+    json(ServiceUpdateResponse {
+        warnings: Vec::new(),
+    })
 }
 
 /// `GET /tasks`.
 pub async fn list_tasks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::tasks(q.get("filters").map(String::as_str))?;
     let tasks = controlapi::list_tasks(&ctx.state, &f);
-    json(tasks.iter().map(|t| TaskJson::from_api(t)).collect::<Vec<_>>())
+    json(
+        tasks
+            .iter()
+            .map(|t| TaskJson::from_api(t))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// `GET /tasks/{id}`.
@@ -268,7 +336,12 @@ pub async fn get_task(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
 pub async fn list_nodes(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::nodes(q.get("filters").map(String::as_str))?;
     let nodes = controlapi::list_nodes(&ctx.state, &f);
-    json(nodes.iter().map(|n| NodeJson::from_api(n)).collect::<Vec<_>>())
+    json(
+        nodes
+            .iter()
+            .map(|n| NodeJson::from_api(n))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// `GET /nodes/{id}`.
@@ -278,11 +351,20 @@ pub async fn get_node(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
 }
 
 /// `POST /nodes/{id}/update?version=N`.
-pub async fn update_node(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params, body: Bytes) -> ApiResult {
+pub async fn update_node(
+    State(ctx): Ctx,
+    Path(id): Path<String>,
+    Query(q): Params,
+    body: Bytes,
+) -> ApiResult {
     let version = version_param(&q)?;
     let spec: NodeSpecJson = parse_body(&body, "node spec")?;
     let current = controlapi::get_node(&ctx.state, &id)?;
-    let membership = current.spec.as_ref().map(|s| s.membership()).unwrap_or_default();
+    let membership = current
+        .spec
+        .as_ref()
+        .map(|s| s.membership())
+        .unwrap_or_default();
     controlapi::update_node(&ctx.state, &current.id, version, spec.to_api(membership)?).await?;
     Ok(StatusCode::OK.into_response())
 }
@@ -304,5 +386,8 @@ pub async fn distribution() -> ApiResult {
 
 /// Any other path.
 pub async fn not_found(uri: axum::http::Uri) -> ApiResult {
-    Err(ApiError::NotFound(format!("page not found: {} is not an endpoint of the Shoal Engine API", uri.path())))
+    Err(ApiError::NotFound(format!(
+        "page not found: {} is not an endpoint of the Shoal Engine API",
+        uri.path()
+    )))
 }

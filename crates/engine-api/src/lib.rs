@@ -49,7 +49,9 @@ pub async fn serve_unix(
     ctx: ApiContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(ctx)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(ctx))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// The API's routes over `ctx`. Requests may carry a `/v1.NN` prefix; it is stripped before routing.
@@ -61,25 +63,36 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/swarm", get(handlers::swarm))
         .route("/services", get(handlers::list_services))
         .route("/services/create", post(handlers::create_service))
-        .route("/services/{id}", get(handlers::get_service).delete(handlers::remove_service))
+        .route(
+            "/services/{id}",
+            get(handlers::get_service).delete(handlers::remove_service),
+        )
         .route("/services/{id}/update", post(handlers::update_service))
         .route("/tasks", get(handlers::list_tasks))
         .route("/tasks/{id}", get(handlers::get_task))
         .route("/nodes", get(handlers::list_nodes))
-        .route("/nodes/{id}", get(handlers::get_node).delete(handlers::remove_node))
+        .route(
+            "/nodes/{id}",
+            get(handlers::get_node).delete(handlers::remove_node),
+        )
         .route("/nodes/{id}/update", post(handlers::update_node))
         .route("/distribution/{*name}", get(handlers::distribution))
         .fallback(handlers::not_found)
         .layer(axum::middleware::map_response(add_headers))
         .with_state(Arc::new(ctx));
-    let stripped = tower::ServiceBuilder::new().map_request(strip_version_prefix).service(routes);
+    let stripped = tower::ServiceBuilder::new()
+        .map_request(strip_version_prefix)
+        .service(routes);
     Router::new().fallback_service(stripped)
 }
 
 async fn add_headers(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert("API-Version", HeaderValue::from_static(API_VERSION));
-    h.insert("Server", HeaderValue::from_static(concat!("Shoal/", env!("CARGO_PKG_VERSION"))));
+    h.insert(
+        "Server",
+        HeaderValue::from_static(concat!("Shoal/", env!("CARGO_PKG_VERSION"))),
+    );
     r
 }
 

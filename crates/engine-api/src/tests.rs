@@ -7,7 +7,10 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use shoal_api::{node_status, Cluster, ClusterSpec, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus, Task, TaskState, TaskStatus};
+use shoal_api::{
+    node_status, Cluster, ClusterSpec, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus, Task,
+    TaskState, TaskStatus,
+};
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::LocalProposer;
 use shoal_store::{Changes, ManualClock, MemoryStore};
@@ -72,11 +75,18 @@ impl Api {
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Reply { status, headers, body, text }
+        Reply {
+            status,
+            headers,
+            body,
+            text,
+        }
     }
 
     async fn create(&self, name: &str, replicas: i64) -> String {
-        let r = self.call(Method::POST, "/services/create", Some(spec(name, replicas))).await;
+        let r = self
+            .call(Method::POST, "/services/create", Some(spec(name, replicas)))
+            .await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
         r.body["ID"].as_str().unwrap().to_string()
     }
@@ -104,19 +114,30 @@ fn node(id: &str, host: &str, role: NodeRole) -> Node {
     let mut n = Node {
         id: id.into(),
         spec: Some(NodeSpec::default()),
-        description: Some(NodeDescription { hostname: host.into(), ..Default::default() }),
-        status: Some(NodeStatus { addr: "127.0.0.1".into(), ..Default::default() }),
+        description: Some(NodeDescription {
+            hostname: host.into(),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            addr: "127.0.0.1".into(),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     n.set_role(role);
     n.spec.as_mut().unwrap().set_desired_role(role);
-    n.status.as_mut().unwrap().set_state(node_status::State::Ready);
+    n.status
+        .as_mut()
+        .unwrap()
+        .set_state(node_status::State::Ready);
     n
 }
 
 fn assert_error(r: &Reply, status: StatusCode, fragment: &str) {
     assert_eq!(r.status, status, "{}", r.text);
-    let msg = r.body["message"].as_str().unwrap_or_else(|| panic!("no JSON message in {:?}", r.text));
+    let msg = r.body["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no JSON message in {:?}", r.text));
     assert!(msg.contains(fragment), "message {msg:?} lacks {fragment:?}");
 }
 
@@ -144,12 +165,22 @@ async fn ping_version_and_headers_with_and_without_prefix() {
 #[tokio::test]
 async fn unknown_paths_are_404_json_with_headers() {
     let api = Api::new();
-    for uri in ["/containers/json", "/v1.47/containers/json", "/vx.y/services"] {
+    for uri in [
+        "/containers/json",
+        "/v1.47/containers/json",
+        "/vx.y/services",
+    ] {
         let r = api.call(Method::GET, uri, None).await;
         assert_error(&r, StatusCode::NOT_FOUND, "page not found");
         assert_eq!(r.headers["API-Version"], "1.47");
     }
-    let d = api.call(Method::GET, "/distribution/library/busybox:latest/json", None).await;
+    let d = api
+        .call(
+            Method::GET,
+            "/distribution/library/busybox:latest/json",
+            None,
+        )
+        .await;
     assert_error(&d, StatusCode::NOT_IMPLEMENTED, "registries");
 }
 
@@ -162,17 +193,28 @@ async fn info_and_swarm_describe_the_node_and_cluster() {
     let mut cluster = Cluster {
         id: "cluster1".into(),
         spec: Some(ClusterSpec {
-            annotations: Some(shoal_api::Annotations { name: "default".into(), ..Default::default() }),
-            orchestration: Some(shoal_api::OrchestrationConfig { task_history_retention_limit: 5 }),
+            annotations: Some(shoal_api::Annotations {
+                name: "default".into(),
+                ..Default::default()
+            }),
+            orchestration: Some(shoal_api::OrchestrationConfig {
+                task_history_retention_limit: 5,
+            }),
             dispatcher: Some(shoal_api::DispatcherConfig {
-                heartbeat_period: Some(shoal_api::prost_types::Duration { seconds: 5, nanos: 0 }),
+                heartbeat_period: Some(shoal_api::prost_types::Duration {
+                    seconds: 5,
+                    nanos: 0,
+                }),
             }),
             ..Default::default()
         }),
         ..Default::default()
     };
     cluster.root_ca = Some(shoal_api::RootCa {
-        join_tokens: Some(shoal_api::JoinTokens { worker: "SWMTKN-w".into(), manager: "SWMTKN-m".into() }),
+        join_tokens: Some(shoal_api::JoinTokens {
+            worker: "SWMTKN-w".into(),
+            manager: "SWMTKN-m".into(),
+        }),
         ..Default::default()
     });
     api.seed(|c| {
@@ -185,8 +227,14 @@ async fn info_and_swarm_describe_the_node_and_cluster() {
     let s = api.call(Method::GET, "/swarm", None).await;
     assert_eq!(s.status, StatusCode::OK, "{}", s.text);
     assert_eq!(s.body["ID"], "cluster1");
-    assert_eq!(s.body["Spec"]["Orchestration"]["TaskHistoryRetentionLimit"], 5);
-    assert_eq!(s.body["Spec"]["Dispatcher"]["HeartbeatPeriod"], 5_000_000_000i64);
+    assert_eq!(
+        s.body["Spec"]["Orchestration"]["TaskHistoryRetentionLimit"],
+        5
+    );
+    assert_eq!(
+        s.body["Spec"]["Dispatcher"]["HeartbeatPeriod"],
+        5_000_000_000i64
+    );
     assert_eq!(s.body["JoinTokens"]["Worker"], "SWMTKN-w");
 
     let i = api.call(Method::GET, "/info", None).await;
@@ -209,12 +257,21 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
     let id = api.create("web", 3).await;
     assert_eq!(id.len(), 25);
 
-    let g = api.call(Method::GET, "/v1.47/services/web?insertDefaults=false", None).await;
+    let g = api
+        .call(
+            Method::GET,
+            "/v1.47/services/web?insertDefaults=false",
+            None,
+        )
+        .await;
     assert_eq!(g.status, StatusCode::OK);
     assert_eq!(g.body["ID"], id.as_str());
     assert_eq!(g.body["Spec"]["Name"], "web");
     assert_eq!(g.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
-    assert_eq!(g.body["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"], json!(["sleep", "3141"]));
+    assert_eq!(
+        g.body["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"],
+        json!(["sleep", "3141"])
+    );
     assert_eq!(g.body["CreatedAt"], "2023-11-14T22:13:20Z");
     let version = g.body["Version"]["Index"].as_u64().unwrap();
 
@@ -227,7 +284,11 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
             slot: 1,
             node_id: "node1".into(),
             spec: svc.spec.as_ref().unwrap().task.clone(),
-            status: Some(TaskStatus { state: TaskState::Running as i32, message: "started".into(), ..Default::default() }),
+            status: Some(TaskStatus {
+                state: TaskState::Running as i32,
+                message: "started".into(),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         t.set_desired_state(TaskState::Running);
@@ -235,44 +296,99 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
     })
     .await;
     let l = api.call(Method::GET, "/services?status=true", None).await;
-    assert_eq!(l.body[0]["ServiceStatus"], json!({"RunningTasks": 1, "DesiredTasks": 3, "CompletedTasks": 0}));
+    assert_eq!(
+        l.body[0]["ServiceStatus"],
+        json!({"RunningTasks": 1, "DesiredTasks": 3, "CompletedTasks": 0})
+    );
     let plain = api.call(Method::GET, "/services", None).await;
     assert!(plain.body[0].get("ServiceStatus").is_none());
-    let by_name = api.call(Method::GET, "/services?filters=%7B%22name%22%3A%7B%22we%22%3Atrue%7D%7D", None).await;
+    let by_name = api
+        .call(
+            Method::GET,
+            "/services?filters=%7B%22name%22%3A%7B%22we%22%3Atrue%7D%7D",
+            None,
+        )
+        .await;
     assert_eq!(by_name.body.as_array().unwrap().len(), 1);
-    let none = api.call(Method::GET, "/services?filters=%7B%22id%22%3A%5B%22zzz%22%5D%7D", None).await;
+    let none = api
+        .call(
+            Method::GET,
+            "/services?filters=%7B%22id%22%3A%5B%22zzz%22%5D%7D",
+            None,
+        )
+        .await;
     assert_eq!(none.body, json!([]));
 
-    let u = api.call(Method::POST, &format!("/services/{id}/update?version={version}"), Some(spec("web", 5))).await;
+    let u = api
+        .call(
+            Method::POST,
+            &format!("/services/{id}/update?version={version}"),
+            Some(spec("web", 5)),
+        )
+        .await;
     assert_eq!(u.status, StatusCode::OK, "{}", u.text);
     assert_eq!(u.body, json!({"Warnings": []}));
-    let g2 = api.call(Method::GET, &format!("/services/{id}"), None).await;
+    let g2 = api
+        .call(Method::GET, &format!("/services/{id}"), None)
+        .await;
     assert_eq!(g2.body["Spec"]["Mode"]["Replicated"]["Replicas"], 5);
     assert_eq!(g2.body["PreviousSpec"]["Mode"]["Replicated"]["Replicas"], 3);
 
     // Stale version -> 409.
-    let stale = api.call(Method::POST, &format!("/services/{id}/update?version={version}"), Some(spec("web", 6))).await;
+    let stale = api
+        .call(
+            Method::POST,
+            &format!("/services/{id}/update?version={version}"),
+            Some(spec("web", 6)),
+        )
+        .await;
     assert_error(&stale, StatusCode::CONFLICT, "update out of sequence");
     // Rollback to the previous spec.
     let v2 = g2.body["Version"]["Index"].as_u64().unwrap();
-    let rb = api.call(Method::POST, &format!("/services/{id}/update?version={v2}&rollback=previous"), None).await;
+    let rb = api
+        .call(
+            Method::POST,
+            &format!("/services/{id}/update?version={v2}&rollback=previous"),
+            None,
+        )
+        .await;
     assert_eq!(rb.status, StatusCode::OK, "{}", rb.text);
-    let g3 = api.call(Method::GET, &format!("/services/{id}"), None).await;
+    let g3 = api
+        .call(Method::GET, &format!("/services/{id}"), None)
+        .await;
     assert_eq!(g3.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
 
-    let t = api.call(Method::GET, "/tasks?filters=%7B%22service%22%3A%7B%22web%22%3Atrue%7D%7D", None).await;
+    let t = api
+        .call(
+            Method::GET,
+            "/tasks?filters=%7B%22service%22%3A%7B%22web%22%3Atrue%7D%7D",
+            None,
+        )
+        .await;
     assert_eq!(t.body[0]["ID"], "task1");
     assert_eq!(t.body[0]["Status"]["State"], "running");
     assert_eq!(t.body[0]["DesiredState"], "running");
     assert_eq!(t.body[0]["Slot"], 1);
     let t1 = api.call(Method::GET, "/tasks/task1", None).await;
     assert_eq!(t1.body["ServiceID"], id.as_str());
-    assert_error(&api.call(Method::GET, "/tasks/nope", None).await, StatusCode::NOT_FOUND, "task nope not found");
+    assert_error(
+        &api.call(Method::GET, "/tasks/nope", None).await,
+        StatusCode::NOT_FOUND,
+        "task nope not found",
+    );
 
     let d = api.call(Method::DELETE, "/services/web", None).await;
     assert_eq!(d.status, StatusCode::OK, "{}", d.text);
-    assert_error(&api.call(Method::GET, "/services/web", None).await, StatusCode::NOT_FOUND, "service web not found");
-    assert_error(&api.call(Method::DELETE, "/services/web", None).await, StatusCode::NOT_FOUND, "not found");
+    assert_error(
+        &api.call(Method::GET, "/services/web", None).await,
+        StatusCode::NOT_FOUND,
+        "service web not found",
+    );
+    assert_error(
+        &api.call(Method::DELETE, "/services/web", None).await,
+        StatusCode::NOT_FOUND,
+        "not found",
+    );
     let t1 = api.call(Method::GET, "/tasks/task1", None).await;
     assert_eq!(t1.body["DesiredState"], "remove");
 }
@@ -281,38 +397,91 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
 async fn bad_service_requests_are_400_and_conflicts_409() {
     let api = Api::new();
     api.create("web", 1).await;
-    let dup = api.call(Method::POST, "/services/create", Some(spec("web", 1))).await;
-    assert_error(&dup, StatusCode::CONFLICT, "service name web is already in use");
+    let dup = api
+        .call(Method::POST, "/services/create", Some(spec("web", 1)))
+        .await;
+    assert_error(
+        &dup,
+        StatusCode::CONFLICT,
+        "service name web is already in use",
+    );
 
-    let neg = api.call(Method::POST, "/services/create", Some(spec("neg", -1))).await;
+    let neg = api
+        .call(Method::POST, "/services/create", Some(spec("neg", -1)))
+        .await;
     assert_error(&neg, StatusCode::BAD_REQUEST, "Replicas -1");
-    let malformed = api.raw(Method::POST, "/services/create", Some("{not json".into())).await;
-    assert_error(&malformed, StatusCode::BAD_REQUEST, "invalid service spec JSON");
-    let wrong_type = api.call(Method::POST, "/services/create", Some(json!({"Name": 5}))).await;
+    let malformed = api
+        .raw(Method::POST, "/services/create", Some("{not json".into()))
+        .await;
+    assert_error(
+        &malformed,
+        StatusCode::BAD_REQUEST,
+        "invalid service spec JSON",
+    );
+    let wrong_type = api
+        .call(Method::POST, "/services/create", Some(json!({"Name": 5})))
+        .await;
     assert_error(&wrong_type, StatusCode::BAD_REQUEST, "invalid type");
     let empty = api.raw(Method::POST, "/services/create", None).await;
     assert_error(&empty, StatusCode::BAD_REQUEST, "body is empty");
     let mut bad_constraint = spec("bc", 1);
     bad_constraint["TaskTemplate"]["Placement"]["Constraints"] = json!(["node.colour==red"]);
-    let r = api.call(Method::POST, "/services/create", Some(bad_constraint)).await;
+    let r = api
+        .call(Method::POST, "/services/create", Some(bad_constraint))
+        .await;
     assert_error(&r, StatusCode::BAD_REQUEST, "unknown key");
     let mut nulls = spec("nulls", 1);
     nulls["Labels"] = Value::Null;
     nulls["TaskTemplate"]["ContainerSpec"]["Env"] = Value::Null;
-    let r = api.call(Method::POST, "/services/create", Some(nulls)).await;
-    assert_eq!(r.status, StatusCode::CREATED, "Go's null maps and slices are accepted: {}", r.text);
-    let no_image = api.call(Method::POST, "/services/create", Some(json!({"Name": "x"}))).await;
+    let r = api
+        .call(Method::POST, "/services/create", Some(nulls))
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "Go's null maps and slices are accepted: {}",
+        r.text
+    );
+    let no_image = api
+        .call(Method::POST, "/services/create", Some(json!({"Name": "x"})))
+        .await;
     assert_error(&no_image, StatusCode::BAD_REQUEST, "image");
-    let bad_name = api.call(Method::POST, "/services/create", Some(spec("-x", 1))).await;
+    let bad_name = api
+        .call(Method::POST, "/services/create", Some(spec("-x", 1)))
+        .await;
     assert_error(&bad_name, StatusCode::BAD_REQUEST, "invalid service name");
 
-    let no_version = api.call(Method::POST, "/services/web/update", Some(spec("web", 2))).await;
-    assert_error(&no_version, StatusCode::BAD_REQUEST, "version query parameter is required");
-    let bad_filter = api.call(Method::GET, "/services?filters=%7Bnope", None).await;
+    let no_version = api
+        .call(Method::POST, "/services/web/update", Some(spec("web", 2)))
+        .await;
+    assert_error(
+        &no_version,
+        StatusCode::BAD_REQUEST,
+        "version query parameter is required",
+    );
+    let bad_filter = api
+        .call(Method::GET, "/services?filters=%7Bnope", None)
+        .await;
     assert_error(&bad_filter, StatusCode::BAD_REQUEST, "invalid filters");
-    let unknown_filter = api.call(Method::GET, "/tasks?filters=%7B%22colour%22%3A%5B%22x%22%5D%7D", None).await;
-    assert_error(&unknown_filter, StatusCode::BAD_REQUEST, "invalid filter 'colour'");
-    let nf = api.call(Method::POST, "/services/nope/update?version=1", Some(spec("nope", 1))).await;
+    let unknown_filter = api
+        .call(
+            Method::GET,
+            "/tasks?filters=%7B%22colour%22%3A%5B%22x%22%5D%7D",
+            None,
+        )
+        .await;
+    assert_error(
+        &unknown_filter,
+        StatusCode::BAD_REQUEST,
+        "invalid filter 'colour'",
+    );
+    let nf = api
+        .call(
+            Method::POST,
+            "/services/nope/update?version=1",
+            Some(spec("nope", 1)),
+        )
+        .await;
     assert_error(&nf, StatusCode::NOT_FOUND, "service nope not found");
 }
 
@@ -320,7 +489,9 @@ async fn bad_service_requests_are_400_and_conflicts_409() {
 async fn writes_on_a_follower_are_503() {
     let api = Api::new();
     api.proposer.set_leader(false);
-    let r = api.call(Method::POST, "/services/create", Some(spec("web", 1))).await;
+    let r = api
+        .call(Method::POST, "/services/create", Some(spec("web", 1)))
+        .await;
     assert_error(&r, StatusCode::SERVICE_UNAVAILABLE, "not the leader");
 }
 
@@ -337,31 +508,74 @@ async fn nodes_list_inspect_update_remove() {
     assert_eq!(l.body[0]["Description"]["Hostname"], "box1");
     assert_eq!(l.body[0]["Status"]["State"], "ready");
     assert_eq!(l.body[0]["Spec"]["Role"], "manager");
-    let w = api.call(Method::GET, "/nodes?filters=%7B%22role%22%3A%7B%22worker%22%3Atrue%7D%7D", None).await;
+    let w = api
+        .call(
+            Method::GET,
+            "/nodes?filters=%7B%22role%22%3A%7B%22worker%22%3Atrue%7D%7D",
+            None,
+        )
+        .await;
     assert_eq!(w.body[0]["ID"], "node2");
 
     let n = api.call(Method::GET, "/nodes/box2", None).await;
     let v = n.body["Version"]["Index"].as_u64().unwrap();
     let body = json!({"Labels": {"zone": "east"}, "Role": "worker", "Availability": "drain"});
-    let u = api.call(Method::POST, &format!("/nodes/node2/update?version={v}"), Some(body.clone())).await;
+    let u = api
+        .call(
+            Method::POST,
+            &format!("/nodes/node2/update?version={v}"),
+            Some(body.clone()),
+        )
+        .await;
     assert_eq!(u.status, StatusCode::OK, "{}", u.text);
     let n2 = api.call(Method::GET, "/nodes/node2", None).await;
     assert_eq!(n2.body["Spec"]["Availability"], "drain");
     assert_eq!(n2.body["Spec"]["Labels"]["zone"], "east");
-    let stale = api.call(Method::POST, &format!("/nodes/node2/update?version={v}"), Some(body)).await;
+    let stale = api
+        .call(
+            Method::POST,
+            &format!("/nodes/node2/update?version={v}"),
+            Some(body),
+        )
+        .await;
     assert_error(&stale, StatusCode::CONFLICT, "out of sequence");
-    let bad = api.call(Method::POST, "/nodes/node2/update?version=1", Some(json!({"Role": "boss", "Availability": "active"}))).await;
+    let bad = api
+        .call(
+            Method::POST,
+            "/nodes/node2/update?version=1",
+            Some(json!({"Role": "boss", "Availability": "active"})),
+        )
+        .await;
     assert_error(&bad, StatusCode::BAD_REQUEST, "NodeSpec.Role");
 
-    let v1 = api.call(Method::GET, "/nodes/node1", None).await.body["Version"]["Index"].as_u64().unwrap();
+    let v1 = api.call(Method::GET, "/nodes/node1", None).await.body["Version"]["Index"]
+        .as_u64()
+        .unwrap();
     let demote = api
-        .call(Method::POST, &format!("/nodes/node1/update?version={v1}"), Some(json!({"Role": "worker", "Availability": "active"})))
+        .call(
+            Method::POST,
+            &format!("/nodes/node1/update?version={v1}"),
+            Some(json!({"Role": "worker", "Availability": "active"})),
+        )
         .await;
     assert_error(&demote, StatusCode::BAD_REQUEST, "last manager");
 
-    assert_error(&api.call(Method::DELETE, "/nodes/node2", None).await, StatusCode::BAD_REQUEST, "force");
-    assert_eq!(api.call(Method::DELETE, "/nodes/node2?force=true", None).await.status, StatusCode::OK);
-    assert_error(&api.call(Method::GET, "/nodes/node2", None).await, StatusCode::NOT_FOUND, "node node2 not found");
+    assert_error(
+        &api.call(Method::DELETE, "/nodes/node2", None).await,
+        StatusCode::BAD_REQUEST,
+        "force",
+    );
+    assert_eq!(
+        api.call(Method::DELETE, "/nodes/node2?force=true", None)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_error(
+        &api.call(Method::GET, "/nodes/node2", None).await,
+        StatusCode::NOT_FOUND,
+        "node node2 not found",
+    );
 }
 
 #[test]

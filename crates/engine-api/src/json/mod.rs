@@ -11,8 +11,8 @@ mod tests;
 
 pub use common::{ConvertError, VersionJson};
 pub use objects::{
-    ClusterInfoJson, ManagerStatusJson, NodeJson, NodeSpecJson, ServiceJson, ServiceStatusJson, SwarmJson, TaskJson,
-    TaskStatusJson,
+    ClusterInfoJson, ManagerStatusJson, NodeJson, NodeSpecJson, ServiceJson, ServiceStatusJson,
+    SwarmJson, TaskJson, TaskStatusJson,
 };
 pub use spec::{ServiceSpecJson, TaskSpecJson};
 pub use system::{InfoJson, SwarmInfoJson, SystemVersionJson};

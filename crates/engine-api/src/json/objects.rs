@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use shoal_api::{
-    node_spec, node_status, raft_member_status, task_status, update_status, Cluster, ContainerStatus, Meta, Node,
-    NodeRole, NodeSpec, Service, Task, TaskState, TaskStatus,
+    node_spec, node_status, raft_member_status, task_status, update_status, Cluster,
+    ContainerStatus, Meta, Node, NodeRole, NodeSpec, Service, Task, TaskState, TaskStatus,
 };
 
 use super::common::*;
-use super::spec::{DriverJson, EndpointSpecJson, PlatformJson, PortJson, ServiceSpecJson, TaskSpecJson};
+use super::spec::{
+    DriverJson, EndpointSpecJson, PlatformJson, PortJson, ServiceSpecJson, TaskSpecJson,
+};
 
 fn meta_parts(meta: Option<&Meta>) -> (VersionJson, String, String) {
     (
@@ -101,9 +103,18 @@ const UPDATE_STATE: &[(&str, update_status::UpdateState)] = &[
     ("updating", update_status::UpdateState::Updating),
     ("paused", update_status::UpdateState::Paused),
     ("completed", update_status::UpdateState::Completed),
-    ("rollback_started", update_status::UpdateState::RollbackStarted),
-    ("rollback_paused", update_status::UpdateState::RollbackPaused),
-    ("rollback_completed", update_status::UpdateState::RollbackCompleted),
+    (
+        "rollback_started",
+        update_status::UpdateState::RollbackStarted,
+    ),
+    (
+        "rollback_paused",
+        update_status::UpdateState::RollbackPaused,
+    ),
+    (
+        "rollback_completed",
+        update_status::UpdateState::RollbackCompleted,
+    ),
 ];
 
 impl ServiceJson {
@@ -115,10 +126,18 @@ impl ServiceJson {
             version,
             created_at,
             updated_at,
-            spec: s.spec.as_ref().map(ServiceSpecJson::from_api).unwrap_or_default(),
+            spec: s
+                .spec
+                .as_ref()
+                .map(ServiceSpecJson::from_api)
+                .unwrap_or_default(),
             previous_spec: s.previous_spec.as_ref().map(ServiceSpecJson::from_api),
             endpoint: s.endpoint.as_ref().map(|e| EndpointJson {
-                spec: e.spec.as_ref().map(EndpointSpecJson::from_api).unwrap_or_default(),
+                spec: e
+                    .spec
+                    .as_ref()
+                    .map(EndpointSpecJson::from_api)
+                    .unwrap_or_default(),
                 ports: e.ports.iter().map(PortJson::from_api).collect(),
             }),
             update_status: s.update_status.as_ref().map(|u| UpdateStatusJson {
@@ -137,14 +156,22 @@ impl ServiceJson {
             id: self.id.clone(),
             meta: Some(meta_from(self.version, &self.created_at, &self.updated_at)?),
             spec: Some(self.spec.to_api()?),
-            previous_spec: self.previous_spec.as_ref().map(ServiceSpecJson::to_api).transpose()?,
+            previous_spec: self
+                .previous_spec
+                .as_ref()
+                .map(ServiceSpecJson::to_api)
+                .transpose()?,
             endpoint: self
                 .endpoint
                 .as_ref()
                 .map(|e| -> Result<_, ConvertError> {
                     Ok(shoal_api::Endpoint {
                         spec: Some(e.spec.to_api()?),
-                        ports: e.ports.iter().map(PortJson::to_api).collect::<Result<_, _>>()?,
+                        ports: e
+                            .ports
+                            .iter()
+                            .map(PortJson::to_api)
+                            .collect::<Result<_, _>>()?,
                         virtual_ips: Vec::new(),
                     })
                 })
@@ -258,7 +285,8 @@ pub struct PortStatusJson {
 }
 
 fn state_from(field: &str, s: &str) -> Result<TaskState, ConvertError> {
-    TaskState::from_docker_name(s).ok_or_else(|| ConvertError(format!("invalid {field} {s:?}: not a task state")))
+    TaskState::from_docker_name(s)
+        .ok_or_else(|| ConvertError(format!("invalid {field} {s:?}: not a task state")))
 }
 
 impl TaskJson {
@@ -274,7 +302,11 @@ impl TaskJson {
             updated_at,
             name: ann.name,
             labels: labels_to_json(&ann.labels),
-            spec: t.spec.as_ref().map(TaskSpecJson::from_api).unwrap_or_default(),
+            spec: t
+                .spec
+                .as_ref()
+                .map(TaskSpecJson::from_api)
+                .unwrap_or_default(),
             service_id: t.service_id.clone(),
             slot: t.slot,
             node_id: t.node_id.clone(),
@@ -290,10 +322,9 @@ impl TaskJson {
                         exit_code: c.exit_code,
                     },
                 }),
-                port_status: st
-                    .port_status
-                    .as_ref()
-                    .map(|p| PortStatusJson { ports: p.ports.iter().map(PortJson::from_api).collect() }),
+                port_status: st.port_status.as_ref().map(|p| PortStatusJson {
+                    ports: p.ports.iter().map(PortJson::from_api).collect(),
+                }),
             },
             desired_state: TaskState::from_wire(t.desired_state).docker_name().into(),
         }
@@ -318,16 +349,23 @@ impl TaskJson {
                 .port_status
                 .as_ref()
                 .map(|p| -> Result<_, ConvertError> {
-                    Ok(shoal_api::PortStatus { ports: p.ports.iter().map(PortJson::to_api).collect::<Result<_, _>>()? })
+                    Ok(shoal_api::PortStatus {
+                        ports: p
+                            .ports
+                            .iter()
+                            .map(PortJson::to_api)
+                            .collect::<Result<_, _>>()?,
+                    })
                 })
                 .transpose()?,
             ..Default::default()
         };
-        let annotations = (!self.name.is_empty() || !self.labels.is_empty()).then(|| shoal_api::Annotations {
-            name: self.name.clone(),
-            labels: labels_from_json(&self.labels),
-            indices: Vec::new(),
-        });
+        let annotations =
+            (!self.name.is_empty() || !self.labels.is_empty()).then(|| shoal_api::Annotations {
+                name: self.name.clone(),
+                labels: labels_from_json(&self.labels),
+                indices: Vec::new(),
+            });
         Ok(Task {
             id: self.id.clone(),
             meta: Some(meta_from(self.version, &self.created_at, &self.updated_at)?),
@@ -381,10 +419,14 @@ impl NodeSpecJson {
     /// Role and availability must be given.
     pub fn to_api(&self, membership: node_spec::Membership) -> Result<NodeSpec, ConvertError> {
         if self.role.is_empty() {
-            return Err(ConvertError("NodeSpec.Role is required: \"worker\" or \"manager\"".into()));
+            return Err(ConvertError(
+                "NodeSpec.Role is required: \"worker\" or \"manager\"".into(),
+            ));
         }
         if self.availability.is_empty() {
-            return Err(ConvertError("NodeSpec.Availability is required: \"active\", \"pause\" or \"drain\"".into()));
+            return Err(ConvertError(
+                "NodeSpec.Availability is required: \"active\", \"pause\" or \"drain\"".into(),
+            ));
         }
         let mut s = NodeSpec {
             annotations: Some(shoal_api::Annotations {
@@ -394,7 +436,12 @@ impl NodeSpecJson {
             }),
             ..Default::default()
         };
-        s.set_desired_role(enum_from_str("NodeSpec.Role", &self.role, ROLE, NodeRole::Worker)?);
+        s.set_desired_role(enum_from_str(
+            "NodeSpec.Role",
+            &self.role,
+            ROLE,
+            NodeRole::Worker,
+        )?);
         s.set_availability(enum_from_str(
             "NodeSpec.Availability",
             &self.availability,
@@ -532,18 +579,31 @@ impl NodeJson {
             version,
             created_at,
             updated_at,
-            spec: n.spec.as_ref().map(NodeSpecJson::from_api).unwrap_or_default(),
+            spec: n
+                .spec
+                .as_ref()
+                .map(NodeSpecJson::from_api)
+                .unwrap_or_default(),
             description: NodeDescriptionJson {
                 hostname: d.hostname.clone(),
-                platform: PlatformJson { architecture: platform.architecture, os: platform.os },
-                resources: super::spec::ResourceValuesJson { nano_cpus: res.nano_cpus, memory_bytes: res.memory_bytes },
+                platform: PlatformJson {
+                    architecture: platform.architecture,
+                    os: platform.os,
+                },
+                resources: super::spec::ResourceValuesJson {
+                    nano_cpus: res.nano_cpus,
+                    memory_bytes: res.memory_bytes,
+                },
                 engine: EngineJson {
                     engine_version: engine.engine_version.clone(),
                     labels: labels_to_json(&engine.labels),
                     plugins: engine
                         .plugins
                         .iter()
-                        .map(|p| PluginJson { kind: p.r#type.clone(), name: p.name.clone() })
+                        .map(|p| PluginJson {
+                            kind: p.r#type.clone(),
+                            name: p.name.clone(),
+                        })
                         .collect(),
                 },
                 tls_info: TlsInfoJson {
@@ -574,12 +634,21 @@ impl NodeJson {
             addr: self.status.addr.clone(),
             ..Default::default()
         };
-        status.set_state(enum_from_str("Status.State", &self.status.state, NODE_STATE, node_status::State::Unknown)?);
+        status.set_state(enum_from_str(
+            "Status.State",
+            &self.status.state,
+            NODE_STATE,
+            node_status::State::Unknown,
+        )?);
         let manager_status = self
             .manager_status
             .as_ref()
             .map(|m| -> Result<_, ConvertError> {
-                let mut out = shoal_api::ManagerStatus { leader: m.leader, addr: m.addr.clone(), ..Default::default() };
+                let mut out = shoal_api::ManagerStatus {
+                    leader: m.leader,
+                    addr: m.addr.clone(),
+                    ..Default::default()
+                };
                 out.set_reachability(enum_from_str(
                     "ManagerStatus.Reachability",
                     &m.reachability,
@@ -612,7 +681,10 @@ impl NodeJson {
                         .engine
                         .plugins
                         .iter()
-                        .map(|p| shoal_api::PluginDescription { r#type: p.kind.clone(), name: p.name.clone() })
+                        .map(|p| shoal_api::PluginDescription {
+                            r#type: p.kind.clone(),
+                            name: p.name.clone(),
+                        })
                         .collect(),
                 }),
                 tls_info: (!d.tls_info.trust_root.is_empty()).then(|| shoal_api::NodeTlsInfo {
@@ -625,7 +697,11 @@ impl NodeJson {
             manager_status,
             ..Default::default()
         };
-        node.set_role(if manager_status_is_some(&self.manager_status) { NodeRole::Manager } else { NodeRole::Worker });
+        node.set_role(if manager_status_is_some(&self.manager_status) {
+            NodeRole::Manager
+        } else {
+            NodeRole::Worker
+        });
         Ok(node)
     }
 }
@@ -764,7 +840,11 @@ impl SwarmJson {
         let (version, created_at, updated_at) = meta_parts(c.meta.as_ref());
         let spec = c.spec.clone().unwrap_or_default();
         let ann = spec.annotations.clone().unwrap_or_default();
-        let tokens = c.root_ca.as_ref().and_then(|r| r.join_tokens.clone()).unwrap_or_default();
+        let tokens = c
+            .root_ca
+            .as_ref()
+            .and_then(|r| r.join_tokens.clone())
+            .unwrap_or_default();
         let raft = spec.raft.unwrap_or_default();
         SwarmJson {
             cluster: ClusterInfoJson {
@@ -805,20 +885,29 @@ impl SwarmJson {
                         force_rotate: spec.ca_config.as_ref().map(|c| c.force_rotate).unwrap_or(0),
                     },
                     encryption_config: EncryptionConfigJson {
-                        auto_lock_managers: spec.encryption_config.as_ref().is_some_and(|e| e.auto_lock_managers),
+                        auto_lock_managers: spec
+                            .encryption_config
+                            .as_ref()
+                            .is_some_and(|e| e.auto_lock_managers),
                     },
                     task_defaults: TaskDefaultsJson {
                         log_driver: spec
                             .task_defaults
                             .as_ref()
                             .and_then(|t| t.log_driver.as_ref())
-                            .map(|d| DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }),
+                            .map(|d| DriverJson {
+                                name: d.name.clone(),
+                                options: labels_to_json(&d.options),
+                            }),
                     },
                 },
                 root_rotation_in_progress: false,
                 data_path_port: 0,
             },
-            join_tokens: JoinTokensJson { worker: tokens.worker, manager: tokens.manager },
+            join_tokens: JoinTokensJson {
+                worker: tokens.worker,
+                manager: tokens.manager,
+            },
         }
     }
 }

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use shoal_api::{
-    container_spec, endpoint_spec, mount, placement_preference, port_config, restart_policy, service_spec, task_spec,
-    update_config, Annotations, ContainerSpec, Driver, EndpointSpec, GlobalJob, GlobalService, HealthConfig, Mount,
-    Placement, PlacementPreference, Platform, PortConfig, ReplicatedJob, ReplicatedService, ResourceRequirements,
-    Resources, RestartPolicy, ServiceSpec, SpreadOver, TaskSpec, UpdateConfig,
+    container_spec, endpoint_spec, mount, placement_preference, port_config, restart_policy,
+    service_spec, task_spec, update_config, Annotations, ContainerSpec, Driver, EndpointSpec,
+    GlobalJob, GlobalService, HealthConfig, Mount, Placement, PlacementPreference, Platform,
+    PortConfig, ReplicatedJob, ReplicatedService, ResourceRequirements, Resources, RestartPolicy,
+    ServiceSpec, SpreadOver, TaskSpec, UpdateConfig,
 };
 
 use super::common::*;
@@ -397,17 +398,23 @@ const FAILURE_ACTION: &[(&str, update_config::FailureAction)] = &[
     ("continue", update_config::FailureAction::Continue),
     ("rollback", update_config::FailureAction::Rollback),
 ];
-const ORDER: &[(&str, update_config::UpdateOrder)] =
-    &[("stop-first", update_config::UpdateOrder::StopFirst), ("start-first", update_config::UpdateOrder::StartFirst)];
-const ENDPOINT_MODE: &[(&str, endpoint_spec::ResolutionMode)] =
-    &[("vip", endpoint_spec::ResolutionMode::Vip), ("dnsrr", endpoint_spec::ResolutionMode::Dnsrr)];
+const ORDER: &[(&str, update_config::UpdateOrder)] = &[
+    ("stop-first", update_config::UpdateOrder::StopFirst),
+    ("start-first", update_config::UpdateOrder::StartFirst),
+];
+const ENDPOINT_MODE: &[(&str, endpoint_spec::ResolutionMode)] = &[
+    ("vip", endpoint_spec::ResolutionMode::Vip),
+    ("dnsrr", endpoint_spec::ResolutionMode::Dnsrr),
+];
 const PROTOCOL: &[(&str, port_config::Protocol)] = &[
     ("tcp", port_config::Protocol::Tcp),
     ("udp", port_config::Protocol::Udp),
     ("sctp", port_config::Protocol::Sctp),
 ];
-const PUBLISH_MODE: &[(&str, port_config::PublishMode)] =
-    &[("ingress", port_config::PublishMode::Ingress), ("host", port_config::PublishMode::Host)];
+const PUBLISH_MODE: &[(&str, port_config::PublishMode)] = &[
+    ("ingress", port_config::PublishMode::Ingress),
+    ("host", port_config::PublishMode::Host),
+];
 const MOUNT_TYPE: &[(&str, mount::Type)] = &[
     ("bind", mount::Type::Bind),
     ("volume", mount::Type::Volume),
@@ -427,7 +434,9 @@ impl ServiceSpecJson {
                     "invalid Mode.Replicated.Replicas {replicas}: the replica count must be 0 or more"
                 )));
             }
-            service_spec::Mode::Replicated(ReplicatedService { replicas: replicas as u64 })
+            service_spec::Mode::Replicated(ReplicatedService {
+                replicas: replicas as u64,
+            })
         } else if self.mode.global.is_some() {
             service_spec::Mode::Global(GlobalService {})
         } else if let Some(j) = &self.mode.replicated_job {
@@ -448,9 +457,21 @@ impl ServiceSpecJson {
             }),
             task: Some(self.task_template.to_api()?),
             mode: Some(mode),
-            update: self.update_config.as_ref().map(|u| u.to_api("UpdateConfig")).transpose()?,
-            rollback: self.rollback_config.as_ref().map(|u| u.to_api("RollbackConfig")).transpose()?,
-            endpoint: self.endpoint_spec.as_ref().map(EndpointSpecJson::to_api).transpose()?,
+            update: self
+                .update_config
+                .as_ref()
+                .map(|u| u.to_api("UpdateConfig"))
+                .transpose()?,
+            rollback: self
+                .rollback_config
+                .as_ref()
+                .map(|u| u.to_api("RollbackConfig"))
+                .transpose()?,
+            endpoint: self
+                .endpoint_spec
+                .as_ref()
+                .map(EndpointSpecJson::to_api)
+                .transpose()?,
         })
     }
 
@@ -460,12 +481,16 @@ impl ServiceSpecJson {
         let mut mode = ModeJson::default();
         match &s.mode {
             Some(service_spec::Mode::Replicated(r)) => {
-                mode.replicated = Some(ReplicatedJson { replicas: Some(r.replicas as i64) })
+                mode.replicated = Some(ReplicatedJson {
+                    replicas: Some(r.replicas as i64),
+                })
             }
             Some(service_spec::Mode::Global(_)) => mode.global = Some(Empty {}),
             Some(service_spec::Mode::ReplicatedJob(j)) => {
-                mode.replicated_job =
-                    Some(ReplicatedJobJson { max_concurrent: j.max_concurrent, total_completions: j.total_completions })
+                mode.replicated_job = Some(ReplicatedJobJson {
+                    max_concurrent: j.max_concurrent,
+                    total_completions: j.total_completions,
+                })
             }
             Some(service_spec::Mode::GlobalJob(_)) => mode.global_job = Some(Empty {}),
             None => {}
@@ -473,7 +498,11 @@ impl ServiceSpecJson {
         ServiceSpecJson {
             name: ann.name,
             labels: labels_to_json(&ann.labels),
-            task_template: s.task.as_ref().map(TaskSpecJson::from_api).unwrap_or_default(),
+            task_template: s
+                .task
+                .as_ref()
+                .map(TaskSpecJson::from_api)
+                .unwrap_or_default(),
             mode,
             update_config: s.update.as_ref().map(UpdateConfigJson::from_api),
             rollback_config: s.rollback.as_ref().map(UpdateConfigJson::from_api),
@@ -486,16 +515,28 @@ impl TaskSpecJson {
     /// Converts to the API task spec.
     pub fn to_api(&self) -> Result<TaskSpec, ConvertError> {
         if !self.runtime.is_empty() && self.runtime != "container" {
-            return Err(ConvertError::bad_value("TaskTemplate.Runtime", &self.runtime, &["container"]));
+            return Err(ConvertError::bad_value(
+                "TaskTemplate.Runtime",
+                &self.runtime,
+                &["container"],
+            ));
         }
         Ok(TaskSpec {
-            runtime: self.container_spec.as_ref().map(|c| c.to_api().map(task_spec::Runtime::Container)).transpose()?,
+            runtime: self
+                .container_spec
+                .as_ref()
+                .map(|c| c.to_api().map(task_spec::Runtime::Container))
+                .transpose()?,
             resources: self.resources.as_ref().map(|r| ResourceRequirements {
                 limits: r.limits.as_ref().map(ResourceValuesJson::to_api),
                 reservations: r.reservations.as_ref().map(ResourceValuesJson::to_api),
                 ..Default::default()
             }),
-            restart: self.restart_policy.as_ref().map(RestartPolicyJson::to_api).transpose()?,
+            restart: self
+                .restart_policy
+                .as_ref()
+                .map(RestartPolicyJson::to_api)
+                .transpose()?,
             placement: self.placement.as_ref().map(PlacementJson::to_api),
             log_driver: self.log_driver.as_ref().map(DriverJson::to_api),
             force_update: self.force_update,
@@ -516,7 +557,11 @@ impl TaskSpecJson {
             placement: t.placement.as_ref().map(PlacementJson::from_api),
             log_driver: t.log_driver.as_ref().map(DriverJson::from_api),
             force_update: t.force_update,
-            runtime: if t.runtime.is_some() { "container".into() } else { String::new() },
+            runtime: if t.runtime.is_some() {
+                "container".into()
+            } else {
+                String::new()
+            },
         }
     }
 }
@@ -531,7 +576,11 @@ impl ContainerSpecJson {
             env: self.env.clone(),
             dir: self.dir.clone(),
             user: self.user.clone(),
-            mounts: self.mounts.iter().map(MountJson::to_api).collect::<Result<_, _>>()?,
+            mounts: self
+                .mounts
+                .iter()
+                .map(MountJson::to_api)
+                .collect::<Result<_, _>>()?,
             stop_grace_period: self.stop_grace_period.map(duration_from_ns),
             groups: self.groups.clone(),
             tty: self.tty,
@@ -601,7 +650,12 @@ impl MountJson {
             readonly: self.read_only,
             ..Default::default()
         };
-        m.set_type(enum_from_str("Mount.Type", &self.kind, MOUNT_TYPE, mount::Type::Volume)?);
+        m.set_type(enum_from_str(
+            "Mount.Type",
+            &self.kind,
+            MOUNT_TYPE,
+            mount::Type::Volume,
+        )?);
         Ok(m)
     }
     fn from_api(m: &Mount) -> MountJson {
@@ -616,10 +670,17 @@ impl MountJson {
 
 impl ResourceValuesJson {
     fn to_api(&self) -> Resources {
-        Resources { nano_cpus: self.nano_cpus, memory_bytes: self.memory_bytes, generic: Vec::new() }
+        Resources {
+            nano_cpus: self.nano_cpus,
+            memory_bytes: self.memory_bytes,
+            generic: Vec::new(),
+        }
     }
     fn from_api(r: &Resources) -> ResourceValuesJson {
-        ResourceValuesJson { nano_cpus: r.nano_cpus, memory_bytes: r.memory_bytes }
+        ResourceValuesJson {
+            nano_cpus: r.nano_cpus,
+            memory_bytes: r.memory_bytes,
+        }
     }
 }
 
@@ -666,7 +727,10 @@ impl PlacementJson {
             platforms: self
                 .platforms
                 .iter()
-                .map(|p| Platform { architecture: p.architecture.clone(), os: p.os.clone() })
+                .map(|p| Platform {
+                    architecture: p.architecture.clone(),
+                    os: p.os.clone(),
+                })
                 .collect(),
             max_replicas: self.max_replicas,
         }
@@ -679,16 +743,19 @@ impl PlacementJson {
                 .iter()
                 .map(|pref| PreferenceJson {
                     spread: pref.preference.as_ref().map(|p| match p {
-                        placement_preference::Preference::Spread(s) => {
-                            SpreadJson { spread_descriptor: s.spread_descriptor.clone() }
-                        }
+                        placement_preference::Preference::Spread(s) => SpreadJson {
+                            spread_descriptor: s.spread_descriptor.clone(),
+                        },
                     }),
                 })
                 .collect(),
             platforms: p
                 .platforms
                 .iter()
-                .map(|x| PlatformJson { architecture: x.architecture.clone(), os: x.os.clone() })
+                .map(|x| PlatformJson {
+                    architecture: x.architecture.clone(),
+                    os: x.os.clone(),
+                })
                 .collect(),
             max_replicas: p.max_replicas,
         }
@@ -697,10 +764,16 @@ impl PlacementJson {
 
 impl DriverJson {
     fn to_api(&self) -> Driver {
-        Driver { name: self.name.clone(), options: labels_from_json(&self.options) }
+        Driver {
+            name: self.name.clone(),
+            options: labels_from_json(&self.options),
+        }
     }
     fn from_api(d: &Driver) -> DriverJson {
-        DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }
+        DriverJson {
+            name: d.name.clone(),
+            options: labels_to_json(&d.options),
+        }
     }
 }
 
@@ -743,10 +816,19 @@ impl EndpointSpecJson {
     /// Converts to the API endpoint spec.
     pub fn to_api(&self) -> Result<EndpointSpec, ConvertError> {
         let mut e = EndpointSpec {
-            ports: self.ports.iter().map(PortJson::to_api).collect::<Result<_, _>>()?,
+            ports: self
+                .ports
+                .iter()
+                .map(PortJson::to_api)
+                .collect::<Result<_, _>>()?,
             ..Default::default()
         };
-        e.set_mode(enum_from_str("EndpointSpec.Mode", &self.mode, ENDPOINT_MODE, endpoint_spec::ResolutionMode::Vip)?);
+        e.set_mode(enum_from_str(
+            "EndpointSpec.Mode",
+            &self.mode,
+            ENDPOINT_MODE,
+            endpoint_spec::ResolutionMode::Vip,
+        )?);
         Ok(e)
     }
     /// Converts from the API endpoint spec.
@@ -767,7 +849,12 @@ impl PortJson {
             published_port: self.published_port,
             ..Default::default()
         };
-        p.set_protocol(enum_from_str("Port.Protocol", &self.protocol, PROTOCOL, port_config::Protocol::Tcp)?);
+        p.set_protocol(enum_from_str(
+            "Port.Protocol",
+            &self.protocol,
+            PROTOCOL,
+            port_config::Protocol::Tcp,
+        )?);
         p.set_publish_mode(enum_from_str(
             "Port.PublishMode",
             &self.publish_mode,

@@ -63,7 +63,11 @@ fn full_service_spec() -> Value {
 
 #[test]
 fn service_spec_round_trips() {
-    round_trip::<ServiceSpecJson, _>(full_service_spec(), |j| j.to_api().unwrap(), ServiceSpecJson::from_api);
+    round_trip::<ServiceSpecJson, _>(
+        full_service_spec(),
+        |j| j.to_api().unwrap(),
+        ServiceSpecJson::from_api,
+    );
     for mode in [
         json!({"Global": {}}),
         json!({"ReplicatedJob": {"MaxConcurrent": 2, "TotalCompletions": 5}}),
@@ -146,10 +150,18 @@ fn unknown_fields_are_ignored_and_defaults_apply() {
     }))
     .unwrap();
     let api = spec.to_api().unwrap();
-    assert_eq!(api.mode, Some(shoal_api::service_spec::Mode::Replicated(shoal_api::ReplicatedService { replicas: 1 })));
+    assert_eq!(
+        api.mode,
+        Some(shoal_api::service_spec::Mode::Replicated(
+            shoal_api::ReplicatedService { replicas: 1 }
+        ))
+    );
     let restart: spec::RestartPolicyJson = serde_json::from_value(json!({})).unwrap();
     let doc = ServiceSpecJson {
-        task_template: TaskSpecJson { restart_policy: Some(restart), ..spec.task_template.clone() },
+        task_template: TaskSpecJson {
+            restart_policy: Some(restart),
+            ..spec.task_template.clone()
+        },
         ..spec
     };
     let api = doc.to_api().unwrap();
@@ -168,13 +180,33 @@ fn bad_values_are_reported_with_the_field() {
         let err = parsed.to_api().unwrap_err();
         assert!(err.0.contains(fragment), "{err}");
     };
-    check(json!({"Mode": {"Replicated": {"Replicas": -1}}}), "Replicas -1");
-    check(json!({"TaskTemplate": {"RestartPolicy": {"Condition": "always"}}}), "RestartPolicy.Condition");
-    check(json!({"UpdateConfig": {"Order": "sideways"}}), "UpdateConfig.Order");
-    check(json!({"EndpointSpec": {"Mode": "magic"}}), "EndpointSpec.Mode");
+    check(
+        json!({"Mode": {"Replicated": {"Replicas": -1}}}),
+        "Replicas -1",
+    );
+    check(
+        json!({"TaskTemplate": {"RestartPolicy": {"Condition": "always"}}}),
+        "RestartPolicy.Condition",
+    );
+    check(
+        json!({"UpdateConfig": {"Order": "sideways"}}),
+        "UpdateConfig.Order",
+    );
+    check(
+        json!({"EndpointSpec": {"Mode": "magic"}}),
+        "EndpointSpec.Mode",
+    );
     check(json!({"TaskTemplate": {"Runtime": "plugin"}}), "Runtime");
-    let node = NodeSpecJson { role: "boss".into(), availability: "active".into(), ..Default::default() };
-    assert!(node.to_api(shoal_api::node_spec::Membership::Accepted).unwrap_err().0.contains("NodeSpec.Role"));
+    let node = NodeSpecJson {
+        role: "boss".into(),
+        availability: "active".into(),
+        ..Default::default()
+    };
+    assert!(node
+        .to_api(shoal_api::node_spec::Membership::Accepted)
+        .unwrap_err()
+        .0
+        .contains("NodeSpec.Role"));
 }
 
 /// Merges `patch` into `doc` (objects recursively, everything else replaced).

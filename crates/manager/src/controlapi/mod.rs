@@ -25,8 +25,8 @@ mod tests;
 
 pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use service::{
-    create_service, get_service, list_services, remove_service, service_status, update_service, validate_service_spec,
-    ServiceFilters, ServiceStatus,
+    create_service, get_service, list_services, remove_service, service_status, update_service,
+    validate_service_spec, ServiceFilters, ServiceStatus,
 };
 pub use task::{get_task, list_tasks, task_name, TaskFilters};
 
@@ -67,7 +67,10 @@ pub enum ControlError {
 
 impl ControlError {
     pub(crate) fn not_found(kind: &'static str, reference: &str) -> ControlError {
-        ControlError::NotFound { kind, reference: reference.to_string() }
+        ControlError::NotFound {
+            kind,
+            reference: reference.to_string(),
+        }
     }
 }
 
@@ -76,7 +79,9 @@ impl From<ProposeError> for ControlError {
         match e {
             ProposeError::NotLeader { .. } => ControlError::NotLeader,
             ProposeError::Store(s) => s.into(),
-            ProposeError::Unknown(_) | ProposeError::Stopped => ControlError::Unavailable(e.to_string()),
+            ProposeError::Unknown(_) | ProposeError::Stopped => {
+                ControlError::Unavailable(e.to_string())
+            }
             ProposeError::TooLarge { .. } => ControlError::InvalidArgument(e.to_string()),
         }
     }
@@ -117,7 +122,9 @@ pub(crate) fn resolve<'a, T: StoreObject + 'a, I: Iterator<Item = &'a Arc<T>>>(
     all: I,
 ) -> Result<&'a Arc<T>, ControlError> {
     if reference.is_empty() {
-        return Err(ControlError::InvalidArgument(format!("a {kind} ID or name is required")));
+        return Err(ControlError::InvalidArgument(format!(
+            "a {kind} ID or name is required"
+        )));
     }
     if let Some(o) = get(reference) {
         return Ok(o);
@@ -136,7 +143,10 @@ pub(crate) fn resolve<'a, T: StoreObject + 'a, I: Iterator<Item = &'a Arc<T>>>(
 }
 
 /// True when `labels` has every `key` or `key=value` of `wanted`.
-pub(crate) fn labels_match(labels: &std::collections::HashMap<String, String>, wanted: &[String]) -> bool {
+pub(crate) fn labels_match(
+    labels: &std::collections::HashMap<String, String>,
+    wanted: &[String],
+) -> bool {
     wanted.iter().all(|w| match w.split_once('=') {
         Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
         None => labels.contains_key(w.as_str()),
@@ -149,6 +159,15 @@ pub(crate) fn any_prefix(filter: &[String], value: &str) -> bool {
 }
 
 /// The service with this ID, name or unique ID prefix, in a view.
-pub(crate) fn find_service<'a>(t: &'a Tables, reference: &str) -> Result<&'a Arc<shoal_api::Service>, ControlError> {
-    resolve("service", reference, |id| t.services().get(id), |n| t.services().by_name(n), t.services().iter())
+pub(crate) fn find_service<'a>(
+    t: &'a Tables,
+    reference: &str,
+) -> Result<&'a Arc<shoal_api::Service>, ControlError> {
+    resolve(
+        "service",
+        reference,
+        |id| t.services().get(id),
+        |n| t.services().by_name(n),
+        t.services().iter(),
+    )
 }

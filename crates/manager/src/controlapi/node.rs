@@ -12,21 +12,35 @@ use crate::state::ClusterState;
 
 /// The name a node goes by: its spec name, else its hostname.
 pub fn node_name(node: &Node) -> &str {
-    let spec_name = node.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()).unwrap_or("");
+    let spec_name = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.annotations.as_ref())
+        .map(|a| a.name.as_str())
+        .unwrap_or("");
     if !spec_name.is_empty() {
         return spec_name;
     }
-    node.description.as_ref().map(|d| d.hostname.as_str()).unwrap_or("")
+    node.description
+        .as_ref()
+        .map(|d| d.hostname.as_str())
+        .unwrap_or("")
 }
 
 pub(crate) fn find<'a>(t: &'a Tables, reference: &str) -> Result<&'a Arc<Node>, ControlError> {
-    resolve("node", reference, |id| t.nodes().get(id), |name| {
-        let mut named = t.nodes().iter().filter(|n| node_name(n) == name);
-        match (named.next(), named.next()) {
-            (Some(n), None) => Some(n),
-            _ => None,
-        }
-    }, t.nodes().iter())
+    resolve(
+        "node",
+        reference,
+        |id| t.nodes().get(id),
+        |name| {
+            let mut named = t.nodes().iter().filter(|n| node_name(n) == name);
+            match (named.next(), named.next()) {
+                (Some(n), None) => Some(n),
+                _ => None,
+            }
+        },
+        t.nodes().iter(),
+    )
 }
 
 /// The node with this ID, name (or hostname) or unique ID prefix.
@@ -63,15 +77,21 @@ pub fn list_nodes(state: &ClusterState, filters: &NodeFilters) -> Vec<Arc<Node>>
             .iter()
             .filter(|n| {
                 let spec = n.spec.clone().unwrap_or_default();
-                let labels = spec.annotations.as_ref().map(|a| a.labels.clone()).unwrap_or_default();
+                let labels = spec
+                    .annotations
+                    .as_ref()
+                    .map(|a| a.labels.clone())
+                    .unwrap_or_default();
                 let membership = match spec.membership() {
                     node_spec::Membership::Accepted => "accepted",
                     node_spec::Membership::Pending => "pending",
                 };
                 any_prefix(&filters.id_prefixes, &n.id)
                     && any_prefix(&filters.name_prefixes, node_name(n))
-                    && (filters.roles.is_empty() || filters.roles.iter().any(|r| r == role_name(n.role())))
-                    && (filters.memberships.is_empty() || filters.memberships.iter().any(|m| m == membership))
+                    && (filters.roles.is_empty()
+                        || filters.roles.iter().any(|r| r == role_name(n.role())))
+                    && (filters.memberships.is_empty()
+                        || filters.memberships.iter().any(|m| m == membership))
                     && labels_match(&labels, &filters.labels)
             })
             .cloned()
@@ -134,7 +154,11 @@ pub async fn update_node(
 
 /// Removes node `reference` from the cluster. A manager must be demoted first; a node that is up (READY)
 /// is only removed with `force`.
-pub async fn remove_node(state: &ClusterState, reference: &str, force: bool) -> Result<(), ControlError> {
+pub async fn remove_node(
+    state: &ClusterState,
+    reference: &str,
+    force: bool,
+) -> Result<(), ControlError> {
     state
         .write(|t: &Tables, c: &mut Changes| {
             let node = find(t, reference)?;

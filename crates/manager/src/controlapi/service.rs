@@ -23,10 +23,14 @@ fn invalid(msg: impl Into<String>) -> ControlError {
 
 fn validate_name(name: &str) -> Result<(), ControlError> {
     if name.is_empty() {
-        return Err(invalid("service name is required: pass a name (e.g. --name web)"));
+        return Err(invalid(
+            "service name is required: pass a name (e.g. --name web)",
+        ));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(invalid(format!("service name {name:?} is longer than {MAX_NAME_LEN} characters; shorten it")));
+        return Err(invalid(format!(
+            "service name {name:?} is longer than {MAX_NAME_LEN} characters; shorten it"
+        )));
     }
     let mut chars = name.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
@@ -39,9 +43,14 @@ fn validate_name(name: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
-fn check_duration(what: &str, d: Option<&shoal_api::prost_types::Duration>) -> Result<(), ControlError> {
+fn check_duration(
+    what: &str,
+    d: Option<&shoal_api::prost_types::Duration>,
+) -> Result<(), ControlError> {
     match d {
-        Some(d) if d.seconds < 0 || d.nanos < 0 => Err(invalid(format!("{what} must not be negative"))),
+        Some(d) if d.seconds < 0 || d.nanos < 0 => {
+            Err(invalid(format!("{what} must not be negative")))
+        }
         _ => Ok(()),
     }
 }
@@ -49,17 +58,33 @@ fn check_duration(what: &str, d: Option<&shoal_api::prost_types::Duration>) -> R
 /// Checks a service spec: a valid name, a container spec with an image, a mode, valid constraints,
 /// non-negative restart delays and resources.
 pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
-    let name = spec.annotations.as_ref().map(|a| a.name.as_str()).unwrap_or("");
+    let name = spec
+        .annotations
+        .as_ref()
+        .map(|a| a.name.as_str())
+        .unwrap_or("");
     validate_name(name)?;
-    let task = spec.task.as_ref().ok_or_else(|| invalid("the service has no task template: give it an image"))?;
+    let task = spec
+        .task
+        .as_ref()
+        .ok_or_else(|| invalid("the service has no task template: give it an image"))?;
     match &task.runtime {
         Some(task_spec::Runtime::Container(c)) => {
             if c.image.trim().is_empty() {
-                return Err(invalid("ContainerSpec.Image is required: give the service an image"));
+                return Err(invalid(
+                    "ContainerSpec.Image is required: give the service an image",
+                ));
             }
-            check_duration("ContainerSpec.StopGracePeriod", c.stop_grace_period.as_ref())?;
+            check_duration(
+                "ContainerSpec.StopGracePeriod",
+                c.stop_grace_period.as_ref(),
+            )?;
         }
-        None => return Err(invalid("the task template has no container spec: give the service an image")),
+        None => {
+            return Err(invalid(
+                "the task template has no container spec: give the service an image",
+            ))
+        }
     }
     match &spec.mode {
         Some(service_spec::Mode::Replicated(_)) | Some(service_spec::Mode::Global(_)) => {}
@@ -79,17 +104,24 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
         for (what, r) in [("Limits", &res.limits), ("Reservations", &res.reservations)] {
             if let Some(r) = r {
                 if r.nano_cpus < 0 || r.memory_bytes < 0 {
-                    return Err(invalid(format!("Resources.{what}: CPU and memory must not be negative")));
+                    return Err(invalid(format!(
+                        "Resources.{what}: CPU and memory must not be negative"
+                    )));
                 }
             }
         }
     }
-    for (what, u) in [("UpdateConfig", &spec.update), ("RollbackConfig", &spec.rollback)] {
+    for (what, u) in [
+        ("UpdateConfig", &spec.update),
+        ("RollbackConfig", &spec.rollback),
+    ] {
         if let Some(u) = u {
             check_duration(&format!("{what}.Delay"), u.delay.as_ref())?;
             check_duration(&format!("{what}.Monitor"), u.monitor.as_ref())?;
             if !(0.0..=1.0).contains(&u.max_failure_ratio) {
-                return Err(invalid(format!("{what}.MaxFailureRatio must be between 0 and 1")));
+                return Err(invalid(format!(
+                    "{what}.MaxFailureRatio must be between 0 and 1"
+                )));
             }
         }
     }
@@ -97,12 +129,19 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
 }
 
 /// Validates `spec` and creates a service with a new ID. Fails with `Conflict` when the name is taken.
-pub async fn create_service(state: &ClusterState, spec: ServiceSpec) -> Result<Service, ControlError> {
+pub async fn create_service(
+    state: &ClusterState,
+    spec: ServiceSpec,
+) -> Result<Service, ControlError> {
     validate_service_spec(&spec)?;
     let now = state.now();
     let service = Service {
         id: state.ids.new_id(),
-        meta: Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+        meta: Some(shoal_api::Meta {
+            version: None,
+            created_at: Some(now),
+            updated_at: Some(now),
+        }),
         spec: Some(spec),
         spec_version: Some(Version { index: 0 }),
         ..Default::default()
@@ -118,9 +157,14 @@ pub async fn create_service(state: &ClusterState, spec: ServiceSpec) -> Result<S
             Ok(())
         })
         .await?;
-    state.store.view(|t| t.services().get(&id).map(|s| (**s).clone())).ok_or_else(|| {
-        ControlError::Unavailable(format!("service {id} was created but removed right after; list services"))
-    })
+    state
+        .store
+        .view(|t| t.services().get(&id).map(|s| (**s).clone()))
+        .ok_or_else(|| {
+            ControlError::Unavailable(format!(
+                "service {id} was created but removed right after; list services"
+            ))
+        })
 }
 
 fn name_taken(name: &str, owner: &str) -> ControlError {
@@ -239,12 +283,17 @@ pub fn list_services(state: &ClusterState, filters: &ServiceFilters) -> Vec<Arc<
                 any_prefix(&filters.id_prefixes, &s.id)
                     && any_prefix(&filters.name_prefixes, &ann.name)
                     && labels_match(&ann.labels, &filters.labels)
-                    && (filters.modes.is_empty() || filters.modes.iter().any(|m| m == mode_name(&spec)))
+                    && (filters.modes.is_empty()
+                        || filters.modes.iter().any(|m| m == mode_name(&spec)))
             })
             .cloned()
             .collect()
     });
-    out.sort_by(|a, b| a.unique_name().cmp(&b.unique_name()).then_with(|| a.id.cmp(&b.id)));
+    out.sort_by(|a, b| {
+        a.unique_name()
+            .cmp(&b.unique_name())
+            .then_with(|| a.id.cmp(&b.id))
+    });
     out
 }
 

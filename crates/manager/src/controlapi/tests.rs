@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use shoal_api::{
-    node_spec, node_status, service_spec, task_spec, Annotations, ContainerSpec, Node, NodeRole, NodeSpec,
-    NodeStatus, Placement, ReplicatedService, RestartPolicy, Service, ServiceSpec, Task, TaskSpec, TaskState,
-    TaskStatus,
+    node_spec, node_status, service_spec, task_spec, Annotations, ContainerSpec, Node, NodeRole,
+    NodeSpec, NodeStatus, Placement, ReplicatedService, RestartPolicy, Service, ServiceSpec, Task,
+    TaskSpec, TaskState, TaskStatus,
 };
 use shoal_raft::LocalProposer;
 use shoal_store::{Changes, ManualClock, MemoryStore, StoreObject};
@@ -27,7 +27,10 @@ fn cluster() -> (ClusterState, Arc<LocalProposer>) {
 
 fn spec(name: &str, replicas: u64) -> ServiceSpec {
     ServiceSpec {
-        annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+        annotations: Some(Annotations {
+            name: name.into(),
+            ..Default::default()
+        }),
         task: Some(TaskSpec {
             runtime: Some(task_spec::Runtime::Container(ContainerSpec {
                 image: "busybox".into(),
@@ -36,7 +39,9 @@ fn spec(name: &str, replicas: u64) -> ServiceSpec {
             })),
             ..Default::default()
         }),
-        mode: Some(service_spec::Mode::Replicated(ReplicatedService { replicas })),
+        mode: Some(service_spec::Mode::Replicated(ReplicatedService {
+            replicas,
+        })),
         ..Default::default()
     }
 }
@@ -58,26 +63,42 @@ fn task_spec_mut(s: &mut ServiceSpec) -> &mut TaskSpec {
 fn validation_names_the_bad_field() {
     assert!(validate_service_spec(&spec("web-1.a_b", 1)).is_ok());
     invalid_spec(|s| s.annotations = None, "name is required");
-    invalid_spec(|s| s.annotations.as_mut().unwrap().name = "-web".into(), "invalid service name");
-    invalid_spec(|s| s.annotations.as_mut().unwrap().name = "we b".into(), "invalid service name");
-    invalid_spec(|s| s.annotations.as_mut().unwrap().name = "a".repeat(64), "longer than 63");
+    invalid_spec(
+        |s| s.annotations.as_mut().unwrap().name = "-web".into(),
+        "invalid service name",
+    );
+    invalid_spec(
+        |s| s.annotations.as_mut().unwrap().name = "we b".into(),
+        "invalid service name",
+    );
+    invalid_spec(
+        |s| s.annotations.as_mut().unwrap().name = "a".repeat(64),
+        "longer than 63",
+    );
     invalid_spec(|s| task_spec_mut(s).runtime = None, "no container spec");
     invalid_spec(
-        |s| task_spec_mut(s).runtime = Some(task_spec::Runtime::Container(ContainerSpec::default())),
+        |s| {
+            task_spec_mut(s).runtime = Some(task_spec::Runtime::Container(ContainerSpec::default()))
+        },
         "Image is required",
     );
     invalid_spec(|s| s.mode = None, "mode is required");
     invalid_spec(
         |s| {
-            task_spec_mut(s).placement =
-                Some(Placement { constraints: vec!["node.color==red".into()], ..Default::default() })
+            task_spec_mut(s).placement = Some(Placement {
+                constraints: vec!["node.color==red".into()],
+                ..Default::default()
+            })
         },
         "unknown key",
     );
     invalid_spec(
         |s| {
             task_spec_mut(s).restart = Some(RestartPolicy {
-                delay: Some(shoal_api::prost_types::Duration { seconds: -1, nanos: 0 }),
+                delay: Some(shoal_api::prost_types::Duration {
+                    seconds: -1,
+                    nanos: 0,
+                }),
                 ..Default::default()
             })
         },
@@ -86,7 +107,10 @@ fn validation_names_the_bad_field() {
     invalid_spec(
         |s| {
             task_spec_mut(s).resources = Some(shoal_api::ResourceRequirements {
-                limits: Some(shoal_api::Resources { nano_cpus: -5, ..Default::default() }),
+                limits: Some(shoal_api::Resources {
+                    nano_cpus: -5,
+                    ..Default::default()
+                }),
                 ..Default::default()
             })
         },
@@ -108,7 +132,10 @@ async fn create_sets_id_times_and_spec_version_and_refuses_a_taken_name() {
     let err = create_service(&state, spec("WEB", 1)).await.unwrap_err();
     match err {
         ControlError::Conflict(m) => {
-            assert!(m.contains("service name WEB is already in use by service"), "{m}");
+            assert!(
+                m.contains("service name WEB is already in use by service"),
+                "{m}"
+            );
             assert!(m.contains(&svc.id), "{m}");
         }
         other => panic!("{other:?}"),
@@ -121,21 +148,38 @@ async fn update_is_compare_and_swap_and_keeps_the_previous_spec() {
     let svc = create_service(&state, spec("web", 3)).await.unwrap();
     create_service(&state, spec("db", 1)).await.unwrap();
 
-    let updated = update_service(&state, "web", svc.version(), spec("web", 5)).await.unwrap();
+    let updated = update_service(&state, "web", svc.version(), spec("web", 5))
+        .await
+        .unwrap();
     assert!(updated.version() > svc.version());
     assert_eq!(updated.spec_version.as_ref().unwrap().index, svc.version());
     assert_eq!(updated.previous_spec, svc.spec);
     assert_eq!(updated.previous_spec_version, svc.spec_version);
 
     // A stale version is refused.
-    let err = update_service(&state, &svc.id, svc.version(), spec("web", 6)).await.unwrap_err();
-    assert!(matches!(&err, ControlError::Conflict(m) if m.contains("update out of sequence")), "{err:?}");
+    let err = update_service(&state, &svc.id, svc.version(), spec("web", 6))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ControlError::Conflict(m) if m.contains("update out of sequence")),
+        "{err:?}"
+    );
     // A rename to a taken name is refused; to a free one, allowed.
-    let err = update_service(&state, &svc.id, updated.version(), spec("db", 1)).await.unwrap_err();
-    assert!(matches!(&err, ControlError::Conflict(m) if m.contains("already in use")), "{err:?}");
-    let renamed = update_service(&state, &svc.id, updated.version(), spec("web2", 1)).await.unwrap();
+    let err = update_service(&state, &svc.id, updated.version(), spec("db", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ControlError::Conflict(m) if m.contains("already in use")),
+        "{err:?}"
+    );
+    let renamed = update_service(&state, &svc.id, updated.version(), spec("web2", 1))
+        .await
+        .unwrap();
     assert_eq!(get_service(&state, "web2").unwrap().id, renamed.id);
-    assert!(matches!(get_service(&state, "web"), Err(ControlError::NotFound { .. })));
+    assert!(matches!(
+        get_service(&state, "web"),
+        Err(ControlError::NotFound { .. })
+    ));
 }
 
 #[tokio::test]
@@ -146,13 +190,28 @@ async fn lookups_go_id_then_name_then_unique_prefix() {
     assert_eq!(get_service(&state, &a.id).unwrap().id, a.id);
     assert_eq!(get_service(&state, "beta").unwrap().id, b.id);
     assert_eq!(get_service(&state, &a.id[..10]).unwrap().id, a.id);
-    assert!(matches!(get_service(&state, "nope"), Err(ControlError::NotFound { kind: "service", .. })));
-    assert!(matches!(get_service(&state, ""), Err(ControlError::InvalidArgument(_))));
+    assert!(matches!(
+        get_service(&state, "nope"),
+        Err(ControlError::NotFound {
+            kind: "service",
+            ..
+        })
+    ));
+    assert!(matches!(
+        get_service(&state, ""),
+        Err(ControlError::InvalidArgument(_))
+    ));
     // "" prefix is refused above; a one-character prefix common to both is ambiguous when it is.
     let common: String =
-        a.id.chars().zip(b.id.chars()).take_while(|(x, y)| x == y).map(|(x, _)| x).collect();
+        a.id.chars()
+            .zip(b.id.chars())
+            .take_while(|(x, y)| x == y)
+            .map(|(x, _)| x)
+            .collect();
     if !common.is_empty() {
-        assert!(matches!(get_service(&state, &common), Err(ControlError::InvalidArgument(m)) if m.contains("ambiguous")));
+        assert!(
+            matches!(get_service(&state, &common), Err(ControlError::InvalidArgument(m)) if m.contains("ambiguous"))
+        );
     }
 }
 
@@ -160,7 +219,11 @@ async fn lookups_go_id_then_name_then_unique_prefix() {
 async fn list_services_filters_by_prefix_label_and_mode() {
     let (state, _) = cluster();
     let mut s = spec("web", 1);
-    s.annotations.as_mut().unwrap().labels.insert("tier".into(), "front".into());
+    s.annotations
+        .as_mut()
+        .unwrap()
+        .labels
+        .insert("tier".into(), "front".into());
     create_service(&state, s).await.unwrap();
     create_service(&state, spec("webhook", 1)).await.unwrap();
     let mut g = spec("agent", 1);
@@ -168,23 +231,63 @@ async fn list_services_filters_by_prefix_label_and_mode() {
     create_service(&state, g).await.unwrap();
 
     let names = |f: ServiceFilters| -> Vec<String> {
-        list_services(&state, &f).iter().map(|s| s.unique_name().unwrap().to_string()).collect()
+        list_services(&state, &f)
+            .iter()
+            .map(|s| s.unique_name().unwrap().to_string())
+            .collect()
     };
-    assert_eq!(names(ServiceFilters::default()), ["agent", "web", "webhook"]);
-    assert_eq!(names(ServiceFilters { name_prefixes: vec!["web".into()], ..Default::default() }), ["web", "webhook"]);
-    assert_eq!(names(ServiceFilters { labels: vec!["tier".into()], ..Default::default() }), ["web"]);
-    assert_eq!(names(ServiceFilters { labels: vec!["tier=back".into()], ..Default::default() }), Vec::<String>::new());
-    assert_eq!(names(ServiceFilters { modes: vec!["global".into()], ..Default::default() }), ["agent"]);
+    assert_eq!(
+        names(ServiceFilters::default()),
+        ["agent", "web", "webhook"]
+    );
+    assert_eq!(
+        names(ServiceFilters {
+            name_prefixes: vec!["web".into()],
+            ..Default::default()
+        }),
+        ["web", "webhook"]
+    );
+    assert_eq!(
+        names(ServiceFilters {
+            labels: vec!["tier".into()],
+            ..Default::default()
+        }),
+        ["web"]
+    );
+    assert_eq!(
+        names(ServiceFilters {
+            labels: vec!["tier=back".into()],
+            ..Default::default()
+        }),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        names(ServiceFilters {
+            modes: vec!["global".into()],
+            ..Default::default()
+        }),
+        ["agent"]
+    );
 }
 
-fn task(id: &str, service: &Service, slot: u64, node: &str, state: TaskState, desired: TaskState) -> Task {
+fn task(
+    id: &str,
+    service: &Service,
+    slot: u64,
+    node: &str,
+    state: TaskState,
+    desired: TaskState,
+) -> Task {
     let mut t = Task {
         id: id.into(),
         service_id: service.id.clone(),
         slot,
         node_id: node.into(),
         service_annotations: service.spec.as_ref().unwrap().annotations.clone(),
-        status: Some(TaskStatus { state: state as i32, ..Default::default() }),
+        status: Some(TaskStatus {
+            state: state as i32,
+            ..Default::default()
+        }),
         ..Default::default()
     };
     t.set_desired_state(desired);
@@ -197,20 +300,74 @@ async fn tasks_list_by_service_node_state_and_status_counts() {
     let web = create_service(&state, spec("web", 3)).await.unwrap();
     let db = create_service(&state, spec("db", 1)).await.unwrap();
     let mut c = Changes::new();
-    c.create(task("t1", &web, 1, "n1", TaskState::Running, TaskState::Running));
-    c.create(task("t2", &web, 2, "n2", TaskState::Pending, TaskState::Running));
-    c.create(task("t3", &web, 1, "n1", TaskState::Failed, TaskState::Shutdown));
-    c.create(task("t4", &db, 1, "n1", TaskState::Running, TaskState::Running));
-    c.create(node("n1", "box1", NodeRole::Manager, node_status::State::Ready));
+    c.create(task(
+        "t1",
+        &web,
+        1,
+        "n1",
+        TaskState::Running,
+        TaskState::Running,
+    ));
+    c.create(task(
+        "t2",
+        &web,
+        2,
+        "n2",
+        TaskState::Pending,
+        TaskState::Running,
+    ));
+    c.create(task(
+        "t3",
+        &web,
+        1,
+        "n1",
+        TaskState::Failed,
+        TaskState::Shutdown,
+    ));
+    c.create(task(
+        "t4",
+        &db,
+        1,
+        "n1",
+        TaskState::Running,
+        TaskState::Running,
+    ));
+    c.create(node(
+        "n1",
+        "box1",
+        NodeRole::Manager,
+        node_status::State::Ready,
+    ));
     state.propose(c).await.unwrap();
 
-    let ids = |f: TaskFilters| -> Vec<String> { list_tasks(&state, &f).iter().map(|t| t.id.clone()).collect() };
+    let ids = |f: TaskFilters| -> Vec<String> {
+        list_tasks(&state, &f)
+            .iter()
+            .map(|t| t.id.clone())
+            .collect()
+    };
     let mut all = ids(TaskFilters::default());
     all.sort();
     assert_eq!(all, ["t1", "t2", "t3", "t4"]);
-    assert_eq!(ids(TaskFilters { services: vec!["web".into()], ..Default::default() }).len(), 3);
-    assert_eq!(ids(TaskFilters { services: vec!["nope".into()], ..Default::default() }), Vec::<String>::new());
-    let mut on_box1 = ids(TaskFilters { nodes: vec!["box1".into()], ..Default::default() });
+    assert_eq!(
+        ids(TaskFilters {
+            services: vec!["web".into()],
+            ..Default::default()
+        })
+        .len(),
+        3
+    );
+    assert_eq!(
+        ids(TaskFilters {
+            services: vec!["nope".into()],
+            ..Default::default()
+        }),
+        Vec::<String>::new()
+    );
+    let mut on_box1 = ids(TaskFilters {
+        nodes: vec!["box1".into()],
+        ..Default::default()
+    });
     on_box1.sort();
     assert_eq!(on_box1, ["t1", "t3", "t4"]);
     assert_eq!(
@@ -222,12 +379,28 @@ async fn tasks_list_by_service_node_state_and_status_counts() {
         }),
         ["t1"]
     );
-    assert_eq!(ids(TaskFilters { name_prefixes: vec!["web.2.".into()], ..Default::default() }), ["t2"]);
+    assert_eq!(
+        ids(TaskFilters {
+            name_prefixes: vec!["web.2.".into()],
+            ..Default::default()
+        }),
+        ["t2"]
+    );
     assert_eq!(get_task(&state, "t3").unwrap().slot, 1);
-    assert!(matches!(get_task(&state, "zz"), Err(ControlError::NotFound { kind: "task", .. })));
+    assert!(matches!(
+        get_task(&state, "zz"),
+        Err(ControlError::NotFound { kind: "task", .. })
+    ));
 
     let st = state.store.view(|t| service_status(t, &web));
-    assert_eq!(st, ServiceStatus { running_tasks: 1, desired_tasks: 3, completed_tasks: 0 });
+    assert_eq!(
+        st,
+        ServiceStatus {
+            running_tasks: 1,
+            desired_tasks: 3,
+            completed_tasks: 0
+        }
+    );
 }
 
 #[tokio::test]
@@ -235,7 +408,14 @@ async fn remove_service_marks_its_tasks_for_removal_in_the_same_write() {
     let (state, _) = cluster();
     let web = create_service(&state, spec("web", 2)).await.unwrap();
     let mut c = Changes::new();
-    c.create(task("t1", &web, 1, "n1", TaskState::Running, TaskState::Running));
+    c.create(task(
+        "t1",
+        &web,
+        1,
+        "n1",
+        TaskState::Running,
+        TaskState::Running,
+    ));
     state.propose(c).await.unwrap();
     let mut watch = state.store.watch();
     remove_service(&state, "web").await.unwrap();
@@ -243,20 +423,33 @@ async fn remove_service_marks_its_tasks_for_removal_in_the_same_write() {
     assert_eq!(commit.changes.len(), 2);
     let t1 = get_task(&state, "t1").unwrap();
     assert_eq!(t1.desired_state, TaskState::Remove as i32);
-    assert!(matches!(remove_service(&state, "web").await, Err(ControlError::NotFound { .. })));
+    assert!(matches!(
+        remove_service(&state, "web").await,
+        Err(ControlError::NotFound { .. })
+    ));
 }
 
 fn node(id: &str, host: &str, role: NodeRole, st: node_status::State) -> Node {
     let mut n = Node {
         id: id.into(),
-        spec: Some(NodeSpec { ..Default::default() }),
-        description: Some(shoal_api::NodeDescription { hostname: host.into(), ..Default::default() }),
-        status: Some(NodeStatus { ..Default::default() }),
+        spec: Some(NodeSpec {
+            ..Default::default()
+        }),
+        description: Some(shoal_api::NodeDescription {
+            hostname: host.into(),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            ..Default::default()
+        }),
         ..Default::default()
     };
     n.set_role(role);
     n.spec.as_mut().unwrap().set_desired_role(role);
-    n.spec.as_mut().unwrap().set_membership(node_spec::Membership::Accepted);
+    n.spec
+        .as_mut()
+        .unwrap()
+        .set_membership(node_spec::Membership::Accepted);
     n.status.as_mut().unwrap().set_state(st);
     n
 }
@@ -265,16 +458,36 @@ fn node(id: &str, host: &str, role: NodeRole, st: node_status::State) -> Node {
 async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
     let (state, _) = cluster();
     let mut c = Changes::new();
-    c.create(node("m1", "mgr", NodeRole::Manager, node_status::State::Ready));
-    c.create(node("w1", "wrk", NodeRole::Worker, node_status::State::Ready));
-    c.create(node("w2", "old", NodeRole::Worker, node_status::State::Down));
+    c.create(node(
+        "m1",
+        "mgr",
+        NodeRole::Manager,
+        node_status::State::Ready,
+    ));
+    c.create(node(
+        "w1",
+        "wrk",
+        NodeRole::Worker,
+        node_status::State::Ready,
+    ));
+    c.create(node(
+        "w2",
+        "old",
+        NodeRole::Worker,
+        node_status::State::Down,
+    ));
     state.propose(c).await.unwrap();
 
     let m1 = get_node(&state, "mgr").unwrap();
     let mut demote = m1.spec.clone().unwrap();
     demote.set_desired_role(NodeRole::Worker);
-    let err = update_node(&state, "m1", m1.version(), demote).await.unwrap_err();
-    assert!(matches!(&err, ControlError::InvalidArgument(m) if m.contains("last manager")), "{err:?}");
+    let err = update_node(&state, "m1", m1.version(), demote)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ControlError::InvalidArgument(m) if m.contains("last manager")),
+        "{err:?}"
+    );
 
     let w1 = get_node(&state, "w1").unwrap();
     let mut drain = w1.spec.clone().unwrap();
@@ -283,17 +496,41 @@ async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
         labels: [("zone".to_string(), "east".to_string())].into(),
         ..Default::default()
     });
-    let updated = update_node(&state, "wrk", w1.version(), drain.clone()).await.unwrap();
-    assert_eq!(updated.spec.as_ref().unwrap().availability(), node_spec::Availability::Drain);
-    assert!(matches!(update_node(&state, "w1", w1.version(), drain).await, Err(ControlError::Conflict(_))));
+    let updated = update_node(&state, "wrk", w1.version(), drain.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        updated.spec.as_ref().unwrap().availability(),
+        node_spec::Availability::Drain
+    );
+    assert!(matches!(
+        update_node(&state, "w1", w1.version(), drain).await,
+        Err(ControlError::Conflict(_))
+    ));
 
-    let labelled = list_nodes(&state, &NodeFilters { labels: vec!["zone=east".into()], ..Default::default() });
+    let labelled = list_nodes(
+        &state,
+        &NodeFilters {
+            labels: vec!["zone=east".into()],
+            ..Default::default()
+        },
+    );
     assert_eq!(labelled.len(), 1);
-    let managers = list_nodes(&state, &NodeFilters { roles: vec!["manager".into()], ..Default::default() });
+    let managers = list_nodes(
+        &state,
+        &NodeFilters {
+            roles: vec!["manager".into()],
+            ..Default::default()
+        },
+    );
     assert_eq!(managers[0].id, "m1");
 
-    assert!(matches!(remove_node(&state, "m1", true).await, Err(ControlError::InvalidArgument(m)) if m.contains("demote")));
-    assert!(matches!(remove_node(&state, "w1", false).await, Err(ControlError::InvalidArgument(m)) if m.contains("force")));
+    assert!(
+        matches!(remove_node(&state, "m1", true).await, Err(ControlError::InvalidArgument(m)) if m.contains("demote"))
+    );
+    assert!(
+        matches!(remove_node(&state, "w1", false).await, Err(ControlError::InvalidArgument(m)) if m.contains("force"))
+    );
     remove_node(&state, "w2", false).await.unwrap();
     remove_node(&state, "w1", true).await.unwrap();
     assert_eq!(list_nodes(&state, &NodeFilters::default()).len(), 1);
@@ -303,5 +540,8 @@ async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
 async fn writes_on_a_follower_are_refused_with_not_leader() {
     let (state, proposer) = cluster();
     proposer.set_leader(false);
-    assert_eq!(create_service(&state, spec("web", 1)).await.unwrap_err(), ControlError::NotLeader);
+    assert_eq!(
+        create_service(&state, spec("web", 1)).await.unwrap_err(),
+        ControlError::NotLeader
+    );
 }

@@ -74,32 +74,52 @@ impl Client {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| CliError::Transport { path: socket.display().to_string(), reason: e.to_string() })?;
+            .map_err(|e| CliError::Transport {
+                path: socket.display().to_string(),
+                reason: e.to_string(),
+            })?;
         Ok(Client { socket, rt })
     }
 
     fn transport(&self, reason: impl ToString) -> CliError {
-        CliError::Transport { path: self.socket.display().to_string(), reason: reason.to_string() }
+        CliError::Transport {
+            path: self.socket.display().to_string(),
+            reason: reason.to_string(),
+        }
     }
 
     /// Sends one request; returns the status and body.
-    pub fn request(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<(StatusCode, Bytes), CliError> {
+    pub fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), CliError> {
         let fut = async {
-            let stream = tokio::net::UnixStream::connect(&self.socket).await.map_err(|e| CliError::Connect {
-                path: self.socket.display().to_string(),
-                reason: e.to_string(),
-            })?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| self.transport(e))?;
+            let stream = tokio::net::UnixStream::connect(&self.socket)
+                .await
+                .map_err(|e| CliError::Connect {
+                    path: self.socket.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| self.transport(e))?;
             let driver = tokio::spawn(conn);
-            let mut req = Request::builder().method(method).uri(path).header(hyper::header::HOST, "shoal");
+            let mut req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(hyper::header::HOST, "shoal");
             if body.is_some() {
                 req = req.header(hyper::header::CONTENT_TYPE, "application/json");
             }
             let req = req
                 .body(Full::new(Bytes::from(body.unwrap_or_default())))
                 .map_err(|e| self.transport(e))?;
-            let resp = sender.send_request(req).await.map_err(|e| self.transport(e))?;
+            let resp = sender
+                .send_request(req)
+                .await
+                .map_err(|e| self.transport(e))?;
             let status = resp.status();
             let bytes = Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
                 .collect()
@@ -112,22 +132,38 @@ impl Client {
         self.rt.block_on(async {
             tokio::time::timeout(REQUEST_TIMEOUT, fut)
                 .await
-                .map_err(|_| self.transport(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs())))?
+                .map_err(|_| {
+                    self.transport(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()))
+                })?
         })
     }
 
     /// Sends a request and decodes a 2xx JSON answer (or maps the error body to `CliError::Api`).
-    pub fn call<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<T, CliError> {
+    pub fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, CliError> {
         let (status, bytes) = self.request(method, path, body)?;
         if !status.is_success() {
             let msg = serde_json::from_slice::<serde_json::Value>(&bytes)
                 .ok()
-                .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string))
+                .and_then(|v| {
+                    v.get("message")
+                        .and_then(|m| m.as_str())
+                        .map(str::to_string)
+                })
                 .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&bytes).trim()));
             return Err(CliError::Api(msg));
         }
-        let bytes = if bytes.is_empty() { Bytes::from_static(b"null") } else { bytes };
-        serde_json::from_slice(&bytes).map_err(|e| self.transport(format!("unexpected answer to {path}: {e}")))
+        let bytes = if bytes.is_empty() {
+            Bytes::from_static(b"null")
+        } else {
+            bytes
+        };
+        serde_json::from_slice(&bytes)
+            .map_err(|e| self.transport(format!("unexpected answer to {path}: {e}")))
     }
 
     /// `GET path` as JSON.
@@ -136,14 +172,19 @@ impl Client {
     }
 
     /// `POST path` with a JSON body.
-    pub fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T, CliError> {
+    pub fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, CliError> {
         let body = serde_json::to_vec(body).map_err(|e| CliError::Usage(e.to_string()))?;
         self.call(Method::POST, path, Some(body))
     }
 
     /// `DELETE path`.
     pub fn delete(&self, path: &str) -> Result<(), CliError> {
-        self.call::<serde_json::Value>(Method::DELETE, path, None).map(|_| ())
+        self.call::<serde_json::Value>(Method::DELETE, path, None)
+            .map(|_| ())
     }
 }
 
@@ -156,7 +197,9 @@ pub fn enc(s: &str) -> String {
 pub fn filters_query(pairs: &[(&str, &str)]) -> String {
     let mut map = serde_json::Map::new();
     for (k, v) in pairs {
-        let entry = map.entry(k.to_string()).or_insert_with(|| serde_json::Value::Object(Default::default()));
+        let entry = map
+            .entry(k.to_string())
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
         if let serde_json::Value::Object(m) = entry {
             m.insert(v.to_string(), serde_json::Value::Bool(true));
         }
@@ -170,8 +213,14 @@ mod tests {
 
     #[test]
     fn hosts_parse() {
-        assert_eq!(socket_path("unix:///var/run/shoal/control.sock").unwrap(), PathBuf::from("/var/run/shoal/control.sock"));
-        assert_eq!(socket_path("/tmp/x.sock").unwrap(), PathBuf::from("/tmp/x.sock"));
+        assert_eq!(
+            socket_path("unix:///var/run/shoal/control.sock").unwrap(),
+            PathBuf::from("/var/run/shoal/control.sock")
+        );
+        assert_eq!(
+            socket_path("/tmp/x.sock").unwrap(),
+            PathBuf::from("/tmp/x.sock")
+        );
         assert!(socket_path("tcp://1.2.3.4:2375").is_err());
     }
 }

@@ -7,10 +7,12 @@ use std::time::SystemTime;
 
 use clap::{Args, Subcommand};
 use shoal_engine_api::json::spec::{
-    ContainerSpecJson, ModeJson, PlacementJson, ReplicatedJson, ResourceValuesJson, ResourcesJson, RestartPolicyJson,
-    UpdateConfigJson,
+    ContainerSpecJson, ModeJson, PlacementJson, ReplicatedJson, ResourceValuesJson, ResourcesJson,
+    RestartPolicyJson, UpdateConfigJson,
 };
-use shoal_engine_api::json::{NodeJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson, ServiceUpdateResponse, TaskJson};
+use shoal_engine_api::json::{
+    NodeJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson, ServiceUpdateResponse, TaskJson,
+};
 
 use super::client::{enc, filters_query, CliError, Client};
 use super::output::{self, ago, capitalize, short_id, Format};
@@ -158,13 +160,16 @@ pub struct UpdateArgs {
 
 /// Parses "5s", "1m30s" into nanoseconds.
 pub fn parse_duration_ns(s: &str) -> Result<i64, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 5s, 1m30s)"))?;
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 5s, 1m30s)"))?;
     i64::try_from(d.as_nanos()).map_err(|_| format!("duration {s:?} is too long"))
 }
 
 /// Parses a CPU count ("0.5") into nano-CPUs.
 pub fn parse_cpus(s: &str) -> Result<i64, String> {
-    let f: f64 = s.parse().map_err(|_| format!("invalid CPU count {s:?}: expected a number like 0.5"))?;
+    let f: f64 = s
+        .parse()
+        .map_err(|_| format!("invalid CPU count {s:?}: expected a number like 0.5"))?;
     if !f.is_finite() || f < 0.0 {
         return Err(format!("invalid CPU count {s:?}: must be 0 or more"));
     }
@@ -181,14 +186,20 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
         Some('g') => (&lower[..lower.len() - 1], 1 << 30),
         _ => (lower, 1),
     };
-    let n: i64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected bytes, e.g. 104857600 or 100m"))?;
-    n.checked_mul(mult).filter(|v| *v >= 0).ok_or_else(|| format!("invalid size {s:?}"))
+    let n: i64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected bytes, e.g. 104857600 or 100m"))?;
+    n.checked_mul(mult)
+        .filter(|v| *v >= 0)
+        .ok_or_else(|| format!("invalid size {s:?}"))
 }
 
 fn check_kv(what: &str, v: &str) -> Result<(), CliError> {
     match v.split_once('=') {
         Some((k, _)) if !k.is_empty() => Ok(()),
-        _ => Err(CliError::Usage(format!("invalid {what} {v:?}: expected KEY=VALUE"))),
+        _ => Err(CliError::Usage(format!(
+            "invalid {what} {v:?}: expected KEY=VALUE"
+        ))),
     }
 }
 
@@ -245,8 +256,10 @@ fn build_spec(a: CreateArgs) -> Result<ServiceSpecJson, CliError> {
         labels.insert(k.to_string(), v.to_string());
     }
     let resources = |cpu: Option<i64>, mem: Option<i64>| {
-        (cpu.is_some() || mem.is_some())
-            .then(|| ResourceValuesJson { nano_cpus: cpu.unwrap_or(0), memory_bytes: mem.unwrap_or(0) })
+        (cpu.is_some() || mem.is_some()).then(|| ResourceValuesJson {
+            nano_cpus: cpu.unwrap_or(0),
+            memory_bytes: mem.unwrap_or(0),
+        })
     };
     let limits = resources(a.limit_cpu, a.limit_memory);
     let reservations = resources(a.reserve_cpu, a.reserve_memory);
@@ -260,19 +273,21 @@ fn build_spec(a: CreateArgs) -> Result<ServiceSpecJson, CliError> {
         max_attempts: a.restart_max_attempts,
         window: a.restart_window,
     });
-    let update = (a.update_parallelism.is_some() || a.update_delay.is_some() || a.update_order.is_some()).then(|| {
-        UpdateConfigJson {
-            parallelism: a.update_parallelism.unwrap_or(1),
-            delay: a.update_delay,
-            order: a.update_order.clone().unwrap_or_default(),
-            ..Default::default()
-        }
-    });
+    let update =
+        (a.update_parallelism.is_some() || a.update_delay.is_some() || a.update_order.is_some())
+            .then(|| UpdateConfigJson {
+                parallelism: a.update_parallelism.unwrap_or(1),
+                delay: a.update_delay,
+                order: a.update_order.clone().unwrap_or_default(),
+                ..Default::default()
+            });
     let mut spec = ServiceSpecJson {
         name: a.name.unwrap_or_default(),
         labels,
         mode: ModeJson {
-            replicated: Some(ReplicatedJson { replicas: Some(a.replicas.unwrap_or(1) as i64) }),
+            replicated: Some(ReplicatedJson {
+                replicas: Some(a.replicas.unwrap_or(1) as i64),
+            }),
             ..Default::default()
         },
         update_config: update,
@@ -288,11 +303,17 @@ fn build_spec(a: CreateArgs) -> Result<ServiceSpecJson, CliError> {
         ..Default::default()
     });
     if limits.is_some() || reservations.is_some() {
-        t.resources = Some(ResourcesJson { limits, reservations });
+        t.resources = Some(ResourcesJson {
+            limits,
+            reservations,
+        });
     }
     t.restart_policy = restart;
     if !a.constraint.is_empty() {
-        t.placement = Some(PlacementJson { constraints: a.constraint, ..Default::default() });
+        t.placement = Some(PlacementJson {
+            constraints: a.constraint,
+            ..Default::default()
+        });
     }
     Ok(spec)
 }
@@ -302,14 +323,24 @@ fn get_service(c: &Client, reference: &str) -> Result<ServiceJson, CliError> {
 }
 
 fn push_update(c: &Client, svc: &ServiceJson, spec: &ServiceSpecJson) -> Result<(), CliError> {
-    let path = format!("/services/{}/update?version={}", enc(&svc.id), svc.version.index);
+    let path = format!(
+        "/services/{}/update?version={}",
+        enc(&svc.id),
+        svc.version.index
+    );
     c.post::<ServiceUpdateResponse>(&path, spec).map(|_| ())
 }
 
 fn replicas_text(s: &ServiceJson) -> String {
     let st = s.service_status.unwrap_or_default();
     match &s.spec.mode {
-        ModeJson { replicated_job: Some(j), .. } => format!("{}/{} ({} completed)", st.running_tasks, j.max_concurrent, st.completed_tasks),
+        ModeJson {
+            replicated_job: Some(j),
+            ..
+        } => format!(
+            "{}/{} ({} completed)",
+            st.running_tasks, j.max_concurrent, st.completed_tasks
+        ),
         _ => format!("{}/{}", st.running_tasks, st.desired_tasks),
     }
 }
@@ -329,7 +360,11 @@ fn mode_text(m: &ModeJson) -> &'static str {
 }
 
 fn image_of(spec: &shoal_engine_api::json::TaskSpecJson) -> String {
-    let image = spec.container_spec.as_ref().map(|c| c.image.as_str()).unwrap_or("");
+    let image = spec
+        .container_spec
+        .as_ref()
+        .map(|c| c.image.as_str())
+        .unwrap_or("");
     // Hide a pinned digest, as docker does.
     image.split('@').next().unwrap_or(image).to_string()
 }
@@ -345,19 +380,31 @@ pub fn print_tasks(
         return output::json(out, &tasks);
     }
     let nodes: Vec<NodeJson> = c.get("/nodes")?;
-    let hostnames: HashMap<String, String> =
-        nodes.into_iter().map(|n| (n.id.clone(), n.description.hostname.clone())).collect();
+    let hostnames: HashMap<String, String> = nodes
+        .into_iter()
+        .map(|n| (n.id.clone(), n.description.hostname.clone()))
+        .collect();
     let mut service_names: HashMap<String, String> = HashMap::new();
     for t in &tasks {
         if !service_names.contains_key(&t.service_id) {
-            let name = get_service(c, &t.service_id).map(|s| s.spec.name).unwrap_or_else(|_| short_id(&t.service_id));
+            let name = get_service(c, &t.service_id)
+                .map(|s| s.spec.name)
+                .unwrap_or_else(|_| short_id(&t.service_id));
             service_names.insert(t.service_id.clone(), name);
         }
     }
-    let slot_key = |t: &TaskJson| if t.slot != 0 { t.slot.to_string() } else { t.node_id.clone() };
+    let slot_key = |t: &TaskJson| {
+        if t.slot != 0 {
+            t.slot.to_string()
+        } else {
+            t.node_id.clone()
+        }
+    };
     // Newest first within a slot.
     tasks.sort_by(|a, b| {
-        (&a.service_id, a.slot, &a.node_id).cmp(&(&b.service_id, b.slot, &b.node_id)).then(b.created_at.cmp(&a.created_at))
+        (&a.service_id, a.slot, &a.node_id)
+            .cmp(&(&b.service_id, b.slot, &b.node_id))
+            .then(b.created_at.cmp(&a.created_at))
     });
     let now = SystemTime::now();
     let mut rows = Vec::with_capacity(tasks.len());
@@ -368,14 +415,29 @@ pub fn print_tasks(
         prev = Some(key);
         let base = t.name.clone();
         let name = if base.is_empty() {
-            format!("{}.{}", service_names.get(&t.service_id).cloned().unwrap_or_default(), slot_key(t))
+            format!(
+                "{}.{}",
+                service_names
+                    .get(&t.service_id)
+                    .cloned()
+                    .unwrap_or_default(),
+                slot_key(t)
+            )
         } else {
             base
         };
-        let state = format!("{} {}", capitalize(&t.status.state), ago(&t.status.timestamp, now));
+        let state = format!(
+            "{} {}",
+            capitalize(&t.status.state),
+            ago(&t.status.timestamp, now)
+        );
         rows.push(vec![
             short_id(&t.id),
-            if history { format!(" \\_ {name}") } else { name },
+            if history {
+                format!(" \\_ {name}")
+            } else {
+                name
+            },
             image_of(&t.spec),
             hostnames.get(&t.node_id).cloned().unwrap_or_default(),
             capitalize(&t.desired_state),
@@ -383,11 +445,28 @@ pub fn print_tasks(
             t.status.err.clone(),
         ]);
     }
-    output::table(out, &["ID", "NAME", "IMAGE", "NODE", "DESIRED STATE", "CURRENT STATE", "ERROR"], rows)
+    output::table(
+        out,
+        &[
+            "ID",
+            "NAME",
+            "IMAGE",
+            "NODE",
+            "DESIRED STATE",
+            "CURRENT STATE",
+            "ERROR",
+        ],
+        rows,
+    )
 }
 
 /// Runs a service command.
-pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
+pub fn run(
+    c: &Client,
+    cmd: ServiceCommand,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), CliError> {
     match cmd {
         ServiceCommand::Create(a) => {
             let spec = build_spec(*a)?;
@@ -415,17 +494,26 @@ pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn W
         }
         ServiceCommand::Ps { service, format } => {
             let svc = get_service(c, &service)?;
-            let tasks: Vec<TaskJson> = c.get(&format!("/tasks?filters={}", filters_query(&[("service", &svc.id)])))?;
+            let tasks: Vec<TaskJson> = c.get(&format!(
+                "/tasks?filters={}",
+                filters_query(&[("service", &svc.id)])
+            ))?;
             print_tasks(c, out, tasks, format)
         }
         ServiceCommand::Inspect { services, .. } => {
-            let found = services.iter().map(|s| get_service(c, s)).collect::<Result<Vec<_>, _>>()?;
+            let found = services
+                .iter()
+                .map(|s| get_service(c, s))
+                .collect::<Result<Vec<_>, _>>()?;
             output::json(out, &found)
         }
         ServiceCommand::Update(a) => {
             let svc = get_service(c, &a.service)?;
             let mut spec = svc.spec.clone();
-            let cs = spec.task_template.container_spec.get_or_insert_with(Default::default);
+            let cs = spec
+                .task_template
+                .container_spec
+                .get_or_insert_with(Default::default);
             if let Some(i) = a.image {
                 cs.image = i;
             }
@@ -439,10 +527,14 @@ pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn W
                 cs.env.push(kv.clone());
             }
             for k in &a.env_rm {
-                cs.env.retain(|e| e.split('=').next() != Some(k.as_str()) && e != k);
+                cs.env
+                    .retain(|e| e.split('=').next() != Some(k.as_str()) && e != k);
             }
             if !a.constraint_add.is_empty() || !a.constraint_rm.is_empty() {
-                let p = spec.task_template.placement.get_or_insert_with(Default::default);
+                let p = spec
+                    .task_template
+                    .placement
+                    .get_or_insert_with(Default::default);
                 p.constraints.retain(|x| !a.constraint_rm.contains(x));
                 for x in a.constraint_add {
                     if !p.constraints.contains(&x) {
@@ -473,17 +565,23 @@ pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn W
             for pair in pairs {
                 let result = (|| {
                     let (name, n) = pair.split_once('=').ok_or_else(|| {
-                        CliError::Usage(format!("invalid scale specifier {pair:?}: expected SERVICE=REPLICAS"))
+                        CliError::Usage(format!(
+                            "invalid scale specifier {pair:?}: expected SERVICE=REPLICAS"
+                        ))
                     })?;
                     let n: u64 = n.parse().map_err(|_| {
-                        CliError::Usage(format!("invalid replica count {n:?} in {pair:?}: expected a number"))
+                        CliError::Usage(format!(
+                            "invalid replica count {n:?} in {pair:?}: expected a number"
+                        ))
                     })?;
                     let svc = get_service(c, name)?;
                     let mut spec = svc.spec.clone();
                     match spec.mode.replicated.as_mut() {
                         Some(r) => r.replicas = Some(n as i64),
                         None => {
-                            return Err(CliError::Usage(format!("scale can only be used with replicated mode: {name}")))
+                            return Err(CliError::Usage(format!(
+                                "scale can only be used with replicated mode: {name}"
+                            )))
                         }
                     }
                     push_update(c, &svc, &spec)?;
@@ -534,7 +632,10 @@ mod tests {
         assert_eq!(parse_bytes("100m").unwrap(), 100 << 20);
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert!(parse_bytes("lots").is_err());
-        assert_eq!(split_words(r#"sh -c "echo hi there" 'a b'"#).unwrap(), ["sh", "-c", "echo hi there", "a b"]);
+        assert_eq!(
+            split_words(r#"sh -c "echo hi there" 'a b'"#).unwrap(),
+            ["sh", "-c", "echo hi there", "a b"]
+        );
         assert!(split_words("'open").is_err());
     }
 }
