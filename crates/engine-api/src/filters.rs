@@ -117,8 +117,9 @@ pub fn nodes(raw: Option<&str>) -> Result<NodeFilters, ApiError> {
 pub fn tasks(raw: Option<&str>) -> Result<TaskFilters, ApiError> {
     let mut f = parse(
         raw,
-        &["id", "name", "service", "node", "desired-state", "label"],
+        &["id", "name", "service", "node", "desired-state", "label", "_up-to-date"],
     )?;
+    let up_to_date = !take(&mut f, "_up-to-date").is_empty();
     let desired_states = take(&mut f, "desired-state")
         .iter()
         .map(|s| {
@@ -136,6 +137,7 @@ pub fn tasks(raw: Option<&str>) -> Result<TaskFilters, ApiError> {
         nodes: take(&mut f, "node"),
         desired_states,
         labels: take(&mut f, "label"),
+        up_to_date,
     })
 }
 

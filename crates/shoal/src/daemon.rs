@@ -36,7 +36,8 @@ pub struct DaemonArgs {
 pub fn run(args: DaemonArgs) -> i32 {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
 
     let listen_control_api = args.listen_control_api.clone().unwrap_or_else(|| args.state_dir.join("control.sock"));
     let mut cfg = DaemonConfig::new(args.state_dir, listen_control_api);

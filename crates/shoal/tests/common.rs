@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-pub use shoal_testkit::{docker_cli, process, wait_until, DaemonOptions, DaemonProcess};
+pub use shoal_testkit::{docker_cli, process, wait_until, DaemonProcess};
 
 /// The binary under test.
 pub fn shoal_bin() -> PathBuf {

@@ -26,6 +26,16 @@ pub struct TaskFilters {
     pub desired_states: Vec<TaskState>,
     /// `key` or `key=value` task labels (from the task's annotations); all must match.
     pub labels: Vec<String>,
+    /// Only tasks made from their service's current spec (the docker CLI's `_up-to-date` filter, used to
+    /// follow a rollout).
+    pub up_to_date: bool,
+}
+
+/// True when the task was made from its service's current spec.
+fn is_up_to_date(t: &Tables, task: &Task) -> bool {
+    t.services().get(&task.service_id).is_some_and(|s| {
+        task.spec_version.as_ref() == Some(&crate::orchestrator::replicated::service_spec_version(s))
+    })
 }
 
 /// A task's full name as SwarmKit forms it: `service.slot.id` (or `service.node.id` for global tasks).
@@ -129,6 +139,7 @@ pub fn list_tasks(state: &ClusterState, filters: &TaskFilters) -> Vec<Arc<Task>>
                             .iter()
                             .any(|s| *s as i32 == task.desired_state))
                     && labels_match(&labels, &filters.labels)
+                    && (!filters.up_to_date || is_up_to_date(t, task))
             })
             .cloned()
             .collect()
