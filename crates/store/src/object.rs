@@ -50,85 +50,35 @@ pub trait StoreObject: Clone + Send + Sync + 'static {
     }
 }
 
-fn meta_mut(meta: &mut Option<Meta>) -> &mut Meta {
-    meta.get_or_insert_with(Meta::default)
+/// Implements `StoreObject` for a generated type with `id` and `meta` fields; `$name` extracts the unique name.
+macro_rules! store_object {
+    ($ty:ident, $kind:ident, $name:expr) => {
+        impl StoreObject for $ty {
+            const KIND: ObjectKind = ObjectKind::$kind;
+            fn id(&self) -> &str {
+                &self.id
+            }
+            fn meta(&self) -> Option<&Meta> {
+                self.meta.as_ref()
+            }
+            fn meta_mut(&mut self) -> &mut Meta {
+                self.meta.get_or_insert_with(Meta::default)
+            }
+            fn unique_name(&self) -> Option<&str> {
+                let name: fn(&$ty) -> Option<&str> = $name;
+                name(self)
+            }
+            fn wrap(obj: Arc<Self>) -> Object {
+                Object::$kind(obj)
+            }
+        }
+    };
 }
 
-impl StoreObject for Node {
-    const KIND: ObjectKind = ObjectKind::Node;
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn meta(&self) -> Option<&Meta> {
-        self.meta.as_ref()
-    }
-    fn meta_mut(&mut self) -> &mut Meta {
-        meta_mut(&mut self.meta)
-    }
-    fn unique_name(&self) -> Option<&str> {
-        None
-    }
-    fn wrap(obj: Arc<Self>) -> Object {
-        Object::Node(obj)
-    }
-}
-
-impl StoreObject for Service {
-    const KIND: ObjectKind = ObjectKind::Service;
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn meta(&self) -> Option<&Meta> {
-        self.meta.as_ref()
-    }
-    fn meta_mut(&mut self) -> &mut Meta {
-        meta_mut(&mut self.meta)
-    }
-    fn unique_name(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str())
-    }
-    fn wrap(obj: Arc<Self>) -> Object {
-        Object::Service(obj)
-    }
-}
-
-impl StoreObject for Task {
-    const KIND: ObjectKind = ObjectKind::Task;
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn meta(&self) -> Option<&Meta> {
-        self.meta.as_ref()
-    }
-    fn meta_mut(&mut self) -> &mut Meta {
-        meta_mut(&mut self.meta)
-    }
-    fn unique_name(&self) -> Option<&str> {
-        None
-    }
-    fn wrap(obj: Arc<Self>) -> Object {
-        Object::Task(obj)
-    }
-}
-
-impl StoreObject for Cluster {
-    const KIND: ObjectKind = ObjectKind::Cluster;
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn meta(&self) -> Option<&Meta> {
-        self.meta.as_ref()
-    }
-    fn meta_mut(&mut self) -> &mut Meta {
-        meta_mut(&mut self.meta)
-    }
-    fn unique_name(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str())
-    }
-    fn wrap(obj: Arc<Self>) -> Object {
-        Object::Cluster(obj)
-    }
-}
+store_object!(Node, Node, |_| None);
+store_object!(Task, Task, |_| None);
+store_object!(Service, Service, |s| s.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
+store_object!(Cluster, Cluster, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 
 /// A stored object of any kind, shared.
 #[derive(Clone, Debug, PartialEq)]
