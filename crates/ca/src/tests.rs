@@ -1,0 +1,135 @@
+//! Tests of the CA's pure functions: a root CA signs node certificates with the subject it chooses, tokens
+//! pin the root's digest, and the renewal point stays within 50-80% of the issued life.
+
+use std::time::{Duration, SystemTime};
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::*;
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+fn subject(role: Role) -> NodeSubject {
+    NodeSubject { node_id: "node0000000000000000000001".into(), role, cluster_id: "cluster000000000000000001".into() }
+}
+
+#[test]
+fn root_ca_is_swarm_ca_for_twenty_years() {
+    let root = RootCa::generate(t0(), &mut rng(1)).unwrap();
+    let der = parse_cert_pem_chain(root.cert_pem().as_bytes()).unwrap();
+    let (_, cert) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+    assert_eq!(cert.subject().iter_common_name().next().unwrap().as_str().unwrap(), ROOT_CN);
+    assert!(cert.is_ca());
+    let life = cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp();
+    assert_eq!(life as u64, (ROOT_CA_VALIDITY + BACKDATE).as_secs());
+    let reloaded = RootCa::from_pem(root.cert_pem(), root.key_pem()).unwrap();
+    assert_eq!(reloaded.digest(), root.digest());
+    assert!(!format!("{root:?}").contains("PRIVATE"), "Debug must not print the key");
+}
+
+#[test]
+fn signed_node_cert_has_the_subject_the_ca_chose_and_chains_to_the_root() {
+    let root = RootCa::generate(t0(), &mut rng(2)).unwrap();
+    let csr = generate_node_key_and_csr().unwrap();
+    for role in [Role::Manager, Role::Worker, Role::Admin] {
+        let pem = root.sign_csr(&csr.csr_pem, &subject(role), Duration::from_secs(7200), t0(), &mut rng(3)).unwrap();
+        let der = parse_cert_pem_chain(pem.as_bytes()).unwrap();
+        let info = parse_cert(&der[0]).unwrap();
+        assert_eq!(info.subject, subject(role));
+        assert_eq!(info.not_before, t0() - BACKDATE);
+        assert_eq!(info.not_after, t0() + Duration::from_secs(7200));
+        // The signature verifies with the root's public key.
+        let root_der = parse_cert_pem_chain(root.cert_pem().as_bytes()).unwrap();
+        let (_, root_cert) = x509_parser::parse_x509_certificate(&root_der[0]).unwrap();
+        let (_, node_cert) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+        node_cert.verify_signature(Some(root_cert.public_key())).unwrap();
+    }
+}
+
+#[test]
+fn a_foreign_root_does_not_verify_a_node_cert() {
+    let root = RootCa::generate(t0(), &mut rng(4)).unwrap();
+    let other = RootCa::generate(t0(), &mut rng(5)).unwrap();
+    let csr = generate_node_key_and_csr().unwrap();
+    let pem = root.sign_csr(&csr.csr_pem, &subject(Role::Worker), Duration::from_secs(7200), t0(), &mut rng(6)).unwrap();
+    let der = parse_cert_pem_chain(pem.as_bytes()).unwrap();
+    let other_der = parse_cert_pem_chain(other.cert_pem().as_bytes()).unwrap();
+    let (_, other_cert) = x509_parser::parse_x509_certificate(&other_der[0]).unwrap();
+    let (_, node_cert) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+    assert!(node_cert.verify_signature(Some(other_cert.public_key())).is_err());
+}
+
+#[test]
+fn garbage_csr_is_refused() {
+    let root = RootCa::generate(t0(), &mut rng(7)).unwrap();
+    let err = root.sign_csr("not a csr", &subject(Role::Worker), Duration::from_secs(3600), t0(), &mut rng(8));
+    assert!(matches!(err, Err(CaError::BadCsr(_))), "{err:?}");
+}
+
+#[test]
+fn token_has_swarmkit_shape_and_pins_the_root_digest() {
+    let root = RootCa::generate(t0(), &mut rng(9)).unwrap();
+    let token = generate_join_token(&root.digest(), &mut rng(10));
+    assert!(token.starts_with("SWMTKN-1-"), "{token}");
+    let parts: Vec<&str> = token.split('-').collect();
+    assert_eq!(parts.len(), 4, "{token}");
+    assert_eq!(parts[2].len(), 50);
+    assert_eq!(parts[3].len(), 25);
+    assert!(token.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    assert_eq!(parse_join_token(&token).unwrap().ca_digest, root.digest());
+    // Seeded: the same seed gives the same secret, another seed another.
+    assert_eq!(token, generate_join_token(&root.digest(), &mut rng(10)));
+    assert_ne!(token, generate_join_token(&root.digest(), &mut rng(11)));
+}
+
+#[test]
+fn malformed_tokens_are_refused_with_a_reason() {
+    let root = RootCa::generate(t0(), &mut rng(12)).unwrap();
+    let good = generate_join_token(&root.digest(), &mut rng(13));
+    let cases = [
+        ("", "does not start"),
+        ("SWMTKN-2-abc-def", "does not start"),
+        ("SWMTKN-1-abc", "no secret"),
+        ("SWMTKN-1-abc-def", "characters"),
+        (&*format!("SWMTKN-1-!{}", &good[10..]), "base 36"),
+    ];
+    for (token, want) in cases {
+        let err = parse_join_token(token).unwrap_err().to_string();
+        assert!(err.contains(want), "{token:?}: {err}");
+    }
+}
+
+#[test]
+fn token_comparison() {
+    assert!(token_matches("SWMTKN-1-a-b", "SWMTKN-1-a-b"));
+    assert!(!token_matches("SWMTKN-1-a-c", "SWMTKN-1-a-b"));
+    assert!(!token_matches("SWMTKN-1-a-bb", "SWMTKN-1-a-b"));
+    assert!(!token_matches("", ""), "an unset token never matches");
+}
+
+#[test]
+fn renewal_point_is_between_half_and_four_fifths_of_the_issued_life() {
+    let issued_at = t0();
+    let life = Duration::from_secs(3600);
+    let info = CertInfo { subject: subject(Role::Worker), not_before: issued_at - BACKDATE, not_after: issued_at + life };
+    let mut r = rng(14);
+    let mut seen = Vec::new();
+    for _ in 0..1000 {
+        let d = renewal_delay(&info, issued_at, &mut r);
+        assert!(d >= life.mul_f64(0.5) && d <= life.mul_f64(0.8), "{d:?}");
+        seen.push(d);
+    }
+    seen.sort();
+    assert!(seen[999] - seen[0] > life.mul_f64(0.25), "draws spread over the window");
+    // Later: the delay shrinks with the clock; past the point it is zero.
+    let d_later = renewal_delay(&info, issued_at + Duration::from_secs(1000), &mut rng(15));
+    assert_eq!(d_later + Duration::from_secs(1000), renewal_delay(&info, issued_at, &mut rng(15)));
+    assert_eq!(renewal_delay(&info, issued_at + life, &mut rng(16)), Duration::ZERO);
+}
