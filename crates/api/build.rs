@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/dispatcher.proto",
         "proto/health.proto",
         "proto/raft.proto",
+        "proto/ca.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

@@ -82,6 +82,7 @@ pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Resul
                         leader: true,
                         reachability: shoal_api::raft_member_status::Reachability::Reachable as i32,
                     }),
+                    certificate: None,
                     role: 0,
                 };
                 node.set_role(NodeRole::Manager);

@@ -275,6 +275,7 @@ impl Dispatcher {
                                 description: req.description.clone(),
                                 status: Some(status),
                                 manager_status: None,
+                                certificate: None,
                                 role: NodeRole::Worker as i32,
                             });
                         }
