@@ -13,6 +13,10 @@ pub struct RaftConfig {
     pub state_dir: PathBuf,
     /// This member's Raft ID (non-zero).
     pub raft_id: u64,
+    /// The address peers reach this member's Raft gRPC services at (`host:port`; recorded at bootstrap).
+    pub addr: String,
+    /// This manager's node ID (recorded with its address; may be empty).
+    pub node_id: String,
     /// Length of one Raft tick, in milliseconds.
     pub tick_interval_ms: u64,
     /// Ticks without hearing from a leader before a follower campaigns (randomized in `[n, 2n)`).
@@ -34,6 +38,8 @@ impl RaftConfig {
         RaftConfig {
             state_dir,
             raft_id,
+            addr: String::new(),
+            node_id: String::new(),
             tick_interval_ms: 100,
             election_tick: 10,
             heartbeat_tick: 1,

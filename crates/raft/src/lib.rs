@@ -45,6 +45,7 @@
 mod config;
 mod error;
 mod logger;
+mod membership;
 mod node;
 mod proposer;
 mod snapshot_files;
@@ -53,10 +54,16 @@ mod transport;
 
 pub use config::RaftConfig;
 pub use error::RaftError;
-pub use node::{RaftNode, RaftStatus, INBOUND_QUEUE, MAX_PROPOSALS_PER_READY, PROPOSAL_QUEUE};
+pub use membership::{Member, Members};
+pub use node::{
+    MembershipError, RaftNode, RaftStatus, StartMode, FORWARD_APPLY_TIMEOUT, INBOUND_QUEUE, MAX_FORWARDED_IN_FLIGHT,
+    MAX_PROPOSALS_PER_READY, MEMBERSHIP_CHANGE_TIMEOUT, PROPOSAL_QUEUE,
+};
 pub use proposer::{LeaderState, LocalProposer, ProposeError, ProposeFuture, Proposer};
 pub use raft::eraftpb;
-pub use transport::{NoPeers, Transport};
+pub use transport::{ForwardFuture, Forwarder, NoPeers, PeerLink, Transport};
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod tests;

@@ -6,9 +6,19 @@
 //! persist entries + hard state (one fsync for all the entries of the Ready: group commit), send messages,
 //! persist the new commit index, apply committed entries to the store, resolve the proposals they carry,
 //! take a snapshot every `snapshot_interval_entries`, and publish leadership.
+//!
+//! Membership: `add_member`/`remove_member` (leader only) propose a raft-rs `ConfChange` (v1) whose context
+//! is the member's encoded `RaftMember` (ID, node ID, address); when applied, the conf state and the
+//! addresses are persisted together and published to the transport. Adding a member also takes a snapshot
+//! and compacts the log through at least its first entry, so a new member (whose log is empty) always
+//! starts from a snapshot that already names it, never by replaying the log from an empty configuration.
+//!
+//! Follower writes: a follower with a `Forwarder` registers the request ID with its driver, forwards the
+//! encoded request to the leader (which appends it), and resolves when its own store applies the entry
+//! carrying that ID (read-your-writes), or after `FORWARD_APPLY_TIMEOUT` with `Unknown`.
 //! Must not know services, tasks or subsystems: entries are opaque `encode_request` bytes for the store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,15 +28,19 @@ use parking_lot::Mutex;
 use protobuf::Message as _;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, Snapshot, SnapshotMetadata};
-use raft::{RawNode, StateRole};
-use shoal_store::{decode_request, decode_snapshot, encode_request, encode_snapshot, Action, Commit, MemoryStore, StoreError};
+use prost::Message as _;
+use raft::eraftpb::{
+    ConfChange, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, Message, Snapshot, SnapshotMetadata,
+};
+use raft::{RawNode, SnapshotStatus, StateRole};
+use shoal_api::StoreSnapshot;
+use shoal_store::{decode_request, decode_snapshot, encode_request, Action, Commit, MemoryStore, StoreError};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::logger::raft_logger;
 use crate::storage::{log_dir, EngineStorage, REPLAY_CHUNK_ENTRIES};
-use crate::transport::{NoPeers, Transport};
-use crate::{LeaderState, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError};
+use crate::transport::{Forwarder, Inbound, NoPeers, PeerLink, Transport};
+use crate::{LeaderState, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError};
 
 /// Bound of the proposal queue between the handles and the driver. A proposer waits for room when it is full.
 pub const PROPOSAL_QUEUE: usize = 4096;
@@ -40,6 +54,45 @@ const MAX_MESSAGES_PER_READY: usize = 256;
 const MAX_SIZE_PER_MSG: u64 = 1 << 20;
 /// Most in-flight append messages per follower.
 const MAX_INFLIGHT_MSGS: usize = 256;
+/// How long a follower waits, after the leader accepted its forwarded write, for its own store to apply it.
+pub const FORWARD_APPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `add_member`/`remove_member` wait for the membership change to be applied.
+pub const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most forwarded writes a follower waits for at once (further ones fail with `Unknown` at once).
+pub const MAX_FORWARDED_IN_FLIGHT: usize = PROPOSAL_QUEUE;
+
+/// How a node starts with respect to cluster membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartMode {
+    /// With no Raft state, bootstrap a new single-member cluster (this node the only voter, at `cfg.addr`);
+    /// with state, recover it.
+    BootstrapIfEmpty,
+    /// A member just added by the leader (`add_member`): never bootstrap; record `members` (from the
+    /// leader's answer) until the leader's snapshot arrives. With existing state, recover it instead.
+    Join {
+        /// The cluster's members as the leader reported them.
+        members: Members,
+    },
+    /// Recover existing state only; never bootstrap (a joined member restarting).
+    Restart,
+}
+
+/// Why a membership change did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    /// This manager is not the leader; membership changes are made by the leader.
+    #[error("this manager is not the raft leader (leader: {}); send the request to the leader", leader_addr.as_deref().unwrap_or("unknown"))]
+    NotLeader {
+        /// The leader's address, when known.
+        leader_addr: Option<String>,
+    },
+    /// The change is not allowed as asked.
+    #[error("{0}")]
+    Refused(String),
+    /// The change was proposed but its outcome is not known to be applied.
+    #[error("the membership change failed: {0}")]
+    Failed(#[from] ProposeError),
+}
 
 /// A snapshot of the node's Raft progress, for status displays and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,11 +113,23 @@ pub struct RaftStatus {
     pub is_leader: bool,
 }
 
+type Done = oneshot::Sender<Result<Arc<Commit>, ProposeError>>;
+
 /// One proposal on its way to the driver.
 struct Proposal {
     id: u64,
     data: Vec<u8>,
-    done: oneshot::Sender<Result<Arc<Commit>, ProposeError>>,
+    done: Done,
+    /// Told the log index once the entry is appended (forwarded proposals answer then).
+    appended: Option<oneshot::Sender<u64>>,
+}
+
+/// What the handles ask of the driver.
+enum Command {
+    Propose(Proposal),
+    ConfChange { cc: ConfChange, done: oneshot::Sender<Result<Members, ProposeError>> },
+    /// Resolve `done` when an entry carrying request `id` is applied (a write this follower forwarded).
+    AwaitForwarded { id: u64, done: Done },
 }
 
 /// A proposal appended to the log, waiting for its entry to be applied.
@@ -76,8 +141,10 @@ struct Pending {
 struct Inner {
     raft_id: u64,
     max_proposal_bytes: usize,
-    proposals: mpsc::Sender<Proposal>,
-    inbound: mpsc::Sender<Message>,
+    proposals: mpsc::Sender<Command>,
+    inbound: mpsc::Sender<Inbound>,
+    members: watch::Receiver<Members>,
+    forwarder: Option<Arc<dyn Forwarder>>,
     /// Set to true to ask the driver to stop; dropping it (last handle gone) also stops the driver.
     stop: watch::Sender<bool>,
     /// Becomes true (or closes) once the driver has exited and released the files.
@@ -117,12 +184,28 @@ impl RaftNode {
         store: Arc<MemoryStore>,
         transport: Arc<dyn Transport>,
     ) -> Result<RaftNode, RaftError> {
+        RaftNode::start_with(cfg, store, transport, None, StartMode::BootstrapIfEmpty).await
+    }
+
+    /// The general start: messages go through `transport`; when not the leader, writes are forwarded to
+    /// the leader through `forwarder` (without one they fail with `NotLeader`); `mode` says whether to
+    /// bootstrap, join or only recover. For joining a running cluster see `grpc::join_cluster`, which asks
+    /// the leader's `RaftMembership.Join` for a Raft ID and then starts with `StartMode::Join`.
+    pub async fn start_with(
+        cfg: RaftConfig,
+        store: Arc<MemoryStore>,
+        transport: Arc<dyn Transport>,
+        forwarder: Option<Arc<dyn Forwarder>>,
+        mode: StartMode,
+    ) -> Result<RaftNode, RaftError> {
         cfg.validate()?;
         let (prop_tx, prop_rx) = mpsc::channel(PROPOSAL_QUEUE);
         let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
         let (stop_tx, stop_rx) = watch::channel(false);
         let (stopped_tx, stopped_rx) = watch::channel(false);
         let (leader_tx, leader_rx) = watch::channel(LeaderState::default());
+        let (members_tx, members_rx) = watch::channel(Members::default());
+        transport.attach(PeerLink { inbound: in_tx.clone(), members: members_rx.clone() });
         let status = Arc::new(Mutex::new(RaftStatus { id: cfg.raft_id, ..RaftStatus::default() }));
         let (ready_tx, ready_rx) = oneshot::channel::<Result<Arc<AtomicU64>, RaftError>>();
 
@@ -139,7 +222,7 @@ impl RaftNode {
                         return;
                     }
                 };
-                let driver = match Driver::open(cfg, store, transport, leader_tx, driver_status) {
+                let driver = match Driver::open(cfg, store, transport, leader_tx, members_tx, driver_status, mode) {
                     Ok(d) => d,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -171,6 +254,8 @@ impl RaftNode {
                 max_proposal_bytes,
                 proposals: prop_tx,
                 inbound: in_tx,
+                members: members_rx,
+                forwarder,
                 stop: stop_tx,
                 stopped: stopped_rx,
                 leader: leader_rx,
@@ -207,7 +292,7 @@ impl RaftNode {
     /// Feeds a message received from a peer. Fails with `Busy` when the inbound queue (`INBOUND_QUEUE`)
     /// is full (Raft retransmits) and `Stopped` after shutdown.
     pub fn step(&self, msg: Message) -> Result<(), RaftError> {
-        self.inner.inbound.try_send(msg).map_err(|e| match e {
+        self.inner.inbound.try_send(Inbound::Message(msg)).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => RaftError::Busy(INBOUND_QUEUE),
             mpsc::error::TrySendError::Closed(_) => RaftError::Stopped,
         })
@@ -220,6 +305,142 @@ impl RaftNode {
         async move {
             // An error means the driver thread ended without saying so (panic): it is gone either way.
             let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+
+    /// The current members and their addresses.
+    pub fn members(&self) -> Members {
+        self.inner.members.borrow().clone()
+    }
+
+    /// Membership changes, as a watch channel.
+    pub fn members_watch(&self) -> watch::Receiver<Members> {
+        self.inner.members.clone()
+    }
+
+    /// The leader's address, when a leader is known and its address too.
+    pub fn leader_addr(&self) -> Option<String> {
+        let leader = self.inner.leader.borrow().leader_id;
+        self.inner.members.borrow().addr(leader).map(str::to_string)
+    }
+
+    fn not_leader(&self) -> MembershipError {
+        MembershipError::NotLeader { leader_addr: self.leader_addr() }
+    }
+
+    /// Adds a voter at `addr` (leader only) with a fresh Raft ID; resolves once the change is applied here,
+    /// with the new member's ID and the membership. The new member must then start with
+    /// `StartMode::Join` under that ID; it receives a snapshot from the leader.
+    pub async fn add_member(&self, addr: &str, node_id: &str) -> Result<(u64, Members), MembershipError> {
+        let members = self.members();
+        let raft_id = loop {
+            let id: u64 = rand::random();
+            if id != 0 && !members.members.contains_key(&id) && !members.removed.contains(&id) {
+                break id;
+            }
+        };
+        self.add_member_with_id(raft_id, addr, node_id).await
+    }
+
+    /// `add_member` with a chosen Raft ID (tests use it for repeatable IDs); refuses an ID in use or removed.
+    pub async fn add_member_with_id(
+        &self,
+        raft_id: u64,
+        addr: &str,
+        node_id: &str,
+    ) -> Result<(u64, Members), MembershipError> {
+        if !self.inner.leader.borrow().is_leader {
+            return Err(self.not_leader());
+        }
+        if addr.is_empty() {
+            return Err(MembershipError::Refused("the joining manager sent no address; set its advertise address".into()));
+        }
+        let members = self.members();
+        if let Some(m) = members.members.values().find(|m| m.addr == addr) {
+            return Err(MembershipError::Refused(format!(
+                "a manager at {addr} is already a member (raft id {:x}); remove it first (docker node demote/rm) or use another address",
+                m.raft_id
+            )));
+        }
+        if raft_id == 0 || members.members.contains_key(&raft_id) || members.removed.contains(&raft_id) {
+            return Err(MembershipError::Refused(format!("raft id {raft_id:x} is in use, was removed, or is zero")));
+        }
+        let member = Member { raft_id, node_id: node_id.to_string(), addr: addr.to_string() };
+        let mut cc = ConfChange::default();
+        cc.set_change_type(ConfChangeType::AddNode);
+        cc.node_id = raft_id;
+        cc.context = member.encode().into();
+        let members = self.change_membership(cc).await?;
+        tracing::info!(raft_id = format_args!("{raft_id:x}"), addr, "raft member added");
+        Ok((raft_id, members))
+    }
+
+    /// Removes member `raft_id` (leader only; the leader cannot remove itself). Resolves once applied here.
+    pub async fn remove_member(&self, raft_id: u64) -> Result<Members, MembershipError> {
+        if !self.inner.leader.borrow().is_leader {
+            return Err(self.not_leader());
+        }
+        if raft_id == self.inner.raft_id {
+            return Err(MembershipError::Refused(
+                "this manager is the leader and cannot remove itself; stop it so another manager leads, then remove it from there".into(),
+            ));
+        }
+        let members = self.members();
+        if !members.members.contains_key(&raft_id) {
+            return Err(MembershipError::Refused(format!("raft id {raft_id:x} is not a member")));
+        }
+        if members.members.len() <= 1 {
+            return Err(MembershipError::Refused("cannot remove the last member".into()));
+        }
+        let mut cc = ConfChange::default();
+        cc.set_change_type(ConfChangeType::RemoveNode);
+        cc.node_id = raft_id;
+        let members = self.change_membership(cc).await?;
+        tracing::info!(raft_id = format_args!("{raft_id:x}"), "raft member removed");
+        Ok(members)
+    }
+
+    async fn change_membership(&self, cc: ConfChange) -> Result<Members, MembershipError> {
+        let (done, rx) = oneshot::channel();
+        self.inner.proposals.send(Command::ConfChange { cc, done }).await.map_err(|_| ProposeError::Stopped)?;
+        match tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, rx).await {
+            Ok(Ok(r)) => Ok(r?),
+            Ok(Err(_)) => Err(ProposeError::Stopped.into()),
+            Err(_) => Err(ProposeError::Unknown(format!(
+                "the membership change was not applied within {MEMBERSHIP_CHANGE_TIMEOUT:?} (is a quorum reachable?)"
+            ))
+            .into()),
+        }
+    }
+
+    /// Leader side of a forwarded write: appends `request` (an encoded `InternalRaftRequest`) and answers
+    /// with its log index once appended. The follower learns the outcome by applying the entry itself.
+    pub async fn propose_forwarded(&self, request: Vec<u8>) -> Result<u64, ProposeError> {
+        let inner = &self.inner;
+        if inner.shut.load(Ordering::SeqCst) {
+            return Err(ProposeError::Stopped);
+        }
+        let state = *inner.leader.borrow();
+        if !state.is_leader {
+            return Err(ProposeError::NotLeader { leader: (state.leader_id != 0).then_some(state.leader_id) });
+        }
+        if request.len() > inner.max_proposal_bytes {
+            return Err(ProposeError::TooLarge { size: request.len(), limit: inner.max_proposal_bytes });
+        }
+        let (id, _) = decode_request(&request)?;
+        let (done, done_rx) = oneshot::channel();
+        let (appended, appended_rx) = oneshot::channel();
+        inner
+            .proposals
+            .send(Command::Propose(Proposal { id, data: request, done, appended: Some(appended) }))
+            .await
+            .map_err(|_| ProposeError::Stopped)?;
+        match appended_rx.await {
+            Ok(index) => Ok(index),
+            Err(_) => match done_rx.await {
+                Ok(Err(e)) => Err(e),
+                _ => Err(ProposeError::Stopped),
+            },
         }
     }
 
@@ -239,10 +460,6 @@ impl Proposer for RaftNode {
             return Box::pin(async { Err(ProposeError::Stopped) });
         }
         let state = *inner.leader.borrow();
-        if !state.is_leader {
-            let leader = (state.leader_id != 0).then_some(state.leader_id);
-            return Box::pin(async move { Err(ProposeError::NotLeader { leader }) });
-        }
         let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
         let data = encode_request(id, &actions);
         if data.len() > inner.max_proposal_bytes {
@@ -250,9 +467,38 @@ impl Proposer for RaftNode {
             return Box::pin(async move { Err(ProposeError::TooLarge { size, limit }) });
         }
         let tx = inner.proposals.clone();
+        if !state.is_leader {
+            let Some(forwarder) = inner.forwarder.clone() else {
+                let leader = (state.leader_id != 0).then_some(state.leader_id);
+                return Box::pin(async move { Err(ProposeError::NotLeader { leader }) });
+            };
+            let leader_addr = if state.leader_id == 0 {
+                Err("no manager is the raft leader right now (an election is under way or no quorum is reachable)".to_string())
+            } else if state.leader_id == inner.raft_id {
+                Err("this manager was just elected and is catching up".to_string())
+            } else {
+                inner.members.borrow().addr(state.leader_id).map(str::to_string).ok_or_else(|| {
+                    format!("the address of the leader (raft id {:x}) is not known to this manager", state.leader_id)
+                })
+            };
+            return Box::pin(async move {
+                let addr = leader_addr.map_err(ProposeError::NoLeader)?;
+                let (done, rx) = oneshot::channel();
+                tx.send(Command::AwaitForwarded { id, done }).await.map_err(|_| ProposeError::Stopped)?;
+                forwarder.forward(&addr, data).await?;
+                match tokio::time::timeout(FORWARD_APPLY_TIMEOUT, rx).await {
+                    Ok(r) => r.unwrap_or(Err(ProposeError::Stopped)),
+                    Err(_) => Err(ProposeError::Unknown(format!(
+                        "the leader accepted the write but this manager did not apply it within {FORWARD_APPLY_TIMEOUT:?}"
+                    ))),
+                }
+            });
+        }
         Box::pin(async move {
             let (done, rx) = oneshot::channel();
-            tx.send(Proposal { id, data, done }).await.map_err(|_| ProposeError::Stopped)?;
+            tx.send(Command::Propose(Proposal { id, data, done, appended: None }))
+                .await
+                .map_err(|_| ProposeError::Stopped)?;
             // A dropped sender means the driver stopped before answering.
             rx.await.unwrap_or(Err(ProposeError::Stopped))
         })
@@ -279,7 +525,14 @@ struct Driver {
     transport: Arc<dyn Transport>,
     /// Proposals appended to the log, by index.
     pending: BTreeMap<u64, Pending>,
+    /// Membership changes appended to the log, by index.
+    conf_pending: BTreeMap<u64, oneshot::Sender<Result<Members, ProposeError>>>,
+    /// Writes this node forwarded to the leader, by request ID (at most `MAX_FORWARDED_IN_FLIGHT`).
+    forwarded: HashMap<u64, Done>,
+    /// Take a snapshot after this Ready (a member was added).
+    force_snapshot: bool,
     leader_tx: watch::Sender<LeaderState>,
+    members_tx: watch::Sender<Members>,
     status: Arc<Mutex<RaftStatus>>,
     /// Seeded per member: the election timeouts are repeatable (raft-rs's own draw is not seedable).
     rng: SmallRng,
@@ -298,13 +551,29 @@ impl Driver {
         store: Arc<MemoryStore>,
         transport: Arc<dyn Transport>,
         leader_tx: watch::Sender<LeaderState>,
+        members_tx: watch::Sender<Members>,
         status: Arc<Mutex<RaftStatus>>,
+        mode: StartMode,
     ) -> Result<Driver, RaftError> {
         let (mut storage, bootstrapped) = EngineStorage::open(&cfg.state_dir)?;
         if !bootstrapped {
-            tracing::info!(raft_id = cfg.raft_id, "bootstrapping a new single-member raft cluster");
-            storage.bootstrap(ConfState { voters: vec![cfg.raft_id], ..ConfState::default() })?;
+            match mode {
+                StartMode::BootstrapIfEmpty => {
+                    tracing::info!(raft_id = cfg.raft_id, "bootstrapping a new single-member raft cluster");
+                    let me = Member { raft_id: cfg.raft_id, node_id: cfg.node_id.clone(), addr: cfg.addr.clone() };
+                    let members = Members { members: [(cfg.raft_id, me)].into(), ..Members::default() };
+                    storage.bootstrap(ConfState { voters: vec![cfg.raft_id], ..ConfState::default() }, members)?;
+                }
+                StartMode::Join { members } => {
+                    tracing::info!(raft_id = cfg.raft_id, "joining a raft cluster; waiting for the leader's snapshot");
+                    storage.set_members(members)?;
+                }
+                StartMode::Restart => {
+                    tracing::info!(raft_id = cfg.raft_id, "no raft membership recorded yet; waiting for the leader");
+                }
+            }
         }
+        members_tx.send_replace(storage.members().clone());
         let (applied, applied_term) = recover_store(&cfg, &storage, &store)?;
         let last_snapshot_index = storage.snapshot_metadata().index;
         let single_voter = {
@@ -331,7 +600,11 @@ impl Driver {
             store,
             transport,
             pending: BTreeMap::new(),
+            conf_pending: BTreeMap::new(),
+            forwarded: HashMap::new(),
+            force_snapshot: false,
             leader_tx,
+            members_tx,
             status,
             role_term: None,
             applied,
@@ -351,8 +624,8 @@ impl Driver {
 
     async fn run(
         mut self,
-        mut proposals: mpsc::Receiver<Proposal>,
-        mut inbound: mpsc::Receiver<Message>,
+        mut proposals: mpsc::Receiver<Command>,
+        mut inbound: mpsc::Receiver<Inbound>,
         mut stop: watch::Receiver<bool>,
     ) {
         let mut ticker = tokio::time::interval(Duration::from_millis(self.cfg.tick_interval_ms));
@@ -365,10 +638,10 @@ impl Driver {
                 _ = stop.changed() => break Exit::Stopped,
                 p = proposals.recv() => match p {
                     Some(p) => {
-                        self.propose(p);
+                        self.command(p);
                         for _ in 1..MAX_PROPOSALS_PER_READY {
                             match proposals.try_recv() {
-                                Ok(p) => self.propose(p),
+                                Ok(p) => self.command(p),
                                 Err(_) => break,
                             }
                         }
@@ -377,6 +650,14 @@ impl Driver {
                 },
                 m = inbound.recv(), if inbound_open => match m {
                     Some(m) => {
+                        // Commands queued before these messages arrived go first: a forwarded write's
+                        // registration must precede the entry that answers it.
+                        for _ in 0..MAX_PROPOSALS_PER_READY {
+                            match proposals.try_recv() {
+                                Ok(p) => self.command(p),
+                                Err(_) => break,
+                            }
+                        }
                         self.step(m);
                         for _ in 1..MAX_MESSAGES_PER_READY {
                             match inbound.try_recv() {
@@ -407,6 +688,9 @@ impl Driver {
             }
         };
         self.fail_pending(&reason);
+        for (_, done) in self.forwarded.drain() {
+            let _ = done.send(Err(reason.clone()));
+        }
         // Everything acknowledged was synced already; this makes the last non-synced writes (log
         // compaction) durable too.
         if let Err(e) = self.raw.store().sync() {
@@ -414,6 +698,45 @@ impl Driver {
         }
         self.leader_tx.send_modify(|s| s.is_leader = false);
         self.status.lock().is_leader = false;
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Propose(p) => self.propose(p),
+            Command::ConfChange { cc, done } => self.propose_conf_change(cc, done),
+            Command::AwaitForwarded { id, done } => {
+                if self.forwarded.len() >= MAX_FORWARDED_IN_FLIGHT {
+                    self.forwarded.retain(|_, d| !d.is_closed());
+                }
+                if self.forwarded.len() >= MAX_FORWARDED_IN_FLIGHT {
+                    let _ = done.send(Err(ProposeError::Unknown(format!(
+                        "{MAX_FORWARDED_IN_FLIGHT} forwarded writes are already waiting; retry later"
+                    ))));
+                } else {
+                    self.forwarded.insert(id, done);
+                }
+            }
+        }
+    }
+
+    fn propose_conf_change(&mut self, cc: ConfChange, done: oneshot::Sender<Result<Members, ProposeError>>) {
+        if self.raw.raft.state != StateRole::Leader {
+            let leader = (self.raw.raft.leader_id != 0).then_some(self.raw.raft.leader_id);
+            let _ = done.send(Err(ProposeError::NotLeader { leader }));
+            return;
+        }
+        let before = self.raw.raft.raft_log.last_index();
+        match self.raw.propose_conf_change(vec![], cc) {
+            Ok(()) if self.raw.raft.raft_log.last_index() > before => {
+                self.conf_pending.insert(self.raw.raft.raft_log.last_index(), done);
+            }
+            Ok(()) => {
+                let _ = done.send(Err(ProposeError::Unknown("raft did not append the membership change".into())));
+            }
+            Err(e) => {
+                let _ = done.send(Err(ProposeError::Unknown(format!("raft refused the membership change: {e}"))));
+            }
+        }
     }
 
     /// Appends a proposal to the log (if leader) and remembers whom to answer.
@@ -430,6 +753,9 @@ impl Driver {
                 if index == before {
                     let _ = p.done.send(Err(ProposeError::Unknown("raft did not append the proposal".into())));
                 } else {
+                    if let Some(appended) = p.appended {
+                        let _ = appended.send(index);
+                    }
                     self.pending.insert(index, Pending { id: p.id, done: p.done });
                 }
             }
@@ -443,9 +769,18 @@ impl Driver {
         }
     }
 
-    fn step(&mut self, m: Message) {
-        if let Err(e) = self.raw.step(m) {
-            tracing::debug!(error = %e, "raft message dropped");
+    fn step(&mut self, m: Inbound) {
+        match m {
+            Inbound::Message(m) => {
+                if let Err(e) = self.raw.step(m) {
+                    tracing::debug!(error = %e, "raft message dropped");
+                }
+            }
+            Inbound::Unreachable(id) => self.raw.report_unreachable(id),
+            Inbound::SnapshotStatus(id, delivered) => {
+                let status = if delivered { SnapshotStatus::Finish } else { SnapshotStatus::Failure };
+                self.raw.report_snapshot(id, status);
+            }
         }
     }
 
@@ -503,32 +838,90 @@ impl Driver {
                 EntryType::EntryNormal => {
                     let pending = self.pending.remove(&e.index);
                     let (id, result) = apply_normal(&self.store, &e);
+                    // Whoever learns of the write from its answer sees it in the status too.
+                    {
+                        let mut st = self.status.lock();
+                        st.applied = e.index;
+                        st.commit = st.commit.max(e.index);
+                    }
+                    if let Some(done) = self.conf_pending.remove(&e.index) {
+                        let _ = done.send(Err(ProposeError::Unknown(
+                            "another membership change was in progress; retry once it is done".into(),
+                        )));
+                    }
                     if let Some(p) = pending {
                         let answer = if id == Some(p.id) {
-                            result.map_err(ProposeError::Store)
+                            result.clone().map_err(ProposeError::Store)
                         } else {
                             Err(ProposeError::Unknown("another leader's entry replaced the proposal".into()))
                         };
                         let _ = p.done.send(answer);
                     }
+                    if let Some(done) = id.and_then(|id| self.forwarded.remove(&id)) {
+                        let _ = done.send(result.map_err(ProposeError::Store));
+                    }
                 }
                 EntryType::EntryConfChange => {
                     let cc = ConfChange::parse_from_bytes(&e.data)
                         .map_err(|err| self.corrupted(format!("conf change at {}: {err}", e.index)))?;
-                    let cs = self.raw.apply_conf_change(&cc)?;
-                    self.raw.mut_store().set_conf_state(cs)?;
-                    self.store.advance_index(e.index);
+                    self.apply_conf_change(e.index, &cc)?;
                 }
                 EntryType::EntryConfChangeV2 => {
                     let cc = ConfChangeV2::parse_from_bytes(&e.data)
                         .map_err(|err| self.corrupted(format!("conf change at {}: {err}", e.index)))?;
-                    let cs = self.raw.apply_conf_change(&cc)?;
-                    self.raw.mut_store().set_conf_state(cs)?;
+                    let result = match self.raw.apply_conf_change(&cc) {
+                        Ok(cs) => {
+                            let members = self.raw.store().members().clone();
+                            self.raw.mut_store().set_membership(cs, members.clone())?;
+                            Ok(members)
+                        }
+                        Err(err) => Err(ProposeError::Unknown(format!("raft refused the membership change: {err}"))),
+                    };
                     self.store.advance_index(e.index);
+                    if let Some(done) = self.conf_pending.remove(&e.index) {
+                        let _ = done.send(result);
+                    }
                 }
             }
             self.applied = e.index;
             self.applied_term = e.term;
+        }
+        Ok(())
+    }
+
+    /// Applies a committed membership change: raft-rs's configuration, then the addresses (from the
+    /// context), persisted together. A change raft-rs refuses is skipped identically on every member.
+    fn apply_conf_change(&mut self, index: u64, cc: &ConfChange) -> Result<(), RaftError> {
+        let result = match self.raw.apply_conf_change(cc) {
+            Ok(cs) => {
+                let mut members = self.raw.store().members().clone();
+                match cc.get_change_type() {
+                    ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                        let mut m = Member::decode(&cc.context).unwrap_or_else(|err| {
+                            tracing::warn!(index, error = %err, "membership change without a readable address");
+                            Member::default()
+                        });
+                        m.raft_id = cc.node_id;
+                        members.members.insert(cc.node_id, m);
+                        self.force_snapshot = true;
+                    }
+                    ConfChangeType::RemoveNode => {
+                        members.members.remove(&cc.node_id);
+                        members.removed.insert(cc.node_id);
+                    }
+                }
+                self.raw.mut_store().set_membership(cs, members.clone())?;
+                self.members_tx.send_replace(members.clone());
+                Ok(members)
+            }
+            Err(err) => {
+                tracing::warn!(index, error = %err, "membership change refused by raft; skipped");
+                Err(ProposeError::Unknown(format!("raft refused the membership change: {err}")))
+            }
+        };
+        self.store.advance_index(index);
+        if let Some(done) = self.conf_pending.remove(&index) {
+            let _ = done.send(result);
         }
         Ok(())
     }
@@ -541,20 +934,31 @@ impl Driver {
     fn install_snapshot(&mut self, snap: Snapshot) -> Result<(), RaftError> {
         let meta = snap.get_metadata().clone();
         let dir = self.raw.store().snapshot_dir().clone();
-        let decoded = decode_snapshot(&snap.data)
-            .map_err(|e| RaftError::SnapshotDecode { path: dir.path(meta.index), reason: e.to_string() })?;
+        let (decoded, members) = decode_raft_snapshot(&snap.data)
+            .map_err(|e| RaftError::SnapshotDecode { path: dir.path(meta.index), reason: e })?;
+        let members = members.unwrap_or_else(|| self.raw.store().members().clone());
         dir.write(meta.index, &snap.data)?;
-        self.raw.mut_store().install_snapshot(meta.clone())?;
+        self.raw.mut_store().install_snapshot(meta.clone(), members.clone())?;
+        self.members_tx.send_replace(members);
         self.store.restore(meta.index, decoded);
         tracing::info!(raft_id = self.cfg.raft_id, index = meta.index, "installed a snapshot from the leader");
         self.applied = meta.index;
         self.applied_term = meta.term;
         self.last_snapshot_index = meta.index;
+        {
+            let mut st = self.status.lock();
+            st.applied = meta.index;
+            st.last_snapshot_index = meta.index;
+        }
         let stale: Vec<u64> = self.pending.range(..=meta.index).map(|(i, _)| *i).collect();
         for index in stale {
             if let Some(p) = self.pending.remove(&index) {
                 let _ = p.done.send(Err(ProposeError::Unknown("a snapshot replaced the log".into())));
             }
+        }
+        // Forwarded writes covered by the snapshot were applied (or not) without this node seeing them.
+        for (_, done) in self.forwarded.drain() {
+            let _ = done.send(Err(ProposeError::Unknown("a snapshot from the leader replaced the log".into())));
         }
         Ok(())
     }
@@ -562,7 +966,8 @@ impl Driver {
     /// Every `snapshot_interval_entries` applied entries: snapshot the store to a file, record it, and
     /// compact the log up to `log_entries_for_slow_followers` entries behind it.
     fn maybe_snapshot(&mut self) -> Result<(), RaftError> {
-        if self.applied < self.last_snapshot_index + self.cfg.snapshot_interval_entries {
+        let force = std::mem::take(&mut self.force_snapshot) && self.applied > self.last_snapshot_index;
+        if !force && self.applied < self.last_snapshot_index + self.cfg.snapshot_interval_entries {
             return Ok(());
         }
         let (index, snap) = self.store.snapshot();
@@ -572,7 +977,7 @@ impl Driver {
                 self.applied
             )));
         }
-        let data = encode_snapshot(snap);
+        let data = encode_raft_snapshot(snap, self.raw.store().members());
         self.raw.store().snapshot_dir().write(index, &data)?;
         let meta = SnapshotMetadata {
             index,
@@ -580,7 +985,11 @@ impl Driver {
             conf_state: protobuf::SingularPtrField::some(self.raw.store().conf_state().clone()),
             ..SnapshotMetadata::default()
         };
-        let compact_through = index.saturating_sub(self.cfg.log_entries_for_slow_followers);
+        let mut compact_through = index.saturating_sub(self.cfg.log_entries_for_slow_followers);
+        if force {
+            // A new member's empty log must be filled from this snapshot, never from entry 1 on.
+            compact_through = compact_through.max(1);
+        }
         self.raw.mut_store().record_snapshot(meta, compact_through)?;
         self.last_snapshot_index = index;
         tracing::debug!(
@@ -626,16 +1035,32 @@ impl Driver {
             }
             self.leader_tx.send_replace(state);
         }
-        if !role_leader && !self.pending.is_empty() {
+        if !role_leader && (!self.pending.is_empty() || !self.conf_pending.is_empty()) {
             self.fail_pending(&ProposeError::Unknown("leadership was lost before the write was applied".into()));
         }
     }
 
+    /// Fails the leader's own pending proposals and membership changes (not the forwarded ones, which any
+    /// leader may still commit).
     fn fail_pending(&mut self, reason: &ProposeError) {
         for (_, p) in std::mem::take(&mut self.pending) {
             let _ = p.done.send(Err(reason.clone()));
         }
+        for (_, done) in std::mem::take(&mut self.conf_pending) {
+            let _ = done.send(Err(reason.clone()));
+        }
     }
+}
+
+/// Encodes a snapshot's data: SwarmKit's `Snapshot` with the store and the membership.
+fn encode_raft_snapshot(store: StoreSnapshot, members: &Members) -> Vec<u8> {
+    shoal_api::Snapshot { version: 0, membership: Some(members.to_wire()), store: Some(store) }.encode_to_vec()
+}
+
+/// Decodes a snapshot's data; the membership is `None` in snapshots written before it was recorded.
+fn decode_raft_snapshot(bytes: &[u8]) -> Result<(StoreSnapshot, Option<Members>), String> {
+    let snap = shoal_api::Snapshot::decode(bytes).map_err(|e| e.to_string())?;
+    Ok((snap.store.unwrap_or_default(), snap.membership.as_ref().map(Members::from_wire)))
 }
 
 /// Seed of a member's election-timeout RNG: fixed per member, different between members.

@@ -41,6 +41,9 @@ pub enum ProposeError {
     /// The Raft node has stopped.
     #[error("the raft node is stopped")]
     Stopped,
+    /// No leader can take the write: the managers are electing one or this manager cannot reach a quorum.
+    #[error("no leader / lost quorum: {0}; retry in a few seconds, and check that a majority of the managers are running and reachable")]
+    NoLeader(String),
 }
 
 /// Who leads, as this node sees it.

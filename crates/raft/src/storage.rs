@@ -1,5 +1,6 @@
 //! `raft::Storage` over raft-engine: the log entries (region `LOG_REGION`) and the small durable state
-//! (region `META_REGION`: hard state, conf state, the latest snapshot's metadata and the truncation point)
+//! (region `META_REGION`: hard state, conf state, the members' addresses, the latest snapshot's metadata and
+//! the truncation point)
 //! under `state_dir/raft/log`. Every write that Raft depends on is made with `sync = true`.
 //!
 //! The log may start before the latest snapshot (entries are kept for slow followers); `truncated` is the
@@ -16,7 +17,7 @@ use raft::{GetEntriesContext, RaftState, StorageError};
 use raft_engine::{Command, Engine, LogBatch, MessageExt};
 
 use crate::snapshot_files::SnapshotDir;
-use crate::RaftError;
+use crate::{Members, RaftError};
 
 /// raft-engine group holding the log entries.
 const LOG_REGION: u64 = 1;
@@ -26,6 +27,7 @@ const KEY_HARD_STATE: &[u8] = b"hard_state";
 const KEY_CONF_STATE: &[u8] = b"conf_state";
 const KEY_SNAPSHOT: &[u8] = b"snapshot_meta";
 const KEY_TRUNCATED: &[u8] = b"truncated";
+const KEY_MEMBERS: &[u8] = b"members";
 
 /// Entries read per raft-engine call when replaying the log at start.
 pub(crate) const REPLAY_CHUNK_ENTRIES: u64 = 1024;
@@ -48,6 +50,8 @@ pub(crate) struct EngineStorage {
     snapshots: SnapshotDir,
     hard_state: HardState,
     conf_state: ConfState,
+    /// The members' addresses as of `conf_state`.
+    members: Members,
     snapshot: SnapshotMetadata,
     /// (index, term) of the last entry removed from the front of the log.
     truncated: (u64, u64),
@@ -106,6 +110,13 @@ impl EngineStorage {
             Some(b) => (ConfState::parse_from_bytes(&b).map_err(|e| parse_err("conf state", e))?, true),
             None => (ConfState::default(), false),
         };
+        let members = match get(KEY_MEMBERS)? {
+            Some(b) => Members::decode(&b).map_err(|e| RaftError::Corrupted {
+                path: log_dir.clone(),
+                reason: format!("cannot decode the stored members: {e}"),
+            })?,
+            None => Members::default(),
+        };
         let snapshot = match get(KEY_SNAPSHOT)? {
             Some(b) => SnapshotMetadata::parse_from_bytes(&b).map_err(|e| parse_err("snapshot metadata", e))?,
             None => SnapshotMetadata::default(),
@@ -130,6 +141,7 @@ impl EngineStorage {
             snapshots,
             hard_state,
             conf_state,
+            members,
             snapshot,
             truncated,
             synced_writes: Arc::new(AtomicU64::new(0)),
@@ -147,13 +159,34 @@ impl EngineStorage {
     }
 
     /// Records the initial membership of a new cluster (durably).
-    pub(crate) fn bootstrap(&mut self, conf_state: ConfState) -> Result<(), RaftError> {
+    pub(crate) fn bootstrap(&mut self, conf_state: ConfState, members: Members) -> Result<(), RaftError> {
         let mut batch = LogBatch::default();
         self.put(&mut batch, KEY_CONF_STATE, &conf_state)?;
+        self.put_members(&mut batch, &members)?;
         self.write(&mut batch)?;
         self.conf_state = conf_state.clone();
+        self.members = members;
         self.snapshot.set_conf_state(conf_state);
         Ok(())
+    }
+
+    /// Records the members' addresses only (a joining node's view before it receives the leader's snapshot;
+    /// no conf state, so the node stays unbootstrapped).
+    pub(crate) fn set_members(&mut self, members: Members) -> Result<(), RaftError> {
+        let mut batch = LogBatch::default();
+        self.put_members(&mut batch, &members)?;
+        self.write(&mut batch)?;
+        self.members = members;
+        Ok(())
+    }
+
+    /// The members' addresses as last persisted.
+    pub(crate) fn members(&self) -> &Members {
+        &self.members
+    }
+
+    fn put_members(&self, batch: &mut LogBatch, members: &Members) -> Result<(), RaftError> {
+        batch.put(META_REGION, KEY_MEMBERS.to_vec(), members.encode()).map_err(|e| engine_err(&self.log_dir, e))
     }
 
     /// The snapshot files.
@@ -220,12 +253,14 @@ impl EngineStorage {
         self.append(&[], Some(&hs))
     }
 
-    /// Persists a new membership (after a conf change was applied).
-    pub(crate) fn set_conf_state(&mut self, cs: ConfState) -> Result<(), RaftError> {
+    /// Persists a new membership (after a conf change was applied): conf state and addresses in one write.
+    pub(crate) fn set_membership(&mut self, cs: ConfState, members: Members) -> Result<(), RaftError> {
         let mut batch = LogBatch::default();
         self.put(&mut batch, KEY_CONF_STATE, &cs)?;
+        self.put_members(&mut batch, &members)?;
         self.write(&mut batch)?;
         self.conf_state = cs;
+        self.members = members;
         Ok(())
     }
 
@@ -255,7 +290,7 @@ impl EngineStorage {
 
     /// Installs a snapshot received from the leader (its file is already written): the whole log is
     /// replaced by it.
-    pub(crate) fn install_snapshot(&mut self, meta: SnapshotMetadata) -> Result<(), RaftError> {
+    pub(crate) fn install_snapshot(&mut self, meta: SnapshotMetadata, members: Members) -> Result<(), RaftError> {
         let mut hs = self.hard_state.clone();
         hs.term = hs.term.max(meta.term);
         hs.commit = meta.index;
@@ -265,6 +300,7 @@ impl EngineStorage {
         self.put(&mut batch, KEY_SNAPSHOT, &meta)?;
         self.put(&mut batch, KEY_HARD_STATE, &hs)?;
         self.put(&mut batch, KEY_CONF_STATE, &cs)?;
+        self.put_members(&mut batch, &members)?;
         batch
             .put(META_REGION, KEY_TRUNCATED.to_vec(), truncated_bytes(meta.index, meta.term))
             .map_err(|e| engine_err(&self.log_dir, e))?;
@@ -272,6 +308,7 @@ impl EngineStorage {
         self.truncated = (meta.index, meta.term);
         self.hard_state = hs;
         self.conf_state = cs;
+        self.members = members;
         self.snapshot = meta;
         Ok(())
     }

@@ -79,7 +79,7 @@ impl From<ProposeError> for ControlError {
         match e {
             ProposeError::NotLeader { .. } => ControlError::NotLeader,
             ProposeError::Store(s) => s.into(),
-            ProposeError::Unknown(_) | ProposeError::Stopped => {
+            ProposeError::Unknown(_) | ProposeError::Stopped | ProposeError::NoLeader(_) => {
                 ControlError::Unavailable(e.to_string())
             }
             ProposeError::TooLarge { .. } => ControlError::InvalidArgument(e.to_string()),
