@@ -66,6 +66,19 @@ pub trait Executor: Send + Sync + 'static {
     fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError>;
     /// Short name, for logs ("process", "fake").
     fn name(&self) -> &'static str;
+    /// True when task runtime objects outlive the agent (containers): the agent then leaves them running
+    /// when it stops, and adopts them when it starts again. False for processes, which die with the agent.
+    fn tasks_outlive_agent(&self) -> bool {
+        false
+    }
+    /// A controller for a task whose runtime object already exists on this node (left by an earlier run of
+    /// the agent), or `None`. Each runtime object is handed out at most once.
+    fn adopt(&self, _task: &Task) -> Option<Box<dyn Controller>> {
+        None
+    }
+    /// Called with the first complete set of tasks assigned to this node: removes runtime objects left by
+    /// an earlier run of the agent whose task is not in `assigned`, without waiting for the removal.
+    fn remove_unassigned(&self, _assigned: &std::collections::HashSet<String>) {}
 }
 
 /// Drives one task's runtime object. Every method is idempotent where it can be, and `wait` is cancel-safe

@@ -1,11 +1,13 @@
 //! The worker side of Shoal: the agent keeps a session with the dispatcher (heartbeats, assignments,
 //! status reports), runs one task runner per assigned task, and drives each task through the `Executor`
-//! seam. Executors: `process` (runs the container spec's command as a local process) and `testing`
+//! seam. Executors: `process` (runs the container spec's command as a local process), `docker` (one
+//! container per task through the local Docker Engine) and `testing`
 //! (a scriptable fake for tests and benchmarks).
 //!
 //! The agent knows nothing of the store, Raft or the manager's internals: it talks to managers only over
 //! the Dispatcher gRPC protocol.
 
+pub mod docker;
 pub mod exec;
 pub mod process;
 pub mod runner;

@@ -1,7 +1,8 @@
 //! The worker: turns the dispatcher's assignment messages into task runners. A COMPLETE message replaces
 //! the set (runners of tasks not in it are stopped and removed); INCREMENTAL messages add, update or
 //! remove single tasks. A task that arrives already RUNNING (or STARTING) without a runner here lost its
-//! process (the agent restarted): it is reported FAILED (SHUTDOWN when it was being stopped anyway).
+//! process (the agent restarted): it is reported FAILED (SHUTDOWN when it was being stopped anyway), unless
+//! the executor adopts its runtime object (containers outlive the agent).
 //!
 //! Bound: one runner per task assigned to this node. Must not depend on gRPC transport details.
 
@@ -53,7 +54,9 @@ impl Worker {
         let complete = msg.r#type == assignments_message::Type::Complete as i32;
         let mut seen = HashSet::new();
         for change in msg.changes {
-            let Some(assignment::Item::Task(task)) = change.assignment.and_then(|a| a.item) else { continue };
+            let Some(assignment::Item::Task(task)) = change.assignment.and_then(|a| a.item) else {
+                continue;
+            };
             seen.insert(task.id.clone());
             if change.action == AssignmentAction::Remove as i32 {
                 self.remove(&task.id);
@@ -62,6 +65,7 @@ impl Worker {
             }
         }
         if complete {
+            self.executor.remove_unassigned(&seen);
             let gone: Vec<String> = self.runners.keys().filter(|id| !seen.contains(*id)).cloned().collect();
             for id in gone {
                 self.remove(&id);
@@ -73,6 +77,12 @@ impl Worker {
         if let Some(r) = self.runners.get(&task.id) {
             let task = Arc::new(task);
             r.input.send_modify(|i| i.task = task);
+            return;
+        }
+        if let Some(ctlr) = self.executor.adopt(&task) {
+            // The runtime object outlived an earlier run of the agent: carry on from the task's state.
+            tracing::info!(task = %task.id, "adopted the task's existing runtime object");
+            self.spawn_runner(task, Ok(ctlr));
             return;
         }
         let state = observed(&task);
@@ -87,6 +97,10 @@ impl Worker {
             return;
         }
         let ctlr = self.executor.controller(&task);
+        self.spawn_runner(task, ctlr);
+    }
+
+    fn spawn_runner(&mut self, task: Task, ctlr: Result<Box<dyn crate::exec::Controller>, crate::exec::ExecutorError>) {
         let initial = task.status.clone().unwrap_or_default();
         let id = task.id.clone();
         let (input, rx) = watch::channel(RunnerInput { task: Arc::new(task), removed: false, agent_stopping: false });
@@ -100,8 +114,16 @@ impl Worker {
         }
     }
 
-    /// Stops every task (graceful stop, then kill) and waits for the runners to end.
+    /// Stops every task (graceful stop, then kill) and waits for the runners to end. When the executor's
+    /// tasks outlive the agent, only the runners end and the tasks keep running.
     pub async fn stop_all(&mut self) {
+        if self.executor.tasks_outlive_agent() {
+            // Containers keep running without the agent; the next agent adopts them.
+            for (_, r) in self.runners.drain() {
+                r.join.abort();
+            }
+            return;
+        }
         for r in self.runners.values() {
             r.input.send_modify(|i| i.agent_stopping = true);
         }

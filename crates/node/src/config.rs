@@ -44,6 +44,8 @@ pub struct DaemonConfig {
     pub executor: ExecutorKind,
     /// Raft tick interval.
     pub raft_tick_interval_ms: u64,
+    /// The Docker Engine the docker executor uses (`unix:///var/run/docker.sock` by default).
+    pub engine_addr: String,
 }
 
 impl DaemonConfig {
@@ -57,6 +59,7 @@ impl DaemonConfig {
             hostname: None,
             executor: ExecutorKind::Auto,
             raft_tick_interval_ms: 100,
+            engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),
         }
     }
 

@@ -80,15 +80,29 @@ fn machine_hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-fn pick_executor(kind: ExecutorKind, state_dir: &Path, hostname: &str) -> Result<Arc<dyn Executor>, NodeError> {
+/// How long `--executor auto` waits for the Docker Engine to answer a ping before using processes.
+pub const ENGINE_PING_WITHIN: Duration = Duration::from_secs(2);
+
+async fn pick_executor(
+    kind: ExecutorKind,
+    cfg: &DaemonConfig,
+    node_id: &str,
+    hostname: &str,
+) -> Result<Arc<dyn Executor>, NodeError> {
+    let process = || -> Arc<dyn Executor> {
+        Arc::new(shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default()))
+    };
+    let docker = shoal_agent::docker::DockerExecutor::connect(&cfg.engine_addr, node_id, ENGINE_PING_WITHIN);
     match kind {
-        // The Docker executor arrives with its own issue; until then `auto` means processes.
-        ExecutorKind::Auto | ExecutorKind::Process => {
-            Ok(Arc::new(shoal_agent::process::ProcessExecutor::new(state_dir, hostname, Default::default())))
-        }
-        ExecutorKind::Docker => Err(NodeError::Config(
-            "the docker executor is not available in this build yet; use --executor process (or auto)".into(),
-        )),
+        ExecutorKind::Process => Ok(process()),
+        ExecutorKind::Docker => Ok(Arc::new(docker.await.map_err(|e| NodeError::Config(e.to_string()))?)),
+        ExecutorKind::Auto => match docker.await {
+            Ok(d) => Ok(Arc::new(d)),
+            Err(e) => {
+                tracing::info!("using the process executor: {e}");
+                Ok(process())
+            }
+        },
     }
 }
 
@@ -116,7 +130,7 @@ impl Node {
             }
         };
         let hostname = cfg.hostname.clone().unwrap_or_else(machine_hostname);
-        let executor = pick_executor(cfg.executor, &cfg.state_dir, &hostname)?;
+        let executor = pick_executor(cfg.executor, &cfg, &identity.node_id, &hostname).await?;
         let mut description = executor.describe();
         description.hostname = hostname.clone();
 

@@ -27,6 +27,9 @@ pub struct DaemonArgs {
     /// Task executor: auto, process or docker.
     #[arg(long, default_value = "auto")]
     executor: ExecutorKind,
+    /// Docker Engine address for the docker executor (unix:///PATH or tcp://HOST:PORT).
+    #[arg(long, default_value = "unix:///var/run/docker.sock")]
+    engine_addr: String,
     /// Log filter (tracing env-filter syntax), e.g. info or shoal=debug.
     #[arg(long, env = "SHOAL_LOG", default_value = "info")]
     log_level: String,
@@ -45,6 +48,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.advertise_remote_api = args.advertise_remote_api;
     cfg.hostname = args.hostname;
     cfg.executor = args.executor;
+    cfg.engine_addr = args.engine_addr;
 
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -16,6 +16,8 @@ pub struct DaemonOptions {
     pub extra_args: Vec<String>,
     /// Reuse this state dir instead of a fresh one (for restart tests).
     pub state_dir: Option<PathBuf>,
+    /// The `--executor` to use (`process` when unset); kept across restarts.
+    pub executor: Option<String>,
 }
 
 /// A running daemon.
@@ -27,6 +29,7 @@ pub struct DaemonProcess {
     socket: PathBuf,
     port: u16,
     log_path: PathBuf,
+    executor: String,
 }
 
 fn free_port() -> u16 {
@@ -53,6 +56,7 @@ impl DaemonProcess {
             socket,
             port: free_port(),
             log_path,
+            executor: opts.executor.clone().unwrap_or_else(|| "process".into()),
         };
         d.spawn(&opts.extra_args);
         d
@@ -69,7 +73,7 @@ impl DaemonProcess {
             .arg("--listen-remote-api")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--executor")
-            .arg("process")
+            .arg(&self.executor)
             .arg("--hostname")
             .arg("shoal-test-node")
             .args(extra)

@@ -4,11 +4,14 @@
 //!   (and its task processes with it) when dropped, even when the test fails;
 //! - `http`: a minimal Engine API client over the control socket;
 //! - `wait`: wait for a condition with a deadline (never a fixed sleep);
-//! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket.
+//! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket;
+//! - `docker_engine`: the local Docker Engine: the test image, daemons with `--executor docker` whose
+//!   containers are removed on drop.
 
 pub mod cluster;
 pub mod daemon;
 pub mod docker_cli;
+pub mod docker_engine;
 pub mod http;
 pub mod process;
 pub mod wait;

@@ -1,0 +1,448 @@
+//! `DockerExecutor`: runs each task as one container of the local Docker Engine (over bollard), as SwarmKit's
+//! dockerapi executor does: the container is named `<service>.<slot>.<task id>` and carries the swarm labels
+//! (`spec`), is created in `prepare` (the image must be on the node; a missing image is pulled once and
+//! the task is rejected with the engine's reason when that fails), started in `start` (which returns only
+//! once a container with a healthcheck is healthy, and fails the task if it turns unhealthy), waited on,
+//! stopped with its stop signal and grace period, and force-removed.
+//!
+//! Containers outlive the agent: at connect the executor lists the containers labelled with this node's
+//! ID; the worker adopts those whose task is still assigned, and the rest are removed once the first
+//! complete assignment set is known.
+//!
+//! Bounds: one engine call at a time per controller; health is polled every `HEALTH_POLL`; a pull is
+//! given `PULL_TIMEOUT`. Must not depend on the session or gRPC.
+
+pub mod spec;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::errors::Error as BollardError;
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse, HealthStatusEnum};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, KillContainerOptionsBuilder,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    WaitContainerOptionsBuilder,
+};
+use bollard::Docker;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use shoal_api::{EngineDescription, NodeDescription, Platform, Resources, Task};
+
+use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus};
+
+/// The engine address used when none is given.
+pub const DEFAULT_ENGINE_ADDR: &str = "unix:///var/run/docker.sock";
+/// How often a starting or running container's health is checked.
+pub const HEALTH_POLL: Duration = Duration::from_millis(250);
+/// The longest an image pull may take before the task is rejected.
+pub const PULL_TIMEOUT: Duration = Duration::from_secs(300);
+/// Timeout of one engine request (a stop waits up to the grace period, so this is generous).
+pub const ENGINE_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why the executor could not connect to the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    /// The engine did not answer.
+    #[error("cannot reach the Docker Engine at {addr}: {reason}; start dockerd or pass --engine-addr")]
+    Unreachable {
+        /// The engine address.
+        addr: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The engine answered with an error.
+    #[error("the Docker Engine at {addr} failed to {what}: {reason}")]
+    Engine {
+        /// The engine address.
+        addr: String,
+        /// The call.
+        what: &'static str,
+        /// The engine's message.
+        reason: String,
+    },
+}
+
+/// Runs tasks as Docker containers.
+pub struct DockerExecutor {
+    docker: Docker,
+    node_id: String,
+    description: NodeDescription,
+    /// Containers of this node found at connect, by task ID; `None` once the first assignment set swept it.
+    inventory: Mutex<Option<HashMap<String, String>>>,
+}
+
+impl std::fmt::Debug for DockerExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerExecutor").field("node_id", &self.node_id).finish()
+    }
+}
+
+/// The HTTP status of an engine error, if it is one.
+fn engine_status(e: &BollardError) -> Option<u16> {
+    match e {
+        BollardError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+/// The engine's message (without bollard's wrapping) when there is one.
+fn engine_message(e: &BollardError) -> String {
+    match e {
+        BollardError::DockerResponseServerError { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Connects to the engine at `addr` (`unix://PATH`, a socket path, or `tcp://HOST:PORT`).
+pub fn client(addr: &str) -> Result<Docker, DockerError> {
+    let unreachable = |e: BollardError| DockerError::Unreachable { addr: addr.to_string(), reason: e.to_string() };
+    let secs = ENGINE_REQUEST_TIMEOUT.as_secs();
+    let docker = if let Some(rest) = addr.strip_prefix("tcp://").or_else(|| addr.strip_prefix("http://")) {
+        Docker::connect_with_http(&format!("http://{rest}"), secs, bollard::API_DEFAULT_VERSION)
+    } else {
+        Docker::connect_with_unix(addr.strip_prefix("unix://").unwrap_or(addr), secs, bollard::API_DEFAULT_VERSION)
+    };
+    docker.map_err(unreachable)
+}
+
+impl DockerExecutor {
+    /// Connects to the engine at `addr`, giving it `ping_within` to answer; reads the node description and
+    /// lists the containers an earlier run of this node left.
+    pub async fn connect(addr: &str, node_id: &str, ping_within: Duration) -> Result<DockerExecutor, DockerError> {
+        let docker = client(addr)?;
+        let unreachable = |reason: String| DockerError::Unreachable { addr: addr.to_string(), reason };
+        match tokio::time::timeout(ping_within, docker.ping()).await {
+            Err(_) => return Err(unreachable(format!("no answer within {ping_within:?}"))),
+            Ok(Err(e)) => return Err(unreachable(e.to_string())),
+            Ok(Ok(_)) => {}
+        }
+        let engine = |what| {
+            move |e: BollardError| DockerError::Engine { addr: addr.to_string(), what, reason: engine_message(&e) }
+        };
+        let docker = docker.negotiate_version().await.map_err(engine("report its API version"))?;
+        let info = docker.info().await.map_err(engine("describe itself (/info)"))?;
+        let labels = info
+            .labels
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect();
+        let description = NodeDescription {
+            hostname: info.name.unwrap_or_default(),
+            platform: Some(Platform {
+                architecture: info.architecture.unwrap_or_else(|| crate::process::docker_arch().into()),
+                os: info.os_type.unwrap_or_else(|| "linux".into()),
+            }),
+            resources: Some(Resources {
+                nano_cpus: info.ncpu.unwrap_or(1) * 1_000_000_000,
+                memory_bytes: info.mem_total.unwrap_or(0),
+                generic: vec![],
+            }),
+            engine: Some(EngineDescription {
+                engine_version: info.server_version.unwrap_or_default(),
+                labels,
+                plugins: vec![],
+            }),
+            ..Default::default()
+        };
+        let filters: HashMap<String, Vec<String>> =
+            [("label".to_string(), vec![format!("{}={node_id}", spec::LABEL_NODE_ID)])].into();
+        let found = docker
+            .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
+            .await
+            .map_err(engine("list this node's containers"))?;
+        let inventory: HashMap<String, String> =
+            found.into_iter().filter_map(|c| Some((c.labels?.get(spec::LABEL_TASK_ID)?.clone(), c.id?))).collect();
+        if !inventory.is_empty() {
+            tracing::info!(containers = inventory.len(), "found containers left by an earlier run of this node");
+        }
+        Ok(DockerExecutor { docker, node_id: node_id.to_string(), description, inventory: Mutex::new(Some(inventory)) })
+    }
+
+    /// The engine client.
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    fn new_controller(&self, task: &Task) -> Result<DockerController, ExecutorError> {
+        let body = spec::create_body(task, &self.node_id).map_err(ExecutorError::InvalidSpec)?;
+        Ok(DockerController {
+            docker: self.docker.clone(),
+            name: spec::task_name(task),
+            image: body.image.clone().unwrap_or_default(),
+            body: Arc::new(body),
+            grace: stop_grace_period(task),
+            pid: 0,
+            healthcheck: false,
+        })
+    }
+}
+
+impl Executor for DockerExecutor {
+    fn describe(&self) -> NodeDescription {
+        self.description.clone()
+    }
+
+    fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError> {
+        Ok(Box::new(self.new_controller(task)?))
+    }
+
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    fn tasks_outlive_agent(&self) -> bool {
+        true
+    }
+
+    fn adopt(&self, task: &Task) -> Option<Box<dyn Controller>> {
+        self.inventory.lock().as_mut()?.remove(&task.id)?;
+        match self.new_controller(task) {
+            Ok(c) => Some(Box::new(c)),
+            Err(e) => {
+                tracing::warn!(task = %task.id, "cannot adopt the task's container: {e}");
+                None
+            }
+        }
+    }
+
+    fn remove_unassigned(&self, assigned: &HashSet<String>) {
+        let Some(inventory) = self.inventory.lock().take() else {
+            return;
+        };
+        for (task_id, container) in inventory.into_iter().filter(|(t, _)| !assigned.contains(t)) {
+            let docker = self.docker.clone();
+            tokio::spawn(async move {
+                tracing::info!(task = %task_id, %container, "removing the container of a task no longer assigned here");
+                let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+                if let Err(e) = docker.remove_container(&container, Some(opts)).await {
+                    if engine_status(&e) != Some(404) {
+                        tracing::warn!(task = %task_id, %container, "cannot remove the container: {}", engine_message(&e));
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Drives one task's container, found by its name.
+struct DockerController {
+    docker: Docker,
+    name: String,
+    image: String,
+    body: Arc<ContainerCreateBody>,
+    grace: Duration,
+    pid: i32,
+    /// The container has a healthcheck (from the spec or the image), known after `start`.
+    healthcheck: bool,
+}
+
+fn runtime(what: &str, e: &BollardError) -> ExecutorError {
+    ExecutorError::Runtime(format!("{what}: {}", engine_message(e)))
+}
+
+fn health_of(c: &ContainerInspectResponse) -> Option<HealthStatusEnum> {
+    c.state.as_ref()?.health.as_ref()?.status
+}
+
+fn is_running(c: &ContainerInspectResponse) -> bool {
+    c.state.as_ref().and_then(|s| s.running).unwrap_or(false)
+}
+
+fn has_healthcheck(c: &ContainerInspectResponse) -> bool {
+    let test = c.config.as_ref().and_then(|c| c.healthcheck.as_ref()).and_then(|h| h.test.clone()).unwrap_or_default();
+    !test.is_empty() && test[0] != "NONE"
+}
+
+fn last_health_output(c: &ContainerInspectResponse) -> String {
+    let log = c.state.as_ref().and_then(|s| s.health.as_ref()).and_then(|h| h.log.as_ref());
+    let Some(last) = log.and_then(|l| l.last()) else { return "no check result yet".into() };
+    let output = last.output.as_deref().unwrap_or_default().trim();
+    let code = last.exit_code.unwrap_or(-1);
+    if output.is_empty() {
+        format!("the health check exited with {code}")
+    } else {
+        format!("the health check exited with {code}: {output}")
+    }
+}
+
+impl DockerController {
+    async fn inspect(&self) -> Result<Option<ContainerInspectResponse>, BollardError> {
+        match self.docker.inspect_container(&self.name, None).await {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if engine_status(&e) == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn ensure_image(&self) -> Result<(), ExecutorError> {
+        match self.docker.inspect_image(&self.image).await {
+            Ok(_) => return Ok(()),
+            Err(e) if engine_status(&e) == Some(404) => {}
+            Err(e) => {
+                return Err(ExecutorError::Prepare(format!(
+                    "cannot inspect image {}: {}",
+                    self.image,
+                    engine_message(&e)
+                )))
+            }
+        }
+        tracing::info!(image = %self.image, "image not on this node: pulling it");
+        let opts = CreateImageOptionsBuilder::default().from_image(&self.image).build();
+        let pull = async {
+            let mut progress = self.docker.create_image(Some(opts), None, None);
+            while let Some(item) = progress.next().await {
+                item.map_err(|e| engine_message(&e))?;
+            }
+            Ok::<(), String>(())
+        };
+        let reason = match tokio::time::timeout(PULL_TIMEOUT, pull).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(reason)) => reason,
+            Err(_) => format!("no progress within {PULL_TIMEOUT:?}"),
+        };
+        Err(ExecutorError::Prepare(format!(
+            "image {} is not on this node and pulling it failed: {reason}; load or build the image on the node",
+            self.image
+        )))
+    }
+
+    /// Kills the container, ignoring "not running" and "no such container".
+    async fn kill(&self) -> Result<(), ExecutorError> {
+        let opts = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
+        match self.docker.kill_container(&self.name, Some(opts)).await {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(engine_status(&e), Some(404 | 409)) => Ok(()),
+            Err(e) => Err(runtime("cannot kill the container", &e)),
+        }
+    }
+
+    /// Resolves when the container turns unhealthy (never when it has no healthcheck).
+    async fn unhealthy(&self) -> String {
+        if !self.healthcheck {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(HEALTH_POLL).await;
+            if let Ok(Some(c)) = self.inspect().await {
+                if health_of(&c) == Some(HealthStatusEnum::UNHEALTHY) {
+                    return last_health_output(&c);
+                }
+            }
+        }
+    }
+}
+
+impl Controller for DockerController {
+    fn prepare(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            if self.inspect().await.map_err(|e| ExecutorError::Prepare(engine_message(&e)))?.is_some() {
+                return Ok(());
+            }
+            self.ensure_image().await?;
+            let opts = CreateContainerOptionsBuilder::default().name(&self.name).build();
+            match self.docker.create_container(Some(opts), (*self.body).clone()).await {
+                Ok(_) => Ok(()),
+                // Created meanwhile (a retried prepare): the same container.
+                Err(e) if engine_status(&e) == Some(409) => Ok(()),
+                Err(e) => Err(ExecutorError::Prepare(format!(
+                    "cannot create container {}: {}",
+                    self.name,
+                    engine_message(&e)
+                ))),
+            }
+        })
+    }
+
+    fn start(&mut self) -> BoxFuture<'_, Result<i32, ExecutorError>> {
+        Box::pin(async move {
+            let start_err = |e: BollardError| ExecutorError::Start(engine_message(&e));
+            let c = self.inspect().await.map_err(start_err)?.ok_or(ExecutorError::NotReady("created"))?;
+            if !is_running(&c) {
+                match self.docker.start_container(&self.name, None).await {
+                    Ok(()) => {}
+                    Err(e) if engine_status(&e) == Some(304) => {}
+                    Err(e) => return Err(start_err(e)),
+                }
+            }
+            self.healthcheck = has_healthcheck(&c);
+            // Running only once healthy: poll until the check passes, fails, or the container exits.
+            loop {
+                let c = self
+                    .inspect()
+                    .await
+                    .map_err(start_err)?
+                    .ok_or(ExecutorError::Start("the container was removed".into()))?;
+                self.pid = c.state.as_ref().and_then(|s| s.pid).unwrap_or(0) as i32;
+                if !self.healthcheck || !is_running(&c) {
+                    return Ok(self.pid);
+                }
+                match health_of(&c) {
+                    Some(HealthStatusEnum::HEALTHY) => return Ok(self.pid),
+                    Some(HealthStatusEnum::UNHEALTHY) => {
+                        self.kill().await?;
+                        return Err(ExecutorError::Start(format!("container unhealthy: {}", last_health_output(&c))));
+                    }
+                    _ => tokio::time::sleep(HEALTH_POLL).await,
+                }
+            }
+        })
+    }
+
+    fn wait(&mut self) -> BoxFuture<'_, Result<ExitStatus, ExecutorError>> {
+        Box::pin(async move {
+            if self.pid == 0 {
+                // Adopted after an agent restart: learn the container's pid and healthcheck.
+                if let Ok(Some(c)) = self.inspect().await {
+                    self.pid = c.state.as_ref().and_then(|s| s.pid).unwrap_or(0) as i32;
+                    self.healthcheck = has_healthcheck(&c);
+                }
+            }
+            let opts = WaitContainerOptionsBuilder::default().condition("not-running").build();
+            let docker = self.docker.clone();
+            let mut exits = docker.wait_container(&self.name, Some(opts));
+            let pid = self.pid;
+            tokio::select! {
+                item = exits.next() => match item {
+                    Some(Ok(r)) => Ok(ExitStatus { code: r.status_code as i32, pid }),
+                    Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(ExitStatus { code: code as i32, pid }),
+                    Some(Err(e)) => Err(runtime("waiting for the container failed", &e)),
+                    None => Err(ExecutorError::Runtime("the engine ended the container wait without an exit code".into())),
+                },
+                output = self.unhealthy() => {
+                    self.kill().await?;
+                    Err(ExecutorError::Runtime(format!("container unhealthy: {output}")))
+                }
+            }
+        })
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            let opts =
+                StopContainerOptionsBuilder::default().t(self.grace.as_secs().min(i32::MAX as u64) as i32).build();
+            match self.docker.stop_container(&self.name, Some(opts)).await {
+                Ok(()) => Ok(()),
+                Err(e) if matches!(engine_status(&e), Some(304 | 404)) => Ok(()),
+                Err(e) => Err(runtime("cannot stop the container", &e)),
+            }
+        })
+    }
+
+    fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(self.kill())
+    }
+
+    fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+            match self.docker.remove_container(&self.name, Some(opts)).await {
+                Ok(()) => Ok(()),
+                Err(e) if engine_status(&e) == Some(404) => Ok(()),
+                Err(e) => Err(runtime("cannot remove the container", &e)),
+            }
+        })
+    }
+}

@@ -1,0 +1,288 @@
+//! From a task to a Docker container: the container's name, its swarm labels, and the create body (command,
+//! env, user, workdir, hostname, mounts, limits, stop signal and timeout, init, healthcheck). Pure functions,
+//! tested without an engine.
+//!
+//! Must not do IO or depend on the runner or the session.
+
+use std::collections::HashMap;
+
+use bollard::models::{ContainerCreateBody, HealthConfig, HostConfig, Mount, MountType};
+use shoal_api::{mount, task_spec, ContainerSpec, Task};
+
+use crate::exec::stop_grace_period;
+
+/// Label: the service ID of the task a container runs.
+pub const LABEL_SERVICE_ID: &str = "com.docker.swarm.service.id";
+/// Label: the service name.
+pub const LABEL_SERVICE_NAME: &str = "com.docker.swarm.service.name";
+/// Label: the task ID.
+pub const LABEL_TASK_ID: &str = "com.docker.swarm.task.id";
+/// Label: the task name (`<service>.<slot>.<task id>`).
+pub const LABEL_TASK_NAME: &str = "com.docker.swarm.task.name";
+/// Label: the node that runs the container; the agent finds its containers by it after a restart.
+pub const LABEL_NODE_ID: &str = "com.docker.swarm.node.id";
+
+/// The task's container spec (an empty one when the task has none).
+pub fn container_spec(task: &Task) -> ContainerSpec {
+    match task.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
+        Some(task_spec::Runtime::Container(c)) => c.clone(),
+        None => ContainerSpec::default(),
+    }
+}
+
+/// The service's name, from the task's service annotations (the service ID when unnamed).
+pub fn service_name(task: &Task) -> String {
+    task.service_annotations
+        .as_ref()
+        .map(|a| a.name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| task.service_id.clone())
+}
+
+/// The task's name as SwarmKit forms it: `<service>.<slot>.<task id>` (`<service>.<node id>.<task id>` for
+/// slotless tasks). Also the container's name.
+pub fn task_name(task: &Task) -> String {
+    if let Some(n) = task.annotations.as_ref().map(|a| &a.name).filter(|n| !n.is_empty()) {
+        return n.clone();
+    }
+    let middle = if task.slot != 0 { task.slot.to_string() } else { task.node_id.clone() };
+    format!("{}.{}.{}", service_name(task), middle, task.id)
+}
+
+/// The labels a task's container carries: the spec's, then the swarm ones (which win).
+pub fn labels(task: &Task, node_id: &str) -> HashMap<String, String> {
+    let mut l: HashMap<String, String> = container_spec(task).labels.into_iter().collect();
+    l.insert(LABEL_SERVICE_ID.into(), task.service_id.clone());
+    l.insert(LABEL_SERVICE_NAME.into(), service_name(task));
+    l.insert(LABEL_TASK_ID.into(), task.id.clone());
+    l.insert(LABEL_TASK_NAME.into(), task_name(task));
+    l.insert(LABEL_NODE_ID.into(), node_id.to_string());
+    l
+}
+
+fn nanos(d: &Option<shoal_api::prost_types::Duration>) -> Option<i64> {
+    d.as_ref().map(|d| shoal_api::duration_from_proto(d).as_nanos().min(i64::MAX as u128) as i64)
+}
+
+fn non_empty(v: &[String]) -> Option<Vec<String>> {
+    (!v.is_empty()).then(|| v.to_vec())
+}
+
+fn opt(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
+    let typ = match mount::Type::try_from(m.r#type).unwrap_or(mount::Type::Bind) {
+        mount::Type::Bind => MountType::BIND,
+        mount::Type::Volume => MountType::VOLUME,
+        mount::Type::Tmpfs => MountType::TMPFS,
+        other => {
+            return Err(format!(
+                "mount type {} (target {}) is not supported by the docker executor; use bind, volume or tmpfs",
+                other.as_str_name().to_lowercase(),
+                m.target
+            ))
+        }
+    };
+    if m.target.is_empty() {
+        return Err("a mount has no target path; set target= on the mount".into());
+    }
+    if typ == MountType::BIND && m.source.is_empty() {
+        return Err(format!("the bind mount at {} has no source; set source= to a path on the node", m.target));
+    }
+    Ok(Mount {
+        target: Some(m.target.clone()),
+        source: opt(&m.source),
+        typ: Some(typ),
+        read_only: m.readonly.then_some(true),
+        ..Default::default()
+    })
+}
+
+/// The create body of a task's container. Fails (the task is then rejected) when the spec asks for
+/// something this executor cannot do.
+pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, String> {
+    let spec = container_spec(task);
+    if spec.image.is_empty() {
+        return Err("the task has no image; set the service's image".into());
+    }
+    let mounts = spec.mounts.iter().map(mount_of).collect::<Result<Vec<_>, _>>()?;
+    let limits = task.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.limits.as_ref());
+    let healthcheck = spec.healthcheck.as_ref().map(|h| HealthConfig {
+        test: non_empty(&h.test),
+        interval: nanos(&h.interval),
+        timeout: nanos(&h.timeout),
+        retries: (h.retries != 0).then_some(h.retries as i64),
+        start_period: nanos(&h.start_period),
+        start_interval: nanos(&h.start_interval),
+    });
+    let dns = spec.dns_config.clone().unwrap_or_default();
+    // SwarmKit's hosts entries are "IP name [alias...]"; Docker wants "name:IP" per name.
+    let extra_hosts: Vec<String> = spec
+        .hosts
+        .iter()
+        .flat_map(|line| {
+            let mut parts = line.split_whitespace();
+            let ip = parts.next().unwrap_or_default().to_string();
+            parts.map(move |name| format!("{name}:{ip}")).collect::<Vec<_>>()
+        })
+        .collect();
+    let host_config = HostConfig {
+        mounts: (!mounts.is_empty()).then_some(mounts),
+        nano_cpus: limits.map(|l| l.nano_cpus).filter(|&n| n > 0),
+        memory: limits.map(|l| l.memory_bytes).filter(|&n| n > 0),
+        init: spec.init,
+        readonly_rootfs: spec.read_only.then_some(true),
+        group_add: non_empty(&spec.groups),
+        extra_hosts: non_empty(&extra_hosts),
+        dns: non_empty(&dns.nameservers),
+        dns_search: non_empty(&dns.search),
+        dns_options: non_empty(&dns.options),
+        ..Default::default()
+    };
+    Ok(ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        entrypoint: non_empty(&spec.command),
+        cmd: non_empty(&spec.args),
+        env: non_empty(&spec.env),
+        user: opt(&spec.user),
+        working_dir: opt(&spec.dir),
+        hostname: opt(&spec.hostname),
+        tty: spec.tty.then_some(true),
+        open_stdin: spec.open_stdin.then_some(true),
+        labels: Some(labels(task, node_id)),
+        stop_signal: opt(&spec.stop_signal),
+        stop_timeout: Some(stop_grace_period(task).as_secs() as i64),
+        healthcheck,
+        host_config: Some(host_config),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_api::{Annotations, HealthConfig as ApiHealth, ResourceRequirements, Resources, TaskSpec};
+
+    fn task(c: ContainerSpec) -> Task {
+        Task {
+            id: "t1".into(),
+            service_id: "s1".into(),
+            slot: 3,
+            node_id: "n1".into(),
+            service_annotations: Some(Annotations { name: "web".into(), ..Default::default() }),
+            spec: Some(TaskSpec {
+                runtime: Some(task_spec::Runtime::Container(c)),
+                resources: Some(ResourceRequirements {
+                    limits: Some(Resources { nano_cpus: 500_000_000, memory_bytes: 64 << 20, generic: vec![] }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn names_and_labels_follow_swarmkit() {
+        let t = task(ContainerSpec { image: "img".into(), ..Default::default() });
+        assert_eq!(task_name(&t), "web.3.t1");
+        let l = labels(&t, "n1");
+        assert_eq!(l[LABEL_SERVICE_ID], "s1");
+        assert_eq!(l[LABEL_SERVICE_NAME], "web");
+        assert_eq!(l[LABEL_TASK_ID], "t1");
+        assert_eq!(l[LABEL_TASK_NAME], "web.3.t1");
+        assert_eq!(l[LABEL_NODE_ID], "n1");
+        let global = Task { slot: 0, ..t };
+        assert_eq!(task_name(&global), "web.n1.t1");
+    }
+
+    #[test]
+    fn the_create_body_carries_the_spec() {
+        let d = |s| Some(shoal_api::duration_to_proto(std::time::Duration::from_secs(s)));
+        let t = task(ContainerSpec {
+            image: "img:1".into(),
+            command: vec!["/bin/sh".into()],
+            args: vec!["-c".into(), "echo hi".into()],
+            env: vec!["A=1".into()],
+            dir: "/tmp".into(),
+            user: "nobody".into(),
+            hostname: "h".into(),
+            stop_signal: "SIGINT".into(),
+            stop_grace_period: d(7),
+            init: Some(true),
+            hosts: vec!["10.0.0.1 db cache".into()],
+            mounts: vec![
+                shoal_api::Mount {
+                    r#type: mount::Type::Bind as i32,
+                    source: "/src".into(),
+                    target: "/dst".into(),
+                    readonly: true,
+                },
+                shoal_api::Mount {
+                    r#type: mount::Type::Tmpfs as i32,
+                    source: String::new(),
+                    target: "/scratch".into(),
+                    readonly: false,
+                },
+            ],
+            healthcheck: Some(ApiHealth {
+                test: vec!["CMD".into(), "true".into()],
+                interval: d(1),
+                retries: 2,
+                ..Default::default()
+            }),
+            labels: [("app".to_string(), "x".to_string())].into(),
+            ..Default::default()
+        });
+        let b = create_body(&t, "n1").unwrap();
+        assert_eq!(b.image.as_deref(), Some("img:1"));
+        assert_eq!(b.entrypoint, Some(vec!["/bin/sh".to_string()]));
+        assert_eq!(b.cmd, Some(vec!["-c".to_string(), "echo hi".to_string()]));
+        assert_eq!(b.env, Some(vec!["A=1".to_string()]));
+        assert_eq!(
+            (b.working_dir.as_deref(), b.user.as_deref(), b.hostname.as_deref()),
+            (Some("/tmp"), Some("nobody"), Some("h"))
+        );
+        assert_eq!((b.stop_signal.as_deref(), b.stop_timeout), (Some("SIGINT"), Some(7)));
+        assert_eq!(b.labels.as_ref().unwrap()["app"], "x");
+        let h = b.healthcheck.unwrap();
+        assert_eq!((h.test.unwrap().len(), h.interval, h.retries), (2, Some(1_000_000_000), Some(2)));
+        let hc = b.host_config.unwrap();
+        assert_eq!((hc.nano_cpus, hc.memory, hc.init), (Some(500_000_000), Some(64 << 20), Some(true)));
+        assert_eq!(hc.extra_hosts, Some(vec!["db:10.0.0.1".to_string(), "cache:10.0.0.1".to_string()]));
+        let m = hc.mounts.unwrap();
+        assert_eq!(
+            (m[0].typ, m[0].read_only, m[0].source.as_deref()),
+            (Some(MountType::BIND), Some(true), Some("/src"))
+        );
+        assert_eq!((m[1].typ, m[1].target.as_deref()), (Some(MountType::TMPFS), Some("/scratch")));
+    }
+
+    #[test]
+    fn unusable_specs_are_refused_with_a_reason() {
+        let no_image = task(ContainerSpec::default());
+        assert!(create_body(&no_image, "n").unwrap_err().contains("no image"));
+        let bad_bind = task(ContainerSpec {
+            image: "i".into(),
+            mounts: vec![shoal_api::Mount {
+                r#type: mount::Type::Bind as i32,
+                target: "/x".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert!(create_body(&bad_bind, "n").unwrap_err().contains("no source"));
+        let npipe = task(ContainerSpec {
+            image: "i".into(),
+            mounts: vec![shoal_api::Mount {
+                r#type: mount::Type::Npipe as i32,
+                target: "/x".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert!(create_body(&npipe, "n").unwrap_err().contains("not supported"));
+    }
+}
