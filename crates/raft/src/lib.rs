@@ -44,6 +44,7 @@
 
 mod config;
 mod error;
+pub mod grpc;
 mod logger;
 mod membership;
 mod node;

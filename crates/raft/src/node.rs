@@ -273,6 +273,11 @@ impl RaftNode {
         entries.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".raftlog")))
     }
 
+    /// Largest encoded proposal accepted, in bytes.
+    pub fn max_proposal_bytes(&self) -> usize {
+        self.inner.max_proposal_bytes
+    }
+
     /// This member's Raft ID.
     pub fn id(&self) -> u64 {
         self.inner.raft_id
