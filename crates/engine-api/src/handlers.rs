@@ -104,13 +104,13 @@ fn go_arch() -> &'static str {
     }
 }
 
-fn kernel_version() -> String {
+pub(crate) fn kernel_version() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
 
-fn os_description() -> String {
+pub(crate) fn os_description() -> String {
     std::fs::read_to_string("/etc/os-release")
         .ok()
         .and_then(|s| {
@@ -122,7 +122,7 @@ fn os_description() -> String {
         .unwrap_or_else(|| "linux".into())
 }
 
-fn mem_total_bytes() -> i64 {
+pub(crate) fn mem_total_bytes() -> i64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {

@@ -12,6 +12,7 @@ mod handlers;
 pub mod json;
 #[cfg(test)]
 mod tests;
+pub mod worker;
 
 use std::future::Future;
 use std::sync::Arc;

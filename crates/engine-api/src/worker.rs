@@ -1,0 +1,89 @@
+//! The control socket of a worker-only node (joined with a worker token): it runs no manager and holds no
+//! cluster state, so it answers `/_ping`, `/version` and `/info` (with the node's swarm identity and
+//! `ControlAvailable: false`, as Docker does) and refuses everything else with 503 and the message Docker
+//! gives on a worker: run the command on a manager.
+//!
+//! Must not depend on the store or the manager.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::error::ApiError;
+use crate::json::system::{InfoJson, PeerJson, SwarmInfoJson};
+
+/// What a worker's control socket reports about the node.
+#[derive(Clone, Debug)]
+pub struct WorkerContext {
+    /// This node's ID.
+    pub node_id: String,
+    /// This node's address as the manager sees it (may be empty).
+    pub node_addr: String,
+    /// The host name.
+    pub hostname: String,
+    /// The executor in use.
+    pub executor: String,
+    /// The manager the node joined through.
+    pub manager_addr: String,
+}
+
+/// The message for every cluster command sent to a worker.
+pub const NOT_A_MANAGER: &str = "This node is not a swarm manager. Worker nodes can't be used to view or modify \
+cluster state. Please run this command on a manager node or promote the current node to a manager.";
+
+async fn info(State(ctx): State<Arc<WorkerContext>>) -> Json<InfoJson> {
+    Json(InfoJson {
+        id: ctx.node_id.clone(),
+        name: ctx.hostname.clone(),
+        operating_system: crate::handlers::os_description(),
+        os_type: "linux".into(),
+        architecture: std::env::consts::ARCH.into(),
+        ncpu: std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1),
+        mem_total: crate::handlers::mem_total_bytes(),
+        kernel_version: crate::handlers::kernel_version(),
+        server_version: env!("CARGO_PKG_VERSION").into(),
+        labels: vec![format!("shoal.executor={}", ctx.executor)],
+        swarm: SwarmInfoJson {
+            node_id: ctx.node_id.clone(),
+            node_addr: ctx.node_addr.clone(),
+            local_node_state: "active".into(),
+            control_available: false,
+            error: String::new(),
+            remote_managers: vec![PeerJson { node_id: String::new(), addr: ctx.manager_addr.clone() }],
+            nodes: 0,
+            managers: 0,
+            cluster: None,
+        },
+        ..Default::default()
+    })
+}
+
+async fn refuse() -> axum::response::Response {
+    ApiError::Unavailable(NOT_A_MANAGER.into()).into_response()
+}
+
+/// The worker's routes (an optional `/v1.NN` prefix is stripped first).
+pub fn worker_router(ctx: WorkerContext) -> Router {
+    let routes = Router::new()
+        .route("/_ping", get(crate::handlers::ping))
+        .route("/version", get(crate::handlers::version))
+        .route("/info", get(info))
+        .fallback(refuse)
+        .layer(axum::middleware::map_response(crate::add_headers))
+        .with_state(Arc::new(ctx));
+    let stripped = tower::ServiceBuilder::new().map_request(crate::strip_version_prefix).service(routes);
+    Router::new().fallback_service(stripped)
+}
+
+/// Serves the worker's control socket on `listener` until `shutdown` resolves.
+pub async fn serve_worker_unix(
+    listener: tokio::net::UnixListener,
+    ctx: WorkerContext,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, worker_router(ctx)).with_graceful_shutdown(shutdown).await
+}
