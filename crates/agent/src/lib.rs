@@ -54,6 +54,9 @@ pub struct AgentConfig {
 pub struct Agent {
     config: AgentConfig,
     executor: Arc<dyn Executor>,
+    /// When set, the dispatcher URI to use for each new session (e.g. the Raft leader's); else
+    /// `config.manager_addr`.
+    manager_source: Option<watch::Receiver<String>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -65,7 +68,15 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// An agent running tasks with `executor`.
     pub fn new(config: AgentConfig, executor: Arc<dyn Executor>) -> Agent {
-        Agent { config, executor }
+        Agent { config, executor, manager_source: None }
+    }
+
+    /// Takes the dispatcher URI from `source` for every new session instead of `config.manager_addr`
+    /// (a manager node points its agent at the current leader this way). A change wakes the agent from its
+    /// reconnect backoff.
+    pub fn with_manager_source(mut self, source: watch::Receiver<String>) -> Agent {
+        self.manager_source = Some(source);
+        self
     }
 
     /// The node description sent to the manager: the executor's, with the configured hostname and labels.
@@ -95,8 +106,12 @@ impl Agent {
             if *shutdown.borrow() {
                 break;
             }
+            let manager_addr = match &self.manager_source {
+                Some(rx) => rx.borrow().clone(),
+                None => self.config.manager_addr.clone(),
+            };
             let ctx = SessionContext {
-                manager_addr: &self.config.manager_addr,
+                manager_addr: &manager_addr,
                 node_id: &self.config.node_id,
                 description: description.clone(),
                 worker: &mut worker,
@@ -108,8 +123,21 @@ impl Agent {
                 Err(e) => {
                     let delay = backoff.next_delay(&mut rand::rng());
                     tracing::warn!(node = %self.config.node_id, "session with the manager ended: {e}; retrying in {delay:?}");
+                    let mut source = self.manager_source.clone();
+                    let moved = async {
+                        match source.as_mut() {
+                            Some(rx) => {
+                                rx.borrow_and_update();
+                                if rx.changed().await.is_err() {
+                                    std::future::pending::<()>().await;
+                                }
+                            }
+                            None => std::future::pending::<()>().await,
+                        }
+                    };
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
+                        _ = moved => tracing::info!(node = %self.config.node_id, "the manager to talk to changed; reconnecting"),
                         r = shutdown.changed() => if r.is_err() { break },
                     }
                 }

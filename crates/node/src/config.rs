@@ -46,6 +46,9 @@ pub struct DaemonConfig {
     pub raft_tick_interval_ms: u64,
     /// The Docker Engine the docker executor uses (`unix:///var/run/docker.sock` by default).
     pub engine_addr: String,
+    /// A running manager's remote address (`host:port`) to join as a new manager on first start (`None`:
+    /// bootstrap a new cluster). Ignored once the node has Raft state.
+    pub join_addr: Option<String>,
 }
 
 impl DaemonConfig {
@@ -60,6 +63,7 @@ impl DaemonConfig {
             executor: ExecutorKind::Auto,
             raft_tick_interval_ms: 100,
             engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),
+            join_addr: None,
         }
     }
 

@@ -9,6 +9,8 @@
 mod bootstrap;
 mod config;
 mod identity;
+mod raft_member;
+mod raft_status;
 mod services;
 
 use std::path::Path;
@@ -18,7 +20,7 @@ use std::time::Duration;
 use shoal_agent::{Agent, AgentConfig, Executor};
 use shoal_manager::dispatcher::DispatcherConfig;
 use shoal_manager::{ClusterState, RandomIds};
-use shoal_raft::{RaftConfig, RaftNode};
+use shoal_raft::RaftNode;
 use shoal_store::{MemoryStore, SystemClock};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -26,7 +28,8 @@ use tokio::task::JoinHandle;
 pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
 pub use config::{DaemonConfig, ExecutorKind};
 pub use identity::NodeIdentity;
-pub use services::{leader_subsystems, start_manager_services};
+pub use raft_status::ManagerStatusSubsystem;
+pub use services::{leader_subsystems, run_leader_subsystems, serve_manager_grpc, start_manager_services};
 
 /// Why a node could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +51,9 @@ pub enum NodeError {
     /// The cluster could not be bootstrapped.
     #[error("cannot bootstrap the cluster: {0}")]
     Bootstrap(String),
+    /// Joining a running cluster (`--join-addr`) failed.
+    #[error("cannot join the cluster: {0}")]
+    Join(String),
     /// A setting cannot be honoured.
     #[error("{0}")]
     Config(String),
@@ -111,11 +117,11 @@ pub struct Node;
 
 impl Node {
     /// Starts a node from `cfg`. Returns once the control socket answers.
-    pub async fn start(cfg: DaemonConfig) -> Result<RunningNode, NodeError> {
+    pub async fn start(mut cfg: DaemonConfig) -> Result<RunningNode, NodeError> {
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| NodeError::io(&cfg.state_dir, e))?;
         set_mode(&cfg.state_dir, 0o700)?;
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
-        let identity = match identity::load(&cfg.state_dir)? {
+        let mut identity = match identity::load(&cfg.state_dir)? {
             Some(id) => id,
             None => {
                 if RaftNode::has_existing_state(&cfg.state_dir) {
@@ -134,41 +140,61 @@ impl Node {
         let mut description = executor.describe();
         description.hostname = hostname.clone();
 
-        // Raft: recovers the store from snapshot + log before returning.
-        let store = Arc::new(MemoryStore::default());
-        let mut raft_cfg = RaftConfig::new(cfg.state_dir.clone(), identity.raft_id);
-        raft_cfg.tick_interval_ms = cfg.raft_tick_interval_ms;
-        let raft = RaftNode::start(raft_cfg, store.clone()).await?;
-        let state = ClusterState::new(store, Arc::new(raft.clone()), Arc::new(SystemClock), ids);
-
-        // Wait for leadership (a single member elects itself at once), then bootstrap.
-        wait_for_leader(&state, Duration::from_secs(30)).await?;
-        let advertised = cfg.advertised();
-        let cluster_id = bootstrap::ensure_cluster(
-            &state,
-            bootstrap::LocalManager {
-                node_id: &identity.node_id,
-                raft_id: identity.raft_id,
-                addr: advertised.to_string(),
-                description: description.clone(),
-            },
-        )
-        .await?;
-
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let mut tasks = Vec::new();
-
-        // gRPC (dispatcher) on the remote address, and the leader-only subsystems.
+        // The remote API listener first: its address is this manager's Raft address.
         let listener = tokio::net::TcpListener::bind(cfg.listen_remote_api)
             .await
             .map_err(|e| NodeError::io(Path::new(&cfg.listen_remote_api.to_string()), e))?;
         let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
-        tasks.extend(services::start_manager_services(
-            &state,
+        let advertised = cfg.advertise_remote_api.unwrap_or(remote_addr);
+        cfg.advertise_remote_api = Some(advertised);
+
+        // Raft: bootstrap, join (--join-addr) or recover; the store is recovered before it returns. Client
+        // channels to other managers are plain HTTP/2 until TLS is configured.
+        let store = Arc::new(MemoryStore::default());
+        let channels = Arc::new(shoal_raft::grpc::PlainHttp);
+        let (raft, membership) = raft_member::start_raft(&cfg, &mut identity, store.clone(), channels).await?;
+        let state = ClusterState::new(store, Arc::new(raft.clone()), Arc::new(SystemClock), ids);
+
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        // gRPC (dispatcher, Raft) at once: a joining manager must answer the leader to get its snapshot.
+        let dispatcher = shoal_manager::dispatcher::Dispatcher::new(
+            state.clone(),
             DispatcherConfig { manager_addr: advertised.to_string(), ..DispatcherConfig::default() },
-            listener,
-            shutdown_rx.clone(),
+        );
+        tasks.push(("grpc", services::serve_manager_grpc(&dispatcher, listener, Some(&raft), shutdown_rx.clone())));
+        let ready = async {
+            raft_member::wait_ready(&state, &raft, membership).await?;
+            if membership == raft_member::Membership::Restarted {
+                // Its cluster and node objects were written when it first started.
+                return Ok(state.store.view(|t| t.clusters().by_name(CLUSTER_NAME).map(|c| c.id.clone())).unwrap_or_default());
+            }
+            bootstrap::ensure_cluster(
+                &state,
+                bootstrap::LocalManager {
+                    node_id: &identity.node_id,
+                    raft_id: identity.raft_id,
+                    addr: advertised.to_string(),
+                    description: description.clone(),
+                },
+            )
+            .await
+        };
+        let cluster_id = match ready.await {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = shutdown_tx.send(true);
+                raft.shutdown().await;
+                return Err(e);
+            }
+        };
+        tasks.push((
+            "leader-subsystems",
+            services::run_leader_subsystems(&state, &dispatcher, Some(&raft), shutdown_rx.clone()),
         ));
+        let (dispatcher_addr, dispatcher_addr_task) =
+            raft_member::dispatcher_addr_watch(&raft, advertised.to_string(), shutdown_rx.clone());
+        tasks.push(("dispatcher-address", dispatcher_addr_task));
 
         // The control socket.
         let control_socket = cfg.listen_control_api.clone();
@@ -211,7 +237,8 @@ impl Node {
                 engine_labels: Default::default(),
             },
             executor,
-        );
+        )
+        .with_manager_source(dispatcher_addr);
         tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
 
         tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
@@ -255,21 +282,6 @@ impl RunningNode {
 
 async fn wait_true(mut rx: watch::Receiver<bool>) {
     shoal_manager::stopped(&mut rx).await
-}
-
-async fn wait_for_leader(state: &ClusterState, limit: Duration) -> Result<(), NodeError> {
-    let mut leadership = state.proposer.leadership();
-    let wait = async {
-        while !leadership.borrow_and_update().is_leader {
-            if leadership.changed().await.is_err() {
-                return Err(NodeError::Bootstrap("raft stopped before electing a leader".into()));
-            }
-        }
-        Ok(())
-    };
-    tokio::time::timeout(limit, wait)
-        .await
-        .map_err(|_| NodeError::Bootstrap(format!("no leader elected within {limit:?}")))?
 }
 
 fn random_raft_id() -> u64 {

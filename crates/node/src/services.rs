@@ -1,12 +1,16 @@
 //! The manager's running parts, started the same way by the daemon and by the in-process test harness:
-//! the gRPC server (dispatcher) on a bound listener, and the leader-only subsystems from one declarative list.
+//! the gRPC server (dispatcher, and for a Raft member the Raft services) on a bound listener, and the
+//! leader-only subsystems from one declarative list.
 
 use std::sync::Arc;
 
 use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, Subsystem};
+use shoal_raft::RaftNode;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use crate::raft_status::ManagerStatusSubsystem;
 
 /// The leader-only subsystems, in start order. Each is a loop over the store's watch queue.
 pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>) -> Vec<Box<dyn Subsystem>> {
@@ -25,18 +29,52 @@ pub fn start_manager_services(
     shutdown: watch::Receiver<bool>,
 ) -> Vec<(&'static str, JoinHandle<()>)> {
     let dispatcher = Dispatcher::new(state.clone(), dispatcher_config);
+    vec![
+        ("grpc", serve_manager_grpc(&dispatcher, listener, None, shutdown.clone())),
+        ("leader-subsystems", run_leader_subsystems(state, &dispatcher, None, shutdown)),
+    ]
+}
+
+/// Serves the manager's gRPC services on `listener` until `shutdown`: the dispatcher, and when `raft` is
+/// given its `Raft`, `RaftMembership` and `RaftProposals` services.
+pub fn serve_manager_grpc(
+    dispatcher: &Arc<Dispatcher>,
+    listener: tokio::net::TcpListener,
+    raft: Option<&RaftNode>,
+    shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let raft_services = raft.map(shoal_raft::grpc::services);
+    let (r, m, p) = match raft_services {
+        Some(s) => (Some(s.raft), Some(s.membership), Some(s.proposals)),
+        None => (None, None, None),
+    };
     let grpc = tonic::transport::Server::builder()
         .add_service(dispatcher.grpc_service())
+        .add_optional_service(r)
+        .add_optional_service(m)
+        .add_optional_service(p)
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), {
-            let mut rx = shutdown.clone();
+            let mut rx = shutdown;
             async move { shoal_manager::stopped(&mut rx).await }
         });
-    let grpc = tokio::spawn(async move {
+    tokio::spawn(async move {
         if let Err(e) = grpc.await {
             tracing::error!(error = %e, "gRPC server failed");
         }
-    });
-    let subsystems =
-        tokio::spawn(shoal_manager::run_while_leader(state.clone(), leader_subsystems(&dispatcher), shutdown));
-    vec![("grpc", grpc), ("leader-subsystems", subsystems)]
+    })
+}
+
+/// Runs the leader-only subsystems while this manager leads, until `shutdown`; with `raft`, also the loop
+/// that keeps managers' `Node.manager_status` current.
+pub fn run_leader_subsystems(
+    state: &ClusterState,
+    dispatcher: &Arc<Dispatcher>,
+    raft: Option<&RaftNode>,
+    shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let mut list = leader_subsystems(dispatcher);
+    if let Some(raft) = raft {
+        list.push(Box::new(ManagerStatusSubsystem::new(raft.clone())));
+    }
+    tokio::spawn(shoal_manager::run_while_leader(state.clone(), list, shutdown))
 }

@@ -39,8 +39,32 @@
 //!   with one from a per-member seeded RNG. raft-rs's slog output goes to `tracing` (target `raft`), and the
 //!   node logs one info line per leadership change.
 //! - **Transport seam.** Outgoing messages go to a `Transport`; received ones come in through
-//!   `RaftNode::step` (bounded by `INBOUND_QUEUE`). A single-member cluster never sends. Membership changes
-//!   are applied when committed (conf state persisted) but there is no API to propose them yet.
+//!   `RaftNode::step` (bounded by `INBOUND_QUEUE`); the transport reports unreachable peers and snapshot
+//!   outcomes through its `PeerLink`. `grpc::GrpcTransport` is the real one (bounded per-peer queues); the
+//!   tests use a simulated network. A single-member cluster never sends.
+//! - **Membership.** `add_member`/`remove_member` (leader only) propose a `ConfChange` carrying the member's
+//!   `RaftMember` (ID, node ID, address) in its context; applied, the conf state and the addresses
+//!   (`Members`) are persisted together and written into every snapshot (SwarmKit's `Snapshot.membership`).
+//!   Adding a member takes a snapshot and compacts the log past its first entry, so a new member always
+//!   starts from a snapshot that names it. pre-vote and check-quorum are on: an isolated leader steps down
+//!   after an election timeout, and a rejoining member does not disrupt a healthy leader.
+//! - **Follower writes.** With a `Forwarder`, `propose` on a follower sends the encoded request to the
+//!   leader (`RaftProposals.ForwardProposal`), then resolves when the local store applies the entry with
+//!   the same request ID (read-your-writes), or fails after `FORWARD_APPLY_TIMEOUT`. Without a reachable
+//!   leader it fails at once with `ProposeError::NoLeader` ("no leader / lost quorum: ..."), never hangs.
+//!
+//! # Starting, joining, serving (the API the node uses)
+//!
+//! - First manager of a new cluster, or any restart: `grpc::start_member(cfg, store, channels, mode)` with
+//!   `StartMode::BootstrapIfEmpty` (bootstrap when there is no state) or `StartMode::Restart` (recover
+//!   only). `cfg.addr` is the address other managers reach this one at; `cfg.node_id` its node ID.
+//! - A new manager: `grpc::join_cluster(cfg, store, channels, manager_addr)` calls `RaftMembership.Join` on
+//!   any manager (a follower redirects to the leader through `x-shoal-leader-addr` metadata), starts this
+//!   member under the Raft ID the leader assigned (read it back with `RaftNode::id` and store it), and the
+//!   leader then sends its snapshot.
+//! - Serving: `grpc::services(&node)` returns the `Raft`, `RaftMembership` and `RaftProposals` tonic
+//!   services as values; the node adds them to its one server (and may wrap them with TLS/authorization).
+//! - Every client channel comes from the injected `grpc::ChannelFactory` (`grpc::PlainHttp` by default).
 
 mod config;
 mod error;

@@ -151,6 +151,7 @@ struct Inner {
     stopped: watch::Receiver<bool>,
     leader: watch::Receiver<LeaderState>,
     status: Arc<Mutex<RaftStatus>>,
+    reachable: Arc<Mutex<BTreeMap<u64, bool>>>,
     next_request_id: AtomicU64,
     shut: AtomicBool,
     synced_writes: Arc<AtomicU64>,
@@ -212,6 +213,8 @@ impl RaftNode {
         let raft_id = cfg.raft_id;
         let max_proposal_bytes = cfg.max_proposal_bytes;
         let driver_status = status.clone();
+        let reachable = Arc::new(Mutex::new(BTreeMap::new()));
+        let driver_reachable = reachable.clone();
         std::thread::Builder::new()
             .name(format!("raft-{raft_id}"))
             .spawn(move || {
@@ -223,7 +226,10 @@ impl RaftNode {
                     }
                 };
                 let driver = match Driver::open(cfg, store, transport, leader_tx, members_tx, driver_status, mode) {
-                    Ok(d) => d,
+                    Ok(mut d) => {
+                        d.reachable = driver_reachable;
+                        d
+                    }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                         return;
@@ -260,6 +266,7 @@ impl RaftNode {
                 stopped: stopped_rx,
                 leader: leader_rx,
                 status,
+                reachable,
                 next_request_id: AtomicU64::new(next_request_id),
                 shut: AtomicBool::new(false),
                 synced_writes,
@@ -321,6 +328,12 @@ impl RaftNode {
     /// Membership changes, as a watch channel.
     pub fn members_watch(&self) -> watch::Receiver<Members> {
         self.inner.members.clone()
+    }
+
+    /// On the leader: whether each member (by Raft ID) was heard from within the last election timeout
+    /// (the leader counts itself reachable). Empty on followers.
+    pub fn reachable_members(&self) -> BTreeMap<u64, bool> {
+        self.inner.reachable.lock().clone()
     }
 
     /// The leader's address, when a leader is known and its address too.
@@ -538,6 +551,8 @@ struct Driver {
     force_snapshot: bool,
     leader_tx: watch::Sender<LeaderState>,
     members_tx: watch::Sender<Members>,
+    /// Published on the leader: members heard from recently.
+    reachable: Arc<Mutex<BTreeMap<u64, bool>>>,
     status: Arc<Mutex<RaftStatus>>,
     /// Seeded per member: the election timeouts are repeatable (raft-rs's own draw is not seedable).
     rng: SmallRng,
@@ -610,6 +625,7 @@ impl Driver {
             force_snapshot: false,
             leader_tx,
             members_tx,
+            reachable: Arc::new(Mutex::new(BTreeMap::new())),
             status,
             role_term: None,
             applied,
@@ -1027,6 +1043,16 @@ impl Driver {
             last_snapshot_index: self.last_snapshot_index,
             is_leader: state.is_leader,
         };
+        {
+            let mut reachable = self.reachable.lock();
+            reachable.clear();
+            if role_leader {
+                let me = self.cfg.raft_id;
+                for (id, pr) in raft.prs().iter() {
+                    reachable.insert(*id, *id == me || pr.recent_active);
+                }
+            }
+        }
         let before = *self.leader_tx.borrow();
         if before != state {
             if before.is_leader != state.is_leader || before.leader_id != state.leader_id {

@@ -30,6 +30,9 @@ pub struct DaemonArgs {
     /// Docker Engine address for the docker executor (unix:///PATH or tcp://HOST:PORT).
     #[arg(long, default_value = "unix:///var/run/docker.sock")]
     engine_addr: String,
+    /// Join the cluster of the manager at this remote address (host:port) as a new manager, on first start.
+    #[arg(long)]
+    join_addr: Option<String>,
     /// Log filter (tracing env-filter syntax), e.g. info or shoal=debug.
     #[arg(long, env = "SHOAL_LOG", default_value = "info")]
     log_level: String,
@@ -49,6 +52,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.hostname = args.hostname;
     cfg.executor = args.executor;
     cfg.engine_addr = args.engine_addr;
+    cfg.join_addr = args.join_addr;
 
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

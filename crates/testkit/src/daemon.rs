@@ -18,6 +18,11 @@ pub struct DaemonOptions {
     pub state_dir: Option<PathBuf>,
     /// The `--executor` to use (`process` when unset); kept across restarts.
     pub executor: Option<String>,
+    /// The loopback IP the remote API listens on (`127.0.0.1` when unset), e.g. `127.0.0.2` to give each
+    /// manager of a multi-manager test its own address; kept across restarts.
+    pub listen_ip: Option<String>,
+    /// The `--hostname` (`shoal-test-node` when unset); kept across restarts.
+    pub hostname: Option<String>,
 }
 
 /// A running daemon.
@@ -30,10 +35,12 @@ pub struct DaemonProcess {
     port: u16,
     log_path: PathBuf,
     executor: String,
+    ip: String,
+    hostname: String,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+fn free_port(ip: &str) -> u16 {
+    TcpListener::bind((ip, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
 impl DaemonProcess {
@@ -48,15 +55,18 @@ impl DaemonProcess {
         let state_dir = opts.state_dir.clone().unwrap_or_else(|| tmp.path().join("state"));
         let socket = tmp.path().join("control.sock");
         let log_path = tmp.path().join("daemon.log");
+        let ip = opts.listen_ip.clone().unwrap_or_else(|| "127.0.0.1".into());
         let mut d = DaemonProcess {
             binary: binary.to_path_buf(),
             child: None,
             tmp: Some(tmp),
             state_dir,
             socket,
-            port: free_port(),
+            port: free_port(&ip),
             log_path,
             executor: opts.executor.clone().unwrap_or_else(|| "process".into()),
+            ip,
+            hostname: opts.hostname.clone().unwrap_or_else(|| "shoal-test-node".into()),
         };
         d.spawn(&opts.extra_args);
         d
@@ -71,11 +81,11 @@ impl DaemonProcess {
             .arg("--listen-control-api")
             .arg(&self.socket)
             .arg("--listen-remote-api")
-            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(self.remote_addr())
             .arg("--executor")
             .arg(&self.executor)
             .arg("--hostname")
-            .arg("shoal-test-node")
+            .arg(&self.hostname)
             .args(extra)
             .env("SHOAL_LOG", "info")
             .stdin(Stdio::null())
@@ -108,6 +118,16 @@ impl DaemonProcess {
     /// The control socket.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The remote API address (`ip:port`), e.g. for another daemon's `--join-addr`.
+    pub fn remote_addr(&self) -> String {
+        format!("{}:{}", self.ip, self.port)
+    }
+
+    /// Whether the daemon process is running (not stopped or killed by the test).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// The state dir.

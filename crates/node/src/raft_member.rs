@@ -1,0 +1,136 @@
+//! This manager's Raft membership: start Raft as the first manager of a new cluster (bootstrap), as a new
+//! manager joining through `--join-addr` (`RaftMembership.Join` on a running manager, which returns the Raft
+//! ID to use), or as a member restarting on its state; then wait until this member can serve (a leader is
+//! known and the cluster object has arrived). Also the address the local agent's dispatcher session should
+//! use: the leader's (only the leader's dispatcher accepts sessions).
+//!
+//! Knows Raft through `shoal_raft` only; every gRPC client channel comes from the injected
+//! `ChannelFactory` (plain HTTP/2 until TLS is configured).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_manager::ClusterState;
+use shoal_raft::grpc::{self, ChannelFactory};
+use shoal_raft::{Proposer, RaftConfig, RaftNode, StartMode};
+use shoal_store::MemoryStore;
+use tokio::sync::watch;
+
+use crate::{identity, DaemonConfig, NodeError, NodeIdentity};
+
+/// How this node came to be a Raft member on this start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Membership {
+    /// First start of a new cluster, or a restart of a cluster with this manager as its only member.
+    Bootstrapped,
+    /// First start of a manager that joined a running cluster.
+    Joined,
+    /// A restart of a member of a multi-manager cluster.
+    Restarted,
+}
+
+/// Longest wait for this manager to be ready (leader known, cluster object present) after bootstrap or join.
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts Raft for this node (see the module doc). A join replaces `identity.raft_id` with the ID the
+/// leader assigned and stores the identity before returning.
+pub(crate) async fn start_raft(
+    cfg: &DaemonConfig,
+    identity: &mut NodeIdentity,
+    store: Arc<MemoryStore>,
+    factory: Arc<dyn ChannelFactory>,
+) -> Result<(RaftNode, Membership), NodeError> {
+    let mut raft_cfg = RaftConfig::new(cfg.state_dir.clone(), identity.raft_id);
+    raft_cfg.tick_interval_ms = cfg.raft_tick_interval_ms;
+    raft_cfg.addr = cfg.advertised().to_string();
+    raft_cfg.node_id = identity.node_id.clone();
+
+    if RaftNode::has_existing_state(&cfg.state_dir) {
+        let raft = grpc::start_member(raft_cfg, store, factory, StartMode::Restart).await?;
+        let members = raft.members();
+        let alone = members.members.len() <= 1;
+        if cfg.join_addr.is_some() {
+            tracing::info!("this manager is already a member of a cluster; --join-addr is ignored");
+        }
+        return Ok((raft, if alone { Membership::Bootstrapped } else { Membership::Restarted }));
+    }
+    match &cfg.join_addr {
+        None => {
+            let raft = grpc::start_member(raft_cfg, store, factory, StartMode::BootstrapIfEmpty).await?;
+            Ok((raft, Membership::Bootstrapped))
+        }
+        Some(join) => {
+            let raft = grpc::join_cluster(raft_cfg, store, factory, join)
+                .await
+                .map_err(|e| NodeError::Join(e.to_string()))?;
+            identity.raft_id = raft.id();
+            identity::store(&cfg.state_dir, identity)?;
+            Ok((raft, Membership::Joined))
+        }
+    }
+}
+
+/// Waits until this manager can serve: for a bootstrapped member, until it leads; for a joined one, until a
+/// leader is known and the leader's snapshot (with the cluster object) has been applied. A restarted member
+/// of a multi-manager cluster does not wait (a quorum may come up later; writes fail clearly meanwhile).
+pub(crate) async fn wait_ready(state: &ClusterState, raft: &RaftNode, how: Membership) -> Result<(), NodeError> {
+    let mut leadership = state.proposer.leadership();
+    let wait = async {
+        loop {
+            let s = *leadership.borrow_and_update();
+            let ready = match how {
+                Membership::Bootstrapped => s.is_leader,
+                Membership::Joined => {
+                    s.leader_id != 0 && state.store.view(|t| t.clusters().by_name(crate::CLUSTER_NAME).is_some())
+                }
+                Membership::Restarted => true,
+            };
+            if ready {
+                return Ok(());
+            }
+            // The store fills from the snapshot without a leadership change: look again at least every tick.
+            tokio::select! {
+                r = leadership.changed() => if r.is_err() {
+                    return Err(NodeError::Bootstrap("raft stopped before this manager was ready".into()));
+                },
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    };
+    tokio::time::timeout(READY_TIMEOUT, wait).await.map_err(|_| {
+        NodeError::Bootstrap(format!(
+            "this manager was not ready within {READY_TIMEOUT:?} (raft status: {:?}); check that a majority of the managers are running and reachable",
+            raft.status()
+        ))
+    })?
+}
+
+/// The dispatcher address the local agent should use, kept current: the leader's address (`http://...`)
+/// when a leader with a known address exists, else this manager's own. Updated until `shutdown`.
+pub(crate) fn dispatcher_addr_watch(
+    raft: &RaftNode,
+    own_addr: String,
+    mut shutdown: watch::Receiver<bool>,
+) -> (watch::Receiver<String>, tokio::task::JoinHandle<()>) {
+    let pick = move |raft: &RaftNode| format!("http://{}", raft.leader_addr().unwrap_or_else(|| own_addr.clone()));
+    let (tx, rx) = watch::channel(pick(raft));
+    let raft = raft.clone();
+    let task = tokio::spawn(async move {
+        let mut leadership = raft.leadership();
+        let mut members = raft.members_watch();
+        loop {
+            tx.send_if_modified(|cur| {
+                let next = pick(&raft);
+                let changed = *cur != next;
+                *cur = next;
+                changed
+            });
+            tokio::select! {
+                r = leadership.changed() => if r.is_err() { return },
+                r = members.changed() => if r.is_err() { return },
+                _ = shoal_manager::stopped(&mut shutdown) => return,
+            }
+        }
+    });
+    (rx, task)
+}

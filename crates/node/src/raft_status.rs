@@ -1,0 +1,112 @@
+//! The leader-only loop that keeps each manager's `Node.manager_status` (Raft ID, address, leader,
+//! reachability) and role in step with the Raft membership, so `docker node ls` shows every manager with
+//! its MANAGER STATUS. A member whose Node object does not exist yet (its agent has not connected) gets one.
+//!
+//! Reads Raft only through `RaftNode`'s members, leadership and reachability; writes through the store.
+
+use std::time::Duration;
+
+use shoal_api::{node_spec, raft_member_status::Reachability, ManagerStatus, Meta, Node, NodeRole, NodeSpec};
+use shoal_manager::{ClusterState, Subsystem, SubsystemFuture};
+use shoal_raft::RaftNode;
+use tokio::sync::watch;
+
+/// How often the manager statuses are compared with Raft (reachability changes without an event).
+pub const MANAGER_STATUS_PERIOD: Duration = Duration::from_secs(1);
+
+/// The subsystem; see the module doc.
+pub struct ManagerStatusSubsystem {
+    raft: RaftNode,
+}
+
+impl ManagerStatusSubsystem {
+    /// Keeps manager statuses for `raft`'s cluster.
+    pub fn new(raft: RaftNode) -> ManagerStatusSubsystem {
+        ManagerStatusSubsystem { raft }
+    }
+}
+
+impl Subsystem for ManagerStatusSubsystem {
+    fn name(&self) -> &'static str {
+        "manager-status"
+    }
+
+    fn run(&self, state: ClusterState, mut stop: watch::Receiver<bool>) -> SubsystemFuture {
+        let raft = self.raft.clone();
+        Box::pin(async move {
+            let mut tick = tokio::time::interval(MANAGER_STATUS_PERIOD);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut members = raft.members_watch();
+            loop {
+                if let Err(e) = reconcile(&state, &raft).await {
+                    tracing::debug!(error = %e, "manager status update failed; will retry");
+                }
+                tokio::select! {
+                    _ = shoal_manager::stopped(&mut stop) => return,
+                    _ = tick.tick() => {}
+                    r = members.changed() => if r.is_err() { return },
+                }
+            }
+        })
+    }
+}
+
+/// One pass: the desired manager status of every member with a node ID, written where it differs.
+async fn reconcile(state: &ClusterState, raft: &RaftNode) -> Result<(), String> {
+    let members = raft.members();
+    let leader = raft.status().leader_id;
+    let reachable = raft.reachable_members();
+    let now = state.now();
+    state
+        .write(|t, changes| {
+            for m in members.members.values().filter(|m| !m.node_id.is_empty()) {
+                let reach = match reachable.get(&m.raft_id) {
+                    Some(true) => Reachability::Reachable,
+                    Some(false) => Reachability::Unreachable,
+                    None => Reachability::Unknown,
+                };
+                let want = ManagerStatus {
+                    raft_id: m.raft_id,
+                    addr: m.addr.clone(),
+                    leader: m.raft_id == leader,
+                    reachability: reach as i32,
+                };
+                match t.nodes().get(&m.node_id) {
+                    Some(node) => {
+                        if node.manager_status.as_ref() == Some(&want) && node.role == NodeRole::Manager as i32 {
+                            continue;
+                        }
+                        let mut node = (**node).clone();
+                        node.manager_status = Some(want);
+                        node.set_role(NodeRole::Manager);
+                        if let Some(spec) = node.spec.as_mut() {
+                            spec.set_desired_role(NodeRole::Manager);
+                        }
+                        if let Some(meta) = node.meta.as_mut() {
+                            meta.updated_at = Some(now);
+                        }
+                        changes.update(node);
+                    }
+                    None => {
+                        let mut spec = NodeSpec::default();
+                        spec.set_desired_role(NodeRole::Manager);
+                        spec.set_membership(node_spec::Membership::Accepted);
+                        spec.set_availability(node_spec::Availability::Active);
+                        let mut node = Node {
+                            id: m.node_id.clone(),
+                            meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+                            spec: Some(spec),
+                            manager_status: Some(want),
+                            ..Default::default()
+                        };
+                        node.set_role(NodeRole::Manager);
+                        changes.create(node);
+                    }
+                }
+            }
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

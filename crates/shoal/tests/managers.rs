@@ -1,0 +1,163 @@
+//! Three managers in three daemon processes on 127.0.0.{11,12,13}: the first bootstraps, the others join it
+//! with `--join-addr` (plain HTTP/2 gRPC between managers). Every manager serves the Engine API; writes on a
+//! follower are forwarded to the leader. Killing the leader (kill -9) elects another within seconds and
+//! writes continue through a survivor; the killed manager restarts as a follower and the stores converge.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use shoal_testkit::daemon::DaemonOptions;
+
+fn manager(i: u8, join: Option<&str>) -> DaemonProcess {
+    let mut opts = DaemonOptions {
+        listen_ip: Some(format!("127.0.0.{i}")),
+        hostname: Some(format!("manager-{i}")),
+        ..DaemonOptions::default()
+    };
+    if let Some(j) = join {
+        opts.extra_args = vec!["--join-addr".into(), j.into()];
+    }
+    DaemonProcess::start_with(&shoal_bin(), opts)
+}
+
+fn create(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> Result<String, String> {
+    let body = serde_json::json!({
+        "Name": name,
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}},
+        "Mode": {"Replicated": {"Replicas": replicas}},
+    });
+    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string()))?;
+    if r.status == 201 {
+        Ok(r.body["ID"].as_str().unwrap_or_default().to_string())
+    } else {
+        Err(format!("{} {}", r.status, r.body))
+    }
+}
+
+/// The nodes as this manager sees them: (hostname, manager status "Leader"/"Reachable"/...).
+fn managers_seen_by(d: &DaemonProcess) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = d
+        .get("/v1.47/nodes")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let host = n["Description"]["Hostname"].as_str().unwrap_or("").to_string();
+            let m = &n["ManagerStatus"];
+            let status = if m["Leader"].as_bool() == Some(true) {
+                "Leader".to_string()
+            } else {
+                m["Reachability"].as_str().unwrap_or("none").to_string()
+            };
+            (host, status)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `path`'s JSON array from `d`, sorted by ID, for comparing managers' stores.
+fn sorted_by_id(d: &DaemonProcess, path: &str) -> Vec<Value> {
+    let mut v = d.get(path).as_array().cloned().unwrap_or_default();
+    v.sort_by(|a, b| a["ID"].as_str().cmp(&b["ID"].as_str()));
+    v
+}
+
+fn wait_identical(ds: &[&DaemonProcess], deadline: Duration) {
+    wait_until("services and tasks identical on every manager", deadline, || {
+        for path in ["/v1.47/services", "/v1.47/tasks", "/v1.47/nodes"] {
+            let first = sorted_by_id(ds[0], path);
+            for d in &ds[1..] {
+                if sorted_by_id(d, path) != first {
+                    return Err(format!("{path} differs"));
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
+fn leader_index(ds: &[&DaemonProcess]) -> usize {
+    wait_until("one leader", Duration::from_secs(20), || {
+        let seen = managers_seen_by(ds[0]);
+        let leaders: Vec<&(String, String)> = seen.iter().filter(|(_, s)| s == "Leader").collect();
+        match leaders.as_slice() {
+            [(host, _)] => {
+                let i: usize = host.trim_start_matches("manager-").parse().map_err(|e| format!("{e}"))?;
+                Ok(i - 11)
+            }
+            other => Err(format!("leaders: {other:?}")),
+        }
+    })
+}
+
+#[test]
+fn three_managers_survive_losing_the_leader() {
+    let a = manager(11, None);
+    let b = manager(12, Some(&a.remote_addr()));
+    let c = manager(13, Some(&a.remote_addr()));
+    let mut ds = [a, b, c];
+
+    let expected = |leader: &str| {
+        let mut v: Vec<(String, String)> = (11..=13)
+            .map(|i| {
+                let h = format!("manager-{i}");
+                let s = if h == leader { "Leader" } else { "reachable" };
+                (h, s.to_string())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    for d in &ds {
+        wait_until("3 managers, one leader (manager-11)", Duration::from_secs(30), || {
+            let seen = managers_seen_by(d);
+            if seen == expected("manager-11") {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        });
+    }
+    if !no_docker_cli() {
+        let ls = docker(&ds[1], &["node", "ls"]);
+        assert_eq!(ls.matches("Leader").count(), 1, "{ls}");
+        assert_eq!(ls.matches("Reachable").count(), 2, "{ls}");
+    }
+
+    // A write on a follower is forwarded to the leader and visible on every manager.
+    create(&ds[2], "from-follower", 3, &["sleep", "3171"]).expect("create on a follower");
+    wait_identical(&[&ds[0], &ds[1], &ds[2]], Duration::from_secs(30));
+
+    // kill -9 the leader: a survivor takes writes again within a few seconds.
+    let old = leader_index(&[&ds[1], &ds[2]]);
+    assert_eq!(old, 0);
+    ds[old].kill9();
+    let killed_at = Instant::now();
+    let survivor = &ds[1];
+    wait_until("a write through a survivor after the leader died", Duration::from_secs(20), || {
+        create(survivor, "after-failover", 1, &["sleep", "3172"])
+    });
+    let took = killed_at.elapsed();
+    println!("write through a survivor succeeded {took:?} after kill -9 of the leader");
+    assert!(took < Duration::from_secs(10), "failover took {took:?}");
+    let new = leader_index(&[&ds[1], &ds[2]]);
+    assert_ne!(new, old);
+
+    // The killed manager restarts as a follower and catches up.
+    ds[old].restart(&[]);
+    wait_identical(&[&ds[0], &ds[1], &ds[2]], Duration::from_secs(30));
+    assert_eq!(leader_index(&[&ds[0], &ds[1], &ds[2]]), new, "the restarted manager follows");
+    wait_until("the restarted manager is reachable again", Duration::from_secs(30), || {
+        let seen = managers_seen_by(&ds[0]);
+        let leader = format!("manager-{}", 11 + new);
+        if seen == expected(&leader) {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
+}
