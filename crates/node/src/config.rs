@@ -49,6 +49,9 @@ pub struct DaemonConfig {
     /// A running manager's remote address (`host:port`) to join as a new manager on first start (`None`:
     /// bootstrap a new cluster). Ignored once the node has Raft state.
     pub join_addr: Option<String>,
+    /// Disaster recovery: on this start, make this manager the only Raft member (keeping its data), when a
+    /// quorum of managers is lost for good. Other managers must join again afterwards.
+    pub force_new_cluster: bool,
 }
 
 impl DaemonConfig {
@@ -64,6 +67,7 @@ impl DaemonConfig {
             raft_tick_interval_ms: 100,
             engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),
             join_addr: None,
+            force_new_cluster: false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! This manager's Raft membership: start Raft as the first manager of a new cluster (bootstrap), as a new
 //! manager joining through `--join-addr` (`RaftMembership.Join` on a running manager, which returns the Raft
-//! ID to use), or as a member restarting on its state; then wait until this member can serve (a leader is
+//! ID to use), as a member restarting on its state, or (`--force-new-cluster`) as the only member of a
+//! cluster whose quorum was lost for good; then wait until this member can serve (a leader is
 //! known and the cluster object has arrived). Also the address the local agent's dispatcher session should
 //! use: the leader's (only the leader's dispatcher accepts sessions).
 //!
@@ -46,13 +47,20 @@ pub(crate) async fn start_raft(
     raft_cfg.node_id = identity.node_id.clone();
 
     if RaftNode::has_existing_state(&cfg.state_dir) {
-        let raft = grpc::start_member(raft_cfg, store, factory, StartMode::Restart).await?;
+        let mode = if cfg.force_new_cluster { StartMode::ForceNewCluster } else { StartMode::Restart };
+        let raft = grpc::start_member(raft_cfg, store, factory, mode).await?;
         let members = raft.members();
         let alone = members.members.len() <= 1;
         if cfg.join_addr.is_some() {
             tracing::info!("this manager is already a member of a cluster; --join-addr is ignored");
         }
         return Ok((raft, if alone { Membership::Bootstrapped } else { Membership::Restarted }));
+    }
+    if cfg.force_new_cluster {
+        return Err(NodeError::Config(format!(
+            "--force-new-cluster recovers an existing manager, but {} holds no raft state; start without it to create a new cluster",
+            cfg.state_dir.display()
+        )));
     }
     match &cfg.join_addr {
         None => {

@@ -1,6 +1,7 @@
 //! The leader-only loop that keeps each manager's `Node.manager_status` (Raft ID, address, leader,
 //! reachability) and role in step with the Raft membership, so `docker node ls` shows every manager with
-//! its MANAGER STATUS. A member whose Node object does not exist yet (its agent has not connected) gets one.
+//! its MANAGER STATUS. A member whose Node object does not exist yet (its agent has not connected) gets one;
+//! a node whose Raft ID was removed from the cluster loses its manager status and becomes a worker.
 //!
 //! Reads Raft only through `RaftNode`'s members, leadership and reachability; writes through the store.
 
@@ -103,6 +104,23 @@ async fn reconcile(state: &ClusterState, raft: &RaftNode) -> Result<(), String> 
                         changes.create(node);
                     }
                 }
+            }
+            // Managers removed from Raft (left, or dropped by --force-new-cluster) are no longer managers.
+            for node in t.nodes().iter() {
+                let Some(ms) = node.manager_status.as_ref() else { continue };
+                if !members.removed.contains(&ms.raft_id) {
+                    continue;
+                }
+                let mut node = (**node).clone();
+                node.manager_status = None;
+                node.set_role(NodeRole::Worker);
+                if let Some(spec) = node.spec.as_mut() {
+                    spec.set_desired_role(NodeRole::Worker);
+                }
+                if let Some(meta) = node.meta.as_mut() {
+                    meta.updated_at = Some(now);
+                }
+                changes.update(node);
             }
             Ok::<_, std::convert::Infallible>(())
         })

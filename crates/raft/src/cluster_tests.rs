@@ -492,3 +492,50 @@ async fn writes_survive_message_loss() {
     }
     c.shutdown().await;
 }
+
+/// Recovery from a permanent loss of quorum (SwarmKit's --force-new-cluster; outside the paper): with two of
+/// three members gone for good, the survivor restarts as the only voter with its data, elects itself and
+/// takes writes; a new member can join it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_new_cluster_recovers_a_lost_quorum() {
+    let mut c = Cluster::start(3, 9, fast).await;
+    let leader = c.wait_leader(&[1, 2, 3]).await;
+    let commit = within("write", c.node(leader).propose(create("kept"))).await.unwrap();
+    c.wait_converged(&[1, 2, 3], commit.index).await;
+    for id in [1, 2, 3] {
+        c.stop(id).await;
+    }
+
+    let m = c.members.remove(&1).unwrap();
+    c.launch(1, StartMode::ForceNewCluster, m.dir).await;
+    c.wait_leader(&[1]).await;
+    let members = c.node(1).members();
+    assert_eq!(members.members.keys().copied().collect::<Vec<_>>(), vec![1]);
+    assert!(members.removed.contains(&2) && members.removed.contains(&3));
+    assert!(has_service(c.store(1), "kept"));
+    within("write", c.node(1).propose(create("after"))).await.unwrap();
+
+    c.add(4).await;
+    let commit = within("write", c.node(1).propose(create("with-4"))).await.unwrap();
+    c.wait_converged(&[1, 4], commit.index).await;
+    assert!(has_service(c.store(4), "kept"));
+    for id in [1, 4] {
+        c.stop(id).await;
+    }
+}
+
+/// Forcing a new cluster without state is refused with a clear error.
+#[tokio::test]
+async fn force_new_cluster_without_state_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = RaftNode::start_with(
+        RaftConfig::new(dir.path().to_path_buf(), 1),
+        Arc::new(MemoryStore::default()),
+        Arc::new(NoPeers),
+        None,
+        StartMode::ForceNewCluster,
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("force-new-cluster needs an existing raft state"), "{err}");
+}

@@ -75,6 +75,10 @@ pub enum StartMode {
     },
     /// Recover existing state only; never bootstrap (a joined member restarting).
     Restart,
+    /// Disaster recovery when a quorum is lost for good: recover this member's state, then make it the only
+    /// voter (every other member is recorded as removed) so it elects itself and takes writes again.
+    /// Other managers must then be added again (join). Requires existing state.
+    ForceNewCluster,
 }
 
 /// Why a membership change did not happen.
@@ -591,7 +595,28 @@ impl Driver {
                 StartMode::Restart => {
                     tracing::info!(raft_id = cfg.raft_id, "no raft membership recorded yet; waiting for the leader");
                 }
+                StartMode::ForceNewCluster => {
+                    return Err(RaftError::InvalidConfig(
+                        "force-new-cluster needs an existing raft state to recover; start without it to create a new cluster".into(),
+                    ));
+                }
             }
+        } else if mode == StartMode::ForceNewCluster {
+            let old = storage.members().clone();
+            let me = old.members.get(&cfg.raft_id).cloned().unwrap_or_else(|| Member {
+                raft_id: cfg.raft_id,
+                node_id: cfg.node_id.clone(),
+                addr: cfg.addr.clone(),
+            });
+            let mut members = Members { members: [(cfg.raft_id, me)].into(), removed: old.removed.clone() };
+            let others = old.members.keys().chain(storage.conf_state().voters.iter()).chain(storage.conf_state().learners.iter());
+            members.removed.extend(others.copied().filter(|id| *id != cfg.raft_id));
+            tracing::warn!(
+                raft_id = cfg.raft_id,
+                removed = ?members.removed,
+                "forcing a new cluster: this manager becomes the only raft member"
+            );
+            storage.set_membership(ConfState { voters: vec![cfg.raft_id], ..ConfState::default() }, members)?;
         }
         members_tx.send_replace(storage.members().clone());
         let (applied, applied_term) = recover_store(&cfg, &storage, &store)?;

@@ -33,6 +33,10 @@ pub struct DaemonArgs {
     /// Join the cluster of the manager at this remote address (host:port) as a new manager, on first start.
     #[arg(long)]
     join_addr: Option<String>,
+    /// Disaster recovery: make this manager the only member of its Raft cluster (keeping its data) when a
+    /// majority of the managers is lost for good; re-join the other managers afterwards.
+    #[arg(long)]
+    force_new_cluster: bool,
     /// Log filter (tracing env-filter syntax), e.g. info or shoal=debug.
     #[arg(long, env = "SHOAL_LOG", default_value = "info")]
     log_level: String,
@@ -53,6 +57,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.executor = args.executor;
     cfg.engine_addr = args.engine_addr;
     cfg.join_addr = args.join_addr;
+    cfg.force_new_cluster = args.force_new_cluster;
 
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -161,3 +161,59 @@ fn three_managers_survive_losing_the_leader() {
         }
     });
 }
+
+/// Disaster recovery: two of three managers are lost for good; writes on the survivor fail promptly with
+/// a clear 503; restarted with `--force-new-cluster`, it is the only manager, keeps the data and takes writes.
+#[test]
+fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
+    let mut a = manager(21, None);
+    let mut b = manager(22, Some(&a.remote_addr()));
+    let mut c = manager(23, Some(&a.remote_addr()));
+    wait_until("3 managers", Duration::from_secs(30), || {
+        let seen = managers_seen_by(&a);
+        if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
+    create(&a, "before-disaster", 1, &["sleep", "3181"]).expect("create");
+    wait_identical(&[&a, &b, &c], Duration::from_secs(30));
+    b.kill9();
+    c.kill9();
+
+    // Without a quorum a write fails with a clear 503, and never hangs.
+    let err = wait_until("a write refused for lack of quorum", Duration::from_secs(30), || {
+        let started = Instant::now();
+        match create(&a, "no-quorum", 1, &["sleep", "3182"]) {
+            Ok(id) => Err(format!("write {id} accepted")),
+            Err(e) if e.starts_with("503") && e.contains("no leader / lost quorum") => Ok((e, started.elapsed())),
+            Err(e) => Err(e),
+        }
+    });
+    println!("refused in {:?}: {}", err.1, err.0);
+    assert!(err.1 < Duration::from_secs(12), "refusal took {:?}", err.1);
+
+    assert!(a.stop(), "clean stop; log:\n{}", a.log());
+    a.restart(&["--force-new-cluster".to_string()]);
+    wait_until("a write after --force-new-cluster", Duration::from_secs(20), || {
+        create(&a, "after-recovery", 1, &["sleep", "3183"])
+    });
+    let names: Vec<String> = a
+        .get("/v1.47/services")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(names.contains(&"before-disaster".to_string()), "{names:?}");
+    wait_until("only manager-21 is a manager", Duration::from_secs(20), || {
+        let seen = managers_seen_by(&a);
+        let managers: Vec<&(String, String)> = seen.iter().filter(|(_, s)| s != "none").collect();
+        if managers.len() == 1 && managers[0].1 == "Leader" {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
+}
