@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/health.proto",
         "proto/raft.proto",
         "proto/ca.proto",
+        "proto/logbroker.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

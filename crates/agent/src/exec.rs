@@ -58,6 +58,35 @@ pub fn stop_grace_period(task: &Task) -> Duration {
 /// Grace between the polite stop signal and the kill, when the spec sets none.
 pub const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(10);
 
+/// One line a task printed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    /// When it was printed (as recorded by the executor).
+    pub timestamp: std::time::SystemTime,
+    /// True for stderr, false for stdout.
+    pub stderr: bool,
+    /// The line, without its newline.
+    pub data: Vec<u8>,
+}
+
+/// Which lines of a task's output to read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// Keep the stream open and send lines as they are printed.
+    pub follow: bool,
+    /// Only the last this many lines of what was printed so far (all when `None`).
+    pub tail: Option<usize>,
+    /// Only lines printed after this time.
+    pub since: Option<std::time::SystemTime>,
+    /// Include stdout.
+    pub stdout: bool,
+    /// Include stderr.
+    pub stderr: bool,
+}
+
+/// A task's log lines, in order; ends when the task's output ends (or at once without `follow`).
+pub type LogStream = futures::stream::BoxStream<'static, Result<LogLine, ExecutorError>>;
+
 /// Runs tasks of one kind (processes, containers) on this node.
 pub trait Executor: Send + Sync + 'static {
     /// What this node offers: hostname, platform, resources, engine.
@@ -79,6 +108,10 @@ pub trait Executor: Send + Sync + 'static {
     /// Called with the first complete set of tasks assigned to this node: removes runtime objects left by
     /// an earlier run of the agent whose task is not in `assigned`, without waiting for the removal.
     fn remove_unassigned(&self, _assigned: &std::collections::HashSet<String>) {}
+    /// What `task` printed, per `options`. Fails when this executor keeps no output for the task.
+    fn logs(&self, task: &Task, _options: &LogOptions) -> Result<LogStream, ExecutorError> {
+        Err(ExecutorError::Runtime(format!("the {} executor keeps no logs of task {}", self.name(), task.id)))
+    }
 }
 
 /// Drives one task's runtime object. Every method is idempotent where it can be, and `wait` is cancel-safe

@@ -9,6 +9,7 @@
 
 pub mod docker;
 pub mod exec;
+pub mod logs;
 pub mod process;
 pub mod runner;
 pub mod session;

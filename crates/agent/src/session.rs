@@ -137,6 +137,7 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
         .connect_timeout(CALL_TIMEOUT)
         .tcp_nodelay(true);
     let channel: Channel = endpoint.connect().await.map_err(|source| SessionError::Connect { addr, source })?;
+    let client_channel = channel.clone();
     let mut client = DispatcherClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let node_id = ctx.node_id.to_string();
 
@@ -201,6 +202,19 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
         })
     };
     let (mut heartbeat, mut reporter) = (AbortOnDrop(heartbeat), AbortOnDrop(reporter));
+    // Log subscriptions ride on the same connection and end with the session.
+    let _logs = AbortOnDrop(tokio::spawn({
+        let listener = crate::logs::run_listener(
+            client_channel.clone(),
+            node_id.clone(),
+            ctx.worker.assigned(),
+            ctx.worker.executor(),
+        );
+        async move {
+            listener.await;
+            Ok(())
+        }
+    }));
 
     loop {
         if *shutdown.borrow() {

@@ -26,11 +26,16 @@ struct RunnerHandle {
     join: JoinHandle<()>,
 }
 
+/// The tasks assigned to this node, by ID, as of the last assignments message.
+pub type AssignedTasks = Arc<HashMap<String, Arc<Task>>>;
+
 /// The set of task runners on this node.
 pub struct Worker {
     executor: Arc<dyn Executor>,
     reporter: Arc<StatusReporter>,
     runners: HashMap<String, RunnerHandle>,
+    assigned: HashMap<String, Arc<Task>>,
+    assigned_tx: watch::Sender<AssignedTasks>,
 }
 
 fn observed(task: &Task) -> TaskState {
@@ -40,7 +45,18 @@ fn observed(task: &Task) -> TaskState {
 impl Worker {
     /// A worker with no tasks.
     pub fn new(executor: Arc<dyn Executor>, reporter: Arc<StatusReporter>) -> Worker {
-        Worker { executor, reporter, runners: HashMap::new() }
+        let (assigned_tx, _) = watch::channel(AssignedTasks::default());
+        Worker { executor, reporter, runners: HashMap::new(), assigned: HashMap::new(), assigned_tx }
+    }
+
+    /// The executor tasks run with.
+    pub fn executor(&self) -> Arc<dyn Executor> {
+        self.executor.clone()
+    }
+
+    /// Watches the set of tasks assigned to this node (for log subscriptions).
+    pub fn assigned(&self) -> watch::Receiver<AssignedTasks> {
+        self.assigned_tx.subscribe()
     }
 
     /// IDs of the tasks with a live runner.
@@ -59,18 +75,22 @@ impl Worker {
             };
             seen.insert(task.id.clone());
             if change.action == AssignmentAction::Remove as i32 {
+                self.assigned.remove(&task.id);
                 self.remove(&task.id);
             } else {
+                self.assigned.insert(task.id.clone(), Arc::new(task.clone()));
                 self.upsert(task);
             }
         }
         if complete {
+            self.assigned.retain(|id, _| seen.contains(id));
             self.executor.remove_unassigned(&seen);
             let gone: Vec<String> = self.runners.keys().filter(|id| !seen.contains(*id)).cloned().collect();
             for id in gone {
                 self.remove(&id);
             }
         }
+        self.assigned_tx.send_replace(Arc::new(self.assigned.clone()));
     }
 
     fn upsert(&mut self, task: Task) {

@@ -10,6 +10,8 @@ pub mod error;
 pub mod filters;
 mod handlers;
 pub mod json;
+pub mod logs;
+pub mod swarm_update;
 #[cfg(test)]
 mod tests;
 pub mod worker;
@@ -62,6 +64,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/version", get(handlers::version))
         .route("/info", get(handlers::info))
         .route("/swarm", get(handlers::swarm))
+        .route("/swarm/update", post(swarm_update::update_swarm))
         .route("/services", get(handlers::list_services))
         .route("/services/create", post(handlers::create_service))
         .route(
@@ -71,6 +74,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/services/{id}/update", post(handlers::update_service))
         .route("/tasks", get(handlers::list_tasks))
         .route("/tasks/{id}", get(handlers::get_task))
+        .route("/tasks/{id}/logs", get(logs::task_logs))
+        .route("/services/{id}/logs", get(logs::service_logs))
         .route("/nodes", get(handlers::list_nodes))
         .route(
             "/nodes/{id}",

@@ -1,7 +1,7 @@
 //! The manager's subsystems, one folder each: `orchestrator` (replicated services, restarts, rolling
 //! updates, task reaper), `scheduler` (filters, then spread), `dispatcher` (agent sessions, heartbeats,
-//! assignments, task status). `state` holds what they share; `subsystem` starts and stops the leader-only
-//! ones on leadership change.
+//! assignments, task status), `logbroker` (log subscriptions between subscribers and agents). `state`
+//! holds what they share; `subsystem` starts and stops the leader-only ones on leadership change.
 //!
 //! Subsystems never call each other: each reads and watches the store and writes through the proposer.
 //! The manager knows nothing of HTTP or the Engine API (that is `shoal-engine-api`).
@@ -9,6 +9,7 @@
 pub mod ca;
 pub mod controlapi;
 pub mod dispatcher;
+pub mod logbroker;
 pub mod orchestrator;
 pub mod scheduler;
 pub mod state;

@@ -45,6 +45,8 @@ pub struct ClusterState {
     pub clock: Arc<dyn Clock>,
     /// The injected ID source.
     pub ids: Arc<dyn IdSource>,
+    /// This manager's log broker (log subscriptions between API clients and agents; not replicated).
+    pub logs: crate::logbroker::LogBroker,
 }
 
 impl std::fmt::Debug for ClusterState {
@@ -72,7 +74,7 @@ impl ClusterState {
         clock: Arc<dyn Clock>,
         ids: Arc<dyn IdSource>,
     ) -> ClusterState {
-        ClusterState { store, proposer, clock, ids }
+        ClusterState { store, proposer, clock, ids, logs: Default::default() }
     }
 
     /// Reads a consistent view, builds a list of changes in `f`, and proposes it as one atomic write.

@@ -42,7 +42,8 @@ fn services_run_as_labelled_containers_that_scale_are_replaced_and_removed() {
     let info = docker(&d, &["info", "--format", "{{json .}}"]);
     assert!(info.contains("shoal.executor=docker"), "docker info names the executor: {info}");
 
-    let sid = docker(&d, &["service", "create", "--detach", "--name", "web", "--replicas", "2", image, "sleep", "1000"]);
+    let sid =
+        docker(&d, &["service", "create", "--detach", "--name", "web", "--replicas", "2", image, "sleep", "1000"]);
     let sid = sid.trim().lines().last().unwrap_or_default().to_string();
     let ids = wait_containers(&d, "web", 2);
     for id in &ids {
@@ -124,7 +125,23 @@ fn an_unhealthy_container_never_runs_and_is_replaced() {
     });
 
     // A healthy one runs.
-    docker(&d, &["service", "create", "--detach", "--name", "fine", "--health-cmd", "true", "--health-interval", "200ms", image, "sleep", "1000"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "fine",
+            "--health-cmd",
+            "true",
+            "--health-interval",
+            "200ms",
+            image,
+            "sleep",
+            "1000",
+        ],
+    );
     wait_containers(&d, "fine", 1);
 }
 

@@ -208,6 +208,10 @@ impl Executor for DockerExecutor {
         }
     }
 
+    fn logs(&self, task: &Task, options: &crate::exec::LogOptions) -> Result<crate::exec::LogStream, ExecutorError> {
+        self.container_logs(task, options)
+    }
+
     fn remove_unassigned(&self, assigned: &HashSet<String>) {
         let Some(inventory) = self.inventory.lock().take() else {
             return;
@@ -444,5 +448,98 @@ impl Controller for DockerController {
                 Err(e) => Err(runtime("cannot remove the container", &e)),
             }
         })
+    }
+}
+
+/// Parses the RFC 3339 UTC timestamp (`2006-01-02T15:04:05.999999999Z`) the engine puts before each log
+/// line when asked for timestamps.
+fn parse_engine_timestamp(s: &str) -> Option<std::time::SystemTime> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    let nanos: u32 = if frac.is_empty() { 0 } else { format!("{frac:0<9}").get(..9)?.parse().ok()? };
+    // Days from 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    let secs = u64::try_from(secs).ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::new(secs, nanos))
+}
+
+/// Turns one engine log frame (`<timestamp> <line>\n`) into a log line.
+fn engine_log_line(frame: &[u8], stderr: bool) -> Option<crate::exec::LogLine> {
+    let sp = frame.iter().position(|b| *b == b' ')?;
+    let ts = parse_engine_timestamp(std::str::from_utf8(&frame[..sp]).ok()?)?;
+    let mut data = frame[sp + 1..].to_vec();
+    if data.last() == Some(&b'\n') {
+        data.pop();
+    }
+    Some(crate::exec::LogLine { timestamp: ts, stderr, data })
+}
+
+impl DockerExecutor {
+    /// The container logs of `task` through the engine.
+    fn container_logs(
+        &self,
+        task: &Task,
+        opts: &crate::exec::LogOptions,
+    ) -> Result<crate::exec::LogStream, ExecutorError> {
+        use bollard::container::LogOutput;
+        let both = !opts.stdout && !opts.stderr;
+        let since = opts.since;
+        let since_secs = since
+            .and_then(|s| s.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs().min(i32::MAX as u64) as i32);
+        let query = bollard::query_parameters::LogsOptionsBuilder::default()
+            .follow(opts.follow)
+            .stdout(both || opts.stdout)
+            .stderr(both || opts.stderr)
+            .timestamps(true)
+            .since(since_secs)
+            .tail(&opts.tail.map_or_else(|| "all".to_string(), |n| n.to_string()))
+            .build();
+        let name = spec::task_name(task);
+        let frames = self.docker.logs(&name, Some(query));
+        let lines = frames.filter_map(move |item| {
+            let out = match item {
+                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                    engine_log_line(&message, false).map(Ok)
+                }
+                Ok(LogOutput::StdErr { message }) => engine_log_line(&message, true).map(Ok),
+                Ok(LogOutput::StdIn { .. }) => None,
+                Err(e) => Some(Err(runtime("reading the container's logs failed", &e))),
+            };
+            let out = out.filter(|l| match (l, since) {
+                (Ok(l), Some(s)) => l.timestamp > s,
+                _ => true,
+            });
+            std::future::ready(out)
+        });
+        Ok(Box::pin(lines))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_timestamps_parse_to_unix_time() {
+        let t = parse_engine_timestamp("2024-02-29T12:34:56.123456789Z").unwrap();
+        let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+        assert_eq!((d.as_secs(), d.subsec_nanos()), (1_709_210_096, 123_456_789));
+        let short = parse_engine_timestamp("1970-01-01T00:00:01.5Z").unwrap();
+        assert_eq!(short.duration_since(std::time::UNIX_EPOCH).unwrap(), Duration::from_millis(1500));
+        assert!(parse_engine_timestamp("yesterday").is_none());
+        let l = engine_log_line(b"2024-02-29T12:34:56Z hello world\n", true).unwrap();
+        assert_eq!((l.data.as_slice(), l.stderr), (&b"hello world"[..], true));
     }
 }

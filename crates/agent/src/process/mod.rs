@@ -1,6 +1,7 @@
 //! `ProcessExecutor`: runs a task's `ContainerSpec` command (+ args) as a local process, with the spec's
-//! environment and working directory, stdout/stderr to `state_dir/tasks/<task id>/{stdout,stderr}.log`,
-//! in its own process group. The image is not used (there is no container runtime here).
+//! environment and working directory, stdout/stderr relayed line by line, timestamped, to
+//! `state_dir/tasks/<task id>/{stdout,stderr}.log` (`logs`), in its own process group. The image is not
+//! used (there is no container runtime here).
 //!
 //! Children must die with the daemon, even on `kill -9`: every process gets PR_SET_PDEATHSIG(SIGKILL), and
 //! is forked from one long-lived spawner thread (the death signal fires when the forking *thread* exits,
@@ -10,6 +11,7 @@
 //! Environment: the process gets PATH (the daemon's, or a default) plus the spec's `env`; nothing else of
 //! the daemon's environment leaks in. Must not depend on the session or gRPC.
 
+pub mod logs;
 mod spawner;
 
 use std::collections::HashMap;
@@ -23,6 +25,9 @@ use shoal_api::{task_spec, ContainerSpec, EngineDescription, NodeDescription, Pl
 
 use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus};
 use spawner::Spawner;
+
+/// How long an exited task's output relays get to record its last lines.
+pub const RELAY_DRAIN: Duration = Duration::from_secs(1);
 
 /// PATH given to tasks when the daemon has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -139,11 +144,16 @@ impl Executor for ProcessExecutor {
             child: None,
             pid: 0,
             exit: None,
+            relays: Vec::new(),
         }))
     }
 
     fn name(&self) -> &'static str {
         "process"
+    }
+
+    fn logs(&self, task: &Task, options: &crate::exec::LogOptions) -> Result<crate::exec::LogStream, ExecutorError> {
+        logs::read(self.task_dir(&task.id), options)
     }
 }
 
@@ -158,6 +168,8 @@ struct ProcessController {
     child: Option<tokio::process::Child>,
     pid: i32,
     exit: Option<ExitStatus>,
+    /// The tasks copying the process's output into its log files.
+    relays: Vec<tokio::task::JoinHandle<()>>,
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
@@ -184,6 +196,11 @@ impl ProcessController {
         let exit = ExitStatus { code, pid: self.pid };
         self.exit = Some(exit);
         self.child = None;
+        // Let the relays record the last lines before the exit is reported (bounded: a leftover child
+        // may hold the pipes open).
+        for relay in self.relays.drain(..) {
+            let _ = tokio::time::timeout(RELAY_DRAIN, relay).await;
+        }
         Ok(exit)
     }
 
@@ -218,28 +235,25 @@ impl Controller for ProcessController {
             if self.child.is_some() || self.exit.is_some() {
                 return Ok(self.pid);
             }
-            let open = |name: &str| {
-                let p = self.task_dir.join(name);
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&p)
-                    .map_err(|e| ExecutorError::Start(io_err("cannot open", &p, e)))
-            };
-            let (stdout, stderr) = (open("stdout.log")?, open("stderr.log")?);
             let mut cmd = std::process::Command::new(&self.argv[0]);
             cmd.args(&self.argv[1..])
                 .env_clear()
                 .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .current_dir(self.dir.as_deref().unwrap_or(Path::new("/")))
                 .stdin(std::process::Stdio::null())
-                .stdout(stdout)
-                .stderr(stderr);
-            let child = self
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            let mut child = self
                 .spawner
                 .spawn(cmd)
                 .await
                 .map_err(|e| ExecutorError::Start(format!("cannot run {:?}: {e}", self.argv[0])))?;
+            if let Some(out) = child.stdout.take() {
+                self.relays.push(tokio::spawn(logs::relay(out, logs::log_path(&self.task_dir, false))));
+            }
+            if let Some(err) = child.stderr.take() {
+                self.relays.push(tokio::spawn(logs::relay(err, logs::log_path(&self.task_dir, true))));
+            }
             self.pid = child.id().map_or(0, |p| p as i32);
             self.child = Some(child);
             tracing::debug!(task = %self.task_id, pid = self.pid, "process started");

@@ -15,14 +15,18 @@
 //! Service removal deletes the service and, in the same write, sets the desired state of its tasks to
 //! REMOVE (the reaper deletes them once they no longer run).
 //!
+//! The cluster object (`docker swarm update`) is read and updated through `cluster`.
+//!
 //! Must not depend on HTTP, JSON, processes or Docker.
 
+mod cluster;
 mod node;
 mod service;
 mod task;
 #[cfg(test)]
 mod tests;
 
+pub use cluster::{get_cluster, update_cluster, validate_cluster_spec, MIN_NODE_CERT_EXPIRY};
 pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use service::{
     create_service, get_service, list_services, remove_service, service_status, update_service,

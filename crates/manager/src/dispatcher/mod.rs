@@ -185,6 +185,11 @@ impl Dispatcher {
         DispatcherServer::new(DispatcherService(self.clone()))
     }
 
+    /// The LogBroker gRPC service of this manager's log broker, served next to the dispatcher.
+    pub fn log_broker_service(&self) -> crate::logbroker::LogBrokerServer {
+        self.state.logs.grpc_service()
+    }
+
     /// The leader-only loop: heartbeat expiry (node DOWN) and the status-update flusher.
     pub fn subsystem(self: &Arc<Self>) -> Box<dyn Subsystem> {
         Box::new(DispatcherSubsystem(self.clone()))

@@ -1,0 +1,338 @@
+//! `GET /services/{id}/logs` and `GET /tasks/{id}/logs`: a log broker subscription streamed in Docker's
+//! log format. Each line is `[<RFC 3339 time> ][<details> ]<data>\n`, where details are
+//! `com.docker.swarm.node.id=..,com.docker.swarm.service.id=..,com.docker.swarm.task.id=..` (the docker
+//! CLI needs them to name the task); without a TTY every line is a multiplexed frame (8-byte header:
+//! stream 1 or 2, three zero bytes, big-endian length).
+//!
+//! Query: `stdout`, `stderr`, `follow`, `timestamps`, `details`, `tail` (`all` or N), `since` (Unix time,
+//! `seconds[.nanoseconds]`). Must not depend on Raft or the executors.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use shoal_api::{task_spec, LogMessage, LogSelector, LogStream, LogSubscriptionOptions, TaskSpec};
+use shoal_manager::controlapi;
+use time::OffsetDateTime;
+
+use crate::error::ApiError;
+use crate::ApiContext;
+
+type Ctx = State<Arc<ApiContext>>;
+type Params = Query<HashMap<String, String>>;
+
+/// How the response writes each line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineFormat {
+    /// Prefix the time.
+    pub timestamps: bool,
+    /// Prefix the swarm details.
+    pub details: bool,
+    /// Raw lines (TTY) instead of multiplexed frames.
+    pub tty: bool,
+}
+
+fn flag(q: &HashMap<String, String>, name: &str) -> bool {
+    q.get(name)
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
+}
+
+/// The subscription options and line format for the query.
+pub fn parse_query(
+    q: &HashMap<String, String>,
+    tty: bool,
+) -> Result<(LogSubscriptionOptions, LineFormat), ApiError> {
+    let (stdout, stderr) = (flag(q, "stdout"), flag(q, "stderr"));
+    if !stdout && !stderr {
+        return Err(ApiError::BadRequest(
+            "choose at least one stream: pass stdout=1 and/or stderr=1".into(),
+        ));
+    }
+    let mut streams = vec![];
+    if stdout {
+        streams.push(LogStream::Stdout as i32);
+    }
+    if stderr {
+        streams.push(LogStream::Stderr as i32);
+    }
+    let tail = match q.get("tail").map(String::as_str) {
+        None | Some("") | Some("all") => 0,
+        Some(n) => {
+            let n: i64 = n.parse().map_err(|_| {
+                ApiError::BadRequest(format!(
+                    "invalid tail {n:?}: expected \"all\" or a number of lines"
+                ))
+            })?;
+            if n < 0 {
+                0
+            } else {
+                -(n + 1)
+            }
+        }
+    };
+    let since = match q.get("since").map(String::as_str) {
+        None | Some("") | Some("0") => None,
+        Some(s) => Some(parse_since(s)?),
+    };
+    let opts = LogSubscriptionOptions {
+        streams,
+        follow: flag(q, "follow"),
+        tail,
+        since,
+    };
+    Ok((
+        opts,
+        LineFormat {
+            timestamps: flag(q, "timestamps"),
+            details: flag(q, "details"),
+            tty,
+        },
+    ))
+}
+
+fn parse_since(s: &str) -> Result<shoal_api::prost_types::Timestamp, ApiError> {
+    let bad = || {
+        ApiError::BadRequest(format!(
+            "invalid since {s:?}: expected a Unix time such as 1700000000.5"
+        ))
+    };
+    let (secs, frac) = s.split_once('.').unwrap_or((s, ""));
+    let seconds: i64 = secs.parse().map_err(|_| bad())?;
+    let nanos: i32 = if frac.is_empty() {
+        0
+    } else if frac.len() <= 9 && frac.bytes().all(|b| b.is_ascii_digit()) {
+        format!("{frac:0<9}").parse().map_err(|_| bad())?
+    } else {
+        return Err(bad());
+    };
+    Ok(shoal_api::prost_types::Timestamp { seconds, nanos })
+}
+
+/// Go's RFC3339Nano with all nine digits, as Docker prints log times.
+fn log_time(ts: Option<&shoal_api::prost_types::Timestamp>) -> String {
+    let ts = ts.cloned().unwrap_or_default();
+    let nanos = ts.seconds as i128 * 1_000_000_000 + ts.nanos as i128;
+    let t = OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:09}Z",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.nanosecond()
+    )
+}
+
+/// Query-escapes a details value as Go's url.QueryEscape does (the CLI unescapes it).
+fn escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            b' ' => "+".to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// One log message in the response format.
+pub fn encode(m: &LogMessage, f: LineFormat) -> Vec<u8> {
+    let mut line = Vec::with_capacity(m.data.len() + 128);
+    if f.timestamps {
+        line.extend(log_time(m.timestamp.as_ref()).into_bytes());
+        line.push(b' ');
+    }
+    if f.details {
+        let c = m.context.clone().unwrap_or_default();
+        let mut pairs: Vec<(String, String)> = m
+            .attrs
+            .iter()
+            .map(|a| (a.key.clone(), a.value.clone()))
+            .collect();
+        pairs.push(("com.docker.swarm.node.id".into(), c.node_id));
+        pairs.push(("com.docker.swarm.service.id".into(), c.service_id));
+        pairs.push(("com.docker.swarm.task.id".into(), c.task_id));
+        pairs.sort();
+        let details: Vec<String> = pairs
+            .iter()
+            .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
+            .collect();
+        line.extend(details.join(",").into_bytes());
+        line.push(b' ');
+    }
+    line.extend_from_slice(&m.data);
+    if line.last() != Some(&b'\n') {
+        line.push(b'\n');
+    }
+    if f.tty {
+        return line;
+    }
+    let stream = if m.stream == LogStream::Stderr as i32 {
+        2u8
+    } else {
+        1u8
+    };
+    let mut frame = Vec::with_capacity(line.len() + 8);
+    frame.extend([stream, 0, 0, 0]);
+    frame.extend((line.len() as u32).to_be_bytes());
+    frame.extend(line);
+    frame
+}
+
+fn tty_of(spec: Option<&TaskSpec>) -> bool {
+    match spec.and_then(|s| s.runtime.as_ref()) {
+        Some(task_spec::Runtime::Container(c)) => c.tty,
+        None => false,
+    }
+}
+
+fn stream_response(
+    ctx: &ApiContext,
+    selector: LogSelector,
+    q: &HashMap<String, String>,
+    tty: bool,
+) -> Result<Response, ApiError> {
+    let (opts, format) = parse_query(q, tty)?;
+    let sub = ctx.state.logs.subscribe(selector, opts);
+    let body = sub.map(move |batch| {
+        let mut out = Vec::new();
+        for m in &batch {
+            out.extend(encode(m, format));
+        }
+        Ok::<Bytes, std::convert::Infallible>(Bytes::from(out))
+    });
+    let content_type = if tty {
+        "application/vnd.docker.raw-stream"
+    } else {
+        "application/vnd.docker.multiplexed-stream"
+    };
+    let mut resp = (StatusCode::OK, Body::from_stream(body)).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    Ok(resp)
+}
+
+/// `GET /services/{id}/logs`.
+pub async fn service_logs(
+    State(ctx): Ctx,
+    Path(id): Path<String>,
+    Query(q): Params,
+) -> Result<Response, ApiError> {
+    let s = controlapi::get_service(&ctx.state, &id)?;
+    let tty = tty_of(s.spec.as_ref().and_then(|s| s.task.as_ref()));
+    stream_response(
+        &ctx,
+        LogSelector {
+            service_ids: vec![s.id.clone()],
+            ..Default::default()
+        },
+        &q,
+        tty,
+    )
+}
+
+/// `GET /tasks/{id}/logs`.
+pub async fn task_logs(
+    State(ctx): Ctx,
+    Path(id): Path<String>,
+    Query(q): Params,
+) -> Result<Response, ApiError> {
+    let t = controlapi::get_task(&ctx.state, &id)?;
+    let tty = tty_of(t.spec.as_ref());
+    stream_response(
+        &ctx,
+        LogSelector {
+            task_ids: vec![t.id.clone()],
+            ..Default::default()
+        },
+        &q,
+        tty,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_query_maps_to_swarmkit_options() {
+        let (o, f) = parse_query(
+            &q(&[
+                ("stdout", "1"),
+                ("stderr", "1"),
+                ("tail", "10"),
+                ("follow", "1"),
+                ("since", "1700000000.5"),
+                ("timestamps", "1"),
+            ]),
+            false,
+        )
+        .unwrap();
+        assert_eq!((o.tail, o.follow, o.streams.len()), (-11, true, 2));
+        assert_eq!(
+            o.since,
+            Some(shoal_api::prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 500_000_000
+            })
+        );
+        assert!(f.timestamps && !f.details && !f.tty);
+        let (o, _) = parse_query(&q(&[("stdout", "true"), ("tail", "all")]), false).unwrap();
+        assert_eq!((o.tail, o.streams), (0, vec![LogStream::Stdout as i32]));
+        assert!(parse_query(&q(&[]), false).is_err(), "no stream chosen");
+        assert!(parse_query(&q(&[("stdout", "1"), ("tail", "x")]), false).is_err());
+        assert!(parse_query(&q(&[("stdout", "1"), ("since", "yesterday")]), false).is_err());
+    }
+
+    #[test]
+    fn lines_are_framed_with_details_and_times_as_the_cli_expects() {
+        let m = LogMessage {
+            context: Some(shoal_api::LogContext {
+                service_id: "s".into(),
+                node_id: "n".into(),
+                task_id: "t".into(),
+            }),
+            timestamp: Some(shoal_api::prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 5,
+            }),
+            stream: LogStream::Stderr as i32,
+            data: b"hello".to_vec(),
+            attrs: vec![],
+        };
+        let f = encode(
+            &m,
+            LineFormat {
+                timestamps: true,
+                details: true,
+                tty: false,
+            },
+        );
+        let line = b"2023-11-14T22:13:20.000000005Z com.docker.swarm.node.id=n,com.docker.swarm.service.id=s,com.docker.swarm.task.id=t hello\n";
+        assert_eq!(&f[..8], &[2, 0, 0, 0, 0, 0, 0, line.len() as u8]);
+        assert_eq!(&f[8..], &line[..]);
+        let raw = encode(
+            &m,
+            LineFormat {
+                timestamps: false,
+                details: false,
+                tty: true,
+            },
+        );
+        assert_eq!(raw, b"hello\n");
+    }
+}

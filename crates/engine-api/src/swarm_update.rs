@@ -1,0 +1,200 @@
+//! `POST /swarm/update?version=N` (`docker swarm update`): the posted `SwarmSpec` is merged into the
+//! cluster's spec (only the fields the Engine API carries change) and written through
+//! `controlapi::update_cluster`, which validates it.
+//!
+//! Must not depend on Raft or the executors.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use shoal_api::{ClusterSpec, Driver};
+use shoal_manager::controlapi;
+
+use crate::error::ApiError;
+use crate::json::objects::SwarmSpecJson;
+use crate::ApiContext;
+
+fn duration_from_ns(ns: i64) -> Option<shoal_api::prost_types::Duration> {
+    (ns != 0).then(|| shoal_api::prost_types::Duration {
+        seconds: ns.div_euclid(1_000_000_000),
+        nanos: ns.rem_euclid(1_000_000_000) as i32,
+    })
+}
+
+/// `current` with the fields of `j` applied (fields the Engine API does not carry are kept).
+pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
+    let mut s = current.clone();
+    let ann = s.annotations.get_or_insert_with(Default::default);
+    if !j.name.is_empty() {
+        ann.name = j.name.clone();
+    }
+    ann.labels = j
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    s.orchestration
+        .get_or_insert_with(Default::default)
+        .task_history_retention_limit = j.orchestration.task_history_retention_limit;
+    let raft = s.raft.get_or_insert_with(Default::default);
+    raft.snapshot_interval = j.raft.snapshot_interval;
+    raft.keep_old_snapshots = j.raft.keep_old_snapshots;
+    raft.log_entries_for_slow_followers = j.raft.log_entries_for_slow_followers;
+    raft.election_tick = j.raft.election_tick;
+    raft.heartbeat_tick = j.raft.heartbeat_tick;
+    if let Some(hb) = duration_from_ns(j.dispatcher.heartbeat_period) {
+        s.dispatcher
+            .get_or_insert_with(Default::default)
+            .heartbeat_period = Some(hb);
+    }
+    let ca = s.ca_config.get_or_insert_with(Default::default);
+    if let Some(expiry) = duration_from_ns(j.ca_config.node_cert_expiry) {
+        ca.node_cert_expiry = Some(expiry);
+    }
+    ca.force_rotate = j.ca_config.force_rotate;
+    s.encryption_config
+        .get_or_insert_with(Default::default)
+        .auto_lock_managers = j.encryption_config.auto_lock_managers;
+    let driver = j.task_defaults.log_driver.as_ref().map(|d| Driver {
+        name: d.name.clone(),
+        options: d
+            .options
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    });
+    if driver.is_some() || s.task_defaults.is_some() {
+        s.task_defaults
+            .get_or_insert_with(Default::default)
+            .log_driver = driver;
+    }
+    s
+}
+
+fn flag(q: &HashMap<String, String>, name: &str) -> bool {
+    q.get(name)
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
+}
+
+/// `POST /swarm/update?version=N`.
+pub async fn update_swarm(
+    State(ctx): State<Arc<ApiContext>>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let version: u64 = q
+        .get("version")
+        .ok_or_else(|| {
+            ApiError::BadRequest(
+                "the version query parameter is required: pass the swarm's Version.Index".into(),
+            )
+        })?
+        .parse()
+        .map_err(|_| {
+            ApiError::BadRequest("invalid version: expected a non-negative integer".into())
+        })?;
+    if flag(&q, "rotateManagerUnlockKey") {
+        return Err(ApiError::BadRequest(
+            "rotating the unlock key is not available: this cluster has no autolock".into(),
+        ));
+    }
+    // `docker swarm join-token --rotate worker|manager`: fresh secrets, same root CA digest.
+    let rotate = shoal_manager::ca::RotateTokens {
+        worker: flag(&q, "rotateWorkerToken"),
+        manager: flag(&q, "rotateManagerToken"),
+    };
+    let j: SwarmSpecJson = if body.is_empty() {
+        return Err(ApiError::BadRequest(
+            "the request body is empty: send the swarm spec as JSON".into(),
+        ));
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::BadRequest(format!("invalid swarm spec JSON: {e}")))?
+    };
+    let cluster = controlapi::get_cluster(&ctx.state)?;
+    let spec = merge_spec(&cluster.spec.clone().unwrap_or_default(), &j);
+    controlapi::update_cluster(&ctx.state, &cluster.id, version, spec).await?;
+    shoal_manager::ca::rotate_join_tokens(&ctx.state, rotate)
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    Ok(StatusCode::OK.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::json::SwarmJson;
+
+    #[test]
+    fn a_posted_spec_round_trips_and_keeps_what_the_api_does_not_carry() {
+        let mut current = shoal_node_like_spec();
+        current.ca_config.as_mut().unwrap().node_cert_expiry =
+            Some(shoal_api::prost_types::Duration {
+                seconds: 7_776_000,
+                nanos: 0,
+            });
+        let cluster = shoal_api::Cluster {
+            id: "c".into(),
+            spec: Some(current.clone()),
+            ..Default::default()
+        };
+        let mut j = SwarmJson::from_api(&cluster).cluster.spec;
+        j.orchestration.task_history_retention_limit = 3;
+        j.ca_config.node_cert_expiry = 48 * 3600 * 1_000_000_000;
+        let merged = merge_spec(&current, &j);
+        assert_eq!(
+            merged
+                .orchestration
+                .as_ref()
+                .unwrap()
+                .task_history_retention_limit,
+            3
+        );
+        assert_eq!(
+            merged
+                .ca_config
+                .as_ref()
+                .unwrap()
+                .node_cert_expiry
+                .as_ref()
+                .unwrap()
+                .seconds,
+            48 * 3600
+        );
+        // Unchanged fields come back as they were.
+        let back = merge_spec(&current, &SwarmJson::from_api(&cluster).cluster.spec);
+        assert_eq!(back, current);
+    }
+
+    fn shoal_node_like_spec() -> ClusterSpec {
+        ClusterSpec {
+            annotations: Some(shoal_api::Annotations {
+                name: "default".into(),
+                ..Default::default()
+            }),
+            orchestration: Some(shoal_api::OrchestrationConfig {
+                task_history_retention_limit: 5,
+            }),
+            raft: Some(shoal_api::RaftConfig {
+                snapshot_interval: 10_000,
+                election_tick: 10,
+                heartbeat_tick: 1,
+                ..Default::default()
+            }),
+            dispatcher: Some(shoal_api::DispatcherConfig {
+                heartbeat_period: Some(shoal_api::prost_types::Duration {
+                    seconds: 5,
+                    nanos: 0,
+                }),
+            }),
+            ca_config: Some(Default::default()),
+            encryption_config: Some(Default::default()),
+            // Left unset: the merge must not invent it.
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Reads and validated updates of the cluster object (`docker swarm update`): task history retention,
+//! certificate expiry, heartbeat period, Raft settings, labels. The name never changes.
+//!
+//! Must not depend on HTTP or JSON.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_api::{Cluster, ClusterSpec};
+use shoal_store::{Changes, StoreObject, Tables};
+
+use super::ControlError;
+use crate::state::ClusterState;
+
+/// The shortest node certificate lifetime accepted (SwarmKit's minimum).
+pub const MIN_NODE_CERT_EXPIRY: Duration = Duration::from_secs(3600);
+
+/// The cluster object (there is one).
+pub fn get_cluster(state: &ClusterState) -> Result<Arc<Cluster>, ControlError> {
+    state.store.view(|t| t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)).cloned()).ok_or_else(|| {
+        ControlError::Unavailable("the cluster is not initialized yet: wait for the node to finish starting".into())
+    })
+}
+
+/// Checks a cluster spec against the current one.
+pub fn validate_cluster_spec(current: &ClusterSpec, spec: &ClusterSpec) -> Result<(), ControlError> {
+    let name = |s: &ClusterSpec| s.annotations.as_ref().map(|a| a.name.clone()).unwrap_or_default();
+    if name(spec) != name(current) {
+        return Err(ControlError::InvalidArgument(format!(
+            "the cluster name cannot be changed (it is {:?}); keep Spec.Name as it is",
+            name(current)
+        )));
+    }
+    let limit = spec.orchestration.as_ref().map_or(0, |o| o.task_history_retention_limit);
+    if limit < 0 {
+        return Err(ControlError::InvalidArgument(format!(
+            "invalid task history limit {limit}: use 0 or more tasks per slot"
+        )));
+    }
+    if let Some(expiry) = spec.ca_config.as_ref().and_then(|c| c.node_cert_expiry.as_ref()) {
+        let d = shoal_api::duration_from_proto(expiry);
+        if expiry.seconds < 0 || d < MIN_NODE_CERT_EXPIRY {
+            return Err(ControlError::InvalidArgument(format!(
+                "invalid certificate expiry {d:?}: it must be at least {MIN_NODE_CERT_EXPIRY:?} (e.g. --cert-expiry 2160h)"
+            )));
+        }
+    }
+    if let Some(hb) = spec.dispatcher.as_ref().and_then(|d| d.heartbeat_period.as_ref()) {
+        if hb.seconds < 0 || (hb.seconds == 0 && hb.nanos <= 0) {
+            return Err(ControlError::InvalidArgument(
+                "invalid dispatcher heartbeat period: it must be positive (e.g. --dispatcher-heartbeat 5s)".into(),
+            ));
+        }
+    }
+    if let Some(r) = spec.raft.as_ref() {
+        if r.heartbeat_tick != 0 && r.election_tick != 0 && r.election_tick <= r.heartbeat_tick {
+            return Err(ControlError::InvalidArgument(format!(
+                "invalid raft settings: the election tick ({}) must exceed the heartbeat tick ({})",
+                r.election_tick, r.heartbeat_tick
+            )));
+        }
+    }
+    let locks = |s: &ClusterSpec| s.encryption_config.as_ref().is_some_and(|e| e.auto_lock_managers);
+    if locks(spec) && !locks(current) {
+        return Err(ControlError::InvalidArgument(
+            "autolock is not available in this version of Shoal; leave --autolock off".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Replaces the cluster's spec. `version` must be the cluster's current version.
+pub async fn update_cluster(
+    state: &ClusterState,
+    id: &str,
+    version: u64,
+    spec: ClusterSpec,
+) -> Result<Cluster, ControlError> {
+    let now = state.now();
+    state
+        .write(|t: &Tables, c: &mut Changes| {
+            let current = t.clusters().get(id).ok_or_else(|| ControlError::not_found("swarm", id))?;
+            if current.version() != version {
+                return Err(ControlError::Conflict(format!(
+                    "update out of sequence: the swarm is at version {}, the update was based on version {version}; \
+                     inspect it again and retry",
+                    current.version()
+                )));
+            }
+            validate_cluster_spec(&current.spec.clone().unwrap_or_default(), &spec)?;
+            let mut next = (**current).clone();
+            next.spec = Some(spec.clone());
+            next.meta_mut().updated_at = Some(now);
+            c.update(next);
+            Ok(())
+        })
+        .await?;
+    state
+        .store
+        .view(|t| t.clusters().get(id).map(|c| (**c).clone()))
+        .ok_or_else(|| ControlError::not_found("swarm", id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_api::{Annotations, CaConfig, OrchestrationConfig, RaftConfig};
+
+    fn spec(limit: i64, expiry_s: i64) -> ClusterSpec {
+        ClusterSpec {
+            annotations: Some(Annotations { name: "default".into(), ..Default::default() }),
+            orchestration: Some(OrchestrationConfig { task_history_retention_limit: limit }),
+            ca_config: Some(CaConfig {
+                node_cert_expiry: Some(shoal_api::prost_types::Duration { seconds: expiry_s, nanos: 0 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn check(next: ClusterSpec, expect_err: Option<&str>) {
+        let r = validate_cluster_spec(&spec(5, 7_776_000), &next);
+        match expect_err {
+            None => assert!(r.is_ok(), "{r:?}"),
+            Some(part) => assert!(r.as_ref().err().is_some_and(|e| e.to_string().contains(part)), "{r:?}"),
+        }
+    }
+
+    #[test]
+    fn cluster_specs_are_validated() {
+        check(spec(3, 172_800), None);
+        check(spec(-1, 172_800), Some("task history limit"));
+        check(spec(3, 60), Some("certificate expiry"));
+        let mut renamed = spec(3, 172_800);
+        renamed.annotations.as_mut().unwrap().name = "other".into();
+        check(renamed, Some("cannot be changed"));
+        let mut raft = spec(3, 172_800);
+        raft.raft = Some(RaftConfig { heartbeat_tick: 10, election_tick: 5, ..Default::default() });
+        check(raft, Some("election tick"));
+    }
+}

@@ -1,0 +1,340 @@
+//! The log broker (SwarmKit's LogBroker): a subscriber (the Engine API's `/services/{id}/logs`) asks for
+//! the logs of some services, tasks or nodes; the broker sends the subscription to every connected node's
+//! listener (`ListenSubscriptions`), nodes publish the matching lines (`PublishLogs`), and the broker
+//! forwards them to the subscriber. Without `follow` the subscription ends once every node it was sent to
+//! has closed its part; with `follow` it lasts until the subscriber goes away, and nodes that connect later
+//! get it too. Dropping a `Subscription` closes it on every node.
+//!
+//! The broker reads nothing from the store: each agent decides which of its tasks a selector matches.
+//! Bounds: `LISTENER_QUEUE` subscription messages wait per node (a node whose queue is full is skipped
+//! for that subscription); `SUBSCRIBER_QUEUE` batches wait per subscriber (publishers wait for a slow
+//! subscriber: backpressure to the agent). Must not depend on HTTP or executors.
+
+use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use parking_lot::Mutex;
+use shoal_api::log_broker_server::LogBroker as LogBrokerRpc;
+use shoal_api::{
+    ListenSubscriptionsRequest, LogMessage, LogSelector, LogSubscriptionOptions, PublishLogsMessage,
+    PublishLogsResponse, SubscriptionMessage,
+};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+/// The LogBroker gRPC server type.
+pub type LogBrokerServer = shoal_api::log_broker_server::LogBrokerServer<LogBrokerService>;
+
+/// Subscription messages queued per connected node.
+pub const LISTENER_QUEUE: usize = 64;
+/// Batches of lines queued per subscriber.
+pub const SUBSCRIBER_QUEUE: usize = 64;
+
+struct Listener {
+    serial: u64,
+    tx: mpsc::Sender<SubscriptionMessage>,
+}
+
+struct Sub {
+    msg: SubscriptionMessage,
+    out: mpsc::Sender<Vec<LogMessage>>,
+    /// Nodes the subscription was sent to (only they may publish to it).
+    nodes: HashSet<String>,
+    /// Nodes that have not closed their part yet (without follow).
+    pending: HashSet<String>,
+}
+
+#[derive(Default)]
+struct BrokerState {
+    listeners: HashMap<String, Listener>,
+    subs: HashMap<String, Sub>,
+}
+
+/// The broker. Clones share state.
+#[derive(Clone, Default)]
+pub struct LogBroker {
+    state: Arc<Mutex<BrokerState>>,
+    serial: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for LogBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("LogBroker")
+            .field("listeners", &s.listeners.len())
+            .field("subscriptions", &s.subs.len())
+            .finish()
+    }
+}
+
+/// The lines of one subscription, in batches; ends when every node has sent its part (without follow).
+/// Dropping it ends the subscription on every node.
+pub struct Subscription {
+    id: String,
+    broker: LogBroker,
+    rx: mpsc::Receiver<Vec<LogMessage>>,
+}
+
+impl Subscription {
+    /// The subscription's ID.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Vec<LogMessage>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.broker.close(&self.id);
+    }
+}
+
+/// A node's stream of subscriptions; unregisters the node's listener when dropped (the node went away).
+pub struct ListenerStream {
+    node_id: String,
+    serial: u64,
+    broker: LogBroker,
+    rx: mpsc::Receiver<SubscriptionMessage>,
+}
+
+impl Stream for ListenerStream {
+    type Item = Result<SubscriptionMessage, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|m| m.map(Ok))
+    }
+}
+
+impl Drop for ListenerStream {
+    fn drop(&mut self) {
+        self.broker.unlisten(&self.node_id, self.serial);
+    }
+}
+
+impl LogBroker {
+    /// A broker with no nodes and no subscriptions.
+    pub fn new() -> LogBroker {
+        LogBroker::default()
+    }
+
+    fn next_serial(&self) -> u64 {
+        self.serial.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Starts a subscription: sends it to every connected node (those named by the selector's `node_ids`
+    /// when it names nodes only).
+    pub fn subscribe(&self, selector: LogSelector, options: LogSubscriptionOptions) -> Subscription {
+        let id = format!("logs-{}", self.next_serial());
+        let (out, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
+        let follow = options.follow;
+        let only_nodes =
+            selector.service_ids.is_empty() && selector.task_ids.is_empty() && !selector.node_ids.is_empty();
+        let msg =
+            SubscriptionMessage { id: id.clone(), selector: Some(selector), options: Some(options), close: false };
+        let mut st = self.state.lock();
+        let mut nodes = HashSet::new();
+        for (node, l) in &st.listeners {
+            if only_nodes && !msg.selector.as_ref().is_some_and(|s| s.node_ids.contains(node)) {
+                continue;
+            }
+            match l.tx.try_send(msg.clone()) {
+                Ok(()) => {
+                    nodes.insert(node.clone());
+                }
+                Err(_) => tracing::warn!(node = %node, "the node's log subscription queue is full: skipping it"),
+            }
+        }
+        let pending = if follow { HashSet::new() } else { nodes.clone() };
+        let done = !follow && pending.is_empty();
+        if !done {
+            st.subs.insert(id.clone(), Sub { msg, out, nodes, pending });
+        }
+        // When done, `out` is dropped here and the subscription ends at once.
+        drop(st);
+        Subscription { id, broker: self.clone(), rx }
+    }
+
+    /// Ends a subscription on every node it was sent to.
+    fn close(&self, id: &str) {
+        let mut st = self.state.lock();
+        let Some(sub) = st.subs.remove(id) else { return };
+        let close = SubscriptionMessage { id: id.to_string(), close: true, ..Default::default() };
+        for node in &sub.nodes {
+            if let Some(l) = st.listeners.get(node) {
+                let _ = l.tx.try_send(close.clone());
+            }
+        }
+    }
+
+    /// Registers `node_id`'s listener (replacing an older one) and queues the followed subscriptions.
+    pub fn listen(&self, node_id: &str) -> ListenerStream {
+        let (tx, rx) = mpsc::channel(LISTENER_QUEUE);
+        let serial = self.next_serial();
+        let mut st = self.state.lock();
+        for sub in st.subs.values_mut() {
+            let follow = sub.msg.options.as_ref().is_some_and(|o| o.follow);
+            if follow && tx.try_send(sub.msg.clone()).is_ok() {
+                sub.nodes.insert(node_id.to_string());
+            }
+        }
+        st.listeners.insert(node_id.to_string(), Listener { serial, tx });
+        ListenerStream { node_id: node_id.to_string(), serial, broker: self.clone(), rx }
+    }
+
+    fn unlisten(&self, node_id: &str, serial: u64) {
+        let mut st = self.state.lock();
+        if st.listeners.get(node_id).is_some_and(|l| l.serial == serial) {
+            st.listeners.remove(node_id);
+        }
+        // The node will not finish its part of the subscriptions waiting for it.
+        let mut finished = vec![];
+        for (id, sub) in st.subs.iter_mut() {
+            if sub.pending.remove(node_id) && sub.pending.is_empty() {
+                finished.push(id.clone());
+            }
+        }
+        for id in finished {
+            st.subs.remove(&id);
+        }
+    }
+
+    /// Takes one published message from `node_id`. Fails when the subscription is unknown (ended) or was
+    /// not sent to that node.
+    pub async fn publish(&self, node_id: &str, msg: PublishLogsMessage) -> Result<(), Status> {
+        let out = {
+            let st = self.state.lock();
+            let sub = st
+                .subs
+                .get(&msg.subscription_id)
+                .ok_or_else(|| Status::not_found(format!("log subscription {} has ended", msg.subscription_id)))?;
+            if !sub.nodes.contains(node_id) {
+                return Err(Status::permission_denied(format!(
+                    "log subscription {} was not sent to node {node_id}",
+                    msg.subscription_id
+                )));
+            }
+            sub.out.clone()
+        };
+        if !msg.messages.is_empty() && out.send(msg.messages).await.is_err() {
+            return Err(Status::not_found(format!("log subscription {} has ended", msg.subscription_id)));
+        }
+        if msg.close {
+            let mut st = self.state.lock();
+            if let Some(sub) = st.subs.get_mut(&msg.subscription_id) {
+                if sub.pending.remove(node_id) && sub.pending.is_empty() {
+                    st.subs.remove(&msg.subscription_id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The LogBroker gRPC service over this broker.
+    pub fn grpc_service(&self) -> LogBrokerServer {
+        LogBrokerServer::new(LogBrokerService(self.clone()))
+    }
+}
+
+/// The gRPC face of the broker: nodes listen and publish.
+#[derive(Debug, Clone)]
+pub struct LogBrokerService(LogBroker);
+
+#[tonic::async_trait]
+impl LogBrokerRpc for LogBrokerService {
+    type ListenSubscriptionsStream = ListenerStream;
+
+    async fn listen_subscriptions(
+        &self,
+        req: Request<ListenSubscriptionsRequest>,
+    ) -> Result<Response<ListenerStream>, Status> {
+        let node = crate::dispatcher::node_identity(&req)?;
+        Ok(Response::new(self.0.listen(&node)))
+    }
+
+    async fn publish_logs(
+        &self,
+        req: Request<Streaming<PublishLogsMessage>>,
+    ) -> Result<Response<PublishLogsResponse>, Status> {
+        let node = crate::dispatcher::node_identity(&req)?;
+        let mut stream = req.into_inner();
+        while let Some(msg) = stream.message().await? {
+            let close = msg.close;
+            self.0.publish(&node, msg).await?;
+            if close {
+                break;
+            }
+        }
+        Ok(Response::new(PublishLogsResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn line(task: &str, data: &str) -> LogMessage {
+        LogMessage {
+            context: Some(shoal_api::LogContext { task_id: task.into(), ..Default::default() }),
+            data: data.as_bytes().to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn publish(id: &str, lines: Vec<LogMessage>, close: bool) -> PublishLogsMessage {
+        PublishLogsMessage { subscription_id: id.into(), messages: lines, close }
+    }
+
+    #[tokio::test]
+    async fn a_subscription_reaches_every_node_and_ends_when_all_have_closed() {
+        let b = LogBroker::new();
+        let mut n1 = b.listen("n1");
+        let mut n2 = b.listen("n2");
+        let mut sub =
+            b.subscribe(LogSelector { service_ids: vec!["s".into()], ..Default::default() }, Default::default());
+        let m1 = n1.next().await.unwrap().unwrap();
+        let m2 = n2.next().await.unwrap().unwrap();
+        assert_eq!((m1.id.as_str(), m2.id.as_str()), (sub.id(), sub.id()));
+        b.publish("n1", publish(sub.id(), vec![line("t1", "a")], true)).await.unwrap();
+        assert_eq!(sub.next().await.unwrap()[0].data, b"a");
+        // A node the subscription was not sent to may not publish to it.
+        assert!(b.publish("n3", publish(sub.id(), vec![], true)).await.is_err());
+        b.publish("n2", publish(sub.id(), vec![line("t2", "b")], true)).await.unwrap();
+        assert_eq!(sub.next().await.unwrap()[0].data, b"b");
+        assert!(sub.next().await.is_none(), "ends once both nodes closed");
+    }
+
+    #[tokio::test]
+    async fn a_followed_subscription_reaches_late_nodes_and_closes_on_drop() {
+        let b = LogBroker::new();
+        let opts = LogSubscriptionOptions { follow: true, ..Default::default() };
+        let sub = b.subscribe(LogSelector { task_ids: vec!["t".into()], ..Default::default() }, opts);
+        let id = sub.id().to_string();
+        let mut late = b.listen("n1");
+        assert_eq!(late.next().await.unwrap().unwrap().id, id);
+        drop(sub);
+        let close = late.next().await.unwrap().unwrap();
+        assert!(close.close && close.id == id);
+        assert!(b.publish("n1", publish(&id, vec![line("t", "x")], false)).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn without_nodes_or_when_a_node_leaves_the_subscription_ends() {
+        let b = LogBroker::new();
+        let mut empty = b.subscribe(LogSelector::default(), Default::default());
+        assert!(empty.next().await.is_none());
+        let n1 = b.listen("n1");
+        let mut sub = b.subscribe(LogSelector::default(), Default::default());
+        drop(n1);
+        assert!(sub.next().await.is_none());
+    }
+}
