@@ -613,9 +613,10 @@ impl Dispatcher {
         Vec::new()
     }
 
-    /// Grace period on becoming leader: every READY node counts as having just sent a heartbeat.
+    /// Grace period on becoming leader: every READY node counts as having just sent a heartbeat, with twice
+    /// the usual time to live, so agents have time to find the new leader before they are marked down.
     pub fn grant_grace_period(&self, now_unix_ms: u64) {
-        let ttl = self.heartbeat_ttl_ms();
+        let ttl = self.heartbeat_ttl_ms().saturating_mul(2);
         let ready: Vec<String> = self.state.store.view(|t| {
             t.nodes()
                 .iter()

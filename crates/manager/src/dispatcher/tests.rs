@@ -523,14 +523,15 @@ async fn becoming_leader_gives_ready_nodes_a_grace_period() {
     h.dispatcher.registry.lock().heartbeats.forget("node-1");
     h.clock.advance_ms(60_000);
     h.dispatcher.grant_grace_period(h.clock.now_unix_ms());
+    // Twice the 15 s time to live (5 s period x 3 missed heartbeats).
     assert!(h
         .dispatcher
-        .expire_heartbeats(h.clock.now_unix_ms() + 14_999)
+        .expire_heartbeats(h.clock.now_unix_ms() + 29_999)
         .await
         .is_empty());
     assert_eq!(
         h.dispatcher
-            .expire_heartbeats(h.clock.now_unix_ms() + 15_000)
+            .expire_heartbeats(h.clock.now_unix_ms() + 30_000)
             .await,
         vec!["node-1".to_string()]
     );
