@@ -2,7 +2,8 @@
 //! (`LogBroker.ListenSubscriptions`), and for each one publish the matching lines of this node's tasks
 //! (`LogBroker.PublishLogs`), read through the executor. A subscription without `follow` ends with a
 //! `close` message once every matching task's output is sent; a followed one also picks up tasks assigned
-//! later and runs until the manager closes it.
+//! later (a task whose output cannot be read yet is retried every `OPEN_RETRY`) and runs until the manager
+//! closes it.
 //!
 //! Bounds: at most `MAX_SUBSCRIPTIONS` subscriptions run at once (more are refused with a close); at most
 //! `PUBLISH_BATCH` lines per message and `PUBLISH_QUEUE` messages wait for the manager; a failed listen
@@ -151,6 +152,8 @@ impl Publisher {
         };
         let mut lines = SelectAll::new();
         let mut opened: HashSet<String> = HashSet::new();
+        let mut delivered: HashSet<String> = HashSet::new();
+        let mut retry_later: HashSet<String> = HashSet::new();
         let mut retry = tokio::time::interval(OPEN_RETRY);
         let send = |messages: Vec<LogMessage>, close: bool| PublishLogsMessage {
             subscription_id: sub.id.clone(),
@@ -171,7 +174,9 @@ impl Publisher {
                         node_id: self.node_id.clone(),
                         task_id: task.id.clone(),
                     };
-                    lines.push(stream.map(move |r| (ctx.clone(), r)).boxed());
+                    // `None` marks the end of this task's stream.
+                    let items = stream.map(Some).chain(futures::stream::once(async { None }));
+                    lines.push(items.map(move |r| (ctx.clone(), r)).boxed());
                 }
             }
             if !opts.follow {
@@ -180,20 +185,45 @@ impl Publisher {
             tokio::select! {
                 batch = lines.next(), if !lines.is_empty() => {
                     let Some(first) = batch else { continue };
-                    let mut messages = vec![];
-                    push_line(&mut messages, first);
-                    while messages.len() < PUBLISH_BATCH {
+                    let mut items = vec![first];
+                    while items.len() < PUBLISH_BATCH {
                         match futures::FutureExt::now_or_never(lines.next()) {
-                            Some(Some(next)) => push_line(&mut messages, next),
+                            Some(Some(next)) => items.push(next),
                             _ => break,
                         }
                     }
-                    if tx.send(send(messages, false)).await.is_err() {
+                    let mut messages = vec![];
+                    for (ctx, item) in items {
+                        let nothing_yet = !delivered.contains(&ctx.task_id);
+                        match item {
+                            Some(Ok(line)) => {
+                                delivered.insert(ctx.task_id.clone());
+                                push_line(&mut messages, (ctx, Ok(line)));
+                            }
+                            // Nothing read yet (its container may not exist or run yet): open it again later.
+                            Some(Err(e)) => {
+                                if nothing_yet {
+                                    retry_later.insert(ctx.task_id.clone());
+                                }
+                                push_line(&mut messages, (ctx, Err(e)));
+                            }
+                            None => {
+                                if nothing_yet {
+                                    retry_later.insert(ctx.task_id);
+                                }
+                            }
+                        }
+                    }
+                    if !messages.is_empty() && tx.send(send(messages, false)).await.is_err() {
                         return;
                     }
                 }
                 r = self.tasks.changed() => if r.is_err() { return },
-                _ = retry.tick() => {}
+                _ = retry.tick() => {
+                    for id in retry_later.drain() {
+                        opened.remove(&id);
+                    }
+                }
                 _ = &mut call => return,
             }
         }
@@ -201,10 +231,12 @@ impl Publisher {
         let mut chunks = lines.ready_chunks(PUBLISH_BATCH);
         while let Some(chunk) = chunks.next().await {
             let mut messages = vec![];
-            for item in chunk {
-                push_line(&mut messages, item);
+            for (ctx, item) in chunk {
+                if let Some(line) = item {
+                    push_line(&mut messages, (ctx, line));
+                }
             }
-            if tx.send(send(messages, false)).await.is_err() {
+            if !messages.is_empty() && tx.send(send(messages, false)).await.is_err() {
                 return;
             }
         }

@@ -216,3 +216,32 @@ fn containers_survive_a_daemon_restart_without_loss_or_duplicates() {
     docker(&d, &["service", "scale", "--detach", "web=4"]);
     wait_containers(&d, "web", 4);
 }
+
+#[test]
+fn auto_picks_docker_when_the_engine_answers_and_processes_otherwise() {
+    if !docker_engine::available() {
+        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
+        return;
+    }
+    let executor_of = |extra: &[&str]| {
+        let d = shoal_testkit::DaemonProcess::start_with(
+            &shoal_bin(),
+            shoal_testkit::DaemonOptions {
+                executor: Some("auto".into()),
+                extra_args: extra.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+        );
+        let labels = d.get("/v1.47/info")["Labels"].clone();
+        labels
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.as_str()?.strip_prefix("shoal.executor=").map(str::to_string))
+            .next()
+    };
+    assert_eq!(executor_of(&[]).as_deref(), Some("docker"));
+    let missing = std::env::temp_dir().join("shoal-no-engine-here.sock");
+    let addr = format!("unix://{}", missing.display());
+    assert_eq!(executor_of(&["--engine-addr", &addr]).as_deref(), Some("process"));
+}

@@ -62,6 +62,23 @@ impl Follower {
     }
 }
 
+impl Follower {
+    /// Waits for a line starting with `prefix`.
+    fn wait_for_prefix(&self, prefix: &str, deadline: Duration) -> String {
+        let end = std::time::Instant::now() + deadline;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.starts_with(prefix) => return l,
+                Ok(_) => {}
+                Err(_) => {
+                    panic!("`docker service logs -f` printed no line starting with {prefix:?} within {deadline:?}")
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Follower {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -116,6 +133,9 @@ fn check_logs(d: &DaemonProcess, image: &str) {
     let later = format!("tick {}", latest + 15);
     let seen = f.wait_for(&later, Duration::from_secs(30));
     assert!(seen.starts_with("ticker."), "{seen}");
+    // A task started after the follow began is followed too.
+    docker(d, &["service", "scale", "--detach", "ticker=3"]);
+    f.wait_for_prefix("ticker.3.", Duration::from_secs(60));
     docker(d, &["service", "rm", "ticker"]);
 }
 
