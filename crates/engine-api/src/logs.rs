@@ -5,7 +5,8 @@
 //! stream 1 or 2, three zero bytes, big-endian length).
 //!
 //! Query: `stdout`, `stderr`, `follow`, `timestamps`, `details`, `tail` (`all` or N), `since` (Unix time,
-//! `seconds[.nanoseconds]`). Must not depend on Raft or the executors.
+//! `seconds[.nanoseconds]`). Only the leader serves logs: agents keep their session, and so their log
+//! listener, with the leader. Must not depend on Raft or the executors.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -200,6 +201,13 @@ fn stream_response(
     tty: bool,
 ) -> Result<Response, ApiError> {
     let (opts, format) = parse_query(q, tty)?;
+    if !ctx.state.proposer.leadership().borrow().is_leader {
+        // Agents publish their logs to the leader's broker (they keep their session with the leader).
+        return Err(ApiError::Unavailable(
+            "logs are served by the leader manager: run the command against the leader (docker node ls marks it)"
+                .into(),
+        ));
+    }
     let sub = ctx.state.logs.subscribe(selector, opts);
     let body = sub.map(move |batch| {
         let mut out = Vec::new();

@@ -245,3 +245,84 @@ fn auto_picks_docker_when_the_engine_answers_and_processes_otherwise() {
     let addr = format!("unix://{}", missing.display());
     assert_eq!(executor_of(&["--engine-addr", &addr]).as_deref(), Some("process"));
 }
+
+#[test]
+fn the_container_carries_the_task_spec() {
+    let Some((d, image)) = engine_daemon() else { return };
+    let vol = tempfile::tempdir().expect("bind source");
+    let bind = format!("type=bind,source={},target=/host,readonly", vol.path().display());
+    let volume_name = format!("shoal-test-{}", d.node_id());
+    let volume = format!("type=volume,source={volume_name},target=/data");
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "spec",
+            "--env",
+            "GREETING=hi",
+            "--user",
+            "nobody",
+            "--workdir",
+            "/tmp",
+            "--hostname",
+            "box",
+            "--limit-cpu",
+            "0.5",
+            "--limit-memory",
+            "64M",
+            "--stop-signal",
+            "SIGINT",
+            "--stop-grace-period",
+            "7s",
+            "--init",
+            "--mount",
+            &bind,
+            "--mount",
+            "type=tmpfs,target=/scratch",
+            "--mount",
+            &volume,
+            "--entrypoint",
+            "sleep",
+            image,
+            "1000",
+        ],
+    );
+    let ids = wait_containers(&d, "spec", 1);
+    let c: serde_json::Value =
+        serde_json::from_str(&docker_engine::engine_ok(&["inspect", &ids[0]])).expect("inspect JSON");
+    let c = &c[0];
+    let cfg = &c["Config"];
+    assert!(cfg["Env"].as_array().unwrap().iter().any(|e| e == "GREETING=hi"), "{}", cfg["Env"]);
+    assert_eq!(
+        (cfg["User"].as_str(), cfg["WorkingDir"].as_str(), cfg["Hostname"].as_str()),
+        (Some("nobody"), Some("/tmp"), Some("box"))
+    );
+    assert_eq!(cfg["Entrypoint"], serde_json::json!(["sleep"]));
+    assert_eq!(cfg["Cmd"], serde_json::json!(["1000"]));
+    assert_eq!((cfg["StopSignal"].as_str(), cfg["StopTimeout"].as_i64()), (Some("SIGINT"), Some(7)));
+    let host = &c["HostConfig"];
+    assert_eq!(
+        (host["NanoCpus"].as_i64(), host["Memory"].as_i64(), host["Init"].as_bool()),
+        (Some(500_000_000), Some(64 << 20), Some(true))
+    );
+    let mounts: Vec<(String, String)> = c["Mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["Type"].as_str().unwrap_or("").to_string(), m["Destination"].as_str().unwrap_or("").to_string()))
+        .collect();
+    for want in [("bind", "/host"), ("tmpfs", "/scratch"), ("volume", "/data")] {
+        assert!(
+            mounts.iter().any(|(t, dst)| t == want.0 && dst == want.1)
+                || host["Mounts"]
+                    .as_array()
+                    .is_some_and(|ms| ms.iter().any(|m| m["Type"] == want.0 && m["Target"] == want.1)),
+            "mount {want:?} in {mounts:?}"
+        );
+    }
+    drop(d);
+    let _ = docker_engine::engine(&["volume", "rm", "-f", &volume_name]);
+}
