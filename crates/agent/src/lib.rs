@@ -33,6 +33,8 @@ use worker::Worker;
 
 /// Shortest wait before reconnecting to the manager.
 pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
+/// Most consecutive "go to the leader" redirects followed without a backoff pause.
+pub const MAX_REDIRECTS_IN_A_ROW: u32 = 3;
 /// Longest wait before reconnecting to the manager.
 pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
@@ -103,13 +105,18 @@ impl Agent {
         let mut worker = Worker::new(self.executor.clone(), reporter.clone());
         let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
         let description = self.description();
+        // Set when a manager refused because it is not the leader and named the leader: the next session
+        // goes there. At most `MAX_REDIRECTS_IN_A_ROW` such hops without a backoff pause.
+        let mut redirect: Option<String> = None;
+        let mut redirects_in_a_row = 0;
         loop {
             if *shutdown.borrow() {
                 break;
             }
-            let manager_addr = match &self.manager_source {
-                Some(rx) => rx.borrow().clone(),
-                None => self.config.manager_addr.clone(),
+            let manager_addr = match (redirect.take(), &self.manager_source) {
+                (Some(leader), _) => leader,
+                (None, Some(rx)) => rx.borrow().clone(),
+                (None, None) => self.config.manager_addr.clone(),
             };
             let ctx = SessionContext {
                 manager_addr: &manager_addr,
@@ -122,6 +129,13 @@ impl Agent {
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,
                 Err(e) => {
+                    if let Some(leader) = e.leader_hint().filter(|_| redirects_in_a_row < MAX_REDIRECTS_IN_A_ROW) {
+                        tracing::info!(node = %self.config.node_id, %leader, "the manager is not the leader; going to the leader");
+                        redirect = Some(format!("http://{leader}"));
+                        redirects_in_a_row += 1;
+                        continue;
+                    }
+                    redirects_in_a_row = 0;
                     let delay = backoff.next_delay(&mut rand::rng());
                     tracing::warn!(node = %self.config.node_id, "session with the manager ended: {e}; retrying in {delay:?}");
                     let mut source = self.manager_source.clone();

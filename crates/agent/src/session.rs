@@ -61,6 +61,26 @@ pub enum SessionError {
     StreamEnded(&'static str),
 }
 
+/// gRPC metadata key in which a manager that is not the Raft leader names the leader's address (the
+/// dispatcher sets it; same key as the managers' own redirects).
+pub const LEADER_ADDR_METADATA_KEY: &str = "x-shoal-leader-addr";
+
+impl SessionError {
+    /// The leader's address (`host:port`) when the manager refused because it is not the leader and named
+    /// the leader.
+    pub fn leader_hint(&self) -> Option<String> {
+        match self {
+            SessionError::Rpc { status, .. } if status.code() == tonic::Code::Unavailable => status
+                .metadata()
+                .get(LEADER_ADDR_METADATA_KEY)
+                .and_then(|v| v.to_str().ok())
+                .filter(|a| !a.is_empty())
+                .map(str::to_string),
+            _ => None,
+        }
+    }
+}
+
 fn rpc(call: &'static str) -> impl FnOnce(tonic::Status) -> SessionError {
     move |status| SessionError::Rpc { call, status }
 }

@@ -199,8 +199,27 @@ impl Dispatcher {
         if self.state.leader_state().is_leader {
             Ok(())
         } else {
-            Err(not_leader())
+            let mut status = not_leader();
+            if let Some(addr) = self.leader_addr().and_then(|a| a.parse().ok()) {
+                status.metadata_mut().insert(shoal_raft::grpc::LEADER_ADDR_METADATA, addr);
+            }
+            Err(status)
         }
+    }
+
+    /// The Raft leader's remote address, from its node's manager status (which the leader keeps current),
+    /// so an agent refused here can go to the leader.
+    fn leader_addr(&self) -> Option<String> {
+        let leader = self.state.leader_state().leader_id;
+        if leader == 0 {
+            return None;
+        }
+        self.state.store.view(|t| {
+            t.nodes().iter().find_map(|n| {
+                let m = n.manager_status.as_ref()?;
+                (m.raft_id == leader && !m.addr.is_empty()).then(|| m.addr.clone())
+            })
+        })
     }
 
     /// The heartbeat period: the cluster object's setting, else the configured default, in milliseconds.

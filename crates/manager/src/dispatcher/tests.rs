@@ -540,3 +540,30 @@ async fn becoming_leader_gives_ready_nodes_a_grace_period() {
         Some(node_status::State::Down as i32)
     );
 }
+
+#[tokio::test]
+async fn a_follower_names_the_leader_when_it_refuses_a_session() {
+    let h = harness().await;
+    // The leader (Raft ID 1 for the LocalProposer) is a manager node with a known address.
+    let mut c = Changes::new();
+    c.create(Node {
+        id: "manager-1".into(),
+        manager_status: Some(shoal_api::ManagerStatus {
+            raft_id: 1,
+            addr: "10.0.0.1:4242".into(),
+            leader: true,
+            reachability: 2,
+        }),
+        ..Default::default()
+    });
+    h.state.propose(c).await.unwrap();
+    h.proposer.set_leader(false);
+    let mut client = h.client().await;
+    let err = client
+        .session(req("node-1", SessionRequest { description: None, session_id: String::new() }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    let hint = err.metadata().get(shoal_raft::grpc::LEADER_ADDR_METADATA).map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(hint.as_deref(), Some("10.0.0.1:4242"));
+}
