@@ -60,6 +60,8 @@ pub struct Agent {
     /// When set, the dispatcher URI to use for each new session (e.g. the Raft leader's); else
     /// `config.manager_addr`.
     manager_source: Option<watch::Receiver<String>>,
+    /// When set, makes each session's endpoint (mutual TLS); else plain HTTP/2.
+    endpoint_factory: Option<session::EndpointFactory>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -71,7 +73,7 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// An agent running tasks with `executor`.
     pub fn new(config: AgentConfig, executor: Arc<dyn Executor>) -> Agent {
-        Agent { config, executor, manager_source: None }
+        Agent { config, executor, manager_source: None, endpoint_factory: None }
     }
 
     /// Takes the dispatcher URI from `source` for every new session instead of `config.manager_addr`
@@ -79,6 +81,12 @@ impl Agent {
     /// reconnect backoff.
     pub fn with_manager_source(mut self, source: watch::Receiver<String>) -> Agent {
         self.manager_source = Some(source);
+        self
+    }
+
+    /// Connects each session through `factory` (the node's mutual-TLS endpoints) instead of plain HTTP/2.
+    pub fn with_endpoint_factory(mut self, factory: session::EndpointFactory) -> Agent {
+        self.endpoint_factory = Some(factory);
         self
     }
 
@@ -120,6 +128,7 @@ impl Agent {
             };
             let ctx = SessionContext {
                 manager_addr: &manager_addr,
+                endpoint_factory: self.endpoint_factory.as_ref(),
                 node_id: &self.config.node_id,
                 description: description.clone(),
                 worker: &mut worker,

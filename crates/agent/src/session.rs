@@ -113,10 +113,16 @@ impl Backoff {
     }
 }
 
+/// Makes the gRPC endpoint for a manager address (the node injects one with mutual TLS). Errors are
+/// messages saying what is wrong with the address or the TLS material.
+pub type EndpointFactory = std::sync::Arc<dyn Fn(&str) -> Result<Endpoint, String> + Send + Sync>;
+
 /// Everything one session needs.
 pub struct SessionContext<'a> {
     /// Manager URI.
     pub manager_addr: &'a str,
+    /// How to reach it (plain HTTP/2 from the URI when `None`).
+    pub endpoint_factory: Option<&'a EndpointFactory>,
     /// This node's ID.
     pub node_id: &'a str,
     /// What this node offers.
@@ -152,9 +158,12 @@ impl Drop for AbortOnDrop {
 /// Runs one session until it fails (`Err`) or `shutdown` turns true (`Ok`).
 pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), SessionError> {
     let addr = ctx.manager_addr.to_string();
-    let endpoint = Endpoint::from_shared(addr.clone())
-        .map_err(|e| SessionError::BadAddress { addr: addr.clone(), reason: e.to_string() })?
-        .connect_timeout(CALL_TIMEOUT)
+    let endpoint = match ctx.endpoint_factory {
+        Some(make) => make(&addr).map_err(|reason| SessionError::BadAddress { addr: addr.clone(), reason })?,
+        None => Endpoint::from_shared(addr.clone())
+            .map_err(|e| SessionError::BadAddress { addr: addr.clone(), reason: e.to_string() })?,
+    }
+    .connect_timeout(CALL_TIMEOUT)
         .tcp_nodelay(true);
     let channel: Channel = endpoint.connect().await.map_err(|source| SessionError::Connect { addr, source })?;
     let client_channel = channel.clone();

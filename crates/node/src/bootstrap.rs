@@ -48,18 +48,42 @@ pub struct LocalManager<'a> {
     pub addr: String,
     /// The node's description (hostname, platform, resources, engine).
     pub description: NodeDescription,
+    /// A root CA (and the cluster ID it was made for) to store when the cluster has none yet. Without it
+    /// a missing root CA is generated here.
+    pub root_ca: Option<crate::security::PendingRoot>,
 }
 
-/// Writes the cluster object and the local manager's node object if missing. Returns the cluster ID.
+/// Writes the cluster object (with its root CA and join tokens) and the local manager's node object if
+/// missing, and adds a root CA to a cluster that has none. Returns the cluster ID.
 pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Result<String, crate::NodeError> {
     let now = state.now();
-    let new_cluster_id = state.ids.new_id();
+    let (new_cluster_id, root_ca) = match me.root_ca.clone() {
+        Some(p) => (p.cluster_id, p.root_ca),
+        None => (
+            state.ids.new_id(),
+            shoal_manager::ca::new_root_ca(std::time::SystemTime::now())
+                .map_err(|e| crate::NodeError::Bootstrap(format!("cannot create the root CA: {e}")))?,
+        ),
+    };
     let (cluster_id, _) = state
         .write(|t, changes| {
             let cluster_id = match t.clusters().by_name(CLUSTER_NAME) {
-                Some(c) => c.id.clone(),
+                Some(c) if c.root_ca.as_ref().is_some_and(|r| !r.ca_cert.is_empty()) => c.id.clone(),
+                Some(c) => {
+                    let mut c = (**c).clone();
+                    c.root_ca = Some(root_ca.clone());
+                    c.meta.get_or_insert_with(Default::default).updated_at = Some(now);
+                    let id = c.id.clone();
+                    changes.update(c);
+                    id
+                }
                 None => {
-                    let mut c = Cluster { id: new_cluster_id.clone(), spec: Some(default_cluster_spec()), ..Default::default() };
+                    let mut c = Cluster {
+                        id: new_cluster_id.clone(),
+                        spec: Some(default_cluster_spec()),
+                        root_ca: Some(root_ca.clone()),
+                        ..Default::default()
+                    };
                     c.meta = Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) });
                     changes.create(c);
                     new_cluster_id.clone()

@@ -52,6 +52,12 @@ pub struct DaemonConfig {
     /// Disaster recovery: on this start, make this manager the only Raft member (keeping its data), when a
     /// quorum of managers is lost for good. Other managers must join again afterwards.
     pub force_new_cluster: bool,
+    /// The join token for `join_addr` (`SWMTKN-1-...`): a worker token makes this node a worker only, a
+    /// manager token a manager. Used on first start only; afterwards the node's certificate says who it is.
+    pub join_token: Option<JoinToken>,
+    /// Node certificate validity to issue instead of the cluster's setting (and its one-hour minimum):
+    /// for tests of certificate renewal only (the daemon reads it from `SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS`).
+    pub node_cert_expiry_override: Option<std::time::Duration>,
 }
 
 impl DaemonConfig {
@@ -68,11 +74,23 @@ impl DaemonConfig {
             engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),
             join_addr: None,
             force_new_cluster: false,
+            join_token: None,
+            node_cert_expiry_override: None,
         }
     }
 
     /// The advertised remote address.
     pub fn advertised(&self) -> SocketAddr {
         self.advertise_remote_api.unwrap_or(self.listen_remote_api)
+    }
+}
+
+/// A join token: a secret, so its `Debug` output is redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JoinToken(pub String);
+
+impl std::fmt::Debug for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JoinToken(<redacted>)")
     }
 }

@@ -6,12 +6,17 @@
 //! socket, and runs the agent. `RunningNode::shutdown` stops everything in reverse order, so no task process
 //! outlives the daemon. This crate does no argument parsing (that is the `shoal` binary).
 
+pub mod authz;
 mod bootstrap;
 mod config;
 mod identity;
+pub mod join;
 mod raft_member;
 mod raft_status;
+pub mod security;
 mod services;
+pub mod tls;
+pub mod worker_node;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -26,7 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
-pub use config::{DaemonConfig, ExecutorKind};
+pub use config::{DaemonConfig, ExecutorKind, JoinToken};
 pub use identity::NodeIdentity;
 pub use raft_status::ManagerStatusSubsystem;
 pub use services::{leader_subsystems, run_leader_subsystems, serve_manager_grpc, start_manager_services};
@@ -54,6 +59,9 @@ pub enum NodeError {
     /// Joining a running cluster (`--join-addr`) failed.
     #[error("cannot join the cluster: {0}")]
     Join(String),
+    /// The node's certificates or TLS could not be set up.
+    #[error("node security: {0}")]
+    Security(String),
     /// A setting cannot be honoured.
     #[error("{0}")]
     Config(String),
@@ -149,11 +157,24 @@ impl Node {
         cfg.advertise_remote_api = Some(advertised);
 
         // Raft: bootstrap, join (--join-addr) or recover; the store is recovered before it returns. Client
-        // channels to other managers are plain HTTP/2 until TLS is configured.
+        // channels to other managers are mutual TLS with this node's certificate (see `security`).
         let store = Arc::new(MemoryStore::default());
-        let channels = Arc::new(shoal_raft::grpc::PlainHttp);
-        let (raft, membership) = raft_member::start_raft(&cfg, &mut identity, store.clone(), channels).await?;
+        let preloaded_tls = security::load_tls(&cfg.state_dir)?;
+        let channels = security::LateTls::new(preloaded_tls.clone());
+        let (raft, membership) =
+            raft_member::start_raft(&cfg, &mut identity, store.clone(), Arc::new(channels.clone())).await?;
+        let mtls = match preloaded_tls {
+            Some(tls) => security::ManagerTls { tls, pending: None },
+            None => security::manager_tls(&cfg.state_dir, &identity.node_id, &store, cfg.node_cert_expiry_override)?,
+        };
+        channels.set(mtls.tls.clone());
         let state = ClusterState::new(store, Arc::new(raft.clone()), Arc::new(SystemClock), ids);
+        let remote_security = security::RemoteSecurity::new(
+            mtls.tls.clone(),
+            &state,
+            &mtls.tls.subject().cluster_id,
+            cfg.node_cert_expiry_override,
+        );
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -162,7 +183,10 @@ impl Node {
             state.clone(),
             DispatcherConfig { manager_addr: advertised.to_string(), ..DispatcherConfig::default() },
         );
-        tasks.push(("grpc", services::serve_manager_grpc(&dispatcher, listener, Some(&raft), shutdown_rx.clone())));
+        tasks.push((
+            "grpc",
+            services::serve_manager_grpc(&dispatcher, listener, Some(&raft), Some(&remote_security), shutdown_rx.clone()),
+        ));
         let ready = async {
             raft_member::wait_ready(&state, &raft, membership).await?;
             if membership == raft_member::Membership::Restarted {
@@ -176,6 +200,7 @@ impl Node {
                     raft_id: identity.raft_id,
                     addr: advertised.to_string(),
                     description: description.clone(),
+                    root_ca: mtls.pending.as_ref().map(|(root, _)| root.clone()),
                 },
             )
             .await
@@ -188,6 +213,10 @@ impl Node {
                 return Err(e);
             }
         };
+        if let Some((_, certs)) = &mtls.pending {
+            // The root CA is in the cluster object now: keep this manager's certificate.
+            join::store_certs(&cfg.state_dir, certs).map_err(|e| NodeError::Security(e.to_string()))?;
+        }
         tasks.push((
             "leader-subsystems",
             services::run_leader_subsystems(&state, &dispatcher, Some(&raft), shutdown_rx.clone()),
@@ -195,19 +224,22 @@ impl Node {
         let (dispatcher_addr, dispatcher_addr_task) =
             raft_member::dispatcher_addr_watch(&raft, advertised.to_string(), shutdown_rx.clone());
         tasks.push(("dispatcher-address", dispatcher_addr_task));
+        tasks.push((
+            "certificate-renewal",
+            tokio::spawn(join::run_renewal(
+                cfg.state_dir.clone(),
+                mtls.tls.clone(),
+                {
+                    let leader = dispatcher_addr.clone();
+                    move || leader.borrow().clone()
+                },
+                shutdown_rx.clone(),
+            )),
+        ));
 
         // The control socket.
         let control_socket = cfg.listen_control_api.clone();
-        if let Some(dir) = control_socket.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
-        }
-        match std::fs::remove_file(&control_socket) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(NodeError::io(&control_socket, e)),
-        }
-        let unix = tokio::net::UnixListener::bind(&control_socket).map_err(|e| NodeError::io(&control_socket, e))?;
-        set_mode(&control_socket, 0o660)?;
+        let unix = bind_control_socket(&control_socket)?;
         let ctx = shoal_engine_api::ApiContext {
             state: state.clone(),
             node_id: identity.node_id.clone(),
@@ -238,7 +270,8 @@ impl Node {
             },
             executor,
         )
-        .with_manager_source(dispatcher_addr);
+        .with_manager_source(dispatcher_addr)
+        .with_endpoint_factory(tls::agent_endpoints(&mtls.tls));
         tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
 
         tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
@@ -280,6 +313,21 @@ impl RunningNode {
     }
 }
 
+/// Binds the control socket (replacing a stale one), mode 0660.
+fn bind_control_socket(control_socket: &Path) -> Result<tokio::net::UnixListener, NodeError> {
+    if let Some(dir) = control_socket.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
+    }
+    match std::fs::remove_file(control_socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(NodeError::io(control_socket, e)),
+    }
+    let unix = tokio::net::UnixListener::bind(control_socket).map_err(|e| NodeError::io(control_socket, e))?;
+    set_mode(control_socket, 0o660)?;
+    Ok(unix)
+}
+
 async fn wait_true(mut rx: watch::Receiver<bool>) {
     shoal_manager::stopped(&mut rx).await
 }
@@ -296,6 +344,9 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
 
 /// Runs a node until `stop` resolves, then shuts it down.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
+    if let worker_node::StartAs::Worker(w) = worker_node::prepare(&cfg).await? {
+        return worker_node::run_worker(cfg, w, stop, Duration::from_secs(15)).await;
+    }
     let node = Node::start(cfg).await?;
     stop.await;
     tracing::info!("shutting down");

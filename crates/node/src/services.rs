@@ -30,17 +30,20 @@ pub fn start_manager_services(
 ) -> Vec<(&'static str, JoinHandle<()>)> {
     let dispatcher = Dispatcher::new(state.clone(), dispatcher_config);
     vec![
-        ("grpc", serve_manager_grpc(&dispatcher, listener, None, shutdown.clone())),
+        ("grpc", serve_manager_grpc(&dispatcher, listener, None, None, shutdown.clone())),
         ("leader-subsystems", run_leader_subsystems(state, &dispatcher, None, shutdown)),
     ]
 }
 
 /// Serves the manager's gRPC services on `listener` until `shutdown`: the dispatcher, and when `raft` is
-/// given its `Raft`, `RaftMembership` and `RaftProposals` services.
+/// given its `Raft`, `RaftMembership` and `RaftProposals` services. With `security` (every real node):
+/// mutual TLS, the authorization layer in front of every method, and the CA services. Without it (the
+/// in-process test harness only): plain HTTP/2 and callers identified by the node ID they claim.
 pub fn serve_manager_grpc(
     dispatcher: &Arc<Dispatcher>,
     listener: tokio::net::TcpListener,
     raft: Option<&RaftNode>,
+    security: Option<&crate::security::RemoteSecurity>,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let raft_services = raft.map(shoal_raft::grpc::services);
@@ -48,21 +51,43 @@ pub fn serve_manager_grpc(
         Some(s) => (Some(s.raft), Some(s.membership), Some(s.proposals)),
         None => (None, None, None),
     };
-    let grpc = tonic::transport::Server::builder()
+    let authz = match security {
+        Some(s) => s.authz.clone(),
+        None => crate::authz::AuthzLayer::trust_metadata_for_tests(),
+    };
+    let (ca, node_ca) = match security {
+        Some(s) => (Some(s.ca.ca_server()), Some(s.ca.node_ca_server())),
+        None => (None, None),
+    };
+    let router = tonic::transport::Server::builder()
+        .layer(authz)
         .add_service(dispatcher.grpc_service())
         .add_service(dispatcher.log_broker_service())
         .add_optional_service(r)
         .add_optional_service(m)
         .add_optional_service(p)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), {
-            let mut rx = shutdown;
-            async move { shoal_manager::stopped(&mut rx).await }
-        });
-    tokio::spawn(async move {
-        if let Err(e) = grpc.await {
+        .add_optional_service(ca)
+        .add_optional_service(node_ca);
+    let stop = {
+        let mut rx = shutdown;
+        async move { shoal_manager::stopped(&mut rx).await }
+    };
+    fn report(r: Result<(), tonic::transport::Error>) {
+        if let Err(e) = r {
             tracing::error!(error = %e, "gRPC server failed");
         }
-    })
+    }
+    match security {
+        Some(s) => {
+            let serve = router.serve_with_incoming_shutdown(crate::tls::tls_incoming(listener, s.tls.clone()), stop);
+            tokio::spawn(async move { report(serve.await) })
+        }
+        None => {
+            let serve =
+                router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), stop);
+            tokio::spawn(async move { report(serve.await) })
+        }
+    }
 }
 
 /// Runs the leader-only subsystems while this manager leads, until `shutdown`; with `raft`, also the loop

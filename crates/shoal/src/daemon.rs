@@ -37,6 +37,10 @@ pub struct DaemonArgs {
     /// majority of the managers is lost for good; re-join the other managers afterwards.
     #[arg(long)]
     force_new_cluster: bool,
+    /// The join token for --join-addr (from `docker swarm join-token worker|manager` on a manager): a worker
+    /// token makes this node a worker only, a manager token a manager. First start only.
+    #[arg(long, env = "SHOAL_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
     /// Log filter (tracing env-filter syntax), e.g. info or shoal=debug.
     #[arg(long, env = "SHOAL_LOG", default_value = "info")]
     log_level: String,
@@ -58,6 +62,16 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.engine_addr = args.engine_addr;
     cfg.join_addr = args.join_addr;
     cfg.force_new_cluster = args.force_new_cluster;
+    cfg.join_token = args.join_token.map(shoal_node::JoinToken);
+    // Hidden, for tests of certificate renewal: issue node certificates valid this many seconds.
+    match std::env::var("SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS").ok().map(|v| v.parse::<u64>()) {
+        None => {}
+        Some(Ok(secs)) if secs > 0 => cfg.node_cert_expiry_override = Some(std::time::Duration::from_secs(secs)),
+        Some(_) => {
+            eprintln!("shoal: SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS must be a positive number of seconds");
+            return 2;
+        }
+    }
 
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -1,5 +1,5 @@
 //! Three managers in three daemon processes on 127.0.0.{11,12,13}: the first bootstraps, the others join it
-//! with `--join-addr` (plain HTTP/2 gRPC between managers). Every manager serves the Engine API; writes on a
+//! with `--join-addr` (mutual TLS between managers; each joins with the manager token). Every manager serves the Engine API; writes on a
 //! follower are forwarded to the leader. Killing the leader (kill -9) elects another within seconds and
 //! writes continue through a survivor; the killed manager restarts as a follower and the stores converge.
 
@@ -11,14 +11,16 @@ use common::*;
 use serde_json::Value;
 use shoal_testkit::daemon::DaemonOptions;
 
-fn manager(i: u8, join: Option<&str>) -> DaemonProcess {
+/// Manager `i`; with `join`, it joins that manager's cluster with its manager token.
+fn manager(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
     let mut opts = DaemonOptions {
         listen_ip: Some(format!("127.0.0.{i}")),
         hostname: Some(format!("manager-{i}")),
         ..DaemonOptions::default()
     };
     if let Some(j) = join {
-        opts.extra_args = vec!["--join-addr".into(), j.into()];
+        let token = j.get("/v1.47/swarm")["JoinTokens"]["Manager"].as_str().unwrap().to_string();
+        opts.extra_args = vec!["--join-addr".into(), j.remote_addr(), "--join-token".into(), token];
     }
     DaemonProcess::start_with(&shoal_bin(), opts)
 }
@@ -97,8 +99,8 @@ fn leader_index(ds: &[&DaemonProcess]) -> usize {
 #[test]
 fn three_managers_survive_losing_the_leader() {
     let a = manager(11, None);
-    let b = manager(12, Some(&a.remote_addr()));
-    let c = manager(13, Some(&a.remote_addr()));
+    let b = manager(12, Some(&a));
+    let c = manager(13, Some(&a));
     let mut ds = [a, b, c];
 
     let expected = |leader: &str| {
@@ -167,8 +169,8 @@ fn three_managers_survive_losing_the_leader() {
 #[test]
 fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
     let mut a = manager(21, None);
-    let mut b = manager(22, Some(&a.remote_addr()));
-    let mut c = manager(23, Some(&a.remote_addr()));
+    let mut b = manager(22, Some(&a));
+    let mut c = manager(23, Some(&a));
     wait_until("3 managers", Duration::from_secs(30), || {
         let seen = managers_seen_by(&a);
         if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 {

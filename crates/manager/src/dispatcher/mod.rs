@@ -47,7 +47,8 @@ pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 use crate::state::{ClusterState, WriteError};
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
-/// gRPC metadata key carrying the caller's node ID (until mutual TLS provides it).
+/// gRPC metadata key carrying a caller's claimed node ID: read only by `insecure_identity_from_metadata`
+/// (in-process tests); real nodes are identified by their certificate.
 pub const NODE_ID_METADATA_KEY: &str = "x-shoal-node-id";
 /// Messages buffered per response stream before the sender waits for the client.
 pub const STREAM_CHANNEL_MESSAGES: usize = 16;
@@ -124,21 +125,34 @@ impl std::fmt::Debug for Dispatcher {
     }
 }
 
-/// Extracts the caller's node ID. The one place that knows where identity comes from (metadata now, the
-/// TLS certificate later).
+/// Extracts the caller's node ID: the CN of its verified client certificate, which the authorization layer
+/// put in the request (`ca::PeerIdentity`). The one place that knows where a dispatcher caller's identity
+/// comes from.
 pub fn node_identity<T>(req: &Request<T>) -> Result<String, Status> {
-    let id = req
-        .metadata()
-        .get(NODE_ID_METADATA_KEY)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .trim();
-    if id.is_empty() {
-        return Err(Status::unauthenticated(format!(
-            "no node identity: send the node ID in the {NODE_ID_METADATA_KEY} gRPC metadata"
-        )));
+    match crate::ca::peer_identity(req) {
+        Some(subject) if !subject.node_id.is_empty() => Ok(subject.node_id.clone()),
+        _ => Err(Status::unauthenticated(
+            "no node identity: connect with mutual TLS and the node certificate issued when this node joined",
+        )),
     }
-    Ok(id.to_string())
+}
+
+/// The interceptor type of `Dispatcher::grpc_service_trusting_metadata_for_tests`.
+pub type MetadataInterceptor = fn(Request<()>) -> Result<Request<()>, Status>;
+
+/// FOR IN-PROCESS TESTS ONLY: a tonic interceptor that believes the node ID a caller claims in the
+/// `NODE_ID_METADATA_KEY` metadata and records it as the caller's identity (role worker, no cluster). It
+/// authenticates nothing; a real node's gRPC server never installs it (identity comes from mTLS there).
+pub fn insecure_identity_from_metadata(mut req: Request<()>) -> Result<Request<()>, Status> {
+    let id = req.metadata().get(NODE_ID_METADATA_KEY).and_then(|v| v.to_str().ok()).unwrap_or("").trim().to_string();
+    if !id.is_empty() {
+        req.extensions_mut().insert(crate::ca::PeerIdentity(shoal_ca::NodeSubject {
+            node_id: id,
+            role: shoal_ca::Role::Worker,
+            cluster_id: String::new(),
+        }));
+    }
+    Ok(req)
 }
 
 fn write_status<E: std::fmt::Display>(e: WriteError<E>) -> Status {
@@ -180,10 +194,23 @@ impl Dispatcher {
         })
     }
 
-    /// The gRPC service to mount on the manager's server.
+    /// The gRPC service to mount on the manager's server (behind the authorization layer, which supplies
+    /// each caller's certificate identity).
     pub fn grpc_service(self: &Arc<Self>) -> DispatcherServer<impl DispatcherRpc> {
         DispatcherServer::new(DispatcherService(self.clone()))
     }
+
+    /// FOR IN-PROCESS TESTS ONLY: the service behind `insecure_identity_from_metadata`, which believes the
+    /// node ID a caller claims in gRPC metadata. Never serve this on a network.
+    pub fn grpc_service_trusting_metadata_for_tests(
+        self: &Arc<Self>,
+    ) -> tonic::service::interceptor::InterceptedService<DispatcherServer<impl DispatcherRpc>, MetadataInterceptor> {
+        DispatcherServer::with_interceptor(
+            DispatcherService(self.clone()),
+            insecure_identity_from_metadata as MetadataInterceptor,
+        )
+    }
+
 
     /// The LogBroker gRPC service of this manager's log broker, served next to the dispatcher.
     pub fn log_broker_service(&self) -> crate::logbroker::LogBrokerServer {

@@ -1,0 +1,313 @@
+//! All of a node's TLS in one place: its certificate material (root CA, node certificate and key, swapped
+//! in place on renewal), the server side of the remote gRPC port (TLS 1.2+, client certificates verified
+//! against the cluster root when presented, required by the authorization layer for everything but the
+//! CA bootstrap calls), gRPC client endpoints that present the node certificate and accept only a manager
+//! (`swarm-manager` in the peer's certificate, signed by the root), the caller identity of a connection,
+//! and the unauthenticated bootstrap endpoint used once to download the root CA (whose digest the caller
+//! then checks against its join token).
+//!
+//! Crypto: rustls 0.23 with the ring provider, passed explicitly (no process-wide default). Must not know
+//! the store, Raft or the Engine API.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use shoal_ca::{NodeSubject, Role};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+/// The DNS name every manager certificate carries; clients check it, so only a manager can serve them.
+pub const MANAGER_SERVER_NAME: &str = "swarm-manager";
+/// Longest a TLS handshake may take on the server before the connection is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most handshakes in progress at once on one listener; further connections wait to be accepted.
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Connections that finished their handshake and wait for the gRPC server to take them.
+pub const ACCEPTED_QUEUE: usize = 64;
+/// Timeout of connecting (TCP + TLS) from a client endpoint.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why TLS material could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM certificate or key did not parse.
+    #[error("{what} is not valid PEM: {reason}")]
+    BadPem {
+        /// Which file or field.
+        what: &'static str,
+        /// The parser's message.
+        reason: String,
+    },
+    /// The node certificate is not one Shoal issued (no role OU, ...).
+    #[error("the node certificate is unusable: {0}")]
+    BadCertificate(#[from] shoal_ca::CaError),
+    /// rustls refused the configuration.
+    #[error("TLS configuration refused: {0}")]
+    Config(String),
+    /// An endpoint could not be built.
+    #[error("invalid address {addr:?}: {reason}")]
+    BadAddress {
+        /// The address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certs_from_pem(pem: &str, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::BadPem { what, reason: e.to_string() })?;
+    if certs.is_empty() {
+        return Err(TlsError::BadPem { what, reason: "no certificate found".into() });
+    }
+    Ok(certs)
+}
+
+/// The current certificate material (one consistent snapshot).
+#[derive(Clone)]
+struct Material {
+    root_pem: String,
+    cert_pem: String,
+    key_pem: String,
+    subject: NodeSubject,
+    not_after: std::time::SystemTime,
+    server: Arc<rustls::ServerConfig>,
+}
+
+/// A node's TLS identity: root CA, its certificate and key. Cheap to clone (shared); `update` swaps in a
+/// renewed certificate for every connection made after it.
+#[derive(Clone)]
+pub struct NodeTls {
+    inner: Arc<RwLock<Material>>,
+}
+
+impl std::fmt::Debug for NodeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.inner.read();
+        f.debug_struct("NodeTls").field("subject", &m.subject).field("not_after", &m.not_after).finish_non_exhaustive()
+    }
+}
+
+fn build(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Material, TlsError> {
+    let roots = certs_from_pem(root_pem, "the root CA certificate")?;
+    let chain = certs_from_pem(cert_pem, "the node certificate")?;
+    let info = shoal_ca::parse_cert(&chain[0])?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| TlsError::BadPem { what: "the node key", reason: e.to_string() })?;
+    let mut store = RootCertStore::empty();
+    for r in roots {
+        store.add(r).map_err(|e| TlsError::Config(format!("root CA: {e}")))?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut server = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Material {
+        root_pem: root_pem.to_string(),
+        cert_pem: cert_pem.to_string(),
+        key_pem: key_pem.to_string(),
+        subject: info.subject,
+        not_after: info.not_after,
+        server: Arc::new(server),
+    })
+}
+
+impl NodeTls {
+    /// TLS material from PEM: the cluster root, this node's certificate and its private key.
+    pub fn new(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<NodeTls, TlsError> {
+        Ok(NodeTls { inner: Arc::new(RwLock::new(build(root_pem, cert_pem, key_pem)?)) })
+    }
+
+    /// Replaces the certificate and key (renewal). Connections opened from now on use them; open ones
+    /// keep going (tasks are not interrupted).
+    pub fn update(&self, cert_pem: &str, key_pem: &str) -> Result<(), TlsError> {
+        let root = self.inner.read().root_pem.clone();
+        let m = build(&root, cert_pem, key_pem)?;
+        *self.inner.write() = m;
+        Ok(())
+    }
+
+    /// Who the current certificate names.
+    pub fn subject(&self) -> NodeSubject {
+        self.inner.read().subject.clone()
+    }
+
+    /// When the current certificate expires.
+    pub fn not_after(&self) -> std::time::SystemTime {
+        self.inner.read().not_after
+    }
+
+    /// The current certificate, PEM.
+    pub fn cert_pem(&self) -> String {
+        self.inner.read().cert_pem.clone()
+    }
+
+    /// The root CA certificate, PEM.
+    pub fn root_pem(&self) -> String {
+        self.inner.read().root_pem.clone()
+    }
+
+    /// The server configuration for the next accepted connection.
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        self.inner.read().server.clone()
+    }
+
+    /// A gRPC endpoint to the manager at `addr` (`IP:PORT`, or a URI): mutual TLS with this node's current
+    /// certificate; the server must present a manager certificate signed by the cluster root.
+    pub fn endpoint(&self, addr: &str) -> Result<Endpoint, TlsError> {
+        let m = self.inner.read().clone();
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&m.root_pem))
+            .identity(Identity::from_pem(&m.cert_pem, &m.key_pem))
+            .domain_name(MANAGER_SERVER_NAME);
+        https_endpoint(addr)?.tls_config(tls).map_err(|e| TlsError::Config(e.to_string()))
+    }
+}
+
+/// `https://IP:PORT` for an address given as `IP:PORT`, `http://IP:PORT` or `https://IP:PORT`.
+pub fn https_uri(addr: &str) -> String {
+    let hostport = addr.trim_start_matches("https://").trim_start_matches("http://").trim_end_matches('/');
+    format!("https://{hostport}")
+}
+
+fn https_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
+    let uri = https_uri(addr);
+    Endpoint::from_shared(uri.clone())
+        .map(|e| e.connect_timeout(CONNECT_TIMEOUT).timeout(CONNECT_TIMEOUT.saturating_mul(3)).tcp_nodelay(true))
+        .map_err(|e| TlsError::BadAddress { addr: uri, reason: e.to_string() })
+}
+
+/// An endpoint with no client certificate that trusts `root_pem` for the server (a joining node asking
+/// the CA for its first certificate, after it checked the root against its token).
+pub fn endpoint_trusting_root(addr: &str, root_pem: &str) -> Result<Endpoint, TlsError> {
+    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(root_pem)).domain_name(MANAGER_SERVER_NAME);
+    https_endpoint(addr)?.tls_config(tls).map_err(|e| TlsError::Config(e.to_string()))
+}
+
+/// An endpoint that accepts any server certificate: only for `GetRootCACertificate` when joining, whose
+/// answer is trusted only if its digest matches the join token (an impostor cannot produce that).
+pub fn bootstrap_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
+    let tls = ClientTlsConfig::new().domain_name(MANAGER_SERVER_NAME);
+    https_endpoint(addr)?
+        .tls_config_with_verifier(tls, Arc::new(AnyServerCert(provider())))
+        .map_err(|e| TlsError::Config(e.to_string()))
+}
+
+/// Accepts any server certificate but still checks the handshake signatures (so the connection is
+/// encrypted to whoever holds the presented key). See `bootstrap_endpoint`.
+#[derive(Debug)]
+struct AnyServerCert(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The subject of a connection's verified client certificate (the first of `certs`), if it has one that
+/// Shoal issued. TLS already verified the chain to the cluster root.
+pub fn peer_subject(certs: &[CertificateDer<'static>]) -> Option<NodeSubject> {
+    certs.first().and_then(|c| shoal_ca::parse_cert(c).ok()).map(|i| i.subject)
+}
+
+/// Whether `role` is a node role (not an operator's client certificate).
+pub fn is_node_role(role: Role) -> bool {
+    matches!(role, Role::Manager | Role::Worker)
+}
+
+/// TLS connections accepted on `listener`, for `tonic::transport::Server::serve_with_incoming`. Each
+/// handshake runs in its own task (at most `MAX_PENDING_HANDSHAKES` at once, `HANDSHAKE_TIMEOUT` each) with
+/// the server configuration current at accept time; failed handshakes (plain TCP, unknown CA) are logged at
+/// debug level and dropped. The stream ends when the receiver is dropped.
+pub fn tls_incoming(
+    listener: TcpListener,
+    tls: NodeTls,
+) -> tokio_stream::wrappers::ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = permits.clone().acquire_owned().await else { return };
+            let (tcp, peer) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept on the remote API port failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = tx.closed() => return,
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The agent's endpoint factory over `tls` (mutual TLS with the node's current certificate).
+pub fn agent_endpoints(tls: &NodeTls) -> shoal_agent::session::EndpointFactory {
+    let tls = tls.clone();
+    Arc::new(move |addr: &str| tls.endpoint(addr).map_err(|e| e.to_string()))
+}
