@@ -538,7 +538,7 @@ async fn nodes_list_inspect_update_remove() {
             Some(body),
         )
         .await;
-    assert_error(&stale, StatusCode::CONFLICT, "out of sequence");
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.text);
     let bad = api
         .call(
             Method::POST,
@@ -585,4 +585,37 @@ fn version_prefixes_are_recognized() {
     assert_eq!(crate::without_version("/services"), None);
     assert_eq!(crate::without_version("/v1/services"), None);
     assert_eq!(crate::without_version("/va.b/x"), None);
+}
+
+#[tokio::test]
+async fn swarm_update_rotates_join_tokens_at_the_current_version() {
+    let api = Api::new();
+    let mut cluster = Cluster { id: "cluster1".into(), ..Default::default() };
+    cluster.root_ca = Some(shoal_manager::ca::new_root_ca(std::time::SystemTime::now()).unwrap());
+    api.seed(|c| {
+        c.create(cluster);
+    })
+    .await;
+    let before = api.call(Method::GET, "/swarm", None).await;
+    let version = before.body["Version"]["Index"].as_u64().unwrap();
+    let (w0, m0) = (before.body["JoinTokens"]["Worker"].clone(), before.body["JoinTokens"]["Manager"].clone());
+    assert!(w0.as_str().unwrap().starts_with("SWMTKN-1-"), "{w0}");
+
+    let stale = api
+        .call(Method::POST, &format!("/swarm/update?version={}&rotateWorkerToken=true", version + 7), Some(json!({})))
+        .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.text);
+
+    let r = api
+        .call(
+            Method::POST,
+            &format!("/v1.47/swarm/update?version={version}&rotateWorkerToken=true&rotateManagerToken=false"),
+            Some(before.body["Spec"].clone()),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let after = api.call(Method::GET, "/swarm", None).await;
+    assert_ne!(after.body["JoinTokens"]["Worker"], w0, "worker token rotated");
+    assert_eq!(after.body["JoinTokens"]["Manager"], m0, "manager token kept");
+    assert!(after.body["Version"]["Index"].as_u64().unwrap() > version);
 }
