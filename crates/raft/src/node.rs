@@ -618,6 +618,17 @@ impl Driver {
             );
             storage.set_membership(ConfState { voters: vec![cfg.raft_id], ..ConfState::default() }, members)?;
         }
+        // A lone member records its current address (state written before addresses were recorded, or a
+        // new advertise address): joining managers learn it from the membership.
+        let lone = storage.conf_state().voters == [cfg.raft_id] && storage.conf_state().learners.is_empty();
+        if lone && !cfg.addr.is_empty() && storage.members().addr(cfg.raft_id) != Some(cfg.addr.as_str()) {
+            let mut members = storage.members().clone();
+            let node_id = members.members.get(&cfg.raft_id).map(|m| m.node_id.clone()).unwrap_or_default();
+            let node_id = if node_id.is_empty() { cfg.node_id.clone() } else { node_id };
+            members.members.insert(cfg.raft_id, Member { raft_id: cfg.raft_id, node_id, addr: cfg.addr.clone() });
+            let cs = storage.conf_state().clone();
+            storage.set_membership(cs, members)?;
+        }
         members_tx.send_replace(storage.members().clone());
         let (applied, applied_term) = recover_store(&cfg, &storage, &store)?;
         let last_snapshot_index = storage.snapshot_metadata().index;

@@ -299,3 +299,18 @@ async fn a_higher_term_leader_takes_over_and_the_lone_voter_wins_back() {
     within(node.propose(create("after"))).await.unwrap();
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_lone_member_records_its_current_address_on_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    // State written without an address (as before addresses were recorded).
+    let (node, _) = start(dir.path(), |_| {}).await;
+    assert_eq!(node.members().addr(1), None);
+    node.shutdown().await;
+    let (node, _) = start(dir.path(), |c| c.addr = "127.0.0.9:4242".into()).await;
+    assert_eq!(node.members().addr(1), Some("127.0.0.9:4242"));
+    node.shutdown().await;
+    let (node, _) = start(dir.path(), |_| {}).await;
+    assert_eq!(node.members().addr(1), Some("127.0.0.9:4242"), "persisted");
+    node.shutdown().await;
+}
