@@ -1,0 +1,258 @@
+//! A secured cluster of separate daemon processes on 127.0.0.x: one manager and two workers that joined
+//! with the worker token (roles, a replicated service spread over all three, a worker restart that resumes
+//! its identity), and everything that must be refused with a clear error and no state change: a wrong
+//! token, a rotated-away token, a token for another root CA, plain TCP and TLS without a certificate, a
+//! worker certificate calling a manager-only RPC, another cluster's certificate, a removed node coming back.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use shoal_api::dispatcher_client::DispatcherClient;
+use shoal_api::raft_client::RaftClient;
+use shoal_api::{HeartbeatRequest, ResolveAddressRequest};
+use shoal_testkit::daemon::DaemonOptions;
+
+fn manager(ip: u8) -> DaemonProcess {
+    DaemonProcess::start_with(
+        &shoal_bin(),
+        DaemonOptions {
+            listen_ip: Some(format!("127.0.0.{ip}")),
+            hostname: Some(format!("manager-{ip}")),
+            ..DaemonOptions::default()
+        },
+    )
+}
+
+fn token(m: &DaemonProcess, role: &str) -> String {
+    m.get("/v1.47/swarm")["JoinTokens"][role].as_str().unwrap().to_string()
+}
+
+fn worker(ip: u8, m: &DaemonProcess) -> DaemonProcess {
+    DaemonProcess::start_with(
+        &shoal_bin(),
+        DaemonOptions {
+            listen_ip: Some(format!("127.0.0.{ip}")),
+            hostname: Some(format!("worker-{ip}")),
+            extra_args: vec!["--join-addr".into(), m.remote_addr(), "--join-token".into(), token(m, "Worker")],
+            ..DaemonOptions::default()
+        },
+    )
+}
+
+fn nodes(m: &DaemonProcess) -> Vec<Value> {
+    m.get("/v1.47/nodes").as_array().cloned().unwrap_or_default()
+}
+
+/// (hostname, role, state) of every node, sorted.
+fn node_table(m: &DaemonProcess) -> Vec<(String, String, String)> {
+    let mut v: Vec<_> = nodes(m)
+        .iter()
+        .map(|n| {
+            let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+            (s(&n["Description"]["Hostname"]), s(&n["Spec"]["Role"]), s(&n["Status"]["State"]))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Runs `shoal daemon --join-addr ... --join-token token` on a fresh state dir and returns its exit status
+/// and output; it must exit by itself (a refused join) within 30 s.
+fn refused_join(addr: &str, token: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(shoal_bin())
+        .args(["daemon", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .arg("--listen-control-api")
+        .arg(dir.path().join("control.sock"))
+        .args(["--listen-remote-api", "127.0.0.99:0", "--executor", "process", "--join-addr", addr, "--join-token", token])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+            return (status.success(), text);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a join with a bad token did not exit within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits (30 s at most) until `ok`; on timeout panics with `what` and `show()`.
+fn until(what: &str, mut ok: impl FnMut() -> bool, show: impl Fn() -> String) {
+    wait_until(what, Duration::from_secs(30), || if ok() { Ok(()) } else { Err(show()) });
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+fn node_tls(state_dir: &Path) -> shoal_node::tls::NodeTls {
+    shoal_node::join::load_certs(state_dir).unwrap().expect("certificates in the state dir").tls().unwrap()
+}
+
+#[test]
+fn one_manager_two_workers_run_a_service_together() {
+    let m = manager(31);
+    let w1 = worker(32, &m);
+    let _w2 = worker(33, &m);
+    until("three ready nodes", || node_table(&m).iter().filter(|n| n.2 == "ready").count() == 3, || format!("{:?}", node_table(&m)));
+    assert_eq!(
+        node_table(&m),
+        vec![
+            ("manager-31".into(), "manager".into(), "ready".into()),
+            ("worker-32".into(), "worker".into(), "ready".into()),
+            ("worker-33".into(), "worker".into(), "ready".into()),
+        ]
+    );
+    // Key and certificates are private.
+    for f in ["swarm-node.key", "swarm-node.crt", "swarm-root-ca.crt"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(w1.state_dir().join("certificates").join(f)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
+    // A worker's control socket refuses cluster commands.
+    let r = shoal_testkit::http::request(w1.socket(), "GET", "/v1.47/nodes", None).unwrap();
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body["message"].as_str().unwrap().contains("not a swarm manager"), "{}", r.body);
+
+    // A replicated service spreads over all three nodes.
+    let body = serde_json::json!({
+        "Name": "web",
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"]}},
+        "Mode": {"Replicated": {"Replicas": 6}},
+    });
+    let r = shoal_testkit::http::request(m.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+    let running_nodes = |m: &DaemonProcess| {
+        let mut ids: Vec<String> = tasks_of(m, "web")
+            .iter()
+            .filter(|t| state(t) == "running")
+            .map(|t| t["NodeID"].as_str().unwrap_or("").to_string())
+            .collect();
+        let count = ids.len();
+        ids.sort();
+        ids.dedup();
+        (count, ids.len())
+    };
+    until("6 running tasks on 3 nodes", || running_nodes(&m) == (6, 3), || format!("{:?}", running_nodes(&m)));
+
+    // A worker restarted without --join-* keeps its identity and runs tasks again.
+    let w1_id = w1.get("/v1.47/info")["Swarm"]["NodeID"].as_str().unwrap().to_string();
+    let mut w1 = w1;
+    assert!(w1.stop());
+    w1.restart(&[]);
+    assert_eq!(w1.get("/v1.47/info")["Swarm"]["NodeID"], w1_id.as_str());
+    until("6 running tasks on 3 nodes", || running_nodes(&m) == (6, 3), || format!("{:?}", running_nodes(&m)));
+    assert_eq!(nodes(&m).len(), 3, "no new node object after the restart");
+}
+
+#[test]
+fn refusals_are_clear_and_change_nothing() {
+    let m = manager(41);
+    let addr = m.remote_addr();
+    let worker_token = token(&m, "Worker");
+    let node_count = |m: &DaemonProcess| nodes(m).len();
+    assert_eq!(node_count(&m), 1);
+
+    // Tokens: wrong secret, another root CA's digest, garbage, then a rotated-away one.
+    let wrong_secret = format!("{}{}", &worker_token[..worker_token.len() - 1], if worker_token.ends_with('0') { '1' } else { '0' });
+    let other_root = shoal_ca::generate_join_token(&[7u8; 32], &mut rand_like_rng());
+    let mut cases = vec![
+        (wrong_secret, "invalid join token"),
+        (other_root, "does not match the join token"),
+        ("SWMTKN-1-nonsense".to_string(), "invalid join token"),
+    ];
+    let version = m.get("/v1.47/swarm")["Version"]["Index"].as_u64().unwrap();
+    let spec = m.get("/v1.47/swarm")["Spec"].to_string();
+    let r = shoal_testkit::http::request(
+        m.socket(),
+        "POST",
+        &format!("/v1.47/swarm/update?version={version}&rotateWorkerToken=true"),
+        Some(&spec),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_ne!(token(&m, "Worker"), worker_token);
+    cases.push((worker_token, "invalid join token"));
+    for (t, want) in &cases {
+        let (ok, out) = refused_join(&addr, t);
+        assert!(!ok, "join with {t} succeeded: {out}");
+        assert!(out.contains(want), "join with {t}: expected {want:?} in:\n{out}");
+    }
+    assert_eq!(node_count(&m), 1, "refused joins created no node");
+
+    // A real worker, then its certificate against a manager-only RPC.
+    let mut w = worker(42, &m);
+    until("the worker's node object", || node_count(&m) == 2, || format!("{:?}", node_table(&m)));
+    let w_tls = node_tls(w.state_dir());
+    let rt = rt();
+    let err = rt.block_on(async {
+        let ch = w_tls.endpoint(&addr).unwrap().connect().await.unwrap();
+        RaftClient::new(ch).resolve_address(ResolveAddressRequest { raft_id: 1 }).await.unwrap_err()
+    });
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("managers only"), "{}", err.message());
+
+    // Plain TCP (no TLS) gets no answer; TLS without a certificate is unauthenticated.
+    let plain = rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await;
+        match ch {
+            Err(e) => Err(e.to_string()),
+            Ok(ch) => DispatcherClient::new(ch)
+                .heartbeat(HeartbeatRequest { session_id: "x".into() })
+                .await
+                .map(|_| ())
+                .map_err(|s| s.to_string()),
+        }
+    });
+    assert!(plain.is_err(), "a plain HTTP/2 call was answered");
+    let anonymous = rt.block_on(async {
+        let ch = shoal_node::tls::endpoint_trusting_root(&addr, &w_tls.root_pem()).unwrap().connect().await.unwrap();
+        DispatcherClient::new(ch).heartbeat(HeartbeatRequest { session_id: "x".into() }).await.unwrap_err()
+    });
+    assert_eq!(anonymous.code(), tonic::Code::Unauthenticated, "{anonymous:?}");
+
+    // Another cluster's manager certificate: the handshake fails.
+    let other = manager(43);
+    let other_tls = node_tls(other.state_dir());
+    let foreign = rt.block_on(async {
+        match other_tls.endpoint(&addr).unwrap().connect().await {
+            Err(e) => Err(format!("{e:?}")),
+            Ok(ch) => DispatcherClient::new(ch)
+                .heartbeat(HeartbeatRequest { session_id: "x".into() })
+                .await
+                .map(|_| ())
+                .map_err(|s| format!("{s:?}")),
+        }
+    });
+    assert!(foreign.is_err(), "another cluster's certificate was accepted");
+
+    // A removed node cannot come back with its old certificate.
+    let w_id = w.get("/v1.47/info")["Swarm"]["NodeID"].as_str().unwrap().to_string();
+    assert!(w.stop());
+    let r = shoal_testkit::http::request(m.socket(), "DELETE", &format!("/v1.47/nodes/{w_id}?force=true"), None).unwrap();
+    assert!((200..300).contains(&r.status), "{} {}", r.status, r.body);
+    w.restart(&[]);
+    until("the removed worker to be refused", || w.log().contains("was removed from the cluster"), || w.log());
+    assert_eq!(node_count(&m), 1, "the removed node was not recreated");
+}
+
+/// A seeded generator for a token whose digest names no real root (its secret does not matter).
+fn rand_like_rng() -> impl rand::RngCore + rand::CryptoRng {
+    use rand::SeedableRng;
+    rand::rngs::StdRng::seed_from_u64(5)
+}
