@@ -1,6 +1,6 @@
 //! A secured cluster of separate daemon processes on 127.0.0.x: one manager and two workers that joined
 //! with the worker token (roles, a replicated service spread over all three, a worker restart that resumes
-//! its identity), and everything that must be refused with a clear error and no state change: a wrong
+//! its identity, draining a worker moves its tasks), and everything that must be refused with a clear error and no state change: a wrong
 //! token, a rotated-away token, a token for another root CA, plain TCP and TLS without a certificate, a
 //! worker certificate calling a manager-only RPC, another cluster's certificate, a removed node coming back.
 
@@ -158,6 +158,30 @@ fn one_manager_two_workers_run_a_service_together() {
     assert_eq!(w1.get("/v1.47/info")["Swarm"]["NodeID"], w1_id.as_str());
     until("6 running tasks on 3 nodes", || running_nodes(&m) == (6, 3), || format!("{:?}", running_nodes(&m)));
     assert_eq!(nodes(&m).len(), 3, "no new node object after the restart");
+
+    // Draining a worker moves its tasks to the other nodes.
+    // (Read-modify-write like `docker node update`; the agent's session may bump the version in between.)
+    wait_until("the drain to be written", Duration::from_secs(30), || {
+        let n = m.get(&format!("/v1.47/nodes/{w1_id}"));
+        let version = n["Version"]["Index"].as_u64().unwrap();
+        let mut spec = n["Spec"].clone();
+        spec["Availability"] = "drain".into();
+        let path = format!("/v1.47/nodes/{w1_id}/update?version={version}");
+        let r = shoal_testkit::http::request(m.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
+        match r.status {
+            200..=299 => Ok(()),
+            409 => Err(r.body.to_string()),
+            other => panic!("{other} {}", r.body),
+        }
+    });
+    let on_w1 = |m: &DaemonProcess| {
+        tasks_of(m, "web").iter().filter(|t| t["NodeID"] == w1_id.as_str() && state(t) == "running").count()
+    };
+    until(
+        "the drained worker's tasks to move",
+        || on_w1(&m) == 0 && running_nodes(&m) == (6, 2),
+        || format!("{} on the drained node, {:?}", on_w1(&m), running_nodes(&m)),
+    );
 }
 
 #[test]

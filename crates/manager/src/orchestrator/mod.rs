@@ -57,6 +57,12 @@ pub fn node_is_down(node: Option<&Node>) -> bool {
     }
 }
 
+/// True when the node is drained (availability DRAIN): its tasks are to be moved elsewhere.
+pub fn node_is_drained(node: Option<&Node>) -> bool {
+    node.and_then(|n| n.spec.as_ref())
+        .is_some_and(|s| s.availability == shoal_api::node_spec::Availability::Drain as i32)
+}
+
 /// True when the task may still be running somewhere: it reached a node (observed >= ASSIGNED), has not
 /// reached a terminal state, and its node is not down.
 pub fn task_is_live(tables: &Tables, t: &Task) -> bool {

@@ -2,7 +2,7 @@
 //! with its spec, as a pure function of a read view, the time and an ID source. One pass:
 //!
 //! 1. Restart supervisor: every task still meant to run (desired <= RUNNING) that reached a terminal
-//!    observed state, or whose node is down, is told to shut down (desired SHUTDOWN); if its restart policy
+//!    observed state, or whose node is down or drained, is told to shut down (desired SHUTDOWN); if its restart policy
 //!    allows (`restart::should_restart`) and no other task runs in the slot, a replacement is created in the
 //!    same slot, with desired READY while the restart delay runs (desired RUNNING when there is none).
 //! 2. Delayed replacements whose delay has passed are promoted to desired RUNNING.
@@ -24,7 +24,7 @@ use shoal_api::service_spec::Mode;
 use shoal_api::{Meta, Service, Task, TaskState, TaskStatus, Version};
 use shoal_store::{Changes, IdSource, StoreObject, Tables};
 
-use super::{history_key, node_is_down, observed_state, restart, task_is_live, update};
+use super::{history_key, node_is_down, node_is_drained, observed_state, restart, task_is_live, update};
 
 /// The status message of a task the orchestrator just created.
 pub const PENDING_MESSAGE: &str = "pending task scheduling";
@@ -186,9 +186,11 @@ impl<'a> Work<'a> {
                         continue;
                     }
                     let observed = observed_state(&e.task);
+                    let node = tables.nodes().get(&e.task.node_id).map(|n| &**n);
+                    // A down node's tasks will not report again; a drained node's are moved elsewhere.
                     let node_down = observed >= TaskState::Assigned
                         && !e.task.node_id.is_empty()
-                        && node_is_down(tables.nodes().get(&e.task.node_id).map(|n| &**n));
+                        && (node_is_down(node) || node_is_drained(node));
                     if !observed.is_terminal() && !node_down {
                         continue;
                     }

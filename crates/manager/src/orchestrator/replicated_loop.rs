@@ -82,9 +82,14 @@ impl LoopState {
                         Some(Object::Node(n)) => n.status.as_ref().map(|s| s.state()) == Some(node_status::State::Down),
                         _ => false,
                     };
+                    let drained = |o: &Option<Object>| match o {
+                        Some(Object::Node(n)) => super::node_is_drained(Some(n)),
+                        _ => false,
+                    };
                     let now_down = ch.kind == ActionKind::Remove
                         || n.status.as_ref().map(|s| s.state()) == Some(node_status::State::Down);
-                    if now_down && !(ch.kind == ActionKind::Update && down(&ch.old)) {
+                    let now_drained = super::node_is_drained(Some(n)) && !drained(&ch.old);
+                    if now_drained || (now_down && !(ch.kind == ActionKind::Update && down(&ch.old))) {
                         self.down_nodes.insert(n.id.clone());
                     }
                 }

@@ -186,6 +186,23 @@ fn tasks_on_a_down_node_are_replaced_elsewhere() {
     assert_eq!(fx.pending_changes("s1"), 0);
 }
 
+#[test]
+fn tasks_on_a_drained_node_are_shut_down_and_replaced_elsewhere() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(with_restart("s1", 2, RestartCondition::Any, 0, 0, 0));
+    fx.reconcile("s1");
+    let tasks = fx.tasks("s1");
+    fx.place(&tasks[0].id, "n1", TaskState::Running);
+    fx.set_node("n1", |n| n.spec.as_mut().unwrap().set_availability(shoal_api::node_spec::Availability::Drain));
+    fx.reconcile("s1");
+    assert_eq!(fx.task(&tasks[0].id).desired_state(), TaskState::Shutdown, "the agent stops it");
+    let runnable = fx.runnable("s1");
+    assert_eq!(runnable.len(), 2);
+    assert!(runnable.iter().all(|t| t.node_id.is_empty()), "replacements wait for the scheduler");
+    assert_eq!(fx.pending_changes("s1"), 0);
+}
+
 /// Drives a rolling update of a 3-replica service to its end, playing the agent: tasks told to shut down
 /// stop, new tasks start running. Returns the most slots seen being replaced at once.
 fn drive_update(fx: &Fx, order: UpdateOrder, parallelism: u64) -> usize {
