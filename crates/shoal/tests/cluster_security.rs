@@ -280,3 +280,66 @@ fn rand_like_rng() -> impl rand::RngCore + rand::CryptoRng {
     use rand::SeedableRng;
     rand::rngs::StdRng::seed_from_u64(5)
 }
+
+#[test]
+fn three_managers_and_two_workers_over_mutual_tls() {
+    let m1 = manager(61);
+    let join_manager = |ip: u8| {
+        DaemonProcess::start_with(
+            &shoal_bin(),
+            DaemonOptions {
+                listen_ip: Some(format!("127.0.0.{ip}")),
+                hostname: Some(format!("manager-{ip}")),
+                extra_args: vec!["--join-addr".into(), m1.remote_addr(), "--join-token".into(), token(&m1, "Manager")],
+                ..DaemonOptions::default()
+            },
+        )
+    };
+    let m2 = join_manager(62);
+    let _m3 = join_manager(63);
+    let _w1 = worker(64, &m1);
+    let _w2 = worker(65, &m1);
+    let summary = |m: &DaemonProcess| {
+        let mut v: Vec<(String, String, String, bool)> = nodes(m)
+            .iter()
+            .map(|n| {
+                let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+                let leader = n["ManagerStatus"]["Leader"].as_bool() == Some(true);
+                (s(&n["Description"]["Hostname"]), s(&n["Spec"]["Role"]), s(&n["Status"]["State"]), leader)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let want = vec![
+        ("manager-61".to_string(), "manager".to_string(), "ready".to_string(), true),
+        ("manager-62".into(), "manager".into(), "ready".into(), false),
+        ("manager-63".into(), "manager".into(), "ready".into(), false),
+        ("worker-64".into(), "worker".into(), "ready".into(), false),
+        ("worker-65".into(), "worker".into(), "ready".into(), false),
+    ];
+    // Every manager sees the same five nodes (a follower reads its replicated store).
+    until("five ready nodes on m1", || summary(&m1) == want, || format!("{:?}", summary(&m1)));
+    until("five ready nodes on m2", || summary(&m2) == want, || format!("{:?}", summary(&m2)));
+
+    // A service created through a follower spreads over all five nodes.
+    let body = serde_json::json!({
+        "Name": "wide",
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"]}},
+        "Mode": {"Replicated": {"Replicas": 10}},
+    });
+    let r = shoal_testkit::http::request(m2.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+    let spread = |m: &DaemonProcess| {
+        let mut ids: Vec<String> = tasks_of(m, "wide")
+            .iter()
+            .filter(|t| state(t) == "running")
+            .map(|t| t["NodeID"].as_str().unwrap_or("").to_string())
+            .collect();
+        let n = ids.len();
+        ids.sort();
+        ids.dedup();
+        (n, ids.len())
+    };
+    until("10 running tasks on 5 nodes", || spread(&m1) == (10, 5), || format!("{:?}", spread(&m1)));
+}
