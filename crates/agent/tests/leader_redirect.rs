@@ -36,7 +36,7 @@ async fn manager() -> Manager {
     let dispatcher = Dispatcher::new(state.clone(), DispatcherConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let svc = dispatcher.grpc_service();
+    let svc = dispatcher.grpc_service_trusting_metadata_for_tests();
     let server = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(svc)
