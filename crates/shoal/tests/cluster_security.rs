@@ -200,17 +200,18 @@ fn refusals_are_clear_and_change_nothing() {
         (other_root, "does not match the join token"),
         ("SWMTKN-1-nonsense".to_string(), "invalid join token"),
     ];
-    let version = m.get("/v1.47/swarm")["Version"]["Index"].as_u64().unwrap();
-    let spec = m.get("/v1.47/swarm")["Spec"].to_string();
-    let r = shoal_testkit::http::request(
-        m.socket(),
-        "POST",
-        &format!("/v1.47/swarm/update?version={version}&rotateWorkerToken=true"),
-        Some(&spec),
-    )
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_ne!(token(&m, "Worker"), worker_token);
+    // `shoal swarm join-token` prints the token; with --rotate it replaces it first.
+    let cli = |args: &[&str]| {
+        let out = shoal_cli(m.socket(), args);
+        assert!(out.status.success(), "shoal {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(cli(&["swarm", "join-token", "-q", "worker"]), worker_token);
+    let shown = cli(&["swarm", "join-token", "worker"]);
+    assert!(shown.contains(&format!("--join-addr {addr} --join-token {worker_token}")), "{shown}");
+    let rotated = cli(&["swarm", "join-token", "--rotate", "-q", "worker"]);
+    assert_ne!(rotated, worker_token);
+    assert_eq!(token(&m, "Worker"), rotated);
     cases.push((worker_token, "invalid join token"));
     for (t, want) in &cases {
         let (ok, out) = refused_join(&addr, t);

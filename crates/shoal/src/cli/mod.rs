@@ -8,6 +8,7 @@ mod client;
 mod node;
 mod output;
 mod service;
+mod swarm;
 #[cfg(test)]
 mod tests;
 
@@ -36,6 +37,9 @@ pub enum ClientCommand {
     /// List and inspect tasks.
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Manage the swarm (join tokens).
+    #[command(subcommand)]
+    Swarm(swarm::SwarmCommand),
     /// Show information about the node and the cluster.
     Info,
     /// Show the client and daemon versions.
@@ -77,6 +81,7 @@ pub fn execute(
         ClientCommand::Service(s) => service::run(c, s, out, err),
         ClientCommand::Node(n) => node::run_node(c, n, out),
         ClientCommand::Task(t) => node::run_task(c, t, out),
+        ClientCommand::Swarm(s) => swarm::run(c, s, out),
         ClientCommand::Info => {
             let i: InfoJson = c.get("/info")?;
             let sw = &i.swarm;
