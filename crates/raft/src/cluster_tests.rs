@@ -576,3 +576,34 @@ async fn acknowledged_writes_survive_random_partitions() {
     }
     c.shutdown().await;
 }
+
+/// §6: a member that lost its state rejoins at the same address: the unreachable old member is removed and
+/// the new one added (one change at a time); a live member at that address is never displaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_member_rejoins_at_the_same_address() {
+    let mut c = Cluster::start(3, 11, fast).await;
+    let leader = c.wait_leader(&[1, 2, 3]).await;
+    let victim = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    let err = within("live duplicate", c.node(leader).add_member_with_id(9, &addr(victim), "")).await.unwrap_err();
+    assert!(matches!(err, MembershipError::Refused(_)), "{err:?}");
+
+    let commit = within("write", c.node(leader).propose(create("before"))).await.unwrap();
+    c.wait_converged(&[1, 2, 3], commit.index).await;
+    c.stop(victim).await;
+    c.members.remove(&victim); // its state is gone
+    let l = c.node(leader).clone();
+    wait_for("the victim to be unreachable", || l.reachable_members().get(&victim) == Some(&false)).await;
+
+    // The wiped manager comes back at the same (simulated) address under a new Raft ID.
+    let new_id = 20 + victim;
+    let (_, members) =
+        within("rejoin", c.node(leader).add_member_with_id(new_id, &addr(victim), "")).await.expect("rejoin");
+    assert!(members.removed.contains(&victim) && members.members.contains_key(&new_id));
+    assert_eq!(members.members.len(), 3);
+    c.launch(new_id, StartMode::Join { members }, tempfile::tempdir().unwrap()).await;
+    let rest = c.running();
+    let commit = within("write", c.node(leader).propose(create("after"))).await.unwrap();
+    c.wait_converged(&rest, commit.index).await;
+    assert!(has_service(c.store(new_id), "before"));
+    c.shutdown().await;
+}

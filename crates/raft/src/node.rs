@@ -377,12 +377,19 @@ impl RaftNode {
         if addr.is_empty() {
             return Err(MembershipError::Refused("the joining manager sent no address; set its advertise address".into()));
         }
-        let members = self.members();
-        if let Some(m) = members.members.values().find(|m| m.addr == addr) {
-            return Err(MembershipError::Refused(format!(
-                "a manager at {addr} is already a member (raft id {:x}); remove it first (docker node demote/rm) or use another address",
-                m.raft_id
-            )));
+        let mut members = self.members();
+        if let Some(m) = members.members.values().find(|m| m.addr == addr).cloned() {
+            // A member that lost its state and comes back at the same address: if the old member is not
+            // heard from (a dead or wiped manager), replace it; a live one is never displaced.
+            let alive = self.reachable_members().get(&m.raft_id).copied().unwrap_or(true);
+            if alive || m.raft_id == self.inner.raft_id {
+                return Err(MembershipError::Refused(format!(
+                    "a running manager at {addr} is already a member (raft id {:x}); stop it, or remove it first, or use another address",
+                    m.raft_id
+                )));
+            }
+            tracing::info!(old = format_args!("{:x}", m.raft_id), addr, "replacing an unreachable member at the joining address");
+            members = self.remove_member(m.raft_id).await?;
         }
         if raft_id == 0 || members.members.contains_key(&raft_id) || members.removed.contains(&raft_id) {
             return Err(MembershipError::Refused(format!("raft id {raft_id:x} is in use, was removed, or is zero")));
