@@ -150,6 +150,20 @@ impl RootCa {
         now: SystemTime,
         rng: &mut (impl Rng + CryptoRng),
     ) -> Result<String, CaError> {
+        self.sign_csr_with_ips(csr_pem, subject, validity, now, &[], rng)
+    }
+
+    /// `sign_csr`, with `ips` added as IP address names (a server that clients reach by IP, such as the
+    /// Engine API over TCP, whose clients check the address against the certificate).
+    pub fn sign_csr_with_ips(
+        &self,
+        csr_pem: &str,
+        subject: &NodeSubject,
+        validity: Duration,
+        now: SystemTime,
+        ips: &[std::net::IpAddr],
+        rng: &mut (impl Rng + CryptoRng),
+    ) -> Result<String, CaError> {
         let mut csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| CaError::BadCsr(e.to_string()))?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
@@ -166,6 +180,7 @@ impl RootCa {
                     .map_err(|e| CaError::BadCsr(format!("name {n:?} is not a valid DNS name: {e}")))
             })
             .collect::<Result<_, _>>()?;
+        params.subject_alt_names.extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];

@@ -6,6 +6,7 @@
 //! Reads come from the store; every write goes through `shoal_manager::controlapi`. Must not depend on Raft
 //! or the executors.
 
+pub mod ca;
 pub mod error;
 pub mod filters;
 mod handlers;
@@ -64,6 +65,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/version", get(handlers::version))
         .route("/info", get(handlers::info))
         .route("/swarm", get(handlers::swarm))
+        .route("/shoal/v1/ca/client-cert", post(ca::client_cert))
         .route("/swarm/update", post(swarm_update::update_swarm))
         .route("/services", get(handlers::list_services))
         .route("/services/create", post(handlers::create_service))

@@ -55,6 +55,8 @@ pub struct DaemonConfig {
     /// The join token for `join_addr` (`SWMTKN-1-...`): a worker token makes this node a worker only, a
     /// manager token a manager. Used on first start only; afterwards the node's certificate says who it is.
     pub join_token: Option<JoinToken>,
+    /// Also serve the Engine API on this TCP address, mutual TLS only (managers).
+    pub listen_api_tcp: Option<SocketAddr>,
     /// Node certificate validity to issue instead of the cluster's setting (and its one-hour minimum):
     /// for tests of certificate renewal only (the daemon reads it from `SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS`).
     pub node_cert_expiry_override: Option<std::time::Duration>,
@@ -75,6 +77,7 @@ impl DaemonConfig {
             join_addr: None,
             force_new_cluster: false,
             join_token: None,
+            listen_api_tcp: None,
             node_cert_expiry_override: None,
         }
     }

@@ -6,6 +6,7 @@
 //! socket, and runs the agent. `RunningNode::shutdown` stops everything in reverse order, so no task process
 //! outlives the daemon. This crate does no argument parsing (that is the `shoal` binary).
 
+pub mod api_tcp;
 pub mod authz;
 mod bootstrap;
 mod config;
@@ -247,6 +248,21 @@ impl Node {
             executor: executor.name().to_string(),
             hostname: hostname.clone(),
         };
+        if let Some(addr) = cfg.listen_api_tcp {
+            // The Engine API over TCP, mutual TLS only (see `api_tcp`).
+            let cluster = shoal_manager::ca::cluster(&state)
+                .ok_or_else(|| NodeError::Security("no cluster object to take the root CA from".into()))?;
+            let root = shoal_manager::ca::root_ca_of(&cluster).map_err(|e| NodeError::Security(e.message().to_string()))?;
+            let validity = shoal_manager::ca::node_cert_expiry(&cluster, cfg.node_cert_expiry_override);
+            let (cert, key) = api_tcp::issue_server_cert(&root, &identity.node_id, &cluster.id, addr, validity)?;
+            let config = api_tcp::server_config(root.cert_pem(), &cert, &key).map_err(|e| NodeError::Security(e.to_string()))?;
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| NodeError::io(Path::new(&addr.to_string()), e))?;
+            let router = shoal_engine_api::router(ctx.clone());
+            tasks.push((
+                "engine-api-tcp",
+                tokio::spawn(api_tcp::serve(listener, config, cluster.id.clone(), router, shutdown_rx.clone())),
+            ));
+        }
         tasks.push((
             "engine-api",
             tokio::spawn({

@@ -41,6 +41,10 @@ pub struct DaemonArgs {
     /// token makes this node a worker only, a manager token a manager. First start only.
     #[arg(long, env = "SHOAL_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
+    /// Also serve the Engine API on TCP, mutual TLS only (tcp://IP:PORT): clients need a manager certificate or
+    /// one from `shoal ca issue-client-cert`, and the cluster's ca.pem.
+    #[arg(long, value_parser = parse_tcp_addr)]
+    listen_api: Option<SocketAddr>,
     /// Log filter (tracing env-filter syntax), e.g. info or shoal=debug.
     #[arg(long, env = "SHOAL_LOG", default_value = "info")]
     log_level: String,
@@ -63,6 +67,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.join_addr = args.join_addr;
     cfg.force_new_cluster = args.force_new_cluster;
     cfg.join_token = args.join_token.map(shoal_node::JoinToken);
+    cfg.listen_api_tcp = args.listen_api;
     // Hidden, for tests of certificate renewal: issue node certificates valid this many seconds.
     match std::env::var("SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS").ok().map(|v| v.parse::<u64>()) {
         None => {}
@@ -88,6 +93,11 @@ pub fn run(args: DaemonArgs) -> i32 {
             1
         }
     }
+}
+
+fn parse_tcp_addr(s: &str) -> Result<SocketAddr, String> {
+    let rest = s.strip_prefix("tcp://").ok_or_else(|| format!("{s:?}: use tcp://IP:PORT"))?;
+    rest.parse().map_err(|e| format!("{s:?}: {e}; use tcp://IP:PORT"))
 }
 
 async fn shutdown_signal() {

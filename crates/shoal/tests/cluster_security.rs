@@ -277,7 +277,7 @@ fn refusals_are_clear_and_change_nothing() {
 }
 
 /// A seeded generator for a token whose digest names no real root (its secret does not matter).
-fn rand_like_rng() -> impl rand::RngCore + rand::CryptoRng {
+fn rand_like_rng() -> impl rand::CryptoRng {
     use rand::SeedableRng;
     rand::rngs::StdRng::seed_from_u64(5)
 }
@@ -343,4 +343,74 @@ fn three_managers_and_two_workers_over_mutual_tls() {
         (n, ids.len())
     };
     until("10 running tasks on 5 nodes", || spread(&m1) == (10, 5), || format!("{:?}", spread(&m1)));
+}
+
+/// Runs the stock docker CLI against `tcp://addr` with the client files in `certs` (ca.pem, cert.pem,
+/// key.pem; `None`: no certificates, TLS verification only).
+fn docker_tcp(addr: &str, certs: Option<&Path>, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new("docker");
+    cmd.arg("-H").arg(format!("tcp://{addr}")).arg("--tlsverify");
+    if let Some(dir) = certs {
+        cmd.arg("--tlscacert").arg(dir.join("ca.pem"));
+        cmd.arg("--tlscert").arg(dir.join("cert.pem"));
+        cmd.arg("--tlskey").arg(dir.join("key.pem"));
+    }
+    cmd.args(args).env_remove("DOCKER_HOST").env_remove("DOCKER_CERT_PATH").output().expect("run docker")
+}
+
+#[test]
+fn the_engine_api_over_tcp_takes_manager_and_operator_certificates_only() {
+    let ip = "127.0.0.71";
+    let port = std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port();
+    let api = format!("{ip}:{port}");
+    let m = DaemonProcess::start_with(
+        &shoal_bin(),
+        DaemonOptions {
+            listen_ip: Some(ip.into()),
+            hostname: Some("manager-71".into()),
+            extra_args: vec!["--listen-api".into(), format!("tcp://{api}")],
+            ..DaemonOptions::default()
+        },
+    );
+    let w = worker(72, &m);
+    until("two nodes", || nodes(&m).len() == 2, || format!("{:?}", node_table(&m)));
+
+    // An operator certificate from `shoal ca issue-client-cert` works with the stock docker CLI.
+    let dir = tempfile::tempdir().unwrap();
+    let admin = dir.path().join("admin");
+    let out = shoal_cli(m.socket(), &["ca", "issue-client-cert", "--name", "ops", "--out", admin.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(admin.join("key.pem")).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let ls = docker_tcp(&api, Some(&admin), &["node", "ls", "--format", "{{.Hostname}}"]);
+    assert!(ls.status.success(), "{}", String::from_utf8_lossy(&ls.stderr));
+    let hosts = String::from_utf8_lossy(&ls.stdout);
+    assert!(hosts.contains("manager-71") && hosts.contains("worker-72"), "{hosts}");
+
+    // The manager's own node certificate works too.
+    let mgr = dir.path().join("mgr");
+    std::fs::create_dir_all(&mgr).unwrap();
+    let certs_dir = m.state_dir().join("certificates");
+    std::fs::copy(certs_dir.join("swarm-root-ca.crt"), mgr.join("ca.pem")).unwrap();
+    std::fs::copy(certs_dir.join("swarm-node.crt"), mgr.join("cert.pem")).unwrap();
+    std::fs::copy(certs_dir.join("swarm-node.key"), mgr.join("key.pem")).unwrap();
+    let info = docker_tcp(&api, Some(&mgr), &["info", "--format", "{{.Swarm.ControlAvailable}}"]);
+    assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
+    assert_eq!(String::from_utf8_lossy(&info.stdout).trim(), "true");
+
+    // A worker's certificate is refused with 403; no certificate fails the handshake.
+    let wk = dir.path().join("worker");
+    std::fs::create_dir_all(&wk).unwrap();
+    let wdir = w.state_dir().join("certificates");
+    std::fs::copy(wdir.join("swarm-root-ca.crt"), wk.join("ca.pem")).unwrap();
+    std::fs::copy(wdir.join("swarm-node.crt"), wk.join("cert.pem")).unwrap();
+    std::fs::copy(wdir.join("swarm-node.key"), wk.join("key.pem")).unwrap();
+    let refused = docker_tcp(&api, Some(&wk), &["node", "ls"]);
+    assert!(!refused.status.success());
+    let msg = String::from_utf8_lossy(&refused.stderr);
+    assert!(msg.contains("worker certificates are refused"), "{msg}");
+    let anonymous = docker_tcp(&api, None, &["node", "ls"]);
+    assert!(!anonymous.status.success(), "no certificate: {}", String::from_utf8_lossy(&anonymous.stdout));
 }

@@ -344,3 +344,33 @@ impl NodeCaRpc for CaService {
         Ok(Response::new(NodeCertificateStatusResponse { status: cert.status.clone(), certificate: Some(cert) }))
     }
 }
+
+/// Why an operator client certificate could not be issued.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientCertError {
+    /// There is no cluster (or no root CA) yet.
+    #[error("the cluster is not initialised yet; retry in a moment")]
+    NoCluster,
+    /// The name or CSR is unusable.
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+/// Signs `csr_pem` as an operator's client certificate (OU `shoal-admin`, CN `name`, O the cluster ID),
+/// valid as long as node certificates. Returns the certificate and the root CA certificate, PEM. Such a
+/// certificate opens the Engine API over TCP (`--listen-api`) and nothing else.
+pub fn issue_client_cert(state: &ClusterState, name: &str, csr_pem: &str) -> Result<(String, String), ClientCertError> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') {
+        return Err(ClientCertError::BadRequest(format!(
+            "invalid client name {name:?}: use 1 to 64 letters, digits, '-' or '.'"
+        )));
+    }
+    let cluster = cluster(state).ok_or(ClientCertError::NoCluster)?;
+    let root = root_ca_of(&cluster).map_err(|_| ClientCertError::NoCluster)?;
+    let subject = NodeSubject { node_id: name.to_string(), role: Role::Admin, cluster_id: cluster.id.clone() };
+    let now = SystemTime::UNIX_EPOCH + Duration::from_millis(state.clock.now_unix_ms());
+    let cert = root
+        .sign_csr(csr_pem, &subject, node_cert_expiry(&cluster, None), now, &mut rand::rng())
+        .map_err(|e| ClientCertError::BadRequest(e.to_string()))?;
+    Ok((cert, root.cert_pem().to_string()))
+}

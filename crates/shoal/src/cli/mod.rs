@@ -4,6 +4,7 @@
 //! line, `shoal: <message>`, on stderr and exit 1 (usage errors exit 2, from clap).
 //! Must not depend on cluster logic: it only speaks HTTP/JSON.
 
+mod ca;
 mod client;
 mod node;
 mod output;
@@ -37,6 +38,9 @@ pub enum ClientCommand {
     /// List and inspect tasks.
     #[command(subcommand)]
     Task(TaskCommand),
+    /// The cluster's certificate authority (operator client certificates).
+    #[command(subcommand)]
+    Ca(ca::CaCommand),
     /// Manage the swarm (join tokens).
     #[command(subcommand)]
     Swarm(swarm::SwarmCommand),
@@ -82,6 +86,7 @@ pub fn execute(
         ClientCommand::Node(n) => node::run_node(c, n, out),
         ClientCommand::Task(t) => node::run_task(c, t, out),
         ClientCommand::Swarm(s) => swarm::run(c, s, out),
+        ClientCommand::Ca(cmd) => ca::run(c, cmd, out),
         ClientCommand::Info => {
             let i: InfoJson = c.get("/info")?;
             let sw = &i.swarm;

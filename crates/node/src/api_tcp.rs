@@ -1,0 +1,127 @@
+//! The Engine API over TCP with mutual TLS (`--listen-api tcp://IP:PORT`, managers only): the same routes
+//! as the control socket, for remote `docker --tlsverify` and `shoal` clients. The server presents a
+//! certificate from the cluster root with the listen IP as an address name (issued at start, valid as long
+//! as node certificates); a client must present a certificate of this cluster with the manager role or
+//! the operator role (`shoal ca issue-client-cert`); any other verified certificate (a worker's) gets 403
+//! on every request. Connections without a certificate of the cluster root fail the handshake.
+//!
+//! Bounds: at most `MAX_API_CONNECTIONS` connections at once (accepting waits), `HANDSHAKE_TIMEOUT` per
+//! handshake. Must not know the routes (it serves the router it is given).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Router;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use shoal_ca::{NodeSubject, Role, RootCa};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::tls::{TlsError, HANDSHAKE_TIMEOUT};
+use crate::NodeError;
+
+/// Most Engine API connections over TCP at once.
+pub const MAX_API_CONNECTIONS: usize = 256;
+
+/// The message of the 403 answer to a certificate without an allowed role.
+pub const FORBIDDEN: &str = "this certificate may not use the Engine API: it needs the manager role or a client \
+certificate from `shoal ca issue-client-cert` (worker certificates are refused)";
+
+/// The TLS server configuration: `cert_pem`/`key_pem` as the server identity, client certificates required
+/// and verified against `root_pem`.
+pub fn server_config(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(root_pem.as_bytes()) {
+        let c = c.map_err(|e| TlsError::BadPem { what: "the root CA certificate", reason: e.to_string() })?;
+        roots.add(c).map_err(|e| TlsError::Config(e.to_string()))?;
+    }
+    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::BadPem { what: "the API certificate", reason: e.to_string() })?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| TlsError::BadPem { what: "the API key", reason: e.to_string() })?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Issues the API server certificate for `listen` from the cluster's root (the manager holds it).
+pub fn issue_server_cert(
+    root: &RootCa,
+    node_id: &str,
+    cluster_id: &str,
+    listen: std::net::SocketAddr,
+    validity: std::time::Duration,
+) -> Result<(String, String), NodeError> {
+    let csr = shoal_ca::generate_node_key_and_csr().map_err(|e| NodeError::Security(e.to_string()))?;
+    let subject = NodeSubject { node_id: node_id.to_string(), role: Role::Manager, cluster_id: cluster_id.to_string() };
+    let cert = root
+        .sign_csr_with_ips(&csr.csr_pem, &subject, validity, SystemTime::now(), &[listen.ip()], &mut rand::rng())
+        .map_err(|e| NodeError::Security(e.to_string()))?;
+    Ok((cert, csr.key_pem))
+}
+
+/// Whether a verified client certificate may use the API.
+pub fn allowed(subject: Option<&NodeSubject>, cluster_id: &str) -> bool {
+    subject.is_some_and(|s| s.cluster_id == cluster_id && matches!(s.role, Role::Manager | Role::Admin))
+}
+
+fn forbidden_router() -> Router {
+    Router::new().fallback(|| async {
+        (axum::http::StatusCode::FORBIDDEN, axum::Json(serde_json::json!({ "message": FORBIDDEN })))
+    })
+}
+
+/// Serves `router` on `listener` with `config` until `stop` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    cluster_id: String,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_API_CONNECTIONS));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept on the Engine API TCP port failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shoal_manager::stopped(&mut stop) => return,
+        };
+        let (acceptor, router, cluster_id, mut stop) = (acceptor.clone(), router.clone(), cluster_id.clone(), stop.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "Engine API TLS handshake refused"),
+                Err(_) => return tracing::debug!(%peer, "Engine API TLS handshake timed out"),
+            };
+            let subject = tls.get_ref().1.peer_certificates().and_then(crate::tls::peer_subject);
+            let router = if allowed(subject.as_ref(), &cluster_id) { router } else { forbidden_router() };
+            let svc = hyper_util::service::TowerToHyperService::new(router);
+            let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+            tokio::select! {
+                r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "Engine API connection ended") },
+                _ = shoal_manager::stopped(&mut stop) => {}
+            }
+        });
+    }
+}
