@@ -44,6 +44,10 @@ pub struct DaemonConfig {
     pub executor: ExecutorKind,
     /// Raft tick interval.
     pub raft_tick_interval_ms: u64,
+    /// Raft ticks without a leader's message before a follower campaigns (randomized in [n, 2n)).
+    pub raft_election_tick: usize,
+    /// Raft ticks between the leader's heartbeats.
+    pub raft_heartbeat_tick: usize,
     /// The Docker Engine the docker executor uses (`unix:///var/run/docker.sock` by default).
     pub engine_addr: String,
     /// A running manager's remote address (`host:port`) to join as a new manager on first start (`None`:
@@ -73,6 +77,8 @@ impl DaemonConfig {
             hostname: None,
             executor: ExecutorKind::Auto,
             raft_tick_interval_ms: 100,
+            raft_election_tick: 10,
+            raft_heartbeat_tick: 1,
             engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),
             join_addr: None,
             force_new_cluster: false,

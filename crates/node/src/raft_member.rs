@@ -43,6 +43,8 @@ pub(crate) async fn start_raft(
 ) -> Result<(RaftNode, Membership), NodeError> {
     let mut raft_cfg = RaftConfig::new(cfg.state_dir.clone(), identity.raft_id);
     raft_cfg.tick_interval_ms = cfg.raft_tick_interval_ms;
+    raft_cfg.election_tick = cfg.raft_election_tick;
+    raft_cfg.heartbeat_tick = cfg.raft_heartbeat_tick;
     raft_cfg.addr = cfg.advertised().to_string();
     raft_cfg.node_id = identity.node_id.clone();
 

@@ -37,6 +37,15 @@ pub struct DaemonArgs {
     /// majority of the managers is lost for good; re-join the other managers afterwards.
     #[arg(long)]
     force_new_cluster: bool,
+    /// Length of one Raft tick, in milliseconds (every manager of a cluster should use the same timing).
+    #[arg(long, default_value_t = 100)]
+    raft_tick_interval_ms: u64,
+    /// Raft ticks without hearing from a leader before a manager campaigns (randomized up to twice that).
+    #[arg(long, default_value_t = 10)]
+    election_tick: usize,
+    /// Raft ticks between the leader's heartbeats (less than --election-tick).
+    #[arg(long, default_value_t = 1)]
+    heartbeat_tick: usize,
     /// The join token for --join-addr (from `docker swarm join-token worker|manager` on a manager): a worker
     /// token makes this node a worker only, a manager token a manager. First start only.
     #[arg(long, env = "SHOAL_JOIN_TOKEN", hide_env_values = true)]
@@ -66,6 +75,9 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.engine_addr = args.engine_addr;
     cfg.join_addr = args.join_addr;
     cfg.force_new_cluster = args.force_new_cluster;
+    cfg.raft_tick_interval_ms = args.raft_tick_interval_ms;
+    cfg.raft_election_tick = args.election_tick;
+    cfg.raft_heartbeat_tick = args.heartbeat_tick;
     cfg.join_token = args.join_token.map(shoal_node::JoinToken);
     cfg.listen_api_tcp = args.listen_api;
     // Hidden, for tests of certificate renewal: issue node certificates valid this many seconds.
