@@ -1,15 +1,18 @@
 //! The leader-only loop that keeps each manager's `Node.manager_status` (Raft ID, address, leader,
 //! reachability) and role in step with the Raft membership, so `docker node ls` shows every manager with
 //! its MANAGER STATUS. A member whose Node object does not exist yet (its agent has not connected) gets one;
-//! a node whose Raft ID was removed from the cluster loses its manager status and becomes a worker.
+//! a node whose Raft ID was removed from the cluster loses its manager status and becomes a worker. A manager
+//! demoted (`docker node demote`: desired role worker) is removed from Raft, unless that would leave the
+//! remaining managers without a reachable quorum, or it is the leader itself.
 //!
 //! Reads Raft only through `RaftNode`'s members, leadership and reachability; writes through the store.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use shoal_api::{node_spec, raft_member_status::Reachability, ManagerStatus, Meta, Node, NodeRole, NodeSpec};
 use shoal_manager::{ClusterState, Subsystem, SubsystemFuture};
-use shoal_raft::RaftNode;
+use shoal_raft::{Members, RaftNode};
 use tokio::sync::watch;
 
 /// How often the manager statuses are compared with Raft (reachability changes without an event).
@@ -52,15 +55,24 @@ impl Subsystem for ManagerStatusSubsystem {
     }
 }
 
-/// One pass: the desired manager status of every member with a node ID, written where it differs.
+/// One pass: the desired manager status of every member with a node ID, written where it differs; then
+/// members whose node was demoted (desired role worker) leave Raft.
 async fn reconcile(state: &ClusterState, raft: &RaftNode) -> Result<(), String> {
     let members = raft.members();
     let leader = raft.status().leader_id;
     let reachable = raft.reachable_members();
     let now = state.now();
+    let mut demoted = Vec::new();
     state
         .write(|t, changes| {
             for m in members.members.values().filter(|m| !m.node_id.is_empty()) {
+                let desired_worker = t.nodes().get(&m.node_id).is_some_and(|n| {
+                    n.spec.as_ref().is_some_and(|s| s.desired_role() == NodeRole::Worker)
+                });
+                if desired_worker {
+                    demoted.push(m.raft_id);
+                    continue;
+                }
                 let reach = match reachable.get(&m.raft_id) {
                     Some(true) => Reachability::Reachable,
                     Some(false) => Reachability::Unreachable,
@@ -80,9 +92,6 @@ async fn reconcile(state: &ClusterState, raft: &RaftNode) -> Result<(), String> 
                         let mut node = (**node).clone();
                         node.manager_status = Some(want);
                         node.set_role(NodeRole::Manager);
-                        if let Some(spec) = node.spec.as_mut() {
-                            spec.set_desired_role(NodeRole::Manager);
-                        }
                         if let Some(meta) = node.meta.as_mut() {
                             meta.updated_at = Some(now);
                         }
@@ -125,6 +134,33 @@ async fn reconcile(state: &ClusterState, raft: &RaftNode) -> Result<(), String> 
             Ok::<_, std::convert::Infallible>(())
         })
         .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    for raft_id in demoted {
+        demote(raft, raft_id, &members, &reachable).await;
+    }
+    Ok(())
+}
+
+/// Removes a demoted manager from Raft, unless it is this leader itself (another manager must lead first:
+/// stop this one, or demote it from the new leader) or the managers left could not form a quorum.
+async fn demote(raft: &RaftNode, raft_id: u64, members: &Members, reachable: &BTreeMap<u64, bool>) {
+    if raft_id == raft.id() {
+        tracing::warn!("this manager (the leader) is demoted; it stays a member until another manager leads");
+        return;
+    }
+    let remaining: Vec<u64> = members.members.keys().copied().filter(|id| *id != raft_id).collect();
+    let alive = remaining.iter().filter(|id| reachable.get(id).copied().unwrap_or(false)).count();
+    if alive < remaining.len() / 2 + 1 {
+        tracing::warn!(
+            raft_id = format_args!("{raft_id:x}"),
+            alive,
+            remaining = remaining.len(),
+            "demotion postponed: the managers left would not have a reachable quorum"
+        );
+        return;
+    }
+    match raft.remove_member(raft_id).await {
+        Ok(_) => tracing::info!(raft_id = format_args!("{raft_id:x}"), "demoted manager left raft"),
+        Err(e) => tracing::warn!(raft_id = format_args!("{raft_id:x}"), error = %e, "demoted manager could not leave raft yet"),
+    }
 }

@@ -219,3 +219,48 @@ fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
         }
     });
 }
+
+/// `docker node demote` of a manager (desired role worker) takes it out of Raft; the others keep their quorum
+/// and take writes, and the node stays in the cluster without a manager status.
+#[test]
+fn a_demoted_manager_leaves_raft() {
+    let a = manager(31, None);
+    let b = manager(32, Some(&a));
+    let c = manager(33, Some(&a));
+    wait_until("3 managers, manager-31 leads", Duration::from_secs(30), || {
+        let seen = managers_seen_by(&a);
+        let want: Vec<(String, String)> = vec![
+            ("manager-31".into(), "Leader".into()),
+            ("manager-32".into(), "reachable".into()),
+            ("manager-33".into(), "reachable".into()),
+        ];
+        if seen == want {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
+    let node = a
+        .get("/v1.47/nodes")
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["Description"]["Hostname"] == "manager-33")
+        .cloned()
+        .unwrap();
+    let mut spec = node["Spec"].clone();
+    spec["Role"] = "worker".into();
+    let path = format!("/v1.47/nodes/{}/update?version={}", node["ID"].as_str().unwrap(), node["Version"]["Index"]);
+    let r = shoal_testkit::http::request(a.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
+    assert_eq!(r.status, 200, "demote: {}", r.body);
+    wait_until("manager-33 is no longer a manager", Duration::from_secs(30), || {
+        let seen = managers_seen_by(&a);
+        if seen.iter().any(|(h, s)| h == "manager-33" && s == "none") {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
+    wait_until("a write through manager-32", Duration::from_secs(20), || create(&b, "after-demote", 1, &["sleep", "3191"]));
+    drop(c);
+}
