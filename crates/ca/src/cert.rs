@@ -108,7 +108,8 @@ impl RootCa {
         dn.push(DnType::CommonName, ROOT_CN);
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         params.not_before = offset(now - BACKDATE);
         params.not_after = offset(now + ROOT_CA_VALIDITY);
         params.serial_number = Some(random_serial(rng));

@@ -58,7 +58,8 @@ fn a_foreign_root_does_not_verify_a_node_cert() {
     let root = RootCa::generate(t0(), &mut rng(4)).unwrap();
     let other = RootCa::generate(t0(), &mut rng(5)).unwrap();
     let csr = generate_node_key_and_csr().unwrap();
-    let pem = root.sign_csr(&csr.csr_pem, &subject(Role::Worker), Duration::from_secs(7200), t0(), &mut rng(6)).unwrap();
+    let pem =
+        root.sign_csr(&csr.csr_pem, &subject(Role::Worker), Duration::from_secs(7200), t0(), &mut rng(6)).unwrap();
     let der = parse_cert_pem_chain(pem.as_bytes()).unwrap();
     let other_der = parse_cert_pem_chain(other.cert_pem().as_bytes()).unwrap();
     let (_, other_cert) = x509_parser::parse_x509_certificate(&other_der[0]).unwrap();
@@ -118,7 +119,8 @@ fn token_comparison() {
 fn renewal_point_is_between_half_and_four_fifths_of_the_issued_life() {
     let issued_at = t0();
     let life = Duration::from_secs(3600);
-    let info = CertInfo { subject: subject(Role::Worker), not_before: issued_at - BACKDATE, not_after: issued_at + life };
+    let info =
+        CertInfo { subject: subject(Role::Worker), not_before: issued_at - BACKDATE, not_after: issued_at + life };
     let mut r = rng(14);
     let mut seen = Vec::new();
     for _ in 0..1000 {

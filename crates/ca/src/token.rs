@@ -85,7 +85,8 @@ pub fn parse_join_token(token: &str) -> Result<ParsedToken, CaError> {
             secret.len()
         )));
     }
-    let ca_digest = from_base36::<32>(digest).ok_or_else(|| CaError::BadToken("the CA digest is not base 36".into()))?;
+    let ca_digest =
+        from_base36::<32>(digest).ok_or_else(|| CaError::BadToken("the CA digest is not base 36".into()))?;
     from_base36::<SECRET_BYTES>(secret).ok_or_else(|| CaError::BadToken("the secret is not base 36".into()))?;
     Ok(ParsedToken { ca_digest })
 }

@@ -105,7 +105,8 @@ pub async fn serve(
             },
             _ = shoal_manager::stopped(&mut stop) => return,
         };
-        let (acceptor, router, cluster_id, mut stop) = (acceptor.clone(), router.clone(), cluster_id.clone(), stop.clone());
+        let (acceptor, router, cluster_id, mut stop) =
+            (acceptor.clone(), router.clone(), cluster_id.clone(), stop.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

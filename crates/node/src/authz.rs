@@ -86,12 +86,10 @@ pub fn decide(
     let effective = match caller.role {
         Role::Admin => None,
         Role::Manager | Role::Worker => match stored_role(&caller.node_id) {
-            None => {
-                return Err(Status::permission_denied(format!(
-                    "node {} was removed from the cluster; its certificate is no longer accepted (join again with a token)",
-                    caller.node_id
-                )))
-            }
+            None => return Err(Status::permission_denied(format!(
+                "node {} was removed from the cluster; its certificate is no longer accepted (join again with a token)",
+                caller.node_id
+            ))),
             // A certificate says manager only while the store agrees (a demoted node keeps its old
             // certificate until it renews).
             Some(NodeRole::Manager) if caller.role == Role::Manager => Some(Role::Manager),
@@ -181,7 +179,13 @@ impl AuthzLayer {
                 if t.clusters().is_empty() {
                     // A manager that is joining has no state yet (the leader's snapshot is on its way): it
                     // cannot tell removed nodes apart, so it trusts the certificate's role until then.
-                    return subject.as_ref().map(|s| if s.role == Role::Manager { NodeRole::Manager } else { NodeRole::Worker });
+                    return subject.as_ref().map(|s| {
+                        if s.role == Role::Manager {
+                            NodeRole::Manager
+                        } else {
+                            NodeRole::Worker
+                        }
+                    });
                 }
                 t.nodes().get(id).map(|n| NodeRole::try_from(n.role).unwrap_or(NodeRole::Worker))
             })

@@ -295,15 +295,14 @@ pub async fn run_renewal(
 ) {
     let mut rng = StdRng::from_os_rng();
     loop {
-        let info = match shoal_ca::parse_cert_pem_chain(tls.cert_pem().as_bytes())
-            .and_then(|c| shoal_ca::parse_cert(&c[0]))
-        {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read the node certificate; renewal stopped");
-                return;
-            }
-        };
+        let info =
+            match shoal_ca::parse_cert_pem_chain(tls.cert_pem().as_bytes()).and_then(|c| shoal_ca::parse_cert(&c[0])) {
+                Ok(i) => i,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the node certificate; renewal stopped");
+                    return;
+                }
+            };
         let delay = shoal_ca::renewal_delay(&info, SystemTime::now(), &mut rng);
         tracing::debug!(?delay, "next certificate renewal");
         tokio::select! {

@@ -131,7 +131,6 @@ impl std::fmt::Debug for RemoteSecurity {
     }
 }
 
-
 /// A channel factory whose TLS material is set after Raft started (a manager's certificate can depend on
 /// the recovered store). Until then every endpoint fails with "not ready", and Raft retransmits later.
 #[derive(Clone, Default)]

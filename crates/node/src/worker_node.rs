@@ -113,7 +113,8 @@ pub async fn prepare(cfg: &DaemonConfig) -> Result<StartAs, NodeError> {
             cfg.state_dir.display()
         )));
     }
-    let (node_id, certs) = join::join(addr, &token.0, &cfg.state_dir).await.map_err(|e| NodeError::Join(e.to_string()))?;
+    let (node_id, certs) =
+        join::join(addr, &token.0, &cfg.state_dir).await.map_err(|e| NodeError::Join(e.to_string()))?;
     let tls = certs.tls().map_err(security)?;
     // The CA chose the node ID; the Raft ID of a joining manager comes from the leader.
     identity::store(&cfg.state_dir, &NodeIdentity { node_id: node_id.clone(), raft_id: crate::random_raft_id() })?;

@@ -30,7 +30,11 @@ fn certificates_renew_repeatedly_while_tasks_keep_running() {
     std::env::set_var("SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS", "12");
     let m = DaemonProcess::start_with(
         &shoal_bin(),
-        DaemonOptions { listen_ip: Some("127.0.0.51".into()), hostname: Some("manager".into()), ..DaemonOptions::default() },
+        DaemonOptions {
+            listen_ip: Some("127.0.0.51".into()),
+            hostname: Some("manager".into()),
+            ..DaemonOptions::default()
+        },
     );
     let token = m.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().unwrap().to_string();
     let w = DaemonProcess::start_with(
@@ -47,7 +51,8 @@ fn certificates_renew_repeatedly_while_tasks_keep_running() {
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"]}},
         "Mode": {"Replicated": {"Replicas": 4}},
     });
-    let r = shoal_testkit::http::request(m.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
+    let r =
+        shoal_testkit::http::request(m.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     let before = wait_until("4 running tasks", Duration::from_secs(30), || {
         let ids = running_task_ids(&m);

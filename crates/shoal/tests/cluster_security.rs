@@ -70,7 +70,16 @@ fn refused_join(addr: &str, token: &str) -> (bool, String) {
         .arg(dir.path().join("state"))
         .arg("--listen-control-api")
         .arg(dir.path().join("control.sock"))
-        .args(["--listen-remote-api", "127.0.0.99:0", "--executor", "process", "--join-addr", addr, "--join-token", token])
+        .args([
+            "--listen-remote-api",
+            "127.0.0.99:0",
+            "--executor",
+            "process",
+            "--join-addr",
+            addr,
+            "--join-token",
+            token,
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -109,7 +118,11 @@ fn one_manager_two_workers_run_a_service_together() {
     let m = manager(31);
     let w1 = worker(32, &m);
     let _w2 = worker(33, &m);
-    until("three ready nodes", || node_table(&m).iter().filter(|n| n.2 == "ready").count() == 3, || format!("{:?}", node_table(&m)));
+    until(
+        "three ready nodes",
+        || node_table(&m).iter().filter(|n| n.2 == "ready").count() == 3,
+        || format!("{:?}", node_table(&m)),
+    );
     assert_eq!(
         node_table(&m),
         vec![
@@ -135,7 +148,8 @@ fn one_manager_two_workers_run_a_service_together() {
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"]}},
         "Mode": {"Replicated": {"Replicas": 6}},
     });
-    let r = shoal_testkit::http::request(m.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
+    let r =
+        shoal_testkit::http::request(m.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     let running_nodes = |m: &DaemonProcess| {
         let mut ids: Vec<String> = tasks_of(m, "web")
@@ -193,7 +207,8 @@ fn refusals_are_clear_and_change_nothing() {
     assert_eq!(node_count(&m), 1);
 
     // Tokens: wrong secret, another root CA's digest, garbage, then a rotated-away one.
-    let wrong_secret = format!("{}{}", &worker_token[..worker_token.len() - 1], if worker_token.ends_with('0') { '1' } else { '0' });
+    let wrong_secret =
+        format!("{}{}", &worker_token[..worker_token.len() - 1], if worker_token.ends_with('0') { '1' } else { '0' });
     let other_root = shoal_ca::generate_join_token(&[7u8; 32], &mut rand_like_rng());
     let mut cases = vec![
         (wrong_secret, "invalid join token"),
@@ -269,7 +284,8 @@ fn refusals_are_clear_and_change_nothing() {
     // A removed node cannot come back with its old certificate.
     let w_id = w.get("/v1.47/info")["Swarm"]["NodeID"].as_str().unwrap().to_string();
     assert!(w.stop());
-    let r = shoal_testkit::http::request(m.socket(), "DELETE", &format!("/v1.47/nodes/{w_id}?force=true"), None).unwrap();
+    let r =
+        shoal_testkit::http::request(m.socket(), "DELETE", &format!("/v1.47/nodes/{w_id}?force=true"), None).unwrap();
     assert!((200..300).contains(&r.status), "{} {}", r.status, r.body);
     w.restart(&[]);
     until("the removed worker to be refused", || w.log().contains("was removed from the cluster"), || w.log());
@@ -329,7 +345,8 @@ fn three_managers_and_two_workers_over_mutual_tls() {
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"]}},
         "Mode": {"Replicated": {"Replicas": 10}},
     });
-    let r = shoal_testkit::http::request(m2.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
+    let r =
+        shoal_testkit::http::request(m2.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     let spread = |m: &DaemonProcess| {
         let mut ids: Vec<String> = tasks_of(m, "wide")

@@ -19,8 +19,8 @@ use shoal_api::ca_server::{Ca as CaRpc, CaServer};
 use shoal_api::node_ca_server::{NodeCa as NodeCaRpc, NodeCaServer};
 use shoal_api::{
     issuance_status, node_spec, Certificate, Cluster, GetRootCaCertificateRequest, GetRootCaCertificateResponse,
-    IssuanceStatus, IssueNodeCertificateRequest, IssueNodeCertificateResponse, JoinTokens, Node, NodeCertificateStatusRequest,
-    NodeCertificateStatusResponse, NodeRole, NodeSpec, NodeStatus, RootCa as RootCaProto,
+    IssuanceStatus, IssueNodeCertificateRequest, IssueNodeCertificateResponse, JoinTokens, Node,
+    NodeCertificateStatusRequest, NodeCertificateStatusResponse, NodeRole, NodeSpec, NodeStatus, RootCa as RootCaProto,
 };
 use shoal_ca::{NodeSubject, Role, RootCa};
 use shoal_raft::ProposeError;
@@ -68,7 +68,8 @@ pub fn cluster(state: &ClusterState) -> Option<Arc<Cluster>> {
 /// The cluster's root CA, parsed.
 pub fn root_ca_of(cluster: &Cluster) -> Result<RootCa, Status> {
     let rc = cluster.root_ca.as_ref().ok_or_else(|| Status::failed_precondition("the cluster has no root CA yet"))?;
-    let cert = std::str::from_utf8(&rc.ca_cert).map_err(|_| Status::internal("stored root CA certificate is not PEM"))?;
+    let cert =
+        std::str::from_utf8(&rc.ca_cert).map_err(|_| Status::internal("stored root CA certificate is not PEM"))?;
     let key = std::str::from_utf8(&rc.ca_key).map_err(|_| Status::internal("stored root CA key is not PEM"))?;
     RootCa::from_pem(cert, key).map_err(|e| Status::internal(format!("stored root CA is unusable: {e}")))
 }
@@ -214,8 +215,12 @@ impl CaService {
     }
 
     /// A new node: the token picks the role; the CA picks the node ID, signs, and creates the node object.
-    async fn issue_for_new_node(&self, req: IssueNodeCertificateRequest) -> Result<IssueNodeCertificateResponse, Status> {
-        let cluster = cluster(&self.state).ok_or_else(|| Status::unavailable("the cluster is not initialised yet; retry"))?;
+    async fn issue_for_new_node(
+        &self,
+        req: IssueNodeCertificateRequest,
+    ) -> Result<IssueNodeCertificateResponse, Status> {
+        let cluster =
+            cluster(&self.state).ok_or_else(|| Status::unavailable("the cluster is not initialised yet; retry"))?;
         let tokens = cluster.root_ca.as_ref().and_then(|r| r.join_tokens.clone()).unwrap_or_default();
         let role = if shoal_ca::token_matches(&req.token, &tokens.manager) {
             Role::Manager
@@ -228,13 +233,16 @@ impl CaService {
             ));
         };
         if req.labels.len() > MAX_JOIN_LABELS {
-            return Err(Status::invalid_argument(format!("at most {MAX_JOIN_LABELS} node labels may be set when joining")));
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_JOIN_LABELS} node labels may be set when joining"
+            )));
         }
         let node_id = self.state.ids.new_id();
         let subject = NodeSubject { node_id: node_id.clone(), role, cluster_id: cluster.id.clone() };
         let cert = self.sign(&cluster, &req.csr, &subject)?;
         let now = self.state.now();
-        let availability = node_spec::Availability::try_from(req.availability).unwrap_or(node_spec::Availability::Active);
+        let availability =
+            node_spec::Availability::try_from(req.availability).unwrap_or(node_spec::Availability::Active);
         let node = Node {
             id: node_id.clone(),
             meta: Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
@@ -263,14 +271,15 @@ impl CaService {
 
     /// Renewal: a node with a valid certificate gets a new one for its current role.
     async fn renew(&self, caller: &NodeSubject, csr: Vec<u8>) -> Result<IssueNodeCertificateResponse, Status> {
-        let cluster = cluster(&self.state).ok_or_else(|| Status::unavailable("the cluster is not initialised yet; retry"))?;
-        let node = self
-            .state
-            .store
-            .view(|t| t.nodes().get(&caller.node_id).cloned())
-            .ok_or_else(|| Status::permission_denied(format!("node {} was removed from the cluster", caller.node_id)))?;
+        let cluster =
+            cluster(&self.state).ok_or_else(|| Status::unavailable("the cluster is not initialised yet; retry"))?;
+        let node = self.state.store.view(|t| t.nodes().get(&caller.node_id).cloned()).ok_or_else(|| {
+            Status::permission_denied(format!("node {} was removed from the cluster", caller.node_id))
+        })?;
         let role = if caller.role == Role::Admin {
-            return Err(Status::permission_denied("client certificates cannot be renewed through the NodeCA; issue a new one"));
+            return Err(Status::permission_denied(
+                "client certificates cannot be renewed through the NodeCA; issue a new one",
+            ));
         } else if node.role == NodeRole::Manager as i32 {
             Role::Manager
         } else {
@@ -301,8 +310,10 @@ impl CaRpc for CaService {
         &self,
         _req: Request<GetRootCaCertificateRequest>,
     ) -> Result<Response<GetRootCaCertificateResponse>, Status> {
-        let cluster = cluster(&self.state).ok_or_else(|| Status::unavailable("the cluster is not initialised yet; retry"))?;
-        let rc = cluster.root_ca.as_ref().ok_or_else(|| Status::unavailable("the cluster has no root CA yet; retry"))?;
+        let cluster =
+            cluster(&self.state).ok_or_else(|| Status::unavailable("the cluster is not initialised yet; retry"))?;
+        let rc =
+            cluster.root_ca.as_ref().ok_or_else(|| Status::unavailable("the cluster has no root CA yet; retry"))?;
         Ok(Response::new(GetRootCaCertificateResponse { certificate: rc.ca_cert.clone() }))
     }
 }
@@ -321,11 +332,9 @@ impl NodeCaRpc for CaService {
         let resp = match (req.token.is_empty(), caller) {
             (false, _) => self.issue_for_new_node(req).await?,
             (true, Some(caller)) => self.renew(&caller, req.csr).await?,
-            (true, None) => {
-                return Err(Status::unauthenticated(
-                    "a join token is required to get a first certificate (or call with a valid node certificate to renew)",
-                ))
-            }
+            (true, None) => return Err(Status::unauthenticated(
+                "a join token is required to get a first certificate (or call with a valid node certificate to renew)",
+            )),
         };
         Ok(Response::new(resp))
     }

@@ -72,7 +72,10 @@ async fn each_token_gives_its_role_and_the_ca_picks_the_subject() {
         let resp = ca.issue_node_certificate(issue_req(token, &csr.csr_pem, None)).await.unwrap().into_inner();
         let info = issued_cert(&ca, &resp.node_id).await;
         assert_eq!(info.subject, NodeSubject { node_id: resp.node_id.clone(), role, cluster_id: cluster_id.clone() });
-        assert_eq!(info.not_after, SystemTime::UNIX_EPOCH + Duration::from_millis(T0_MS) + shoal_ca::DEFAULT_NODE_CERT_EXPIRY);
+        assert_eq!(
+            info.not_after,
+            SystemTime::UNIX_EPOCH + Duration::from_millis(T0_MS) + shoal_ca::DEFAULT_NODE_CERT_EXPIRY
+        );
         let node = state.store.view(|t| t.nodes().get(&resp.node_id).cloned()).unwrap();
         let want = if role == Role::Manager { NodeRole::Manager } else { NodeRole::Worker };
         assert_eq!(node.role, want as i32);
@@ -89,7 +92,10 @@ async fn refused_tokens_change_nothing() {
     let new = tokens(&state);
     assert_ne!(old.worker, new.worker, "rotated");
     assert_eq!(old.manager, new.manager, "the other token is kept");
-    assert_eq!(shoal_ca::parse_join_token(&new.worker).unwrap().ca_digest, shoal_ca::parse_join_token(&old.worker).unwrap().ca_digest);
+    assert_eq!(
+        shoal_ca::parse_join_token(&new.worker).unwrap().ca_digest,
+        shoal_ca::parse_join_token(&old.worker).unwrap().ca_digest
+    );
     let csr = shoal_ca::generate_node_key_and_csr().unwrap();
     let wrong = format!("{}x", &new.worker[..new.worker.len() - 1]);
     let cases = [
@@ -119,7 +125,12 @@ async fn a_garbage_csr_is_refused() {
 async fn renewal_keeps_the_node_and_follows_its_current_role() {
     let (state, ca, cluster_id) = cluster().await;
     let csr = shoal_ca::generate_node_key_and_csr().unwrap();
-    let id = ca.issue_node_certificate(issue_req(&tokens(&state).worker, &csr.csr_pem, None)).await.unwrap().into_inner().node_id;
+    let id = ca
+        .issue_node_certificate(issue_req(&tokens(&state).worker, &csr.csr_pem, None))
+        .await
+        .unwrap()
+        .into_inner()
+        .node_id;
     let me = NodeSubject { node_id: id.clone(), role: Role::Worker, cluster_id: cluster_id.clone() };
     let csr2 = shoal_ca::generate_node_key_and_csr().unwrap();
     let resp = ca.issue_node_certificate(issue_req("", &csr2.csr_pem, Some(me.clone()))).await.unwrap().into_inner();
@@ -130,13 +141,25 @@ async fn renewal_keeps_the_node_and_follows_its_current_role() {
     // Promoted in the store: the next renewal is a manager certificate.
     let mut node = (*state.store.view(|t| t.nodes().get(&id).cloned()).unwrap()).clone();
     node.role = NodeRole::Manager as i32;
-    state.write(|_, c| { c.update(node); Ok::<(), std::convert::Infallible>(()) }).await.unwrap();
+    state
+        .write(|_, c| {
+            c.update(node);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
     ca.issue_node_certificate(issue_req("", &csr2.csr_pem, Some(me.clone()))).await.unwrap();
     assert_eq!(issued_cert(&ca, &id).await.subject.role, Role::Manager);
 
     // Removed: renewal refused.
     let node = state.store.view(|t| t.nodes().get(&id).cloned()).unwrap();
-    state.write(|_, c| { c.remove(node); Ok::<(), std::convert::Infallible>(()) }).await.unwrap();
+    state
+        .write(|_, c| {
+            c.remove(node);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
     let err = ca.issue_node_certificate(issue_req("", &csr2.csr_pem, Some(me))).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("removed"), "{}", err.message());

@@ -7,7 +7,7 @@ use std::io::Write;
 use clap::{Subcommand, ValueEnum};
 use serde_json::Value;
 
-use super::client::{Client, CliError};
+use super::client::{CliError, Client};
 
 /// Which token.
 #[derive(Debug, Clone, Copy, ValueEnum)]
