@@ -54,6 +54,12 @@ impl<T: StoreObject> Table<T> {
     }
 
     pub(crate) fn insert(&mut self, obj: Arc<T>) -> Option<Arc<T>> {
+        // An update whose unique name is unchanged replaces the object in place: no key is copied.
+        if let Some(slot) = self.by_id.get_mut(obj.id()) {
+            if slot.unique_name() == obj.unique_name() {
+                return Some(std::mem::replace(slot, obj));
+            }
+        }
         let old = self.remove(obj.id());
         if let Some(name) = obj.unique_name() {
             if !name.is_empty() {
@@ -82,12 +88,28 @@ fn index_add<K: std::hash::Hash + Eq>(idx: &mut Index<K>, key: K, id: &str) {
     idx.entry(key).or_default().insert(id.to_string());
 }
 
-fn index_remove<K: std::hash::Hash + Eq>(idx: &mut Index<K>, key: K, id: &str) {
-    if let Some(set) = idx.get_mut(&key) {
+fn index_remove<K, Q>(idx: &mut Index<K>, key: &Q, id: &str)
+where
+    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
+    Q: std::hash::Hash + Eq + ?Sized,
+{
+    if let Some(set) = idx.get_mut(key) {
         set.remove(id);
         if set.is_empty() {
-            idx.remove(&key);
+            idx.remove(key);
         }
+    }
+}
+
+/// Moves `id` from `old` to `new` in an index, when the key changed.
+fn index_move<K, Q>(idx: &mut Index<K>, old: &Q, new: &Q, id: &str)
+where
+    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
+    Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    if old != new {
+        index_remove(idx, old, id);
+        index_add(idx, new.to_owned(), id);
     }
 }
 
@@ -162,7 +184,27 @@ impl TaskTable {
     }
 
     pub(crate) fn insert(&mut self, task: Arc<Task>) -> Option<Arc<Task>> {
-        let old = self.remove(&task.id);
+        if let Some(old) = self.table.get(&task.id).cloned() {
+            // An update: only the indexes whose key changed are touched (usually the states and node).
+            let id = task.id.as_str();
+            if old.service_id != task.service_id || old.slot != task.slot {
+                index_remove(&mut self.by_service, old.service_id.as_str(), id);
+                index_remove(&mut self.by_slot, &(old.service_id.clone(), old.slot), id);
+                index_add(&mut self.by_service, task.service_id.clone(), id);
+                index_add(&mut self.by_slot, (task.service_id.clone(), task.slot), id);
+            }
+            if old.node_id != task.node_id {
+                if !old.node_id.is_empty() {
+                    index_remove(&mut self.by_node, old.node_id.as_str(), id);
+                }
+                if !task.node_id.is_empty() {
+                    index_add(&mut self.by_node, task.node_id.clone(), id);
+                }
+            }
+            index_move(&mut self.by_desired_state, &old.desired_state, &task.desired_state, id);
+            index_move(&mut self.by_state, &observed_state(&old), &observed_state(&task), id);
+            return self.table.insert(task);
+        }
         let id = task.id.as_str();
         index_add(&mut self.by_service, task.service_id.clone(), id);
         if !task.node_id.is_empty() {
@@ -171,19 +213,18 @@ impl TaskTable {
         index_add(&mut self.by_slot, (task.service_id.clone(), task.slot), id);
         index_add(&mut self.by_desired_state, task.desired_state, id);
         index_add(&mut self.by_state, observed_state(&task), id);
-        self.table.insert(task);
-        old
+        self.table.insert(task)
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Arc<Task>> {
         let old = self.table.remove(id)?;
-        index_remove(&mut self.by_service, old.service_id.clone(), id);
+        index_remove(&mut self.by_service, old.service_id.as_str(), id);
         if !old.node_id.is_empty() {
-            index_remove(&mut self.by_node, old.node_id.clone(), id);
+            index_remove(&mut self.by_node, old.node_id.as_str(), id);
         }
-        index_remove(&mut self.by_slot, (old.service_id.clone(), old.slot), id);
-        index_remove(&mut self.by_desired_state, old.desired_state, id);
-        index_remove(&mut self.by_state, observed_state(&old), id);
+        index_remove(&mut self.by_slot, &(old.service_id.clone(), old.slot), id);
+        index_remove(&mut self.by_desired_state, &old.desired_state, id);
+        index_remove(&mut self.by_state, &observed_state(&old), id);
         Some(old)
     }
 }

@@ -93,6 +93,12 @@ impl TestCluster {
         cluster
     }
 
+    /// The manager's gRPC address (dispatcher), for clients other than the built-in workers (load
+    /// generators).
+    pub fn manager_addr(&self) -> std::net::SocketAddr {
+        self.manager_addr
+    }
+
     /// Adds a worker with a new node ID and a fresh fake executor.
     pub async fn add_worker(&mut self) -> &TestWorker {
         let node_id = shoal_store::IdSource::new_id(&*self.state.ids);

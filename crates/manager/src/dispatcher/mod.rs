@@ -15,6 +15,7 @@
 //! agent should retry and success means the store has the statuses.
 
 mod assignments;
+mod fanout;
 mod heartbeats;
 mod status;
 
@@ -35,12 +36,13 @@ use shoal_api::{
     WeightedPeer,
 };
 use shoal_raft::ProposeError;
-use shoal_store::{ObjectKind, StoreError, WatchError};
+use shoal_store::{ObjectKind, StoreError};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 pub use assignments::{agent_cares, is_assigned_to, AssignmentSet};
+pub use fanout::{Fanout, NodeWatch, NodeWatchError, NODE_QUEUE_COMMITS};
 pub use heartbeats::Heartbeats;
 pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 
@@ -115,6 +117,8 @@ pub struct Dispatcher {
     registry: Mutex<Registry>,
     status_tx: mpsc::Sender<StatusRequest>,
     status_rx: tokio::sync::Mutex<mpsc::Receiver<StatusRequest>>,
+    /// Store changes routed to the session and assignments streams by node.
+    fanout: Fanout,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -186,11 +190,12 @@ impl Dispatcher {
     pub fn new(state: ClusterState, config: DispatcherConfig) -> Arc<Dispatcher> {
         let (status_tx, status_rx) = mpsc::channel(STATUS_QUEUE_REQUESTS);
         Arc::new(Dispatcher {
-            state,
             config,
             registry: Mutex::new(Registry::default()),
             status_tx,
             status_rx: tokio::sync::Mutex::new(status_rx),
+            fanout: Fanout::new(state.store.clone()),
+            state,
         })
     }
 
@@ -391,9 +396,8 @@ impl Dispatcher {
         }
         tracing::info!(node = %node_id, session = %session_id, "agent session opened");
         let (node, mut watch) = self
-            .state
-            .store
-            .view_and_watch(|t| t.nodes().get(&node_id).map(|n| (**n).clone()));
+            .fanout
+            .view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL_MESSAGES);
         let first = self.session_message(&session_id, node);
         tx.send(Ok(first))
@@ -406,9 +410,9 @@ impl Dispatcher {
             loop {
                 let node = tokio::select! {
                     r = watch.recv() => match r {
-                        Ok(commit) => {
+                        Ok(changes) => {
                             let mut latest = None;
-                            for c in &commit.changes {
+                            for c in &changes {
                                 if let shoal_store::Object::Node(n) = &c.object {
                                     if n.id == node_id && c.kind != shoal_store::ActionKind::Remove {
                                         latest = Some((**n).clone());
@@ -417,12 +421,12 @@ impl Dispatcher {
                             }
                             match latest { Some(n) => n, None => continue }
                         }
-                        Err(WatchError::Lagged(_)) => {
-                            let (node, w) = this.state.store.view_and_watch(|t| t.nodes().get(&node_id).map(|n| (**n).clone()));
+                        Err(NodeWatchError::Lagged) => {
+                            let (node, w) = this.fanout.view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
                             watch = w;
                             match node { Some(n) => n, None => continue }
                         }
-                        Err(WatchError::Closed) => break,
+                        Err(NodeWatchError::Closed) => break,
                     },
                     r = alive.changed() => { if r.is_err() { break } else { continue } }
                     r = leadership.changed() => {
@@ -693,7 +697,7 @@ impl Dispatcher {
         tokio::spawn(async move {
             let mut set = AssignmentSet::new(&node_id);
             let mut sequence: u64 = 0;
-            let (changes, mut watch) = this.state.store.view_and_watch(|t| set.complete(t));
+            let (changes, mut watch) = this.fanout.view_and_watch(&node_id, |t| set.complete(t));
             let mut next = Some(complete_message(&mut sequence, changes));
             loop {
                 if let Some(msg) = next.take() {
@@ -703,20 +707,20 @@ impl Dispatcher {
                 }
                 tokio::select! {
                     r = watch.recv() => match r {
-                        Ok(commit) => {
-                            let mut changes: Vec<_> = commit.changes.iter().filter_map(|c| set.on_change(c)).collect();
+                        Ok(routed) => {
+                            let mut changes: Vec<_> = routed.iter().filter_map(|c| set.on_change(c)).collect();
                             // Batch what is already queued, up to the message bound.
                             while changes.len() < ASSIGNMENT_BATCH_MAX_CHANGES {
                                 match watch.try_recv() {
-                                    Ok(commit) => changes.extend(commit.changes.iter().filter_map(|c| set.on_change(c))),
-                                    Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {
-                                        let (c, w) = this.state.store.view_and_watch(|t| set.complete(t));
+                                    Some(Ok(routed)) => changes.extend(routed.iter().filter_map(|c| set.on_change(c))),
+                                    Some(Err(NodeWatchError::Lagged)) => {
+                                        let (c, w) = this.fanout.view_and_watch(&node_id, |t| set.complete(t));
                                         watch = w;
                                         next = Some(complete_message(&mut sequence, c));
                                         changes.clear();
                                         break;
                                     }
-                                    Err(_) => break,
+                                    Some(Err(NodeWatchError::Closed)) | None => break,
                                 }
                             }
                             if next.is_none() && !changes.is_empty() {
@@ -730,12 +734,12 @@ impl Dispatcher {
                                 });
                             }
                         }
-                        Err(WatchError::Lagged(_)) => {
-                            let (c, w) = this.state.store.view_and_watch(|t| set.complete(t));
+                        Err(NodeWatchError::Lagged) => {
+                            let (c, w) = this.fanout.view_and_watch(&node_id, |t| set.complete(t));
                             watch = w;
                             next = Some(complete_message(&mut sequence, c));
                         }
-                        Err(WatchError::Closed) => break,
+                        Err(NodeWatchError::Closed) => break,
                     },
                     r = alive.changed() => if r.is_err() { break },
                     r = leadership.changed() => {

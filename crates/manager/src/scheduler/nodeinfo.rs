@@ -76,7 +76,13 @@ impl NodeInfo {
     /// Counts a task placed on this node.
     pub fn add_task(&mut self, t: &Task) {
         self.total_tasks += 1;
-        *self.tasks_by_service.entry(t.service_id.clone()).or_default() += 1;
+        // Look up before inserting: the service ID is copied only the first time a node sees the service.
+        match self.tasks_by_service.get_mut(&t.service_id) {
+            Some(n) => *n += 1,
+            None => {
+                self.tasks_by_service.insert(t.service_id.clone(), 1);
+            }
+        }
         let r = Amount::reserved_by(t);
         self.available.nano_cpus -= r.nano_cpus;
         self.available.memory_bytes -= r.memory_bytes;

@@ -1,0 +1,360 @@
+//! `agents`: simulated agents against an in-process manager. The manager is the real one (store, Raft on
+//! a temp dir with fsync, orchestrator, scheduler, dispatcher over gRPC on 127.0.0.1: `TestCluster` with no
+//! built-in workers) on its own 2-thread runtime; N fake nodes run on a second runtime in the same process.
+//! Each opens a real dispatcher session and assignments stream, sends heartbeats at the period the manager
+//! returns (5 s by default), and answers assignments like a fake executor: every task assigned to it is
+//! reported RUNNING. Nodes identify themselves with the dispatcher's test-only metadata identity (the
+//! in-process harness installs it), so no certificates are needed. Sessions share HTTP/2 connections
+//! (`--nodes-per-connection` per tonic channel), so that 50k nodes need few file descriptors.
+//!
+//! Phases: (1) register all nodes (time, rate); (2) optionally create one service with `--tasks-per-node`
+//! x N replicas and wait until the simulated nodes have reported them all RUNNING; (3) a steady window of
+//! `--seconds` in which the manager's CPU (its runtime's threads and the Raft thread, from
+//! /proc/self/task) and heartbeat round trips are measured; then the nodes the manager's store holds as
+//! DOWN (any is wrong: every node kept beating). RESULT: the manager's CPU in the steady window, in cores.
+//! Must not depend on the manager's internals: the simulated nodes speak the wire protocol only.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shoal_api::dispatcher_client::DispatcherClient;
+use shoal_api::update_task_status_request::TaskStatusUpdate;
+use shoal_api::{
+    assignment, assignment_change, node_status, service_spec, task_spec, Annotations, AssignmentsRequest,
+    ContainerSpec, HeartbeatRequest, NodeDescription, Platform, ReplicatedService, Resources, ServiceSpec,
+    SessionRequest, TaskSpec, TaskState, TaskStatus, UpdateTaskStatusRequest,
+};
+use shoal_manager::controlapi;
+use shoal_testkit::{ClusterOptions, TestCluster};
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Request;
+
+use crate::procstat;
+use crate::report::{self, fmt_num, BenchError, Table};
+
+/// The metadata key carrying a node's ID (the dispatcher's `NODE_ID_METADATA_KEY`).
+const NODE_ID_KEY: &str = "x-shoal-node-id";
+/// Timeout of one unary call.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most time for all nodes to register, or for all tasks to run.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Flags of `agents`.
+#[derive(Debug, clap::Args)]
+pub struct AgentsArgs {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Length of the steady window, in seconds.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Sessions multiplexed on one HTTP/2 connection.
+    #[arg(long, default_value_t = 250)]
+    nodes_per_connection: usize,
+    /// Replicas per simulated node of the service created before the steady window (0: none).
+    #[arg(long, default_value_t = 1)]
+    tasks_per_node: usize,
+    /// A size that runs in seconds (50 nodes, 2 s window).
+    #[arg(long)]
+    smoke: bool,
+}
+
+/// Heartbeat round trips in ms, kept only during the steady window (so bounded by the heartbeats sent in it).
+#[derive(Default)]
+struct LatencyLog(std::sync::Mutex<Vec<f64>>);
+
+impl LatencyLog {
+    fn push(&self, ms: f64) {
+        self.0.lock().expect("latency log").push(ms);
+    }
+    fn take(&self) -> Vec<f64> {
+        std::mem::take(&mut *self.0.lock().expect("latency log"))
+    }
+}
+
+/// Counters shared by the simulated nodes.
+#[derive(Default)]
+struct Shared {
+    registered: AtomicUsize,
+    running_reported: AtomicUsize,
+    heartbeat_errors: AtomicU64,
+    sessions_lost: AtomicU64,
+    measuring: AtomicBool,
+    latencies: LatencyLog,
+}
+
+fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut().insert(NODE_ID_KEY, node_id.parse().expect("ASCII node ID"));
+    if let Some(t) = timeout {
+        r.set_timeout(t);
+    }
+    r
+}
+
+fn description(i: usize) -> NodeDescription {
+    NodeDescription {
+        hostname: format!("sim-{i}"),
+        platform: Some(Platform { architecture: "x86_64".into(), os: "linux".into() }),
+        resources: Some(Resources { nano_cpus: 2_000_000_000, memory_bytes: 4 << 30, ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// One simulated node: session, assignments, heartbeats, RUNNING reports; until `stop`.
+async fn sim_node(i: usize, channel: Channel, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let node_id = format!("simnode{i:06}");
+    let mut client = DispatcherClient::new(channel);
+    let session = client
+        .session(req(&node_id, SessionRequest { description: Some(description(i)), session_id: String::new() }, None))
+        .await;
+    let mut session = match session {
+        Ok(s) => s.into_inner(),
+        Err(e) => {
+            eprintln!("node {node_id}: Session failed: {e}");
+            shared.sessions_lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    let session_id = match session.message().await {
+        Ok(Some(m)) => m.session_id,
+        other => {
+            eprintln!("node {node_id}: no first session message: {other:?}");
+            shared.sessions_lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    let mut assignments =
+        match client.assignments(req(&node_id, AssignmentsRequest { session_id: session_id.clone() }, None)).await {
+            Ok(s) => s.into_inner(),
+            Err(e) => {
+                eprintln!("node {node_id}: Assignments failed: {e}");
+                shared.sessions_lost.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+    shared.registered.fetch_add(1, Ordering::Relaxed);
+    let mut reported: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut next_beat = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep_until(next_beat) => {
+                let t = Instant::now();
+                let r = client.heartbeat(req(&node_id, HeartbeatRequest { session_id: session_id.clone() }, Some(CALL_TIMEOUT))).await;
+                let ms = t.elapsed().as_secs_f64() * 1000.0;
+                match r {
+                    Ok(resp) => {
+                        if shared.measuring.load(Ordering::Relaxed) {
+                            shared.latencies.push(ms);
+                        }
+                        let period = resp.into_inner().period.as_ref().map(shoal_api::duration_from_proto).unwrap_or(Duration::from_secs(5));
+                        next_beat = tokio::time::Instant::now() + period.max(Duration::from_millis(10));
+                    }
+                    Err(e) => {
+                        shared.heartbeat_errors.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("node {node_id}: heartbeat failed: {e}");
+                        next_beat = tokio::time::Instant::now() + Duration::from_secs(1);
+                    }
+                }
+            }
+            m = session.message() => if !matches!(m, Ok(Some(_))) {
+                shared.sessions_lost.fetch_add(1, Ordering::Relaxed);
+                eprintln!("node {node_id}: session stream ended: {m:?}");
+                return;
+            },
+            m = assignments.message() => match m {
+                Ok(Some(msg)) => {
+                    let mut updates = Vec::new();
+                    for ch in msg.changes {
+                        if ch.action != assignment_change::AssignmentAction::Update as i32 {
+                            continue;
+                        }
+                        let Some(assignment::Item::Task(task)) = ch.assignment.and_then(|a| a.item) else { continue };
+                        if task.desired_state == TaskState::Running as i32 && !reported.contains(&task.id) {
+                            updates.push(TaskStatusUpdate {
+                                task_id: task.id.clone(),
+                                status: Some(TaskStatus { state: TaskState::Running as i32, message: "started".into(), ..Default::default() }),
+                            });
+                            reported.insert(task.id);
+                        }
+                    }
+                    if !updates.is_empty() {
+                        let n = updates.len();
+                        let r = client.update_task_status(req(&node_id, UpdateTaskStatusRequest { session_id: session_id.clone(), updates }, Some(CALL_TIMEOUT))).await;
+                        match r {
+                            Ok(_) => { shared.running_reported.fetch_add(n, Ordering::Relaxed); }
+                            Err(e) => eprintln!("node {node_id}: UpdateTaskStatus failed: {e}"),
+                        }
+                    }
+                }
+                other => {
+                    shared.sessions_lost.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("node {node_id}: assignments stream ended: {other:?}");
+                    return;
+                }
+            },
+        }
+    }
+}
+
+fn service_spec(replicas: usize) -> ServiceSpec {
+    ServiceSpec {
+        annotations: Some(Annotations { name: "agents-bench".into(), ..Default::default() }),
+        task: Some(TaskSpec {
+            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                image: "busybox".into(),
+                args: vec!["sleep".into(), "3600".into()],
+                ..Default::default()
+            })),
+            ..Default::default()
+        }),
+        mode: Some(service_spec::Mode::Replicated(ReplicatedService { replicas: replicas as u64 })),
+        ..Default::default()
+    }
+}
+
+/// Thread-name prefix of the manager's runtime.
+const MANAGER_THREADS: &str = "shoal-manager";
+
+/// CPU seconds used so far by the manager's threads: its runtime's and the Raft driver's (`raft-<id>`).
+fn manager_cpu_seconds() -> Result<f64, BenchError> {
+    let pid = std::process::id() as i32;
+    let dir = std::fs::read_dir("/proc/self/task").map_err(|e| BenchError::Setup(format!("/proc/self/task: {e}")))?;
+    let mut total = 0.0;
+    for entry in dir.flatten() {
+        let tid = entry.file_name().to_string_lossy().to_string();
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        let comm = comm.trim();
+        if comm.starts_with(MANAGER_THREADS) || comm.starts_with("raft-") {
+            if let Ok(tid) = tid.parse::<i32>() {
+                total += procstat::thread_cpu_seconds(pid, tid).unwrap_or(0.0);
+            }
+        }
+    }
+    Ok(total)
+}
+
+async fn wait_count(what: &str, counter: &AtomicUsize, want: usize) -> Result<Duration, BenchError> {
+    let start = Instant::now();
+    while counter.load(Ordering::Relaxed) < want {
+        if start.elapsed() > PHASE_TIMEOUT {
+            return Err(BenchError::Timeout(format!(
+                "{what}: {} of {want} after {PHASE_TIMEOUT:?}",
+                counter.load(Ordering::Relaxed)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(start.elapsed())
+}
+
+/// Runs the scenario.
+pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
+    let (nodes, seconds) = if a.smoke { (50, 2) } else { (a.nodes.max(1), a.seconds.max(1)) };
+    let nofile = procstat::raise_nofile_limit()?;
+    let per_conn = a.nodes_per_connection.max(1);
+    let manager_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(MANAGER_THREADS)
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let sim_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("shoal-sim")
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let cluster =
+        manager_rt.block_on(TestCluster::start(ClusterOptions { workers: 0, raft: true, ..Default::default() }));
+    let addr = cluster.manager_addr();
+    let mut table = Table::new(&["measure", "value"]);
+    table.row(vec!["simulated nodes".into(), nodes.to_string()]);
+    table.row(vec!["HTTP/2 connections".into(), nodes.div_ceil(per_conn).to_string()]);
+    table.row(vec!["open-file limit".into(), nofile.to_string()]);
+    let shared = Arc::new(Shared::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let result = (|| {
+        let handles = sim_rt.block_on(async {
+            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+                .map_err(|e| BenchError::Setup(e.to_string()))?
+                .tcp_nodelay(true)
+                .connect_timeout(CALL_TIMEOUT);
+            let mut channels = Vec::new();
+            for _ in 0..nodes.div_ceil(per_conn) {
+                channels.push(endpoint.connect().await.map_err(|e| BenchError::Request(format!("connect: {e}")))?);
+            }
+            let mut handles = Vec::with_capacity(nodes);
+            for i in 0..nodes {
+                handles.push(tokio::spawn(sim_node(
+                    i,
+                    channels[i / per_conn].clone(),
+                    shared.clone(),
+                    stop_rx.clone(),
+                )));
+            }
+            Ok::<_, BenchError>(handles)
+        })?;
+        let cpu0 = manager_cpu_seconds()?;
+        let reg = sim_rt.block_on(wait_count("nodes registered", &shared.registered, nodes))?;
+        let cpu_reg = manager_cpu_seconds()? - cpu0;
+        table.row(vec!["registration s".into(), fmt_num(reg.as_secs_f64())]);
+        table.row(vec!["registrations/s".into(), fmt_num(nodes as f64 / reg.as_secs_f64().max(1e-9))]);
+        table.row(vec!["manager CPU s during registration".into(), fmt_num(cpu_reg)]);
+        if a.tasks_per_node > 0 {
+            let replicas = nodes * a.tasks_per_node;
+            let start = Instant::now();
+            manager_rt
+                .block_on(controlapi::create_service(&cluster.state, service_spec(replicas)))
+                .map_err(|e| BenchError::Request(e.to_string()))?;
+            sim_rt.block_on(wait_count("tasks reported RUNNING", &shared.running_reported, replicas))?;
+            table.row(vec![format!("{replicas} replicas reported RUNNING s"), fmt_num(start.elapsed().as_secs_f64())]);
+        }
+        shared.latencies.take();
+        shared.measuring.store(true, Ordering::Relaxed);
+        let cpu1 = manager_cpu_seconds()?;
+        let t1 = Instant::now();
+        std::thread::sleep(Duration::from_secs(seconds));
+        let cpu2 = manager_cpu_seconds()?;
+        let window = t1.elapsed().as_secs_f64();
+        shared.measuring.store(false, Ordering::Relaxed);
+        let cores = (cpu2 - cpu1) / window;
+        let rss = procstat::rss_kib(std::process::id() as i32)?;
+        let mut lat = shared.latencies.take();
+        lat.sort_by(|x, y| x.total_cmp(y));
+        let down = cluster.state.store.view(|t| {
+            t.nodes()
+                .iter()
+                .filter(|n| n.status.as_ref().is_some_and(|s| s.state == node_status::State::Down as i32))
+                .count()
+        });
+        let _ = stop_tx.send(true);
+        sim_rt.block_on(async {
+            for h in handles {
+                let _ = h.await;
+            }
+        });
+        table.row(vec![format!("manager CPU, steady {seconds} s window (cores)"), fmt_num(cores)]);
+        table.row(vec!["process RSS MiB (manager + simulated nodes)".into(), fmt_num(rss as f64 / 1024.0)]);
+        table.row(vec!["heartbeats in window".into(), lat.len().to_string()]);
+        table.row(vec!["heartbeat p50 ms".into(), fmt_num(report::quantile(&lat, 0.5))]);
+        table.row(vec!["heartbeat p99 ms".into(), fmt_num(report::quantile(&lat, 0.99))]);
+        table.row(vec!["heartbeat errors".into(), shared.heartbeat_errors.load(Ordering::Relaxed).to_string()]);
+        table.row(vec!["sessions lost".into(), shared.sessions_lost.load(Ordering::Relaxed).to_string()]);
+        table.row(vec!["nodes wrongly DOWN".into(), down.to_string()]);
+        Ok::<_, BenchError>((cores, down, shared.sessions_lost.load(Ordering::Relaxed)))
+    })();
+    let _ = stop_tx.send(true);
+    manager_rt.block_on(cluster.shutdown());
+    let (cores, down, lost) = result?;
+    report::finish(&table, "agents", cores, "cores");
+    if down > 0 || lost > 0 {
+        return Err(BenchError::Request(format!(
+            "{down} nodes marked DOWN and {lost} sessions lost although every simulated node kept beating"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `failover`: three managers in three `shoal daemon` processes (127.0.0.31-33, the second and third join
+//! the first with `--join-addr`, and its manager join token when the cluster issues one). Once there is a
+//! leader and a write went through, the leader is killed with SIGKILL; timed from the kill to the first
+//! service create that succeeds through a survivor's Engine API (tried every `RETRY`). RESULT: the median
+//! over `--runs` clusters. Daemons come from the test harness (`shoal_testkit::DaemonProcess`), which
+//! stops them and removes their dirs on drop.
+//! Must not depend on the daemon's internals.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use shoal_testkit::daemon::DaemonOptions;
+use shoal_testkit::{http, DaemonProcess};
+
+use crate::report::{self, fmt_num, BenchError, Table};
+
+/// Pause between write attempts on a survivor.
+pub const RETRY: Duration = Duration::from_millis(5);
+/// Most time for a cluster to form, or for a write after the kill.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Flags of `failover`.
+#[derive(Debug, clap::Args)]
+pub struct FailoverArgs {
+    /// Clusters (a fresh one each); RESULT is the median.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// One run.
+    #[arg(long)]
+    smoke: bool,
+}
+
+/// Manager on 127.0.0.`i`, joining `join`'s cluster when given.
+pub fn manager(shoal: &Path, i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
+    let mut opts = DaemonOptions {
+        listen_ip: Some(format!("127.0.0.{i}")),
+        hostname: Some(format!("bench-manager-{i}")),
+        ..DaemonOptions::default()
+    };
+    if let Some(j) = join {
+        opts.extra_args = vec!["--join-addr".into(), j.remote_addr()];
+        let token = j.get("/swarm")["JoinTokens"]["Manager"].as_str().unwrap_or_default().to_string();
+        if !token.is_empty() {
+            opts.extra_args.extend(["--join-token".into(), token]);
+        }
+    }
+    DaemonProcess::start_with(shoal, opts)
+}
+
+fn create(d: &DaemonProcess, name: &str) -> Result<(), String> {
+    let body = serde_json::json!({
+        "Name": name,
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3600"]}},
+        "Mode": {"Replicated": {"Replicas": 0}},
+    });
+    let r = http::request(d.socket(), "POST", "/services/create", Some(&body.to_string()))?;
+    if r.status == 201 {
+        Ok(())
+    } else {
+        Err(format!("{} {}", r.status, r.body))
+    }
+}
+
+/// Starts `n` managers on 127.0.0.`first_ip`.. (the others join the first) and waits for a leader; returns
+/// them and the leader's position.
+pub fn cluster(shoal: &Path, n: usize, first_ip: u8) -> Result<(Vec<DaemonProcess>, usize), BenchError> {
+    let mut ds: Vec<DaemonProcess> = vec![manager(shoal, first_ip, None)];
+    for i in 1..n {
+        let d = manager(shoal, first_ip + i as u8, Some(&ds[0]));
+        ds.push(d);
+    }
+    let host = wait(&format!("{n} managers with a leader"), || leader(&ds[0], n))?;
+    let pos = host
+        .strip_prefix("bench-manager-")
+        .and_then(|i| i.parse::<usize>().ok())
+        .and_then(|i| i.checked_sub(first_ip as usize))
+        .filter(|i| *i < n)
+        .ok_or_else(|| BenchError::Request(format!("leader {host:?} is none of the {n} managers")))?;
+    Ok((ds, pos))
+}
+
+/// The hostname of the leader as `d` sees it, once there are `n` managers.
+fn leader(d: &DaemonProcess, n: usize) -> Option<String> {
+    let nodes = http::request(d.socket(), "GET", "/nodes", None).ok()?.body;
+    let list = nodes.as_array()?;
+    let managers = list.iter().filter(|n| n["ManagerStatus"].is_object()).count();
+    let leader = list.iter().find(|n| n["ManagerStatus"]["Leader"].as_bool() == Some(true))?;
+    (managers >= n).then(|| leader["Description"]["Hostname"].as_str().unwrap_or_default().to_string())
+}
+
+fn wait<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T, BenchError> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if start.elapsed() > DEADLINE {
+            return Err(BenchError::Timeout(format!("{what} within {DEADLINE:?}")));
+        }
+        std::thread::sleep(RETRY);
+    }
+}
+
+fn one_run(shoal: &Path, run: usize) -> Result<(Duration, Duration), BenchError> {
+    let formed = Instant::now();
+    let (mut ds, old) = cluster(shoal, 3, 31)?;
+    let formed = formed.elapsed();
+    wait("a first write", || create(&ds[(old + 1) % 3], &format!("before-{run}")).ok())?;
+    ds[old].kill9();
+    let killed = Instant::now();
+    let survivor = &ds[(old + 1) % 3];
+    let mut attempt = 0;
+    wait("a write through a survivor after kill -9 of the leader", || {
+        attempt += 1;
+        create(survivor, &format!("after-{run}-{attempt}")).ok()
+    })?;
+    Ok((formed, killed.elapsed()))
+}
+
+/// Runs the scenario.
+pub fn run(a: FailoverArgs, shoal: &Path) -> Result<(), BenchError> {
+    if !shoal.exists() {
+        return Err(BenchError::Daemon(format!("{} not found: build it or pass --shoal PATH", shoal.display())));
+    }
+    let runs = if a.smoke { 1 } else { a.runs.max(1) };
+    let mut table = Table::new(&["run", "cluster formed ms", "kill -9 to write ms"]);
+    let mut times = Vec::new();
+    for r in 1..=runs {
+        let (formed, took) = one_run(shoal, r)?;
+        let ms = took.as_secs_f64() * 1000.0;
+        table.row(vec![r.to_string(), fmt_num(formed.as_secs_f64() * 1000.0), fmt_num(ms)]);
+        times.push(ms);
+    }
+    report::finish(&table, "failover", report::median(&times), "ms");
+    Ok(())
+}

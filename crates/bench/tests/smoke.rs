@@ -1,0 +1,103 @@
+//! Runs every scenario of the built `shoal-bench` at its `--smoke` size and checks that the last line of its
+//! output is a well-formed `RESULT <scenario> <value> <unit>` with a positive value, so the benchmarks keep
+//! working as the code changes. Scenarios that start daemons use the `shoal` binary next to `shoal-bench`
+//! in the target dir, building it first when it is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn bench() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_shoal-bench"))
+}
+
+/// The `shoal` binary next to `shoal-bench`, built (same profile) if it is not there yet.
+fn shoal() -> &'static Path {
+    static SHOAL: OnceLock<PathBuf> = OnceLock::new();
+    SHOAL.get_or_init(|| {
+        let path = bench().with_file_name("shoal");
+        if !path.exists() {
+            let profile_dir = bench().parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or("debug");
+            let mut cmd = Command::new(env!("CARGO"));
+            cmd.args(["build", "-p", "shoal", "--bin", "shoal"]);
+            if profile_dir == "release" {
+                cmd.arg("--release");
+            }
+            let status = cmd.status().expect("run cargo build -p shoal");
+            assert!(status.success(), "cargo build -p shoal failed");
+        }
+        assert!(path.exists(), "{} missing after building it", path.display());
+        path
+    })
+}
+
+/// Runs `shoal-bench <args> --smoke` and returns (scenario, value, unit) from its RESULT line.
+fn smoke(args: &[&str]) -> (String, f64, String) {
+    let out =
+        Command::new(bench()).args(args).arg("--smoke").env("SHOAL_BIN", shoal()).output().expect("run shoal-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "shoal-bench {args:?} --smoke failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let last = stdout.lines().last().unwrap_or_default();
+    let parts: Vec<&str> = last.split_whitespace().collect();
+    assert!(
+        parts.len() == 4 && parts[0] == "RESULT",
+        "last line is not `RESULT <scenario> <value> <unit>`: {last:?}\nstdout:\n{stdout}"
+    );
+    let value: f64 = parts[2].parse().unwrap_or_else(|_| panic!("RESULT value {:?} is not a number", parts[2]));
+    assert!(value.is_finite() && value >= 0.0, "RESULT value {value} out of range");
+    (parts[1].to_string(), value, parts[3].to_string())
+}
+
+#[test]
+fn scheduler_smoke() {
+    let (s, v, u) = smoke(&["scheduler"]);
+    assert_eq!((s.as_str(), u.as_str()), ("scheduler", "ms"));
+    assert!(v > 0.0);
+    let (s, _, _) = smoke(&["scheduler", "--constraints"]);
+    assert_eq!(s, "scheduler");
+}
+
+#[test]
+fn writes_smoke_api_and_cli() {
+    let (s, v, u) = smoke(&["writes", "--clients", "4"]);
+    assert_eq!((s.as_str(), u.as_str()), ("writes", "creates/s"));
+    assert!(v > 0.0);
+    let (s, v, _) = smoke(&["writes", "--via", "cli", "--clients", "1"]);
+    assert_eq!(s, "writes");
+    assert!(v > 0.0);
+}
+
+#[test]
+fn e2e_smoke() {
+    let (s, v, u) = smoke(&["e2e"]);
+    assert_eq!((s.as_str(), u.as_str()), ("e2e", "ms"));
+    assert!(v > 0.0);
+}
+
+#[test]
+fn agents_smoke() {
+    let (s, _, u) = smoke(&["agents"]);
+    assert_eq!((s.as_str(), u.as_str()), ("agents", "cores"));
+}
+
+#[test]
+fn memory_smoke() {
+    let (s, v, u) = smoke(&["memory"]);
+    assert_eq!((s.as_str(), u.as_str()), ("memory", "MiB"));
+    assert!(v > 0.0);
+}
+
+#[test]
+fn startup_smoke() {
+    let (s, v, u) = smoke(&["startup"]);
+    assert_eq!((s.as_str(), u.as_str()), ("startup", "ms"));
+    assert!(v > 0.0);
+}
+
+#[test]
+fn failover_smoke() {
+    let (s, v, u) = smoke(&["failover"]);
+    assert_eq!((s.as_str(), u.as_str()), ("failover", "ms"));
+    assert!(v > 0.0);
+}
