@@ -49,7 +49,7 @@ const LABEL_VALUE: &str = "special";
 
 fn node(i: usize) -> Node {
     let mut labels = HashMap::new();
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         labels.insert(LABEL_KEY.to_string(), LABEL_VALUE.to_string());
     }
     Node {
