@@ -205,6 +205,11 @@ impl Dispatcher {
         DispatcherServer::new(DispatcherService(self.clone()))
     }
 
+    /// The LogBroker gRPC service of this manager's log broker, served next to the dispatcher.
+    pub fn log_broker_service(&self) -> crate::logbroker::LogBrokerServer {
+        self.state.logs.grpc_service()
+    }
+
     /// FOR IN-PROCESS TESTS ONLY: the service behind `insecure_identity_from_metadata`, which believes the
     /// node ID a caller claims in gRPC metadata. Never serve this on a network.
     pub fn grpc_service_trusting_metadata_for_tests(
@@ -214,12 +219,6 @@ impl Dispatcher {
             DispatcherService(self.clone()),
             insecure_identity_from_metadata as MetadataInterceptor,
         )
-    }
-
-
-    /// The LogBroker gRPC service of this manager's log broker, served next to the dispatcher.
-    pub fn log_broker_service(&self) -> crate::logbroker::LogBrokerServer {
-        self.state.logs.grpc_service()
     }
 
     /// The leader-only loop: heartbeat expiry (node DOWN) and the status-update flusher.
