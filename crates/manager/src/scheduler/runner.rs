@@ -2,17 +2,18 @@
 //! reacts to commits. New or updated PENDING tasks are scheduled by ID; any node change, and (while some
 //! task could not be placed) any task that stops or leaves a node, makes it look at every pending task.
 //!
-//! Bounds: after the first event it keeps collecting for at most `DEBOUNCE_MS` or `MAX_EVENTS_PER_BATCH`
-//! commits; more than `MAX_TRACKED_IDS` pending IDs turn into one pass over the PENDING index; writes
+//! Batching without a timer: after an event that gives it work, it takes every commit already queued (at most
+//! `MAX_EVENTS_PER_BATCH`) and runs a pass at once; commits that arrive during a pass make the next batch. A
+//! burst is thus batched by the pass's own duration, and a lone write is placed without waiting. Bounds: more than `MAX_TRACKED_IDS` pending IDs turn into one pass over the PENDING index; writes
 //! carry at most `write::MAX_ACTIONS_PER_WRITE` actions; conflicting writes are retried at most
 //! `MAX_ATTEMPTS` times per pass (the next event brings the tasks back).
 //!
 //! Must not depend on other subsystems; only on `ClusterState`.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use shoal_store::{ActionKind, Change, Object, WatchError};
+use tokio::sync::broadcast::error::TryRecvError;
 use tokio::sync::watch;
 
 use super::{is_schedulable, PendingTasks, Scheduler};
@@ -21,8 +22,6 @@ use crate::orchestrator::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_W
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
-/// How long events are collected after the first one before a pass.
-pub const DEBOUNCE_MS: u64 = 50;
 /// Most commits collected before a pass.
 pub const MAX_EVENTS_PER_BATCH: usize = 10_000;
 /// Most task IDs tracked one by one; past that the pass reads the PENDING index.
@@ -104,44 +103,44 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
         if !wanted.is_empty() {
             unplaced = pass(&state, &mut scheduler, wanted.take()).await;
         }
-        // Wait for an event, then collect more for a short while.
-        let mut deadline: Option<tokio::time::Instant> = None;
+        // Wait for an event that gives work, then take what is already queued, and run a pass.
         let mut seen = 0usize;
-        loop {
-            let timer = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
+        while wanted.is_empty() {
             tokio::select! {
                 _ = stopped(&mut stop) => return,
-                _ = timer => break,
-                r = events.recv() => match r {
-                    Ok(commit) => {
-                        for ch in &commit.changes {
-                            wanted.note(ch, unplaced);
-                        }
-                    }
-                    Err(WatchError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "scheduler watch lagged; looking at every pending task");
-                        wanted.all = true;
-                    }
-                    Err(WatchError::Closed) => return,
-                },
-            }
-            seen += 1;
-            if seen >= MAX_EVENTS_PER_BATCH {
-                break;
-            }
-            if deadline.is_none() {
-                if wanted.is_empty() {
-                    seen = 0;
-                    continue;
-                }
-                deadline = Some(tokio::time::Instant::now() + Duration::from_millis(DEBOUNCE_MS));
+                r = events.recv() => if !note(r, &mut wanted, unplaced) { return },
             }
         }
+        while seen < MAX_EVENTS_PER_BATCH {
+            let r = match events.try_recv() {
+                Ok(commit) => Ok(commit),
+                Err(TryRecvError::Lagged(n)) => Err(WatchError::Lagged(n)),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Closed) => return,
+            };
+            if !note(r, &mut wanted, unplaced) {
+                return;
+            }
+            seen += 1;
+        }
+    }
+}
+
+/// Notes what one received commit asks for; false when the watch is closed.
+fn note(r: Result<std::sync::Arc<shoal_store::Commit>, WatchError>, wanted: &mut Wanted, unplaced: bool) -> bool {
+    match r {
+        Ok(commit) => {
+            for ch in &commit.changes {
+                wanted.note(ch, unplaced);
+            }
+            true
+        }
+        Err(WatchError::Lagged(n)) => {
+            tracing::warn!(missed = n, "scheduler watch lagged; looking at every pending task");
+            wanted.all = true;
+            true
+        }
+        Err(WatchError::Closed) => false,
     }
 }
 
