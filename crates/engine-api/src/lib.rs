@@ -45,6 +45,8 @@ pub struct ApiContext {
     pub executor: String,
     /// This node's host name.
     pub hostname: String,
+    /// Where logs come from while this manager does not lead (None: such requests answer 503).
+    pub leader_logs: Option<Arc<dyn logs::LeaderLogs>>,
 }
 
 /// Serves the API on `listener` until `shutdown` resolves; in-flight requests finish first.

@@ -5,8 +5,9 @@
 //! stream 1 or 2, three zero bytes, big-endian length).
 //!
 //! Query: `stdout`, `stderr`, `follow`, `timestamps`, `details`, `tail` (`all` or N), `since` (Unix time,
-//! `seconds[.nanoseconds]`). Only the leader serves logs: agents keep their session, and so their log
-//! listener, with the leader. Must not depend on Raft or the executors.
+//! `seconds[.nanoseconds]`). Agents keep their session, and so their log listener, with the leader: the
+//! leader answers from its own broker; another manager relays the leader's stream through `LeaderLogs`
+//! (the node wires it to the leader's `Logs.SubscribeLogs`). Must not depend on Raft or the executors.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::StreamExt;
 use shoal_api::{task_spec, LogMessage, LogSelector, LogStream, LogSubscriptionOptions, TaskSpec};
 use shoal_manager::controlapi;
@@ -25,6 +28,22 @@ use crate::ApiContext;
 
 type Ctx = State<Arc<ApiContext>>;
 type Params = Query<HashMap<String, String>>;
+
+/// Batches of log lines relayed from the leader.
+pub type LogBatches = BoxStream<'static, Vec<LogMessage>>;
+
+/// How a manager that does not lead reads logs: a subscription at the leader (the node implements it over
+/// the leader's `Logs.SubscribeLogs`).
+pub trait LeaderLogs: Send + Sync + std::fmt::Debug {
+    /// Subscribes at the current leader. The stream ends when the subscription does (without follow),
+    /// when the leader changes, or when the connection to the leader fails. The error says why the leader
+    /// could not be asked.
+    fn subscribe(
+        &self,
+        selector: LogSelector,
+        options: LogSubscriptionOptions,
+    ) -> BoxFuture<'static, Result<LogBatches, String>>;
+}
 
 /// How the response writes each line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,22 +213,31 @@ fn tty_of(spec: Option<&TaskSpec>) -> bool {
     }
 }
 
-fn stream_response(
+async fn stream_response(
     ctx: &ApiContext,
     selector: LogSelector,
     q: &HashMap<String, String>,
     tty: bool,
 ) -> Result<Response, ApiError> {
     let (opts, format) = parse_query(q, tty)?;
-    if !ctx.state.proposer.leadership().borrow().is_leader {
+    let is_leader = ctx.state.proposer.leadership().borrow().is_leader;
+    let batches: LogBatches = if is_leader {
+        Box::pin(ctx.state.logs.subscribe(selector, opts))
+    } else {
         // Agents publish their logs to the leader's broker (they keep their session with the leader).
-        return Err(ApiError::Unavailable(
-            "logs are served by the leader manager: run the command against the leader (docker node ls marks it)"
-                .into(),
-        ));
-    }
-    let sub = ctx.state.logs.subscribe(selector, opts);
-    let body = sub.map(move |batch| {
+        let Some(leader) = &ctx.leader_logs else {
+            return Err(ApiError::Unavailable(
+                "logs are served by the leader manager: run the command against the leader (docker node ls marks it)"
+                    .into(),
+            ));
+        };
+        leader.subscribe(selector, opts).await.map_err(|e| {
+            ApiError::Unavailable(format!(
+                "cannot read the logs from the leader manager: {e}; retry, or run the command against the leader"
+            ))
+        })?
+    };
+    let body = batches.map(move |batch| {
         let mut out = Vec::new();
         for m in &batch {
             out.extend(encode(m, format));
@@ -244,6 +272,7 @@ pub async fn service_logs(
         &q,
         tty,
     )
+    .await
 }
 
 /// `GET /tasks/{id}/logs`.
@@ -263,6 +292,7 @@ pub async fn task_logs(
         &q,
         tty,
     )
+    .await
 }
 
 #[cfg(test)]

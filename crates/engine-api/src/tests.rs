@@ -37,6 +37,7 @@ pub(crate) fn ctx(state: ClusterState) -> ApiContext {
         node_addr: "127.0.0.1:4242".into(),
         executor: "process".into(),
         hostname: "box1".into(),
+        leader_logs: None,
     }
 }
 

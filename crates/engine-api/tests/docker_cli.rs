@@ -42,6 +42,7 @@ impl Server {
             node_addr: "127.0.0.1:4242".into(),
             executor: "process".into(),
             hostname: "shoal-host".into(),
+            leader_logs: None,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();

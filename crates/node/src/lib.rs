@@ -12,6 +12,7 @@ mod bootstrap;
 mod config;
 mod identity;
 pub mod join;
+pub mod leader_logs;
 mod raft_member;
 mod raft_status;
 pub mod security;
@@ -247,6 +248,11 @@ impl Node {
             node_addr: advertised.to_string(),
             executor: executor.name().to_string(),
             hostname: hostname.clone(),
+            leader_logs: Some(Arc::new(leader_logs::RemoteLeaderLogs::new(
+                Arc::new(channels.clone()),
+                dispatcher_addr.clone(),
+                &advertised.to_string(),
+            ))),
         };
         if let Some(addr) = cfg.listen_api_tcp {
             // The Engine API over TCP, mutual TLS only (see `api_tcp`).

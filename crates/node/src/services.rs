@@ -63,6 +63,7 @@ pub fn serve_manager_grpc(
         .layer(authz)
         .add_service(dispatcher.grpc_service())
         .add_service(dispatcher.log_broker_service())
+        .add_service(dispatcher.logs_service())
         .add_optional_service(r)
         .add_optional_service(m)
         .add_optional_service(p)

@@ -1,7 +1,10 @@
 //! Helpers shared by the end-to-end tests of the `shoal` binary.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -82,4 +85,76 @@ pub fn shoal_cli(socket: &Path, args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run shoal")
+}
+
+/// A `docker service logs -f --tail 0` process, killed when dropped.
+pub struct Follower {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Follower {
+    /// Starts following `target` (a service or task) through the control socket `socket`.
+    pub fn start(socket: &std::path::Path, target: &str) -> Follower {
+        let config = std::env::temp_dir().join("shoal-test-docker-config");
+        let _ = std::fs::create_dir_all(&config);
+        let mut child = Command::new("docker")
+            .arg("--config")
+            .arg(&config)
+            .arg("-H")
+            .arg(format!("unix://{}", socket.display()))
+            .args(["service", "logs", "-f", "--tail", "0", target])
+            .env_remove("DOCKER_HOST")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker service logs -f");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Follower { child, lines }
+    }
+
+    /// Waits for a line containing `needle`, failing after `deadline`.
+    pub fn wait_for(&self, needle: &str, deadline: Duration) -> String {
+        let end = std::time::Instant::now() + deadline;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(_) => {}
+                Err(_) => panic!("`docker service logs -f` printed no line with {needle:?} within {deadline:?}"),
+            }
+        }
+    }
+}
+
+impl Follower {
+    /// Waits for a line starting with `prefix`.
+    pub fn wait_for_prefix(&self, prefix: &str, deadline: Duration) -> String {
+        let end = std::time::Instant::now() + deadline;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.starts_with(prefix) => return l,
+                Ok(_) => {}
+                Err(_) => {
+                    panic!("`docker service logs -f` printed no line starting with {prefix:?} within {deadline:?}")
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

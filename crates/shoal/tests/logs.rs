@@ -4,9 +4,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
@@ -14,77 +11,6 @@ use shoal_testkit::docker_engine::{self, EngineDaemon};
 
 /// A service printing `tick N` on stdout and `tock N` on stderr every 100 ms.
 const TICKER: &str = "i=0; while true; do echo tick $i; echo tock $i >&2; i=$((i+1)); sleep 0.1; done";
-
-/// A `docker service logs -f` process, killed when dropped.
-struct Follower {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Follower {
-    fn start(socket: &std::path::Path, target: &str) -> Follower {
-        let config = std::env::temp_dir().join("shoal-test-docker-config");
-        let _ = std::fs::create_dir_all(&config);
-        let mut child = Command::new("docker")
-            .arg("--config")
-            .arg(&config)
-            .arg("-H")
-            .arg(format!("unix://{}", socket.display()))
-            .args(["service", "logs", "-f", "--tail", "0", target])
-            .env_remove("DOCKER_HOST")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker service logs -f");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Follower { child, lines }
-    }
-
-    /// Waits for a line containing `needle`, failing after `deadline`.
-    fn wait_for(&self, needle: &str, deadline: Duration) -> String {
-        let end = std::time::Instant::now() + deadline;
-        loop {
-            let left = end.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.contains(needle) => return l,
-                Ok(_) => {}
-                Err(_) => panic!("`docker service logs -f` printed no line with {needle:?} within {deadline:?}"),
-            }
-        }
-    }
-}
-
-impl Follower {
-    /// Waits for a line starting with `prefix`.
-    fn wait_for_prefix(&self, prefix: &str, deadline: Duration) -> String {
-        let end = std::time::Instant::now() + deadline;
-        loop {
-            let left = end.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.starts_with(prefix) => return l,
-                Ok(_) => {}
-                Err(_) => {
-                    panic!("`docker service logs -f` printed no line starting with {prefix:?} within {deadline:?}")
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Follower {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn number_after(line: &str, word: &str) -> u64 {
     line.split(word).nth(1).and_then(|r| r.trim().parse().ok()).unwrap_or_else(|| panic!("no number in {line:?}"))

@@ -264,3 +264,63 @@ fn a_demoted_manager_leaves_raft() {
     wait_until("a write through manager-32", Duration::from_secs(20), || create(&b, "after-demote", 1, &["sleep", "3191"]));
     drop(c);
 }
+
+/// A task printing one greeting, then `beat N` every 200 ms.
+const GREETER: &str = "echo greeting from the task; i=0; while true; do echo beat $i; i=$((i+1)); sleep 0.2; done";
+
+#[test]
+fn a_follower_manager_serves_service_logs_from_the_leader() {
+    if no_docker_cli() {
+        return;
+    }
+    let a = manager(11, None);
+    let b = manager(12, Some(&a));
+    let c = manager(13, Some(&a));
+    let ds = [&a, &b, &c];
+    for d in ds {
+        wait_until("3 managers seen", Duration::from_secs(30), || {
+            let seen = managers_seen_by(d);
+            if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        });
+    }
+    let follower = ds[(leader_index(&ds) + 1) % 3];
+
+    docker(
+        follower,
+        &["service", "create", "--detach", "--name", "greeter", "--replicas", "3", "busybox", "sh", "-c", GREETER],
+    );
+    // Every task's lines, whichever node runs it, come back through the follower.
+    let out = wait_until("the three tasks' greetings through the follower", Duration::from_secs(60), || {
+        let out = docker_cli::run(follower.socket(), &["service", "logs", "greeter"]);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(format!("docker service logs failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let greeted = |slot: u8| {
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("greeter.{slot}.")) && l.ends_with("| greeting from the task"))
+        };
+        if (1..=3).all(greeted) {
+            Ok(stdout)
+        } else {
+            Err(format!("{} lines so far", stdout.lines().count()))
+        }
+    });
+    let latest = out
+        .lines()
+        .filter_map(|l| l.split("| beat ").nth(1))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+
+    // -f through the follower keeps streaming lines printed after it started.
+    let f = Follower::start(follower.socket(), "greeter");
+    let later = format!("| beat {}", latest + 10);
+    let seen = f.wait_for(&later, Duration::from_secs(30));
+    assert!(seen.starts_with("greeter."), "{seen}");
+}

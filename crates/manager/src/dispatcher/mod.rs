@@ -210,6 +210,12 @@ impl Dispatcher {
         self.state.logs.grpc_service()
     }
 
+    /// The Logs gRPC service (`SubscribeLogs`, how follower managers read the leader's logs), served next
+    /// to the dispatcher.
+    pub fn logs_service(&self) -> crate::logbroker::LogsServer {
+        crate::logbroker::LogsService::new(self.state.clone()).server()
+    }
+
     /// FOR IN-PROCESS TESTS ONLY: the service behind `insecure_identity_from_metadata`, which believes the
     /// node ID a caller claims in gRPC metadata. Never serve this on a network.
     pub fn grpc_service_trusting_metadata_for_tests(

@@ -26,6 +26,9 @@ use shoal_api::{
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
+mod subscribe;
+pub use subscribe::{LogsServer, LogsService};
+
 /// The LogBroker gRPC server type.
 pub type LogBrokerServer = shoal_api::log_broker_server::LogBrokerServer<LogBrokerService>;
 
