@@ -62,6 +62,8 @@ pub struct Agent {
     manager_source: Option<watch::Receiver<String>>,
     /// When set, makes each session's endpoint (mutual TLS); else plain HTTP/2.
     endpoint_factory: Option<session::EndpointFactory>,
+    /// When set, gets this node's Node object as the dispatcher sends it.
+    node_sink: Option<watch::Sender<Option<shoal_api::Node>>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -73,7 +75,7 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// An agent running tasks with `executor`.
     pub fn new(config: AgentConfig, executor: Arc<dyn Executor>) -> Agent {
-        Agent { config, executor, manager_source: None, endpoint_factory: None }
+        Agent { config, executor, manager_source: None, endpoint_factory: None, node_sink: None }
     }
 
     /// Takes the dispatcher URI from `source` for every new session instead of `config.manager_addr`
@@ -87,6 +89,13 @@ impl Agent {
     /// Connects each session through `factory` (the node's mutual-TLS endpoints) instead of plain HTTP/2.
     pub fn with_endpoint_factory(mut self, factory: session::EndpointFactory) -> Agent {
         self.endpoint_factory = Some(factory);
+        self
+    }
+
+    /// Publishes this node's Node object on `sink` whenever the dispatcher sends it (a worker learns of its
+    /// promotion this way).
+    pub fn with_node_sink(mut self, sink: watch::Sender<Option<shoal_api::Node>>) -> Agent {
+        self.node_sink = Some(sink);
         self
     }
 
@@ -134,6 +143,7 @@ impl Agent {
                 worker: &mut worker,
                 reporter: reporter.clone(),
                 backoff: &mut backoff,
+                node_sink: self.node_sink.as_ref(),
             };
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,

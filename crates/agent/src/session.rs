@@ -133,6 +133,9 @@ pub struct SessionContext<'a> {
     pub reporter: Arc<StatusReporter>,
     /// Reset once the session is established.
     pub backoff: &'a mut Backoff,
+    /// When set, receives this node's Node object from every session message that carries one (its role,
+    /// desired role, availability as the managers see them).
+    pub node_sink: Option<&'a watch::Sender<Option<shoal_api::Node>>>,
 }
 
 fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
@@ -177,6 +180,12 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
         .into_inner();
     let first = session.message().await.map_err(rpc("Session"))?.ok_or(SessionError::StreamEnded("session"))?;
     let session_id = first.session_id;
+    let publish = |node: Option<shoal_api::Node>| {
+        if let (Some(sink), Some(node)) = (ctx.node_sink, node) {
+            sink.send_replace(Some(node));
+        }
+    };
+    publish(first.node);
     tracing::info!(node = %node_id, session = %session_id, "session with the manager established");
 
     let mut assignments = client
@@ -252,7 +261,7 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
         tokio::select! {
             r = shutdown.changed() => if r.is_err() { return Ok(()) },
             m = session.message() => match m {
-                Ok(Some(_node_update)) => {}
+                Ok(Some(update)) => publish(update.node),
                 Ok(None) => return Err(SessionError::StreamEnded("session")),
                 Err(status) => return Err(SessionError::Rpc { call: "Session", status }),
             },

@@ -113,6 +113,18 @@ pub fn decide(
     }
 }
 
+/// The role the store grants a node for authorization: manager when it is one, or when it was promoted
+/// (desired role manager) and must call `RaftMembership.Join` with its new manager certificate before Raft
+/// makes it one; else worker.
+pub fn role_for_access(node: &shoal_api::Node) -> NodeRole {
+    let promoted = node.spec.as_ref().is_some_and(|s| s.desired_role() == NodeRole::Manager);
+    if node.role == NodeRole::Manager as i32 || promoted {
+        NodeRole::Manager
+    } else {
+        NodeRole::Worker
+    }
+}
+
 /// How the layer identifies callers.
 #[derive(Clone)]
 enum Mode {
@@ -187,7 +199,7 @@ impl AuthzLayer {
                         }
                     });
                 }
-                t.nodes().get(id).map(|n| NodeRole::try_from(n.role).unwrap_or(NodeRole::Worker))
+                t.nodes().get(id).map(|n| role_for_access(n))
             })
         })?;
         Ok(subject)
@@ -331,6 +343,19 @@ mod tests {
             (Caller::Manager, Access::Managers) => Ok(()),
             (Caller::Worker | Caller::DemotedManager | Caller::Admin, Access::Managers) => Err(Denied),
         }
+    }
+
+    #[test]
+    fn a_promoted_worker_has_manager_access_and_a_plain_worker_does_not() {
+        let mut node = shoal_api::Node { role: NodeRole::Worker as i32, ..Default::default() };
+        assert_eq!(role_for_access(&node), NodeRole::Worker);
+        node.spec.get_or_insert_with(Default::default).set_desired_role(NodeRole::Manager);
+        assert_eq!(role_for_access(&node), NodeRole::Manager);
+        // Demoted and out of Raft: a worker again.
+        node.spec.get_or_insert_with(Default::default).set_desired_role(NodeRole::Worker);
+        assert_eq!(role_for_access(&node), NodeRole::Worker);
+        node.role = NodeRole::Manager as i32;
+        assert_eq!(role_for_access(&node), NodeRole::Manager);
     }
 
     #[test]

@@ -366,8 +366,17 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
 
 /// Runs a node until `stop` resolves, then shuts it down.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
+    let mut cfg = cfg;
+    let stop = std::pin::pin!(stop);
+    let mut stop = stop;
     if let worker_node::StartAs::Worker(w) = worker_node::prepare(&cfg).await? {
-        return worker_node::run_worker(cfg, w, stop, Duration::from_secs(15)).await;
+        let manager_addr = w.manager_addr.clone();
+        match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), Duration::from_secs(15)).await? {
+            worker_node::WorkerExit::Stopped => return Ok(()),
+            // Promoted: the state dir now holds a manager certificate; start again as a manager that joins
+            // Raft through the manager this worker knew.
+            worker_node::WorkerExit::Promoted => cfg.join_addr = Some(manager_addr),
+        }
     }
     let node = Node::start(cfg).await?;
     stop.await;

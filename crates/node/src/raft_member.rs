@@ -64,7 +64,22 @@ pub(crate) async fn start_raft(
             cfg.state_dir.display()
         )));
     }
-    match &cfg.join_addr {
+    // A node holding a certificate (a promoted worker, or a manager whose Raft data is gone) belongs to an
+    // existing cluster: it must join it, never bootstrap a new one with the same identity.
+    let join_addr = match &cfg.join_addr {
+        Some(a) => Some(a.clone()),
+        None if has_certificate(cfg)? => match crate::worker_node::remembered_manager(&cfg.state_dir)? {
+            Some(a) => Some(a),
+            None => {
+                return Err(NodeError::State(format!(
+                    "{} holds this node's certificate but no raft state, so it belongs to an existing cluster and                      must not create a new one: pass --join-addr IP:PORT (a manager of its cluster), or start with                      an empty state dir to create a new cluster",
+                    cfg.state_dir.display()
+                )))
+            }
+        },
+        None => None,
+    };
+    match &join_addr {
         None => {
             let raft = grpc::start_member(raft_cfg, store, factory, StartMode::BootstrapIfEmpty).await?;
             Ok((raft, Membership::Bootstrapped))
@@ -78,6 +93,10 @@ pub(crate) async fn start_raft(
             Ok((raft, Membership::Joined))
         }
     }
+}
+
+fn has_certificate(cfg: &DaemonConfig) -> Result<bool, NodeError> {
+    crate::join::load_certs(&cfg.state_dir).map(|c| c.is_some()).map_err(|e| NodeError::Security(e.to_string()))
 }
 
 /// Waits until this manager can serve: for a bootstrapped member, until it leads; for a joined one, until a

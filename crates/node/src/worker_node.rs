@@ -3,6 +3,11 @@
 //! socket that answers `/_ping`, `/version` and `/info` and refuses cluster commands ("run this command on
 //! a manager"). Also the start decision of every node: worker (this file) or manager (`Node::start`).
 //!
+//! A promoted worker (`docker node promote`: its Node's desired role becomes manager, which it sees in the
+//! dispatcher's session messages) renews its certificate at once, gets a manager certificate, and stops its
+//! worker parts so the daemon restarts in-process as a manager (`run_daemon`), joining Raft through the
+//! manager it knows. Its tasks are stopped and started again by the manager node's agent.
+//!
 //! The manager it joined through is remembered in `<state dir>/join.json` so a restart without
 //! `--join-addr` resumes; a restart with `--join-addr` uses (and remembers) the new address.
 
@@ -56,7 +61,7 @@ fn remember_manager(state_dir: &Path, addr: &str) -> Result<(), NodeError> {
     std::fs::write(&p, bytes).map_err(|e| NodeError::io(&p, e))
 }
 
-fn remembered_manager(state_dir: &Path) -> Result<Option<String>, NodeError> {
+pub(crate) fn remembered_manager(state_dir: &Path) -> Result<Option<String>, NodeError> {
     let p = join_record_path(state_dir);
     match std::fs::read(&p) {
         Ok(b) => serde_json::from_slice::<JoinRecord>(&b)
@@ -127,13 +132,66 @@ pub async fn prepare(cfg: &DaemonConfig) -> Result<StartAs, NodeError> {
     }
 }
 
-/// Runs a worker until `stop` resolves; then stops its tasks (bounded by `grace` per part) and returns.
+/// Why `run_worker` returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerExit {
+    /// `stop` resolved.
+    Stopped,
+    /// The node was promoted and now holds a manager certificate: start it as a manager (`Node::start`,
+    /// which joins Raft through the remembered manager).
+    Promoted,
+}
+
+/// How long the promotion watch waits between failed renewals (doubling from `RENEW_RETRY_MIN`).
+const PROMOTION_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Watches this node's Node object (from the dispatcher's session messages): once its desired role is
+/// manager while its certificate says worker, renews the certificate at once (the CA then issues a
+/// manager certificate) and returns when the certificate is a manager's. Retries failed renewals with a
+/// doubling delay up to `PROMOTION_RETRY_MAX`; never returns if the node is not promoted.
+async fn wait_promoted(
+    state_dir: PathBuf,
+    tls: NodeTls,
+    manager_addr: String,
+    mut node: watch::Receiver<Option<shoal_api::Node>>,
+) {
+    let mut retry = join::RENEW_RETRY_MIN;
+    loop {
+        if tls.subject().role == Role::Manager {
+            return;
+        }
+        let promoted = node
+            .borrow_and_update()
+            .as_ref()
+            .is_some_and(|n| n.spec.as_ref().is_some_and(|s| s.desired_role() == shoal_api::NodeRole::Manager));
+        if promoted {
+            tracing::info!("this node was promoted; renewing its certificate for the manager role");
+            match join::renew_once(&manager_addr, &tls, &state_dir).await {
+                Ok(()) if tls.subject().role == Role::Manager => return,
+                Ok(()) => tracing::warn!("the CA still issued a worker certificate; retrying in {retry:?}"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewal for the manager role failed; retrying in {retry:?}")
+                }
+            }
+            tokio::time::sleep(retry).await;
+            retry = (retry * 2).min(PROMOTION_RETRY_MAX);
+            continue;
+        }
+        if node.changed().await.is_err() {
+            // The agent is gone (shutting down): nothing more will come.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Runs a worker until `stop` resolves, or until it is promoted (see `WorkerExit`); then stops its tasks
+/// (bounded by `grace` per part) and returns why.
 pub async fn run_worker(
     cfg: DaemonConfig,
     w: WorkerStart,
     stop: impl std::future::Future<Output = ()>,
     grace: Duration,
-) -> Result<(), NodeError> {
+) -> Result<WorkerExit, NodeError> {
     let hostname = cfg.hostname.clone().unwrap_or_else(crate::machine_hostname);
     let executor = crate::pick_executor(cfg.executor, &cfg, &w.node_id, &hostname).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -160,6 +218,8 @@ pub async fn run_worker(
         }),
     ));
 
+    let (node_tx, node_rx) = watch::channel(None);
+    let promoted = wait_promoted(cfg.state_dir.clone(), w.tls.clone(), w.manager_addr.clone(), node_rx);
     let agent = Agent::new(
         AgentConfig {
             node_id: w.node_id.clone(),
@@ -170,7 +230,8 @@ pub async fn run_worker(
         },
         executor,
     )
-    .with_endpoint_factory(crate::tls::agent_endpoints(&w.tls));
+    .with_endpoint_factory(crate::tls::agent_endpoints(&w.tls))
+    .with_node_sink(node_tx);
     tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
     let manager_addr = Arc::new(w.manager_addr.clone());
     tasks.push((
@@ -184,8 +245,16 @@ pub async fn run_worker(
     ));
     tracing::info!(node_id = %w.node_id, manager = %w.manager_addr, control = %control_socket.display(), "worker started");
 
-    stop.await;
-    tracing::info!("shutting down");
+    let exit = tokio::select! {
+        _ = stop => WorkerExit::Stopped,
+        _ = promoted => WorkerExit::Promoted,
+    };
+    match exit {
+        WorkerExit::Stopped => tracing::info!("shutting down"),
+        WorkerExit::Promoted => {
+            tracing::info!("promoted to manager: stopping the worker parts to restart this node as a manager")
+        }
+    }
     let _ = shutdown_tx.send(true);
     for (name, handle) in tasks {
         let abort = handle.abort_handle();
@@ -195,5 +264,5 @@ pub async fn run_worker(
         }
     }
     let _ = std::fs::remove_file(&control_socket);
-    Ok(())
+    Ok(exit)
 }

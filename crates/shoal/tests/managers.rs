@@ -13,16 +13,53 @@ use shoal_testkit::daemon::DaemonOptions;
 
 /// Manager `i`; with `join`, it joins that manager's cluster with its manager token.
 fn manager(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
+    daemon_at(i, &format!("manager-{i}"), join.map(|j| (j, "Manager")))
+}
+
+/// The daemon on 127.0.0.`i` with hostname `name`; with `join`, it joins that manager's cluster with its
+/// join token for the role ("Manager" or "Worker").
+fn daemon_at(i: u8, name: &str, join: Option<(&DaemonProcess, &str)>) -> DaemonProcess {
     let mut opts = DaemonOptions {
         listen_ip: Some(format!("127.0.0.{i}")),
-        hostname: Some(format!("manager-{i}")),
+        hostname: Some(name.to_string()),
         ..DaemonOptions::default()
     };
-    if let Some(j) = join {
-        let token = j.get("/v1.47/swarm")["JoinTokens"]["Manager"].as_str().unwrap().to_string();
+    if let Some((j, role)) = join {
+        let token = j.get("/v1.47/swarm")["JoinTokens"][role].as_str().unwrap().to_string();
         opts.extra_args = vec!["--join-addr".into(), j.remote_addr(), "--join-token".into(), token];
     }
     DaemonProcess::start_with(&shoal_bin(), opts)
+}
+
+/// Sets the desired role of the node named `host` through `d`'s control socket (what `docker node promote`
+/// and `docker node demote` send).
+fn set_role(d: &DaemonProcess, host: &str, role: &str) {
+    let node = d
+        .get("/v1.47/nodes")
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["Description"]["Hostname"] == host)
+        .cloned()
+        .unwrap_or_else(|| panic!("no node {host}"));
+    let mut spec = node["Spec"].clone();
+    spec["Role"] = role.into();
+    let path = format!("/v1.47/nodes/{}/update?version={}", node["ID"].as_str().unwrap(), node["Version"]["Index"]);
+    let r = shoal_testkit::http::request(d.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
+    assert_eq!(r.status, 200, "set role {role} of {host}: {}", r.body);
+}
+
+/// Waits until `d` sees exactly the managers in `want` (hostname, "Leader"/"reachable"/"none"), sorted.
+fn wait_managers(d: &DaemonProcess, want: &[(&str, &str)], deadline: Duration) {
+    let want: Vec<(String, String)> = want.iter().map(|(h, s)| (h.to_string(), s.to_string())).collect();
+    wait_until("the expected manager statuses", deadline, || {
+        let seen = managers_seen_by(d);
+        if seen == want {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
 }
 
 fn create(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> Result<String, String> {
@@ -323,4 +360,84 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
     let later = format!("| beat {}", latest + 10);
     let seen = f.wait_for(&later, Duration::from_secs(30));
     assert!(seen.starts_with("greeter."), "{seen}");
+}
+
+/// Runs `shoal daemon` (no --join-*) on a fresh state dir holding only a copy of `state_dir`'s certificates
+/// (a manager's certificate, no Raft data) and returns its exit status and output; it must exit by itself
+/// within 30 s.
+fn start_with_certs_only(state_dir: &std::path::Path) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let certs = shoal_node::join::certs_dir(&state);
+    std::fs::create_dir_all(&certs).unwrap();
+    for f in std::fs::read_dir(shoal_node::join::certs_dir(state_dir)).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), certs.join(f.file_name())).unwrap();
+    }
+    let mut child = std::process::Command::new(shoal_bin())
+        .args(["daemon", "--state-dir"])
+        .arg(&state)
+        .arg("--listen-control-api")
+        .arg(dir.path().join("control.sock"))
+        .args(["--listen-remote-api", "127.0.0.99:0", "--executor", "process"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+            return (status.success(), text);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a daemon with a manager certificate and no raft state did not exit within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `docker node promote` of a running worker: it renews its certificate for the manager role as soon as its
+/// session shows the new desired role, restarts in-process as a manager that joins Raft through the manager
+/// it knows, and shows as "reachable"; a write through its own control socket succeeds (forwarded to the
+/// leader). Its certificate copied to a state dir without Raft data refuses to bootstrap a new cluster.
+/// Demoted again, it leaves Raft and is a worker in `docker node ls`.
+#[test]
+fn a_promoted_worker_becomes_a_manager_and_back() {
+    let a = manager(41, None);
+    let w = daemon_at(42, "worker-42", Some((&a, "Worker")));
+    wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "none")], Duration::from_secs(30));
+
+    set_role(&a, "worker-42", "manager");
+    wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "reachable")], Duration::from_secs(60));
+    let role = |host: &str| -> String {
+        let nodes = a.get("/v1.47/nodes");
+        let n = nodes.as_array().unwrap().iter().find(|n| n["Description"]["Hostname"] == host).cloned();
+        n.map(|n| n["Spec"]["Role"].as_str().unwrap_or("").to_string()).unwrap_or_default()
+    };
+    assert_eq!(role("worker-42"), "manager");
+    assert!(w.log().contains("promoted to manager"), "{}", w.log());
+    let (ok, out) = start_with_certs_only(w.state_dir());
+    assert!(!ok && out.contains("must not create a new one"), "a manager certificate without raft state: {out}");
+    wait_until("a write through the promoted node", Duration::from_secs(20), || {
+        create(&w, "via-promoted", 1, &["sleep", "3192"])
+    });
+    wait_until("the promoted node to see the service", Duration::from_secs(20), || {
+        let n = w.get("/v1.47/services").as_array().map(|v| v.len()).unwrap_or(0);
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(format!("{n} services"))
+        }
+    });
+
+    set_role(&a, "worker-42", "worker");
+    wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "none")], Duration::from_secs(30));
+    assert_eq!(role("worker-42"), "worker");
+    wait_until("a write through the leader after the demotion", Duration::from_secs(20), || {
+        create(&a, "after-demote-back", 1, &["sleep", "3193"])
+    });
 }

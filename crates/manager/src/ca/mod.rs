@@ -269,7 +269,8 @@ impl CaService {
         Ok(IssueNodeCertificateResponse { node_id, node_membership: node_spec::Membership::Accepted as i32 })
     }
 
-    /// Renewal: a node with a valid certificate gets a new one for its current role.
+    /// Renewal: a node with a valid certificate gets a new one for its current role, or for the manager role
+    /// once it is promoted.
     async fn renew(&self, caller: &NodeSubject, csr: Vec<u8>) -> Result<IssueNodeCertificateResponse, Status> {
         let cluster =
             cluster(&self.state).ok_or_else(|| Status::unavailable("the cluster is not initialised yet; retry"))?;
@@ -280,7 +281,11 @@ impl CaService {
             return Err(Status::permission_denied(
                 "client certificates cannot be renewed through the NodeCA; issue a new one",
             ));
-        } else if node.role == NodeRole::Manager as i32 {
+        } else if node.role == NodeRole::Manager as i32
+            || node.spec.as_ref().is_some_and(|s| s.desired_role() == NodeRole::Manager)
+        {
+            // A promoted worker (desired role manager) gets its manager certificate now: it needs one to
+            // join Raft, after which its role becomes manager.
             Role::Manager
         } else {
             Role::Worker

@@ -138,7 +138,22 @@ async fn renewal_keeps_the_node_and_follows_its_current_role() {
     assert_eq!(issued_cert(&ca, &id).await.subject, me);
     assert_eq!(node_count(&state), 1);
 
-    // Promoted in the store: the next renewal is a manager certificate.
+    // `docker node promote` (desired role manager, role still worker): the next renewal is a manager
+    // certificate, which the node needs to join Raft.
+    let mut node = (*state.store.view(|t| t.nodes().get(&id).cloned()).unwrap()).clone();
+    assert_eq!(node.role, NodeRole::Worker as i32);
+    node.spec.get_or_insert_with(Default::default).set_desired_role(NodeRole::Manager);
+    state
+        .write(|_, c| {
+            c.update(node);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
+    ca.issue_node_certificate(issue_req("", &csr2.csr_pem, Some(me.clone()))).await.unwrap();
+    assert_eq!(issued_cert(&ca, &id).await.subject.role, Role::Manager);
+
+    // A manager in the store: the next renewal is a manager certificate too.
     let mut node = (*state.store.view(|t| t.nodes().get(&id).cloned()).unwrap()).clone();
     node.role = NodeRole::Manager as i32;
     state
