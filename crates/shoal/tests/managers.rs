@@ -411,8 +411,20 @@ fn a_promoted_worker_becomes_a_manager_and_back() {
     let w = daemon_at(42, "worker-42", Some((&a, "Worker")));
     wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "none")], Duration::from_secs(30));
 
-    set_role(&a, "worker-42", "manager");
+    // The docker CLI when it is installed (`docker node promote` sends the same update), else the API.
+    let cli = docker_cli::available();
+    if cli {
+        docker(&a, &["node", "promote", "worker-42"]);
+    } else {
+        set_role(&a, "worker-42", "manager");
+    }
     wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "reachable")], Duration::from_secs(60));
+    if cli {
+        let ls = docker(&a, &["node", "ls", "--format", "{{.Hostname}} {{.ManagerStatus}}"]);
+        let mut lines: Vec<&str> = ls.lines().collect();
+        lines.sort();
+        assert_eq!(lines, ["manager-41 Leader", "worker-42 Reachable"], "docker node ls: {ls}");
+    }
     let role = |host: &str| -> String {
         let nodes = a.get("/v1.47/nodes");
         let n = nodes.as_array().unwrap().iter().find(|n| n["Description"]["Hostname"] == host).cloned();
@@ -434,7 +446,11 @@ fn a_promoted_worker_becomes_a_manager_and_back() {
         }
     });
 
-    set_role(&a, "worker-42", "worker");
+    if cli {
+        docker(&a, &["node", "demote", "worker-42"]);
+    } else {
+        set_role(&a, "worker-42", "worker");
+    }
     wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "none")], Duration::from_secs(30));
     assert_eq!(role("worker-42"), "worker");
     wait_until("a write through the leader after the demotion", Duration::from_secs(20), || {
