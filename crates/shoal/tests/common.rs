@@ -136,6 +136,15 @@ impl Follower {
 }
 
 impl Follower {
+    /// Waits for the process to exit (its log stream ended), failing after `deadline`.
+    pub fn wait_exit(&mut self, deadline: Duration) -> std::process::ExitStatus {
+        wait_until("`docker service logs -f` to exit", deadline, || match self.child.try_wait() {
+            Ok(Some(status)) => Ok(status),
+            Ok(None) => Err("still running".into()),
+            Err(e) => Err(e.to_string()),
+        })
+    }
+
     /// Waits for a line starting with `prefix`.
     pub fn wait_for_prefix(&self, prefix: &str, deadline: Duration) -> String {
         let end = std::time::Instant::now() + deadline;

@@ -313,8 +313,8 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
     let a = manager(11, None);
     let b = manager(12, Some(&a));
     let c = manager(13, Some(&a));
-    let ds = [&a, &b, &c];
-    for d in ds {
+    let mut all = [a, b, c];
+    for d in &all {
         wait_until("3 managers seen", Duration::from_secs(30), || {
             let seen = managers_seen_by(d);
             if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 {
@@ -324,7 +324,8 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
             }
         });
     }
-    let follower = ds[(leader_index(&ds) + 1) % 3];
+    let leader = leader_index(&[&all[0], &all[1], &all[2]]);
+    let follower = &all[(leader + 1) % 3];
 
     docker(
         follower,
@@ -356,10 +357,15 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
         .unwrap_or(0);
 
     // -f through the follower keeps streaming lines printed after it started.
-    let f = Follower::start(follower.socket(), "greeter");
+    let mut f = Follower::start(follower.socket(), "greeter");
     let later = format!("| beat {}", latest + 10);
     let seen = f.wait_for(&later, Duration::from_secs(30));
     assert!(seen.starts_with("greeter."), "{seen}");
+
+    // When the leader goes away mid-follow, the stream through the follower ends cleanly.
+    all[leader].kill9();
+    let status = f.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "docker service logs -f ended with {status}");
 }
 
 /// Runs `shoal daemon` (no --join-*) on a fresh state dir holding only a copy of `state_dir`'s certificates
