@@ -2,83 +2,34 @@
 //! `ClusterState` with a `LocalProposer` (no orchestrator runs, so services are created with `--detach`).
 //! Skipped, with a printed reason, when `docker` is not installed.
 
-use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 
 use shoal_api::{
     node_status, ManagerStatus, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus, Task,
     TaskState, TaskStatus,
 };
-use shoal_engine_api::{serve_unix, ApiContext};
-use shoal_manager::{ClusterState, RandomIds};
-use shoal_raft::LocalProposer;
-use shoal_store::{Changes, ManualClock, MemoryStore};
+use shoal_manager::ClusterState;
+use shoal_store::Changes;
+use shoal_testkit::ApiServer;
 
 struct Server {
-    socket: PathBuf,
+    api: ApiServer,
     config_dir: tempfile::TempDir,
     state: ClusterState,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
 }
 
 impl Server {
     fn start() -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("control.sock");
-        let store = Arc::new(MemoryStore::default());
-        let proposer = Arc::new(LocalProposer::new(store.clone()));
-        let state = ClusterState::new(
-            store,
-            proposer,
-            Arc::new(ManualClock::new(1_700_000_000_000)),
-            Arc::new(RandomIds::seeded(3)),
-        );
-        let ctx = ApiContext {
-            state: state.clone(),
-            node_id: "node1aaaaaaaaaaaaaaaaaaaaa".into(),
-            node_addr: "127.0.0.1:4242".into(),
-            executor: "process".into(),
-            hostname: "shoal-host".into(),
-            leader_logs: None,
-        };
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let sock = socket.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::UnixListener::bind(&sock).unwrap();
-                ready_tx.send(()).unwrap();
-                serve_unix(listener, ctx, async move {
-                    let _ = stop_rx.await;
-                })
-                .await
-                .unwrap();
-            });
-        });
-        ready_rx.recv().unwrap();
-        Server {
-            socket,
-            config_dir: tempfile::tempdir().unwrap(),
-            state,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-            _dir: dir,
-        }
+        let api = ApiServer::start("node1aaaaaaaaaaaaaaaaaaaaa", "shoal-host", 3);
+        let state = api.state().clone();
+        Server { api, config_dir: tempfile::tempdir().unwrap(), state }
     }
 
     /// Runs `docker -H unix://SOCK args...`; returns (exit code, stdout, stderr).
     fn docker(&self, args: &[&str]) -> (i32, String, String) {
         let out = Command::new("docker")
             .arg("-H")
-            .arg(format!("unix://{}", self.socket.display()))
+            .arg(format!("unix://{}", self.api.socket().display()))
             .args(args)
             .env_remove("DOCKER_HOST")
             .env_remove("DOCKER_CONTEXT")
@@ -99,17 +50,6 @@ impl Server {
         let (code, out, err) = self.docker(args);
         assert_eq!(code, 0, "docker {args:?} failed: {err}");
         out
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

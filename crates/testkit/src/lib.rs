@@ -1,4 +1,5 @@
 //! Test harness shared by the end-to-end tests and later multi-node and fault tests:
+//! - `api_server`: the Engine API alone on a temp socket over an in-memory state (API and client tests);
 //! - `cluster`: a whole cluster in one process (real manager subsystems and dispatcher, fake executors);
 //! - `daemon`: a `shoal daemon` process under test, on a temporary state dir, control socket and port, stopped
 //!   (and its task processes with it) when dropped, even when the test fails;
@@ -8,6 +9,7 @@
 //! - `docker_engine`: the local Docker Engine: the test image, daemons with `--executor docker` whose
 //!   containers are removed on drop.
 
+pub mod api_server;
 pub mod cluster;
 pub mod daemon;
 pub mod docker_cli;
@@ -16,6 +18,7 @@ pub mod http;
 pub mod process;
 pub mod wait;
 
+pub use api_server::ApiServer;
 pub use cluster::{ClusterOptions, TestCluster, TestWorker};
 pub use daemon::{DaemonOptions, DaemonProcess};
 pub use wait::wait_until;

@@ -1,14 +1,12 @@
 //! The client commands against an in-process Engine API server on a temporary unix socket (no daemon):
 //! create, ls, inspect, ps, scale, update, rm, node commands, `--format json`, and exit codes.
 
-use std::sync::Arc;
 
 use clap::Parser;
 use shoal_api::{node_status, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus};
-use shoal_engine_api::{serve_unix, ApiContext};
-use shoal_manager::{ClusterState, RandomIds};
-use shoal_raft::LocalProposer;
-use shoal_store::{Changes, ManualClock, MemoryStore};
+use shoal_manager::ClusterState;
+use shoal_store::Changes;
+use shoal_testkit::ApiServer;
 
 use super::*;
 
@@ -19,59 +17,18 @@ struct TestCli {
 }
 
 struct Server {
+    /// Held for its lifetime: dropping it stops the server.
+    _api: ApiServer,
     host: String,
     state: ClusterState,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
 }
 
 impl Server {
     fn start() -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("control.sock");
-        let store = Arc::new(MemoryStore::default());
-        let proposer = Arc::new(LocalProposer::new(store.clone()));
-        let state = ClusterState::new(
-            store,
-            proposer,
-            Arc::new(ManualClock::new(1_700_000_000_000)),
-            Arc::new(RandomIds::seeded(11)),
-        );
-        let ctx = ApiContext {
-            state: state.clone(),
-            node_id: "node1".into(),
-            node_addr: "127.0.0.1:4242".into(),
-            executor: "process".into(),
-            hostname: "box1".into(),
-            leader_logs: None,
-        };
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let sock = socket.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::UnixListener::bind(&sock).unwrap();
-                ready_tx.send(()).unwrap();
-                serve_unix(listener, ctx, async move {
-                    let _ = stop_rx.await;
-                })
-                .await
-                .unwrap();
-            });
-        });
-        ready_rx.recv().unwrap();
-        Server {
-            host: format!("unix://{}", socket.display()),
-            state,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-            _dir: dir,
-        }
+        let api = ApiServer::start("node1", "box1", 11);
+        let host = format!("unix://{}", api.socket().display());
+        let state = api.state().clone();
+        Server { _api: api, host, state }
     }
 
     /// Runs `shoal <args>`; returns (exit code, stdout, stderr).
@@ -120,16 +77,6 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 fn rows(out: &str) -> Vec<Vec<String>> {
     out.lines()
