@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -65,7 +65,7 @@ fn node_table(m: &DaemonProcess) -> Vec<(String, String, String)> {
 /// and output; it must exit by itself (a refused join) within 30 s.
 fn refused_join(addr: &str, token: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(shoal_bin())
+    let child = Command::new(shoal_bin())
         .args(["daemon", "--state-dir"])
         .arg(dir.path().join("state"))
         .arg("--listen-control-api")
@@ -84,20 +84,7 @@ fn refused_join(addr: &str, token: &str) -> (bool, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-            return (status.success(), text);
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("a join with a bad token did not exit within 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    process::wait_exit(child, Duration::from_secs(30), "a join with a bad token")
 }
 
 /// Waits (30 s at most) until `ok`; on timeout panics with `what` and `show()`.

@@ -380,7 +380,7 @@ fn start_with_certs_only(state_dir: &std::path::Path) -> (bool, String) {
         let f = f.unwrap();
         std::fs::copy(f.path(), certs.join(f.file_name())).unwrap();
     }
-    let mut child = std::process::Command::new(shoal_bin())
+    let child = std::process::Command::new(shoal_bin())
         .args(["daemon", "--state-dir"])
         .arg(&state)
         .arg("--listen-control-api")
@@ -390,20 +390,7 @@ fn start_with_certs_only(state_dir: &std::path::Path) -> (bool, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-            return (status.success(), text);
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("a daemon with a manager certificate and no raft state did not exit within 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    process::wait_exit(child, Duration::from_secs(30), "a daemon with a manager certificate and no raft state")
 }
 
 /// `docker node promote` of a running worker: it renews its certificate for the manager role as soon as its
