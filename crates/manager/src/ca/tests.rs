@@ -97,7 +97,9 @@ async fn refused_tokens_change_nothing() {
         shoal_ca::parse_join_token(&old.worker).unwrap().ca_digest
     );
     let csr = shoal_ca::generate_node_key_and_csr().unwrap();
-    let wrong = format!("{}x", &new.worker[..new.worker.len() - 1]);
+    // The valid token with its last character changed (to one it is not: the secret is random).
+    let last = if new.worker.ends_with('x') { 'y' } else { 'x' };
+    let wrong = format!("{}{last}", &new.worker[..new.worker.len() - 1]);
     let cases = [
         (old.worker.as_str(), Code::PermissionDenied, "invalid join token"),
         (wrong.as_str(), Code::PermissionDenied, "invalid join token"),
