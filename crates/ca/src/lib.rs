@@ -8,6 +8,7 @@
 //! key material is never derived from a seeded generator. Must not depend on gRPC, the store or tokio.
 
 mod cert;
+pub mod encryption;
 mod renewal;
 mod token;
 
@@ -15,6 +16,7 @@ pub use cert::{
     ca_cert_hash, cert_digest, generate_node_key_and_csr, parse_cert, parse_cert_pem_chain, CertInfo, NodeCsr,
     NodeSubject, RootCa, BACKDATE, DEFAULT_NODE_CERT_EXPIRY, MIN_NODE_CERT_EXPIRY, ROOT_CA_VALIDITY, ROOT_CN,
 };
+pub use encryption::{EncryptionError, SecretKey, UnlockKey};
 pub use renewal::{renewal_delay, RENEW_AT_MAX_FRACTION, RENEW_AT_MIN_FRACTION};
 pub use token::{generate_join_token, parse_join_token, token_matches, ParsedToken, TOKEN_PREFIX};
 

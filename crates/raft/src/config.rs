@@ -29,6 +29,9 @@ pub struct RaftConfig {
     pub log_entries_for_slow_followers: u64,
     /// Largest encoded proposal accepted, in bytes; larger ones fail with `ProposeError::TooLarge`.
     pub max_proposal_bytes: usize,
+    /// The data encryption keys that seal the log entries and snapshots. `None`: the plain DEK file under
+    /// `state_dir/raft` (created on first start); a node with autolock passes the keys it unsealed.
+    pub data_keys: Option<crate::encryption::DataKeys>,
 }
 
 impl RaftConfig {
@@ -46,6 +49,7 @@ impl RaftConfig {
             snapshot_interval_entries: 10_000,
             log_entries_for_slow_followers: 500,
             max_proposal_bytes: 8 << 20,
+            data_keys: None,
         }
     }
 

@@ -43,6 +43,19 @@ pub enum RaftError {
         /// The decoder's message.
         reason: String,
     },
+    /// The data encryption key is sealed (autolock) and no key-encryption key was given.
+    #[error("the raft data key is sealed (autolock is on): unlock this manager with the swarm's unlock key")]
+    Locked,
+    /// A record of the log or a snapshot could not be decrypted.
+    #[error("cannot decrypt {what} under {path}: {reason}; the data key does not match this state dir, or the files were altered")]
+    Decrypt {
+        /// The raft state directory.
+        path: PathBuf,
+        /// Which record.
+        what: String,
+        /// What failed.
+        reason: String,
+    },
     /// raft-rs refused an operation.
     #[error("raft refused the operation: {0}")]
     Raft(#[from] raft::Error),

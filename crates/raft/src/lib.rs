@@ -67,6 +67,7 @@
 //! - Every client channel comes from the injected `grpc::ChannelFactory` (`grpc::PlainHttp` by default).
 
 mod config;
+pub mod encryption;
 mod error;
 pub mod grpc;
 mod logger;

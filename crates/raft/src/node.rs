@@ -586,7 +586,11 @@ impl Driver {
         status: Arc<Mutex<RaftStatus>>,
         mode: StartMode,
     ) -> Result<Driver, RaftError> {
-        let (mut storage, bootstrapped) = EngineStorage::open(&cfg.state_dir)?;
+        let keys = match &cfg.data_keys {
+            Some(keys) => keys.clone(),
+            None => crate::encryption::load_or_create_plain(&cfg.state_dir)?,
+        };
+        let (mut storage, bootstrapped) = EngineStorage::open(&cfg.state_dir, keys)?;
         if !bootstrapped {
             match mode {
                 StartMode::BootstrapIfEmpty => {

@@ -1,12 +1,15 @@
 //! Snapshot files under `state_dir/raft/snapshots`: one file per snapshot, named by its Raft index, written
 //! atomically (temporary file, fsync, rename, fsync of the directory). The newest `KEEP_SNAPSHOTS` are kept.
 //!
-//! Only file IO here: the bytes are the store's `encode_snapshot` output and the metadata lives in the log.
+//! Every file is sealed with the node's data encryption key (`encryption::DataKeys`, associated data = the
+//! snapshot's index): `write` takes and `read` returns the plain bytes (the store's `encode_snapshot`
+//! output, as sent to followers over TLS); nothing readable reaches the disk. The metadata lives in the log.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::encryption::{snapshot_aad, DataKeys};
 use crate::RaftError;
 
 /// How many snapshot files are kept (the newest ones).
@@ -23,13 +26,14 @@ fn io_err(path: &Path, source: std::io::Error) -> RaftError {
 #[derive(Debug, Clone)]
 pub(crate) struct SnapshotDir {
     dir: PathBuf,
+    keys: DataKeys,
 }
 
 impl SnapshotDir {
-    /// Creates the directory if needed.
-    pub(crate) fn open(dir: PathBuf) -> Result<SnapshotDir, RaftError> {
+    /// Creates the directory if needed; files are sealed and opened with `keys`.
+    pub(crate) fn open(dir: PathBuf, keys: DataKeys) -> Result<SnapshotDir, RaftError> {
         fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
-        Ok(SnapshotDir { dir })
+        Ok(SnapshotDir { dir, keys })
     }
 
     /// The file of the snapshot at `index`.
@@ -37,13 +41,15 @@ impl SnapshotDir {
         self.dir.join(format!("{PREFIX}{index:020}{SUFFIX}"))
     }
 
-    /// Writes the snapshot at `index` durably, then removes all but the newest `KEEP_SNAPSHOTS` files.
+    /// Writes the snapshot at `index` (plain bytes; sealed here) durably, then removes all but the newest
+    /// `KEEP_SNAPSHOTS` files.
     pub(crate) fn write(&self, index: u64, data: &[u8]) -> Result<PathBuf, RaftError> {
+        let data = self.keys.encrypt(&snapshot_aad(index), data);
         let path = self.path(index);
         let tmp = self.dir.join(format!("{PREFIX}{index:020}{SUFFIX}.tmp"));
         {
             let mut f = fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
-            f.write_all(data).map_err(|e| io_err(&tmp, e))?;
+            f.write_all(&data).map_err(|e| io_err(&tmp, e))?;
             f.sync_all().map_err(|e| io_err(&tmp, e))?;
         }
         fs::rename(&tmp, &path).map_err(|e| io_err(&path, e))?;
@@ -52,10 +58,15 @@ impl SnapshotDir {
         Ok(path)
     }
 
-    /// Reads the snapshot at `index`.
+    /// Reads the snapshot at `index` and returns its plain bytes.
     pub(crate) fn read(&self, index: u64) -> Result<Vec<u8>, RaftError> {
         let path = self.path(index);
-        fs::read(&path).map_err(|e| io_err(&path, e))
+        let sealed = fs::read(&path).map_err(|e| io_err(&path, e))?;
+        self.keys.decrypt(&snapshot_aad(index), &sealed).map_err(|e| RaftError::Decrypt {
+            path: self.dir.clone(),
+            what: format!("snapshot {index}"),
+            reason: e.to_string(),
+        })
     }
 
     /// Indexes of the snapshot files present, ascending.

@@ -6,6 +6,11 @@
 //! The log may start before the latest snapshot (entries are kept for slow followers); `truncated` is the
 //! (index, term) of the entry just before the first one kept, so `term(first_index - 1)` always answers.
 //! Knows nothing of the store: snapshot bytes live in `snapshot_files`.
+//!
+//! Encryption at rest: every entry's data is sealed with the node's DEK (`encryption::DataKeys`, associated
+//! data = the entry's index) on its way into raft-engine and opened on its way out, so raft-rs, the
+//! replay and the followers see plain entries while the files hold none. Empty data (a leader's no-op)
+//! stays empty. The small durable state (hard state, conf state, addresses) is not sealed.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +21,7 @@ use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
 use raft_engine::{Command, Engine, LogBatch, MessageExt};
 
+use crate::encryption::{entry_aad, DataKeys};
 use crate::snapshot_files::SnapshotDir;
 use crate::{Members, RaftError};
 
@@ -47,6 +53,7 @@ impl MessageExt for EntryCodec {
 pub(crate) struct EngineStorage {
     engine: Arc<Engine>,
     log_dir: PathBuf,
+    keys: DataKeys,
     snapshots: SnapshotDir,
     hard_state: HardState,
     conf_state: ConfState,
@@ -84,12 +91,12 @@ fn store_err(e: impl std::fmt::Display) -> raft::Error {
 }
 
 impl EngineStorage {
-    /// Opens (creating if needed) the log under `state_dir/raft`. Returns the storage and whether it holds
-    /// a bootstrapped state (a conf state was recorded).
-    pub(crate) fn open(state_dir: &Path) -> Result<(EngineStorage, bool), RaftError> {
+    /// Opens (creating if needed) the log under `state_dir/raft`, sealing and opening entries with `keys`.
+    /// Returns the storage and whether it holds a bootstrapped state (a conf state was recorded).
+    pub(crate) fn open(state_dir: &Path, keys: DataKeys) -> Result<(EngineStorage, bool), RaftError> {
         let log_dir = log_dir(state_dir);
         std::fs::create_dir_all(&log_dir).map_err(|e| RaftError::StateDir { path: log_dir.clone(), source: e })?;
-        let snapshots = SnapshotDir::open(state_dir.join("raft").join("snapshots"))?;
+        let snapshots = SnapshotDir::open(state_dir.join("raft").join("snapshots"), keys.clone())?;
         let cfg = raft_engine::Config {
             dir: log_dir.to_string_lossy().into_owned(),
             // A torn record at the tail (crash during a write that was never acknowledged) is dropped.
@@ -138,6 +145,7 @@ impl EngineStorage {
         let storage = EngineStorage {
             engine: Arc::new(engine),
             log_dir,
+            keys,
             snapshots,
             hard_state,
             conf_state,
@@ -231,7 +239,8 @@ impl EngineStorage {
         }
         let mut batch = LogBatch::default();
         if !entries.is_empty() {
-            batch.add_entries::<EntryCodec>(LOG_REGION, entries).map_err(|e| engine_err(&self.log_dir, e))?;
+            let sealed: Vec<Entry> = entries.iter().map(|e| self.seal(e)).collect();
+            batch.add_entries::<EntryCodec>(LOG_REGION, &sealed).map_err(|e| engine_err(&self.log_dir, e))?;
         }
         if let Some(hs) = hard_state {
             self.put(&mut batch, KEY_HARD_STATE, hs)?;
@@ -313,7 +322,7 @@ impl EngineStorage {
         Ok(())
     }
 
-    /// Reads entries `[low, high)` for replay at start.
+    /// Reads entries `[low, high)` for replay at start (opened: plain data).
     pub(crate) fn read_entries(&self, low: u64, high: u64) -> Result<Vec<Entry>, RaftError> {
         let mut out = Vec::with_capacity((high - low) as usize);
         self.engine
@@ -325,7 +334,33 @@ impl EngineStorage {
                 reason: format!("entries {low}..{high} are incomplete ({} found)", out.len()),
             });
         }
+        for e in &mut out {
+            self.unseal(e)?;
+        }
         Ok(out)
+    }
+
+    /// A copy of `e` with its data sealed (empty data stays empty).
+    fn seal(&self, e: &Entry) -> Entry {
+        let mut sealed = e.clone();
+        if !e.data.is_empty() {
+            sealed.data = self.keys.encrypt(&entry_aad(e.index), &e.data).into();
+        }
+        sealed
+    }
+
+    /// Replaces a stored entry's sealed data with the plain data.
+    fn unseal(&self, e: &mut Entry) -> Result<(), RaftError> {
+        if e.data.is_empty() {
+            return Ok(());
+        }
+        let plain = self.keys.decrypt(&entry_aad(e.index), &e.data).map_err(|err| RaftError::Decrypt {
+            path: self.log_dir.clone(),
+            what: format!("log entry {}", e.index),
+            reason: err.to_string(),
+        })?;
+        e.data = plain.into();
+        Ok(())
     }
 
     /// Flushes everything written so far.
@@ -379,6 +414,9 @@ impl raft::Storage for EngineStorage {
         self.engine.fetch_entries_to::<EntryCodec>(LOG_REGION, low, high, max, &mut out).map_err(store_err)?;
         if out.is_empty() && high > low {
             return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        for e in &mut out {
+            self.unseal(e).map_err(store_err)?;
         }
         Ok(out)
     }
