@@ -8,8 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::Value;
 use shoal_testkit::daemon::DaemonOptions;
+use shoal_testkit::managers::{managers_seen_by, wait_identical};
 
 /// Manager `i`; with `join`, it joins that manager's cluster with its manager token.
 fn manager(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
@@ -74,49 +74,6 @@ fn create(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> Result
     } else {
         Err(format!("{} {}", r.status, r.body))
     }
-}
-
-/// The nodes as this manager sees them: (hostname, manager status "Leader"/"Reachable"/...).
-fn managers_seen_by(d: &DaemonProcess) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = d
-        .get("/v1.47/nodes")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| {
-            let host = n["Description"]["Hostname"].as_str().unwrap_or("").to_string();
-            let m = &n["ManagerStatus"];
-            let status = if m["Leader"].as_bool() == Some(true) {
-                "Leader".to_string()
-            } else {
-                m["Reachability"].as_str().unwrap_or("none").to_string()
-            };
-            (host, status)
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-/// `path`'s JSON array from `d`, sorted by ID, for comparing managers' stores.
-fn sorted_by_id(d: &DaemonProcess, path: &str) -> Vec<Value> {
-    let mut v = d.get(path).as_array().cloned().unwrap_or_default();
-    v.sort_by(|a, b| a["ID"].as_str().cmp(&b["ID"].as_str()));
-    v
-}
-
-fn wait_identical(ds: &[&DaemonProcess], deadline: Duration) {
-    wait_until("services and tasks identical on every manager", deadline, || {
-        for path in ["/v1.47/services", "/v1.47/tasks", "/v1.47/nodes"] {
-            let first = sorted_by_id(ds[0], path);
-            for d in &ds[1..] {
-                if sorted_by_id(d, path) != first {
-                    return Err(format!("{path} differs"));
-                }
-            }
-        }
-        Ok(())
-    });
 }
 
 fn leader_index(ds: &[&DaemonProcess]) -> usize {

@@ -23,6 +23,12 @@ pub struct DaemonOptions {
     pub listen_ip: Option<String>,
     /// The `--hostname` (`shoal-test-node` when unset); kept across restarts.
     pub hostname: Option<String>,
+    /// Run the daemon inside this network namespace (`ip netns exec`, which execs: the PID is the daemon's),
+    /// e.g. one of a `netns::Net`; kept across restarts. Then `listen_ip` must be the namespace's address.
+    pub netns: Option<String>,
+    /// The remote API port (a free port of `listen_ip` when unset; required with `netns`, whose port space
+    /// the test cannot probe).
+    pub port: Option<u16>,
 }
 
 /// A running daemon.
@@ -37,6 +43,7 @@ pub struct DaemonProcess {
     executor: String,
     ip: String,
     hostname: String,
+    netns: Option<String>,
 }
 
 fn free_port(ip: &str) -> u16 {
@@ -62,11 +69,16 @@ impl DaemonProcess {
             tmp: Some(tmp),
             state_dir,
             socket,
-            port: free_port(&ip),
+            port: match (opts.port, &opts.netns) {
+                (Some(p), _) => p,
+                (None, None) => free_port(&ip),
+                (None, Some(ns)) => panic!("DaemonOptions::port is required with netns {ns}"),
+            },
             log_path,
             executor: opts.executor.clone().unwrap_or_else(|| "process".into()),
             ip,
             hostname: opts.hostname.clone().unwrap_or_else(|| "shoal-test-node".into()),
+            netns: opts.netns.clone(),
         };
         d.spawn(&opts.extra_args);
         d
@@ -74,7 +86,15 @@ impl DaemonProcess {
 
     fn spawn(&mut self, extra: &[String]) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).expect("daemon log");
-        let child = Command::new(&self.binary)
+        let mut cmd = match &self.netns {
+            None => Command::new(&self.binary),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&self.binary);
+                c
+            }
+        };
+        let child = cmd
             .arg("daemon")
             .arg("--state-dir")
             .arg(&self.state_dir)
@@ -168,6 +188,14 @@ impl DaemonProcess {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Removes the state dir (the daemon must be stopped or killed): a manager that lost its disk.
+    pub fn wipe_state(&mut self) {
+        assert!(self.child.is_none(), "stop or kill the daemon before wiping its state");
+        if self.state_dir.exists() {
+            std::fs::remove_dir_all(&self.state_dir).expect("remove the state dir");
         }
     }
 

@@ -3,7 +3,10 @@
 //! - `cluster`: a whole cluster in one process (real manager subsystems and dispatcher, fake executors);
 //! - `daemon`: a `shoal daemon` process under test, on a temporary state dir, control socket and port, stopped
 //!   (and its task processes with it) when dropped, even when the test fails;
+//! - `history`: a recorder of client operations and a linearizability checker (fault tests);
 //! - `http`: a minimal Engine API client over the control socket;
+//! - `managers`: manager statuses, the leader and store comparison across the daemons of a cluster;
+//! - `netns`: network namespaces for daemons, partitions and delays between them (fault tests);
 //! - `wait`: wait for a condition with a deadline (never a fixed sleep);
 //! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket;
 //! - `docker_engine`: the local Docker Engine: the test image, daemons with `--executor docker` whose
@@ -14,7 +17,10 @@ pub mod cluster;
 pub mod daemon;
 pub mod docker_cli;
 pub mod docker_engine;
+pub mod history;
 pub mod http;
+pub mod managers;
+pub mod netns;
 pub mod process;
 pub mod wait;
 
