@@ -17,6 +17,7 @@
 mod assignments;
 mod fanout;
 mod heartbeats;
+mod managers;
 mod status;
 
 #[cfg(test)]
@@ -31,7 +32,7 @@ use parking_lot::Mutex;
 use shoal_api::dispatcher_server::{Dispatcher as DispatcherRpc, DispatcherServer};
 use shoal_api::{
     assignments_message, node_spec, node_status, AssignmentsMessage, AssignmentsRequest,
-    HeartbeatRequest, HeartbeatResponse, Node, NodeRole, NodeSpec, NodeStatus, Peer,
+    HeartbeatRequest, HeartbeatResponse, Node, NodeRole, NodeSpec, NodeStatus,
     SessionMessage, SessionRequest, UpdateTaskStatusRequest, UpdateTaskStatusResponse,
     WeightedPeer,
 };
@@ -44,6 +45,7 @@ use tonic::{Request, Response, Status};
 pub use assignments::{agent_cares, is_assigned_to, AssignmentSet};
 pub use fanout::{Fanout, NodeWatch, NodeWatchError, NODE_QUEUE_COMMITS};
 pub use heartbeats::Heartbeats;
+pub use managers::{manager_peers, touches_managers, MANAGER_WEIGHT};
 pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 
 use crate::state::{ClusterState, WriteError};
@@ -119,6 +121,10 @@ pub struct Dispatcher {
     status_rx: tokio::sync::Mutex<mpsc::Receiver<StatusRequest>>,
     /// Store changes routed to the session and assignments streams by node.
     fanout: Fanout,
+    /// The managers listed in session messages (see `managers`), kept current by one store watcher
+    /// started with the first session.
+    managers: Arc<watch::Sender<Arc<Vec<WeightedPeer>>>>,
+    managers_watched: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -195,6 +201,8 @@ impl Dispatcher {
             status_tx,
             status_rx: tokio::sync::Mutex::new(status_rx),
             fanout: Fanout::new(state.store.clone()),
+            managers: Arc::new(watch::channel(Arc::new(Vec::new())).0),
+            managers_watched: std::sync::atomic::AtomicBool::new(false),
             state,
         })
     }
@@ -359,17 +367,33 @@ impl Dispatcher {
         ))
     }
 
-    fn session_message(&self, session_id: &str, node: Option<Node>) -> SessionMessage {
+    /// The managers agents are told about, kept current from the store from the first call on (one
+    /// watcher per dispatcher; see `managers`). Must be called within a tokio runtime.
+    fn manager_list(&self) -> watch::Receiver<Arc<Vec<WeightedPeer>>> {
+        use std::sync::atomic::Ordering;
+        if !self.managers_watched.swap(true, Ordering::SeqCst) {
+            // The first list now, so the first session message has it; the watcher keeps it current.
+            let own = self.config.manager_addr.clone();
+            self.managers
+                .send_replace(Arc::new(self.state.store.view(|t| manager_peers(t, &own))));
+            tokio::spawn(managers::run_manager_list(
+                self.state.store.clone(),
+                own,
+                Arc::downgrade(&self.managers),
+            ));
+        }
+        self.managers.subscribe()
+    }
+
+    fn session_message(
+        session_id: &str,
+        node: Option<Node>,
+        managers: &[WeightedPeer],
+    ) -> SessionMessage {
         SessionMessage {
             session_id: session_id.to_string(),
             node,
-            managers: vec![WeightedPeer {
-                peer: Some(Peer {
-                    node_id: String::new(),
-                    addr: self.config.manager_addr.clone(),
-                }),
-                weight: 1,
-            }],
+            managers: managers.to_vec(),
             root_ca: Vec::new(),
         }
     }
@@ -404,7 +428,9 @@ impl Dispatcher {
             .fanout
             .view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL_MESSAGES);
-        let first = self.session_message(&session_id, node);
+        let mut managers = self.manager_list();
+        let first = Self::session_message(&session_id, node.clone(), &managers.borrow_and_update());
+        let mut last_node = node;
         tx.send(Ok(first))
             .await
             .map_err(|_| Status::cancelled("the agent went away"))?;
@@ -424,15 +450,17 @@ impl Dispatcher {
                                     }
                                 }
                             }
-                            match latest { Some(n) => n, None => continue }
+                            match latest { Some(n) => Some(n), None => continue }
                         }
                         Err(NodeWatchError::Lagged) => {
                             let (node, w) = this.fanout.view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
                             watch = w;
-                            match node { Some(n) => n, None => continue }
+                            match node { Some(n) => Some(n), None => continue }
                         }
                         Err(NodeWatchError::Closed) => break,
                     },
+                    // The manager list changed: resend it (with the node as last sent).
+                    r = managers.changed() => if r.is_err() { break } else { last_node.clone() },
                     r = alive.changed() => { if r.is_err() { break } else { continue } }
                     r = leadership.changed() => {
                         if r.is_err() || !leadership.borrow_and_update().is_leader {
@@ -443,11 +471,11 @@ impl Dispatcher {
                     }
                     _ = tx.closed() => break,
                 };
-                if tx
-                    .send(Ok(this.session_message(&session_id, Some(node))))
-                    .await
-                    .is_err()
-                {
+                if node.is_some() {
+                    last_node = node.clone();
+                }
+                let msg = Self::session_message(&session_id, node, &managers.borrow_and_update());
+                if tx.send(Ok(msg)).await.is_err() {
                     break;
                 }
             }

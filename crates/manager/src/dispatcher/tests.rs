@@ -567,3 +567,156 @@ async fn a_follower_names_the_leader_when_it_refuses_a_session() {
     let hint = err.metadata().get(shoal_raft::grpc::LEADER_ADDR_METADATA).map(|v| v.to_str().unwrap().to_string());
     assert_eq!(hint.as_deref(), Some("10.0.0.1:4242"));
 }
+
+fn manager_node(id: &str, addr: &str) -> Node {
+    Node {
+        id: id.into(),
+        manager_status: Some(shoal_api::ManagerStatus {
+            raft_id: 2,
+            addr: addr.into(),
+            leader: false,
+            reachability: shoal_api::raft_member_status::Reachability::Reachable as i32,
+        }),
+        ..Default::default()
+    }
+}
+
+fn listed(msg: &SessionMessage) -> Vec<String> {
+    msg.managers
+        .iter()
+        .map(|p| p.peer.as_ref().unwrap().addr.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn session_messages_list_every_reachable_manager_and_follow_changes() {
+    let h = harness().await;
+    let mut c = Changes::new();
+    c.create(manager_node("manager-2", "127.0.0.2:4242"));
+    h.state.propose(c).await.unwrap();
+    let mut client = h.client().await;
+    let mut stream = client
+        .session(req("node-1", SessionRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    // This manager (its configured address) and the other manager the store knows.
+    assert_eq!(listed(&first), vec!["127.0.0.1:4242", "127.0.0.2:4242"]);
+    assert_eq!(first.managers[1].peer.as_ref().unwrap().node_id, "manager-2");
+    assert!(first.managers.iter().all(|p| p.weight == MANAGER_WEIGHT));
+
+    // A third manager joins: every open session is told, with its node.
+    let mut c = Changes::new();
+    c.create(manager_node("manager-3", "127.0.0.3:4242"));
+    h.state.propose(c).await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let m = stream.message().await.unwrap().unwrap();
+            if m.managers.len() == 3 {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("a session message with the new manager");
+    assert_eq!(
+        listed(&msg),
+        vec!["127.0.0.1:4242", "127.0.0.2:4242", "127.0.0.3:4242"]
+    );
+    assert_eq!(msg.node.as_ref().unwrap().id, "node-1", "the node rides along");
+
+    // manager-2 becomes unreachable: it leaves the list.
+    let mut m2 = h
+        .state
+        .store
+        .view(|t| (**t.nodes().get("manager-2").unwrap()).clone());
+    m2.manager_status.as_mut().unwrap().reachability =
+        shoal_api::raft_member_status::Reachability::Unreachable as i32;
+    let mut c = Changes::new();
+    c.update(m2);
+    h.state.propose(c).await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let m = stream.message().await.unwrap().unwrap();
+            if m.managers.len() == 2 {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("a session message without the unreachable manager");
+    assert_eq!(listed(&msg), vec!["127.0.0.1:4242", "127.0.0.3:4242"]);
+}
+
+/// A worker cut off (no heartbeats) goes DOWN; the orchestrator (played here) tells its task to shut down
+/// and places a replacement elsewhere. When the worker opens a new session, its node is READY again and its
+/// complete assignment set holds the stale task with desired SHUTDOWN, so its agent stops it; the stop it
+/// reports is accepted.
+#[tokio::test]
+async fn a_returning_node_is_ready_again_and_is_told_to_stop_its_replaced_tasks() {
+    let h = harness().await;
+    h.put_task(task("t1", "node-1", TaskState::Running, TaskState::Running))
+        .await;
+    let mut client = h.client().await;
+    let (_old, _s) = open_session(&h, &mut client, "node-1").await;
+    h.clock.advance_ms(15_000);
+    wait_for("node down", || {
+        h.node_state("node-1") == Some(node_status::State::Down as i32)
+    })
+    .await;
+    let mut stale = h.task("t1");
+    stale.desired_state = TaskState::Shutdown as i32;
+    h.put_task(stale).await;
+    h.put_task(task("t2", "node-2", TaskState::Assigned, TaskState::Running))
+        .await;
+
+    let (sid, _s) = open_session(&h, &mut client, "node-1").await;
+    assert_eq!(
+        h.node_state("node-1"),
+        Some(node_status::State::Ready as i32)
+    );
+    let mut assignments = client
+        .assignments(req(
+            "node-1",
+            AssignmentsRequest {
+                session_id: sid.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = assignments.message().await.unwrap().unwrap();
+    assert_eq!(first.r#type, assignments_message::Type::Complete as i32);
+    let tasks: Vec<Task> = first
+        .changes
+        .iter()
+        .filter_map(|c| match c.assignment.as_ref()?.item.as_ref()? {
+            assignment::Item::Task(t) => Some(t.clone()),
+        })
+        .collect();
+    assert_eq!(tasks.len(), 1, "only its own task: {tasks:?}");
+    assert_eq!(tasks[0].id, "t1");
+    assert_eq!(tasks[0].desired_state, TaskState::Shutdown as i32);
+
+    client
+        .update_task_status(req(
+            "node-1",
+            UpdateTaskStatusRequest {
+                session_id: sid,
+                updates: vec![TaskStatusUpdate {
+                    task_id: "t1".into(),
+                    status: Some(TaskStatus {
+                        state: TaskState::Shutdown as i32,
+                        ..Default::default()
+                    }),
+                }],
+            },
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.task("t1").status.unwrap().state,
+        TaskState::Shutdown as i32
+    );
+}

@@ -1,0 +1,187 @@
+//! The list of managers sent to agents in every session message, so that an agent that loses the manager it
+//! talks to can try the others (and a restarted agent can find the cluster without the manager it joined
+//! through). Sans IO: `manager_peers` reads a store view; `touches_managers` tells whether a commit's change
+//! may alter the list. The dispatcher keeps the current list in a `watch` channel, recomputed by one store
+//! watcher (`run_manager_list`), and resends the session message to every agent when it changes.
+//!
+//! The source is the Node objects' `manager_status` (Raft ID, address, reachability), which the leader keeps
+//! in step with the Raft membership and which every manager has in its replicated store, so the list is the
+//! same on whichever manager becomes leader. Listed: every manager whose address is known and whose
+//! reachability is not UNREACHABLE, plus the dispatcher's own address (it is the leader serving the
+//! session); each with weight `MANAGER_WEIGHT`. Sorted by address, so an unchanged set is an unchanged list.
+//!
+//! Bound: one entry per manager. Must not depend on Raft internals or on the agent.
+
+use std::sync::{Arc, Weak};
+
+use shoal_api::{raft_member_status::Reachability, Peer, WeightedPeer};
+use shoal_store::{Change, MemoryStore, Object, Tables, WatchError};
+use tokio::sync::watch;
+
+/// The weight every listed manager gets (SwarmKit's default observation weight).
+pub const MANAGER_WEIGHT: i64 = 10;
+
+/// The managers an agent may talk to, as of `tables`; `own_addr` (this dispatcher's advertised address)
+/// is always listed when not empty.
+pub fn manager_peers(tables: &Tables, own_addr: &str) -> Vec<WeightedPeer> {
+    let mut peers: Vec<Peer> = tables
+        .nodes()
+        .iter()
+        .filter_map(|n| {
+            let m = n.manager_status.as_ref()?;
+            let listed = !m.addr.is_empty() && m.reachability != Reachability::Unreachable as i32;
+            listed.then(|| Peer { node_id: n.id.clone(), addr: m.addr.clone() })
+        })
+        .collect();
+    if !own_addr.is_empty() && !peers.iter().any(|p| p.addr == own_addr) {
+        peers.push(Peer { node_id: String::new(), addr: own_addr.to_string() });
+    }
+    peers.sort_by(|a, b| a.addr.cmp(&b.addr).then_with(|| a.node_id.cmp(&b.node_id)));
+    peers.dedup_by(|a, b| a.addr == b.addr);
+    peers.into_iter().map(|p| WeightedPeer { peer: Some(p), weight: MANAGER_WEIGHT }).collect()
+}
+
+/// True when `ch` may change `manager_peers`: a node change where the node had or has a manager status
+/// that differs between before and after.
+pub fn touches_managers(ch: &Change) -> bool {
+    let status = |o: Option<&Object>| match o {
+        Some(Object::Node(n)) => n.manager_status.as_ref().map(|m| (m.addr.clone(), m.reachability)),
+        _ => None,
+    };
+    if !matches!(ch.object, Object::Node(_)) {
+        return false;
+    }
+    match ch.kind {
+        shoal_store::ActionKind::Update => status(Some(&ch.object)) != status(ch.old.as_ref()),
+        _ => status(Some(&ch.object)).is_some(),
+    }
+}
+
+/// Keeps `list` equal to `manager_peers` of the store: one watcher, recomputing from a view on every commit
+/// that touches a manager (or after a lag). Ends when every holder of `list` is gone (checked after each
+/// commit) or the store's watch closes.
+pub(crate) async fn run_manager_list(
+    store: Arc<MemoryStore>,
+    own_addr: String,
+    list: Weak<watch::Sender<Arc<Vec<WeightedPeer>>>>,
+) {
+    let publish = |peers: Vec<WeightedPeer>| -> bool {
+        let Some(tx) = list.upgrade() else { return false };
+        tx.send_if_modified(|cur| {
+            if **cur == peers {
+                return false;
+            }
+            *cur = Arc::new(peers);
+            true
+        });
+        true
+    };
+    let (peers, mut watch) = store.view_and_watch(|t| manager_peers(t, &own_addr));
+    if !publish(peers) {
+        return;
+    }
+    loop {
+        let recompute = match watch.recv().await {
+            Ok(commit) => commit.changes.iter().any(touches_managers),
+            Err(WatchError::Lagged(_)) => true,
+            Err(WatchError::Closed) => return,
+        };
+        if list.strong_count() == 0 {
+            return;
+        }
+        if recompute && !publish(store.view(|t| manager_peers(t, &own_addr))) {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_api::{ManagerStatus, Node};
+    use shoal_store::{ActionKind, Changes};
+
+    fn manager(id: &str, addr: &str, reach: Reachability) -> Node {
+        Node {
+            id: id.into(),
+            manager_status: Some(ManagerStatus {
+                raft_id: 1,
+                addr: addr.into(),
+                leader: false,
+                reachability: reach as i32,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn addrs(peers: &[WeightedPeer]) -> Vec<&str> {
+        peers.iter().map(|p| p.peer.as_ref().unwrap().addr.as_str()).collect()
+    }
+
+    #[test]
+    fn lists_reachable_managers_and_this_one_sorted_without_duplicates() {
+        let store = MemoryStore::default();
+        let mut c = Changes::new();
+        c.create(manager("m3", "10.0.0.3:4242", Reachability::Reachable))
+            .create(manager("m1", "10.0.0.1:4242", Reachability::Unknown))
+            .create(manager("m2", "10.0.0.2:4242", Reachability::Unreachable))
+            .create(manager("m4", "", Reachability::Reachable))
+            .create(Node { id: "worker".into(), ..Default::default() });
+        store.apply(1, c.actions()).unwrap();
+        let peers = store.view(|t| manager_peers(t, "10.0.0.1:4242"));
+        assert_eq!(addrs(&peers), vec!["10.0.0.1:4242", "10.0.0.3:4242"]);
+        assert!(peers.iter().all(|p| p.weight == MANAGER_WEIGHT));
+        assert_eq!(peers[0].peer.as_ref().unwrap().node_id, "m1", "the node's entry is kept, not the bare address");
+        let with_own = store.view(|t| manager_peers(t, "10.0.0.9:4242"));
+        assert_eq!(addrs(&with_own), vec!["10.0.0.1:4242", "10.0.0.3:4242", "10.0.0.9:4242"]);
+        assert!(store.view(|t| manager_peers(t, "")).len() == 2);
+    }
+
+    #[test]
+    fn only_changes_of_manager_statuses_touch_the_list() {
+        let m = manager("m1", "10.0.0.1:4242", Reachability::Reachable);
+        let created = Change { kind: ActionKind::Create, object: Object::Node(Arc::new(m.clone())), old: None };
+        assert!(touches_managers(&created));
+        let worker = Node { id: "w".into(), ..Default::default() };
+        let worker_created = Change { kind: ActionKind::Create, object: Object::Node(Arc::new(worker)), old: None };
+        assert!(!touches_managers(&worker_created));
+        // A heartbeat-style update (status, description) of a manager leaves the list alone.
+        let mut same = m.clone();
+        same.description = Some(Default::default());
+        let update = |new: Node| Change {
+            kind: ActionKind::Update,
+            object: Object::Node(Arc::new(new)),
+            old: Some(Object::Node(Arc::new(m.clone()))),
+        };
+        assert!(!touches_managers(&update(same)));
+        let unreachable = manager("m1", "10.0.0.1:4242", Reachability::Unreachable);
+        assert!(touches_managers(&update(unreachable)));
+        let demoted = Node { manager_status: None, ..m.clone() };
+        assert!(touches_managers(&update(demoted)));
+        let removed = Change { kind: ActionKind::Remove, object: Object::Node(Arc::new(m.clone())), old: None };
+        assert!(touches_managers(&removed));
+    }
+
+    #[tokio::test]
+    async fn the_watcher_follows_the_store_and_stops_with_its_holder() {
+        let store = Arc::new(MemoryStore::default());
+        let tx = Arc::new(watch::channel(Arc::new(Vec::new())).0);
+        let mut rx = tx.subscribe();
+        let task = tokio::spawn(run_manager_list(store.clone(), "10.0.0.9:4242".into(), Arc::downgrade(&tx)));
+        rx.changed().await.unwrap();
+        assert_eq!(addrs(&rx.borrow_and_update()), vec!["10.0.0.9:4242"]);
+        store
+            .apply(1, Changes::new().create(manager("m1", "10.0.0.1:4242", Reachability::Reachable)).actions())
+            .unwrap();
+        rx.changed().await.unwrap();
+        assert_eq!(addrs(&rx.borrow_and_update()), vec!["10.0.0.1:4242", "10.0.0.9:4242"]);
+        let mut down = store.view(|t| (**t.nodes().get("m1").unwrap()).clone());
+        down.manager_status.as_mut().unwrap().reachability = Reachability::Unreachable as i32;
+        store.apply(2, Changes::new().update(down).actions()).unwrap();
+        rx.changed().await.unwrap();
+        assert_eq!(addrs(&rx.borrow_and_update()), vec!["10.0.0.9:4242"]);
+        drop(tx);
+        store.apply(3, Changes::new().create(Node { id: "w".into(), ..Default::default() }).actions()).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), task).await.expect("the watcher ends").unwrap();
+    }
+}
