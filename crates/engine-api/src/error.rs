@@ -20,6 +20,9 @@ pub enum ApiError {
     /// Name taken or stale version.
     #[error("{0}")]
     Conflict(String),
+    /// A credential was refused (a wrong unlock key).
+    #[error("{0}")]
+    Unauthorized(String),
     /// Not the leader, or the outcome is unknown.
     #[error("{0}")]
     Unavailable(String),
@@ -38,6 +41,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

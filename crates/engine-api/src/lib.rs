@@ -11,10 +11,12 @@ pub mod error;
 pub mod filters;
 mod handlers;
 pub mod json;
+pub mod locked;
 pub mod logs;
 pub mod swarm_update;
 #[cfg(test)]
 mod tests;
+pub mod unlock;
 pub mod worker;
 
 use std::future::Future;
@@ -69,6 +71,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/swarm", get(handlers::swarm))
         .route("/shoal/v1/ca/client-cert", post(ca::client_cert))
         .route("/swarm/update", post(swarm_update::update_swarm))
+        .route("/swarm/unlockkey", get(unlock::unlock_key))
+        .route("/swarm/unlock", post(unlock::not_locked))
         .route("/services", get(handlers::list_services))
         .route("/services/create", post(handlers::create_service))
         .route(

@@ -2,6 +2,9 @@
 //! cluster's spec (only the fields the Engine API carries change) and written through
 //! `controlapi::update_cluster`, which validates it.
 //!
+//! `rotateManagerUnlockKey=true` (`docker swarm unlock-key --rotate`) replaces the unlock key in the same
+//! write; it is refused (400, nothing changes) when the updated spec has autolock off.
+//!
 //! Must not depend on Raft or the executors.
 
 use std::collections::HashMap;
@@ -97,11 +100,7 @@ pub async fn update_swarm(
         .map_err(|_| {
             ApiError::BadRequest("invalid version: expected a non-negative integer".into())
         })?;
-    if flag(&q, "rotateManagerUnlockKey") {
-        return Err(ApiError::BadRequest(
-            "rotating the unlock key is not available: this cluster has no autolock".into(),
-        ));
-    }
+    let rotate_unlock_key = flag(&q, "rotateManagerUnlockKey");
     // `docker swarm join-token --rotate worker|manager`: fresh secrets, same root CA digest.
     let rotate = shoal_manager::ca::RotateTokens {
         worker: flag(&q, "rotateWorkerToken"),
@@ -117,7 +116,14 @@ pub async fn update_swarm(
     };
     let cluster = controlapi::get_cluster(&ctx.state)?;
     let spec = merge_spec(&cluster.spec.clone().unwrap_or_default(), &j);
-    controlapi::update_cluster(&ctx.state, &cluster.id, version, spec).await?;
+    if rotate_unlock_key && !controlapi::autolock_on(Some(&spec)) {
+        return Err(ApiError::BadRequest(
+            "cannot rotate the unlock key: autolock is not turned on (docker swarm update --autolock=true)"
+                .into(),
+        ));
+    }
+    controlapi::update_cluster_rotating(&ctx.state, &cluster.id, version, spec, rotate_unlock_key)
+        .await?;
     shoal_manager::ca::rotate_join_tokens(&ctx.state, rotate)
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;

@@ -1,5 +1,10 @@
 //! Reads and validated updates of the cluster object (`docker swarm update`): task history retention,
-//! certificate expiry, heartbeat period, Raft settings, labels. The name never changes.
+//! certificate expiry, heartbeat period, Raft settings, labels, autolock. The name never changes.
+//!
+//! Autolock (SwarmKit's rule): while `Spec.EncryptionConfig.AutoLockManagers` is on, the cluster holds one
+//! unlock key (`unlock_keys`, subsystem `swarm-manager`, 32 random bytes), made when autolock is turned on,
+//! replaced only when a rotation is asked for, and dropped when autolock is turned off. Managers watch it
+//! and rewrap their keys (see `shoal-node`).
 //!
 //! Must not depend on HTTP or JSON.
 
@@ -60,13 +65,44 @@ pub fn validate_cluster_spec(current: &ClusterSpec, spec: &ClusterSpec) -> Resul
             )));
         }
     }
-    let locks = |s: &ClusterSpec| s.encryption_config.as_ref().is_some_and(|e| e.auto_lock_managers);
-    if locks(spec) && !locks(current) {
-        return Err(ControlError::InvalidArgument(
-            "autolock is not available in this version of Shoal; leave --autolock off".into(),
-        ));
-    }
     Ok(())
+}
+
+/// The `subsystem` of the managers' unlock key in `Cluster.unlock_keys`.
+pub const MANAGER_UNLOCK_SUBSYSTEM: &str = "swarm-manager";
+
+/// True when the spec asks for autolock.
+pub fn autolock_on(spec: Option<&ClusterSpec>) -> bool {
+    spec.and_then(|s| s.encryption_config.as_ref()).is_some_and(|e| e.auto_lock_managers)
+}
+
+/// The managers' unlock key (raw bytes) when autolock is on.
+pub fn manager_unlock_key(cluster: &Cluster) -> Option<&[u8]> {
+    if !autolock_on(cluster.spec.as_ref()) {
+        return None;
+    }
+    cluster.unlock_keys.iter().find(|k| k.subsystem == MANAGER_UNLOCK_SUBSYSTEM).map(|k| k.key.as_slice())
+}
+
+/// The unlock keys `next` should hold after an update (see the module doc).
+fn next_unlock_keys(next: &Cluster, rotate: bool) -> Vec<shoal_api::EncryptionKey> {
+    let on = autolock_on(next.spec.as_ref());
+    let mut keys: Vec<_> =
+        next.unlock_keys.iter().filter(|k| on || k.subsystem != MANAGER_UNLOCK_SUBSYSTEM).cloned().collect();
+    if !on {
+        return keys;
+    }
+    let fresh = || shoal_ca::UnlockKey::generate(&mut rand::rng()).as_bytes().to_vec();
+    match keys.iter_mut().find(|k| k.subsystem == MANAGER_UNLOCK_SUBSYSTEM) {
+        Some(k) if rotate => k.key = fresh(),
+        Some(_) => {}
+        None => keys.push(shoal_api::EncryptionKey {
+            subsystem: MANAGER_UNLOCK_SUBSYSTEM.into(),
+            key: fresh(),
+            ..Default::default()
+        }),
+    }
+    keys
 }
 
 /// Replaces the cluster's spec. `version` must be the cluster's current version.
@@ -75,6 +111,18 @@ pub async fn update_cluster(
     id: &str,
     version: u64,
     spec: ClusterSpec,
+) -> Result<Cluster, ControlError> {
+    update_cluster_rotating(state, id, version, spec, false).await
+}
+
+/// Like `update_cluster`; with `rotate_unlock_key` the managers' unlock key is replaced too (when autolock
+/// is on; without autolock there is none and nothing else changes, as in SwarmKit).
+pub async fn update_cluster_rotating(
+    state: &ClusterState,
+    id: &str,
+    version: u64,
+    spec: ClusterSpec,
+    rotate_unlock_key: bool,
 ) -> Result<Cluster, ControlError> {
     let now = state.now();
     state
@@ -90,6 +138,7 @@ pub async fn update_cluster(
             validate_cluster_spec(&current.spec.clone().unwrap_or_default(), &spec)?;
             let mut next = (**current).clone();
             next.spec = Some(spec.clone());
+            next.unlock_keys = next_unlock_keys(&next, rotate_unlock_key);
             next.meta_mut().updated_at = Some(now);
             c.update(next);
             Ok(())
@@ -137,5 +186,30 @@ mod tests {
         let mut raft = spec(3, 172_800);
         raft.raft = Some(RaftConfig { heartbeat_tick: 10, election_tick: 5, ..Default::default() });
         check(raft, Some("election tick"));
+    }
+
+    #[test]
+    fn the_unlock_key_exists_exactly_while_autolock_is_on_and_changes_only_on_rotation() {
+        let with_autolock = |on: bool, keys: Vec<shoal_api::EncryptionKey>| Cluster {
+            spec: Some(ClusterSpec {
+                encryption_config: Some(shoal_api::EncryptionConfig { auto_lock_managers: on }),
+                ..Default::default()
+            }),
+            unlock_keys: keys,
+            ..Default::default()
+        };
+        assert!(next_unlock_keys(&with_autolock(false, vec![]), true).is_empty());
+        let first = next_unlock_keys(&with_autolock(true, vec![]), false);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].subsystem, MANAGER_UNLOCK_SUBSYSTEM);
+        assert_eq!(first[0].key.len(), 32);
+        let on = with_autolock(true, first.clone());
+        assert_eq!(manager_unlock_key(&on), Some(first[0].key.as_slice()));
+        assert_eq!(next_unlock_keys(&on, false), first, "kept without a rotation");
+        let rotated = next_unlock_keys(&on, true);
+        assert_eq!(rotated.len(), 1);
+        assert_ne!(rotated[0].key, first[0].key);
+        assert!(next_unlock_keys(&with_autolock(false, first.clone()), false).is_empty(), "dropped when off");
+        assert_eq!(manager_unlock_key(&with_autolock(false, first)), None);
     }
 }

@@ -26,7 +26,10 @@ mod task;
 #[cfg(test)]
 mod tests;
 
-pub use cluster::{get_cluster, update_cluster, validate_cluster_spec, MIN_NODE_CERT_EXPIRY};
+pub use cluster::{
+    autolock_on, get_cluster, manager_unlock_key, update_cluster, update_cluster_rotating, validate_cluster_spec,
+    MANAGER_UNLOCK_SUBSYSTEM, MIN_NODE_CERT_EXPIRY,
+};
 pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use service::{
     create_service, get_service, list_services, remove_service, service_status, update_service,

@@ -1,0 +1,226 @@
+//! The control socket of a locked manager (autolock on, restarted, unlock key not given yet): it holds no
+//! cluster state it can read, so it answers `/_ping`, `/version`, `/info` (`Swarm.LocalNodeState`
+//! `"locked"`, as Docker reports it) and `POST /swarm/unlock`, and refuses everything else with 503 and
+//! Docker's message. The key check itself is the node's (`Unlocker`): a wrong key answers 401 with Docker's
+//! "swarm could not be unlocked: invalid key provided", a malformed one 400; either way the node stays
+//! locked.
+//!
+//! Must not depend on the store, Raft or the key files.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+use crate::error::ApiError;
+use crate::json::system::{InfoJson, SwarmInfoJson};
+use crate::unlock::UnlockRequestJson;
+
+/// Docker's message for any cluster command sent to a locked manager.
+pub const LOCKED: &str =
+    "Swarm is encrypted and needs to be unlocked before it can be used. Please use \
+\"docker swarm unlock\" to unlock it.";
+
+/// Docker's message for a wrong unlock key.
+pub const INVALID_KEY: &str = "swarm could not be unlocked: invalid key provided";
+
+/// Why an unlock attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnlockError {
+    /// The key is not in the `SWMKEY-1-...` format (400).
+    #[error("{0}")]
+    BadFormat(String),
+    /// The key does not open this node's keys (401).
+    #[error("{INVALID_KEY}")]
+    WrongKey,
+    /// The node could not use its key files (500).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Checks an unlock key against the node's sealed keys; on success the node leaves the locked state.
+pub trait Unlocker: Send + Sync + 'static {
+    /// Tries `key` (as the user typed it).
+    fn unlock(&self, key: &str) -> Result<(), UnlockError>;
+}
+
+/// What a locked manager's control socket knows.
+#[derive(Clone)]
+pub struct LockedContext {
+    /// This node's ID.
+    pub node_id: String,
+    /// The host name.
+    pub hostname: String,
+    /// Checks keys.
+    pub unlocker: Arc<dyn Unlocker>,
+}
+
+impl std::fmt::Debug for LockedContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockedContext")
+            .field("node_id", &self.node_id)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn info(State(ctx): State<Arc<LockedContext>>) -> Json<InfoJson> {
+    Json(InfoJson {
+        id: ctx.node_id.clone(),
+        name: ctx.hostname.clone(),
+        operating_system: crate::handlers::os_description(),
+        os_type: "linux".into(),
+        architecture: std::env::consts::ARCH.into(),
+        ncpu: std::thread::available_parallelism()
+            .map(|n| n.get() as u64)
+            .unwrap_or(1),
+        mem_total: crate::handlers::mem_total_bytes(),
+        kernel_version: crate::handlers::kernel_version(),
+        server_version: env!("CARGO_PKG_VERSION").into(),
+        swarm: SwarmInfoJson {
+            node_id: ctx.node_id.clone(),
+            local_node_state: "locked".into(),
+            control_available: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+}
+
+async fn unlock(State(ctx): State<Arc<LockedContext>>, body: Bytes) -> Response {
+    let req: UnlockRequestJson = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::BadRequest(format!(
+                "invalid unlock request JSON: {e}; send {{\"UnlockKey\": \"SWMKEY-1-...\"}}"
+            ))
+            .into_response()
+        }
+    };
+    let unlocker = ctx.unlocker.clone();
+    let outcome = tokio::task::spawn_blocking(move || unlocker.unlock(&req.unlock_key))
+        .await
+        .unwrap_or_else(|e| {
+            Err(UnlockError::Failed(format!(
+                "the unlock check stopped: {e}"
+            )))
+        });
+    match outcome {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(UnlockError::BadFormat(m)) => ApiError::BadRequest(m).into_response(),
+        Err(UnlockError::WrongKey) => ApiError::Unauthorized(INVALID_KEY.into()).into_response(),
+        Err(UnlockError::Failed(m)) => ApiError::Internal(m).into_response(),
+    }
+}
+
+async fn refuse() -> Response {
+    ApiError::Unavailable(LOCKED.into()).into_response()
+}
+
+/// The locked manager's routes (an optional `/v1.NN` prefix is stripped first).
+pub fn locked_router(ctx: LockedContext) -> Router {
+    let routes = Router::new()
+        .route("/_ping", get(crate::handlers::ping))
+        .route("/version", get(crate::handlers::version))
+        .route("/info", get(info))
+        .route("/swarm/unlock", post(unlock))
+        .fallback(refuse)
+        .layer(axum::middleware::map_response(crate::add_headers))
+        .with_state(Arc::new(ctx));
+    let stripped = tower::ServiceBuilder::new()
+        .map_request(crate::strip_version_prefix)
+        .service(routes);
+    Router::new().fallback_service(stripped)
+}
+
+/// Serves the locked control socket on `listener` until `shutdown` resolves (in-flight requests finish).
+pub async fn serve_locked_unix(
+    listener: tokio::net::UnixListener,
+    ctx: LockedContext,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, locked_router(ctx))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{Method, Request};
+    use tower::ServiceExt as _;
+
+    struct OneKey(&'static str);
+
+    impl Unlocker for OneKey {
+        fn unlock(&self, key: &str) -> Result<(), UnlockError> {
+            match key {
+                k if k == self.0 => Ok(()),
+                k if k.starts_with("SWMKEY-1-") => Err(UnlockError::WrongKey),
+                _ => Err(UnlockError::BadFormat("invalid unlock key".into())),
+            }
+        }
+    }
+
+    async fn call(method: Method, path: &str, body: &str) -> (StatusCode, serde_json::Value) {
+        let router = locked_router(LockedContext {
+            node_id: "n1".into(),
+            hostname: "h".into(),
+            unlocker: Arc::new(OneKey("SWMKEY-1-right")),
+        });
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let resp = router.oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_locked_socket_answers_info_and_unlock_only() {
+        let (s, info) = call(Method::GET, "/v1.47/info", "").await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(info["Swarm"]["LocalNodeState"], "locked");
+        assert_eq!(info["Swarm"]["ControlAvailable"], false);
+        assert_eq!(call(Method::GET, "/_ping", "").await.0, StatusCode::OK);
+        for path in ["/services", "/swarm", "/nodes", "/swarm/unlockkey"] {
+            let (s, body) = call(Method::GET, path, "").await;
+            assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+            assert_eq!(body["message"], LOCKED);
+        }
+        let (s, body) = call(
+            Method::POST,
+            "/swarm/unlock",
+            r#"{"UnlockKey":"SWMKEY-1-wrong"}"#,
+        )
+        .await;
+        assert_eq!(
+            (s, body["message"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some(INVALID_KEY))
+        );
+        let (s, body) = call(Method::POST, "/swarm/unlock", r#"{"UnlockKey":"nonsense"}"#).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+        let (s, _) = call(Method::POST, "/swarm/unlock", "not json").await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        let (s, _) = call(
+            Method::POST,
+            "/v1.47/swarm/unlock",
+            r#"{"UnlockKey":"SWMKEY-1-right"}"#,
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+}
