@@ -11,6 +11,7 @@ pub mod docker;
 pub mod exec;
 pub mod logs;
 pub mod process;
+pub mod remotes;
 pub mod runner;
 pub mod session;
 pub mod testing;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use exec::{BoxFuture, Controller, Executor, ExecutorError, ExitStatus};
+pub use remotes::Remotes;
 pub use session::{Backoff, SessionError, NODE_ID_METADATA_KEY};
 pub use shoal_api::NodeDescription;
 pub use worker::LOST_TASK_MESSAGE;
@@ -43,7 +45,8 @@ pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
 pub struct AgentConfig {
     /// This node's ID (sent on every RPC).
     pub node_id: String,
-    /// The manager's dispatcher URI, e.g. "http://127.0.0.1:4242".
+    /// The manager's dispatcher URI, e.g. "http://127.0.0.1:4242": the first one tried. Its scheme is used
+    /// for every other manager the agent learns of.
     pub manager_addr: String,
     /// The hostname reported in the node description (the executor's when empty).
     pub hostname: String,
@@ -64,6 +67,12 @@ pub struct Agent {
     endpoint_factory: Option<session::EndpointFactory>,
     /// When set, gets this node's Node object as the dispatcher sends it.
     node_sink: Option<watch::Sender<Option<shoal_api::Node>>>,
+    /// More managers to try after `config.manager_addr` (e.g. the list saved by an earlier run).
+    more_managers: Vec<String>,
+    /// When set, the manager list is saved there whenever it changes (see `remotes::save`).
+    managers_file: Option<PathBuf>,
+    /// When set, gets the address (`host:port`) of the manager each new session is open with.
+    session_manager_sink: Option<watch::Sender<String>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -75,7 +84,31 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// An agent running tasks with `executor`.
     pub fn new(config: AgentConfig, executor: Arc<dyn Executor>) -> Agent {
-        Agent { config, executor, manager_source: None, endpoint_factory: None, node_sink: None }
+        Agent {
+            config,
+            executor,
+            manager_source: None,
+            endpoint_factory: None,
+            node_sink: None,
+            more_managers: Vec::new(),
+            managers_file: None,
+            session_manager_sink: None,
+        }
+    }
+
+    /// Knows `more` managers besides `config.manager_addr` (tried after it, in order), and keeps the list
+    /// the dispatcher sends in `file` when set (read it back with `remotes::load` on the next start).
+    pub fn with_managers(mut self, more: Vec<String>, file: Option<PathBuf>) -> Agent {
+        self.more_managers = more;
+        self.managers_file = file;
+        self
+    }
+
+    /// Publishes on `sink` the address (`host:port`) of the manager each session is open with (the node's
+    /// certificate renewal goes there).
+    pub fn with_session_manager_sink(mut self, sink: watch::Sender<String>) -> Agent {
+        self.session_manager_sink = Some(sink);
+        self
     }
 
     /// Takes the dispatcher URI from `source` for every new session instead of `config.manager_addr`
@@ -113,7 +146,9 @@ impl Agent {
     }
 
     /// Runs until `shutdown` turns true: then stops every task it runs (executor shutdown with grace, then
-    /// terminate) and returns. Reconnects with backoff (bounded, jittered) when the manager is unreachable.
+    /// terminate) and returns. Reconnects with backoff (bounded, jittered) when the manager is unreachable,
+    /// trying the known managers in turn (see `remotes`). While no session is open, its tasks keep running:
+    /// only the managers' assignments (on the next session) stop them.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         if let Err(e) = std::fs::create_dir_all(self.config.state_dir.join("tasks")) {
             tracing::warn!(dir = %self.config.state_dir.display(), "cannot create the agent's task directory: {e}");
@@ -126,6 +161,10 @@ impl Agent {
         // goes there. At most `MAX_REDIRECTS_IN_A_ROW` such hops without a backoff pause.
         let mut redirect: Option<String> = None;
         let mut redirects_in_a_row = 0;
+        let scheme = self.config.manager_addr.split_once("://").map_or("http", |(s, _)| s).to_string();
+        let uri = |hostport: &str| format!("{scheme}://{}", remotes::host_port(hostport));
+        let mut remotes =
+            Remotes::new(std::iter::once(self.config.manager_addr.as_str()).chain(self.more_managers.iter().map(String::as_str)));
         loop {
             if *shutdown.borrow() {
                 break;
@@ -133,7 +172,27 @@ impl Agent {
             let manager_addr = match (redirect.take(), &self.manager_source) {
                 (Some(leader), _) => leader,
                 (None, Some(rx)) => rx.borrow().clone(),
-                (None, None) => self.config.manager_addr.clone(),
+                (None, None) => remotes.current().map(&uri).unwrap_or_else(|| self.config.manager_addr.clone()),
+            };
+            let mut on_message = |msg: &shoal_api::SessionMessage| {
+                if let Some(sink) = &self.session_manager_sink {
+                    sink.send_if_modified(|cur| {
+                        let now = remotes::host_port(&manager_addr);
+                        let changed = cur != now;
+                        if changed {
+                            *cur = now.to_string();
+                        }
+                        changed
+                    });
+                }
+                if remotes.observe(&msg.managers) {
+                    tracing::info!(node = %self.config.node_id, managers = ?remotes.addrs(), "the cluster's managers changed");
+                    if let Some(file) = &self.managers_file {
+                        if let Err(e) = remotes::save(file, remotes.addrs()) {
+                            tracing::warn!(file = %file.display(), "cannot save the manager list: {e}");
+                        }
+                    }
+                }
             };
             let ctx = SessionContext {
                 manager_addr: &manager_addr,
@@ -144,19 +203,23 @@ impl Agent {
                 reporter: reporter.clone(),
                 backoff: &mut backoff,
                 node_sink: self.node_sink.as_ref(),
+                on_message: &mut on_message,
             };
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,
                 Err(e) => {
                     if let Some(leader) = e.leader_hint().filter(|_| redirects_in_a_row < MAX_REDIRECTS_IN_A_ROW) {
                         tracing::info!(node = %self.config.node_id, %leader, "the manager is not the leader; going to the leader");
-                        redirect = Some(format!("http://{leader}"));
+                        remotes.redirected(&leader);
+                        redirect = Some(uri(&leader));
                         redirects_in_a_row += 1;
                         continue;
                     }
                     redirects_in_a_row = 0;
+                    // The next session goes to the next known manager.
+                    remotes.failed(&manager_addr);
                     let delay = backoff.next_delay(&mut rand::rng());
-                    tracing::warn!(node = %self.config.node_id, "session with the manager ended: {e}; retrying in {delay:?}");
+                    tracing::warn!(node = %self.config.node_id, next = ?remotes.current(), "session with the manager ended: {e}; retrying in {delay:?}");
                     let mut source = self.manager_source.clone();
                     let moved = async {
                         match source.as_mut() {

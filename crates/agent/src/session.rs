@@ -12,7 +12,9 @@ use std::time::Duration;
 use rand::Rng;
 use shoal_api::dispatcher_client::DispatcherClient;
 use shoal_api::update_task_status_request::TaskStatusUpdate;
-use shoal_api::{AssignmentsRequest, HeartbeatRequest, NodeDescription, SessionRequest, UpdateTaskStatusRequest};
+use shoal_api::{
+    AssignmentsRequest, HeartbeatRequest, NodeDescription, SessionMessage, SessionRequest, UpdateTaskStatusRequest,
+};
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
@@ -136,6 +138,8 @@ pub struct SessionContext<'a> {
     /// When set, receives this node's Node object from every session message that carries one (its role,
     /// desired role, availability as the managers see them).
     pub node_sink: Option<&'a watch::Sender<Option<shoal_api::Node>>>,
+    /// Called with every session message (the first one too): the agent learns the manager list from it.
+    pub on_message: &'a mut (dyn FnMut(&SessionMessage) + Send),
 }
 
 fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
@@ -179,13 +183,16 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
         .map_err(rpc("Session"))?
         .into_inner();
     let first = session.message().await.map_err(rpc("Session"))?.ok_or(SessionError::StreamEnded("session"))?;
-    let session_id = first.session_id;
-    let publish = |node: Option<shoal_api::Node>| {
-        if let (Some(sink), Some(node)) = (ctx.node_sink, node) {
+    let session_id = first.session_id.clone();
+    let on_message = ctx.on_message;
+    let node_sink = ctx.node_sink;
+    let mut publish = |msg: SessionMessage| {
+        on_message(&msg);
+        if let (Some(sink), Some(node)) = (node_sink, msg.node) {
             sink.send_replace(Some(node));
         }
     };
-    publish(first.node);
+    publish(first);
     tracing::info!(node = %node_id, session = %session_id, "session with the manager established");
 
     let mut assignments = client
@@ -261,7 +268,7 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
         tokio::select! {
             r = shutdown.changed() => if r.is_err() { return Ok(()) },
             m = session.message() => match m {
-                Ok(Some(update)) => publish(update.node),
+                Ok(Some(update)) => publish(update),
                 Ok(None) => return Err(SessionError::StreamEnded("session")),
                 Err(status) => return Err(SessionError::Rpc { call: "Session", status }),
             },

@@ -370,12 +370,11 @@ pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output
     let stop = std::pin::pin!(stop);
     let mut stop = stop;
     if let worker_node::StartAs::Worker(w) = worker_node::prepare(&cfg).await? {
-        let manager_addr = w.manager_addr.clone();
         match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), Duration::from_secs(15)).await? {
             worker_node::WorkerExit::Stopped => return Ok(()),
             // Promoted: the state dir now holds a manager certificate; start again as a manager that joins
-            // Raft through the manager this worker knew.
-            worker_node::WorkerExit::Promoted => cfg.join_addr = Some(manager_addr),
+            // Raft through the manager this worker's session was open with.
+            worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
         }
     }
     let node = Node::start(cfg).await?;

@@ -9,10 +9,14 @@
 //! manager it knows. Its tasks are stopped and started again by the manager node's agent.
 //!
 //! The manager it joined through is remembered in `<state dir>/join.json` so a restart without
-//! `--join-addr` resumes; a restart with `--join-addr` uses (and remembers) the new address.
+//! `--join-addr` resumes; a restart with `--join-addr` uses (and remembers) the new address. Every manager
+//! of the cluster (the list the dispatcher sends in each session message) is kept in
+//! `<state dir>/managers.json` by the agent: a worker whose session ends tries the other managers, and a
+//! restarted worker tries them too (after `--join-addr` when given, before the join manager otherwise), so
+//! it finds the cluster when the manager it joined through is gone. Certificate renewal and the promotion
+//! go to the manager of the current session.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -42,8 +46,10 @@ pub struct WorkerStart {
     pub node_id: String,
     /// Its TLS identity.
     pub tls: NodeTls,
-    /// The manager to talk to.
+    /// The manager to talk to first.
     pub manager_addr: String,
+    /// The other managers to try, in order (from `managers.json` and `join.json`).
+    pub more_managers: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -72,6 +78,18 @@ pub(crate) fn remembered_manager(state_dir: &Path) -> Result<Option<String>, Nod
     }
 }
 
+fn managers_file(state_dir: &Path) -> PathBuf {
+    state_dir.join(shoal_agent::remotes::MANAGERS_FILE)
+}
+
+/// The managers a worker tries, in order: `first` (an explicit `--join-addr`), then the list saved by the
+/// agent, then `last` (the remembered join manager); without duplicates.
+fn managers_in_order(state_dir: &Path, first: Option<&str>, last: Option<&str>) -> Result<Vec<String>, NodeError> {
+    let saved = shoal_agent::remotes::load(&managers_file(state_dir)).map_err(NodeError::State)?;
+    let all = first.into_iter().map(str::to_string).chain(saved).chain(last.map(str::to_string));
+    Ok(shoal_agent::Remotes::new(all).addrs().to_vec())
+}
+
 fn security(e: impl std::fmt::Display) -> NodeError {
     NodeError::Security(e.to_string())
 }
@@ -86,16 +104,24 @@ pub async fn prepare(cfg: &DaemonConfig) -> Result<StartAs, NodeError> {
         if subject.role != Role::Worker {
             return Ok(StartAs::Manager);
         }
-        let manager_addr = match &cfg.join_addr {
+        let managers = match &cfg.join_addr {
             Some(a) => {
                 remember_manager(&cfg.state_dir, a)?;
-                a.clone()
+                managers_in_order(&cfg.state_dir, Some(a), None)?
             }
-            None => remembered_manager(&cfg.state_dir)?.ok_or_else(|| {
-                NodeError::State("this worker does not know its manager's address: pass --join-addr IP:PORT".into())
-            })?,
+            None => managers_in_order(&cfg.state_dir, None, remembered_manager(&cfg.state_dir)?.as_deref())?,
         };
-        return Ok(StartAs::Worker(WorkerStart { node_id: subject.node_id, tls, manager_addr }));
+        let Some((manager_addr, more)) = managers.split_first() else {
+            return Err(NodeError::State(
+                "this worker does not know any manager's address: pass --join-addr IP:PORT".into(),
+            ));
+        };
+        return Ok(StartAs::Worker(WorkerStart {
+            node_id: subject.node_id,
+            tls,
+            manager_addr: manager_addr.clone(),
+            more_managers: more.to_vec(),
+        }));
     }
     let (addr, token) = match (&cfg.join_addr, &cfg.join_token) {
         (None, None) => return Ok(StartAs::Manager),
@@ -126,20 +152,23 @@ pub async fn prepare(cfg: &DaemonConfig) -> Result<StartAs, NodeError> {
     remember_manager(&cfg.state_dir, addr)?;
     tracing::info!(node_id = %node_id, role = %tls.subject().role, manager = %addr, "joined the cluster");
     if tls.subject().role == Role::Worker {
-        Ok(StartAs::Worker(WorkerStart { node_id, tls, manager_addr: addr.clone() }))
+        Ok(StartAs::Worker(WorkerStart { node_id, tls, manager_addr: addr.clone(), more_managers: Vec::new() }))
     } else {
         Ok(StartAs::Manager)
     }
 }
 
 /// Why `run_worker` returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerExit {
     /// `stop` resolved.
     Stopped,
     /// The node was promoted and now holds a manager certificate: start it as a manager (`Node::start`,
-    /// which joins Raft through the remembered manager).
-    Promoted,
+    /// which joins Raft through `via`).
+    Promoted {
+        /// The manager (`host:port`) the worker's session was open with: the one to join Raft through.
+        via: String,
+    },
 }
 
 /// How long the promotion watch waits between failed renewals (doubling from `RENEW_RETRY_MIN`).
@@ -152,7 +181,7 @@ const PROMOTION_RETRY_MAX: Duration = Duration::from_secs(10);
 async fn wait_promoted(
     state_dir: PathBuf,
     tls: NodeTls,
-    manager_addr: String,
+    manager_addr: watch::Receiver<String>,
     mut node: watch::Receiver<Option<shoal_api::Node>>,
 ) {
     let mut retry = join::RENEW_RETRY_MIN;
@@ -166,7 +195,8 @@ async fn wait_promoted(
             .is_some_and(|n| n.spec.as_ref().is_some_and(|s| s.desired_role() == shoal_api::NodeRole::Manager));
         if promoted {
             tracing::info!("this node was promoted; renewing its certificate for the manager role");
-            match join::renew_once(&manager_addr, &tls, &state_dir).await {
+            let addr = manager_addr.borrow().clone();
+            match join::renew_once(&addr, &tls, &state_dir).await {
                 Ok(()) if tls.subject().role == Role::Manager => return,
                 Ok(()) => tracing::warn!("the CA still issued a worker certificate; retrying in {retry:?}"),
                 Err(e) => {
@@ -219,7 +249,9 @@ pub async fn run_worker(
     ));
 
     let (node_tx, node_rx) = watch::channel(None);
-    let promoted = wait_promoted(cfg.state_dir.clone(), w.tls.clone(), w.manager_addr.clone(), node_rx);
+    // The manager of the agent's current session (renewal and promotion go there).
+    let (session_manager_tx, session_manager) = watch::channel(w.manager_addr.clone());
+    let promoted = wait_promoted(cfg.state_dir.clone(), w.tls.clone(), session_manager.clone(), node_rx);
     let agent = Agent::new(
         AgentConfig {
             node_id: w.node_id.clone(),
@@ -231,28 +263,30 @@ pub async fn run_worker(
         executor,
     )
     .with_endpoint_factory(crate::tls::agent_endpoints(&w.tls))
-    .with_node_sink(node_tx);
+    .with_node_sink(node_tx)
+    .with_managers(w.more_managers.clone(), Some(managers_file(&cfg.state_dir)))
+    .with_session_manager_sink(session_manager_tx);
     tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
-    let manager_addr = Arc::new(w.manager_addr.clone());
+    let renewal_manager = session_manager.clone();
     tasks.push((
         "certificate-renewal",
         tokio::spawn(join::run_renewal(
             cfg.state_dir.clone(),
             w.tls.clone(),
-            move || manager_addr.to_string(),
+            move || renewal_manager.borrow().clone(),
             shutdown_rx.clone(),
         )),
     ));
-    tracing::info!(node_id = %w.node_id, manager = %w.manager_addr, control = %control_socket.display(), "worker started");
+    tracing::info!(node_id = %w.node_id, manager = %w.manager_addr, more = ?w.more_managers, control = %control_socket.display(), "worker started");
 
     let exit = tokio::select! {
         _ = stop => WorkerExit::Stopped,
-        _ = promoted => WorkerExit::Promoted,
+        _ = promoted => WorkerExit::Promoted { via: session_manager.borrow().clone() },
     };
-    match exit {
+    match &exit {
         WorkerExit::Stopped => tracing::info!("shutting down"),
-        WorkerExit::Promoted => {
-            tracing::info!("promoted to manager: stopping the worker parts to restart this node as a manager")
+        WorkerExit::Promoted { via } => {
+            tracing::info!(%via, "promoted to manager: stopping the worker parts to restart this node as a manager")
         }
     }
     let _ = shutdown_tx.send(true);
