@@ -64,6 +64,11 @@ pub struct DaemonConfig {
     /// Node certificate validity to issue instead of the cluster's setting (and its one-hour minimum):
     /// for tests of certificate renewal only (the daemon reads it from `SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS`).
     pub node_cert_expiry_override: Option<std::time::Duration>,
+    /// The swarm's unlock key (`SWMKEY-1-...`) for a manager that restarts locked (autolock): used instead
+    /// of waiting for `docker swarm unlock`. A wrong key makes the start fail.
+    pub unlock_key: Option<UnlockKeyText>,
+    /// Take a Raft snapshot every this many applied entries (default 10 000).
+    pub raft_snapshot_interval_entries: Option<u64>,
 }
 
 impl DaemonConfig {
@@ -85,6 +90,8 @@ impl DaemonConfig {
             join_token: None,
             listen_api_tcp: None,
             node_cert_expiry_override: None,
+            unlock_key: None,
+            raft_snapshot_interval_entries: None,
         }
     }
 
@@ -101,5 +108,15 @@ pub struct JoinToken(pub String);
 impl std::fmt::Debug for JoinToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("JoinToken(<redacted>)")
+    }
+}
+
+/// An unlock key as given to the daemon: a secret, so its `Debug` output is redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UnlockKeyText(pub String);
+
+impl std::fmt::Debug for UnlockKeyText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UnlockKeyText(<redacted>)")
     }
 }

@@ -138,9 +138,17 @@ pub fn load_certs(state_dir: &Path) -> Result<Option<NodeCerts>, JoinError> {
             Err(e) => Err(io_err(&p)(e)),
         }
     };
+    // The key may be wrapped with the autolock KEK (see `lock`); read it under the KEK table's lock.
+    let table = crate::lock::key_table();
     match (read(ROOT_FILE)?, read(CERT_FILE)?, read(KEY_FILE)?) {
         (None, None, None) => Ok(None),
-        (Some(root_pem), Some(cert_pem), Some(key_pem)) => Ok(Some(NodeCerts { root_pem, cert_pem, key_pem })),
+        (Some(root_pem), Some(cert_pem), Some(key_text)) => {
+            let key_pem = table.node_key_from_disk(state_dir, &key_text).map_err(|reason| JoinError::Io {
+                path: dir.join(KEY_FILE).display().to_string(),
+                source: std::io::Error::other(reason),
+            })?;
+            Ok(Some(NodeCerts { root_pem, cert_pem, key_pem }))
+        }
         _ => Err(JoinError::Io {
             path: dir.display().to_string(),
             source: std::io::Error::other(
@@ -174,7 +182,10 @@ pub fn store_certs(state_dir: &Path, certs: &NodeCerts) -> Result<(), JoinError>
     std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err(&dir))?;
     write_private(&dir.join(ROOT_FILE), certs.root_pem.as_bytes())?;
-    write_private(&dir.join(KEY_FILE), certs.key_pem.as_bytes())?;
+    // Wrapped with the autolock KEK when there is one; the table stays locked until the key is written.
+    let table = crate::lock::key_table();
+    write_private(&dir.join(KEY_FILE), table.node_key_to_disk(state_dir, &certs.key_pem).as_bytes())?;
+    drop(table);
     write_private(&dir.join(CERT_FILE), certs.cert_pem.as_bytes())?;
     std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(io_err(&dir))
 }

@@ -13,6 +13,7 @@ mod config;
 mod identity;
 pub mod join;
 pub mod leader_logs;
+pub mod lock;
 mod raft_member;
 mod raft_status;
 pub mod security;
@@ -33,7 +34,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
-pub use config::{DaemonConfig, ExecutorKind, JoinToken};
+pub use config::{DaemonConfig, ExecutorKind, JoinToken, UnlockKeyText};
 pub use identity::NodeIdentity;
 pub use raft_status::ManagerStatusSubsystem;
 pub use services::{leader_subsystems, run_leader_subsystems, serve_manager_grpc, start_manager_services};
@@ -223,6 +224,11 @@ impl Node {
             "leader-subsystems",
             services::run_leader_subsystems(&state, &dispatcher, Some(&raft), shutdown_rx.clone()),
         ));
+        // Autolock: follow the cluster's unlock key (the certificate files exist by now).
+        tasks.push((
+            "autolock",
+            tokio::spawn(lock::watch_cluster_unlock_key(cfg.state_dir.clone(), state.store.clone(), shutdown_rx.clone())),
+        ));
         let (dispatcher_addr, dispatcher_addr_task) =
             raft_member::dispatcher_addr_watch(&raft, advertised.to_string(), shutdown_rx.clone());
         tasks.push(("dispatcher-address", dispatcher_addr_task));
@@ -369,6 +375,16 @@ pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output
     let mut cfg = cfg;
     let stop = std::pin::pin!(stop);
     let mut stop = stop;
+    if lock::is_locked(&cfg.state_dir)? {
+        match cfg.unlock_key.clone() {
+            Some(key) => lock::unlock(&cfg.state_dir, &key.0)
+                .map_err(|e| NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}")))?,
+            None => match lock::serve_until_unlocked(&cfg, stop.as_mut()).await? {
+                lock::LockedExit::Unlocked => {}
+                lock::LockedExit::Stopped => return Ok(()),
+            },
+        }
+    }
     if let worker_node::StartAs::Worker(w) = worker_node::prepare(&cfg).await? {
         match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), Duration::from_secs(15)).await? {
             worker_node::WorkerExit::Stopped => return Ok(()),

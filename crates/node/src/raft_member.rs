@@ -47,6 +47,10 @@ pub(crate) async fn start_raft(
     raft_cfg.heartbeat_tick = cfg.raft_heartbeat_tick;
     raft_cfg.addr = cfg.advertised().to_string();
     raft_cfg.node_id = identity.node_id.clone();
+    raft_cfg.data_keys = crate::lock::data_keys(&cfg.state_dir)?;
+    if let Some(n) = cfg.raft_snapshot_interval_entries {
+        raft_cfg.snapshot_interval_entries = n;
+    }
 
     if RaftNode::has_existing_state(&cfg.state_dir) {
         let mode = if cfg.force_new_cluster { StartMode::ForceNewCluster } else { StartMode::Restart };

@@ -54,6 +54,13 @@ pub struct DaemonArgs {
     /// one from `shoal ca issue-client-cert`, and the cluster's ca.pem.
     #[arg(long, value_parser = parse_tcp_addr)]
     listen_api: Option<SocketAddr>,
+    /// A file holding the swarm's unlock key (SWMKEY-1-...): a manager restarted with autolock on unlocks
+    /// itself with it instead of waiting for `docker swarm unlock`.
+    #[arg(long)]
+    unlock_key_file: Option<PathBuf>,
+    /// Take a Raft snapshot (and compact the log) every this many applied entries.
+    #[arg(long)]
+    raft_snapshot_interval_entries: Option<u64>,
     /// Log filter (tracing env-filter syntax), e.g. info or shoal=debug.
     #[arg(long, env = "SHOAL_LOG", default_value = "info")]
     log_level: String,
@@ -80,6 +87,16 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.raft_heartbeat_tick = args.heartbeat_tick;
     cfg.join_token = args.join_token.map(shoal_node::JoinToken);
     cfg.listen_api_tcp = args.listen_api;
+    cfg.raft_snapshot_interval_entries = args.raft_snapshot_interval_entries;
+    if let Some(path) = &args.unlock_key_file {
+        match std::fs::read_to_string(path) {
+            Ok(key) => cfg.unlock_key = Some(shoal_node::UnlockKeyText(key.trim().to_string())),
+            Err(e) => {
+                eprintln!("shoal: cannot read the unlock key file {}: {e}", path.display());
+                return 2;
+            }
+        }
+    }
     // Hidden, for tests of certificate renewal: issue node certificates valid this many seconds.
     match std::env::var("SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS").ok().map(|v| v.parse::<u64>()) {
         None => {}

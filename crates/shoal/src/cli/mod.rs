@@ -10,6 +10,7 @@ mod node;
 mod output;
 mod service;
 mod swarm;
+mod swarm_lock;
 #[cfg(test)]
 mod tests;
 
@@ -41,7 +42,7 @@ pub enum ClientCommand {
     /// The cluster's certificate authority (operator client certificates).
     #[command(subcommand)]
     Ca(ca::CaCommand),
-    /// Manage the swarm (join tokens).
+    /// Manage the swarm (join tokens, autolock).
     #[command(subcommand)]
     Swarm(swarm::SwarmCommand),
     /// Show information about the node and the cluster.

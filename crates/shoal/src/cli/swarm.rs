@@ -1,6 +1,7 @@
 //! `shoal swarm join-token [-q] [--rotate] worker|manager`: prints (and optionally rotates) a join token,
 //! through the Engine API like `docker swarm join-token` (`GET /swarm`, `POST /swarm/update?rotate...`,
-//! `GET /info` for the manager address to show in the join command).
+//! `GET /info` for the manager address to show in the join command); `update --autolock`, `unlock-key` and
+//! `unlock` are in `swarm_lock`.
 
 use std::io::Write;
 
@@ -32,11 +33,39 @@ pub enum SwarmCommand {
         /// worker or manager.
         role: TokenRole,
     },
+    /// Change swarm settings: autolock (managers restart locked until given the unlock key).
+    Update {
+        /// Turn autolock on or off (--autolock=true|false); turning it on prints the unlock key.
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+        autolock: Option<bool>,
+    },
+    /// Print (or rotate) the key that unlocks a manager restarted with autolock on.
+    UnlockKey {
+        /// Print the key only.
+        #[arg(short, long)]
+        quiet: bool,
+        /// Replace the key with a new one first (managers rewrap their keys; the old key stops working).
+        #[arg(long)]
+        rotate: bool,
+    },
+    /// Unlock a locked manager: the key is read from --key-file, else from one line of stdin.
+    Unlock {
+        /// A file holding the unlock key (SWMKEY-1-...).
+        #[arg(long)]
+        key_file: Option<std::path::PathBuf>,
+    },
 }
 
 /// Runs a swarm command.
 pub fn run(c: &Client, cmd: SwarmCommand, out: &mut dyn Write) -> Result<(), CliError> {
-    let SwarmCommand::JoinToken { quiet, rotate, role } = cmd;
+    let (quiet, rotate, role) = match cmd {
+        SwarmCommand::JoinToken { quiet, rotate, role } => (quiet, rotate, role),
+        SwarmCommand::Update { autolock } => return super::swarm_lock::update(c, autolock, out),
+        SwarmCommand::UnlockKey { quiet, rotate } => return super::swarm_lock::show_key(c, quiet, rotate, out),
+        SwarmCommand::Unlock { key_file } => {
+            return super::swarm_lock::unlock(c, key_file.as_deref(), &mut std::io::stdin().lock(), out)
+        }
+    };
     let (key, flag) = match role {
         TokenRole::Worker => ("Worker", "rotateWorkerToken"),
         TokenRole::Manager => ("Manager", "rotateManagerToken"),

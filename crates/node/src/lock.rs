@@ -1,0 +1,367 @@
+//! Autolock on a manager: which key-encryption key (KEK) protects this node's keys at rest, the locked
+//! state, unlocking, and following the cluster's unlock key.
+//!
+//! Two secrets live in the state dir: the Raft data encryption key (`shoal_raft::encryption`, file
+//! `raft/dek`) and the node's TLS private key (`certificates/swarm-node.key`). With autolock off both are
+//! plain files of mode 0600. With autolock on (the cluster object holds an unlock key) both are sealed with
+//! the KEK derived from the unlock key (`shoal_ca::UnlockKey::kek`); the unlock key itself is never written
+//! to this node's disk. Every manager, leader and followers, watches the cluster object
+//! (`watch_cluster_unlock_key`) and rewraps both files when the key appears, changes (rotation) or goes.
+//!
+//! A manager restarted with a sealed DEK is locked: `run_daemon` serves only the locked control socket
+//! (`shoal_engine_api::locked`) until `POST /swarm/unlock` brings the right key (or the daemon was given it
+//! with `--unlock-key-file`); a wrong key is refused and the node stays locked. No gRPC, no Raft meanwhile.
+//!
+//! The KEK of each state dir that is unlocked in this process is kept in a process-wide table (several
+//! in-process nodes in tests each have their own state dir); the certificate files (`join`) read and write
+//! the TLS key through `KeyTable`, under the same lock the rewrap holds, so a renewal never writes a key
+//! wrapped with a KEK that is being replaced.
+//!
+//! Known limit: the DEK is not rotated when autolock is turned on (records written before stay sealed with
+//! the DEK that was on disk in the clear). A crash between rewrapping the TLS key and the DEK can leave
+//! them under different KEKs. Must not log key material.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock};
+
+use base64::Engine as _;
+use parking_lot::{Mutex, MutexGuard};
+use shoal_ca::encryption::{looks_sealed, open, seal, EncryptionError};
+use shoal_ca::{SecretKey, UnlockKey};
+use shoal_engine_api::locked::{UnlockError, Unlocker};
+use shoal_raft::encryption::{read_dek_file, write_dek_file, DataKeys, DekFile};
+use shoal_store::{MemoryStore, Object};
+use tokio::sync::watch;
+
+use crate::NodeError;
+
+const WRAPPED_BEGIN: &str = "-----BEGIN SHOAL ENCRYPTED PRIVATE KEY-----";
+const WRAPPED_END: &str = "-----END SHOAL ENCRYPTED PRIVATE KEY-----";
+/// Associated data of the wrapped TLS key.
+const TLS_KEY_AAD: &[u8] = b"shoal node tls key";
+
+static KEKS: LazyLock<Mutex<HashMap<PathBuf, SecretKey>>> = LazyLock::new(Default::default);
+
+/// The table of KEKs of the unlocked state dirs, locked for the caller's use.
+pub(crate) struct KeyTable(MutexGuard<'static, HashMap<PathBuf, SecretKey>>);
+
+/// Locks the KEK table (hold it across reading or writing a wrapped key file).
+pub(crate) fn key_table() -> KeyTable {
+    KeyTable(KEKS.lock())
+}
+
+impl KeyTable {
+    /// The KEK in use for `state_dir`, if autolock applies to it.
+    pub(crate) fn kek(&self, state_dir: &Path) -> Option<&SecretKey> {
+        self.0.get(state_dir)
+    }
+
+    fn set(&mut self, state_dir: &Path, kek: Option<SecretKey>) {
+        match kek {
+            Some(k) => self.0.insert(state_dir.to_path_buf(), k),
+            None => self.0.remove(state_dir),
+        };
+    }
+
+    /// The TLS key file's content for `pem`: wrapped with the state dir's KEK when there is one.
+    pub(crate) fn node_key_to_disk(&self, state_dir: &Path, pem: &str) -> String {
+        match self.kek(state_dir) {
+            Some(kek) => wrap_pem(kek, pem),
+            None => pem.to_string(),
+        }
+    }
+
+    /// The TLS key (PEM) from the key file's content, unwrapping it with the state dir's KEK.
+    pub(crate) fn node_key_from_disk(&self, state_dir: &Path, text: &str) -> Result<String, String> {
+        if !text.trim_start().starts_with(WRAPPED_BEGIN) {
+            return Ok(text.to_string());
+        }
+        let kek = self.kek(state_dir).ok_or_else(|| {
+            "the node's TLS key is encrypted (autolock): unlock this manager with `docker swarm unlock`".to_string()
+        })?;
+        unwrap_pem(kek, text).map_err(|e| format!("cannot decrypt the node's TLS key: {e}"))
+    }
+}
+
+fn wrap_pem(kek: &SecretKey, pem: &str) -> String {
+    let sealed = seal(kek, 0, TLS_KEY_AAD, pem.as_bytes(), &mut rand::rng());
+    let b64 = base64::engine::general_purpose::STANDARD.encode(sealed);
+    let mut out = String::from(WRAPPED_BEGIN);
+    out.push('\n');
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(chunk).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(WRAPPED_END);
+    out.push('\n');
+    out
+}
+
+fn unwrap_pem(kek: &SecretKey, text: &str) -> Result<String, EncryptionError> {
+    let body: String =
+        text.lines().map(str::trim).filter(|l| !l.is_empty() && *l != WRAPPED_BEGIN && *l != WRAPPED_END).collect();
+    let sealed = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .map_err(|e| EncryptionError::NotSealed(format!("bad base64: {e}")))?;
+    if !looks_sealed(&sealed) {
+        return Err(EncryptionError::NotSealed("not an envelope".into()));
+    }
+    let plain = open(kek, TLS_KEY_AAD, &sealed)?;
+    String::from_utf8(plain).map_err(|_| EncryptionError::NotSealed("the key is not text".into()))
+}
+
+fn tls_key_path(state_dir: &Path) -> PathBuf {
+    crate::join::certs_dir(state_dir).join("swarm-node.key")
+}
+
+fn security(e: impl std::fmt::Display) -> NodeError {
+    NodeError::Security(e.to_string())
+}
+
+/// True when the state dir's DEK is sealed and this process holds no KEK for it: the manager is locked.
+pub fn is_locked(state_dir: &Path) -> Result<bool, NodeError> {
+    let sealed = matches!(read_dek_file(state_dir)?, Some(DekFile::Sealed(_)));
+    Ok(sealed && key_table().kek(state_dir).is_none())
+}
+
+/// The DEKs for Raft: `None` when the state dir has no DEK file yet (Raft creates a plain one).
+pub(crate) fn data_keys(state_dir: &Path) -> Result<Option<DataKeys>, NodeError> {
+    match read_dek_file(state_dir)? {
+        None => Ok(None),
+        Some(DekFile::Plain(keys)) => Ok(Some(keys)),
+        Some(DekFile::Sealed(sealed)) => {
+            let table = key_table();
+            let kek = table.kek(state_dir).ok_or(NodeError::Raft(shoal_raft::RaftError::Locked))?;
+            DekFile::unseal(&sealed, kek)
+                .map(Some)
+                .map_err(|e| security(format!("cannot unseal the raft data key: {e}")))
+        }
+    }
+}
+
+/// Tries an unlock key (as typed): on success the state dir's KEK is recorded and the node is unlocked.
+pub fn unlock(state_dir: &Path, key: &str) -> Result<(), UnlockError> {
+    let key = UnlockKey::parse(key).map_err(|e| UnlockError::BadFormat(e.to_string()))?;
+    let kek = key.kek();
+    let mut table = key_table();
+    match read_dek_file(state_dir).map_err(|e| UnlockError::Failed(e.to_string()))? {
+        Some(DekFile::Sealed(sealed)) => match DekFile::unseal(&sealed, &kek) {
+            Ok(_) => {}
+            Err(EncryptionError::Authentication) => return Err(UnlockError::WrongKey),
+            Err(e) => return Err(UnlockError::Failed(format!("cannot unseal the raft data key: {e}"))),
+        },
+        _ => return Err(UnlockError::Failed("this node is not locked".into())),
+    }
+    table.set(state_dir, Some(kek));
+    Ok(())
+}
+
+/// Seals (or, with `None`, unseals) the DEK file and the TLS key file with `kek`, unless they already are.
+fn rewrap(state_dir: &Path, kek: Option<SecretKey>) -> Result<(), NodeError> {
+    let mut table = key_table();
+    if table.kek(state_dir) == kek.as_ref() {
+        return Ok(());
+    }
+    // The TLS key first: the DEK decides whether the node is locked at its next start.
+    let key_path = tls_key_path(state_dir);
+    let text = std::fs::read_to_string(&key_path).map_err(|e| NodeError::io(&key_path, e))?;
+    let pem = table.node_key_from_disk(state_dir, &text).map_err(NodeError::Security)?;
+    let keys = match read_dek_file(state_dir)? {
+        Some(DekFile::Plain(keys)) => keys,
+        Some(DekFile::Sealed(sealed)) => {
+            let old = table.kek(state_dir).ok_or(NodeError::Raft(shoal_raft::RaftError::Locked))?;
+            DekFile::unseal(&sealed, old).map_err(|e| security(format!("cannot unseal the raft data key: {e}")))?
+        }
+        None => return Err(NodeError::State("the raft data key file is missing".into())),
+    };
+    let new_text = match &kek {
+        Some(k) => wrap_pem(k, &pem),
+        None => pem,
+    };
+    write_private(&key_path, new_text.as_bytes())?;
+    write_dek_file(state_dir, &keys, kek.as_ref())?;
+    let on = kek.is_some();
+    table.set(state_dir, kek);
+    tracing::info!(autolock = on, "the raft data key and the node's TLS key were rewrapped");
+    Ok(())
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("rewrap.tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| NodeError::io(&tmp, e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| NodeError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| NodeError::io(path, e))?;
+    let dir = path.parent().expect("a key file has a directory");
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| NodeError::io(dir, e))
+}
+
+/// The KEK the cluster object asks for: the one of its managers' unlock key while autolock is on.
+fn wanted_kek(store: &MemoryStore) -> Result<Option<SecretKey>, String> {
+    let Some(cluster) = store.view(|t| t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)).cloned()) else {
+        return Ok(None);
+    };
+    match shoal_manager::controlapi::manager_unlock_key(&cluster) {
+        None => Ok(None),
+        Some(raw) => UnlockKey::from_raw(raw)
+            .map(|k| Some(k.kek()))
+            .ok_or_else(|| format!("the cluster's unlock key has {} bytes, not 32; not applied", raw.len())),
+    }
+}
+
+/// Follows the cluster object's unlock key until `stop`: rewraps this manager's keys whenever it changes.
+pub(crate) async fn watch_cluster_unlock_key(
+    state_dir: PathBuf,
+    store: Arc<MemoryStore>,
+    mut stop: watch::Receiver<bool>,
+) {
+    // Subscribed before the first read, so no change of the cluster object is missed.
+    let ((), mut events) = store.view_and_watch(|_| ());
+    loop {
+        match wanted_kek(&store) {
+            Ok(kek) => {
+                let dir = state_dir.clone();
+                match tokio::task::spawn_blocking(move || rewrap(&dir, kek)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "cannot apply the cluster's autolock setting to this manager's keys")
+                    }
+                    Err(e) => tracing::error!(error = %e, "the key rewrap stopped"),
+                }
+            }
+            Err(e) => tracing::error!("{e}"),
+        }
+        // Wait for a commit that touches the cluster object (or a lag, after which the view is re-read).
+        loop {
+            tokio::select! {
+                _ = shoal_manager::stopped(&mut stop) => return,
+                r = events.recv() => match r {
+                    Ok(commit) if commit.changes.iter().any(|c| matches!(c.object, Object::Cluster(_))) => break,
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    }
+}
+
+/// The node side of `POST /swarm/unlock` on the locked socket.
+struct StateDirUnlocker {
+    state_dir: PathBuf,
+    unlocked: watch::Sender<bool>,
+}
+
+impl Unlocker for StateDirUnlocker {
+    fn unlock(&self, key: &str) -> Result<(), UnlockError> {
+        unlock(&self.state_dir, key)?;
+        tracing::info!("unlocked");
+        self.unlocked.send_replace(true);
+        Ok(())
+    }
+}
+
+/// How waiting in the locked state ended.
+pub(crate) enum LockedExit {
+    /// The right key was given: start normally.
+    Unlocked,
+    /// The daemon was asked to stop first.
+    Stopped,
+}
+
+/// Serves the locked control socket until the node is unlocked or `stop` resolves.
+pub(crate) async fn serve_until_unlocked(
+    cfg: &crate::DaemonConfig,
+    stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<LockedExit, NodeError> {
+    let node_id = crate::identity::load(&cfg.state_dir)?.map(|i| i.node_id).unwrap_or_default();
+    let listener = crate::bind_control_socket(&cfg.listen_control_api)?;
+    let (unlocked_tx, mut unlocked_rx) = watch::channel(false);
+    let ctx = shoal_engine_api::locked::LockedContext {
+        node_id,
+        hostname: cfg.hostname.clone().unwrap_or_else(crate::machine_hostname),
+        unlocker: Arc::new(StateDirUnlocker { state_dir: cfg.state_dir.clone(), unlocked: unlocked_tx }),
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let server = tokio::spawn(shoal_engine_api::locked::serve_locked_unix(listener, ctx, crate::wait_true(stop_rx)));
+    tracing::warn!(
+        control = %cfg.listen_control_api.display(),
+        "this manager is locked (autolock): unlock it with `docker swarm unlock` or `shoal swarm unlock`"
+    );
+    let exit = tokio::select! {
+        _ = stop => LockedExit::Stopped,
+        _ = unlocked_rx.wait_for(|u| *u) => LockedExit::Unlocked,
+    };
+    // In-flight requests (the unlock answer) finish before the socket closes.
+    let _ = stop_tx.send(true);
+    let _ = server.await;
+    let _ = std::fs::remove_file(&cfg.listen_control_api);
+    Ok(exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrapped_tls_key_opens_only_with_its_kek() {
+        let kek = UnlockKey::generate(&mut rand::rng()).kek();
+        let pem = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n";
+        let wrapped = wrap_pem(&kek, pem);
+        assert!(!wrapped.contains("MIGHAgEA"));
+        assert_eq!(unwrap_pem(&kek, &wrapped).unwrap(), pem);
+        let other = UnlockKey::generate(&mut rand::rng()).kek();
+        assert_eq!(unwrap_pem(&other, &wrapped), Err(EncryptionError::Authentication));
+        let mut lines: Vec<String> = wrapped.lines().map(String::from).collect();
+        lines[1] = lines[1].chars().rev().collect();
+        assert!(unwrap_pem(&kek, &lines.join("\n")).is_err(), "tampering is detected");
+    }
+
+    #[test]
+    fn unlocking_checks_the_key_against_the_sealed_dek_and_rewrap_follows_the_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        std::fs::create_dir_all(crate::join::certs_dir(state)).unwrap();
+        std::fs::write(tls_key_path(state), "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n").unwrap();
+        let keys = shoal_raft::encryption::load_or_create_plain(state).unwrap();
+        assert!(!is_locked(state).unwrap());
+
+        let key = UnlockKey::generate(&mut rand::rng());
+        rewrap(state, Some(key.kek())).unwrap();
+        assert!(std::fs::read_to_string(tls_key_path(state)).unwrap().starts_with(WRAPPED_BEGIN));
+        assert!(!is_locked(state).unwrap(), "unlocked in this process");
+        // A restart forgets the KEK: locked.
+        key_table().set(state, None);
+        assert!(is_locked(state).unwrap());
+        assert!(matches!(data_keys(state), Err(NodeError::Raft(shoal_raft::RaftError::Locked))));
+        let wrong = UnlockKey::generate(&mut rand::rng()).to_human();
+        assert_eq!(unlock(state, &wrong), Err(UnlockError::WrongKey));
+        assert!(matches!(unlock(state, "SWMKEY-1-short"), Err(UnlockError::BadFormat(_))));
+        assert!(is_locked(state).unwrap(), "still locked after bad keys");
+        unlock(state, &key.to_human()).unwrap();
+        assert!(!is_locked(state).unwrap());
+        assert_eq!(data_keys(state).unwrap(), Some(keys.clone()));
+        let pem =
+            key_table().node_key_from_disk(state, &std::fs::read_to_string(tls_key_path(state)).unwrap()).unwrap();
+        assert!(pem.contains("abc"));
+
+        // Rotation, then autolock off: plain files again, the same DEK throughout.
+        let next = UnlockKey::generate(&mut rand::rng());
+        rewrap(state, Some(next.kek())).unwrap();
+        key_table().set(state, None);
+        assert_eq!(unlock(state, &key.to_human()), Err(UnlockError::WrongKey), "the old key no longer opens");
+        unlock(state, &next.to_human()).unwrap();
+        rewrap(state, None).unwrap();
+        assert!(!is_locked(state).unwrap());
+        assert!(std::fs::read_to_string(tls_key_path(state)).unwrap().contains("abc"));
+        assert_eq!(shoal_raft::encryption::load_or_create_plain(state).unwrap(), keys);
+    }
+}

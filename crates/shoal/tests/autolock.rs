@@ -1,0 +1,278 @@
+//! Encryption at rest and autolock, driven as a user would: the Raft log and snapshots hold nothing readable;
+//! `docker swarm update --autolock=true` prints an unlock key; a restarted manager (SIGTERM or kill -9) is
+//! locked (only `/_ping`, `/version`, `/info` and `POST /swarm/unlock` answer; `docker service ls` gets
+//! Docker's "Swarm is encrypted ..." message) until `docker swarm unlock` brings the right key; a wrong or
+//! malformed key is refused and the node stays locked; after `docker swarm unlock-key --rotate` only the new
+//! key works; `--autolock=false` makes restarts unlocked again. Also the shoal CLI's `swarm` commands and the
+//! daemon's `--unlock-key-file`, and (3 managers) a restarted follower is locked too.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use shoal_testkit::http;
+
+const LOCKED_MESSAGE: &str = "Swarm is encrypted and needs to be unlocked before it can be used";
+const INVALID_KEY: &str = "swarm could not be unlocked: invalid key provided";
+
+fn create(d: &DaemonProcess, name: &str, labels: Value, argv: &[&str]) -> String {
+    let body = serde_json::json!({
+        "Name": name,
+        "Labels": labels,
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}, "RestartPolicy": {"Delay": 100_000_000u64}},
+        "Mode": {"Replicated": {"Replicas": 1}},
+    });
+    let r = http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
+    assert_eq!(r.status, 201, "create: {}", r.body);
+    r.body["ID"].as_str().unwrap().to_string()
+}
+
+/// `docker ARGS` with `input` on stdin (not a terminal: the CLI reads the key from it).
+fn docker_with_stdin(socket: &Path, args: &[&str], input: &str) -> Output {
+    let config = std::env::temp_dir().join("shoal-test-docker-config");
+    let _ = std::fs::create_dir_all(&config);
+    let mut child = Command::new("docker")
+        .arg("--config")
+        .arg(&config)
+        .arg("-H")
+        .arg(format!("unix://{}", socket.display()))
+        .args(args)
+        .env_remove("DOCKER_HOST")
+        .env_remove("DOCKER_CONTEXT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run docker");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn shoal_with_stdin(socket: &Path, args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(shoal_bin())
+        .arg("-H")
+        .arg(format!("unix://{}", socket.display()))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run shoal");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The `SWMKEY-1-...` word in `s`.
+fn key_in(s: &str) -> String {
+    s.split_whitespace().find(|w| w.starts_with("SWMKEY-1-")).unwrap_or_else(|| panic!("no key in {s:?}")).to_string()
+}
+
+fn node_state(d: &DaemonProcess) -> String {
+    d.get("/v1.47/info")["Swarm"]["LocalNodeState"].as_str().unwrap_or("").to_string()
+}
+
+fn key_files(d: &DaemonProcess) -> (Vec<u8>, String) {
+    let dek = std::fs::read(d.state_dir().join("raft").join("dek")).unwrap_or_default();
+    let tls = std::fs::read_to_string(d.state_dir().join("certificates").join("swarm-node.key")).unwrap_or_default();
+    (dek, tls)
+}
+
+/// Waits until this manager's key files are sealed (`true`) or plain (`false`), and differ from `not`.
+fn wait_keys(d: &DaemonProcess, sealed: bool, not: Option<&(Vec<u8>, String)>) -> (Vec<u8>, String) {
+    wait_until(&format!("key files sealed={sealed}"), Duration::from_secs(20), || {
+        let (dek, tls) = key_files(d);
+        let dek_sealed = dek.starts_with(b"SHOAL-RAFT-DEK-SEALED");
+        let tls_sealed = tls.starts_with("-----BEGIN SHOAL ENCRYPTED PRIVATE KEY-----");
+        let changed = not.is_none_or(|n| n.0 != dek && n.1 != tls);
+        if dek_sealed == sealed && tls_sealed == sealed && changed {
+            Ok((dek, tls))
+        } else {
+            Err(format!("dek sealed {dek_sealed}, tls key sealed {tls_sealed}, changed {changed}"))
+        }
+    })
+}
+
+/// Waits until the restarted daemon serves the full API again after an unlock.
+fn wait_unlocked(d: &DaemonProcess) {
+    wait_until("the manager to serve after the unlock", Duration::from_secs(30), || {
+        match http::request(d.socket(), "GET", "/v1.47/services", None) {
+            Ok(r) if r.status == 200 => Ok(()),
+            Ok(r) => Err(format!("{} {}", r.status, r.body)),
+            Err(e) => Err(e),
+        }
+    })
+}
+
+fn assert_locked(d: &DaemonProcess) {
+    assert_eq!(node_state(d), "locked");
+    for path in ["/v1.47/services", "/v1.47/swarm", "/v1.47/swarm/unlockkey", "/v1.47/nodes"] {
+        let r = http::request(d.socket(), "GET", path, None).unwrap();
+        assert_eq!(r.status, 503, "{path}: {}", r.body);
+        assert!(r.body["message"].as_str().unwrap_or("").contains(LOCKED_MESSAGE), "{path}: {}", r.body);
+    }
+}
+
+#[test]
+fn docker_swarm_autolock_unlock_and_rotate() {
+    if no_docker_cli() {
+        return;
+    }
+    let mut d = daemon();
+    let id = create(&d, "locked-web", serde_json::json!({}), &["sleep", "3171"]);
+    wait_running(&d, "locked-web", 1, &["sleep", "3171"], Duration::from_secs(20));
+    let plain = wait_keys(&d, false, None);
+
+    // Bad input changes nothing: rotating without autolock.
+    let out = docker_cli::run(d.socket(), &["swarm", "unlock-key", "--rotate"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let out = docker_cli::run(d.socket(), &["swarm", "unlock-key"]);
+    assert!(!out.status.success() && text(&out).contains("no unlock key is set"), "{}", text(&out));
+
+    let printed = docker(&d, &["swarm", "update", "--autolock=true"]);
+    let key = key_in(&printed);
+    assert_eq!(docker(&d, &["swarm", "unlock-key", "-q"]).trim(), key);
+    assert_eq!(d.get("/v1.47/swarm")["Spec"]["EncryptionConfig"]["AutoLockManagers"], true);
+    let sealed = wait_keys(&d, true, Some(&plain));
+
+    // kill -9, restart: locked. The daemon answers, but only to ping/version/info/unlock.
+    d.kill9();
+    d.restart(&[]);
+    assert_locked(&d);
+    let out = docker_cli::run(d.socket(), &["service", "ls"]);
+    assert!(!out.status.success() && text(&out).contains(LOCKED_MESSAGE), "{}", text(&out));
+    assert!(process::pids_with_cmdline(&["sleep", "3171"]).is_empty(), "a locked manager runs no task");
+
+    // A wrong key, then a malformed one: refused, still locked.
+    let wrong =
+        docker_with_stdin(d.socket(), &["swarm", "unlock"], "SWMKEY-1-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n");
+    assert!(!wrong.status.success() && text(&wrong).contains(INVALID_KEY), "{}", text(&wrong));
+    let r =
+        http::request(d.socket(), "POST", "/v1.47/swarm/unlock", Some(r#"{"UnlockKey":"SWMKEY-1-tooshort"}"#)).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_locked(&d);
+    assert_eq!(key_files(&d), sealed, "refused keys change nothing on disk");
+
+    // The right key: the node starts and everything is back.
+    let ok = docker_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{key}\n"));
+    assert!(ok.status.success(), "{}", text(&ok));
+    wait_unlocked(&d);
+    assert_eq!(node_state(&d), "active");
+    assert_eq!(d.get(&format!("/v1.47/services/{id}"))["Spec"]["Name"], "locked-web");
+    wait_running(&d, "locked-web", 1, &["sleep", "3171"], Duration::from_secs(30));
+    let out = docker_cli::run(d.socket(), &["swarm", "unlock"]);
+    assert!(!out.status.success() && text(&out).contains("not locked"), "{}", text(&out));
+
+    // Rotate: the managers rewrap; after a restart the old key is refused and the new one works.
+    let rotated = docker(&d, &["swarm", "unlock-key", "--rotate", "-q"]);
+    let new_key = key_in(&rotated);
+    assert_ne!(new_key, key);
+    wait_keys(&d, true, Some(&sealed));
+    assert!(d.stop(), "SIGTERM exits cleanly; log:\n{}", d.log());
+    d.restart(&[]);
+    assert_locked(&d);
+    let old = docker_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{key}\n"));
+    assert!(!old.status.success() && text(&old).contains(INVALID_KEY), "{}", text(&old));
+    let ok = docker_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{new_key}\n"));
+    assert!(ok.status.success(), "{}", text(&ok));
+    wait_unlocked(&d);
+    wait_running(&d, "locked-web", 1, &["sleep", "3171"], Duration::from_secs(30));
+
+    // Autolock off: plain key files, and a restart is not locked.
+    docker(&d, &["swarm", "update", "--autolock=false"]);
+    assert_eq!(d.get("/v1.47/swarm")["Spec"]["EncryptionConfig"]["AutoLockManagers"], false);
+    wait_keys(&d, false, None);
+    assert!(d.stop());
+    d.restart(&[]);
+    assert_eq!(node_state(&d), "active");
+    assert_eq!(d.get(&format!("/v1.47/services/{id}"))["Spec"]["Name"], "locked-web");
+}
+
+#[test]
+fn shoal_cli_autolock_and_unlock_key_file() {
+    let mut d = daemon();
+    let id = create(&d, "cli-locked", serde_json::json!({}), &["sleep", "3172"]);
+    let out = shoal_cli(d.socket(), &["swarm", "update", "--autolock=true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let key = key_in(&String::from_utf8_lossy(&out.stdout));
+    let out = shoal_cli(d.socket(), &["swarm", "unlock-key", "-q"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), key, "{}", text(&out));
+    wait_keys(&d, true, None);
+
+    assert!(d.stop());
+    d.restart(&[]);
+    assert_locked(&d);
+    let out = shoal_with_stdin(d.socket(), &["swarm", "unlock"], "SWMKEY-1-notakey\n");
+    assert!(!out.status.success() && text(&out).contains("invalid unlock key"), "{}", text(&out));
+    let key_file = d.state_dir().parent().unwrap().join("unlock.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let out = shoal_cli(d.socket(), &["swarm", "unlock", "--key-file", key_file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    wait_unlocked(&d);
+    assert_eq!(d.get(&format!("/v1.47/services/{id}"))["Spec"]["Name"], "cli-locked");
+
+    // The daemon flag: a restart with the key file comes up unlocked.
+    assert!(d.stop());
+    d.restart(&["--unlock-key-file".into(), key_file.to_str().unwrap().into()]);
+    assert_eq!(node_state(&d), "active");
+    assert_eq!(d.get(&format!("/v1.47/services/{id}"))["Spec"]["Name"], "cli-locked");
+}
+
+/// Every file under `dir` (recursively) containing `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut hits = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = entry.path();
+        let ft = entry.file_type().unwrap();
+        if ft.is_dir() {
+            hits.extend(files_containing(&p, needle));
+        } else if ft.is_file() && std::fs::read(&p).unwrap_or_default().windows(needle.len()).any(|w| w == needle) {
+            hits.push(p.display().to_string());
+        }
+    }
+    hits
+}
+
+#[test]
+fn nothing_readable_in_the_state_dir() {
+    let mut d = DaemonProcess::start_with(
+        &shoal_bin(),
+        shoal_testkit::DaemonOptions {
+            extra_args: vec!["--raft-snapshot-interval-entries".into(), "5".into()],
+            ..Default::default()
+        },
+    );
+    let marker = "shoal-at-rest-marker-5f1c";
+    for i in 0..4 {
+        create(&d, &format!("m{i}"), serde_json::json!({ "secret": marker }), &["sleep", "3173"]);
+    }
+    let snapshots = d.state_dir().join("raft").join("snapshots");
+    wait_until("a raft snapshot file", Duration::from_secs(20), || {
+        let n = std::fs::read_dir(&snapshots).map(|r| r.count()).unwrap_or(0);
+        if n > 0 {
+            Ok(())
+        } else {
+            Err("no snapshot yet".into())
+        }
+    });
+    assert!(d.stop());
+    assert_eq!(files_containing(d.state_dir(), marker.as_bytes()), Vec::<String>::new());
+    // And the encrypted state comes back.
+    d.restart(&[]);
+    let services = d.get("/v1.47/services");
+    assert_eq!(services.as_array().unwrap().len(), 4);
+    assert_eq!(services[0]["Spec"]["Labels"]["secret"], marker);
+}
