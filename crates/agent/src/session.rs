@@ -2,7 +2,9 @@
 //! Session stream (its first message carries the session ID), then run together the heartbeat loop (at the
 //! period the manager returns), the Assignments stream (fed to the `Worker`) and the status reporter
 //! (batches of at most `STATUS_BATCH_MAX` statuses; a failed batch is put back and resent by the next
-//! session). Any failure ends the session; the agent then backs off and opens a new one.
+//! session). Every session message (the first one too) goes to the agent's `on_message`, which learns the
+//! manager list from it. Any failure ends the session; the agent then backs off and opens a new one, with the
+//! next manager it knows (see `remotes`).
 //!
 //! Must not depend on the store or the manager: it speaks only the Dispatcher gRPC protocol.
 
