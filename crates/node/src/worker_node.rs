@@ -300,3 +300,24 @@ pub async fn run_worker(
     let _ = std::fs::remove_file(&control_socket);
     Ok(exit)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_tries_its_join_address_then_the_saved_managers_then_join_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = managers_in_order(dir.path(), None, None).unwrap();
+        assert!(none.is_empty());
+        assert_eq!(managers_in_order(dir.path(), None, Some("m1:1")).unwrap(), ["m1:1"]);
+        shoal_agent::remotes::save(&managers_file(dir.path()), &["m2:1".into(), "m3:1".into()]).unwrap();
+        // Without --join-addr: the saved list first (the join manager may be gone), then join.json.
+        assert_eq!(managers_in_order(dir.path(), None, Some("m1:1")).unwrap(), ["m2:1", "m3:1", "m1:1"]);
+        // An explicit --join-addr goes first; no address twice.
+        assert_eq!(managers_in_order(dir.path(), Some("m3:1"), None).unwrap(), ["m3:1", "m2:1"]);
+        std::fs::write(managers_file(dir.path()), "garbage").unwrap();
+        let e = managers_in_order(dir.path(), None, Some("m1:1")).unwrap_err();
+        assert!(e.to_string().contains("managers.json is corrupted"), "{e}");
+    }
+}
