@@ -276,3 +276,110 @@ fn nothing_readable_in_the_state_dir() {
     assert_eq!(services.as_array().unwrap().len(), 4);
     assert_eq!(services[0]["Spec"]["Labels"]["secret"], marker);
 }
+
+fn manager(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
+    let mut opts = shoal_testkit::DaemonOptions {
+        listen_ip: Some(format!("127.0.0.{i}")),
+        hostname: Some(format!("locked-manager-{i}")),
+        ..Default::default()
+    };
+    if let Some(j) = join {
+        let token = j.get("/v1.47/swarm")["JoinTokens"]["Manager"].as_str().unwrap().to_string();
+        opts.extra_args = vec!["--join-addr".into(), j.remote_addr(), "--join-token".into(), token];
+    }
+    DaemonProcess::start_with(&shoal_bin(), opts)
+}
+
+/// `POST /swarm/update` through `d` with autolock set and, optionally, the unlock key rotated.
+fn update_autolock(d: &DaemonProcess, on: bool, rotate: bool) {
+    let swarm = d.get("/v1.47/swarm");
+    let mut spec = swarm["Spec"].clone();
+    spec["EncryptionConfig"]["AutoLockManagers"] = on.into();
+    let path = format!("/v1.47/swarm/update?version={}&rotateManagerUnlockKey={rotate}", swarm["Version"]["Index"]);
+    let r = http::request(d.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+fn unlock_key(d: &DaemonProcess) -> String {
+    d.get("/v1.47/swarm/unlockkey")["UnlockKey"].as_str().unwrap().to_string()
+}
+
+/// Waits until every manager in `ds` reports `key` as the unlock key (followers apply the write later).
+fn wait_same_key(ds: &[&DaemonProcess], key: &str) {
+    wait_until("every manager to report the unlock key", Duration::from_secs(20), || {
+        let seen: Vec<String> = ds.iter().map(|d| unlock_key(d)).collect();
+        if seen.iter().all(|k| k == key) {
+            Ok(())
+        } else {
+            Err("another key on some manager".into())
+        }
+    });
+}
+
+fn post_unlock(d: &DaemonProcess, key: &str) -> http::Response {
+    http::request(d.socket(), "POST", "/v1.47/swarm/unlock", Some(&serde_json::json!({ "UnlockKey": key }).to_string()))
+        .unwrap()
+}
+
+#[test]
+fn three_managers_every_one_locks_and_rotation_reaches_followers() {
+    let m1 = manager(31, None);
+    let m2 = manager(32, Some(&m1));
+    let mut m3 = manager(33, Some(&m1));
+    wait_until("3 managers", Duration::from_secs(30), || {
+        let n = shoal_testkit::managers::managers_seen_by(&m1)?.len();
+        if n == 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} managers"))
+        }
+    });
+    create(&m1, "before-lock", serde_json::json!({}), &["sleep", "3174"]);
+    let plain: Vec<_> = [&m1, &m2, &m3].iter().map(|d| wait_keys(d, false, None)).collect();
+
+    // Autolock through a follower's socket; every manager seals its keys.
+    update_autolock(&m2, true, false);
+    let key = unlock_key(&m2);
+    assert!(key.starts_with("SWMKEY-1-"), "{key:?}");
+    wait_same_key(&[&m1, &m3], &key);
+    let sealed: Vec<_> = [&m1, &m2, &m3].iter().zip(&plain).map(|(d, p)| wait_keys(d, true, Some(p))).collect();
+
+    // A restarted manager is locked; the others keep the cluster going.
+    m3.kill9();
+    m3.restart(&[]);
+    assert_locked(&m3);
+    create(&m1, "while-locked", serde_json::json!({}), &["sleep", "3175"]);
+    let r = post_unlock(&m3, "SWMKEY-1-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    assert_eq!((r.status, r.body["message"].as_str()), (401, Some(INVALID_KEY)));
+    assert_eq!(post_unlock(&m3, &key).status, 200);
+    wait_unlocked(&m3);
+    wait_until("the unlocked manager to catch up", Duration::from_secs(30), || {
+        let names: Vec<String> = m3
+            .get("/v1.47/services")
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string())
+            .collect();
+        if names.contains(&"while-locked".to_string()) && names.contains(&"before-lock".to_string()) {
+            Ok(())
+        } else {
+            Err(format!("{names:?}"))
+        }
+    });
+
+    // Rotation: every manager rewraps; a restarted follower takes only the new key.
+    update_autolock(&m1, true, true);
+    let new_key = unlock_key(&m1);
+    assert_ne!(new_key, key);
+    wait_same_key(&[&m2, &m3], &new_key);
+    for (d, s) in [&m1, &m2, &m3].iter().zip(&sealed) {
+        wait_keys(d, true, Some(s));
+    }
+    m3.kill9();
+    m3.restart(&[]);
+    assert_locked(&m3);
+    assert_eq!(post_unlock(&m3, &key).status, 401, "the old key is refused after a rotation");
+    assert_eq!(post_unlock(&m3, &new_key).status, 200);
+    wait_unlocked(&m3);
+}
