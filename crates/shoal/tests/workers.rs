@@ -171,7 +171,8 @@ fn a_worker_survives_losing_the_manager_it_joined_through() {
     let m1 = daemon_at(81, "manager-81", None);
     let m2 = daemon_at(82, "manager-82", Some((&m1, "Manager")));
     let m3 = daemon_at(83, "manager-83", Some((&m1, "Manager")));
-    set_heartbeat_period(&m1, Duration::from_secs(1));
+    // DOWN after 6 s without a heartbeat (12 s after a new leader is elected): tighter than the default 15 s.
+    set_heartbeat_period(&m1, Duration::from_secs(2));
     let mut w = daemon_at(84, "worker-84", Some((&m1, "Worker")));
     let mut ms = [m1, m2, m3];
     let m1 = &ms[0];
