@@ -163,8 +163,9 @@ impl Agent {
         let mut redirects_in_a_row = 0;
         let scheme = self.config.manager_addr.split_once("://").map_or("http", |(s, _)| s).to_string();
         let uri = |hostport: &str| format!("{scheme}://{}", remotes::host_port(hostport));
-        let mut remotes =
-            Remotes::new(std::iter::once(self.config.manager_addr.as_str()).chain(self.more_managers.iter().map(String::as_str)));
+        let mut remotes = Remotes::new(
+            std::iter::once(self.config.manager_addr.as_str()).chain(self.more_managers.iter().map(String::as_str)),
+        );
         loop {
             if *shutdown.borrow() {
                 break;

@@ -173,7 +173,7 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
             .map_err(|e| SessionError::BadAddress { addr: addr.clone(), reason: e.to_string() })?,
     }
     .connect_timeout(CALL_TIMEOUT)
-        .tcp_nodelay(true);
+    .tcp_nodelay(true);
     let channel: Channel = endpoint.connect().await.map_err(|source| SessionError::Connect { addr, source })?;
     let client_channel = channel.clone();
     let mut client = DispatcherClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
