@@ -610,3 +610,23 @@ async fn a_wiped_member_rejoins_at_the_same_address() {
     assert!(has_service(c.store(new_id), "before"));
     c.shutdown().await;
 }
+
+/// A message addressed to another Raft ID (one a member had before it lost its state and joined again at the
+/// same address) is dropped: its commit index, beyond this member's log, would otherwise stop the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_for_another_member_id_is_dropped() {
+    let c = Cluster::start(3, 12, fast).await;
+    let leader = c.wait_leader(&[1, 2, 3]).await;
+    let f = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgHeartbeat);
+    m.from = leader;
+    m.to = 999;
+    m.term = c.node(f).status().term;
+    m.commit = 1_000_000;
+    c.node(f).step(m).unwrap();
+    let commit = within("write", c.node(leader).propose(create("after"))).await.unwrap();
+    c.wait_converged(&[1, 2, 3], commit.index).await;
+    assert!(has_service(c.store(f), "after"));
+    c.shutdown().await;
+}

@@ -840,6 +840,13 @@ impl Driver {
     fn step(&mut self, m: Inbound) {
         match m {
             Inbound::Message(m) => {
+                // A member that lost its state and joined again at the same address has a new Raft ID; messages
+                // still addressed to its old ID (queued or retried by a peer) carry that member's progress, e.g. a
+                // commit index beyond this node's log, which raft-rs would take as its own and panic on.
+                if m.to != self.cfg.raft_id {
+                    tracing::debug!(to = m.to, from = m.from, "raft message for another member id dropped");
+                    return;
+                }
                 if let Err(e) = self.raw.step(m) {
                     tracing::debug!(error = %e, "raft message dropped");
                 }
