@@ -5,7 +5,7 @@
 //! Every client channel comes from an injected `ChannelFactory` (plain HTTP/2 by default, `PlainHttp`), so
 //! TLS and authorization are added by the node without touching this file. Bounds:
 //! - `PEER_QUEUE` messages queued per peer; when full the message is dropped and the peer reported
-//!   unreachable to raft-rs, which retries.
+//!   unreachable to raft-rs, which retries. At most `PEER_IN_FLIGHT` sends per peer wait for their answer.
 //! - `MAX_RAFT_MESSAGE_BYTES` per Raft message (a snapshot included), in both directions. Messages larger
 //!   than `STREAM_CHUNK_BYTES` go over `StreamRaftMessage` in chunks of that size, so no single gRPC
 //!   message exceeds tonic's 4 MiB default.
@@ -45,6 +45,8 @@ pub const MAX_RAFT_MESSAGE_BYTES: usize = 512 << 20;
 pub const STREAM_CHUNK_BYTES: usize = 1 << 20;
 /// Messages queued for one peer before new ones are dropped.
 pub const PEER_QUEUE: usize = 1024;
+/// Sends to one peer waiting for their answer at once.
+pub const PEER_IN_FLIGHT: usize = 64;
 /// Base timeout of one send to a peer (plus one second per MiB of message).
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 /// Timeout of connecting to a manager (the `PlainHttp` endpoints).
@@ -164,46 +166,59 @@ impl Transport for GrpcTransport {
     }
 }
 
-/// Sends one peer's messages in order. A failed send reports the peer unreachable (and a failed snapshot
-/// as failed) and drops what is queued behind it: raft-rs resends from its own state.
+/// Sends one peer's messages in order, up to `PEER_IN_FLIGHT` at once on the peer's HTTP/2 connection (one at
+/// a time, a peer with a long round trip would get a few messages per second, fall behind and see its queue
+/// overflow). A failed send reports the peer unreachable (and a failed snapshot as failed) and drops what is
+/// queued behind it: raft-rs resends from its own state.
 async fn run_peer(to: u64, addr: String, factory: Arc<dyn ChannelFactory>, link: PeerLink, mut rx: mpsc::Receiver<Message>) {
+    use futures::StreamExt as _;
     let mut client: Option<RaftClient<Channel>> = None;
     let mut failing = false;
-    while let Some(m) = rx.recv().await {
-        let is_snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
-        if client.is_none() {
-            match factory.endpoint(&addr) {
-                Ok(ep) => client = Some(raft_client(ep.connect_lazy())),
-                Err(e) => {
-                    tracing::warn!(to, error = %e, "cannot reach raft peer");
-                    link.report_unreachable(to);
+    let mut in_flight = futures::stream::FuturesOrdered::new();
+    let mut open = true;
+    while open || !in_flight.is_empty() {
+        tokio::select! {
+            m = rx.recv(), if open && in_flight.len() < PEER_IN_FLIGHT => {
+                let Some(m) = m else {
+                    open = false;
                     continue;
+                };
+                if client.is_none() {
+                    match factory.endpoint(&addr) {
+                        Ok(ep) => client = Some(raft_client(ep.connect_lazy())),
+                        Err(e) => {
+                            tracing::warn!(to, error = %e, "cannot reach raft peer");
+                            link.report_unreachable(to);
+                            continue;
+                        }
+                    }
                 }
+                let Some(mut c) = client.clone() else { continue };
+                let is_snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
+                in_flight.push_back(async move { (send_message(&mut c, &m).await, is_snapshot) });
             }
-        }
-        let Some(c) = client.as_mut() else { continue };
-        let result = send_message(c, &m).await;
-        match result {
-            Ok(()) => {
-                if failing {
-                    tracing::info!(to, addr, "raft peer reachable again");
-                    failing = false;
+            Some((result, is_snapshot)) = in_flight.next(), if !in_flight.is_empty() => match result {
+                Ok(()) => {
+                    if failing {
+                        tracing::info!(to, addr, "raft peer reachable again");
+                        failing = false;
+                    }
+                    if is_snapshot {
+                        link.report_snapshot(to, true);
+                    }
                 }
-                if is_snapshot {
-                    link.report_snapshot(to, true);
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(to, addr, error = %e, "raft peer unreachable");
+                        failing = true;
+                    }
+                    link.report_unreachable(to);
+                    if is_snapshot {
+                        link.report_snapshot(to, false);
+                    }
+                    while rx.try_recv().is_ok() {}
                 }
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(to, addr, error = %e, "raft peer unreachable");
-                    failing = true;
-                }
-                link.report_unreachable(to);
-                if is_snapshot {
-                    link.report_snapshot(to, false);
-                }
-                while rx.try_recv().is_ok() {}
-            }
+            },
         }
     }
 }
