@@ -33,7 +33,7 @@ use session::{run_session, SessionContext};
 use tokio::sync::watch;
 use worker::Worker;
 
-/// Shortest wait before reconnecting to the manager.
+/// Shortest wait before reconnecting to the manager, and the pause before trying the next manager within a round.
 pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
 /// Most consecutive "go to the leader" redirects followed without a backoff pause.
 pub const MAX_REDIRECTS_IN_A_ROW: u32 = 3;
@@ -176,6 +176,7 @@ impl Agent {
                 (None, None) => remotes.current().map(&uri).unwrap_or_else(|| self.config.manager_addr.clone()),
             };
             let mut on_message = |msg: &shoal_api::SessionMessage| {
+                remotes.opened();
                 if let Some(sink) = &self.session_manager_sink {
                     sink.send_if_modified(|cur| {
                         let now = remotes::host_port(&manager_addr);
@@ -217,9 +218,14 @@ impl Agent {
                         continue;
                     }
                     redirects_in_a_row = 0;
-                    // The next session goes to the next known manager.
-                    remotes.failed(&manager_addr);
-                    let delay = backoff.next_delay(&mut rand::rng());
+                    // The next session goes to the next known manager: after a short pause within a round of
+                    // the known managers, after the (growing) backoff once they all failed.
+                    let round_over = remotes.failed(&manager_addr);
+                    let delay = if round_over || self.manager_source.is_some() {
+                        backoff.next_delay(&mut rand::rng())
+                    } else {
+                        RECONNECT_MIN
+                    };
                     tracing::warn!(node = %self.config.node_id, next = ?remotes.current(), "session with the manager ended: {e}; retrying in {delay:?}");
                     let mut source = self.manager_source.clone();
                     let moved = async {

@@ -2,7 +2,9 @@
 //! starts from what the node gives (the manager it joined through, the list saved by an earlier run), is
 //! replaced by the list every session message carries (the dispatcher lists every reachable manager), and
 //! moves on to the next manager when a session with the current one fails. A manager that is not the
-//! leader names the leader in its refusal; the agent goes there (`redirected`).
+//! leader names the leader in its refusal; the agent goes there (`redirected`). `failed` says when a whole
+//! round has failed (as many failures as known managers since the last session opened): the agent backs
+//! off between rounds, and tries the next manager after a short pause within one.
 //!
 //! Addresses are kept as `host:port` (no scheme); the agent adds its scheme when it connects. The node saves
 //! the list in its state dir (`MANAGERS_FILE`) so a restarted worker whose join manager is gone still finds
@@ -31,6 +33,8 @@ pub fn host_port(addr: &str) -> &str {
 pub struct Remotes {
     addrs: Vec<String>,
     current: usize,
+    /// Failures since the last session opened (or the last full round).
+    failures: usize,
 }
 
 impl Remotes {
@@ -43,7 +47,7 @@ impl Remotes {
                 addrs.push(a.to_string());
             }
         }
-        Remotes { addrs, current: 0 }
+        Remotes { addrs, current: 0, failures: 0 }
     }
 
     /// The manager to talk to next; `None` when none is known.
@@ -92,11 +96,23 @@ impl Remotes {
     }
 
     /// A session with `addr` failed (or could not be opened): if it is the current manager, the next one
-    /// (in list order, wrapping) becomes current.
-    pub fn failed(&mut self, addr: &str) {
+    /// (in list order, wrapping) becomes current. Returns true when this failure completes a round (as
+    /// many failures as known managers since the last `opened`): time to back off.
+    pub fn failed(&mut self, addr: &str) -> bool {
         if self.current() == Some(host_port(addr)) && !self.addrs.is_empty() {
             self.current = (self.current + 1) % self.addrs.len();
         }
+        self.failures += 1;
+        if self.failures >= self.addrs.len().max(1) {
+            self.failures = 0;
+            return true;
+        }
+        false
+    }
+
+    /// A session opened: the next failure starts a new round.
+    pub fn opened(&mut self) {
+        self.failures = 0;
     }
 
     /// A manager named `addr` as the leader: it becomes current (added to the list if unknown).
@@ -176,14 +192,24 @@ mod tests {
     #[test]
     fn a_failed_manager_passes_the_turn_to_the_next_wrapping_around() {
         let mut r = Remotes::new(["a:1", "b:1", "c:1"]);
-        r.failed("https://a:1");
+        assert!(!r.failed("https://a:1"));
         assert_eq!(r.current(), Some("b:1"));
-        // A failure of a manager that is not current (a stale redirect) moves nothing.
-        r.failed("c:1");
+        // A failure of a manager that is not current (a stale redirect) moves nothing, but counts.
+        assert!(!r.failed("c:1"));
         assert_eq!(r.current(), Some("b:1"));
-        r.failed("b:1");
-        r.failed("c:1");
+        assert!(r.failed("b:1"), "three failures with three managers: a round");
+        assert_eq!(r.current(), Some("c:1"));
+        assert!(!r.failed("c:1"));
         assert_eq!(r.current(), Some("a:1"));
+        // A session opened: a new round starts.
+        r.opened();
+        assert!(!r.failed("a:1"));
+        assert!(!r.failed("b:1"));
+        assert!(r.failed("c:1"));
+        // One manager: every failure is a round.
+        let mut one = Remotes::new(["a:1"]);
+        assert!(one.failed("a:1"));
+        assert_eq!(one.current(), Some("a:1"));
     }
 
     #[test]
