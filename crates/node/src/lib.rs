@@ -227,7 +227,12 @@ impl Node {
         // Autolock: follow the cluster's unlock key (the certificate files exist by now).
         tasks.push((
             "autolock",
-            tokio::spawn(lock::watch_cluster_unlock_key(cfg.state_dir.clone(), state.store.clone(), shutdown_rx.clone())),
+            tokio::spawn(lock::watch_cluster_unlock_key(
+                cfg.state_dir.clone(),
+                state.store.clone(),
+                raft.clone(),
+                shutdown_rx.clone(),
+            )),
         ));
         let (dispatcher_addr, dispatcher_addr_task) =
             raft_member::dispatcher_addr_watch(&raft, advertised.to_string(), shutdown_rx.clone());

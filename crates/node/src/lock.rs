@@ -17,9 +17,10 @@
 //! the TLS key through `KeyTable`, under the same lock the rewrap holds, so a renewal never writes a key
 //! wrapped with a KEK that is being replaced.
 //!
-//! Known limit: the DEK is not rotated when autolock is turned on (records written before stay sealed with
-//! the DEK that was on disk in the clear). A crash between rewrapping the TLS key and the DEK can leave
-//! them under different KEKs. Must not log key material.
+//! Turning autolock on also rotates the DEK (it was on disk in the clear): the DEK file first holds the new
+//! DEK and the old one, `RaftNode::reencrypt` re-seals the log and the snapshots with the new one, then the
+//! old one is dropped; an interrupted rotation is resumed by the next rewrap. Known limit: a crash between
+//! rewrapping the TLS key and the DEK file can leave them under different KEKs. Must not log key material.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -158,33 +159,76 @@ pub fn unlock(state_dir: &Path, key: &str) -> Result<(), UnlockError> {
     Ok(())
 }
 
-/// Seals (or, with `None`, unseals) the DEK file and the TLS key file with `kek`, unless they already are.
-fn rewrap(state_dir: &Path, kek: Option<SecretKey>) -> Result<(), NodeError> {
-    let mut table = key_table();
-    if table.kek(state_dir) == kek.as_ref() {
-        return Ok(());
-    }
-    // The TLS key first: the DEK decides whether the node is locked at its next start.
-    let key_path = tls_key_path(state_dir);
-    let text = std::fs::read_to_string(&key_path).map_err(|e| NodeError::io(&key_path, e))?;
-    let pem = table.node_key_from_disk(state_dir, &text).map_err(NodeError::Security)?;
-    let keys = match read_dek_file(state_dir)? {
-        Some(DekFile::Plain(keys)) => keys,
+/// The state dir's DEKs as on disk (unsealed with the table's KEK), and whether the file was plain.
+fn current_data_keys(table: &KeyTable, state_dir: &Path) -> Result<(DataKeys, bool), NodeError> {
+    match read_dek_file(state_dir)? {
+        Some(DekFile::Plain(keys)) => Ok((keys, true)),
         Some(DekFile::Sealed(sealed)) => {
-            let old = table.kek(state_dir).ok_or(NodeError::Raft(shoal_raft::RaftError::Locked))?;
-            DekFile::unseal(&sealed, old).map_err(|e| security(format!("cannot unseal the raft data key: {e}")))?
+            let kek = table.kek(state_dir).ok_or(NodeError::Raft(shoal_raft::RaftError::Locked))?;
+            let keys =
+                DekFile::unseal(&sealed, kek).map_err(|e| security(format!("cannot unseal the raft data key: {e}")))?;
+            Ok((keys, false))
         }
-        None => return Err(NodeError::State("the raft data key file is missing".into())),
-    };
-    let new_text = match &kek {
-        Some(k) => wrap_pem(k, &pem),
-        None => pem,
-    };
-    write_private(&key_path, new_text.as_bytes())?;
+        None => Err(NodeError::State("the raft data key file is missing".into())),
+    }
+}
+
+/// Seals (or, with `None`, unseals) the TLS key file and the DEK file with `kek`, unless they already are.
+/// When autolock is turned on the DEK, which was on disk in the clear, is rotated: the DEK file then holds
+/// the new DEK (current) and the old one, and the keys returned must be given to
+/// `RaftNode::reencrypt`, after which `finish_dek_rotation` drops the old DEK. Also returned when an earlier
+/// rotation was interrupted (more than one DEK on disk).
+fn rewrap(state_dir: &Path, kek: Option<SecretKey>) -> Result<Option<DataKeys>, NodeError> {
+    let mut table = key_table();
+    let (keys, was_plain) = current_data_keys(&table, state_dir)?;
+    let same_kek = table.kek(state_dir) == kek.as_ref();
+    if same_kek && keys.len() == 1 {
+        return Ok(None);
+    }
+    let rotate = keys.len() > 1 || (was_plain && kek.is_some());
+    let keys = if keys.len() == 1 && rotate { keys.rotated() } else { keys };
+    if !same_kek {
+        // The TLS key first: the DEK decides whether the node is locked at its next start.
+        let key_path = tls_key_path(state_dir);
+        let text = std::fs::read_to_string(&key_path).map_err(|e| NodeError::io(&key_path, e))?;
+        let pem = table.node_key_from_disk(state_dir, &text).map_err(NodeError::Security)?;
+        let new_text = match &kek {
+            Some(k) => wrap_pem(k, &pem),
+            None => pem,
+        };
+        write_private(&key_path, new_text.as_bytes())?;
+    }
     write_dek_file(state_dir, &keys, kek.as_ref())?;
     let on = kek.is_some();
     table.set(state_dir, kek);
     tracing::info!(autolock = on, "the raft data key and the node's TLS key were rewrapped");
+    Ok(rotate.then_some(keys))
+}
+
+/// After `RaftNode::reencrypt`: keeps only the current DEK in the DEK file.
+fn finish_dek_rotation(state_dir: &Path) -> Result<(), NodeError> {
+    let table = key_table();
+    let (keys, _) = current_data_keys(&table, state_dir)?;
+    if keys.len() > 1 {
+        write_dek_file(state_dir, &keys.current_only(), table.kek(state_dir))?;
+        tracing::info!("the raft data key was rotated: the log and snapshots are sealed with the new one only");
+    }
+    Ok(())
+}
+
+/// `rewrap`, then the DEK rotation it asks for, if any.
+async fn apply_kek(state_dir: &Path, raft: &shoal_raft::RaftNode, kek: Option<SecretKey>) -> Result<(), NodeError> {
+    let dir = state_dir.to_path_buf();
+    let rotation = tokio::task::spawn_blocking(move || rewrap(&dir, kek))
+        .await
+        .map_err(|e| NodeError::State(format!("the key rewrap stopped: {e}")))??;
+    if let Some(keys) = rotation {
+        raft.reencrypt(keys).await?;
+        let dir = state_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || finish_dek_rotation(&dir))
+            .await
+            .map_err(|e| NodeError::State(format!("the key rewrap stopped: {e}")))??;
+    }
     Ok(())
 }
 
@@ -217,10 +261,12 @@ fn wanted_kek(store: &MemoryStore) -> Result<Option<SecretKey>, String> {
     }
 }
 
-/// Follows the cluster object's unlock key until `stop`: rewraps this manager's keys whenever it changes.
+/// Follows the cluster object's unlock key until `stop`: rewraps this manager's keys whenever it changes
+/// (and rotates the DEK through `raft` when autolock is turned on).
 pub(crate) async fn watch_cluster_unlock_key(
     state_dir: PathBuf,
     store: Arc<MemoryStore>,
+    raft: shoal_raft::RaftNode,
     mut stop: watch::Receiver<bool>,
 ) {
     // Subscribed before the first read, so no change of the cluster object is missed.
@@ -228,13 +274,8 @@ pub(crate) async fn watch_cluster_unlock_key(
     loop {
         match wanted_kek(&store) {
             Ok(kek) => {
-                let dir = state_dir.clone();
-                match tokio::task::spawn_blocking(move || rewrap(&dir, kek)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        tracing::error!(error = %e, "cannot apply the cluster's autolock setting to this manager's keys")
-                    }
-                    Err(e) => tracing::error!(error = %e, "the key rewrap stopped"),
+                if let Err(e) = apply_kek(&state_dir, &raft, kek).await {
+                    tracing::error!(error = %e, "cannot apply the cluster's autolock setting to this manager's keys");
                 }
             }
             Err(e) => tracing::error!("{e}"),
@@ -335,7 +376,14 @@ mod tests {
         assert!(!is_locked(state).unwrap());
 
         let key = UnlockKey::generate(&mut rand::rng());
-        rewrap(state, Some(key.kek())).unwrap();
+        // Turning autolock on rotates the DEK: both on disk until Raft re-sealed everything.
+        let rotated = rewrap(state, Some(key.kek())).unwrap().expect("a DEK rotation");
+        assert_eq!((rotated.len(), rotated.current_only().len()), (2, 1));
+        assert_ne!(rotated.current_only(), keys);
+        assert_eq!(data_keys(state).unwrap(), Some(rotated.clone()));
+        finish_dek_rotation(state).unwrap();
+        let keys = rotated.current_only();
+        assert_eq!(data_keys(state).unwrap(), Some(keys.clone()));
         assert!(std::fs::read_to_string(tls_key_path(state)).unwrap().starts_with(WRAPPED_BEGIN));
         assert!(!is_locked(state).unwrap(), "unlocked in this process");
         // A restart forgets the KEK: locked.
@@ -355,11 +403,11 @@ mod tests {
 
         // Rotation, then autolock off: plain files again, the same DEK throughout.
         let next = UnlockKey::generate(&mut rand::rng());
-        rewrap(state, Some(next.kek())).unwrap();
+        assert_eq!(rewrap(state, Some(next.kek())).unwrap(), None, "a new KEK alone rotates no DEK");
         key_table().set(state, None);
         assert_eq!(unlock(state, &key.to_human()), Err(UnlockError::WrongKey), "the old key no longer opens");
         unlock(state, &next.to_human()).unwrap();
-        rewrap(state, None).unwrap();
+        assert_eq!(rewrap(state, None).unwrap(), None);
         assert!(!is_locked(state).unwrap());
         assert!(std::fs::read_to_string(tls_key_path(state)).unwrap().contains("abc"));
         assert_eq!(shoal_raft::encryption::load_or_create_plain(state).unwrap(), keys);

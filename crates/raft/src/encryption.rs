@@ -42,6 +42,30 @@ impl DataKeys {
         DataKeys { current: 1, keys: [(1, SecretKey::generate(&mut rand::rng()))].into() }
     }
 
+    /// A new random DEK (the next id) becomes current; the present ones are kept to read older records.
+    pub fn rotated(&self) -> DataKeys {
+        let next = self.keys.keys().max().copied().unwrap_or(0).checked_add(1).expect("fewer than 2^32 DEKs");
+        let mut keys = self.keys.clone();
+        keys.insert(next, SecretKey::generate(&mut rand::rng()));
+        DataKeys { current: next, keys }
+    }
+
+    /// Only the current DEK (once `RaftNode::reencrypt` has re-sealed everything with it).
+    pub fn current_only(&self) -> DataKeys {
+        let key = self.keys.get(&self.current).expect("the current DEK is in the keyring").clone();
+        DataKeys { current: self.current, keys: [(self.current, key)].into() }
+    }
+
+    /// How many DEKs are held (more than one while a rotation is under way).
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Never true: there is always a current DEK.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     /// The id of the DEK new records are sealed with.
     pub fn current_id(&self) -> u32 {
         self.current

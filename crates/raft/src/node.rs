@@ -130,6 +130,8 @@ struct Proposal {
 
 /// What the handles ask of the driver.
 enum Command {
+    /// Re-seal the whole Raft state on disk with new data keys (`RaftNode::reencrypt`).
+    Reencrypt { keys: crate::encryption::DataKeys, done: oneshot::Sender<Result<(), RaftError>> },
     Propose(Proposal),
     ConfChange { cc: ConfChange, done: oneshot::Sender<Result<Members, ProposeError>> },
     /// Resolve `done` when an entry carrying request `id` is applied (a write this follower forwarded).
@@ -282,6 +284,15 @@ impl RaftNode {
     pub fn has_existing_state(state_dir: &Path) -> bool {
         let Ok(entries) = std::fs::read_dir(log_dir(state_dir)) else { return false };
         entries.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".raftlog")))
+    }
+
+    /// Re-seals the log and the snapshots on disk with `keys` (a DEK rotation: `keys` holds the new current
+    /// DEK and the older ones the present records were sealed with). Once it returns, no record sealed with
+    /// an older DEK is left on disk and those DEKs may be forgotten.
+    pub async fn reencrypt(&self, keys: crate::encryption::DataKeys) -> Result<(), RaftError> {
+        let (done, rx) = oneshot::channel();
+        self.inner.proposals.send(Command::Reencrypt { keys, done }).await.map_err(|_| RaftError::Stopped)?;
+        rx.await.map_err(|_| RaftError::Stopped)?
     }
 
     /// Largest encoded proposal accepted, in bytes.
@@ -770,6 +781,10 @@ impl Driver {
 
     fn command(&mut self, c: Command) {
         match c {
+            Command::Reencrypt { keys, done } => {
+                let result = self.raw.mut_store().reencrypt(&self.cfg.state_dir, keys);
+                let _ = done.send(result);
+            }
             Command::Propose(p) => self.propose(p),
             Command::ConfChange { cc, done } => self.propose_conf_change(cc, done),
             Command::AwaitForwarded { id, done } => {

@@ -51,7 +51,8 @@ impl MessageExt for EntryCodec {
 
 /// The Raft log and durable state on disk, plus a cache of the small state.
 pub(crate) struct EngineStorage {
-    engine: Arc<Engine>,
+    /// Always `Some`, except for the instant `reencrypt` swaps the log directory.
+    engine_slot: Option<Arc<Engine>>,
     log_dir: PathBuf,
     keys: DataKeys,
     snapshots: SnapshotDir,
@@ -86,6 +87,63 @@ fn engine_err(path: &Path, e: impl std::fmt::Display) -> RaftError {
     RaftError::Log { path: path.to_path_buf(), reason: e.to_string() }
 }
 
+fn open_engine(dir: &Path) -> Result<Engine, RaftError> {
+    let cfg = raft_engine::Config {
+        dir: dir.to_string_lossy().into_owned(),
+        // A torn record at the tail (crash during a write that was never acknowledged) is dropped.
+        recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
+        ..Default::default()
+    };
+    Engine::open(cfg).map_err(|e| engine_err(dir, e))
+}
+
+/// Where `reencrypt` builds the new log, and the file that says it is complete.
+fn rekey_paths(state_dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let raft = state_dir.join("raft");
+    (raft.join("log.rekey"), raft.join("log.rekey.done"), raft.join("log.old"))
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), RaftError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| RaftError::StateDir { path: dir.to_path_buf(), source: e })
+}
+
+fn remove_dir_if_present(dir: &Path) -> Result<(), RaftError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RaftError::StateDir { path: dir.to_path_buf(), source: e }),
+    }
+}
+
+/// Completes or undoes a `reencrypt` a crash interrupted: with the completion marker, the new log replaces
+/// the old one; without it, the partial new log is removed (the old one is intact).
+fn finish_interrupted_reencrypt(state_dir: &Path) -> Result<(), RaftError> {
+    let (new_dir, done, old_dir) = rekey_paths(state_dir);
+    let live = log_dir(state_dir);
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |e| RaftError::StateDir { path: p, source: e }
+    };
+    if done.exists() {
+        if new_dir.exists() {
+            if live.exists() {
+                std::fs::rename(&live, &old_dir).map_err(io(&live))?;
+            }
+            std::fs::rename(&new_dir, &live).map_err(io(&new_dir))?;
+        }
+        remove_dir_if_present(&old_dir)?;
+        std::fs::remove_file(&done).map_err(io(&done))?;
+        fsync_dir(&state_dir.join("raft"))?;
+        tracing::info!("completed the re-encryption of the raft log interrupted by the last stop");
+    } else {
+        remove_dir_if_present(&new_dir)?;
+        remove_dir_if_present(&old_dir)?;
+    }
+    Ok(())
+}
+
 fn store_err(e: impl std::fmt::Display) -> raft::Error {
     raft::Error::Store(StorageError::Other(e.to_string().into()))
 }
@@ -97,13 +155,8 @@ impl EngineStorage {
         let log_dir = log_dir(state_dir);
         std::fs::create_dir_all(&log_dir).map_err(|e| RaftError::StateDir { path: log_dir.clone(), source: e })?;
         let snapshots = SnapshotDir::open(state_dir.join("raft").join("snapshots"), keys.clone())?;
-        let cfg = raft_engine::Config {
-            dir: log_dir.to_string_lossy().into_owned(),
-            // A torn record at the tail (crash during a write that was never acknowledged) is dropped.
-            recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
-            ..Default::default()
-        };
-        let engine = Engine::open(cfg).map_err(|e| engine_err(&log_dir, e))?;
+        finish_interrupted_reencrypt(state_dir)?;
+        let engine = open_engine(&log_dir)?;
         let get = |key: &[u8]| -> Result<Option<Vec<u8>>, RaftError> { Ok(engine.get(META_REGION, key)) };
         let parse_err = |what: &str, e: protobuf::ProtobufError| RaftError::Corrupted {
             path: log_dir.clone(),
@@ -143,7 +196,7 @@ impl EngineStorage {
             None => (snapshot.index, snapshot.term),
         };
         let storage = EngineStorage {
-            engine: Arc::new(engine),
+            engine_slot: Some(Arc::new(engine)),
             log_dir,
             keys,
             snapshots,
@@ -227,7 +280,7 @@ impl EngineStorage {
     }
 
     fn write(&self, batch: &mut LogBatch) -> Result<(), RaftError> {
-        self.engine.write(batch, true).map_err(|e| engine_err(&self.log_dir, e))?;
+        self.engine().write(batch, true).map_err(|e| engine_err(&self.log_dir, e))?;
         self.synced_writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -292,7 +345,7 @@ impl EngineStorage {
         self.snapshot = meta;
         if let Some(t) = new_truncated {
             self.truncated = t;
-            self.engine.purge_expired_files().map_err(|e| engine_err(&self.log_dir, e))?;
+            self.engine().purge_expired_files().map_err(|e| engine_err(&self.log_dir, e))?;
         }
         Ok(())
     }
@@ -325,7 +378,7 @@ impl EngineStorage {
     /// Reads entries `[low, high)` for replay at start (opened: plain data).
     pub(crate) fn read_entries(&self, low: u64, high: u64) -> Result<Vec<Entry>, RaftError> {
         let mut out = Vec::with_capacity((high - low) as usize);
-        self.engine
+        self.engine()
             .fetch_entries_to::<EntryCodec>(LOG_REGION, low, high, None, &mut out)
             .map_err(|e| engine_err(&self.log_dir, format!("reading entries {low}..{high}: {e}")))?;
         if out.len() as u64 != high - low {
@@ -365,7 +418,7 @@ impl EngineStorage {
 
     /// Flushes everything written so far.
     pub(crate) fn sync(&self) -> Result<(), RaftError> {
-        self.engine.sync().map_err(|e| engine_err(&self.log_dir, e))
+        self.engine().sync().map_err(|e| engine_err(&self.log_dir, e))
     }
 
     fn first(&self) -> u64 {
@@ -373,7 +426,7 @@ impl EngineStorage {
     }
 
     fn last(&self) -> u64 {
-        match self.engine.last_index(LOG_REGION) {
+        match self.engine().last_index(LOG_REGION) {
             Some(last) if last > self.truncated.0 => last,
             _ => self.truncated.0,
         }
@@ -382,6 +435,72 @@ impl EngineStorage {
     /// First index still in the log.
     pub(crate) fn first_log_index(&self) -> u64 {
         self.first()
+    }
+
+    fn engine(&self) -> &Engine {
+        self.engine_slot.as_deref().expect("the raft log is open")
+    }
+
+    /// Re-seals everything on disk with `keys` (which must also hold the keys the present records were sealed
+    /// with): every snapshot file is rewritten, and the log is copied into a new raft-engine directory whose
+    /// records are all sealed with `keys`' current DEK, which then replaces the old directory (so no record
+    /// sealed with an older DEK stays in a log file). Crash-safe: the new log is used only once complete
+    /// (`finish_interrupted_reencrypt` at the next open). Afterwards the older DEKs can be forgotten.
+    pub(crate) fn reencrypt(&mut self, state_dir: &Path, keys: DataKeys) -> Result<(), RaftError> {
+        let (new_dir, done, old_dir) = rekey_paths(state_dir);
+        // Snapshots: read with any key, written with the current one.
+        let snapshots = SnapshotDir::open(state_dir.join("raft").join("snapshots"), keys.clone())?;
+        for index in snapshots.list()? {
+            let data = snapshots.read(index)?;
+            snapshots.write(index, &data)?;
+        }
+        // The log, into a fresh directory.
+        remove_dir_if_present(&new_dir)?;
+        std::fs::create_dir_all(&new_dir).map_err(|e| RaftError::StateDir { path: new_dir.clone(), source: e })?;
+        {
+            let fresh = open_engine(&new_dir)?;
+            let mut batch = LogBatch::default();
+            for key in [KEY_HARD_STATE, KEY_CONF_STATE, KEY_SNAPSHOT, KEY_TRUNCATED, KEY_MEMBERS] {
+                if let Some(v) = self.engine().get(META_REGION, key) {
+                    batch.put(META_REGION, key.to_vec(), v).map_err(|e| engine_err(&new_dir, e))?;
+                }
+            }
+            fresh.write(&mut batch, true).map_err(|e| engine_err(&new_dir, e))?;
+            let (mut low, last) = (self.first(), self.last());
+            while low <= last {
+                let high = (last + 1).min(low + REPLAY_CHUNK_ENTRIES);
+                let plain = self.read_entries(low, high)?;
+                let resealed: Vec<Entry> = plain
+                    .iter()
+                    .map(|e| {
+                        let mut sealed = e.clone();
+                        if !e.data.is_empty() {
+                            sealed.data = keys.encrypt(&entry_aad(e.index), &e.data).into();
+                        }
+                        sealed
+                    })
+                    .collect();
+                let mut batch = LogBatch::default();
+                batch.add_entries::<EntryCodec>(LOG_REGION, &resealed).map_err(|e| engine_err(&new_dir, e))?;
+                fresh.write(&mut batch, true).map_err(|e| engine_err(&new_dir, e))?;
+                low = high;
+            }
+            fresh.sync().map_err(|e| engine_err(&new_dir, e))?;
+        }
+        fsync_dir(&new_dir)?;
+        std::fs::File::create(&done)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| RaftError::StateDir { path: done.clone(), source: e })?;
+        fsync_dir(&state_dir.join("raft"))?;
+        // Swap: close the old log, move the new one in place, reopen (whichever log is in place on failure).
+        self.engine_slot = None;
+        let swapped = finish_interrupted_reencrypt(state_dir);
+        self.engine_slot = Some(Arc::new(open_engine(&self.log_dir)?));
+        swapped?;
+        debug_assert!(!old_dir.exists());
+        self.keys = keys.clone();
+        self.snapshots = snapshots;
+        Ok(())
     }
 }
 
@@ -411,7 +530,7 @@ impl raft::Storage for EngineStorage {
         }
         let mut out = Vec::with_capacity((high - low) as usize);
         let max = max_size.into().map(|m| m as usize);
-        self.engine.fetch_entries_to::<EntryCodec>(LOG_REGION, low, high, max, &mut out).map_err(store_err)?;
+        self.engine().fetch_entries_to::<EntryCodec>(LOG_REGION, low, high, max, &mut out).map_err(store_err)?;
         if out.is_empty() && high > low {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
@@ -434,7 +553,7 @@ impl raft::Storage for EngineStorage {
         if idx > self.last() {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
-        match self.engine.get_entry::<EntryCodec>(LOG_REGION, idx).map_err(store_err)? {
+        match self.engine().get_entry::<EntryCodec>(LOG_REGION, idx).map_err(store_err)? {
             Some(e) => Ok(e.term),
             None => Err(raft::Error::Store(StorageError::Unavailable)),
         }

@@ -359,3 +359,59 @@ async fn log_and_snapshots_are_encrypted_at_rest_and_recover_with_the_key() {
     let err = within(RaftNode::start(cfg, Arc::new(MemoryStore::default()))).await.unwrap_err();
     assert!(err.to_string().contains("cannot decrypt"), "{err}");
 }
+
+#[tokio::test]
+async fn reencrypt_rotates_the_dek_of_every_record_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |c: &mut RaftConfig| {
+        c.snapshot_interval_entries = 6;
+        c.log_entries_for_slow_followers = 3;
+    };
+    let old = crate::encryption::load_or_create_plain(dir.path()).unwrap();
+    let (node, store) = start(dir.path(), tweak).await;
+    for i in 0..10 {
+        within(node.propose(create(&format!("before-{i}")))).await.unwrap();
+    }
+    let rotated = old.rotated();
+    assert_eq!((rotated.len(), old.len()), (2, 1));
+    within(node.reencrypt(rotated.clone())).await.unwrap();
+    for i in 0..3 {
+        within(node.propose(create(&format!("after-{i}")))).await.unwrap();
+    }
+    let before = sorted(store.snapshot().1);
+    node.shutdown().await;
+    assert!(!dir.path().join("raft").join("log.rekey").exists());
+    assert!(!dir.path().join("raft").join("log.old").exists());
+
+    let with_keys = |keys: crate::encryption::DataKeys| {
+        let mut cfg = RaftConfig::new(dir.path().to_path_buf(), 1);
+        tweak(&mut cfg);
+        cfg.data_keys = Some(keys);
+        cfg
+    };
+    // The new DEK alone reads everything: nothing sealed with the old one is left.
+    let store = Arc::new(MemoryStore::default());
+    let node = within(RaftNode::start(with_keys(rotated.current_only()), store.clone())).await.unwrap();
+    assert_eq!(sorted(store.snapshot().1), before);
+    node.shutdown().await;
+    // And the old DEK alone reads nothing.
+    let err = within(RaftNode::start(with_keys(old), Arc::new(MemoryStore::default()))).await.unwrap_err();
+    assert!(err.to_string().contains("not available") || err.to_string().contains("cannot decrypt"), "{err}");
+}
+
+#[tokio::test]
+async fn an_interrupted_reencrypt_is_undone_without_its_marker() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, store) = start(dir.path(), |_| {}).await;
+    within(node.propose(create("kept"))).await.unwrap();
+    let before = sorted(store.snapshot().1);
+    node.shutdown().await;
+    // A crash while the new log was being written: a partial directory and no completion marker.
+    let partial = dir.path().join("raft").join("log.rekey");
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::write(partial.join("0000000000000001.raftlog"), b"garbage").unwrap();
+    let (node, store) = start(dir.path(), |_| {}).await;
+    assert_eq!(sorted(store.snapshot().1), before);
+    assert!(!partial.exists());
+    node.shutdown().await;
+}

@@ -132,8 +132,8 @@ fn docker_swarm_autolock_unlock_and_rotate() {
         return;
     }
     let mut d = daemon();
-    let id = create(&d, "locked-web", serde_json::json!({}), &["sleep", "3171"]);
-    wait_running(&d, "locked-web", 1, &["sleep", "3171"], Duration::from_secs(20));
+    let id = create(&d, "locked-web", serde_json::json!({}), &["sleep", "3741"]);
+    wait_running(&d, "locked-web", 1, &["sleep", "3741"], Duration::from_secs(20));
     let plain = wait_keys(&d, false, None);
 
     // Bad input changes nothing: rotating without autolock.
@@ -146,6 +146,14 @@ fn docker_swarm_autolock_unlock_and_rotate() {
     let key = key_in(&printed);
     assert_eq!(docker(&d, &["swarm", "unlock-key", "-q"]).trim(), key);
     assert_eq!(d.get("/v1.47/swarm")["Spec"]["EncryptionConfig"]["AutoLockManagers"], true);
+    // The DEK, which was on disk in the clear, is replaced and everything re-sealed with the new one.
+    wait_until("the DEK rotation", Duration::from_secs(20), || {
+        if d.log().contains("the raft data key was rotated") {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    });
     let sealed = wait_keys(&d, true, Some(&plain));
 
     // kill -9, restart: locked. The daemon answers, but only to ping/version/info/unlock.
@@ -154,7 +162,7 @@ fn docker_swarm_autolock_unlock_and_rotate() {
     assert_locked(&d);
     let out = docker_cli::run(d.socket(), &["service", "ls"]);
     assert!(!out.status.success() && text(&out).contains(LOCKED_MESSAGE), "{}", text(&out));
-    assert!(process::pids_with_cmdline(&["sleep", "3171"]).is_empty(), "a locked manager runs no task");
+    assert!(process::pids_with_cmdline(&["sleep", "3741"]).is_empty(), "a locked manager runs no task");
 
     // A wrong key, then a malformed one: refused, still locked.
     let wrong =
@@ -172,7 +180,7 @@ fn docker_swarm_autolock_unlock_and_rotate() {
     wait_unlocked(&d);
     assert_eq!(node_state(&d), "active");
     assert_eq!(d.get(&format!("/v1.47/services/{id}"))["Spec"]["Name"], "locked-web");
-    wait_running(&d, "locked-web", 1, &["sleep", "3171"], Duration::from_secs(30));
+    wait_running(&d, "locked-web", 1, &["sleep", "3741"], Duration::from_secs(30));
     let out = docker_cli::run(d.socket(), &["swarm", "unlock"]);
     assert!(!out.status.success() && text(&out).contains("not locked"), "{}", text(&out));
 
@@ -189,7 +197,7 @@ fn docker_swarm_autolock_unlock_and_rotate() {
     let ok = docker_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{new_key}\n"));
     assert!(ok.status.success(), "{}", text(&ok));
     wait_unlocked(&d);
-    wait_running(&d, "locked-web", 1, &["sleep", "3171"], Duration::from_secs(30));
+    wait_running(&d, "locked-web", 1, &["sleep", "3741"], Duration::from_secs(30));
 
     // Autolock off: plain key files, and a restart is not locked.
     docker(&d, &["swarm", "update", "--autolock=false"]);
@@ -204,7 +212,7 @@ fn docker_swarm_autolock_unlock_and_rotate() {
 #[test]
 fn shoal_cli_autolock_and_unlock_key_file() {
     let mut d = daemon();
-    let id = create(&d, "cli-locked", serde_json::json!({}), &["sleep", "3172"]);
+    let id = create(&d, "cli-locked", serde_json::json!({}), &["sleep", "3742"]);
     let out = shoal_cli(d.socket(), &["swarm", "update", "--autolock=true"]);
     assert!(out.status.success(), "{}", text(&out));
     let key = key_in(&String::from_utf8_lossy(&out.stdout));
@@ -257,7 +265,7 @@ fn nothing_readable_in_the_state_dir() {
     );
     let marker = "shoal-at-rest-marker-5f1c";
     for i in 0..4 {
-        create(&d, &format!("m{i}"), serde_json::json!({ "secret": marker }), &["sleep", "3173"]);
+        create(&d, &format!("m{i}"), serde_json::json!({ "secret": marker }), &["sleep", "3743"]);
     }
     let snapshots = d.state_dir().join("raft").join("snapshots");
     wait_until("a raft snapshot file", Duration::from_secs(20), || {
@@ -334,7 +342,7 @@ fn three_managers_every_one_locks_and_rotation_reaches_followers() {
             Err(format!("{n} managers"))
         }
     });
-    create(&m1, "before-lock", serde_json::json!({}), &["sleep", "3174"]);
+    create(&m1, "before-lock", serde_json::json!({}), &["sleep", "3744"]);
     let plain: Vec<_> = [&m1, &m2, &m3].iter().map(|d| wait_keys(d, false, None)).collect();
 
     // Autolock through a follower's socket; every manager seals its keys.
@@ -348,7 +356,7 @@ fn three_managers_every_one_locks_and_rotation_reaches_followers() {
     m3.kill9();
     m3.restart(&[]);
     assert_locked(&m3);
-    create(&m1, "while-locked", serde_json::json!({}), &["sleep", "3175"]);
+    create(&m1, "while-locked", serde_json::json!({}), &["sleep", "3745"]);
     let r = post_unlock(&m3, "SWMKEY-1-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
     assert_eq!((r.status, r.body["message"].as_str()), (401, Some(INVALID_KEY)));
     assert_eq!(post_unlock(&m3, &key).status, 200);
