@@ -21,7 +21,7 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a Shoal node (manager and worker).
-    Daemon(daemon::DaemonArgs),
+    Daemon(Box<daemon::DaemonArgs>),
     #[command(flatten)]
     Client(cli::ClientCommand),
 }
@@ -29,7 +29,7 @@ enum Command {
 fn main() {
     let args = Args::parse();
     let code = match args.command {
-        Command::Daemon(d) => daemon::run(d),
+        Command::Daemon(d) => daemon::run(*d),
         Command::Client(c) => cli::run(&args.host, c),
     };
     std::process::exit(code);
