@@ -367,6 +367,27 @@ mod tests {
     }
 
     #[test]
+    fn certificate_files_written_while_autolocked_keep_the_key_wrapped() {
+        // What a renewal does: `join::store_certs`, then a later `join::load_certs`.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        let certs = crate::join::NodeCerts {
+            root_pem: "root".into(),
+            cert_pem: "cert".into(),
+            key_pem: "-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n-----END PRIVATE KEY-----\n".into(),
+        };
+        key_table().set(state, Some(UnlockKey::generate(&mut rand::rng()).kek()));
+        crate::join::store_certs(state, &certs).unwrap();
+        let on_disk = std::fs::read_to_string(tls_key_path(state)).unwrap();
+        assert!(on_disk.starts_with(WRAPPED_BEGIN) && !on_disk.contains("secret-key-bytes"), "{on_disk}");
+        assert_eq!(crate::join::load_certs(state).unwrap().unwrap().key_pem, certs.key_pem);
+        // Without the KEK (a restart, still locked) the key cannot be read, and the error says why.
+        key_table().set(state, None);
+        let err = crate::join::load_certs(state).unwrap_err().to_string();
+        assert!(err.contains("unlock"), "{err}");
+    }
+
+    #[test]
     fn unlocking_checks_the_key_against_the_sealed_dek_and_rewrap_follows_the_cluster() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path();

@@ -213,6 +213,13 @@ fn docker_swarm_autolock_unlock_and_rotate() {
 fn shoal_cli_autolock_and_unlock_key_file() {
     let mut d = daemon();
     let id = create(&d, "cli-locked", serde_json::json!({}), &["sleep", "3742"]);
+    // Rotating without autolock is refused and changes nothing.
+    let swarm = d.get("/v1.47/swarm");
+    let path = format!("/v1.47/swarm/update?version={}&rotateManagerUnlockKey=true", swarm["Version"]["Index"]);
+    let r = http::request(d.socket(), "POST", &path, Some(&swarm["Spec"].to_string())).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(d.get("/v1.47/swarm")["Version"], swarm["Version"]);
+    assert_eq!(d.get("/v1.47/swarm/unlockkey")["UnlockKey"], "");
     let out = shoal_cli(d.socket(), &["swarm", "update", "--autolock=true"]);
     assert!(out.status.success(), "{}", text(&out));
     let key = key_in(&String::from_utf8_lossy(&out.stdout));
@@ -264,16 +271,27 @@ fn nothing_readable_in_the_state_dir() {
         },
     );
     let marker = "shoal-at-rest-marker-5f1c";
-    for i in 0..4 {
+    let first = create(&d, "m0", serde_json::json!({ "secret": marker }), &["sleep", "3743"]);
+    for i in 1..8 {
         create(&d, &format!("m{i}"), serde_json::json!({ "secret": marker }), &["sleep", "3743"]);
     }
+    // Wait for a snapshot taken after the first service was written: it holds the marker too.
+    let first_index = d.get(&format!("/v1.47/services/{first}"))["Version"]["Index"].as_u64().unwrap();
     let snapshots = d.state_dir().join("raft").join("snapshots");
-    wait_until("a raft snapshot file", Duration::from_secs(20), || {
-        let n = std::fs::read_dir(&snapshots).map(|r| r.count()).unwrap_or(0);
-        if n > 0 {
+    wait_until("a raft snapshot holding the services", Duration::from_secs(20), || {
+        let newest = std::fs::read_dir(&snapshots)
+            .map_err(|e| e.to_string())?
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_prefix("snapshot-")?.strip_suffix(".bin")?.parse::<u64>().ok()
+            })
+            .max()
+            .unwrap_or(0);
+        if newest >= first_index {
             Ok(())
         } else {
-            Err("no snapshot yet".into())
+            Err(format!("newest snapshot {newest}, first service at {first_index}"))
         }
     });
     assert!(d.stop());
@@ -281,7 +299,7 @@ fn nothing_readable_in_the_state_dir() {
     // And the encrypted state comes back.
     d.restart(&[]);
     let services = d.get("/v1.47/services");
-    assert_eq!(services.as_array().unwrap().len(), 4);
+    assert_eq!(services.as_array().unwrap().len(), 8);
     assert_eq!(services[0]["Spec"]["Labels"]["secret"], marker);
 }
 
