@@ -241,10 +241,17 @@ pub async fn swarm(State(ctx): Ctx) -> ApiResult {
     }
 }
 
+/// Makes the read that follows linearizable: on any manager it sees every write acknowledged before the
+/// request (Raft ReadIndex); 503 when no leader confirms within a bounded time.
+async fn read_barrier(ctx: &ApiContext) -> Result<(), ApiError> {
+    ctx.state.read_barrier().await.map_err(|e| ApiError::from(controlapi::ControlError::from(e)))
+}
+
 /// `GET /services`.
 pub async fn list_services(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::services(q.get("filters").map(String::as_str))?;
     let with_status = flag(&q, "status");
+    read_barrier(&ctx).await?;
     let services = controlapi::list_services(&ctx.state, &f);
     let out: Vec<ServiceJson> = ctx.state.store.view(|t| {
         services
@@ -282,6 +289,7 @@ pub async fn create_service(State(ctx): Ctx, body: Bytes) -> ApiResult {
 
 /// `GET /services/{id}`.
 pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+    read_barrier(&ctx).await?;
     let s = controlapi::get_service(&ctx.state, &id)?;
     json(ServiceJson::from_api(&s))
 }
@@ -317,6 +325,7 @@ pub async fn update_service(
 /// `GET /tasks`.
 pub async fn list_tasks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::tasks(q.get("filters").map(String::as_str))?;
+    read_barrier(&ctx).await?;
     let tasks = controlapi::list_tasks(&ctx.state, &f);
     json(
         tasks
@@ -328,6 +337,7 @@ pub async fn list_tasks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 
 /// `GET /tasks/{id}`.
 pub async fn get_task(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+    read_barrier(&ctx).await?;
     let t = controlapi::get_task(&ctx.state, &id)?;
     json(TaskJson::from_api(&t))
 }
@@ -335,6 +345,7 @@ pub async fn get_task(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
 /// `GET /nodes`.
 pub async fn list_nodes(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::nodes(q.get("filters").map(String::as_str))?;
+    read_barrier(&ctx).await?;
     let nodes = controlapi::list_nodes(&ctx.state, &f);
     json(
         nodes
@@ -346,6 +357,7 @@ pub async fn list_nodes(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 
 /// `GET /nodes/{id}`.
 pub async fn get_node(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+    read_barrier(&ctx).await?;
     let n = controlapi::get_node(&ctx.state, &id)?;
     json(NodeJson::from_api(&n))
 }

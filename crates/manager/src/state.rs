@@ -98,6 +98,12 @@ impl ClusterState {
         self.proposer.propose(changes.into_actions()).await
     }
 
+    /// Waits until the local store holds every write committed before the call (Raft ReadIndex), so that a
+    /// read that follows is linearizable on a follower too; fails (503 at the API) without a leader.
+    pub async fn read_barrier(&self) -> Result<(), ProposeError> {
+        self.proposer.read_barrier().await
+    }
+
     /// Current leadership as this node sees it.
     pub fn leader_state(&self) -> LeaderState {
         *self.proposer.leadership().borrow()

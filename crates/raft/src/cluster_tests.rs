@@ -611,6 +611,35 @@ async fn a_wiped_member_rejoins_at_the_same_address() {
     c.shutdown().await;
 }
 
+/// Thesis §6.4 (ReadIndex): a read barrier on a follower returns only once its store holds every write the
+/// leader acknowledged before the barrier began; on a member cut off from the majority it fails within a bounded
+/// time rather than letting a stale read through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_barrier_makes_a_follower_read_current_and_fails_without_a_quorum() {
+    let c = Cluster::start(3, 11, fast).await;
+    let leader = c.wait_leader(&[1, 2, 3]).await;
+    let followers: Vec<u64> = [1, 2, 3].into_iter().filter(|id| *id != leader).collect();
+    for i in 0..20 {
+        let name = format!("s{i}");
+        within("write", c.node(leader).propose(create(&name))).await.unwrap();
+        let f = followers[i % 2];
+        within("read barrier", c.node(f).read_barrier()).await.unwrap();
+        assert!(has_service(c.store(f), &name), "follower {f} passed the barrier without write {name}");
+    }
+    within("read barrier on the leader", c.node(leader).read_barrier()).await.unwrap();
+
+    let cut = followers[0];
+    let others: Vec<u64> = [1, 2, 3].into_iter().filter(|id| *id != cut).collect();
+    c.net.isolate(cut, &others);
+    let started = Instant::now();
+    let err = within("read barrier on an isolated member", c.node(cut).read_barrier()).await.unwrap_err();
+    println!("read barrier on an isolated member failed after {:?}: {err}", started.elapsed());
+    assert!(matches!(err, ProposeError::NoLeader(_)), "{err:?}");
+    assert!(started.elapsed() <= READ_BARRIER_TIMEOUT + Duration::from_secs(1));
+    c.net.recover();
+    c.shutdown().await;
+}
+
 /// A message addressed to another Raft ID (one a member had before it lost its state and joined again at the
 /// same address) is dropped: its commit index, beyond this member's log, would otherwise stop the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,9 +83,9 @@ pub use error::RaftError;
 pub use membership::{Member, Members};
 pub use node::{
     MembershipError, RaftNode, RaftStatus, StartMode, FORWARD_APPLY_TIMEOUT, INBOUND_QUEUE, MAX_FORWARDED_IN_FLIGHT,
-    MAX_PROPOSALS_PER_READY, MEMBERSHIP_CHANGE_TIMEOUT, PROPOSAL_QUEUE,
+    MAX_PROPOSALS_PER_READY, MAX_READS_IN_FLIGHT, MEMBERSHIP_CHANGE_TIMEOUT, PROPOSAL_QUEUE, READ_BARRIER_TIMEOUT,
 };
-pub use proposer::{LeaderState, LocalProposer, ProposeError, ProposeFuture, Proposer};
+pub use proposer::{LeaderState, LocalProposer, ProposeError, ProposeFuture, Proposer, ReadBarrierFuture};
 pub use raft::eraftpb;
 pub use transport::{ForwardFuture, Forwarder, NoPeers, PeerLink, Transport};
 

@@ -16,6 +16,9 @@
 //! Follower writes: a follower with a `Forwarder` registers the request ID with its driver, forwards the
 //! encoded request to the leader (which appends it), and resolves when its own store applies the entry
 //! carrying that ID (read-your-writes), or after `FORWARD_APPLY_TIMEOUT` with `Unknown`.
+//! Reads: `read_barrier` is Raft's ReadIndex (the leader confirms with a heartbeat round that it still leads;
+//! a follower asks the leader), then waits for the local store to apply that commit index, so that a read of
+//! the store on any member that follows it sees every write acknowledged before it began.
 //! Must not know services, tasks or subsystems: entries are opaque `encode_request` bytes for the store.
 
 use std::collections::{BTreeMap, HashMap};
@@ -40,7 +43,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::logger::raft_logger;
 use crate::storage::{log_dir, EngineStorage, REPLAY_CHUNK_ENTRIES};
 use crate::transport::{Forwarder, Inbound, NoPeers, PeerLink, Transport};
-use crate::{LeaderState, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError};
+use crate::{
+    LeaderState, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError, ReadBarrierFuture,
+};
 
 /// Bound of the proposal queue between the handles and the driver. A proposer waits for room when it is full.
 pub const PROPOSAL_QUEUE: usize = 4096;
@@ -60,6 +65,10 @@ pub const FORWARD_APPLY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most forwarded writes a follower waits for at once (further ones fail with `Unknown` at once).
 pub const MAX_FORWARDED_IN_FLIGHT: usize = PROPOSAL_QUEUE;
+/// How long a read barrier waits for the leader to confirm its commit index and for this store to apply it.
+pub const READ_BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most read barriers waiting at once (further ones fail at once).
+pub const MAX_READS_IN_FLIGHT: usize = PROPOSAL_QUEUE;
 
 /// How a node starts with respect to cluster membership.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,7 +145,11 @@ enum Command {
     ConfChange { cc: ConfChange, done: oneshot::Sender<Result<Members, ProposeError>> },
     /// Resolve `done` when an entry carrying request `id` is applied (a write this follower forwarded).
     AwaitForwarded { id: u64, done: Done },
+    /// Resolve `done` once the store has applied the leader's commit index as of now (Raft ReadIndex).
+    ReadIndex { done: ReadDone },
 }
+
+type ReadDone = oneshot::Sender<Result<(), ProposeError>>;
 
 /// A proposal appended to the log, waiting for its entry to be applied.
 struct Pending {
@@ -547,6 +560,28 @@ impl Proposer for RaftNode {
     fn leadership(&self) -> watch::Receiver<LeaderState> {
         self.inner.leader.clone()
     }
+
+    /// Raft ReadIndex: the leader confirms it still leads (a heartbeat round with a quorum) and names its
+    /// commit index; this member (leader or follower) answers once its store has applied that index. Fails
+    /// with `NoLeader` without a leader, or after `READ_BARRIER_TIMEOUT` (a leader cut off from its quorum
+    /// never confirms).
+    fn read_barrier(&self) -> ReadBarrierFuture {
+        let inner = &self.inner;
+        if inner.shut.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(ProposeError::Stopped) });
+        }
+        let tx = inner.proposals.clone();
+        Box::pin(async move {
+            let (done, rx) = oneshot::channel();
+            tx.send(Command::ReadIndex { done }).await.map_err(|_| ProposeError::Stopped)?;
+            match tokio::time::timeout(READ_BARRIER_TIMEOUT, rx).await {
+                Ok(r) => r.unwrap_or(Err(ProposeError::Stopped)),
+                Err(_) => Err(ProposeError::NoLeader(format!(
+                    "the leader did not confirm its commit index within {READ_BARRIER_TIMEOUT:?}"
+                ))),
+            }
+        })
+    }
 }
 
 /// Why the driver loop ended.
@@ -569,6 +604,14 @@ struct Driver {
     conf_pending: BTreeMap<u64, oneshot::Sender<Result<Members, ProposeError>>>,
     /// Writes this node forwarded to the leader, by request ID (at most `MAX_FORWARDED_IN_FLIGHT`).
     forwarded: HashMap<u64, Done>,
+    /// Read barriers waiting for their read index, by context (at most `MAX_READS_IN_FLIGHT`), with the
+    /// leader asked.
+    reads: HashMap<u64, (u64, ReadDone)>,
+    /// Read barriers whose read index is known, waiting for the store to apply it.
+    reads_to_apply: Vec<(u64, ReadDone)>,
+    /// Read barriers waiting for a leader to ask.
+    reads_deferred: Vec<ReadDone>,
+    next_read_ctx: u64,
     /// Take a snapshot after this Ready (a member was added).
     force_snapshot: bool,
     leader_tx: watch::Sender<LeaderState>,
@@ -680,6 +723,10 @@ impl Driver {
             pending: BTreeMap::new(),
             conf_pending: BTreeMap::new(),
             forwarded: HashMap::new(),
+            reads: HashMap::new(),
+            reads_to_apply: Vec::new(),
+            reads_deferred: Vec::new(),
+            next_read_ctx: 0,
             force_snapshot: false,
             leader_tx,
             members_tx,
@@ -770,6 +817,12 @@ impl Driver {
         for (_, done) in self.forwarded.drain() {
             let _ = done.send(Err(reason.clone()));
         }
+        for (_, done) in self.reads.drain().map(|(_, v)| v).chain(self.reads_to_apply.drain(..)) {
+            let _ = done.send(Err(reason.clone()));
+        }
+        for done in self.reads_deferred.drain(..) {
+            let _ = done.send(Err(reason.clone()));
+        }
         // Everything acknowledged was synced already; this makes the last non-synced writes (log
         // compaction) durable too.
         if let Err(e) = self.raw.store().sync() {
@@ -798,6 +851,77 @@ impl Driver {
                 } else {
                     self.forwarded.insert(id, done);
                 }
+            }
+            Command::ReadIndex { done } => self.read_index(done),
+        }
+    }
+
+    /// Asks raft-rs for a read index (the leader confirms with a quorum that it still leads and answers
+    /// with its commit index; a follower asks the leader). Without a leader to ask (an election, or a leader
+    /// that has not yet committed an entry of its term, which raft-rs would ignore) the read waits in
+    /// `reads_deferred` until there is one; the caller's timeout bounds the wait.
+    fn read_index(&mut self, done: ReadDone) {
+        if self.reads.len() + self.reads_deferred.len() >= MAX_READS_IN_FLIGHT {
+            self.reads.retain(|_, (_, d)| !d.is_closed());
+            self.reads_deferred.retain(|d| !d.is_closed());
+        }
+        if self.reads.len() + self.reads_deferred.len() >= MAX_READS_IN_FLIGHT {
+            let _ = done.send(Err(ProposeError::NoLeader(format!(
+                "{MAX_READS_IN_FLIGHT} reads are already waiting for the leader; retry later"
+            ))));
+            return;
+        }
+        let raft = &self.raw.raft;
+        if raft.leader_id == 0 || (raft.state == StateRole::Leader && !raft.commit_to_current_term()) {
+            self.reads_deferred.push(done);
+            return;
+        }
+        let leader = raft.leader_id;
+        self.next_read_ctx += 1;
+        self.raw.read_index(self.next_read_ctx.to_be_bytes().to_vec());
+        self.reads.insert(self.next_read_ctx, (leader, done));
+    }
+
+    /// Asks again for the reads deferred for want of a leader, once there is one. Reads asked of a leader that
+    /// is no longer the leader (it died or lost an election: it will never answer) are asked again too.
+    fn retry_deferred_reads(&mut self) {
+        let raft = &self.raw.raft;
+        let leader = raft.leader_id;
+        if self.reads.values().any(|(asked, _)| *asked != leader) {
+            let stale: Vec<u64> = self.reads.iter().filter(|(_, (asked, _))| *asked != leader).map(|(k, _)| *k).collect();
+            for k in stale {
+                if let Some((_, done)) = self.reads.remove(&k) {
+                    self.reads_deferred.push(done);
+                }
+            }
+        }
+        if self.reads_deferred.is_empty()
+            || raft.leader_id == 0
+            || (raft.state == StateRole::Leader && !raft.commit_to_current_term())
+        {
+            return;
+        }
+        for done in std::mem::take(&mut self.reads_deferred) {
+            if !done.is_closed() {
+                self.read_index(done);
+            }
+        }
+    }
+
+    /// Moves answered read indexes to `reads_to_apply`, then answers every barrier whose index is applied.
+    fn answer_reads(&mut self, states: Vec<raft::ReadState>) {
+        for rs in states {
+            let Ok(ctx) = <[u8; 8]>::try_from(rs.request_ctx.as_slice()) else { continue };
+            if let Some((_, done)) = self.reads.remove(&u64::from_be_bytes(ctx)) {
+                self.reads_to_apply.push((rs.index, done));
+            }
+        }
+        if !self.reads_to_apply.is_empty() {
+            let applied = self.applied;
+            let (ready, waiting) = std::mem::take(&mut self.reads_to_apply).into_iter().partition(|(i, _)| *i <= applied);
+            self.reads_to_apply = waiting;
+            for (_, done) in ready {
+                let _ = done.send(Ok(()));
             }
         }
     }
@@ -891,6 +1015,7 @@ impl Driver {
     fn handle_ready(&mut self) -> Result<(), RaftError> {
         while self.raw.has_ready() {
             let mut rd = self.raw.ready();
+            let read_states = rd.take_read_states();
             if !rd.snapshot().is_empty() {
                 self.install_snapshot(rd.snapshot().clone())?;
             }
@@ -906,7 +1031,16 @@ impl Driver {
             self.send(light.take_messages());
             self.apply(light.take_committed_entries())?;
             self.raw.advance_apply();
+            self.answer_reads(read_states);
             self.maybe_snapshot()?;
+        }
+        if !self.reads_to_apply.is_empty() {
+            self.answer_reads(Vec::new());
+        }
+        self.retry_deferred_reads();
+        if self.raw.has_ready() {
+            // A deferred read on a single-member cluster is answered at once, in a new Ready.
+            return self.handle_ready();
         }
         self.publish();
         Ok(())

@@ -14,6 +14,9 @@ use tokio::sync::watch;
 /// The future a proposal returns.
 pub type ProposeFuture = Pin<Box<dyn Future<Output = Result<Arc<Commit>, ProposeError>> + Send + 'static>>;
 
+/// The future a read barrier returns.
+pub type ReadBarrierFuture = Pin<Box<dyn Future<Output = Result<(), ProposeError>> + Send + 'static>>;
+
 /// Why a proposal did not take effect.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProposeError {
@@ -64,6 +67,10 @@ pub trait Proposer: Send + Sync + 'static {
 
     /// Leadership changes, as a watch channel (the current value is always available).
     fn leadership(&self) -> watch::Receiver<LeaderState>;
+
+    /// Resolves once the local store holds every write committed before the call, so that a read of it that
+    /// follows is linearizable; fails (bounded in time) when that cannot be confirmed, e.g. without a leader.
+    fn read_barrier(&self) -> ReadBarrierFuture;
 }
 
 /// Applies writes straight to a store, with consecutive indexes; always the leader. For tests.
@@ -106,5 +113,10 @@ impl Proposer for LocalProposer {
 
     fn leadership(&self) -> watch::Receiver<LeaderState> {
         self.leader.subscribe()
+    }
+
+    /// Writes are applied to the one store before `propose` returns: every read is already current.
+    fn read_barrier(&self) -> ReadBarrierFuture {
+        Box::pin(async { Ok(()) })
     }
 }

@@ -53,7 +53,7 @@ fn set_role(d: &DaemonProcess, host: &str, role: &str) {
 fn wait_managers(d: &DaemonProcess, want: &[(&str, &str)], deadline: Duration) {
     let want: Vec<(String, String)> = want.iter().map(|(h, s)| (h.to_string(), s.to_string())).collect();
     wait_until("the expected manager statuses", deadline, || {
-        let seen = managers_seen_by(d);
+        let seen = managers_seen_by(d)?;
         if seen == want {
             Ok(())
         } else {
@@ -78,7 +78,7 @@ fn create(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> Result
 
 fn leader_index(ds: &[&DaemonProcess]) -> usize {
     wait_until("one leader", Duration::from_secs(20), || {
-        let seen = managers_seen_by(ds[0]);
+        let seen = managers_seen_by(ds[0])?;
         let leaders: Vec<&(String, String)> = seen.iter().filter(|(_, s)| s == "Leader").collect();
         match leaders.as_slice() {
             [(host, _)] => {
@@ -110,7 +110,7 @@ fn three_managers_survive_losing_the_leader() {
     };
     for d in &ds {
         wait_until("3 managers, one leader (manager-11)", Duration::from_secs(30), || {
-            let seen = managers_seen_by(d);
+            let seen = managers_seen_by(d)?;
             if seen == expected("manager-11") {
                 Ok(())
             } else {
@@ -148,7 +148,7 @@ fn three_managers_survive_losing_the_leader() {
     wait_identical(&[&ds[0], &ds[1], &ds[2]], Duration::from_secs(30));
     assert_eq!(leader_index(&[&ds[0], &ds[1], &ds[2]]), new, "the restarted manager follows");
     wait_until("the restarted manager is reachable again", Duration::from_secs(30), || {
-        let seen = managers_seen_by(&ds[0]);
+        let seen = managers_seen_by(&ds[0])?;
         let leader = format!("manager-{}", 11 + new);
         if seen == expected(&leader) {
             Ok(())
@@ -166,7 +166,7 @@ fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
     let mut b = manager(22, Some(&a));
     let mut c = manager(23, Some(&a));
     wait_until("3 managers", Duration::from_secs(30), || {
-        let seen = managers_seen_by(&a);
+        let seen = managers_seen_by(&a)?;
         if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 {
             Ok(())
         } else {
@@ -204,7 +204,7 @@ fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
         .collect();
     assert!(names.contains(&"before-disaster".to_string()), "{names:?}");
     wait_until("only manager-21 is a manager", Duration::from_secs(20), || {
-        let seen = managers_seen_by(&a);
+        let seen = managers_seen_by(&a)?;
         let managers: Vec<&(String, String)> = seen.iter().filter(|(_, s)| s != "none").collect();
         if managers.len() == 1 && managers[0].1 == "Leader" {
             Ok(())
@@ -222,7 +222,7 @@ fn a_demoted_manager_leaves_raft() {
     let b = manager(32, Some(&a));
     let c = manager(33, Some(&a));
     wait_until("3 managers, manager-31 leads", Duration::from_secs(30), || {
-        let seen = managers_seen_by(&a);
+        let seen = managers_seen_by(&a)?;
         let want: Vec<(String, String)> = vec![
             ("manager-31".into(), "Leader".into()),
             ("manager-32".into(), "reachable".into()),
@@ -248,7 +248,7 @@ fn a_demoted_manager_leaves_raft() {
     let r = shoal_testkit::http::request(a.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
     assert_eq!(r.status, 200, "demote: {}", r.body);
     wait_until("manager-33 is no longer a manager", Duration::from_secs(30), || {
-        let seen = managers_seen_by(&a);
+        let seen = managers_seen_by(&a)?;
         if seen.iter().any(|(h, s)| h == "manager-33" && s == "none") {
             Ok(())
         } else {
@@ -273,7 +273,7 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
     let mut all = [a, b, c];
     for d in &all {
         wait_until("3 managers seen", Duration::from_secs(30), || {
-            let seen = managers_seen_by(d);
+            let seen = managers_seen_by(d)?;
             if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 {
                 Ok(())
             } else {

@@ -8,10 +8,21 @@ use serde_json::Value;
 
 use crate::{wait_until, DaemonProcess};
 
-/// The nodes as `d` sees them: (hostname, "Leader" / the manager's reachability / "none" for a worker), sorted.
-pub fn managers_seen_by(d: &DaemonProcess) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = d
-        .get("/v1.47/nodes")
+/// GET `path` on `d`'s Engine API: the JSON body of a 2xx answer, else the status and body as the error
+/// (e.g. a 503 while the managers elect a leader).
+pub fn try_get(d: &DaemonProcess, path: &str) -> Result<Value, String> {
+    let r = crate::http::request(d.socket(), "GET", path, None)?;
+    if (200..300).contains(&r.status) {
+        Ok(r.body)
+    } else {
+        Err(format!("GET {path} -> {} {}", r.status, r.body))
+    }
+}
+
+/// The nodes as `d` sees them: (hostname, "Leader" / the manager's reachability / "none" for a worker), sorted;
+/// an error when `d` cannot answer (no leader confirms its reads).
+pub fn managers_seen_by(d: &DaemonProcess) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = try_get(d, "/v1.47/nodes")?
         .as_array()
         .cloned()
         .unwrap_or_default()
@@ -28,23 +39,23 @@ pub fn managers_seen_by(d: &DaemonProcess) -> Vec<(String, String)> {
         })
         .collect();
     out.sort();
-    out
+    Ok(out)
 }
 
 /// `path`'s JSON array from `d`, sorted by ID, for comparing managers' stores.
-pub fn sorted_by_id(d: &DaemonProcess, path: &str) -> Vec<Value> {
-    let mut v = d.get(path).as_array().cloned().unwrap_or_default();
+pub fn sorted_by_id(d: &DaemonProcess, path: &str) -> Result<Vec<Value>, String> {
+    let mut v = try_get(d, path)?.as_array().cloned().unwrap_or_default();
     v.sort_by(|a, b| a["ID"].as_str().cmp(&b["ID"].as_str()));
-    v
+    Ok(v)
 }
 
 /// Waits until services, tasks and nodes are the same JSON on every daemon of `ds`.
 pub fn wait_identical(ds: &[&DaemonProcess], deadline: Duration) {
     wait_until("services, tasks and nodes identical on every manager", deadline, || {
         for path in ["/v1.47/services", "/v1.47/tasks", "/v1.47/nodes"] {
-            let first = sorted_by_id(ds[0], path);
+            let first = sorted_by_id(ds[0], path)?;
             for d in &ds[1..] {
-                if sorted_by_id(d, path) != first {
+                if sorted_by_id(d, path)? != first {
                     return Err(format!("{path} differs"));
                 }
             }
@@ -55,7 +66,7 @@ pub fn wait_identical(ds: &[&DaemonProcess], deadline: Duration) {
 
 /// The hostname of the one node `d` shows as Leader, or why there is not exactly one.
 pub fn leader_seen_by(d: &DaemonProcess) -> Result<String, String> {
-    let seen = managers_seen_by(d);
+    let seen = managers_seen_by(d)?;
     let leaders: Vec<&(String, String)> = seen.iter().filter(|(_, s)| s == "Leader").collect();
     match leaders.as_slice() {
         [(host, _)] => Ok(host.clone()),
