@@ -92,6 +92,8 @@ fn open_engine(dir: &Path) -> Result<Engine, RaftError> {
         dir: dir.to_string_lossy().into_owned(),
         // A torn record at the tail (crash during a write that was never acknowledged) is dropped.
         recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
+        // The entries are sealed (random-looking): compressing them would only cost CPU.
+        batch_compression_threshold: raft_engine::ReadableSize(0),
         ..Default::default()
     };
     Engine::open(cfg).map_err(|e| engine_err(dir, e))
