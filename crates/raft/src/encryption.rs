@@ -192,6 +192,17 @@ pub fn load_or_create_plain(state_dir: &Path) -> Result<DataKeys, RaftError> {
     }
 }
 
+/// What a failed decryption means, and what to do, for an error message.
+pub(crate) fn decrypt_failure(e: &EncryptionError) -> String {
+    match e {
+        EncryptionError::NotSealed(_) => format!(
+            "{e}: the record is not encrypted, so this state dir was written by a Shoal without encryption at \
+             rest, which this version cannot read; start this manager with an empty state dir and join it again"
+        ),
+        _ => format!("{e}; the data key does not match this state dir, or the files were altered"),
+    }
+}
+
 /// Associated data of a log entry's sealed data.
 pub(crate) fn entry_aad(index: u64) -> [u8; 14] {
     let mut a = [0u8; 14];
@@ -247,5 +258,10 @@ mod tests {
         other.keys.insert(2, SecretKey::from_bytes([1; 32]));
         other.keys.remove(&1);
         assert_eq!(other.decrypt(&entry_aad(5), &sealed), Err(EncryptionError::UnknownKey(1)));
+        // A record from before encryption at rest says so.
+        let old_record =
+            keys.decrypt(&entry_aad(5), b"\x0a\x07service-spec-in-the-clear-from-an-old-version").unwrap_err();
+        assert!(decrypt_failure(&old_record).contains("without encryption at rest"), "{old_record}");
+        assert!(decrypt_failure(&EncryptionError::Authentication).contains("does not match"));
     }
 }

@@ -47,7 +47,7 @@ pub enum RaftError {
     #[error("the raft data key is sealed (autolock is on): unlock this manager with the swarm's unlock key")]
     Locked,
     /// A record of the log or a snapshot could not be decrypted.
-    #[error("cannot decrypt {what} under {path}: {reason}; the data key does not match this state dir, or the files were altered")]
+    #[error("cannot decrypt {what} under {path}: {reason}")]
     Decrypt {
         /// The raft state directory.
         path: PathBuf,

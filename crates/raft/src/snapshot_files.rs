@@ -65,7 +65,7 @@ impl SnapshotDir {
         self.keys.decrypt(&snapshot_aad(index), &sealed).map_err(|e| RaftError::Decrypt {
             path: self.dir.clone(),
             what: format!("snapshot {index}"),
-            reason: e.to_string(),
+            reason: crate::encryption::decrypt_failure(&e),
         })
     }
 

@@ -412,7 +412,7 @@ impl EngineStorage {
         let plain = self.keys.decrypt(&entry_aad(e.index), &e.data).map_err(|err| RaftError::Decrypt {
             path: self.log_dir.clone(),
             what: format!("log entry {}", e.index),
-            reason: err.to_string(),
+            reason: crate::encryption::decrypt_failure(&err),
         })?;
         e.data = plain.into();
         Ok(())
