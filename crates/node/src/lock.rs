@@ -19,8 +19,9 @@
 //!
 //! Turning autolock on also rotates the DEK (it was on disk in the clear): the DEK file first holds the new
 //! DEK and the old one, `RaftNode::reencrypt` re-seals the log and the snapshots with the new one, then the
-//! old one is dropped; an interrupted rotation is resumed by the next rewrap. Known limit: a crash between
-//! rewrapping the TLS key and the DEK file can leave them under different KEKs. Must not log key material.
+//! old one is dropped; an interrupted rotation is resumed by the next rewrap. The two files are rewrapped
+//! together through an intent file (`RewrapIntent`), finished at the next start if a crash cut it short.
+//! Must not log key material.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -32,7 +33,7 @@ use parking_lot::{Mutex, MutexGuard};
 use shoal_ca::encryption::{looks_sealed, open, seal, EncryptionError};
 use shoal_ca::{SecretKey, UnlockKey};
 use shoal_engine_api::locked::{UnlockError, Unlocker};
-use shoal_raft::encryption::{read_dek_file, write_dek_file, DataKeys, DekFile};
+use shoal_raft::encryption::{dek_file_bytes, read_dek_file, write_dek_file, DataKeys, DekFile};
 use shoal_store::{MemoryStore, Object};
 use tokio::sync::watch;
 
@@ -123,12 +124,14 @@ fn security(e: impl std::fmt::Display) -> NodeError {
 
 /// True when the state dir's DEK is sealed and this process holds no KEK for it: the manager is locked.
 pub fn is_locked(state_dir: &Path) -> Result<bool, NodeError> {
+    finish_interrupted_rewrap(state_dir)?;
     let sealed = matches!(read_dek_file(state_dir)?, Some(DekFile::Sealed(_)));
     Ok(sealed && key_table().kek(state_dir).is_none())
 }
 
 /// The DEKs for Raft: `None` when the state dir has no DEK file yet (Raft creates a plain one).
 pub(crate) fn data_keys(state_dir: &Path) -> Result<Option<DataKeys>, NodeError> {
+    finish_interrupted_rewrap(state_dir)?;
     match read_dek_file(state_dir)? {
         None => Ok(None),
         Some(DekFile::Plain(keys)) => Ok(Some(keys)),
@@ -187,18 +190,15 @@ fn rewrap(state_dir: &Path, kek: Option<SecretKey>) -> Result<Option<DataKeys>, 
     }
     let rotate = keys.len() > 1 || (was_plain && kek.is_some());
     let keys = if keys.len() == 1 && rotate { keys.rotated() } else { keys };
-    if !same_kek {
-        // The TLS key first: the DEK decides whether the node is locked at its next start.
-        let key_path = tls_key_path(state_dir);
-        let text = std::fs::read_to_string(&key_path).map_err(|e| NodeError::io(&key_path, e))?;
-        let pem = table.node_key_from_disk(state_dir, &text).map_err(NodeError::Security)?;
-        let new_text = match &kek {
-            Some(k) => wrap_pem(k, &pem),
-            None => pem,
-        };
-        write_private(&key_path, new_text.as_bytes())?;
-    }
-    write_dek_file(state_dir, &keys, kek.as_ref())?;
+    let key_path = tls_key_path(state_dir);
+    let text = std::fs::read_to_string(&key_path).map_err(|e| NodeError::io(&key_path, e))?;
+    let pem = table.node_key_from_disk(state_dir, &text).map_err(NodeError::Security)?;
+    let new_text = match &kek {
+        Some(k) => wrap_pem(k, &pem),
+        None => pem,
+    };
+    // Both files change together (see `RewrapIntent`): never one under the old KEK and one under the new.
+    RewrapIntent { tls_key: new_text.into_bytes(), dek: dek_file_bytes(&keys, kek.as_ref()) }.apply(state_dir)?;
     let on = kek.is_some();
     table.set(state_dir, kek);
     tracing::info!(autolock = on, "the raft data key and the node's TLS key were rewrapped");
@@ -230,6 +230,74 @@ async fn apply_kek(state_dir: &Path, raft: &shoal_raft::RaftNode, kek: Option<Se
             .map_err(|e| NodeError::State(format!("the key rewrap stopped: {e}")))??;
     }
     Ok(())
+}
+
+/// The new content of the TLS key file and the DEK file, written first to `<state dir>/keys.rewrap` (fsync'd)
+/// and then to the two files: a crash in between is finished from the intent at the next start
+/// (`finish_interrupted_rewrap`), so the two files never end up under different KEKs. The intent holds
+/// exactly what the two files will hold (sealed when they are), with the same mode.
+struct RewrapIntent {
+    tls_key: Vec<u8>,
+    dek: Vec<u8>,
+}
+
+const INTENT_MAGIC: &[u8] = b"SHOAL-REWRAP-1\n";
+
+fn intent_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("keys.rewrap")
+}
+
+impl RewrapIntent {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = INTENT_MAGIC.to_vec();
+        v.extend_from_slice(&(self.tls_key.len() as u64).to_be_bytes());
+        v.extend_from_slice(&self.tls_key);
+        v.extend_from_slice(&self.dek);
+        v
+    }
+
+    fn decode(b: &[u8]) -> Option<RewrapIntent> {
+        let rest = b.strip_prefix(INTENT_MAGIC)?;
+        let len = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?) as usize;
+        let tls_key = rest.get(8..8 + len)?.to_vec();
+        let dek = rest.get(8 + len..)?.to_vec();
+        (!dek.is_empty()).then_some(RewrapIntent { tls_key, dek })
+    }
+
+    /// Records the intent, writes both files, then drops the intent.
+    fn apply(&self, state_dir: &Path) -> Result<(), NodeError> {
+        let intent = intent_path(state_dir);
+        write_private(&intent, &self.encode())?;
+        self.write_files(state_dir)?;
+        std::fs::remove_file(&intent).map_err(|e| NodeError::io(&intent, e))?;
+        fsync_dir(state_dir)
+    }
+
+    fn write_files(&self, state_dir: &Path) -> Result<(), NodeError> {
+        write_private(&tls_key_path(state_dir), &self.tls_key)?;
+        write_private(&shoal_raft::encryption::dek_path(state_dir), &self.dek)
+    }
+}
+
+/// Finishes a rewrap a crash interrupted (see `RewrapIntent`); an intent cut short while being written
+/// (the files were not touched yet) is dropped.
+fn finish_interrupted_rewrap(state_dir: &Path) -> Result<(), NodeError> {
+    let intent = intent_path(state_dir);
+    let bytes = match std::fs::read(&intent) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(NodeError::io(&intent, e)),
+    };
+    if let Some(i) = RewrapIntent::decode(&bytes) {
+        i.write_files(state_dir)?;
+        tracing::info!("finished rewrapping the node's keys, interrupted by the last stop");
+    }
+    std::fs::remove_file(&intent).map_err(|e| NodeError::io(&intent, e))?;
+    fsync_dir(state_dir)
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), NodeError> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| NodeError::io(dir, e))
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
@@ -364,6 +432,33 @@ mod tests {
         let mut lines: Vec<String> = wrapped.lines().map(String::from).collect();
         lines[1] = lines[1].chars().rev().collect();
         assert!(unwrap_pem(&kek, &lines.join("\n")).is_err(), "tampering is detected");
+    }
+
+    #[test]
+    fn a_rewrap_cut_short_is_finished_or_dropped_at_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        std::fs::create_dir_all(crate::join::certs_dir(state)).unwrap();
+        std::fs::write(tls_key_path(state), "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n").unwrap();
+        let keys = shoal_raft::encryption::load_or_create_plain(state).unwrap();
+        let kek = UnlockKey::generate(&mut rand::rng()).kek();
+        let intent = RewrapIntent {
+            tls_key: wrap_pem(&kek, "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n").into_bytes(),
+            dek: dek_file_bytes(&keys, Some(&kek)),
+        };
+        // Cut short while the intent itself was written: dropped, nothing changes.
+        let full = intent.encode();
+        std::fs::write(intent_path(state), &full[..20]).unwrap();
+        assert!(!is_locked(state).unwrap());
+        assert!(!intent_path(state).exists());
+        // Cut short after the intent, before (or between) the two files: both are written from it.
+        std::fs::write(intent_path(state), &full).unwrap();
+        assert!(is_locked(state).unwrap(), "the DEK is sealed now");
+        assert!(!intent_path(state).exists());
+        assert_eq!(std::fs::read(tls_key_path(state)).unwrap(), intent.tls_key);
+        key_table().set(state, Some(kek));
+        assert_eq!(data_keys(state).unwrap(), Some(keys));
+        key_table().set(state, None);
     }
 
     #[test]

@@ -156,16 +156,21 @@ pub fn read_dek_file(state_dir: &Path) -> Result<Option<DekFile>, RaftError> {
     Err(corrupted(&path, "the data key file has an unknown format".into()))
 }
 
+/// The content of the DEK file for `keys`: sealed with `kek` when given, plain otherwise.
+pub fn dek_file_bytes(keys: &DataKeys, kek: Option<&SecretKey>) -> Vec<u8> {
+    match kek {
+        Some(kek) => [SEALED_TAG, &seal(kek, 0, DEK_FILE_AAD, &keys.encode(), &mut rand::rng())].concat(),
+        None => [PLAIN_TAG, &keys.encode()].concat(),
+    }
+}
+
 /// Writes the DEK file atomically with mode 0600: sealed with `kek` when given, plain otherwise.
 pub fn write_dek_file(state_dir: &Path, keys: &DataKeys, kek: Option<&SecretKey>) -> Result<(), RaftError> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dek_path(state_dir);
     let dir = path.parent().expect("the DEK file has a parent").to_path_buf();
     std::fs::create_dir_all(&dir).map_err(|e| RaftError::StateDir { path: dir.clone(), source: e })?;
-    let bytes = match kek {
-        Some(kek) => [SEALED_TAG, &seal(kek, 0, DEK_FILE_AAD, &keys.encode(), &mut rand::rng())].concat(),
-        None => [PLAIN_TAG, &keys.encode()].concat(),
-    };
+    let bytes = dek_file_bytes(keys, kek);
     let tmp = path.with_extension("tmp");
     let io = |p: &Path| {
         let p = p.to_path_buf();
