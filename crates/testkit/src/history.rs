@@ -188,11 +188,7 @@ pub fn check(records: &[Record]) -> Result<Summary, Violation> {
         };
         *summary.counts.entry((kind(&r.op).to_string(), outcome.to_string())).or_default() += 1;
         // A failed op took no effect; an unanswered read observed nothing.
-        let useful = match (&r.op, &r.outcome) {
-            (_, Outcome::Fail) => false,
-            (Op::Read, Outcome::Unknown) => false,
-            _ => true,
-        };
+        let useful = !matches!((&r.op, &r.outcome), (_, Outcome::Fail) | (Op::Read, Outcome::Unknown));
         if useful {
             by_key.entry(r.key.as_str()).or_default().push(r);
         }

@@ -8,9 +8,9 @@
 //! no network fault touches.
 //!
 //! Faults:
-//! - `isolate(i)` / `heal(i)`: node `i`'s namespace drops every packet arriving on `eth0` (iptables INPUT DROP):
-//!   nothing it sends is answered and nothing sent to it arrives, so connections stall as in a real partition
-//!   (no quick "connection refused");
+//! - `isolate(i)` / `heal(i)`: node `i`'s namespace drops every packet arriving on `eth0` and the others drop
+//!   every packet from node `i` (iptables INPUT DROP): nothing gets through either way and nothing is refused,
+//!   so connections stall as in a real partition (no quick "connection refused");
 //! - `delay(i, d)`: every TCP connection into or out of node `i` goes through a proxy that holds each chunk of
 //!   bytes for `d` before passing it on (iptables REDIRECT in node `i`'s namespace; the kernel here has no
 //!   netem). Undone when the returned `Delay` is dropped.
@@ -113,11 +113,16 @@ impl Net {
         format!("10.77.0.{}", 11 + i)
     }
 
-    /// Cuts node `i` off from every other node (both directions) until `heal(i)`.
+    /// Cuts node `i` off from every other node, both directions, silently (packets are dropped, nothing is
+    /// refused) until `heal(i)`: node `i` drops what arrives on `eth0`, the others drop what comes from it.
     pub fn isolate(&self, i: usize) {
         let mut iso = self.isolated.lock().expect("net lock");
         if !iso[i] {
-            run_in(&self.nodes[i], &["iptables", "-w", "-A", "INPUT", "-i", "eth0", "-j", "DROP"]);
+            for (args, ns) in self.cut_rules(i) {
+                let mut cmd = vec!["iptables", "-w", "-A"];
+                cmd.extend(args.iter().map(String::as_str));
+                run_in(&ns, &cmd);
+            }
             iso[i] = true;
         }
     }
@@ -126,9 +131,24 @@ impl Net {
     pub fn heal(&self, i: usize) {
         let mut iso = self.isolated.lock().expect("net lock");
         if iso[i] {
-            run_in(&self.nodes[i], &["iptables", "-w", "-D", "INPUT", "-i", "eth0", "-j", "DROP"]);
+            for (args, ns) in self.cut_rules(i) {
+                let mut cmd = vec!["iptables", "-w", "-D"];
+                cmd.extend(args.iter().map(String::as_str));
+                run_in(&ns, &cmd);
+            }
             iso[i] = false;
         }
+    }
+
+    /// The INPUT rules (and their namespaces) that cut node `i` off.
+    fn cut_rules(&self, i: usize) -> Vec<(Vec<String>, String)> {
+        let mut rules = vec![(["INPUT", "-i", "eth0", "-j", "DROP"].map(String::from).to_vec(), self.nodes[i].clone())];
+        for (j, ns) in self.nodes.iter().enumerate() {
+            if j != i {
+                rules.push((["INPUT", "-s", &self.ip(i), "-j", "DROP"].map(String::from).to_vec(), ns.clone()));
+            }
+        }
+        rules
     }
 
     /// Delays every TCP connection into and out of node `i` by `delay` each way, until the result is dropped.
