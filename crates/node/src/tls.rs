@@ -34,6 +34,10 @@ pub const MAX_PENDING_HANDSHAKES: usize = 256;
 pub const ACCEPTED_QUEUE: usize = 64;
 /// Timeout of connecting (TCP + TLS) from a client endpoint.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 pings on every connection to a manager, this often...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// ...and a connection whose ping is not answered within this is closed.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why TLS material could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -193,7 +197,16 @@ pub fn https_uri(addr: &str) -> String {
 fn https_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
     let uri = https_uri(addr);
     Endpoint::from_shared(uri.clone())
-        .map(|e| e.connect_timeout(CONNECT_TIMEOUT).timeout(CONNECT_TIMEOUT.saturating_mul(3)).tcp_nodelay(true))
+        .map(|e| {
+            e.connect_timeout(CONNECT_TIMEOUT)
+                .timeout(CONNECT_TIMEOUT.saturating_mul(3))
+                .tcp_nodelay(true)
+                // A connection whose peer went silent (a partition) is closed and made again, instead of
+                // waiting on TCP's retransmission backoff once the network heals.
+                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_while_idle(true)
+        })
         .map_err(|e| TlsError::BadAddress { addr: uri, reason: e.to_string() })
 }
 
