@@ -305,6 +305,16 @@ impl Workload {
     }
 }
 
+impl Drop for Workload {
+    /// Stops the clients when a test fails before `finish`.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 /// After the fault: one leader seen alike by all, the same stores everywhere, the history linearizable.
 fn settle_and_check(cluster: &Cluster, workload: Workload, seed: u64) {
     let leader = cluster.wait_healthy(&[0, 1, 2], Duration::from_secs(30));
