@@ -33,7 +33,9 @@ pub struct BenchDaemon {
     child: Option<Child>,
     dir: Option<tempfile::TempDir>,
     socket: PathBuf,
-    /// Time from spawn to the first successful `/_ping`.
+    binary: PathBuf,
+    remote: std::net::SocketAddr,
+    /// Time from spawn to the first successful `/_ping` (of the latest start, see `restart`).
     pub ready_after: Duration,
 }
 
@@ -77,18 +79,43 @@ impl BenchDaemon {
             .map_err(|e| BenchError::Setup(format!("temp dir: {e}")))?;
         let socket = dir.path().join("control.sock");
         let remote: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse().expect("valid address");
-        let log = std::fs::File::create(dir.path().join("daemon.log"))
+        let mut d = BenchDaemon {
+            child: None,
+            dir: Some(dir),
+            socket,
+            binary: binary.to_path_buf(),
+            remote,
+            ready_after: Duration::ZERO,
+        };
+        d.spawn_until_ready()?;
+        Ok(d)
+    }
+
+    /// Stops the daemon (SIGTERM, as an operator would) and starts it again on the same state dir, waiting
+    /// until it answers `/_ping`; `ready_after` is then the time of this start (a restart: identity,
+    /// certificates and Raft log already on disk).
+    pub fn restart(&mut self) -> Result<(), BenchError> {
+        self.stop();
+        self.spawn_until_ready()
+    }
+
+    fn spawn_until_ready(&mut self) -> Result<(), BenchError> {
+        let dir = self.dir.as_ref().map(|d| d.path().to_path_buf()).expect("state dir kept until drop");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("daemon.log"))
             .map_err(|e| BenchError::Setup(format!("daemon log: {e}")))?;
         let log2 = log.try_clone().map_err(|e| BenchError::Setup(format!("daemon log: {e}")))?;
         let start = Instant::now();
-        let child = Command::new(binary)
+        let child = Command::new(&self.binary)
             .arg("daemon")
             .arg("--state-dir")
-            .arg(dir.path().join("state"))
+            .arg(dir.join("state"))
             .arg("--listen-control-api")
-            .arg(&socket)
+            .arg(&self.socket)
             .arg("--listen-remote-api")
-            .arg(remote.to_string())
+            .arg(self.remote.to_string())
             .arg("--executor")
             .arg("process")
             .arg("--hostname")
@@ -98,20 +125,20 @@ impl BenchDaemon {
             .stdout(log)
             .stderr(log2)
             .spawn()
-            .map_err(|e| BenchError::Daemon(format!("cannot start {}: {e}", binary.display())))?;
-        let mut d = BenchDaemon { child: Some(child), dir: Some(dir), socket, ready_after: Duration::ZERO };
+            .map_err(|e| BenchError::Daemon(format!("cannot start {}: {e}", self.binary.display())))?;
+        self.child = Some(child);
         loop {
-            if ping(&d.socket) {
-                d.ready_after = start.elapsed();
-                return Ok(d);
+            if ping(&self.socket) {
+                self.ready_after = start.elapsed();
+                return Ok(());
             }
-            if let Some(status) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                return Err(BenchError::Daemon(format!("exited during start ({status}); log:\n{}", d.log())));
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                return Err(BenchError::Daemon(format!("exited during start ({status}); log:\n{}", self.log())));
             }
             if start.elapsed() > READY_TIMEOUT {
                 return Err(BenchError::Daemon(format!(
                     "no answer on /_ping within {READY_TIMEOUT:?}; log:\n{}",
-                    d.log()
+                    self.log()
                 )));
             }
             std::thread::sleep(Duration::from_micros(200));

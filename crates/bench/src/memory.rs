@@ -1,5 +1,6 @@
 //! `memory`: resident memory of a real `shoal daemon` (manager and worker in one process): idle right after
-//! start-up (median of the daemon's RSS sampled over `SETTLE`), then with `--tasks` tasks in its store.
+//! start-up (median of the daemon's RSS sampled over `SETTLE`, also split into anonymous memory and
+//! file-backed pages: the mapped `shoal` binary), then with `--tasks` tasks in its store.
 //! The tasks belong to services of `TASKS_PER_SERVICE` replicas created through the Engine API with a
 //! placement constraint no node satisfies, so they stay PENDING in the store and no process is started:
 //! the figure is the manager's state, not task processes. Waits until every service has all its tasks
@@ -36,13 +37,21 @@ pub struct MemoryArgs {
 }
 
 fn settled_rss_kib(pid: i32) -> Result<u64, BenchError> {
+    Ok(settled_rss_parts_kib(pid)?.0)
+}
+
+/// Medians of the samples over `SETTLE`: (VmRSS, RssAnon, RssFile) in KiB.
+fn settled_rss_parts_kib(pid: i32) -> Result<(u64, u64, u64), BenchError> {
     let start = Instant::now();
-    let mut samples = Vec::new();
+    let (mut rss, mut anon, mut file) = (Vec::new(), Vec::new(), Vec::new());
     while start.elapsed() < SETTLE {
-        samples.push(procstat::rss_kib(pid)? as f64);
+        rss.push(procstat::rss_kib(pid)? as f64);
+        let (a, f) = procstat::rss_parts_kib(pid)?;
+        anon.push(a as f64);
+        file.push(f as f64);
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(report::median(&samples) as u64)
+    Ok((report::median(&rss) as u64, report::median(&anon) as u64, report::median(&file) as u64))
 }
 
 fn pending_spec(name: &str, replicas: usize) -> String {
@@ -107,12 +116,21 @@ fn percent(s: &str) -> String {
 pub fn run(a: MemoryArgs, shoal: &Path) -> Result<(), BenchError> {
     let (tasks, runs) = if a.smoke { (200, 1) } else { (a.tasks, a.runs.max(1)) };
     let rt = report::runtime()?;
-    let mut table = Table::new(&["run", "idle RSS MiB", "tasks", "RSS with tasks MiB", "KiB per task"]);
+    let mut table = Table::new(&[
+        "run",
+        "idle RSS MiB",
+        "anon MiB",
+        "file MiB",
+        "tasks",
+        "RSS with tasks MiB",
+        "KiB per task",
+    ]);
     let mut figures = Vec::new();
     for r in 1..=runs {
         let daemon = BenchDaemon::start(shoal)?;
-        let idle = settled_rss_kib(daemon.pid())?;
-        let mut row = vec![r.to_string(), fmt_num(idle as f64 / 1024.0), tasks.to_string()];
+        let (idle, anon, file) = settled_rss_parts_kib(daemon.pid())?;
+        let mib = |kib: u64| fmt_num(kib as f64 / 1024.0);
+        let mut row = vec![r.to_string(), mib(idle), mib(anon), mib(file), tasks.to_string()];
         if tasks > 0 {
             rt.block_on(load_tasks(daemon.socket(), tasks))?;
             let loaded = settled_rss_kib(daemon.pid())?;

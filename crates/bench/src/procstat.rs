@@ -1,17 +1,27 @@
-//! Process figures from Linux's /proc: resident memory (VmRSS) and CPU time (utime + stime) of a PID or
+//! Process figures from Linux's /proc: resident memory (VmRSS, and its anonymous and file-backed parts) and CPU time (utime + stime) of a PID or
 //! one of its threads, and raising this process's open-file limit. Must not depend on any scenario.
 
 use crate::report::BenchError;
 
 /// Resident set size of `pid` in KiB (VmRSS of /proc/<pid>/status).
 pub fn rss_kib(pid: i32) -> Result<u64, BenchError> {
+    status_kib(pid, "VmRSS")
+}
+
+/// The two parts of the resident set of `pid`, in KiB: anonymous memory (heap, stacks: RssAnon) and
+/// file-backed pages (the mapped binary and libraries: RssFile).
+pub fn rss_parts_kib(pid: i32) -> Result<(u64, u64), BenchError> {
+    Ok((status_kib(pid, "RssAnon")?, status_kib(pid, "RssFile")?))
+}
+
+fn status_kib(pid: i32, field: &str) -> Result<u64, BenchError> {
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).map_err(|e| BenchError::Setup(format!("read {path}: {e}")))?;
     text.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| BenchError::Setup(format!("no VmRSS in {path}")))
+        .ok_or_else(|| BenchError::Setup(format!("no {field} in {path}")))
 }
 
 /// CPU time (user + system) thread `tid` of process `pid` has used, in seconds.
@@ -50,6 +60,8 @@ mod tests {
     fn reads_own_process() {
         let pid = std::process::id() as i32;
         assert!(rss_kib(pid).unwrap() > 0);
+        let (anon, file) = rss_parts_kib(pid).unwrap();
+        assert!(anon > 0 && file > 0);
         assert!(thread_cpu_seconds(pid, pid).unwrap() >= 0.0);
         assert!(rss_kib(i32::MAX).is_err());
     }

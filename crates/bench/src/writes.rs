@@ -151,19 +151,22 @@ fn cli_run(
     Ok(Run { rate: creates as f64 / elapsed.as_secs_f64(), latencies_ms })
 }
 
-/// Spawns of `true` used to measure the machine's process-start floor.
+/// Spawns per floor measurement.
 const SPAWN_FLOOR_SAMPLES: usize = 50;
 
-/// The median time to start and reap a trivial process (`true`) here, in ms: no CLI loop, one process per
-/// create, can be faster than one of these per create.
-fn spawn_floor_ms() -> Result<f64, BenchError> {
+/// The median time to start and reap `program args` here, in ms, spawned as the CLI loop spawns `shoal`
+/// (output captured). With `true`: no CLI loop, one process per create, can be faster than one of these
+/// per create; with `shoal --version`: the cost of the `shoal` process itself, without a request.
+fn spawn_floor_ms(program: &Path, args: &[&str]) -> Result<f64, BenchError> {
     let mut times = Vec::with_capacity(SPAWN_FLOOR_SAMPLES);
     for _ in 0..SPAWN_FLOOR_SAMPLES {
         let t = Instant::now();
-        let status =
-            std::process::Command::new("true").status().map_err(|e| BenchError::Setup(format!("run true: {e}")))?;
-        if !status.success() {
-            return Err(BenchError::Setup("`true` failed".into()));
+        let out = std::process::Command::new(program)
+            .args(args)
+            .output()
+            .map_err(|e| BenchError::Setup(format!("run {}: {e}", program.display())))?;
+        if !out.status.success() {
+            return Err(BenchError::Setup(format!("`{} {}` failed", program.display(), args.join(" "))));
         }
         times.push(t.elapsed().as_secs_f64() * 1000.0);
     }
@@ -188,17 +191,21 @@ pub fn run(a: WritesArgs, shoal: &Path) -> Result<(), BenchError> {
     let rt = report::runtime()?;
     let mut table = Table::new(&["run", "via", "managers", "clients", "creates", "creates/s", "p50 ms", "p99 ms"]);
     if a.via == Via::Cli {
-        let floor = spawn_floor_ms()?;
-        table.row(vec![
-            "floor".into(),
-            "spawn `true`".into(),
-            String::new(),
-            "1".into(),
-            SPAWN_FLOOR_SAMPLES.to_string(),
-            fmt_num(1000.0 / floor),
-            fmt_num(floor),
-            String::new(),
-        ]);
+        for (what, program, args) in
+            [("spawn `true`", Path::new("true"), &[][..]), ("`shoal --version`", shoal, &["--version"][..])]
+        {
+            let floor = spawn_floor_ms(program, args)?;
+            table.row(vec![
+                "floor".into(),
+                what.into(),
+                String::new(),
+                "1".into(),
+                SPAWN_FLOOR_SAMPLES.to_string(),
+                fmt_num(1000.0 / floor),
+                fmt_num(floor),
+                String::new(),
+            ]);
+        }
     }
     let mut rates = Vec::new();
     for r in 1..=runs {
