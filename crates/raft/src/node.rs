@@ -18,14 +18,15 @@
 //! carrying that ID (read-your-writes), or after `FORWARD_APPLY_TIMEOUT` with `Unknown`.
 //! Reads: `read_barrier` is Raft's ReadIndex (the leader confirms with a heartbeat round that it still leads;
 //! a follower asks the leader), then waits for the local store to apply that commit index, so that a read of
-//! the store on any member that follows it sees every write acknowledged before it began.
+//! the store on any member that follows it sees every write acknowledged before it began. Without a leader a
+//! read waits at most two election timeouts for one, then fails with `NoLeader`.
 //! Must not know services, tasks or subsystems: entries are opaque `encode_request` bytes for the store.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use protobuf::Message as _;
@@ -609,8 +610,8 @@ struct Driver {
     reads: HashMap<u64, (u64, ReadDone)>,
     /// Read barriers whose read index is known, waiting for the store to apply it.
     reads_to_apply: Vec<(u64, ReadDone)>,
-    /// Read barriers waiting for a leader to ask.
-    reads_deferred: Vec<ReadDone>,
+    /// Read barriers waiting for a leader to ask, since when.
+    reads_deferred: Vec<(Instant, ReadDone)>,
     next_read_ctx: u64,
     /// Take a snapshot after this Ready (a member was added).
     force_snapshot: bool,
@@ -820,7 +821,7 @@ impl Driver {
         for (_, done) in self.reads.drain().map(|(_, v)| v).chain(self.reads_to_apply.drain(..)) {
             let _ = done.send(Err(reason.clone()));
         }
-        for done in self.reads_deferred.drain(..) {
+        for (_, done) in self.reads_deferred.drain(..) {
             let _ = done.send(Err(reason.clone()));
         }
         // Everything acknowledged was synced already; this makes the last non-synced writes (log
@@ -859,11 +860,12 @@ impl Driver {
     /// Asks raft-rs for a read index (the leader confirms with a quorum that it still leads and answers
     /// with its commit index; a follower asks the leader). Without a leader to ask (an election, or a leader
     /// that has not yet committed an entry of its term, which raft-rs would ignore) the read waits in
-    /// `reads_deferred` until there is one; the caller's timeout bounds the wait.
+    /// `reads_deferred` for one, at most `leaderless_read_wait` (then "no leader"); the caller's timeout
+    /// bounds the whole wait.
     fn read_index(&mut self, done: ReadDone) {
         if self.reads.len() + self.reads_deferred.len() >= MAX_READS_IN_FLIGHT {
             self.reads.retain(|_, (_, d)| !d.is_closed());
-            self.reads_deferred.retain(|d| !d.is_closed());
+            self.reads_deferred.retain(|(_, d)| !d.is_closed());
         }
         if self.reads.len() + self.reads_deferred.len() >= MAX_READS_IN_FLIGHT {
             let _ = done.send(Err(ProposeError::NoLeader(format!(
@@ -871,40 +873,59 @@ impl Driver {
             ))));
             return;
         }
-        let raft = &self.raw.raft;
-        if raft.leader_id == 0 || (raft.state == StateRole::Leader && !raft.commit_to_current_term()) {
-            self.reads_deferred.push(done);
+        if !self.can_ask_read_index() {
+            self.reads_deferred.push((Instant::now(), done));
             return;
         }
-        let leader = raft.leader_id;
+        let leader = self.raw.raft.leader_id;
         self.next_read_ctx += 1;
         self.raw.read_index(self.next_read_ctx.to_be_bytes().to_vec());
         self.reads.insert(self.next_read_ctx, (leader, done));
     }
 
-    /// Asks again for the reads deferred for want of a leader, once there is one. Reads asked of a leader that
-    /// is no longer the leader (it died or lost an election: it will never answer) are asked again too.
-    fn retry_deferred_reads(&mut self) {
+    /// Whether a leader can answer a read index now.
+    fn can_ask_read_index(&self) -> bool {
         let raft = &self.raw.raft;
-        let leader = raft.leader_id;
+        raft.leader_id != 0 && (raft.state != StateRole::Leader || raft.commit_to_current_term())
+    }
+
+    /// How long a read waits for a leader: two of the longest election timeouts (an election in progress).
+    fn leaderless_read_wait(&self) -> Duration {
+        Duration::from_millis(self.cfg.tick_interval_ms.saturating_mul(2 * self.cfg.election_tick as u64))
+    }
+
+    /// Reads asked of a leader that is no longer the leader (it died or lost an election: it will never
+    /// answer) wait for a leader again; reads waiting for a leader are asked once there is one, and fail with
+    /// "no leader" once they waited `leaderless_read_wait`.
+    fn retry_deferred_reads(&mut self) {
+        let leader = self.raw.raft.leader_id;
         if self.reads.values().any(|(asked, _)| *asked != leader) {
             let stale: Vec<u64> = self.reads.iter().filter(|(_, (asked, _))| *asked != leader).map(|(k, _)| *k).collect();
             for k in stale {
                 if let Some((_, done)) = self.reads.remove(&k) {
-                    self.reads_deferred.push(done);
+                    self.reads_deferred.push((Instant::now(), done));
                 }
             }
         }
-        if self.reads_deferred.is_empty()
-            || raft.leader_id == 0
-            || (raft.state == StateRole::Leader && !raft.commit_to_current_term())
-        {
+        if self.reads_deferred.is_empty() {
             return;
         }
-        for done in std::mem::take(&mut self.reads_deferred) {
-            if !done.is_closed() {
-                self.read_index(done);
+        if self.can_ask_read_index() {
+            for (_, done) in std::mem::take(&mut self.reads_deferred) {
+                if !done.is_closed() {
+                    self.read_index(done);
+                }
             }
+            return;
+        }
+        let wait = self.leaderless_read_wait();
+        let (expired, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.reads_deferred).into_iter().partition(|(since, _)| since.elapsed() >= wait);
+        self.reads_deferred = waiting;
+        for (_, done) in expired {
+            let _ = done.send(Err(ProposeError::NoLeader(
+                "no manager is the raft leader right now (an election is under way or no quorum is reachable)".into(),
+            )));
         }
     }
 
