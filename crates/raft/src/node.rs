@@ -606,8 +606,8 @@ struct Driver {
     /// Writes this node forwarded to the leader, by request ID (at most `MAX_FORWARDED_IN_FLIGHT`).
     forwarded: HashMap<u64, Done>,
     /// Read barriers waiting for their read index, by context (at most `MAX_READS_IN_FLIGHT`), with the
-    /// leader asked.
-    reads: HashMap<u64, (u64, ReadDone)>,
+    /// leader asked and when.
+    reads: HashMap<u64, (u64, Instant, ReadDone)>,
     /// Read barriers whose read index is known, waiting for the store to apply it.
     reads_to_apply: Vec<(u64, ReadDone)>,
     /// Read barriers waiting for a leader to ask, since when.
@@ -818,7 +818,8 @@ impl Driver {
         for (_, done) in self.forwarded.drain() {
             let _ = done.send(Err(reason.clone()));
         }
-        for (_, done) in self.reads.drain().map(|(_, v)| v).chain(self.reads_to_apply.drain(..)) {
+        let asked = self.reads.drain().map(|(_, (_, _, done))| done);
+        for done in asked.chain(self.reads_to_apply.drain(..).map(|(_, done)| done)) {
             let _ = done.send(Err(reason.clone()));
         }
         for (_, done) in self.reads_deferred.drain(..) {
@@ -864,7 +865,7 @@ impl Driver {
     /// bounds the whole wait.
     fn read_index(&mut self, done: ReadDone) {
         if self.reads.len() + self.reads_deferred.len() >= MAX_READS_IN_FLIGHT {
-            self.reads.retain(|_, (_, d)| !d.is_closed());
+            self.reads.retain(|_, (_, _, d)| !d.is_closed());
             self.reads_deferred.retain(|(_, d)| !d.is_closed());
         }
         if self.reads.len() + self.reads_deferred.len() >= MAX_READS_IN_FLIGHT {
@@ -880,7 +881,7 @@ impl Driver {
         let leader = self.raw.raft.leader_id;
         self.next_read_ctx += 1;
         self.raw.read_index(self.next_read_ctx.to_be_bytes().to_vec());
-        self.reads.insert(self.next_read_ctx, (leader, done));
+        self.reads.insert(self.next_read_ctx, (leader, Instant::now(), done));
     }
 
     /// Whether a leader can answer a read index now.
@@ -895,14 +896,19 @@ impl Driver {
     }
 
     /// Reads asked of a leader that is no longer the leader (it died or lost an election: it will never
-    /// answer) wait for a leader again; reads waiting for a leader are asked once there is one, and fail with
-    /// "no leader" once they waited `leaderless_read_wait`.
+    /// answer), or not answered within half of `leaderless_read_wait` (a leader drops a read index that
+    /// arrives before it committed an entry of its term, without a word) wait for a leader again; reads
+    /// waiting for a leader are asked once there is one, and fail with "no leader" once they waited
+    /// `leaderless_read_wait`.
     fn retry_deferred_reads(&mut self) {
         let leader = self.raw.raft.leader_id;
-        if self.reads.values().any(|(asked, _)| *asked != leader) {
-            let stale: Vec<u64> = self.reads.iter().filter(|(_, (asked, _))| *asked != leader).map(|(k, _)| *k).collect();
+        let reask = self.leaderless_read_wait() / 2;
+        let unanswered = |asked: u64, at: Instant| asked != leader || at.elapsed() >= reask;
+        if self.reads.values().any(|(asked, at, _)| unanswered(*asked, *at)) {
+            let stale: Vec<u64> =
+                self.reads.iter().filter(|(_, (asked, at, _))| unanswered(*asked, *at)).map(|(k, _)| *k).collect();
             for k in stale {
-                if let Some((_, done)) = self.reads.remove(&k) {
+                if let Some((_, _, done)) = self.reads.remove(&k) {
                     self.reads_deferred.push((Instant::now(), done));
                 }
             }
@@ -933,7 +939,7 @@ impl Driver {
     fn answer_reads(&mut self, states: Vec<raft::ReadState>) {
         for rs in states {
             let Ok(ctx) = <[u8; 8]>::try_from(rs.request_ctx.as_slice()) else { continue };
-            if let Some((_, done)) = self.reads.remove(&u64::from_be_bytes(ctx)) {
+            if let Some((_, _, done)) = self.reads.remove(&u64::from_be_bytes(ctx)) {
                 self.reads_to_apply.push((rs.index, done));
             }
         }
