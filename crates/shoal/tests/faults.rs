@@ -396,6 +396,17 @@ fn kill9_of_a_follower_that_loses_its_state_and_joins_again() {
     c.ds[f].kill9();
     c.ds[f].wipe_state();
     w.wait_acked(10, "with a follower dead", Duration::from_secs(20));
+    // The leader refuses a join at the address of a member it still hears from; once it sees the old member
+    // unreachable, the manager may come back.
+    let host = format!("manager-{f}");
+    wait_until("the leader sees the killed manager unreachable", Duration::from_secs(20), || {
+        let seen = managers_seen_by(&c.ds[leader])?;
+        if seen.iter().any(|(h, s)| *h == host && s == "unreachable") {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
     // It comes back at the same address with an empty state dir: it joins again (a new node and Raft ID)
     // and replaces its old, unreachable Raft member.
     let join = c.join_args(leader);
