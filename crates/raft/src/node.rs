@@ -896,21 +896,25 @@ impl Driver {
     }
 
     /// Reads asked of a leader that is no longer the leader (it died or lost an election: it will never
-    /// answer), or not answered within half of `leaderless_read_wait` (a leader drops a read index that
-    /// arrives before it committed an entry of its term, without a word) wait for a leader again; reads
-    /// waiting for a leader are asked once there is one, and fail with "no leader" once they waited
-    /// `leaderless_read_wait`.
+    /// answer) wait for a leader again; reads not answered within half of `leaderless_read_wait` are asked
+    /// again under the same context, the first answer counting (a leader drops, without a word, a read index
+    /// that arrives before it committed an entry of its term). Reads waiting for a leader are asked once there
+    /// is one, and fail with "no leader" once they waited `leaderless_read_wait`.
     fn retry_deferred_reads(&mut self) {
         let leader = self.raw.raft.leader_id;
-        let reask = self.leaderless_read_wait() / 2;
-        let unanswered = |asked: u64, at: Instant| asked != leader || at.elapsed() >= reask;
-        if self.reads.values().any(|(asked, at, _)| unanswered(*asked, *at)) {
-            let stale: Vec<u64> =
-                self.reads.iter().filter(|(_, (asked, at, _))| unanswered(*asked, *at)).map(|(k, _)| *k).collect();
+        if self.reads.values().any(|(asked, _, _)| *asked != leader) {
+            let stale: Vec<u64> = self.reads.iter().filter(|(_, (asked, _, _))| *asked != leader).map(|(k, _)| *k).collect();
             for k in stale {
                 if let Some((_, _, done)) = self.reads.remove(&k) {
                     self.reads_deferred.push((Instant::now(), done));
                 }
+            }
+        }
+        let reask = self.leaderless_read_wait() / 2;
+        if self.can_ask_read_index() && self.reads.values().any(|(_, at, _)| at.elapsed() >= reask) {
+            for (ctx, (_, at, _)) in self.reads.iter_mut().filter(|(_, (_, at, _))| at.elapsed() >= reask) {
+                *at = Instant::now();
+                self.raw.read_index(ctx.to_be_bytes().to_vec());
             }
         }
         if self.reads_deferred.is_empty() {
