@@ -369,8 +369,13 @@ fn kill9_of_a_quorum_then_restart() {
     let (took, answer) = wait_until("a write refused by the survivor", Duration::from_secs(20), || {
         let start = Instant::now();
         let body = service_spec("kq-no-quorum", "x").to_string();
-        match http::request_within(c.ds[survivor].socket(), "POST", "/v1.47/services/create", Some(&body), CLIENT_TIMEOUT)
-        {
+        match http::request_within(
+            c.ds[survivor].socket(),
+            "POST",
+            "/v1.47/services/create",
+            Some(&body),
+            CLIENT_TIMEOUT,
+        ) {
             Ok(r) if r.status == 503 => Ok((start.elapsed(), r.body.to_string())),
             other => Err(format!("{other:?}")),
         }
@@ -442,15 +447,22 @@ fn the_leader_cut_off_from_both_followers() {
     assert!(matches!(&r, Ok(resp) if resp.status == 503), "{r:?}");
     assert!(took < Duration::from_secs(12), "took {took:?}");
     // It has stepped down: it knows no leader, and says so at once.
-    let (took, answer) = wait_until("the isolated manager refuses writes for want of a leader", Duration::from_secs(20), || {
-        let start = Instant::now();
-        match http::request_within(c.ds[old].socket(), "POST", "/v1.47/services/create", Some(&body), CLIENT_TIMEOUT) {
-            Ok(r) if r.status == 503 && r.body.to_string().contains("no leader / lost quorum") => {
-                Ok((start.elapsed(), r.body.to_string()))
+    let (took, answer) =
+        wait_until("the isolated manager refuses writes for want of a leader", Duration::from_secs(20), || {
+            let start = Instant::now();
+            match http::request_within(
+                c.ds[old].socket(),
+                "POST",
+                "/v1.47/services/create",
+                Some(&body),
+                CLIENT_TIMEOUT,
+            ) {
+                Ok(r) if r.status == 503 && r.body.to_string().contains("no leader / lost quorum") => {
+                    Ok((start.elapsed(), r.body.to_string()))
+                }
+                other => Err(format!("{other:?}")),
             }
-            other => Err(format!("{other:?}")),
-        }
-    });
+        });
     println!("partition: the isolated manager-{old} stepped down; refuses a write in {took:?}: {answer}");
     assert!(took < Duration::from_secs(2), "took {took:?}");
     // Its reads are refused too (no leader confirms them), never stale.
@@ -510,4 +522,3 @@ fn every_manager_restarted_at_once() {
     println!("every manager killed and restarted: manager-{leader} leads {:?} later", down.elapsed());
     settle_and_check(&c, w, seed);
 }
-
