@@ -48,7 +48,7 @@ fn certificates_renew_repeatedly_while_tasks_keep_running() {
     );
     let body = serde_json::json!({
         "Name": "steady",
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"]}},
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3441"]}},
         "Mode": {"Replicated": {"Replicas": 4}},
     });
     let r =

@@ -132,7 +132,7 @@ fn one_manager_two_workers_run_a_service_together() {
     // A replicated service spreads over all three nodes.
     let body = serde_json::json!({
         "Name": "web",
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"]}},
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3541"]}},
         "Mode": {"Replicated": {"Replicas": 6}},
     });
     let r =
@@ -329,7 +329,7 @@ fn three_managers_and_two_workers_over_mutual_tls() {
     // A service created through a follower spreads over all five nodes.
     let body = serde_json::json!({
         "Name": "wide",
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"]}},
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3541"]}},
         "Mode": {"Replicated": {"Replicas": 10}},
     });
     let r =

@@ -125,7 +125,7 @@ fn three_managers_survive_losing_the_leader() {
     }
 
     // A write on a follower is forwarded to the leader and visible on every manager.
-    create(&ds[2], "from-follower", 3, &["sleep", "3171"]).expect("create on a follower");
+    create(&ds[2], "from-follower", 3, &["sleep", "3271"]).expect("create on a follower");
     wait_identical(&[&ds[0], &ds[1], &ds[2]], Duration::from_secs(30));
 
     // kill -9 the leader: a survivor takes writes again within a few seconds.
@@ -135,7 +135,7 @@ fn three_managers_survive_losing_the_leader() {
     let killed_at = Instant::now();
     let survivor = &ds[1];
     wait_until("a write through a survivor after the leader died", Duration::from_secs(20), || {
-        create(survivor, "after-failover", 1, &["sleep", "3172"])
+        create(survivor, "after-failover", 1, &["sleep", "3272"])
     });
     let took = killed_at.elapsed();
     println!("write through a survivor succeeded {took:?} after kill -9 of the leader");
