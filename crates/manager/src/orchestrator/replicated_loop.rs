@@ -1,7 +1,11 @@
 //! The replicated orchestrator's async loop: subscribes and reads (`view_and_watch`), reconciles every
 //! service, then reacts to commits. A service is reconciled again when it is created, updated or removed,
-//! when one of its tasks changes, when a node holding its tasks goes down (or is removed), and when a
-//! restart or update delay it asked for ends. A lagging watch makes it reconcile everything again.
+//! when one of its tasks changes in a way a pass reads (`task_change_matters`: created, desired state, node
+//! or spec version changed, observed state crossed into assigned, running or finished), when a node holding
+//! its tasks goes down (or is removed), and when a restart or update delay it asked for ends. A lagging
+//! watch makes it reconcile everything again. (Status reports inside a band, such as ACCEPTED, PREPARING
+//! and STARTING after ASSIGNED, change nothing a pass decides; a pass costs O(tasks of the service), so
+//! reconciling on each of them made a large service's start quadratic.)
 //!
 //! Bounds: at most `MAX_EVENTS_PER_BATCH` commits are drained before a pass; a pass reads at most
 //! `MAX_SERVICES_PER_PASS` services per view; writes carry at most `write::MAX_ACTIONS_PER_WRITE` actions;
@@ -13,7 +17,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use shoal_api::node_status;
+use shoal_api::{node_status, Task, TaskState};
 use shoal_store::{ActionKind, Commit, Object, Tables, WatchError};
 use tokio::sync::watch;
 
@@ -75,7 +79,13 @@ impl LoopState {
                 }
                 // Deletions (the reaper's) do not need a pass.
                 Object::Task(t) if ch.kind != ActionKind::Remove && !t.service_id.is_empty() => {
-                    self.pending.insert(t.service_id.clone());
+                    let old = match &ch.old {
+                        Some(Object::Task(o)) => Some(&**o),
+                        _ => None,
+                    };
+                    if task_change_matters(old, t) {
+                        self.pending.insert(t.service_id.clone());
+                    }
                 }
                 Object::Node(n) => {
                     let down = |o: &Option<Object>| match o {
@@ -97,6 +107,32 @@ impl LoopState {
             }
         }
     }
+}
+
+/// Where a task's observed state stands for a reconcile pass: not yet assigned, assigned but not running,
+/// running, finished. A pass reads the observed state only through these bands (restart on finished, node
+/// down for assigned and later, update progress and scale-down order on running).
+fn observed_band(t: &Task) -> u8 {
+    let s = super::observed_state(t);
+    if s.is_terminal() {
+        3
+    } else if s == TaskState::Running {
+        2
+    } else if s >= TaskState::Assigned {
+        1
+    } else {
+        0
+    }
+}
+
+/// True when a task write can change what reconciling its service decides: a new task (or one whose old
+/// version is not known), or a changed desired state, node, spec version or observed-state band.
+fn task_change_matters(old: Option<&Task>, new: &Task) -> bool {
+    let Some(old) = old else { return true };
+    old.desired_state != new.desired_state
+        || old.node_id != new.node_id
+        || old.spec_version != new.spec_version
+        || observed_band(old) != observed_band(new)
 }
 
 async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
@@ -207,4 +243,71 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use shoal_api::{Task, TaskState, TaskStatus};
+    use shoal_store::{ActionKind, Change, Commit, Object};
+
+    use super::{task_change_matters, LoopState};
+
+    fn task(state: TaskState, desired: TaskState, node: &str) -> Task {
+        let mut t = Task {
+            id: "t1".into(),
+            service_id: "s1".into(),
+            node_id: node.into(),
+            status: Some(TaskStatus { state: state as i32, ..Default::default() }),
+            ..Default::default()
+        };
+        t.set_desired_state(desired);
+        t
+    }
+
+    fn pending_after(old: Option<Task>, new: Task) -> bool {
+        let kind = if old.is_some() { ActionKind::Update } else { ActionKind::Create };
+        let commit = Commit {
+            index: 1,
+            changes: vec![Change {
+                kind,
+                object: Object::Task(Arc::new(new)),
+                old: old.map(|o| Object::Task(Arc::new(o))),
+            }],
+        };
+        let mut ls = LoopState::default();
+        ls.note(&commit);
+        ls.pending.contains("s1")
+    }
+
+    #[test]
+    fn status_reports_inside_a_band_do_not_reconcile() {
+        use TaskState::*;
+        let r = Running;
+        // Agent progress between assignment and running, and repeated reports: no pass.
+        for (a, b) in [(Assigned, Accepted), (Accepted, Preparing), (Preparing, Starting), (Running, Running)] {
+            assert!(!pending_after(Some(task(a, r, "n1")), task(b, r, "n1")), "{a:?} -> {b:?}");
+        }
+        assert!(!pending_after(Some(task(Failed, Shutdown, "n1")), task(Failed, Shutdown, "n1")));
+    }
+
+    #[test]
+    fn changes_a_pass_reads_reconcile() {
+        use TaskState::*;
+        let r = Running;
+        // A new task; assignment; running; finished; a new desired state; another node.
+        assert!(pending_after(None, task(New, r, "")));
+        assert!(pending_after(Some(task(Pending, r, "")), task(Assigned, r, "n1")));
+        assert!(pending_after(Some(task(Starting, r, "n1")), task(Running, r, "n1")));
+        for end in [Complete, Failed, Rejected, Shutdown, Orphaned] {
+            assert!(pending_after(Some(task(Running, r, "n1")), task(end, r, "n1")), "{end:?}");
+            assert!(pending_after(Some(task(Preparing, r, "n1")), task(end, r, "n1")), "{end:?}");
+        }
+        assert!(pending_after(Some(task(Running, r, "n1")), task(Running, Shutdown, "n1")));
+        assert!(pending_after(Some(task(Assigned, r, "n1")), task(Assigned, r, "n2")));
+        let mut bumped = task(Running, r, "n1");
+        bumped.spec_version = Some(Default::default());
+        assert!(task_change_matters(Some(&task(Running, r, "n1")), &bumped));
+    }
 }
