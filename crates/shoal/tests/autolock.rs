@@ -8,9 +8,8 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use common::*;
@@ -27,44 +26,12 @@ fn create(d: &DaemonProcess, name: &str, labels: Value, argv: &[&str]) -> String
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}, "RestartPolicy": {"Delay": 100_000_000u64}},
         "Mode": {"Replicated": {"Replicas": 1}},
     });
-    let r = http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
-    assert_eq!(r.status, 201, "create: {}", r.body);
-    r.body["ID"].as_str().unwrap().to_string()
+    shoal_testkit::managers::post_service(d, &body).unwrap_or_else(|e| panic!("create: {e}"))
 }
 
-/// `docker ARGS` with `input` on stdin (not a terminal: the CLI reads the key from it).
-fn docker_with_stdin(socket: &Path, args: &[&str], input: &str) -> Output {
-    let config = std::env::temp_dir().join("shoal-test-docker-config");
-    let _ = std::fs::create_dir_all(&config);
-    let mut child = Command::new("docker")
-        .arg("--config")
-        .arg(&config)
-        .arg("-H")
-        .arg(format!("unix://{}", socket.display()))
-        .args(args)
-        .env_remove("DOCKER_HOST")
-        .env_remove("DOCKER_CONTEXT")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run docker");
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    child.wait_with_output().unwrap()
-}
-
+/// `shoal ARGS` with `input` on stdin (not a terminal: the CLI reads the key from it).
 fn shoal_with_stdin(socket: &Path, args: &[&str], input: &str) -> Output {
-    let mut child = Command::new(shoal_bin())
-        .arg("-H")
-        .arg(format!("unix://{}", socket.display()))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run shoal");
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    child.wait_with_output().unwrap()
+    process::output_with_stdin(&mut shoal_command(socket, args), input.as_bytes(), "shoal")
 }
 
 fn text(o: &Output) -> String {
@@ -165,8 +132,11 @@ fn docker_swarm_autolock_unlock_and_rotate() {
     assert!(process::pids_with_cmdline(&["sleep", "3741"]).is_empty(), "a locked manager runs no task");
 
     // A wrong key, then a malformed one: refused, still locked.
-    let wrong =
-        docker_with_stdin(d.socket(), &["swarm", "unlock"], "SWMKEY-1-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n");
+    let wrong = docker_cli::run_with_stdin(
+        d.socket(),
+        &["swarm", "unlock"],
+        "SWMKEY-1-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n",
+    );
     assert!(!wrong.status.success() && text(&wrong).contains(INVALID_KEY), "{}", text(&wrong));
     let r =
         http::request(d.socket(), "POST", "/v1.47/swarm/unlock", Some(r#"{"UnlockKey":"SWMKEY-1-tooshort"}"#)).unwrap();
@@ -175,7 +145,7 @@ fn docker_swarm_autolock_unlock_and_rotate() {
     assert_eq!(key_files(&d), sealed, "refused keys change nothing on disk");
 
     // The right key: the node starts and everything is back.
-    let ok = docker_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{key}\n"));
+    let ok = docker_cli::run_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{key}\n"));
     assert!(ok.status.success(), "{}", text(&ok));
     wait_unlocked(&d);
     assert_eq!(node_state(&d), "active");
@@ -192,9 +162,9 @@ fn docker_swarm_autolock_unlock_and_rotate() {
     assert!(d.stop(), "SIGTERM exits cleanly; log:\n{}", d.log());
     d.restart(&[]);
     assert_locked(&d);
-    let old = docker_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{key}\n"));
+    let old = docker_cli::run_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{key}\n"));
     assert!(!old.status.success() && text(&old).contains(INVALID_KEY), "{}", text(&old));
-    let ok = docker_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{new_key}\n"));
+    let ok = docker_cli::run_with_stdin(d.socket(), &["swarm", "unlock"], &format!("{new_key}\n"));
     assert!(ok.status.success(), "{}", text(&ok));
     wait_unlocked(&d);
     wait_running(&d, "locked-web", 1, &["sleep", "3741"], Duration::from_secs(30));
@@ -304,16 +274,7 @@ fn nothing_readable_in_the_state_dir() {
 }
 
 fn manager(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
-    let mut opts = shoal_testkit::DaemonOptions {
-        listen_ip: Some(format!("127.0.0.{i}")),
-        hostname: Some(format!("locked-manager-{i}")),
-        ..Default::default()
-    };
-    if let Some(j) = join {
-        let token = j.get("/v1.47/swarm")["JoinTokens"]["Manager"].as_str().unwrap().to_string();
-        opts.extra_args = vec!["--join-addr".into(), j.remote_addr(), "--join-token".into(), token];
-    }
-    DaemonProcess::start_with(&shoal_bin(), opts)
+    node_at(i, &format!("locked-manager-{i}"), join.map(|j| (j, "Manager")))
 }
 
 /// `POST /swarm/update` through `d` with autolock set and, optionally, the unlock key rotated.

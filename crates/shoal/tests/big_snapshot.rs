@@ -7,24 +7,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use shoal_testkit::daemon::DaemonOptions;
 
 /// Services written, each carrying a label of `LABEL_BYTES`: 104 x 1 MiB = 104 MiB of state.
 const SERVICES: usize = 104;
 const LABEL_BYTES: usize = 1 << 20;
-
-fn manager_at(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
-    let mut opts = DaemonOptions {
-        listen_ip: Some(format!("127.0.0.{i}")),
-        hostname: Some(format!("manager-{i}")),
-        ..DaemonOptions::default()
-    };
-    if let Some(j) = join {
-        let token = j.get("/v1.47/swarm")["JoinTokens"]["Manager"].as_str().unwrap().to_string();
-        opts.extra_args = vec!["--join-addr".into(), j.remote_addr(), "--join-token".into(), token];
-    }
-    DaemonProcess::start_with(&shoal_bin(), opts)
-}
 
 /// Creates service `name` (no replicas) with a label of `LABEL_BYTES` bytes made from `seed`.
 fn create_big(d: &DaemonProcess, name: &str, seed: usize) {
@@ -35,9 +21,7 @@ fn create_big(d: &DaemonProcess, name: &str, seed: usize) {
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "1"]}},
         "Mode": {"Replicated": {"Replicas": 0}},
     });
-    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string()))
-        .expect("create request");
-    assert_eq!(r.status, 201, "create {name}: {}", r.body);
+    shoal_testkit::managers::post_service(d, &body).unwrap_or_else(|e| panic!("create {name}: {e}"));
 }
 
 /// (ID, version, length of the fill label) of every service, sorted by ID.

@@ -20,6 +20,18 @@ pub fn daemon() -> DaemonProcess {
     DaemonProcess::start(&shoal_bin())
 }
 
+/// The daemon on 127.0.0.`i` with hostname `hostname`; with `join = Some((d, role))` it joins `d`'s cluster
+/// with its join token for `role` ("Manager" or "Worker").
+pub fn node_at(i: u8, hostname: &str, join: Option<(&DaemonProcess, &str)>) -> DaemonProcess {
+    shoal_testkit::managers::start_node(&shoal_bin(), i, hostname, join)
+}
+
+/// Manager `i`: hostname `manager-{i}` on 127.0.0.`i`; with `join`, it joins that manager's cluster with its
+/// manager token.
+pub fn manager_at(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
+    node_at(i, &format!("manager-{i}"), join.map(|j| (j, "Manager")))
+}
+
 /// Tasks of a service, from the Engine API.
 pub fn tasks_of(d: &DaemonProcess, service: &str) -> Vec<Value> {
     let filters = format!("{{\"service\":{{\"{service}\":true}}}}");
@@ -77,14 +89,16 @@ pub fn no_docker_cli() -> bool {
     true
 }
 
+/// Our own CLI against the daemon's control socket `socket`, not started.
+pub fn shoal_command(socket: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(shoal_bin());
+    cmd.arg("-H").arg(format!("unix://{}", socket.display())).args(args);
+    cmd
+}
+
 /// Runs our own CLI against the daemon.
 pub fn shoal_cli(socket: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(shoal_bin())
-        .arg("-H")
-        .arg(format!("unix://{}", socket.display()))
-        .args(args)
-        .output()
-        .expect("run shoal")
+    shoal_command(socket, args).output().expect("run shoal")
 }
 
 /// A `docker service logs -f --tail 0` process, killed when dropped.
@@ -96,15 +110,7 @@ pub struct Follower {
 impl Follower {
     /// Starts following `target` (a service or task) through the control socket `socket`.
     pub fn start(socket: &std::path::Path, target: &str) -> Follower {
-        let config = std::env::temp_dir().join("shoal-test-docker-config");
-        let _ = std::fs::create_dir_all(&config);
-        let mut child = Command::new("docker")
-            .arg("--config")
-            .arg(&config)
-            .arg("-H")
-            .arg(format!("unix://{}", socket.display()))
-            .args(["service", "logs", "-f", "--tail", "0", target])
-            .env_remove("DOCKER_HOST")
+        let mut child = docker_cli::command(socket, &["service", "logs", "-f", "--tail", "0", target])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -9,21 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use shoal_testkit::daemon::DaemonOptions;
-use shoal_testkit::managers::{managers_seen_by, wait_identical};
-
-fn manager_at(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
-    let mut opts = DaemonOptions {
-        listen_ip: Some(format!("127.0.0.{i}")),
-        hostname: Some(format!("manager-{i}")),
-        ..DaemonOptions::default()
-    };
-    if let Some(j) = join {
-        let token = j.get("/v1.47/swarm")["JoinTokens"]["Manager"].as_str().unwrap().to_string();
-        opts.extra_args = vec!["--join-addr".into(), j.remote_addr(), "--join-token".into(), token];
-    }
-    DaemonProcess::start_with(&shoal_bin(), opts)
-}
+use shoal_testkit::managers::{create_service, managers_seen_by, wait_identical};
 
 fn wait_seen(d: &DaemonProcess, want: &[(&str, &str)]) {
     let want: Vec<(String, String)> = want.iter().map(|(h, s)| (h.to_string(), s.to_string())).collect();
@@ -38,17 +24,7 @@ fn wait_seen(d: &DaemonProcess, want: &[(&str, &str)]) {
 }
 
 fn create(d: &DaemonProcess, name: &str) -> Result<(), String> {
-    let body = serde_json::json!({
-        "Name": name,
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3301"]}},
-        "Mode": {"Replicated": {"Replicas": 1}},
-    });
-    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string()))?;
-    if r.status == 201 {
-        Ok(())
-    } else {
-        Err(format!("{} {}", r.status, r.body))
-    }
+    create_service(d, name, 1, &["sleep", "3301"]).map(|_| ())
 }
 
 #[test]

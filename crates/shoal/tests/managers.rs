@@ -8,28 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use shoal_testkit::daemon::DaemonOptions;
-use shoal_testkit::managers::{managers_seen_by, wait_identical};
-
-/// Manager `i`; with `join`, it joins that manager's cluster with its manager token.
-fn manager(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
-    daemon_at(i, &format!("manager-{i}"), join.map(|j| (j, "Manager")))
-}
-
-/// The daemon on 127.0.0.`i` with hostname `name`; with `join`, it joins that manager's cluster with its
-/// join token for the role ("Manager" or "Worker").
-fn daemon_at(i: u8, name: &str, join: Option<(&DaemonProcess, &str)>) -> DaemonProcess {
-    let mut opts = DaemonOptions {
-        listen_ip: Some(format!("127.0.0.{i}")),
-        hostname: Some(name.to_string()),
-        ..DaemonOptions::default()
-    };
-    if let Some((j, role)) = join {
-        let token = j.get("/v1.47/swarm")["JoinTokens"][role].as_str().unwrap().to_string();
-        opts.extra_args = vec!["--join-addr".into(), j.remote_addr(), "--join-token".into(), token];
-    }
-    DaemonProcess::start_with(&shoal_bin(), opts)
-}
+use shoal_testkit::managers::{create_service as create, managers_seen_by, wait_identical};
 
 /// Sets the desired role of the node named `host` through `d`'s control socket (what `docker node promote`
 /// and `docker node demote` send).
@@ -62,20 +41,6 @@ fn wait_managers(d: &DaemonProcess, want: &[(&str, &str)], deadline: Duration) {
     });
 }
 
-fn create(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> Result<String, String> {
-    let body = serde_json::json!({
-        "Name": name,
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}},
-        "Mode": {"Replicated": {"Replicas": replicas}},
-    });
-    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string()))?;
-    if r.status == 201 {
-        Ok(r.body["ID"].as_str().unwrap_or_default().to_string())
-    } else {
-        Err(format!("{} {}", r.status, r.body))
-    }
-}
-
 fn leader_index(ds: &[&DaemonProcess]) -> usize {
     wait_until("one leader", Duration::from_secs(20), || {
         let seen = managers_seen_by(ds[0])?;
@@ -92,9 +57,9 @@ fn leader_index(ds: &[&DaemonProcess]) -> usize {
 
 #[test]
 fn three_managers_survive_losing_the_leader() {
-    let a = manager(11, None);
-    let b = manager(12, Some(&a));
-    let c = manager(13, Some(&a));
+    let a = manager_at(11, None);
+    let b = manager_at(12, Some(&a));
+    let c = manager_at(13, Some(&a));
     let mut ds = [a, b, c];
 
     let expected = |leader: &str| {
@@ -162,9 +127,9 @@ fn three_managers_survive_losing_the_leader() {
 /// a clear 503; restarted with `--force-new-cluster`, it is the only manager, keeps the data and takes writes.
 #[test]
 fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
-    let mut a = manager(21, None);
-    let mut b = manager(22, Some(&a));
-    let mut c = manager(23, Some(&a));
+    let mut a = manager_at(21, None);
+    let mut b = manager_at(22, Some(&a));
+    let mut c = manager_at(23, Some(&a));
     wait_until("3 managers", Duration::from_secs(30), || {
         let seen = managers_seen_by(&a)?;
         if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 {
@@ -218,9 +183,9 @@ fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
 /// and take writes, and the node stays in the cluster without a manager status.
 #[test]
 fn a_demoted_manager_leaves_raft() {
-    let a = manager(31, None);
-    let b = manager(32, Some(&a));
-    let c = manager(33, Some(&a));
+    let a = manager_at(31, None);
+    let b = manager_at(32, Some(&a));
+    let c = manager_at(33, Some(&a));
     wait_until("3 managers, manager-31 leads", Duration::from_secs(30), || {
         let seen = managers_seen_by(&a)?;
         let want: Vec<(String, String)> = vec![
@@ -267,9 +232,9 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
     if no_docker_cli() {
         return;
     }
-    let a = manager(11, None);
-    let b = manager(12, Some(&a));
-    let c = manager(13, Some(&a));
+    let a = manager_at(11, None);
+    let b = manager_at(12, Some(&a));
+    let c = manager_at(13, Some(&a));
     let mut all = [a, b, c];
     for d in &all {
         wait_until("3 managers seen", Duration::from_secs(30), || {
@@ -357,8 +322,8 @@ fn start_with_certs_only(state_dir: &std::path::Path) -> (bool, String) {
 /// Demoted again, it leaves Raft and is a worker in `docker node ls`.
 #[test]
 fn a_promoted_worker_becomes_a_manager_and_back() {
-    let a = manager(41, None);
-    let w = daemon_at(42, "worker-42", Some((&a, "Worker")));
+    let a = manager_at(41, None);
+    let w = node_at(42, "worker-42", Some((&a, "Worker")));
     wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "none")], Duration::from_secs(30));
 
     // The docker CLI when it is installed (`docker node promote` sends the same update), else the API.

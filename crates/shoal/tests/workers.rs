@@ -19,22 +19,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use shoal_testkit::daemon::DaemonOptions;
-
-/// The daemon on 127.0.0.`ip` named `name`; with `join`, it joins that manager's cluster with its `role`
-/// ("Manager" or "Worker") token.
-fn daemon_at(ip: u8, name: &str, join: Option<(&DaemonProcess, &str)>) -> DaemonProcess {
-    let mut opts = DaemonOptions {
-        listen_ip: Some(format!("127.0.0.{ip}")),
-        hostname: Some(name.to_string()),
-        ..DaemonOptions::default()
-    };
-    if let Some((m, role)) = join {
-        let token = m.get("/v1.47/swarm")["JoinTokens"][role].as_str().unwrap().to_string();
-        opts.extra_args = vec!["--join-addr".into(), m.remote_addr(), "--join-token".into(), token];
-    }
-    DaemonProcess::start_with(&shoal_bin(), opts)
-}
 
 fn post(d: &DaemonProcess, path: &str, body: &Value) -> Result<Value, String> {
     let r = shoal_testkit::http::request(d.socket(), "POST", path, Some(&body.to_string()))?;
@@ -168,12 +152,12 @@ impl Drop for Stopped {
 #[test]
 fn a_worker_survives_losing_the_manager_it_joined_through() {
     let argv = ["sleep", "4271"];
-    let m1 = daemon_at(81, "manager-81", None);
-    let m2 = daemon_at(82, "manager-82", Some((&m1, "Manager")));
-    let m3 = daemon_at(83, "manager-83", Some((&m1, "Manager")));
+    let m1 = node_at(81, "manager-81", None);
+    let m2 = node_at(82, "manager-82", Some((&m1, "Manager")));
+    let m3 = node_at(83, "manager-83", Some((&m1, "Manager")));
     // DOWN after 6 s without a heartbeat (12 s after a new leader is elected): tighter than the default 15 s.
     set_heartbeat_period(&m1, Duration::from_secs(2));
-    let mut w = daemon_at(84, "worker-84", Some((&m1, "Worker")));
+    let mut w = node_at(84, "worker-84", Some((&m1, "Worker")));
     let mut ms = [m1, m2, m3];
     let m1 = &ms[0];
     wait_until("the worker ready", Duration::from_secs(30), || match node_state(m1, "worker-84").as_str() {
@@ -276,11 +260,11 @@ fn a_worker_survives_losing_the_manager_it_joined_through() {
 #[test]
 fn a_cut_off_worker_is_replaced_and_stops_its_stale_task_when_it_returns() {
     let argv = ["sleep", "4281"];
-    let m = daemon_at(91, "manager-91", None);
+    let m = node_at(91, "manager-91", None);
     // A node is DOWN after 3 periods without a heartbeat: 1.5 s.
     set_heartbeat_period(&m, Duration::from_millis(500));
-    let a = daemon_at(92, "worker-92", Some((&m, "Worker")));
-    let b = daemon_at(93, "worker-93", Some((&m, "Worker")));
+    let a = node_at(92, "worker-92", Some((&m, "Worker")));
+    let b = node_at(93, "worker-93", Some((&m, "Worker")));
     wait_until("two ready workers", Duration::from_secs(30), || {
         let states = (node_state(&m, "worker-92"), node_state(&m, "worker-93"));
         if states.0 == "ready" && states.1 == "ready" {

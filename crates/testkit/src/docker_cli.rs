@@ -8,20 +8,31 @@ pub fn available() -> bool {
     Command::new("docker").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-/// Runs `docker -H unix://SOCKET ARGS...` with an empty config dir (no contexts, no credentials).
-pub fn run(socket: &Path, args: &[&str]) -> Output {
+/// The command `docker -H unix://SOCKET ARGS...` with an empty config dir (no contexts, no credentials),
+/// not started.
+pub fn command(socket: &Path, args: &[&str]) -> Command {
     let config = std::env::temp_dir().join("shoal-test-docker-config");
     let _ = std::fs::create_dir_all(&config);
-    Command::new("docker")
-        .arg("--config")
+    let mut cmd = Command::new("docker");
+    cmd.arg("--config")
         .arg(&config)
         .arg("-H")
         .arg(format!("unix://{}", socket.display()))
         .args(args)
         .env_remove("DOCKER_HOST")
-        .env_remove("DOCKER_CONTEXT")
-        .output()
-        .expect("run docker")
+        .env_remove("DOCKER_CONTEXT");
+    cmd
+}
+
+/// Runs `docker -H unix://SOCKET ARGS...` (see [`command`]).
+pub fn run(socket: &Path, args: &[&str]) -> Output {
+    command(socket, args).output().expect("run docker")
+}
+
+/// Runs `docker -H unix://SOCKET ARGS...` with `input` on its stdin (not a terminal: e.g. `docker swarm
+/// unlock` reads the key from it).
+pub fn run_with_stdin(socket: &Path, args: &[&str], input: &str) -> Output {
+    crate::process::output_with_stdin(&mut command(socket, args), input.as_bytes(), "docker")
 }
 
 /// Runs the docker CLI and returns stdout, panicking with stderr when it fails.

@@ -6,7 +6,6 @@
 //! The image is built once per machine: a file lock serialises test processes, and a present image is
 //! reused. Nothing here ever pulls. Talks to the engine through the docker CLI (at its default socket).
 
-use std::io::Write;
 use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -89,16 +88,13 @@ fn build_test_image() {
     std::fs::write(r.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n").expect("group");
     let tar = Command::new("tar").arg("-C").arg(r).args(["-c", "."]).output().expect("tar the rootfs");
     assert!(tar.status.success(), "tar failed: {}", String::from_utf8_lossy(&tar.stderr));
-    let mut import = Command::new("docker")
-        .args(["import", "--change", "ENV PATH=/bin", "--change", "CMD [\"sh\"]", "-", TEST_IMAGE])
-        .env_remove("DOCKER_HOST")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("docker import");
-    import.stdin.take().expect("stdin").write_all(&tar.stdout).expect("send the rootfs");
-    let out = import.wait_with_output().expect("docker import");
+    let out = crate::process::output_with_stdin(
+        Command::new("docker")
+            .args(["import", "--change", "ENV PATH=/bin", "--change", "CMD [\"sh\"]", "-", TEST_IMAGE])
+            .env_remove("DOCKER_HOST"),
+        &tar.stdout,
+        "docker import",
+    );
     assert!(out.status.success(), "docker import failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 

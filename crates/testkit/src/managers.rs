@@ -1,12 +1,57 @@
-//! Looking at a multi-manager cluster of daemon processes through their Engine APIs: manager statuses as one
-//! manager sees them, the leader, and whether every manager's store holds the same objects. Shared by the
-//! multi-manager and fault tests.
+//! Starting the daemons of a multi-manager cluster on 127.0.0.x and looking at it through their Engine APIs:
+//! joining with a role's token, creating services through any manager, manager statuses as one manager sees
+//! them, the leader, and whether every manager's store holds the same objects. Shared by the multi-manager
+//! and fault tests.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::{wait_until, DaemonProcess};
+use crate::{wait_until, DaemonOptions, DaemonProcess};
+
+/// The join token `d`'s cluster hands out for `role` ("Manager" or "Worker").
+pub fn join_token(d: &DaemonProcess, role: &str) -> String {
+    d.get("/v1.47/swarm")["JoinTokens"][role].as_str().unwrap_or_else(|| panic!("no {role} join token")).to_string()
+}
+
+/// Starts `binary`'s daemon listening on 127.0.0.`i` with hostname `hostname`. With `join = Some((d, role))`
+/// it joins `d`'s cluster (`--join-addr`) with `d`'s join token for `role` ("Manager" or "Worker"); without,
+/// it bootstraps a new cluster.
+pub fn start_node(binary: &Path, i: u8, hostname: &str, join: Option<(&DaemonProcess, &str)>) -> DaemonProcess {
+    let mut opts = DaemonOptions {
+        listen_ip: Some(format!("127.0.0.{i}")),
+        hostname: Some(hostname.to_string()),
+        ..DaemonOptions::default()
+    };
+    if let Some((d, role)) = join {
+        opts.extra_args = vec!["--join-addr".into(), d.remote_addr(), "--join-token".into(), join_token(d, role)];
+    }
+    DaemonProcess::start_with(binary, opts)
+}
+
+/// POST `spec` to `d`'s `/services/create`: the new service's ID, else the status and body as the error
+/// (e.g. a 503 while no leader is elected or quorum is lost).
+pub fn post_service(d: &DaemonProcess, spec: &Value) -> Result<String, String> {
+    let r = crate::http::request(d.socket(), "POST", "/v1.47/services/create", Some(&spec.to_string()))?;
+    if r.status == 201 {
+        Ok(r.body["ID"].as_str().unwrap_or_default().to_string())
+    } else {
+        Err(format!("{} {}", r.status, r.body))
+    }
+}
+
+/// Creates service `name`: `replicas` busybox tasks running `argv` (see [`post_service`]).
+pub fn create_service(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> Result<String, String> {
+    post_service(
+        d,
+        &serde_json::json!({
+            "Name": name,
+            "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}},
+            "Mode": {"Replicated": {"Replicas": replicas}},
+        }),
+    )
+}
 
 /// GET `path` on `d`'s Engine API: the JSON body of a 2xx answer, else the status and body as the error
 /// (e.g. a 503 while the managers elect a leader).

@@ -1,4 +1,8 @@
-//! Looking at processes on this machine (for checks like "3 real `sleep 3141` processes").
+//! Looking at processes on this machine (for checks like "3 real `sleep 3141` processes"), and running a
+//! command with input on its stdin.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
 
 /// PIDs of live (not zombie) processes whose full command line equals `argv`.
 pub fn pids_with_cmdline(argv: &[&str]) -> Vec<i32> {
@@ -44,4 +48,17 @@ pub fn wait_exit(mut child: std::process::Child, limit: std::time::Duration, wha
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// Runs `cmd` with `input` written to its stdin (then closed) and waits for it; stdout and stderr captured.
+/// `what` names the command in the panic when it cannot be started.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8], what: &str) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    child.stdin.take().expect("stdin").write_all(input).unwrap_or_else(|e| panic!("write to {what}'s stdin: {e}"));
+    child.wait_with_output().unwrap_or_else(|e| panic!("wait for {what}: {e}"))
 }
