@@ -112,14 +112,7 @@ async fn manager(listener: TcpListener, advertised: Option<SocketAddr>, others: 
         ..Default::default()
     };
     let dispatcher = Dispatcher::new(state.clone(), config);
-    let svc = dispatcher.grpc_service_trusting_metadata_for_tests();
-    let server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
+    let server = dispatcher.serve_trusting_metadata_for_tests(listener);
     let (stop, stop_rx) = watch::channel(false);
     tokio::spawn(dispatcher.subsystem().run(state.clone(), stop_rx));
     Manager { state, clock, addr, server, _stop: stop }

@@ -38,14 +38,7 @@ async fn cluster() -> Cluster {
     let dispatcher = Dispatcher::new(state.clone(), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let svc = dispatcher.grpc_service_trusting_metadata_for_tests();
-    let server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
+    let server = dispatcher.serve_trusting_metadata_for_tests(listener);
     let (stop, stop_rx) = watch::channel(false);
     tokio::spawn(dispatcher.subsystem().run(state.clone(), stop_rx));
     Cluster { state, addr, server, _stop_subsystem: stop }

@@ -235,6 +235,22 @@ impl Dispatcher {
         )
     }
 
+    /// Serves [`Self::grpc_service_trusting_metadata_for_tests`] over plain TCP on `listener` in a new task,
+    /// until that task is aborted (tests only).
+    pub fn serve_trusting_metadata_for_tests(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+    ) -> tokio::task::JoinHandle<()> {
+        let svc = self.grpc_service_trusting_metadata_for_tests();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .expect("the test dispatcher's gRPC server");
+        })
+    }
+
     /// The leader-only loop: heartbeat expiry (node DOWN) and the status-update flusher.
     pub fn subsystem(self: &Arc<Self>) -> Box<dyn Subsystem> {
         Box::new(DispatcherSubsystem(self.clone()))

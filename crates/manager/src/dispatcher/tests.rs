@@ -56,14 +56,7 @@ async fn harness() -> Harness {
     let dispatcher = Dispatcher::new(state.clone(), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let svc = dispatcher.grpc_service_trusting_metadata_for_tests();
-    let server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
+    let server = dispatcher.serve_trusting_metadata_for_tests(listener);
     let (stop_tx, stop_rx) = watch::channel(false);
     let fut = dispatcher.subsystem().run(state.clone(), stop_rx);
     tokio::spawn(fut);
@@ -116,6 +109,20 @@ fn req<T>(node: &str, msg: T) -> Request<T> {
     r.metadata_mut()
         .insert(NODE_ID_METADATA_KEY, node.parse().unwrap());
     r
+}
+
+/// `node`'s report, in session `sid`, that task `task` is now in `state`.
+fn status_report(node: &str, sid: &str, task: &str, state: TaskState) -> Request<UpdateTaskStatusRequest> {
+    req(
+        node,
+        UpdateTaskStatusRequest {
+            session_id: sid.into(),
+            updates: vec![TaskStatusUpdate {
+                task_id: task.into(),
+                status: Some(TaskStatus { state: state as i32, ..Default::default() }),
+            }],
+        },
+    )
 }
 
 fn task(id: &str, node: &str, state: TaskState, desired: TaskState) -> Task {
@@ -348,22 +355,7 @@ async fn assignments_send_a_complete_set_then_increments() {
     );
 
     // The agent's own status report is not echoed; the desired-state change after it is.
-    client
-        .update_task_status(req(
-            "node-1",
-            UpdateTaskStatusRequest {
-                session_id: sid.clone(),
-                updates: vec![TaskStatusUpdate {
-                    task_id: "t1".into(),
-                    status: Some(TaskStatus {
-                        state: TaskState::Running as i32,
-                        ..Default::default()
-                    }),
-                }],
-            },
-        ))
-        .await
-        .unwrap();
+    client.update_task_status(status_report("node-1", &sid, "t1", TaskState::Running)).await.unwrap();
     assert_eq!(
         h.task("t1").status.unwrap().state,
         TaskState::Running as i32
@@ -699,22 +691,7 @@ async fn a_returning_node_is_ready_again_and_is_told_to_stop_its_replaced_tasks(
     assert_eq!(tasks[0].id, "t1");
     assert_eq!(tasks[0].desired_state, TaskState::Shutdown as i32);
 
-    client
-        .update_task_status(req(
-            "node-1",
-            UpdateTaskStatusRequest {
-                session_id: sid,
-                updates: vec![TaskStatusUpdate {
-                    task_id: "t1".into(),
-                    status: Some(TaskStatus {
-                        state: TaskState::Shutdown as i32,
-                        ..Default::default()
-                    }),
-                }],
-            },
-        ))
-        .await
-        .unwrap();
+    client.update_task_status(status_report("node-1", &sid, "t1", TaskState::Shutdown)).await.unwrap();
     assert_eq!(
         h.task("t1").status.unwrap().state,
         TaskState::Shutdown as i32
