@@ -91,12 +91,16 @@ pub fn router(ctx: ApiContext) -> Router {
         )
         .route("/nodes/{id}/update", post(handlers::update_node))
         .route("/distribution/{*name}", get(handlers::distribution))
-        .fallback(handlers::not_found)
-        .layer(axum::middleware::map_response(add_headers))
-        .with_state(Arc::new(ctx));
-    let stripped = tower::ServiceBuilder::new()
-        .map_request(strip_version_prefix)
-        .service(routes);
+        .fallback(handlers::not_found);
+    with_context(routes, ctx)
+}
+
+/// `routes` (handlers over `ctx`, fallback included) as every API of this crate serves them (this one, a
+/// worker's, a locked manager's): Docker's headers on every response, an optional `/v1.NN` prefix stripped
+/// before routing.
+pub(crate) fn with_context<C: Send + Sync + 'static>(routes: Router<Arc<C>>, ctx: C) -> Router {
+    let routes = routes.layer(axum::middleware::map_response(add_headers)).with_state(Arc::new(ctx));
+    let stripped = tower::ServiceBuilder::new().map_request(strip_version_prefix).service(routes);
     Router::new().fallback_service(stripped)
 }
 

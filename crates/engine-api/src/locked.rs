@@ -128,13 +128,8 @@ pub fn locked_router(ctx: LockedContext) -> Router {
         .route("/version", get(crate::handlers::version))
         .route("/info", get(info))
         .route("/swarm/unlock", post(unlock))
-        .fallback(refuse)
-        .layer(axum::middleware::map_response(crate::add_headers))
-        .with_state(Arc::new(ctx));
-    let stripped = tower::ServiceBuilder::new()
-        .map_request(crate::strip_version_prefix)
-        .service(routes);
-    Router::new().fallback_service(stripped)
+        .fallback(refuse);
+    crate::with_context(routes, ctx)
 }
 
 /// Serves the locked control socket on `listener` until `shutdown` resolves (in-flight requests finish).

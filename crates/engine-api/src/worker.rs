@@ -72,11 +72,8 @@ pub fn worker_router(ctx: WorkerContext) -> Router {
         .route("/_ping", get(crate::handlers::ping))
         .route("/version", get(crate::handlers::version))
         .route("/info", get(info))
-        .fallback(refuse)
-        .layer(axum::middleware::map_response(crate::add_headers))
-        .with_state(Arc::new(ctx));
-    let stripped = tower::ServiceBuilder::new().map_request(crate::strip_version_prefix).service(routes);
-    Router::new().fallback_service(stripped)
+        .fallback(refuse);
+    crate::with_context(routes, ctx)
 }
 
 /// Serves the worker's control socket on `listener` until `shutdown` resolves.
