@@ -24,7 +24,6 @@
 //! Must not log key material.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
@@ -301,19 +300,8 @@ fn fsync_dir(dir: &Path) -> Result<(), NodeError> {
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("rewrap.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| NodeError::io(&tmp, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| NodeError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| NodeError::io(path, e))?;
-    let dir = path.parent().expect("a key file has a directory");
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| NodeError::io(dir, e))
+    crate::join::replace_private(path, "rewrap.tmp", bytes).map_err(|(p, e)| NodeError::io(&p, e))?;
+    fsync_dir(path.parent().expect("a key file has a directory"))
 }
 
 /// The KEK the cluster object asks for: the one of its managers' unlock key while autolock is on.
