@@ -65,8 +65,6 @@ pub async fn serve_unix(
 /// The API's routes over `ctx`. Requests may carry a `/v1.NN` prefix; it is stripped before routing.
 pub fn router(ctx: ApiContext) -> Router {
     let routes = Router::new()
-        .route("/_ping", get(handlers::ping))
-        .route("/version", get(handlers::version))
         .route("/info", get(handlers::info))
         .route("/swarm", get(handlers::swarm))
         .route("/shoal/v1/ca/client-cert", post(ca::client_cert))
@@ -96,10 +94,15 @@ pub fn router(ctx: ApiContext) -> Router {
 }
 
 /// `routes` (handlers over `ctx`, fallback included) as every API of this crate serves them (this one, a
-/// worker's, a locked manager's): Docker's headers on every response, an optional `/v1.NN` prefix stripped
-/// before routing.
+/// worker's, a locked manager's): with `/_ping` and `/version`, Docker's headers on every response, an
+/// optional `/v1.NN` prefix stripped before routing.
 pub(crate) fn with_context<C: Send + Sync + 'static>(routes: Router<Arc<C>>, ctx: C) -> Router {
-    let routes = routes.layer(axum::middleware::map_response(add_headers)).with_state(Arc::new(ctx));
+    let routes = Router::new()
+        .route("/_ping", get(handlers::ping))
+        .route("/version", get(handlers::version))
+        .merge(routes)
+        .layer(axum::middleware::map_response(add_headers))
+        .with_state(Arc::new(ctx));
     let stripped = tower::ServiceBuilder::new().map_request(strip_version_prefix).service(routes);
     Router::new().fallback_service(stripped)
 }

@@ -121,11 +121,9 @@ async fn refuse() -> Response {
     ApiError::Unavailable(LOCKED.into()).into_response()
 }
 
-/// The locked manager's routes (an optional `/v1.NN` prefix is stripped first).
+/// The locked manager's routes (see `crate::with_context` for `/_ping`, `/version` and the `/v1.NN` prefix).
 pub fn locked_router(ctx: LockedContext) -> Router {
     let routes = Router::new()
-        .route("/_ping", get(crate::handlers::ping))
-        .route("/version", get(crate::handlers::version))
         .route("/info", get(info))
         .route("/swarm/unlock", post(unlock))
         .fallback(refuse);

@@ -66,11 +66,9 @@ async fn refuse() -> axum::response::Response {
     ApiError::Unavailable(NOT_A_MANAGER.into()).into_response()
 }
 
-/// The worker's routes (an optional `/v1.NN` prefix is stripped first).
+/// The worker's routes (see `crate::with_context` for `/_ping`, `/version` and the `/v1.NN` prefix).
 pub fn worker_router(ctx: WorkerContext) -> Router {
     let routes = Router::new()
-        .route("/_ping", get(crate::handlers::ping))
-        .route("/version", get(crate::handlers::version))
         .route("/info", get(info))
         .fallback(refuse);
     crate::with_context(routes, ctx)
