@@ -181,6 +181,15 @@ async fn open_session(
     (first.session_id, stream)
 }
 
+/// `node`'s assignments stream in session `sid`.
+async fn open_assignments(
+    client: &mut DispatcherClient<Channel>,
+    node: &str,
+    sid: &str,
+) -> tonic::Streaming<AssignmentsMessage> {
+    client.assignments(req(node, AssignmentsRequest { session_id: sid.into() })).await.unwrap().into_inner()
+}
+
 fn task_ids(msg: &AssignmentsMessage) -> Vec<(String, i32)> {
     let mut v: Vec<_> = msg
         .changes
@@ -321,16 +330,7 @@ async fn assignments_send_a_complete_set_then_increments() {
     .await;
     let mut client = h.client().await;
     let (sid, _s) = open_session(&h, &mut client, "node-1").await;
-    let mut stream = client
-        .assignments(req(
-            "node-1",
-            AssignmentsRequest {
-                session_id: sid.clone(),
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = open_assignments(&mut client, "node-1", &sid).await;
     let first = stream.message().await.unwrap().unwrap();
     assert_eq!(first.r#type, assignments_message::Type::Complete as i32);
     assert_eq!(
@@ -668,16 +668,7 @@ async fn a_returning_node_is_ready_again_and_is_told_to_stop_its_replaced_tasks(
         h.node_state("node-1"),
         Some(node_status::State::Ready as i32)
     );
-    let mut assignments = client
-        .assignments(req(
-            "node-1",
-            AssignmentsRequest {
-                session_id: sid.clone(),
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut assignments = open_assignments(&mut client, "node-1", &sid).await;
     let first = assignments.message().await.unwrap().unwrap();
     assert_eq!(first.r#type, assignments_message::Type::Complete as i32);
     let tasks: Vec<Task> = first
