@@ -341,13 +341,7 @@ fn three_managers_every_one_locks_and_rotation_reaches_followers() {
     assert_eq!(post_unlock(&m3, &key).status, 200);
     wait_unlocked(&m3);
     wait_until("the unlocked manager to catch up", Duration::from_secs(30), || {
-        let names: Vec<String> = m3
-            .get("/v1.47/services")
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string())
-            .collect();
+        let names = service_names(&m3);
         if names.contains(&"while-locked".to_string()) && names.contains(&"before-lock".to_string()) {
             Ok(())
         } else {

@@ -39,6 +39,13 @@ pub fn tasks_of(d: &DaemonProcess, service: &str) -> Vec<Value> {
     v.as_array().cloned().unwrap_or_default()
 }
 
+/// The names of the services `d` lists.
+pub fn service_names(d: &DaemonProcess) -> Vec<String> {
+    let services = d.get("/v1.47/services");
+    let services = services.as_array().expect("a list of services");
+    services.iter().map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string()).collect()
+}
+
 /// Percent-encodes a query value.
 pub fn urlencode(s: &str) -> String {
     s.bytes()

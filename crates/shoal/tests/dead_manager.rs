@@ -71,13 +71,7 @@ fn a_dead_manager_is_demoted_and_removed_and_the_cluster_grows_again() {
     a.kill9();
     wait_until("a write after losing manager-63", Duration::from_secs(30), || create(&d, "after-second-loss"));
     wait_identical(&[&b, &d], Duration::from_secs(30));
-    let names: Vec<String> = b
-        .get("/v1.47/services")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string())
-        .collect();
+    let names = service_names(&b);
     for want in ["before", "after-removal", "after-second-loss"] {
         assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
     }

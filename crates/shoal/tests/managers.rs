@@ -160,13 +160,7 @@ fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
     wait_until("a write after --force-new-cluster", Duration::from_secs(20), || {
         create(&a, "after-recovery", 1, &["sleep", "3183"])
     });
-    let names: Vec<String> = a
-        .get("/v1.47/services")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string())
-        .collect();
+    let names = service_names(&a);
     assert!(names.contains(&"before-disaster".to_string()), "{names:?}");
     wait_until("only manager-21 is a manager", Duration::from_secs(20), || {
         let seen = managers_seen_by(&a)?;
