@@ -1,7 +1,8 @@
 //! The replicated orchestrator's async loop: subscribes and reads (`view_and_watch`), reconciles every
 //! service, then reacts to commits. A service is reconciled again when it is created, updated or removed,
 //! when one of its tasks changes in a way a pass reads (`task_change_matters`: created, desired state, node
-//! or spec version changed, observed state crossed into assigned, running or finished), when a node holding
+//! or spec version changed, observed state crossed into assigned or finished, or into running while the
+//! service's rolling update is in progress: only the updater waits for RUNNING), when a node holding
 //! its tasks goes down (or is removed), and when a restart or update delay it asked for ends. A lagging
 //! watch makes it reconcile everything again. (Status reports inside a band, such as ACCEPTED, PREPARING
 //! and STARTING after ASSIGNED, change nothing a pass decides; a pass costs O(tasks of the service), so
@@ -17,7 +18,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use shoal_api::{node_status, Task, TaskState};
+use shoal_api::update_status::UpdateState;
+use shoal_api::{node_status, Service, Task, TaskState};
 use shoal_store::{ActionKind, Commit, Object, Tables, WatchError};
 use tokio::sync::watch;
 
@@ -65,6 +67,8 @@ fn all_targets(t: &Tables) -> BTreeSet<String> {
 #[derive(Default)]
 struct LoopState {
     pending: BTreeSet<String>,
+    /// Services whose rolling update is in progress (update status UPDATING), as of the last commit seen.
+    updating: HashSet<String>,
     down_nodes: HashSet<String>,
     wakes: HashMap<String, u64>,
     logged_modes: HashSet<String>,
@@ -76,6 +80,11 @@ impl LoopState {
             match &ch.object {
                 Object::Service(s) => {
                     self.pending.insert(s.id.clone());
+                    if ch.kind != ActionKind::Remove && is_updating(s) {
+                        self.updating.insert(s.id.clone());
+                    } else {
+                        self.updating.remove(&s.id);
+                    }
                 }
                 // Deletions (the reaper's) do not need a pass.
                 Object::Task(t) if ch.kind != ActionKind::Remove && !t.service_id.is_empty() => {
@@ -83,7 +92,7 @@ impl LoopState {
                         Some(Object::Task(o)) => Some(&**o),
                         _ => None,
                     };
-                    if task_change_matters(old, t) {
+                    if task_change_matters(old, t, self.updating.contains(&t.service_id)) {
                         self.pending.insert(t.service_id.clone());
                     }
                 }
@@ -109,14 +118,21 @@ impl LoopState {
     }
 }
 
-/// Where a task's observed state stands for a reconcile pass: not yet assigned, assigned but not running,
-/// running, finished. A pass reads the observed state only through these bands (restart on finished, node
-/// down for assigned and later, update progress and scale-down order on running).
-fn observed_band(t: &Task) -> u8 {
+/// True while the service's rolling update is in progress.
+fn is_updating(s: &Service) -> bool {
+    s.update_status.as_ref().map(|u| u.state()) == Some(UpdateState::Updating)
+}
+
+/// Where a task's observed state stands for a reconcile pass: not yet assigned, assigned (or running),
+/// running during an update, finished. A pass reads the observed state only through these bands: restart
+/// on finished, node down for assigned and later; RUNNING matters only to the rolling updater (a batch is
+/// in flight until its new tasks run; START_FIRST stops the old task then) and to the order of a
+/// scale-down, which runs in a pass a service change triggers.
+fn observed_band(t: &Task, updating: bool) -> u8 {
     let s = super::observed_state(t);
     if s.is_terminal() {
         3
-    } else if s == TaskState::Running {
+    } else if s == TaskState::Running && updating {
         2
     } else if s >= TaskState::Assigned {
         1
@@ -127,17 +143,19 @@ fn observed_band(t: &Task) -> u8 {
 
 /// True when a task write can change what reconciling its service decides: a new task (or one whose old
 /// version is not known), or a changed desired state, node, spec version or observed-state band.
-fn task_change_matters(old: Option<&Task>, new: &Task) -> bool {
+fn task_change_matters(old: Option<&Task>, new: &Task, updating: bool) -> bool {
     let Some(old) = old else { return true };
     old.desired_state != new.desired_state
         || old.node_id != new.node_id
         || old.spec_version != new.spec_version
-        || observed_band(old) != observed_band(new)
+        || observed_band(old, updating) != observed_band(new, updating)
 }
 
 async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
-    let (targets, mut events) = state.store.view_and_watch(all_targets);
-    let mut ls = LoopState { pending: targets, ..Default::default() };
+    let ((targets, updating), mut events) = state.store.view_and_watch(|t| {
+        (all_targets(t), t.services().iter().filter(|s| is_updating(s)).map(|s| s.id.clone()).collect())
+    });
+    let mut ls = LoopState { pending: targets, updating, ..Default::default() };
     tracing::info!(services = ls.pending.len(), "replicated orchestrator started");
     loop {
         let now = state.clock.now_unix_ms();
@@ -174,7 +192,7 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
                         match events.try_recv() {
                             Ok(c) => ls.note(&c),
                             Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {
-                                ls.pending.extend(state.store.view(all_targets));
+                                lagged(&state, &mut ls);
                             }
                             Err(_) => break,
                         }
@@ -182,13 +200,22 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
                 }
                 Err(WatchError::Lagged(n)) => {
                     tracing::warn!(missed = n, "orchestrator watch lagged; reconciling every service");
-                    ls.pending.extend(state.store.view(all_targets));
+                    lagged(&state, &mut ls);
                 }
                 Err(WatchError::Closed) => return,
             },
             _ = tokio::time::sleep(Duration::from_millis(sleep_ms.unwrap_or(0))), if sleep_ms.is_some() => {}
         }
     }
+}
+
+/// After missed commits: every service is pending again, and the set of updating services is read anew.
+fn lagged(state: &ClusterState, ls: &mut LoopState) {
+    let (targets, updating) = state
+        .store
+        .view(|t| (all_targets(t), t.services().iter().filter(|s| is_updating(s)).map(|s| s.id.clone()).collect()));
+    ls.pending.extend(targets);
+    ls.updating = updating;
 }
 
 /// Reconciles every pending service, retrying conflicts. Returns false when a write failed for another
@@ -249,7 +276,8 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
 mod tests {
     use std::sync::Arc;
 
-    use shoal_api::{Task, TaskState, TaskStatus};
+    use shoal_api::update_status::UpdateState;
+    use shoal_api::{Service, Task, TaskState, TaskStatus, UpdateStatus};
     use shoal_store::{ActionKind, Change, Commit, Object};
 
     use super::{task_change_matters, LoopState};
@@ -266,19 +294,52 @@ mod tests {
         t
     }
 
-    fn pending_after(old: Option<Task>, new: Task) -> bool {
+    fn task_commit(old: Option<Task>, new: Task) -> Commit {
         let kind = if old.is_some() { ActionKind::Update } else { ActionKind::Create };
-        let commit = Commit {
+        Commit {
             index: 1,
             changes: vec![Change {
                 kind,
                 object: Object::Task(Arc::new(new)),
                 old: old.map(|o| Object::Task(Arc::new(o))),
             }],
-        };
+        }
+    }
+
+    fn pending_after(old: Option<Task>, new: Task) -> bool {
         let mut ls = LoopState::default();
-        ls.note(&commit);
+        ls.note(&task_commit(old, new));
         ls.pending.contains("s1")
+    }
+
+    fn service_commit(state: Option<UpdateState>) -> Commit {
+        let s = Service {
+            id: "s1".into(),
+            update_status: state.map(|st| UpdateStatus { state: st as i32, ..Default::default() }),
+            ..Default::default()
+        };
+        Commit {
+            index: 1,
+            changes: vec![Change { kind: ActionKind::Update, object: Object::Service(Arc::new(s)), old: None }],
+        }
+    }
+
+    #[test]
+    fn running_matters_only_while_the_service_updates() {
+        use TaskState::*;
+        let r = Running;
+        let started = || task_commit(Some(task(Starting, r, "n1")), task(Running, r, "n1"));
+        let mut ls = LoopState::default();
+        ls.note(&started());
+        assert!(ls.pending.is_empty(), "a task running outside an update changes no pass");
+        ls.note(&service_commit(Some(UpdateState::Updating)));
+        ls.pending.clear();
+        ls.note(&started());
+        assert!(ls.pending.contains("s1"), "the updater waits for its new tasks to run");
+        ls.note(&service_commit(Some(UpdateState::Completed)));
+        ls.pending.clear();
+        ls.note(&started());
+        assert!(ls.pending.is_empty());
     }
 
     #[test]
@@ -286,7 +347,13 @@ mod tests {
         use TaskState::*;
         let r = Running;
         // Agent progress between assignment and running, and repeated reports: no pass.
-        for (a, b) in [(Assigned, Accepted), (Accepted, Preparing), (Preparing, Starting), (Running, Running)] {
+        for (a, b) in [
+            (Assigned, Accepted),
+            (Accepted, Preparing),
+            (Preparing, Starting),
+            (Starting, Running),
+            (Running, Running),
+        ] {
             assert!(!pending_after(Some(task(a, r, "n1")), task(b, r, "n1")), "{a:?} -> {b:?}");
         }
         assert!(!pending_after(Some(task(Failed, Shutdown, "n1")), task(Failed, Shutdown, "n1")));
@@ -299,7 +366,6 @@ mod tests {
         // A new task; assignment; running; finished; a new desired state; another node.
         assert!(pending_after(None, task(New, r, "")));
         assert!(pending_after(Some(task(Pending, r, "")), task(Assigned, r, "n1")));
-        assert!(pending_after(Some(task(Starting, r, "n1")), task(Running, r, "n1")));
         for end in [Complete, Failed, Rejected, Shutdown, Orphaned] {
             assert!(pending_after(Some(task(Running, r, "n1")), task(end, r, "n1")), "{end:?}");
             assert!(pending_after(Some(task(Preparing, r, "n1")), task(end, r, "n1")), "{end:?}");
@@ -308,6 +374,6 @@ mod tests {
         assert!(pending_after(Some(task(Assigned, r, "n1")), task(Assigned, r, "n2")));
         let mut bumped = task(Running, r, "n1");
         bumped.spec_version = Some(Default::default());
-        assert!(task_change_matters(Some(&task(Running, r, "n1")), &bumped));
+        assert!(task_change_matters(Some(&task(Running, r, "n1")), &bumped, false));
     }
 }
