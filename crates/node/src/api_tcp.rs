@@ -93,17 +93,10 @@ pub async fn serve(
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_API_CONNECTIONS));
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else { return };
-        let (tcp, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept on the Engine API TCP port failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shoal_manager::stopped(&mut stop) => return,
+        let Some((permit, tcp, peer)) =
+            crate::tls::accept_bounded(&listener, &permits, "Engine API TCP", shoal_manager::stopped(&mut stop)).await
+        else {
+            return;
         };
         let (acceptor, router, cluster_id, mut stop) =
             (acceptor.clone(), router.clone(), cluster_id.clone(), stop.clone());

@@ -289,17 +289,9 @@ pub fn tls_incoming(
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
     tokio::spawn(async move {
         loop {
-            let Ok(permit) = permits.clone().acquire_owned().await else { return };
-            let (tcp, peer) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept on the remote API port failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                _ = tx.closed() => return,
+            let Some((permit, tcp, peer)) = accept_bounded(&listener, &permits, "remote API", tx.closed()).await
+            else {
+                return;
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
@@ -317,6 +309,33 @@ pub fn tls_incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The next connection on `listener` once one of `permits` is free (the permit travels with the connection).
+/// An accept error is logged (`port` names the listener) and retried after 50 ms. `None` once `stop` resolves.
+pub(crate) async fn accept_bounded(
+    listener: &TcpListener,
+    permits: &Arc<tokio::sync::Semaphore>,
+    port: &str,
+    stop: impl std::future::Future<Output = ()>,
+) -> Option<(tokio::sync::OwnedSemaphorePermit, TcpStream, std::net::SocketAddr)> {
+    tokio::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.ok()?,
+            _ = &mut stop => return None,
+        };
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, peer)) => return Some((permit, tcp, peer)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept on the {port} port failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = &mut stop => return None,
+        }
+    }
 }
 
 /// The agent's endpoint factory over `tls` (mutual TLS with the node's current certificate).
