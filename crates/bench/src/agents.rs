@@ -21,9 +21,8 @@ use std::time::{Duration, Instant};
 use shoal_api::dispatcher_client::DispatcherClient;
 use shoal_api::update_task_status_request::TaskStatusUpdate;
 use shoal_api::{
-    assignment, assignment_change, node_status, service_spec, task_spec, Annotations, AssignmentsRequest,
-    ContainerSpec, HeartbeatRequest, NodeDescription, Platform, ReplicatedService, Resources, ServiceSpec,
-    SessionRequest, TaskSpec, TaskState, TaskStatus, UpdateTaskStatusRequest,
+    assignment, assignment_change, node_status, AssignmentsRequest, HeartbeatRequest, NodeDescription, Platform,
+    Resources, SessionRequest, TaskState, TaskStatus, UpdateTaskStatusRequest,
 };
 use shoal_manager::controlapi;
 use shoal_testkit::{ClusterOptions, TestCluster};
@@ -200,22 +199,6 @@ async fn sim_node(i: usize, channel: Channel, shared: Arc<Shared>, mut stop: wat
     }
 }
 
-fn service_spec(replicas: usize) -> ServiceSpec {
-    ServiceSpec {
-        annotations: Some(Annotations { name: "agents-bench".into(), ..Default::default() }),
-        task: Some(TaskSpec {
-            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
-                image: "busybox".into(),
-                args: vec!["sleep".into(), "3600".into()],
-                ..Default::default()
-            })),
-            ..Default::default()
-        }),
-        mode: Some(service_spec::Mode::Replicated(ReplicatedService { replicas: replicas as u64 })),
-        ..Default::default()
-    }
-}
-
 /// Thread-name prefix of the manager's runtime.
 const MANAGER_THREADS: &str = "shoal-manager";
 
@@ -308,7 +291,7 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
             let replicas = nodes * a.tasks_per_node;
             let start = Instant::now();
             manager_rt
-                .block_on(controlapi::create_service(&cluster.state, service_spec(replicas)))
+                .block_on(controlapi::create_service(&cluster.state, crate::e2e::sleep_service("agents-bench", replicas as u64)))
                 .map_err(|e| BenchError::Request(e.to_string()))?;
             sim_rt.block_on(wait_count("tasks reported RUNNING", &shared.running_reported, replicas))?;
             table.row(vec![format!("{replicas} replicas reported RUNNING s"), fmt_num(start.elapsed().as_secs_f64())]);

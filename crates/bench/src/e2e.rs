@@ -35,9 +35,10 @@ pub struct E2eArgs {
     smoke: bool,
 }
 
-fn spec(replicas: u64) -> ServiceSpec {
+/// A replicated service `name` of `replicas` tasks running `sleep 3600` (the e2e and agents scenarios).
+pub(crate) fn sleep_service(name: &str, replicas: u64) -> ServiceSpec {
     ServiceSpec {
-        annotations: Some(Annotations { name: "bench".into(), ..Default::default() }),
+        annotations: Some(Annotations { name: name.into(), ..Default::default() }),
         task: Some(TaskSpec {
             runtime: Some(task_spec::Runtime::Container(ContainerSpec {
                 image: "busybox".into(),
@@ -59,7 +60,7 @@ struct Run {
 async fn one_run(replicas: u64, nodes: usize, timeout: Duration) -> Result<Run, BenchError> {
     let cluster = TestCluster::start(ClusterOptions { workers: nodes, raft: true, ..Default::default() }).await;
     let start = Instant::now();
-    let svc = controlapi::create_service(&cluster.state, spec(replicas))
+    let svc = controlapi::create_service(&cluster.state, sleep_service("bench", replicas))
         .await
         .map_err(|e| BenchError::Request(e.to_string()))?;
     let want = replicas as usize;
