@@ -1,5 +1,7 @@
-//! `scheduler`: the scheduler's sans-IO core on an in-memory store. N READY nodes and M PENDING tasks of one
-//! service are loaded (not timed); then, timed: one `Scheduler::schedule` pass over a read view, and the
+//! `scheduler`: the scheduler's sans-IO core on an in-memory store. N READY nodes are loaded and the
+//! scheduler's `NodeSet` is built from them, then M PENDING tasks of one service are loaded and their commits
+//! applied to the set, as the scheduler loop keeps it (not timed; the set's build and updates are shown as
+//! "node set ms"). Then, timed: one `Scheduler::schedule` pass over a read view and the set, and the
 //! resulting task updates written through a `LocalProposer` in writes of `MAX_ACTIONS_PER_WRITE` actions
 //! (as the scheduler loop writes them). The run is checked: every task must end ASSIGNED in the store.
 //!
@@ -15,7 +17,7 @@ use shoal_api::{
     node_spec, node_status, task_spec, Annotations, ContainerSpec, Node, NodeDescription, NodeSpec, NodeStatus,
     Placement, Platform, Resources, Task, TaskSpec, TaskState, TaskStatus, Version,
 };
-use shoal_manager::scheduler::{PendingTasks, Scheduler};
+use shoal_manager::scheduler::{NodeSet, PendingTasks, Scheduler};
 use shoal_raft::{LocalProposer, Proposer};
 use shoal_store::{Changes, MemoryStore};
 
@@ -97,38 +99,51 @@ fn task(i: usize, constraints: bool) -> Task {
 
 /// One measured run.
 struct Run {
+    node_set_ms: f64,
     schedule_ms: f64,
     write_ms: f64,
     assigned: usize,
 }
 
-fn load(nodes: usize, tasks: usize, constraints: bool) -> Arc<MemoryStore> {
+/// Loads the nodes, builds the scheduler's node set from them (as the scheduler loop holds it from before the
+/// tasks arrive), then loads the tasks and applies their commits to the set. Returns the store, the set and
+/// the time spent building and updating the set.
+fn load(nodes: usize, tasks: usize, constraints: bool) -> (Arc<MemoryStore>, NodeSet, std::time::Duration) {
     let store = Arc::new(MemoryStore::default());
     let mut c = Changes::new();
     for i in 0..nodes {
         c.create(node(i));
     }
     store.apply(1, c.actions()).expect("load nodes");
+    let start = Instant::now();
+    let mut set = store.view(NodeSet::build);
+    let mut set_time = start.elapsed();
+    let mut apply = |index: u64, c: &Changes| {
+        let commit = store.apply(index, c.actions()).expect("load tasks");
+        let start = Instant::now();
+        set.apply(&commit);
+        set_time += start.elapsed();
+    };
     let mut index = 2;
     let mut c = Changes::new();
     for i in 0..tasks {
         c.create(task(i, constraints));
         if c.len() == 10_000 {
-            store.apply(index, c.actions()).expect("load tasks");
+            apply(index, &c);
             index += 1;
             c = Changes::new();
         }
     }
-    store.apply(index, c.actions()).expect("load tasks");
-    store
+    apply(index, &c);
+    (store, set, set_time)
 }
 
 fn one_run(nodes: usize, tasks: usize, constraints: bool, rt: &tokio::runtime::Runtime) -> Result<Run, BenchError> {
-    let store = load(nodes, tasks, constraints);
+    let (store, mut set, set_time) = load(nodes, tasks, constraints);
     let proposer = LocalProposer::new(store.clone());
     let mut scheduler = Scheduler::new();
     let start = Instant::now();
-    let pass = store.view(|t| scheduler.schedule(t, &PendingTasks::All, 1_700_000_000_000));
+    let pass = store.view(|t| scheduler.schedule(t, &mut set, &PendingTasks::All, 1_700_000_000_000));
     let scheduled = start.elapsed();
     let assigned = pass.assigned;
     let mut actions = pass.changes.into_actions();
@@ -151,7 +166,7 @@ fn one_run(nodes: usize, tasks: usize, constraints: bool, rt: &tokio::runtime::R
         )));
     }
     drop(store);
-    Ok(Run { schedule_ms: ms(scheduled), write_ms: ms(total - scheduled), assigned })
+    Ok(Run { node_set_ms: ms(set_time), schedule_ms: ms(scheduled), write_ms: ms(total - scheduled), assigned })
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -162,8 +177,17 @@ fn ms(d: std::time::Duration) -> f64 {
 pub fn run(a: SchedulerArgs) -> Result<(), BenchError> {
     let (nodes, tasks, runs) = if a.smoke { (100, 1000, 2) } else { (a.nodes, a.tasks, a.runs.max(1)) };
     let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| BenchError::Setup(e.to_string()))?;
-    let mut table =
-        Table::new(&["run", "nodes", "tasks", "constraints", "schedule ms", "write ms", "total ms", "assigned"]);
+    let mut table = Table::new(&[
+        "run",
+        "nodes",
+        "tasks",
+        "constraints",
+        "node set ms",
+        "schedule ms",
+        "write ms",
+        "total ms",
+        "assigned",
+    ]);
     let mut totals = Vec::new();
     for r in 1..=runs {
         let run = one_run(nodes, tasks, a.constraints, &rt)?;
@@ -174,6 +198,7 @@ pub fn run(a: SchedulerArgs) -> Result<(), BenchError> {
             nodes.to_string(),
             tasks.to_string(),
             a.constraints.to_string(),
+            fmt_num(run.node_set_ms),
             fmt_num(run.schedule_ms),
             fmt_num(run.write_ms),
             fmt_num(total),
@@ -183,6 +208,7 @@ pub fn run(a: SchedulerArgs) -> Result<(), BenchError> {
     let med = report::median(&totals);
     table.row(vec![
         "median".into(),
+        String::new(),
         String::new(),
         String::new(),
         String::new(),

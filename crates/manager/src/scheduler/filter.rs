@@ -5,8 +5,7 @@
 //!
 //! Must not depend on the store or IO: filters see only the task and a `NodeInfo`.
 
-use shoal_api::node_spec::Availability;
-use shoal_api::{node_status, Platform, Task};
+use shoal_api::{Platform, Task};
 
 use super::constraint::{self, Constraint};
 use super::nodeinfo::{Amount, NodeInfo};
@@ -38,10 +37,8 @@ impl Filter for ReadyFilter {
         true
     }
     fn check(&self, n: &NodeInfo) -> bool {
-        let ready = n.node.status.as_ref().map(|s| s.state()) == Some(node_status::State::Ready);
-        let active =
-            n.node.spec.as_ref().map(|s| s.availability()).unwrap_or(Availability::Active) == Availability::Active;
-        ready && active
+        // Computed when the node version entered the node set (`nodeinfo::is_ready_and_active`).
+        n.ready_active()
     }
     fn explain(&self, n: usize) -> String {
         format!("{} not available for new tasks", nodes(n))
@@ -60,7 +57,7 @@ impl Filter for ResourceFilter {
         !self.need.is_zero()
     }
     fn check(&self, n: &NodeInfo) -> bool {
-        n.available.covers(&self.need)
+        n.available().covers(&self.need)
     }
     fn explain(&self, n: usize) -> String {
         format!("insufficient resources on {}", nodes(n))
@@ -93,7 +90,7 @@ impl Filter for ConstraintFilter {
         self.invalid || !self.constraints.is_empty()
     }
     fn check(&self, n: &NodeInfo) -> bool {
-        !self.invalid && self.constraints.iter().all(|c| c.matches(&n.node))
+        !self.invalid && self.constraints.iter().all(|c| c.matches(n.node()))
     }
     fn explain(&self, n: usize) -> String {
         format!("scheduling constraints not satisfied on {}", nodes(n))
@@ -122,7 +119,7 @@ impl Filter for PlatformFilter {
         !self.platforms.is_empty()
     }
     fn check(&self, n: &NodeInfo) -> bool {
-        let Some(np) = n.node.description.as_ref().and_then(|d| d.platform.as_ref()) else { return false };
+        let Some(np) = n.node().description.as_ref().and_then(|d| d.platform.as_ref()) else { return false };
         self.platforms.iter().any(|p| {
             let os_ok = p.os.is_empty() || p.os.eq_ignore_ascii_case(&np.os);
             let arch_ok =

@@ -2,23 +2,34 @@
 //! version, every node goes once through the filter pipeline (`filter`: ready and active, resources,
 //! constraints, platform, max replicas); the nodes that pass are ordered for spread (fewest tasks of the
 //! same service, then fewest tasks overall, then node ID), and each task goes to the first node that
-//! still passes (resources and per-node limits shrink as the pass assigns). Node information is built once
-//! per pass from the node index (`nodeinfo`) into a vector and updated in memory, so no table is scanned
-//! per task. The spread order is a binary heap built in one O(nodes) step per group; each placement pops
-//! the best node and pushes it back with its new counts (O(log nodes)), so a pass costs
-//! O(groups x nodes + tasks x log nodes): 100k nodes x 1k tasks does not sort 100k nodes.
+//! still passes (resources and per-node limits shrink as the pass assigns).
+//!
+//! Node information lives in a `NodeSet` (`nodeset`) that the loop keeps between passes and updates from
+//! store commits, instead of rebuilding 100k `NodeInfo`s (`nodeinfo`) from scattered nodes and the node
+//! index on every pass. Each `NodeInfo` carries what every pass reads, computed when its node version came
+//! in: the ready-and-active flag, the resources left, the task counts and an ordering key of the node ID
+//! (its first 16 bytes), so a pass whose tasks set no constraint or platform reads only the contiguous
+//! vector. The pass counts its placements in the set as it goes and takes them back at the end: they are
+//! written through Raft and counted when their commits come back, so a failed write needs no repair.
+//!
+//! The spread order is a binary heap of small entries (two counts, the ID key, the node's slot, the ID
+//! borrowed for ties of the key) built in one O(nodes) step per group; each placement pops the best node
+//! and pushes it back with its new counts (O(log nodes)), so a pass costs O(groups x nodes + tasks x log
+//! nodes): 100k nodes x 1k tasks does not sort 100k nodes.
 //!
 //! A placed task gets `node_id` and status ASSIGNED ("scheduler assigned task to node"). A task that fits
 //! nowhere stays PENDING with `status.err` = "no suitable node (...)" naming each filter's refusals; it is
 //! written only when that text changes, so the scheduler's own writes do not loop.
 //!
-//! `Scheduler::schedule` is the sans-IO core (a `&Tables` view in, `Changes` out); `subsystem()` is the
-//! leader-only loop around it (`runner`). `constraint` parses and matches placement constraints.
+//! `Scheduler::schedule` is the sans-IO core (a `&Tables` view and the `NodeSet` in step with it in,
+//! `Changes` out); `subsystem()` is the leader-only loop around it (`runner`). `constraint` parses and
+//! matches placement constraints.
 //! Must not depend on other subsystems or on IO other than `ClusterState`.
 
 pub mod constraint;
 pub mod filter;
 pub mod nodeinfo;
+pub mod nodeset;
 mod runner;
 
 use std::cmp::Reverse;
@@ -29,7 +40,8 @@ use shoal_api::{Task, TaskState, TaskStatus};
 use shoal_store::{Changes, StoreObject, Tables};
 
 pub use filter::{Filter, Pipeline};
-pub use nodeinfo::{Amount, NodeInfo};
+pub use nodeinfo::{Amount, NodeInfo, TaskLoad};
+pub use nodeset::NodeSet;
 pub use runner::SchedulerLoop;
 
 use crate::orchestrator::observed_state;
@@ -66,7 +78,7 @@ pub struct SchedulePass {
 }
 
 /// The scheduling core. Holds only the filter pipeline (reused between groups); every decision is a
-/// function of the view passed to `schedule`.
+/// function of the view and node set passed to `schedule`.
 #[derive(Debug, Default)]
 pub struct Scheduler {
     pipeline: Pipeline,
@@ -83,8 +95,16 @@ impl Scheduler {
         Scheduler::default()
     }
 
-    /// Places the selected pending tasks (see the module doc). `now_ms` stamps the new statuses.
-    pub fn schedule(&mut self, tables: &Tables, pending: &PendingTasks, now_ms: u64) -> SchedulePass {
+    /// Places the selected pending tasks on `nodes` (see the module doc), which must hold the nodes and
+    /// task counts of `tables` (`NodeSet::build`, then `apply` of every later commit). `nodes` is the same
+    /// after the call as before: the placements come back as commits. `now_ms` stamps the new statuses.
+    pub fn schedule(
+        &mut self,
+        tables: &Tables,
+        nodes: &mut NodeSet,
+        pending: &PendingTasks,
+        now_ms: u64,
+    ) -> SchedulePass {
         // Group by (service, spec version): tasks of a group share a spec, so filters run once per node.
         let mut groups: BTreeMap<(String, u64), Vec<&Arc<Task>>> = BTreeMap::new();
         let selected: Vec<&Arc<Task>> = match pending {
@@ -101,39 +121,51 @@ impl Scheduler {
         if groups.is_empty() {
             return pass;
         }
-        // IDs borrowed from the view (not from `nodes`, which the pass updates).
-        // Sized up front: growing vectors of 100k entries by doubling cost more than the pass itself.
-        let mut listed: Vec<&Arc<shoal_api::Node>> = Vec::with_capacity(tables.nodes().len());
-        listed.extend(tables.nodes().iter());
-        let mut nodes: Vec<NodeInfo> = Vec::with_capacity(listed.len());
-        nodes.extend(listed.iter().map(|n| NodeInfo::build(tables, n)));
+        // The placements made in `nodes`, taken back at the end.
+        let mut placed: Vec<(usize, &Arc<Task>)> = Vec::new();
+        let (infos, ids) = nodes.parts_mut();
         let now = shoal_api::timestamp_from_unix_ms(now_ms);
         for ((service_id, _), mut tasks) in groups {
             tasks.sort_by(|a, b| (a.slot, &a.id).cmp(&(b.slot, &b.id)));
             self.pipeline.set_task(tasks[0]);
-            // Min-heap on (tasks of this service, tasks overall, node ID); the index finds the node's info.
-            let mut candidates: Vec<Reverse<(usize, usize, &str, usize)>> = Vec::with_capacity(nodes.len());
-            for (i, info) in nodes.iter().enumerate() {
+            // Min-heap on (tasks of this service, tasks overall, node ID); the slot finds the node's info.
+            // Sized up front: growing a vector of 100k entries by doubling costs more than filling it.
+            let mut candidates: Vec<Reverse<Spread<'_>>> = Vec::with_capacity(infos.len());
+            for (i, info) in infos.iter().enumerate() {
                 if self.pipeline.process(info) {
-                    candidates.push(Reverse((info.service_tasks(&service_id), info.total_tasks, listed[i].id.as_str(), i)));
+                    candidates.push(Reverse(Spread {
+                        service_tasks: count32(info.service_tasks(&service_id)),
+                        total_tasks: count32(info.total_tasks()),
+                        key: info.order_key(),
+                        id: &ids[i],
+                        slot: i,
+                    }));
                 }
             }
             let mut order = BinaryHeap::from(candidates);
             let mut unplaced = Vec::new();
             for task in tasks {
-                let mut placed = None;
-                while let Some(Reverse((_, _, node_id, i))) = order.pop() {
-                    let info = &mut nodes[i];
+                let mut target = None;
+                while let Some(Reverse(best)) = order.pop() {
+                    let info = &mut infos[best.slot];
                     // Resources and per-node limits shrink as tasks are placed: check again.
                     if !self.pipeline.process(info) {
                         continue;
                     }
                     info.add_task(task);
-                    order.push(Reverse((info.service_tasks(&service_id), info.total_tasks, node_id, i)));
-                    placed = Some(node_id);
+                    placed.push((best.slot, task));
+                    // Only this group's placements changed the node's counts since its entry was made.
+                    debug_assert_eq!(best.service_tasks as usize + 1, info.service_tasks(&service_id));
+                    let id = best.id;
+                    order.push(Reverse(Spread {
+                        service_tasks: best.service_tasks.saturating_add(1),
+                        total_tasks: best.total_tasks.saturating_add(1),
+                        ..best
+                    }));
+                    target = Some(id);
                     break;
                 }
-                match placed {
+                match target {
                     Some(node_id) => {
                         let mut t = (**task).clone();
                         t.node_id = node_id.to_string();
@@ -170,8 +202,32 @@ impl Scheduler {
                 pass.changes.update(t);
             }
         }
+        for (slot, task) in placed {
+            infos[slot].remove_task(task);
+        }
         pass
     }
+
+    /// `schedule` on a node set built from `tables` for this pass only (for callers that keep none).
+    pub fn schedule_once(&mut self, tables: &Tables, pending: &PendingTasks, now_ms: u64) -> SchedulePass {
+        let mut nodes = NodeSet::build(tables);
+        self.schedule(tables, &mut nodes, pending, now_ms)
+    }
+}
+
+/// A heap entry: the spread order of one candidate node. Fields compare in order, so the node ID is read
+/// only when the counts and the 16-byte ID prefixes (`key`) tie; the slot never decides (IDs are unique).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Spread<'a> {
+    service_tasks: u32,
+    total_tasks: u32,
+    key: u128,
+    id: &'a str,
+    slot: usize,
+}
+
+fn count32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -1,22 +1,30 @@
-//! The scheduler's async loop: subscribes and reads (`view_and_watch`), places every pending task, then
-//! reacts to commits. New or updated PENDING tasks are scheduled by ID; any node change, and (while some
-//! task could not be placed) any task that stops or leaves a node, makes it look at every pending task.
+//! The scheduler's async loop: subscribes and reads (`view_and_watch`, which also builds its `NodeSet`),
+//! places every pending task, then reacts to commits. Every commit received is applied to the node set and
+//! noted: new or updated PENDING tasks are scheduled by ID; any node change, and (while some task could not
+//! be placed) any task that stops or leaves a node, makes it look at every pending task.
+//!
+//! The node set is in step with the view a pass reads: inside the view (read lock held, so no commit lands)
+//! the loop first takes every commit still queued, which is every commit up to the view because the store
+//! publishes a commit before it releases the write lock (and publishes none for a write that changed
+//! nothing). If the watch lagged, the set is rebuilt from that view and every pending task is looked at.
 //!
 //! Batching without a timer: after an event that gives it work, it takes every commit already queued (at most
-//! `MAX_EVENTS_PER_BATCH`) and runs a pass at once; commits that arrive during a pass make the next batch. A
-//! burst is thus batched by the pass's own duration, and a lone write is placed without waiting. Bounds: more than `MAX_TRACKED_IDS` pending IDs turn into one pass over the PENDING index; writes
-//! carry at most `write::MAX_ACTIONS_PER_WRITE` actions; conflicting writes are retried at most
+//! `MAX_EVENTS_PER_BATCH`, outside the view; the rest inside it) and runs a pass at once; commits that arrive
+//! during a pass make the next batch. A burst is thus batched by the pass's own duration, and a lone write is
+//! placed without waiting. Bounds: more than `MAX_TRACKED_IDS` pending IDs turn into one pass over the PENDING
+//! index; writes carry at most `write::MAX_ACTIONS_PER_WRITE` actions; conflicting writes are retried at most
 //! `MAX_ATTEMPTS` times per pass (the next event brings the tasks back).
 //!
 //! Must not depend on other subsystems; only on `ClusterState`.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use shoal_store::{ActionKind, Change, Object, WatchError};
+use shoal_store::{ActionKind, Change, Commit, Object, Tables, Watch, WatchError};
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::sync::watch;
 
-use super::{is_schedulable, PendingTasks, Scheduler};
+use super::{is_schedulable, NodeSet, PendingTasks, Scheduler};
 use crate::orchestrator::observed_state;
 use crate::orchestrator::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 use crate::state::ClusterState;
@@ -94,65 +102,111 @@ impl Wanted {
     }
 }
 
-async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
-    let ((), mut events) = state.store.view_and_watch(|_| ());
-    let mut scheduler = Scheduler::new();
-    let mut wanted = Wanted { all: true, ..Default::default() };
-    let mut unplaced = false;
-    loop {
-        if !wanted.is_empty() {
-            unplaced = pass(&state, &mut scheduler, wanted.take()).await;
-        }
-        // Wait for an event that gives work, then take what is already queued, and run a pass.
-        let mut seen = 0usize;
-        while wanted.is_empty() {
-            tokio::select! {
-                _ = stopped(&mut stop) => return,
-                r = events.recv() => if !note(r, &mut wanted, unplaced) { return },
+/// What the loop keeps between passes: the node set, what the next pass should look at, and whether the
+/// last pass left a task unplaced.
+struct Memory {
+    nodes: NodeSet,
+    wanted: Wanted,
+    unplaced: bool,
+    /// The watch lagged: `nodes` misses commits and is rebuilt from the next view.
+    stale: bool,
+}
+
+impl Memory {
+    /// Takes one received commit into account; false when the watch is closed.
+    fn receive(&mut self, r: Result<Arc<Commit>, WatchError>) -> bool {
+        match r {
+            Ok(commit) => {
+                self.nodes.apply(&commit);
+                for ch in &commit.changes {
+                    self.wanted.note(ch, self.unplaced);
+                }
+                true
             }
+            Err(WatchError::Lagged(n)) => {
+                let msg = "scheduler watch lagged; rebuilding the node set, looking at all pending tasks";
+                tracing::warn!(missed = n, "{msg}");
+                self.wanted.all = true;
+                self.stale = true;
+                true
+            }
+            Err(WatchError::Closed) => false,
         }
-        while seen < MAX_EVENTS_PER_BATCH {
+    }
+
+    /// Takes the commits already queued, at most `limit`; false when the watch is closed.
+    fn receive_queued(&mut self, events: &mut Watch, limit: usize) -> bool {
+        for _ in 0..limit {
             let r = match events.try_recv() {
                 Ok(commit) => Ok(commit),
                 Err(TryRecvError::Lagged(n)) => Err(WatchError::Lagged(n)),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Closed) => return,
+                Err(TryRecvError::Closed) => return false,
             };
-            if !note(r, &mut wanted, unplaced) {
-                return;
+            if !self.receive(r) {
+                return false;
             }
-            seen += 1;
+        }
+        true
+    }
+
+    /// Inside a view: takes every commit still queued (the store publishes a commit before it releases the
+    /// write lock, so the queue now holds every commit up to the view), and rebuilds the node set from the
+    /// view if the watch lagged. Then `nodes` matches `tables`. False when the watch is closed.
+    fn catch_up(&mut self, events: &mut Watch, tables: &Tables) -> bool {
+        // The queue is bounded (the store's watch capacity), and no commit can land during the view.
+        if !self.receive_queued(events, usize::MAX) {
+            return false;
+        }
+        if self.stale {
+            self.nodes = NodeSet::build(tables);
+            self.stale = false;
+        }
+        true
+    }
+}
+
+async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
+    let (nodes, mut events) = state.store.view_and_watch(NodeSet::build);
+    let mut scheduler = Scheduler::new();
+    let mut mem = Memory { nodes, wanted: Wanted { all: true, ..Default::default() }, unplaced: false, stale: false };
+    loop {
+        if !mem.wanted.is_empty() && !pass(&state, &mut scheduler, &mut mem, &mut events).await {
+            return;
+        }
+        // Wait for an event that gives work, then take what is already queued, and run a pass.
+        while mem.wanted.is_empty() {
+            tokio::select! {
+                _ = stopped(&mut stop) => return,
+                r = events.recv() => if !mem.receive(r) { return },
+            }
+        }
+        if !mem.receive_queued(&mut events, MAX_EVENTS_PER_BATCH) {
+            return;
         }
     }
 }
 
-/// Notes what one received commit asks for; false when the watch is closed.
-fn note(r: Result<std::sync::Arc<shoal_store::Commit>, WatchError>, wanted: &mut Wanted, unplaced: bool) -> bool {
-    match r {
-        Ok(commit) => {
-            for ch in &commit.changes {
-                wanted.note(ch, unplaced);
-            }
-            true
-        }
-        Err(WatchError::Lagged(n)) => {
-            tracing::warn!(missed = n, "scheduler watch lagged; looking at every pending task");
-            wanted.all = true;
-            true
-        }
-        Err(WatchError::Closed) => false,
-    }
-}
-
-/// One pass plus its writes. Returns true when some task could not be placed.
-async fn pass(state: &ClusterState, scheduler: &mut Scheduler, mut tasks: PendingTasks) -> bool {
-    let mut unplaced = false;
+/// One pass plus its writes; sets `mem.unplaced`. False when the watch is closed.
+async fn pass(state: &ClusterState, scheduler: &mut Scheduler, mem: &mut Memory, events: &mut Watch) -> bool {
+    let mut retry: Option<BTreeSet<String>> = None;
     for _ in 0..MAX_ATTEMPTS {
         let now = state.clock.now_unix_ms();
-        let result = state.store.view(|t| scheduler.schedule(t, &tasks, now));
-        unplaced = result.unplaced > 0;
+        let result = state.store.view(|t| {
+            if !mem.catch_up(events, t) {
+                return None;
+            }
+            // What the caught-up commits ask for joins this pass (they are not seen again).
+            let mut tasks = mem.wanted.take();
+            if let (PendingTasks::Only(ids), Some(failed)) = (&mut tasks, retry.take()) {
+                ids.extend(failed);
+            }
+            Some(scheduler.schedule(t, &mut mem.nodes, &tasks, now))
+        });
+        let Some(result) = result else { return false };
+        mem.unplaced = result.unplaced > 0;
         if result.changes.is_empty() {
-            return unplaced;
+            return true;
         }
         tracing::debug!(assigned = result.assigned, unplaced = result.unplaced, "scheduling pass");
         let groups = result
@@ -163,13 +217,13 @@ async fn pass(state: &ClusterState, scheduler: &mut Scheduler, mut tasks: Pendin
             .collect();
         let failed = propose_grouped(state, groups, MAX_ACTIONS_PER_WRITE).await;
         if failed.is_empty() {
-            return unplaced;
+            return true;
         }
         if failed.iter().any(|(_, e)| !is_conflict(e)) {
             tracing::debug!("scheduler write failed; will retry on the next event");
-            return unplaced;
+            return true;
         }
-        tasks = PendingTasks::Only(failed.into_iter().map(|(id, _)| id).collect());
+        retry = Some(failed.into_iter().map(|(id, _)| id).collect());
     }
-    unplaced
+    true
 }

@@ -1,7 +1,7 @@
 //! Unit tests of the scheduler: spread, each filter, the pending explanation, and the loop reacting to a
 //! node that becomes ready. The core runs over a `LocalProposer` store; the loop under tokio's paused time.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use shoal_api::node_spec::Availability;
@@ -21,7 +21,7 @@ fn schedule(fx: &Fx, svc: Service) -> SchedulePass {
 fn run_pass(fx: &Fx) -> SchedulePass {
     let mut s = Scheduler::new();
     let now = fx.now();
-    let mut pass = fx.view(|t| s.schedule(t, &PendingTasks::All, now));
+    let mut pass = fx.view(|t| s.schedule_once(t, &PendingTasks::All, now));
     let changes = std::mem::take(&mut pass.changes);
     fx.apply(changes);
     pass
@@ -204,6 +204,238 @@ async fn loop_places_pending_tasks_when_a_node_becomes_ready() {
     fx.set_node("n1", |n| n.status.as_mut().unwrap().set_state(node_status::State::Ready));
     while !fx.runnable("s1").iter().all(|t| t.node_id == "n1") {
         assert!(tokio::time::Instant::now() < deadline, "tasks not placed after the node became ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(1), task).await.expect("scheduler stops").unwrap();
+}
+
+/// What a node set holds, comparable: per node ID (ready and active, order key, node version, tasks, tasks
+/// per service, reserved, available), and the loads kept for absent node IDs.
+type Summary = (
+    BTreeMap<String, (bool, u128, u64, usize, BTreeMap<String, usize>, Amount, Amount)>,
+    BTreeMap<String, (usize, BTreeMap<String, usize>, Amount)>,
+);
+
+fn summary(set: &NodeSet) -> Summary {
+    let sorted = |m: &HashMap<String, usize>| m.iter().map(|(k, v)| (k.clone(), *v)).collect::<BTreeMap<_, _>>();
+    let nodes = set
+        .iter()
+        .map(|n| {
+            let version = n.node().meta.as_ref().and_then(|m| m.version.as_ref()).map_or(0, |v| v.index);
+            let l = n.load();
+            let counts = (l.total, sorted(&l.by_service), l.reserved, n.available());
+            (n.id().to_string(), (n.ready_active(), n.order_key(), version, counts.0, counts.1, counts.2, counts.3))
+        })
+        .collect();
+    let absent =
+        set.absent().iter().map(|(id, l)| (id.clone(), (l.total, sorted(&l.by_service), l.reserved))).collect();
+    (nodes, absent)
+}
+
+/// Applies every commit queued on `watch` to `set`.
+fn catch_up(set: &mut NodeSet, watch: &mut shoal_store::Watch) {
+    while let Ok(commit) = watch.try_recv() {
+        set.apply(&commit);
+    }
+}
+
+/// A deterministic pseudo-random sequence (xorshift64).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn task_with(id: &str, service_id: &str, node_id: &str, state: TaskState, nano_cpus: i64) -> shoal_api::Task {
+    shoal_api::Task {
+        id: id.into(),
+        service_id: service_id.into(),
+        node_id: node_id.into(),
+        desired_state: TaskState::Running as i32,
+        spec: Some(shoal_api::TaskSpec {
+            resources: Some(ResourceRequirements {
+                reservations: Some(Resources { nano_cpus, memory_bytes: nano_cpus / 4, ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        spec_version: Some(shoal_api::Version { index: 1 }),
+        status: Some(shoal_api::TaskStatus { state: state as i32, ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn node_set_follows_commits_as_a_fresh_build_would() {
+    const NODES: [&str; 5] = ["n0", "n1", "n2", "n3", "n4"];
+    const STATES: [TaskState; 6] = [
+        TaskState::Pending,
+        TaskState::Assigned,
+        TaskState::Running,
+        TaskState::Failed,
+        TaskState::Complete,
+        TaskState::Orphaned,
+    ];
+    let fx = Fx::new();
+    let mut watch = fx.store.watch();
+    let mut set = fx.view(NodeSet::build);
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut scheduler = Scheduler::new();
+    let mut passes_that_placed = 0;
+    for step in 0..600 {
+        let node_id = NODES[rng.below(NODES.len() as u64) as usize];
+        let task_id = format!("t{}", rng.below(24));
+        let current_node = fx.view(|t| t.nodes().get(node_id).cloned());
+        let current_task = fx.view(|t| t.tasks().get(&task_id).cloned());
+        let mut c = shoal_store::Changes::new();
+        // A node change and a task change, sometimes both in one commit.
+        let (node_op, task_op) = match rng.below(4) {
+            0 => (true, false),
+            1 => (true, true),
+            _ => (false, true),
+        };
+        if node_op {
+            match (current_node, rng.below(4)) {
+                (None, _) => {
+                    let mut n = node(node_id);
+                    n.description.as_mut().unwrap().resources.as_mut().unwrap().nano_cpus =
+                        1_000_000_000 * (1 + rng.below(4) as i64);
+                    c.create(n);
+                }
+                (Some(n), 0) => {
+                    c.remove(n);
+                }
+                (Some(n), op) => {
+                    let mut n = (*n).clone();
+                    match op {
+                        1 => n.spec.as_mut().unwrap().set_availability(
+                            [Availability::Active, Availability::Pause, Availability::Drain][rng.below(3) as usize],
+                        ),
+                        2 => n.status.as_mut().unwrap().set_state(
+                            [node_status::State::Ready, node_status::State::Down][rng.below(2) as usize],
+                        ),
+                        _ => n.description.as_mut().unwrap().resources.as_mut().unwrap().nano_cpus += 500_000_000,
+                    }
+                    c.update(n);
+                }
+            }
+        }
+        if task_op {
+            let service_id = format!("s{}", rng.below(3));
+            let state = STATES[rng.below(STATES.len() as u64) as usize];
+            // Tasks name nodes that exist, that were removed or never created, or none.
+            let on = if state == TaskState::Pending || rng.below(5) == 0 { "" } else { node_id };
+            let cpus = 250_000_000 * rng.below(4) as i64;
+            match (current_task, rng.below(5)) {
+                (None, _) => {
+                    c.create(task_with(&task_id, &service_id, on, state, cpus));
+                }
+                (Some(t), 0) => {
+                    c.remove(t);
+                }
+                (Some(t), op) => {
+                    let mut t = (*t).clone();
+                    match op {
+                        1 => t.node_id = on.to_string(),
+                        2 => t.status.as_mut().unwrap().state = state as i32,
+                        3 => t.spec = task_with("", "", "", state, cpus).spec,
+                        _ => {
+                            // Reassigned: another node and a live state.
+                            t.node_id = node_id.to_string();
+                            t.status.as_mut().unwrap().state = TaskState::Assigned as i32;
+                        }
+                    }
+                    c.update(t);
+                }
+            }
+        }
+        fx.apply(c);
+        catch_up(&mut set, &mut watch);
+        assert_eq!(summary(&set), summary(&fx.view(NodeSet::build)), "after step {step}");
+        if step % 20 == 19 {
+            // A pass leaves the set as it was; its placements come back as commits.
+            let before = summary(&set);
+            let now = fx.now();
+            let mut pass = fx.view(|t| scheduler.schedule(t, &mut set, &PendingTasks::All, now));
+            assert_eq!(summary(&set), before, "a pass changed the set (step {step})");
+            passes_that_placed += usize::from(pass.assigned > 0);
+            fx.apply(std::mem::take(&mut pass.changes));
+            catch_up(&mut set, &mut watch);
+            assert_eq!(summary(&set), summary(&fx.view(NodeSet::build)), "after the pass of step {step}");
+        }
+    }
+    assert!(passes_that_placed > 0, "no pass placed a task: the sequence does not exercise placements");
+    assert!(fx.view(|t| t.tasks().len()) > 10);
+}
+
+#[test]
+fn node_id_breaks_ties_beyond_its_16_byte_prefix() {
+    let a15 = "a".repeat(15);
+    let a16 = "a".repeat(16);
+    let ids = ["b".to_string(), format!("{a16}-2"), format!("{a16}-1"), a16.clone(), a15.clone()];
+    assert_eq!(nodeinfo::id_order_key(&ids[1]), nodeinfo::id_order_key(&ids[3]), "the test needs equal prefixes");
+    let fx = Fx::new();
+    for id in &ids {
+        fx.create(node(id));
+    }
+    schedule(&fx, service("s1", 6));
+    let mut by_slot: Vec<(u64, String)> = fx.runnable("s1").into_iter().map(|t| (t.slot, t.node_id)).collect();
+    by_slot.sort();
+    let nodes: Vec<&str> = by_slot.iter().map(|(_, n)| n.as_str()).collect();
+    // Every node has the same counts, so slots go in ID order; the sixth finds all at one and takes the first.
+    assert_eq!(nodes, [a15.as_str(), &a16, &format!("{a16}-1"), &format!("{a16}-2"), "b", &a15]);
+}
+
+#[test]
+fn order_key_orders_as_the_id_when_keys_differ() {
+    let ids = ["", "a", "a\u{1}", "ab", "abcdefghijklmnop", "abcdefghijklmnoq", "b", "node0000001", "node0000010"];
+    for x in ids {
+        for y in ids {
+            let (kx, ky) = (nodeinfo::id_order_key(x), nodeinfo::id_order_key(y));
+            if kx != ky {
+                assert_eq!(kx.cmp(&ky), x.cmp(y), "{x:?} vs {y:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn loop_counts_freed_resources_from_commits() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(with_reservation(service("s1", 2), 3_000_000_000));
+    fx.reconcile("s1");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(subsystem().run(fx.state.clone(), stop_rx));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let settled = |fx: &Fx| {
+        let tasks = fx.runnable("s1");
+        let placed: Vec<_> = tasks.iter().filter(|t| !t.node_id.is_empty()).cloned().collect();
+        let waiting = tasks.iter().any(|t| t.node_id.is_empty() && !t.status.clone().unwrap().err.is_empty());
+        (placed, waiting)
+    };
+    // 4 CPUs, 3 asked per task: one placed, one explained.
+    let placed = loop {
+        let (placed, waiting) = settled(&fx);
+        if placed.len() == 1 && waiting {
+            break placed[0].clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "first placement not made");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The loop learns of the failure only through the commit; its node set must give the CPUs back.
+    fx.set_state(&placed.id, TaskState::Failed);
+    loop {
+        if fx.runnable("s1").iter().filter(|t| t.id != placed.id).all(|t| t.node_id == "n1") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the freed CPUs were not used");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop_tx.send(true).unwrap();
