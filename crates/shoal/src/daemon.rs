@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use shoal_node::{DaemonConfig, ExecutorKind};
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Flags of `shoal daemon`.
 #[derive(Debug, Args)]
@@ -61,17 +64,19 @@ pub struct DaemonArgs {
     /// Take a Raft snapshot (and compact the log) every this many applied entries.
     #[arg(long)]
     raft_snapshot_interval_entries: Option<u64>,
-    /// Log filter (tracing env-filter syntax), e.g. info or shoal=debug.
-    #[arg(long, env = "SHOAL_LOG", default_value = "info")]
-    log_level: String,
+    /// Log filter: a level (error, warn, info, debug, trace) and/or comma-separated `target=level`
+    /// directives, e.g. `info` or `shoal_raft=debug,info`.
+    #[arg(long, env = "SHOAL_LOG", default_value = "info", value_parser = parse_log_filter)]
+    log_level: Targets,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Returns the process exit code.
 pub fn run(args: DaemonArgs) -> i32 {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
+        .with(args.log_level.clone())
+        .init();
 
     let listen_control_api = args.listen_control_api.clone().unwrap_or_else(|| args.state_dir.join("control.sock"));
     let mut cfg = DaemonConfig::new(args.state_dir, listen_control_api);
@@ -124,6 +129,13 @@ pub fn run(args: DaemonArgs) -> i32 {
     }
 }
 
+/// Parses `--log-level`: a level and/or `target=level` directives. A filter that cannot be read is an error at
+/// start (not a silent fallback), so a typo does not hide the logs that were asked for.
+fn parse_log_filter(s: &str) -> Result<Targets, String> {
+    s.parse::<Targets>()
+        .map_err(|e| format!("{s:?}: {e}; use a level (error, warn, info, debug, trace) or target=level, comma-separated"))
+}
+
 fn parse_tcp_addr(s: &str) -> Result<SocketAddr, String> {
     let rest = s.strip_prefix("tcp://").ok_or_else(|| format!("{s:?}: use tcp://IP:PORT"))?;
     rest.parse().map_err(|e| format!("{s:?}: {e}; use tcp://IP:PORT"))
@@ -136,5 +148,22 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_log_filter;
+    use tracing::Level;
+
+    #[test]
+    fn log_filters_take_a_level_and_target_directives() {
+        let f = parse_log_filter("shoal_raft=debug,warn").unwrap();
+        assert!(f.would_enable("shoal_raft::node", &Level::DEBUG));
+        assert!(!f.would_enable("shoal_manager", &Level::INFO));
+        assert!(f.would_enable("shoal_manager", &Level::WARN));
+        assert!(parse_log_filter("info").unwrap().would_enable("anything", &Level::INFO));
+        let err = parse_log_filter("shoal=loud").unwrap_err();
+        assert!(err.contains("shoal=loud") && err.contains("target=level"), "{err}");
     }
 }

@@ -59,3 +59,34 @@ fn the_docker_cli_prints_the_daemon_error_and_exits_non_zero() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Error response from daemon"), "{:?}", out);
 }
+
+#[test]
+fn a_log_filter_that_cannot_be_read_stops_the_daemon_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(shoal_bin())
+        .args(["daemon", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .args(["--log-level", "shoal=loud"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A daemon that ignored the bad filter would keep running: give it a deadline, then kill it and fail.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon started with --log-level shoal=loud instead of refusing it");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(2), "stderr: {err}");
+    assert!(err.contains("--log-level") && err.contains("shoal=loud"), "stderr: {err}");
+    assert!(!dir.path().join("state").exists(), "nothing may be created on a usage error");
+}
