@@ -13,9 +13,12 @@
 //! written through Raft and counted when their commits come back, so a failed write needs no repair.
 //!
 //! The spread order is a binary heap of small entries (two counts, the ID key, the node's slot, the ID
-//! borrowed for ties of the key) built in one O(nodes) step per group; each placement pops the best node
-//! and pushes it back with its new counts (O(log nodes)), so a pass costs O(groups x nodes + tasks x log
-//! nodes): 100k nodes x 1k tasks does not sort 100k nodes.
+//! borrowed for ties of the key); each placement pops the best node and pushes it back with its new counts
+//! (O(log nodes)). Only a group's `tasks` best candidates can ever be used (a node is first popped only
+//! after every better unpopped node, and each first pop places a task), so with fewer tasks than nodes a
+//! bounded max-heap keeps those while the nodes go through the filters; otherwise all candidates are
+//! heapified in one O(nodes) step. A pass costs O(groups x nodes + tasks x log nodes): 100k nodes x 1k
+//! tasks neither sorts nor heaps 100k nodes.
 //!
 //! A placed task gets `node_id` and status ASSIGNED ("scheduler assigned task to node"). A task that fits
 //! nowhere stays PENDING with `status.err` = "no suitable node (...)" naming each filter's refusals; it is
@@ -129,20 +132,18 @@ impl Scheduler {
             tasks.sort_by(|a, b| (a.slot, &a.id).cmp(&(b.slot, &b.id)));
             self.pipeline.set_task(tasks[0]);
             // Min-heap on (tasks of this service, tasks overall, node ID); the slot finds the node's info.
-            // Sized up front: growing a vector of 100k entries by doubling costs more than filling it.
-            let mut candidates: Vec<Reverse<Spread<'_>>> = Vec::with_capacity(infos.len());
-            for (i, info) in infos.iter().enumerate() {
-                if self.pipeline.process(info) {
-                    candidates.push(Reverse(Spread {
-                        service_tasks: count32(info.service_tasks(&service_id)),
-                        total_tasks: count32(info.total_tasks()),
-                        key: info.order_key(),
-                        id: &ids[i],
-                        slot: i,
-                    }));
-                }
-            }
-            let mut order = BinaryHeap::from(candidates);
+            // `best_candidates` keeps at most `tasks.len()` of them (see the module doc) but consumes every
+            // node, so the filters' refusal counts cover all of them.
+            let pipeline = &mut self.pipeline;
+            let passing = infos.iter().enumerate().filter(|(_, info)| pipeline.process(info));
+            let passing = passing.map(|(i, info)| Spread {
+                service_tasks: count32(info.service_tasks(&service_id)),
+                total_tasks: count32(info.total_tasks()),
+                key: info.order_key(),
+                id: &ids[i],
+                slot: i,
+            });
+            let mut order = best_candidates(passing, infos.len(), tasks.len());
             let mut unplaced = Vec::new();
             for task in tasks {
                 let mut target = None;
@@ -224,6 +225,29 @@ struct Spread<'a> {
     key: u128,
     id: &'a str,
     slot: usize,
+}
+
+/// The `keep` best of `entries` (at most `nodes` of them) as a min-heap: all of them, heapified in one step,
+/// when they cannot be more than `keep`; else through a bounded max-heap that replaces its worst entry.
+fn best_candidates<'a>(
+    entries: impl Iterator<Item = Spread<'a>>,
+    nodes: usize,
+    keep: usize,
+) -> BinaryHeap<Reverse<Spread<'a>>> {
+    if nodes <= keep {
+        return entries.map(Reverse).collect();
+    }
+    let mut best = BinaryHeap::with_capacity(keep);
+    for entry in entries {
+        if best.len() < keep {
+            best.push(entry);
+        } else if let Some(mut worst) = best.peek_mut() {
+            if entry < *worst {
+                *worst = entry;
+            }
+        }
+    }
+    best.into_iter().map(Reverse).collect()
 }
 
 fn count32(n: usize) -> u32 {

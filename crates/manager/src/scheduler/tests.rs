@@ -441,3 +441,65 @@ async fn loop_counts_freed_resources_from_commits() {
     stop_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(1), task).await.expect("scheduler stops").unwrap();
 }
+
+#[test]
+fn placements_match_a_plain_greedy_spread_with_few_or_many_tasks() {
+    // The heap (bounded to the best `tasks` candidates when there are more nodes) must place each task, in
+    // slot order, on the passing node with the fewest tasks of the service, then overall, then lowest ID.
+    let mut rng = Rng(0x0dd_ba11_cafe_f00d);
+    for round in 0..12 {
+        let fx = Fx::new();
+        let node_count = 5 + rng.below(40) as usize;
+        let task_count = 1 + rng.below(if round % 2 == 0 { 4 } else { 120 }) as usize;
+        // (id, ready, CPUs free, tasks of s1, tasks overall)
+        let mut model: Vec<(String, bool, i64, usize, usize)> = Vec::new();
+        for i in 0..node_count {
+            let id = format!("n{:03}", rng.below(1000) * 100 + i as u64);
+            let mut n = node(&id);
+            let ready = rng.below(6) != 0;
+            if !ready {
+                n.status.as_mut().unwrap().set_state(node_status::State::Down);
+            }
+            let cpus = 1_000_000_000 * (1 + rng.below(6) as i64);
+            n.description.as_mut().unwrap().resources.as_mut().unwrap().nano_cpus = cpus;
+            fx.create(n);
+            let (mut free, mut same, mut total) = (cpus, 0, 0);
+            for k in 0..rng.below(3) {
+                let service_id = if rng.below(2) == 0 { "s1" } else { "s0" };
+                fx.create(task_with(&format!("{id}-t{k}"), service_id, &id, TaskState::Running, 500_000_000));
+                free -= 500_000_000;
+                total += 1;
+                same += usize::from(service_id == "s1");
+            }
+            model.push((id, ready, free, same, total));
+        }
+        let need = 250_000_000 * rng.below(5) as i64;
+        for k in 0..task_count {
+            let mut t = task_with(&format!("p{k:04}"), "s1", "", TaskState::Pending, need);
+            t.slot = k as u64 + 1;
+            fx.create(t);
+        }
+        let mut expected = Vec::new();
+        for _ in 0..task_count {
+            let best = model
+                .iter_mut()
+                .filter(|n| n.1 && n.2 >= need)
+                .min_by(|a, b| (a.3, a.4, &a.0).cmp(&(b.3, b.4, &b.0)));
+            match best {
+                Some(n) => {
+                    n.2 -= need;
+                    n.3 += 1;
+                    n.4 += 1;
+                    expected.push(n.0.clone());
+                }
+                None => expected.push(String::new()),
+            }
+        }
+        run_pass(&fx);
+        let pending = fx.tasks("s1").into_iter().filter(|t| t.id.starts_with('p'));
+        let mut placed: Vec<(u64, String)> = pending.map(|t| (t.slot, t.node_id)).collect();
+        placed.sort();
+        let placed: Vec<String> = placed.into_iter().map(|(_, n)| n).collect();
+        assert_eq!(placed, expected, "round {round}: {node_count} nodes, {task_count} tasks needing {need}");
+    }
+}
