@@ -109,7 +109,8 @@ impl Scheduler {
         now_ms: u64,
     ) -> SchedulePass {
         // Group by (service, spec version): tasks of a group share a spec, so filters run once per node.
-        let mut groups: BTreeMap<(String, u64), Vec<&Arc<Task>>> = BTreeMap::new();
+        // Keys borrow the service ID from the view: no string is copied per task.
+        let mut groups: BTreeMap<(&str, u64), Vec<&Arc<Task>>> = BTreeMap::new();
         let selected: Vec<&Arc<Task>> = match pending {
             PendingTasks::All => tables.tasks().by_state(TaskState::Pending).collect(),
             PendingTasks::Only(ids) => ids.iter().filter_map(|id| tables.tasks().get(id)).collect(),
@@ -117,27 +118,28 @@ impl Scheduler {
         for t in selected {
             if is_schedulable(t) {
                 let v = t.spec_version.as_ref().map_or(0, |v| v.index);
-                groups.entry((t.service_id.clone(), v)).or_default().push(t);
+                groups.entry((t.service_id.as_str(), v)).or_default().push(t);
             }
         }
         let mut pass = SchedulePass::default();
         if groups.is_empty() {
             return pass;
         }
-        // The placements made in `nodes`, taken back at the end.
-        let mut placed: Vec<(usize, &Arc<Task>)> = Vec::new();
+        // The placements made in `nodes`, per group (slot and reservation of each), taken back at the end.
+        let mut placed: Vec<(&str, Vec<(usize, Amount)>)> = Vec::with_capacity(groups.len());
         let (infos, ids) = nodes.parts_mut();
         let now = shoal_api::timestamp_from_unix_ms(now_ms);
         for ((service_id, _), mut tasks) in groups {
             tasks.sort_by(|a, b| (a.slot, &a.id).cmp(&(b.slot, &b.id)));
             self.pipeline.set_task(tasks[0]);
+            let mut group_placed = Vec::with_capacity(tasks.len());
             // Min-heap on (tasks of this service, tasks overall, node ID); the slot finds the node's info.
             // `best_candidates` keeps at most `tasks.len()` of them (see the module doc) but consumes every
             // node, so the filters' refusal counts cover all of them.
             let pipeline = &mut self.pipeline;
             let passing = infos.iter().enumerate().filter(|(_, info)| pipeline.process(info));
             let passing = passing.map(|(i, info)| Spread {
-                service_tasks: count32(info.service_tasks(&service_id)),
+                service_tasks: count32(info.service_tasks(service_id)),
                 total_tasks: count32(info.total_tasks()),
                 key: info.order_key(),
                 id: &ids[i],
@@ -153,10 +155,10 @@ impl Scheduler {
                     if !self.pipeline.process(info) {
                         continue;
                     }
-                    info.add_task(task);
-                    placed.push((best.slot, task));
+                    let reserved = info.add_task(task);
+                    group_placed.push((best.slot, reserved));
                     // Only this group's placements changed the node's counts since its entry was made.
-                    debug_assert_eq!(best.service_tasks as usize + 1, info.service_tasks(&service_id));
+                    debug_assert_eq!(best.service_tasks as usize + 1, info.service_tasks(service_id));
                     let id = best.id;
                     order.push(Reverse(Spread {
                         service_tasks: best.service_tasks.saturating_add(1),
@@ -183,6 +185,7 @@ impl Scheduler {
                     None => unplaced.push(task),
                 }
             }
+            placed.push((service_id, group_placed));
             if unplaced.is_empty() {
                 continue;
             }
@@ -203,16 +206,15 @@ impl Scheduler {
                 pass.changes.update(t);
             }
         }
-        for (slot, task) in placed {
-            infos[slot].remove_task(task);
+        // Taken back per node and group: one per-service count update per node, not one per task.
+        for (service_id, mut slots) in placed {
+            slots.sort_unstable_by_key(|&(slot, _)| slot);
+            for run in slots.chunk_by(|a, b| a.0 == b.0) {
+                let reserved = run.iter().fold(Amount::default(), |sum, &(_, r)| sum.plus(r));
+                infos[run[0].0].take_back(service_id, run.len(), reserved);
+            }
         }
         pass
-    }
-
-    /// `schedule` on a node set built from `tables` for this pass only (for callers that keep none).
-    pub fn schedule_once(&mut self, tables: &Tables, pending: &PendingTasks, now_ms: u64) -> SchedulePass {
-        let mut nodes = NodeSet::build(tables);
-        self.schedule(tables, &mut nodes, pending, now_ms)
     }
 }
 

@@ -47,14 +47,16 @@ impl Amount {
         self.nano_cpus <= 0 && self.memory_bytes <= 0
     }
 
-    fn plus(self, o: Amount) -> Amount {
+    /// The sum of both.
+    pub fn plus(self, o: Amount) -> Amount {
         Amount {
             nano_cpus: self.nano_cpus.wrapping_add(o.nano_cpus),
             memory_bytes: self.memory_bytes.wrapping_add(o.memory_bytes),
         }
     }
 
-    fn minus(self, o: Amount) -> Amount {
+    /// `self` less `o`.
+    pub fn minus(self, o: Amount) -> Amount {
         Amount {
             nano_cpus: self.nano_cpus.wrapping_sub(o.nano_cpus),
             memory_bytes: self.memory_bytes.wrapping_sub(o.memory_bytes),
@@ -95,8 +97,8 @@ pub struct TaskLoad {
 }
 
 impl TaskLoad {
-    /// Counts a task.
-    pub fn add(&mut self, t: &Task) {
+    /// Counts a task; returns its reservations.
+    pub fn add(&mut self, t: &Task) -> Amount {
         self.total += 1;
         // Look up before inserting: the service ID is copied only the first time a node sees the service.
         match self.by_service.get_mut(&t.service_id) {
@@ -105,20 +107,27 @@ impl TaskLoad {
                 self.by_service.insert(t.service_id.clone(), 1);
             }
         }
-        self.reserved = self.reserved.plus(Amount::reserved_by(t));
+        let r = Amount::reserved_by(t);
+        self.reserved = self.reserved.plus(r);
+        r
     }
 
     /// Takes back what `add` of the same task counted.
     pub fn remove(&mut self, t: &Task) {
-        debug_assert!(self.total > 0, "task {} removed from a load that does not hold it", t.id);
-        self.total = self.total.saturating_sub(1);
-        if let Some(n) = self.by_service.get_mut(&t.service_id) {
-            *n -= 1;
+        self.remove_many(&t.service_id, 1, Amount::reserved_by(t));
+    }
+
+    /// Takes back what `add` counted for `tasks` tasks of `service_id` that reserved `reserved` in all.
+    pub fn remove_many(&mut self, service_id: &str, tasks: usize, reserved: Amount) {
+        debug_assert!(self.total >= tasks, "{tasks} tasks of {service_id} removed from a load of {}", self.total);
+        self.total = self.total.saturating_sub(tasks);
+        if let Some(n) = self.by_service.get_mut(service_id) {
+            *n = n.saturating_sub(tasks);
             if *n == 0 {
-                self.by_service.remove(&t.service_id);
+                self.by_service.remove(service_id);
             }
         }
-        self.reserved = self.reserved.minus(Amount::reserved_by(t));
+        self.reserved = self.reserved.minus(reserved);
     }
 
     /// True when no task is counted.
@@ -172,16 +181,23 @@ impl NodeInfo {
         self.node = node;
     }
 
-    /// Counts a task placed on this node.
-    pub fn add_task(&mut self, t: &Task) {
-        self.load.add(t);
-        self.available = self.available.minus(Amount::reserved_by(t));
+    /// Counts a task placed on this node; returns its reservations.
+    pub fn add_task(&mut self, t: &Task) -> Amount {
+        let r = self.load.add(t);
+        self.available = self.available.minus(r);
+        r
     }
 
     /// Takes back what `add_task` of the same task counted.
     pub fn remove_task(&mut self, t: &Task) {
         self.load.remove(t);
         self.available = self.available.plus(Amount::reserved_by(t));
+    }
+
+    /// Takes back `tasks` placements of `service_id` that reserved `reserved` in all (a pass's own).
+    pub fn take_back(&mut self, service_id: &str, tasks: usize, reserved: Amount) {
+        self.load.remove_many(service_id, tasks, reserved);
+        self.available = self.available.plus(reserved);
     }
 
     /// The stored node.

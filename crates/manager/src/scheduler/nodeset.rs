@@ -139,7 +139,7 @@ impl NodeSet {
         match self.slots.get(t.node_id.as_str()) {
             Some(&i) => self.infos[i].add_task(t),
             None => self.absent.entry(t.node_id.clone()).or_default().add(t),
-        }
+        };
     }
 
     fn uncount(&mut self, t: &Task) {

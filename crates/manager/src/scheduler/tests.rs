@@ -18,10 +18,14 @@ fn schedule(fx: &Fx, svc: Service) -> SchedulePass {
     run_pass(fx)
 }
 
+/// One pass over a node set built from the view; checks that the pass leaves the set as it found it.
 fn run_pass(fx: &Fx) -> SchedulePass {
     let mut s = Scheduler::new();
     let now = fx.now();
-    let mut pass = fx.view(|t| s.schedule_once(t, &PendingTasks::All, now));
+    let mut set = fx.view(NodeSet::build);
+    let before = summary(&set);
+    let mut pass = fx.view(|t| s.schedule(t, &mut set, &PendingTasks::All, now));
+    assert_eq!(summary(&set), before, "the pass left its placements in the node set");
     let changes = std::mem::take(&mut pass.changes);
     fx.apply(changes);
     pass
