@@ -282,16 +282,31 @@ impl EngineStorage {
     }
 
     fn write(&self, batch: &mut LogBatch) -> Result<(), RaftError> {
-        self.engine().write(batch, true).map_err(|e| engine_err(&self.log_dir, e))?;
-        self.synced_writes.fetch_add(1, Ordering::Relaxed);
+        self.write_with(batch, true)
+    }
+
+    /// Writes a batch, with an fsync when `sync` (then counted in `synced_writes`). An unsynced write still
+    /// reaches the file in order: the next synced write (or `sync`) makes it durable with everything before it.
+    fn write_with(&self, batch: &mut LogBatch, sync: bool) -> Result<(), RaftError> {
+        self.engine().write(batch, sync).map_err(|e| engine_err(&self.log_dir, e))?;
+        if sync {
+            self.synced_writes.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
-    /// Persists new log entries (overwriting any conflicting tail) and the hard state, with one fsync.
+    /// Persists new log entries (overwriting any conflicting tail) and the hard state. It is fsynced when it
+    /// carries entries or a new term or vote, which Raft needs durable before anything depends on them. A hard
+    /// state whose only change is the commit index is written without an fsync: the commit index is volatile
+    /// state in Raft (a restarted node learns it again from its log and the leader), so one write costs one
+    /// fsync instead of two. A later synced write flushes it, and every snapshot record is synced, so the
+    /// commit index on disk is never behind a recorded snapshot.
     pub(crate) fn append(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<(), RaftError> {
         if entries.is_empty() && hard_state.is_none() {
             return Ok(());
         }
+        let sync = !entries.is_empty()
+            || hard_state.is_some_and(|hs| hs.term != self.hard_state.term || hs.vote != self.hard_state.vote);
         let mut batch = LogBatch::default();
         if !entries.is_empty() {
             let sealed: Vec<Entry> = entries.iter().map(|e| self.seal(e)).collect();
@@ -300,14 +315,14 @@ impl EngineStorage {
         if let Some(hs) = hard_state {
             self.put(&mut batch, KEY_HARD_STATE, hs)?;
         }
-        self.write(&mut batch)?;
+        self.write_with(&mut batch, sync)?;
         if let Some(hs) = hard_state {
             self.hard_state = hs.clone();
         }
         Ok(())
     }
 
-    /// Persists a higher commit index (before the newly committed entries are applied).
+    /// Records a higher commit index (before the newly committed entries are applied), unsynced (see `append`).
     pub(crate) fn set_commit(&mut self, commit: u64) -> Result<(), RaftError> {
         if commit <= self.hard_state.commit {
             return Ok(());
