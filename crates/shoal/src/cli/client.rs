@@ -1,15 +1,18 @@
-//! A small blocking HTTP/1 client for the Engine API on the control unix socket: one connection per
-//! request (hyper 1 over `tokio::net::UnixStream`) driven by a current-thread runtime. Non-2xx answers become
-//! `CliError::Api` with the server's `message`. Each request is bounded by `REQUEST_TIMEOUT` and responses
-//! by `MAX_RESPONSE_BYTES`. Must not depend on cluster logic.
+//! A small blocking HTTP/1.1 client for the Engine API on the control unix socket: one connection per
+//! request (`Connection: close`) on a std `UnixStream`, the answer's head parsed by `httparse` and its body
+//! read by `Content-Length`, chunked transfer coding, or to the end of the connection. No async runtime: a
+//! CLI process does one or two requests, and a runtime and its threads would cost more to start than the
+//! request (BENCHMARKS.md, "writes"). Non-2xx answers become `CliError::Api` with the server's `message`.
+//! Each request is bounded by `REQUEST_TIMEOUT` (connect to last byte) and responses by
+//! `MAX_RESPONSE_BYTES`. Must not depend on cluster logic.
 
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -17,6 +20,10 @@ use serde::Serialize;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest response body read.
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest response head (status line and headers) read.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most headers in a response.
+const MAX_HEADERS: usize = 64;
 
 /// Why a client command failed.
 #[derive(Debug, thiserror::Error)]
@@ -64,21 +71,16 @@ pub fn socket_path(host: &str) -> Result<PathBuf, CliError> {
 /// A blocking Engine API client.
 pub struct Client {
     socket: PathBuf,
-    rt: tokio::runtime::Runtime,
+    timeout: Duration,
 }
 
 impl Client {
     /// A client for `host` (`unix:///path` or a path). Connects lazily, per request.
     pub fn new(host: &str) -> Result<Client, CliError> {
-        let socket = socket_path(host)?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| CliError::Transport {
-                path: socket.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        Ok(Client { socket, rt })
+        Ok(Client {
+            socket: socket_path(host)?,
+            timeout: REQUEST_TIMEOUT,
+        })
     }
 
     fn transport(&self, reason: impl ToString) -> CliError {
@@ -95,50 +97,44 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), CliError> {
-        let fut = async {
-            let stream = tokio::net::UnixStream::connect(&self.socket)
-                .await
-                .map_err(|e| CliError::Connect {
-                    path: self.socket.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| self.transport(e))?;
-            let driver = tokio::spawn(conn);
-            let mut req = Request::builder()
-                .method(method)
-                .uri(path)
-                .header(hyper::header::HOST, "shoal");
-            if body.is_some() {
-                req = req.header(hyper::header::CONTENT_TYPE, "application/json");
-            }
-            let req = req
-                .body(Full::new(Bytes::from(body.unwrap_or_default())))
-                .map_err(|e| self.transport(e))?;
-            let resp = sender
-                .send_request(req)
-                .await
-                .map_err(|e| self.transport(e))?;
-            let status = resp.status();
-            let bytes = Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
-                .collect()
-                .await
-                .map_err(|e| self.transport(e))?
-                .to_bytes();
-            driver.abort();
-            Ok::<_, CliError>((status, bytes))
+        let deadline = Instant::now() + self.timeout;
+        let mut stream = UnixStream::connect(&self.socket).map_err(|e| CliError::Connect {
+            path: self.socket.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let body = body.unwrap_or_default();
+        let content_type = if body.is_empty() && method == Method::GET {
+            ""
+        } else {
+            "Content-Type: application/json\r\n"
         };
-        self.rt.block_on(async {
-            tokio::time::timeout(REQUEST_TIMEOUT, fut)
-                .await
-                .map_err(|_| {
-                    self.transport(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()))
-                })?
-        })
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: shoal\r\nConnection: close\r\n{content_type}Content-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(&body);
+        let io = |e: std::io::Error| {
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                self.transport(format!("no answer within {}s", self.timeout.as_secs()))
+            } else {
+                self.transport(e)
+            }
+        };
+        let left = remaining(deadline)
+            .map_err(|_| self.transport(format!("no answer within {}s", self.timeout.as_secs())))?;
+        stream.set_write_timeout(Some(left)).map_err(io)?;
+        stream.write_all(&req).map_err(io)?;
+        let mut reader = Reader { stream, deadline, buf: Vec::with_capacity(8192), pos: 0 };
+        let (status, body) = read_response(&mut reader).map_err(|e| match e {
+            ReadError::Io(e) => io(e),
+            ReadError::Timeout => self.transport(format!("no answer within {}s", self.timeout.as_secs())),
+            ReadError::Bad(reason) => self.transport(format!("malformed answer to {path}: {reason}")),
+        })?;
+        Ok((status, Bytes::from(body)))
     }
 
-    /// Sends a request and decodes a 2xx JSON answer (or maps the error body to `CliError::Api`).
+/// Sends a request and decodes a 2xx JSON answer (or maps the error body to `CliError::Api`).
     pub fn call<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -188,6 +184,162 @@ impl Client {
     }
 }
 
+/// Why reading an answer failed.
+enum ReadError {
+    Io(std::io::Error),
+    Timeout,
+    Bad(String),
+}
+
+/// Time left before `deadline`, or a timeout.
+fn remaining(deadline: Instant) -> Result<Duration, ReadError> {
+    deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()).ok_or(ReadError::Timeout)
+}
+
+/// A buffered reader over the connection that honours the request's deadline.
+struct Reader<S> {
+    stream: S,
+    deadline: Instant,
+    buf: Vec<u8>,
+    /// Bytes of `buf` already consumed.
+    pos: usize,
+}
+
+/// A stream whose read timeout can be set (a `UnixStream`; a byte slice in tests).
+trait TimedRead: Read {
+    fn set_timeout(&mut self, d: Duration) -> std::io::Result<()>;
+}
+
+impl TimedRead for UnixStream {
+    fn set_timeout(&mut self, d: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(d))
+    }
+}
+
+impl<S: TimedRead> Reader<S> {
+    /// Reads more bytes into `buf`; false at the end of the connection.
+    fn fill(&mut self) -> Result<bool, ReadError> {
+        let left = remaining(self.deadline)?;
+        self.stream.set_timeout(left).map_err(ReadError::Io)?;
+        let mut chunk = [0u8; 16 * 1024];
+        let n = loop {
+            match self.stream.read(&mut chunk) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Err(ReadError::Timeout)
+                }
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        };
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n > 0)
+    }
+
+    /// Unconsumed bytes.
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    /// Takes exactly `n` bytes.
+    fn take(&mut self, n: usize) -> Result<Vec<u8>, ReadError> {
+        while self.pending().len() < n {
+            if !self.fill()? {
+                return Err(ReadError::Bad("the connection closed inside the body".into()));
+            }
+        }
+        let out = self.pending()[..n].to_vec();
+        self.pos += n;
+        Ok(out)
+    }
+
+    /// Takes one CRLF-terminated line (without the CRLF), at most `max` bytes.
+    fn line(&mut self, max: usize) -> Result<Vec<u8>, ReadError> {
+        loop {
+            if let Some(i) = self.pending().windows(2).position(|w| w == b"\r\n") {
+                let out = self.pending()[..i].to_vec();
+                self.pos += i + 2;
+                return Ok(out);
+            }
+            if self.pending().len() > max {
+                return Err(ReadError::Bad("a chunk line is too long".into()));
+            }
+            if !self.fill()? {
+                return Err(ReadError::Bad("the connection closed inside a chunked body".into()));
+            }
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 answer: status, then the body by Content-Length, chunks, or to the end.
+fn read_response<S: TimedRead>(r: &mut Reader<S>) -> Result<(StatusCode, Vec<u8>), ReadError> {
+    let (status, head_len, length, chunked) = loop {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        match resp.parse(r.pending()).map_err(|e| ReadError::Bad(e.to_string()))? {
+            httparse::Status::Complete(n) => {
+                let code = resp.code.ok_or_else(|| ReadError::Bad("no status code".into()))?;
+                let status = StatusCode::from_u16(code).map_err(|e| ReadError::Bad(e.to_string()))?;
+                let mut length = None;
+                let mut chunked = false;
+                for h in resp.headers.iter() {
+                    if h.name.eq_ignore_ascii_case("content-length") {
+                        let v = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<usize>().ok());
+                        length = Some(v.ok_or_else(|| ReadError::Bad("a bad Content-Length".into()))?);
+                    } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                        chunked = String::from_utf8_lossy(h.value).to_ascii_lowercase().contains("chunked");
+                    }
+                }
+                break (status, n, length, chunked);
+            }
+            httparse::Status::Partial => {
+                if r.pending().len() > MAX_HEAD_BYTES {
+                    return Err(ReadError::Bad(format!("a response head over {MAX_HEAD_BYTES} bytes")));
+                }
+                if !r.fill()? {
+                    return Err(ReadError::Bad("the connection closed before a full answer".into()));
+                }
+            }
+        }
+    };
+    r.pos += head_len;
+    let too_big = || ReadError::Bad(format!("a response over {MAX_RESPONSE_BYTES} bytes"));
+    let body = if chunked {
+        let mut body = Vec::new();
+        loop {
+            let line = r.line(1024)?;
+            let size = std::str::from_utf8(&line)
+                .ok()
+                .and_then(|l| usize::from_str_radix(l.split(';').next().unwrap_or("").trim(), 16).ok())
+                .ok_or_else(|| ReadError::Bad("a bad chunk size".into()))?;
+            if size == 0 {
+                break;
+            }
+            if body.len() + size > MAX_RESPONSE_BYTES {
+                return Err(too_big());
+            }
+            body.extend(r.take(size)?);
+            if !r.line(0)?.is_empty() {
+                return Err(ReadError::Bad("a chunk without its CRLF".into()));
+            }
+        }
+        body
+    } else if let Some(n) = length {
+        if n > MAX_RESPONSE_BYTES {
+            return Err(too_big());
+        }
+        r.take(n)?
+    } else {
+        while r.fill()? {
+            if r.pending().len() > MAX_RESPONSE_BYTES {
+                return Err(too_big());
+            }
+        }
+        r.pending().to_vec()
+    };
+    Ok((status, body))
+}
+
 /// Percent-encodes one path segment or query value.
 pub fn enc(s: &str) -> String {
     urlencoding::encode(s).into_owned()
@@ -222,5 +374,62 @@ mod tests {
             PathBuf::from("/tmp/x.sock")
         );
         assert!(socket_path("tcp://1.2.3.4:2375").is_err());
+    }
+
+    impl TimedRead for &[u8] {
+        fn set_timeout(&mut self, _: Duration) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn parse(raw: &[u8]) -> Result<(StatusCode, Vec<u8>), String> {
+        let mut r = Reader { stream: raw, deadline: Instant::now() + Duration::from_secs(5), buf: Vec::new(), pos: 0 };
+        read_response(&mut r).map_err(|e| match e {
+            ReadError::Bad(s) => s,
+            ReadError::Io(e) => e.to_string(),
+            ReadError::Timeout => "timeout".into(),
+        })
+    }
+
+    #[test]
+    fn answers_are_read_by_length_chunks_or_to_the_end() {
+        let (st, b) = parse(b"HTTP/1.1 201 Created\r\ncontent-length: 7\r\n\r\n{\"a\":1}").unwrap();
+        assert_eq!((st, b.as_slice()), (StatusCode::CREATED, &b"{\"a\":1}"[..]));
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\n[1,\r\n2\r\n2]\r\n0\r\n\r\n";
+        let (st, b) = parse(raw).unwrap();
+        assert_eq!((st, b.as_slice()), (StatusCode::OK, &b"[1,2]"[..]));
+        let (st, b) = parse(b"HTTP/1.1 404 Not Found\r\n\r\n{\"message\":\"x\"}").unwrap();
+        assert_eq!((st, b.as_slice()), (StatusCode::NOT_FOUND, &b"{\"message\":\"x\"}"[..]));
+    }
+
+    #[test]
+    fn truncated_or_malformed_answers_are_errors() {
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort").unwrap_err().contains("inside the body"));
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-le").unwrap_err().contains("before a full answer"));
+        assert!(parse(b"garbage\r\n\r\n").is_err());
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n").unwrap_err().contains("Content-Length"));
+        let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n";
+        assert!(parse(raw).unwrap_err().contains("chunk size"));
+        let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab";
+        assert!(parse(raw).unwrap_err().contains("inside the body"));
+    }
+
+    #[test]
+    fn a_daemon_that_does_not_answer_times_out_with_one_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        // Accepts and reads, never answers; ends when the client gives up and closes.
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut sink = Vec::new();
+            let _ = conn.read_to_end(&mut sink);
+        });
+        let mut c = Client::new(sock.to_str().unwrap()).unwrap();
+        c.timeout = Duration::from_millis(200);
+        let err = c.request(Method::GET, "/_ping", None).unwrap_err();
+        assert!(err.to_string().contains("no answer within"), "{err}");
+        drop(c);
+        server.join().unwrap();
     }
 }
