@@ -27,16 +27,22 @@ enum Command {
 }
 
 fn main() {
-    // As `Args::parse()`, but the command tree is kept rather than freed: a CLI process exits right after
-    // one request, and freeing clap's tree of every subcommand and flag cost a fifth of its instructions
-    // (callgrind of `shoal service create`).
+    // As `Args::parse()`, but a client command keeps clap's command tree rather than freeing it: the process
+    // exits right after one request, and freeing the tree of every subcommand and flag cost a fifth of its
+    // instructions (callgrind of `shoal service create`). The daemon frees it (its heap lives on).
     let mut cmd = Args::command();
     let matches = cmd.try_get_matches_from_mut(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit());
-    std::mem::forget(cmd);
+    drop(matches);
     let code = match args.command {
-        Command::Daemon(d) => daemon::run(*d),
-        Command::Client(c) => cli::run(&args.host, c),
+        Command::Daemon(d) => {
+            drop(cmd);
+            daemon::run(*d)
+        }
+        Command::Client(c) => {
+            std::mem::forget(cmd);
+            cli::run(&args.host, c)
+        }
     };
     std::process::exit(code);
 }
