@@ -261,7 +261,8 @@ impl<S: TimedRead> Reader<S> {
                 self.pos += i + 2;
                 return Ok(out);
             }
-            if self.pending().len() > max {
+            // A line of `max` bytes and its CRLF would have been found by now.
+            if self.pending().len() >= max + 2 {
                 return Err(ReadError::Bad("a chunk line is too long".into()));
             }
             if !self.fill()? {
@@ -382,13 +383,38 @@ mod tests {
         }
     }
 
-    fn parse(raw: &[u8]) -> Result<(StatusCode, Vec<u8>), String> {
-        let mut r = Reader { stream: raw, deadline: Instant::now() + Duration::from_secs(5), buf: Vec::new(), pos: 0 };
+    /// A connection that delivers one byte per read: every boundary inside an answer is met.
+    struct ByteByByte<'a>(&'a [u8]);
+
+    impl Read for ByteByByte<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.0.len().min(buf.len()).min(1);
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    impl TimedRead for ByteByByte<'_> {
+        fn set_timeout(&mut self, _: Duration) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn parse_from<S: TimedRead>(stream: S) -> Result<(StatusCode, Vec<u8>), String> {
+        let mut r = Reader { stream, deadline: Instant::now() + Duration::from_secs(5), buf: Vec::new(), pos: 0 };
         read_response(&mut r).map_err(|e| match e {
             ReadError::Bad(s) => s,
             ReadError::Io(e) => e.to_string(),
             ReadError::Timeout => "timeout".into(),
         })
+    }
+
+    /// Parses `raw` read whole and read byte by byte; both must agree.
+    fn parse(raw: &[u8]) -> Result<(StatusCode, Vec<u8>), String> {
+        let whole = parse_from(raw);
+        assert_eq!(parse_from(ByteByByte(raw)), whole, "byte by byte");
+        whole
     }
 
     #[test]
