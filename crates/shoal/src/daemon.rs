@@ -75,7 +75,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::registry()
         .with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
-        .with(args.log_level.clone())
+        .with(args.log_level)
         .init();
 
     let listen_control_api = args.listen_control_api.clone().unwrap_or_else(|| args.state_dir.join("control.sock"));

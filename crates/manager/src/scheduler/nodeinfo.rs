@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use shoal_api::node_spec::Availability;
 use shoal_api::{node_status, Node, Task};
-use shoal_store::Tables;
 
 use crate::orchestrator::observed_state;
 
@@ -143,33 +142,19 @@ pub struct NodeInfo {
     ready_active: bool,
     order_key: u128,
     capacity: Amount,
-    available: Amount,
     load: TaskLoad,
 }
 
 impl NodeInfo {
     /// The info of `node` carrying `load`.
     pub fn new(node: Arc<Node>, load: TaskLoad) -> NodeInfo {
-        let capacity = Amount::offered_by(&node);
         NodeInfo {
             ready_active: is_ready_and_active(&node),
             order_key: id_order_key(&node.id),
-            available: capacity.minus(load.reserved),
-            capacity,
+            capacity: Amount::offered_by(&node),
             load,
             node,
         }
-    }
-
-    /// Builds the info of `node` from the node index.
-    pub fn build(tables: &Tables, node: &Arc<Node>) -> NodeInfo {
-        let mut load = TaskLoad::default();
-        for t in tables.tasks().by_node(&node.id) {
-            if holds_resources(t) {
-                load.add(t);
-            }
-        }
-        NodeInfo::new(node.clone(), load)
     }
 
     /// Replaces the node (a new version of the same ID), keeping the task counts.
@@ -177,27 +162,22 @@ impl NodeInfo {
         debug_assert_eq!(node.id, self.node.id);
         self.ready_active = is_ready_and_active(&node);
         self.capacity = Amount::offered_by(&node);
-        self.available = self.capacity.minus(self.load.reserved);
         self.node = node;
     }
 
     /// Counts a task placed on this node; returns its reservations.
     pub fn add_task(&mut self, t: &Task) -> Amount {
-        let r = self.load.add(t);
-        self.available = self.available.minus(r);
-        r
+        self.load.add(t)
     }
 
     /// Takes back what `add_task` of the same task counted.
     pub fn remove_task(&mut self, t: &Task) {
         self.load.remove(t);
-        self.available = self.available.plus(Amount::reserved_by(t));
     }
 
     /// Takes back `tasks` placements of `service_id` that reserved `reserved` in all (a pass's own).
     pub fn take_back(&mut self, service_id: &str, tasks: usize, reserved: Amount) {
         self.load.remove_many(service_id, tasks, reserved);
-        self.available = self.available.plus(reserved);
     }
 
     /// The stored node.
@@ -222,7 +202,7 @@ impl NodeInfo {
 
     /// The node's resources minus the reservations of its tasks.
     pub fn available(&self) -> Amount {
-        self.available
+        self.capacity.minus(self.load.reserved)
     }
 
     /// Tasks on the node that hold resources.
