@@ -422,13 +422,18 @@ mod tests {
         assert!(unwrap_pem(&kek, &lines.join("\n")).is_err(), "tampering is detected");
     }
 
+    /// A state dir as an unlocked manager leaves it: a plain TLS key and a plain DEK file; returns the DEK.
+    fn unlocked_state(state: &std::path::Path) -> shoal_raft::encryption::DataKeys {
+        std::fs::create_dir_all(crate::join::certs_dir(state)).unwrap();
+        std::fs::write(tls_key_path(state), "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n").unwrap();
+        shoal_raft::encryption::load_or_create_plain(state).unwrap()
+    }
+
     #[test]
     fn a_rewrap_cut_short_is_finished_or_dropped_at_the_next_start() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path();
-        std::fs::create_dir_all(crate::join::certs_dir(state)).unwrap();
-        std::fs::write(tls_key_path(state), "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n").unwrap();
-        let keys = shoal_raft::encryption::load_or_create_plain(state).unwrap();
+        let keys = unlocked_state(state);
         let kek = UnlockKey::generate(&mut rand::rng()).kek();
         let intent = RewrapIntent {
             tls_key: wrap_pem(&kek, "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n").into_bytes(),
@@ -474,9 +479,7 @@ mod tests {
     fn unlocking_checks_the_key_against_the_sealed_dek_and_rewrap_follows_the_cluster() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path();
-        std::fs::create_dir_all(crate::join::certs_dir(state)).unwrap();
-        std::fs::write(tls_key_path(state), "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n").unwrap();
-        let keys = shoal_raft::encryption::load_or_create_plain(state).unwrap();
+        let keys = unlocked_state(state);
         assert!(!is_locked(state).unwrap());
 
         let key = UnlockKey::generate(&mut rand::rng());
