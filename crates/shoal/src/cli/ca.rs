@@ -13,6 +13,7 @@ use super::client::{CliError, Client};
 
 /// `shoal ca ...`.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum CaCommand {
     /// Issue an operator client certificate for the Engine API over TCP.
     IssueClientCert {

@@ -29,6 +29,7 @@ pub const DEFAULT_HOST: &str = "unix:///var/run/shoal/control.sock";
 
 /// The client commands (flattened into the top level of `shoal`).
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ClientCommand {
     /// Manage services.
     #[command(subcommand)]

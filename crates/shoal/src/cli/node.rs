@@ -12,6 +12,7 @@ use super::service::print_tasks;
 
 /// Node commands.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum NodeCommand {
     /// List nodes (`*` marks the node you are talking to).
     #[command(alias = "list")]
@@ -47,6 +48,7 @@ pub enum NodeCommand {
 
 /// Task commands.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum TaskCommand {
     /// List tasks.
     #[command(alias = "list")]

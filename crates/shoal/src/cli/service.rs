@@ -19,6 +19,7 @@ use super::output::{self, ago, capitalize, short_id, Format};
 
 /// Service commands.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ServiceCommand {
     /// Create a service; prints its ID.
     Create(Box<CreateArgs>),

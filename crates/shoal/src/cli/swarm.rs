@@ -21,6 +21,7 @@ pub enum TokenRole {
 
 /// `shoal swarm ...`.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum SwarmCommand {
     /// Print (or rotate) the token other nodes join with: `shoal daemon --join-addr ADDR --join-token TOKEN`.
     JoinToken {
