@@ -19,6 +19,10 @@ mod scheduler;
 mod startup;
 mod writes;
 
+/// The allocator the `shoal` binary uses, so that in-process scenarios (scheduler, agents) measure the same.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
