@@ -19,13 +19,13 @@ mod scheduler;
 mod startup;
 mod writes;
 
-/// The allocator the `shoal` binary uses, so that in-process scenarios (scheduler, agents) measure the same.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+
+/// The allocator `shoal daemon` uses, so that in-process scenarios (scheduler, agents) measure the same.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Shoal benchmarks. Each prints a table, then `RESULT <scenario> <value> <unit>` as its last line.
 #[derive(Debug, Parser)]

@@ -5,7 +5,7 @@
 //! is called, allocations are bumped off a static arena (in `.bss`: its pages cost nothing until touched),
 //! frees are no-ops and the exit returns everything. That touches a few contiguous pages where a
 //! general-purpose allocator touches at least one page per size class plus its own metadata, and page
-//! faults are most of what a short process costs (BENCHMARKS.md, "CLI loop").
+//! faults are most of what a short process costs (BENCHMARKS.md, "Session 4").
 //!
 //! The daemon calls [`use_general`] first thing, before it builds anything long-lived: from then on every
 //! allocation goes to mimalloc. Whatever was allocated in the arena before (the argument strings) stays
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use mimalloc::MiMalloc;
 
-/// Arena size: virtual, in `.bss`; a client touches only what it allocates (a create: under 200 KiB).
+/// Arena size: virtual, in `.bss`; a client touches only the pages of what it allocates.
 const ARENA_BYTES: usize = 16 << 20;
 
 #[repr(C, align(4096))]
@@ -51,9 +51,12 @@ fn in_arena(p: *mut u8) -> bool {
     (p as usize).wrapping_sub(base()) < ARENA_BYTES
 }
 
-/// Bumps `layout` off the arena; `None` when it does not fit. Arena bytes are never reused, so they are
-/// still the zeroes `.bss` starts with.
+/// Bumps `layout` off the arena; `None` once the process uses the general allocator or when it does not
+/// fit. Arena bytes are never reused, so they are still the zeroes `.bss` starts with.
 fn bump(layout: Layout) -> Option<*mut u8> {
+    if GENERAL.load(Ordering::Relaxed) {
+        return None;
+    }
     let base = base();
     let mut next = NEXT.load(Ordering::Relaxed);
     loop {
@@ -69,8 +72,12 @@ fn bump(layout: Layout) -> Option<*mut u8> {
     }
 }
 
-/// Grows or shrinks the arena's most recent allocation `[p, p + old)` in place to `new` bytes.
+/// Grows or shrinks the arena's most recent allocation `[p, p + old)` in place to `new` bytes, while the
+/// process still allocates from the arena.
 fn resize_last(p: *mut u8, old: usize, new: usize) -> bool {
+    if GENERAL.load(Ordering::Relaxed) {
+        return false;
+    }
     let start = p as usize - base();
     let Some(end) = start.checked_add(new).filter(|&e| e <= ARENA_BYTES) else {
         return false;
@@ -85,23 +92,13 @@ pub struct ShoalAlloc;
 // pointer comes from and goes back to mimalloc, which upholds the GlobalAlloc contract itself.
 unsafe impl GlobalAlloc for ShoalAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !GENERAL.load(Ordering::Relaxed) {
-            if let Some(p) = bump(layout) {
-                return p;
-            }
-        }
         // SAFETY: forwarded with the caller's guarantees.
-        unsafe { MiMalloc.alloc(layout) }
+        bump(layout).unwrap_or_else(|| unsafe { MiMalloc.alloc(layout) })
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !GENERAL.load(Ordering::Relaxed) {
-            if let Some(p) = bump(layout) {
-                return p; // never-used arena bytes are zero
-            }
-        }
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { MiMalloc.alloc_zeroed(layout) }
+        // Arena bytes are never-used zeroes. SAFETY: forwarded with the caller's guarantees.
+        bump(layout).unwrap_or_else(|| unsafe { MiMalloc.alloc_zeroed(layout) })
     }
 
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
@@ -117,7 +114,7 @@ unsafe impl GlobalAlloc for ShoalAlloc {
             // SAFETY: `p` came from mimalloc with `layout`.
             return unsafe { MiMalloc.realloc(p, layout, new_size) };
         }
-        if !GENERAL.load(Ordering::Relaxed) && resize_last(p, layout.size(), new_size) {
+        if resize_last(p, layout.size(), new_size) {
             return p;
         }
         // SAFETY: the caller guarantees `new_size` with `layout.align()` is a valid layout.

@@ -5,10 +5,10 @@ mod alloc;
 mod cli;
 mod daemon;
 
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
 #[global_allocator]
 static ALLOC: alloc::ShoalAlloc = alloc::ShoalAlloc;
-
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Shoal: a container orchestrator on the design of Docker SwarmKit.
 #[derive(Debug, Parser)]
