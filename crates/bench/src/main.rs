@@ -58,7 +58,19 @@ enum Scenario {
     Failover(failover::FailoverArgs),
 }
 
+/// mimalloc's options as `shoal daemon` sets them (`crates/shoal/src/alloc.rs`, `use_general`): purge delay 10 ms,
+/// a 64 MiB first arena. Options 15 and 23 of mimalloc 3's `mi_option_e`; shoal's tests check the indexes.
+#[allow(unsafe_code)]
+fn use_daemon_allocator_options() {
+    // SAFETY: option setters, called before anything is allocated from mimalloc's arena.
+    unsafe {
+        libmimalloc_sys::mi_option_set(15, 10);
+        libmimalloc_sys::mi_option_set(23, 64 << 10);
+    }
+}
+
 fn main() {
+    use_daemon_allocator_options();
     let args = Args::parse();
     let shoal = args.shoal.clone();
     let result = match args.scenario {
