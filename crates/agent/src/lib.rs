@@ -71,6 +71,9 @@ pub struct Agent {
     more_managers: Vec<String>,
     /// When set, the manager list is saved there whenever it changes (see `remotes::save`).
     managers_file: Option<PathBuf>,
+    /// When set, gets the cluster's managers as `(node ID, host:port)`, sorted, whenever a session message
+    /// lists them.
+    managers_sink: Option<watch::Sender<Vec<(String, String)>>>,
     /// When set, gets the address (`host:port`) of the manager each new session is open with.
     session_manager_sink: Option<watch::Sender<String>>,
 }
@@ -92,6 +95,7 @@ impl Agent {
             node_sink: None,
             more_managers: Vec::new(),
             managers_file: None,
+            managers_sink: None,
             session_manager_sink: None,
         }
     }
@@ -101,6 +105,13 @@ impl Agent {
     pub fn with_managers(mut self, more: Vec<String>, file: Option<PathBuf>) -> Agent {
         self.more_managers = more;
         self.managers_file = file;
+        self
+    }
+
+    /// Publishes on `sink` the cluster's managers, `(node ID, host:port)` sorted, as the dispatcher lists them
+    /// in its session messages (a worker's `GET /info` shows them).
+    pub fn with_managers_sink(mut self, sink: watch::Sender<Vec<(String, String)>>) -> Agent {
+        self.managers_sink = Some(sink);
         self
     }
 
@@ -186,6 +197,25 @@ impl Agent {
                         }
                         changed
                     });
+                }
+                if let Some(sink) = &self.managers_sink {
+                    let mut listed: Vec<(String, String)> = msg
+                        .managers
+                        .iter()
+                        .filter_map(|w| w.peer.as_ref())
+                        .map(|p| (p.node_id.clone(), remotes::host_port(&p.addr).to_string()))
+                        .filter(|(_, addr)| !addr.is_empty())
+                        .collect();
+                    listed.sort();
+                    if !listed.is_empty() {
+                        sink.send_if_modified(|cur| {
+                            let changed = *cur != listed;
+                            if changed {
+                                *cur = std::mem::take(&mut listed);
+                            }
+                            changed
+                        });
+                    }
                 }
                 if remotes.observe(&msg.managers) {
                     tracing::info!(node = %self.config.node_id, managers = ?remotes.addrs(), "the cluster's managers changed");

@@ -161,8 +161,14 @@ pub async fn version() -> ApiResult {
     })
 }
 
-/// `GET /info`.
+/// `GET /info`. The swarm part is read after a read barrier, as the other reads are; when no leader confirms
+/// it, the answer still comes (`docker info` must work in a cluster that lost its quorum) with this manager's
+/// last known state and the reason in `Swarm.Error`, as Docker reports an unreachable control plane.
 pub async fn info(State(ctx): Ctx) -> ApiResult {
+    let error = match read_barrier(&ctx).await {
+        Ok(()) => String::new(),
+        Err(e) => e.to_string(),
+    };
     let swarm = ctx.state.store.view(|t| {
         let managers: Vec<_> = t
             .nodes()
@@ -193,7 +199,7 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
             node_addr: ctx.node_addr.clone(),
             local_node_state: "active".into(),
             control_available: true,
-            error: String::new(),
+            error,
             remote_managers: remote,
             nodes: t.nodes().len() as u64,
             managers: managers.len() as u64,
@@ -226,8 +232,9 @@ fn first_cluster(t: &shoal_store::Tables) -> Option<&shoal_api::Cluster> {
         .map(|c| &**c)
 }
 
-/// `GET /swarm`.
+/// `GET /swarm`, linearizable like the other reads (503 when no leader confirms it).
 pub async fn swarm(State(ctx): Ctx) -> ApiResult {
+    read_barrier(&ctx).await?;
     let found = ctx
         .state
         .store

@@ -27,8 +27,9 @@ pub struct WorkerContext {
     pub hostname: String,
     /// The executor in use.
     pub executor: String,
-    /// The manager the node joined through.
-    pub manager_addr: String,
+    /// The cluster's managers as `(node ID, host:port)` (the ID empty while only the address is known), kept
+    /// current by the node's agent from the dispatcher's session messages.
+    pub managers: tokio::sync::watch::Receiver<Vec<(String, String)>>,
 }
 
 /// The message for every cluster command sent to a worker.
@@ -53,7 +54,12 @@ async fn info(State(ctx): State<Arc<WorkerContext>>) -> Json<InfoJson> {
             local_node_state: "active".into(),
             control_available: false,
             error: String::new(),
-            remote_managers: vec![PeerJson { node_id: String::new(), addr: ctx.manager_addr.clone() }],
+            remote_managers: ctx
+                .managers
+                .borrow()
+                .iter()
+                .map(|(node_id, addr)| PeerJson { node_id: node_id.clone(), addr: addr.clone() })
+                .collect(),
             nodes: 0,
             managers: 0,
             cluster: None,

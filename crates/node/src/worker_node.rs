@@ -229,12 +229,15 @@ pub async fn run_worker(
 
     let control_socket = cfg.listen_control_api.clone();
     let unix = crate::bind_control_socket(&control_socket)?;
+    // The managers this worker knows, by address only until a session message names them.
+    let known = std::iter::once(&w.manager_addr).chain(&w.more_managers);
+    let (managers_tx, managers_rx) = watch::channel(known.map(|a| (String::new(), a.clone())).collect());
     let ctx = shoal_engine_api::worker::WorkerContext {
         node_id: w.node_id.clone(),
         node_addr: String::new(),
         hostname: hostname.clone(),
         executor: executor.name().to_string(),
-        manager_addr: w.manager_addr.clone(),
+        managers: managers_rx,
     };
     tasks.push((
         "control-api",
@@ -265,6 +268,7 @@ pub async fn run_worker(
     .with_endpoint_factory(crate::tls::agent_endpoints(&w.tls))
     .with_node_sink(node_tx)
     .with_managers(w.more_managers.clone(), Some(managers_file(&cfg.state_dir)))
+    .with_managers_sink(managers_tx)
     .with_session_manager_sink(session_manager_tx);
     tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
     let renewal_manager = session_manager.clone();

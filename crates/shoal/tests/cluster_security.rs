@@ -301,7 +301,7 @@ fn three_managers_and_two_workers_over_mutual_tls() {
     };
     let m2 = join_manager(62);
     let _m3 = join_manager(63);
-    let _w1 = worker(64, &m1);
+    let w1 = worker(64, &m1);
     let _w2 = worker(65, &m1);
     let summary = |m: &DaemonProcess| {
         let mut v: Vec<(String, String, String, bool)> = nodes(m)
@@ -325,6 +325,33 @@ fn three_managers_and_two_workers_over_mutual_tls() {
     // Every manager sees the same five nodes (a follower reads its replicated store).
     until("five ready nodes on m1", || summary(&m1) == want, || format!("{:?}", summary(&m1)));
     until("five ready nodes on m2", || summary(&m2) == want, || format!("{:?}", summary(&m2)));
+
+    // A worker's `docker info` lists every manager (ID and address), as the dispatcher tells its agent.
+    let mut managers: Vec<(String, String)> = nodes(&m1)
+        .iter()
+        .filter(|n| n["Spec"]["Role"] == "manager")
+        .map(|n| {
+            let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+            (s(&n["ID"]), s(&n["ManagerStatus"]["Addr"]))
+        })
+        .collect();
+    managers.sort();
+    assert_eq!(managers.len(), 3, "{managers:?}");
+    let remote_managers = |w: &DaemonProcess| {
+        let info = w.get("/v1.47/info");
+        let mut v: Vec<(String, String)> = info["Swarm"]["RemoteManagers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|p| (p["NodeID"].as_str().unwrap_or("").to_string(), p["Addr"].as_str().unwrap_or("").to_string()))
+            .collect();
+        v.sort();
+        v
+    };
+    until("a worker's /info to list the three managers", || remote_managers(&w1) == managers, || {
+        format!("{:?} want {managers:?}", remote_managers(&w1))
+    });
 
     // A service created through a follower spreads over all five nodes.
     let body = serde_json::json!({

@@ -468,6 +468,13 @@ fn the_leader_cut_off_from_both_followers() {
     // Its reads are refused too (no leader confirms them), never stale.
     let r = http::request_within(c.ds[old].socket(), "GET", "/v1.47/services", None, CLIENT_TIMEOUT);
     assert!(matches!(&r, Ok(resp) if resp.status == 503), "a read on the isolated manager: {r:?}");
+    let r = http::request_within(c.ds[old].socket(), "GET", "/v1.47/swarm", None, CLIENT_TIMEOUT);
+    assert!(matches!(&r, Ok(resp) if resp.status == 503), "GET /swarm on the isolated manager: {r:?}");
+    // `docker info` still answers there, and says why the cluster's state may be stale.
+    let r = http::request_within(c.ds[old].socket(), "GET", "/v1.47/info", None, CLIENT_TIMEOUT).expect("GET /info");
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let error = r.body["Swarm"]["Error"].as_str().unwrap_or_default();
+    assert!(error.contains("no leader"), "Swarm.Error of the isolated manager: {:?}", r.body["Swarm"]);
     w.wait_acked(5, "on the majority side", Duration::from_secs(20));
     c.net.heal(old);
     let healed = Instant::now();
