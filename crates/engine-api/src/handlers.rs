@@ -250,7 +250,7 @@ pub async fn swarm(State(ctx): Ctx) -> ApiResult {
 
 /// Makes the read that follows linearizable: on any manager it sees every write acknowledged before the
 /// request (Raft ReadIndex); 503 when no leader confirms within a bounded time.
-async fn read_barrier(ctx: &ApiContext) -> Result<(), ApiError> {
+pub(crate) async fn read_barrier(ctx: &ApiContext) -> Result<(), ApiError> {
     ctx.state.read_barrier().await.map_err(|e| ApiError::from(controlapi::ControlError::from(e)))
 }
 

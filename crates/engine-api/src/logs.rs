@@ -261,6 +261,7 @@ pub async fn service_logs(
     Path(id): Path<String>,
     Query(q): Params,
 ) -> Result<Response, ApiError> {
+    crate::handlers::read_barrier(&ctx).await?;
     let s = controlapi::get_service(&ctx.state, &id)?;
     let tty = tty_of(s.spec.as_ref().and_then(|s| s.task.as_ref()));
     stream_response(
@@ -281,6 +282,7 @@ pub async fn task_logs(
     Path(id): Path<String>,
     Query(q): Params,
 ) -> Result<Response, ApiError> {
+    crate::handlers::read_barrier(&ctx).await?;
     let t = controlapi::get_task(&ctx.state, &id)?;
     let tty = tty_of(t.spec.as_ref());
     stream_response(

@@ -243,6 +243,16 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
     let leader = leader_index(&[&all[0], &all[1], &all[2]]);
     let follower = &all[(leader + 1) % 3];
 
+    // A service created through the leader has logs on a follower at once: the follower's read waits until it
+    // has applied what the leader had committed (200, never a 404 for a service it has not applied yet).
+    for i in 0..5 {
+        let name = format!("quiet-{i}");
+        create(&all[leader], &name, 0, &["true"]).expect("create on the leader");
+        let path = format!("/v1.47/services/{name}/logs?stdout=1&stderr=1");
+        let r = shoal_testkit::http::request(follower.socket(), "GET", &path, None).expect("logs on the follower");
+        assert_eq!(r.status, 200, "logs of {name} right after its creation: {}", r.body);
+    }
+
     docker(
         follower,
         &["service", "create", "--detach", "--name", "greeter", "--replicas", "3", "busybox", "sh", "-c", GREETER],
