@@ -53,14 +53,23 @@ const MI_PURGE_DELAY_MS: std::ffi::c_long = 10;
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 const MI_OPTION_ARENA_RESERVE: libmimalloc_sys::mi_option_t = 23;
 
-/// Routes every new allocation to the general-purpose allocator from now on (the daemon), and sets
-/// mimalloc's options for a long-running process. Call before the process allocates anything lasting.
-/// Idempotent.
+unsafe extern "C" {
+    /// mimalloc's process set-up, which its constructor would run (mimalloc is built without one:
+    /// `.cargo/config.toml`): initialises the main heap and registers the clean-up of exiting threads' heaps.
+    /// Runs once however often it is called.
+    fn _mi_auto_process_init();
+}
+
+/// Routes every new allocation to the general-purpose allocator from now on (the daemon): sets mimalloc's
+/// options for a long-running process and sets mimalloc up. Call on the main thread before the process
+/// starts threads or allocates anything lasting.
 pub fn use_general() {
-    // SAFETY: option setters, called before the first allocation from mimalloc reserves its arena.
+    // SAFETY: option setters, then mimalloc's own set-up, on the main thread before any other thread exists
+    // and before mimalloc has allocated (its first allocation reserves the arena these options size).
     unsafe {
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, MI_PURGE_DELAY_MS);
         libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_RESERVE, MI_ARENA_RESERVE_KIB);
+        _mi_auto_process_init();
     }
     GENERAL.store(true, Ordering::Release);
 }
