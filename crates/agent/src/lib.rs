@@ -211,7 +211,7 @@ impl Agent {
                         sink.send_if_modified(|cur| {
                             let changed = *cur != listed;
                             if changed {
-                                *cur = std::mem::take(&mut listed);
+                                *cur = listed;
                             }
                             changed
                         });

@@ -23,7 +23,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-/// The allocator `shoal daemon` uses, so that in-process scenarios (scheduler, agents) measure the same.
+#[path = "../../shoal/src/mimalloc_setup.rs"]
+mod mimalloc_setup;
+
+/// The allocator `shoal daemon` uses, set up (`mimalloc_setup::set_up`) as the daemon sets it up, so that
+/// in-process scenarios (scheduler, agents) measure the same.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -58,27 +62,8 @@ enum Scenario {
     Failover(failover::FailoverArgs),
 }
 
-#[allow(unsafe_code)]
-unsafe extern "C" {
-    fn _mi_auto_process_init();
-}
-
-/// mimalloc set up as `shoal daemon` sets it up (`crates/shoal/src/alloc.rs`, `use_general`): purge delay 10 ms,
-/// a 64 MiB first arena (options 15 and 23 of mimalloc 3's `mi_option_e`; shoal's tests check the indexes),
-/// then mimalloc's process set-up, which its constructor would run (it is built without one).
-#[allow(unsafe_code)]
-fn use_daemon_allocator_options() {
-    // SAFETY: option setters and mimalloc's set-up, on the main thread before any other thread exists and
-    // before anything is allocated from mimalloc's arena.
-    unsafe {
-        libmimalloc_sys::mi_option_set(15, 10);
-        libmimalloc_sys::mi_option_set(23, 64 << 10);
-        _mi_auto_process_init();
-    }
-}
-
 fn main() {
-    use_daemon_allocator_options();
+    mimalloc_setup::set_up();
     let args = Args::parse();
     let shoal = args.shoal.clone();
     let result = match args.scenario {

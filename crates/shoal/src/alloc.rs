@@ -38,39 +38,11 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 /// Set once the process has switched to the general-purpose allocator.
 static GENERAL: AtomicBool = AtomicBool::new(false);
 
-/// mimalloc's arena reservation, in KiB (mimalloc's default: 1 GiB). The arena's bitmaps are sized by it
-/// and an idle daemon had 170 KiB of them resident with 1 GiB; later arenas grow (mimalloc doubles their
-/// size every eight), so a large store still gets few.
-const MI_ARENA_RESERVE_KIB: std::ffi::c_long = 64 << 10;
-
-/// How long mimalloc keeps freed pages before it gives them back, in ms (its default: 1,000). A daemon
-/// that had just created 2,000 tasks held 47 MiB with 1,000 ms, 24 MiB with 10 ms and 21 MiB with 0, which
-/// made the in-process scheduler benchmark 30% slower (BENCHMARKS.md, "Session 5").
-const MI_PURGE_DELAY_MS: std::ffi::c_long = 10;
-
-/// Indexes of two options in mimalloc 3's `mi_option_e`, which libmimalloc-sys does not name; a test checks
-/// them against their defaults.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-const MI_OPTION_ARENA_RESERVE: libmimalloc_sys::mi_option_t = 23;
-
-unsafe extern "C" {
-    /// mimalloc's process set-up, which its constructor would run (mimalloc is built without one:
-    /// `.cargo/config.toml`): initialises the main heap and registers the clean-up of exiting threads' heaps.
-    /// Runs once however often it is called.
-    fn _mi_auto_process_init();
-}
-
-/// Routes every new allocation to the general-purpose allocator from now on (the daemon): sets mimalloc's
-/// options for a long-running process and sets mimalloc up. Call on the main thread before the process
-/// starts threads or allocates anything lasting.
+/// Routes every new allocation to the general-purpose allocator from now on (the daemon), set up for a
+/// long-running process (`mimalloc_setup`). Call on the main thread before the process starts threads or
+/// allocates anything lasting.
 pub fn use_general() {
-    // SAFETY: option setters, then mimalloc's own set-up, on the main thread before any other thread exists
-    // and before mimalloc has allocated (its first allocation reserves the arena these options size).
-    unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, MI_PURGE_DELAY_MS);
-        libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_RESERVE, MI_ARENA_RESERVE_KIB);
-        _mi_auto_process_init();
-    }
+    crate::mimalloc_setup::set_up();
     GENERAL.store(true, Ordering::Release);
 }
 
@@ -78,12 +50,8 @@ pub fn use_general() {
 /// server's service stack alone has a 60 KiB frame) and a thread's stack pages, once touched, stay resident
 /// until the thread exits, which the main thread of the daemon never does. Call on the main thread once the
 /// daemon serves; elsewhere it does nothing.
-pub fn trim_main_stack() {
-    trim_stack_below_caller();
-}
-
 #[inline(never)]
-fn trim_stack_below_caller() {
+pub fn trim_main_stack() {
     let marker = 0u8;
     let sp = std::hint::black_box(&marker) as *const u8 as usize;
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
@@ -237,14 +205,6 @@ mod tests {
         assert_ne!(r, q);
         assert_eq!(unsafe { std::slice::from_raw_parts(r, 16) }, b"0123456789abcdef");
         unsafe { a.dealloc(other, l) };
-    }
-
-    #[test]
-    fn the_mimalloc_option_indexes_name_the_options_set() {
-        // Nothing in the test binary sets them, so they hold mimalloc 3's defaults: a purge delay of 1,000 ms
-        // and a 1 GiB arena reservation (in KiB).
-        assert_eq!(unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) }, 1000);
-        assert_eq!(unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_ARENA_RESERVE) }, 1 << 20);
     }
 
     #[test]

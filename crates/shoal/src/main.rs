@@ -2,6 +2,7 @@
 //! the control socket (see `cli`). Argument parsing and dispatch only.
 
 mod alloc;
+mod mimalloc_setup;
 mod cli;
 mod daemon;
 

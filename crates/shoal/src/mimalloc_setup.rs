@@ -1,0 +1,54 @@
+//! mimalloc set up for a long-running process: `shoal daemon`, and `shoal-bench` (which includes this file,
+//! so that its in-process scenarios measure the daemon's allocator as the daemon configures it).
+//!
+//! mimalloc is built without its constructor (`.cargo/config.toml`), so a process that wants it set up
+//! before it starts threads calls [`set_up`] first thing; any other process sets it up at its first
+//! mimalloc allocation, if there is one.
+
+#![allow(unsafe_code)]
+
+/// mimalloc's arena reservation, in KiB (mimalloc's default: 1 GiB). The arena's bitmaps are sized by it
+/// and an idle daemon had 170 KiB of them resident with 1 GiB; later arenas grow (mimalloc doubles their
+/// size every eight), so a large store still gets few.
+const ARENA_RESERVE_KIB: std::ffi::c_long = 64 << 10;
+
+/// How long mimalloc keeps freed pages before it gives them back, in ms (its default: 1,000). A daemon
+/// that had just created 2,000 tasks held 47 MiB with 1,000 ms, 24 MiB with 10 ms and 21 MiB with 0, which
+/// made the in-process scheduler benchmark 30% slower (BENCHMARKS.md, "Session 5").
+const PURGE_DELAY_MS: std::ffi::c_long = 10;
+
+/// Indexes of two options in mimalloc 3's `mi_option_e`, which libmimalloc-sys does not name; a test checks
+/// them against their defaults.
+const OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+const OPTION_ARENA_RESERVE: libmimalloc_sys::mi_option_t = 23;
+
+unsafe extern "C" {
+    /// mimalloc's process set-up, which its constructor would run: initialises the main heap and registers
+    /// the clean-up of exiting threads' heaps. Runs once however often it is called.
+    fn _mi_auto_process_init();
+}
+
+/// Sets mimalloc's options, then sets mimalloc up. Call on the main thread before any other thread exists
+/// and before anything is allocated from mimalloc.
+pub fn set_up() {
+    // SAFETY: option setters, then mimalloc's own set-up, on the main thread before any other thread exists
+    // and before mimalloc has allocated (its first allocation reserves the arena these options size).
+    unsafe {
+        libmimalloc_sys::mi_option_set(OPTION_PURGE_DELAY, PURGE_DELAY_MS);
+        libmimalloc_sys::mi_option_set(OPTION_ARENA_RESERVE, ARENA_RESERVE_KIB);
+        _mi_auto_process_init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_option_indexes_name_the_options_set() {
+        // Nothing in a test binary sets them, so they hold mimalloc 3's defaults: a purge delay of 1,000 ms
+        // and a 1 GiB arena reservation (in KiB).
+        assert_eq!(unsafe { libmimalloc_sys::mi_option_get(OPTION_PURGE_DELAY) }, 1000);
+        assert_eq!(unsafe { libmimalloc_sys::mi_option_get(OPTION_ARENA_RESERVE) }, 1 << 20);
+    }
+}
