@@ -375,13 +375,8 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| NodeError::io(path, e))
 }
 
-/// Runs a node until `stop` resolves, then shuts it down. `started` is called once a manager serves, on the
-/// thread that polls this future (the daemon trims its main thread's stack there).
-pub async fn run_daemon(
-    cfg: DaemonConfig,
-    stop: impl std::future::Future<Output = ()>,
-    started: impl FnOnce(),
-) -> Result<(), NodeError> {
+/// Runs a node until `stop` resolves, then shuts it down.
+pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
     let mut cfg = cfg;
     let stop = std::pin::pin!(stop);
     let mut stop = stop;
@@ -404,7 +399,6 @@ pub async fn run_daemon(
         }
     }
     let node = Node::start(cfg).await?;
-    started();
     stop.await;
     tracing::info!("shutting down");
     node.shutdown(Duration::from_secs(15)).await;

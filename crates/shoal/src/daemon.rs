@@ -119,7 +119,7 @@ pub fn run(args: DaemonArgs) -> i32 {
             return 1;
         }
     };
-    let result = runtime.block_on(shoal_node::run_daemon(cfg, shutdown_signal(), crate::alloc::trim_main_stack));
+    let result = runtime.block_on(shoal_node::run_daemon(cfg, shutdown_signal()));
     match result {
         Ok(()) => 0,
         Err(e) => {

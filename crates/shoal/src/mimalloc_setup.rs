@@ -1,9 +1,8 @@
 //! mimalloc set up for a long-running process: `shoal daemon`, and `shoal-bench` (which includes this file,
 //! so that its in-process scenarios measure the daemon's allocator as the daemon configures it).
 //!
-//! mimalloc is built without its constructor (`.cargo/config.toml`), so a process that wants it set up
-//! before it starts threads calls [`set_up`] first thing; any other process sets it up at its first
-//! mimalloc allocation, if there is one.
+//! [`set_up`] runs first thing in `main`, before any thread exists; both options are read by mimalloc when
+//! it uses them (a purge, an arena reservation), so setting them after its constructor ran is in time.
 
 #![allow(unsafe_code)]
 
@@ -22,21 +21,12 @@ const PURGE_DELAY_MS: std::ffi::c_long = 10;
 const OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 const OPTION_ARENA_RESERVE: libmimalloc_sys::mi_option_t = 23;
 
-unsafe extern "C" {
-    /// mimalloc's process set-up, which its constructor would run: initialises the main heap and registers
-    /// the clean-up of exiting threads' heaps. Runs once however often it is called.
-    fn _mi_auto_process_init();
-}
-
-/// Sets mimalloc's options, then sets mimalloc up. Call on the main thread before any other thread exists
-/// and before anything is allocated from mimalloc.
+/// Sets mimalloc's options. Call on the main thread before any other thread exists.
 pub fn set_up() {
-    // SAFETY: option setters, then mimalloc's own set-up, on the main thread before any other thread exists
-    // and before mimalloc has allocated (its first allocation reserves the arena these options size).
+    // SAFETY: option setters, on the main thread before any other thread exists.
     unsafe {
         libmimalloc_sys::mi_option_set(OPTION_PURGE_DELAY, PURGE_DELAY_MS);
         libmimalloc_sys::mi_option_set(OPTION_ARENA_RESERVE, ARENA_RESERVE_KIB);
-        _mi_auto_process_init();
     }
 }
 
