@@ -69,6 +69,13 @@ fn writes_smoke_api_and_cli() {
 }
 
 #[test]
+fn idle_smoke() {
+    let (s, v, u) = smoke(&["idle"]);
+    assert_eq!((s.as_str(), u.as_str()), ("idle", "ticks/120s"));
+    assert!(v >= 0.0);
+}
+
+#[test]
 fn e2e_smoke() {
     let (s, v, u) = smoke(&["e2e"]);
     assert_eq!((s.as_str(), u.as_str()), ("e2e", "ms"));
