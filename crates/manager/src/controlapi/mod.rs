@@ -20,6 +20,7 @@
 //! Must not depend on HTTP, JSON, processes or Docker.
 
 mod cluster;
+pub mod limits;
 mod node;
 mod service;
 mod task;

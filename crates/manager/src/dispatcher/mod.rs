@@ -48,6 +48,7 @@ pub use heartbeats::Heartbeats;
 pub use managers::{manager_peers, touches_managers, MANAGER_WEIGHT};
 pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 
+use crate::orchestrator::write::chunk_actions;
 use crate::state::{ClusterState, WriteError};
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
@@ -605,22 +606,24 @@ impl Dispatcher {
         ));
         for _ in 0..WRITE_ATTEMPTS {
             let now = self.state.now();
-            let res = self
-                .state
-                .write(|t, changes| {
-                    let (c, skipped) = apply_updates(t, &updates, &now);
-                    for why in skipped {
-                        if !matches!(
-                            why,
-                            SkipReason::Unchanged { .. } | SkipReason::Backwards { .. }
-                        ) {
-                            tracing::warn!("status update skipped: {why}");
-                        }
+            let changes = self.state.store.view(|t| {
+                let (c, skipped) = apply_updates(t, &updates, &now);
+                for why in skipped {
+                    if !matches!(why, SkipReason::Unchanged { .. } | SkipReason::Backwards { .. }) {
+                        tracing::warn!("status update skipped: {why}");
                     }
-                    *changes = c;
-                    Ok::<(), std::convert::Infallible>(())
-                })
-                .await;
+                }
+                c
+            });
+            // Each task written carries its spec: a batch of big tasks is split to fit the proposal limit.
+            // A chunk that conflicts makes the whole batch re-read; chunks already written are then unchanged.
+            let mut res: Result<(), WriteError<std::convert::Infallible>> = Ok(());
+            for chunk in chunk_actions(changes.into_actions(), usize::MAX) {
+                if let Err(e) = self.state.propose(shoal_store::Changes::from(chunk)).await {
+                    res = Err(WriteError::Propose(e));
+                    break;
+                }
+            }
             match res {
                 Ok(_) => {
                     result = Ok(());
