@@ -27,6 +27,11 @@ pub const MAX_REPLICAS: u64 = 250_000;
 /// 8 MiB proposal limit, and one task within a write of the orchestrator (`write::MAX_BYTES_PER_WRITE`).
 pub const MAX_SPEC_BYTES: usize = 3 << 20;
 
+/// Most bytes of task copies of the spec one replicated service may ask for (replicas x encoded spec): the
+/// two bounds above allow 250,000 tasks of 3 MiB each, which no manager holds. 1 GiB is the full
+/// 250,000 replicas of a 4 KiB spec, or 341 replicas of a 3 MiB one.
+pub const MAX_SERVICE_TASK_BYTES: u64 = 1 << 30;
+
 /// Longest stop grace period: the time a task may take to stop before it is killed, also on service
 /// removal. Docker has no bound; an hour covers databases flushing to disk and keeps a removed service's
 /// tasks from running on for ever.
@@ -141,9 +146,20 @@ pub(crate) fn check_count(field: &str, v: u64, max: u64) -> Result<(), ControlEr
     Ok(())
 }
 
-/// Checks the encoded size of a service spec against `MAX_SPEC_BYTES`.
+/// Checks the encoded size of a service spec against `MAX_SPEC_BYTES`, and what its replicas hold against
+/// `MAX_SERVICE_TASK_BYTES`.
 pub(crate) fn check_spec_size(spec: &ServiceSpec) -> Result<(), ControlError> {
     let len = spec.encoded_len();
+    if let Some(shoal_api::service_spec::Mode::Replicated(r)) = &spec.mode {
+        let total = r.replicas.saturating_mul(len as u64);
+        if total > MAX_SERVICE_TASK_BYTES {
+            return Err(invalid(format!(
+                "Mode.Replicated.Replicas {} x a spec of {len} bytes is {total} bytes of tasks, over the limit of \
+                 {MAX_SERVICE_TASK_BYTES} bytes (1 GiB): run fewer replicas or make the spec smaller",
+                r.replicas
+            )));
+        }
+    }
     if len > MAX_SPEC_BYTES {
         return Err(invalid(format!(
             "the service spec is {len} bytes encoded, over the limit of {MAX_SPEC_BYTES} bytes ({} MiB): every task \

@@ -187,6 +187,14 @@ fn counts_durations_and_sizes_are_bounded_and_the_error_names_the_limit() {
     };
     ok(&labels(16));
     invalid_spec(labels(32), "over the limit of 3145728 bytes (3 MiB)");
+    // ... and 1.6 MB x 1000 replicas is more than a manager should hold.
+    invalid_spec(
+        |s| {
+            labels(16)(s);
+            replicas(1000)(s);
+        },
+        "over the limit of 1073741824 bytes (1 GiB)",
+    );
 }
 
 #[tokio::test]
