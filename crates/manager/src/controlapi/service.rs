@@ -12,14 +12,21 @@ use super::limits::{
     MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
 };
 use super::{any_prefix, find_service, labels_match, ControlError};
+use crate::orchestrator::write::{MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
 use crate::scheduler::constraint;
+use shoal_api::prost::Message;
+use shoal_store::ACTION_OVERHEAD_BYTES;
 use crate::state::ClusterState;
 
 /// Longest service name accepted (a DNS label).
 pub const MAX_NAME_LEN: usize = 63;
 
-/// How many times `remove_service` re-reads and retries when a task changed under it.
+/// How many times `remove_service` re-reads and retries when a task changed under it; after that it removes
+/// the service alone (the orchestrator marks its tasks), which only the service itself changing can stop.
 const REMOVE_RETRIES: usize = 3;
+
+/// How many times the service-only removal is retried when the service itself changed under it.
+const REMOVE_SERVICE_ONLY_RETRIES: usize = 3;
 
 fn validate_name(name: &str) -> Result<(), ControlError> {
     if name.is_empty() {
@@ -231,7 +238,10 @@ pub async fn update_service(
         .ok_or_else(|| ControlError::not_found("service", reference))
 }
 
-/// Removes a service and marks its tasks for removal (desired state REMOVE), in one write.
+/// Removes a service and marks its tasks for removal (desired state REMOVE), in one write bounded like the
+/// orchestrator's (`MAX_ACTIONS_PER_WRITE`, `MAX_BYTES_PER_WRITE`): the tasks that do not fit, or that keep
+/// changing under the write (see `REMOVE_RETRIES`), are marked by the orchestrator when it sees the service
+/// gone.
 pub async fn remove_service(state: &ClusterState, reference: &str) -> Result<(), ControlError> {
     let mut attempt = 0;
     loop {
@@ -239,8 +249,18 @@ pub async fn remove_service(state: &ClusterState, reference: &str) -> Result<(),
         let res = state
             .write(|t: &Tables, c: &mut Changes| {
                 let svc = find_service(t, reference)?;
-                for task in t.tasks().by_service(&svc.id) {
+                // As many task updates as one write holds; the orchestrator marks the rest once it sees
+                // the service gone. Tasks that keep changing (a busy scheduler) would make every attempt
+                // conflict: the last attempts leave them all to the orchestrator.
+                let with_tasks = attempt <= REMOVE_RETRIES;
+                let mut bytes = 0;
+                for task in t.tasks().by_service(&svc.id).filter(|_| with_tasks) {
                     if task.desired_state < TaskState::Remove as i32 {
+                        let len = task.encoded_len() + ACTION_OVERHEAD_BYTES;
+                        if c.len() + 1 >= MAX_ACTIONS_PER_WRITE || bytes + len > MAX_BYTES_PER_WRITE {
+                            break;
+                        }
+                        bytes += len;
                         let mut task = (**task).clone();
                         task.set_desired_state(TaskState::Remove);
                         c.update(task);
@@ -253,7 +273,7 @@ pub async fn remove_service(state: &ClusterState, reference: &str) -> Result<(),
             .map_err(ControlError::from);
         match res {
             // A task changed between our read and the commit: read again.
-            Err(ControlError::Conflict(_)) if attempt < REMOVE_RETRIES => continue,
+            Err(ControlError::Conflict(_)) if attempt < REMOVE_RETRIES + REMOVE_SERVICE_ONLY_RETRIES => continue,
             other => return other.map(|_| ()),
         }
     }
