@@ -4,7 +4,9 @@
 //! CA bootstrap calls), gRPC client endpoints that present the node certificate and accept only a manager
 //! (`swarm-manager` in the peer's certificate, signed by the root), the caller identity of a connection,
 //! and the unauthenticated bootstrap endpoint used once to download the root CA (whose digest the caller
-//! then checks against its join token).
+//! then checks against its join token). The remote port is reachable before authentication, so its accept
+//! path is bounded: a handshake timeout per connection, handshake and connection caps per source address
+//! (`source_limits`), and rate-limited log lines about refused connections.
 //!
 //! Crypto: rustls 0.23 with the ring provider, passed explicitly (no process-wide default). Must not know
 //! the store, Raft or the Engine API.
