@@ -56,6 +56,9 @@ fn swarm_update_refused(d: &DaemonProcess, edit: impl FnOnce(&mut Value), messag
 
 const I64_MAX: i64 = i64::MAX;
 
+/// A change to a service spec's JSON.
+type Edit = Box<dyn FnOnce(&mut Value)>;
+
 #[test]
 fn out_of_range_counts_durations_and_settings_get_a_400_naming_the_limit() {
     let d = daemon();
@@ -67,7 +70,7 @@ fn out_of_range_counts_durations_and_settings_get_a_400_naming_the_limit() {
     let create = "/v1.47/services/create";
     refused(&d, create, &spec("r1", 1_000_000_000, |_| {}), "Mode.Replicated.Replicas 1000000000 is too large: the limit is 250000");
     refused(&d, create, &spec("r2", I64_MAX, |_| {}), "the limit is 250000");
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Value)>, &str)> = vec![
+    let cases: Vec<(&str, Edit, &str)> = vec![
         ("sg", Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["StopGracePeriod"] = I64_MAX.into()), "ContainerSpec.StopGracePeriod 9223372036854775807ns is too long: the limit is 1h"),
         ("sgn", Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["StopGracePeriod"] = (-1).into()), "StopGracePeriod must not be negative"),
         ("rd", Box::new(|s| s["TaskTemplate"]["RestartPolicy"] = json!({"Delay": I64_MAX})), "RestartPolicy.Delay 9223372036854775807ns is too long: the limit is 24h"),

@@ -225,7 +225,7 @@ mod tests {
         check(hb(300, 0), None);
         check(spec(101, 172_800), Some("0 to 100"));
         check(spec(3, i64::MAX / 1_000_000_000), Some("the limit is"));
-        let raft = |r: RaftConfig| with(&|s: &mut ClusterSpec| s.raft = Some(r.clone()));
+        let raft = |r: RaftConfig| with(&|s: &mut ClusterSpec| s.raft = Some(r));
         check(raft(RaftConfig { heartbeat_tick: 1, election_tick: u32::MAX, ..Default::default() }), Some("Raft.ElectionTick"));
         check(raft(RaftConfig { heartbeat_tick: 500, election_tick: 900, ..Default::default() }), Some("Raft.HeartbeatTick"));
         check(raft(RaftConfig { snapshot_interval: u64::MAX, ..Default::default() }), Some("Raft.SnapshotInterval 18446744073709551615 is too large: the limit is 1000000"));

@@ -150,13 +150,13 @@ fn counts_durations_and_sizes_are_bounded_and_the_error_names_the_limit() {
     invalid_spec(|s| container_mut(s).stop_grace_period = secs(I64_MAX_NS_SECS), "ContainerSpec.StopGracePeriod 9223372036s is too long: the limit is 1h");
     invalid_spec(|s| container_mut(s).stop_grace_period = secs(-1), "StopGracePeriod must not be negative");
 
-    let restart = |r: RestartPolicy| move |s: &mut ServiceSpec| task_spec_mut(s).restart = Some(r.clone());
+    let restart = |r: RestartPolicy| move |s: &mut ServiceSpec| task_spec_mut(s).restart = Some(r);
     invalid_spec(restart(RestartPolicy { delay: secs(I64_MAX_NS_SECS), ..Default::default() }), "RestartPolicy.Delay 9223372036s is too long: the limit is 24h");
     invalid_spec(restart(RestartPolicy { window: secs(90_000), ..Default::default() }), "RestartPolicy.Window 25h is too long");
     invalid_spec(restart(RestartPolicy { max_attempts: u64::MAX, ..Default::default() }), "RestartPolicy.MaxAttempts 18446744073709551615 is too large: the limit is 1000000");
     ok(&restart(RestartPolicy { delay: secs(86_400), max_attempts: 1_000_000, ..Default::default() }));
 
-    let update = |u: shoal_api::UpdateConfig| move |s: &mut ServiceSpec| s.update = Some(u.clone());
+    let update = |u: shoal_api::UpdateConfig| move |s: &mut ServiceSpec| s.update = Some(u);
     invalid_spec(update(shoal_api::UpdateConfig { parallelism: u64::MAX, ..Default::default() }), "UpdateConfig.Parallelism 18446744073709551615 is too large: the limit is 250000");
     invalid_spec(update(shoal_api::UpdateConfig { delay: secs(I64_MAX_NS_SECS), ..Default::default() }), "UpdateConfig.Delay 9223372036s is too long: the limit is 24h");
     invalid_spec(update(shoal_api::UpdateConfig { monitor: secs(-3), ..Default::default() }), "UpdateConfig.Monitor must not be negative");
