@@ -508,6 +508,26 @@ async fn remove_service_marks_its_tasks_for_removal_in_the_same_write() {
     ));
 }
 
+#[tokio::test]
+async fn removing_a_service_with_more_tasks_than_one_write_holds_is_one_bounded_write() {
+    use crate::orchestrator::write::MAX_ACTIONS_PER_WRITE;
+    let (state, _) = cluster();
+    let web = create_service(&state, spec("web", 1500)).await.unwrap();
+    let mut c = Changes::new();
+    for i in 0..1500u64 {
+        c.create(task(&format!("t{i}"), &web, i + 1, "", TaskState::Pending, TaskState::Running));
+    }
+    state.propose(c).await.unwrap();
+    let mut watch = state.store.watch();
+    remove_service(&state, "web").await.unwrap();
+    let commit = watch.try_recv().unwrap();
+    assert_eq!(commit.changes.len(), MAX_ACTIONS_PER_WRITE, "the service and 999 tasks");
+    assert!(get_service(&state, "web").is_err());
+    // The orchestrator marks the others: what it would write for the gone service.
+    let rest = state.store.view(|t| crate::orchestrator::remove_service_tasks(t, &web.id, 0));
+    assert_eq!(rest.len(), 1500 - (MAX_ACTIONS_PER_WRITE - 1));
+}
+
 fn node(id: &str, host: &str, role: NodeRole, st: node_status::State) -> Node {
     let mut n = Node {
         id: id.into(),
