@@ -259,6 +259,7 @@ fn a_state_dir_holding_a_billion_replicas_starts_and_the_service_can_be_removed(
         }
     });
     let peak = rss_mib(d.pid()).max(rss);
+    eprintln!("RSS after removal {} MiB", rss_mib(d.pid()));
     assert!(peak < 2048, "a manager whose service asks for a billion replicas holds {peak} MiB");
     assert!(d.is_running());
     let id = create_service(&d, "after", 1, &["sleep", "5116"]).expect("the daemon takes new services");

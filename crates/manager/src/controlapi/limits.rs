@@ -105,7 +105,7 @@ pub fn human(d: Duration) -> String {
 
 fn proto_human(d: &ProtoDuration) -> String {
     if d.seconds < 0 || d.nanos < 0 {
-        return format!("{}s{}ns", d.seconds, d.nanos);
+        return format!("{}ns", i128::from(d.seconds) * 1_000_000_000 + i128::from(d.nanos));
     }
     human(Duration::new(d.seconds as u64, d.nanos.clamp(0, 999_999_999) as u32))
 }
@@ -168,4 +168,20 @@ pub(crate) fn check_spec_size(spec: &ServiceSpec) -> Result<(), ControlError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_written_as_docker_writes_them() {
+        assert_eq!(human(Duration::from_secs(3600)), "1h");
+        assert_eq!(human(Duration::from_secs(300)), "5m");
+        assert_eq!(human(Duration::from_secs(61)), "61s");
+        assert_eq!(human(Duration::from_millis(250)), "250ms");
+        assert_eq!(human(Duration::from_nanos(10)), "10ns");
+        assert_eq!(proto_human(&ProtoDuration { seconds: -1, nanos: -500 }), "-1000000500ns");
+        assert_eq!(proto_human(&ProtoDuration { seconds: 0, nanos: -1 }), "-1ns");
+    }
 }
