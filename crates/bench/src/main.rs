@@ -10,6 +10,7 @@
 mod agents;
 mod daemon;
 mod e2e;
+mod idle;
 mod engine_client;
 mod failover;
 mod memory;
@@ -60,6 +61,8 @@ enum Scenario {
     Startup(startup::StartupArgs),
     /// Three managers: kill -9 the leader, time until a write succeeds through a survivor.
     Failover(failover::FailoverArgs),
+    /// CPU of an idle one-node daemon (ticks per 120 s).
+    Idle(idle::IdleArgs),
 }
 
 fn main() {
@@ -74,6 +77,7 @@ fn main() {
         Scenario::Memory(a) => memory::run(a, &daemon::shoal_binary(shoal)),
         Scenario::Startup(a) => startup::run(a, &daemon::shoal_binary(shoal)),
         Scenario::Failover(a) => failover::run(a, &daemon::shoal_binary(shoal)),
+        Scenario::Idle(a) => idle::run(a, &daemon::shoal_binary(shoal)),
     };
     if let Err(e) = result {
         eprintln!("shoal-bench: {e}");

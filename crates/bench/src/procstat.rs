@@ -29,6 +29,11 @@ pub fn thread_cpu_seconds(pid: i32, tid: i32) -> Result<f64, BenchError> {
     stat_cpu_seconds(&format!("/proc/{pid}/task/{tid}/stat"))
 }
 
+/// CPU time (user + system) all threads of process `pid` have used, in seconds.
+pub fn process_cpu_seconds(pid: i32) -> Result<f64, BenchError> {
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
 fn stat_cpu_seconds(path: &str) -> Result<f64, BenchError> {
     let text = std::fs::read_to_string(path).map_err(|e| BenchError::Setup(format!("read {path}: {e}")))?;
     // The command name (field 2) may hold spaces; fields after its closing parenthesis are plain.

@@ -23,6 +23,9 @@ pub enum Via {
     Api,
     /// One `shoal service create` process per create.
     Cli,
+    /// One stock `docker service create --detach` process per create (the docker CLI on PATH), for the
+    /// same loop with Docker's own client.
+    Docker,
 }
 
 /// Flags of `writes`.
@@ -97,6 +100,7 @@ async fn api_run(socket: &Path, clients: usize, creates: usize, replicas: u64, r
 
 fn cli_run(
     shoal: &Path,
+    via: Via,
     socket: &Path,
     clients: usize,
     creates: usize,
@@ -105,6 +109,7 @@ fn cli_run(
 ) -> Result<Run, BenchError> {
     let next = Arc::new(AtomicUsize::new(0));
     let host = format!("unix://{}", socket.display());
+    let program = if via == Via::Docker { Path::new("docker") } else { shoal };
     let start = Instant::now();
     let results: Vec<Result<Vec<f64>, BenchError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..clients)
@@ -119,17 +124,24 @@ fn cli_run(
                             return Ok(lat);
                         }
                         let t = Instant::now();
-                        let out = std::process::Command::new(shoal)
-                            .args(["-H", &host, "service", "create", "--name"])
+                        let mut cmd = std::process::Command::new(program);
+                        cmd.args(["-H", &host, "service", "create"]);
+                        if program != shoal {
+                            // The docker CLI otherwise waits for the service to converge.
+                            cmd.arg("--detach");
+                        }
+                        let out = cmd
+                            .arg("--name")
                             .arg(format!("bench-{run}-{i}"))
                             .arg("--replicas")
                             .arg(replicas.to_string())
                             .arg("busybox")
                             .output()
-                            .map_err(|e| BenchError::Request(format!("run {}: {e}", shoal.display())))?;
+                            .map_err(|e| BenchError::Request(format!("run {}: {e}", program.display())))?;
                         if !out.status.success() {
                             return Err(BenchError::Request(format!(
-                                "shoal service create: {}",
+                                "{} service create: {}",
+                                program.display(),
                                 String::from_utf8_lossy(&out.stderr).trim()
                             )));
                         }
@@ -180,7 +192,7 @@ pub fn run(a: WritesArgs, shoal: &Path) -> Result<(), BenchError> {
     }
     let default_creates = match a.via {
         Via::Api => 4000,
-        Via::Cli => 500,
+        Via::Cli | Via::Docker => 500,
     };
     let (creates, runs) = if a.smoke {
         (if a.via == Via::Api { 200 } else { 20 }, 1)
@@ -190,9 +202,14 @@ pub fn run(a: WritesArgs, shoal: &Path) -> Result<(), BenchError> {
     let clients = a.clients.max(1);
     let rt = report::runtime()?;
     let mut table = Table::new(&["run", "via", "managers", "clients", "creates", "creates/s", "p50 ms", "p99 ms"]);
-    if a.via == Via::Cli {
-        for (what, program, args) in
-            [("spawn `true`", Path::new("true"), &[][..]), ("`shoal --version`", shoal, &["--version"][..])]
+    if a.via != Via::Api {
+        for (what, program, args) in [
+            ("spawn `true`", Path::new("true"), &[][..]),
+            ("`shoal --version`", shoal, &["--version"][..]),
+            ("`docker --version`", Path::new("docker"), &["--version"][..]),
+        ]
+        .into_iter()
+        .filter(|(what, ..)| !what.contains(if a.via == Via::Cli { "docker" } else { "shoal" }))
         {
             let floor = spawn_floor_ms(program, args)?;
             table.row(vec![
@@ -222,7 +239,7 @@ pub fn run(a: WritesArgs, shoal: &Path) -> Result<(), BenchError> {
         };
         let run = match a.via {
             Via::Api => rt.block_on(api_run(socket, clients, creates, a.replicas, r))?,
-            Via::Cli => cli_run(shoal, socket, clients, creates, a.replicas, r)?,
+            Via::Cli | Via::Docker => cli_run(shoal, a.via, socket, clients, creates, a.replicas, r)?,
         };
         let listed = rt.block_on(async {
             let mut c = EngineConn::connect(socket).await?;

@@ -66,6 +66,16 @@ fn writes_smoke_api_and_cli() {
     let (s, v, _) = smoke(&["writes", "--via", "cli", "--clients", "1"]);
     assert_eq!(s, "writes");
     assert!(v > 0.0);
+    let (s, v, _) = smoke(&["writes", "--via", "docker", "--clients", "1"]);
+    assert_eq!(s, "writes");
+    assert!(v > 0.0);
+}
+
+#[test]
+fn idle_smoke() {
+    let (s, v, u) = smoke(&["idle"]);
+    assert_eq!((s.as_str(), u.as_str()), ("idle", "ticks/120s"));
+    assert!(v >= 0.0);
 }
 
 #[test]

@@ -69,11 +69,36 @@ pub enum NodeError {
     /// A setting cannot be honoured.
     #[error("{0}")]
     Config(String),
+    /// An address or socket named by a flag cannot be listened on.
+    #[error("cannot listen on {addr} ({flag}): {source}{hint}")]
+    Listen {
+        /// The daemon flag that names the address.
+        flag: &'static str,
+        /// The address or socket path.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+        /// What to do about it, when the error is a known one.
+        hint: &'static str,
+    },
 }
 
 impl NodeError {
     fn io(path: &Path, source: std::io::Error) -> NodeError {
         NodeError::Io { path: path.display().to_string(), source }
+    }
+
+    /// A failed bind of the address `flag` names.
+    pub fn listen(flag: &'static str, addr: impl std::fmt::Display, source: std::io::Error) -> NodeError {
+        let hint = match source.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                "; another program (another shoal daemon?) listens there: stop it, or pick another address with this flag"
+            }
+            std::io::ErrorKind::AddrNotAvailable => "; the address is not one of this machine's: pick one it has",
+            std::io::ErrorKind::PermissionDenied => "; ports below 1024 need root, and a socket needs a writable directory",
+            _ => "",
+        };
+        NodeError::Listen { flag, addr: addr.to_string(), source, hint }
     }
 }
 
@@ -115,9 +140,12 @@ async fn pick_executor(
         ExecutorKind::Process => Ok(process()),
         ExecutorKind::Docker => Ok(Arc::new(docker.await.map_err(|e| NodeError::Config(e.to_string()))?)),
         ExecutorKind::Auto => match docker.await {
-            Ok(d) => Ok(Arc::new(d)),
+            Ok(d) => {
+                tracing::info!(engine = %cfg.engine_addr, "--executor auto: using the docker executor (the Docker Engine answered)");
+                Ok(Arc::new(d))
+            }
             Err(e) => {
-                tracing::info!("using the process executor: {e}");
+                tracing::info!("--executor auto: using the process executor: {e}");
                 Ok(process())
             }
         },
@@ -129,9 +157,38 @@ pub struct Node;
 
 impl Node {
     /// Starts a node from `cfg`. Returns once the control socket answers.
-    pub async fn start(mut cfg: DaemonConfig) -> Result<RunningNode, NodeError> {
+    pub async fn start(cfg: DaemonConfig) -> Result<RunningNode, NodeError> {
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| NodeError::io(&cfg.state_dir, e))?;
         set_mode(&cfg.state_dir, 0o700)?;
+        // The listeners first: an address that is taken stops the start before anything is written.
+        let listener = tokio::net::TcpListener::bind(cfg.listen_remote_api)
+            .await
+            .map_err(|e| NodeError::listen("--listen-remote-api", cfg.listen_remote_api, e))?;
+        let unix = bind_control_socket(&cfg.listen_control_api)?;
+        let first_start = identity::load(&cfg.state_dir)?.is_none() && !RaftNode::has_existing_state(&cfg.state_dir);
+        let entries_before = first_start.then(|| state_dir_entries(&cfg.state_dir));
+        let state_dir = cfg.state_dir.clone();
+        let control_socket = cfg.listen_control_api.clone();
+        let started = Self::start_with(cfg, listener, unix).await;
+        if started.is_err() {
+            let _ = std::fs::remove_file(&control_socket);
+            if let Some(before) = entries_before {
+                // A first start that failed was acknowledged to no one: remove what it wrote, so that the next
+                // start is a first start again (and not "raft data but no node.json", or a half identity).
+                for name in state_dir_entries(&state_dir).difference(&before) {
+                    let path = state_dir.join(name);
+                    let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                }
+            }
+        }
+        started
+    }
+
+    async fn start_with(
+        mut cfg: DaemonConfig,
+        listener: tokio::net::TcpListener,
+        unix: tokio::net::UnixListener,
+    ) -> Result<RunningNode, NodeError> {
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
         let mut identity = match identity::load(&cfg.state_dir)? {
             Some(id) => id,
@@ -152,10 +209,7 @@ impl Node {
         let mut description = executor.describe();
         description.hostname = hostname.clone();
 
-        // The remote API listener first: its address is this manager's Raft address.
-        let listener = tokio::net::TcpListener::bind(cfg.listen_remote_api)
-            .await
-            .map_err(|e| NodeError::io(Path::new(&cfg.listen_remote_api.to_string()), e))?;
+        // The remote API listener's address is this manager's Raft address.
         let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
         let advertised = cfg.advertise_remote_api.unwrap_or(remote_addr);
         cfg.advertise_remote_api = Some(advertised);
@@ -253,7 +307,6 @@ impl Node {
 
         // The control socket.
         let control_socket = cfg.listen_control_api.clone();
-        let unix = bind_control_socket(&control_socket)?;
         let ctx = shoal_engine_api::ApiContext {
             state: state.clone(),
             node_id: identity.node_id.clone(),
@@ -274,7 +327,7 @@ impl Node {
             let validity = shoal_manager::ca::node_cert_expiry(&cluster, cfg.node_cert_expiry_override);
             let (cert, key) = api_tcp::issue_server_cert(&root, &identity.node_id, &cluster.id, addr, validity)?;
             let config = api_tcp::server_config(root.cert_pem(), &cert, &key).map_err(|e| NodeError::Security(e.to_string()))?;
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| NodeError::io(Path::new(&addr.to_string()), e))?;
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| NodeError::listen("--listen-api", addr, e))?;
             let router = shoal_engine_api::router(ctx.clone());
             tasks.push((
                 "engine-api-tcp",
@@ -347,6 +400,49 @@ impl RunningNode {
     }
 }
 
+/// Takes the state dir for this process: one daemon per state dir (a second one would take over its control
+/// socket and write the same Raft log). The lock is the OS's (`flock`), so it goes with the process, even on
+/// `kill -9`; the file holds the owner's PID for the message.
+fn lock_state_dir(dir: &Path) -> Result<std::fs::File, NodeError> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
+    set_mode(dir, 0o700)?;
+    let path = dir.join(STATE_DIR_LOCK);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| NodeError::io(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            return Err(NodeError::State(format!(
+                "{} is in use by another shoal daemon (pid {}): stop it, or give this one another --state-dir",
+                dir.display(),
+                pid.trim()
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(NodeError::io(&path, e)),
+    }
+    file.set_len(0)
+        .and_then(|_| file.rewind())
+        .and_then(|_| write!(file, "{}", std::process::id()))
+        .map_err(|e| NodeError::io(&path, e))?;
+    Ok(file)
+}
+
+/// The state dir's lock file (see [`lock_state_dir`]).
+pub const STATE_DIR_LOCK: &str = "shoal.lock";
+
+/// The names in the state dir's top level.
+fn state_dir_entries(dir: &Path) -> std::collections::BTreeSet<std::ffi::OsString> {
+    std::fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect()).unwrap_or_default()
+}
+
 /// Binds the control socket (replacing a stale one), mode 0660.
 fn bind_control_socket(control_socket: &Path) -> Result<tokio::net::UnixListener, NodeError> {
     if let Some(dir) = control_socket.parent() {
@@ -357,7 +453,8 @@ fn bind_control_socket(control_socket: &Path) -> Result<tokio::net::UnixListener
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(NodeError::io(control_socket, e)),
     }
-    let unix = tokio::net::UnixListener::bind(control_socket).map_err(|e| NodeError::io(control_socket, e))?;
+    let unix = tokio::net::UnixListener::bind(control_socket)
+        .map_err(|e| NodeError::listen("--listen-control-api", control_socket.display(), e))?;
     set_mode(control_socket, 0o660)?;
     Ok(unix)
 }
@@ -379,6 +476,7 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
 /// Runs a node until `stop` resolves, then shuts it down.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
     let mut cfg = cfg;
+    let _state_dir_lock = lock_state_dir(&cfg.state_dir)?;
     let stop = std::pin::pin!(stop);
     let mut stop = stop;
     if lock::is_locked(&cfg.state_dir)? {

@@ -795,7 +795,7 @@ impl Driver {
                     }
                     None => inbound_open = false,
                 },
-                _ = ticker.tick() => {
+                _ = ticker.tick(), if self.needs_ticks() => {
                     self.raw.tick();
                 }
             }
@@ -1043,6 +1043,15 @@ impl Driver {
     }
 
     /// Handles every pending Ready: persist, send, apply, snapshot, publish.
+    /// Whether Raft's logical clock must run. A leader that is the only member (no other voter, no learner)
+    /// has no one to send heartbeats to and no election to time out: its ticks would change nothing, so a
+    /// one-manager cluster does not wake every tick while it idles. The ticks start again as soon as a
+    /// member is added (its progress appears) or this node is not the leader.
+    fn needs_ticks(&self) -> bool {
+        let raft = &self.raw.raft;
+        raft.state != StateRole::Leader || raft.prs().iter().len() > 1
+    }
+
     fn handle_ready(&mut self) -> Result<(), RaftError> {
         while self.raw.has_ready() {
             let mut rd = self.raw.ready();

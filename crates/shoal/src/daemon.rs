@@ -13,7 +13,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
     /// State directory: node identity, Raft log and snapshots, task logs.
-    #[arg(long, short = 'd', default_value = "./shoal-state", env = "SHOAL_STATE_DIR")]
+    #[arg(long, short = 'd', default_value = crate::cli::DEFAULT_STATE_DIR, env = "SHOAL_STATE_DIR")]
     state_dir: PathBuf,
     /// Control socket to serve the Engine API on (default: <state dir>/control.sock).
     #[arg(long)]

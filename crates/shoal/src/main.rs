@@ -16,9 +16,10 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "shoal", version, about, propagate_version = true)]
 struct Args {
-    /// Control socket of the daemon to talk to (unix:///path or a path).
-    #[arg(short = 'H', long = "host", env = "SHOAL_HOST", global = true, default_value = cli::DEFAULT_HOST)]
-    host: String,
+    /// Control socket of the daemon to talk to (unix:///path or a path) [default: the socket `shoal daemon`
+    /// makes by default: $SHOAL_STATE_DIR/control.sock, else ./shoal-state/control.sock]
+    #[arg(short = 'H', long = "host", env = "SHOAL_HOST", global = true)]
+    host: Option<String>,
 
     #[command(subcommand)]
     command: Command,
@@ -38,7 +39,7 @@ fn main() {
     let args = Args::parse();
     let code = match args.command {
         Command::Daemon(d) => daemon::run(*d),
-        Command::Client(c) => cli::run(&args.host, c),
+        Command::Client(c) => cli::run(&args.host.unwrap_or_else(cli::default_host), c),
     };
     std::process::exit(code);
 }

@@ -1,6 +1,10 @@
 //! `MemoryStore`: the tables behind one lock, read views, atomic application of committed writes, and the
 //! watch queue.
 //!
+//! The watch queue is one bounded queue per watcher (not a shared ring): a commit is kept only until every
+//! watcher has taken it, so a quiet store holds no history, and a watcher that falls `watch_queue_commits`
+//! behind is told it lagged (it re-reads a view) instead of holding memory for it.
+//!
 //! Writes are not made here directly: a writer builds a `Changes` list from a view, the list is proposed to
 //! Raft, and every member applies the committed list with `apply(index, ..)`. Application is deterministic and
 //! all-or-nothing: an update whose version no longer matches, a create whose ID or name is taken, or a remove
@@ -9,9 +13,12 @@
 
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
 use shoal_api::{Cluster, Node, Service, StoreSnapshot};
-use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::mpsc;
 
 use crate::object::{Action, ActionKind, Object, ObjectKind, StoreObject};
 use crate::table::{Table, TaskTable};
@@ -41,8 +48,49 @@ pub struct Commit {
     pub changes: Vec<Change>,
 }
 
-/// A receiver of commits, made by `view_and_watch` or `watch`. Bounded: see `DEFAULT_WATCH_QUEUE_COMMITS`.
-pub type Watch = broadcast::Receiver<Arc<Commit>>;
+/// A receiver of commits, made by `view_and_watch` or `watch`, in commit order. Bounded: when more than the
+/// store's `watch_queue_commits` wait for it, later commits are not queued and the next receive past the
+/// queued ones says `Lagged(missed)`: the watcher must read a fresh view (which may show it commits it
+/// then also receives). Dropping it unsubscribes.
+#[derive(Debug)]
+pub struct Watch {
+    rx: mpsc::Receiver<Arc<Commit>>,
+    missed: Arc<AtomicU64>,
+}
+
+impl Watch {
+    /// The next commit; `Lagged(n)` once after `n` commits were not queued for this watcher; `Closed` when
+    /// the store is gone.
+    pub async fn recv(&mut self) -> Result<Arc<Commit>, RecvError> {
+        match self.try_recv() {
+            Ok(c) => return Ok(c),
+            Err(TryRecvError::Lagged(n)) => return Err(RecvError::Lagged(n)),
+            Err(TryRecvError::Closed) => return Err(RecvError::Closed),
+            Err(TryRecvError::Empty) => {}
+        }
+        // The queue is empty, so the store queues the next commit rather than counting it as missed.
+        self.rx.recv().await.ok_or(RecvError::Closed)
+    }
+
+    /// The next commit if one is queued (as `recv`, without waiting).
+    pub fn try_recv(&mut self) -> Result<Arc<Commit>, TryRecvError> {
+        match self.rx.try_recv() {
+            Ok(c) => Ok(c),
+            Err(e) => match self.missed.swap(0, Ordering::AcqRel) {
+                0 if e == mpsc::error::TryRecvError::Empty => Err(TryRecvError::Empty),
+                0 => Err(TryRecvError::Closed),
+                n => Err(TryRecvError::Lagged(n)),
+            },
+        }
+    }
+}
+
+/// The store's end of one `Watch`.
+struct Watcher {
+    tx: mpsc::Sender<Arc<Commit>>,
+    /// Commits not queued since the watcher last saw `Lagged`; while non-zero, nothing more is queued.
+    missed: Arc<AtomicU64>,
+}
 
 /// The tables. Read them through `MemoryStore::view`.
 #[derive(Clone, Debug, Default)]
@@ -195,7 +243,8 @@ fn stamp(obj: &Object, index: u64) -> Object {
 /// The in-memory cluster state. Cheap to share (`Arc<MemoryStore>`); all methods take `&self`.
 pub struct MemoryStore {
     tables: RwLock<Tables>,
-    events: broadcast::Sender<Arc<Commit>>,
+    watchers: Mutex<Vec<Watcher>>,
+    watch_queue_commits: usize,
 }
 
 impl Default for MemoryStore {
@@ -213,8 +262,36 @@ impl std::fmt::Debug for MemoryStore {
 impl MemoryStore {
     /// An empty store whose watch queue holds at most `watch_queue_commits` commits per watcher.
     pub fn new(watch_queue_commits: usize) -> MemoryStore {
-        let (events, _) = broadcast::channel(watch_queue_commits.max(1));
-        MemoryStore { tables: RwLock::new(Tables::default()), events }
+        MemoryStore {
+            tables: RwLock::new(Tables::default()),
+            watchers: Mutex::new(Vec::new()),
+            watch_queue_commits: watch_queue_commits.max(1),
+        }
+    }
+
+    fn subscribe(&self) -> Watch {
+        let (tx, rx) = mpsc::channel(self.watch_queue_commits);
+        let missed = Arc::new(AtomicU64::new(0));
+        self.watchers.lock().push(Watcher { tx, missed: missed.clone() });
+        Watch { rx, missed }
+    }
+
+    /// Queues `commit` for every watcher (called with the tables' write lock held, so in commit order).
+    fn publish(&self, commit: &Arc<Commit>) {
+        self.watchers.lock().retain(|w| {
+            if w.missed.load(Ordering::Acquire) > 0 {
+                w.missed.fetch_add(1, Ordering::AcqRel);
+                return !w.tx.is_closed();
+            }
+            match w.tx.try_send(commit.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    w.missed.fetch_add(1, Ordering::AcqRel);
+                    true
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            }
+        });
     }
 
     /// Runs `f` on a consistent read view. Keep `f` short: writes wait for it.
@@ -226,13 +303,14 @@ impl MemoryStore {
     /// before it ("watch before view, so no event is missed").
     pub fn view_and_watch<R>(&self, f: impl FnOnce(&Tables) -> R) -> (R, Watch) {
         let tables = self.tables.read();
-        let watch = self.events.subscribe();
+        let watch = self.subscribe();
         (f(&tables), watch)
     }
 
     /// Subscribes to commits from now on.
     pub fn watch(&self) -> Watch {
-        self.events.subscribe()
+        let _tables = self.tables.read();
+        self.subscribe()
     }
 
     /// The index of the last applied write.
@@ -261,8 +339,7 @@ impl MemoryStore {
         }
         let commit = Arc::new(Commit { index, changes });
         if !commit.changes.is_empty() {
-            // No receivers is fine: nobody is watching.
-            let _ = self.events.send(commit.clone());
+            self.publish(&commit);
         }
         Ok(commit)
     }

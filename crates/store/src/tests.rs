@@ -141,7 +141,48 @@ fn a_slow_watcher_is_told_it_lagged() {
         c.create(task(&format!("t{i}"), "s", i, ""));
         apply(&store, i, c).unwrap();
     }
-    assert!(matches!(watch.try_recv(), Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_))));
+    // The queued commits first, in order; then the gap; then what comes after it.
+    assert_eq!(watch.try_recv().unwrap().index, 1);
+    assert_eq!(watch.try_recv().unwrap().index, 2);
+    assert!(matches!(watch.try_recv(), Err(tokio::sync::broadcast::error::TryRecvError::Lagged(3))));
+    assert!(matches!(watch.try_recv(), Err(tokio::sync::broadcast::error::TryRecvError::Empty)));
+    let mut c = Changes::new();
+    c.create(task("t6", "s", 6, ""));
+    apply(&store, 6, c).unwrap();
+    assert_eq!(watch.try_recv().unwrap().index, 6);
+}
+
+#[test]
+fn a_commit_is_kept_only_until_every_watcher_took_it() {
+    let store = MemoryStore::default();
+    let mut watch = store.watch();
+    let gone = store.watch();
+    drop(gone);
+    let mut c = Changes::new();
+    c.create(task("t1", "s", 1, ""));
+    let commit = apply(&store, 1, c).unwrap();
+    // Ours and the live watcher's queue; the dropped watcher holds none.
+    assert_eq!(Arc::strong_count(&commit), 2);
+    drop(watch.try_recv().unwrap());
+    assert_eq!(Arc::strong_count(&commit), 1, "a consumed commit is still held by the store");
+}
+
+#[tokio::test]
+async fn a_waiting_watcher_wakes_for_the_next_commit_and_sees_the_store_close() {
+    let store = Arc::new(MemoryStore::default());
+    let mut watch = store.watch();
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut c = Changes::new();
+            c.create(task("t1", "s", 1, ""));
+            apply(&store, 1, c).unwrap();
+        })
+    };
+    assert_eq!(watch.recv().await.unwrap().index, 1);
+    writer.await.unwrap();
+    drop(store);
+    assert!(matches!(watch.recv().await, Err(tokio::sync::broadcast::error::RecvError::Closed)));
 }
 
 #[test]

@@ -109,7 +109,7 @@ impl TestCluster {
                 node_id: node_id.clone(),
                 manager_addr: format!("http://{}", self.manager_addr),
                 hostname: format!("worker-{}", self.workers.len() + 1),
-                state_dir: std::env::temp_dir().join("shoal-testcluster-unused"),
+                state_dir: crate::scratch_dir().join("testcluster-agent"),
                 engine_labels: Default::default(),
             },
             executor.clone(),

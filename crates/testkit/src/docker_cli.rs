@@ -11,7 +11,7 @@ pub fn available() -> bool {
 /// The command `docker -H unix://SOCKET ARGS...` with an empty config dir (no contexts, no credentials),
 /// not started.
 pub fn command(socket: &Path, args: &[&str]) -> Command {
-    let config = std::env::temp_dir().join("shoal-test-docker-config");
+    let config = crate::scratch_dir().join("docker-config");
     let _ = std::fs::create_dir_all(&config);
     let mut cmd = Command::new("docker");
     cmd.arg("--config")

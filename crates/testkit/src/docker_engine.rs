@@ -54,7 +54,7 @@ pub fn available() -> bool {
 
 /// Builds `TEST_IMAGE` unless the engine has it. Safe to call from parallel test processes.
 pub fn ensure_test_image() -> &'static str {
-    let lock_path = std::env::temp_dir().join(BUILD_LOCK);
+    let lock_path = crate::scratch_dir().join(BUILD_LOCK);
     let lock = std::fs::OpenOptions::new().create(true).append(true).open(&lock_path).expect("image build lock file");
     // Blocks until no other test process is building; released when `lock` is closed.
     nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)

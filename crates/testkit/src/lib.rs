@@ -10,7 +10,8 @@
 //! - `wait`: wait for a condition with a deadline (never a fixed sleep);
 //! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket;
 //! - `docker_engine`: the local Docker Engine: the test image, daemons with `--executor docker` whose
-//!   containers are removed on drop.
+//!   containers are removed on drop;
+//! - [`scratch_dir`]: where files shared by test processes live (in the build's target dir, not /tmp).
 
 pub mod api_server;
 pub mod cluster;
@@ -28,3 +29,14 @@ pub use api_server::ApiServer;
 pub use cluster::{ClusterOptions, TestCluster, TestWorker};
 pub use daemon::{DaemonOptions, DaemonProcess};
 pub use wait::wait_until;
+
+/// A directory for files that test processes share and keep between runs (the test image's build lock,
+/// the docker CLI's empty config): `shoal-test-scratch` beside the test executables' `deps` folder, i.e. in
+/// cargo's target dir, so that tests leave nothing in /tmp and `cargo clean` removes it.
+pub fn scratch_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let profile_dir = exe.ancestors().find(|d| d.join("deps").is_dir()).unwrap_or_else(|| exe.parent().expect("a folder"));
+    let dir = profile_dir.join("shoal-test-scratch");
+    std::fs::create_dir_all(&dir).expect("create the test scratch dir");
+    dir
+}

@@ -76,6 +76,11 @@ impl Heartbeats {
         expired
     }
 
+    /// The earliest deadline, if any node is tracked.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.by_deadline.first().map(|(deadline, _)| *deadline)
+    }
+
     /// Number of tracked nodes.
     pub fn len(&self) -> usize {
         self.deadline_by_node.len()
@@ -90,6 +95,19 @@ impl Heartbeats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_deadline_is_the_earliest() {
+        let mut h = Heartbeats::new();
+        assert_eq!(h.next_deadline(), None);
+        h.beat("a", 1_000, 500);
+        h.beat("b", 1_000, 200);
+        assert_eq!(h.next_deadline(), Some(1_200));
+        h.beat("b", 2_000, 200);
+        assert_eq!(h.next_deadline(), Some(1_500));
+        h.expire(1_500);
+        assert_eq!(h.next_deadline(), Some(2_200));
+    }
 
     #[test]
     fn a_node_expires_only_after_its_deadline() {

@@ -71,6 +71,9 @@ pub const STATUS_QUEUE_REQUESTS: usize = 1024;
 pub const MAX_UPDATES_PER_REQUEST: usize = 10_000;
 /// Attempts for one store write that keeps hitting version conflicts.
 pub const WRITE_ATTEMPTS: usize = 5;
+/// Longest the leader-only loop sleeps before it looks at the heartbeat deadlines again: a deadline set
+/// meanwhile (a new session) or a clock that jumped is noticed within this.
+pub const EXPIRY_RECHECK: Duration = Duration::from_secs(1);
 
 /// Dispatcher settings.
 #[derive(Clone, Debug)]
@@ -81,7 +84,8 @@ pub struct DispatcherConfig {
     pub missed_heartbeats_before_down: u32,
     /// Most task status updates per store write.
     pub status_batch_max: usize,
-    /// How often queued status updates are written, in milliseconds.
+    /// Shortest time between two writes of queued status updates, in milliseconds: updates that arrive
+    /// meanwhile join the next batch. An update that arrives after a quiet spell is written at once.
     pub status_flush_ms: u64,
     /// The address agents should use to reach this manager (sent in session messages).
     pub manager_addr: String,
@@ -126,6 +130,9 @@ pub struct Dispatcher {
     registry: Mutex<Registry>,
     status_tx: mpsc::Sender<StatusRequest>,
     status_rx: tokio::sync::Mutex<mpsc::Receiver<StatusRequest>>,
+    /// Told after each status request is queued: the leader-only loop sleeps until then (or until the next
+    /// heartbeat deadline) instead of polling.
+    status_queued: tokio::sync::Notify,
     /// Store changes routed to the session and assignments streams by node.
     fanout: Fanout,
     /// The managers listed in session messages (see `managers`), kept current by one store watcher
@@ -207,6 +214,7 @@ impl Dispatcher {
             registry: Mutex::new(Registry::default()),
             status_tx,
             status_rx: tokio::sync::Mutex::new(status_rx),
+            status_queued: tokio::sync::Notify::new(),
             fanout: Fanout::new(state.store.clone()),
             managers: Arc::new(watch::channel(Arc::new(Vec::new())).0),
             managers_watched: std::sync::atomic::AtomicBool::new(false),
@@ -575,6 +583,7 @@ impl Dispatcher {
             .send(StatusRequest { updates, done })
             .await
             .map_err(|_| Status::unavailable("the status queue is closed; retry"))?;
+        self.status_queued.notify_one();
         match wait.await {
             Ok(r) => r,
             Err(_) => Err(Status::unavailable(
@@ -914,18 +923,34 @@ impl Subsystem for DispatcherSubsystem {
         let d = self.0.clone();
         Box::pin(async move {
             d.grant_grace_period(state.clock.now_unix_ms());
-            let mut tick =
-                tokio::time::interval(Duration::from_millis(d.config.status_flush_ms.max(1)));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Wakes only for work: queued status updates, or the next heartbeat deadline (re-read at least
+            // every EXPIRY_RECHECK). An idle cluster's dispatcher sleeps.
+            let flush_every = Duration::from_millis(d.config.status_flush_ms.max(1));
+            let started = tokio::time::Instant::now();
+            let mut last_flush = started.checked_sub(flush_every).unwrap_or(started);
             loop {
+                let now = state.clock.now_unix_ms();
+                let expiry_in = d
+                    .registry
+                    .lock()
+                    .heartbeats
+                    .next_deadline()
+                    .map_or(EXPIRY_RECHECK, |at| Duration::from_millis(at.saturating_sub(now)).min(EXPIRY_RECHECK));
                 tokio::select! {
                     _ = stopped(&mut stop) => break,
-                    _ = tick.tick() => {
-                        d.expire_heartbeats(state.clock.now_unix_ms()).await;
+                    _ = d.status_queued.notified() => {
+                        tokio::select! {
+                            _ = stopped(&mut stop) => break,
+                            _ = tokio::time::sleep_until(last_flush + flush_every) => {}
+                        }
                         // Keep writing while full batches are waiting.
                         while d.flush_status_updates().await >= d.config.status_batch_max.max(1) {
                             if *stop.borrow() { break; }
                         }
+                        last_flush = tokio::time::Instant::now();
+                    }
+                    _ = tokio::time::sleep(expiry_in) => {
+                        d.expire_heartbeats(state.clock.now_unix_ms()).await;
                     }
                 }
             }

@@ -1,6 +1,6 @@
 //! The client side of the `shoal` binary: `service`, `node`, `task`, `info` and `version` commands, which
-//! talk to a daemon's Engine API over its control unix socket (`-H/--host` or `SHOAL_HOST`; default
-//! `DEFAULT_HOST`). Tables look like docker's; `--format json` prints the API objects. Errors print one
+//! talk to a daemon's Engine API over its control unix socket (`-H/--host` or `SHOAL_HOST`; by default the
+//! socket `shoal daemon` makes by default, see [`default_host`]). Tables look like docker's; `--format json` prints the API objects. Errors print one
 //! line, `shoal: <message>`, on stderr and exit 1 (usage errors exit 2, from clap).
 //! Must not depend on cluster logic: it only speaks HTTP/JSON.
 
@@ -23,9 +23,20 @@ pub use client::{CliError, Client};
 use node::{NodeCommand, TaskCommand};
 use service::ServiceCommand;
 
-/// Where the client looks for the daemon when neither `-H` nor `SHOAL_HOST` is given: the control socket
-/// of a daemon started with `--listen-control-api /var/run/shoal/control.sock`.
-pub const DEFAULT_HOST: &str = "unix:///var/run/shoal/control.sock";
+/// The state dir `shoal daemon` uses when neither `--state-dir` nor `SHOAL_STATE_DIR` is given.
+pub const DEFAULT_STATE_DIR: &str = "./shoal-state";
+
+/// Where the client looks for the daemon when neither `-H` nor `SHOAL_HOST` is given: where `shoal daemon`
+/// puts its control socket by default, `<state dir>/control.sock`, with the state dir from `SHOAL_STATE_DIR`
+/// as the daemon reads it, else `./shoal-state`. So a client run where the daemon was started finds it, as
+/// docker's client finds its engine.
+pub fn default_host() -> String {
+    let state_dir = std::env::var_os("SHOAL_STATE_DIR")
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| DEFAULT_STATE_DIR.into());
+    format!("unix://{}", state_dir.join("control.sock").display())
+}
 
 /// The client commands (flattened into the top level of `shoal`).
 #[derive(Debug, Subcommand)]

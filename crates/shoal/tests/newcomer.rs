@@ -1,0 +1,124 @@
+//! The newcomer's path (README): a daemon started with the defaults is found by the CLI with no flags; a start
+//! that cannot listen names the flag and leaves nothing that changes the next start; one daemon per state dir.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{daemon, shoal_bin, DaemonProcess};
+use shoal_testkit::{process::wait_exit, wait_until};
+
+/// A `shoal daemon` child that is killed when the test ends, pass or fail.
+struct Started(Option<Child>);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `shoal daemon ARGS` in `dir`, with no Shoal variables from the test's environment.
+fn shoal_daemon(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(shoal_bin());
+    cmd.current_dir(dir)
+        .arg("daemon")
+        .args(["--executor", "process"])
+        .args(args)
+        .env_remove("SHOAL_HOST")
+        .env_remove("SHOAL_STATE_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// A start that must fail: its exit code and what it printed.
+fn failed_start(mut cmd: Command) -> String {
+    let (ok, text) = wait_exit(cmd.spawn().expect("spawn shoal daemon"), Duration::from_secs(20), "shoal daemon");
+    assert!(!ok, "the daemon should have refused to start; it printed:\n{text}");
+    text
+}
+
+/// `shoal info` in `dir` with the given environment; its success and output.
+fn info_in(dir: &Path, env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(shoal_bin());
+    cmd.current_dir(dir).arg("info").env_remove("SHOAL_HOST").env_remove("SHOAL_STATE_DIR");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("shoal info");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn the_cli_finds_a_daemon_started_with_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let remote = format!("127.0.0.1:{port}");
+    let _d = Started(Some(shoal_daemon(dir.path(), &["--listen-remote-api", &remote]).spawn().unwrap()));
+    // No -H and no SHOAL_HOST: the CLI looks where the daemon puts its socket by default.
+    let text = wait_until("shoal info without -H", Duration::from_secs(30), || match info_in(dir.path(), &[]) {
+        (true, text) => Ok(text),
+        (false, text) => Err(text),
+    });
+    assert!(text.contains("Swarm: active"), "{text}");
+    assert!(dir.path().join("shoal-state/control.sock").exists());
+
+    // SHOAL_STATE_DIR is read by both sides: a client elsewhere that names the state dir finds the daemon.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let state = dir.path().join("shoal-state");
+    let (ok, text) = info_in(elsewhere.path(), &[("SHOAL_STATE_DIR", state.to_str().unwrap())]);
+    assert!(ok, "{text}");
+    let (ok, text) = info_in(elsewhere.path(), &[]);
+    assert!(!ok && text.contains("cannot connect") && text.contains("SHOAL_HOST"), "{text}");
+}
+
+#[test]
+fn a_start_on_a_taken_address_names_the_flag_and_leaves_nothing_behind() {
+    let first = daemon();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let socket = dir.path().join("control.sock");
+    let args = |remote: &str| {
+        let mut cmd = shoal_daemon(dir.path(), &["--listen-remote-api", remote]);
+        cmd.arg("--state-dir").arg(&state).arg("--listen-control-api").arg(&socket);
+        cmd
+    };
+    let text = failed_start(args(&first.remote_addr()));
+    assert!(text.contains("--listen-remote-api") && text.contains(&first.remote_addr()), "{text}");
+    assert!(text.to_lowercase().contains("in use"), "{text}");
+    let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("shoal.lock")], "a failed first start left files behind");
+
+    // The next start, on a free address, is an ordinary first start: a new one-node cluster.
+    let mut next = DaemonProcess::start_with(
+        &shoal_bin(),
+        shoal_testkit::DaemonOptions { state_dir: Some(state.clone()), ..Default::default() },
+    );
+    let swarm = next.get("/v1.47/swarm");
+    assert!(swarm["ID"].as_str().is_some_and(|id| !id.is_empty()), "{swarm}");
+    assert_ne!(swarm["ID"], first.get("/v1.47/swarm")["ID"]);
+    next.stop();
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_dir_is_refused() {
+    let first = daemon();
+    let dir = tempfile::tempdir().unwrap();
+    let remote = format!("127.0.0.1:{}", free_port());
+    let mut cmd = shoal_daemon(dir.path(), &["--listen-remote-api", &remote]);
+    cmd.arg("--state-dir").arg(first.state_dir()).arg("--listen-control-api").arg(dir.path().join("c.sock"));
+    let text = failed_start(cmd);
+    assert!(text.contains("in use by another shoal daemon") && text.contains(&first.pid().to_string()), "{text}");
+    // The first daemon still serves on its own socket.
+    assert!(first.get("/v1.47/swarm")["ID"].as_str().is_some_and(|id| !id.is_empty()));
+}
