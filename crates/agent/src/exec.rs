@@ -43,7 +43,7 @@ pub enum ExecutorError {
     NotReady(&'static str),
 }
 
-/// The stop grace period from a task's container spec (default 10 s).
+/// The stop grace period from a task's container spec (default 10 s), at most `MAX_STOP_GRACE_PERIOD`.
 pub fn stop_grace_period(task: &Task) -> Duration {
     task.spec
         .as_ref()
@@ -53,7 +53,12 @@ pub fn stop_grace_period(task: &Task) -> Duration {
         })
         .map(shoal_api::duration_from_proto)
         .unwrap_or(DEFAULT_STOP_GRACE_PERIOD)
+        .min(MAX_STOP_GRACE_PERIOD)
 }
+
+/// The longest grace the agent gives a task to stop (the control API's bound): a spec stored before the
+/// bound existed cannot keep a stopped or removed service's task running for longer.
+pub const MAX_STOP_GRACE_PERIOD: Duration = Duration::from_secs(3600);
 
 /// Grace between the polite stop signal and the kill, when the spec sets none.
 pub const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(10);
@@ -129,4 +134,29 @@ pub trait Controller: Send {
     fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>>;
     /// Releases everything the task held (kills it first if it still runs).
     fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>>;
+}
+
+#[cfg(test)]
+mod grace_tests {
+    use super::*;
+
+    fn task_with_grace(seconds: i64) -> Task {
+        Task {
+            spec: Some(shoal_api::TaskSpec {
+                runtime: Some(shoal_api::task_spec::Runtime::Container(shoal_api::ContainerSpec {
+                    stop_grace_period: Some(shoal_api::prost_types::Duration { seconds, nanos: 0 }),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_stored_huge_stop_grace_period_is_clamped() {
+        assert_eq!(stop_grace_period(&task_with_grace(30)), Duration::from_secs(30));
+        assert_eq!(stop_grace_period(&task_with_grace(i64::MAX / 1_000_000_000)), MAX_STOP_GRACE_PERIOD);
+        assert_eq!(stop_grace_period(&Task::default()), DEFAULT_STOP_GRACE_PERIOD);
+    }
 }

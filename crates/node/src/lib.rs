@@ -17,6 +17,7 @@ pub mod lock;
 mod raft_member;
 mod raft_status;
 pub mod security;
+pub mod source_limits;
 mod services;
 pub mod tls;
 pub mod worker_node;

@@ -4,7 +4,9 @@
 //! CA bootstrap calls), gRPC client endpoints that present the node certificate and accept only a manager
 //! (`swarm-manager` in the peer's certificate, signed by the root), the caller identity of a connection,
 //! and the unauthenticated bootstrap endpoint used once to download the root CA (whose digest the caller
-//! then checks against its join token).
+//! then checks against its join token). The remote port is reachable before authentication, so its accept
+//! path is bounded: a handshake timeout per connection, handshake and connection caps per source address
+//! (`source_limits`), and rate-limited log lines about refused connections.
 //!
 //! Crypto: rustls 0.23 with the ring provider, passed explicitly (no process-wide default). Must not know
 //! the store, Raft or the Engine API.
@@ -24,12 +26,24 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
+use crate::source_limits::{LogLimiter, Refused, SourceGuard, SourceLimits};
+
 /// The DNS name every manager certificate carries; clients check it, so only a manager can serve them.
 pub const MANAGER_SERVER_NAME: &str = "swarm-manager";
-/// Longest a TLS handshake may take on the server before the connection is dropped.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a TLS handshake may take on the server before the connection is dropped: a peer that connects
+/// and sends nothing holds a handshake place this long.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Most handshakes in progress at once on one listener; further connections wait to be accepted.
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Most handshakes in progress at once from one source address on the remote gRPC port; a connection beyond
+/// it is closed at once, so one address cannot take the listener's handshake places or fill its backlog.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 32;
+/// Most connections (handshaking or established) one source address holds at once on the remote gRPC port.
+/// A node needs a few (its agent's session, Raft, forwarded proposals); the bound leaves room for many nodes
+/// behind one NAT address.
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 512;
+/// At most one log line per this period about refused or timed-out connections (with the count left out).
+pub const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
 /// Connections that finished their handshake and wait for the gRPC server to take them.
 pub const ACCEPTED_QUEUE: usize = 64;
 /// Timeout of connecting (TCP + TLS) from a client endpoint.
@@ -279,36 +293,123 @@ pub fn is_node_role(role: Role) -> bool {
 
 /// TLS connections accepted on `listener`, for `tonic::transport::Server::serve_with_incoming`. Each
 /// handshake runs in its own task (at most `MAX_PENDING_HANDSHAKES` at once, `HANDSHAKE_TIMEOUT` each) with
-/// the server configuration current at accept time; failed handshakes (plain TCP, unknown CA) are logged at
-/// debug level and dropped. The stream ends when the receiver is dropped.
+/// the server configuration current at accept time. Per source address, at most `MAX_HANDSHAKES_PER_SOURCE`
+/// handshakes and `MAX_CONNECTIONS_PER_SOURCE` connections are held; a connection beyond them is closed as
+/// soon as it is accepted, so idle connections from one address never stop others from connecting. Refused
+/// and timed-out connections are logged at most once per `REFUSAL_LOG_PERIOD`; failed handshakes (plain TCP,
+/// unknown CA) at debug level. The stream ends when the receiver is dropped.
 pub fn tls_incoming(
     listener: TcpListener,
     tls: NodeTls,
-) -> tokio_stream::wrappers::ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+) -> tokio_stream::wrappers::ReceiverStream<Result<SourceBound<TlsStream<TcpStream>>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
+    let sources = SourceLimits::new(MAX_HANDSHAKES_PER_SOURCE, MAX_CONNECTIONS_PER_SOURCE);
+    let refusals = Arc::new(LogLimiter::new(REFUSAL_LOG_PERIOD));
     tokio::spawn(async move {
         loop {
             let Some((permit, tcp, peer)) = accept_bounded(&listener, &permits, "remote API", tx.closed()).await
             else {
                 return;
             };
+            let mut guard = match sources.admit(peer.ip()) {
+                Ok(g) => g,
+                Err(why) => {
+                    if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
+                        let limit = match why {
+                            Refused::Handshakes => format!("{MAX_HANDSHAKES_PER_SOURCE} handshakes in progress"),
+                            Refused::Connections => format!("{MAX_CONNECTIONS_PER_SOURCE} connections"),
+                        };
+                        tracing::warn!(
+                            %peer,
+                            suppressed,
+                            "remote API connection refused: its address already holds {limit} (lines like this \
+                             one are written at most every {REFUSAL_LOG_PERIOD:?}; `suppressed` counts the others)"
+                        );
+                    }
+                    continue;
+                }
+            };
             let _ = tcp.set_nodelay(true);
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
             let tx = tx.clone();
+            let refusals = refusals.clone();
             tokio::spawn(async move {
                 let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
+                        guard.established();
+                        let _ = tx.send(Ok(SourceBound { inner: stream, _guard: guard })).await;
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    Err(_) => {
+                        if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
+                            tracing::info!(%peer, suppressed, "remote API connection closed: no TLS handshake within {HANDSHAKE_TIMEOUT:?}");
+                        }
+                    }
                 }
             });
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// A connection that holds its source address's place (`source_limits`) until it is dropped.
+#[derive(Debug)]
+pub struct SourceBound<S> {
+    inner: S,
+    _guard: SourceGuard,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for SourceBound<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for SourceBound<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected for SourceBound<S> {
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
 }
 
 /// The next connection on `listener` once one of `permits` is free (the permit travels with the connection).

@@ -261,8 +261,8 @@ fn a_worker_survives_losing_the_manager_it_joined_through() {
 fn a_cut_off_worker_is_replaced_and_stops_its_stale_task_when_it_returns() {
     let argv = ["sleep", "4281"];
     let m = node_at(91, "manager-91", None);
-    // A node is DOWN after 3 periods without a heartbeat: 1.5 s.
-    set_heartbeat_period(&m, Duration::from_millis(500));
+    // A node is DOWN after 3 periods without a heartbeat: 3 s (1 s is the shortest period accepted).
+    set_heartbeat_period(&m, Duration::from_secs(1));
     let a = node_at(92, "worker-92", Some((&m, "Worker")));
     let b = node_at(93, "worker-93", Some((&m, "Worker")));
     wait_until("two ready workers", Duration::from_secs(30), || {

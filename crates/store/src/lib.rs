@@ -20,7 +20,7 @@ pub use codec::{decode_request, decode_snapshot, encode_request, encode_snapshot
 pub use error::StoreError;
 pub use ids::IdSource;
 pub use memory::{Change, Commit, MemoryStore, Tables, Watch, DEFAULT_WATCH_QUEUE_COMMITS};
-pub use object::{Action, ActionKind, Object, ObjectKind, StoreObject};
+pub use object::{Action, ActionKind, Object, ObjectKind, StoreObject, ACTION_OVERHEAD_BYTES};
 pub use table::{Table, TaskTable};
 
 pub use tokio::sync::broadcast::error::RecvError as WatchError;

@@ -134,6 +134,17 @@ impl Object {
         }
     }
 
+    /// The object's protobuf encoding size in bytes (without cloning it).
+    pub fn encoded_len(&self) -> usize {
+        use shoal_api::prost::Message;
+        match self {
+            Object::Node(o) => o.encoded_len(),
+            Object::Service(o) => o.encoded_len(),
+            Object::Task(o) => o.encoded_len(),
+            Object::Cluster(o) => o.encoded_len(),
+        }
+    }
+
     /// Converts the object to a wire action target (clones the object).
     pub fn to_target(&self) -> store_action::Target {
         match self {
@@ -156,6 +167,10 @@ pub enum ActionKind {
     Remove,
 }
 
+/// Upper bound of what an action's wrapping adds to its object's encoding in a write: the action's kind and
+/// the tags and length varints of the action and its target.
+pub const ACTION_OVERHEAD_BYTES: usize = 32;
+
 /// One change in a write: what to do and the object it applies to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Action {
@@ -166,6 +181,12 @@ pub struct Action {
 }
 
 impl Action {
+    /// Bytes this action adds to an encoded write, at most: the object's encoding plus the tags and length
+    /// prefixes around it (`ACTION_OVERHEAD_BYTES`). Writers use it to keep a write under the proposal limit.
+    pub fn encoded_len(&self) -> usize {
+        self.object.encoded_len() + ACTION_OVERHEAD_BYTES
+    }
+
     /// Encodes to SwarmKit's wire form.
     pub fn to_wire(&self) -> StoreAction {
         let kind = match self.kind {

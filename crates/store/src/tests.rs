@@ -210,3 +210,16 @@ fn requests_round_trip_through_the_codec() {
     assert_eq!(actions, c.actions());
     assert!(decode_request(&[0xff, 0xff]).is_err());
 }
+
+#[test]
+fn an_action_s_encoded_len_bounds_its_share_of_an_encoded_write() {
+    let mut big = task("t1", "s1", 1, "n1");
+    big.service_annotations =
+        Some(Annotations { name: "web".into(), labels: [("k".to_string(), "v".repeat(300_000))].into(), ..Default::default() });
+    let mut c = Changes::new();
+    c.create(service("s1", "web")).update(big).remove(Arc::new(task("t2", "s1", 2, "")));
+    let sum: usize = c.actions().iter().map(Action::encoded_len).sum();
+    let bytes = encode_request(u64::MAX, c.actions());
+    assert!(bytes.len() <= sum + 16, "{} encoded > {sum} + 16", bytes.len());
+    assert!(bytes.len() + c.actions().len() * ACTION_OVERHEAD_BYTES >= sum, "the bound is tight enough to be useful");
+}

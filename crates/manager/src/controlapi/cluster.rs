@@ -14,6 +14,11 @@ use std::time::Duration;
 use shoal_api::{Cluster, ClusterSpec};
 use shoal_store::{Changes, StoreObject, Tables};
 
+use super::limits::{
+    check_count, check_duration, human, invalid, MAX_HEARTBEAT_PERIOD, MAX_KEEP_OLD_SNAPSHOTS,
+    MAX_LOG_ENTRIES_FOR_SLOW_FOLLOWERS, MAX_NODE_CERT_EXPIRY, MAX_RAFT_ELECTION_TICK, MAX_RAFT_HEARTBEAT_TICK,
+    MAX_SNAPSHOT_INTERVAL, MAX_TASK_HISTORY, MIN_HEARTBEAT_PERIOD,
+};
 use super::ControlError;
 use crate::state::ClusterState;
 
@@ -37,29 +42,44 @@ pub fn validate_cluster_spec(current: &ClusterSpec, spec: &ClusterSpec) -> Resul
         )));
     }
     let limit = spec.orchestration.as_ref().map_or(0, |o| o.task_history_retention_limit);
-    if limit < 0 {
-        return Err(ControlError::InvalidArgument(format!(
-            "invalid task history limit {limit}: use 0 or more tasks per slot"
+    if !(0..=MAX_TASK_HISTORY).contains(&limit) {
+        return Err(invalid(format!(
+            "invalid task history limit {limit}: use 0 to {MAX_TASK_HISTORY} tasks per slot (--task-history-limit)"
         )));
     }
     if let Some(expiry) = spec.ca_config.as_ref().and_then(|c| c.node_cert_expiry.as_ref()) {
+        check_duration("CAConfig.NodeCertExpiry", Some(expiry), None, MAX_NODE_CERT_EXPIRY)
+            .map_err(|e| invalid(format!("invalid certificate expiry: {e} (--cert-expiry)")))?;
         let d = shoal_api::duration_from_proto(expiry);
-        if expiry.seconds < 0 || d < MIN_NODE_CERT_EXPIRY {
-            return Err(ControlError::InvalidArgument(format!(
-                "invalid certificate expiry {d:?}: it must be at least {MIN_NODE_CERT_EXPIRY:?} (e.g. --cert-expiry 2160h)"
+        if d < MIN_NODE_CERT_EXPIRY {
+            return Err(invalid(format!(
+                "invalid certificate expiry {}: it must be at least {} (e.g. --cert-expiry 2160h)",
+                human(d),
+                human(MIN_NODE_CERT_EXPIRY)
             )));
         }
     }
     if let Some(hb) = spec.dispatcher.as_ref().and_then(|d| d.heartbeat_period.as_ref()) {
-        if hb.seconds < 0 || (hb.seconds == 0 && hb.nanos <= 0) {
-            return Err(ControlError::InvalidArgument(
-                "invalid dispatcher heartbeat period: it must be positive (e.g. --dispatcher-heartbeat 5s)".into(),
-            ));
+        check_duration("Dispatcher.HeartbeatPeriod", Some(hb), None, MAX_HEARTBEAT_PERIOD)
+            .map_err(|e| invalid(format!("invalid dispatcher heartbeat period: {e} (--dispatcher-heartbeat)")))?;
+        let d = shoal_api::duration_from_proto(hb);
+        if d < MIN_HEARTBEAT_PERIOD {
+            return Err(invalid(format!(
+                "invalid dispatcher heartbeat period {}: it must be at least {} and at most {} (e.g. --dispatcher-heartbeat 5s)",
+                human(d),
+                human(MIN_HEARTBEAT_PERIOD),
+                human(MAX_HEARTBEAT_PERIOD)
+            )));
         }
     }
     if let Some(r) = spec.raft.as_ref() {
+        check_count("Raft.HeartbeatTick", r.heartbeat_tick.into(), MAX_RAFT_HEARTBEAT_TICK.into())?;
+        check_count("Raft.ElectionTick", r.election_tick.into(), MAX_RAFT_ELECTION_TICK.into())?;
+        check_count("Raft.SnapshotInterval", r.snapshot_interval, MAX_SNAPSHOT_INTERVAL)?;
+        check_count("Raft.LogEntriesForSlowFollowers", r.log_entries_for_slow_followers, MAX_LOG_ENTRIES_FOR_SLOW_FOLLOWERS)?;
+        check_count("Raft.KeepOldSnapshots", r.keep_old_snapshots, MAX_KEEP_OLD_SNAPSHOTS)?;
         if r.heartbeat_tick != 0 && r.election_tick != 0 && r.election_tick <= r.heartbeat_tick {
-            return Err(ControlError::InvalidArgument(format!(
+            return Err(invalid(format!(
                 "invalid raft settings: the election tick ({}) must exceed the heartbeat tick ({})",
                 r.election_tick, r.heartbeat_tick
             )));
@@ -186,6 +206,32 @@ mod tests {
         let mut raft = spec(3, 172_800);
         raft.raft = Some(RaftConfig { heartbeat_tick: 10, election_tick: 5, ..Default::default() });
         check(raft, Some("election tick"));
+        let with = |f: &dyn Fn(&mut ClusterSpec)| {
+            let mut s = spec(3, 172_800);
+            f(&mut s);
+            s
+        };
+        let hb = |seconds: i64, nanos: i32| {
+            with(&|s: &mut ClusterSpec| {
+                s.dispatcher = Some(shoal_api::DispatcherConfig {
+                    heartbeat_period: Some(shoal_api::prost_types::Duration { seconds, nanos }),
+                })
+            })
+        };
+        check(hb(0, 1_000_000), Some("at least 1s"));
+        check(hb(-5, 0), Some("must not be negative"));
+        check(hb(i64::MAX / 1_000_000_000, 0), Some("the limit is 5m"));
+        check(hb(1, 0), None);
+        check(hb(300, 0), None);
+        check(spec(101, 172_800), Some("0 to 100"));
+        check(spec(3, i64::MAX / 1_000_000_000), Some("the limit is"));
+        let raft = |r: RaftConfig| with(&|s: &mut ClusterSpec| s.raft = Some(r));
+        check(raft(RaftConfig { heartbeat_tick: 1, election_tick: u32::MAX, ..Default::default() }), Some("Raft.ElectionTick"));
+        check(raft(RaftConfig { heartbeat_tick: 500, election_tick: 900, ..Default::default() }), Some("Raft.HeartbeatTick"));
+        check(raft(RaftConfig { snapshot_interval: u64::MAX, ..Default::default() }), Some("Raft.SnapshotInterval 18446744073709551615 is too large: the limit is 1000000"));
+        check(raft(RaftConfig { log_entries_for_slow_followers: u64::MAX, ..Default::default() }), Some("Raft.LogEntriesForSlowFollowers"));
+        check(raft(RaftConfig { keep_old_snapshots: 1000, ..Default::default() }), Some("Raft.KeepOldSnapshots"));
+        check(raft(RaftConfig { snapshot_interval: 10_000, log_entries_for_slow_followers: 500, heartbeat_tick: 1, election_tick: 10, keep_old_snapshots: 0 }), None);
     }
 
     #[test]

@@ -13,13 +13,18 @@
 //! `previous_spec_version` keeps the one before.
 //!
 //! Service removal deletes the service and, in the same write, sets the desired state of its tasks to
-//! REMOVE (the reaper deletes them once they no longer run).
+//! REMOVE (the reaper deletes them once they no longer run) — as many as one bounded write holds; the
+//! orchestrator marks the others when it sees the service gone.
+//!
+//! `limits` holds every bound a spec is checked against (replicas, sizes, durations, counts, cluster
+//! settings).
 //!
 //! The cluster object (`docker swarm update`) is read and updated through `cluster`.
 //!
 //! Must not depend on HTTP, JSON, processes or Docker.
 
 mod cluster;
+pub mod limits;
 mod node;
 mod service;
 mod task;

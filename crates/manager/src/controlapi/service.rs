@@ -7,19 +7,26 @@ use std::sync::Arc;
 use shoal_api::{service_spec, task_spec, Service, ServiceSpec, TaskState, Version};
 use shoal_store::{Changes, StoreObject, Tables};
 
+use super::limits::{
+    check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
+    MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
+};
 use super::{any_prefix, find_service, labels_match, ControlError};
+use crate::orchestrator::write::{MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
 use crate::scheduler::constraint;
+use shoal_api::prost::Message;
+use shoal_store::ACTION_OVERHEAD_BYTES;
 use crate::state::ClusterState;
 
 /// Longest service name accepted (a DNS label).
 pub const MAX_NAME_LEN: usize = 63;
 
-/// How many times `remove_service` re-reads and retries when a task changed under it.
+/// How many times `remove_service` re-reads and retries when a task changed under it; after that it removes
+/// the service alone (the orchestrator marks its tasks), which only the service itself changing can stop.
 const REMOVE_RETRIES: usize = 3;
 
-fn invalid(msg: impl Into<String>) -> ControlError {
-    ControlError::InvalidArgument(msg.into())
-}
+/// How many times the service-only removal is retried when the service itself changed under it.
+const REMOVE_SERVICE_ONLY_RETRIES: usize = 3;
 
 fn validate_name(name: &str) -> Result<(), ControlError> {
     if name.is_empty() {
@@ -43,20 +50,8 @@ fn validate_name(name: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
-fn check_duration(
-    what: &str,
-    d: Option<&shoal_api::prost_types::Duration>,
-) -> Result<(), ControlError> {
-    match d {
-        Some(d) if d.seconds < 0 || d.nanos < 0 => {
-            Err(invalid(format!("{what} must not be negative")))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Checks a service spec: a valid name, a container spec with an image, a mode, valid constraints,
-/// non-negative restart delays and resources.
+/// Checks a service spec: a valid name, a container spec with an image, a mode, valid constraints, and
+/// every count, duration and the encoded size within `limits` (each error names the field and the limit).
 pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     let name = spec
         .annotations
@@ -78,7 +73,31 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
             check_duration(
                 "ContainerSpec.StopGracePeriod",
                 c.stop_grace_period.as_ref(),
+                None,
+                MAX_STOP_GRACE_PERIOD,
             )?;
+            if let Some(h) = &c.healthcheck {
+                for (field, d) in [
+                    ("Interval", &h.interval),
+                    ("Timeout", &h.timeout),
+                    ("StartPeriod", &h.start_period),
+                    ("StartInterval", &h.start_interval),
+                ] {
+                    check_duration(
+                        &format!("ContainerSpec.Healthcheck.{field}"),
+                        d.as_ref(),
+                        Some(MIN_HEALTH_DURATION),
+                        MAX_HEALTH_DURATION,
+                    )?;
+                }
+                if h.retries < 0 {
+                    return Err(invalid(format!(
+                        "ContainerSpec.Healthcheck.Retries must not be negative (got {})",
+                        h.retries
+                    )));
+                }
+                check_count("ContainerSpec.Healthcheck.Retries", h.retries as u64, MAX_HEALTH_RETRIES as u64)?;
+            }
         }
         None => {
             return Err(invalid(
@@ -87,7 +106,8 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
         }
     }
     match &spec.mode {
-        Some(service_spec::Mode::Replicated(_)) | Some(service_spec::Mode::Global(_)) => {}
+        Some(service_spec::Mode::Replicated(r)) => check_count("Mode.Replicated.Replicas", r.replicas, MAX_REPLICAS)?,
+        Some(service_spec::Mode::Global(_)) => {}
         Some(service_spec::Mode::ReplicatedJob(_)) | Some(service_spec::Mode::GlobalJob(_)) => {
             return Err(invalid("job modes (replicated-job, global-job) are not supported yet; use replicated or global"))
         }
@@ -97,8 +117,9 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
         constraint::parse(&p.constraints).map_err(|e| invalid(e.to_string()))?;
     }
     if let Some(r) = &task.restart {
-        check_duration("RestartPolicy.Delay", r.delay.as_ref())?;
-        check_duration("RestartPolicy.Window", r.window.as_ref())?;
+        check_duration("RestartPolicy.Delay", r.delay.as_ref(), None, MAX_POLICY_DURATION)?;
+        check_duration("RestartPolicy.Window", r.window.as_ref(), None, MAX_POLICY_DURATION)?;
+        check_count("RestartPolicy.MaxAttempts", r.max_attempts, MAX_RESTART_ATTEMPTS)?;
     }
     if let Some(res) = &task.resources {
         for (what, r) in [("Limits", &res.limits), ("Reservations", &res.reservations)] {
@@ -116,8 +137,9 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
         ("RollbackConfig", &spec.rollback),
     ] {
         if let Some(u) = u {
-            check_duration(&format!("{what}.Delay"), u.delay.as_ref())?;
-            check_duration(&format!("{what}.Monitor"), u.monitor.as_ref())?;
+            check_duration(&format!("{what}.Delay"), u.delay.as_ref(), None, MAX_POLICY_DURATION)?;
+            check_duration(&format!("{what}.Monitor"), u.monitor.as_ref(), None, MAX_POLICY_DURATION)?;
+            check_count(&format!("{what}.Parallelism"), u.parallelism, MAX_REPLICAS)?;
             if !(0.0..=1.0).contains(&u.max_failure_ratio) {
                 return Err(invalid(format!(
                     "{what}.MaxFailureRatio must be between 0 and 1"
@@ -125,7 +147,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
             }
         }
     }
-    Ok(())
+    check_spec_size(spec)
 }
 
 /// Validates `spec` and creates a service with a new ID. Fails with `Conflict` when the name is taken.
@@ -216,7 +238,10 @@ pub async fn update_service(
         .ok_or_else(|| ControlError::not_found("service", reference))
 }
 
-/// Removes a service and marks its tasks for removal (desired state REMOVE), in one write.
+/// Removes a service and marks its tasks for removal (desired state REMOVE), in one write bounded like the
+/// orchestrator's (`MAX_ACTIONS_PER_WRITE`, `MAX_BYTES_PER_WRITE`): the tasks that do not fit, or that keep
+/// changing under the write (see `REMOVE_RETRIES`), are marked by the orchestrator when it sees the service
+/// gone.
 pub async fn remove_service(state: &ClusterState, reference: &str) -> Result<(), ControlError> {
     let mut attempt = 0;
     loop {
@@ -224,8 +249,18 @@ pub async fn remove_service(state: &ClusterState, reference: &str) -> Result<(),
         let res = state
             .write(|t: &Tables, c: &mut Changes| {
                 let svc = find_service(t, reference)?;
-                for task in t.tasks().by_service(&svc.id) {
+                // As many task updates as one write holds; the orchestrator marks the rest once it sees
+                // the service gone. Tasks that keep changing (a busy scheduler) would make every attempt
+                // conflict: the last attempts leave them all to the orchestrator.
+                let with_tasks = attempt <= REMOVE_RETRIES;
+                let mut bytes = 0;
+                for task in t.tasks().by_service(&svc.id).filter(|_| with_tasks) {
                     if task.desired_state < TaskState::Remove as i32 {
+                        let len = task.encoded_len() + ACTION_OVERHEAD_BYTES;
+                        if c.len() + 1 >= MAX_ACTIONS_PER_WRITE || bytes + len > MAX_BYTES_PER_WRITE {
+                            break;
+                        }
+                        bytes += len;
                         let mut task = (**task).clone();
                         task.set_desired_state(TaskState::Remove);
                         c.update(task);
@@ -238,7 +273,7 @@ pub async fn remove_service(state: &ClusterState, reference: &str) -> Result<(),
             .map_err(ControlError::from);
         match res {
             // A task changed between our read and the commit: read again.
-            Err(ControlError::Conflict(_)) if attempt < REMOVE_RETRIES => continue,
+            Err(ControlError::Conflict(_)) if attempt < REMOVE_RETRIES + REMOVE_SERVICE_ONLY_RETRIES => continue,
             other => return other.map(|_| ()),
         }
     }

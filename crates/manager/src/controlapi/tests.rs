@@ -118,6 +118,85 @@ fn validation_names_the_bad_field() {
     );
 }
 
+fn secs(seconds: i64) -> Option<shoal_api::prost_types::Duration> {
+    Some(shoal_api::prost_types::Duration { seconds, nanos: 0 })
+}
+
+fn container_mut(s: &mut ServiceSpec) -> &mut ContainerSpec {
+    match task_spec_mut(s).runtime.as_mut() {
+        Some(task_spec::Runtime::Container(c)) => c,
+        None => unreachable!("spec() has a container"),
+    }
+}
+
+/// i64::MAX nanoseconds, as the Engine API turns `"StopGracePeriod": 9223372036854775807` into a duration.
+const I64_MAX_NS_SECS: i64 = i64::MAX / 1_000_000_000;
+
+#[test]
+fn counts_durations_and_sizes_are_bounded_and_the_error_names_the_limit() {
+    use super::limits::*;
+    let ok = |mutate: &dyn Fn(&mut ServiceSpec)| {
+        let mut s = spec("web", 1);
+        mutate(&mut s);
+        validate_service_spec(&s).unwrap_or_else(|e| panic!("{e}"));
+    };
+    let replicas = |n: u64| move |s: &mut ServiceSpec| s.mode = Some(service_spec::Mode::Replicated(ReplicatedService { replicas: n }));
+    ok(&replicas(MAX_REPLICAS));
+    invalid_spec(replicas(MAX_REPLICAS + 1), "Mode.Replicated.Replicas 250001 is too large: the limit is 250000");
+    invalid_spec(replicas(1_000_000_000), "the limit is 250000");
+    invalid_spec(replicas(i64::MAX as u64), "the limit is 250000");
+
+    ok(&|s| container_mut(s).stop_grace_period = secs(3600));
+    invalid_spec(|s| container_mut(s).stop_grace_period = secs(I64_MAX_NS_SECS), "ContainerSpec.StopGracePeriod 9223372036s is too long: the limit is 1h");
+    invalid_spec(|s| container_mut(s).stop_grace_period = secs(-1), "StopGracePeriod must not be negative");
+
+    let restart = |r: RestartPolicy| move |s: &mut ServiceSpec| task_spec_mut(s).restart = Some(r);
+    invalid_spec(restart(RestartPolicy { delay: secs(I64_MAX_NS_SECS), ..Default::default() }), "RestartPolicy.Delay 9223372036s is too long: the limit is 24h");
+    invalid_spec(restart(RestartPolicy { window: secs(90_000), ..Default::default() }), "RestartPolicy.Window 25h is too long");
+    invalid_spec(restart(RestartPolicy { max_attempts: u64::MAX, ..Default::default() }), "RestartPolicy.MaxAttempts 18446744073709551615 is too large: the limit is 1000000");
+    ok(&restart(RestartPolicy { delay: secs(86_400), max_attempts: 1_000_000, ..Default::default() }));
+
+    let update = |u: shoal_api::UpdateConfig| move |s: &mut ServiceSpec| s.update = Some(u);
+    invalid_spec(update(shoal_api::UpdateConfig { parallelism: u64::MAX, ..Default::default() }), "UpdateConfig.Parallelism 18446744073709551615 is too large: the limit is 250000");
+    invalid_spec(update(shoal_api::UpdateConfig { delay: secs(I64_MAX_NS_SECS), ..Default::default() }), "UpdateConfig.Delay 9223372036s is too long: the limit is 24h");
+    invalid_spec(update(shoal_api::UpdateConfig { monitor: secs(-3), ..Default::default() }), "UpdateConfig.Monitor must not be negative");
+    invalid_spec(|s| s.rollback = Some(shoal_api::UpdateConfig { monitor: secs(I64_MAX_NS_SECS), ..Default::default() }), "RollbackConfig.Monitor");
+    invalid_spec(update(shoal_api::UpdateConfig { max_failure_ratio: f32::NAN, ..Default::default() }), "MaxFailureRatio");
+
+    let health = |h: shoal_api::HealthConfig| move |s: &mut ServiceSpec| container_mut(s).healthcheck = Some(h.clone());
+    let ns = |nanos: i32| Some(shoal_api::prost_types::Duration { seconds: 0, nanos });
+    invalid_spec(health(shoal_api::HealthConfig { interval: secs(-1), ..Default::default() }), "ContainerSpec.Healthcheck.Interval must not be negative");
+    invalid_spec(health(shoal_api::HealthConfig { timeout: ns(999_999), ..Default::default() }), "ContainerSpec.Healthcheck.Timeout 999999ns is too short: use 0 (the default) or at least 1ms");
+    invalid_spec(health(shoal_api::HealthConfig { start_period: secs(I64_MAX_NS_SECS), ..Default::default() }), "Healthcheck.StartPeriod 9223372036s is too long: the limit is 24h");
+    invalid_spec(health(shoal_api::HealthConfig { start_interval: secs(-2), ..Default::default() }), "Healthcheck.StartInterval");
+    invalid_spec(health(shoal_api::HealthConfig { retries: -1, ..Default::default() }), "Healthcheck.Retries must not be negative");
+    invalid_spec(health(shoal_api::HealthConfig { retries: i32::MAX, ..Default::default() }), "the limit is 1000");
+    ok(&health(shoal_api::HealthConfig { interval: ns(1_000_000), timeout: secs(30), retries: 3, ..Default::default() }));
+
+    invalid_spec(
+        |s| task_spec_mut(s).placement = Some(Placement { constraints: vec!["node.role==boss".into()], ..Default::default() }),
+        "node.role is manager or worker",
+    );
+
+    // 1.6 MB of labels fits; 3.2 MB does not, and the message gives the size and the limit.
+    let labels = |n: usize| {
+        move |s: &mut ServiceSpec| {
+            s.annotations.as_mut().unwrap().labels =
+                (0..n).map(|i| (format!("k{i}"), "x".repeat(100_000))).collect();
+        }
+    };
+    ok(&labels(16));
+    invalid_spec(labels(32), "over the limit of 3145728 bytes (3 MiB)");
+    // ... and 1.6 MB x 1000 replicas is more than a manager should hold.
+    invalid_spec(
+        |s| {
+            labels(16)(s);
+            replicas(1000)(s);
+        },
+        "over the limit of 1073741824 bytes (1 GiB)",
+    );
+}
+
 #[tokio::test]
 async fn create_sets_id_times_and_spec_version_and_refuses_a_taken_name() {
     let (state, _) = cluster();
@@ -427,6 +506,26 @@ async fn remove_service_marks_its_tasks_for_removal_in_the_same_write() {
         remove_service(&state, "web").await,
         Err(ControlError::NotFound { .. })
     ));
+}
+
+#[tokio::test]
+async fn removing_a_service_with_more_tasks_than_one_write_holds_is_one_bounded_write() {
+    use crate::orchestrator::write::MAX_ACTIONS_PER_WRITE;
+    let (state, _) = cluster();
+    let web = create_service(&state, spec("web", 1500)).await.unwrap();
+    let mut c = Changes::new();
+    for i in 0..1500u64 {
+        c.create(task(&format!("t{i}"), &web, i + 1, "", TaskState::Pending, TaskState::Running));
+    }
+    state.propose(c).await.unwrap();
+    let mut watch = state.store.watch();
+    remove_service(&state, "web").await.unwrap();
+    let commit = watch.try_recv().unwrap();
+    assert_eq!(commit.changes.len(), MAX_ACTIONS_PER_WRITE, "the service and 999 tasks");
+    assert!(get_service(&state, "web").is_err());
+    // The orchestrator marks the others: what it would write for the gone service.
+    let rest = state.store.view(|t| crate::orchestrator::remove_service_tasks(t, &web.id, 0));
+    assert_eq!(rest.len(), 1500 - (MAX_ACTIONS_PER_WRITE - 1));
 }
 
 fn node(id: &str, host: &str, role: NodeRole, st: node_status::State) -> Node {

@@ -6,8 +6,9 @@
 //! It reads and writes only through `ClusterState`; it knows nothing of executors, HTTP or Raft internals.
 //!
 //! Bounds: each response stream has a channel of `STREAM_CHANNEL_MESSAGES` messages; an INCREMENTAL message
-//! holds at most `ASSIGNMENT_BATCH_MAX_CHANGES` changes (commits already queued are batched, no artificial
-//! delay); the status queue holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full);
+//! holds at most `ASSIGNMENT_BATCH_MAX_CHANGES` changes and about `ASSIGNMENT_BATCH_MAX_BYTES` bytes (commits
+//! already queued are batched, no artificial delay); a COMPLETE message holds all of a node's tasks (the
+//! protocol has no partial complete set); the status queue holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full);
 //! a request carries at most `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates
 //! (a single larger request forms its own batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
 //!
@@ -36,6 +37,7 @@ use shoal_api::{
     SessionMessage, SessionRequest, UpdateTaskStatusRequest, UpdateTaskStatusResponse,
     WeightedPeer,
 };
+use shoal_api::prost::Message;
 use shoal_raft::ProposeError;
 use shoal_store::{ObjectKind, StoreError};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -48,6 +50,7 @@ pub use heartbeats::Heartbeats;
 pub use managers::{manager_peers, touches_managers, MANAGER_WEIGHT};
 pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 
+use crate::orchestrator::write::chunk_actions;
 use crate::state::{ClusterState, WriteError};
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
@@ -58,6 +61,10 @@ pub const NODE_ID_METADATA_KEY: &str = "x-shoal-node-id";
 pub const STREAM_CHANNEL_MESSAGES: usize = 16;
 /// Most changes in one INCREMENTAL assignments message.
 pub const ASSIGNMENT_BATCH_MAX_CHANGES: usize = 1000;
+/// Queued commits are added to an INCREMENTAL message only while it holds less than this many encoded
+/// bytes (each task carries its spec; agents decode messages of up to 64 MiB). One commit's changes always
+/// go whole, and a commit holds at most 4 MiB of writes (`orchestrator::write::MAX_BYTES_PER_WRITE`).
+pub const ASSIGNMENT_BATCH_MAX_BYTES: usize = 16 << 20;
 /// Most status requests queued for the flusher; further callers wait.
 pub const STATUS_QUEUE_REQUESTS: usize = 1024;
 /// Most updates in one UpdateTaskStatus request.
@@ -614,22 +621,24 @@ impl Dispatcher {
         ));
         for _ in 0..WRITE_ATTEMPTS {
             let now = self.state.now();
-            let res = self
-                .state
-                .write(|t, changes| {
-                    let (c, skipped) = apply_updates(t, &updates, &now);
-                    for why in skipped {
-                        if !matches!(
-                            why,
-                            SkipReason::Unchanged { .. } | SkipReason::Backwards { .. }
-                        ) {
-                            tracing::warn!("status update skipped: {why}");
-                        }
+            let changes = self.state.store.view(|t| {
+                let (c, skipped) = apply_updates(t, &updates, &now);
+                for why in skipped {
+                    if !matches!(why, SkipReason::Unchanged { .. } | SkipReason::Backwards { .. }) {
+                        tracing::warn!("status update skipped: {why}");
                     }
-                    *changes = c;
-                    Ok::<(), std::convert::Infallible>(())
-                })
-                .await;
+                }
+                c
+            });
+            // Each task written carries its spec: a batch of big tasks is split to fit the proposal limit.
+            // A chunk that conflicts makes the whole batch re-read; chunks already written are then unchanged.
+            let mut res: Result<(), WriteError<std::convert::Infallible>> = Ok(());
+            for chunk in chunk_actions(changes.into_actions(), usize::MAX) {
+                if let Err(e) = self.state.propose(shoal_store::Changes::from(chunk)).await {
+                    res = Err(WriteError::Propose(e));
+                    break;
+                }
+            }
             match res {
                 Ok(_) => {
                     result = Ok(());
@@ -767,10 +776,15 @@ impl Dispatcher {
                     r = watch.recv() => match r {
                         Ok(routed) => {
                             let mut changes: Vec<_> = routed.iter().filter_map(|c| set.on_change(c)).collect();
-                            // Batch what is already queued, up to the message bound.
-                            while changes.len() < ASSIGNMENT_BATCH_MAX_CHANGES {
+                            let mut bytes: usize = changes.iter().map(|c| c.encoded_len()).sum();
+                            // Batch what is already queued, up to the message bounds.
+                            while changes.len() < ASSIGNMENT_BATCH_MAX_CHANGES && bytes < ASSIGNMENT_BATCH_MAX_BYTES {
                                 match watch.try_recv() {
-                                    Some(Ok(routed)) => changes.extend(routed.iter().filter_map(|c| set.on_change(c))),
+                                    Some(Ok(routed)) => {
+                                        let more: Vec<_> = routed.iter().filter_map(|c| set.on_change(c)).collect();
+                                        bytes += more.iter().map(|c| c.encoded_len()).sum::<usize>();
+                                        changes.extend(more);
+                                    }
                                     Some(Err(NodeWatchError::Lagged)) => {
                                         let (c, w) = this.fanout.view_and_watch(&node_id, |t| set.complete(t));
                                         watch = w;

@@ -688,3 +688,35 @@ async fn a_returning_node_is_ready_again_and_is_told_to_stop_its_replaced_tasks(
         TaskState::Shutdown as i32
     );
 }
+
+#[tokio::test]
+async fn incremental_assignments_of_big_tasks_are_bounded_in_bytes() {
+    use shoal_api::prost::Message;
+    let h = harness().await;
+    let mut client = h.client().await.max_decoding_message_size(64 << 20);
+    let (sid, _s) = open_session(&h, &mut client, "node-1").await;
+    let mut stream = open_assignments(&mut client, "node-1", &sid).await;
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(first.changes.is_empty());
+    // Ten tasks of 3 MB each, one commit each, queued faster than the stream sends them: 30 MB in all.
+    for i in 0..10 {
+        let mut t = task(&format!("big-{i}"), "node-1", TaskState::Assigned, TaskState::Running);
+        t.service_annotations = Some(shoal_api::Annotations {
+            name: "big".into(),
+            labels: [("big".to_string(), "x".repeat(3_000_000))].into(),
+            ..Default::default()
+        });
+        h.put_task(t).await;
+    }
+    let mut seen = 0;
+    let mut messages = 0;
+    while seen < 10 {
+        let msg = stream.message().await.unwrap().unwrap();
+        let len = msg.encoded_len();
+        assert!(len <= ASSIGNMENT_BATCH_MAX_BYTES + (4 << 20), "a message of {len} bytes");
+        seen += msg.changes.len();
+        messages += 1;
+    }
+    assert_eq!(seen, 10);
+    assert!(messages >= 2, "30 MB of tasks cannot go in one message under the bound");
+}

@@ -9,7 +9,12 @@
 //! 3. Scaling: slots are classified (runnable / stopping / finished / empty, see `SlotClass`); empty slots
 //!    are filled (lowest slot numbers first) until N slots are held; extra slots are removed (desired REMOVE
 //!    on their tasks), finished and stopping slots first, then slots whose task is not running, highest
-//!    slot number first.
+//!    slot number first. One pass creates at most `MAX_NEW_TASKS_PER_PASS` tasks and
+//!    `MAX_NEW_TASK_BYTES_PER_PASS` bytes of them (each task holds a copy of the spec); their commit
+//!    triggers the next pass, so a large service fills in steps with bounded memory. N is clamped to
+//!    `controlapi::limits::MAX_REPLICAS`: the API refuses more, but a spec stored by an older version may
+//!    ask for more; such a service runs `MAX_REPLICAS` tasks, says so in its `UpdateStatus.Message`
+//!    (`CLAMPED_MESSAGE`), and can be updated or removed as any other.
 //! 4. Rolling update (`update`): tasks whose spec differs from the service's are replaced in batches.
 //!
 //! Because every decision is derived from the store (no in-memory history), a new leader that reconciles
@@ -24,10 +29,29 @@ use shoal_api::service_spec::Mode;
 use shoal_api::{Meta, Service, Task, TaskState, TaskStatus, Version};
 use shoal_store::{Changes, IdSource, StoreObject, Tables};
 
+use crate::controlapi::limits::MAX_REPLICAS;
+
 use super::{history_key, node_is_down, node_is_drained, observed_state, restart, task_is_live, update};
 
 /// The status message of a task the orchestrator just created.
 pub const PENDING_MESSAGE: &str = "pending task scheduling";
+
+/// Most tasks one pass over one service creates to fill empty slots.
+pub const MAX_NEW_TASKS_PER_PASS: usize = 10_000;
+
+/// Most encoded bytes of the tasks one pass over one service creates to fill empty slots (at least one
+/// task is created, however big).
+pub const MAX_NEW_TASK_BYTES_PER_PASS: usize = 64 << 20;
+
+/// The start of the message a service whose stored replica count is over the limit carries.
+pub const CLAMPED_MESSAGE: &str = "replica count over the limit";
+
+/// The message on a service that asks for `wanted` replicas, over `MAX_REPLICAS`.
+pub fn clamped_message(wanted: u64) -> String {
+    format!(
+        "{CLAMPED_MESSAGE}: the spec asks for {wanted} replicas, at most {MAX_REPLICAS} run; update the service to {MAX_REPLICAS} or fewer"
+    )
+}
 
 /// What one reconcile pass decided.
 #[derive(Debug, Default)]
@@ -95,6 +119,8 @@ pub(crate) struct Work<'a> {
     /// Tasks by slot.
     pub slots: BTreeMap<u64, Vec<Entry>>,
     pub wake_at_ms: Option<u64>,
+    /// Tasks `fill` created in this pass, and their encoded bytes (see `MAX_NEW_TASKS_PER_PASS`).
+    pub filled: (usize, usize),
 }
 
 /// The version tasks created now carry: the service's `spec_version`, or its object version when unset.
@@ -231,18 +257,28 @@ impl<'a> Work<'a> {
         self.slots.keys().map(|&s| (s, self.classify(s))).filter(|(_, c)| *c != SlotClass::Empty).collect()
     }
 
-    /// Step 3, fill: creates tasks in the lowest empty slots until `replicas` slots are held.
+    /// Step 3, fill: creates tasks in the lowest empty slots until `replicas` slots are held, at most
+    /// `MAX_NEW_TASKS_PER_PASS` tasks and `MAX_NEW_TASK_BYTES_PER_PASS` bytes per pass.
     pub(crate) fn fill(&mut self, replicas: u64) {
+        use shoal_api::prost::Message;
         let held = self.held_slots();
         let mut missing = replicas.saturating_sub(held.len() as u64);
         let held: std::collections::HashSet<u64> = held.into_iter().map(|(s, _)| s).collect();
         let mut slot = 0u64;
+        let mut task_bytes = None;
         while missing > 0 {
+            let (count, bytes) = self.filled;
+            if count >= MAX_NEW_TASKS_PER_PASS || (count > 0 && bytes >= MAX_NEW_TASK_BYTES_PER_PASS) {
+                break;
+            }
             slot += 1;
             if held.contains(&slot) {
                 continue;
             }
             let e = self.new_task(slot, TaskState::Running);
+            // Every task of a pass has the same spec: measure one.
+            let len = *task_bytes.get_or_insert_with(|| e.task.encoded_len());
+            self.filled = (count + 1, bytes + len);
             self.add(e);
             missing -= 1;
         }
@@ -320,17 +356,27 @@ pub fn replicas(service: &Service) -> Option<u64> {
 /// Reconciles one replicated service (see the module doc). Services of other modes get no change.
 /// `now_ms` stamps new tasks and decides restart and update delays; `ids` names new tasks.
 pub fn reconcile_service(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn IdSource) -> Reconciled {
-    let Some(replicas) = replicas(service) else { return Reconciled::default() };
+    let Some(wanted) = replicas(service) else { return Reconciled::default() };
+    let replicas = wanted.min(MAX_REPLICAS);
     let mut slots: BTreeMap<u64, Vec<Entry>> = BTreeMap::new();
     for t in tables.tasks().by_service(&service.id) {
         slots.entry(t.slot).or_default().push(Entry::stored(t));
     }
-    let mut work = Work { tables, service, now_ms, ids, slots, wake_at_ms: None };
+    let mut work = Work { tables, service, now_ms, ids, slots, wake_at_ms: None, filled: (0, 0) };
     work.restart_and_promote();
     work.scale_down(replicas);
     work.fill(replicas);
-    let service_update = update::rolling_update(&mut work);
+    let mut service_update = update::rolling_update(&mut work);
     work.fill(replicas);
+    if wanted > replicas {
+        let message = clamped_message(wanted);
+        let current = service_update.as_ref().unwrap_or(service).update_status.as_ref();
+        if current.map(|u| u.message.as_str()) != Some(message.as_str()) {
+            let mut next = service_update.take().unwrap_or_else(|| service.clone());
+            next.update_status.get_or_insert_with(Default::default).message = message;
+            service_update = Some(next);
+        }
+    }
     work.into_changes(service_update)
 }
 

@@ -71,6 +71,7 @@ struct LoopState {
     updating: HashSet<String>,
     down_nodes: HashSet<String>,
     wakes: HashMap<String, u64>,
+    /// Services already logged about once (a mode this loop ignores, or a replica count it clamps).
     logged_modes: HashSet<String>,
 }
 
@@ -233,6 +234,10 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
                         Some(s) => {
                             if replicas(s).is_none() && ls.logged_modes.insert(id.clone()) {
                                 tracing::info!(service = %id, "service mode is not replicated; the replicated orchestrator leaves it alone");
+                            }
+                            let wanted = replicas(s).unwrap_or(0);
+                            if wanted > crate::controlapi::limits::MAX_REPLICAS && ls.logged_modes.insert(id.clone()) {
+                                tracing::warn!(service = %id, "{}", super::replicated::clamped_message(wanted));
                             }
                             reconcile_service(t, s, now, state.ids.as_ref())
                         }

@@ -486,3 +486,79 @@ fn update_waits_the_delay_between_batches() {
         .collect();
     assert_eq!(told.len(), 1);
 }
+
+/// A service whose annotations carry `label_bytes` bytes of labels (every task copies them).
+fn big_service(id: &str, replicas: u64, label_bytes: usize) -> shoal_api::Service {
+    let mut s = service(id, replicas);
+    s.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels =
+        [("big".to_string(), "x".repeat(label_bytes))].into();
+    s
+}
+
+#[test]
+fn a_stored_replica_count_over_the_limit_is_clamped_filled_in_bounded_steps_and_removable() {
+    use crate::controlapi::limits::MAX_REPLICAS;
+    use replicated::{clamped_message, MAX_NEW_TASKS_PER_PASS};
+    let fx = Fx::new();
+    // As an older version would have stored it: the control API refuses this now.
+    fx.create(service("s1", 1_000_000_000));
+    fx.reconcile("s1");
+    assert_eq!(fx.tasks("s1").len(), MAX_NEW_TASKS_PER_PASS, "one pass creates a bounded number of tasks");
+    let status = fx.service("s1").update_status.expect("the clamp is visible on the service");
+    assert_eq!(status.message, clamped_message(1_000_000_000));
+    assert!(status.message.contains("at most 250000 run"), "{}", status.message);
+    fx.reconcile("s1");
+    assert_eq!(fx.tasks("s1").len(), 2 * MAX_NEW_TASKS_PER_PASS, "the next pass goes on");
+    assert_eq!(fx.service("s1").update_status.unwrap().message, clamped_message(1_000_000_000), "kept");
+    // The service can be scaled back within the limit (filling all MAX_REPLICAS takes 25 passes: too slow
+    // for a debug unit test; the end-to-end test in crates/shoal/tests/bounds.rs runs it).
+    set_replicas(&fx, "s1", MAX_REPLICAS / 25);
+    fx.reconcile("s1");
+    assert_eq!(fx.runnable("s1").len() as u64, MAX_REPLICAS / 25);
+    // Removal: every task gets desired REMOVE.
+    let changes = fx.view(|t| remove_service_tasks(t, "s1", fx.now()));
+    assert_eq!(changes.len() as u64, MAX_REPLICAS / 25, "the scaled-down ones are marked already");
+}
+
+#[test]
+fn big_tasks_are_created_within_the_byte_bound_per_pass() {
+    use replicated::MAX_NEW_TASK_BYTES_PER_PASS;
+    let fx = Fx::new();
+    fx.create(big_service("s1", 200, 1 << 20));
+    fx.reconcile("s1");
+    let n = fx.tasks("s1").len();
+    assert_eq!(n, MAX_NEW_TASK_BYTES_PER_PASS.div_ceil((1 << 20) + 200), "about 64 tasks of 1 MiB per pass: {n}");
+    assert!(fx.service("s1").update_status.is_none(), "no clamp message under the limit");
+    while fx.pending_changes("s1") > 0 {
+        fx.reconcile("s1");
+    }
+    assert_eq!(fx.tasks("s1").len(), 200);
+}
+
+#[tokio::test]
+async fn writes_are_split_to_stay_under_the_byte_bound() {
+    use shoal_store::StoreObject;
+    use write::{chunk_actions, propose_grouped, MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
+    let fx = Fx::new();
+    fx.create(big_service("s1", 5, 1_500_000));
+    let changes = fx.view(|t| {
+        let s = t.services().get("s1").cloned().unwrap();
+        reconcile_service(t, &s, fx.now(), fx.state.ids.as_ref()).changes
+    });
+    let actions = changes.into_actions();
+    assert_eq!(actions.len(), 5);
+    let chunks = chunk_actions(actions.clone(), MAX_ACTIONS_PER_WRITE);
+    assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 2, 1]);
+    for c in &chunks {
+        let bytes: usize = c.iter().map(shoal_store::Action::encoded_len).sum();
+        assert!(bytes <= MAX_BYTES_PER_WRITE, "{bytes}");
+    }
+    // Through the proposer: two keys, five big tasks, three writes.
+    let before = fx.store.last_index();
+    let (a, b) = actions.split_at(3);
+    let groups = vec![("a", Changes::from(a.to_vec())), ("b", Changes::from(b.to_vec()))];
+    assert!(propose_grouped(&fx.state, groups, MAX_ACTIONS_PER_WRITE).await.is_empty());
+    assert_eq!(fx.store.last_index() - before, 3, "3 tasks alone need two writes, then 2 more in one");
+    assert_eq!(fx.tasks("s1").len(), 5);
+    assert!(fx.tasks("s1").iter().all(|t| t.version() > before));
+}

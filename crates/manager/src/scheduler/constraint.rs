@@ -35,6 +35,9 @@ pub enum ConstraintError {
     /// The key or value is empty.
     #[error("invalid constraint {0:?}: key and value must not be empty")]
     Empty(String),
+    /// `node.role` compared with something else than a role.
+    #[error("invalid constraint {0:?}: node.role is manager or worker, not {1:?}")]
+    BadRole(String, String),
 }
 
 /// Parses every constraint, failing on the first bad one.
@@ -62,6 +65,9 @@ fn parse_one(expr: &str) -> Result<Constraint, ConstraintError> {
         || (lower.starts_with("engine.labels.") && lower.len() > "engine.labels.".len());
     if !known {
         return Err(ConstraintError::UnknownKey(expr.to_string(), key.to_string()));
+    }
+    if lower == "node.role" && !value.eq_ignore_ascii_case("manager") && !value.eq_ignore_ascii_case("worker") {
+        return Err(ConstraintError::BadRole(expr.to_string(), value.to_string()));
     }
     Ok(Constraint { key: key.to_string(), op, value: value.to_string() })
 }
@@ -166,5 +172,7 @@ mod tests {
         assert!(matches!(parse(&["node.color==red".into()]), Err(ConstraintError::UnknownKey(..))));
         assert!(matches!(parse(&["node.labels.==x".into()]), Err(ConstraintError::UnknownKey(..))));
         assert!(matches!(parse(&["node.role==".into()]), Err(ConstraintError::Empty(_))));
+        assert!(matches!(parse(&["node.role==boss".into()]), Err(ConstraintError::BadRole(..))));
+        assert!(parse(&["node.role!=Worker".into(), "node.platform.os==linux".into()]).is_ok());
     }
 }

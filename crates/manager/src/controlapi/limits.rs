@@ -1,0 +1,187 @@
+//! The bounds on what a request can make the cluster hold or do, and the checks that enforce them. Every
+//! service and cluster spec passes these before anything is written; each error names the field, the value
+//! and the limit. Where Docker (moby's daemon, SwarmKit's controlapi) has a rule, the same rule applies
+//! (negative durations and counts refused, health-check durations of 0 or at least 1 ms, a dispatcher
+//! heartbeat of at least 1 s, a node certificate of at least 1 h); where Docker has none, the upper bound
+//! is the one named on each constant, chosen so no valid spec can exhaust a manager or outlive its removal.
+//!
+//! Must not depend on HTTP, JSON or the store.
+
+use std::time::Duration;
+
+use shoal_api::prost::Message;
+use shoal_api::prost_types::Duration as ProtoDuration;
+use shoal_api::ServiceSpec;
+
+use super::ControlError;
+
+/// Most replicas of one replicated service. SwarmKit has no bound; one manager holds every task in memory
+/// and sends each to an agent, at about 3.1 KiB of resident memory per task (`shoal-bench memory --tasks
+/// 100000`: 309 MiB with 100,000 tasks). 250,000 tasks are about 760 MiB, 2.5 times the largest service
+/// the benchmarks run, which keeps a manager with a few such services within a few GiB. A spec beyond it
+/// (written by an older version) is clamped by the orchestrator (see `orchestrator::replicated`).
+pub const MAX_REPLICAS: u64 = 250_000;
+
+/// Largest encoded service spec. A task carries a copy of the spec's task template and annotations, and an
+/// updated service holds the spec and the previous one: 3 MiB keeps a service (two specs) within Raft's
+/// 8 MiB proposal limit, and one task within a write of the orchestrator (`write::MAX_BYTES_PER_WRITE`).
+pub const MAX_SPEC_BYTES: usize = 3 << 20;
+
+/// Most bytes of task copies of the spec one replicated service may ask for (replicas x encoded spec): the
+/// two bounds above allow 250,000 tasks of 3 MiB each, which no manager holds. 1 GiB is the full
+/// 250,000 replicas of a 4 KiB spec, or 341 replicas of a 3 MiB one.
+pub const MAX_SERVICE_TASK_BYTES: u64 = 1 << 30;
+
+/// Longest stop grace period: the time a task may take to stop before it is killed, also on service
+/// removal. Docker has no bound; an hour covers databases flushing to disk and keeps a removed service's
+/// tasks from running on for ever.
+pub const MAX_STOP_GRACE_PERIOD: Duration = Duration::from_secs(3600);
+
+/// Longest restart delay, restart window, update or rollback delay and monitor period (Docker: none).
+pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// Most restart attempts of a task (Docker: none; 0 means unlimited).
+pub const MAX_RESTART_ATTEMPTS: u64 = 1_000_000;
+
+/// Longest health-check interval, timeout, start period and start interval (Docker: none above, 1 ms below).
+pub const MAX_HEALTH_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// Shortest non-zero health-check duration (moby's `containertypes.MinimumDuration`).
+pub const MIN_HEALTH_DURATION: Duration = Duration::from_millis(1);
+
+/// Most health-check retries (Docker: no upper bound, negative refused).
+pub const MAX_HEALTH_RETRIES: i32 = 1000;
+
+/// Shortest dispatcher heartbeat period (SwarmKit's minimum): shorter ones make nodes flap down and ready.
+pub const MIN_HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
+
+/// Longest dispatcher heartbeat period: a node is marked down after 3 missed periods, so this bounds how
+/// long a dead node's tasks wait to be replaced.
+pub const MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(300);
+
+/// Most old tasks kept per slot (`--task-history-limit`; Docker: no upper bound). Each is a task in memory
+/// on every manager, per slot of every service.
+pub const MAX_TASK_HISTORY: i64 = 100;
+
+/// Longest node certificate lifetime: the root CA's own (20 years); a longer one could not be verified.
+pub const MAX_NODE_CERT_EXPIRY: Duration = Duration::from_secs(20 * 365 * 24 * 3600);
+
+/// Most Raft ticks between leader heartbeats.
+pub const MAX_RAFT_HEARTBEAT_TICK: u32 = 100;
+
+/// Most Raft ticks without a leader before an election.
+pub const MAX_RAFT_ELECTION_TICK: u32 = 1000;
+
+/// Most log entries between snapshots: the log since the last snapshot is replayed on restart.
+pub const MAX_SNAPSHOT_INTERVAL: u64 = 1_000_000;
+
+/// Most log entries kept after a snapshot for slow followers.
+pub const MAX_LOG_ENTRIES_FOR_SLOW_FOLLOWERS: u64 = 1_000_000;
+
+/// Most old snapshots kept.
+pub const MAX_KEEP_OLD_SNAPSHOTS: u64 = 100;
+
+pub(crate) fn invalid(msg: impl Into<String>) -> ControlError {
+    ControlError::InvalidArgument(msg.into())
+}
+
+/// A duration as Docker's CLI writes it, shortest first: `1h`, `30m`, `5s`, `250ms`, else nanoseconds.
+pub fn human(d: Duration) -> String {
+    let (s, n) = (d.as_secs(), d.subsec_nanos());
+    if n == 0 && s > 0 {
+        if s % 3600 == 0 {
+            return format!("{}h", s / 3600);
+        }
+        if s % 60 == 0 {
+            return format!("{}m", s / 60);
+        }
+        return format!("{s}s");
+    }
+    if n % 1_000_000 == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    format!("{}ns", d.as_nanos())
+}
+
+fn proto_human(d: &ProtoDuration) -> String {
+    if d.seconds < 0 || d.nanos < 0 {
+        return format!("{}ns", i128::from(d.seconds) * 1_000_000_000 + i128::from(d.nanos));
+    }
+    human(Duration::new(d.seconds as u64, d.nanos.clamp(0, 999_999_999) as u32))
+}
+
+/// Checks that `d` (when set) is not negative and at most `max`; `min` (when given) applies to non-zero
+/// values.
+pub(crate) fn check_duration(
+    field: &str,
+    d: Option<&ProtoDuration>,
+    min_nonzero: Option<Duration>,
+    max: Duration,
+) -> Result<(), ControlError> {
+    let Some(d) = d else { return Ok(()) };
+    if d.seconds < 0 || d.nanos < 0 {
+        return Err(invalid(format!("{field} must not be negative (got {})", proto_human(d))));
+    }
+    let v = Duration::new(d.seconds as u64, 0).saturating_add(Duration::from_nanos(d.nanos as u64));
+    if v > max {
+        return Err(invalid(format!("{field} {} is too long: the limit is {}", proto_human(d), human(max))));
+    }
+    if let Some(min) = min_nonzero {
+        if !v.is_zero() && v < min {
+            return Err(invalid(format!(
+                "{field} {} is too short: use 0 (the default) or at least {}",
+                proto_human(d),
+                human(min)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a count is at most `max`.
+pub(crate) fn check_count(field: &str, v: u64, max: u64) -> Result<(), ControlError> {
+    if v > max {
+        return Err(invalid(format!("{field} {v} is too large: the limit is {max}")));
+    }
+    Ok(())
+}
+
+/// Checks the encoded size of a service spec against `MAX_SPEC_BYTES`, and what its replicas hold against
+/// `MAX_SERVICE_TASK_BYTES`.
+pub(crate) fn check_spec_size(spec: &ServiceSpec) -> Result<(), ControlError> {
+    let len = spec.encoded_len();
+    if let Some(shoal_api::service_spec::Mode::Replicated(r)) = &spec.mode {
+        let total = r.replicas.saturating_mul(len as u64);
+        if total > MAX_SERVICE_TASK_BYTES {
+            return Err(invalid(format!(
+                "Mode.Replicated.Replicas {} x a spec of {len} bytes is {total} bytes of tasks, over the limit of \
+                 {MAX_SERVICE_TASK_BYTES} bytes (1 GiB): run fewer replicas or make the spec smaller",
+                r.replicas
+            )));
+        }
+    }
+    if len > MAX_SPEC_BYTES {
+        return Err(invalid(format!(
+            "the service spec is {len} bytes encoded, over the limit of {MAX_SPEC_BYTES} bytes ({} MiB): every task \
+             carries a copy of it; move large data (labels, env, args) into a config or the image",
+            MAX_SPEC_BYTES >> 20
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_written_as_docker_writes_them() {
+        assert_eq!(human(Duration::from_secs(3600)), "1h");
+        assert_eq!(human(Duration::from_secs(300)), "5m");
+        assert_eq!(human(Duration::from_secs(61)), "61s");
+        assert_eq!(human(Duration::from_millis(250)), "250ms");
+        assert_eq!(human(Duration::from_nanos(10)), "10ns");
+        assert_eq!(proto_human(&ProtoDuration { seconds: -1, nanos: -500 }), "-1000000500ns");
+        assert_eq!(proto_human(&ProtoDuration { seconds: 0, nanos: -1 }), "-1ns");
+    }
+}
