@@ -66,6 +66,7 @@
 //!   services as values; the node adds them to its one server (and may wrap them with TLS/authorization).
 //! - Every client channel comes from the injected `grpc::ChannelFactory` (`grpc::PlainHttp` by default).
 
+mod commit_record;
 mod config;
 pub mod encryption;
 mod error;
@@ -91,5 +92,7 @@ pub use transport::{ForwardFuture, Forwarder, NoPeers, PeerLink, Transport};
 
 #[cfg(test)]
 mod cluster_tests;
+#[cfg(test)]
+mod durability_tests;
 #[cfg(test)]
 mod tests;

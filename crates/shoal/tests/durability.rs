@@ -1,0 +1,186 @@
+//! Durability that never hides loss, end to end: a real daemon, services created and acknowledged through
+//! the Engine API, the daemon stopped or killed, its state dir damaged the way a bad disk or a careless
+//! operator would (log cut in half, torn tail, emptied, removed, a flipped byte, a snapshot removed or
+//! damaged). Damage that reaches an acknowledged write makes the next start exit at once, non-zero, with
+//! one `shoal: ...` line on stderr naming the damage and the way to recover, and changes no file; a torn
+//! tail holding nothing acknowledged is cut, logged, and every acknowledged service is served.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use shoal_testkit::daemon::DaemonOptions;
+
+/// Services created (each one acknowledged raft write) before the damage.
+const SERVICES: usize = 150;
+/// A refused start must exit within this (it used to wait 60 s for a leader before failing).
+const EXIT_WITHIN: Duration = Duration::from_secs(15);
+/// raft-engine's file header before the first record.
+const FILE_HEADER_BYTES: usize = 69;
+
+fn daemon_with(extra: &[&str]) -> DaemonProcess {
+    let opts = DaemonOptions { extra_args: extra.iter().map(|s| s.to_string()).collect(), ..DaemonOptions::default() };
+    DaemonProcess::start_with(&shoal_bin(), opts)
+}
+
+/// Creates `n` services (no replicas), each acknowledged with 201; returns their names, sorted.
+fn create_services(d: &DaemonProcess, n: usize) -> Vec<String> {
+    let mut names: Vec<String> = (0..n)
+        .map(|i| {
+            let name = format!("svc-{i:04}");
+            shoal_testkit::managers::create_service(d, &name, 0, &["sleep", "1"]).expect("service acknowledged");
+            name
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+fn sorted_service_names(d: &DaemonProcess) -> Vec<String> {
+    let mut names = service_names(d);
+    names.sort();
+    names
+}
+
+fn log_file(d: &DaemonProcess) -> PathBuf {
+    let dir = d.state_dir().join("raft").join("log");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("raft log dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "raftlog"))
+        .collect();
+    files.sort();
+    files.pop().expect("a raftlog file")
+}
+
+/// Every file under `state_dir/raft` but raft-engine's lock, with its bytes.
+fn raft_files(state_dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(p: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.file_name().is_some_and(|n| n != "LOCK") {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(&state_dir.join("raft"), &mut out);
+    out
+}
+
+/// The stopped daemon's next start must be refused: non-zero exit within `EXIT_WITHIN`, exactly one
+/// `shoal: ` line on stderr holding every needle and the recovery advice, and no file under `raft/` changed.
+fn check_refused(d: &mut DaemonProcess, needles: &[&str]) -> String {
+    let before = raft_files(d.state_dir());
+    let started = std::time::Instant::now();
+    let (status, stderr) = d.start_expecting_exit(&[], EXIT_WITHIN);
+    assert!(!status.success(), "the damaged state dir must not start; stderr:\n{stderr}");
+    assert!(started.elapsed() < EXIT_WITHIN);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("shoal: ")).collect();
+    assert_eq!(lines.len(), 1, "one error line on stderr:\n{stderr}");
+    let line = lines[0];
+    for n in needles.iter().chain(&["damaged", "nothing on disk was changed", "docker swarm join", "--force-new-cluster"]) {
+        assert!(line.contains(n), "{n:?} missing from the error line: {line}");
+    }
+    assert!(before == raft_files(d.state_dir()), "a refused start changed files under raft/");
+    line.to_string()
+}
+
+#[test]
+fn a_log_cut_in_half_refuses_to_start_and_starts_whole_once_restored() {
+    let mut d = daemon();
+    let names = create_services(&d, SERVICES);
+    assert!(d.stop(), "clean stop; log:\n{}", d.log());
+    let f = log_file(&d);
+    let whole = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &whole[..whole.len() / 2]).unwrap();
+    check_refused(&mut d, &[&f.display().to_string(), "would be lost", "were acknowledged"]);
+    // Nothing was rewritten: the operator puts the file back and every service is there.
+    std::fs::write(&f, &whole).unwrap();
+    d.restart(&[]);
+    assert_eq!(sorted_service_names(&d).into_iter().filter(|n| n.starts_with("svc-")).collect::<Vec<_>>(), names);
+}
+
+#[test]
+fn a_torn_tail_after_a_crash_is_cut_logged_and_every_service_served() {
+    let mut d = daemon();
+    let names = create_services(&d, SERVICES);
+    d.kill9();
+    let f = log_file(&d);
+    let len = std::fs::metadata(&f).unwrap().len();
+    // A write cut short by the crash: the first bytes of a record, never acknowledged.
+    let head = std::fs::read(&f).unwrap()[FILE_HEADER_BYTES..FILE_HEADER_BYTES + 24].to_vec();
+    {
+        use std::io::Write;
+        std::fs::OpenOptions::new().append(true).open(&f).unwrap().write_all(&head).unwrap();
+    }
+    d.restart(&[]);
+    let served: Vec<String> = sorted_service_names(&d).into_iter().filter(|n| n.starts_with("svc-")).collect();
+    assert_eq!(served, names, "every acknowledged service");
+    let log = d.log();
+    let repair = log.lines().find(|l| l.contains("repaired a torn write at the tail of the raft log"));
+    let repair = repair.unwrap_or_else(|| panic!("the repair is logged; log:\n{log}"));
+    assert!(repair.contains(&f.display().to_string()) && repair.contains(&format!("of {}", len + 24)), "{repair}");
+    assert!(repair.contains("every acknowledged entry (through index"), "{repair}");
+    assert!(!d.state_dir().join("raft").join("log.check").exists(), "the scratch copy is gone");
+}
+
+#[test]
+fn an_empty_log_refuses_at_once_and_is_not_rewritten() {
+    let mut d = daemon();
+    create_services(&d, 20);
+    assert!(d.stop());
+    let f = log_file(&d);
+    std::fs::write(&f, b"").unwrap();
+    check_refused(&mut d, &["are empty", "acknowledged entries through index"]);
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 0);
+}
+
+#[test]
+fn a_missing_log_is_damage_not_a_new_cluster() {
+    let mut d = daemon();
+    create_services(&d, 20);
+    d.kill9();
+    std::fs::remove_dir_all(d.state_dir().join("raft").join("log")).unwrap();
+    check_refused(&mut d, &["is missing", "acknowledged entries through index"]);
+}
+
+#[test]
+fn a_flipped_byte_in_the_log_refuses_to_start() {
+    let mut d = daemon();
+    create_services(&d, SERVICES);
+    assert!(d.stop());
+    let f = log_file(&d);
+    let mut bytes = std::fs::read(&f).unwrap();
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0x20;
+    std::fs::write(&f, &bytes).unwrap();
+    check_refused(&mut d, &["raft log"]);
+}
+
+#[test]
+fn a_missing_or_damaged_snapshot_refuses_to_start() {
+    let mut d = daemon_with(&["--raft-snapshot-interval-entries", "40"]);
+    let names = create_services(&d, 100);
+    assert!(d.stop());
+    let dir = d.state_dir().join("raft").join("snapshots");
+    let newest = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).max().expect("a snapshot file");
+    let saved = std::fs::read(&newest).unwrap();
+    let mut damaged = saved.clone();
+    let at = damaged.len() / 2;
+    damaged[at] ^= 0x01;
+    std::fs::write(&newest, &damaged).unwrap();
+    check_refused(&mut d, &[&newest.display().to_string(), "cannot be opened"]);
+    std::fs::remove_file(&newest).unwrap();
+    check_refused(&mut d, &[&newest.display().to_string(), "its file is missing"]);
+    std::fs::write(&newest, &saved).unwrap();
+    d.restart(&["--raft-snapshot-interval-entries".to_string(), "40".to_string()]);
+    let served: Vec<String> = sorted_service_names(&d).into_iter().filter(|n| n.starts_with("svc-")).collect();
+    assert_eq!(served, names);
+}
