@@ -7,7 +7,8 @@
 //! write that carried them returned, so the record never claims more than the log held. Updates are a
 //! `pwrite` of one 64-byte slot without an fsync (the write path keeps its one fsync per write): the page
 //! cache keeps it across a crash of the process, and a power loss can only leave an older record (a lower
-//! bound, still true). The file is fsync'd when created, when a snapshot is recorded and at a clean stop.
+//! bound, still true). The file is fsync'd when created and at a clean stop; not at snapshots, where
+//! it would add a disk wait to the driver thread and nothing the page cache does not already give.
 //!
 //! Layout: two slots of `SLOT_BYTES`, written alternately, each `magic | seq | commit | term | digest`
 //! (big-endian u64s; the digest is the first 16 bytes of SHA-256 over the slot's first 32 bytes). A read

@@ -7,6 +7,12 @@
 //! (index, term) of the entry just before the first one kept, so `term(first_index - 1)` always answers.
 //! Knows nothing of the store: snapshot bytes live in `snapshot_files`.
 //!
+//! Opening never hides loss: raft-engine is opened with `AbsoluteConsistency` (a damaged record is refused,
+//! nothing is rewritten), and the result is checked against the commit record (`commit_record`, what this
+//! member acknowledged): every acknowledged entry present, the term not behind, every entry readable. When
+//! raft-engine refuses, `repair_torn_tail` lets its tail recovery cut a copy of the log and compares what
+//! is left with the record; only if nothing acknowledged was cut is the same cut made to the log.
+//!
 //! Encryption at rest: every entry's data is sealed with the node's DEK (`encryption::DataKeys`, associated
 //! data = the entry's index) on its way into raft-engine and opened on its way out, so raft-rs, the
 //! replay and the followers see plain entries while the files hold none. Empty data (a leader's no-op)
@@ -270,7 +276,8 @@ fn repair_torn_tail(
         return Err(engine_err(log_dir, strict_err));
     }
     let cut = cut.join(", ");
-    let cut_bytes: u64 = before.iter().map(|(_, l)| *l).sum::<u64>() - after.iter().map(|(_, l)| *l).sum::<u64>().min(before.iter().map(|(_, l)| *l).sum::<u64>());
+    let total = |files: &[(PathBuf, u64)]| files.iter().map(|(_, l)| *l).sum::<u64>();
+    let cut_bytes = total(&before).saturating_sub(total(&after));
     let Some(acked) = acked else {
         return Err(RaftError::Damaged {
             path: log_dir.to_path_buf(),
@@ -430,8 +437,10 @@ impl EngineStorage {
         let record_path = commit_record::path(state_dir);
         let acked = commit_record::read(&record_path)?;
         // The append queue (`*.raftlog`) holds every record written; the rewrite queue only older ones.
-        let appends: Vec<(PathBuf, u64)> =
-            log_data_files(&log_dir)?.into_iter().filter(|(p, _)| p.extension().is_some_and(|x| x == "raftlog")).collect();
+        let appends: Vec<(PathBuf, u64)> = log_data_files(&log_dir)?
+            .into_iter()
+            .filter(|(p, _)| p.extension().is_some_and(|x| x == "raftlog"))
+            .collect();
         if appends.iter().all(|(_, len)| *len == 0) {
             check_empty_log(&log_dir, &appends, acked, &snapshots)?;
         }
@@ -669,8 +678,6 @@ impl EngineStorage {
         }
         self.write(&mut batch)?;
         self.snapshot = meta;
-        // A bounded cadence for making the commit record durable (its updates are not fsync'd).
-        self.record.sync()?;
         if let Some(t) = new_truncated {
             self.truncated = t;
             self.engine().purge_expired_files().map_err(|e| engine_err(&self.log_dir, e))?;
@@ -696,7 +703,6 @@ impl EngineStorage {
             .map_err(|e| engine_err(&self.log_dir, e))?;
         self.write(&mut batch)?;
         self.record.raise(hs.commit, hs.term)?;
-        self.record.sync()?;
         self.truncated = (meta.index, meta.term);
         self.hard_state = hs;
         self.conf_state = cs;

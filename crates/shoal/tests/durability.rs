@@ -85,7 +85,8 @@ fn check_refused(d: &mut DaemonProcess, needles: &[&str]) -> String {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("shoal: ")).collect();
     assert_eq!(lines.len(), 1, "one error line on stderr:\n{stderr}");
     let line = lines[0];
-    for n in needles.iter().chain(&["damaged", "nothing on disk was changed", "docker swarm join", "--force-new-cluster"]) {
+    let advice = ["damaged", "nothing on disk was changed", "docker swarm join", "--force-new-cluster"];
+    for n in needles.iter().chain(&advice) {
         assert!(line.contains(n), "{n:?} missing from the error line: {line}");
     }
     assert!(before == raft_files(d.state_dir()), "a refused start changed files under raft/");
