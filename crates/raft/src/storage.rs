@@ -263,14 +263,21 @@ fn repair_torn_tail(
     })();
     remove_dir_if_present(&scratch)?;
     let (after, meta, covered, last) = checked?;
-    let cut: Vec<String> = before
+    // Each file the check cut: its path, the length it keeps, its length now.
+    let cuts: Vec<(&PathBuf, u64, u64)> = before
         .iter()
         .filter_map(|(p, len)| {
             let name = file_name(p);
             let now = after.iter().find(|(q, _)| file_name(q) == name).map_or(0, |(_, l)| *l);
-            (now != *len).then(|| format!("{} is readable only up to byte {now} of {len}", p.display()))
+            (now != *len).then_some((p, now, *len))
         })
         .collect();
+    let cut: Vec<String> = cuts
+        .iter()
+        .map(|(p, now, len)| format!("{} is readable only up to byte {now} of {len}", p.display()))
+        .collect();
+    // raft-engine preallocates file space; a process that dies before closing the log leaves it as zeros.
+    let only_zeros = cuts.iter().all(|(p, now, len)| now < len && bytes_are_zero(p, *now, *len));
     if cut.is_empty() {
         // Nothing a repair would change: not damage (e.g. the log is in use by another process).
         return Err(engine_err(log_dir, strict_err));
@@ -311,13 +318,46 @@ fn repair_torn_tail(
     }
     let engine = open_engine_with(log_dir, raft_engine::RecoveryMode::TolerateTailCorruption)
         .map_err(|e| engine_err(log_dir, e))?;
-    tracing::warn!(
-        "repaired a torn write at the tail of the raft log: {cut} ({strict_err}), so {cut_bytes} bytes after entry \
-         {last} were cut; they held nothing acknowledged (at most entries after {last} or a newer commit index, \
-         never acknowledged); every acknowledged entry (through index {}) is intact",
-        acked.commit
-    );
+    if only_zeros {
+        tracing::warn!(
+            "cut the unused, preallocated tail of the raft log that a stop without closing the log leaves: {cut} \
+             ({strict_err}); the {cut_bytes} bytes cut after entry {last} were all zeros; every acknowledged entry \
+             (through index {}) is intact",
+            acked.commit
+        );
+    } else {
+        tracing::warn!(
+            "repaired a torn write at the tail of the raft log: {cut} ({strict_err}), so {cut_bytes} bytes after \
+             entry {last} were cut; they held nothing acknowledged (at most entries after {last} or a newer commit \
+             index, never acknowledged); every acknowledged entry (through index {}) is intact",
+            acked.commit
+        );
+    }
     Ok(engine)
+}
+
+/// Whether bytes `[from, to)` of the file at `path` are all zero (false when they cannot be read).
+fn bytes_are_zero(path: &Path, from: u64, to: u64) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return false };
+    if f.seek(SeekFrom::Start(from)).is_err() {
+        return false;
+    }
+    let mut left = to - from;
+    let mut buf = vec![0u8; 64 * 1024];
+    while left > 0 {
+        let want = left.min(buf.len() as u64) as usize;
+        match f.read(&mut buf[..want]) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => {
+                if buf[..n].iter().any(|b| *b != 0) {
+                    return false;
+                }
+                left -= n as u64;
+            }
+        }
+    }
+    true
 }
 
 /// Called when the log holds no data (no file, or only empty files): a fresh start only when nothing says
