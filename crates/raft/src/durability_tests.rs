@@ -114,7 +114,7 @@ async fn check_refused(dir: &Path, snapshot_every: Option<u64>, needles: &[&str]
     let msg = err.to_string();
     assert!(matches!(err, RaftError::Damaged { .. }), "{msg}");
     assert!(!msg.contains('\n'), "one line: {msg}");
-    let advice = ["nothing on disk was changed", "join it to the cluster again", "--force-new-cluster"];
+    let advice = ["nothing on disk was changed", "rejoin from the other managers", "--force-new-cluster"];
     for n in needles.iter().chain(&advice) {
         assert!(msg.contains(n), "{n:?} missing from: {msg}");
     }

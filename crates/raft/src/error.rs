@@ -37,7 +37,7 @@ pub enum RaftError {
     },
     /// Raft state this member acknowledged (or needs to start safely) is damaged or missing. Nothing on
     /// disk was changed: the operator decides.
-    #[error("the raft state of this manager is damaged: {what} (at {path}); nothing on disk was changed, and this manager will not start without it, so that no acknowledged write is lost. To recover: stop it, move its state dir away and join it to the cluster again from a healthy manager (docker swarm join --token ... with a manager join token), or, if no healthy manager is left, start a healthy copy of a manager state dir (a backup, or another manager's) with --force-new-cluster")]
+    #[error("the raft state of this manager is damaged: {what} (at {path}); nothing on disk was changed, and this manager will not start without it, so that no acknowledged write is lost. To recover: move this manager's state dir away and start it with --join-addr (a healthy manager's address) and --join-token (from docker swarm join-token -q manager) to rejoin from the other managers, or, if no healthy manager is left, start a healthy copy of a manager state dir (a backup, or another manager's) with --force-new-cluster")]
     Damaged {
         /// The damaged file or directory.
         path: PathBuf,
