@@ -248,13 +248,16 @@ fn repair_torn_tail(
             let to = scratch.join(p.file_name().unwrap_or_default());
             std::fs::copy(p, &to).map_err(|e| RaftError::StateDir { path: to, source: e })?;
         }
-        let copy =
-            open_engine_with(&scratch, raft_engine::RecoveryMode::TolerateTailCorruption).map_err(|e| {
+        let copy = open_engine_with(&scratch, raft_engine::RecoveryMode::TolerateTailCorruption).map_err(|e| {
+            if is_damage(&e) {
                 RaftError::Damaged {
                     path: log_dir.to_path_buf(),
                     what: format!("the raft log cannot be read ({strict_err}), and not only at its tail ({e})"),
                 }
-            })?;
+            } else {
+                engine_err(&scratch, e)
+            }
+        })?;
         let after = log_data_files(&scratch)?;
         let meta = load_meta(&copy, log_dir)?;
         let covered = covered_through(&copy, &meta);
@@ -474,6 +477,8 @@ impl EngineStorage {
         std::fs::create_dir_all(&raft_dir).map_err(|e| RaftError::StateDir { path: raft_dir.clone(), source: e })?;
         let snapshots = SnapshotDir::open(raft_dir.join("snapshots"), keys.clone())?;
         finish_interrupted_reencrypt(state_dir)?;
+        // A check a crash interrupted (`repair_torn_tail`): only a copy.
+        remove_dir_if_present(&raft_dir.join("log.check"))?;
         let record_path = commit_record::path(state_dir);
         let acked = commit_record::read(&record_path)?;
         // The append queue (`*.raftlog`) holds every record written; the rewrite queue only older ones.
