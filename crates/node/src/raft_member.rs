@@ -76,7 +76,9 @@ pub(crate) async fn start_raft(
             Some(a) => Some(a),
             None => {
                 return Err(NodeError::State(format!(
-                    "{} holds this node's certificate but no raft state, so it belongs to an existing cluster and                      must not create a new one: pass --join-addr IP:PORT (a manager of its cluster), or start with                      an empty state dir to create a new cluster",
+                    "{} holds this node's certificate but no raft state, so it belongs to an existing cluster and \
+                     must not create a new one: pass --join-addr IP:PORT (a manager of its cluster) to join it \
+                     again, or start with an empty state dir to create a new cluster",
                     cfg.state_dir.display()
                 )))
             }

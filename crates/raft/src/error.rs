@@ -35,6 +35,15 @@ pub enum RaftError {
         /// What is inconsistent.
         reason: String,
     },
+    /// Raft state this member acknowledged (or needs to start safely) is damaged or missing. Nothing on
+    /// disk was changed: the operator decides.
+    #[error("the raft state of this manager is damaged: {what} (at {path}); nothing on disk was changed, and this manager will not start without it, so that no acknowledged write is lost. To recover: move this manager's state dir away and start it with --join-addr (a healthy manager's address) and --join-token (from docker swarm join-token -q manager) to rejoin from the other managers, or, if no healthy manager is left, start a healthy copy of a manager state dir (a backup, or another manager's) with --force-new-cluster")]
+    Damaged {
+        /// The damaged file or directory.
+        path: PathBuf,
+        /// What is damaged: which file, which entries, and what was acknowledged.
+        what: String,
+    },
     /// A snapshot file could not be decoded.
     #[error("cannot decode the raft snapshot {path}: {reason}; the file is damaged, remove it only if an older snapshot and the log cover it, or restore from a backup")]
     SnapshotDecode {

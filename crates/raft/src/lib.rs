@@ -35,6 +35,10 @@
 //!   when stores grow).
 //! - **Recovery.** `start` opens the log, loads the snapshot named by the recorded metadata into the store,
 //!   replays the committed entries after it, and gives raft-rs the applied index, before returning.
+//!   The log is opened strictly and checked against `raft/commit-record` (what this member acknowledged,
+//!   kept outside raft-engine): damage reaching an acknowledged entry, a missing or empty log, or a missing
+//!   or damaged snapshot stops the start with `RaftError::Damaged` and changes nothing; only a torn tail
+//!   that held nothing acknowledged is cut (checked on a copy first), and the cut is logged.
 //! - **Determinism.** raft-rs draws election timeouts from an unseeded RNG; the driver overrides every draw
 //!   with one from a per-member seeded RNG. raft-rs's slog output goes to `tracing` (target `raft`), and the
 //!   node logs one info line per leadership change.
@@ -66,6 +70,7 @@
 //!   services as values; the node adds them to its one server (and may wrap them with TLS/authorization).
 //! - Every client channel comes from the injected `grpc::ChannelFactory` (`grpc::PlainHttp` by default).
 
+mod commit_record;
 mod config;
 pub mod encryption;
 mod error;
@@ -91,5 +96,7 @@ pub use transport::{ForwardFuture, Forwarder, NoPeers, PeerLink, Transport};
 
 #[cfg(test)]
 mod cluster_tests;
+#[cfg(test)]
+mod durability_tests;
 #[cfg(test)]
 mod tests;

@@ -42,7 +42,7 @@ use shoal_store::{decode_request, decode_snapshot, encode_request, Action, Commi
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::logger::raft_logger;
-use crate::storage::{log_dir, EngineStorage, REPLAY_CHUNK_ENTRIES};
+use crate::storage::{EngineStorage, REPLAY_CHUNK_ENTRIES};
 use crate::transport::{Forwarder, Inbound, NoPeers, PeerLink, Transport};
 use crate::{
     LeaderState, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError, ReadBarrierFuture,
@@ -294,10 +294,11 @@ impl RaftNode {
         })
     }
 
-    /// True when `state_dir/raft` holds a Raft log (this node was bootstrapped or joined before).
+    /// True when `state_dir/raft` shows this node was bootstrapped or joined before: a log file, the
+    /// commit record or a snapshot. Then a start must recover (a missing or empty log is reported as
+    /// damage by `start`, never taken for a new member).
     pub fn has_existing_state(state_dir: &Path) -> bool {
-        let Ok(entries) = std::fs::read_dir(log_dir(state_dir)) else { return false };
-        entries.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".raftlog")))
+        crate::storage::has_raft_traces(state_dir)
     }
 
     /// Re-seals the log and the snapshots on disk with `keys` (a DEK rotation: `keys` holds the new current
@@ -1366,12 +1367,30 @@ fn recover_store(cfg: &RaftConfig, storage: &EngineStorage, store: &MemoryStore)
     let (mut applied, mut applied_term) = (0, 0);
     if meta.index > 0 {
         let dir = storage.snapshot_dir();
-        let bytes = dir.read(meta.index).map_err(|e| RaftError::Corrupted {
-            path: cfg.state_dir.join("raft"),
-            reason: format!("the log refers to snapshot {} which cannot be read: {e}", meta.index),
+        let path = dir.path(meta.index);
+        let bytes = match dir.read(meta.index) {
+            Ok(b) => b,
+            Err(RaftError::StateDir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(RaftError::Damaged {
+                    path,
+                    what: format!(
+                        "the raft log names snapshot {} (term {}) as the start of its state, but its file is missing",
+                        meta.index, meta.term
+                    ),
+                })
+            }
+            Err(RaftError::Decrypt { reason, .. }) => {
+                return Err(RaftError::Damaged {
+                    path,
+                    what: format!("snapshot {} cannot be opened (its seal does not verify: {reason})", meta.index),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        let snap = decode_snapshot(&bytes).map_err(|e| RaftError::Damaged {
+            path: path.clone(),
+            what: format!("snapshot {} cannot be decoded ({e})", meta.index),
         })?;
-        let snap = decode_snapshot(&bytes)
-            .map_err(|e| RaftError::SnapshotDecode { path: dir.path(meta.index), reason: e.to_string() })?;
         store.restore(meta.index, snap);
         applied = meta.index;
         applied_term = meta.term;

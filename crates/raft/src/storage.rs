@@ -7,6 +7,12 @@
 //! (index, term) of the entry just before the first one kept, so `term(first_index - 1)` always answers.
 //! Knows nothing of the store: snapshot bytes live in `snapshot_files`.
 //!
+//! Opening never hides loss: raft-engine is opened with `AbsoluteConsistency` (a damaged record is refused,
+//! nothing is rewritten), and the result is checked against the commit record (`commit_record`, what this
+//! member acknowledged): every acknowledged entry present, the term not behind, every entry readable. When
+//! raft-engine refuses, `repair_torn_tail` lets its tail recovery cut a copy of the log and compares what
+//! is left with the record; only if nothing acknowledged was cut is the same cut made to the log.
+//!
 //! Encryption at rest: every entry's data is sealed with the node's DEK (`encryption::DataKeys`, associated
 //! data = the entry's index) on its way into raft-engine and opened on its way out, so raft-rs, the
 //! replay and the followers see plain entries while the files hold none. Empty data (a leader's no-op)
@@ -21,6 +27,7 @@ use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
 use raft_engine::{Command, Engine, LogBatch, MessageExt};
 
+use crate::commit_record::{self, Acked, CommitRecord};
 use crate::encryption::{entry_aad, DataKeys};
 use crate::snapshot_files::SnapshotDir;
 use crate::{Members, RaftError};
@@ -63,6 +70,8 @@ pub(crate) struct EngineStorage {
     snapshot: SnapshotMetadata,
     /// (index, term) of the last entry removed from the front of the log.
     truncated: (u64, u64),
+    /// What this member acknowledged, recorded beside the log (see `commit_record`).
+    record: CommitRecord,
     /// Synced writes made so far (observability; shows group commit at work).
     synced_writes: Arc<AtomicU64>,
 }
@@ -87,16 +96,320 @@ fn engine_err(path: &Path, e: impl std::fmt::Display) -> RaftError {
     RaftError::Log { path: path.to_path_buf(), reason: e.to_string() }
 }
 
-fn open_engine(dir: &Path) -> Result<Engine, RaftError> {
+/// Opens raft-engine in `dir`. `AbsoluteConsistency` refuses any damaged record without changing a byte;
+/// `TolerateTailCorruption` cuts the last file at its first damaged record (used only once
+/// `repair_torn_tail` has shown, on a copy, that the cut loses nothing acknowledged).
+fn open_engine_with(dir: &Path, mode: raft_engine::RecoveryMode) -> raft_engine::Result<Engine> {
     let cfg = raft_engine::Config {
         dir: dir.to_string_lossy().into_owned(),
-        // A torn record at the tail (crash during a write that was never acknowledged) is dropped.
-        recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
+        recovery_mode: mode,
         // The entries are sealed (random-looking): compressing them would only cost CPU.
         batch_compression_threshold: raft_engine::ReadableSize(0),
         ..Default::default()
     };
-    Engine::open(cfg).map_err(|e| engine_err(dir, e))
+    Engine::open(cfg)
+}
+
+/// Opens a log that must be intact (a fresh directory, or one this process just wrote).
+fn open_engine(dir: &Path) -> Result<Engine, RaftError> {
+    open_engine_with(dir, raft_engine::RecoveryMode::AbsoluteConsistency).map_err(|e| engine_err(dir, e))
+}
+
+/// The log's data files (raft-engine's `*.raftlog` and `*.rewrite`) with their sizes, by name; none when
+/// the directory does not exist.
+fn log_data_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>, RaftError> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(RaftError::StateDir { path: dir.to_path_buf(), source: e }),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| RaftError::StateDir { path: dir.to_path_buf(), source: e })?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.ends_with(".raftlog") || name.ends_with(".rewrite") {
+            let len = entry.metadata().map_err(|e| RaftError::StateDir { path: entry.path(), source: e })?.len();
+            out.push((entry.path(), len));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// True when `state_dir/raft` shows this member had Raft state: a log file, the commit record or a
+/// snapshot file (so a missing log is damage, not a fresh start).
+pub(crate) fn has_raft_traces(state_dir: &Path) -> bool {
+    let raft = state_dir.join("raft");
+    let snapshots = std::fs::read_dir(raft.join("snapshots"))
+        .map(|d| d.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".bin"))))
+        .unwrap_or(false);
+    snapshots
+        || commit_record::path(state_dir).exists()
+        || log_data_files(&log_dir(state_dir)).is_ok_and(|f| !f.is_empty())
+}
+
+/// The durable state kept in `META_REGION`.
+struct Meta {
+    hard_state: HardState,
+    /// `None` until the member is bootstrapped (or has installed a snapshot).
+    conf_state: Option<ConfState>,
+    members: Members,
+    snapshot: SnapshotMetadata,
+    truncated: (u64, u64),
+}
+
+fn load_meta(engine: &Engine, log_dir: &Path) -> Result<Meta, RaftError> {
+    let get = |key: &[u8]| engine.get(META_REGION, key);
+    let parse_err = |what: &str, e: protobuf::ProtobufError| RaftError::Damaged {
+        path: log_dir.to_path_buf(),
+        what: format!("the stored {what} cannot be decoded ({e})"),
+    };
+    let hard_state = match get(KEY_HARD_STATE) {
+        Some(b) => HardState::parse_from_bytes(&b).map_err(|e| parse_err("hard state", e))?,
+        None => HardState::default(),
+    };
+    let conf_state = match get(KEY_CONF_STATE) {
+        Some(b) => Some(ConfState::parse_from_bytes(&b).map_err(|e| parse_err("conf state", e))?),
+        None => None,
+    };
+    let members = match get(KEY_MEMBERS) {
+        Some(b) => Members::decode(&b).map_err(|e| RaftError::Damaged {
+            path: log_dir.to_path_buf(),
+            what: format!("the stored members cannot be decoded ({e})"),
+        })?,
+        None => Members::default(),
+    };
+    let snapshot = match get(KEY_SNAPSHOT) {
+        Some(b) => SnapshotMetadata::parse_from_bytes(&b).map_err(|e| parse_err("snapshot metadata", e))?,
+        None => SnapshotMetadata::default(),
+    };
+    let truncated = match get(KEY_TRUNCATED) {
+        Some(b) if b.len() == 16 => {
+            let index = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
+            let term = u64::from_be_bytes(b[8..].try_into().expect("8 bytes"));
+            (index, term)
+        }
+        Some(b) => {
+            return Err(RaftError::Damaged {
+                path: log_dir.to_path_buf(),
+                what: format!("the stored truncation point has {} bytes, expected 16", b.len()),
+            })
+        }
+        None => (snapshot.index, snapshot.term),
+    };
+    Ok(Meta { hard_state, conf_state, members, snapshot, truncated })
+}
+
+/// The last index a log covers: its last entry, or its snapshot when the log holds nothing after it.
+fn covered_through(engine: &Engine, meta: &Meta) -> u64 {
+    engine.last_index(LOG_REGION).unwrap_or(0).max(meta.truncated.0).max(meta.snapshot.index)
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Whether raft-engine's refusal to open a log is about its content (a damaged or cut record), rather
+/// than about using the files (a lock held by another process, permissions, a full disk).
+fn is_damage(e: &raft_engine::Error) -> bool {
+    match e {
+        raft_engine::Error::Corruption(_) | raft_engine::Error::Codec(_) | raft_engine::Error::Protobuf(_) => true,
+        raft_engine::Error::Io(io) => {
+            matches!(io.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::InvalidData)
+        }
+        _ => false,
+    }
+}
+
+/// Called when raft-engine refused to open the log in `AbsoluteConsistency` mode (`strict_err`). Repairs
+/// the log only when the damage is a torn tail that holds nothing acknowledged; otherwise changes nothing
+/// and returns `RaftError::Damaged`. The check runs on a copy (`raft/log.check`, removed afterwards):
+/// raft-engine's tail recovery cuts the copy's last file at its first damaged record, and what the copy
+/// still holds is compared with the commit record. Only then is the same cut made to the real log.
+fn repair_torn_tail(
+    state_dir: &Path,
+    log_dir: &Path,
+    strict_err: raft_engine::Error,
+    acked: Option<Acked>,
+) -> Result<Engine, RaftError> {
+    let scratch = state_dir.join("raft").join("log.check");
+    tracing::warn!(
+        "the raft log at {} does not open cleanly ({strict_err}); checking a copy in {} for a torn tail (raft-engine's \
+         messages about truncating a file refer to that copy)",
+        log_dir.display(),
+        scratch.display()
+    );
+    remove_dir_if_present(&scratch)?;
+    std::fs::create_dir_all(&scratch).map_err(|e| RaftError::StateDir { path: scratch.clone(), source: e })?;
+    let before = log_data_files(log_dir)?;
+    let checked = (|| {
+        for (p, _) in &before {
+            let to = scratch.join(p.file_name().unwrap_or_default());
+            std::fs::copy(p, &to).map_err(|e| RaftError::StateDir { path: to, source: e })?;
+        }
+        let copy = open_engine_with(&scratch, raft_engine::RecoveryMode::TolerateTailCorruption).map_err(|e| {
+            if is_damage(&e) {
+                RaftError::Damaged {
+                    path: log_dir.to_path_buf(),
+                    what: format!("the raft log cannot be read ({strict_err}), and not only at its tail ({e})"),
+                }
+            } else {
+                engine_err(&scratch, e)
+            }
+        })?;
+        let after = log_data_files(&scratch)?;
+        let meta = load_meta(&copy, log_dir)?;
+        let covered = covered_through(&copy, &meta);
+        let last = copy.last_index(LOG_REGION).unwrap_or(0);
+        Ok::<_, RaftError>((after, meta, covered, last))
+    })();
+    remove_dir_if_present(&scratch)?;
+    let (after, meta, covered, last) = checked?;
+    // Each file the check cut: its path, the length it keeps, its length now.
+    let cuts: Vec<(&PathBuf, u64, u64)> = before
+        .iter()
+        .filter_map(|(p, len)| {
+            let name = file_name(p);
+            let now = after.iter().find(|(q, _)| file_name(q) == name).map_or(0, |(_, l)| *l);
+            (now != *len).then_some((p, now, *len))
+        })
+        .collect();
+    let cut: Vec<String> = cuts
+        .iter()
+        .map(|(p, now, len)| format!("{} is readable only up to byte {now} of {len}", p.display()))
+        .collect();
+    // raft-engine preallocates file space; a process that dies before closing the log leaves it as zeros.
+    let only_zeros = cuts.iter().all(|(p, now, len)| now < len && bytes_are_zero(p, *now, *len));
+    if cut.is_empty() {
+        // Nothing a repair would change: not damage (e.g. the log is in use by another process).
+        return Err(engine_err(log_dir, strict_err));
+    }
+    let cut = cut.join(", ");
+    let total = |files: &[(PathBuf, u64)]| files.iter().map(|(_, l)| *l).sum::<u64>();
+    let cut_bytes = total(&before).saturating_sub(total(&after));
+    let Some(acked) = acked else {
+        return Err(RaftError::Damaged {
+            path: log_dir.to_path_buf(),
+            what: format!(
+                "{cut} ({strict_err}); there is no commit record (the state dir was written by an older Shoal), so \
+                 whether the damaged part held acknowledged entries cannot be told"
+            ),
+        });
+    };
+    if covered < acked.commit {
+        return Err(RaftError::Damaged {
+            path: log_dir.to_path_buf(),
+            what: format!(
+                "{cut} ({strict_err}); the intact part holds entries through index {covered}, but entries through \
+                 {} were acknowledged, so entries {}..={} would be lost",
+                acked.commit,
+                covered + 1,
+                acked.commit
+            ),
+        });
+    }
+    if meta.hard_state.term < acked.term {
+        return Err(RaftError::Damaged {
+            path: log_dir.to_path_buf(),
+            what: format!(
+                "{cut} ({strict_err}); the intact part records term {}, but this member recorded term {} (its vote \
+                 would be lost)",
+                meta.hard_state.term, acked.term
+            ),
+        });
+    }
+    let engine = open_engine_with(log_dir, raft_engine::RecoveryMode::TolerateTailCorruption)
+        .map_err(|e| engine_err(log_dir, e))?;
+    if only_zeros {
+        tracing::warn!(
+            "cut the unused, preallocated tail of the raft log that a stop without closing the log leaves: {cut} \
+             ({strict_err}); the {cut_bytes} bytes cut after entry {last} were all zeros; every acknowledged entry \
+             (through index {}) is intact",
+            acked.commit
+        );
+    } else {
+        tracing::warn!(
+            "repaired a torn write at the tail of the raft log: {cut} ({strict_err}), so {cut_bytes} bytes after \
+             entry {last} were cut; they held nothing acknowledged (at most entries after {last} or a newer commit \
+             index, never acknowledged); every acknowledged entry (through index {}) is intact",
+            acked.commit
+        );
+    }
+    Ok(engine)
+}
+
+/// Whether bytes `[from, to)` of the file at `path` are all zero (false when they cannot be read).
+fn bytes_are_zero(path: &Path, from: u64, to: u64) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return false };
+    if f.seek(SeekFrom::Start(from)).is_err() {
+        return false;
+    }
+    let mut left = to - from;
+    let mut buf = vec![0u8; 64 * 1024];
+    while left > 0 {
+        let want = left.min(buf.len() as u64) as usize;
+        match f.read(&mut buf[..want]) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => {
+                if buf[..n].iter().any(|b| *b != 0) {
+                    return false;
+                }
+                left -= n as u64;
+            }
+        }
+    }
+    true
+}
+
+/// Called when the log holds no data (no file, or only empty files): a fresh start only when nothing says
+/// this member ever had Raft state.
+fn check_empty_log(
+    log_dir: &Path,
+    files: &[(PathBuf, u64)],
+    acked: Option<Acked>,
+    snapshots: &SnapshotDir,
+) -> Result<(), RaftError> {
+    let log = if files.is_empty() {
+        format!("the raft log {} is missing", log_dir.display())
+    } else {
+        let names: Vec<String> = files.iter().map(|(p, _)| file_name(p)).collect();
+        format!("the raft log file(s) {} in {} are empty", names.join(", "), log_dir.display())
+    };
+    let damaged = |what: String| Err(RaftError::Damaged { path: log_dir.to_path_buf(), what });
+    match acked {
+        Some(a) if a.commit > 0 || a.term > 0 => {
+            return damaged(format!(
+                "{log}, but this member acknowledged entries through index {} (term {}) according to {}",
+                a.commit,
+                a.term,
+                commit_record::FILE_NAME
+            ))
+        }
+        None if !files.is_empty() => {
+            return damaged(format!("{log}, and there is no commit record to tell what was acknowledged"))
+        }
+        _ => {}
+    }
+    let snaps = snapshots.list()?;
+    if let Some(index) = snaps.last() {
+        return damaged(format!("{log}, but snapshot {index} ({}) is on disk", snapshots.path(*index).display()));
+    }
+    // Empty files with nothing ever acknowledged (a first start that stopped at once): nothing to lose.
+    for (p, _) in files {
+        std::fs::remove_file(p).map_err(|e| RaftError::StateDir { path: p.clone(), source: e })?;
+    }
+    Ok(())
+}
+
+/// The reason inside a storage error, for a `Damaged` message (without the outer advice).
+fn unwrap_reason(e: &RaftError) -> String {
+    match e {
+        RaftError::Log { reason, .. } | RaftError::Corrupted { reason, .. } => reason.clone(),
+        RaftError::Decrypt { what, reason, .. } => format!("{what} cannot be decrypted: {reason}"),
+        other => other.to_string(),
+    }
 }
 
 /// Where `reencrypt` builds the new log, and the file that says it is complete.
@@ -153,72 +466,120 @@ fn store_err(e: impl std::fmt::Display) -> raft::Error {
 impl EngineStorage {
     /// Opens (creating if needed) the log under `state_dir/raft`, sealing and opening entries with `keys`.
     /// Returns the storage and whether it holds a bootstrapped state (a conf state was recorded).
+    ///
+    /// Refuses (`RaftError::Damaged`, nothing changed on disk) when what this member acknowledged (the
+    /// commit record) is not all there: a missing or empty log, a damaged record anywhere but a torn tail
+    /// that held nothing acknowledged, missing entries, a lost term, an entry that cannot be read or
+    /// opened. A torn tail beyond what was acknowledged is cut, and the cut is logged.
     pub(crate) fn open(state_dir: &Path, keys: DataKeys) -> Result<(EngineStorage, bool), RaftError> {
         let log_dir = log_dir(state_dir);
-        std::fs::create_dir_all(&log_dir).map_err(|e| RaftError::StateDir { path: log_dir.clone(), source: e })?;
-        let snapshots = SnapshotDir::open(state_dir.join("raft").join("snapshots"), keys.clone())?;
+        let raft_dir = state_dir.join("raft");
+        std::fs::create_dir_all(&raft_dir).map_err(|e| RaftError::StateDir { path: raft_dir.clone(), source: e })?;
+        let snapshots = SnapshotDir::open(raft_dir.join("snapshots"), keys.clone())?;
         finish_interrupted_reencrypt(state_dir)?;
-        let engine = open_engine(&log_dir)?;
-        let get = |key: &[u8]| -> Result<Option<Vec<u8>>, RaftError> { Ok(engine.get(META_REGION, key)) };
-        let parse_err = |what: &str, e: protobuf::ProtobufError| RaftError::Corrupted {
-            path: log_dir.clone(),
-            reason: format!("cannot decode the stored {what}: {e}"),
+        // A check a crash interrupted (`repair_torn_tail`): only a copy.
+        remove_dir_if_present(&raft_dir.join("log.check"))?;
+        let record_path = commit_record::path(state_dir);
+        let acked = commit_record::read(&record_path)?;
+        // The append queue (`*.raftlog`) holds every record written; the rewrite queue only older ones.
+        let appends: Vec<(PathBuf, u64)> = log_data_files(&log_dir)?
+            .into_iter()
+            .filter(|(p, _)| p.extension().is_some_and(|x| x == "raftlog"))
+            .collect();
+        if appends.iter().all(|(_, len)| *len == 0) {
+            check_empty_log(&log_dir, &appends, acked, &snapshots)?;
+        }
+        let engine = match open_engine_with(&log_dir, raft_engine::RecoveryMode::AbsoluteConsistency) {
+            Ok(engine) => engine,
+            Err(strict_err) if is_damage(&strict_err) => repair_torn_tail(state_dir, &log_dir, strict_err, acked)?,
+            Err(other) => return Err(engine_err(&log_dir, other)),
         };
-        let hard_state = match get(KEY_HARD_STATE)? {
-            Some(b) => HardState::parse_from_bytes(&b).map_err(|e| parse_err("hard state", e))?,
-            None => HardState::default(),
-        };
-        let (conf_state, bootstrapped) = match get(KEY_CONF_STATE)? {
-            Some(b) => (ConfState::parse_from_bytes(&b).map_err(|e| parse_err("conf state", e))?, true),
-            None => (ConfState::default(), false),
-        };
-        let members = match get(KEY_MEMBERS)? {
-            Some(b) => Members::decode(&b).map_err(|e| RaftError::Corrupted {
-                path: log_dir.clone(),
-                reason: format!("cannot decode the stored members: {e}"),
-            })?,
-            None => Members::default(),
-        };
-        let snapshot = match get(KEY_SNAPSHOT)? {
-            Some(b) => SnapshotMetadata::parse_from_bytes(&b).map_err(|e| parse_err("snapshot metadata", e))?,
-            None => SnapshotMetadata::default(),
-        };
-        let truncated = match get(KEY_TRUNCATED)? {
-            Some(b) if b.len() == 16 => {
-                let index = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
-                let term = u64::from_be_bytes(b[8..].try_into().expect("8 bytes"));
-                (index, term)
-            }
-            Some(b) => {
-                return Err(RaftError::Corrupted {
-                    path: log_dir,
-                    reason: format!("the truncation point has {} bytes, expected 16", b.len()),
-                })
-            }
-            None => (snapshot.index, snapshot.term),
-        };
-        let storage = EngineStorage {
+        let meta = load_meta(&engine, &log_dir)?;
+        let bootstrapped = meta.conf_state.is_some();
+        let record = CommitRecord::open(
+            &record_path,
+            Acked { commit: meta.hard_state.commit, term: meta.hard_state.term },
+        )?;
+        let mut storage = EngineStorage {
             engine_slot: Some(Arc::new(engine)),
             log_dir,
             keys,
             snapshots,
-            hard_state,
-            conf_state,
-            members,
-            snapshot,
-            truncated,
+            hard_state: meta.hard_state,
+            conf_state: meta.conf_state.unwrap_or_default(),
+            members: meta.members,
+            snapshot: meta.snapshot,
+            truncated: meta.truncated,
+            record,
             synced_writes: Arc::new(AtomicU64::new(0)),
         };
-        if bootstrapped && storage.hard_state.commit < storage.snapshot.index {
-            return Err(RaftError::Corrupted {
-                path: storage.log_dir.clone(),
-                reason: format!(
-                    "the commit index {} is behind the snapshot index {}",
-                    storage.hard_state.commit, storage.snapshot.index
-                ),
-            });
-        }
+        storage.verify(acked.unwrap_or_default(), bootstrapped)?;
+        // A state dir from before the commit record: the record starts from the verified hard state.
+        let hs = storage.hard_state.clone();
+        storage.record.raise(hs.commit, hs.term)?;
         Ok((storage, bootstrapped))
+    }
+
+    /// Checks that the opened log holds everything `acked` says was acknowledged, and that every entry
+    /// in it can be read and opened (a flipped byte inside an entry is caught here, by raft-engine's
+    /// checksum or the entry's seal, rather than later by raft-rs).
+    fn verify(&self, acked: Acked, bootstrapped: bool) -> Result<(), RaftError> {
+        let damaged = |what: String| RaftError::Damaged { path: self.log_dir.clone(), what };
+        if acked.commit > 0 && !bootstrapped {
+            return Err(damaged(format!(
+                "the raft log holds no membership (conf state), but entries through index {} were acknowledged",
+                acked.commit
+            )));
+        }
+        if self.hard_state.term < acked.term {
+            return Err(damaged(format!(
+                "the raft log's hard state records term {}, but this member recorded term {} (its vote would be lost)",
+                self.hard_state.term, acked.term
+            )));
+        }
+        let covered = self.last().max(self.snapshot.index);
+        if covered < acked.commit {
+            return Err(damaged(format!(
+                "the raft log holds entries through index {covered} only, but entries through {} were \
+                 acknowledged, so entries {}..={} are missing",
+                acked.commit,
+                covered + 1,
+                acked.commit
+            )));
+        }
+        if bootstrapped && self.hard_state.commit < self.snapshot.index {
+            return Err(damaged(format!(
+                "the commit index {} is behind the snapshot index {}",
+                self.hard_state.commit, self.snapshot.index
+            )));
+        }
+        let (mut low, last) = (self.first(), self.last());
+        while low <= last {
+            let high = (last + 1).min(low + REPLAY_CHUNK_ENTRIES);
+            if self.read_entries(low, high).is_err() {
+                // Name the first entry that cannot be read.
+                for i in low..high {
+                    if let Err(e) = self.read_entries(i, i + 1) {
+                        if matches!(e, RaftError::Decrypt { .. }) {
+                            // raft-engine's checksum passed: the key does not match (or the record was
+                            // deliberately altered); that error says so.
+                            return Err(e);
+                        }
+                        let acked_note = if i <= acked.commit.max(self.hard_state.commit) {
+                            "an acknowledged entry"
+                        } else {
+                            "an entry synced to disk"
+                        };
+                        return Err(damaged(format!(
+                            "entry {i} of the raft log ({acked_note}) cannot be read: {}",
+                            unwrap_reason(&e)
+                        )));
+                    }
+                }
+            }
+            low = high;
+        }
+        Ok(())
     }
 
     /// Records the initial membership of a new cluster (durably).
@@ -318,6 +679,8 @@ impl EngineStorage {
         self.write_with(&mut batch, sync)?;
         if let Some(hs) = hard_state {
             self.hard_state = hs.clone();
+            // Entries through the commit index are in the log (synced by this write or an earlier one).
+            self.record.raise(hs.commit, hs.term)?;
         }
         Ok(())
     }
@@ -384,6 +747,7 @@ impl EngineStorage {
             .put(META_REGION, KEY_TRUNCATED.to_vec(), truncated_bytes(meta.index, meta.term))
             .map_err(|e| engine_err(&self.log_dir, e))?;
         self.write(&mut batch)?;
+        self.record.raise(hs.commit, hs.term)?;
         self.truncated = (meta.index, meta.term);
         self.hard_state = hs;
         self.conf_state = cs;
@@ -433,9 +797,10 @@ impl EngineStorage {
         Ok(())
     }
 
-    /// Flushes everything written so far.
+    /// Flushes everything written so far (the log, then the commit record).
     pub(crate) fn sync(&self) -> Result<(), RaftError> {
-        self.engine().sync().map_err(|e| engine_err(&self.log_dir, e))
+        self.engine().sync().map_err(|e| engine_err(&self.log_dir, e))?;
+        self.record.sync()
     }
 
     fn first(&self) -> u64 {

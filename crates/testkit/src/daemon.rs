@@ -84,8 +84,8 @@ impl DaemonProcess {
         d
     }
 
-    fn spawn(&mut self, extra: &[String]) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).expect("daemon log");
+    /// `binary daemon` with this daemon's state dir, sockets, executor and hostname, then `extra`.
+    fn command(&self, extra: &[String]) -> Command {
         let mut cmd = match &self.netns {
             None => Command::new(&self.binary),
             Some(ns) => {
@@ -94,8 +94,7 @@ impl DaemonProcess {
                 c
             }
         };
-        let child = cmd
-            .arg("daemon")
+        cmd.arg("daemon")
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--listen-control-api")
@@ -108,13 +107,56 @@ impl DaemonProcess {
             .arg(&self.hostname)
             .args(extra)
             .env("SHOAL_LOG", "info")
-            .stdin(Stdio::null())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn spawn(&mut self, extra: &[String]) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).expect("daemon log");
+        let child = self
+            .command(extra)
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)
             .spawn()
             .expect("start shoal daemon");
         self.child = Some(child);
         self.wait_ready();
+    }
+
+    /// Starts the daemon again on the same state dir (stopped or killed before) when it is expected to
+    /// refuse to start: waits up to `limit` for it to exit and returns its exit status and its stderr.
+    /// Panics, after killing it, if it is still running then or its control socket answered.
+    pub fn start_expecting_exit(
+        &mut self,
+        extra: &[String],
+        limit: Duration,
+    ) -> (std::process::ExitStatus, String) {
+        assert!(self.child.is_none(), "stop or kill the daemon before starting it again");
+        let stderr_path = self.log_path.with_file_name("refused-start.stderr");
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).expect("daemon log");
+        let mut child = self.command(extra).stdout(log).stderr(stderr).spawn().expect("start shoal daemon");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for the daemon") {
+                break status;
+            }
+            let answered = http::request(&self.socket, "GET", "/_ping", None).is_ok_and(|r| r.status == 200);
+            if answered || start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                panic!("the daemon did not exit within {limit:?} (control socket answered: {answered}); stderr:\n{err}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        // Keep it in the daemon log too, for a failing test's dump.
+        if let Ok(mut log) = std::fs::OpenOptions::new().append(true).open(&self.log_path) {
+            use std::io::Write;
+            let _ = log.write_all(err.as_bytes());
+        }
+        (status, err)
     }
 
     fn wait_ready(&mut self) {
