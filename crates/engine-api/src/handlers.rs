@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use shoal_api::NodeRole;
@@ -21,14 +21,13 @@ use crate::json::{
     ServiceStatusJson, ServiceUpdateResponse, SwarmInfoJson, SwarmJson, SystemVersionJson,
     TaskJson,
 };
+use crate::request::{json_body, MIN_API_VERSION};
 use crate::{ApiContext, API_VERSION};
 
 type Ctx = State<Arc<ApiContext>>;
 type Params = Query<HashMap<String, String>>;
 type ApiResult = Result<Response, ApiError>;
 
-/// The oldest API version we answer to (what Docker 28 reports).
-const MIN_API_VERSION: &str = "1.24";
 
 fn flag(q: &HashMap<String, String>, name: &str) -> bool {
     q.get(name)
@@ -46,31 +45,6 @@ fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
             "invalid version {v:?}: expected a non-negative integer"
         ))
     })
-}
-
-fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::BadRequest(format!(
-            "the request body is empty: send a {what} as JSON"
-        )));
-    }
-    let bad = |e: serde_json::Error| ApiError::BadRequest(format!("invalid {what} JSON: {e}"));
-    let mut doc: serde_json::Value = serde_json::from_slice(body).map_err(bad)?;
-    drop_nulls(&mut doc);
-    serde_json::from_value(doc).map_err(bad)
-}
-
-/// Removes `null` members from objects, recursively: Go clients send `null` for nil maps and slices, which
-/// mean the same as absent.
-fn drop_nulls(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(m) => {
-            m.retain(|_, x| !x.is_null());
-            m.values_mut().for_each(drop_nulls);
-        }
-        serde_json::Value::Array(a) => a.iter_mut().for_each(drop_nulls),
-        _ => {}
-    }
 }
 
 fn json<T: serde::Serialize>(v: T) -> ApiResult {
@@ -152,7 +126,7 @@ pub async fn version() -> ApiResult {
         }],
         version: v.into(),
         api_version: API_VERSION.into(),
-        min_api_version: MIN_API_VERSION.into(),
+        min_api_version: format!("{}.{}", MIN_API_VERSION.0, MIN_API_VERSION.1),
         git_commit: String::new(),
         go_version: "rust".into(),
         os: "linux".into(),
@@ -281,8 +255,8 @@ pub async fn list_services(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 }
 
 /// `POST /services/create`.
-pub async fn create_service(State(ctx): Ctx, body: Bytes) -> ApiResult {
-    let spec: ServiceSpecJson = parse_body(&body, "service spec")?;
+pub async fn create_service(State(ctx): Ctx, headers: HeaderMap, body: Bytes) -> ApiResult {
+    let spec: ServiceSpecJson = json_body(&headers, &body, "service spec")?;
     let svc = controlapi::create_service(&ctx.state, spec.to_api()?).await?;
     Ok((
         StatusCode::CREATED,
@@ -312,6 +286,7 @@ pub async fn update_service(
     State(ctx): Ctx,
     Path(id): Path<String>,
     Query(q): Params,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
     let version = version_param(&q)?;
@@ -321,7 +296,7 @@ pub async fn update_service(
             ApiError::BadRequest(format!("service {id} has no previous spec to roll back to"))
         })?
     } else {
-        parse_body::<ServiceSpecJson>(&body, "service spec")?.to_api()?
+        json_body::<ServiceSpecJson>(&headers, &body, "service spec")?.to_api()?
     };
     controlapi::update_service(&ctx.state, &id, version, spec).await?;
     json(ServiceUpdateResponse {
@@ -374,10 +349,11 @@ pub async fn update_node(
     State(ctx): Ctx,
     Path(id): Path<String>,
     Query(q): Params,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
     let version = version_param(&q)?;
-    let spec: NodeSpecJson = parse_body(&body, "node spec")?;
+    let spec: NodeSpecJson = json_body(&headers, &body, "node spec")?;
     let current = controlapi::get_node(&ctx.state, &id)?;
     let membership = current
         .spec

@@ -10,6 +10,7 @@ pub mod ca;
 pub mod error;
 pub mod filters;
 mod handlers;
+pub mod request;
 pub mod json;
 pub mod locked;
 pub mod logs;
@@ -22,8 +23,7 @@ pub mod worker;
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::extract::Request;
-use axum::http::{HeaderValue, Uri};
+use axum::http::HeaderValue;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
@@ -94,17 +94,21 @@ pub fn router(ctx: ApiContext) -> Router {
 }
 
 /// `routes` (handlers over `ctx`, fallback included) as every API of this crate serves them (this one, a
-/// worker's, a locked manager's): with `/_ping` and `/version`, Docker's headers on every response, an
-/// optional `/v1.NN` prefix stripped before routing.
+/// worker's, a locked manager's): with `/_ping` and `/version`, Docker's headers on every response, and what
+/// `request` does around every handler (body read first, version prefix checked and stripped, JSON errors).
 pub(crate) fn with_context<C: Send + Sync + 'static>(routes: Router<Arc<C>>, ctx: C) -> Router {
     let routes = Router::new()
         .route("/_ping", get(handlers::ping))
         .route("/version", get(handlers::version))
         .merge(routes)
-        .layer(axum::middleware::map_response(add_headers))
         .with_state(Arc::new(ctx));
-    let stripped = tower::ServiceBuilder::new().map_request(strip_version_prefix).service(routes);
-    Router::new().fallback_service(stripped)
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn(request::api_version))
+        .layer(axum::middleware::from_fn(request::json_errors))
+        .layer(axum::middleware::map_response(add_headers))
+        .layer(axum::extract::DefaultBodyLimit::max(request::BODY_LIMIT_BYTES))
+        .layer(axum::middleware::from_fn(request::read_body_first))
 }
 
 async fn add_headers(mut r: Response) -> Response {
@@ -115,31 +119,4 @@ async fn add_headers(mut r: Response) -> Response {
         HeaderValue::from_static(concat!("Shoal/", env!("CARGO_PKG_VERSION"))),
     );
     r
-}
-
-/// Returns the path without a leading `/v<major>.<minor>` segment, if it has one.
-fn without_version(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix("/v")?;
-    let end = rest.find('/').unwrap_or(rest.len());
-    let (ver, tail) = rest.split_at(end);
-    let (major, minor) = ver.split_once('.')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(major) && digits(minor)).then_some(if tail.is_empty() { "/" } else { tail })
-}
-
-fn strip_version_prefix(mut req: Request) -> Request {
-    if let Some(path) = without_version(req.uri().path()) {
-        let pq = match req.uri().query() {
-            Some(q) => format!("{path}?{q}"),
-            None => path.to_string(),
-        };
-        let mut parts = req.uri().clone().into_parts();
-        if let Ok(p) = pq.parse() {
-            parts.path_and_query = Some(p);
-            if let Ok(uri) = Uri::from_parts(parts) {
-                *req.uri_mut() = uri;
-            }
-        }
-    }
-    req
 }

@@ -91,15 +91,11 @@ async fn info(State(ctx): State<Arc<LockedContext>>) -> Json<InfoJson> {
     })
 }
 
-async fn unlock(State(ctx): State<Arc<LockedContext>>, body: Bytes) -> Response {
-    let req: UnlockRequestJson = match serde_json::from_slice(&body) {
+async fn unlock(State(ctx): State<Arc<LockedContext>>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
+    let what = "unlock request {\"UnlockKey\": \"SWMKEY-1-...\"}";
+    let req: UnlockRequestJson = match crate::request::json_body(&headers, &body, what) {
         Ok(r) => r,
-        Err(e) => {
-            return ApiError::BadRequest(format!(
-                "invalid unlock request JSON: {e}; send {{\"UnlockKey\": \"SWMKEY-1-...\"}}"
-            ))
-            .into_response()
-        }
+        Err(e) => return e.into_response(),
     };
     let unlocker = ctx.unlocker.clone();
     let outcome = tokio::task::spawn_blocking(move || unlocker.unlock(&req.unlock_key))

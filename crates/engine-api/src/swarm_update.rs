@@ -87,6 +87,7 @@ fn flag(q: &HashMap<String, String>, name: &str) -> bool {
 pub async fn update_swarm(
     State(ctx): State<Arc<ApiContext>>,
     Query(q): Query<HashMap<String, String>>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let version: u64 = q
@@ -106,14 +107,7 @@ pub async fn update_swarm(
         worker: flag(&q, "rotateWorkerToken"),
         manager: flag(&q, "rotateManagerToken"),
     };
-    let j: SwarmSpecJson = if body.is_empty() {
-        return Err(ApiError::BadRequest(
-            "the request body is empty: send the swarm spec as JSON".into(),
-        ));
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::BadRequest(format!("invalid swarm spec JSON: {e}")))?
-    };
+    let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
     let cluster = controlapi::get_cluster(&ctx.state)?;
     let spec = merge_spec(&cluster.spec.clone().unwrap_or_default(), &j);
     if rotate_unlock_key && !controlapi::autolock_on(Some(&spec)) {
