@@ -7,6 +7,7 @@
 //! or the executors.
 
 pub mod ca;
+pub mod connections;
 pub mod error;
 pub mod filters;
 mod handlers;
@@ -51,15 +52,24 @@ pub struct ApiContext {
     pub leader_logs: Option<Arc<dyn logs::LeaderLogs>>,
 }
 
-/// Serves the API on `listener` until `shutdown` resolves; in-flight requests finish first.
+/// Serves the API on `listener` within the default `connections::ConnectionLimits` until `shutdown`
+/// resolves; in-flight requests then get a bounded time to finish.
 pub async fn serve_unix(
     listener: tokio::net::UnixListener,
     ctx: ApiContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(ctx))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_unix_with(listener, ctx, connections::ConnectionLimits::default(), shutdown).await
+}
+
+/// `serve_unix` within `limits`.
+pub async fn serve_unix_with(
+    listener: tokio::net::UnixListener,
+    ctx: ApiContext,
+    limits: connections::ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    connections::serve_unix(listener, router(ctx), limits, shutdown).await
 }
 
 /// The API's routes over `ctx`. Requests may carry a `/v1.NN` prefix; it is stripped before routing.

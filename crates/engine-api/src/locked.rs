@@ -132,8 +132,7 @@ pub async fn serve_locked_unix(
     ctx: LockedContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, locked_router(ctx))
-        .with_graceful_shutdown(shutdown)
+    crate::connections::serve_unix(listener, locked_router(ctx), crate::connections::ConnectionLimits::default(), shutdown)
         .await
 }
 

@@ -86,5 +86,5 @@ pub async fn serve_worker_unix(
     ctx: WorkerContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, worker_router(ctx)).with_graceful_shutdown(shutdown).await
+    crate::connections::serve_unix(listener, worker_router(ctx), crate::connections::ConnectionLimits::default(), shutdown).await
 }
