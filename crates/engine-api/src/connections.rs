@@ -216,8 +216,10 @@ async fn wait_true(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
-/// Answers 503 on a connection beyond the cap, and closes it.
+/// Answers 503 on a connection beyond the cap, and closes it: after reading the request's head and draining
+/// its body (at most 64 KiB and 1 s in all), so that the client reads the answer instead of a broken pipe.
 async fn refuse(mut stream: tokio::net::UnixStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain_one_request(&mut stream, 64 << 10)).await;
     let body = r#"{"message":"too many connections to the Engine API: retry shortly"}"#;
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -225,6 +227,32 @@ async fn refuse(mut stream: tokio::net::UnixStream) {
     );
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
     let _ = stream.shutdown().await;
+}
+
+async fn drain_one_request(stream: &mut tokio::net::UnixStream, limit: usize) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let mut wanted = None;
+    while buf.len() < limit {
+        if wanted.is_none() {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:").and_then(|v| v.trim().parse::<usize>().ok()))
+                    .unwrap_or(0);
+                wanted = Some(end + 4 + len);
+            }
+        }
+        if wanted.is_some_and(|w| buf.len() >= w) {
+            return;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 /// Serves HTTP/1.1 (and HTTP/2 with prior knowledge or ALPN) on one connection within `limits` until the

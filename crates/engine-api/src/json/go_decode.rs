@@ -62,7 +62,7 @@ impl GoValue {
 }
 
 /// The struct field `key` names: the exact field, else the one equal to it ignoring ASCII case.
-fn field_for<'a>(key: &'a str, fields: &'static [&'static str]) -> Option<&'static str> {
+fn field_for(key: &str, fields: &'static [&'static str]) -> Option<&'static str> {
     fields
         .iter()
         .find(|f| **f == key)
