@@ -257,7 +257,7 @@ async fn drain_one_request(stream: &mut tokio::net::UnixStream, limit: usize) {
 
 /// Serves HTTP/1.1 (and HTTP/2 with prior knowledge or ALPN) on one connection within `limits` until the
 /// client closes it, a timeout closes it, `state` is evicted, or `stop` resolves (then the request in
-/// flight finishes first).
+/// flight gets `limits.shutdown_grace` to finish).
 pub async fn serve_connection<I>(
     io: I,
     router: Router,
@@ -304,6 +304,7 @@ pub async fn serve_connection<I>(
             tokio::select! {
                 _ = conn.as_mut() => {}
                 _ = state.evict.notified() => {}
+                _ = tokio::time::sleep(limits.shutdown_grace) => {}
             }
         }
     }

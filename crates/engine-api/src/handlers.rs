@@ -29,10 +29,7 @@ type Params = Query<HashMap<String, String>>;
 type ApiResult = Result<Response, ApiError>;
 
 
-fn flag(q: &HashMap<String, String>, name: &str) -> bool {
-    q.get(name)
-        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
-}
+use crate::request::bool_param as flag;
 
 fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
     let v = q.get("version").ok_or_else(|| {
@@ -181,10 +178,27 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
         }
     });
     json(InfoJson {
-        id: ctx.node_id.clone(),
-        name: ctx.hostname.clone(),
+        labels: vec![format!("shoal.executor={}", ctx.executor)],
+        swarm,
+        ..host_info(&ctx.node_id, &ctx.hostname)
+    })
+}
+
+/// The host part of `GET /info`, the same on every kind of node (manager, worker, locked manager).
+pub(crate) fn host_info(node_id: &str, hostname: &str) -> InfoJson {
+    let os_release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let os_version = os_release
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_ID="))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_default();
+    let cgroup_version = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "2" } else { "1" };
+    InfoJson {
+        id: node_id.to_string(),
+        name: hostname.to_string(),
         operating_system: os_description(),
         os_type: "linux".into(),
+        os_version,
         architecture: std::env::consts::ARCH.into(),
         ncpu: std::thread::available_parallelism()
             .map(|n| n.get() as u64)
@@ -192,10 +206,16 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
         mem_total: mem_total_bytes(),
         kernel_version: kernel_version(),
         server_version: env!("CARGO_PKG_VERSION").into(),
-        labels: vec![format!("shoal.executor={}", ctx.executor)],
-        swarm,
+        system_time: time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+        n_fd: std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(0),
+        logging_driver: "json-file".into(),
+        cgroup_driver: "cgroupfs".into(),
+        cgroup_version: cgroup_version.into(),
+        index_server_address: "https://index.docker.io/v1/".into(),
         ..Default::default()
-    })
+    }
 }
 
 fn first_cluster(t: &shoal_store::Tables) -> Option<&shoal_api::Cluster> {
@@ -268,11 +288,17 @@ pub async fn create_service(State(ctx): Ctx, headers: HeaderMap, body: Bytes) ->
         .into_response())
 }
 
-/// `GET /services/{id}`.
-pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+/// `GET /services/{id}[?insertDefaults=true]`.
+pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
+    let insert_defaults = flag(&q, "insertDefaults");
     read_barrier(&ctx).await?;
     let s = controlapi::get_service(&ctx.state, &id)?;
-    json(ServiceJson::from_api(&s))
+    let mut j = ServiceJson::from_api(&s);
+    if insert_defaults {
+        j.spec = j.spec.with_defaults();
+        j.previous_spec = j.previous_spec.map(ServiceSpecJson::with_defaults);
+    }
+    json(j)
 }
 
 /// `DELETE /services/{id}`.

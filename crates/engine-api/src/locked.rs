@@ -70,24 +70,13 @@ impl std::fmt::Debug for LockedContext {
 
 async fn info(State(ctx): State<Arc<LockedContext>>) -> Json<InfoJson> {
     Json(InfoJson {
-        id: ctx.node_id.clone(),
-        name: ctx.hostname.clone(),
-        operating_system: crate::handlers::os_description(),
-        os_type: "linux".into(),
-        architecture: std::env::consts::ARCH.into(),
-        ncpu: std::thread::available_parallelism()
-            .map(|n| n.get() as u64)
-            .unwrap_or(1),
-        mem_total: crate::handlers::mem_total_bytes(),
-        kernel_version: crate::handlers::kernel_version(),
-        server_version: env!("CARGO_PKG_VERSION").into(),
         swarm: SwarmInfoJson {
             node_id: ctx.node_id.clone(),
             local_node_state: "locked".into(),
             control_available: false,
             ..Default::default()
         },
-        ..Default::default()
+        ..crate::handlers::host_info(&ctx.node_id, &ctx.hostname)
     })
 }
 

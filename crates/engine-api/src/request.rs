@@ -158,6 +158,15 @@ pub(crate) async fn api_version(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// A boolean query parameter as the engine reads one (`httputils.BoolValue`): absent, empty, "0", "no",
+/// "false" and "none" (any case, trimmed) are false, anything else is true.
+pub fn bool_param(q: &std::collections::HashMap<String, String>, name: &str) -> bool {
+    q.get(name).is_some_and(|v| {
+        let v = v.trim().to_ascii_lowercase();
+        !matches!(v.as_str(), "" | "0" | "no" | "false" | "none")
+    })
+}
+
 /// Decodes a request body into `T` as the engine does (`httputils.ReadJSON`, then Go's `encoding/json`, see
 /// `json::go_decode`): a body needs `Content-Type: application/json`; an empty one is refused here (the engine
 /// would decode nothing and fail later on the zero value); `what` names the document in the messages.

@@ -78,10 +78,7 @@ pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
     s
 }
 
-fn flag(q: &HashMap<String, String>, name: &str) -> bool {
-    q.get(name)
-        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
-}
+use crate::request::bool_param as flag;
 
 /// `POST /swarm/update?version=N`.
 pub async fn update_swarm(

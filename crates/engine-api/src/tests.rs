@@ -250,6 +250,27 @@ async fn info_and_swarm_describe_the_node_and_cluster() {
     assert_eq!(sw["Managers"], 1);
     assert_eq!(sw["RemoteManagers"][0]["Addr"], "127.0.0.1:4242");
     assert_eq!(sw["Cluster"]["ID"], "cluster1");
+    // What `docker info` and the SDKs read besides.
+    for (doc, field, want) in [
+        (&s.body, "DataPathPort", json!(4789)),
+        (&s.body, "DefaultAddrPool", json!(["10.0.0.0/8"])),
+        (&s.body, "SubnetSize", json!(24)),
+        (&sw["Cluster"], "DataPathPort", json!(4789)),
+        (&i.body, "LoggingDriver", json!("json-file")),
+        (&i.body, "CgroupDriver", json!("cgroupfs")),
+        (&i.body, "IndexServerAddress", json!("https://index.docker.io/v1/")),
+        (&i.body, "Warnings", json!([])),
+        (&i.body, "SecurityOptions", json!([])),
+        (&i.body, "Plugins", json!({"Volume": [], "Network": [], "Authorization": [], "Log": []})),
+    ] {
+        assert_eq!(doc[field], want, "{field}");
+    }
+    assert!(i.body["NFd"].as_u64().is_some_and(|n| n > 0), "{}", i.text);
+    assert!(matches!(i.body["CgroupVersion"].as_str(), Some("1" | "2")), "{}", i.text);
+    let now = time::OffsetDateTime::now_utc();
+    let t = time::OffsetDateTime::parse(i.body["SystemTime"].as_str().unwrap(), &time::format_description::well_known::Rfc3339)
+        .expect("SystemTime is RFC 3339");
+    assert!((now - t).abs() < time::Duration::minutes(1), "{t} vs {now}");
 }
 
 #[tokio::test]
@@ -266,6 +287,19 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
         )
         .await;
     assert_eq!(g.status, StatusCode::OK);
+    assert_eq!(g.body["Spec"]["UpdateConfig"], Value::Null, "{}", g.text);
+    // insertDefaults fills in SwarmKit's defaults, as `docker service inspect` shows them.
+    let d = api.call(Method::GET, "/services/web?insertDefaults=true", None).await;
+    let with_defaults = &d.body["Spec"];
+    for (path, want) in [
+        ("/UpdateConfig", json!({"Parallelism": 1, "FailureAction": "pause", "Monitor": 5_000_000_000i64,
+                                 "MaxFailureRatio": 0.0, "Order": "stop-first"})),
+        ("/RollbackConfig/Order", json!("stop-first")),
+        ("/TaskTemplate/ContainerSpec/StopGracePeriod", json!(10_000_000_000i64)),
+        ("/TaskTemplate/RestartPolicy", json!({"Condition": "any", "Delay": 5_000_000_000i64})),
+    ] {
+        assert_eq!(with_defaults.pointer(path), Some(&want), "{path}: {}", d.text);
+    }
     assert_eq!(g.body["ID"], id.as_str());
     assert_eq!(g.body["Spec"]["Name"], "web");
     assert_eq!(g.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);

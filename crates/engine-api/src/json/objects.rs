@@ -727,9 +727,20 @@ pub struct ClusterInfoJson {
     pub spec: SwarmSpecJson,
     /// Root CA rotation in progress.
     pub root_rotation_in_progress: bool,
-    /// Data path port (4789 in Docker; unused by Shoal).
+    /// Data path port: Docker's default, 4789 (Shoal has no overlay networks yet: constant).
     pub data_path_port: u32,
+    /// Address pools for networks: Docker's default, `["10.0.0.0/8"]` (constant, as above).
+    pub default_addr_pool: Vec<String>,
+    /// Subnet size carved from the pools: Docker's default, 24 (constant, as above).
+    pub subnet_size: u32,
 }
+
+/// Docker's default data path port (VXLAN), reported in `GET /swarm` and `/info`.
+pub const DATA_PATH_PORT: u32 = 4789;
+/// Docker's default network address pool.
+pub const DEFAULT_ADDR_POOL: &str = "10.0.0.0/8";
+/// Docker's default subnet size.
+pub const SUBNET_SIZE: u32 = 24;
 
 /// `Swarm`: `ClusterInfo` plus the join tokens.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -902,7 +913,9 @@ impl SwarmJson {
                     },
                 },
                 root_rotation_in_progress: false,
-                data_path_port: 0,
+                data_path_port: DATA_PATH_PORT,
+                default_addr_pool: vec![DEFAULT_ADDR_POOL.to_string()],
+                subnet_size: SUBNET_SIZE,
             },
             join_tokens: JoinTokensJson {
                 worker: tokens.worker,

@@ -520,6 +520,46 @@ impl ServiceSpecJson {
     }
 }
 
+/// SwarmKit's defaults (`api/defaults`), which `GET /services/{id}?insertDefaults=true` fills into what a
+/// spec leaves unset, as the engine does for `docker service inspect` and `docker service update`.
+const DEFAULT_STOP_GRACE_NS: i64 = 10_000_000_000;
+const DEFAULT_RESTART_DELAY_NS: i64 = 5_000_000_000;
+const DEFAULT_MONITOR_NS: i64 = 5_000_000_000;
+
+fn default_update_config() -> UpdateConfigJson {
+    UpdateConfigJson {
+        parallelism: 1,
+        failure_action: "pause".into(),
+        monitor: Some(DEFAULT_MONITOR_NS),
+        order: "stop-first".into(),
+        ..Default::default()
+    }
+}
+
+impl ServiceSpecJson {
+    /// This spec with SwarmKit's defaults where it leaves a setting unset (`insertDefaults=true`).
+    pub fn with_defaults(mut self) -> ServiceSpecJson {
+        let t = &mut self.task_template;
+        if let Some(c) = t.container_spec.as_mut() {
+            c.stop_grace_period.get_or_insert(DEFAULT_STOP_GRACE_NS);
+            c.dns_config.get_or_insert_with(Default::default);
+        }
+        t.resources.get_or_insert_with(|| ResourcesJson {
+            limits: Some(Default::default()),
+            reservations: Some(Default::default()),
+        });
+        let restart = t.restart_policy.get_or_insert_with(|| RestartPolicyJson {
+            condition: "any".into(),
+            ..Default::default()
+        });
+        restart.delay.get_or_insert(DEFAULT_RESTART_DELAY_NS);
+        t.placement.get_or_insert_with(Default::default);
+        self.update_config.get_or_insert_with(default_update_config);
+        self.rollback_config.get_or_insert_with(default_update_config);
+        self
+    }
+}
+
 impl TaskSpecJson {
     /// Converts to the API task spec.
     pub fn to_api(&self) -> Result<TaskSpec, ConvertError> {
