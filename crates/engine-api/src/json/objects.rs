@@ -790,8 +790,8 @@ pub struct SwarmSpecJson {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
 pub struct OrchestrationJson {
-    /// Tasks kept per slot.
-    pub task_history_retention_limit: i64,
+    /// Tasks kept per slot (a pointer in Docker's Go struct: absent or null keeps the current value on update).
+    pub task_history_retention_limit: Option<i64>,
 }
 
 /// `SwarmSpec.Raft`.
@@ -800,8 +800,8 @@ pub struct OrchestrationJson {
 pub struct RaftJson {
     /// Entries between snapshots.
     pub snapshot_interval: u64,
-    /// Snapshots kept.
-    pub keep_old_snapshots: u64,
+    /// Snapshots kept (a pointer in Docker's Go struct, as above).
+    pub keep_old_snapshots: Option<u64>,
     /// Entries kept for slow followers.
     pub log_entries_for_slow_followers: u64,
     /// Election timeout, in ticks.
@@ -867,15 +867,16 @@ impl SwarmJson {
                     name: ann.name,
                     labels: labels_to_json(&ann.labels),
                     orchestration: OrchestrationJson {
-                        task_history_retention_limit: spec
-                            .orchestration
-                            .as_ref()
-                            .map(|o| o.task_history_retention_limit)
-                            .unwrap_or(0),
+                        task_history_retention_limit: Some(
+                            spec.orchestration
+                                .as_ref()
+                                .map(|o| o.task_history_retention_limit)
+                                .unwrap_or(0),
+                        ),
                     },
                     raft: RaftJson {
                         snapshot_interval: raft.snapshot_interval,
-                        keep_old_snapshots: raft.keep_old_snapshots,
+                        keep_old_snapshots: Some(raft.keep_old_snapshots),
                         log_entries_for_slow_followers: raft.log_entries_for_slow_followers,
                         election_tick: raft.election_tick,
                         heartbeat_tick: raft.heartbeat_tick,
