@@ -122,6 +122,14 @@ pub(crate) fn with_context<C: Send + Sync + 'static>(routes: Router<Arc<C>>, ctx
 }
 
 async fn add_headers(mut r: Response) -> Response {
+    use axum::body::HttpBody;
+    // An empty answer (`200 OK` to a delete or an update) says what it is, in one of the spec's media types.
+    if r.body().size_hint().exact() == Some(0) && !r.headers().contains_key(axum::http::header::CONTENT_TYPE) {
+        r.headers_mut().insert(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+    }
     let h = r.headers_mut();
     h.insert("API-Version", HeaderValue::from_static(API_VERSION));
     h.insert(

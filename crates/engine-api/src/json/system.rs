@@ -74,7 +74,8 @@ pub struct InfoJson {
     pub security_options: Vec<String>,
     /// Live restore (false).
     pub live_restore_enabled: bool,
-    /// Isolation ("" on Linux).
+    /// Isolation (Windows only: left out on Linux, as the engine leaves it out).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub isolation: String,
     /// Warnings for `docker info` to print.
     pub warnings: Vec<String>,
