@@ -224,8 +224,8 @@ impl<'de> Deserializer<'de> for GoValue {
         if self.value.is_null() {
             return visitor.visit_unit();
         }
-        let at = GoValue { value: Value::Null, path: self.path };
-        self.value.deserialize_unit_struct(name, visitor).map_err(|e| at.at(e))
+        let (value, at) = self.split();
+        value.deserialize_unit_struct(name, visitor).map_err(|e| at.at(e))
     }
 
     fn deserialize_newtype_struct<V: Visitor<'de>>(self, _name: &'static str, visitor: V) -> Result<V::Value, Self::Error> {
@@ -233,16 +233,11 @@ impl<'de> Deserializer<'de> for GoValue {
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.value {
+        let (value, at) = self.split();
+        match value {
             Value::Null => visitor.visit_seq(Elements(Vec::new().into_iter())),
-            Value::Array(a) => {
-                let at = GoValue { value: Value::Null, path: self.path };
-                visitor.visit_seq(at.elements(a))
-            }
-            other => {
-                let at = GoValue { value: Value::Null, path: self.path };
-                other.deserialize_seq(visitor).map_err(|e| at.at(e))
-            }
+            Value::Array(a) => visitor.visit_seq(at.elements(a)),
+            other => other.deserialize_seq(visitor).map_err(|e| at.at(e)),
         }
     }
 
@@ -260,16 +255,11 @@ impl<'de> Deserializer<'de> for GoValue {
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.value {
+        let (value, at) = self.split();
+        match value {
             Value::Null => visitor.visit_map(GoValue::empty_map()),
-            Value::Object(m) => {
-                let at = GoValue { value: Value::Null, path: self.path };
-                visitor.visit_map(at.map_members(m))
-            }
-            other => {
-                let at = GoValue { value: Value::Null, path: self.path };
-                other.deserialize_map(visitor).map_err(|e| at.at(e))
-            }
+            Value::Object(m) => visitor.visit_map(at.map_members(m)),
+            other => other.deserialize_map(visitor).map_err(|e| at.at(e)),
         }
     }
 
@@ -279,16 +269,11 @@ impl<'de> Deserializer<'de> for GoValue {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        match self.value {
+        let (value, at) = self.split();
+        match value {
             Value::Null => visitor.visit_map(GoValue::empty_map()),
-            Value::Object(m) => {
-                let members = fold_struct(&self.path, m, fields);
-                visitor.visit_map(Members(members.into_iter(), None))
-            }
-            other => {
-                let at = GoValue { value: Value::Null, path: self.path };
-                other.deserialize_struct(name, fields, visitor).map_err(|e| at.at(e))
-            }
+            Value::Object(m) => visitor.visit_map(Members(fold_struct(&at.path, m, fields).into_iter(), None)),
+            other => other.deserialize_struct(name, fields, visitor).map_err(|e| at.at(e)),
         }
     }
 
@@ -298,8 +283,8 @@ impl<'de> Deserializer<'de> for GoValue {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let at = GoValue { value: Value::Null, path: self.path };
-        self.value.deserialize_enum(name, variants, visitor).map_err(|e| at.at(e))
+        let (value, at) = self.split();
+        value.deserialize_enum(name, variants, visitor).map_err(|e| at.at(e))
     }
 
     fn deserialize_identifier<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
