@@ -36,7 +36,12 @@ for path, ops in spec["paths"].items():
                 for code, reason in codes.items():
                     op["responses"].setdefault(code, dict(ERROR, description=f"{reason} (answered by the engine, left out of the spec)"))
 
-with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as out:
-    json.dump(spec, out)
-schemathesis = os.path.join(os.path.dirname(sys.executable), "schemathesis")
-sys.exit(subprocess.call([schemathesis, "run", out.name, *args]))
+# In a scratch directory, removed after: the patched spec, and the caches schemathesis and hypothesis leave in
+# their working directory.
+with tempfile.TemporaryDirectory(prefix="shoal-schemathesis-") as workdir:
+    patched = os.path.join(workdir, "engine-api.json")
+    with open(patched, "w") as out:
+        json.dump(spec, out)
+    schemathesis = os.path.join(os.path.dirname(sys.executable), "schemathesis")
+    code = subprocess.call([schemathesis, "run", patched, "--generation-database", "none", *args], cwd=workdir)
+sys.exit(code)
