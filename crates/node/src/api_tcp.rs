@@ -6,7 +6,8 @@
 //! on every request. Connections without a certificate of the cluster root fail the handshake.
 //!
 //! Bounds: at most `MAX_API_CONNECTIONS` connections at once (accepting waits), `HANDSHAKE_TIMEOUT` per
-//! handshake, then the Engine API's header, idle and body read timeouts (`shoal_engine_api::connections`). Must not know the routes (it serves the router it is given).
+//! handshake, then the Engine API's header, idle and body read timeouts (`shoal_engine_api::connections`).
+//! Must not know the routes (it serves the router it is given).
 
 use std::sync::Arc;
 use std::time::SystemTime;
