@@ -17,8 +17,8 @@ use crate::error::ApiError;
 use crate::ApiContext;
 
 /// The request body.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
 pub struct ClientCertRequest {
     /// The client's name (the certificate's CN).
     pub name: String,
@@ -39,9 +39,12 @@ pub struct ClientCertResponse {
 }
 
 /// `POST /shoal/v1/ca/client-cert`.
-pub async fn client_cert(State(ctx): State<Arc<ApiContext>>, body: Bytes) -> Result<Response, ApiError> {
-    let req: ClientCertRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("expected {{\"Name\": ..., \"CSR\": ...}}: {e}")))?;
+pub async fn client_cert(
+    State(ctx): State<Arc<ApiContext>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: ClientCertRequest = crate::request::json_body(&headers, &body, "client certificate request {\"Name\": ..., \"CSR\": ...}")?;
     let (certificate, root_ca) = issue_client_cert(&ctx.state, &req.name, &req.csr).map_err(|e| match e {
         ClientCertError::NoCluster => ApiError::Unavailable(e.to_string()),
         ClientCertError::BadRequest(m) => ApiError::BadRequest(m),

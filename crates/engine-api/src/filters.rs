@@ -1,6 +1,9 @@
 //! Docker's `filters` query parameter: a JSON object from filter name to values, either
-//! `{"name": {"web": true}}` (current) or `{"name": ["web"]}` (legacy). Parsed into the control API's
-//! filter structs; unknown filter names are refused like Docker does. Must not depend on the store.
+//! `{"name": {"web": true}}` (current) or `{"name": ["web"]}` (legacy), as moby's `filters.FromJSON` reads it:
+//! in the current form every key is a value whatever its boolean (the engine's `Args.Get` lists the keys), a
+//! value that is not a boolean is a 400, and so is a legacy list holding anything but strings. Parsed into the
+//! control API's filter structs; unknown filter names are refused like Docker does ("invalid filter 'x'").
+//! Must not depend on the store.
 
 use std::collections::BTreeMap;
 
@@ -19,11 +22,12 @@ pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<RawFilters, ApiError
     let Some(raw) = raw.filter(|r| !r.trim().is_empty()) else {
         return Ok(out);
     };
-    let bad = |why: &str| ApiError::BadRequest(format!("invalid filters {raw:?}: {why}"));
+    let bad = |why: &str| ApiError::BadRequest(format!("invalid filter: {why} (in {raw:?})"));
     let doc: Value = serde_json::from_str(raw).map_err(|e| bad(&e.to_string()))?;
     let Value::Object(map) = doc else {
         return Err(bad("expected a JSON object"));
     };
+    let (mut current, mut legacy) = (false, false);
     for (name, values) in map {
         if !allowed.contains(&name.as_str()) {
             return Err(ApiError::BadRequest(format!(
@@ -32,21 +36,34 @@ pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<RawFilters, ApiError
             )));
         }
         let list: Vec<String> = match values {
-            Value::Object(m) => m
-                .into_iter()
-                .filter(|(_, v)| v.as_bool() == Some(true))
-                .map(|(k, _)| k)
-                .collect(),
-            Value::Array(a) => a
-                .into_iter()
+            Value::Object(m) => {
+                current = true;
+                m.into_iter()
+                .map(|(k, v)| match v {
+                    Value::Bool(_) => Ok(k),
+                    _ => Err(bad(&format!(
+                        "filter '{name}' maps {k:?} to {v}: the values of a filter are {{\"value\": true}}"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?
+            }
+            Value::Null => Vec::new(),
+            Value::Array(a) => {
+                legacy = true;
+                a.into_iter()
                 .map(|v| {
                     v.as_str()
                         .map(str::to_string)
                         .ok_or_else(|| bad("filter values must be strings"))
                 })
-                .collect::<Result<_, _>>()?,
+                .collect::<Result<_, _>>()?
+            }
             _ => return Err(bad("each filter must map to an object or a list")),
         };
+        if current && legacy {
+            // moby reads the whole document in one form or the other.
+            return Err(bad("use one form for every filter, {\"name\": {\"value\": true}} or the legacy {\"name\": [\"value\"]}"));
+        }
         out.entry(name).or_default().extend(list);
     }
     Ok(out)
@@ -147,9 +164,14 @@ mod tests {
 
     #[test]
     fn both_filter_forms_parse() {
-        let f = services(Some(r#"{"name":{"web":true,"db":false},"id":["abc"]}"#)).unwrap();
+        let f = services(Some(r#"{"name":{"web":true},"label":null}"#)).unwrap();
         assert_eq!(f.name_prefixes, ["web"]);
+        assert!(f.labels.is_empty());
+        let f = services(Some(r#"{"id":["abc"],"label":null}"#)).unwrap();
         assert_eq!(f.id_prefixes, ["abc"]);
+        // As the engine's Args.Get: every key counts, whatever its boolean.
+        let f = services(Some(r#"{"name":{"web":true,"db":false}}"#)).unwrap();
+        assert_eq!(f.name_prefixes, ["db", "web"]);
         assert!(services(None).unwrap() == ServiceFilters::default());
         let t = tasks(Some(r#"{"desired-state":{"running":true}}"#)).unwrap();
         assert_eq!(t.desired_states, [TaskState::Running]);
@@ -158,7 +180,10 @@ mod tests {
     #[test]
     fn bad_filters_are_400_with_a_reason() {
         for (raw, fragment) in [
-            ("{", "invalid filters"),
+            ("{", "invalid filter"),
+            (r#"{"name":{"web":"yes"}}"#, "the values of a filter are"),
+            (r#"{"name":[1]}"#, "filter values must be strings"),
+            (r#"{"name":{"web":true},"id":["abc"]}"#, "one form"),
             ("[1]", "JSON object"),
             (r#"{"colour":{"red":true}}"#, "invalid filter 'colour'"),
             (r#"{"mode":{"sometimes":true}}"#, "mode=sometimes"),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use shoal_api::NodeRole;
@@ -21,19 +21,15 @@ use crate::json::{
     ServiceStatusJson, ServiceUpdateResponse, SwarmInfoJson, SwarmJson, SystemVersionJson,
     TaskJson,
 };
+use crate::request::{json_body, MIN_API_VERSION};
 use crate::{ApiContext, API_VERSION};
 
 type Ctx = State<Arc<ApiContext>>;
 type Params = Query<HashMap<String, String>>;
 type ApiResult = Result<Response, ApiError>;
 
-/// The oldest API version we answer to (what Docker 28 reports).
-const MIN_API_VERSION: &str = "1.24";
 
-fn flag(q: &HashMap<String, String>, name: &str) -> bool {
-    q.get(name)
-        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
-}
+use crate::request::bool_param as flag;
 
 fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
     let v = q.get("version").ok_or_else(|| {
@@ -46,31 +42,6 @@ fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
             "invalid version {v:?}: expected a non-negative integer"
         ))
     })
-}
-
-fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::BadRequest(format!(
-            "the request body is empty: send a {what} as JSON"
-        )));
-    }
-    let bad = |e: serde_json::Error| ApiError::BadRequest(format!("invalid {what} JSON: {e}"));
-    let mut doc: serde_json::Value = serde_json::from_slice(body).map_err(bad)?;
-    drop_nulls(&mut doc);
-    serde_json::from_value(doc).map_err(bad)
-}
-
-/// Removes `null` members from objects, recursively: Go clients send `null` for nil maps and slices, which
-/// mean the same as absent.
-fn drop_nulls(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(m) => {
-            m.retain(|_, x| !x.is_null());
-            m.values_mut().for_each(drop_nulls);
-        }
-        serde_json::Value::Array(a) => a.iter_mut().for_each(drop_nulls),
-        _ => {}
-    }
 }
 
 fn json<T: serde::Serialize>(v: T) -> ApiResult {
@@ -152,7 +123,7 @@ pub async fn version() -> ApiResult {
         }],
         version: v.into(),
         api_version: API_VERSION.into(),
-        min_api_version: MIN_API_VERSION.into(),
+        min_api_version: format!("{}.{}", MIN_API_VERSION.0, MIN_API_VERSION.1),
         git_commit: String::new(),
         go_version: "rust".into(),
         os: "linux".into(),
@@ -207,10 +178,27 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
         }
     });
     json(InfoJson {
-        id: ctx.node_id.clone(),
-        name: ctx.hostname.clone(),
+        labels: vec![format!("shoal.executor={}", ctx.executor)],
+        swarm,
+        ..host_info(&ctx.node_id, &ctx.hostname)
+    })
+}
+
+/// The host part of `GET /info`, the same on every kind of node (manager, worker, locked manager).
+pub(crate) fn host_info(node_id: &str, hostname: &str) -> InfoJson {
+    let os_release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let os_version = os_release
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_ID="))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_default();
+    let cgroup_version = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "2" } else { "1" };
+    InfoJson {
+        id: node_id.to_string(),
+        name: hostname.to_string(),
         operating_system: os_description(),
         os_type: "linux".into(),
+        os_version,
         architecture: std::env::consts::ARCH.into(),
         ncpu: std::thread::available_parallelism()
             .map(|n| n.get() as u64)
@@ -218,10 +206,16 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
         mem_total: mem_total_bytes(),
         kernel_version: kernel_version(),
         server_version: env!("CARGO_PKG_VERSION").into(),
-        labels: vec![format!("shoal.executor={}", ctx.executor)],
-        swarm,
+        system_time: time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+        n_fd: std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(0),
+        logging_driver: "json-file".into(),
+        cgroup_driver: "cgroupfs".into(),
+        cgroup_version: cgroup_version.into(),
+        index_server_address: "https://index.docker.io/v1/".into(),
         ..Default::default()
-    })
+    }
 }
 
 fn first_cluster(t: &shoal_store::Tables) -> Option<&shoal_api::Cluster> {
@@ -281,8 +275,8 @@ pub async fn list_services(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 }
 
 /// `POST /services/create`.
-pub async fn create_service(State(ctx): Ctx, body: Bytes) -> ApiResult {
-    let spec: ServiceSpecJson = parse_body(&body, "service spec")?;
+pub async fn create_service(State(ctx): Ctx, headers: HeaderMap, body: Bytes) -> ApiResult {
+    let spec: ServiceSpecJson = json_body(&headers, &body, "service spec")?;
     let svc = controlapi::create_service(&ctx.state, spec.to_api()?).await?;
     Ok((
         StatusCode::CREATED,
@@ -294,11 +288,17 @@ pub async fn create_service(State(ctx): Ctx, body: Bytes) -> ApiResult {
         .into_response())
 }
 
-/// `GET /services/{id}`.
-pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+/// `GET /services/{id}[?insertDefaults=true]`.
+pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
+    let insert_defaults = flag(&q, "insertDefaults");
     read_barrier(&ctx).await?;
     let s = controlapi::get_service(&ctx.state, &id)?;
-    json(ServiceJson::from_api(&s))
+    let mut j = ServiceJson::from_api(&s);
+    if insert_defaults {
+        j.spec = j.spec.with_defaults();
+        j.previous_spec = j.previous_spec.map(ServiceSpecJson::with_defaults);
+    }
+    json(j)
 }
 
 /// `DELETE /services/{id}`.
@@ -312,6 +312,7 @@ pub async fn update_service(
     State(ctx): Ctx,
     Path(id): Path<String>,
     Query(q): Params,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
     let version = version_param(&q)?;
@@ -321,7 +322,7 @@ pub async fn update_service(
             ApiError::BadRequest(format!("service {id} has no previous spec to roll back to"))
         })?
     } else {
-        parse_body::<ServiceSpecJson>(&body, "service spec")?.to_api()?
+        json_body::<ServiceSpecJson>(&headers, &body, "service spec")?.to_api()?
     };
     controlapi::update_service(&ctx.state, &id, version, spec).await?;
     json(ServiceUpdateResponse {
@@ -374,10 +375,11 @@ pub async fn update_node(
     State(ctx): Ctx,
     Path(id): Path<String>,
     Query(q): Params,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
     let version = version_param(&q)?;
-    let spec: NodeSpecJson = parse_body(&body, "node spec")?;
+    let spec: NodeSpecJson = json_body(&headers, &body, "node spec")?;
     let current = controlapi::get_node(&ctx.state, &id)?;
     let membership = current
         .spec

@@ -7,9 +7,11 @@
 //! or the executors.
 
 pub mod ca;
+pub mod connections;
 pub mod error;
 pub mod filters;
 mod handlers;
+pub mod request;
 pub mod json;
 pub mod locked;
 pub mod logs;
@@ -22,8 +24,7 @@ pub mod worker;
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::extract::Request;
-use axum::http::{HeaderValue, Uri};
+use axum::http::HeaderValue;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
@@ -51,15 +52,24 @@ pub struct ApiContext {
     pub leader_logs: Option<Arc<dyn logs::LeaderLogs>>,
 }
 
-/// Serves the API on `listener` until `shutdown` resolves; in-flight requests finish first.
+/// Serves the API on `listener` within the default `connections::ConnectionLimits` until `shutdown`
+/// resolves; in-flight requests then get a bounded time to finish.
 pub async fn serve_unix(
     listener: tokio::net::UnixListener,
     ctx: ApiContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(ctx))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_unix_with(listener, ctx, connections::ConnectionLimits::default(), shutdown).await
+}
+
+/// `serve_unix` within `limits`.
+pub async fn serve_unix_with(
+    listener: tokio::net::UnixListener,
+    ctx: ApiContext,
+    limits: connections::ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    connections::serve_unix(listener, router(ctx), limits, shutdown).await
 }
 
 /// The API's routes over `ctx`. Requests may carry a `/v1.NN` prefix; it is stripped before routing.
@@ -94,20 +104,32 @@ pub fn router(ctx: ApiContext) -> Router {
 }
 
 /// `routes` (handlers over `ctx`, fallback included) as every API of this crate serves them (this one, a
-/// worker's, a locked manager's): with `/_ping` and `/version`, Docker's headers on every response, an
-/// optional `/v1.NN` prefix stripped before routing.
+/// worker's, a locked manager's): with `/_ping` and `/version`, Docker's headers on every response, and what
+/// `request` does around every handler (body read first, version prefix checked and stripped, JSON errors).
 pub(crate) fn with_context<C: Send + Sync + 'static>(routes: Router<Arc<C>>, ctx: C) -> Router {
     let routes = Router::new()
         .route("/_ping", get(handlers::ping))
         .route("/version", get(handlers::version))
         .merge(routes)
-        .layer(axum::middleware::map_response(add_headers))
         .with_state(Arc::new(ctx));
-    let stripped = tower::ServiceBuilder::new().map_request(strip_version_prefix).service(routes);
-    Router::new().fallback_service(stripped)
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn(request::api_version))
+        .layer(axum::middleware::from_fn(request::json_errors))
+        .layer(axum::middleware::map_response(add_headers))
+        .layer(axum::extract::DefaultBodyLimit::max(request::BODY_LIMIT_BYTES))
+        .layer(axum::middleware::from_fn(request::read_body_first))
 }
 
 async fn add_headers(mut r: Response) -> Response {
+    use axum::body::HttpBody;
+    // An empty answer (`200 OK` to a delete or an update) says what it is, in one of the spec's media types.
+    if r.body().size_hint().exact() == Some(0) && !r.headers().contains_key(axum::http::header::CONTENT_TYPE) {
+        r.headers_mut().insert(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+    }
     let h = r.headers_mut();
     h.insert("API-Version", HeaderValue::from_static(API_VERSION));
     h.insert(
@@ -115,31 +137,4 @@ async fn add_headers(mut r: Response) -> Response {
         HeaderValue::from_static(concat!("Shoal/", env!("CARGO_PKG_VERSION"))),
     );
     r
-}
-
-/// Returns the path without a leading `/v<major>.<minor>` segment, if it has one.
-fn without_version(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix("/v")?;
-    let end = rest.find('/').unwrap_or(rest.len());
-    let (ver, tail) = rest.split_at(end);
-    let (major, minor) = ver.split_once('.')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(major) && digits(minor)).then_some(if tail.is_empty() { "/" } else { tail })
-}
-
-fn strip_version_prefix(mut req: Request) -> Request {
-    if let Some(path) = without_version(req.uri().path()) {
-        let pq = match req.uri().query() {
-            Some(q) => format!("{path}?{q}"),
-            None => path.to_string(),
-        };
-        let mut parts = req.uri().clone().into_parts();
-        if let Ok(p) = pq.parse() {
-            parts.path_and_query = Some(p);
-            if let Ok(uri) = Uri::from_parts(parts) {
-                *req.uri_mut() = uri;
-            }
-        }
-    }
-    req
 }

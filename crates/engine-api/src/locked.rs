@@ -70,36 +70,21 @@ impl std::fmt::Debug for LockedContext {
 
 async fn info(State(ctx): State<Arc<LockedContext>>) -> Json<InfoJson> {
     Json(InfoJson {
-        id: ctx.node_id.clone(),
-        name: ctx.hostname.clone(),
-        operating_system: crate::handlers::os_description(),
-        os_type: "linux".into(),
-        architecture: std::env::consts::ARCH.into(),
-        ncpu: std::thread::available_parallelism()
-            .map(|n| n.get() as u64)
-            .unwrap_or(1),
-        mem_total: crate::handlers::mem_total_bytes(),
-        kernel_version: crate::handlers::kernel_version(),
-        server_version: env!("CARGO_PKG_VERSION").into(),
         swarm: SwarmInfoJson {
             node_id: ctx.node_id.clone(),
             local_node_state: "locked".into(),
             control_available: false,
             ..Default::default()
         },
-        ..Default::default()
+        ..crate::handlers::host_info(&ctx.node_id, &ctx.hostname)
     })
 }
 
-async fn unlock(State(ctx): State<Arc<LockedContext>>, body: Bytes) -> Response {
-    let req: UnlockRequestJson = match serde_json::from_slice(&body) {
+async fn unlock(State(ctx): State<Arc<LockedContext>>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
+    let what = "unlock request {\"UnlockKey\": \"SWMKEY-1-...\"}";
+    let req: UnlockRequestJson = match crate::request::json_body(&headers, &body, what) {
         Ok(r) => r,
-        Err(e) => {
-            return ApiError::BadRequest(format!(
-                "invalid unlock request JSON: {e}; send {{\"UnlockKey\": \"SWMKEY-1-...\"}}"
-            ))
-            .into_response()
-        }
+        Err(e) => return e.into_response(),
     };
     let unlocker = ctx.unlocker.clone();
     let outcome = tokio::task::spawn_blocking(move || unlocker.unlock(&req.unlock_key))
@@ -136,8 +121,7 @@ pub async fn serve_locked_unix(
     ctx: LockedContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, locked_router(ctx))
-        .with_graceful_shutdown(shutdown)
+    crate::connections::serve_unix(listener, locked_router(ctx), crate::connections::ConnectionLimits::default(), shutdown)
         .await
 }
 

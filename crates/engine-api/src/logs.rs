@@ -56,10 +56,7 @@ pub struct LineFormat {
     pub tty: bool,
 }
 
-fn flag(q: &HashMap<String, String>, name: &str) -> bool {
-    q.get(name)
-        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
-}
+use crate::request::bool_param as flag;
 
 /// The subscription options and line format for the query.
 pub fn parse_query(

@@ -18,6 +18,7 @@ use shoal_api::{ClusterSpec, Driver};
 use shoal_manager::controlapi;
 
 use crate::error::ApiError;
+use crate::request::bool_param as flag;
 use crate::json::objects::SwarmSpecJson;
 use crate::ApiContext;
 
@@ -28,27 +29,45 @@ fn duration_from_ns(ns: i64) -> Option<shoal_api::prost_types::Duration> {
     })
 }
 
-/// `current` with the fields of `j` applied (fields the Engine API does not carry are kept).
+/// `current` with the fields of `j` applied as the engine applies them (`MergeSwarmSpecToGRPC`): a field that
+/// is zero, empty or absent in `j` keeps its current value (so a client may send only what it changes, as the
+/// Python SDK does); `ForceRotate` and `AutoLockManagers` are always taken. Fields the Engine API does not
+/// carry are kept.
 pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
     let mut s = current.clone();
     let ann = s.annotations.get_or_insert_with(Default::default);
     if !j.name.is_empty() {
         ann.name = j.name.clone();
     }
-    ann.labels = j
-        .labels
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    s.orchestration
-        .get_or_insert_with(Default::default)
-        .task_history_retention_limit = j.orchestration.task_history_retention_limit;
+    if !j.labels.is_empty() {
+        ann.labels = j
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+    }
+    if let Some(limit) = j.orchestration.task_history_retention_limit {
+        s.orchestration
+            .get_or_insert_with(Default::default)
+            .task_history_retention_limit = limit;
+    }
     let raft = s.raft.get_or_insert_with(Default::default);
-    raft.snapshot_interval = j.raft.snapshot_interval;
-    raft.keep_old_snapshots = j.raft.keep_old_snapshots;
-    raft.log_entries_for_slow_followers = j.raft.log_entries_for_slow_followers;
-    raft.election_tick = j.raft.election_tick;
-    raft.heartbeat_tick = j.raft.heartbeat_tick;
+    let set = |field: &mut u64, v: u64| {
+        if v != 0 {
+            *field = v;
+        }
+    };
+    set(&mut raft.snapshot_interval, j.raft.snapshot_interval);
+    if let Some(keep) = j.raft.keep_old_snapshots {
+        raft.keep_old_snapshots = keep;
+    }
+    set(&mut raft.log_entries_for_slow_followers, j.raft.log_entries_for_slow_followers);
+    if j.raft.election_tick != 0 {
+        raft.election_tick = j.raft.election_tick;
+    }
+    if j.raft.heartbeat_tick != 0 {
+        raft.heartbeat_tick = j.raft.heartbeat_tick;
+    }
     if let Some(hb) = duration_from_ns(j.dispatcher.heartbeat_period) {
         s.dispatcher
             .get_or_insert_with(Default::default)
@@ -62,31 +81,24 @@ pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
     s.encryption_config
         .get_or_insert_with(Default::default)
         .auto_lock_managers = j.encryption_config.auto_lock_managers;
-    let driver = j.task_defaults.log_driver.as_ref().map(|d| Driver {
-        name: d.name.clone(),
-        options: d
-            .options
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-    });
-    if driver.is_some() || s.task_defaults.is_some() {
-        s.task_defaults
-            .get_or_insert_with(Default::default)
-            .log_driver = driver;
+    if let Some(d) = j.task_defaults.log_driver.as_ref() {
+        s.task_defaults.get_or_insert_with(Default::default).log_driver = Some(Driver {
+            name: d.name.clone(),
+            options: d
+                .options
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        });
     }
     s
-}
-
-fn flag(q: &HashMap<String, String>, name: &str) -> bool {
-    q.get(name)
-        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
 }
 
 /// `POST /swarm/update?version=N`.
 pub async fn update_swarm(
     State(ctx): State<Arc<ApiContext>>,
     Query(q): Query<HashMap<String, String>>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let version: u64 = q
@@ -106,14 +118,7 @@ pub async fn update_swarm(
         worker: flag(&q, "rotateWorkerToken"),
         manager: flag(&q, "rotateManagerToken"),
     };
-    let j: SwarmSpecJson = if body.is_empty() {
-        return Err(ApiError::BadRequest(
-            "the request body is empty: send the swarm spec as JSON".into(),
-        ));
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::BadRequest(format!("invalid swarm spec JSON: {e}")))?
-    };
+    let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
     let cluster = controlapi::get_cluster(&ctx.state)?;
     let spec = merge_spec(&cluster.spec.clone().unwrap_or_default(), &j);
     if rotate_unlock_key && !controlapi::autolock_on(Some(&spec)) {
@@ -149,7 +154,7 @@ mod tests {
             ..Default::default()
         };
         let mut j = SwarmJson::from_api(&cluster).cluster.spec;
-        j.orchestration.task_history_retention_limit = 3;
+        j.orchestration.task_history_retention_limit = Some(3);
         j.ca_config.node_cert_expiry = 48 * 3600 * 1_000_000_000;
         let merged = merge_spec(&current, &j);
         assert_eq!(
@@ -174,6 +179,12 @@ mod tests {
         // Unchanged fields come back as they were.
         let back = merge_spec(&current, &SwarmJson::from_api(&cluster).cluster.spec);
         assert_eq!(back, current);
+        // A partial spec (the Python SDK's Swarm.update) changes only what it sets.
+        let partial: SwarmSpecJson = crate::json::decode(br#"{"Name": null, "Raft": {"SnapshotInterval": 5000}, "Orchestration": {"TaskHistoryRetentionLimit": null}}"#).unwrap();
+        let merged = merge_spec(&current, &partial);
+        let mut want = current.clone();
+        want.raft.as_mut().unwrap().snapshot_interval = 5000;
+        assert_eq!(merged, want);
     }
 
     fn shoal_node_like_spec() -> ClusterSpec {

@@ -250,6 +250,27 @@ async fn info_and_swarm_describe_the_node_and_cluster() {
     assert_eq!(sw["Managers"], 1);
     assert_eq!(sw["RemoteManagers"][0]["Addr"], "127.0.0.1:4242");
     assert_eq!(sw["Cluster"]["ID"], "cluster1");
+    // What `docker info` and the SDKs read besides.
+    for (doc, field, want) in [
+        (&s.body, "DataPathPort", json!(4789)),
+        (&s.body, "DefaultAddrPool", json!(["10.0.0.0/8"])),
+        (&s.body, "SubnetSize", json!(24)),
+        (&sw["Cluster"], "DataPathPort", json!(4789)),
+        (&i.body, "LoggingDriver", json!("json-file")),
+        (&i.body, "CgroupDriver", json!("cgroupfs")),
+        (&i.body, "IndexServerAddress", json!("https://index.docker.io/v1/")),
+        (&i.body, "Warnings", json!([])),
+        (&i.body, "SecurityOptions", json!([])),
+        (&i.body, "Plugins", json!({"Volume": [], "Network": [], "Authorization": [], "Log": []})),
+    ] {
+        assert_eq!(doc[field], want, "{field}");
+    }
+    assert!(i.body["NFd"].as_u64().is_some_and(|n| n > 0), "{}", i.text);
+    assert!(matches!(i.body["CgroupVersion"].as_str(), Some("1" | "2")), "{}", i.text);
+    let now = time::OffsetDateTime::now_utc();
+    let t = time::OffsetDateTime::parse(i.body["SystemTime"].as_str().unwrap(), &time::format_description::well_known::Rfc3339)
+        .expect("SystemTime is RFC 3339");
+    assert!((now - t).abs() < time::Duration::minutes(1), "{t} vs {now}");
 }
 
 #[tokio::test]
@@ -266,6 +287,19 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
         )
         .await;
     assert_eq!(g.status, StatusCode::OK);
+    assert_eq!(g.body["Spec"]["UpdateConfig"], Value::Null, "{}", g.text);
+    // insertDefaults fills in SwarmKit's defaults, as `docker service inspect` shows them.
+    let d = api.call(Method::GET, "/services/web?insertDefaults=true", None).await;
+    let with_defaults = &d.body["Spec"];
+    for (path, want) in [
+        ("/UpdateConfig", json!({"Parallelism": 1, "FailureAction": "pause", "Monitor": 5_000_000_000i64,
+                                 "MaxFailureRatio": 0.0, "Order": "stop-first"})),
+        ("/RollbackConfig/Order", json!("stop-first")),
+        ("/TaskTemplate/ContainerSpec/StopGracePeriod", json!(10_000_000_000i64)),
+        ("/TaskTemplate/RestartPolicy", json!({"Condition": "any", "Delay": 5_000_000_000i64})),
+    ] {
+        assert_eq!(with_defaults.pointer(path), Some(&want), "{path}: {}", d.text);
+    }
     assert_eq!(g.body["ID"], id.as_str());
     assert_eq!(g.body["Spec"]["Name"], "web");
     assert_eq!(g.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
@@ -417,7 +451,7 @@ async fn bad_service_requests_are_400_and_conflicts_409() {
     assert_error(
         &malformed,
         StatusCode::BAD_REQUEST,
-        "invalid service spec JSON",
+        "invalid JSON: key must be a string",
     );
     let wrong_type = api
         .call(Method::POST, "/services/create", Some(json!({"Name": 5})))
@@ -463,7 +497,7 @@ async fn bad_service_requests_are_400_and_conflicts_409() {
     let bad_filter = api
         .call(Method::GET, "/services?filters=%7Bnope", None)
         .await;
-    assert_error(&bad_filter, StatusCode::BAD_REQUEST, "invalid filters");
+    assert_error(&bad_filter, StatusCode::BAD_REQUEST, "invalid filter");
     let unknown_filter = api
         .call(
             Method::GET,
@@ -579,15 +613,6 @@ async fn nodes_list_inspect_update_remove() {
     );
 }
 
-#[test]
-fn version_prefixes_are_recognized() {
-    assert_eq!(crate::without_version("/v1.47/services"), Some("/services"));
-    assert_eq!(crate::without_version("/v1.24"), Some("/"));
-    assert_eq!(crate::without_version("/services"), None);
-    assert_eq!(crate::without_version("/v1/services"), None);
-    assert_eq!(crate::without_version("/va.b/x"), None);
-}
-
 #[tokio::test]
 async fn swarm_update_rotates_join_tokens_at_the_current_version() {
     let api = Api::new();
@@ -619,4 +644,137 @@ async fn swarm_update_rotates_join_tokens_at_the_current_version() {
     assert_ne!(after.body["JoinTokens"]["Worker"], w0, "worker token rotated");
     assert_eq!(after.body["JoinTokens"]["Manager"], m0, "manager token kept");
     assert!(after.body["Version"]["Index"].as_u64().unwrap() > version);
+}
+
+#[tokio::test]
+async fn api_versions_from_1_24_to_1_47_and_the_engine_message_outside() {
+    let api = Api::new();
+    for (uri, status, fragment) in [
+        ("/v1.24/info", StatusCode::OK, ""),
+        ("/v1.41/services", StatusCode::OK, ""),
+        ("/v1.47/nodes", StatusCode::OK, ""),
+        (
+            "/v1.23/info",
+            StatusCode::BAD_REQUEST,
+            "client version 1.23 is too old. Minimum supported API version is 1.24, please upgrade your client to a newer version",
+        ),
+        ("/v1.12/_ping", StatusCode::BAD_REQUEST, "client version 1.12 is too old"),
+        ("/v1.48/info", StatusCode::BAD_REQUEST, "client version 1.48 is too new. Maximum supported API version is 1.47"),
+    ] {
+        let r = api.call(Method::GET, uri, None).await;
+        if fragment.is_empty() {
+            assert_eq!(r.status, status, "{uri}: {}", r.text);
+        } else {
+            assert_error(&r, status, fragment);
+            assert_eq!(r.headers["content-type"], "application/json", "{uri}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_error_answer_is_json() {
+    let api = Api::new();
+    for (method, uri, body, status) in [
+        (Method::PUT, "/services/create", None, StatusCode::METHOD_NOT_ALLOWED),
+        (Method::DELETE, "/v1.47/info", None, StatusCode::METHOD_NOT_ALLOWED),
+        (Method::GET, "/secrets", None, StatusCode::NOT_FOUND),
+        (Method::GET, "/services/%FF", None, StatusCode::BAD_REQUEST),
+        (Method::POST, "/services/create", Some("{\"Name\": 1}".to_string()), StatusCode::BAD_REQUEST),
+        (Method::POST, "/services/create", Some("[]".to_string()), StatusCode::BAD_REQUEST),
+        (Method::POST, "/nodes/x/update?version=1", Some("{}".to_string()), StatusCode::NOT_FOUND),
+    ] {
+        let r = api.raw(method.clone(), uri, body).await;
+        assert_eq!(r.status, status, "{method} {uri}: {}", r.text);
+        assert_eq!(r.headers["content-type"], "application/json", "{method} {uri}");
+        assert!(r.body["message"].as_str().is_some_and(|m| !m.is_empty()), "{method} {uri}: {}", r.text);
+    }
+    // A body that is not JSON is refused as the engine refuses it.
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/services/create")
+        .header("content-type", "text/plain")
+        .body(Body::from(spec("web", 1).to_string()))
+        .unwrap();
+    let resp = router(ctx(api.state.clone())).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&bytes).contains("unsupported Content-Type header (text/plain): must be 'application/json'"));
+}
+
+#[tokio::test]
+async fn service_specs_are_decoded_as_go_would_and_bad_combinations_refused() {
+    let api = Api::new();
+    // The Python SDK's casing: {"Mode": {"replicated": {"Replicas": 5}}}, and nulls for what it leaves unset.
+    let r = api
+        .call(
+            Method::POST,
+            "/services/create",
+            Some(json!({"name": "web", "labels": null, "taskTemplate": {"containerSpec": {"image": "busybox", "args": null}},
+                        "mode": {"replicated": {"Replicas": 5}}, "UpdateConfig": null, "endpointSpec": null})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let g = api.call(Method::GET, "/services/web", None).await;
+    assert_eq!(g.body["Spec"]["Mode"]["Replicated"]["Replicas"], 5, "{}", g.text);
+    assert_eq!(g.body["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"], "busybox");
+    // Scale through an update with lower-case keys.
+    let version = g.body["Version"]["Index"].as_u64().unwrap();
+    let mut upd = g.body["Spec"].clone();
+    upd["Mode"] = json!({"REPLICATED": {"replicas": 3}});
+    let r = api.call(Method::POST, &format!("/services/web/update?version={version}"), Some(upd)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let g = api.call(Method::GET, "/services/web", None).await;
+    assert_eq!(g.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3, "{}", g.text);
+
+    let mut both = spec("two", 1);
+    both["Mode"]["Global"] = json!({});
+    let mut dup = spec("dup", 1);
+    dup["EndpointSpec"]["Ports"] = json!([{"TargetPort": 80, "PublishedPort": 8080}, {"TargetPort": 81, "PublishedPort": 8080}]);
+    let mut dnsrr = spec("dnsrr", 1);
+    dnsrr["EndpointSpec"] = json!({"Mode": "dnsrr", "Ports": [{"TargetPort": 80, "PublishedPort": 8080}]});
+    for (doc, fragment) in [
+        (both, "must specify only one service mode"),
+        (dup, "duplicate published ports provided (8080/tcp)"),
+        (dnsrr, "can't be used with dnsrr mode"),
+    ] {
+        assert_error(&api.call(Method::POST, "/services/create", Some(doc)).await, StatusCode::BAD_REQUEST, fragment);
+    }
+    // Same port on two protocols, or unpublished twice: fine.
+    let mut ok = spec("ok", 1);
+    ok["EndpointSpec"]["Ports"] = json!([{"TargetPort": 53, "PublishedPort": 5353, "Protocol": "udp"},
+                                          {"TargetPort": 53, "PublishedPort": 5353, "Protocol": "tcp"},
+                                          {"TargetPort": 80}, {"TargetPort": 81}]);
+    let r = api.call(Method::POST, "/services/create", Some(ok)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    // Nothing was written by the refused ones.
+    let list = api.call(Method::GET, "/services", None).await;
+    assert_eq!(list.body.as_array().map(Vec::len), Some(2), "{}", list.text);
+}
+
+#[tokio::test]
+async fn filters_of_the_wrong_shape_are_400() {
+    let api = Api::new();
+    for (filters, status, fragment) in [
+        (r#"{"name":{"web":true}}"#, StatusCode::OK, ""),
+        (r#"{"name":["web"]}"#, StatusCode::OK, ""),
+        (r#"{"name":{"web":"yes"}}"#, StatusCode::BAD_REQUEST, "invalid filter"),
+        (r#"{"colour":{"red":true}}"#, StatusCode::BAD_REQUEST, "invalid filter 'colour'"),
+        (r#"{"name":"web"}"#, StatusCode::BAD_REQUEST, "invalid filter"),
+    ] {
+        for path in ["/services", "/tasks", "/nodes"] {
+            let uri = format!("{path}?filters={}", urlencode(filters));
+            let r = api.call(Method::GET, &uri, None).await;
+            if fragment.is_empty() {
+                assert_eq!(r.status, status, "{uri}: {}", r.text);
+            } else {
+                assert_error(&r, status, fragment);
+            }
+        }
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
 }

@@ -50,6 +50,11 @@ pub async fn unlock_key(
 }
 
 /// `POST /swarm/unlock` on a manager that runs (is not locked).
-pub async fn not_locked() -> ApiError {
-    ApiError::Conflict("swarm is not locked".into())
+pub async fn not_locked(headers: axum::http::HeaderMap, body: axum::body::Bytes) -> ApiError {
+    // As the engine: the request is decoded first, so a malformed one is a 400 even here.
+    let what = "unlock request {\"UnlockKey\": \"SWMKEY-1-...\"}";
+    match crate::request::json_body::<UnlockRequestJson>(&headers, &body, what) {
+        Ok(_) => ApiError::Conflict("swarm is not locked".into()),
+        Err(e) => e,
+    }
 }

@@ -38,15 +38,6 @@ cluster state. Please run this command on a manager node or promote the current 
 
 async fn info(State(ctx): State<Arc<WorkerContext>>) -> Json<InfoJson> {
     Json(InfoJson {
-        id: ctx.node_id.clone(),
-        name: ctx.hostname.clone(),
-        operating_system: crate::handlers::os_description(),
-        os_type: "linux".into(),
-        architecture: std::env::consts::ARCH.into(),
-        ncpu: std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1),
-        mem_total: crate::handlers::mem_total_bytes(),
-        kernel_version: crate::handlers::kernel_version(),
-        server_version: env!("CARGO_PKG_VERSION").into(),
         labels: vec![format!("shoal.executor={}", ctx.executor)],
         swarm: SwarmInfoJson {
             node_id: ctx.node_id.clone(),
@@ -64,7 +55,7 @@ async fn info(State(ctx): State<Arc<WorkerContext>>) -> Json<InfoJson> {
             managers: 0,
             cluster: None,
         },
-        ..Default::default()
+        ..crate::handlers::host_info(&ctx.node_id, &ctx.hostname)
     })
 }
 
@@ -86,5 +77,5 @@ pub async fn serve_worker_unix(
     ctx: WorkerContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, worker_router(ctx)).with_graceful_shutdown(shutdown).await
+    crate::connections::serve_unix(listener, worker_router(ctx), crate::connections::ConnectionLimits::default(), shutdown).await
 }

@@ -6,7 +6,8 @@
 //! on every request. Connections without a certificate of the cluster root fail the handshake.
 //!
 //! Bounds: at most `MAX_API_CONNECTIONS` connections at once (accepting waits), `HANDSHAKE_TIMEOUT` per
-//! handshake. Must not know the routes (it serves the router it is given).
+//! handshake, then the Engine API's header, idle and body read timeouts (`shoal_engine_api::connections`).
+//! Must not know the routes (it serves the router it is given).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -109,13 +110,12 @@ pub async fn serve(
             };
             let subject = tls.get_ref().1.peer_certificates().and_then(crate::tls::peer_subject);
             let router = if allowed(subject.as_ref(), &cluster_id) { router } else { forbidden_router() };
-            let svc = hyper_util::service::TowerToHyperService::new(router);
-            let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
-            tokio::select! {
-                r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "Engine API connection ended") },
-                _ = shoal_manager::stopped(&mut stop) => {}
-            }
+            // Header, keep-alive idle and body read timeouts as on the control socket.
+            let limits = shoal_engine_api::connections::ConnectionLimits::default();
+            let state = shoal_engine_api::connections::untracked();
+            shoal_engine_api::connections::serve_connection(tls, router, limits, state, shoal_manager::stopped(&mut stop))
+                .await;
+            tracing::debug!(%peer, "Engine API connection ended");
         });
     }
 }

@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use shoal_engine_api::{serve_unix, ApiContext};
+use shoal_engine_api::connections::ConnectionLimits;
+use shoal_engine_api::{serve_unix_with, ApiContext};
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::LocalProposer;
 use shoal_store::{ManualClock, MemoryStore};
@@ -23,6 +24,11 @@ impl ApiServer {
     /// Serves the API for a node with this ID and hostname; object IDs come from `seed`. Returns once the
     /// socket accepts connections.
     pub fn start(node_id: &str, hostname: &str, seed: u64) -> ApiServer {
+        ApiServer::start_with_limits(node_id, hostname, seed, ConnectionLimits::default())
+    }
+
+    /// `start`, with these connection limits.
+    pub fn start_with_limits(node_id: &str, hostname: &str, seed: u64, limits: ConnectionLimits) -> ApiServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("control.sock");
         let store = Arc::new(MemoryStore::default());
@@ -53,7 +59,7 @@ impl ApiServer {
             rt.block_on(async move {
                 let listener = tokio::net::UnixListener::bind(&sock).expect("bind control socket");
                 ready_tx.send(()).expect("test waits");
-                serve_unix(listener, ctx, async move {
+                serve_unix_with(listener, ctx, limits, async move {
                     let _ = stop_rx.await;
                 })
                 .await

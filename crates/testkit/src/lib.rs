@@ -7,6 +7,8 @@
 //! - `http`: a minimal Engine API client over the control socket;
 //! - `managers`: manager statuses, the leader and store comparison across the daemons of a cluster;
 //! - `netns`: network namespaces for daemons, partitions and delays between them (fault tests);
+//! - `python`: a venv under the target dir with the Docker SDK and schemathesis, made on first use, and a
+//!   runner for Python scripts in it;
 //! - `wait`: wait for a condition with a deadline (never a fixed sleep);
 //! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket;
 //! - `docker_engine`: the local Docker Engine: the test image, daemons with `--executor docker` whose
@@ -23,6 +25,7 @@ pub mod http;
 pub mod managers;
 pub mod netns;
 pub mod process;
+pub mod python;
 pub mod wait;
 
 pub use api_server::ApiServer;

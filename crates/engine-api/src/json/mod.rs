@@ -3,6 +3,7 @@
 //! Must not depend on HTTP or the store.
 
 pub mod common;
+pub mod go_decode;
 pub mod objects;
 pub mod spec;
 pub mod system;
@@ -10,6 +11,7 @@ pub mod system;
 mod tests;
 
 pub use common::{ConvertError, VersionJson};
+pub use go_decode::{decode, DecodeError};
 pub use objects::{
     ClusterInfoJson, ManagerStatusJson, NodeJson, NodeSpecJson, ServiceJson, ServiceStatusJson,
     SwarmJson, TaskJson, TaskStatusJson,

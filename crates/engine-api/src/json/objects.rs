@@ -727,9 +727,20 @@ pub struct ClusterInfoJson {
     pub spec: SwarmSpecJson,
     /// Root CA rotation in progress.
     pub root_rotation_in_progress: bool,
-    /// Data path port (4789 in Docker; unused by Shoal).
+    /// Data path port: Docker's default, 4789 (Shoal has no overlay networks yet: constant).
     pub data_path_port: u32,
+    /// Address pools for networks: Docker's default, `["10.0.0.0/8"]` (constant, as above).
+    pub default_addr_pool: Vec<String>,
+    /// Subnet size carved from the pools: Docker's default, 24 (constant, as above).
+    pub subnet_size: u32,
 }
+
+/// Docker's default data path port (VXLAN), reported in `GET /swarm` and `/info`.
+pub const DATA_PATH_PORT: u32 = 4789;
+/// Docker's default network address pool.
+pub const DEFAULT_ADDR_POOL: &str = "10.0.0.0/8";
+/// Docker's default subnet size.
+pub const SUBNET_SIZE: u32 = 24;
 
 /// `Swarm`: `ClusterInfo` plus the join tokens.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -779,8 +790,8 @@ pub struct SwarmSpecJson {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
 pub struct OrchestrationJson {
-    /// Tasks kept per slot.
-    pub task_history_retention_limit: i64,
+    /// Tasks kept per slot (a pointer in Docker's Go struct: absent or null keeps the current value on update).
+    pub task_history_retention_limit: Option<i64>,
 }
 
 /// `SwarmSpec.Raft`.
@@ -789,8 +800,8 @@ pub struct OrchestrationJson {
 pub struct RaftJson {
     /// Entries between snapshots.
     pub snapshot_interval: u64,
-    /// Snapshots kept.
-    pub keep_old_snapshots: u64,
+    /// Snapshots kept (a pointer in Docker's Go struct, as above).
+    pub keep_old_snapshots: Option<u64>,
     /// Entries kept for slow followers.
     pub log_entries_for_slow_followers: u64,
     /// Election timeout, in ticks.
@@ -856,15 +867,16 @@ impl SwarmJson {
                     name: ann.name,
                     labels: labels_to_json(&ann.labels),
                     orchestration: OrchestrationJson {
-                        task_history_retention_limit: spec
-                            .orchestration
-                            .as_ref()
-                            .map(|o| o.task_history_retention_limit)
-                            .unwrap_or(0),
+                        task_history_retention_limit: Some(
+                            spec.orchestration
+                                .as_ref()
+                                .map(|o| o.task_history_retention_limit)
+                                .unwrap_or(0),
+                        ),
                     },
                     raft: RaftJson {
                         snapshot_interval: raft.snapshot_interval,
-                        keep_old_snapshots: raft.keep_old_snapshots,
+                        keep_old_snapshots: Some(raft.keep_old_snapshots),
                         log_entries_for_slow_followers: raft.log_entries_for_slow_followers,
                         election_tick: raft.election_tick,
                         heartbeat_tick: raft.heartbeat_tick,
@@ -902,7 +914,9 @@ impl SwarmJson {
                     },
                 },
                 root_rotation_in_progress: false,
-                data_path_port: 0,
+                data_path_port: DATA_PATH_PORT,
+                default_addr_pool: vec![DEFAULT_ADDR_POOL.to_string()],
+                subnet_size: SUBNET_SIZE,
             },
             join_tokens: JoinTokensJson {
                 worker: tokens.worker,

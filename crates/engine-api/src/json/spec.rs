@@ -427,6 +427,15 @@ impl ServiceSpecJson {
     /// Converts to the API spec. Unknown enum strings and negative replica counts are errors; a missing mode
     /// means one replica (as Docker does).
     pub fn to_api(&self) -> Result<ServiceSpec, ConvertError> {
+        let m = &self.mode;
+        let modes = [m.replicated.is_some(), m.global.is_some(), m.replicated_job.is_some(), m.global_job.is_some()];
+        if modes.iter().filter(|set| **set).count() > 1 {
+            // The engine's words (daemon/cluster/convert): one of Replicated, Global, ReplicatedJob, GlobalJob.
+            return Err(ConvertError(
+                "must specify only one service mode: set one of Mode.Replicated, Mode.Global, Mode.ReplicatedJob, Mode.GlobalJob"
+                    .into(),
+            ));
+        }
         let mode = if let Some(r) = &self.mode.replicated {
             let replicas = r.replicas.unwrap_or(1);
             if replicas < 0 {
@@ -508,6 +517,46 @@ impl ServiceSpecJson {
             rollback_config: s.rollback.as_ref().map(UpdateConfigJson::from_api),
             endpoint_spec: s.endpoint.as_ref().map(EndpointSpecJson::from_api),
         }
+    }
+}
+
+/// SwarmKit's defaults (`api/defaults`), which `GET /services/{id}?insertDefaults=true` fills into what a
+/// spec leaves unset, as the engine does for `docker service inspect` and `docker service update`.
+const DEFAULT_STOP_GRACE_NS: i64 = 10_000_000_000;
+const DEFAULT_RESTART_DELAY_NS: i64 = 5_000_000_000;
+const DEFAULT_MONITOR_NS: i64 = 5_000_000_000;
+
+fn default_update_config() -> UpdateConfigJson {
+    UpdateConfigJson {
+        parallelism: 1,
+        failure_action: "pause".into(),
+        monitor: Some(DEFAULT_MONITOR_NS),
+        order: "stop-first".into(),
+        ..Default::default()
+    }
+}
+
+impl ServiceSpecJson {
+    /// This spec with SwarmKit's defaults where it leaves a setting unset (`insertDefaults=true`).
+    pub fn with_defaults(mut self) -> ServiceSpecJson {
+        let t = &mut self.task_template;
+        if let Some(c) = t.container_spec.as_mut() {
+            c.stop_grace_period.get_or_insert(DEFAULT_STOP_GRACE_NS);
+            c.dns_config.get_or_insert_with(Default::default);
+        }
+        t.resources.get_or_insert_with(|| ResourcesJson {
+            limits: Some(Default::default()),
+            reservations: Some(Default::default()),
+        });
+        let restart = t.restart_policy.get_or_insert_with(|| RestartPolicyJson {
+            condition: "any".into(),
+            ..Default::default()
+        });
+        restart.delay.get_or_insert(DEFAULT_RESTART_DELAY_NS);
+        t.placement.get_or_insert_with(Default::default);
+        self.update_config.get_or_insert_with(default_update_config);
+        self.rollback_config.get_or_insert_with(default_update_config);
+        self
     }
 }
 
@@ -814,6 +863,8 @@ impl UpdateConfigJson {
 
 impl EndpointSpecJson {
     /// Converts to the API endpoint spec.
+    /// Refused as SwarmKit's control API refuses them: an ingress-published port with DNS round robin, and
+    /// two ports published on the same port number and protocol.
     pub fn to_api(&self) -> Result<EndpointSpec, ConvertError> {
         let mut e = EndpointSpec {
             ports: self
@@ -829,6 +880,24 @@ impl EndpointSpecJson {
             ENDPOINT_MODE,
             endpoint_spec::ResolutionMode::Vip,
         )?);
+        let mut published = std::collections::BTreeSet::new();
+        for p in &e.ports {
+            if p.publish_mode() == port_config::PublishMode::Ingress
+                && e.mode() == endpoint_spec::ResolutionMode::Dnsrr
+            {
+                return Err(ConvertError(format!(
+                    "EndpointSpec: port published with ingress mode can't be used with dnsrr mode (port {}): publish it in host mode or use vip",
+                    p.published_port
+                )));
+            }
+            if p.published_port != 0 && !published.insert((p.published_port, p.protocol)) {
+                return Err(ConvertError(format!(
+                    "EndpointSpec: duplicate published ports provided ({}/{})",
+                    p.published_port,
+                    enum_to_str(p.protocol(), PROTOCOL)
+                )));
+            }
+        }
         Ok(e)
     }
     /// Converts from the API endpoint spec.

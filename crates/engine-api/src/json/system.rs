@@ -48,8 +48,53 @@ pub struct InfoJson {
     pub labels: Vec<String>,
     /// Experimental features.
     pub experimental_build: bool,
+    /// The daemon's clock, RFC 3339 with nanoseconds (`docker info` compares it with the client's).
+    pub system_time: String,
+    /// Debug mode.
+    pub debug: bool,
+    /// Open file descriptors of the daemon.
+    #[serde(rename = "NFd")]
+    pub n_fd: u64,
+    /// Goroutines (0: Shoal has none).
+    pub n_goroutines: u64,
+    /// The default log driver ("json-file", as Docker).
+    pub logging_driver: String,
+    /// The cgroup driver ("cgroupfs").
+    pub cgroup_driver: String,
+    /// The cgroup version ("2" or "1").
+    pub cgroup_version: String,
+    /// The OS version (`VERSION_ID` of os-release).
+    #[serde(rename = "OSVersion")]
+    pub os_version: String,
+    /// Where images come from by default.
+    pub index_server_address: String,
+    /// Plugins by kind (empty lists: Shoal has none).
+    pub plugins: PluginsJson,
+    /// Security options (none).
+    pub security_options: Vec<String>,
+    /// Live restore (false).
+    pub live_restore_enabled: bool,
+    /// Isolation (Windows only: left out on Linux, as the engine leaves it out).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub isolation: String,
+    /// Warnings for `docker info` to print.
+    pub warnings: Vec<String>,
     /// The swarm section.
     pub swarm: SwarmInfoJson,
+}
+
+/// `SystemInfo.Plugins`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct PluginsJson {
+    /// Volume plugins.
+    pub volume: Vec<String>,
+    /// Network plugins.
+    pub network: Vec<String>,
+    /// Authorization plugins.
+    pub authorization: Vec<String>,
+    /// Log plugins.
+    pub log: Vec<String>,
 }
 
 /// `SwarmInfo`.

@@ -220,3 +220,132 @@ fn json_patch(doc: &mut Value, patch: Value) {
         (d, p) => *d = p,
     }
 }
+
+// ---- Decoding as Go's encoding/json does (json::decode) ----
+
+/// Object members whose value is a Go map: their keys are data, sent and kept as they are.
+const MAP_MEMBERS: &[&str] = &["Labels", "Options"];
+
+/// `doc` with every struct key passed through `f` (map keys untouched).
+fn recase(doc: &Value, f: &dyn Fn(&str) -> String) -> Value {
+    match doc {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let v = if MAP_MEMBERS.contains(&k.as_str()) { v.clone() } else { recase(v, f) };
+                    (f(k), v)
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(|v| recase(v, f)).collect()),
+        other => other.clone(),
+    }
+}
+
+fn mixed_case(k: &str) -> String {
+    k.chars()
+        .enumerate()
+        .map(|(i, c)| if i % 2 == 0 { c.to_ascii_lowercase() } else { c.to_ascii_uppercase() })
+        .collect()
+}
+
+/// Every path to a struct member of `doc` (map members are data, not fields).
+fn member_paths(doc: &Value, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    if let Value::Object(m) = doc {
+        for (k, v) in m {
+            prefix.push(k.clone());
+            out.push(prefix.clone());
+            if !MAP_MEMBERS.contains(&k.as_str()) {
+                member_paths(v, prefix, out);
+            }
+            prefix.pop();
+        }
+    }
+}
+
+fn member_mut<'a>(doc: &'a mut Value, path: &[String]) -> &'a mut serde_json::Map<String, Value> {
+    let mut at = doc;
+    for k in &path[..path.len() - 1] {
+        at = &mut at[k.as_str()];
+    }
+    at.as_object_mut().expect("an object")
+}
+
+/// `input` decodes, as Go would, to what `expected` decodes to with exact keys and no nulls.
+fn check<T: serde::de::DeserializeOwned + std::fmt::Debug>(input: &Value, expected: &Value) {
+    let got: T = decode(input.to_string().as_bytes()).unwrap_or_else(|e| panic!("{input}: {e}"));
+    let want: T = serde_json::from_value(expected.clone()).expect("the expected document parses");
+    assert_eq!(format!("{got:?}"), format!("{want:?}"), "\ninput {input:#}");
+}
+
+/// Checks `doc` sent with lower-case, upper-case and mixed-case keys, and with each member (in turn) null.
+fn check_go_decoding<T: serde::de::DeserializeOwned + std::fmt::Debug>(doc: Value) {
+    check::<T>(&doc, &doc);
+    check::<T>(&recase(&doc, &|k| k.to_ascii_lowercase()), &doc);
+    check::<T>(&recase(&doc, &|k| k.to_ascii_uppercase()), &doc);
+    check::<T>(&recase(&doc, &mixed_case), &doc);
+    let mut paths = Vec::new();
+    member_paths(&doc, &mut Vec::new(), &mut paths);
+    assert!(!paths.is_empty());
+    for path in paths {
+        let last = path.last().unwrap().clone();
+        let (mut with_null, mut without) = (doc.clone(), doc.clone());
+        member_mut(&mut with_null, &path).insert(last.clone(), Value::Null);
+        member_mut(&mut without, &path).remove(&last);
+        check::<T>(&with_null, &without);
+        check::<T>(&recase(&with_null, &|k| k.to_ascii_lowercase()), &without);
+    }
+}
+
+#[test]
+fn every_request_body_decodes_as_go_would() {
+    check_go_decoding::<ServiceSpecJson>(full_service_spec());
+    for mode in [json!({"Global": {}}), json!({"ReplicatedJob": {"MaxConcurrent": 2, "TotalCompletions": 5}})] {
+        let mut doc = full_service_spec();
+        doc["Mode"] = mode;
+        check_go_decoding::<ServiceSpecJson>(doc);
+    }
+    check_go_decoding::<NodeSpecJson>(json!({"Name": "n1", "Labels": {"Zone": "a"}, "Role": "manager", "Availability": "drain"}));
+    check_go_decoding::<objects::SwarmSpecJson>(json!({
+        "Name": "default", "Labels": {"Env": "prod"},
+        "Orchestration": {"TaskHistoryRetentionLimit": 5},
+        "Raft": {"SnapshotInterval": 10000, "KeepOldSnapshots": 0, "LogEntriesForSlowFollowers": 500,
+                 "ElectionTick": 10, "HeartbeatTick": 1},
+        "Dispatcher": {"HeartbeatPeriod": 5_000_000_000i64},
+        "CAConfig": {"NodeCertExpiry": 7_776_000_000_000_000i64, "ForceRotate": 1},
+        "EncryptionConfig": {"AutoLockManagers": true},
+        "TaskDefaults": {"LogDriver": {"Name": "json-file", "Options": {"max-file": "3"}}}
+    }));
+    check_go_decoding::<crate::unlock::UnlockRequestJson>(json!({"UnlockKey": "SWMKEY-1-abc"}));
+    check_go_decoding::<crate::ca::ClientCertRequest>(json!({"Name": "alice", "CSR": "-----BEGIN"}));
+}
+
+#[test]
+fn go_decoding_details() {
+    // What the Python SDK sends for ServiceMode('replicated', replicas=5).
+    check::<ServiceSpecJson>(
+        &json!({"Name": "web", "Mode": {"replicated": {"Replicas": 5}}}),
+        &json!({"Name": "web", "Mode": {"Replicated": {"Replicas": 5}}}),
+    );
+    // An exact match wins over a folded one, whatever their order.
+    check::<NodeSpecJson>(&json!({"name": "b", "Name": "a", "NAME": "c"}), &json!({"Name": "a"}));
+    // Unknown keys are ignored; map keys are data and kept as sent.
+    check::<NodeSpecJson>(
+        &json!({"Colour": "red", "labels": {"Zone": "a", "zone": "b"}}),
+        &json!({"Labels": {"Zone": "a", "zone": "b"}}),
+    );
+    // null in an array or as a map value is the zero value of the element.
+    check::<ServiceSpecJson>(
+        &json!({"TaskTemplate": {"ContainerSpec": {"Env": [null, "A=1"], "Labels": {"a": null}}}}),
+        &json!({"TaskTemplate": {"ContainerSpec": {"Env": ["", "A=1"], "Labels": {"a": ""}}}}),
+    );
+    // A whole document of null is the zero value.
+    check::<ServiceSpecJson>(&json!(null), &json!({}));
+    // Errors name where they are.
+    let e = decode::<ServiceSpecJson>(br#"{"mode": {"replicated": {"replicas": "five"}}}"#).unwrap_err();
+    assert!(e.to_string().contains("Mode.Replicated.Replicas: invalid type: string \"five\""), "{e}");
+    let e = decode::<ServiceSpecJson>(br#"{"TaskTemplate": {"ContainerSpec": {"Env": ["A=1", 2]}}}"#).unwrap_err();
+    assert!(e.to_string().contains("TaskTemplate.ContainerSpec.Env[1]"), "{e}");
+    let e = decode::<ServiceSpecJson>(b"{\"Name\": ").unwrap_err();
+    assert!(e.to_string().starts_with("invalid JSON: "), "{e}");
+}

@@ -126,7 +126,7 @@ pub fn execute(
                 format!(
                     " Task History Retention Limit: {}",
                     cluster
-                        .map(|c| c.spec.orchestration.task_history_retention_limit)
+                        .and_then(|c| c.spec.orchestration.task_history_retention_limit)
                         .unwrap_or(0)
                 ),
                 format!("Operating System: {}", i.operating_system),

@@ -1,0 +1,316 @@
+//! The Engine API's connections, bounded: how many are open at once, how long a client may take to send a
+//! request's head (which, between two requests on a keep-alive connection, is also how long an idle connection
+//! is kept: hyper starts that timer as soon as it waits for the next head), and how long a request's body may
+//! take (`request::BodyReadTimeout`). At the connection cap, the connection idle the longest is closed to make
+//! room for the new one; when none is idle, the new one gets a 503 and is closed. Log lines about refused or
+//! evicted connections are rate-limited.
+//!
+//! `serve_unix` runs a whole listener; `serve_connection` serves one already accepted connection (the TCP
+//! Engine API, whose TLS and connection cap live in the node, uses it). Must not depend on the store or Raft.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::Router;
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{watch, Notify};
+use tower::ServiceExt;
+
+use crate::request::BodyReadTimeout;
+
+/// The bounds of a listener's connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Connections open at once; at the cap the longest-idle one is closed, or the new one refused with 503.
+    pub max_connections: usize,
+    /// How long a request's head may take to arrive, counted from the connection's start or the end of the
+    /// previous response (so it is the keep-alive idle timeout as well).
+    pub header_read_timeout: Duration,
+    /// How long a request's body may take to arrive once its head is in (408 beyond it).
+    pub body_read_timeout: Duration,
+    /// On shutdown, how long requests in flight (log streams included) may go on before they are cut.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(60),
+            body_read_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the listener knows about one open connection.
+#[derive(Debug)]
+pub struct ConnectionState {
+    in_flight: AtomicUsize,
+    idle_since: Mutex<Instant>,
+    evict: Notify,
+}
+
+impl ConnectionState {
+    fn new() -> ConnectionState {
+        ConnectionState {
+            in_flight: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+            evict: Notify::new(),
+        }
+    }
+
+    /// Marks a request in flight until the guard (held by its response body) is dropped.
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self.clone())
+    }
+
+    /// Since when it has had no request in flight (None: it has one now).
+    fn idle_since(&self) -> Option<Instant> {
+        let since = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
+        (self.in_flight.load(Ordering::SeqCst) == 0).then_some(since)
+    }
+}
+
+struct InFlight(Arc<ConnectionState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// At most one warning per `EVERY`, with the count of those left out.
+struct RateLimitedWarn {
+    last: Mutex<Option<Instant>>,
+    suppressed: AtomicU64,
+}
+
+impl RateLimitedWarn {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn new() -> RateLimitedWarn {
+        RateLimitedWarn { last: Mutex::new(None), suppressed: AtomicU64::new(0) }
+    }
+
+    /// Whether to log now, with how many were left out since the last line.
+    fn allow(&self) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *last = Some(Instant::now());
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+
+    fn warn(&self, what: &str, max_connections: usize) {
+        if let Some(suppressed) = self.allow() {
+            tracing::warn!(max_connections, suppressed, "Engine API connection cap reached: {what}");
+        }
+    }
+}
+
+/// The open connections of one listener.
+struct Registry {
+    max: usize,
+    next_id: AtomicU64,
+    open: Mutex<HashMap<u64, Arc<ConnectionState>>>,
+    warn: RateLimitedWarn,
+}
+
+impl Registry {
+    /// A slot for a new connection, closing the longest-idle one at the cap; None when all are busy.
+    fn admit(&self) -> Option<(u64, Arc<ConnectionState>)> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.len() >= self.max {
+            let oldest = open
+                .iter()
+                .filter_map(|(id, c)| c.idle_since().map(|t| (t, *id)))
+                .min()
+                .map(|(_, id)| id);
+            let Some(victim) = oldest.and_then(|id| open.remove(&id)) else {
+                drop(open);
+                self.warn.warn("refused a new connection with 503 (every connection has a request in flight)", self.max);
+                return None;
+            };
+            victim.evict.notify_one();
+            self.warn.warn("closed the longest-idle connection to admit a new one", self.max);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ConnectionState::new());
+        open.insert(id, state.clone());
+        Some((id, state))
+    }
+
+    fn remove(&self, id: u64) {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+}
+
+/// Serves `router` on `listener` within `limits` until `shutdown` resolves; requests in flight then get
+/// `limits.shutdown_grace` to finish.
+pub async fn serve_unix(
+    listener: tokio::net::UnixListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let registry = Arc::new(Registry {
+        max: limits.max_connections.max(1),
+        next_id: AtomicU64::new(0),
+        open: Mutex::new(HashMap::new()),
+        warn: RateLimitedWarn::new(),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    let accept_errors = RateLimitedWarn::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => match registry.admit() {
+                    Some((id, state)) => {
+                        let (router, registry, stop) = (router.clone(), registry.clone(), stop_rx.clone());
+                        tasks.spawn(async move {
+                            serve_connection(stream, router, limits, state, wait_true(stop)).await;
+                            registry.remove(id);
+                        });
+                    }
+                    None => {
+                        tasks.spawn(refuse(stream));
+                    }
+                },
+                Err(e) => {
+                    // Out of file descriptors or memory: wait a little rather than spin on the error.
+                    if let Some(suppressed) = accept_errors.allow() {
+                        tracing::warn!(error = %e, suppressed, "Engine API accept failed");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drained = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(limits.shutdown_grace, drained).await.is_err() {
+        tracing::warn!(grace = ?limits.shutdown_grace, "Engine API requests still in flight at shutdown were cut");
+        tasks.shutdown().await;
+    }
+    Ok(())
+}
+
+async fn wait_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// Answers 503 on a connection beyond the cap, and closes it: after reading the request's head and draining
+/// its body (at most 64 KiB and 1 s in all), so that the client reads the answer instead of a broken pipe.
+async fn refuse(mut stream: tokio::net::UnixStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain_one_request(&mut stream, 64 << 10)).await;
+    let body = r#"{"message":"too many connections to the Engine API: retry shortly"}"#;
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
+    let _ = stream.shutdown().await;
+}
+
+async fn drain_one_request(stream: &mut tokio::net::UnixStream, limit: usize) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let mut wanted = None;
+    while buf.len() < limit {
+        if wanted.is_none() {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:").and_then(|v| v.trim().parse::<usize>().ok()))
+                    .unwrap_or(0);
+                wanted = Some(end + 4 + len);
+            }
+        }
+        if wanted.is_some_and(|w| buf.len() >= w) {
+            return;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Serves HTTP/1.1 (and HTTP/2 with prior knowledge or ALPN) on one connection within `limits` until the
+/// client closes it, a timeout closes it, `state` is evicted, or `stop` resolves (then the request in
+/// flight gets `limits.shutdown_grace` to finish).
+pub async fn serve_connection<I>(
+    io: I,
+    router: Router,
+    limits: ConnectionLimits,
+    state: Arc<ConnectionState>,
+    stop: impl Future<Output = ()>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let tracked = state.clone();
+    let svc = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        let guard = tracked.begin();
+        req.extensions_mut().insert(BodyReadTimeout(limits.body_read_timeout));
+        let router = router.clone();
+        async move {
+            let resp = router.oneshot(req.map(Body::new)).await?;
+            // The request stays in flight until its answer is sent (a log stream included).
+            Ok::<_, std::convert::Infallible>(resp.map(|b| {
+                Body::new(b.map_err(move |e| {
+                    let _held = &guard;
+                    e
+                }))
+            }))
+        }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let conn = builder.serve_connection(TokioIo::new(io), hyper_util::service::TowerToHyperService::new(svc));
+    tokio::pin!(conn);
+    tokio::pin!(stop);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "Engine API connection ended");
+            }
+        }
+        _ = state.evict.notified() => {}
+        _ = &mut stop => {
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = state.evict.notified() => {}
+                _ = tokio::time::sleep(limits.shutdown_grace) => {}
+            }
+        }
+    }
+}
+
+/// A connection state for a connection served outside `serve_unix` (no eviction).
+pub fn untracked() -> Arc<ConnectionState> {
+    Arc::new(ConnectionState::new())
+}

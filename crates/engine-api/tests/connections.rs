@@ -1,0 +1,218 @@
+//! The control socket's connections under hostile and careless clients, over a real unix socket: idle
+//! connections by the thousand, slow heads and bodies, a full house of busy connections, and answers sent only
+//! once the request body is read (a 404 or a 413 included). Raw HTTP/1.1 over `std::os::unix::net::UnixStream`,
+//! every read with a deadline.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use shoal_engine_api::connections::ConnectionLimits;
+use shoal_testkit::api_server::ApiServer;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A parsed HTTP answer.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+fn connect(socket: &Path) -> UnixStream {
+    let s = UnixStream::connect(socket).expect("connect");
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    s.set_write_timeout(Some(DEADLINE)).unwrap();
+    s
+}
+
+/// Reads one answer (head, then Content-Length bytes) from `s`; None if the connection ended first.
+fn read_answer(s: &mut UnixStream) -> Option<Answer> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            let len = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                match s.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+            let body = String::from_utf8_lossy(&buf[end + 4..]).into_owned();
+            return Some(Answer { status, head, body });
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn ping(socket: &Path) -> Answer {
+    let mut s = connect(socket);
+    s.write_all(b"GET /_ping HTTP/1.1\r\nHost: docker\r\n\r\n").unwrap();
+    read_answer(&mut s).expect("an answer to /_ping")
+}
+
+/// Whether the server closed `s` (EOF or reset) within the deadline.
+fn closed_by_server(s: &mut UnixStream) -> bool {
+    let mut b = [0u8; 1024];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+fn limits(max_connections: usize) -> ConnectionLimits {
+    ConnectionLimits { max_connections, ..ConnectionLimits::default() }
+}
+
+#[test]
+fn a_thousand_idle_connections_do_not_stop_a_new_client() {
+    // Below the cap (all kept) and far above it (the longest-idle ones make room).
+    for (cap, idle) in [(ConnectionLimits::default().max_connections, 1000), (64, 1000)] {
+        let api = ApiServer::start_with_limits("node1", "box1", 1, limits(cap));
+        let held: Vec<UnixStream> = (0..idle).map(|_| connect(api.socket())).collect();
+        let started = Instant::now();
+        let a = ping(api.socket());
+        assert_eq!(a.status, 200, "cap {cap}: {a:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "cap {cap}: ping took {:?}", started.elapsed());
+        if cap < idle {
+            // The server closed enough idle connections to stay within its cap.
+            let mut still_open = 0;
+            for mut s in held {
+                s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+                if !closed_by_server(&mut s) {
+                    still_open += 1;
+                }
+            }
+            assert!(still_open <= cap, "cap {cap}: {still_open} idle connections left open");
+        }
+    }
+}
+
+#[test]
+fn slow_heads_and_idle_keep_alive_connections_are_closed() {
+    let api = ApiServer::start_with_limits(
+        "node1",
+        "box1",
+        2,
+        ConnectionLimits { header_read_timeout: Duration::from_millis(300), ..ConnectionLimits::default() },
+    );
+    // A head that never ends.
+    let mut slow = connect(api.socket());
+    slow.write_all(b"GET /_ping HTTP/1.1\r\nHost: dock").unwrap();
+    assert!(closed_by_server(&mut slow), "a slow head was not cut");
+    // A keep-alive connection, idle after its answer.
+    let mut idle = connect(api.socket());
+    idle.write_all(b"GET /_ping HTTP/1.1\r\nHost: docker\r\n\r\n").unwrap();
+    assert_eq!(read_answer(&mut idle).expect("answer").status, 200);
+    assert!(closed_by_server(&mut idle), "an idle keep-alive connection was not closed");
+}
+
+#[test]
+fn a_slow_body_gets_408_json() {
+    let api = ApiServer::start_with_limits(
+        "node1",
+        "box1",
+        3,
+        ConnectionLimits { body_read_timeout: Duration::from_millis(300), ..ConnectionLimits::default() },
+    );
+    let mut s = connect(api.socket());
+    s.write_all(b"POST /services/create HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"Name\"")
+        .unwrap();
+    let a = read_answer(&mut s).expect("an answer");
+    assert_eq!(a.status, 408, "{a:?}");
+    assert!(a.head.to_ascii_lowercase().contains("content-type: application/json"), "{a:?}");
+    assert!(a.body.contains("did not arrive within"), "{a:?}");
+}
+
+#[test]
+fn beyond_the_cap_with_every_connection_busy_a_new_one_gets_503() {
+    let api = ApiServer::start_with_limits("node1", "box1", 4, limits(2));
+    // Two requests in flight: their bodies are still coming.
+    let start_busy = || {
+        let mut s = connect(api.socket());
+        s.write_all(b"POST /services/create HTTP/1.1\r\nHost: docker\r\nContent-Length: 10\r\n\r\n{").unwrap();
+        s
+    };
+    let mut busy: Vec<UnixStream> = (0..2).map(|_| start_busy()).collect();
+    // A connection is busy once the server has read its head; until then it is idle, and a new one may
+    // close it to make room: replace those until both are in flight and the next one is refused.
+    let deadline = Instant::now() + DEADLINE;
+    let refused = loop {
+        for s in busy.iter_mut() {
+            s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            if closed_by_server(s) {
+                *s = start_busy();
+            }
+        }
+        let a = ping(api.socket());
+        if a.status == 503 {
+            break a;
+        }
+        assert_eq!(a.status, 200, "{a:?}");
+        assert!(Instant::now() < deadline, "never refused");
+    };
+    assert!(refused.head.to_ascii_lowercase().contains("content-type: application/json"), "{refused:?}");
+    assert!(refused.body.contains("too many connections"), "{refused:?}");
+    drop(busy);
+    shoal_testkit::wait::wait_until("a connection slot frees", DEADLINE, || {
+        let a = ping(api.socket());
+        if a.status == 200 { Ok(()) } else { Err(format!("{a:?}")) }
+    });
+}
+
+#[test]
+fn answers_come_after_the_request_body_is_read() {
+    let api = ApiServer::start_with_limits("node1", "box1", 5, ConnectionLimits::default());
+    let check = |path: &str, len: usize, status: u16, fragment: &str| {
+        let mut s = connect(api.socket());
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        // The whole body goes through (no broken pipe: nothing answers before reading it).
+        let body = vec![b' '; len];
+        s.write_all(&body).unwrap_or_else(|e| panic!("{path}: writing the body: {e}"));
+        let a = read_answer(&mut s).unwrap_or_else(|| panic!("{path}: no answer"));
+        assert_eq!(a.status, status, "{path}: {a:?}");
+        assert!(a.head.to_ascii_lowercase().contains("content-type: application/json"), "{path}: {a:?}");
+        let msg: serde_json::Value = serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("{path}: {e}: {a:?}"));
+        assert!(msg["message"].as_str().unwrap_or("").contains(fragment), "{path}: {a:?}");
+    };
+    for _ in 0..10 {
+        check("/secrets/create", 270_000, 404, "page not found");
+        check("/swarm/unlock", 270_000, 400, "invalid JSON");
+    }
+    check("/services/create", shoal_engine_api::request::BODY_LIMIT_BYTES, 400, "invalid JSON");
+}
+
+#[test]
+fn a_body_over_the_limit_gets_413_json() {
+    let api = ApiServer::start_with_limits("node1", "box1", 6, ConnectionLimits::default());
+    let mut s = connect(api.socket());
+    let len = shoal_engine_api::request::BODY_LIMIT_BYTES + 1;
+    let head = format!("POST /services/create HTTP/1.1\r\nHost: docker\r\nContent-Length: {len}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // The server reads up to its limit, then answers; the rest may not be taken.
+    let _ = s.write_all(&vec![b' '; len]);
+    let a = read_answer(&mut s).expect("an answer");
+    assert_eq!(a.status, 413, "{a:?}");
+    assert!(a.body.contains("the limit is"), "{a:?}");
+}
