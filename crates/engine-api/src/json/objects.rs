@@ -593,6 +593,7 @@ impl NodeJson {
                 resources: super::spec::ResourceValuesJson {
                     nano_cpus: res.nano_cpus,
                     memory_bytes: res.memory_bytes,
+                    ..Default::default()
                 },
                 engine: EngineJson {
                     engine_version: engine.engine_version.clone(),
