@@ -958,3 +958,37 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
     let after = api.call(Method::GET, "/services/z0", None).await;
     assert_eq!(after.body["Version"], g.body["Version"], "{}", after.text);
 }
+
+#[tokio::test]
+async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_a_log_driver() {
+    let api = Api::new();
+    api.seed(|c| {
+        c.create(Cluster {
+            id: "cluster1".into(),
+            spec: Some(ClusterSpec::default()),
+            ..Default::default()
+        });
+    })
+    .await;
+    let swarm = api.call(Method::GET, "/swarm", None).await;
+    assert_eq!(swarm.status, StatusCode::OK, "{}", swarm.text);
+    let version = swarm.body["Version"]["Index"].as_u64().unwrap();
+    let spec = swarm.body["Spec"].clone();
+    for (query, fragment) in [
+        ("rotateWorkerToken=yes", "invalid value for rotateWorkerToken: yes"),
+        ("rotateManagerToken=2", "invalid value for rotateManagerToken: 2"),
+        ("rotateManagerUnlockKey=on", "invalid value for rotateManagerUnlockKey: on"),
+    ] {
+        let r = api.call(Method::POST, &format!("/swarm/update?version={version}&{query}"), Some(spec.clone())).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, fragment);
+    }
+    let mut with_driver = spec.clone();
+    with_driver["TaskDefaults"] = json!({"LogDriver": {"Name": "syslog"}});
+    let r = api.call(Method::POST, &format!("/swarm/update?version={version}"), Some(with_driver)).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "TaskDefaults.LogDriver is not supported yet");
+    // Nothing changed; the spec as inspected goes back through.
+    let again = api.call(Method::GET, "/swarm", None).await;
+    assert_eq!(again.body["Version"], swarm.body["Version"], "{}", again.text);
+    let r = api.call(Method::POST, &format!("/swarm/update?version={version}&rotateWorkerToken=False"), Some(spec)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+}
