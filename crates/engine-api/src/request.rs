@@ -192,7 +192,8 @@ pub fn bool_param(q: &std::collections::HashMap<String, String>, name: &str) -> 
     })
 }
 
-/// A boolean query parameter as the engine reads `status` and `insertDefaults` (Go's `strconv.ParseBool`):
+/// A boolean query parameter as the engine reads `status`, `insertDefaults` and the swarm update's `rotate*`
+/// flags (Go's `strconv.ParseBool`):
 /// absent or empty is false; `1`, `t`, `T`, `TRUE`, `true`, `True` are true; `0`, `f`, `F`, `FALSE`, `false`,
 /// `False` are false; anything else is a 400 `invalid value for NAME: VALUE`.
 pub fn parse_bool_param(q: &std::collections::HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
