@@ -120,6 +120,18 @@ pub async fn update_swarm(
         manager: parse_bool_param(&q, "rotateManagerToken")?,
     };
     let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
+    // Shoal's CA signs with its own root only: an external CA or a root given by the user would be dropped.
+    for (field, set) in [
+        ("CAConfig.ExternalCAs", !j.ca_config.external_cas.is_empty()),
+        ("CAConfig.SigningCACert", !j.ca_config.signing_ca_cert.is_empty()),
+        ("CAConfig.SigningCAKey", !j.ca_config.signing_ca_key.is_empty()),
+    ] {
+        if set {
+            return Err(ApiError::BadRequest(format!(
+                "{field} is not supported yet: Shoal's CA signs with a root it makes itself (docker swarm ca --rotate without --ca-cert, --ca-key or --external-ca rotates it)"
+            )));
+        }
+    }
     let cluster = controlapi::get_cluster(&ctx.state)?;
     let current = cluster.spec.clone().unwrap_or_default();
     let spec = merge_spec(&current, &j);

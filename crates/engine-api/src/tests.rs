@@ -960,7 +960,7 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
 }
 
 #[tokio::test]
-async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_a_log_driver() {
+async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_what_it_cannot_honour() {
     let api = Api::new();
     api.seed(|c| {
         c.create(Cluster {
@@ -980,6 +980,16 @@ async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_a_log_driver() {
         ("rotateManagerUnlockKey=on", "invalid value for rotateManagerUnlockKey: on"),
     ] {
         let r = api.call(Method::POST, &format!("/swarm/update?version={version}&{query}"), Some(spec.clone())).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, fragment);
+    }
+    for (ca, fragment) in [
+        (json!({"ExternalCAs": [{"Protocol": "cfssl", "URL": "https://ca.example"}]}), "CAConfig.ExternalCAs is not supported yet"),
+        (json!({"SigningCACert": "-----BEGIN CERTIFICATE-----", "ForceRotate": 1}), "CAConfig.SigningCACert is not supported yet"),
+        (json!({"signingCAKey": "-----BEGIN EC PRIVATE KEY-----"}), "CAConfig.SigningCAKey is not supported yet"),
+    ] {
+        let mut doc = spec.clone();
+        doc["CAConfig"] = ca;
+        let r = api.call(Method::POST, &format!("/swarm/update?version={version}"), Some(doc)).await;
         assert_error(&r, StatusCode::BAD_REQUEST, fragment);
     }
     let mut with_driver = spec.clone();
