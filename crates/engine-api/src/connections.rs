@@ -5,13 +5,20 @@
 //! room for the new one; when none is idle, the new one gets a 503 and is closed. Log lines about refused or
 //! evicted connections are rate-limited.
 //!
+//! A request head hyper cannot take (a URI over 65,534 bytes: 414; a head over `MAX_HEAD_BYTES` or with more
+//! than `MAX_HEADERS` headers: 431; a malformed one: 400) never reaches a handler: hyper answers it itself, with
+//! no body, and closes. `JsonParseErrors`, around every connection's IO, turns that answer into the API's JSON
+//! error (`{"message": ...}`, `Content-Type: application/json`) on its way out.
+//!
 //! `serve_unix` runs a whole listener; `serve_connection` serves one already accepted connection (the TCP
 //! Engine API, whose TLS and connection cap live in the node, uses it). Must not depend on the store or Raft.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -19,11 +26,21 @@ use axum::extract::Request;
 use axum::Router;
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 
 use crate::request::BodyReadTimeout;
+
+/// The largest request head (request line and headers) read: hyper's default read buffer, stated here as a
+/// bound (at most this much per connection is buffered for a head). Beyond it: 431.
+pub const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+
+/// The most headers a request may carry (hyper's default). Beyond it: 431.
+pub const MAX_HEADERS: usize = 100;
+
+/// The longest request URI hyper parses (a constant of hyper's). Beyond it: 414.
+pub const MAX_URI_BYTES: usize = u16::MAX as usize - 1;
 
 /// The bounds of a listener's connections.
 #[derive(Debug, Clone, Copy)]
@@ -287,9 +304,12 @@ pub async fn serve_connection<I>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS);
     builder.http2().timer(TokioTimer::new());
-    let conn = builder.serve_connection(TokioIo::new(io), hyper_util::service::TowerToHyperService::new(svc));
+    let io = TokioIo::new(JsonParseErrors::new(io));
+    let conn = builder.serve_connection(io, hyper_util::service::TowerToHyperService::new(svc));
     tokio::pin!(conn);
     tokio::pin!(stop);
     tokio::select! {
@@ -310,7 +330,141 @@ pub async fn serve_connection<I>(
     }
 }
 
+/// The API's JSON answer in place of the bare one hyper writes for a request head it could not parse: `out`
+/// is exactly such an answer (an HTTP/1.x status line of 400, 414 or 431, headers with `content-length: 0`,
+/// nothing after them). Anything else (every answer of a handler, which always has a body or a type, and
+/// every body write, which never starts with a status line) is None.
+fn json_answer_for_parse_error(out: &[u8]) -> Option<Vec<u8>> {
+    let head = std::str::from_utf8(out).ok()?;
+    let head = head.strip_suffix("\r\n\r\n")?;
+    if head.contains("\r\n\r\n") {
+        return None;
+    }
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next()?;
+    let rest = status_line.strip_prefix("HTTP/1.1 ").or_else(|| status_line.strip_prefix("HTTP/1.0 "))?;
+    let code = rest.get(..3)?;
+    let headers: Vec<(String, &str)> = lines
+        .filter_map(|l| l.split_once(':').map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim())))
+        .collect();
+    let empty = headers.iter().any(|(n, v)| n == "content-length" && *v == "0");
+    let typed = headers.iter().any(|(n, _)| n == "content-type");
+    if !empty || typed {
+        return None;
+    }
+    let (reason, message) = match code {
+        "414" => (
+            "URI Too Long",
+            format!("request URI too long: the limit is {MAX_URI_BYTES} bytes"),
+        ),
+        "431" => (
+            "Request Header Fields Too Large",
+            format!(
+                "request header fields too large: the limit is {MAX_HEAD_BYTES} bytes for the request line and headers, and {MAX_HEADERS} headers"
+            ),
+        ),
+        "400" => ("Bad Request", "malformed HTTP request: the request line or a header could not be parsed".to_string()),
+        _ => return None,
+    };
+    let body = serde_json::to_string(&crate::json::ErrorResponse { message }).ok()?;
+    let mut answer = format!("HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len());
+    for (name, value) in &headers {
+        if name == "date" {
+            answer.push_str(&format!("Date: {value}\r\n"));
+        }
+    }
+    answer.push_str("Connection: close\r\n\r\n");
+    answer.push_str(&body);
+    Some(answer.into_bytes())
+}
+
+/// A connection's IO with hyper's own answers to unparsable heads rewritten as JSON errors (see
+/// `json_answer_for_parse_error`). Writes are not vectored, so that hyper hands over each answer's head in
+/// one buffer; the rewritten answer is written in full before the write it replaces is reported done.
+struct JsonParseErrors<I> {
+    inner: I,
+    /// A rewritten answer being written, and how much of it is out.
+    rewriting: Option<(Vec<u8>, usize)>,
+}
+
+impl<I> JsonParseErrors<I> {
+    fn new(inner: I) -> JsonParseErrors<I> {
+        JsonParseErrors { inner, rewriting: None }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for JsonParseErrors<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        if this.rewriting.is_none() {
+            this.rewriting = json_answer_for_parse_error(buf).map(|a| (a, 0));
+        }
+        let Some((answer, written)) = this.rewriting.as_mut() else {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        };
+        while *written < answer.len() {
+            let n = ready!(Pin::new(&mut this.inner).poll_write(cx, &answer[*written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+        }
+        this.rewriting = None;
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// A connection state for a connection served outside `serve_unix` (no eviction).
 pub fn untracked() -> Arc<ConnectionState> {
     Arc::new(ConnectionState::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_answer_for_parse_error;
+
+    #[test]
+    fn only_hypers_bare_answers_to_unparsable_heads_are_rewritten() {
+        let check = |out: &str, code: Option<&str>| {
+            let got = json_answer_for_parse_error(out.as_bytes()).map(|a| String::from_utf8(a).unwrap());
+            match (code, got) {
+                (None, None) => {}
+                (Some(code), Some(a)) => {
+                    assert!(a.starts_with(&format!("HTTP/1.1 {code} ")), "{out:?} -> {a}");
+                    assert!(a.contains("Content-Type: application/json\r\n"), "{a}");
+                    let body = a.split("\r\n\r\n").nth(1).unwrap();
+                    assert!(a.contains(&format!("Content-Length: {}\r\n", body.len())), "{a}");
+                    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+                    assert!(v["message"].as_str().unwrap().contains("limit") || code == "400", "{a}");
+                }
+                (want, got) => panic!("{out:?}: wanted {want:?}, got {got:?}"),
+            }
+        };
+        let date = "date: Tue, 01 Dec 2026 01:00:00 GMT";
+        check(&format!("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n{date}\r\n\r\n"), Some("431"));
+        check(&format!("HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\n{date}\r\n\r\n"), Some("414"));
+        check(&format!("HTTP/1.0 400 Bad Request\r\ncontent-length: 0\r\n{date}\r\n\r\n"), Some("400"));
+        // Our own answers (typed, with a body), other codes, and body bytes pass through.
+        check("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 13\r\n\r\n{\"message\":1}", None);
+        check("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n", None);
+        check("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", None);
+        check("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 5\r\n\r\n", None);
+        check("HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\n\r\nHTTP/1.1 414 URI Too Long\r\n\r\n", None);
+        check("{\"message\": \"HTTP/1.1 431 \"}", None);
+        check("1a\r\nHTTP/1.1 431 x\r\ncontent-length: 0\r\n\r\n", None);
+    }
 }

@@ -21,7 +21,8 @@ use crate::json::{
     ServiceStatusJson, ServiceUpdateResponse, SwarmInfoJson, SwarmJson, SystemVersionJson,
     TaskJson,
 };
-use crate::request::{json_body, MIN_API_VERSION};
+use crate::request::{json_body, parse_bool_param, ApiVersion, MIN_API_VERSION};
+use crate::versions::{self, SpecWrite};
 use crate::{ApiContext, API_VERSION};
 
 type Ctx = State<Arc<ApiContext>>;
@@ -135,7 +136,7 @@ pub async fn version() -> ApiResult {
 /// `GET /info`. The swarm part is read after a read barrier, as the other reads are; when no leader confirms
 /// it, the answer still comes (`docker info` must work in a cluster that lost its quorum) with this manager's
 /// last known state and the reason in `Swarm.Error`, as Docker reports an unreachable control plane.
-pub async fn info(State(ctx): Ctx) -> ApiResult {
+pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
     let error = match read_barrier(&ctx).await {
         Ok(()) => String::new(),
         Err(e) => e.to_string(),
@@ -177,11 +178,13 @@ pub async fn info(State(ctx): Ctx) -> ApiResult {
             cluster: first_cluster(t).map(|c| SwarmJson::from_api(c).cluster),
         }
     });
-    json(InfoJson {
+    let mut info = InfoJson {
         labels: vec![format!("shoal.executor={}", ctx.executor)],
         swarm,
         ..host_info(&ctx.node_id, &ctx.hostname)
-    })
+    };
+    versions::adjust_info(v, &mut info);
+    json(info)
 }
 
 /// The host part of `GET /info`, the same on every kind of node (manager, worker, locked manager).
@@ -249,9 +252,9 @@ pub(crate) async fn read_barrier(ctx: &ApiContext) -> Result<(), ApiError> {
 }
 
 /// `GET /services`.
-pub async fn list_services(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+pub async fn list_services(State(ctx): Ctx, v: ApiVersion, Query(q): Params) -> ApiResult {
     let f = filters::services(q.get("filters").map(String::as_str))?;
-    let with_status = flag(&q, "status");
+    let with_status = versions::services_status_param_read(v) && parse_bool_param(&q, "status")?;
     read_barrier(&ctx).await?;
     let services = controlapi::list_services(&ctx.state, &f);
     let out: Vec<ServiceJson> = ctx.state.store.view(|t| {
@@ -275,9 +278,9 @@ pub async fn list_services(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 }
 
 /// `POST /services/create`.
-pub async fn create_service(State(ctx): Ctx, headers: HeaderMap, body: Bytes) -> ApiResult {
-    let spec: ServiceSpecJson = json_body(&headers, &body, "service spec")?;
-    let svc = controlapi::create_service(&ctx.state, spec.to_api()?).await?;
+pub async fn create_service(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
+    let spec = service_spec_body(v, &headers, &body, SpecWrite::Create)?;
+    let svc = controlapi::create_service(&ctx.state, spec).await?;
     Ok((
         StatusCode::CREATED,
         Json(ServiceCreateResponse {
@@ -288,9 +291,25 @@ pub async fn create_service(State(ctx): Ctx, headers: HeaderMap, body: Bytes) ->
         .into_response())
 }
 
+/// A service spec from a request body at API version `v`: decoded as Go would, what `v` did not have dropped
+/// (`versions`), converted (refused as the engine refuses it), then what Shoal cannot honour refused
+/// (`json::unsupported`).
+fn service_spec_body(
+    v: ApiVersion,
+    headers: &HeaderMap,
+    body: &[u8],
+    write: SpecWrite,
+) -> Result<shoal_api::ServiceSpec, ApiError> {
+    let mut spec: ServiceSpecJson = json_body(headers, body, "service spec")?;
+    versions::adjust_service_spec(v, &mut spec, write);
+    let converted = spec.to_api()?;
+    crate::json::unsupported::refuse_unsupported(&spec)?;
+    Ok(converted)
+}
+
 /// `GET /services/{id}[?insertDefaults=true]`.
 pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
-    let insert_defaults = flag(&q, "insertDefaults");
+    let insert_defaults = parse_bool_param(&q, "insertDefaults")?;
     read_barrier(&ctx).await?;
     let s = controlapi::get_service(&ctx.state, &id)?;
     let mut j = ServiceJson::from_api(&s);
@@ -310,6 +329,7 @@ pub async fn remove_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResul
 /// `POST /services/{id}/update?version=N[&rollback=previous]`.
 pub async fn update_service(
     State(ctx): Ctx,
+    v: ApiVersion,
     Path(id): Path<String>,
     Query(q): Params,
     headers: HeaderMap,
@@ -322,7 +342,7 @@ pub async fn update_service(
             ApiError::BadRequest(format!("service {id} has no previous spec to roll back to"))
         })?
     } else {
-        json_body::<ServiceSpecJson>(&headers, &body, "service spec")?.to_api()?
+        service_spec_body(v, &headers, &body, SpecWrite::Update)?
     };
     controlapi::update_service(&ctx.state, &id, version, spec).await?;
     json(ServiceUpdateResponse {

@@ -19,6 +19,7 @@ pub mod swarm_update;
 #[cfg(test)]
 mod tests;
 pub mod unlock;
+pub mod versions;
 pub mod worker;
 
 use std::future::Future;

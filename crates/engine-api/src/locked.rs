@@ -68,8 +68,8 @@ impl std::fmt::Debug for LockedContext {
     }
 }
 
-async fn info(State(ctx): State<Arc<LockedContext>>) -> Json<InfoJson> {
-    Json(InfoJson {
+async fn info(State(ctx): State<Arc<LockedContext>>, v: crate::request::ApiVersion) -> Json<InfoJson> {
+    let mut info = InfoJson {
         swarm: SwarmInfoJson {
             node_id: ctx.node_id.clone(),
             local_node_state: "locked".into(),
@@ -77,7 +77,9 @@ async fn info(State(ctx): State<Arc<LockedContext>>) -> Json<InfoJson> {
             ..Default::default()
         },
         ..crate::handlers::host_info(&ctx.node_id, &ctx.hostname)
-    })
+    };
+    crate::versions::adjust_info(v, &mut info);
+    Json(info)
 }
 
 async fn unlock(State(ctx): State<Arc<LockedContext>>, headers: axum::http::HeaderMap, body: Bytes) -> Response {

@@ -215,6 +215,7 @@ async fn stream_response(
     selector: LogSelector,
     q: &HashMap<String, String>,
     tty: bool,
+    v: crate::request::ApiVersion,
 ) -> Result<Response, ApiError> {
     let (opts, format) = parse_query(q, tty)?;
     let is_leader = ctx.state.proposer.leadership().borrow().is_leader;
@@ -241,11 +242,7 @@ async fn stream_response(
         }
         Ok::<Bytes, std::convert::Infallible>(Bytes::from(out))
     });
-    let content_type = if tty {
-        "application/vnd.docker.raw-stream"
-    } else {
-        "application/vnd.docker.multiplexed-stream"
-    };
+    let content_type = crate::versions::log_stream_content_type(v, tty);
     let mut resp = (StatusCode::OK, Body::from_stream(body)).into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -255,6 +252,7 @@ async fn stream_response(
 /// `GET /services/{id}/logs`.
 pub async fn service_logs(
     State(ctx): Ctx,
+    v: crate::request::ApiVersion,
     Path(id): Path<String>,
     Query(q): Params,
 ) -> Result<Response, ApiError> {
@@ -269,6 +267,7 @@ pub async fn service_logs(
         },
         &q,
         tty,
+        v,
     )
     .await
 }
@@ -276,6 +275,7 @@ pub async fn service_logs(
 /// `GET /tasks/{id}/logs`.
 pub async fn task_logs(
     State(ctx): Ctx,
+    v: crate::request::ApiVersion,
     Path(id): Path<String>,
     Query(q): Params,
 ) -> Result<Response, ApiError> {
@@ -290,6 +290,7 @@ pub async fn task_logs(
         },
         &q,
         tty,
+        v,
     )
     .await
 }

@@ -28,6 +28,30 @@ pub const MIN_API_VERSION: (u32, u32) = (1, 24);
 /// The newest API version answered.
 pub const MAX_API_VERSION: (u32, u32) = (1, 47);
 
+/// The API version a request names with its `/v1.NN` prefix, or the newest served when it names none (as the
+/// engine takes a request without a version to be of its own). Set by `api_version` as a request extension;
+/// handlers whose reading or answer depends on it take it as an extractor (`versions` lists the differences).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ApiVersion(pub u32, pub u32);
+
+impl ApiVersion {
+    /// The newest version served.
+    pub const NEWEST: ApiVersion = ApiVersion(MAX_API_VERSION.0, MAX_API_VERSION.1);
+
+    /// Whether this version is older than `major.minor` (Docker's `versions.LessThan`).
+    pub fn less_than(self, major: u32, minor: u32) -> bool {
+        self < ApiVersion(major, minor)
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ApiVersion {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<ApiVersion>().copied().unwrap_or(ApiVersion::NEWEST))
+    }
+}
+
 /// How long a request's body may take to arrive, once its headers are in (a request extension set by the
 /// connection server; 30 s when absent).
 #[derive(Debug, Clone, Copy)]
@@ -154,6 +178,7 @@ pub(crate) async fn api_version(mut req: Request, next: Next) -> Response {
                 *req.uri_mut() = uri;
             }
         }
+        req.extensions_mut().insert(ApiVersion(major, minor));
     }
     next.run(req).await
 }
@@ -165,6 +190,21 @@ pub fn bool_param(q: &std::collections::HashMap<String, String>, name: &str) -> 
         let v = v.trim().to_ascii_lowercase();
         !matches!(v.as_str(), "" | "0" | "no" | "false" | "none")
     })
+}
+
+/// A boolean query parameter as the engine reads `status`, `insertDefaults` and the swarm update's `rotate*`
+/// flags (Go's `strconv.ParseBool`):
+/// absent or empty is false; `1`, `t`, `T`, `TRUE`, `true`, `True` are true; `0`, `f`, `F`, `FALSE`, `false`,
+/// `False` are false; anything else is a 400 `invalid value for NAME: VALUE`.
+pub fn parse_bool_param(q: &std::collections::HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
+    match q.get(name).map(String::as_str) {
+        None | Some("") => Ok(false),
+        Some("1" | "t" | "T" | "TRUE" | "true" | "True") => Ok(true),
+        Some("0" | "f" | "F" | "FALSE" | "false" | "False") => Ok(false),
+        Some(v) => Err(ApiError::BadRequest(format!(
+            "invalid value for {name}: {v}: expected true or false (1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False)"
+        ))),
+    }
 }
 
 /// Decodes a request body into `T` as the engine does (`httputils.ReadJSON`, then Go's `encoding/json`, see

@@ -18,7 +18,7 @@ use shoal_api::{ClusterSpec, Driver};
 use shoal_manager::controlapi;
 
 use crate::error::ApiError;
-use crate::request::bool_param as flag;
+use crate::request::parse_bool_param;
 use crate::json::objects::SwarmSpecJson;
 use crate::ApiContext;
 
@@ -112,15 +112,40 @@ pub async fn update_swarm(
         .map_err(|_| {
             ApiError::BadRequest("invalid version: expected a non-negative integer".into())
         })?;
-    let rotate_unlock_key = flag(&q, "rotateManagerUnlockKey");
+    // Read as the engine reads them (strconv.ParseBool: a bad value is a 400).
+    let rotate_unlock_key = parse_bool_param(&q, "rotateManagerUnlockKey")?;
     // `docker swarm join-token --rotate worker|manager`: fresh secrets, same root CA digest.
     let rotate = shoal_manager::ca::RotateTokens {
-        worker: flag(&q, "rotateWorkerToken"),
-        manager: flag(&q, "rotateManagerToken"),
+        worker: parse_bool_param(&q, "rotateWorkerToken")?,
+        manager: parse_bool_param(&q, "rotateManagerToken")?,
     };
     let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
+    // Shoal's CA signs with its own root only: an external CA or a root given by the user would be dropped.
+    for (field, set) in [
+        ("CAConfig.ExternalCAs", !j.ca_config.external_cas.is_empty()),
+        ("CAConfig.SigningCACert", !j.ca_config.signing_ca_cert.is_empty()),
+        ("CAConfig.SigningCAKey", !j.ca_config.signing_ca_key.is_empty()),
+    ] {
+        if set {
+            return Err(ApiError::BadRequest(format!(
+                "{field} is not supported yet: Shoal's CA signs with a root it makes itself (docker swarm ca --rotate without --ca-cert, --ca-key or --external-ca rotates it)"
+            )));
+        }
+    }
     let cluster = controlapi::get_cluster(&ctx.state)?;
-    let spec = merge_spec(&cluster.spec.clone().unwrap_or_default(), &j);
+    let current = cluster.spec.clone().unwrap_or_default();
+    let spec = merge_spec(&current, &j);
+    // No executor applies a default log driver: a new one is refused rather than stored and ignored (the one
+    // a cluster already has, sent back as `docker swarm update` does, goes through).
+    let log_driver = |s: &ClusterSpec| s.task_defaults.as_ref().and_then(|d| d.log_driver.clone());
+    if log_driver(&spec) != log_driver(&current)
+        && log_driver(&spec).is_some_and(|d| !d.name.is_empty() || !d.options.is_empty())
+    {
+        return Err(ApiError::BadRequest(
+            "TaskDefaults.LogDriver is not supported yet: Shoal's executors keep task output themselves and apply no log driver; leave it out"
+                .into(),
+        ));
+    }
     if rotate_unlock_key && !controlapi::autolock_on(Some(&spec)) {
         return Err(ApiError::BadRequest(
             "cannot rotate the unlock key: autolock is not turned on (docker swarm update --autolock=true)"

@@ -739,16 +739,16 @@ async fn service_specs_are_decoded_as_go_would_and_bad_combinations_refused() {
     ] {
         assert_error(&api.call(Method::POST, "/services/create", Some(doc)).await, StatusCode::BAD_REQUEST, fragment);
     }
-    // Same port on two protocols, or unpublished twice: fine.
+    // Same port on two protocols, or unpublished twice: not a duplicate, but ports are not published yet.
     let mut ok = spec("ok", 1);
     ok["EndpointSpec"]["Ports"] = json!([{"TargetPort": 53, "PublishedPort": 5353, "Protocol": "udp"},
                                           {"TargetPort": 53, "PublishedPort": 5353, "Protocol": "tcp"},
                                           {"TargetPort": 80}, {"TargetPort": 81}]);
     let r = api.call(Method::POST, "/services/create", Some(ok)).await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_error(&r, StatusCode::BAD_REQUEST, "EndpointSpec.Ports is not supported yet");
     // Nothing was written by the refused ones.
     let list = api.call(Method::GET, "/services", None).await;
-    assert_eq!(list.body.as_array().map(Vec::len), Some(2), "{}", list.text);
+    assert_eq!(list.body.as_array().map(Vec::len), Some(1), "{}", list.text);
 }
 
 #[tokio::test]
@@ -777,4 +777,228 @@ fn urlencode(s: &str) -> String {
     s.bytes()
         .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
         .collect()
+}
+
+/// `spec(name, 1)` with `value` set at `pointer` (a JSON pointer; objects on the way are made).
+fn spec_with(name: &str, pointer: &str, value: Value) -> Value {
+    let mut doc = spec(name, 1);
+    let mut at = &mut doc;
+    for key in pointer.trim_start_matches('/').split('/') {
+        if at.get(key).is_none() {
+            at[key] = json!({});
+        }
+        at = &mut at[key];
+    }
+    *at = value;
+    doc
+}
+
+/// What one API version difference gives: at `old` and at `new`, the same request; each side either creates
+/// the service and shows `want` at `shown` in its inspect (None: absent), or is refused with a 400 holding the
+/// fragment.
+enum Outcome {
+    Shows(&'static str, Option<Value>),
+    Refused(&'static str),
+}
+
+#[tokio::test]
+async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does() {
+    use Outcome::*;
+    let health = json!({"Test": ["CMD", "true"], "Interval": 1_000_000_000i64, "StartInterval": 500_000_000i64});
+    let cases: Vec<(&str, Value, &str, Outcome, &str, Outcome)> = vec![
+        // (what, field set at pointer, old version, outcome, new version, outcome)
+        ("MaxReplicas", json!(["/TaskTemplate/Placement/MaxReplicas", 2]),
+         "1.39", Shows("/Spec/TaskTemplate/Placement/MaxReplicas", None),
+         "1.40", Shows("/Spec/TaskTemplate/Placement/MaxReplicas", Some(json!(2)))),
+        ("Sysctls", json!(["/TaskTemplate/ContainerSpec/Sysctls", {"net.core.somaxconn": "1024"}]),
+         "1.39", Shows("/Spec/TaskTemplate/ContainerSpec/Sysctls", None),
+         "1.40", Refused("TaskTemplate.ContainerSpec.Sysctls is not supported yet")),
+        ("ReplicatedJob", json!(["/Mode", {"ReplicatedJob": {"MaxConcurrent": 1, "TotalCompletions": 1}}]),
+         "1.40", Shows("/Spec/Mode", Some(json!({"Replicated": {"Replicas": 1}}))),
+         "1.41", Refused("job modes")),
+        ("GlobalJob", json!(["/Mode", {"GlobalJob": {}}]),
+         "1.40", Shows("/Spec/Mode", Some(json!({"Replicated": {"Replicas": 1}}))),
+         "1.41", Refused("job modes")),
+        ("Ulimits", json!(["/TaskTemplate/ContainerSpec/Ulimits", [{"Name": "nofile", "Soft": 1024, "Hard": 2048}]]),
+         "1.40", Shows("/Spec/TaskTemplate/ContainerSpec/Ulimits", None),
+         "1.41", Refused("TaskTemplate.ContainerSpec.Ulimits is not supported yet")),
+        ("CapabilityAdd", json!(["/TaskTemplate/ContainerSpec/CapabilityAdd", ["CAP_NET_ADMIN"]]),
+         "1.40", Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityAdd", None),
+         "1.41", Refused("TaskTemplate.ContainerSpec.CapabilityAdd is not supported yet")),
+        ("CapabilityDrop", json!(["/TaskTemplate/ContainerSpec/CapabilityDrop", ["CAP_CHOWN"]]),
+         "1.40", Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityDrop", None),
+         "1.41", Refused("TaskTemplate.ContainerSpec.CapabilityDrop is not supported yet")),
+        ("Pids", json!(["/TaskTemplate/Resources/Limits/Pids", 100]),
+         "1.40", Shows("/Spec/TaskTemplate/Resources/Limits/Pids", None),
+         "1.41", Refused("TaskTemplate.Resources.Limits.Pids is not supported yet")),
+        ("StartInterval", json!(["/TaskTemplate/ContainerSpec/Healthcheck", health]),
+         "1.43", Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", None),
+         "1.44", Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", Some(json!(500_000_000i64)))),
+        ("NoNewPrivileges", json!(["/TaskTemplate/ContainerSpec/Privileges", {"NoNewPrivileges": true}]),
+         "1.43", Shows("/Spec/TaskTemplate/ContainerSpec/Privileges", None),
+         "1.44", Refused("TaskTemplate.ContainerSpec.Privileges is not supported yet")),
+    ];
+    let api = Api::new();
+    for (n, (what, set, old, old_outcome, new, new_outcome)) in cases.into_iter().enumerate() {
+        for (side, version, outcome) in [("old", old, old_outcome), ("new", new, new_outcome)] {
+            let name = format!("s{n}-{side}");
+            let doc = spec_with(&name, set[0].as_str().unwrap(), set[1].clone());
+            let r = api.call(Method::POST, &format!("/v{version}/services/create"), Some(doc)).await;
+            match outcome {
+                Shows(pointer, want) => {
+                    assert_eq!(r.status, StatusCode::CREATED, "{what} at {version}: {}", r.text);
+                    let g = api.call(Method::GET, &format!("/v{version}/services/{name}"), None).await;
+                    assert_eq!(g.body.pointer(pointer), want.as_ref(), "{what} at {version}: {}", g.text);
+                }
+                Refused(fragment) => assert_error(&r, StatusCode::BAD_REQUEST, fragment),
+            }
+        }
+    }
+    // StartInterval is dropped on create only: an update at 1.43 keeps it, as the engine's update path does.
+    let doc = spec_with("upd", "/TaskTemplate/ContainerSpec/Healthcheck", health);
+    assert_eq!(api.call(Method::POST, "/services/create", Some(doc.clone())).await.status, StatusCode::CREATED);
+    let version = api.call(Method::GET, "/services/upd", None).await.body["Version"]["Index"].as_u64().unwrap();
+    let r = api.call(Method::POST, &format!("/v1.43/services/upd/update?version={version}"), Some(doc)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let g = api.call(Method::GET, "/services/upd", None).await;
+    let got = g.body.pointer("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval");
+    assert_eq!(got, Some(&json!(500_000_000i64)), "{}", g.text);
+}
+
+#[tokio::test]
+async fn query_parameters_and_answers_by_api_version() {
+    let api = Api::new();
+    api.create("web", 2).await;
+    // `status` on GET /services: read from 1.41 (ParseBool: a bad value is a 400); older versions ignore it.
+    for (version, query, want) in [
+        ("1.40", "status=true", Ok(false)),
+        ("1.40", "status=bogus", Ok(false)),
+        ("1.41", "status=true", Ok(true)),
+        ("1.41", "status=1", Ok(true)),
+        ("1.41", "status=0", Ok(false)),
+        ("1.41", "status=bogus", Err("invalid value for status: bogus")),
+        ("1.47", "status=yes", Err("invalid value for status: yes")),
+    ] {
+        let r = api.call(Method::GET, &format!("/v{version}/services?{query}"), None).await;
+        match want {
+            Ok(with_status) => {
+                assert_eq!(r.status, StatusCode::OK, "{version} {query}: {}", r.text);
+                assert_eq!(r.body[0].get("ServiceStatus").is_some(), with_status, "{version} {query}: {}", r.text);
+            }
+            Err(fragment) => assert_error(&r, StatusCode::BAD_REQUEST, fragment),
+        }
+    }
+    // `insertDefaults` is read with ParseBool at every version.
+    let r = api.call(Method::GET, "/v1.24/services/web?insertDefaults=maybe", None).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "invalid value for insertDefaults: maybe");
+    let r = api.call(Method::GET, "/v1.24/services/web?insertDefaults=True", None).await;
+    assert!(r.body["Spec"]["UpdateConfig"].is_object(), "{}", r.text);
+    // /info: ExecutionDriver for clients of 1.24 only.
+    for (version, want) in [("1.24", Some(json!("<not supported>"))), ("1.25", None), ("1.47", None)] {
+        let r = api.call(Method::GET, &format!("/v{version}/info"), None).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body.get("ExecutionDriver").cloned(), want, "{version}: {}", r.text);
+    }
+}
+
+#[tokio::test]
+async fn fields_shoal_cannot_honour_are_refused_by_name() {
+    let api = Api::new();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/Networks", json!([{"Target": "backend"}]), "Networks is not supported yet"),
+        ("/TaskTemplate/Networks", json!([{"Target": "backend", "Aliases": ["db"]}]), "TaskTemplate.Networks is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Secrets", json!([{"SecretID": "x", "SecretName": "pw"}]), "ContainerSpec.Secrets is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Configs", json!([{"ConfigID": "x", "ConfigName": "c"}]), "ContainerSpec.Configs is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Privileges", json!({"SELinuxContext": {"User": "u"}}), "ContainerSpec.Privileges is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Isolation", json!("hyperv"), "ContainerSpec.Isolation is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/OomScoreAdj", json!(-500), "ContainerSpec.OomScoreAdj is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "volume", "Source": "v", "Target": "/v", "VolumeOptions": {"NoCopy": true}}]),
+         "ContainerSpec.Mounts[0].VolumeOptions is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "bind", "Source": "/a", "Target": "/b", "BindOptions": {"Propagation": "rshared"}}]),
+         "ContainerSpec.Mounts[0].BindOptions is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "tmpfs", "Target": "/t", "TmpfsOptions": {"SizeBytes": 1024}}]),
+         "ContainerSpec.Mounts[0].TmpfsOptions is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "bind", "Source": "/a", "Target": "/b", "Consistency": "cached"}]),
+         "ContainerSpec.Mounts[0].Consistency is not supported yet"),
+        ("/TaskTemplate/Resources/Reservations/GenericResources", json!([{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]),
+         "Reservations.GenericResources is not supported yet"),
+        ("/TaskTemplate/PluginSpec", json!({"Name": "p"}), "TaskTemplate.PluginSpec is not supported yet"),
+        ("/TaskTemplate/Placement/Preferences", json!([{"Spread": {"SpreadDescriptor": "node.labels.zone"}}]),
+         "Placement.Preferences is not supported yet"),
+        ("/TaskTemplate/LogDriver", json!({"Name": "syslog"}), "TaskTemplate.LogDriver is not supported yet"),
+        ("/EndpointSpec/Ports", json!([{"TargetPort": 80, "PublishedPort": 8080}]), "EndpointSpec.Ports is not supported yet"),
+    ];
+    for (n, (pointer, value, fragment)) in cases.into_iter().enumerate() {
+        let r = api.call(Method::POST, "/services/create", Some(spec_with(&format!("r{n}"), pointer, value))).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, fragment);
+    }
+    // Their zero values, as the CLI and the SDKs send them by default, go through, in any case of key.
+    let zero: Vec<(&str, Value)> = vec![
+        ("/Networks", json!([])),
+        ("/TaskTemplate/Networks", Value::Null),
+        ("/TaskTemplate/ContainerSpec/Privileges", json!({"CredentialSpec": null, "SELinuxContext": null, "NoNewPrivileges": false})),
+        ("/TaskTemplate/ContainerSpec/isolation", json!("default")),
+        ("/TaskTemplate/ContainerSpec/Secrets", json!([])),
+        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "bind", "Source": "/a", "Target": "/b", "consistency": "default", "BindOptions": null}])),
+        ("/TaskTemplate/Resources/Limits/Pids", json!(0)),
+        ("/TaskTemplate/LogDriver", Value::Null),
+        ("/EndpointSpec/Ports", json!([])),
+    ];
+    for (n, (pointer, value)) in zero.into_iter().enumerate() {
+        let r = api.call(Method::POST, "/services/create", Some(spec_with(&format!("z{n}"), pointer, value))).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{pointer}: {}", r.text);
+    }
+    // An update is refused the same way, and changes nothing.
+    let g = api.call(Method::GET, "/services/z0", None).await;
+    let version = g.body["Version"]["Index"].as_u64().unwrap();
+    let mut upd = g.body["Spec"].clone();
+    upd["TaskTemplate"]["ContainerSpec"]["Secrets"] = json!([{"SecretName": "pw"}]);
+    let r = api.call(Method::POST, &format!("/services/z0/update?version={version}"), Some(upd)).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "ContainerSpec.Secrets is not supported yet");
+    let after = api.call(Method::GET, "/services/z0", None).await;
+    assert_eq!(after.body["Version"], g.body["Version"], "{}", after.text);
+}
+
+#[tokio::test]
+async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_what_it_cannot_honour() {
+    let api = Api::new();
+    api.seed(|c| {
+        c.create(Cluster {
+            id: "cluster1".into(),
+            spec: Some(ClusterSpec::default()),
+            ..Default::default()
+        });
+    })
+    .await;
+    let swarm = api.call(Method::GET, "/swarm", None).await;
+    assert_eq!(swarm.status, StatusCode::OK, "{}", swarm.text);
+    let version = swarm.body["Version"]["Index"].as_u64().unwrap();
+    let spec = swarm.body["Spec"].clone();
+    for (query, fragment) in [
+        ("rotateWorkerToken=yes", "invalid value for rotateWorkerToken: yes"),
+        ("rotateManagerToken=2", "invalid value for rotateManagerToken: 2"),
+        ("rotateManagerUnlockKey=on", "invalid value for rotateManagerUnlockKey: on"),
+    ] {
+        let r = api.call(Method::POST, &format!("/swarm/update?version={version}&{query}"), Some(spec.clone())).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, fragment);
+    }
+    for (ca, fragment) in [
+        (json!({"ExternalCAs": [{"Protocol": "cfssl", "URL": "https://ca.example"}]}), "CAConfig.ExternalCAs is not supported yet"),
+        (json!({"SigningCACert": "-----BEGIN CERTIFICATE-----", "ForceRotate": 1}), "CAConfig.SigningCACert is not supported yet"),
+        (json!({"signingCAKey": "-----BEGIN EC PRIVATE KEY-----"}), "CAConfig.SigningCAKey is not supported yet"),
+    ] {
+        let mut doc = spec.clone();
+        doc["CAConfig"] = ca;
+        let r = api.call(Method::POST, &format!("/swarm/update?version={version}"), Some(doc)).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, fragment);
+    }
+    let mut with_driver = spec.clone();
+    with_driver["TaskDefaults"] = json!({"LogDriver": {"Name": "syslog"}});
+    let r = api.call(Method::POST, &format!("/swarm/update?version={version}"), Some(with_driver)).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, "TaskDefaults.LogDriver is not supported yet");
+    // Nothing changed; the spec as inspected goes back through.
+    let again = api.call(Method::GET, "/swarm", None).await;
+    assert_eq!(again.body["Version"], swarm.body["Version"], "{}", again.text);
+    let r = api.call(Method::POST, &format!("/swarm/update?version={version}&rotateWorkerToken=False"), Some(spec)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
 }

@@ -36,8 +36,8 @@ pub struct WorkerContext {
 pub const NOT_A_MANAGER: &str = "This node is not a swarm manager. Worker nodes can't be used to view or modify \
 cluster state. Please run this command on a manager node or promote the current node to a manager.";
 
-async fn info(State(ctx): State<Arc<WorkerContext>>) -> Json<InfoJson> {
-    Json(InfoJson {
+async fn info(State(ctx): State<Arc<WorkerContext>>, v: crate::request::ApiVersion) -> Json<InfoJson> {
+    let mut info = InfoJson {
         labels: vec![format!("shoal.executor={}", ctx.executor)],
         swarm: SwarmInfoJson {
             node_id: ctx.node_id.clone(),
@@ -56,7 +56,9 @@ async fn info(State(ctx): State<Arc<WorkerContext>>) -> Json<InfoJson> {
             cluster: None,
         },
         ..crate::handlers::host_info(&ctx.node_id, &ctx.hostname)
-    })
+    };
+    crate::versions::adjust_info(v, &mut info);
+    Json(info)
 }
 
 async fn refuse() -> axum::response::Response {

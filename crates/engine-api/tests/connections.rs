@@ -216,3 +216,53 @@ fn a_body_over_the_limit_gets_413_json() {
     assert_eq!(a.status, 413, "{a:?}");
     assert!(a.body.contains("the limit is"), "{a:?}");
 }
+
+#[test]
+fn oversized_uris_and_heads_get_json_414_and_431() {
+    use shoal_engine_api::connections::{MAX_HEADERS, MAX_HEAD_BYTES, MAX_URI_BYTES};
+    let api = ApiServer::start_with_limits("node1", "box1", 7, ConnectionLimits::default());
+    let check = |what: &str, head: String, status: u16, fragment: &str| {
+        let mut s = connect(api.socket());
+        // The server may answer and close before the whole head is in: the answer is read either way.
+        let _ = s.write_all(head.as_bytes());
+        let a = read_answer(&mut s).unwrap_or_else(|| panic!("{what}: no answer"));
+        assert_eq!(a.status, status, "{what}: {a:?}");
+        assert!(a.head.to_ascii_lowercase().contains("content-type: application/json"), "{what}: {a:?}");
+        let msg: serde_json::Value = serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("{what}: {e}: {a:?}"));
+        assert!(msg["message"].as_str().unwrap_or("").contains(fragment), "{what}: {a:?}");
+    };
+    let uri = |len: usize| format!("/v1.47/services/{}", "a".repeat(len - "/v1.47/services/".len()));
+    // At the limits: routed (a 404 from the handler, which is JSON already).
+    check("a URI at the limit", format!("GET {} HTTP/1.1\r\nHost: docker\r\n\r\n", uri(MAX_URI_BYTES)), 404, "not found");
+    let headers = |n: usize, each: usize| -> String {
+        (0..n).map(|i| format!("X-Filler-{i}: {}\r\n", "b".repeat(each))).collect()
+    };
+    check(
+        "as many headers as allowed",
+        format!("GET /_pong HTTP/1.1\r\nHost: docker\r\n{}\r\n", headers(MAX_HEADERS - 1, 10)),
+        404,
+        "not found",
+    );
+    // Beyond them.
+    check(
+        "a URI over the limit",
+        format!("GET {} HTTP/1.1\r\nHost: docker\r\n\r\n", uri(MAX_URI_BYTES + 1)),
+        414,
+        &format!("the limit is {MAX_URI_BYTES} bytes"),
+    );
+    check(
+        "a head over the limit",
+        format!("GET /_ping HTTP/1.1\r\nHost: docker\r\n{}\r\n", headers(50, MAX_HEAD_BYTES / 40)),
+        431,
+        &format!("the limit is {MAX_HEAD_BYTES} bytes"),
+    );
+    check(
+        "too many headers",
+        format!("GET /_ping HTTP/1.1\r\nHost: docker\r\n{}\r\n", headers(MAX_HEADERS + 1, 4)),
+        431,
+        &format!("{MAX_HEADERS} headers"),
+    );
+    check("a malformed request line", "GET /_ping HTTP/1.1 extra\r\nHost: docker\r\n\r\n".into(), 400, "malformed");
+    // The server is still well.
+    assert_eq!(ping(api.socket()).status, 200);
+}

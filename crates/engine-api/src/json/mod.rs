@@ -7,6 +7,7 @@ pub mod go_decode;
 pub mod objects;
 pub mod spec;
 pub mod system;
+pub mod unsupported;
 #[cfg(test)]
 mod tests;
 

@@ -593,6 +593,7 @@ impl NodeJson {
                 resources: super::spec::ResourceValuesJson {
                     nano_cpus: res.nano_cpus,
                     memory_bytes: res.memory_bytes,
+                    ..Default::default()
                 },
                 engine: EngineJson {
                     engine_version: engine.engine_version.clone(),
@@ -826,6 +827,31 @@ pub struct CaConfigJson {
     pub node_cert_expiry: i64,
     /// Counter bumped to force a CA rotation.
     pub force_rotate: u64,
+    /// External CAs (`docker swarm update --external-ca`): read only to be refused (`swarm_update`).
+    #[serde(rename = "ExternalCAs", skip_serializing)]
+    pub external_cas: Vec<ExternalCaJson>,
+    /// A root CA certificate to rotate to (`docker swarm ca --rotate --ca-cert`): read only to be refused.
+    #[serde(rename = "SigningCACert", skip_serializing)]
+    pub signing_ca_cert: String,
+    /// Its key (`--ca-key`): read only to be refused.
+    #[serde(rename = "SigningCAKey", skip_serializing)]
+    pub signing_ca_key: String,
+}
+
+/// `CAConfig.ExternalCAs[]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ExternalCaJson {
+    /// "cfssl".
+    pub protocol: String,
+    /// Where the CA is.
+    #[serde(rename = "URL")]
+    pub url: String,
+    /// Protocol options.
+    pub options: BTreeMap<String, String>,
+    /// The CA's certificate (PEM).
+    #[serde(rename = "CACert")]
+    pub ca_cert: String,
 }
 
 /// `SwarmSpec.EncryptionConfig`.
@@ -895,6 +921,7 @@ impl SwarmJson {
                             .and_then(|c| opt_ns(c.node_cert_expiry.as_ref()))
                             .unwrap_or(0),
                         force_rotate: spec.ca_config.as_ref().map(|c| c.force_rotate).unwrap_or(0),
+                        ..Default::default()
                     },
                     encryption_config: EncryptionConfigJson {
                         auto_lock_managers: spec

@@ -38,6 +38,9 @@ pub struct ServiceSpecJson {
     /// Ports and resolution mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint_spec: Option<EndpointSpecJson>,
+    /// Networks (deprecated for `TaskTemplate.Networks`): read only to be refused (`refused_fields`).
+    #[serde(skip_serializing)]
+    pub networks: serde_json::Value,
 }
 
 /// `ServiceSpec.Mode`: exactly one member set.
@@ -105,6 +108,15 @@ pub struct TaskSpecJson {
     /// "container" (the only runtime).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub runtime: String,
+    /// Networks to attach tasks to: read only to be refused (`refused_fields`).
+    #[serde(skip_serializing)]
+    pub networks: serde_json::Value,
+    /// A plugin's spec (runtime `plugin`): read only to be refused.
+    #[serde(skip_serializing)]
+    pub plugin_spec: serde_json::Value,
+    /// A network attachment's spec (runtime `attachment`): read only to be refused.
+    #[serde(skip_serializing)]
+    pub network_attachment_spec: serde_json::Value,
 }
 
 /// `ContainerSpec`.
@@ -167,6 +179,33 @@ pub struct ContainerSpecJson {
     /// Run an init process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init: Option<bool>,
+    /// Secret references: read only to be refused (`refused_fields`), as are the fields below.
+    #[serde(skip_serializing)]
+    pub secrets: serde_json::Value,
+    /// Config references.
+    #[serde(skip_serializing)]
+    pub configs: serde_json::Value,
+    /// Credential spec, SELinux, seccomp, AppArmor, no-new-privileges.
+    #[serde(skip_serializing)]
+    pub privileges: serde_json::Value,
+    /// Isolation technology ("default" is accepted: it is what Linux has).
+    #[serde(skip_serializing)]
+    pub isolation: serde_json::Value,
+    /// Namespaced kernel parameters.
+    #[serde(skip_serializing)]
+    pub sysctls: serde_json::Value,
+    /// Capabilities added.
+    #[serde(skip_serializing)]
+    pub capability_add: serde_json::Value,
+    /// Capabilities dropped.
+    #[serde(skip_serializing)]
+    pub capability_drop: serde_json::Value,
+    /// Resource limits (`ulimit`).
+    #[serde(skip_serializing)]
+    pub ulimits: serde_json::Value,
+    /// OOM killer score adjustment.
+    #[serde(skip_serializing)]
+    pub oom_score_adj: serde_json::Value,
 }
 
 /// `ContainerSpec.Mounts[]`.
@@ -184,6 +223,21 @@ pub struct MountJson {
     /// Mount read-only.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
+    /// Bind options: read only to be refused (`refused_fields`), as are the fields below.
+    #[serde(skip_serializing)]
+    pub bind_options: serde_json::Value,
+    /// Volume options.
+    #[serde(skip_serializing)]
+    pub volume_options: serde_json::Value,
+    /// Tmpfs options.
+    #[serde(skip_serializing)]
+    pub tmpfs_options: serde_json::Value,
+    /// Cluster volume options.
+    #[serde(skip_serializing)]
+    pub cluster_options: serde_json::Value,
+    /// Consistency ("default" is accepted).
+    #[serde(skip_serializing)]
+    pub consistency: serde_json::Value,
 }
 
 /// `HealthConfig`; durations in nanoseconds.
@@ -238,7 +292,7 @@ pub struct ResourcesJson {
 }
 
 /// CPU (in 1e-9 CPUs) and memory (bytes).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
 pub struct ResourceValuesJson {
     /// CPU in units of 1e-9 CPUs.
@@ -247,6 +301,12 @@ pub struct ResourceValuesJson {
     /// Memory in bytes.
     #[serde(skip_serializing_if = "is_zero")]
     pub memory_bytes: i64,
+    /// Process count limit (`Limits` only): read only to be refused (`refused_fields`).
+    #[serde(skip_serializing)]
+    pub pids: serde_json::Value,
+    /// Generic resources (`Reservations` only): read only to be refused.
+    #[serde(skip_serializing)]
+    pub generic_resources: serde_json::Value,
 }
 
 fn is_zero(v: &i64) -> bool {
@@ -516,6 +576,7 @@ impl ServiceSpecJson {
             update_config: s.update.as_ref().map(UpdateConfigJson::from_api),
             rollback_config: s.rollback.as_ref().map(UpdateConfigJson::from_api),
             endpoint_spec: s.endpoint.as_ref().map(EndpointSpecJson::from_api),
+            ..Default::default()
         }
     }
 }
@@ -611,6 +672,7 @@ impl TaskSpecJson {
             } else {
                 String::new()
             },
+            ..Default::default()
         }
     }
 }
@@ -687,6 +749,7 @@ impl ContainerSpecJson {
                 options: d.options.clone(),
             }),
             init: c.init,
+            ..Default::default()
         }
     }
 }
@@ -713,6 +776,7 @@ impl MountJson {
             source: m.source.clone(),
             target: m.target.clone(),
             read_only: m.readonly,
+            ..Default::default()
         }
     }
 }
@@ -729,6 +793,7 @@ impl ResourceValuesJson {
         ResourceValuesJson {
             nano_cpus: r.nano_cpus,
             memory_bytes: r.memory_bytes,
+            ..Default::default()
         }
     }
 }

@@ -79,6 +79,9 @@ pub struct InfoJson {
     pub isolation: String,
     /// Warnings for `docker info` to print.
     pub warnings: Vec<String>,
+    /// `"<not supported>"` for clients of API 1.24, which read it (`versions::adjust_info`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_driver: Option<String>,
     /// The swarm section.
     pub swarm: SwarmInfoJson,
 }

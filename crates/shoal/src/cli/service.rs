@@ -260,6 +260,7 @@ fn build_spec(a: CreateArgs) -> Result<ServiceSpecJson, CliError> {
         (cpu.is_some() || mem.is_some()).then(|| ResourceValuesJson {
             nano_cpus: cpu.unwrap_or(0),
             memory_bytes: mem.unwrap_or(0),
+            ..Default::default()
         })
     };
     let limits = resources(a.limit_cpu, a.limit_memory);

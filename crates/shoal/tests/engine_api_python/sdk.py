@@ -1,6 +1,6 @@
 # The Python Docker SDK (docker 7.x) against a Shoal daemon, as a user of the SDK would drive it: swarm, nodes,
-# and services (create replicated and global, inspect, scale, update, rollback, logs, remove; job modes refused
-# with a 400 the SDK raises).
+# and services (create replicated and global, inspect, scale, update, rollback, logs, remove; job modes and the
+# fields Shoal cannot honour yet refused with a 400 the SDK raises), and a worker token rotation.
 # Run by engine_api_python.rs with SHOAL_SOCKET set; prints OK at the end, raises on the first difference.
 import os
 import time
@@ -115,6 +115,43 @@ for mode in [ServiceMode("replicated-job", concurrency=1, replicas=1), ServiceMo
     else:
         raise AssertionError(f"mode {mode} accepted")
 assert client.services.list(filters={"name": "sdk-job"}) == []
+
+# What Shoal cannot honour yet is refused with a 400 naming the field, and nothing is created (global mode,
+# which the SDK checks above, is accepted: its orchestrator is being built).
+from docker.types import EndpointSpec, Mount, SecretReference
+
+refused = [
+    (dict(networks=["backend"]), "TaskTemplate.Networks is not supported yet"),
+    (dict(endpoint_spec=EndpointSpec(ports={8080: 80})), "EndpointSpec.Ports is not supported yet"),
+    (dict(secrets=[SecretReference("abc", "pw")]), "ContainerSpec.Secrets is not supported yet"),
+    (dict(cap_add=["CAP_NET_ADMIN"]), "ContainerSpec.CapabilityAdd is not supported yet"),
+    (dict(log_driver="syslog"), "TaskTemplate.LogDriver is not supported yet"),
+    (dict(mounts=[Mount("/v", "vol", no_copy=True)]), "Mounts[0].VolumeOptions is not supported yet"),
+]
+for kwargs, fragment in refused:
+    try:
+        client.services.create("busybox", command=["sleep", "3141"], name="sdk-refused", **kwargs)
+    except APIError as e:
+        assert e.status_code == 400, (kwargs, e)
+        assert fragment in e.explanation, (fragment, e.explanation)
+    else:
+        raise AssertionError(f"{kwargs} accepted")
+assert client.services.list(filters={"name": "sdk-refused"}) == []
+# A plain bind mount is honoured (by the docker executor) and accepted.
+bound = client.services.create("busybox", command=["sleep", "3141"], name="sdk-bind",
+                               mounts=[Mount("/data", "/tmp", type="bind", read_only=True)])
+bound.reload()
+assert bound.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"][0]["ReadOnly"] is True, bound.attrs["Spec"]
+bound.remove()
+
+# Swarm: rotating the worker join token changes it and leaves the manager's.
+client.swarm.reload()
+tokens = client.swarm.attrs["JoinTokens"]
+assert client.swarm.update(rotate_worker_token=True)
+client.swarm.reload()
+rotated = client.swarm.attrs["JoinTokens"]
+assert rotated["Worker"] != tokens["Worker"] and rotated["Worker"].startswith("SWMTKN-1-"), (tokens, rotated)
+assert rotated["Manager"] == tokens["Manager"], (tokens, rotated)
 
 # Remove.
 svc.remove()

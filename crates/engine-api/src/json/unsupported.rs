@@ -1,0 +1,118 @@
+//! The `ServiceSpec` fields a client may send that Shoal cannot honour yet, refused with a 400 naming the field
+//! (`X is not supported yet: why`) rather than accepted and dropped. A field counts as sent when it holds
+//! anything but its zero value (`null`, `""`, `0`, `false`, `[]`, or an object of zero values), so what the
+//! docker CLI and the SDKs send by default (`"Privileges": {"CredentialSpec": null, ...}`, `"Isolation":
+//! "default"`) goes through. Fields Shoal honours on one executor but not the other (mounts, limits on the
+//! process executor) are not refused here: the API does not know where tasks will run.
+//!
+//! Must not depend on HTTP or the store.
+
+use serde_json::Value;
+
+use super::common::ConvertError;
+use super::spec::ServiceSpecJson;
+
+/// Whether `v` holds anything but a zero value.
+fn is_set(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => o.values().any(is_set),
+    }
+}
+
+/// `v` set to something other than `""` or "default" (Isolation, Consistency).
+fn is_set_beyond_default(v: &Value) -> bool {
+    is_set(v) && v.as_str().is_none_or(|s| !s.eq_ignore_ascii_case("default"))
+}
+
+/// The first field of `spec` Shoal cannot honour, with why, as the 400 the client gets.
+pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
+    const NO_NETWORKS: &str = "Shoal does not attach tasks to networks yet; leave it out (tasks use their node's network)";
+    let t = &spec.task_template;
+    let mut checks: Vec<(String, bool, &str)> = vec![
+        ("Networks".into(), is_set(&spec.networks), NO_NETWORKS),
+        ("TaskTemplate.Networks".into(), is_set(&t.networks), NO_NETWORKS),
+        (
+            "TaskTemplate.PluginSpec".into(),
+            is_set(&t.plugin_spec),
+            "plugin services are not run by Shoal; use a container spec",
+        ),
+        (
+            "TaskTemplate.NetworkAttachmentSpec".into(),
+            is_set(&t.network_attachment_spec),
+            "network attachment tasks are not run by Shoal; use a container spec",
+        ),
+        (
+            "TaskTemplate.Placement.Preferences".into(),
+            t.placement.as_ref().is_some_and(|p| !p.preferences.is_empty()),
+            "the scheduler spreads a service's tasks over nodes by task count, not over label values; leave it out",
+        ),
+        (
+            "TaskTemplate.LogDriver".into(),
+            t.log_driver.as_ref().is_some_and(|d| !d.name.is_empty() || !d.options.is_empty()),
+            "Shoal's executors keep task output themselves and apply no log driver; leave it out",
+        ),
+        (
+            "EndpointSpec.Ports".into(),
+            spec.endpoint_spec.as_ref().is_some_and(|e| !e.ports.is_empty()),
+            "Shoal does not publish ports yet (no routing mesh, no host port mapping); leave it out",
+        ),
+    ];
+    if let Some(r) = &t.resources {
+        let limits = r.limits.as_ref();
+        let reservations = r.reservations.as_ref();
+        checks.push((
+            "TaskTemplate.Resources.Limits.Pids".into(),
+            limits.is_some_and(|l| is_set(&l.pids)),
+            "Shoal's executors apply no process count limit yet; leave it out",
+        ));
+        checks.push((
+            "TaskTemplate.Resources.Reservations.GenericResources".into(),
+            reservations.is_some_and(|r| is_set(&r.generic_resources)),
+            "the scheduler does not count generic resources yet; leave it out",
+        ));
+    }
+    if let Some(c) = &t.container_spec {
+        let not_applied = "Shoal's executors do not apply it yet; leave it out";
+        for (field, v, why) in [
+            ("Secrets", &c.secrets, "Shoal does not store or deliver secrets yet; leave it out"),
+            ("Configs", &c.configs, "Shoal does not store or deliver configs yet; leave it out"),
+            ("Privileges", &c.privileges, not_applied),
+            ("Sysctls", &c.sysctls, not_applied),
+            ("CapabilityAdd", &c.capability_add, not_applied),
+            ("CapabilityDrop", &c.capability_drop, not_applied),
+            ("Ulimits", &c.ulimits, not_applied),
+            ("OomScoreAdj", &c.oom_score_adj, not_applied),
+        ] {
+            checks.push((format!("TaskTemplate.ContainerSpec.{field}"), is_set(v), why));
+        }
+        checks.push((
+            "TaskTemplate.ContainerSpec.Isolation".into(),
+            is_set_beyond_default(&c.isolation),
+            "Linux has only the default isolation; leave it out",
+        ));
+        for (i, m) in c.mounts.iter().enumerate() {
+            for (field, v) in [
+                ("BindOptions", &m.bind_options),
+                ("VolumeOptions", &m.volume_options),
+                ("TmpfsOptions", &m.tmpfs_options),
+                ("ClusterOptions", &m.cluster_options),
+            ] {
+                checks.push((format!("TaskTemplate.ContainerSpec.Mounts[{i}].{field}"), is_set(v), not_applied));
+            }
+            checks.push((
+                format!("TaskTemplate.ContainerSpec.Mounts[{i}].Consistency"),
+                is_set_beyond_default(&m.consistency),
+                not_applied,
+            ));
+        }
+    }
+    match checks.into_iter().find(|(_, set, _)| *set) {
+        Some((field, _, why)) => Err(ConvertError(format!("{field} is not supported yet: {why}"))),
+        None => Ok(()),
+    }
+}
