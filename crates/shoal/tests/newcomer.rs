@@ -122,3 +122,25 @@ fn a_second_daemon_on_the_same_state_dir_is_refused() {
     // The first daemon still serves on its own socket.
     assert!(first.get("/v1.47/swarm")["ID"].as_str().is_some_and(|id| !id.is_empty()));
 }
+
+#[test]
+fn a_setting_the_process_executor_cannot_honour_rejects_the_task_with_the_reason() {
+    if !shoal_testkit::docker_cli::available() {
+        eprintln!("skipped: no docker CLI");
+        return;
+    }
+    let d = daemon();
+    let out = shoal_testkit::docker_cli::run(
+        d.socket(),
+        &["service", "create", "--detach", "--name", "asuser", "--user", "nobody", "busybox", "sleep", "3011"],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The task is REJECTED with the setting named, never run without it.
+    let text = wait_until("a rejected task", Duration::from_secs(30), || {
+        let out = shoal_testkit::docker_cli::run(d.socket(), &["service", "ps", "--no-trunc", "asuser"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains("Rejected") { Ok(text) } else { Err(text) }
+    });
+    assert!(text.contains("ContainerSpec.User") && text.contains("docker executor"), "{text}");
+    assert!(shoal_testkit::process::pids_with_cmdline(&["sleep", "3011"]).is_empty(), "the task ran without its user");
+}

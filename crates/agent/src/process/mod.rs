@@ -96,6 +96,29 @@ fn container_spec(task: &Task) -> Option<&ContainerSpec> {
     }
 }
 
+/// The settings of a task that a plain process cannot have (they need a container), named as the Engine API
+/// names them. A task that sets any is rejected with them named, never run without them.
+fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'static str> {
+    let limits = task.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.limits.as_ref());
+    let checks: [(&'static str, bool); 14] = [
+        ("ContainerSpec.User", !c.user.is_empty()),
+        ("ContainerSpec.Groups", !c.groups.is_empty()),
+        ("ContainerSpec.Hostname", !c.hostname.is_empty()),
+        ("ContainerSpec.Mounts", !c.mounts.is_empty()),
+        ("ContainerSpec.DNSConfig", c.dns_config.as_ref().is_some_and(|d| *d != Default::default())),
+        ("ContainerSpec.Hosts", !c.hosts.is_empty()),
+        ("ContainerSpec.Healthcheck", c.healthcheck.as_ref().is_some_and(|h| *h != Default::default())),
+        ("ContainerSpec.TTY", c.tty),
+        ("ContainerSpec.OpenStdin", c.open_stdin),
+        ("ContainerSpec.ReadOnly", c.read_only),
+        ("ContainerSpec.StopSignal", !c.stop_signal.is_empty()),
+        ("ContainerSpec.Init", c.init == Some(true)),
+        ("Resources.Limits.NanoCPUs", limits.is_some_and(|l| l.nano_cpus != 0)),
+        ("Resources.Limits.MemoryBytes", limits.is_some_and(|l| l.memory_bytes != 0)),
+    ];
+    checks.into_iter().filter(|(_, set)| *set).map(|(name, _)| name).collect()
+}
+
 impl Executor for ProcessExecutor {
     fn describe(&self) -> NodeDescription {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as i64;
@@ -118,6 +141,14 @@ impl Executor for ProcessExecutor {
 
     fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError> {
         let spec = container_spec(task).cloned().unwrap_or_default();
+        let unhonoured = settings_a_process_cannot_honour(task, &spec);
+        if !unhonoured.is_empty() {
+            return Err(ExecutorError::InvalidSpec(format!(
+                "the process executor cannot honour {}: run the service on a node with the docker executor (e.g. \
+                 a placement constraint on that node's labels), or remove the setting",
+                unhonoured.join(", ")
+            )));
+        }
         let argv: Vec<String> = spec.command.iter().chain(spec.args.iter()).cloned().collect();
         if argv.is_empty() {
             return Err(ExecutorError::InvalidSpec(format!(

@@ -160,3 +160,58 @@ fn task_processes_die_with_the_daemon_even_on_sigkill() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn settings_a_process_cannot_have_reject_the_task_naming_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let check = |edit: &dyn Fn(&mut Task), named: &[&str]| {
+        let mut t = task("t", &["sleep"], &["1"], None);
+        edit(&mut t);
+        match exec.controller(&t) {
+            Ok(_) if named.is_empty() => {}
+            Ok(_) => panic!("expected {named:?} to be refused"),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(!named.is_empty(), "refused a plain task: {msg}");
+                for n in named {
+                    assert!(msg.contains(n), "{msg:?} does not name {n}");
+                }
+                assert!(msg.contains("docker executor"), "{msg}");
+            }
+        }
+    };
+    fn container(t: &mut Task) -> &mut ContainerSpec {
+        match t.spec.as_mut().unwrap().runtime.as_mut().unwrap() {
+            task_spec::Runtime::Container(c) => c,
+        }
+    }
+    check(&|_| {}, &[]);
+    check(&|t| container(t).user = "nobody".into(), &["ContainerSpec.User"]);
+    check(
+        &|t| {
+            container(t).mounts = vec![shoal_api::Mount { target: "/data".into(), ..Default::default() }];
+            container(t).healthcheck = Some(shoal_api::HealthConfig { test: vec!["CMD".into(), "true".into()], ..Default::default() });
+        },
+        &["ContainerSpec.Mounts", "ContainerSpec.Healthcheck"],
+    );
+    check(
+        &|t| {
+            t.spec.as_mut().unwrap().resources = Some(shoal_api::ResourceRequirements {
+                limits: Some(shoal_api::Resources { memory_bytes: 1 << 20, ..Default::default() }),
+                ..Default::default()
+            })
+        },
+        &["Resources.Limits.MemoryBytes"],
+    );
+    // Reservations are the scheduler's: a process can be placed by them.
+    check(
+        &|t| {
+            t.spec.as_mut().unwrap().resources = Some(shoal_api::ResourceRequirements {
+                reservations: Some(shoal_api::Resources { memory_bytes: 1 << 20, ..Default::default() }),
+                ..Default::default()
+            })
+        },
+        &[],
+    );
+}
