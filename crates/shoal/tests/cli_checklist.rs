@@ -65,10 +65,6 @@ fn the_docker_cli_swarm_checklist() {
             "A=1",
             "--label",
             "team=blue",
-            "--limit-cpu",
-            "0.5",
-            "--limit-memory",
-            "64M",
             "--reserve-memory",
             "1M",
             "--restart-condition",
@@ -91,8 +87,17 @@ fn the_docker_cli_swarm_checklist() {
     let tt = &s["Spec"]["TaskTemplate"];
     assert_eq!(tt["ContainerSpec"]["Env"], serde_json::json!(["A=1"]));
     assert_eq!(s["Spec"]["Labels"]["team"], "blue");
-    assert_eq!(tt["Resources"]["Limits"]["NanoCPUs"], 500_000_000);
-    assert_eq!(tt["Resources"]["Limits"]["MemoryBytes"], 64 << 20);
+    // Limits are the docker executor's: this node runs processes, so a service with limits is stored as
+    // given and its task is rejected naming them (never run without them).
+    docker(&d, &["service", "create", "--detach", "--name", "lim", "--limit-cpu", "0.5", "--limit-memory", "64M", "busybox", "sleep", "3012"]);
+    let lim = inspect(&d, &["service", "inspect", "lim"]);
+    assert_eq!(lim["Spec"]["TaskTemplate"]["Resources"]["Limits"]["NanoCPUs"], 500_000_000);
+    assert_eq!(lim["Spec"]["TaskTemplate"]["Resources"]["Limits"]["MemoryBytes"], 64 << 20);
+    wait_until("the limited task is rejected", Duration::from_secs(30), || {
+        let ps = docker(&d, &["service", "ps", "--no-trunc", "lim"]);
+        if ps.contains("Rejected") && ps.contains("Resources.Limits.NanoCPUs") { Ok(()) } else { Err(ps) }
+    });
+    docker(&d, &["service", "rm", "lim"]);
     assert_eq!(tt["RestartPolicy"]["Condition"], "on-failure");
     assert_eq!(tt["RestartPolicy"]["MaxAttempts"], 3);
     assert_eq!(tt["Placement"]["Constraints"], serde_json::json!(["node.role==manager"]));
@@ -114,8 +119,6 @@ fn the_docker_cli_swarm_checklist() {
             "3",
             "--constraint-add",
             "node.hostname==shoal-test-node",
-            "--limit-cpu",
-            "0.25",
             "--reserve-cpu",
             "0.1",
             "--restart-condition",
@@ -133,7 +136,6 @@ fn the_docker_cli_swarm_checklist() {
     assert_eq!(env, ["A=1", "B=2"]);
     assert_eq!(tt["ContainerSpec"]["Args"], serde_json::json!(["sleep", "999"]));
     assert_eq!(s["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
-    assert_eq!(tt["Resources"]["Limits"]["NanoCPUs"], 250_000_000);
     assert_eq!(tt["Resources"]["Reservations"]["NanoCPUs"], 100_000_000);
     assert_eq!(tt["RestartPolicy"]["Condition"], "any");
     assert_eq!(s["Spec"]["Labels"]["tier"], "web");
