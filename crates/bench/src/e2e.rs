@@ -2,13 +2,14 @@
 //! scheduler, dispatcher, a real Raft node on a temp dir with fsync) and N agents with fake executors over
 //! real gRPC (`shoal_testkit::TestCluster`). Timed from the create call to every task ASSIGNED (placements
 //! through Raft) and to every task RUNNING (reported back by the agents). RESULT: the median time to all
-//! RUNNING; the table also gives placements per second.
+//! RUNNING; the table also gives placements per second. With `--global`, the service is global instead: one
+//! task per node (`--replicas` is ignored), all RUNNING when every READY node runs one.
 //! Must not depend on the manager's internals beyond the control API and the store's read views.
 
 use std::time::{Duration, Instant};
 
 use shoal_api::{
-    service_spec, task_spec, Annotations, ContainerSpec, ReplicatedService, ServiceSpec, TaskSpec, TaskState,
+    service_spec, task_spec, Annotations, ContainerSpec, GlobalService, ReplicatedService, ServiceSpec, TaskSpec, TaskState,
 };
 use shoal_manager::controlapi;
 use shoal_testkit::{ClusterOptions, TestCluster};
@@ -33,6 +34,9 @@ pub struct E2eArgs {
     /// A size that runs in seconds (50 replicas on 5 nodes, 1 run).
     #[arg(long)]
     smoke: bool,
+    /// A global service (one task per node) instead of a replicated one.
+    #[arg(long)]
+    global: bool,
 }
 
 /// A replicated service `name` of `replicas` tasks running `sleep 3600` (the e2e and agents scenarios).
@@ -57,13 +61,19 @@ struct Run {
     running: Duration,
 }
 
-async fn one_run(replicas: u64, nodes: usize, timeout: Duration) -> Result<Run, BenchError> {
+async fn one_run(replicas: u64, nodes: usize, global: bool, timeout: Duration) -> Result<Run, BenchError> {
     let cluster = TestCluster::start(ClusterOptions { workers: nodes, raft: true, ..Default::default() }).await;
+    let mut spec = sleep_service("bench", replicas);
+    let mut want = replicas as usize;
+    if global {
+        spec.mode = Some(service_spec::Mode::Global(GlobalService {}));
+        want = cluster.state.store.view(|t| {
+            let ready = shoal_api::node_status::State::Ready as i32;
+            t.nodes().iter().filter(|n| n.status.as_ref().map(|s| s.state) == Some(ready)).count()
+        });
+    }
     let start = Instant::now();
-    let svc = controlapi::create_service(&cluster.state, sleep_service("bench", replicas))
-        .await
-        .map_err(|e| BenchError::Request(e.to_string()))?;
-    let want = replicas as usize;
+    let svc = controlapi::create_service(&cluster.state, spec).await.map_err(|e| BenchError::Request(e.to_string()))?;
     let mut assigned_at = None;
     let counted = tokio::time::timeout(timeout, async {
         loop {
@@ -88,7 +98,7 @@ async fn one_run(replicas: u64, nodes: usize, timeout: Duration) -> Result<Run, 
     let result = match counted {
         Ok(running) => Ok(Run { assigned: assigned_at.unwrap_or(running), running }),
         Err(_) => {
-            Err(BenchError::Timeout(format!("{replicas} replicas on {nodes} nodes not all RUNNING within {timeout:?}")))
+            Err(BenchError::Timeout(format!("{want} tasks on {nodes} nodes not all RUNNING within {timeout:?}")))
         }
     };
     cluster.shutdown().await;
@@ -98,13 +108,15 @@ async fn one_run(replicas: u64, nodes: usize, timeout: Duration) -> Result<Run, 
 /// Runs the scenario.
 pub fn run(a: E2eArgs) -> Result<(), BenchError> {
     let (replicas, nodes, runs) = if a.smoke { (50, 5, 1) } else { (a.replicas, a.nodes.max(1), a.runs.max(1)) };
+    // A global service runs one task per node.
+    let replicas = if a.global { nodes as u64 } else { replicas };
     crate::procstat::raise_nofile_limit()?;
     let rt = report::runtime()?;
     let mut table = Table::new(&["run", "replicas", "nodes", "all assigned ms", "placements/s", "all running ms"]);
     let mut times = Vec::new();
     let mut rates = Vec::new();
     for r in 1..=runs {
-        let run = rt.block_on(one_run(replicas, nodes, Duration::from_secs(a.timeout_s)))?;
+        let run = rt.block_on(one_run(replicas, nodes, a.global, Duration::from_secs(a.timeout_s)))?;
         let rate = replicas as f64 / run.assigned.as_secs_f64().max(1e-9);
         table.row(vec![
             r.to_string(),
@@ -126,6 +138,6 @@ pub fn run(a: E2eArgs) -> Result<(), BenchError> {
         fmt_num(report::median(&rates)),
         fmt_num(med),
     ]);
-    report::finish(&table, "e2e", med, "ms");
+    report::finish(&table, if a.global { "e2e-global" } else { "e2e" }, med, "ms");
     Ok(())
 }

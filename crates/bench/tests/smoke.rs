@@ -82,6 +82,9 @@ fn idle_smoke() {
 fn e2e_smoke() {
     let (s, v, u) = smoke(&["e2e"]);
     assert_eq!((s.as_str(), u.as_str()), ("e2e", "ms"));
+    let (s, g, _) = smoke(&["e2e", "--global"]);
+    assert_eq!(s, "e2e-global");
+    assert!(g > 0.0);
     assert!(v > 0.0);
 }
 

@@ -108,8 +108,15 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     match &spec.mode {
         Some(service_spec::Mode::Replicated(r)) => check_count("Mode.Replicated.Replicas", r.replicas, MAX_REPLICAS)?,
         Some(service_spec::Mode::Global(_)) => {}
-        Some(service_spec::Mode::ReplicatedJob(_)) | Some(service_spec::Mode::GlobalJob(_)) => {
-            return Err(invalid("job modes (replicated-job, global-job) are not supported yet; use replicated or global"))
+        Some(service_spec::Mode::ReplicatedJob(_)) => {
+            return Err(invalid(
+                "Mode.ReplicatedJob: job modes (replicated-job, global-job) are not supported yet; use replicated or global",
+            ))
+        }
+        Some(service_spec::Mode::GlobalJob(_)) => {
+            return Err(invalid(
+                "Mode.GlobalJob: job modes (replicated-job, global-job) are not supported yet; use replicated or global",
+            ))
         }
         None => return Err(invalid("the service mode is required: replicated (with a replica count) or global")),
     }
@@ -214,6 +221,15 @@ pub async fn update_service(
                      inspect it again and retry",
                     current.id,
                     current.version()
+                )));
+            }
+            let old_mode = current.spec.as_ref().map(mode_name).unwrap_or_default();
+            if !old_mode.is_empty() && old_mode != mode_name(&spec) {
+                // As SwarmKit: each mode has its own orchestrator and its own task layout (slots or nodes).
+                return Err(invalid(format!(
+                    "Mode: service mode change is not allowed ({old_mode} -> {}); remove the service and create it \
+                     again",
+                    mode_name(&spec)
                 )));
             }
             let new_name = spec.annotations.as_ref().map(|a| a.name.as_str()).unwrap_or_default();

@@ -644,3 +644,37 @@ async fn writes_on_a_follower_are_refused_with_not_leader() {
         ControlError::NotLeader
     );
 }
+
+#[tokio::test]
+async fn job_modes_and_mode_changes_are_refused_naming_the_field() {
+    invalid_spec(
+        |s| s.mode = Some(service_spec::Mode::ReplicatedJob(shoal_api::ReplicatedJob { max_concurrent: 2, total_completions: 5 })),
+        "Mode.ReplicatedJob: job modes (replicated-job, global-job) are not supported yet",
+    );
+    invalid_spec(|s| s.mode = Some(service_spec::Mode::GlobalJob(shoal_api::GlobalJob {})), "Mode.GlobalJob: job modes");
+    invalid_spec(|s| s.mode = None, "the service mode is required");
+
+    let (state, _p) = cluster();
+    let svc = create_service(&state, spec("web", 1)).await.unwrap();
+    let mut g = spec("web", 1);
+    g.mode = Some(service_spec::Mode::Global(shoal_api::GlobalService {}));
+    let err = update_service(&state, &svc.id, svc.version(), g.clone()).await.unwrap_err();
+    assert!(
+        matches!(&err, ControlError::InvalidArgument(m) if m.contains("Mode: service mode change is not allowed (replicated -> global)")),
+        "{err:?}"
+    );
+    let after = state.store.view(|t| t.services().get(&svc.id).cloned()).unwrap();
+    assert_eq!(after.version(), svc.version(), "a refused update changes nothing");
+    // A global service updates as global.
+    let gs = create_service(&state, { let mut s = g.clone(); s.annotations.as_mut().unwrap().name = "agent".into(); s }).await.unwrap();
+    let mut g2 = g;
+    g2.annotations.as_mut().unwrap().name = "agent".into();
+    set_image_args(&mut g2);
+    update_service(&state, &gs.id, gs.version(), g2).await.unwrap();
+}
+
+fn set_image_args(s: &mut ServiceSpec) {
+    if let Some(task_spec::Runtime::Container(c)) = s.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+        c.args = vec!["sleep".into(), "2".into()];
+    }
+}

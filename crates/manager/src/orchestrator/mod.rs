@@ -1,5 +1,6 @@
 //! The orchestrators: they turn services into tasks. `replicated` keeps N tasks per replicated service (one
-//! per slot), and holds the restart supervisor (`restart`) and the rolling updater (`update`) as parts of one
+//! per slot), `global` one task per eligible node of a global service (on the same working state, a node per
+//! key), and holds the restart supervisor (`restart`) and the rolling updater (`update`) as parts of one
 //! per-service reconcile; `taskreaper` deletes old and removed tasks. Each has a sans-IO core (plain
 //! functions over a `&Tables` view and a time in milliseconds, returning `Changes`) and a thin async loop
 //! over the store's watch queue (`replicated_loop`, `taskreaper`).
@@ -7,6 +8,7 @@
 //! This module must not depend on the scheduler, the dispatcher or any IO other than `ClusterState`'s
 //! proposer: subsystems only talk through the store.
 
+pub mod global;
 pub mod replicated;
 mod replicated_loop;
 pub mod restart;
@@ -17,21 +19,23 @@ pub(crate) mod write;
 #[cfg(test)]
 pub(crate) mod fixture;
 #[cfg(test)]
+mod global_tests;
+#[cfg(test)]
 mod tests;
 
 use shoal_api::{node_status, Node, Task, TaskState};
 use shoal_store::Tables;
 
 pub use replicated::{reconcile_service, remove_service_tasks, Reconciled};
-pub use replicated_loop::ReplicatedOrchestrator;
+pub use replicated_loop::{GlobalOrchestrator, ReplicatedOrchestrator};
 pub use taskreaper::TaskReaper;
 
 use crate::subsystem::Subsystem;
 
-/// The leader-only orchestration subsystems: the replicated orchestrator (with its restart supervisor and
-/// rolling updater) and the task reaper.
+/// The leader-only orchestration subsystems: the replicated and global orchestrators (each with the
+/// restart supervisor and rolling updater) and the task reaper.
 pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
-    vec![Box::new(ReplicatedOrchestrator), Box::new(TaskReaper)]
+    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(TaskReaper)]
 }
 
 /// The task's observed state (`status.state`), `New` when it has no status.

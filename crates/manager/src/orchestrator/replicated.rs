@@ -75,11 +75,13 @@ pub(crate) struct Entry {
     pub changed: bool,
     /// True for a task this pass creates.
     pub created: bool,
+    /// The key of `Work::slots` it belongs under (its slot; for a global service, its node's key).
+    pub key: u64,
 }
 
 impl Entry {
-    fn stored(task: &Arc<Task>) -> Entry {
-        Entry { task: task.clone(), desired: task.desired_state(), changed: false, created: false }
+    pub(crate) fn stored(task: &Arc<Task>, key: u64) -> Entry {
+        Entry { task: task.clone(), desired: task.desired_state(), changed: false, created: false, key }
     }
 
     /// Sets the desired state (never lowers it, except READY -> RUNNING promotion which raises it).
@@ -121,6 +123,9 @@ pub(crate) struct Work<'a> {
     pub wake_at_ms: Option<u64>,
     /// Tasks `fill` created in this pass, and their encoded bytes (see `MAX_NEW_TASKS_PER_PASS`).
     pub filled: (usize, usize),
+    /// For a global service: what the keys of `slots` stand for (a node each); `None` for a replicated
+    /// service, whose keys are slot numbers.
+    pub nodes: Option<super::global::NodeKeys>,
 }
 
 /// The version tasks created now carry: the service's `spec_version`, or its object version when unset.
@@ -133,8 +138,20 @@ impl<'a> Work<'a> {
         self.wake_at_ms = Some(self.wake_at_ms.map_or(ms, |w| w.min(ms)));
     }
 
-    /// A new task for `slot` from the service's current spec.
-    pub(crate) fn new_task(&self, slot: u64, desired: TaskState) -> Entry {
+    /// True when a new task may be created under `key`: always for a slot of a replicated service; for a
+    /// global service, only on a node that is ready, active and fits the placement.
+    pub(crate) fn may_create(&self, key: u64) -> bool {
+        self.nodes.as_ref().is_none_or(|n| n.may_create(key))
+    }
+
+    /// A new task for `key` (a slot; for a global service, the key of a node) from the service's current
+    /// spec. A global service's task gets slot 0 and its node at creation, as SwarmKit's: the scheduler
+    /// only checks that the node takes it.
+    pub(crate) fn new_task(&self, key: u64, desired: TaskState) -> Entry {
+        let (slot, node_id) = match &self.nodes {
+            None => (key, String::new()),
+            Some(n) => (0, n.node_id(key).to_string()),
+        };
         let now = shoal_api::timestamp_from_unix_ms(self.now_ms);
         let spec = self.service.spec.as_ref();
         let task_spec = spec.and_then(|s| s.task.clone());
@@ -145,6 +162,7 @@ impl<'a> Work<'a> {
             spec: task_spec,
             service_id: self.service.id.clone(),
             slot,
+            node_id,
             service_annotations: spec.and_then(|s| s.annotations.clone()),
             status: Some(TaskStatus {
                 timestamp: Some(now),
@@ -157,7 +175,7 @@ impl<'a> Work<'a> {
             ..Default::default()
         };
         t.set_desired_state(desired);
-        Entry { task: Arc::new(t), desired, changed: false, created: true }
+        Entry { task: Arc::new(t), desired, changed: false, created: true, key }
     }
 
     /// True when a task's spec equals the service's current task spec.
@@ -192,13 +210,13 @@ impl<'a> Work<'a> {
         SlotClass::Empty
     }
 
-    /// Adds a new task to a slot.
+    /// Adds a new task under its key.
     pub(crate) fn add(&mut self, entry: Entry) {
-        self.slots.entry(entry.task.slot).or_default().push(entry);
+        self.slots.entry(entry.key).or_default().push(entry);
     }
 
     /// Restart supervisor (step 1) and promotion of delayed replacements (step 2).
-    fn restart_and_promote(&mut self) {
+    pub(crate) fn restart_and_promote(&mut self) {
         let slots: Vec<u64> = self.slots.keys().copied().collect();
         for slot in slots {
             let mut replacement = false;
@@ -227,7 +245,7 @@ impl<'a> Work<'a> {
                     }
                 }
             }
-            if replacement {
+            if replacement && self.may_create(slot) {
                 let delay =
                     restart::EffectivePolicy::of(self.service.spec.as_ref().and_then(|s| s.task.as_ref())).delay_ms;
                 let desired = if delay > 0 { TaskState::Ready } else { TaskState::Running };
@@ -323,7 +341,7 @@ impl<'a> Work<'a> {
     }
 
     /// Turns the pass into writes: creations, then desired-state updates.
-    fn into_changes(self, service_update: Option<Service>) -> Reconciled {
+    pub(crate) fn into_changes(self, service_update: Option<Service>) -> Reconciled {
         let mut changes = Changes::new();
         let now = shoal_api::timestamp_from_unix_ms(self.now_ms);
         for e in self.slots.into_values().flatten() {
@@ -360,9 +378,9 @@ pub fn reconcile_service(tables: &Tables, service: &Service, now_ms: u64, ids: &
     let replicas = wanted.min(MAX_REPLICAS);
     let mut slots: BTreeMap<u64, Vec<Entry>> = BTreeMap::new();
     for t in tables.tasks().by_service(&service.id) {
-        slots.entry(t.slot).or_default().push(Entry::stored(t));
+        slots.entry(t.slot).or_default().push(Entry::stored(t, t.slot));
     }
-    let mut work = Work { tables, service, now_ms, ids, slots, wake_at_ms: None, filled: (0, 0) };
+    let mut work = Work { tables, service, now_ms, ids, slots, wake_at_ms: None, filled: (0, 0), nodes: None };
     work.restart_and_promote();
     work.scale_down(replicas);
     work.fill(replicas);

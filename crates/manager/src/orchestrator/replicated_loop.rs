@@ -1,9 +1,13 @@
-//! The replicated orchestrator's async loop: subscribes and reads (`view_and_watch`), reconciles every
+//! The orchestrators' async loop, run once per service mode (`Kind`): the replicated orchestrator and the
+//! global orchestrator are two instances of it, each reconciling only its own services (and the replicated
+//! one removing the tasks of deleted services). It subscribes and reads (`view_and_watch`), reconciles every
 //! service, then reacts to commits. A service is reconciled again when it is created, updated or removed,
 //! when one of its tasks changes in a way a pass reads (`task_change_matters`: created, desired state, node
 //! or spec version changed, observed state crossed into assigned or finished, or into running while the
 //! service's rolling update is in progress: only the updater waits for RUNNING), when a node holding
-//! its tasks goes down (or is removed), and when a restart or update delay it asked for ends. A lagging
+//! its tasks goes down (or is removed), and when a restart or update delay it asked for ends. The global
+//! instance also reconciles every global service when a node is created or removed, or changes in what
+//! decides where global tasks run (status state, spec: availability and labels, platform). A lagging
 //! watch makes it reconcile everything again. (Status reports inside a band, such as ACCEPTED, PREPARING
 //! and STARTING after ASSIGNED, change nothing a pass decides; a pass costs O(tasks of the service), so
 //! reconciling on each of them made a large service's start quadratic.)
@@ -23,6 +27,7 @@ use shoal_api::{node_status, Service, Task, TaskState};
 use shoal_store::{ActionKind, Commit, Object, Tables, WatchError};
 use tokio::sync::watch;
 
+use super::global::{is_global, reconcile_global};
 use super::replicated::{reconcile_service, remove_service_tasks, replicas, Reconciled};
 use super::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 use crate::state::ClusterState;
@@ -39,6 +44,24 @@ pub const MAX_TIMER_SLEEP_MS: u64 = 1000;
 /// Pause after a write failed for a reason other than a conflict (e.g. lost leadership).
 const BACKOFF_MS: u64 = 100;
 
+/// Which services a loop reconciles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Replicated services, and the tasks of deleted services.
+    Replicated,
+    /// Global services.
+    Global,
+}
+
+impl Kind {
+    fn owns(self, s: &Service) -> bool {
+        match self {
+            Kind::Replicated => !is_global(s),
+            Kind::Global => is_global(s),
+        }
+    }
+}
+
 /// The replicated orchestrator subsystem (with the restart supervisor and the rolling updater).
 #[derive(Debug, Default)]
 pub struct ReplicatedOrchestrator;
@@ -49,13 +72,32 @@ impl Subsystem for ReplicatedOrchestrator {
     }
 
     fn run(&self, state: ClusterState, stop: watch::Receiver<bool>) -> SubsystemFuture {
-        Box::pin(run(state, stop))
+        Box::pin(run(state, stop, Kind::Replicated))
     }
 }
 
-/// Every service, plus services that are gone but still have tasks not marked for removal.
-fn all_targets(t: &Tables) -> BTreeSet<String> {
-    let mut ids: BTreeSet<String> = t.services().iter().map(|s| s.id.clone()).collect();
+/// The global orchestrator subsystem: one task per eligible node (`global`), with the same restart
+/// supervisor and rolling updater.
+#[derive(Debug, Default)]
+pub struct GlobalOrchestrator;
+
+impl Subsystem for GlobalOrchestrator {
+    fn name(&self) -> &'static str {
+        "global-orchestrator"
+    }
+
+    fn run(&self, state: ClusterState, stop: watch::Receiver<bool>) -> SubsystemFuture {
+        Box::pin(run(state, stop, Kind::Global))
+    }
+}
+
+/// The services of `kind`; for the replicated loop also services that are gone but still have tasks not
+/// marked for removal.
+fn all_targets(t: &Tables, kind: Kind) -> BTreeSet<String> {
+    let mut ids: BTreeSet<String> = t.services().iter().filter(|s| kind.owns(s)).map(|s| s.id.clone()).collect();
+    if kind == Kind::Global {
+        return ids;
+    }
     for task in t.tasks().iter() {
         if task.desired_state() < shoal_api::TaskState::Remove && t.services().get(&task.service_id).is_none() {
             ids.insert(task.service_id.clone());
@@ -64,15 +106,42 @@ fn all_targets(t: &Tables) -> BTreeSet<String> {
     ids
 }
 
-#[derive(Default)]
 struct LoopState {
+    kind: Kind,
     pending: BTreeSet<String>,
+    /// A node changed in a way that decides where global tasks run: every global service is pending.
+    nodes_changed: bool,
     /// Services whose rolling update is in progress (update status UPDATING), as of the last commit seen.
     updating: HashSet<String>,
     down_nodes: HashSet<String>,
     wakes: HashMap<String, u64>,
     /// Services already logged about once (a mode this loop ignores, or a replica count it clamps).
     logged_modes: HashSet<String>,
+}
+
+impl Default for LoopState {
+    fn default() -> Self {
+        LoopState {
+            kind: Kind::Replicated,
+            pending: BTreeSet::new(),
+            nodes_changed: false,
+            updating: HashSet::new(),
+            down_nodes: HashSet::new(),
+            wakes: HashMap::new(),
+            logged_modes: HashSet::new(),
+        }
+    }
+}
+
+/// True when a node write changes where global tasks run: a new or removed node, or a changed status
+/// state, spec (availability, labels) or platform.
+fn node_change_matters(kind: ActionKind, old: Option<&Object>, new: &shoal_api::Node) -> bool {
+    let Some(Object::Node(old)) = old else { return true };
+    kind == ActionKind::Remove
+        || old.status.as_ref().map(|s| s.state) != new.status.as_ref().map(|s| s.state)
+        || old.spec != new.spec
+        || old.description.as_ref().and_then(|d| d.platform.as_ref())
+            != new.description.as_ref().and_then(|d| d.platform.as_ref())
 }
 
 impl LoopState {
@@ -98,6 +167,9 @@ impl LoopState {
                     }
                 }
                 Object::Node(n) => {
+                    if self.kind == Kind::Global && node_change_matters(ch.kind, ch.old.as_ref(), n) {
+                        self.nodes_changed = true;
+                    }
                     let down = |o: &Option<Object>| match o {
                         Some(Object::Node(n)) => n.status.as_ref().map(|s| s.state()) == Some(node_status::State::Down),
                         _ => false,
@@ -152,18 +224,22 @@ fn task_change_matters(old: Option<&Task>, new: &Task, updating: bool) -> bool {
         || observed_band(old, updating) != observed_band(new, updating)
 }
 
-async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
+async fn run(state: ClusterState, mut stop: watch::Receiver<bool>, kind: Kind) {
     let ((targets, updating), mut events) = state.store.view_and_watch(|t| {
-        (all_targets(t), t.services().iter().filter(|s| is_updating(s)).map(|s| s.id.clone()).collect())
+        (all_targets(t, kind), t.services().iter().filter(|s| is_updating(s)).map(|s| s.id.clone()).collect())
     });
-    let mut ls = LoopState { pending: targets, updating, ..Default::default() };
-    tracing::info!(services = ls.pending.len(), "replicated orchestrator started");
+    let mut ls = LoopState { kind, pending: targets, updating, ..Default::default() };
+    tracing::info!(services = ls.pending.len(), ?kind, "orchestrator started");
     loop {
         let now = state.clock.now_unix_ms();
         let due: Vec<String> = ls.wakes.iter().filter(|(_, &w)| w <= now).map(|(k, _)| k.clone()).collect();
         for id in due {
             ls.wakes.remove(&id);
             ls.pending.insert(id);
+        }
+        if std::mem::take(&mut ls.nodes_changed) {
+            let ids = state.store.view(|t| all_targets(t, kind));
+            ls.pending.extend(ids);
         }
         if !ls.down_nodes.is_empty() {
             let nodes = std::mem::take(&mut ls.down_nodes);
@@ -212,9 +288,10 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
 
 /// After missed commits: every service is pending again, and the set of updating services is read anew.
 fn lagged(state: &ClusterState, ls: &mut LoopState) {
+    let kind = ls.kind;
     let (targets, updating) = state
         .store
-        .view(|t| (all_targets(t), t.services().iter().filter(|s| is_updating(s)).map(|s| s.id.clone()).collect()));
+        .view(|t| (all_targets(t, kind), t.services().iter().filter(|s| is_updating(s)).map(|s| s.id.clone()).collect()));
     ls.pending.extend(targets);
     ls.updating = updating;
 }
@@ -231,6 +308,15 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
                 .iter()
                 .map(|id| {
                     let r = match t.services().get(id) {
+                        Some(s) if ls.kind == Kind::Global => {
+                            if !is_global(s) {
+                                return (id.clone(), Reconciled::default());
+                            }
+                            reconcile_global(t, s, now, state.ids.as_ref())
+                        }
+                        // Gone: the replicated loop removes the tasks (the global one leaves them to it).
+                        None if ls.kind == Kind::Global => Reconciled::default(),
+                        Some(s) if is_global(s) => Reconciled::default(),
                         Some(s) => {
                             if replicas(s).is_none() && ls.logged_modes.insert(id.clone()) {
                                 tracing::info!(service = %id, "service mode is not replicated; the replicated orchestrator leaves it alone");

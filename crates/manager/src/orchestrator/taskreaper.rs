@@ -3,7 +3,8 @@
 //! - Tasks with desired REMOVE (scale-down, service removal), once they stopped: observed state terminal,
 //!   or never assigned (no node, or observed < ASSIGNED).
 //! - Tasks whose service no longer exists, once they are not running (same test).
-//! - History: at most `task_history_retention_limit` tasks per (service, slot) (from the cluster object's
+//! - History: at most `task_history_retention_limit` tasks per (service, slot), and per (service, node) for
+//!   a global service (all its tasks have slot 0) (from the cluster object's
 //!   `spec.orchestration`; 0/unset or no cluster: `DEFAULT_RETENTION_LIMIT`; negative: no history is kept).
 //!   The oldest tasks that are done go first: desired past RUNNING and observed terminal (or never
 //!   assigned). A task still meant to run, or still running, is never deleted.
@@ -12,7 +13,7 @@
 //! flushes every `FLUSH_AFTER_MS` or `MAX_DIRTY_SLOTS` slots, whichever comes first. It reads the whole task
 //! table once at start. Must not depend on other subsystems.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,19 +82,41 @@ pub fn reap<'a>(tables: &Tables, keys: impl IntoIterator<Item = &'a SlotKey>) ->
         if keep.len() <= limit {
             continue;
         }
-        keep.sort_by(|a, b| history_key(a).cmp(&history_key(b)));
-        let mut excess = keep.len() - limit;
-        for t in keep {
-            if excess == 0 {
-                break;
+        if *slot == GLOBAL_SLOT {
+            // A global service's tasks all have slot 0: their history is per node.
+            let mut by_node: BTreeMap<&str, Vec<&Arc<Task>>> = BTreeMap::new();
+            for t in keep {
+                by_node.entry(t.node_id.as_str()).or_default().push(t);
             }
-            if t.desired_state() > TaskState::Running && stopped_or_never_assigned(t) {
-                changes.remove(t.clone());
-                excess -= 1;
+            for history in by_node.into_values() {
+                trim_history(history, limit, &mut changes);
             }
+        } else {
+            trim_history(keep, limit, &mut changes);
         }
     }
     changes
+}
+
+/// The slot of every task of a global service (replicated slots start at 1).
+const GLOBAL_SLOT: u64 = 0;
+
+/// Deletes the oldest done tasks of one history until at most `limit` remain (or none is done).
+fn trim_history(mut keep: Vec<&Arc<Task>>, limit: usize, changes: &mut Changes) {
+    if keep.len() <= limit {
+        return;
+    }
+    keep.sort_by(|a, b| history_key(a).cmp(&history_key(b)));
+    let mut excess = keep.len() - limit;
+    for t in keep {
+        if excess == 0 {
+            break;
+        }
+        if t.desired_state() > TaskState::Running && stopped_or_never_assigned(t) {
+            changes.remove(t.clone());
+            excess -= 1;
+        }
+    }
 }
 
 /// Every slot that has a task.

@@ -13,6 +13,9 @@
 //! running. `service.update_status` goes UPDATING (with `started_at`) when an update begins and COMPLETED
 //! (with `completed_at`, message "update completed") when no slot is left to update.
 //!
+//! A global service runs the same step with one key per node instead of one per slot (`global`); a node
+//! that may not get a new task (paused, see `Work::may_create`) keeps its old one.
+//!
 //! Not done yet: `monitor`, `failure_action` and `max_failure_ratio` (no pause or rollback on failures),
 //! and rollback to `previous_spec`. All state is read from the store, so a new leader resumes an update.
 //!
@@ -94,7 +97,10 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
                     }
                 }
                 if !old.is_empty() && new.is_empty() {
-                    dirty.push(slot);
+                    // A global service's task on a node that may not get a new one (paused) is left as is.
+                    if work.may_create(slot) {
+                        dirty.push(slot);
+                    }
                 } else if !old.is_empty() {
                     if new_running {
                         let entries = work.slots.get_mut(&slot).expect("slot listed");

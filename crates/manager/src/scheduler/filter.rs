@@ -112,6 +112,20 @@ fn normalize_arch(a: &str) -> String {
     }
 }
 
+/// True when the node's platform is one of `platforms` (any, when the list is empty). The global
+/// orchestrator uses it too, to choose the nodes a global service runs on.
+pub fn platform_matches(platforms: &[Platform], node: &shoal_api::Node) -> bool {
+    if platforms.is_empty() {
+        return true;
+    }
+    let Some(np) = node.description.as_ref().and_then(|d| d.platform.as_ref()) else { return false };
+    platforms.iter().any(|p| {
+        let os_ok = p.os.is_empty() || p.os.eq_ignore_ascii_case(&np.os);
+        let arch_ok = p.architecture.is_empty() || normalize_arch(&p.architecture) == normalize_arch(&np.architecture);
+        os_ok && arch_ok
+    })
+}
+
 impl Filter for PlatformFilter {
     fn set_task(&mut self, task: &Task) -> bool {
         self.platforms =
@@ -119,13 +133,7 @@ impl Filter for PlatformFilter {
         !self.platforms.is_empty()
     }
     fn check(&self, n: &NodeInfo) -> bool {
-        let Some(np) = n.node().description.as_ref().and_then(|d| d.platform.as_ref()) else { return false };
-        self.platforms.iter().any(|p| {
-            let os_ok = p.os.is_empty() || p.os.eq_ignore_ascii_case(&np.os);
-            let arch_ok =
-                p.architecture.is_empty() || normalize_arch(&p.architecture) == normalize_arch(&np.architecture);
-            os_ok && arch_ok
-        })
+        platform_matches(&self.platforms, n.node())
     }
     fn explain(&self, n: usize) -> String {
         format!("unsupported platform on {}", nodes(n))

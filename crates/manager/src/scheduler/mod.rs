@@ -20,6 +20,9 @@
 //! heapified in one O(nodes) step. A pass costs O(groups x nodes + tasks x log nodes): 100k nodes x 1k
 //! tasks neither sorts nor heaps 100k nodes.
 //!
+//! A task created with its node already set (a global service's) is only checked against that node
+//! (`check_preassigned`).
+//!
 //! A placed task gets `node_id` and status ASSIGNED ("scheduler assigned task to node"). A task that fits
 //! nowhere stays PENDING with `status.err` = "no suitable node (...)" naming each filter's refusals; it is
 //! written only when that text changes, so the scheduler's own writes do not loop.
@@ -87,9 +90,10 @@ pub struct Scheduler {
     pipeline: Pipeline,
 }
 
-/// True when the scheduler should place this task: observed PENDING, no node, meant to run.
+/// True when the scheduler should place (or, with a node already set, check) this task: observed PENDING
+/// and meant to run.
 pub fn is_schedulable(t: &Task) -> bool {
-    observed_state(t) == TaskState::Pending && t.node_id.is_empty() && t.desired_state() <= TaskState::Running
+    observed_state(t) == TaskState::Pending && t.desired_state() <= TaskState::Running
 }
 
 impl Scheduler {
@@ -115,13 +119,17 @@ impl Scheduler {
             PendingTasks::All => tables.tasks().by_state(TaskState::Pending).collect(),
             PendingTasks::Only(ids) => ids.iter().filter_map(|id| tables.tasks().get(id)).collect(),
         };
+        let mut preassigned = Vec::new();
         for t in selected {
-            if is_schedulable(t) {
+            if is_schedulable(t) && !t.node_id.is_empty() {
+                preassigned.push(t);
+            } else if is_schedulable(t) {
                 let v = t.spec_version.as_ref().map_or(0, |v| v.index);
                 groups.entry((t.service_id.as_str(), v)).or_default().push(t);
             }
         }
         let mut pass = SchedulePass::default();
+        self.check_preassigned(nodes, preassigned, now_ms, &mut pass);
         if groups.is_empty() {
             return pass;
         }
@@ -215,6 +223,48 @@ impl Scheduler {
             }
         }
         pass
+    }
+}
+
+impl Scheduler {
+    /// Tasks created with their node set (a global service's): each is checked against that node alone
+    /// (SwarmKit's preassigned tasks). A task the node takes goes ASSIGNED; otherwise it stays PENDING with
+    /// the refusal in `status.err` (written when that text changes). The task already counts in its node's
+    /// load (it holds a node), so the check runs with it taken off and counts it back after.
+    fn check_preassigned(&mut self, nodes: &mut NodeSet, tasks: Vec<&Arc<Task>>, now_ms: u64, pass: &mut SchedulePass) {
+        let now = shoal_api::timestamp_from_unix_ms(now_ms);
+        for task in tasks {
+            self.pipeline.set_task(task);
+            let err = match nodes.get_mut(&task.node_id) {
+                Some(info) => {
+                    info.remove_task(task);
+                    let fits = self.pipeline.process(info);
+                    info.add_task(task);
+                    if fits {
+                        let mut t = (**task).clone();
+                        t.status = Some(TaskStatus {
+                            timestamp: Some(now),
+                            state: TaskState::Assigned as i32,
+                            message: ASSIGNED_MESSAGE.to_string(),
+                            ..Default::default()
+                        });
+                        t.meta_mut().updated_at = Some(now);
+                        pass.changes.update(t);
+                        pass.assigned += 1;
+                        continue;
+                    }
+                    format!("{NO_SUITABLE_NODE} ({})", self.pipeline.explain())
+                }
+                None => format!("{NO_SUITABLE_NODE} (node {} not found)", task.node_id),
+            };
+            pass.unplaced += 1;
+            let status = task.status.clone().unwrap_or_default();
+            if status.err != err {
+                let mut t = (**task).clone();
+                t.status = Some(TaskStatus { err, timestamp: Some(now), ..status });
+                pass.changes.update(t);
+            }
+        }
     }
 }
 

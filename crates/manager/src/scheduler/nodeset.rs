@@ -95,6 +95,11 @@ impl NodeSet {
         self.slots.get(node_id).map(|&i| &self.infos[i])
     }
 
+    /// The info of one node, to count a task on it and take it back within a pass.
+    pub(super) fn get_mut(&mut self, node_id: &str) -> Option<&mut NodeInfo> {
+        self.slots.get(node_id).map(|&i| &mut self.infos[i])
+    }
+
     /// Loads counted for node IDs the set does not hold.
     pub fn absent(&self) -> &HashMap<String, TaskLoad> {
         &self.absent

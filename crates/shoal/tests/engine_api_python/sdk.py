@@ -103,7 +103,29 @@ wait("the tasks' logs", lambda: b"hello-from-sdk" in b"".join(svc.logs(stdout=Tr
 glob = client.services.create("busybox", command=["sleep", "3141"], name="sdk-global", mode=ServiceMode("global"))
 glob.reload()
 assert "Global" in glob.attrs["Spec"]["Mode"] and "Replicated" not in glob.attrs["Spec"]["Mode"], glob.attrs["Spec"]
+# It runs one task per node (slot 0, bound to its node), and the service list's status counts them.
+node_ids = sorted(n.id for n in client.nodes.list())
+
+
+def global_running():
+    tasks = glob.tasks(filters={"desired-state": "running"})
+    running = [t for t in tasks if t["Status"]["State"] == "running"]
+    return running if sorted(t["NodeID"] for t in running) == node_ids and len(tasks) == len(node_ids) else None
+
+
+running = wait("one running task of the global service per node", global_running)
+assert all(t.get("Slot", 0) == 0 for t in running), running
+status = wait(
+    "the global service's status",
+    lambda: [
+        s.attrs.get("ServiceStatus")
+        for s in client.services.list(filters={"name": "sdk-global"}, status=True)
+        if s.attrs.get("ServiceStatus", {}).get("RunningTasks") == len(node_ids)
+    ],
+)[0]
+assert status["DesiredTasks"] == len(node_ids), status
 glob.remove()
+wait("the global service gone", lambda: client.services.list(filters={"name": "sdk-global"}) == [])
 
 # Job modes, which Shoal does not run yet, are refused with a 400 the SDK raises, and nothing is created.
 for mode in [ServiceMode("replicated-job", concurrency=1, replicas=1), ServiceMode("global-job")]:
