@@ -41,6 +41,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "store_proposal", run: targets::store::proposal, dictionary: &[] },
     Target { name: "store_snapshot", run: targets::store::snapshot, dictionary: &[] },
     Target { name: "grpc_requests", run: targets::grpc::requests, dictionary: &[] },
+    Target { name: "dispatcher_update_task_status", run: targets::grpc::update_task_status, dictionary: &[] },
     Target { name: "ca_issue_node_certificate", run: targets::grpc::issue_node_certificate, dictionary: targets::ca::CSR_DICT },
     Target { name: "raft_message", run: targets::raft::message, dictionary: &[] },
     Target { name: "raft_records", run: targets::raft::records, dictionary: &[] },

@@ -86,7 +86,7 @@ fn env_u64(name: &str) -> Option<u64> {
 fn fuzz(name: &str) {
     let target = shoal_fuzz::target(name).unwrap_or_else(|| panic!("no target {name}"));
     let seed = env_u64("SHOAL_FUZZ_SEED").unwrap_or_else(rand::random);
-    let iterations = env_u64("SHOAL_FUZZ_ITERATIONS").unwrap_or(3000) as usize;
+    let iterations = env_u64("SHOAL_FUZZ_ITERATIONS").unwrap_or(5000) as usize;
     let budget = Duration::from_secs(env_u64("SHOAL_FUZZ_BUDGET_SECS").unwrap_or(20));
     println!("fuzz target {name}: seed {seed} (SHOAL_FUZZ_SEED={seed} runs the same inputs)");
     match runner::run(target, Some(PROBE), &corpus_root(), &failures_dir(), seed, iterations, budget) {
@@ -130,6 +130,7 @@ fuzz_tests!(
     store_proposal,
     store_snapshot,
     grpc_requests,
+    dispatcher_update_task_status,
     ca_issue_node_certificate,
     raft_message,
     raft_records,

@@ -150,6 +150,17 @@ fn write_seed_corpus() {
         write("grpc_requests", &format!("{sel:02}-{name}.bin"), &with_selector(sel, &bytes));
     }
     let issue = IssueNodeCertificateRequest { csr: csr.csr_pem.clone().into_bytes(), ..Default::default() }.encode_to_vec();
+    let statuses = UpdateTaskStatusRequest {
+        session_id: "s1".into(),
+        updates: [(1, TaskState::Running), (2, TaskState::Complete), (3, TaskState::Running), (9, TaskState::Running)]
+            .into_iter()
+            .map(|(i, state)| update_task_status_request::TaskStatusUpdate {
+                task_id: if i == 9 { "other".into() } else { format!("task{i}") },
+                status: Some(TaskStatus { state: state as i32, message: "started".into(), ..Default::default() }),
+            })
+            .collect(),
+    };
+    write("dispatcher_update_task_status", "mixed.bin", &statuses.encode_to_vec());
     for (sel, name) in [(0u8, "no-token"), (1, "worker-token"), (2, "manager-token"), (3, "renewal")] {
         write("ca_issue_node_certificate", &format!("{name}.bin"), &with_selector(sel, &issue));
     }

@@ -2,7 +2,8 @@
 //! (Dispatcher, CA, NodeCA, Raft, RaftMembership, RaftProposals, LogBroker) and the messages an agent
 //! receives from a manager, decoded with prost; the parts a handler reaches without a network are run
 //! too: a forwarded proposal's request is decoded as the leader does, a membership list as a joining
-//! manager does, and `NodeCA.IssueNodeCertificate` runs in full against an in-memory cluster.
+//! manager does, `NodeCA.IssueNodeCertificate` runs in full against an in-memory cluster, and
+//! `Dispatcher.UpdateTaskStatus`'s updates are checked and applied as the dispatcher's flusher does.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -14,13 +15,14 @@ use shoal_api::{
     IssueNodeCertificateRequest, JoinRequest, JoinResponse, LeaveRequest, ListenSubscriptionsRequest,
     NodeCertificateStatusRequest, ProcessRaftMessageRequest, PublishLogsMessage, ResolveAddressRequest,
     RootCa as RootCaProto, SessionMessage, SessionRequest, StreamRaftMessageRequest, SubscribeLogsRequest,
-    SubscriptionMessage, UpdateTaskStatusRequest,
+    SubscriptionMessage, Task, TaskState, TaskStatus, UpdateTaskStatusRequest,
 };
 use shoal_ca::{NodeSubject, Role};
 use shoal_manager::ca::{new_root_ca, CaService, PeerIdentity};
+use shoal_manager::dispatcher::status::{apply_updates, check_update, StatusUpdate};
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::{LocalProposer, Members};
-use shoal_store::{ManualClock, MemoryStore};
+use shoal_store::{Changes, ManualClock, MemoryStore};
 
 use super::split_selector;
 
@@ -138,4 +140,52 @@ pub fn issue_node_certificate(data: &[u8]) {
             shoal_ca::parse_cert(&ders[0]).expect("an issued certificate parses");
         }
     });
+}
+
+/// A store holding node1's tasks in each state an agent reports on, as the dispatcher sees them.
+fn store_with_tasks() -> MemoryStore {
+    let store = MemoryStore::new(4);
+    let mut changes = Changes::new();
+    for (i, state) in [TaskState::Assigned, TaskState::Running, TaskState::Failed].into_iter().enumerate() {
+        changes.create(Task {
+            id: format!("task{}", i + 1),
+            service_id: "svc1".into(),
+            slot: i as u64 + 1,
+            node_id: "node1".into(),
+            desired_state: TaskState::Running as i32,
+            status: Some(TaskStatus { state: state as i32, ..Default::default() }),
+            ..Default::default()
+        });
+    }
+    changes.create(Task { id: "other".into(), node_id: "node2".into(), ..Default::default() });
+    store.apply(1, changes.actions()).expect("the seed tasks are written");
+    store
+}
+
+/// `Dispatcher.UpdateTaskStatus` from node1: the request decoded, its updates checked and turned into
+/// store changes as the dispatcher's flusher does (`dispatcher::status`), and those applied. A task's
+/// observed state must never move backwards, and node1 must not change another node's task.
+pub fn update_task_status(data: &[u8]) {
+    let Ok(req) = UpdateTaskStatusRequest::decode(data) else { return };
+    let store = store_with_tasks();
+    let updates: Vec<StatusUpdate> = req
+        .updates
+        .into_iter()
+        .filter_map(|u| Some(StatusUpdate { node_id: "node1".into(), task_id: u.task_id, status: u.status? }))
+        .collect();
+    for u in &updates {
+        let _ = store.view(|t| check_update(t.tasks().get(&u.task_id).map(|t| &**t), u));
+    }
+    let before = store.view(|t| t.tasks().iter().map(|t| (t.id.clone(), (**t).clone())).collect::<Vec<_>>());
+    let now = shoal_api::prost_types::Timestamp { seconds: 1_800_000_000, nanos: 0 };
+    let (changes, _skipped) = store.view(|t| apply_updates(t, &updates, &now));
+    let _ = store.apply(2, changes.actions());
+    for (id, old) in before {
+        let new = store.view(|t| t.tasks().get(&id).cloned()).expect("no task is removed by a status update");
+        let state = |t: &Task| TaskState::from_wire(t.status.as_ref().map_or(0, |s| s.state)) as i32;
+        assert!(state(&new) >= state(&old), "task {id} moved backwards");
+        if old.node_id != "node1" {
+            assert_eq!(*new, old, "node1 changed another node's task");
+        }
+    }
 }
