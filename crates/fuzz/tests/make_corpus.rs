@@ -198,7 +198,13 @@ fn write_seed_corpus() {
     write("ca_join_token", "token.txt", generate_join_token(&root.digest(), &mut rand::rng()).as_bytes());
     write("ca_unlock_key", "key.txt", UnlockKey::generate(&mut rand::rng()).to_human().as_bytes());
     write("ca_unlock_key", "raw.bin", SecretKey::generate(&mut rand::rng()).as_bytes());
-    write("ca_csr", "node-csr.pem", csr.csr_pem.as_bytes());
+    write("ca_csr", "node-csr.pem", &with_selector(1, csr.csr_pem.as_bytes()));
+    {
+        use base64::Engine as _;
+        let body: String = csr.csr_pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        let der = base64::engine::general_purpose::STANDARD.decode(body).unwrap();
+        write("ca_csr", "node-csr.der", &with_selector(0, &der));
+    }
     write("ca_certificate", "root.pem", root.cert_pem().as_bytes());
     let der = shoal_ca::parse_cert_pem_chain(root.cert_pem().as_bytes()).unwrap().remove(0);
     write("ca_certificate", "root.der", &der);

@@ -47,9 +47,17 @@ fn root() -> &'static RootCa {
 }
 
 /// A CSR signed as the CA does for a joining worker; the certificate it issues must parse back with the
-/// subject the CA chose.
+/// subject the CA chose. The first byte chooses the form: odd, the rest is PEM text as sent; even, the rest
+/// is the DER the target wraps in PEM armour (so mutations reach the ASN.1 parser, not only base64).
 pub fn csr(data: &[u8]) {
-    let pem = String::from_utf8_lossy(data);
+    let (sel, rest) = super::split_selector(data);
+    let pem = if sel & 1 == 1 {
+        String::from_utf8_lossy(rest).into_owned()
+    } else {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(rest);
+        format!("-----BEGIN CERTIFICATE REQUEST-----\n{b64}\n-----END CERTIFICATE REQUEST-----\n")
+    };
     let subject = NodeSubject { node_id: "node1".into(), role: Role::Worker, cluster_id: "cluster1".into() };
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_100);
     if let Ok(cert) = root().sign_csr(&pem, &subject, Duration::from_secs(3600), now, &mut rand::rng()) {
