@@ -1018,6 +1018,8 @@ impl Driver {
                     tracing::debug!(to = m.to, from = m.from, "raft message for another member id dropped");
                     return;
                 }
+                let mut m = m;
+                clamp_heartbeat_commit(&mut m, self.raw.raft.raft_log.last_index());
                 if let Err(e) = self.raw.step(m) {
                     tracing::debug!(error = %e, "raft message dropped");
                 }
@@ -1416,4 +1418,55 @@ fn recover_store(cfg: &RaftConfig, storage: &EngineStorage, store: &MemoryStore)
         tracing::info!(raft_id = cfg.raft_id, applied, snapshot = meta.index, "raft state recovered");
     }
     Ok((applied, applied_term))
+}
+
+/// Clamps a heartbeat's commit index to this member's last log index, and says whether it did. raft-rs
+/// takes a heartbeat's commit as its own and panics ("to_commit N is out of range [last_index M]") when it
+/// lies beyond the log, which kills the Raft thread: a leader sends min(match, commit), beyond the log only
+/// when this member lost entries the leader saw it hold (a cut tail), or when the sender is confused.
+/// Entries up to the last index are a prefix of what the leader matched, so committing them is what it
+/// asked; the rest comes by append. (Found while fuzzing the Raft transport's messages, `shoal-fuzz`.)
+pub(crate) fn clamp_heartbeat_commit(m: &mut Message, last_index: u64) -> bool {
+    if m.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat && m.commit > last_index {
+        tracing::warn!(from = m.from, commit = m.commit, last_index, "heartbeat commit beyond this member's log clamped");
+        m.commit = last_index;
+        return true;
+    }
+    false
+}
+
+#[cfg(test)]
+mod heartbeat_tests {
+    use raft::eraftpb::{Message, MessageType};
+    use raft::storage::MemStorage;
+    use raft::{Config, RawNode};
+
+    use super::clamp_heartbeat_commit;
+
+    /// A follower of a 3-member group stepping a heartbeat whose commit lies beyond its log: without the
+    /// clamp raft-rs panics; with it the follower commits what it holds and keeps running.
+    #[test]
+    fn a_heartbeat_commit_beyond_the_log_is_clamped_not_fatal() {
+        let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+        let cfg = Config { id: 2, ..Default::default() };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut raw = RawNode::new(&cfg, storage, &logger).unwrap();
+        let mut hb = Message::default();
+        hb.set_msg_type(MessageType::MsgHeartbeat);
+        hb.set_from(1);
+        hb.set_to(2);
+        hb.set_term(1);
+        hb.set_commit(1_000);
+        let last = raw.raft.raft_log.last_index();
+        let mut clamped = hb.clone();
+        assert!(clamp_heartbeat_commit(&mut clamped, last));
+        raw.step(clamped).unwrap();
+        assert_eq!(raw.raft.raft_log.committed, last);
+        let unclamped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| raw.step(hb)));
+        assert!(unclamped.is_err(), "raft-rs takes the commit as is (the reason for the clamp)");
+        let mut ok = Message::default();
+        ok.set_msg_type(MessageType::MsgHeartbeat);
+        ok.set_commit(last);
+        assert!(!clamp_heartbeat_commit(&mut ok, last));
+    }
 }
