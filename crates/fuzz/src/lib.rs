@@ -44,6 +44,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "dispatcher_update_task_status", run: targets::grpc::update_task_status, dictionary: &[] },
     Target { name: "ca_issue_node_certificate", run: targets::grpc::issue_node_certificate, dictionary: targets::ca::CSR_DICT },
     Target { name: "raft_message", run: targets::raft::message, dictionary: &[] },
+    Target { name: "raft_step", run: targets::raft::step, dictionary: &[] },
     Target { name: "raft_records", run: targets::raft::records, dictionary: &[] },
     Target { name: "ca_join_token", run: targets::ca::join_token, dictionary: targets::ca::TOKEN_DICT },
     Target { name: "ca_unlock_key", run: targets::ca::unlock_key, dictionary: targets::ca::TOKEN_DICT },

@@ -133,6 +133,7 @@ fuzz_tests!(
     dispatcher_update_task_status,
     ca_issue_node_certificate,
     raft_message,
+    raft_step,
     raft_records,
     ca_join_token,
     ca_unlock_key,

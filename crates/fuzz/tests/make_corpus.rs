@@ -124,6 +124,37 @@ fn write_seed_corpus() {
     snapmsg.set_snapshot(s);
     write("raft_message", "snapshot.bin", &snapmsg.write_to_bytes().unwrap());
 
+    // Sequences stepped into a follower (each message u16 length-prefixed).
+    let seq = |msgs: &[&eraftpb::Message]| {
+        let mut v = Vec::new();
+        for m in msgs {
+            let b = m.write_to_bytes().unwrap();
+            v.extend_from_slice(&(b.len() as u16).to_be_bytes());
+            v.extend_from_slice(&b);
+        }
+        v
+    };
+    let mut append6 = append.clone();
+    append6.set_term(1);
+    append6.set_log_term(1);
+    append6.set_index(5);
+    append6.set_commit(5);
+    let mut e6 = eraftpb::Entry::default();
+    e6.set_term(1);
+    e6.set_index(6);
+    append6.set_entries(vec![e6].into());
+    let mut hb1 = hb.clone();
+    hb1.set_term(1);
+    hb1.set_commit(6);
+    write("raft_step", "append-heartbeat.bin", &seq(&[&append6, &hb1]));
+    let mut vote = eraftpb::Message::default();
+    vote.set_msg_type(eraftpb::MessageType::MsgRequestVote);
+    vote.set_from(3);
+    vote.set_term(2);
+    vote.set_log_term(1);
+    vote.set_index(5);
+    write("raft_step", "vote-snapshot.bin", &seq(&[&vote, &snapmsg]));
+
     // gRPC requests (first byte: the message type, as `targets::grpc::requests` numbers them).
     let csr = shoal_ca::generate_node_key_and_csr().unwrap();
     let reqs: Vec<(u8, &str, Vec<u8>)> = vec![

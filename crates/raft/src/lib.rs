@@ -103,6 +103,11 @@ pub mod fuzz_hooks {
         crate::commit_record::read(path).map(|a| a.map(|a| (a.commit, a.term)))
     }
 
+    /// The driver's screening of an inbound raft message before raft-rs steps it: false to drop it.
+    pub fn screen_inbound(m: &mut crate::eraftpb::Message, last_index: u64) -> bool {
+        crate::node::screen_inbound(m, last_index)
+    }
+
     /// A conf change's context (one member) and a membership list, as decoded when applied or restored.
     pub fn decode_membership(bytes: &[u8]) -> (bool, bool) {
         (crate::Member::decode(bytes).is_ok(), crate::Members::decode(bytes).is_ok())

@@ -81,3 +81,57 @@ pub fn records(data: &[u8]) {
         }
     }
 }
+
+/// A follower (Raft ID 2 of 1, 2, 3, five entries of term 1, three committed) stepping a sequence of
+/// raft-rs messages (each `u16` length-prefixed) as the driver does: addressed to it, screened, stepped,
+/// and each `Ready` persisted and advanced.
+pub fn step(data: &[u8]) {
+    use raft::storage::MemStorage;
+    use raft::{Config, RawNode};
+    use shoal_raft::eraftpb::{Entry, HardState};
+
+    let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+    let entries: Vec<Entry> = (1..=5)
+        .map(|i| {
+            let mut e = Entry::default();
+            e.set_index(i);
+            e.set_term(1);
+            e
+        })
+        .collect();
+    storage.wl().append(&entries).expect("seed entries");
+    let mut hs = HardState::default();
+    hs.set_term(1);
+    hs.set_commit(3);
+    storage.wl().set_hardstate(hs);
+    let cfg = Config { id: 2, applied: 3, ..Default::default() };
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let mut raw = RawNode::new(&cfg, storage.clone(), &logger).expect("a follower");
+    let mut rest = data;
+    for _ in 0..16 {
+        let Some((len, tail)) = rest.split_first_chunk::<2>() else { break };
+        let len = usize::from(u16::from_be_bytes(*len)).min(tail.len());
+        let (msg, tail) = tail.split_at(len);
+        rest = tail;
+        let Ok(mut m) = Message::parse_from_bytes(msg) else { continue };
+        m.to = 2;
+        if !fuzz_hooks::screen_inbound(&mut m, raw.raft.raft_log.last_index()) {
+            continue;
+        }
+        let _ = raw.step(m);
+        if raw.has_ready() {
+            let mut rd = raw.ready();
+            if !rd.snapshot().is_empty() {
+                let _ = storage.wl().apply_snapshot(rd.snapshot().clone());
+            }
+            let _ = storage.wl().append(rd.entries());
+            if let Some(hs) = rd.hs() {
+                storage.wl().set_hardstate(hs.clone());
+            }
+            let _ = rd.take_messages();
+            let mut light = raw.advance(rd);
+            let _ = light.take_messages();
+            raw.advance_apply();
+        }
+    }
+}
