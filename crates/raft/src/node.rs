@@ -1426,12 +1426,27 @@ fn recover_store(cfg: &RaftConfig, storage: &EngineStorage, store: &MemoryStore)
 /// panics (killing the Raft thread) on some it never sends: returns false to drop the message, and clamps
 /// a heartbeat's commit (`clamp_heartbeat_commit`). `MsgPropose` and `MsgReadIndex` are forwarded to the
 /// leader without a term, and raft-rs panics forwarding one that carries a term ("term should not be set
-/// when sending MsgPropose"); an append's entries must carry the indexes that follow its own. (All found
+/// when sending MsgPropose"); a vote request must name a term; an append's entries must carry the
+/// indexes that follow its own. (All found
 /// by fuzzing the Raft transport's messages, `shoal-fuzz`.)
 pub(crate) fn screen_inbound(m: &mut Message, last_index: u64) -> bool {
-    use raft::eraftpb::MessageType::{MsgPropose, MsgReadIndex};
+    use raft::eraftpb::MessageType::{MsgPropose, MsgReadIndex, MsgRequestPreVote, MsgRequestVote};
     if matches!(m.get_msg_type(), MsgPropose | MsgReadIndex) && m.term != 0 {
         tracing::debug!(from = m.from, kind = ?m.get_msg_type(), term = m.term, "forwarded raft message with a term dropped");
+        return false;
+    }
+    // raft-rs reads term 0 as a match for any index beyond its log: an append after an entry of term 0
+    // (only the empty log's index 0 has it) or a snapshot of term 0 would commit entries it lacks.
+    let after_term_0 = m.get_msg_type() == raft::eraftpb::MessageType::MsgAppend && m.log_term == 0 && m.index != 0;
+    let snapshot_term_0 =
+        m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot && m.get_snapshot().get_metadata().term == 0;
+    if after_term_0 || snapshot_term_0 {
+        tracing::debug!(from = m.from, kind = ?m.get_msg_type(), "raft message naming term 0 beyond the log start dropped");
+        return false;
+    }
+    // A vote request names the term it campaigns for (raft-rs panics answering one of term 0).
+    if matches!(m.get_msg_type(), MsgRequestVote | MsgRequestPreVote) && m.term == 0 {
+        tracing::debug!(from = m.from, "raft vote request without a term dropped");
         return false;
     }
     // An append's entries follow its index one by one, with terms from its log term up to its own term,
@@ -1524,6 +1539,15 @@ mod heartbeat_tests {
             m.set_term(0);
             assert!(screen_inbound(&mut m, 0), "{kind:?} without a term passes");
         }
+        for kind in [MessageType::MsgRequestVote, MessageType::MsgRequestPreVote] {
+            let mut m = Message::default();
+            m.set_msg_type(kind);
+            m.set_from(3);
+            m.set_to(2);
+            assert!(!screen_inbound(&mut m.clone(), 0), "{kind:?} of term 0 is dropped");
+            m.set_term(2);
+            assert!(screen_inbound(&mut m, 0), "{kind:?} of a term passes");
+        }
     }
 
     /// An append whose entries' indexes do not follow its index, or whose terms are not those a leader
@@ -1555,6 +1579,16 @@ mod heartbeat_tests {
         assert!(!screen_inbound(&mut m.clone(), 7));
         m.set_index(u64::MAX);
         m.set_entries(vec![entry(0)].into());
-        assert!(!screen_inbound(&mut m, 7));
+        assert!(!screen_inbound(&mut m.clone(), 7));
+        m.set_index(5);
+        m.set_log_term(0);
+        m.set_entries(vec![entry(6)].into());
+        assert!(!screen_inbound(&mut m.clone(), 7), "an append after index 5 of term 0 is dropped");
+        let mut snap = Message::default();
+        snap.set_msg_type(MessageType::MsgSnapshot);
+        snap.mut_snapshot().mut_metadata().set_index(100);
+        assert!(!screen_inbound(&mut snap.clone(), 7), "a snapshot of term 0 is dropped");
+        snap.mut_snapshot().mut_metadata().set_term(1);
+        assert!(screen_inbound(&mut snap, 7));
     }
 }
