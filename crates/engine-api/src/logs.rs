@@ -87,7 +87,8 @@ pub fn parse_query(
             if n < 0 {
                 0
             } else {
-                -(n + 1)
+                // Saturating: tail=9223372036854775807 overflowed here (found by shoal-fuzz).
+                -n.saturating_add(1)
             }
         }
     };
@@ -334,6 +335,12 @@ mod tests {
         assert!(parse_query(&q(&[]), false).is_err(), "no stream chosen");
         assert!(parse_query(&q(&[("stdout", "1"), ("tail", "x")]), false).is_err());
         assert!(parse_query(&q(&[("stdout", "1"), ("since", "yesterday")]), false).is_err());
+    }
+
+    #[test]
+    fn the_largest_tail_means_all_lines_without_overflow() {
+        let (o, _) = parse_query(&q(&[("stdout", "1"), ("tail", "9223372036854775807")]), false).unwrap();
+        assert_eq!(o.tail, -i64::MAX);
     }
 
     #[test]

@@ -94,6 +94,26 @@ pub use proposer::{LeaderState, LocalProposer, ProposeError, ProposeFuture, Prop
 pub use raft::eraftpb;
 pub use transport::{ForwardFuture, Forwarder, NoPeers, PeerLink, Transport};
 
+/// Entry points for the fuzz targets of `shoal-fuzz` only (not an API): the decoders of what a manager
+/// reads from its state dir and from conf changes, which are private to this crate otherwise.
+#[doc(hidden)]
+pub mod fuzz_hooks {
+    /// The commit record at `path` as a start reads it: the acknowledged (commit, term), none, or damage.
+    pub fn read_commit_record(path: &std::path::Path) -> Result<Option<(u64, u64)>, crate::RaftError> {
+        crate::commit_record::read(path).map(|a| a.map(|a| (a.commit, a.term)))
+    }
+
+    /// The driver's screening of an inbound raft message before raft-rs steps it: false to drop it.
+    pub fn screen_inbound(m: &mut crate::eraftpb::Message, last_index: u64) -> bool {
+        crate::node::screen_inbound(m, last_index)
+    }
+
+    /// A conf change's context (one member) and a membership list, as decoded when applied or restored.
+    pub fn decode_membership(bytes: &[u8]) -> (bool, bool) {
+        (crate::Member::decode(bytes).is_ok(), crate::Members::decode(bytes).is_ok())
+    }
+}
+
 #[cfg(test)]
 mod cluster_tests;
 #[cfg(test)]

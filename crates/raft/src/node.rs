@@ -1018,6 +1018,10 @@ impl Driver {
                     tracing::debug!(to = m.to, from = m.from, "raft message for another member id dropped");
                     return;
                 }
+                let mut m = m;
+                if !screen_inbound(&mut m, self.raw.raft.raft_log.last_index()) {
+                    return;
+                }
                 if let Err(e) = self.raw.step(m) {
                     tracing::debug!(error = %e, "raft message dropped");
                 }
@@ -1416,4 +1420,175 @@ fn recover_store(cfg: &RaftConfig, storage: &EngineStorage, store: &MemoryStore)
         tracing::info!(raft_id = cfg.raft_id, applied, snapshot = meta.index, "raft state recovered");
     }
     Ok((applied, applied_term))
+}
+
+/// What a message from a peer must satisfy before raft-rs steps it, which takes its fields as given and
+/// panics (killing the Raft thread) on some it never sends: returns false to drop the message, and clamps
+/// a heartbeat's commit (`clamp_heartbeat_commit`). `MsgPropose` and `MsgReadIndex` are forwarded to the
+/// leader without a term, and raft-rs panics forwarding one that carries a term ("term should not be set
+/// when sending MsgPropose"); a vote request must name a term; an append's entries must carry the
+/// indexes that follow its own. (All found
+/// by fuzzing the Raft transport's messages, `shoal-fuzz`.)
+pub(crate) fn screen_inbound(m: &mut Message, last_index: u64) -> bool {
+    use raft::eraftpb::MessageType::{MsgPropose, MsgReadIndex, MsgRequestPreVote, MsgRequestVote};
+    if matches!(m.get_msg_type(), MsgPropose | MsgReadIndex) && m.term != 0 {
+        tracing::debug!(from = m.from, kind = ?m.get_msg_type(), term = m.term, "forwarded raft message with a term dropped");
+        return false;
+    }
+    // raft-rs reads term 0 as a match for any index beyond its log: an append after an entry of term 0
+    // (only the empty log's index 0 has it) or a snapshot of term 0 would commit entries it lacks.
+    let after_term_0 = m.get_msg_type() == raft::eraftpb::MessageType::MsgAppend && m.log_term == 0 && m.index != 0;
+    let snapshot_term_0 =
+        m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot && m.get_snapshot().get_metadata().term == 0;
+    if after_term_0 || snapshot_term_0 {
+        tracing::debug!(from = m.from, kind = ?m.get_msg_type(), "raft message naming term 0 beyond the log start dropped");
+        return false;
+    }
+    // A vote request names the term it campaigns for (raft-rs panics answering one of term 0).
+    if matches!(m.get_msg_type(), MsgRequestVote | MsgRequestPreVote) && m.term == 0 {
+        tracing::debug!(from = m.from, "raft vote request without a term dropped");
+        return false;
+    }
+    // An append's entries follow its index one by one, with terms from its log term up to its own term,
+    // never decreasing, as a leader writes them (raft-rs slices and commits by position and panics on
+    // entries whose indexes say otherwise; it reads a term 0 beyond its log as a match).
+    let mut prev_term = m.log_term;
+    if m.get_msg_type() == raft::eraftpb::MessageType::MsgAppend
+        && m.entries.iter().enumerate().any(|(i, e)| {
+            let misplaced = Some(e.index) != m.index.checked_add(1 + i as u64);
+            let bad_term = e.term == 0 || e.term < prev_term || e.term > m.term;
+            prev_term = e.term;
+            misplaced || bad_term
+        })
+    {
+        tracing::debug!(from = m.from, index = m.index, "raft append whose entries do not follow its index dropped");
+        return false;
+    }
+    clamp_heartbeat_commit(m, last_index);
+    true
+}
+
+/// Clamps a heartbeat's commit index to this member's last log index, and says whether it did. raft-rs
+/// takes a heartbeat's commit as its own and panics ("to_commit N is out of range [last_index M]") when it
+/// lies beyond the log, which kills the Raft thread: a leader sends min(match, commit), beyond the log only
+/// when this member lost entries the leader saw it hold (a cut tail), or when the sender is confused.
+/// Entries up to the last index are a prefix of what the leader matched, so committing them is what it
+/// asked; the rest comes by append.
+pub(crate) fn clamp_heartbeat_commit(m: &mut Message, last_index: u64) -> bool {
+    if m.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat && m.commit > last_index {
+        tracing::warn!(from = m.from, commit = m.commit, last_index, "heartbeat commit beyond this member's log clamped");
+        m.commit = last_index;
+        return true;
+    }
+    false
+}
+
+#[cfg(test)]
+mod heartbeat_tests {
+    use raft::eraftpb::{Message, MessageType};
+    use raft::storage::MemStorage;
+    use raft::{Config, RawNode};
+
+    use super::{clamp_heartbeat_commit, screen_inbound};
+
+    /// A follower of a 3-member group stepping a heartbeat whose commit lies beyond its log: without the
+    /// clamp raft-rs panics; with it the follower commits what it holds and keeps running.
+    #[test]
+    fn a_heartbeat_commit_beyond_the_log_is_clamped_not_fatal() {
+        let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+        let cfg = Config { id: 2, ..Default::default() };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut raw = RawNode::new(&cfg, storage, &logger).unwrap();
+        let mut hb = Message::default();
+        hb.set_msg_type(MessageType::MsgHeartbeat);
+        hb.set_from(1);
+        hb.set_to(2);
+        hb.set_term(1);
+        hb.set_commit(1_000);
+        let last = raw.raft.raft_log.last_index();
+        let mut clamped = hb.clone();
+        assert!(clamp_heartbeat_commit(&mut clamped, last));
+        raw.step(clamped).unwrap();
+        assert_eq!(raw.raft.raft_log.committed, last);
+        let unclamped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| raw.step(hb)));
+        assert!(unclamped.is_err(), "raft-rs takes the commit as is (the reason for the clamp)");
+        let mut ok = Message::default();
+        ok.set_msg_type(MessageType::MsgHeartbeat);
+        ok.set_commit(last);
+        assert!(!clamp_heartbeat_commit(&mut ok, last));
+    }
+
+    /// A forwarded proposal or read-index request carrying a term is dropped: raft-rs panics forwarding it.
+    #[test]
+    fn forwarded_messages_with_a_term_are_dropped() {
+        let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+        let cfg = Config { id: 2, ..Default::default() };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut raw = RawNode::new(&cfg, storage, &logger).unwrap();
+        raw.raft.become_follower(1, 1);
+        for kind in [MessageType::MsgPropose, MessageType::MsgReadIndex] {
+            let mut m = Message::default();
+            m.set_msg_type(kind);
+            m.set_from(3);
+            m.set_to(2);
+            m.set_term(1);
+            m.set_entries(vec![raft::eraftpb::Entry::default()].into());
+            assert!(!screen_inbound(&mut m.clone(), 0), "{kind:?} with a term is dropped");
+            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| raw.step(m.clone())));
+            assert!(stepped.is_err(), "raft-rs panics on {kind:?} with a term (the reason for the screen)");
+            m.set_term(0);
+            assert!(screen_inbound(&mut m, 0), "{kind:?} without a term passes");
+        }
+        for kind in [MessageType::MsgRequestVote, MessageType::MsgRequestPreVote] {
+            let mut m = Message::default();
+            m.set_msg_type(kind);
+            m.set_from(3);
+            m.set_to(2);
+            assert!(!screen_inbound(&mut m.clone(), 0), "{kind:?} of term 0 is dropped");
+            m.set_term(2);
+            assert!(screen_inbound(&mut m, 0), "{kind:?} of a term passes");
+        }
+    }
+
+    /// An append whose entries' indexes do not follow its index, or whose terms are not those a leader
+    /// writes, is dropped: raft-rs slices by them and commits past its log.
+    #[test]
+    fn appends_with_misnumbered_or_misdated_entries_are_dropped() {
+        let entry = |index| {
+            let mut e = raft::eraftpb::Entry::default();
+            e.set_index(index);
+            e.set_term(1);
+            e
+        };
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgAppend);
+        m.set_index(5);
+        m.set_term(1);
+        m.set_log_term(1);
+        m.set_entries(vec![entry(6), entry(7)].into());
+        assert!(screen_inbound(&mut m.clone(), 7));
+        let mut unterm = entry(7);
+        unterm.set_term(0);
+        m.set_entries(vec![entry(6), unterm].into());
+        assert!(!screen_inbound(&mut m.clone(), 7), "an entry of term 0 is dropped");
+        m.set_term(0);
+        m.set_entries(vec![entry(6)].into());
+        assert!(!screen_inbound(&mut m.clone(), 7), "an entry of a later term than the message is dropped");
+        m.set_term(1);
+        m.set_entries(vec![entry(6), entry(9)].into());
+        assert!(!screen_inbound(&mut m.clone(), 7));
+        m.set_index(u64::MAX);
+        m.set_entries(vec![entry(0)].into());
+        assert!(!screen_inbound(&mut m.clone(), 7));
+        m.set_index(5);
+        m.set_log_term(0);
+        m.set_entries(vec![entry(6)].into());
+        assert!(!screen_inbound(&mut m.clone(), 7), "an append after index 5 of term 0 is dropped");
+        let mut snap = Message::default();
+        snap.set_msg_type(MessageType::MsgSnapshot);
+        snap.mut_snapshot().mut_metadata().set_index(100);
+        assert!(!screen_inbound(&mut snap.clone(), 7), "a snapshot of term 0 is dropped");
+        snap.mut_snapshot().mut_metadata().set_term(1);
+        assert!(screen_inbound(&mut snap, 7));
+    }
 }

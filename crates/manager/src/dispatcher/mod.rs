@@ -19,7 +19,7 @@ mod assignments;
 mod fanout;
 mod heartbeats;
 mod managers;
-mod status;
+pub mod status;
 
 #[cfg(test)]
 mod tests;
