@@ -178,16 +178,7 @@ impl Scheduler {
                 }
                 match target {
                     Some(node_id) => {
-                        let mut t = (**task).clone();
-                        t.node_id = node_id.to_string();
-                        t.status = Some(TaskStatus {
-                            timestamp: Some(now),
-                            state: TaskState::Assigned as i32,
-                            message: ASSIGNED_MESSAGE.to_string(),
-                            ..Default::default()
-                        });
-                        t.meta_mut().updated_at = Some(now);
-                        pass.changes.update(t);
+                        pass.changes.update(assigned(task, node_id, now));
                         pass.assigned += 1;
                     }
                     None => unplaced.push(task),
@@ -241,15 +232,7 @@ impl Scheduler {
                     let fits = self.pipeline.process(info);
                     info.add_task(task);
                     if fits {
-                        let mut t = (**task).clone();
-                        t.status = Some(TaskStatus {
-                            timestamp: Some(now),
-                            state: TaskState::Assigned as i32,
-                            message: ASSIGNED_MESSAGE.to_string(),
-                            ..Default::default()
-                        });
-                        t.meta_mut().updated_at = Some(now);
-                        pass.changes.update(t);
+                        pass.changes.update(assigned(task, &task.node_id, now));
                         pass.assigned += 1;
                         continue;
                     }
@@ -308,3 +291,17 @@ fn count32(n: usize) -> u32 {
 
 #[cfg(test)]
 mod tests;
+
+/// A copy of `task` placed on `node_id`: state ASSIGNED at `now`.
+fn assigned(task: &Task, node_id: &str, now: shoal_api::prost_types::Timestamp) -> Task {
+    let mut t = task.clone();
+    t.node_id = node_id.to_string();
+    t.status = Some(TaskStatus {
+        timestamp: Some(now),
+        state: TaskState::Assigned as i32,
+        message: ASSIGNED_MESSAGE.to_string(),
+        ..Default::default()
+    });
+    t.meta_mut().updated_at = Some(now);
+    t
+}
