@@ -1,4 +1,4 @@
-//! The cluster state: typed tables (nodes, services, tasks, clusters) with indexes, consistent read views,
+//! The cluster state: typed tables (nodes, services, tasks, clusters, secrets, configs) with indexes, consistent read views,
 //! all-or-nothing application of committed writes with compare-and-swap on `meta.version`, a bounded watch
 //! queue, and the codecs for Raft proposals and snapshots.
 //!

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use shoal_api::{Cluster, Node, Service, StoreSnapshot};
+use shoal_api::{Cluster, Config, Node, Secret, Service, StoreSnapshot};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::mpsc;
 
@@ -99,6 +99,8 @@ pub struct Tables {
     services: Table<Service>,
     tasks: TaskTable,
     clusters: Table<Cluster>,
+    secrets: Table<Secret>,
+    configs: Table<Config>,
     last_index: u64,
 }
 
@@ -119,6 +121,14 @@ impl Tables {
     pub fn clusters(&self) -> &Table<Cluster> {
         &self.clusters
     }
+    /// Secrets by ID and by unique name.
+    pub fn secrets(&self) -> &Table<Secret> {
+        &self.secrets
+    }
+    /// Configs by ID and by unique name.
+    pub fn configs(&self) -> &Table<Config> {
+        &self.configs
+    }
     /// The Raft index of the last applied write (or of the snapshot restored).
     pub fn last_index(&self) -> u64 {
         self.last_index
@@ -131,6 +141,8 @@ impl Tables {
             ObjectKind::Service => self.services.get(id).cloned().map(Object::Service),
             ObjectKind::Task => self.tasks.get(id).cloned().map(Object::Task),
             ObjectKind::Cluster => self.clusters.get(id).cloned().map(Object::Cluster),
+            ObjectKind::Secret => self.secrets.get(id).cloned().map(Object::Secret),
+            ObjectKind::Config => self.configs.get(id).cloned().map(Object::Config),
         }
     }
 
@@ -138,6 +150,8 @@ impl Tables {
         let (name, owner) = match obj {
             Object::Service(s) => (s.unique_name()?, self.services.name_owner(s.unique_name()?)),
             Object::Cluster(c) => (c.unique_name()?, self.clusters.name_owner(c.unique_name()?)),
+            Object::Secret(c) => (c.unique_name()?, self.secrets.name_owner(c.unique_name()?)),
+            Object::Config(c) => (c.unique_name()?, self.configs.name_owner(c.unique_name()?)),
             _ => return None,
         };
         owner.map(|o| (o, name.to_string()))
@@ -149,6 +163,8 @@ impl Tables {
             Object::Service(o) => self.services.insert(o).map(Object::Service),
             Object::Task(o) => self.tasks.insert(o).map(Object::Task),
             Object::Cluster(o) => self.clusters.insert(o).map(Object::Cluster),
+            Object::Secret(o) => self.secrets.insert(o).map(Object::Secret),
+            Object::Config(o) => self.configs.insert(o).map(Object::Config),
         }
     }
 
@@ -158,6 +174,8 @@ impl Tables {
             ObjectKind::Service => self.services.remove(id).map(Object::Service),
             ObjectKind::Task => self.tasks.remove(id).map(Object::Task),
             ObjectKind::Cluster => self.clusters.remove(id).map(Object::Cluster),
+            ObjectKind::Secret => self.secrets.remove(id).map(Object::Secret),
+            ObjectKind::Config => self.configs.remove(id).map(Object::Config),
         }
     }
 
@@ -237,6 +255,8 @@ fn stamp(obj: &Object, index: u64) -> Object {
         Object::Service(o) => Object::Service(with_version(o, index)),
         Object::Task(o) => Object::Task(with_version(o, index)),
         Object::Cluster(o) => Object::Cluster(with_version(o, index)),
+        Object::Secret(o) => Object::Secret(with_version(o, index)),
+        Object::Config(o) => Object::Config(with_version(o, index)),
     }
 }
 
@@ -358,6 +378,8 @@ impl MemoryStore {
             services: t.services.iter().map(|o| (**o).clone()).collect(),
             tasks: t.tasks.iter().map(|o| (**o).clone()).collect(),
             clusters: t.clusters.iter().map(|o| (**o).clone()).collect(),
+            secrets: t.secrets.iter().map(|o| (**o).clone()).collect(),
+            configs: t.configs.iter().map(|o| (**o).clone()).collect(),
         };
         (t.last_index, snap)
     }
@@ -377,6 +399,12 @@ impl MemoryStore {
         }
         for o in snap.clusters {
             t.clusters.insert(Arc::new(o));
+        }
+        for o in snap.secrets {
+            t.secrets.insert(Arc::new(o));
+        }
+        for o in snap.configs {
+            t.configs.insert(Arc::new(o));
         }
         *self.tables.write() = t;
     }

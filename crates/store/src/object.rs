@@ -1,9 +1,9 @@
-//! The four object kinds the store holds, behind one trait (`StoreObject`) and one enum (`Object`), and the
+//! The six object kinds the store holds, behind one trait (`StoreObject`) and one enum (`Object`), and the
 //! conversions to and from SwarmKit's `StoreAction` wire form.
 
 use std::sync::Arc;
 
-use shoal_api::{store_action, Cluster, Meta, Node, Service, StoreAction, StoreActionKind, Task};
+use shoal_api::{store_action, Cluster, Config, Meta, Node, Secret, Service, StoreAction, StoreActionKind, Task};
 
 /// Which table an object lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,6 +16,10 @@ pub enum ObjectKind {
     Task,
     /// The cluster object (one per cluster).
     Cluster,
+    /// Secrets: sensitive data that services reference, sent only to nodes whose tasks use them.
+    Secret,
+    /// Configs: non-sensitive files that services reference.
+    Config,
 }
 
 impl ObjectKind {
@@ -26,6 +30,8 @@ impl ObjectKind {
             ObjectKind::Service => "service",
             ObjectKind::Task => "task",
             ObjectKind::Cluster => "cluster",
+            ObjectKind::Secret => "secret",
+            ObjectKind::Config => "config",
         }
     }
 }
@@ -79,6 +85,8 @@ store_object!(Node, Node, |_| None);
 store_object!(Task, Task, |_| None);
 store_object!(Service, Service, |s| s.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 store_object!(Cluster, Cluster, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
+store_object!(Secret, Secret, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
+store_object!(Config, Config, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 
 /// A stored object of any kind, shared.
 #[derive(Clone, Debug, PartialEq)]
@@ -91,6 +99,10 @@ pub enum Object {
     Task(Arc<Task>),
     /// The cluster object.
     Cluster(Arc<Cluster>),
+    /// A secret.
+    Secret(Arc<Secret>),
+    /// A config.
+    Config(Arc<Config>),
 }
 
 impl Object {
@@ -101,6 +113,8 @@ impl Object {
             Object::Service(_) => ObjectKind::Service,
             Object::Task(_) => ObjectKind::Task,
             Object::Cluster(_) => ObjectKind::Cluster,
+            Object::Secret(_) => ObjectKind::Secret,
+            Object::Config(_) => ObjectKind::Config,
         }
     }
 
@@ -111,6 +125,8 @@ impl Object {
             Object::Service(o) => &o.id,
             Object::Task(o) => &o.id,
             Object::Cluster(o) => &o.id,
+            Object::Secret(o) => &o.id,
+            Object::Config(o) => &o.id,
         }
     }
 
@@ -121,6 +137,8 @@ impl Object {
             Object::Service(o) => o.version(),
             Object::Task(o) => o.version(),
             Object::Cluster(o) => o.version(),
+            Object::Secret(o) => o.version(),
+            Object::Config(o) => o.version(),
         }
     }
 
@@ -131,6 +149,8 @@ impl Object {
             store_action::Target::Service(o) => Object::Service(Arc::new(o)),
             store_action::Target::Task(o) => Object::Task(Arc::new(o)),
             store_action::Target::Cluster(o) => Object::Cluster(Arc::new(o)),
+            store_action::Target::Secret(o) => Object::Secret(Arc::new(o)),
+            store_action::Target::Config(o) => Object::Config(Arc::new(o)),
         }
     }
 
@@ -142,6 +162,8 @@ impl Object {
             Object::Service(o) => o.encoded_len(),
             Object::Task(o) => o.encoded_len(),
             Object::Cluster(o) => o.encoded_len(),
+            Object::Secret(o) => o.encoded_len(),
+            Object::Config(o) => o.encoded_len(),
         }
     }
 
@@ -152,6 +174,8 @@ impl Object {
             Object::Service(o) => store_action::Target::Service((**o).clone()),
             Object::Task(o) => store_action::Target::Task((**o).clone()),
             Object::Cluster(o) => store_action::Target::Cluster((**o).clone()),
+            Object::Secret(o) => store_action::Target::Secret((**o).clone()),
+            Object::Config(o) => store_action::Target::Config((**o).clone()),
         }
     }
 }

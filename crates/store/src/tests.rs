@@ -223,3 +223,53 @@ fn an_action_s_encoded_len_bounds_its_share_of_an_encoded_write() {
     assert!(bytes.len() <= sum + 16, "{} encoded > {sum} + 16", bytes.len());
     assert!(bytes.len() + c.actions().len() * ACTION_OVERHEAD_BYTES >= sum, "the bound is tight enough to be useful");
 }
+
+fn secret(id: &str, name: &str, data: &[u8]) -> shoal_api::Secret {
+    shoal_api::Secret {
+        id: id.into(),
+        spec: Some(shoal_api::SecretSpec {
+            annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+            data: data.to_vec(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn config(id: &str, name: &str, data: &[u8]) -> shoal_api::Config {
+    shoal_api::Config {
+        id: id.into(),
+        spec: Some(shoal_api::ConfigSpec {
+            annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+            data: data.to_vec(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn secrets_and_configs_have_unique_names_per_kind_and_survive_snapshots_and_proposals() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    // The same name in two kinds (and as a service name) is allowed: names are unique per table.
+    c.create(secret("sec1", "db", b"pw")).create(config("cfg1", "db", b"conf")).create(service("s1", "db"));
+    apply(&store, 3, c).unwrap();
+
+    let mut dup = Changes::new();
+    dup.create(secret("sec2", "DB", b"other"));
+    assert!(matches!(apply(&store, 4, dup), Err(StoreError::NameConflict { kind: ObjectKind::Secret, .. })));
+    let mut dup = Changes::new();
+    dup.create(config("cfg2", "db", b"other"));
+    assert!(matches!(apply(&store, 5, dup), Err(StoreError::NameConflict { kind: ObjectKind::Config, .. })));
+
+    let bytes = encode_request(9, Changes::new().create(secret("sec3", "x", b"y")).actions());
+    let (_, actions) = decode_request(&bytes).unwrap();
+    assert_eq!(actions[0].object.kind(), ObjectKind::Secret);
+
+    let (index, snap) = store.snapshot();
+    let other = MemoryStore::default();
+    other.restore(index, decode_snapshot(&encode_snapshot(snap)).unwrap());
+    assert_eq!(other.view(|t| t.secrets().by_name("db").map(|s| s.spec.clone().unwrap().data)), Some(b"pw".to_vec()));
+    assert_eq!(other.view(|t| t.configs().get("cfg1").map(|s| s.version())), Some(3));
+}

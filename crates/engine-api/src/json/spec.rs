@@ -713,6 +713,9 @@ impl ContainerSpecJson {
             open_stdin: self.open_stdin,
             read_only: self.read_only,
             stop_signal: self.stop_signal.clone(),
+            // Refused before conversion while Shoal cannot deliver them (json/unsupported.rs).
+            secrets: Vec::new(),
+            configs: Vec::new(),
             init: self.init,
         })
     }

@@ -676,6 +676,7 @@ async fn a_returning_node_is_ready_again_and_is_told_to_stop_its_replaced_tasks(
         .iter()
         .filter_map(|c| match c.assignment.as_ref()?.item.as_ref()? {
             assignment::Item::Task(t) => Some(t.clone()),
+            _ => None,
         })
         .collect();
     assert_eq!(tasks.len(), 1, "only its own task: {tasks:?}");
