@@ -923,8 +923,6 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
         ("/TaskTemplate/Resources/Reservations/GenericResources", json!([{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]),
          "Reservations.GenericResources is not supported yet"),
         ("/TaskTemplate/PluginSpec", json!({"Name": "p"}), "TaskTemplate.PluginSpec is not supported yet"),
-        ("/TaskTemplate/Placement/Preferences", json!([{"Spread": {"SpreadDescriptor": "node.labels.zone"}}]),
-         "Placement.Preferences is not supported yet"),
         ("/TaskTemplate/LogDriver", json!({"Name": "syslog"}), "TaskTemplate.LogDriver is not supported yet"),
         ("/EndpointSpec/Ports", json!([{"TargetPort": 80, "PublishedPort": 8080}]), "EndpointSpec.Ports is not supported yet"),
     ];

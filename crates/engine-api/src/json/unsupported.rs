@@ -47,11 +47,6 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
             "network attachment tasks are not run by Shoal; use a container spec",
         ),
         (
-            "TaskTemplate.Placement.Preferences".into(),
-            t.placement.as_ref().is_some_and(|p| !p.preferences.is_empty()),
-            "the scheduler spreads a service's tasks over nodes by task count, not over label values; leave it out",
-        ),
-        (
             "TaskTemplate.LogDriver".into(),
             t.log_driver.as_ref().is_some_and(|d| !d.name.is_empty() || !d.options.is_empty()),
             "Shoal's executors keep task output themselves and apply no log driver; leave it out",

@@ -122,6 +122,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     }
     if let Some(p) = &task.placement {
         constraint::parse(&p.constraints).map_err(|e| invalid(e.to_string()))?;
+        check_preferences(&p.preferences)?;
     }
     if let Some(r) = &task.restart {
         check_duration("RestartPolicy.Delay", r.delay.as_ref(), None, MAX_POLICY_DURATION)?;
@@ -381,4 +382,28 @@ pub fn service_status(tables: &Tables, service: &Service) -> ServiceStatus {
         _ => desired_running,
     };
     st
+}
+
+/// Placement preferences: at most `MAX_PLACEMENT_PREFERENCES`, each a spread over `node.labels.<name>` or
+/// `engine.labels.<name>` (the scheduler's decision tree groups nodes by nothing else).
+fn check_preferences(prefs: &[shoal_api::PlacementPreference]) -> Result<(), ControlError> {
+    use super::limits::MAX_PLACEMENT_PREFERENCES;
+    if prefs.len() > MAX_PLACEMENT_PREFERENCES {
+        return Err(invalid(format!(
+            "Placement.Preferences: {} preferences; at most {MAX_PLACEMENT_PREFERENCES} are allowed",
+            prefs.len()
+        )));
+    }
+    for (i, p) in prefs.iter().enumerate() {
+        let descriptor = match &p.preference {
+            Some(shoal_api::placement_preference::Preference::Spread(s)) => s.spread_descriptor.as_str(),
+            None => return Err(invalid(format!("Placement.Preferences[{i}]: a preference needs a Spread"))),
+        };
+        if crate::scheduler::preferences::Descriptor::parse(descriptor).is_none() {
+            return Err(invalid(format!(
+                "Placement.Preferences[{i}].Spread.SpreadDescriptor: {descriptor:?} cannot be spread over; use node.labels.<name> or engine.labels.<name>"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -20,6 +20,10 @@
 //! heapified in one O(nodes) step. A pass costs O(groups x nodes + tasks x log nodes): 100k nodes x 1k
 //! tasks neither sorts nor heaps 100k nodes.
 //!
+//! A group whose tasks have placement preferences (`spread=node.labels.zone`) goes down SwarmKit's decision
+//! tree instead (`preferences`): even over the label values first, level by level, then the spread above
+//! within each leaf.
+//!
 //! A task created with its node already set (a global service's) is only checked against that node
 //! (`check_preassigned`).
 //!
@@ -36,6 +40,7 @@ pub mod constraint;
 pub mod filter;
 pub mod nodeinfo;
 pub mod nodeset;
+pub mod preferences;
 mod runner;
 
 use std::cmp::Reverse;
@@ -48,6 +53,7 @@ use shoal_store::{Changes, StoreObject, Tables};
 pub use filter::{Filter, Pipeline};
 pub use nodeinfo::{Amount, NodeInfo, TaskLoad};
 pub use nodeset::NodeSet;
+pub use preferences::PreferenceTree;
 pub use runner::SchedulerLoop;
 
 use crate::orchestrator::observed_state;
@@ -141,6 +147,24 @@ impl Scheduler {
             tasks.sort_by(|a, b| (a.slot, &a.id).cmp(&(b.slot, &b.id)));
             self.pipeline.set_task(tasks[0]);
             let mut group_placed = Vec::with_capacity(tasks.len());
+            let descriptors = preferences::descriptors(tasks[0]);
+            if !descriptors.is_empty() {
+                let mut tree = PreferenceTree::build(infos, service_id, &descriptors);
+                let mut unplaced = Vec::new();
+                for task in tasks {
+                    match tree.place(&mut self.pipeline, infos, ids, service_id, task) {
+                        Some((slot, reserved)) => {
+                            group_placed.push((slot, reserved));
+                            pass.changes.update(assigned(task, &ids[slot], now));
+                            pass.assigned += 1;
+                        }
+                        None => unplaced.push(task),
+                    }
+                }
+                placed.push((service_id, group_placed));
+                self.explain_unplaced(unplaced, now, &mut pass);
+                continue;
+            }
             // Min-heap on (tasks of this service, tasks overall, node ID); the slot finds the node's info.
             // `best_candidates` keeps at most `tasks.len()` of them (see the module doc) but consumes every
             // node, so the filters' refusal counts cover all of them.
@@ -185,25 +209,7 @@ impl Scheduler {
                 }
             }
             placed.push((service_id, group_placed));
-            if unplaced.is_empty() {
-                continue;
-            }
-            pass.unplaced += unplaced.len();
-            let explanation = self.pipeline.explain();
-            let err = if explanation.is_empty() {
-                NO_SUITABLE_NODE.to_string()
-            } else {
-                format!("{NO_SUITABLE_NODE} ({explanation})")
-            };
-            for task in unplaced {
-                let status = task.status.clone().unwrap_or_default();
-                if status.err == err {
-                    continue;
-                }
-                let mut t = (**task).clone();
-                t.status = Some(TaskStatus { err: err.clone(), timestamp: Some(now), ..status });
-                pass.changes.update(t);
-            }
+            self.explain_unplaced(unplaced, now, &mut pass);
         }
         // Taken back per node and group: one per-service count update per node, not one per task.
         for (service_id, mut slots) in placed {
@@ -218,6 +224,30 @@ impl Scheduler {
 }
 
 impl Scheduler {
+    /// Counts the group's tasks that no node took and writes the pipeline's explanation into each (only
+    /// where the text changes, so the scheduler's own writes do not loop).
+    fn explain_unplaced(&self, unplaced: Vec<&Arc<Task>>, now: shoal_api::prost_types::Timestamp, pass: &mut SchedulePass) {
+        if unplaced.is_empty() {
+            return;
+        }
+        pass.unplaced += unplaced.len();
+        let explanation = self.pipeline.explain();
+        let err = if explanation.is_empty() {
+            NO_SUITABLE_NODE.to_string()
+        } else {
+            format!("{NO_SUITABLE_NODE} ({explanation})")
+        };
+        for task in unplaced {
+            let status = task.status.clone().unwrap_or_default();
+            if status.err == err {
+                continue;
+            }
+            let mut t = (**task).clone();
+            t.status = Some(TaskStatus { err: err.clone(), timestamp: Some(now), ..status });
+            pass.changes.update(t);
+        }
+    }
+
     /// Tasks created with their node set (a global service's): each is checked against that node alone
     /// (SwarmKit's preassigned tasks). A task the node takes goes ASSIGNED; otherwise it stays PENDING with
     /// the refusal in `status.err` (written when that text changes). The task already counts in its node's
