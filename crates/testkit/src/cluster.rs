@@ -111,6 +111,7 @@ impl TestCluster {
                 hostname: format!("worker-{}", self.workers.len() + 1),
                 state_dir: crate::scratch_dir().join("testcluster-agent"),
                 engine_labels: Default::default(),
+                generic_resources: Vec::new(),
             },
             executor.clone(),
         );

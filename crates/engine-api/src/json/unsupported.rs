@@ -61,14 +61,14 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
         let limits = r.limits.as_ref();
         let reservations = r.reservations.as_ref();
         checks.push((
-            "TaskTemplate.Resources.Limits.Pids".into(),
-            limits.is_some_and(|l| is_set(&l.pids)),
-            "Shoal's executors apply no process count limit yet; leave it out",
+            "TaskTemplate.Resources.Limits.GenericResources".into(),
+            limits.is_some_and(|l| !l.generic_resources.is_empty()),
+            "generic resources are reserved, not limited; set them under Reservations",
         ));
         checks.push((
-            "TaskTemplate.Resources.Reservations.GenericResources".into(),
-            reservations.is_some_and(|r| is_set(&r.generic_resources)),
-            "the scheduler does not count generic resources yet; leave it out",
+            "TaskTemplate.Resources.Reservations.Pids".into(),
+            reservations.is_some_and(|r| r.pids != 0),
+            "a process count is a limit, not a reservation; set it under Limits",
         ));
     }
     if let Some(c) = &t.container_spec {

@@ -141,6 +141,8 @@ impl Scheduler {
         }
         // The placements made in `nodes`, per group (slot and reservation of each), taken back at the end.
         let mut placed: Vec<(&str, Vec<(usize, Amount)>)> = Vec::with_capacity(groups.len());
+        // The generic resources given to placed tasks, per node slot, taken back at the end too.
+        let mut generic_placed: Vec<(usize, Vec<shoal_api::GenericResource>)> = Vec::new();
         let (infos, ids) = nodes.parts_mut();
         let now = shoal_api::timestamp_from_unix_ms(now_ms);
         for ((service_id, _), mut tasks) in groups {
@@ -153,9 +155,14 @@ impl Scheduler {
                 let mut unplaced = Vec::new();
                 for task in tasks {
                     match tree.place(&mut self.pipeline, infos, ids, service_id, task) {
-                        Some((slot, reserved)) => {
+                        Some((slot, reserved, claims)) => {
                             group_placed.push((slot, reserved));
-                            pass.changes.update(assigned(task, &ids[slot], now));
+                            let mut t = assigned(task, &ids[slot], now);
+                            if !claims.is_empty() {
+                                t.assigned_generic_resources = claims.clone();
+                                generic_placed.push((slot, claims));
+                            }
+                            pass.changes.update(t);
                             pass.assigned += 1;
                         }
                         None => unplaced.push(task),
@@ -187,7 +194,7 @@ impl Scheduler {
                     if !self.pipeline.process(info) {
                         continue;
                     }
-                    let reserved = info.add_task(task);
+                    let (reserved, claims) = info.place_task(task);
                     group_placed.push((best.slot, reserved));
                     // Only this group's placements changed the node's counts since its entry was made.
                     debug_assert_eq!(best.service_tasks as usize + 1, info.service_tasks(service_id));
@@ -197,12 +204,17 @@ impl Scheduler {
                         total_tasks: best.total_tasks.saturating_add(1),
                         ..best
                     }));
-                    target = Some(id);
+                    target = Some((id, best.slot, claims));
                     break;
                 }
                 match target {
-                    Some(node_id) => {
-                        pass.changes.update(assigned(task, node_id, now));
+                    Some((node_id, slot, claims)) => {
+                        let mut t = assigned(task, node_id, now);
+                        if !claims.is_empty() {
+                            t.assigned_generic_resources = claims.clone();
+                            generic_placed.push((slot, claims));
+                        }
+                        pass.changes.update(t);
                         pass.assigned += 1;
                     }
                     None => unplaced.push(task),
@@ -218,6 +230,9 @@ impl Scheduler {
                 let reserved = run.iter().fold(Amount::default(), |sum, &(_, r)| sum.plus(r));
                 infos[run[0].0].take_back(service_id, run.len(), reserved);
             }
+        }
+        for (slot, claims) in generic_placed {
+            infos[slot].release(&claims);
         }
         pass
     }
@@ -254,15 +269,24 @@ impl Scheduler {
     /// load (it holds a node), so the check runs with it taken off and counts it back after.
     fn check_preassigned(&mut self, nodes: &mut NodeSet, tasks: Vec<&Arc<Task>>, now_ms: u64, pass: &mut SchedulePass) {
         let now = shoal_api::timestamp_from_unix_ms(now_ms);
+        // Generic resources given during this pass, taken back at the end (their commits count them).
+        let mut claimed: Vec<(&str, Vec<shoal_api::GenericResource>)> = Vec::new();
         for task in tasks {
             self.pipeline.set_task(task);
             let err = match nodes.get_mut(&task.node_id) {
                 Some(info) => {
                     info.remove_task(task);
                     let fits = self.pipeline.process(info);
+                    let claims = if fits { info.claim_generic(task) } else { Vec::new() };
                     info.add_task(task);
                     if fits {
-                        pass.changes.update(assigned(task, &task.node_id, now));
+                        let mut t = assigned(task, &task.node_id, now);
+                        if !claims.is_empty() {
+                            info.claim(&claims);
+                            t.assigned_generic_resources = claims.clone();
+                            claimed.push((&task.node_id, claims));
+                        }
+                        pass.changes.update(t);
                         pass.assigned += 1;
                         continue;
                     }
@@ -276,6 +300,11 @@ impl Scheduler {
                 let mut t = (**task).clone();
                 t.status = Some(TaskStatus { err, timestamp: Some(now), ..status });
                 pass.changes.update(t);
+            }
+        }
+        for (node_id, claims) in claimed {
+            if let Some(info) = nodes.get_mut(node_id) {
+                info.release(&claims);
             }
         }
     }

@@ -18,7 +18,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 
-use shoal_api::{placement_preference, Node, Task};
+use shoal_api::{placement_preference, GenericResource, Node, Task};
 
 use super::filter::Pipeline;
 use super::nodeinfo::{Amount, NodeInfo};
@@ -129,7 +129,7 @@ impl<'a> PreferenceTree<'a> {
         ids: &'a [Arc<str>],
         service_id: &str,
         task: &Task,
-    ) -> Option<(usize, Amount)> {
+    ) -> Option<(usize, Amount, Vec<GenericResource>)> {
         self.root.place(pipeline, infos, ids, service_id, task)
     }
 }
@@ -151,7 +151,7 @@ impl<'a> Branch<'a> {
         ids: &'a [Arc<str>],
         service_id: &str,
         task: &Task,
-    ) -> Option<(usize, Amount)> {
+    ) -> Option<(usize, Amount, Vec<GenericResource>)> {
         if self.full {
             return None;
         }
@@ -189,13 +189,13 @@ impl<'a> Branch<'a> {
                     if !pipeline.process(info) {
                         continue;
                     }
-                    let reserved = info.add_task(task);
+                    let (reserved, claims) = info.place_task(task);
                     order.push(Reverse(Spread {
                         service_tasks: best.service_tasks.saturating_add(1),
                         total_tasks: best.total_tasks.saturating_add(1),
                         ..best
                     }));
-                    placed = Some((best.slot, reserved));
+                    placed = Some((best.slot, reserved, claims));
                     break;
                 }
                 placed

@@ -609,3 +609,65 @@ fn a_full_branch_overflows_to_the_others_and_explains_what_is_left() {
     assert_eq!(pass.assigned, 4);
     assert_eq!(placement(&fx, "s1"), [("a1".to_string(), 2), ("b1".to_string(), 2)].into());
 }
+
+fn offering(id: &str, generic: Vec<shoal_api::GenericResource>) -> shoal_api::Node {
+    let mut n = node(id);
+    n.description.as_mut().unwrap().resources.as_mut().unwrap().generic = generic;
+    n
+}
+
+fn reserving(mut s: Service, need: &[(&str, i64)]) -> Service {
+    let task = s.spec.as_mut().unwrap().task.as_mut().unwrap();
+    task.resources = Some(ResourceRequirements {
+        reservations: Some(Resources {
+            generic: need.iter().map(|(k, v)| shoal_api::generic::discrete(k, *v)).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    s
+}
+
+#[test]
+fn generic_resources_are_claimed_unit_by_unit_and_freed_with_the_task() {
+    use shoal_api::generic::{discrete, named};
+    let fx = Fx::new();
+    fx.create(offering("g1", vec![named("gpu", "GPU-a"), named("gpu", "GPU-b"), discrete("ssd", 1)]));
+    fx.create(offering("g2", vec![discrete("ssd", 3)]));
+    fx.create(node("plain"));
+
+    // One GPU each: the two named units of g1 go to two tasks; the third has no node.
+    let pass = schedule(&fx, reserving(service("s1", 3), &[("gpu", 1)]));
+    assert_eq!((pass.assigned, pass.unplaced), (2, 1));
+    let mut gpus: Vec<String> = fx
+        .runnable("s1")
+        .iter()
+        .filter(|t| !t.node_id.is_empty())
+        .map(|t| {
+            assert_eq!(t.node_id, "g1");
+            assert_eq!(t.assigned_generic_resources.len(), 1);
+            shoal_api::generic::value(&t.assigned_generic_resources[0])
+        })
+        .collect();
+    gpus.sort();
+    assert_eq!(gpus, vec!["GPU-a", "GPU-b"]);
+    let pending = fx.runnable("s1").into_iter().find(|t| t.node_id.is_empty()).unwrap();
+    assert_eq!(pending.status.unwrap().err, "no suitable node (insufficient resources on 3 nodes)");
+
+    // A task that ends gives its GPU back: the pending one gets exactly that unit.
+    let done = fx.runnable("s1").into_iter().find(|t| !t.node_id.is_empty()).unwrap();
+    fx.set_state(&done.id, TaskState::Failed);
+    assert_eq!(run_pass(&fx).assigned, 1);
+    let t = fx.task(&pending.id);
+    assert_eq!(t.assigned_generic_resources, done.assigned_generic_resources);
+
+    // Counted kinds: 2 units each; g2 has 3 (one task), g1 has 1 (none), so one of two is placed.
+    let pass = schedule(&fx, reserving(service("s2", 2), &[("ssd", 2)]));
+    assert_eq!((pass.assigned, pass.unplaced), (1, 1));
+    let placed = fx.runnable("s2").into_iter().find(|t| !t.node_id.is_empty()).unwrap();
+    assert_eq!((placed.node_id.as_str(), placed.assigned_generic_resources.clone()), ("g2", vec![discrete("ssd", 2)]));
+    // And the node set counts the commit's claim: one unit of ssd left on g2.
+    let set = fx.view(NodeSet::build);
+    let g2 = set.get("g2").unwrap();
+    assert!(g2.generic_fits(&[("ssd", 1)]) && !g2.generic_fits(&[("ssd", 2)]));
+}
