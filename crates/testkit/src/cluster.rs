@@ -80,8 +80,10 @@ impl TestCluster {
             cluster.add_worker().await;
         }
         let n = cluster.workers.len();
+        // Sessions open one after another: allow 20 s, and 20 ms per worker beyond a thousand of them.
+        let deadline = Duration::from_secs(20) + Duration::from_millis(20 * n.saturating_sub(1000) as u64);
         cluster
-            .wait_for("every worker READY", Duration::from_secs(20), |t| {
+            .wait_for("every worker READY", deadline, |t| {
                 let ready = t
                     .nodes()
                     .iter()
