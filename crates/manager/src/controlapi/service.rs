@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use shoal_api::{service_spec, task_spec, Service, ServiceSpec, TaskState, Version};
-use shoal_store::{Changes, StoreObject, Tables};
+use shoal_store::{Changes, ServiceTotals, StoreObject, Tables};
 
 use super::limits::{
-    check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
+    check_cluster_totals, check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
     MAX_PIDS_LIMIT, MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
 };
 use super::{any_prefix, find_service, labels_match, ControlError};
@@ -199,6 +199,8 @@ pub async fn create_service(
             if let Some(owner) = t.services().by_name(name) {
                 return Err(name_taken(name, &owner.id));
             }
+            let nodes = t.nodes().len() as u64;
+            check_cluster_totals(t.service_totals(), ServiceTotals::default(), ServiceTotals::of(&service), nodes)?;
             c.create(service);
             Ok(())
         })
@@ -261,6 +263,8 @@ pub async fn update_service(
             next.spec = Some(spec);
             next.spec_version = Some(Version { index: current.version() });
             next.meta_mut().updated_at = Some(now);
+            let nodes = t.nodes().len() as u64;
+            check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
             c.update(next);
             Ok(current.id.clone())
         })
