@@ -277,10 +277,7 @@ impl SecretReferenceJson {
     }
     fn from_api(r: &SecretReference) -> SecretReferenceJson {
         SecretReferenceJson {
-            file: match &r.target {
-                Some(secret_reference::Target::File(f)) => Some(FileTargetJson::from_api(f)),
-                None => None,
-            },
+            file: r.target.as_ref().map(|secret_reference::Target::File(f)| FileTargetJson::from_api(f)),
             secret_id: r.secret_id.clone(),
             secret_name: r.secret_name.clone(),
         }
