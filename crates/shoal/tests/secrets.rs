@@ -225,6 +225,20 @@ fn the_shoal_cli_manages_secrets_and_configs() {
     assert_eq!(c["Secrets"][0]["File"], json!({"Name": "pw", "UID": "0", "GID": "0", "Mode": 0o400}));
     assert_eq!(c["Configs"][0]["ConfigName"], "app.conf");
 
+    // Swapping the secret for another on the same target, and dropping the config: an update (tasks roll).
+    let out = process::output_with_stdin(&mut shoal_command(s, &["secret", "create", "db_pw2", "-"]), b"pw2", "shoal");
+    assert!(out.status.success(), "{}", text(&out));
+    shoal_ok(s, &["service", "update", "--secret-add", "src=db_pw2,target=pw", "--config-rm", "app.conf", "web"]);
+    let svc2 = d.get("/v1.47/services/web");
+    let c2 = &svc2["Spec"]["TaskTemplate"]["ContainerSpec"];
+    assert_eq!(c2["Secrets"].as_array().map(Vec::len), Some(1), "{svc2}");
+    assert_eq!(c2["Secrets"][0]["SecretName"], "db_pw2");
+    assert!(c2.get("Configs").is_none(), "{svc2}");
+    assert_ne!(svc2["Spec"], svc["Spec"]);
+    shoal_ok(s, &["service", "update", "--secret-rm", "db_pw2", "--secret-add", "src=db_pw,target=pw,mode=0400", "web"]);
+    assert_eq!(d.get("/v1.47/services/web")["Spec"]["TaskTemplate"]["ContainerSpec"]["Secrets"][0]["SecretID"], json!(id));
+    shoal_ok(s, &["secret", "rm", "db_pw2"]);
+
     // Errors: one line, non-zero exit.
     for (args, fragment) in [
         (vec!["secret", "rm", "db_pw"], "secret 'db_pw' is in use by the following service: web"),

@@ -159,6 +159,18 @@ pub struct UpdateArgs {
     /// Remove a placement constraint, repeatable.
     #[arg(long)]
     constraint_rm: Vec<String>,
+    /// Add a secret (as `create --secret`; one on the same target is replaced), repeatable.
+    #[arg(long, value_parser = parse_secret_ref)]
+    secret_add: Vec<SecretReferenceJson>,
+    /// Remove a secret (its name), repeatable.
+    #[arg(long)]
+    secret_rm: Vec<String>,
+    /// Add a config (as `create --config`; one on the same target is replaced), repeatable.
+    #[arg(long, value_parser = parse_config_ref)]
+    config_add: Vec<ConfigReferenceJson>,
+    /// Remove a config (its name), repeatable.
+    #[arg(long)]
+    config_rm: Vec<String>,
     /// Redeploy the tasks even if nothing changed.
     #[arg(long)]
     force: bool,
@@ -591,6 +603,17 @@ pub fn run(
             for k in &a.env_rm {
                 cs.env
                     .retain(|e| e.split('=').next() != Some(k.as_str()) && e != k);
+            }
+            let target = |f: &Option<FileTargetJson>| f.as_ref().map(|f| f.name.clone());
+            cs.secrets.retain(|r| !a.secret_rm.contains(&r.secret_name));
+            for r in a.secret_add {
+                cs.secrets.retain(|x| target(&x.file) != target(&r.file));
+                cs.secrets.push(r);
+            }
+            cs.configs.retain(|r| !a.config_rm.contains(&r.config_name));
+            for r in a.config_add {
+                cs.configs.retain(|x| target(&x.file) != target(&r.file));
+                cs.configs.push(r);
             }
             if !a.constraint_add.is_empty() || !a.constraint_rm.is_empty() {
                 let p = spec
