@@ -2,7 +2,8 @@
 //! (`docker secret create/inspect/ls/rm`, `docker config ...`, services with `--secret` / `--config`), raw
 //! Engine API requests for what the CLI cannot send (a data update), the `shoal` CLI's own `secret` and
 //! `config` commands, and a restart (snapshot and log replay) after which the secrets are all there and still
-//! never shown. Delivery to tasks is tested where it is built (the dispatcher and executors).
+//! never shown, and three managers (written through followers, read through each). Delivery to tasks is tested
+//! where it is built (the dispatcher and executors).
 
 mod common;
 
@@ -335,4 +336,41 @@ fn docker_or_api_service(d: &DaemonProcess) {
     .to_string();
     let r = http::request(d.socket(), "POST", "/v1.47/services/create", Some(&svc)).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
+}
+
+#[test]
+fn secrets_written_through_a_follower_are_on_every_manager_and_never_shown() {
+    use shoal_testkit::managers::{managers_seen_by, sorted_by_id};
+    let a = manager_at(171, None);
+    let b = manager_at(172, Some(&a));
+    let c = manager_at(173, Some(&a));
+    for d in [&a, &b, &c] {
+        wait_until("three managers, one leader", std::time::Duration::from_secs(30), || {
+            let seen = managers_seen_by(d)?;
+            let leaders = seen.iter().filter(|(_, s)| s == "Leader").count();
+            if seen.len() == 3 && leaders == 1 { Ok(()) } else { Err(format!("{seen:?}")) }
+        });
+    }
+    // Created through a follower (forwarded to the leader), read through each manager (after its read
+    // barrier, so at once).
+    let body = json!({"Name": "pw", "Data": b64(PW.as_bytes())}).to_string();
+    let r = http::request(c.socket(), "POST", "/v1.47/secrets/create", Some(&body)).unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+    let conf = json!({"Name": "conf", "Data": b64(b"x=1")}).to_string();
+    assert_eq!(http::request(b.socket(), "POST", "/v1.47/configs/create", Some(&conf)).unwrap().status, 201);
+    let on_a = sorted_by_id(&a, "/v1.47/secrets").unwrap();
+    assert_eq!(on_a.len(), 1);
+    for d in [&b, &c] {
+        assert_eq!(sorted_by_id(d, "/v1.47/secrets").unwrap(), on_a);
+        assert_eq!(d.get("/v1.47/configs/conf")["Spec"]["Data"], json!(b64(b"x=1")));
+        let s = d.get("/v1.47/secrets/pw");
+        assert!(s["Spec"].get("Data").is_none() && !s.to_string().contains(PW), "{s}");
+    }
+    // Removed through another follower: gone everywhere.
+    let r = http::request(b.socket(), "DELETE", "/v1.47/secrets/pw", None).unwrap();
+    assert_eq!(r.status, 204, "{}", r.body);
+    for d in [&a, &b, &c] {
+        assert_eq!(d.get("/v1.47/secrets"), json!([]));
+        assert!(!d.log().contains(PW), "a manager logged the secret");
+    }
 }
