@@ -182,17 +182,33 @@ impl Tables {
         }
     }
 
-    /// The secrets and configs a service's current spec refers to must exist.
+    /// The secrets and configs a service's current spec refers to must exist; on an update, those the stored
+    /// service already referred to (in its spec or previous spec) are not checked again, so that writes
+    /// carrying what is already there (status updates, a rollback to the previous spec) never fail on them.
     fn check_references_of(&self, service: &Service) -> Result<(), StoreError> {
         let Some(c) = container_of(service) else { return Ok(()) };
+        let stored = self.services.get(&service.id);
+        let had = |secret: Option<&str>, config: Option<&str>| {
+            stored.is_some_and(|s| {
+                let specs = [s.spec.as_ref(), s.previous_spec.as_ref()];
+                specs.into_iter().flatten().filter_map(container_of_spec).any(|c| {
+                    secret.is_some_and(|id| c.secrets.iter().any(|r| r.secret_id == id))
+                        || config.is_some_and(|id| c.configs.iter().any(|r| r.config_id == id))
+                })
+            })
+        };
         let name = service.unique_name().unwrap_or("");
-        if let Some(r) = c.secrets.iter().find(|r| self.secrets.get(&r.secret_id).is_none()) {
+        let missing_secret =
+            |r: &&shoal_api::SecretReference| self.secrets.get(&r.secret_id).is_none() && !had(Some(&r.secret_id), None);
+        let missing_config =
+            |r: &&shoal_api::ConfigReference| self.configs.get(&r.config_id).is_none() && !had(None, Some(&r.config_id));
+        if let Some(r) = c.secrets.iter().find(missing_secret) {
             return Err(StoreError::DanglingReference(format!(
                 "secret not found: {} (service {name} refers to it; it was removed meanwhile)",
                 if r.secret_name.is_empty() { &r.secret_id } else { &r.secret_name }
             )));
         }
-        if let Some(r) = c.configs.iter().find(|r| self.configs.get(&r.config_id).is_none()) {
+        if let Some(r) = c.configs.iter().find(missing_config) {
             return Err(StoreError::DanglingReference(format!(
                 "config not found: {} (service {name} refers to it; it was removed meanwhile)",
                 if r.config_name.is_empty() { &r.config_id } else { &r.config_name }
@@ -297,7 +313,11 @@ impl Tables {
 
 /// The container spec of a service's current spec.
 fn container_of(s: &Service) -> Option<&shoal_api::ContainerSpec> {
-    match s.spec.as_ref()?.task.as_ref()?.runtime.as_ref()? {
+    container_of_spec(s.spec.as_ref()?)
+}
+
+fn container_of_spec(spec: &shoal_api::ServiceSpec) -> Option<&shoal_api::ContainerSpec> {
+    match spec.task.as_ref()?.runtime.as_ref()? {
         shoal_api::task_spec::Runtime::Container(c) => Some(c),
     }
 }

@@ -320,8 +320,9 @@ fn no_write_leaves_a_service_referring_to_a_missing_secret_or_config() {
         }
     }
     assert_eq!(store.view(|t| (t.secrets().len(), t.configs().len())), (1, 1));
-    // An update dropping the references, then the removal: both fine.
+    // An update dropping the references (the old spec kept as the previous one), then the removal: both fine.
     let mut s = (*store.view(|t| t.services().get("s1").cloned()).unwrap()).clone();
+    s.previous_spec = s.spec.clone();
     s.spec.as_mut().unwrap().task = None;
     let mut c = Changes::new();
     c.update(s);
@@ -329,4 +330,16 @@ fn no_write_leaves_a_service_referring_to_a_missing_secret_or_config() {
     let mut c = Changes::new();
     c.remove(store.view(|t| t.secrets().get("sec1").cloned()).unwrap());
     apply(&store, 9, c).unwrap();
+    // Going back to the previous spec (a rollback) is not refused for what it already referred to; adding a
+    // new missing reference is.
+    let mut s = (*store.view(|t| t.services().get("s1").cloned()).unwrap()).clone();
+    std::mem::swap(&mut s.spec, &mut s.previous_spec);
+    let mut c = Changes::new();
+    c.update(s.clone());
+    apply(&store, 10, c).unwrap();
+    let mut s = (*store.view(|t| t.services().get("s1").cloned()).unwrap()).clone();
+    s.spec = service_using("s1", "web", "new-gone", "cfg1").spec;
+    let mut c = Changes::new();
+    c.update(s);
+    assert!(matches!(apply(&store, 11, c), Err(StoreError::DanglingReference(m)) if m.starts_with("secret not found: new-gone")));
 }
