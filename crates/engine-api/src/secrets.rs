@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use shoal_manager::controlapi;
@@ -27,6 +27,12 @@ use crate::ApiContext;
 type Ctx = State<Arc<ApiContext>>;
 type Params = Query<HashMap<String, String>>;
 type ApiResult = Result<Response, ApiError>;
+
+/// `204 No Content`, labelled with the one media type the API document gives these endpoints (the engine
+/// sends no `Content-Type`; an empty answer would otherwise be labelled `text/plain`).
+fn no_content() -> ApiResult {
+    Ok((StatusCode::NO_CONTENT, [(header::CONTENT_TYPE, "application/json")]).into_response())
+}
 
 fn created(id: String) -> ApiResult {
     Ok((StatusCode::CREATED, Json(IdResponse { id })).into_response())
@@ -72,7 +78,7 @@ pub async fn update_secret(
 /// `DELETE /secrets/{id}`: 204, or 400 naming the services that use it.
 pub async fn remove_secret(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     controlapi::remove_secret(&ctx.state, &id).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    no_content()
 }
 
 /// `GET /configs`.
@@ -115,5 +121,5 @@ pub async fn update_config(
 /// `DELETE /configs/{id}`: 204, or 400 naming the services that use it.
 pub async fn remove_config(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     controlapi::remove_config(&ctx.state, &id).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    no_content()
 }

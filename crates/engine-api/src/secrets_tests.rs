@@ -14,6 +14,7 @@ use crate::tests::{ctx, test_state};
 
 struct Reply {
     status: StatusCode,
+    content_type: Option<String>,
     body: Value,
     text: String,
 }
@@ -27,9 +28,10 @@ async fn call(state: &ClusterState, method: Method, uri: &str, body: Option<Valu
         .unwrap();
     let resp = router(ctx(state.clone())).oneshot(req).await.unwrap();
     let status = resp.status();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let text = String::from_utf8_lossy(&bytes).into_owned();
-    Reply { status, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null), text }
+    Reply { status, content_type, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null), text }
 }
 
 fn assert_error(r: &Reply, status: StatusCode, fragment: &str) {
@@ -115,6 +117,7 @@ async fn a_secret_is_created_listed_inspected_relabelled_and_removed_without_its
 
     let r = call(&state, Method::DELETE, "/secrets/db_pw", None).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text);
+    assert_eq!(r.content_type.as_deref(), Some("application/json"), "the media type the API document gives it");
     assert_error(&call(&state, Method::GET, &format!("/secrets/{id}"), None).await, StatusCode::NOT_FOUND, "secret");
     assert_error(&call(&state, Method::DELETE, "/secrets/db_pw", None).await, StatusCode::NOT_FOUND, "db_pw not found");
 }
