@@ -1,8 +1,9 @@
 //! The bounds on what a request can make the cluster hold or do, and the checks that enforce them. Every
-//! service and cluster spec passes these before anything is written; each error names the field, the value
-//! and the limit. Where Docker (moby's daemon, SwarmKit's controlapi) has a rule, the same rule applies
-//! (negative durations and counts refused, health-check durations of 0 or at least 1 ms, a dispatcher
-//! heartbeat of at least 1 s, a node certificate of at least 1 h); where Docker has none, the upper bound
+//! service, cluster, secret and config spec passes these before anything is written; each error names the
+//! field, the value and the limit. Where Docker (moby's daemon, SwarmKit's controlapi) has a rule, the same
+//! rule applies (negative durations and counts refused, health-check durations of 0 or at least 1 ms, a
+//! dispatcher heartbeat of at least 1 s, a node certificate of at least 1 h, secret data under 500 KiB and
+//! config data under 1000 KiB); where Docker has none, the upper bound
 //! is the one named on each constant, chosen so no valid spec can exhaust a manager or outlive its removal.
 //!
 //! Must not depend on HTTP, JSON or the store.
