@@ -79,7 +79,7 @@ pub struct Agent {
     /// When set, gets the address (`host:port`) of the manager each new session is open with.
     session_manager_sink: Option<watch::Sender<String>>,
     /// When set, gets the IDs and names (never the data) of the secrets and configs the agent holds.
-    held_sink: Option<watch::Sender<dependencies::Held>>,
+    held_sink: Option<worker::HeldSink>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -127,10 +127,9 @@ impl Agent {
         self
     }
 
-    /// Publishes on `sink` the IDs and names of the secrets and configs the agent holds (never their data),
-    /// after every assignments message: the node's debug view (`GET /debug/dependencies` on a worker's control
-    /// socket).
-    pub fn with_held_sink(mut self, sink: watch::Sender<dependencies::Held>) -> Agent {
+    /// Tells `sink` the IDs and names of the secrets and configs the agent holds (never their data) whenever
+    /// they change: the node's debug view (`GET /debug/dependencies` on a worker's control socket).
+    pub fn with_held_sink(mut self, sink: worker::HeldSink) -> Agent {
         self.held_sink = Some(sink);
         self
     }

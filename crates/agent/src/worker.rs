@@ -45,8 +45,12 @@ pub struct Worker {
     assigned_tx: watch::Sender<AssignedTasks>,
     deps: Dependencies,
     node: NodeFacts,
-    held_tx: watch::Sender<Held>,
+    /// Told what is held whenever it changes, and the last thing it was told.
+    held_sink: Option<(HeldSink, Held)>,
 }
+
+/// Told the IDs and names of the secrets and configs the worker holds whenever they change.
+pub type HeldSink = Arc<dyn Fn(&Held) + Send + Sync>;
 
 fn observed(task: &Task) -> TaskState {
     TaskState::from_wire(task.status.as_ref().map_or(0, |s| s.state))
@@ -64,7 +68,7 @@ impl Worker {
             assigned_tx,
             deps: Dependencies::new(),
             node: NodeFacts::default(),
-            held_tx: watch::channel(Held::default()).0,
+            held_sink: None,
         }
     }
 
@@ -74,9 +78,10 @@ impl Worker {
         self
     }
 
-    /// Publishes what secrets and configs the worker holds (IDs and names) on `sink` after every message.
-    pub fn with_held_sink(mut self, sink: watch::Sender<Held>) -> Worker {
-        self.held_tx = sink;
+    /// Tells `sink` what secrets and configs the worker holds (IDs and names) whenever that changes.
+    pub fn with_held_sink(mut self, sink: HeldSink) -> Worker {
+        sink(&Held::default());
+        self.held_sink = Some((sink, Held::default()));
         self
     }
 
@@ -136,14 +141,13 @@ impl Worker {
             }
         }
         self.assigned_tx.send_replace(Arc::new(self.assigned.clone()));
-        let held = self.deps.held();
-        self.held_tx.send_if_modified(|cur| {
-            let changed = *cur != held;
-            if changed {
-                *cur = held;
+        if let Some((sink, last)) = &mut self.held_sink {
+            let held = self.deps.held();
+            if *last != held {
+                sink(&held);
+                *last = held;
             }
-            changed
-        });
+        }
     }
 
     fn upsert(&mut self, task: Task) {

@@ -75,7 +75,9 @@ fn start_agent(c: &Cluster, node_id: &str) -> RunningAgent {
     let fake = FakeExecutor::new();
     let (held_tx, held) = watch::channel(Held::default());
     let (shutdown, rx) = watch::channel(false);
-    let agent = Agent::new(config, Arc::new(fake.clone())).with_held_sink(held_tx);
+    let agent = Agent::new(config, Arc::new(fake.clone())).with_held_sink(Arc::new(move |h: &Held| {
+        held_tx.send_replace(h.clone());
+    }));
     let join = tokio::spawn(agent.run(rx));
     RunningAgent { fake, held, shutdown, join, _dir: dir }
 }
