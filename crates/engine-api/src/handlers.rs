@@ -32,7 +32,7 @@ type ApiResult = Result<Response, ApiError>;
 
 use crate::request::bool_param as flag;
 
-fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
+pub(crate) fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
     let v = q.get("version").ok_or_else(|| {
         ApiError::BadRequest(
             "the version query parameter is required: pass the Version.Index you inspected".into(),

@@ -11,6 +11,7 @@ use super::limits::{
     check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
     MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
 };
+use super::references::{resolve_references, validate_references};
 use super::{any_prefix, find_service, labels_match, ControlError};
 use crate::orchestrator::write::{MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
 use crate::scheduler::constraint;
@@ -98,6 +99,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
                 }
                 check_count("ContainerSpec.Healthcheck.Retries", h.retries as u64, MAX_HEALTH_RETRIES as u64)?;
             }
+            validate_references(c)?;
         }
         None => {
             return Err(invalid(
@@ -157,7 +159,14 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     check_spec_size(spec)
 }
 
-/// Validates `spec` and creates a service with a new ID. Fails with `Conflict` when the name is taken.
+fn container_mut(spec: Option<&mut ServiceSpec>) -> Option<&mut shoal_api::ContainerSpec> {
+    match spec?.task.as_mut()?.runtime.as_mut()? {
+        task_spec::Runtime::Container(c) => Some(c),
+    }
+}
+
+/// Validates `spec` and creates a service with a new ID. Fails with `Conflict` when the name is taken, and
+/// with a 400 naming any secret or config it references that does not exist.
 pub async fn create_service(
     state: &ClusterState,
     spec: ServiceSpec,
@@ -176,11 +185,15 @@ pub async fn create_service(
         ..Default::default()
     };
     let id = service.id.clone();
+    let mut service = service;
     state
         .write(|t: &Tables, c: &mut Changes| {
             let name = service.unique_name().unwrap_or_default();
             if let Some(owner) = t.services().by_name(name) {
                 return Err(name_taken(name, &owner.id));
+            }
+            if let Some(c) = container_mut(service.spec.as_mut()) {
+                resolve_references(t, c)?;
             }
             c.create(service);
             Ok(())
@@ -212,6 +225,7 @@ pub async fn update_service(
 ) -> Result<Service, ControlError> {
     validate_service_spec(&spec)?;
     let now = state.now();
+    let mut spec = spec;
     let (id, _) = state
         .write(|t: &Tables, c: &mut Changes| {
             let current = find_service(t, reference)?;
@@ -237,6 +251,9 @@ pub async fn update_service(
                 if owner.id != current.id {
                     return Err(name_taken(new_name, &owner.id));
                 }
+            }
+            if let Some(c) = container_mut(Some(&mut spec)) {
+                resolve_references(t, c)?;
             }
             let mut next = (**current).clone();
             next.previous_spec = next.spec.take();

@@ -13,7 +13,7 @@ use shoal_store::{Changes, ManualClock, MemoryStore, StoreObject};
 use super::*;
 use crate::state::{ClusterState, RandomIds};
 
-fn cluster() -> (ClusterState, Arc<LocalProposer>) {
+pub(super) fn cluster() -> (ClusterState, Arc<LocalProposer>) {
     let store = Arc::new(MemoryStore::default());
     let proposer = Arc::new(LocalProposer::new(store.clone()));
     let state = ClusterState::new(
@@ -25,7 +25,7 @@ fn cluster() -> (ClusterState, Arc<LocalProposer>) {
     (state, proposer)
 }
 
-fn spec(name: &str, replicas: u64) -> ServiceSpec {
+pub(super) fn spec(name: &str, replicas: u64) -> ServiceSpec {
     ServiceSpec {
         annotations: Some(Annotations {
             name: name.into(),

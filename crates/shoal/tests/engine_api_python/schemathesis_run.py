@@ -20,6 +20,9 @@ OMITTED = {
     ("/services/{id}/update", "post"): {"409": "update out of sequence"},
     ("/nodes/{id}/update", "post"): {"409": "update out of sequence"},
     ("/swarm/update", "post"): {"409": "update out of sequence"},
+    ("/secrets/{id}/update", "post"): {"409": "update out of sequence"},
+    ("/configs/{id}/update", "post"): {"409": "update out of sequence"},
+    # Removing a secret or config a service uses is an InvalidArgument from SwarmKit: 400 (covered above).
     # The engine's notLockedError is a Conflict.
     ("/swarm/unlock", "post"): {"409": "swarm is not locked"},
 }
