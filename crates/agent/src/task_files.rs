@@ -10,7 +10,7 @@
 //! Must not depend on the session, gRPC or the dispatcher.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use crate::dependencies::{FileKind, TaskFile};
@@ -149,6 +149,11 @@ impl FilesRoot {
                 .map_err(|e| io("cannot create", &path, e))?;
             file.write_all(f.data.expose()).map_err(|e| io("cannot write", &path, e))?;
             drop(file);
+            // Only a change of owner needs the privilege to chown (a daemon running as the owner asked for
+            // needs none); a change it cannot make rejects the task.
+            let meta = std::fs::metadata(&path).map_err(|e| io("cannot inspect", &path, e))?;
+            let uid = uid.filter(|&u| u != meta.uid());
+            let gid = gid.filter(|&g| g != meta.gid());
             if uid.is_some() || gid.is_some() {
                 std::os::unix::fs::chown(&path, uid, gid).map_err(|e| io("cannot chown", &path, e))?;
             }
@@ -229,7 +234,6 @@ pub fn container_path(f: &TaskFile) -> Result<String, String> {
 mod tests {
     use super::*;
     use crate::dependencies::Sensitive;
-    use std::os::unix::fs::MetadataExt;
 
     fn f(kind: FileKind, target: &str, mode: u32, data: &str) -> TaskFile {
         TaskFile {
