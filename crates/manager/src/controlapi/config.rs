@@ -12,10 +12,11 @@ use std::sync::Arc;
 use shoal_api::{Config, ConfigSpec};
 use shoal_store::{Changes, StoreObject, Tables};
 
-use super::limits::{invalid, MAX_CONFIG_DATA_BYTES, MAX_SECRET_LABEL_BYTES};
+use super::limits::{invalid, MAX_CONFIG_DATA_BYTES};
 use super::references::services_using;
 use super::secret::{
-    in_use, name_taken, only_labels, out_of_sequence, validate_annotations, validate_templating, SecretFilters,
+    in_use, name_taken, only_labels, out_of_sequence, validate_annotations, validate_labels, validate_templating,
+    SecretFilters,
 };
 use super::{resolve, ControlError};
 use crate::state::ClusterState;
@@ -96,16 +97,7 @@ pub async fn update_config(
     version: u64,
     spec: ConfigSpec,
 ) -> Result<Config, ControlError> {
-    let labels: usize = spec
-        .annotations
-        .as_ref()
-        .map(|a| a.labels.iter().map(|(k, v)| k.len() + v.len()).sum())
-        .unwrap_or(0);
-    if labels > MAX_SECRET_LABEL_BYTES {
-        return Err(invalid(format!(
-            "Labels: the config's labels are {labels} bytes, over the limit of {MAX_SECRET_LABEL_BYTES} bytes"
-        )));
-    }
+    validate_labels("config", spec.annotations.as_ref())?;
     let now = state.now();
     let (id, _) = state
         .write(|t: &Tables, c: &mut Changes| {

@@ -125,6 +125,7 @@ impl From<StoreError> for ControlError {
             )),
             StoreError::VersionConflict { .. } => ControlError::Conflict(e.to_string()),
             StoreError::NotFound { kind, id } => ControlError::not_found(kind.name(), &id),
+            StoreError::DanglingReference(m) => ControlError::InvalidArgument(m),
             StoreError::Exists { .. } | StoreError::InvalidObject(_) | StoreError::Decode { .. } => {
                 ControlError::Internal(e.to_string())
             }

@@ -149,13 +149,14 @@ pub(super) fn validate_references(c: &ContainerSpec) -> Result<(), ControlError>
     )
 }
 
-/// Looks one reference up: by ID (whose name must then match the one given, if any), else by name; fills in
-/// the part that was not given. False when nothing matches.
+/// Looks one reference up: by ID (whose name must then match the one given, if any), else by name (names
+/// are unique ignoring case: the stored spelling is kept); fills in the part that was not given. False when
+/// nothing matches.
 fn resolve_one<'a>(
     id: &mut String,
     name: &mut String,
     by_id: impl Fn(&str) -> Option<&'a str>,
-    by_name: impl Fn(&str) -> Option<&'a str>,
+    by_name: impl Fn(&str) -> Option<(&'a str, &'a str)>,
 ) -> bool {
     if !id.is_empty() {
         match by_id(id) {
@@ -167,8 +168,9 @@ fn resolve_one<'a>(
         }
     } else {
         match by_name(name) {
-            Some(found) => {
-                *id = found.to_string();
+            Some((found_id, found_name)) => {
+                *id = found_id.to_string();
+                *name = found_name.to_string();
                 true
             }
             None => false,
@@ -188,7 +190,10 @@ fn not_found(kind: &str, missing: &[String]) -> ControlError {
 /// An unknown one is a 400 naming it.
 pub(super) fn resolve_references(t: &Tables, c: &mut ContainerSpec) -> Result<(), ControlError> {
     let name_of_secret = |id: &str| t.secrets().get(id).and_then(|s| s.spec.as_ref()?.annotations.as_ref()).map(|a| a.name.as_str());
-    let secret_by_name = |n: &str| t.secrets().by_name(n).map(|s| s.id.as_str());
+    let secret_by_name = |n: &str| {
+        let s = t.secrets().by_name(n)?;
+        Some((s.id.as_str(), s.spec.as_ref()?.annotations.as_ref()?.name.as_str()))
+    };
     let mut missing = Vec::new();
     for r in &mut c.secrets {
         let shown = if r.secret_name.is_empty() { r.secret_id.clone() } else { r.secret_name.clone() };
@@ -200,7 +205,10 @@ pub(super) fn resolve_references(t: &Tables, c: &mut ContainerSpec) -> Result<()
         return Err(not_found("secret", &missing));
     }
     let name_of_config = |id: &str| t.configs().get(id).and_then(|s| s.spec.as_ref()?.annotations.as_ref()).map(|a| a.name.as_str());
-    let config_by_name = |n: &str| t.configs().by_name(n).map(|s| s.id.as_str());
+    let config_by_name = |n: &str| {
+        let c = t.configs().by_name(n)?;
+        Some((c.id.as_str(), c.spec.as_ref()?.annotations.as_ref()?.name.as_str()))
+    };
     for r in &mut c.configs {
         let shown = if r.config_name.is_empty() { r.config_id.clone() } else { r.config_name.clone() };
         if !resolve_one(&mut r.config_id, &mut r.config_name, name_of_config, config_by_name) {

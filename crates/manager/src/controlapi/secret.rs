@@ -48,7 +48,8 @@ pub struct SecretFilters {
 impl SecretFilters {
     pub(super) fn matches(&self, id: &str, annotations: Option<&Annotations>) -> bool {
         let name = annotations.map(|a| a.name.as_str()).unwrap_or("");
-        let by_name_or_id = self.names.is_empty() && self.name_prefixes.is_empty() && self.id_prefixes.is_empty()
+        let unfiltered = self.names.is_empty() && self.name_prefixes.is_empty() && self.id_prefixes.is_empty();
+        let by_name_or_id = unfiltered
             || self.names.iter().any(|n| n == name)
             || (!self.name_prefixes.is_empty() && any_prefix(&self.name_prefixes, name))
             || (!self.id_prefixes.is_empty() && any_prefix(&self.id_prefixes, id));
@@ -81,10 +82,8 @@ fn map_bytes(m: &HashMap<String, String>) -> usize {
     m.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
-/// The name and labels of a secret or config spec, within their bounds.
-pub(super) fn validate_annotations(kind: &str, a: Option<&Annotations>) -> Result<(), ControlError> {
-    let name = a.map(|a| a.name.as_str()).unwrap_or("");
-    validate_name(kind, name)?;
+/// The labels of a secret or config spec, within their bound.
+pub(super) fn validate_labels(kind: &str, a: Option<&Annotations>) -> Result<(), ControlError> {
     let labels = a.map(|a| map_bytes(&a.labels)).unwrap_or(0);
     if labels > MAX_SECRET_LABEL_BYTES {
         return Err(invalid(format!(
@@ -92,6 +91,12 @@ pub(super) fn validate_annotations(kind: &str, a: Option<&Annotations>) -> Resul
         )));
     }
     Ok(())
+}
+
+/// The name and labels of a secret or config spec, within their bounds.
+pub(super) fn validate_annotations(kind: &str, a: Option<&Annotations>) -> Result<(), ControlError> {
+    validate_name(kind, a.map(|a| a.name.as_str()).unwrap_or(""))?;
+    validate_labels(kind, a)
 }
 
 /// `Templating`: none, or the `golang` driver without options.
@@ -232,12 +237,7 @@ pub async fn update_secret(
     version: u64,
     spec: SecretSpec,
 ) -> Result<Secret, ControlError> {
-    let labels = spec.annotations.as_ref().map(|a| map_bytes(&a.labels)).unwrap_or(0);
-    if labels > MAX_SECRET_LABEL_BYTES {
-        return Err(invalid(format!(
-            "Labels: the secret's labels are {labels} bytes, over the limit of {MAX_SECRET_LABEL_BYTES} bytes"
-        )));
-    }
+    validate_labels("secret", spec.annotations.as_ref())?;
     let now = state.now();
     let (id, _) = state
         .write(|t: &Tables, c: &mut Changes| {

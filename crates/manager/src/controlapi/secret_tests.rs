@@ -232,10 +232,11 @@ async fn services_reference_existing_secrets_and_configs_by_id_or_name() {
     let pw = create_secret(&state, secret_spec("db_pw", b"pw")).await.unwrap();
     let conf = create_config(&state, config_spec("app.conf", b"x=1")).await.unwrap();
 
-    // By name only: the ID is filled in; by ID only: the name is.
+    // By name only (in any case: names are unique ignoring it): the ID and the stored name are filled in; by
+    // ID only: the name is.
     let svc = create_service(
         &state,
-        with_refs("web", vec![secret_ref("", "db_pw", "db_pw")], vec![config_ref(&conf.id, "", "/etc/app.conf")]),
+        with_refs("web", vec![secret_ref("", "DB_PW", "db_pw")], vec![config_ref(&conf.id, "", "/etc/app.conf")]),
     )
     .await
     .unwrap();

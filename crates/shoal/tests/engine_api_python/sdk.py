@@ -191,13 +191,13 @@ config = client.configs.create(name="sdk.conf", data=b"port=80\n", labels={"a": 
 got = client.configs.get("sdk.conf")
 assert got.id == config.id and base64.b64decode(got.attrs["Spec"]["Data"]) == b"port=80\n", got.attrs
 assert [c.id for c in client.configs.list(filters={"name": "sdk."})] == [config.id]
-svc = client.services.create(
+used = client.services.create(
     "busybox", command=["sleep", "3141"], name="sdk-secret",
     secrets=[SecretReference(secret.id, "sdk_pw")],
     configs=[ConfigReference(config.id, "sdk.conf", filename="/etc/sdk.conf")],
 )
-svc.reload()
-c = svc.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]
+used.reload()
+c = used.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]
 assert c["Secrets"] == [{"File": {"Name": "sdk_pw", "UID": "0", "GID": "0", "Mode": 0o444},
                          "SecretID": secret.id, "SecretName": "sdk_pw"}], c
 assert c["Configs"][0]["File"]["Name"] == "/etc/sdk.conf" and c["Configs"][0]["ConfigID"] == config.id, c
@@ -209,7 +209,7 @@ for obj, kind in [(secret, "secret"), (config, "config")]:
         assert "in use by the following service: sdk-secret" in e.explanation, e.explanation
     else:
         raise AssertionError(f"a {kind} in use was removed")
-svc.remove()
+used.remove()
 assert secret.remove() and config.remove()
 assert client.secrets.list(filters={"name": "sdk_"}) == [] and client.configs.list(filters={"name": "sdk."}) == []
 
