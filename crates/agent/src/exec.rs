@@ -116,6 +116,9 @@ pub trait Executor: Send + Sync + 'static {
     /// Called with the first complete set of tasks assigned to this node: removes runtime objects left by
     /// an earlier run of the agent whose task is not in `assigned`, without waiting for the removal.
     fn remove_unassigned(&self, _assigned: &std::collections::HashSet<String>) {}
+    /// Called once the agent stopped and every runner ended (after `tasks_outlive_agent` decided whether the
+    /// tasks were stopped): releases what the executor keeps for tasks that no longer run.
+    fn agent_stopped(&self) {}
     /// What `task` printed, per `options`. Fails when this executor keeps no output for the task.
     fn logs(&self, task: &Task, _options: &LogOptions) -> Result<LogStream, ExecutorError> {
         Err(ExecutorError::Runtime(format!("the {} executor keeps no logs of task {}", self.name(), task.id)))

@@ -206,6 +206,7 @@ impl Worker {
             for (_, r) in self.runners.drain() {
                 r.join.abort();
             }
+            self.executor.agent_stopped();
             return;
         }
         for r in self.runners.values() {
@@ -216,5 +217,6 @@ impl Worker {
                 tracing::warn!(task = %id, "task runner ended abnormally: {e}");
             }
         }
+        self.executor.agent_stopped();
     }
 }

@@ -39,6 +39,13 @@ impl<D: std::ops::DerefMut<Target = DaemonProcess>> Node<D> {
     }
 }
 
+impl<D: std::ops::DerefMut<Target = DaemonProcess>> Node<D> {
+    /// Stops the daemon (SIGTERM), keeping the files root for the test to look at.
+    fn stop_daemon(&mut self) {
+        drop(self.daemon.take());
+    }
+}
+
 impl<D: std::ops::DerefMut<Target = DaemonProcess>> std::ops::Deref for Node<D> {
     type Target = DaemonProcess;
     fn deref(&self) -> &DaemonProcess {
@@ -154,7 +161,7 @@ fn a_process_task_reads_exactly_its_secret_from_its_directory_on_tmpfs() {
     if no_docker_cli() {
         return;
     }
-    let d = Node::new(Plain(daemon()));
+    let mut d = Node::new(Plain(daemon()));
     create_from_stdin(&d, &["secret", "create", "db_pw", "-"], "pw");
     let script = r#"printf '[%s] %s %s\n' "$(cat "$SHOAL_SECRETS_DIR/db_pw")" "$(stat -c %a "$SHOAL_SECRETS_DIR/db_pw")" "$(stat -c %a "$SHOAL_SECRETS_DIR")"; exec sleep 3171"#;
     docker(&d, &["service", "create", "--detach", "--name", "reader", "--secret", "db_pw", "busybox", "sh", "-c", script]);
@@ -170,6 +177,19 @@ fn a_process_task_reads_exactly_its_secret_from_its_directory_on_tmpfs() {
     wait_no_task_dirs(&d.files_root);
     let out = docker_cli::run(d.socket(), &["secret", "rm", "db_pw"]);
     assert!(out.status.success(), "secret rm once unused: {}", String::from_utf8_lossy(&out.stderr));
+
+    // A daemon stopping with a task still using a secret leaves nothing on the tmpfs.
+    create_from_stdin(&d, &["secret", "create", "db_pw2", "-"], "pw2");
+    docker(&d, &["service", "create", "--detach", "--name", "again", "--secret", "db_pw2", "busybox", "sh", "-c", script]);
+    wait_until("a task directory for the new task", WAIT, || {
+        if task_dirs(&d.files_root).len() == 1 {
+            Ok(())
+        } else {
+            Err("none yet".to_string())
+        }
+    });
+    d.stop_daemon();
+    assert!(!d.files_root.exists(), "{} outlived the daemon", d.files_root.display());
 }
 
 #[test]

@@ -216,6 +216,13 @@ impl Executor for ProcessExecutor {
         "process"
     }
 
+    fn agent_stopped(&self) {
+        // Every task process is gone with its runner: no secret or config file outlives the agent.
+        if let Some(root) = &self.files_root {
+            root.sweep(&Default::default());
+        }
+    }
+
     fn logs(&self, task: &Task, options: &crate::exec::LogOptions) -> Result<crate::exec::LogStream, ExecutorError> {
         logs::read(self.task_dir(&task.id), options)
     }
