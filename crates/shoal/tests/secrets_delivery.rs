@@ -4,7 +4,8 @@
 //!   the task reads exactly `pw` from `$SHOAL_SECRETS_DIR/db_pw` (mode 0444, its directory 0700), and the
 //!   task's directory on the tmpfs is gone once the service is removed;
 //! - docker executor: the container reads `/run/secrets/db_pw` and a config at an absolute target, read-only,
-//!   with the mode asked for; the files on the node's tmpfs go with the container;
+//!   with the mode asked for; the files on the node's tmpfs stay through a daemon restart (the container runs
+//!   on, adopted) while those of a task no longer assigned are swept, and go with the container;
 //! - 1 manager + 2 workers: a one-replica service constrained to worker A; worker B never holds the secret
 //!   (its `/debug/dependencies` view stays empty, nothing under its files root), A holds it while the task
 //!   runs and drops it when the service is removed, and a long random secret's bytes are in no file of any
@@ -40,6 +41,10 @@ impl<D: std::ops::DerefMut<Target = DaemonProcess>> Node<D> {
 }
 
 impl<D: std::ops::DerefMut<Target = DaemonProcess>> Node<D> {
+    fn daemon_mut(&mut self) -> &mut DaemonProcess {
+        self.daemon.as_mut().expect("daemon")
+    }
+
     /// Stops the daemon (SIGTERM), keeping the files root for the test to look at.
     fn stop_daemon(&mut self) {
         drop(self.daemon.take());
@@ -199,7 +204,7 @@ fn a_container_reads_its_secret_and_config_mounted_read_only_at_their_targets() 
         return;
     }
     let image = docker_engine::ensure_test_image();
-    let d = Node::new(EngineDaemon::start(&shoal_bin()));
+    let mut d = Node::new(EngineDaemon::start(&shoal_bin()));
     create_from_stdin(&d, &["secret", "create", "db_pw", "-"], "pw");
     create_from_stdin(&d, &["config", "create", "app", "-"], "x=1");
     let script = r#"printf '[%s] %s [%s] %s ' "$(cat /run/secrets/db_pw)" "$(stat -c %a /run/secrets/db_pw)" "$(cat /etc/app.conf)" "$(stat -c %a /etc/app.conf)"; if echo x > /run/secrets/db_pw 2>/dev/null; then echo writable; else echo read-only; fi; exec sleep 3173"#;
@@ -214,6 +219,23 @@ fn a_container_reads_its_secret_and_config_mounted_read_only_at_their_targets() 
     assert_eq!(lines, ["[pw] 444 [x=1] 440 read-only"]);
     let dirs = task_dirs(&d.files_root);
     assert_eq!(dirs.len(), 1, "the container's files are on the node's tmpfs: {dirs:?}");
+    let task_id = tasks_of(&d, "boxed")[0]["ID"].as_str().unwrap_or_default().to_string();
+    assert_eq!(dirs, [task_id.clone()]);
+
+    // The container outlives a daemon restart with its files; files of a task not assigned any more are swept.
+    assert!(d.daemon_mut().stop(), "the daemon stops cleanly");
+    assert_eq!(task_dirs(&d.files_root), [task_id.clone()], "the running container's files stay");
+    std::fs::create_dir_all(d.files_root.join("notataskofthiscluster0000/secrets")).unwrap();
+    d.daemon_mut().restart(&[]);
+    wait_until("the stray task files swept, the container's kept", WAIT, || {
+        let dirs = task_dirs(&d.files_root);
+        let running = tasks_of(&d, "boxed").iter().filter(|t| state(t) == "running").count();
+        if dirs == [task_id.clone()] && running == 1 {
+            Ok(())
+        } else {
+            Err(format!("{dirs:?}, {running} running"))
+        }
+    });
     docker(&d, &["service", "rm", "boxed"]);
     wait_no_task_dirs(&d.files_root);
 }
