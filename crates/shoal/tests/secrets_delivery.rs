@@ -220,17 +220,17 @@ fn a_container_reads_its_secret_and_config_mounted_read_only_at_their_targets() 
     let dirs = task_dirs(&d.files_root);
     assert_eq!(dirs.len(), 1, "the container's files are on the node's tmpfs: {dirs:?}");
     let task_id = tasks_of(&d, "boxed")[0]["ID"].as_str().unwrap_or_default().to_string();
-    assert_eq!(dirs, [task_id.clone()]);
+    assert_eq!(dirs, std::slice::from_ref(&task_id));
 
     // The container outlives a daemon restart with its files; files of a task not assigned any more are swept.
     assert!(d.daemon_mut().stop(), "the daemon stops cleanly");
-    assert_eq!(task_dirs(&d.files_root), [task_id.clone()], "the running container's files stay");
+    assert_eq!(task_dirs(&d.files_root), std::slice::from_ref(&task_id), "the running container's files stay");
     std::fs::create_dir_all(d.files_root.join("notataskofthiscluster0000/secrets")).unwrap();
     d.daemon_mut().restart(&[]);
     wait_until("the stray task files swept, the container's kept", WAIT, || {
         let dirs = task_dirs(&d.files_root);
         let running = tasks_of(&d, "boxed").iter().filter(|t| state(t) == "running").count();
-        if dirs == [task_id.clone()] && running == 1 {
+        if dirs == std::slice::from_ref(&task_id) && running == 1 {
             Ok(())
         } else {
             Err(format!("{dirs:?}, {running} running"))
