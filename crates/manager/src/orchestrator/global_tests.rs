@@ -319,6 +319,10 @@ fn rolling_update_goes_node_by_node() {
     }
     assert_eq!(nodes_of(&fx, "g"), ["n1", "n2", "n3"]);
     assert!(fx.runnable("g").iter().all(|t| t.spec == current));
+    // Watched for the monitor period (5 s by default) after the last new task started, then completed.
+    assert_eq!(fx.service("g").update_status.unwrap().state(), UpdateState::Updating);
+    fx.clock.advance_ms(5_000);
+    pass(&fx, "g");
     assert_eq!(fx.service("g").update_status.unwrap().state(), UpdateState::Completed);
     assert_eq!(batches, 2, "two batches of at most two nodes");
 }

@@ -8,6 +8,7 @@
 //! This module must not depend on the scheduler, the dispatcher or any IO other than `ClusterState`'s
 //! proposer: subsystems only talk through the store.
 
+pub mod dirty;
 pub mod global;
 pub mod replicated;
 mod replicated_loop;

@@ -216,7 +216,7 @@ fn drive_update(fx: &Fx, order: UpdateOrder, parallelism: u64) -> usize {
     }
     fx.update_service("s1", |s| set_image(s, "busybox:2"));
     let mut most = 0;
-    for _round in 0..50 {
+    for _round in 0..200 {
         fx.clock.advance_ms(100);
         fx.reconcile("s1");
         let svc = fx.service("s1");
