@@ -23,6 +23,8 @@ pub(crate) mod fixture;
 mod global_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod update_tests;
 
 use shoal_api::{node_status, Node, Task, TaskState};
 use shoal_store::Tables;

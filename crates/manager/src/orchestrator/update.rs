@@ -181,19 +181,26 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     for slot in slots {
         let class = work.classify(slot);
         let entries = &work.slots[&slot];
-        // This update's tasks in the slot: did one reach RUNNING (or end), did one fail?
-        let mut reached_running = false;
+        // This update's tasks in the slot: did one reach RUNNING (or end), did one fail? The slot's start is
+        // that of its first such task (restarts of a crash-looping task do not move it).
+        let mut first_started: Option<(u64, u64)> = None;
         let mut failure: Option<(u64, String)> = None;
         for e in entries.iter().filter(|e| !e.created && created_ms(&e.task) >= started_ms) {
             let observed = observed_state(&e.task);
             if observed < TaskState::Running || !work.is_current(&e.task) {
                 continue;
             }
-            reached_running = true;
-            last_started_ms = last_started_ms.max(status_ms(&e.task));
-            if is_failure(observed) && failure.as_ref().is_none_or(|(at, _)| status_ms(&e.task) < *at) {
-                failure = Some((status_ms(&e.task), e.task.id.clone()));
+            let (created, at) = (created_ms(&e.task), status_ms(&e.task));
+            if first_started.is_none_or(|(c, _)| created < c) {
+                first_started = Some((created, at));
             }
+            if is_failure(observed) && failure.as_ref().is_none_or(|(f, _)| at < *f) {
+                failure = Some((at, e.task.id.clone()));
+            }
+        }
+        let reached_running = first_started.is_some();
+        if let Some((_, at)) = first_started {
+            last_started_ms = last_started_ms.max(at);
         }
         failures.extend(failure);
         match class {
