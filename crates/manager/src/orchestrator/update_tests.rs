@@ -9,7 +9,7 @@ use std::time::Duration;
 use shoal_api::restart_policy::RestartCondition;
 use shoal_api::update_config::{FailureAction, UpdateOrder};
 use shoal_api::update_status::UpdateState;
-use shoal_api::{RestartPolicy, Service, Task, TaskState, UpdateConfig};
+use shoal_api::{RestartPolicy, Task, TaskState, UpdateConfig};
 
 use super::fixture::{node, service, set_image, Fx};
 use super::update::{EffectiveUpdateConfig, DEFAULT_MONITOR_MS};
