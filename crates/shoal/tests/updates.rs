@@ -7,7 +7,8 @@
 //! - `--update-order start-first` starts each new task before its old one stops;
 //! - an update whose new tasks exit 1 at once, with `--update-failure-action rollback`, ends in
 //!   `rollback_completed` with the old spec's tasks running; with `pause`, the update pauses, `service
-//!   inspect` says why, and `docker service rollback` brings the old spec back;
+//!   update` without `--detach` and `service inspect` say why, and `docker service rollback` brings the old
+//!   spec back;
 //! - the constraint enforcer: 1 manager + 1 worker; a service constrained to `node.labels.x==1` runs on the
 //!   worker; moving the label to the manager moves the task there within seconds, and `service ps` shows
 //!   why the old one ended.
@@ -164,7 +165,11 @@ fn updates_roll_back_pause_force_and_start_first_through_the_docker_cli() {
     let p = ["sleep", "7105"];
     docker(&d, &["service", "create", "--detach", "--name", "pz", "--replicas", "2", "--restart-delay", "100ms", "--rollback-monitor", "1s", "busybox", "sleep", "7105"]);
     wait_running(&d, "pz", 2, &p, DEADLINE);
-    docker(&d, &["service", "update", "--detach", "--update-failure-action", "pause", "--args", "false", "pz"]);
+    // Without --detach, the CLI follows the update and stops with the pause's message.
+    let out = docker_cli::run(d.socket(), &["service", "update", "--update-failure-action", "pause", "--args", "false", "pz"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a paused update fails the CLI's update");
+    assert!(stderr.contains("service update paused: update paused due to failure or early termination of task"), "{stderr}");
     let message = wait_update_state(&d, "pz", "paused");
     assert!(message.starts_with("update paused due to failure or early termination of task "), "{message}");
     assert_eq!(process::pids_with_cmdline(&p).len(), 1, "the second slot was not updated");
