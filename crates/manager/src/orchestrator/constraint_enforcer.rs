@@ -272,7 +272,7 @@ mod tests {
         let id = run_on(&fx, "s1", "n1");
         assert!(enforce(&fx, "n1").is_empty(), "the node still fits");
         label(&fx, "n1", Some("2"));
-        assert_eq!(enforce(&fx, "n1"), [id.clone()]);
+        assert_eq!(enforce(&fx, "n1"), std::slice::from_ref(&id));
         let t = fx.task(&id);
         let status = t.status.as_ref().unwrap();
         assert_eq!((status.state(), status.message.as_str(), status.err.as_str()), (TaskState::Rejected, REJECTED_MESSAGE, REJECTED_ERR));

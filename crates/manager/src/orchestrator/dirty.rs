@@ -32,7 +32,7 @@ pub fn is_task_dirty(service: &Service, task: &Task, node: Option<&Node>) -> boo
     if task.spec.as_ref() == wanted {
         return false;
     }
-    placement_only_change_fits(wanted, task, node).map_or(true, |fits| !fits)
+    placement_only_change_fits(wanted, task, node) != Some(true)
 }
 
 /// `None` when the task's spec differs from `wanted` in more than the placement; otherwise whether the
