@@ -17,7 +17,7 @@
 //! dropped by the dispatcher as older.
 //!
 //! The core is `reject_noncompliant(tables, node, now_ms)`; the loop (`ConstraintEnforcer`) checks every
-//! node once when it starts, then each node whose write changed its spec, description or status. Bounds:
+//! node once when it starts, then each node whose write changed its spec, description, role or status state. Bounds:
 //! at most `MAX_EVENTS_PER_BATCH` commits are drained before a pass, writes carry at most
 //! `write::MAX_ACTIONS_PER_WRITE` actions, and a node whose write conflicted is checked again at most
 //! `MAX_ATTEMPTS` times in a row. Must not depend on other subsystems; it reads the scheduler's pure
@@ -104,13 +104,16 @@ fn matches(exprs: &[String], node: &Node) -> bool {
 }
 
 /// True when a node write can change whether its tasks fit: a changed spec (labels, availability, role),
-/// description (resources, platform, engine labels) or status.
+/// description (resources, platform, engine labels), status state or role.
 fn node_change_matters(kind: ActionKind, old: Option<&Object>, new: &Node) -> bool {
     if kind == ActionKind::Remove {
         return false;
     }
     let Some(Object::Node(old)) = old else { return true };
-    old.spec != new.spec || old.description != new.description || old.status != new.status || old.role != new.role
+    old.spec != new.spec
+        || old.description != new.description
+        || old.status.as_ref().map(|s| s.state) != new.status.as_ref().map(|s| s.state)
+        || old.role != new.role
 }
 
 /// The constraint enforcer subsystem (leader only).
