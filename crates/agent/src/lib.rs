@@ -54,6 +54,8 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// Engine labels reported in the node description (added to the executor's).
     pub engine_labels: HashMap<String, String>,
+    /// Generic resources this node offers (`--generic-node-resources`), reported in the node description.
+    pub generic_resources: Vec<shoal_api::GenericResource>,
 }
 
 /// The agent: run it with `run`.
@@ -152,6 +154,9 @@ impl Agent {
         let engine = d.engine.get_or_insert_with(Default::default);
         for (k, v) in &self.config.engine_labels {
             engine.labels.insert(k.clone(), v.clone());
+        }
+        if !self.config.generic_resources.is_empty() {
+            d.resources.get_or_insert_with(Default::default).generic = self.config.generic_resources.clone();
         }
         d
     }

@@ -61,6 +61,7 @@ async fn an_agent_sent_to_a_follower_opens_its_session_on_the_leader() {
         hostname: "worker-1".into(),
         state_dir: dir.path().to_path_buf(),
         engine_labels: HashMap::new(),
+        generic_resources: Vec::new(),
     };
     let (shutdown, rx) = watch::channel(false);
     let join = tokio::spawn(Agent::new(config, Arc::new(FakeExecutor::new())).run(rx));

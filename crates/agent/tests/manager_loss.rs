@@ -167,6 +167,7 @@ fn start_agent(
         hostname: hostname.into(),
         state_dir: state_dir.to_path_buf(),
         engine_labels: HashMap::new(),
+        generic_resources: Vec::new(),
     };
     let (shutdown, rx) = watch::channel(false);
     let agent = Agent::new(config, Arc::new(fake.clone())).with_managers(more, Some(state_dir.join(MANAGERS_FILE)));

@@ -64,6 +64,7 @@ fn start_agent(c: &Cluster, executor: Arc<dyn Executor>, dir: tempfile::TempDir)
         hostname: "worker-1".into(),
         state_dir: dir.path().to_path_buf(),
         engine_labels: HashMap::new(),
+        generic_resources: Vec::new(),
     };
     let (shutdown, rx) = watch::channel(false);
     let join = tokio::spawn(Agent::new(config, executor).run(rx));

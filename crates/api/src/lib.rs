@@ -14,5 +14,6 @@ pub use generated::*;
 pub use prost;
 pub use prost_types;
 
+pub mod generic;
 mod helpers;
 pub use helpers::*;

@@ -847,7 +847,7 @@ async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does
          "1.41", Refused("TaskTemplate.ContainerSpec.CapabilityDrop is not supported yet")),
         ("Pids", json!(["/TaskTemplate/Resources/Limits/Pids", 100]),
          "1.40", Shows("/Spec/TaskTemplate/Resources/Limits/Pids", None),
-         "1.41", Refused("TaskTemplate.Resources.Limits.Pids is not supported yet")),
+         "1.41", Shows("/Spec/TaskTemplate/Resources/Limits/Pids", Some(json!(100)))),
         ("StartInterval", json!(["/TaskTemplate/ContainerSpec/Healthcheck", health]),
          "1.43", Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", None),
          "1.44", Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", Some(json!(500_000_000i64)))),
@@ -937,11 +937,10 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
          "ContainerSpec.Mounts[0].TmpfsOptions is not supported yet"),
         ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "bind", "Source": "/a", "Target": "/b", "Consistency": "cached"}]),
          "ContainerSpec.Mounts[0].Consistency is not supported yet"),
-        ("/TaskTemplate/Resources/Reservations/GenericResources", json!([{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]),
-         "Reservations.GenericResources is not supported yet"),
+        ("/TaskTemplate/Resources/Limits/GenericResources", json!([{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]),
+         "TaskTemplate.Resources.Limits.GenericResources is not supported yet"),
+        ("/TaskTemplate/Resources/Reservations/Pids", json!(10), "TaskTemplate.Resources.Reservations.Pids is not supported yet"),
         ("/TaskTemplate/PluginSpec", json!({"Name": "p"}), "TaskTemplate.PluginSpec is not supported yet"),
-        ("/TaskTemplate/Placement/Preferences", json!([{"Spread": {"SpreadDescriptor": "node.labels.zone"}}]),
-         "Placement.Preferences is not supported yet"),
         ("/TaskTemplate/LogDriver", json!({"Name": "syslog"}), "TaskTemplate.LogDriver is not supported yet"),
         ("/EndpointSpec/Ports", json!([{"TargetPort": 80, "PublishedPort": 8080}]), "EndpointSpec.Ports is not supported yet"),
     ];
@@ -1018,4 +1017,45 @@ async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_what_it_cannot_h
     assert_eq!(again.body["Version"], swarm.body["Version"], "{}", again.text);
     let r = api.call(Method::POST, &format!("/swarm/update?version={version}&rotateWorkerToken=False"), Some(spec)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+}
+
+#[tokio::test]
+async fn generic_resources_and_the_pids_limit_are_stored_and_shown_as_docker_does() {
+    let api = Api::new();
+    let mut doc = spec_with("gr", "/TaskTemplate/Resources", json!({
+        "limits": {"Pids": 64, "MemoryBytes": 1048576},
+        "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 2}},
+                                             {"discreteResourceSpec": {"kind": "ssd", "value": 1}}]}
+    }));
+    doc["TaskTemplate"]["ContainerSpec"]["Image"] = json!("busybox");
+    let r = api.call(Method::POST, "/services/create", Some(doc)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let g = api.call(Method::GET, "/services/gr", None).await;
+    assert_eq!(g.body["Spec"]["TaskTemplate"]["Resources"], json!({
+        "Limits": {"MemoryBytes": 1048576, "Pids": 64},
+        "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 2}},
+                                              {"DiscreteResourceSpec": {"Kind": "ssd", "Value": 1}}]}
+    }), "{}", g.text);
+
+    // What a task cannot reserve is refused, naming the entry; nothing is created.
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({"Reservations": {"GenericResources": [{"NamedResourceSpec": {"Kind": "gpu", "Value": "UUID1"}}]}}),
+         "Resources.Reservations.GenericResources[0]: a task reserves a count"),
+        (json!({"Reservations": {"GenericResources": [{}]}}),
+         "GenericResources: each entry needs exactly one of NamedResourceSpec and DiscreteResourceSpec"),
+        (json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 0}}]}}),
+         "0 units of \"gpu\""),
+        (json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "g p u", "Value": 1}}]}}),
+         "invalid kind"),
+        (json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}},
+                                                      {"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]}}),
+         "reserved twice"),
+        (json!({"Limits": {"Pids": -5}}), "Resources.Limits.Pids: -5 is out of range"),
+    ];
+    for (n, (resources, fragment)) in cases.into_iter().enumerate() {
+        let r = api.call(Method::POST, "/services/create", Some(spec_with(&format!("bad{n}"), "/TaskTemplate/Resources", resources))).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, fragment);
+        let g = api.call(Method::GET, &format!("/services/bad{n}"), None).await;
+        assert_eq!(g.status, StatusCode::NOT_FOUND);
+    }
 }

@@ -41,7 +41,7 @@ pub fn adjust_service_spec(v: ApiVersion, spec: &mut ServiceSpecJson, write: Spe
             c.ulimits = serde_json::Value::Null;
         }
         if let Some(l) = t.resources.as_mut().and_then(|r| r.limits.as_mut()) {
-            l.pids = serde_json::Value::Null;
+            l.pids = 0;
         }
         spec.mode.replicated_job = None;
         spec.mode.global_job = None;

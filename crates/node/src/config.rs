@@ -40,6 +40,8 @@ pub struct DaemonConfig {
     pub advertise_remote_api: Option<SocketAddr>,
     /// The node's hostname (defaults to the machine's).
     pub hostname: Option<String>,
+    /// Generic resources the node offers to tasks (`--generic-node-resources gpu=UUID1,gpu=UUID2,ssd=4`).
+    pub generic_node_resources: Vec<shoal_api::GenericResource>,
     /// Which executor to use.
     pub executor: ExecutorKind,
     /// Raft tick interval.
@@ -80,6 +82,7 @@ impl DaemonConfig {
             listen_remote_api: SocketAddr::from(([127, 0, 0, 1], 4242)),
             advertise_remote_api: None,
             hostname: None,
+            generic_node_resources: Vec::new(),
             executor: ExecutorKind::Auto,
             raft_tick_interval_ms: 100,
             raft_election_tick: 10,

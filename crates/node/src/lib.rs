@@ -35,6 +35,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
+/// Generic resources a node offers (`--generic-node-resources`), and their parser.
+pub use shoal_api::{generic::parse_offer as parse_generic_node_resources, GenericResource};
 pub use config::{DaemonConfig, ExecutorKind, JoinToken, UnlockKeyText};
 pub use identity::NodeIdentity;
 pub use raft_status::ManagerStatusSubsystem;
@@ -208,6 +210,9 @@ impl Node {
         let executor = pick_executor(cfg.executor, &cfg, &identity.node_id, &hostname).await?;
         let mut description = executor.describe();
         description.hostname = hostname.clone();
+        if !cfg.generic_node_resources.is_empty() {
+            description.resources.get_or_insert_with(Default::default).generic = cfg.generic_node_resources.clone();
+        }
 
         // The remote API listener's address is this manager's Raft address.
         let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
@@ -354,6 +359,7 @@ impl Node {
                 hostname,
                 state_dir: cfg.state_dir.clone(),
                 engine_labels: Default::default(),
+                generic_resources: cfg.generic_node_resources.clone(),
             },
             executor,
         )

@@ -262,6 +262,7 @@ pub async fn run_worker(
             hostname,
             state_dir: cfg.state_dir.clone(),
             engine_labels: Default::default(),
+            generic_resources: cfg.generic_node_resources.clone(),
         },
         executor,
     )

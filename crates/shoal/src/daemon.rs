@@ -27,6 +27,11 @@ pub struct DaemonArgs {
     /// Node hostname (default: the machine's).
     #[arg(long)]
     hostname: Option<String>,
+    /// Generic resources this node offers to tasks, as swarmd's flag: comma-separated kind=value terms, a
+    /// count (ssd=4) or named units (gpu=UUID1,gpu=UUID2); a task reserving one gets its units in
+    /// DOCKER_RESOURCE_<KIND>.
+    #[arg(long, value_parser = parse_generic_resources)]
+    generic_node_resources: Option<GenericResources>,
     /// Task executor: auto, process or docker.
     #[arg(long, default_value = "auto")]
     executor: ExecutorKind,
@@ -83,6 +88,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.listen_remote_api = args.listen_remote_api;
     cfg.advertise_remote_api = args.advertise_remote_api;
     cfg.hostname = args.hostname;
+    cfg.generic_node_resources = args.generic_node_resources.map(|g| g.0).unwrap_or_default();
     cfg.executor = args.executor;
     cfg.engine_addr = args.engine_addr;
     cfg.join_addr = args.join_addr;
@@ -166,4 +172,12 @@ mod tests {
         let err = parse_log_filter("shoal=loud").unwrap_err();
         assert!(err.contains("shoal=loud") && err.contains("target=level"), "{err}");
     }
+}
+
+/// The parsed `--generic-node-resources` value.
+#[derive(Debug, Clone)]
+pub struct GenericResources(Vec<shoal_node::GenericResource>);
+
+fn parse_generic_resources(s: &str) -> Result<GenericResources, String> {
+    shoal_node::parse_generic_node_resources(s).map(GenericResources)
 }

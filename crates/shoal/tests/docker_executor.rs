@@ -273,6 +273,10 @@ fn the_container_carries_the_task_spec() {
             "0.5",
             "--limit-memory",
             "64M",
+            "--reserve-memory",
+            "32M",
+            "--limit-pids",
+            "50",
             "--stop-signal",
             "SIGINT",
             "--stop-grace-period",
@@ -307,6 +311,11 @@ fn the_container_carries_the_task_spec() {
     assert_eq!(
         (host["NanoCpus"].as_i64(), host["Memory"].as_i64(), host["Init"].as_bool()),
         (Some(500_000_000), Some(64 << 20), Some(true))
+    );
+    assert_eq!(
+        (host["MemoryReservation"].as_i64(), host["PidsLimit"].as_i64()),
+        (Some(32 << 20), Some(50)),
+        "the reservation and the process count limit reach the container"
     );
     let mounts: Vec<(String, String)> = c["Mounts"]
         .as_array()

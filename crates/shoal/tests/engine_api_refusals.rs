@@ -29,7 +29,6 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
         (&["--sysctl", "net.core.somaxconn=1024"][..], "TaskTemplate.ContainerSpec.Sysctls"),
         (&["--limit-pids", "10"][..], "TaskTemplate.Resources.Limits.Pids"),
         (&["--log-driver", "syslog"][..], "TaskTemplate.LogDriver"),
-        (&["--placement-pref", "spread=node.labels.zone"][..], "TaskTemplate.Placement.Preferences"),
         (&["--mount", "type=volume,source=v,target=/v,volume-driver=local"][..], "Mounts[0].VolumeOptions"),
         (&["--mount", "type=tmpfs,target=/t,tmpfs-size=1m"][..], "Mounts[0].TmpfsOptions"),
         (&["--mount", "type=bind,source=/tmp,target=/t,bind-propagation=rshared"][..], "Mounts[0].BindOptions"),

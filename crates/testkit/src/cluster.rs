@@ -80,8 +80,10 @@ impl TestCluster {
             cluster.add_worker().await;
         }
         let n = cluster.workers.len();
+        // Sessions open one after another: allow 20 s, and 20 ms per worker beyond a thousand of them.
+        let deadline = Duration::from_secs(20) + Duration::from_millis(20 * n.saturating_sub(1000) as u64);
         cluster
-            .wait_for("every worker READY", Duration::from_secs(20), |t| {
+            .wait_for("every worker READY", deadline, |t| {
                 let ready = t
                     .nodes()
                     .iter()
@@ -111,6 +113,7 @@ impl TestCluster {
                 hostname: format!("worker-{}", self.workers.len() + 1),
                 state_dir: crate::scratch_dir().join("testcluster-agent"),
                 engine_labels: Default::default(),
+                generic_resources: Vec::new(),
             },
             executor.clone(),
         );

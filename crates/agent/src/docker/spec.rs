@@ -109,6 +109,10 @@ pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, St
     }
     let mounts = spec.mounts.iter().map(mount_of).collect::<Result<Vec<_>, _>>()?;
     let limits = task.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.limits.as_ref());
+    let reservations = task.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.reservations.as_ref());
+    // The generic resources the scheduler gave the task first (SwarmKit's DOCKER_RESOURCE_<KIND>), then the spec's.
+    let env: Vec<String> =
+        shoal_api::generic::env(&task.assigned_generic_resources).into_iter().chain(spec.env.iter().cloned()).collect();
     let healthcheck = spec.healthcheck.as_ref().map(|h| HealthConfig {
         test: non_empty(&h.test),
         interval: nanos(&h.interval),
@@ -132,6 +136,8 @@ pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, St
         mounts: (!mounts.is_empty()).then_some(mounts),
         nano_cpus: limits.map(|l| l.nano_cpus).filter(|&n| n > 0),
         memory: limits.map(|l| l.memory_bytes).filter(|&n| n > 0),
+        memory_reservation: reservations.map(|r| r.memory_bytes).filter(|&n| n > 0),
+        pids_limit: (spec.pids_limit != 0).then_some(spec.pids_limit),
         init: spec.init,
         readonly_rootfs: spec.read_only.then_some(true),
         group_add: non_empty(&spec.groups),
@@ -145,7 +151,7 @@ pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, St
         image: Some(spec.image.clone()),
         entrypoint: non_empty(&spec.command),
         cmd: non_empty(&spec.args),
-        env: non_empty(&spec.env),
+        env: non_empty(&env),
         user: opt(&spec.user),
         working_dir: opt(&spec.dir),
         hostname: opt(&spec.hostname),

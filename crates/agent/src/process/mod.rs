@@ -100,7 +100,7 @@ fn container_spec(task: &Task) -> Option<&ContainerSpec> {
 /// names them. A task that sets any is rejected with them named, never run without them.
 fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'static str> {
     let limits = task.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.limits.as_ref());
-    let checks: [(&'static str, bool); 14] = [
+    let checks: [(&'static str, bool); 15] = [
         ("ContainerSpec.User", !c.user.is_empty()),
         ("ContainerSpec.Groups", !c.groups.is_empty()),
         ("ContainerSpec.Hostname", !c.hostname.is_empty()),
@@ -115,6 +115,7 @@ fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'sta
         ("ContainerSpec.Init", c.init == Some(true)),
         ("Resources.Limits.NanoCPUs", limits.is_some_and(|l| l.nano_cpus != 0)),
         ("Resources.Limits.MemoryBytes", limits.is_some_and(|l| l.memory_bytes != 0)),
+        ("Resources.Limits.Pids", c.pids_limit != 0),
     ];
     checks.into_iter().filter(|(_, set)| *set).map(|(name, _)| name).collect()
 }
@@ -158,7 +159,10 @@ impl Executor for ProcessExecutor {
         }
         let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_string());
         let mut env = vec![("PATH".to_string(), path)];
-        for kv in &spec.env {
+        // The generic resources the scheduler gave the task come first, as SwarmKit's executors set them; the
+        // spec's own variables may override them.
+        let generic = shoal_api::generic::env(&task.assigned_generic_resources);
+        for kv in generic.iter().chain(&spec.env) {
             if let Some((k, v)) = kv.split_once('=') {
                 env.retain(|(ek, _)| ek != k);
                 env.push((k.to_string(), v.to_string()));

@@ -590,11 +590,7 @@ impl NodeJson {
                     architecture: platform.architecture,
                     os: platform.os,
                 },
-                resources: super::spec::ResourceValuesJson {
-                    nano_cpus: res.nano_cpus,
-                    memory_bytes: res.memory_bytes,
-                    ..Default::default()
-                },
+                resources: super::spec::ResourceValuesJson::from_api(&res),
                 engine: EngineJson {
                     engine_version: engine.engine_version.clone(),
                     labels: labels_to_json(&engine.labels),
@@ -670,11 +666,7 @@ impl NodeJson {
                     architecture: d.platform.architecture.clone(),
                     os: d.platform.os.clone(),
                 }),
-                resources: Some(shoal_api::Resources {
-                    nano_cpus: d.resources.nano_cpus,
-                    memory_bytes: d.resources.memory_bytes,
-                    generic: Vec::new(),
-                }),
+                resources: Some(d.resources.to_api("Description.Resources")?),
                 engine: Some(shoal_api::EngineDescription {
                     engine_version: d.engine.engine_version.clone(),
                     labels: labels_from_json(&d.engine.labels),

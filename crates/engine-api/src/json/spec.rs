@@ -301,12 +301,74 @@ pub struct ResourceValuesJson {
     /// Memory in bytes.
     #[serde(skip_serializing_if = "is_zero")]
     pub memory_bytes: i64,
-    /// Process count limit (`Limits` only): read only to be refused (`refused_fields`).
-    #[serde(skip_serializing)]
-    pub pids: serde_json::Value,
-    /// Generic resources (`Reservations` only): read only to be refused.
-    #[serde(skip_serializing)]
-    pub generic_resources: serde_json::Value,
+    /// Process count limit (`Limits` only; stored as the container spec's `pids_limit`, as Docker does).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub pids: i64,
+    /// Generic resources: what a node offers (node description) or a task reserves (`Reservations` only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub generic_resources: Vec<GenericResourceJson>,
+}
+
+/// One generic resource: `{"DiscreteResourceSpec": {"Kind": "ssd", "Value": 2}}` or
+/// `{"NamedResourceSpec": {"Kind": "gpu", "Value": "UUID1"}}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct GenericResourceJson {
+    /// A named unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub named_resource_spec: Option<NamedResourceJson>,
+    /// A count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discrete_resource_spec: Option<DiscreteResourceJson>,
+}
+
+/// `NamedResourceSpec`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct NamedResourceJson {
+    /// The kind, e.g. "gpu".
+    pub kind: String,
+    /// The unit's name.
+    pub value: String,
+}
+
+/// `DiscreteResourceSpec`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct DiscreteResourceJson {
+    /// The kind, e.g. "ssd".
+    pub kind: String,
+    /// How many units.
+    pub value: i64,
+}
+
+impl GenericResourceJson {
+    /// Converts to the API form; `field` names the list in errors.
+    pub fn to_api(&self, field: &str) -> Result<shoal_api::GenericResource, ConvertError> {
+        match (&self.named_resource_spec, &self.discrete_resource_spec) {
+            (Some(n), None) => Ok(shoal_api::generic::named(&n.kind, &n.value)),
+            (None, Some(d)) => Ok(shoal_api::generic::discrete(&d.kind, d.value)),
+            _ => Err(ConvertError(format!(
+                "{field}: each entry needs exactly one of NamedResourceSpec and DiscreteResourceSpec"
+            ))),
+        }
+    }
+
+    /// Converts from the API form.
+    pub fn from_api(g: &shoal_api::GenericResource) -> GenericResourceJson {
+        use shoal_api::generic_resource::Resource;
+        match &g.resource {
+            Some(Resource::NamedResourceSpec(n)) => GenericResourceJson {
+                named_resource_spec: Some(NamedResourceJson { kind: n.kind.clone(), value: n.value.clone() }),
+                ..Default::default()
+            },
+            Some(Resource::DiscreteResourceSpec(d)) => GenericResourceJson {
+                discrete_resource_spec: Some(DiscreteResourceJson { kind: d.kind.clone(), value: d.value }),
+                ..Default::default()
+            },
+            None => GenericResourceJson::default(),
+        }
+    }
 }
 
 fn is_zero(v: &i64) -> bool {
@@ -631,17 +693,29 @@ impl TaskSpecJson {
                 &["container"],
             ));
         }
+        let mut runtime = self.container_spec.as_ref().map(|c| c.to_api()).transpose()?;
+        // Docker keeps the process count limit in the container spec (SwarmKit's `pidsLimit`).
+        let pids = self.resources.as_ref().and_then(|r| r.limits.as_ref()).map_or(0, |l| l.pids);
+        if let Some(c) = runtime.as_mut() {
+            c.pids_limit = pids;
+        }
         Ok(TaskSpec {
-            runtime: self
-                .container_spec
+            runtime: runtime.map(task_spec::Runtime::Container),
+            resources: self
+                .resources
                 .as_ref()
-                .map(|c| c.to_api().map(task_spec::Runtime::Container))
+                .map(|r| -> Result<_, ConvertError> {
+                    Ok(ResourceRequirements {
+                        limits: r.limits.as_ref().map(|l| l.to_api("Resources.Limits")).transpose()?,
+                        reservations: r
+                            .reservations
+                            .as_ref()
+                            .map(|l| l.to_api("Resources.Reservations"))
+                            .transpose()?,
+                        ..Default::default()
+                    })
+                })
                 .transpose()?,
-            resources: self.resources.as_ref().map(|r| ResourceRequirements {
-                limits: r.limits.as_ref().map(ResourceValuesJson::to_api),
-                reservations: r.reservations.as_ref().map(ResourceValuesJson::to_api),
-                ..Default::default()
-            }),
             restart: self
                 .restart_policy
                 .as_ref()
@@ -659,10 +733,21 @@ impl TaskSpecJson {
             container_spec: t.runtime.as_ref().map(|r| match r {
                 task_spec::Runtime::Container(c) => ContainerSpecJson::from_api(c),
             }),
-            resources: t.resources.as_ref().map(|r| ResourcesJson {
-                limits: r.limits.as_ref().map(ResourceValuesJson::from_api),
-                reservations: r.reservations.as_ref().map(ResourceValuesJson::from_api),
-            }),
+            resources: {
+                let pids = match &t.runtime {
+                    Some(task_spec::Runtime::Container(c)) => c.pids_limit,
+                    None => 0,
+                };
+                let mut resources = t.resources.as_ref().map(|r| ResourcesJson {
+                    limits: r.limits.as_ref().map(ResourceValuesJson::from_api),
+                    reservations: r.reservations.as_ref().map(ResourceValuesJson::from_api),
+                });
+                if pids != 0 {
+                    let r = resources.get_or_insert_with(Default::default);
+                    r.limits.get_or_insert_with(Default::default).pids = pids;
+                }
+                resources
+            },
             restart_policy: t.restart.as_ref().map(RestartPolicyJson::from_api),
             placement: t.placement.as_ref().map(PlacementJson::from_api),
             log_driver: t.log_driver.as_ref().map(DriverJson::from_api),
@@ -716,6 +801,8 @@ impl ContainerSpecJson {
             // Refused before conversion while Shoal cannot deliver them (json/unsupported.rs).
             secrets: Vec::new(),
             configs: Vec::new(),
+            // Set by the task spec's conversion, from `Resources.Limits.Pids`.
+            pids_limit: 0,
             init: self.init,
         })
     }
@@ -785,17 +872,25 @@ impl MountJson {
 }
 
 impl ResourceValuesJson {
-    fn to_api(&self) -> Resources {
-        Resources {
+    /// Converts to the API form (`Pids` is not part of it: it goes to the container spec); `field` names the
+    /// object in errors.
+    pub fn to_api(&self, field: &str) -> Result<Resources, ConvertError> {
+        Ok(Resources {
             nano_cpus: self.nano_cpus,
             memory_bytes: self.memory_bytes,
-            generic: Vec::new(),
-        }
+            generic: self
+                .generic_resources
+                .iter()
+                .map(|g| g.to_api(&format!("{field}.GenericResources")))
+                .collect::<Result<_, _>>()?,
+        })
     }
-    fn from_api(r: &Resources) -> ResourceValuesJson {
+    /// Converts from the API form.
+    pub fn from_api(r: &Resources) -> ResourceValuesJson {
         ResourceValuesJson {
             nano_cpus: r.nano_cpus,
             memory_bytes: r.memory_bytes,
+            generic_resources: r.generic.iter().map(GenericResourceJson::from_api).collect(),
             ..Default::default()
         }
     }

@@ -47,11 +47,6 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
             "network attachment tasks are not run by Shoal; use a container spec",
         ),
         (
-            "TaskTemplate.Placement.Preferences".into(),
-            t.placement.as_ref().is_some_and(|p| !p.preferences.is_empty()),
-            "the scheduler spreads a service's tasks over nodes by task count, not over label values; leave it out",
-        ),
-        (
             "TaskTemplate.LogDriver".into(),
             t.log_driver.as_ref().is_some_and(|d| !d.name.is_empty() || !d.options.is_empty()),
             "Shoal's executors keep task output themselves and apply no log driver; leave it out",
@@ -66,14 +61,14 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
         let limits = r.limits.as_ref();
         let reservations = r.reservations.as_ref();
         checks.push((
-            "TaskTemplate.Resources.Limits.Pids".into(),
-            limits.is_some_and(|l| is_set(&l.pids)),
-            "Shoal's executors apply no process count limit yet; leave it out",
+            "TaskTemplate.Resources.Limits.GenericResources".into(),
+            limits.is_some_and(|l| !l.generic_resources.is_empty()),
+            "generic resources are reserved, not limited; set them under Reservations",
         ));
         checks.push((
-            "TaskTemplate.Resources.Reservations.GenericResources".into(),
-            reservations.is_some_and(|r| is_set(&r.generic_resources)),
-            "the scheduler does not count generic resources yet; leave it out",
+            "TaskTemplate.Resources.Reservations.Pids".into(),
+            reservations.is_some_and(|r| r.pids != 0),
+            "a process count is a limit, not a reservation; set it under Limits",
         ));
     }
     if let Some(c) = &t.container_spec {

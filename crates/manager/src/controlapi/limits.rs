@@ -32,6 +32,19 @@ pub const MAX_SPEC_BYTES: usize = 3 << 20;
 /// 250,000 replicas of a 4 KiB spec, or 341 replicas of a 3 MiB one.
 pub const MAX_SERVICE_TASK_BYTES: u64 = 1 << 30;
 
+/// Most placement preferences in a spec: each is one level of the scheduler's decision tree (SwarmKit sets no
+/// bound; Docker's docs show one or two levels).
+pub const MAX_PLACEMENT_PREFERENCES: usize = 16;
+
+/// Most generic resource kinds a task may reserve.
+pub const MAX_GENERIC_RESERVATIONS: usize = 64;
+
+/// Most units of one generic kind a task may reserve (a node offers at most 1,024 named units).
+pub const MAX_GENERIC_UNITS: i64 = 1_000_000;
+
+/// Highest process count limit (Linux's largest `pid_max`).
+pub const MAX_PIDS_LIMIT: i64 = 4_194_304;
+
 /// Longest stop grace period: the time a task may take to stop before it is killed, also on service
 /// removal. Docker has no bound; an hour covers databases flushing to disk and keeps a removed service's
 /// tasks from running on for ever.

@@ -9,7 +9,7 @@ use shoal_store::{Changes, StoreObject, Tables};
 
 use super::limits::{
     check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
-    MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
+    MAX_PIDS_LIMIT, MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
 };
 use super::{any_prefix, find_service, labels_match, ControlError};
 use crate::orchestrator::write::{MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
@@ -122,6 +122,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     }
     if let Some(p) = &task.placement {
         constraint::parse(&p.constraints).map_err(|e| invalid(e.to_string()))?;
+        check_preferences(&p.preferences)?;
     }
     if let Some(r) = &task.restart {
         check_duration("RestartPolicy.Delay", r.delay.as_ref(), None, MAX_POLICY_DURATION)?;
@@ -137,6 +138,22 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
                     )));
                 }
             }
+        }
+        if res.limits.as_ref().is_some_and(|l| !l.generic.is_empty()) {
+            return Err(invalid(
+                "Resources.Limits.GenericResources: generic resources are reserved, not limited; set them under Reservations",
+            ));
+        }
+        if let Some(r) = &res.reservations {
+            check_generic_reservations(&r.generic)?;
+        }
+    }
+    if let Some(task_spec::Runtime::Container(c)) = &task.runtime {
+        if !(0..=MAX_PIDS_LIMIT).contains(&c.pids_limit) {
+            return Err(invalid(format!(
+                "Resources.Limits.Pids: {} is out of range; use 1 to {MAX_PIDS_LIMIT}, or 0 for no limit",
+                c.pids_limit
+            )));
         }
     }
     for (what, u) in [
@@ -428,4 +445,70 @@ pub fn service_status(tables: &Tables, service: &Service) -> ServiceStatus {
         _ => desired_running,
     };
     st
+}
+
+/// Placement preferences: at most `MAX_PLACEMENT_PREFERENCES`, each a spread over `node.labels.<name>` or
+/// `engine.labels.<name>` (the scheduler's decision tree groups nodes by nothing else).
+fn check_preferences(prefs: &[shoal_api::PlacementPreference]) -> Result<(), ControlError> {
+    use super::limits::MAX_PLACEMENT_PREFERENCES;
+    if prefs.len() > MAX_PLACEMENT_PREFERENCES {
+        return Err(invalid(format!(
+            "Placement.Preferences: {} preferences; at most {MAX_PLACEMENT_PREFERENCES} are allowed",
+            prefs.len()
+        )));
+    }
+    for (i, p) in prefs.iter().enumerate() {
+        let descriptor = match &p.preference {
+            Some(shoal_api::placement_preference::Preference::Spread(s)) => s.spread_descriptor.as_str(),
+            None => return Err(invalid(format!("Placement.Preferences[{i}]: a preference needs a Spread"))),
+        };
+        if crate::scheduler::preferences::Descriptor::parse(descriptor).is_none() {
+            return Err(invalid(format!(
+                "Placement.Preferences[{i}].Spread.SpreadDescriptor: {descriptor:?} cannot be spread over; use node.labels.<name> or engine.labels.<name>"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A task's generic resource reservations: counts of distinct valid kinds (the scheduler picks named units; a
+/// task cannot ask for one by name, as in SwarmKit), at most `MAX_GENERIC_RESERVATIONS` kinds of at most
+/// `MAX_GENERIC_UNITS` units each.
+fn check_generic_reservations(generic: &[shoal_api::GenericResource]) -> Result<(), ControlError> {
+    use super::limits::{MAX_GENERIC_RESERVATIONS, MAX_GENERIC_UNITS};
+    use shoal_api::generic_resource::Resource;
+    const FIELD: &str = "Resources.Reservations.GenericResources";
+    if generic.len() > MAX_GENERIC_RESERVATIONS {
+        return Err(invalid(format!("{FIELD}: {} kinds; at most {MAX_GENERIC_RESERVATIONS} are allowed", generic.len())));
+    }
+    let mut kinds = std::collections::BTreeSet::new();
+    for (i, g) in generic.iter().enumerate() {
+        let d = match &g.resource {
+            Some(Resource::DiscreteResourceSpec(d)) => d,
+            Some(Resource::NamedResourceSpec(n)) => {
+                return Err(invalid(format!(
+                    "{FIELD}[{i}]: a task reserves a count of {:?} (DiscreteResourceSpec), not a named unit; the scheduler picks the units",
+                    n.kind
+                )))
+            }
+            None => return Err(invalid(format!("{FIELD}[{i}]: empty"))),
+        };
+        let name_ok = !d.kind.is_empty()
+            && d.kind.len() <= shoal_api::generic::MAX_GENERIC_NAME_BYTES
+            && d.kind.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+        if !name_ok {
+            return Err(invalid(format!(
+                "{FIELD}[{i}]: invalid kind {:?} (letters, digits, '-', '_', '.', ':'; at most {} bytes)",
+                d.kind,
+                shoal_api::generic::MAX_GENERIC_NAME_BYTES
+            )));
+        }
+        if !(1..=MAX_GENERIC_UNITS).contains(&d.value) {
+            return Err(invalid(format!("{FIELD}[{i}]: {} units of {:?}; use 1 to {MAX_GENERIC_UNITS}", d.value, d.kind)));
+        }
+        if !kinds.insert(d.kind.as_str()) {
+            return Err(invalid(format!("{FIELD}[{i}]: {:?} is reserved twice", d.kind)));
+        }
+    }
+    Ok(())
 }

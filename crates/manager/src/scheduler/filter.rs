@@ -8,7 +8,7 @@
 use shoal_api::{Platform, Task};
 
 use super::constraint::{self, Constraint};
-use super::nodeinfo::{Amount, NodeInfo};
+use super::nodeinfo::{generic_need, Amount, NodeInfo};
 
 /// One test a node must pass to take a task.
 pub trait Filter: Send {
@@ -45,19 +45,28 @@ impl Filter for ReadyFilter {
     }
 }
 
-/// The node has the CPU and memory the task reserves, after what its other tasks reserve.
+/// The node has the CPU, memory and generic resources the task reserves, after what its other tasks hold.
 #[derive(Debug, Default)]
 pub struct ResourceFilter {
     need: Amount,
+    generic: Vec<(String, i64)>,
 }
 
 impl Filter for ResourceFilter {
     fn set_task(&mut self, task: &Task) -> bool {
         self.need = Amount::reserved_by(task);
-        !self.need.is_zero()
+        self.generic = generic_need(task).into_iter().map(|(k, n)| (k.to_string(), n)).collect();
+        !self.need.is_zero() || !self.generic.is_empty()
     }
     fn check(&self, n: &NodeInfo) -> bool {
-        n.available().covers(&self.need)
+        if !n.available().covers(&self.need) {
+            return false;
+        }
+        if self.generic.is_empty() {
+            return true;
+        }
+        let need: Vec<(&str, i64)> = self.generic.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        n.generic_fits(&need)
     }
     fn explain(&self, n: usize) -> String {
         format!("insufficient resources on {}", nodes(n))

@@ -20,6 +20,10 @@
 //! heapified in one O(nodes) step. A pass costs O(groups x nodes + tasks x log nodes): 100k nodes x 1k
 //! tasks neither sorts nor heaps 100k nodes.
 //!
+//! A group whose tasks have placement preferences (`spread=node.labels.zone`) goes down SwarmKit's decision
+//! tree instead (`preferences`): even over the label values first, level by level, then the spread above
+//! within each leaf.
+//!
 //! A task created with its node already set (a global service's) is only checked against that node
 //! (`check_preassigned`).
 //!
@@ -36,6 +40,7 @@ pub mod constraint;
 pub mod filter;
 pub mod nodeinfo;
 pub mod nodeset;
+pub mod preferences;
 mod runner;
 
 use std::cmp::Reverse;
@@ -48,6 +53,7 @@ use shoal_store::{Changes, StoreObject, Tables};
 pub use filter::{Filter, Pipeline};
 pub use nodeinfo::{Amount, NodeInfo, TaskLoad};
 pub use nodeset::NodeSet;
+pub use preferences::PreferenceTree;
 pub use runner::SchedulerLoop;
 
 use crate::orchestrator::observed_state;
@@ -135,12 +141,37 @@ impl Scheduler {
         }
         // The placements made in `nodes`, per group (slot and reservation of each), taken back at the end.
         let mut placed: Vec<(&str, Vec<(usize, Amount)>)> = Vec::with_capacity(groups.len());
+        // The generic resources given to placed tasks, per node slot, taken back at the end too.
+        let mut generic_placed: Vec<(usize, Vec<shoal_api::GenericResource>)> = Vec::new();
         let (infos, ids) = nodes.parts_mut();
         let now = shoal_api::timestamp_from_unix_ms(now_ms);
         for ((service_id, _), mut tasks) in groups {
             tasks.sort_by(|a, b| (a.slot, &a.id).cmp(&(b.slot, &b.id)));
             self.pipeline.set_task(tasks[0]);
             let mut group_placed = Vec::with_capacity(tasks.len());
+            let descriptors = preferences::descriptors(tasks[0]);
+            if !descriptors.is_empty() {
+                let mut tree = PreferenceTree::build(infos, service_id, &descriptors);
+                let mut unplaced = Vec::new();
+                for task in tasks {
+                    match tree.place(&mut self.pipeline, infos, ids, service_id, task) {
+                        Some((slot, reserved, claims)) => {
+                            group_placed.push((slot, reserved));
+                            let mut t = assigned(task, &ids[slot], now);
+                            if !claims.is_empty() {
+                                t.assigned_generic_resources = claims.clone();
+                                generic_placed.push((slot, claims));
+                            }
+                            pass.changes.update(t);
+                            pass.assigned += 1;
+                        }
+                        None => unplaced.push(task),
+                    }
+                }
+                placed.push((service_id, group_placed));
+                self.explain_unplaced(unplaced, now, &mut pass);
+                continue;
+            }
             // Min-heap on (tasks of this service, tasks overall, node ID); the slot finds the node's info.
             // `best_candidates` keeps at most `tasks.len()` of them (see the module doc) but consumes every
             // node, so the filters' refusal counts cover all of them.
@@ -163,7 +194,7 @@ impl Scheduler {
                     if !self.pipeline.process(info) {
                         continue;
                     }
-                    let reserved = info.add_task(task);
+                    let (reserved, claims) = info.place_task(task);
                     group_placed.push((best.slot, reserved));
                     // Only this group's placements changed the node's counts since its entry was made.
                     debug_assert_eq!(best.service_tasks as usize + 1, info.service_tasks(service_id));
@@ -173,37 +204,24 @@ impl Scheduler {
                         total_tasks: best.total_tasks.saturating_add(1),
                         ..best
                     }));
-                    target = Some(id);
+                    target = Some((id, best.slot, claims));
                     break;
                 }
                 match target {
-                    Some(node_id) => {
-                        pass.changes.update(assigned(task, node_id, now));
+                    Some((node_id, slot, claims)) => {
+                        let mut t = assigned(task, node_id, now);
+                        if !claims.is_empty() {
+                            t.assigned_generic_resources = claims.clone();
+                            generic_placed.push((slot, claims));
+                        }
+                        pass.changes.update(t);
                         pass.assigned += 1;
                     }
                     None => unplaced.push(task),
                 }
             }
             placed.push((service_id, group_placed));
-            if unplaced.is_empty() {
-                continue;
-            }
-            pass.unplaced += unplaced.len();
-            let explanation = self.pipeline.explain();
-            let err = if explanation.is_empty() {
-                NO_SUITABLE_NODE.to_string()
-            } else {
-                format!("{NO_SUITABLE_NODE} ({explanation})")
-            };
-            for task in unplaced {
-                let status = task.status.clone().unwrap_or_default();
-                if status.err == err {
-                    continue;
-                }
-                let mut t = (**task).clone();
-                t.status = Some(TaskStatus { err: err.clone(), timestamp: Some(now), ..status });
-                pass.changes.update(t);
-            }
+            self.explain_unplaced(unplaced, now, &mut pass);
         }
         // Taken back per node and group: one per-service count update per node, not one per task.
         for (service_id, mut slots) in placed {
@@ -213,26 +231,62 @@ impl Scheduler {
                 infos[run[0].0].take_back(service_id, run.len(), reserved);
             }
         }
+        for (slot, claims) in generic_placed {
+            infos[slot].release(&claims);
+        }
         pass
     }
 }
 
 impl Scheduler {
+    /// Counts the group's tasks that no node took and writes the pipeline's explanation into each (only
+    /// where the text changes, so the scheduler's own writes do not loop).
+    fn explain_unplaced(&self, unplaced: Vec<&Arc<Task>>, now: shoal_api::prost_types::Timestamp, pass: &mut SchedulePass) {
+        if unplaced.is_empty() {
+            return;
+        }
+        pass.unplaced += unplaced.len();
+        let explanation = self.pipeline.explain();
+        let err = if explanation.is_empty() {
+            NO_SUITABLE_NODE.to_string()
+        } else {
+            format!("{NO_SUITABLE_NODE} ({explanation})")
+        };
+        for task in unplaced {
+            let status = task.status.clone().unwrap_or_default();
+            if status.err == err {
+                continue;
+            }
+            let mut t = (**task).clone();
+            t.status = Some(TaskStatus { err: err.clone(), timestamp: Some(now), ..status });
+            pass.changes.update(t);
+        }
+    }
+
     /// Tasks created with their node set (a global service's): each is checked against that node alone
     /// (SwarmKit's preassigned tasks). A task the node takes goes ASSIGNED; otherwise it stays PENDING with
     /// the refusal in `status.err` (written when that text changes). The task already counts in its node's
     /// load (it holds a node), so the check runs with it taken off and counts it back after.
     fn check_preassigned(&mut self, nodes: &mut NodeSet, tasks: Vec<&Arc<Task>>, now_ms: u64, pass: &mut SchedulePass) {
         let now = shoal_api::timestamp_from_unix_ms(now_ms);
+        // Generic resources given during this pass, taken back at the end (their commits count them).
+        let mut claimed: Vec<(&str, Vec<shoal_api::GenericResource>)> = Vec::new();
         for task in tasks {
             self.pipeline.set_task(task);
             let err = match nodes.get_mut(&task.node_id) {
                 Some(info) => {
                     info.remove_task(task);
                     let fits = self.pipeline.process(info);
+                    let claims = if fits { info.claim_generic(task) } else { Vec::new() };
                     info.add_task(task);
                     if fits {
-                        pass.changes.update(assigned(task, &task.node_id, now));
+                        let mut t = assigned(task, &task.node_id, now);
+                        if !claims.is_empty() {
+                            info.claim(&claims);
+                            t.assigned_generic_resources = claims.clone();
+                            claimed.push((&task.node_id, claims));
+                        }
+                        pass.changes.update(t);
                         pass.assigned += 1;
                         continue;
                     }
@@ -246,6 +300,11 @@ impl Scheduler {
                 let mut t = (**task).clone();
                 t.status = Some(TaskStatus { err, timestamp: Some(now), ..status });
                 pass.changes.update(t);
+            }
+        }
+        for (node_id, claims) in claimed {
+            if let Some(info) = nodes.get_mut(node_id) {
+                info.release(&claims);
             }
         }
     }

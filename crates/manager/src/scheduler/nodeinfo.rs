@@ -6,11 +6,11 @@
 //!
 //! Must not depend on the store's mutation API or on IO.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use shoal_api::node_spec::Availability;
-use shoal_api::{node_status, Node, Task};
+use shoal_api::{generic, generic_resource, node_status, GenericResource, Node, Task};
 
 use crate::orchestrator::observed_state;
 
@@ -63,6 +63,60 @@ impl Amount {
     }
 }
 
+/// The generic resources a task reserves, by kind (`Reservations.GenericResources`: counts only, as the
+/// control API accepts them).
+pub fn generic_need(t: &Task) -> Vec<(&str, i64)> {
+    let r = t.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.reservations.as_ref());
+    let Some(r) = r else { return Vec::new() };
+    r.generic
+        .iter()
+        .filter_map(|g| match &g.resource {
+            Some(generic_resource::Resource::DiscreteResourceSpec(d)) if d.value > 0 => Some((d.kind.as_str(), d.value)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a node offers of one generic kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Offered {
+    /// A count of interchangeable units.
+    Count(i64),
+    /// Named units, each given to one task at a time, in the order the node lists them.
+    Named(Vec<String>),
+}
+
+/// The generic resources a node offers, by kind (empty for most nodes: no allocation).
+fn generic_offer(n: &Node) -> BTreeMap<String, Offered> {
+    let mut offer = BTreeMap::new();
+    let generic = n.description.as_ref().and_then(|d| d.resources.as_ref()).map(|r| r.generic.as_slice());
+    for g in generic.unwrap_or(&[]) {
+        match &g.resource {
+            Some(generic_resource::Resource::DiscreteResourceSpec(d)) => {
+                offer.insert(d.kind.clone(), Offered::Count(d.value));
+            }
+            Some(generic_resource::Resource::NamedResourceSpec(r)) => {
+                match offer.entry(r.kind.clone()).or_insert_with(|| Offered::Named(Vec::new())) {
+                    Offered::Named(names) => names.push(r.value.clone()),
+                    // A kind offered both ways: the count stands (the agent's parser refuses this).
+                    Offered::Count(_) => {}
+                }
+            }
+            None => {}
+        }
+    }
+    offer
+}
+
+/// Generic resources held by a node's tasks, of one kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claimed {
+    /// Units of a counted kind.
+    pub count: i64,
+    /// Named units in use.
+    pub names: BTreeSet<String>,
+}
+
 /// True when the task counts on its node: it has a node and its observed state is not terminal.
 pub fn holds_resources(t: &Task) -> bool {
     !t.node_id.is_empty() && !observed_state(t).is_terminal()
@@ -93,6 +147,8 @@ pub struct TaskLoad {
     pub by_service: HashMap<String, usize>,
     /// Their reservations, summed.
     pub reserved: Amount,
+    /// The generic resources assigned to them, by kind (`Task.assigned_generic_resources`).
+    pub generic: BTreeMap<String, Claimed>,
 }
 
 impl TaskLoad {
@@ -108,12 +164,47 @@ impl TaskLoad {
         }
         let r = Amount::reserved_by(t);
         self.reserved = self.reserved.plus(r);
+        self.claim(&t.assigned_generic_resources);
         r
     }
 
     /// Takes back what `add` of the same task counted.
     pub fn remove(&mut self, t: &Task) {
         self.remove_many(&t.service_id, 1, Amount::reserved_by(t));
+        self.release(&t.assigned_generic_resources);
+    }
+
+    /// Counts generic resources as held.
+    pub fn claim(&mut self, resources: &[GenericResource]) {
+        for g in resources {
+            match &g.resource {
+                Some(generic_resource::Resource::DiscreteResourceSpec(d)) => {
+                    self.generic.entry(d.kind.clone()).or_default().count += d.value;
+                }
+                Some(generic_resource::Resource::NamedResourceSpec(r)) => {
+                    self.generic.entry(r.kind.clone()).or_default().names.insert(r.value.clone());
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Takes back what `claim` of the same resources counted.
+    pub fn release(&mut self, resources: &[GenericResource]) {
+        for g in resources {
+            let kind = generic::kind(g);
+            let Some(c) = self.generic.get_mut(kind) else { continue };
+            match &g.resource {
+                Some(generic_resource::Resource::DiscreteResourceSpec(d)) => c.count -= d.value,
+                Some(generic_resource::Resource::NamedResourceSpec(r)) => {
+                    c.names.remove(&r.value);
+                }
+                None => {}
+            }
+            if c.count == 0 && c.names.is_empty() {
+                self.generic.remove(kind);
+            }
+        }
     }
 
     /// Takes back what `add` counted for `tasks` tasks of `service_id` that reserved `reserved` in all.
@@ -131,7 +222,7 @@ impl TaskLoad {
 
     /// True when no task is counted.
     pub fn is_empty(&self) -> bool {
-        self.total == 0 && self.by_service.is_empty() && self.reserved == Amount::default()
+        self.total == 0 && self.by_service.is_empty() && self.reserved == Amount::default() && self.generic.is_empty()
     }
 }
 
@@ -142,6 +233,7 @@ pub struct NodeInfo {
     ready_active: bool,
     order_key: u128,
     capacity: Amount,
+    generic: BTreeMap<String, Offered>,
     load: TaskLoad,
 }
 
@@ -152,6 +244,7 @@ impl NodeInfo {
             ready_active: is_ready_and_active(&node),
             order_key: id_order_key(&node.id),
             capacity: Amount::offered_by(&node),
+            generic: generic_offer(&node),
             load,
             node,
         }
@@ -162,12 +255,68 @@ impl NodeInfo {
         debug_assert_eq!(node.id, self.node.id);
         self.ready_active = is_ready_and_active(&node);
         self.capacity = Amount::offered_by(&node);
+        self.generic = generic_offer(&node);
         self.node = node;
     }
 
     /// Counts a task placed on this node; returns its reservations.
     pub fn add_task(&mut self, t: &Task) -> Amount {
         self.load.add(t)
+    }
+
+    /// Counts a task placed on this node by the scheduler and gives it the generic resources it reserves (which
+    /// must fit: `generic_fits`); returns its reservations and those resources, for `Task.assigned_generic_resources`.
+    pub fn place_task(&mut self, t: &Task) -> (Amount, Vec<GenericResource>) {
+        let claims = self.claim_generic(t);
+        let reserved = self.load.add(t);
+        self.load.claim(&claims);
+        (reserved, claims)
+    }
+
+    /// Counts generic resources given to a task already counted here (a pre-assigned task the pass placed).
+    pub fn claim(&mut self, resources: &[GenericResource]) {
+        self.load.claim(resources);
+    }
+
+    /// Takes back what `claim` (or `place_task`) counted of generic resources.
+    pub fn release(&mut self, resources: &[GenericResource]) {
+        self.load.release(resources);
+    }
+
+    /// True when the node has, unclaimed, every generic resource in `need` (kind, count).
+    pub fn generic_fits(&self, need: &[(&str, i64)]) -> bool {
+        need.iter().all(|&(kind, n)| {
+            let claimed = self.load.generic.get(kind);
+            match self.generic.get(kind) {
+                Some(Offered::Count(c)) => c - claimed.map_or(0, |c| c.count) >= n,
+                Some(Offered::Named(names)) => {
+                    let free = names.iter().filter(|v| !claimed.is_some_and(|c| c.names.contains(*v))).count();
+                    free as i64 >= n
+                }
+                None => false,
+            }
+        })
+    }
+
+    /// The generic resources the scheduler gives `t` here: its counts of counted kinds, and the first free
+    /// named units (in the node's order) of named kinds.
+    pub fn claim_generic(&self, t: &Task) -> Vec<GenericResource> {
+        let mut claims = Vec::new();
+        for (kind, n) in generic_need(t) {
+            let claimed = self.load.generic.get(kind);
+            match self.generic.get(kind) {
+                Some(Offered::Count(_)) => claims.push(generic::discrete(kind, n)),
+                Some(Offered::Named(names)) => claims.extend(
+                    names
+                        .iter()
+                        .filter(|v| !claimed.is_some_and(|c| c.names.contains(*v)))
+                        .take(usize::try_from(n).unwrap_or(usize::MAX))
+                        .map(|v| generic::named(kind, v)),
+                ),
+                None => {}
+            }
+        }
+        claims
     }
 
     /// Takes back what `add_task` of the same task counted.

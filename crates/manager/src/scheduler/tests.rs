@@ -507,3 +507,167 @@ fn placements_match_a_plain_greedy_spread_with_few_or_many_tasks() {
         assert_eq!(placed, expected, "round {round}: {node_count} nodes, {task_count} tasks needing {need}");
     }
 }
+
+fn with_labels(id: &str, labels: &[(&str, &str)]) -> shoal_api::Node {
+    let mut n = node(id);
+    n.spec.as_mut().unwrap().annotations = Some(Annotations {
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    });
+    n
+}
+
+fn spread_over(s: Service, descriptors: &[&str]) -> Service {
+    with_placement(s, |p| {
+        p.preferences = descriptors
+            .iter()
+            .map(|d| shoal_api::PlacementPreference {
+                preference: Some(shoal_api::placement_preference::Preference::Spread(shoal_api::SpreadOver {
+                    spread_descriptor: d.to_string(),
+                })),
+            })
+            .collect()
+    })
+}
+
+/// Tasks of the service per value of the node label `key` ("" for nodes without it).
+fn per_label(fx: &Fx, service_id: &str, key: &str) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for t in fx.runnable(service_id).into_iter().filter(|t| !t.node_id.is_empty()) {
+        let n = fx.view(|v| v.nodes().get(&t.node_id).cloned()).unwrap();
+        let value = n.spec.as_ref().and_then(|s| s.annotations.as_ref()).and_then(|a| a.labels.get(key)).cloned();
+        *m.entry(value.unwrap_or_default()).or_default() += 1;
+    }
+    m
+}
+
+#[test]
+fn spread_preference_fills_label_values_evenly_before_nodes() {
+    // The case: zones a, a, b and 4 replicas: 2 in a (one per node), 2 in b (both on its one node).
+    let fx = Fx::new();
+    fx.create(with_labels("n1", &[("zone", "a")]));
+    fx.create(with_labels("n2", &[("zone", "a")]));
+    fx.create(with_labels("n3", &[("zone", "b")]));
+    let pass = schedule(&fx, spread_over(service("s1", 4), &["node.labels.zone"]));
+    assert_eq!((pass.assigned, pass.unplaced), (4, 0));
+    assert_eq!(per_label(&fx, "s1", "zone"), [("a".to_string(), 2), ("b".to_string(), 2)].into());
+    assert_eq!(placement(&fx, "s1"), [("n1".to_string(), 1), ("n2".to_string(), 1), ("n3".to_string(), 2)].into());
+
+    // Without the preference the same nodes get 2, 1, 1 (spread over nodes only).
+    let pass = schedule(&fx, service("s2", 4));
+    assert_eq!(pass.assigned, 4);
+    assert_eq!(per_label(&fx, "s2", "zone"), [("a".to_string(), 3), ("b".to_string(), 1)].into());
+
+    // Scaling up later keeps zones even, counting the tasks already placed.
+    fx.update_service("s1", |s| s.mode = Some(shoal_api::service_spec::Mode::Replicated(shoal_api::ReplicatedService { replicas: 6 })));
+    fx.reconcile("s1");
+    run_pass(&fx);
+    assert_eq!(per_label(&fx, "s1", "zone"), [("a".to_string(), 3), ("b".to_string(), 3)].into());
+}
+
+#[test]
+fn unlabelled_nodes_form_their_own_group_and_levels_nest() {
+    let fx = Fx::new();
+    fx.create(with_labels("n1", &[("zone", "a"), ("rack", "1")]));
+    fx.create(with_labels("n2", &[("zone", "a"), ("rack", "2")]));
+    fx.create(with_labels("n3", &[("zone", "a"), ("rack", "2")]));
+    fx.create(with_labels("n4", &[("zone", "b"), ("rack", "1")]));
+    fx.create(node("n5"));
+    // 6 tasks over zones a, b and "" (n5): 2 each; within zone a over racks 1 and 2: 1 each.
+    schedule(&fx, spread_over(service("s1", 6), &["node.labels.zone", "node.labels.rack"]));
+    assert_eq!(
+        per_label(&fx, "s1", "zone"),
+        [("".to_string(), 2), ("a".to_string(), 2), ("b".to_string(), 2)].into()
+    );
+    let p = placement(&fx, "s1");
+    assert_eq!((p["n1"], p.get("n2").unwrap_or(&0) + p.get("n3").unwrap_or(&0)), (1, 1));
+    assert_eq!((p["n4"], p["n5"]), (2, 2));
+}
+
+#[test]
+fn a_full_branch_overflows_to_the_others_and_explains_what_is_left() {
+    // Zone a's one node fits one 3-CPU task; zone b's two nodes take the rest; the last stays pending.
+    let fx = Fx::new();
+    fx.create(with_labels("a1", &[("zone", "a")]));
+    fx.create(with_labels("b1", &[("zone", "b")]));
+    fx.create(with_labels("b2", &[("zone", "b")]));
+    let pass = schedule(&fx, with_reservation(spread_over(service("s1", 4), &["node.labels.zone"]), 3_000_000_000));
+    assert_eq!((pass.assigned, pass.unplaced), (3, 1));
+    assert_eq!(per_label(&fx, "s1", "zone"), [("a".to_string(), 1), ("b".to_string(), 2)].into());
+    let pending = fx.runnable("s1").into_iter().find(|t| t.node_id.is_empty()).unwrap();
+    assert!(pending.status.unwrap().err.starts_with(NO_SUITABLE_NODE), "explained");
+
+    // A constraint that leaves out a zone: its branch gets nothing, the others stay even.
+    let fx = Fx::new();
+    fx.create(with_labels("a1", &[("zone", "a"), ("ssd", "yes")]));
+    fx.create(with_labels("b1", &[("zone", "b"), ("ssd", "yes")]));
+    fx.create(with_labels("c1", &[("zone", "c")]));
+    let svc = with_placement(spread_over(service("s1", 4), &["node.labels.zone"]), |p| {
+        p.constraints = vec!["node.labels.ssd==yes".into()]
+    });
+    let pass = schedule(&fx, svc);
+    assert_eq!(pass.assigned, 4);
+    assert_eq!(placement(&fx, "s1"), [("a1".to_string(), 2), ("b1".to_string(), 2)].into());
+}
+
+fn offering(id: &str, generic: Vec<shoal_api::GenericResource>) -> shoal_api::Node {
+    let mut n = node(id);
+    n.description.as_mut().unwrap().resources.as_mut().unwrap().generic = generic;
+    n
+}
+
+fn reserving(mut s: Service, need: &[(&str, i64)]) -> Service {
+    let task = s.spec.as_mut().unwrap().task.as_mut().unwrap();
+    task.resources = Some(ResourceRequirements {
+        reservations: Some(Resources {
+            generic: need.iter().map(|(k, v)| shoal_api::generic::discrete(k, *v)).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    s
+}
+
+#[test]
+fn generic_resources_are_claimed_unit_by_unit_and_freed_with_the_task() {
+    use shoal_api::generic::{discrete, named};
+    let fx = Fx::new();
+    fx.create(offering("g1", vec![named("gpu", "GPU-a"), named("gpu", "GPU-b"), discrete("ssd", 1)]));
+    fx.create(offering("g2", vec![discrete("ssd", 3)]));
+    fx.create(node("plain"));
+
+    // One GPU each: the two named units of g1 go to two tasks; the third has no node.
+    let pass = schedule(&fx, reserving(service("s1", 3), &[("gpu", 1)]));
+    assert_eq!((pass.assigned, pass.unplaced), (2, 1));
+    let mut gpus: Vec<String> = fx
+        .runnable("s1")
+        .iter()
+        .filter(|t| !t.node_id.is_empty())
+        .map(|t| {
+            assert_eq!(t.node_id, "g1");
+            assert_eq!(t.assigned_generic_resources.len(), 1);
+            shoal_api::generic::value(&t.assigned_generic_resources[0])
+        })
+        .collect();
+    gpus.sort();
+    assert_eq!(gpus, vec!["GPU-a", "GPU-b"]);
+    let pending = fx.runnable("s1").into_iter().find(|t| t.node_id.is_empty()).unwrap();
+    assert_eq!(pending.status.unwrap().err, "no suitable node (insufficient resources on 3 nodes)");
+
+    // A task that ends gives its GPU back: the pending one gets exactly that unit.
+    let done = fx.runnable("s1").into_iter().find(|t| !t.node_id.is_empty()).unwrap();
+    fx.set_state(&done.id, TaskState::Failed);
+    assert_eq!(run_pass(&fx).assigned, 1);
+    let t = fx.task(&pending.id);
+    assert_eq!(t.assigned_generic_resources, done.assigned_generic_resources);
+
+    // Counted kinds: 2 units each; g2 has 3 (one task), g1 has 1 (none), so one of two is placed.
+    let pass = schedule(&fx, reserving(service("s2", 2), &[("ssd", 2)]));
+    assert_eq!((pass.assigned, pass.unplaced), (1, 1));
+    let placed = fx.runnable("s2").into_iter().find(|t| !t.node_id.is_empty()).unwrap();
+    assert_eq!((placed.node_id.as_str(), placed.assigned_generic_resources.clone()), ("g2", vec![discrete("ssd", 2)]));
+    // And the node set counts the commit's claim: one unit of ssd left on g2.
+    let set = fx.view(NodeSet::build);
+    let g2 = set.get("g2").unwrap();
+    assert!(g2.generic_fits(&[("ssd", 1)]) && !g2.generic_fits(&[("ssd", 2)]));
+}

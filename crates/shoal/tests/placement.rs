@@ -1,0 +1,81 @@
+//! Placement preferences driven by the stock docker CLI on real daemons (1 manager + 2 workers on
+//! 127.0.0.11x, process executor): `--placement-pref spread=node.labels.zone` spreads tasks over the label's
+//! values before nodes, `service inspect` shows the preference as stored, and a descriptor the scheduler
+//! cannot spread over is refused naming the field.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Running tasks per zone label value of their node.
+fn per_zone(m: &DaemonProcess, tasks: &[Value]) -> BTreeMap<String, usize> {
+    let nodes = m.get("/v1.47/nodes");
+    let zone = |id: &str| -> String {
+        let node = nodes.as_array().unwrap().iter().find(|n| n["ID"] == id);
+        node.and_then(|n| n["Spec"]["Labels"]["zone"].as_str()).unwrap_or("").to_string()
+    };
+    let mut m = BTreeMap::new();
+    for t in tasks {
+        *m.entry(zone(t["NodeID"].as_str().unwrap_or(""))).or_default() += 1;
+    }
+    m
+}
+
+#[test]
+fn spread_preference_balances_zones_before_nodes() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = node_at(111, "pm-111", None);
+    let _w2 = node_at(112, "pw-112", Some((&m, "Worker")));
+    let _w3 = node_at(113, "pw-113", Some((&m, "Worker")));
+    wait_until("three nodes ready", DEADLINE, || {
+        let ls = docker(&m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
+        let ready = ls.lines().filter(|l| l.ends_with(" Ready")).count();
+        if ready == 3 { Ok(()) } else { Err(ls) }
+    });
+    // Zones a, a, b: 4 replicas give 2 in a (one per node) and 2 in b (its one node).
+    for (host, zone) in [("pm-111", "a"), ("pw-112", "a"), ("pw-113", "b")] {
+        docker(&m, &["node", "update", "--label-add", &format!("zone={zone}"), host]);
+    }
+    let argv = ["sleep", "6161"];
+    docker(
+        &m,
+        &["service", "create", "--detach", "--name", "zoned", "--replicas", "4",
+          "--placement-pref", "spread=node.labels.zone", "busybox", "sleep", "6161"],
+    );
+    let running = wait_running(&m, "zoned", 4, &argv, DEADLINE);
+    let expected: BTreeMap<String, usize> = [("a".to_string(), 2), ("b".to_string(), 2)].into();
+    assert_eq!(per_zone(&m, &running), expected);
+
+    let prefs = docker(&m, &["service", "inspect", "zoned", "--format", "{{json .Spec.TaskTemplate.Placement.Preferences}}"]);
+    assert_eq!(prefs.trim(), r#"[{"Spread":{"SpreadDescriptor":"node.labels.zone"}}]"#);
+
+    // Scaling to 6 keeps the zones even: 3 and 3.
+    docker(&m, &["service", "scale", "--detach", "zoned=6"]);
+    let running = wait_running(&m, "zoned", 6, &argv, DEADLINE);
+    let expected: BTreeMap<String, usize> = [("a".to_string(), 3), ("b".to_string(), 3)].into();
+    assert_eq!(per_zone(&m, &running), expected);
+
+    // A descriptor the tree cannot group by is refused, naming the field; nothing is created.
+    let out = docker_cli::run(
+        m.socket(),
+        &["service", "create", "--detach", "--name", "badpref", "--placement-pref", "spread=node.hostname", "busybox", "sleep", "1"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {stderr}");
+    assert!(stderr.contains("Placement.Preferences[0].Spread.SpreadDescriptor"), "{stderr}");
+    assert!(!service_names(&m).iter().any(|n| n == "badpref"));
+
+    docker(&m, &["service", "rm", "zoned"]);
+    wait_until("the tasks stopped", DEADLINE, || {
+        let pids = process::pids_with_cmdline(&argv);
+        if pids.is_empty() { Ok(()) } else { Err(format!("{} processes", pids.len())) }
+    });
+}
