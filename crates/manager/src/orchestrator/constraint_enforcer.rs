@@ -5,8 +5,9 @@
 //! A task fits its node when the node satisfies the placement constraints of the task's service as the
 //! service is now (a service updated in its constraints alone keeps tasks whose node still satisfies them,
 //! see `dirty`, so the task's own copy may be outdated; a task without a service uses its own), and when
-//! the reservations of the node's tasks, taken oldest first, fit the node's CPU and memory: the newest
-//! tasks beyond them are rejected. Only tasks meant to run (desired <= RUNNING) and not yet ended are
+//! the reservations of the node's tasks, taken oldest first, fit the node's CPU and memory and the generic
+//! resource units assigned to them are still offered by the node: the newest tasks beyond them are
+//! rejected. Only tasks meant to run (desired <= RUNNING) and not yet ended are
 //! looked at, and only on ACTIVE nodes: a drained node's tasks are moved by the orchestrators, a paused
 //! node keeps what it runs.
 //!
@@ -23,12 +24,12 @@
 //! `MAX_ATTEMPTS` times in a row. Must not depend on other subsystems; it reads the scheduler's pure
 //! constraint matcher and resource arithmetic.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_api::node_spec::Availability;
-use shoal_api::{Node, Task, TaskState};
+use shoal_api::{generic_resource, GenericResource, Node, Task, TaskState};
 use shoal_store::{ActionKind, Changes, Object, Tables, WatchError};
 use tokio::sync::watch;
 
@@ -64,6 +65,7 @@ pub fn reject_noncompliant(tables: &Tables, node: &Node, now_ms: u64) -> Changes
         .collect();
     tasks.sort_by(|a, b| (created_ms(a), a.id.as_str()).cmp(&(created_ms(b), b.id.as_str())));
     let mut available = Amount::offered_by(node);
+    let mut generic = GenericOffer::of(node);
     let mut parsed: HashMap<&str, bool> = HashMap::new();
     for t in tasks {
         let service = tables.services().get(&t.service_id);
@@ -79,7 +81,7 @@ pub fn reject_noncompliant(tables: &Tables, node: &Node, now_ms: u64) -> Changes
         };
         let need = Amount::reserved_by(t);
         let fits_resources = need.is_zero() || available.covers(&need);
-        if fits_constraints && fits_resources {
+        if fits_constraints && fits_resources && generic.claim(&t.assigned_generic_resources) {
             available = available.minus(need);
             continue;
         }
@@ -92,6 +94,64 @@ pub fn reject_noncompliant(tables: &Tables, node: &Node, now_ms: u64) -> Changes
         changes.update(rejected);
     }
     changes
+}
+
+/// The generic resources a node still offers while its tasks' assigned units are claimed, oldest task first.
+#[derive(Debug, Default)]
+struct GenericOffer {
+    counts: HashMap<String, i64>,
+    named: HashSet<(String, String)>,
+}
+
+impl GenericOffer {
+    fn of(node: &Node) -> GenericOffer {
+        let mut offer = GenericOffer::default();
+        let generic = node.description.as_ref().and_then(|d| d.resources.as_ref()).map(|r| r.generic.as_slice());
+        for g in generic.unwrap_or(&[]) {
+            match &g.resource {
+                Some(generic_resource::Resource::DiscreteResourceSpec(d)) => {
+                    *offer.counts.entry(d.kind.clone()).or_default() += d.value;
+                }
+                Some(generic_resource::Resource::NamedResourceSpec(r)) => {
+                    offer.named.insert((r.kind.clone(), r.value.clone()));
+                }
+                None => {}
+            }
+        }
+        offer
+    }
+
+    /// Claims every unit of `assigned` and returns true, or claims nothing and returns false when one is no
+    /// longer offered (its kind or name is gone, or fewer units are left than were assigned).
+    fn claim(&mut self, assigned: &[GenericResource]) -> bool {
+        let mut counts: HashMap<&str, i64> = HashMap::new();
+        let mut named: Vec<(String, String)> = Vec::new();
+        for g in assigned {
+            match &g.resource {
+                Some(generic_resource::Resource::DiscreteResourceSpec(d)) => {
+                    *counts.entry(d.kind.as_str()).or_default() += d.value;
+                }
+                Some(generic_resource::Resource::NamedResourceSpec(r)) => {
+                    let unit = (r.kind.clone(), r.value.clone());
+                    if !self.named.contains(&unit) || named.contains(&unit) {
+                        return false;
+                    }
+                    named.push(unit);
+                }
+                None => {}
+            }
+        }
+        if counts.iter().any(|(kind, n)| self.counts.get(*kind).copied().unwrap_or(0) < *n) {
+            return false;
+        }
+        for (kind, n) in counts {
+            *self.counts.get_mut(kind).expect("checked above") -= n;
+        }
+        for unit in named {
+            self.named.remove(&unit);
+        }
+        true
+    }
 }
 
 /// True when `node` satisfies every constraint. Constraints that do not parse (the control API refuses
@@ -320,6 +380,42 @@ mod tests {
         // ... and removing the label then rejects it, though its own spec has no constraint.
         label(&fx, "n1", None);
         assert_eq!(enforce(&fx, "n1"), [id]);
+    }
+
+    #[test]
+    fn a_task_whose_generic_units_the_node_no_longer_offers_is_rejected() {
+        use shoal_api::generic::{discrete, named};
+        let fx = Fx::new();
+        let mut n = node("n1");
+        n.description.as_mut().unwrap().resources.as_mut().unwrap().generic =
+            vec![named("gpu", "a"), named("gpu", "b"), discrete("ssd", 4)];
+        fx.create(n);
+        fx.create(service("s1", 3));
+        fx.reconcile("s1");
+        // What the scheduler gave them: gpu a, gpu b and 2 ssd, then 2 ssd.
+        let assigned = [vec![named("gpu", "a")], vec![named("gpu", "b"), discrete("ssd", 2)], vec![discrete("ssd", 2)]];
+        let mut ids = Vec::new();
+        for (t, units) in fx.runnable("s1").into_iter().zip(assigned) {
+            fx.clock.advance_ms(10);
+            let mut t = fx.task(&t.id);
+            t.meta.as_mut().unwrap().created_at = Some(shoal_api::timestamp_from_unix_ms(fx.now()));
+            t.assigned_generic_resources = units;
+            let mut c = shoal_store::Changes::new();
+            c.update(t.clone());
+            fx.apply(c);
+            fx.place(&t.id, "n1", TaskState::Running);
+            ids.push(t.id);
+        }
+        assert!(enforce(&fx, "n1").is_empty(), "everything assigned is offered");
+        // The node comes back offering gpu a only, and 2 ssd: the task holding gpu b goes, and so its 2 ssd
+        // are free for the newest task.
+        fx.set_node("n1", |n| {
+            n.description.as_mut().unwrap().resources.as_mut().unwrap().generic = vec![named("gpu", "a"), discrete("ssd", 2)]
+        });
+        assert_eq!(enforce(&fx, "n1"), std::slice::from_ref(&ids[1]));
+        // No ssd at all: the newest goes too.
+        fx.set_node("n1", |n| n.description.as_mut().unwrap().resources.as_mut().unwrap().generic = vec![named("gpu", "a")]);
+        assert_eq!(enforce(&fx, "n1"), std::slice::from_ref(&ids[2]));
     }
 
     #[test]
