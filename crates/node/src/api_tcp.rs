@@ -5,7 +5,9 @@
 //! the operator role (`shoal ca issue-client-cert`); any other verified certificate (a worker's) gets 403
 //! on every request. Connections without a certificate of the cluster root fail the handshake.
 //!
-//! Bounds: at most `MAX_API_CONNECTIONS` connections at once (accepting waits), `HANDSHAKE_TIMEOUT` per
+//! Bounds: at most `MAX_API_CONNECTIONS` connections at once (accepting waits), and per source address at most
+//! `MAX_API_HANDSHAKES_PER_SOURCE` handshakes and `MAX_API_CONNECTIONS_PER_SOURCE` connections (more are closed at
+//! once, so one address cannot hold the listener's places before it authenticates), `HANDSHAKE_TIMEOUT` per
 //! handshake, then the Engine API's header, idle and body read timeouts (`shoal_engine_api::connections`).
 //! Must not know the routes (it serves the router it is given).
 
@@ -19,11 +21,17 @@ use shoal_ca::{NodeSubject, Role, RootCa};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::tls::{TlsError, HANDSHAKE_TIMEOUT};
+use crate::source_limits::{LogLimiter, Refused, SourceLimits};
+use crate::tls::{TlsError, HANDSHAKE_TIMEOUT, REFUSAL_LOG_PERIOD};
 use crate::NodeError;
 
 /// Most Engine API connections over TCP at once.
 pub const MAX_API_CONNECTIONS: usize = 256;
+/// Most TLS handshakes in progress at once from one source address.
+pub const MAX_API_HANDSHAKES_PER_SOURCE: usize = 8;
+/// Most connections (handshaking or established) one source address holds at once: a client's pool needs a
+/// few; several operators behind one address still fit.
+pub const MAX_API_CONNECTIONS_PER_SOURCE: usize = 32;
 
 /// The message of the 403 answer to a certificate without an allowed role.
 pub const FORBIDDEN: &str = "this certificate may not use the Engine API: it needs the manager role or a client \
@@ -93,11 +101,31 @@ pub async fn serve(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_API_CONNECTIONS));
+    let sources = SourceLimits::new(MAX_API_HANDSHAKES_PER_SOURCE, MAX_API_CONNECTIONS_PER_SOURCE);
+    let refusals = Arc::new(LogLimiter::new(REFUSAL_LOG_PERIOD));
     loop {
         let Some((permit, tcp, peer)) =
             crate::tls::accept_bounded(&listener, &permits, "Engine API TCP", shoal_manager::stopped(&mut stop)).await
         else {
             return;
+        };
+        let mut guard = match sources.admit(peer.ip()) {
+            Ok(g) => g,
+            Err(why) => {
+                if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
+                    let limit = match why {
+                        Refused::Handshakes => format!("{MAX_API_HANDSHAKES_PER_SOURCE} handshakes in progress"),
+                        Refused::Connections => format!("{MAX_API_CONNECTIONS_PER_SOURCE} connections"),
+                    };
+                    tracing::warn!(
+                        %peer,
+                        suppressed,
+                        "Engine API TCP connection refused: its address already holds {limit} (lines like this one \
+                         are written at most every {REFUSAL_LOG_PERIOD:?}; `suppressed` counts the others)"
+                    );
+                }
+                continue;
+            }
         };
         let (acceptor, router, cluster_id, mut stop) =
             (acceptor.clone(), router.clone(), cluster_id.clone(), stop.clone());
@@ -108,6 +136,7 @@ pub async fn serve(
                 Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "Engine API TLS handshake refused"),
                 Err(_) => return tracing::debug!(%peer, "Engine API TLS handshake timed out"),
             };
+            guard.established();
             let subject = tls.get_ref().1.peer_certificates().and_then(crate::tls::peer_subject);
             let router = if allowed(subject.as_ref(), &cluster_id) { router } else { forbidden_router() };
             // Header, keep-alive idle and body read timeouts as on the control socket.

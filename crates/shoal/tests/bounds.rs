@@ -377,3 +377,56 @@ fn a_thousand_idle_connections_do_not_stop_joins_or_raft_traffic() {
     drop(idle);
     drop(w);
 }
+
+#[test]
+fn idle_connections_from_one_address_do_not_lock_operators_out_of_the_tcp_engine_api() {
+    let ip = "127.0.0.165";
+    let port = std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port();
+    let api = format!("{ip}:{port}");
+    let m = DaemonProcess::start_with(
+        &shoal_bin(),
+        shoal_testkit::DaemonOptions {
+            listen_ip: Some(ip.into()),
+            hostname: Some("manager-165".into()),
+            extra_args: vec!["--listen-api".into(), format!("tcp://{api}")],
+            ..Default::default()
+        },
+    );
+    let certs = tempfile::tempdir().unwrap();
+    let ops = certs.path().join("ops");
+    let out = shoal_cli(m.socket(), &["ca", "issue-client-cert", "--name", "ops", "--out", ops.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let node_ls = || {
+        let mut cmd = std::process::Command::new("docker");
+        cmd.args(["-H", &format!("tcp://{api}"), "--tlsverify"]);
+        for (flag, file) in [("--tlscacert", "ca.pem"), ("--tlscert", "cert.pem"), ("--tlskey", "key.pem")] {
+            cmd.arg(flag).arg(ops.join(file));
+        }
+        cmd.args(["node", "ls", "--format", "{{.Hostname}}"]).env_remove("DOCKER_HOST").env_remove("DOCKER_CERT_PATH");
+        let start = Instant::now();
+        let out = cmd.output().expect("run docker");
+        (out, start.elapsed())
+    };
+    if no_docker_cli() {
+        return;
+    }
+
+    // An address that holds 1,000 connections sending nothing (reconnecting each one the server closes) gets
+    // 8 handshake places; the operator's address still gets through at once, every time.
+    let target: SocketAddr = api.parse().unwrap();
+    let idle = IdleConnections::hold("127.0.0.252".parse().unwrap(), target, 1000);
+    wait_until("1000 idle connections attempted", Duration::from_secs(30), || {
+        let c = idle.connects.load(Ordering::Relaxed);
+        if c >= 1000 { Ok(()) } else { Err(format!("{c} connects")) }
+    });
+    for _ in 0..5 {
+        let (out, took) = node_ls();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "manager-165");
+        // The handshake places of the operator's address are its own: no wait for the attacker's to time out.
+        assert!(took < Duration::from_secs(3), "docker node ls took {took:?} under the attack");
+    }
+    let lines = m.log().lines().filter(|l| l.contains("Engine API TCP connection refused")).count();
+    assert!(lines >= 1, "the refusals are logged");
+    drop(idle);
+}

@@ -101,7 +101,60 @@ pub struct Tables {
     clusters: Table<Cluster>,
     secrets: Table<Secret>,
     configs: Table<Config>,
+    service_totals: ServiceTotals,
     last_index: u64,
+}
+
+/// What the services ask for in all, kept as services are written: the bound on the whole cluster's tasks is
+/// checked against it without reading every service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceTotals {
+    /// Tasks the replicated services and replicated jobs ask for (replicas; a job's total completions).
+    pub tasks: u64,
+    /// Bytes of task specs those tasks carry (tasks x the encoded task spec).
+    pub task_bytes: u64,
+    /// Global services (and global jobs): each runs a task per node.
+    pub global_services: u64,
+    /// Bytes of one task spec of each global service, summed (x nodes for what they carry).
+    pub global_task_bytes: u64,
+}
+
+impl ServiceTotals {
+    /// What one service contributes.
+    pub fn of(s: &Service) -> ServiceTotals {
+        use shoal_api::prost::Message;
+        use shoal_api::service_spec::Mode;
+        let Some(spec) = &s.spec else { return ServiceTotals::default() };
+        let bytes = spec.task.as_ref().map_or(0, |t| t.encoded_len() as u64);
+        match &spec.mode {
+            Some(Mode::Replicated(r)) => {
+                ServiceTotals { tasks: r.replicas, task_bytes: r.replicas.saturating_mul(bytes), ..Default::default() }
+            }
+            Some(Mode::ReplicatedJob(j)) => ServiceTotals {
+                tasks: j.total_completions,
+                task_bytes: j.total_completions.saturating_mul(bytes),
+                ..Default::default()
+            },
+            Some(Mode::Global(_)) | Some(Mode::GlobalJob(_)) => {
+                ServiceTotals { global_services: 1, global_task_bytes: bytes, ..Default::default() }
+            }
+            None => ServiceTotals::default(),
+        }
+    }
+
+    fn add(&mut self, o: ServiceTotals) {
+        self.tasks = self.tasks.saturating_add(o.tasks);
+        self.task_bytes = self.task_bytes.saturating_add(o.task_bytes);
+        self.global_services = self.global_services.saturating_add(o.global_services);
+        self.global_task_bytes = self.global_task_bytes.saturating_add(o.global_task_bytes);
+    }
+
+    fn sub(&mut self, o: ServiceTotals) {
+        self.tasks = self.tasks.saturating_sub(o.tasks);
+        self.task_bytes = self.task_bytes.saturating_sub(o.task_bytes);
+        self.global_services = self.global_services.saturating_sub(o.global_services);
+        self.global_task_bytes = self.global_task_bytes.saturating_sub(o.global_task_bytes);
+    }
 }
 
 impl Tables {
@@ -120,6 +173,10 @@ impl Tables {
     /// The cluster object(s).
     pub fn clusters(&self) -> &Table<Cluster> {
         &self.clusters
+    }
+    /// What all services ask for (see `ServiceTotals`).
+    pub fn service_totals(&self) -> ServiceTotals {
+        self.service_totals
     }
     /// Secrets by ID and by unique name.
     pub fn secrets(&self) -> &Table<Secret> {
@@ -160,7 +217,14 @@ impl Tables {
     fn put(&mut self, obj: Object) -> Option<Object> {
         match obj {
             Object::Node(o) => self.nodes.insert(o).map(Object::Node),
-            Object::Service(o) => self.services.insert(o).map(Object::Service),
+            Object::Service(o) => {
+                self.service_totals.add(ServiceTotals::of(&o));
+                let old = self.services.insert(o);
+                if let Some(old) = &old {
+                    self.service_totals.sub(ServiceTotals::of(old));
+                }
+                old.map(Object::Service)
+            }
             Object::Task(o) => self.tasks.insert(o).map(Object::Task),
             Object::Cluster(o) => self.clusters.insert(o).map(Object::Cluster),
             Object::Secret(o) => self.secrets.insert(o).map(Object::Secret),
@@ -171,7 +235,13 @@ impl Tables {
     fn delete(&mut self, kind: ObjectKind, id: &str) -> Option<Object> {
         match kind {
             ObjectKind::Node => self.nodes.remove(id).map(Object::Node),
-            ObjectKind::Service => self.services.remove(id).map(Object::Service),
+            ObjectKind::Service => {
+                let old = self.services.remove(id);
+                if let Some(old) = &old {
+                    self.service_totals.sub(ServiceTotals::of(old));
+                }
+                old.map(Object::Service)
+            }
             ObjectKind::Task => self.tasks.remove(id).map(Object::Task),
             ObjectKind::Cluster => self.clusters.remove(id).map(Object::Cluster),
             ObjectKind::Secret => self.secrets.remove(id).map(Object::Secret),
@@ -392,6 +462,7 @@ impl MemoryStore {
             t.nodes.insert(Arc::new(o));
         }
         for o in snap.services {
+            t.service_totals.add(ServiceTotals::of(&o));
             t.services.insert(Arc::new(o));
         }
         for o in snap.tasks {

@@ -273,3 +273,42 @@ fn secrets_and_configs_have_unique_names_per_kind_and_survive_snapshots_and_prop
     assert_eq!(other.view(|t| t.secrets().by_name("db").map(|s| s.spec.clone().unwrap().data)), Some(b"pw".to_vec()));
     assert_eq!(other.view(|t| t.configs().get("cfg1").map(|s| s.version())), Some(3));
 }
+
+#[test]
+fn service_totals_follow_writes_and_snapshots() {
+    use shoal_api::{service_spec::Mode, GlobalService, ReplicatedService, TaskSpec};
+    let with_mode = |id: &str, mode: Mode| {
+        let mut s = service(id, id);
+        let spec = s.spec.as_mut().unwrap();
+        spec.mode = Some(mode);
+        spec.task = Some(TaskSpec { force_update: 7, ..Default::default() });
+        s
+    };
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(with_mode("a", Mode::Replicated(ReplicatedService { replicas: 5 })))
+        .create(with_mode("g", Mode::Global(GlobalService {})));
+    apply(&store, 1, c).unwrap();
+    let t = store.view(|t| t.service_totals());
+    assert_eq!((t.tasks, t.task_bytes, t.global_services, t.global_task_bytes), (5, 10, 1, 2));
+
+    let a = store.view(|t| t.services().get("a").cloned()).unwrap();
+    let mut scaled = (*a).clone();
+    scaled.spec.as_mut().unwrap().mode = Some(Mode::Replicated(ReplicatedService { replicas: 2 }));
+    let mut c = Changes::new();
+    c.update(scaled);
+    apply(&store, 2, c).unwrap();
+    assert_eq!(store.view(|t| t.service_totals()).tasks, 2);
+
+    let (index, snap) = store.snapshot();
+    let other = MemoryStore::default();
+    other.restore(index, snap);
+    assert_eq!(other.view(|t| t.service_totals()), store.view(|t| t.service_totals()));
+
+    let g = store.view(|t| t.services().get("g").cloned()).unwrap();
+    let mut c = Changes::new();
+    c.remove(g);
+    apply(&store, 3, c).unwrap();
+    let t = store.view(|t| t.service_totals());
+    assert_eq!((t.tasks, t.global_services, t.global_task_bytes), (2, 0, 0));
+}

@@ -36,6 +36,39 @@ pub const MAX_SERVICE_TASK_BYTES: u64 = 1 << 30;
 /// bound; Docker's docs show one or two levels).
 pub const MAX_PLACEMENT_PREFERENCES: usize = 16;
 
+/// Most tasks all services together may ask for (replicas, job completions, and a task per node for each
+/// global service): about 3 GB of a manager's memory. SwarmKit has no bound; its scheduler takes 20 s for 100k.
+pub const MAX_CLUSTER_TASKS: u64 = 1_000_000;
+
+/// Most bytes of task specs all those tasks may carry together.
+pub const MAX_CLUSTER_TASK_BYTES: u64 = 2 << 30;
+
+/// Checks what the cluster's services ask for in all once `old` (the service's current contribution, zero for a
+/// new one) is replaced by `new`, with `nodes` nodes for the global services.
+pub(crate) fn check_cluster_totals(
+    totals: shoal_store::ServiceTotals,
+    old: shoal_store::ServiceTotals,
+    new: shoal_store::ServiceTotals,
+    nodes: u64,
+) -> Result<(), ControlError> {
+    let after = |f: fn(&shoal_store::ServiceTotals) -> u64| f(&totals).saturating_sub(f(&old)).saturating_add(f(&new));
+    let tasks = after(|t| t.tasks).saturating_add(after(|t| t.global_services).saturating_mul(nodes));
+    let bytes = after(|t| t.task_bytes).saturating_add(after(|t| t.global_task_bytes).saturating_mul(nodes));
+    if tasks > MAX_CLUSTER_TASKS {
+        return Err(invalid(format!(
+            "the cluster's services would ask for {tasks} tasks in all, over the limit of {MAX_CLUSTER_TASKS}: scale \
+             other services down or remove some first"
+        )));
+    }
+    if bytes > MAX_CLUSTER_TASK_BYTES {
+        return Err(invalid(format!(
+            "the cluster's tasks would carry {bytes} bytes of specs in all, over the limit of {MAX_CLUSTER_TASK_BYTES} \
+             bytes (2 GiB): make the specs smaller, or scale other services down or remove some first"
+        )));
+    }
+    Ok(())
+}
+
 /// Most generic resource kinds a task may reserve.
 pub const MAX_GENERIC_RESERVATIONS: usize = 64;
 

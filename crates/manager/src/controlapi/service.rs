@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use shoal_api::{service_spec, task_spec, Service, ServiceSpec, TaskState, Version};
-use shoal_store::{Changes, StoreObject, Tables};
+use shoal_store::{Changes, ServiceTotals, StoreObject, Tables};
 
 use super::limits::{
-    check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
+    check_cluster_totals, check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
     MAX_PIDS_LIMIT, MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
 };
 use super::{any_prefix, find_service, labels_match, ControlError};
@@ -199,6 +199,8 @@ pub async fn create_service(
             if let Some(owner) = t.services().by_name(name) {
                 return Err(name_taken(name, &owner.id));
             }
+            let nodes = t.nodes().len() as u64;
+            check_cluster_totals(t.service_totals(), ServiceTotals::default(), ServiceTotals::of(&service), nodes)?;
             c.create(service);
             Ok(())
         })
@@ -263,6 +265,8 @@ pub async fn update_service(
             // As SwarmKit: a new spec starts a new update (a paused one resumes with it).
             next.update_status = None;
             next.meta_mut().updated_at = Some(now);
+            let nodes = t.nodes().len() as u64;
+            check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
             c.update(next);
             Ok(current.id.clone())
         })
@@ -277,7 +281,8 @@ pub async fn update_service(
 /// `?rollback=previous`): the previous spec and spec version become current and the current ones previous,
 /// and the update status says ROLLBACK_STARTED, "manually requested rollback"; the orchestrator rolls the
 /// tasks back with the service's rollback config. `version` as for `update_service`. Fails with
-/// `FailedPrecondition` when the service has no previous spec.
+/// `InvalidArgument` when the service has no previous spec, or when the previous spec would take the
+/// cluster's tasks over their bounds (`limits::check_cluster_totals`).
 pub async fn rollback_service(state: &ClusterState, reference: &str, version: u64) -> Result<Service, ControlError> {
     let now = state.now();
     let (id, _) = state
@@ -308,6 +313,8 @@ pub async fn rollback_service(state: &ClusterState, reference: &str, version: u6
                 message: crate::orchestrator::update::MANUAL_ROLLBACK_MESSAGE.to_string(),
             });
             next.meta_mut().updated_at = Some(now);
+            let nodes = t.nodes().len() as u64;
+            check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
             c.update(next);
             Ok(current.id.clone())
         })

@@ -706,3 +706,32 @@ fn set_image_args(s: &mut ServiceSpec) {
         c.args = vec!["sleep".into(), "2".into()];
     }
 }
+
+#[tokio::test]
+async fn the_whole_cluster_s_tasks_are_bounded_across_services() {
+    use crate::controlapi::limits::MAX_CLUSTER_TASKS;
+    let (state, _) = cluster();
+    // Four services of 250,000 replicas reach the bound exactly; one more task anywhere is refused.
+    for i in 0..4 {
+        create_service(&state, spec(&format!("big{i}"), MAX_CLUSTER_TASKS / 4)).await.unwrap();
+    }
+    let totals = state.store.view(|t| t.service_totals());
+    assert_eq!(totals.tasks, MAX_CLUSTER_TASKS);
+    match create_service(&state, spec("one-more", 1)).await {
+        Err(ControlError::InvalidArgument(m)) => {
+            assert!(m.contains("would ask for 1000001 tasks in all, over the limit of 1000000"), "{m}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(state.store.view(|t| t.services().by_name("one-more").is_none()), "nothing created");
+
+    // Scaling one of them up is refused the same way; scaling it down makes room, and the totals follow.
+    let big0 = state.store.view(|t| t.services().by_name("big0").map(|s| (**s).clone())).unwrap();
+    let up = update_service(&state, &big0.id, big0.version(), spec("big0", MAX_CLUSTER_TASKS / 4 + 1)).await;
+    assert!(matches!(up, Err(ControlError::InvalidArgument(_))), "{up:?}");
+    update_service(&state, &big0.id, big0.version(), spec("big0", 10)).await.unwrap();
+    create_service(&state, spec("one-more", 1)).await.unwrap();
+    assert_eq!(state.store.view(|t| t.service_totals()).tasks, MAX_CLUSTER_TASKS / 4 * 3 + 11);
+    remove_service(&state, "big1").await.unwrap();
+    assert_eq!(state.store.view(|t| t.service_totals()).tasks, MAX_CLUSTER_TASKS / 4 * 2 + 11);
+}
