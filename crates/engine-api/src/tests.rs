@@ -392,6 +392,23 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
         .call(Method::GET, &format!("/services/{id}"), None)
         .await;
     assert_eq!(g3.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
+    assert_eq!(g3.body["PreviousSpec"]["Mode"]["Replicated"]["Replicas"], 5);
+    assert_eq!(g3.body["UpdateStatus"]["State"], "rollback_started");
+    assert_eq!(g3.body["UpdateStatus"]["Message"], "manually requested rollback");
+    // Another rollback value is refused and changes nothing.
+    let v3 = g3.body["Version"]["Index"].as_u64().unwrap();
+    let bad = api
+        .call(
+            Method::POST,
+            &format!("/services/{id}/update?version={v3}&rollback=next"),
+            Some(spec("web", 7)),
+        )
+        .await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "unrecognized rollback option");
+    let g4 = api
+        .call(Method::GET, &format!("/services/{id}"), None)
+        .await;
+    assert_eq!(g4.body["Version"], g3.body["Version"]);
 
     let t = api
         .call(

@@ -279,6 +279,56 @@ pub async fn update_service(
             next.previous_spec_version = next.spec_version.take();
             next.spec = Some(spec);
             next.spec_version = Some(Version { index: current.version() });
+            // As SwarmKit: a new spec starts a new update (a paused one resumes with it).
+            next.update_status = None;
+            next.meta_mut().updated_at = Some(now);
+            let nodes = t.nodes().len() as u64;
+            check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
+            c.update(next);
+            Ok(current.id.clone())
+        })
+        .await?;
+    state
+        .store
+        .view(|t| t.services().get(&id).map(|s| (**s).clone()))
+        .ok_or_else(|| ControlError::not_found("service", reference))
+}
+
+/// Rolls service `reference` back to its previous spec (`docker service rollback`, the Engine API's
+/// `?rollback=previous`): the previous spec and spec version become current and the current ones previous,
+/// and the update status says ROLLBACK_STARTED, "manually requested rollback"; the orchestrator rolls the
+/// tasks back with the service's rollback config. `version` as for `update_service`. Fails with
+/// `InvalidArgument` when the service has no previous spec, or when the previous spec would take the
+/// cluster's tasks over their bounds (`limits::check_cluster_totals`).
+pub async fn rollback_service(state: &ClusterState, reference: &str, version: u64) -> Result<Service, ControlError> {
+    let now = state.now();
+    let (id, _) = state
+        .write(|t: &Tables, c: &mut Changes| {
+            let current = find_service(t, reference)?;
+            if current.version() != version {
+                return Err(ControlError::Conflict(format!(
+                    "update out of sequence: service {} is at version {}, the rollback was based on version \
+                     {version}; inspect it again and retry",
+                    current.id,
+                    current.version()
+                )));
+            }
+            let mut next = (**current).clone();
+            let Some(previous) = next.previous_spec.take() else {
+                return Err(ControlError::InvalidArgument(format!(
+                    "service {} does not have a previous spec to roll back to",
+                    current.id
+                )));
+            };
+            let previous_version = next.previous_spec_version.take();
+            next.previous_spec = next.spec.replace(previous);
+            next.previous_spec_version = std::mem::replace(&mut next.spec_version, previous_version);
+            next.update_status = Some(shoal_api::UpdateStatus {
+                state: shoal_api::update_status::UpdateState::RollbackStarted as i32,
+                started_at: Some(now),
+                completed_at: None,
+                message: crate::orchestrator::update::MANUAL_ROLLBACK_MESSAGE.to_string(),
+            });
             next.meta_mut().updated_at = Some(now);
             let nodes = t.nodes().len() as u64;
             check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;

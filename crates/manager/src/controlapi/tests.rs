@@ -222,6 +222,34 @@ async fn create_sets_id_times_and_spec_version_and_refuses_a_taken_name() {
 }
 
 #[tokio::test]
+async fn rollback_swaps_the_specs_and_an_update_clears_the_update_status() {
+    use shoal_api::update_status::UpdateState;
+    let (state, _) = cluster();
+    let svc = create_service(&state, spec("web", 3)).await.unwrap();
+    let err = rollback_service(&state, "web", svc.version()).await.unwrap_err();
+    assert!(
+        matches!(&err, ControlError::InvalidArgument(m) if m.contains("does not have a previous spec")),
+        "{err:?}"
+    );
+    let updated = update_service(&state, "web", svc.version(), spec("web", 5)).await.unwrap();
+    // A stale version is refused, as for an update.
+    let err = rollback_service(&state, "web", svc.version()).await.unwrap_err();
+    assert!(matches!(&err, ControlError::Conflict(_)), "{err:?}");
+    let rolled = rollback_service(&state, "web", updated.version()).await.unwrap();
+    assert_eq!(rolled.spec, svc.spec);
+    assert_eq!(rolled.spec_version, svc.spec_version);
+    assert_eq!(rolled.previous_spec, updated.spec);
+    assert_eq!(rolled.previous_spec_version, updated.spec_version);
+    let status = rolled.update_status.clone().unwrap();
+    assert_eq!(status.state(), UpdateState::RollbackStarted);
+    assert_eq!(status.message, "manually requested rollback");
+    assert!(status.started_at.is_some());
+    // The next spec write starts afresh: no update status until the orchestrator starts one.
+    let again = update_service(&state, "web", rolled.version(), spec("web", 4)).await.unwrap();
+    assert!(again.update_status.is_none());
+}
+
+#[tokio::test]
 async fn update_is_compare_and_swap_and_keeps_the_previous_spec() {
     let (state, _) = cluster();
     let svc = create_service(&state, spec("web", 3)).await.unwrap();

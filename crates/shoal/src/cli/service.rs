@@ -1,4 +1,4 @@
-//! `shoal service ...`: create, ls, ps, inspect, update, scale, rm, over the Engine API. Specs are built and
+//! `shoal service ...`: create, ls, ps, inspect, update, rollback, scale, rm, over the Engine API. Specs are built and
 //! edited as the API's JSON documents (`shoal_engine_api::json`). Must not depend on cluster logic.
 
 use std::collections::{BTreeMap, HashMap};
@@ -49,6 +49,11 @@ pub enum ServiceCommand {
     },
     /// Change a service.
     Update(Box<UpdateArgs>),
+    /// Roll a service back to its previous spec (the update supervisor rolls the tasks back).
+    Rollback {
+        /// Service ID or name.
+        service: String,
+    },
     /// Set replica counts: `shoal service scale web=5 db=2`.
     Scale {
         /// SERVICE=REPLICAS pairs.
@@ -174,6 +179,24 @@ pub struct UpdateArgs {
     /// Redeploy the tasks even if nothing changed.
     #[arg(long)]
     force: bool,
+    /// Tasks updated at once (0: all).
+    #[arg(long)]
+    update_parallelism: Option<u64>,
+    /// Delay between update batches.
+    #[arg(long, value_parser = parse_duration_ns)]
+    update_delay: Option<i64>,
+    /// Update order: stop-first or start-first.
+    #[arg(long, value_parser = ["stop-first", "start-first"])]
+    update_order: Option<String>,
+    /// What to do when too many new tasks fail: pause, continue or rollback.
+    #[arg(long, value_parser = ["pause", "continue", "rollback"])]
+    update_failure_action: Option<String>,
+    /// How long a new task is watched for failure after it starts.
+    #[arg(long, value_parser = parse_duration_ns)]
+    update_monitor: Option<i64>,
+    /// Fraction of tasks that may fail before the failure action runs (0 to 1).
+    #[arg(long)]
+    update_max_failure_ratio: Option<f32>,
     /// Service ID or name.
     service: String,
 }
@@ -642,8 +665,42 @@ pub fn run(
             if a.force {
                 spec.task_template.force_update += 1;
             }
+            let update_flags = a.update_parallelism.is_some()
+                || a.update_delay.is_some()
+                || a.update_order.is_some()
+                || a.update_failure_action.is_some()
+                || a.update_monitor.is_some()
+                || a.update_max_failure_ratio.is_some();
+            if update_flags {
+                // Unset fields keep what the service has (SwarmKit's defaults when it has none).
+                let u = spec.update_config.get_or_insert_with(|| UpdateConfigJson { parallelism: 1, ..Default::default() });
+                if let Some(n) = a.update_parallelism {
+                    u.parallelism = n;
+                }
+                if let Some(d) = a.update_delay {
+                    u.delay = Some(d);
+                }
+                if let Some(o) = a.update_order {
+                    u.order = o;
+                }
+                if let Some(f) = a.update_failure_action {
+                    u.failure_action = f;
+                }
+                if let Some(m) = a.update_monitor {
+                    u.monitor = Some(m);
+                }
+                if let Some(r) = a.update_max_failure_ratio {
+                    u.max_failure_ratio = r;
+                }
+            }
             push_update(c, &svc, &spec)?;
             writeln!(out, "{}", a.service).map_err(output::io)
+        }
+        ServiceCommand::Rollback { service } => {
+            let svc = get_service(c, &service)?;
+            let path = format!("/services/{}/update?version={}&rollback=previous", enc(&svc.id), svc.version.index);
+            c.post::<ServiceUpdateResponse>(&path, &svc.spec)?;
+            writeln!(out, "{service}").map_err(output::io)
         }
         ServiceCommand::Scale { pairs } => {
             let mut failed = false;
