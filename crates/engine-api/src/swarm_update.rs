@@ -51,6 +51,9 @@ pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
             .get_or_insert_with(Default::default)
             .task_history_retention_limit = limit;
     }
+    if let Some(on) = j.orchestration.shoal_rebalance {
+        s.orchestration.get_or_insert_with(Default::default).shoal_rebalance = on;
+    }
     let raft = s.raft.get_or_insert_with(Default::default);
     let set = |field: &mut u64, v: u64| {
         if v != 0 {
@@ -220,6 +223,7 @@ mod tests {
             }),
             orchestration: Some(shoal_api::OrchestrationConfig {
                 task_history_retention_limit: 5,
+                ..Default::default()
             }),
             raft: Some(shoal_api::RaftConfig {
                 snapshot_interval: 10_000,

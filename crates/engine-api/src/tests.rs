@@ -200,6 +200,7 @@ async fn info_and_swarm_describe_the_node_and_cluster() {
             }),
             orchestration: Some(shoal_api::OrchestrationConfig {
                 task_history_retention_limit: 5,
+                ..Default::default()
             }),
             dispatcher: Some(shoal_api::DispatcherConfig {
                 heartbeat_period: Some(shoal_api::prost_types::Duration {

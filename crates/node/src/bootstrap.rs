@@ -23,7 +23,7 @@ pub const DEFAULT_NODE_CERT_EXPIRY: Duration = Duration::from_secs(90 * 24 * 360
 pub fn default_cluster_spec() -> ClusterSpec {
     ClusterSpec {
         annotations: Some(Annotations { name: CLUSTER_NAME.into(), ..Default::default() }),
-        orchestration: Some(OrchestrationConfig { task_history_retention_limit: DEFAULT_TASK_HISTORY }),
+        orchestration: Some(OrchestrationConfig { task_history_retention_limit: DEFAULT_TASK_HISTORY, ..Default::default() }),
         raft: Some(RaftConfig {
             snapshot_interval: 10_000,
             keep_old_snapshots: 0,

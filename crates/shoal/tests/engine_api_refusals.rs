@@ -27,7 +27,6 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
         (&["--cap-drop", "CHOWN"][..], "TaskTemplate.ContainerSpec.CapabilityDrop"),
         (&["--ulimit", "nofile=10:20"][..], "TaskTemplate.ContainerSpec.Ulimits"),
         (&["--sysctl", "net.core.somaxconn=1024"][..], "TaskTemplate.ContainerSpec.Sysctls"),
-        (&["--limit-pids", "10"][..], "TaskTemplate.Resources.Limits.Pids"),
         (&["--log-driver", "syslog"][..], "TaskTemplate.LogDriver"),
         (&["--mount", "type=volume,source=v,target=/v,volume-driver=local"][..], "Mounts[0].VolumeOptions"),
         (&["--mount", "type=tmpfs,target=/t,tmpfs-size=1m"][..], "Mounts[0].TmpfsOptions"),

@@ -79,3 +79,59 @@ fn spread_preference_balances_zones_before_nodes() {
         if pids.is_empty() { Ok(()) } else { Err(format!("{} processes", pids.len())) }
     });
 }
+
+/// Running tasks of `service` per node hostname.
+fn per_host(m: &DaemonProcess, service: &str) -> BTreeMap<String, usize> {
+    let nodes = m.get("/v1.47/nodes");
+    let host = |id: &str| -> String {
+        let node = nodes.as_array().unwrap().iter().find(|n| n["ID"] == id);
+        node.and_then(|n| n["Description"]["Hostname"].as_str()).unwrap_or("").to_string()
+    };
+    let mut out = BTreeMap::new();
+    for t in tasks_of(m, service).iter().filter(|t| state(t) == "running" && desired(t) == "running") {
+        *out.entry(host(t["NodeID"].as_str().unwrap_or(""))).or_default() += 1;
+    }
+    out
+}
+
+#[test]
+fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = node_at(114, "rm-114", None);
+    let _w2 = node_at(115, "rw-115", Some((&m, "Worker")));
+    wait_until("two nodes ready", DEADLINE, || {
+        let ls = docker(&m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
+        if ls.lines().filter(|l| l.ends_with(" Ready")).count() == 2 { Ok(()) } else { Err(ls) }
+    });
+    let argv = ["sleep", "6262"];
+    docker(&m, &["service", "create", "--detach", "--name", "spread6", "--replicas", "6", "busybox", "sleep", "6262"]);
+    wait_running(&m, "spread6", 6, &argv, DEADLINE);
+    let before: BTreeMap<String, usize> = [("rm-114".to_string(), 3), ("rw-115".to_string(), 3)].into();
+    assert_eq!(per_host(&m, "spread6"), before);
+
+    // A third node joins; with rebalancing on (Shoal's CLI; GET /swarm shows it), its tasks spread 2, 2, 2,
+    // moved one at a time (the service's update parallelism, 1).
+    let _w3 = node_at(116, "rw-116", Some((&m, "Worker")));
+    let out = shoal_cli(m.socket(), &["swarm", "update", "--rebalance"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let swarm = m.get("/v1.47/swarm");
+    assert_eq!(swarm["Spec"]["Orchestration"]["ShoalRebalance"], true, "{swarm}");
+    // The docker CLI's own read-modify-write of the swarm spec keeps the setting.
+    docker(&m, &["swarm", "update", "--task-history-limit", "4"]);
+    assert_eq!(m.get("/v1.47/swarm")["Spec"]["Orchestration"]["ShoalRebalance"], true);
+    let even: BTreeMap<String, usize> =
+        [("rm-114".to_string(), 2), ("rw-115".to_string(), 2), ("rw-116".to_string(), 2)].into();
+    wait_until("2 tasks per node", DEADLINE, || {
+        let now = per_host(&m, "spread6");
+        if now == even && process::pids_with_cmdline(&argv).len() == 6 { Ok(()) } else { Err(format!("{now:?}")) }
+    });
+    assert!(m.log().contains("rebalancing: stopping tasks on the fullest nodes"));
+
+    docker(&m, &["service", "rm", "spread6"]);
+    wait_until("the tasks stopped", DEADLINE, || {
+        let pids = process::pids_with_cmdline(&argv);
+        if pids.is_empty() { Ok(()) } else { Err(format!("{} processes", pids.len())) }
+    });
+}

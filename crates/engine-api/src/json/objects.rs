@@ -785,6 +785,11 @@ pub struct SwarmSpecJson {
 pub struct OrchestrationJson {
     /// Tasks kept per slot (a pointer in Docker's Go struct: absent or null keeps the current value on update).
     pub task_history_retention_limit: Option<i64>,
+    /// Shoal's own setting, not Docker's: move replicated tasks to nodes that joined later when the spread is
+    /// uneven by more than one task per node (`shoal swarm update --rebalance`). Absent keeps the current value,
+    /// so Docker's clients, which do not know it, never change it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shoal_rebalance: Option<bool>,
 }
 
 /// `SwarmSpec.Raft`.
@@ -891,6 +896,7 @@ impl SwarmJson {
                                 .map(|o| o.task_history_retention_limit)
                                 .unwrap_or(0),
                         ),
+                        shoal_rebalance: Some(spec.orchestration.as_ref().is_some_and(|o| o.shoal_rebalance)),
                     },
                     raft: RaftJson {
                         snapshot_interval: raft.snapshot_interval,

@@ -178,7 +178,7 @@ mod tests {
     fn spec(limit: i64, expiry_s: i64) -> ClusterSpec {
         ClusterSpec {
             annotations: Some(Annotations { name: "default".into(), ..Default::default() }),
-            orchestration: Some(OrchestrationConfig { task_history_retention_limit: limit }),
+            orchestration: Some(OrchestrationConfig { task_history_retention_limit: limit, ..Default::default() }),
             ca_config: Some(CaConfig {
                 node_cert_expiry: Some(shoal_api::prost_types::Duration { seconds: expiry_s, nanos: 0 }),
                 ..Default::default()

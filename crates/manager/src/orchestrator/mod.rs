@@ -13,6 +13,7 @@
 pub mod constraint_enforcer;
 pub mod dirty;
 pub mod global;
+pub mod rebalance;
 pub mod replicated;
 mod replicated_loop;
 pub mod restart;
@@ -42,7 +43,7 @@ use crate::subsystem::Subsystem;
 /// The leader-only orchestration subsystems: the replicated and global orchestrators (each with the
 /// restart supervisor and update supervisor), the task reaper and the constraint enforcer.
 pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
-    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(TaskReaper), Box::new(ConstraintEnforcer)]
+    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(TaskReaper), Box::new(ConstraintEnforcer), Box::new(rebalance::Rebalancer)]
 }
 
 /// The task's observed state (`status.state`), `New` when it has no status.

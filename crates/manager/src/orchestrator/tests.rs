@@ -348,7 +348,7 @@ fn reaper_honours_the_cluster_retention_limit() {
         fx.create(Cluster {
             id: "c1".into(),
             spec: Some(ClusterSpec {
-                orchestration: Some(OrchestrationConfig { task_history_retention_limit: limit }),
+                orchestration: Some(OrchestrationConfig { task_history_retention_limit: limit, ..Default::default() }),
                 ..Default::default()
             }),
             ..Default::default()

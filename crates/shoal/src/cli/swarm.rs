@@ -34,11 +34,15 @@ pub enum SwarmCommand {
         /// worker or manager.
         role: TokenRole,
     },
-    /// Change swarm settings: autolock (managers restart locked until given the unlock key).
+    /// Change swarm settings: autolock (managers restart locked until given the unlock key), rebalancing.
     Update {
         /// Turn autolock on or off (--autolock=true|false); turning it on prints the unlock key.
         #[arg(long, num_args = 0..=1, default_missing_value = "true")]
         autolock: Option<bool>,
+        /// Turn rebalancing on or off (--rebalance=true|false): replicated tasks move to nodes that joined later
+        /// when a service's spread is uneven by more than one task per node (Shoal's own; off by default).
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+        rebalance: Option<bool>,
     },
     /// Print (or rotate) the key that unlocks a manager restarted with autolock on.
     UnlockKey {
@@ -61,7 +65,9 @@ pub enum SwarmCommand {
 pub fn run(c: &Client, cmd: SwarmCommand, out: &mut dyn Write) -> Result<(), CliError> {
     let (quiet, rotate, role) = match cmd {
         SwarmCommand::JoinToken { quiet, rotate, role } => (quiet, rotate, role),
-        SwarmCommand::Update { autolock } => return super::swarm_lock::update(c, autolock, out),
+        SwarmCommand::Update { autolock, rebalance } => {
+            return super::swarm_lock::update(c, autolock, rebalance, out)
+        }
         SwarmCommand::UnlockKey { quiet, rotate } => return super::swarm_lock::show_key(c, quiet, rotate, out),
         SwarmCommand::Unlock { key_file } => {
             return super::swarm_lock::unlock(c, key_file.as_deref(), &mut std::io::stdin().lock(), out)

@@ -39,17 +39,24 @@ fn print_key(out: &mut dyn Write, key: &str, quiet: bool) -> Result<(), CliError
 }
 
 /// `shoal swarm update --autolock=BOOL`.
-pub fn update(c: &Client, autolock: Option<bool>, out: &mut dyn Write) -> Result<(), CliError> {
-    let Some(on) = autolock else {
-        return Err(CliError::Usage("nothing to update: pass --autolock=true or --autolock=false".into()));
-    };
+pub fn update(c: &Client, autolock: Option<bool>, rebalance: Option<bool>, out: &mut dyn Write) -> Result<(), CliError> {
+    if autolock.is_none() && rebalance.is_none() {
+        return Err(CliError::Usage(
+            "nothing to update: pass --autolock=true|false or --rebalance=true|false".into(),
+        ));
+    }
     let mut swarm: Value = c.get("/swarm")?;
     let version = swarm["Version"]["Index"].as_u64().unwrap_or(0);
     let was_on = swarm["Spec"]["EncryptionConfig"]["AutoLockManagers"].as_bool().unwrap_or(false);
-    swarm["Spec"]["EncryptionConfig"] = json!({ "AutoLockManagers": on });
+    if let Some(on) = autolock {
+        swarm["Spec"]["EncryptionConfig"] = json!({ "AutoLockManagers": on });
+    }
+    if let Some(on) = rebalance {
+        swarm["Spec"]["Orchestration"]["ShoalRebalance"] = json!(on);
+    }
     let _: Value = c.post(&format!("/swarm/update?version={version}"), &swarm["Spec"])?;
     writeln!(out, "Swarm updated.").map_err(io)?;
-    if on && !was_on {
+    if autolock == Some(true) && !was_on {
         print_key(out, &unlock_key(c)?, false)?;
     }
     Ok(())
