@@ -1,6 +1,6 @@
 //! The orchestrators: they turn services into tasks. `replicated` keeps N tasks per replicated service (one
 //! per slot), `global` one task per eligible node of a global service (on the same working state, a node per
-//! key), and holds the restart supervisor (`restart`) and the rolling updater (`update`) as parts of one
+//! key), `jobs` runs replicated and global jobs to completion (its own reconcile), and `replicated` holds the restart supervisor (`restart`) and the rolling updater (`update`) as parts of one
 //! per-service reconcile; `taskreaper` deletes old and removed tasks. Each has a sans-IO core (plain
 //! functions over a `&Tables` view and a time in milliseconds, returning `Changes`) and a thin async loop
 //! over the store's watch queue (`replicated_loop`, `taskreaper`).
@@ -9,6 +9,7 @@
 //! proposer: subsystems only talk through the store.
 
 pub mod global;
+pub mod jobs;
 pub mod replicated;
 mod replicated_loop;
 pub mod restart;
@@ -21,21 +22,23 @@ pub(crate) mod fixture;
 #[cfg(test)]
 mod global_tests;
 #[cfg(test)]
+mod jobs_tests;
+#[cfg(test)]
 mod tests;
 
 use shoal_api::{node_status, Node, Task, TaskState};
 use shoal_store::Tables;
 
 pub use replicated::{reconcile_service, remove_service_tasks, Reconciled};
-pub use replicated_loop::{GlobalOrchestrator, ReplicatedOrchestrator};
+pub use replicated_loop::{GlobalOrchestrator, JobsOrchestrator, ReplicatedOrchestrator};
 pub use taskreaper::TaskReaper;
 
 use crate::subsystem::Subsystem;
 
 /// The leader-only orchestration subsystems: the replicated and global orchestrators (each with the
-/// restart supervisor and rolling updater) and the task reaper.
+/// restart supervisor and rolling updater), the jobs orchestrator and the task reaper.
 pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
-    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(TaskReaper)]
+    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(JobsOrchestrator), Box::new(TaskReaper)]
 }
 
 /// The task's observed state (`status.state`), `New` when it has no status.
