@@ -185,7 +185,7 @@ pub async fn create_service(
     let now = state.now();
     // A job starts at iteration 0 (as SwarmKit); each update runs it again (see `update_service`).
     let job_status = is_job_spec(&spec)
-        .then(|| shoal_api::JobStatus { job_iteration: Some(Version { index: 0 }), last_execution: Some(now) });
+        .then_some(shoal_api::JobStatus { job_iteration: Some(Version { index: 0 }), last_execution: Some(now) });
     let service = Service {
         id: state.ids.new_id(),
         meta: Some(shoal_api::Meta {

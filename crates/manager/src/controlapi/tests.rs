@@ -687,7 +687,7 @@ async fn a_job_starts_at_iteration_0_and_every_update_runs_it_again() {
     let mut job = spec("job", 1);
     job.mode = replicated_job(2, 5);
     let svc = create_service(&state, job.clone()).await.unwrap();
-    let status = svc.job_status.clone().expect("a job has a job status");
+    let status = svc.job_status.expect("a job has a job status");
     assert_eq!(status.job_iteration, Some(Version { index: 0 }));
     assert_eq!(status.last_execution, Some(state.now()));
     let mut forced = job.clone();
