@@ -201,6 +201,10 @@ impl<'a> Pass<'a> {
         let tables = self.tables;
         let global = self.global();
         let entries = self.keys.get_mut(&key).expect("key listed");
+        // The common case of a large job: a slot whose task completed (and its history). Nothing to decide.
+        if entries.iter().all(|e| !active(e.desired) || observed_state(&e.task) == TaskState::Complete) {
+            return;
+        }
         let history: Vec<Arc<Task>> = entries.iter().map(|e| e.task.clone()).collect();
         let mut replace = false;
         for e in entries.iter_mut() {
