@@ -3,7 +3,8 @@
 //! `--detach` returns once the job completed, never more than 2 tasks ran at once (from the tasks'
 //! timestamps), 5 tasks ended COMPLETE and none was restarted; `service ls` shows the job's progress as
 //! docker does; `service update --force` runs it again (5 more, of the next iteration, the old ones kept as
-//! history). A global job on 1 manager + 2 workers (127.0.0.13x) runs once per node.
+//! history). A global job on 1 manager + 2 workers (127.0.0.13x) runs once per node. On the docker executor
+//! (where a Docker Engine answers), a job's containers run to exit 0 and its tasks end COMPLETE.
 
 mod common;
 
@@ -227,4 +228,27 @@ fn times_parse_as_the_engine_writes_them() {
     assert_eq!(chrono_ms("1970-01-01T00:00:01.5Z"), Some(1500));
     assert_eq!(chrono_ms("2016-06-07T21:07:31.171892745Z"), Some(1_465_333_651_171));
     assert_eq!(chrono_ms("2000-03-01T00:00:00Z"), Some(951_868_800_000));
+}
+
+#[test]
+fn a_job_runs_to_completion_on_the_docker_executor() {
+    use shoal_testkit::docker_engine::{self, EngineDaemon};
+    if !docker_engine::available() {
+        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
+        return;
+    }
+    let image = docker_engine::ensure_test_image();
+    let d = EngineDaemon::start(&shoal_bin());
+    let out = docker_returns(
+        &d,
+        &["service", "create", "--name", "djob", "--mode", "replicated-job", "--replicas", "3", "--max-concurrent", "2", image, "sh", "-c", "sleep 0.2"],
+    );
+    assert!(out.contains("job complete"), "{out}");
+    let tasks = tasks_of(&d, "djob");
+    assert_eq!(tasks.len(), 3, "{tasks:?}");
+    assert!(tasks.iter().all(|t| state(t) == "complete"), "{tasks:?}");
+    let running = docker_engine::running_with_label(d.node_id(), "com.docker.swarm.service.name", "djob");
+    assert!(running.is_empty(), "no container of the job still runs: {running:?}");
+    assert!(most_at_once(&tasks.iter().collect::<Vec<_>>()) <= 2, "{tasks:?}");
+    docker(&d, &["service", "rm", "djob"]);
 }
