@@ -267,8 +267,9 @@ pub async fn update_service(
             next.spec = Some(spec);
             next.spec_version = Some(Version { index: current.version() });
             next.meta_mut().updated_at = Some(now);
-            if let Some(j) = next.job_status.as_mut() {
+            if is_job_spec(next.spec.as_ref().expect("just set")) {
                 // A job runs again on every spec update: a new iteration, its earlier tasks become history.
+                let j = next.job_status.get_or_insert_with(Default::default);
                 let index = j.job_iteration.map_or(0, |v| v.index).saturating_add(1);
                 j.job_iteration = Some(Version { index });
                 j.last_execution = Some(now);
