@@ -45,6 +45,8 @@ const NODE_ID_KEY: &str = "x-shoal-node-id";
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most time for all nodes to register, or for all tasks to run.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often the job phase counts the job's tasks.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// Flags of `agents`.
 #[derive(Debug, clap::Args)]
@@ -328,20 +330,35 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
             let done = |t: &shoal_store::Tables| {
                 t.tasks().by_service(&svc.id).filter(|t| t.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32)).count()
             };
-            manager_rt.block_on(async {
-                tokio::time::timeout(PHASE_TIMEOUT, async {
-                    loop {
-                        let (n, mut watch) = cluster.state.store.view_and_watch(done);
-                        if n as u64 >= job {
-                            return;
-                        }
-                        let _ = watch.recv().await;
-                        while watch.try_recv().is_ok() {}
-                    }
-                })
-                .await
-                .map_err(|_| BenchError::Timeout(format!("{job} completions not reached within {PHASE_TIMEOUT:?}")))
-            })?;
+            // Tasks meant to run and not finished: never more than max_concurrent.
+            let in_flight = |t: &shoal_store::Tables| {
+                t.tasks()
+                    .by_service(&svc.id)
+                    .filter(|t| {
+                        t.desired_state <= TaskState::Complete as i32
+                            && t.status.as_ref().is_none_or(|s| s.state <= TaskState::Running as i32)
+                    })
+                    .count()
+            };
+            // Sampled every `SAMPLE_EVERY` (a view over the job's tasks), not on every commit, so that the
+            // measure does not hold the store's read lock on every write.
+            let mut most_in_flight = 0;
+            let mut last_log = Instant::now();
+            loop {
+                let (n, flying) = cluster.state.store.view(|t| (done(t), in_flight(t)));
+                most_in_flight = most_in_flight.max(flying);
+                if n as u64 >= job {
+                    break;
+                }
+                if start.elapsed() > PHASE_TIMEOUT {
+                    return Err(BenchError::Timeout(format!("{job} completions: {n} after {PHASE_TIMEOUT:?}")));
+                }
+                if last_log.elapsed() >= Duration::from_secs(10) {
+                    eprintln!("{:.0} s: {n} completions, {flying} in flight", start.elapsed().as_secs_f64());
+                    last_log = Instant::now();
+                }
+                std::thread::sleep(SAMPLE_EVERY);
+            }
             let took = start.elapsed();
             let cpu = manager_cpu_seconds()? - cpu_before;
             let (made, complete) =
@@ -353,8 +370,12 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
             table.row(vec!["manager CPU s during the job".into(), fmt_num(cpu)]);
             table.row(vec!["manager CPU during the job (cores)".into(), fmt_num(cpu / took.as_secs_f64().max(1e-9))]);
             table.row(vec!["job tasks made / COMPLETE".into(), format!("{made} / {complete}")]);
-            if made as u64 != job || complete as u64 != job {
-                return Err(BenchError::Request(format!("the job made {made} tasks, {complete} COMPLETE; {job} expected")));
+            table.row(vec!["most job tasks in flight (sampled)".into(), most_in_flight.to_string()]);
+            if made as u64 != job || complete as u64 != job || most_in_flight as u64 > max_concurrent {
+                return Err(BenchError::Request(format!(
+                    "the job made {made} tasks, {complete} COMPLETE ({job} expected), at most {most_in_flight} in flight \
+                     ({max_concurrent} allowed)"
+                )));
             }
             job_took = Some(took);
         } else if a.tasks_per_node > 0 {
