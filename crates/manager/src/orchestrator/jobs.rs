@@ -133,7 +133,7 @@ struct Pass<'a> {
     now_ms: u64,
     ids: &'a dyn IdSource,
     iteration: u64,
-    /// The current iteration's tasks by key (slot, or index into `nodes`), oldest first.
+    /// The current iteration's tasks by key (slot, or index into `nodes`).
     keys: BTreeMap<u64, Vec<Entry>>,
     /// Tasks of other iterations the pass changes.
     others: Vec<Entry>,
@@ -328,9 +328,8 @@ pub fn reconcile_job(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn 
             pass.nodes.push(n.id.clone());
         }
     }
-    let mut tasks: Vec<&Arc<Task>> = tables.tasks().by_service(&service.id).collect();
-    tasks.sort_by(|a, b| history_key(a).cmp(&history_key(b)));
-    for t in tasks {
+    // No order is needed within a key: the restart count sorts what it reads, `classify` looks for the newest.
+    for t in tables.tasks().by_service(&service.id) {
         if !in_iteration(t, iteration) {
             // Step 1: an older iteration's task still meant to run becomes history.
             if active(t.desired_state()) && observed_state(t) != TaskState::Complete {
@@ -366,25 +365,35 @@ fn reconcile_replicated_job(pass: &mut Pass<'_>) {
         pass.restart_key(k, true);
     }
     let mut counts = JobCounts::default();
+    let mut empty = std::collections::HashSet::new();
     for &k in &keys {
         match pass.classify(k) {
             KeyClass::Complete => counts.complete += 1,
             KeyClass::Running | KeyClass::Stopping => counts.running += 1,
             KeyClass::Exhausted => counts.exhausted += 1,
-            KeyClass::Empty => {}
+            KeyClass::Empty => {
+                empty.insert(k);
+            }
         }
     }
     let room = max_concurrent.saturating_sub(counts.running);
     let left = total.saturating_sub(counts.complete + counts.running + counts.exhausted);
     let mut wanted = room.min(left);
-    let mut slot = 0u64;
-    while wanted > 0 && slot < total && pass.may_make() {
-        if pass.classify(slot) == KeyClass::Empty {
+    // The lowest slots that hold nothing: absent from `keys` (sorted), or classified empty.
+    let mut next_key = 0;
+    for slot in 0..total {
+        if wanted == 0 || !pass.may_make() {
+            break;
+        }
+        while next_key < keys.len() && keys[next_key] < slot {
+            next_key += 1;
+        }
+        let held = next_key < keys.len() && keys[next_key] == slot && !empty.contains(&slot);
+        if !held {
             let e = pass.new_task(slot, TaskState::Complete);
             pass.add(slot, e);
             wanted -= 1;
         }
-        slot += 1;
     }
 }
 
