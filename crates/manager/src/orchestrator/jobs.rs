@@ -205,6 +205,16 @@ impl<'a> Pass<'a> {
         if entries.iter().all(|e| !active(e.desired) || observed_state(&e.task) == TaskState::Complete) {
             return;
         }
+        // A task of the key completed (one given up for its lost node may still complete): the key is done,
+        // any other task of it stops.
+        if entries.iter().any(|e| observed_state(&e.task) == TaskState::Complete) {
+            for e in entries.iter_mut() {
+                if active(e.desired) && observed_state(&e.task) != TaskState::Complete {
+                    e.set_desired(TaskState::Shutdown);
+                }
+            }
+            return;
+        }
         let history: Vec<Arc<Task>> = entries.iter().map(|e| e.task.clone()).collect();
         let mut replace = false;
         for e in entries.iter_mut() {
@@ -230,7 +240,7 @@ impl<'a> Pass<'a> {
             }
         }
         let entries = &self.keys[&key];
-        if replace && may_create && !entries.iter().any(|e| active(e.desired) && observed_state(&e.task) != TaskState::Complete) {
+        if replace && may_create && !entries.iter().any(|e| active(e.desired)) {
             let delay = EffectivePolicy::of(self.service.spec.as_ref().and_then(|s| s.task.as_ref())).delay_ms;
             let e = self.new_task(key, if delay > 0 { TaskState::Ready } else { TaskState::Complete });
             self.add(key, e);
@@ -261,7 +271,8 @@ impl<'a> Pass<'a> {
         if entries.iter().any(|e| active(e.desired)) {
             return KeyClass::Running;
         }
-        if entries.iter().any(|e| !e.created && e.desired == TaskState::Shutdown && task_is_live(self.tables, &e.task)) {
+        let live = |e: &Entry| !e.created && e.desired == TaskState::Shutdown && task_is_live(self.tables, &e.task);
+        if entries.iter().any(live) {
             return KeyClass::Stopping;
         }
         let newest = entries.iter().max_by(|a, b| history_key(&a.task).cmp(&history_key(&b.task)));

@@ -373,3 +373,24 @@ fn service_status_counts_the_current_iteration_as_swarmkit() {
     // `docker service ls`: 0/1 (1/2 completed).
     assert_eq!((st.running_tasks, st.desired_tasks, st.completed_tasks), (0, 1, 1));
 }
+
+#[test]
+fn a_task_given_up_for_its_lost_node_that_completes_ends_its_slot() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(node("n2"));
+    fx.create(replicated_job("j", 1, 1, Some(policy(RestartCondition::OnFailure, 0, 0))));
+    pass(&fx, "j");
+    let first = fx.tasks("j").remove(0);
+    fx.place(&first.id, "n1", TaskState::Running);
+    fx.set_node("n1", |n| n.spec.as_mut().unwrap().availability = Availability::Drain as i32);
+    pass(&fx, "j");
+    let second = in_flight(&fx, "j").into_iter().find(|t| t.id != first.id).expect("a replacement");
+    fx.place(&second.id, "n2", TaskState::Running);
+    // The first one still finishes on its drained node.
+    fx.set_state(&first.id, TaskState::Complete);
+    pass(&fx, "j");
+    assert_eq!(fx.task(&second.id).desired_state(), TaskState::Shutdown, "the slot is done: its other task stops");
+    assert!(in_flight(&fx, "j").is_empty(), "nothing of the job runs on");
+    assert_eq!(pending(&fx, "j"), 0);
+}

@@ -1,7 +1,8 @@
 //! The orchestrators: they turn services into tasks. `replicated` keeps N tasks per replicated service (one
 //! per slot), `global` one task per eligible node of a global service (on the same working state, a node per
-//! key), `jobs` runs replicated and global jobs to completion (its own reconcile), and `replicated` holds the restart supervisor (`restart`) and the rolling updater (`update`) as parts of one
-//! per-service reconcile; `taskreaper` deletes old and removed tasks. Each has a sans-IO core (plain
+//! key), `jobs` runs replicated and global jobs to completion (its own reconcile), and `replicated` holds
+//! the restart supervisor (`restart`) and the rolling updater (`update`) as parts of one per-service
+//! reconcile; `taskreaper` deletes old and removed tasks. Each has a sans-IO core (plain
 //! functions over a `&Tables` view and a time in milliseconds, returning `Changes`) and a thin async loop
 //! over the store's watch queue (`replicated_loop`, `taskreaper`).
 //!
@@ -38,7 +39,12 @@ use crate::subsystem::Subsystem;
 /// The leader-only orchestration subsystems: the replicated and global orchestrators (each with the
 /// restart supervisor and rolling updater), the jobs orchestrator and the task reaper.
 pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
-    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(JobsOrchestrator), Box::new(TaskReaper)]
+    vec![
+        Box::new(ReplicatedOrchestrator),
+        Box::new(GlobalOrchestrator),
+        Box::new(JobsOrchestrator),
+        Box::new(TaskReaper),
+    ]
 }
 
 /// The task's observed state (`status.state`), `New` when it has no status.

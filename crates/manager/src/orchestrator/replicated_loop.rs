@@ -1,13 +1,14 @@
 //! The orchestrators' async loop, run once per service mode (`Kind`): the replicated orchestrator, the
 //! global orchestrator and the jobs orchestrator (replicated and global jobs, `jobs`) are three instances of
-//! it, each reconciling only its own services (and the replicated one removing the tasks of deleted services). It subscribes and reads (`view_and_watch`), reconciles every
-//! service, then reacts to commits. A service is reconciled again when it is created, updated or removed,
-//! when one of its tasks changes in a way a pass reads (`task_change_matters`: created, desired state, node
-//! or spec version changed, observed state crossed into assigned or finished, or into running while the
-//! service's rolling update is in progress: only the updater waits for RUNNING), when a node holding
-//! its tasks goes down (or is removed), and when a restart or update delay it asked for ends. The global
-//! instance (and the jobs instance, for global jobs) also reconciles every global service when a node is
-//! created or removed, or changes in what decides where global tasks run (status state, spec: availability and labels, platform). A lagging
+//! it, each reconciling only its own services (and the replicated one removing the tasks of deleted
+//! services). It subscribes and reads (`view_and_watch`), reconciles every service, then reacts to commits.
+//! A service is reconciled again when it is created, updated or removed, when one of its tasks changes in a
+//! way a pass reads (`task_change_matters`: created, desired state, node or spec version changed, observed
+//! state crossed into assigned or finished, or into running while the service's rolling update is in
+//! progress: only the updater waits for RUNNING), when a node holding its tasks goes down (or is removed),
+//! and when a restart or update delay it asked for ends. The global instance (and the jobs instance, for
+//! global jobs) also reconciles every global service when a node is created or removed, or changes in what
+//! decides where global tasks run (status state, spec: availability and labels, platform). A lagging
 //! watch makes it reconcile everything again. (Status reports inside a band, such as ACCEPTED, PREPARING
 //! and STARTING after ASSIGNED, change nothing a pass decides; a pass costs O(tasks of the service), so
 //! reconciling on each of them made a large service's start quadratic.)
