@@ -131,6 +131,10 @@ fn a_replicated_job_runs_its_completions_two_at_a_time_and_again_on_forced_updat
     assert_eq!(slots.len(), 5, "one slot per completion");
     assert!(most_at_once(&first) <= 2, "more than 2 tasks at once: {first:?}");
     assert_eq!(ls_row(&d, "batch"), "replicated job 0/2 (5/5 completed)");
+    let ours = shoal_cli(d.socket(), &["service", "ls"]);
+    let ours = String::from_utf8_lossy(&ours.stdout);
+    let row = ours.lines().find(|l| l.contains("batch")).unwrap_or_default();
+    assert!(row.contains("replicated job") && row.contains("0/2 (5/5 completed)"), "shoal service ls:\n{ours}");
 
     // `service update --force` runs the job again: 5 more, the first 5 kept as history.
     docker_returns(&d, &["service", "update", "--force", "batch"]);
