@@ -12,6 +12,12 @@
 //! `--seconds` in which the manager's CPU (its runtime's threads and the Raft thread, from
 //! /proc/self/task) and heartbeat round trips are measured; then the nodes the manager's store holds as
 //! DOWN (any is wrong: every node kept beating). RESULT: the manager's CPU in the steady window, in cores.
+//!
+//! With `--job N`, phase (2) is instead a replicated job of N completions, `--max-concurrent` (default: one
+//! per node) at a time: the simulated nodes report every job task (desired COMPLETE) COMPLETE as soon as it
+//! is assigned, and the phase ends when the store holds N COMPLETE tasks of the job; it checks that no more
+//! than N tasks were made and none is left in flight. RESULT (`agents-job`): the time to complete the job,
+//! in seconds; the table also gives completions per second and the manager's CPU during the job.
 //! Must not depend on the manager's internals: the simulated nodes speak the wire protocol only.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -39,6 +45,8 @@ const NODE_ID_KEY: &str = "x-shoal-node-id";
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most time for all nodes to register, or for all tasks to run.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often the job phase counts the job's tasks.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// Flags of `agents`.
 #[derive(Debug, clap::Args)]
@@ -55,6 +63,12 @@ pub struct AgentsArgs {
     /// Replicas per simulated node of the service created before the steady window (0: none).
     #[arg(long, default_value_t = 1)]
     tasks_per_node: usize,
+    /// Completions of a replicated job run instead of the service (0: no job). With `--smoke`: 500.
+    #[arg(long, default_value_t = 0)]
+    job: u64,
+    /// Tasks of the job run at once (default: one per simulated node).
+    #[arg(long)]
+    max_concurrent: Option<u64>,
     /// A size that runs in seconds (50 nodes, 2 s window).
     #[arg(long)]
     smoke: bool,
@@ -78,6 +92,7 @@ impl LatencyLog {
 struct Shared {
     registered: AtomicUsize,
     running_reported: AtomicUsize,
+    complete_reported: AtomicUsize,
     heartbeat_errors: AtomicU64,
     sessions_lost: AtomicU64,
     measuring: AtomicBool,
@@ -172,19 +187,30 @@ async fn sim_node(i: usize, channel: Channel, shared: Arc<Shared>, mut stop: wat
                             continue;
                         }
                         let Some(assignment::Item::Task(task)) = ch.assignment.and_then(|a| a.item) else { continue };
-                        if task.desired_state == TaskState::Running as i32 && !reported.contains(&task.id) {
+                        // A service's task runs; a job's task (desired COMPLETE) is done at once.
+                        let state = if task.desired_state == TaskState::Running as i32 {
+                            TaskState::Running
+                        } else if task.desired_state == TaskState::Complete as i32 {
+                            TaskState::Complete
+                        } else {
+                            continue;
+                        };
+                        if reported.insert(task.id.clone()) {
                             updates.push(TaskStatusUpdate {
-                                task_id: task.id.clone(),
-                                status: Some(TaskStatus { state: TaskState::Running as i32, message: "started".into(), ..Default::default() }),
+                                task_id: task.id,
+                                status: Some(TaskStatus { state: state as i32, message: if state == TaskState::Complete { "finished" } else { "started" }.into(), ..Default::default() }),
                             });
-                            reported.insert(task.id);
                         }
                     }
                     if !updates.is_empty() {
+                        let complete = updates.iter().filter(|u| u.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32)).count();
                         let n = updates.len();
                         let r = client.update_task_status(req(&node_id, UpdateTaskStatusRequest { session_id: session_id.clone(), updates }, Some(CALL_TIMEOUT))).await;
                         match r {
-                            Ok(_) => { shared.running_reported.fetch_add(n, Ordering::Relaxed); }
+                            Ok(_) => {
+                                shared.running_reported.fetch_add(n - complete, Ordering::Relaxed);
+                                shared.complete_reported.fetch_add(complete, Ordering::Relaxed);
+                            }
                             Err(e) => eprintln!("node {node_id}: UpdateTaskStatus failed: {e}"),
                         }
                     }
@@ -237,6 +263,8 @@ async fn wait_count(what: &str, counter: &AtomicUsize, want: usize) -> Result<Du
 /// Runs the scenario.
 pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
     let (nodes, seconds) = if a.smoke { (50, 2) } else { (a.nodes.max(1), a.seconds.max(1)) };
+    let job = if a.smoke && a.job > 0 { 500 } else { a.job };
+    let mut job_took: Option<Duration> = None;
     let nofile = procstat::raise_nofile_limit()?;
     let per_conn = a.nodes_per_connection.max(1);
     let manager_rt = tokio::runtime::Builder::new_multi_thread()
@@ -287,7 +315,70 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
         table.row(vec!["registration s".into(), fmt_num(reg.as_secs_f64())]);
         table.row(vec!["registrations/s".into(), fmt_num(nodes as f64 / reg.as_secs_f64().max(1e-9))]);
         table.row(vec!["manager CPU s during registration".into(), fmt_num(cpu_reg)]);
-        if a.tasks_per_node > 0 {
+        if job > 0 {
+            let max_concurrent = a.max_concurrent.unwrap_or(nodes as u64).max(1);
+            let mut spec = crate::e2e::sleep_service("agents-job", 0);
+            spec.mode = Some(shoal_api::service_spec::Mode::ReplicatedJob(shoal_api::ReplicatedJob {
+                max_concurrent,
+                total_completions: job,
+            }));
+            let cpu_before = manager_cpu_seconds()?;
+            let start = Instant::now();
+            let svc = manager_rt
+                .block_on(controlapi::create_service(&cluster.state, spec))
+                .map_err(|e| BenchError::Request(e.to_string()))?;
+            let done = |t: &shoal_store::Tables| {
+                t.tasks().by_service(&svc.id).filter(|t| t.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32)).count()
+            };
+            // Tasks meant to run and not finished: never more than max_concurrent.
+            let in_flight = |t: &shoal_store::Tables| {
+                t.tasks()
+                    .by_service(&svc.id)
+                    .filter(|t| {
+                        t.desired_state <= TaskState::Complete as i32
+                            && t.status.as_ref().is_none_or(|s| s.state <= TaskState::Running as i32)
+                    })
+                    .count()
+            };
+            // Sampled every `SAMPLE_EVERY` (a view over the job's tasks), not on every commit, so that the
+            // measure does not hold the store's read lock on every write.
+            let mut most_in_flight = 0;
+            let mut last_log = Instant::now();
+            loop {
+                let (n, flying) = cluster.state.store.view(|t| (done(t), in_flight(t)));
+                most_in_flight = most_in_flight.max(flying);
+                if n as u64 >= job {
+                    break;
+                }
+                if start.elapsed() > PHASE_TIMEOUT {
+                    return Err(BenchError::Timeout(format!("{job} completions: {n} after {PHASE_TIMEOUT:?}")));
+                }
+                if last_log.elapsed() >= Duration::from_secs(10) {
+                    eprintln!("{:.0} s: {n} completions, {flying} in flight", start.elapsed().as_secs_f64());
+                    last_log = Instant::now();
+                }
+                std::thread::sleep(SAMPLE_EVERY);
+            }
+            let took = start.elapsed();
+            let cpu = manager_cpu_seconds()? - cpu_before;
+            let (made, complete) =
+                cluster.state.store.view(|t| (t.tasks().by_service(&svc.id).count(), done(t)));
+            table.row(vec!["job completions".into(), job.to_string()]);
+            table.row(vec!["job max concurrent".into(), max_concurrent.to_string()]);
+            table.row(vec!["job complete s".into(), fmt_num(took.as_secs_f64())]);
+            table.row(vec!["completions/s".into(), fmt_num(job as f64 / took.as_secs_f64().max(1e-9))]);
+            table.row(vec!["manager CPU s during the job".into(), fmt_num(cpu)]);
+            table.row(vec!["manager CPU during the job (cores)".into(), fmt_num(cpu / took.as_secs_f64().max(1e-9))]);
+            table.row(vec!["job tasks made / COMPLETE".into(), format!("{made} / {complete}")]);
+            table.row(vec!["most job tasks in flight (sampled)".into(), most_in_flight.to_string()]);
+            if made as u64 != job || complete as u64 != job || most_in_flight as u64 > max_concurrent {
+                return Err(BenchError::Request(format!(
+                    "the job made {made} tasks, {complete} COMPLETE ({job} expected), at most {most_in_flight} in flight \
+                     ({max_concurrent} allowed)"
+                )));
+            }
+            job_took = Some(took);
+        } else if a.tasks_per_node > 0 {
             let replicas = nodes * a.tasks_per_node;
             let start = Instant::now();
             manager_rt
@@ -333,7 +424,10 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
     let _ = stop_tx.send(true);
     manager_rt.block_on(cluster.shutdown());
     let (cores, down, lost) = result?;
-    report::finish(&table, "agents", cores, "cores");
+    match job_took {
+        Some(took) => report::finish(&table, "agents-job", took.as_secs_f64(), "s"),
+        None => report::finish(&table, "agents", cores, "cores"),
+    }
     if down > 0 || lost > 0 {
         return Err(BenchError::Request(format!(
             "{down} nodes marked DOWN and {lost} sessions lost although every simulated node kept beating"

@@ -92,6 +92,9 @@ fn e2e_smoke() {
 fn agents_smoke() {
     let (s, _, u) = smoke(&["agents"]);
     assert_eq!((s.as_str(), u.as_str()), ("agents", "cores"));
+    let (s, v, u) = smoke(&["agents", "--job", "1", "--max-concurrent", "20"]);
+    assert_eq!((s.as_str(), u.as_str()), ("agents-job", "s"));
+    assert!(v > 0.0, "a job of 500 completions takes some time");
 }
 
 #[test]

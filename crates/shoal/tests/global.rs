@@ -134,20 +134,11 @@ fn a_global_service_runs_one_task_per_eligible_node() {
 }
 
 #[test]
-fn job_modes_are_refused_naming_the_mode() {
+fn a_service_mode_cannot_change() {
     if no_docker_cli() {
         return;
     }
     let d = daemon();
-    for mode in ["replicated-job", "global-job"] {
-        let out = docker_cli::run(d.socket(), &["service", "create", "--detach", "--name", "job", "--mode", mode, "busybox", "true"]);
-        assert!(!out.status.success(), "{mode} accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
-        let field = if mode == "replicated-job" { "Mode.ReplicatedJob" } else { "Mode.GlobalJob" };
-        assert!(err.contains(field) && err.contains("not supported yet"), "{mode}: {err}");
-    }
-    assert!(service_names(&d).is_empty(), "nothing created");
-    // A service's mode cannot change.
     docker(&d, &["service", "create", "--detach", "--name", "web", "--replicas", "1", "busybox", "sleep", "5154"]);
     let s = d.get("/v1.47/services/web");
     let mut spec = s["Spec"].clone();

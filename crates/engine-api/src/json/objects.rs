@@ -57,6 +57,19 @@ pub struct ServiceJson {
     /// Task counts (only with `status=true` on list).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_status: Option<ServiceStatusJson>,
+    /// A job's iteration and last run (job modes only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_status: Option<JobStatusJson>,
+}
+
+/// `Service.JobStatus`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct JobStatusJson {
+    /// Raised each time the job runs again (each spec update); its tasks carry it as `JobIteration`.
+    pub job_iteration: VersionJson,
+    /// When the job last started to run.
+    pub last_execution: String,
 }
 
 /// `Service.Endpoint`.
@@ -147,6 +160,10 @@ impl ServiceJson {
                 message: u.message.clone(),
             }),
             service_status: None,
+            job_status: s.job_status.as_ref().map(|j| JobStatusJson {
+                job_iteration: VersionJson::from_api(j.job_iteration.as_ref()),
+                last_execution: time_to_json(j.last_execution.as_ref()),
+            }),
         }
     }
 
@@ -195,6 +212,16 @@ impl ServiceJson {
                     Ok(out)
                 })
                 .transpose()?,
+            job_status: self
+                .job_status
+                .as_ref()
+                .map(|j| -> Result<_, ConvertError> {
+                    Ok(shoal_api::JobStatus {
+                        job_iteration: Some(j.job_iteration.to_api()),
+                        last_execution: time_from_json("JobStatus.LastExecution", &j.last_execution)?,
+                    })
+                })
+                .transpose()?,
             ..Default::default()
         })
     }
@@ -234,6 +261,9 @@ pub struct TaskJson {
     pub status: TaskStatusJson,
     /// The state the orchestrator wants.
     pub desired_state: String,
+    /// The job iteration a job's task was made for (job modes only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_iteration: Option<VersionJson>,
 }
 
 fn is_zero_u64(v: &u64) -> bool {
@@ -327,6 +357,7 @@ impl TaskJson {
                 }),
             },
             desired_state: TaskState::from_wire(t.desired_state).docker_name().into(),
+            job_iteration: t.job_iteration.as_ref().map(|v| VersionJson::from_api(Some(v))),
         }
     }
 
@@ -376,6 +407,7 @@ impl TaskJson {
             annotations,
             status: Some(status),
             desired_state: state_from("DesiredState", &self.desired_state)? as i32,
+            job_iteration: self.job_iteration.map(VersionJson::to_api),
             ..Default::default()
         })
     }

@@ -75,14 +75,17 @@ pub struct ReplicatedJson {
     pub replicas: Option<i64>,
 }
 
-/// `Mode.ReplicatedJob`.
+/// `Mode.ReplicatedJob`. Absent fields take the engine's defaults: MaxConcurrent 1, TotalCompletions
+/// MaxConcurrent.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
 pub struct ReplicatedJobJson {
     /// Tasks run at once.
-    pub max_concurrent: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u64>,
     /// Completions wanted.
-    pub total_completions: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_completions: Option<u64>,
 }
 
 /// `TaskSpec` (a service's `TaskTemplate`).
@@ -682,10 +685,15 @@ impl ServiceSpecJson {
         } else if self.mode.global.is_some() {
             service_spec::Mode::Global(GlobalService {})
         } else if let Some(j) = &self.mode.replicated_job {
-            service_spec::Mode::ReplicatedJob(ReplicatedJob {
-                max_concurrent: j.max_concurrent,
-                total_completions: j.total_completions,
-            })
+            {
+                // As the engine (daemon/cluster/convert): MaxConcurrent defaults to 1, TotalCompletions to
+                // MaxConcurrent.
+                let max_concurrent = j.max_concurrent.unwrap_or(1);
+                service_spec::Mode::ReplicatedJob(ReplicatedJob {
+                    max_concurrent,
+                    total_completions: j.total_completions.unwrap_or(max_concurrent),
+                })
+            }
         } else if self.mode.global_job.is_some() {
             service_spec::Mode::GlobalJob(GlobalJob {})
         } else {
@@ -730,8 +738,8 @@ impl ServiceSpecJson {
             Some(service_spec::Mode::Global(_)) => mode.global = Some(Empty {}),
             Some(service_spec::Mode::ReplicatedJob(j)) => {
                 mode.replicated_job = Some(ReplicatedJobJson {
-                    max_concurrent: j.max_concurrent,
-                    total_completions: j.total_completions,
+                    max_concurrent: Some(j.max_concurrent),
+                    total_completions: Some(j.total_completions),
                 })
             }
             Some(service_spec::Mode::GlobalJob(_)) => mode.global_job = Some(Empty {}),

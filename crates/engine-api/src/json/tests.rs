@@ -97,7 +97,26 @@ fn service_round_trips() {
         "UpdateStatus": {"State": "updating", "StartedAt": "2016-06-07T21:07:29.962229872Z",
                          "CompletedAt": "0001-01-01T00:00:00Z", "Message": "update in progress"}
     });
-    round_trip::<ServiceJson, _>(doc, |j| j.to_api().unwrap(), ServiceJson::from_api);
+    round_trip::<ServiceJson, _>(doc.clone(), |j| j.to_api().unwrap(), ServiceJson::from_api);
+    let mut job = doc;
+    job["Spec"]["Mode"] = json!({"ReplicatedJob": {"MaxConcurrent": 2, "TotalCompletions": 5}});
+    job["JobStatus"] = json!({"JobIteration": {"Index": 3}, "LastExecution": "2016-06-07T21:07:29.962229872Z"});
+    round_trip::<ServiceJson, _>(job, |j| j.to_api().unwrap(), ServiceJson::from_api);
+}
+
+#[test]
+fn a_replicated_job_takes_the_engines_defaults() {
+    let mode = |m: serde_json::Value| {
+        let mut doc = full_service_spec();
+        doc["Mode"] = m;
+        serde_json::from_value::<ServiceSpecJson>(doc).unwrap().to_api().unwrap().mode.unwrap()
+    };
+    let rj = |max_concurrent, total_completions| {
+        shoal_api::service_spec::Mode::ReplicatedJob(shoal_api::ReplicatedJob { max_concurrent, total_completions })
+    };
+    assert_eq!(mode(json!({"ReplicatedJob": {}})), rj(1, 1));
+    assert_eq!(mode(json!({"ReplicatedJob": {"MaxConcurrent": 3}})), rj(3, 3));
+    assert_eq!(mode(json!({"ReplicatedJob": {"TotalCompletions": 7}})), rj(1, 7));
 }
 
 #[test]
@@ -121,7 +140,11 @@ fn task_round_trips() {
                                              "PublishMode": "host"}]}},
         "DesiredState": "shutdown"
     });
-    round_trip::<TaskJson, _>(doc, |j| j.to_api().unwrap(), TaskJson::from_api);
+    round_trip::<TaskJson, _>(doc.clone(), |j| j.to_api().unwrap(), TaskJson::from_api);
+    let mut job = doc;
+    job["DesiredState"] = json!("complete");
+    job["JobIteration"] = json!({"Index": 2});
+    round_trip::<TaskJson, _>(job, |j| j.to_api().unwrap(), TaskJson::from_api);
 }
 
 #[test]

@@ -219,13 +219,20 @@ pub(crate) fn check_count(field: &str, v: u64, max: u64) -> Result<(), ControlEr
 /// `MAX_SERVICE_TASK_BYTES`.
 pub(crate) fn check_spec_size(spec: &ServiceSpec) -> Result<(), ControlError> {
     let len = spec.encoded_len();
-    if let Some(shoal_api::service_spec::Mode::Replicated(r)) = &spec.mode {
-        let total = r.replicas.saturating_mul(len as u64);
+    // A replicated job keeps one completed task per completion of its current iteration.
+    let counted = match &spec.mode {
+        Some(shoal_api::service_spec::Mode::Replicated(r)) => Some(("Mode.Replicated.Replicas", r.replicas)),
+        Some(shoal_api::service_spec::Mode::ReplicatedJob(j)) => {
+            Some(("Mode.ReplicatedJob.TotalCompletions", j.total_completions))
+        }
+        _ => None,
+    };
+    if let Some((field, count)) = counted {
+        let total = count.saturating_mul(len as u64);
         if total > MAX_SERVICE_TASK_BYTES {
             return Err(invalid(format!(
-                "Mode.Replicated.Replicas {} x a spec of {len} bytes is {total} bytes of tasks, over the limit of \
-                 {MAX_SERVICE_TASK_BYTES} bytes (1 GiB): run fewer replicas or make the spec smaller",
-                r.replicas
+                "{field} {count} x a spec of {len} bytes is {total} bytes of tasks, over the limit of \
+                 {MAX_SERVICE_TASK_BYTES} bytes (1 GiB): run fewer tasks or make the spec smaller"
             )));
         }
     }

@@ -47,7 +47,8 @@ pub use cluster::{
 };
 pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use service::{
-    create_service, get_service, list_services, remove_service, rollback_service, service_status, update_service,
+    create_service, get_service, is_job_spec, list_services, remove_service, rollback_service, service_status,
+    update_service,
     validate_service_spec, ServiceFilters, ServiceStatus,
 };
 pub use task::{get_task, list_tasks, task_name, TaskFilters};

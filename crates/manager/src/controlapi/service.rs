@@ -110,17 +110,31 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     match &spec.mode {
         Some(service_spec::Mode::Replicated(r)) => check_count("Mode.Replicated.Replicas", r.replicas, MAX_REPLICAS)?,
         Some(service_spec::Mode::Global(_)) => {}
-        Some(service_spec::Mode::ReplicatedJob(_)) => {
-            return Err(invalid(
-                "Mode.ReplicatedJob: job modes (replicated-job, global-job) are not supported yet; use replicated or global",
-            ))
+        Some(service_spec::Mode::ReplicatedJob(j)) => {
+            check_count("Mode.ReplicatedJob.TotalCompletions", j.total_completions, MAX_REPLICAS)?;
+            check_count("Mode.ReplicatedJob.MaxConcurrent", j.max_concurrent, MAX_REPLICAS)?;
+            if j.max_concurrent == 0 && j.total_completions > 0 {
+                // SwarmKit would store it and never run a task.
+                return Err(invalid(format!(
+                    "Mode.ReplicatedJob.MaxConcurrent is 0: no task could run towards the {} completions asked for; \
+                     leave it out (1) or set at least 1",
+                    j.total_completions
+                )));
+            }
         }
-        Some(service_spec::Mode::GlobalJob(_)) => {
-            return Err(invalid(
-                "Mode.GlobalJob: job modes (replicated-job, global-job) are not supported yet; use replicated or global",
-            ))
-        }
+        Some(service_spec::Mode::GlobalJob(_)) => {}
         None => return Err(invalid("the service mode is required: replicated (with a replica count) or global")),
+    }
+    if is_job_spec(spec) {
+        // As SwarmKit (jobs have no update config) and the docker CLI (nor a rollback config).
+        for (what, set) in [("UpdateConfig", spec.update.is_some()), ("RollbackConfig", spec.rollback.is_some())] {
+            if set {
+                return Err(invalid(format!(
+                    "{what}: jobs (replicated-job, global-job) are not rolled out: a spec update runs the job again; \
+                     leave it out"
+                )));
+            }
+        }
     }
     if let Some(p) = &task.placement {
         constraint::parse(&p.constraints).map_err(|e| invalid(e.to_string()))?;
@@ -176,6 +190,11 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     check_spec_size(spec)
 }
 
+/// True for a replicated-job or global-job spec.
+pub fn is_job_spec(spec: &ServiceSpec) -> bool {
+    matches!(spec.mode, Some(service_spec::Mode::ReplicatedJob(_)) | Some(service_spec::Mode::GlobalJob(_)))
+}
+
 fn container_mut(spec: Option<&mut ServiceSpec>) -> Option<&mut shoal_api::ContainerSpec> {
     match spec?.task.as_mut()?.runtime.as_mut()? {
         task_spec::Runtime::Container(c) => Some(c),
@@ -190,6 +209,9 @@ pub async fn create_service(
 ) -> Result<Service, ControlError> {
     validate_service_spec(&spec)?;
     let now = state.now();
+    // A job starts at iteration 0 (as SwarmKit); each update runs it again (see `update_service`).
+    let job_status = is_job_spec(&spec)
+        .then_some(shoal_api::JobStatus { job_iteration: Some(Version { index: 0 }), last_execution: Some(now) });
     let service = Service {
         id: state.ids.new_id(),
         meta: Some(shoal_api::Meta {
@@ -199,6 +221,7 @@ pub async fn create_service(
         }),
         spec: Some(spec),
         spec_version: Some(Version { index: 0 }),
+        job_status,
         ..Default::default()
     };
     let id = service.id.clone();
@@ -282,6 +305,13 @@ pub async fn update_service(
             // As SwarmKit: a new spec starts a new update (a paused one resumes with it).
             next.update_status = None;
             next.meta_mut().updated_at = Some(now);
+            if is_job_spec(next.spec.as_ref().expect("just set")) {
+                // A job runs again on every spec update: a new iteration, its earlier tasks become history.
+                let j = next.job_status.get_or_insert_with(Default::default);
+                let index = j.job_iteration.map_or(0, |v| v.index).saturating_add(1);
+                j.job_iteration = Some(Version { index });
+                j.last_execution = Some(now);
+            }
             let nodes = t.nodes().len() as u64;
             check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
             c.update(next);
@@ -330,6 +360,13 @@ pub async fn rollback_service(state: &ClusterState, reference: &str, version: u6
                 message: crate::orchestrator::update::MANUAL_ROLLBACK_MESSAGE.to_string(),
             });
             next.meta_mut().updated_at = Some(now);
+            if is_job_spec(next.spec.as_ref().expect("just set")) {
+                // A rollback of a job runs it again too: a new iteration, its earlier tasks become history.
+                let j = next.job_status.get_or_insert_with(Default::default);
+                let index = j.job_iteration.map_or(0, |v| v.index).saturating_add(1);
+                j.job_iteration = Some(Version { index });
+                j.last_execution = Some(now);
+            }
             let nodes = t.nodes().len() as u64;
             check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
             c.update(next);
@@ -439,16 +476,47 @@ pub fn list_services(state: &ClusterState, filters: &ServiceFilters) -> Vec<Arc<
 /// Task counts of a service, as `service ls` shows them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServiceStatus {
-    /// Tasks observed running whose desired state is running.
+    /// Tasks observed running whose desired state is running (a job: tasks of its current iteration
+    /// observed running).
     pub running_tasks: u64,
-    /// Replicas asked for (replicated), or tasks meant to run (global: tasks with desired state running).
+    /// Replicas asked for (replicated), or tasks meant to run (global: tasks with desired state running;
+    /// replicated job: its max concurrency; global job: its current iteration's tasks meant to complete that
+    /// have not yet).
     pub desired_tasks: u64,
-    /// Tasks that completed (jobs).
+    /// Tasks of a job's current iteration that completed.
     pub completed_tasks: u64,
+}
+
+/// Counts a job's current iteration as SwarmKit's `ListServiceStatuses` does (the docker CLI prints
+/// `running/desired (completed/total completed)` from it).
+fn job_status_counts(tables: &Tables, service: &Service) -> ServiceStatus {
+    use crate::orchestrator::jobs::{current_iteration, in_iteration};
+    let iteration = current_iteration(service);
+    let mut st = ServiceStatus::default();
+    let mut unfinished = 0;
+    for task in tables.tasks().by_service(&service.id).filter(|t| in_iteration(t, iteration)) {
+        let observed = task.status.as_ref().map(|s| s.state).unwrap_or(0);
+        if observed == TaskState::Complete as i32 {
+            st.completed_tasks += 1;
+        } else if task.desired_state == TaskState::Complete as i32 {
+            unfinished += 1;
+        }
+        if observed == TaskState::Running as i32 {
+            st.running_tasks += 1;
+        }
+    }
+    st.desired_tasks = match service.spec.as_ref().and_then(|s| s.mode.as_ref()) {
+        Some(service_spec::Mode::ReplicatedJob(j)) => j.max_concurrent,
+        _ => unfinished,
+    };
+    st
 }
 
 /// Counts a service's tasks (through the service index) for `ServiceStatus`.
 pub fn service_status(tables: &Tables, service: &Service) -> ServiceStatus {
+    if service.spec.as_ref().is_some_and(is_job_spec) {
+        return job_status_counts(tables, service);
+    }
     let mut st = ServiceStatus::default();
     let mut desired_running = 0;
     for task in tables.tasks().by_service(&service.id) {
@@ -465,7 +533,6 @@ pub fn service_status(tables: &Tables, service: &Service) -> ServiceStatus {
     }
     st.desired_tasks = match service.spec.as_ref().and_then(|s| s.mode.as_ref()) {
         Some(service_spec::Mode::Replicated(r)) => r.replicas,
-        Some(service_spec::Mode::ReplicatedJob(j)) => j.max_concurrent,
         _ => desired_running,
     };
     st

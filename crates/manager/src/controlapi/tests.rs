@@ -5,7 +5,7 @@ use std::sync::Arc;
 use shoal_api::{
     node_spec, node_status, service_spec, task_spec, Annotations, ContainerSpec, Node, NodeRole,
     NodeSpec, NodeStatus, Placement, ReplicatedService, RestartPolicy, Service, ServiceSpec, Task,
-    TaskSpec, TaskState, TaskStatus,
+    TaskSpec, TaskState, TaskStatus, Version,
 };
 use shoal_raft::LocalProposer;
 use shoal_store::{Changes, ManualClock, MemoryStore, StoreObject};
@@ -673,13 +673,67 @@ async fn writes_on_a_follower_are_refused_with_not_leader() {
     );
 }
 
+fn replicated_job(max_concurrent: u64, total_completions: u64) -> Option<service_spec::Mode> {
+    Some(service_spec::Mode::ReplicatedJob(shoal_api::ReplicatedJob { max_concurrent, total_completions }))
+}
+
 #[tokio::test]
-async fn job_modes_and_mode_changes_are_refused_naming_the_field() {
+async fn job_specs_are_bounded_and_have_no_update_config() {
+    invalid_spec(|s| s.mode = replicated_job(2, 250_001), "Mode.ReplicatedJob.TotalCompletions 250001 is too large");
+    invalid_spec(|s| s.mode = replicated_job(250_001, 5), "Mode.ReplicatedJob.MaxConcurrent 250001 is too large");
+    invalid_spec(|s| s.mode = replicated_job(0, 5), "Mode.ReplicatedJob.MaxConcurrent is 0");
     invalid_spec(
-        |s| s.mode = Some(service_spec::Mode::ReplicatedJob(shoal_api::ReplicatedJob { max_concurrent: 2, total_completions: 5 })),
-        "Mode.ReplicatedJob: job modes (replicated-job, global-job) are not supported yet",
+        |s| {
+            s.mode = Some(service_spec::Mode::GlobalJob(shoal_api::GlobalJob {}));
+            s.update = Some(Default::default());
+        },
+        "UpdateConfig: jobs",
     );
-    invalid_spec(|s| s.mode = Some(service_spec::Mode::GlobalJob(shoal_api::GlobalJob {})), "Mode.GlobalJob: job modes");
+    invalid_spec(
+        |s| {
+            s.mode = replicated_job(1, 1);
+            s.rollback = Some(Default::default());
+        },
+        "RollbackConfig: jobs",
+    );
+    invalid_spec(
+        |s| {
+            s.mode = replicated_job(1, 250_000);
+            s.annotations.as_mut().unwrap().labels.insert("big".into(), "x".repeat(8192));
+        },
+        "Mode.ReplicatedJob.TotalCompletions 250000 x a spec of",
+    );
+    // Nothing to run is a job done at once.
+    let mut empty = spec("empty", 1);
+    empty.mode = replicated_job(0, 0);
+    validate_service_spec(&empty).unwrap();
+}
+
+#[tokio::test]
+async fn a_job_starts_at_iteration_0_and_every_update_runs_it_again() {
+    let (state, _p) = cluster();
+    let mut job = spec("job", 1);
+    job.mode = replicated_job(2, 5);
+    let svc = create_service(&state, job.clone()).await.unwrap();
+    let status = svc.job_status.expect("a job has a job status");
+    assert_eq!(status.job_iteration, Some(Version { index: 0 }));
+    assert_eq!(status.last_execution, Some(state.now()));
+    let mut forced = job.clone();
+    forced.task.as_mut().unwrap().force_update += 1;
+    let updated = update_service(&state, &svc.id, svc.version(), forced).await.unwrap();
+    assert_eq!(updated.job_status.unwrap().job_iteration, Some(Version { index: 1 }));
+    // A service is not a job: no job status.
+    let web = create_service(&state, spec("web", 1)).await.unwrap();
+    assert_eq!(web.job_status, None);
+    // A job cannot become a service, nor the other way round.
+    let err = update_service(&state, &web.id, web.version(), { let mut s = job.clone(); s.annotations.as_mut().unwrap().name = "web".into(); s })
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, ControlError::InvalidArgument(m) if m.contains("(replicated -> replicated-job)")), "{err:?}");
+}
+
+#[tokio::test]
+async fn mode_changes_are_refused_naming_the_field() {
     invalid_spec(|s| s.mode = None, "the service mode is required");
 
     let (state, _p) = cluster();

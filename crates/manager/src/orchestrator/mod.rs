@@ -1,8 +1,10 @@
 //! The orchestrators: they turn services into tasks. `replicated` keeps N tasks per replicated service (one
 //! per slot), `global` one task per eligible node of a global service (on the same working state, a node per
-//! key), and holds the restart supervisor (`restart`) and the update supervisor (`update`, with what "up to
-//! date" means in `dirty`) as parts of one per-service reconcile; `taskreaper` deletes old and removed
-//! tasks; `constraint_enforcer` rejects tasks whose node no longer fits them. Each has a sans-IO core (plain
+//! key), `jobs` runs replicated and global jobs to completion (its own reconcile), and `replicated` holds
+//! the restart supervisor (`restart`) and the update supervisor (`update`, with what "up to date" means in
+//! `dirty`) as parts of one per-service reconcile; `taskreaper` deletes old and removed tasks;
+//! `constraint_enforcer` rejects tasks whose node no longer fits them; `rebalance` moves tasks to nodes that
+//! joined later when the cluster setting is on. Each has a sans-IO core (plain
 //! functions over a `&Tables` view and a time in milliseconds, returning `Changes`) and a thin async loop
 //! over the store's watch queue (`replicated_loop`, `taskreaper`, `constraint_enforcer`).
 //!
@@ -13,6 +15,7 @@
 pub mod constraint_enforcer;
 pub mod dirty;
 pub mod global;
+pub mod jobs;
 pub mod rebalance;
 pub mod replicated;
 mod replicated_loop;
@@ -26,6 +29,8 @@ pub(crate) mod fixture;
 #[cfg(test)]
 mod global_tests;
 #[cfg(test)]
+mod jobs_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod update_tests;
@@ -34,16 +39,24 @@ use shoal_api::{node_status, Node, Task, TaskState};
 use shoal_store::Tables;
 
 pub use replicated::{reconcile_service, remove_service_tasks, Reconciled};
-pub use replicated_loop::{GlobalOrchestrator, ReplicatedOrchestrator};
+pub use replicated_loop::{GlobalOrchestrator, JobsOrchestrator, ReplicatedOrchestrator};
 pub use constraint_enforcer::ConstraintEnforcer;
 pub use taskreaper::TaskReaper;
 
 use crate::subsystem::Subsystem;
 
 /// The leader-only orchestration subsystems: the replicated and global orchestrators (each with the
-/// restart supervisor and update supervisor), the task reaper and the constraint enforcer.
+/// restart supervisor and update supervisor), the jobs orchestrator, the task reaper, the constraint enforcer
+/// and the rebalancer.
 pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
-    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(TaskReaper), Box::new(ConstraintEnforcer), Box::new(rebalance::Rebalancer)]
+    vec![
+        Box::new(ReplicatedOrchestrator),
+        Box::new(GlobalOrchestrator),
+        Box::new(JobsOrchestrator),
+        Box::new(TaskReaper),
+        Box::new(ConstraintEnforcer),
+        Box::new(rebalance::Rebalancer),
+    ]
 }
 
 /// The task's observed state (`status.state`), `New` when it has no status.

@@ -1,12 +1,13 @@
-//! The orchestrators' async loop, run once per service mode (`Kind`): the replicated orchestrator and the
-//! global orchestrator are two instances of it, each reconciling only its own services (and the replicated
-//! one removing the tasks of deleted services). It subscribes and reads (`view_and_watch`), reconciles every
-//! service, then reacts to commits. A service is reconciled again when it is created, updated or removed,
-//! when one of its tasks changes in a way a pass reads (`task_change_matters`: created, desired state, node
-//! or spec version changed, observed state crossed into assigned or finished, or into running while the
-//! service's rolling update is in progress: only the updater waits for RUNNING), when a node holding
-//! its tasks goes down (or is removed), and when a restart or update delay it asked for ends. The global
-//! instance also reconciles every global service when a node is created or removed, or changes in what
+//! The orchestrators' async loop, run once per service mode (`Kind`): the replicated orchestrator, the
+//! global orchestrator and the jobs orchestrator (replicated and global jobs, `jobs`) are three instances of
+//! it, each reconciling only its own services (and the replicated one removing the tasks of deleted
+//! services). It subscribes and reads (`view_and_watch`), reconciles every service, then reacts to commits.
+//! A service is reconciled again when it is created, updated or removed, when one of its tasks changes in a
+//! way a pass reads (`task_change_matters`: created, desired state, node or spec version changed, observed
+//! state crossed into assigned or finished, or into running while the service's rolling update is in
+//! progress: only the updater waits for RUNNING), when a node holding its tasks goes down (or is removed),
+//! and when a restart or update delay it asked for ends. The global instance (and the jobs instance, for
+//! global jobs) also reconciles every global service when a node is created or removed, or changes in what
 //! decides where global tasks run (status state, spec: availability and labels, platform). A lagging
 //! watch makes it reconcile everything again. (Status reports inside a band, such as ACCEPTED, PREPARING
 //! and STARTING after ASSIGNED, change nothing a pass decides; a pass costs O(tasks of the service), so
@@ -28,6 +29,7 @@ use shoal_store::{ActionKind, Commit, Object, Tables, WatchError};
 use tokio::sync::watch;
 
 use super::global::{is_global, reconcile_global};
+use super::jobs::{is_global_job, is_job, reconcile_job};
 use super::replicated::{reconcile_service, remove_service_tasks, replicas, Reconciled};
 use super::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 use crate::state::ClusterState;
@@ -51,13 +53,25 @@ enum Kind {
     Replicated,
     /// Global services.
     Global,
+    /// Replicated and global jobs.
+    Jobs,
 }
 
 impl Kind {
     fn owns(self, s: &Service) -> bool {
         match self {
-            Kind::Replicated => !is_global(s),
+            Kind::Replicated => !is_global(s) && !is_job(s),
             Kind::Global => is_global(s),
+            Kind::Jobs => is_job(s),
+        }
+    }
+
+    /// True when the placement of `s`'s tasks depends on the nodes (a node change reconciles it).
+    fn follows_nodes(self, s: &Service) -> bool {
+        match self {
+            Kind::Replicated => false,
+            Kind::Global => is_global(s),
+            Kind::Jobs => is_global_job(s),
         }
     }
 }
@@ -91,11 +105,25 @@ impl Subsystem for GlobalOrchestrator {
     }
 }
 
+/// The jobs orchestrator subsystem: replicated and global jobs run to completion (`jobs`).
+#[derive(Debug, Default)]
+pub struct JobsOrchestrator;
+
+impl Subsystem for JobsOrchestrator {
+    fn name(&self) -> &'static str {
+        "jobs-orchestrator"
+    }
+
+    fn run(&self, state: ClusterState, stop: watch::Receiver<bool>) -> SubsystemFuture {
+        Box::pin(run(state, stop, Kind::Jobs))
+    }
+}
+
 /// The services of `kind`; for the replicated loop also services that are gone but still have tasks not
 /// marked for removal.
 fn all_targets(t: &Tables, kind: Kind) -> BTreeSet<String> {
     let mut ids: BTreeSet<String> = t.services().iter().filter(|s| kind.owns(s)).map(|s| s.id.clone()).collect();
-    if kind == Kind::Global {
+    if kind != Kind::Replicated {
         return ids;
     }
     for task in t.tasks().iter() {
@@ -167,7 +195,7 @@ impl LoopState {
                     }
                 }
                 Object::Node(n) => {
-                    if self.kind == Kind::Global && node_change_matters(ch.kind, ch.old.as_ref(), n) {
+                    if self.kind != Kind::Replicated && node_change_matters(ch.kind, ch.old.as_ref(), n) {
                         self.nodes_changed = true;
                     }
                     let down = |o: &Option<Object>| match o {
@@ -241,7 +269,9 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>, kind: Kind) {
             ls.pending.insert(id);
         }
         if std::mem::take(&mut ls.nodes_changed) {
-            let ids = state.store.view(|t| all_targets(t, kind));
+            let ids: Vec<String> = state
+                .store
+                .view(|t| t.services().iter().filter(|s| kind.follows_nodes(s)).map(|s| s.id.clone()).collect());
             ls.pending.extend(ids);
         }
         if !ls.down_nodes.is_empty() {
@@ -311,6 +341,7 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
                 .iter()
                 .map(|id| {
                     let r = match t.services().get(id) {
+                        Some(s) if ls.kind == Kind::Jobs => reconcile_job(t, s, now, state.ids.as_ref()),
                         Some(s) if ls.kind == Kind::Global => {
                             if !is_global(s) {
                                 return (id.clone(), Reconciled::default());
@@ -318,8 +349,8 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
                             reconcile_global(t, s, now, state.ids.as_ref())
                         }
                         // Gone: the replicated loop removes the tasks (the global one leaves them to it).
-                        None if ls.kind == Kind::Global => Reconciled::default(),
-                        Some(s) if is_global(s) => Reconciled::default(),
+                        None if ls.kind != Kind::Replicated => Reconciled::default(),
+                        Some(s) if is_global(s) || is_job(s) => Reconciled::default(),
                         Some(s) => {
                             if replicas(s).is_none() && ls.logged_modes.insert(id.clone()) {
                                 tracing::info!(service = %id, "service mode is not replicated; the replicated orchestrator leaves it alone");

@@ -7,7 +7,8 @@
 //!   a global service (all its tasks have slot 0) (from the cluster object's
 //!   `spec.orchestration`; 0/unset or no cluster: `DEFAULT_RETENTION_LIMIT`; negative: no history is kept).
 //!   The oldest tasks that are done go first: desired past RUNNING and observed terminal (or never
-//!   assigned). A task still meant to run, or still running, is never deleted.
+//!   assigned). A task still meant to run, or still running, is never deleted, nor a job's task that
+//!   completed in the job's current iteration (the jobs orchestrator counts those).
 //!
 //! The core is `reap(tables, keys)`; the loop (`TaskReaper`) collects the slots touched by task commits and
 //! flushes every `FLUSH_AFTER_MS` or `MAX_DIRTY_SLOTS` slots, whichever comes first. It reads the whole task
@@ -69,13 +70,22 @@ pub fn reap<'a>(tables: &Tables, keys: impl IntoIterator<Item = &'a SlotKey>) ->
     let limit = retention_limit(tables);
     let mut changes = Changes::new();
     for (service_id, slot) in keys {
-        let service_exists = tables.services().get(service_id).is_some();
+        let service = tables.services().get(service_id);
+        let service_exists = service.is_some();
+        // A job's completions of its current iteration are what it counts: they stay.
+        let counted = |t: &Task| {
+            service.is_some_and(|s| {
+                super::jobs::is_job(s)
+                    && observed_state(t) == TaskState::Complete
+                    && super::jobs::in_iteration(t, super::jobs::current_iteration(s))
+            })
+        };
         let mut keep: Vec<&Arc<Task>> = Vec::new();
         for t in tables.tasks().by_slot(service_id, *slot) {
             let gone = t.desired_state() == TaskState::Remove || !service_exists;
             if gone && stopped_or_never_assigned(t) {
                 changes.remove(t.clone());
-            } else {
+            } else if !counted(t) {
                 keep.push(t);
             }
         }

@@ -97,9 +97,9 @@ pub struct Scheduler {
 }
 
 /// True when the scheduler should place (or, with a node already set, check) this task: observed PENDING
-/// and meant to run.
+/// and meant to run (desired up to RUNNING, or COMPLETE for a job's task).
 pub fn is_schedulable(t: &Task) -> bool {
-    observed_state(t) == TaskState::Pending && t.desired_state() <= TaskState::Running
+    observed_state(t) == TaskState::Pending && t.desired_state() <= TaskState::Complete
 }
 
 impl Scheduler {

@@ -428,17 +428,19 @@ fn push_update(c: &Client, svc: &ServiceJson, spec: &ServiceSpecJson) -> Result<
     c.post::<ServiceUpdateResponse>(&path, spec).map(|_| ())
 }
 
+/// The REPLICAS column as the docker CLI writes it; a job also shows its completions of the current
+/// iteration out of its total (a global job's total: the tasks still to complete plus those completed).
 fn replicas_text(s: &ServiceJson) -> String {
     let st = s.service_status.unwrap_or_default();
+    let (running, desired, completed) = (st.running_tasks, st.desired_tasks, st.completed_tasks);
     match &s.spec.mode {
-        ModeJson {
-            replicated_job: Some(j),
-            ..
-        } => format!(
-            "{}/{} ({} completed)",
-            st.running_tasks, j.max_concurrent, st.completed_tasks
-        ),
-        _ => format!("{}/{}", st.running_tasks, st.desired_tasks),
+        ModeJson { replicated_job: Some(j), .. } => {
+            format!("{running}/{desired} ({completed}/{} completed)", j.total_completions.unwrap_or(0))
+        }
+        ModeJson { global_job: Some(_), .. } => {
+            format!("{running}/{desired} ({completed}/{} completed)", desired + completed)
+        }
+        _ => format!("{running}/{desired}"),
     }
 }
 

@@ -1,7 +1,7 @@
 # The Python Docker SDK (docker 7.x) against a Shoal daemon, as a user of the SDK would drive it: swarm, nodes,
-# services (create replicated and global, inspect, scale, update, rollback, logs, remove; job modes and the
-# fields Shoal cannot honour yet refused with a 400 the SDK raises), secrets and configs (create, list, get,
-# referenced by a service, remove), and a worker token rotation.
+# services (create replicated and global, inspect, scale, update, rollback, logs, remove; jobs run to
+# completion; the fields Shoal cannot honour yet refused with a 400 the SDK raises), secrets and configs
+# (create, list, get, referenced by a service, remove), and a worker token rotation.
 # Run by engine_api_python.rs with SHOAL_SOCKET set; prints OK at the end, raises on the first difference.
 import os
 import time
@@ -128,16 +128,28 @@ assert status["DesiredTasks"] == len(node_ids), status
 glob.remove()
 wait("the global service gone", lambda: client.services.list(filters={"name": "sdk-global"}) == [])
 
-# Job modes, which Shoal does not run yet, are refused with a 400 the SDK raises, and nothing is created.
-for mode in [ServiceMode("replicated-job", concurrency=1, replicas=1), ServiceMode("global-job")]:
-    try:
-        client.services.create("busybox", command=["true"], name="sdk-job", mode=mode)
-    except APIError as e:
-        assert e.status_code == 400, (mode, e)
-        assert "job modes" in e.explanation, e.explanation
-    else:
-        raise AssertionError(f"mode {mode} accepted")
-assert client.services.list(filters={"name": "sdk-job"}) == []
+# Jobs run to completion: a replicated job of 3 completions one at a time, a global job once per node.
+job = client.services.create("busybox", command=["true"], name="sdk-job", mode=ServiceMode("replicated-job", concurrency=1, replicas=3))
+job.reload()
+assert job.attrs["Spec"]["Mode"] == {"ReplicatedJob": {"MaxConcurrent": 1, "TotalCompletions": 3}}, job.attrs["Spec"]["Mode"]
+assert job.attrs["JobStatus"]["JobIteration"] == {"Index": 0}, job.attrs
+
+
+def completed(svc):
+    return [t for t in svc.tasks() if t["Status"]["State"] == "complete"]
+
+
+done = wait("3 completed tasks of the job", lambda: len(completed(job)) == 3 and completed(job))
+assert sorted(t.get("Slot", 0) for t in done) == [0, 1, 2], done
+assert all(t["JobIteration"] == {"Index": 0} and t["DesiredState"] == "complete" for t in done), done
+assert len(job.tasks()) == 3, job.tasks()
+status = [s.attrs["ServiceStatus"] for s in client.services.list(filters={"name": "sdk-job"}, status=True)][0]
+assert status == {"RunningTasks": 0, "DesiredTasks": 1, "CompletedTasks": 3}, status
+job.remove()
+once = client.services.create("busybox", command=["true"], name="sdk-once", mode=ServiceMode("global-job"))
+wait("the global job completed on every node", lambda: sorted(t["NodeID"] for t in completed(once)) == node_ids)
+once.remove()
+wait("the jobs gone", lambda: [s.name for s in client.services.list() if s.name in ("sdk-job", "sdk-once")] == [])
 
 # What Shoal cannot honour yet is refused with a 400 naming the field, and nothing is created (global mode,
 # which the SDK checks above, is accepted: its orchestrator is being built).
