@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use shoal_api::{NodeDescription, Task};
 
+pub use crate::dependencies::TaskFiles;
+
 /// A boxed, sendable future: the controller methods' return type (keeps the traits object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -96,8 +98,9 @@ pub type LogStream = futures::stream::BoxStream<'static, Result<LogLine, Executo
 pub trait Executor: Send + Sync + 'static {
     /// What this node offers: hostname, platform, resources, engine.
     fn describe(&self) -> NodeDescription;
-    /// A controller for `task`. Fails with `InvalidSpec` when the task cannot run here.
-    fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError>;
+    /// A controller for `task`, which gets `files` (its secrets and configs, resolved and rendered by the
+    /// worker; empty for most tasks). Fails with `InvalidSpec` when the task cannot run here.
+    fn controller(&self, task: &Task, files: TaskFiles) -> Result<Box<dyn Controller>, ExecutorError>;
     /// Short name, for logs ("process", "fake").
     fn name(&self) -> &'static str;
     /// True when task runtime objects outlive the agent (containers): the agent then leaves them running
@@ -113,6 +116,9 @@ pub trait Executor: Send + Sync + 'static {
     /// Called with the first complete set of tasks assigned to this node: removes runtime objects left by
     /// an earlier run of the agent whose task is not in `assigned`, without waiting for the removal.
     fn remove_unassigned(&self, _assigned: &std::collections::HashSet<String>) {}
+    /// Called once the agent stopped and every runner ended (after `tasks_outlive_agent` decided whether the
+    /// tasks were stopped): releases what the executor keeps for tasks that no longer run.
+    fn agent_stopped(&self) {}
     /// What `task` printed, per `options`. Fails when this executor keeps no output for the task.
     fn logs(&self, task: &Task, _options: &LogOptions) -> Result<LogStream, ExecutorError> {
         Err(ExecutorError::Runtime(format!("the {} executor keeps no logs of task {}", self.name(), task.id)))

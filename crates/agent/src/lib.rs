@@ -7,6 +7,7 @@
 //! The agent knows nothing of the store, Raft or the manager's internals: it talks to managers only over
 //! the Dispatcher gRPC protocol.
 
+pub mod dependencies;
 pub mod docker;
 pub mod exec;
 pub mod logs;
@@ -14,6 +15,7 @@ pub mod process;
 pub mod remotes;
 pub mod runner;
 pub mod session;
+pub mod task_files;
 pub mod testing;
 pub mod worker;
 
@@ -78,6 +80,8 @@ pub struct Agent {
     managers_sink: Option<watch::Sender<Vec<(String, String)>>>,
     /// When set, gets the address (`host:port`) of the manager each new session is open with.
     session_manager_sink: Option<watch::Sender<String>>,
+    /// When set, gets the IDs and names (never the data) of the secrets and configs the agent holds.
+    held_sink: Option<worker::HeldSink>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -99,6 +103,7 @@ impl Agent {
             managers_file: None,
             managers_sink: None,
             session_manager_sink: None,
+            held_sink: None,
         }
     }
 
@@ -121,6 +126,13 @@ impl Agent {
     /// certificate renewal goes there).
     pub fn with_session_manager_sink(mut self, sink: watch::Sender<String>) -> Agent {
         self.session_manager_sink = Some(sink);
+        self
+    }
+
+    /// Tells `sink` the IDs and names of the secrets and configs the agent holds (never their data) whenever
+    /// they change: the node's debug view (`GET /debug/dependencies` on a worker's control socket).
+    pub fn with_held_sink(mut self, sink: worker::HeldSink) -> Agent {
+        self.held_sink = Some(sink);
         self
     }
 
@@ -170,9 +182,18 @@ impl Agent {
             tracing::warn!(dir = %self.config.state_dir.display(), "cannot create the agent's task directory: {e}");
         }
         let reporter = Arc::new(StatusReporter::new());
-        let mut worker = Worker::new(self.executor.clone(), reporter.clone());
-        let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
         let description = self.description();
+        let platform = description.platform.clone().unwrap_or_default();
+        let mut worker = Worker::new(self.executor.clone(), reporter.clone()).with_node(dependencies::NodeFacts {
+            id: self.config.node_id.clone(),
+            hostname: description.hostname.clone(),
+            os: platform.os,
+            architecture: platform.architecture,
+        });
+        if let Some(sink) = &self.held_sink {
+            worker = worker.with_held_sink(sink.clone());
+        }
+        let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
         // Set when a manager refused because it is not the leader and named the leader: the next session
         // goes there. At most `MAX_REDIRECTS_IN_A_ROW` such hops without a backoff pause.
         let mut redirect: Option<String> = None;

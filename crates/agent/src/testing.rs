@@ -1,7 +1,9 @@
 //! `FakeExecutor`: a scriptable executor for tests and benchmarks. Tasks run until told to exit (with a
-//! code), or exit at once, or fail to prepare; every controller call is recorded. No processes, no IO.
+//! code), or exit at once, or fail to prepare; every controller call is recorded, and so are the secret and
+//! config files each task was given (in memory, as the executors get them). No processes, no IO.
 //!
-//! Bound: the call log keeps the last `CALL_LOG_MAX` calls.
+//! Bound: the call log keeps the last `CALL_LOG_MAX` calls; files are kept for the tasks controllers were
+//! made for.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -32,6 +34,7 @@ struct FakeState {
     behaviors: HashMap<String, FakeBehavior>,
     exits: HashMap<String, watch::Sender<Option<i32>>>,
     calls: VecDeque<(String, &'static str)>,
+    files: HashMap<String, crate::exec::TaskFiles>,
 }
 
 impl FakeState {
@@ -85,6 +88,11 @@ impl FakeExecutor {
         v
     }
 
+    /// The secret and config files the last controller of `task_id` was given (empty when none was made).
+    pub fn files(&self, task_id: &str) -> crate::exec::TaskFiles {
+        self.state.lock().files.get(task_id).cloned().unwrap_or_default()
+    }
+
     /// The controller calls made for `task_id`, in order ("prepare", "start", "wait", ...).
     pub fn calls(&self, task_id: &str) -> Vec<&'static str> {
         self.state.lock().calls.iter().filter(|(t, _)| t == task_id).map(|(_, c)| *c).collect()
@@ -102,8 +110,11 @@ impl Executor for FakeExecutor {
         }
     }
 
-    fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError> {
-        let st = self.state.lock();
+    fn controller(&self, task: &Task, files: crate::exec::TaskFiles) -> Result<Box<dyn Controller>, ExecutorError> {
+        let mut st = self.state.lock();
+        if !files.is_empty() {
+            st.files.insert(task.id.clone(), files);
+        }
         let behavior =
             st.behaviors.get(&task.id).or(st.default.as_ref()).cloned().unwrap_or(FakeBehavior::RunUntilExited);
         Ok(Box::new(FakeController { task_id: task.id.clone(), behavior, state: self.state.clone(), exit: None }))

@@ -4,6 +4,12 @@
 //! process (the agent restarted): it is reported FAILED (SHUTDOWN when it was being stopped anyway), unless
 //! the executor adopts its runtime object (containers outlive the agent).
 //!
+//! Secrets and configs in a message are applied in message order (the dispatcher sends a task's before the
+//! task, and removes them after the last task using them), into `Dependencies` (memory only). A new task's
+//! controller gets its files resolved from them; a task whose references cannot be resolved (not sent,
+//! template error, ...) is REJECTED with the reason. What is held (IDs and names) is published for the
+//! node's debug view.
+//!
 //! Bound: one runner per task assigned to this node. Must not depend on gRPC transport details.
 
 use std::collections::{HashMap, HashSet};
@@ -15,7 +21,8 @@ use shoal_api::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::exec::Executor;
+use crate::dependencies::{has_references, Dependencies, Held, NodeFacts};
+use crate::exec::{Executor, ExecutorError};
 use crate::runner::{run_task, status, RunnerInput, StatusReporter};
 
 /// The message a lost task is failed with.
@@ -36,7 +43,14 @@ pub struct Worker {
     runners: HashMap<String, RunnerHandle>,
     assigned: HashMap<String, Arc<Task>>,
     assigned_tx: watch::Sender<AssignedTasks>,
+    deps: Dependencies,
+    node: NodeFacts,
+    /// Told what is held whenever it changes, and the last thing it was told.
+    held_sink: Option<(HeldSink, Held)>,
 }
+
+/// Told the IDs and names of the secrets and configs the worker holds whenever they change.
+pub type HeldSink = Arc<dyn Fn(&Held) + Send + Sync>;
 
 fn observed(task: &Task) -> TaskState {
     TaskState::from_wire(task.status.as_ref().map_or(0, |s| s.state))
@@ -46,7 +60,34 @@ impl Worker {
     /// A worker with no tasks.
     pub fn new(executor: Arc<dyn Executor>, reporter: Arc<StatusReporter>) -> Worker {
         let (assigned_tx, _) = watch::channel(AssignedTasks::default());
-        Worker { executor, reporter, runners: HashMap::new(), assigned: HashMap::new(), assigned_tx }
+        Worker {
+            executor,
+            reporter,
+            runners: HashMap::new(),
+            assigned: HashMap::new(),
+            assigned_tx,
+            deps: Dependencies::new(),
+            node: NodeFacts::default(),
+            held_sink: None,
+        }
+    }
+
+    /// Renders templates with `node`'s facts (`{{.Node.*}}`).
+    pub fn with_node(mut self, node: NodeFacts) -> Worker {
+        self.node = node;
+        self
+    }
+
+    /// Tells `sink` what secrets and configs the worker holds (IDs and names) whenever that changes.
+    pub fn with_held_sink(mut self, sink: HeldSink) -> Worker {
+        sink(&Held::default());
+        self.held_sink = Some((sink, Held::default()));
+        self
+    }
+
+    /// IDs and names of the secrets and configs held now.
+    pub fn held(&self) -> Held {
+        self.deps.held()
     }
 
     /// The executor tasks run with.
@@ -69,8 +110,17 @@ impl Worker {
         self.runners.retain(|_, r| !r.join.is_finished());
         let complete = msg.r#type == assignments_message::Type::Complete as i32;
         let mut seen = HashSet::new();
+        if complete {
+            self.deps.clear();
+        }
         for change in msg.changes {
-            let Some(assignment::Item::Task(task)) = change.assignment.and_then(|a| a.item) else {
+            let Some(item) = change.assignment.and_then(|a| a.item) else {
+                continue;
+            };
+            if self.deps.apply(&item, change.action == AssignmentAction::Remove as i32) {
+                continue;
+            }
+            let assignment::Item::Task(task) = item else {
                 continue;
             };
             seen.insert(task.id.clone());
@@ -91,6 +141,13 @@ impl Worker {
             }
         }
         self.assigned_tx.send_replace(Arc::new(self.assigned.clone()));
+        if let Some((sink, last)) = &mut self.held_sink {
+            let held = self.deps.held();
+            if *last != held {
+                sink(&held);
+                *last = held;
+            }
+        }
     }
 
     fn upsert(&mut self, task: Task) {
@@ -116,7 +173,14 @@ impl Worker {
             self.reporter.report(&task.id, status(to, LOST_TASK_MESSAGE, LOST_TASK_MESSAGE));
             return;
         }
-        let ctlr = self.executor.controller(&task);
+        let ctlr = if has_references(&task) {
+            match self.deps.files_for(&task, &self.node) {
+                Ok(files) => self.executor.controller(&task, files),
+                Err(why) => Err(ExecutorError::InvalidSpec(why)),
+            }
+        } else {
+            self.executor.controller(&task, Vec::new())
+        };
         self.spawn_runner(task, ctlr);
     }
 
@@ -142,6 +206,7 @@ impl Worker {
             for (_, r) in self.runners.drain() {
                 r.join.abort();
             }
+            self.executor.agent_stopped();
             return;
         }
         for r in self.runners.values() {
@@ -152,5 +217,6 @@ impl Worker {
                 tracing::warn!(task = %id, "task runner ended abnormally: {e}");
             }
         }
+        self.executor.agent_stopped();
     }
 }

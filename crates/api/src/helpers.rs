@@ -1,4 +1,5 @@
-//! Small conveniences on the generated types: time conversions and the task-state order.
+//! Small conveniences on the generated types: time conversions, the task-state order, and the `Debug` of
+//! `SecretSpec` that never shows the data.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -110,5 +111,33 @@ mod tests {
         assert_eq!(timestamp_to_unix_ms(&ts), 1_234_567);
         let d = duration_to_proto(Duration::from_millis(1500));
         assert_eq!(duration_from_proto(&d), Duration::from_millis(1500));
+    }
+}
+
+/// Everything but the data, which is shown as its length: a secret's bytes never reach a log or an error
+/// through `{:?}` (prost's generated `Debug` is skipped for this type in `build.rs`).
+impl std::fmt::Debug for crate::SecretSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretSpec")
+            .field("annotations", &self.annotations)
+            .field("data", &format_args!("<{} bytes redacted>", self.data.len()))
+            .field("templating", &self.templating)
+            .field("driver", &self.driver)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod secret_debug_tests {
+    #[test]
+    fn a_secrets_debug_shows_the_length_of_its_data_never_the_data() {
+        let spec = crate::SecretSpec { data: b"hunter2-pw".to_vec(), ..Default::default() };
+        let secret = crate::Secret { spec: Some(spec), ..Default::default() };
+        let assignment = crate::Assignment { item: Some(crate::assignment::Item::Secret(secret)) };
+        for shown in [format!("{assignment:?}"), format!("{assignment:#?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(!shown.contains("104, 117"), "{shown}"); // the bytes as a list of numbers
+            assert!(shown.contains("<10 bytes redacted>"), "{shown}");
+        }
     }
 }

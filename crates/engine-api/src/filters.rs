@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use shoal_api::TaskState;
-use shoal_manager::controlapi::{NodeFilters, ServiceFilters, TaskFilters};
+use shoal_manager::controlapi::{NodeFilters, SecretFilters, ServiceFilters, TaskFilters};
 
 use crate::error::ApiError;
 
@@ -92,6 +92,19 @@ pub fn services(raw: Option<&str>) -> Result<ServiceFilters, ApiError> {
         name_prefixes: take(&mut f, "name"),
         labels: take(&mut f, "label"),
         modes,
+    })
+}
+
+/// `GET /secrets` and `GET /configs` filters: names (exact), name (prefix), id (prefix), label, as the engine's
+/// `newListSecretsFilters` (the engine's config list takes all but `names`; Shoal takes it there too, as the
+/// API document lists it).
+pub fn secrets(raw: Option<&str>) -> Result<SecretFilters, ApiError> {
+    let mut f = parse(raw, &["names", "name", "id", "label"])?;
+    Ok(SecretFilters {
+        names: take(&mut f, "names"),
+        name_prefixes: take(&mut f, "name"),
+        id_prefixes: take(&mut f, "id"),
+        labels: take(&mut f, "label"),
     })
 }
 

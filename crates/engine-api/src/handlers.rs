@@ -32,7 +32,7 @@ type ApiResult = Result<Response, ApiError>;
 
 use crate::request::bool_param as flag;
 
-fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
+pub(crate) fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
     let v = q.get("version").ok_or_else(|| {
         ApiError::BadRequest(
             "the version query parameter is required: pass the Version.Index you inspected".into(),
@@ -336,15 +336,21 @@ pub async fn update_service(
     body: Bytes,
 ) -> ApiResult {
     let version = version_param(&q)?;
-    let spec = if q.get("rollback").map(String::as_str) == Some("previous") {
-        let current = controlapi::get_service(&ctx.state, &id)?;
-        current.previous_spec.clone().ok_or_else(|| {
-            ApiError::BadRequest(format!("service {id} has no previous spec to roll back to"))
-        })?
-    } else {
-        service_spec_body(v, &headers, &body, SpecWrite::Update)?
-    };
-    controlapi::update_service(&ctx.state, &id, version, spec).await?;
+    match q.get("rollback").map(String::as_str) {
+        // As the engine: the body's spec is ignored; the previous spec becomes current.
+        Some("previous") => {
+            controlapi::rollback_service(&ctx.state, &id, version).await?;
+        }
+        Some(other) if !other.is_empty() && other != "none" => {
+            return Err(ApiError::BadRequest(format!(
+                "unrecognized rollback option {other:?}: use \"previous\" (or \"none\")"
+            )));
+        }
+        _ => {
+            let spec = service_spec_body(v, &headers, &body, SpecWrite::Update)?;
+            controlapi::update_service(&ctx.state, &id, version, spec).await?;
+        }
+    }
     json(ServiceUpdateResponse {
         warnings: Vec::new(),
     })

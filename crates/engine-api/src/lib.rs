@@ -13,6 +13,9 @@ pub mod filters;
 mod handlers;
 pub mod request;
 pub mod json;
+mod secrets;
+#[cfg(test)]
+mod secrets_tests;
 pub mod locked;
 pub mod logs;
 pub mod swarm_update;
@@ -99,6 +102,14 @@ pub fn router(ctx: ApiContext) -> Router {
             get(handlers::get_node).delete(handlers::remove_node),
         )
         .route("/nodes/{id}/update", post(handlers::update_node))
+        .route("/secrets", get(secrets::list_secrets))
+        .route("/secrets/create", post(secrets::create_secret))
+        .route("/secrets/{id}", get(secrets::get_secret).delete(secrets::remove_secret))
+        .route("/secrets/{id}/update", post(secrets::update_secret))
+        .route("/configs", get(secrets::list_configs))
+        .route("/configs/create", post(secrets::create_config))
+        .route("/configs/{id}", get(secrets::get_config).delete(secrets::remove_config))
+        .route("/configs/{id}/update", post(secrets::update_config))
         .route("/distribution/{*name}", get(handlers::distribution))
         .fallback(handlers::not_found);
     with_context(routes, ctx)

@@ -392,6 +392,23 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
         .call(Method::GET, &format!("/services/{id}"), None)
         .await;
     assert_eq!(g3.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
+    assert_eq!(g3.body["PreviousSpec"]["Mode"]["Replicated"]["Replicas"], 5);
+    assert_eq!(g3.body["UpdateStatus"]["State"], "rollback_started");
+    assert_eq!(g3.body["UpdateStatus"]["Message"], "manually requested rollback");
+    // Another rollback value is refused and changes nothing.
+    let v3 = g3.body["Version"]["Index"].as_u64().unwrap();
+    let bad = api
+        .call(
+            Method::POST,
+            &format!("/services/{id}/update?version={v3}&rollback=next"),
+            Some(spec("web", 7)),
+        )
+        .await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "unrecognized rollback option");
+    let g4 = api
+        .call(Method::GET, &format!("/services/{id}"), None)
+        .await;
+    assert_eq!(g4.body["Version"], g3.body["Version"]);
 
     let t = api
         .call(
@@ -677,7 +694,7 @@ async fn every_error_answer_is_json() {
     for (method, uri, body, status) in [
         (Method::PUT, "/services/create", None, StatusCode::METHOD_NOT_ALLOWED),
         (Method::DELETE, "/v1.47/info", None, StatusCode::METHOD_NOT_ALLOWED),
-        (Method::GET, "/secrets", None, StatusCode::NOT_FOUND),
+        (Method::GET, "/plugins", None, StatusCode::NOT_FOUND),
         (Method::GET, "/services/%FF", None, StatusCode::BAD_REQUEST),
         (Method::POST, "/services/create", Some("{\"Name\": 1}".to_string()), StatusCode::BAD_REQUEST),
         (Method::POST, "/services/create", Some("[]".to_string()), StatusCode::BAD_REQUEST),
@@ -834,6 +851,9 @@ async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does
         ("StartInterval", json!(["/TaskTemplate/ContainerSpec/Healthcheck", health]),
          "1.43", Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", None),
          "1.44", Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", Some(json!(500_000_000i64)))),
+        ("Configs[].Runtime", json!(["/TaskTemplate/ContainerSpec/Configs", [{"ConfigName": "c", "Runtime": {}}]]),
+         "1.39", Refused("Configs[0]: either File or Runtime should be set"),
+         "1.40", Refused("TaskTemplate.ContainerSpec.Configs[0].Runtime is not supported yet")),
         ("NoNewPrivileges", json!(["/TaskTemplate/ContainerSpec/Privileges", {"NoNewPrivileges": true}]),
          "1.43", Shows("/Spec/TaskTemplate/ContainerSpec/Privileges", None),
          "1.44", Refused("TaskTemplate.ContainerSpec.Privileges is not supported yet")),
@@ -907,8 +927,8 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
     let cases: Vec<(&str, Value, &str)> = vec![
         ("/Networks", json!([{"Target": "backend"}]), "Networks is not supported yet"),
         ("/TaskTemplate/Networks", json!([{"Target": "backend", "Aliases": ["db"]}]), "TaskTemplate.Networks is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/Secrets", json!([{"SecretID": "x", "SecretName": "pw"}]), "ContainerSpec.Secrets is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/Configs", json!([{"ConfigID": "x", "ConfigName": "c"}]), "ContainerSpec.Configs is not supported yet"),
+        ("/TaskTemplate/ContainerSpec/Configs", json!([{"ConfigID": "x", "ConfigName": "c", "Runtime": {}}]),
+         "ContainerSpec.Configs[0].Runtime is not supported yet"),
         ("/TaskTemplate/ContainerSpec/Privileges", json!({"SELinuxContext": {"User": "u"}}), "ContainerSpec.Privileges is not supported yet"),
         ("/TaskTemplate/ContainerSpec/Isolation", json!("hyperv"), "ContainerSpec.Isolation is not supported yet"),
         ("/TaskTemplate/ContainerSpec/OomScoreAdj", json!(-500), "ContainerSpec.OomScoreAdj is not supported yet"),
@@ -951,9 +971,9 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
     let g = api.call(Method::GET, "/services/z0", None).await;
     let version = g.body["Version"]["Index"].as_u64().unwrap();
     let mut upd = g.body["Spec"].clone();
-    upd["TaskTemplate"]["ContainerSpec"]["Secrets"] = json!([{"SecretName": "pw"}]);
+    upd["TaskTemplate"]["ContainerSpec"]["OomScoreAdj"] = json!(100);
     let r = api.call(Method::POST, &format!("/services/z0/update?version={version}"), Some(upd)).await;
-    assert_error(&r, StatusCode::BAD_REQUEST, "ContainerSpec.Secrets is not supported yet");
+    assert_error(&r, StatusCode::BAD_REQUEST, "ContainerSpec.OomScoreAdj is not supported yet");
     let after = api.call(Method::GET, "/services/z0", None).await;
     assert_eq!(after.body["Version"], g.body["Version"], "{}", after.text);
 }

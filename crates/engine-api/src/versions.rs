@@ -30,6 +30,10 @@ pub fn adjust_service_spec(v: ApiVersion, spec: &mut ServiceSpecJson, write: Spe
         }
         if let Some(c) = t.container_spec.as_mut() {
             c.sysctls = serde_json::Value::Null;
+            // So did the Runtime target of a config reference.
+            for r in &mut c.configs {
+                r.runtime = serde_json::Value::Null;
+            }
         }
     }
     if v.less_than(1, 41) {
@@ -65,6 +69,15 @@ pub fn adjust_service_spec(v: ApiVersion, spec: &mut ServiceSpecJson, write: Spe
             });
         }
     }
+}
+
+/// `POST /secrets/create` and `/configs/create` below 1.37 refuse a `Templating` member (any but `null`), as
+/// the engine does; `kind` is "secret" or "config".
+pub fn refuse_templating_before_1_37(v: ApiVersion, kind: &str, has_templating: bool) -> Result<(), String> {
+    if has_templating && v.less_than(1, 37) {
+        return Err(format!("{kind} templating is not supported on the specified API version: {}.{}", v.0, v.1));
+    }
+    Ok(())
 }
 
 /// Whether `GET /services` honours its `status` parameter at version `v` (1.41 on; older ones ignore it,

@@ -1,7 +1,8 @@
 //! The control socket of a worker-only node (joined with a worker token): it runs no manager and holds no
 //! cluster state, so it answers `/_ping`, `/version` and `/info` (with the node's swarm identity and
 //! `ControlAvailable: false`, as Docker does) and refuses everything else with 503 and the message Docker
-//! gives on a worker: run the command on a manager.
+//! gives on a worker: run the command on a manager. Shoal's own `GET /debug/dependencies` lists the IDs and
+//! names of the secrets and configs the node's agent holds (never their data), for operators and tests.
 //!
 //! Must not depend on the store or the manager.
 
@@ -30,6 +31,26 @@ pub struct WorkerContext {
     /// The cluster's managers as `(node ID, host:port)` (the ID empty while only the address is known), kept
     /// current by the node's agent from the dispatcher's session messages.
     pub managers: tokio::sync::watch::Receiver<Vec<(String, String)>>,
+    /// The secrets and configs the node's agent holds (IDs and names only), kept current by the agent.
+    pub held: tokio::sync::watch::Receiver<HeldDependencies>,
+}
+
+/// IDs and names of the secrets and configs an agent holds: never their data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldDependencies {
+    /// Secrets as `(ID, name)`.
+    pub secrets: Vec<(String, String)>,
+    /// Configs as `(ID, name)`.
+    pub configs: Vec<(String, String)>,
+}
+
+/// `GET /debug/dependencies`: `{"Secrets": [{"ID", "Name"}], "Configs": [...]}`.
+async fn dependencies(State(ctx): State<Arc<WorkerContext>>) -> Json<serde_json::Value> {
+    let held = ctx.held.borrow().clone();
+    let list = |v: &[(String, String)]| -> Vec<serde_json::Value> {
+        v.iter().map(|(id, name)| serde_json::json!({ "ID": id, "Name": name })).collect()
+    };
+    Json(serde_json::json!({ "Secrets": list(&held.secrets), "Configs": list(&held.configs) }))
 }
 
 /// The message for every cluster command sent to a worker.
@@ -69,6 +90,7 @@ async fn refuse() -> axum::response::Response {
 pub fn worker_router(ctx: WorkerContext) -> Router {
     let routes = Router::new()
         .route("/info", get(info))
+        .route("/debug/dependencies", get(dependencies))
         .fallback(refuse);
     crate::with_context(routes, ctx)
 }

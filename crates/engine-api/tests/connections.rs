@@ -197,7 +197,7 @@ fn answers_come_after_the_request_body_is_read() {
         assert!(msg["message"].as_str().unwrap_or("").contains(fragment), "{path}: {a:?}");
     };
     for _ in 0..10 {
-        check("/secrets/create", 270_000, 404, "page not found");
+        check("/plugins/create", 270_000, 404, "page not found");
         check("/swarm/unlock", 270_000, 400, "invalid JSON");
     }
     check("/services/create", shoal_engine_api::request::BODY_LIMIT_BYTES, 400, "invalid JSON");

@@ -135,7 +135,10 @@ async fn pick_executor(
     hostname: &str,
 ) -> Result<Arc<dyn Executor>, NodeError> {
     let process = || -> Arc<dyn Executor> {
-        Arc::new(shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default()))
+        Arc::new(
+            shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
+                .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(node_id))),
+        )
     };
     let docker = shoal_agent::docker::DockerExecutor::connect(&cfg.engine_addr, node_id, ENGINE_PING_WITHIN);
     match kind {

@@ -232,12 +232,14 @@ pub async fn run_worker(
     // The managers this worker knows, by address only until a session message names them.
     let known = std::iter::once(&w.manager_addr).chain(&w.more_managers);
     let (managers_tx, managers_rx) = watch::channel(known.map(|a| (String::new(), a.clone())).collect());
+    let (held_tx, held_rx) = watch::channel(shoal_engine_api::worker::HeldDependencies::default());
     let ctx = shoal_engine_api::worker::WorkerContext {
         node_id: w.node_id.clone(),
         node_addr: String::new(),
         hostname: hostname.clone(),
         executor: executor.name().to_string(),
         managers: managers_rx,
+        held: held_rx,
     };
     tasks.push((
         "control-api",
@@ -270,7 +272,13 @@ pub async fn run_worker(
     .with_node_sink(node_tx)
     .with_managers(w.more_managers.clone(), Some(managers_file(&cfg.state_dir)))
     .with_managers_sink(managers_tx)
-    .with_session_manager_sink(session_manager_tx);
+    .with_session_manager_sink(session_manager_tx)
+    .with_held_sink(std::sync::Arc::new(move |h: &shoal_agent::dependencies::Held| {
+        held_tx.send_replace(shoal_engine_api::worker::HeldDependencies {
+            secrets: h.secrets.clone(),
+            configs: h.configs.clone(),
+        });
+    }));
     tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
     let renewal_manager = session_manager.clone();
     tasks.push((

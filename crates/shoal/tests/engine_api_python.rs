@@ -1,5 +1,5 @@
 //! Real clients of the Engine API besides the docker CLI, against a `shoal daemon`: the Python Docker SDK
-//! driving swarm, nodes and services (`engine_api_python/sdk.py`), and a schemathesis run over the operations
+//! driving swarm, nodes, services, secrets and configs (`engine_api_python/sdk.py`), and a schemathesis run over the operations
 //! Shoal routes, checked against Docker's v1.47 spec (`../shared/engine-api/v1.47.yaml`, beside the checkout,
 //! with the status codes the engine answers but the spec leaves out added by `schemathesis_run.py`) with
 //! not_a_server_error, status_code_conformance, content_type_conformance and
@@ -85,7 +85,7 @@ fn engine_api_spec() -> PathBuf {
 
 /// The operations Shoal routes, as schemathesis path patterns (log streams are left out: a `follow=true` one
 /// never ends; tests/logs.rs covers them).
-const SHOAL_PATHS: &str = r"^/(_ping|version|info|swarm|swarm/update|swarm/unlockkey|swarm/unlock|services|services/create|services/\{id\}|services/\{id\}/update|tasks|tasks/\{id\}|nodes|nodes/\{id\}|nodes/\{id\}/update)$";
+const SHOAL_PATHS: &str = r"^/(_ping|version|info|swarm|swarm/update|swarm/unlockkey|swarm/unlock|services|services/create|services/\{id\}|services/\{id\}/update|tasks|tasks/\{id\}|nodes|nodes/\{id\}|nodes/\{id\}/update|secrets|secrets/create|secrets/\{id\}|secrets/\{id\}/update|configs|configs/create|configs/\{id\}|configs/\{id\}/update)$";
 
 #[test]
 fn schemathesis_finds_no_violation_of_the_engine_api_spec() {

@@ -43,6 +43,12 @@ pub enum StoreError {
         /// The version stored now.
         actual: u64,
     },
+    /// The write would leave a service referring to a secret or config that does not exist: a service
+    /// created or updated with a new reference to a missing one, or one removed while a service refers to it
+    /// (checked when the write is applied, so a removal and a service write racing each other cannot both
+    /// succeed).
+    #[error("{0}")]
+    DanglingReference(String),
     /// The object is malformed (e.g. no ID).
     #[error("invalid object: {0}")]
     InvalidObject(String),

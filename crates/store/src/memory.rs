@@ -8,8 +8,11 @@
 //! Writes are not made here directly: a writer builds a `Changes` list from a view, the list is proposed to
 //! Raft, and every member applies the committed list with `apply(index, ..)`. Application is deterministic and
 //! all-or-nothing: an update whose version no longer matches, a create whose ID or name is taken, or a remove
-//! of a missing object fails the whole list, on every member alike. Applied objects get `meta.version.index =
-//! index` (the Raft index), which is what the next compare-and-swap checks against.
+//! of a missing object fails the whole list, on every member alike; so does a service write that refers to a
+//! missing secret or config, or the removal of one a service refers to (the one cross-table rule: a writer's
+//! view cannot guarantee it, since a removal and a service write may be proposed from the same view).
+//! Applied objects get `meta.version.index = index` (the Raft index), which is what the next compare-and-swap
+//! checks against.
 
 use std::sync::Arc;
 
@@ -249,12 +252,77 @@ impl Tables {
         }
     }
 
+    /// The secrets and configs a service's current spec refers to must exist; on an update, those the stored
+    /// service already referred to (in its spec or previous spec) are not checked again, so that writes
+    /// carrying what is already there (status updates, a rollback to the previous spec) never fail on them.
+    fn check_references_of(&self, service: &Service) -> Result<(), StoreError> {
+        let Some(c) = container_of(service) else { return Ok(()) };
+        let stored = self.services.get(&service.id);
+        let had = |secret: Option<&str>, config: Option<&str>| {
+            stored.is_some_and(|s| {
+                let specs = [s.spec.as_ref(), s.previous_spec.as_ref()];
+                specs.into_iter().flatten().filter_map(container_of_spec).any(|c| {
+                    secret.is_some_and(|id| c.secrets.iter().any(|r| r.secret_id == id))
+                        || config.is_some_and(|id| c.configs.iter().any(|r| r.config_id == id))
+                })
+            })
+        };
+        let name = service.unique_name().unwrap_or("");
+        let missing_secret =
+            |r: &&shoal_api::SecretReference| self.secrets.get(&r.secret_id).is_none() && !had(Some(&r.secret_id), None);
+        let missing_config =
+            |r: &&shoal_api::ConfigReference| self.configs.get(&r.config_id).is_none() && !had(None, Some(&r.config_id));
+        if let Some(r) = c.secrets.iter().find(missing_secret) {
+            return Err(StoreError::DanglingReference(format!(
+                "secret not found: {} (service {name} refers to it; it was removed meanwhile)",
+                if r.secret_name.is_empty() { &r.secret_id } else { &r.secret_name }
+            )));
+        }
+        if let Some(r) = c.configs.iter().find(missing_config) {
+            return Err(StoreError::DanglingReference(format!(
+                "config not found: {} (service {name} refers to it; it was removed meanwhile)",
+                if r.config_name.is_empty() { &r.config_id } else { &r.config_name }
+            )));
+        }
+        Ok(())
+    }
+
+    /// No service's current spec may refer to a secret or config being removed.
+    fn check_unreferenced(&self, obj: &Object) -> Result<(), StoreError> {
+        let uses = |c: &shoal_api::ContainerSpec| match obj {
+            Object::Secret(s) => c.secrets.iter().any(|r| r.secret_id == s.id),
+            Object::Config(s) => c.configs.iter().any(|r| r.config_id == s.id),
+            _ => false,
+        };
+        if !matches!(obj, Object::Secret(_) | Object::Config(_)) {
+            return Ok(());
+        }
+        if let Some(svc) = self.services.iter().find(|s| container_of(s).is_some_and(uses)) {
+            return Err(StoreError::DanglingReference(format!(
+                "{} {} is in use by service {} (it started using it meanwhile)",
+                obj.kind().name(),
+                obj.id(),
+                svc.unique_name().unwrap_or("")
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks and applies one action, returning the change it made.
     fn apply_one(&mut self, index: u64, action: &Action) -> Result<Change, StoreError> {
         let kind = action.object.kind();
         let id = action.object.id().to_string();
         if id.is_empty() {
             return Err(StoreError::InvalidObject(format!("{} without an ID", kind.name())));
+        }
+        match (&action.kind, &action.object) {
+            (ActionKind::Create | ActionKind::Update, Object::Service(s)) => self.check_references_of(s)?,
+            (ActionKind::Remove, Object::Secret(_) | Object::Config(_)) => {
+                if let Some(current) = self.current(kind, &id) {
+                    self.check_unreferenced(&current)?;
+                }
+            }
+            _ => {}
         }
         let current = self.current(kind, &id);
         match action.kind {
@@ -310,6 +378,17 @@ impl Tables {
                 }
             }
         }
+    }
+}
+
+/// The container spec of a service's current spec.
+fn container_of(s: &Service) -> Option<&shoal_api::ContainerSpec> {
+    container_of_spec(s.spec.as_ref()?)
+}
+
+fn container_of_spec(spec: &shoal_api::ServiceSpec) -> Option<&shoal_api::ContainerSpec> {
+    match spec.task.as_ref()?.runtime.as_ref()? {
+        shoal_api::task_spec::Runtime::Container(c) => Some(c),
     }
 }
 

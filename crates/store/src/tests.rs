@@ -1,4 +1,4 @@
-//! Unit tests of the store: indexes, compare-and-swap, atomicity, watch-before-view, snapshots.
+//! Unit tests of the store: indexes, compare-and-swap, atomicity, watch-before-view, snapshots, references.
 
 use std::sync::Arc;
 
@@ -311,4 +311,74 @@ fn service_totals_follow_writes_and_snapshots() {
     apply(&store, 3, c).unwrap();
     let t = store.view(|t| t.service_totals());
     assert_eq!((t.tasks, t.global_services, t.global_task_bytes), (2, 0, 0));
+}
+
+fn service_using(id: &str, name: &str, secret_id: &str, config_id: &str) -> Service {
+    let mut s = service(id, name);
+    let container = shoal_api::ContainerSpec {
+        secrets: vec![shoal_api::SecretReference { secret_id: secret_id.into(), ..Default::default() }],
+        configs: vec![shoal_api::ConfigReference { config_id: config_id.into(), ..Default::default() }],
+        ..Default::default()
+    };
+    s.spec.as_mut().unwrap().task = Some(shoal_api::TaskSpec {
+        runtime: Some(shoal_api::task_spec::Runtime::Container(container)),
+        ..Default::default()
+    });
+    s
+}
+
+#[test]
+fn no_write_leaves_a_service_referring_to_a_missing_secret_or_config() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(secret("sec1", "pw", b"x")).create(config("cfg1", "conf", b"y"));
+    apply(&store, 2, c).unwrap();
+    // A service naming a missing secret or config is refused when applied, whatever its writer saw.
+    for (index, s, missing) in
+        [(3, service_using("s1", "web", "gone", "cfg1"), "secret"), (4, service_using("s1", "web", "sec1", "gone"), "config")]
+    {
+        let mut c = Changes::new();
+        c.create(s);
+        match apply(&store, index, c) {
+            Err(StoreError::DanglingReference(m)) => assert!(m.starts_with(&format!("{missing} not found: gone")), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    let mut c = Changes::new();
+    c.create(service_using("s1", "web", "sec1", "cfg1"));
+    apply(&store, 5, c).unwrap();
+    // Removing what a service refers to is refused, and changes nothing.
+    for (index, removed) in [
+        (6, Object::Secret(store.view(|t| t.secrets().get("sec1").cloned()).unwrap())),
+        (7, Object::Config(store.view(|t| t.configs().get("cfg1").cloned()).unwrap())),
+    ] {
+        let action = Action { kind: ActionKind::Remove, object: removed };
+        match store.apply(index, std::slice::from_ref(&action)) {
+            Err(StoreError::DanglingReference(m)) => assert!(m.contains("is in use by service web"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(store.view(|t| (t.secrets().len(), t.configs().len())), (1, 1));
+    // An update dropping the references (the old spec kept as the previous one), then the removal: both fine.
+    let mut s = (*store.view(|t| t.services().get("s1").cloned()).unwrap()).clone();
+    s.previous_spec = s.spec.clone();
+    s.spec.as_mut().unwrap().task = None;
+    let mut c = Changes::new();
+    c.update(s);
+    apply(&store, 8, c).unwrap();
+    let mut c = Changes::new();
+    c.remove(store.view(|t| t.secrets().get("sec1").cloned()).unwrap());
+    apply(&store, 9, c).unwrap();
+    // Going back to the previous spec (a rollback) is not refused for what it already referred to; adding a
+    // new missing reference is.
+    let mut s = (*store.view(|t| t.services().get("s1").cloned()).unwrap()).clone();
+    std::mem::swap(&mut s.spec, &mut s.previous_spec);
+    let mut c = Changes::new();
+    c.update(s.clone());
+    apply(&store, 10, c).unwrap();
+    let mut s = (*store.view(|t| t.services().get("s1").cloned()).unwrap()).clone();
+    s.spec = service_using("s1", "web", "new-gone", "cfg1").spec;
+    let mut c = Changes::new();
+    c.update(s);
+    assert!(matches!(apply(&store, 11, c), Err(StoreError::DanglingReference(m)) if m.starts_with("secret not found: new-gone")));
 }

@@ -112,7 +112,7 @@ pub fn running_with_label(node_id: &str, key: &str, value: &str) -> Vec<String> 
 }
 
 /// A daemon under test running tasks as containers. Dropping it stops the daemon, then force-removes every
-/// container labelled with its node ID.
+/// container labelled with its node ID and the node's task files (`/dev/shm/shoal-<node id>`).
 pub struct EngineDaemon {
     daemon: Option<DaemonProcess>,
     node_id: String,
@@ -161,5 +161,7 @@ impl Drop for EngineDaemon {
                 let _ = Command::new("docker").arg("rm").arg("-f").args(&ids).output();
             }
         }
+        // The node's secret and config files (on /dev/shm), which the removed containers had mounted.
+        let _ = std::fs::remove_dir_all(format!("/dev/shm/shoal-{}", self.node_id));
     }
 }

@@ -5,6 +5,12 @@
 //! once a container with a healthcheck is healthy, and fails the task if it turns unhealthy), waited on,
 //! stopped with its stop signal and grace period, and force-removed.
 //!
+//! Secrets and configs: each file is written in `prepare` under the node's files root on a tmpfs
+//! (`task_files`, named by its index there) and bind-mounted read-only into the container at its target
+//! (`task_files::container_path`: `/run/secrets/<name>` for a relative secret target, `/<name>` for a
+//! config); the files are removed with the container, and those of tasks no longer assigned are swept with
+//! their containers.
+//!
 //! Containers outlive the agent: at connect the executor lists the containers labelled with this node's
 //! ID; the worker adopts those whose task is still assigned, and the rest are removed once the first
 //! complete assignment set is known.
@@ -30,7 +36,8 @@ use futures::StreamExt;
 use parking_lot::Mutex;
 use shoal_api::{EngineDescription, NodeDescription, Platform, Resources, Task};
 
-use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus};
+use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus, TaskFiles};
+use crate::task_files::FilesRoot;
 
 /// The engine address used when none is given.
 pub const DEFAULT_ENGINE_ADDR: &str = "unix:///var/run/docker.sock";
@@ -71,6 +78,8 @@ pub struct DockerExecutor {
     description: NodeDescription,
     /// Containers of this node found at connect, by task ID; `None` once the first assignment set swept it.
     inventory: Mutex<Option<HashMap<String, String>>>,
+    /// Where task secrets and configs are written, on a tmpfs.
+    files_root: FilesRoot,
 }
 
 impl std::fmt::Debug for DockerExecutor {
@@ -158,7 +167,13 @@ impl DockerExecutor {
         if !inventory.is_empty() {
             tracing::info!(containers = inventory.len(), "found containers left by an earlier run of this node");
         }
-        Ok(DockerExecutor { docker, node_id: node_id.to_string(), description, inventory: Mutex::new(Some(inventory)) })
+        Ok(DockerExecutor {
+            docker,
+            node_id: node_id.to_string(),
+            description,
+            inventory: Mutex::new(Some(inventory)),
+            files_root: FilesRoot::new(crate::task_files::default_root(node_id)),
+        })
     }
 
     /// The engine client.
@@ -166,9 +181,35 @@ impl DockerExecutor {
         &self.docker
     }
 
-    fn new_controller(&self, task: &Task) -> Result<DockerController, ExecutorError> {
-        let body = spec::create_body(task, &self.node_id).map_err(ExecutorError::InvalidSpec)?;
+    /// Writes task secrets and configs under `root` (on a tmpfs) instead of the default
+    /// (`task_files::default_root`).
+    pub fn with_files_root(mut self, root: FilesRoot) -> DockerExecutor {
+        self.files_root = root;
+        self
+    }
+
+    fn new_controller(&self, task: &Task, files: TaskFiles) -> Result<DockerController, ExecutorError> {
+        let mut body = spec::create_body(task, &self.node_id).map_err(ExecutorError::InvalidSpec)?;
+        if !files.is_empty() {
+            crate::task_files::check_in_memory(self.files_root.path()).map_err(ExecutorError::InvalidSpec)?;
+            let host = body.host_config.get_or_insert_with(Default::default);
+            let mounts = host.mounts.get_or_insert_with(Vec::new);
+            for (i, f) in files.iter().enumerate() {
+                let target = crate::task_files::container_path(f).map_err(ExecutorError::InvalidSpec)?;
+                let source = self.files_root.kind_dir(&task.id, f.kind).join(docker_file_name(i));
+                mounts.push(bollard::models::Mount {
+                    target: Some(target),
+                    source: Some(source.display().to_string()),
+                    typ: Some(bollard::models::MountType::BIND),
+                    read_only: Some(true),
+                    ..Default::default()
+                });
+            }
+        }
         Ok(DockerController {
+            task_id: task.id.clone(),
+            files_root: self.files_root.clone(),
+            files,
             docker: self.docker.clone(),
             name: spec::task_name(task),
             image: body.image.clone().unwrap_or_default(),
@@ -185,8 +226,8 @@ impl Executor for DockerExecutor {
         self.description.clone()
     }
 
-    fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError> {
-        Ok(Box::new(self.new_controller(task)?))
+    fn controller(&self, task: &Task, files: TaskFiles) -> Result<Box<dyn Controller>, ExecutorError> {
+        Ok(Box::new(self.new_controller(task, files)?))
     }
 
     fn name(&self) -> &'static str {
@@ -199,7 +240,8 @@ impl Executor for DockerExecutor {
 
     fn adopt(&self, task: &Task) -> Option<Box<dyn Controller>> {
         self.inventory.lock().as_mut()?.remove(&task.id)?;
-        match self.new_controller(task) {
+        // The container has its files mounted already (they stayed on the tmpfs); nothing is rewritten.
+        match self.new_controller(task, Vec::new()) {
             Ok(c) => Some(Box::new(c)),
             Err(e) => {
                 tracing::warn!(task = %task.id, "cannot adopt the task's container: {e}");
@@ -216,6 +258,7 @@ impl Executor for DockerExecutor {
         let Some(inventory) = self.inventory.lock().take() else {
             return;
         };
+        self.files_root.sweep(assigned);
         for (task_id, container) in inventory.into_iter().filter(|(t, _)| !assigned.contains(t)) {
             let docker = self.docker.clone();
             tokio::spawn(async move {
@@ -231,8 +274,17 @@ impl Executor for DockerExecutor {
     }
 }
 
+/// The name of a task's `i`-th file on the node (its target is where the container sees it).
+fn docker_file_name(i: usize) -> String {
+    format!("file-{i}")
+}
+
 /// Drives one task's container, found by its name.
 struct DockerController {
+    task_id: String,
+    files_root: FilesRoot,
+    /// The task's secrets and configs, written in `prepare` (empty for an adopted container).
+    files: TaskFiles,
     docker: Docker,
     name: String,
     image: String,
@@ -346,6 +398,11 @@ impl Controller for DockerController {
                 return Ok(());
             }
             self.ensure_image().await?;
+            if !self.files.is_empty() {
+                self.files_root
+                    .write(&self.task_id, &self.files, |i, _| Ok(docker_file_name(i).into()))
+                    .map_err(ExecutorError::Prepare)?;
+            }
             let opts = CreateContainerOptionsBuilder::default().name(&self.name).build();
             match self.docker.create_container(Some(opts), (*self.body).clone()).await {
                 Ok(_) => Ok(()),
@@ -443,10 +500,11 @@ impl Controller for DockerController {
         Box::pin(async move {
             let opts = RemoveContainerOptionsBuilder::default().force(true).build();
             match self.docker.remove_container(&self.name, Some(opts)).await {
-                Ok(()) => Ok(()),
-                Err(e) if engine_status(&e) == Some(404) => Ok(()),
-                Err(e) => Err(runtime("cannot remove the container", &e)),
+                Ok(()) => {}
+                Err(e) if engine_status(&e) == Some(404) => {}
+                Err(e) => return Err(runtime("cannot remove the container", &e)),
             }
+            self.files_root.remove(&self.task_id).map_err(ExecutorError::Runtime)
         })
     }
 }

@@ -9,7 +9,10 @@
 //! process group, SIGKILL after the stop grace period. Controllers kill their process group on drop.
 //!
 //! Environment: the process gets PATH (the daemon's, or a default) plus the spec's `env`; nothing else of
-//! the daemon's environment leaks in. Must not depend on the session or gRPC.
+//! the daemon's environment leaks in. A task with secrets or configs also gets `SHOAL_SECRETS_DIR` and
+//! `SHOAL_CONFIGS_DIR`: its two directories on the node's tmpfs (`task_files`), written in `prepare` and
+//! removed with the task (or when the agent stops: processes die with it). Must not depend on the session or
+//! gRPC.
 
 pub mod logs;
 mod spawner;
@@ -23,7 +26,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use shoal_api::{task_spec, ContainerSpec, EngineDescription, NodeDescription, Platform, Resources, Task};
 
-use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus};
+use crate::dependencies::FileKind;
+use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus, TaskFiles};
+use crate::task_files::{process_place, FilesRoot, CONFIGS_DIR_ENV, SECRETS_DIR_ENV};
 use spawner::Spawner;
 
 /// How long an exited task's output relays get to record its last lines.
@@ -38,6 +43,8 @@ pub struct ProcessExecutor {
     hostname: String,
     engine_labels: HashMap<String, String>,
     spawner: Arc<Spawner>,
+    /// Where task secrets and configs are written (`None`: tasks that have any are rejected).
+    files_root: Option<FilesRoot>,
 }
 
 impl std::fmt::Debug for ProcessExecutor {
@@ -59,7 +66,16 @@ impl ProcessExecutor {
             hostname: hostname.to_string(),
             engine_labels,
             spawner: Arc::new(Spawner::start()),
+            files_root: None,
         }
+    }
+
+    /// Writes task secrets and configs under `root` (on a tmpfs). Files left there by an earlier run of the
+    /// agent belong to processes that died with it: they are removed now.
+    pub fn with_files_root(mut self, root: FilesRoot) -> ProcessExecutor {
+        root.sweep(&Default::default());
+        self.files_root = Some(root);
+        self
     }
 
     /// The directory of one task's files.
@@ -140,7 +156,7 @@ impl Executor for ProcessExecutor {
         }
     }
 
-    fn controller(&self, task: &Task) -> Result<Box<dyn Controller>, ExecutorError> {
+    fn controller(&self, task: &Task, files: TaskFiles) -> Result<Box<dyn Controller>, ExecutorError> {
         let spec = container_spec(task).cloned().unwrap_or_default();
         let unhonoured = settings_a_process_cannot_honour(task, &spec);
         if !unhonoured.is_empty() {
@@ -168,7 +184,24 @@ impl Executor for ProcessExecutor {
                 env.push((k.to_string(), v.to_string()));
             }
         }
+        let files = if files.is_empty() {
+            None
+        } else {
+            let root = self.files_root.clone().ok_or_else(|| {
+                ExecutorError::InvalidSpec("this node keeps no secrets or configs: its agent has no tmpfs for them".into())
+            })?;
+            for f in &files {
+                process_place(f).map_err(ExecutorError::InvalidSpec)?;
+            }
+            crate::task_files::check_in_memory(root.path()).map_err(ExecutorError::InvalidSpec)?;
+            env.retain(|(k, _)| k != SECRETS_DIR_ENV && k != CONFIGS_DIR_ENV);
+            for (name, kind) in [(SECRETS_DIR_ENV, FileKind::Secret), (CONFIGS_DIR_ENV, FileKind::Config)] {
+                env.push((name.to_string(), root.kind_dir(&task.id, kind).display().to_string()));
+            }
+            Some((root, files))
+        };
         Ok(Box::new(ProcessController {
+            files,
             task_id: task.id.clone(),
             argv,
             env,
@@ -187,12 +220,21 @@ impl Executor for ProcessExecutor {
         "process"
     }
 
+    fn agent_stopped(&self) {
+        // Every task process is gone with its runner: no secret or config file outlives the agent.
+        if let Some(root) = &self.files_root {
+            root.sweep(&Default::default());
+        }
+    }
+
     fn logs(&self, task: &Task, options: &crate::exec::LogOptions) -> Result<crate::exec::LogStream, ExecutorError> {
         logs::read(self.task_dir(&task.id), options)
     }
 }
 
 struct ProcessController {
+    /// The task's secrets and configs, and where they go (written in `prepare`, removed in `remove`).
+    files: Option<(FilesRoot, TaskFiles)>,
     task_id: String,
     argv: Vec<String>,
     env: Vec<(String, String)>,
@@ -261,6 +303,9 @@ impl Controller for ProcessController {
             }
             std::fs::create_dir_all(&self.task_dir)
                 .map_err(|e| ExecutorError::Prepare(io_err("cannot create", &self.task_dir, e)))?;
+            if let Some((root, files)) = &self.files {
+                root.write(&self.task_id, files, |_, f| process_place(f)).map_err(ExecutorError::Prepare)?;
+            }
             Ok(())
         })
     }
@@ -330,6 +375,9 @@ impl Controller for ProcessController {
     fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
         Box::pin(async move {
             self.kill_and_reap().await?;
+            if let Some((root, _)) = &self.files {
+                root.remove(&self.task_id).map_err(ExecutorError::Runtime)?;
+            }
             match std::fs::remove_dir_all(&self.task_dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -343,6 +391,13 @@ impl Drop for ProcessController {
     fn drop(&mut self) {
         if self.child.is_some() {
             self.signal_group(Signal::SIGKILL);
+        }
+        // The process is gone or going: its secrets and configs go too (an agent stopping keeps the task's
+        // log files, never these).
+        if let Some((root, _)) = &self.files {
+            if let Err(e) = root.remove(&self.task_id) {
+                tracing::warn!(task = %self.task_id, "{e}");
+            }
         }
     }
 }

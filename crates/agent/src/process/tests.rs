@@ -27,7 +27,7 @@ fn task(id: &str, command: &[&str], args: &[&str], grace_ms: Option<u64>) -> Tas
 }
 
 async fn started(exec: &ProcessExecutor, t: &Task) -> Box<dyn Controller> {
-    let mut c = exec.controller(t).unwrap();
+    let mut c = exec.controller(t, Vec::new()).unwrap();
     c.prepare().await.unwrap();
     let pid = c.start().await.unwrap();
     assert!(pid > 0);
@@ -84,13 +84,13 @@ async fn a_process_ignoring_sigterm_is_killed_after_the_grace_period() {
 async fn no_command_and_a_missing_workdir_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
-    let err = exec.controller(&task("t4", &[], &[], None)).err().unwrap();
+    let err = exec.controller(&task("t4", &[], &[], None), Vec::new()).err().unwrap();
     assert_eq!(err.to_string(), "image busybox has no command: the process executor needs a command or args");
     let mut t = task("t5", &["true"], &[], None);
     if let Some(task_spec::Runtime::Container(c)) = t.spec.as_mut().unwrap().runtime.as_mut() {
         c.dir = "/does/not/exist".into();
     }
-    let err = exec.controller(&t).unwrap().prepare().await.unwrap_err();
+    let err = exec.controller(&t, Vec::new()).unwrap().prepare().await.unwrap_err();
     assert!(matches!(err, ExecutorError::InvalidSpec(_)), "{err:?}");
 }
 
@@ -128,7 +128,7 @@ fn task_processes_die_with_the_daemon_even_on_sigkill() {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             let exec = ProcessExecutor::new(PathBuf::from(dir), "h", HashMap::new());
-            let mut c = exec.controller(&task("orphan", &["sleep"], &["30"], None)).unwrap();
+            let mut c = exec.controller(&task("orphan", &["sleep"], &["30"], None), Vec::new()).unwrap();
             c.prepare().await.unwrap();
             let pid = c.start().await.unwrap();
             println!("TASKPID {pid}");
@@ -168,7 +168,7 @@ fn settings_a_process_cannot_have_reject_the_task_naming_each() {
     let check = |edit: &dyn Fn(&mut Task), named: &[&str]| {
         let mut t = task("t", &["sleep"], &["1"], None);
         edit(&mut t);
-        match exec.controller(&t) {
+        match exec.controller(&t, Vec::new()) {
             Ok(_) if named.is_empty() => {}
             Ok(_) => panic!("expected {named:?} to be refused"),
             Err(e) => {
@@ -214,4 +214,71 @@ fn settings_a_process_cannot_have_reject_the_task_naming_each() {
         },
         &[],
     );
+}
+
+fn file(kind: crate::dependencies::FileKind, target: &str, data: &str) -> crate::dependencies::TaskFile {
+    crate::dependencies::TaskFile {
+        kind,
+        source: format!("src-{target}"),
+        target: target.into(),
+        uid: String::new(),
+        gid: String::new(),
+        mode: 0o444,
+        data: crate::dependencies::Sensitive::new(data.as_bytes().to_vec()),
+    }
+}
+
+#[tokio::test]
+async fn a_task_reads_its_secrets_and_configs_from_its_directories_on_tmpfs_until_it_is_removed() {
+    use crate::dependencies::FileKind::{Config, Secret};
+    let dir = tempfile::tempdir().unwrap();
+    let shm = tempfile::Builder::new().prefix("shoal-process-test-").tempdir_in("/dev/shm").unwrap();
+    let root = FilesRoot::new(shm.path().join("node"));
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new()).with_files_root(root.clone());
+    let t = task(
+        "t9",
+        &["sh", "-c"],
+        &["cat $SHOAL_SECRETS_DIR/db_pw; echo; cat $SHOAL_SECRETS_DIR/sub/k; echo; cat $SHOAL_CONFIGS_DIR/app.conf"],
+        None,
+    );
+    let files = vec![file(Secret, "db_pw", "pw"), file(Secret, "/run/secrets/sub/k", "key"), file(Config, "app.conf", "x=1")];
+    let mut c = exec.controller(&t, files).unwrap();
+    c.prepare().await.unwrap();
+    c.start().await.unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(10), c.wait()).await.unwrap().unwrap();
+    assert_eq!(exit.code, 0);
+    let log = std::fs::read_to_string(exec.task_dir("t9").join("stdout.log")).unwrap();
+    let lines: Vec<&str> = log.lines().map(|l| l.split_once(' ').map_or(l, |(_, rest)| rest)).collect();
+    assert_eq!(lines, ["pw", "key", "x=1"], "log: {log:?}");
+    assert!(root.task_dir("t9").is_dir());
+    c.remove().await.unwrap();
+    assert!(!root.task_dir("t9").exists(), "the task's secrets outlived it");
+    assert!(!dir.path().join("tasks/t9").exists());
+
+    // Dropping a controller (the agent stopping) removes the files too.
+    let mut c = exec.controller(&t, vec![file(Secret, "db_pw", "pw")]).unwrap();
+    c.prepare().await.unwrap();
+    assert!(root.task_dir("t9").is_dir());
+    drop(c);
+    assert!(!root.task_dir("t9").exists());
+}
+
+#[test]
+fn secrets_a_process_cannot_have_reject_the_task() {
+    use crate::dependencies::FileKind::{Config, Secret};
+    let dir = tempfile::tempdir().unwrap();
+    let t = task("t10", &["true"], &[], None);
+    let without_root = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let err = without_root.controller(&t, vec![file(Secret, "db_pw", "pw")]).err().unwrap();
+    assert!(err.to_string().contains("no tmpfs"), "{err}");
+    let shm = tempfile::Builder::new().prefix("shoal-process-test-").tempdir_in("/dev/shm").unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new()).with_files_root(FilesRoot::new(shm.path()));
+    let err = exec.controller(&t, vec![file(Config, "/etc/app.conf", "x")]).err().unwrap();
+    assert!(err.to_string().contains("cannot put a file at the absolute path /etc/app.conf"), "{err}");
+    let disk = tempfile::tempdir().unwrap();
+    if crate::task_files::check_in_memory(disk.path()).is_err() {
+        let on_disk = ProcessExecutor::new(dir.path(), "h", HashMap::new()).with_files_root(FilesRoot::new(disk.path()));
+        let err = on_disk.controller(&t, vec![file(Secret, "db_pw", "pw")]).err().unwrap();
+        assert!(err.to_string().contains("is not on a tmpfs"), "{err}");
+    }
 }

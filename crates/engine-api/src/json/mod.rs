@@ -5,6 +5,7 @@
 pub mod common;
 pub mod go_decode;
 pub mod objects;
+pub mod secret;
 pub mod spec;
 pub mod system;
 pub mod unsupported;
@@ -17,6 +18,7 @@ pub use objects::{
     ClusterInfoJson, ManagerStatusJson, NodeJson, NodeSpecJson, ServiceJson, ServiceStatusJson,
     SwarmJson, TaskJson, TaskStatusJson,
 };
+pub use secret::{ConfigJson, ConfigSpecJson, SecretJson, SecretSpecJson};
 pub use spec::{ServiceSpecJson, TaskSpecJson};
 pub use system::{InfoJson, SwarmInfoJson, SystemVersionJson};
 
@@ -37,6 +39,15 @@ pub struct ServiceCreateResponse {
 pub struct ServiceUpdateResponse {
     /// Warnings (none).
     pub warnings: Vec<String>,
+}
+
+/// Response of `POST /secrets/create` and `POST /configs/create` (Docker's `IDResponse`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct IdResponse {
+    /// The new object's ID.
+    #[serde(rename = "ID")]
+    pub id: String,
 }
 
 /// An error body: `{"message": "..."}`.

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use shoal_api::{
+    config_reference, secret_reference, ConfigReference, FileTarget, RuntimeTarget, SecretReference,
     container_spec, endpoint_spec, mount, placement_preference, port_config, restart_policy,
     service_spec, task_spec, update_config, Annotations, ContainerSpec, Driver, EndpointSpec,
     GlobalJob, GlobalService, HealthConfig, Mount, Placement, PlacementPreference, Platform,
@@ -179,13 +180,14 @@ pub struct ContainerSpecJson {
     /// Run an init process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init: Option<bool>,
-    /// Secret references: read only to be refused (`refused_fields`), as are the fields below.
-    #[serde(skip_serializing)]
-    pub secrets: serde_json::Value,
-    /// Config references.
-    #[serde(skip_serializing)]
-    pub configs: serde_json::Value,
-    /// Credential spec, SELinux, seccomp, AppArmor, no-new-privileges.
+    /// Secrets exposed to the task as files.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretReferenceJson>,
+    /// Configs exposed to the task as files.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub configs: Vec<ConfigReferenceJson>,
+    /// Credential spec, SELinux, seccomp, AppArmor, no-new-privileges: read only to be refused
+    /// (`json::unsupported`), as are the fields below.
     #[serde(skip_serializing)]
     pub privileges: serde_json::Value,
     /// Isolation technology ("default" is accepted: it is what Linux has).
@@ -206,6 +208,115 @@ pub struct ContainerSpecJson {
     /// OOM killer score adjustment.
     #[serde(skip_serializing)]
     pub oom_score_adj: serde_json::Value,
+}
+
+/// `ContainerSpec.Secrets[]`: which secret (the docker CLI sends both the ID and the name) and where.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct SecretReferenceJson {
+    /// The file the secret becomes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileTargetJson>,
+    /// The secret's ID.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+    /// The secret's name.
+    pub secret_name: String,
+}
+
+/// `ContainerSpec.Configs[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ConfigReferenceJson {
+    /// The file the config becomes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileTargetJson>,
+    /// A runtime target (`{}`, Windows credential specs): read only to be refused (`json::unsupported`).
+    #[serde(skip_serializing)]
+    pub runtime: serde_json::Value,
+    /// The config's ID.
+    #[serde(rename = "ConfigID")]
+    pub config_id: String,
+    /// The config's name.
+    pub config_name: String,
+}
+
+/// `File` of a secret or config reference: the target name (relative ones are under `/run/secrets/` for
+/// secrets and `/` for configs), owner and permission bits.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct FileTargetJson {
+    /// Target file name.
+    pub name: String,
+    /// Owner user ID, as a decimal string.
+    #[serde(rename = "UID")]
+    pub uid: String,
+    /// Owner group ID, as a decimal string.
+    #[serde(rename = "GID")]
+    pub gid: String,
+    /// Permission bits (Go's `os.FileMode`, as a number: 0444 is 292).
+    pub mode: u32,
+}
+
+impl FileTargetJson {
+    fn to_api(&self) -> FileTarget {
+        FileTarget { name: self.name.clone(), uid: self.uid.clone(), gid: self.gid.clone(), mode: self.mode }
+    }
+    fn from_api(f: &FileTarget) -> FileTargetJson {
+        FileTargetJson { name: f.name.clone(), uid: f.uid.clone(), gid: f.gid.clone(), mode: f.mode }
+    }
+}
+
+impl SecretReferenceJson {
+    fn to_api(&self) -> SecretReference {
+        SecretReference {
+            secret_id: self.secret_id.clone(),
+            secret_name: self.secret_name.clone(),
+            target: self.file.as_ref().map(|f| secret_reference::Target::File(f.to_api())),
+        }
+    }
+    fn from_api(r: &SecretReference) -> SecretReferenceJson {
+        SecretReferenceJson {
+            file: r.target.as_ref().map(|secret_reference::Target::File(f)| FileTargetJson::from_api(f)),
+            secret_id: r.secret_id.clone(),
+            secret_name: r.secret_name.clone(),
+        }
+    }
+}
+
+impl ConfigReferenceJson {
+    /// As the engine's `configReferencesToGRPC`: exactly one of File and Runtime.
+    fn to_api(&self, i: usize) -> Result<ConfigReference, ConvertError> {
+        let target = match (&self.file, !self.runtime.is_null()) {
+            (None, false) => {
+                return Err(ConvertError(format!(
+                    "invalid Config: TaskTemplate.ContainerSpec.Configs[{i}]: either File or Runtime should be set"
+                )))
+            }
+            (Some(_), true) => {
+                return Err(ConvertError(format!(
+                    "invalid Config: TaskTemplate.ContainerSpec.Configs[{i}]: cannot specify both File and Runtime"
+                )))
+            }
+            (None, true) => config_reference::Target::Runtime(RuntimeTarget {}),
+            (Some(f), false) => config_reference::Target::File(f.to_api()),
+        };
+        Ok(ConfigReference { config_id: self.config_id.clone(), config_name: self.config_name.clone(), target: Some(target) })
+    }
+    fn from_api(r: &ConfigReference) -> ConfigReferenceJson {
+        ConfigReferenceJson {
+            file: match &r.target {
+                Some(config_reference::Target::File(f)) => Some(FileTargetJson::from_api(f)),
+                _ => None,
+            },
+            runtime: match &r.target {
+                Some(config_reference::Target::Runtime(_)) => serde_json::json!({}),
+                _ => serde_json::Value::Null,
+            },
+            config_id: r.config_id.clone(),
+            config_name: r.config_name.clone(),
+        }
+    }
 }
 
 /// `ContainerSpec.Mounts[]`.
@@ -798,9 +909,13 @@ impl ContainerSpecJson {
             open_stdin: self.open_stdin,
             read_only: self.read_only,
             stop_signal: self.stop_signal.clone(),
-            // Refused before conversion while Shoal cannot deliver them (json/unsupported.rs).
-            secrets: Vec::new(),
-            configs: Vec::new(),
+            secrets: self.secrets.iter().map(SecretReferenceJson::to_api).collect(),
+            configs: self
+                .configs
+                .iter()
+                .enumerate()
+                .map(|(i, c)| c.to_api(i))
+                .collect::<Result<_, _>>()?,
             // Set by the task spec's conversion, from `Resources.Limits.Pids`.
             pids_limit: 0,
             init: self.init,
@@ -839,6 +954,8 @@ impl ContainerSpecJson {
                 options: d.options.clone(),
             }),
             init: c.init,
+            secrets: c.secrets.iter().map(SecretReferenceJson::from_api).collect(),
+            configs: c.configs.iter().map(ConfigReferenceJson::from_api).collect(),
             ..Default::default()
         }
     }

@@ -39,7 +39,11 @@ fn full_service_spec() -> Value {
                                 "Retries": 3, "StartPeriod": 5_000_000_000i64, "StartInterval": 500_000_000i64},
                 "Hosts": ["10.0.0.1 db"],
                 "DNSConfig": {"Nameservers": ["8.8.8.8"], "Search": ["example.com"], "Options": ["ndots:2"]},
-                "Init": false
+                "Init": false,
+                "Secrets": [{"File": {"Name": "db_pw", "UID": "0", "GID": "0", "Mode": 292},
+                             "SecretID": "3ep2ryqmmp6xa4nd2wdwuxn1c", "SecretName": "db_pw"}],
+                "Configs": [{"File": {"Name": "/etc/app.conf", "UID": "1000", "GID": "100", "Mode": 256},
+                             "ConfigID": "8ll4n2zmuqbt7yoe3p7rxiw3e", "ConfigName": "app.conf"}]
             },
             "Resources": {"Limits": {"NanoCPUs": 500_000_000i64, "MemoryBytes": 104_857_600i64},
                           "Reservations": {"NanoCPUs": 100_000_000i64, "MemoryBytes": 1024}},
@@ -305,6 +309,13 @@ fn every_request_body_decodes_as_go_would() {
         doc["Mode"] = mode;
         check_go_decoding::<ServiceSpecJson>(doc);
     }
+    check_go_decoding::<SecretSpecJson>(json!({
+        "Name": "db_pw", "Labels": {"env": "prod"}, "Data": "cHc=", "Templating": {"Name": "golang"},
+        "Driver": {"Name": "vault", "Options": {"path": "a/b"}}
+    }));
+    check_go_decoding::<ConfigSpecJson>(json!({
+        "Name": "app.conf", "Labels": {"a": "b"}, "Data": "bGlzdGVuIDgwODAK", "Templating": {"Name": "golang"}
+    }));
     check_go_decoding::<NodeSpecJson>(json!({"Name": "n1", "Labels": {"Zone": "a"}, "Role": "manager", "Availability": "drain"}));
     check_go_decoding::<objects::SwarmSpecJson>(json!({
         "Name": "default", "Labels": {"Env": "prod"},
@@ -348,4 +359,45 @@ fn go_decoding_details() {
     assert!(e.to_string().contains("TaskTemplate.ContainerSpec.Env[1]"), "{e}");
     let e = decode::<ServiceSpecJson>(b"{\"Name\": ").unwrap_err();
     assert!(e.to_string().starts_with("invalid JSON: "), "{e}");
+}
+
+#[test]
+fn secrets_and_configs_convert_both_ways_and_a_secret_never_shows_its_data() {
+    use secret::{data_from_base64, data_to_base64};
+    let spec: SecretSpecJson = decode(br#"{"Name": "pw", "Labels": {"a": "b"}, "Data": "cHc=\n", "Templating": {"Name": "golang"}, "Driver": {}}"#).unwrap();
+    let api = spec.to_api().unwrap();
+    assert_eq!(api.data, b"pw");
+    assert_eq!(api.templating.as_ref().map(|t| t.name.as_str()), Some("golang"));
+    assert_eq!(api.driver, None, "an empty driver is no driver");
+    let secret = shoal_api::Secret { id: "s1".into(), spec: Some(api), ..Default::default() };
+    let shown = serde_json::to_value(SecretJson::from_api(&secret)).unwrap();
+    assert_eq!(
+        shown,
+        json!({"ID": "s1", "Version": {"Index": 0}, "CreatedAt": "0001-01-01T00:00:00Z", "UpdatedAt": "0001-01-01T00:00:00Z",
+               "Spec": {"Name": "pw", "Labels": {"a": "b"}, "Templating": {"Name": "golang"}}})
+    );
+    let doc = json!({"ID": "c1", "Version": {"Index": 4}, "CreatedAt": "2017-07-20T13:55:28.678958722Z",
+                     "UpdatedAt": "2017-07-20T13:55:28.678958722Z",
+                     "Spec": {"Name": "app.conf", "Labels": {}, "Data": "bGlzdGVuIDgwODAK"}});
+    let parsed: ConfigJson = serde_json::from_value(doc.clone()).unwrap();
+    let spec = parsed.spec.to_api().unwrap();
+    assert_eq!(spec.data, b"listen 8080\n");
+    let config = shoal_api::Config {
+        id: "c1".into(),
+        meta: Some(shoal_api::Meta {
+            version: Some(shoal_api::Version { index: 4 }),
+            created_at: common::time_from_json("CreatedAt", &parsed.created_at).unwrap(),
+            updated_at: common::time_from_json("UpdatedAt", &parsed.updated_at).unwrap(),
+        }),
+        spec: Some(spec),
+    };
+    assert_eq!(serde_json::to_value(ConfigJson::from_api(&config)).unwrap(), doc);
+    // Go's []byte: standard base64 with padding; line breaks ignored; the error says where, not what.
+    assert_eq!(data_from_base64("YWJj\r\nZA==").unwrap(), b"abcd");
+    assert_eq!(data_to_base64(b"abcd"), "YWJjZA==");
+    for bad in ["YWJjZA", "YW*j", "cGFzc3dvcmQ!"] {
+        let e = data_from_base64(bad).unwrap_err().0;
+        assert!(e.starts_with("Data: illegal base64 data at input byte "), "{e}");
+        assert!(!e.contains("cGFz") && !e.contains('*') && !e.contains('!'), "{e}");
+    }
 }

@@ -74,8 +74,6 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
     if let Some(c) = &t.container_spec {
         let not_applied = "Shoal's executors do not apply it yet; leave it out";
         for (field, v, why) in [
-            ("Secrets", &c.secrets, "Shoal does not store or deliver secrets yet; leave it out"),
-            ("Configs", &c.configs, "Shoal does not store or deliver configs yet; leave it out"),
             ("Privileges", &c.privileges, not_applied),
             ("Sysctls", &c.sysctls, not_applied),
             ("CapabilityAdd", &c.capability_add, not_applied),
@@ -84,6 +82,14 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
             ("OomScoreAdj", &c.oom_score_adj, not_applied),
         ] {
             checks.push((format!("TaskTemplate.ContainerSpec.{field}"), is_set(v), why));
+        }
+        for (i, r) in c.configs.iter().enumerate() {
+            checks.push((
+                format!("TaskTemplate.ContainerSpec.Configs[{i}].Runtime"),
+                // `{}` is the set value: the runtime target has no fields.
+                !r.runtime.is_null(),
+                "runtime targets carry Windows credential specs (Privileges.CredentialSpec.Config); use a File target",
+            ));
         }
         checks.push((
             "TaskTemplate.ContainerSpec.Isolation".into(),

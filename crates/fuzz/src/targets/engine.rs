@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use shoal_api::{node_spec, ClusterSpec};
 use shoal_engine_api::json::objects::SwarmSpecJson;
-use shoal_engine_api::json::{decode, NodeSpecJson, ServiceSpecJson};
+use shoal_engine_api::json::{decode, ConfigJson, ConfigSpecJson, NodeSpecJson, SecretJson, SecretSpecJson, ServiceSpecJson};
 use shoal_engine_api::unlock::UnlockRequestJson;
 use shoal_engine_api::{ca::ClientCertRequest, filters, logs, swarm_update};
 use shoal_manager::controlapi;
@@ -26,6 +26,14 @@ pub const SERVICE_DICT: &[&str] = &[
     "\"PublishedPort\"", "\"TargetPort\"", "\"Protocol\"", "\"Mounts\"", "\"ForceUpdate\"", "\"Hostname\"",
     "\"User\"", "\"Dir\"", "\"TTY\"", "\"DNSConfig\"", "\"Nameservers\"", "\"Hosts\"", "\"Init\"",
     "\"node.role==manager\"", "\"node.labels.a!=b\"", "\"pause\"", "\"rollback\"", "\"start-first\"",
+    "\"Secrets\"", "\"Configs\"", "\"SecretID\"", "\"SecretName\"", "\"ConfigID\"", "\"ConfigName\"",
+    "\"File\"", "\"UID\"", "\"GID\"", "\"Mode\"", "\"Runtime\"",
+];
+
+/// Field names of secret and config specs.
+pub const SECRET_DICT: &[&str] = &[
+    "\"Name\"", "\"Labels\"", "\"Data\"", "\"Driver\"", "\"Templating\"", "\"Options\"", "\"golang\"", "\"cHc=\"",
+    "\"=\"", "\\n",
 ];
 
 /// Field names of a node spec.
@@ -46,7 +54,7 @@ pub const SMALL_DICT: &[&str] = &["\"UnlockKey\"", "\"Name\"", "\"CSR\"", "SWMKE
 /// Filter keys and values.
 pub const FILTER_DICT: &[&str] = &[
     "\"id\"", "\"name\"", "\"label\"", "\"mode\"", "\"role\"", "\"membership\"", "\"service\"", "\"node\"",
-    "\"desired-state\"", "\"replicated\"", "\"global\"", "\"running\"", "\"shutdown\"", "\"accepted\"", "true",
+    "\"desired-state\"", "\"names\"", "\"replicated\"", "\"global\"", "\"running\"", "\"shutdown\"", "\"accepted\"", "true",
 ];
 
 /// Log query keys.
@@ -63,6 +71,28 @@ pub fn service_spec(data: &[u8]) {
         let back = ServiceSpecJson::from_api(&api);
         let _ = back.with_defaults();
         let _ = shoal_api::prost::Message::encoded_len(&api);
+    }
+}
+
+/// `POST /secrets/create` and `/configs/create` (the first byte chooses which): the body decoded (the data
+/// from base64), converted, validated as `controlapi` does, and shown back as inspect shows it.
+pub fn secret_spec(data: &[u8]) {
+    let (sel, body) = split_selector(data);
+    if sel & 1 == 0 {
+        let Ok(spec) = decode::<SecretSpecJson>(body) else { return };
+        let Ok(api) = spec.to_api() else { return };
+        if controlapi::validate_secret_spec(&api).is_ok() {
+            let secret = shoal_api::Secret { spec: Some(api), ..Default::default() };
+            assert!(SecretJson::from_api(&secret).spec.data.is_empty(), "a secret's data is never shown");
+        }
+    } else {
+        let Ok(spec) = decode::<ConfigSpecJson>(body) else { return };
+        let Ok(api) = spec.to_api() else { return };
+        if controlapi::validate_config_spec(&api).is_ok() {
+            let config = shoal_api::Config { spec: Some(api.clone()), ..Default::default() };
+            let back = ConfigJson::from_api(&config).spec;
+            assert_eq!(back.to_api().ok(), Some(api), "a config's spec round-trips");
+        }
     }
 }
 
@@ -109,12 +139,13 @@ pub fn small_bodies(data: &[u8]) {
     }
 }
 
-/// `filters=` of `GET /services`, `/nodes` and `/tasks` (the same string through each parser).
+/// `filters=` of `GET /services`, `/nodes`, `/tasks` and `/secrets` (the same string through each parser).
 pub fn filters(data: &[u8]) {
     let raw = String::from_utf8_lossy(data);
     let _ = filters::services(Some(&raw));
     let _ = filters::nodes(Some(&raw));
     let _ = filters::tasks(Some(&raw));
+    let _ = filters::secrets(Some(&raw));
     let _ = filters::parse(Some(&raw), &["id", "name", "label"]);
 }
 

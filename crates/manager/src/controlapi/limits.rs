@@ -1,8 +1,9 @@
 //! The bounds on what a request can make the cluster hold or do, and the checks that enforce them. Every
-//! service and cluster spec passes these before anything is written; each error names the field, the value
-//! and the limit. Where Docker (moby's daemon, SwarmKit's controlapi) has a rule, the same rule applies
-//! (negative durations and counts refused, health-check durations of 0 or at least 1 ms, a dispatcher
-//! heartbeat of at least 1 s, a node certificate of at least 1 h); where Docker has none, the upper bound
+//! service, cluster, secret and config spec passes these before anything is written; each error names the
+//! field, the value and the limit. Where Docker (moby's daemon, SwarmKit's controlapi) has a rule, the same
+//! rule applies (negative durations and counts refused, health-check durations of 0 or at least 1 ms, a
+//! dispatcher heartbeat of at least 1 s, a node certificate of at least 1 h, secret data under 500 KiB and
+//! config data under 1000 KiB); where Docker has none, the upper bound
 //! is the one named on each constant, chosen so no valid spec can exhaust a manager or outlive its removal.
 //!
 //! Must not depend on HTTP, JSON or the store.
@@ -126,6 +127,28 @@ pub const MAX_LOG_ENTRIES_FOR_SLOW_FOLLOWERS: u64 = 1_000_000;
 
 /// Most old snapshots kept.
 pub const MAX_KEEP_OLD_SNAPSHOTS: u64 = 100;
+
+/// Secret data is shorter than this many bytes (SwarmKit's `validation.MaxSecretSize`, 500 KiB): it lives in
+/// every manager's memory and in the assignment of every node whose tasks use it.
+pub const MAX_SECRET_DATA_BYTES: usize = 500 * 1024;
+
+/// Config data is shorter than this many bytes (SwarmKit's `controlapi.MaxConfigSize`, 1000 KiB).
+pub const MAX_CONFIG_DATA_BYTES: usize = 1000 * 1024;
+
+/// Longest secret or config name (SwarmKit's rule: 64 characters of `[a-zA-Z0-9-_.]`).
+pub const MAX_SECRET_NAME_LEN: usize = 64;
+
+/// Most bytes of labels (keys and values) on one secret or config, and of options on its templating or
+/// secret driver (Docker: none). The data bound above is the object's payload; this keeps what comes with it
+/// small beside it.
+pub const MAX_SECRET_LABEL_BYTES: usize = 64 * 1024;
+
+/// Longest target file name of a secret or config reference (Linux's `PATH_MAX`).
+pub const MAX_TARGET_NAME_BYTES: usize = 4096;
+
+/// Most secret references, and most config references, in one service's container spec (Docker: none; the
+/// spec size bound would allow tens of thousands). Each is a file the agent writes for every task.
+pub const MAX_REFERENCES_PER_SERVICE: usize = 1000;
 
 pub(crate) fn invalid(msg: impl Into<String>) -> ControlError {
     ControlError::InvalidArgument(msg.into())

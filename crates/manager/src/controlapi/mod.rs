@@ -21,11 +21,21 @@
 //!
 //! The cluster object (`docker swarm update`) is read and updated through `cluster`.
 //!
+//! Secrets and configs (`secret`, `config`): created, listed, their labels updated and removed with
+//! SwarmKit's rules; a secret's data is never returned. A service's references to them are checked with its
+//! spec and, in the write that stores it, for existence (`references`); removing one that a service
+//! references is refused, naming the services.
+//!
 //! Must not depend on HTTP, JSON, processes or Docker.
 
 mod cluster;
+mod config;
 pub mod limits;
 mod node;
+mod references;
+mod secret;
+#[cfg(test)]
+mod secret_tests;
 mod service;
 mod task;
 #[cfg(test)]
@@ -37,10 +47,17 @@ pub use cluster::{
 };
 pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use service::{
-    create_service, get_service, list_services, remove_service, service_status, update_service,
+    create_service, get_service, list_services, remove_service, rollback_service, service_status, update_service,
     validate_service_spec, ServiceFilters, ServiceStatus,
 };
 pub use task::{get_task, list_tasks, task_name, TaskFilters};
+pub use config::{
+    create_config, get_config, list_configs, remove_config, update_config, validate_config_spec, ConfigFilters,
+};
+pub use secret::{
+    create_secret, get_secret, list_secrets, remove_secret, update_secret, validate_secret_spec, SecretFilters,
+    TEMPLATING_DRIVER,
+};
 
 use std::sync::Arc;
 
@@ -108,6 +125,7 @@ impl From<StoreError> for ControlError {
             )),
             StoreError::VersionConflict { .. } => ControlError::Conflict(e.to_string()),
             StoreError::NotFound { kind, id } => ControlError::not_found(kind.name(), &id),
+            StoreError::DanglingReference(m) => ControlError::InvalidArgument(m),
             StoreError::Exists { .. } | StoreError::InvalidObject(_) | StoreError::Decode { .. } => {
                 ControlError::Internal(e.to_string())
             }

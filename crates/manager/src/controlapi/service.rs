@@ -11,6 +11,7 @@ use super::limits::{
     check_cluster_totals, check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
     MAX_PIDS_LIMIT, MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
 };
+use super::references::{resolve_references, validate_references};
 use super::{any_prefix, find_service, labels_match, ControlError};
 use crate::orchestrator::write::{MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
 use crate::scheduler::constraint;
@@ -98,6 +99,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
                 }
                 check_count("ContainerSpec.Healthcheck.Retries", h.retries as u64, MAX_HEALTH_RETRIES as u64)?;
             }
+            validate_references(c)?;
         }
         None => {
             return Err(invalid(
@@ -174,7 +176,14 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     check_spec_size(spec)
 }
 
-/// Validates `spec` and creates a service with a new ID. Fails with `Conflict` when the name is taken.
+fn container_mut(spec: Option<&mut ServiceSpec>) -> Option<&mut shoal_api::ContainerSpec> {
+    match spec?.task.as_mut()?.runtime.as_mut()? {
+        task_spec::Runtime::Container(c) => Some(c),
+    }
+}
+
+/// Validates `spec` and creates a service with a new ID. Fails with `Conflict` when the name is taken, and
+/// with a 400 naming any secret or config it references that does not exist.
 pub async fn create_service(
     state: &ClusterState,
     spec: ServiceSpec,
@@ -193,11 +202,15 @@ pub async fn create_service(
         ..Default::default()
     };
     let id = service.id.clone();
+    let mut service = service;
     state
         .write(|t: &Tables, c: &mut Changes| {
             let name = service.unique_name().unwrap_or_default();
             if let Some(owner) = t.services().by_name(name) {
                 return Err(name_taken(name, &owner.id));
+            }
+            if let Some(c) = container_mut(service.spec.as_mut()) {
+                resolve_references(t, c)?;
             }
             let nodes = t.nodes().len() as u64;
             check_cluster_totals(t.service_totals(), ServiceTotals::default(), ServiceTotals::of(&service), nodes)?;
@@ -231,6 +244,7 @@ pub async fn update_service(
 ) -> Result<Service, ControlError> {
     validate_service_spec(&spec)?;
     let now = state.now();
+    let mut spec = spec;
     let (id, _) = state
         .write(|t: &Tables, c: &mut Changes| {
             let current = find_service(t, reference)?;
@@ -257,11 +271,64 @@ pub async fn update_service(
                     return Err(name_taken(new_name, &owner.id));
                 }
             }
+            if let Some(c) = container_mut(Some(&mut spec)) {
+                resolve_references(t, c)?;
+            }
             let mut next = (**current).clone();
             next.previous_spec = next.spec.take();
             next.previous_spec_version = next.spec_version.take();
             next.spec = Some(spec);
             next.spec_version = Some(Version { index: current.version() });
+            // As SwarmKit: a new spec starts a new update (a paused one resumes with it).
+            next.update_status = None;
+            next.meta_mut().updated_at = Some(now);
+            let nodes = t.nodes().len() as u64;
+            check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
+            c.update(next);
+            Ok(current.id.clone())
+        })
+        .await?;
+    state
+        .store
+        .view(|t| t.services().get(&id).map(|s| (**s).clone()))
+        .ok_or_else(|| ControlError::not_found("service", reference))
+}
+
+/// Rolls service `reference` back to its previous spec (`docker service rollback`, the Engine API's
+/// `?rollback=previous`): the previous spec and spec version become current and the current ones previous,
+/// and the update status says ROLLBACK_STARTED, "manually requested rollback"; the orchestrator rolls the
+/// tasks back with the service's rollback config. `version` as for `update_service`. Fails with
+/// `InvalidArgument` when the service has no previous spec, or when the previous spec would take the
+/// cluster's tasks over their bounds (`limits::check_cluster_totals`).
+pub async fn rollback_service(state: &ClusterState, reference: &str, version: u64) -> Result<Service, ControlError> {
+    let now = state.now();
+    let (id, _) = state
+        .write(|t: &Tables, c: &mut Changes| {
+            let current = find_service(t, reference)?;
+            if current.version() != version {
+                return Err(ControlError::Conflict(format!(
+                    "update out of sequence: service {} is at version {}, the rollback was based on version \
+                     {version}; inspect it again and retry",
+                    current.id,
+                    current.version()
+                )));
+            }
+            let mut next = (**current).clone();
+            let Some(previous) = next.previous_spec.take() else {
+                return Err(ControlError::InvalidArgument(format!(
+                    "service {} does not have a previous spec to roll back to",
+                    current.id
+                )));
+            };
+            let previous_version = next.previous_spec_version.take();
+            next.previous_spec = next.spec.replace(previous);
+            next.previous_spec_version = std::mem::replace(&mut next.spec_version, previous_version);
+            next.update_status = Some(shoal_api::UpdateStatus {
+                state: shoal_api::update_status::UpdateState::RollbackStarted as i32,
+                started_at: Some(now),
+                completed_at: None,
+                message: crate::orchestrator::update::MANUAL_ROLLBACK_MESSAGE.to_string(),
+            });
             next.meta_mut().updated_at = Some(now);
             let nodes = t.nodes().len() as u64;
             check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;

@@ -26,15 +26,15 @@ pub struct TaskFilters {
     pub desired_states: Vec<TaskState>,
     /// `key` or `key=value` task labels (from the task's annotations); all must match.
     pub labels: Vec<String>,
-    /// Only tasks made from their service's current spec (the docker CLI's `_up-to-date` filter, used to
-    /// follow a rollout).
+    /// Only tasks up to date with their service's current spec (the docker CLI's `_up-to-date` filter, used
+    /// to follow a rollout).
     pub up_to_date: bool,
 }
 
-/// True when the task was made from its service's current spec.
+/// True when the task is up to date with its service's current spec (`orchestrator::dirty`).
 fn is_up_to_date(t: &Tables, task: &Task) -> bool {
     t.services().get(&task.service_id).is_some_and(|s| {
-        task.spec_version.as_ref() == Some(&crate::orchestrator::replicated::service_spec_version(s))
+        !crate::orchestrator::dirty::is_task_dirty(s, task, t.nodes().get(&task.node_id).map(|n| &**n))
     })
 }
 

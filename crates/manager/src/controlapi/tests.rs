@@ -13,7 +13,7 @@ use shoal_store::{Changes, ManualClock, MemoryStore, StoreObject};
 use super::*;
 use crate::state::{ClusterState, RandomIds};
 
-fn cluster() -> (ClusterState, Arc<LocalProposer>) {
+pub(super) fn cluster() -> (ClusterState, Arc<LocalProposer>) {
     let store = Arc::new(MemoryStore::default());
     let proposer = Arc::new(LocalProposer::new(store.clone()));
     let state = ClusterState::new(
@@ -25,7 +25,7 @@ fn cluster() -> (ClusterState, Arc<LocalProposer>) {
     (state, proposer)
 }
 
-fn spec(name: &str, replicas: u64) -> ServiceSpec {
+pub(super) fn spec(name: &str, replicas: u64) -> ServiceSpec {
     ServiceSpec {
         annotations: Some(Annotations {
             name: name.into(),
@@ -219,6 +219,34 @@ async fn create_sets_id_times_and_spec_version_and_refuses_a_taken_name() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test]
+async fn rollback_swaps_the_specs_and_an_update_clears_the_update_status() {
+    use shoal_api::update_status::UpdateState;
+    let (state, _) = cluster();
+    let svc = create_service(&state, spec("web", 3)).await.unwrap();
+    let err = rollback_service(&state, "web", svc.version()).await.unwrap_err();
+    assert!(
+        matches!(&err, ControlError::InvalidArgument(m) if m.contains("does not have a previous spec")),
+        "{err:?}"
+    );
+    let updated = update_service(&state, "web", svc.version(), spec("web", 5)).await.unwrap();
+    // A stale version is refused, as for an update.
+    let err = rollback_service(&state, "web", svc.version()).await.unwrap_err();
+    assert!(matches!(&err, ControlError::Conflict(_)), "{err:?}");
+    let rolled = rollback_service(&state, "web", updated.version()).await.unwrap();
+    assert_eq!(rolled.spec, svc.spec);
+    assert_eq!(rolled.spec_version, svc.spec_version);
+    assert_eq!(rolled.previous_spec, updated.spec);
+    assert_eq!(rolled.previous_spec_version, updated.spec_version);
+    let status = rolled.update_status.clone().unwrap();
+    assert_eq!(status.state(), UpdateState::RollbackStarted);
+    assert_eq!(status.message, "manually requested rollback");
+    assert!(status.started_at.is_some());
+    // The next spec write starts afresh: no update status until the orchestrator starts one.
+    let again = update_service(&state, "web", rolled.version(), spec("web", 4)).await.unwrap();
+    assert!(again.update_status.is_none());
 }
 
 #[tokio::test]

@@ -1,25 +1,95 @@
-//! The set of tasks one node must know about, sans IO: the COMPLETE set from a view, and the INCREMENTAL
-//! changes a store commit makes to it. No async, no store writes, no clock.
+//! The set of tasks, secrets and configs one node must know about, sans IO: the COMPLETE set from a view, and
+//! the INCREMENTAL changes a store commit makes to it. No async, no store writes, no clock.
 //!
 //! A task belongs to a node's set when `node_id` is that node and its observed state is at least ASSIGNED
 //! (tasks with desired state >= SHUTDOWN stay in it until they are deleted or move away, so the agent stops
 //! them). Echo suppression: an update is sent only when a field the agent acts on changed (desired state,
 //! spec, ...); the agent's own status reports coming back through the store are not sent again.
 //!
-//! Bound: `sent` holds one entry per task in the node's set.
+//! Dependencies (as SwarmKit's dispatcher): a task that enters the set with observed state at most RUNNING
+//! holds the secrets and configs its container spec references (by ID); they are sent (UPDATE, with their
+//! data) before the task in the same message, once per node however many tasks use them. A task releases
+//! them when its observed state passes RUNNING or it leaves the set; a secret or config no task holds any
+//! more is sent as a REMOVE carrying only its ID. A referenced object missing from the store is not sent
+//! (the agent then rejects the task, naming it). A node never receives a secret none of its tasks uses.
+//!
+//! Bound: `sent` holds one entry per task in the node's set; `holders` one per secret/config sent, each with
+//! the IDs of the tasks holding it; `held_by` one per task holding any.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use shoal_api::{
-    assignment, assignment_change::AssignmentAction, Assignment, AssignmentChange, Task, TaskState,
+    assignment, assignment_change::AssignmentAction, task_spec, Assignment, AssignmentChange, Config,
+    ContainerSpec, Secret, Task, TaskState,
 };
 use shoal_store::{ActionKind, Change, Object, Tables};
+
+/// A secret or config a task depends on, by kind and ID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dependency {
+    /// A secret, by ID.
+    Secret(String),
+    /// A config, by ID.
+    Config(String),
+}
+
+impl Dependency {
+    /// The assignment that carries this dependency, looked up in `tables`; `None` when it is not stored.
+    pub fn lookup(&self, tables: &Tables) -> Option<assignment::Item> {
+        match self {
+            Dependency::Secret(id) => tables.secrets().get(id).map(|s| assignment::Item::Secret((**s).clone())),
+            Dependency::Config(id) => tables.configs().get(id).map(|c| assignment::Item::Config((**c).clone())),
+        }
+    }
+
+    /// The REMOVE change for this dependency: the ID only, never the data.
+    fn removal(&self) -> AssignmentChange {
+        let item = match self {
+            Dependency::Secret(id) => assignment::Item::Secret(Secret { id: id.clone(), ..Default::default() }),
+            Dependency::Config(id) => assignment::Item::Config(Config { id: id.clone(), ..Default::default() }),
+        };
+        AssignmentChange { assignment: Some(Assignment { item: Some(item) }), action: AssignmentAction::Remove as i32 }
+    }
+}
+
+fn container(task: &Task) -> Option<&ContainerSpec> {
+    match task.spec.as_ref()?.runtime.as_ref()? {
+        task_spec::Runtime::Container(c) => Some(c),
+    }
+}
+
+/// The secrets and configs `task`'s container spec references, without repeats, secrets first.
+pub fn dependencies_of(task: &Task) -> Vec<Dependency> {
+    let Some(c) = container(task) else { return Vec::new() };
+    if c.secrets.is_empty() && c.configs.is_empty() {
+        return Vec::new();
+    }
+    let mut out: Vec<Dependency> = Vec::with_capacity(c.secrets.len() + c.configs.len());
+    for s in &c.secrets {
+        let d = Dependency::Secret(s.secret_id.clone());
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    for s in &c.configs {
+        let d = Dependency::Config(s.config_id.clone());
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
+}
 
 /// True when `task` belongs in `node_id`'s assignment set.
 pub fn is_assigned_to(task: &Task, node_id: &str) -> bool {
     let observed = task.status.as_ref().map_or(0, |s| s.state);
     task.node_id == node_id && observed >= TaskState::Assigned as i32
+}
+
+/// True while a task in the set holds its dependencies: its observed state is at most RUNNING.
+fn holds_dependencies(task: &Task) -> bool {
+    task.status.as_ref().map_or(0, |s| s.state) <= TaskState::Running as i32
 }
 
 /// True when `new` differs from `old` in a field the agent acts on. Status and meta are the agent's own
@@ -47,11 +117,16 @@ fn change(task: &Task, action: AssignmentAction) -> AssignmentChange {
     }
 }
 
-/// What has been sent to one node: the last version of each task in its set.
+/// What has been sent to one node: the last version of each task in its set, and the secrets and configs
+/// sent with the tasks holding each.
 #[derive(Debug)]
 pub struct AssignmentSet {
     node_id: String,
     sent: HashMap<String, Arc<Task>>,
+    /// Each secret/config sent, with the IDs of the tasks holding it (never empty).
+    holders: HashMap<Dependency, HashSet<String>>,
+    /// Each task holding dependencies, with those it holds.
+    held_by: HashMap<String, Vec<Dependency>>,
 }
 
 impl AssignmentSet {
@@ -60,6 +135,8 @@ impl AssignmentSet {
         AssignmentSet {
             node_id: node_id.to_string(),
             sent: HashMap::new(),
+            holders: HashMap::new(),
+            held_by: HashMap::new(),
         }
     }
 
@@ -73,48 +150,123 @@ impl AssignmentSet {
         self.sent.is_empty()
     }
 
+    /// The secrets and configs sent to the node and not removed since, sorted.
+    pub fn dependencies(&self) -> Vec<Dependency> {
+        let mut v: Vec<Dependency> = self.holders.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
     /// Rebuilds the set from a view (through the node index) and returns it as UPDATE changes, for a
-    /// COMPLETE message.
+    /// COMPLETE message: the secrets and configs first, then the tasks.
     pub fn complete(&mut self, tables: &Tables) -> Vec<AssignmentChange> {
         self.sent.clear();
-        let mut out = Vec::new();
+        self.holders.clear();
+        self.held_by.clear();
+        let mut deps = Vec::new();
+        let mut tasks = Vec::new();
         for task in tables.tasks().by_node(&self.node_id) {
             if is_assigned_to(task, &self.node_id) {
-                out.push(change(task, AssignmentAction::Update));
+                self.acquire(task, &mut deps, &mut |d| d.lookup(tables));
+                tasks.push(update(assignment::Item::Task((**task).clone())));
                 self.sent.insert(task.id.clone(), task.clone());
             }
         }
-        out
+        deps.extend(tasks);
+        deps
     }
 
-    /// The change one store change makes to the set, if any.
-    pub fn on_change(&mut self, c: &Change) -> Option<AssignmentChange> {
+    /// The changes one store change makes to the set, appended to `out` (a task's new dependencies before
+    /// it, dependencies it released after it). `lookup` reads a secret or config from the store; it is
+    /// called only for a dependency not yet sent to the node.
+    pub fn on_change(
+        &mut self,
+        c: &Change,
+        out: &mut Vec<AssignmentChange>,
+        lookup: &mut dyn FnMut(&Dependency) -> Option<assignment::Item>,
+    ) {
         let Object::Task(task) = &c.object else {
-            return None;
+            return;
         };
-        if c.kind == ActionKind::Remove {
-            let old = self.sent.remove(&task.id)?;
-            return Some(change(&old, AssignmentAction::Remove));
-        }
-        if is_assigned_to(task, &self.node_id) {
+        if c.kind != ActionKind::Remove && is_assigned_to(task, &self.node_id) {
             let send = match self.sent.get(&task.id) {
                 Some(prev) => agent_cares(prev, task),
-                None => true,
+                None => {
+                    self.acquire(task, out, lookup);
+                    true
+                }
             };
             // Keep the newest version either way, so the next comparison is against current fields.
             self.sent.insert(task.id.clone(), task.clone());
-            send.then(|| change(task, AssignmentAction::Update))
-        } else {
-            let old = self.sent.remove(&task.id)?;
-            Some(change(&old, AssignmentAction::Remove))
+            if send {
+                out.push(update(assignment::Item::Task((**task).clone())));
+            }
+            if !holds_dependencies(task) {
+                self.release(&task.id, out);
+            }
+        } else if let Some(old) = self.sent.remove(&task.id) {
+            out.push(change(&old, AssignmentAction::Remove));
+            self.release(&task.id, out);
         }
     }
+
+    /// Records the dependencies of `task` (entering the set) and appends UPDATEs for those not sent yet.
+    fn acquire(
+        &mut self,
+        task: &Task,
+        out: &mut Vec<AssignmentChange>,
+        lookup: &mut dyn FnMut(&Dependency) -> Option<assignment::Item>,
+    ) {
+        if !holds_dependencies(task) {
+            return;
+        }
+        let deps = dependencies_of(task);
+        if deps.is_empty() {
+            return;
+        }
+        let mut held = Vec::with_capacity(deps.len());
+        for d in deps {
+            if let Some(holders) = self.holders.get_mut(&d) {
+                holders.insert(task.id.clone());
+                held.push(d);
+                continue;
+            }
+            // Not stored (removed meanwhile): not sent; the agent rejects the task naming it.
+            let Some(item) = lookup(&d) else { continue };
+            out.push(update(item));
+            self.holders.insert(d.clone(), HashSet::from([task.id.clone()]));
+            held.push(d);
+        }
+        if !held.is_empty() {
+            self.held_by.insert(task.id.clone(), held);
+        }
+    }
+
+    /// Drops `task_id`'s hold on its dependencies and appends REMOVEs for those no task holds any more.
+    fn release(&mut self, task_id: &str, out: &mut Vec<AssignmentChange>) {
+        if self.held_by.is_empty() {
+            return;
+        }
+        let Some(held) = self.held_by.remove(task_id) else { return };
+        for d in held {
+            let Some(holders) = self.holders.get_mut(&d) else { continue };
+            holders.remove(task_id);
+            if holders.is_empty() {
+                self.holders.remove(&d);
+                out.push(d.removal());
+            }
+        }
+    }
+}
+
+fn update(item: assignment::Item) -> AssignmentChange {
+    AssignmentChange { assignment: Some(Assignment { item: Some(item) }), action: AssignmentAction::Update as i32 }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shoal_api::TaskStatus;
+    use shoal_api::{ConfigReference, ConfigSpec, SecretReference, SecretSpec, TaskSpec, TaskStatus};
     use shoal_store::{Changes, MemoryStore};
 
     fn task(id: &str, node: &str, state: TaskState, desired: TaskState) -> Task {
@@ -130,17 +282,84 @@ mod tests {
         }
     }
 
-    fn actions(c: &[AssignmentChange]) -> Vec<(String, i32)> {
+    fn with_refs(mut t: Task, secrets: &[&str], configs: &[&str]) -> Task {
+        let c = ContainerSpec {
+            secrets: secrets
+                .iter()
+                .map(|s| SecretReference { secret_id: s.to_string(), secret_name: format!("name-{s}"), target: None })
+                .collect(),
+            configs: configs
+                .iter()
+                .map(|s| ConfigReference { config_id: s.to_string(), config_name: format!("name-{s}"), target: None })
+                .collect(),
+            ..Default::default()
+        };
+        t.spec = Some(TaskSpec { runtime: Some(task_spec::Runtime::Container(c)), ..Default::default() });
+        t
+    }
+
+    fn secret(id: &str, data: &[u8]) -> Secret {
+        Secret { id: id.into(), spec: Some(SecretSpec { data: data.to_vec(), ..Default::default() }), ..Default::default() }
+    }
+
+    fn config(id: &str) -> Config {
+        Config { id: id.into(), spec: Some(ConfigSpec { data: b"cfg".to_vec(), ..Default::default() }), ..Default::default() }
+    }
+
+    /// Each change as (kind, id, action) with kind "task", "secret" or "config".
+    fn actions(c: &[AssignmentChange]) -> Vec<(&'static str, String, i32)> {
         c.iter()
             .map(|c| {
-                let Some(assignment::Item::Task(t)) =
-                    c.assignment.as_ref().and_then(|a| a.item.clone())
-                else {
-                    panic!("not a task")
+                let (kind, id) = match c.assignment.as_ref().and_then(|a| a.item.clone()).expect("an item") {
+                    assignment::Item::Task(t) => ("task", t.id),
+                    assignment::Item::Secret(s) => ("secret", s.id),
+                    assignment::Item::Config(s) => ("config", s.id),
                 };
-                (t.id, c.action)
+                (kind, id, c.action)
             })
             .collect()
+    }
+
+    const UPD: i32 = AssignmentAction::Update as i32;
+    const REM: i32 = AssignmentAction::Remove as i32;
+
+    fn e(kind: &'static str, id: &str, action: i32) -> (&'static str, String, i32) {
+        (kind, id.to_string(), action)
+    }
+
+    /// Drives one set over a store: `write` applies changes and returns what the set sends for them.
+    struct Harness {
+        store: MemoryStore,
+        watch: shoal_store::Watch,
+        set: AssignmentSet,
+        index: u64,
+    }
+
+    impl Harness {
+        fn new(node: &str, setup: Changes) -> (Harness, Vec<AssignmentChange>) {
+            let store = MemoryStore::default();
+            store.apply(1, setup.actions()).unwrap();
+            let mut set = AssignmentSet::new(node);
+            let complete = store.view(|t| set.complete(t));
+            let watch = store.watch();
+            (Harness { store, watch, set, index: 1 }, complete)
+        }
+
+        fn write(&mut self, c: Changes) -> Vec<AssignmentChange> {
+            self.index += 1;
+            self.store.apply(self.index, c.actions()).unwrap();
+            let commit = self.watch.try_recv().unwrap();
+            let mut out = Vec::new();
+            let store = &self.store;
+            for ch in &commit.changes {
+                self.set.on_change(ch, &mut out, &mut |d| store.view(|t| d.lookup(t)));
+            }
+            out
+        }
+
+        fn task(&self, id: &str) -> Task {
+            self.store.view(|t| (**t.tasks().get(id).unwrap()).clone())
+        }
     }
 
     #[test]
@@ -155,45 +374,102 @@ mod tests {
         let mut set = AssignmentSet::new("n1");
         let mut got = actions(&store.view(|t| set.complete(t)));
         got.sort();
-        let upd = AssignmentAction::Update as i32;
-        assert_eq!(got, vec![("a".into(), upd), ("d".into(), upd)]);
+        assert_eq!(got, vec![e("task", "a", UPD), e("task", "d", UPD)]);
     }
 
     #[test]
     fn incremental_changes_skip_status_echoes_and_remove_moved_tasks() {
-        let store = MemoryStore::default();
         let mut c = Changes::new();
         c.create(task("a", "n1", TaskState::Assigned, TaskState::Running));
-        store.apply(1, c.actions()).unwrap();
-        let mut set = AssignmentSet::new("n1");
-        store.view(|t| set.complete(t));
-        let mut watch = store.watch();
-        let current = || store.view(|t| (**t.tasks().get("a").unwrap()).clone());
+        let (mut h, _) = Harness::new("n1", c);
 
         // The agent's own report: no update.
-        let mut t = current();
+        let mut t = h.task("a");
         t.status.as_mut().unwrap().state = TaskState::Running as i32;
-        store.apply(2, Changes::new().update(t).actions()).unwrap();
-        let commit = watch.try_recv().unwrap();
-        assert_eq!(set.on_change(&commit.changes[0]), None);
+        assert!(h.write(Changes::new().update(t).clone()).is_empty());
 
         // Desired state change: update.
-        let mut t = current();
+        let mut t = h.task("a");
         t.desired_state = TaskState::Shutdown as i32;
-        store.apply(3, Changes::new().update(t).actions()).unwrap();
-        let commit = watch.try_recv().unwrap();
-        let got = set.on_change(&commit.changes[0]).unwrap();
-        assert_eq!(got.action, AssignmentAction::Update as i32);
+        assert_eq!(actions(&h.write(Changes::new().update(t).clone())), vec![e("task", "a", UPD)]);
 
         // Moved to another node: remove.
-        let mut t = current();
+        let mut t = h.task("a");
         t.node_id = "n2".into();
-        store.apply(4, Changes::new().update(t).actions()).unwrap();
-        let commit = watch.try_recv().unwrap();
+        assert_eq!(actions(&h.write(Changes::new().update(t).clone())), vec![e("task", "a", REM)]);
+        assert!(h.set.is_empty());
+    }
+
+    #[test]
+    fn the_complete_set_sends_the_dependencies_of_its_live_tasks_first_once_each() {
+        let mut c = Changes::new();
+        c.create(secret("s1", b"pw")).create(secret("s2", b"other")).create(config("c1"));
+        c.create(with_refs(task("a", "n1", TaskState::Running, TaskState::Running), &["s1", "s1"], &["c1"]));
+        c.create(with_refs(task("b", "n1", TaskState::Assigned, TaskState::Running), &["s1"], &[]));
+        // Finished: holds nothing. Another node's task: not this node's business.
+        c.create(with_refs(task("d", "n1", TaskState::Failed, TaskState::Shutdown), &["s2"], &[]));
+        c.create(with_refs(task("x", "n2", TaskState::Running, TaskState::Running), &["s2"], &[]));
+        let (h, complete) = Harness::new("n1", c);
+        let got = actions(&complete);
+        assert_eq!(&got[..2], &[e("secret", "s1", UPD), e("config", "c1", UPD)], "dependencies first: {got:?}");
+        let mut tasks = got[2..].to_vec();
+        tasks.sort();
+        assert_eq!(tasks, vec![e("task", "a", UPD), e("task", "b", UPD), e("task", "d", UPD)]);
+        let Some(assignment::Item::Secret(s)) = complete[0].assignment.as_ref().unwrap().item.clone() else {
+            panic!()
+        };
+        assert_eq!(s.spec.unwrap().data, b"pw", "an UPDATE carries the data");
+        assert_eq!(h.set.dependencies(), vec![Dependency::Secret("s1".into()), Dependency::Config("c1".into())]);
+    }
+
+    #[test]
+    fn dependencies_come_with_the_first_task_and_go_with_the_last() {
+        let mut c = Changes::new();
+        c.create(secret("s1", b"pw")).create(config("c1"));
+        let (mut h, complete) = Harness::new("n1", c);
+        assert!(complete.is_empty());
+
+        // A pending task is not the node's yet: nothing, not even its secret.
+        let pending = with_refs(task("a", "n1", TaskState::Pending, TaskState::Running), &["s1"], &["c1"]);
+        assert!(h.write(Changes::new().create(pending).clone()).is_empty());
+
+        // Assigned: the secret and config first, then the task.
+        let mut a = h.task("a");
+        a.status.as_mut().unwrap().state = TaskState::Assigned as i32;
         assert_eq!(
-            set.on_change(&commit.changes[0]).unwrap().action,
-            AssignmentAction::Remove as i32
+            actions(&h.write(Changes::new().update(a).clone())),
+            vec![e("secret", "s1", UPD), e("config", "c1", UPD), e("task", "a", UPD)]
         );
-        assert!(set.is_empty());
+
+        // A second task using the secret: the secret is not sent again.
+        let b = with_refs(task("b", "n1", TaskState::Assigned, TaskState::Running), &["s1"], &[]);
+        assert_eq!(actions(&h.write(Changes::new().create(b).clone())), vec![e("task", "b", UPD)]);
+
+        // `a` fails: it releases the config (only it used it), the secret stays for `b`. The status echo itself
+        // is not sent.
+        let mut a = h.task("a");
+        a.status.as_mut().unwrap().state = TaskState::Failed as i32;
+        assert_eq!(actions(&h.write(Changes::new().update(a).clone())), vec![e("config", "c1", REM)]);
+
+        // `b` is deleted: the task goes, then the secret, by ID only.
+        let out = h.write(Changes::new().remove(Arc::new(h.task("b"))).clone());
+        assert_eq!(actions(&out), vec![e("task", "b", REM), e("secret", "s1", REM)]);
+        let Some(assignment::Item::Secret(s)) = out[1].assignment.as_ref().unwrap().item.clone() else { panic!() };
+        assert_eq!(s.spec, None, "a REMOVE carries no data");
+        assert!(h.set.dependencies().is_empty());
+
+        // `a` moving away or being deleted later releases nothing twice.
+        let out = h.write(Changes::new().remove(Arc::new(h.task("a"))).clone());
+        assert_eq!(actions(&out), vec![e("task", "a", REM)]);
+    }
+
+    #[test]
+    fn a_missing_dependency_is_not_sent_and_the_task_still_is() {
+        let (mut h, _) = Harness::new("n1", Changes::new());
+        let a = with_refs(task("a", "n1", TaskState::Assigned, TaskState::Running), &["gone"], &[]);
+        assert_eq!(actions(&h.write(Changes::new().create(a).clone())), vec![e("task", "a", UPD)]);
+        assert!(h.set.dependencies().is_empty());
+        let out = h.write(Changes::new().remove(Arc::new(h.task("a"))).clone());
+        assert_eq!(actions(&out), vec![e("task", "a", REM)]);
     }
 }

@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-pub use assignments::{agent_cares, is_assigned_to, AssignmentSet};
+pub use assignments::{agent_cares, dependencies_of, is_assigned_to, AssignmentSet, Dependency};
 pub use fanout::{Fanout, NodeWatch, NodeWatchError, NODE_QUEUE_COMMITS};
 pub use heartbeats::Heartbeats;
 pub use managers::{manager_peers, touches_managers, MANAGER_WEIGHT};
@@ -763,6 +763,9 @@ impl Dispatcher {
         let mut leadership = self.state.proposer.leadership();
         tokio::spawn(async move {
             let mut set = AssignmentSet::new(&node_id);
+            // A secret or config a task brings to the node is read when the task enters the set.
+            let store = this.state.store.clone();
+            let mut lookup = |d: &Dependency| store.view(|t| d.lookup(t));
             let mut sequence: u64 = 0;
             let (changes, mut watch) = this.fanout.view_and_watch(&node_id, |t| set.complete(t));
             let mut next = Some(complete_message(&mut sequence, changes));
@@ -775,15 +778,20 @@ impl Dispatcher {
                 tokio::select! {
                     r = watch.recv() => match r {
                         Ok(routed) => {
-                            let mut changes: Vec<_> = routed.iter().filter_map(|c| set.on_change(c)).collect();
+                            let mut changes = Vec::new();
+                            for c in &routed {
+                                set.on_change(c, &mut changes, &mut lookup);
+                            }
                             let mut bytes: usize = changes.iter().map(|c| c.encoded_len()).sum();
                             // Batch what is already queued, up to the message bounds.
                             while changes.len() < ASSIGNMENT_BATCH_MAX_CHANGES && bytes < ASSIGNMENT_BATCH_MAX_BYTES {
                                 match watch.try_recv() {
                                     Some(Ok(routed)) => {
-                                        let more: Vec<_> = routed.iter().filter_map(|c| set.on_change(c)).collect();
-                                        bytes += more.iter().map(|c| c.encoded_len()).sum::<usize>();
-                                        changes.extend(more);
+                                        let before = changes.len();
+                                        for c in &routed {
+                                            set.on_change(c, &mut changes, &mut lookup);
+                                        }
+                                        bytes += changes[before..].iter().map(|c| c.encoded_len()).sum::<usize>();
                                     }
                                     Some(Err(NodeWatchError::Lagged)) => {
                                         let (c, w) = this.fanout.view_and_watch(&node_id, |t| set.complete(t));

@@ -122,12 +122,15 @@ impl Fx {
         })
     }
 
-    /// Updates a service like the control API: new spec, spec_version = the write's index.
+    /// Updates a service like the control API: new spec, spec_version = the write's index, the old ones
+    /// previous, no update status.
     pub fn update_service(&self, id: &str, f: impl FnOnce(&mut ServiceSpec)) {
         let mut s = self.service(id);
         s.previous_spec = s.spec.clone();
+        s.previous_spec_version = s.spec_version;
         f(s.spec.as_mut().expect("spec"));
         s.spec_version = Some(Version { index: self.store.last_index() + 1 });
+        s.update_status = None;
         let mut c = Changes::new();
         c.update(s);
         self.apply(c);

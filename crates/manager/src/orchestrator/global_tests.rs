@@ -1,6 +1,6 @@
 //! Unit tests of the global orchestrator: the sans-IO core (`reconcile_global`) over a `LocalProposer` and a
 //! `ManualClock` (node eligibility as a table, then joins, drains, down nodes, restarts, rolling updates and
-//! per-node history), the scheduler's check of tasks created with their node, and the loop under tokio's
+//! per-node history, a failing update rolled back), the scheduler's check of tasks created with their node, and the loop under tokio's
 //! paused time.
 
 use std::time::Duration;
@@ -319,6 +319,10 @@ fn rolling_update_goes_node_by_node() {
     }
     assert_eq!(nodes_of(&fx, "g"), ["n1", "n2", "n3"]);
     assert!(fx.runnable("g").iter().all(|t| t.spec == current));
+    // Watched for the monitor period (5 s by default) after the last new task started, then completed.
+    assert_eq!(fx.service("g").update_status.unwrap().state(), UpdateState::Updating);
+    fx.clock.advance_ms(5_000);
+    pass(&fx, "g");
     assert_eq!(fx.service("g").update_status.unwrap().state(), UpdateState::Completed);
     assert_eq!(batches, 2, "two batches of at most two nodes");
 }
@@ -414,4 +418,56 @@ async fn the_loop_follows_nodes() {
     fx.proposer.set_leader(false);
     shutdown_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), runner).await.expect("loops stopped").unwrap();
+}
+
+#[test]
+fn a_failing_global_update_rolls_back_node_by_node() {
+    use shoal_api::update_config::FailureAction;
+    let fx = Fx::new();
+    for n in ["n1", "n2", "n3"] {
+        fx.create(node(n));
+    }
+    fx.create(global("g", 100));
+    pass(&fx, "g");
+    run_all(&fx, "g");
+    let original = fx.service("g").spec;
+    let before: Vec<String> = fx.runnable("g").iter().map(|t| t.id.clone()).collect();
+    fx.update_service("g", |s| {
+        set_image(s, "busybox:bad");
+        s.update = Some(UpdateConfig { parallelism: 1, failure_action: FailureAction::Rollback as i32, ..Default::default() });
+    });
+    // The agents: tasks told to stop stop; new tasks of the bad image fail at once, others run.
+    let agents = |fx: &Fx| {
+        for t in fx.tasks("g") {
+            let observed = observed_state(&t);
+            let bad = matches!(t.spec.as_ref().and_then(|s| s.runtime.as_ref()),
+                Some(shoal_api::task_spec::Runtime::Container(c)) if c.image == "busybox:bad");
+            if t.desired_state() > TaskState::Running && !observed.is_terminal() {
+                fx.set_state(&t.id, TaskState::Shutdown);
+            } else if t.desired_state() == TaskState::Running && observed < TaskState::Running {
+                fx.place(&t.id, &t.node_id.clone(), if bad { TaskState::Failed } else { TaskState::Running });
+            }
+        }
+    };
+    let mut seen_rollback = false;
+    for _ in 0..100 {
+        fx.clock.advance_ms(200);
+        pass(&fx, "g");
+        agents(&fx);
+        pass(&fx, "g");
+        let state = fx.service("g").update_status.map(|u| u.state());
+        seen_rollback |= state == Some(UpdateState::RollbackStarted);
+        if state == Some(UpdateState::RollbackCompleted) {
+            break;
+        }
+    }
+    assert!(seen_rollback);
+    let svc = fx.service("g");
+    assert_eq!(svc.update_status.unwrap().state(), UpdateState::RollbackCompleted);
+    assert_eq!(svc.spec, original);
+    assert_eq!(nodes_of(&fx, "g"), ["n1", "n2", "n3"]);
+    let runnable = fx.runnable("g");
+    assert!(runnable.iter().all(|t| t.spec == original.as_ref().unwrap().task && observed_state(t) == TaskState::Running));
+    // Parallelism 1: one node got the bad image and was rolled back; the two others kept their task.
+    assert_eq!(runnable.iter().filter(|t| before.contains(&t.id)).count(), 2);
 }

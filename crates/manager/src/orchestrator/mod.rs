@@ -1,13 +1,17 @@
 //! The orchestrators: they turn services into tasks. `replicated` keeps N tasks per replicated service (one
 //! per slot), `global` one task per eligible node of a global service (on the same working state, a node per
-//! key), and holds the restart supervisor (`restart`) and the rolling updater (`update`) as parts of one
-//! per-service reconcile; `taskreaper` deletes old and removed tasks. Each has a sans-IO core (plain
+//! key), and holds the restart supervisor (`restart`) and the update supervisor (`update`, with what "up to
+//! date" means in `dirty`) as parts of one per-service reconcile; `taskreaper` deletes old and removed
+//! tasks; `constraint_enforcer` rejects tasks whose node no longer fits them. Each has a sans-IO core (plain
 //! functions over a `&Tables` view and a time in milliseconds, returning `Changes`) and a thin async loop
-//! over the store's watch queue (`replicated_loop`, `taskreaper`).
+//! over the store's watch queue (`replicated_loop`, `taskreaper`, `constraint_enforcer`).
 //!
-//! This module must not depend on the scheduler, the dispatcher or any IO other than `ClusterState`'s
-//! proposer: subsystems only talk through the store.
+//! This module must not depend on the dispatcher or any IO other than `ClusterState`'s proposer
+//! (subsystems only talk through the store); from the scheduler it reads only the pure constraint and
+//! platform matchers and resource arithmetic.
 
+pub mod constraint_enforcer;
+pub mod dirty;
 pub mod global;
 pub mod replicated;
 mod replicated_loop;
@@ -22,20 +26,23 @@ pub(crate) mod fixture;
 mod global_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod update_tests;
 
 use shoal_api::{node_status, Node, Task, TaskState};
 use shoal_store::Tables;
 
 pub use replicated::{reconcile_service, remove_service_tasks, Reconciled};
 pub use replicated_loop::{GlobalOrchestrator, ReplicatedOrchestrator};
+pub use constraint_enforcer::ConstraintEnforcer;
 pub use taskreaper::TaskReaper;
 
 use crate::subsystem::Subsystem;
 
 /// The leader-only orchestration subsystems: the replicated and global orchestrators (each with the
-/// restart supervisor and rolling updater) and the task reaper.
+/// restart supervisor and update supervisor), the task reaper and the constraint enforcer.
 pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
-    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(TaskReaper)]
+    vec![Box::new(ReplicatedOrchestrator), Box::new(GlobalOrchestrator), Box::new(TaskReaper), Box::new(ConstraintEnforcer)]
 }
 
 /// The task's observed state (`status.state`), `New` when it has no status.

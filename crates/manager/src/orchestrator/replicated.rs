@@ -178,9 +178,9 @@ impl<'a> Work<'a> {
         Entry { task: Arc::new(t), desired, changed: false, created: true, key }
     }
 
-    /// True when a task's spec equals the service's current task spec.
+    /// True when a task is up to date with the service's current spec (`dirty::is_task_dirty`).
     pub(crate) fn is_current(&self, t: &Task) -> bool {
-        t.spec.as_ref() == self.service.spec.as_ref().and_then(|s| s.task.as_ref())
+        !super::dirty::is_task_dirty(self.service, t, self.tables.nodes().get(&t.node_id).map(|n| &**n))
     }
 
     fn live(&self, e: &Entry) -> bool {
@@ -198,9 +198,7 @@ impl<'a> Work<'a> {
         }
         let newest = entries.iter().max_by(|a, b| history_key(&a.task).cmp(&history_key(&b.task)));
         if let Some(newest) = newest {
-            let same_version = newest.task.spec_version.as_ref() == Some(&service_spec_version(self.service));
             if newest.desired == TaskState::Shutdown
-                && same_version
                 && self.is_current(&newest.task)
                 && !restart::should_restart(&newest.task, entries.iter().map(|e| &*e.task))
             {

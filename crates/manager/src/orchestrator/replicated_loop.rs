@@ -191,9 +191,12 @@ impl LoopState {
     }
 }
 
-/// True while the service's rolling update is in progress.
+/// True while the service's rolling update (or rollback) is in progress.
 fn is_updating(s: &Service) -> bool {
-    s.update_status.as_ref().map(|u| u.state()) == Some(UpdateState::Updating)
+    matches!(
+        s.update_status.as_ref().map(|u| u.state()),
+        Some(UpdateState::Updating | UpdateState::RollbackStarted)
+    )
 }
 
 /// Where a task's observed state stands for a reconcile pass: not yet assigned, assigned (or running),

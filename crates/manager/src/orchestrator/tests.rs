@@ -216,7 +216,7 @@ fn drive_update(fx: &Fx, order: UpdateOrder, parallelism: u64) -> usize {
     }
     fx.update_service("s1", |s| set_image(s, "busybox:2"));
     let mut most = 0;
-    for _round in 0..50 {
+    for _round in 0..200 {
         fx.clock.advance_ms(100);
         fx.reconcile("s1");
         let svc = fx.service("s1");
@@ -561,4 +561,66 @@ async fn writes_are_split_to_stay_under_the_byte_bound() {
     assert_eq!(fx.store.last_index() - before, 3, "3 tasks alone need two writes, then 2 more in one");
     assert_eq!(fx.tasks("s1").len(), 5);
     assert!(fx.tasks("s1").iter().all(|t| t.version() > before));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_loops_complete_an_update_after_its_monitor_and_move_a_task_off_a_node_that_stops_fitting() {
+    let fx = Fx::new();
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let mut list = subsystems();
+    list.push(crate::scheduler::subsystem());
+    let runner = tokio::spawn(crate::run_while_leader(fx.state.clone(), list, shutdown_rx));
+    let labelled = |v: &str| {
+        let mut n = node("n1");
+        n.spec.as_mut().unwrap().annotations.get_or_insert_with(Default::default).labels =
+            [("x".to_string(), v.to_string())].into();
+        n
+    };
+    fx.create(labelled("1"));
+    let mut s = with_restart("s1", 1, RestartCondition::Any, 0, 0, 0);
+    s.spec.as_mut().unwrap().task.as_mut().unwrap().placement =
+        Some(shoal_api::Placement { constraints: vec!["node.labels.x==1".into()], ..Default::default() });
+    fx.create(s);
+    wait_until("an assigned task", Duration::from_secs(5), || fx.runnable("s1").iter().any(|t| t.node_id == "n1")).await;
+    let first = fx.runnable("s1")[0].clone();
+    fx.set_state(&first.id, TaskState::Running);
+
+    // An update: the new task runs, then the update completes once the (manual) clock passes the monitor.
+    fx.update_service("s1", |s| set_image(s, "busybox:2"));
+    wait_until("the old task told to stop", Duration::from_secs(5), || {
+        fx.task(&first.id).desired_state() == TaskState::Shutdown
+    })
+    .await;
+    fx.set_state(&first.id, TaskState::Shutdown);
+    wait_until("the new task assigned", Duration::from_secs(5), || {
+        fx.runnable("s1").iter().any(|t| t.id != first.id && observed_state(t) == TaskState::Assigned)
+    })
+    .await;
+    let second = fx.runnable("s1")[0].clone();
+    fx.set_state(&second.id, TaskState::Running);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(fx.service("s1").update_status.unwrap().state(), UpdateState::Updating, "monitoring");
+    fx.clock.advance_ms(update::DEFAULT_MONITOR_MS);
+    wait_until("the update completed", Duration::from_secs(5), || {
+        fx.service("s1").update_status.is_some_and(|u| u.state() == UpdateState::Completed)
+    })
+    .await;
+
+    // The node loses the label: the enforcer rejects the task, the orchestrator shuts it down and makes a
+    // replacement, which stays pending (no node fits).
+    fx.set_node("n1", |n| {
+        n.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels.insert("x".into(), "2".into());
+    });
+    wait_until("the task rejected and shut down", Duration::from_secs(5), || {
+        let t = fx.task(&second.id);
+        observed_state(&t) == TaskState::Rejected && t.desired_state() == TaskState::Shutdown
+    })
+    .await;
+    wait_until("a pending replacement", Duration::from_secs(5), || {
+        fx.runnable("s1").iter().any(|t| t.id != second.id && observed_state(t) == TaskState::Pending)
+    })
+    .await;
+    fx.proposer.set_leader(false);
+    shutdown_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), runner).await.expect("loops stopped").unwrap();
 }

@@ -1,6 +1,6 @@
-//! The rolling updater, as one step of the replicated reconcile: tasks whose spec differs from the
-//! service's current task spec are replaced, `parallelism` slots at a time (0 = all at once), waiting
-//! `delay` between batches, in the configured order:
+//! The update supervisor, as one step of the per-service reconcile (SwarmKit's `orchestrator/update`): tasks
+//! that are not up to date (`dirty::is_task_dirty`) are replaced, `parallelism` slots at a time (0 = all at
+//! once), waiting `delay` between batches, in the configured order:
 //!
 //! - STOP_FIRST (default): the old task gets desired SHUTDOWN; the slot is "stopping" until the old task
 //!   stops (observed terminal, never reached a node, or its node is down), then the reconcile's fill step
@@ -8,20 +8,39 @@
 //! - START_FIRST: the new task is created at once, desired RUNNING; the old one gets desired SHUTDOWN
 //!   when the new one is observed RUNNING.
 //!
-//! A batch is in flight while its new tasks are not yet RUNNING (or its old tasks not yet stopped); the
-//! next batch starts when nothing is in flight and `delay` has passed since the last new task started
-//! running. `service.update_status` goes UPDATING (with `started_at`) when an update begins and COMPLETED
-//! (with `completed_at`, message "update completed") when no slot is left to update.
+//! `service.update_status` follows SwarmKit's states. A spec write (the control API) clears it; the first
+//! pass that finds a dirty task starts an update: UPDATING, `started_at`, "update in progress". The tasks
+//! of this update are those up to date and created at or after `started_at`. A slot is in flight while its
+//! new task has not reached RUNNING (or ended), or its old task is still stopping; the next batch starts
+//! when fewer than `parallelism` are in flight and `delay` has passed since the last new task started.
+//! A new task that ends FAILED, REJECTED, COMPLETE or ORPHANED while the update is in progress counts as a
+//! failure of its slot (observed SHUTDOWN is never a failure: the agent only reports it after the manager
+//! asked for it). When failed slots / slots of the service exceed `max_failure_ratio`, the failure action
+//! runs:
+//!
+//! - PAUSE: PAUSED, "update paused due to failure or early termination of task X"; nothing more is
+//!   replaced (the restart supervisor still restarts failed tasks) until the next spec write.
+//! - ROLLBACK: the service's spec becomes `previous_spec` (and `spec_version` the previous one),
+//!   ROLLBACK_STARTED, "update rolled back due to failure or early termination of task X"; the next passes
+//!   roll the tasks back with the `rollback` config. A failing rollback is never rolled back: it pauses
+//!   (ROLLBACK_PAUSED). A service without a previous spec pauses instead.
+//! - CONTINUE: failures are ignored.
+//!
+//! Once nothing is dirty or in flight, the update is watched for `monitor` more after its last new task
+//! started (SwarmKit: for `delay` + 1 s when the delay is at least the monitor period), then COMPLETED
+//! ("update completed") or ROLLBACK_COMPLETED ("rollback completed"), with `completed_at`.
+//!
+//! SwarmKit counts a task's failure only within `monitor` of that task starting, timed in the updater's
+//! memory; here everything is derived from the store (so a new leader resumes an update where it was), and
+//! a failure counts while the update is in progress, which lasts at least `monitor` past each new task's
+//! start.
 //!
 //! A global service runs the same step with one key per node instead of one per slot (`global`); a node
 //! that may not get a new task (paused, see `Work::may_create`) keeps its old one.
 //!
-//! Not done yet: `monitor`, `failure_action` and `max_failure_ratio` (no pause or rollback on failures),
-//! and rollback to `previous_spec`. All state is read from the store, so a new leader resumes an update.
-//!
 //! Must not depend on IO, async or the clock (time comes in through the reconcile's `now_ms`).
 
-use shoal_api::update_config::UpdateOrder;
+use shoal_api::update_config::{FailureAction, UpdateOrder};
 use shoal_api::update_status::UpdateState;
 use shoal_api::{Service, TaskState, UpdateConfig, UpdateStatus};
 
@@ -32,39 +51,121 @@ use super::{created_ms, observed_state, status_ms, task_is_live};
 pub const UPDATING_MESSAGE: &str = "update in progress";
 /// The status message once an update is done.
 pub const COMPLETED_MESSAGE: &str = "update completed";
+/// The status message once a rollback is done.
+pub const ROLLBACK_COMPLETED_MESSAGE: &str = "rollback completed";
+/// The status message of a rollback the user asked for (`docker service rollback`).
+pub const MANUAL_ROLLBACK_MESSAGE: &str = "manually requested rollback";
+/// The monitor period when the config sets none (SwarmKit's default).
+pub const DEFAULT_MONITOR_MS: u64 = 5000;
 
-/// An update config with SwarmKit's defaults applied (parallelism 1, no delay, stop-first).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An update config with SwarmKit's defaults applied (parallelism 1, no delay, 5 s monitor, pause on the
+/// first failure, stop-first).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EffectiveUpdateConfig {
     /// Slots replaced at once (0 = all).
     pub parallelism: u64,
     /// Pause between batches.
     pub delay_ms: u64,
+    /// How long a new task is watched for failure after it starts.
+    pub monitor_ms: u64,
+    /// What to do when too many new tasks fail.
+    pub failure_action: FailureAction,
+    /// The fraction of slots whose new task may fail before `failure_action` runs.
+    pub max_failure_ratio: f32,
     /// Stop the old task first, or start the new one first.
     pub order: UpdateOrder,
+}
+
+fn ms(d: Option<&shoal_api::prost_types::Duration>) -> Option<u64> {
+    d.map(|d| shoal_api::duration_from_proto(d).as_millis().min(u64::MAX as u128) as u64)
 }
 
 impl EffectiveUpdateConfig {
     /// The effective config of an optional `UpdateConfig`.
     pub fn of(c: Option<&UpdateConfig>) -> EffectiveUpdateConfig {
         match c {
-            None => EffectiveUpdateConfig { parallelism: 1, delay_ms: 0, order: UpdateOrder::StopFirst },
+            None => EffectiveUpdateConfig {
+                parallelism: 1,
+                delay_ms: 0,
+                monitor_ms: DEFAULT_MONITOR_MS,
+                failure_action: FailureAction::Pause,
+                max_failure_ratio: 0.0,
+                order: UpdateOrder::StopFirst,
+            },
             Some(c) => EffectiveUpdateConfig {
                 parallelism: c.parallelism,
-                delay_ms: c.delay.as_ref().map(|d| shoal_api::duration_from_proto(d).as_millis() as u64).unwrap_or(0),
+                delay_ms: ms(c.delay.as_ref()).unwrap_or(0),
+                monitor_ms: ms(c.monitor.as_ref()).unwrap_or(DEFAULT_MONITOR_MS),
+                failure_action: c.failure_action(),
+                max_failure_ratio: c.max_failure_ratio,
                 order: c.order(),
             },
         }
     }
+
+    /// How long the update is watched after its last new task started: the monitor period, or the delay
+    /// plus one second when the delay is at least as long (as SwarmKit, so the watch outlasts the delay).
+    pub fn watch_ms(&self) -> u64 {
+        if self.delay_ms >= self.monitor_ms {
+            self.delay_ms.saturating_add(1000)
+        } else {
+            self.monitor_ms
+        }
+    }
 }
 
-/// Runs the update step over `work`; returns the service with a new `update_status` when it changes.
+/// True for an observed state that ends a task meant to run early: it failed, was rejected, exited or was
+/// lost. (SHUTDOWN is reported only after the manager asked for it.)
+pub fn is_failure(state: TaskState) -> bool {
+    matches!(state, TaskState::Failed | TaskState::Rejected | TaskState::Complete | TaskState::Orphaned)
+}
+
+/// The message of a failure action.
+pub fn failure_message(rolling_back: bool, action: FailureAction, has_previous: bool, task_id: &str) -> String {
+    let what = "due to failure or early termination of task";
+    match (rolling_back, action) {
+        (true, _) => format!("rollback paused {what} {task_id}"),
+        (false, FailureAction::Rollback) if has_previous => format!("update rolled back {what} {task_id}"),
+        (false, FailureAction::Rollback) => {
+            format!("update paused {what} {task_id} (no previous spec to roll back to)")
+        }
+        (false, _) => format!("update paused {what} {task_id}"),
+    }
+}
+
+/// The service after its failure action (`action` is PAUSE or ROLLBACK; CONTINUE never gets here).
+fn after_failure(service: &Service, rolling_back: bool, action: FailureAction, task_id: &str) -> Service {
+    let mut svc = service.clone();
+    let has_previous = svc.previous_spec.is_some();
+    let message = failure_message(rolling_back, action, has_previous, task_id);
+    let state = if rolling_back {
+        UpdateState::RollbackPaused
+    } else if action == FailureAction::Rollback && has_previous {
+        svc.spec = svc.previous_spec.take();
+        svc.spec_version = svc.previous_spec_version.take();
+        UpdateState::RollbackStarted
+    } else {
+        UpdateState::Paused
+    };
+    let started_at = service.update_status.as_ref().and_then(|s| s.started_at);
+    svc.update_status = Some(UpdateStatus { state: state as i32, started_at, completed_at: None, message });
+    svc
+}
+
+/// Runs the update step over `work`; returns the service when it changes (its `update_status`, and its
+/// spec on a rollback).
 pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     let service = work.service;
-    let cfg = EffectiveUpdateConfig::of(service.spec.as_ref().and_then(|s| s.update.as_ref()));
     let status = service.update_status.as_ref();
-    let was_updating = status.map(|s| s.state()) == Some(UpdateState::Updating);
-    let started_ms = if was_updating {
+    let state = status.map(|s| s.state()).unwrap_or(UpdateState::Unknown);
+    if matches!(state, UpdateState::Paused | UpdateState::RollbackPaused) {
+        return None;
+    }
+    let rolling_back = state == UpdateState::RollbackStarted;
+    let in_progress = rolling_back || state == UpdateState::Updating;
+    let spec = service.spec.as_ref();
+    let cfg = EffectiveUpdateConfig::of(spec.and_then(|s| if rolling_back { s.rollback.as_ref() } else { s.update.as_ref() }));
+    let started_ms = if in_progress {
         status.and_then(|s| s.started_at.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
     } else {
         work.now_ms
@@ -73,12 +174,38 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     let mut dirty = Vec::new();
     let mut in_flight = 0u64;
     let mut last_started_ms = 0u64;
+    let mut held = 0u64;
+    // The first failure of each slot: (when, task ID).
+    let mut failures: Vec<(u64, String)> = Vec::new();
     let slots: Vec<u64> = work.slots.keys().copied().collect();
     for slot in slots {
         let class = work.classify(slot);
         let entries = &work.slots[&slot];
+        // This update's tasks in the slot: did one reach RUNNING (or end), did one fail? The slot's start is
+        // that of its first such task (restarts of a crash-looping task do not move it).
+        let mut first_started: Option<(u64, u64)> = None;
+        let mut failure: Option<(u64, String)> = None;
+        for e in entries.iter().filter(|e| !e.created && created_ms(&e.task) >= started_ms) {
+            let observed = observed_state(&e.task);
+            if observed < TaskState::Running || !work.is_current(&e.task) {
+                continue;
+            }
+            let (created, at) = (created_ms(&e.task), status_ms(&e.task));
+            if first_started.is_none_or(|(c, _)| created < c) {
+                first_started = Some((created, at));
+            }
+            if is_failure(observed) && failure.as_ref().is_none_or(|(f, _)| at < *f) {
+                failure = Some((at, e.task.id.clone()));
+            }
+        }
+        let reached_running = first_started.is_some();
+        if let Some((_, at)) = first_started {
+            last_started_ms = last_started_ms.max(at);
+        }
+        failures.extend(failure);
         match class {
             SlotClass::Runnable => {
+                held += 1;
                 let (mut old, mut new) = (Vec::new(), Vec::new());
                 for (i, e) in entries.iter().enumerate() {
                     if e.runnable() {
@@ -90,36 +217,29 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
                     }
                 }
                 let new_running = new.iter().any(|&i| observed_state(&entries[i].task) == TaskState::Running);
-                for &i in &new {
-                    let t = &entries[i].task;
-                    if observed_state(t) >= TaskState::Running && created_ms(t) >= started_ms {
-                        last_started_ms = last_started_ms.max(status_ms(t));
-                    }
-                }
                 if !old.is_empty() && new.is_empty() {
                     // A global service's task on a node that may not get a new one (paused) is left as is.
                     if work.may_create(slot) {
                         dirty.push(slot);
                     }
-                } else if !old.is_empty() {
-                    if new_running {
-                        let entries = work.slots.get_mut(&slot).expect("slot listed");
-                        for i in old {
-                            entries[i].set_desired(TaskState::Shutdown);
-                        }
-                    } else {
-                        in_flight += 1;
+                } else if !old.is_empty() && new_running {
+                    let entries = work.slots.get_mut(&slot).expect("slot listed");
+                    for i in old {
+                        entries[i].set_desired(TaskState::Shutdown);
                     }
-                } else if was_updating
-                    && new.iter().any(|&i| {
-                        let t = &entries[i].task;
-                        observed_state(t) < TaskState::Running && created_ms(t) >= started_ms
-                    })
+                } else if !reached_running
+                    && (!old.is_empty()
+                        || (in_progress
+                            && new.iter().any(|&i| {
+                                let t = &entries[i].task;
+                                observed_state(t) < TaskState::Running && created_ms(t) >= started_ms
+                            })))
                 {
                     in_flight += 1;
                 }
             }
             SlotClass::Stopping => {
+                held += 1;
                 let stopping_old = entries.iter().any(|e| {
                     e.desired == TaskState::Shutdown
                         && !e.created
@@ -134,30 +254,47 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
         }
     }
 
+    if in_progress && cfg.failure_action != FailureAction::Continue && !failures.is_empty() {
+        let ratio = failures.len() as f32 / held.max(failures.len() as u64) as f32;
+        if ratio > cfg.max_failure_ratio {
+            failures.sort();
+            return Some(after_failure(service, rolling_back, cfg.failure_action, &failures[0].1));
+        }
+    }
+
     let busy = !dirty.is_empty() || in_flight > 0;
     let now = shoal_api::timestamp_from_unix_ms(work.now_ms);
-    let new_status = if busy && !was_updating {
-        Some(UpdateStatus {
+    let mut new_status = None;
+    if in_progress && !busy {
+        let watch_end = last_started_ms.saturating_add(cfg.watch_ms());
+        if last_started_ms == 0 || work.now_ms >= watch_end {
+            let (state, message) = if rolling_back {
+                (UpdateState::RollbackCompleted, ROLLBACK_COMPLETED_MESSAGE)
+            } else {
+                (UpdateState::Completed, COMPLETED_MESSAGE)
+            };
+            new_status = Some(UpdateStatus {
+                state: state as i32,
+                started_at: status.and_then(|s| s.started_at),
+                completed_at: Some(now),
+                message: message.to_string(),
+            });
+        } else {
+            work.wake_at(watch_end);
+        }
+    } else if busy && state == UpdateState::Unknown {
+        new_status = Some(UpdateStatus {
             state: UpdateState::Updating as i32,
             started_at: Some(now),
             completed_at: None,
             message: UPDATING_MESSAGE.to_string(),
-        })
-    } else if !busy && was_updating {
-        Some(UpdateStatus {
-            state: UpdateState::Completed as i32,
-            started_at: status.and_then(|s| s.started_at),
-            completed_at: Some(now),
-            message: COMPLETED_MESSAGE.to_string(),
-        })
-    } else {
-        None
-    };
+        });
+    }
 
     if !dirty.is_empty() {
         let gate_ms = last_started_ms.saturating_add(cfg.delay_ms);
         let delayed =
-            was_updating && in_flight == 0 && cfg.delay_ms > 0 && last_started_ms > 0 && work.now_ms < gate_ms;
+            in_progress && in_flight == 0 && cfg.delay_ms > 0 && last_started_ms > 0 && work.now_ms < gate_ms;
         if delayed {
             work.wake_at(gate_ms);
         } else {
@@ -166,11 +303,15 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
             for slot in dirty.into_iter().take(available as usize) {
                 match cfg.order {
                     UpdateOrder::StopFirst => {
-                        let current = work.service.spec.as_ref().and_then(|s| s.task.as_ref());
-                        for e in work.slots.get_mut(&slot).into_iter().flatten() {
-                            if e.runnable() && e.task.spec.as_ref() != current {
-                                e.set_desired(TaskState::Shutdown);
-                            }
+                        let stale: Vec<usize> = work.slots[&slot]
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, e)| e.runnable() && !work.is_current(&e.task))
+                            .map(|(i, _)| i)
+                            .collect();
+                        let entries = work.slots.get_mut(&slot).expect("slot listed");
+                        for i in stale {
+                            entries[i].set_desired(TaskState::Shutdown);
                         }
                     }
                     UpdateOrder::StartFirst => {

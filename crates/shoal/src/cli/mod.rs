@@ -1,4 +1,5 @@
-//! The client side of the `shoal` binary: `service`, `node`, `task`, `info` and `version` commands, which
+//! The client side of the `shoal` binary: `service`, `node`, `task`, `secret`, `config`, `ca`, `swarm`, `info`
+//! and `version` commands, which
 //! talk to a daemon's Engine API over its control unix socket (`-H/--host` or `SHOAL_HOST`; by default the
 //! socket `shoal daemon` makes by default, see [`default_host`]). Tables look like docker's; `--format json` prints the API objects. Errors print one
 //! line, `shoal: <message>`, on stderr and exit 1 (usage errors exit 2, from clap).
@@ -8,6 +9,7 @@ mod ca;
 mod client;
 mod node;
 mod output;
+mod secret;
 mod service;
 mod swarm;
 mod swarm_lock;
@@ -54,6 +56,12 @@ pub enum ClientCommand {
     /// The cluster's certificate authority (operator client certificates).
     #[command(subcommand)]
     Ca(ca::CaCommand),
+    /// Manage secrets (sensitive data services use as files; never shown back).
+    #[command(subcommand)]
+    Secret(secret::SecretCommand),
+    /// Manage configs (files services use).
+    #[command(subcommand)]
+    Config(secret::SecretCommand),
     /// Manage the swarm (join tokens, autolock).
     #[command(subcommand)]
     Swarm(swarm::SwarmCommand),
@@ -98,6 +106,8 @@ pub fn execute(
         ClientCommand::Service(s) => service::run(c, s, out, err),
         ClientCommand::Node(n) => node::run_node(c, n, out),
         ClientCommand::Task(t) => node::run_task(c, t, out),
+        ClientCommand::Secret(s) => secret::run(c, secret::Kind::Secret, s, out, err),
+        ClientCommand::Config(s) => secret::run(c, secret::Kind::Config, s, out, err),
         ClientCommand::Swarm(s) => swarm::run(c, s, out),
         ClientCommand::Ca(cmd) => ca::run(c, cmd, out),
         ClientCommand::Info => {

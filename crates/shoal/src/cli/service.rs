@@ -1,4 +1,4 @@
-//! `shoal service ...`: create, ls, ps, inspect, update, scale, rm, over the Engine API. Specs are built and
+//! `shoal service ...`: create, ls, ps, inspect, update, rollback, scale, rm, over the Engine API. Specs are built and
 //! edited as the API's JSON documents (`shoal_engine_api::json`). Must not depend on cluster logic.
 
 use std::collections::{BTreeMap, HashMap};
@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use clap::{Args, Subcommand};
 use shoal_engine_api::json::spec::{
-    ContainerSpecJson, ModeJson, PlacementJson, ReplicatedJson, ResourceValuesJson, ResourcesJson,
+    ConfigReferenceJson, ContainerSpecJson, FileTargetJson, ModeJson, SecretReferenceJson, PlacementJson, ReplicatedJson, ResourceValuesJson, ResourcesJson,
     RestartPolicyJson, UpdateConfigJson,
 };
 use shoal_engine_api::json::{
@@ -49,6 +49,11 @@ pub enum ServiceCommand {
     },
     /// Change a service.
     Update(Box<UpdateArgs>),
+    /// Roll a service back to its previous spec (the update supervisor rolls the tasks back).
+    Rollback {
+        /// Service ID or name.
+        service: String,
+    },
     /// Set replica counts: `shoal service scale web=5 db=2`.
     Scale {
         /// SERVICE=REPLICAS pairs.
@@ -121,6 +126,13 @@ pub struct CreateArgs {
     /// Service label (KEY=VALUE), repeatable.
     #[arg(long = "label", short = 'l')]
     label: Vec<String>,
+    /// A secret the tasks get as a file: NAME, or source=NAME[,target=FILE][,uid=N][,gid=N][,mode=0400]
+    /// (the target defaults to the name, under /run/secrets/), repeatable.
+    #[arg(long, value_parser = parse_secret_ref)]
+    secret: Vec<SecretReferenceJson>,
+    /// A config the tasks get as a file: as --secret (a relative target is under /), repeatable.
+    #[arg(long, value_parser = parse_config_ref)]
+    config: Vec<ConfigReferenceJson>,
     /// Image to run.
     image: String,
     /// Command and arguments (become the container's Args, as with docker).
@@ -152,11 +164,92 @@ pub struct UpdateArgs {
     /// Remove a placement constraint, repeatable.
     #[arg(long)]
     constraint_rm: Vec<String>,
+    /// Add a secret (as `create --secret`; one on the same target is replaced), repeatable.
+    #[arg(long, value_parser = parse_secret_ref)]
+    secret_add: Vec<SecretReferenceJson>,
+    /// Remove a secret (its name), repeatable.
+    #[arg(long)]
+    secret_rm: Vec<String>,
+    /// Add a config (as `create --config`; one on the same target is replaced), repeatable.
+    #[arg(long, value_parser = parse_config_ref)]
+    config_add: Vec<ConfigReferenceJson>,
+    /// Remove a config (its name), repeatable.
+    #[arg(long)]
+    config_rm: Vec<String>,
     /// Redeploy the tasks even if nothing changed.
     #[arg(long)]
     force: bool,
+    /// Tasks updated at once (0: all).
+    #[arg(long)]
+    update_parallelism: Option<u64>,
+    /// Delay between update batches.
+    #[arg(long, value_parser = parse_duration_ns)]
+    update_delay: Option<i64>,
+    /// Update order: stop-first or start-first.
+    #[arg(long, value_parser = ["stop-first", "start-first"])]
+    update_order: Option<String>,
+    /// What to do when too many new tasks fail: pause, continue or rollback.
+    #[arg(long, value_parser = ["pause", "continue", "rollback"])]
+    update_failure_action: Option<String>,
+    /// How long a new task is watched for failure after it starts.
+    #[arg(long, value_parser = parse_duration_ns)]
+    update_monitor: Option<i64>,
+    /// Fraction of tasks that may fail before the failure action runs (0 to 1).
+    #[arg(long)]
+    update_max_failure_ratio: Option<f32>,
     /// Service ID or name.
     service: String,
+}
+
+/// Parses a `--secret` / `--config` value as the docker CLI does: `NAME`, or comma-separated `source=`
+/// (`src=`), `target=`, `uid=`, `gid=`, `mode=` (0-prefixed: octal, else decimal, as Go's `ParseUint(v, 0,
+/// 32)`). Returns (name, file target) with docker's defaults: target = the name, uid and gid "0", mode 0444.
+fn parse_file_ref(flag: &str, v: &str) -> Result<(String, FileTargetJson), String> {
+    let mut name = String::new();
+    let mut file = FileTargetJson { uid: "0".into(), gid: "0".into(), mode: 0o444, ..Default::default() };
+    if !v.contains('=') {
+        name = v.to_string();
+    } else {
+        for part in v.split(',') {
+            let (k, val) = part
+                .split_once('=')
+                .ok_or_else(|| format!("invalid field {part:?} in {flag} {v:?}: expected KEY=VALUE"))?;
+            match k.trim().to_ascii_lowercase().as_str() {
+                "source" | "src" => name = val.to_string(),
+                "target" => file.name = val.to_string(),
+                "uid" => file.uid = val.to_string(),
+                "gid" => file.gid = val.to_string(),
+                "mode" => {
+                    let parsed = if let Some(hex) = val.strip_prefix("0x").or_else(|| val.strip_prefix("0X")) {
+                        u32::from_str_radix(hex, 16)
+                    } else if let Some(oct) = val.strip_prefix("0o").or_else(|| val.strip_prefix('0')).filter(|o| !o.is_empty()) {
+                        u32::from_str_radix(oct, 8)
+                    } else {
+                        val.parse()
+                    };
+                    file.mode = parsed.map_err(|_| format!("invalid mode {val:?} in {flag} {v:?}: e.g. 0400"))?;
+                }
+                other => return Err(format!("invalid field {other:?} in {flag} {v:?}: use source, target, uid, gid, mode")),
+            }
+        }
+    }
+    if name.is_empty() {
+        return Err(format!("invalid {flag} {v:?}: source is required"));
+    }
+    if file.name.is_empty() {
+        file.name = name.clone();
+    }
+    Ok((name, file))
+}
+
+fn parse_secret_ref(v: &str) -> Result<SecretReferenceJson, String> {
+    let (name, file) = parse_file_ref("--secret", v)?;
+    Ok(SecretReferenceJson { file: Some(file), secret_name: name, ..Default::default() })
+}
+
+fn parse_config_ref(v: &str) -> Result<ConfigReferenceJson, String> {
+    let (name, file) = parse_file_ref("--config", v)?;
+    Ok(ConfigReferenceJson { file: Some(file), config_name: name, ..Default::default() })
 }
 
 /// Parses "5s", "1m30s" into nanoseconds.
@@ -302,6 +395,8 @@ fn build_spec(a: CreateArgs) -> Result<ServiceSpecJson, CliError> {
         env: a.env,
         dir: a.workdir.unwrap_or_default(),
         stop_grace_period: a.stop_grace_period,
+        secrets: a.secret,
+        configs: a.config,
         ..Default::default()
     });
     if limits.is_some() || reservations.is_some() {
@@ -532,6 +627,17 @@ pub fn run(
                 cs.env
                     .retain(|e| e.split('=').next() != Some(k.as_str()) && e != k);
             }
+            let target = |f: &Option<FileTargetJson>| f.as_ref().map(|f| f.name.clone());
+            cs.secrets.retain(|r| !a.secret_rm.contains(&r.secret_name));
+            for r in a.secret_add {
+                cs.secrets.retain(|x| target(&x.file) != target(&r.file));
+                cs.secrets.push(r);
+            }
+            cs.configs.retain(|r| !a.config_rm.contains(&r.config_name));
+            for r in a.config_add {
+                cs.configs.retain(|x| target(&x.file) != target(&r.file));
+                cs.configs.push(r);
+            }
             if !a.constraint_add.is_empty() || !a.constraint_rm.is_empty() {
                 let p = spec
                     .task_template
@@ -559,8 +665,42 @@ pub fn run(
             if a.force {
                 spec.task_template.force_update += 1;
             }
+            let update_flags = a.update_parallelism.is_some()
+                || a.update_delay.is_some()
+                || a.update_order.is_some()
+                || a.update_failure_action.is_some()
+                || a.update_monitor.is_some()
+                || a.update_max_failure_ratio.is_some();
+            if update_flags {
+                // Unset fields keep what the service has (SwarmKit's defaults when it has none).
+                let u = spec.update_config.get_or_insert_with(|| UpdateConfigJson { parallelism: 1, ..Default::default() });
+                if let Some(n) = a.update_parallelism {
+                    u.parallelism = n;
+                }
+                if let Some(d) = a.update_delay {
+                    u.delay = Some(d);
+                }
+                if let Some(o) = a.update_order {
+                    u.order = o;
+                }
+                if let Some(f) = a.update_failure_action {
+                    u.failure_action = f;
+                }
+                if let Some(m) = a.update_monitor {
+                    u.monitor = Some(m);
+                }
+                if let Some(r) = a.update_max_failure_ratio {
+                    u.max_failure_ratio = r;
+                }
+            }
             push_update(c, &svc, &spec)?;
             writeln!(out, "{}", a.service).map_err(output::io)
+        }
+        ServiceCommand::Rollback { service } => {
+            let svc = get_service(c, &service)?;
+            let path = format!("/services/{}/update?version={}&rollback=previous", enc(&svc.id), svc.version.index);
+            c.post::<ServiceUpdateResponse>(&path, &svc.spec)?;
+            writeln!(out, "{service}").map_err(output::io)
         }
         ServiceCommand::Scale { pairs } => {
             let mut failed = false;
@@ -624,6 +764,27 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_and_config_flags_parse_as_the_docker_clis() {
+        let r = parse_secret_ref("db_pw").unwrap();
+        assert_eq!(r.secret_name, "db_pw");
+        assert_eq!(
+            r.file,
+            Some(FileTargetJson { name: "db_pw".into(), uid: "0".into(), gid: "0".into(), mode: 0o444 })
+        );
+        let r = parse_secret_ref("src=db_pw,target=/etc/pw,uid=1000,gid=100,mode=0400").unwrap();
+        assert_eq!(
+            r.file,
+            Some(FileTargetJson { name: "/etc/pw".into(), uid: "1000".into(), gid: "100".into(), mode: 0o400 })
+        );
+        // Without a leading 0 the mode is decimal, as Go's ParseUint(v, 0, 32) reads it.
+        assert_eq!(parse_config_ref("source=c,mode=292").unwrap().file.unwrap().mode, 0o444);
+        assert_eq!(parse_config_ref("source=app.conf").unwrap().file.unwrap().name, "app.conf");
+        for bad in ["target=/x", "src=a,colour=red", "src=a,mode=rw", "src=a,oops"] {
+            assert!(parse_secret_ref(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn value_parsers() {

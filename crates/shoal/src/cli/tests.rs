@@ -189,6 +189,32 @@ fn service_lifecycle_through_the_cli() {
     );
     assert_eq!(spec["TaskTemplate"]["ForceUpdate"], 1);
 
+    // The update supervisor's settings, then a rollback to the previous spec.
+    s.ok(&[
+        "service",
+        "update",
+        "--args",
+        "sleep 3000",
+        "--update-failure-action",
+        "rollback",
+        "--update-monitor",
+        "2s",
+        "--update-max-failure-ratio",
+        "0.25",
+        "--update-parallelism",
+        "2",
+        "web",
+    ]);
+    let after: serde_json::Value = serde_json::from_str(&s.ok(&["service", "inspect", id])).unwrap();
+    let u = &after[0]["Spec"]["UpdateConfig"];
+    assert_eq!((&u["FailureAction"], &u["Monitor"], &u["Parallelism"]), (&serde_json::json!("rollback"), &serde_json::json!(2_000_000_000i64), &serde_json::json!(2)));
+    assert_eq!(u["MaxFailureRatio"], 0.25);
+    assert_eq!(u["Order"], "start-first", "kept");
+    assert_eq!(s.ok(&["service", "rollback", "web"]).trim(), "web");
+    let after: serde_json::Value = serde_json::from_str(&s.ok(&["service", "inspect", id])).unwrap();
+    assert_eq!(after[0]["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"], serde_json::json!(["sleep", "2718"]));
+    assert_eq!(after[0]["UpdateStatus"]["State"], "rollback_started");
+
     // ps with no tasks: the header only; json: an empty list.
     let ps = s.ok(&["service", "ps", "web"]);
     assert_eq!(

@@ -1,6 +1,7 @@
 # The Python Docker SDK (docker 7.x) against a Shoal daemon, as a user of the SDK would drive it: swarm, nodes,
-# and services (create replicated and global, inspect, scale, update, rollback, logs, remove; job modes and the
-# fields Shoal cannot honour yet refused with a 400 the SDK raises), and a worker token rotation.
+# services (create replicated and global, inspect, scale, update, rollback, logs, remove; job modes and the
+# fields Shoal cannot honour yet refused with a 400 the SDK raises), secrets and configs (create, list, get,
+# referenced by a service, remove), and a worker token rotation.
 # Run by engine_api_python.rs with SHOAL_SOCKET set; prints OK at the end, raises on the first difference.
 import os
 import time
@@ -145,7 +146,8 @@ from docker.types import EndpointSpec, Mount, SecretReference
 refused = [
     (dict(networks=["backend"]), "TaskTemplate.Networks is not supported yet"),
     (dict(endpoint_spec=EndpointSpec(ports={8080: 80})), "EndpointSpec.Ports is not supported yet"),
-    (dict(secrets=[SecretReference("abc", "pw")]), "ContainerSpec.Secrets is not supported yet"),
+    # Secrets are supported; one that does not exist is refused, naming it.
+    (dict(secrets=[SecretReference("abc", "pw")]), "secret not found: pw"),
     (dict(cap_add=["CAP_NET_ADMIN"]), "ContainerSpec.CapabilityAdd is not supported yet"),
     (dict(log_driver="syslog"), "TaskTemplate.LogDriver is not supported yet"),
     (dict(mounts=[Mount("/v", "vol", no_copy=True)]), "Mounts[0].VolumeOptions is not supported yet"),
@@ -165,6 +167,51 @@ bound = client.services.create("busybox", command=["sleep", "3141"], name="sdk-b
 bound.reload()
 assert bound.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"][0]["ReadOnly"] is True, bound.attrs["Spec"]
 bound.remove()
+
+# Secrets and configs: made, listed, read (a secret never with its data, a config with it), referenced by a
+# service, not removable while it uses them, removable after.
+import base64
+
+from docker.types import ConfigReference
+
+secret = client.secrets.create(name="sdk_pw", data=b"s3cret-pw", labels={"env": "test"})
+got = client.secrets.get(secret.id)
+assert got.name == "sdk_pw" and got.attrs["Spec"]["Labels"] == {"env": "test"}, got.attrs
+assert "Data" not in got.attrs["Spec"] and "s3cret" not in str(got.attrs), got.attrs
+assert [s.id for s in client.secrets.list(filters={"name": "sdk_"})] == [secret.id]
+assert [s.id for s in client.secrets.list(filters={"label": "env=test"})] == [secret.id]
+assert client.secrets.list(filters={"label": "env=prod"}) == []
+try:
+    client.secrets.create(name="sdk_pw", data=b"again")
+except APIError as e:
+    assert e.status_code == 409 and "already exists" in e.explanation, e
+else:
+    raise AssertionError("a second secret named sdk_pw was accepted")
+config = client.configs.create(name="sdk.conf", data=b"port=80\n", labels={"a": "b"})
+got = client.configs.get("sdk.conf")
+assert got.id == config.id and base64.b64decode(got.attrs["Spec"]["Data"]) == b"port=80\n", got.attrs
+assert [c.id for c in client.configs.list(filters={"name": "sdk."})] == [config.id]
+used = client.services.create(
+    "busybox", command=["sleep", "3141"], name="sdk-secret",
+    secrets=[SecretReference(secret.id, "sdk_pw")],
+    configs=[ConfigReference(config.id, "sdk.conf", filename="/etc/sdk.conf")],
+)
+used.reload()
+c = used.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]
+assert c["Secrets"] == [{"File": {"Name": "sdk_pw", "UID": "0", "GID": "0", "Mode": 0o444},
+                         "SecretID": secret.id, "SecretName": "sdk_pw"}], c
+assert c["Configs"][0]["File"]["Name"] == "/etc/sdk.conf" and c["Configs"][0]["ConfigID"] == config.id, c
+for obj, kind in [(secret, "secret"), (config, "config")]:
+    try:
+        obj.remove()
+    except APIError as e:
+        assert e.status_code == 400, e
+        assert "in use by the following service: sdk-secret" in e.explanation, e.explanation
+    else:
+        raise AssertionError(f"a {kind} in use was removed")
+used.remove()
+assert secret.remove() and config.remove()
+assert client.secrets.list(filters={"name": "sdk_"}) == [] and client.configs.list(filters={"name": "sdk."}) == []
 
 # Swarm: rotating the worker join token changes it and leaves the manager's.
 client.swarm.reload()
