@@ -190,6 +190,18 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
     check_spec_size(spec)
 }
 
+/// A job runs again on every spec write (an update, `--force`, a rollback): a new iteration, whose tasks
+/// replace the earlier ones (those become history). Nothing for a service.
+fn next_job_iteration(next: &mut Service, now: shoal_api::prost_types::Timestamp) {
+    if !next.spec.as_ref().is_some_and(is_job_spec) {
+        return;
+    }
+    let j = next.job_status.get_or_insert_with(Default::default);
+    let index = j.job_iteration.map_or(0, |v| v.index).saturating_add(1);
+    j.job_iteration = Some(Version { index });
+    j.last_execution = Some(now);
+}
+
 /// True for a replicated-job or global-job spec.
 pub fn is_job_spec(spec: &ServiceSpec) -> bool {
     matches!(spec.mode, Some(service_spec::Mode::ReplicatedJob(_)) | Some(service_spec::Mode::GlobalJob(_)))
@@ -305,13 +317,7 @@ pub async fn update_service(
             // As SwarmKit: a new spec starts a new update (a paused one resumes with it).
             next.update_status = None;
             next.meta_mut().updated_at = Some(now);
-            if is_job_spec(next.spec.as_ref().expect("just set")) {
-                // A job runs again on every spec update: a new iteration, its earlier tasks become history.
-                let j = next.job_status.get_or_insert_with(Default::default);
-                let index = j.job_iteration.map_or(0, |v| v.index).saturating_add(1);
-                j.job_iteration = Some(Version { index });
-                j.last_execution = Some(now);
-            }
+            next_job_iteration(&mut next, now);
             let nodes = t.nodes().len() as u64;
             check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
             c.update(next);
@@ -360,13 +366,7 @@ pub async fn rollback_service(state: &ClusterState, reference: &str, version: u6
                 message: crate::orchestrator::update::MANUAL_ROLLBACK_MESSAGE.to_string(),
             });
             next.meta_mut().updated_at = Some(now);
-            if is_job_spec(next.spec.as_ref().expect("just set")) {
-                // A rollback of a job runs it again too: a new iteration, its earlier tasks become history.
-                let j = next.job_status.get_or_insert_with(Default::default);
-                let index = j.job_iteration.map_or(0, |v| v.index).saturating_add(1);
-                j.job_iteration = Some(Version { index });
-                j.last_execution = Some(now);
-            }
+            next_job_iteration(&mut next, now);
             let nodes = t.nodes().len() as u64;
             check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
             c.update(next);

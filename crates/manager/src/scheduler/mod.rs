@@ -157,13 +157,7 @@ impl Scheduler {
                     match tree.place(&mut self.pipeline, infos, ids, service_id, task) {
                         Some((slot, reserved, claims)) => {
                             group_placed.push((slot, reserved));
-                            let mut t = assigned(task, &ids[slot], now);
-                            if !claims.is_empty() {
-                                t.assigned_generic_resources = claims.clone();
-                                generic_placed.push((slot, claims));
-                            }
-                            pass.changes.update(t);
-                            pass.assigned += 1;
+                            record(&mut pass, &mut generic_placed, assigned(task, &ids[slot], now), slot, claims);
                         }
                         None => unplaced.push(task),
                     }
@@ -209,13 +203,7 @@ impl Scheduler {
                 }
                 match target {
                     Some((node_id, slot, claims)) => {
-                        let mut t = assigned(task, node_id, now);
-                        if !claims.is_empty() {
-                            t.assigned_generic_resources = claims.clone();
-                            generic_placed.push((slot, claims));
-                        }
-                        pass.changes.update(t);
-                        pass.assigned += 1;
+                        record(&mut pass, &mut generic_placed, assigned(task, node_id, now), slot, claims);
                     }
                     None => unplaced.push(task),
                 }
@@ -350,6 +338,23 @@ fn count32(n: usize) -> u32 {
 
 #[cfg(test)]
 mod tests;
+
+/// Counts a placed task into the pass: its write, with the generic resource units it was given (remembered
+/// per node slot, to be taken back from the node set at the end of the pass).
+fn record(
+    pass: &mut SchedulePass,
+    generic_placed: &mut Vec<(usize, Vec<shoal_api::GenericResource>)>,
+    mut t: Task,
+    slot: usize,
+    claims: Vec<shoal_api::GenericResource>,
+) {
+    if !claims.is_empty() {
+        t.assigned_generic_resources = claims.clone();
+        generic_placed.push((slot, claims));
+    }
+    pass.changes.update(t);
+    pass.assigned += 1;
+}
 
 /// A copy of `task` placed on `node_id`: state ASSIGNED at `now`.
 fn assigned(task: &Task, node_id: &str, now: shoal_api::prost_types::Timestamp) -> Task {
