@@ -13,6 +13,9 @@
 //! /proc/self/task) and heartbeat round trips are measured; then the nodes the manager's store holds as
 //! DOWN (any is wrong: every node kept beating). RESULT: the manager's CPU in the steady window, in cores.
 //!
+//! With `--global`, phase (2) is a global service instead: the time until every simulated node reported its
+//! task RUNNING, and the manager's CPU meanwhile, are table rows (RESULT stays the steady window's CPU).
+//!
 //! With `--job N`, phase (2) is instead a replicated job of N completions, `--max-concurrent` (default: one
 //! per node) at a time: the simulated nodes report every job task (desired COMPLETE) COMPLETE as soon as it
 //! is assigned, and the phase ends when the store holds N COMPLETE tasks of the job; it checks that no more
@@ -69,6 +72,9 @@ pub struct AgentsArgs {
     /// Tasks of the job run at once (default: one per simulated node).
     #[arg(long)]
     max_concurrent: Option<u64>,
+    /// A global service (one task per simulated node) instead of `--tasks-per-node` replicas.
+    #[arg(long)]
+    global: bool,
     /// A size that runs in seconds (50 nodes, 2 s window).
     #[arg(long)]
     smoke: bool,
@@ -378,6 +384,18 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
                 )));
             }
             job_took = Some(took);
+        } else if a.global {
+            let mut spec = crate::e2e::sleep_service("agents-global", 0);
+            spec.mode = Some(shoal_api::service_spec::Mode::Global(shoal_api::GlobalService {}));
+            let cpu_before = manager_cpu_seconds()?;
+            let start = Instant::now();
+            manager_rt
+                .block_on(controlapi::create_service(&cluster.state, spec))
+                .map_err(|e| BenchError::Request(e.to_string()))?;
+            sim_rt.block_on(wait_count("global tasks reported RUNNING", &shared.running_reported, nodes))?;
+            let took = start.elapsed();
+            table.row(vec![format!("global service: {nodes} tasks reported RUNNING s"), fmt_num(took.as_secs_f64())]);
+            table.row(vec!["manager CPU s during the global service's start".into(), fmt_num(manager_cpu_seconds()? - cpu_before)]);
         } else if a.tasks_per_node > 0 {
             let replicas = nodes * a.tasks_per_node;
             let start = Instant::now();

@@ -95,6 +95,9 @@ fn agents_smoke() {
     let (s, v, u) = smoke(&["agents", "--job", "1", "--max-concurrent", "20"]);
     assert_eq!((s.as_str(), u.as_str()), ("agents-job", "s"));
     assert!(v > 0.0, "a job of 500 completions takes some time");
+    // A global service on the simulated nodes reaches RUNNING on every one (the run fails otherwise).
+    let (s, _, u) = smoke(&["agents", "--global"]);
+    assert_eq!((s.as_str(), u.as_str()), ("agents", "cores"));
 }
 
 #[test]
