@@ -110,6 +110,14 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
     wait_running(&m, "spread6", 6, &argv, DEADLINE);
     let before: BTreeMap<String, usize> = [("rm-114".to_string(), 3), ("rw-115".to_string(), 3)].into();
     assert_eq!(per_host(&m, "spread6"), before);
+    // The same with start-first moves (the replacement runs before the old task stops).
+    let argv_sf = ["sleep", "6263"];
+    docker(
+        &m,
+        &["service", "create", "--detach", "--name", "spread6sf", "--replicas", "6", "--update-order", "start-first",
+          "busybox", "sleep", "6263"],
+    );
+    wait_running(&m, "spread6sf", 6, &argv_sf, DEADLINE);
 
     // A third node joins; with rebalancing on (Shoal's CLI; GET /swarm shows it), its tasks spread 2, 2, 2,
     // moved one at a time (the service's update parallelism, 1).
@@ -123,15 +131,17 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
     assert_eq!(m.get("/v1.47/swarm")["Spec"]["Orchestration"]["ShoalRebalance"], true);
     let even: BTreeMap<String, usize> =
         [("rm-114".to_string(), 2), ("rw-115".to_string(), 2), ("rw-116".to_string(), 2)].into();
-    wait_until("2 tasks per node", DEADLINE, || {
-        let now = per_host(&m, "spread6");
-        if now == even && process::pids_with_cmdline(&argv).len() == 6 { Ok(()) } else { Err(format!("{now:?}")) }
-    });
+    for (service, argv) in [("spread6", argv), ("spread6sf", argv_sf)] {
+        wait_until(&format!("2 tasks of {service} per node"), DEADLINE, || {
+            let now = per_host(&m, service);
+            if now == even && process::pids_with_cmdline(&argv).len() == 6 { Ok(()) } else { Err(format!("{now:?}")) }
+        });
+    }
     assert!(m.log().contains("rebalancing: stopping tasks on the fullest nodes"));
 
-    docker(&m, &["service", "rm", "spread6"]);
+    docker(&m, &["service", "rm", "spread6", "spread6sf"]);
     wait_until("the tasks stopped", DEADLINE, || {
-        let pids = process::pids_with_cmdline(&argv);
-        if pids.is_empty() { Ok(()) } else { Err(format!("{} processes", pids.len())) }
+        let pids = process::pids_with_cmdline(&argv).len() + process::pids_with_cmdline(&argv_sf).len();
+        if pids == 0 { Ok(()) } else { Err(format!("{pids} processes")) }
     });
 }

@@ -3,11 +3,11 @@
 //! that joined (or became available) after them, when a service's spread is uneven by more than one task per
 //! node. Off by default: SwarmKit, Docker swarm and Nomad never move a running task on their own.
 //!
-//! A move stops one task on a node holding the most of the service (desired SHUTDOWN); the replicated
-//! orchestrator refills the slot and the scheduler's spread puts the new task on a node holding the fewest.
-//! At most the service's `UpdateConfig.Parallelism` tasks move at once (0: all that need to), in stop-first
-//! order; a service whose update order is start-first is not rebalanced (a start-first move needs the update
-//! supervisor to run two tasks in one slot, which it does only for spec changes).
+//! A move replaces one task on a node holding the most of the service, in the service's update order:
+//! stop-first stops it (desired SHUTDOWN) and the replicated orchestrator refills the slot; start-first
+//! creates its replacement in the same slot first and stops the old task once the new one runs (the next pass
+//! does that). Either way the scheduler's spread puts the new task on a node holding the fewest. At most the
+//! service's `UpdateConfig.Parallelism` tasks move at once (0: all that need to).
 //!
 //! How it avoids flapping:
 //! - only a settled service moves: every task meant to run is RUNNING, none is pending or stopping, and no
@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_api::{service_spec, update_config::UpdateOrder, update_status::UpdateState, Task, TaskState};
-use shoal_store::{Changes, Object, StoreObject, Tables, WatchError};
+use shoal_store::{Changes, IdSource, Object, StoreObject, Tables, WatchError};
 use tokio::sync::watch;
 
 use super::observed_state;
@@ -55,8 +55,9 @@ pub struct Plan {
     pub wake_at_ms: Option<u64>,
 }
 
-/// The moves of every settled replicated service (see the module doc), stamped `now_ms`.
-pub fn plan(tables: &Tables, now_ms: u64) -> Plan {
+/// The moves of every settled replicated service (see the module doc), stamped `now_ms`; `ids` names the
+/// replacements of start-first moves.
+pub fn plan(tables: &Tables, now_ms: u64, ids: &dyn IdSource) -> Plan {
     let mut plan = Plan::default();
     if !enabled(tables) {
         return plan;
@@ -74,10 +75,12 @@ pub fn plan(tables: &Tables, now_ms: u64) -> Plan {
             continue;
         }
         let cfg = EffectiveUpdateConfig::of(spec.update.as_ref());
-        if cfg.order == UpdateOrder::StartFirst {
+        let start_first = cfg.order == UpdateOrder::StartFirst;
+        let tasks: Vec<&Arc<Task>> = tables.tasks().by_service(&service.id).collect();
+        if start_first && finish_start_first_moves(&tasks, now_ms, &mut plan.changes) {
+            // Moves under way: the next ones wait until their replacements run and the old tasks stop.
             continue;
         }
-        let tasks: Vec<&Arc<Task>> = tables.tasks().by_service(&service.id).collect();
         // Settled: every task meant to run runs, and nothing is on its way out.
         let live = |t: &Task| !observed_state(t).is_terminal() && !t.node_id.is_empty();
         let settled = tasks.iter().all(|t| {
@@ -133,10 +136,24 @@ pub fn plan(tables: &Tables, now_ms: u64) -> Plan {
             on_node.sort_by_key(|t| std::cmp::Reverse(super::created_ms(t)));
             let Some(task) = on_node.get(*taken) else { break };
             *taken += 1;
-            let mut t = (***task).clone();
-            t.set_desired_state(TaskState::Shutdown);
-            t.meta_mut().updated_at = Some(shoal_api::timestamp_from_unix_ms(now_ms));
-            plan.changes.update(t);
+            if start_first {
+                let work = super::replicated::Work {
+                    tables,
+                    service,
+                    now_ms,
+                    ids,
+                    slots: Default::default(),
+                    wake_at_ms: None,
+                    filled: (0, 0),
+                    nodes: None,
+                };
+                plan.changes.create((*work.new_task(task.slot, TaskState::Running).task).clone());
+            } else {
+                let mut t = (***task).clone();
+                t.set_desired_state(TaskState::Shutdown);
+                t.meta_mut().updated_at = Some(shoal_api::timestamp_from_unix_ms(now_ms));
+                plan.changes.update(t);
+            }
             sources[0].0 -= 1;
             if let Some(s) = sources.iter_mut().find(|s| s.1 == to) {
                 s.0 += 1;
@@ -150,6 +167,32 @@ pub fn plan(tables: &Tables, now_ms: u64) -> Plan {
         }
     }
     plan
+}
+
+/// Start-first moves under way: in each slot holding more than one task meant to run, once the newest runs
+/// the older ones are stopped (added to `changes`). True when any slot holds more than one (a move is under
+/// way, done in this pass or not).
+fn finish_start_first_moves(tasks: &[&Arc<Task>], now_ms: u64, changes: &mut Changes) -> bool {
+    let mut by_slot: HashMap<u64, Vec<&Arc<Task>>> = HashMap::new();
+    for t in tasks.iter().filter(|t| t.desired_state() == TaskState::Running && !observed_state(t).is_terminal()) {
+        by_slot.entry(t.slot).or_default().push(t);
+    }
+    let mut under_way = false;
+    for slot_tasks in by_slot.values_mut().filter(|v| v.len() > 1) {
+        under_way = true;
+        slot_tasks.sort_by_key(|t| super::created_ms(t));
+        let (newest, older) = slot_tasks.split_last().expect("more than one");
+        if observed_state(newest) != TaskState::Running {
+            continue;
+        }
+        for t in older {
+            let mut t = (***t).clone();
+            t.set_desired_state(TaskState::Shutdown);
+            t.meta_mut().updated_at = Some(shoal_api::timestamp_from_unix_ms(now_ms));
+            changes.update(t);
+        }
+    }
+    under_way
 }
 
 /// The rebalancer as a leader-only subsystem.
@@ -184,7 +227,7 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
                 dirty = false;
                 last_pass = Some(now);
                 let now_ms = state.clock.now_unix_ms();
-                let plan = state.store.view(|t| plan(t, now_ms));
+                let plan = state.store.view(|t| plan(t, now_ms, &*state.ids));
                 if let Some(at) = plan.wake_at_ms {
                     let at = now + Duration::from_millis(at.saturating_sub(now_ms));
                     wake = Some(wake.map_or(at, |w| w.min(at)));
@@ -234,6 +277,10 @@ mod tests {
     use super::*;
     use crate::orchestrator::fixture::{node, service, Fx};
     use shoal_api::{ClusterSpec, OrchestrationConfig};
+
+    fn ids() -> crate::state::RandomIds {
+        crate::state::RandomIds::seeded(3)
+    }
 
     fn enable(fx: &Fx, on: bool) {
         let cluster = shoal_api::Cluster {
@@ -286,26 +333,69 @@ mod tests {
         let mut n3 = node("n3");
         n3.meta_mut().updated_at = Some(shoal_api::timestamp_from_unix_ms(fx.now()));
         fx.create(n3);
-        assert!(plan(&fx.view(|t| t.clone()), later).changes.is_empty());
+        assert!(plan(&fx.view(|t| t.clone()), later, &ids()).changes.is_empty());
 
         enable(&fx, true);
         // The new node has not settled yet: look again when it has.
-        let p = fx.view(|t| plan(t, fx.now()));
+        let p = fx.view(|t| plan(t, fx.now(), &ids()));
         assert!(p.changes.is_empty());
         assert!(p.wake_at_ms.is_some());
         // Settled: parallelism 1 (the default) moves one task, from one of the fullest nodes.
-        let p = fx.view(|t| plan(t, later));
+        let p = fx.view(|t| plan(t, later, &ids()));
         let from = stopped_on(&fx, &p);
         assert_eq!(from.len(), 1);
         assert!(from[0] == "n1" || from[0] == "n2");
         // With parallelism 0, both moves needed at once: one from each of n1 and n2 (3,3,0 -> 2,2,2).
         fx.update_service("s1", |s| s.update = Some(shoal_api::UpdateConfig { parallelism: 0, ..Default::default() }));
-        let p = fx.view(|t| plan(t, later));
+        let p = fx.view(|t| plan(t, later, &ids()));
         assert_eq!(stopped_on(&fx, &p), vec!["n1".to_string(), "n2".to_string()]);
     }
 
     #[test]
-    fn an_even_unsettled_or_start_first_service_stays_where_it_is() {
+    fn a_start_first_move_starts_the_replacement_then_stops_the_old_task() {
+        let fx = Fx::new();
+        enable(&fx, true);
+        fx.create(node("n1"));
+        fx.create(node("n2"));
+        let mut svc = service("s1", 2);
+        svc.spec.as_mut().unwrap().update =
+            Some(shoal_api::UpdateConfig { parallelism: 1, order: UpdateOrder::StartFirst as i32, ..Default::default() });
+        fx.create(svc);
+        run_tasks(&fx, "s1", &["n1", "n1"]);
+        let later = fx.now() + 60_000;
+        // 2, 0: a new task in the slot of one of n1's tasks, nothing stopped yet.
+        let p = fx.view(|t| plan(t, later, &ids()));
+        let created: Vec<Task> = p
+            .changes
+            .actions()
+            .iter()
+            .map(|a| match (&a.kind, &a.object) {
+                (shoal_store::ActionKind::Create, Object::Task(t)) => (**t).clone(),
+                other => panic!("expected a created task, got {other:?}"),
+            })
+            .collect();
+        assert_eq!(created.len(), 1);
+        let new = &created[0];
+        assert_eq!((new.desired_state(), new.node_id.as_str()), (TaskState::Running, ""));
+        let old = fx.runnable("s1").into_iter().find(|t| t.slot == new.slot).unwrap();
+        fx.apply(p.changes);
+        // The orchestrator leaves the slot's two tasks alone (no update is running, both are up to date).
+        assert_eq!(fx.pending_changes("s1"), 0);
+        // While the replacement is not running: no change, no further move.
+        assert!(fx.view(|t| plan(t, later, &ids())).changes.is_empty());
+        // Once it runs on n2, the old task of its slot stops.
+        fx.place(&new.id, "n2", TaskState::Running);
+        assert_eq!(fx.pending_changes("s1"), 0);
+        let p = fx.view(|t| plan(t, later, &ids()));
+        assert_eq!(stopped_on(&fx, &p), vec!["n1".to_string()]);
+        match &p.changes.actions()[0].object {
+            Object::Task(t) => assert_eq!(t.id, old.id),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_even_or_unsettled_service_stays_where_it_is() {
         let fx = Fx::new();
         enable(&fx, true);
         for n in ["n1", "n2", "n3"] {
@@ -315,7 +405,7 @@ mod tests {
         // Uneven by one only: 2, 1, 1.
         fx.create(service("even", 4));
         run_tasks(&fx, "even", &["n1", "n1", "n2", "n3"]);
-        assert!(fx.view(|t| plan(t, later)).changes.is_empty());
+        assert!(fx.view(|t| plan(t, later, &ids())).changes.is_empty());
 
         // A task not running yet: wait.
         fx.create(service("busy", 3));
@@ -324,14 +414,8 @@ mod tests {
         fx.place(&tasks[0].id, "n1", TaskState::Running);
         fx.place(&tasks[1].id, "n1", TaskState::Running);
         fx.place(&tasks[2].id, "n1", TaskState::Starting);
-        assert!(fx.view(|t| plan(t, later)).changes.is_empty());
+        assert!(fx.view(|t| plan(t, later, &ids())).changes.is_empty());
         fx.set_state(&tasks[2].id, TaskState::Running);
-        assert_eq!(fx.view(|t| plan(t, later)).changes.len(), 1, "3, 0, 0 moves once settled");
-
-        // Start-first services are left alone.
-        fx.update_service("busy", |s| {
-            s.update = Some(shoal_api::UpdateConfig { order: UpdateOrder::StartFirst as i32, ..Default::default() })
-        });
-        assert!(fx.view(|t| plan(t, later)).changes.is_empty());
+        assert_eq!(fx.view(|t| plan(t, later, &ids())).changes.len(), 1, "3, 0, 0 moves once settled");
     }
 }
