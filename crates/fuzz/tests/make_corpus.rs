@@ -75,6 +75,32 @@ fn cluster() -> Cluster {
     Cluster { id: "cluster1".into(), spec: Some(ClusterSpec::default()), ..Default::default() }
 }
 
+fn secret() -> Secret {
+    Secret {
+        id: "sec1".into(),
+        meta: Some(Meta { version: Some(Version { index: 4 }), created_at: ts(1_700_000_000), updated_at: ts(1_700_000_000) }),
+        spec: Some(SecretSpec {
+            annotations: Some(Annotations { name: "db_pw".into(), ..Default::default() }),
+            data: b"pw".to_vec(),
+            templating: Some(Driver { name: "golang".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        internal: false,
+    }
+}
+
+fn config() -> Config {
+    Config {
+        id: "cfg1".into(),
+        meta: Some(Meta { version: Some(Version { index: 5 }), created_at: ts(1_700_000_000), updated_at: ts(1_700_000_000) }),
+        spec: Some(ConfigSpec {
+            annotations: Some(Annotations { name: "app.conf".into(), ..Default::default() }),
+            data: b"{{.Service.Name}}-{{.Task.Slot}}".to_vec(),
+            templating: Some(Driver { name: "golang".into(), ..Default::default() }),
+        }),
+    }
+}
+
 #[test]
 #[ignore = "rewrites the checked-in binary corpus"]
 fn write_seed_corpus() {
@@ -83,9 +109,12 @@ fn write_seed_corpus() {
     c.create(service()).create(task(1)).create(task(2)).create(node()).create(cluster());
     write("store_proposal", "create-all.bin", &encode_request(7, c.actions()));
     let mut c = Changes::new();
+    c.create(secret()).create(config());
+    write("store_proposal", "secret-config.bin", &encode_request(9, c.actions()));
+    let mut c = Changes::new();
     c.update(task(1)).remove(std::sync::Arc::new(task(2)));
     write("store_proposal", "update-remove.bin", &encode_request(8, c.actions()));
-    let snap = StoreSnapshot { nodes: vec![node()], services: vec![service()], tasks: vec![task(1), task(2)], clusters: vec![cluster()], ..Default::default() };
+    let snap = StoreSnapshot { nodes: vec![node()], services: vec![service()], tasks: vec![task(1), task(2)], clusters: vec![cluster()], secrets: vec![secret()], configs: vec![config()] };
     write("store_snapshot", "small.bin", &encode_snapshot(snap));
     write("store_snapshot", "empty.bin", &encode_snapshot(StoreSnapshot::default()));
 
