@@ -43,13 +43,11 @@ use std::sync::Arc;
 use shoal_api::prost::Message;
 use shoal_api::restart_policy::RestartCondition;
 use shoal_api::service_spec::Mode;
-use shoal_api::{Meta, Service, Task, TaskState, TaskStatus, Version};
+use shoal_api::{Service, Task, TaskState, Version};
 use shoal_store::{Changes, IdSource, StoreObject, Tables};
 
 use super::global::{node_eligibility, Eligibility};
-use super::replicated::{
-    service_spec_version, Reconciled, MAX_NEW_TASKS_PER_PASS, MAX_NEW_TASK_BYTES_PER_PASS, PENDING_MESSAGE,
-};
+use super::replicated::{Reconciled, MAX_NEW_TASKS_PER_PASS, MAX_NEW_TASK_BYTES_PER_PASS};
 use super::restart::{restarts_in_window, EffectivePolicy};
 use super::{created_ms, history_key, node_is_down, node_is_drained, observed_state, task_is_live};
 
@@ -156,30 +154,8 @@ impl<'a> Pass<'a> {
     /// A new task for `key` of the current iteration.
     fn new_task(&self, key: u64, desired: TaskState) -> Entry {
         let (slot, node_id) = if self.global() { (0, self.nodes[key as usize].clone()) } else { (key, String::new()) };
-        let now = shoal_api::timestamp_from_unix_ms(self.now_ms);
-        let spec = self.service.spec.as_ref();
-        let task_spec = spec.and_then(|s| s.task.clone());
-        let mut t = Task {
-            id: self.ids.new_id(),
-            meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
-            log_driver: task_spec.as_ref().and_then(|s| s.log_driver.clone()),
-            spec: task_spec,
-            service_id: self.service.id.clone(),
-            slot,
-            node_id,
-            service_annotations: spec.and_then(|s| s.annotations.clone()),
-            status: Some(TaskStatus {
-                timestamp: Some(now),
-                state: TaskState::Pending as i32,
-                message: PENDING_MESSAGE.to_string(),
-                ..Default::default()
-            }),
-            endpoint: self.service.endpoint.clone(),
-            spec_version: Some(service_spec_version(self.service)),
-            job_iteration: Some(Version { index: self.iteration }),
-            ..Default::default()
-        };
-        t.set_desired_state(desired);
+        let mut t = super::replicated::new_service_task(self.service, slot, node_id, self.now_ms, self.ids, desired);
+        t.job_iteration = Some(Version { index: self.iteration });
         Entry { task: Arc::new(t), desired, changed: false, created: true }
     }
 

@@ -128,6 +128,42 @@ pub(crate) struct Work<'a> {
     pub nodes: Option<super::global::NodeKeys>,
 }
 
+/// A new task of `service`'s current spec in `slot` (on `node_id` for the global modes, else unplaced): PENDING,
+/// desired `desired`, stamped `now_ms`, named by `ids`. The orchestrators of every mode make their tasks here.
+pub(crate) fn new_service_task(
+    service: &Service,
+    slot: u64,
+    node_id: String,
+    now_ms: u64,
+    ids: &dyn IdSource,
+    desired: TaskState,
+) -> Task {
+    let now = shoal_api::timestamp_from_unix_ms(now_ms);
+    let spec = service.spec.as_ref();
+    let task_spec = spec.and_then(|s| s.task.clone());
+    let mut t = Task {
+        id: ids.new_id(),
+        meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+        log_driver: task_spec.as_ref().and_then(|s| s.log_driver.clone()),
+        spec: task_spec,
+        service_id: service.id.clone(),
+        slot,
+        node_id,
+        service_annotations: spec.and_then(|s| s.annotations.clone()),
+        status: Some(TaskStatus {
+            timestamp: Some(now),
+            state: TaskState::Pending as i32,
+            message: PENDING_MESSAGE.to_string(),
+            ..Default::default()
+        }),
+        endpoint: service.endpoint.clone(),
+        spec_version: Some(service_spec_version(service)),
+        ..Default::default()
+    };
+    t.set_desired_state(desired);
+    t
+}
+
 /// The version tasks created now carry: the service's `spec_version`, or its object version when unset.
 pub fn service_spec_version(service: &Service) -> Version {
     service.spec_version.unwrap_or(Version { index: service.version() })
@@ -152,29 +188,7 @@ impl<'a> Work<'a> {
             None => (key, String::new()),
             Some(n) => (0, n.node_id(key).to_string()),
         };
-        let now = shoal_api::timestamp_from_unix_ms(self.now_ms);
-        let spec = self.service.spec.as_ref();
-        let task_spec = spec.and_then(|s| s.task.clone());
-        let mut t = Task {
-            id: self.ids.new_id(),
-            meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
-            log_driver: task_spec.as_ref().and_then(|s| s.log_driver.clone()),
-            spec: task_spec,
-            service_id: self.service.id.clone(),
-            slot,
-            node_id,
-            service_annotations: spec.and_then(|s| s.annotations.clone()),
-            status: Some(TaskStatus {
-                timestamp: Some(now),
-                state: TaskState::Pending as i32,
-                message: PENDING_MESSAGE.to_string(),
-                ..Default::default()
-            }),
-            endpoint: self.service.endpoint.clone(),
-            spec_version: Some(service_spec_version(self.service)),
-            ..Default::default()
-        };
-        t.set_desired_state(desired);
+        let t = new_service_task(self.service, slot, node_id, self.now_ms, self.ids, desired);
         Entry { task: Arc::new(t), desired, changed: false, created: true, key }
     }
 
