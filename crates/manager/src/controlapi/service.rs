@@ -316,18 +316,10 @@ pub async fn update_service(
             next.spec_version = Some(Version { index: current.version() });
             // As SwarmKit: a new spec starts a new update (a paused one resumes with it).
             next.update_status = None;
-            next.meta_mut().updated_at = Some(now);
-            next_job_iteration(&mut next, now);
-            let nodes = t.nodes().len() as u64;
-            check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
-            c.update(next);
-            Ok(current.id.clone())
+            write_spec(t, c, current, next, now)
         })
         .await?;
-    state
-        .store
-        .view(|t| t.services().get(&id).map(|s| (**s).clone()))
-        .ok_or_else(|| ControlError::not_found("service", reference))
+    read_service(state, &id, reference)
 }
 
 /// Rolls service `reference` back to its previous spec (`docker service rollback`, the Engine API's
@@ -365,18 +357,32 @@ pub async fn rollback_service(state: &ClusterState, reference: &str, version: u6
                 completed_at: None,
                 message: crate::orchestrator::update::MANUAL_ROLLBACK_MESSAGE.to_string(),
             });
-            next.meta_mut().updated_at = Some(now);
-            next_job_iteration(&mut next, now);
-            let nodes = t.nodes().len() as u64;
-            check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
-            c.update(next);
-            Ok(current.id.clone())
+            write_spec(t, c, current, next, now)
         })
         .await?;
-    state
-        .store
-        .view(|t| t.services().get(&id).map(|s| (**s).clone()))
-        .ok_or_else(|| ControlError::not_found("service", reference))
+    read_service(state, &id, reference)
+}
+
+/// The end of every spec write (update, rollback): stamps `next`, starts a job's next iteration, checks the
+/// cluster's task totals with `next` in place of `current`, and writes it. Returns the service ID.
+fn write_spec(
+    t: &Tables,
+    c: &mut Changes,
+    current: &Service,
+    mut next: Service,
+    now: shoal_api::prost_types::Timestamp,
+) -> Result<String, ControlError> {
+    next.meta_mut().updated_at = Some(now);
+    next_job_iteration(&mut next, now);
+    let nodes = t.nodes().len() as u64;
+    check_cluster_totals(t.service_totals(), ServiceTotals::of(current), ServiceTotals::of(&next), nodes)?;
+    c.update(next);
+    Ok(current.id.clone())
+}
+
+/// The service `id` as the store holds it after a write (`reference` names it in the error).
+fn read_service(state: &ClusterState, id: &str, reference: &str) -> Result<Service, ControlError> {
+    state.store.view(|t| t.services().get(id).map(|s| (**s).clone())).ok_or_else(|| ControlError::not_found("service", reference))
 }
 
 /// Removes a service and marks its tasks for removal (desired state REMOVE), in one write bounded like the
