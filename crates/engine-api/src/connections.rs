@@ -393,9 +393,24 @@ impl<I> JsonParseErrors<I> {
     }
 }
 
+/// Most bytes handed to hyper per read. Hyper checks its head limit (`max_buf_size`) only before it reads again,
+/// and its buffer's capacity may exceed the limit (allocation rounding): a head well over the limit that arrived in
+/// one large read could be parsed whole. In reads of at most this, a head is refused once it passes
+/// `MAX_HEAD_BYTES` by less than one read.
+pub const MAX_READ_BYTES: usize = 64 << 10;
+
 impl<I: AsyncRead + Unpin> AsyncRead for JsonParseErrors<I> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        if buf.remaining() <= MAX_READ_BYTES {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        // Safe code only: the window is zeroed (initialized) first, read into, then marked filled.
+        let window = buf.initialize_unfilled_to(MAX_READ_BYTES);
+        let mut limited = ReadBuf::new(window);
+        ready!(Pin::new(&mut self.inner).poll_read(cx, &mut limited))?;
+        let n = limited.filled().len();
+        buf.advance(n);
+        Poll::Ready(Ok(()))
     }
 }
 
