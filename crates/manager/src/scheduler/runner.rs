@@ -177,6 +177,7 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
         // Wait for an event that gives work, then take what is already queued, and run a pass.
         while mem.wanted.is_empty() {
             tokio::select! {
+                biased;
                 _ = stopped(&mut stop) => return,
                 r = events.recv() => if !mem.receive(r) { return },
             }
