@@ -671,3 +671,59 @@ fn generic_resources_are_claimed_unit_by_unit_and_freed_with_the_task() {
     let g2 = set.get("g2").unwrap();
     assert!(g2.generic_fits(&[("ssd", 1)]) && !g2.generic_fits(&[("ssd", 2)]));
 }
+
+/// A proposer whose first `conflicts` writes fail as if another writer had changed a task first (what the
+/// orchestrator's writes to the same pending tasks do), then applies through `inner`.
+struct ConflictingProposer {
+    inner: Arc<shoal_raft::LocalProposer>,
+    conflicts: std::sync::atomic::AtomicUsize,
+}
+
+impl shoal_raft::Proposer for ConflictingProposer {
+    fn propose(&self, actions: Vec<shoal_store::Action>) -> shoal_raft::ProposeFuture {
+        use std::sync::atomic::Ordering;
+        let left = self.conflicts.load(Ordering::SeqCst);
+        if left > 0 {
+            self.conflicts.store(left - 1, Ordering::SeqCst);
+            let e = shoal_store::StoreError::VersionConflict {
+                kind: shoal_store::ObjectKind::Task,
+                id: "t".into(),
+                expected: 1,
+                actual: 2,
+            };
+            return Box::pin(std::future::ready(Err(shoal_raft::ProposeError::Store(e))));
+        }
+        self.inner.propose(actions)
+    }
+
+    fn leadership(&self) -> tokio::sync::watch::Receiver<shoal_raft::LeaderState> {
+        self.inner.leadership()
+    }
+
+    fn read_barrier(&self) -> shoal_raft::ReadBarrierFuture {
+        self.inner.read_barrier()
+    }
+}
+
+/// Found by the simulation (`shoal-sim`, seed 42): a pass whose writes conflicted `MAX_ATTEMPTS` times in a
+/// row dropped its tasks, and since the commits that conflicted were already taken in, nothing brought them
+/// back: in a quiet cluster they stayed PENDING for good. They must be placed once the writes go through.
+#[tokio::test(start_paused = true)]
+async fn loop_places_tasks_whose_writes_kept_conflicting() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(service("s1", 2));
+    fx.reconcile("s1");
+    let proposer =
+        Arc::new(ConflictingProposer { inner: fx.proposer.clone(), conflicts: (runner::MAX_ATTEMPTS as usize + 1).into() });
+    let state = crate::ClusterState::new(fx.store.clone(), proposer, fx.clock.clone(), Arc::new(crate::RandomIds::seeded(3)));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(subsystem().run(state, stop_rx));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !fx.runnable("s1").iter().all(|t| t.node_id == "n1") {
+        assert!(tokio::time::Instant::now() < deadline, "tasks left pending after their writes conflicted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(1), task).await.expect("scheduler stops").unwrap();
+}
