@@ -174,3 +174,31 @@ fn a_worker_started_before_its_manager_joins_once_the_manager_is_up() {
         }
     });
 }
+
+#[test]
+fn a_manager_joins_with_the_manager_token_and_leaves_only_with_force() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = daemon_at(46, "life-first", &[]);
+    let token = docker(&m, &["swarm", "join-token", "-q", "manager"]).trim().to_string();
+    let mut j = daemon_at(47, "life-second", &["--no-init"]);
+    let out = docker(&j, &["swarm", "join", "--token", &token, "--listen-addr", &j.remote_addr(), "--availability", "drain", &m.remote_addr()]);
+    assert!(out.contains("This node joined a swarm as a manager."), "{out}");
+    let row = wait_until("the second manager Reachable", Duration::from_secs(30), || {
+        node_row(&m, "life-second").and_then(|r| if r.contains("Reachable") { Ok(r) } else { Err(r) })
+    });
+    assert!(row.contains("Drain"), "the join's availability applies: {row}");
+    let (ok, _, err) = docker_out(&j, &["swarm", "leave"]);
+    assert!(!ok);
+    assert!(
+        err.contains("Removing this node leaves 1 managers out of 2. Without a Raft quorum your swarm will be inaccessible."),
+        "{err}"
+    );
+    let out = docker(&j, &["swarm", "leave", "--force"]);
+    assert!(out.contains("Node left the swarm."), "{out}");
+    assert_eq!(local_state(&j), "inactive");
+    j.stop();
+    j.restart(&[]);
+    assert_eq!(local_state(&j), "inactive");
+}
