@@ -13,6 +13,7 @@ pub mod filters;
 mod handlers;
 pub mod request;
 pub mod json;
+pub mod lifecycle;
 mod secrets;
 #[cfg(test)]
 mod secrets_tests;
@@ -54,6 +55,8 @@ pub struct ApiContext {
     pub hostname: String,
     /// Where logs come from while this manager does not lead (None: such requests answer 503).
     pub leader_logs: Option<Arc<dyn logs::LeaderLogs>>,
+    /// The node's swarm lifecycle (`/swarm/leave`); none for in-process nodes.
+    pub lifecycle: lifecycle::LifecycleRef,
 }
 
 /// Serves the API on `listener` within the default `connections::ConnectionLimits` until `shutdown`
@@ -85,6 +88,9 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/swarm/update", post(swarm_update::update_swarm))
         .route("/swarm/unlockkey", get(unlock::unlock_key))
         .route("/swarm/unlock", post(unlock::not_locked))
+        .route("/swarm/init", post(lifecycle::manager_init))
+        .route("/swarm/join", post(lifecycle::member_join))
+        .route("/swarm/leave", post(lifecycle::manager_leave))
         .route("/services", get(handlers::list_services))
         .route("/services/create", post(handlers::create_service))
         .route(

@@ -38,6 +38,7 @@ pub(crate) fn ctx(state: ClusterState) -> ApiContext {
         executor: "process".into(),
         hostname: "box1".into(),
         leader_logs: None,
+        lifecycle: Default::default(),
     }
 }
 

@@ -18,9 +18,10 @@ pub struct DaemonArgs {
     /// Control socket to serve the Engine API on (default: <state dir>/control.sock).
     #[arg(long)]
     listen_control_api: Option<PathBuf>,
-    /// Address for the remote gRPC API (dispatcher, raft).
-    #[arg(long, default_value = "127.0.0.1:4242")]
-    listen_remote_api: SocketAddr,
+    /// Address for the remote gRPC API (dispatcher, raft) [default: 127.0.0.1:4242, or the one the last
+    /// `docker swarm init` or `join` gave].
+    #[arg(long)]
+    listen_remote_api: Option<SocketAddr>,
     /// Address other nodes use to reach this one (default: the listen address).
     #[arg(long)]
     advertise_remote_api: Option<SocketAddr>,
@@ -41,6 +42,10 @@ pub struct DaemonArgs {
     /// Join the cluster of the manager at this remote address (host:port) as a new manager, on first start.
     #[arg(long)]
     join_addr: Option<String>,
+    /// With an empty state dir, join no swarm: wait for `docker swarm init` or `docker swarm join` on the
+    /// control socket, as a fresh Docker Engine does (without it, an empty state dir makes a one-node swarm).
+    #[arg(long, conflicts_with_all = ["join_addr", "join_token"])]
+    no_init: bool,
     /// Disaster recovery: make this manager the only member of its Raft cluster (keeping its data) when a
     /// majority of the managers is lost for good; re-join the other managers afterwards.
     #[arg(long)]
@@ -85,8 +90,12 @@ pub fn run(args: DaemonArgs) -> i32 {
 
     let listen_control_api = args.listen_control_api.clone().unwrap_or_else(|| args.state_dir.join("control.sock"));
     let mut cfg = DaemonConfig::new(args.state_dir, listen_control_api);
-    cfg.listen_remote_api = args.listen_remote_api;
+    if let Some(a) = args.listen_remote_api {
+        cfg.listen_remote_api = a;
+    }
     cfg.advertise_remote_api = args.advertise_remote_api;
+    cfg.remote_api_from_flags = args.listen_remote_api.is_some() || args.advertise_remote_api.is_some();
+    cfg.no_init = args.no_init;
     cfg.hostname = args.hostname;
     cfg.generic_node_resources = args.generic_node_resources.map(|g| g.0).unwrap_or_default();
     cfg.executor = args.executor;

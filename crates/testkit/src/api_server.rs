@@ -46,6 +46,7 @@ impl ApiServer {
             executor: "process".into(),
             hostname: hostname.into(),
             leader_logs: None,
+            lifecycle: Default::default(),
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
