@@ -71,6 +71,8 @@ pub struct DaemonConfig {
     pub unlock_key: Option<UnlockKeyText>,
     /// Take a Raft snapshot every this many applied entries (default 10 000).
     pub raft_snapshot_interval_entries: Option<u64>,
+    /// Serve Prometheus metrics (and, on managers, the live page) over plain HTTP on this address.
+    pub listen_metrics: Option<SocketAddr>,
 }
 
 impl DaemonConfig {
@@ -95,6 +97,7 @@ impl DaemonConfig {
             node_cert_expiry_override: None,
             unlock_key: None,
             raft_snapshot_interval_entries: None,
+            listen_metrics: None,
         }
     }
 

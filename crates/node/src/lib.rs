@@ -14,6 +14,7 @@ mod identity;
 pub mod join;
 pub mod leader_logs;
 pub mod lock;
+pub mod metrics_listener;
 mod raft_member;
 mod raft_status;
 pub mod security;
@@ -170,11 +171,15 @@ impl Node {
             .await
             .map_err(|e| NodeError::listen("--listen-remote-api", cfg.listen_remote_api, e))?;
         let unix = bind_control_socket(&cfg.listen_control_api)?;
+        let metrics = match cfg.listen_metrics {
+            Some(addr) => Some(metrics_listener::bind(addr).await?),
+            None => None,
+        };
         let first_start = identity::load(&cfg.state_dir)?.is_none() && !RaftNode::has_existing_state(&cfg.state_dir);
         let entries_before = first_start.then(|| state_dir_entries(&cfg.state_dir));
         let state_dir = cfg.state_dir.clone();
         let control_socket = cfg.listen_control_api.clone();
-        let started = Self::start_with(cfg, listener, unix).await;
+        let started = Self::start_with(cfg, listener, unix, metrics).await;
         if started.is_err() {
             let _ = std::fs::remove_file(&control_socket);
             if let Some(before) = entries_before {
@@ -193,6 +198,7 @@ impl Node {
         mut cfg: DaemonConfig,
         listener: tokio::net::TcpListener,
         unix: tokio::net::UnixListener,
+        metrics: Option<tokio::net::TcpListener>,
     ) -> Result<RunningNode, NodeError> {
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
         let mut identity = match identity::load(&cfg.state_dir)? {
@@ -234,7 +240,10 @@ impl Node {
             None => security::manager_tls(&cfg.state_dir, &identity.node_id, &store, cfg.node_cert_expiry_override)?,
         };
         channels.set(mtls.tls.clone());
-        let state = ClusterState::new(store, Arc::new(raft.clone()), Arc::new(SystemClock), ids);
+        // Every write goes through Raft, timed for the metrics.
+        let recorders = shoal_observe::Recorders::new();
+        let proposer = shoal_observe::TimedProposer::new(Arc::new(raft.clone()), recorders.clone());
+        let state = ClusterState::new(store, Arc::new(proposer), Arc::new(SystemClock), ids);
         let remote_security = security::RemoteSecurity::new(
             mtls.tls.clone(),
             &state,
@@ -253,6 +262,18 @@ impl Node {
             "grpc",
             services::serve_manager_grpc(&dispatcher, listener, Some(&raft), Some(&remote_security), shutdown_rx.clone()),
         ));
+        if let Some(listener) = metrics {
+            let started = metrics_listener::start_manager(
+                listener,
+                &state,
+                &raft,
+                &dispatcher,
+                &identity.node_id,
+                recorders,
+                shutdown_rx.clone(),
+            );
+            tasks.extend(started);
+        }
         let ready = async {
             raft_member::wait_ready(&state, &raft, membership).await?;
             if membership == raft_member::Membership::Restarted {

@@ -116,7 +116,8 @@ pub struct Recorders {
 }
 
 impl Recorders {
-    fn new() -> Recorders {
+    /// Empty histograms and counters.
+    pub fn new() -> Recorders {
         Recorders {
             // 0.25 ms to about 8 s.
             write_latency: Histogram::new(exponential_buckets(0.000_25, 2.0, 16)),
@@ -125,6 +126,12 @@ impl Recorders {
             scheduling_delay: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
             assignment_delay: Histogram::new(exponential_buckets(0.001, 2.0, 18)),
         }
+    }
+}
+
+impl Default for Recorders {
+    fn default() -> Recorders {
+        Recorders::new()
     }
 }
 
@@ -144,10 +151,9 @@ impl std::fmt::Debug for Metrics {
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 impl Metrics {
-    /// The metrics of a node with `sources`.
-    pub fn new(sources: Sources) -> Metrics {
+    /// The metrics of a node with `sources`, and `recorders` (made first, for the `TimedProposer`).
+    pub fn new(sources: Sources, recorders: Recorders) -> Metrics {
         let mut registry = Registry::default();
-        let recorders = Recorders::new();
         let swarm = registry.sub_registry_with_prefix("swarm");
         if sources.store.is_some() {
             swarm.register_with_unit(

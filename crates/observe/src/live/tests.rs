@@ -51,7 +51,7 @@ async fn subscribers_are_capped_and_get_deltas_after_their_snapshot() {
     let store = Arc::new(MemoryStore::default());
     let hub = LiveHub::new(store.clone());
     let (stop_tx, stop) = watch::channel(false);
-    let run = tokio::spawn(hub.clone().run(crate::metrics::Metrics::new(Default::default()).recorders().clone(), stop));
+    let run = tokio::spawn(hub.clone().run(crate::metrics::Recorders::new(), stop));
     let mut slots = Vec::new();
     for _ in 0..MAX_SUBSCRIBERS {
         slots.push(hub.subscribe().expect("a place"));

@@ -56,8 +56,8 @@ fn scrape_micros(m: &Metrics, runs: usize) -> u128 {
 
 #[test]
 fn scrape_cost_does_not_grow_with_tasks() {
-    let small = Metrics::new(Sources { node_id: "n".into(), store: Some(store_with(10)), ..Default::default() });
-    let big = Metrics::new(Sources { node_id: "n".into(), store: Some(store_with(100_000)), ..Default::default() });
+    let small = Metrics::new(Sources { node_id: "n".into(), store: Some(store_with(10)), ..Default::default() }, Recorders::new());
+    let big = Metrics::new(Sources { node_id: "n".into(), store: Some(store_with(100_000)), ..Default::default() }, Recorders::new());
     let text = big.encode();
     assert_eq!(sample(&text, "swarm_manager_tasks_total{state=\"running\"}"), Some(25_000.0), "{text}");
     assert_eq!(sample(&text, "swarm_manager_tasks_total{state=\"pending\"}"), Some(75_000.0));
@@ -72,7 +72,7 @@ fn scrape_cost_does_not_grow_with_tasks() {
 
 #[test]
 fn a_worker_serves_node_and_process_metrics_only() {
-    let m = Metrics::new(Sources { node_id: "w1".into(), ..Default::default() });
+    let m = Metrics::new(Sources { node_id: "w1".into(), ..Default::default() }, Recorders::new());
     let text = m.encode();
     assert_eq!(sample(&text, "swarm_node_manager"), Some(0.0), "{text}");
     assert!(text.contains("swarm_node_info{swarm_id=\"\",node_id=\"w1\"} 1"), "{text}");
@@ -98,7 +98,7 @@ fn raft_and_dispatcher_readings_are_taken_at_scrape_time() {
             ..Default::default()
         })),
         dispatcher_sessions: Some(Arc::new(|| 2)),
-    });
+    }, Recorders::new());
     let text = m.encode();
     assert_eq!(sample(&text, "swarm_raft_term"), Some(3.0), "{text}");
     assert_eq!(sample(&text, "swarm_manager_leader"), Some(1.0));
