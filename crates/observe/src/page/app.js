@@ -63,7 +63,8 @@ function isFailed(t) { return t.state === "failed" || t.state === "rejected"; }
 function taskCard(t) {
   const s = page.services.get(t.service_id);
   const label = s && (s.mode === "global" || s.mode === "global-job") ? serviceName(t.service_id) : `${serviceName(t.service_id)}.${t.slot}`;
-  const why = t.err || (t.state === "pending" || t.state === "ready" || isFailed(t) ? t.message : "");
+  // Why a task waits (the scheduler's reason) or failed (its error); other states need no explanation.
+  const why = t.state === "pending" || isFailed(t) ? t.err || t.message : t.err;
   return `<div class="task ${esc(t.state)}" data-task-id="${esc(t.id)}" data-service-name="${esc(serviceName(t.service_id))}" style="border-left-color:${serviceColor(t.service_id)}">
     <div class="name">${esc(label)}</div>
     <div class="state">${esc(t.state)}${t.desired !== "running" && t.desired !== t.state ? ` → ${esc(t.desired)}` : ""}</div>
