@@ -285,6 +285,8 @@ pub struct LiveHub {
     /// The store's watch, taken at creation (before any page can subscribe, so that no commit after a
     /// page's snapshot is missed) and read by `run`.
     watch: Mutex<Option<shoal_store::Watch>>,
+    /// The index of the last commit the loop has handled.
+    handled_index: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for LiveHub {
@@ -317,12 +319,18 @@ impl LiveHub {
     pub fn new(store: Arc<MemoryStore>) -> Arc<LiveHub> {
         let (tx, _) = broadcast::channel(DELTA_QUEUE);
         let watch = Mutex::new(Some(store.watch()));
-        Arc::new(LiveHub { store, tx: Mutex::new(Some(tx)), subscribers: Arc::new(AtomicUsize::new(0)), watch })
+        Arc::new(LiveHub { store, tx: Mutex::new(Some(tx)), subscribers: Arc::new(AtomicUsize::new(0)), watch, handled_index: Default::default() })
     }
 
     /// Pages subscribed now.
     pub fn subscribers(&self) -> usize {
         self.subscribers.load(Ordering::Acquire)
+    }
+
+    /// The index of the last commit the feed has handled (sent to the pages, or skipped as changing nothing
+    /// they show).
+    pub fn handled_index(&self) -> u64 {
+        self.handled_index.load(Ordering::Acquire)
     }
 
     /// A new subscription: its place, the deltas from now on, and the snapshot to send first (read after
@@ -372,6 +380,7 @@ impl LiveHub {
                             Err(e) => tracing::warn!(error = %e, "live page: a delta could not be encoded"),
                         }
                     }
+                    self.handled_index.fetch_max(commit.index, Ordering::AcqRel);
                 }
                 Err(WatchError::Lagged(n)) => {
                     tracing::debug!(missed = n, "live page feed lagged the store: resyncing its pages");

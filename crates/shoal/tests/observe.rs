@@ -43,10 +43,14 @@ url = os.environ["METRICS_URL"]
 replicas = int(os.environ["REPLICAS"])
 BEFORE_RUNNING = {"new", "pending", "assigned", "accepted", "preparing", "ready", "starting"}
 
+fetch_ms = []
+
 def scrape():
+    started = time.monotonic()
     with urllib.request.urlopen(url, timeout=10) as r:
         content_type = r.headers.get("Content-Type", "")
         text = r.read().decode()
+    fetch_ms.append((time.monotonic() - started) * 1000)
     assert content_type.startswith("application/openmetrics-text"), content_type
     families = {f.name: f for f in openmetrics(text)}
     names = {f.name for f in classic(text)}
@@ -87,6 +91,8 @@ print(json.dumps({
     "scheduling_delay_sum": value(last, "swarm_dispatcher_scheduling_delay_seconds", "_sum"),
     "rss": value(last, "process_resident_memory_bytes"),
     "fds": value(last, "process_open_fds"),
+    "fetch_ms_max": max(fetch_ms),
+    "fetch_ms_median": sorted(fetch_ms)[len(fetch_ms) // 2],
 }))
 "#;
 
@@ -111,9 +117,12 @@ fn metrics_scraped_during_a_1000_replica_deploy_show_tasks_moving_from_pending_t
     let samples = report["samples"].as_array().expect("samples");
     let running: Vec<f64> = samples.iter().map(|s| s["running"].as_f64().unwrap()).collect();
     println!(
-        "RESULT {replicas} replicas running after {:.1} s, {} scrapes; scheduling delay mean {:.2} s over {} tasks",
+        "RESULT {replicas} replicas running after {:.1} s, {} scrapes (HTTP answer median {:.1} ms, max {:.1} ms); \
+         scheduling delay mean {:.2} s over {} tasks",
         started.elapsed().as_secs_f64(),
         samples.len(),
+        report["fetch_ms_median"].as_f64().unwrap(),
+        report["fetch_ms_max"].as_f64().unwrap(),
         report["scheduling_delay_sum"].as_f64().unwrap() / report["scheduling_delays"].as_f64().unwrap().max(1.0),
         report["scheduling_delays"]
     );
