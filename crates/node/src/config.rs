@@ -80,6 +80,8 @@ pub struct DaemonConfig {
     /// How long a first start with a join token keeps retrying a manager it cannot reach (it may be
     /// starting at the same time), with a doubling delay up to `join::JOIN_RETRY_MAX`.
     pub join_retry_for: std::time::Duration,
+    /// Serve Prometheus metrics (and, on managers, the live page) over plain HTTP on this address.
+    pub listen_metrics: Option<SocketAddr>,
 }
 
 /// How long a daemon started with `--join-addr` keeps trying to reach its manager.
@@ -110,6 +112,7 @@ impl DaemonConfig {
             no_init: false,
             remote_api_from_flags: false,
             join_retry_for: DEFAULT_JOIN_RETRY_FOR,
+            listen_metrics: None,
         }
     }
 

@@ -15,6 +15,7 @@ pub mod join;
 pub mod leader_logs;
 pub mod lifecycle;
 pub mod lock;
+pub mod metrics_listener;
 mod raft_member;
 mod raft_status;
 pub mod security;
@@ -181,11 +182,15 @@ impl Node {
             .await
             .map_err(|e| NodeError::listen("--listen-remote-api", cfg.listen_remote_api, e))?;
         let unix = bind_control_socket(&cfg.listen_control_api)?;
+        let metrics = match cfg.listen_metrics {
+            Some(addr) => Some(metrics_listener::bind(addr).await?),
+            None => None,
+        };
         let first_start = identity::load(&cfg.state_dir)?.is_none() && !RaftNode::has_existing_state(&cfg.state_dir);
         let entries_before = first_start.then(|| state_dir_entries(&cfg.state_dir));
         let state_dir = cfg.state_dir.clone();
         let control_socket = cfg.listen_control_api.clone();
-        let started = Self::start_with(cfg, listener, unix, lifecycle).await;
+        let started = Self::start_with(cfg, listener, unix, metrics, lifecycle).await;
         if started.is_err() {
             let _ = std::fs::remove_file(&control_socket);
             if let Some(before) = entries_before {
@@ -204,6 +209,7 @@ impl Node {
         mut cfg: DaemonConfig,
         listener: tokio::net::TcpListener,
         unix: tokio::net::UnixListener,
+        metrics: Option<tokio::net::TcpListener>,
         lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
     ) -> Result<RunningNode, NodeError> {
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
@@ -246,7 +252,10 @@ impl Node {
             None => security::manager_tls(&cfg.state_dir, &identity.node_id, &store, cfg.node_cert_expiry_override)?,
         };
         channels.set(mtls.tls.clone());
-        let state = ClusterState::new(store, Arc::new(raft.clone()), Arc::new(SystemClock), ids);
+        // Every write goes through Raft, timed for the metrics.
+        let recorders = shoal_observe::Recorders::new();
+        let proposer = shoal_observe::TimedProposer::new(Arc::new(raft.clone()), recorders.clone());
+        let state = ClusterState::new(store, Arc::new(proposer), Arc::new(SystemClock), ids);
         let remote_security = security::RemoteSecurity::new(
             mtls.tls.clone(),
             &state,
@@ -265,6 +274,18 @@ impl Node {
             "grpc",
             services::serve_manager_grpc(&dispatcher, listener, Some(&raft), Some(&remote_security), shutdown_rx.clone()),
         ));
+        if let Some(listener) = metrics {
+            let started = metrics_listener::start_manager(
+                listener,
+                &state,
+                &raft,
+                &dispatcher,
+                &identity.node_id,
+                recorders,
+                shutdown_rx.clone(),
+            );
+            tasks.extend(started);
+        }
         let ready = async {
             raft_member::wait_ready(&state, &raft, membership).await?;
             if membership == raft_member::Membership::Restarted {

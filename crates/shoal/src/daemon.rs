@@ -74,6 +74,10 @@ pub struct DaemonArgs {
     /// Take a Raft snapshot (and compact the log) every this many applied entries.
     #[arg(long)]
     raft_snapshot_interval_entries: Option<u64>,
+    /// Serve Prometheus metrics at /metrics and, on managers, a live page of the cluster at / on this
+    /// address (IP:PORT, plain HTTP, unauthenticated: e.g. 127.0.0.1:9323). Off by default.
+    #[arg(long)]
+    listen_metrics: Option<SocketAddr>,
     /// Log filter: a level (error, warn, info, debug, trace) and/or comma-separated `target=level`
     /// directives, e.g. `info` or `shoal_raft=debug,info`.
     #[arg(long, env = "SHOAL_LOG", default_value = "info", value_parser = parse_log_filter)]
@@ -108,6 +112,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.join_token = args.join_token.map(shoal_node::JoinToken);
     cfg.listen_api_tcp = args.listen_api;
     cfg.raft_snapshot_interval_entries = args.raft_snapshot_interval_entries;
+    cfg.listen_metrics = args.listen_metrics;
     if let Some(path) = &args.unlock_key_file {
         match std::fs::read_to_string(path) {
             Ok(key) => cfg.unlock_key = Some(shoal_node::UnlockKeyText(key.trim().to_string())),

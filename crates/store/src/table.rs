@@ -192,6 +192,11 @@ impl TaskTable {
         self.lookup(self.by_state.get(&(state as i32)))
     }
 
+    /// Number of tasks whose observed state is this one (O(1): the size of its index entry).
+    pub fn count_by_state(&self, state: shoal_api::TaskState) -> usize {
+        self.by_state.get(&(state as i32)).map_or(0, BTreeSet::len)
+    }
+
     pub(crate) fn insert(&mut self, task: Arc<Task>) -> Option<Arc<Task>> {
         if let Some(old) = self.table.get(&task.id).cloned() {
             // An update: only the indexes whose key changed are touched (usually the states and node).

@@ -298,6 +298,11 @@ impl Dispatcher {
         })
     }
 
+    /// Agent sessions open on this dispatcher now (for the metrics).
+    pub fn session_count(&self) -> usize {
+        self.registry.lock().sessions.len()
+    }
+
     /// The heartbeat period: the cluster object's setting, else the configured default, in milliseconds.
     pub fn heartbeat_period_ms(&self) -> u64 {
         let from_cluster = self.state.store.view(|t| {
