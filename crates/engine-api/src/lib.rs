@@ -14,6 +14,7 @@ mod handlers;
 pub mod request;
 pub mod json;
 pub mod lifecycle;
+mod networks;
 mod secrets;
 #[cfg(test)]
 mod secrets_tests;
@@ -116,6 +117,9 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/configs/create", post(secrets::create_config))
         .route("/configs/{id}", get(secrets::get_config).delete(secrets::remove_config))
         .route("/configs/{id}/update", post(secrets::update_config))
+        .route("/networks", get(networks::list_networks))
+        .route("/networks/create", post(networks::create_network))
+        .route("/networks/{id}", get(networks::get_network).delete(networks::remove_network))
         .route("/distribution/{*name}", get(handlers::distribution))
         .fallback(handlers::not_found);
     with_context(routes, ctx)

@@ -6,6 +6,7 @@
 //! Subsystems never call each other: each reads and watches the store and writes through the proposer.
 //! The manager knows nothing of HTTP or the Engine API (that is `shoal-engine-api`).
 
+pub mod allocator;
 pub mod ca;
 pub mod controlapi;
 pub mod dispatcher;

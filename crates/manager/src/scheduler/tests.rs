@@ -727,3 +727,73 @@ async fn loop_places_tasks_whose_writes_kept_conflicting() {
     stop_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(1), task).await.expect("scheduler stops").unwrap();
 }
+
+/// A pending task of service `s` publishing host-mode `port` (0: none) and attached to a network of
+/// `driver` (empty: none), as the allocator leaves it.
+fn net_task(id: &str, s: &str, port: u32, driver: &str) -> shoal_api::Task {
+    let mut t = task_with(id, s, "", TaskState::Pending, 0);
+    if port != 0 {
+        t.endpoint = Some(shoal_api::Endpoint {
+            ports: vec![shoal_api::PortConfig {
+                target_port: 80,
+                published_port: port,
+                publish_mode: shoal_api::port_config::PublishMode::Host as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+    }
+    if !driver.is_empty() {
+        let network = shoal_api::Network {
+            id: "appnet".into(),
+            driver_state: Some(shoal_api::Driver { name: driver.into(), ..Default::default() }),
+            ..Default::default()
+        };
+        t.networks = vec![shoal_api::NetworkAttachment { network: Some(network), addresses: vec!["10.0.1.3/24".into()], ..Default::default() }];
+    }
+    t
+}
+
+fn with_overlay_plugin(mut n: shoal_api::Node) -> shoal_api::Node {
+    n.description.as_mut().unwrap().engine = Some(shoal_api::EngineDescription {
+        plugins: vec![shoal_api::PluginDescription { r#type: "Network".into(), name: "overlay".into() }],
+        ..Default::default()
+    });
+    n
+}
+
+#[test]
+fn a_host_mode_port_is_taken_once_per_node() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(node("n2"));
+    for i in 0..3 {
+        fx.create(net_task(&format!("h{i}"), "h", 9000, ""));
+    }
+    fx.create(net_task("other", "o", 9001, ""));
+    let pass = run_pass(&fx);
+    assert_eq!((pass.assigned, pass.unplaced), (3, 1));
+    let h = placement(&fx, "h");
+    assert_eq!((h.get("n1"), h.get("n2")), (Some(&1), Some(&1)), "{h:?}");
+    let waiting = fx.runnable("h").into_iter().find(|t| t.node_id.is_empty()).unwrap();
+    assert_eq!(waiting.status.as_ref().unwrap().err, "no suitable node (host-mode port already in use on 2 nodes)");
+    // The port is free again once the task on n1 stops.
+    let on_n1 = fx.runnable("h").into_iter().find(|t| t.node_id == "n1").unwrap();
+    fx.set_state(&on_n1.id, TaskState::Failed);
+    assert_eq!(run_pass(&fx).assigned, 1);
+}
+
+#[test]
+fn a_task_on_an_overlay_network_goes_only_to_nodes_with_the_overlay_plugin() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(net_task("t1", "s", 0, "overlay"));
+    fx.create(net_task("t2", "plain", 0, ""));
+    let pass = run_pass(&fx);
+    assert_eq!((pass.assigned, pass.unplaced), (1, 1));
+    let t1 = fx.view(|t| t.tasks().get("t1").cloned()).unwrap();
+    assert_eq!(t1.status.as_ref().unwrap().err, "no suitable node (missing plugin on 1 node)");
+    fx.create(with_overlay_plugin(node("n2")));
+    assert_eq!(run_pass(&fx).assigned, 1);
+    assert_eq!(fx.view(|t| t.tasks().get("t1").unwrap().node_id.clone()), "n2");
+}
