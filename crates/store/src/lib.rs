@@ -19,7 +19,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{decode_request, decode_snapshot, encode_request, encode_snapshot};
 pub use error::StoreError;
 pub use ids::IdSource;
-pub use memory::{Change, Commit, MemoryStore, ServiceTotals, Tables, Watch, DEFAULT_WATCH_QUEUE_COMMITS};
+pub use memory::{
+    Change, Commit, MemoryStore, ServiceTotals, Tables, Watch, DEFAULT_WATCH_QUEUE_COMMITS, MAX_FAILED_APPLIES_KEPT,
+};
 pub use object::{Action, ActionKind, Object, ObjectKind, StoreObject, ACTION_OVERHEAD_BYTES};
 pub use table::{Table, TaskTable};
 

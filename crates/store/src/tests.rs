@@ -382,3 +382,21 @@ fn no_write_leaves_a_service_referring_to_a_missing_secret_or_config() {
     c.update(s);
     assert!(matches!(apply(&store, 11, c), Err(StoreError::DanglingReference(m)) if m.starts_with("secret not found: new-gone")));
 }
+
+#[test]
+fn failed_applies_are_remembered_until_a_restore() {
+    let store = MemoryStore::default();
+    assert_eq!(store.apply_outcomes_known_from(), 1);
+    let mut c = Changes::new();
+    c.create(service("s1", "web"));
+    apply(&store, 3, c).unwrap();
+    let mut dup = Changes::new();
+    dup.create(service("s2", "web"));
+    assert!(apply(&store, 4, dup).is_err());
+    assert!(!store.apply_failed(3));
+    assert!(store.apply_failed(4));
+    let (index, snap) = store.snapshot();
+    store.restore(index, snap);
+    assert_eq!(store.apply_outcomes_known_from(), 5);
+    assert!(!store.apply_failed(4));
+}
