@@ -63,6 +63,11 @@ fn descriptors() -> &'static Descriptors {
     })
 }
 
+/// True when the protos define message `type_name` (full name with a leading dot).
+pub fn is_known_type(type_name: &str) -> bool {
+    descriptors().contains_key(type_name)
+}
+
 /// Why a message could not be walked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed protobuf message: {0}")]

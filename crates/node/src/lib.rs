@@ -18,6 +18,7 @@ mod raft_member;
 mod raft_status;
 pub mod security;
 pub mod source_limits;
+mod swarmkit_socket;
 mod services;
 pub mod tls;
 pub mod worker_node;
@@ -114,6 +115,7 @@ pub struct RunningNode {
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
     control_socket: std::path::PathBuf,
+    swarmkit_socket: Option<std::path::PathBuf>,
     remote_addr: std::net::SocketAddr,
 }
 
@@ -170,13 +172,27 @@ impl Node {
             .await
             .map_err(|e| NodeError::listen("--listen-remote-api", cfg.listen_remote_api, e))?;
         let unix = bind_control_socket(&cfg.listen_control_api)?;
+        let swarmkit = match &cfg.listen_swarmkit_api {
+            Some(path) => match swarmkit_socket::bind(path) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&cfg.listen_control_api);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         let first_start = identity::load(&cfg.state_dir)?.is_none() && !RaftNode::has_existing_state(&cfg.state_dir);
         let entries_before = first_start.then(|| state_dir_entries(&cfg.state_dir));
         let state_dir = cfg.state_dir.clone();
         let control_socket = cfg.listen_control_api.clone();
-        let started = Self::start_with(cfg, listener, unix).await;
+        let swarmkit_socket = cfg.listen_swarmkit_api.clone();
+        let started = Self::start_with(cfg, listener, unix, swarmkit).await;
         if started.is_err() {
             let _ = std::fs::remove_file(&control_socket);
+            if let Some(path) = &swarmkit_socket {
+                let _ = std::fs::remove_file(path);
+            }
             if let Some(before) = entries_before {
                 // A first start that failed was acknowledged to no one: remove what it wrote, so that the next
                 // start is a first start again (and not "raft data but no node.json", or a half identity).
@@ -193,6 +209,7 @@ impl Node {
         mut cfg: DaemonConfig,
         listener: tokio::net::TcpListener,
         unix: tokio::net::UnixListener,
+        swarmkit: Option<tokio::net::UnixListener>,
     ) -> Result<RunningNode, NodeError> {
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
         let mut identity = match identity::load(&cfg.state_dir)? {
@@ -354,6 +371,14 @@ impl Node {
             }),
         ));
 
+        if let Some(listener) = swarmkit {
+            // SwarmKit's own API for swarmctl (see `swarmkit_socket`).
+            tasks.push((
+                "swarmkit-api",
+                swarmkit_socket::serve(listener, mtls.tls.clone(), &state, &raft, shutdown_rx.clone()),
+            ));
+        }
+
         // The agent: this node is a worker too.
         let agent = Agent::new(
             AgentConfig {
@@ -371,7 +396,8 @@ impl Node {
         tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
 
         tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
-        Ok(RunningNode { identity, cluster_id, raft, state, shutdown_tx, tasks, control_socket, remote_addr })
+        let swarmkit_socket = cfg.listen_swarmkit_api.clone();
+        Ok(RunningNode { identity, cluster_id, raft, state, shutdown_tx, tasks, control_socket, swarmkit_socket, remote_addr })
     }
 }
 
@@ -406,6 +432,9 @@ impl RunningNode {
         }
         self.raft.shutdown().await;
         let _ = std::fs::remove_file(&self.control_socket);
+        if let Some(path) = &self.swarmkit_socket {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -477,7 +506,7 @@ fn random_raft_id() -> u64 {
     rand::rng().random_range(1..u64::MAX)
 }
 
-fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
+pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| NodeError::io(path, e))
 }
