@@ -9,6 +9,7 @@
 pub mod ca;
 pub mod connections;
 pub mod error;
+pub mod events;
 pub mod filters;
 mod handlers;
 pub mod request;
@@ -54,6 +55,8 @@ pub struct ApiContext {
     pub hostname: String,
     /// Where logs come from while this manager does not lead (None: such requests answer 503).
     pub leader_logs: Option<Arc<dyn logs::LeaderLogs>>,
+    /// The swarm events `GET /events` answers from (`events::EventLog`, fed by the Watch stream).
+    pub events: Arc<events::EventLog>,
 }
 
 /// Serves the API on `listener` within the default `connections::ConnectionLimits` until `shutdown`
@@ -111,6 +114,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/configs/{id}", get(secrets::get_config).delete(secrets::remove_config))
         .route("/configs/{id}/update", post(secrets::update_config))
         .route("/distribution/{*name}", get(handlers::distribution))
+        .route("/events", get(events::events))
         .fallback(handlers::not_found);
     with_context(routes, ctx)
 }

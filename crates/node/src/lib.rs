@@ -332,7 +332,15 @@ impl Node {
 
         // The control socket.
         let control_socket = cfg.listen_control_api.clone();
+        // Swarm events for `GET /events`, recorded from now on (resumable through the Raft log).
+        let events = shoal_engine_api::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(
+            state.clone(),
+            Some(Arc::new(raft.clone())),
+            Some(shutdown_rx.clone()),
+        ));
+        events.start();
         let ctx = shoal_engine_api::ApiContext {
+            events,
             state: state.clone(),
             node_id: identity.node_id.clone(),
             node_addr: advertised.to_string(),

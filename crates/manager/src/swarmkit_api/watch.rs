@@ -68,6 +68,11 @@ impl WatchService {
         WatchService { state, log, shutdown }
     }
 
+    /// True once the shutdown it was given has turned true.
+    pub fn stopping(&self) -> bool {
+        self.shutdown.as_ref().is_some_and(|rx| *rx.borrow())
+    }
+
     /// As a tonic service.
     pub fn server(self) -> shoal_api::watch_server::WatchServer<WatchService> {
         shoal_api::watch_server::WatchServer::new(self)
