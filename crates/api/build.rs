@@ -16,6 +16,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/raft.proto",
         "proto/ca.proto",
         "proto/logbroker.proto",
+        "proto/control.proto",
+        "proto/watch.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
@@ -26,6 +28,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .skip_debug(["docker.swarmkit.v1.SecretSpec"])
         .build_client(true)
         .build_server(true)
+        // The descriptors let the SwarmKit API refuse requests carrying fields Shoal does not know
+        // (`shoal_api::unknown_fields`) instead of dropping them as prost would.
+        .file_descriptor_set_path(std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("swarmkit_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

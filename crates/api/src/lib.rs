@@ -15,5 +15,6 @@ pub use prost;
 pub use prost_types;
 
 pub mod generic;
+pub mod unknown_fields;
 mod helpers;
 pub use helpers::*;

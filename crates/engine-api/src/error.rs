@@ -54,8 +54,8 @@ impl From<ControlError> for ApiError {
         let msg = e.to_string();
         match e {
             ControlError::NotFound { .. } => ApiError::NotFound(msg),
-            ControlError::InvalidArgument(_) => ApiError::BadRequest(msg),
-            ControlError::Conflict(_) => ApiError::Conflict(msg),
+            ControlError::InvalidArgument(_) | ControlError::FailedPrecondition(_) => ApiError::BadRequest(msg),
+            ControlError::Conflict(_) | ControlError::AlreadyExists(_) => ApiError::Conflict(msg),
             ControlError::NotLeader | ControlError::Unavailable(_) => ApiError::Unavailable(msg),
             ControlError::Internal(_) => ApiError::Internal(msg),
         }

@@ -9,6 +9,7 @@
 pub mod ca;
 pub mod connections;
 pub mod error;
+pub mod events;
 pub mod filters;
 mod handlers;
 pub mod request;
@@ -58,6 +59,8 @@ pub struct ApiContext {
     pub leader_logs: Option<Arc<dyn logs::LeaderLogs>>,
     /// The node's swarm lifecycle (`/swarm/leave`); none for in-process nodes.
     pub lifecycle: lifecycle::LifecycleRef,
+    /// The swarm events `GET /events` answers from (`events::EventLog`, fed by the Watch stream).
+    pub events: Arc<events::EventLog>,
 }
 
 /// Serves the API on `listener` within the default `connections::ConnectionLimits` until `shutdown`
@@ -121,6 +124,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/networks/create", post(networks::create_network))
         .route("/networks/{id}", get(networks::get_network).delete(networks::remove_network))
         .route("/distribution/{*name}", get(handlers::distribution))
+        .route("/events", get(events::events))
         .fallback(handlers::not_found);
     with_context(routes, ctx)
 }

@@ -32,6 +32,7 @@ pub(crate) fn test_state() -> (ClusterState, Arc<LocalProposer>) {
 
 pub(crate) fn ctx(state: ClusterState) -> ApiContext {
     ApiContext {
+        events: crate::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(state.clone(), None, None)),
         state,
         node_id: "node1".into(),
         node_addr: "127.0.0.1:4242".into(),

@@ -15,6 +15,7 @@ pub mod orchestrator;
 pub mod scheduler;
 pub mod state;
 pub mod subsystem;
+pub mod swarmkit_api;
 
 pub use state::{ClusterState, RandomIds, SleepFuture, Timer, TokioTimer, WriteError};
 pub use subsystem::{run_while_leader, stopped, Subsystem, SubsystemFuture};

@@ -82,6 +82,9 @@ pub struct DaemonConfig {
     pub join_retry_for: std::time::Duration,
     /// Serve Prometheus metrics (and, on managers, the live page) over plain HTTP on this address.
     pub listen_metrics: Option<SocketAddr>,
+    /// Serve SwarmKit's own gRPC API (Control, Watch, Health; for `swarmctl`) on this unix socket, mode
+    /// 0600, over TLS with the node's certificate, as swarmd's `--listen-control-api` (`None`: not served).
+    pub listen_swarmkit_api: Option<PathBuf>,
 }
 
 /// How long a daemon started with `--join-addr` keeps trying to reach its manager.
@@ -113,6 +116,7 @@ impl DaemonConfig {
             remote_api_from_flags: false,
             join_retry_for: DEFAULT_JOIN_RETRY_FOR,
             listen_metrics: None,
+            listen_swarmkit_api: None,
         }
     }
 

@@ -20,6 +20,7 @@ mod raft_member;
 mod raft_status;
 pub mod security;
 pub mod source_limits;
+mod swarmkit_socket;
 mod services;
 pub mod tls;
 pub mod worker_node;
@@ -118,6 +119,7 @@ pub struct RunningNode {
     /// The control socket's server, stopped last (a leave is answered through it after the rest stopped).
     control_api: lifecycle::Closer,
     control_socket: std::path::PathBuf,
+    swarmkit_socket: Option<std::path::PathBuf>,
     remote_addr: std::net::SocketAddr,
 }
 
@@ -186,13 +188,27 @@ impl Node {
             Some(addr) => Some(metrics_listener::bind(addr).await?),
             None => None,
         };
+        let swarmkit = match &cfg.listen_swarmkit_api {
+            Some(path) => match swarmkit_socket::bind(path) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&cfg.listen_control_api);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         let first_start = identity::load(&cfg.state_dir)?.is_none() && !RaftNode::has_existing_state(&cfg.state_dir);
         let entries_before = first_start.then(|| state_dir_entries(&cfg.state_dir));
         let state_dir = cfg.state_dir.clone();
         let control_socket = cfg.listen_control_api.clone();
-        let started = Self::start_with(cfg, listener, unix, metrics, lifecycle).await;
+        let swarmkit_socket = cfg.listen_swarmkit_api.clone();
+        let started = Self::start_with(cfg, listener, unix, metrics, swarmkit, lifecycle).await;
         if started.is_err() {
             let _ = std::fs::remove_file(&control_socket);
+            if let Some(path) = &swarmkit_socket {
+                let _ = std::fs::remove_file(path);
+            }
             if let Some(before) = entries_before {
                 // A first start that failed was acknowledged to no one: remove what it wrote, so that the next
                 // start is a first start again (and not "raft data but no node.json", or a half identity).
@@ -210,6 +226,7 @@ impl Node {
         listener: tokio::net::TcpListener,
         unix: tokio::net::UnixListener,
         metrics: Option<tokio::net::TcpListener>,
+        swarmkit: Option<tokio::net::UnixListener>,
         lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
     ) -> Result<RunningNode, NodeError> {
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
@@ -348,7 +365,15 @@ impl Node {
 
         // The control socket.
         let control_socket = cfg.listen_control_api.clone();
+        // Swarm events for `GET /events`, recorded from now on (resumable through the Raft log).
+        let events = shoal_engine_api::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(
+            state.clone(),
+            Some(Arc::new(raft.clone())),
+            Some(shutdown_rx.clone()),
+        ));
+        events.start();
         let ctx = shoal_engine_api::ApiContext {
+            events,
             state: state.clone(),
             node_id: identity.node_id.clone(),
             node_addr: advertised.to_string(),
@@ -389,6 +414,14 @@ impl Node {
             }),
         );
 
+        if let Some(listener) = swarmkit {
+            // SwarmKit's own API for swarmctl (see `swarmkit_socket`).
+            tasks.push((
+                "swarmkit-api",
+                swarmkit_socket::serve(listener, mtls.tls.clone(), &state, &raft, shutdown_rx.clone()),
+            ));
+        }
+
         // The agent: this node is a worker too.
         let agent = Agent::new(
             AgentConfig {
@@ -406,7 +439,19 @@ impl Node {
         tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
 
         tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
-        Ok(RunningNode { identity, cluster_id, raft, state, shutdown_tx, tasks, control_api, control_socket, remote_addr })
+        let swarmkit_socket = cfg.listen_swarmkit_api.clone();
+        Ok(RunningNode {
+            identity,
+            cluster_id,
+            raft,
+            state,
+            shutdown_tx,
+            tasks,
+            control_api,
+            control_socket,
+            swarmkit_socket,
+            remote_addr,
+        })
     }
 }
 
@@ -451,6 +496,9 @@ impl RunningNode {
             }
         }
         self.raft.shutdown().await;
+        if let Some(path) = &self.swarmkit_socket {
+            let _ = std::fs::remove_file(path);
+        }
         self.control_api
     }
 }
@@ -523,7 +571,7 @@ fn random_raft_id() -> u64 {
     rand::rng().random_range(1..u64::MAX)
 }
 
-fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
+pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| NodeError::io(path, e))
 }

@@ -240,6 +240,20 @@ pub fn bootstrap_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
         .map_err(|e| TlsError::Config(e.to_string()))
 }
 
+/// The client side of the SwarmKit API socket as `swarmctl` sets it up: TLS that accepts the node's
+/// certificate unverified (the socket's file mode is the access control), HTTP/2 by ALPN. For tests and
+/// tools that talk to `--listen-swarmkit-api`.
+pub fn local_socket_client_config() -> rustls::ClientConfig {
+    let mut c = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .expect("the provider supports TLS 1.2 and 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider())))
+        .with_no_client_auth();
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    c
+}
+
 /// Accepts any server certificate but still checks the handshake signatures (so the connection is
 /// encrypted to whoever holds the presented key). See `bootstrap_endpoint`.
 #[derive(Debug)]

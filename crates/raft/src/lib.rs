@@ -90,7 +90,10 @@ pub use node::{
     MembershipError, RaftNode, RaftStatus, StartMode, FORWARD_APPLY_TIMEOUT, INBOUND_QUEUE, MAX_FORWARDED_IN_FLIGHT,
     MAX_PROPOSALS_PER_READY, MAX_READS_IN_FLIGHT, MEMBERSHIP_CHANGE_TIMEOUT, PROPOSAL_QUEUE, READ_BARRIER_TIMEOUT,
 };
-pub use proposer::{LeaderState, LocalProposer, ProposeError, ProposeFuture, Proposer, ReadBarrierFuture};
+pub use proposer::{
+    CommittedLog, LeaderState, LocalProposer, LogReadError, LogReadFuture, LoggedWrite, ProposeError, ProposeFuture,
+    Proposer, ReadBarrierFuture,
+};
 pub use raft::eraftpb;
 pub use transport::{ForwardFuture, Forwarder, NoPeers, PeerLink, Transport};
 

@@ -45,7 +45,7 @@ use crate::logger::raft_logger;
 use crate::storage::{EngineStorage, REPLAY_CHUNK_ENTRIES};
 use crate::transport::{Forwarder, Inbound, NoPeers, PeerLink, Transport};
 use crate::{
-    LeaderState, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError, ReadBarrierFuture,
+    LeaderState, LogReadError, LoggedWrite, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError, ReadBarrierFuture,
 };
 
 /// Bound of the proposal queue between the handles and the driver. A proposer waits for room when it is full.
@@ -148,6 +148,8 @@ enum Command {
     AwaitForwarded { id: u64, done: Done },
     /// Resolve `done` once the store has applied the leader's commit index as of now (Raft ReadIndex).
     ReadIndex { done: ReadDone },
+    /// Read applied entries `[low, high)`, at most `max` of them, back from the log (`CommittedLog`).
+    ReadLog { low: u64, high: u64, max: u64, done: oneshot::Sender<Result<Vec<LoggedWrite>, LogReadError>> },
 }
 
 type ReadDone = oneshot::Sender<Result<(), ProposeError>>;
@@ -586,6 +588,17 @@ impl Proposer for RaftNode {
     }
 }
 
+impl crate::CommittedLog for RaftNode {
+    fn read_committed(&self, low: u64, high: u64, max_entries: u64) -> crate::LogReadFuture {
+        let tx = self.inner.proposals.clone();
+        Box::pin(async move {
+            let (done, rx) = oneshot::channel();
+            tx.send(Command::ReadLog { low, high, max: max_entries, done }).await.map_err(|_| LogReadError::Stopped)?;
+            rx.await.unwrap_or(Err(LogReadError::Stopped))
+        })
+    }
+}
+
 /// Why the driver loop ended.
 enum Exit {
     /// `shutdown` was called or every handle was dropped.
@@ -856,7 +869,30 @@ impl Driver {
                 }
             }
             Command::ReadIndex { done } => self.read_index(done),
+            Command::ReadLog { low, high, max, done } => {
+                let _ = done.send(self.read_log(low, high, max));
+            }
         }
+    }
+
+    /// Applied entries `[low, min(high, applied + 1, low + max))` decoded into writes; the decodable normal
+    /// entries with data only. Runs on the driver thread: `max` bounds how long it holds the loop.
+    fn read_log(&self, low: u64, high: u64, max: u64) -> Result<Vec<LoggedWrite>, LogReadError> {
+        let storage = self.raw.store();
+        let first = storage.first_log_index();
+        if low < first {
+            return Err(LogReadError::Compacted { asked: low, first });
+        }
+        let high = high.min(self.applied + 1).min(low.saturating_add(max.max(1)));
+        if high <= low {
+            return Ok(Vec::new());
+        }
+        let entries = storage.read_entries(low, high).map_err(|e| LogReadError::Failed(e.to_string()))?;
+        Ok(entries
+            .iter()
+            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty())
+            .filter_map(|e| decode_request(&e.data).ok().map(|(_, actions)| LoggedWrite { index: e.index, actions }))
+            .collect())
     }
 
     /// Asks raft-rs for a read index (the leader confirms with a quorum that it still leads and answers

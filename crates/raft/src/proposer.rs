@@ -73,6 +73,48 @@ pub trait Proposer: Send + Sync + 'static {
     fn read_barrier(&self) -> ReadBarrierFuture;
 }
 
+/// One committed write read back from the log: its Raft index and its actions as proposed (objects carry
+/// the version they were read at; the store stamps `index` on those it applies).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedWrite {
+    /// The entry's Raft index.
+    pub index: u64,
+    /// The write's actions, in order.
+    pub actions: Vec<Action>,
+}
+
+/// Why committed writes could not be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogReadError {
+    /// The entries asked for were compacted into a snapshot.
+    #[error("the raft log no longer holds index {asked}: it starts at {first}")]
+    Compacted {
+        /// The first index asked for.
+        asked: u64,
+        /// The first index the log holds.
+        first: u64,
+    },
+    /// The log could not be read.
+    #[error("the raft log could not be read: {0}")]
+    Failed(String),
+    /// The Raft node has stopped.
+    #[error("the raft node is stopped")]
+    Stopped,
+}
+
+/// The future `CommittedLog::read_committed` returns.
+pub type LogReadFuture = Pin<Box<dyn Future<Output = Result<Vec<LoggedWrite>, LogReadError>> + Send + 'static>>;
+
+/// Reads committed, applied writes back from the Raft log (SwarmKit's `ChangesBetween`), for a watch resumed
+/// from a version. Entries that carry no store write (a leader's no-op, membership changes) are skipped.
+pub trait CommittedLog: Send + Sync + 'static {
+    /// The writes at indexes `[low, high)` that this member has applied, at most `max_entries` log entries
+    /// from `low` (so the answer may end before `high`; the caller continues after the last entry read, which
+    /// `read_committed` reports as `Ok` with the writes found). Fails with `Compacted` when `low` is no longer
+    /// in the log.
+    fn read_committed(&self, low: u64, high: u64, max_entries: u64) -> LogReadFuture;
+}
+
 /// Applies writes straight to a store, with consecutive indexes; always the leader. For tests.
 #[derive(Debug)]
 pub struct LocalProposer {

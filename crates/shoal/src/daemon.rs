@@ -78,6 +78,10 @@ pub struct DaemonArgs {
     /// address (IP:PORT, plain HTTP, unauthenticated: e.g. 127.0.0.1:9323). Off by default.
     #[arg(long)]
     listen_metrics: Option<SocketAddr>,
+    /// Also serve SwarmKit's own gRPC API (Control, Watch, Health) on this unix socket (mode 0600, TLS with
+    /// the node's certificate), as swarmd's --listen-control-api, for `swarmctl -s PATH` (default: off).
+    #[arg(long)]
+    listen_swarmkit_api: Option<PathBuf>,
     /// Log filter: a level (error, warn, info, debug, trace) and/or comma-separated `target=level`
     /// directives, e.g. `info` or `shoal_raft=debug,info`.
     #[arg(long, env = "SHOAL_LOG", default_value = "info", value_parser = parse_log_filter)]
@@ -113,6 +117,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.listen_api_tcp = args.listen_api;
     cfg.raft_snapshot_interval_entries = args.raft_snapshot_interval_entries;
     cfg.listen_metrics = args.listen_metrics;
+    cfg.listen_swarmkit_api = args.listen_swarmkit_api;
     if let Some(path) = &args.unlock_key_file {
         match std::fs::read_to_string(path) {
             Ok(key) => cfg.unlock_key = Some(shoal_node::UnlockKeyText(key.trim().to_string())),

@@ -13,6 +13,10 @@
 //! view cannot guarantee it, since a removal and a service write may be proposed from the same view).
 //! Applied objects get `meta.version.index = index` (the Raft index), which is what the next compare-and-swap
 //! checks against.
+//!
+//! The store also remembers which indexes carried a write that failed to apply (bounded by
+//! `MAX_FAILED_APPLIES_KEPT`, reset by a restore), so that a replay of the Raft log (SwarmKit's Watch resumed
+//! from a version) shows only the writes that took effect.
 
 use std::sync::Arc;
 
@@ -26,6 +30,18 @@ use tokio::sync::mpsc;
 use crate::object::{Action, ActionKind, Object, ObjectKind, StoreObject};
 use crate::table::{Table, TaskTable};
 use crate::StoreError;
+
+/// At most this many failed applications are remembered (`MemoryStore::apply_failed`); past it the oldest
+/// is forgotten and `apply_outcomes_known_from` moves after it.
+pub const MAX_FAILED_APPLIES_KEPT: usize = 100_000;
+
+/// Which Raft indexes, since `known_from`, carried a write that failed to apply (a compare-and-swap that no
+/// longer matched, a name taken, ...): what a replay of the Raft log must skip to see only what happened.
+#[derive(Debug)]
+struct ApplyOutcomes {
+    known_from: u64,
+    failed: std::collections::BTreeSet<u64>,
+}
 
 /// Default capacity of the watch queue, in commits. A watcher that falls further behind sees
 /// `RecvError::Lagged` and must re-read the state from a fresh view.
@@ -513,6 +529,7 @@ fn stamp(obj: &Object, index: u64) -> Object {
 /// The in-memory cluster state. Cheap to share (`Arc<MemoryStore>`); all methods take `&self`.
 pub struct MemoryStore {
     tables: RwLock<Tables>,
+    outcomes: Mutex<ApplyOutcomes>,
     watchers: Mutex<Vec<Watcher>>,
     watch_queue_commits: usize,
 }
@@ -534,6 +551,7 @@ impl MemoryStore {
     pub fn new(watch_queue_commits: usize) -> MemoryStore {
         MemoryStore {
             tables: RwLock::new(Tables::default()),
+            outcomes: Mutex::new(ApplyOutcomes { known_from: 1, failed: Default::default() }),
             watchers: Mutex::new(Vec::new()),
             watch_queue_commits: watch_queue_commits.max(1),
         }
@@ -603,6 +621,7 @@ impl MemoryStore {
                     while let Some(change) = changes.pop() {
                         tables.undo(change);
                     }
+                    self.record_failure(index);
                     return Err(e);
                 }
             }
@@ -612,6 +631,28 @@ impl MemoryStore {
             self.publish(&commit);
         }
         Ok(commit)
+    }
+
+    fn record_failure(&self, index: u64) {
+        let mut o = self.outcomes.lock();
+        o.failed.insert(index);
+        while o.failed.len() > MAX_FAILED_APPLIES_KEPT {
+            if let Some(first) = o.failed.pop_first() {
+                o.known_from = first + 1;
+            }
+        }
+    }
+
+    /// True when the write at Raft index `index` failed to apply (it changed nothing). Known only for
+    /// indexes from `apply_outcomes_known_from`.
+    pub fn apply_failed(&self, index: u64) -> bool {
+        self.outcomes.lock().failed.contains(&index)
+    }
+
+    /// The first Raft index whose apply outcome this store knows: 1, or just after the snapshot it was
+    /// restored from (or after the oldest failure it had to forget, beyond `MAX_FAILED_APPLIES_KEPT`).
+    pub fn apply_outcomes_known_from(&self) -> u64 {
+        self.outcomes.lock().known_from
     }
 
     /// Records that a log entry carrying no store change (e.g. a Raft configuration change) was applied.
@@ -661,6 +702,8 @@ impl MemoryStore {
         for o in snap.networks {
             t.networks.insert(Arc::new(o));
         }
-        *self.tables.write() = t;
+        let mut tables = self.tables.write();
+        *tables = t;
+        *self.outcomes.lock() = ApplyOutcomes { known_from: index + 1, failed: Default::default() };
     }
 }

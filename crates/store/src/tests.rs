@@ -438,3 +438,21 @@ fn networks_never_overlap_survive_snapshots_and_stay_while_a_service_uses_them()
     again.restore(index, decode_snapshot(&encode_snapshot(snap)).unwrap());
     assert_eq!(again.view(|t| t.networks().by_name("appnet").map(|n| n.id.clone())), Some("n1".into()));
 }
+
+#[test]
+fn failed_applies_are_remembered_until_a_restore() {
+    let store = MemoryStore::default();
+    assert_eq!(store.apply_outcomes_known_from(), 1);
+    let mut c = Changes::new();
+    c.create(service("s1", "web"));
+    apply(&store, 3, c).unwrap();
+    let mut dup = Changes::new();
+    dup.create(service("s2", "web"));
+    assert!(apply(&store, 4, dup).is_err());
+    assert!(!store.apply_failed(3));
+    assert!(store.apply_failed(4));
+    let (index, snap) = store.snapshot();
+    store.restore(index, snap);
+    assert_eq!(store.apply_outcomes_known_from(), 5);
+    assert!(!store.apply_failed(4));
+}

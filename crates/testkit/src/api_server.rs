@@ -47,6 +47,11 @@ impl ApiServer {
             hostname: hostname.into(),
             leader_logs: None,
             lifecycle: Default::default(),
+            events: shoal_engine_api::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(
+                state.clone(),
+                None,
+                None,
+            )),
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();

@@ -24,6 +24,7 @@ pub mod docker_cli;
 pub mod docker_engine;
 pub mod history;
 pub mod http;
+pub mod swarmkit;
 pub mod managers;
 pub mod netns;
 pub mod process;

@@ -45,7 +45,7 @@ mod secret_tests;
 mod service;
 mod task;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use cluster::{
     autolock_on, get_cluster, manager_unlock_key, update_cluster, update_cluster_rotating, validate_cluster_spec,
@@ -90,9 +90,16 @@ pub enum ControlError {
     /// The request is malformed or violates a rule; the message names the field.
     #[error("{0}")]
     InvalidArgument(String),
-    /// A name is taken, or the object changed since the caller read it.
+    /// The object changed since the caller read it, or the write conflicts with the current state.
     #[error("{0}")]
     Conflict(String),
+    /// The name is taken by another object.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The object is not in a state that allows the operation (a manager or a ready node removed, the last
+    /// manager demoted); the message says what to do first.
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// This manager cannot accept writes.
     #[error("this manager is not the leader; send the request to the leader")]
     NotLeader,
@@ -129,7 +136,7 @@ impl From<ProposeError> for ControlError {
 impl From<StoreError> for ControlError {
     fn from(e: StoreError) -> ControlError {
         match e {
-            StoreError::NameConflict { kind, name, owner } => ControlError::Conflict(format!(
+            StoreError::NameConflict { kind, name, owner } => ControlError::AlreadyExists(format!(
                 "{0} name {name} is already in use by {0} {owner}; choose another name or remove that {0}",
                 kind.name()
             )),

@@ -133,7 +133,7 @@ pub async fn update_node(
                     })
                     .count();
                 if managers <= 1 {
-                    return Err(ControlError::InvalidArgument(format!(
+                    return Err(ControlError::FailedPrecondition(format!(
                         "node {} is the last manager of the cluster and cannot be demoted; promote another node first",
                         current.id
                     )));
@@ -165,14 +165,14 @@ pub async fn remove_node(
             if node.role() == NodeRole::Manager
                 || node.spec.as_ref().map(|s| s.desired_role()) == Some(NodeRole::Manager)
             {
-                return Err(ControlError::InvalidArgument(format!(
+                return Err(ControlError::FailedPrecondition(format!(
                     "node {} is a manager; demote it to a worker before removing it",
                     node.id
                 )));
             }
             let ready = node.status.as_ref().map(|s| s.state()) == Some(node_status::State::Ready);
             if ready && !force {
-                return Err(ControlError::InvalidArgument(format!(
+                return Err(ControlError::FailedPrecondition(format!(
                     "node {} is not down and can't be removed; stop it first, or use force to remove it anyway",
                     node.id
                 )));

@@ -205,7 +205,7 @@ pub async fn create_secret(state: &ClusterState, spec: SecretSpec) -> Result<Sec
 }
 
 pub(super) fn name_taken(kind: &str, name: &str, owner: &str) -> ControlError {
-    ControlError::Conflict(format!(
+    ControlError::AlreadyExists(format!(
         "{kind} {name} already exists (ID {owner}): choose another name or remove that {kind}"
     ))
 }

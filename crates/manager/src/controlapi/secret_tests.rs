@@ -173,7 +173,7 @@ async fn secrets_are_created_listed_and_read_without_their_data() {
     assert_eq!(names(SecretFilters { labels: vec!["env=dev".into()], ..Default::default() }), Vec::<String>::new());
 
     match create_secret(&state, secret_spec("db_pw", b"s3cr3t-data")).await.unwrap_err() {
-        ControlError::Conflict(m) => assert!(m.contains("secret db_pw already exists") && !m.contains("s3cr3t"), "{m}"),
+        ControlError::AlreadyExists(m) => assert!(m.contains("secret db_pw already exists") && !m.contains("s3cr3t"), "{m}"),
         other => panic!("{other:?}"),
     }
     // Names are unique per kind: a config may share a secret's name.

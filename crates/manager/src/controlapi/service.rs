@@ -268,7 +268,7 @@ pub async fn create_service(
 }
 
 fn name_taken(name: &str, owner: &str) -> ControlError {
-    ControlError::Conflict(format!(
+    ControlError::AlreadyExists(format!(
         "service name {name} is already in use by service {owner}; choose another name or remove that service"
     ))
 }

@@ -13,7 +13,7 @@ use shoal_store::{Changes, ManualClock, MemoryStore, StoreObject};
 use super::*;
 use crate::state::{ClusterState, RandomIds};
 
-pub(super) fn cluster() -> (ClusterState, Arc<LocalProposer>) {
+pub(crate) fn cluster() -> (ClusterState, Arc<LocalProposer>) {
     let store = Arc::new(MemoryStore::default());
     let proposer = Arc::new(LocalProposer::new(store.clone()));
     let state = ClusterState::new(
@@ -25,7 +25,7 @@ pub(super) fn cluster() -> (ClusterState, Arc<LocalProposer>) {
     (state, proposer)
 }
 
-pub(super) fn spec(name: &str, replicas: u64) -> ServiceSpec {
+pub(crate) fn spec(name: &str, replicas: u64) -> ServiceSpec {
     ServiceSpec {
         annotations: Some(Annotations {
             name: name.into(),
@@ -210,7 +210,7 @@ async fn create_sets_id_times_and_spec_version_and_refuses_a_taken_name() {
 
     let err = create_service(&state, spec("WEB", 1)).await.unwrap_err();
     match err {
-        ControlError::Conflict(m) => {
+        ControlError::AlreadyExists(m) => {
             assert!(
                 m.contains("service name WEB is already in use by service"),
                 "{m}"
@@ -276,7 +276,7 @@ async fn update_is_compare_and_swap_and_keeps_the_previous_spec() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, ControlError::Conflict(m) if m.contains("already in use")),
+        matches!(&err, ControlError::AlreadyExists(m) if m.contains("already in use")),
         "{err:?}"
     );
     let renamed = update_service(&state, &svc.id, updated.version(), spec("web2", 1))
@@ -612,7 +612,7 @@ async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, ControlError::InvalidArgument(m) if m.contains("last manager")),
+        matches!(&err, ControlError::FailedPrecondition(m) if m.contains("last manager")),
         "{err:?}"
     );
 
@@ -653,10 +653,10 @@ async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
     assert_eq!(managers[0].id, "m1");
 
     assert!(
-        matches!(remove_node(&state, "m1", true).await, Err(ControlError::InvalidArgument(m)) if m.contains("demote"))
+        matches!(remove_node(&state, "m1", true).await, Err(ControlError::FailedPrecondition(m)) if m.contains("demote"))
     );
     assert!(
-        matches!(remove_node(&state, "w1", false).await, Err(ControlError::InvalidArgument(m)) if m.contains("force"))
+        matches!(remove_node(&state, "w1", false).await, Err(ControlError::FailedPrecondition(m)) if m.contains("force"))
     );
     remove_node(&state, "w2", false).await.unwrap();
     remove_node(&state, "w1", true).await.unwrap();

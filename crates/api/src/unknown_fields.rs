@@ -1,0 +1,183 @@
+//! Finds the fields an encoded message carries that Shoal's protos do not define. prost drops such fields
+//! silently when it decodes; a server that must refuse what it cannot honour (SwarmKit's Control API, where
+//! a newer client may send fields Shoal's subset lacks) checks the raw bytes first with `unknown_fields`.
+//!
+//! It walks the protobuf wire format against the descriptors `build.rs` saved (`FILE_DESCRIPTOR_SET`),
+//! recursing into known message fields; types it has no descriptor for are taken as opaque. Bounded: at most
+//! `MAX_DEPTH` levels of nesting and `MAX_REPORTED` reported fields.
+//!
+//! Knows nothing but the wire format and the descriptors.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use prost::Message;
+use prost_types::field_descriptor_proto::Type;
+use prost_types::FileDescriptorSet;
+
+/// The encoded `FileDescriptorSet` of every proto this crate is built from (and their imports).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/swarmkit_descriptor.bin"));
+
+/// Deepest nesting walked; deeper messages are refused as malformed.
+pub const MAX_DEPTH: usize = 64;
+
+/// At most this many unknown fields are reported for one message.
+pub const MAX_REPORTED: usize = 16;
+
+/// One field of a message: its name and, for a message-typed field, the full name of that type.
+struct Field {
+    name: String,
+    message_type: Option<String>,
+}
+
+/// Message full name (".docker.swarmkit.v1.Node") -> field number -> field.
+type Descriptors = HashMap<String, HashMap<u32, Field>>;
+
+fn descriptors() -> &'static Descriptors {
+    static D: OnceLock<Descriptors> = OnceLock::new();
+    D.get_or_init(|| {
+        let mut out = Descriptors::new();
+        let set = FileDescriptorSet::decode(FILE_DESCRIPTOR_SET).unwrap_or_default();
+        fn add(out: &mut Descriptors, prefix: &str, m: &prost_types::DescriptorProto) {
+            let full = format!("{prefix}.{}", m.name());
+            let fields = m
+                .field
+                .iter()
+                .map(|f| {
+                    let message_type = (f.r#type() == Type::Message).then(|| f.type_name().to_string());
+                    (f.number() as u32, Field { name: f.name().to_string(), message_type })
+                })
+                .collect();
+            for nested in &m.nested_type {
+                add(out, &full, nested);
+            }
+            out.insert(full, fields);
+        }
+        for file in &set.file {
+            let prefix = if file.package().is_empty() { String::new() } else { format!(".{}", file.package()) };
+            for m in &file.message_type {
+                add(&mut out, &prefix, m);
+            }
+        }
+        out
+    })
+}
+
+/// True when the protos define message `type_name` (full name with a leading dot).
+pub fn is_known_type(type_name: &str) -> bool {
+    descriptors().contains_key(type_name)
+}
+
+/// Why a message could not be walked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed protobuf message: {0}")]
+pub struct Malformed(String);
+
+/// The unknown fields of `bytes`, decoded as message `type_name` (full name with a leading dot, e.g.
+/// ".docker.swarmkit.v1.CreateServiceRequest"), each as "path.to.message: field N" (path by field names
+/// from the top message). Empty when every field is known.
+pub fn unknown_fields(type_name: &str, bytes: &[u8]) -> Result<Vec<String>, Malformed> {
+    let mut out = Vec::new();
+    walk(descriptors(), type_name, bytes, "", 0, &mut out)?;
+    Ok(out)
+}
+
+fn varint(b: &[u8], pos: &mut usize) -> Result<u64, Malformed> {
+    let mut v: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*pos).ok_or_else(|| Malformed("truncated varint".into()))?;
+        *pos += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(Malformed("varint longer than 10 bytes".into()))
+}
+
+fn walk(
+    d: &Descriptors,
+    type_name: &str,
+    b: &[u8],
+    path: &str,
+    depth: usize,
+    out: &mut Vec<String>,
+) -> Result<(), Malformed> {
+    if depth > MAX_DEPTH {
+        return Err(Malformed(format!("nested deeper than {MAX_DEPTH} messages")));
+    }
+    let Some(fields) = d.get(type_name) else {
+        return Ok(());
+    };
+    let mut pos = 0;
+    while pos < b.len() {
+        let tag = varint(b, &mut pos)?;
+        let number = (tag >> 3) as u32;
+        let wire = tag & 7;
+        let start = pos;
+        match wire {
+            0 => {
+                varint(b, &mut pos)?;
+            }
+            1 => pos += 8,
+            5 => pos += 4,
+            2 => {
+                let len = varint(b, &mut pos)? as usize;
+                pos = pos.checked_add(len).ok_or_else(|| Malformed("length overflows".into()))?;
+            }
+            other => return Err(Malformed(format!("wire type {other} (groups are not used by these protos)"))),
+        }
+        if pos > b.len() {
+            return Err(Malformed("field runs past the end of the message".into()));
+        }
+        match fields.get(&number) {
+            None => {
+                if out.len() < MAX_REPORTED {
+                    let at = if path.is_empty() { type_name.trim_start_matches('.').to_string() } else { path.to_string() };
+                    out.push(format!("{at}: field {number}"));
+                }
+            }
+            Some(f) => {
+                if let (Some(t), 2) = (&f.message_type, wire) {
+                    let mut inner = start;
+                    let len = varint(b, &mut inner)? as usize;
+                    let sub = &b[inner..inner + len];
+                    let p = if path.is_empty() { f.name.clone() } else { format!("{path}.{}", f.name) };
+                    walk(d, t, sub, &p, depth + 1, out)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Annotations, ServiceSpec};
+
+    #[test]
+    fn known_fields_pass_and_unknown_ones_are_named_with_their_path() {
+        let spec = ServiceSpec {
+            annotations: Some(Annotations { name: "web".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let mut bytes = spec.encode_to_vec();
+        assert_eq!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(), Vec::<String>::new());
+        // ServiceSpec.networks (7) is SwarmKit's, not Shoal's: a length-delimited field 7, empty.
+        bytes.extend_from_slice(&[7 << 3 | 2, 0]);
+        // Annotations field 9, a varint, inside a second annotations message.
+        bytes.extend_from_slice(&[1 << 3 | 2, 2, 9 << 3, 1]);
+        assert_eq!(
+            unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(),
+            vec!["docker.swarmkit.v1.ServiceSpec: field 7".to_string(), "annotations: field 9".to_string()]
+        );
+    }
+
+    #[test]
+    fn malformed_bytes_are_an_error_not_a_panic() {
+        assert!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &[0x0a, 0x05, 1]).is_err());
+        assert!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &[0x0b]).is_err());
+        assert!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &[0xff; 11]).is_err());
+    }
+}

@@ -1,0 +1,151 @@
+//! Unit tests of the SwarmKit API services over a `LocalProposer` store: error codes, filters, and the
+//! Watch stream's entries, selectors and versions. The end-to-end tests over the socket are in
+//! `crates/shoal/tests/swarmkit_api.rs`.
+
+use shoal_api::control_server::Control;
+use shoal_api::watch_server::Watch;
+use shoal_api::*;
+use tokio_stream::StreamExt;
+use tonic::{Code, Request};
+
+use super::*;
+use crate::controlapi::tests::{cluster, spec};
+
+fn entry(kind: &str, action: i32, filters: Vec<select_by::By>) -> watch_request::WatchEntry {
+    watch_request::WatchEntry {
+        kind: kind.into(),
+        action,
+        filters: filters.into_iter().map(|b| SelectBy { by: Some(b) }).collect(),
+    }
+}
+
+const ALL: i32 = 7;
+
+#[tokio::test]
+async fn control_errors_carry_swarmkits_codes() {
+    let (state, _) = cluster();
+    let c = ControlService::new(state);
+    let created = c
+        .create_service(Request::new(CreateServiceRequest { spec: Some(spec("web", 1)) }))
+        .await
+        .unwrap()
+        .into_inner()
+        .service
+        .unwrap();
+    let code = |r: Result<tonic::Response<CreateServiceResponse>, tonic::Status>| r.unwrap_err().code();
+    assert_eq!(code(c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("web", 1)) })).await), Code::AlreadyExists);
+    assert_eq!(code(c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("-bad", 1)) })).await), Code::InvalidArgument);
+    let missing = c.get_service(Request::new(GetServiceRequest { service_id: "nope".into(), insert_defaults: false })).await;
+    assert_eq!(missing.unwrap_err().code(), Code::NotFound);
+    let stale = c
+        .update_service(Request::new(UpdateServiceRequest {
+            service_id: created.id.clone(),
+            service_version: Some(Version { index: 0 }),
+            spec: Some(spec("web", 2)),
+            rollback: 0,
+        }))
+        .await;
+    assert_eq!(stale.unwrap_err().code(), Code::FailedPrecondition);
+    let listed = c
+        .list_services(Request::new(ListServicesRequest {
+            filters: Some(list_services_request::Filters { names: vec!["we".into()], ..Default::default() }),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.services.is_empty(), "names are exact in SwarmKit");
+    let statuses = c
+        .list_service_statuses(Request::new(ListServiceStatusesRequest { services: vec![created.id.clone()] }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(statuses.statuses[0].desired_tasks, 1);
+}
+
+#[tokio::test]
+async fn watch_sends_matching_events_per_commit_with_their_version() {
+    let (state, _) = cluster();
+    let c = ControlService::new(state.clone());
+    let w = WatchService::new(state.clone(), None, None);
+    let req = WatchRequest {
+        entries: vec![entry("service", ALL, vec![select_by::By::NamePrefix("we".into())])],
+        resume_from: None,
+        include_old_object: true,
+    };
+    let mut stream = w.watch(Request::new(req)).await.unwrap().into_inner();
+    assert_eq!(stream.next().await.unwrap().unwrap(), WatchMessage::default(), "the first message says the watch is set up");
+    c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("other", 1)) })).await.unwrap();
+    let web = c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("web", 1)) })).await.unwrap();
+    let web = web.into_inner().service.unwrap();
+    let msg = stream.next().await.unwrap().unwrap();
+    assert_eq!(msg.version.unwrap().index, web.meta.as_ref().unwrap().version.unwrap().index);
+    assert_eq!(msg.events.len(), 1);
+    assert_eq!(msg.events[0].action, WatchActionKind::WatchActionCreate as i32);
+    let updated = c
+        .update_service(Request::new(UpdateServiceRequest {
+            service_id: web.id.clone(),
+            service_version: web.meta.as_ref().unwrap().version,
+            spec: Some(spec("web", 3)),
+            rollback: 0,
+        }))
+        .await
+        .unwrap();
+    assert!(updated.into_inner().service.is_some());
+    let msg = stream.next().await.unwrap().unwrap();
+    assert_eq!(msg.events[0].action, WatchActionKind::WatchActionUpdate as i32);
+    match msg.events[0].old_object.as_ref().and_then(|o| o.object.as_ref()) {
+        Some(object::Object::Service(old)) => assert_eq!(old.meta, web.meta),
+        other => panic!("old object: {other:?}"),
+    }
+    c.remove_service(Request::new(RemoveServiceRequest { service_id: web.id.clone() })).await.unwrap();
+    let msg = stream.next().await.unwrap().unwrap();
+    assert_eq!(msg.events[0].action, WatchActionKind::WatchActionRemove as i32);
+}
+
+#[tokio::test]
+async fn watch_requests_are_checked_before_anything_is_sent() {
+    let (state, _) = cluster();
+    let w = WatchService::new(state, None, None);
+    let check = |entries: Vec<watch_request::WatchEntry>, fragment: &'static str| {
+        let w = w.clone();
+        async move {
+            let r = w.watch(Request::new(WatchRequest { entries, resume_from: None, include_old_object: false })).await;
+            let e = r.err().expect("refused");
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(e.message().contains(fragment), "{}", e.message());
+        }
+    };
+    check(vec![], "at least one entry").await;
+    check(vec![entry("network", ALL, vec![])], "cannot be watched").await;
+    check(vec![entry("service", 0, vec![])], "not a mask").await;
+    check(vec![entry("service", 8, vec![])], "not a mask").await;
+    check(vec![entry("service", ALL, vec![select_by::By::NodeId("n".into())])], "does not apply").await;
+    check(
+        vec![entry("task", ALL, vec![select_by::By::Id("a".into()), select_by::By::IdPrefix("b".into())])],
+        "conflicting filters",
+    )
+    .await;
+    check((0..=MAX_WATCH_ENTRIES).map(|_| entry("task", ALL, vec![])).collect(), "at most").await;
+}
+
+#[tokio::test]
+async fn a_secret_in_a_watch_event_has_no_data() {
+    let (state, _) = cluster();
+    let c = ControlService::new(state.clone());
+    let w = WatchService::new(state, None, None);
+    let req = WatchRequest { entries: vec![entry("secret", ALL, vec![])], resume_from: None, include_old_object: true };
+    let mut stream = w.watch(Request::new(req)).await.unwrap().into_inner();
+    stream.next().await.unwrap().unwrap();
+    let spec = SecretSpec {
+        annotations: Some(Annotations { name: "pw".into(), ..Default::default() }),
+        data: b"s3cr3t".to_vec(),
+        ..Default::default()
+    };
+    let created = c.create_secret(Request::new(CreateSecretRequest { spec: Some(spec) })).await.unwrap().into_inner();
+    assert!(created.secret.unwrap().spec.unwrap().data.is_empty());
+    let msg = stream.next().await.unwrap().unwrap();
+    match msg.events[0].object.as_ref().and_then(|o| o.object.as_ref()) {
+        Some(object::Object::Secret(s)) => assert!(s.spec.as_ref().unwrap().data.is_empty()),
+        other => panic!("{other:?}"),
+    }
+}

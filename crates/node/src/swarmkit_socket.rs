@@ -1,0 +1,294 @@
+//! SwarmKit's API on a local socket (`--listen-swarmkit-api PATH`, as swarmd's `--listen-control-api`):
+//! `Control`, `Watch` and `Health` over gRPC over TLS with the node's certificate, the transport swarmd uses
+//! on its control socket, so the stock `swarmctl` (which skips verification there) and SwarmKit's Go client
+//! connect unchanged. The socket file's mode (0600) is the access control, as in swarmd: no client
+//! certificate is asked for.
+//!
+//! Requests to `Control` and `Watch` are checked for fields Shoal's protos do not define before they are
+//! decoded (`shoal_api::unknown_fields`): such a request is refused with INVALID_ARGUMENT naming the fields,
+//! never served with the fields dropped.
+//!
+//! Bounds: `MAX_CONNECTIONS` connections at once (more wait in the backlog), a TLS handshake within
+//! `HANDSHAKE_TIMEOUT`, request messages of at most `MAX_REQUEST_BYTES`.
+//!
+//! Must not know what the services do; they are `shoal_manager::swarmkit_api`'s.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use shoal_manager::swarmkit_api::{ControlService, HealthService, WatchService};
+use shoal_manager::ClusterState;
+use shoal_raft::RaftNode;
+use tokio::net::UnixStream;
+use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::task::JoinHandle;
+use tonic::codegen::http;
+use tonic::Status;
+
+use crate::tls::NodeTls;
+use crate::NodeError;
+
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// A client must finish its TLS handshake within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The largest request message accepted (gRPC's usual default).
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+
+/// Binds the socket at `path` (replacing a stale one), mode 0600.
+pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, NodeError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(NodeError::io(path, e)),
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| NodeError::listen("--listen-swarmkit-api", path.display(), e))?;
+    crate::set_mode(path, 0o600)?;
+    Ok(listener)
+}
+
+/// Serves Control, Watch and Health on `listener` with `tls` until `shutdown` turns true.
+pub fn serve(
+    listener: tokio::net::UnixListener,
+    tls: NodeTls,
+    state: &ClusterState,
+    raft: &RaftNode,
+    shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let control = ControlService::new(state.clone()).server().max_decoding_message_size(MAX_REQUEST_BYTES);
+    let log: Arc<dyn shoal_raft::CommittedLog> = Arc::new(raft.clone());
+    let watch = WatchService::new(state.clone(), Some(log), Some(shutdown.clone()))
+        .server()
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let router = tonic::transport::Server::builder()
+        .layer(tower::layer::layer_fn(|inner| KnownFields { inner }))
+        .add_service(control)
+        .add_service(watch)
+        .add_service(HealthService.server());
+    let incoming = tls_unix_incoming(listener, tls, shutdown.clone());
+    let stop = {
+        let mut rx = shutdown;
+        async move { shoal_manager::stopped(&mut rx).await }
+    };
+    tokio::spawn(async move {
+        if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+            tracing::error!(error = %e, "SwarmKit API server failed");
+        }
+    })
+}
+
+/// Accepted connections after their TLS handshake, at most `MAX_CONNECTIONS` at once.
+fn tls_unix_incoming(
+    listener: tokio::net::UnixListener,
+    tls: NodeTls,
+    shutdown: watch::Receiver<bool>,
+) -> tokio_stream::wrappers::ReceiverStream<Result<Held<tokio_rustls::server::TlsStream<UnixStream>>, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        let mut shutdown = shutdown;
+        loop {
+            let permit = tokio::select! {
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                _ = shoal_manager::stopped(&mut shutdown) => return,
+                _ = tx.closed() => return,
+            };
+            let stream = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept on the SwarmKit API socket failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = shoal_manager::stopped(&mut shutdown) => return,
+                _ = tx.closed() => return,
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => {
+                        let _ = tx.send(Ok(Held { inner: s, _permit: permit })).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake on the SwarmKit API socket refused"),
+                    Err(_) => tracing::debug!("no TLS handshake on the SwarmKit API socket within {HANDSHAKE_TIMEOUT:?}"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// A connection that holds one of the `MAX_CONNECTIONS` places until it is dropped.
+struct Held<S> {
+    inner: S,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Held<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Held<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected for Held<S> {
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+/// The protobuf type a method of Control or Watch takes (SwarmKit names every one `<Method>Request`), or
+/// `None` for the paths not checked.
+fn request_type(path: &str) -> Option<String> {
+    let method = path
+        .strip_prefix("/docker.swarmkit.v1.Control/")
+        .or_else(|| path.strip_prefix("/docker.swarmkit.v1.Watch/"))?;
+    Some(format!(".docker.swarmkit.v1.{method}Request"))
+}
+
+/// Why the gRPC messages of a body are not acceptable (`None`: they are).
+fn check_messages(type_name: &str, mut body: &[u8]) -> Option<Status> {
+    while !body.is_empty() {
+        if body.len() < 5 {
+            return Some(Status::invalid_argument("truncated gRPC message"));
+        }
+        if body[0] != 0 {
+            return Some(Status::invalid_argument(
+                "compressed requests are not accepted on this socket: send them uncompressed",
+            ));
+        }
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        let Some(msg) = body.get(5..5 + len) else {
+            return Some(Status::invalid_argument("truncated gRPC message"));
+        };
+        match shoal_api::unknown_fields::unknown_fields(type_name, msg) {
+            Ok(unknown) if unknown.is_empty() => {}
+            Ok(unknown) => {
+                return Some(Status::invalid_argument(format!(
+                    "the request carries fields Shoal does not support ({}); leave them out",
+                    unknown.join(", ")
+                )))
+            }
+            Err(e) => return Some(Status::invalid_argument(e.to_string())),
+        }
+        body = &body[5 + len..];
+    }
+    None
+}
+
+/// The layer that refuses Control and Watch requests carrying unknown fields (see the module doc).
+#[derive(Clone)]
+struct KnownFields<S> {
+    inner: S,
+}
+
+impl<S> tower::Service<http::Request<tonic::body::Body>> for KnownFields<S>
+where
+    S: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let Some(type_name) = request_type(req.uri().path()) else {
+            return Box::pin(self.inner.call(req));
+        };
+        if !shoal_api::unknown_fields::is_known_type(&type_name) {
+            // tonic would answer UNIMPLEMENTED without a word.
+            let method = req.uri().path().rsplit('/').next().unwrap_or_default().to_string();
+            let s = Status::unimplemented(format!(
+                "{method} is not served by Shoal's SwarmKit API (networks, task removal, extensions, resources and \
+                 volumes are not part of it yet); use the Engine API socket for what it offers"
+            ));
+            return Box::pin(async move { Ok(s.into_http()) });
+        }
+        // The service that was made ready goes with this call; a clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let limited = http_body_util::Limited::new(body, MAX_REQUEST_BYTES + 5);
+            let bytes = match limited.collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(_) => {
+                    let s = Status::resource_exhausted(format!(
+                        "the request is larger than {MAX_REQUEST_BYTES} bytes or was cut off"
+                    ));
+                    return Ok(s.into_http());
+                }
+            };
+            if let Some(refused) = check_messages(&type_name, &bytes) {
+                return Ok(refused.into_http());
+            }
+            let req = http::Request::from_parts(parts, tonic::body::Body::new(http_body_util::Full::new(bytes)));
+            inner.call(req).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_types_follow_swarmkits_naming() {
+        assert_eq!(request_type("/docker.swarmkit.v1.Control/ListNodes").as_deref(), Some(".docker.swarmkit.v1.ListNodesRequest"));
+        assert_eq!(request_type("/docker.swarmkit.v1.Watch/Watch").as_deref(), Some(".docker.swarmkit.v1.WatchRequest"));
+        assert_eq!(request_type("/docker.swarmkit.v1.Health/Check"), None);
+    }
+
+    #[test]
+    fn unknown_fields_and_compression_are_refused() {
+        use shoal_api::prost::Message;
+        let frame = |flag: u8, msg: &[u8]| {
+            let mut b = vec![flag];
+            b.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+            b.extend_from_slice(msg);
+            b
+        };
+        let ok = shoal_api::GetNodeRequest { node_id: "n1".into() }.encode_to_vec();
+        assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &ok)).is_none());
+        let mut extra = ok.clone();
+        extra.extend_from_slice(&[5 << 3, 1]);
+        let s = check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &extra)).unwrap();
+        assert!(s.message().contains("field 5"), "{}", s.message());
+        assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(1, &ok)).is_some());
+        assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &ok)[..3]).is_some());
+    }
+}
