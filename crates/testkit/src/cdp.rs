@@ -303,7 +303,7 @@ impl WebSocket {
                 payload.iter_mut().enumerate().for_each(|(i, b)| *b ^= mask[i % 4]);
             }
             match opcode {
-                0x0 | 0x1 | 0x2 => {
+                0x0..=0x2 => {
                     message.extend_from_slice(&payload);
                     if fin {
                         return String::from_utf8(message).map_err(|e| e.to_string());
