@@ -141,11 +141,61 @@ fn metrics_scraped_during_a_1000_replica_deploy_show_tasks_moving_from_pending_t
     assert!(report["rss"].as_f64().unwrap() > 0.0 && report["fds"].as_f64().unwrap() > 0.0, "{report}");
 }
 
-/// The worker's metrics: node and process families, no manager ones.
-fn worker_metrics(addr: &str) -> String {
-    let out = std::process::Command::new("curl").args(["-sf", &format!("http://{addr}/metrics")]).output().expect("curl");
-    assert!(out.status.success(), "scraping the worker's metrics failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// GET `http://addr/metrics` (HTTP/1.1, `Connection: close`): the body of a 200 answer.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to --listen-metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read the answer");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+/// The value of the sample named exactly `name_and_labels` in a scrape.
+fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn a_follower_serves_the_store_and_raft_figures_but_is_not_the_leader() {
+    let (leader, _) = daemon_with_metrics(221, "manager-221");
+    let ip = "127.0.0.222";
+    let follower_metrics = format!("{ip}:{}", free_port(ip));
+    let _follower = DaemonProcess::start_with(
+        &shoal_bin(),
+        DaemonOptions {
+            listen_ip: Some(ip.into()),
+            hostname: Some("manager-222".into()),
+            extra_args: vec![
+                "--join-addr".into(),
+                leader.remote_addr(),
+                "--join-token".into(),
+                shoal_testkit::managers::join_token(&leader, "Manager"),
+                "--listen-metrics".into(),
+                follower_metrics.clone(),
+            ],
+            ..DaemonOptions::default()
+        },
+    );
+    shoal_testkit::managers::create_service(&leader, "seen", 2, &["sleep", "3491"]).expect("create");
+    let text = wait_until("the follower's store counting both tasks running on two ready nodes", Duration::from_secs(60), || {
+        let text = scrape(&follower_metrics);
+        let running = sample(&text, "swarm_manager_tasks_total{state=\"running\"}");
+        let ready = sample(&text, "swarm_manager_nodes{state=\"ready\"}");
+        if running == Some(2.0) && ready == Some(2.0) {
+            Ok(text)
+        } else {
+            Err(format!("running {running:?}, ready nodes {ready:?}"))
+        }
+    });
+    assert_eq!(sample(&text, "swarm_node_manager"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "swarm_manager_leader"), Some(0.0), "{text}");
+    assert_eq!(sample(&text, "swarm_raft_members"), Some(2.0), "{text}");
+    assert_eq!(sample(&text, "swarm_manager_services_total"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "swarm_dispatcher_sessions"), Some(0.0), "agents hold their sessions with the leader: {text}");
 }
 
 fn post_json(d: &DaemonProcess, path: &str, body: &Value) {
@@ -188,7 +238,7 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
         let ready = nodes.as_array().map_or(0, |a| a.iter().filter(|n| n["Status"]["State"] == "ready").count());
         if ready == 2 { Ok(()) } else { Err(format!("{ready} ready")) }
     });
-    let wm = worker_metrics(&worker_metrics_addr);
+    let wm = scrape(&worker_metrics_addr);
     assert!(wm.contains("swarm_node_manager 0") && wm.contains("process_open_fds"), "{wm}");
     assert!(!wm.contains("swarm_manager_"), "a worker serves no manager metrics: {wm}");
 
