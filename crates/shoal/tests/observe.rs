@@ -313,3 +313,32 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
     assert_eq!(b.eval("window.loadedOnce"), "yes", "the page was not reloaded");
     b.screenshot(&artifacts.join("live-page-node-down.png"));
 }
+
+#[test]
+fn a_taken_metrics_address_stops_the_start_naming_the_flag_and_leaves_nothing_behind() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = shoal_testkit::scratch_dir().join(format!("observe-taken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let child = std::process::Command::new(shoal_bin())
+        .arg("daemon")
+        .args(["--executor", "process", "--listen-remote-api", &format!("127.0.0.1:{}", free_port("127.0.0.1"))])
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--listen-control-api")
+        .arg(dir.join("control.sock"))
+        .args(["--listen-metrics", &addr])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn shoal daemon");
+    let (ok, text) = process::wait_exit(child, Duration::from_secs(20), "shoal daemon");
+    assert!(!ok, "the start should have failed:\n{text}");
+    assert!(text.contains("--listen-metrics") && text.contains(&addr) && text.to_lowercase().contains("in use"), "{text}");
+    let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("shoal.lock")], "a failed first start left files behind");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
