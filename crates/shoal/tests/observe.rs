@@ -107,9 +107,9 @@ fn metrics_scraped_during_a_1000_replica_deploy_show_tasks_moving_from_pending_t
             ("METRICS_URL", &format!("http://{addr}/metrics")),
             ("SOCK", &d.socket().display().to_string()),
             ("REPLICAS", &replicas.to_string()),
-            ("DEADLINE_S", "300"),
+            ("DEADLINE_S", "120"),
         ],
-        Duration::from_secs(420),
+        Duration::from_secs(150),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "the scraper failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
