@@ -170,11 +170,11 @@ impl Node {
         let listener = tokio::net::TcpListener::bind(cfg.listen_remote_api)
             .await
             .map_err(|e| NodeError::listen("--listen-remote-api", cfg.listen_remote_api, e))?;
-        let unix = bind_control_socket(&cfg.listen_control_api)?;
         let metrics = match cfg.listen_metrics {
             Some(addr) => Some(metrics_listener::bind(addr).await?),
             None => None,
         };
+        let unix = bind_control_socket(&cfg.listen_control_api)?;
         let first_start = identity::load(&cfg.state_dir)?.is_none() && !RaftNode::has_existing_state(&cfg.state_dir);
         let entries_before = first_start.then(|| state_dir_entries(&cfg.state_dir));
         let state_dir = cfg.state_dir.clone();

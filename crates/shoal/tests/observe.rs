@@ -340,5 +340,6 @@ fn a_taken_metrics_address_stops_the_start_naming_the_flag_and_leaves_nothing_be
     assert!(text.contains("--listen-metrics") && text.contains(&addr) && text.to_lowercase().contains("in use"), "{text}");
     let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("shoal.lock")], "a failed first start left files behind");
+    assert!(!dir.join("control.sock").exists(), "a failed start left its control socket");
     std::fs::remove_dir_all(&dir).unwrap();
 }
