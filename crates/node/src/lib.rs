@@ -183,11 +183,11 @@ impl Node {
         let listener = tokio::net::TcpListener::bind(cfg.listen_remote_api)
             .await
             .map_err(|e| NodeError::listen("--listen-remote-api", cfg.listen_remote_api, e))?;
-        let unix = bind_control_socket(&cfg.listen_control_api)?;
         let metrics = match cfg.listen_metrics {
             Some(addr) => Some(metrics_listener::bind(addr).await?),
             None => None,
         };
+        let unix = bind_control_socket(&cfg.listen_control_api)?;
         let swarmkit = match &cfg.listen_swarmkit_api {
             Some(path) => match swarmkit_socket::bind(path) {
                 Ok(l) => Some(l),

@@ -62,7 +62,15 @@ pub async fn serve(listener: TcpListener, router: Router, mut stop: watch::Recei
 
 /// Binds `--listen-metrics`.
 pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, crate::NodeError> {
-    TcpListener::bind(addr).await.map_err(|e| crate::NodeError::listen("--listen-metrics", addr, e))
+    let listener = TcpListener::bind(addr).await.map_err(|e| crate::NodeError::listen("--listen-metrics", addr, e))?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "--listen-metrics is not a loopback address: anyone who reaches it reads the cluster's node names, \
+             addresses and task errors without authenticating; prefer 127.0.0.1 and a scraper on this machine"
+        );
+    }
+    Ok(listener)
 }
 
 /// Starts the listener of a manager: its metrics (store, Raft, dispatcher, process) and the live page with

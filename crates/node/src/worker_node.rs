@@ -237,11 +237,12 @@ pub(crate) async fn run_worker(
     let mut tasks = Vec::new();
 
     let control_socket = cfg.listen_control_api.clone();
-    let unix = crate::bind_control_socket(&control_socket)?;
+    // The metrics listener first: a taken address stops the start before the control socket is made.
     if let Some(addr) = cfg.listen_metrics {
         let listener = crate::metrics_listener::bind(addr).await?;
         tasks.push(crate::metrics_listener::start_worker(listener, &w.node_id, shutdown_rx.clone()));
     }
+    let unix = crate::bind_control_socket(&control_socket)?;
     // The managers this worker knows, by address only until a session message names them.
     let known = std::iter::once(&w.manager_addr).chain(&w.more_managers);
     let (managers_tx, managers_rx) = watch::channel(known.map(|a| (String::new(), a.clone())).collect());

@@ -107,9 +107,9 @@ fn metrics_scraped_during_a_1000_replica_deploy_show_tasks_moving_from_pending_t
             ("METRICS_URL", &format!("http://{addr}/metrics")),
             ("SOCK", &d.socket().display().to_string()),
             ("REPLICAS", &replicas.to_string()),
-            ("DEADLINE_S", "300"),
+            ("DEADLINE_S", "120"),
         ],
-        Duration::from_secs(420),
+        Duration::from_secs(150),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "the scraper failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -141,11 +141,61 @@ fn metrics_scraped_during_a_1000_replica_deploy_show_tasks_moving_from_pending_t
     assert!(report["rss"].as_f64().unwrap() > 0.0 && report["fds"].as_f64().unwrap() > 0.0, "{report}");
 }
 
-/// The worker's metrics: node and process families, no manager ones.
-fn worker_metrics(addr: &str) -> String {
-    let out = std::process::Command::new("curl").args(["-sf", &format!("http://{addr}/metrics")]).output().expect("curl");
-    assert!(out.status.success(), "scraping the worker's metrics failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// GET `http://addr/metrics` (HTTP/1.1, `Connection: close`): the body of a 200 answer.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to --listen-metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read the answer");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+/// The value of the sample named exactly `name_and_labels` in a scrape.
+fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn a_follower_serves_the_store_and_raft_figures_but_is_not_the_leader() {
+    let (leader, _) = daemon_with_metrics(221, "manager-221");
+    let ip = "127.0.0.222";
+    let follower_metrics = format!("{ip}:{}", free_port(ip));
+    let _follower = DaemonProcess::start_with(
+        &shoal_bin(),
+        DaemonOptions {
+            listen_ip: Some(ip.into()),
+            hostname: Some("manager-222".into()),
+            extra_args: vec![
+                "--join-addr".into(),
+                leader.remote_addr(),
+                "--join-token".into(),
+                shoal_testkit::managers::join_token(&leader, "Manager"),
+                "--listen-metrics".into(),
+                follower_metrics.clone(),
+            ],
+            ..DaemonOptions::default()
+        },
+    );
+    shoal_testkit::managers::create_service(&leader, "seen", 2, &["sleep", "3491"]).expect("create");
+    let text = wait_until("the follower's store counting both tasks running on two ready nodes", Duration::from_secs(60), || {
+        let text = scrape(&follower_metrics);
+        let running = sample(&text, "swarm_manager_tasks_total{state=\"running\"}");
+        let ready = sample(&text, "swarm_manager_nodes{state=\"ready\"}");
+        if running == Some(2.0) && ready == Some(2.0) {
+            Ok(text)
+        } else {
+            Err(format!("running {running:?}, ready nodes {ready:?}"))
+        }
+    });
+    assert_eq!(sample(&text, "swarm_node_manager"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "swarm_manager_leader"), Some(0.0), "{text}");
+    assert_eq!(sample(&text, "swarm_raft_members"), Some(2.0), "{text}");
+    assert_eq!(sample(&text, "swarm_manager_services_total"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "swarm_dispatcher_sessions"), Some(0.0), "agents hold their sessions with the leader: {text}");
 }
 
 fn post_json(d: &DaemonProcess, path: &str, body: &Value) {
@@ -188,7 +238,7 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
         let ready = nodes.as_array().map_or(0, |a| a.iter().filter(|n| n["Status"]["State"] == "ready").count());
         if ready == 2 { Ok(()) } else { Err(format!("{ready} ready")) }
     });
-    let wm = worker_metrics(&worker_metrics_addr);
+    let wm = scrape(&worker_metrics_addr);
     assert!(wm.contains("swarm_node_manager 0") && wm.contains("process_open_fds"), "{wm}");
     assert!(!wm.contains("swarm_manager_"), "a worker serves no manager metrics: {wm}");
 
@@ -262,4 +312,34 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
     assert!(to_red < Duration::from_secs(12), "down shown {to_red:?} after the kill");
     assert_eq!(b.eval("window.loadedOnce"), "yes", "the page was not reloaded");
     b.screenshot(&artifacts.join("live-page-node-down.png"));
+}
+
+#[test]
+fn a_taken_metrics_address_stops_the_start_naming_the_flag_and_leaves_nothing_behind() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = shoal_testkit::scratch_dir().join(format!("observe-taken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let child = std::process::Command::new(shoal_bin())
+        .arg("daemon")
+        .args(["--executor", "process", "--listen-remote-api", &format!("127.0.0.1:{}", free_port("127.0.0.1"))])
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--listen-control-api")
+        .arg(dir.join("control.sock"))
+        .args(["--listen-metrics", &addr])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn shoal daemon");
+    let (ok, text) = process::wait_exit(child, Duration::from_secs(20), "shoal daemon");
+    assert!(!ok, "the start should have failed:\n{text}");
+    assert!(text.contains("--listen-metrics") && text.contains(&addr) && text.to_lowercase().contains("in use"), "{text}");
+    let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("shoal.lock")], "a failed first start left files behind");
+    assert!(!dir.join("control.sock").exists(), "a failed start left its control socket");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -62,6 +62,13 @@ fn create_and_update_without_detach_follow_the_service_until_it_converges() {
     let running = wait_running(&d, "web", 3, &["sleep", "3302"], Duration::from_secs(30));
     assert_eq!(running.len(), 3);
 
+    // Rollback and scale follow the service the same way.
+    let out = docker_until_done(&d, &["service", "rollback", "web"], limit);
+    check_lines(&out, &["rollback: manually requested rollback", "verify: Service web converged"], "rollback");
+    wait_running(&d, "web", 3, &["sleep", "3301"], Duration::from_secs(30));
+    let out = docker_until_done(&d, &["service", "scale", "web=4"], limit);
+    check_lines(&out, &["overall progress: 4 out of 4 tasks", "verify: Service web converged"], "scale");
+
     // Global: one task per active node (one node here).
     let out = docker_until_done(
         &d,
@@ -81,6 +88,11 @@ fn create_and_update_without_detach_follow_the_service_until_it_converges() {
     assert!(!out.contains("verify:"), "a job is not verified:\n{out}");
     let done = tasks_of(&d, "batch").iter().filter(|t| state(t) == "complete").count();
     assert_eq!(done, 3, "three completions when the CLI returned");
+    // `update --force` runs the job again (a new iteration) and returns when it is done.
+    let out = docker_until_done(&d, &["service", "update", "--force", "batch"], limit);
+    check_lines(&out, &["job complete"], "replicated job run again");
+    let done = tasks_of(&d, "batch").iter().filter(|t| state(t) == "complete").count();
+    assert_eq!(done, 6, "three more completions when the CLI returned");
 
     // A global job likewise.
     let out = docker_until_done(&d, &["service", "create", "--name", "once", "--mode", "global-job", "busybox", "true"], limit);

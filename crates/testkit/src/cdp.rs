@@ -109,20 +109,26 @@ impl Browser {
 
     /// Evaluates a JavaScript expression in the page and returns its value (JSON-serialisable values only).
     pub fn eval(&mut self, expression: &str) -> Value {
-        let r = self.call("Runtime.evaluate", json!({ "expression": expression, "returnByValue": true }));
-        if let Some(ex) = r.get("exceptionDetails") {
-            panic!("evaluating {expression}: {ex}");
-        }
-        r["result"]["value"].clone()
+        self.try_eval(expression).unwrap_or_else(|e| panic!("evaluating {expression}: {e}"))
     }
 
-    /// Waits until `expression` evaluates to something truthy in the page; returns that value. Panics with
-    /// `what` and the last value after `deadline`.
+    /// Evaluates a JavaScript expression; an exception it throws is the error.
+    pub fn try_eval(&mut self, expression: &str) -> Result<Value, String> {
+        let r = self.call("Runtime.evaluate", json!({ "expression": expression, "returnByValue": true }));
+        match r.get("exceptionDetails") {
+            Some(ex) => Err(ex["exception"]["description"].as_str().map_or_else(|| ex.to_string(), str::to_string)),
+            None => Ok(r["result"]["value"].clone()),
+        }
+    }
+
+    /// Waits until `expression` evaluates to something truthy in the page; returns that value. An exception
+    /// (the page still loading) counts as not yet. Panics with `what` and the last value after `deadline`.
     pub fn wait_for(&mut self, what: &str, expression: &str, deadline: Duration) -> Value {
         let end = Instant::now() + deadline;
         loop {
-            let v = self.eval(expression);
+            let v = self.try_eval(expression).unwrap_or_else(|e| Value::String(format!("exception: {e}")));
             let truthy = match &v {
+                Value::String(s) if s.starts_with("exception: ") => false,
                 Value::Null => false,
                 Value::Bool(b) => *b,
                 Value::Number(n) => n.as_f64() != Some(0.0),
@@ -303,7 +309,7 @@ impl WebSocket {
                 payload.iter_mut().enumerate().for_each(|(i, b)| *b ^= mask[i % 4]);
             }
             match opcode {
-                0x0 | 0x1 | 0x2 => {
+                0x0..=0x2 => {
                     message.extend_from_slice(&payload);
                     if fin {
                         return String::from_utf8(message).map_err(|e| e.to_string());
