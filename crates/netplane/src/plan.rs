@@ -432,3 +432,248 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Attachment, NetworkState, Peer, TaskState};
+    use crate::Error;
+
+    fn net(vni: u32) -> NetworkState {
+        NetworkState {
+            id: format!("n{vni}"),
+            vni,
+            subnet: "10.9.0.0/24".parse().unwrap(),
+            gateway: Ipv4Addr::new(10, 9, 0, 1),
+            internal: false,
+            encrypted: false,
+            peers: Vec::new(),
+            services: Vec::new(),
+        }
+    }
+
+    fn link(kind: LinkKind) -> Link {
+        Link {
+            kind,
+            master: None,
+            up: true,
+            mtu: 1450,
+            addrs: Vec::new(),
+        }
+    }
+
+    /// The op kinds `plan` returns, in order, as short names.
+    fn kinds(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|o| {
+                format!("{o:?}")
+                    .split([' ', '('])
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect()
+    }
+
+    fn check(observed: &Observed, desired: &NodeNetState, expected: &[&str]) {
+        desired.validate().expect("valid state");
+        assert_eq!(
+            kinds(&plan(observed, desired)),
+            expected,
+            "plan for {desired:?}"
+        );
+    }
+
+    #[test]
+    fn nothing_to_do_for_nothing() {
+        check(
+            &Observed::default(),
+            &NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1)),
+            &[],
+        );
+    }
+
+    #[test]
+    fn a_fresh_node_gets_table_bridge_vxlan_entries_veth_route() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        let mut n = net(7);
+        let remote = Ipv4Addr::new(10, 9, 0, 9);
+        n.peers = vec![Peer {
+            address: remote,
+            mac: mac_for(remote),
+            node_ip: Ipv4Addr::new(192, 0, 2, 2),
+        }];
+        s.networks = vec![n];
+        s.tasks = vec![TaskState {
+            task_id: "t".into(),
+            netns: "/run/netns/t".into(),
+            attachments: vec![Attachment {
+                network_id: "n7".into(),
+                address: Ipv4Addr::new(10, 9, 0, 2),
+            }],
+        }];
+        check(
+            &Observed::default(),
+            &s,
+            &[
+                "EnableIpForward",
+                "ApplyNodeTable",
+                "CreateBridge",
+                "CreateVxlan",
+                "AddFdb",
+                "AddNeigh",
+                "CreateVeth",
+                "SetDefaultRoute",
+            ],
+        );
+        // Internal: no forwarding switched on, no gateway on the bridge, no default route.
+        s.networks[0].internal = true;
+        let ops = plan(&Observed::default(), &s);
+        assert_eq!(
+            kinds(&ops),
+            [
+                "ApplyNodeTable",
+                "CreateBridge",
+                "CreateVxlan",
+                "AddFdb",
+                "AddNeigh",
+                "CreateVeth"
+            ]
+        );
+        assert!(ops.contains(&Op::CreateBridge {
+            name: "shlb7".into(),
+            mtu: 1450,
+            gateway: None
+        }));
+    }
+
+    #[test]
+    fn stale_links_go_veths_first_and_the_table_last() {
+        let mut o = Observed::default();
+        o.links.insert("shlb3".into(), link(LinkKind::Bridge));
+        o.links.insert(
+            "shlx3".into(),
+            link(LinkKind::Vxlan {
+                vni: 3,
+                port: 4789,
+                local: None,
+                learning: false,
+                proxy: true,
+            }),
+        );
+        o.links
+            .insert("shlv0123456789".into(), link(LinkKind::Veth));
+        o.node_table = Some("shoal:0".into());
+        o.ip_forward = true;
+        let ops = plan(&o, &NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1)));
+        let names: Vec<String> = ops.iter().map(|op| format!("{op:?}")).collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        assert!(
+            names[0].contains("shlv") && names[1].contains("shlx3") && names[2].contains("shlb3"),
+            "{names:?}"
+        );
+        assert_eq!(ops[3], Op::DeleteNodeTable);
+    }
+
+    #[test]
+    fn a_peer_that_moves_node_gets_its_entry_replaced() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        let mut n = net(7);
+        let remote = Ipv4Addr::new(10, 9, 0, 9);
+        n.peers = vec![Peer {
+            address: remote,
+            mac: mac_for(remote),
+            node_ip: Ipv4Addr::new(192, 0, 2, 3),
+        }];
+        s.networks = vec![n];
+        let mut o = Observed {
+            ip_forward: true,
+            ..Observed::default()
+        };
+        o.node_table = Some(nft::node_table(&s).unwrap().tag);
+        o.links.insert(
+            "shlb7".into(),
+            Link {
+                addrs: vec!["10.9.0.1/24".parse().unwrap()],
+                ..link(LinkKind::Bridge)
+            },
+        );
+        let vx = LinkKind::Vxlan {
+            vni: 7,
+            port: 4789,
+            local: s.underlay_ip,
+            learning: false,
+            proxy: true,
+        };
+        o.links.insert(
+            "shlx7".into(),
+            Link {
+                master: Some("shlb7".into()),
+                ..link(vx)
+            },
+        );
+        o.fdb.insert(Fdb {
+            dev: "shlx7".into(),
+            mac: mac_for(remote),
+            dst: Ipv4Addr::new(192, 0, 2, 2),
+        });
+        o.neigh.insert(Neigh {
+            dev: "shlx7".into(),
+            ip: remote,
+            mac: mac_for(remote),
+        });
+        check(&o, &s, &["DelFdb", "AddFdb"]);
+    }
+
+    #[test]
+    fn invalid_states_are_refused_with_the_bound() {
+        let base = || {
+            let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+            s.networks = vec![net(7)];
+            s
+        };
+        let cases: Vec<(Box<dyn Fn(&mut NodeNetState)>, &str)> = vec![
+            (Box::new(|s| s.networks[0].vni = 0), "outside 1..=16777215"),
+            (
+                Box::new(|s| s.networks[0].gateway = Ipv4Addr::new(10, 8, 0, 1)),
+                "outside subnet",
+            ),
+            (Box::new(|s| s.networks.push(net(7))), "listed twice"),
+            (
+                Box::new(|s| {
+                    s.networks[0].services = vec![crate::ServiceVip {
+                        service_id: "web".into(),
+                        vip: Ipv4Addr::new(10, 9, 0, 100),
+                        backends: vec![Ipv4Addr::new(10, 9, 0, 2); 1025],
+                    }]
+                }),
+                "at most 1024",
+            ),
+            (
+                Box::new(|s| {
+                    s.tasks = vec![TaskState {
+                        task_id: "t".into(),
+                        netns: "/run/netns/t".into(),
+                        attachments: vec![Attachment {
+                            network_id: "n7".into(),
+                            address: Ipv4Addr::new(10, 1, 0, 2),
+                        }],
+                    }]
+                }),
+                "not a host address",
+            ),
+            (Box::new(|s| s.overlay_mtu = 100), "576..=9000"),
+        ];
+        for (change, want) in cases {
+            let mut s = base();
+            change(&mut s);
+            let err = s.validate().expect_err(want).to_string();
+            assert!(err.contains(want), "{err:?} lacks {want:?}");
+        }
+        let mut s = base();
+        s.networks[0].encrypted = true;
+        let err = s.validate().expect_err("encrypted");
+        assert!(matches!(err, Error::EncryptionUnsupported { .. }));
+        assert!(err.to_string().contains("--opt encrypted"), "{err}");
+    }
+}
