@@ -632,7 +632,8 @@ mod tests {
             s.networks = vec![net(7)];
             s
         };
-        let cases: Vec<(Box<dyn Fn(&mut NodeNetState)>, &str)> = vec![
+        type Change = Box<dyn Fn(&mut NodeNetState)>;
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|s| s.networks[0].vni = 0), "outside 1..=16777215"),
             (
                 Box::new(|s| s.networks[0].gateway = Ipv4Addr::new(10, 8, 0, 1)),
