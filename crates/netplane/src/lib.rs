@@ -2,13 +2,15 @@
 //! node carries, a bridge and a VXLAN device (static forwarding and neighbour entries from the manager's view
 //! of which task address lives on which node: no multicast, no flooding, no learning); for each task, a veth
 //! from the bridge into the task's network namespace with its allocated address and default route; for each
-//! service, its VIP DNATed to the backends in an nftables table of Shoal's own in every task namespace.
+//! service, its VIP DNATed to the backends in an nftables table of Shoal's own in every task namespace; and a
+//! DNS resolver (`dns`) answering each task's service names inside its namespace.
 //!
 //! One seam: the agent describes the node's wanted state as a `NodeNetState`, `plan` (sans-IO) compares it with
 //! an `Observed` and returns `Op`s, and the `Executor` observes and applies them (`Executor::reconcile` does
 //! all three). This crate knows nothing of the store, the agent or the API types: the agent maps those to a
 //! `NodeNetState`. See docs/design/netplane.md.
 
+pub mod dns;
 pub mod exec;
 pub mod names;
 pub mod nft;
@@ -17,6 +19,7 @@ pub mod state;
 
 use std::path::PathBuf;
 
+pub use dns::{resolv_conf, zone_for, Resolver, Zone};
 pub use exec::{probe, Capabilities, Executor};
 pub use plan::{plan, Observed, Op};
 pub use state::{
@@ -71,6 +74,14 @@ pub enum Error {
         command: String,
         /// The bound.
         secs: u64,
+    },
+    /// The resolver could not serve a task (its namespace is gone, or 127.0.0.11:53 is taken in it).
+    #[error("DNS for task {task}: {detail}")]
+    Dns {
+        /// The task's ID.
+        task: String,
+        /// What failed.
+        detail: String,
     },
     /// A command's JSON output could not be read.
     #[error("cannot read the output of `{command}`: {detail}")]

@@ -38,7 +38,11 @@ pub fn task_table(state: &NodeNetState, task: &TaskState) -> Option<Table> {
         .attachments
         .iter()
         .filter_map(|a| state.network(&a.network_id))
-        .flat_map(|n| n.services.iter().map(|s| (s.vip, s.backends.as_slice())))
+        .flat_map(|n| {
+            n.services
+                .iter()
+                .filter_map(|s| Some((s.vip?, s.backends.as_slice())))
+        })
         .collect();
     if vips.is_empty() {
         return None;

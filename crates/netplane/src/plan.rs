@@ -442,6 +442,7 @@ mod tests {
     fn net(vni: u32) -> NetworkState {
         NetworkState {
             id: format!("n{vni}"),
+            name: format!("net{vni}"),
             vni,
             subnet: "10.9.0.0/24".parse().unwrap(),
             gateway: Ipv4Addr::new(10, 9, 0, 1),
@@ -644,7 +645,9 @@ mod tests {
                 Box::new(|s| {
                     s.networks[0].services = vec![crate::ServiceVip {
                         service_id: "web".into(),
-                        vip: Ipv4Addr::new(10, 9, 0, 100),
+                        name: "web".into(),
+                        aliases: Vec::new(),
+                        vip: Some(Ipv4Addr::new(10, 9, 0, 100)),
                         backends: vec![Ipv4Addr::new(10, 9, 0, 2); 1025],
                     }]
                 }),

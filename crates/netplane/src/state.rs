@@ -21,6 +21,10 @@ pub const MAX_PEERS_PER_NETWORK: usize = 65_536;
 pub const MAX_SERVICES_PER_NETWORK: usize = 1024;
 /// Most backends behind one VIP.
 pub const MAX_BACKENDS_PER_SERVICE: usize = 1024;
+/// Most aliases of one service on one network.
+pub const MAX_ALIASES: usize = 32;
+/// Longest service, alias or network name (one DNS label).
+pub const MAX_DNS_LABEL_LEN: usize = 63;
 /// Largest VXLAN network identifier (24 bits).
 pub const MAX_VNI: u32 = (1 << 24) - 1;
 /// Longest network, task or service ID accepted.
@@ -265,6 +269,8 @@ fn check_id(what: &str, id: &str) -> Result<(), Error> {
 pub struct NetworkState {
     /// The network's ID.
     pub id: String,
+    /// Its name (the suffix of `service.network` names).
+    pub name: String,
     /// Its VXLAN network identifier, 1..=16777215.
     pub vni: u32,
     /// Its subnet.
@@ -285,6 +291,7 @@ impl NetworkState {
     fn validate(&self) -> Result<(), Error> {
         let inv = |m: String| Err(Error::Invalid(m));
         check_id("network", &self.id)?;
+        check_dns_name("network", &self.name)?;
         if self.encrypted {
             return Err(Error::EncryptionUnsupported {
                 network: self.id.clone(),
@@ -340,10 +347,26 @@ impl NetworkState {
         let mut vips = BTreeSet::new();
         for s in &self.services {
             check_id("service", &s.service_id)?;
-            if !self.subnet.contains(s.vip) || !vips.insert(s.vip) {
+            check_dns_name("service", &s.name)?;
+            if s.aliases.len() > MAX_ALIASES {
+                return inv(format!(
+                    "service {}: {} aliases; at most {MAX_ALIASES}",
+                    s.name,
+                    s.aliases.len()
+                ));
+            }
+            for a in &s.aliases {
+                check_dns_name("alias", a)?;
+            }
+            if s.vip
+                .is_some_and(|vip| !self.subnet.contains(vip) || !vips.insert(vip))
+            {
                 return inv(format!(
                     "network {}: service {} VIP {} is outside subnet {} or used twice",
-                    self.id, s.service_id, s.vip, self.subnet
+                    self.id,
+                    s.service_id,
+                    s.vip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+                    self.subnet
                 ));
             }
             if s.backends.len() > MAX_BACKENDS_PER_SERVICE {
@@ -364,6 +387,23 @@ impl NetworkState {
     }
 }
 
+/// Checks a name tasks resolve: 1..=63 letters, digits, '-' and '_', not starting or ending with '-'.
+fn check_dns_name(what: &str, name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_DNS_LABEL_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        return Err(Error::Invalid(format!(
+            "{what} name {name:?} must be 1..={MAX_DNS_LABEL_LEN} letters, digits, '-' and '_' (one DNS label)"
+        )));
+    }
+    Ok(())
+}
+
 /// A task address of a network that lives on another node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Peer {
@@ -375,13 +415,18 @@ pub struct Peer {
     pub node_ip: Ipv4Addr,
 }
 
-/// A service's virtual IP on one network and the task addresses behind it.
+/// A service on one network: its names, virtual IP and the task addresses behind it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceVip {
     /// The service's ID.
     pub service_id: String,
-    /// Its VIP on this network.
-    pub vip: Ipv4Addr,
+    /// Its name (what tasks resolve).
+    pub name: String,
+    /// Its other names on this network (`--network name=...,alias=...`).
+    pub aliases: Vec<String>,
+    /// Its VIP on this network; `None` in DNS round-robin mode (`--endpoint-mode dnsrr`): the name resolves to
+    /// the backends themselves.
+    pub vip: Option<Ipv4Addr>,
     /// The addresses of its running tasks on this network (any node); empty: connections are refused.
     pub backends: Vec<Ipv4Addr>,
 }

@@ -254,6 +254,7 @@ impl Nodes {
 fn network(id: &str, vni: u32, third: u8, internal: bool) -> NetworkState {
     NetworkState {
         id: id.into(),
+        name: id.into(),
         vni,
         subnet: format!("10.{third}.0.0/24").parse().unwrap(),
         gateway: Ipv4Addr::new(10, third, 0, 1),
@@ -413,7 +414,9 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     let mut appnet = network("appnet", 5001, 30, false);
     appnet.services = vec![ServiceVip {
         service_id: "web".into(),
-        vip,
+        name: "web".into(),
+        aliases: Vec::new(),
+        vip: Some(vip),
         backends: vec![web1, web2],
     }];
     let mut s0 = NodeNetState::new(NODE_IPS[0]);
