@@ -167,6 +167,23 @@ fn fetch(netns: PathBuf, addr: Ipv4Addr, timeout: Duration) -> std::io::Result<S
     })
 }
 
+/// Resolves `name` (A) from inside `netns` through the resolver on 127.0.0.11.
+fn resolve(netns: PathBuf, name: &str) -> Vec<Ipv4Addr> {
+    let q = shoal_netplane::dns::query_bytes(7, name, hickory_proto::rr::RecordType::A);
+    in_netns(netns, move || {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        s.send_to(&q, shoal_netplane::dns::RESOLVER_ADDR)
+            .expect("send");
+        let mut b = vec![0u8; 4096];
+        let n = s.recv(&mut b).expect("DNS answer");
+        shoal_netplane::dns::parse_response(&b[..n])
+            .expect("response")
+            .2
+    })
+}
+
 /// Waits until `f` holds, panicking with `what` after `limit`.
 fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -377,6 +394,55 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
     assert_eq!(e0.reconcile(&s0).expect("node 0 again"), Vec::<Op>::new());
     assert_eq!(e1.reconcile(&s1).expect("node 1 again"), Vec::<Op>::new());
 
+    // Damage done behind Shoal's back (after a crash, or by hand) is repaired from the state: node 0 loses
+    // appnet's bridge (its veths fall off it), node 1 the forwarding entry towards a0.
+    run(&["ip", "-n", &nodes.nodes[0].name, "link", "del", "shlb4242"]);
+    run(&[
+        "ip",
+        "-n",
+        &nodes.nodes[1].name,
+        "neigh",
+        "flush",
+        "dev",
+        "shlx4242",
+        "nud",
+        "permanent",
+    ]);
+    let mac = mac_for(a0).to_string();
+    run(&[
+        "ip",
+        "netns",
+        "exec",
+        &nodes.nodes[1].name,
+        "bridge",
+        "fdb",
+        "del",
+        &mac,
+        "dev",
+        "shlx4242",
+        "dst",
+        "192.168.77.1",
+        "self",
+    ]);
+    assert!(!ping(&t_a0, a1), "the damage did not cut appnet");
+    let ops = e0.reconcile(&s0).expect("node 0 repaired");
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::SetMaster { name, .. } if name.starts_with("shlv"))),
+        "{ops:?}"
+    );
+    let ops = e1.reconcile(&s1).expect("node 1 repaired");
+    assert!(
+        matches!(ops.as_slice(), [Op::AddFdb(_), Op::AddNeigh(_)]),
+        "{ops:?}"
+    );
+    wait_for(
+        "a0 to ping a1 after the repair",
+        Duration::from_secs(5),
+        || ping(&t_a0, a1),
+    );
+    assert_eq!(e0.reconcile(&s0).expect("node 0 again"), Vec::<Op>::new());
+
     // A task that goes away takes its veth; the network stays for the others.
     s0.tasks.retain(|t| t.task_id != "b0");
     let ops = e0.reconcile(&s0).expect("b0 removed");
@@ -442,6 +508,33 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     wait_for("the VIP to answer", Duration::from_secs(5), || {
         fetch(t_client.path(), vip, timeout).is_ok()
     });
+
+    // The client finds the service by name through the node's resolver, as `http://web/` would.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let resolver = shoal_netplane::Resolver::new(Vec::new());
+    rt.block_on(resolver.update(&s0)).expect("resolver");
+    assert_eq!(resolve(t_client.path(), "web"), vec![vip]);
+    let mut by_name = resolve(t_client.path(), "tasks.web");
+    by_name.sort();
+    assert_eq!(by_name, vec![web1, web2]);
+    assert!(fetch(t_client.path(), resolve(t_client.path(), "web")[0], timeout).is_ok());
+    drop(resolver);
+
+    // Connections per second (one at a time) through the VIP and straight to each backend; printed for the
+    // design notes (`--no-capture`), not asserted.
+    for (what, to) in [
+        ("VIP", vip),
+        ("web1 (same node)", web1),
+        ("web2 (across VXLAN)", web2),
+    ] {
+        let n = 300;
+        let start = Instant::now();
+        for _ in 0..n {
+            fetch(t_client.path(), to, timeout).expect("connection");
+        }
+        let rate = f64::from(n) / start.elapsed().as_secs_f64();
+        eprintln!("RESULT connections/s to {what}: {rate:.0}");
+    }
     let count = |n: usize| {
         let (mut w1, mut w2) = (0, 0);
         for _ in 0..n {
