@@ -371,7 +371,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             let n = desired.network(&a.network_id)?;
             (!n.internal).then(|| (n.gateway, names::task_ifname(i)))
         });
-        if replumbed && via.is_some() || ns.default_gw != via.as_ref().map(|v| v.0) {
+        if (replumbed && via.is_some()) || ns.default_gw != via.as_ref().map(|v| v.0) {
             routes.push(Op::SetDefaultRoute {
                 netns: t.netns.clone(),
                 via,
