@@ -43,6 +43,8 @@ pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_MESSAGE_BYTES: usize = 4096;
 /// Most upstream resolvers tried.
 pub const MAX_UPSTREAMS: usize = 3;
+/// Pause after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// The UDP answer size a query without EDNS may get (RFC 1035).
 const CLASSIC_UDP_BYTES: usize = 512;
 
@@ -350,8 +352,13 @@ async fn udp_loop(sock: Arc<UdpSocket>, zone: Arc<RwLock<Arc<Zone>>>, shared: Ar
 async fn tcp_loop(listener: TcpListener, zone: Arc<RwLock<Arc<Zone>>>, shared: Arc<Shared>) {
     let open = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS_PER_TASK));
     loop {
-        let Ok((conn, _)) = listener.accept().await else {
-            continue;
+        let conn = match listener.accept().await {
+            Ok((conn, _)) => conn,
+            // Out of file descriptors and the like: wait a little instead of spinning.
+            Err(_) => {
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
         };
         let Ok(permit) = open.clone().try_acquire_owned() else {
             continue;
