@@ -164,13 +164,14 @@ mod tests {
         };
         let mut bytes = spec.encode_to_vec();
         assert_eq!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(), Vec::<String>::new());
-        // ServiceSpec.networks (7) is SwarmKit's, not Shoal's: a length-delimited field 7, empty.
-        bytes.extend_from_slice(&[7 << 3 | 2, 0]);
+        // A field number no ServiceSpec defines: a length-delimited field 99, empty.
+        prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut bytes);
+        bytes.push(0);
         // Annotations field 9, a varint, inside a second annotations message.
         bytes.extend_from_slice(&[1 << 3 | 2, 2, 9 << 3, 1]);
         assert_eq!(
             unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(),
-            vec!["docker.swarmkit.v1.ServiceSpec: field 7".to_string(), "annotations: field 9".to_string()]
+            vec!["docker.swarmkit.v1.ServiceSpec: field 99".to_string(), "annotations: field 9".to_string()]
         );
     }
 

@@ -333,17 +333,18 @@ fn every_control_call_answers_as_swarmkit_does() {
         assert_eq!(listed.len(), 1);
         c.remove_config(RemoveConfigRequest { config_id: config.id }).await.unwrap();
 
-        // A field Shoal's protos do not define is refused, not dropped: ServiceSpec.networks (7) here.
+        // A field Shoal's protos do not define is refused, not dropped: a ServiceSpec field 99 here.
         use shoal_api::prost::Message;
         let mut spec = service_spec("netted", 1).encode_to_vec();
-        spec.extend_from_slice(&[7 << 3 | 2, 0]);
+        shoal_api::prost::encoding::encode_key(99, shoal_api::prost::encoding::WireType::LengthDelimited, &mut spec);
+        spec.push(0);
         let mut body = Vec::new();
         shoal_api::prost::encoding::encode_key(1, shoal_api::prost::encoding::WireType::LengthDelimited, &mut body);
         shoal_api::prost::encoding::encode_varint(spec.len() as u64, &mut body);
         body.extend_from_slice(&spec);
         let refused = raw_call(&n.socket, "/docker.swarmkit.v1.Control/CreateService", body).await;
         assert_eq!(refused.code(), Code::InvalidArgument);
-        assert!(refused.message().contains("spec: field 7"), "{}", refused.message());
+        assert!(refused.message().contains("spec: field 99"), "{}", refused.message());
         let names = c.list_services(ListServicesRequest::default()).await.unwrap().into_inner().services;
         assert!(names.iter().all(|s| s.spec.as_ref().unwrap().annotations.as_ref().unwrap().name != "netted"));
         // A method Shoal does not serve says so.
