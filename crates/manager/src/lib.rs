@@ -15,5 +15,5 @@ pub mod scheduler;
 pub mod state;
 pub mod subsystem;
 
-pub use state::{ClusterState, RandomIds, SleepFuture, Timer, TokioTimer, WriteError};
+pub use state::{ClusterState, ManualTimer, RandomIds, SleepFuture, Timer, TokioTimer, WriteError};
 pub use subsystem::{run_while_leader, stopped, Subsystem, SubsystemFuture};

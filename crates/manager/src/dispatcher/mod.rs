@@ -528,8 +528,7 @@ impl Dispatcher {
                 },
             );
             let ttl = self.heartbeat_ttl_ms();
-            reg.heartbeats
-                .beat(node_id, self.state.clock.now_unix_ms(), ttl);
+            reg.heartbeats.beat(node_id, self.state.timer.now_ms(), ttl);
         }
         tracing::info!(node = %node_id, session = %session_id, "agent session opened");
         Ok((session_id, alive_rx))
@@ -544,8 +543,7 @@ impl Dispatcher {
             Some(s) if s.session_id == session_id => {}
             _ => return Err(unknown_session(session_id)),
         }
-        reg.heartbeats
-            .beat(node_id, self.state.clock.now_unix_ms(), ttl);
+        reg.heartbeats.beat(node_id, self.state.timer.now_ms(), ttl);
         Ok(HeartbeatResponse {
             period: Some(shoal_api::duration_to_proto(Duration::from_millis(
                 period_ms,
@@ -672,12 +670,14 @@ impl Dispatcher {
         count
     }
 
-    /// Expires heartbeat deadlines at `now_unix_ms`: closes the sessions of late nodes and writes them
-    /// DOWN ("heartbeat failure"). Returns the nodes marked down. Called by the leader-only loop.
-    pub async fn expire_heartbeats(&self, now_unix_ms: u64) -> Vec<String> {
+    /// Expires heartbeat deadlines at `now_ms` (the state's monotonic `timer`, as every deadline: a step of
+    /// the wall clock must not mark every node down, as SwarmKit's timers do not): closes the sessions of
+    /// late nodes and writes them DOWN ("heartbeat failure"). Returns the nodes marked down. Called by the
+    /// leader-only loop.
+    pub async fn expire_heartbeats(&self, now_ms: u64) -> Vec<String> {
         let expired = {
             let mut reg = self.registry.lock();
-            let expired = reg.heartbeats.expire(now_unix_ms);
+            let expired = reg.heartbeats.expire(now_ms);
             for node in &expired {
                 reg.sessions.remove(node);
             }
@@ -744,7 +744,8 @@ impl Dispatcher {
 
     /// Grace period on becoming leader: every READY node counts as having just sent a heartbeat, with twice
     /// the usual time to live, so agents have time to find the new leader before they are marked down.
-    pub fn grant_grace_period(&self, now_unix_ms: u64) {
+    /// `now_ms` is the state's monotonic `timer`.
+    pub fn grant_grace_period(&self, now_ms: u64) {
         let ttl = self.heartbeat_ttl_ms().saturating_mul(2);
         let ready: Vec<String> = self.state.store.view(|t| {
             t.nodes()
@@ -760,7 +761,7 @@ impl Dispatcher {
         let mut reg = self.registry.lock();
         for id in ready {
             reg.heartbeats
-                .track_at_least(&id, now_unix_ms.saturating_add(ttl));
+                .track_at_least(&id, now_ms.saturating_add(ttl));
         }
     }
 
@@ -970,7 +971,7 @@ impl Subsystem for DispatcherSubsystem {
     fn run(&self, state: ClusterState, mut stop: watch::Receiver<bool>) -> SubsystemFuture {
         let d = self.0.clone();
         Box::pin(async move {
-            d.grant_grace_period(state.clock.now_unix_ms());
+            d.grant_grace_period(state.timer.now_ms());
             // Wakes only for work: queued status updates, or the next heartbeat deadline (re-read at least
             // every EXPIRY_RECHECK). An idle cluster's dispatcher sleeps.
             // Times on `state.timer`, in ms.
@@ -978,7 +979,7 @@ impl Subsystem for DispatcherSubsystem {
             let mut last_flush = state.timer.now_ms().checked_sub(flush_every);
             let recheck_ms = EXPIRY_RECHECK.as_millis() as u64;
             loop {
-                let now = state.clock.now_unix_ms();
+                let now = state.timer.now_ms();
                 let expiry_in =
                     d.registry.lock().heartbeats.next_deadline().map_or(recheck_ms, |at| at.saturating_sub(now).min(recheck_ms));
                 // Biased (stop, expiry, status) so that a simulation replays and a steady stream of status
@@ -987,7 +988,7 @@ impl Subsystem for DispatcherSubsystem {
                     biased;
                     _ = stopped(&mut stop) => break,
                     _ = state.sleep_ms(expiry_in) => {
-                        d.expire_heartbeats(state.clock.now_unix_ms()).await;
+                        d.expire_heartbeats(state.timer.now_ms()).await;
                     }
                     _ = d.status_queued.notified() => {
                         let wait = last_flush.map_or(0, |at| (at + flush_every).saturating_sub(state.timer.now_ms()));
