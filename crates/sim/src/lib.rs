@@ -39,7 +39,7 @@ use shoal_manager::ClusterState;
 use shoal_store::{ManualClock, StoreObject, Tables};
 
 use agent::Agent;
-use exec::SimTimer;
+use shoal_manager::ManualTimer;
 use manager::{Manager, ManagerConfig, Msg};
 use net::{Endpoint, Lane, Network};
 use workload::Client;
@@ -129,7 +129,7 @@ struct World {
     mcfg: ManagerConfig,
     rng: StdRng,
     step: u64,
-    timer: Arc<SimTimer>,
+    timer: Arc<ManualTimer>,
     clocks: Vec<Arc<ManualClock>>,
     managers: Vec<Manager>,
     agents: Vec<Agent>,
@@ -143,6 +143,8 @@ struct World {
     entries: BTreeMap<u64, (u64, u64)>,
     /// Per manager: the highest index already compared with `entries`.
     checked: BTreeMap<u64, u64>,
+    /// Nodes the leader's store showed DOWN at the last check.
+    down: BTreeSet<String>,
     recent: std::collections::VecDeque<String>,
     /// Every event, when tracing (`run_traced`).
     full: Option<Vec<String>>,
@@ -159,7 +161,7 @@ impl World {
             log_entries_for_slow_followers: 10,
             dispatcher: DispatcherConfig { heartbeat_period_ms_default: 1000, ..Default::default() },
         };
-        let timer = Arc::new(SimTimer::default());
+        let timer = Arc::new(ManualTimer::default());
         let clocks: Vec<Arc<ManualClock>> = voters.iter().map(|_| Arc::new(ManualClock::new(START_UNIX_MS))).collect();
         let mut managers: Vec<Manager> =
             voters.iter().map(|id| Manager::new(*id, &mcfg, clocks[*id as usize - 1].clone(), seed ^ (id << 56))).collect();
@@ -183,6 +185,7 @@ impl World {
             leaders: BTreeMap::new(),
             entries: BTreeMap::new(),
             checked: BTreeMap::new(),
+            down: BTreeSet::new(),
             recent: Default::default(),
             full: None,
             trace: 0xcbf2_9ce4_8422_2325,
@@ -331,7 +334,7 @@ impl World {
     /// One step of everything.
     fn tick(&mut self, writes: bool) {
         self.step += 1;
-        self.timer.advance(STEP_MS);
+        self.timer.advance_ms(STEP_MS);
         for c in &self.clocks {
             c.advance_ms(STEP_MS);
         }
@@ -355,7 +358,7 @@ impl World {
                 (Endpoint::Agent(a), Endpoint::Manager(m), msg) => {
                     let node = self.node_ids[a].clone();
                     let out = match self.managers[m as usize - 1].run.as_mut() {
-                        Some(run) => run.receive_from_agent(a, &node, msg),
+                        Some(run) => run.receive_from_agent(now_ms, a, &node, msg),
                         None => Vec::new(),
                     };
                     self.send(Endpoint::Manager(m), out);
@@ -505,6 +508,25 @@ impl World {
             if let Some((id, index)) = missing {
                 return Err(format!("acknowledged service {id} (created at {index}) is missing on manager {} at {}", m.id, run.applied));
             }
+        }
+        // No node is marked down by a leader that heard its heartbeat well within the heartbeat TTL.
+        if let Some(l) = self.leader() {
+            let run = self.managers[l as usize - 1].run.as_ref().expect("the leader is up");
+            let down: BTreeSet<String> = run.store.view(|t| {
+                t.nodes().iter().filter(|n| shoal_manager::orchestrator::node_is_down(Some(n))).map(|n| n.id.clone()).collect()
+            });
+            let period = self.mcfg.dispatcher.heartbeat_period_ms_default;
+            let ttl = period * u64::from(self.mcfg.dispatcher.missed_heartbeats_before_down);
+            let now = self.now_ms();
+            for n in down.difference(&self.down) {
+                if let Some(beat) = run.last_beat_ok_ms.get(n).filter(|b| now.saturating_sub(**b) + 2 * period < ttl) {
+                    return Err(format!(
+                        "manager {l} marked node {n} down {} ms after answering its heartbeat (heartbeat TTL {ttl} ms)",
+                        now - beat
+                    ));
+                }
+            }
+            self.down = down;
         }
         if let Some(e) = self.client.ledger.internal_errors.first() {
             return Err(format!("the control API answered an internal error: {e}"));
