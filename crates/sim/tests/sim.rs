@@ -71,3 +71,15 @@ fn sim_divergence() {
     }
     assert_eq!(a.len(), b.len());
 }
+
+/// Prints every event of `SHOAL_SIM_SEED` (a debugging aid; ignored in the suite).
+#[test]
+#[ignore]
+fn sim_trace() {
+    let seed = env_u64("SHOAL_SIM_SEED").unwrap_or(1);
+    let (result, events) = shoal_sim::run_traced(seed, &config());
+    for e in events.iter().filter(|e| !e.contains("] leader ")) {
+        eprintln!("{e}");
+    }
+    eprintln!("{result:?}");
+}
