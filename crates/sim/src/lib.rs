@@ -116,7 +116,7 @@ pub struct Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "simulation seed {} failed at step {}: {}", self.seed, self.step, self.what)?;
-        writeln!(f, "replay: SHOAL_SIM_SEED={} cargo nextest run -p shoal-sim sim", self.seed)?;
+        writeln!(f, "replay: SHOAL_SIM_SEED={} cargo nextest run -p shoal-sim sim_seeds_0", self.seed)?;
         writeln!(f, "last events:")?;
         for e in &self.recent {
             writeln!(f, "  {e}")?;
