@@ -714,7 +714,7 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
             ));
         }
         let node = t.nodes().get(&task.node_id).map(|n| &**n);
-        if !node.is_some_and(|n| shoal_manager::scheduler::nodeinfo::is_ready_and_active(n)) {
+        if !node.is_some_and(shoal_manager::scheduler::nodeinfo::is_ready_and_active) {
             return Some(format!("task {} of service {} runs on node {:?}, which is not ready and active", task.id, s.id, task.node_id));
         }
         if !paused && shoal_manager::orchestrator::dirty::is_task_dirty(s, task, node) {
