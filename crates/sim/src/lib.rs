@@ -145,6 +145,9 @@ struct World {
     checked: BTreeMap<u64, u64>,
     /// Per manager (since its start): the applied index and each task's observed state at the last check.
     observed: BTreeMap<u64, (u64, BTreeMap<String, i32>)>,
+    /// Services seen with a start-first update config (in any spec, at any time): their slots may hold
+    /// old-spec tasks beside the current one until the updater reaches them.
+    start_first: std::cell::RefCell<BTreeSet<String>>,
     /// Nodes the leader's store showed DOWN at the last check.
     down: BTreeSet<String>,
     recent: std::collections::VecDeque<String>,
@@ -188,6 +191,7 @@ impl World {
             entries: BTreeMap::new(),
             checked: BTreeMap::new(),
             observed: BTreeMap::new(),
+            start_first: Default::default(),
             down: BTreeSet::new(),
             recent: Default::default(),
             full: None,
@@ -570,9 +574,10 @@ impl World {
 
     /// No slot runs two tasks, except tasks on nodes cut off within `CUT_OFF_GRACE_MS` (SwarmKit replaces
     /// the tasks of a node it marks down), and those SwarmKit replaces while they run: with start-first
-    /// updates the old tasks of a slot run until their replacement does, and a job's earlier iteration
-    /// until it is shut down. So: at most one running task per slot (per node for global modes), counting
-    /// for start-first services only tasks of the current spec and for jobs only the current iteration.
+    /// updates the old tasks of a slot run until their replacement does (and until the updater reaches the
+    /// slot, when a later spec is stop-first), and a job's earlier iteration until it is shut down. So: at
+    /// most one running task per slot (per node for global modes), counting for services that ever had a
+    /// start-first spec only tasks of the current spec, and for jobs only the current iteration.
     fn check_slots(&self) -> Result<(), String> {
         use shoal_api::service_spec::Mode;
         struct Kind {
@@ -595,6 +600,10 @@ impl World {
                     let start_first = [s.spec.as_ref(), s.previous_spec.as_ref()].into_iter().flatten().any(|sp| {
                         sp.update.as_ref().is_some_and(|u| u.order == shoal_api::update_config::UpdateOrder::StartFirst as i32)
                     });
+                    let start_first = start_first || self.start_first.borrow().contains(&s.id);
+                    if start_first {
+                        self.start_first.borrow_mut().insert(s.id.clone());
+                    }
                     let job = shoal_manager::orchestrator::jobs::is_job(s);
                     kinds.entry(s.id.clone()).or_insert_with(|| Kind {
                         global: matches!(mode, Some(Mode::Global(_) | Mode::GlobalJob(_))),
@@ -626,15 +635,58 @@ impl World {
             let strict = tasks.iter().filter(|(_, excused)| !*excused).count();
             if tasks.len() > 1 && strict > 1 {
                 return Err(format!(
-                    "service {service} ({}) slot {slot}{} runs {} tasks ({:?}) on nodes that were not cut off",
+                    "service {service} ({}) slot {slot}{} runs {} tasks ({:?}) on nodes that were not cut off; the leader has: {:?}",
                     kinds.get(&service).map_or("", |k| k.text.as_str()),
                     if node.is_empty() { String::new() } else { format!(" on {node}") },
                     tasks.len(),
-                    tasks
+                    tasks,
+                    self.leader_tasks(&service)
                 ));
             }
         }
         Ok(())
+    }
+
+    /// The tasks of a service in the leader's store, for failure messages.
+    fn leader_tasks(&self, service: &str) -> Vec<String> {
+        let Some(run) = self.leader().and_then(|l| self.managers[l as usize - 1].run.as_ref()) else { return Vec::new() };
+        run.store.view(|t| {
+            let order = |sp: Option<&shoal_api::ServiceSpec>| {
+                sp.map(|sp| {
+                    let image = match sp.task.as_ref().and_then(|t| t.runtime.as_ref()) {
+                        Some(shoal_api::task_spec::Runtime::Container(c)) => format!("{} {:?}", c.image, c.env),
+                        None => String::new(),
+                    };
+                    (image, sp.update.as_ref().map(|u| u.order))
+                })
+            };
+            let head = t.services().get(service).map(|s| {
+                format!(
+                    "service v{} spec v{:?} {:?} previous v{:?} {:?} status {:?}",
+                    s.version(),
+                    s.spec_version.as_ref().map(|v| v.index),
+                    order(s.spec.as_ref()),
+                    s.previous_spec_version.as_ref().map(|v| v.index),
+                    order(s.previous_spec.as_ref()),
+                    s.update_status
+                )
+            });
+            head.into_iter().chain(t.tasks()
+                .by_service(service)
+                .map(|x| {
+                    format!(
+                        "{} slot {} {:?}/{:?} spec v{:?} node {} created {} ms",
+                        x.id,
+                        x.slot,
+                        x.status.as_ref().map(|s| s.state()),
+                        x.desired_state(),
+                        x.spec_version.as_ref().map(|v| v.index),
+                        x.node_id,
+                        shoal_manager::orchestrator::created_ms(x).saturating_sub(START_UNIX_MS)
+                    )
+                }))
+                .collect()
+        })
     }
 
     /// Why the cluster has not converged yet (None: it has).

@@ -620,7 +620,8 @@ impl Running {
             if lagged {
                 let (complete, w) = self.store.view_and_watch(|t| s.set.complete(t));
                 s.watch = w;
-                out.push((to, Msg::Assignments { session: s.session.clone(), complete: true, changes: complete }));
+                let changes = complete.expect("the simulation's sets are far below the bound");
+                out.push((to, Msg::Assignments { session: s.session.clone(), complete: true, changes }));
             } else if !changes.is_empty() {
                 out.push((to, Msg::Assignments { session: s.session.clone(), complete: false, changes }));
             }
@@ -632,7 +633,8 @@ impl Running {
     fn open_stream(&mut self, agent: usize, node_id: &str, session: String, out: &mut Outbox) {
         let mut set = AssignmentSet::new(node_id);
         let (complete, watch) = self.store.view_and_watch(|t| set.complete(t));
-        out.push((crate::net::Endpoint::Agent(agent), Msg::Assignments { session: session.clone(), complete: true, changes: complete }));
+        let changes = complete.expect("the simulation's sets are far below the bound");
+        out.push((crate::net::Endpoint::Agent(agent), Msg::Assignments { session: session.clone(), complete: true, changes }));
         self.streams.insert(agent, Stream { session, set, watch, node_id: node_id.to_string() });
     }
 

@@ -8,7 +8,8 @@
 //! Bounds: each response stream has a channel of `STREAM_CHANNEL_MESSAGES` messages; an INCREMENTAL message
 //! holds at most `ASSIGNMENT_BATCH_MAX_CHANGES` changes and about `ASSIGNMENT_BATCH_MAX_BYTES` bytes (commits
 //! already queued are batched, no artificial delay); a COMPLETE message holds all of a node's tasks (the
-//! protocol has no partial complete set); the status queue holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full);
+//! protocol has no partial complete set) within `COMPLETE_MAX_BYTES` (48 MiB): past it without the node's
+//! finished tasks, and a set still past it ends the stream with RESOURCE_EXHAUSTED naming the sizes; the status queue holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full);
 //! a request carries at most `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates
 //! (a single larger request forms its own batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
 //!
@@ -44,7 +45,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-pub use assignments::{agent_cares, dependencies_of, is_assigned_to, AssignmentSet, Dependency};
+pub use assignments::{
+    agent_cares, dependencies_of, is_assigned_to, AssignmentSet, CompleteTooLarge, Dependency, COMPLETE_MAX_BYTES,
+};
 pub use fanout::{Fanout, NodeWatch, NodeWatchError, NODE_QUEUE_COMMITS};
 pub use heartbeats::Heartbeats;
 pub use managers::{manager_peers, touches_managers, MANAGER_WEIGHT};
@@ -784,7 +787,9 @@ impl Dispatcher {
             let mut next = Some(complete_message(&mut sequence, changes));
             loop {
                 if let Some(msg) = next.take() {
-                    if tx.send(Ok(msg)).await.is_err() {
+                    // A refused COMPLETE set ends the stream with its reason.
+                    let end = msg.is_err();
+                    if tx.send(msg).await.is_err() || end {
                         break;
                     }
                 }
@@ -819,12 +824,12 @@ impl Dispatcher {
                             if next.is_none() && !changes.is_empty() {
                                 let applies_to = sequence.to_string();
                                 sequence += 1;
-                                next = Some(AssignmentsMessage {
+                                next = Some(Ok(AssignmentsMessage {
                                     r#type: assignments_message::Type::Incremental as i32,
                                     applies_to,
                                     results_in: sequence.to_string(),
                                     changes,
-                                });
+                                }));
                             }
                         }
                         Err(NodeWatchError::Lagged) => {
@@ -877,17 +882,23 @@ impl Dispatcher {
     }
 }
 
+/// The COMPLETE message of a set, or the stream's end when the set is over its bound
+/// (`assignments::COMPLETE_MAX_BYTES`: RESOURCE_EXHAUSTED, naming the sizes).
 fn complete_message(
     sequence: &mut u64,
-    changes: Vec<shoal_api::AssignmentChange>,
-) -> AssignmentsMessage {
+    changes: Result<Vec<shoal_api::AssignmentChange>, CompleteTooLarge>,
+) -> Result<AssignmentsMessage, Status> {
+    let changes = changes.map_err(|e| {
+        tracing::error!("{e}");
+        Status::resource_exhausted(e.to_string())
+    })?;
     *sequence += 1;
-    AssignmentsMessage {
+    Ok(AssignmentsMessage {
         r#type: assignments_message::Type::Complete as i32,
         applies_to: String::new(),
         results_in: sequence.to_string(),
         changes,
-    }
+    })
 }
 
 /// Sets `meta.updated_at` on a node about to be written.

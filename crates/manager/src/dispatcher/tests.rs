@@ -780,3 +780,51 @@ async fn a_wall_clock_step_marks_no_node_down() {
     assert_eq!(h.node_state("node-1"), Some(node_status::State::Ready as i32));
     assert_eq!(h.dispatcher.expire_heartbeats(now + 15_000).await, vec!["node-1".to_string()]);
 }
+
+/// A COMPLETE set stays within `COMPLETE_MAX_BYTES` (48 MiB, under the 64 MiB an agent decodes): past it the
+/// node's finished tasks are left out; a set whose live tasks alone exceed it ends the stream with
+/// RESOURCE_EXHAUSTED naming the sizes, instead of a message the agent cannot decode.
+#[tokio::test]
+async fn a_complete_set_is_bounded_in_bytes() {
+    use shoal_api::prost::Message;
+    let h = harness().await;
+    let mut client = h.client().await.max_decoding_message_size(64 << 20);
+    let (sid, _s) = open_session(&h, &mut client, "node-1").await;
+    let big = |id: String, state: TaskState, desired: TaskState| {
+        let mut t = task(&id, "node-1", state, desired);
+        t.service_annotations = Some(shoal_api::Annotations {
+            name: "big".into(),
+            labels: [("big".to_string(), "x".repeat(3_000_000))].into(),
+            ..Default::default()
+        });
+        t
+    };
+    // 9 running and 9 finished tasks of 3 MB: 54 MB in all, over the bound; 27 MB without the finished.
+    for i in 0..9 {
+        h.put_task(big(format!("live-{i}"), TaskState::Running, TaskState::Running)).await;
+        h.put_task(big(format!("done-{i}"), TaskState::Failed, TaskState::Shutdown)).await;
+    }
+    let mut stream = open_assignments(&mut client, "node-1", &sid).await;
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.r#type, assignments_message::Type::Complete as i32);
+    assert!(first.encoded_len() <= COMPLETE_MAX_BYTES + 1024, "{} bytes", first.encoded_len());
+    let ids: Vec<String> = first
+        .changes
+        .iter()
+        .filter_map(|c| match c.assignment.as_ref()?.item.as_ref()? {
+            assignment::Item::Task(t) => Some(t.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 9, "{ids:?}");
+    assert!(ids.iter().all(|id| id.starts_with("live-")), "{ids:?}");
+    drop(stream);
+    // 17 running tasks: 51 MB the agent must have; refused.
+    for i in 9..17 {
+        h.put_task(big(format!("live-{i}"), TaskState::Running, TaskState::Running)).await;
+    }
+    let mut stream = open_assignments(&mut client, "node-1", &sid).await;
+    let err = stream.message().await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains(&format!("{COMPLETE_MAX_BYTES} bytes")), "{}", err.message());
+}
