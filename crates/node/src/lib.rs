@@ -529,6 +529,7 @@ pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output
         match run_member(&mut cfg, &mut session, stop.as_mut()).await {
             Ok(MemberExit::Stopped) => return Ok(()),
             Ok(MemberExit::Left(leave)) => {
+                lifecycle::remove_containers(&cfg).await;
                 lifecycle::clear_state(&cfg)?;
                 tracing::info!("left the swarm: this node is in no swarm now");
                 pending = Some(*leave);
