@@ -199,6 +199,12 @@ impl AuthzLayer {
                         }
                     });
                 }
+                let removed = t.clusters().iter().any(|c| {
+                    shoal_manager::controlapi::is_blacklisted(c, id, std::time::SystemTime::now())
+                });
+                if removed {
+                    return None;
+                }
                 t.nodes().get(id).map(|n| role_for_access(n))
             })
         })?;

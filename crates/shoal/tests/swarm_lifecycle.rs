@@ -202,3 +202,27 @@ fn a_manager_joins_with_the_manager_token_and_leaves_only_with_force() {
     j.restart(&[]);
     assert_eq!(local_state(&j), "inactive");
 }
+
+#[test]
+fn a_removed_worker_is_refused_and_stops_its_tasks_saying_why() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = node_at(48, "life-keeper", None);
+    let w = node_at(49, "life-removed", Some((&m, "Worker")));
+    wait_until("the worker Ready", Duration::from_secs(30), || {
+        node_row(&m, "life-removed").and_then(|r| if r.contains("Ready") { Ok(()) } else { Err(r) })
+    });
+    docker(&m, &["service", "create", "--detach", "--name", "on-worker", "--replicas", "2", "--constraint", "node.role==worker", "busybox", "sleep", "3177"]);
+    wait_running(&m, "on-worker", 2, &["sleep", "3177"], Duration::from_secs(30));
+    docker(&m, &["node", "rm", "--force", "life-removed"]);
+    wait_until("the removed worker's tasks stopped", Duration::from_secs(30), || {
+        let n = process::pids_with_cmdline(&["sleep", "3177"]).len();
+        if n == 0 { Ok(()) } else { Err(format!("{n} left")) }
+    });
+    let log = w.log();
+    assert!(log.contains("this node was removed from the swarm (docker node rm): stopping its tasks"), "{log}");
+    assert!(log.contains("was removed from the cluster; its certificate is no longer accepted"), "refused: {log}");
+    let (ok, out, _) = docker_out(&m, &["node", "ls"]);
+    assert!(ok && !out.contains("life-removed"), "{out}");
+}

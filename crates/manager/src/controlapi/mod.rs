@@ -45,7 +45,7 @@ pub use cluster::{
     autolock_on, get_cluster, manager_unlock_key, update_cluster, update_cluster_rotating, validate_cluster_spec,
     MANAGER_UNLOCK_SUBSYSTEM, MIN_NODE_CERT_EXPIRY,
 };
-pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
+pub use node::{get_node, is_blacklisted, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use service::{
     create_service, get_service, is_job_spec, list_services, remove_service, rollback_service, service_status,
     update_service,
