@@ -571,9 +571,10 @@ async fn run_member(
         match cfg.unlock_key.clone() {
             Some(key) => lock::unlock(&cfg.state_dir, &key.0)
                 .map_err(|e| NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}")))?,
-            None => match lock::serve_until_unlocked(cfg, stop.as_mut()).await? {
+            None => match lock::serve_until_unlocked(cfg, stop.as_mut(), session).await? {
                 lock::LockedExit::Unlocked => {}
                 lock::LockedExit::Stopped => return Ok(MemberExit::Stopped),
+                lock::LockedExit::Left(p) => return Ok(MemberExit::Left(p)),
             },
         }
     }

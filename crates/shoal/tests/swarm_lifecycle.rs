@@ -231,3 +231,22 @@ fn a_removed_worker_is_refused_and_stops_its_tasks_saying_why() {
     let (ok, out, _) = docker_out(&m, &["node", "ls"]);
     assert!(ok && !out.contains("life-removed"), "{out}");
 }
+
+#[test]
+fn an_autolocked_swarm_from_init_locks_on_restart_and_leaves_only_with_force() {
+    if no_docker_cli() {
+        return;
+    }
+    let mut m = daemon_at(50, "life-locked", &["--no-init"]);
+    let addr = m.remote_addr();
+    let out = docker(&m, &["swarm", "init", "--autolock", "--listen-addr", &addr, "--advertise-addr", &addr]);
+    assert!(out.contains("SWMKEY-1-"), "init prints the unlock key: {out}");
+    m.stop();
+    m.restart(&[]);
+    assert_eq!(local_state(&m), "locked");
+    let (ok, _, err) = docker_out(&m, &["swarm", "leave"]);
+    assert!(!ok && err.contains("Swarm is encrypted and locked. Please unlock it first or use `--force` to ignore this message."), "{err}");
+    let out = docker(&m, &["swarm", "leave", "--force"]);
+    assert!(out.contains("Node left the swarm."), "{out}");
+    assert_eq!(local_state(&m), "inactive");
+}
