@@ -250,3 +250,50 @@ fn an_autolocked_swarm_from_init_locks_on_restart_and_leaves_only_with_force() {
     assert!(out.contains("Node left the swarm."), "{out}");
     assert_eq!(local_state(&m), "inactive");
 }
+
+/// The address `d` has for the manager named `host`.
+fn manager_addr_seen_by(d: &DaemonProcess, host: &str) -> Result<(String, String), String> {
+    let nodes = shoal_testkit::managers::try_get(d, "/v1.47/nodes")?;
+    let n = nodes
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["Description"]["Hostname"] == host).cloned())
+        .ok_or_else(|| format!("no {host}"))?;
+    let m = &n["ManagerStatus"];
+    let status = if m["Leader"].as_bool() == Some(true) { "Leader" } else { m["Reachability"].as_str().unwrap_or("") };
+    Ok((m["Addr"].as_str().unwrap_or("").to_string(), status.to_string()))
+}
+
+#[test]
+fn a_manager_whose_address_changes_keeps_its_place_in_raft() {
+    let m1 = node_at(51, "addr-m1", None);
+    let mut m2 = node_at(52, "addr-m2", Some((&m1, "Manager")));
+    let mut m3 = node_at(53, "addr-m3", Some((&m1, "Manager")));
+    wait_until("three reachable managers", Duration::from_secs(30), || {
+        let seen = shoal_testkit::managers::managers_seen_by(&m1)?;
+        let ok = seen.len() == 3 && seen.iter().all(|(_, s)| s == "Leader" || s == "reachable");
+        if ok { Ok(()) } else { Err(format!("{seen:?}")) }
+    });
+    m2.stop();
+    m2.move_to("127.0.0.54");
+    m2.restart(&[]);
+    let new_addr = m2.remote_addr();
+    for d in [&m1, &m3] {
+        wait_until("the others know m2's new address, and reach it", Duration::from_secs(30), || {
+            let (addr, status) = manager_addr_seen_by(d, "addr-m2")?;
+            if addr == new_addr && (status == "reachable" || status == "Leader") {
+                Ok(())
+            } else {
+                Err(format!("{addr} {status}"))
+            }
+        });
+    }
+    assert!(m2.log().contains("raft member address changed") || m1.log().contains("raft member address changed") || m3.log().contains("raft member address changed"));
+    // Losing another manager now leaves m1 and m2 (at its new address): still a quorum.
+    m3.kill9();
+    let id = wait_until("a write with m3 gone", Duration::from_secs(30), || {
+        shoal_testkit::managers::create_service(&m1, "after-move", 1, &["sleep", "3178"])
+    });
+    wait_until("m2 sees the write", Duration::from_secs(30), || {
+        shoal_testkit::managers::try_get(&m2, &format!("/v1.47/services/{id}")).map(|_| ())
+    });
+}
