@@ -297,3 +297,32 @@ fn a_manager_whose_address_changes_keeps_its_place_in_raft() {
         shoal_testkit::managers::try_get(&m2, &format!("/v1.47/services/{id}")).map(|_| ())
     });
 }
+
+/// The validity (not after - not before) of the node certificate in `d`'s state dir, and its role OU.
+fn node_cert(d: &DaemonProcess) -> (Duration, shoal_ca::Role) {
+    let pem = std::fs::read(d.state_dir().join("certificates/swarm-node.crt")).unwrap();
+    let info = shoal_ca::parse_cert(&shoal_ca::parse_cert_pem_chain(&pem).unwrap()[0]).unwrap();
+    (info.not_after.duration_since(info.not_before).unwrap(), info.subject.role)
+}
+
+#[test]
+fn a_new_cert_expiry_applies_to_the_next_certificate_a_node_gets() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = node_at(55, "expiry-m", None);
+    let w = node_at(56, "expiry-w", Some((&m, "Worker")));
+    let (life, role) = node_cert(&w);
+    assert_eq!(role, shoal_ca::Role::Worker);
+    // 90 days (the default), backdated by an hour.
+    assert!(life >= Duration::from_secs(90 * 24 * 3600), "{life:?}");
+    docker(&m, &["swarm", "update", "--cert-expiry", "30h"]);
+    // The next certificate the worker gets (promotion renews at once) is valid 30 h (and the backdating).
+    docker(&m, &["node", "promote", "expiry-w"]);
+    let life = wait_until("the promoted node's manager certificate", Duration::from_secs(60), || match node_cert(&w) {
+        (life, shoal_ca::Role::Manager) => Ok(life),
+        other => Err(format!("{other:?}")),
+    });
+    let want = Duration::from_secs(31 * 3600);
+    assert!(life.abs_diff(want) < Duration::from_secs(120), "issued for {life:?}, want about {want:?}");
+}
