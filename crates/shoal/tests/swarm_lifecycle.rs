@@ -91,6 +91,13 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
     let mut w = daemon_at(42, "life-worker", &["--no-init"]);
     assert_eq!(local_state(&w), "inactive");
     let token = docker(&m, &["swarm", "join-token", "-q", "worker"]).trim().to_string();
+    // A refused token: the join fails with the manager's reason, and the node stays as it was.
+    let mut bad = token.clone();
+    bad.truncate(bad.len() - 4);
+    bad.push_str("zzzz");
+    let (ok, _, err) = docker_out(&w, &["swarm", "join", "--token", &bad, "--listen-addr", &w.remote_addr(), &addr]);
+    assert!(!ok && err.contains("cannot join the cluster"), "{err}");
+    assert_eq!(local_state(&w), "inactive");
     let out = docker(&w, &["swarm", "join", "--token", &token, "--listen-addr", &w.remote_addr(), &addr]);
     assert!(out.contains("This node joined a swarm as a worker."), "{out}");
     assert_eq!(local_state(&w), "active");
