@@ -594,8 +594,12 @@ async fn run_member(
             worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
         }
     }
-    lifecycle::record_member(cfg)?;
     let node = Node::start_in(cfg.clone(), session.handle.as_ref()).await?;
+    // Only once started: a first start that fails leaves nothing behind.
+    if let Err(e) = lifecycle::record_member(cfg) {
+        node.shutdown(GRACE).await;
+        return Err(e);
+    }
     if let Some((spec, availability)) = session.pending.as_mut().and_then(|p| p.init.take()) {
         if let Err(e) = lifecycle::apply_init(node.state(), &node.identity().node_id, spec, availability).await {
             node.shutdown(GRACE).await;
