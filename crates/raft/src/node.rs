@@ -432,6 +432,40 @@ impl RaftNode {
         Ok((raft_id, members))
     }
 
+    /// Changes member `raft_id`'s address (leader only): a manager restarted with a new advertised address
+    /// (SwarmKit's `updateNode`, its issue #642). The change is a conf change that adds the voter again with
+    /// the new address in its context, so every member, and every later snapshot, has it. Resolves once
+    /// applied here; nothing changes when the address is already the member's.
+    pub async fn update_member_addr(&self, raft_id: u64, addr: &str) -> Result<Members, MembershipError> {
+        if !self.inner.leader.borrow().is_leader {
+            return Err(self.not_leader());
+        }
+        if addr.is_empty() {
+            return Err(MembershipError::Refused("no address given; set the manager's advertise address".into()));
+        }
+        let members = self.members();
+        let Some(current) = members.members.get(&raft_id).cloned() else {
+            return Err(MembershipError::Refused(format!("raft id {raft_id:x} is not a member")));
+        };
+        if current.addr == addr {
+            return Ok(members);
+        }
+        if let Some(other) = members.members.values().find(|m| m.addr == addr && m.raft_id != raft_id) {
+            return Err(MembershipError::Refused(format!(
+                "{addr} is the address of another member (raft id {:x}); pick an address of this manager's own",
+                other.raft_id
+            )));
+        }
+        let member = Member { raft_id, node_id: current.node_id.clone(), addr: addr.to_string() };
+        let mut cc = ConfChange::default();
+        cc.set_change_type(ConfChangeType::AddNode);
+        cc.node_id = raft_id;
+        cc.context = member.encode().into();
+        let members = self.change_membership(cc).await?;
+        tracing::info!(raft_id = format_args!("{raft_id:x}"), from = %current.addr, to = addr, "raft member address changed");
+        Ok(members)
+    }
+
     /// Removes member `raft_id` (leader only; the leader cannot remove itself). Resolves once applied here.
     pub async fn remove_member(&self, raft_id: u64) -> Result<Members, MembershipError> {
         if !self.inner.leader.borrow().is_leader {
