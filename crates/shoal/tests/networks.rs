@@ -185,8 +185,21 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
     docker(&d, &["service", "update", "-d", "--network-rm", "appnet", "roll"]);
     wait_running(&d, "roll", 1, &["sleep", "3273"], WAIT);
 
+    // Host-mode ports without networks: the process executor runs a task publishing its own port, and
+    // rejects a mapping it cannot make, naming the ports.
+    docker(&d, &["service", "create", "-d", "--name", "hp", "--publish", "mode=host,target=9100,published=9100", "busybox", "sleep", "3274"]);
+    wait_running(&d, "hp", 1, &["sleep", "3274"], WAIT);
+    docker(&d, &["service", "create", "-d", "--name", "hmap", "--publish", "mode=host,target=9200,published=9201", "busybox", "sleep", "3275"]);
+    wait_until("hmap's task rejected, naming the ports", WAIT, || {
+        let ts = tasks_of(&d, "hmap");
+        ts.iter()
+            .find(|t| state(t) == "rejected" && t["Status"]["Err"].as_str().unwrap_or("").contains("cannot map host port 9201 to port 9200"))
+            .map(|_| ())
+            .ok_or_else(|| format!("{ts:?}"))
+    });
+
     // Once the services are gone (and their tasks), the networks go.
-    for s in ["web", "hostp", "crowd", "roll"] {
+    for s in ["web", "hostp", "crowd", "roll", "hp", "hmap"] {
         docker(&d, &["service", "rm", s]);
     }
     for n in ["appnet", "small", "other"] {
