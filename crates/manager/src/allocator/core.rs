@@ -419,7 +419,11 @@ impl Allocator {
                     explain(&mut out, t, why, now);
                     continue;
                 }
-                None if self.endpoint_current(s) => s.endpoint.clone(),
+                None if self.endpoint_current(s) => {
+                    // Checked once per service and pass.
+                    endpoints.insert(s.id.clone(), Ok(s.endpoint.clone()));
+                    s.endpoint.clone()
+                }
                 None => {
                     // Not among the touched services (e.g. retried after capacity freed up): try it now.
                     match self.allocate_endpoint(tables, s) {
