@@ -193,7 +193,7 @@ fn host_port_bindings(task: &Task) -> Result<(Vec<String>, bollard::models::Port
             Protocol::Sctp => "sctp",
         };
         let key = format!("{}/{proto}", p.target_port);
-        let host_port = (p.published_port != 0).then(|| p.published_port.to_string()).unwrap_or_default();
+        let host_port = if p.published_port != 0 { p.published_port.to_string() } else { String::new() };
         exposed.push(key.clone());
         bindings.entry(key).or_insert_with(|| Some(Vec::new())).get_or_insert_with(Vec::new).push(
             bollard::models::PortBinding { host_ip: None, host_port: Some(host_port) },

@@ -109,8 +109,11 @@ fn validate_network_name(name: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// A user's subnet, with the IP range and gateway given inside it.
+type UserIpam = (Cidr, Option<Cidr>, Option<std::net::IpAddr>);
+
 /// The user's IPAM settings, checked: at most one IPv4 subnet with its range and gateway inside it.
-fn user_ipam(spec: &NetworkSpec) -> Result<Option<(Cidr, Option<Cidr>, Option<std::net::IpAddr>)>, ControlError> {
+fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
     let Some(ipam) = &spec.ipam else { return Ok(None) };
     if let Some(d) = &ipam.driver {
         if !(d.name.is_empty() || d.name == "default") {
