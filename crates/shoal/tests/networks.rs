@@ -315,3 +315,25 @@ fn after_the_leader_dies_mid_creation_no_address_is_held_twice_on_any_manager() 
         assert_eq!(allocations(d).unwrap(), first, "the managers agree");
     }
 }
+
+#[test]
+fn the_shoal_cli_creates_lists_inspects_and_removes_networks() {
+    let d = daemon();
+    let run = |args: &[&str]| {
+        let out = shoal_cli(d.socket(), args);
+        (out.status.success(), text(&out))
+    };
+    let (ok, id) = run(&["network", "create", "--subnet", "10.44.0.0/24", "--label", "a=b", "cli-net"]);
+    assert!(ok, "{id}");
+    let (ok, ls) = run(&["network", "ls"]);
+    assert!(ok && ls.contains("cli-net") && ls.contains("10.44.0.0/24") && ls.contains("ingress"), "{ls}");
+    let (ok, js) = run(&["network", "inspect", "cli-net"]);
+    let v: Value = serde_json::from_str(&js).unwrap_or_else(|e| panic!("{e}: {js}"));
+    assert!(ok && v[0]["Id"] == json!(id.trim()) && v[0]["Labels"] == json!({"a": "b"}), "{js}");
+    let (ok, e) = run(&["network", "create", "-d", "bridge", "b"]);
+    assert!(!ok && e.contains("Driver \"bridge\" is not supported"), "{e}");
+    let (ok, e) = run(&["network", "rm", "cli-net"]);
+    assert!(ok, "{e}");
+    let (ok, ls) = run(&["network", "ls"]);
+    assert!(ok && !ls.contains("cli-net"), "{ls}");
+}
