@@ -105,7 +105,12 @@ impl Executor for FakeExecutor {
             hostname: "fake".into(),
             platform: Some(Platform { architecture: "x86_64".into(), os: "linux".into() }),
             resources: Some(Resources { nano_cpus: 4_000_000_000, memory_bytes: 8 << 30, generic: vec![] }),
-            engine: Some(EngineDescription { engine_version: "shoal-fake".into(), ..Default::default() }),
+            // A simulated node simulates the overlay data plane too, so tasks on networks are placed on it.
+            engine: Some(EngineDescription {
+                engine_version: "shoal-fake".into(),
+                plugins: vec![shoal_api::PluginDescription { r#type: "Network".into(), name: "overlay".into() }],
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }

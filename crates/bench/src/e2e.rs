@@ -37,6 +37,9 @@ pub struct E2eArgs {
     /// A global service (one task per node) instead of a replicated one.
     #[arg(long)]
     global: bool,
+    /// Attach the service to an overlay network (the allocator runs).
+    #[arg(long)]
+    network: bool,
 }
 
 /// A replicated service `name` of `replicas` tasks running `sleep 3600` (the e2e and agents scenarios).
@@ -61,9 +64,27 @@ struct Run {
     running: Duration,
 }
 
-async fn one_run(replicas: u64, nodes: usize, global: bool, timeout: Duration) -> Result<Run, BenchError> {
+async fn one_run(replicas: u64, nodes: usize, global: bool, network: bool, timeout: Duration) -> Result<Run, BenchError> {
     let cluster = TestCluster::start(ClusterOptions { workers: nodes, raft: true, ..Default::default() }).await;
     let mut spec = sleep_service("bench", replicas);
+    if network {
+        let n = controlapi::create_network(
+            &cluster.state,
+            shoal_api::NetworkSpec {
+                annotations: Some(Annotations { name: "benchnet".into(), ..Default::default() }),
+                ipam: Some(shoal_api::IpamOptions {
+                    driver: None,
+                    configs: vec![shoal_api::IpamConfig { subnet: "10.128.0.0/16".into(), ..Default::default() }],
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| BenchError::Request(e.to_string()))?;
+        if let Some(t) = spec.task.as_mut() {
+            t.networks = vec![shoal_api::NetworkAttachmentConfig { target: n.id, ..Default::default() }];
+        }
+    }
     let mut want = replicas as usize;
     if global {
         spec.mode = Some(service_spec::Mode::Global(GlobalService {}));
@@ -79,7 +100,7 @@ async fn one_run(replicas: u64, nodes: usize, global: bool, timeout: Duration) -
         loop {
             let ((total, pending, running), mut watch) = cluster.state.store.view_and_watch(|t| {
                 let total = t.tasks().count_by_service(&svc.id);
-                let pending = t.tasks().by_state(TaskState::Pending).count();
+                let pending = t.tasks().by_state(TaskState::Pending).count() + t.tasks().by_state(TaskState::New).count();
                 let running = t.tasks().by_state(TaskState::Running).count();
                 (total, pending, running)
             });
@@ -116,7 +137,7 @@ pub fn run(a: E2eArgs) -> Result<(), BenchError> {
     let mut times = Vec::new();
     let mut rates = Vec::new();
     for r in 1..=runs {
-        let run = rt.block_on(one_run(replicas, nodes, a.global, Duration::from_secs(a.timeout_s)))?;
+        let run = rt.block_on(one_run(replicas, nodes, a.global, a.network, Duration::from_secs(a.timeout_s)))?;
         let rate = replicas as f64 / run.assigned.as_secs_f64().max(1e-9);
         table.row(vec![
             r.to_string(),
@@ -138,6 +159,12 @@ pub fn run(a: E2eArgs) -> Result<(), BenchError> {
         fmt_num(report::median(&rates)),
         fmt_num(med),
     ]);
-    report::finish(&table, if a.global { "e2e-global" } else { "e2e" }, med, "ms");
+    let name = match (a.global, a.network) {
+        (true, true) => "e2e-global-network",
+        (true, false) => "e2e-global",
+        (false, true) => "e2e-network",
+        (false, false) => "e2e",
+    };
+    report::finish(&table, name, med, "ms");
     Ok(())
 }

@@ -84,6 +84,10 @@ fn e2e_smoke() {
     assert_eq!((s.as_str(), u.as_str()), ("e2e", "ms"));
     let (s, g, _) = smoke(&["e2e", "--global"]);
     assert_eq!(s, "e2e-global");
+    // Services on an overlay network: the allocator gives every task an address before it is placed.
+    let (s, n, _) = smoke(&["e2e", "--network"]);
+    assert_eq!(s, "e2e-network");
+    assert!(n > 0.0);
     assert!(g > 0.0);
     assert!(v > 0.0);
 }

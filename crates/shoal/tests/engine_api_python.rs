@@ -85,7 +85,7 @@ fn engine_api_spec() -> PathBuf {
 
 /// The operations Shoal routes, as schemathesis path patterns (log streams are left out: a `follow=true` one
 /// never ends; tests/logs.rs covers them).
-const SHOAL_PATHS: &str = r"^/(_ping|version|info|swarm|swarm/update|swarm/unlockkey|swarm/unlock|services|services/create|services/\{id\}|services/\{id\}/update|tasks|tasks/\{id\}|nodes|nodes/\{id\}|nodes/\{id\}/update|secrets|secrets/create|secrets/\{id\}|secrets/\{id\}/update|configs|configs/create|configs/\{id\}|configs/\{id\}/update)$";
+const SHOAL_PATHS: &str = r"^/(_ping|version|info|swarm|swarm/update|swarm/unlockkey|swarm/unlock|services|services/create|services/\{id\}|services/\{id\}/update|tasks|tasks/\{id\}|nodes|nodes/\{id\}|nodes/\{id\}/update|secrets|secrets/create|secrets/\{id\}|secrets/\{id\}/update|configs|configs/create|configs/\{id\}|configs/\{id\}/update|networks|networks/create|networks/\{id\})$";
 
 #[test]
 fn schemathesis_finds_no_violation_of_the_engine_api_spec() {

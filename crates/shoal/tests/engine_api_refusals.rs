@@ -22,7 +22,6 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
         docker_cli::run(d.socket(), &args)
     };
     for (flags, field) in [
-        (&["--publish", "8080:80"][..], "EndpointSpec.Ports"),
         (&["--cap-add", "NET_ADMIN"][..], "TaskTemplate.ContainerSpec.CapabilityAdd"),
         (&["--cap-drop", "CHOWN"][..], "TaskTemplate.ContainerSpec.CapabilityDrop"),
         (&["--ulimit", "nofile=10:20"][..], "TaskTemplate.ContainerSpec.Ulimits"),

@@ -132,7 +132,17 @@ pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, St
             parts.map(move |name| format!("{name}:{ip}")).collect::<Vec<_>>()
         })
         .collect();
+    if let Some(a) = task.networks.first() {
+        return Err(format!(
+            "the task is attached to network {}: this node has no overlay data plane to connect it; it needs a node \
+             that reports the overlay network plugin",
+            a.network.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str())
+        ));
+    }
+    // Host-mode published ports (SwarmKit's), bound by the engine on this node; published 0: a port it chooses.
+    let (exposed, bindings) = host_port_bindings(task)?;
     let host_config = HostConfig {
+        port_bindings: (!bindings.is_empty()).then_some(bindings),
         mounts: (!mounts.is_empty()).then_some(mounts),
         nano_cpus: limits.map(|l| l.nano_cpus).filter(|&n| n > 0),
         memory: limits.map(|l| l.memory_bytes).filter(|&n| n > 0),
@@ -161,9 +171,35 @@ pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, St
         stop_signal: opt(&spec.stop_signal),
         stop_timeout: Some(stop_grace_period(task).as_secs() as i64),
         healthcheck,
+        exposed_ports: (!exposed.is_empty()).then_some(exposed),
         host_config: Some(host_config),
         ..Default::default()
     })
+}
+
+/// The container's exposed ports and the engine's bindings for the task's host-mode ports. An ingress port
+/// needs the routing mesh: refused (such a task is attached to `ingress` and never placed here).
+fn host_port_bindings(task: &Task) -> Result<(Vec<String>, bollard::models::PortMap), String> {
+    use shoal_api::port_config::{Protocol, PublishMode};
+    let mut exposed = Vec::new();
+    let mut bindings = bollard::models::PortMap::new();
+    for p in task.endpoint.iter().flat_map(|e| e.ports.iter()) {
+        if p.publish_mode != PublishMode::Host as i32 {
+            return Err(format!("port {} is published through the routing mesh, which this node does not have", p.target_port));
+        }
+        let proto = match Protocol::try_from(p.protocol).unwrap_or(Protocol::Tcp) {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        };
+        let key = format!("{}/{proto}", p.target_port);
+        let host_port = if p.published_port != 0 { p.published_port.to_string() } else { String::new() };
+        exposed.push(key.clone());
+        bindings.entry(key).or_insert_with(|| Some(Vec::new())).get_or_insert_with(Vec::new).push(
+            bollard::models::PortBinding { host_ip: None, host_port: Some(host_port) },
+        );
+    }
+    Ok((exposed, bindings))
 }
 
 #[cfg(test)]
@@ -188,6 +224,32 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn host_mode_ports_are_bound_by_the_engine_and_networks_refused() {
+        use shoal_api::port_config::{Protocol, PublishMode};
+        let mut t = task(ContainerSpec { image: "busybox".into(), ..Default::default() });
+        let port = |target: u32, published: u32, proto: Protocol| shoal_api::PortConfig {
+            target_port: target,
+            published_port: published,
+            protocol: proto as i32,
+            publish_mode: PublishMode::Host as i32,
+            ..Default::default()
+        };
+        t.endpoint = Some(shoal_api::Endpoint {
+            ports: vec![port(80, 9000, Protocol::Tcp), port(53, 0, Protocol::Udp)],
+            ..Default::default()
+        });
+        let b = create_body(&t, "n1").unwrap();
+        let mut exposed = b.exposed_ports.clone().unwrap();
+        exposed.sort();
+        assert_eq!(exposed, ["53/udp", "80/tcp"]);
+        let pb = b.host_config.unwrap().port_bindings.unwrap();
+        assert_eq!(pb["80/tcp"].as_ref().unwrap()[0].host_port.as_deref(), Some("9000"));
+        assert_eq!(pb["53/udp"].as_ref().unwrap()[0].host_port.as_deref(), Some(""), "the engine picks one");
+        t.networks = vec![shoal_api::NetworkAttachment::default()];
+        assert!(create_body(&t, "n1").unwrap_err().contains("no overlay data plane"));
     }
 
     #[test]

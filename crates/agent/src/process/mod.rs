@@ -136,6 +136,37 @@ fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'sta
     checks.into_iter().filter(|(_, set)| *set).map(|(name, _)| name).collect()
 }
 
+/// Why the task's networks or ports cannot be honoured by a plain process, if they cannot: a process shares
+/// its node's network, so it has no attachment to connect, and it publishes a host-mode port only as the port
+/// it listens on (published = target); a port mapping or an ingress port would be dropped.
+fn ports_a_process_cannot_honour(task: &Task) -> Option<String> {
+    use shoal_api::port_config::PublishMode;
+    if !task.networks.is_empty() {
+        return Some(
+            "the process executor cannot attach a task to a network (a process shares its node's network); run it \
+             on a node with the overlay data plane"
+                .into(),
+        );
+    }
+    let ports = task.endpoint.iter().flat_map(|e| e.ports.iter());
+    for p in ports {
+        if p.publish_mode != PublishMode::Host as i32 {
+            return Some(format!(
+                "the process executor cannot publish port {} through the routing mesh; use --publish mode=host",
+                p.target_port
+            ));
+        }
+        if p.published_port != p.target_port {
+            return Some(format!(
+                "the process executor cannot map host port {} to port {} (a process listens on the node itself); \
+                 publish the port as mode=host,target={1},published={1} or use the docker executor",
+                p.published_port, p.target_port
+            ));
+        }
+    }
+    None
+}
+
 impl Executor for ProcessExecutor {
     fn describe(&self) -> NodeDescription {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as i64;
@@ -158,6 +189,9 @@ impl Executor for ProcessExecutor {
 
     fn controller(&self, task: &Task, files: TaskFiles) -> Result<Box<dyn Controller>, ExecutorError> {
         let spec = container_spec(task).cloned().unwrap_or_default();
+        if let Some(why) = ports_a_process_cannot_honour(task) {
+            return Err(ExecutorError::InvalidSpec(why));
+        }
         let unhonoured = settings_a_process_cannot_honour(task, &spec);
         if !unhonoured.is_empty() {
             return Err(ExecutorError::InvalidSpec(format!(

@@ -282,3 +282,29 @@ fn secrets_a_process_cannot_have_reject_the_task() {
         assert!(err.to_string().contains("is not on a tmpfs"), "{err}");
     }
 }
+
+#[tokio::test]
+async fn a_process_publishes_a_host_port_only_as_itself_and_joins_no_network() {
+    use shoal_api::port_config::PublishMode;
+    let dir = tempfile::tempdir().unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let with_port = |published: u32, mode: PublishMode| {
+        let mut t = task("t6", &["true"], &[], None);
+        t.endpoint = Some(shoal_api::Endpoint {
+            ports: vec![shoal_api::PortConfig { target_port: 9000, published_port: published, publish_mode: mode as i32, ..Default::default() }],
+            ..Default::default()
+        });
+        t
+    };
+    assert!(exec.controller(&with_port(9000, PublishMode::Host), Vec::new()).is_ok());
+    let err = exec.controller(&with_port(9001, PublishMode::Host), Vec::new()).err().unwrap().to_string();
+    assert!(err.contains("cannot map host port 9001 to port 9000"), "{err}");
+    let err = exec.controller(&with_port(0, PublishMode::Host), Vec::new()).err().unwrap().to_string();
+    assert!(err.contains("cannot map host port 0 to port 9000"), "{err}");
+    let err = exec.controller(&with_port(8080, PublishMode::Ingress), Vec::new()).err().unwrap().to_string();
+    assert!(err.contains("routing mesh"), "{err}");
+    let mut attached = task("t7", &["true"], &[], None);
+    attached.networks = vec![shoal_api::NetworkAttachment::default()];
+    let err = exec.controller(&attached, Vec::new()).err().unwrap().to_string();
+    assert!(err.contains("cannot attach a task to a network"), "{err}");
+}

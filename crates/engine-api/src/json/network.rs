@@ -106,7 +106,8 @@ fn ipam_json(i: Option<&IpamOptions>) -> IpamJson {
                 auxiliary_addresses: BTreeMap::new(),
             })
             .collect(),
-        options: None,
+        // `{}`, as the API document has it (an object, never null).
+        options: Some(BTreeMap::new()),
     }
 }
 

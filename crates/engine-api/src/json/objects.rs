@@ -773,9 +773,9 @@ pub struct ClusterInfoJson {
     pub root_rotation_in_progress: bool,
     /// Data path port: Docker's default, 4789 (Shoal has no overlay networks yet: constant).
     pub data_path_port: u32,
-    /// Address pools for networks: Docker's default, `["10.0.0.0/8"]` (constant, as above).
+    /// Address pools networks get their subnets from: the cluster's, else Docker's default `["10.0.0.0/8"]`.
     pub default_addr_pool: Vec<String>,
-    /// Subnet size carved from the pools: Docker's default, 24 (constant, as above).
+    /// Subnet size carved from the pools: the cluster's, else Docker's default 24.
     pub subnet_size: u32,
 }
 
@@ -998,8 +998,13 @@ impl SwarmJson {
                 },
                 root_rotation_in_progress: false,
                 data_path_port: DATA_PATH_PORT,
-                default_addr_pool: vec![DEFAULT_ADDR_POOL.to_string()],
-                subnet_size: SUBNET_SIZE,
+                // The cluster's pools when it sets them (networks get their subnets there), else Docker's.
+                default_addr_pool: if c.default_address_pool.is_empty() {
+                    vec![DEFAULT_ADDR_POOL.to_string()]
+                } else {
+                    c.default_address_pool.clone()
+                },
+                subnet_size: if c.subnet_size == 0 { SUBNET_SIZE } else { c.subnet_size },
             },
             join_tokens: JoinTokensJson {
                 worker: tokens.worker,

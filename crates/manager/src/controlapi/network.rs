@@ -109,8 +109,11 @@ fn validate_network_name(name: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// A user's subnet, with the IP range and gateway given inside it.
+type UserIpam = (Cidr, Option<Cidr>, Option<std::net::IpAddr>);
+
 /// The user's IPAM settings, checked: at most one IPv4 subnet with its range and gateway inside it.
-fn user_ipam(spec: &NetworkSpec) -> Result<Option<(Cidr, Option<Cidr>, Option<std::net::IpAddr>)>, ControlError> {
+fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
     let Some(ipam) = &spec.ipam else { return Ok(None) };
     if let Some(d) = &ipam.driver {
         if !(d.name.is_empty() || d.name == "default") {
@@ -438,7 +441,51 @@ pub fn check_endpoint(t: &Tables, service_id: &str, spec: &ServiceSpec) -> Resul
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{cluster, spec};
     use super::*;
+
+    fn named(name: &str, subnet: &str) -> NetworkSpec {
+        NetworkSpec {
+            annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+            ipam: (!subnet.is_empty()).then(|| IpamOptions {
+                driver: None,
+                configs: vec![IpamConfig { subnet: subnet.into(), ..Default::default() }],
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn subnets_come_from_the_cluster_pools_and_a_used_network_stays() {
+        let (state, _) = cluster();
+        let mut c = Changes::new();
+        c.create(shoal_api::Cluster {
+            id: "c1".into(),
+            default_address_pool: vec!["192.168.0.0/16".into()],
+            subnet_size: 26,
+            ..Default::default()
+        });
+        state.propose(c).await.unwrap();
+        let subnet = |n: &Network| n.ipam.as_ref().unwrap().configs[0].subnet.clone();
+        let a = create_network(&state, named("a", "")).await.unwrap();
+        let b = create_network(&state, named("b", "")).await.unwrap();
+        assert_eq!((subnet(&a), subnet(&b)), ("192.168.0.0/26".to_string(), "192.168.0.64/26".to_string()));
+        assert_eq!(a.ipam.as_ref().unwrap().configs[0].gateway, "192.168.0.1");
+        assert_ne!(vxlan_id(&a), vxlan_id(&b));
+        let e = create_network(&state, named("c", "192.168.0.0/24")).await.unwrap_err().to_string();
+        assert!(e.contains("overlaps subnet 192.168.0.0/26 of network a"), "{e}");
+        let e = create_network(&state, named("A", "")).await.unwrap_err().to_string();
+        assert!(e.contains("already exists"), "{e}");
+        // A service on `a` by name: stored by ID; `a` cannot go while the service is there.
+        let mut s = spec("web", 1);
+        s.task.as_mut().unwrap().networks = vec![shoal_api::NetworkAttachmentConfig { target: "a".into(), ..Default::default() }];
+        let svc = super::super::create_service(&state, s).await.unwrap();
+        assert_eq!(svc.spec.as_ref().unwrap().task.as_ref().unwrap().networks[0].target, a.id);
+        let e = remove_network(&state, "a").await.unwrap_err().to_string();
+        assert!(e.contains("network a is in use by service web"), "{e}");
+        remove_network(&state, &b.id[..5]).await.unwrap();
+        assert_eq!(list_networks(&state, &NetworkFilters::default()).len(), 1);
+    }
 
     #[test]
     fn network_specs_shoal_cannot_honour_are_refused_with_the_reason() {

@@ -1,4 +1,4 @@
-//! The client side of the `shoal` binary: `service`, `node`, `task`, `secret`, `config`, `ca`, `swarm`, `info`
+//! The client side of the `shoal` binary: `service`, `node`, `task`, `secret`, `config`, `network`, `ca`, `swarm`, `info`
 //! and `version` commands, which
 //! talk to a daemon's Engine API over its control unix socket (`-H/--host` or `SHOAL_HOST`; by default the
 //! socket `shoal daemon` makes by default, see [`default_host`]). Tables look like docker's; `--format json` prints the API objects. Errors print one
@@ -9,6 +9,7 @@ mod ca;
 mod client;
 mod node;
 mod output;
+mod network;
 mod secret;
 mod service;
 mod swarm;
@@ -62,6 +63,9 @@ pub enum ClientCommand {
     /// Manage configs (files services use).
     #[command(subcommand)]
     Config(secret::SecretCommand),
+    /// Manage overlay networks.
+    #[command(subcommand)]
+    Network(network::NetworkCommand),
     /// Manage the swarm (join tokens, autolock).
     #[command(subcommand)]
     Swarm(swarm::SwarmCommand),
@@ -108,6 +112,7 @@ pub fn execute(
         ClientCommand::Task(t) => node::run_task(c, t, out),
         ClientCommand::Secret(s) => secret::run(c, secret::Kind::Secret, s, out, err),
         ClientCommand::Config(s) => secret::run(c, secret::Kind::Config, s, out, err),
+        ClientCommand::Network(n) => network::run(c, n, out, err),
         ClientCommand::Swarm(s) => swarm::run(c, s, out),
         ClientCommand::Ca(cmd) => ca::run(c, cmd, out),
         ClientCommand::Info => {

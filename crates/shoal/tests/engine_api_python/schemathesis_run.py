@@ -22,6 +22,8 @@ OMITTED = {
     ("/swarm/update", "post"): {"409": "update out of sequence"},
     ("/secrets/{id}/update", "post"): {"409": "update out of sequence"},
     ("/configs/{id}/update", "post"): {"409": "update out of sequence"},
+    # A network name taken: 409, as the engine answers (moby's errdefs.Conflict for a duplicate name).
+    ("/networks/create", "post"): {"409": "network name in use"},
     # Removing a secret or config a service uses is an InvalidArgument from SwarmKit: 400 (covered above).
     # The engine's notLockedError is a Conflict.
     ("/swarm/unlock", "post"): {"409": "swarm is not locked"},

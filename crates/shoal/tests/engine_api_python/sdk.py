@@ -156,8 +156,8 @@ wait("the jobs gone", lambda: [s.name for s in client.services.list() if s.name 
 from docker.types import EndpointSpec, Mount, SecretReference
 
 refused = [
-    (dict(networks=["backend"]), "TaskTemplate.Networks is not supported yet"),
-    (dict(endpoint_spec=EndpointSpec(ports={8080: 80})), "EndpointSpec.Ports is not supported yet"),
+    (dict(networks=["backend"]), "network backend not found"),
+    (dict(endpoint_spec=EndpointSpec(mode="dnsrr", ports={8080: 80})), "can't be used with dnsrr mode"),
     # Secrets are supported; one that does not exist is refused, naming it.
     (dict(secrets=[SecretReference("abc", "pw")]), "secret not found: pw"),
     (dict(cap_add=["CAP_NET_ADMIN"]), "ContainerSpec.CapabilityAdd is not supported yet"),
