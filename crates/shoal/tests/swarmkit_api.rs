@@ -497,3 +497,65 @@ fn a_watch_sees_a_service_come_and_go_and_resumes_after_a_restart() {
         }
     });
 }
+
+/// Manager `i` on 127.0.0.`i` serving the SwarmKit API too; with `join`, it joins that manager's cluster.
+fn manager_with_socket(i: u8, join: Option<&DaemonProcess>) -> Node {
+    let dir = tempfile::Builder::new().prefix("swk-").tempdir_in(shoal_testkit::scratch_dir()).expect("tempdir");
+    let socket = dir.path().join("swarmd.sock");
+    let mut extra_args = vec!["--listen-swarmkit-api".to_string(), socket.display().to_string()];
+    if let Some(j) = join {
+        extra_args.extend([
+            "--join-addr".into(),
+            j.remote_addr(),
+            "--join-token".into(),
+            shoal_testkit::managers::join_token(j, "Manager"),
+        ]);
+    }
+    let d = DaemonProcess::start_with(
+        &shoal_bin(),
+        DaemonOptions {
+            listen_ip: Some(format!("127.0.0.{i}")),
+            hostname: Some(format!("manager-{i}")),
+            extra_args,
+            ..Default::default()
+        },
+    );
+    Node { d, socket, _dir: dir }
+}
+
+#[test]
+fn a_follower_serves_reads_after_the_barrier_forwards_writes_and_fails_them_without_quorum() {
+    let mut leader = manager_with_socket(61, None);
+    let follower = manager_with_socket(62, Some(&leader.d));
+    let rt = runtime();
+    rt.block_on(async {
+        // The follower's own store feeds its watch.
+        let mut w = WatchClient::new(shoal_testkit::swarmkit::channel(&follower.socket).await.unwrap());
+        let req = WatchRequest { entries: vec![service_entry()], resume_from: None, include_old_object: false };
+        let mut stream = w.watch(req).await.unwrap().into_inner();
+        stream.next().await.unwrap().unwrap();
+
+        let mut c = control(&follower.socket).await;
+        let svc = c.create_service(CreateServiceRequest { spec: Some(service_spec("fwd", 1)) }).await.unwrap().into_inner().service.unwrap();
+        // Read your writes on the follower.
+        let got = c.get_service(GetServiceRequest { service_id: svc.id.clone(), insert_defaults: false }).await.unwrap();
+        assert_eq!(got.into_inner().service.unwrap().meta, svc.meta);
+        let seen = read_until(&mut stream, version(&svc.meta).unwrap().index).await;
+        assert!(seen.contains(&(WatchActionKind::WatchActionCreate as i32, version(&svc.meta).unwrap().index, "fwd".into())), "{seen:?}");
+        // The leader has it too.
+        let mut lc = control(&leader.socket).await;
+        let listed = lc.list_services(ListServicesRequest::default()).await.unwrap().into_inner().services;
+        assert!(listed.iter().any(|s| s.id == svc.id));
+    });
+    // Without the other manager there is no quorum: reads and writes fail within a bounded time, UNAVAILABLE.
+    assert!(leader.d.stop());
+    rt.block_on(async {
+        let mut c = control(&follower.socket).await;
+        let started = std::time::Instant::now();
+        let read = c.list_services(ListServicesRequest::default()).await.unwrap_err();
+        assert_eq!(read.code(), Code::Unavailable, "{read:?}");
+        let write = c.create_service(CreateServiceRequest { spec: Some(service_spec("lost", 1)) }).await.unwrap_err();
+        assert_eq!(write.code(), Code::Unavailable, "{write:?}");
+        assert!(started.elapsed() < Duration::from_secs(30), "failed in {:?}", started.elapsed());
+    });
+}
