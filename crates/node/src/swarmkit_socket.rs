@@ -285,6 +285,8 @@ mod tests {
         let ok = shoal_api::GetNodeRequest { node_id: "n1".into() }.encode_to_vec();
         assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &ok)).is_none());
         let mut extra = ok.clone();
+        extra.extend_from_slice(&[5 << 3, 0]);
+        assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &extra)).is_none(), "a zero value loses nothing");
         extra.extend_from_slice(&[5 << 3, 1]);
         let s = check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &extra)).unwrap();
         assert!(s.message().contains("field 5"), "{}", s.message());

@@ -336,7 +336,7 @@ fn every_control_call_answers_as_swarmkit_does() {
         // A field Shoal's protos do not define is refused, not dropped: ServiceSpec.networks (7) here.
         use shoal_api::prost::Message;
         let mut spec = service_spec("netted", 1).encode_to_vec();
-        spec.extend_from_slice(&[7 << 3 | 2, 0]);
+        spec.extend_from_slice(&[7 << 3 | 2, 2, 1 << 3 | 2, 0]);
         let mut body = Vec::new();
         shoal_api::prost::encoding::encode_key(1, shoal_api::prost::encoding::WireType::LengthDelimited, &mut body);
         shoal_api::prost::encoding::encode_varint(spec.len() as u64, &mut body);
