@@ -71,7 +71,7 @@ pub struct DaemonConfig {
     pub unlock_key: Option<UnlockKeyText>,
     /// Take a Raft snapshot every this many applied entries (default 10 000).
     pub raft_snapshot_interval_entries: Option<u64>,
-    /// Serve SwarmKit's own gRPC API (Control, Watch, Health; for `swarmctl`) on this unix socket, mode
+    /// Serve SwarmKit's own gRPC API (Control, Watch, Logs, Health; for `swarmctl`) on this unix socket, mode
     /// 0600, over TLS with the node's certificate, as swarmd's `--listen-control-api` (`None`: not served).
     pub listen_swarmkit_api: Option<PathBuf>,
 }

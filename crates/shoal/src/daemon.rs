@@ -69,7 +69,7 @@ pub struct DaemonArgs {
     /// Take a Raft snapshot (and compact the log) every this many applied entries.
     #[arg(long)]
     raft_snapshot_interval_entries: Option<u64>,
-    /// Also serve SwarmKit's own gRPC API (Control, Watch, Health) on this unix socket (mode 0600, TLS with
+    /// Also serve SwarmKit's own gRPC API (Control, Watch, Logs, Health) on this unix socket (mode 0600, TLS with
     /// the node's certificate), as swarmd's --listen-control-api, for `swarmctl -s PATH` (default: off).
     #[arg(long)]
     listen_swarmkit_api: Option<PathBuf>,

@@ -1,7 +1,7 @@
 //! SwarmKit's own API on `--listen-swarmkit-api`, driven by a tonic client of the same protos connected as
 //! `swarmctl` connects (TLS over the unix socket, certificate unverified): every Control call with its
 //! answers and SwarmKit's error codes, agreement with the Engine API, refusal of fields Shoal does not
-//! know, Health, and Watch: a service's create, update and remove seen live, then the same events again
+//! know, Health, Logs, and Watch: a service's create, update and remove seen live, then the same events again
 //! after a restart of the manager, resumed from a version through the Raft log.
 
 mod common;
@@ -557,5 +557,33 @@ fn a_follower_serves_reads_after_the_barrier_forwards_writes_and_fails_them_with
         let write = c.create_service(CreateServiceRequest { spec: Some(service_spec("lost", 1)) }).await.unwrap_err();
         assert_eq!(write.code(), Code::Unavailable, "{write:?}");
         assert!(started.elapsed() < Duration::from_secs(30), "failed in {:?}", started.elapsed());
+    });
+}
+
+#[test]
+fn service_logs_come_through_the_socket_as_swarmctl_reads_them() {
+    let n = start();
+    runtime().block_on(async {
+        let mut c = control(&n.socket).await;
+        let mut spec = service_spec("talker", 1);
+        if let Some(task_spec::Runtime::Container(ct)) = spec.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+            ct.command = vec!["sh".into()];
+            ct.args = vec!["-c".into(), "echo hello from talker; sleep 3600".into()];
+        }
+        let svc = c.create_service(CreateServiceRequest { spec: Some(spec) }).await.unwrap().into_inner().service.unwrap();
+        wait_for_running(&mut c, &svc.id, 1).await;
+        let mut logs = shoal_api::logs_client::LogsClient::new(shoal_testkit::swarmkit::channel(&n.socket).await.unwrap());
+        let req = SubscribeLogsRequest {
+            selector: Some(LogSelector { service_ids: vec![svc.id.clone()], ..Default::default() }),
+            options: Some(LogSubscriptionOptions { follow: true, ..Default::default() }),
+        };
+        let mut stream = logs.subscribe_logs(req).await.unwrap().into_inner();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let msg = tokio::time::timeout_at(deadline, stream.next()).await.expect("a log line within 30 s").unwrap().unwrap();
+            if msg.messages.iter().any(|m| String::from_utf8_lossy(&m.data).contains("hello from talker")) {
+                break;
+            }
+        }
     });
 }
