@@ -169,6 +169,10 @@ pub fn event_json(e: &watch_message::Event) -> Option<EventJson> {
             let name = c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.clone()).unwrap_or_default();
             ("config", &c.id, &c.meta, BTreeMap::from([("name".to_string(), name)]))
         }
+        object::Object::Network(n) => {
+            let name = n.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.clone()).unwrap_or_default();
+            ("network", &n.id, &n.meta, BTreeMap::from([("name".to_string(), name)]))
+        }
         object::Object::Task(_) | object::Object::Cluster(_) => return None,
     };
     let (action, at) = match action {
@@ -245,7 +249,7 @@ impl EventLog {
                 return;
             }
             let req = WatchRequest {
-                entries: ["node", "service", "secret", "config"].iter().map(|k| entry(k)).collect(),
+                entries: ["node", "service", "secret", "config", "network"].iter().map(|k| entry(k)).collect(),
                 resume_from: resume_from.map(|index| shoal_api::Version { index }),
                 include_old_object: true,
             };

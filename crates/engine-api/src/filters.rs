@@ -212,3 +212,40 @@ mod tests {
         assert!(nodes(Some(r#"{"role":{"boss":true}}"#)).is_err());
     }
 }
+
+/// `GET /networks` filters: id (prefix), name (substring), label, driver, scope, type; `dangling` is
+/// refused (the manager does not know which containers use a network).
+pub fn networks(raw: Option<&str>) -> Result<NetworkListFilters, ApiError> {
+    let mut f = parse(raw, &["id", "name", "label", "driver", "scope", "type"])?;
+    let types = take(&mut f, "type");
+    if let Some(t) = types.iter().find(|t| !matches!(t.as_str(), "custom" | "builtin")) {
+        return Err(ApiError::BadRequest(format!("invalid filter 'type={t}': use custom or builtin")));
+    }
+    let scopes = take(&mut f, "scope");
+    if let Some(s) = scopes.iter().find(|s| !matches!(s.as_str(), "swarm" | "global" | "local")) {
+        return Err(ApiError::BadRequest(format!("invalid filter 'scope={s}': use swarm, global or local")));
+    }
+    Ok(NetworkListFilters {
+        control: shoal_manager::controlapi::NetworkFilters {
+            ids: take(&mut f, "id"),
+            names: take(&mut f, "name"),
+            labels: take(&mut f, "label"),
+        },
+        drivers: take(&mut f, "driver"),
+        scopes,
+        types,
+    })
+}
+
+/// `GET /networks` filters: the control API's, and those decided on the network resource.
+#[derive(Debug, Clone, Default)]
+pub struct NetworkListFilters {
+    /// ID, name and label filters.
+    pub control: shoal_manager::controlapi::NetworkFilters,
+    /// Driver names (any).
+    pub drivers: Vec<String>,
+    /// Scopes (any): every Shoal network is "swarm".
+    pub scopes: Vec<String>,
+    /// "custom" (every Shoal network) or "builtin" (none).
+    pub types: Vec<String>,
+}

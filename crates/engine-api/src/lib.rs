@@ -14,6 +14,8 @@ pub mod filters;
 mod handlers;
 pub mod request;
 pub mod json;
+pub mod lifecycle;
+mod networks;
 mod secrets;
 #[cfg(test)]
 mod secrets_tests;
@@ -55,6 +57,8 @@ pub struct ApiContext {
     pub hostname: String,
     /// Where logs come from while this manager does not lead (None: such requests answer 503).
     pub leader_logs: Option<Arc<dyn logs::LeaderLogs>>,
+    /// The node's swarm lifecycle (`/swarm/leave`); none for in-process nodes.
+    pub lifecycle: lifecycle::LifecycleRef,
     /// The swarm events `GET /events` answers from (`events::EventLog`, fed by the Watch stream).
     pub events: Arc<events::EventLog>,
 }
@@ -88,6 +92,9 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/swarm/update", post(swarm_update::update_swarm))
         .route("/swarm/unlockkey", get(unlock::unlock_key))
         .route("/swarm/unlock", post(unlock::not_locked))
+        .route("/swarm/init", post(lifecycle::manager_init))
+        .route("/swarm/join", post(lifecycle::member_join))
+        .route("/swarm/leave", post(lifecycle::manager_leave))
         .route("/services", get(handlers::list_services))
         .route("/services/create", post(handlers::create_service))
         .route(
@@ -113,6 +120,9 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/configs/create", post(secrets::create_config))
         .route("/configs/{id}", get(secrets::get_config).delete(secrets::remove_config))
         .route("/configs/{id}/update", post(secrets::update_config))
+        .route("/networks", get(networks::list_networks))
+        .route("/networks/create", post(networks::create_network))
+        .route("/networks/{id}", get(networks::get_network).delete(networks::remove_network))
         .route("/distribution/{*name}", get(handlers::distribution))
         .route("/events", get(events::events))
         .fallback(handlers::not_found);

@@ -33,6 +33,8 @@ pub struct WorkerContext {
     pub managers: tokio::sync::watch::Receiver<Vec<(String, String)>>,
     /// The secrets and configs the node's agent holds (IDs and names only), kept current by the agent.
     pub held: tokio::sync::watch::Receiver<HeldDependencies>,
+    /// The node's swarm lifecycle (`/swarm/leave`).
+    pub lifecycle: crate::lifecycle::LifecycleRef,
 }
 
 /// IDs and names of the secrets and configs an agent holds: never their data.
@@ -82,6 +84,13 @@ async fn info(State(ctx): State<Arc<WorkerContext>>, v: crate::request::ApiVersi
     Json(info)
 }
 
+async fn leave(
+    State(ctx): State<Arc<WorkerContext>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> axum::response::Response {
+    crate::lifecycle::worker_leave(&ctx.lifecycle, &q).await.unwrap_or_else(|e| e.into_response())
+}
+
 async fn refuse() -> axum::response::Response {
     ApiError::Unavailable(NOT_A_MANAGER.into()).into_response()
 }
@@ -91,6 +100,9 @@ pub fn worker_router(ctx: WorkerContext) -> Router {
     let routes = Router::new()
         .route("/info", get(info))
         .route("/debug/dependencies", get(dependencies))
+        .route("/swarm/init", axum::routing::post(crate::lifecycle::manager_init))
+        .route("/swarm/join", axum::routing::post(crate::lifecycle::member_join))
+        .route("/swarm/leave", axum::routing::post(leave))
         .fallback(refuse);
     crate::with_context(routes, ctx)
 }

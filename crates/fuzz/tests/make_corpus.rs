@@ -114,7 +114,7 @@ fn write_seed_corpus() {
     let mut c = Changes::new();
     c.update(task(1)).remove(std::sync::Arc::new(task(2)));
     write("store_proposal", "update-remove.bin", &encode_request(8, c.actions()));
-    let snap = StoreSnapshot { nodes: vec![node()], services: vec![service()], tasks: vec![task(1), task(2)], clusters: vec![cluster()], secrets: vec![secret()], configs: vec![config()] };
+    let snap = StoreSnapshot { nodes: vec![node()], services: vec![service()], tasks: vec![task(1), task(2)], clusters: vec![cluster()], secrets: vec![secret()], configs: vec![config()], networks: vec![] };
     write("store_snapshot", "small.bin", &encode_snapshot(snap));
     write("store_snapshot", "empty.bin", &encode_snapshot(StoreSnapshot::default()));
 

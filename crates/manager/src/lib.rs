@@ -6,6 +6,7 @@
 //! Subsystems never call each other: each reads and watches the store and writes through the proposer.
 //! The manager knows nothing of HTTP or the Engine API (that is `shoal-engine-api`).
 
+pub mod allocator;
 pub mod ca;
 pub mod controlapi;
 pub mod dispatcher;
@@ -16,5 +17,5 @@ pub mod state;
 pub mod subsystem;
 pub mod swarmkit_api;
 
-pub use state::{ClusterState, RandomIds, WriteError};
+pub use state::{ClusterState, RandomIds, SleepFuture, Timer, TokioTimer, WriteError};
 pub use subsystem::{run_while_leader, stopped, Subsystem, SubsystemFuture};

@@ -1,7 +1,10 @@
 //! `ClusterState`: what every manager subsystem holds. The store to read and watch, the proposer to write
-//! through, the clock and the ID source. Subsystems talk to each other only through this.
+//! through, the clock, the ID source and the timer its loops wait on. Subsystems talk to each other only
+//! through this.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
@@ -34,6 +37,36 @@ impl IdSource for RandomIds {
     }
 }
 
+/// The future `Timer::sleep_ms` returns.
+pub type SleepFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Monotonic time for the waits of the leader-only loops (retry backoff, debounce and flush windows,
+/// restart timers): tokio's clock in production (`TokioTimer`), the simulation's own in `shoal-sim`, so
+/// the same loops run there without a runtime. Decisions that read wall-clock time use `Clock` instead.
+pub trait Timer: Send + Sync + std::fmt::Debug {
+    /// Monotonic now, in milliseconds since an arbitrary origin.
+    fn now_ms(&self) -> u64;
+    /// Resolves once `ms` milliseconds have passed.
+    fn sleep_ms(&self, ms: u64) -> SleepFuture;
+}
+
+/// `tokio::time` (so tests that pause tokio's clock pause these waits too).
+#[derive(Debug, Default)]
+pub struct TokioTimer {
+    origin: OnceLock<tokio::time::Instant>,
+}
+
+impl Timer for TokioTimer {
+    fn now_ms(&self) -> u64 {
+        let origin = *self.origin.get_or_init(tokio::time::Instant::now);
+        tokio::time::Instant::now().saturating_duration_since(origin).as_millis() as u64
+    }
+
+    fn sleep_ms(&self, ms: u64) -> SleepFuture {
+        Box::pin(tokio::time::sleep(std::time::Duration::from_millis(ms)))
+    }
+}
+
 /// The handles a subsystem needs. Cheap to clone.
 #[derive(Clone)]
 pub struct ClusterState {
@@ -47,6 +80,8 @@ pub struct ClusterState {
     pub ids: Arc<dyn IdSource>,
     /// This manager's log broker (log subscriptions between API clients and agents; not replicated).
     pub logs: crate::logbroker::LogBroker,
+    /// What the leader-only loops wait on (`TokioTimer` unless replaced with `with_timer`).
+    pub timer: Arc<dyn Timer>,
 }
 
 impl std::fmt::Debug for ClusterState {
@@ -74,7 +109,18 @@ impl ClusterState {
         clock: Arc<dyn Clock>,
         ids: Arc<dyn IdSource>,
     ) -> ClusterState {
-        ClusterState { store, proposer, clock, ids, logs: Default::default() }
+        ClusterState { store, proposer, clock, ids, logs: Default::default(), timer: Arc::new(TokioTimer::default()) }
+    }
+
+    /// The same state with the loops' waits on `timer` (the simulation's clock).
+    pub fn with_timer(mut self, timer: Arc<dyn Timer>) -> ClusterState {
+        self.timer = timer;
+        self
+    }
+
+    /// Waits `ms` milliseconds on this state's timer.
+    pub fn sleep_ms(&self, ms: u64) -> SleepFuture {
+        self.timer.sleep_ms(ms)
     }
 
     /// Reads a consistent view, builds a list of changes in `f`, and proposes it as one atomic write.

@@ -1,5 +1,5 @@
-//! Cluster bootstrap: on a new cluster's first leadership, write the cluster object (defaults below) and this
-//! manager's own node object. Idempotent: a start that finds them already there writes nothing, so a crash
+//! Cluster bootstrap: on a new cluster's first leadership, write the cluster object (defaults below), the
+//! `ingress` network and this manager's own node object. Idempotent: a start that finds them already there writes nothing, so a crash
 //! between Raft initialisation and this write is repaired on the next start.
 
 use std::time::Duration;
@@ -86,6 +86,10 @@ pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Resul
                     };
                     c.meta = Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) });
                     changes.create(c);
+                    // As Docker: a new swarm has the routing mesh's network (10.0.0.0/24).
+                    if t.networks().by_name(shoal_manager::controlapi::network::INGRESS_NAME).is_none() {
+                        changes.create(shoal_manager::controlapi::network::ingress_network(state.ids.new_id(), now));
+                    }
                     new_cluster_id.clone()
                 }
             };

@@ -71,10 +71,24 @@ pub struct DaemonConfig {
     pub unlock_key: Option<UnlockKeyText>,
     /// Take a Raft snapshot every this many applied entries (default 10 000).
     pub raft_snapshot_interval_entries: Option<u64>,
+    /// With an empty state dir, wait for `docker swarm init` or `docker swarm join` instead of creating a
+    /// one-node cluster (`--no-init`; see `lifecycle`).
+    pub no_init: bool,
+    /// The remote API addresses were named by the daemon's flags: they win over those `swarm.json` keeps
+    /// from the last init or join.
+    pub remote_api_from_flags: bool,
+    /// How long a first start with a join token keeps retrying a manager it cannot reach (it may be
+    /// starting at the same time), with a doubling delay up to `join::JOIN_RETRY_MAX`.
+    pub join_retry_for: std::time::Duration,
+    /// Serve Prometheus metrics (and, on managers, the live page) over plain HTTP on this address.
+    pub listen_metrics: Option<SocketAddr>,
     /// Serve SwarmKit's own gRPC API (Control, Watch, Logs, Health; for `swarmctl`) on this unix socket, mode
     /// 0600, over TLS with the node's certificate, as swarmd's `--listen-control-api` (`None`: not served).
     pub listen_swarmkit_api: Option<PathBuf>,
 }
+
+/// How long a daemon started with `--join-addr` keeps trying to reach its manager.
+pub const DEFAULT_JOIN_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl DaemonConfig {
     /// A config with defaults for everything but the state dir and the control socket.
@@ -98,6 +112,10 @@ impl DaemonConfig {
             node_cert_expiry_override: None,
             unlock_key: None,
             raft_snapshot_interval_entries: None,
+            no_init: false,
+            remote_api_from_flags: false,
+            join_retry_for: DEFAULT_JOIN_RETRY_FOR,
+            listen_metrics: None,
             listen_swarmkit_api: None,
         }
     }

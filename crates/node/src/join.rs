@@ -61,6 +61,8 @@ pub enum JoinError {
         call: &'static str,
         /// The address.
         addr: String,
+        /// The gRPC status code.
+        code: tonic::Code,
         /// The manager's message.
         message: String,
     },
@@ -213,7 +215,62 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 fn rpc<'a>(call: &'static str, addr: &'a str) -> impl FnOnce(tonic::Status) -> JoinError + 'a {
-    move |s| JoinError::Rpc { call, addr: addr.to_string(), message: s.message().to_string() }
+    move |s| JoinError::Rpc { call, addr: addr.to_string(), code: s.code(), message: s.message().to_string() }
+}
+
+impl JoinError {
+    /// Whether trying again later may succeed: the manager could not be reached, or answered that it is not
+    /// ready (starting, no leader yet). A refused token, a root CA that does not match it and a bad answer
+    /// are final.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            JoinError::Connect { .. } => true,
+            JoinError::Rpc { code, .. } => matches!(code, tonic::Code::Unavailable | tonic::Code::DeadlineExceeded),
+            _ => false,
+        }
+    }
+}
+
+/// The longest wait between two join attempts to a manager that cannot be reached yet.
+pub const JOIN_RETRY_MAX: Duration = Duration::from_secs(5);
+/// The first wait between two join attempts.
+pub const JOIN_RETRY_MIN: Duration = Duration::from_millis(200);
+
+/// `join`, retried while the manager cannot be reached yet (`JoinError::is_transient`) for up to
+/// `retry_for`, with a delay doubling from `JOIN_RETRY_MIN` to `JOIN_RETRY_MAX`, each retry logged. A
+/// final error, or a transient one once the time is up, is returned (the latter saying how long it tried).
+pub async fn join_retrying(
+    addr: &str,
+    token: &str,
+    state_dir: &Path,
+    availability: shoal_api::node_spec::Availability,
+    retry_for: Duration,
+) -> Result<(String, NodeCerts), String> {
+    let start = tokio::time::Instant::now();
+    let mut delay = JOIN_RETRY_MIN;
+    loop {
+        match join(addr, token, state_dir, availability).await {
+            Ok(r) => return Ok(r),
+            Err(e) if e.is_transient() => {
+                let waited = start.elapsed();
+                if waited + delay > retry_for {
+                    return Err(format!(
+                        "{e} (tried for {}s; start the manager first, or check the address and the network)",
+                        waited.as_secs()
+                    ));
+                }
+                tracing::warn!(
+                    manager = %addr,
+                    error = %e,
+                    "cannot join yet; retrying in {delay:?} (giving up after {}s)",
+                    retry_for.as_secs()
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(JOIN_RETRY_MAX);
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
 }
 
 /// Downloads the root CA from the manager at `addr` and returns it only if its digest is the one `token`
@@ -240,12 +297,14 @@ async fn issue(
     addr: &str,
     csr_pem: &str,
     token: &str,
+    availability: shoal_api::node_spec::Availability,
 ) -> Result<(String, String), JoinError> {
     let mut client = NodeCaClient::new(channel);
     let resp = client
         .issue_node_certificate(IssueNodeCertificateRequest {
             csr: csr_pem.as_bytes().to_vec(),
             token: token.to_string(),
+            availability: availability as i32,
             ..Default::default()
         })
         .await
@@ -276,12 +335,18 @@ async fn issue(
 }
 
 /// Joins the cluster of the manager at `addr` with `token`: checks the root CA against the token, gets a
-/// certificate (the role is the token's), writes the files, and returns the node ID and the material.
-pub async fn join(addr: &str, token: &str, state_dir: &Path) -> Result<(String, NodeCerts), JoinError> {
+/// certificate (the role is the token's; the node object gets `availability`), writes the files, and
+/// returns the node ID and the material.
+pub async fn join(
+    addr: &str,
+    token: &str,
+    state_dir: &Path,
+    availability: shoal_api::node_spec::Availability,
+) -> Result<(String, NodeCerts), JoinError> {
     let root_pem = fetch_root_ca(addr, token).await?;
     let csr = shoal_ca::generate_node_key_and_csr()?;
     let channel = connect(crate::tls::endpoint_trusting_root(addr, &root_pem), addr).await?;
-    let (node_id, cert_pem) = issue(channel, addr, &csr.csr_pem, token).await?;
+    let (node_id, cert_pem) = issue(channel, addr, &csr.csr_pem, token, availability).await?;
     let certs = NodeCerts { root_pem, cert_pem, key_pem: csr.key_pem };
     certs.tls()?; // the certificate must match the key and chain to the root before it is kept
     store_certs(state_dir, &certs)?;
@@ -292,7 +357,7 @@ pub async fn join(addr: &str, token: &str, state_dir: &Path) -> Result<(String, 
 pub async fn renew_once(addr: &str, tls: &NodeTls, state_dir: &Path) -> Result<(), JoinError> {
     let csr = shoal_ca::generate_node_key_and_csr()?;
     let channel = connect(tls.endpoint(addr), addr).await?;
-    let (_, cert_pem) = issue(channel, addr, &csr.csr_pem, "").await?;
+    let (_, cert_pem) = issue(channel, addr, &csr.csr_pem, "", Default::default()).await?;
     let certs = NodeCerts { root_pem: tls.root_pem(), cert_pem, key_pem: csr.key_pem };
     certs.tls()?;
     store_certs(state_dir, &certs)?;

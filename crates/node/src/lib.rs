@@ -13,7 +13,9 @@ mod config;
 mod identity;
 pub mod join;
 pub mod leader_logs;
+pub mod lifecycle;
 pub mod lock;
+pub mod metrics_listener;
 mod raft_member;
 mod raft_status;
 pub mod security;
@@ -114,6 +116,8 @@ pub struct RunningNode {
     state: ClusterState,
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
+    /// The control socket's server, stopped last (a leave is answered through it after the rest stopped).
+    control_api: lifecycle::Closer,
     control_socket: std::path::PathBuf,
     swarmkit_socket: Option<std::path::PathBuf>,
     remote_addr: std::net::SocketAddr,
@@ -165,12 +169,24 @@ pub struct Node;
 impl Node {
     /// Starts a node from `cfg`. Returns once the control socket answers.
     pub async fn start(cfg: DaemonConfig) -> Result<RunningNode, NodeError> {
+        Self::start_in(cfg, Default::default()).await
+    }
+
+    /// `start`, with the node's swarm lifecycle for its control socket (`/swarm/leave`).
+    pub(crate) async fn start_in(
+        cfg: DaemonConfig,
+        lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
+    ) -> Result<RunningNode, NodeError> {
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| NodeError::io(&cfg.state_dir, e))?;
         set_mode(&cfg.state_dir, 0o700)?;
         // The listeners first: an address that is taken stops the start before anything is written.
         let listener = tokio::net::TcpListener::bind(cfg.listen_remote_api)
             .await
             .map_err(|e| NodeError::listen("--listen-remote-api", cfg.listen_remote_api, e))?;
+        let metrics = match cfg.listen_metrics {
+            Some(addr) => Some(metrics_listener::bind(addr).await?),
+            None => None,
+        };
         let unix = bind_control_socket(&cfg.listen_control_api)?;
         let swarmkit = match &cfg.listen_swarmkit_api {
             Some(path) => match swarmkit_socket::bind(path) {
@@ -187,7 +203,7 @@ impl Node {
         let state_dir = cfg.state_dir.clone();
         let control_socket = cfg.listen_control_api.clone();
         let swarmkit_socket = cfg.listen_swarmkit_api.clone();
-        let started = Self::start_with(cfg, listener, unix, swarmkit).await;
+        let started = Self::start_with(cfg, listener, unix, metrics, swarmkit, lifecycle).await;
         if started.is_err() {
             let _ = std::fs::remove_file(&control_socket);
             if let Some(path) = &swarmkit_socket {
@@ -209,7 +225,9 @@ impl Node {
         mut cfg: DaemonConfig,
         listener: tokio::net::TcpListener,
         unix: tokio::net::UnixListener,
+        metrics: Option<tokio::net::TcpListener>,
         swarmkit: Option<tokio::net::UnixListener>,
+        lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
     ) -> Result<RunningNode, NodeError> {
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
         let mut identity = match identity::load(&cfg.state_dir)? {
@@ -251,7 +269,10 @@ impl Node {
             None => security::manager_tls(&cfg.state_dir, &identity.node_id, &store, cfg.node_cert_expiry_override)?,
         };
         channels.set(mtls.tls.clone());
-        let state = ClusterState::new(store, Arc::new(raft.clone()), Arc::new(SystemClock), ids);
+        // Every write goes through Raft, timed for the metrics.
+        let recorders = shoal_observe::Recorders::new();
+        let proposer = shoal_observe::TimedProposer::new(Arc::new(raft.clone()), recorders.clone());
+        let state = ClusterState::new(store, Arc::new(proposer), Arc::new(SystemClock), ids);
         let remote_security = security::RemoteSecurity::new(
             mtls.tls.clone(),
             &state,
@@ -270,6 +291,18 @@ impl Node {
             "grpc",
             services::serve_manager_grpc(&dispatcher, listener, Some(&raft), Some(&remote_security), shutdown_rx.clone()),
         ));
+        if let Some(listener) = metrics {
+            let started = metrics_listener::start_manager(
+                listener,
+                &state,
+                &raft,
+                &dispatcher,
+                &identity.node_id,
+                recorders,
+                shutdown_rx.clone(),
+            );
+            tasks.extend(started);
+        }
         let ready = async {
             raft_member::wait_ready(&state, &raft, membership).await?;
             if membership == raft_member::Membership::Restarted {
@@ -351,6 +384,7 @@ impl Node {
                 dispatcher_addr.clone(),
                 &advertised.to_string(),
             ))),
+            lifecycle,
         };
         if let Some(addr) = cfg.listen_api_tcp {
             // The Engine API over TCP, mutual TLS only (see `api_tcp`).
@@ -367,17 +401,18 @@ impl Node {
                 tokio::spawn(api_tcp::serve(listener, config, cluster.id.clone(), router, shutdown_rx.clone())),
             ));
         }
-        tasks.push((
-            "engine-api",
+        let (api_stop_tx, api_stop_rx) = watch::channel(false);
+        let control_api = lifecycle::Closer::new(
+            api_stop_tx,
             tokio::spawn({
-                let stop = wait_true(shutdown_rx.clone());
+                let stop = wait_true(api_stop_rx);
                 async move {
                     if let Err(e) = shoal_engine_api::serve_unix(unix, ctx, stop).await {
                         tracing::error!(error = %e, "control API server failed");
                     }
                 }
             }),
-        ));
+        );
 
         if let Some(listener) = swarmkit {
             // SwarmKit's own API for swarmctl (see `swarmkit_socket`).
@@ -405,7 +440,18 @@ impl Node {
 
         tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
         let swarmkit_socket = cfg.listen_swarmkit_api.clone();
-        Ok(RunningNode { identity, cluster_id, raft, state, shutdown_tx, tasks, control_socket, swarmkit_socket, remote_addr })
+        Ok(RunningNode {
+            identity,
+            cluster_id,
+            raft,
+            state,
+            shutdown_tx,
+            tasks,
+            control_api,
+            control_socket,
+            swarmkit_socket,
+            remote_addr,
+        })
     }
 }
 
@@ -430,6 +476,17 @@ impl RunningNode {
     /// Stops the node: the agent first (so every task process is stopped), then the servers and the
     /// leader-only subsystems, then Raft. Bounded: each part gets `grace` to finish before it is aborted.
     pub async fn shutdown(self, grace: Duration) {
+        let socket = self.control_socket.clone();
+        let control_api = self.shutdown_all_but_control_api(grace).await;
+        if tokio::time::timeout(grace, control_api.close()).await.is_err() {
+            tracing::warn!(part = "engine-api", "did not stop in time");
+        }
+        let _ = std::fs::remove_file(&socket);
+    }
+
+    /// Stops everything as `shutdown` does but the control socket's server, which is returned to be closed
+    /// after an answer sent through it (a leave).
+    pub(crate) async fn shutdown_all_but_control_api(self, grace: Duration) -> lifecycle::Closer {
         let _ = self.shutdown_tx.send(true);
         for (name, handle) in self.tasks {
             let abort = handle.abort_handle();
@@ -439,10 +496,10 @@ impl RunningNode {
             }
         }
         self.raft.shutdown().await;
-        let _ = std::fs::remove_file(&self.control_socket);
         if let Some(path) = &self.swarmkit_socket {
             let _ = std::fs::remove_file(path);
         }
+        self.control_api
     }
 }
 
@@ -519,33 +576,115 @@ pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| NodeError::io(path, e))
 }
 
-/// Runs a node until `stop` resolves, then shuts it down.
+/// Runs a node until `stop` resolves, then shuts it down; in between it moves through the swarm lifecycle
+/// (`lifecycle`): inactive until an init or join, a member (locked first when autolock sealed its keys; a
+/// worker, restarted in-process as a manager when promoted; or a manager), and back to inactive on leave.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
     let mut cfg = cfg;
     let _state_dir_lock = lock_state_dir(&cfg.state_dir)?;
     let stop = std::pin::pin!(stop);
     let mut stop = stop;
+    let (handle, mut requests) = lifecycle::channel();
+    let mut pending: Option<lifecycle::Pending> = None;
+    loop {
+        if lifecycle::prepare_start(&mut cfg)? {
+            match lifecycle::serve_inactive(&mut cfg, &handle, &mut requests, &mut pending, stop.as_mut()).await? {
+                lifecycle::InactiveExit::Stopped => return Ok(()),
+                lifecycle::InactiveExit::Start => {}
+            }
+        }
+        let from_request = pending.is_some();
+        let mut session = lifecycle::Session { handle: &handle, requests: &mut requests, pending: &mut pending };
+        match run_member(&mut cfg, &mut session, stop.as_mut()).await {
+            Ok(MemberExit::Stopped) => return Ok(()),
+            Ok(MemberExit::Left(leave)) => {
+                lifecycle::clear_state(&cfg)?;
+                tracing::info!("left the swarm: this node is in no swarm now");
+                pending = Some(*leave);
+            }
+            Err(e) if from_request => {
+                // An init or join that failed: nothing of it stays, and the error is the answer.
+                tracing::warn!(error = %e, "docker swarm init/join failed");
+                lifecycle::clear_state(&cfg)?;
+                if let Some(p) = pending.as_mut() {
+                    p.failure = Some(match e {
+                        NodeError::Listen { .. } | NodeError::Config(_) => shoal_engine_api::ApiError::BadRequest(e.to_string()),
+                        other => shoal_engine_api::ApiError::Unavailable(other.to_string()),
+                    });
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        cfg.join_addr = None;
+        cfg.join_token = None;
+    }
+}
+
+/// Why a member stopped.
+enum MemberExit {
+    /// The daemon is stopping.
+    Stopped,
+    /// `docker swarm leave`: to answer once inactive.
+    Left(Box<lifecycle::Pending>),
+}
+
+/// Runs this node as a member of its swarm (see `run_daemon`) until `stop` or a leave.
+async fn run_member(
+    cfg: &mut DaemonConfig,
+    session: &mut lifecycle::Session<'_>,
+    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<MemberExit, NodeError> {
+    const GRACE: Duration = Duration::from_secs(15);
     if lock::is_locked(&cfg.state_dir)? {
         match cfg.unlock_key.clone() {
             Some(key) => lock::unlock(&cfg.state_dir, &key.0)
                 .map_err(|e| NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}")))?,
-            None => match lock::serve_until_unlocked(&cfg, stop.as_mut()).await? {
+            None => match lock::serve_until_unlocked(cfg, stop.as_mut()).await? {
                 lock::LockedExit::Unlocked => {}
-                lock::LockedExit::Stopped => return Ok(()),
+                lock::LockedExit::Stopped => return Ok(MemberExit::Stopped),
             },
         }
     }
-    if let worker_node::StartAs::Worker(w) = worker_node::prepare(&cfg).await? {
-        match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), Duration::from_secs(15)).await? {
-            worker_node::WorkerExit::Stopped => return Ok(()),
+    let availability = session
+        .pending
+        .as_ref()
+        .and_then(|p| p.join_availability)
+        .map(|a| a.to_api())
+        .unwrap_or_default();
+    if let worker_node::StartAs::Worker(w) = worker_node::prepare(cfg, availability).await? {
+        lifecycle::record_member(cfg)?;
+        match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), GRACE, session).await? {
+            worker_node::WorkerExit::Stopped => return Ok(MemberExit::Stopped),
+            worker_node::WorkerExit::Left(p) => return Ok(MemberExit::Left(p)),
             // Promoted: the state dir now holds a manager certificate; start again as a manager that joins
             // Raft through the manager this worker's session was open with.
             worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
         }
     }
-    let node = Node::start(cfg).await?;
-    stop.await;
-    tracing::info!("shutting down");
-    node.shutdown(Duration::from_secs(15)).await;
-    Ok(())
+    lifecycle::record_member(cfg)?;
+    let node = Node::start_in(cfg.clone(), session.handle.as_ref()).await?;
+    if let Some((spec, availability)) = session.pending.as_mut().and_then(|p| p.init.take()) {
+        if let Err(e) = lifecycle::apply_init(node.state(), &node.identity().node_id, spec, availability).await {
+            node.shutdown(GRACE).await;
+            return Err(NodeError::Bootstrap(format!("cannot apply the init request's settings: {e}")));
+        }
+    }
+    let node_id = node.identity().node_id.clone();
+    session.started(&node_id).await;
+    let leave = tokio::select! {
+        _ = stop.as_mut() => None,
+        reply = session.next_leave() => Some(reply),
+    };
+    match leave {
+        None => {
+            tracing::info!("shutting down");
+            node.shutdown(GRACE).await;
+            Ok(MemberExit::Stopped)
+        }
+        Some(reply) => {
+            tracing::info!("docker swarm leave: stopping this manager and leaving the swarm");
+            let control_api = node.shutdown_all_but_control_api(GRACE).await;
+            Ok(MemberExit::Left(Box::new(lifecycle::Pending::leave(reply, control_api))))
+        }
+    }
 }

@@ -15,6 +15,7 @@ use crate::raft_status::ManagerStatusSubsystem;
 /// The leader-only subsystems, in start order. Each is a loop over the store's watch queue.
 pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>) -> Vec<Box<dyn Subsystem>> {
     let mut list = shoal_manager::orchestrator::subsystems();
+    list.push(shoal_manager::allocator::subsystem());
     list.push(shoal_manager::scheduler::subsystem());
     list.push(dispatcher.subsystem());
     list

@@ -94,8 +94,13 @@ fn security(e: impl std::fmt::Display) -> NodeError {
     NodeError::Security(e.to_string())
 }
 
-/// Decides how this node starts, joining first when this is the first start with `--join-token`.
-pub async fn prepare(cfg: &DaemonConfig) -> Result<StartAs, NodeError> {
+/// Decides how this node starts, joining first when this is the first start with `--join-token` (the node
+/// object then gets `availability`). A manager that cannot be reached yet is retried for
+/// `cfg.join_retry_for` (see `join::join_retrying`).
+pub async fn prepare(
+    cfg: &DaemonConfig,
+    availability: shoal_api::node_spec::Availability,
+) -> Result<StartAs, NodeError> {
     std::fs::create_dir_all(&cfg.state_dir).map_err(|e| NodeError::io(&cfg.state_dir, e))?;
     crate::set_mode(&cfg.state_dir, 0o700)?;
     if let Some(certs) = join::load_certs(&cfg.state_dir).map_err(security)? {
@@ -144,8 +149,9 @@ pub async fn prepare(cfg: &DaemonConfig) -> Result<StartAs, NodeError> {
             cfg.state_dir.display()
         )));
     }
-    let (node_id, certs) =
-        join::join(addr, &token.0, &cfg.state_dir).await.map_err(|e| NodeError::Join(e.to_string()))?;
+    let (node_id, certs) = join::join_retrying(addr, &token.0, &cfg.state_dir, availability, cfg.join_retry_for)
+        .await
+        .map_err(NodeError::Join)?;
     let tls = certs.tls().map_err(security)?;
     // The CA chose the node ID; the Raft ID of a joining manager comes from the leader.
     identity::store(&cfg.state_dir, &NodeIdentity { node_id: node_id.clone(), raft_id: crate::random_raft_id() })?;
@@ -159,8 +165,7 @@ pub async fn prepare(cfg: &DaemonConfig) -> Result<StartAs, NodeError> {
 }
 
 /// Why `run_worker` returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkerExit {
+pub(crate) enum WorkerExit {
     /// `stop` resolved.
     Stopped,
     /// The node was promoted and now holds a manager certificate: start it as a manager (`Node::start`,
@@ -169,6 +174,9 @@ pub enum WorkerExit {
         /// The manager (`host:port`) the worker's session was open with: the one to join Raft through.
         via: String,
     },
+    /// `docker swarm leave`: every part but the control socket's server stopped; answer the leave through it
+    /// once the node is inactive.
+    Left(Box<crate::lifecycle::Pending>),
 }
 
 /// How long the promotion watch waits between failed renewals (doubling from `RENEW_RETRY_MIN`).
@@ -216,11 +224,12 @@ async fn wait_promoted(
 
 /// Runs a worker until `stop` resolves, or until it is promoted (see `WorkerExit`); then stops its tasks
 /// (bounded by `grace` per part) and returns why.
-pub async fn run_worker(
+pub(crate) async fn run_worker(
     cfg: DaemonConfig,
     w: WorkerStart,
     stop: impl std::future::Future<Output = ()>,
     grace: Duration,
+    session: &mut crate::lifecycle::Session<'_>,
 ) -> Result<WorkerExit, NodeError> {
     let hostname = cfg.hostname.clone().unwrap_or_else(crate::machine_hostname);
     let executor = crate::pick_executor(cfg.executor, &cfg, &w.node_id, &hostname).await?;
@@ -228,6 +237,11 @@ pub async fn run_worker(
     let mut tasks = Vec::new();
 
     let control_socket = cfg.listen_control_api.clone();
+    // The metrics listener first: a taken address stops the start before the control socket is made.
+    if let Some(addr) = cfg.listen_metrics {
+        let listener = crate::metrics_listener::bind(addr).await?;
+        tasks.push(crate::metrics_listener::start_worker(listener, &w.node_id, shutdown_rx.clone()));
+    }
     let unix = crate::bind_control_socket(&control_socket)?;
     // The managers this worker knows, by address only until a session message names them.
     let known = std::iter::once(&w.manager_addr).chain(&w.more_managers);
@@ -240,18 +254,21 @@ pub async fn run_worker(
         executor: executor.name().to_string(),
         managers: managers_rx,
         held: held_rx,
+        lifecycle: session.handle.as_ref(),
     };
-    tasks.push((
-        "control-api",
+    // The control socket's server stops on its own signal: a leave is answered through it after the rest.
+    let (api_stop_tx, api_stop_rx) = watch::channel(false);
+    let control_api = crate::lifecycle::Closer::new(
+        api_stop_tx,
         tokio::spawn({
-            let stop = crate::wait_true(shutdown_rx.clone());
+            let stop = crate::wait_true(api_stop_rx);
             async move {
                 if let Err(e) = shoal_engine_api::worker::serve_worker_unix(unix, ctx, stop).await {
                     tracing::error!(error = %e, "control API server failed");
                 }
             }
         }),
-    ));
+    );
 
     let (node_tx, node_rx) = watch::channel(None);
     // The manager of the agent's current session (renewal and promotion go there).
@@ -291,16 +308,24 @@ pub async fn run_worker(
         )),
     ));
     tracing::info!(node_id = %w.node_id, manager = %w.manager_addr, more = ?w.more_managers, control = %control_socket.display(), "worker started");
+    session.started(&w.node_id).await;
 
-    let exit = tokio::select! {
-        _ = stop => WorkerExit::Stopped,
-        _ = promoted => WorkerExit::Promoted { via: session_manager.borrow().clone() },
+    enum Why {
+        Stopped,
+        Promoted(String),
+        Leave(tokio::sync::oneshot::Sender<Result<(), shoal_engine_api::ApiError>>),
+    }
+    let why = tokio::select! {
+        _ = stop => Why::Stopped,
+        _ = promoted => Why::Promoted(session_manager.borrow().clone()),
+        reply = session.next_leave() => Why::Leave(reply),
     };
-    match &exit {
-        WorkerExit::Stopped => tracing::info!("shutting down"),
-        WorkerExit::Promoted { via } => {
+    match &why {
+        Why::Stopped => tracing::info!("shutting down"),
+        Why::Promoted(via) => {
             tracing::info!(%via, "promoted to manager: stopping the worker parts to restart this node as a manager")
         }
+        Why::Leave(_) => tracing::info!("docker swarm leave: stopping this worker's tasks and leaving the swarm"),
     }
     let _ = shutdown_tx.send(true);
     for (name, handle) in tasks {
@@ -310,6 +335,12 @@ pub async fn run_worker(
             abort.abort();
         }
     }
+    let exit = match why {
+        Why::Stopped => WorkerExit::Stopped,
+        Why::Promoted(via) => WorkerExit::Promoted { via },
+        Why::Leave(reply) => return Ok(WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, control_api)))),
+    };
+    control_api.close().await;
     let _ = std::fs::remove_file(&control_socket);
     Ok(exit)
 }

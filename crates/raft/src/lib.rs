@@ -117,6 +117,24 @@ pub mod fuzz_hooks {
     }
 }
 
+/// The driver's pure steps, for the deterministic simulation of `shoal-sim`, which drives raft-rs's
+/// `RawNode` over simulated storage and network but must screen and apply entries as the driver does.
+pub mod sim_hooks {
+    use std::sync::Arc;
+
+    use shoal_store::{Commit, MemoryStore, StoreError};
+
+    /// The driver's screening of an inbound raft message before raft-rs steps it: false to drop it.
+    pub fn screen_inbound(m: &mut crate::eraftpb::Message, last_index: u64) -> bool {
+        crate::node::screen_inbound(m, last_index)
+    }
+
+    /// Applies one committed normal entry as the driver does: its request ID (when decodable) and outcome.
+    pub fn apply_normal(store: &MemoryStore, e: &crate::eraftpb::Entry) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
+        crate::node::apply_normal(store, e)
+    }
+}
+
 #[cfg(test)]
 mod cluster_tests;
 #[cfg(test)]

@@ -1385,7 +1385,7 @@ const fn election_rng_seed(raft_id: u64) -> u64 {
 
 /// Applies one normal entry: an empty one (a leader's no-op) only advances the index; otherwise the
 /// decoded actions are applied all-or-nothing. Returns the request ID (when decodable) and the outcome.
-fn apply_normal(store: &MemoryStore, e: &Entry) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
+pub(crate) fn apply_normal(store: &MemoryStore, e: &Entry) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
     if e.data.is_empty() {
         store.advance_index(e.index);
         return (None, Ok(Arc::new(Commit { index: e.index, changes: Vec::new() })));

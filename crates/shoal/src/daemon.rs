@@ -18,9 +18,10 @@ pub struct DaemonArgs {
     /// Control socket to serve the Engine API on (default: <state dir>/control.sock).
     #[arg(long)]
     listen_control_api: Option<PathBuf>,
-    /// Address for the remote gRPC API (dispatcher, raft).
-    #[arg(long, default_value = "127.0.0.1:4242")]
-    listen_remote_api: SocketAddr,
+    /// Address for the remote gRPC API (dispatcher, raft) [default: 127.0.0.1:4242, or the one the last
+    /// `docker swarm init` or `join` gave].
+    #[arg(long)]
+    listen_remote_api: Option<SocketAddr>,
     /// Address other nodes use to reach this one (default: the listen address).
     #[arg(long)]
     advertise_remote_api: Option<SocketAddr>,
@@ -41,6 +42,10 @@ pub struct DaemonArgs {
     /// Join the cluster of the manager at this remote address (host:port) as a new manager, on first start.
     #[arg(long)]
     join_addr: Option<String>,
+    /// With an empty state dir, join no swarm: wait for `docker swarm init` or `docker swarm join` on the
+    /// control socket, as a fresh Docker Engine does (without it, an empty state dir makes a one-node swarm).
+    #[arg(long, conflicts_with_all = ["join_addr", "join_token"])]
+    no_init: bool,
     /// Disaster recovery: make this manager the only member of its Raft cluster (keeping its data) when a
     /// majority of the managers is lost for good; re-join the other managers afterwards.
     #[arg(long)]
@@ -69,6 +74,10 @@ pub struct DaemonArgs {
     /// Take a Raft snapshot (and compact the log) every this many applied entries.
     #[arg(long)]
     raft_snapshot_interval_entries: Option<u64>,
+    /// Serve Prometheus metrics at /metrics and, on managers, a live page of the cluster at / on this
+    /// address (IP:PORT, plain HTTP, unauthenticated: e.g. 127.0.0.1:9323). Off by default.
+    #[arg(long)]
+    listen_metrics: Option<SocketAddr>,
     /// Also serve SwarmKit's own gRPC API (Control, Watch, Logs, Health) on this unix socket (mode 0600, TLS with
     /// the node's certificate), as swarmd's --listen-control-api, for `swarmctl -s PATH` (default: off).
     #[arg(long)]
@@ -89,8 +98,12 @@ pub fn run(args: DaemonArgs) -> i32 {
 
     let listen_control_api = args.listen_control_api.clone().unwrap_or_else(|| args.state_dir.join("control.sock"));
     let mut cfg = DaemonConfig::new(args.state_dir, listen_control_api);
-    cfg.listen_remote_api = args.listen_remote_api;
+    if let Some(a) = args.listen_remote_api {
+        cfg.listen_remote_api = a;
+    }
     cfg.advertise_remote_api = args.advertise_remote_api;
+    cfg.remote_api_from_flags = args.listen_remote_api.is_some() || args.advertise_remote_api.is_some();
+    cfg.no_init = args.no_init;
     cfg.hostname = args.hostname;
     cfg.generic_node_resources = args.generic_node_resources.map(|g| g.0).unwrap_or_default();
     cfg.executor = args.executor;
@@ -103,6 +116,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.join_token = args.join_token.map(shoal_node::JoinToken);
     cfg.listen_api_tcp = args.listen_api;
     cfg.raft_snapshot_interval_entries = args.raft_snapshot_interval_entries;
+    cfg.listen_metrics = args.listen_metrics;
     cfg.listen_swarmkit_api = args.listen_swarmkit_api;
     if let Some(path) = &args.unlock_key_file {
         match std::fs::read_to_string(path) {

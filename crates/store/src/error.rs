@@ -49,6 +49,10 @@ pub enum StoreError {
     /// succeed).
     #[error("{0}")]
     DanglingReference(String),
+    /// A network's subnet overlaps another network's (checked when the write is applied, so two networks
+    /// created from the same view cannot both get one range).
+    #[error("{0}")]
+    AddressConflict(String),
     /// The object is malformed (e.g. no ID).
     #[error("invalid object: {0}")]
     InvalidObject(String),

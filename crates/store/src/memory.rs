@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use shoal_api::{Cluster, Config, Node, Secret, Service, StoreSnapshot};
+use shoal_api::{Cluster, Config, Network, Node, Secret, Service, StoreSnapshot};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::mpsc;
 
@@ -120,6 +120,7 @@ pub struct Tables {
     clusters: Table<Cluster>,
     secrets: Table<Secret>,
     configs: Table<Config>,
+    networks: Table<Network>,
     service_totals: ServiceTotals,
     last_index: u64,
 }
@@ -205,6 +206,10 @@ impl Tables {
     pub fn configs(&self) -> &Table<Config> {
         &self.configs
     }
+    /// Networks by ID and by unique name.
+    pub fn networks(&self) -> &Table<Network> {
+        &self.networks
+    }
     /// The Raft index of the last applied write (or of the snapshot restored).
     pub fn last_index(&self) -> u64 {
         self.last_index
@@ -219,6 +224,7 @@ impl Tables {
             ObjectKind::Cluster => self.clusters.get(id).cloned().map(Object::Cluster),
             ObjectKind::Secret => self.secrets.get(id).cloned().map(Object::Secret),
             ObjectKind::Config => self.configs.get(id).cloned().map(Object::Config),
+            ObjectKind::Network => self.networks.get(id).cloned().map(Object::Network),
         }
     }
 
@@ -228,6 +234,7 @@ impl Tables {
             Object::Cluster(c) => (c.unique_name()?, self.clusters.name_owner(c.unique_name()?)),
             Object::Secret(c) => (c.unique_name()?, self.secrets.name_owner(c.unique_name()?)),
             Object::Config(c) => (c.unique_name()?, self.configs.name_owner(c.unique_name()?)),
+            Object::Network(c) => (c.unique_name()?, self.networks.name_owner(c.unique_name()?)),
             _ => return None,
         };
         owner.map(|o| (o, name.to_string()))
@@ -248,6 +255,7 @@ impl Tables {
             Object::Cluster(o) => self.clusters.insert(o).map(Object::Cluster),
             Object::Secret(o) => self.secrets.insert(o).map(Object::Secret),
             Object::Config(o) => self.configs.insert(o).map(Object::Config),
+            Object::Network(o) => self.networks.insert(o).map(Object::Network),
         }
     }
 
@@ -265,6 +273,7 @@ impl Tables {
             ObjectKind::Cluster => self.clusters.remove(id).map(Object::Cluster),
             ObjectKind::Secret => self.secrets.remove(id).map(Object::Secret),
             ObjectKind::Config => self.configs.remove(id).map(Object::Config),
+            ObjectKind::Network => self.networks.remove(id).map(Object::Network),
         }
     }
 
@@ -303,6 +312,74 @@ impl Tables {
         Ok(())
     }
 
+    /// The networks a service's current spec attaches to must exist (those the stored service already
+    /// attached to are not checked again, as for secrets).
+    fn check_networks_of(&self, service: &Service) -> Result<(), StoreError> {
+        let Some(spec) = &service.spec else { return Ok(()) };
+        let stored = self.services.get(&service.id);
+        let had = |id: &str| {
+            stored.is_some_and(|s| {
+                [s.spec.as_ref(), s.previous_spec.as_ref()].into_iter().flatten().any(|sp| spec_networks(sp).any(|n| n == id))
+            })
+        };
+        if let Some(id) = spec_networks(spec).find(|id| self.networks.get(id).is_none() && !had(id)) {
+            return Err(StoreError::DanglingReference(format!(
+                "network not found: {id} (service {} refers to it; it was removed meanwhile)",
+                service.unique_name().unwrap_or("")
+            )));
+        }
+        Ok(())
+    }
+
+    /// No service's current spec may attach to a network being removed, and the ingress network stays while
+    /// a service publishes a port through it.
+    fn check_network_unused(&self, network: &Network) -> Result<(), StoreError> {
+        let ingress = network.spec.as_ref().is_some_and(|s| s.ingress);
+        let uses = |s: &Service| {
+            s.spec.as_ref().is_some_and(|sp| {
+                spec_networks(sp).any(|n| n == network.id)
+                    || (ingress
+                        && sp.endpoint.as_ref().is_some_and(|e| {
+                            e.ports.iter().any(|p| p.publish_mode == shoal_api::port_config::PublishMode::Ingress as i32)
+                        }))
+            })
+        };
+        if let Some(svc) = self.services.iter().find(|s| uses(s)) {
+            return Err(StoreError::DanglingReference(format!(
+                "network {} is in use by service {} (it started using it meanwhile)",
+                network.unique_name().unwrap_or(&network.id),
+                svc.unique_name().unwrap_or("")
+            )));
+        }
+        Ok(())
+    }
+
+    /// A network's subnets must not overlap any other network's.
+    fn check_network_subnets(&self, network: &Network) -> Result<(), StoreError> {
+        let vni = |n: &Network| n.driver_state.as_ref().and_then(|d| d.options.get(VXLAN_ID_OPTION).cloned());
+        if let Some(v) = vni(network) {
+            if let Some(other) = self.networks.iter().find(|o| o.id != network.id && vni(o).as_ref() == Some(&v)) {
+                return Err(StoreError::AddressConflict(format!(
+                    "VXLAN ID {v} of network {} is in use by network {}; create the network again",
+                    network.unique_name().unwrap_or(&network.id),
+                    other.unique_name().unwrap_or(&other.id)
+                )));
+            }
+        }
+        for mine in network_subnets(network) {
+            for other in self.networks.iter().filter(|o| o.id != network.id) {
+                if let Some(theirs) = network_subnets(other).find(|t| t.overlaps(&mine)) {
+                    return Err(StoreError::AddressConflict(format!(
+                        "subnet {mine} of network {} overlaps subnet {theirs} of network {}; choose another subnet",
+                        network.unique_name().unwrap_or(&network.id),
+                        other.unique_name().unwrap_or(&other.id)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// No service's current spec may refer to a secret or config being removed.
     fn check_unreferenced(&self, obj: &Object) -> Result<(), StoreError> {
         let uses = |c: &shoal_api::ContainerSpec| match obj {
@@ -332,7 +409,16 @@ impl Tables {
             return Err(StoreError::InvalidObject(format!("{} without an ID", kind.name())));
         }
         match (&action.kind, &action.object) {
-            (ActionKind::Create | ActionKind::Update, Object::Service(s)) => self.check_references_of(s)?,
+            (ActionKind::Create | ActionKind::Update, Object::Service(s)) => {
+                self.check_references_of(s)?;
+                self.check_networks_of(s)?;
+            }
+            (ActionKind::Create | ActionKind::Update, Object::Network(n)) => self.check_network_subnets(n)?,
+            (ActionKind::Remove, Object::Network(_)) => {
+                if let Some(Object::Network(current)) = self.current(kind, &id) {
+                    self.check_network_unused(&current)?;
+                }
+            }
             (ActionKind::Remove, Object::Secret(_) | Object::Config(_)) => {
                 if let Some(current) = self.current(kind, &id) {
                     self.check_unreferenced(&current)?;
@@ -408,6 +494,20 @@ fn container_of_spec(spec: &shoal_api::ServiceSpec) -> Option<&shoal_api::Contai
     }
 }
 
+/// The driver option holding an overlay network's VXLAN ID (libnetwork's key), unique per cluster.
+pub const VXLAN_ID_OPTION: &str = "com.docker.network.driver.overlay.vxlanid_list";
+
+/// The network IDs a service spec attaches to (the task spec's and the deprecated service-level list).
+pub fn spec_networks(spec: &shoal_api::ServiceSpec) -> impl Iterator<Item = &str> + '_ {
+    let task = spec.task.as_ref().map(|t| t.networks.as_slice()).unwrap_or(&[]);
+    task.iter().chain(spec.networks.iter()).map(|n| n.target.as_str())
+}
+
+/// The subnets a network holds (those that parse; the control API writes only valid ones).
+fn network_subnets(n: &Network) -> impl Iterator<Item = crate::cidr::Cidr> + '_ {
+    n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse().ok())
+}
+
 /// Returns a copy of the object with its version set to `index`.
 fn stamp(obj: &Object, index: u64) -> Object {
     fn with_version<T: StoreObject>(o: &Arc<T>, index: u64) -> Arc<T> {
@@ -422,6 +522,7 @@ fn stamp(obj: &Object, index: u64) -> Object {
         Object::Cluster(o) => Object::Cluster(with_version(o, index)),
         Object::Secret(o) => Object::Secret(with_version(o, index)),
         Object::Config(o) => Object::Config(with_version(o, index)),
+        Object::Network(o) => Object::Network(with_version(o, index)),
     }
 }
 
@@ -570,6 +671,7 @@ impl MemoryStore {
             clusters: t.clusters.iter().map(|o| (**o).clone()).collect(),
             secrets: t.secrets.iter().map(|o| (**o).clone()).collect(),
             configs: t.configs.iter().map(|o| (**o).clone()).collect(),
+            networks: t.networks.iter().map(|o| (**o).clone()).collect(),
         };
         (t.last_index, snap)
     }
@@ -596,6 +698,9 @@ impl MemoryStore {
         }
         for o in snap.configs {
             t.configs.insert(Arc::new(o));
+        }
+        for o in snap.networks {
+            t.networks.insert(Arc::new(o));
         }
         let mut tables = self.tables.write();
         *tables = t;

@@ -1,9 +1,9 @@
-//! The six object kinds the store holds, behind one trait (`StoreObject`) and one enum (`Object`), and the
+//! The seven object kinds the store holds, behind one trait (`StoreObject`) and one enum (`Object`), and the
 //! conversions to and from SwarmKit's `StoreAction` wire form.
 
 use std::sync::Arc;
 
-use shoal_api::{store_action, Cluster, Config, Meta, Node, Secret, Service, StoreAction, StoreActionKind, Task};
+use shoal_api::{store_action, Cluster, Config, Meta, Network, Node, Secret, Service, StoreAction, StoreActionKind, Task};
 
 /// Which table an object lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -20,6 +20,8 @@ pub enum ObjectKind {
     Secret,
     /// Configs: non-sensitive files that services reference.
     Config,
+    /// Networks: overlay networks tasks attach to, with their address ranges.
+    Network,
 }
 
 impl ObjectKind {
@@ -32,6 +34,7 @@ impl ObjectKind {
             ObjectKind::Cluster => "cluster",
             ObjectKind::Secret => "secret",
             ObjectKind::Config => "config",
+            ObjectKind::Network => "network",
         }
     }
 }
@@ -87,6 +90,7 @@ store_object!(Service, Service, |s| s.spec.as_ref().and_then(|s| s.annotations.a
 store_object!(Cluster, Cluster, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 store_object!(Secret, Secret, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 store_object!(Config, Config, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
+store_object!(Network, Network, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 
 /// A stored object of any kind, shared.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,6 +107,8 @@ pub enum Object {
     Secret(Arc<Secret>),
     /// A config.
     Config(Arc<Config>),
+    /// A network.
+    Network(Arc<Network>),
 }
 
 impl Object {
@@ -115,6 +121,7 @@ impl Object {
             Object::Cluster(_) => ObjectKind::Cluster,
             Object::Secret(_) => ObjectKind::Secret,
             Object::Config(_) => ObjectKind::Config,
+            Object::Network(_) => ObjectKind::Network,
         }
     }
 
@@ -127,6 +134,7 @@ impl Object {
             Object::Cluster(o) => &o.id,
             Object::Secret(o) => &o.id,
             Object::Config(o) => &o.id,
+            Object::Network(o) => &o.id,
         }
     }
 
@@ -139,6 +147,7 @@ impl Object {
             Object::Cluster(o) => o.version(),
             Object::Secret(o) => o.version(),
             Object::Config(o) => o.version(),
+            Object::Network(o) => o.version(),
         }
     }
 
@@ -151,6 +160,7 @@ impl Object {
             store_action::Target::Cluster(o) => Object::Cluster(Arc::new(o)),
             store_action::Target::Secret(o) => Object::Secret(Arc::new(o)),
             store_action::Target::Config(o) => Object::Config(Arc::new(o)),
+            store_action::Target::Network(o) => Object::Network(Arc::new(o)),
         }
     }
 
@@ -164,6 +174,7 @@ impl Object {
             Object::Cluster(o) => o.encoded_len(),
             Object::Secret(o) => o.encoded_len(),
             Object::Config(o) => o.encoded_len(),
+            Object::Network(o) => o.encoded_len(),
         }
     }
 
@@ -176,6 +187,7 @@ impl Object {
             Object::Cluster(o) => store_action::Target::Cluster((**o).clone()),
             Object::Secret(o) => store_action::Target::Secret((**o).clone()),
             Object::Config(o) => store_action::Target::Config((**o).clone()),
+            Object::Network(o) => store_action::Target::Network((**o).clone()),
         }
     }
 }

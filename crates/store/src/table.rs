@@ -2,23 +2,32 @@
 //! (service, node, service+slot, desired state, observed state). Reads never scan a whole table when an
 //! index answers.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use shoal_api::Task;
 
 use crate::object::StoreObject;
 
+/// The hasher of the ID map: fixed keys, so that the order of `Table::iter` depends only on the table's
+/// history, the same in every process (a seed of the simulation, `shoal-sim`, replays exactly; with a
+/// per-process random hasher every subsystem that iterates a table would decide in a different order on
+/// each run). The keys are IDs the managers generate, not a client's choice, so fixed keys give a client no
+/// way to make them collide. Names (chosen by clients) keep the randomly keyed default.
+type IdHasher = BuildHasherDefault<DefaultHasher>;
+
 /// One table of objects of type `T`, keyed by ID, with a case-insensitive unique-name index.
 #[derive(Clone, Debug)]
 pub struct Table<T> {
-    by_id: HashMap<String, Arc<T>>,
+    by_id: HashMap<String, Arc<T>, IdHasher>,
     by_name: HashMap<String, String>,
 }
 
 impl<T> Default for Table<T> {
     fn default() -> Self {
-        Table { by_id: HashMap::new(), by_name: HashMap::new() }
+        Table { by_id: HashMap::default(), by_name: HashMap::new() }
     }
 }
 
@@ -33,7 +42,7 @@ impl<T: StoreObject> Table<T> {
         self.by_name.get(&name.to_lowercase()).and_then(|id| self.by_id.get(id))
     }
 
-    /// All objects, in no particular order.
+    /// All objects, in no particular order (but the same order for the same history of writes).
     pub fn iter(&self) -> impl Iterator<Item = &Arc<T>> + '_ {
         self.by_id.values()
     }
@@ -181,6 +190,11 @@ impl TaskTable {
     /// Tasks whose observed state (status.state) is this one.
     pub fn by_state(&self, state: shoal_api::TaskState) -> impl Iterator<Item = &Arc<Task>> + '_ {
         self.lookup(self.by_state.get(&(state as i32)))
+    }
+
+    /// Number of tasks whose observed state is this one (O(1): the size of its index entry).
+    pub fn count_by_state(&self, state: shoal_api::TaskState) -> usize {
+        self.by_state.get(&(state as i32)).map_or(0, BTreeSet::len)
     }
 
     pub(crate) fn insert(&mut self, task: Arc<Task>) -> Option<Arc<Task>> {

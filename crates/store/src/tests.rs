@@ -383,6 +383,62 @@ fn no_write_leaves_a_service_referring_to_a_missing_secret_or_config() {
     assert!(matches!(apply(&store, 11, c), Err(StoreError::DanglingReference(m)) if m.starts_with("secret not found: new-gone")));
 }
 
+fn network(id: &str, name: &str, subnet: &str) -> shoal_api::Network {
+    shoal_api::Network {
+        id: id.into(),
+        spec: Some(shoal_api::NetworkSpec {
+            annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        ipam: Some(shoal_api::IpamOptions {
+            driver: None,
+            configs: vec![shoal_api::IpamConfig { subnet: subnet.into(), ..Default::default() }],
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn networks_never_overlap_survive_snapshots_and_stay_while_a_service_uses_them() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    c.create(network("n1", "appnet", "10.0.1.0/24"));
+    apply(&store, 1, c).unwrap();
+    // Two networks proposed from one view cannot both get overlapping ranges.
+    for (i, subnet) in ["10.0.1.0/24", "10.0.0.0/16", "10.0.1.128/25"].into_iter().enumerate() {
+        let mut c = Changes::new();
+        c.create(network(&format!("x{i}"), &format!("other{i}"), subnet));
+        let e = apply(&store, 2 + i as u64, c).unwrap_err();
+        assert!(e.to_string().contains("overlaps subnet 10.0.1.0/24 of network appnet"), "{e}");
+    }
+    let mut c = Changes::new();
+    c.create(network("n2", "APPNET", "10.0.2.0/24"));
+    assert!(matches!(apply(&store, 9, c), Err(StoreError::NameConflict { kind: ObjectKind::Network, .. })));
+
+    // A service attached to a missing network is refused; one attached to n1 holds it.
+    let attached = |id: &str, name: &str, net: &str| {
+        let mut s = service(id, name);
+        s.spec.as_mut().unwrap().task =
+            Some(shoal_api::TaskSpec { networks: vec![shoal_api::NetworkAttachmentConfig { target: net.into(), ..Default::default() }], ..Default::default() });
+        s
+    };
+    let mut c = Changes::new();
+    c.create(attached("s0", "lost", "nope"));
+    assert!(apply(&store, 10, c).unwrap_err().to_string().contains("network not found: nope"));
+    let mut c = Changes::new();
+    c.create(attached("s1", "web", "n1"));
+    apply(&store, 11, c).unwrap();
+    let mut c = Changes::new();
+    c.remove(store.view(|t| t.networks().get("n1").cloned()).unwrap());
+    let e = apply(&store, 12, c).unwrap_err();
+    assert!(e.to_string().contains("network appnet is in use by service web"), "{e}");
+
+    let (index, snap) = store.snapshot();
+    let again = MemoryStore::default();
+    again.restore(index, decode_snapshot(&encode_snapshot(snap)).unwrap());
+    assert_eq!(again.view(|t| t.networks().by_name("appnet").map(|n| n.id.clone())), Some("n1".into()));
+}
+
 #[test]
 fn failed_applies_are_remembered_until_a_restore() {
     let store = MemoryStore::default();

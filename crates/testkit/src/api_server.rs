@@ -46,6 +46,7 @@ impl ApiServer {
             executor: "process".into(),
             hostname: hostname.into(),
             leader_logs: None,
+            lifecycle: Default::default(),
             events: shoal_engine_api::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(
                 state.clone(),
                 None,

@@ -1,5 +1,6 @@
 //! Test harness shared by the end-to-end tests and later multi-node and fault tests:
 //! - `api_server`: the Engine API alone on a temp socket over an in-memory state (API and client tests);
+//! - `cdp`: headless Chromium driven over the DevTools Protocol (evaluate, wait, screenshot), for web pages;
 //! - `cluster`: a whole cluster in one process (real manager subsystems and dispatcher, fake executors);
 //! - `daemon`: a `shoal daemon` process under test, on a temporary state dir, control socket and port, stopped
 //!   (and its task processes with it) when dropped, even when the test fails;
@@ -16,6 +17,7 @@
 //! - [`scratch_dir`]: where files shared by test processes live (in the build's target dir, not /tmp).
 
 pub mod api_server;
+pub mod cdp;
 pub mod cluster;
 pub mod daemon;
 pub mod docker_cli;

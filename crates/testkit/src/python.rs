@@ -1,4 +1,4 @@
-//! Real Python clients for tests (the Docker SDK, schemathesis): a venv under the target dir
+//! Real Python clients for tests (the Docker SDK, schemathesis, prometheus_client's text parsers): a venv under the target dir
 //! (`target/test-venv`), created on first use with the pinned `PACKAGES` installed from PyPI by pip, under a
 //! file lock so that concurrent test processes make it once; and a runner for a script with that venv's
 //! interpreter. A fresh machine needs only `python3` with its `venv` module; `cargo nextest run` does the rest.
@@ -11,7 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 /// What the venv holds, pinned (top-level packages; pip resolves the rest).
-pub const PACKAGES: &[&str] = &["docker==7.2.0", "schemathesis==4.32.5"];
+pub const PACKAGES: &[&str] = &["docker==7.2.0", "schemathesis==4.32.5", "prometheus_client==0.26.0"];
 
 /// The target dir the running test binary was built into (`CARGO_TARGET_DIR` when set).
 fn target_dir() -> Result<PathBuf, String> {

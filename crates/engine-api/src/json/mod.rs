@@ -4,6 +4,7 @@
 
 pub mod common;
 pub mod go_decode;
+pub mod network;
 pub mod objects;
 pub mod secret;
 pub mod spec;

@@ -14,7 +14,7 @@ use super::spec::{
     DriverJson, EndpointSpecJson, PlatformJson, PortJson, ServiceSpecJson, TaskSpecJson,
 };
 
-fn meta_parts(meta: Option<&Meta>) -> (VersionJson, String, String) {
+pub(crate) fn meta_parts(meta: Option<&Meta>) -> (VersionJson, String, String) {
     (
         VersionJson::from_api(meta.and_then(|m| m.version.as_ref())),
         time_to_json(meta.and_then(|m| m.created_at.as_ref())),
@@ -81,6 +81,9 @@ pub struct EndpointJson {
     /// Allocated ports.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<PortJson>,
+    /// The service's address on each of its networks (VIP mode).
+    #[serde(rename = "VirtualIPs", skip_serializing_if = "Vec::is_empty")]
+    pub virtual_ips: Vec<super::network::VirtualIpJson>,
 }
 
 /// `Service.UpdateStatus`.
@@ -152,6 +155,11 @@ impl ServiceJson {
                     .map(EndpointSpecJson::from_api)
                     .unwrap_or_default(),
                 ports: e.ports.iter().map(PortJson::from_api).collect(),
+                virtual_ips: e
+                    .virtual_ips
+                    .iter()
+                    .map(|v| super::network::VirtualIpJson { network_id: v.network_id.clone(), addr: v.addr.clone() })
+                    .collect(),
             }),
             update_status: s.update_status.as_ref().map(|u| UpdateStatusJson {
                 state: enum_to_str(u.state(), UPDATE_STATE).into(),
@@ -189,7 +197,11 @@ impl ServiceJson {
                             .iter()
                             .map(PortJson::to_api)
                             .collect::<Result<_, _>>()?,
-                        virtual_ips: Vec::new(),
+                        virtual_ips: e
+                            .virtual_ips
+                            .iter()
+                            .map(|v| shoal_api::endpoint::VirtualIp { network_id: v.network_id.clone(), addr: v.addr.clone() })
+                            .collect(),
                     })
                 })
                 .transpose()?,
@@ -264,6 +276,9 @@ pub struct TaskJson {
     /// The job iteration a job's task was made for (job modes only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job_iteration: Option<VersionJson>,
+    /// The task's addresses on its networks, once the allocator gave them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub networks_attachments: Vec<super::network::NetworkAttachmentStatusJson>,
 }
 
 fn is_zero_u64(v: &u64) -> bool {
@@ -358,6 +373,7 @@ impl TaskJson {
             },
             desired_state: TaskState::from_wire(t.desired_state).docker_name().into(),
             job_iteration: t.job_iteration.as_ref().map(|v| VersionJson::from_api(Some(v))),
+            networks_attachments: t.networks.iter().map(super::network::NetworkAttachmentStatusJson::from_api).collect(),
         }
     }
 

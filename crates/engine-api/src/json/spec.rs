@@ -11,7 +11,7 @@ use shoal_api::{
     container_spec, endpoint_spec, mount, placement_preference, port_config, restart_policy,
     service_spec, task_spec, update_config, Annotations, ContainerSpec, Driver, EndpointSpec,
     GlobalJob, GlobalService, HealthConfig, Mount, Placement, PlacementPreference, Platform,
-    PortConfig, ReplicatedJob, ReplicatedService, ResourceRequirements, Resources, RestartPolicy,
+    NetworkAttachmentConfig, PortConfig, ReplicatedJob, ReplicatedService, ResourceRequirements, Resources, RestartPolicy,
     ServiceSpec, SpreadOver, TaskSpec, UpdateConfig,
 };
 
@@ -39,9 +39,42 @@ pub struct ServiceSpecJson {
     /// Ports and resolution mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint_spec: Option<EndpointSpecJson>,
-    /// Networks (deprecated for `TaskTemplate.Networks`): read only to be refused (`refused_fields`).
-    #[serde(skip_serializing)]
-    pub networks: serde_json::Value,
+    /// Networks (deprecated for `TaskTemplate.Networks`, still read and shown as sent).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<NetworkAttachmentJson>,
+}
+
+/// `NetworkAttachmentConfig`: a network a service's tasks attach to (name or ID; the control API stores the ID).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct NetworkAttachmentJson {
+    /// The network's ID or name.
+    pub target: String,
+    /// Extra DNS names of the task on that network.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// Driver options of the attachment: refused (`unsupported.rs`), no driver reads them yet.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    pub driver_opts: BTreeMap<String, String>,
+}
+
+impl NetworkAttachmentJson {
+    fn to_api(&self) -> NetworkAttachmentConfig {
+        NetworkAttachmentConfig {
+            target: self.target.clone(),
+            aliases: self.aliases.clone(),
+            addresses: Vec::new(),
+            driver_attachment_opts: labels_from_json(&self.driver_opts),
+        }
+    }
+
+    fn from_api(n: &NetworkAttachmentConfig) -> NetworkAttachmentJson {
+        NetworkAttachmentJson {
+            target: n.target.clone(),
+            aliases: n.aliases.clone(),
+            driver_opts: labels_to_json(&n.driver_attachment_opts),
+        }
+    }
 }
 
 /// `ServiceSpec.Mode`: exactly one member set.
@@ -112,9 +145,9 @@ pub struct TaskSpecJson {
     /// "container" (the only runtime).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub runtime: String,
-    /// Networks to attach tasks to: read only to be refused (`refused_fields`).
-    #[serde(skip_serializing)]
-    pub networks: serde_json::Value,
+    /// Networks to attach tasks to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<NetworkAttachmentJson>,
     /// A plugin's spec (runtime `plugin`): read only to be refused.
     #[serde(skip_serializing)]
     pub plugin_spec: serde_json::Value,
@@ -722,6 +755,7 @@ impl ServiceSpecJson {
                 .as_ref()
                 .map(EndpointSpecJson::to_api)
                 .transpose()?,
+            networks: self.networks.iter().map(NetworkAttachmentJson::to_api).collect(),
         })
     }
 
@@ -757,7 +791,7 @@ impl ServiceSpecJson {
             update_config: s.update.as_ref().map(UpdateConfigJson::from_api),
             rollback_config: s.rollback.as_ref().map(UpdateConfigJson::from_api),
             endpoint_spec: s.endpoint.as_ref().map(EndpointSpecJson::from_api),
-            ..Default::default()
+            networks: s.networks.iter().map(NetworkAttachmentJson::from_api).collect(),
         }
     }
 }
@@ -842,6 +876,7 @@ impl TaskSpecJson {
                 .transpose()?,
             placement: self.placement.as_ref().map(PlacementJson::to_api),
             log_driver: self.log_driver.as_ref().map(DriverJson::to_api),
+            networks: self.networks.iter().map(NetworkAttachmentJson::to_api).collect(),
             force_update: self.force_update,
         })
     }
@@ -870,6 +905,7 @@ impl TaskSpecJson {
             restart_policy: t.restart.as_ref().map(RestartPolicyJson::from_api),
             placement: t.placement.as_ref().map(PlacementJson::from_api),
             log_driver: t.log_driver.as_ref().map(DriverJson::from_api),
+            networks: t.networks.iter().map(NetworkAttachmentJson::from_api).collect(),
             force_update: t.force_update,
             runtime: if t.runtime.is_some() {
                 "container".into()

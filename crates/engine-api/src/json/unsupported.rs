@@ -31,11 +31,8 @@ fn is_set_beyond_default(v: &Value) -> bool {
 
 /// The first field of `spec` Shoal cannot honour, with why, as the 400 the client gets.
 pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
-    const NO_NETWORKS: &str = "Shoal does not attach tasks to networks yet; leave it out (tasks use their node's network)";
     let t = &spec.task_template;
     let mut checks: Vec<(String, bool, &str)> = vec![
-        ("Networks".into(), is_set(&spec.networks), NO_NETWORKS),
-        ("TaskTemplate.Networks".into(), is_set(&t.networks), NO_NETWORKS),
         (
             "TaskTemplate.PluginSpec".into(),
             is_set(&t.plugin_spec),
@@ -51,12 +48,17 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
             t.log_driver.as_ref().is_some_and(|d| !d.name.is_empty() || !d.options.is_empty()),
             "Shoal's executors keep task output themselves and apply no log driver; leave it out",
         ),
-        (
-            "EndpointSpec.Ports".into(),
-            spec.endpoint_spec.as_ref().is_some_and(|e| !e.ports.is_empty()),
-            "Shoal does not publish ports yet (no routing mesh, no host port mapping); leave it out",
-        ),
     ];
+    let lists = [("Networks", &spec.networks), ("TaskTemplate.Networks", &t.networks)];
+    for (list, nets) in lists {
+        for (i, n) in nets.iter().enumerate() {
+            checks.push((
+                format!("{list}[{i}].DriverOpts"),
+                !n.driver_opts.is_empty(),
+                "no network driver reads attachment options yet; leave them out",
+            ));
+        }
+    }
     if let Some(r) = &t.resources {
         let limits = r.limits.as_ref();
         let reservations = r.reservations.as_ref();

@@ -26,11 +26,17 @@
 //! spec and, in the write that stores it, for existence (`references`); removing one that a service
 //! references is refused, naming the services.
 //!
+//! Networks (`network`): swarm-scope overlay networks created (subnet, gateway and VXLAN ID chosen in the
+//! write), listed and removed (refused while a service or a running task uses one); a service's networks
+//! resolved to IDs and its published ports checked (an ingress port another service holds is refused,
+//! naming it).
+//!
 //! Must not depend on HTTP, JSON, processes or Docker.
 
 mod cluster;
 mod config;
 pub mod limits;
+pub mod network;
 mod node;
 mod references;
 mod secret;
@@ -44,6 +50,9 @@ pub(crate) mod tests;
 pub use cluster::{
     autolock_on, get_cluster, manager_unlock_key, update_cluster, update_cluster_rotating, validate_cluster_spec,
     MANAGER_UNLOCK_SUBSYSTEM, MIN_NODE_CERT_EXPIRY,
+};
+pub use network::{
+    create_network, find_network, get_network, list_networks, remove_network, validate_network_spec, NetworkFilters,
 };
 pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use service::{
@@ -134,6 +143,7 @@ impl From<StoreError> for ControlError {
             StoreError::VersionConflict { .. } => ControlError::Conflict(e.to_string()),
             StoreError::NotFound { kind, id } => ControlError::not_found(kind.name(), &id),
             StoreError::DanglingReference(m) => ControlError::InvalidArgument(m),
+            StoreError::AddressConflict(m) => ControlError::Conflict(m),
             StoreError::Exists { .. } | StoreError::InvalidObject(_) | StoreError::Decode { .. } => {
                 ControlError::Internal(e.to_string())
             }

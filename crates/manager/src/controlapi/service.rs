@@ -247,6 +247,10 @@ pub async fn create_service(
             if let Some(c) = container_mut(service.spec.as_mut()) {
                 resolve_references(t, c)?;
             }
+            if let Some(spec) = service.spec.as_mut() {
+                super::network::resolve_service_networks(t, spec)?;
+                super::network::check_endpoint(t, &service.id, spec)?;
+            }
             let nodes = t.nodes().len() as u64;
             check_cluster_totals(t.service_totals(), ServiceTotals::default(), ServiceTotals::of(&service), nodes)?;
             c.create(service);
@@ -309,6 +313,8 @@ pub async fn update_service(
             if let Some(c) = container_mut(Some(&mut spec)) {
                 resolve_references(t, c)?;
             }
+            super::network::resolve_service_networks(t, &mut spec)?;
+            super::network::check_endpoint(t, &current.id, &spec)?;
             let mut next = (**current).clone();
             next.previous_spec = next.spec.take();
             next.previous_spec_version = next.spec_version.take();

@@ -298,6 +298,11 @@ impl Dispatcher {
         })
     }
 
+    /// Agent sessions open on this dispatcher now (for the metrics).
+    pub fn session_count(&self) -> usize {
+        self.registry.lock().sessions.len()
+    }
+
     /// The heartbeat period: the cluster object's setting, else the configured default, in milliseconds.
     pub fn heartbeat_period_ms(&self) -> u64 {
         let from_cluster = self.state.store.view(|t| {
@@ -436,25 +441,7 @@ impl Dispatcher {
         req: SessionRequest,
     ) -> Result<ReceiverStream<Result<SessionMessage, Status>>, Status> {
         let addr = peer.map(|p| p.ip().to_string()).unwrap_or_default();
-        self.register_node(&node_id, &req, addr).await?;
-        let session_id = self.state.ids.new_id();
-        let (alive_tx, alive_rx) = watch::channel(());
-        {
-            let mut reg = self.registry.lock();
-            // Replacing the entry drops the old session's sender, which ends its streams.
-            reg.sessions.insert(
-                node_id.clone(),
-                SessionEntry {
-                    session_id: session_id.clone(),
-                    _alive: alive_tx,
-                    alive_rx: alive_rx.clone(),
-                },
-            );
-            let ttl = self.heartbeat_ttl_ms();
-            reg.heartbeats
-                .beat(&node_id, self.state.clock.now_unix_ms(), ttl);
-        }
-        tracing::info!(node = %node_id, session = %session_id, "agent session opened");
+        let (session_id, alive_rx) = self.register_session(&node_id, &req, addr).await?;
         let (node, mut watch) = self
             .fanout
             .view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
@@ -521,6 +508,36 @@ impl Dispatcher {
             tracing::info!(node = %node_id, session = %session_id, "agent session closed");
         });
         Ok(ReceiverStream::new(rx))
+    }
+
+    /// The start of every session: registers the node READY, replaces any earlier session of the node
+    /// (ending its streams) and counts it as a heartbeat. Returns the session ID and its alive-receiver.
+    async fn register_session(
+        &self,
+        node_id: &str,
+        req: &SessionRequest,
+        addr: String,
+    ) -> Result<(String, watch::Receiver<()>), Status> {
+        self.register_node(node_id, req, addr).await?;
+        let session_id = self.state.ids.new_id();
+        let (alive_tx, alive_rx) = watch::channel(());
+        {
+            let mut reg = self.registry.lock();
+            // Replacing the entry drops the old session's sender, which ends its streams.
+            reg.sessions.insert(
+                node_id.to_string(),
+                SessionEntry {
+                    session_id: session_id.clone(),
+                    _alive: alive_tx,
+                    alive_rx: alive_rx.clone(),
+                },
+            );
+            let ttl = self.heartbeat_ttl_ms();
+            reg.heartbeats
+                .beat(node_id, self.state.clock.now_unix_ms(), ttl);
+        }
+        tracing::info!(node = %node_id, session = %session_id, "agent session opened");
+        Ok((session_id, alive_rx))
     }
 
     fn heartbeat(&self, node_id: &str, session_id: &str) -> Result<HeartbeatResponse, Status> {
@@ -836,6 +853,34 @@ impl Dispatcher {
     }
 }
 
+/// The RPCs without their gRPC streams, for the deterministic simulation (`shoal-sim`), which runs agents
+/// in the same process and computes their assignments itself with `AssignmentSet`. Each checks
+/// leadership first, as the RPC handler does; the logic is the same functions the handlers call.
+impl Dispatcher {
+    /// `Session` without its stream: registers the node and opens a session. Returns the session ID.
+    pub async fn open_session_in_process(&self, node_id: &str, req: &SessionRequest) -> Result<String, Status> {
+        self.check_leader()?;
+        Ok(self.register_session(node_id, req, String::new()).await?.0)
+    }
+
+    /// True while `session_id` is `node_id`'s current session (not replaced, not expired).
+    pub fn session_is_current(&self, node_id: &str, session_id: &str) -> bool {
+        self.session_alive(node_id, session_id).is_ok()
+    }
+
+    /// `Heartbeat`.
+    pub fn heartbeat_in_process(&self, node_id: &str, session_id: &str) -> Result<HeartbeatResponse, Status> {
+        self.check_leader()?;
+        self.heartbeat(node_id, session_id)
+    }
+
+    /// `UpdateTaskStatus`: resolves once the batch holding the updates is committed.
+    pub async fn update_task_status_in_process(&self, node_id: &str, req: UpdateTaskStatusRequest) -> Result<(), Status> {
+        self.check_leader()?;
+        self.update_task_status(node_id.to_string(), req).await
+    }
+}
+
 fn complete_message(
     sequence: &mut u64,
     changes: Vec<shoal_api::AssignmentChange>,
@@ -933,32 +978,34 @@ impl Subsystem for DispatcherSubsystem {
             d.grant_grace_period(state.clock.now_unix_ms());
             // Wakes only for work: queued status updates, or the next heartbeat deadline (re-read at least
             // every EXPIRY_RECHECK). An idle cluster's dispatcher sleeps.
-            let flush_every = Duration::from_millis(d.config.status_flush_ms.max(1));
-            let started = tokio::time::Instant::now();
-            let mut last_flush = started.checked_sub(flush_every).unwrap_or(started);
+            // Times on `state.timer`, in ms.
+            let flush_every = d.config.status_flush_ms.max(1);
+            let mut last_flush = state.timer.now_ms().checked_sub(flush_every);
+            let recheck_ms = EXPIRY_RECHECK.as_millis() as u64;
             loop {
                 let now = state.clock.now_unix_ms();
-                let expiry_in = d
-                    .registry
-                    .lock()
-                    .heartbeats
-                    .next_deadline()
-                    .map_or(EXPIRY_RECHECK, |at| Duration::from_millis(at.saturating_sub(now)).min(EXPIRY_RECHECK));
+                let expiry_in =
+                    d.registry.lock().heartbeats.next_deadline().map_or(recheck_ms, |at| at.saturating_sub(now).min(recheck_ms));
+                // Biased (stop, expiry, status) so that a simulation replays and a steady stream of status
+                // updates cannot hold off the expiry (which fires at most every EXPIRY_RECHECK).
                 tokio::select! {
+                    biased;
                     _ = stopped(&mut stop) => break,
+                    _ = state.sleep_ms(expiry_in) => {
+                        d.expire_heartbeats(state.clock.now_unix_ms()).await;
+                    }
                     _ = d.status_queued.notified() => {
+                        let wait = last_flush.map_or(0, |at| (at + flush_every).saturating_sub(state.timer.now_ms()));
                         tokio::select! {
+                            biased;
                             _ = stopped(&mut stop) => break,
-                            _ = tokio::time::sleep_until(last_flush + flush_every) => {}
+                            _ = state.sleep_ms(wait) => {}
                         }
                         // Keep writing while full batches are waiting.
                         while d.flush_status_updates().await >= d.config.status_batch_max.max(1) {
                             if *stop.borrow() { break; }
                         }
-                        last_flush = tokio::time::Instant::now();
-                    }
-                    _ = tokio::time::sleep(expiry_in) => {
-                        d.expire_heartbeats(state.clock.now_unix_ms()).await;
+                        last_flush = Some(state.timer.now_ms());
                     }
                 }
             }

@@ -26,7 +26,6 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use shoal_api::node_spec::Availability;
 use shoal_api::{generic_resource, GenericResource, Node, Task, TaskState};
@@ -229,8 +228,9 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
             }
             if backoff {
                 tokio::select! {
+                    biased;
                     _ = stopped(&mut stop) => return,
-                    _ = tokio::time::sleep(Duration::from_millis(BACKOFF_MS)) => {}
+                    _ = state.sleep_ms(BACKOFF_MS) => {}
                 }
             }
             if !pending.is_empty() {
@@ -238,6 +238,7 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
             }
         }
         tokio::select! {
+            biased;
             _ = stopped(&mut stop) => return,
             r = events.recv() => match r {
                 Ok(commit) => {

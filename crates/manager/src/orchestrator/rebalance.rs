@@ -24,7 +24,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use shoal_api::{service_spec, update_config::UpdateOrder, update_status::UpdateState, Task, TaskState};
 use shoal_store::{Changes, IdSource, Object, StoreObject, Tables, WatchError};
@@ -215,13 +214,14 @@ fn relevant(commit: &shoal_store::Commit) -> bool {
 
 async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
     let (mut dirty, mut events) = state.store.view_and_watch(enabled);
-    let mut wake: Option<tokio::time::Instant> = None;
-    let mut last_pass: Option<tokio::time::Instant> = None;
+    // Times on `state.timer`, in ms.
+    let mut wake: Option<u64> = None;
+    let mut last_pass: Option<u64> = None;
     loop {
         if dirty {
-            let now = tokio::time::Instant::now();
+            let now = state.timer.now_ms();
             // At most one pass per DEBOUNCE_MS: a burst of commits makes one pass.
-            if let Some(at) = last_pass.map(|p| p + Duration::from_millis(DEBOUNCE_MS)).filter(|at| *at > now) {
+            if let Some(at) = last_pass.map(|p| p + DEBOUNCE_MS).filter(|at| *at > now) {
                 wake = Some(wake.map_or(at, |w| w.min(at)));
             } else {
                 dirty = false;
@@ -229,7 +229,7 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
                 let now_ms = state.clock.now_unix_ms();
                 let plan = state.store.view(|t| plan(t, now_ms, &*state.ids));
                 if let Some(at) = plan.wake_at_ms {
-                    let at = now + Duration::from_millis(at.saturating_sub(now_ms));
+                    let at = now + at.saturating_sub(now_ms);
                     wake = Some(wake.map_or(at, |w| w.min(at)));
                 }
                 if !plan.changes.is_empty() {
@@ -246,11 +246,12 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
         }
         let timer = async {
             match wake {
-                Some(at) => tokio::time::sleep_until(at).await,
+                Some(at) => state.sleep_ms(at.saturating_sub(state.timer.now_ms())).await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
+            biased;
             _ = stopped(&mut stop) => return,
             _ = timer => {
                 wake = None;

@@ -35,6 +35,8 @@ use super::{history_key, node_is_down, node_is_drained, observed_state, restart,
 
 /// The status message of a task the orchestrator just created.
 pub const PENDING_MESSAGE: &str = "pending task scheduling";
+/// The status message of a new task waiting for the allocator (SwarmKit's).
+pub const NEW_MESSAGE: &str = "created";
 
 /// Most tasks one pass over one service creates to fill empty slots.
 pub const MAX_NEW_TASKS_PER_PASS: usize = 10_000;
@@ -150,11 +152,16 @@ pub(crate) fn new_service_task(
         slot,
         node_id,
         service_annotations: spec.and_then(|s| s.annotations.clone()),
-        status: Some(TaskStatus {
-            timestamp: Some(now),
-            state: TaskState::Pending as i32,
-            message: PENDING_MESSAGE.to_string(),
-            ..Default::default()
+        // A task whose networks or ports need allocating starts NEW; the allocator moves it to PENDING.
+        status: Some(if crate::allocator::needs_allocation(spec) {
+            TaskStatus { timestamp: Some(now), state: TaskState::New as i32, message: NEW_MESSAGE.to_string(), ..Default::default() }
+        } else {
+            TaskStatus {
+                timestamp: Some(now),
+                state: TaskState::Pending as i32,
+                message: PENDING_MESSAGE.to_string(),
+                ..Default::default()
+            }
         }),
         endpoint: service.endpoint.clone(),
         spec_version: Some(service_spec_version(service)),

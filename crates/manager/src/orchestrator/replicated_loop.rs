@@ -21,7 +21,6 @@
 //! Must not depend on other subsystems; only on `ClusterState`.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::time::Duration;
 
 use shoal_api::update_status::UpdateState;
 use shoal_api::{node_status, Service, Task, TaskState};
@@ -286,14 +285,18 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>, kind: Kind) {
         }
         if !ls.pending.is_empty() && !reconcile_pending(&state, &mut ls).await {
             tokio::select! {
+                biased;
                 _ = stopped(&mut stop) => return,
-                _ = tokio::time::sleep(Duration::from_millis(BACKOFF_MS)) => {}
+                _ = state.sleep_ms(BACKOFF_MS) => {}
             }
             continue;
         }
         let now = state.clock.now_unix_ms();
         let sleep_ms = ls.wakes.values().min().map(|w| w.saturating_sub(now).clamp(1, MAX_TIMER_SLEEP_MS));
+        // Biased (stop, events, timer) so that a simulation replays: wakes are taken at the top of the loop
+        // whichever branch ends the wait.
         tokio::select! {
+            biased;
             _ = stopped(&mut stop) => return,
             r = events.recv() => match r {
                 Ok(commit) => {
@@ -314,7 +317,7 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>, kind: Kind) {
                 }
                 Err(WatchError::Closed) => return,
             },
-            _ = tokio::time::sleep(Duration::from_millis(sleep_ms.unwrap_or(0))), if sleep_ms.is_some() => {}
+            _ = state.sleep_ms(sleep_ms.unwrap_or(0)), if sleep_ms.is_some() => {}
         }
     }
 }

@@ -16,7 +16,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use shoal_api::{Task, TaskState};
 use shoal_store::{ActionKind, Changes, Object, Tables, WatchError};
@@ -163,15 +162,18 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
             flush(&state, std::mem::take(&mut dirty)).await;
         }
         // Wait for the first event, then collect until the window closes or the batch is full.
-        let mut deadline: Option<tokio::time::Instant> = None;
+        let mut deadline_ms: Option<u64> = None;
         loop {
             let timer = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
+                match deadline_ms {
+                    Some(d) => state.sleep_ms(d.saturating_sub(state.timer.now_ms())).await,
                     None => std::future::pending().await,
                 }
             };
+            // Biased (stop, window, events) so that a simulation replays and a busy watch queue cannot hold
+            // the window open.
             tokio::select! {
+                biased;
                 _ = stopped(&mut stop) => return,
                 _ = timer => break,
                 r = events.recv() => match r {
@@ -198,8 +200,8 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
             if dirty.len() + removed_services.len() >= MAX_DIRTY_SLOTS {
                 break;
             }
-            if deadline.is_none() && !(dirty.is_empty() && removed_services.is_empty()) {
-                deadline = Some(tokio::time::Instant::now() + Duration::from_millis(FLUSH_AFTER_MS));
+            if deadline_ms.is_none() && !(dirty.is_empty() && removed_services.is_empty()) {
+                deadline_ms = Some(state.timer.now_ms() + FLUSH_AFTER_MS);
             }
         }
     }

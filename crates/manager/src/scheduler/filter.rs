@@ -170,13 +170,62 @@ impl Filter for MaxReplicasFilter {
     }
 }
 
+/// The node's engine has the plugins the task's networks need (SwarmKit's PluginFilter, for network
+/// drivers): a node that does not report `{type "Network", name "overlay"}` cannot connect an overlay
+/// attachment, so it does not take such a task.
+#[derive(Debug, Default)]
+pub struct PluginFilter {
+    drivers: Vec<String>,
+}
+
+impl Filter for PluginFilter {
+    fn set_task(&mut self, task: &Task) -> bool {
+        self.drivers = task
+            .networks
+            .iter()
+            .filter_map(|a| a.network.as_ref()?.driver_state.as_ref())
+            .map(|d| d.name.clone())
+            .filter(|n| !n.is_empty())
+            .collect();
+        self.drivers.dedup();
+        !self.drivers.is_empty()
+    }
+    fn check(&self, n: &NodeInfo) -> bool {
+        let plugins = n.node().description.as_ref().and_then(|d| d.engine.as_ref()).map(|e| e.plugins.as_slice()).unwrap_or(&[]);
+        self.drivers.iter().all(|d| plugins.iter().any(|p| p.r#type == "Network" && &p.name == d))
+    }
+    fn explain(&self, n: usize) -> String {
+        format!("missing plugin on {}", nodes(n))
+    }
+}
+
+/// No task on the node holds a host-mode port the task publishes (SwarmKit's HostPortFilter).
+#[derive(Debug, Default)]
+pub struct HostPortFilter {
+    ports: Vec<(i32, u32)>,
+}
+
+impl Filter for HostPortFilter {
+    fn set_task(&mut self, task: &Task) -> bool {
+        self.ports = super::nodeinfo::host_ports(task).collect();
+        !self.ports.is_empty()
+    }
+    fn check(&self, n: &NodeInfo) -> bool {
+        self.ports.iter().all(|&(proto, port)| !n.host_port_taken(proto, port))
+    }
+    fn explain(&self, n: usize) -> String {
+        format!("host-mode port already in use on {}", nodes(n))
+    }
+}
+
 struct Stage {
     filter: Box<dyn Filter>,
     enabled: bool,
     failures: usize,
 }
 
-/// The filters in order (ready, resources, constraints, platform, max replicas), with failure counts.
+/// The filters in order (ready, resources, constraints, platform, max replicas, plugins, host ports), with
+/// failure counts.
 pub struct Pipeline {
     stages: Vec<Stage>,
 }
@@ -189,6 +238,8 @@ impl Default for Pipeline {
             Box::new(ConstraintFilter::default()),
             Box::new(PlatformFilter::default()),
             Box::new(MaxReplicasFilter::default()),
+            Box::new(PluginFilter::default()),
+            Box::new(HostPortFilter::default()),
         ];
         Pipeline { stages: filters.into_iter().map(|filter| Stage { filter, enabled: false, failures: 0 }).collect() }
     }

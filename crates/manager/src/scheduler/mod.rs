@@ -143,6 +143,8 @@ impl Scheduler {
         let mut placed: Vec<(&str, Vec<(usize, Amount)>)> = Vec::with_capacity(groups.len());
         // The generic resources given to placed tasks, per node slot, taken back at the end too.
         let mut generic_placed: Vec<(usize, Vec<shoal_api::GenericResource>)> = Vec::new();
+        // The placed tasks holding host-mode ports, per node slot, taken back at the end too.
+        let mut host_placed: Vec<(usize, &Arc<Task>)> = Vec::new();
         let (infos, ids) = nodes.parts_mut();
         let now = shoal_api::timestamp_from_unix_ms(now_ms);
         for ((service_id, _), mut tasks) in groups {
@@ -157,6 +159,9 @@ impl Scheduler {
                     match tree.place(&mut self.pipeline, infos, ids, service_id, task) {
                         Some((slot, reserved, claims)) => {
                             group_placed.push((slot, reserved));
+                            if nodeinfo::host_ports(task).next().is_some() {
+                                host_placed.push((slot, task));
+                            }
                             record(&mut pass, &mut generic_placed, assigned(task, &ids[slot], now), slot, claims);
                         }
                         None => unplaced.push(task),
@@ -190,6 +195,9 @@ impl Scheduler {
                     }
                     let (reserved, claims) = info.place_task(task);
                     group_placed.push((best.slot, reserved));
+                    if nodeinfo::host_ports(task).next().is_some() {
+                        host_placed.push((best.slot, task));
+                    }
                     // Only this group's placements changed the node's counts since its entry was made.
                     debug_assert_eq!(best.service_tasks as usize + 1, info.service_tasks(service_id));
                     let id = best.id;
@@ -221,6 +229,9 @@ impl Scheduler {
         }
         for (slot, claims) in generic_placed {
             infos[slot].release(&claims);
+        }
+        for (slot, task) in host_placed {
+            infos[slot].take_back_host_ports(task);
         }
         pass
     }

@@ -149,6 +149,17 @@ pub struct TaskLoad {
     pub reserved: Amount,
     /// The generic resources assigned to them, by kind (`Task.assigned_generic_resources`).
     pub generic: BTreeMap<String, Claimed>,
+    /// Host-mode published ports they hold, (protocol, port) -> tasks (`HostPortFilter`).
+    pub host_ports: HashMap<(i32, u32), usize>,
+}
+
+/// The host-mode ports a task publishes with a number (those it holds on its node).
+pub fn host_ports(t: &Task) -> impl Iterator<Item = (i32, u32)> + '_ {
+    let ports = t.endpoint.as_ref().map(|e| e.ports.as_slice()).unwrap_or(&[]);
+    ports
+        .iter()
+        .filter(|p| p.publish_mode == shoal_api::port_config::PublishMode::Host as i32 && p.published_port != 0)
+        .map(|p| (p.protocol, p.published_port))
 }
 
 impl TaskLoad {
@@ -165,13 +176,34 @@ impl TaskLoad {
         let r = Amount::reserved_by(t);
         self.reserved = self.reserved.plus(r);
         self.claim(&t.assigned_generic_resources);
+        self.hold_host_ports(t);
         r
+    }
+
+    /// Counts the task's host-mode ports.
+    pub fn hold_host_ports(&mut self, t: &Task) {
+        for key in host_ports(t) {
+            *self.host_ports.entry(key).or_default() += 1;
+        }
+    }
+
+    /// Takes back what `hold_host_ports` of the same task counted.
+    pub fn release_host_ports(&mut self, t: &Task) {
+        for key in host_ports(t) {
+            if let Some(n) = self.host_ports.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.host_ports.remove(&key);
+                }
+            }
+        }
     }
 
     /// Takes back what `add` of the same task counted.
     pub fn remove(&mut self, t: &Task) {
         self.remove_many(&t.service_id, 1, Amount::reserved_by(t));
         self.release(&t.assigned_generic_resources);
+        self.release_host_ports(t);
     }
 
     /// Counts generic resources as held.
@@ -222,7 +254,11 @@ impl TaskLoad {
 
     /// True when no task is counted.
     pub fn is_empty(&self) -> bool {
-        self.total == 0 && self.by_service.is_empty() && self.reserved == Amount::default() && self.generic.is_empty()
+        self.total == 0
+            && self.by_service.is_empty()
+            && self.reserved == Amount::default()
+            && self.generic.is_empty()
+            && self.host_ports.is_empty()
     }
 }
 
@@ -322,6 +358,16 @@ impl NodeInfo {
     /// Takes back what `add_task` of the same task counted.
     pub fn remove_task(&mut self, t: &Task) {
         self.load.remove(t);
+    }
+
+    /// True when a task here holds host-mode `port` of `protocol`.
+    pub fn host_port_taken(&self, protocol: i32, port: u32) -> bool {
+        self.load.host_ports.contains_key(&(protocol, port))
+    }
+
+    /// Takes back the host-mode ports `place_task` of `t` counted (a pass's own placement).
+    pub fn take_back_host_ports(&mut self, t: &Task) {
+        self.load.release_host_ports(t);
     }
 
     /// Takes back `tasks` placements of `service_id` that reserved `reserved` in all (a pass's own).

@@ -13,7 +13,8 @@
 //! during a pass make the next batch. A burst is thus batched by the pass's own duration, and a lone write is
 //! placed without waiting. Bounds: more than `MAX_TRACKED_IDS` pending IDs turn into one pass over the PENDING
 //! index; writes carry at most `write::MAX_ACTIONS_PER_WRITE` actions; conflicting writes are retried at most
-//! `MAX_ATTEMPTS` times per pass (the next event brings the tasks back).
+//! `MAX_ATTEMPTS` times per pass, then by the next pass (which runs at once: a task whose write failed is
+//! never dropped); after any other failure the loop pauses `BACKOFF_MS` before that pass.
 //!
 //! Must not depend on other subsystems; only on `ClusterState`.
 
@@ -34,8 +35,10 @@ use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 pub const MAX_EVENTS_PER_BATCH: usize = 10_000;
 /// Most task IDs tracked one by one; past that the pass reads the PENDING index.
 pub const MAX_TRACKED_IDS: usize = 10_000;
-/// Most write attempts per pass.
-const MAX_ATTEMPTS: u32 = 3;
+/// Most write attempts per pass; tasks whose writes still conflict go to the next pass.
+pub(crate) const MAX_ATTEMPTS: u32 = 3;
+/// Pause after a write failed for a reason other than a conflict (e.g. lost leadership), in ms.
+const BACKOFF_MS: u64 = 100;
 
 /// The scheduler subsystem.
 #[derive(Debug, Default)]
@@ -70,6 +73,17 @@ impl Wanted {
             PendingTasks::All
         } else {
             PendingTasks::Only(ids)
+        }
+    }
+
+    /// Tasks whose write failed: looked at again by the next pass (those no longer PENDING are skipped).
+    fn retry(&mut self, ids: impl IntoIterator<Item = String>) {
+        if !self.all {
+            self.ids.extend(ids);
+            if self.ids.len() > MAX_TRACKED_IDS {
+                self.all = true;
+                self.ids.clear();
+            }
         }
     }
 
@@ -177,6 +191,7 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
         // Wait for an event that gives work, then take what is already queued, and run a pass.
         while mem.wanted.is_empty() {
             tokio::select! {
+                biased;
                 _ = stopped(&mut stop) => return,
                 r = events.recv() => if !mem.receive(r) { return },
             }
@@ -220,10 +235,18 @@ async fn pass(state: &ClusterState, scheduler: &mut Scheduler, mem: &mut Memory,
             return true;
         }
         if failed.iter().any(|(_, e)| !is_conflict(e)) {
-            tracing::debug!("scheduler write failed; will retry on the next event");
+            // Not a conflict (leadership lost, no quorum): a pause, then the next pass tries them again.
+            tracing::debug!("scheduler write failed; retrying after {BACKOFF_MS} ms");
+            mem.wanted.retry(failed.into_iter().map(|(id, _)| id));
+            state.sleep_ms(BACKOFF_MS).await;
             return true;
         }
         retry = Some(failed.into_iter().map(|(id, _)| id).collect());
+    }
+    // Still conflicting: the next pass tries them again. No later event would bring them back: the commits
+    // they conflicted with are already taken in (found by the simulation, `shoal-sim`).
+    if let Some(ids) = retry {
+        mem.wanted.retry(ids);
     }
     true
 }

@@ -671,3 +671,129 @@ fn generic_resources_are_claimed_unit_by_unit_and_freed_with_the_task() {
     let g2 = set.get("g2").unwrap();
     assert!(g2.generic_fits(&[("ssd", 1)]) && !g2.generic_fits(&[("ssd", 2)]));
 }
+
+/// A proposer whose first `conflicts` writes fail as if another writer had changed a task first (what the
+/// orchestrator's writes to the same pending tasks do), then applies through `inner`.
+struct ConflictingProposer {
+    inner: Arc<shoal_raft::LocalProposer>,
+    conflicts: std::sync::atomic::AtomicUsize,
+}
+
+impl shoal_raft::Proposer for ConflictingProposer {
+    fn propose(&self, actions: Vec<shoal_store::Action>) -> shoal_raft::ProposeFuture {
+        use std::sync::atomic::Ordering;
+        let left = self.conflicts.load(Ordering::SeqCst);
+        if left > 0 {
+            self.conflicts.store(left - 1, Ordering::SeqCst);
+            let e = shoal_store::StoreError::VersionConflict {
+                kind: shoal_store::ObjectKind::Task,
+                id: "t".into(),
+                expected: 1,
+                actual: 2,
+            };
+            return Box::pin(std::future::ready(Err(shoal_raft::ProposeError::Store(e))));
+        }
+        self.inner.propose(actions)
+    }
+
+    fn leadership(&self) -> tokio::sync::watch::Receiver<shoal_raft::LeaderState> {
+        self.inner.leadership()
+    }
+
+    fn read_barrier(&self) -> shoal_raft::ReadBarrierFuture {
+        self.inner.read_barrier()
+    }
+}
+
+/// Found by the simulation (`shoal-sim`, seed 42): a pass whose writes conflicted `MAX_ATTEMPTS` times in a
+/// row dropped its tasks, and since the commits that conflicted were already taken in, nothing brought them
+/// back: in a quiet cluster they stayed PENDING for good. They must be placed once the writes go through.
+#[tokio::test(start_paused = true)]
+async fn loop_places_tasks_whose_writes_kept_conflicting() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(service("s1", 2));
+    fx.reconcile("s1");
+    let proposer =
+        Arc::new(ConflictingProposer { inner: fx.proposer.clone(), conflicts: (runner::MAX_ATTEMPTS as usize + 1).into() });
+    let state = crate::ClusterState::new(fx.store.clone(), proposer, fx.clock.clone(), Arc::new(crate::RandomIds::seeded(3)));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(subsystem().run(state, stop_rx));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !fx.runnable("s1").iter().all(|t| t.node_id == "n1") {
+        assert!(tokio::time::Instant::now() < deadline, "tasks left pending after their writes conflicted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(1), task).await.expect("scheduler stops").unwrap();
+}
+
+/// A pending task of service `s` publishing host-mode `port` (0: none) and attached to a network of
+/// `driver` (empty: none), as the allocator leaves it.
+fn net_task(id: &str, s: &str, port: u32, driver: &str) -> shoal_api::Task {
+    let mut t = task_with(id, s, "", TaskState::Pending, 0);
+    if port != 0 {
+        t.endpoint = Some(shoal_api::Endpoint {
+            ports: vec![shoal_api::PortConfig {
+                target_port: 80,
+                published_port: port,
+                publish_mode: shoal_api::port_config::PublishMode::Host as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+    }
+    if !driver.is_empty() {
+        let network = shoal_api::Network {
+            id: "appnet".into(),
+            driver_state: Some(shoal_api::Driver { name: driver.into(), ..Default::default() }),
+            ..Default::default()
+        };
+        t.networks = vec![shoal_api::NetworkAttachment { network: Some(network), addresses: vec!["10.0.1.3/24".into()], ..Default::default() }];
+    }
+    t
+}
+
+fn with_overlay_plugin(mut n: shoal_api::Node) -> shoal_api::Node {
+    n.description.as_mut().unwrap().engine = Some(shoal_api::EngineDescription {
+        plugins: vec![shoal_api::PluginDescription { r#type: "Network".into(), name: "overlay".into() }],
+        ..Default::default()
+    });
+    n
+}
+
+#[test]
+fn a_host_mode_port_is_taken_once_per_node() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(node("n2"));
+    for i in 0..3 {
+        fx.create(net_task(&format!("h{i}"), "h", 9000, ""));
+    }
+    fx.create(net_task("other", "o", 9001, ""));
+    let pass = run_pass(&fx);
+    assert_eq!((pass.assigned, pass.unplaced), (3, 1));
+    let h = placement(&fx, "h");
+    assert_eq!((h.get("n1"), h.get("n2")), (Some(&1), Some(&1)), "{h:?}");
+    let waiting = fx.runnable("h").into_iter().find(|t| t.node_id.is_empty()).unwrap();
+    assert_eq!(waiting.status.as_ref().unwrap().err, "no suitable node (host-mode port already in use on 2 nodes)");
+    // The port is free again once the task on n1 stops.
+    let on_n1 = fx.runnable("h").into_iter().find(|t| t.node_id == "n1").unwrap();
+    fx.set_state(&on_n1.id, TaskState::Failed);
+    assert_eq!(run_pass(&fx).assigned, 1);
+}
+
+#[test]
+fn a_task_on_an_overlay_network_goes_only_to_nodes_with_the_overlay_plugin() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(net_task("t1", "s", 0, "overlay"));
+    fx.create(net_task("t2", "plain", 0, ""));
+    let pass = run_pass(&fx);
+    assert_eq!((pass.assigned, pass.unplaced), (1, 1));
+    let t1 = fx.view(|t| t.tasks().get("t1").cloned()).unwrap();
+    assert_eq!(t1.status.as_ref().unwrap().err, "no suitable node (missing plugin on 1 node)");
+    fx.create(with_overlay_plugin(node("n2")));
+    assert_eq!(run_pass(&fx).assigned, 1);
+    assert_eq!(fx.view(|t| t.tasks().get("t1").unwrap().node_id.clone()), "n2");
+}

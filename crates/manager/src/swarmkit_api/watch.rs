@@ -121,10 +121,11 @@ fn kind_of(name: &str) -> Result<ObjectKind, Status> {
         "cluster" => ObjectKind::Cluster,
         "secret" => ObjectKind::Secret,
         "config" => ObjectKind::Config,
+        "network" => ObjectKind::Network,
         "" => return Err(Status::invalid_argument("no kind of object specified: set kind (e.g. \"service\")")),
         other => {
             return Err(Status::invalid_argument(format!(
-                "kind {other:?} cannot be watched on Shoal: use node, service, task, cluster, secret or config"
+                "kind {other:?} cannot be watched on Shoal: use node, service, task, cluster, secret, config or network"
             )))
         }
     })
@@ -252,6 +253,7 @@ impl UniqueName for Object {
             Object::Cluster(o) => o.unique_name(),
             Object::Secret(o) => o.unique_name(),
             Object::Config(o) => o.unique_name(),
+            Object::Network(o) => o.unique_name(),
         }
     }
 }
@@ -327,6 +329,7 @@ fn wire(o: &Object, version: Option<u64>) -> WireObject {
             object::Object::Secret(s)
         }
         Object::Config(c) => object::Object::Config(stamp(&**c, version)),
+        Object::Network(n) => object::Object::Network(stamp(&**n, version)),
     };
     WireObject { object: Some(inner) }
 }

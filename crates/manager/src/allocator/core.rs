@@ -1,0 +1,475 @@
+//! The allocator's sans-IO core: the address pools of every network and the ingress port space, kept in step
+//! with the store commit by commit (`apply`), rebuilt from a whole view (`build`), and one pass (`pass`) that
+//! allocates the endpoints of the services that need it (ingress ports, a virtual IP on each network in VIP
+//! mode) and the network attachments of NEW tasks, which it moves to PENDING with their service's endpoint.
+//!
+//! What an object holds, from the store alone: a network its subnet; a service the VIPs and ingress ports of
+//! its `endpoint`; a task the addresses of its `networks` while its observed state is at most RUNNING (a task
+//! that stopped holds nothing, so history kept for `docker service ps` costs no address). `apply` reserves
+//! what a changed object holds now and releases what it held before; the pass allocates only from what is
+//! free, so an address is never given twice, on this leader or the next one (which builds from the store).
+//!
+//! Must not depend on IO or other subsystems.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use shoal_api::{
+    endpoint, endpoint_spec, port_config, Endpoint, Network, NetworkAttachment, PortConfig, Service, Task,
+    TaskState, TaskStatus,
+};
+use shoal_store::{spec_networks, ActionKind, Change, Commit, Object, StoreObject, Tables};
+
+use super::ipam::{parse_address, AddressPool};
+use super::ports::PortSpace;
+use crate::orchestrator::observed_state;
+
+/// The status message of a task whose attachments are allocated (the scheduler's turn).
+pub const ALLOCATED_MESSAGE: &str = "pending task scheduling";
+
+/// Whether tasks of a service with this spec need the allocator before the scheduler (networks, or ports
+/// whose numbers and holders the endpoint records). Those that do not are created PENDING directly.
+pub fn needs_allocation(spec: Option<&shoal_api::ServiceSpec>) -> bool {
+    spec.is_some_and(|s| {
+        spec_networks(s).next().is_some() || s.endpoint.as_ref().is_some_and(|e| !e.ports.is_empty())
+    })
+}
+
+fn is_ingress_port(p: &PortConfig) -> bool {
+    p.publish_mode == port_config::PublishMode::Ingress as i32
+}
+
+/// True when the task holds the addresses of its attachments (see the module doc).
+fn holds_addresses(t: &Task) -> bool {
+    observed_state(t) <= TaskState::Running
+}
+
+fn task_addresses(t: &Task) -> Vec<(String, IpAddr)> {
+    if !holds_addresses(t) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for a in &t.networks {
+        let Some(n) = &a.network else { continue };
+        out.extend(a.addresses.iter().filter_map(|s| parse_address(s)).map(|ip| (n.id.clone(), ip)));
+    }
+    out
+}
+
+fn service_vips(s: &Service) -> Vec<(String, IpAddr)> {
+    let Some(e) = &s.endpoint else { return Vec::new() };
+    e.virtual_ips.iter().filter_map(|v| Some((v.network_id.clone(), parse_address(&v.addr)?))).collect()
+}
+
+fn service_ports(s: &Service) -> Vec<(i32, u32)> {
+    let Some(e) = &s.endpoint else { return Vec::new() };
+    e.ports.iter().filter(|p| is_ingress_port(p) && p.published_port != 0).map(|p| (p.protocol, p.published_port)).collect()
+}
+
+/// The pool a network's IPAM options describe (its first IPv4 or IPv6 config).
+pub fn network_pool(n: &Network) -> Option<AddressPool> {
+    let c = n.ipam.as_ref()?.configs.first()?;
+    let subnet = c.subnet.parse().ok()?;
+    let range = if c.range.is_empty() { None } else { Some(c.range.parse().ok()?) };
+    let gateway = if c.gateway.is_empty() { None } else { Some(c.gateway.parse().ok()?) };
+    AddressPool::new(subnet, range, gateway)
+}
+
+fn network_name(n: &Network) -> &str {
+    n.unique_name().unwrap_or(&n.id)
+}
+
+/// What one pass decided: objects to write, in that order (services first: their tasks copy the endpoint).
+#[derive(Debug, Default)]
+pub struct AllocatePass {
+    /// Services with a new endpoint.
+    pub services: Vec<Service>,
+    /// Tasks moved to PENDING with their attachments, or left NEW with a new explanation.
+    pub tasks: Vec<Task>,
+    /// True when some task could not be allocated (retry every NEW task when capacity frees up).
+    pub blocked: bool,
+}
+
+/// The address pools and ingress ports, in step with the store.
+#[derive(Debug, Default)]
+pub struct Allocator {
+    pools: HashMap<String, AddressPool>,
+    ports: PortSpace,
+    ingress: Option<String>,
+}
+
+impl Allocator {
+    /// Everything `tables` holds, reserved.
+    pub fn build(tables: &Tables) -> Allocator {
+        let mut a = Allocator::default();
+        for n in tables.networks().iter() {
+            a.add_network(n);
+        }
+        for s in tables.services().iter() {
+            a.hold_service(&[], s);
+        }
+        for t in tables.tasks().iter() {
+            a.hold(&[], &task_addresses(t));
+        }
+        a
+    }
+
+    fn add_network(&mut self, n: &Network) {
+        if n.spec.as_ref().is_some_and(|s| s.ingress) {
+            self.ingress = Some(n.id.clone());
+        }
+        match network_pool(n) {
+            Some(p) => {
+                self.pools.insert(n.id.clone(), p);
+            }
+            None => tracing::warn!(network = %n.id, "network has no usable subnet; its tasks cannot be allocated"),
+        }
+    }
+
+    /// Releases what `before` held and not `after`, and reserves what `after` holds.
+    fn hold(&mut self, before: &[(String, IpAddr)], after: &[(String, IpAddr)]) -> bool {
+        let mut freed = false;
+        for (net, ip) in before.iter().filter(|b| !after.contains(b)) {
+            if let Some(p) = self.pools.get_mut(net) {
+                p.release(*ip);
+                freed = true;
+            }
+        }
+        for (net, ip) in after {
+            if let Some(p) = self.pools.get_mut(net) {
+                p.reserve(*ip);
+            }
+        }
+        freed
+    }
+
+    fn hold_service(&mut self, before: &[&Service], after: &Service) -> bool {
+        let old_vips: Vec<_> = before.iter().flat_map(|s| service_vips(s)).collect();
+        let old_ports: Vec<_> = before.iter().flat_map(|s| service_ports(s)).collect();
+        let new_ports = service_ports(after);
+        let mut freed = self.hold(&old_vips, &service_vips(after));
+        for (proto, port) in old_ports.iter().filter(|p| !new_ports.contains(p)) {
+            self.ports.release(*proto, *port, &after.id);
+            freed = true;
+        }
+        for (proto, port) in new_ports {
+            if !self.ports.reserve(proto, port, &after.id) {
+                tracing::error!(service = %after.id, port, "ingress port held by two services in the store");
+            }
+        }
+        freed
+    }
+
+    /// Takes one committed change into account. True when it freed an address or a port.
+    pub fn apply(&mut self, ch: &Change) -> bool {
+        match (&ch.kind, &ch.object) {
+            (ActionKind::Remove, Object::Network(n)) => {
+                self.pools.remove(&n.id);
+                if self.ingress.as_deref() == Some(&n.id) {
+                    self.ingress = None;
+                }
+                true
+            }
+            (_, Object::Network(n)) => {
+                if !self.pools.contains_key(&n.id) {
+                    self.add_network(n);
+                }
+                false
+            }
+            (ActionKind::Remove, Object::Service(s)) => {
+                let vips = service_vips(s);
+                let mut freed = self.hold(&vips, &[]);
+                for (proto, port) in service_ports(s) {
+                    self.ports.release(proto, port, &s.id);
+                    freed = true;
+                }
+                freed
+            }
+            (_, Object::Service(s)) => {
+                let old = match &ch.old {
+                    Some(Object::Service(o)) => vec![&**o],
+                    _ => vec![],
+                };
+                self.hold_service(&old, s)
+            }
+            (kind, Object::Task(t)) => {
+                let before = match &ch.old {
+                    Some(Object::Task(o)) => task_addresses(o),
+                    _ => Vec::new(),
+                };
+                let after = if *kind == ActionKind::Remove { Vec::new() } else { task_addresses(t) };
+                self.hold(&before, &after)
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes a whole commit into account; true when something was freed.
+    pub fn apply_commit(&mut self, c: &Commit) -> bool {
+        let mut freed = false;
+        for ch in &c.changes {
+            freed |= self.apply(ch);
+        }
+        freed
+    }
+
+    /// The networks a service's endpoint has VIPs on: its own (VIP mode) and ingress when it publishes
+    /// through it.
+    fn vip_networks(&self, s: &Service) -> Vec<String> {
+        let Some(spec) = &s.spec else { return Vec::new() };
+        let ep = spec.endpoint.as_ref();
+        if ep.is_some_and(|e| e.mode == endpoint_spec::ResolutionMode::Dnsrr as i32) {
+            return Vec::new();
+        }
+        let mut nets: Vec<String> = Vec::new();
+        if ep.is_some_and(|e| e.ports.iter().any(is_ingress_port)) {
+            if let Some(i) = &self.ingress {
+                nets.push(i.clone());
+            }
+        }
+        for n in spec_networks(spec) {
+            if !nets.iter().any(|x| x == n) {
+                nets.push(n.to_string());
+            }
+        }
+        nets
+    }
+
+    /// True when the service's endpoint is what its spec asks for (nothing to allocate or free).
+    pub fn endpoint_current(&self, s: &Service) -> bool {
+        let Some(spec) = &s.spec else { return true };
+        let want_spec = spec.endpoint.as_ref();
+        let want_ports = want_spec.map(|e| e.ports.as_slice()).unwrap_or(&[]);
+        let vip_nets = self.vip_networks(s);
+        let Some(ep) = &s.endpoint else {
+            return want_ports.is_empty() && vip_nets.is_empty();
+        };
+        if want_ports.is_empty() && vip_nets.is_empty() && ep.ports.is_empty() && ep.virtual_ips.is_empty() {
+            return true;
+        }
+        let ports_match = ep.ports.len() == want_ports.len()
+            && ep.ports.iter().zip(want_ports).all(|(have, want)| {
+                have.name == want.name
+                    && have.protocol == want.protocol
+                    && have.target_port == want.target_port
+                    && have.publish_mode == want.publish_mode
+                    && (have.published_port == want.published_port
+                        || (want.published_port == 0 && is_ingress_port(want) && have.published_port != 0))
+            });
+        let have_nets: BTreeSet<&str> = ep.virtual_ips.iter().map(|v| v.network_id.as_str()).collect();
+        let want_nets: BTreeSet<&str> = vip_nets.iter().map(String::as_str).collect();
+        ep.spec.as_ref() == want_spec && ports_match && have_nets == want_nets
+    }
+
+    /// Allocates `s`'s endpoint as its spec asks, keeping what it already holds; frees what it no longer
+    /// needs only when the new endpoint is written (`apply` of that commit). On failure nothing is held.
+    fn allocate_endpoint(&mut self, tables: &Tables, s: &Service) -> Result<Endpoint, String> {
+        let spec = s.spec.as_ref().and_then(|sp| sp.endpoint.clone());
+        let current = s.endpoint.clone().unwrap_or_default();
+        let mut taken_ports: Vec<(i32, u32)> = Vec::new();
+        let mut taken_ips: Vec<(String, IpAddr)> = Vec::new();
+        let result = (|| {
+            let mut ports = Vec::new();
+            for p in spec.as_ref().map(|e| e.ports.as_slice()).unwrap_or(&[]) {
+                let mut p = p.clone();
+                if is_ingress_port(&p) {
+                    if p.published_port == 0 {
+                        let kept = current.ports.iter().find(|c| {
+                            c.name == p.name
+                                && c.protocol == p.protocol
+                                && c.target_port == p.target_port
+                                && is_ingress_port(c)
+                                && c.published_port != 0
+                                && !ports.iter().any(|q: &PortConfig| q.protocol == c.protocol && q.published_port == c.published_port)
+                        });
+                        p.published_port = match kept {
+                            Some(c) => c.published_port,
+                            None => {
+                                let port = self.ports.allocate(p.protocol, &s.id).ok_or_else(|| {
+                                    "no ingress port left in the dynamic range 30000-32767; publish a port number"
+                                        .to_string()
+                                })?;
+                                taken_ports.push((p.protocol, port));
+                                port
+                            }
+                        };
+                    } else if !self.ports.reserve(p.protocol, p.published_port, &s.id) {
+                        let holder = self.ports.holder(p.protocol, p.published_port).unwrap_or("");
+                        let name = tables.services().get(holder).and_then(|h| h.unique_name()).unwrap_or(holder);
+                        return Err(format!(
+                            "port {} is already in use by service {name} as an ingress port",
+                            p.published_port
+                        ));
+                    } else if !service_ports(s).contains(&(p.protocol, p.published_port)) {
+                        taken_ports.push((p.protocol, p.published_port));
+                    }
+                }
+                ports.push(p);
+            }
+            let mut vips = Vec::new();
+            for net in self.vip_networks(s) {
+                if let Some(v) = current.virtual_ips.iter().find(|v| v.network_id == net) {
+                    vips.push(v.clone());
+                    continue;
+                }
+                let name = tables.networks().get(&net).map_or(net.as_str(), |n| network_name(n)).to_string();
+                let pool = self.pools.get_mut(&net).ok_or_else(|| format!("network {name} has no address pool"))?;
+                let ip = pool.allocate().ok_or_else(|| format!("no IP address left in network {name}"))?;
+                taken_ips.push((net.clone(), ip));
+                vips.push(endpoint::VirtualIp { network_id: net.clone(), addr: pool.with_prefix(ip) });
+            }
+            Ok(Endpoint { spec: spec.clone(), ports, virtual_ips: vips })
+        })();
+        if result.is_err() {
+            for (proto, port) in taken_ports {
+                self.ports.release(proto, port, &s.id);
+            }
+            self.hold(&taken_ips, &[]);
+        }
+        result
+    }
+
+    /// Allocates `t`'s attachments (its networks, and ingress when `endpoint` publishes through it). On
+    /// failure nothing is held and the error names the network.
+    fn allocate_task(&mut self, tables: &Tables, t: &Task, endpoint: Option<&Endpoint>) -> Result<Vec<NetworkAttachment>, String> {
+        let mut wanted: Vec<(String, Vec<String>)> = Vec::new();
+        if endpoint.is_some_and(|e| e.ports.iter().any(is_ingress_port)) {
+            if let Some(i) = &self.ingress {
+                wanted.push((i.clone(), Vec::new()));
+            }
+        }
+        for n in t.spec.as_ref().map(|s| s.networks.as_slice()).unwrap_or(&[]) {
+            if !wanted.iter().any(|(id, _)| id == &n.target) {
+                wanted.push((n.target.clone(), n.aliases.clone()));
+            }
+        }
+        let mut out = Vec::with_capacity(wanted.len());
+        let mut taken: Vec<(String, IpAddr)> = Vec::new();
+        for (id, aliases) in wanted {
+            let found = tables.networks().get(&id);
+            let pool = found.and_then(|_| self.pools.get_mut(&id));
+            let (Some(network), Some(pool)) = (found, pool) else {
+                self.hold(&taken, &[]);
+                return Err(format!("network {id} not found"));
+            };
+            let Some(ip) = pool.allocate() else {
+                self.hold(&taken, &[]);
+                return Err(format!("no IP address left in network {}", network_name(network)));
+            };
+            taken.push((id.clone(), ip));
+            out.push(NetworkAttachment {
+                network: Some((**network).clone()),
+                addresses: vec![pool.with_prefix(ip)],
+                aliases,
+                driver_attachment_opts: Default::default(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// One pass over `services` (IDs whose endpoint may need allocating) and `tasks` (IDs of tasks that may
+    /// be NEW; `all_new` adds every NEW task). `now` stamps new statuses.
+    pub fn pass(
+        &mut self,
+        tables: &Tables,
+        services: &BTreeSet<String>,
+        tasks: &BTreeSet<String>,
+        all_new: bool,
+        now: shoal_api::prost_types::Timestamp,
+    ) -> AllocatePass {
+        let mut out = AllocatePass::default();
+        // The endpoint each touched service has after this pass (or why it has none).
+        let mut endpoints: BTreeMap<String, Result<Option<Endpoint>, String>> = BTreeMap::new();
+        let mut candidates: BTreeSet<&str> = tasks.iter().map(String::as_str).collect();
+        for id in services {
+            let Some(s) = tables.services().get(id) else { continue };
+            if self.endpoint_current(s) {
+                continue;
+            }
+            match self.allocate_endpoint(tables, s) {
+                Ok(e) => {
+                    let mut s2 = (**s).clone();
+                    s2.endpoint = Some(e.clone());
+                    out.services.push(s2);
+                    endpoints.insert(id.clone(), Ok(Some(e)));
+                }
+                Err(why) => {
+                    tracing::warn!(service = %id, "cannot allocate the service's endpoint: {why}");
+                    out.blocked = true;
+                    endpoints.insert(id.clone(), Err(why));
+                }
+            }
+            candidates.extend(tables.tasks().by_service(id).filter(|t| observed_state(t) == TaskState::New).map(|t| t.id.as_str()));
+        }
+        let all: Vec<&Arc<Task>> = if all_new {
+            tables.tasks().by_state(TaskState::New).collect()
+        } else {
+            candidates.iter().filter_map(|id| tables.tasks().get(*id)).collect()
+        };
+        let mut seen = BTreeSet::new();
+        for t in all.into_iter().chain(candidates.iter().filter_map(|id| tables.tasks().get(*id))) {
+            if !seen.insert(t.id.as_str()) || observed_state(t) != TaskState::New || t.desired_state() > TaskState::Complete {
+                continue;
+            }
+            let Some(s) = tables.services().get(&t.service_id) else { continue };
+            let endpoint = match endpoints.get(&s.id) {
+                Some(Ok(e)) => e.clone(),
+                Some(Err(why)) => {
+                    explain(&mut out, t, why, now);
+                    continue;
+                }
+                None if self.endpoint_current(s) => s.endpoint.clone(),
+                None => {
+                    // Not among the touched services (e.g. retried after capacity freed up): try it now.
+                    match self.allocate_endpoint(tables, s) {
+                        Ok(e) => {
+                            let mut s2 = (**s).clone();
+                            s2.endpoint = Some(e.clone());
+                            out.services.push(s2);
+                            endpoints.insert(s.id.clone(), Ok(Some(e.clone())));
+                            Some(e)
+                        }
+                        Err(why) => {
+                            out.blocked = true;
+                            explain(&mut out, t, &why, now);
+                            endpoints.insert(s.id.clone(), Err(why));
+                            continue;
+                        }
+                    }
+                }
+            };
+            match self.allocate_task(tables, t, endpoint.as_ref()) {
+                Ok(networks) => {
+                    let mut t2 = (**t).clone();
+                    t2.networks = networks;
+                    t2.endpoint = endpoint;
+                    t2.status = Some(TaskStatus {
+                        timestamp: Some(now),
+                        state: TaskState::Pending as i32,
+                        message: ALLOCATED_MESSAGE.into(),
+                        ..Default::default()
+                    });
+                    out.tasks.push(t2);
+                }
+                Err(why) => {
+                    out.blocked = true;
+                    explain(&mut out, t, &why, now);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Leaves `t` NEW with `why` as its error (written only when it changes, so a retry writes nothing).
+fn explain(out: &mut AllocatePass, t: &Task, why: &str, now: shoal_api::prost_types::Timestamp) {
+    if t.status.as_ref().is_some_and(|s| s.err == why) {
+        return;
+    }
+    let mut t2 = t.clone();
+    let st = t2.status.get_or_insert_with(Default::default);
+    st.err = why.to_string();
+    st.timestamp = Some(now);
+    out.tasks.push(t2);
+}

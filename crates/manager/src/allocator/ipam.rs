@@ -1,0 +1,199 @@
+//! IP address management in the manager (SwarmKit's cnmallocator with libnetwork's default IPAM, our own
+//! code): one `AddressPool` per network subnet, a bitmap over the allocation range (the IP range a user gave,
+//! else the subnet) with the network address, the broadcast address and the gateway reserved; addresses are
+//! handed out next-fit from a cursor, so a freed address is reused only after the rest of the range. And the
+//! choice of a new network's subnet: the first `subnet_size` block of the cluster's address pools that
+//! overlaps no existing network.
+//!
+//! Nothing here is the truth: the store is. Pools are rebuilt from the networks, services and tasks of a view
+//! (`reserve`) and only then allocate. Pure: no IO, no clock.
+
+use std::net::IpAddr;
+
+use shoal_store::cidr::Cidr;
+
+/// Largest allocation range (addresses) a network may have: its bitmap is then 128 KiB.
+pub const MAX_RANGE_ADDRESSES: u128 = 1 << 20;
+
+/// The cluster's default address pool and subnet size when the cluster object sets none (Docker's).
+pub const DEFAULT_ADDRESS_POOL: &str = "10.0.0.0/8";
+/// See `DEFAULT_ADDRESS_POOL`.
+pub const DEFAULT_SUBNET_SIZE: u8 = 24;
+
+/// The addresses of one subnet: which are taken.
+#[derive(Clone, Debug)]
+pub struct AddressPool {
+    subnet: Cidr,
+    range: Cidr,
+    bits: Vec<u64>,
+    free: u64,
+    cursor: u64,
+}
+
+impl AddressPool {
+    /// A pool over `subnet`, allocating inside `range` (the subnet when `None`), with `gateway` reserved.
+    /// `None` when the range is not inside the subnet or larger than `MAX_RANGE_ADDRESSES`.
+    pub fn new(subnet: Cidr, range: Option<Cidr>, gateway: Option<IpAddr>) -> Option<AddressPool> {
+        let range = range.unwrap_or(subnet);
+        if !subnet.contains(&range) || range.size() > MAX_RANGE_ADDRESSES {
+            return None;
+        }
+        let size = range.size() as u64;
+        let mut p = AddressPool { subnet, range, bits: vec![0; size.div_ceil(64) as usize], free: size, cursor: 0 };
+        // The network and broadcast addresses are nobody's (IPv4 subnets of more than two addresses).
+        if !subnet.is_v6() && subnet.size() > 2 {
+            for a in [subnet.nth(0), subnet.nth(subnet.size() - 1)].into_iter().flatten() {
+                p.reserve(a);
+            }
+        }
+        if let Some(g) = gateway {
+            p.reserve(g);
+        }
+        Some(p)
+    }
+
+    /// The subnet.
+    pub fn subnet(&self) -> Cidr {
+        self.subnet
+    }
+
+    /// Addresses left to allocate.
+    pub fn free(&self) -> u64 {
+        self.free
+    }
+
+    fn index(&self, addr: IpAddr) -> Option<u64> {
+        self.range.offset_of(addr).map(|o| o as u64)
+    }
+
+    fn taken(&self, i: u64) -> bool {
+        self.bits[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    fn set(&mut self, i: u64, on: bool) {
+        let w = &mut self.bits[(i / 64) as usize];
+        let mask = 1u64 << (i % 64);
+        if on && *w & mask == 0 {
+            *w |= mask;
+            self.free -= 1;
+        } else if !on && *w & mask != 0 {
+            *w &= !mask;
+            self.free += 1;
+        }
+    }
+
+    /// Marks `addr` taken (idempotent). False when it lies outside the allocation range (a user-given
+    /// address elsewhere in the subnet is simply not this pool's to track).
+    pub fn reserve(&mut self, addr: IpAddr) -> bool {
+        match self.index(addr) {
+            Some(i) => {
+                self.set(i, true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Frees `addr` (idempotent).
+    pub fn release(&mut self, addr: IpAddr) {
+        if let Some(i) = self.index(addr) {
+            self.set(i, false);
+        }
+    }
+
+    /// The next free address after the last one given, or `None` when the range is full.
+    pub fn allocate(&mut self) -> Option<IpAddr> {
+        if self.free == 0 {
+            return None;
+        }
+        let size = self.range.size() as u64;
+        for step in 0..size {
+            let i = (self.cursor + step) % size;
+            if !self.taken(i) {
+                self.set(i, true);
+                self.cursor = (i + 1) % size;
+                return self.range.nth(u128::from(i));
+            }
+        }
+        None
+    }
+
+    /// `addr` written as the store keeps attachment addresses: with the subnet's prefix length.
+    pub fn with_prefix(&self, addr: IpAddr) -> String {
+        format!("{addr}/{}", self.subnet.prefix_len())
+    }
+}
+
+/// The address part of an attachment address (`10.0.0.3/24` or a bare address).
+pub fn parse_address(s: &str) -> Option<IpAddr> {
+    s.split('/').next()?.parse().ok()
+}
+
+/// The first block of `/size` in `pools` (in order) that overlaps none of `taken`; `None` when every block
+/// is used. Costs at most blocks x networks overlap tests, bounded by the pool sizes and network count.
+pub fn choose_subnet(pools: &[Cidr], size: u8, taken: &[Cidr]) -> Option<Cidr> {
+    for pool in pools {
+        let mut index: u128 = 0;
+        while let Some(candidate) = pool.subnet(size, index) {
+            match taken.iter().filter(|t| t.overlaps(&candidate)).max_by_key(|t| t.size()) {
+                None => return Some(candidate),
+                // Skip past the biggest network in the way (the blocks inside it are all taken).
+                Some(t) if t.size() > candidate.size() => match t.nth(0).and_then(|a| pool.offset_of(a)) {
+                    Some(start) => index = (start + t.size()) / candidate.size(),
+                    // It covers the whole pool.
+                    None => break,
+                },
+                Some(_) => index += 1,
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_29_has_five_addresses_beside_network_broadcast_and_gateway() {
+        let mut p = AddressPool::new(c("10.0.9.0/29"), None, Some(ip("10.0.9.1"))).unwrap();
+        let got: Vec<_> = std::iter::from_fn(|| p.allocate()).collect();
+        assert_eq!(got, ["10.0.9.2", "10.0.9.3", "10.0.9.4", "10.0.9.5", "10.0.9.6"].map(ip));
+        assert_eq!(p.free(), 0);
+        // Next-fit: a freed address comes back only once the cursor passes it again.
+        p.release(ip("10.0.9.3"));
+        assert_eq!(p.allocate(), Some(ip("10.0.9.3")));
+        assert_eq!(p.allocate(), None);
+        assert_eq!(p.with_prefix(ip("10.0.9.3")), "10.0.9.3/29");
+    }
+
+    #[test]
+    fn a_range_limits_allocation_and_reserve_is_idempotent() {
+        let mut p = AddressPool::new(c("10.1.0.0/16"), Some(c("10.1.4.0/30")), Some(ip("10.1.0.1"))).unwrap();
+        assert!(p.reserve(ip("10.1.4.1")));
+        assert!(p.reserve(ip("10.1.4.1")));
+        assert!(!p.reserve(ip("10.1.0.9")));
+        let got: Vec<_> = std::iter::from_fn(|| p.allocate()).collect();
+        assert_eq!(got, ["10.1.4.0", "10.1.4.2", "10.1.4.3"].map(ip));
+        assert!(AddressPool::new(c("10.1.0.0/16"), Some(c("10.2.0.0/24")), None).is_none());
+        assert!(AddressPool::new(c("10.0.0.0/8"), None, None).is_none(), "2^24 addresses is past the bound");
+    }
+
+    #[test]
+    fn subnets_are_chosen_past_the_ones_in_use() {
+        let pools = [c("10.0.0.0/8")];
+        assert_eq!(choose_subnet(&pools, 24, &[]), Some(c("10.0.0.0/24")));
+        assert_eq!(choose_subnet(&pools, 24, &[c("10.0.0.0/24"), c("10.0.2.0/24")]), Some(c("10.0.1.0/24")));
+        assert_eq!(choose_subnet(&pools, 24, &[c("10.0.0.0/16")]), Some(c("10.1.0.0/24")));
+        assert_eq!(choose_subnet(&pools, 24, &[c("10.0.0.128/25"), c("10.0.1.0/24")]), Some(c("10.0.2.0/24")));
+        assert_eq!(choose_subnet(&[c("10.0.0.0/23")], 24, &[c("10.0.0.0/24"), c("10.0.1.0/24")]), None);
+        assert_eq!(choose_subnet(&[c("10.0.0.0/23"), c("192.168.0.0/24")], 24, &[c("10.0.0.0/23")]), Some(c("192.168.0.0/24")));
+    }
+}

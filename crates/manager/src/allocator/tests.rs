@@ -1,0 +1,258 @@
+//! The allocator core against a real store: endpoints and attachments allocated, exhaustion explained on the
+//! task, addresses freed when a task stops, and a core rebuilt from the store (a new leader) never giving an
+//! address twice.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use shoal_api::{
+    endpoint_spec, port_config, Annotations, EndpointSpec, IpamConfig, IpamOptions, NetworkAttachmentConfig, PortConfig,
+    Service, ServiceSpec, Task, TaskSpec, TaskState, TaskStatus,
+};
+use shoal_store::{Changes, MemoryStore, StoreObject};
+
+use super::core::{Allocator, ALLOCATED_MESSAGE};
+use crate::controlapi::network::ingress_network;
+
+struct Fx {
+    store: MemoryStore,
+    index: u64,
+    alloc: Allocator,
+}
+
+fn ts() -> shoal_api::prost_types::Timestamp {
+    shoal_api::timestamp_from_unix_ms(1_000)
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let mut fx = Fx { store: MemoryStore::default(), index: 0, alloc: Allocator::default() };
+        fx.write(|c| {
+            c.create(ingress_network("ingress".into(), ts()));
+        });
+        fx.alloc = fx.store.view(Allocator::build);
+        fx
+    }
+
+    /// Applies a write and feeds its commit to the allocator, as the loop does.
+    fn write(&mut self, f: impl FnOnce(&mut Changes)) {
+        let mut c = Changes::new();
+        f(&mut c);
+        self.index += 1;
+        let commit = self.store.apply(self.index, c.actions()).unwrap();
+        self.alloc.apply_commit(&commit);
+    }
+
+    fn network(&mut self, id: &str, subnet: &str) {
+        let mut n = ingress_network(id.into(), ts());
+        let spec = n.spec.as_mut().unwrap();
+        spec.ingress = false;
+        spec.annotations = Some(Annotations { name: id.into(), ..Default::default() });
+        n.ipam = Some(IpamOptions {
+            driver: None,
+            configs: vec![IpamConfig { subnet: subnet.into(), gateway: subnet.replace(".0/", ".1/").split('/').next().unwrap().into(), ..Default::default() }],
+        });
+        n.driver_state = None;
+        self.write(|c| {
+            c.create(n);
+        });
+    }
+
+    fn service(&mut self, id: &str, nets: &[&str], ports: Vec<PortConfig>) {
+        let spec = ServiceSpec {
+            annotations: Some(Annotations { name: id.into(), ..Default::default() }),
+            task: Some(TaskSpec {
+                networks: nets.iter().map(|n| NetworkAttachmentConfig { target: n.to_string(), ..Default::default() }).collect(),
+                ..Default::default()
+            }),
+            endpoint: Some(EndpointSpec { mode: endpoint_spec::ResolutionMode::Vip as i32, ports }),
+            ..Default::default()
+        };
+        self.write(|c| {
+            c.create(Service { id: id.into(), spec: Some(spec), ..Default::default() });
+        });
+    }
+
+    fn tasks(&mut self, service: &str, n: usize) {
+        let spec = self.store.view(|t| t.services().get(service).unwrap().spec.clone().unwrap().task);
+        self.write(|c| {
+            for i in 0..n {
+                let mut t = Task {
+                    id: format!("{service}.{i}"),
+                    service_id: service.into(),
+                    slot: i as u64,
+                    spec: spec.clone(),
+                    status: Some(TaskStatus { state: TaskState::New as i32, ..Default::default() }),
+                    ..Default::default()
+                };
+                t.set_desired_state(TaskState::Running);
+                c.create(t);
+            }
+        });
+    }
+
+    /// One pass over everything, its writes applied.
+    fn pass(&mut self) -> bool {
+        let out = self.store.view(|t| {
+            let services: BTreeSet<String> = t.services().iter().map(|s| s.id.clone()).collect();
+            self.alloc.pass(t, &services, &BTreeSet::new(), true, ts())
+        });
+        let blocked = out.blocked;
+        if !out.services.is_empty() {
+            self.write(|c| {
+                for s in out.services {
+                    c.update(s);
+                }
+            });
+        }
+        if !out.tasks.is_empty() {
+            self.write(|c| {
+                for t in out.tasks {
+                    c.update(t);
+                }
+            });
+        }
+        blocked
+    }
+
+    fn task(&self, id: &str) -> Arc<Task> {
+        self.store.view(|t| t.tasks().get(id).cloned()).unwrap()
+    }
+
+    fn set_state(&mut self, id: &str, state: TaskState) {
+        let mut t = (*self.task(id)).clone();
+        t.status.as_mut().unwrap().state = state as i32;
+        self.write(|c| {
+            c.update(t);
+        });
+    }
+
+    /// Every address held in the store: service VIPs, and task addresses of tasks not stopped.
+    fn held(&self) -> Vec<String> {
+        self.store.view(|t| {
+            let vips = t.services().iter().flat_map(|s| s.endpoint.iter().flat_map(|e| e.virtual_ips.iter()).map(|v| format!("{}:{}", v.network_id, v.addr)).collect::<Vec<_>>());
+            let tasks = t
+                .tasks()
+                .iter()
+                .filter(|task| crate::orchestrator::observed_state(task) <= TaskState::Running)
+                .flat_map(|task| task.networks.iter().flat_map(|a| a.addresses.iter().map(move |x| format!("{}:{x}", a.network.as_ref().unwrap().id))).collect::<Vec<_>>());
+            vips.chain(tasks).collect()
+        })
+    }
+}
+
+fn assert_unique(held: &[String]) {
+    let set: BTreeSet<&String> = held.iter().collect();
+    assert_eq!(set.len(), held.len(), "an address is held twice: {held:?}");
+}
+
+#[test]
+fn a_service_gets_a_vip_and_its_tasks_addresses_in_the_subnet_then_pending() {
+    let mut fx = Fx::new();
+    fx.network("appnet", "10.0.1.0/24");
+    fx.service("web", &["appnet"], vec![]);
+    fx.tasks("web", 3);
+    assert!(!fx.pass());
+    let s = fx.store.view(|t| t.services().get("web").cloned()).unwrap();
+    let ep = s.endpoint.as_ref().unwrap();
+    assert_eq!(ep.virtual_ips.len(), 1);
+    assert_eq!(ep.virtual_ips[0].network_id, "appnet");
+    assert_eq!(ep.virtual_ips[0].addr, "10.0.1.2/24", "the gateway is .1");
+    for i in 0..3 {
+        let t = fx.task(&format!("web.{i}"));
+        assert_eq!(t.status.as_ref().unwrap().state(), TaskState::Pending);
+        assert_eq!(t.status.as_ref().unwrap().message, ALLOCATED_MESSAGE);
+        assert_eq!(t.endpoint.as_ref(), Some(ep));
+        assert_eq!(t.networks.len(), 1);
+        assert_eq!(t.networks[0].network.as_ref().unwrap().id, "appnet");
+        assert!(t.networks[0].addresses[0].starts_with("10.0.1."), "{:?}", t.networks[0].addresses);
+    }
+    assert_unique(&fx.held());
+    // Nothing left to do: a second pass writes nothing.
+    let out = fx.store.view(|t| fx.alloc.pass(t, &t.services().iter().map(|s| s.id.clone()).collect(), &BTreeSet::new(), true, ts()));
+    assert!(out.services.is_empty() && out.tasks.is_empty());
+}
+
+#[test]
+fn exhaustion_is_explained_on_the_task_and_freed_addresses_are_given_again() {
+    let mut fx = Fx::new();
+    fx.network("small", "10.0.9.0/29");
+    fx.service("web", &["small"], vec![]);
+    fx.tasks("web", 6);
+    assert!(fx.pass(), "some task waits for an address");
+    // A /29 has 5 host addresses beside the gateway: one VIP, four tasks.
+    let states: Vec<TaskState> = (0..6).map(|i| fx.task(&format!("web.{i}")).status.as_ref().unwrap().state()).collect();
+    assert_eq!(states.iter().filter(|s| **s == TaskState::Pending).count(), 4, "{states:?}");
+    let waiting: Vec<_> = (0..6).map(|i| fx.task(&format!("web.{i}"))).filter(|t| t.status.as_ref().unwrap().state() == TaskState::New).collect();
+    assert_eq!(waiting.len(), 2);
+    for t in &waiting {
+        assert_eq!(t.status.as_ref().unwrap().err, "no IP address left in network small");
+    }
+    // A task that stops frees its address; the next pass gives it to a waiting task.
+    let running = (0..6).map(|i| format!("web.{i}")).find(|id| fx.task(id).status.as_ref().unwrap().state() == TaskState::Pending).unwrap();
+    fx.set_state(&running, TaskState::Failed);
+    assert!(fx.pass());
+    let count = |fx: &Fx, s: TaskState| (0..6).filter(|i| fx.task(&format!("web.{i}")).status.as_ref().unwrap().state() == s).count();
+    assert_eq!((count(&fx, TaskState::Pending), count(&fx, TaskState::New)), (4, 1));
+    assert_unique(&fx.held());
+}
+
+#[test]
+fn a_core_rebuilt_from_the_store_continues_without_giving_an_address_twice() {
+    let mut fx = Fx::new();
+    fx.network("appnet", "10.0.1.0/24");
+    fx.service("a", &["appnet"], vec![]);
+    fx.tasks("a", 10);
+    fx.pass();
+    // A new leader: the core comes from the store alone.
+    fx.alloc = fx.store.view(Allocator::build);
+    fx.service("b", &["appnet"], vec![]);
+    fx.tasks("b", 10);
+    fx.pass();
+    let held = fx.held();
+    assert_eq!(held.len(), 22);
+    assert_unique(&held);
+}
+
+#[test]
+fn ingress_ports_are_held_once_and_missing_ones_come_from_the_dynamic_range() {
+    let mut fx = Fx::new();
+    let port = |published: u32, mode: port_config::PublishMode| PortConfig {
+        protocol: port_config::Protocol::Tcp as i32,
+        target_port: 80,
+        published_port: published,
+        publish_mode: mode as i32,
+        ..Default::default()
+    };
+    fx.service("a", &[], vec![port(8080, port_config::PublishMode::Ingress), port(0, port_config::PublishMode::Ingress)]);
+    fx.service("h", &[], vec![port(9000, port_config::PublishMode::Host)]);
+    fx.tasks("a", 1);
+    fx.tasks("h", 1);
+    fx.pass();
+    let a = fx.store.view(|t| t.services().get("a").cloned()).unwrap();
+    let ep = a.endpoint.as_ref().unwrap();
+    assert_eq!(ep.ports.iter().map(|p| p.published_port).collect::<Vec<_>>(), [8080, 30000]);
+    assert_eq!(ep.virtual_ips.len(), 1, "a VIP on ingress");
+    assert_eq!(ep.virtual_ips[0].network_id, "ingress");
+    let t = fx.task("a.0");
+    assert_eq!(t.networks[0].network.as_ref().unwrap().id, "ingress", "attached to ingress");
+    let h = fx.task("h.0");
+    assert_eq!(h.status.as_ref().unwrap().state(), TaskState::Pending);
+    assert!(h.networks.is_empty(), "host-mode ports need no network");
+    assert_eq!(h.endpoint.as_ref().unwrap().ports[0].published_port, 9000);
+    // A second service asking for 8080 (racing the control API's check) is not given it.
+    fx.service("b", &[], vec![port(8080, port_config::PublishMode::Ingress)]);
+    fx.tasks("b", 1);
+    fx.pass();
+    let b = fx.task("b.0");
+    assert_eq!(b.status.as_ref().unwrap().state(), TaskState::New);
+    assert_eq!(b.status.as_ref().unwrap().err, "port 8080 is already in use by service a as an ingress port");
+    // Removing a frees its ports: b gets 8080 on the next pass.
+    let a = fx.store.view(|t| t.services().get("a").cloned()).unwrap();
+    fx.write(|c| {
+        c.remove(a);
+    });
+    fx.pass();
+    assert_eq!(fx.task("b.0").status.as_ref().unwrap().state(), TaskState::Pending);
+    assert!(fx.store.view(|t| t.services().get("b").unwrap().version()) > 0);
+}

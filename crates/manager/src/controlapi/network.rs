@@ -1,0 +1,467 @@
+//! Networks in the control API (SwarmKit's controlapi/network.go rules, our code): swarm-scope overlay
+//! networks created, read, listed and removed; the predefined `ingress` network made with the cluster; and
+//! what a service spec may say about networks and ports (`resolve_service_networks`, `check_endpoint`).
+//!
+//! A network's subnet (the user's, else the first free `SubnetSize` block of the cluster's address pools),
+//! gateway (the subnet's first address unless given) and VXLAN ID are chosen here, in the write that creates
+//! it; the store refuses an overlapping subnet or a VXLAN ID in use when the write is applied, so two
+//! creates from one view cannot both get one. Removal is refused while a service uses the network (naming
+//! it) or a task still holds an address in it.
+//!
+//! Must not depend on HTTP, JSON, processes or Docker.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use shoal_api::{
+    endpoint_spec, ipam_config, port_config, Annotations, Driver, IpamConfig, IpamOptions, Meta, Network, NetworkSpec,
+    ServiceSpec,
+};
+use shoal_store::cidr::Cidr;
+use shoal_store::{Changes, StoreObject, Tables};
+
+use super::{labels_match, resolve, ControlError};
+use crate::allocator::ipam::{choose_subnet, DEFAULT_ADDRESS_POOL, DEFAULT_SUBNET_SIZE, MAX_RANGE_ADDRESSES};
+use crate::state::ClusterState;
+
+/// The name of the predefined routing-mesh network.
+pub const INGRESS_NAME: &str = "ingress";
+/// Its subnet, as Docker's.
+pub const INGRESS_SUBNET: &str = "10.0.0.0/24";
+/// The only driver of swarm-scope networks Shoal makes.
+pub const OVERLAY_DRIVER: &str = "overlay";
+/// The driver option carrying a network's VXLAN ID (libnetwork's overlay driver's key).
+pub use shoal_store::VXLAN_ID_OPTION;
+/// The first VXLAN ID given (libnetwork's overlay driver starts at 4096 + 1).
+pub const FIRST_VXLAN_ID: u32 = 4097;
+/// Most networks in a cluster.
+pub const MAX_NETWORKS: usize = 1000;
+/// Most networks one service attaches to.
+pub const MAX_SERVICE_NETWORKS: usize = 32;
+/// Most aliases per attachment, and the longest alias.
+pub const MAX_ALIASES: usize = 32;
+/// See `MAX_ALIASES`.
+pub const MAX_ALIAS_BYTES: usize = 253;
+/// Most ports one service publishes.
+pub const MAX_PORTS: usize = 128;
+/// Longest network name.
+pub const MAX_NETWORK_NAME_BYTES: usize = 64;
+
+fn invalid(msg: impl Into<String>) -> ControlError {
+    ControlError::InvalidArgument(msg.into())
+}
+
+/// The ingress network a new cluster starts with.
+pub fn ingress_network(id: String, now: shoal_api::prost_types::Timestamp) -> Network {
+    let spec = NetworkSpec {
+        annotations: Some(Annotations { name: INGRESS_NAME.into(), ..Default::default() }),
+        driver_config: Some(Driver { name: OVERLAY_DRIVER.into(), ..Default::default() }),
+        ingress: true,
+        ..Default::default()
+    };
+    let subnet: Cidr = INGRESS_SUBNET.parse().expect("constant");
+    built(id, now, spec, subnet, None, None, FIRST_VXLAN_ID)
+}
+
+fn built(
+    id: String,
+    now: shoal_api::prost_types::Timestamp,
+    spec: NetworkSpec,
+    subnet: Cidr,
+    range: Option<Cidr>,
+    gateway: Option<std::net::IpAddr>,
+    vxlan_id: u32,
+) -> Network {
+    let gateway = gateway.or_else(|| subnet.nth(1)).map(|g| g.to_string()).unwrap_or_default();
+    let mut config = IpamConfig {
+        subnet: subnet.to_string(),
+        range: range.map(|r| r.to_string()).unwrap_or_default(),
+        gateway,
+        ..Default::default()
+    };
+    config.set_family(if subnet.is_v6() { ipam_config::AddressFamily::Ipv6 } else { ipam_config::AddressFamily::Ipv4 });
+    Network {
+        id,
+        meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+        spec: Some(spec),
+        driver_state: Some(Driver {
+            name: OVERLAY_DRIVER.into(),
+            options: HashMap::from([(VXLAN_ID_OPTION.to_string(), vxlan_id.to_string())]),
+        }),
+        ipam: Some(IpamOptions { driver: Some(Driver { name: "default".into(), ..Default::default() }), configs: vec![config] }),
+        pending_delete: false,
+    }
+}
+
+/// The VXLAN ID of a network, if it has one.
+pub fn vxlan_id(n: &Network) -> Option<u32> {
+    n.driver_state.as_ref()?.options.get(VXLAN_ID_OPTION)?.parse().ok()
+}
+
+fn validate_network_name(name: &str) -> Result<(), ControlError> {
+    let ok_chars = name.chars().enumerate().all(|(i, c)| c.is_ascii_alphanumeric() || (i > 0 && "_.-".contains(c)));
+    if name.is_empty() || name.len() > MAX_NETWORK_NAME_BYTES || !ok_chars {
+        return Err(invalid(format!(
+            "invalid network name {name:?}: use 1 to {MAX_NETWORK_NAME_BYTES} letters, digits, '_', '.' or '-', \
+             starting with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+/// The user's IPAM settings, checked: at most one IPv4 subnet with its range and gateway inside it.
+fn user_ipam(spec: &NetworkSpec) -> Result<Option<(Cidr, Option<Cidr>, Option<std::net::IpAddr>)>, ControlError> {
+    let Some(ipam) = &spec.ipam else { return Ok(None) };
+    if let Some(d) = &ipam.driver {
+        if !(d.name.is_empty() || d.name == "default") {
+            return Err(invalid(format!("IPAM driver {:?} is not supported: Shoal's IPAM is the default one", d.name)));
+        }
+        if !d.options.is_empty() {
+            return Err(invalid("IPAM driver options are not supported; leave them out"));
+        }
+    }
+    let Some(c) = ipam.configs.first() else { return Ok(None) };
+    if ipam.configs.len() > 1 {
+        return Err(invalid(format!("{} IPAM configs given: Shoal networks have one subnet", ipam.configs.len())));
+    }
+    if !c.reserved.is_empty() {
+        return Err(invalid("IPAM AuxiliaryAddresses are not supported yet; leave them out"));
+    }
+    if c.subnet.is_empty() {
+        if !c.range.is_empty() || !c.gateway.is_empty() {
+            return Err(invalid("an IP range or gateway needs a subnet: give --subnet too"));
+        }
+        return Ok(None);
+    }
+    let subnet: Cidr = c.subnet.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(e.to_string()))?;
+    if subnet.is_v6() {
+        return Err(invalid(format!("subnet {subnet}: IPv6 networks are not supported yet; give an IPv4 subnet")));
+    }
+    if subnet.prefix_len() > 30 {
+        return Err(invalid(format!("subnet {subnet} is too small: give a prefix of /30 or shorter (4 addresses or more)")));
+    }
+    let range = if c.range.is_empty() {
+        None
+    } else {
+        let r: Cidr = c.range.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(format!("IP range: {e}")))?;
+        if !subnet.contains(&r) {
+            return Err(invalid(format!("IP range {r} is not inside subnet {subnet}")));
+        }
+        Some(r)
+    };
+    if range.unwrap_or(subnet).size() > MAX_RANGE_ADDRESSES {
+        return Err(invalid(format!(
+            "subnet {subnet} has more than {MAX_RANGE_ADDRESSES} addresses to allocate: give a /12 or smaller, or an \
+             --ip-range of that size"
+        )));
+    }
+    let gateway = if c.gateway.is_empty() {
+        None
+    } else {
+        let g: std::net::IpAddr = c.gateway.parse().map_err(|_| invalid(format!("gateway {:?} is not an IP address", c.gateway)))?;
+        if subnet.offset_of(g).is_none_or(|o| o == 0 || o == subnet.size() - 1) {
+            return Err(invalid(format!("gateway {g} is not a host address of subnet {subnet}")));
+        }
+        Some(g)
+    };
+    Ok(Some((subnet, range, gateway)))
+}
+
+/// Checks a network spec as a user sends it (`docker network create`): what Shoal cannot honour is refused.
+pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
+    validate_network_name(spec.annotations.as_ref().map_or("", |a| a.name.as_str()))?;
+    if let Some(d) = &spec.driver_config {
+        if !(d.name.is_empty() || d.name == OVERLAY_DRIVER) {
+            return Err(invalid(format!(
+                "network driver {:?} is not supported: swarm networks use the overlay driver (-d overlay)",
+                d.name
+            )));
+        }
+        if let Some(k) = d.options.keys().next() {
+            return Err(invalid(format!("network driver option {k:?} is not supported yet; leave it out")));
+        }
+    }
+    if spec.ipv6_enabled {
+        return Err(invalid("IPv6 networks are not supported yet; leave out --ipv6"));
+    }
+    if spec.config_from.is_some() {
+        return Err(invalid("config-only networks (--config-from) are not supported; give the settings directly"));
+    }
+    user_ipam(spec)?;
+    Ok(())
+}
+
+fn pools_of(t: &Tables) -> (Vec<Cidr>, u8) {
+    let cluster = t.clusters().iter().next();
+    let pools: Vec<Cidr> = cluster
+        .map(|c| c.default_address_pool.iter().filter_map(|p| p.parse().ok()).collect())
+        .filter(|p: &Vec<Cidr>| !p.is_empty())
+        .unwrap_or_else(|| vec![DEFAULT_ADDRESS_POOL.parse().expect("constant")]);
+    let size = cluster.map(|c| c.subnet_size).filter(|s| (1..=30).contains(s)).map_or(DEFAULT_SUBNET_SIZE, |s| s as u8);
+    (pools, size)
+}
+
+/// Creates a swarm-scope overlay network.
+pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<Network, ControlError> {
+    validate_network_spec(&spec)?;
+    let now = state.now();
+    let id = state.ids.new_id();
+    let mut spec = spec;
+    spec.driver_config.get_or_insert_with(Default::default).name = OVERLAY_DRIVER.into();
+    let (network, _) = state
+        .write(|t: &Tables, c: &mut Changes| {
+            let name = spec.annotations.as_ref().map_or("", |a| a.name.as_str());
+            if let Some(owner) = t.networks().by_name(name) {
+                return Err(ControlError::Conflict(format!(
+                    "network with name {name} already exists (network {}); choose another name",
+                    owner.id
+                )));
+            }
+            if t.networks().len() >= MAX_NETWORKS {
+                return Err(invalid(format!("the cluster has {MAX_NETWORKS} networks, the most it may have; remove one")));
+            }
+            if spec.ingress && t.networks().iter().any(|n| n.spec.as_ref().is_some_and(|s| s.ingress)) {
+                return Err(invalid("an ingress network exists already; remove it first"));
+            }
+            let taken: Vec<Cidr> = t
+                .networks()
+                .iter()
+                .flat_map(|n| n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse().ok()))
+                .collect();
+            let (subnet, range, gateway) = match user_ipam(&spec)? {
+                Some(u) => u,
+                None => {
+                    let (pools, size) = pools_of(t);
+                    let s = choose_subnet(&pools, size, &taken).ok_or_else(|| {
+                        invalid(format!(
+                            "no /{size} subnet is left in the address pools ({}); give --subnet or remove a network",
+                            pools.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+                        ))
+                    })?;
+                    (s, None, None)
+                }
+            };
+            if let Some((other, theirs)) = t.networks().iter().find_map(|n| {
+                let theirs = n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse::<Cidr>().ok()).find(|c| c.overlaps(&subnet))?;
+                Some((n.clone(), theirs))
+            }) {
+                return Err(ControlError::Conflict(format!(
+                    "subnet {subnet} overlaps subnet {theirs} of network {}; choose another subnet",
+                    other.unique_name().unwrap_or(&other.id)
+                )));
+            }
+            let used: BTreeSet<u32> = t.networks().iter().filter_map(|n| vxlan_id(n)).collect();
+            let vni = (FIRST_VXLAN_ID..).find(|v| !used.contains(v)).expect("fewer networks than IDs");
+            let n = built(id.clone(), now, spec.clone(), subnet, range, gateway, vni);
+            c.create(n.clone());
+            Ok(n)
+        })
+        .await?;
+    Ok(state.store.view(|t| t.networks().get(&network.id).map(|n| (**n).clone())).unwrap_or(network))
+}
+
+/// The network with this ID, name or unique ID prefix, in a view.
+pub fn find_network<'a>(t: &'a Tables, reference: &str) -> Result<&'a Arc<Network>, ControlError> {
+    resolve("network", reference, |id| t.networks().get(id), |n| t.networks().by_name(n), t.networks().iter())
+}
+
+/// Reads one network.
+pub fn get_network(state: &ClusterState, reference: &str) -> Result<Network, ControlError> {
+    state.store.view(|t| find_network(t, reference).map(|n| (**n).clone()))
+}
+
+/// What `list_networks` keeps (each list: any entry may match; empty: all).
+#[derive(Debug, Clone, Default)]
+pub struct NetworkFilters {
+    /// ID prefixes.
+    pub ids: Vec<String>,
+    /// Name substrings (Docker matches names by substring).
+    pub names: Vec<String>,
+    /// `key` or `key=value` labels, all of which must match.
+    pub labels: Vec<String>,
+}
+
+/// Lists networks, sorted by name.
+pub fn list_networks(state: &ClusterState, f: &NetworkFilters) -> Vec<Network> {
+    let mut out: Vec<Network> = state.store.view(|t| {
+        t.networks()
+            .iter()
+            .filter(|n| f.ids.is_empty() || f.ids.iter().any(|p| n.id.starts_with(p.as_str())))
+            .filter(|n| {
+                let name = n.unique_name().unwrap_or("");
+                f.names.is_empty() || f.names.iter().any(|w| name.contains(w.as_str()))
+            })
+            .filter(|n| labels_match(&n.spec.as_ref().and_then(|s| s.annotations.clone()).unwrap_or_default().labels, &f.labels))
+            .map(|n| (**n).clone())
+            .collect()
+    });
+    out.sort_by(|a, b| a.unique_name().cmp(&b.unique_name()).then(a.id.cmp(&b.id)));
+    out
+}
+
+/// Removes a network no service uses and no task holds an address in.
+pub async fn remove_network(state: &ClusterState, reference: &str) -> Result<(), ControlError> {
+    state
+        .write(|t: &Tables, c: &mut Changes| {
+            let n = find_network(t, reference)?;
+            let name = n.unique_name().unwrap_or(&n.id).to_string();
+            let ingress = n.spec.as_ref().is_some_and(|s| s.ingress);
+            let users: Vec<&str> = t
+                .services()
+                .iter()
+                .filter(|s| {
+                    s.spec.as_ref().is_some_and(|sp| {
+                        shoal_store::spec_networks(sp).any(|x| x == n.id)
+                            || (ingress && sp.endpoint.as_ref().is_some_and(|e| e.ports.iter().any(|p| p.publish_mode == port_config::PublishMode::Ingress as i32)))
+                    })
+                })
+                .filter_map(|s| s.unique_name())
+                .collect();
+            if !users.is_empty() {
+                let mut users = users;
+                users.sort();
+                let what = if ingress { "publishes ports through it" } else { "uses it" };
+                return Err(invalid(format!(
+                    "network {name} is in use by service {} (it {what}); remove the service or update it first",
+                    users.join(", ")
+                )));
+            }
+            let holder = t.tasks().iter().find(|task| {
+                crate::orchestrator::observed_state(task) <= shoal_api::TaskState::Running
+                    && task.networks.iter().any(|a| a.network.as_ref().is_some_and(|x| x.id == n.id))
+            });
+            if let Some(task) = holder {
+                return Err(invalid(format!(
+                    "network {name} is in use by task {} (it is still running); wait for it to stop",
+                    task.id
+                )));
+            }
+            c.remove(n.clone());
+            Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// Resolves the networks of a service spec to IDs (a name, ID or prefix each) and checks them: they exist,
+/// are not `ingress` (reached through published ports), appear once, and stay in bounds. The deprecated
+/// service-level list moves into the task spec (so a change of it rolls the tasks, as any task spec change).
+pub fn resolve_service_networks(t: &Tables, spec: &mut ServiceSpec) -> Result<(), ControlError> {
+    let legacy = std::mem::take(&mut spec.networks);
+    let Some(task) = spec.task.as_mut() else { return Ok(()) };
+    if !legacy.is_empty() {
+        if !task.networks.is_empty() {
+            return Err(invalid("give networks in TaskTemplate.Networks or in Networks, not both"));
+        }
+        task.networks = legacy;
+    }
+    if task.networks.len() > MAX_SERVICE_NETWORKS {
+        return Err(invalid(format!(
+            "{} networks given: a service attaches to at most {MAX_SERVICE_NETWORKS}",
+            task.networks.len()
+        )));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, a) in task.networks.iter_mut().enumerate() {
+        let n = find_network(t, &a.target).map_err(|e| match e {
+            ControlError::NotFound { .. } => invalid(format!(
+                "network {} not found (TaskTemplate.Networks[{i}]): create it with `docker network create -d overlay`",
+                a.target
+            )),
+            other => other,
+        })?;
+        if n.spec.as_ref().is_some_and(|s| s.ingress) {
+            return Err(invalid(format!(
+                "service cannot be explicitly attached to the ingress network {:?}; publish a port instead",
+                n.unique_name().unwrap_or(&n.id)
+            )));
+        }
+        if !seen.insert(n.id.clone()) {
+            return Err(invalid(format!("network {} is given twice; give each network once", a.target)));
+        }
+        if a.aliases.len() > MAX_ALIASES || a.aliases.iter().any(|x| x.is_empty() || x.len() > MAX_ALIAS_BYTES) {
+            return Err(invalid(format!(
+                "TaskTemplate.Networks[{i}].Aliases: at most {MAX_ALIASES} aliases of 1 to {MAX_ALIAS_BYTES} bytes"
+            )));
+        }
+        if !a.addresses.is_empty() {
+            return Err(invalid(format!("TaskTemplate.Networks[{i}]: static addresses are not supported; leave them out")));
+        }
+        a.target = n.id.clone();
+    }
+    Ok(())
+}
+
+/// Checks a service's endpoint spec: ports in range and unique, no ingress port with DNS round robin, and
+/// no ingress port another service holds (the error names it). `service_id` is the service being written
+/// (its own ports are not a conflict).
+pub fn check_endpoint(t: &Tables, service_id: &str, spec: &ServiceSpec) -> Result<(), ControlError> {
+    let Some(e) = &spec.endpoint else { return Ok(()) };
+    if e.ports.len() > MAX_PORTS {
+        return Err(invalid(format!("{} ports published: a service publishes at most {MAX_PORTS}", e.ports.len())));
+    }
+    let ingress = |p: &shoal_api::PortConfig| p.publish_mode == port_config::PublishMode::Ingress as i32;
+    if e.mode == endpoint_spec::ResolutionMode::Dnsrr as i32 && e.ports.iter().any(ingress) {
+        return Err(invalid(
+            "EndpointSpec: port published with ingress mode can't be used with dnsrr mode; use --publish mode=host or --endpoint-mode vip",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for p in &e.ports {
+        if p.target_port == 0 || p.target_port > 65535 || p.published_port > 65535 {
+            return Err(invalid(format!(
+                "EndpointSpec.Ports: port {}:{} is out of range: ports go from 1 to 65535 (published 0: one is chosen)",
+                p.published_port, p.target_port
+            )));
+        }
+        if p.published_port != 0 && !seen.insert((p.protocol, p.published_port)) {
+            return Err(invalid(format!("EndpointSpec.Ports: published port {} is given twice", p.published_port)));
+        }
+    }
+    for p in e.ports.iter().filter(|p| ingress(p) && p.published_port != 0) {
+        let holds = |s: &shoal_api::Service| {
+            let allocated = s.endpoint.iter().flat_map(|e| e.ports.iter());
+            let asked = s.spec.iter().flat_map(|sp| sp.endpoint.iter()).flat_map(|e| e.ports.iter());
+            allocated.chain(asked).any(|q| ingress(q) && q.protocol == p.protocol && q.published_port == p.published_port)
+        };
+        if let Some(other) = t.services().iter().find(|s| s.id != service_id && holds(s)) {
+            return Err(invalid(format!(
+                "port '{}' is already in use by service '{}' ({}) as an ingress port",
+                p.published_port,
+                other.unique_name().unwrap_or(""),
+                other.id
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_specs_shoal_cannot_honour_are_refused_with_the_reason() {
+        let spec = |f: &dyn Fn(&mut NetworkSpec)| {
+            let mut s = NetworkSpec { annotations: Some(Annotations { name: "appnet".into(), ..Default::default() }), ..Default::default() };
+            f(&mut s);
+            validate_network_spec(&s).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let ipam = |subnet: &str, range: &str, gw: &str| {
+            Some(IpamOptions {
+                driver: None,
+                configs: vec![IpamConfig { subnet: subnet.into(), range: range.into(), gateway: gw.into(), ..Default::default() }],
+            })
+        };
+        assert_eq!(spec(&|_| {}), "");
+        assert!(spec(&|s| s.driver_config = Some(Driver { name: "bridge".into(), ..Default::default() })).contains("\"bridge\" is not supported"));
+        assert!(spec(&|s| s.ipv6_enabled = true).contains("IPv6"));
+        assert!(spec(&|s| s.annotations.as_mut().unwrap().name = "-x".into()).contains("invalid network name"));
+        assert!(spec(&|s| s.ipam = ipam("10.9.0.1/24", "", "")).contains("the network address is 10.9.0.0/24"));
+        assert!(spec(&|s| s.ipam = ipam("10.9.0.0/24", "10.8.0.0/25", "")).contains("not inside subnet"));
+        assert!(spec(&|s| s.ipam = ipam("10.9.0.0/24", "", "10.9.0.255")).contains("not a host address"));
+        assert!(spec(&|s| s.ipam = ipam("10.0.0.0/8", "", "")).contains("more than 1048576"));
+        assert!(spec(&|s| s.ipam = ipam("10.0.0.0/31", "", "")).contains("too small"));
+        assert_eq!(spec(&|s| s.ipam = ipam("10.9.0.0/24", "10.9.0.128/25", "10.9.0.1")), "");
+    }
+}

@@ -1,0 +1,186 @@
+//! One manager's Raft storage on a simulated disk: what raft-rs reads (`raft::Storage`) and what survives a
+//! crash. It keeps the write discipline of the real storage (`shoal_raft`'s `EngineStorage`): entries, term
+//! and vote are synced with every append; a hard state whose only change is the commit index is written
+//! without a sync; snapshots are synced when recorded, so the commit on disk is never behind one. A crash
+//! that loses the page cache (`crash(lose_unsynced = true)`) gives back the commit index of the last sync.
+//!
+//! Plain data: no IO, no clock.
+
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
+use raft::{GetEntriesContext, RaftState, StorageError};
+
+/// The log, hard state, conf state and latest snapshot of one member.
+#[derive(Clone, Debug, Default)]
+pub struct SimStorage {
+    hard_state: HardState,
+    conf_state: ConfState,
+    /// The latest snapshot's metadata and data (index 0: none).
+    snapshot: SnapshotMetadata,
+    snapshot_data: Vec<u8>,
+    /// Entries are kept after this index (whose term is `truncated.1`).
+    truncated: (u64, u64),
+    entries: Vec<Entry>,
+    /// The commit index as of the last sync.
+    synced_commit: u64,
+    /// Syncs done (counted for the report).
+    pub syncs: u64,
+}
+
+impl SimStorage {
+    /// A new member's disk: no log, the given voters.
+    pub fn with_voters(voters: Vec<u64>) -> SimStorage {
+        SimStorage { conf_state: ConfState { voters, ..Default::default() }, ..Default::default() }
+    }
+
+    fn first(&self) -> u64 {
+        self.truncated.0 + 1
+    }
+
+    fn last(&self) -> u64 {
+        self.truncated.0 + self.entries.len() as u64
+    }
+
+    /// The hard state as written (commit index possibly not synced).
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    /// The conf state (the voters).
+    pub fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
+    /// The latest snapshot's metadata and data.
+    pub fn snapshot_parts(&self) -> (&SnapshotMetadata, &[u8]) {
+        (&self.snapshot, &self.snapshot_data)
+    }
+
+    /// Entries `[low, high)` (the caller keeps within the log).
+    pub fn read(&self, low: u64, high: u64) -> Vec<Entry> {
+        let lo = (low - self.first()) as usize;
+        let hi = (high - self.first()) as usize;
+        self.entries[lo..hi].to_vec()
+    }
+
+    /// Appends a Ready's entries (replacing any conflicting suffix) and its hard state; synced when there
+    /// are entries or the term or vote changed, as the real storage does.
+    pub fn append(&mut self, entries: &[Entry], hs: Option<&HardState>) {
+        let mut sync = false;
+        if let Some(first) = entries.first() {
+            assert!(first.index > self.truncated.0, "append at {} behind the log start {}", first.index, self.first());
+            assert!(first.index <= self.last() + 1, "append at {} leaves a gap after {}", first.index, self.last());
+            self.entries.truncate((first.index - self.first()) as usize);
+            self.entries.extend_from_slice(entries);
+            sync = true;
+        }
+        if let Some(hs) = hs {
+            sync |= hs.term != self.hard_state.term || hs.vote != self.hard_state.vote;
+            self.hard_state = hs.clone();
+        }
+        if sync {
+            self.sync();
+        }
+    }
+
+    /// Records a new commit index without a sync.
+    pub fn set_commit(&mut self, commit: u64) {
+        self.hard_state.commit = commit;
+    }
+
+    fn sync(&mut self) {
+        self.synced_commit = self.hard_state.commit;
+        self.syncs += 1;
+    }
+
+    /// Installs a snapshot from the leader: the log restarts after it (synced).
+    pub fn install_snapshot(&mut self, meta: SnapshotMetadata, data: Vec<u8>) {
+        self.truncated = (meta.index, meta.term);
+        self.entries.clear();
+        self.hard_state.commit = self.hard_state.commit.max(meta.index);
+        self.conf_state = meta.get_conf_state().clone();
+        self.snapshot = meta;
+        self.snapshot_data = data;
+        self.sync();
+    }
+
+    /// Records a snapshot taken locally and compacts the log through `compact_through` (synced).
+    pub fn record_snapshot(&mut self, meta: SnapshotMetadata, data: Vec<u8>, compact_through: u64) {
+        let through = compact_through.min(meta.index).min(self.last());
+        if through > self.truncated.0 {
+            let term = self.entries[(through - self.first()) as usize].term;
+            self.entries.drain(..(through - self.truncated.0) as usize);
+            self.truncated = (through, term);
+        }
+        self.snapshot = meta;
+        self.snapshot_data = data;
+        self.sync();
+    }
+
+    /// What is on disk after a crash: everything synced; the commit index written since the last sync only
+    /// when the page cache survived.
+    pub fn crash(&self, lose_unsynced: bool) -> SimStorage {
+        let mut disk = self.clone();
+        if lose_unsynced {
+            disk.hard_state.commit = self.synced_commit;
+        }
+        disk
+    }
+}
+
+impl raft::Storage for SimStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(self.hard_state.clone(), self.conf_state.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low < self.first() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last() + 1 {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let mut out = self.read(low, high);
+        raft::util::limit_size(&mut out, max_size.into());
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx == self.truncated.0 {
+            return Ok(self.truncated.1);
+        }
+        if idx == self.snapshot.index {
+            return Ok(self.snapshot.term);
+        }
+        if idx < self.first() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if idx > self.last() {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        Ok(self.entries[(idx - self.first()) as usize].term)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.first())
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.last())
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snapshot.index == 0 {
+            return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
+        }
+        let mut snap = Snapshot::default();
+        snap.set_metadata(self.snapshot.clone());
+        snap.data = self.snapshot_data.clone().into();
+        Ok(snap)
+    }
+}

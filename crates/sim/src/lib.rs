@@ -1,0 +1,712 @@
+//! A deterministic simulation of a whole Shoal cluster in one thread, driven by one seed (as FoundationDB's
+//! and TigerBeetle's simulators): three managers (raft-rs's `RawNode` over a simulated disk, each with its
+//! store, the real leader-only subsystems and the real dispatcher), simulated agents running tasks, a
+//! simulated network, per-manager wall clocks, and an API client writing through the control API. Every
+//! random choice comes from one `StdRng` seeded with the seed; time is a step counter; futures are polled
+//! in a fixed order (`exec`). A run is a fault phase (crashes with or without loss of unsynced writes,
+//! restarts, partitions, message loss and delay, clock jumps, agent crashes, task failures, under the
+//! random workload) and then a heal phase (everything restarted and reconnected, no faults, no new writes)
+//! in which every service must converge within a bounded number of steps.
+//!
+//! Checked after every step (`checks`): no acknowledged write lost (its entry is at its index on every
+//! manager that applied that index, and an acknowledged service exists on every manager that applied it
+//! unless a removal was sent), the same entry at each index on every manager, at most one leader per term,
+//! and no slot running two tasks except while a node is or was just cut off (SwarmKit replaces the tasks of
+//! a node it marks down, which may still run them). At the end: one leader, identical stores, every
+//! service's tasks running as its spec says, and nothing else running.
+//!
+//! `run(seed, &SimConfig)` returns a `Report` or a `Failure` naming the seed, the step and the check; the
+//! same seed replays the same run exactly. The test `tests/sim.rs` runs many seeds (README.md).
+//!
+//! Must not read the wall clock, spawn threads or open sockets.
+
+pub mod agent;
+pub mod disk;
+pub mod exec;
+pub mod manager;
+pub mod net;
+pub mod workload;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use raft::StateRole;
+use shoal_api::{Service, TaskState};
+use shoal_manager::dispatcher::DispatcherConfig;
+use shoal_manager::ClusterState;
+use shoal_store::{ManualClock, StoreObject, Tables};
+
+use agent::Agent;
+use exec::SimTimer;
+use manager::{Manager, ManagerConfig, Msg};
+use net::{Endpoint, Lane, Network};
+use workload::Client;
+
+/// Length of one step of simulated time (one Raft tick), in ms.
+pub const STEP_MS: u64 = 100;
+/// Wall-clock time at the start of a run (any fixed value).
+pub const START_UNIX_MS: u64 = 1_700_000_000_000;
+/// How long after a node was cut off its old tasks may still run beside their replacements, in ms: the
+/// heartbeat TTL the leader waits before it marks the node down, plus the time to reconnect and stop them.
+pub const CUT_OFF_GRACE_MS: u64 = 6_000;
+
+/// What one run does.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Managers (Raft voters).
+    pub managers: usize,
+    /// Agents.
+    pub agents: usize,
+    /// Steps with faults and writes.
+    pub fault_steps: u64,
+    /// Most steps the cluster may take to converge once faults stop.
+    pub converge_steps: u64,
+    /// Inject faults (false: only the workload).
+    pub faults: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig { managers: 3, agents: 4, fault_steps: 400, converge_steps: 1200, faults: true }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Steps run.
+    pub steps: u64,
+    /// Steps the heal phase took to converge.
+    pub converge_steps: u64,
+    /// Requests sent, acknowledged, refused, of unknown outcome.
+    pub sent: u64,
+    /// Acknowledged.
+    pub acked: u64,
+    /// Unknown outcome.
+    pub unknown: u64,
+    /// Faults injected.
+    pub faults: u64,
+    /// Leaders elected (distinct terms with a leader).
+    pub terms: u64,
+    /// Highest commit index.
+    pub commit: u64,
+    /// Messages delivered and lost.
+    pub delivered: u64,
+    /// Messages lost.
+    pub lost: u64,
+    /// A digest of the run's events: equal for two runs of one seed.
+    pub trace: u64,
+}
+
+/// A check that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The seed.
+    pub seed: u64,
+    /// The step it failed at.
+    pub step: u64,
+    /// What was wrong.
+    pub what: String,
+    /// The last events before it.
+    pub recent: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "simulation seed {} failed at step {}: {}", self.seed, self.step, self.what)?;
+        writeln!(f, "replay: SHOAL_SIM_SEED={} cargo nextest run -p shoal-sim sim", self.seed)?;
+        writeln!(f, "last events:")?;
+        for e in &self.recent {
+            writeln!(f, "  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+struct World {
+    mcfg: ManagerConfig,
+    rng: StdRng,
+    step: u64,
+    timer: Arc<SimTimer>,
+    clocks: Vec<Arc<ManualClock>>,
+    managers: Vec<Manager>,
+    agents: Vec<Agent>,
+    node_ids: Vec<String>,
+    net: Network<Msg>,
+    client: Client,
+    fail_chance: f64,
+    /// Leader per term.
+    leaders: BTreeMap<u64, u64>,
+    /// The entry at each index as first applied anywhere: (term, digest).
+    entries: BTreeMap<u64, (u64, u64)>,
+    /// Per manager: the highest index already compared with `entries`.
+    checked: BTreeMap<u64, u64>,
+    recent: std::collections::VecDeque<String>,
+    /// Every event, when tracing (`run_traced`).
+    full: Option<Vec<String>>,
+    trace: u64,
+    faults: u64,
+}
+
+impl World {
+    fn new(seed: u64, cfg: &SimConfig) -> World {
+        let voters: Vec<u64> = (1..=cfg.managers as u64).collect();
+        let mcfg = ManagerConfig {
+            voters: voters.clone(),
+            snapshot_interval_entries: 40,
+            log_entries_for_slow_followers: 10,
+            dispatcher: DispatcherConfig { heartbeat_period_ms_default: 1000, ..Default::default() },
+        };
+        let timer = Arc::new(SimTimer::default());
+        let clocks: Vec<Arc<ManualClock>> = voters.iter().map(|_| Arc::new(ManualClock::new(START_UNIX_MS))).collect();
+        let mut managers: Vec<Manager> =
+            voters.iter().map(|id| Manager::new(*id, &mcfg, clocks[*id as usize - 1].clone(), seed ^ (id << 56))).collect();
+        for m in &mut managers {
+            m.start(&mcfg, &timer);
+        }
+        let node_ids: Vec<String> = (0..cfg.agents).map(|i| format!("node{i:02}")).collect();
+        let agents = node_ids.iter().enumerate().map(|(i, n)| Agent::new(i, n.clone())).collect();
+        World {
+            mcfg,
+            rng: StdRng::seed_from_u64(seed),
+            step: 0,
+            timer,
+            clocks,
+            managers,
+            agents,
+            node_ids,
+            net: Network::new(),
+            client: Client::default(),
+            fail_chance: 0.0,
+            leaders: BTreeMap::new(),
+            entries: BTreeMap::new(),
+            checked: BTreeMap::new(),
+            recent: Default::default(),
+            full: None,
+            trace: 0xcbf2_9ce4_8422_2325,
+            faults: 0,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        use shoal_manager::Timer;
+        self.timer.now_ms()
+    }
+
+    fn event(&mut self, e: String) {
+        self.trace = manager::digest(&[self.trace.to_le_bytes().as_slice(), e.as_bytes()].concat());
+        if self.recent.len() >= 40 {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(format!("[{}] {e}", self.step));
+        if let Some(full) = &mut self.full {
+            full.push(format!("[{}] {e}", self.step));
+        }
+    }
+
+    fn fail(&self, what: String, seed: u64) -> Failure {
+        Failure { seed, step: self.step, what, recent: self.recent.iter().cloned().collect() }
+    }
+
+    fn manager_ids(&self) -> Vec<u64> {
+        self.managers.iter().map(|m| m.id).collect()
+    }
+
+    /// Faults of one step of the fault phase.
+    fn inject_faults(&mut self) {
+        let r = self.rng.random_range(0..1000);
+        let n = self.managers.len();
+        let a = self.agents.len();
+        let event = match r {
+            0..=4 => {
+                let i = self.rng.random_range(0..n);
+                if !self.managers[i].is_up() {
+                    return;
+                }
+                let lose = self.rng.random_bool(0.5);
+                self.managers[i].crash(lose);
+                self.net.set_down(Endpoint::Manager(self.managers[i].id), true);
+                format!("crash manager {} (unsynced writes {})", self.managers[i].id, if lose { "lost" } else { "kept" })
+            }
+            5..=24 => {
+                let i = self.rng.random_range(0..n);
+                if self.managers[i].is_up() {
+                    return;
+                }
+                self.managers[i].start(&self.mcfg, &self.timer);
+                self.checked.remove(&self.managers[i].id);
+                self.net.set_down(Endpoint::Manager(self.managers[i].id), false);
+                format!("restart manager {}", self.managers[i].id)
+            }
+            25..=32 => {
+                let mut sides = BTreeMap::new();
+                for m in self.manager_ids() {
+                    sides.insert(Endpoint::Manager(m), self.rng.random_range(0..2u8));
+                }
+                for i in 0..a {
+                    sides.insert(Endpoint::Agent(i), self.rng.random_range(0..2u8));
+                }
+                let text = format!("partition {sides:?}");
+                self.net.partition(sides);
+                text
+            }
+            33..=52 if self.net.partitioned() => {
+                self.net.partition(BTreeMap::new());
+                "heal partition".into()
+            }
+            53..=60 => {
+                self.net.loss = [0.0, 0.02, 0.1, 0.3][self.rng.random_range(0..4)];
+                self.net.max_delay_steps = self.rng.random_range(0..=5);
+                format!("network loss {} delay <= {} steps", self.net.loss, self.net.max_delay_steps)
+            }
+            61..=63 => {
+                let i = self.rng.random_range(0..n);
+                let jump = self.rng.random_range(1_000..120_000);
+                self.clocks[i].advance_ms(jump);
+                format!("clock of manager {} jumps {jump} ms forward", i + 1)
+            }
+            64..=66 => {
+                let i = self.rng.random_range(0..a);
+                if !self.agents[i].up {
+                    return;
+                }
+                self.agents[i].crash();
+                self.net.set_down(Endpoint::Agent(i), true);
+                format!("crash agent {i}")
+            }
+            67..=86 => {
+                let i = self.rng.random_range(0..a);
+                if self.agents[i].up {
+                    return;
+                }
+                let now = self.now_ms();
+                self.agents[i].restart(now);
+                self.net.set_down(Endpoint::Agent(i), false);
+                format!("restart agent {i}")
+            }
+            87..=90 => {
+                self.fail_chance = [0.0, 0.001, 0.01][self.rng.random_range(0..3)];
+                format!("task failure chance {}", self.fail_chance)
+            }
+            _ => return,
+        };
+        self.faults += 1;
+        self.event(event);
+    }
+
+    /// Ends every fault: all up, healed, lossless, no task failures.
+    fn heal(&mut self) {
+        for i in 0..self.managers.len() {
+            if !self.managers[i].is_up() {
+                self.managers[i].start(&self.mcfg, &self.timer);
+                self.checked.remove(&self.managers[i].id);
+            }
+            self.net.set_down(Endpoint::Manager(self.managers[i].id), false);
+        }
+        let now = self.now_ms();
+        for i in 0..self.agents.len() {
+            if !self.agents[i].up {
+                self.agents[i].restart(now);
+            }
+            self.net.set_down(Endpoint::Agent(i), false);
+        }
+        self.net.partition(BTreeMap::new());
+        self.net.loss = 0.0;
+        self.net.max_delay_steps = 1;
+        self.fail_chance = 0.0;
+        self.event("heal: faults stop".into());
+    }
+
+    fn send(&mut self, from: Endpoint, out: Vec<(Endpoint, Msg)>) {
+        let now = self.step;
+        for (to, msg) in out {
+            let lane = if matches!(msg, Msg::Raft(_)) { Lane::Datagram } else { Lane::Stream };
+            let snapshot = matches!(&msg, Msg::Raft(m) if m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot);
+            self.net.send(&mut self.rng, now, lane, from, to, msg, snapshot);
+        }
+    }
+
+    /// One step of everything.
+    fn tick(&mut self, writes: bool) {
+        self.step += 1;
+        self.timer.advance(STEP_MS);
+        for c in &self.clocks {
+            c.advance_ms(STEP_MS);
+        }
+        let now_ms = self.now_ms();
+        let ids = self.manager_ids();
+        // Deliveries.
+        for env in self.net.due(&mut self.rng, self.step) {
+            match (env.from, env.to, env.msg) {
+                (from, Endpoint::Manager(m), Msg::Raft(msg)) => {
+                    let snapshot = msg.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot;
+                    if let Some(run) = self.managers[m as usize - 1].run.as_mut() {
+                        run.step_raft(*msg);
+                    }
+                    // The transport reports a snapshot it delivered (`PeerLink::report_snapshot`).
+                    if let (true, Endpoint::Manager(f)) = (snapshot, from) {
+                        if let Some(run) = self.managers[f as usize - 1].run.as_mut() {
+                            run.report_snapshot(m, true);
+                        }
+                    }
+                }
+                (Endpoint::Agent(a), Endpoint::Manager(m), msg) => {
+                    let node = self.node_ids[a].clone();
+                    let out = match self.managers[m as usize - 1].run.as_mut() {
+                        Some(run) => run.receive_from_agent(a, &node, msg),
+                        None => Vec::new(),
+                    };
+                    self.send(Endpoint::Manager(m), out);
+                }
+                (Endpoint::Manager(m), Endpoint::Agent(a), msg) => self.agents[a].receive(now_ms, m, msg, &ids),
+                _ => {}
+            }
+        }
+        for (from, to) in std::mem::take(&mut self.net.lost_notices) {
+            if let (Endpoint::Manager(f), Endpoint::Manager(t)) = (from, to) {
+                if let Some(run) = self.managers[f as usize - 1].run.as_mut() {
+                    run.report_snapshot(t, false);
+                }
+            }
+        }
+        for (from, to) in self.net.broken_due(self.step) {
+            match (from, to) {
+                (Endpoint::Agent(a), Endpoint::Manager(m)) | (Endpoint::Manager(m), Endpoint::Agent(a)) => {
+                    self.agents[a].connection_broken(now_ms, m, &ids);
+                    if let Some(run) = self.managers[m as usize - 1].run.as_mut() {
+                        run.drop_stream(a);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // The API client.
+        let states: BTreeMap<u64, ClusterState> =
+            self.managers.iter().filter_map(|m| m.run.as_ref().map(|r| (m.id, r.state.clone()))).collect();
+        let events = self.client.step(now_ms, writes, &states, &mut self.rng);
+        for e in events {
+            self.event(e);
+        }
+        // Managers: subsystems, proposals, raft, agents' streams.
+        for i in 0..self.managers.len() {
+            let id = self.managers[i].id;
+            let Some(run) = self.managers[i].run.as_mut() else { continue };
+            run.run_leader_loops();
+            run.take_proposals();
+            run.tick();
+            let msgs = run.handle_ready(&self.mcfg);
+            let mut out: Vec<(Endpoint, Msg)> = msgs.into_iter().map(|m| (Endpoint::Manager(m.to), Msg::Raft(Box::new(m)))).collect();
+            out.extend(run.serve_agents(&self.node_ids));
+            self.send(Endpoint::Manager(id), out);
+        }
+        // Acknowledged writes: read the entry that carried each.
+        for (what, m, index) in std::mem::take(&mut self.client.ledger.to_resolve) {
+            let entry = self.managers[m as usize - 1].run.as_ref().and_then(|r| r.applied_log.get(&index).copied());
+            if let Some((term, digest)) = entry {
+                self.client.ledger.acked.push(workload::Acked { what, index, term, digest });
+            }
+        }
+        // Agents.
+        let period = self.mcfg.dispatcher.heartbeat_period_ms_default;
+        for i in 0..self.agents.len() {
+            let out = self.agents[i].step(now_ms, period, &ids, self.fail_chance, &mut self.rng);
+            self.send(Endpoint::Agent(i), out);
+        }
+        // Who is cut off from the leader now.
+        let leader = self.leader();
+        for a in &mut self.agents {
+            let healthy = a.up
+                && leader.is_some_and(|l| a.session_manager() == Some(l) && self.net.connected(Endpoint::Agent(a.index), Endpoint::Manager(l)));
+            if !healthy {
+                a.last_cut_off_ms = now_ms;
+            }
+        }
+        let applied: Vec<(u64, u64)> =
+            self.managers.iter().filter_map(|m| m.run.as_ref().and_then(|r| r.applied_log.last_key_value().map(|(i, e)| (*i, e.1)))).collect();
+        let leader_text = format!("leader {leader:?} commit {} applied {applied:?}", self.max_commit());
+        self.trace = manager::digest(&[self.trace.to_le_bytes().as_slice(), leader_text.as_bytes()].concat());
+        if let Some(full) = &mut self.full {
+            full.push(format!("[{}] {leader_text}", self.step));
+        }
+    }
+
+    /// The manager that leads (as its subsystems see it), if exactly one does.
+    fn leader(&self) -> Option<u64> {
+        let leading: Vec<u64> =
+            self.managers.iter().filter(|m| m.run.as_ref().is_some_and(|r| r.leader_state().is_leader)).map(|m| m.id).collect();
+        match leading.as_slice() {
+            [one] => Some(*one),
+            [] => None,
+            many => {
+                // Two "leaders" of different terms can coexist briefly (the old one has not heard yet);
+                // the newest term is the leader.
+                many.iter()
+                    .max_by_key(|id| self.managers[**id as usize - 1].run.as_ref().map(|r| r.leader_state().term))
+                    .copied()
+            }
+        }
+    }
+
+    fn max_commit(&self) -> u64 {
+        self.managers.iter().filter_map(|m| m.run.as_ref().map(|r| r.commit())).max().unwrap_or(0)
+    }
+
+    /// The checks of every step.
+    fn check(&mut self) -> Result<(), String> {
+        for m in &self.managers {
+            let Some(run) = &m.run else { continue };
+            let (role, term, _) = run.raft_state();
+            if role == StateRole::Leader {
+                if let Some(other) = self.leaders.insert(term, m.id) {
+                    if other != m.id {
+                        return Err(format!("two leaders in term {term}: managers {other} and {}", m.id));
+                    }
+                }
+            }
+            let from = self.checked.get(&m.id).copied().unwrap_or(0);
+            for (index, entry) in run.applied_log.range(from + 1..) {
+                match self.entries.get(index) {
+                    Some(first) if first != entry => {
+                        return Err(format!(
+                            "manager {} applied entry {index} of term {} but another applied term {} there",
+                            m.id, entry.0, first.0
+                        ));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.entries.insert(*index, *entry);
+                    }
+                }
+            }
+            self.checked.insert(m.id, run.applied);
+            for a in &self.client.ledger.acked {
+                if run.applied < a.index {
+                    continue;
+                }
+                if let Some(entry) = run.applied_log.get(&a.index) {
+                    if *entry != (a.term, a.digest) {
+                        return Err(format!(
+                            "acknowledged write lost: {} was entry {} of term {}; manager {} applied term {} there",
+                            a.what, a.index, a.term, m.id, entry.0
+                        ));
+                    }
+                }
+            }
+            let missing = run.store.view(|t| {
+                self.client
+                    .ledger
+                    .created
+                    .iter()
+                    .find(|(id, index)| run.applied >= **index && !self.client.ledger.maybe_removed.contains(*id) && t.services().get(id).is_none())
+                    .map(|(id, index)| (id.clone(), *index))
+            });
+            if let Some((id, index)) = missing {
+                return Err(format!("acknowledged service {id} (created at {index}) is missing on manager {} at {}", m.id, run.applied));
+            }
+        }
+        if let Some(e) = self.client.ledger.internal_errors.first() {
+            return Err(format!("the control API answered an internal error: {e}"));
+        }
+        self.check_slots()
+    }
+
+    /// No slot runs two tasks, except tasks on nodes cut off within `CUT_OFF_GRACE_MS`.
+    fn check_slots(&self) -> Result<(), String> {
+        let now = self.now_ms();
+        let mut by_slot: BTreeMap<(String, u64, String), Vec<(String, bool)>> = BTreeMap::new();
+        for a in &self.agents {
+            let excused = now.saturating_sub(a.last_cut_off_ms) <= CUT_OFF_GRACE_MS;
+            for t in a.running() {
+                // Global tasks have slot 0 and are one per node.
+                let node = if t.slot == 0 { t.node_id.clone() } else { String::new() };
+                by_slot.entry((t.service_id.clone(), t.slot, node)).or_default().push((t.id.clone(), excused));
+            }
+        }
+        for ((service, slot, node), tasks) in by_slot {
+            let strict = tasks.iter().filter(|(_, excused)| !*excused).count();
+            if tasks.len() > 1 && strict > 1 {
+                return Err(format!(
+                    "service {service} slot {slot}{} runs {} tasks ({:?}) on nodes that were not cut off",
+                    if node.is_empty() { String::new() } else { format!(" on {node}") },
+                    tasks.len(),
+                    tasks
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Why the cluster has not converged yet (None: it has).
+    fn not_converged(&self) -> Option<String> {
+        let leader = self.leader()?;
+        let lrun = self.managers[leader as usize - 1].run.as_ref()?;
+        let index = lrun.applied;
+        for m in &self.managers {
+            let run = m.run.as_ref()?;
+            if run.applied != index || run.commit() != lrun.commit() {
+                return Some(format!(
+                    "manager {} applied {} / leader {index}; {}; leader's view: {}",
+                    m.id,
+                    run.applied,
+                    run.debug_raft(),
+                    lrun.debug_progress(m.id)
+                ));
+            }
+        }
+        let summary = |t: &Tables| {
+            let mut v: Vec<(String, u64)> = t.services().iter().map(|s| (s.id.clone(), s.version())).collect();
+            v.extend(t.tasks().iter().map(|s| (s.id.clone(), s.version())));
+            v.extend(t.nodes().iter().map(|s| (s.id.clone(), s.version())));
+            v.sort();
+            v
+        };
+        let want = lrun.store.view(summary);
+        for m in &self.managers {
+            if m.run.as_ref()?.store.view(summary) != want {
+                return Some(format!("manager {}'s store differs from the leader's", m.id));
+            }
+        }
+        for a in &self.agents {
+            if a.session_manager() != Some(leader) {
+                return Some(format!("agent {} has no session with the leader", a.index));
+            }
+        }
+        let running: BTreeSet<String> = self.agents.iter().flat_map(|a| a.running().map(|t| t.id.clone())).collect();
+        lrun.store.view(|t| {
+            let mut expected = BTreeSet::new();
+            for s in t.services().iter() {
+                if let Some(why) = service_not_converged(t, s, &mut expected) {
+                    return Some(why);
+                }
+            }
+            if expected != running {
+                let extra: Vec<&String> = running.difference(&expected).collect();
+                let missing: Vec<&String> = expected.difference(&running).collect();
+                return Some(format!("running tasks differ from the store: extra {extra:?}, missing {missing:?}"));
+            }
+            None
+        })
+    }
+}
+
+/// Why service `s` has not converged (its expected running tasks go into `expected`).
+fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String>) -> Option<String> {
+    use shoal_api::service_spec::Mode;
+    use shoal_api::update_status::UpdateState;
+    let state = s.update_status.as_ref().map(|u| u.state());
+    if matches!(state, Some(UpdateState::Updating | UpdateState::RollbackStarted)) {
+        let tasks: Vec<String> = t
+            .tasks()
+            .by_service(&s.id)
+            .map(|t| format!("{} slot {} {:?}/{:?} v{:?} node {}", t.id, t.slot, t.status.as_ref().map(|s| s.state()), t.desired_state(), t.spec_version.as_ref().map(|v| v.index), t.node_id))
+            .collect();
+        return Some(format!("service {} is still updating ({:?}, spec v{:?}): {tasks:?}", s.id, s.update_status, s.spec_version.as_ref().map(|v| v.index)));
+    }
+    let paused = matches!(state, Some(UpdateState::Paused | UpdateState::RollbackPaused));
+    let live: Vec<_> = t.tasks().by_service(&s.id).filter(|t| t.desired_state() <= TaskState::Running).collect();
+    for task in &live {
+        if task.status.as_ref().map(|st| st.state()) != Some(TaskState::Running) {
+            let st = task.status.clone().unwrap_or_default();
+            return Some(format!(
+                "task {} of service {} (slot {}) is not running: observed {:?} ({:?} {:?}), desired {:?}, node {:?}",
+                task.id, s.id, task.slot, st.state(), st.message, st.err, task.desired_state(), task.node_id
+            ));
+        }
+        let node = t.nodes().get(&task.node_id).map(|n| &**n);
+        if !paused && shoal_manager::orchestrator::dirty::is_task_dirty(s, task, node) {
+            return Some(format!("task {} of service {} is not up to date", task.id, s.id));
+        }
+        expected.insert(task.id.clone());
+    }
+    match s.spec.as_ref().and_then(|sp| sp.mode.as_ref()) {
+        Some(Mode::Replicated(r)) => {
+            let slots: BTreeSet<u64> = live.iter().map(|t| t.slot).collect();
+            if live.len() as u64 != r.replicas || slots.len() != live.len() {
+                return Some(format!("service {} has {} tasks meant to run in {} slots, wants {}", s.id, live.len(), slots.len(), r.replicas));
+            }
+        }
+        Some(Mode::Global(_)) => {
+            let nodes: BTreeSet<&str> = live.iter().map(|t| t.node_id.as_str()).collect();
+            let ready = t.nodes().iter().filter(|n| shoal_manager::scheduler::nodeinfo::is_ready_and_active(n)).count();
+            if nodes.len() != live.len() || live.len() != ready {
+                return Some(format!("global service {} has {} tasks on {} nodes, {ready} nodes ready", s.id, live.len(), nodes.len()));
+            }
+        }
+        _ => {}
+    }
+    None
+}
+
+/// Runs one seed: the fault phase, then the heal phase until the cluster converges.
+pub fn run(seed: u64, cfg: &SimConfig) -> Result<Report, Failure> {
+    run_world(World::new(seed, cfg), seed, cfg)
+}
+
+/// `run`, with every event of the run (to find where two runs part).
+pub fn run_traced(seed: u64, cfg: &SimConfig) -> (Result<Report, Failure>, Vec<String>) {
+    let mut w = World::new(seed, cfg);
+    w.full = Some(Vec::new());
+    let log = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let result = run_world_with(w, seed, cfg, Some(log.clone()));
+    let events = std::mem::take(&mut *log.lock());
+    (result, events)
+}
+
+fn run_world(w: World, seed: u64, cfg: &SimConfig) -> Result<Report, Failure> {
+    run_world_with(w, seed, cfg, None)
+}
+
+fn run_world_with(
+    mut w: World,
+    seed: u64,
+    cfg: &SimConfig,
+    log: Option<std::sync::Arc<parking_lot::Mutex<Vec<String>>>>,
+) -> Result<Report, Failure> {
+    let result = run_phases(&mut w, seed, cfg);
+    if let (Some(log), Some(full)) = (log, w.full.take()) {
+        *log.lock() = full;
+    }
+    result
+}
+
+fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failure> {
+    w.event(format!("seed {seed}"));
+    for _ in 0..cfg.fault_steps {
+        if cfg.faults && w.step > 20 {
+            w.inject_faults();
+        }
+        w.tick(true);
+        w.check().map_err(|e| w.fail(e, seed))?;
+    }
+    w.heal();
+    let heal_start = w.step;
+    loop {
+        w.tick(false);
+        w.check().map_err(|e| w.fail(e, seed))?;
+        if !w.client.busy() {
+            match w.not_converged() {
+                None => break,
+                Some(why) if w.step - heal_start >= cfg.converge_steps => {
+                    return Err(w.fail(format!("not converged {} steps after the faults stopped: {why}", cfg.converge_steps), seed));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let l = &w.client.ledger;
+    Ok(Report {
+        steps: w.step,
+        converge_steps: w.step - heal_start,
+        sent: l.sent,
+        acked: l.ok,
+        unknown: l.unknown,
+        faults: w.faults,
+        terms: w.leaders.len() as u64,
+        commit: w.max_commit(),
+        delivered: w.net.delivered,
+        lost: w.net.lost,
+        trace: w.trace,
+    })
+}

@@ -1,0 +1,245 @@
+//! The random workload: an API client that creates, updates (image, environment, replica count) and
+//! removes services through the control API functions the Engine API calls (`controlapi::create_service`,
+//! `update_service`, `remove_service`), one request at a time, sent to a manager it picks (mostly the one
+//! it believes leads). Every outcome goes into the `Ledger`: acknowledged writes with the Raft entry
+//! that carries them (index, term, digest, read from the answering manager's applied log), and what might
+//! have happened (an unknown outcome), which the checks must allow.
+//!
+//! Specs use short restart delays and update settings so a run converges within a bounded number of
+//! steps; update order is stop-first and there are no labels (maps would make encodings differ between runs).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use shoal_api::{
+    restart_policy::RestartCondition, service_spec::Mode, task_spec::Runtime, update_config::FailureAction,
+    Annotations, ContainerSpec, GlobalService, ReplicatedService, RestartPolicy, Service, ServiceSpec, TaskSpec,
+    UpdateConfig,
+};
+use shoal_manager::controlapi::{self, ControlError};
+use shoal_manager::ClusterState;
+use shoal_store::StoreObject;
+
+use crate::exec::{poll_once, SimFuture};
+
+/// Most services the client keeps at once.
+pub const MAX_SERVICES: usize = 6;
+/// Most replicas it asks for.
+pub const MAX_REPLICAS: u64 = 4;
+
+/// An acknowledged write: the entry that carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acked {
+    /// What it was.
+    pub what: String,
+    /// Its Raft index and term, and the digest of the entry's data.
+    pub index: u64,
+    /// Its term.
+    pub term: u64,
+    /// Digest of the entry's data.
+    pub digest: u64,
+}
+
+/// What the client knows happened.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Acknowledged writes.
+    pub acked: Vec<Acked>,
+    /// Services created with an acknowledgement: ID -> index.
+    pub created: BTreeMap<String, u64>,
+    /// Services a removal was sent for (acknowledged or unknown): their absence is allowed.
+    pub maybe_removed: BTreeSet<String>,
+    /// Requests sent, answered OK, failed for sure, of unknown outcome.
+    pub sent: u64,
+    /// Answered OK.
+    pub ok: u64,
+    /// Failed with nothing written.
+    pub refused: u64,
+    /// Outcome unknown.
+    pub unknown: u64,
+    /// Acknowledged writes whose entry is still to be read from the answering manager: (what, manager, index).
+    pub to_resolve: Vec<(String, u64, u64)>,
+    /// Answers that say the store refused what validation let through (`ControlError::Internal`): bugs.
+    pub internal_errors: Vec<String>,
+}
+
+enum Op {
+    Create,
+    Update(String),
+    Remove(String),
+}
+
+struct InFlight {
+    op: Op,
+    manager: u64,
+    fut: SimFuture<Result<Option<Service>, ControlError>>,
+}
+
+/// The client.
+#[derive(Default)]
+pub struct Client {
+    in_flight: Option<InFlight>,
+    next_at_ms: u64,
+    created: u64,
+    /// The manager it believes leads.
+    pub leader_guess: u64,
+    /// The ledger.
+    pub ledger: Ledger,
+}
+
+fn spec(name: &str, rng: &mut StdRng, global: bool) -> ServiceSpec {
+    let mode = if global {
+        Mode::Global(GlobalService {})
+    } else {
+        Mode::Replicated(ReplicatedService { replicas: rng.random_range(0..=MAX_REPLICAS) })
+    };
+    let ms = |v: u64| Some(shoal_api::duration_to_proto(std::time::Duration::from_millis(v)));
+    ServiceSpec {
+        annotations: Some(Annotations { name: name.to_string(), ..Default::default() }),
+        task: Some(TaskSpec {
+            runtime: Some(Runtime::Container(ContainerSpec { image: format!("img:{}", rng.random_range(1..4)), ..Default::default() })),
+            restart: Some(RestartPolicy {
+                condition: RestartCondition::Any as i32,
+                delay: ms(rng.random_range(0..=5) * 100),
+                max_attempts: 0,
+                window: None,
+            }),
+            ..Default::default()
+        }),
+        update: Some(UpdateConfig {
+            parallelism: rng.random_range(1..=2),
+            delay: ms(rng.random_range(0..=3) * 100),
+            failure_action: FailureAction::Continue as i32,
+            monitor: ms(500),
+            ..Default::default()
+        }),
+        mode: Some(mode),
+        ..Default::default()
+    }
+}
+
+impl Client {
+    /// True while a request is waiting for its answer.
+    pub fn busy(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Polls the request in flight; maybe sends a new one (when `send` is true). `states` are the managers
+    /// that are up, by Raft ID.
+    pub fn step(&mut self, now_ms: u64, send: bool, states: &BTreeMap<u64, ClusterState>, rng: &mut StdRng) -> Vec<String> {
+        let mut events = Vec::new();
+        if let Some(f) = &mut self.in_flight {
+            let done = if states.contains_key(&f.manager) { poll_once(&mut f.fut) } else { Some(Err(ControlError::Unavailable("the manager crashed".into()))) };
+            if let Some(result) = done {
+                let f = self.in_flight.take().expect("in flight");
+                events.push(self.record(f, result));
+            }
+        }
+        if !send || self.in_flight.is_some() || now_ms < self.next_at_ms || states.is_empty() {
+            return events;
+        }
+        self.next_at_ms = now_ms + rng.random_range(50..1500);
+        let ids: Vec<u64> = states.keys().copied().collect();
+        let manager = if states.contains_key(&self.leader_guess) && rng.random_bool(0.8) {
+            self.leader_guess
+        } else {
+            ids[rng.random_range(0..ids.len())]
+        };
+        let state = states[&manager].clone();
+        let services: Vec<std::sync::Arc<Service>> = controlapi::list_services(&state, &Default::default());
+        let op = if services.len() < 2 || (services.len() < MAX_SERVICES && rng.random_bool(0.3)) {
+            Op::Create
+        } else {
+            let s = &services[rng.random_range(0..services.len())];
+            if rng.random_bool(0.2) {
+                Op::Remove(s.id.clone())
+            } else {
+                Op::Update(s.id.clone())
+            }
+        };
+        let fut: SimFuture<Result<Option<Service>, ControlError>> = match &op {
+            Op::Create => {
+                self.created += 1;
+                let global = rng.random_bool(0.25);
+                let spec = spec(&format!("svc{}", self.created), rng, global);
+                Box::pin(async move { controlapi::create_service(&state, spec).await.map(Some) })
+            }
+            Op::Update(id) => {
+                let current = services.iter().find(|s| &s.id == id).expect("listed").clone();
+                let mut next = current.spec.clone().unwrap_or_default();
+                let name = next.annotations.as_ref().map(|a| a.name.clone()).unwrap_or_default();
+                let fresh = spec(&name, rng, false);
+                match rng.random_range(0..3) {
+                    0 => next.task = fresh.task,
+                    1 => {
+                        if let Some(Runtime::Container(c)) = next.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+                            c.env = vec![format!("N={}", rng.random_range(0..100))];
+                        }
+                    }
+                    _ => {
+                        if let Some(Mode::Replicated(r)) = &mut next.mode {
+                            r.replicas = rng.random_range(0..=MAX_REPLICAS);
+                        }
+                    }
+                }
+                let (id, version) = (id.clone(), current.version());
+                Box::pin(async move { controlapi::update_service(&state, &id, version, next).await.map(Some) })
+            }
+            Op::Remove(id) => {
+                self.ledger.maybe_removed.insert(id.clone());
+                let id = id.clone();
+                Box::pin(async move { controlapi::remove_service(&state, &id).await.map(|_| None) })
+            }
+        };
+        self.ledger.sent += 1;
+        self.in_flight = Some(InFlight { op, manager, fut });
+        // The first poll at once: a request to a follower fails here.
+        if let Some(f) = &mut self.in_flight {
+            if let Some(result) = poll_once(&mut f.fut) {
+                let f = self.in_flight.take().expect("in flight");
+                events.push(self.record(f, result));
+            }
+        }
+        events
+    }
+
+    fn record(&mut self, f: InFlight, result: Result<Option<Service>, ControlError>) -> String {
+        let what = match &f.op {
+            Op::Create => "create".to_string(),
+            Op::Update(id) => format!("update {id}"),
+            Op::Remove(id) => format!("remove {id}"),
+        };
+        match result {
+            Ok(service) => {
+                self.ledger.ok += 1;
+                self.leader_guess = f.manager;
+                // The entry that carried the write: the service's version is its index (create, update);
+                // a removal is checked by the service's absence.
+                if let Some(s) = service {
+                    let index = s.version();
+                    if let Op::Create = f.op {
+                        self.ledger.created.insert(s.id.clone(), index);
+                    }
+                    self.ledger.to_resolve.push((format!("{what} {}", s.id), f.manager, index));
+                }
+                format!("{what} ok")
+            }
+            Err(ControlError::Unavailable(m)) => {
+                self.ledger.unknown += 1;
+                format!("{what} unknown: {m}")
+            }
+            Err(ControlError::Internal(m)) => {
+                self.ledger.internal_errors.push(format!("{what}: {m}"));
+                format!("{what} internal error: {m}")
+            }
+            Err(e) => {
+                self.ledger.refused += 1;
+                if let ControlError::NotLeader = e {
+                    self.leader_guess = f.manager % 3 + 1;
+                }
+                format!("{what} refused: {e}")
+            }
+        }
+    }
+}
