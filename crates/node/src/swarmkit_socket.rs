@@ -243,8 +243,8 @@ where
             // tonic would answer UNIMPLEMENTED without a word.
             let method = req.uri().path().rsplit('/').next().unwrap_or_default().to_string();
             let s = Status::unimplemented(format!(
-                "{method} is not served by Shoal's SwarmKit API, which serves Control (without networks, task \
-                 removal, extensions, resources and volumes), Watch, Logs and Health; use the Engine API socket for \
+                "{method} is not served by Shoal's SwarmKit API, which serves Control (without task removal, \
+                 extensions, resources and volumes), Watch, Logs and Health; use the Engine API socket for \
                  what it offers"
             ));
             return Box::pin(async move { Ok(s.into_http()) });

@@ -333,23 +333,55 @@ fn every_control_call_answers_as_swarmkit_does() {
         assert_eq!(listed.len(), 1);
         c.remove_config(RemoveConfigRequest { config_id: config.id }).await.unwrap();
 
-        // A field Shoal's protos do not define is refused, not dropped: ServiceSpec.networks (7) here.
+        // A field Shoal's protos do not define is refused, not dropped: SwarmKit's TaskSpec.resource_references
+        // (11) here.
+        use shoal_api::prost::encoding::{encode_key, encode_varint, WireType};
         use shoal_api::prost::Message;
-        let mut spec = service_spec("netted", 1).encode_to_vec();
-        spec.extend_from_slice(&[7 << 3 | 2, 2, 1 << 3 | 2, 0]);
+        let mut full = service_spec("netted", 1);
+        let mut task = full.task.take().unwrap().encode_to_vec();
+        task.extend_from_slice(&[11 << 3 | 2, 2, 1 << 3 | 2, 0]);
+        let mut spec = full.encode_to_vec();
+        encode_key(2, WireType::LengthDelimited, &mut spec);
+        encode_varint(task.len() as u64, &mut spec);
+        spec.extend_from_slice(&task);
         let mut body = Vec::new();
-        shoal_api::prost::encoding::encode_key(1, shoal_api::prost::encoding::WireType::LengthDelimited, &mut body);
-        shoal_api::prost::encoding::encode_varint(spec.len() as u64, &mut body);
+        encode_key(1, WireType::LengthDelimited, &mut body);
+        encode_varint(spec.len() as u64, &mut body);
         body.extend_from_slice(&spec);
         let refused = raw_call(&n.socket, "/docker.swarmkit.v1.Control/CreateService", body).await;
         assert_eq!(refused.code(), Code::InvalidArgument);
-        assert!(refused.message().contains("spec: field 7"), "{}", refused.message());
+        assert!(refused.message().contains("spec.task: field 11"), "{}", refused.message());
         let names = c.list_services(ListServicesRequest::default()).await.unwrap().into_inner().services;
         assert!(names.iter().all(|s| s.spec.as_ref().unwrap().annotations.as_ref().unwrap().name != "netted"));
         // A method Shoal does not serve says so.
-        let none = raw_call(&n.socket, "/docker.swarmkit.v1.Control/ListNetworks", Vec::new()).await;
+        let none = raw_call(&n.socket, "/docker.swarmkit.v1.Control/RemoveTask", Vec::new()).await;
         assert_eq!(none.code(), Code::Unimplemented);
-        assert!(none.message().contains("ListNetworks"), "{}", none.message());
+        assert!(none.message().contains("RemoveTask"), "{}", none.message());
+
+        // Networks.
+        let net_spec = NetworkSpec {
+            annotations: Some(Annotations { name: "backend".into(), ..Default::default() }),
+            driver_config: Some(Driver { name: "overlay".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let net = c.create_network(CreateNetworkRequest { spec: Some(net_spec.clone()) }).await.unwrap().into_inner().network.unwrap();
+        assert_eq!(c.create_network(CreateNetworkRequest { spec: Some(net_spec) }).await.unwrap_err().code(), Code::AlreadyExists);
+        let by_name = c.get_network(GetNetworkRequest { name: "backend".into(), network_id: String::new() }).await.unwrap();
+        assert_eq!(by_name.into_inner().network.unwrap().id, net.id);
+        let listed = c
+            .list_networks(ListNetworksRequest {
+                filters: Some(list_networks_request::Filters { names: vec!["backend".into()], ..Default::default() }),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .networks;
+        assert_eq!(listed.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), vec![net.id.as_str()]);
+        let ls = docker_cli::ok(n.d.socket(), &["network", "ls", "--format", "{{.Name}}"]);
+        assert!(ls.lines().any(|l| l.trim() == "backend"), "{ls}");
+        c.remove_network(RemoveNetworkRequest { name: String::new(), network_id: net.id.clone() }).await.unwrap();
+        let gone = c.get_network(GetNetworkRequest { name: String::new(), network_id: net.id }).await.unwrap_err();
+        assert_eq!(gone.code(), Code::NotFound);
     });
 }
 

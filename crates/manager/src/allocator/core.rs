@@ -405,10 +405,10 @@ impl Allocator {
         let all: Vec<&Arc<Task>> = if all_new {
             tables.tasks().by_state(TaskState::New).collect()
         } else {
-            candidates.iter().filter_map(|id| tables.tasks().get(*id)).collect()
+            candidates.iter().filter_map(|id| tables.tasks().get(id)).collect()
         };
         let mut seen = BTreeSet::new();
-        for t in all.into_iter().chain(candidates.iter().filter_map(|id| tables.tasks().get(*id))) {
+        for t in all.into_iter().chain(candidates.iter().filter_map(|id| tables.tasks().get(id))) {
             if !seen.insert(t.id.as_str()) || observed_state(t) != TaskState::New || t.desired_state() > TaskState::Complete {
                 continue;
             }

@@ -48,8 +48,8 @@ impl PortSpace {
         let span = DYNAMIC_PORT_END - DYNAMIC_PORT_START + 1;
         for step in 0..span {
             let port = DYNAMIC_PORT_START + (self.cursor + step) % span;
-            if !self.held.contains_key(&(protocol, port)) {
-                self.held.insert((protocol, port), service.to_string());
+            if let std::collections::hash_map::Entry::Vacant(e) = self.held.entry((protocol, port)) {
+                e.insert(service.to_string());
                 self.cursor = (port - DYNAMIC_PORT_START + 1) % span;
                 return Some(port);
             }

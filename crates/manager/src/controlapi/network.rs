@@ -109,8 +109,11 @@ fn validate_network_name(name: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// A user's IPAM choice: the subnet, its range and its gateway.
+type UserIpam = (Cidr, Option<Cidr>, Option<std::net::IpAddr>);
+
 /// The user's IPAM settings, checked: at most one IPv4 subnet with its range and gateway inside it.
-fn user_ipam(spec: &NetworkSpec) -> Result<Option<(Cidr, Option<Cidr>, Option<std::net::IpAddr>)>, ControlError> {
+fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
     let Some(ipam) = &spec.ipam else { return Ok(None) };
     if let Some(d) = &ipam.driver {
         if !(d.name.is_empty() || d.name == "default") {
@@ -212,7 +215,7 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
         .write(|t: &Tables, c: &mut Changes| {
             let name = spec.annotations.as_ref().map_or("", |a| a.name.as_str());
             if let Some(owner) = t.networks().by_name(name) {
-                return Err(ControlError::Conflict(format!(
+                return Err(ControlError::AlreadyExists(format!(
                     "network with name {name} already exists (network {}); choose another name",
                     owner.id
                 )));
