@@ -198,6 +198,8 @@ impl Agent {
         // goes there. At most `MAX_REDIRECTS_IN_A_ROW` such hops without a backoff pause.
         let mut redirect: Option<String> = None;
         let mut redirects_in_a_row = 0;
+        // Set once a refusal said this node was removed and its tasks were stopped.
+        let mut stopped_as_removed = false;
         let scheme = self.config.manager_addr.split_once("://").map_or("http", |(s, _)| s).to_string();
         let uri = |hostport: &str| format!("{scheme}://{}", remotes::host_port(hostport));
         let mut remotes = Remotes::new(
@@ -266,6 +268,18 @@ impl Agent {
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,
                 Err(e) => {
+                    if e.node_removed() && !stopped_as_removed {
+                        stopped_as_removed = true;
+                        // As SwarmKit's agent: a removed node runs nothing (an empty complete assignment set).
+                        tracing::warn!(
+                            node = %self.config.node_id,
+                            "this node was removed from the swarm (docker node rm): stopping its tasks; its certificate is refused, so to take part again leave (docker swarm leave) and join with a join token"
+                        );
+                        worker.apply(shoal_api::AssignmentsMessage {
+                            r#type: shoal_api::assignments_message::Type::Complete as i32,
+                            ..Default::default()
+                        });
+                    }
                     if let Some(leader) = e.leader_hint().filter(|_| redirects_in_a_row < MAX_REDIRECTS_IN_A_ROW) {
                         tracing::info!(node = %self.config.node_id, %leader, "the manager is not the leader; going to the leader");
                         remotes.redirected(&leader);

@@ -83,6 +83,13 @@ impl SessionError {
             _ => None,
         }
     }
+
+    /// Whether the manager refused the session because this node was removed from the swarm (its
+    /// certificate is refused until it expires: SwarmKit's blacklist).
+    pub fn node_removed(&self) -> bool {
+        matches!(self, SessionError::Rpc { status, .. }
+            if status.code() == tonic::Code::PermissionDenied && status.message().contains("was removed from the cluster"))
+    }
 }
 
 fn rpc(call: &'static str) -> impl FnOnce(tonic::Status) -> SessionError {

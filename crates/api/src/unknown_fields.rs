@@ -173,16 +173,19 @@ mod tests {
         };
         let mut bytes = spec.encode_to_vec();
         assert_eq!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(), Vec::<String>::new());
-        // A field Shoal lacks holding its zero value loses nothing: not reported.
-        bytes.extend_from_slice(&[7 << 3 | 2, 0, 12 << 3, 0]);
+        // Fields Shoal lacks holding their zero value lose nothing: not reported.
+        prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut bytes);
+        bytes.push(0);
+        bytes.extend_from_slice(&[12 << 3, 0]);
         assert_eq!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(), Vec::<String>::new());
-        // ServiceSpec.networks (7) is SwarmKit's, not Shoal's: a length-delimited field 7 holding one byte.
-        bytes.extend_from_slice(&[7 << 3 | 2, 1, 0]);
+        // A field number no ServiceSpec defines, holding one byte.
+        prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut bytes);
+        bytes.extend_from_slice(&[1, 0]);
         // Annotations field 9, a varint, inside a second annotations message.
         bytes.extend_from_slice(&[1 << 3 | 2, 2, 9 << 3, 1]);
         assert_eq!(
             unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(),
-            vec!["docker.swarmkit.v1.ServiceSpec: field 7".to_string(), "annotations: field 9".to_string()]
+            vec!["docker.swarmkit.v1.ServiceSpec: field 99".to_string(), "annotations: field 9".to_string()]
         );
     }
 

@@ -58,6 +58,8 @@ pub struct LockedContext {
     pub hostname: String,
     /// Checks keys.
     pub unlocker: Arc<dyn Unlocker>,
+    /// The node's swarm lifecycle (`docker swarm leave --force` of a locked manager).
+    pub lifecycle: crate::lifecycle::LifecycleRef,
 }
 
 impl std::fmt::Debug for LockedContext {
@@ -104,6 +106,21 @@ async fn unlock(State(ctx): State<Arc<LockedContext>>, headers: axum::http::Head
     }
 }
 
+/// Docker's message for a leave without `force` on a locked manager.
+pub const LEAVE_LOCKED: &str =
+    "Swarm is encrypted and locked. Please unlock it first or use `--force` to ignore this message.";
+
+async fn leave(
+    State(ctx): State<Arc<LockedContext>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    match crate::request::parse_bool_param(&q, "force") {
+        Ok(true) => crate::lifecycle::worker_leave(&ctx.lifecycle, &q).await.unwrap_or_else(|e| e.into_response()),
+        Ok(false) => ApiError::Unavailable(LEAVE_LOCKED.into()).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn refuse() -> Response {
     ApiError::Unavailable(LOCKED.into()).into_response()
 }
@@ -113,6 +130,7 @@ pub fn locked_router(ctx: LockedContext) -> Router {
     let routes = Router::new()
         .route("/info", get(info))
         .route("/swarm/unlock", post(unlock))
+        .route("/swarm/leave", post(leave))
         .fallback(refuse);
     crate::with_context(routes, ctx)
 }
@@ -151,6 +169,7 @@ mod tests {
             node_id: "n1".into(),
             hostname: "h".into(),
             unlocker: Arc::new(OneKey("SWMKEY-1-right")),
+            lifecycle: Default::default(),
         });
         let req = Request::builder()
             .method(method)
@@ -180,6 +199,8 @@ mod tests {
             assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{path}");
             assert_eq!(body["message"], LOCKED);
         }
+        let (s, body) = call(Method::POST, "/swarm/leave", "").await;
+        assert_eq!((s, body["message"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some(LEAVE_LOCKED)));
         let (s, body) = call(
             Method::POST,
             "/swarm/unlock",

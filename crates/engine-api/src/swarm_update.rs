@@ -137,6 +137,13 @@ pub async fn update_swarm(
     }
     let cluster = controlapi::get_cluster(&ctx.state)?;
     let current = cluster.spec.clone().unwrap_or_default();
+    // `docker swarm ca --rotate` raises ForceRotate: a new root would be expected, and none comes yet.
+    if j.ca_config.force_rotate != current.ca_config.as_ref().map_or(0, |c| c.force_rotate) {
+        return Err(ApiError::BadRequest(
+            "CAConfig.ForceRotate: root CA rotation (docker swarm ca --rotate) is not supported yet; the root CA stays the one the swarm was created with"
+                .into(),
+        ));
+    }
     let spec = merge_spec(&current, &j);
     // No executor applies a default log driver: a new one is refused rather than stored and ignored (the one
     // a cluster already has, sent back as `docker swarm update` does, goes through).

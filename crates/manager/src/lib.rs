@@ -17,5 +17,5 @@ pub mod state;
 pub mod subsystem;
 pub mod swarmkit_api;
 
-pub use state::{ClusterState, RandomIds, SleepFuture, Timer, TokioTimer, WriteError};
+pub use state::{ClusterState, ManualTimer, RandomIds, SleepFuture, Timer, TokioTimer, WriteError};
 pub use subsystem::{run_while_leader, stopped, Subsystem, SubsystemFuture};

@@ -67,6 +67,46 @@ impl Timer for TokioTimer {
     }
 }
 
+/// A timer that moves only when told to (`advance_ms`), waking the sleeps it passed. For tests and the
+/// simulation.
+#[derive(Debug, Default)]
+pub struct ManualTimer {
+    now_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Wakers of sleeps not yet due (at most one per distinct waker).
+    wakers: Arc<Mutex<Vec<std::task::Waker>>>,
+}
+
+impl ManualTimer {
+    /// Moves time forward by `ms` and wakes every sleep.
+    pub fn advance_ms(&self, ms: u64) {
+        self.now_ms.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+        for w in std::mem::take(&mut *self.wakers.lock()) {
+            w.wake();
+        }
+    }
+}
+
+impl Timer for ManualTimer {
+    fn now_ms(&self) -> u64 {
+        self.now_ms.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn sleep_ms(&self, ms: u64) -> SleepFuture {
+        let (now, wakers) = (self.now_ms.clone(), self.wakers.clone());
+        let until = now.load(std::sync::atomic::Ordering::SeqCst).saturating_add(ms);
+        Box::pin(std::future::poll_fn(move |cx| {
+            if now.load(std::sync::atomic::Ordering::SeqCst) >= until {
+                return std::task::Poll::Ready(());
+            }
+            let mut w = wakers.lock();
+            if !w.iter().any(|k| k.will_wake(cx.waker())) {
+                w.push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        }))
+    }
+}
+
 /// The handles a subsystem needs. Cheap to clone.
 #[derive(Clone)]
 pub struct ClusterState {

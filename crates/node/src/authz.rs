@@ -231,6 +231,12 @@ impl AuthzLayer {
                         }
                     });
                 }
+                let removed = t.clusters().iter().any(|c| {
+                    shoal_manager::controlapi::is_blacklisted(c, id, std::time::SystemTime::now())
+                });
+                if removed {
+                    return None;
+                }
                 t.nodes().get(id).map(|n| role_for_access(n))
             })
         })?;
@@ -269,7 +275,14 @@ where
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         match self.layer.check(&req) {
             Ok(subject) => {
+                // The node ID metadata a handler reads (Raft's membership calls) is the verified one, never
+                // the caller's claim.
+                let claimed = http::HeaderName::from_static(shoal_raft::grpc::NODE_ID_METADATA);
+                req.headers_mut().remove(&claimed);
                 if let Some(s) = subject {
+                    if let Ok(v) = http::HeaderValue::from_str(&s.node_id) {
+                        req.headers_mut().insert(claimed, v);
+                    }
                     req.extensions_mut().insert(PeerIdentity(s));
                 }
                 Box::pin(self.inner.call(req))

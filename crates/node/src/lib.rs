@@ -598,6 +598,7 @@ pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output
         match run_member(&mut cfg, &mut session, stop.as_mut()).await {
             Ok(MemberExit::Stopped) => return Ok(()),
             Ok(MemberExit::Left(leave)) => {
+                lifecycle::remove_containers(&cfg).await;
                 lifecycle::clear_state(&cfg)?;
                 tracing::info!("left the swarm: this node is in no swarm now");
                 pending = Some(*leave);
@@ -639,9 +640,10 @@ async fn run_member(
         match cfg.unlock_key.clone() {
             Some(key) => lock::unlock(&cfg.state_dir, &key.0)
                 .map_err(|e| NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}")))?,
-            None => match lock::serve_until_unlocked(cfg, stop.as_mut()).await? {
+            None => match lock::serve_until_unlocked(cfg, stop.as_mut(), session).await? {
                 lock::LockedExit::Unlocked => {}
                 lock::LockedExit::Stopped => return Ok(MemberExit::Stopped),
+                lock::LockedExit::Left(p) => return Ok(MemberExit::Left(p)),
             },
         }
     }
@@ -661,8 +663,12 @@ async fn run_member(
             worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
         }
     }
-    lifecycle::record_member(cfg)?;
     let node = Node::start_in(cfg.clone(), session.handle.as_ref()).await?;
+    // Only once started: a first start that fails leaves nothing behind.
+    if let Err(e) = lifecycle::record_member(cfg) {
+        node.shutdown(GRACE).await;
+        return Err(e);
+    }
     if let Some((spec, availability)) = session.pending.as_mut().and_then(|p| p.init.take()) {
         if let Err(e) = lifecycle::apply_init(node.state(), &node.identity().node_id, spec, availability).await {
             node.shutdown(GRACE).await;

@@ -136,6 +136,21 @@ pub(crate) fn clear_state(cfg: &DaemonConfig) -> Result<(), NodeError> {
     store_record(&cfg.state_dir, &SwarmRecord { inactive: true, ..Default::default() })
 }
 
+/// Removes the containers the docker executor ran for this node (Docker's leave removes them too; they
+/// would outlive the node otherwise). Nothing to do for the process executor, whose tasks stopped with the
+/// agent; an engine that cannot be reached is logged (`--executor auto` may have used processes).
+pub(crate) async fn remove_containers(cfg: &DaemonConfig) {
+    if cfg.executor == crate::ExecutorKind::Process {
+        return;
+    }
+    let Ok(Some(identity)) = crate::identity::load(&cfg.state_dir) else { return };
+    match shoal_agent::docker::remove_node_containers(&cfg.engine_addr, &identity.node_id).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(containers = n, "removed this node's containers"),
+        Err(e) => tracing::info!(error = %e, "did not remove this node's containers"),
+    }
+}
+
 /// A request from a control socket, with the channel its answer goes to.
 pub(crate) enum Request {
     Init(Box<InitOptions>, oneshot::Sender<Result<String, ApiError>>),

@@ -372,12 +372,15 @@ pub(crate) enum LockedExit {
     Unlocked,
     /// The daemon was asked to stop first.
     Stopped,
+    /// `docker swarm leave --force`: answer it once inactive.
+    Left(Box<crate::lifecycle::Pending>),
 }
 
 /// Serves the locked control socket until the node is unlocked or `stop` resolves.
 pub(crate) async fn serve_until_unlocked(
     cfg: &crate::DaemonConfig,
     stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    session: &mut crate::lifecycle::Session<'_>,
 ) -> Result<LockedExit, NodeError> {
     let node_id = crate::identity::load(&cfg.state_dir)?.map(|i| i.node_id).unwrap_or_default();
     let listener = crate::bind_control_socket(&cfg.listen_control_api)?;
@@ -386,9 +389,14 @@ pub(crate) async fn serve_until_unlocked(
         node_id,
         hostname: cfg.hostname.clone().unwrap_or_else(crate::machine_hostname),
         unlocker: Arc::new(StateDirUnlocker { state_dir: cfg.state_dir.clone(), unlocked: unlocked_tx }),
+        lifecycle: session.handle.as_ref(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let server = tokio::spawn(shoal_engine_api::locked::serve_locked_unix(listener, ctx, crate::wait_true(stop_rx)));
+    let server = tokio::spawn(async move {
+        if let Err(e) = shoal_engine_api::locked::serve_locked_unix(listener, ctx, crate::wait_true(stop_rx)).await {
+            tracing::error!(error = %e, "control API server failed");
+        }
+    });
     tracing::warn!(
         control = %cfg.listen_control_api.display(),
         "this manager is locked (autolock): unlock it with `docker swarm unlock` or `shoal swarm unlock`"
@@ -396,6 +404,10 @@ pub(crate) async fn serve_until_unlocked(
     let exit = tokio::select! {
         _ = stop => LockedExit::Stopped,
         _ = unlocked_rx.wait_for(|u| *u) => LockedExit::Unlocked,
+        reply = session.next_leave() => {
+            let server = crate::lifecycle::Closer::new(stop_tx, server);
+            return Ok(LockedExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, server))));
+        }
     };
     // In-flight requests (the unlock answer) finish before the socket closes.
     let _ = stop_tx.send(true);

@@ -54,9 +54,23 @@ pub(crate) async fn start_raft(
 
     if RaftNode::has_existing_state(&cfg.state_dir) {
         let mode = if cfg.force_new_cluster { StartMode::ForceNewCluster } else { StartMode::Restart };
-        let raft = grpc::start_member(raft_cfg, store, factory, mode).await?;
+        let raft = grpc::start_member(raft_cfg.clone(), store, factory.clone(), mode).await?;
         let members = raft.members();
         let alone = members.members.len() <= 1;
+        if !alone && members.addr(raft.id()).is_some_and(|a| a != raft_cfg.addr) && !cfg.force_new_cluster {
+            // Restarted with a new advertised address: have the leader record it (the others follow it).
+            tracing::info!(
+                from = ?members.addr(raft.id()),
+                to = %raft_cfg.addr,
+                "this manager's advertised address changed: updating its raft membership"
+            );
+            let (cfg_for_update, members_now) = (raft_cfg.clone(), members.clone());
+            tokio::spawn(async move {
+                if let Err(e) = grpc::update_own_address(&cfg_for_update, &members_now, factory).await {
+                    tracing::error!(error = %e, "cannot record this manager's new address in the raft membership; the other managers cannot reach it until it is");
+                }
+            });
+        }
         if cfg.join_addr.is_some() {
             tracing::info!("this manager is already a member of a cluster; --join-addr is ignored");
         }

@@ -64,6 +64,63 @@ pub const LEADER_ADDR_METADATA: &str = "x-shoal-leader-addr";
 /// gRPC metadata key a joining manager may put its node ID in (until certificates carry it).
 pub const NODE_ID_METADATA: &str = "x-shoal-node-id";
 
+/// gRPC metadata key of `RaftMembership.Join` by which a member restarted with a new address names its Raft
+/// ID (hex): the leader then changes that member's address instead of adding a member.
+pub const RAFT_ID_METADATA: &str = "x-shoal-raft-id";
+
+/// How long a restarted member keeps asking for its new address to be recorded.
+pub const ADDRESS_UPDATE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Asks the leader (through any other member, following the leader's address when one answers it is not
+/// the leader) to record `cfg.addr` as member `cfg.raft_id`'s address; retries every `JOIN_RETRY_INTERVAL`
+/// for up to `ADDRESS_UPDATE_TIMEOUT`. Until it succeeds the other members cannot reach this one.
+pub async fn update_own_address(cfg: &RaftConfig, members: &Members, factory: Arc<dyn ChannelFactory>) -> Result<(), JoinError> {
+    let deadline = tokio::time::Instant::now() + ADDRESS_UPDATE_TIMEOUT;
+    let others: Vec<String> =
+        members.members.values().filter(|m| m.raft_id != cfg.raft_id && !m.addr.is_empty()).map(|m| m.addr.clone()).collect();
+    let mut last = String::from("no other member has an address");
+    loop {
+        let mut queue: std::collections::VecDeque<String> = others.iter().cloned().collect();
+        let mut hops = 0;
+        while let Some(addr) = queue.pop_front() {
+            let Ok(endpoint) = factory.endpoint(&addr) else { continue };
+            let call = async {
+                let channel = endpoint.connect().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                let mut request = Request::new(JoinRequest { addr: cfg.addr.clone() });
+                if let Ok(v) = cfg.node_id.parse() {
+                    request.metadata_mut().insert(NODE_ID_METADATA, v);
+                }
+                if let Ok(v) = format!("{:x}", cfg.raft_id).parse() {
+                    request.metadata_mut().insert(RAFT_ID_METADATA, v);
+                }
+                RaftMembershipClient::new(channel).join(request).await
+            };
+            match tokio::time::timeout(JOIN_RETRY_INTERVAL * 10, call).await {
+                Ok(Ok(_)) => {
+                    tracing::info!(addr = %cfg.addr, via = %addr, "this member's new address is recorded in the raft membership");
+                    return Ok(());
+                }
+                Ok(Err(status)) => {
+                    let leader = status.metadata().get(LEADER_ADDR_METADATA).and_then(|v| v.to_str().ok()).map(str::to_string);
+                    if status.code() != tonic::Code::Unavailable {
+                        return Err(JoinError::Refused { addr, reason: status.message().to_string() });
+                    }
+                    if let Some(leader) = leader.filter(|l| *l != addr && hops < JOIN_REDIRECTS) {
+                        hops += 1;
+                        queue.push_front(leader);
+                    }
+                    last = format!("{addr}: {}", status.message());
+                }
+                Err(_) => last = format!("{addr}: no answer"),
+            }
+        }
+        if tokio::time::Instant::now() + JOIN_RETRY_INTERVAL >= deadline {
+            return Err(JoinError::Unreachable { addr: others.join(","), reason: last });
+        }
+        tokio::time::sleep(JOIN_RETRY_INTERVAL).await;
+    }
+}
+
 /// Why no client endpoint could be made for an address.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot make a gRPC endpoint for {addr}: {reason}; check the address (host:port)")]
@@ -360,7 +417,26 @@ impl RaftMembership for MembershipService {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
+        let claimed_raft_id = request
+            .metadata()
+            .get(RAFT_ID_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| u64::from_str_radix(v, 16).map_err(|_| Status::invalid_argument(format!("bad {RAFT_ID_METADATA}: {v:?}"))))
+            .transpose()?;
         let addr = request.into_inner().addr;
+        if let Some(raft_id) = claimed_raft_id {
+            // A member restarted with a new address: only the node the member was added for may move it.
+            let owner = self.node.members().members.get(&raft_id).map(|m| m.node_id.clone());
+            if node_id.is_empty() || owner.as_deref() != Some(node_id.as_str()) {
+                return Err(Status::permission_denied(format!(
+                    "raft id {raft_id:x} is not a member added for node {node_id:?}: it cannot change that member's address"
+                )));
+            }
+            let members =
+                self.node.update_member_addr(raft_id, &addr).await.map_err(|e| membership_status(&self.node, e))?;
+            let wire = members.to_wire();
+            return Ok(Response::new(JoinResponse { raft_id, members: wire.members, removed_members: wire.removed }));
+        }
         let (raft_id, members) =
             self.node.add_member(&addr, &node_id).await.map_err(|e| membership_status(&self.node, e))?;
         let wire = members.to_wire();

@@ -432,6 +432,40 @@ impl RaftNode {
         Ok((raft_id, members))
     }
 
+    /// Changes member `raft_id`'s address (leader only): a manager restarted with a new advertised address
+    /// (SwarmKit's `updateNode`, its issue #642). The change is a conf change that adds the voter again with
+    /// the new address in its context, so every member, and every later snapshot, has it. Resolves once
+    /// applied here; nothing changes when the address is already the member's.
+    pub async fn update_member_addr(&self, raft_id: u64, addr: &str) -> Result<Members, MembershipError> {
+        if !self.inner.leader.borrow().is_leader {
+            return Err(self.not_leader());
+        }
+        if addr.is_empty() {
+            return Err(MembershipError::Refused("no address given; set the manager's advertise address".into()));
+        }
+        let members = self.members();
+        let Some(current) = members.members.get(&raft_id).cloned() else {
+            return Err(MembershipError::Refused(format!("raft id {raft_id:x} is not a member")));
+        };
+        if current.addr == addr {
+            return Ok(members);
+        }
+        if let Some(other) = members.members.values().find(|m| m.addr == addr && m.raft_id != raft_id) {
+            return Err(MembershipError::Refused(format!(
+                "{addr} is the address of another member (raft id {:x}); pick an address of this manager's own",
+                other.raft_id
+            )));
+        }
+        let member = Member { raft_id, node_id: current.node_id.clone(), addr: addr.to_string() };
+        let mut cc = ConfChange::default();
+        cc.set_change_type(ConfChangeType::AddNode);
+        cc.node_id = raft_id;
+        cc.context = member.encode().into();
+        let members = self.change_membership(cc).await?;
+        tracing::info!(raft_id = format_args!("{raft_id:x}"), from = %current.addr, to = addr, "raft member address changed");
+        Ok(members)
+    }
+
     /// Removes member `raft_id` (leader only; the leader cannot remove itself). Resolves once applied here.
     pub async fn remove_member(&self, raft_id: u64) -> Result<Members, MembershipError> {
         if !self.inner.leader.borrow().is_leader {
@@ -1460,14 +1494,24 @@ fn recover_store(cfg: &RaftConfig, storage: &EngineStorage, store: &MemoryStore)
 
 /// What a message from a peer must satisfy before raft-rs steps it, which takes its fields as given and
 /// panics (killing the Raft thread) on some it never sends: returns false to drop the message, and clamps
-/// a heartbeat's commit (`clamp_heartbeat_commit`). `MsgPropose` and `MsgReadIndex` are forwarded to the
-/// leader without a term, and raft-rs panics forwarding one that carries a term ("term should not be set
-/// when sending MsgPropose"); a vote request must name a term; an append's entries must carry the
-/// indexes that follow its own. (All found
-/// by fuzzing the Raft transport's messages, `shoal-fuzz`.)
+/// a heartbeat's commit (`clamp_heartbeat_commit`). Local-only messages (campaign, timers, transport
+/// reports) never come from a peer. `MsgPropose`, `MsgReadIndex` and `MsgTransferLeader` are forwarded to
+/// the leader without a term, and raft-rs panics forwarding one that carries a term ("term should not be
+/// set when sending MsgPropose"); a vote request must name a term; an append's entries must carry the
+/// indexes that follow its own; a snapshot's conf state must be one joint consensus can produce
+/// (`conf_state_is_consistent`). (All found by fuzzing the Raft transport's messages, `shoal-fuzz`.)
 pub(crate) fn screen_inbound(m: &mut Message, last_index: u64) -> bool {
-    use raft::eraftpb::MessageType::{MsgPropose, MsgReadIndex, MsgRequestPreVote, MsgRequestVote};
-    if matches!(m.get_msg_type(), MsgPropose | MsgReadIndex) && m.term != 0 {
+    use raft::eraftpb::MessageType::{
+        MsgBeat, MsgCheckQuorum, MsgHup, MsgPropose, MsgReadIndex, MsgRequestPreVote, MsgRequestVote, MsgSnapStatus,
+        MsgTransferLeader, MsgUnreachable,
+    };
+    // Messages the local node gives itself (campaign, heartbeat and quorum timers, transport reports): a
+    // peer never sends them.
+    if matches!(m.get_msg_type(), MsgHup | MsgBeat | MsgCheckQuorum | MsgUnreachable | MsgSnapStatus) {
+        tracing::debug!(from = m.from, kind = ?m.get_msg_type(), "local-only raft message from a peer dropped");
+        return false;
+    }
+    if matches!(m.get_msg_type(), MsgPropose | MsgReadIndex | MsgTransferLeader) && m.term != 0 {
         tracing::debug!(from = m.from, kind = ?m.get_msg_type(), term = m.term, "forwarded raft message with a term dropped");
         return false;
     }
@@ -1478,6 +1522,14 @@ pub(crate) fn screen_inbound(m: &mut Message, last_index: u64) -> bool {
         m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot && m.get_snapshot().get_metadata().term == 0;
     if after_term_0 || snapshot_term_0 {
         tracing::debug!(from = m.from, kind = ?m.get_msg_type(), "raft message naming term 0 beyond the log start dropped");
+        return false;
+    }
+    // raft-rs rebuilds its configuration from a snapshot's conf state and panics ("invalid restore") when
+    // the result differs from what the snapshot says: only a conf state a leader could have written passes.
+    if m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot
+        && !conf_state_is_consistent(m.get_snapshot().get_metadata().get_conf_state())
+    {
+        tracing::debug!(from = m.from, "raft snapshot with an inconsistent conf state dropped");
         return false;
     }
     // A vote request names the term it campaigns for (raft-rs panics answering one of term 0).
@@ -1504,6 +1556,30 @@ pub(crate) fn screen_inbound(m: &mut Message, last_index: u64) -> bool {
     true
 }
 
+/// True when a conf state is one joint consensus can produce: at least one voter; no ID twice in a list;
+/// no ID both voter and learner; learners-next and auto-leave only in a joint configuration, where each
+/// learner-next is an outgoing voter that is not an incoming voter, and no learner is an outgoing voter
+/// (such a node waits in learners-next instead).
+pub(crate) fn conf_state_is_consistent(cs: &ConfState) -> bool {
+    use std::collections::BTreeSet;
+    let set = |ids: &[u64]| -> Option<BTreeSet<u64>> {
+        let s: BTreeSet<u64> = ids.iter().copied().collect();
+        (s.len() == ids.len() && !s.contains(&0)).then_some(s)
+    };
+    let (Some(voters), Some(learners), Some(outgoing), Some(next)) =
+        (set(cs.get_voters()), set(cs.get_learners()), set(cs.get_voters_outgoing()), set(cs.get_learners_next()))
+    else {
+        return false;
+    };
+    if voters.is_empty() || !voters.is_disjoint(&learners) {
+        return false;
+    }
+    if outgoing.is_empty() {
+        return next.is_empty() && !cs.auto_leave;
+    }
+    next.is_subset(&outgoing) && next.is_disjoint(&voters) && learners.is_disjoint(&outgoing) && next.is_disjoint(&learners)
+}
+
 /// Clamps a heartbeat's commit index to this member's last log index, and says whether it did. raft-rs
 /// takes a heartbeat's commit as its own and panics ("to_commit N is out of range [last_index M]") when it
 /// lies beyond the log, which kills the Raft thread: a leader sends min(match, commit), beyond the log only
@@ -1525,7 +1601,7 @@ mod heartbeat_tests {
     use raft::storage::MemStorage;
     use raft::{Config, RawNode};
 
-    use super::{clamp_heartbeat_commit, screen_inbound};
+    use super::{clamp_heartbeat_commit, conf_state_is_consistent, screen_inbound};
 
     /// A follower of a 3-member group stepping a heartbeat whose commit lies beyond its log: without the
     /// clamp raft-rs panics; with it the follower commits what it holds and keeps running.
@@ -1625,6 +1701,53 @@ mod heartbeat_tests {
         snap.mut_snapshot().mut_metadata().set_index(100);
         assert!(!screen_inbound(&mut snap.clone(), 7), "a snapshot of term 0 is dropped");
         snap.mut_snapshot().mut_metadata().set_term(1);
+        snap.mut_snapshot().mut_metadata().mut_conf_state().set_voters(vec![1, 2, 3]);
         assert!(screen_inbound(&mut snap, 7));
+    }
+
+    /// Conf states raft-rs restores from a snapshot: the screen lets through exactly those it restores as
+    /// given (raft-rs panics "invalid restore" on the others; found by fuzzing, `raft_step`).
+    #[test]
+    fn only_conf_states_joint_consensus_produces_pass() {
+        use raft::eraftpb::ConfState;
+        let cs = |voters: &[u64], learners: &[u64], outgoing: &[u64], next: &[u64], auto_leave: bool| ConfState {
+            voters: voters.to_vec(),
+            learners: learners.to_vec(),
+            voters_outgoing: outgoing.to_vec(),
+            learners_next: next.to_vec(),
+            auto_leave,
+            ..Default::default()
+        };
+        for (what, c, ok) in [
+            ("three voters", cs(&[1, 2, 3], &[], &[], &[], false), true),
+            ("voters and a learner", cs(&[2, 3], &[1], &[], &[], false), true),
+            ("joint, 1 leaving to learner", cs(&[2, 3], &[], &[1, 2, 3], &[1], true), true),
+            ("no voter", cs(&[], &[1], &[], &[], false), false),
+            ("a voter twice", cs(&[2, 2, 3], &[], &[], &[], false), false),
+            ("voter and learner", cs(&[1, 2], &[1], &[], &[], false), false),
+            ("learner-next outside a joint config", cs(&[2, 3], &[], &[], &[1], false), false),
+            ("auto-leave outside a joint config", cs(&[2, 3], &[], &[], &[], true), false),
+            ("learner-next not an outgoing voter", cs(&[2, 3], &[], &[2, 3], &[1], false), false),
+            ("learner-next also an incoming voter", cs(&[1, 2], &[], &[1, 2, 3], &[1], false), false),
+            ("learner also an outgoing voter", cs(&[2, 3], &[1], &[1, 2, 3], &[], false), false),
+            ("raft ID 0", cs(&[0, 2], &[], &[], &[], false), false),
+        ] {
+            assert_eq!(conf_state_is_consistent(&c), ok, "{what}");
+        }
+    }
+
+    /// What a peer never sends: the local node's own timers and transport reports, and a forwarded
+    /// leadership transfer with a term (raft-rs panics forwarding it; found by fuzzing, `raft_step`).
+    #[test]
+    fn local_only_messages_and_a_transfer_with_a_term_are_dropped() {
+        use raft::eraftpb::MessageType::*;
+        for kind in [MsgHup, MsgBeat, MsgCheckQuorum, MsgUnreachable, MsgSnapStatus] {
+            let mut m = Message { msg_type: kind, from: 1, to: 2, ..Default::default() };
+            assert!(!screen_inbound(&mut m, 7), "{kind:?}");
+        }
+        let mut transfer = Message { msg_type: MsgTransferLeader, from: 1, to: 2, term: 1, ..Default::default() };
+        assert!(!screen_inbound(&mut transfer.clone(), 7));
+        transfer.term = 0;
+        assert!(screen_inbound(&mut transfer, 7));
     }
 }

@@ -335,3 +335,15 @@ fn the_container_carries_the_task_spec() {
     drop(d);
     let _ = docker_engine::engine(&["volume", "rm", "-f", &volume_name]);
 }
+
+#[test]
+fn leaving_the_swarm_removes_the_nodes_containers() {
+    let Some((d, image)) = engine_daemon() else { return };
+    docker(&d, &["service", "create", "--detach", "--name", "leaving", "--replicas", "2", image, "sleep", "1000"]);
+    wait_containers(&d, "leaving", 2);
+    let out = docker(&d, &["swarm", "leave", "--force"]);
+    assert!(out.contains("Node left the swarm."), "{out}");
+    let left = docker_engine::containers_of_node(d.node_id());
+    assert!(left.is_empty(), "the node's containers are removed with its swarm state: {left:?}");
+    assert_eq!(docker(&d, &["info", "--format", "{{.Swarm.LocalNodeState}}"]).trim(), "inactive");
+}

@@ -82,10 +82,22 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
     assert!(row.contains("Ready") && row.contains("Leader") && row.contains('*'), "{row}");
     let (ok, _, err) = docker_out(&m, &["swarm", "init"]);
     assert!(!ok && err.contains("This node is already part of a swarm."), "{err}");
+    // `docker swarm ca` prints the root the node's certificate chains to; a rotation is refused, not dropped.
+    let root = std::fs::read_to_string(m.state_dir().join("certificates/swarm-root-ca.crt")).unwrap();
+    assert_eq!(docker(&m, &["swarm", "ca"]).trim(), root.trim());
+    let (ok, _, err) = docker_out(&m, &["swarm", "ca", "--rotate", "--detach"]);
+    assert!(!ok && err.contains("CAConfig.ForceRotate"), "{err}");
 
     let mut w = daemon_at(42, "life-worker", &["--no-init"]);
     assert_eq!(local_state(&w), "inactive");
     let token = docker(&m, &["swarm", "join-token", "-q", "worker"]).trim().to_string();
+    // A refused token: the join fails with the manager's reason, and the node stays as it was.
+    let mut bad = token.clone();
+    bad.truncate(bad.len() - 4);
+    bad.push_str("zzzz");
+    let (ok, _, err) = docker_out(&w, &["swarm", "join", "--token", &bad, "--listen-addr", &w.remote_addr(), &addr]);
+    assert!(!ok && err.contains("cannot join the cluster"), "{err}");
+    assert_eq!(local_state(&w), "inactive");
     let out = docker(&w, &["swarm", "join", "--token", &token, "--listen-addr", &w.remote_addr(), &addr]);
     assert!(out.contains("This node joined a swarm as a worker."), "{out}");
     assert_eq!(local_state(&w), "active");
@@ -201,4 +213,123 @@ fn a_manager_joins_with_the_manager_token_and_leaves_only_with_force() {
     j.stop();
     j.restart(&[]);
     assert_eq!(local_state(&j), "inactive");
+}
+
+#[test]
+fn a_removed_worker_is_refused_and_stops_its_tasks_saying_why() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = node_at(48, "life-keeper", None);
+    let w = node_at(49, "life-removed", Some((&m, "Worker")));
+    wait_until("the worker Ready", Duration::from_secs(30), || {
+        node_row(&m, "life-removed").and_then(|r| if r.contains("Ready") { Ok(()) } else { Err(r) })
+    });
+    docker(&m, &["service", "create", "--detach", "--name", "on-worker", "--replicas", "2", "--constraint", "node.role==worker", "busybox", "sleep", "3177"]);
+    wait_running(&m, "on-worker", 2, &["sleep", "3177"], Duration::from_secs(30));
+    docker(&m, &["node", "rm", "--force", "life-removed"]);
+    wait_until("the removed worker's tasks stopped", Duration::from_secs(30), || {
+        let n = process::pids_with_cmdline(&["sleep", "3177"]).len();
+        if n == 0 { Ok(()) } else { Err(format!("{n} left")) }
+    });
+    let log = w.log();
+    assert!(log.contains("this node was removed from the swarm (docker node rm): stopping its tasks"), "{log}");
+    assert!(log.contains("was removed from the cluster; its certificate is no longer accepted"), "refused: {log}");
+    let (ok, out, _) = docker_out(&m, &["node", "ls"]);
+    assert!(ok && !out.contains("life-removed"), "{out}");
+}
+
+#[test]
+fn an_autolocked_swarm_from_init_locks_on_restart_and_leaves_only_with_force() {
+    if no_docker_cli() {
+        return;
+    }
+    let mut m = daemon_at(50, "life-locked", &["--no-init"]);
+    let addr = m.remote_addr();
+    let out = docker(&m, &["swarm", "init", "--autolock", "--listen-addr", &addr, "--advertise-addr", &addr]);
+    assert!(out.contains("SWMKEY-1-"), "init prints the unlock key: {out}");
+    m.stop();
+    m.restart(&[]);
+    assert_eq!(local_state(&m), "locked");
+    let (ok, _, err) = docker_out(&m, &["swarm", "leave"]);
+    assert!(!ok && err.contains("Swarm is encrypted and locked. Please unlock it first or use `--force` to ignore this message."), "{err}");
+    let out = docker(&m, &["swarm", "leave", "--force"]);
+    assert!(out.contains("Node left the swarm."), "{out}");
+    assert_eq!(local_state(&m), "inactive");
+}
+
+/// The address `d` has for the manager named `host`.
+fn manager_addr_seen_by(d: &DaemonProcess, host: &str) -> Result<(String, String), String> {
+    let nodes = shoal_testkit::managers::try_get(d, "/v1.47/nodes")?;
+    let n = nodes
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["Description"]["Hostname"] == host).cloned())
+        .ok_or_else(|| format!("no {host}"))?;
+    let m = &n["ManagerStatus"];
+    let status = if m["Leader"].as_bool() == Some(true) { "Leader" } else { m["Reachability"].as_str().unwrap_or("") };
+    Ok((m["Addr"].as_str().unwrap_or("").to_string(), status.to_string()))
+}
+
+#[test]
+fn a_manager_whose_address_changes_keeps_its_place_in_raft() {
+    let m1 = node_at(51, "addr-m1", None);
+    let mut m2 = node_at(52, "addr-m2", Some((&m1, "Manager")));
+    let mut m3 = node_at(53, "addr-m3", Some((&m1, "Manager")));
+    wait_until("three reachable managers", Duration::from_secs(30), || {
+        let seen = shoal_testkit::managers::managers_seen_by(&m1)?;
+        let ok = seen.len() == 3 && seen.iter().all(|(_, s)| s == "Leader" || s == "reachable");
+        if ok { Ok(()) } else { Err(format!("{seen:?}")) }
+    });
+    m2.stop();
+    m2.move_to("127.0.0.54");
+    m2.restart(&[]);
+    let new_addr = m2.remote_addr();
+    for d in [&m1, &m3] {
+        wait_until("the others know m2's new address, and reach it", Duration::from_secs(30), || {
+            let (addr, status) = manager_addr_seen_by(d, "addr-m2")?;
+            if addr == new_addr && (status == "reachable" || status == "Leader") {
+                Ok(())
+            } else {
+                Err(format!("{addr} {status}"))
+            }
+        });
+    }
+    assert!(m2.log().contains("raft member address changed") || m1.log().contains("raft member address changed") || m3.log().contains("raft member address changed"));
+    // Losing another manager now leaves m1 and m2 (at its new address): still a quorum.
+    m3.kill9();
+    let id = wait_until("a write with m3 gone", Duration::from_secs(30), || {
+        shoal_testkit::managers::create_service(&m1, "after-move", 1, &["sleep", "3178"])
+    });
+    wait_until("m2 sees the write", Duration::from_secs(30), || {
+        shoal_testkit::managers::try_get(&m2, &format!("/v1.47/services/{id}")).map(|_| ())
+    });
+}
+
+/// The validity (not after - not before) of the node certificate in `d`'s state dir, and its role OU.
+fn node_cert(d: &DaemonProcess) -> (Duration, shoal_ca::Role) {
+    let pem = std::fs::read(d.state_dir().join("certificates/swarm-node.crt")).unwrap();
+    let info = shoal_ca::parse_cert(&shoal_ca::parse_cert_pem_chain(&pem).unwrap()[0]).unwrap();
+    (info.not_after.duration_since(info.not_before).unwrap(), info.subject.role)
+}
+
+#[test]
+fn a_new_cert_expiry_applies_to_the_next_certificate_a_node_gets() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = node_at(55, "expiry-m", None);
+    let w = node_at(56, "expiry-w", Some((&m, "Worker")));
+    let (life, role) = node_cert(&w);
+    assert_eq!(role, shoal_ca::Role::Worker);
+    // 90 days (the default), backdated by an hour.
+    assert!(life >= Duration::from_secs(90 * 24 * 3600), "{life:?}");
+    docker(&m, &["swarm", "update", "--cert-expiry", "30h"]);
+    // The next certificate the worker gets (promotion renews at once) is valid 30 h (and the backdating).
+    docker(&m, &["node", "promote", "expiry-w"]);
+    let life = wait_until("the promoted node's manager certificate", Duration::from_secs(60), || match node_cert(&w) {
+        (life, shoal_ca::Role::Manager) => Ok(life),
+        other => Err(format!("{other:?}")),
+    });
+    let want = Duration::from_secs(31 * 3600);
+    assert!(life.abs_diff(want) < Duration::from_secs(120), "issued for {life:?}, want about {want:?}");
 }

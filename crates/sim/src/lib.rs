@@ -39,7 +39,7 @@ use shoal_manager::ClusterState;
 use shoal_store::{ManualClock, StoreObject, Tables};
 
 use agent::Agent;
-use exec::SimTimer;
+use shoal_manager::ManualTimer;
 use manager::{Manager, ManagerConfig, Msg};
 use net::{Endpoint, Lane, Network};
 use workload::Client;
@@ -116,7 +116,7 @@ pub struct Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "simulation seed {} failed at step {}: {}", self.seed, self.step, self.what)?;
-        writeln!(f, "replay: SHOAL_SIM_SEED={} cargo nextest run -p shoal-sim sim", self.seed)?;
+        writeln!(f, "replay: SHOAL_SIM_SEED={} cargo nextest run -p shoal-sim sim_seeds_0", self.seed)?;
         writeln!(f, "last events:")?;
         for e in &self.recent {
             writeln!(f, "  {e}")?;
@@ -129,7 +129,7 @@ struct World {
     mcfg: ManagerConfig,
     rng: StdRng,
     step: u64,
-    timer: Arc<SimTimer>,
+    timer: Arc<ManualTimer>,
     clocks: Vec<Arc<ManualClock>>,
     managers: Vec<Manager>,
     agents: Vec<Agent>,
@@ -143,6 +143,13 @@ struct World {
     entries: BTreeMap<u64, (u64, u64)>,
     /// Per manager: the highest index already compared with `entries`.
     checked: BTreeMap<u64, u64>,
+    /// Per manager (since its start): the applied index and each task's observed state at the last check.
+    observed: BTreeMap<u64, (u64, BTreeMap<String, i32>)>,
+    /// Services seen with a start-first update config (in any spec, at any time): their slots may hold
+    /// old-spec tasks beside the current one until the updater reaches them.
+    start_first: std::cell::RefCell<BTreeSet<String>>,
+    /// Nodes the leader's store showed DOWN at the last check.
+    down: BTreeSet<String>,
     recent: std::collections::VecDeque<String>,
     /// Every event, when tracing (`run_traced`).
     full: Option<Vec<String>>,
@@ -159,7 +166,7 @@ impl World {
             log_entries_for_slow_followers: 10,
             dispatcher: DispatcherConfig { heartbeat_period_ms_default: 1000, ..Default::default() },
         };
-        let timer = Arc::new(SimTimer::default());
+        let timer = Arc::new(ManualTimer::default());
         let clocks: Vec<Arc<ManualClock>> = voters.iter().map(|_| Arc::new(ManualClock::new(START_UNIX_MS))).collect();
         let mut managers: Vec<Manager> =
             voters.iter().map(|id| Manager::new(*id, &mcfg, clocks[*id as usize - 1].clone(), seed ^ (id << 56))).collect();
@@ -183,6 +190,9 @@ impl World {
             leaders: BTreeMap::new(),
             entries: BTreeMap::new(),
             checked: BTreeMap::new(),
+            observed: BTreeMap::new(),
+            start_first: Default::default(),
+            down: BTreeSet::new(),
             recent: Default::default(),
             full: None,
             trace: 0xcbf2_9ce4_8422_2325,
@@ -208,6 +218,12 @@ impl World {
 
     fn fail(&self, what: String, seed: u64) -> Failure {
         Failure { seed, step: self.step, what, recent: self.recent.iter().cloned().collect() }
+    }
+
+    /// A manager restarted: its store starts again from its disk.
+    fn forget_checks(&mut self, id: u64) {
+        self.checked.remove(&id);
+        self.observed.remove(&id);
     }
 
     fn manager_ids(&self) -> Vec<u64> {
@@ -236,7 +252,7 @@ impl World {
                     return;
                 }
                 self.managers[i].start(&self.mcfg, &self.timer);
-                self.checked.remove(&self.managers[i].id);
+                self.forget_checks(self.managers[i].id);
                 self.net.set_down(Endpoint::Manager(self.managers[i].id), false);
                 format!("restart manager {}", self.managers[i].id)
             }
@@ -263,9 +279,16 @@ impl World {
             }
             61..=63 => {
                 let i = self.rng.random_range(0..n);
-                let jump = self.rng.random_range(1_000..120_000);
-                self.clocks[i].advance_ms(jump);
-                format!("clock of manager {} jumps {jump} ms forward", i + 1)
+                if self.rng.random_bool(0.7) {
+                    let jump = self.rng.random_range(1_000..120_000);
+                    self.clocks[i].advance_ms(jump);
+                    format!("clock of manager {} jumps {jump} ms forward", i + 1)
+                } else {
+                    let jump = self.rng.random_range(1_000..10_000);
+                    let now = shoal_store::Clock::now_unix_ms(&*self.clocks[i]);
+                    self.clocks[i].set_unix_ms(now - jump);
+                    format!("clock of manager {} jumps {jump} ms back", i + 1)
+                }
             }
             64..=66 => {
                 let i = self.rng.random_range(0..a);
@@ -301,7 +324,7 @@ impl World {
         for i in 0..self.managers.len() {
             if !self.managers[i].is_up() {
                 self.managers[i].start(&self.mcfg, &self.timer);
-                self.checked.remove(&self.managers[i].id);
+                self.forget_checks(self.managers[i].id);
             }
             self.net.set_down(Endpoint::Manager(self.managers[i].id), false);
         }
@@ -331,7 +354,7 @@ impl World {
     /// One step of everything.
     fn tick(&mut self, writes: bool) {
         self.step += 1;
-        self.timer.advance(STEP_MS);
+        self.timer.advance_ms(STEP_MS);
         for c in &self.clocks {
             c.advance_ms(STEP_MS);
         }
@@ -355,7 +378,7 @@ impl World {
                 (Endpoint::Agent(a), Endpoint::Manager(m), msg) => {
                     let node = self.node_ids[a].clone();
                     let out = match self.managers[m as usize - 1].run.as_mut() {
-                        Some(run) => run.receive_from_agent(a, &node, msg),
+                        Some(run) => run.receive_from_agent(now_ms, a, &node, msg),
                         None => Vec::new(),
                     };
                     self.send(Endpoint::Manager(m), out);
@@ -481,6 +504,24 @@ impl World {
                 }
             }
             self.checked.insert(m.id, run.applied);
+            // A task's observed state never moves backwards as a store applies the log.
+            let states: BTreeMap<String, i32> =
+                run.store.view(|t| t.tasks().iter().map(|x| (x.id.clone(), x.status.as_ref().map_or(0, |s| s.state))).collect());
+            if let Some((applied, before)) = self.observed.get(&m.id) {
+                if run.applied >= *applied {
+                    for (id, now) in &states {
+                        if before.get(id).is_some_and(|b| now < b) {
+                            return Err(format!(
+                                "task {id}'s observed state moved backwards on manager {} ({:?} -> {:?})",
+                                m.id,
+                                TaskState::try_from(before[id]),
+                                TaskState::try_from(*now)
+                            ));
+                        }
+                    }
+                }
+            }
+            self.observed.insert(m.id, (run.applied, states));
             for a in &self.client.ledger.acked {
                 if run.applied < a.index {
                     continue;
@@ -506,21 +547,87 @@ impl World {
                 return Err(format!("acknowledged service {id} (created at {index}) is missing on manager {} at {}", m.id, run.applied));
             }
         }
+        // No node is marked down by a leader that heard its heartbeat well within the heartbeat TTL.
+        if let Some(l) = self.leader() {
+            let run = self.managers[l as usize - 1].run.as_ref().expect("the leader is up");
+            let down: BTreeSet<String> = run.store.view(|t| {
+                t.nodes().iter().filter(|n| shoal_manager::orchestrator::node_is_down(Some(n))).map(|n| n.id.clone()).collect()
+            });
+            let period = self.mcfg.dispatcher.heartbeat_period_ms_default;
+            let ttl = period * u64::from(self.mcfg.dispatcher.missed_heartbeats_before_down);
+            let now = self.now_ms();
+            for n in down.difference(&self.down) {
+                if let Some(beat) = run.last_beat_ok_ms.get(n).filter(|b| now.saturating_sub(**b) + 2 * period < ttl) {
+                    return Err(format!(
+                        "manager {l} marked node {n} down {} ms after answering its heartbeat (heartbeat TTL {ttl} ms)",
+                        now - beat
+                    ));
+                }
+            }
+            self.down = down;
+        }
         if let Some(e) = self.client.ledger.internal_errors.first() {
             return Err(format!("the control API answered an internal error: {e}"));
         }
         self.check_slots()
     }
 
-    /// No slot runs two tasks, except tasks on nodes cut off within `CUT_OFF_GRACE_MS`.
+    /// No slot runs two tasks, except tasks on nodes cut off within `CUT_OFF_GRACE_MS` (SwarmKit replaces
+    /// the tasks of a node it marks down), and those SwarmKit replaces while they run: with start-first
+    /// updates the old tasks of a slot run until their replacement does (and until the updater reaches the
+    /// slot, when a later spec is stop-first), and a job's earlier iteration until it is shut down. So: at
+    /// most one running task per slot (per node for global modes), counting for services that ever had a
+    /// start-first spec only tasks of the current spec, and for jobs only the current iteration.
     fn check_slots(&self) -> Result<(), String> {
+        use shoal_api::service_spec::Mode;
+        struct Kind {
+            global: bool,
+            start_first: bool,
+            spec_version: u64,
+            iteration: Option<u64>,
+            text: String,
+        }
         let now = self.now_ms();
+        let mut kinds: BTreeMap<String, Kind> = BTreeMap::new();
+        // The leader's view first (then the others', for services only they still hold).
+        let mut order: Vec<&Manager> = self.managers.iter().collect();
+        order.sort_by_key(|m| Some(m.id) != self.leader());
+        for m in order {
+            let Some(run) = &m.run else { continue };
+            run.store.view(|t| {
+                for s in t.services().iter() {
+                    let mode = s.spec.as_ref().and_then(|sp| sp.mode.as_ref());
+                    let start_first = [s.spec.as_ref(), s.previous_spec.as_ref()].into_iter().flatten().any(|sp| {
+                        sp.update.as_ref().is_some_and(|u| u.order == shoal_api::update_config::UpdateOrder::StartFirst as i32)
+                    });
+                    let start_first = start_first || self.start_first.borrow().contains(&s.id);
+                    if start_first {
+                        self.start_first.borrow_mut().insert(s.id.clone());
+                    }
+                    let job = shoal_manager::orchestrator::jobs::is_job(s);
+                    kinds.entry(s.id.clone()).or_insert_with(|| Kind {
+                        global: matches!(mode, Some(Mode::Global(_) | Mode::GlobalJob(_))),
+                        start_first,
+                        spec_version: s.spec_version.as_ref().map_or(0, |v| v.index),
+                        iteration: job.then(|| shoal_manager::orchestrator::jobs::current_iteration(s)),
+                        text: format!("{mode:?}, update {:?}", s.update_status.as_ref().map(|u| u.state())),
+                    });
+                }
+            });
+        }
         let mut by_slot: BTreeMap<(String, u64, String), Vec<(String, bool)>> = BTreeMap::new();
         for a in &self.agents {
             let excused = now.saturating_sub(a.last_cut_off_ms) <= CUT_OFF_GRACE_MS;
             for t in a.running() {
-                // Global tasks have slot 0 and are one per node.
-                let node = if t.slot == 0 { t.node_id.clone() } else { String::new() };
+                // A service no manager holds any more: removed, its tasks being stopped.
+                let Some(k) = kinds.get(&t.service_id) else { continue };
+                if k.start_first && t.spec_version.as_ref().map_or(0, |v| v.index) != k.spec_version {
+                    continue;
+                }
+                if k.iteration.is_some_and(|i| !shoal_manager::orchestrator::jobs::in_iteration(t, i)) {
+                    continue;
+                }
+                let node = if k.global { t.node_id.clone() } else { String::new() };
                 by_slot.entry((t.service_id.clone(), t.slot, node)).or_default().push((t.id.clone(), excused));
             }
         }
@@ -528,14 +635,58 @@ impl World {
             let strict = tasks.iter().filter(|(_, excused)| !*excused).count();
             if tasks.len() > 1 && strict > 1 {
                 return Err(format!(
-                    "service {service} slot {slot}{} runs {} tasks ({:?}) on nodes that were not cut off",
+                    "service {service} ({}) slot {slot}{} runs {} tasks ({:?}) on nodes that were not cut off; the leader has: {:?}",
+                    kinds.get(&service).map_or("", |k| k.text.as_str()),
                     if node.is_empty() { String::new() } else { format!(" on {node}") },
                     tasks.len(),
-                    tasks
+                    tasks,
+                    self.leader_tasks(&service)
                 ));
             }
         }
         Ok(())
+    }
+
+    /// The tasks of a service in the leader's store, for failure messages.
+    fn leader_tasks(&self, service: &str) -> Vec<String> {
+        let Some(run) = self.leader().and_then(|l| self.managers[l as usize - 1].run.as_ref()) else { return Vec::new() };
+        run.store.view(|t| {
+            let order = |sp: Option<&shoal_api::ServiceSpec>| {
+                sp.map(|sp| {
+                    let image = match sp.task.as_ref().and_then(|t| t.runtime.as_ref()) {
+                        Some(shoal_api::task_spec::Runtime::Container(c)) => format!("{} {:?}", c.image, c.env),
+                        None => String::new(),
+                    };
+                    (image, sp.update.as_ref().map(|u| u.order))
+                })
+            };
+            let head = t.services().get(service).map(|s| {
+                format!(
+                    "service v{} spec v{:?} {:?} previous v{:?} {:?} status {:?}",
+                    s.version(),
+                    s.spec_version.as_ref().map(|v| v.index),
+                    order(s.spec.as_ref()),
+                    s.previous_spec_version.as_ref().map(|v| v.index),
+                    order(s.previous_spec.as_ref()),
+                    s.update_status
+                )
+            });
+            head.into_iter().chain(t.tasks()
+                .by_service(service)
+                .map(|x| {
+                    format!(
+                        "{} slot {} {:?}/{:?} spec v{:?} node {} created {} ms",
+                        x.id,
+                        x.slot,
+                        x.status.as_ref().map(|s| s.state()),
+                        x.desired_state(),
+                        x.spec_version.as_ref().map(|v| v.index),
+                        x.node_id,
+                        shoal_manager::orchestrator::created_ms(x).saturating_sub(START_UNIX_MS)
+                    )
+                }))
+                .collect()
+        })
     }
 
     /// Why the cluster has not converged yet (None: it has).
@@ -615,10 +766,46 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
             ));
         }
         let node = t.nodes().get(&task.node_id).map(|n| &**n);
+        if !node.is_some_and(shoal_manager::scheduler::nodeinfo::is_ready_and_active) {
+            return Some(format!("task {} of service {} runs on node {:?}, which is not ready and active", task.id, s.id, task.node_id));
+        }
         if !paused && shoal_manager::orchestrator::dirty::is_task_dirty(s, task, node) {
-            return Some(format!("task {} of service {} is not up to date", task.id, s.id));
+            return Some(format!(
+                "task {} of service {} is not up to date: task spec v{:?}, service spec v{:?}, update {:?}, {} tasks",
+                task.id,
+                s.id,
+                task.spec_version.as_ref().map(|v| v.index),
+                s.spec_version.as_ref().map(|v| v.index),
+                s.update_status,
+                live.len()
+            ) + &format!(
+                "\n  service spec {:?}\n  previous {:?}\n  task spec {:?}\n  all: {:?}",
+                s.spec.as_ref().map(|x| (&x.task, &x.mode, &x.update)),
+                s.previous_spec.as_ref().map(|x| (&x.task, &x.mode)),
+                task.spec,
+                t.tasks().by_service(&s.id).map(|x| format!("{} slot {} {:?}/{:?} v{:?} node {} created {}", x.id, x.slot, x.status.as_ref().map(|s| s.state()), x.desired_state(), x.spec_version.as_ref().map(|v| v.index), x.node_id, shoal_manager::orchestrator::created_ms(x) - START_UNIX_MS)).collect::<Vec<_>>()
+            ));
         }
         expected.insert(task.id.clone());
+    }
+    let ready: Vec<&str> =
+        t.nodes().iter().filter(|n| shoal_manager::scheduler::nodeinfo::is_ready_and_active(n)).map(|n| n.id.as_str()).collect();
+    if shoal_manager::orchestrator::jobs::is_job(s) {
+        let iteration = shoal_manager::orchestrator::jobs::current_iteration(s);
+        let current: Vec<_> = t.tasks().by_service(&s.id).filter(|t| shoal_manager::orchestrator::jobs::in_iteration(t, iteration)).collect();
+        let complete: BTreeSet<(u64, &str)> = current
+            .iter()
+            .filter(|t| t.status.as_ref().map(|st| st.state()) == Some(TaskState::Complete))
+            .map(|t| if matches!(s.spec.as_ref().and_then(|sp| sp.mode.as_ref()), Some(Mode::GlobalJob(_))) { (0, t.node_id.as_str()) } else { (t.slot, "") })
+            .collect();
+        let done = match s.spec.as_ref().and_then(|sp| sp.mode.as_ref()) {
+            Some(Mode::ReplicatedJob(j)) => complete.len() as u64 == j.total_completions,
+            _ => ready.iter().all(|n| complete.contains(&(0, *n))),
+        };
+        if !done {
+            return Some(format!("job {} iteration {iteration} has completed {complete:?}", s.id));
+        }
+        return None;
     }
     match s.spec.as_ref().and_then(|sp| sp.mode.as_ref()) {
         Some(Mode::Replicated(r)) => {
@@ -629,9 +816,8 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
         }
         Some(Mode::Global(_)) => {
             let nodes: BTreeSet<&str> = live.iter().map(|t| t.node_id.as_str()).collect();
-            let ready = t.nodes().iter().filter(|n| shoal_manager::scheduler::nodeinfo::is_ready_and_active(n)).count();
-            if nodes.len() != live.len() || live.len() != ready {
-                return Some(format!("global service {} has {} tasks on {} nodes, {ready} nodes ready", s.id, live.len(), nodes.len()));
+            if nodes.len() != live.len() || live.len() != ready.len() {
+                return Some(format!("global service {} has {} tasks on {} nodes, {} nodes ready", s.id, live.len(), nodes.len(), ready.len()));
             }
         }
         _ => {}

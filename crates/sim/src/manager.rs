@@ -9,7 +9,7 @@
 //! member's seeded RNG. A crash drops everything but the disk (`SimStorage::crash`); a restart recovers
 //! the store from the snapshot and the committed entries, as `recover_store` does.
 //!
-//! Must not read the wall clock or spawn threads: time is the simulation's (`ManualClock`, `SimTimer`).
+//! Must not read the wall clock or spawn threads: time is the simulation's (`ManualClock`, `ManualTimer`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -28,7 +28,8 @@ use shoal_store::{decode_snapshot, encode_request, encode_snapshot, Action, Comm
 use tokio::sync::watch;
 
 use crate::disk::SimStorage;
-use crate::exec::{poll_once, SimFuture, SimTimer};
+use crate::exec::{poll_once, SimFuture};
+use shoal_manager::ManualTimer;
 
 /// Election timeout in ticks (randomized in `[n, 2n)`), heartbeat interval, as the daemon's defaults.
 pub const ELECTION_TICK: usize = 10;
@@ -150,6 +151,8 @@ pub struct Running {
     streams: BTreeMap<usize, Stream>,
     /// Entries applied since the start: index -> (term, digest of the data), for the safety checks.
     pub applied_log: BTreeMap<u64, (u64, u64)>,
+    /// When this manager last answered a heartbeat of each node OK (simulation time, ms).
+    pub last_beat_ok_ms: BTreeMap<String, u64>,
 }
 
 /// Settings of the simulated managers.
@@ -196,7 +199,7 @@ impl Manager {
     }
 
     /// Starts (or restarts) from the disk: recovers the store, builds the raft node.
-    pub fn start(&mut self, cfg: &ManagerConfig, timer: &Arc<SimTimer>) {
+    pub fn start(&mut self, cfg: &ManagerConfig, timer: &Arc<ManualTimer>) {
         assert!(self.run.is_none(), "manager {} is already up", self.id);
         self.starts += 1;
         let storage = std::mem::take(&mut self.disk);
@@ -260,6 +263,7 @@ impl Manager {
             rpcs: Vec::new(),
             streams: BTreeMap::new(),
             applied_log,
+            last_beat_ok_ms: BTreeMap::new(),
         };
         run.reseed_election_timeout();
         self.run = Some(run);
@@ -309,14 +313,17 @@ impl Running {
     pub fn debug_raft(&self) -> String {
         let r = &self.raw.raft;
         format!(
-            "role {:?} term {} leader {} commit {} last {} first {} snapshot {}",
+            "role {:?} term {} leader {} commit {} last {} first {} snapshot {} pending {} queued {} leading since term {:?}",
             r.state,
             r.term,
             r.leader_id,
             r.raft_log.committed,
             r.raft_log.last_index(),
             r.raft_log.first_index(),
-            self.last_snapshot_index
+            self.last_snapshot_index,
+            self.pending.len(),
+            self.proposer.queue.lock().len(),
+            self.leader.as_ref().map(|l| l.term)
         )
     }
 
@@ -438,11 +445,6 @@ impl Running {
                 // No membership changes in the simulation: the voters are fixed.
                 _ => self.store.advance_index(e.index),
             }
-            if std::env::var_os("SHOAL_SIM_DUMP").is_some() && self.raw.raft.id == 3 {
-                if let Ok((_, actions)) = shoal_store::decode_request(&e.data) {
-                    eprintln!("m{} applied {}: {:?}", self.raw.raft.id, e.index, actions);
-                }
-            }
             if let Some((term, d)) = self.applied_log.get(&e.index) {
                 assert_eq!((*term, *d), (e.term, digest(&e.data)), "manager {} applied index {} twice, differently", self.raw.raft.id, e.index);
             }
@@ -525,7 +527,7 @@ impl Running {
     }
 
     /// Takes an agent's request (`agent` is its index, `node_id` its node).
-    pub fn receive_from_agent(&mut self, agent: usize, node_id: &str, msg: Msg) -> Outbox {
+    pub fn receive_from_agent(&mut self, now_ms: u64, agent: usize, node_id: &str, msg: Msg) -> Outbox {
         let me = crate::net::Endpoint::Agent(agent);
         let mut out = Vec::new();
         match msg {
@@ -541,6 +543,9 @@ impl Running {
             }
             Msg::Heartbeat { session } => {
                 let ok = self.dispatcher.heartbeat_in_process(node_id, &session).is_ok();
+                if ok {
+                    self.last_beat_ok_ms.insert(node_id.to_string(), now_ms);
+                }
                 out.push((me, Msg::HeartbeatAnswer { session, ok }));
             }
             Msg::Status { session, batch, updates } => {
@@ -615,7 +620,8 @@ impl Running {
             if lagged {
                 let (complete, w) = self.store.view_and_watch(|t| s.set.complete(t));
                 s.watch = w;
-                out.push((to, Msg::Assignments { session: s.session.clone(), complete: true, changes: complete }));
+                let changes = complete.expect("the simulation's sets are far below the bound");
+                out.push((to, Msg::Assignments { session: s.session.clone(), complete: true, changes }));
             } else if !changes.is_empty() {
                 out.push((to, Msg::Assignments { session: s.session.clone(), complete: false, changes }));
             }
@@ -627,7 +633,8 @@ impl Running {
     fn open_stream(&mut self, agent: usize, node_id: &str, session: String, out: &mut Outbox) {
         let mut set = AssignmentSet::new(node_id);
         let (complete, watch) = self.store.view_and_watch(|t| set.complete(t));
-        out.push((crate::net::Endpoint::Agent(agent), Msg::Assignments { session: session.clone(), complete: true, changes: complete }));
+        let changes = complete.expect("the simulation's sets are far below the bound");
+        out.push((crate::net::Endpoint::Agent(agent), Msg::Assignments { session: session.clone(), complete: true, changes }));
         self.streams.insert(agent, Stream { session, set, watch, node_id: node_id.to_string() });
     }
 

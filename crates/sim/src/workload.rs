@@ -5,15 +5,19 @@
 //! that carries them (index, term, digest, read from the answering manager's applied log), and what might
 //! have happened (an unknown outcome), which the checks must allow.
 //!
+//! Now and then it drains a node (while two others stay active) or makes one active again.
+//! Services are replicated, global, replicated jobs and global jobs; updates change the image (the task
+//! template), the environment, or the replica count (completions for a job), and stop-first or start-first.
 //! Specs use short restart delays and update settings so a run converges within a bounded number of
-//! steps; update order is stop-first and there are no labels (maps would make encodings differ between runs).
+//! steps, and no labels (maps would make encodings differ between runs).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use rand::rngs::StdRng;
 use rand::Rng;
 use shoal_api::{
-    restart_policy::RestartCondition, service_spec::Mode, task_spec::Runtime, update_config::FailureAction,
+    node_spec::Availability, restart_policy::RestartCondition, service_spec::Mode, task_spec::Runtime, update_config::FailureAction,
+    update_config::UpdateOrder,
     Annotations, ContainerSpec, GlobalService, ReplicatedService, RestartPolicy, Service, ServiceSpec, TaskSpec,
     UpdateConfig,
 };
@@ -68,6 +72,8 @@ enum Op {
     Create,
     Update(String),
     Remove(String),
+    /// Drain or activate a node.
+    Node(String, bool),
 }
 
 struct InFlight {
@@ -88,12 +94,30 @@ pub struct Client {
     pub ledger: Ledger,
 }
 
-fn spec(name: &str, rng: &mut StdRng, global: bool) -> ServiceSpec {
-    let mode = if global {
-        Mode::Global(GlobalService {})
-    } else {
-        Mode::Replicated(ReplicatedService { replicas: rng.random_range(0..=MAX_REPLICAS) })
-    };
+/// The modes a service is created in.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Replicated,
+    Global,
+    ReplicatedJob,
+    GlobalJob,
+}
+
+fn mode(kind: Kind, rng: &mut StdRng) -> Mode {
+    match kind {
+        Kind::Replicated => Mode::Replicated(ReplicatedService { replicas: rng.random_range(0..=MAX_REPLICAS) }),
+        Kind::Global => Mode::Global(GlobalService {}),
+        Kind::ReplicatedJob => Mode::ReplicatedJob(shoal_api::ReplicatedJob {
+            max_concurrent: rng.random_range(1..=2),
+            total_completions: rng.random_range(1..=MAX_REPLICAS),
+        }),
+        Kind::GlobalJob => Mode::GlobalJob(shoal_api::GlobalJob {}),
+    }
+}
+
+fn spec(name: &str, rng: &mut StdRng, kind: Kind) -> ServiceSpec {
+    let mode = mode(kind, rng);
+    let order = if rng.random_bool(0.3) { UpdateOrder::StartFirst } else { UpdateOrder::StopFirst };
     let ms = |v: u64| Some(shoal_api::duration_to_proto(std::time::Duration::from_millis(v)));
     ServiceSpec {
         annotations: Some(Annotations { name: name.to_string(), ..Default::default() }),
@@ -112,11 +136,21 @@ fn spec(name: &str, rng: &mut StdRng, global: bool) -> ServiceSpec {
             delay: ms(rng.random_range(0..=3) * 100),
             failure_action: FailureAction::Continue as i32,
             monitor: ms(500),
+            order: order as i32,
             ..Default::default()
         }),
         mode: Some(mode),
         ..Default::default()
     }
+}
+
+/// The spec for `kind`: jobs take no update config (a spec update runs a job again).
+fn spec_of(name: &str, rng: &mut StdRng, kind: Kind) -> ServiceSpec {
+    let mut s = spec(name, rng, kind);
+    if matches!(kind, Kind::ReplicatedJob | Kind::GlobalJob) {
+        s.update = None;
+    }
+    s
 }
 
 impl Client {
@@ -148,7 +182,14 @@ impl Client {
         };
         let state = states[&manager].clone();
         let services: Vec<std::sync::Arc<Service>> = controlapi::list_services(&state, &Default::default());
-        let op = if services.len() < 2 || (services.len() < MAX_SERVICES && rng.random_bool(0.3)) {
+        let nodes = controlapi::list_nodes(&state, &Default::default());
+        let active = |n: &shoal_api::Node| n.spec.as_ref().is_none_or(|s| s.availability == Availability::Active as i32);
+        let op = if !nodes.is_empty() && rng.random_bool(0.05) {
+            let n = &nodes[rng.random_range(0..nodes.len())];
+            // Drain only while at least two other nodes are active.
+            let drain = active(n) && nodes.iter().filter(|m| active(m)).count() > 2;
+            Op::Node(n.id.clone(), drain)
+        } else if services.len() < 2 || (services.len() < MAX_SERVICES && rng.random_bool(0.3)) {
             Op::Create
         } else {
             let s = &services[rng.random_range(0..services.len())];
@@ -161,15 +202,16 @@ impl Client {
         let fut: SimFuture<Result<Option<Service>, ControlError>> = match &op {
             Op::Create => {
                 self.created += 1;
-                let global = rng.random_bool(0.25);
-                let spec = spec(&format!("svc{}", self.created), rng, global);
+                let kind = [Kind::Replicated, Kind::Replicated, Kind::Replicated, Kind::Global, Kind::ReplicatedJob, Kind::GlobalJob]
+                    [rng.random_range(0..6)];
+                let spec = spec_of(&format!("svc{}", self.created), rng, kind);
                 Box::pin(async move { controlapi::create_service(&state, spec).await.map(Some) })
             }
             Op::Update(id) => {
                 let current = services.iter().find(|s| &s.id == id).expect("listed").clone();
                 let mut next = current.spec.clone().unwrap_or_default();
                 let name = next.annotations.as_ref().map(|a| a.name.clone()).unwrap_or_default();
-                let fresh = spec(&name, rng, false);
+                let fresh = spec(&name, rng, Kind::Replicated);
                 match rng.random_range(0..3) {
                     0 => next.task = fresh.task,
                     1 => {
@@ -177,11 +219,12 @@ impl Client {
                             c.env = vec![format!("N={}", rng.random_range(0..100))];
                         }
                     }
-                    _ => {
-                        if let Some(Mode::Replicated(r)) = &mut next.mode {
-                            r.replicas = rng.random_range(0..=MAX_REPLICAS);
-                        }
-                    }
+                    _ => match &mut next.mode {
+                        Some(Mode::Replicated(r)) => r.replicas = rng.random_range(0..=MAX_REPLICAS),
+                        Some(Mode::ReplicatedJob(j)) => j.total_completions = rng.random_range(1..=MAX_REPLICAS),
+                        Some(Mode::GlobalJob(_)) => {}
+                        _ => next.update = fresh.update,
+                    },
                 }
                 let (id, version) = (id.clone(), current.version());
                 Box::pin(async move { controlapi::update_service(&state, &id, version, next).await.map(Some) })
@@ -190,6 +233,13 @@ impl Client {
                 self.ledger.maybe_removed.insert(id.clone());
                 let id = id.clone();
                 Box::pin(async move { controlapi::remove_service(&state, &id).await.map(|_| None) })
+            }
+            Op::Node(id, drain) => {
+                let node = nodes.iter().find(|n| &n.id == id).expect("listed").clone();
+                let mut spec = node.spec.clone().unwrap_or_default();
+                spec.availability = if *drain { Availability::Drain } else { Availability::Active } as i32;
+                let (id, version) = (id.clone(), node.version());
+                Box::pin(async move { controlapi::update_node(&state, &id, version, spec).await.map(|_| None) })
             }
         };
         self.ledger.sent += 1;
@@ -209,6 +259,7 @@ impl Client {
             Op::Create => "create".to_string(),
             Op::Update(id) => format!("update {id}"),
             Op::Remove(id) => format!("remove {id}"),
+            Op::Node(id, drain) => format!("{} {id}", if *drain { "drain" } else { "activate" }),
         };
         match result {
             Ok(service) => {

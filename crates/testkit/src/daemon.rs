@@ -249,6 +249,14 @@ impl DaemonProcess {
         }
     }
 
+    /// Moves the (stopped) daemon to a free port of `ip` for its next start: a manager whose address changes.
+    pub fn move_to(&mut self, ip: &str) {
+        assert!(self.child.is_none(), "stop or kill the daemon before moving it");
+        assert!(self.netns.is_none(), "a daemon in a network namespace keeps its address");
+        self.ip = ip.to_string();
+        self.port = free_port(ip);
+    }
+
     /// Starts the daemon again on the same state dir, socket and port.
     pub fn restart(&mut self, extra: &[String]) {
         assert!(self.child.is_none(), "stop or kill the daemon before restarting it");

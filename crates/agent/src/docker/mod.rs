@@ -116,6 +116,29 @@ pub fn client(addr: &str) -> Result<Docker, DockerError> {
     docker.map_err(unreachable)
 }
 
+/// Force-removes every container of node `node_id` (its label) from the engine at `addr`: what
+/// `docker swarm leave` does to the containers of a node that leaves its swarm. Returns how many it removed.
+pub async fn remove_node_containers(addr: &str, node_id: &str) -> Result<usize, DockerError> {
+    let docker = client(addr)?;
+    let engine = |what| move |e: BollardError| DockerError::Engine { addr: addr.to_string(), what, reason: engine_message(&e) };
+    let filters: HashMap<String, Vec<String>> =
+        [("label".to_string(), vec![format!("{}={node_id}", spec::LABEL_NODE_ID)])].into();
+    let found = docker
+        .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
+        .await
+        .map_err(engine("list this node's containers"))?;
+    let mut removed = 0;
+    for id in found.into_iter().filter_map(|c| c.id) {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+        match docker.remove_container(&id, Some(opts)).await {
+            Ok(()) => removed += 1,
+            Err(e) if engine_status(&e) == Some(404) => {}
+            Err(e) => return Err(engine("remove a container of this node")(e)),
+        }
+    }
+    Ok(removed)
+}
+
 impl DockerExecutor {
     /// Connects to the engine at `addr`, giving it `ping_within` to answer; reads the node description and
     /// lists the containers an earlier run of this node left.

@@ -766,6 +766,9 @@ pub struct ClusterInfoJson {
     pub updated_at: String,
     /// Cluster settings.
     pub spec: SwarmSpecJson,
+    /// The cluster's root CA (`docker swarm ca` prints its `TrustRoot`).
+    #[serde(rename = "TLSInfo")]
+    pub tls_info: TlsInfoJson,
     /// Root CA rotation in progress.
     pub root_rotation_in_progress: bool,
     /// Data path port: Docker's default, 4789 (Shoal has no overlay networks yet: constant).
@@ -985,6 +988,13 @@ impl SwarmJson {
                                 options: labels_to_json(&d.options),
                             }),
                     },
+                },
+                tls_info: TlsInfoJson {
+                    trust_root: c
+                        .root_ca
+                        .as_ref()
+                        .map(|r| String::from_utf8_lossy(&r.ca_cert).into_owned())
+                        .unwrap_or_default(),
                 },
                 root_rotation_in_progress: false,
                 data_path_port: DATA_PATH_PORT,

@@ -117,12 +117,23 @@ pub fn swarm_spec(data: &[u8]) {
     let _ = controlapi::validate_cluster_spec(&merged, &again);
 }
 
-/// The other bodies a client sends: `POST /swarm/unlock` (then the key parsed) and the operator client
-/// certificate request (the name check; the CSR has its own target), and any JSON document through the
-/// Go-style decoder into a generic value.
+/// The other bodies a client sends: `POST /swarm/unlock` (then the key parsed), the operator client
+/// certificate request (the name check; the CSR has its own target), `POST /swarm/init` and `/swarm/join`
+/// (decoded and checked as the handlers do, addresses, token and the init spec merged and validated), and
+/// any JSON document through the Go-style decoder into a generic value.
 pub fn small_bodies(data: &[u8]) {
     let (sel, body) = split_selector(data);
-    match sel % 3 {
+    match sel % 5 {
+        3 => {
+            if let Ok(req) = decode::<shoal_engine_api::lifecycle::InitRequestJson>(body) {
+                let _ = shoal_engine_api::lifecycle::check_init(req, &ClusterSpec::default());
+            }
+        }
+        4 => {
+            if let Ok(req) = decode::<shoal_engine_api::lifecycle::JoinRequestJson>(body) {
+                let _ = shoal_engine_api::lifecycle::check_join(req);
+            }
+        }
         0 => {
             if let Ok(req) = decode::<UnlockRequestJson>(body) {
                 let _ = shoal_ca::UnlockKey::parse(&req.unlock_key);

@@ -54,7 +54,7 @@ pub use cluster::{
 pub use network::{
     create_network, find_network, get_network, list_networks, remove_network, validate_network_spec, NetworkFilters,
 };
-pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
+pub use node::{get_node, is_blacklisted, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use service::{
     create_service, get_service, is_job_spec, list_services, remove_service, rollback_service, service_status,
     update_service,

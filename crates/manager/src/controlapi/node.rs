@@ -159,6 +159,7 @@ pub async fn remove_node(
     reference: &str,
     force: bool,
 ) -> Result<(), ControlError> {
+    let now_sys = std::time::SystemTime::try_from(state.now()).unwrap_or(std::time::UNIX_EPOCH);
     state
         .write(|t: &Tables, c: &mut Changes| {
             let node = find(t, reference)?;
@@ -177,9 +178,38 @@ pub async fn remove_node(
                     node.id
                 )));
             }
+            // SwarmKit's blacklist: the removed node's certificate stays refused until it expires.
+            if let Some(cluster) = t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)) {
+                let mut next = (**cluster).clone();
+                let expiry = node_cert_not_after(node)
+                    .unwrap_or_else(|| now_sys + crate::ca::node_cert_expiry(cluster, None) + BACKDATE_MARGIN);
+                next.blacklisted_certificates.retain(|id, _| is_blacklisted(cluster, id, now_sys));
+                next.blacklisted_certificates.insert(
+                    node.id.clone(),
+                    shoal_api::BlacklistedCertificate { expiry: Some(expiry.into()) },
+                );
+                c.update(next);
+            }
             c.remove(node.clone());
             Ok(())
         })
         .await?;
     Ok(())
+}
+
+/// Slack added to a removed node's certificate expiry when its certificate is not in the store.
+const BACKDATE_MARGIN: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// When node `n`'s certificate (as the store holds it) expires.
+fn node_cert_not_after(n: &Node) -> Option<std::time::SystemTime> {
+    let pem = &n.certificate.as_ref()?.certificate;
+    let chain = shoal_ca::parse_cert_pem_chain(pem).ok()?;
+    shoal_ca::parse_cert(chain.first()?).ok().map(|i| i.not_after)
+}
+
+/// Whether node `id`'s certificate is refused: the node was removed and its certificate has not expired.
+pub fn is_blacklisted(cluster: &shoal_api::Cluster, id: &str, now: std::time::SystemTime) -> bool {
+    cluster.blacklisted_certificates.get(id).is_some_and(|b| {
+        b.expiry.and_then(|e| std::time::SystemTime::try_from(e).ok()).is_none_or(|e| e > now)
+    })
 }

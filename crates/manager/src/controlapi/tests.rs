@@ -789,3 +789,23 @@ async fn the_whole_cluster_s_tasks_are_bounded_across_services() {
     remove_service(&state, "big1").await.unwrap();
     assert_eq!(state.store.view(|t| t.service_totals()).tasks, MAX_CLUSTER_TASKS / 4 * 2 + 11);
 }
+
+#[tokio::test]
+async fn a_removed_node_is_blacklisted_until_its_certificate_would_expire() {
+    let (state, _) = cluster();
+    let mut c = Changes::new();
+    c.create(shoal_api::Cluster { id: "c1".into(), ..Default::default() });
+    c.create(node("w1", "wrk", NodeRole::Worker, node_status::State::Down));
+    c.create(node("w2", "wrk2", NodeRole::Worker, node_status::State::Down));
+    state.propose(c).await.unwrap();
+    remove_node(&state, "w1", false).await.unwrap();
+    let now = std::time::SystemTime::try_from(state.now()).unwrap();
+    let cluster = get_cluster(&state).unwrap();
+    assert!(is_blacklisted(&cluster, "w1", now));
+    assert!(!is_blacklisted(&cluster, "w2", now));
+    // No certificate in the store: refused for the longest life the CA gives (90 days by default), not forever.
+    assert!(is_blacklisted(&cluster, "w1", now + std::time::Duration::from_secs(89 * 24 * 3600)));
+    assert!(!is_blacklisted(&cluster, "w1", now + std::time::Duration::from_secs(92 * 24 * 3600)));
+    remove_node(&state, "w2", false).await.unwrap();
+    assert_eq!(get_cluster(&state).unwrap().blacklisted_certificates.len(), 2);
+}

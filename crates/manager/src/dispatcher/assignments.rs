@@ -14,7 +14,11 @@
 //! (the agent then rejects the task, naming it). A node never receives a secret none of its tasks uses.
 //!
 //! Bound: `sent` holds one entry per task in the node's set; `holders` one per secret/config sent, each with
-//! the IDs of the tasks holding it; `held_by` one per task holding any.
+//! the IDs of the tasks holding it; `held_by` one per task holding any. A COMPLETE set holds at most
+//! `COMPLETE_MAX_BYTES` of changes (an agent decodes messages of up to 64 MiB): past it, the node's finished
+//! tasks (observed terminal: nothing left for the agent to do) are left out, and a set whose other tasks
+//! alone exceed it is refused (`CompleteTooLarge`, naming both sizes) rather than sent as a message the
+//! agent cannot read.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -24,6 +28,26 @@ use shoal_api::{
     ContainerSpec, Secret, Task, TaskState,
 };
 use shoal_store::{ActionKind, Change, Object, Tables};
+
+/// Most encoded bytes of a COMPLETE set's changes: below the 64 MiB an agent decodes in one message
+/// (`shoal_agent::session::MAX_MESSAGE_BYTES`), with room for the message's envelope.
+pub const COMPLETE_MAX_BYTES: usize = 48 << 20;
+
+/// A node's COMPLETE set is over `COMPLETE_MAX_BYTES` even without its finished tasks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the assignment set of node {node_id} is {bytes} bytes without its finished tasks, over the {limit} bytes \
+     one message to an agent may hold; scale down or move some of its services (fewer replicas, smaller \
+     specs, or constraints to other nodes)"
+)]
+pub struct CompleteTooLarge {
+    /// The node.
+    pub node_id: String,
+    /// The set's encoded size without finished tasks.
+    pub bytes: usize,
+    /// The bound.
+    pub limit: usize,
+}
 
 /// A secret or config a task depends on, by kind and ID.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -158,22 +182,44 @@ impl AssignmentSet {
     }
 
     /// Rebuilds the set from a view (through the node index) and returns it as UPDATE changes, for a
-    /// COMPLETE message: the secrets and configs first, then the tasks.
-    pub fn complete(&mut self, tables: &Tables) -> Vec<AssignmentChange> {
-        self.sent.clear();
-        self.holders.clear();
-        self.held_by.clear();
-        let mut deps = Vec::new();
-        let mut tasks = Vec::new();
-        for task in tables.tasks().by_node(&self.node_id) {
-            if is_assigned_to(task, &self.node_id) {
-                self.acquire(task, &mut deps, &mut |d| d.lookup(tables));
-                tasks.push(update(assignment::Item::Task((**task).clone())));
-                self.sent.insert(task.id.clone(), task.clone());
+    /// COMPLETE message: the secrets and configs first, then the tasks. Within `COMPLETE_MAX_BYTES` (see
+    /// the module doc): past it the finished tasks are left out (a later change of one is sent as an
+    /// UPDATE), and a set still past it is refused.
+    pub fn complete(&mut self, tables: &Tables) -> Result<Vec<AssignmentChange>, CompleteTooLarge> {
+        self.complete_within(tables, COMPLETE_MAX_BYTES)
+    }
+
+    /// `complete` with another bound (tests).
+    pub fn complete_within(&mut self, tables: &Tables, limit: usize) -> Result<Vec<AssignmentChange>, CompleteTooLarge> {
+        use shoal_api::prost::Message;
+        let build = |set: &mut AssignmentSet, keep_finished: bool| {
+            set.sent.clear();
+            set.holders.clear();
+            set.held_by.clear();
+            let mut deps = Vec::new();
+            let mut tasks = Vec::new();
+            for task in tables.tasks().by_node(&set.node_id) {
+                let finished = task.status.as_ref().is_some_and(|s| s.state().is_terminal());
+                if is_assigned_to(task, &set.node_id) && (keep_finished || !finished) {
+                    set.acquire(task, &mut deps, &mut |d| d.lookup(tables));
+                    tasks.push(update(assignment::Item::Task((**task).clone())));
+                    set.sent.insert(task.id.clone(), task.clone());
+                }
             }
+            deps.extend(tasks);
+            let bytes: usize = deps.iter().map(|c| c.encoded_len()).sum();
+            (deps, bytes)
+        };
+        let (all, bytes) = build(self, true);
+        if bytes <= limit {
+            return Ok(all);
         }
-        deps.extend(tasks);
-        deps
+        let (live, bytes) = build(self, false);
+        if bytes <= limit {
+            tracing::warn!(node = %self.node_id, bytes, limit, "assignment set without the node's finished tasks, to fit one message");
+            return Ok(live);
+        }
+        Err(CompleteTooLarge { node_id: self.node_id.clone(), bytes, limit })
     }
 
     /// The changes one store change makes to the set, appended to `out` (a task's new dependencies before
@@ -340,7 +386,7 @@ mod tests {
             let store = MemoryStore::default();
             store.apply(1, setup.actions()).unwrap();
             let mut set = AssignmentSet::new(node);
-            let complete = store.view(|t| set.complete(t));
+            let complete = store.view(|t| set.complete(t)).unwrap();
             let watch = store.watch();
             (Harness { store, watch, set, index: 1 }, complete)
         }
@@ -372,9 +418,38 @@ mod tests {
         c.create(task("d", "n1", TaskState::Complete, TaskState::Shutdown));
         store.apply(1, c.actions()).unwrap();
         let mut set = AssignmentSet::new("n1");
-        let mut got = actions(&store.view(|t| set.complete(t)));
+        let mut got = actions(&store.view(|t| set.complete(t)).unwrap());
         got.sort();
         assert_eq!(got, vec![e("task", "a", UPD), e("task", "d", UPD)]);
+    }
+
+    /// The COMPLETE set's bound: all tasks when they fit; past it without the finished ones (which a later
+    /// change still brings); refused, naming the sizes, when the tasks the agent must run do not fit.
+    #[test]
+    fn complete_set_stays_within_its_byte_bound() {
+        use shoal_api::prost::Message;
+        let store = MemoryStore::default();
+        let mut c = Changes::new();
+        c.create(task("a", "n1", TaskState::Running, TaskState::Running));
+        c.create(task("d", "n1", TaskState::Failed, TaskState::Shutdown));
+        store.apply(1, c.actions()).unwrap();
+        let one = store.view(|t| update(assignment::Item::Task((**t.tasks().get("a").unwrap()).clone())).encoded_len());
+        let mut set = AssignmentSet::new("n1");
+        let both = store.view(|t| set.complete_within(t, 2 * one + 64)).unwrap();
+        assert_eq!(actions(&both).len(), 2);
+        let live = store.view(|t| set.complete_within(t, one + 8)).unwrap();
+        assert_eq!(actions(&live), vec![e("task", "a", UPD)], "the finished task is left out");
+        assert_eq!(set.len(), 1);
+        let mut out = Vec::new();
+        let mut failed = store.view(|t| (**t.tasks().get("d").unwrap()).clone());
+        failed.set_desired_state(TaskState::Remove);
+        let ch = Change { kind: ActionKind::Update, object: Object::Task(Arc::new(failed)), old: None };
+        set.on_change(&ch, &mut out, &mut |_| None);
+        assert_eq!(actions(&out), vec![e("task", "d", UPD)], "a later change of a left-out task is sent");
+        let err = store.view(|t| set.complete_within(t, one - 1)).unwrap_err();
+        assert_eq!((err.bytes, err.limit), (one, one - 1));
+        assert!(err.to_string().contains(&format!("{one} bytes")), "{err}");
+        const { assert!(COMPLETE_MAX_BYTES < 64 << 20) };
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Heartbeat deadlines, sans IO: which node must send its next heartbeat by when, and which nodes have
-//! missed their deadline at a given `now`. Time comes in as `now_unix_ms` arguments; nothing here reads a
-//! clock, sleeps or writes the store (the dispatcher's leader-only loop does that with the expired list).
+//! missed their deadline at a given `now`. Time comes in as `now_ms` arguments, read from a monotonic timer
+//! (never the wall clock: a clock step would expire every node at once); nothing here reads a clock, sleeps
+//! or writes the store (the dispatcher's leader-only loop does that with the expired list).
 //!
 //! Bound: one entry per node that opened a session (or was READY when this manager became leader).
 
@@ -20,22 +21,22 @@ impl Heartbeats {
     }
 
     /// Records a heartbeat (or a new session) from `node_id`: it must send the next one before
-    /// `now_unix_ms + ttl_ms`, where `ttl_ms` is the period times the heartbeats it may miss.
-    pub fn beat(&mut self, node_id: &str, now_unix_ms: u64, ttl_ms: u64) {
-        self.set_deadline(node_id, now_unix_ms.saturating_add(ttl_ms));
+    /// `now_ms + ttl_ms`, where `ttl_ms` is the period times the heartbeats it may miss.
+    pub fn beat(&mut self, node_id: &str, now_ms: u64, ttl_ms: u64) {
+        self.set_deadline(node_id, now_ms.saturating_add(ttl_ms));
     }
 
     /// Starts tracking `node_id` with the given deadline, unless it is already tracked with a later one
     /// (used for the grace period when this manager becomes leader).
-    pub fn track_at_least(&mut self, node_id: &str, deadline_unix_ms: u64) {
+    pub fn track_at_least(&mut self, node_id: &str, deadline_ms: u64) {
         if self
             .deadline_by_node
             .get(node_id)
-            .is_some_and(|d| *d >= deadline_unix_ms)
+            .is_some_and(|d| *d >= deadline_ms)
         {
             return;
         }
-        self.set_deadline(node_id, deadline_unix_ms);
+        self.set_deadline(node_id, deadline_ms);
     }
 
     fn set_deadline(&mut self, node_id: &str, deadline: u64) {
@@ -62,11 +63,11 @@ impl Heartbeats {
         self.deadline_by_node.get(node_id).copied()
     }
 
-    /// Removes and returns every node whose deadline is at or before `now_unix_ms`, earliest first.
-    pub fn expire(&mut self, now_unix_ms: u64) -> Vec<String> {
+    /// Removes and returns every node whose deadline is at or before `now_ms`, earliest first.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<String> {
         let mut expired = Vec::new();
         while let Some((deadline, _)) = self.by_deadline.first() {
-            if *deadline > now_unix_ms {
+            if *deadline > now_ms {
                 break;
             }
             let (_, node) = self.by_deadline.pop_first().expect("first exists");

@@ -8,7 +8,8 @@
 //! Bounds: each response stream has a channel of `STREAM_CHANNEL_MESSAGES` messages; an INCREMENTAL message
 //! holds at most `ASSIGNMENT_BATCH_MAX_CHANGES` changes and about `ASSIGNMENT_BATCH_MAX_BYTES` bytes (commits
 //! already queued are batched, no artificial delay); a COMPLETE message holds all of a node's tasks (the
-//! protocol has no partial complete set); the status queue holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full);
+//! protocol has no partial complete set) within `COMPLETE_MAX_BYTES` (48 MiB): past it without the node's
+//! finished tasks, and a set still past it ends the stream with RESOURCE_EXHAUSTED naming the sizes; the status queue holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full);
 //! a request carries at most `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates
 //! (a single larger request forms its own batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
 //!
@@ -44,7 +45,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-pub use assignments::{agent_cares, dependencies_of, is_assigned_to, AssignmentSet, Dependency};
+pub use assignments::{
+    agent_cares, dependencies_of, is_assigned_to, AssignmentSet, CompleteTooLarge, Dependency, COMPLETE_MAX_BYTES,
+};
 pub use fanout::{Fanout, NodeWatch, NodeWatchError, NODE_QUEUE_COMMITS};
 pub use heartbeats::Heartbeats;
 pub use managers::{manager_peers, touches_managers, MANAGER_WEIGHT};
@@ -533,8 +536,7 @@ impl Dispatcher {
                 },
             );
             let ttl = self.heartbeat_ttl_ms();
-            reg.heartbeats
-                .beat(node_id, self.state.clock.now_unix_ms(), ttl);
+            reg.heartbeats.beat(node_id, self.state.timer.now_ms(), ttl);
         }
         tracing::info!(node = %node_id, session = %session_id, "agent session opened");
         Ok((session_id, alive_rx))
@@ -549,8 +551,7 @@ impl Dispatcher {
             Some(s) if s.session_id == session_id => {}
             _ => return Err(unknown_session(session_id)),
         }
-        reg.heartbeats
-            .beat(node_id, self.state.clock.now_unix_ms(), ttl);
+        reg.heartbeats.beat(node_id, self.state.timer.now_ms(), ttl);
         Ok(HeartbeatResponse {
             period: Some(shoal_api::duration_to_proto(Duration::from_millis(
                 period_ms,
@@ -677,12 +678,14 @@ impl Dispatcher {
         count
     }
 
-    /// Expires heartbeat deadlines at `now_unix_ms`: closes the sessions of late nodes and writes them
-    /// DOWN ("heartbeat failure"). Returns the nodes marked down. Called by the leader-only loop.
-    pub async fn expire_heartbeats(&self, now_unix_ms: u64) -> Vec<String> {
+    /// Expires heartbeat deadlines at `now_ms` (the state's monotonic `timer`, as every deadline: a step of
+    /// the wall clock must not mark every node down, as SwarmKit's timers do not): closes the sessions of
+    /// late nodes and writes them DOWN ("heartbeat failure"). Returns the nodes marked down. Called by the
+    /// leader-only loop.
+    pub async fn expire_heartbeats(&self, now_ms: u64) -> Vec<String> {
         let expired = {
             let mut reg = self.registry.lock();
-            let expired = reg.heartbeats.expire(now_unix_ms);
+            let expired = reg.heartbeats.expire(now_ms);
             for node in &expired {
                 reg.sessions.remove(node);
             }
@@ -749,7 +752,8 @@ impl Dispatcher {
 
     /// Grace period on becoming leader: every READY node counts as having just sent a heartbeat, with twice
     /// the usual time to live, so agents have time to find the new leader before they are marked down.
-    pub fn grant_grace_period(&self, now_unix_ms: u64) {
+    /// `now_ms` is the state's monotonic `timer`.
+    pub fn grant_grace_period(&self, now_ms: u64) {
         let ttl = self.heartbeat_ttl_ms().saturating_mul(2);
         let ready: Vec<String> = self.state.store.view(|t| {
             t.nodes()
@@ -765,7 +769,7 @@ impl Dispatcher {
         let mut reg = self.registry.lock();
         for id in ready {
             reg.heartbeats
-                .track_at_least(&id, now_unix_ms.saturating_add(ttl));
+                .track_at_least(&id, now_ms.saturating_add(ttl));
         }
     }
 
@@ -788,7 +792,9 @@ impl Dispatcher {
             let mut next = Some(complete_message(&mut sequence, changes));
             loop {
                 if let Some(msg) = next.take() {
-                    if tx.send(Ok(msg)).await.is_err() {
+                    // A refused COMPLETE set ends the stream with its reason.
+                    let end = msg.is_err();
+                    if tx.send(msg).await.is_err() || end {
                         break;
                     }
                 }
@@ -823,12 +829,12 @@ impl Dispatcher {
                             if next.is_none() && !changes.is_empty() {
                                 let applies_to = sequence.to_string();
                                 sequence += 1;
-                                next = Some(AssignmentsMessage {
+                                next = Some(Ok(AssignmentsMessage {
                                     r#type: assignments_message::Type::Incremental as i32,
                                     applies_to,
                                     results_in: sequence.to_string(),
                                     changes,
-                                });
+                                }));
                             }
                         }
                         Err(NodeWatchError::Lagged) => {
@@ -881,17 +887,23 @@ impl Dispatcher {
     }
 }
 
+/// The COMPLETE message of a set, or the stream's end when the set is over its bound
+/// (`assignments::COMPLETE_MAX_BYTES`: RESOURCE_EXHAUSTED, naming the sizes).
 fn complete_message(
     sequence: &mut u64,
-    changes: Vec<shoal_api::AssignmentChange>,
-) -> AssignmentsMessage {
+    changes: Result<Vec<shoal_api::AssignmentChange>, CompleteTooLarge>,
+) -> Result<AssignmentsMessage, Status> {
+    let changes = changes.map_err(|e| {
+        tracing::error!("{e}");
+        Status::resource_exhausted(e.to_string())
+    })?;
     *sequence += 1;
-    AssignmentsMessage {
+    Ok(AssignmentsMessage {
         r#type: assignments_message::Type::Complete as i32,
         applies_to: String::new(),
         results_in: sequence.to_string(),
         changes,
-    }
+    })
 }
 
 /// Sets `meta.updated_at` on a node about to be written.
@@ -975,7 +987,7 @@ impl Subsystem for DispatcherSubsystem {
     fn run(&self, state: ClusterState, mut stop: watch::Receiver<bool>) -> SubsystemFuture {
         let d = self.0.clone();
         Box::pin(async move {
-            d.grant_grace_period(state.clock.now_unix_ms());
+            d.grant_grace_period(state.timer.now_ms());
             // Wakes only for work: queued status updates, or the next heartbeat deadline (re-read at least
             // every EXPIRY_RECHECK). An idle cluster's dispatcher sleeps.
             // Times on `state.timer`, in ms.
@@ -983,7 +995,7 @@ impl Subsystem for DispatcherSubsystem {
             let mut last_flush = state.timer.now_ms().checked_sub(flush_every);
             let recheck_ms = EXPIRY_RECHECK.as_millis() as u64;
             loop {
-                let now = state.clock.now_unix_ms();
+                let now = state.timer.now_ms();
                 let expiry_in =
                     d.registry.lock().heartbeats.next_deadline().map_or(recheck_ms, |at| at.saturating_sub(now).min(recheck_ms));
                 // Biased (stop, expiry, status) so that a simulation replays and a steady stream of status
@@ -992,7 +1004,7 @@ impl Subsystem for DispatcherSubsystem {
                     biased;
                     _ = stopped(&mut stop) => break,
                     _ = state.sleep_ms(expiry_in) => {
-                        d.expire_heartbeats(state.clock.now_unix_ms()).await;
+                        d.expire_heartbeats(state.timer.now_ms()).await;
                     }
                     _ = d.status_queued.notified() => {
                         let wait = last_flush.map_or(0, |at| (at + flush_every).saturating_sub(state.timer.now_ms()));

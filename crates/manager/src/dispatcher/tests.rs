@@ -12,7 +12,7 @@ use shoal_api::{
     TaskStatus, UpdateTaskStatusRequest,
 };
 use shoal_raft::LocalProposer;
-use shoal_store::{Changes, Clock, ManualClock, MemoryStore};
+use shoal_store::{Changes, ManualClock, MemoryStore};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::Request;
@@ -26,6 +26,8 @@ struct Harness {
     state: ClusterState,
     proposer: Arc<LocalProposer>,
     clock: Arc<ManualClock>,
+    /// The loops' monotonic time (heartbeat deadlines); `advance_ms` moves it with the clock.
+    timer: Arc<SteppedTimer>,
     dispatcher: Arc<Dispatcher>,
     addr: SocketAddr,
     _stop: watch::Sender<bool>,
@@ -38,16 +40,49 @@ impl Drop for Harness {
     }
 }
 
+/// Tokio's time plus what the test stepped forward (`advance_ms`): the status flusher's short waits pass
+/// by themselves, heartbeat deadlines move when the test says.
+#[derive(Debug, Default)]
+struct SteppedTimer {
+    real: crate::TokioTimer,
+    stepped: crate::ManualTimer,
+}
+
+impl SteppedTimer {
+    fn advance_ms(&self, ms: u64) {
+        self.stepped.advance_ms(ms);
+    }
+}
+
+impl crate::Timer for SteppedTimer {
+    fn now_ms(&self) -> u64 {
+        self.real.now_ms() + self.stepped.now_ms()
+    }
+
+    fn sleep_ms(&self, ms: u64) -> crate::SleepFuture {
+        // Whichever comes first: the real time, or a step past the stepped part of the deadline.
+        let (real, stepped) = (self.real.sleep_ms(ms), self.stepped.sleep_ms(ms));
+        Box::pin(async move {
+            tokio::select! {
+                _ = real => {}
+                _ = stepped => {}
+            }
+        })
+    }
+}
+
 async fn harness() -> Harness {
     let store = Arc::new(MemoryStore::default());
     let proposer = Arc::new(LocalProposer::new(store.clone()));
     let clock = Arc::new(ManualClock::new(START_MS));
+    let timer = Arc::new(SteppedTimer::default());
     let state = ClusterState::new(
         store,
         proposer.clone(),
         clock.clone(),
         Arc::new(RandomIds::seeded(7)),
-    );
+    )
+    .with_timer(timer.clone());
     let config = DispatcherConfig {
         status_flush_ms: 5,
         manager_addr: "127.0.0.1:4242".into(),
@@ -64,6 +99,7 @@ async fn harness() -> Harness {
         state,
         proposer,
         clock,
+        timer,
         dispatcher,
         addr,
         _stop: stop_tx,
@@ -72,6 +108,12 @@ async fn harness() -> Harness {
 }
 
 impl Harness {
+    /// Moves the wall clock and the loops' timer forward together.
+    fn advance_ms(&self, ms: u64) {
+        self.clock.advance_ms(ms);
+        self.timer.advance_ms(ms);
+    }
+
     async fn client(&self) -> DispatcherClient<Channel> {
         DispatcherClient::connect(format!("http://{}", self.addr))
             .await
@@ -239,18 +281,18 @@ async fn session_creates_the_node_ready_and_heartbeat_expiry_marks_it_down() {
         .unwrap();
     assert_eq!(resp.into_inner().period.unwrap().seconds, 5);
 
-    // 3 periods of 5 s minus a little: still up.
-    h.clock.advance_ms(14_999);
+    // 3 periods of 5 s minus a little (the timer includes the real time the test takes): still up.
+    h.advance_ms(14_000);
     assert!(h
         .dispatcher
-        .expire_heartbeats(h.clock.now_unix_ms())
+        .expire_heartbeats(crate::Timer::now_ms(&*h.timer))
         .await
         .is_empty());
     assert_eq!(
         h.node_state("node-1"),
         Some(node_status::State::Ready as i32)
     );
-    h.clock.advance_ms(1);
+    h.advance_ms(1_000);
     wait_for("node down", || {
         h.node_state("node-1") == Some(node_status::State::Down as i32)
     })
@@ -513,17 +555,18 @@ async fn becoming_leader_gives_ready_nodes_a_grace_period() {
     let mut client = h.client().await;
     let (_sid, _s) = open_session(&h, &mut client, "node-1").await;
     h.dispatcher.registry.lock().heartbeats.forget("node-1");
-    h.clock.advance_ms(60_000);
-    h.dispatcher.grant_grace_period(h.clock.now_unix_ms());
+    h.advance_ms(60_000);
+    let now = crate::Timer::now_ms(&*h.timer);
+    h.dispatcher.grant_grace_period(now);
     // Twice the 15 s time to live (5 s period x 3 missed heartbeats).
     assert!(h
         .dispatcher
-        .expire_heartbeats(h.clock.now_unix_ms() + 29_999)
+        .expire_heartbeats(now + 29_999)
         .await
         .is_empty());
     assert_eq!(
         h.dispatcher
-            .expire_heartbeats(h.clock.now_unix_ms() + 30_000)
+            .expire_heartbeats(now + 30_000)
             .await,
         vec!["node-1".to_string()]
     );
@@ -652,7 +695,7 @@ async fn a_returning_node_is_ready_again_and_is_told_to_stop_its_replaced_tasks(
         .await;
     let mut client = h.client().await;
     let (_old, _s) = open_session(&h, &mut client, "node-1").await;
-    h.clock.advance_ms(15_000);
+    h.advance_ms(15_000);
     wait_for("node down", || {
         h.node_state("node-1") == Some(node_status::State::Down as i32)
     })
@@ -720,4 +763,68 @@ async fn incremental_assignments_of_big_tasks_are_bounded_in_bytes() {
     }
     assert_eq!(seen, 10);
     assert!(messages >= 2, "30 MB of tasks cannot go in one message under the bound");
+}
+
+/// Found by the simulation (`shoal-sim`, seeds 4, 7, 17, 21, 23, 25 of 30): heartbeat deadlines were read
+/// on the wall clock, so a step of the leader's clock (NTP, a VM resumed) past the 15 s time to live marked
+/// every node down at once and had their tasks replaced while they still ran. Deadlines follow the
+/// monotonic timer, as SwarmKit's timers do: a wall-clock step expires nothing; the timer still does.
+#[tokio::test]
+async fn a_wall_clock_step_marks_no_node_down() {
+    let h = harness().await;
+    let mut client = h.client().await;
+    let (_sid, _s) = open_session(&h, &mut client, "node-1").await;
+    h.clock.advance_ms(3_600_000);
+    let now = crate::Timer::now_ms(&*h.timer);
+    assert!(h.dispatcher.expire_heartbeats(now).await.is_empty(), "a clock step expired a heartbeat");
+    assert_eq!(h.node_state("node-1"), Some(node_status::State::Ready as i32));
+    assert_eq!(h.dispatcher.expire_heartbeats(now + 15_000).await, vec!["node-1".to_string()]);
+}
+
+/// A COMPLETE set stays within `COMPLETE_MAX_BYTES` (48 MiB, under the 64 MiB an agent decodes): past it the
+/// node's finished tasks are left out; a set whose live tasks alone exceed it ends the stream with
+/// RESOURCE_EXHAUSTED naming the sizes, instead of a message the agent cannot decode.
+#[tokio::test]
+async fn a_complete_set_is_bounded_in_bytes() {
+    use shoal_api::prost::Message;
+    let h = harness().await;
+    let mut client = h.client().await.max_decoding_message_size(64 << 20);
+    let (sid, _s) = open_session(&h, &mut client, "node-1").await;
+    let big = |id: String, state: TaskState, desired: TaskState| {
+        let mut t = task(&id, "node-1", state, desired);
+        t.service_annotations = Some(shoal_api::Annotations {
+            name: "big".into(),
+            labels: [("big".to_string(), "x".repeat(3_000_000))].into(),
+            ..Default::default()
+        });
+        t
+    };
+    // 9 running and 9 finished tasks of 3 MB: 54 MB in all, over the bound; 27 MB without the finished.
+    for i in 0..9 {
+        h.put_task(big(format!("live-{i}"), TaskState::Running, TaskState::Running)).await;
+        h.put_task(big(format!("done-{i}"), TaskState::Failed, TaskState::Shutdown)).await;
+    }
+    let mut stream = open_assignments(&mut client, "node-1", &sid).await;
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.r#type, assignments_message::Type::Complete as i32);
+    assert!(first.encoded_len() <= COMPLETE_MAX_BYTES + 1024, "{} bytes", first.encoded_len());
+    let ids: Vec<String> = first
+        .changes
+        .iter()
+        .filter_map(|c| match c.assignment.as_ref()?.item.as_ref()? {
+            assignment::Item::Task(t) => Some(t.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 9, "{ids:?}");
+    assert!(ids.iter().all(|id| id.starts_with("live-")), "{ids:?}");
+    drop(stream);
+    // 17 running tasks: 51 MB the agent must have; refused.
+    for i in 9..17 {
+        h.put_task(big(format!("live-{i}"), TaskState::Running, TaskState::Running)).await;
+    }
+    let mut stream = open_assignments(&mut client, "node-1", &sid).await;
+    let err = stream.message().await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains(&format!("{COMPLETE_MAX_BYTES} bytes")), "{}", err.message());
 }

@@ -227,13 +227,17 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
                     for i in old {
                         entries[i].set_desired(TaskState::Shutdown);
                     }
+                } else if !old.is_empty() {
+                    // Start-first: the old task runs until a new one does, even when an earlier new task of
+                    // this slot already failed (its restart is starting). Counting the slot as done there
+                    // completed the update with both left to run (found by the simulation, `shoal-sim`).
+                    in_flight += 1;
                 } else if !reached_running
-                    && (!old.is_empty()
-                        || (in_progress
-                            && new.iter().any(|&i| {
-                                let t = &entries[i].task;
-                                observed_state(t) < TaskState::Running && created_ms(t) >= started_ms
-                            })))
+                    && in_progress
+                    && new.iter().any(|&i| {
+                        let t = &entries[i].task;
+                        observed_state(t) < TaskState::Running && created_ms(t) >= started_ms
+                    })
                 {
                     in_flight += 1;
                 }

@@ -326,3 +326,29 @@ fn a_manual_rollback_uses_the_rollback_config() {
     until(&fx, UpdateState::RollbackCompleted);
     assert_eq!(images(&running(&fx)), [GOOD; 3]);
 }
+
+/// Found by the simulation (`shoal-sim`, seed 24): in a start-first update, a slot whose first new task
+/// failed counted as updated (that task had "reached" RUNNING by ending), so the update COMPLETED while the
+/// restarted new task was still starting; when it ran, no update was in progress, nothing reconciled the
+/// service, and the old task ran beside it for good. A slot that still runs its old task stays in flight
+/// until a new one runs; then the old one is stopped.
+#[test]
+fn start_first_waits_for_a_restarted_new_task_before_stopping_the_old_and_completing() {
+    let fx = Fx::new();
+    running_service(&fx, 1, config(1, FailureAction::Continue, 0.0, UpdateOrder::StartFirst));
+    let old = running(&fx)[0].id.clone();
+    update_image(&fx, "busybox:2");
+    fx.reconcile("s1");
+    let first = fx.runnable("s1").into_iter().find(|t| t.id != old).expect("a new task").id;
+    fx.place(&first, "n1", TaskState::Failed);
+    // The restart is created (and, with no agent acting, does not start): the update waits.
+    for _ in 0..40 {
+        fx.clock.advance_ms(100);
+        fx.reconcile("s1");
+        assert_eq!(state(&fx), Some(UpdateState::Updating), "the update ended while the old task still ran");
+        assert_eq!(fx.task(&old).desired_state(), TaskState::Running);
+    }
+    until(&fx, UpdateState::Completed);
+    assert_eq!(images(&running(&fx)), ["busybox:2"]);
+    assert!(fx.task(&old).desired_state() >= TaskState::Shutdown, "the old task still meant to run");
+}

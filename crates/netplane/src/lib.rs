@@ -1,0 +1,94 @@
+//! The node's data plane: what makes packets flow between the tasks of an overlay network. For each network a
+//! node carries, a bridge and a VXLAN device (static forwarding and neighbour entries from the manager's view
+//! of which task address lives on which node: no multicast, no flooding, no learning); for each task, a veth
+//! from the bridge into the task's network namespace with its allocated address and default route; for each
+//! service, its VIP DNATed to the backends in an nftables table of Shoal's own in every task namespace; and a
+//! DNS resolver (`dns`) answering each task's service names inside its namespace.
+//!
+//! One seam: the agent describes the node's wanted state as a `NodeNetState`, `plan` (sans-IO) compares it with
+//! an `Observed` and returns `Op`s, and the `Executor` observes and applies them (`Executor::reconcile` does
+//! all three). This crate knows nothing of the store, the agent or the API types: the agent maps those to a
+//! `NodeNetState`. See docs/design/netplane.md.
+
+pub mod dns;
+pub mod exec;
+pub mod names;
+pub mod nft;
+pub mod plan;
+pub mod state;
+
+use std::path::PathBuf;
+
+pub use dns::{resolv_conf, zone_for, Resolver, Zone};
+pub use exec::{probe, Capabilities, Executor};
+pub use plan::{plan, Observed, Op};
+pub use state::{
+    mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeNetState, Peer, ServiceVip, TaskState,
+};
+
+/// What can go wrong in the data plane.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The desired state breaks a bound or refers to something unknown; nothing was changed.
+    #[error("invalid network state: {0}")]
+    Invalid(String),
+    /// An encrypted overlay was asked for on a kernel without IPsec ESP or WireGuard.
+    #[error(
+        "network {network} is encrypted, but this node's kernel has neither IPsec ESP (AES-GCM) nor WireGuard; \
+         create the network without --opt encrypted or run the task on a node whose kernel has them"
+    )]
+    EncryptionUnsupported {
+        /// The network's ID.
+        network: String,
+    },
+    /// A task's network namespace does not exist (the task is gone or its executor has not made it yet).
+    #[error("task {task}: network namespace {path:?} does not exist")]
+    NamespaceMissing {
+        /// The task's ID.
+        task: String,
+        /// The path.
+        path: PathBuf,
+    },
+    /// A command could not be started (iproute2, nftables, util-linux and root are needed).
+    #[error("cannot run `{command}`: {source} (the data plane needs root, iproute2, nftables and nsenter)")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A command failed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// A command ran longer than its bound and was killed.
+    #[error("`{command}` took longer than {secs} s and was killed")]
+    Timeout {
+        /// The command line.
+        command: String,
+        /// The bound.
+        secs: u64,
+    },
+    /// The resolver could not serve a task (its namespace is gone, or 127.0.0.11:53 is taken in it).
+    #[error("DNS for task {task}: {detail}")]
+    Dns {
+        /// The task's ID.
+        task: String,
+        /// What failed.
+        detail: String,
+    },
+    /// A command's JSON output could not be read.
+    #[error("cannot read the output of `{command}`: {detail}")]
+    Parse {
+        /// The command line.
+        command: String,
+        /// The parser's message.
+        detail: String,
+    },
+}

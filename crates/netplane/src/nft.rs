@@ -1,0 +1,125 @@
+//! Rendering of Shoal's nftables tables (family `ip`, name `shoal`) as `nft -f` scripts. Each script replaces
+//! the whole table in one transaction and carries a comment `shoal:<hash of the content>`, which is how the
+//! planner tells whether a table is already as wanted without parsing nftables' own listing. Pure functions.
+//!
+//! - In a task namespace: the VIPs of the task's networks. Connections the task opens to a VIP are DNATed in the
+//!   output hook to one backend chosen by `numgen random mod N` (conntrack keeps a connection on its backend);
+//!   a VIP with no backend refuses (TCP reset, ICMP unreachable otherwise).
+//! - On the node: networks cannot reach each other through the node (forward hook), internal networks reach
+//!   nothing outside their bridge, and the others leave the node masqueraded.
+
+use std::fmt::Write;
+use std::net::Ipv4Addr;
+
+use crate::names;
+use crate::state::{NetworkState, NodeNetState, TaskState};
+
+/// A rendered table: its content tag and the script that installs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    /// `shoal:<hash>`, the table's comment.
+    pub tag: String,
+    /// The `nft -f` script replacing the table atomically.
+    pub script: String,
+}
+
+fn finish(body: String) -> Table {
+    let tag = format!("shoal:{:016x}", names::fnv1a64(&[body.as_bytes()]));
+    let t = names::NFT_TABLE;
+    let script = format!(
+        "table ip {t}\ndelete table ip {t}\ntable ip {t} {{\n  comment \"{tag}\"\n{body}}}\n"
+    );
+    Table { tag, script }
+}
+
+/// The task namespace's table, or `None` when none of its networks has a VIP.
+pub fn task_table(state: &NodeNetState, task: &TaskState) -> Option<Table> {
+    let vips: Vec<(Ipv4Addr, &[Ipv4Addr])> = task
+        .attachments
+        .iter()
+        .filter_map(|a| state.network(&a.network_id))
+        .flat_map(|n| {
+            n.services
+                .iter()
+                .filter_map(|s| Some((s.vip?, s.backends.as_slice())))
+        })
+        .collect();
+    if vips.is_empty() {
+        return None;
+    }
+    let mut nat = String::new();
+    let mut refuse = String::new();
+    for (vip, backends) in &vips {
+        let mut backends = backends.to_vec();
+        backends.sort();
+        backends.dedup();
+        match backends.as_slice() {
+            [] => {
+                let _ = writeln!(
+                    refuse,
+                    "    ip daddr {vip} meta l4proto tcp reject with tcp reset"
+                );
+                let _ = writeln!(refuse, "    ip daddr {vip} reject");
+            }
+            [one] => {
+                let _ = writeln!(nat, "    ip daddr {vip} dnat to {one}");
+            }
+            many => {
+                let map: Vec<String> = many
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| format!("{i} : {b}"))
+                    .collect();
+                let _ = writeln!(
+                    nat,
+                    "    ip daddr {vip} dnat to numgen random mod {} map {{ {} }}",
+                    many.len(),
+                    map.join(", ")
+                );
+            }
+        }
+    }
+    let mut body = String::new();
+    let _ = writeln!(
+        body,
+        "  chain vip_nat {{\n    type nat hook output priority -100; policy accept;\n{nat}  }}"
+    );
+    let _ = writeln!(body, "  chain vip_refuse {{\n    type filter hook output priority 0; policy accept;\n{refuse}  }}");
+    Some(finish(body))
+}
+
+/// The node's table, or `None` when the node carries no network.
+pub fn node_table(state: &NodeNetState) -> Option<Table> {
+    if state.networks.is_empty() {
+        return None;
+    }
+    let mut networks: Vec<&NetworkState> = state.networks.iter().collect();
+    networks.sort_by_key(|n| n.vni);
+    let mut fwd = String::new();
+    let mut post = String::new();
+    for n in networks {
+        let br = names::bridge(n.vni);
+        if n.internal {
+            let _ = writeln!(fwd, "    iifname \"{br}\" oifname != \"{br}\" drop");
+            let _ = writeln!(fwd, "    oifname \"{br}\" iifname != \"{br}\" drop");
+        } else {
+            let _ = writeln!(
+                fwd,
+                "    iifname \"{br}\" oifname \"{}*\" oifname != \"{br}\" drop",
+                names::BRIDGE_PREFIX
+            );
+            let net = format!("{}/{}", n.subnet.network(), n.subnet.prefix_len);
+            let _ = writeln!(post, "    ip saddr {net} oifname != \"{br}\" masquerade");
+        }
+    }
+    let mut body = String::new();
+    let _ = writeln!(
+        body,
+        "  chain isolate {{\n    type filter hook forward priority -10; policy accept;\n{fwd}  }}"
+    );
+    let _ = writeln!(
+        body,
+        "  chain egress {{\n    type nat hook postrouting priority 100; policy accept;\n{post}  }}"
+    );
+    Some(finish(body))
+}

@@ -1,0 +1,683 @@
+//! The planner: `plan(observed, desired)` compares what a node has (`Observed`, read by the executor) with what
+//! it should have (`NodeNetState`) and returns the operations that close the gap, in an order that works
+//! (removals first, then bridges, VXLAN devices, forwarding entries, veths, routes, tables). Sans-IO: it reads
+//! no host state and runs no command, so every case is a unit test. Applying the plan and planning again from a
+//! fresh observation yields nothing; planning from an empty desired state removes every Shoal link and table of
+//! the node (task namespaces are the executor's: they go with their tasks).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use crate::names;
+use crate::nft;
+use crate::state::{mac_for, Ipv4Cidr, Mac, NodeNetState};
+
+/// What the node has, as far as Shoal is concerned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Every host link whose name is Shoal's (`names::is_shoal_link`).
+    pub links: BTreeMap<String, Link>,
+    /// Static forwarding entries (with a remote destination) of Shoal's VXLAN devices.
+    pub fdb: BTreeSet<Fdb>,
+    /// Permanent neighbour entries of Shoal's VXLAN devices.
+    pub neigh: BTreeSet<Neigh>,
+    /// The comment of the node's `ip shoal` table, when it exists.
+    pub node_table: Option<String>,
+    /// Whether the node forwards IPv4 (`net.ipv4.ip_forward`).
+    pub ip_forward: bool,
+    /// The namespaces of the desired tasks, by path.
+    pub tasks: BTreeMap<PathBuf, TaskNs>,
+}
+
+/// One host link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// What it is.
+    pub kind: LinkKind,
+    /// The bridge it is enslaved to.
+    pub master: Option<String>,
+    /// Administratively up.
+    pub up: bool,
+    /// Its MTU.
+    pub mtu: u16,
+    /// Its IPv4 addresses.
+    pub addrs: Vec<Ipv4Cidr>,
+}
+
+/// The kind of a link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// A bridge.
+    Bridge,
+    /// A VXLAN device.
+    Vxlan {
+        /// Its VNI.
+        vni: u32,
+        /// Its UDP destination port.
+        port: u16,
+        /// Its local (source) address.
+        local: Option<Ipv4Addr>,
+        /// Learning is on (Shoal wants it off).
+        learning: bool,
+        /// ARP proxy is on (Shoal wants it on).
+        proxy: bool,
+    },
+    /// One end of a veth pair.
+    Veth,
+    /// Anything else that happens to carry a Shoal name.
+    Other(String),
+}
+
+/// A static forwarding entry: frames for `mac` go to the node at `dst`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Fdb {
+    /// The VXLAN device.
+    pub dev: String,
+    /// The remote task's MAC.
+    pub mac: Mac,
+    /// The remote node's underlay address.
+    pub dst: Ipv4Addr,
+}
+
+/// A permanent neighbour entry, answered by the VXLAN device's ARP proxy.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Neigh {
+    /// The VXLAN device.
+    pub dev: String,
+    /// The remote task's address.
+    pub ip: Ipv4Addr,
+    /// Its MAC.
+    pub mac: Mac,
+}
+
+/// What a task namespace has.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskNs {
+    /// Its interfaces other than `lo`, by name.
+    pub ifaces: BTreeMap<String, TaskIface>,
+    /// The gateway of its default route.
+    pub default_gw: Option<Ipv4Addr>,
+    /// The comment of its `ip shoal` table, when it exists.
+    pub table: Option<String>,
+}
+
+/// One interface in a task namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskIface {
+    /// Its MAC.
+    pub mac: Option<Mac>,
+    /// Its IPv4 addresses.
+    pub addrs: Vec<Ipv4Cidr>,
+    /// Its MTU.
+    pub mtu: u16,
+    /// Administratively up.
+    pub up: bool,
+}
+
+/// One change to the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Delete a host link (for a veth, both ends).
+    DeleteLink { name: String },
+    /// Delete an interface inside a task namespace.
+    DeleteTaskLink { netns: PathBuf, ifname: String },
+    /// Remove a static forwarding entry.
+    DelFdb(Fdb),
+    /// Remove a neighbour entry.
+    DelNeigh(Neigh),
+    /// Create a bridge (up, with the gateway address unless the network is internal).
+    CreateBridge {
+        name: String,
+        mtu: u16,
+        gateway: Option<Ipv4Cidr>,
+    },
+    /// Create a VXLAN device without learning, with ARP proxy, enslaved to `bridge`, up.
+    CreateVxlan {
+        name: String,
+        vni: u32,
+        port: u16,
+        local: Ipv4Addr,
+        mtu: u16,
+        bridge: String,
+    },
+    /// Enslave a link to a bridge.
+    SetMaster { name: String, master: String },
+    /// Add a static forwarding entry.
+    AddFdb(Fdb),
+    /// Add (or replace) a neighbour entry.
+    AddNeigh(Neigh),
+    /// Create a veth: host end `host` on `bridge`, the other end `ifname` in `netns` with `mac` and `addr`, up.
+    CreateVeth {
+        host: String,
+        bridge: String,
+        netns: PathBuf,
+        ifname: String,
+        mac: Mac,
+        addr: Ipv4Cidr,
+        mtu: u16,
+    },
+    /// Set (or remove, `None`) the default route of a task namespace.
+    SetDefaultRoute {
+        netns: PathBuf,
+        via: Option<(Ipv4Addr, String)>,
+    },
+    /// Let the node forward IPv4 (needed for traffic out of non-internal networks).
+    EnableIpForward,
+    /// Replace the node's table.
+    ApplyNodeTable { script: String },
+    /// Delete the node's table.
+    DeleteNodeTable,
+    /// Replace a task namespace's table.
+    ApplyTaskTable { netns: PathBuf, script: String },
+    /// Delete a task namespace's table.
+    DeleteTaskTable { netns: PathBuf },
+}
+
+/// The operations that take the node from `current` to `desired` (which must have passed `validate`).
+pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
+    let mtu = desired.overlay_mtu;
+    let mut removals = Vec::new();
+    let mut bridges = Vec::new();
+    let mut vxlans = Vec::new();
+    let mut masters = Vec::new();
+    let mut entries = Vec::new();
+    let mut veths = Vec::new();
+    let mut routes = Vec::new();
+    let mut tables = Vec::new();
+
+    // Host links Shoal wants, with the ops that create them.
+    let mut wanted: BTreeSet<String> = BTreeSet::new();
+    let mut rebuilt_bridges: BTreeSet<String> = BTreeSet::new();
+    let mut networks: Vec<_> = desired.networks.iter().collect();
+    networks.sort_by_key(|n| n.vni);
+    for n in &networks {
+        let br = names::bridge(n.vni);
+        let vx = names::vxlan(n.vni);
+        let gateway = (!n.internal).then_some(Ipv4Cidr {
+            addr: n.gateway,
+            prefix_len: n.subnet.prefix_len,
+        });
+        let br_ok = current.links.get(&br).is_some_and(|l| {
+            l.kind == LinkKind::Bridge
+                && l.up
+                && l.mtu == mtu
+                && l.addrs == gateway.into_iter().collect::<Vec<_>>()
+        });
+        if !br_ok {
+            if current.links.contains_key(&br) {
+                removals.push(Op::DeleteLink { name: br.clone() });
+            }
+            bridges.push(Op::CreateBridge {
+                name: br.clone(),
+                mtu,
+                gateway,
+            });
+            rebuilt_bridges.insert(br.clone());
+        }
+        let local = desired
+            .underlay_ip
+            .expect("validated: networks need an underlay address");
+        let want_vx = LinkKind::Vxlan {
+            vni: n.vni,
+            port: desired.vxlan_port,
+            local: Some(local),
+            learning: false,
+            proxy: true,
+        };
+        let vx_link = current.links.get(&vx);
+        let vx_ok = vx_link.is_some_and(|l| l.kind == want_vx && l.up && l.mtu == mtu);
+        if !vx_ok {
+            if vx_link.is_some() {
+                removals.push(Op::DeleteLink { name: vx.clone() });
+            }
+            vxlans.push(Op::CreateVxlan {
+                name: vx.clone(),
+                vni: n.vni,
+                port: desired.vxlan_port,
+                local,
+                mtu,
+                bridge: br.clone(),
+            });
+        } else if rebuilt_bridges.contains(&br)
+            || vx_link.and_then(|l| l.master.as_deref()) != Some(br.as_str())
+        {
+            masters.push(Op::SetMaster {
+                name: vx.clone(),
+                master: br.clone(),
+            });
+        }
+        // Forwarding and neighbour entries live on the VXLAN device: a recreated device has none.
+        let (have_fdb, have_neigh): (BTreeSet<&Fdb>, BTreeSet<&Neigh>) = if vx_ok {
+            (
+                current.fdb.iter().filter(|f| f.dev == vx).collect(),
+                current.neigh.iter().filter(|e| e.dev == vx).collect(),
+            )
+        } else {
+            (BTreeSet::new(), BTreeSet::new())
+        };
+        let want_fdb: BTreeSet<Fdb> = n
+            .peers
+            .iter()
+            .map(|p| Fdb {
+                dev: vx.clone(),
+                mac: p.mac,
+                dst: p.node_ip,
+            })
+            .collect();
+        let want_neigh: BTreeSet<Neigh> = n
+            .peers
+            .iter()
+            .map(|p| Neigh {
+                dev: vx.clone(),
+                ip: p.address,
+                mac: p.mac,
+            })
+            .collect();
+        removals.extend(
+            have_fdb
+                .iter()
+                .filter(|f| !want_fdb.contains(f))
+                .map(|f| Op::DelFdb((*f).clone())),
+        );
+        removals.extend(
+            have_neigh
+                .iter()
+                .filter(|e| !want_neigh.contains(e))
+                .map(|e| Op::DelNeigh((*e).clone())),
+        );
+        entries.extend(
+            want_fdb
+                .iter()
+                .filter(|f| !have_fdb.contains(f))
+                .map(|f| Op::AddFdb(f.clone())),
+        );
+        entries.extend(
+            want_neigh
+                .iter()
+                .filter(|e| !have_neigh.contains(e))
+                .map(|e| Op::AddNeigh(e.clone())),
+        );
+        wanted.insert(br);
+        wanted.insert(vx);
+    }
+
+    let empty = TaskNs::default();
+    for t in &desired.tasks {
+        let ns = current.tasks.get(&t.netns).unwrap_or(&empty);
+        let mut replumbed = false;
+        let mut want_ifaces = BTreeSet::new();
+        for (i, a) in t.attachments.iter().enumerate() {
+            let n = desired
+                .network(&a.network_id)
+                .expect("validated: attachments name known networks");
+            let host = names::veth(&t.task_id, &n.id);
+            let br = names::bridge(n.vni);
+            let ifname = names::task_ifname(i);
+            let mac = mac_for(a.address);
+            let addr = Ipv4Cidr {
+                addr: a.address,
+                prefix_len: n.subnet.prefix_len,
+            };
+            let host_link = current.links.get(&host);
+            let host_ok =
+                host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
+            let inner_ok = ns
+                .ifaces
+                .get(&ifname)
+                .is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
+            if host_ok && inner_ok {
+                if rebuilt_bridges.contains(&br)
+                    || host_link.and_then(|l| l.master.as_deref()) != Some(br.as_str())
+                {
+                    masters.push(Op::SetMaster {
+                        name: host.clone(),
+                        master: br.clone(),
+                    });
+                }
+            } else {
+                if host_link.is_some() {
+                    removals.push(Op::DeleteLink { name: host.clone() });
+                } else if ns.ifaces.contains_key(&ifname) {
+                    removals.push(Op::DeleteTaskLink {
+                        netns: t.netns.clone(),
+                        ifname: ifname.clone(),
+                    });
+                }
+                veths.push(Op::CreateVeth {
+                    host: host.clone(),
+                    bridge: br,
+                    netns: t.netns.clone(),
+                    ifname: ifname.clone(),
+                    mac,
+                    addr,
+                    mtu,
+                });
+                replumbed = true;
+            }
+            want_ifaces.insert(ifname);
+            wanted.insert(host);
+        }
+        // Interfaces named like Shoal's that no attachment wants any more (a task's networks shrank).
+        for name in ns.ifaces.keys() {
+            if name.starts_with("eth") && !want_ifaces.contains(name) {
+                removals.push(Op::DeleteTaskLink {
+                    netns: t.netns.clone(),
+                    ifname: name.clone(),
+                });
+            }
+        }
+        let via = t.attachments.iter().enumerate().find_map(|(i, a)| {
+            let n = desired.network(&a.network_id)?;
+            (!n.internal).then(|| (n.gateway, names::task_ifname(i)))
+        });
+        if (replumbed && via.is_some()) || ns.default_gw != via.as_ref().map(|v| v.0) {
+            routes.push(Op::SetDefaultRoute {
+                netns: t.netns.clone(),
+                via,
+            });
+        }
+        match nft::task_table(desired, t) {
+            Some(table) if ns.table.as_deref() != Some(table.tag.as_str()) => {
+                tables.push(Op::ApplyTaskTable {
+                    netns: t.netns.clone(),
+                    script: table.script,
+                })
+            }
+            None if ns.table.is_some() => tables.push(Op::DeleteTaskTable {
+                netns: t.netns.clone(),
+            }),
+            _ => {}
+        }
+    }
+
+    // Every Shoal link nobody wants: veths first (their ends in task namespaces go with them), then the rest.
+    let mut stale: Vec<&String> = current
+        .links
+        .keys()
+        .filter(|l| !wanted.contains(*l))
+        .collect();
+    stale.sort_by_key(|l| {
+        (
+            !l.starts_with(names::VETH_PREFIX),
+            !l.starts_with(names::VXLAN_PREFIX),
+            (*l).clone(),
+        )
+    });
+    let mut stale_ops: Vec<Op> = stale
+        .into_iter()
+        .map(|l| Op::DeleteLink { name: l.clone() })
+        .collect();
+    stale_ops.append(&mut removals);
+
+    let mut node = Vec::new();
+    if networks.iter().any(|n| !n.internal) && !current.ip_forward {
+        node.push(Op::EnableIpForward);
+    }
+    match nft::node_table(desired) {
+        Some(table) if current.node_table.as_deref() != Some(table.tag.as_str()) => {
+            node.push(Op::ApplyNodeTable {
+                script: table.script,
+            })
+        }
+        None if current.node_table.is_some() => node.push(Op::DeleteNodeTable),
+        _ => {}
+    }
+
+    // The isolation rules go in before any bridge can forward.
+    let mut out = stale_ops;
+    out.extend(node);
+    for part in [bridges, vxlans, masters, entries, veths, routes, tables] {
+        out.extend(part);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Attachment, NetworkState, Peer, TaskState};
+    use crate::Error;
+
+    fn net(vni: u32) -> NetworkState {
+        NetworkState {
+            id: format!("n{vni}"),
+            name: format!("net{vni}"),
+            vni,
+            subnet: "10.9.0.0/24".parse().unwrap(),
+            gateway: Ipv4Addr::new(10, 9, 0, 1),
+            internal: false,
+            encrypted: false,
+            peers: Vec::new(),
+            services: Vec::new(),
+        }
+    }
+
+    fn link(kind: LinkKind) -> Link {
+        Link {
+            kind,
+            master: None,
+            up: true,
+            mtu: 1450,
+            addrs: Vec::new(),
+        }
+    }
+
+    /// The op kinds `plan` returns, in order, as short names.
+    fn kinds(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|o| {
+                format!("{o:?}")
+                    .split([' ', '('])
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect()
+    }
+
+    fn check(observed: &Observed, desired: &NodeNetState, expected: &[&str]) {
+        desired.validate().expect("valid state");
+        assert_eq!(
+            kinds(&plan(observed, desired)),
+            expected,
+            "plan for {desired:?}"
+        );
+    }
+
+    #[test]
+    fn nothing_to_do_for_nothing() {
+        check(
+            &Observed::default(),
+            &NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1)),
+            &[],
+        );
+    }
+
+    #[test]
+    fn a_fresh_node_gets_table_bridge_vxlan_entries_veth_route() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        let mut n = net(7);
+        let remote = Ipv4Addr::new(10, 9, 0, 9);
+        n.peers = vec![Peer {
+            address: remote,
+            mac: mac_for(remote),
+            node_ip: Ipv4Addr::new(192, 0, 2, 2),
+        }];
+        s.networks = vec![n];
+        s.tasks = vec![TaskState {
+            task_id: "t".into(),
+            netns: "/run/netns/t".into(),
+            attachments: vec![Attachment {
+                network_id: "n7".into(),
+                address: Ipv4Addr::new(10, 9, 0, 2),
+            }],
+        }];
+        check(
+            &Observed::default(),
+            &s,
+            &[
+                "EnableIpForward",
+                "ApplyNodeTable",
+                "CreateBridge",
+                "CreateVxlan",
+                "AddFdb",
+                "AddNeigh",
+                "CreateVeth",
+                "SetDefaultRoute",
+            ],
+        );
+        // Internal: no forwarding switched on, no gateway on the bridge, no default route.
+        s.networks[0].internal = true;
+        let ops = plan(&Observed::default(), &s);
+        assert_eq!(
+            kinds(&ops),
+            [
+                "ApplyNodeTable",
+                "CreateBridge",
+                "CreateVxlan",
+                "AddFdb",
+                "AddNeigh",
+                "CreateVeth"
+            ]
+        );
+        assert!(ops.contains(&Op::CreateBridge {
+            name: "shlb7".into(),
+            mtu: 1450,
+            gateway: None
+        }));
+    }
+
+    #[test]
+    fn stale_links_go_veths_first_and_the_table_last() {
+        let mut o = Observed::default();
+        o.links.insert("shlb3".into(), link(LinkKind::Bridge));
+        o.links.insert(
+            "shlx3".into(),
+            link(LinkKind::Vxlan {
+                vni: 3,
+                port: 4789,
+                local: None,
+                learning: false,
+                proxy: true,
+            }),
+        );
+        o.links
+            .insert("shlv0123456789".into(), link(LinkKind::Veth));
+        o.node_table = Some("shoal:0".into());
+        o.ip_forward = true;
+        let ops = plan(&o, &NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1)));
+        let names: Vec<String> = ops.iter().map(|op| format!("{op:?}")).collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        assert!(
+            names[0].contains("shlv") && names[1].contains("shlx3") && names[2].contains("shlb3"),
+            "{names:?}"
+        );
+        assert_eq!(ops[3], Op::DeleteNodeTable);
+    }
+
+    #[test]
+    fn a_peer_that_moves_node_gets_its_entry_replaced() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        let mut n = net(7);
+        let remote = Ipv4Addr::new(10, 9, 0, 9);
+        n.peers = vec![Peer {
+            address: remote,
+            mac: mac_for(remote),
+            node_ip: Ipv4Addr::new(192, 0, 2, 3),
+        }];
+        s.networks = vec![n];
+        let mut o = Observed {
+            ip_forward: true,
+            ..Observed::default()
+        };
+        o.node_table = Some(nft::node_table(&s).unwrap().tag);
+        o.links.insert(
+            "shlb7".into(),
+            Link {
+                addrs: vec!["10.9.0.1/24".parse().unwrap()],
+                ..link(LinkKind::Bridge)
+            },
+        );
+        let vx = LinkKind::Vxlan {
+            vni: 7,
+            port: 4789,
+            local: s.underlay_ip,
+            learning: false,
+            proxy: true,
+        };
+        o.links.insert(
+            "shlx7".into(),
+            Link {
+                master: Some("shlb7".into()),
+                ..link(vx)
+            },
+        );
+        o.fdb.insert(Fdb {
+            dev: "shlx7".into(),
+            mac: mac_for(remote),
+            dst: Ipv4Addr::new(192, 0, 2, 2),
+        });
+        o.neigh.insert(Neigh {
+            dev: "shlx7".into(),
+            ip: remote,
+            mac: mac_for(remote),
+        });
+        check(&o, &s, &["DelFdb", "AddFdb"]);
+    }
+
+    #[test]
+    fn invalid_states_are_refused_with_the_bound() {
+        let base = || {
+            let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+            s.networks = vec![net(7)];
+            s
+        };
+        type Change = Box<dyn Fn(&mut NodeNetState)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (Box::new(|s| s.networks[0].vni = 0), "outside 1..=16777215"),
+            (
+                Box::new(|s| s.networks[0].gateway = Ipv4Addr::new(10, 8, 0, 1)),
+                "outside subnet",
+            ),
+            (Box::new(|s| s.networks.push(net(7))), "listed twice"),
+            (
+                Box::new(|s| {
+                    s.networks[0].services = vec![crate::ServiceVip {
+                        service_id: "web".into(),
+                        name: "web".into(),
+                        aliases: Vec::new(),
+                        vip: Some(Ipv4Addr::new(10, 9, 0, 100)),
+                        backends: vec![Ipv4Addr::new(10, 9, 0, 2); 1025],
+                    }]
+                }),
+                "at most 1024",
+            ),
+            (
+                Box::new(|s| {
+                    s.tasks = vec![TaskState {
+                        task_id: "t".into(),
+                        netns: "/run/netns/t".into(),
+                        attachments: vec![Attachment {
+                            network_id: "n7".into(),
+                            address: Ipv4Addr::new(10, 1, 0, 2),
+                        }],
+                    }]
+                }),
+                "not a host address",
+            ),
+            (Box::new(|s| s.overlay_mtu = 100), "576..=9000"),
+        ];
+        for (change, want) in cases {
+            let mut s = base();
+            change(&mut s);
+            let err = s.validate().expect_err(want).to_string();
+            assert!(err.contains(want), "{err:?} lacks {want:?}");
+        }
+        let mut s = base();
+        s.networks[0].encrypted = true;
+        let err = s.validate().expect_err("encrypted");
+        assert!(matches!(err, Error::EncryptionUnsupported { .. }));
+        assert!(err.to_string().contains("--opt encrypted"), "{err}");
+    }
+}

@@ -1,0 +1,453 @@
+//! The desired network state of one node (`NodeNetState`), as the agent derives it from its assigned tasks and
+//! the manager's networks, and its validation: every count, range and address is checked here, before the
+//! planner or the executor sees it. Plain data: no IO, no clock.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use crate::Error;
+
+/// Most overlay networks one node carries.
+pub const MAX_NETWORKS: usize = 256;
+/// Most task namespaces one node plumbs.
+pub const MAX_TASKS: usize = 1024;
+/// Most networks one task is attached to.
+pub const MAX_ATTACHMENTS_PER_TASK: usize = 16;
+/// Most remote peers (task addresses on other nodes) of one network.
+pub const MAX_PEERS_PER_NETWORK: usize = 65_536;
+/// Most services with a VIP on one network.
+pub const MAX_SERVICES_PER_NETWORK: usize = 1024;
+/// Most backends behind one VIP.
+pub const MAX_BACKENDS_PER_SERVICE: usize = 1024;
+/// Most aliases of one service on one network.
+pub const MAX_ALIASES: usize = 32;
+/// Longest service, alias or network name (one DNS label).
+pub const MAX_DNS_LABEL_LEN: usize = 63;
+/// Largest VXLAN network identifier (24 bits).
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+/// Longest network, task or service ID accepted.
+pub const MAX_ID_LEN: usize = 64;
+/// Default UDP port of the VXLAN data path (as Docker's `--data-path-port`).
+pub const DEFAULT_VXLAN_PORT: u16 = 4789;
+/// Default MTU inside overlays: an underlay of 1500 less the 50 bytes of VXLAN encapsulation.
+pub const DEFAULT_OVERLAY_MTU: u16 = 1450;
+
+/// An IPv4 address with its prefix length (`10.0.0.2/24`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ipv4Cidr {
+    /// The address.
+    pub addr: Ipv4Addr,
+    /// The prefix length, 0..=32.
+    pub prefix_len: u8,
+}
+
+impl Ipv4Cidr {
+    /// The network address (host bits cleared).
+    pub fn network(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.addr) & self.mask())
+    }
+
+    /// Whether `ip` lies in this prefix.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & self.mask() == u32::from(self.network())
+    }
+
+    fn mask(&self) -> u32 {
+        if self.prefix_len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(self.prefix_len.min(32)))
+        }
+    }
+}
+
+impl fmt::Display for Ipv4Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+impl std::str::FromStr for Ipv4Cidr {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || Error::Invalid(format!("{s:?} is not an IPv4 prefix like 10.0.0.0/24"));
+        let (a, p) = s.split_once('/').ok_or_else(bad)?;
+        let addr = a.parse().map_err(|_| bad())?;
+        let prefix_len: u8 = p.parse().map_err(|_| bad())?;
+        if prefix_len > 32 {
+            return Err(bad());
+        }
+        Ok(Ipv4Cidr { addr, prefix_len })
+    }
+}
+
+/// An Ethernet address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Mac(pub [u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl std::str::FromStr for Mac {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || {
+            Error::Invalid(format!(
+                "{s:?} is not an Ethernet address like 02:42:0a:00:00:02"
+            ))
+        };
+        let mut out = [0u8; 6];
+        let mut parts = s.split(':');
+        for b in &mut out {
+            *b = u8::from_str_radix(parts.next().ok_or_else(bad)?, 16).map_err(|_| bad())?;
+        }
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Mac(out))
+    }
+}
+
+/// The MAC a task endpoint with address `addr` gets (locally administered `02:42` and the four address bytes, as
+/// Docker does), so every node can compute a remote task's MAC from its address alone.
+pub fn mac_for(addr: Ipv4Addr) -> Mac {
+    let o = addr.octets();
+    Mac([0x02, 0x42, o[0], o[1], o[2], o[3]])
+}
+
+/// What one node must have: see the crate doc.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeNetState {
+    /// This node's underlay address: the source of its VXLAN packets, the destination of its peers'.
+    pub underlay_ip: Option<Ipv4Addr>,
+    /// UDP port of the VXLAN data path (every node of a cluster uses the same one).
+    pub vxlan_port: u16,
+    /// MTU of the bridges, VXLAN devices and task interfaces.
+    pub overlay_mtu: u16,
+    /// The overlay networks this node has tasks on.
+    pub networks: Vec<NetworkState>,
+    /// The local tasks with network attachments.
+    pub tasks: Vec<TaskState>,
+}
+
+impl NodeNetState {
+    /// An empty state for a node with underlay address `underlay_ip` and the default port and MTU.
+    pub fn new(underlay_ip: Ipv4Addr) -> NodeNetState {
+        NodeNetState {
+            underlay_ip: Some(underlay_ip),
+            vxlan_port: DEFAULT_VXLAN_PORT,
+            overlay_mtu: DEFAULT_OVERLAY_MTU,
+            networks: Vec::new(),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// The network with ID `id`.
+    pub fn network(&self, id: &str) -> Option<&NetworkState> {
+        self.networks.iter().find(|n| n.id == id)
+    }
+
+    /// Checks every bound and cross-reference; nothing is planned for an invalid state.
+    pub fn validate(&self) -> Result<(), Error> {
+        let inv = |m: String| Err(Error::Invalid(m));
+        if self.networks.len() > MAX_NETWORKS {
+            return inv(format!(
+                "{} networks on one node; at most {MAX_NETWORKS}",
+                self.networks.len()
+            ));
+        }
+        if self.tasks.len() > MAX_TASKS {
+            return inv(format!(
+                "{} tasks with networks on one node; at most {MAX_TASKS}",
+                self.tasks.len()
+            ));
+        }
+        if !self.networks.is_empty() && self.underlay_ip.is_none() {
+            return inv("the node has overlay networks but no underlay address".into());
+        }
+        if self.vxlan_port == 0 {
+            return inv("the VXLAN data path port must be 1..=65535".into());
+        }
+        if !(576..=9000).contains(&self.overlay_mtu) {
+            return inv(format!(
+                "overlay MTU {} is outside 576..=9000",
+                self.overlay_mtu
+            ));
+        }
+        let mut ids = BTreeSet::new();
+        let mut vnis = BTreeSet::new();
+        for n in &self.networks {
+            n.validate()?;
+            if !ids.insert(n.id.as_str()) {
+                return inv(format!("network {} is listed twice", n.id));
+            }
+            if !vnis.insert(n.vni) {
+                return inv(format!("VNI {} is used by two networks", n.vni));
+            }
+        }
+        let mut task_ids = BTreeSet::new();
+        let mut netns_paths = BTreeSet::new();
+        for t in &self.tasks {
+            check_id("task", &t.task_id)?;
+            if !task_ids.insert(t.task_id.as_str()) {
+                return inv(format!("task {} is listed twice", t.task_id));
+            }
+            if !t.netns.is_absolute() {
+                return inv(format!(
+                    "task {}: network namespace path {:?} is not absolute",
+                    t.task_id, t.netns
+                ));
+            }
+            if !netns_paths.insert(t.netns.clone()) {
+                return inv(format!(
+                    "task {}: network namespace {:?} is shared with another task",
+                    t.task_id, t.netns
+                ));
+            }
+            if t.attachments.len() > MAX_ATTACHMENTS_PER_TASK {
+                return inv(format!(
+                    "task {} has {} network attachments; at most {MAX_ATTACHMENTS_PER_TASK}",
+                    t.task_id,
+                    t.attachments.len()
+                ));
+            }
+            let mut seen = BTreeSet::new();
+            for a in &t.attachments {
+                let Some(n) = self.network(&a.network_id) else {
+                    return inv(format!(
+                        "task {} is attached to unknown network {}",
+                        t.task_id, a.network_id
+                    ));
+                };
+                if !seen.insert(a.network_id.as_str()) {
+                    return inv(format!(
+                        "task {} is attached twice to network {}",
+                        t.task_id, a.network_id
+                    ));
+                }
+                if !n.subnet.contains(a.address)
+                    || a.address == n.gateway
+                    || a.address == n.subnet.network()
+                {
+                    return inv(format!(
+                        "task {}: address {} is not a host address of network {}'s subnet {}",
+                        t.task_id, a.address, n.id, n.subnet
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_id(what: &str, id: &str) -> Result<(), Error> {
+    if id.is_empty()
+        || id.len() > MAX_ID_LEN
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(Error::Invalid(format!(
+            "{what} ID {id:?} must be 1..={MAX_ID_LEN} characters of letters, digits, '-' and '_'"
+        )));
+    }
+    Ok(())
+}
+
+/// One overlay network as this node sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkState {
+    /// The network's ID.
+    pub id: String,
+    /// Its name (the suffix of `service.network` names).
+    pub name: String,
+    /// Its VXLAN network identifier, 1..=16777215.
+    pub vni: u32,
+    /// Its subnet.
+    pub subnet: Ipv4Cidr,
+    /// Its gateway (on each node's bridge unless `internal`).
+    pub gateway: Ipv4Addr,
+    /// No route out of the network and none into it (`docker network create --internal`).
+    pub internal: bool,
+    /// Encrypted data path (`--opt encrypted`): refused, the kernel here has neither IPsec ESP nor WireGuard.
+    pub encrypted: bool,
+    /// Task addresses of this network on other nodes.
+    pub peers: Vec<Peer>,
+    /// Services with a VIP on this network.
+    pub services: Vec<ServiceVip>,
+}
+
+impl NetworkState {
+    fn validate(&self) -> Result<(), Error> {
+        let inv = |m: String| Err(Error::Invalid(m));
+        check_id("network", &self.id)?;
+        check_dns_name("network", &self.name)?;
+        if self.encrypted {
+            return Err(Error::EncryptionUnsupported {
+                network: self.id.clone(),
+            });
+        }
+        if self.vni == 0 || self.vni > MAX_VNI {
+            return inv(format!(
+                "network {}: VNI {} is outside 1..={MAX_VNI}",
+                self.id, self.vni
+            ));
+        }
+        if !(8..=30).contains(&self.subnet.prefix_len) {
+            return inv(format!(
+                "network {}: subnet {} must have a prefix length in 8..=30",
+                self.id, self.subnet
+            ));
+        }
+        if !self.subnet.contains(self.gateway) {
+            return inv(format!(
+                "network {}: gateway {} is outside subnet {}",
+                self.id, self.gateway, self.subnet
+            ));
+        }
+        if self.peers.len() > MAX_PEERS_PER_NETWORK {
+            return inv(format!(
+                "network {}: {} remote peers; at most {MAX_PEERS_PER_NETWORK}",
+                self.id,
+                self.peers.len()
+            ));
+        }
+        let mut addrs = BTreeSet::new();
+        for p in &self.peers {
+            if !self.subnet.contains(p.address) {
+                return inv(format!(
+                    "network {}: peer {} is outside subnet {}",
+                    self.id, p.address, self.subnet
+                ));
+            }
+            if !addrs.insert(p.address) {
+                return inv(format!(
+                    "network {}: peer address {} is listed twice",
+                    self.id, p.address
+                ));
+            }
+        }
+        if self.services.len() > MAX_SERVICES_PER_NETWORK {
+            return inv(format!(
+                "network {}: {} services; at most {MAX_SERVICES_PER_NETWORK}",
+                self.id,
+                self.services.len()
+            ));
+        }
+        let mut vips = BTreeSet::new();
+        for s in &self.services {
+            check_id("service", &s.service_id)?;
+            check_dns_name("service", &s.name)?;
+            if s.aliases.len() > MAX_ALIASES {
+                return inv(format!(
+                    "service {}: {} aliases; at most {MAX_ALIASES}",
+                    s.name,
+                    s.aliases.len()
+                ));
+            }
+            for a in &s.aliases {
+                check_dns_name("alias", a)?;
+            }
+            if s.vip
+                .is_some_and(|vip| !self.subnet.contains(vip) || !vips.insert(vip))
+            {
+                return inv(format!(
+                    "network {}: service {} VIP {} is outside subnet {} or used twice",
+                    self.id,
+                    s.service_id,
+                    s.vip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+                    self.subnet
+                ));
+            }
+            if s.backends.len() > MAX_BACKENDS_PER_SERVICE {
+                return inv(format!(
+                    "service {}: {} backends; at most {MAX_BACKENDS_PER_SERVICE}",
+                    s.service_id,
+                    s.backends.len()
+                ));
+            }
+            if let Some(b) = s.backends.iter().find(|b| !self.subnet.contains(**b)) {
+                return inv(format!(
+                    "service {}: backend {b} is outside subnet {}",
+                    s.service_id, self.subnet
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a name tasks resolve: 1..=63 letters, digits, '-' and '_', not starting or ending with '-'.
+fn check_dns_name(what: &str, name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_DNS_LABEL_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        return Err(Error::Invalid(format!(
+            "{what} name {name:?} must be 1..={MAX_DNS_LABEL_LEN} letters, digits, '-' and '_' (one DNS label)"
+        )));
+    }
+    Ok(())
+}
+
+/// A task address of a network that lives on another node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Peer {
+    /// The remote task's address on the network.
+    pub address: Ipv4Addr,
+    /// Its MAC (`mac_for(address)` for Shoal nodes).
+    pub mac: Mac,
+    /// The underlay address of the node it runs on.
+    pub node_ip: Ipv4Addr,
+}
+
+/// A service on one network: its names, virtual IP and the task addresses behind it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceVip {
+    /// The service's ID.
+    pub service_id: String,
+    /// Its name (what tasks resolve).
+    pub name: String,
+    /// Its other names on this network (`--network name=...,alias=...`).
+    pub aliases: Vec<String>,
+    /// Its VIP on this network; `None` in DNS round-robin mode (`--endpoint-mode dnsrr`): the name resolves to
+    /// the backends themselves.
+    pub vip: Option<Ipv4Addr>,
+    /// The addresses of its running tasks on this network (any node); empty: connections are refused.
+    pub backends: Vec<Ipv4Addr>,
+}
+
+/// A local task with network attachments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskState {
+    /// The task's ID.
+    pub task_id: String,
+    /// Its network namespace (a bind mount under /run/netns, or /proc/<pid>/ns/net), made by the executor.
+    pub netns: PathBuf,
+    /// Its networks, in the task's order: attachment `i` is interface `eth<i>` in the namespace; the first
+    /// non-internal one carries the default route.
+    pub attachments: Vec<Attachment>,
+}
+
+/// One network attachment of a task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    /// The network's ID (one of `NodeNetState::networks`).
+    pub network_id: String,
+    /// The task's address on it (the prefix length is the network's).
+    pub address: Ipv4Addr,
+}

@@ -1,0 +1,619 @@
+//! The data plane driven in network namespaces (needs root, iproute2, nftables, nsenter): two "nodes", each a
+//! namespace, joined by a veth underlay (192.168.77.1 and .2), each with task namespaces plumbed by the
+//! `Executor`. Tests ping and open TCP connections between tasks the way a task would, and check what is left on
+//! the nodes afterwards. Every namespace is a `Netns` guard named `shl-t<pid>-<tag>-...`, deleted on drop even
+//! when an assertion fails; namespaces of test processes that died are deleted by the next test.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shoal_netplane::{
+    mac_for, Attachment, Executor, NetworkState, NodeNetState, Op, Peer, ServiceVip, TaskState,
+};
+
+const PREFIX: &str = "shl-t";
+const NODE_IPS: [Ipv4Addr; 2] = [
+    Ipv4Addr::new(192, 168, 77, 1),
+    Ipv4Addr::new(192, 168, 77, 2),
+];
+const PORT: u16 = 8080;
+
+fn sh(args: &[&str]) -> std::process::Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+fn run(args: &[&str]) {
+    let out = sh(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Deletes the namespaces of test processes that no longer exist.
+fn remove_leftovers() {
+    let out = sh(&["ip", "netns", "list"]);
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some(pid) = name
+            .strip_prefix(PREFIX)
+            .and_then(|r| r.split('-').next()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = sh(&["ip", "netns", "del", name]);
+        }
+    }
+}
+
+/// A named network namespace, deleted on drop.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(tag: &str, what: &str) -> Netns {
+        let ns = Netns {
+            name: format!("{PREFIX}{}-{tag}-{what}", std::process::id()),
+        };
+        run(&["ip", "netns", "add", &ns.name]);
+        run(&["ip", "-n", &ns.name, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.name))
+    }
+
+    /// Runs a command inside; whether it succeeded.
+    fn exec(&self, args: &[&str]) -> bool {
+        let mut a = vec!["ip", "netns", "exec", &self.name];
+        a.extend_from_slice(args);
+        sh(&a).status.success()
+    }
+
+    fn output(&self, args: &[&str]) -> String {
+        let mut a = vec!["ip", "netns", "exec", &self.name];
+        a.extend_from_slice(args);
+        String::from_utf8_lossy(&sh(&a).stdout).into_owned()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = sh(&["ip", "netns", "del", &self.name]);
+    }
+}
+
+/// Runs `f` on a thread inside namespace `path`; sockets made there stay in it.
+fn in_netns<T: Send + 'static>(path: PathBuf, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path:?}: {e}"));
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+/// A TCP server inside a task namespace answering every connection with `reply`; stopped on drop.
+struct Server {
+    stop: Arc<AtomicBool>,
+    netns: PathBuf,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(netns: PathBuf, addr: Ipv4Addr, reply: &str) -> Server {
+        let addr = SocketAddr::V4(SocketAddrV4::new(addr, PORT));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = sync_channel(1);
+        let (s, p, reply) = (stop.clone(), netns.clone(), reply.to_string());
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&p).expect("open netns");
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let listener = TcpListener::bind(addr);
+            let ok = listener.is_ok();
+            let _ = tx.send(listener.as_ref().map(drop).map_err(|e| e.to_string()));
+            if !ok {
+                return;
+            }
+            for conn in listener.expect("checked").incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(mut c) = conn {
+                    let _ = c.write_all(reply.as_bytes());
+                }
+            }
+        });
+        rx.recv()
+            .expect("server thread")
+            .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        Server { stop, netns, addr }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let addr = self.addr;
+        in_netns(self.netns.clone(), move || {
+            drop(TcpStream::connect_timeout(&addr, Duration::from_secs(1)))
+        });
+    }
+}
+
+/// Connects from `netns` to `addr:PORT` and reads the answer.
+fn fetch(netns: PathBuf, addr: Ipv4Addr, timeout: Duration) -> std::io::Result<String> {
+    in_netns(netns, move || {
+        let mut c =
+            TcpStream::connect_timeout(&SocketAddr::V4(SocketAddrV4::new(addr, PORT)), timeout)?;
+        c.set_read_timeout(Some(timeout))?;
+        let mut s = String::new();
+        c.read_to_string(&mut s)?;
+        Ok(s)
+    })
+}
+
+/// Resolves `name` (A) from inside `netns` through the resolver on 127.0.0.11.
+fn resolve(netns: PathBuf, name: &str) -> Vec<Ipv4Addr> {
+    let q = shoal_netplane::dns::query_bytes(7, name, hickory_proto::rr::RecordType::A);
+    in_netns(netns, move || {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        s.send_to(&q, shoal_netplane::dns::RESOLVER_ADDR)
+            .expect("send");
+        let mut b = vec![0u8; 4096];
+        let n = s.recv(&mut b).expect("DNS answer");
+        shoal_netplane::dns::parse_response(&b[..n])
+            .expect("response")
+            .2
+    })
+}
+
+/// Waits until `f` holds, panicking with `what` after `limit`.
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Two node namespaces joined by a veth underlay.
+struct Nodes {
+    tag: String,
+    nodes: Vec<Netns>,
+}
+
+impl Nodes {
+    fn new(tag: &str) -> Nodes {
+        remove_leftovers();
+        let nodes = vec![Netns::new(tag, "n0"), Netns::new(tag, "n1")];
+        run(&[
+            "ip",
+            "-n",
+            &nodes[0].name,
+            "link",
+            "add",
+            "u0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "u1",
+            "netns",
+            &nodes[1].name,
+        ]);
+        for (i, n) in nodes.iter().enumerate() {
+            let dev = format!("u{i}");
+            run(&[
+                "ip",
+                "-n",
+                &n.name,
+                "addr",
+                "add",
+                &format!("{}/24", NODE_IPS[i]),
+                "dev",
+                &dev,
+            ]);
+            run(&["ip", "-n", &n.name, "link", "set", &dev, "up"]);
+        }
+        Nodes {
+            tag: tag.to_string(),
+            nodes,
+        }
+    }
+
+    fn task(&self, what: &str) -> Netns {
+        Netns::new(&self.tag, what)
+    }
+
+    fn exec(&self, i: usize) -> Executor {
+        Executor::in_netns(self.nodes[i].path())
+    }
+
+    /// The Shoal links and tables left on node `i`.
+    fn leftovers(&self, i: usize) -> String {
+        let links = self.nodes[i].output(&["ip", "-o", "link", "show"]);
+        let mut left: Vec<String> = links
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .filter(|n| n.starts_with("shl"))
+            .collect();
+        if self.nodes[i]
+            .output(&["nft", "list", "tables"])
+            .contains("shoal")
+        {
+            left.push("table ip shoal".into());
+        }
+        left.join(", ")
+    }
+}
+
+fn network(id: &str, vni: u32, third: u8, internal: bool) -> NetworkState {
+    NetworkState {
+        id: id.into(),
+        name: id.into(),
+        vni,
+        subnet: format!("10.{third}.0.0/24").parse().unwrap(),
+        gateway: Ipv4Addr::new(10, third, 0, 1),
+        internal,
+        encrypted: false,
+        peers: Vec::new(),
+        services: Vec::new(),
+    }
+}
+
+fn task(id: &str, ns: &Netns, attachments: &[(&str, Ipv4Addr)]) -> TaskState {
+    TaskState {
+        task_id: id.into(),
+        netns: ns.path(),
+        attachments: attachments
+            .iter()
+            .map(|(n, a)| Attachment {
+                network_id: n.to_string(),
+                address: *a,
+            })
+            .collect(),
+    }
+}
+
+fn peer(address: Ipv4Addr, node: usize) -> Peer {
+    Peer {
+        address,
+        mac: mac_for(address),
+        node_ip: NODE_IPS[node],
+    }
+}
+
+fn ping(from: &Netns, to: Ipv4Addr) -> bool {
+    from.exec(&["busybox", "ping", "-c", "1", "-W", "1", &to.to_string()])
+}
+
+#[test]
+fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
+    let nodes = Nodes::new("vx");
+    let (a0, a1) = (Ipv4Addr::new(10, 20, 0, 2), Ipv4Addr::new(10, 20, 0, 3));
+    let (b0, b1) = (Ipv4Addr::new(10, 21, 0, 2), Ipv4Addr::new(10, 21, 0, 3));
+    let c0 = Ipv4Addr::new(10, 22, 0, 2);
+    let (t_a0, t_a1, t_b0, t_b1, t_c0) = (
+        nodes.task("a0"),
+        nodes.task("a1"),
+        nodes.task("b0"),
+        nodes.task("b1"),
+        nodes.task("c0"),
+    );
+
+    // Node 0: a0 on appnet, b0 on other, c0 on the internal network. Node 1: a1 on appnet, b1 on other.
+    let mut s0 = NodeNetState::new(NODE_IPS[0]);
+    let mut appnet = network("appnet", 4242, 20, false);
+    let mut other = network("other", 4343, 21, false);
+    appnet.peers = vec![peer(a1, 1)];
+    other.peers = vec![peer(b1, 1)];
+    s0.networks = vec![
+        appnet.clone(),
+        other.clone(),
+        network("private", 4444, 22, true),
+    ];
+    s0.tasks = vec![
+        task("a0", &t_a0, &[("appnet", a0)]),
+        task("b0", &t_b0, &[("other", b0)]),
+        task("c0", &t_c0, &[("private", c0)]),
+    ];
+    let mut s1 = NodeNetState::new(NODE_IPS[1]);
+    appnet.peers = vec![peer(a0, 0)];
+    other.peers = vec![peer(b0, 0)];
+    s1.networks = vec![appnet, other];
+    s1.tasks = vec![
+        task("a1", &t_a1, &[("appnet", a1)]),
+        task("b1", &t_b1, &[("other", b1)]),
+    ];
+
+    let (e0, e1) = (nodes.exec(0), nodes.exec(1));
+    assert!(!e0.reconcile(&s0).expect("node 0").is_empty());
+    assert!(!e1.reconcile(&s1).expect("node 1").is_empty());
+
+    // Same network across nodes: ping and TCP both ways.
+    wait_for("a0 to ping a1 over VXLAN", Duration::from_secs(5), || {
+        ping(&t_a0, a1)
+    });
+    assert!(ping(&t_a1, a0));
+    assert!(ping(&t_b1, b0), "the second network works too");
+    let srv = Server::start(t_a1.path(), a1, "a1");
+    assert_eq!(
+        fetch(t_a0.path(), a1, Duration::from_secs(2)).expect("TCP a0 -> a1"),
+        "a1"
+    );
+
+    // Other networks, same node (routed through the node) and across nodes: nothing gets through.
+    let quick = Duration::from_millis(500);
+    assert!(
+        fetch(t_b0.path(), a1, quick).is_err(),
+        "other network reached a1"
+    );
+    assert!(!ping(&t_b0, a0), "other network reached a0 through node 0");
+    assert!(
+        !ping(&t_a0, b0),
+        "appnet reached the other network through node 0"
+    );
+    assert!(!ping(&t_b1, a0), "other network reached a0 from node 1");
+
+    // Out of a non-internal network: the other node's underlay address answers (masqueraded); the internal
+    // network has no route out at all.
+    assert!(ping(&t_a0, NODE_IPS[1]), "appnet has a route out");
+    assert_eq!(
+        t_c0.output(&["ip", "route", "show", "default"]).trim(),
+        "",
+        "internal network has a default route"
+    );
+    assert!(
+        !ping(&t_c0, NODE_IPS[0]),
+        "internal network reached the node"
+    );
+    assert!(!ping(&t_c0, a0), "internal network reached appnet");
+
+    // Idempotent: the same state again changes nothing.
+    assert_eq!(e0.reconcile(&s0).expect("node 0 again"), Vec::<Op>::new());
+    assert_eq!(e1.reconcile(&s1).expect("node 1 again"), Vec::<Op>::new());
+
+    // Damage done behind Shoal's back (after a crash, or by hand) is repaired from the state: node 0 loses
+    // appnet's bridge (its veths fall off it), node 1 the forwarding entry towards a0.
+    run(&["ip", "-n", &nodes.nodes[0].name, "link", "del", "shlb4242"]);
+    run(&[
+        "ip",
+        "-n",
+        &nodes.nodes[1].name,
+        "neigh",
+        "flush",
+        "dev",
+        "shlx4242",
+        "nud",
+        "permanent",
+    ]);
+    let mac = mac_for(a0).to_string();
+    run(&[
+        "ip",
+        "netns",
+        "exec",
+        &nodes.nodes[1].name,
+        "bridge",
+        "fdb",
+        "del",
+        &mac,
+        "dev",
+        "shlx4242",
+        "dst",
+        "192.168.77.1",
+        "self",
+    ]);
+    assert!(!ping(&t_a0, a1), "the damage did not cut appnet");
+    let ops = e0.reconcile(&s0).expect("node 0 repaired");
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::SetMaster { name, .. } if name.starts_with("shlv"))),
+        "{ops:?}"
+    );
+    let ops = e1.reconcile(&s1).expect("node 1 repaired");
+    assert!(
+        matches!(ops.as_slice(), [Op::AddFdb(_), Op::AddNeigh(_)]),
+        "{ops:?}"
+    );
+    wait_for(
+        "a0 to ping a1 after the repair",
+        Duration::from_secs(5),
+        || ping(&t_a0, a1),
+    );
+    assert_eq!(e0.reconcile(&s0).expect("node 0 again"), Vec::<Op>::new());
+
+    // A task that goes away takes its veth; the network stays for the others.
+    s0.tasks.retain(|t| t.task_id != "b0");
+    let ops = e0.reconcile(&s0).expect("b0 removed");
+    assert!(
+        matches!(ops.as_slice(), [Op::DeleteLink { name }] if name.starts_with("shlv")),
+        "{ops:?}"
+    );
+    assert!(ping(&t_a1, a0));
+
+    // Removing everything leaves nothing of Shoal's on either node.
+    drop(srv);
+    for (i, e) in [e0, e1].iter().enumerate() {
+        e.reconcile(&NodeNetState::new(NODE_IPS[i]))
+            .expect("teardown");
+        assert_eq!(
+            nodes.leftovers(i),
+            "",
+            "node {i} keeps Shoal's links or table"
+        );
+    }
+}
+
+#[test]
+fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
+    let nodes = Nodes::new("vip");
+    let (client, web1, web2) = (
+        Ipv4Addr::new(10, 30, 0, 2),
+        Ipv4Addr::new(10, 30, 0, 3),
+        Ipv4Addr::new(10, 30, 0, 4),
+    );
+    let vip = Ipv4Addr::new(10, 30, 0, 200);
+    let (t_client, t_web1, t_web2) = (nodes.task("cl"), nodes.task("w1"), nodes.task("w2"));
+
+    // The client and web1 on node 0, web2 on node 1: one backend local, one across VXLAN.
+    let mut appnet = network("appnet", 5001, 30, false);
+    appnet.services = vec![ServiceVip {
+        service_id: "web".into(),
+        name: "web".into(),
+        aliases: Vec::new(),
+        vip: Some(vip),
+        backends: vec![web1, web2],
+    }];
+    let mut s0 = NodeNetState::new(NODE_IPS[0]);
+    let mut n0 = appnet.clone();
+    n0.peers = vec![peer(web2, 1)];
+    s0.networks = vec![n0];
+    s0.tasks = vec![
+        task("client", &t_client, &[("appnet", client)]),
+        task("web1", &t_web1, &[("appnet", web1)]),
+    ];
+    let mut s1 = NodeNetState::new(NODE_IPS[1]);
+    let mut n1 = appnet;
+    n1.peers = vec![peer(client, 0), peer(web1, 0)];
+    s1.networks = vec![n1];
+    s1.tasks = vec![task("web2", &t_web2, &[("appnet", web2)])];
+    let (e0, e1) = (nodes.exec(0), nodes.exec(1));
+    e0.reconcile(&s0).expect("node 0");
+    e1.reconcile(&s1).expect("node 1");
+    let _srv1 = Server::start(t_web1.path(), web1, "web1");
+    let _srv2 = Server::start(t_web2.path(), web2, "web2");
+
+    let timeout = Duration::from_secs(2);
+    wait_for("the VIP to answer", Duration::from_secs(5), || {
+        fetch(t_client.path(), vip, timeout).is_ok()
+    });
+
+    // The client finds the service by name through the node's resolver, as `http://web/` would.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let resolver = shoal_netplane::Resolver::new(Vec::new());
+    rt.block_on(resolver.update(&s0)).expect("resolver");
+    assert_eq!(resolve(t_client.path(), "web"), vec![vip]);
+    let mut by_name = resolve(t_client.path(), "tasks.web");
+    by_name.sort();
+    assert_eq!(by_name, vec![web1, web2]);
+    assert!(fetch(t_client.path(), resolve(t_client.path(), "web")[0], timeout).is_ok());
+    drop(resolver);
+
+    // Connections per second (one at a time) through the VIP and straight to each backend; printed for the
+    // design notes (`--no-capture`), not asserted.
+    for (what, to) in [
+        ("VIP", vip),
+        ("web1 (same node)", web1),
+        ("web2 (across VXLAN)", web2),
+    ] {
+        let n = 300;
+        let start = Instant::now();
+        for _ in 0..n {
+            fetch(t_client.path(), to, timeout).expect("connection");
+        }
+        let rate = f64::from(n) / start.elapsed().as_secs_f64();
+        eprintln!("RESULT connections/s to {what}: {rate:.0}");
+    }
+    let count = |n: usize| {
+        let (mut w1, mut w2) = (0, 0);
+        for _ in 0..n {
+            match fetch(t_client.path(), vip, timeout)
+                .expect("VIP connection")
+                .as_str()
+            {
+                "web1" => w1 += 1,
+                "web2" => w2 += 1,
+                other => panic!("unexpected answer {other:?}"),
+            }
+        }
+        (w1, w2)
+    };
+    let (w1, w2) = count(100);
+    // With an even random spread, fewer than 20 of 100 on one side has a probability below 1e-9.
+    assert!(
+        w1 >= 20 && w2 >= 20,
+        "uneven spread over the VIP: web1 {w1}, web2 {w2}"
+    );
+
+    // A backend goes away: only the task table of the client (and of web1, which has the VIP too) changes,
+    // and every connection lands on the one left.
+    s0.networks[0].services[0].backends = vec![web2];
+    let ops = e0.reconcile(&s0).expect("backends shrink");
+    assert!(
+        ops.iter().all(|o| matches!(o, Op::ApplyTaskTable { .. })) && ops.len() == 2,
+        "{ops:?}"
+    );
+    assert_eq!(count(20), (0, 20));
+
+    // No backend: connections to the VIP are refused at once, not left to time out.
+    s0.networks[0].services[0].backends.clear();
+    e0.reconcile(&s0).expect("no backends");
+    let err = fetch(t_client.path(), vip, timeout).expect_err("a VIP without backends answered");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+
+    // The service goes away: the task tables go with it; then everything.
+    s0.networks[0].services.clear();
+    let ops = e0.reconcile(&s0).expect("service removed");
+    assert!(
+        ops.iter().all(|o| matches!(o, Op::DeleteTaskTable { .. })) && ops.len() == 2,
+        "{ops:?}"
+    );
+    assert!(!t_client
+        .output(&["nft", "list", "tables"])
+        .contains("shoal"));
+    for (i, e) in [e0, e1].iter().enumerate() {
+        e.reconcile(&NodeNetState::new(NODE_IPS[i]))
+            .expect("teardown");
+        assert_eq!(
+            nodes.leftovers(i),
+            "",
+            "node {i} keeps Shoal's links or table"
+        );
+    }
+}
+
+#[test]
+fn the_kernel_has_what_the_data_plane_needs_and_encrypted_networks_are_refused() {
+    let caps = shoal_netplane::probe().expect("probe");
+    // Measured on the development machine: vxlan and nft_nat true, esp and wireguard false.
+    eprintln!("kernel capabilities: {caps:?}");
+    assert!(caps.vxlan && caps.nft_nat, "{caps:?}");
+
+    let nodes = Nodes::new("enc");
+    let t = nodes.task("t");
+    let mut s = NodeNetState::new(NODE_IPS[0]);
+    let mut n = network("secret", 6001, 40, false);
+    n.encrypted = true;
+    s.networks = vec![n];
+    s.tasks = vec![task("t", &t, &[("secret", Ipv4Addr::new(10, 40, 0, 2))])];
+    let err = nodes
+        .exec(0)
+        .reconcile(&s)
+        .expect_err("an encrypted network was plumbed");
+    assert!(
+        matches!(err, shoal_netplane::Error::EncryptionUnsupported { .. }),
+        "{err}"
+    );
+    assert_eq!(nodes.leftovers(0), "", "a refused state changed the node");
+}
