@@ -3,7 +3,10 @@
 //! a newer client may send fields Shoal's subset lacks) checks the raw bytes first with `unknown_fields`.
 //!
 //! It walks the protobuf wire format against the descriptors `build.rs` saved (`FILE_DESCRIPTOR_SET`),
-//! recursing into known message fields; types it has no descriptor for are taken as opaque. Bounded: at most
+//! recursing into known message fields; types it has no descriptor for are taken as opaque. An unknown field
+//! that holds its zero value (a 0 varint or fixed number, an empty string, bytes or message) is not reported:
+//! proto3 reads it as absent, so nothing is lost (Go's gogoproto writes non-nullable embedded messages even
+//! when empty, e.g. SwarmKit's deprecated `ClusterSpec.acceptance_policy`). Bounded: at most
 //! `MAX_DEPTH` levels of nesting and `MAX_REPORTED` reported fields.
 //!
 //! Knows nothing but the wire format and the descriptors.
@@ -115,22 +118,28 @@ fn walk(
         let number = (tag >> 3) as u32;
         let wire = tag & 7;
         let start = pos;
-        match wire {
-            0 => {
-                varint(b, &mut pos)?;
+        let zero = match wire {
+            0 => varint(b, &mut pos)? == 0,
+            1 => {
+                pos += 8;
+                b.get(start..pos).is_some_and(|v| v.iter().all(|x| *x == 0))
             }
-            1 => pos += 8,
-            5 => pos += 4,
+            5 => {
+                pos += 4;
+                b.get(start..pos).is_some_and(|v| v.iter().all(|x| *x == 0))
+            }
             2 => {
                 let len = varint(b, &mut pos)? as usize;
                 pos = pos.checked_add(len).ok_or_else(|| Malformed("length overflows".into()))?;
+                len == 0
             }
             other => return Err(Malformed(format!("wire type {other} (groups are not used by these protos)"))),
-        }
+        };
         if pos > b.len() {
             return Err(Malformed("field runs past the end of the message".into()));
         }
         match fields.get(&number) {
+            None if zero => {}
             None => {
                 if out.len() < MAX_REPORTED {
                     let at = if path.is_empty() { type_name.trim_start_matches('.').to_string() } else { path.to_string() };
@@ -164,9 +173,14 @@ mod tests {
         };
         let mut bytes = spec.encode_to_vec();
         assert_eq!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(), Vec::<String>::new());
-        // A field number no ServiceSpec defines: a length-delimited field 99, empty.
+        // Fields Shoal lacks holding their zero value lose nothing: not reported.
         prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut bytes);
         bytes.push(0);
+        bytes.extend_from_slice(&[12 << 3, 0]);
+        assert_eq!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &bytes).unwrap(), Vec::<String>::new());
+        // A field number no ServiceSpec defines, holding one byte.
+        prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut bytes);
+        bytes.extend_from_slice(&[1, 0]);
         // Annotations field 9, a varint, inside a second annotations message.
         bytes.extend_from_slice(&[1 << 3 | 2, 2, 9 << 3, 1]);
         assert_eq!(

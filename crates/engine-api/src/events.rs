@@ -388,7 +388,7 @@ pub async fn events(State(ctx): State<Arc<ApiContext>>, Query(q): Query<HashMap<
     };
     let only_past = until.is_some_and(|u| u < now);
     let deadline = until.map(|u| tokio::time::Instant::now() + Duration::from_nanos(u.saturating_sub(now).max(0) as u64));
-    let live_stream = live_lines(filters, live, deadline);
+    let live_stream = live_lines(filters, live, deadline, ctx.events.watch.shutdown_signal());
     let stream = tokio_stream::iter(replay.into_iter().map(Ok::<_, std::convert::Infallible>));
     let body = if only_past { Body::from_stream(stream) } else { Body::from_stream(stream.chain(live_stream)) };
     let mut r = body.into_response();
@@ -396,24 +396,35 @@ pub async fn events(State(ctx): State<Arc<ApiContext>>, Query(q): Query<HashMap<
     Ok(r)
 }
 
-/// The live part of an `/events` answer: matching events until `deadline` (if any) or until the client
-/// falls `SUBSCRIBER_QUEUE_EVENTS` behind.
+/// The live part of an `/events` answer: matching events until `deadline` (if any), until the node stops
+/// (`shutdown`), or until the client falls `SUBSCRIBER_QUEUE_EVENTS` behind.
 fn live_lines(
     filters: EventFilters,
     live: broadcast::Receiver<Arc<EventJson>>,
     deadline: Option<tokio::time::Instant>,
+    shutdown: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> impl tokio_stream::Stream<Item = Result<axum::body::Bytes, std::convert::Infallible>> {
-    futures::stream::unfold((filters, live), move |(filters, mut live)| async move {
+    futures::stream::unfold((filters, live, shutdown), move |(filters, mut live, mut shutdown)| async move {
         loop {
-            let next = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, live.recv()).await {
-                    Ok(r) => r,
-                    Err(_) => return None,
-                },
-                None => live.recv().await,
+            let stopping = async {
+                match shutdown.as_mut() {
+                    Some(rx) => shoal_manager::stopped(rx).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let until_deadline = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let next = tokio::select! {
+                r = live.recv() => r,
+                _ = until_deadline => return None,
+                _ = stopping => return None,
             };
             match next {
-                Ok(e) if filters.include(&e) => return Some((Ok(line(&e)), (filters, live))),
+                Ok(e) if filters.include(&e) => return Some((Ok(line(&e)), (filters, live, shutdown))),
                 Ok(_) => continue,
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     tracing::info!(missed = n, "an /events client fell behind and was disconnected; it may ask again with since");

@@ -82,7 +82,7 @@ pub struct DaemonConfig {
     pub join_retry_for: std::time::Duration,
     /// Serve Prometheus metrics (and, on managers, the live page) over plain HTTP on this address.
     pub listen_metrics: Option<SocketAddr>,
-    /// Serve SwarmKit's own gRPC API (Control, Watch, Health; for `swarmctl`) on this unix socket, mode
+    /// Serve SwarmKit's own gRPC API (Control, Watch, Logs, Health; for `swarmctl`) on this unix socket, mode
     /// 0600, over TLS with the node's certificate, as swarmd's `--listen-control-api` (`None`: not served).
     pub listen_swarmkit_api: Option<PathBuf>,
 }

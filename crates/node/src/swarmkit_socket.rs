@@ -1,10 +1,11 @@
 //! SwarmKit's API on a local socket (`--listen-swarmkit-api PATH`, as swarmd's `--listen-control-api`):
-//! `Control`, `Watch` and `Health` over gRPC over TLS with the node's certificate, the transport swarmd uses
+//! `Control`, `Watch`, `Logs` (`swarmctl service logs`; the leader answers, as on the remote port) and
+//! `Health` over gRPC over TLS with the node's certificate, the transport swarmd uses
 //! on its control socket, so the stock `swarmctl` (which skips verification there) and SwarmKit's Go client
 //! connect unchanged. The socket file's mode (0600) is the access control, as in swarmd: no client
 //! certificate is asked for.
 //!
-//! Requests to `Control` and `Watch` are checked for fields Shoal's protos do not define before they are
+//! Requests to `Control`, `Watch` and `Logs` are checked for fields Shoal's protos do not define before they are
 //! decoded (`shoal_api::unknown_fields`): such a request is refused with INVALID_ARGUMENT naming the fields,
 //! never served with the fields dropped.
 //!
@@ -73,6 +74,7 @@ pub fn serve(
         .layer(tower::layer::layer_fn(|inner| KnownFields { inner }))
         .add_service(control)
         .add_service(watch)
+        .add_service(shoal_manager::logbroker::LogsService::new(state.clone()).server().max_decoding_message_size(MAX_REQUEST_BYTES))
         .add_service(HealthService.server());
     let incoming = tls_unix_incoming(listener, tls, shutdown.clone());
     let stop = {
@@ -164,13 +166,21 @@ impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
     }
 }
 
-/// The protobuf type a method of Control or Watch takes (SwarmKit names every one `<Method>Request`), or
-/// `None` for the paths not checked.
+/// The protobuf type a method takes (SwarmKit names every one `<Method>Request`), or `None` for Health,
+/// whose requests are not checked.
 fn request_type(path: &str) -> Option<String> {
-    let method = path
-        .strip_prefix("/docker.swarmkit.v1.Control/")
-        .or_else(|| path.strip_prefix("/docker.swarmkit.v1.Watch/"))?;
+    if path.starts_with("/docker.swarmkit.v1.Health/") {
+        return None;
+    }
+    let method = path.rsplit('/').next().filter(|m| !m.is_empty())?;
     Some(format!(".docker.swarmkit.v1.{method}Request"))
+}
+
+/// True for the services this socket serves (their other methods are answered by tonic).
+fn served(path: &str) -> bool {
+    ["/docker.swarmkit.v1.Control/", "/docker.swarmkit.v1.Watch/", "/docker.swarmkit.v1.Logs/"]
+        .iter()
+        .any(|p| path.starts_with(p))
 }
 
 /// Why the gRPC messages of a body are not acceptable (`None`: they are).
@@ -229,12 +239,13 @@ where
         let Some(type_name) = request_type(req.uri().path()) else {
             return Box::pin(self.inner.call(req));
         };
-        if !shoal_api::unknown_fields::is_known_type(&type_name) {
+        if !served(req.uri().path()) || !shoal_api::unknown_fields::is_known_type(&type_name) {
             // tonic would answer UNIMPLEMENTED without a word.
             let method = req.uri().path().rsplit('/').next().unwrap_or_default().to_string();
             let s = Status::unimplemented(format!(
-                "{method} is not served by Shoal's SwarmKit API (networks, task removal, extensions, resources and \
-                 volumes are not part of it yet); use the Engine API socket for what it offers"
+                "{method} is not served by Shoal's SwarmKit API, which serves Control (without task removal, \
+                 extensions, resources and volumes), Watch, Logs and Health; use the Engine API socket for \
+                 what it offers"
             ));
             return Box::pin(async move { Ok(s.into_http()) });
         }
@@ -271,6 +282,7 @@ mod tests {
         assert_eq!(request_type("/docker.swarmkit.v1.Control/ListNodes").as_deref(), Some(".docker.swarmkit.v1.ListNodesRequest"));
         assert_eq!(request_type("/docker.swarmkit.v1.Watch/Watch").as_deref(), Some(".docker.swarmkit.v1.WatchRequest"));
         assert_eq!(request_type("/docker.swarmkit.v1.Health/Check"), None);
+        assert!(served("/docker.swarmkit.v1.Logs/SubscribeLogs") && !served("/docker.swarmkit.v1.Dispatcher/Session"));
     }
 
     #[test]
@@ -285,6 +297,8 @@ mod tests {
         let ok = shoal_api::GetNodeRequest { node_id: "n1".into() }.encode_to_vec();
         assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &ok)).is_none());
         let mut extra = ok.clone();
+        extra.extend_from_slice(&[5 << 3, 0]);
+        assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &extra)).is_none(), "a zero value loses nothing");
         extra.extend_from_slice(&[5 << 3, 1]);
         let s = check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &extra)).unwrap();
         assert!(s.message().contains("field 5"), "{}", s.message());

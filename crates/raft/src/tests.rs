@@ -449,3 +449,37 @@ async fn an_interrupted_reencrypt_is_undone_without_its_marker() {
     assert!(!partial.exists());
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn committed_writes_read_back_from_the_log_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |c: &mut RaftConfig| {
+        c.snapshot_interval_entries = 10;
+        c.log_entries_for_slow_followers = 5;
+    };
+    let (node, store) = start(dir.path(), tweak).await;
+    // The election no-op is index 1; these are 2..=15, and a create that fails (the ID is taken) is 16.
+    for i in 0..14 {
+        within(node.propose(create(&format!("s{i}")))).await.unwrap();
+    }
+    assert!(matches!(within(node.propose(create("s0"))).await, Err(ProposeError::Store(_))));
+    assert_eq!(node.status().last_snapshot_index, 10);
+    let check = |node: RaftNode, store: Arc<MemoryStore>| async move {
+        let writes = within(node.read_committed(6, 1000, 100)).await.unwrap();
+        assert_eq!(writes.iter().map(|w| w.index).collect::<Vec<_>>(), (6..=16).collect::<Vec<_>>(), "up to the last applied");
+        assert_eq!(writes[0].actions, create("s4"), "the actions as proposed");
+        assert!(store.apply_failed(16) && !store.apply_failed(15), "the store knows which write failed");
+        let three = within(node.read_committed(6, 17, 3)).await.unwrap();
+        assert_eq!(three.iter().map(|w| w.index).collect::<Vec<_>>(), vec![6, 7, 8]);
+        let old = within(node.read_committed(2, 17, 100)).await.unwrap_err();
+        assert_eq!(old, LogReadError::Compacted { asked: 2, first: 6 });
+        node
+    };
+    let node = check(node, store).await;
+    node.shutdown().await;
+
+    let (node, store) = start(dir.path(), tweak).await;
+    assert_eq!(store.apply_outcomes_known_from(), 11, "restored from snapshot 10, replayed after it");
+    let node = check(node, store).await;
+    node.shutdown().await;
+}

@@ -78,7 +78,7 @@ pub struct DaemonArgs {
     /// address (IP:PORT, plain HTTP, unauthenticated: e.g. 127.0.0.1:9323). Off by default.
     #[arg(long)]
     listen_metrics: Option<SocketAddr>,
-    /// Also serve SwarmKit's own gRPC API (Control, Watch, Health) on this unix socket (mode 0600, TLS with
+    /// Also serve SwarmKit's own gRPC API (Control, Watch, Logs, Health) on this unix socket (mode 0600, TLS with
     /// the node's certificate), as swarmd's --listen-control-api, for `swarmctl -s PATH` (default: off).
     #[arg(long)]
     listen_swarmkit_api: Option<PathBuf>,

@@ -1,7 +1,7 @@
 //! SwarmKit's own API on `--listen-swarmkit-api`, driven by a tonic client of the same protos connected as
 //! `swarmctl` connects (TLS over the unix socket, certificate unverified): every Control call with its
 //! answers and SwarmKit's error codes, agreement with the Engine API, refusal of fields Shoal does not
-//! know, Health, and Watch: a service's create, update and remove seen live, then the same events again
+//! know, Health, Logs, and Watch: a service's create, update and remove seen live, then the same events again
 //! after a restart of the manager, resumed from a version through the Raft log.
 
 mod common;
@@ -333,24 +333,55 @@ fn every_control_call_answers_as_swarmkit_does() {
         assert_eq!(listed.len(), 1);
         c.remove_config(RemoveConfigRequest { config_id: config.id }).await.unwrap();
 
-        // A field Shoal's protos do not define is refused, not dropped: a ServiceSpec field 99 here.
+        // A field Shoal's protos do not define is refused, not dropped: SwarmKit's TaskSpec.resource_references
+        // (11) here.
+        use shoal_api::prost::encoding::{encode_key, encode_varint, WireType};
         use shoal_api::prost::Message;
-        let mut spec = service_spec("netted", 1).encode_to_vec();
-        shoal_api::prost::encoding::encode_key(99, shoal_api::prost::encoding::WireType::LengthDelimited, &mut spec);
-        spec.push(0);
+        let mut full = service_spec("netted", 1);
+        let mut task = full.task.take().unwrap().encode_to_vec();
+        task.extend_from_slice(&[11 << 3 | 2, 2, 1 << 3 | 2, 0]);
+        let mut spec = full.encode_to_vec();
+        encode_key(2, WireType::LengthDelimited, &mut spec);
+        encode_varint(task.len() as u64, &mut spec);
+        spec.extend_from_slice(&task);
         let mut body = Vec::new();
-        shoal_api::prost::encoding::encode_key(1, shoal_api::prost::encoding::WireType::LengthDelimited, &mut body);
-        shoal_api::prost::encoding::encode_varint(spec.len() as u64, &mut body);
+        encode_key(1, WireType::LengthDelimited, &mut body);
+        encode_varint(spec.len() as u64, &mut body);
         body.extend_from_slice(&spec);
         let refused = raw_call(&n.socket, "/docker.swarmkit.v1.Control/CreateService", body).await;
         assert_eq!(refused.code(), Code::InvalidArgument);
-        assert!(refused.message().contains("spec: field 99"), "{}", refused.message());
+        assert!(refused.message().contains("spec.task: field 11"), "{}", refused.message());
         let names = c.list_services(ListServicesRequest::default()).await.unwrap().into_inner().services;
         assert!(names.iter().all(|s| s.spec.as_ref().unwrap().annotations.as_ref().unwrap().name != "netted"));
         // A method Shoal does not serve says so.
-        let none = raw_call(&n.socket, "/docker.swarmkit.v1.Control/ListNetworks", Vec::new()).await;
+        let none = raw_call(&n.socket, "/docker.swarmkit.v1.Control/RemoveTask", Vec::new()).await;
         assert_eq!(none.code(), Code::Unimplemented);
-        assert!(none.message().contains("ListNetworks"), "{}", none.message());
+        assert!(none.message().contains("RemoveTask"), "{}", none.message());
+
+        // Networks.
+        let net_spec = NetworkSpec {
+            annotations: Some(Annotations { name: "backend".into(), ..Default::default() }),
+            driver_config: Some(Driver { name: "overlay".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let net = c.create_network(CreateNetworkRequest { spec: Some(net_spec.clone()) }).await.unwrap().into_inner().network.unwrap();
+        assert_eq!(c.create_network(CreateNetworkRequest { spec: Some(net_spec) }).await.unwrap_err().code(), Code::AlreadyExists);
+        let by_name = c.get_network(GetNetworkRequest { name: "backend".into(), network_id: String::new() }).await.unwrap();
+        assert_eq!(by_name.into_inner().network.unwrap().id, net.id);
+        let listed = c
+            .list_networks(ListNetworksRequest {
+                filters: Some(list_networks_request::Filters { names: vec!["backend".into()], ..Default::default() }),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .networks;
+        assert_eq!(listed.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), vec![net.id.as_str()]);
+        let ls = docker_cli::ok(n.d.socket(), &["network", "ls", "--format", "{{.Name}}"]);
+        assert!(ls.lines().any(|l| l.trim() == "backend"), "{ls}");
+        c.remove_network(RemoveNetworkRequest { name: String::new(), network_id: net.id.clone() }).await.unwrap();
+        let gone = c.get_network(GetNetworkRequest { name: String::new(), network_id: net.id }).await.unwrap_err();
+        assert_eq!(gone.code(), Code::NotFound);
     });
 }
 
@@ -494,6 +525,96 @@ fn a_watch_sees_a_service_come_and_go_and_resumes_after_a_restart() {
                 assert_eq!(s.next().await.unwrap().unwrap(), WatchMessage::default());
                 let all = read_until(&mut s, removed_at).await;
                 assert!(all.iter().any(|e| e.1 == created_at), "{all:?}");
+            }
+        }
+    });
+}
+
+/// Manager `i` on 127.0.0.`i` serving the SwarmKit API too; with `join`, it joins that manager's cluster.
+fn manager_with_socket(i: u8, join: Option<&DaemonProcess>) -> Node {
+    let dir = tempfile::Builder::new().prefix("swk-").tempdir_in(shoal_testkit::scratch_dir()).expect("tempdir");
+    let socket = dir.path().join("swarmd.sock");
+    let mut extra_args = vec!["--listen-swarmkit-api".to_string(), socket.display().to_string()];
+    if let Some(j) = join {
+        extra_args.extend([
+            "--join-addr".into(),
+            j.remote_addr(),
+            "--join-token".into(),
+            shoal_testkit::managers::join_token(j, "Manager"),
+        ]);
+    }
+    let d = DaemonProcess::start_with(
+        &shoal_bin(),
+        DaemonOptions {
+            listen_ip: Some(format!("127.0.0.{i}")),
+            hostname: Some(format!("manager-{i}")),
+            extra_args,
+            ..Default::default()
+        },
+    );
+    Node { d, socket, _dir: dir }
+}
+
+#[test]
+fn a_follower_serves_reads_after_the_barrier_forwards_writes_and_fails_them_without_quorum() {
+    let mut leader = manager_with_socket(61, None);
+    let follower = manager_with_socket(62, Some(&leader.d));
+    let rt = runtime();
+    rt.block_on(async {
+        // The follower's own store feeds its watch.
+        let mut w = WatchClient::new(shoal_testkit::swarmkit::channel(&follower.socket).await.unwrap());
+        let req = WatchRequest { entries: vec![service_entry()], resume_from: None, include_old_object: false };
+        let mut stream = w.watch(req).await.unwrap().into_inner();
+        stream.next().await.unwrap().unwrap();
+
+        let mut c = control(&follower.socket).await;
+        let svc = c.create_service(CreateServiceRequest { spec: Some(service_spec("fwd", 1)) }).await.unwrap().into_inner().service.unwrap();
+        // Read your writes on the follower.
+        let got = c.get_service(GetServiceRequest { service_id: svc.id.clone(), insert_defaults: false }).await.unwrap();
+        assert_eq!(got.into_inner().service.unwrap().meta, svc.meta);
+        let seen = read_until(&mut stream, version(&svc.meta).unwrap().index).await;
+        assert!(seen.contains(&(WatchActionKind::WatchActionCreate as i32, version(&svc.meta).unwrap().index, "fwd".into())), "{seen:?}");
+        // The leader has it too.
+        let mut lc = control(&leader.socket).await;
+        let listed = lc.list_services(ListServicesRequest::default()).await.unwrap().into_inner().services;
+        assert!(listed.iter().any(|s| s.id == svc.id));
+    });
+    // Without the other manager there is no quorum: reads and writes fail within a bounded time, UNAVAILABLE.
+    assert!(leader.d.stop());
+    rt.block_on(async {
+        let mut c = control(&follower.socket).await;
+        let started = std::time::Instant::now();
+        let read = c.list_services(ListServicesRequest::default()).await.unwrap_err();
+        assert_eq!(read.code(), Code::Unavailable, "{read:?}");
+        let write = c.create_service(CreateServiceRequest { spec: Some(service_spec("lost", 1)) }).await.unwrap_err();
+        assert_eq!(write.code(), Code::Unavailable, "{write:?}");
+        assert!(started.elapsed() < Duration::from_secs(30), "failed in {:?}", started.elapsed());
+    });
+}
+
+#[test]
+fn service_logs_come_through_the_socket_as_swarmctl_reads_them() {
+    let n = start();
+    runtime().block_on(async {
+        let mut c = control(&n.socket).await;
+        let mut spec = service_spec("talker", 1);
+        if let Some(task_spec::Runtime::Container(ct)) = spec.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+            ct.command = vec!["sh".into()];
+            ct.args = vec!["-c".into(), "echo hello from talker; sleep 3600".into()];
+        }
+        let svc = c.create_service(CreateServiceRequest { spec: Some(spec) }).await.unwrap().into_inner().service.unwrap();
+        wait_for_running(&mut c, &svc.id, 1).await;
+        let mut logs = shoal_api::logs_client::LogsClient::new(shoal_testkit::swarmkit::channel(&n.socket).await.unwrap());
+        let req = SubscribeLogsRequest {
+            selector: Some(LogSelector { service_ids: vec![svc.id.clone()], ..Default::default() }),
+            options: Some(LogSubscriptionOptions { follow: true, ..Default::default() }),
+        };
+        let mut stream = logs.subscribe_logs(req).await.unwrap().into_inner();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let msg = tokio::time::timeout_at(deadline, stream.next()).await.expect("a log line within 30 s").unwrap().unwrap();
+            if msg.messages.iter().any(|m| String::from_utf8_lossy(&m.data).contains("hello from talker")) {
+                break;
             }
         }
     });

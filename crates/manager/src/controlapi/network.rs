@@ -215,7 +215,7 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
         .write(|t: &Tables, c: &mut Changes| {
             let name = spec.annotations.as_ref().map_or("", |a| a.name.as_str());
             if let Some(owner) = t.networks().by_name(name) {
-                return Err(ControlError::Conflict(format!(
+                return Err(ControlError::AlreadyExists(format!(
                     "network with name {name} already exists (network {}); choose another name",
                     owner.id
                 )));

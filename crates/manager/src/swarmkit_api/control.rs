@@ -3,8 +3,8 @@
 //! (names exact, prefixes, `key`/`key=value` label maps where an empty value asks for the key only). A
 //! cluster is answered without its CA key and unlock keys, a secret without its data, as SwarmKit does.
 //!
-//! Not served (no such object in Shoal yet, or no such operation): networks (another part of the tree adds
-//! them), task removal, extensions, resources and volumes: tonic answers UNIMPLEMENTED for them.
+//! Not served (no such object in Shoal, or no such operation): task removal, extensions, resources and
+//! volumes: the node's socket answers UNIMPLEMENTED naming them.
 
 use std::collections::HashMap;
 
@@ -273,6 +273,46 @@ impl Control for ControlService {
                 .collect()
         });
         ok(ListServiceStatusesResponse { statuses })
+    }
+
+    async fn get_network(&self, req: Request<GetNetworkRequest>) -> Answer<GetNetworkResponse> {
+        let r = req.into_inner();
+        // As SwarmKit: by ID, else by name.
+        let reference = if r.network_id.is_empty() { r.name } else { r.network_id };
+        required("network ID or name", &reference)?;
+        read_barrier(&self.state).await?;
+        let n = control(controlapi::get_network(&self.state, &reference))?;
+        ok(GetNetworkResponse { network: Some(n) })
+    }
+
+    async fn list_networks(&self, req: Request<ListNetworksRequest>) -> Answer<ListNetworksResponse> {
+        read_barrier(&self.state).await?;
+        let f = req.into_inner().filters.unwrap_or_default();
+        let networks = controlapi::list_networks(&self.state, &Default::default())
+            .into_iter()
+            .filter(|n| {
+                let (name, labels) = annotations(n.spec.as_ref().and_then(|s| s.annotations.as_ref()));
+                contains(&f.names, &name)
+                    && has_prefix(&f.name_prefixes, &name)
+                    && has_prefix(&f.id_prefixes, &n.id)
+                    && labels_match(&labels, &f.labels)
+            })
+            .collect();
+        ok(ListNetworksResponse { networks })
+    }
+
+    async fn create_network(&self, req: Request<CreateNetworkRequest>) -> Answer<CreateNetworkResponse> {
+        let spec = req.into_inner().spec.ok_or_else(|| Status::invalid_argument("spec must be provided"))?;
+        let n = control(controlapi::create_network(&self.state, spec).await)?;
+        ok(CreateNetworkResponse { network: Some(n) })
+    }
+
+    async fn remove_network(&self, req: Request<RemoveNetworkRequest>) -> Answer<RemoveNetworkResponse> {
+        let r = req.into_inner();
+        let reference = if r.network_id.is_empty() { r.name } else { r.network_id };
+        required("network ID or name", &reference)?;
+        control(controlapi::remove_network(&self.state, &reference).await)?;
+        ok(RemoveNetworkResponse {})
     }
 
     async fn get_cluster(&self, req: Request<GetClusterRequest>) -> Answer<GetClusterResponse> {

@@ -108,9 +108,10 @@ async fn watch_requests_are_checked_before_anything_is_sent() {
     let w = WatchService::new(state, None, None);
     let check = |entries: Vec<watch_request::WatchEntry>, fragment: &'static str| {
         let w = w.clone();
+        let entries_len = entries.len();
         async move {
             let r = w.watch(Request::new(WatchRequest { entries, resume_from: None, include_old_object: false })).await;
-            let e = r.err().expect("refused");
+            let Err(e) = r else { panic!("{entries_len} entries were accepted") };
             assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
             assert!(e.message().contains(fragment), "{}", e.message());
         }
@@ -148,4 +149,44 @@ async fn a_secret_in_a_watch_event_has_no_data() {
         Some(object::Object::Secret(s)) => assert!(s.spec.as_ref().unwrap().data.is_empty()),
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_subscriber_that_falls_behind_is_told_where_to_resume() {
+    use std::sync::Arc;
+    let store = Arc::new(shoal_store::MemoryStore::new(8));
+    let proposer = Arc::new(shoal_raft::LocalProposer::new(store.clone()));
+    let state = crate::ClusterState::new(
+        store,
+        proposer,
+        Arc::new(shoal_store::ManualClock::new(1_700_000_000_000)),
+        Arc::new(crate::RandomIds::seeded(3)),
+    );
+    let c = ControlService::new(state.clone());
+    let w = WatchService::new(state, None, None);
+    let req = WatchRequest { entries: vec![entry("config", ALL, vec![])], resume_from: None, include_old_object: false };
+    let mut stream = w.watch(Request::new(req)).await.unwrap().into_inner();
+    let writes = SUBSCRIBER_QUEUE_MESSAGES + 8 + 50;
+    for i in 0..writes {
+        let spec = ConfigSpec {
+            annotations: Some(Annotations { name: format!("c{i}"), ..Default::default() }),
+            data: b"x".to_vec(),
+            ..Default::default()
+        };
+        c.create_config(Request::new(CreateConfigRequest { spec: Some(spec) })).await.unwrap();
+    }
+    let mut last = 0;
+    let mut received = 0;
+    let status = loop {
+        match stream.next().await.expect("the stream ends with a status") {
+            Ok(m) => {
+                received += m.events.len();
+                last = m.version.map_or(last, |v| v.index);
+            }
+            Err(s) => break s,
+        }
+    };
+    assert!(received < writes, "the queue is bounded: {received} of {writes} events were held");
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert!(status.message().contains(&format!("resume_from = {last}")), "{}", status.message());
 }

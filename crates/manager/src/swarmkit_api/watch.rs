@@ -68,6 +68,11 @@ impl WatchService {
         WatchService { state, log, shutdown }
     }
 
+    /// The shutdown signal it was given, if any (for streams made from this one).
+    pub fn shutdown_signal(&self) -> Option<tokio_watch::Receiver<bool>> {
+        self.shutdown.clone()
+    }
+
     /// True once the shutdown it was given has turned true.
     pub fn stopping(&self) -> bool {
         self.shutdown.as_ref().is_some_and(|rx| *rx.borrow())
