@@ -367,14 +367,19 @@ impl Tables {
             }
         }
         for mine in network_subnets(network) {
-            for other in self.networks.iter().filter(|o| o.id != network.id) {
-                if let Some(theirs) = network_subnets(other).find(|t| t.overlaps(&mine)) {
-                    return Err(StoreError::AddressConflict(format!(
-                        "subnet {mine} of network {} overlaps subnet {theirs} of network {}; choose another subnet",
-                        network.unique_name().unwrap_or(&network.id),
-                        other.unique_name().unwrap_or(&other.id)
-                    )));
-                }
+            // The overlapping network with the lowest subnet, so the message does not depend on table order.
+            let first = self
+                .networks
+                .iter()
+                .filter(|o| o.id != network.id)
+                .filter_map(|o| Some((network_subnets(o).find(|t| t.overlaps(&mine))?, o)))
+                .min_by(|a, b| a.0.cmp(&b.0));
+            if let Some((theirs, other)) = first {
+                return Err(StoreError::AddressConflict(format!(
+                    "subnet {mine} of network {} overlaps subnet {theirs} of network {}; choose another subnet",
+                    network.unique_name().unwrap_or(&network.id),
+                    other.unique_name().unwrap_or(&other.id)
+                )));
             }
         }
         Ok(())

@@ -244,10 +244,16 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
                     (s, None, None)
                 }
             };
-            if let Some((other, theirs)) = t.networks().iter().find_map(|n| {
-                let theirs = n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse::<Cidr>().ok()).find(|c| c.overlaps(&subnet))?;
-                Some((n.clone(), theirs))
-            }) {
+            // The overlapping network with the lowest subnet, so the message does not depend on table order.
+            if let Some((theirs, other)) = t
+                .networks()
+                .iter()
+                .filter_map(|n| {
+                    let theirs = n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse::<Cidr>().ok()).find(|c| c.overlaps(&subnet))?;
+                    Some((theirs, n.clone()))
+                })
+                .min_by(|a, b| a.0.cmp(&b.0))
+            {
                 return Err(ControlError::Conflict(format!(
                     "subnet {subnet} overlaps subnet {theirs} of network {}; choose another subnet",
                     other.unique_name().unwrap_or(&other.id)
