@@ -38,6 +38,24 @@ pub fn duration_to_proto(d: Duration) -> prost_types::Duration {
 }
 
 impl TaskState {
+    /// Every task state, in SwarmKit's order.
+    pub const ALL: [TaskState; 14] = [
+        TaskState::New,
+        TaskState::Pending,
+        TaskState::Assigned,
+        TaskState::Accepted,
+        TaskState::Preparing,
+        TaskState::Ready,
+        TaskState::Starting,
+        TaskState::Running,
+        TaskState::Complete,
+        TaskState::Shutdown,
+        TaskState::Failed,
+        TaskState::Rejected,
+        TaskState::Remove,
+        TaskState::Orphaned,
+    ];
+
     /// True for states a task never leaves: it has stopped running for good.
     pub fn is_terminal(self) -> bool {
         self as i32 > TaskState::Running as i32
@@ -70,23 +88,7 @@ impl TaskState {
 
     /// Parses Docker's lower-case state name.
     pub fn from_docker_name(s: &str) -> Option<TaskState> {
-        const ALL: [TaskState; 14] = [
-            TaskState::New,
-            TaskState::Pending,
-            TaskState::Assigned,
-            TaskState::Accepted,
-            TaskState::Preparing,
-            TaskState::Ready,
-            TaskState::Starting,
-            TaskState::Running,
-            TaskState::Complete,
-            TaskState::Shutdown,
-            TaskState::Failed,
-            TaskState::Rejected,
-            TaskState::Remove,
-            TaskState::Orphaned,
-        ];
-        ALL.into_iter().find(|st| st.docker_name() == s)
+        TaskState::ALL.into_iter().find(|st| st.docker_name() == s)
     }
 }
 

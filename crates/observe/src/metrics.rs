@@ -27,22 +27,7 @@ use shoal_store::MemoryStore;
 
 /// Every task state, in SwarmKit's order: `swarm_manager_tasks_total` reports each (zero included), as
 /// SwarmKit does.
-pub const TASK_STATES: [TaskState; 14] = [
-    TaskState::New,
-    TaskState::Pending,
-    TaskState::Assigned,
-    TaskState::Accepted,
-    TaskState::Preparing,
-    TaskState::Ready,
-    TaskState::Starting,
-    TaskState::Running,
-    TaskState::Complete,
-    TaskState::Shutdown,
-    TaskState::Failed,
-    TaskState::Rejected,
-    TaskState::Remove,
-    TaskState::Orphaned,
-];
+pub const TASK_STATES: [TaskState; 14] = TaskState::ALL;
 
 /// Node states as the `state` label of `swarm_manager_nodes` (SwarmKit's lower-case names).
 const NODE_STATES: [(shoal_api::node_status::State, &str); 4] = [

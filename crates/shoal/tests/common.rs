@@ -108,6 +108,25 @@ pub fn shoal_cli(socket: &Path, args: &[&str]) -> std::process::Output {
     shoal_command(socket, args).output().expect("run shoal")
 }
 
+/// Starts the docker CLI with `args` on `socket`; its output lines arrive on the channel as it prints them.
+pub fn docker_lines(socket: &Path, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = docker_cli::command(socket, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("docker {}: {e}", args.join(" ")));
+    let out = child.stdout.take().expect("stdout");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, lines)
+}
+
 /// A `docker service logs -f --tail 0` process, killed when dropped.
 pub struct Follower {
     child: Child,
@@ -117,20 +136,7 @@ pub struct Follower {
 impl Follower {
     /// Starts following `target` (a service or task) through the control socket `socket`.
     pub fn start(socket: &std::path::Path, target: &str) -> Follower {
-        let mut child = docker_cli::command(socket, &["service", "logs", "-f", "--tail", "0", target])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker service logs -f");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let (child, lines) = docker_lines(socket, &["service", "logs", "-f", "--tail", "0", target]);
         Follower { child, lines }
     }
 

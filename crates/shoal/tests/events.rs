@@ -5,8 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -23,20 +22,7 @@ impl Events {
     fn start(d: &DaemonProcess, args: &[&str]) -> Events {
         let mut all = vec!["events", "--format", "{{json .}}"];
         all.extend_from_slice(args);
-        let mut child = docker_cli::command(d.socket(), &all)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker events");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let (child, lines) = docker_lines(d.socket(), &all);
         Events { child, lines }
     }
 
