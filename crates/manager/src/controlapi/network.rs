@@ -335,8 +335,12 @@ pub async fn remove_network(state: &ClusterState, reference: &str) -> Result<(),
                     users.join(", ")
                 )));
             }
+            // A task still meant to run holds the network; one already told to stop (its service removed, as
+            // `docker stack rm` does just before it removes the stack's networks) does not, as in SwarmKit:
+            // the allocator drops the network's pool and the task's address goes with it.
             let holder = t.tasks().iter().find(|task| {
                 crate::orchestrator::observed_state(task) <= shoal_api::TaskState::Running
+                    && task.desired_state < shoal_api::TaskState::Shutdown as i32
                     && task.networks.iter().any(|a| a.network.as_ref().is_some_and(|x| x.id == n.id))
             });
             if let Some(task) = holder {

@@ -122,8 +122,10 @@ pub fn list_tasks(state: &ClusterState, filters: &TaskFilters) -> Vec<Arc<Task>>
         candidates
             .into_iter()
             .filter(|task| {
+                // SwarmKit matches a task's label filter against its service's labels (what
+                // `docker stack ps` lists a stack's tasks by), not the task's own annotations.
                 let labels = task
-                    .annotations
+                    .service_annotations
                     .as_ref()
                     .map(|a| a.labels.clone())
                     .unwrap_or_default();
