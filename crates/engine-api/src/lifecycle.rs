@@ -285,8 +285,7 @@ fn refuse_network_fields(data_path_addr: &str, data_path_port: u32, pools: &[Str
     Ok(())
 }
 
-/// The Engine API's spec refusals shared with `docker swarm update` (fields the CA or the executors cannot
-/// honour).
+/// The init spec's refusals: what a new cluster's CA or the executors cannot honour.
 pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError> {
     for (field, set) in [
         ("CAConfig.ExternalCAs", !j.ca_config.external_cas.is_empty()),
@@ -295,7 +294,7 @@ pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError>
     ] {
         if set {
             return Err(ApiError::BadRequest(format!(
-                "{field} is not supported yet: Shoal's CA signs with a root it makes itself (docker swarm ca --rotate without --ca-cert, --ca-key or --external-ca rotates it)"
+                "{field} is not supported at init yet: a new swarm's CA makes its own root; after the init, rotate to your root (docker swarm ca --rotate --ca-cert --ca-key) and add the signer (docker swarm update --external-ca)"
             )));
         }
     }
