@@ -99,7 +99,7 @@ fn a_cfssl_signer_issues_the_certificates_of_joining_nodes() {
     let cfssl = start_cfssl(dir.path(), port);
     let url = format!("https://127.0.0.1:{port}");
     docker(&m, &["swarm", "update", "--external-ca", &format!("protocol=cfssl,url={url}")]);
-    let shown = docker(&m, &["swarm", "inspect", "--format", "{{range .Spec.CAConfig.ExternalCAs}}{{.Protocol}} {{.URL}}{{end}}"]);
+    let shown = docker(&m, &["info", "--format", "{{range .Swarm.Cluster.Spec.CAConfig.ExternalCAs}}{{.Protocol}} {{.URL}}{{end}}"]);
     assert_eq!(shown.trim(), format!("cfssl {url}"));
 
     let token = docker(&m, &["swarm", "join-token", "-q", "worker"]).trim().to_string();
