@@ -82,6 +82,10 @@ pub struct Agent {
     session_manager_sink: Option<watch::Sender<String>>,
     /// When set, gets the IDs and names (never the data) of the secrets and configs the agent holds.
     held_sink: Option<worker::HeldSink>,
+    /// When set, the node's TLS information, sent in the description; a change opens a new session.
+    tls_info: Option<watch::Receiver<shoal_api::NodeTlsInfo>>,
+    /// When set, gets the roots to trust (`SessionMessage.RootCA`) whenever a session message carries them.
+    roots_sink: Option<watch::Sender<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -104,7 +108,22 @@ impl Agent {
             managers_sink: None,
             session_manager_sink: None,
             held_sink: None,
+            tls_info: None,
+            roots_sink: None,
         }
+    }
+
+    /// Reports `info` in the node description, and opens a new session whenever it changes (a renewed
+    /// certificate, new trusted roots), as SwarmKit's agent does for a changed description.
+    pub fn with_tls_info(mut self, info: watch::Receiver<shoal_api::NodeTlsInfo>) -> Agent {
+        self.tls_info = Some(info);
+        self
+    }
+
+    /// Publishes on `sink` the roots the managers say to trust (a root CA rotation changes them).
+    pub fn with_roots_sink(mut self, sink: watch::Sender<Vec<u8>>) -> Agent {
+        self.roots_sink = Some(sink);
+        self
     }
 
     /// Knows `more` managers besides `config.manager_addr` (tried after it, in order), and keeps the list
@@ -216,6 +235,17 @@ impl Agent {
             };
             let mut on_message = |msg: &shoal_api::SessionMessage| {
                 remotes.opened();
+                if let Some(sink) = &self.roots_sink {
+                    if !msg.root_ca.is_empty() {
+                        sink.send_if_modified(|cur| {
+                            let changed = *cur != msg.root_ca;
+                            if changed {
+                                cur.clone_from(&msg.root_ca);
+                            }
+                            changed
+                        });
+                    }
+                }
                 if let Some(sink) = &self.session_manager_sink {
                     sink.send_if_modified(|cur| {
                         let now = remotes::host_port(&manager_addr);
@@ -254,11 +284,17 @@ impl Agent {
                     }
                 }
             };
+            let mut description = description.clone();
+            let tls_info = self.tls_info.clone().map(|mut rx| {
+                description.tls_info = Some(rx.borrow_and_update().clone());
+                rx
+            });
             let ctx = SessionContext {
                 manager_addr: &manager_addr,
                 endpoint_factory: self.endpoint_factory.as_ref(),
                 node_id: &self.config.node_id,
-                description: description.clone(),
+                description,
+                tls_info,
                 worker: &mut worker,
                 reporter: reporter.clone(),
                 backoff: &mut backoff,
@@ -267,6 +303,11 @@ impl Agent {
             };
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,
+                Err(SessionError::DescriptionChanged) => {
+                    tracing::info!(node = %self.config.node_id, "this node's certificate changed: opening a new session to report it");
+                    redirect = Some(manager_addr.clone());
+                    continue;
+                }
                 Err(e) => {
                     if e.node_removed() && !stopped_as_removed {
                         stopped_as_removed = true;

@@ -63,6 +63,9 @@ pub enum SessionError {
     /// The manager closed a stream.
     #[error("the manager closed the {0} stream")]
     StreamEnded(&'static str),
+    /// This node's description changed (its certificate or trusted roots): a new session sends it.
+    #[error("this node's certificate or trusted roots changed; reconnecting to report them")]
+    DescriptionChanged,
 }
 
 /// gRPC metadata key in which a manager that is not the Raft leader names the leader's address (the
@@ -149,6 +152,9 @@ pub struct SessionContext<'a> {
     pub node_sink: Option<&'a watch::Sender<Option<shoal_api::Node>>>,
     /// Called with every session message (the first one too): the agent learns the manager list from it.
     pub on_message: &'a mut (dyn FnMut(&SessionMessage) + Send),
+    /// When set, the session ends (`DescriptionChanged`) as soon as this changes: the node's TLS information,
+    /// which the next session's description carries.
+    pub tls_info: Option<watch::Receiver<shoal_api::NodeTlsInfo>>,
 }
 
 fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
@@ -174,6 +180,7 @@ impl Drop for AbortOnDrop {
 /// Runs one session until it fails (`Err`) or `shutdown` turns true (`Ok`).
 pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), SessionError> {
     let addr = ctx.manager_addr.to_string();
+    let mut tls_info = ctx.tls_info;
     let endpoint = match ctx.endpoint_factory {
         Some(make) => make(&addr).map_err(|reason| SessionError::BadAddress { addr: addr.clone(), reason })?,
         None => Endpoint::from_shared(addr.clone())
@@ -288,7 +295,20 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
             },
             r = &mut heartbeat.0 => return Err(joined(r)),
             r = &mut reporter.0 => return Err(joined(r)),
+            _ = changed(&mut tls_info) => return Err(SessionError::DescriptionChanged),
         }
+    }
+}
+
+/// Resolves when `rx` (when set) has a value not seen yet; never when unset or its sender is gone.
+async fn changed<T>(rx: &mut Option<watch::Receiver<T>>) {
+    match rx.as_mut() {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 

@@ -135,3 +135,46 @@ fn renewal_point_is_between_half_and_four_fifths_of_the_issued_life() {
     assert_eq!(d_later + Duration::from_secs(1000), renewal_delay(&info, issued_at, &mut rng(15)));
     assert_eq!(renewal_delay(&info, issued_at + life, &mut rng(16)), Duration::ZERO);
 }
+
+#[test]
+fn a_cross_signed_new_root_chains_new_certificates_to_the_old_root() {
+    let old = RootCa::generate(t0(), &mut rng(20)).unwrap();
+    let new = RootCa::generate(t0(), &mut rng(21)).unwrap();
+    let cross = cross_sign(new.cert_pem(), &old, &mut rng(22)).unwrap();
+    let csr = generate_node_key_and_csr().unwrap();
+    let leaf = new.sign_csr(&csr.csr_pem, &subject(Role::Worker), DEFAULT_NODE_CERT_EXPIRY, t0(), &mut rng(23)).unwrap();
+    let der = |pem: &str| parse_cert_pem_chain(pem.as_bytes()).unwrap().remove(0);
+    let (leaf_der, cross_der) = (der(&leaf), der(&cross));
+    assert!(signed_by(&leaf_der, &cross_der).unwrap(), "the intermediate carries the new root's key and name");
+    assert!(signed_by(&cross_der, &der(old.cert_pem())).unwrap(), "the intermediate is signed by the old root");
+    assert!(signed_by(&leaf_der, &der(new.cert_pem())).unwrap());
+    assert!(!signed_by(&leaf_der, &der(old.cert_pem())).unwrap(), "not by the old key");
+    // Who issued it, as a node reports it: the new root, with or without the intermediate in the chain.
+    let want = root_issuer_info(new.cert_pem().as_bytes()).unwrap();
+    let chain = format!("{leaf}{cross}");
+    assert_eq!(cert_issuer_info(chain.as_bytes(), old.cert_pem().as_bytes()).unwrap(), want);
+    let both = format!("{}{}", old.cert_pem(), new.cert_pem());
+    assert_eq!(cert_issuer_info(leaf.as_bytes(), both.as_bytes()).unwrap(), want, "picked by key identifier");
+    assert_ne!(root_issuer_info(old.cert_pem().as_bytes()).unwrap(), want);
+    assert!(cert_issuer_info(leaf.as_bytes(), old.cert_pem().as_bytes()).is_err(), "the old root did not issue it");
+}
+
+#[test]
+fn an_operators_root_must_be_a_ca_valid_now_with_its_own_key() {
+    let root = RootCa::generate(t0(), &mut rng(30)).unwrap();
+    let other = RootCa::generate(t0(), &mut rng(31)).unwrap();
+    check_root(root.cert_pem(), Some(root.key_pem()), t0()).unwrap();
+    check_root(root.cert_pem(), None, t0()).unwrap();
+    let e = check_root(root.cert_pem(), Some(other.key_pem()), t0()).unwrap_err();
+    assert!(e.to_string().contains("does not belong"), "{e}");
+    let e = check_root(root.cert_pem(), None, t0() + ROOT_CA_VALIDITY + Duration::from_secs(10)).unwrap_err();
+    assert!(e.to_string().contains("not valid now"), "{e}");
+    let csr = generate_node_key_and_csr().unwrap();
+    let leaf = root.sign_csr(&csr.csr_pem, &subject(Role::Worker), DEFAULT_NODE_CERT_EXPIRY, t0(), &mut rng(32)).unwrap();
+    let e = check_root(&leaf, None, t0()).unwrap_err();
+    assert!(e.to_string().contains("not a CA"), "{e}");
+    let e = check_root(&format!("{}{}", root.cert_pem(), other.cert_pem()), None, t0()).unwrap_err();
+    assert!(e.to_string().contains("one certificate"), "{e}");
+    let e = check_root(root.cert_pem(), Some("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"), t0()).unwrap_err();
+    assert!(e.to_string().contains("PKCS#8"), "{e}");
+}

@@ -285,18 +285,25 @@ fn refuse_network_fields(data_path_addr: &str, data_path_port: u32, pools: &[Str
     Ok(())
 }
 
-/// The Engine API's spec refusals shared with `docker swarm update` (fields the CA or the executors cannot
-/// honour).
+/// The init spec's refusals: what a new cluster's CA or the executors cannot honour.
 pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError> {
     for (field, set) in [
-        ("CAConfig.ExternalCAs", !j.ca_config.external_cas.is_empty()),
         ("CAConfig.SigningCACert", !j.ca_config.signing_ca_cert.is_empty()),
         ("CAConfig.SigningCAKey", !j.ca_config.signing_ca_key.is_empty()),
     ] {
         if set {
             return Err(ApiError::BadRequest(format!(
-                "{field} is not supported yet: Shoal's CA signs with a root it makes itself (docker swarm ca --rotate without --ca-cert, --ca-key or --external-ca rotates it)"
+                "{field} is not supported at init: a new swarm's CA makes its own root; after the init, rotate to your root (docker swarm ca --rotate --ca-cert --ca-key)"
             )));
+        }
+    }
+    // An external CA at init roots the swarm at the signer's root: which one must be said.
+    for e in &j.ca_config.external_cas {
+        e.check()?;
+        if e.ca_cert.is_empty() {
+            return Err(ApiError::BadRequest(
+                "CAConfig.ExternalCAs at init needs the signer's root certificate: add cacert=FILE to --external-ca (the root whose key the signer holds)".into(),
+            ));
         }
     }
     if j.task_defaults.log_driver.as_ref().is_some_and(|d| !d.name.is_empty() || !d.options.is_empty()) {

@@ -19,7 +19,7 @@ use shoal_manager::controlapi;
 
 use crate::error::ApiError;
 use crate::request::parse_bool_param;
-use crate::json::objects::SwarmSpecJson;
+use crate::json::objects::{ExternalCaJson, SwarmSpecJson};
 use crate::ApiContext;
 
 fn duration_from_ns(ns: i64) -> Option<shoal_api::prost_types::Duration> {
@@ -81,6 +81,11 @@ pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
         ca.node_cert_expiry = Some(expiry);
     }
     ca.force_rotate = j.ca_config.force_rotate;
+    // As the engine: the root to rotate to is passed through (the control API takes it and stores neither),
+    // and the external CAs are the ones sent.
+    ca.signing_ca_cert = j.ca_config.signing_ca_cert.as_bytes().to_vec();
+    ca.signing_ca_key = j.ca_config.signing_ca_key.as_bytes().to_vec();
+    ca.external_cas = j.ca_config.external_cas.iter().map(ExternalCaJson::to_api).collect();
     s.encryption_config
         .get_or_insert_with(Default::default)
         .auto_lock_managers = j.encryption_config.auto_lock_managers;
@@ -123,27 +128,11 @@ pub async fn update_swarm(
         manager: parse_bool_param(&q, "rotateManagerToken")?,
     };
     let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
-    // Shoal's CA signs with its own root only: an external CA or a root given by the user would be dropped.
-    for (field, set) in [
-        ("CAConfig.ExternalCAs", !j.ca_config.external_cas.is_empty()),
-        ("CAConfig.SigningCACert", !j.ca_config.signing_ca_cert.is_empty()),
-        ("CAConfig.SigningCAKey", !j.ca_config.signing_ca_key.is_empty()),
-    ] {
-        if set {
-            return Err(ApiError::BadRequest(format!(
-                "{field} is not supported yet: Shoal's CA signs with a root it makes itself (docker swarm ca --rotate without --ca-cert, --ca-key or --external-ca rotates it)"
-            )));
-        }
+    for e in &j.ca_config.external_cas {
+        e.check()?;
     }
     let cluster = controlapi::get_cluster(&ctx.state)?;
     let current = cluster.spec.clone().unwrap_or_default();
-    // `docker swarm ca --rotate` raises ForceRotate: a new root would be expected, and none comes yet.
-    if j.ca_config.force_rotate != current.ca_config.as_ref().map_or(0, |c| c.force_rotate) {
-        return Err(ApiError::BadRequest(
-            "CAConfig.ForceRotate: root CA rotation (docker swarm ca --rotate) is not supported yet; the root CA stays the one the swarm was created with"
-                .into(),
-        ));
-    }
     let spec = merge_spec(&current, &j);
     // No executor applies a default log driver: a new one is refused rather than stored and ignored (the one
     // a cluster already has, sent back as `docker swarm update` does, goes through).

@@ -1004,9 +1004,11 @@ async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_what_it_cannot_h
         assert_error(&r, StatusCode::BAD_REQUEST, fragment);
     }
     for (ca, fragment) in [
-        (json!({"ExternalCAs": [{"Protocol": "cfssl", "URL": "https://ca.example"}]}), "CAConfig.ExternalCAs is not supported yet"),
-        (json!({"SigningCACert": "-----BEGIN CERTIFICATE-----", "ForceRotate": 1}), "CAConfig.SigningCACert is not supported yet"),
-        (json!({"signingCAKey": "-----BEGIN EC PRIVATE KEY-----"}), "CAConfig.SigningCAKey is not supported yet"),
+        (json!({"ExternalCAs": [{"Protocol": "acme", "URL": "https://ca.example"}]}), "invalid CAConfig.ExternalCAs.Protocol \"acme\": use one of cfssl"),
+        (json!({"ExternalCAs": [{"Protocol": "cfssl", "URL": "http://ca.example"}]}), "must be an https:// URL"),
+        (json!({"ExternalCAs": [{"Protocol": "cfssl", "URL": "https://ca.example", "Options": {"profile": "x"}}]}), "options [\"profile\"] are not supported"),
+        (json!({"SigningCACert": "-----BEGIN CERTIFICATE-----", "ForceRotate": 1}), "CAConfig.SigningCACert: invalid certificate"),
+        (json!({"signingCAKey": "-----BEGIN EC PRIVATE KEY-----"}), "CAConfig.SigningCAKey without SigningCACert"),
     ] {
         let mut doc = spec.clone();
         doc["CAConfig"] = ca;

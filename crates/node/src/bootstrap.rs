@@ -32,7 +32,7 @@ pub fn default_cluster_spec() -> ClusterSpec {
             election_tick: 10,
         }),
         dispatcher: Some(DispatcherConfig { heartbeat_period: Some(duration_to_proto(DEFAULT_HEARTBEAT_PERIOD)) }),
-        ca_config: Some(CaConfig { node_cert_expiry: Some(duration_to_proto(DEFAULT_NODE_CERT_EXPIRY)), force_rotate: 0 }),
+        ca_config: Some(CaConfig { node_cert_expiry: Some(duration_to_proto(DEFAULT_NODE_CERT_EXPIRY)), ..Default::default() }),
         task_defaults: None,
         encryption_config: None,
     }

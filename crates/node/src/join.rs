@@ -411,3 +411,71 @@ pub async fn run_renewal(
         }
     }
 }
+
+/// Follows a root CA rotation (SwarmKit's node): when the roots the managers say to trust (`roots`, from the
+/// session messages) change, trusts them, writes them to the state dir and renews the certificate; when this
+/// node's Node object (`node`) asks for a renewal (certificate status ROTATE), renews. Renewals go through
+/// `manager_addr()` and are retried with a doubling delay from `RENEW_RETRY_MIN` to `RENEW_RETRY_MAX`. Open
+/// connections and tasks are not touched. Returns on `shutdown`.
+pub async fn follow_root_rotation(
+    state_dir: PathBuf,
+    tls: NodeTls,
+    mut roots: watch::Receiver<Vec<u8>>,
+    mut node: watch::Receiver<Option<shoal_api::Node>>,
+    manager_addr: impl Fn() -> String + Send + 'static,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut retry = RENEW_RETRY_MIN;
+    let mut renew = false;
+    let mut check_node = true;
+    loop {
+        let wanted = roots.borrow_and_update().clone();
+        if !wanted.is_empty() && wanted != tls.root_pem().as_bytes() {
+            match String::from_utf8(wanted) {
+                Ok(pem) => match tls.update_roots(&pem) {
+                    Ok(()) => {
+                        let certs = NodeCerts { root_pem: pem, cert_pem: tls.cert_pem(), key_pem: tls.key_pem() };
+                        if let Err(e) = store_certs(&state_dir, &certs) {
+                            tracing::warn!(error = %e, "cannot write the new trusted roots to the state dir");
+                        }
+                        tracing::info!(roots = certs.root_pem.matches("BEGIN CERTIFICATE").count(), "the cluster's root CA changed: trusting the roots the managers sent; renewing the certificate");
+                        renew = true;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "the managers sent roots that cannot be used; keeping the current ones"),
+                },
+                Err(_) => tracing::warn!("the managers sent roots that are not PEM text; keeping the current ones"),
+            }
+        }
+        if std::mem::take(&mut check_node) {
+            let state = node.borrow_and_update().as_ref().and_then(|n| n.certificate.as_ref()?.status.as_ref().map(|s| s.state));
+            if state == Some(issuance_status::State::Rotate as i32) {
+                tracing::info!("the managers asked this node to renew its certificate (root CA rotation)");
+                renew = true;
+            }
+        }
+        if renew {
+            let addr = manager_addr();
+            match renew_once(&addr, &tls, &state_dir).await {
+                Ok(()) => {
+                    renew = false;
+                    retry = RENEW_RETRY_MIN;
+                    tracing::info!(node = %tls.subject().node_id, "node certificate renewed for the root CA rotation");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "certificate renewal for the root CA rotation failed; retrying in {retry:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry) => {}
+                        _ = shoal_manager::stopped(&mut shutdown) => return,
+                    }
+                    retry = (retry * 2).min(RENEW_RETRY_MAX);
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            r = roots.changed() => if r.is_err() { return },
+            r = node.changed() => if r.is_err() { return } else { check_node = true },
+            _ = shoal_manager::stopped(&mut shutdown) => return,
+        }
+    }
+}

@@ -10,6 +10,7 @@ pub mod api_tcp;
 pub mod authz;
 mod bootstrap;
 mod config;
+pub mod external_ca;
 mod identity;
 pub mod join;
 pub mod leader_logs;
@@ -434,9 +435,25 @@ impl Node {
             },
             executor,
         )
-        .with_manager_source(dispatcher_addr)
-        .with_endpoint_factory(tls::agent_endpoints(&mtls.tls));
+        .with_manager_source(dispatcher_addr.clone())
+        .with_endpoint_factory(tls::agent_endpoints(&mtls.tls))
+        .with_tls_info(mtls.tls.tls_info());
+        // A root CA rotation: this manager follows it as any node does, through its agent's session.
+        let (node_tx, node_rx) = watch::channel(None);
+        let (roots_tx, roots_rx) = watch::channel(Vec::new());
+        let agent = agent.with_node_sink(node_tx).with_roots_sink(roots_tx);
         tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
+        tasks.push((
+            "root-rotation",
+            tokio::spawn(join::follow_root_rotation(
+                cfg.state_dir.clone(),
+                mtls.tls.clone(),
+                roots_rx,
+                node_rx,
+                move || dispatcher_addr.borrow().clone(),
+                shutdown_rx.clone(),
+            )),
+        ));
 
         tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
         let swarmkit_socket = cfg.listen_swarmkit_api.clone();

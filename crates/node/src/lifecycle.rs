@@ -458,7 +458,31 @@ pub(crate) fn record_member(cfg: &DaemonConfig) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// After a successful init: the request's spec, then this node's availability.
+/// Longest an init with an external CA waits for the signer to issue this manager's certificate.
+pub const INIT_EXTERNAL_CA_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Resolves once the cluster has no root rotation in progress, or fails after `limit`.
+async fn rotation_done(state: &shoal_manager::ClusterState, limit: std::time::Duration) -> Result<(), ApiError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let (done, mut watch) = state.store.view_and_watch(|t| {
+            t.clusters().iter().next().is_some_and(|c| c.root_ca.as_ref().is_some_and(|r| r.root_rotation.is_none()))
+        });
+        if done {
+            return Ok(());
+        }
+        if tokio::time::timeout_at(deadline, watch.recv()).await.is_err() {
+            return Err(ApiError::Unavailable(format!(
+                "the external CA did not sign this manager's certificate within {}s: check that the signer is running at the --external-ca URL, serves HTTPS with a certificate from the cacert root, and holds that root's key",
+                limit.as_secs()
+            )));
+        }
+    }
+}
+
+/// After a successful init: the request's spec, then this node's availability. An external CA with its root
+/// (`--external-ca ...,cacert=FILE`) moves the new swarm to that root (a root rotation whose certificates the
+/// signer issues), finished before the init is answered, so the join tokens it shows are the final ones.
 pub(crate) async fn apply_init(
     state: &shoal_manager::ClusterState,
     node_id: &str,
@@ -468,8 +492,20 @@ pub(crate) async fn apply_init(
     use shoal_manager::controlapi;
     let cluster = controlapi::get_cluster(state)?;
     let version = cluster.meta.as_ref().and_then(|m| m.version.as_ref()).map_or(0, |v| v.index);
+    let mut spec = spec;
+    let signer_root = spec
+        .ca_config
+        .as_ref()
+        .and_then(|c| c.external_cas.iter().find(|e| !e.ca_cert.is_empty()))
+        .map(|e| e.ca_cert.clone());
+    if let (Some(root), Some(ca)) = (&signer_root, spec.ca_config.as_mut()) {
+        ca.signing_ca_cert = root.clone();
+    }
     if cluster.spec.as_ref() != Some(&spec) {
         controlapi::update_cluster(state, &cluster.id, version, spec).await?;
+    }
+    if signer_root.is_some() {
+        rotation_done(state, INIT_EXTERNAL_CA_WAIT).await?;
     }
     if availability != Availability::Active {
         let node = controlapi::get_node(state, node_id)?;

@@ -120,7 +120,8 @@ impl RemoteSecurity {
         RemoteSecurity {
             tls,
             authz: crate::authz::AuthzLayer::new(state.store.clone(), cluster_id),
-            ca: shoal_manager::ca::CaService::new(state.clone(), expiry_override),
+            ca: shoal_manager::ca::CaService::new(state.clone(), expiry_override)
+                .with_external_signer(Arc::new(crate::external_ca::CfsslSigner)),
         }
     }
 }

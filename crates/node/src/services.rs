@@ -18,6 +18,7 @@ pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>) -> Vec<Box<dyn Subsystem>
     list.push(shoal_manager::allocator::subsystem());
     list.push(shoal_manager::scheduler::subsystem());
     list.push(dispatcher.subsystem());
+    list.push(Box::new(shoal_manager::ca::rotation::RootRotationReconciler));
     list
 }
 

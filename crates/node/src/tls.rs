@@ -23,6 +23,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use shoal_ca::{NodeSubject, Role};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
@@ -106,10 +107,23 @@ struct Material {
 }
 
 /// A node's TLS identity: root CA, its certificate and key. Cheap to clone (shared); `update` swaps in a
-/// renewed certificate for every connection made after it.
+/// renewed certificate for every connection made after it, `update_roots` the roots it trusts (a root
+/// rotation). `tls_info` follows both: what the node reports in its description.
 #[derive(Clone)]
 pub struct NodeTls {
     inner: Arc<RwLock<Material>>,
+    info: Arc<watch::Sender<shoal_api::NodeTlsInfo>>,
+}
+
+/// What a node reports about its certificate (`NodeDescription.tls_info`): the roots it trusts and who issued
+/// its certificate.
+pub fn tls_info_of(root_pem: &str, cert_pem: &str) -> shoal_api::NodeTlsInfo {
+    let issuer = shoal_ca::cert_issuer_info(cert_pem.as_bytes(), root_pem.as_bytes()).unwrap_or_default();
+    shoal_api::NodeTlsInfo {
+        trust_root: root_pem.as_bytes().to_vec(),
+        cert_issuer_subject: issuer.subject,
+        cert_issuer_public_key: issuer.public_key,
+    }
 }
 
 impl std::fmt::Debug for NodeTls {
@@ -153,7 +167,19 @@ fn build(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Material, TlsE
 impl NodeTls {
     /// TLS material from PEM: the cluster root, this node's certificate and its private key.
     pub fn new(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<NodeTls, TlsError> {
-        Ok(NodeTls { inner: Arc::new(RwLock::new(build(root_pem, cert_pem, key_pem)?)) })
+        let m = build(root_pem, cert_pem, key_pem)?;
+        let info = Arc::new(watch::channel(tls_info_of(root_pem, cert_pem)).0);
+        Ok(NodeTls { inner: Arc::new(RwLock::new(m)), info })
+    }
+
+    fn install(&self, m: Material) {
+        let info = tls_info_of(&m.root_pem, &m.cert_pem);
+        *self.inner.write() = m;
+        self.info.send_if_modified(|cur| {
+            let changed = *cur != info;
+            *cur = info;
+            changed
+        });
     }
 
     /// Replaces the certificate and key (renewal). Connections opened from now on use them; open ones
@@ -161,8 +187,30 @@ impl NodeTls {
     pub fn update(&self, cert_pem: &str, key_pem: &str) -> Result<(), TlsError> {
         let root = self.inner.read().root_pem.clone();
         let m = build(&root, cert_pem, key_pem)?;
-        *self.inner.write() = m;
+        self.install(m);
         Ok(())
+    }
+
+    /// Replaces the roots this node trusts (one or more PEM certificates), keeping its certificate: a root
+    /// rotation's bundle, then the new root alone. Connections opened from now on check peers against them.
+    pub fn update_roots(&self, root_pem: &str) -> Result<(), TlsError> {
+        let (cert, key) = {
+            let m = self.inner.read();
+            (m.cert_pem.clone(), m.key_pem.clone())
+        };
+        let m = build(root_pem, &cert, &key)?;
+        self.install(m);
+        Ok(())
+    }
+
+    /// What this node reports about its TLS (see `tls_info_of`), following every change.
+    pub fn tls_info(&self) -> watch::Receiver<shoal_api::NodeTlsInfo> {
+        self.info.subscribe()
+    }
+
+    /// The private key, PEM (to write the certificate files again with new roots).
+    pub(crate) fn key_pem(&self) -> String {
+        self.inner.read().key_pem.clone()
     }
 
     /// Who the current certificate names.

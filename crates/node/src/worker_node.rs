@@ -271,6 +271,8 @@ pub(crate) async fn run_worker(
     );
 
     let (node_tx, node_rx) = watch::channel(None);
+    let rotation_node = node_tx.subscribe();
+    let (roots_tx, roots_rx) = watch::channel(Vec::new());
     // The manager of the agent's current session (renewal and promotion go there).
     let (session_manager_tx, session_manager) = watch::channel(w.manager_addr.clone());
     let promoted = wait_promoted(cfg.state_dir.clone(), w.tls.clone(), session_manager.clone(), node_rx);
@@ -287,6 +289,8 @@ pub(crate) async fn run_worker(
     )
     .with_endpoint_factory(crate::tls::agent_endpoints(&w.tls))
     .with_node_sink(node_tx)
+    .with_roots_sink(roots_tx)
+    .with_tls_info(w.tls.tls_info())
     .with_managers(w.more_managers.clone(), Some(managers_file(&cfg.state_dir)))
     .with_managers_sink(managers_tx)
     .with_session_manager_sink(session_manager_tx)
@@ -297,6 +301,18 @@ pub(crate) async fn run_worker(
         });
     }));
     tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
+    let rotation_manager = session_manager.clone();
+    tasks.push((
+        "root-rotation",
+        tokio::spawn(join::follow_root_rotation(
+            cfg.state_dir.clone(),
+            w.tls.clone(),
+            roots_rx,
+            rotation_node,
+            move || rotation_manager.borrow().clone(),
+            shutdown_rx.clone(),
+        )),
+    ));
     let renewal_manager = session_manager.clone();
     tasks.push((
         "certificate-renewal",

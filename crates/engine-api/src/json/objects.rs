@@ -585,6 +585,45 @@ pub struct TlsInfoJson {
     /// PEM of the trust root.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub trust_root: String,
+    /// The certificate issuer's raw subject (DER), base64.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub cert_issuer_subject: String,
+    /// The certificate issuer's raw public key (DER `SubjectPublicKeyInfo`), base64.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub cert_issuer_public_key: String,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn unb64(field: &str, text: &str) -> Result<Vec<u8>, ConvertError> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|_| ConvertError(format!("{field} must be base64")))
+}
+
+impl TlsInfoJson {
+    /// From a node's reported TLS information.
+    pub fn from_api(t: &shoal_api::NodeTlsInfo) -> TlsInfoJson {
+        TlsInfoJson {
+            trust_root: String::from_utf8_lossy(&t.trust_root).into_owned(),
+            cert_issuer_subject: b64(&t.cert_issuer_subject),
+            cert_issuer_public_key: b64(&t.cert_issuer_public_key),
+        }
+    }
+
+    /// The cluster's: its root CA, and the root's own subject and key (what a certificate it issued names).
+    pub fn of_root(root_pem: &[u8]) -> TlsInfoJson {
+        let issuer = shoal_ca::root_issuer_info(root_pem).unwrap_or_default();
+        TlsInfoJson {
+            trust_root: String::from_utf8_lossy(root_pem).into_owned(),
+            cert_issuer_subject: b64(&issuer.subject),
+            cert_issuer_public_key: b64(&issuer.public_key),
+        }
+    }
 }
 
 /// `Node.Status`.
@@ -651,13 +690,7 @@ impl NodeJson {
                         })
                         .collect(),
                 },
-                tls_info: TlsInfoJson {
-                    trust_root: d
-                        .tls_info
-                        .as_ref()
-                        .map(|t| String::from_utf8_lossy(&t.trust_root).into_owned())
-                        .unwrap_or_default(),
-                },
+                tls_info: d.tls_info.as_ref().map(TlsInfoJson::from_api).unwrap_or_default(),
             },
             status: NodeStatusJson {
                 state: enum_to_str(st.state(), NODE_STATE).into(),
@@ -728,10 +761,15 @@ impl NodeJson {
                         })
                         .collect(),
                 }),
-                tls_info: (!d.tls_info.trust_root.is_empty()).then(|| shoal_api::NodeTlsInfo {
-                    trust_root: d.tls_info.trust_root.clone().into_bytes(),
-                    ..Default::default()
-                }),
+                tls_info: if d.tls_info == TlsInfoJson::default() {
+                    None
+                } else {
+                    Some(shoal_api::NodeTlsInfo {
+                        trust_root: d.tls_info.trust_root.clone().into_bytes(),
+                        cert_issuer_subject: unb64("Description.TLSInfo.CertIssuerSubject", &d.tls_info.cert_issuer_subject)?,
+                        cert_issuer_public_key: unb64("Description.TLSInfo.CertIssuerPublicKey", &d.tls_info.cert_issuer_public_key)?,
+                    })
+                },
                 fips: false,
             }),
             status: Some(status),
@@ -875,13 +913,13 @@ pub struct CaConfigJson {
     pub node_cert_expiry: i64,
     /// Counter bumped to force a CA rotation.
     pub force_rotate: u64,
-    /// External CAs (`docker swarm update --external-ca`): read only to be refused (`swarm_update`).
-    #[serde(rename = "ExternalCAs", skip_serializing)]
+    /// External CAs (`docker swarm update --external-ca`): CFSSL signers over HTTPS.
+    #[serde(rename = "ExternalCAs", skip_serializing_if = "Vec::is_empty")]
     pub external_cas: Vec<ExternalCaJson>,
-    /// A root CA certificate to rotate to (`docker swarm ca --rotate --ca-cert`): read only to be refused.
+    /// A root CA certificate to rotate to (`docker swarm ca --rotate --ca-cert`): taken, never shown back.
     #[serde(rename = "SigningCACert", skip_serializing)]
     pub signing_ca_cert: String,
-    /// Its key (`--ca-key`): read only to be refused.
+    /// Its key (`--ca-key`): taken, never shown back.
     #[serde(rename = "SigningCAKey", skip_serializing)]
     pub signing_ca_key: String,
 }
@@ -900,6 +938,39 @@ pub struct ExternalCaJson {
     /// The CA's certificate (PEM).
     #[serde(rename = "CACert")]
     pub ca_cert: String,
+}
+
+impl ExternalCaJson {
+    /// Docker's protocol names Shoal speaks.
+    pub const PROTOCOLS: &'static [&'static str] = &["cfssl"];
+
+    /// Checks the protocol (the rest is checked by the control API).
+    pub fn check(&self) -> Result<(), ConvertError> {
+        if !self.protocol.eq_ignore_ascii_case("cfssl") {
+            return Err(ConvertError::bad_value("CAConfig.ExternalCAs.Protocol", &self.protocol, Self::PROTOCOLS));
+        }
+        Ok(())
+    }
+
+    /// The stored form.
+    pub fn to_api(&self) -> shoal_api::ExternalCa {
+        shoal_api::ExternalCa {
+            protocol: shoal_api::external_ca::CaProtocol::Cfssl as i32,
+            url: self.url.clone(),
+            options: self.options.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            ca_cert: self.ca_cert.as_bytes().to_vec(),
+        }
+    }
+
+    /// From the stored form.
+    pub fn from_api(e: &shoal_api::ExternalCa) -> ExternalCaJson {
+        ExternalCaJson {
+            protocol: "cfssl".into(),
+            url: e.url.clone(),
+            options: e.options.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            ca_cert: String::from_utf8_lossy(&e.ca_cert).into_owned(),
+        }
+    }
 }
 
 /// `SwarmSpec.EncryptionConfig`.
@@ -970,6 +1041,11 @@ impl SwarmJson {
                             .and_then(|c| opt_ns(c.node_cert_expiry.as_ref()))
                             .unwrap_or(0),
                         force_rotate: spec.ca_config.as_ref().map(|c| c.force_rotate).unwrap_or(0),
+                        external_cas: spec
+                            .ca_config
+                            .as_ref()
+                            .map(|c| c.external_cas.iter().map(ExternalCaJson::from_api).collect())
+                            .unwrap_or_default(),
                         ..Default::default()
                     },
                     encryption_config: EncryptionConfigJson {
@@ -989,14 +1065,8 @@ impl SwarmJson {
                             }),
                     },
                 },
-                tls_info: TlsInfoJson {
-                    trust_root: c
-                        .root_ca
-                        .as_ref()
-                        .map(|r| String::from_utf8_lossy(&r.ca_cert).into_owned())
-                        .unwrap_or_default(),
-                },
-                root_rotation_in_progress: false,
+                tls_info: c.root_ca.as_ref().map(|r| TlsInfoJson::of_root(&r.ca_cert)).unwrap_or_default(),
+                root_rotation_in_progress: c.root_ca.as_ref().is_some_and(|r| r.root_rotation.is_some()),
                 data_path_port: DATA_PATH_PORT,
                 // The cluster's pools when it sets them (networks get their subnets there), else Docker's.
                 default_addr_pool: if c.default_address_pool.is_empty() {

@@ -9,6 +9,7 @@
 //! Who may call what is decided before a handler runs (the node's authorization layer, which also puts the
 //! caller's verified certificate subject in the request as `PeerIdentity`). Must not know TLS, HTTP or files.
 
+pub mod rotation;
 #[cfg(test)]
 mod tests;
 
@@ -56,8 +57,19 @@ pub fn new_root_ca(now: SystemTime) -> Result<RootCaProto, shoal_ca::CaError> {
             worker: shoal_ca::generate_join_token(&digest, &mut rng),
             manager: shoal_ca::generate_join_token(&digest, &mut rng),
         }),
+        root_rotation: None,
         last_forced_rotation: 0,
     })
+}
+
+/// Signs CSRs through external CAs (CFSSL's `/api/v1/cfssl/sign`). The node crate provides it: this crate
+/// does not speak HTTP.
+#[tonic::async_trait]
+pub trait ExternalSigner: Send + Sync {
+    /// Asks the signers at `urls` in turn, checking their TLS certificate against `trust_pem`, to sign
+    /// `csr_pem` for `subject`. Returns the certificate (PEM, possibly with its chain), or why every signer
+    /// failed.
+    async fn sign(&self, urls: &[String], trust_pem: &str, csr_pem: &str, subject: &NodeSubject) -> Result<String, String>;
 }
 
 /// The one cluster object, if it exists.
@@ -149,6 +161,7 @@ pub async fn rotate_join_tokens(state: &ClusterState, which: RotateTokens) -> Re
 pub struct CaService {
     state: ClusterState,
     expiry_override: Option<Duration>,
+    external: Option<Arc<dyn ExternalSigner>>,
 }
 
 impl std::fmt::Debug for CaService {
@@ -178,7 +191,13 @@ impl CaService {
     /// The services over `state`. `expiry_override` replaces the cluster's node certificate expiry (and its
     /// one-hour minimum): only for tests of renewal.
     pub fn new(state: ClusterState, expiry_override: Option<Duration>) -> CaService {
-        CaService { state, expiry_override }
+        CaService { state, expiry_override, external: None }
+    }
+
+    /// Signs through `signer` when the cluster's root is held by an external CA.
+    pub fn with_external_signer(mut self, signer: Arc<dyn ExternalSigner>) -> CaService {
+        self.external = Some(signer);
+        self
     }
 
     /// The `CA` gRPC service.
@@ -195,13 +214,38 @@ impl CaService {
         SystemTime::UNIX_EPOCH + Duration::from_millis(self.state.clock.now_unix_ms())
     }
 
-    fn sign(&self, cluster: &Cluster, csr: &[u8], subject: &NodeSubject) -> Result<Vec<u8>, Status> {
-        let root = root_ca_of(cluster)?;
+    async fn sign(&self, cluster: &Cluster, csr: &[u8], subject: &NodeSubject) -> Result<Vec<u8>, Status> {
+        let signer = rotation::signer_of(cluster)?;
         let csr = std::str::from_utf8(csr).map_err(|_| Status::invalid_argument("the CSR must be PEM text"))?;
-        let validity = node_cert_expiry(cluster, self.expiry_override);
-        root.sign_csr(csr, subject, validity, self.now(), &mut rand::rng())
-            .map(String::into_bytes)
-            .map_err(|e| Status::invalid_argument(e.to_string()))
+        // The CSR must be well formed whoever signs it.
+        shoal_ca::check_csr(csr).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let leaf = if !signer.external_urls.is_empty() {
+            let external = self.external.as_ref().ok_or_else(|| {
+                Status::failed_precondition("the cluster's root CA is held by an external CA, and this manager has no client for it")
+            })?;
+            external.sign(&signer.external_urls, &signer.trust_pem, csr, subject).await.map_err(|e| {
+                Status::failed_precondition(format!(
+                    "the external CA could not sign the certificate: {e}; start the signer, or point the cluster at a working one (docker swarm update --external-ca)"
+                ))
+            })?
+        } else {
+            let root = signer.local().ok_or_else(|| {
+                Status::failed_precondition(
+                    "the cluster holds no key for its root CA and no external CA is configured for it; add one with docker swarm update --external-ca protocol=cfssl,url=https://...",
+                )
+            })??;
+            let validity = node_cert_expiry(cluster, self.expiry_override);
+            root.sign_csr(csr, subject, validity, self.now(), &mut rand::rng())
+                .map_err(|e| Status::invalid_argument(e.to_string()))?
+        };
+        let mut pem = leaf;
+        if !signer.intermediates.is_empty() {
+            if !pem.ends_with('\n') {
+                pem.push('\n');
+            }
+            pem.push_str(&signer.intermediates);
+        }
+        Ok(pem.into_bytes())
     }
 
     fn issued(role: Role, csr: Vec<u8>, cert: Vec<u8>, node_id: &str) -> Certificate {
@@ -239,7 +283,7 @@ impl CaService {
         }
         let node_id = self.state.ids.new_id();
         let subject = NodeSubject { node_id: node_id.clone(), role, cluster_id: cluster.id.clone() };
-        let cert = self.sign(&cluster, &req.csr, &subject)?;
+        let cert = self.sign(&cluster, &req.csr, &subject).await?;
         let now = self.state.now();
         let availability =
             node_spec::Availability::try_from(req.availability).unwrap_or(node_spec::Availability::Active);
@@ -291,7 +335,7 @@ impl CaService {
             Role::Worker
         };
         let subject = NodeSubject { node_id: node.id.clone(), role, cluster_id: cluster.id.clone() };
-        let cert = self.sign(&cluster, &csr, &subject)?;
+        let cert = self.sign(&cluster, &csr, &subject).await?;
         let now = self.state.now();
         let mut updated = (*node).clone();
         updated.certificate = Some(Self::issued(role, csr, cert, &node.id));

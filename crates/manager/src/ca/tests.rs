@@ -188,7 +188,7 @@ fn cert_expiry_has_a_one_hour_minimum_unless_overridden() {
         spec: Some(shoal_api::ClusterSpec {
             ca_config: Some(shoal_api::CaConfig {
                 node_cert_expiry: Some(shoal_api::duration_to_proto(Duration::from_secs(secs))),
-                force_rotate: 0,
+                ..Default::default()
             }),
             ..Default::default()
         }),
@@ -198,4 +198,130 @@ fn cert_expiry_has_a_one_hour_minimum_unless_overridden() {
     assert_eq!(node_cert_expiry(&with(7200), None), Duration::from_secs(7200));
     assert_eq!(node_cert_expiry(&Cluster::default(), None), shoal_ca::DEFAULT_NODE_CERT_EXPIRY);
     assert_eq!(node_cert_expiry(&with(7200), Some(Duration::from_secs(5))), Duration::from_secs(5));
+}
+
+fn node_reporting(id: &str, issuer: Option<&shoal_ca::IssuerInfo>) -> shoal_api::Node {
+    shoal_api::Node {
+        id: id.into(),
+        description: issuer.map(|i| shoal_api::NodeDescription {
+            tls_info: Some(shoal_api::NodeTlsInfo {
+                trust_root: Vec::new(),
+                cert_issuer_subject: i.subject.clone(),
+                cert_issuer_public_key: i.public_key.clone(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_forced_rotation_signs_from_the_new_root_asks_every_node_to_renew_and_finishes_with_new_tokens() {
+    let (state, ca, _) = cluster().await;
+    let before = super::cluster(&state).unwrap();
+    let old_tokens = tokens(&state);
+    let old_issuer = shoal_ca::root_issuer_info(&before.root_ca.as_ref().unwrap().ca_cert).unwrap();
+    let now = SystemTime::UNIX_EPOCH + Duration::from_millis(T0_MS);
+    let mut spec = before.spec.clone().unwrap_or_default();
+    spec.ca_config.get_or_insert_with(Default::default).force_rotate = 1;
+    let change = rotation::plan_root_change(&before, &spec, now).unwrap();
+    let rotation::RootChange::Start(r) = change.clone() else { panic!("{change:?}") };
+    let new_issuer = shoal_ca::root_issuer_info(&r.ca_cert).unwrap();
+    // The same spec again, with the rotation stored, changes nothing more.
+    let mut rc = before.root_ca.clone().unwrap();
+    rotation::apply_root_change(&mut rc, change, 1);
+    state
+        .write(|t, c| {
+            let mut cl = (**t.clusters().get("cluster1").unwrap()).clone();
+            cl.root_ca = Some(rc.clone());
+            c.update(cl);
+            c.create(node_reporting("n-old", Some(&old_issuer)));
+            c.create(node_reporting("n-silent", None));
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
+    let during = super::cluster(&state).unwrap();
+    assert_eq!(rotation::plan_root_change(&during, &spec, now).unwrap(), rotation::RootChange::Keep);
+    assert_eq!(rotation::trust_bundle(&during).windows(27).filter(|w| w == b"-----BEGIN CERTIFICATE-----").count(), 2);
+
+    // Joining now gives a certificate from the new root with the cross-signed root after it.
+    let csr = shoal_ca::generate_node_key_and_csr().unwrap();
+    let resp = ca.issue_node_certificate(issue_req(&old_tokens.worker, &csr.csr_pem, None)).await.unwrap().into_inner();
+    let pem = state.store.view(|t| t.nodes().get(&resp.node_id).unwrap().certificate.clone().unwrap().certificate);
+    assert_eq!(shoal_ca::parse_cert_pem_chain(&pem).unwrap().len(), 2, "leaf and cross-signed root");
+    assert_eq!(shoal_ca::cert_issuer_info(&pem, &rc.ca_cert).unwrap(), new_issuer);
+
+    // The reconciler asks the two nodes without a new certificate to renew (not the one just issued).
+    let (changes, progress) = state.store.view(rotation::reconcile);
+    assert_eq!(progress, rotation::RotationProgress { nodes: 3, done: 0 });
+    assert_eq!(changes.len(), 2, "n-old and n-silent marked ROTATE");
+    state.propose(changes).await.unwrap();
+    let (changes, _) = state.store.view(rotation::reconcile);
+    assert!(changes.is_empty(), "nodes already asked are not asked again");
+
+    // Once every node reports the new issuer, the root is replaced and the tokens change.
+    state
+        .write(|t, c| {
+            for id in ["n-old", "n-silent", resp.node_id.as_str()] {
+                let mut n = (**t.nodes().get(id).unwrap()).clone();
+                n.description = node_reporting(id, Some(&new_issuer)).description;
+                c.update(n);
+            }
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
+    let (changes, progress) = state.store.view(rotation::reconcile);
+    assert_eq!(progress, rotation::RotationProgress { nodes: 3, done: 3 });
+    state.propose(changes).await.unwrap();
+    let after = super::cluster(&state).unwrap();
+    let rc_after = after.root_ca.clone().unwrap();
+    assert!(rc_after.root_rotation.is_none());
+    assert_eq!(rc_after.ca_cert, r.ca_cert);
+    assert_eq!(rc_after.ca_cert_hash, shoal_ca::ca_cert_hash(&r.ca_cert));
+    let new_tokens = rc_after.join_tokens.unwrap();
+    assert_eq!(shoal_ca::parse_join_token(&new_tokens.worker).unwrap().ca_digest, shoal_ca::cert_digest(&r.ca_cert));
+    let csr = shoal_ca::generate_node_key_and_csr().unwrap();
+    let err = ca.issue_node_certificate(issue_req(&old_tokens.worker, &csr.csr_pem, None)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "the token from before is refused");
+}
+
+#[test]
+fn a_given_root_needs_its_key_or_an_external_ca_and_going_back_cancels() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_millis(T0_MS);
+    let current = Cluster { id: "c".into(), root_ca: Some(new_root_ca(now).unwrap()), ..Default::default() };
+    let given = shoal_ca::RootCa::generate(now, &mut rand::rng()).unwrap();
+    let with = |cert: &str, key: &str, external: bool| shoal_api::ClusterSpec {
+        ca_config: Some(shoal_api::CaConfig {
+            signing_ca_cert: cert.as_bytes().to_vec(),
+            signing_ca_key: key.as_bytes().to_vec(),
+            external_cas: if external {
+                vec![shoal_api::ExternalCa { url: "https://ca.example".into(), ca_cert: cert.as_bytes().to_vec(), ..Default::default() }]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let e = rotation::plan_root_change(&current, &with(given.cert_pem(), "", false), now).unwrap_err();
+    assert!(e.contains("needs an external CA"), "{e}");
+    let rotation::RootChange::Start(r) = rotation::plan_root_change(&current, &with(given.cert_pem(), "", true), now).unwrap() else {
+        panic!("a rotation")
+    };
+    assert!(r.ca_key.is_empty(), "the external CA holds the key");
+    let rotation::RootChange::Start(r) =
+        rotation::plan_root_change(&current, &with(given.cert_pem(), given.key_pem(), false), now).unwrap()
+    else {
+        panic!("a rotation")
+    };
+    assert_eq!(r.ca_key, given.key_pem().as_bytes());
+    let mut during = current.clone();
+    let old_cert = String::from_utf8(current.root_ca.as_ref().unwrap().ca_cert.clone()).unwrap();
+    let old_key = String::from_utf8(current.root_ca.as_ref().unwrap().ca_key.clone()).unwrap();
+    during.root_ca.as_mut().unwrap().root_rotation = Some(r);
+    assert_eq!(rotation::plan_root_change(&during, &with(&old_cert, &old_key, false), now).unwrap(), rotation::RootChange::Cancel);
+    let e = rotation::plan_root_change(&current, &with("", given.key_pem(), false), now).unwrap_err();
+    assert!(e.contains("without SigningCACert"), "{e}");
 }

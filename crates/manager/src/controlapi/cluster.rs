@@ -145,6 +145,24 @@ pub async fn update_cluster_rotating(
     rotate_unlock_key: bool,
 ) -> Result<Cluster, ControlError> {
     let now = state.now();
+    // A root CA change (docker swarm ca --rotate) is planned from the version the update is based on, outside
+    // the write (it may make a key); the write checks that version again.
+    let mut spec = spec;
+    crate::ca::rotation::check_external_cas(&spec).map_err(invalid)?;
+    let planned = state.store.view(|t| t.clusters().get(id).cloned());
+    let change = match planned.filter(|c| c.version() == version) {
+        Some(c) => {
+            let at = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(state.clock.now_unix_ms());
+            crate::ca::rotation::plan_root_change(&c, &spec, at).map_err(invalid)?
+        }
+        None => crate::ca::rotation::RootChange::Keep,
+    };
+    // The root given to rotate to is taken by this update and never stored in the spec.
+    if let Some(ca) = spec.ca_config.as_mut() {
+        ca.signing_ca_cert.clear();
+        ca.signing_ca_key.clear();
+    }
+    let force_rotate = spec.ca_config.as_ref().map_or(0, |c| c.force_rotate);
     state
         .write(|t: &Tables, c: &mut Changes| {
             let current = t.clusters().get(id).ok_or_else(|| ControlError::not_found("swarm", id))?;
@@ -159,6 +177,12 @@ pub async fn update_cluster_rotating(
             let mut next = (**current).clone();
             next.spec = Some(spec.clone());
             next.unlock_keys = next_unlock_keys(&next, rotate_unlock_key);
+            if let Some(rc) = next.root_ca.as_mut() {
+                if change != crate::ca::rotation::RootChange::Keep {
+                    tracing::info!(cancel = matches!(change, crate::ca::rotation::RootChange::Cancel), "root CA rotation requested");
+                }
+                crate::ca::rotation::apply_root_change(rc, change.clone(), force_rotate);
+            }
             next.meta_mut().updated_at = Some(now);
             c.update(next);
             Ok(())

@@ -65,31 +65,52 @@ pub(crate) async fn run_manager_list(
     own_addr: String,
     list: Weak<watch::Sender<Arc<Vec<WeightedPeer>>>>,
 ) {
-    let publish = |peers: Vec<WeightedPeer>| -> bool {
-        let Some(tx) = list.upgrade() else { return false };
+    run_derived(store, move |t| manager_peers(t, &own_addr), touches_managers, list).await
+}
+
+/// The roots agents must trust (`SessionMessage.RootCA`): the cluster's, both during a root rotation.
+pub fn trust_roots(tables: &Tables) -> Vec<u8> {
+    tables.clusters().iter().next().map(|c| crate::ca::rotation::trust_bundle(c)).unwrap_or_default()
+}
+
+/// Keeps `roots` equal to `trust_roots` of the store, as `run_manager_list` does for the managers.
+pub(crate) async fn run_trust_roots(store: Arc<MemoryStore>, roots: Weak<watch::Sender<Arc<Vec<u8>>>>) {
+    run_derived(store, trust_roots, |ch| matches!(ch.object, Object::Cluster(_)), roots).await
+}
+
+/// Keeps `out` equal to `compute` of the store, recomputed on every commit with a change `touches` says
+/// matters (or after a lag), published only when it differs.
+async fn run_derived<T: PartialEq + Send + Sync + 'static>(
+    store: Arc<MemoryStore>,
+    compute: impl Fn(&Tables) -> T,
+    touches: impl Fn(&Change) -> bool,
+    out: Weak<watch::Sender<Arc<T>>>,
+) {
+    let publish = |value: T| -> bool {
+        let Some(tx) = out.upgrade() else { return false };
         tx.send_if_modified(|cur| {
-            if **cur == peers {
+            if **cur == value {
                 return false;
             }
-            *cur = Arc::new(peers);
+            *cur = Arc::new(value);
             true
         });
         true
     };
-    let (peers, mut watch) = store.view_and_watch(|t| manager_peers(t, &own_addr));
-    if !publish(peers) {
+    let (value, mut watch) = store.view_and_watch(&compute);
+    if !publish(value) {
         return;
     }
     loop {
         let recompute = match watch.recv().await {
-            Ok(commit) => commit.changes.iter().any(touches_managers),
+            Ok(commit) => commit.changes.iter().any(&touches),
             Err(WatchError::Lagged(_)) => true,
             Err(WatchError::Closed) => return,
         };
-        if list.strong_count() == 0 {
+        if out.strong_count() == 0 {
             return;
         }
-        if recompute && !publish(store.view(|t| manager_peers(t, &own_addr))) {
+        if recompute && !publish(store.view(&compute)) {
             return;
         }
     }

@@ -142,6 +142,9 @@ pub struct Dispatcher {
     /// started with the first session.
     managers: Arc<watch::Sender<Arc<Vec<WeightedPeer>>>>,
     managers_watched: std::sync::atomic::AtomicBool,
+    /// The roots agents must trust, kept current like `managers`.
+    trust_roots: Arc<watch::Sender<Arc<Vec<u8>>>>,
+    trust_watched: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -221,6 +224,8 @@ impl Dispatcher {
             fanout: Fanout::new(state.store.clone()),
             managers: Arc::new(watch::channel(Arc::new(Vec::new())).0),
             managers_watched: std::sync::atomic::AtomicBool::new(false),
+            trust_roots: Arc::new(watch::channel(Arc::new(Vec::new())).0),
+            trust_watched: std::sync::atomic::AtomicBool::new(false),
             state,
         })
     }
@@ -424,16 +429,27 @@ impl Dispatcher {
         self.managers.subscribe()
     }
 
+    /// The roots agents must trust, kept current from the store from the first call on (see `manager_list`).
+    fn trust_list(&self) -> watch::Receiver<Arc<Vec<u8>>> {
+        use std::sync::atomic::Ordering;
+        if !self.trust_watched.swap(true, Ordering::SeqCst) {
+            self.trust_roots.send_replace(Arc::new(self.state.store.view(managers::trust_roots)));
+            tokio::spawn(managers::run_trust_roots(self.state.store.clone(), Arc::downgrade(&self.trust_roots)));
+        }
+        self.trust_roots.subscribe()
+    }
+
     fn session_message(
         session_id: &str,
         node: Option<Node>,
         managers: &[WeightedPeer],
+        roots: &[u8],
     ) -> SessionMessage {
         SessionMessage {
             session_id: session_id.to_string(),
             node,
             managers: managers.to_vec(),
-            root_ca: Vec::new(),
+            root_ca: roots.to_vec(),
         }
     }
 
@@ -450,7 +466,8 @@ impl Dispatcher {
             .view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL_MESSAGES);
         let mut managers = self.manager_list();
-        let first = Self::session_message(&session_id, node.clone(), &managers.borrow_and_update());
+        let mut roots = self.trust_list();
+        let first = Self::session_message(&session_id, node.clone(), &managers.borrow_and_update(), &roots.borrow_and_update());
         let mut last_node = node;
         tx.send(Ok(first))
             .await
@@ -482,6 +499,8 @@ impl Dispatcher {
                     },
                     // The manager list changed: resend it (with the node as last sent).
                     r = managers.changed() => if r.is_err() { break } else { last_node.clone() },
+                    // The roots to trust changed (a root rotation): resend them.
+                    r = roots.changed() => if r.is_err() { break } else { last_node.clone() },
                     r = alive.changed() => { if r.is_err() { break } else { continue } }
                     r = leadership.changed() => {
                         if r.is_err() || !leadership.borrow_and_update().is_leader {
@@ -495,7 +514,7 @@ impl Dispatcher {
                 if node.is_some() {
                     last_node = node.clone();
                 }
-                let msg = Self::session_message(&session_id, node, &managers.borrow_and_update());
+                let msg = Self::session_message(&session_id, node, &managers.borrow_and_update(), &roots.borrow_and_update());
                 if tx.send(Ok(msg)).await.is_err() {
                     break;
                 }
