@@ -26,6 +26,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A secret's data must never reach a log line or an error through `{:?}`: its `Debug` is written by
         // hand in `helpers.rs` and prints the data's length only.
         .skip_debug(["docker.swarmkit.v1.SecretSpec"])
+        // `Task` is written by hand (`src/task.rs`) so that tasks can share their spec; same wire form.
+        .extern_path(".docker.swarmkit.v1.Task", "crate::Task")
         .build_client(true)
         .build_server(true)
         // The descriptors let the SwarmKit API refuse requests carrying fields Shoal does not know

@@ -154,7 +154,7 @@ mod grace_tests {
                     ..Default::default()
                 })),
                 ..Default::default()
-            }),
+            }.into()),
             ..Default::default()
         }
     }

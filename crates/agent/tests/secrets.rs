@@ -168,7 +168,7 @@ fn task(id: &str, node: &str, slot: u64, secrets: &[(&str, &str)], configs: &[(&
                 ..Default::default()
             })),
             ..Default::default()
-        }),
+        }.into()),
         ..Default::default()
     }
 }

@@ -121,7 +121,7 @@ fn task(id: &str, state: TaskState, desired: TaskState, command: &[&str]) -> Tas
                 ..Default::default()
             })),
             ..Default::default()
-        }),
+        }.into()),
         ..Default::default()
     }
 }

@@ -90,7 +90,7 @@ fn task(i: usize, constraints: bool) -> Task {
             })),
             placement,
             ..Default::default()
-        }),
+        }.into()),
         spec_version: Some(Version { index: 1 }),
         status: Some(TaskStatus { state: TaskState::Pending as i32, ..Default::default() }),
         ..Default::default()

@@ -282,7 +282,7 @@ pub async fn task_logs(
 ) -> Result<Response, ApiError> {
     crate::handlers::read_barrier(&ctx).await?;
     let t = controlapi::get_task(&ctx.state, &id)?;
-    let tty = tty_of(t.spec.as_ref());
+    let tty = tty_of(t.spec.as_deref());
     stream_response(
         &ctx,
         LogSelector {

@@ -321,7 +321,7 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
             service_id: svc.id.clone(),
             slot: 1,
             node_id: "node1".into(),
-            spec: svc.spec.as_ref().unwrap().task.clone(),
+            spec: svc.spec.as_ref().unwrap().task.clone().map(Into::into),
             status: Some(TaskStatus {
                 state: TaskState::Running as i32,
                 message: "started".into(),

@@ -114,7 +114,7 @@ fn seed_running_task(state: &ClusterState, service_id: &str, node_id: &str) {
         service_id: svc.id.clone(),
         slot: 1,
         node_id: node_id.into(),
-        spec: svc.spec.as_ref().unwrap().task.clone(),
+        spec: svc.spec.as_ref().unwrap().task.clone().map(Into::into),
         meta: Some(shoal_api::Meta {
             created_at: Some(state.now()),
             updated_at: Some(state.now()),

@@ -51,7 +51,7 @@ fn task(slot: u64) -> Task {
     Task {
         id: format!("task{slot}"),
         meta: Some(Meta { version: Some(Version { index: 4 }), ..Default::default() }),
-        spec: s.spec.as_ref().and_then(|sp| sp.task.clone()),
+        spec: s.spec.as_ref().and_then(|sp| sp.task.clone()).map(Into::into),
         service_id: s.id.clone(),
         slot,
         node_id: "node1".into(),

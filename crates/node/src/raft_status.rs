@@ -15,7 +15,8 @@ use shoal_manager::{ClusterState, Subsystem, SubsystemFuture};
 use shoal_raft::{Members, RaftNode};
 use tokio::sync::watch;
 
-/// How often the manager statuses are compared with Raft (reachability changes without an event).
+/// How often the manager statuses are compared with Raft (reachability changes without an event), while the
+/// cluster has more than one member (or the last pass failed).
 pub const MANAGER_STATUS_PERIOD: Duration = Duration::from_secs(1);
 
 /// The subsystem; see the module doc.
@@ -42,12 +43,19 @@ impl Subsystem for ManagerStatusSubsystem {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut members = raft.members_watch();
             loop {
-                if let Err(e) = reconcile(&state, &raft).await {
-                    tracing::debug!(error = %e, "manager status update failed; will retry");
-                }
+                let failed = match reconcile(&state, &raft).await {
+                    Ok(()) => false,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "manager status update failed; will retry");
+                        true
+                    }
+                };
+                // Only other members' reachability changes without a membership event: a one-member cluster
+                // (this leader alone) sets no timer, so an idle single manager does not wake every second.
+                let poll = failed || raft.members().members.len() > 1;
                 tokio::select! {
                     _ = shoal_manager::stopped(&mut stop) => return,
-                    _ = tick.tick() => {}
+                    _ = tick.tick(), if poll => {}
                     r = members.changed() => if r.is_err() { return },
                 }
             }

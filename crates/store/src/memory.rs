@@ -406,6 +406,14 @@ impl Tables {
         Ok(())
     }
 
+    /// A task with its spec shared with its service's other tasks where equal (other objects as they are).
+    fn interned(&mut self, obj: Object) -> Object {
+        match obj {
+            Object::Task(t) => Object::Task(self.tasks.intern(t)),
+            other => other,
+        }
+    }
+
     /// Checks and applies one action, returning the change it made.
     fn apply_one(&mut self, index: u64, action: &Action) -> Result<Change, StoreError> {
         let kind = action.object.kind();
@@ -440,7 +448,7 @@ impl Tables {
                 if let Some((owner, name)) = self.name_owner(&action.object) {
                     return Err(StoreError::NameConflict { kind, name, owner: owner.to_string() });
                 }
-                let obj = stamp(&action.object, index);
+                let obj = self.interned(stamp(&action.object, index));
                 self.put(obj.clone());
                 Ok(Change { kind: ActionKind::Create, object: obj, old: None })
             }
@@ -461,7 +469,7 @@ impl Tables {
                         return Err(StoreError::NameConflict { kind, name, owner: owner.to_string() });
                     }
                 }
-                let obj = stamp(&action.object, index);
+                let obj = self.interned(stamp(&action.object, index));
                 self.put(obj.clone());
                 Ok(Change { kind: ActionKind::Update, object: obj, old: Some(current) })
             }
@@ -693,7 +701,8 @@ impl MemoryStore {
             t.services.insert(Arc::new(o));
         }
         for o in snap.tasks {
-            t.tasks.insert(Arc::new(o));
+            let task = t.tasks.intern(Arc::new(o));
+            t.tasks.insert(task);
         }
         for o in snap.clusters {
             t.clusters.insert(Arc::new(o));

@@ -1,13 +1,17 @@
 //! Typed tables: objects by ID, a unique-name index where the kind has one, and the task indexes
 //! (service, node, service+slot, desired state, observed state). Reads never scan a whole table when an
 //! index answers.
+//!
+//! Memory per task is what bounds a large cluster's manager, so the task table keeps one copy of each task
+//! ID (`Arc<str>`, shared by the ID map and every index), small index entries (`IdSet`), and one copy of the
+//! spec per service version (`SpecInterner`; the tasks hold it as `SharedTaskSpec`).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasherDefault;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use shoal_api::Task;
+use shoal_api::{SharedTaskSpec, Task, TaskSpec};
 
 use crate::object::StoreObject;
 
@@ -21,8 +25,9 @@ type IdHasher = BuildHasherDefault<DefaultHasher>;
 /// One table of objects of type `T`, keyed by ID, with a case-insensitive unique-name index.
 #[derive(Clone, Debug)]
 pub struct Table<T> {
-    by_id: HashMap<String, Arc<T>, IdHasher>,
-    by_name: HashMap<String, String>,
+    /// The IDs are shared with the name index and, for tasks, with every task index.
+    by_id: HashMap<Arc<str>, Arc<T>, IdHasher>,
+    by_name: HashMap<String, Arc<str>>,
 }
 
 impl<T> Default for Table<T> {
@@ -59,7 +64,12 @@ impl<T: StoreObject> Table<T> {
 
     /// The ID holding `name`, if any.
     pub(crate) fn name_owner(&self, name: &str) -> Option<&str> {
-        self.by_name.get(&name.to_lowercase()).map(String::as_str)
+        self.by_name.get(&name.to_lowercase()).map(|id| &**id)
+    }
+
+    /// The stored ID and object.
+    fn get_key_value(&self, id: &str) -> Option<(&Arc<str>, &Arc<T>)> {
+        self.by_id.get_key_value(id)
     }
 
     pub(crate) fn insert(&mut self, obj: Arc<T>) -> Option<Arc<T>> {
@@ -69,13 +79,20 @@ impl<T: StoreObject> Table<T> {
                 return Some(std::mem::replace(slot, obj));
             }
         }
-        let old = self.remove(obj.id());
+        let id = Arc::from(obj.id());
+        self.insert_with_key(id, obj)
+    }
+
+    /// As `insert`, with the ID's shared copy given (`id == obj.id()`).
+    pub(crate) fn insert_with_key(&mut self, id: Arc<str>, obj: Arc<T>) -> Option<Arc<T>> {
+        debug_assert_eq!(&*id, obj.id());
+        let old = self.remove(&id);
         if let Some(name) = obj.unique_name() {
             if !name.is_empty() {
-                self.by_name.insert(name.to_lowercase(), obj.id().to_string());
+                self.by_name.insert(name.to_lowercase(), id.clone());
             }
         }
-        self.by_id.insert(obj.id().to_string(), obj);
+        self.by_id.insert(id, obj);
         old
     }
 
@@ -83,7 +100,7 @@ impl<T: StoreObject> Table<T> {
         let old = self.by_id.remove(id)?;
         if let Some(name) = old.unique_name() {
             let key = name.to_lowercase();
-            if self.by_name.get(&key).map(String::as_str) == Some(id) {
+            if self.by_name.get(&key).map(|o| &**o) == Some(id) {
                 self.by_name.remove(&key);
             }
         }
@@ -91,10 +108,86 @@ impl<T: StoreObject> Table<T> {
     }
 }
 
-type Index<K> = HashMap<K, BTreeSet<String>>;
+/// A set of IDs, in ID order: a sorted `Vec` while small (most index entries hold a task or a few: a slot's
+/// history, a node's tasks), a `BTreeSet` past `SMALL_SET_MAX`. The IDs are the `Arc<str>` of the ID map, so
+/// an index entry costs a pointer, not a copy of the ID.
+#[derive(Clone, Debug)]
+enum IdSet {
+    Small(Vec<Arc<str>>),
+    Large(BTreeSet<Arc<str>>),
+}
 
-fn index_add<K: std::hash::Hash + Eq>(idx: &mut Index<K>, key: K, id: &str) {
-    idx.entry(key).or_default().insert(id.to_string());
+/// Largest `IdSet::Small`; a set that grows past it becomes `Large` (and stays so).
+const SMALL_SET_MAX: usize = 32;
+
+impl IdSet {
+    fn insert(&mut self, id: &Arc<str>) {
+        match self {
+            IdSet::Small(v) => match v.binary_search_by(|x| (**x).cmp(id)) {
+                Ok(_) => {}
+                Err(at) if v.len() < SMALL_SET_MAX => {
+                    // Grow one at a time: most sets stay at one or two IDs.
+                    v.reserve_exact(1);
+                    v.insert(at, id.clone());
+                }
+                Err(_) => {
+                    let mut set: BTreeSet<Arc<str>> = v.drain(..).collect();
+                    set.insert(id.clone());
+                    *self = IdSet::Large(set);
+                }
+            },
+            IdSet::Large(set) => {
+                set.insert(id.clone());
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        match self {
+            IdSet::Small(v) => {
+                if let Ok(at) = v.binary_search_by(|x| (**x).cmp(id)) {
+                    v.remove(at);
+                    if v.len() * 4 < v.capacity() {
+                        v.shrink_to_fit();
+                    }
+                }
+            }
+            IdSet::Large(set) => {
+                set.remove(id);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            IdSet::Small(v) => v.len(),
+            IdSet::Large(set) => set.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<str>> + '_ {
+        let (small, large) = match self {
+            IdSet::Small(v) => (Some(v.iter()), None),
+            IdSet::Large(set) => (None, Some(set.iter())),
+        };
+        small.into_iter().flatten().chain(large.into_iter().flatten())
+    }
+}
+
+impl Default for IdSet {
+    fn default() -> Self {
+        IdSet::Small(Vec::new())
+    }
+}
+
+type Index<K> = HashMap<K, IdSet>;
+
+fn index_add<K: std::hash::Hash + Eq>(idx: &mut Index<K>, key: K, id: &Arc<str>) {
+    idx.entry(key).or_default().insert(id);
 }
 
 fn index_remove<K, Q>(idx: &mut Index<K>, key: &Q, id: &str)
@@ -111,30 +204,89 @@ where
 }
 
 /// Moves `id` from `old` to `new` in an index, when the key changed.
-fn index_move<K, Q>(idx: &mut Index<K>, old: &Q, new: &Q, id: &str)
-where
-    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
-    Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
-{
+fn index_move<K: std::hash::Hash + Eq + Copy>(idx: &mut Index<K>, old: K, new: K, id: &Arc<str>) {
     if old != new {
-        index_remove(idx, old, id);
-        index_add(idx, new.to_owned(), id);
+        index_remove(idx, &old, id);
+        index_add(idx, new, id);
     }
 }
 
-/// The task table: a `Table<Task>` plus secondary indexes.
+/// The tasks of one service: all of them, and by slot (a slot's tasks: the current one and its history).
+#[derive(Clone, Debug, Default)]
+struct ServiceTasks {
+    all: IdSet,
+    by_slot: HashMap<u64, IdSet>,
+}
+
+/// The task table: a `Table<Task>` plus secondary indexes, and the specs its tasks share (`SpecInterner`).
 #[derive(Clone, Debug, Default)]
 pub struct TaskTable {
     table: Table<Task>,
-    by_service: Index<String>,
+    by_service: HashMap<String, ServiceTasks>,
     by_node: Index<String>,
-    by_slot: Index<(String, u64)>,
     by_desired_state: Index<i32>,
     by_state: Index<i32>,
+    specs: SpecInterner,
 }
 
 fn observed_state(t: &Task) -> i32 {
     t.status.as_ref().map(|s| s.state).unwrap_or(0)
+}
+
+/// Specs kept per service for sharing, at most: a service has its current spec and, during an update or a
+/// rollback, the previous one; a few more cover tasks that differ in what the orchestrator copies per task.
+pub const INTERNED_SPECS_PER_SERVICE: usize = 4;
+
+/// The task specs of each service's tasks, held weakly: a task applied with a spec equal to one another task
+/// of its service holds is given that one (`SharedTaskSpec`), so the tasks of one service version hold one
+/// spec between them, on every member (interning happens where tasks are applied or restored, whatever
+/// their origin). A spec no task holds any more is dropped from the list when the service's next task comes.
+#[derive(Clone, Debug, Default)]
+struct SpecInterner {
+    by_service: HashMap<String, Vec<Weak<TaskSpec>>>,
+}
+
+impl SpecInterner {
+    /// `task` with its spec replaced by an equal one already shared, when there is one; else `task`, its
+    /// spec remembered for the service's next tasks.
+    fn intern(&mut self, task: Arc<Task>) -> Arc<Task> {
+        let Some(spec) = task.spec.as_ref() else { return task };
+        let kept = match self.by_service.get_mut(task.service_id.as_str()) {
+            Some(kept) => kept,
+            None => self.by_service.entry(task.service_id.clone()).or_default(),
+        };
+        kept.retain(|w| w.strong_count() > 0);
+        let mut found = None;
+        for w in kept.iter() {
+            let Some(s) = w.upgrade() else { continue };
+            if Arc::ptr_eq(&s, spec.arc()) {
+                return task;
+            }
+            if *s == **spec {
+                found = Some(s);
+                break;
+            }
+        }
+        match found {
+            Some(shared) => {
+                let mut task = Arc::unwrap_or_clone(task);
+                task.spec = Some(SharedTaskSpec::from_arc(shared));
+                Arc::new(task)
+            }
+            None => {
+                if kept.len() >= INTERNED_SPECS_PER_SERVICE {
+                    kept.remove(0);
+                }
+                kept.push(Arc::downgrade(spec.arc()));
+                task
+            }
+        }
+    }
+
+    /// Forgets a service whose last task is gone.
+    fn forget(&mut self, service_id: &str) {
+        self.by_service.remove(service_id);
+    }
 }
 
 impl TaskTable {
@@ -158,18 +310,18 @@ impl TaskTable {
         self.table.is_empty()
     }
 
-    fn lookup<'a>(&'a self, ids: Option<&'a BTreeSet<String>>) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        ids.into_iter().flatten().filter_map(move |id| self.table.get(id))
+    fn lookup<'a>(&'a self, ids: Option<&'a IdSet>) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
+        ids.into_iter().flat_map(IdSet::iter).filter_map(move |id| self.table.get(id))
     }
 
     /// Tasks of a service.
     pub fn by_service<'a>(&'a self, service_id: &str) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        self.lookup(self.by_service.get(service_id))
+        self.lookup(self.by_service.get(service_id).map(|s| &s.all))
     }
 
     /// Number of tasks of a service.
     pub fn count_by_service(&self, service_id: &str) -> usize {
-        self.by_service.get(service_id).map_or(0, BTreeSet::len)
+        self.by_service.get(service_id).map_or(0, |s| s.all.len())
     }
 
     /// Tasks assigned to a node.
@@ -179,7 +331,7 @@ impl TaskTable {
 
     /// Tasks of one slot of a service (the current one and its history).
     pub fn by_slot<'a>(&'a self, service_id: &str, slot: u64) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        self.lookup(self.by_slot.get(&(service_id.to_string(), slot)))
+        self.lookup(self.by_service.get(service_id).and_then(|s| s.by_slot.get(&slot)))
     }
 
     /// Tasks with this desired state.
@@ -194,49 +346,71 @@ impl TaskTable {
 
     /// Number of tasks whose observed state is this one (O(1): the size of its index entry).
     pub fn count_by_state(&self, state: shoal_api::TaskState) -> usize {
-        self.by_state.get(&(state as i32)).map_or(0, BTreeSet::len)
+        self.by_state.get(&(state as i32)).map_or(0, IdSet::len)
     }
 
+    fn add_to_service(&mut self, service_id: &str, slot: u64, id: &Arc<str>) {
+        let tasks = match self.by_service.get_mut(service_id) {
+            Some(t) => t,
+            None => self.by_service.entry(service_id.to_string()).or_default(),
+        };
+        tasks.all.insert(id);
+        tasks.by_slot.entry(slot).or_default().insert(id);
+    }
+
+    fn remove_from_service(&mut self, service_id: &str, slot: u64, id: &str) {
+        let Some(tasks) = self.by_service.get_mut(service_id) else { return };
+        tasks.all.remove(id);
+        index_remove(&mut tasks.by_slot, &slot, id);
+        if tasks.all.is_empty() {
+            self.by_service.remove(service_id);
+            self.specs.forget(service_id);
+        }
+    }
+
+    /// `task` with its spec shared with its service's other tasks where equal (see `SpecInterner`): what
+    /// the store applies and publishes, so that no watcher keeps a copy of its own.
+    pub(crate) fn intern(&mut self, task: Arc<Task>) -> Arc<Task> {
+        self.specs.intern(task)
+    }
+
+    /// Stores a task; returns the task it replaced.
     pub(crate) fn insert(&mut self, task: Arc<Task>) -> Option<Arc<Task>> {
-        if let Some(old) = self.table.get(&task.id).cloned() {
+        if let Some((id, old)) = self.table.get_key_value(&task.id) {
+            let (id, old) = (id.clone(), old.clone());
             // An update: only the indexes whose key changed are touched (usually the states and node).
-            let id = task.id.as_str();
             if old.service_id != task.service_id || old.slot != task.slot {
-                index_remove(&mut self.by_service, old.service_id.as_str(), id);
-                index_remove(&mut self.by_slot, &(old.service_id.clone(), old.slot), id);
-                index_add(&mut self.by_service, task.service_id.clone(), id);
-                index_add(&mut self.by_slot, (task.service_id.clone(), task.slot), id);
+                self.remove_from_service(&old.service_id, old.slot, &id);
+                self.add_to_service(&task.service_id, task.slot, &id);
             }
             if old.node_id != task.node_id {
                 if !old.node_id.is_empty() {
-                    index_remove(&mut self.by_node, old.node_id.as_str(), id);
+                    index_remove(&mut self.by_node, old.node_id.as_str(), &id);
                 }
                 if !task.node_id.is_empty() {
-                    index_add(&mut self.by_node, task.node_id.clone(), id);
+                    index_add(&mut self.by_node, task.node_id.clone(), &id);
                 }
             }
-            index_move(&mut self.by_desired_state, &old.desired_state, &task.desired_state, id);
-            index_move(&mut self.by_state, &observed_state(&old), &observed_state(&task), id);
+            index_move(&mut self.by_desired_state, old.desired_state, task.desired_state, &id);
+            index_move(&mut self.by_state, observed_state(&old), observed_state(&task), &id);
             return self.table.insert(task);
         }
-        let id = task.id.as_str();
-        index_add(&mut self.by_service, task.service_id.clone(), id);
+        let id: Arc<str> = Arc::from(task.id.as_str());
+        self.add_to_service(&task.service_id, task.slot, &id);
         if !task.node_id.is_empty() {
-            index_add(&mut self.by_node, task.node_id.clone(), id);
+            index_add(&mut self.by_node, task.node_id.clone(), &id);
         }
-        index_add(&mut self.by_slot, (task.service_id.clone(), task.slot), id);
-        index_add(&mut self.by_desired_state, task.desired_state, id);
-        index_add(&mut self.by_state, observed_state(&task), id);
-        self.table.insert(task)
+        index_add(&mut self.by_desired_state, task.desired_state, &id);
+        index_add(&mut self.by_state, observed_state(&task), &id);
+        self.table.insert_with_key(id, task)
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Arc<Task>> {
         let old = self.table.remove(id)?;
-        index_remove(&mut self.by_service, old.service_id.as_str(), id);
+        self.remove_from_service(&old.service_id, old.slot, id);
         if !old.node_id.is_empty() {
             index_remove(&mut self.by_node, old.node_id.as_str(), id);
         }
-        index_remove(&mut self.by_slot, &(old.service_id.clone(), old.slot), id);
         index_remove(&mut self.by_desired_state, &old.desired_state, id);
         index_remove(&mut self.by_state, &observed_state(&old), id);
         Some(old)

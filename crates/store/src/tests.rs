@@ -456,3 +456,113 @@ fn failed_applies_are_remembered_until_a_restore() {
     assert_eq!(store.apply_outcomes_known_from(), 5);
     assert!(!store.apply_failed(4));
 }
+
+fn spec_of(image: &str) -> shoal_api::TaskSpec {
+    shoal_api::TaskSpec {
+        runtime: Some(shoal_api::task_spec::Runtime::Container(shoal_api::ContainerSpec {
+            image: image.into(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn with_spec(id: &str, service_id: &str, slot: u64, image: &str) -> Task {
+    Task { spec: Some(spec_of(image).into()), ..task(id, service_id, slot, "") }
+}
+
+fn spec_ptr(store: &MemoryStore, id: &str) -> *const shoal_api::TaskSpec {
+    store.view(|t| Arc::as_ptr(t.tasks().get(id).unwrap().spec.as_ref().unwrap().arc()))
+}
+
+/// The tasks of one service with equal specs hold one copy between them, whether applied as built (the
+/// leader), decoded from the log (a follower) or restored from a snapshot; a different spec (a new service
+/// version) or another service gets its own; what the store publishes is the shared copy.
+#[test]
+fn tasks_of_one_service_version_share_their_spec() {
+    let leader = MemoryStore::default();
+    let follower = MemoryStore::default();
+    let mut watch = leader.watch();
+    let mut writes = Vec::new();
+    let mut c = Changes::new();
+    c.create(with_spec("t1", "s1", 1, "busybox")).create(with_spec("t2", "s1", 2, "busybox"));
+    writes.push(c);
+    let mut c = Changes::new();
+    c.create(with_spec("t3", "s1", 3, "busybox")).create(with_spec("t4", "s1", 1, "alpine"));
+    c.create(with_spec("t5", "s2", 1, "busybox"));
+    writes.push(c);
+    for (i, c) in writes.into_iter().enumerate() {
+        let index = i as u64 + 1;
+        leader.apply(index, c.actions()).unwrap();
+        let (_, decoded) = decode_request(&encode_request(index, c.actions())).unwrap();
+        follower.apply(index, &decoded).unwrap();
+    }
+    let (at, snap) = leader.snapshot();
+    let restored = MemoryStore::default();
+    restored.restore(at, decode_snapshot(&encode_snapshot(snap)).unwrap());
+    for store in [&leader, &follower, &restored] {
+        let p = |id| spec_ptr(store, id);
+        assert_eq!(p("t1"), p("t2"));
+        assert_eq!(p("t1"), p("t3"), "a later write shares the earlier tasks' spec");
+        assert_ne!(p("t1"), p("t4"), "another spec is not merged");
+        assert_ne!(p("t1"), p("t5"), "specs are shared within a service");
+        assert_eq!(store.view(|t| t.tasks().get("t4").unwrap().spec.as_deref().cloned()), Some(spec_of("alpine")));
+    }
+    let first = watch.try_recv().unwrap();
+    let Object::Task(published) = &first.changes[1].object else { panic!("a task") };
+    assert_eq!(Arc::as_ptr(published.spec.as_ref().unwrap().arc()), spec_ptr(&leader, "t2"));
+
+    // A write to one task's spec (copy-on-write) leaves the others' alone.
+    let mut t2 = (*leader.view(|t| t.tasks().get("t2").cloned()).unwrap()).clone();
+    if let Some(shoal_api::task_spec::Runtime::Container(c)) = &mut t2.spec.as_mut().unwrap().runtime {
+        c.image = "nginx".into();
+    }
+    let mut c = Changes::new();
+    c.update(t2);
+    leader.apply(3, c.actions()).unwrap();
+    let image = |id| {
+        leader.view(|t| match t.tasks().get(id).unwrap().spec.as_ref().unwrap().runtime.clone() {
+            Some(shoal_api::task_spec::Runtime::Container(c)) => c.image,
+            None => String::new(),
+        })
+    };
+    assert_eq!((image("t1"), image("t2"), image("t3")), ("busybox".into(), "nginx".into(), "busybox".into()));
+
+    // Removing every task of a service forgets its specs; a new task starts a new copy.
+    let mut c = Changes::new();
+    for id in ["t1", "t2", "t3", "t4"] {
+        c.remove(leader.view(|t| t.tasks().get(id).cloned()).unwrap());
+    }
+    leader.apply(4, c.actions()).unwrap();
+    let mut c = Changes::new();
+    c.create(with_spec("t6", "s1", 1, "busybox"));
+    leader.apply(5, c.actions()).unwrap();
+    assert_eq!(leader.view(|t| t.tasks().by_service("s1").count()), 1);
+}
+
+/// The indexes answer the same after a set outgrows its small form and shrinks again: a service with more
+/// tasks than `SMALL_SET_MAX`, in ID order, by slot, and after removals.
+#[test]
+fn index_sets_keep_id_order_past_their_small_form() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    for i in (0..100).rev() {
+        c.create(task(&format!("t{i:03}"), "s1", i % 3, "n1"));
+    }
+    store.apply(1, c.actions()).unwrap();
+    let ids = |f: &dyn Fn(&Tables) -> Vec<String>| store.view(f);
+    let all = ids(&|t| t.tasks().by_service("s1").map(|t| t.id.clone()).collect());
+    let want: Vec<String> = (0..100).map(|i| format!("t{i:03}")).collect();
+    assert_eq!(all, want);
+    let slot1 = ids(&|t| t.tasks().by_slot("s1", 1).map(|t| t.id.clone()).collect());
+    assert_eq!(slot1, want.iter().enumerate().filter(|(i, _)| i % 3 == 1).map(|(_, s)| s.clone()).collect::<Vec<_>>());
+    assert_eq!(ids(&|t| t.tasks().by_node("n1").map(|t| t.id.clone()).collect()), want);
+    let mut c = Changes::new();
+    for i in 0..95 {
+        c.remove(store.view(|t| t.tasks().get(&format!("t{i:03}")).cloned()).unwrap());
+    }
+    store.apply(2, c.actions()).unwrap();
+    assert_eq!(ids(&|t| t.tasks().by_node("n1").map(|t| t.id.clone()).collect()), want[95..].to_vec());
+    assert_eq!(store.view(|t| t.tasks().count_by_state(TaskState::Pending)), 5);
+    assert_eq!(store.view(|t| t.tasks().count_by_service("s1")), 5);
+}

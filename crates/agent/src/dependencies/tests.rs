@@ -68,7 +68,7 @@ fn task(secrets: Vec<SecretReference>, configs: Vec<ConfigReference>) -> Task {
                 ..Default::default()
             })),
             ..Default::default()
-        }),
+        }.into()),
         ..Default::default()
     }
 }

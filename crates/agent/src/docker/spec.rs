@@ -221,7 +221,7 @@ mod tests {
                     ..Default::default()
                 }),
                 ..Default::default()
-            }),
+            }.into()),
             ..Default::default()
         }
     }

@@ -21,7 +21,7 @@ fn task(id: &str, command: &[&str], args: &[&str], grace_ms: Option<u64>) -> Tas
                 ..Default::default()
             })),
             ..Default::default()
-        }),
+        }.into()),
         ..Default::default()
     }
 }

@@ -349,7 +349,7 @@ impl TaskJson {
             labels: labels_to_json(&ann.labels),
             spec: t
                 .spec
-                .as_ref()
+                .as_deref()
                 .map(TaskSpecJson::from_api)
                 .unwrap_or_default(),
             service_id: t.service_id.clone(),
@@ -416,7 +416,7 @@ impl TaskJson {
         Ok(Task {
             id: self.id.clone(),
             meta: Some(meta_from(self.version, &self.created_at, &self.updated_at)?),
-            spec: Some(self.spec.to_api()?),
+            spec: Some(self.spec.to_api()?.into()),
             service_id: self.service_id.clone(),
             slot: self.slot,
             node_id: self.node_id.clone(),

@@ -81,7 +81,7 @@ impl Fx {
                     id: format!("{service}.{i}"),
                     service_id: service.into(),
                     slot: i as u64,
-                    spec: spec.clone(),
+                    spec: spec.clone().map(Into::into),
                     status: Some(TaskStatus { state: TaskState::New as i32, ..Default::default() }),
                     ..Default::default()
                 };

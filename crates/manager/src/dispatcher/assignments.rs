@@ -340,7 +340,7 @@ mod tests {
                 .collect(),
             ..Default::default()
         };
-        t.spec = Some(TaskSpec { runtime: Some(task_spec::Runtime::Container(c)), ..Default::default() });
+        t.spec = Some(TaskSpec { runtime: Some(task_spec::Runtime::Container(c)), ..Default::default() }.into());
         t
     }
 

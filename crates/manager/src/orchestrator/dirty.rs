@@ -29,7 +29,7 @@ pub fn is_task_dirty(service: &Service, task: &Task, node: Option<&Node>) -> boo
     if endpoint_changed {
         return true;
     }
-    if task.spec.as_ref() == wanted {
+    if task.spec.as_deref() == wanted {
         return false;
     }
     placement_only_change_fits(wanted, task, node) != Some(true)
@@ -64,7 +64,7 @@ mod tests {
             id: "t1".into(),
             service_id: s.id.clone(),
             node_id: node_id.into(),
-            spec: s.spec.as_ref().and_then(|s| s.task.clone()),
+            spec: s.spec.as_ref().and_then(|s| s.task.clone()).map(Into::into),
             spec_version: s.spec_version,
             ..Default::default()
         }

@@ -298,7 +298,7 @@ fn rolling_update_goes_node_by_node() {
     });
     let current = fx.service("g").spec.unwrap().task;
     let (mut rounds, mut batches) = (0, 0);
-    while fx.runnable("g").iter().any(|t| t.spec != current) || pending(&fx, "g") > 0 {
+    while fx.runnable("g").iter().any(|t| t.spec.as_deref() != current.as_ref()) || pending(&fx, "g") > 0 {
         rounds += 1;
         assert!(rounds < 20, "the update finishes");
         pass(&fx, "g");
@@ -318,7 +318,7 @@ fn rolling_update_goes_node_by_node() {
         fx.clock.advance_ms(1_000);
     }
     assert_eq!(nodes_of(&fx, "g"), ["n1", "n2", "n3"]);
-    assert!(fx.runnable("g").iter().all(|t| t.spec == current));
+    assert!(fx.runnable("g").iter().all(|t| t.spec.as_deref() == current.as_ref()));
     // Watched for the monitor period (5 s by default) after the last new task started, then completed.
     assert_eq!(fx.service("g").update_status.unwrap().state(), UpdateState::Updating);
     fx.clock.advance_ms(5_000);
@@ -467,7 +467,7 @@ fn a_failing_global_update_rolls_back_node_by_node() {
     assert_eq!(svc.spec, original);
     assert_eq!(nodes_of(&fx, "g"), ["n1", "n2", "n3"]);
     let runnable = fx.runnable("g");
-    assert!(runnable.iter().all(|t| t.spec == original.as_ref().unwrap().task && observed_state(t) == TaskState::Running));
+    assert!(runnable.iter().all(|t| t.spec.as_deref() == original.as_ref().unwrap().task.as_ref() && observed_state(t) == TaskState::Running));
     // Parallelism 1: one node got the bad image and was rolled back; the two others kept their task.
     assert_eq!(runnable.iter().filter(|t| before.contains(&t.id)).count(), 2);
 }

@@ -83,7 +83,7 @@ pub fn should_restart_job<'a>(task: &Task, history: impl IntoIterator<Item = &'a
     if observed_state(task) == TaskState::Complete {
         return false;
     }
-    let policy = EffectivePolicy::of(task.spec.as_ref());
+    let policy = EffectivePolicy::of(task.spec.as_deref());
     policy.condition != RestartCondition::None
         && (policy.max_attempts == 0 || restarts_in_window(task, history, &policy) < policy.max_attempts)
 }
@@ -225,7 +225,7 @@ impl<'a> Pass<'a> {
         let mut wakes = Vec::new();
         for e in self.keys.get_mut(&key).into_iter().flatten() {
             if e.desired == TaskState::Ready {
-                let at = created_ms(&e.task).saturating_add(EffectivePolicy::of(e.task.spec.as_ref()).delay_ms);
+                let at = created_ms(&e.task).saturating_add(EffectivePolicy::of(e.task.spec.as_deref()).delay_ms);
                 if at <= now {
                     e.set_desired(TaskState::Complete);
                 } else {

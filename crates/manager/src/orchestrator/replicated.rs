@@ -147,7 +147,7 @@ pub(crate) fn new_service_task(
         id: ids.new_id(),
         meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
         log_driver: task_spec.as_ref().and_then(|s| s.log_driver.clone()),
-        spec: task_spec,
+        spec: task_spec.map(Into::into),
         service_id: service.id.clone(),
         slot,
         node_id,

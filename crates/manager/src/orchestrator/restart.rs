@@ -80,7 +80,7 @@ pub fn restarts_in_window<'a>(
 /// `slot_history` is every task of the slot (it may include `task`). A task whose observed state is not
 /// terminal (its node went down) counts as failed.
 pub fn should_restart<'a>(task: &Task, slot_history: impl IntoIterator<Item = &'a Task>) -> bool {
-    let policy = EffectivePolicy::of(task.spec.as_ref());
+    let policy = EffectivePolicy::of(task.spec.as_deref());
     let by_condition = match policy.condition {
         RestartCondition::None => false,
         RestartCondition::OnFailure => observed_state(task) != TaskState::Complete,
@@ -91,7 +91,7 @@ pub fn should_restart<'a>(task: &Task, slot_history: impl IntoIterator<Item = &'
 
 /// When a replacement created at `created_ms` with this spec may be told to run.
 pub fn ready_at_ms(task: &Task) -> u64 {
-    created_ms(task).saturating_add(EffectivePolicy::of(task.spec.as_ref()).delay_ms)
+    created_ms(task).saturating_add(EffectivePolicy::of(task.spec.as_deref()).delay_ms)
 }
 
 #[cfg(test)]
@@ -102,7 +102,7 @@ mod tests {
     fn task(created: u64, state: TaskState, policy: Option<RestartPolicy>, spec_version: u64) -> Task {
         Task {
             id: format!("t{created}"),
-            spec: Some(TaskSpec { restart: policy, ..Default::default() }),
+            spec: Some(TaskSpec { restart: policy, ..Default::default() }.into()),
             spec_version: Some(Version { index: spec_version }),
             meta: Some(Meta { created_at: Some(shoal_api::timestamp_from_unix_ms(created)), ..Default::default() }),
             status: Some(TaskStatus {

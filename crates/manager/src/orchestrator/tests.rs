@@ -51,7 +51,7 @@ fn scale_up_creates_one_pending_task_per_slot_and_is_idempotent() {
         assert_eq!(t.desired_state(), TaskState::Running);
         assert_eq!(observed_state(t), TaskState::Pending);
         assert_eq!(t.status.as_ref().unwrap().message, PENDING_MESSAGE);
-        assert_eq!(t.spec, fx.service("s1").spec.unwrap().task);
+        assert_eq!(t.spec.as_deref(), fx.service("s1").spec.unwrap().task.as_ref());
         assert_eq!(t.spec_version.as_ref().unwrap().index, 1);
         assert_eq!(t.service_annotations.as_ref().unwrap().name, "svc-s1");
         assert_eq!(created_ms(t), fx.now());
@@ -228,10 +228,10 @@ fn drive_update(fx: &Fx, order: UpdateOrder, parallelism: u64) -> usize {
         let in_progress = (1..=3)
             .filter(|slot| {
                 let in_slot: Vec<_> = tasks.iter().filter(|t| t.slot == *slot).collect();
-                let old_live = in_slot.iter().any(|t| t.spec != current && !observed_state(t).is_terminal());
-                let old_told = in_slot.iter().any(|t| t.spec != current && t.desired_state() > TaskState::Running);
+                let old_live = in_slot.iter().any(|t| t.spec.as_deref() != current.as_ref() && !observed_state(t).is_terminal());
+                let old_told = in_slot.iter().any(|t| t.spec.as_deref() != current.as_ref() && t.desired_state() > TaskState::Running);
                 let new_not_running =
-                    in_slot.iter().any(|t| t.spec == current && observed_state(t) != TaskState::Running);
+                    in_slot.iter().any(|t| t.spec.as_deref() == current.as_ref() && observed_state(t) != TaskState::Running);
                 // Stop-first: a slot is busy from "old told to stop" until its new task runs. Start-first:
                 // from the new task's creation until it runs (the old one then just stops).
                 new_not_running || (order == UpdateOrder::StopFirst && old_live && old_told)
@@ -262,7 +262,7 @@ fn rolling_update_replaces_all_tasks_one_at_a_time() {
     let current = svc.spec.unwrap().task;
     let runnable = fx.runnable("s1");
     assert_eq!(runnable.len(), 3);
-    assert!(runnable.iter().all(|t| t.spec == current));
+    assert!(runnable.iter().all(|t| t.spec.as_deref() == current.as_ref()));
     assert_eq!(fx.tasks("s1").len(), 6);
 }
 

@@ -268,7 +268,7 @@ fn task_with(id: &str, service_id: &str, node_id: &str, state: TaskState, nano_c
                 ..Default::default()
             }),
             ..Default::default()
-        }),
+        }.into()),
         spec_version: Some(shoal_api::Version { index: 1 }),
         status: Some(shoal_api::TaskStatus { state: state as i32, ..Default::default() }),
         ..Default::default()
