@@ -140,6 +140,17 @@ fn a_stock_engine_joins_and_is_ready_with_its_hostname_and_version() {
     assert_eq!(info["ControlAvailable"], false, "{info}");
     let cluster_id = d.get("/v1.47/swarm")["ID"].as_str().unwrap_or_default().to_string();
     assert_eq!(info["Cluster"]["ID"].as_str().unwrap_or(&cluster_id), cluster_id, "{info}");
+
+    // Promoting it is refused: as a manager the engine would join Shoal's Raft without being able to take
+    // part (docs/engine-worker.md), and this one-manager cluster would lose quorum.
+    let out = docker_cli::run(d.socket(), &["node", "promote", &node_id]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "docker node promote of the engine succeeded");
+    assert!(err.contains(&format!("runs Docker Engine {version}, not Shoal")), "{err}");
+    let node: Value = serde_json::from_str(&shoal(&d, &["node", "inspect", "--format", "{{json .}}", &node_id]))
+        .expect("node JSON");
+    assert_eq!(node["Spec"]["Role"], "worker", "{node}");
+    assert_eq!(shoal_testkit::managers::leader_seen_by(&d).expect("a leader"), "shoal-0");
 }
 
 /// The command of the tests' containers: a numbered line a second, leaving at once on SIGTERM (a shell as PID 1
