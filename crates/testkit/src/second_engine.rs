@@ -238,6 +238,12 @@ impl SecondEngine {
         &self.hostname
     }
 
+    /// The engine's `--data-root` (its swarm state is under `swarm/`, its node certificate at
+    /// `swarm/certificates/swarm-node.crt`).
+    pub fn data_root(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
     /// The engine's API socket.
     pub fn socket(&self) -> PathBuf {
         self.dir.join("docker.sock")
