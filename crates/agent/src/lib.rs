@@ -176,7 +176,8 @@ impl Agent {
         self
     }
 
-    /// The node description sent to the manager: the executor's, with the configured hostname and labels.
+    /// The node description sent to the manager: the executor's, with the configured hostname and labels and
+    /// the `shoal.agent` engine label (`shoal_api::SHOAL_AGENT_LABEL`).
     pub fn description(&self) -> NodeDescription {
         let mut d = self.executor.describe();
         if !self.config.hostname.is_empty() {
@@ -186,6 +187,8 @@ impl Agent {
         for (k, v) in &self.config.engine_labels {
             engine.labels.insert(k.clone(), v.clone());
         }
+        // Tells managers this node runs Shoal's agent, not a Docker Engine's (which may not be promoted).
+        engine.labels.insert(shoal_api::SHOAL_AGENT_LABEL.to_string(), env!("CARGO_PKG_VERSION").to_string());
         if !self.config.generic_resources.is_empty() {
             d.resources.get_or_insert_with(Default::default).generic = self.config.generic_resources.clone();
         }

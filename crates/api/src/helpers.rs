@@ -5,6 +5,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::TaskState;
 
+/// The engine label every Shoal agent puts in the node description it sends (its value: Shoal's version). A
+/// node that described itself without it is a stock Docker Engine that joined as a worker (`docker swarm
+/// join`), which cannot be made a manager of a Shoal cluster.
+pub const SHOAL_AGENT_LABEL: &str = "shoal.agent";
+
 /// Converts milliseconds since the Unix epoch to a protobuf timestamp.
 pub fn timestamp_from_unix_ms(ms: u64) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }

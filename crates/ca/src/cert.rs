@@ -141,8 +141,9 @@ impl RootCa {
 
     /// Signs `csr_pem` for `subject`, valid from `now - BACKDATE` to `now + validity`. Only the CSR's public
     /// key is used; its subject and extensions are replaced. The certificate carries DNS names for the role
-    /// OU and the node ID (peers check a manager's certificate by the name `swarm-manager`) and both TLS
-    /// server and client usages.
+    /// OU and the node ID (peers check a manager's certificate by the name `swarm-manager`), for a manager also
+    /// `swarm-ca` (the name a Docker Engine's agent checks when it dials the CA service, as SwarmKit's signer
+    /// adds it), and both TLS server and client usages.
     pub fn sign_csr(
         &self,
         csr_pem: &str,
@@ -172,7 +173,10 @@ impl RootCa {
         dn.push(DnType::OrganizationalUnitName, subject.role.ou());
         dn.push(DnType::OrganizationName, subject.cluster_id.as_str());
         params.distinguished_name = dn;
-        let names = [subject.role.ou(), subject.node_id.as_str()];
+        let mut names = vec![subject.role.ou(), subject.node_id.as_str()];
+        if subject.role == Role::Manager {
+            names.push(ROOT_CN);
+        }
         params.subject_alt_names = names
             .iter()
             .map(|n| {

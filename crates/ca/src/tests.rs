@@ -54,6 +54,32 @@ fn signed_node_cert_has_the_subject_the_ca_chose_and_chains_to_the_root() {
 }
 
 #[test]
+fn manager_certs_name_the_ca_role_as_swarmkit_does() {
+    // A Docker Engine's agent dials the CA service under the server name `swarm-ca` and any manager serves it.
+    let root = RootCa::generate(t0(), &mut rng(2)).unwrap();
+    let csr = generate_node_key_and_csr().unwrap();
+    for (role, want) in [
+        (Role::Manager, vec!["swarm-manager", "node0000000000000000000001", "swarm-ca"]),
+        (Role::Worker, vec!["swarm-worker", "node0000000000000000000001"]),
+    ] {
+        let pem = root.sign_csr(&csr.csr_pem, &subject(role), Duration::from_secs(7200), t0(), &mut rng(3)).unwrap();
+        let der = parse_cert_pem_chain(pem.as_bytes()).unwrap();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+        let san = cert.subject_alternative_name().unwrap().expect("a SAN extension");
+        let names: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, want, "{role:?}");
+    }
+}
+
+#[test]
 fn a_foreign_root_does_not_verify_a_node_cert() {
     let root = RootCa::generate(t0(), &mut rng(4)).unwrap();
     let other = RootCa::generate(t0(), &mut rng(5)).unwrap();

@@ -14,6 +14,8 @@
 //! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket;
 //! - `docker_engine`: the local Docker Engine: the test image, daemons with `--executor docker` whose
 //!   containers are removed on drop;
+//! - `second_engine`: a second, stock Docker Engine in a network namespace of its own, to join a Shoal cluster
+//!   as a worker (`docker swarm join`), cleaned up on drop;
 //! - [`scratch_dir`]: where files shared by test processes live (in the build's target dir, not /tmp).
 
 pub mod api_server;
@@ -29,6 +31,7 @@ pub mod managers;
 pub mod netns;
 pub mod process;
 pub mod python;
+pub mod second_engine;
 pub mod wait;
 
 pub use api_server::ApiServer;

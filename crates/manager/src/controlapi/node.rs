@@ -1,6 +1,7 @@
 //! Nodes: lookup (ID, then name or hostname, then ID prefix), list with filters, spec updates
-//! (availability, labels, role; the last manager cannot be demoted) and removal (refused for a ready node
-//! unless forced, and always for a manager). Must not depend on HTTP or JSON.
+//! (availability, labels, role; the last manager cannot be demoted, a stock Docker Engine that joined as a
+//! worker cannot be promoted) and removal (refused for a ready node unless forced, and always for a
+//! manager). Must not depend on HTTP or JSON.
 
 use std::sync::Arc;
 
@@ -101,8 +102,18 @@ pub fn list_nodes(state: &ClusterState, filters: &NodeFilters) -> Vec<Arc<Node>>
     out
 }
 
+/// The engine version of a node that described itself as a stock Docker Engine (an engine description
+/// without Shoal's agent label), `None` for a Shoal node or one that has not described itself yet.
+fn docker_engine_version(node: &Node) -> Option<String> {
+    let engine = node.description.as_ref()?.engine.as_ref()?;
+    if engine.labels.contains_key(shoal_api::SHOAL_AGENT_LABEL) {
+        return None;
+    }
+    Some(if engine.engine_version.is_empty() { "(no version)".to_string() } else { engine.engine_version.clone() })
+}
+
 /// Replaces node `reference`'s spec. `version` must be the node's current version. Demoting the last
-/// manager is refused.
+/// manager is refused, and so is promoting a Docker Engine that joined as a worker.
 pub async fn update_node(
     state: &ClusterState,
     reference: &str,
@@ -136,6 +147,18 @@ pub async fn update_node(
                     return Err(ControlError::FailedPrecondition(format!(
                         "node {} is the last manager of the cluster and cannot be demoted; promote another node first",
                         current.id
+                    )));
+                }
+            }
+            if !was_manager && spec.desired_role() == NodeRole::Manager {
+                if let Some(version) = docker_engine_version(current) {
+                    return Err(ControlError::FailedPrecondition(format!(
+                        "node {} ({}) runs Docker Engine {version}, not Shoal: a Docker Engine can only be a worker \
+                         of a Shoal cluster (as a manager it would join Shoal's Raft without being able to take \
+                         part, and the cluster could lose quorum); to add a manager, run `shoal daemon` on a machine \
+                         and join it with the manager token",
+                        current.id,
+                        node_name(current)
                     )));
                 }
             }

@@ -664,6 +664,48 @@ async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
 }
 
 #[tokio::test]
+async fn a_docker_engine_worker_is_not_promoted_and_a_shoal_worker_is() {
+    let (state, _) = cluster();
+    let engine = |labels: &[(&str, &str)]| shoal_api::EngineDescription {
+        engine_version: "20.10.24+dfsg1".into(),
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    };
+    let mut docker = node("w1", "docker-host", NodeRole::Worker, node_status::State::Ready);
+    docker.description.as_mut().unwrap().engine = Some(engine(&[]));
+    let mut shoal = node("w2", "shoal-host", NodeRole::Worker, node_status::State::Ready);
+    shoal.description.as_mut().unwrap().engine = Some(engine(&[(shoal_api::SHOAL_AGENT_LABEL, "0.1.0")]));
+    let mut c = Changes::new();
+    c.create(node("m1", "mgr", NodeRole::Manager, node_status::State::Ready));
+    c.create(docker);
+    c.create(shoal);
+    state.propose(c).await.unwrap();
+
+    for (id, refused) in [("w1", true), ("w2", false)] {
+        let n = get_node(&state, id).unwrap();
+        let mut promote = n.spec.clone().unwrap();
+        promote.set_desired_role(NodeRole::Manager);
+        let res = update_node(&state, id, n.version(), promote).await;
+        if refused {
+            let err = res.unwrap_err();
+            assert!(
+                matches!(&err, ControlError::FailedPrecondition(m)
+                    if m.contains("w1 (docker-host) runs Docker Engine 20.10.24+dfsg1") && m.contains("shoal daemon")),
+                "{err:?}"
+            );
+            assert_eq!(get_node(&state, id).unwrap().spec.clone().unwrap().desired_role(), NodeRole::Worker);
+        } else {
+            assert_eq!(res.unwrap().spec.unwrap().desired_role(), NodeRole::Manager);
+        }
+    }
+    // Other changes to the engine's node are accepted.
+    let n = get_node(&state, "w1").unwrap();
+    let mut drain = n.spec.clone().unwrap();
+    drain.set_availability(node_spec::Availability::Drain);
+    update_node(&state, "w1", n.version(), drain).await.unwrap();
+}
+
+#[tokio::test]
 async fn writes_on_a_follower_are_refused_with_not_leader() {
     let (state, proposer) = cluster();
     proposer.set_leader(false);
