@@ -149,9 +149,13 @@ pub struct SessionContext<'a> {
     pub node_sink: Option<&'a watch::Sender<Option<shoal_api::Node>>>,
     /// Called with every session message (the first one too): the agent learns the manager list from it.
     pub on_message: &'a mut (dyn FnMut(&SessionMessage) + Send),
+    /// When set, the node's data plane, fed the manager's network view over this session's connection.
+    pub network: Option<Arc<crate::network::NetworkPlane>>,
 }
 
-fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
+/// A request carrying this node's ID (believed only by the in-process test harness; real managers take the
+/// caller's certificate) and, when given, a deadline.
+pub(crate) fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
     let mut r = Request::new(msg);
     if let Ok(v) = node_id.parse() {
         r.metadata_mut().insert(NODE_ID_METADATA_KEY, v);
@@ -269,6 +273,16 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
             Ok(())
         }
     }));
+
+    // The data plane's view of this node's networks rides on the same connection and ends with the session
+    // (the plane keeps the last view meanwhile).
+    let _network_view = ctx.network.clone().map(|plane| {
+        let follow = crate::network::follow_view(client_channel.clone(), node_id.clone(), plane);
+        AbortOnDrop(tokio::spawn(async move {
+            follow.await;
+            Ok(())
+        }))
+    });
 
     loop {
         if *shutdown.borrow() {
