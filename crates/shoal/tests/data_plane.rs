@@ -8,6 +8,12 @@
 //! A service on another network resolves nothing of `web` and reaches neither its VIP nor its tasks; a task
 //! of an `--internal` network has no route out while one of `appnet` reaches a node's address. Stopping the
 //! daemons cleanly leaves no task namespace behind.
+//!
+//! Scaling: a client requesting `http://web/` in a loop while `web` goes from 2 to 10 replicas and back to 1
+//! records no request that failed after its retries (a connection to a task being stopped may fail once).
+//! Before that it measures sequential requests per second (a new TCP connection each, Python's urllib)
+//! through the VIP and straight to a task on its own node and on another node: the `RESULT RATE` lines
+//! printed, the figures in BENCHMARKS.md.
 
 mod common;
 
@@ -162,6 +168,11 @@ impl Cluster {
 
     /// The `RESULT` lines task `t` printed, once it printed `DONE`.
     fn results(&self, t: &Value) -> Vec<String> {
+        self.results_until(t, "DONE")
+    }
+
+    /// The `RESULT` lines task `t` printed, once one of them is `last`.
+    fn results_until(&self, t: &Value, last: &str) -> Vec<String> {
         let id = t["ID"].as_str().unwrap();
         let node = t["NodeID"].as_str().unwrap();
         let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
@@ -171,7 +182,7 @@ impl Cluster {
             let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
             let lines: Vec<String> =
                 text.lines().filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r.to_string())).collect();
-            if lines.iter().any(|l| l == "DONE") { Ok(lines) } else { Err(format!("so far: {lines:?}")) }
+            if lines.iter().any(|l| l == last) { Ok(lines) } else { Err(format!("so far: {lines:?}")) }
         })
     }
 }
@@ -287,4 +298,94 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
         .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
         .collect();
     assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
+}
+
+/// `BENCH` (`label=url` pairs): 300 sequential GETs of each, `RESULT RATE label n/s`; then `RESULT LOOPING`
+/// and GETs of http://web/ (each retried up to 5 times, 100 ms apart) until the file `STOP` exists:
+/// `RESULT LOOP <requests> retried <n> failed <n> answers <distinct addresses>`, then `RESULT DONE`.
+const LOOP: &str = r#"
+import collections, os, time, urllib.request
+def out(*a):
+    print('RESULT', *a, flush=True)
+def get(url):
+    return urllib.request.urlopen(url, timeout=2).read().decode()
+for pair in os.environ.get('BENCH', '').split():
+    label, url = pair.split('=', 1)
+    get(url)
+    t0 = time.time()
+    for i in range(300):
+        get(url)
+    out('RATE', label, '%.0f' % (300 / (time.time() - t0)))
+out('LOOPING')
+seen, n, retried, failed = collections.Counter(), 0, 0, 0
+while not os.path.exists(os.environ['STOP']):
+    n += 1
+    for attempt in range(5):
+        try:
+            seen[get('http://web/')] += 1
+            break
+        except Exception:
+            retried += 1
+            time.sleep(0.1)
+    else:
+        failed += 1
+out('LOOP', n, 'retried', retried, 'failed', failed, 'answers', len(seen))
+out('DONE')
+time.sleep(100000)
+"#;
+
+/// Removes the stop file's directory, however the test ends.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn scaling_to_10_and_back_to_1_keeps_the_vip_answering() {
+    let mut c = Cluster::start("dps");
+    c.docker(&["network", "create", "-d", "overlay", "appnet"]);
+    post_service(c.manager(), &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[])).unwrap();
+    let web = c.running("web", 2);
+    let on = |host: &str| {
+        let t = web.iter().find(|t| {
+            let node = t["NodeID"].as_str().unwrap();
+            c.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"] == host
+        });
+        address_on(t.unwrap_or_else(|| panic!("a web task on {host}: {web:?}")), "appnet")
+    };
+    let (local, remote) = (on("node-0"), on("node-1"));
+    let dir = TempDir(std::env::temp_dir().join(format!("shoal-data-plane-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let stop = dir.0.join("stop");
+    let env = vec![
+        format!("BENCH=vip=http://web/ same-node=http://{local}/ cross-node=http://{remote}/"),
+        format!("STOP={}", stop.display()),
+    ];
+    post_service(c.manager(), &python_service("client", "appnet", "node.hostname==node-0", 1, LOOP, &env)).unwrap();
+    let client = c.running("client", 1);
+    let r = c.results_until(&client[0], "LOOPING");
+    for line in r.iter().filter(|l| l.starts_with("RATE")) {
+        println!("RESULT {line} (requests/s, a new connection each, client and web tasks python3)");
+    }
+
+    c.docker(&["service", "update", "-d", "--replicas", "10", "web"]);
+    c.running("web", 10);
+    c.docker(&["service", "update", "-d", "--replicas", "1", "web"]);
+    wait_until("web down to 1 task", WAIT, || {
+        let live = tasks_of(c.manager(), "web").iter().filter(|t| state(t) == "running").count();
+        if live == 1 { Ok(()) } else { Err(format!("{live} running")) }
+    });
+    std::fs::write(&stop, b"").unwrap();
+    let r = c.results(&client[0]);
+    let looped = r.iter().find(|l| l.starts_with("LOOP ")).unwrap();
+    println!("client: {looped}");
+    let words: Vec<&str> = looped.split_whitespace().collect();
+    let (requests, failed, answers): (u32, u32, u32) =
+        (words[1].parse().unwrap(), words[5].parse().unwrap(), words[7].parse().unwrap());
+    assert_eq!(failed, 0, "no request fails after its retries: {looped}");
+    assert!(requests >= 50, "{looped}");
+    assert!(answers > 2, "the new tasks answered too: {looped}");
 }

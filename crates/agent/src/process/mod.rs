@@ -20,7 +20,8 @@
 //! mount namespace of its own (`unshare(CLONE_NEWNS)`, mounts made private) gets the task's
 //! `state_dir/tasks/<id>/resolv.conf` (the node's resolver at 127.0.0.11) bind-mounted over
 //! `/etc/resolv.conf`: the rest of the file system is the node's, as for any process task. Without the data
-//! plane, such a task is rejected with the reason the node has none.
+//! plane, such a task is rejected with the reason the node has none. A networked task told to stop keeps
+//! running `NETWORK_DRAIN` before its stop signal, so that no VIP sends it new connections as it goes.
 
 pub mod logs;
 mod spawner;
@@ -42,6 +43,10 @@ use spawner::Spawner;
 
 /// How long an exited task's output relays get to record its last lines.
 pub const RELAY_DRAIN: Duration = Duration::from_secs(1);
+
+/// How long a task on a network keeps running after it was told to stop, before its stop signal: the time
+/// for every node to drop it from the VIPs it backs.
+pub const NETWORK_DRAIN: Duration = Duration::from_secs(2);
 
 /// PATH given to tasks when the daemon has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -451,6 +456,12 @@ impl Controller for ProcessController {
                 // Exited already: sweep any children it left in its group.
                 self.signal_group(Signal::SIGKILL);
                 return Ok(());
+            }
+            if self.netns.is_some() {
+                // The manager took the task out of its services' backends when it was told to stop; give every
+                // node's VIP rules the time to follow before the process stops answering (Docker waits the same
+                // `defaultGossipConvergeDelay` after deactivating the service binding).
+                tokio::time::sleep(NETWORK_DRAIN).await;
             }
             self.signal_group(Signal::SIGTERM);
             let grace = self.grace;
