@@ -1,4 +1,4 @@
-//! Generates the docker.swarmkit.v1 types and gRPC stubs. Uses `$PROTOC` when set, else the vendored protoc,
+//! Generates the docker.swarmkit.v1 types and gRPC stubs, and Shoal's own `shoal.v1` services. Uses `$PROTOC` when set, else the vendored protoc,
 //! so a fresh machine needs no system package.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,5 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // (`shoal_api::unknown_fields`) instead of dropping them as prost would.
         .file_descriptor_set_path(std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("swarmkit_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;
+    // Shoal's own services (package shoal.v1), apart so that no docker.swarmkit.v1 message changes.
+    println!("cargo:rerun-if-changed=proto/shoal_netview.proto");
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(&["proto/shoal_netview.proto"], &["proto"])?;
     Ok(())
 }

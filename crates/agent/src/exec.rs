@@ -119,6 +119,11 @@ pub trait Executor: Send + Sync + 'static {
     /// Called once the agent stopped and every runner ended (after `tasks_outlive_agent` decided whether the
     /// tasks were stopped): releases what the executor keeps for tasks that no longer run.
     fn agent_stopped(&self) {}
+    /// The node's data plane, when this executor connects tasks to networks through it (the agent feeds it
+    /// assignments and the manager's network view). `None`: tasks with networks are rejected.
+    fn network_plane(&self) -> Option<std::sync::Arc<crate::network::NetworkPlane>> {
+        None
+    }
     /// What `task` printed, per `options`. Fails when this executor keeps no output for the task.
     fn logs(&self, task: &Task, _options: &LogOptions) -> Result<LogStream, ExecutorError> {
         Err(ExecutorError::Runtime(format!("the {} executor keeps no logs of task {}", self.name(), task.id)))

@@ -11,6 +11,7 @@ pub mod dependencies;
 pub mod docker;
 pub mod exec;
 pub mod logs;
+pub mod network;
 pub mod process;
 pub mod remotes;
 pub mod runner;
@@ -215,6 +216,25 @@ impl Agent {
         if let Some(sink) = &self.held_sink {
             worker = worker.with_held_sink(sink.clone());
         }
+        let network = self.executor.network_plane();
+        let mut network_tasks = Vec::new();
+        if let Some(plane) = &network {
+            if !self.executor.tasks_outlive_agent() {
+                // The tasks of an earlier run died with it: nothing of their data plane is kept.
+                plane.clear().await;
+            }
+            network_tasks.push(tokio::spawn(plane.clone().run(shutdown.clone())));
+            let (plane, mut assigned) = (plane.clone(), worker.assigned());
+            network_tasks.push(tokio::spawn(async move {
+                loop {
+                    let now = assigned.borrow_and_update().clone();
+                    plane.set_assigned(now);
+                    if assigned.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }));
+        }
         let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
         // Set when a manager refused because it is not the leader and named the leader: the next session
         // goes there. At most `MAX_REDIRECTS_IN_A_ROW` such hops without a backoff pause.
@@ -303,6 +323,7 @@ impl Agent {
                 backoff: &mut backoff,
                 node_sink: self.node_sink.as_ref(),
                 on_message: &mut on_message,
+                network: network.clone(),
             };
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,
@@ -363,5 +384,14 @@ impl Agent {
         }
         tracing::info!(node = %self.config.node_id, "agent stopping: stopping its tasks");
         worker.stop_all().await;
+        for t in network_tasks {
+            t.abort();
+        }
+        if let Some(plane) = &network {
+            if !self.executor.tasks_outlive_agent() {
+                tracing::info!(node = %self.config.node_id, "removing the node's data plane");
+                plane.clear().await;
+            }
+        }
     }
 }

@@ -155,9 +155,13 @@ pub struct SessionContext<'a> {
     /// When set, the session ends (`DescriptionChanged`) as soon as this changes: the node's TLS information,
     /// which the next session's description carries.
     pub tls_info: Option<watch::Receiver<shoal_api::NodeTlsInfo>>,
+    /// When set, the node's data plane, fed the manager's network view over this session's connection.
+    pub network: Option<Arc<crate::network::NetworkPlane>>,
 }
 
-fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
+/// A request carrying this node's ID (believed only by the in-process test harness; real managers take the
+/// caller's certificate) and, when given, a deadline.
+pub(crate) fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
     let mut r = Request::new(msg);
     if let Ok(v) = node_id.parse() {
         r.metadata_mut().insert(NODE_ID_METADATA_KEY, v);
@@ -276,6 +280,16 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
             Ok(())
         }
     }));
+
+    // The data plane's view of this node's networks rides on the same connection and ends with the session
+    // (the plane keeps the last view meanwhile).
+    let _network_view = ctx.network.clone().map(|plane| {
+        let follow = crate::network::follow_view(client_channel.clone(), node_id.clone(), plane);
+        AbortOnDrop(tokio::spawn(async move {
+            follow.await;
+            Ok(())
+        }))
+    });
 
     loop {
         if *shutdown.borrow() {

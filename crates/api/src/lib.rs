@@ -12,6 +12,13 @@ mod generated {
 
 pub use generated::*;
 
+/// Shoal's own gRPC services (package `shoal.v1`, `proto/shoal_netview.proto`): what Shoal adds beyond
+/// SwarmKit's protocol without changing any `docker.swarmkit.v1` message.
+#[allow(clippy::all, missing_docs, rust_2018_idioms)]
+pub mod shoal_v1 {
+    tonic::include_proto!("shoal.v1");
+}
+
 pub use prost;
 pub use prost_types;
 

@@ -84,6 +84,8 @@ pub const RPC_ACCESS: &[(&str, Access)] = &[
     ("/docker.swarmkit.v1.Control/CreateConfig", Access::Managers),
     ("/docker.swarmkit.v1.Control/RemoveConfig", Access::Managers),
     ("/docker.swarmkit.v1.Watch/Watch", Access::Managers),
+    // Shoal's own: each node's data-plane view, computed for the node of the caller's certificate.
+    ("/shoal.v1.NetworkView/Watch", Access::Nodes),
 ];
 
 /// Who may call `path` (manager-only when the method is not in `RPC_ACCESS`).

@@ -44,6 +44,10 @@ pub struct DaemonConfig {
     pub generic_node_resources: Vec<shoal_api::GenericResource>,
     /// Which executor to use.
     pub executor: ExecutorKind,
+    /// Connect tasks to overlay networks (the process executor, when root and the kernel allow; see
+    /// `shoal_agent::network`). Off by default here (in-process nodes share their test's namespace); the
+    /// daemon's default is on (`--no-data-plane` turns it off).
+    pub data_plane: bool,
     /// Raft tick interval.
     pub raft_tick_interval_ms: u64,
     /// Raft ticks without a leader's message before a follower campaigns (randomized in [n, 2n)).
@@ -101,6 +105,7 @@ impl DaemonConfig {
             hostname: None,
             generic_node_resources: Vec::new(),
             executor: ExecutorKind::Auto,
+            data_plane: false,
             raft_tick_interval_ms: 100,
             raft_election_tick: 10,
             raft_heartbeat_tick: 1,

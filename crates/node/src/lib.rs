@@ -132,6 +132,19 @@ fn machine_hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
+/// The node's data plane for the process executor, or why it has none.
+fn data_plane(cfg: &DaemonConfig) -> Result<Arc<shoal_agent::network::NetworkPlane>, String> {
+    if !cfg.data_plane {
+        return Err("the daemon was started with --no-data-plane".into());
+    }
+    let plane = shoal_agent::network::NetworkPlane::open(&cfg.state_dir);
+    match &plane {
+        Ok(_) => tracing::info!("data plane on: this node connects tasks to overlay networks"),
+        Err(why) => tracing::warn!("data plane off: {why}; tasks with networks will not be placed on this node"),
+    }
+    plane
+}
+
 /// How long `--executor auto` waits for the Docker Engine to answer a ping before using processes.
 pub const ENGINE_PING_WITHIN: Duration = Duration::from_secs(2);
 
@@ -144,7 +157,8 @@ async fn pick_executor(
     let process = || -> Arc<dyn Executor> {
         Arc::new(
             shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
-                .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(node_id))),
+                .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(node_id)))
+                .with_network(data_plane(cfg)),
         )
     };
     let docker = shoal_agent::docker::DockerExecutor::connect(&cfg.engine_addr, node_id, ENGINE_PING_WITHIN);

@@ -66,6 +66,7 @@ pub fn serve_manager_grpc(
         .add_service(dispatcher.grpc_service())
         .add_service(dispatcher.log_broker_service())
         .add_service(dispatcher.logs_service())
+        .add_service(dispatcher.network_view_service())
         .add_optional_service(r)
         .add_optional_service(m)
         .add_optional_service(p)

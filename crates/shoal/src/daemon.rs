@@ -36,6 +36,11 @@ pub struct DaemonArgs {
     /// Task executor: auto, process or docker.
     #[arg(long, default_value = "auto")]
     executor: ExecutorKind,
+    /// Do not connect tasks to overlay networks on this node (the data plane changes the host's links,
+    /// nftables and ip_forward; it is on by default for the process executor when run as root on a kernel
+    /// with VXLAN and nftables NAT). Tasks with networks are then not placed here.
+    #[arg(long)]
+    no_data_plane: bool,
     /// Docker Engine address for the docker executor (unix:///PATH or tcp://HOST:PORT).
     #[arg(long, default_value = "unix:///var/run/docker.sock")]
     engine_addr: String,
@@ -108,6 +113,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.generic_node_resources = args.generic_node_resources.map(|g| g.0).unwrap_or_default();
     cfg.executor = args.executor;
     cfg.engine_addr = args.engine_addr;
+    cfg.data_plane = !args.no_data_plane;
     cfg.join_addr = args.join_addr;
     cfg.force_new_cluster = args.force_new_cluster;
     cfg.raft_tick_interval_ms = args.raft_tick_interval_ms;

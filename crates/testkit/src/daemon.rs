@@ -105,6 +105,7 @@ impl DaemonProcess {
             .arg(&self.executor)
             .arg("--hostname")
             .arg(&self.hostname)
+            .args(self.netns.is_none().then_some("--no-data-plane"))
             .args(extra)
             .env("SHOAL_LOG", "info")
             .stdin(Stdio::null());

@@ -13,6 +13,15 @@
 //! `SHOAL_CONFIGS_DIR`: its two directories on the node's tmpfs (`task_files`), written in `prepare` and
 //! removed with the task (or when the agent stops: processes die with it). Must not depend on the session or
 //! gRPC.
+//!
+//! Networks: with the node's data plane (`with_network`), a task attached to networks runs in a network
+//! namespace of its own (`/run/netns/shl-task-<task id>`, made in `prepare`, plumbed by the data plane before
+//! `start` goes on, deleted in `remove`). The process enters it with `setns` between fork and exec, and in a
+//! mount namespace of its own (`unshare(CLONE_NEWNS)`, mounts made private) gets the task's
+//! `state_dir/tasks/<id>/resolv.conf` (the node's resolver at 127.0.0.11) bind-mounted over
+//! `/etc/resolv.conf`: the rest of the file system is the node's, as for any process task. Without the data
+//! plane, such a task is rejected with the reason the node has none. A networked task told to stop keeps
+//! running `NETWORK_DRAIN` before its stop signal, so that no VIP sends it new connections as it goes.
 
 pub mod logs;
 mod spawner;
@@ -28,11 +37,16 @@ use shoal_api::{task_spec, ContainerSpec, EngineDescription, NodeDescription, Pl
 
 use crate::dependencies::FileKind;
 use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus, TaskFiles};
+use crate::network::NetworkPlane;
 use crate::task_files::{process_place, FilesRoot, CONFIGS_DIR_ENV, SECRETS_DIR_ENV};
 use spawner::Spawner;
 
 /// How long an exited task's output relays get to record its last lines.
 pub const RELAY_DRAIN: Duration = Duration::from_secs(1);
+
+/// How long a task on a network keeps running after it was told to stop, before its stop signal: the time
+/// for every node to drop it from the VIPs it backs.
+pub const NETWORK_DRAIN: Duration = Duration::from_secs(2);
 
 /// PATH given to tasks when the daemon has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -45,6 +59,8 @@ pub struct ProcessExecutor {
     spawner: Arc<Spawner>,
     /// Where task secrets and configs are written (`None`: tasks that have any are rejected).
     files_root: Option<FilesRoot>,
+    /// The node's data plane, or why there is none (tasks with networks are then rejected with it).
+    network: Result<Arc<NetworkPlane>, String>,
 }
 
 impl std::fmt::Debug for ProcessExecutor {
@@ -67,7 +83,14 @@ impl ProcessExecutor {
             engine_labels,
             spawner: Arc::new(Spawner::start()),
             files_root: None,
+            network: Err("the daemon was started without the data plane".into()),
         }
+    }
+
+    /// Connects tasks to their networks through `plane` (`Err`: why this node has no data plane).
+    pub fn with_network(mut self, plane: Result<Arc<NetworkPlane>, String>) -> ProcessExecutor {
+        self.network = plane;
+        self
     }
 
     /// Writes task secrets and configs under `root` (on a tmpfs). Files left there by an earlier run of the
@@ -136,19 +159,34 @@ fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'sta
     checks.into_iter().filter(|(_, set)| *set).map(|(name, _)| name).collect()
 }
 
-/// Why the task's networks or ports cannot be honoured by a plain process, if they cannot: a process shares
-/// its node's network, so it has no attachment to connect, and it publishes a host-mode port only as the port
-/// it listens on (published = target); a port mapping or an ingress port would be dropped.
-fn ports_a_process_cannot_honour(task: &Task) -> Option<String> {
+/// Why the task's networks or ports cannot be honoured by a plain process, if they cannot. Without networks, a
+/// process shares its node's network and publishes a host-mode port only as the port it listens on
+/// (published = target); a port mapping or an ingress port would be dropped. With networks, it needs the
+/// node's data plane, and its ports are not published at all yet (no routing mesh nor host-port DNAT).
+fn ports_a_process_cannot_honour(task: &Task, network: &Result<Arc<NetworkPlane>, String>) -> Option<String> {
     use shoal_api::port_config::PublishMode;
+    let mut ports = task.endpoint.iter().flat_map(|e| e.ports.iter());
     if !task.networks.is_empty() {
-        return Some(
-            "the process executor cannot attach a task to a network (a process shares its node's network); run it \
-             on a node with the overlay data plane"
-                .into(),
-        );
+        let plane = match network {
+            Ok(p) => p,
+            Err(why) => {
+                return Some(format!(
+                    "this node cannot attach a task to a network: {why}; run it on a node with the overlay data plane"
+                ))
+            }
+        };
+        if let Err(why) = plane.check_task(task) {
+            return Some(why);
+        }
+        if let Some(p) = ports.next() {
+            return Some(format!(
+                "the process executor cannot publish port {} of a task on a network yet (no routing mesh or \
+                 host-port forwarding into task namespaces); remove --publish or use the docker executor",
+                p.target_port
+            ));
+        }
+        return None;
     }
-    let ports = task.endpoint.iter().flat_map(|e| e.ports.iter());
     for p in ports {
         if p.publish_mode != PublishMode::Host as i32 {
             return Some(format!(
@@ -181,7 +219,7 @@ impl Executor for ProcessExecutor {
             engine: Some(EngineDescription {
                 engine_version: "shoal-process".into(),
                 labels: self.engine_labels.clone(),
-                plugins: vec![],
+                plugins: if self.network.is_ok() { vec![crate::network::overlay_plugin()] } else { vec![] },
             }),
             ..Default::default()
         }
@@ -189,7 +227,7 @@ impl Executor for ProcessExecutor {
 
     fn controller(&self, task: &Task, files: TaskFiles) -> Result<Box<dyn Controller>, ExecutorError> {
         let spec = container_spec(task).cloned().unwrap_or_default();
-        if let Some(why) = ports_a_process_cannot_honour(task) {
+        if let Some(why) = ports_a_process_cannot_honour(task, &self.network) {
             return Err(ExecutorError::InvalidSpec(why));
         }
         let unhonoured = settings_a_process_cannot_honour(task, &spec);
@@ -243,6 +281,9 @@ impl Executor for ProcessExecutor {
             task_dir: self.task_dir(&task.id),
             grace: stop_grace_period(task),
             spawner: self.spawner.clone(),
+            network: if task.networks.is_empty() { None } else { self.network.clone().ok() },
+            netns: None,
+            task: Arc::new(task.clone()),
             child: None,
             pid: 0,
             exit: None,
@@ -252,6 +293,10 @@ impl Executor for ProcessExecutor {
 
     fn name(&self) -> &'static str {
         "process"
+    }
+
+    fn network_plane(&self) -> Option<Arc<NetworkPlane>> {
+        self.network.clone().ok()
     }
 
     fn agent_stopped(&self) {
@@ -276,6 +321,12 @@ struct ProcessController {
     task_dir: PathBuf,
     grace: Duration,
     spawner: Arc<Spawner>,
+    /// The data plane, for a task with networks.
+    network: Option<Arc<NetworkPlane>>,
+    /// The task's network namespace, once made (released in `remove` or on drop).
+    netns: Option<PathBuf>,
+    /// The task as assigned (its attachments).
+    task: Arc<Task>,
     child: Option<tokio::process::Child>,
     pid: i32,
     exit: Option<ExitStatus>,
@@ -312,6 +363,13 @@ impl ProcessController {
         for relay in self.relays.drain(..) {
             let _ = tokio::time::timeout(RELAY_DRAIN, relay).await;
         }
+        // A process task never starts again: its namespace goes with it (not with the task's removal,
+        // which may come much later).
+        if let (Some(plane), Some(_)) = (&self.network, self.netns.take()) {
+            if let Err(e) = plane.release(&self.task_id).await {
+                tracing::warn!(task = %self.task_id, "{e}");
+            }
+        }
         Ok(exit)
     }
 
@@ -340,6 +398,13 @@ impl Controller for ProcessController {
             if let Some((root, files)) = &self.files {
                 root.write(&self.task_id, files, |_, f| process_place(f)).map_err(ExecutorError::Prepare)?;
             }
+            if let (Some(plane), None) = (&self.network, &self.netns) {
+                let resolv = self.task_dir.join(RESOLV_CONF);
+                std::fs::write(&resolv, shoal_netplane::resolv_conf())
+                    .map_err(|e| ExecutorError::Prepare(io_err("cannot write", &resolv, e)))?;
+                let path = plane.create_namespace(&self.task).await.map_err(ExecutorError::Prepare)?;
+                self.netns = Some(path);
+            }
             Ok(())
         })
     }
@@ -357,6 +422,12 @@ impl Controller for ProcessController {
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());
+            if let (Some(plane), Some(netns)) = (&self.network, &self.netns) {
+                plane.wait_plumbed(&self.task_id).await.map_err(ExecutorError::Start)?;
+                let ns = std::fs::File::open(netns)
+                    .map_err(|e| ExecutorError::Start(io_err("cannot open the task's network namespace", netns, e)))?;
+                enter_task_network(&mut cmd, ns, &self.task_dir.join(RESOLV_CONF)).map_err(ExecutorError::Start)?;
+            }
             let mut child = self
                 .spawner
                 .spawn(cmd)
@@ -386,6 +457,12 @@ impl Controller for ProcessController {
                 self.signal_group(Signal::SIGKILL);
                 return Ok(());
             }
+            if self.netns.is_some() {
+                // The manager took the task out of its services' backends when it was told to stop; give every
+                // node's VIP rules the time to follow before the process stops answering (Docker waits the same
+                // `defaultGossipConvergeDelay` after deactivating the service binding).
+                tokio::time::sleep(NETWORK_DRAIN).await;
+            }
             self.signal_group(Signal::SIGTERM);
             let grace = self.grace;
             match tokio::time::timeout(grace, self.wait_exit()).await {
@@ -412,6 +489,9 @@ impl Controller for ProcessController {
             if let Some((root, _)) = &self.files {
                 root.remove(&self.task_id).map_err(ExecutorError::Runtime)?;
             }
+            if let (Some(plane), Some(_)) = (&self.network, self.netns.take()) {
+                plane.release(&self.task_id).await.map_err(ExecutorError::Runtime)?;
+            }
             match std::fs::remove_dir_all(&self.task_dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -433,7 +513,55 @@ impl Drop for ProcessController {
                 tracing::warn!(task = %self.task_id, "{e}");
             }
         }
+        // Its namespace too, once the process is gone (the agent's stop clears whatever is left).
+        if let (Some(plane), Some(_), Ok(rt)) =
+            (self.network.clone(), self.netns.take(), tokio::runtime::Handle::try_current())
+        {
+            let id = self.task_id.clone();
+            rt.spawn(async move {
+                if let Err(e) = plane.release(&id).await {
+                    tracing::warn!(task = %id, "{e}");
+                }
+            });
+        }
     }
+}
+
+/// The task's resolv.conf, in its task directory.
+const RESOLV_CONF: &str = "resolv.conf";
+
+/// Makes `cmd`'s process enter the network namespace `netns` and see `resolv` as `/etc/resolv.conf` (in a
+/// mount namespace of its own, so the node's file is untouched).
+#[allow(unsafe_code)]
+fn enter_task_network(cmd: &mut std::process::Command, netns: std::fs::File, resolv: &Path) -> Result<(), String> {
+    use std::ffi::CString;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    let source = CString::new(resolv.as_os_str().as_bytes()).map_err(|_| format!("bad path {}", resolv.display()))?;
+    let target = CString::new("/etc/resolv.conf").expect("no NUL");
+    let root = CString::new("/").expect("no NUL");
+    // SAFETY: the closure runs in the forked child before exec and only makes system calls (setns, unshare,
+    // mount) on values prepared before the fork; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let none = std::ptr::null();
+            if libc::mount(none, root.as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::mount(source.as_ptr(), target.as_ptr(), none, libc::MS_BIND, std::ptr::null()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

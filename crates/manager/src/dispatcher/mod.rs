@@ -247,6 +247,12 @@ impl Dispatcher {
         crate::logbroker::LogsService::new(self.state.clone()).server()
     }
 
+    /// Shoal's own `shoal.v1.NetworkView` service over this manager's store (`netview`), served next to the
+    /// dispatcher.
+    pub fn network_view_service(&self) -> crate::netview::NetworkViewServer<crate::netview::NetworkViewService> {
+        crate::netview::NetworkViewService::new(self.state.clone()).server()
+    }
+
     /// FOR IN-PROCESS TESTS ONLY: the service behind `insecure_identity_from_metadata`, which believes the
     /// node ID a caller claims in gRPC metadata. Never serve this on a network.
     pub fn grpc_service_trusting_metadata_for_tests(

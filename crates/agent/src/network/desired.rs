@@ -1,0 +1,188 @@
+//! The node's wanted data-plane state (`shoal_netplane::NodeNetState`) from what the agent knows: the tasks
+//! whose network namespace the executor made (each with the attachments its task carries), the tasks assigned
+//! to the node (their networks are carried even before their namespaces exist, so a bridge is ready first),
+//! and the manager's view of the node's networks (`shoal.v1.NetworkView`: remote peers, services, VIPs,
+//! backends). Pure: no IO, no clock.
+//!
+//! What a network needs is read from the `Network` object each attachment carries (the allocator copies it
+//! into the task): its VXLAN ID (driver option `com.docker.network.driver.overlay.vxlanid_list`), its first
+//! IPAM config's subnet and gateway, `internal`, and `encrypted` (driver option). A network without them
+//! cannot be carried, and a task attached to it is refused by `task_support` with the reason.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use shoal_api::shoal_v1::NodeNetworkView;
+use shoal_api::{Network, Task, TaskState as WireState};
+use shoal_netplane::{mac_for, Attachment, Ipv4Cidr, NetworkState, NodeNetState, Peer, ServiceVip, TaskState};
+
+/// The driver option that marks an encrypted overlay (`docker network create --opt encrypted`).
+pub const ENCRYPTED_OPTION: &str = "encrypted";
+
+/// A network as the data plane needs it, read from the `Network` object an attachment carries.
+pub fn network_state(n: &Network) -> Result<NetworkState, String> {
+    let name = n.spec.as_ref().and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str());
+    let label = if name.is_empty() { n.id.as_str() } else { name };
+    let vni = n
+        .driver_state
+        .as_ref()
+        .and_then(|d| d.options.get(VXLAN_ID_OPTION))
+        .and_then(|v| v.split(',').next()?.trim().parse::<u32>().ok())
+        .ok_or_else(|| format!("network {label} has no VXLAN ID (its allocation is incomplete); recreate the network"))?;
+    let config = n
+        .ipam
+        .as_ref()
+        .and_then(|i| i.configs.first())
+        .ok_or_else(|| format!("network {label} has no IPv4 subnet"))?;
+    let subnet: Ipv4Cidr = config.subnet.parse().map_err(|e| format!("network {label}: {e}"))?;
+    let gateway: Ipv4Addr = config
+        .gateway
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|_| format!("network {label} has no IPv4 gateway ({:?})", config.gateway))?;
+    let spec = n.spec.as_ref();
+    let encrypted = spec
+        .and_then(|s| s.driver_config.as_ref())
+        .is_some_and(|d| d.options.contains_key(ENCRYPTED_OPTION));
+    Ok(NetworkState {
+        id: n.id.clone(),
+        name: name.to_string(),
+        vni,
+        subnet: Ipv4Cidr { addr: subnet.network(), prefix_len: subnet.prefix_len },
+        gateway,
+        internal: spec.is_some_and(|s| s.internal),
+        encrypted,
+        peers: Vec::new(),
+        services: Vec::new(),
+    })
+}
+
+/// libnetwork's overlay driver key for the VXLAN ID (the manager's allocator writes it; `shoal_store`'s
+/// `VXLAN_ID_OPTION`, which the agent does not link).
+pub const VXLAN_ID_OPTION: &str = "com.docker.network.driver.overlay.vxlanid_list";
+
+/// A task's attachments as the data plane plumbs them, in the task's order.
+pub fn attachments(task: &Task) -> Result<Vec<(Network, Attachment)>, String> {
+    let mut out = Vec::new();
+    for a in &task.networks {
+        let Some(n) = &a.network else { continue };
+        let addr = a.addresses.first().ok_or_else(|| format!("the task has no address on network {}", n.id))?;
+        let ip: Ipv4Addr = addr
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|_| format!("the task's address {addr:?} on network {} is not IPv4", n.id))?;
+        out.push((n.clone(), Attachment { network_id: n.id.clone(), address: ip }));
+    }
+    Ok(out)
+}
+
+/// A task whose network namespace the executor made, with what it is attached to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlumbedTask {
+    /// Its namespace.
+    pub netns: PathBuf,
+    /// The networks (as the task carries them) and its address on each.
+    pub attachments: Vec<(Network, Attachment)>,
+}
+
+/// Whether the node could carry `task`'s networks: `Err` names what is missing.
+pub fn task_support(task: &Task, encryption: bool) -> Result<(), String> {
+    for (n, _) in attachments(task)? {
+        let s = network_state(&n)?;
+        if s.encrypted && !encryption {
+            return Err(shoal_netplane::Error::EncryptionUnsupported { network: s.name }.to_string());
+        }
+    }
+    Ok(())
+}
+
+fn holds_network(task: &Task) -> bool {
+    let s = WireState::from_wire(task.status.as_ref().map_or(0, |s| s.state));
+    !s.is_terminal() && task.desired_state <= WireState::Running as i32
+}
+
+/// The node's wanted state. `underlay` is the node's address (`None` before the manager's view arrived: then
+/// nothing can be carried and the state has no network). Networks the state cannot carry (see
+/// `task_support`) are left out, with their tasks.
+pub fn desired(
+    underlay: Option<Ipv4Addr>,
+    plumbed: &BTreeMap<String, PlumbedTask>,
+    assigned: &HashMap<String, Arc<Task>>,
+    view: &NodeNetworkView,
+) -> NodeNetState {
+    let mut state = match underlay {
+        Some(ip) => NodeNetState::new(ip),
+        None => return NodeNetState { underlay_ip: None, ..NodeNetState::new(Ipv4Addr::UNSPECIFIED) },
+    };
+    let mut networks: BTreeMap<String, NetworkState> = BTreeMap::new();
+    let mut add = |n: &Network| {
+        if !networks.contains_key(&n.id) {
+            if let Ok(s) = network_state(n) {
+                if !s.encrypted {
+                    networks.insert(n.id.clone(), s);
+                }
+            }
+        }
+    };
+    for t in plumbed.values() {
+        for (n, _) in &t.attachments {
+            add(n);
+        }
+    }
+    let mut ids: Vec<&String> = assigned.keys().collect();
+    ids.sort();
+    for id in ids {
+        let t = &assigned[id];
+        if holds_network(t) {
+            for n in t.networks.iter().filter_map(|a| a.network.as_ref()) {
+                add(n);
+            }
+        }
+    }
+    for v in &view.networks {
+        let Some(n) = networks.get_mut(&v.network_id) else { continue };
+        n.peers = v
+            .peers
+            .iter()
+            .filter_map(|p| {
+                let address: Ipv4Addr = p.address.parse().ok()?;
+                let node_ip: Ipv4Addr = p.node_addr.parse().ok()?;
+                (n.subnet.contains(address) && Some(node_ip) != underlay)
+                    .then(|| Peer { address, mac: mac_for(address), node_ip })
+            })
+            .collect();
+        n.services = v
+            .services
+            .iter()
+            .filter(|s| !s.name.is_empty())
+            .map(|s| ServiceVip {
+                service_id: s.service_id.clone(),
+                name: s.name.clone(),
+                aliases: s.aliases.clone(),
+                vip: s.vip.parse().ok().filter(|ip| n.subnet.contains(*ip)),
+                backends: s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| n.subnet.contains(*ip)).collect(),
+            })
+            .collect();
+    }
+    for (id, t) in plumbed {
+        if t.attachments.iter().any(|(n, _)| !networks.contains_key(&n.id)) {
+            continue;
+        }
+        state.tasks.push(TaskState {
+            task_id: id.clone(),
+            netns: t.netns.clone(),
+            attachments: t.attachments.iter().map(|(_, a)| a.clone()).collect(),
+        });
+    }
+    state.networks = networks.into_values().collect();
+    state
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,157 @@
+//! `desired`: the node's wanted data-plane state from plumbed tasks, assignments and the manager's view.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use shoal_api::shoal_v1::{NetworkPeers, NodeNetworkView, RemotePeer, ServiceBackends};
+use shoal_api::{
+    Annotations, Driver, IpamConfig, IpamOptions, Network, NetworkAttachment, NetworkSpec, Task, TaskState, TaskStatus,
+};
+use shoal_netplane::{mac_for, Attachment, Peer, ServiceVip};
+
+use super::{attachments, desired, task_support, PlumbedTask, VXLAN_ID_OPTION};
+
+fn network(id: &str, name: &str, vni: u32, octet: u8, internal: bool, encrypted: bool) -> Network {
+    let mut opts = HashMap::new();
+    if encrypted {
+        opts.insert("encrypted".to_string(), String::new());
+    }
+    Network {
+        id: id.into(),
+        spec: Some(NetworkSpec {
+            annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+            driver_config: Some(Driver { name: "overlay".into(), options: opts }),
+            internal,
+            ..Default::default()
+        }),
+        driver_state: Some(Driver {
+            name: "overlay".into(),
+            options: HashMap::from([(VXLAN_ID_OPTION.to_string(), vni.to_string())]),
+        }),
+        ipam: Some(IpamOptions {
+            driver: None,
+            configs: vec![IpamConfig {
+                subnet: format!("10.0.{octet}.0/24"),
+                gateway: format!("10.0.{octet}.1"),
+                ..Default::default()
+            }],
+        }),
+        ..Default::default()
+    }
+}
+
+fn task(id: &str, state: TaskState, nets: &[(&Network, u8)]) -> Task {
+    let mut t = Task {
+        id: id.into(),
+        status: Some(TaskStatus { state: state as i32, ..Default::default() }),
+        networks: nets
+            .iter()
+            .map(|(n, host)| NetworkAttachment {
+                network: Some((*n).clone()),
+                addresses: vec![format!("{}.{host}/24", prefix(n))],
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    t.set_desired_state(TaskState::Running);
+    t
+}
+
+fn prefix(n: &Network) -> String {
+    let s = &n.ipam.as_ref().unwrap().configs[0].subnet;
+    s.rsplit_once('.').unwrap().0.to_string()
+}
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_the_view() {
+    let app = network("net-app", "appnet", 4097, 1, false, false);
+    let other = network("net-other", "other", 4098, 2, true, false);
+    let web = task("web1", TaskState::Running, &[(&app, 2)]);
+    // Assigned, namespace not made yet: its network is carried, the task is not.
+    let starting = task("db1", TaskState::Assigned, &[(&other, 5)]);
+    // Stopped: its network is not carried for it.
+    let gone = task("old", TaskState::Failed, &[(&network("net-gone", "gone", 4099, 3, false, false), 2)]);
+    let assigned: HashMap<String, Arc<Task>> =
+        [&web, &starting, &gone].iter().map(|t| (t.id.clone(), Arc::new((*t).clone()))).collect();
+    let plumbed = BTreeMap::from([(
+        "web1".to_string(),
+        PlumbedTask { netns: "/run/netns/shl-task-web1".into(), attachments: attachments(&web).unwrap() },
+    )]);
+    let view = NodeNetworkView {
+        node_addr: "192.168.0.1".into(),
+        networks: vec![NetworkPeers {
+            network_id: "net-app".into(),
+            peers: vec![
+                RemotePeer { address: "10.0.1.3".into(), node_addr: "192.168.0.2".into() },
+                // Outside the subnet, or claiming this node: ignored.
+                RemotePeer { address: "10.9.9.9".into(), node_addr: "192.168.0.2".into() },
+                RemotePeer { address: "10.0.1.4".into(), node_addr: "192.168.0.1".into() },
+            ],
+            services: vec![ServiceBackends {
+                service_id: "s1".into(),
+                name: "web".into(),
+                vip: "10.0.1.200".into(),
+                backends: vec!["10.0.1.2".into(), "10.0.1.3".into()],
+                aliases: vec!["www".into()],
+            }],
+        }],
+    };
+    let s = desired(Some(ip("192.168.0.1")), &plumbed, &assigned, &view);
+    s.validate().unwrap();
+    assert_eq!(s.underlay_ip, Some(ip("192.168.0.1")));
+    assert_eq!(s.networks.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["appnet", "other"]);
+    let a = &s.networks[0];
+    assert_eq!((a.vni, a.subnet.to_string(), a.gateway, a.internal), (4097, "10.0.1.0/24".into(), ip("10.0.1.1"), false));
+    assert_eq!(a.peers, vec![Peer { address: ip("10.0.1.3"), mac: mac_for(ip("10.0.1.3")), node_ip: ip("192.168.0.2") }]);
+    assert_eq!(
+        a.services,
+        vec![ServiceVip {
+            service_id: "s1".into(),
+            name: "web".into(),
+            aliases: vec!["www".into()],
+            vip: Some(ip("10.0.1.200")),
+            backends: vec![ip("10.0.1.2"), ip("10.0.1.3")],
+        }]
+    );
+    assert!(s.networks[1].internal);
+    assert_eq!(s.tasks.len(), 1);
+    assert_eq!(s.tasks[0].task_id, "web1");
+    assert_eq!(s.tasks[0].attachments, vec![Attachment { network_id: "net-app".into(), address: ip("10.0.1.2") }]);
+}
+
+#[test]
+fn without_the_node_address_nothing_is_carried() {
+    let app = network("net-app", "appnet", 4097, 1, false, false);
+    let web = task("web1", TaskState::Running, &[(&app, 2)]);
+    let assigned = HashMap::from([("web1".to_string(), Arc::new(web.clone()))]);
+    let plumbed = BTreeMap::from([(
+        "web1".to_string(),
+        PlumbedTask { netns: "/run/netns/shl-task-web1".into(), attachments: attachments(&web).unwrap() },
+    )]);
+    let s = desired(None, &plumbed, &assigned, &NodeNetworkView::default());
+    assert!(s.networks.is_empty() && s.tasks.is_empty(), "{s:?}");
+    s.validate().unwrap();
+}
+
+#[test]
+fn encrypted_networks_and_incomplete_ones_are_refused_by_name() {
+    let enc = network("net-enc", "secure", 4097, 1, false, true);
+    let t = task("t1", TaskState::Assigned, &[(&enc, 2)]);
+    let err = task_support(&t, false).unwrap_err();
+    assert!(err.contains("network secure is encrypted") && err.contains("without --opt encrypted"), "{err}");
+    // Not carried even when assigned.
+    let assigned = HashMap::from([("t1".to_string(), Arc::new(t))]);
+    let s = desired(Some(ip("192.168.0.1")), &BTreeMap::new(), &assigned, &NodeNetworkView::default());
+    assert!(s.networks.is_empty());
+
+    let mut bare = network("net-bare", "bare", 4097, 1, false, false);
+    bare.driver_state = None;
+    let err = task_support(&task("t2", TaskState::Assigned, &[(&bare, 2)]), false).unwrap_err();
+    assert!(err.contains("network bare has no VXLAN ID"), "{err}");
+}

@@ -1,0 +1,413 @@
+//! The agent's side of the data plane: `NetworkPlane` turns what the agent knows into the node's wanted
+//! `shoal_netplane::NodeNetState` (`desired`) and applies it with `shoal_netplane::Executor::reconcile`, then
+//! serves each task's names with the node's `shoal_netplane::Resolver`.
+//!
+//! Inputs, each bumping a generation: the tasks assigned to the node (`set_assigned`, from the worker), the
+//! manager's view of the node's networks (`set_view`, from the `shoal.v1.NetworkView` stream that rides on the
+//! session's connection, `follow_view`), and the task namespaces executors make and release
+//! (`create_namespace`, `release`). One loop (`run`) applies the latest generation whenever it changed:
+//! changes that arrive while a reconcile runs are coalesced into the next one, so there is at most one
+//! reconcile in flight and one waiting. A failed reconcile is retried after `RETRY_AFTER_ERROR` (or at the
+//! next change). A task's executor waits (`wait_plumbed`, bounded by `PLUMB_TIMEOUT`) until its namespace is
+//! plumbed before starting the task.
+//!
+//! Only one daemon owns a network namespace's data plane (an exclusive lock on
+//! `/run/shoal/netplane-<namespace inode>.lock`): the kernel objects are named by network, not by daemon.
+//! `open` refuses (with the reason, which the executor then gives when it rejects a networked task) without
+//! root, without the kernel's VXLAN and nftables NAT, or when another daemon holds the lock.
+//!
+//! Clean stop and restart: `clear` reconciles the empty state (every Shoal link, entry and table goes) and
+//! deletes the task namespaces this daemon made (`/run/netns/shl-task-<task id>`, each recorded by a marker
+//! in `state_dir/task-netns/`, since `/run/netns` is shared by every daemon of the machine); the agent calls
+//! it when it starts and stops with an executor whose tasks die with it. Everything else is rebuilt from the inputs by the next reconcile,
+//! which observes before it plans.
+
+pub mod desired;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use shoal_api::shoal_v1::{network_view_client::NetworkViewClient, NetworkViewRequest, NodeNetworkView};
+use shoal_api::Task;
+use shoal_netplane::NodeNetState;
+use tokio::sync::{watch, Notify};
+
+use crate::worker::AssignedTasks;
+use desired::PlumbedTask;
+
+/// Prefix of the task namespaces the agent makes (`ip netns` names, under `/run/netns`).
+pub const TASK_NETNS_PREFIX: &str = "shl-task-";
+/// Where `ip netns` keeps named namespaces.
+pub const NETNS_DIR: &str = "/run/netns";
+/// Longest wait for a task's namespace to be plumbed before its start fails.
+pub const PLUMB_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a released task's interfaces to be removed before its namespace is deleted anyway.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause before a failed reconcile is tried again (unless an input changes first).
+pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(2);
+/// Largest view message accepted from the manager.
+pub const MAX_VIEW_BYTES: usize = 64 * 1024 * 1024;
+/// Bounds of the pause before the view stream is opened again after it failed.
+const VIEW_RETRY_MIN: Duration = Duration::from_millis(200);
+const VIEW_RETRY_MAX: Duration = Duration::from_secs(5);
+/// Longest an `ip netns` command may take.
+const NETNS_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The plugin a node reports when it carries overlay networks (what the scheduler's PluginFilter looks for).
+pub fn overlay_plugin() -> shoal_api::PluginDescription {
+    shoal_api::PluginDescription { r#type: "Network".into(), name: "overlay".into() }
+}
+
+#[derive(Default)]
+struct Inputs {
+    generation: u64,
+    view: Option<NodeNetworkView>,
+    assigned: AssignedTasks,
+    plumbed: BTreeMap<String, PlumbedTask>,
+}
+
+/// What the last reconcile achieved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The input generation it applied.
+    pub generation: u64,
+    /// Tasks whose namespaces are plumbed.
+    pub plumbed: BTreeSet<String>,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+}
+
+/// The node's data plane as the agent drives it (see the module doc).
+pub struct NetworkPlane {
+    inputs: Mutex<Inputs>,
+    wake: Notify,
+    applied: watch::Sender<Applied>,
+    executor: shoal_netplane::Executor,
+    resolver: shoal_netplane::Resolver,
+    /// One empty file per task namespace this daemon made (`/run/netns` is shared by every daemon of the
+    /// machine, whatever their network namespace: only these are ours to delete after a crash).
+    markers: PathBuf,
+    /// Holds the namespace's data-plane lock while the plane lives (the file is removed with the plane).
+    lock: (std::fs::File, PathBuf),
+}
+
+impl Drop for NetworkPlane {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.lock.1);
+    }
+}
+
+impl std::fmt::Debug for NetworkPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetworkPlane").field("applied", &*self.applied.borrow()).finish()
+    }
+}
+
+/// Runs `ip netns <args>`, bounded.
+async fn ip_netns(args: &[&str]) -> Result<(), String> {
+    let mut cmd = tokio::process::Command::new("ip");
+    cmd.arg("netns").args(args).kill_on_drop(true);
+    let line = format!("ip netns {}", args.join(" "));
+    match tokio::time::timeout(NETNS_COMMAND_TIMEOUT, cmd.output()).await {
+        Err(_) => Err(format!("`{line}` took longer than {NETNS_COMMAND_TIMEOUT:?}")),
+        Ok(Err(e)) => Err(format!("cannot run `{line}`: {e} (the data plane needs iproute2)")),
+        Ok(Ok(o)) if o.status.success() => Ok(()),
+        Ok(Ok(o)) => Err(format!("`{line}` failed: {}", String::from_utf8_lossy(&o.stderr).trim())),
+    }
+}
+
+/// The task IDs whose namespaces this daemon made and has not deleted (one marker file each).
+fn marked(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()
+}
+
+/// Takes the data-plane lock of the caller's network namespace, or says who holds it.
+#[allow(unsafe_code)]
+fn lock_namespace() -> Result<(std::fs::File, PathBuf), String> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata("/proc/self/ns/net").map_err(|e| format!("cannot read /proc/self/ns/net: {e}"))?.ino();
+    let dir = Path::new("/run/shoal");
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join(format!("netplane-{ino}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: flock on a file descriptor this function owns; no memory is shared with the kernel.
+    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        return Err(format!(
+            "another Shoal daemon carries this network namespace's data plane (it holds {}); run one daemon per \
+             network namespace to connect networks",
+            path.display()
+        ));
+    }
+    Ok((file, path))
+}
+
+/// Whether the daemon runs as root.
+#[allow(unsafe_code)]
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+impl NetworkPlane {
+    /// The data plane of the caller's network namespace, or why this node cannot have one. `state_dir` is the
+    /// agent's: the record of the task namespaces it made lives there.
+    pub fn open(state_dir: &Path) -> Result<Arc<NetworkPlane>, String> {
+        if !is_root() {
+            return Err("the daemon does not run as root, which the data plane needs".into());
+        }
+        let caps = shoal_netplane::probe().map_err(|e| e.to_string())?;
+        if !caps.vxlan || !caps.nft_nat {
+            return Err(format!(
+                "this kernel lacks what the data plane needs (measured: VXLAN devices {}, nftables NAT {})",
+                caps.vxlan, caps.nft_nat
+            ));
+        }
+        let lock = lock_namespace()?;
+        let markers = state_dir.join("task-netns");
+        std::fs::create_dir_all(&markers).map_err(|e| format!("cannot create {}: {e}", markers.display()))?;
+        let upstreams = std::fs::read_to_string("/etc/resolv.conf")
+            .map(|t| shoal_netplane::dns::upstreams_from_resolv_conf(&t))
+            .unwrap_or_default();
+        Ok(Arc::new(NetworkPlane {
+            inputs: Mutex::new(Inputs::default()),
+            wake: Notify::new(),
+            applied: watch::channel(Applied::default()).0,
+            executor: shoal_netplane::Executor::new(),
+            resolver: shoal_netplane::Resolver::new(upstreams),
+            markers,
+            lock,
+        }))
+    }
+
+    fn change(&self, f: impl FnOnce(&mut Inputs) -> bool) -> u64 {
+        let mut i = self.inputs.lock();
+        if f(&mut i) {
+            i.generation += 1;
+            self.wake.notify_one();
+        }
+        i.generation
+    }
+
+    /// The manager's latest view of this node's networks.
+    pub fn set_view(&self, view: NodeNetworkView) {
+        self.change(|i| {
+            let changed = i.view.as_ref() != Some(&view);
+            i.view = Some(view);
+            changed
+        });
+    }
+
+    /// The tasks assigned to this node now.
+    pub fn set_assigned(&self, assigned: AssignedTasks) {
+        self.change(|i| {
+            let changed = !Arc::ptr_eq(&i.assigned, &assigned);
+            i.assigned = assigned;
+            changed
+        });
+    }
+
+    /// Whether `task`'s networks can be carried here (`Err`: the reason, for the task's rejection).
+    pub fn check_task(&self, task: &Task) -> Result<(), String> {
+        desired::task_support(task, false)
+    }
+
+    /// Path of task `task_id`'s namespace.
+    pub fn netns_path(task_id: &str) -> PathBuf {
+        Path::new(NETNS_DIR).join(format!("{TASK_NETNS_PREFIX}{task_id}"))
+    }
+
+    /// Makes `task`'s network namespace (a leftover of the same name is replaced) and asks for it to be
+    /// plumbed; returns its path.
+    pub async fn create_namespace(&self, task: &Task) -> Result<PathBuf, String> {
+        let attachments = desired::attachments(task)?;
+        let name = format!("{TASK_NETNS_PREFIX}{}", task.id);
+        let path = Self::netns_path(&task.id);
+        if path.exists() {
+            self.change(|i| i.plumbed.remove(&task.id).is_some());
+            ip_netns(&["delete", &name]).await?;
+        }
+        let marker = self.markers.join(&task.id);
+        std::fs::write(&marker, b"").map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
+        ip_netns(&["add", &name]).await?;
+        self.change(|i| {
+            i.plumbed.insert(task.id.clone(), PlumbedTask { netns: path.clone(), attachments });
+            true
+        });
+        Ok(path)
+    }
+
+    /// Waits until task `task_id`'s namespace is plumbed (at most `PLUMB_TIMEOUT`).
+    pub async fn wait_plumbed(&self, task_id: &str) -> Result<(), String> {
+        let wanted = self.inputs.lock().generation;
+        let mut rx = self.applied.subscribe();
+        let outcome = tokio::time::timeout(
+            PLUMB_TIMEOUT,
+            rx.wait_for(|a| a.generation >= wanted && a.plumbed.contains(task_id)),
+        )
+        .await
+        .map(|r| r.is_ok());
+        match outcome {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("the node's data plane stopped".into()),
+            Err(_) => {
+                let a = self.applied.borrow().clone();
+                let have_view = self.inputs.lock().view.is_some();
+                let why = match (a.error, have_view) {
+                    (Some(e), _) => e,
+                    (None, false) => "no network view from the manager yet".into(),
+                    (None, true) => "the task's networks are not carried here".into(),
+                };
+                Err(format!("the task's network namespace was not connected within {PLUMB_TIMEOUT:?}: {why}"))
+            }
+        }
+    }
+
+    /// Stops plumbing task `task_id`: waits (at most `RELEASE_TIMEOUT`) for its interfaces and resolver
+    /// sockets to go, then deletes its namespace.
+    pub async fn release(&self, task_id: &str) -> Result<(), String> {
+        let wanted = self.change(|i| i.plumbed.remove(task_id).is_some());
+        let mut rx = self.applied.subscribe();
+        let _ = tokio::time::timeout(RELEASE_TIMEOUT, rx.wait_for(|a| a.generation >= wanted)).await;
+        self.delete_namespace(task_id).await
+    }
+
+    /// Deletes task `task_id`'s namespace and its marker.
+    async fn delete_namespace(&self, task_id: &str) -> Result<(), String> {
+        if Self::netns_path(task_id).exists() {
+            ip_netns(&["delete", &format!("{TASK_NETNS_PREFIX}{task_id}")]).await?;
+        }
+        match std::fs::remove_file(self.markers.join(task_id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("cannot remove a marker: {e}")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The last reconcile's outcome.
+    pub fn applied(&self) -> watch::Receiver<Applied> {
+        self.applied.subscribe()
+    }
+
+    fn wanted(&self) -> (u64, NodeNetState) {
+        let i = self.inputs.lock();
+        let underlay: Option<Ipv4Addr> = i.view.as_ref().and_then(|v| v.node_addr.parse().ok());
+        let empty = NodeNetworkView::default();
+        let state = desired::desired(underlay, &i.plumbed, &i.assigned, i.view.as_ref().unwrap_or(&empty));
+        (i.generation, state)
+    }
+
+    async fn apply(&self, state: NodeNetState) -> Result<(), String> {
+        let exec = self.executor.clone();
+        let s = state.clone();
+        tokio::task::spawn_blocking(move || exec.reconcile(&s))
+            .await
+            .map_err(|e| format!("the data plane's reconcile panicked: {e}"))?
+            .map_err(|e| e.to_string())?;
+        self.resolver.update(&state).await.map_err(|e| e.to_string())
+    }
+
+    /// Applies the inputs whenever they change, until `shutdown` (see the module doc).
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut last: Option<NodeNetState> = None;
+        let mut failed = false;
+        loop {
+            let (generation, state) = self.wanted();
+            let outcome = if last.as_ref() == Some(&state) && !failed {
+                Ok(())
+            } else {
+                let t0 = std::time::Instant::now();
+                let r = self.apply(state.clone()).await;
+                match &r {
+                    Ok(()) => tracing::info!(
+                        generation,
+                        networks = state.networks.len(),
+                        tasks = state.tasks.len(),
+                        took_ms = t0.elapsed().as_millis() as u64,
+                        "data plane reconciled"
+                    ),
+                    Err(e) => tracing::warn!(generation, "data plane reconcile failed (retrying): {e}"),
+                }
+                r
+            };
+            failed = outcome.is_err();
+            let plumbed = if failed { BTreeSet::new() } else { state.tasks.iter().map(|t| t.task_id.clone()).collect() };
+            if !failed {
+                last = Some(state);
+            }
+            self.applied.send_replace(Applied { generation, plumbed, error: outcome.err() });
+            let retry = async {
+                if failed {
+                    tokio::time::sleep(RETRY_AFTER_ERROR).await
+                } else {
+                    std::future::pending::<()>().await
+                }
+            };
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = retry => {}
+                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { return },
+            }
+        }
+    }
+
+    /// Removes everything this node's data plane made: every Shoal link, entry and table, and the task
+    /// namespaces. For a clean stop, and at start when no task survived the last run.
+    pub async fn clear(&self) {
+        let underlay = self.inputs.lock().view.as_ref().and_then(|v| v.node_addr.parse().ok());
+        let empty = NodeNetState { underlay_ip: underlay, ..NodeNetState::new(Ipv4Addr::UNSPECIFIED) };
+        if let Err(e) = self.apply(empty).await {
+            tracing::warn!("cannot remove the data plane's links and rules: {e}");
+        }
+        for id in marked(&self.markers) {
+            if let Err(e) = self.delete_namespace(&id).await {
+                tracing::warn!(task = %id, "cannot delete the task's network namespace: {e}");
+            }
+        }
+        self.change(|i| std::mem::take(&mut i.plumbed).into_iter().next().is_some());
+    }
+}
+
+/// Follows the manager's `shoal.v1.NetworkView` stream on `channel` into `plane` until the task is dropped,
+/// opening it again after a failure (bounded backoff).
+pub async fn follow_view(channel: tonic::transport::Channel, node_id: String, plane: Arc<NetworkPlane>) {
+    let mut client = NetworkViewClient::new(channel).max_decoding_message_size(MAX_VIEW_BYTES);
+    let mut delay = VIEW_RETRY_MIN;
+    loop {
+        match client.watch(crate::session::req(&node_id, NetworkViewRequest {}, None)).await {
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(view)) => {
+                            plane.set_view(view);
+                            delay = VIEW_RETRY_MIN;
+                        }
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::warn!(node = %node_id, "the network view stream ended: {status}");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                tracing::warn!(node = %node_id, "the manager serves no network view (shoal.v1.NetworkView); this node cannot carry overlay networks through it");
+            }
+            Err(status) => tracing::warn!(node = %node_id, "cannot open the network view stream: {status}"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(VIEW_RETRY_MAX);
+    }
+}

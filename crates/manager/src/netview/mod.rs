@@ -1,0 +1,142 @@
+//! The data-plane view each node gets from its manager (Shoal's own `shoal.v1.NetworkView` service, on the
+//! remote port next to the dispatcher). SwarmKit's agents learn, through libnetwork's gossip, where the other
+//! tasks of their overlay networks live and which tasks back each service; Shoal's manager computes that from
+//! the store instead and streams it to each node, without touching any `docker.swarmkit.v1` message (a stock
+//! Docker Engine agent never calls this service).
+//!
+//! `node_view` (pure, over a store view) is the whole rule: the networks a node is on are those of its tasks
+//! that are assigned and not yet stopped; for each, the peers are the same network's task addresses on other
+//! nodes (each with that node's underlay address, `Node.status.addr`: the address its session comes from)
+//! and the services are those attached to it, with their VIP there and the addresses of their tasks that run
+//! and are meant to run (a task told to stop leaves its service's backends at once, before it stops).
+//! `service.rs` serves it: a whole view at once and again after each change, computed from the store's watch
+//! (not polled), at most one computation per `MIN_RECOMPUTE_INTERVAL_MS` per stream, sent only when it differs.
+//!
+//! Must not know the agent, the data plane's devices or TLS (the caller's node comes from the authorization
+//! layer's `PeerIdentity`).
+
+mod service;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use shoal_api::shoal_v1::{NetworkPeers, NodeNetworkView, RemotePeer, ServiceBackends};
+use shoal_api::{endpoint_spec::ResolutionMode, Service, Task, TaskState};
+use shoal_store::Tables;
+
+pub use service::{NetworkViewService, MIN_RECOMPUTE_INTERVAL_MS};
+pub use shoal_api::shoal_v1::network_view_server::NetworkViewServer;
+
+/// A task still holds its address on a node: assigned there and not stopped (its namespace may exist).
+fn holds_address(t: &Task) -> bool {
+    let s = TaskState::from_wire(t.status.as_ref().map_or(0, |s| s.state));
+    !t.node_id.is_empty() && s as i32 >= TaskState::Assigned as i32 && !s.is_terminal()
+}
+
+/// A task backs its service: it runs and is meant to keep running.
+fn is_backend(t: &Task) -> bool {
+    let s = TaskState::from_wire(t.status.as_ref().map_or(0, |s| s.state));
+    s == TaskState::Running && t.desired_state <= TaskState::Running as i32 && !t.node_id.is_empty()
+}
+
+/// The task's address on network `network_id`, without its prefix length.
+fn address_on(t: &Task, network_id: &str) -> Option<String> {
+    let a = t.networks.iter().find(|a| a.network.as_ref().is_some_and(|n| n.id == network_id))?;
+    let addr = a.addresses.first()?;
+    let ip = addr.split('/').next().unwrap_or_default();
+    ip.parse::<std::net::Ipv4Addr>().ok().map(|ip| ip.to_string())
+}
+
+/// A node's underlay address, when the store knows one.
+fn node_addr(t: &Tables, node_id: &str) -> Option<String> {
+    let addr = &t.nodes().get(node_id)?.status.as_ref()?.addr;
+    addr.parse::<std::net::IpAddr>().ok().map(|ip| ip.to_string())
+}
+
+/// The networks a service is attached to, with its aliases on each.
+fn service_networks(s: &Service) -> BTreeMap<&str, Vec<String>> {
+    let spec = s.spec.as_ref();
+    let configs = spec
+        .and_then(|s| s.task.as_ref())
+        .map(|t| t.networks.as_slice())
+        .filter(|n| !n.is_empty())
+        .or_else(|| spec.map(|s| s.networks.as_slice()))
+        .unwrap_or_default();
+    let mut out: BTreeMap<&str, Vec<String>> =
+        configs.iter().map(|c| (c.target.as_str(), c.aliases.clone())).collect();
+    // The ingress network is on the endpoint only (a VIP there), never in the spec.
+    for vip in s.endpoint.iter().flat_map(|e| e.virtual_ips.iter()) {
+        out.entry(vip.network_id.as_str()).or_default();
+    }
+    out
+}
+
+/// The service's VIP on `network_id` (`None` in DNSRR mode or before the allocator gave one).
+fn vip_on(s: &Service, network_id: &str) -> Option<String> {
+    let mode = s.spec.as_ref().and_then(|s| s.endpoint.as_ref()).map_or(0, |e| e.mode);
+    if mode == ResolutionMode::Dnsrr as i32 {
+        return None;
+    }
+    let vip = s.endpoint.as_ref()?.virtual_ips.iter().find(|v| v.network_id == network_id)?;
+    let ip = vip.addr.split('/').next().unwrap_or_default();
+    ip.parse::<std::net::Ipv4Addr>().ok().map(|ip| ip.to_string())
+}
+
+/// What node `node_id` needs for its data plane (see the module doc). Deterministic: networks by ID, peers
+/// by address, services by name, backends by address.
+pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
+    let mut view = NodeNetworkView { node_addr: node_addr(t, node_id).unwrap_or_default(), networks: Vec::new() };
+    let on: BTreeSet<String> = t
+        .tasks()
+        .by_node(node_id)
+        .filter(|t| holds_address(t))
+        .flat_map(|t| t.networks.iter().filter_map(|a| a.network.as_ref().map(|n| n.id.clone())))
+        .collect();
+    if on.is_empty() {
+        return view;
+    }
+    let mut peers: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+    for task in t.tasks().iter().filter(|t| t.node_id != node_id && holds_address(t)) {
+        let Some(addr) = node_addr(t, &task.node_id) else { continue };
+        for n in on.iter().map(String::as_str) {
+            if let Some(ip) = address_on(task, n) {
+                peers.entry(n).or_default().insert(ip, addr.clone());
+            }
+        }
+    }
+    let mut services: BTreeMap<String, Vec<ServiceBackends>> = BTreeMap::new();
+    for s in t.services().iter() {
+        let name = s.spec.as_ref().and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str());
+        for (n, aliases) in service_networks(s) {
+            if !on.contains(n) {
+                continue;
+            }
+            let mut backends: Vec<String> =
+                t.tasks().by_service(&s.id).filter(|t| is_backend(t)).filter_map(|t| address_on(t, n)).collect();
+            backends.sort_by_key(|b| b.parse::<std::net::Ipv4Addr>().ok());
+            backends.dedup();
+            services.entry(n.to_string()).or_default().push(ServiceBackends {
+                service_id: s.id.clone(),
+                name: name.to_string(),
+                vip: vip_on(s, n).unwrap_or_default(),
+                backends,
+                aliases,
+            });
+        }
+    }
+    for n in &on {
+        let mut svcs = services.remove(n).unwrap_or_default();
+        svcs.sort_by(|a, b| (&a.name, &a.service_id).cmp(&(&b.name, &b.service_id)));
+        let mut ps: Vec<RemotePeer> = peers
+            .remove(n.as_str())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(address, node_addr)| RemotePeer { address, node_addr })
+            .collect();
+        ps.sort_by_key(|p| p.address.parse::<std::net::Ipv4Addr>().ok());
+        view.networks.push(NetworkPeers { network_id: n.clone(), peers: ps, services: svcs });
+    }
+    view
+}
+
+#[cfg(test)]
+mod tests;

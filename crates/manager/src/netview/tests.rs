@@ -1,0 +1,250 @@
+//! `node_view` over hand-made store contents: which networks a node is on, its peers, services, VIPs,
+//! aliases and backends, and what moves them.
+
+use shoal_api::shoal_v1::{NetworkPeers, RemotePeer, ServiceBackends};
+use shoal_api::{
+    endpoint, endpoint_spec::ResolutionMode, Annotations, Endpoint, EndpointSpec, Network, NetworkAttachment,
+    NetworkAttachmentConfig, Node, NodeStatus, Service, ServiceSpec, Task, TaskSpec, TaskState, TaskStatus,
+};
+use shoal_store::{Changes, MemoryStore};
+
+use super::node_view;
+
+struct Fx {
+    store: MemoryStore,
+    index: u64,
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let fx = Fx { store: MemoryStore::default(), index: 0 };
+        let mut fx = fx;
+        for (id, addr) in [("n1", "192.168.1.1"), ("n2", "192.168.1.2"), ("n3", "192.168.1.3")] {
+            fx.create(Node {
+                id: id.into(),
+                status: Some(NodeStatus { state: 2, message: String::new(), addr: addr.into() }),
+                ..Default::default()
+            });
+        }
+        for (id, vni) in [("net1", 4097), ("net2", 4098)] {
+            fx.create(Network {
+                id: id.into(),
+                spec: Some(shoal_api::NetworkSpec {
+                    annotations: Some(Annotations { name: format!("{id}-name"), ..Default::default() }),
+                    ..Default::default()
+                }),
+                driver_state: Some(shoal_api::Driver {
+                    name: "overlay".into(),
+                    options: [(shoal_store::VXLAN_ID_OPTION.to_string(), vni.to_string())].into(),
+                }),
+                ipam: Some(shoal_api::IpamOptions {
+                    driver: None,
+                    configs: vec![shoal_api::IpamConfig {
+                        subnet: format!("10.0.{}.0/24", net_octet(id)),
+                        gateway: format!("10.0.{}.1", net_octet(id)),
+                        ..Default::default()
+                    }],
+                }),
+                ..Default::default()
+            });
+        }
+        fx
+    }
+
+    fn create<T: shoal_store::StoreObject>(&mut self, obj: T) {
+        let mut c = Changes::new();
+        c.create(obj);
+        self.index += 1;
+        self.store.apply(self.index, c.actions()).unwrap();
+    }
+
+    fn update<T: shoal_store::StoreObject>(&mut self, obj: T) {
+        let mut c = Changes::new();
+        c.update(obj);
+        self.index += 1;
+        self.store.apply(self.index, c.actions()).unwrap();
+    }
+
+    fn view(&self, node: &str) -> shoal_api::shoal_v1::NodeNetworkView {
+        self.store.view(|t| node_view(t, node))
+    }
+}
+
+/// A service on `networks` (`(id, aliases)`), with a VIP per network unless `dnsrr`.
+fn service(id: &str, name: &str, networks: &[(&str, &[&str])], dnsrr: bool) -> Service {
+    let mode = if dnsrr { ResolutionMode::Dnsrr } else { ResolutionMode::Vip } as i32;
+    Service {
+        id: id.into(),
+        spec: Some(ServiceSpec {
+            annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+            task: Some(TaskSpec {
+                networks: networks
+                    .iter()
+                    .map(|(n, a)| NetworkAttachmentConfig {
+                        target: n.to_string(),
+                        aliases: a.iter().map(|s| s.to_string()).collect(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            endpoint: Some(EndpointSpec { mode, ports: vec![] }),
+            ..Default::default()
+        }),
+        endpoint: Some(Endpoint {
+            spec: None,
+            ports: vec![],
+            virtual_ips: if dnsrr {
+                vec![]
+            } else {
+                networks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (n, _))| endpoint::VirtualIp {
+                        network_id: n.to_string(),
+                        addr: format!("10.0.{}.{}/24", net_octet(n), 200 + i),
+                    })
+                    .collect()
+            },
+        }),
+        ..Default::default()
+    }
+}
+
+fn net_octet(n: &str) -> u8 {
+    n.trim_start_matches("net").parse().unwrap_or(9)
+}
+
+/// A task of `service` on `node` in `state`, with address `.host` on each of `networks`.
+fn task(id: &str, service: &str, node: &str, state: TaskState, networks: &[&str], host: u8) -> Task {
+    let mut t = Task {
+        id: id.into(),
+        service_id: service.into(),
+        node_id: node.into(),
+        status: Some(TaskStatus { state: state as i32, ..Default::default() }),
+        networks: networks
+            .iter()
+            .map(|n| NetworkAttachment {
+                network: Some(Network { id: n.to_string(), ..Default::default() }),
+                addresses: vec![format!("10.0.{}.{host}/24", net_octet(n))],
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    t.set_desired_state(TaskState::Running);
+    t
+}
+
+fn peer(address: &str, node_addr: &str) -> RemotePeer {
+    RemotePeer { address: address.into(), node_addr: node_addr.into() }
+}
+
+fn backends(id: &str, name: &str, vip: &str, b: &[&str], aliases: &[&str]) -> ServiceBackends {
+    ServiceBackends {
+        service_id: id.into(),
+        name: name.into(),
+        vip: vip.into(),
+        backends: b.iter().map(|s| s.to_string()).collect(),
+        aliases: aliases.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+#[test]
+fn a_node_without_networked_tasks_gets_only_its_address() {
+    let mut fx = Fx::new();
+    fx.create(service("s1", "web", &[("net1", &[])], false));
+    fx.create(task("t1", "s1", "n2", TaskState::Running, &["net1"], 2));
+    let v = fx.view("n1");
+    assert_eq!(v.node_addr, "192.168.1.1");
+    assert!(v.networks.is_empty(), "{v:?}");
+    // A node the store does not know has no address.
+    assert_eq!(fx.view("nope").node_addr, "");
+}
+
+#[test]
+fn peers_are_the_networks_tasks_on_other_nodes_and_backends_the_running_ones() {
+    let mut fx = Fx::new();
+    fx.create(service("s1", "web", &[("net1", &["www"])], false));
+    fx.create(service("s2", "client", &[("net1", &[])], false));
+    fx.create(service("s3", "other", &[("net2", &[])], false));
+    fx.create(task("w1", "s1", "n1", TaskState::Running, &["net1"], 2));
+    fx.create(task("w2", "s1", "n2", TaskState::Running, &["net1"], 3));
+    // Assigned but not running yet: a peer (its address lives on n3), not a backend.
+    fx.create(task("c1", "s2", "n3", TaskState::Assigned, &["net1"], 4));
+    fx.create(task("o1", "s3", "n2", TaskState::Running, &["net2"], 2));
+    // Not placed yet, and stopped: neither peer nor backend.
+    fx.create(task("w3", "s1", "", TaskState::Pending, &["net1"], 5));
+    fx.create(task("w4", "s1", "n3", TaskState::Failed, &["net1"], 6));
+
+    let v = fx.view("n1");
+    assert_eq!(
+        v.networks,
+        vec![NetworkPeers {
+            network_id: "net1".into(),
+            peers: vec![peer("10.0.1.3", "192.168.1.2"), peer("10.0.1.4", "192.168.1.3")],
+            services: vec![
+                backends("s2", "client", "10.0.1.200", &[], &[]),
+                backends("s1", "web", "10.0.1.200", &["10.0.1.2", "10.0.1.3"], &["www"]),
+            ],
+        }]
+    );
+    // n2 is on both networks; net2's service is there, with no peer elsewhere.
+    let v2 = fx.view("n2");
+    assert_eq!(v2.networks.iter().map(|n| n.network_id.as_str()).collect::<Vec<_>>(), ["net1", "net2"]);
+    assert_eq!(v2.networks[0].peers, vec![peer("10.0.1.2", "192.168.1.1"), peer("10.0.1.4", "192.168.1.3")]);
+    assert_eq!(v2.networks[1].peers, vec![]);
+    assert_eq!(v2.networks[1].services, vec![backends("s3", "other", "10.0.2.200", &["10.0.2.2"], &[])]);
+}
+
+#[test]
+fn a_task_told_to_stop_leaves_the_backends_at_once_and_the_peers_when_it_stopped() {
+    let mut fx = Fx::new();
+    fx.create(service("s1", "web", &[("net1", &[])], false));
+    fx.create(task("w1", "s1", "n1", TaskState::Running, &["net1"], 2));
+    fx.create(task("w2", "s1", "n2", TaskState::Running, &["net1"], 3));
+    assert_eq!(fx.view("n1").networks[0].services[0].backends, ["10.0.1.2", "10.0.1.3"]);
+
+    let mut w2 = fx.store.view(|t| (**t.tasks().get("w2").unwrap()).clone());
+    w2.set_desired_state(TaskState::Shutdown);
+    fx.update(w2);
+    let v = fx.view("n1");
+    assert_eq!(v.networks[0].services[0].backends, ["10.0.1.2"]);
+    assert_eq!(v.networks[0].peers, vec![peer("10.0.1.3", "192.168.1.2")], "still running there");
+
+    let mut w2 = fx.store.view(|t| (**t.tasks().get("w2").unwrap()).clone());
+    w2.status = Some(TaskStatus { state: TaskState::Shutdown as i32, ..Default::default() });
+    fx.update(w2);
+    assert_eq!(fx.view("n1").networks[0].peers, vec![]);
+}
+
+#[test]
+fn dnsrr_services_have_no_vip_and_a_vip_is_per_network() {
+    let mut fx = Fx::new();
+    fx.create(service("s1", "db", &[("net1", &[]), ("net2", &["pg"])], false));
+    fx.create(service("s2", "rr", &[("net1", &[])], true));
+    fx.create(task("d1", "s1", "n1", TaskState::Running, &["net1", "net2"], 7));
+    fx.create(task("r1", "s2", "n2", TaskState::Running, &["net1"], 8));
+    let v = fx.view("n1");
+    assert_eq!(v.networks.len(), 2);
+    assert_eq!(
+        v.networks[0].services,
+        vec![
+                backends("s1", "db", "10.0.1.200", &["10.0.1.7"], &[]),
+                backends("s2", "rr", "", &["10.0.1.8"], &[]),
+        ]
+    );
+    assert_eq!(v.networks[1].services, vec![backends("s1", "db", "10.0.2.201", &["10.0.2.7"], &["pg"])]);
+}
+
+#[test]
+fn a_node_moving_to_another_address_moves_its_peers() {
+    let mut fx = Fx::new();
+    fx.create(service("s1", "web", &[("net1", &[])], false));
+    fx.create(task("w1", "s1", "n1", TaskState::Running, &["net1"], 2));
+    fx.create(task("w2", "s1", "n2", TaskState::Running, &["net1"], 3));
+    let mut n2 = fx.store.view(|t| (**t.nodes().get("n2").unwrap()).clone());
+    n2.status.as_mut().unwrap().addr = "192.168.9.9".into();
+    fx.update(n2);
+    assert_eq!(fx.view("n1").networks[0].peers, vec![peer("10.0.1.3", "192.168.9.9")]);
+}

@@ -1,0 +1,391 @@
+//! The data plane as users drive it: three `shoal daemon`s (one manager, two workers, process executor), each
+//! in its own network namespace (`shoal_testkit::netns`), so each carries its own bridges, VXLAN devices and
+//! nftables table, and the overlay crosses a real (veth) underlay between them.
+//!
+//! `appnet` carries service `web` (two replicas of a small HTTP server answering with its task's address,
+//! placed off node-2) and `client` (on node-2): the client resolves `web` (the VIP) and `tasks.web` (both
+//! task addresses) through the node's resolver, and many requests to `http://web/` are answered by both tasks.
+//! A service on another network resolves nothing of `web` and reaches neither its VIP nor its tasks; a task
+//! of an `--internal` network has no route out while one of `appnet` reaches a node's address. Stopping the
+//! daemons cleanly leaves no task namespace behind.
+//!
+//! Scaling: a client requesting `http://web/` in a loop while `web` goes from 2 to 10 replicas and back to 1
+//! records no request that failed after its retries (a connection to a task being stopped may fail once).
+//! Before that it measures sequential requests per second (a new TCP connection each, Python's urllib)
+//! through the VIP and straight to a task on its own node and on another node: the `RESULT RATE` lines
+//! printed, the figures in BENCHMARKS.md.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use shoal_testkit::daemon::DaemonOptions;
+use shoal_testkit::managers::post_service;
+use shoal_testkit::netns::Net;
+
+/// The remote API port of every node (each has its own namespace, hence its own port space).
+const PORT: u16 = 4242;
+const WAIT: Duration = Duration::from_secs(60);
+const PYTHON: &str = "/usr/bin/python3";
+
+/// An HTTP server on port 80 answering every GET with the address the connection arrived at (the task's own
+/// address on the network, also when the client connected to the VIP).
+const SERVER: &str = r#"
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = self.connection.getsockname()[0].encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(('0.0.0.0', 80), H).serve_forever()
+"#;
+
+/// Probes, by environment: `LOOKUP` names resolved (`RESULT LOOKUP name addr...` or `none`); with `WEB=n`,
+/// `web` and `tasks.web` resolved once `tasks.web` has `n` addresses, then 200 GETs of http://web/ counted by
+/// answer; `REACH` host:port pairs connected to (2 s each). Then it sleeps.
+const PROBE: &str = r#"
+import collections, os, socket, time, urllib.request
+def out(*a):
+    print('RESULT', *a, flush=True)
+def addrs(name):
+    try:
+        return sorted({a[4][0] for a in socket.getaddrinfo(name, 80, socket.AF_INET, socket.SOCK_STREAM)})
+    except socket.gaierror:
+        return []
+for name in os.environ.get('LOOKUP', '').split():
+    out('LOOKUP', name, ' '.join(addrs(name)) or 'none')
+want = int(os.environ.get('WEB', '0'))
+if want:
+    deadline = time.time() + 50
+    while len(addrs('tasks.web')) < want and time.time() < deadline:
+        time.sleep(0.2)
+    out('VIP', ' '.join(addrs('web')))
+    out('TASKS', ' '.join(addrs('tasks.web')))
+    seen, errors = collections.Counter(), 0
+    for i in range(200):
+        try:
+            seen[urllib.request.urlopen('http://web/', timeout=3).read().decode()] += 1
+        except Exception as e:
+            errors += 1
+            time.sleep(0.05)
+    out('ANSWERS', ' '.join(f'{k}={v}' for k, v in sorted(seen.items())), 'errors', errors)
+for target in os.environ.get('REACH', '').split():
+    host, port = target.rsplit(':', 1)
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((host, int(port)))
+        out('REACH', target, 'ok')
+    except OSError:
+        out('REACH', target, 'fail')
+    s.close()
+out('DONE')
+time.sleep(100000)
+"#;
+
+/// One manager and two workers, each in its own namespace; hostnames node-0..2.
+struct Cluster {
+    // Dropped before `net`: a namespace lives on while a process is inside it.
+    ds: Vec<DaemonProcess>,
+    net: Net,
+    /// Every task ID seen, so that a failed test still deletes their namespaces.
+    tasks_seen: BTreeSet<String>,
+}
+
+fn options(net: &Net, i: usize, extra_args: Vec<String>) -> DaemonOptions {
+    DaemonOptions {
+        listen_ip: Some(net.ip(i)),
+        port: Some(PORT),
+        netns: Some(net.ns(i).to_string()),
+        hostname: Some(format!("node-{i}")),
+        executor: Some("process".into()),
+        extra_args,
+        ..DaemonOptions::default()
+    }
+}
+
+impl Cluster {
+    fn start(tag: &str) -> Cluster {
+        let net = Net::new(tag, 3);
+        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, vec![]));
+        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
+        let mut c = Cluster { ds: vec![first], net, tasks_seen: BTreeSet::new() };
+        for i in 1..3 {
+            let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
+            c.ds.push(DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, join)));
+        }
+        wait_until("three nodes ready, each with the overlay plugin", WAIT, || {
+            let nodes = c.ds[0].get("/v1.47/nodes");
+            let ready: Vec<&Value> = nodes
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|n| n["Status"]["State"] == "ready")
+                .filter(|n| {
+                    n["Description"]["Engine"]["Plugins"]
+                        .as_array()
+                        .is_some_and(|p| p.iter().any(|p| p["Type"] == "Network" && p["Name"] == "overlay"))
+                })
+                .collect();
+            if ready.len() == 3 { Ok(()) } else { Err(format!("{nodes}")) }
+        });
+        c
+    }
+
+    fn manager(&self) -> &DaemonProcess {
+        &self.ds[0]
+    }
+
+    fn docker(&self, args: &[&str]) -> String {
+        docker_cli::ok(self.manager().socket(), args)
+    }
+
+    /// The service's running tasks, once there are `n`.
+    fn running(&mut self, service: &str, n: usize) -> Vec<Value> {
+        let tasks = wait_until(&format!("{n} running tasks of {service}"), WAIT, || {
+            let tasks = tasks_of(self.manager(), service);
+            for t in &tasks {
+                self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
+            }
+            let running: Vec<Value> =
+                tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").cloned().collect();
+            let problems: Vec<String> = tasks
+                .iter()
+                .filter(|t| !t["Status"]["Err"].as_str().unwrap_or("").is_empty())
+                .map(|t| format!("{}: {}", state(t), t["Status"]["Err"]))
+                .collect();
+            if running.len() == n { Ok(running) } else { Err(format!("{} running; {problems:?}", running.len())) }
+        });
+        tasks
+    }
+
+    /// The `RESULT` lines task `t` printed, once it printed `DONE`.
+    fn results(&self, t: &Value) -> Vec<String> {
+        self.results_until(t, "DONE")
+    }
+
+    /// The `RESULT` lines task `t` printed, once one of them is `last`.
+    fn results_until(&self, t: &Value, last: &str) -> Vec<String> {
+        let id = t["ID"].as_str().unwrap();
+        let node = t["NodeID"].as_str().unwrap();
+        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
+        let i: usize = host.trim_start_matches("node-").parse().unwrap();
+        let log = self.ds[i].state_dir().join("tasks").join(id).join("stdout.log");
+        wait_until(&format!("task {id} done probing"), WAIT, || {
+            let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+            let lines: Vec<String> =
+                text.lines().filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r.to_string())).collect();
+            if lines.iter().any(|l| l == last) { Ok(lines) } else { Err(format!("so far: {lines:?}")) }
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for d in &mut self.ds {
+            d.stop();
+        }
+        // A daemon that could not stop cleanly leaves its task namespaces (in the host's /run/netns).
+        for id in &self.tasks_seen {
+            let name = format!("shl-task-{id}");
+            let path = std::path::Path::new("/run/netns").join(&name);
+            if path.exists() {
+                let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
+                // Made in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
+
+fn python_service(name: &str, network: &str, constraint: &str, replicas: u64, script: &str, env: &[String]) -> Value {
+    json!({
+        "Name": name,
+        "TaskTemplate": {
+            "ContainerSpec": {"Image": "python", "Command": [PYTHON, "-c", script], "Env": env},
+            "Networks": [{"Target": network}],
+            "Placement": {"Constraints": [constraint]},
+            "RestartPolicy": {"Condition": "none"},
+        },
+        "Mode": {"Replicated": {"Replicas": replicas}},
+    })
+}
+
+fn address_on(t: &Value, network: &str) -> String {
+    let a = t["NetworksAttachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["Network"]["Spec"]["Name"] == network)
+        .unwrap_or_else(|| panic!("task not on {network}: {t}"));
+    a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
+}
+
+#[test]
+fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
+    let mut c = Cluster::start("dp");
+    c.docker(&["network", "create", "-d", "overlay", "appnet"]);
+    c.docker(&["network", "create", "-d", "overlay", "othernet"]);
+    c.docker(&["network", "create", "-d", "overlay", "--internal", "closed"]);
+
+    post_service(c.manager(), &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[])).unwrap();
+    let web = c.running("web", 2);
+    let mut web_addrs: Vec<String> = web.iter().map(|t| address_on(t, "appnet")).collect();
+    web_addrs.sort();
+    let vip = c.manager().get("/v1.47/services/web")["Endpoint"]["VirtualIPs"][0]["Addr"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let node0 = format!("{}:{PORT}", c.net.ip(0));
+
+    // The client on node-2, which runs no web task: by name, through the VIP, over VXLAN.
+    let env = vec!["WEB=2".to_string(), format!("REACH={node0}")];
+    post_service(c.manager(), &python_service("client", "appnet", "node.hostname==node-2", 1, PROBE, &env)).unwrap();
+    let client = c.running("client", 1);
+    let r = c.results(&client[0]);
+    println!("client: {r:?}");
+    assert!(r.contains(&format!("VIP {vip}")), "web resolves to its VIP {vip}: {r:?}");
+    assert!(r.contains(&format!("TASKS {}", web_addrs.join(" "))), "tasks.web lists {web_addrs:?}: {r:?}");
+    let answers = r.iter().find(|l| l.starts_with("ANSWERS")).unwrap();
+    for a in &web_addrs {
+        let n: u32 = answers
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{a}=")))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(n >= 40, "task {a} answered {n} of 200 requests: {answers}");
+    }
+    assert!(answers.ends_with("errors 0"), "{answers}");
+    assert!(r.contains(&format!("REACH {node0} ok")), "a task of appnet reaches a node's address: {r:?}");
+
+    // Another network: no name of web, neither its VIP nor its tasks.
+    let reach: Vec<String> = std::iter::once(&vip).chain(&web_addrs).map(|a| format!("{a}:80")).collect();
+    let env = vec!["LOOKUP=web tasks.web".to_string(), format!("REACH={}", reach.join(" "))];
+    post_service(c.manager(), &python_service("other", "othernet", "node.hostname==node-2", 1, PROBE, &env)).unwrap();
+    let other = c.running("other", 1);
+    let r = c.results(&other[0]);
+    println!("other: {r:?}");
+    assert!(r.contains(&"LOOKUP web none".to_string()) && r.contains(&"LOOKUP tasks.web none".to_string()), "{r:?}");
+    for t in &reach {
+        assert!(r.contains(&format!("REACH {t} fail")), "othernet must not reach {t}: {r:?}");
+    }
+
+    // An internal network: no route out.
+    let env = vec![format!("REACH={node0}")];
+    post_service(c.manager(), &python_service("inside", "closed", "node.hostname==node-1", 1, PROBE, &env)).unwrap();
+    let inside = c.running("inside", 1);
+    let r = c.results(&inside[0]);
+    assert!(r.contains(&format!("REACH {node0} fail")), "an internal network has no route out: {r:?}");
+
+    // A clean stop of every daemon leaves no task namespace.
+    for d in &mut c.ds {
+        assert!(d.stop(), "the daemon stops cleanly");
+    }
+    let left: Vec<String> = c
+        .tasks_seen
+        .iter()
+        .map(|id| format!("shl-task-{id}"))
+        .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
+        .collect();
+    assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
+}
+
+/// `BENCH` (`label=url` pairs): 300 sequential GETs of each, `RESULT RATE label n/s`; then `RESULT LOOPING`
+/// and GETs of http://web/ (each retried up to 5 times, 100 ms apart) until the file `STOP` exists:
+/// `RESULT LOOP <requests> retried <n> failed <n> answers <distinct addresses>`, then `RESULT DONE`.
+const LOOP: &str = r#"
+import collections, os, time, urllib.request
+def out(*a):
+    print('RESULT', *a, flush=True)
+def get(url):
+    return urllib.request.urlopen(url, timeout=2).read().decode()
+for pair in os.environ.get('BENCH', '').split():
+    label, url = pair.split('=', 1)
+    get(url)
+    t0 = time.time()
+    for i in range(300):
+        get(url)
+    out('RATE', label, '%.0f' % (300 / (time.time() - t0)))
+out('LOOPING')
+seen, n, retried, failed = collections.Counter(), 0, 0, 0
+while not os.path.exists(os.environ['STOP']):
+    n += 1
+    for attempt in range(5):
+        try:
+            seen[get('http://web/')] += 1
+            break
+        except Exception:
+            retried += 1
+            time.sleep(0.1)
+    else:
+        failed += 1
+out('LOOP', n, 'retried', retried, 'failed', failed, 'answers', len(seen))
+out('DONE')
+time.sleep(100000)
+"#;
+
+/// Removes the stop file's directory, however the test ends.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn scaling_to_10_and_back_to_1_keeps_the_vip_answering() {
+    let mut c = Cluster::start("dps");
+    c.docker(&["network", "create", "-d", "overlay", "appnet"]);
+    post_service(c.manager(), &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[])).unwrap();
+    let web = c.running("web", 2);
+    let on = |host: &str| {
+        let t = web.iter().find(|t| {
+            let node = t["NodeID"].as_str().unwrap();
+            c.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"] == host
+        });
+        address_on(t.unwrap_or_else(|| panic!("a web task on {host}: {web:?}")), "appnet")
+    };
+    let (local, remote) = (on("node-0"), on("node-1"));
+    let dir = TempDir(std::env::temp_dir().join(format!("shoal-data-plane-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let stop = dir.0.join("stop");
+    let env = vec![
+        format!("BENCH=vip=http://web/ same-node=http://{local}/ cross-node=http://{remote}/"),
+        format!("STOP={}", stop.display()),
+    ];
+    post_service(c.manager(), &python_service("client", "appnet", "node.hostname==node-0", 1, LOOP, &env)).unwrap();
+    let client = c.running("client", 1);
+    let r = c.results_until(&client[0], "LOOPING");
+    for line in r.iter().filter(|l| l.starts_with("RATE")) {
+        println!("RESULT {line} (requests/s, a new connection each, client and web tasks python3)");
+    }
+
+    c.docker(&["service", "update", "-d", "--replicas", "10", "web"]);
+    c.running("web", 10);
+    c.docker(&["service", "update", "-d", "--replicas", "1", "web"]);
+    wait_until("web down to 1 task", WAIT, || {
+        let live = tasks_of(c.manager(), "web").iter().filter(|t| state(t) == "running").count();
+        if live == 1 { Ok(()) } else { Err(format!("{live} running")) }
+    });
+    std::fs::write(&stop, b"").unwrap();
+    let r = c.results(&client[0]);
+    let looped = r.iter().find(|l| l.starts_with("LOOP ")).unwrap();
+    println!("client: {looped}");
+    let words: Vec<&str> = looped.split_whitespace().collect();
+    let (requests, failed, answers): (u32, u32, u32) =
+        (words[1].parse().unwrap(), words[5].parse().unwrap(), words[7].parse().unwrap());
+    assert_eq!(failed, 0, "no request fails after its retries: {looped}");
+    assert!(requests >= 50, "{looped}");
+    assert!(answers > 2, "the new tasks answered too: {looped}");
+}
