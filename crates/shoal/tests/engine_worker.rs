@@ -147,8 +147,8 @@ fn a_stock_engine_joins_and_is_ready_with_its_hostname_and_version() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "docker node promote of the engine succeeded");
     assert!(err.contains(&format!("runs Docker Engine {version}, not Shoal")), "{err}");
-    let node: Value = serde_json::from_str(&shoal(&d, &["node", "inspect", "--format", "{{json .}}", &node_id]))
-        .expect("node JSON");
+    let node: Value =
+        serde_json::from_str(&shoal(&d, &["node", "inspect", "--format", "{{json .}}", &node_id])).expect("node JSON");
     assert_eq!(node["Spec"]["Role"], "worker", "{node}");
     assert_eq!(shoal_testkit::managers::leader_seen_by(&d).expect("a leader"), "shoal-0");
 }
@@ -387,4 +387,27 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
+}
+
+#[test]
+fn a_failing_test_leaves_no_engine_behind() {
+    let Some(eng) = engine("c", 1) else { return };
+    let (ns, dir, pid) = (eng.netns().to_string(), eng.data_root(), eng.dockerd_pid().expect("dockerd's PID"));
+    eng.docker_ok(&["run", "-d", "--name", "left", docker_engine::TEST_IMAGE, "sleep", "1000"]);
+    let container_pid =
+        eng.docker_ok(&["inspect", "--format", "{{.State.Pid}}", "left"]).trim().parse::<i32>().unwrap();
+    // A test that panics while it holds the engine.
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _held = eng;
+        panic!("a test failure");
+    }));
+    assert!(failed.is_err());
+    let netns = std::process::Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains(&ns), "namespace {ns} is left");
+    assert!(!dir.exists(), "{} is left", dir.display());
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "dockerd {pid} is left");
+    assert!(!std::path::Path::new(&format!("/proc/{container_pid}")).exists(), "the container's process is left");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let parent = dir.parent().expect("the engine's dir").to_string_lossy().to_string();
+    assert!(!mounts.contains(&parent), "mounts under {parent} are left");
 }

@@ -244,6 +244,11 @@ impl SecondEngine {
         self.dir.join("data")
     }
 
+    /// The engine's network namespace (for checks that it is gone after a drop).
+    pub fn netns(&self) -> &str {
+        &self.ns
+    }
+
     /// The engine's API socket.
     pub fn socket(&self) -> PathBuf {
         self.dir.join("docker.sock")
