@@ -383,6 +383,9 @@ impl Agent {
             }
         }
         tracing::info!(node = %self.config.node_id, "agent stopping: stopping its tasks");
+        if let Some(plane) = &network {
+            plane.set_stopping();
+        }
         worker.stop_all().await;
         for t in network_tasks {
             t.abort();

@@ -50,6 +50,8 @@ pub const PLUMB_TIMEOUT: Duration = Duration::from_secs(30);
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause before a failed reconcile is tried again (unless an input changes first).
 pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(2);
+/// Longest a stopping task waits to leave this node's VIPs before its stop signal.
+pub const DRAIN_WAIT_MAX: Duration = Duration::from_secs(10);
 /// Largest view message accepted from the manager.
 pub const MAX_VIEW_BYTES: usize = 64 * 1024 * 1024;
 /// Bounds of the pause before the view stream is opened again after it failed.
@@ -92,6 +94,8 @@ pub struct NetworkPlane {
     /// One empty file per task namespace this daemon made (`/run/netns` is shared by every daemon of the
     /// machine, whatever their network namespace: only these are ours to delete after a crash).
     markers: PathBuf,
+    /// Set when the agent stops: stopping tasks then skip the drain out of the VIPs.
+    stopping: std::sync::atomic::AtomicBool,
     /// Holds the namespace's data-plane lock while the plane lives (the file is removed with the plane).
     lock: (std::fs::File, PathBuf),
 }
@@ -188,6 +192,7 @@ impl NetworkPlane {
             executor: shoal_netplane::Executor::new(),
             resolver: shoal_netplane::Resolver::new(upstreams),
             markers,
+            stopping: std::sync::atomic::AtomicBool::new(false),
             lock,
         }))
     }
@@ -293,6 +298,43 @@ impl NetworkPlane {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("cannot remove a marker: {e}")),
             _ => Ok(()),
         }
+    }
+
+    /// Marks the agent as stopping: tasks stop without draining (the whole node's data plane goes).
+    pub fn set_stopping(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the agent is stopping.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until no service of the manager's view lists any of `addrs` as a backend and a reconcile
+    /// applied that view on this node (at most `DRAIN_WAIT_MAX`): the task has left the VIPs here; other nodes
+    /// follow about as fast.
+    pub async fn wait_out_of_vips(&self, addrs: &[Ipv4Addr]) {
+        let listed = |i: &Inputs| {
+            i.view.iter().flat_map(|v| &v.networks).flat_map(|n| &n.services).flat_map(|s| &s.backends).any(|b| {
+                b.parse::<Ipv4Addr>().is_ok_and(|b| addrs.contains(&b))
+            })
+        };
+        let mut rx = self.applied.subscribe();
+        let wait = async {
+            loop {
+                let (generation, still) = {
+                    let i = self.inputs.lock();
+                    (i.generation, listed(&i))
+                };
+                if !still && rx.borrow_and_update().generation >= generation {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_WAIT_MAX, wait).await;
     }
 
     /// The last reconcile's outcome.

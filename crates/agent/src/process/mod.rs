@@ -21,7 +21,8 @@
 //! `state_dir/tasks/<id>/resolv.conf` (the node's resolver at 127.0.0.11) bind-mounted over
 //! `/etc/resolv.conf`: the rest of the file system is the node's, as for any process task. Without the data
 //! plane, such a task is rejected with the reason the node has none. A networked task told to stop keeps
-//! running `NETWORK_DRAIN` before its stop signal, so that no VIP sends it new connections as it goes.
+//! running until this node's VIPs dropped it and then `NETWORK_DRAIN` more before its stop signal, so that no
+//! VIP sends it new connections as it goes.
 
 pub mod logs;
 mod spawner;
@@ -44,8 +45,8 @@ use spawner::Spawner;
 /// How long an exited task's output relays get to record its last lines.
 pub const RELAY_DRAIN: Duration = Duration::from_secs(1);
 
-/// How long a task on a network keeps running after it was told to stop, before its stop signal: the time
-/// for every node to drop it from the VIPs it backs.
+/// How long a task on a network keeps running after this node's VIPs dropped it, before its stop signal: the
+/// time for the other nodes to drop it too.
 pub const NETWORK_DRAIN: Duration = Duration::from_secs(2);
 
 /// PATH given to tasks when the daemon has none.
@@ -457,10 +458,17 @@ impl Controller for ProcessController {
                 self.signal_group(Signal::SIGKILL);
                 return Ok(());
             }
-            if self.netns.is_some() {
-                // The manager took the task out of its services' backends when it was told to stop; give every
-                // node's VIP rules the time to follow before the process stops answering (Docker waits the same
-                // `defaultGossipConvergeDelay` after deactivating the service binding).
+            if let (Some(plane), Some(_), false) =
+                (&self.network, &self.netns, self.network.as_ref().is_some_and(|p| p.is_stopping()))
+            {
+                // The manager takes the task out of its services' backends when it is told to stop: wait until
+                // this node's VIPs dropped it, then give the other nodes' the time to follow before the process
+                // stops answering (Docker waits its `defaultGossipConvergeDelay` after deactivating the
+                // service binding).
+                let addrs: Vec<std::net::Ipv4Addr> = crate::network::desired::attachments(&self.task)
+                    .map(|a| a.into_iter().map(|(_, a)| a.address).collect())
+                    .unwrap_or_default();
+                plane.wait_out_of_vips(&addrs).await;
                 tokio::time::sleep(NETWORK_DRAIN).await;
             }
             self.signal_group(Signal::SIGTERM);
