@@ -82,6 +82,8 @@ pub struct Agent {
     session_manager_sink: Option<watch::Sender<String>>,
     /// When set, gets the IDs and names (never the data) of the secrets and configs the agent holds.
     held_sink: Option<worker::HeldSink>,
+    /// When set, gets the cluster's network encryption keys as session messages bring them.
+    network_keys_sink: Option<watch::Sender<Vec<shoal_api::EncryptionKey>>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -104,6 +106,7 @@ impl Agent {
             managers_sink: None,
             session_manager_sink: None,
             held_sink: None,
+            network_keys_sink: None,
         }
     }
 
@@ -126,6 +129,14 @@ impl Agent {
     /// certificate renewal goes there).
     pub fn with_session_manager_sink(mut self, sink: watch::Sender<String>) -> Agent {
         self.session_manager_sink = Some(sink);
+        self
+    }
+
+    /// Publishes on `sink` the cluster's network encryption keys (the key manager's keyrings of the
+    /// `networking:gossip` and `networking:ipsec` subsystems) whenever a session message brings a different
+    /// set, as after a rotation: what the node's data plane encrypts with. Held in memory only, never logged.
+    pub fn with_network_keys_sink(mut self, sink: watch::Sender<Vec<shoal_api::EncryptionKey>>) -> Agent {
+        self.network_keys_sink = Some(sink);
         self
     }
 
@@ -244,6 +255,15 @@ impl Agent {
                             changed
                         });
                     }
+                }
+                if let Some(sink) = &self.network_keys_sink {
+                    sink.send_if_modified(|cur| {
+                        let changed = *cur != msg.network_bootstrap_keys;
+                        if changed {
+                            cur.clone_from(&msg.network_bootstrap_keys);
+                        }
+                        changed
+                    });
                 }
                 if remotes.observe(&msg.managers) {
                     tracing::info!(node = %self.config.node_id, managers = ?remotes.addrs(), "the cluster's managers changed");

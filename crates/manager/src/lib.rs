@@ -1,6 +1,8 @@
 //! The manager's subsystems, one folder each: `orchestrator` (replicated services, restarts, rolling
 //! updates, task reaper), `scheduler` (filters, then spread), `dispatcher` (agent sessions, heartbeats,
-//! assignments, task status), `logbroker` (log subscriptions between subscribers and agents). `state`
+//! assignments, task status), `logbroker` (log subscriptions between subscribers and agents), `keymanager`
+//! (the network encryption keys), `allocator` (addresses and ports), `resourceapi` (network attachments of
+//! a node's own containers). `state`
 //! holds what they share; `subsystem` starts and stops the leader-only ones on leadership change.
 //!
 //! Subsystems never call each other: each reads and watches the store and writes through the proposer.
@@ -10,8 +12,10 @@ pub mod allocator;
 pub mod ca;
 pub mod controlapi;
 pub mod dispatcher;
+pub mod keymanager;
 pub mod logbroker;
 pub mod orchestrator;
+pub mod resourceapi;
 pub mod scheduler;
 pub mod state;
 pub mod subsystem;

@@ -263,6 +263,12 @@ fn every_control_call_answers_as_swarmkit_does() {
         let root = cluster.root_ca.clone().unwrap();
         assert!(root.ca_key.is_empty(), "the CA key is never shown");
         assert!(!root.ca_cert.is_empty());
+        // The key manager made the network keys when the node became leader; they are never shown either.
+        wait_until("the network keys", Duration::from_secs(20), || {
+            n.d.log().contains("network encryption keys written").then_some(()).ok_or_else(|| "not yet".to_string())
+        });
+        let cluster = c.get_cluster(GetClusterRequest { cluster_id: cluster.id.clone() }).await.unwrap().into_inner().cluster.unwrap();
+        assert!(cluster.network_bootstrap_keys.is_empty() && cluster.encryption_key_lamport_clock == 0, "{cluster:?}");
         let worker_token = root.join_tokens.clone().unwrap().worker;
         let mut spec = cluster.spec.clone().unwrap();
         spec.orchestration.get_or_insert_with(Default::default).task_history_retention_limit = 3;
