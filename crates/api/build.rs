@@ -18,14 +18,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/logbroker.proto",
         "proto/control.proto",
         "proto/watch.proto",
+        "proto/resource.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }
     tonic_prost_build::configure()
-        // A secret's data must never reach a log line or an error through `{:?}`: its `Debug` is written by
-        // hand in `helpers.rs` and prints the data's length only.
-        .skip_debug(["docker.swarmkit.v1.SecretSpec"])
+        // A secret's data and a key's bytes must never reach a log line or an error through `{:?}`: their
+        // `Debug` is written by hand in `helpers.rs` and prints the length only.
+        .skip_debug(["docker.swarmkit.v1.SecretSpec", "docker.swarmkit.v1.EncryptionKey"])
         // `Task` is written by hand (`src/task.rs`) so that tasks can share their spec; same wire form.
         .extern_path(".docker.swarmkit.v1.Task", "crate::Task")
         .build_client(true)

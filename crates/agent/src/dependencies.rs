@@ -117,6 +117,7 @@ fn config_name(c: &Config) -> &str {
 fn container(task: &Task) -> Option<&ContainerSpec> {
     match task.spec.as_ref()?.runtime.as_ref()? {
         task_spec::Runtime::Container(c) => Some(c),
+        task_spec::Runtime::Attachment(_) => None,
     }
 }
 

@@ -51,7 +51,7 @@ pub fn stop_grace_period(task: &Task) -> Duration {
         .as_ref()
         .and_then(|s| match &s.runtime {
             Some(shoal_api::task_spec::Runtime::Container(c)) => c.stop_grace_period.as_ref(),
-            None => None,
+            _ => None,
         })
         .map(shoal_api::duration_from_proto)
         .unwrap_or(DEFAULT_STOP_GRACE_PERIOD)

@@ -87,6 +87,8 @@ pub struct Agent {
     tls_info: Option<watch::Receiver<shoal_api::NodeTlsInfo>>,
     /// When set, gets the roots to trust (`SessionMessage.RootCA`) whenever a session message carries them.
     roots_sink: Option<watch::Sender<Vec<u8>>>,
+    /// When set, gets the cluster's network encryption keys as session messages bring them.
+    network_keys_sink: Option<watch::Sender<Vec<shoal_api::EncryptionKey>>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -111,6 +113,7 @@ impl Agent {
             held_sink: None,
             tls_info: None,
             roots_sink: None,
+            network_keys_sink: None,
         }
     }
 
@@ -146,6 +149,14 @@ impl Agent {
     /// certificate renewal goes there).
     pub fn with_session_manager_sink(mut self, sink: watch::Sender<String>) -> Agent {
         self.session_manager_sink = Some(sink);
+        self
+    }
+
+    /// Publishes on `sink` the cluster's network encryption keys (the key manager's keyrings of the
+    /// `networking:gossip` and `networking:ipsec` subsystems) whenever a session message brings a different
+    /// set, as after a rotation: what the node's data plane encrypts with. Held in memory only, never logged.
+    pub fn with_network_keys_sink(mut self, sink: watch::Sender<Vec<shoal_api::EncryptionKey>>) -> Agent {
+        self.network_keys_sink = Some(sink);
         self
     }
 
@@ -297,6 +308,15 @@ impl Agent {
                             changed
                         });
                     }
+                }
+                if let Some(sink) = &self.network_keys_sink {
+                    sink.send_if_modified(|cur| {
+                        let changed = *cur != msg.network_bootstrap_keys;
+                        if changed {
+                            cur.clone_from(&msg.network_bootstrap_keys);
+                        }
+                        changed
+                    });
                 }
                 if remotes.observe(&msg.managers) {
                     tracing::info!(node = %self.config.node_id, managers = ?remotes.addrs(), "the cluster's managers changed");

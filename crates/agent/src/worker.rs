@@ -7,7 +7,8 @@
 //! Secrets and configs in a message are applied in message order (the dispatcher sends a task's before the
 //! task, and removes them after the last task using them), into `Dependencies` (memory only). A new task's
 //! controller gets its files resolved from them; a task whose references cannot be resolved (not sent,
-//! template error, ...) is REJECTED with the reason. What is held (IDs and names) is published for the
+//! template error, ...) is REJECTED with the reason, and so is a task on a network this node's data plane
+//! cannot carry (an encrypted one: `network_refusal`). What is held (IDs and names) is published for the
 //! node's debug view.
 //!
 //! Bound: one runner per task assigned to this node. Must not depend on gRPC transport details.
@@ -51,6 +52,25 @@ pub struct Worker {
 
 /// Told the IDs and names of the secrets and configs the worker holds whenever they change.
 pub type HeldSink = Arc<dyn Fn(&Held) + Send + Sync>;
+
+/// Why this node cannot run `task` on its networks, if it cannot: a network created with `--opt encrypted`
+/// is refused with the data plane's reason (`shoal_netplane::check_encryption`, the one place that decides
+/// it), before any executor sees the task; so is a network attachment task (`AttachNetwork`, made for a
+/// Docker Engine's own container, which a Shoal agent does not have).
+fn network_refusal(task: &Task) -> Option<String> {
+    if matches!(task.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(shoal_api::task_spec::Runtime::Attachment(_))) {
+        return Some(
+            "a network attachment task is for a Docker Engine's own container (AttachNetwork); this Shoal agent \
+             runs service tasks only"
+                .into(),
+        );
+    }
+    task.networks
+        .iter()
+        .filter_map(|a| a.network.as_ref())
+        .find_map(|n| shoal_netplane::check_encryption(&n.id, n.is_encrypted()).err())
+        .map(|e| e.to_string())
+}
 
 fn observed(task: &Task) -> TaskState {
     TaskState::from_wire(task.status.as_ref().map_or(0, |s| s.state))
@@ -173,7 +193,9 @@ impl Worker {
             self.reporter.report(&task.id, status(to, LOST_TASK_MESSAGE, LOST_TASK_MESSAGE));
             return;
         }
-        let ctlr = if has_references(&task) {
+        let ctlr = if let Some(why) = network_refusal(&task) {
+            Err(ExecutorError::InvalidSpec(why))
+        } else if has_references(&task) {
             match self.deps.files_for(&task, &self.node) {
                 Ok(files) => self.executor.controller(&task, files),
                 Err(why) => Err(ExecutorError::InvalidSpec(why)),

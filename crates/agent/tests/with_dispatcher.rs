@@ -211,3 +211,75 @@ async fn the_process_executor_end_to_end_reports_exit_codes_and_rejections() {
     c.wait_state("p3", TaskState::Shutdown).await;
     agent.stop().await;
 }
+
+/// The cluster's network keys reach the agent in its session and again after a rotation (written to the
+/// cluster object as the key manager writes it): what the node's data plane is handed.
+#[tokio::test]
+async fn the_agent_is_given_the_network_keys_and_their_rotation() {
+    use rand::SeedableRng;
+    use shoal_manager::keymanager::Keyring;
+    let c = cluster().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let ring = Keyring::default().completed(&mut rng).unwrap();
+    let mut cluster_object = shoal_api::Cluster { id: "c1".into(), ..Default::default() };
+    ring.store_in(&mut cluster_object);
+    let mut ch = Changes::new();
+    ch.create(cluster_object);
+    c.state.propose(ch).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig {
+        node_id: "node-1".into(),
+        manager_addr: format!("http://{}", c.addr),
+        hostname: "worker-1".into(),
+        state_dir: dir.path().to_path_buf(),
+        engine_labels: HashMap::new(),
+        generic_resources: Vec::new(),
+    };
+    let (keys_tx, keys_rx) = watch::channel(Vec::new());
+    let (shutdown, rx) = watch::channel(false);
+    let join = tokio::spawn(Agent::new(config, Arc::new(FakeExecutor::new())).with_network_keys_sink(keys_tx).run(rx));
+    let agent = RunningAgent { shutdown, join, _dir: dir };
+
+    wait_for("the keys", || *keys_rx.borrow() == ring.keys).await;
+    let rotated = ring.rotated(&mut rng);
+    let mut cluster_object = c.state.store.view(|t| (**t.clusters().get("c1").unwrap()).clone());
+    rotated.store_in(&mut cluster_object);
+    let mut ch = Changes::new();
+    ch.update(cluster_object);
+    c.state.propose(ch).await.unwrap();
+    wait_for("the rotated keys", || *keys_rx.borrow() == rotated.keys).await;
+    agent.stop().await;
+}
+
+/// A task on a network created with `--opt encrypted` is REJECTED by the agent with the data plane's reason
+/// (no node encrypts yet), whatever the executor (the fake one would run anything); a task on a plain
+/// network of the same kind reaches the executor.
+#[tokio::test]
+async fn the_agent_refuses_tasks_on_encrypted_networks_with_the_data_planes_reason() {
+    let c = cluster().await;
+    let fake = FakeExecutor::new();
+    let agent = start_agent(&c, Arc::new(fake.clone()), tempfile::tempdir().unwrap());
+    let on = |id: &str, encrypted: bool| {
+        let mut options = HashMap::new();
+        if encrypted {
+            options.insert(shoal_api::ENCRYPTED_OPTION.to_string(), String::new());
+        }
+        let spec = shoal_api::NetworkSpec {
+            driver_config: Some(shoal_api::Driver { name: "overlay".into(), options }),
+            ..Default::default()
+        };
+        let network = shoal_api::Network { id: format!("net-{id}"), spec: Some(spec), ..Default::default() };
+        let mut t = task(id, TaskState::Assigned, TaskState::Running, &["x"]);
+        t.networks = vec![shoal_api::NetworkAttachment { network: Some(network), ..Default::default() }];
+        t
+    };
+    c.create(on("t-enc", true)).await;
+    c.wait_state("t-enc", TaskState::Rejected).await;
+    let message = c.task("t-enc").status.unwrap().err;
+    assert!(message.contains("network net-t-enc is encrypted") && message.contains("--opt encrypted"), "{message}");
+    assert!(fake.calls("t-enc").is_empty(), "the executor never saw it: {:?}", fake.calls("t-enc"));
+    c.create(on("t-plain", false)).await;
+    c.wait_state("t-plain", TaskState::Running).await;
+    agent.stop().await;
+}

@@ -1,5 +1,5 @@
-//! Small conveniences on the generated types: time conversions, the task-state order, and the `Debug` of
-//! `SecretSpec` that never shows the data.
+//! Small conveniences on the generated types: time conversions, the task-state order, whether a network is
+//! encrypted, and the `Debug` of `SecretSpec` and `EncryptionKey` that never shows the data or the key.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -134,8 +134,43 @@ impl std::fmt::Debug for crate::SecretSpec {
     }
 }
 
+/// Everything but the key, which is shown as its length (the unlock key, the network keys).
+impl std::fmt::Debug for crate::EncryptionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncryptionKey")
+            .field("subsystem", &self.subsystem)
+            .field("algorithm", &self.algorithm)
+            .field("key", &format_args!("<{} bytes redacted>", self.key.len()))
+            .field("lamport_time", &self.lamport_time)
+            .finish()
+    }
+}
+
+/// The driver option that asks for an encrypted data path (`docker network create --opt encrypted`).
+pub const ENCRYPTED_OPTION: &str = "encrypted";
+
+impl crate::Network {
+    /// True when the network was created with `--opt encrypted` (the option in its spec's driver
+    /// configuration, whatever its value, as libnetwork reads it).
+    pub fn is_encrypted(&self) -> bool {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.driver_config.as_ref())
+            .is_some_and(|d| d.options.contains_key(ENCRYPTED_OPTION))
+    }
+}
+
 #[cfg(test)]
 mod secret_debug_tests {
+    #[test]
+    fn a_keys_debug_shows_its_length_never_its_bytes() {
+        let key = crate::EncryptionKey { key: b"0123456789abcdef".to_vec(), lamport_time: 7, ..Default::default() };
+        let cluster = crate::Cluster { network_bootstrap_keys: vec![key.clone()], unlock_keys: vec![key], ..Default::default() };
+        let shown = format!("{cluster:?}");
+        assert!(!shown.contains("0123456789") && !shown.contains("48, 49"), "{shown}");
+        assert!(shown.contains("<16 bytes redacted>"), "{shown}");
+    }
+
     #[test]
     fn a_secrets_debug_shows_the_length_of_its_data_never_the_data() {
         let spec = crate::SecretSpec { data: b"hunter2-pw".to_vec(), ..Default::default() };

@@ -102,6 +102,7 @@ fn node_attributes(n: &Node, old: Option<&Node>) -> BTreeMap<String, String> {
 fn image(s: &Service) -> Option<&str> {
     match s.spec.as_ref()?.task.as_ref()?.runtime.as_ref()? {
         task_spec::Runtime::Container(c) => Some(&c.image),
+        task_spec::Runtime::Attachment(_) => None,
     }
 }
 

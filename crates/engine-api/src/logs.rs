@@ -207,7 +207,7 @@ pub fn encode(m: &LogMessage, f: LineFormat) -> Vec<u8> {
 fn tty_of(spec: Option<&TaskSpec>) -> bool {
     match spec.and_then(|s| s.runtime.as_ref()) {
         Some(task_spec::Runtime::Container(c)) => c.tty,
-        None => false,
+        _ => false,
     }
 }
 

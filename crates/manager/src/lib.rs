@@ -1,7 +1,8 @@
 //! The manager's subsystems, one folder each: `orchestrator` (replicated services, restarts, rolling
 //! updates, task reaper), `scheduler` (filters, then spread), `dispatcher` (agent sessions, heartbeats,
 //! assignments, task status), `logbroker` (log subscriptions between subscribers and agents), `netview` (each
-//! node's data-plane view: its networks' peers and service backends). `state`
+//! node's data-plane view: its networks' peers and service backends), `keymanager` (the network encryption
+//! keys), `allocator` (addresses and ports), `resourceapi` (network attachments of a node's own containers). `state`
 //! holds what they share; `subsystem` starts and stops the leader-only ones on leadership change.
 //!
 //! Subsystems never call each other: each reads and watches the store and writes through the proposer.
@@ -11,9 +12,11 @@ pub mod allocator;
 pub mod ca;
 pub mod controlapi;
 pub mod dispatcher;
+pub mod keymanager;
 pub mod logbroker;
 pub mod netview;
 pub mod orchestrator;
+pub mod resourceapi;
 pub mod scheduler;
 pub mod state;
 pub mod subsystem;

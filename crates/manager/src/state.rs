@@ -77,6 +77,12 @@ pub struct ManualTimer {
 }
 
 impl ManualTimer {
+    /// How many tasks wait in a sleep not yet due (each woken by `advance_ms` and counted again once it
+    /// waits again): a test steps time only once the loop it drives is asleep.
+    pub fn pending_sleeps(&self) -> usize {
+        self.wakers.lock().len()
+    }
+
     /// Moves time forward by `ms` and wakes every sleep.
     pub fn advance_ms(&self, ms: u64) {
         self.now_ms.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);

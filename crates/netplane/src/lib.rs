@@ -26,6 +26,18 @@ pub use state::{
     mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeNetState, Peer, ServiceVip, TaskState,
 };
 
+/// Whether this data plane can carry `network` (`encrypted`: created with `--opt encrypted`). The one place
+/// that decides it: `NetworkState::validate` asks it, and so does the agent for every task it is given
+/// (`shoal-agent`'s `worker.rs`), so a task on an encrypted network is rejected with this reason on every
+/// node, before any executor sees it. The data plane encrypts nothing yet (this kernel has neither IPsec
+/// ESP nor WireGuard, `exec::probe`), so every encrypted network is refused.
+pub fn check_encryption(network: &str, encrypted: bool) -> Result<(), Error> {
+    if encrypted {
+        return Err(Error::EncryptionUnsupported { network: network.to_string() });
+    }
+    Ok(())
+}
+
 /// What can go wrong in the data plane.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -292,11 +292,7 @@ impl NetworkState {
         let inv = |m: String| Err(Error::Invalid(m));
         check_id("network", &self.id)?;
         check_dns_name("network", &self.name)?;
-        if self.encrypted {
-            return Err(Error::EncryptionUnsupported {
-                network: self.id.clone(),
-            });
-        }
+        crate::check_encryption(&self.id, self.encrypted)?;
         if self.vni == 0 || self.vni > MAX_VNI {
             return inv(format!(
                 "network {}: VNI {} is outside 1..={MAX_VNI}",

@@ -44,6 +44,8 @@ pub const RPC_ACCESS: &[(&str, Access)] = &[
     ("/docker.swarmkit.v1.Dispatcher/Assignments", Access::Nodes),
     ("/docker.swarmkit.v1.LogBroker/ListenSubscriptions", Access::Nodes),
     ("/docker.swarmkit.v1.LogBroker/PublishLogs", Access::Nodes),
+    ("/docker.swarmkit.v1.ResourceAllocator/AttachNetwork", Access::Nodes),
+    ("/docker.swarmkit.v1.ResourceAllocator/DetachNetwork", Access::Nodes),
     ("/docker.swarmkit.v1.Logs/SubscribeLogs", Access::Managers),
     ("/docker.swarmkit.v1.Health/Check", Access::Managers),
     ("/docker.swarmkit.v1.Raft/ProcessRaftMessage", Access::Managers),

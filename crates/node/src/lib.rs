@@ -21,6 +21,7 @@ mod raft_member;
 mod raft_status;
 pub mod security;
 pub mod source_limits;
+pub mod socket_path_names;
 mod swarmkit_socket;
 mod services;
 pub mod tls;

@@ -16,6 +16,7 @@ use crate::raft_status::ManagerStatusSubsystem;
 pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>) -> Vec<Box<dyn Subsystem>> {
     let mut list = shoal_manager::orchestrator::subsystems();
     list.push(shoal_manager::allocator::subsystem());
+    list.push(Box::new(shoal_manager::keymanager::KeyManager::new()));
     list.push(shoal_manager::scheduler::subsystem());
     list.push(dispatcher.subsystem());
     list.push(Box::new(shoal_manager::ca::rotation::RootRotationReconciler));
@@ -67,6 +68,7 @@ pub fn serve_manager_grpc(
         .add_service(dispatcher.log_broker_service())
         .add_service(dispatcher.logs_service())
         .add_service(dispatcher.network_view_service())
+        .add_service(shoal_manager::resourceapi::ResourceAllocatorService::new(dispatcher.state().clone()).server())
         .add_optional_service(r)
         .add_optional_service(m)
         .add_optional_service(p)

@@ -5,12 +5,18 @@
 //! connect unchanged. The socket file's mode (0600) is the access control, as in swarmd: no client
 //! certificate is asked for.
 //!
+//! A client that sends a socket path as its TLS server name (the stock `swarmctl -s /abs/path/swarmd.sock`:
+//! grpc-go takes the dial target as the name and as the HTTP/2 authority) is answered by OpenSSL with the
+//! same certificate and has its authority replaced (`socket_path_names`); every other client is answered by
+//! rustls, as the remote port is.
+//!
 //! Requests to `Control`, `Watch` and `Logs` are checked for fields Shoal's protos do not define before they are
 //! decoded (`shoal_api::unknown_fields`): such a request is refused with INVALID_ARGUMENT naming the fields,
 //! never served with the fields dropped.
 //!
-//! Bounds: `MAX_CONNECTIONS` connections at once (more wait in the backlog), a TLS handshake within
-//! `HANDSHAKE_TIMEOUT`, request messages of at most `MAX_REQUEST_BYTES`.
+//! Bounds: `MAX_CONNECTIONS` connections at once (more wait in the backlog), a TLS handshake (the
+//! ClientHello read first, at most `MAX_CLIENT_HELLO_BYTES`) within `HANDSHAKE_TIMEOUT`, request messages of
+//! at most `MAX_REQUEST_BYTES`.
 //!
 //! Must not know what the services do; they are `shoal_manager::swarmkit_api`'s.
 
@@ -40,6 +46,12 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The largest request message accepted (gRPC's usual default).
 pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+/// The most bytes read to find a ClientHello's server name (one TLS record).
+pub const MAX_CLIENT_HELLO_BYTES: usize = 5 + (16 << 10);
+
+/// A connection after its TLS handshake, whichever library made it.
+pub trait Conn: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Conn for T {}
 
 /// Binds the socket at `path` (replacing a stale one), mode 0600.
 pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, NodeError> {
@@ -93,7 +105,7 @@ fn tls_unix_incoming(
     listener: tokio::net::UnixListener,
     tls: NodeTls,
     shutdown: watch::Receiver<bool>,
-) -> tokio_stream::wrappers::ReceiverStream<Result<Held<tokio_rustls::server::TlsStream<UnixStream>>, std::io::Error>> {
+) -> tokio_stream::wrappers::ReceiverStream<Result<Held<Box<dyn Conn>>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
@@ -116,10 +128,10 @@ fn tls_unix_incoming(
                 _ = shoal_manager::stopped(&mut shutdown) => return,
                 _ = tx.closed() => return,
             };
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+            let tls = tls.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(stream, &tls)).await {
                     Ok(Ok(s)) => {
                         let _ = tx.send(Ok(Held { inner: s, _permit: permit })).await;
                     }
@@ -130,6 +142,63 @@ fn tls_unix_incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Reads the ClientHello's first record, then hands the connection (those bytes first) to rustls, or to
+/// OpenSSL with the authority fix when its server name is not a DNS name (see the module doc).
+async fn handshake(mut stream: UnixStream, tls: &NodeTls) -> std::io::Result<Box<dyn Conn>> {
+    use tokio::io::AsyncReadExt;
+    use crate::socket_path_names::{client_hello_sni, AuthorityFix, FixedAuthority, Replay, Sni};
+    let mut head = Vec::with_capacity(1024);
+    let sni = loop {
+        match client_hello_sni(&head) {
+            Sni::Incomplete if head.len() < MAX_CLIENT_HELLO_BYTES => {}
+            Sni::Incomplete => break Sni::Acceptable,
+            done => break done,
+        }
+        let mut chunk = [0u8; 4096];
+        let want = (MAX_CLIENT_HELLO_BYTES - head.len()).min(chunk.len());
+        let n = stream.read(&mut chunk[..want]).await?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before a ClientHello"));
+        }
+        head.extend_from_slice(&chunk[..n]);
+    };
+    let stream = Replay::new(head, stream);
+    match sni {
+        Sni::NotADnsName(name) => {
+            tracing::debug!(server_name = %String::from_utf8_lossy(&name), "a client named the socket by its path");
+            let acceptor = openssl_acceptor(tls).map_err(std::io::Error::other)?;
+            let ssl = openssl::ssl::Ssl::new(acceptor.context()).map_err(std::io::Error::other)?;
+            let mut s = tokio_openssl::SslStream::new(ssl, stream).map_err(std::io::Error::other)?;
+            Pin::new(&mut s).accept().await.map_err(std::io::Error::other)?;
+            Ok(Box::new(FixedAuthority::on_reads(s, AuthorityFix::default())))
+        }
+        _ => {
+            let s = tokio_rustls::TlsAcceptor::from(tls.server_config()).accept(stream).await?;
+            Ok(Box::new(s))
+        }
+    }
+}
+
+/// OpenSSL's server side with the node's current certificate and key, HTTP/2 by ALPN, no client
+/// certificate asked for (as the rustls side of this socket).
+fn openssl_acceptor(tls: &NodeTls) -> Result<openssl::ssl::SslAcceptor, openssl::error::ErrorStack> {
+    use openssl::ssl::{select_next_proto, AlpnError, SslAcceptor, SslMethod};
+    let (cert_pem, key_pem) = tls.cert_and_key_pem();
+    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())?;
+    let mut chain = openssl::x509::X509::stack_from_pem(cert_pem.as_bytes())?.into_iter();
+    if let Some(leaf) = chain.next() {
+        b.set_certificate(&leaf)?;
+    }
+    for extra in chain {
+        b.add_extra_chain_cert(extra)?;
+    }
+    let key = openssl::pkey::PKey::private_key_from_pem(key_pem.as_bytes())?;
+    b.set_private_key(&key)?;
+    b.check_private_key()?;
+    b.set_alpn_select_callback(|_, offered| select_next_proto(b"\x02h2", offered).ok_or(AlpnError::NOACK));
+    Ok(b.build())
 }
 
 /// A connection that holds one of the `MAX_CONNECTIONS` places until it is dropped.
@@ -158,12 +227,11 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Held<S> {
     }
 }
 
-impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected for Held<S> {
-    type ConnectInfo = S::ConnectInfo;
+/// Nothing is known of a local socket's client (no certificate is asked for, a unix peer has no address).
+impl<S> tonic::transport::server::Connected for Held<S> {
+    type ConnectInfo = ();
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
-    }
+    fn connect_info(&self) -> Self::ConnectInfo {}
 }
 
 /// The protobuf type a method takes (SwarmKit names every one `<Method>Request`), or `None` for Health,

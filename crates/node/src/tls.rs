@@ -228,6 +228,12 @@ impl NodeTls {
         self.inner.read().cert_pem.clone()
     }
 
+    /// The current certificate and its key, PEM (for the SwarmKit API socket's OpenSSL side).
+    pub(crate) fn cert_and_key_pem(&self) -> (String, String) {
+        let m = self.inner.read();
+        (m.cert_pem.clone(), m.key_pem.clone())
+    }
+
     /// The root CA certificate, PEM.
     pub fn root_pem(&self) -> String {
         self.inner.read().root_pem.clone()

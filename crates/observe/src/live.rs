@@ -168,7 +168,7 @@ fn service_view(s: &Service) -> ServiceView {
     };
     let image = match spec.and_then(|s| s.task.as_ref()).and_then(|t| t.runtime.as_ref()) {
         Some(shoal_api::task_spec::Runtime::Container(c)) => c.image.clone(),
-        None => String::new(),
+        _ => String::new(),
     };
     ServiceView {
         id: s.id.clone(),

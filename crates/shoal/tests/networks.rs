@@ -99,7 +99,13 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
     fails_with(&d, &["network", "create", "-d", "macvlan", "mv"], "Driver \"macvlan\" is not supported");
     fails_with(&d, &["network", "create", "-d", "overlay", "--subnet", "10.0.0.0/16", "wide"], "overlaps subnet 10.0.0.0/24 of network ingress");
     fails_with(&d, &["network", "create", "-d", "overlay", "--ipv6", "v6"], "IPv6");
-    fails_with(&d, &["network", "create", "-d", "overlay", "-o", "encrypted", "enc"], "\"encrypted\" is not supported yet");
+    fails_with(&d, &["network", "create", "-d", "overlay", "-o", "mtu=1400", "mtu"], "\"mtu\" is not supported yet");
+    // An encrypted network is kept with its option (every node refuses its tasks with the data plane's
+    // reason: `the_agent_refuses_tasks_on_encrypted_networks_with_the_data_planes_reason`).
+    docker(&d, &["network", "create", "-d", "overlay", "--opt", "encrypted", "enc"]);
+    let enc = inspect(&d, "network", "enc");
+    assert_eq!(enc["Options"]["encrypted"], "", "{enc}");
+    docker(&d, &["network", "rm", "enc"]);
     fails_with(&d, &["network", "create", "-d", "overlay", "appnet"], "already exists");
     assert_eq!(names(&[]).len(), 3);
 

@@ -263,6 +263,12 @@ fn every_control_call_answers_as_swarmkit_does() {
         let root = cluster.root_ca.clone().unwrap();
         assert!(root.ca_key.is_empty(), "the CA key is never shown");
         assert!(!root.ca_cert.is_empty());
+        // The key manager made the network keys when the node became leader; they are never shown either.
+        wait_until("the network keys", Duration::from_secs(20), || {
+            n.d.log().contains("network encryption keys written").then_some(()).ok_or_else(|| "not yet".to_string())
+        });
+        let cluster = c.get_cluster(GetClusterRequest { cluster_id: cluster.id.clone() }).await.unwrap().into_inner().cluster.unwrap();
+        assert!(cluster.network_bootstrap_keys.is_empty() && cluster.encryption_key_lamport_clock == 0, "{cluster:?}");
         let worker_token = root.join_tokens.clone().unwrap().worker;
         let mut spec = cluster.spec.clone().unwrap();
         spec.orchestration.get_or_insert_with(Default::default).task_history_retention_limit = 3;
@@ -617,5 +623,60 @@ fn service_logs_come_through_the_socket_as_swarmctl_reads_them() {
                 break;
             }
         }
+    });
+}
+
+/// The stock `swarmctl -s /abs/path/swarmd.sock` (grpc-go 1.53) sends the path as the TLS server name and as
+/// every request's `:authority`; neither is a DNS name or an authority. Such a client is served (OpenSSL
+/// takes the name, the authority is replaced; `socket_path_names`): list, create, update, remove and a
+/// Watch stream through it, while a client that names the server by a DNS name still gets rustls.
+#[test]
+fn a_client_naming_the_socket_by_its_absolute_path_as_grpc_go_does_is_served() {
+    let n = start();
+    assert!(n.socket.is_absolute() && n.socket.to_string_lossy().contains('/'));
+    runtime().block_on(async {
+        let channel = shoal_testkit::swarmkit::channel_as_grpc_go_with_a_path(&n.socket).await.expect("connect by path");
+        let mut c = ControlClient::new(channel.clone());
+        let nodes = c.list_nodes(ListNodesRequest::default()).await.expect("ListNodes by path").into_inner().nodes;
+        assert_eq!(nodes.len(), 1);
+        let mut watch = WatchClient::new(channel)
+            .watch(WatchRequest { entries: vec![service_entry()], ..Default::default() })
+            .await
+            .expect("Watch by path")
+            .into_inner();
+        assert!(watch.next().await.unwrap().unwrap().events.is_empty(), "the first message says the watch is set up");
+        let created = c
+            .create_service(CreateServiceRequest { spec: Some(service_spec("bypath", 1)) })
+            .await
+            .expect("CreateService by path")
+            .into_inner()
+            .service
+            .unwrap();
+        let mut spec = created.spec.clone().unwrap();
+        spec.mode = Some(service_spec::Mode::Replicated(ReplicatedService { replicas: 2 }));
+        let updated = c
+            .update_service(UpdateServiceRequest {
+                service_id: created.id.clone(),
+                service_version: version(&created.meta),
+                spec: Some(spec),
+                rollback: 0,
+            })
+            .await
+            .expect("UpdateService by path")
+            .into_inner()
+            .service
+            .unwrap();
+        c.remove_service(RemoveServiceRequest { service_id: created.id.clone() }).await.expect("RemoveService by path");
+        let mut seen = read_until(&mut watch, version(&updated.meta).unwrap().index).await;
+        while !seen.iter().any(|(a, _, _)| *a == 4) {
+            let last = seen.last().map_or(0, |(_, v, _)| *v);
+            seen.extend(read_until(&mut watch, last + 1).await);
+        }
+        let mut actions: Vec<i32> = seen.iter().filter(|(_, _, name)| name == "bypath").map(|(a, _, _)| *a).collect();
+        actions.dedup();
+        assert_eq!(actions, vec![1, 2, 4], "create, update, remove through the path-named connection: {seen:?}");
+        // The usual client (a DNS name) on the same socket, at the same time.
+        let mut plain = control(&n.socket).await;
+        assert_eq!(plain.list_nodes(ListNodesRequest::default()).await.unwrap().into_inner().nodes.len(), 1);
     });
 }

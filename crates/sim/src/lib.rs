@@ -655,7 +655,7 @@ impl World {
                 sp.map(|sp| {
                     let image = match sp.task.as_ref().and_then(|t| t.runtime.as_ref()) {
                         Some(shoal_api::task_spec::Runtime::Container(c)) => format!("{} {:?}", c.image, c.env),
-                        None => String::new(),
+                        _ => String::new(),
                     };
                     (image, sp.update.as_ref().map(|u| u.order))
                 })

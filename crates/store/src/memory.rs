@@ -504,6 +504,7 @@ fn container_of(s: &Service) -> Option<&shoal_api::ContainerSpec> {
 fn container_of_spec(spec: &shoal_api::ServiceSpec) -> Option<&shoal_api::ContainerSpec> {
     match spec.task.as_ref()?.runtime.as_ref()? {
         shoal_api::task_spec::Runtime::Container(c) => Some(c),
+        shoal_api::task_spec::Runtime::Attachment(_) => None,
     }
 }
 

@@ -60,7 +60,7 @@ fn spec(args: &str) -> ServiceSpec {
 fn args(t: &Task) -> String {
     match t.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
         Some(task_spec::Runtime::Container(c)) => c.args.join(" "),
-        None => String::new(),
+        _ => String::new(),
     }
 }
 

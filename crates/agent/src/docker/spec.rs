@@ -26,7 +26,7 @@ pub const LABEL_NODE_ID: &str = "com.docker.swarm.node.id";
 pub fn container_spec(task: &Task) -> ContainerSpec {
     match task.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
         Some(task_spec::Runtime::Container(c)) => c.clone(),
-        None => ContainerSpec::default(),
+        _ => ContainerSpec::default(),
     }
 }
 

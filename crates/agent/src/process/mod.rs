@@ -133,6 +133,7 @@ fn total_memory_bytes() -> i64 {
 fn container_spec(task: &Task) -> Option<&ContainerSpec> {
     match task.spec.as_ref()?.runtime.as_ref()? {
         task_spec::Runtime::Container(c) => Some(c),
+        task_spec::Runtime::Attachment(_) => None,
     }
 }
 

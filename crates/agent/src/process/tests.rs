@@ -184,6 +184,7 @@ fn settings_a_process_cannot_have_reject_the_task_naming_each() {
     fn container(t: &mut Task) -> &mut ContainerSpec {
         match t.spec.as_mut().unwrap().runtime.as_mut().unwrap() {
             task_spec::Runtime::Container(c) => c,
+            _ => panic!("not a container"),
         }
     }
     check(&|_| {}, &[]);

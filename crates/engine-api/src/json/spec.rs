@@ -151,8 +151,9 @@ pub struct TaskSpecJson {
     /// A plugin's spec (runtime `plugin`): read only to be refused.
     #[serde(skip_serializing)]
     pub plugin_spec: serde_json::Value,
-    /// A network attachment's spec (runtime `attachment`): read only to be refused.
-    #[serde(skip_serializing)]
+    /// A network attachment's spec (runtime `attachment`): refused in a service's spec, written for a
+    /// network attachment task (`{"ContainerID": ...}`, as Docker shows it).
+    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
     pub network_attachment_spec: serde_json::Value,
 }
 
@@ -884,13 +885,18 @@ impl TaskSpecJson {
     /// Converts from the API task spec.
     pub fn from_api(t: &TaskSpec) -> TaskSpecJson {
         TaskSpecJson {
-            container_spec: t.runtime.as_ref().map(|r| match r {
-                task_spec::Runtime::Container(c) => ContainerSpecJson::from_api(c),
-            }),
+            container_spec: match &t.runtime {
+                Some(task_spec::Runtime::Container(c)) => Some(ContainerSpecJson::from_api(c)),
+                _ => None,
+            },
+            network_attachment_spec: match &t.runtime {
+                Some(task_spec::Runtime::Attachment(a)) => serde_json::json!({"ContainerID": a.container_id}),
+                _ => serde_json::Value::Null,
+            },
             resources: {
                 let pids = match &t.runtime {
                     Some(task_spec::Runtime::Container(c)) => c.pids_limit,
-                    None => 0,
+                    _ => 0,
                 };
                 let mut resources = t.resources.as_ref().map(|r| ResourcesJson {
                     limits: r.limits.as_ref().map(ResourceValuesJson::from_api),
@@ -907,10 +913,10 @@ impl TaskSpecJson {
             log_driver: t.log_driver.as_ref().map(DriverJson::from_api),
             networks: t.networks.iter().map(NetworkAttachmentJson::from_api).collect(),
             force_update: t.force_update,
-            runtime: if t.runtime.is_some() {
-                "container".into()
-            } else {
-                String::new()
+            runtime: match &t.runtime {
+                Some(task_spec::Runtime::Container(_)) => "container".into(),
+                Some(task_spec::Runtime::Attachment(_)) => "attachment".into(),
+                None => String::new(),
             },
             ..Default::default()
         }

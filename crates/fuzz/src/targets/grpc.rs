@@ -1,6 +1,6 @@
 //! The protobuf messages of the remote gRPC port: every request an agent or another manager can send
-//! (Dispatcher, CA, NodeCA, Raft, RaftMembership, RaftProposals, LogBroker) and the messages an agent
-//! receives from a manager, decoded with prost; the parts a handler reaches without a network are run
+//! (Dispatcher, CA, NodeCA, Raft, RaftMembership, RaftProposals, LogBroker, ResourceAllocator) and the
+//! messages an agent receives from a manager, decoded with prost; the parts a handler reaches without a network are run
 //! too: a forwarded proposal's request is decoded as the leader does, a membership list as a joining
 //! manager does, `NodeCA.IssueNodeCertificate` runs in full against an in-memory cluster, and
 //! `Dispatcher.UpdateTaskStatus`'s updates are checked and applied as the dispatcher's flusher does.
@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use shoal_api::node_ca_server::NodeCa as _;
 use shoal_api::prost::Message;
 use shoal_api::{
-    AssignmentsMessage, AssignmentsRequest, Cluster, ClusterSnapshot, ForwardProposalRequest, HeartbeatRequest,
+    AssignmentsMessage, AssignmentsRequest, AttachNetworkRequest, Cluster, DetachNetworkRequest, ClusterSnapshot, ForwardProposalRequest, HeartbeatRequest,
     IssueNodeCertificateRequest, JoinRequest, JoinResponse, LeaveRequest, ListenSubscriptionsRequest,
     NodeCertificateStatusRequest, ProcessRaftMessageRequest, PublishLogsMessage, ResolveAddressRequest,
     RootCa as RootCaProto, SessionMessage, SessionRequest, StreamRaftMessageRequest, SubscribeLogsRequest,
@@ -41,7 +41,7 @@ fn round_trip<M: Message + Default + PartialEq + std::fmt::Debug>(bytes: &[u8]) 
 /// it before any network or Raft step.
 pub fn requests(data: &[u8]) {
     let (sel, bytes) = split_selector(data);
-    match sel % 18 {
+    match sel % 20 {
         0 => drop(round_trip::<SessionRequest>(bytes)),
         1 => drop(round_trip::<HeartbeatRequest>(bytes)),
         2 => drop(round_trip::<UpdateTaskStatusRequest>(bytes)),
@@ -77,6 +77,8 @@ pub fn requests(data: &[u8]) {
             }
         }
         16 => drop(round_trip::<SessionMessage>(bytes)),
+        17 => drop(round_trip::<AttachNetworkRequest>(bytes)),
+        18 => drop(round_trip::<DetachNetworkRequest>(bytes)),
         _ => {
             drop(round_trip::<AssignmentsMessage>(bytes));
             drop(round_trip::<SubscriptionMessage>(bytes));

@@ -412,8 +412,12 @@ impl Allocator {
             if !seen.insert(t.id.as_str()) || observed_state(t) != TaskState::New || t.desired_state() > TaskState::Complete {
                 continue;
             }
+            // A network attachment (`resourceapi`) has no service and so no endpoint: only its network.
+            let endpoint = if crate::resourceapi::is_attachment_task(t) {
+                None
+            } else {
             let Some(s) = tables.services().get(&t.service_id) else { continue };
-            let endpoint = match endpoints.get(&s.id) {
+            match endpoints.get(&s.id) {
                 Some(Ok(e)) => e.clone(),
                 Some(Err(why)) => {
                     explain(&mut out, t, why, now);
@@ -442,6 +446,7 @@ impl Allocator {
                         }
                     }
                 }
+            }
             };
             match self.allocate_task(tables, t, endpoint.as_ref()) {
                 Ok(networks) => {

@@ -80,14 +80,16 @@ fn built(
         ..Default::default()
     };
     config.set_family(if subnet.is_v6() { ipam_config::AddressFamily::Ipv6 } else { ipam_config::AddressFamily::Ipv4 });
+    let mut driver_options = HashMap::from([(VXLAN_ID_OPTION.to_string(), vxlan_id.to_string())]);
+    // The driver's state repeats `encrypted`, so `docker network inspect` shows it among the options.
+    if let Some(v) = spec.driver_config.as_ref().and_then(|d| d.options.get(shoal_api::ENCRYPTED_OPTION)) {
+        driver_options.insert(shoal_api::ENCRYPTED_OPTION.to_string(), v.clone());
+    }
     Network {
         id,
         meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
         spec: Some(spec),
-        driver_state: Some(Driver {
-            name: OVERLAY_DRIVER.into(),
-            options: HashMap::from([(VXLAN_ID_OPTION.to_string(), vxlan_id.to_string())]),
-        }),
+        driver_state: Some(Driver { name: OVERLAY_DRIVER.into(), options: driver_options }),
         ipam: Some(IpamOptions { driver: Some(Driver { name: "default".into(), ..Default::default() }), configs: vec![config] }),
         pending_delete: false,
     }
@@ -180,8 +182,16 @@ pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
                 d.name
             )));
         }
-        if let Some(k) = d.options.keys().next() {
-            return Err(invalid(format!("network driver option {k:?} is not supported yet; leave it out")));
+        // `encrypted` is kept (its value is not read, as libnetwork's): every node's agent refuses a task on
+        // such a network with the data plane's reason (`shoal_netplane::check_encryption`), since no node
+        // encrypts yet. Any other option would be dropped: refused.
+        let mut others: Vec<&String> = d.options.keys().filter(|k| k.as_str() != shoal_api::ENCRYPTED_OPTION).collect();
+        others.sort();
+        if let Some(k) = others.first() {
+            return Err(invalid(format!(
+                "network driver option {k:?} is not supported yet; leave it out (Shoal knows only \"{}\")",
+                shoal_api::ENCRYPTED_OPTION
+            )));
         }
     }
     if spec.ipv6_enabled {

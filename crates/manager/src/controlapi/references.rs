@@ -31,7 +31,10 @@ pub(super) fn services_using(t: &Tables, uses: impl Fn(&ContainerSpec) -> bool) 
                 .as_ref()
                 .and_then(|s| s.task.as_ref())
                 .and_then(|t| t.runtime.as_ref())
-                .map(|shoal_api::task_spec::Runtime::Container(c)| c)
+                .and_then(|r| match r {
+                    shoal_api::task_spec::Runtime::Container(c) => Some(c),
+                    shoal_api::task_spec::Runtime::Attachment(_) => None,
+                })
                 .is_some_and(&uses)
         })
         .map(|s| s.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.clone()).unwrap_or_default())

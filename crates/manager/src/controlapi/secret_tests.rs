@@ -68,6 +68,7 @@ fn with_refs(name: &str, secrets: Vec<SecretReference>, configs: Vec<ConfigRefer
 fn container(s: &shoal_api::Service) -> &ContainerSpec {
     match s.spec.as_ref().unwrap().task.as_ref().unwrap().runtime.as_ref().unwrap() {
         task_spec::Runtime::Container(c) => c,
+        _ => panic!("not a container"),
     }
 }
 

@@ -101,6 +101,12 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
             }
             validate_references(c)?;
         }
+        Some(task_spec::Runtime::Attachment(_)) => {
+            return Err(invalid(
+                "a service's task template cannot be a network attachment (those are made by AttachNetwork): \
+                 give the service a container spec with an image",
+            ))
+        }
         None => {
             return Err(invalid(
                 "the task template has no container spec: give the service an image",
@@ -210,6 +216,7 @@ pub fn is_job_spec(spec: &ServiceSpec) -> bool {
 fn container_mut(spec: Option<&mut ServiceSpec>) -> Option<&mut shoal_api::ContainerSpec> {
     match spec?.task.as_mut()?.runtime.as_mut()? {
         task_spec::Runtime::Container(c) => Some(c),
+        task_spec::Runtime::Attachment(_) => None,
     }
 }
 

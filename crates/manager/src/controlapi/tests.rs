@@ -125,7 +125,7 @@ fn secs(seconds: i64) -> Option<shoal_api::prost_types::Duration> {
 fn container_mut(s: &mut ServiceSpec) -> &mut ContainerSpec {
     match task_spec_mut(s).runtime.as_mut() {
         Some(task_spec::Runtime::Container(c)) => c,
-        None => unreachable!("spec() has a container"),
+        _ => unreachable!("spec() has a container"),
     }
 }
 

@@ -80,6 +80,7 @@ impl Dependency {
 fn container(task: &Task) -> Option<&ContainerSpec> {
     match task.spec.as_ref()?.runtime.as_ref()? {
         task_spec::Runtime::Container(c) => Some(c),
+        task_spec::Runtime::Attachment(_) => None,
     }
 }
 

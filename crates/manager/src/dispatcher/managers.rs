@@ -1,8 +1,10 @@
-//! The list of managers sent to agents in every session message, so that an agent that loses the manager it
-//! talks to can try the others (and a restarted agent can find the cluster without the manager it joined
-//! through). Sans IO: `manager_peers` reads a store view; `touches_managers` tells whether a commit's change
-//! may alter the list. The dispatcher keeps the current list in a `watch` channel, recomputed by one store
-//! watcher (`run_manager_list`), and resends the session message to every agent when it changes.
+//! What every session message carries besides the node (`SessionInfo`): the list of managers, so that an
+//! agent that loses the manager it talks to can try the others (and a restarted agent can find the cluster
+//! without the manager it joined through), and the cluster's network encryption keys (the key manager's,
+//! `Cluster.network_bootstrap_keys`). Sans IO: `session_info` reads a store view; `touches_session_info`
+//! tells whether a commit's change may alter it. The dispatcher keeps the current info in a `watch`
+//! channel, recomputed by one store watcher (`run_session_info`), and resends the session message to every
+//! agent when it changes (a key rotation reaches every agent so).
 //!
 //! The source is the Node objects' `manager_status` (Raft ID, address, reachability), which the leader keeps
 //! in step with the Raft membership and which every manager has in its replicated store, so the list is the
@@ -14,7 +16,7 @@
 
 use std::sync::{Arc, Weak};
 
-use shoal_api::{raft_member_status::Reachability, Peer, WeightedPeer};
+use shoal_api::{raft_member_status::Reachability, EncryptionKey, Peer, WeightedPeer};
 use shoal_store::{Change, MemoryStore, Object, Tables, WatchError};
 use tokio::sync::watch;
 
@@ -41,6 +43,44 @@ pub fn manager_peers(tables: &Tables, own_addr: &str) -> Vec<WeightedPeer> {
     peers.into_iter().map(|p| WeightedPeer { peer: Some(p), weight: MANAGER_WEIGHT }).collect()
 }
 
+/// What a session message carries besides the node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SessionInfo {
+    /// `manager_peers`.
+    pub managers: Vec<WeightedPeer>,
+    /// The cluster's network encryption keys.
+    pub network_bootstrap_keys: Vec<EncryptionKey>,
+}
+
+/// The session info as of `tables`; `own_addr` as in `manager_peers`.
+pub fn session_info(tables: &Tables, own_addr: &str) -> SessionInfo {
+    SessionInfo {
+        managers: manager_peers(tables, own_addr),
+        network_bootstrap_keys: tables
+            .clusters()
+            .iter()
+            .next()
+            .map(|c| c.network_bootstrap_keys.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// True when `ch` may change `session_info`: `touches_managers`, or a cluster change whose network keys
+/// differ between before and after.
+pub fn touches_session_info(ch: &Change) -> bool {
+    let keys = |o: Option<&Object>| match o {
+        Some(Object::Cluster(c)) => Some(c.network_bootstrap_keys.clone()),
+        _ => None,
+    };
+    match &ch.object {
+        Object::Cluster(_) if ch.kind == shoal_store::ActionKind::Update => {
+            keys(Some(&ch.object)) != keys(ch.old.as_ref())
+        }
+        Object::Cluster(_) => true,
+        _ => touches_managers(ch),
+    }
+}
+
 /// True when `ch` may change `manager_peers`: a node change where the node had or has a manager status
 /// that differs between before and after.
 pub fn touches_managers(ch: &Change) -> bool {
@@ -57,15 +97,15 @@ pub fn touches_managers(ch: &Change) -> bool {
     }
 }
 
-/// Keeps `list` equal to `manager_peers` of the store: one watcher, recomputing from a view on every commit
-/// that touches a manager (or after a lag). Ends when every holder of `list` is gone (checked after each
-/// commit) or the store's watch closes.
-pub(crate) async fn run_manager_list(
+/// Keeps `list` equal to `session_info` of the store: one watcher, recomputing from a view on every commit
+/// that touches it (or after a lag). Ends when every holder of `list` is gone (checked after each commit)
+/// or the store's watch closes.
+pub(crate) async fn run_session_info(
     store: Arc<MemoryStore>,
     own_addr: String,
-    list: Weak<watch::Sender<Arc<Vec<WeightedPeer>>>>,
+    list: Weak<watch::Sender<Arc<SessionInfo>>>,
 ) {
-    run_derived(store, move |t| manager_peers(t, &own_addr), touches_managers, list).await
+    run_derived(store, move |t| session_info(t, &own_addr), touches_session_info, list).await
 }
 
 /// The roots agents must trust (`SessionMessage.RootCA`): the cluster's, both during a root rotation.
@@ -186,23 +226,34 @@ mod tests {
     #[tokio::test]
     async fn the_watcher_follows_the_store_and_stops_with_its_holder() {
         let store = Arc::new(MemoryStore::default());
-        let tx = Arc::new(watch::channel(Arc::new(Vec::new())).0);
+        let tx = Arc::new(watch::channel(Arc::new(SessionInfo::default())).0);
         let mut rx = tx.subscribe();
-        let task = tokio::spawn(run_manager_list(store.clone(), "10.0.0.9:4242".into(), Arc::downgrade(&tx)));
+        let task = tokio::spawn(run_session_info(store.clone(), "10.0.0.9:4242".into(), Arc::downgrade(&tx)));
         rx.changed().await.unwrap();
-        assert_eq!(addrs(&rx.borrow_and_update()), vec!["10.0.0.9:4242"]);
+        assert_eq!(addrs(&rx.borrow_and_update().managers), vec!["10.0.0.9:4242"]);
         store
             .apply(1, Changes::new().create(manager("m1", "10.0.0.1:4242", Reachability::Reachable)).actions())
             .unwrap();
         rx.changed().await.unwrap();
-        assert_eq!(addrs(&rx.borrow_and_update()), vec!["10.0.0.1:4242", "10.0.0.9:4242"]);
+        assert_eq!(addrs(&rx.borrow_and_update().managers), vec!["10.0.0.1:4242", "10.0.0.9:4242"]);
         let mut down = store.view(|t| (**t.nodes().get("m1").unwrap()).clone());
         down.manager_status.as_mut().unwrap().reachability = Reachability::Unreachable as i32;
         store.apply(2, Changes::new().update(down).actions()).unwrap();
         rx.changed().await.unwrap();
-        assert_eq!(addrs(&rx.borrow_and_update()), vec!["10.0.0.9:4242"]);
+        assert_eq!(addrs(&rx.borrow_and_update().managers), vec!["10.0.0.9:4242"]);
+        // The cluster's network keys: created, then rotated.
+        let key = |t: u64| shoal_api::EncryptionKey { lamport_time: t, key: vec![t as u8; 16], ..Default::default() };
+        let mut cluster = shoal_api::Cluster { id: "c1".into(), network_bootstrap_keys: vec![key(1)], ..Default::default() };
+        store.apply(3, Changes::new().create(cluster.clone()).actions()).unwrap();
+        rx.changed().await.unwrap();
+        assert_eq!(rx.borrow_and_update().network_bootstrap_keys, vec![key(1)]);
+        cluster.meta = store.view(|t| t.clusters().get("c1").unwrap().meta);
+        cluster.network_bootstrap_keys = vec![key(1), key(2)];
+        store.apply(4, Changes::new().update(cluster).actions()).unwrap();
+        rx.changed().await.unwrap();
+        assert_eq!(rx.borrow_and_update().network_bootstrap_keys, vec![key(1), key(2)]);
         drop(tx);
-        store.apply(3, Changes::new().create(Node { id: "w".into(), ..Default::default() }).actions()).unwrap();
+        store.apply(5, Changes::new().create(Node { id: "w".into(), ..Default::default() }).actions()).unwrap();
         tokio::time::timeout(std::time::Duration::from_secs(10), task).await.expect("the watcher ends").unwrap();
     }
 }

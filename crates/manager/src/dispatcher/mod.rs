@@ -36,7 +36,6 @@ use shoal_api::{
     assignments_message, node_spec, node_status, AssignmentsMessage, AssignmentsRequest,
     HeartbeatRequest, HeartbeatResponse, Node, NodeRole, NodeSpec, NodeStatus,
     SessionMessage, SessionRequest, UpdateTaskStatusRequest, UpdateTaskStatusResponse,
-    WeightedPeer,
 };
 use shoal_api::prost::Message;
 use shoal_raft::ProposeError;
@@ -50,7 +49,7 @@ pub use assignments::{
 };
 pub use fanout::{Fanout, NodeWatch, NodeWatchError, NODE_QUEUE_COMMITS};
 pub use heartbeats::Heartbeats;
-pub use managers::{manager_peers, touches_managers, MANAGER_WEIGHT};
+pub use managers::{manager_peers, session_info, touches_managers, touches_session_info, SessionInfo, MANAGER_WEIGHT};
 pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 
 use crate::orchestrator::write::chunk_actions;
@@ -138,9 +137,9 @@ pub struct Dispatcher {
     status_queued: tokio::sync::Notify,
     /// Store changes routed to the session and assignments streams by node.
     fanout: Fanout,
-    /// The managers listed in session messages (see `managers`), kept current by one store watcher
-    /// started with the first session.
-    managers: Arc<watch::Sender<Arc<Vec<WeightedPeer>>>>,
+    /// What session messages carry besides the node (managers, network keys; see `managers`), kept
+    /// current by one store watcher started with the first session.
+    managers: Arc<watch::Sender<Arc<SessionInfo>>>,
     managers_watched: std::sync::atomic::AtomicBool,
     /// The roots agents must trust, kept current like `managers`.
     trust_roots: Arc<watch::Sender<Arc<Vec<u8>>>>,
@@ -222,12 +221,17 @@ impl Dispatcher {
             status_rx: tokio::sync::Mutex::new(status_rx),
             status_queued: tokio::sync::Notify::new(),
             fanout: Fanout::new(state.store.clone()),
-            managers: Arc::new(watch::channel(Arc::new(Vec::new())).0),
+            managers: Arc::new(watch::channel(Arc::new(SessionInfo::default())).0),
             managers_watched: std::sync::atomic::AtomicBool::new(false),
             trust_roots: Arc::new(watch::channel(Arc::new(Vec::new())).0),
             trust_watched: std::sync::atomic::AtomicBool::new(false),
             state,
         })
+    }
+
+    /// The cluster state this dispatcher serves from (the other node-facing services share it).
+    pub fn state(&self) -> &ClusterState {
+        &self.state
     }
 
     /// The gRPC service to mount on the manager's server (behind the authorization layer, which supplies
@@ -417,16 +421,16 @@ impl Dispatcher {
         ))
     }
 
-    /// The managers agents are told about, kept current from the store from the first call on (one
-    /// watcher per dispatcher; see `managers`). Must be called within a tokio runtime.
-    fn manager_list(&self) -> watch::Receiver<Arc<Vec<WeightedPeer>>> {
+    /// The managers and network keys agents are told about, kept current from the store from the first call
+    /// on (one watcher per dispatcher; see `managers`). Must be called within a tokio runtime.
+    fn manager_list(&self) -> watch::Receiver<Arc<SessionInfo>> {
         use std::sync::atomic::Ordering;
         if !self.managers_watched.swap(true, Ordering::SeqCst) {
             // The first list now, so the first session message has it; the watcher keeps it current.
             let own = self.config.manager_addr.clone();
             self.managers
-                .send_replace(Arc::new(self.state.store.view(|t| manager_peers(t, &own))));
-            tokio::spawn(managers::run_manager_list(
+                .send_replace(Arc::new(self.state.store.view(|t| managers::session_info(t, &own))));
+            tokio::spawn(managers::run_session_info(
                 self.state.store.clone(),
                 own,
                 Arc::downgrade(&self.managers),
@@ -445,16 +449,12 @@ impl Dispatcher {
         self.trust_roots.subscribe()
     }
 
-    fn session_message(
-        session_id: &str,
-        node: Option<Node>,
-        managers: &[WeightedPeer],
-        roots: &[u8],
-    ) -> SessionMessage {
+    fn session_message(session_id: &str, node: Option<Node>, info: &SessionInfo, roots: &[u8]) -> SessionMessage {
         SessionMessage {
             session_id: session_id.to_string(),
             node,
-            managers: managers.to_vec(),
+            managers: info.managers.clone(),
+            network_bootstrap_keys: info.network_bootstrap_keys.clone(),
             root_ca: roots.to_vec(),
         }
     }
@@ -503,7 +503,7 @@ impl Dispatcher {
                         }
                         Err(NodeWatchError::Closed) => break,
                     },
-                    // The manager list changed: resend it (with the node as last sent).
+                    // The manager list or the network keys changed: resend them (with the node as last sent).
                     r = managers.changed() => if r.is_err() { break } else { last_node.clone() },
                     // The roots to trust changed (a root rotation): resend them.
                     r = roots.changed() => if r.is_err() { break } else { last_node.clone() },

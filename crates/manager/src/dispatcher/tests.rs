@@ -828,3 +828,44 @@ async fn a_complete_set_is_bounded_in_bytes() {
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains(&format!("{COMPLETE_MAX_BYTES} bytes")), "{}", err.message());
 }
+
+/// The cluster's network keys (the key manager's) ride in every session message, and a rotation written to
+/// the cluster object reaches every open session as a new message.
+#[tokio::test]
+async fn session_messages_carry_the_network_keys_and_follow_their_rotation() {
+    use crate::keymanager::Keyring;
+    use rand::SeedableRng;
+    let h = harness().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let ring = Keyring::default().completed(&mut rng).unwrap();
+    let mut cluster = shoal_api::Cluster { id: "c1".into(), ..Default::default() };
+    ring.store_in(&mut cluster);
+    let mut c = Changes::new();
+    c.create(cluster);
+    h.state.propose(c).await.unwrap();
+    let mut client = h.client().await;
+    let mut stream = client.session(req("node-1", SessionRequest::default())).await.unwrap().into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.network_bootstrap_keys, ring.keys);
+
+    // A rotation (what the key manager writes every 12 hours).
+    let rotated = ring.rotated(&mut rng);
+    let mut cluster = h.state.store.view(|t| (**t.clusters().get("c1").unwrap()).clone());
+    rotated.store_in(&mut cluster);
+    let mut c = Changes::new();
+    c.update(cluster);
+    h.state.propose(c).await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let m = stream.message().await.unwrap().unwrap();
+            if m.network_bootstrap_keys != ring.keys {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("a session message with the rotated keys");
+    assert_eq!(msg.network_bootstrap_keys, rotated.keys);
+    assert_eq!(msg.node.as_ref().unwrap().id, "node-1", "the node rides along");
+    assert_eq!(listed(&msg), vec!["127.0.0.1:4242"], "and the managers");
+}

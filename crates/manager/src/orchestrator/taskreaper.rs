@@ -2,7 +2,8 @@
 //!
 //! - Tasks with desired REMOVE (scale-down, service removal), once they stopped: observed state terminal,
 //!   or never assigned (no node, or observed < ASSIGNED).
-//! - Tasks whose service no longer exists, once they are not running (same test).
+//! - Tasks whose service no longer exists, once they are not running (same test). Network attachment tasks
+//!   (no service; `resourceapi`) are never reaped: `DetachNetwork` removes them.
 //! - History: at most `task_history_retention_limit` tasks per (service, slot), and per (service, node) for
 //!   a global service (all its tasks have slot 0) (from the cluster object's
 //!   `spec.orchestration`; 0/unset or no cluster: `DEFAULT_RETENTION_LIMIT`; negative: no history is kept).
@@ -69,6 +70,10 @@ pub fn reap<'a>(tables: &Tables, keys: impl IntoIterator<Item = &'a SlotKey>) ->
     let limit = retention_limit(tables);
     let mut changes = Changes::new();
     for (service_id, slot) in keys {
+        // Network attachments (`resourceapi`) belong to no service: `DetachNetwork` removes them.
+        if service_id.is_empty() {
+            continue;
+        }
         let service = tables.services().get(service_id);
         let service_exists = service.is_some();
         // A job's completions of its current iteration are what it counts: they stay.

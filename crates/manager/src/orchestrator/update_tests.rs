@@ -58,7 +58,7 @@ fn running_service(fx: &Fx, replicas: u64, update: UpdateConfig) {
 fn image(t: &Task) -> &str {
     match t.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
         Some(shoal_api::task_spec::Runtime::Container(c)) => &c.image,
-        None => "",
+        _ => "",
     }
 }
 

@@ -78,6 +78,7 @@ fn annotations(a: Option<&Annotations>) -> (String, HashMap<String, String>) {
 fn runtime_of(spec: Option<&TaskSpec>) -> &'static str {
     match spec.and_then(|s| s.runtime.as_ref()) {
         Some(task_spec::Runtime::Container(_)) => "container",
+        Some(task_spec::Runtime::Attachment(_)) => "attachment",
         None => "",
     }
 }
@@ -89,6 +90,8 @@ fn redact_cluster(c: &Cluster) -> Cluster {
         r.ca_key.clear();
     }
     c.unlock_keys.clear();
+    c.network_bootstrap_keys.clear();
+    c.encryption_key_lamport_clock = 0;
     c
 }
 

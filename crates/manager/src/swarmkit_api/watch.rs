@@ -261,6 +261,7 @@ impl UniqueName for Object {
 fn container_of(s: &shoal_api::Service) -> Option<&shoal_api::ContainerSpec> {
     match s.spec.as_ref()?.task.as_ref()?.runtime.as_ref()? {
         shoal_api::task_spec::Runtime::Container(c) => Some(c),
+        shoal_api::task_spec::Runtime::Attachment(_) => None,
     }
 }
 
@@ -319,6 +320,8 @@ fn wire(o: &Object, version: Option<u64>) -> WireObject {
                 r.ca_key.clear();
             }
             c.unlock_keys.clear();
+            c.network_bootstrap_keys.clear();
+            c.encryption_key_lamport_clock = 0;
             object::Object::Cluster(c)
         }
         Object::Secret(s) => {

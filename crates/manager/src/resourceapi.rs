@@ -1,0 +1,202 @@
+//! The `docker.swarmkit.v1.ResourceAllocator` gRPC service (SwarmKit's manager/resourceapi): how a node's
+//! engine puts a container of its own on an attachable overlay network (`docker run --network <attachable
+//! overlay>` on a Docker Engine in the swarm). `AttachNetwork` writes a network attachment task: a task of
+//! no service, on the caller's node, whose runtime is `NetworkAttachmentSpec` (the container's ID) and whose
+//! one network is the one asked for, created NEW so that the allocator gives it an address (NEW -> PENDING,
+//! as a service's task); the scheduler then checks the node (a preassigned task) and the dispatcher sends it
+//! to that node with its address. `DetachNetwork` removes the task, which frees the address. The task
+//! reaper leaves such tasks alone (they belong to no service); they go with `DetachNetwork`.
+//!
+//! Callers: workers and managers (the authorization table), identified by their certificate's node ID
+//! (`dispatcher::node_identity`). A node detaches only its own attachments, and only attachments (never a
+//! service's task).
+//!
+//! Never accept and drop: requested addresses (`docker run --ip`) and driver options are refused, since the
+//! allocator does not honour them yet. Bounds: a container ID of at most `MAX_CONTAINER_ID_BYTES`, aliases as
+//! a service's (`controlapi::network::MAX_ALIASES`, `MAX_ALIAS_BYTES`), at most
+//! `MAX_ATTACHMENTS_PER_NODE` attachments per node.
+//!
+//! Must not depend on other subsystems; only on `ClusterState`.
+
+use shoal_api::resource_allocator_server::{ResourceAllocator, ResourceAllocatorServer};
+use shoal_api::{
+    task_spec, AttachNetworkRequest, AttachNetworkResponse, DetachNetworkRequest, DetachNetworkResponse, Meta,
+    Network, NetworkAttachmentConfig, NetworkAttachmentSpec, Task, TaskSpec, TaskState, TaskStatus,
+};
+use shoal_store::{Changes, Tables};
+use tonic::{Request, Response, Status};
+
+use crate::controlapi::network::{MAX_ALIASES, MAX_ALIAS_BYTES};
+use crate::dispatcher::node_identity;
+use crate::state::{ClusterState, WriteError};
+
+/// The longest container ID accepted (Docker's are 64 hex characters).
+pub const MAX_CONTAINER_ID_BYTES: usize = 128;
+/// Most network attachments one node holds at once.
+pub const MAX_ATTACHMENTS_PER_NODE: usize = 1024;
+/// The status message of a new attachment task (SwarmKit's).
+pub const CREATED_MESSAGE: &str = "created";
+
+/// True for a network attachment task (made by `AttachNetwork`, of no service).
+pub fn is_attachment_task(t: &Task) -> bool {
+    t.service_id.is_empty() && matches!(t.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(task_spec::Runtime::Attachment(_)))
+}
+
+/// The ResourceAllocator service over a `ClusterState`.
+#[derive(Clone, Debug)]
+pub struct ResourceAllocatorService {
+    state: ClusterState,
+}
+
+impl ResourceAllocatorService {
+    /// The service.
+    pub fn new(state: ClusterState) -> ResourceAllocatorService {
+        ResourceAllocatorService { state }
+    }
+
+    /// The tonic server for it.
+    pub fn server(self) -> ResourceAllocatorServer<ResourceAllocatorService> {
+        ResourceAllocatorServer::new(self)
+    }
+}
+
+fn store_status(e: WriteError<Status>) -> Status {
+    match e {
+        WriteError::Rejected(s) => s,
+        WriteError::Propose(shoal_raft::ProposeError::NotLeader { .. }) => {
+            Status::unavailable("this manager is not the leader and could not forward the write; retry")
+        }
+        other => Status::unavailable(format!("could not write to the cluster store: {other}; retry")),
+    }
+}
+
+/// What an attachment config may carry: a network and aliases; the rest is refused by name.
+fn check_config(config: &NetworkAttachmentConfig, container_id: &str) -> Result<(), Status> {
+    if config.target.is_empty() {
+        return Err(Status::invalid_argument("config.target is required: name the network to attach to"));
+    }
+    if container_id.is_empty() {
+        return Err(Status::invalid_argument("container_id is required: name the container to attach"));
+    }
+    if container_id.len() > MAX_CONTAINER_ID_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "container_id is {} bytes, more than the {MAX_CONTAINER_ID_BYTES} allowed",
+            container_id.len()
+        )));
+    }
+    if !config.addresses.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "requested addresses ({}) are not supported yet: leave out --ip/--ip6 and let the allocator choose",
+            config.addresses.join(", ")
+        )));
+    }
+    if let Some(k) = config.driver_attachment_opts.keys().min() {
+        return Err(Status::invalid_argument(format!(
+            "driver attachment option {k:?} is not supported; leave the driver options out"
+        )));
+    }
+    if config.aliases.len() > MAX_ALIASES {
+        return Err(Status::invalid_argument(format!(
+            "{} aliases given, at most {MAX_ALIASES} are allowed",
+            config.aliases.len()
+        )));
+    }
+    if let Some(a) = config.aliases.iter().find(|a| a.is_empty() || a.len() > MAX_ALIAS_BYTES) {
+        return Err(Status::invalid_argument(format!(
+            "alias {a:?} must be 1 to {MAX_ALIAS_BYTES} bytes long"
+        )));
+    }
+    Ok(())
+}
+
+/// The network `target` names: an ID, else a name.
+fn find_network<'a>(t: &'a Tables, target: &str) -> Option<&'a Network> {
+    t.networks().get(target).or_else(|| t.networks().by_name(target)).map(|n| &**n)
+}
+
+#[tonic::async_trait]
+impl ResourceAllocator for ResourceAllocatorService {
+    async fn attach_network(&self, req: Request<AttachNetworkRequest>) -> Result<Response<AttachNetworkResponse>, Status> {
+        let node_id = node_identity(&req)?;
+        let req = req.into_inner();
+        let config = req.config.unwrap_or_default();
+        check_config(&config, &req.container_id)?;
+        let id = self.state.ids.new_id();
+        let now = self.state.now();
+        self.state
+            .write(|t: &Tables, c: &mut Changes| {
+                let network = find_network(t, &config.target)
+                    .ok_or_else(|| Status::not_found(format!("network {} not found", config.target)))?;
+                if !network.spec.as_ref().is_some_and(|s| s.attachable) {
+                    return Err(Status::permission_denied(format!(
+                        "network {} is not manually attachable: create it with --attachable",
+                        config.target
+                    )));
+                }
+                if t.nodes().get(&node_id).is_none() {
+                    return Err(Status::not_found(format!("node {node_id} not found")));
+                }
+                let held = t.tasks().by_node(&node_id).filter(|t| is_attachment_task(t)).count();
+                if held >= MAX_ATTACHMENTS_PER_NODE {
+                    return Err(Status::resource_exhausted(format!(
+                        "node {node_id} holds {held} network attachments, the most a node may hold; detach some"
+                    )));
+                }
+                c.create(Task {
+                    id: id.clone(),
+                    meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+                    node_id: node_id.clone(),
+                    spec: Some(TaskSpec {
+                        runtime: Some(task_spec::Runtime::Attachment(NetworkAttachmentSpec {
+                            container_id: req.container_id.clone(),
+                        })),
+                        networks: vec![NetworkAttachmentConfig {
+                            target: network.id.clone(),
+                            aliases: config.aliases.clone(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                    status: Some(TaskStatus {
+                        timestamp: Some(now),
+                        state: TaskState::New as i32,
+                        message: CREATED_MESSAGE.into(),
+                        ..Default::default()
+                    }),
+                    desired_state: TaskState::Running as i32,
+                    ..Default::default()
+                });
+                Ok(())
+            })
+            .await
+            .map_err(store_status)?;
+        tracing::info!(node = %node_id, attachment = %id, network = %config.target, "network attachment created");
+        Ok(Response::new(AttachNetworkResponse { attachment_id: id }))
+    }
+
+    async fn detach_network(&self, req: Request<DetachNetworkRequest>) -> Result<Response<DetachNetworkResponse>, Status> {
+        let node_id = node_identity(&req)?;
+        let id = req.into_inner().attachment_id;
+        if id.is_empty() {
+            return Err(Status::invalid_argument("attachment_id is required: give the ID AttachNetwork returned"));
+        }
+        self.state
+            .write(|t: &Tables, c: &mut Changes| {
+                let task = t.tasks().get(&id).ok_or_else(|| Status::not_found(format!("attachment {id} not found")))?;
+                if task.node_id != node_id {
+                    return Err(Status::permission_denied(format!("attachment {id} doesn't belong to this node")));
+                }
+                if !is_attachment_task(task) {
+                    return Err(Status::permission_denied(format!(
+                        "task {id} is not a network attachment; only attachments can be detached"
+                    )));
+                }
+                c.remove(task.clone());
+                Ok(())
+            })
+            .await
+            .map_err(store_status)?;
+        tracing::info!(node = %node_id, attachment = %id, "network attachment removed");
+        Ok(Response::new(DetachNetworkResponse {}))
+    }
+}
