@@ -156,7 +156,8 @@ impl ResourceAllocator for ResourceAllocatorService {
                             ..Default::default()
                         }],
                         ..Default::default()
-                    }),
+                    }
+                    .into()),
                     status: Some(TaskStatus {
                         timestamp: Some(now),
                         state: TaskState::New as i32,

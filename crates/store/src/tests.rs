@@ -523,7 +523,7 @@ fn tasks_of_one_service_version_share_their_spec() {
     let image = |id| {
         leader.view(|t| match t.tasks().get(id).unwrap().spec.as_ref().unwrap().runtime.clone() {
             Some(shoal_api::task_spec::Runtime::Container(c)) => c.image,
-            None => String::new(),
+            _ => String::new(),
         })
     };
     assert_eq!((image("t1"), image("t2"), image("t3")), ("busybox".into(), "nginx".into(), "busybox".into()));
