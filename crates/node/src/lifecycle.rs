@@ -490,8 +490,6 @@ pub(crate) async fn apply_init(
     availability: Availability,
 ) -> Result<(), ApiError> {
     use shoal_manager::controlapi;
-    let cluster = controlapi::get_cluster(state)?;
-    let version = cluster.meta.as_ref().and_then(|m| m.version.as_ref()).map_or(0, |v| v.index);
     let mut spec = spec;
     let signer_root = spec
         .ca_config
@@ -501,8 +499,21 @@ pub(crate) async fn apply_init(
     if let (Some(root), Some(ca)) = (&signer_root, spec.ca_config.as_mut()) {
         ca.signing_ca_cert = root.clone();
     }
-    if cluster.spec.as_ref() != Some(&spec) {
-        controlapi::update_cluster(state, &cluster.id, version, spec).await?;
+    // The new leader's own subsystems write the cluster object too (the key manager its first network keys),
+    // so an update based on a version they moved past is read again and retried, a bounded number of times.
+    for attempt in 1..=10 {
+        let cluster = controlapi::get_cluster(state)?;
+        if cluster.spec.as_ref() == Some(&spec) {
+            break;
+        }
+        let version = cluster.meta.as_ref().and_then(|m| m.version.as_ref()).map_or(0, |v| v.index);
+        match controlapi::update_cluster(state, &cluster.id, version, spec.clone()).await {
+            Ok(_) => break,
+            Err(controlapi::ControlError::Conflict(m)) if attempt < 10 => {
+                tracing::debug!(attempt, "the cluster changed under the init's settings, reading it again: {m}");
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     if signer_root.is_some() {
         rotation_done(state, INIT_EXTERNAL_CA_WAIT).await?;
