@@ -10,7 +10,7 @@
 //! daemons cleanly leaves no task namespace behind.
 //!
 //! Scaling: a client requesting `http://web/` in a loop while `web` goes from 2 to 10 replicas (all ten
-//! answer) and back to 2 records no request that failed after its retries (within 3 s: a new task is RUNNING
+//! answer) and back to 1 records no request that failed after its retries (within 3 s: a new task is RUNNING
 //! a moment before it listens, and refuses connections meanwhile).
 //! Before that it measures sequential requests per second (a new TCP connection each, Python's urllib)
 //! through the VIP and straight to a task on its own node and on another node: the `RESULT RATE` lines
@@ -56,8 +56,8 @@ while True:
 "#;
 
 /// Probes, by environment: `LOOKUP` names resolved (`RESULT LOOKUP name addr...` or `none`); with `WEB=n`,
-/// `web` and `tasks.web` resolved once `tasks.web` has `n` addresses, then 200 GETs of http://web/ counted by
-/// answer; `REACH` host:port pairs connected to (2 s each). Then it sleeps.
+/// `web` and `tasks.web` resolved once `tasks.web` has `n` addresses, then (after a first answer) 200 GETs of
+/// http://web/ counted by answer; `REACH` host:port pairs connected to (2 s each). Then it sleeps.
 const PROBE: &str = r#"
 import collections, os, socket, time, urllib.request
 def out(*a):
@@ -76,6 +76,13 @@ if want:
         time.sleep(0.2)
     out('VIP', ' '.join(addrs('web')))
     out('TASKS', ' '.join(addrs('tasks.web')))
+    # The web tasks are RUNNING a moment before they listen: one answer first (5 s at most), then count.
+    for attempt in range(50):
+        try:
+            urllib.request.urlopen('http://web/', timeout=3).read()
+            break
+        except Exception:
+            time.sleep(0.1)
     seen, errors = collections.Counter(), 0
     for i in range(200):
         try:
@@ -123,27 +130,53 @@ impl Cluster {
     fn start(tag: &str) -> Cluster {
         let net = Net::new(tag, 3);
         let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, vec![]));
-        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
-        let mut c = Cluster { ds: vec![first], net, tasks_seen: BTreeSet::new() };
+        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"]
+            .as_str()
+            .expect("worker token")
+            .to_string();
+        let mut c = Cluster {
+            ds: vec![first],
+            net,
+            tasks_seen: BTreeSet::new(),
+        };
         for i in 1..3 {
-            let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
-            c.ds.push(DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, join)));
+            let join = vec![
+                "--join-addr".into(),
+                c.ds[0].remote_addr(),
+                "--join-token".into(),
+                token.clone(),
+            ];
+            c.ds.push(DaemonProcess::start_with(
+                &shoal_bin(),
+                options(&c.net, i, join),
+            ));
         }
-        wait_until("three nodes ready, each with the overlay plugin", WAIT, || {
-            let nodes = c.ds[0].get("/v1.47/nodes");
-            let ready: Vec<&Value> = nodes
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|n| n["Status"]["State"] == "ready")
-                .filter(|n| {
-                    n["Description"]["Engine"]["Plugins"]
-                        .as_array()
-                        .is_some_and(|p| p.iter().any(|p| p["Type"] == "Network" && p["Name"] == "overlay"))
-                })
-                .collect();
-            if ready.len() == 3 { Ok(()) } else { Err(format!("{nodes}")) }
-        });
+        wait_until(
+            "three nodes ready, each with the overlay plugin",
+            WAIT,
+            || {
+                let nodes = c.ds[0].get("/v1.47/nodes");
+                let ready: Vec<&Value> = nodes
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| n["Status"]["State"] == "ready")
+                    .filter(|n| {
+                        n["Description"]["Engine"]["Plugins"]
+                            .as_array()
+                            .is_some_and(|p| {
+                                p.iter()
+                                    .any(|p| p["Type"] == "Network" && p["Name"] == "overlay")
+                            })
+                    })
+                    .collect();
+                if ready.len() == 3 {
+                    Ok(())
+                } else {
+                    Err(format!("{nodes}"))
+                }
+            },
+        );
         c
     }
 
@@ -160,16 +193,24 @@ impl Cluster {
         let tasks = wait_until(&format!("{n} running tasks of {service}"), WAIT, || {
             let tasks = tasks_of(self.manager(), service);
             for t in &tasks {
-                self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
+                self.tasks_seen
+                    .insert(t["ID"].as_str().unwrap_or_default().to_string());
             }
-            let running: Vec<Value> =
-                tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").cloned().collect();
+            let running: Vec<Value> = tasks
+                .iter()
+                .filter(|t| state(t) == "running" && desired(t) == "running")
+                .cloned()
+                .collect();
             let problems: Vec<String> = tasks
                 .iter()
                 .filter(|t| !t["Status"]["Err"].as_str().unwrap_or("").is_empty())
                 .map(|t| format!("{}: {}", state(t), t["Status"]["Err"]))
                 .collect();
-            if running.len() == n { Ok(running) } else { Err(format!("{} running; {problems:?}", running.len())) }
+            if running.len() == n {
+                Ok(running)
+            } else {
+                Err(format!("{} running; {problems:?}", running.len()))
+            }
         });
         tasks
     }
@@ -183,14 +224,33 @@ impl Cluster {
     fn results_until(&self, t: &Value, last: &str) -> Vec<String> {
         let id = t["ID"].as_str().unwrap();
         let node = t["NodeID"].as_str().unwrap();
-        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
+        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let i: usize = host.trim_start_matches("node-").parse().unwrap();
-        let log = self.ds[i].state_dir().join("tasks").join(id).join("stdout.log");
+        let log = self.ds[i]
+            .state_dir()
+            .join("tasks")
+            .join(id)
+            .join("stdout.log");
         wait_until(&format!("task {id} done probing"), WAIT, || {
-            let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-            let lines: Vec<String> =
-                text.lines().filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r.to_string())).collect();
-            if lines.iter().any(|l| l == last) { Ok(lines) } else { Err(format!("so far: {lines:?}")) }
+            let text =
+                std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+            let lines: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r.to_string()))
+                .collect();
+            if lines.iter().any(|l| l == last) {
+                return Ok(lines);
+            }
+            // What the task said on stderr (a traceback when the script died), for the failure message.
+            let err = std::fs::read_to_string(log.with_file_name("stderr.log")).unwrap_or_default();
+            let tail: Vec<&str> = err.lines().rev().take(8).collect();
+            Err(format!(
+                "so far: {lines:?}; stderr ends: {:?}",
+                tail.into_iter().rev().collect::<Vec<_>>()
+            ))
         })
     }
 }
@@ -199,9 +259,12 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         // Every task the manager still knows, beyond those the test looked at.
         if self.ds.first().is_some_and(|d| d.is_running()) {
-            if let Ok(r) = shoal_testkit::http::request(self.ds[0].socket(), "GET", "/v1.47/tasks", None) {
+            if let Ok(r) =
+                shoal_testkit::http::request(self.ds[0].socket(), "GET", "/v1.47/tasks", None)
+            {
                 for t in r.body.as_array().into_iter().flatten() {
-                    self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
+                    self.tasks_seen
+                        .insert(t["ID"].as_str().unwrap_or_default().to_string());
                 }
             }
         }
@@ -213,7 +276,9 @@ impl Drop for Cluster {
             let name = format!("shl-task-{id}");
             let path = std::path::Path::new("/run/netns").join(&name);
             if path.exists() {
-                let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "delete", &name])
+                    .output();
                 // Made in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
                 let _ = std::fs::remove_file(&path);
             }
@@ -221,11 +286,18 @@ impl Drop for Cluster {
     }
 }
 
-fn python_service(name: &str, network: &str, constraint: &str, replicas: u64, script: &str, env: &[String]) -> Value {
+fn python_service(
+    name: &str,
+    network: &str,
+    constraint: &str,
+    replicas: u64,
+    script: &str,
+    env: &[String],
+) -> Value {
     json!({
         "Name": name,
         "TaskTemplate": {
-            "ContainerSpec": {"Image": "python", "Command": [PYTHON, "-S", "-c", script], "Env": env},
+            "ContainerSpec": {"Image": "python:latest", "Command": [PYTHON, "-S", "-c", script], "Env": env},
             "Networks": [{"Target": network}],
             "Placement": {"Constraints": [constraint]},
             "RestartPolicy": {"Condition": "none"},
@@ -241,7 +313,13 @@ fn address_on(t: &Value, network: &str) -> String {
         .iter()
         .find(|a| a["Network"]["Spec"]["Name"] == network)
         .unwrap_or_else(|| panic!("task not on {network}: {t}"));
-    a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
+    a["Addresses"][0]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -251,7 +329,11 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
     c.docker(&["network", "create", "-d", "overlay", "othernet"]);
     c.docker(&["network", "create", "-d", "overlay", "--internal", "closed"]);
 
-    post_service(c.manager(), &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[])).unwrap();
+    post_service(
+        c.manager(),
+        &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[]),
+    )
+    .unwrap();
     let web = c.running("web", 2);
     let mut web_addrs: Vec<String> = web.iter().map(|t| address_on(t, "appnet")).collect();
     web_addrs.sort();
@@ -266,12 +348,22 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
 
     // The client on node-2, which runs no web task: by name, through the VIP, over VXLAN.
     let env = vec!["WEB=2".to_string(), format!("REACH={node0}")];
-    post_service(c.manager(), &python_service("client", "appnet", "node.hostname==node-2", 1, PROBE, &env)).unwrap();
+    post_service(
+        c.manager(),
+        &python_service("client", "appnet", "node.hostname==node-2", 1, PROBE, &env),
+    )
+    .unwrap();
     let client = c.running("client", 1);
     let r = c.results(&client[0]);
     println!("client: {r:?}");
-    assert!(r.contains(&format!("VIP {vip}")), "web resolves to its VIP {vip}: {r:?}");
-    assert!(r.contains(&format!("TASKS {}", web_addrs.join(" "))), "tasks.web lists {web_addrs:?}: {r:?}");
+    assert!(
+        r.contains(&format!("VIP {vip}")),
+        "web resolves to its VIP {vip}: {r:?}"
+    );
+    assert!(
+        r.contains(&format!("TASKS {}", web_addrs.join(" "))),
+        "tasks.web lists {web_addrs:?}: {r:?}"
+    );
     let answers = r.iter().find(|l| l.starts_with("ANSWERS")).unwrap();
     for a in &web_addrs {
         let n: u32 = answers
@@ -282,26 +374,53 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
         assert!(n >= 40, "task {a} answered {n} of 200 requests: {answers}");
     }
     assert!(answers.ends_with("errors 0"), "{answers}");
-    assert!(r.contains(&format!("REACH {node0} ok")), "a task of appnet reaches a node's address: {r:?}");
+    assert!(
+        r.contains(&format!("REACH {node0} ok")),
+        "a task of appnet reaches a node's address: {r:?}"
+    );
 
     // Another network: no name of web, neither its VIP nor its tasks.
-    let reach: Vec<String> = std::iter::once(&vip).chain(&web_addrs).map(|a| format!("{a}:80")).collect();
-    let env = vec!["LOOKUP=web tasks.web".to_string(), format!("REACH={}", reach.join(" "))];
-    post_service(c.manager(), &python_service("other", "othernet", "node.hostname==node-2", 1, PROBE, &env)).unwrap();
+    let reach: Vec<String> = std::iter::once(&vip)
+        .chain(&web_addrs)
+        .map(|a| format!("{a}:80"))
+        .collect();
+    let env = vec![
+        "LOOKUP=web tasks.web".to_string(),
+        format!("REACH={}", reach.join(" ")),
+    ];
+    post_service(
+        c.manager(),
+        &python_service("other", "othernet", "node.hostname==node-2", 1, PROBE, &env),
+    )
+    .unwrap();
     let other = c.running("other", 1);
     let r = c.results(&other[0]);
     println!("other: {r:?}");
-    assert!(r.contains(&"LOOKUP web none".to_string()) && r.contains(&"LOOKUP tasks.web none".to_string()), "{r:?}");
+    assert!(
+        r.contains(&"LOOKUP web none".to_string())
+            && r.contains(&"LOOKUP tasks.web none".to_string()),
+        "{r:?}"
+    );
     for t in &reach {
-        assert!(r.contains(&format!("REACH {t} fail")), "othernet must not reach {t}: {r:?}");
+        assert!(
+            r.contains(&format!("REACH {t} fail")),
+            "othernet must not reach {t}: {r:?}"
+        );
     }
 
     // An internal network: no route out.
     let env = vec![format!("REACH={node0}")];
-    post_service(c.manager(), &python_service("inside", "closed", "node.hostname==node-1", 1, PROBE, &env)).unwrap();
+    post_service(
+        c.manager(),
+        &python_service("inside", "closed", "node.hostname==node-1", 1, PROBE, &env),
+    )
+    .unwrap();
     let inside = c.running("inside", 1);
     let r = c.results(&inside[0]);
-    assert!(r.contains(&format!("REACH {node0} fail")), "an internal network has no route out: {r:?}");
+    assert!(
+        r.contains(&format!("REACH {node0} fail")),
+        "an internal network has no route out: {r:?}"
+    );
 
     // A clean stop of every daemon leaves no task namespace.
     for d in &mut c.ds {
@@ -313,11 +432,15 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
         .map(|id| format!("shl-task-{id}"))
         .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
         .collect();
-    assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
+    assert!(
+        left.is_empty(),
+        "task namespaces left after a clean stop: {left:?}"
+    );
 }
 
-/// `BENCH` (`label=url` pairs): 300 sequential GETs of each, `RESULT RATE label n/s`; then `RESULT LOOPING`
-/// and GETs of http://web/ (each retried up to 30 times, 100 ms apart: a task is RUNNING from its process's
+/// `BENCH` (`label=url` pairs): a first GET of each retried for up to 5 s (the `web` tasks are RUNNING a
+/// moment before they listen, longer on a loaded machine), then 300 sequential GETs, `RESULT RATE label n/s`;
+/// then `RESULT LOOPING` and GETs of http://web/ (each retried up to 30 times, 100 ms apart: a task is RUNNING from its process's
 /// start, a moment before it listens, and the process executor has no health check to wait for) until the file `STOP` exists:
 /// `RESULT LOOP <requests> retried <n> failed <n> answers <distinct addresses>`, then `RESULT DONE`.
 const LOOP: &str = r#"
@@ -328,7 +451,12 @@ def get(url):
     return urllib.request.urlopen(url, timeout=2).read().decode()
 for pair in os.environ.get('BENCH', '').split():
     label, url = pair.split('=', 1)
-    get(url)
+    for attempt in range(50):
+        try:
+            get(url)
+            break
+        except Exception:
+            time.sleep(0.1)
     t0 = time.time()
     for i in range(300):
         get(url)
@@ -368,27 +496,39 @@ impl Drop for TempDir {
 }
 
 #[test]
-fn scaling_to_10_and_back_to_2_keeps_the_vip_answering() {
+fn scaling_to_10_and_back_to_1_keeps_the_vip_answering() {
     let mut c = Cluster::start("dps");
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
-    post_service(c.manager(), &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[])).unwrap();
+    post_service(
+        c.manager(),
+        &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[]),
+    )
+    .unwrap();
     let web = c.running("web", 2);
     let on = |host: &str| {
         let t = web.iter().find(|t| {
             let node = t["NodeID"].as_str().unwrap();
             c.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"] == host
         });
-        address_on(t.unwrap_or_else(|| panic!("a web task on {host}: {web:?}")), "appnet")
+        address_on(
+            t.unwrap_or_else(|| panic!("a web task on {host}: {web:?}")),
+            "appnet",
+        )
     };
     let (local, remote) = (on("node-0"), on("node-1"));
-    let dir = TempDir(std::env::temp_dir().join(format!("shoal-data-plane-{}", std::process::id())));
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("shoal-data-plane-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let stop = dir.0.join("stop");
     let env = vec![
         format!("BENCH=vip=http://web/ same-node=http://{local}/ cross-node=http://{remote}/"),
         format!("STOP={}", stop.display()),
     ];
-    post_service(c.manager(), &python_service("client", "appnet", "node.hostname==node-0", 1, LOOP, &env)).unwrap();
+    post_service(
+        c.manager(),
+        &python_service("client", "appnet", "node.hostname==node-0", 1, LOOP, &env),
+    )
+    .unwrap();
     let client = c.running("client", 1);
     let r = c.results_until(&client[0], "LOOPING");
     for line in r.iter().filter(|l| l.starts_with("RATE")) {
@@ -399,35 +539,65 @@ fn scaling_to_10_and_back_to_2_keeps_the_vip_answering() {
     // When the manager first shows each new task RUNNING (`wait_until` polls every 20 ms), by its address.
     let mut running_at: std::collections::BTreeMap<String, f64> = Default::default();
     wait_until("10 running tasks of web", WAIT, || {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
         let tasks = tasks_of(c.manager(), "web");
         for t in tasks.iter().filter(|t| state(t) == "running") {
             running_at.entry(address_on(t, "appnet")).or_insert(now);
         }
-        if running_at.len() >= 10 { Ok(()) } else { Err(format!("{} running", running_at.len())) }
+        if running_at.len() >= 10 {
+            Ok(())
+        } else {
+            Err(format!("{} running", running_at.len()))
+        }
     });
     for t in tasks_of(c.manager(), "web") {
-        c.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
+        c.tasks_seen
+            .insert(t["ID"].as_str().unwrap_or_default().to_string());
     }
     // Every task answers through the VIP before the scale-down (the 2 first ones and 8 new).
     c.results_until(&client[0], "SEEN 10");
-    // Back to 2, not 1: a replicas change through `docker service update` also replaces a task (an 11th
-    // address answers), and with one replica, stop-first, that leaves the VIP without a backend for a while.
-    c.docker(&["service", "update", "-d", "--replicas", "2", "web"]);
-    wait_until("web down to 2 tasks", WAIT, || {
-        let live = tasks_of(c.manager(), "web").iter().filter(|t| state(t) == "running").count();
-        if live == 2 { Ok(()) } else { Err(format!("{live} running")) }
+    // Back to 1. The image is named with its tag, as the docker CLI names it when it sends the spec back
+    // (`python` would become `python:latest` and make the update replace the remaining task, as in Docker).
+    let before: BTreeSet<String> = tasks_of(c.manager(), "web")
+        .iter()
+        .map(|t| t["ID"].as_str().unwrap().to_string())
+        .collect();
+    c.docker(&["service", "update", "-d", "--replicas", "1", "web"]);
+    let left = wait_until("web down to 1 task", WAIT, || {
+        let live: Vec<String> = tasks_of(c.manager(), "web")
+            .iter()
+            .filter(|t| state(t) == "running")
+            .map(|t| t["ID"].as_str().unwrap().to_string())
+            .collect();
+        if live.len() == 1 {
+            Ok(live)
+        } else {
+            Err(format!("{} running", live.len()))
+        }
     });
+    assert!(
+        before.contains(&left[0]),
+        "scaling down replaced no task: {left:?} is one of {before:?}"
+    );
     std::fs::write(&stop, b"").unwrap();
     let r = c.results(&client[0]);
     let looped = r.iter().find(|l| l.starts_with("LOOP ")).unwrap();
-    println!("client: {looped}; {:?}", r.iter().find(|l| l.starts_with("ERRORS")));
+    println!(
+        "client: {looped}; {:?}",
+        r.iter().find(|l| l.starts_with("ERRORS"))
+    );
     let words: Vec<&str> = looped.split_whitespace().collect();
-    let (requests, failed, answers): (u32, u32, u32) =
-        (words[1].parse().unwrap(), words[5].parse().unwrap(), words[7].parse().unwrap());
+    let (requests, failed, answers): (u32, u32, u32) = (
+        words[1].parse().unwrap(),
+        words[5].parse().unwrap(),
+        words[7].parse().unwrap(),
+    );
     assert_eq!(failed, 0, "no request fails after its retries: {looped}");
     assert!(requests >= 50, "{looped}");
-    assert!(answers > 2, "the new tasks answered too: {looped}");
+    assert!(answers >= 10, "the new tasks answered too: {looped}");
     // RUNNING (as the manager shows it) to the first answer through the VIP, for the tasks scaling made.
     let first = r.iter().find(|l| l.starts_with("FIRST ")).unwrap();
     let mut delays: Vec<f64> = first

@@ -23,7 +23,11 @@ impl Drop for Started {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// `shoal daemon ARGS` in `dir`, with no Shoal variables from the test's environment.
@@ -43,20 +47,33 @@ fn shoal_daemon(dir: &Path, args: &[&str]) -> Command {
 
 /// A start that must fail: its exit code and what it printed.
 fn failed_start(mut cmd: Command) -> String {
-    let (ok, text) = wait_exit(cmd.spawn().expect("spawn shoal daemon"), Duration::from_secs(20), "shoal daemon");
-    assert!(!ok, "the daemon should have refused to start; it printed:\n{text}");
+    let (ok, text) = wait_exit(
+        cmd.spawn().expect("spawn shoal daemon"),
+        Duration::from_secs(20),
+        "shoal daemon",
+    );
+    assert!(
+        !ok,
+        "the daemon should have refused to start; it printed:\n{text}"
+    );
     text
 }
 
 /// `shoal info` in `dir` with the given environment; its success and output.
 fn info_in(dir: &Path, env: &[(&str, &str)]) -> (bool, String) {
     let mut cmd = Command::new(shoal_bin());
-    cmd.current_dir(dir).arg("info").env_remove("SHOAL_HOST").env_remove("SHOAL_STATE_DIR");
+    cmd.current_dir(dir)
+        .arg("info")
+        .env_remove("SHOAL_HOST")
+        .env_remove("SHOAL_STATE_DIR");
     for (k, v) in env {
         cmd.env(k, v);
     }
     let out = cmd.output().expect("shoal info");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
 }
 
 #[test]
@@ -64,22 +81,36 @@ fn the_cli_finds_a_daemon_started_with_the_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port().to_string();
     let remote = format!("127.0.0.1:{port}");
-    let _d = Started(Some(shoal_daemon(dir.path(), &["--listen-remote-api", &remote]).spawn().unwrap()));
+    let _d = Started(Some(
+        shoal_daemon(dir.path(), &["--listen-remote-api", &remote])
+            .spawn()
+            .unwrap(),
+    ));
     // No -H and no SHOAL_HOST: the CLI looks where the daemon puts its socket by default.
-    let text = wait_until("shoal info without -H", Duration::from_secs(30), || match info_in(dir.path(), &[]) {
-        (true, text) => Ok(text),
-        (false, text) => Err(text),
-    });
+    let text = wait_until(
+        "shoal info without -H",
+        Duration::from_secs(30),
+        || match info_in(dir.path(), &[]) {
+            (true, text) => Ok(text),
+            (false, text) => Err(text),
+        },
+    );
     assert!(text.contains("Swarm: active"), "{text}");
     assert!(dir.path().join("shoal-state/control.sock").exists());
 
     // SHOAL_STATE_DIR is read by both sides: a client elsewhere that names the state dir finds the daemon.
     let elsewhere = tempfile::tempdir().unwrap();
     let state = dir.path().join("shoal-state");
-    let (ok, text) = info_in(elsewhere.path(), &[("SHOAL_STATE_DIR", state.to_str().unwrap())]);
+    let (ok, text) = info_in(
+        elsewhere.path(),
+        &[("SHOAL_STATE_DIR", state.to_str().unwrap())],
+    );
     assert!(ok, "{text}");
     let (ok, text) = info_in(elsewhere.path(), &[]);
-    assert!(!ok && text.contains("cannot connect") && text.contains("SHOAL_HOST"), "{text}");
+    assert!(
+        !ok && text.contains("cannot connect") && text.contains("SHOAL_HOST"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -90,22 +121,41 @@ fn a_start_on_a_taken_address_names_the_flag_and_leaves_nothing_behind() {
     let socket = dir.path().join("control.sock");
     let args = |remote: &str| {
         let mut cmd = shoal_daemon(dir.path(), &["--listen-remote-api", remote]);
-        cmd.arg("--state-dir").arg(&state).arg("--listen-control-api").arg(&socket);
+        cmd.arg("--state-dir")
+            .arg(&state)
+            .arg("--listen-control-api")
+            .arg(&socket);
         cmd
     };
     let text = failed_start(args(&first.remote_addr()));
-    assert!(text.contains("--listen-remote-api") && text.contains(&first.remote_addr()), "{text}");
+    assert!(
+        text.contains("--listen-remote-api") && text.contains(&first.remote_addr()),
+        "{text}"
+    );
     assert!(text.to_lowercase().contains("in use"), "{text}");
-    let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(left, vec![std::ffi::OsString::from("shoal.lock")], "a failed first start left files behind");
+    let left: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("shoal.lock")],
+        "a failed first start left files behind"
+    );
 
     // The next start, on a free address, is an ordinary first start: a new one-node cluster.
     let mut next = DaemonProcess::start_with(
         &shoal_bin(),
-        shoal_testkit::DaemonOptions { state_dir: Some(state.clone()), ..Default::default() },
+        shoal_testkit::DaemonOptions {
+            state_dir: Some(state.clone()),
+            ..Default::default()
+        },
     );
     let swarm = next.get("/v1.47/swarm");
-    assert!(swarm["ID"].as_str().is_some_and(|id| !id.is_empty()), "{swarm}");
+    assert!(
+        swarm["ID"].as_str().is_some_and(|id| !id.is_empty()),
+        "{swarm}"
+    );
     assert_ne!(swarm["ID"], first.get("/v1.47/swarm")["ID"]);
     next.stop();
 }
@@ -116,11 +166,19 @@ fn a_second_daemon_on_the_same_state_dir_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let remote = format!("127.0.0.1:{}", free_port());
     let mut cmd = shoal_daemon(dir.path(), &["--listen-remote-api", &remote]);
-    cmd.arg("--state-dir").arg(first.state_dir()).arg("--listen-control-api").arg(dir.path().join("c.sock"));
+    cmd.arg("--state-dir")
+        .arg(first.state_dir())
+        .arg("--listen-control-api")
+        .arg(dir.path().join("c.sock"));
     let text = failed_start(cmd);
-    assert!(text.contains("in use by another shoal daemon") && text.contains(&first.pid().to_string()), "{text}");
+    assert!(
+        text.contains("in use by another shoal daemon") && text.contains(&first.pid().to_string()),
+        "{text}"
+    );
     // The first daemon still serves on its own socket.
-    assert!(first.get("/v1.47/swarm")["ID"].as_str().is_some_and(|id| !id.is_empty()));
+    assert!(first.get("/v1.47/swarm")["ID"]
+        .as_str()
+        .is_some_and(|id| !id.is_empty()));
 }
 
 #[test]
@@ -132,15 +190,33 @@ fn a_setting_the_process_executor_cannot_honour_rejects_the_task_with_the_reason
     let d = daemon();
     let out = shoal_testkit::docker_cli::run(
         d.socket(),
-        &["service", "create", "--detach", "--name", "asuser", "--user", "nobody", "busybox", "sleep", "3011"],
+        &[
+            "service", "create", "--detach", "--name", "asuser", "--user", "nobody", "busybox",
+            "sleep", "3011",
+        ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The task is REJECTED with the setting named, never run without it.
     let text = wait_until("a rejected task", Duration::from_secs(30), || {
-        let out = shoal_testkit::docker_cli::run(d.socket(), &["service", "ps", "--no-trunc", "asuser"]);
+        let out =
+            shoal_testkit::docker_cli::run(d.socket(), &["service", "ps", "--no-trunc", "asuser"]);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if text.contains("Rejected") { Ok(text) } else { Err(text) }
+        if text.contains("Rejected") {
+            Ok(text)
+        } else {
+            Err(text)
+        }
     });
-    assert!(text.contains("ContainerSpec.User") && text.contains("docker executor"), "{text}");
-    assert!(shoal_testkit::process::pids_with_cmdline(&["sleep", "3011"]).is_empty(), "the task ran without its user");
+    assert!(
+        text.contains("ContainerSpec.User") && text.contains("docker executor"),
+        "{text}"
+    );
+    assert!(
+        shoal_testkit::process::pids_with_cmdline(&["sleep", "3011"]).is_empty(),
+        "the task ran without its user"
+    );
 }
