@@ -105,11 +105,24 @@ pub fn run(args: DaemonArgs) -> i32 {
         .with(args.log_level)
         .init();
 
+    // Absolute from here on: a task's files live under the state dir, and a process task's child changes its
+    // directory before it mounts its resolv.conf (a relative `./shoal-state` failed every networked task).
+    let state_dir = match std::path::absolute(&args.state_dir) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!(
+                "shoal daemon: cannot resolve --state-dir {}: {e}",
+                args.state_dir.display()
+            );
+            return 2;
+        }
+    };
+    // The socket keeps the path as given: a unix socket's path is bounded (108 bytes), a relative one less so.
     let listen_control_api = args
         .listen_control_api
         .clone()
         .unwrap_or_else(|| args.state_dir.join("control.sock"));
-    let mut cfg = DaemonConfig::new(args.state_dir, listen_control_api);
+    let mut cfg = DaemonConfig::new(state_dir, listen_control_api);
     if let Some(a) = args.listen_remote_api {
         cfg.listen_remote_api = a;
     }

@@ -10,6 +10,9 @@ use std::time::Duration;
 use serde_json::Value;
 pub use shoal_testkit::{docker_cli, process, wait_until, DaemonProcess};
 
+#[path = "common/netcluster.rs"]
+pub mod netcluster;
+
 /// The binary under test.
 pub fn shoal_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_shoal"))

@@ -220,3 +220,234 @@ fn a_setting_the_process_executor_cannot_honour_rejects_the_task_with_the_reason
         "the task ran without its user"
     );
 }
+
+/// A daemon started as the README's first command starts it (`--state-dir ./shoal-state`, relative), run in a
+/// network namespace of its own so that its data plane is its own, and SIGTERMed when the test ends (before
+/// the namespace goes: fields drop after `drop`).
+struct DefaultNode {
+    child: Option<Child>,
+    net: shoal_testkit::netns::Net,
+}
+
+impl Drop for DefaultNode {
+    fn drop(&mut self) {
+        // `ip netns exec` execs the daemon: the child's PID is the daemon's. SIGTERM is its clean stop.
+        if let Some(c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let (stopped, _) = wait_exit(c, Duration::from_secs(30), "shoal daemon");
+            assert!(
+                stopped || std::thread::panicking(),
+                "the daemon did not stop cleanly on SIGTERM"
+            );
+        }
+    }
+}
+
+/// The README's stack walkthrough, as written: the default daemon (relative state dir, process executor, its
+/// data plane on), `docker stack deploy` of examples/stack-app, `curl` of a front task's address from the node,
+/// a redeploy with a changed greeting, `docker stack rm`; a clean stop leaves no task namespace. (A relative
+/// state dir once failed every task on a network: the task's child resolved its resolv.conf from `/`.)
+#[test]
+fn the_readme_stack_walkthrough_runs_on_a_daemon_started_with_the_defaults() {
+    if !shoal_testkit::docker_cli::available() {
+        eprintln!("skipped: no docker CLI");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shoal_testkit::scratch_dir()).unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/stack-app");
+    let app = dir.path().join("examples/stack-app");
+    std::fs::create_dir_all(&app).unwrap();
+    for f in [
+        "compose.yml",
+        "front.py",
+        "api.py",
+        "store.py",
+        "store_token.txt",
+    ] {
+        std::fs::copy(example.join(f), app.join(f)).unwrap();
+    }
+    let net = shoal_testkit::netns::Net::new("readme", 1);
+    let mut cmd = Command::new("ip");
+    cmd.current_dir(dir.path())
+        .args(["netns", "exec", net.ns(0)])
+        .arg(shoal_bin())
+        .args([
+            "daemon",
+            "--state-dir",
+            "./shoal-state",
+            "--executor",
+            "process",
+        ])
+        .env_remove("SHOAL_HOST")
+        .env_remove("SHOAL_STATE_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap());
+    let node = DefaultNode {
+        child: Some(cmd.spawn().unwrap()),
+        net,
+    };
+    let socket = dir.path().join("shoal-state/control.sock");
+    let docker = |args: &[&str]| -> String {
+        let out = shoal_testkit::docker_cli::command(&socket, args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "docker {args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    wait_until("the daemon's socket", Duration::from_secs(30), || {
+        let out = shoal_testkit::docker_cli::command(&socket, &["info"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    });
+    let compose = "examples/stack-app/compose.yml";
+    docker(&["stack", "deploy", "-c", compose, "app"]);
+    wait_until(
+        "app_front 2/2, app_api 2/2, app_store 1/1",
+        Duration::from_secs(60),
+        || {
+            let text = docker(&[
+                "stack",
+                "services",
+                "app",
+                "--format",
+                "{{.Name}} {{.Replicas}}",
+            ]);
+            let mut v: Vec<&str> = text.lines().collect();
+            v.sort();
+            if v == ["app_api 2/2", "app_front 2/2", "app_store 1/1"] {
+                Ok(())
+            } else {
+                Err(text.clone())
+            }
+        },
+    );
+    // The README's `docker inspect` of a front task, then `curl` of its address, from the node.
+    let get = |greeting: &str| -> Vec<u32> {
+        let task = docker(&[
+            "service",
+            "ps",
+            "app_front",
+            "--filter",
+            "desired-state=running",
+            "--format",
+            "{{.ID}}",
+        ]);
+        let task = task.lines().next().unwrap().to_string();
+        let addrs = docker(&[
+            "inspect",
+            "--format",
+            "{{range .NetworksAttachments}}{{.Addresses}}{{end}}",
+            &task,
+        ]);
+        let ip = addrs
+            .trim()
+            .trim_matches(|c| c == '[' || c == ']')
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let script = format!(
+            "import time, urllib.request\nfor i in range(100):\n    try:\n        urllib.request.urlopen('http://{ip}/', timeout=5).read(); break\n    except Exception:\n        time.sleep(0.1)\nfor i in range(3):\n    print(urllib.request.urlopen('http://{ip}/', timeout=5).read().decode())\n"
+        );
+        let out = Command::new("ip")
+            .args(["netns", "exec", node.net.ns(0), "python3", "-c", &script])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "GET http://{ip}/: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.lines()
+            .map(|l| {
+                l.strip_prefix(&format!("front: {greeting} #"))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("not the app's answer with {greeting}: {text}"))
+            })
+            .collect()
+    };
+    let first = get("hello");
+    assert_eq!(
+        first.windows(2).filter(|w| w[1] == w[0] + 1).count(),
+        2,
+        "one more per request: {first:?}"
+    );
+    let text = std::fs::read_to_string(app.join("compose.yml")).unwrap();
+    std::fs::write(
+        app.join("compose.yml"),
+        text.replace("GREETING: hello", "GREETING: bonjour"),
+    )
+    .unwrap();
+    docker(&["stack", "deploy", "-c", compose, "app"]);
+    let then = wait_until("the api answering bonjour", Duration::from_secs(60), || {
+        let text = docker(&[
+            "service",
+            "inspect",
+            "app_api",
+            "--format",
+            "{{.UpdateStatus.State}}",
+        ]);
+        if text.trim() == "completed" {
+            Ok(get("bonjour"))
+        } else {
+            Err(text)
+        }
+    });
+    assert!(
+        then[0] > first[2],
+        "the store kept counting: {then:?} after {first:?}"
+    );
+    // Every task the stack ran, to look for their namespaces (named after them, in /run/netns) at the end.
+    let tasks = shoal_testkit::http::request(&socket, "GET", "/v1.47/tasks", None)
+        .unwrap()
+        .body;
+    let ids: Vec<String> = tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["ID"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        ids.len() >= 7,
+        "five tasks, then two api tasks replaced: {ids:?}"
+    );
+    docker(&["stack", "rm", "app"]);
+    wait_until("the stack removed", Duration::from_secs(30), || {
+        let text = docker(&["service", "ls", "-q"]);
+        if text.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    });
+    // A clean stop leaves none of them.
+    drop(node);
+    let left: Vec<&String> = ids
+        .iter()
+        .filter(|id| {
+            Path::new("/run/netns")
+                .join(format!("shl-task-{id}"))
+                .exists()
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "task namespaces left after a clean stop: {left:?}; the daemon's log:\n{}",
+        std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
+    );
+}

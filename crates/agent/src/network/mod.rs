@@ -94,8 +94,10 @@ pub struct NetworkPlane {
     /// One empty file per task namespace this daemon made (`/run/netns` is shared by every daemon of the
     /// machine, whatever their network namespace: only these are ours to delete after a crash).
     markers: PathBuf,
-    /// Set when the agent stops: stopping tasks then skip the drain out of the VIPs.
+    /// Set when the agent stops: stopping tasks then skip the drain out of the VIPs, and drains under way
+    /// end (`stop_notify` wakes them).
     stopping: std::sync::atomic::AtomicBool,
+    stop_notify: tokio::sync::Notify,
     /// Holds the namespace's data-plane lock while the plane lives (the file is removed with the plane).
     lock: (std::fs::File, PathBuf),
 }
@@ -193,6 +195,7 @@ impl NetworkPlane {
             resolver: shoal_netplane::Resolver::new(upstreams),
             markers,
             stopping: std::sync::atomic::AtomicBool::new(false),
+            stop_notify: tokio::sync::Notify::new(),
             lock,
         }))
     }
@@ -302,12 +305,25 @@ impl NetworkPlane {
 
     /// Marks the agent as stopping: tasks stop without draining (the whole node's data plane goes).
     pub fn set_stopping(&self) {
-        self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop_notify.notify_waiters();
+    }
+
+    /// Returns once the agent is stopping. A task draining out of the VIPs waits on this too: when the agent
+    /// stops (on a one-node cluster, together with the manager whose view the drain waits for), no drain may
+    /// hold the stop up.
+    pub async fn stopped(&self) {
+        // Made before the flag is read: `notify_waiters` wakes every `Notified` made before it, polled or not.
+        let woken = self.stop_notify.notified();
+        if self.is_stopping() {
+            return;
+        }
+        woken.await;
     }
 
     /// Whether the agent is stopping.
     pub fn is_stopping(&self) -> bool {
-        self.stopping.load(std::sync::atomic::Ordering::Relaxed)
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Waits until no service of the manager's view lists any of `addrs` as a backend and a reconcile

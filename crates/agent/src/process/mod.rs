@@ -469,8 +469,14 @@ impl Controller for ProcessController {
                 let addrs: Vec<std::net::Ipv4Addr> = crate::network::desired::attachments(&self.task)
                     .map(|a| a.into_iter().map(|(_, a)| a.address).collect())
                     .unwrap_or_default();
-                plane.wait_out_of_vips(&addrs).await;
-                tokio::time::sleep(NETWORK_DRAIN).await;
+                let drain = async {
+                    plane.wait_out_of_vips(&addrs).await;
+                    tokio::time::sleep(NETWORK_DRAIN).await;
+                };
+                tokio::select! {
+                    _ = drain => {}
+                    _ = plane.stopped() => {}
+                }
             }
             self.signal_group(Signal::SIGTERM);
             let grace = self.grace;

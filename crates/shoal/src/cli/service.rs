@@ -242,9 +242,11 @@ fn parse_file_ref(flag: &str, v: &str) -> Result<(String, FileTargetJson), Strin
                     file.mode = parsed
                         .map_err(|_| format!("invalid mode {val:?} in {flag} {v:?}: e.g. 0400"))?;
                 }
-                other => return Err(format!(
+                other => {
+                    return Err(format!(
                     "invalid field {other:?} in {flag} {v:?}: use source, target, uid, gid, mode"
-                )),
+                ))
+                }
             }
         }
     }

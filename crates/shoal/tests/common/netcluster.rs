@@ -1,0 +1,198 @@
+//! A cluster of three `shoal daemon`s (one manager, two workers, process executor), each in its own network
+//! namespace (`shoal_testkit::netns`), so each carries its own data plane (bridges, VXLAN devices, nftables
+//! table) and the overlay crosses a real (veth) underlay between them; hostnames node-0..2. Used by the tests
+//! of the data plane and of stacks that run.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::Value;
+use shoal_testkit::daemon::DaemonOptions;
+use shoal_testkit::netns::Net;
+
+use super::{desired, docker_cli, shoal_bin, state, tasks_of, wait_until, DaemonProcess};
+
+/// The remote API port of every node (each has its own namespace, hence its own port space).
+pub const PORT: u16 = 4242;
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One manager and two workers, each in its own namespace; hostnames node-0..2.
+pub struct Cluster {
+    // Dropped before `net`: a namespace lives on while a process is inside it.
+    pub ds: Vec<DaemonProcess>,
+    pub net: Net,
+    /// Every task ID seen, so that a failed test still deletes their namespaces.
+    pub tasks_seen: BTreeSet<String>,
+}
+
+fn options(net: &Net, i: usize, extra_args: Vec<String>) -> DaemonOptions {
+    DaemonOptions {
+        listen_ip: Some(net.ip(i)),
+        port: Some(PORT),
+        netns: Some(net.ns(i).to_string()),
+        hostname: Some(format!("node-{i}")),
+        executor: Some("process".into()),
+        extra_args,
+        ..DaemonOptions::default()
+    }
+}
+
+impl Cluster {
+    pub fn start(tag: &str) -> Cluster {
+        let net = Net::new(tag, 3);
+        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, vec![]));
+        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"]
+            .as_str()
+            .expect("worker token")
+            .to_string();
+        let mut c = Cluster {
+            ds: vec![first],
+            net,
+            tasks_seen: BTreeSet::new(),
+        };
+        for i in 1..3 {
+            let join = vec![
+                "--join-addr".into(),
+                c.ds[0].remote_addr(),
+                "--join-token".into(),
+                token.clone(),
+            ];
+            c.ds.push(DaemonProcess::start_with(
+                &shoal_bin(),
+                options(&c.net, i, join),
+            ));
+        }
+        wait_until(
+            "three nodes ready, each with the overlay plugin",
+            WAIT,
+            || {
+                let nodes = c.ds[0].get("/v1.47/nodes");
+                let ready: Vec<&Value> = nodes
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| n["Status"]["State"] == "ready")
+                    .filter(|n| {
+                        n["Description"]["Engine"]["Plugins"]
+                            .as_array()
+                            .is_some_and(|p| {
+                                p.iter()
+                                    .any(|p| p["Type"] == "Network" && p["Name"] == "overlay")
+                            })
+                    })
+                    .collect();
+                if ready.len() == 3 {
+                    Ok(())
+                } else {
+                    Err(format!("{nodes}"))
+                }
+            },
+        );
+        c
+    }
+
+    pub fn manager(&self) -> &DaemonProcess {
+        &self.ds[0]
+    }
+
+    pub fn docker(&self, args: &[&str]) -> String {
+        docker_cli::ok(self.manager().socket(), args)
+    }
+
+    /// The service's running tasks, once there are `n`.
+    pub fn running(&mut self, service: &str, n: usize) -> Vec<Value> {
+        let tasks = wait_until(&format!("{n} running tasks of {service}"), WAIT, || {
+            let tasks = tasks_of(self.manager(), service);
+            for t in &tasks {
+                self.tasks_seen
+                    .insert(t["ID"].as_str().unwrap_or_default().to_string());
+            }
+            let running: Vec<Value> = tasks
+                .iter()
+                .filter(|t| state(t) == "running" && desired(t) == "running")
+                .cloned()
+                .collect();
+            let problems: Vec<String> = tasks
+                .iter()
+                .filter(|t| !t["Status"]["Err"].as_str().unwrap_or("").is_empty())
+                .map(|t| format!("{}: {}", state(t), t["Status"]["Err"]))
+                .collect();
+            if running.len() == n {
+                Ok(running)
+            } else {
+                Err(format!("{} running; {problems:?}", running.len()))
+            }
+        });
+        tasks
+    }
+
+    /// The `RESULT` lines task `t` printed, once it printed `DONE`.
+    pub fn results(&self, t: &Value) -> Vec<String> {
+        self.results_until(t, "DONE")
+    }
+
+    /// The `RESULT` lines task `t` printed, once one of them is `last`.
+    pub fn results_until(&self, t: &Value, last: &str) -> Vec<String> {
+        let id = t["ID"].as_str().unwrap();
+        let node = t["NodeID"].as_str().unwrap();
+        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let i: usize = host.trim_start_matches("node-").parse().unwrap();
+        let log = self.ds[i]
+            .state_dir()
+            .join("tasks")
+            .join(id)
+            .join("stdout.log");
+        wait_until(&format!("task {id} done probing"), WAIT, || {
+            let text =
+                std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+            let lines: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r.to_string()))
+                .collect();
+            if lines.iter().any(|l| l == last) {
+                return Ok(lines);
+            }
+            // What the task said on stderr (a traceback when the script died), for the failure message.
+            let err = std::fs::read_to_string(log.with_file_name("stderr.log")).unwrap_or_default();
+            let tail: Vec<&str> = err.lines().rev().take(8).collect();
+            Err(format!(
+                "so far: {lines:?}; stderr ends: {:?}",
+                tail.into_iter().rev().collect::<Vec<_>>()
+            ))
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Every task the manager still knows, beyond those the test looked at.
+        if self.ds.first().is_some_and(|d| d.is_running()) {
+            if let Ok(r) =
+                shoal_testkit::http::request(self.ds[0].socket(), "GET", "/v1.47/tasks", None)
+            {
+                for t in r.body.as_array().into_iter().flatten() {
+                    self.tasks_seen
+                        .insert(t["ID"].as_str().unwrap_or_default().to_string());
+                }
+            }
+        }
+        for d in &mut self.ds {
+            d.stop();
+        }
+        // A daemon that could not stop cleanly leaves its task namespaces (in the host's /run/netns).
+        for id in &self.tasks_seen {
+            let name = format!("shl-task-{id}");
+            let path = std::path::Path::new("/run/netns").join(&name);
+            if path.exists() {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "delete", &name])
+                    .output();
+                // Made in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
