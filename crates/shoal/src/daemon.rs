@@ -97,11 +97,7 @@ pub struct DaemonArgs {
 pub fn run(args: DaemonArgs) -> i32 {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(ansi)
-                .with_writer(std::io::stderr),
-        )
+        .with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
         .with(args.log_level)
         .init();
 
@@ -110,25 +106,18 @@ pub fn run(args: DaemonArgs) -> i32 {
     let state_dir = match std::path::absolute(&args.state_dir) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!(
-                "shoal daemon: cannot resolve --state-dir {}: {e}",
-                args.state_dir.display()
-            );
+            eprintln!("shoal daemon: cannot resolve --state-dir {}: {e}", args.state_dir.display());
             return 2;
         }
     };
     // The socket keeps the path as given: a unix socket's path is bounded (108 bytes), a relative one less so.
-    let listen_control_api = args
-        .listen_control_api
-        .clone()
-        .unwrap_or_else(|| args.state_dir.join("control.sock"));
+    let listen_control_api = args.listen_control_api.clone().unwrap_or_else(|| args.state_dir.join("control.sock"));
     let mut cfg = DaemonConfig::new(state_dir, listen_control_api);
     if let Some(a) = args.listen_remote_api {
         cfg.listen_remote_api = a;
     }
     cfg.advertise_remote_api = args.advertise_remote_api;
-    cfg.remote_api_from_flags =
-        args.listen_remote_api.is_some() || args.advertise_remote_api.is_some();
+    cfg.remote_api_from_flags = args.listen_remote_api.is_some() || args.advertise_remote_api.is_some();
     cfg.no_init = args.no_init;
     cfg.hostname = args.hostname;
     cfg.generic_node_resources = args.generic_node_resources.map(|g| g.0).unwrap_or_default();
@@ -149,35 +138,22 @@ pub fn run(args: DaemonArgs) -> i32 {
         match std::fs::read_to_string(path) {
             Ok(key) => cfg.unlock_key = Some(shoal_node::UnlockKeyText(key.trim().to_string())),
             Err(e) => {
-                eprintln!(
-                    "shoal: cannot read the unlock key file {}: {e}",
-                    path.display()
-                );
+                eprintln!("shoal: cannot read the unlock key file {}: {e}", path.display());
                 return 2;
             }
         }
     }
     // Hidden, for tests of certificate renewal: issue node certificates valid this many seconds.
-    match std::env::var("SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS")
-        .ok()
-        .map(|v| v.parse::<u64>())
-    {
+    match std::env::var("SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS").ok().map(|v| v.parse::<u64>()) {
         None => {}
-        Some(Ok(secs)) if secs > 0 => {
-            cfg.node_cert_expiry_override = Some(std::time::Duration::from_secs(secs))
-        }
+        Some(Ok(secs)) if secs > 0 => cfg.node_cert_expiry_override = Some(std::time::Duration::from_secs(secs)),
         Some(_) => {
-            eprintln!(
-                "shoal: SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS must be a positive number of seconds"
-            );
+            eprintln!("shoal: SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS must be a positive number of seconds");
             return 2;
         }
     }
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("shoal: cannot start the runtime: {e}");
@@ -202,11 +178,8 @@ fn parse_log_filter(s: &str) -> Result<Targets, String> {
 }
 
 fn parse_tcp_addr(s: &str) -> Result<SocketAddr, String> {
-    let rest = s
-        .strip_prefix("tcp://")
-        .ok_or_else(|| format!("{s:?}: use tcp://IP:PORT"))?;
-    rest.parse()
-        .map_err(|e| format!("{s:?}: {e}; use tcp://IP:PORT"))
+    let rest = s.strip_prefix("tcp://").ok_or_else(|| format!("{s:?}: use tcp://IP:PORT"))?;
+    rest.parse().map_err(|e| format!("{s:?}: {e}; use tcp://IP:PORT"))
 }
 
 async fn shutdown_signal() {
@@ -230,14 +203,9 @@ mod tests {
         assert!(f.would_enable("shoal_raft::node", &Level::DEBUG));
         assert!(!f.would_enable("shoal_manager", &Level::INFO));
         assert!(f.would_enable("shoal_manager", &Level::WARN));
-        assert!(parse_log_filter("info")
-            .unwrap()
-            .would_enable("anything", &Level::INFO));
+        assert!(parse_log_filter("info").unwrap().would_enable("anything", &Level::INFO));
         let err = parse_log_filter("shoal=loud").unwrap_err();
-        assert!(
-            err.contains("shoal=loud") && err.contains("target=level"),
-            "{err}"
-        );
+        assert!(err.contains("shoal=loud") && err.contains("target=level"), "{err}");
     }
 }
 

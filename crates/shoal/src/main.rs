@@ -1,9 +1,9 @@
 //! The `shoal` binary: `shoal daemon` runs a node; every other subcommand is a client of the Engine API on
 //! the control socket (see `cli`). Argument parsing and dispatch only.
 
+mod mimalloc_setup;
 mod cli;
 mod daemon;
-mod mimalloc_setup;
 
 use clap::{Parser, Subcommand};
 

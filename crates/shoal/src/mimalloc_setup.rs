@@ -38,13 +38,7 @@ mod tests {
     fn the_option_indexes_name_the_options_set() {
         // Nothing in a test binary sets them, so they hold mimalloc 3's defaults: a purge delay of 1,000 ms
         // and a 1 GiB arena reservation (in KiB).
-        assert_eq!(
-            unsafe { libmimalloc_sys::mi_option_get(OPTION_PURGE_DELAY) },
-            1000
-        );
-        assert_eq!(
-            unsafe { libmimalloc_sys::mi_option_get(OPTION_ARENA_RESERVE) },
-            1 << 20
-        );
+        assert_eq!(unsafe { libmimalloc_sys::mi_option_get(OPTION_PURGE_DELAY) }, 1000);
+        assert_eq!(unsafe { libmimalloc_sys::mi_option_get(OPTION_ARENA_RESERVE) }, 1 << 20);
     }
 }

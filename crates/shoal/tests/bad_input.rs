@@ -6,33 +6,16 @@ mod common;
 use common::*;
 use shoal_testkit::http::request;
 
-fn check(
-    d: &DaemonProcess,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-    status: u16,
-    message_has: &str,
-) {
+fn check(d: &DaemonProcess, method: &str, path: &str, body: Option<&str>, status: u16, message_has: &str) {
     let before = d.get("/v1.47/services");
     let r = request(d.socket(), method, path, body).unwrap();
-    assert_eq!(
-        r.status, status,
-        "{method} {path} {body:?} -> {} {}",
-        r.status, r.body
-    );
-    let msg = r.body["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no JSON message in {}", r.body));
+    assert_eq!(r.status, status, "{method} {path} {body:?} -> {} {}", r.status, r.body);
+    let msg = r.body["message"].as_str().unwrap_or_else(|| panic!("no JSON message in {}", r.body));
     assert!(
         msg.to_lowercase().contains(&message_has.to_lowercase()),
         "{method} {path}: message {msg:?} should mention {message_has:?}"
     );
-    assert_eq!(
-        d.get("/v1.47/services"),
-        before,
-        "{method} {path} changed the services"
-    );
+    assert_eq!(d.get("/v1.47/services"), before, "{method} {path} changed the services");
 }
 
 #[test]
@@ -42,85 +25,24 @@ fn bad_requests_are_refused_and_change_nothing() {
     let r = request(d.socket(), "POST", "/v1.47/services/create", Some(good)).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     let id = r.body["ID"].as_str().unwrap().to_string();
-    let version = d.get(&format!("/v1.47/services/{id}"))["Version"]["Index"]
-        .as_u64()
-        .unwrap();
+    let version = d.get(&format!("/v1.47/services/{id}"))["Version"]["Index"].as_u64().unwrap();
 
-    check(
-        &d,
-        "POST",
-        "/v1.47/services/create",
-        Some("{not json"),
-        400,
-        "",
-    );
+    check(&d, "POST", "/v1.47/services/create", Some("{not json"), 400, "");
     check(&d, "POST", "/v1.47/services/create", Some(good), 409, "web");
-    check(
-        &d,
-        "POST",
-        "/v1.47/services/create",
-        Some(
-            r#"{"Name":"neg","TaskTemplate":{"ContainerSpec":{"Image":"busybox"}},"Mode":{"Replicated":{"Replicas":-1}}}"#,
-        ),
-        400,
-        "",
-    );
-    check(
-        &d,
-        "POST",
-        "/v1.47/services/create",
-        Some(
-            r#"{"Name":"c","TaskTemplate":{"ContainerSpec":{"Image":"busybox"},"Placement":{"Constraints":["node.color==red"]}},"Mode":{"Replicated":{"Replicas":1}}}"#,
-        ),
-        400,
-        "constraint",
-    );
-    check(
-        &d,
-        "GET",
-        "/v1.47/services/nosuchservice",
-        None,
-        404,
-        "nosuchservice",
-    );
-    check(
-        &d,
-        "GET",
-        "/v1.47/tasks/nosuchtask",
-        None,
-        404,
-        "nosuchtask",
-    );
-    check(
-        &d,
-        "GET",
-        "/v1.47/nodes/nosuchnode",
-        None,
-        404,
-        "nosuchnode",
-    );
-    check(
-        &d,
-        "DELETE",
-        "/v1.47/services/nosuchservice",
-        None,
-        404,
-        "nosuchservice",
-    );
-    let stale = format!(
-        "/v1.47/services/{id}/update?version={}",
-        version.saturating_sub(1)
-    );
+    check(&d, "POST", "/v1.47/services/create",
+        Some(r#"{"Name":"neg","TaskTemplate":{"ContainerSpec":{"Image":"busybox"}},"Mode":{"Replicated":{"Replicas":-1}}}"#), 400, "");
+    check(&d, "POST", "/v1.47/services/create",
+        Some(r#"{"Name":"c","TaskTemplate":{"ContainerSpec":{"Image":"busybox"},"Placement":{"Constraints":["node.color==red"]}},"Mode":{"Replicated":{"Replicas":1}}}"#), 400, "constraint");
+    check(&d, "GET", "/v1.47/services/nosuchservice", None, 404, "nosuchservice");
+    check(&d, "GET", "/v1.47/tasks/nosuchtask", None, 404, "nosuchtask");
+    check(&d, "GET", "/v1.47/nodes/nosuchnode", None, 404, "nosuchnode");
+    check(&d, "DELETE", "/v1.47/services/nosuchservice", None, 404, "nosuchservice");
+    let stale = format!("/v1.47/services/{id}/update?version={}", version.saturating_sub(1));
     check(&d, "POST", &stale, Some(good), 409, "out of sequence");
     check(&d, "GET", "/v1.47/tasks?filters=%7Bbroken", None, 400, "");
 
     // Still serving, and the good service is untouched.
-    assert_eq!(
-        d.get(&format!("/v1.47/services/{id}"))["Version"]["Index"]
-            .as_u64()
-            .unwrap(),
-        version
-    );
+    assert_eq!(d.get(&format!("/v1.47/services/{id}"))["Version"]["Index"].as_u64().unwrap(), version);
 }
 
 #[test]
@@ -133,26 +55,9 @@ fn the_docker_cli_prints_the_daemon_error_and_exits_non_zero() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nope"), "stderr: {err}");
-    let out = docker_cli::run(
-        d.socket(),
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "x",
-            "--constraint",
-            "node.role=manager",
-            "busybox",
-            "true",
-        ],
-    );
+    let out = docker_cli::run(d.socket(), &["service", "create", "--detach", "--name", "x", "--constraint", "node.role=manager", "busybox", "true"]);
     assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("Error response from daemon"),
-        "{:?}",
-        out
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Error response from daemon"), "{:?}", out);
 }
 
 #[test]
@@ -182,12 +87,6 @@ fn a_log_filter_that_cannot_be_read_stops_the_daemon_with_one_clear_line() {
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(2), "stderr: {err}");
-    assert!(
-        err.contains("--log-level") && err.contains("shoal=loud"),
-        "stderr: {err}"
-    );
-    assert!(
-        !dir.path().join("state").exists(),
-        "nothing may be created on a usage error"
-    );
+    assert!(err.contains("--log-level") && err.contains("shoal=loud"), "stderr: {err}");
+    assert!(!dir.path().join("state").exists(), "nothing may be created on a usage error");
 }

@@ -14,17 +14,14 @@ const LABEL_BYTES: usize = 1 << 20;
 
 /// Creates service `name` (no replicas) with a label of `LABEL_BYTES` bytes made from `seed`.
 fn create_big(d: &DaemonProcess, name: &str, seed: usize) {
-    let fill: String = (0..LABEL_BYTES)
-        .map(|i| (b'a' + ((i + seed) % 26) as u8) as char)
-        .collect();
+    let fill: String = (0..LABEL_BYTES).map(|i| (b'a' + ((i + seed) % 26) as u8) as char).collect();
     let body = serde_json::json!({
         "Name": name,
         "Labels": {"fill": fill},
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "1"]}},
         "Mode": {"Replicated": {"Replicas": 0}},
     });
-    shoal_testkit::managers::post_service(d, &body)
-        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+    shoal_testkit::managers::post_service(d, &body).unwrap_or_else(|e| panic!("create {name}: {e}"));
 }
 
 /// (ID, version, length of the fill label) of every service, sorted by ID.
@@ -39,10 +36,7 @@ fn services_digest(d: &DaemonProcess) -> Vec<(String, u64, usize)> {
             (
                 s["ID"].as_str().unwrap_or("").to_string(),
                 s["Version"]["Index"].as_u64().unwrap_or(0),
-                s["Spec"]["Labels"]["fill"]
-                    .as_str()
-                    .map(str::len)
-                    .unwrap_or(0),
+                s["Spec"]["Labels"]["fill"].as_str().map(str::len).unwrap_or(0),
             )
         })
         .collect();
@@ -64,46 +58,32 @@ fn a_manager_joins_a_cluster_holding_over_100_mb_of_state() {
             });
         }
     });
-    println!(
-        "wrote {SERVICES} MiB of services in {:?}",
-        started.elapsed()
-    );
+    println!("wrote {SERVICES} MiB of services in {:?}", started.elapsed());
     let want = services_digest(&a);
     assert_eq!(want.len(), SERVICES);
     assert!(want.iter().all(|(_, _, len)| *len == LABEL_BYTES));
 
     let joined_at = Instant::now();
     let b = manager_at(62, Some(&a));
-    wait_until(
-        "the new manager holds the whole state",
-        Duration::from_secs(120),
-        || {
-            let got = services_digest(&b);
-            if got == want {
-                Ok(())
-            } else {
-                Err(format!("{} of {} services", got.len(), want.len()))
-            }
-        },
-    );
-    println!(
-        "a manager joined a {SERVICES} MiB cluster in {:?}",
-        joined_at.elapsed()
-    );
+    wait_until("the new manager holds the whole state", Duration::from_secs(120), || {
+        let got = services_digest(&b);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{} of {} services", got.len(), want.len()))
+        }
+    });
+    println!("a manager joined a {SERVICES} MiB cluster in {:?}", joined_at.elapsed());
 
     // Both take writes afterwards (two members: both are needed for a quorum), and see each other's.
     create_big(&b, "after-join-via-follower", 7);
     create_big(&a, "after-join-via-first", 8);
-    wait_until(
-        "both managers see both new services",
-        Duration::from_secs(30),
-        || {
-            let (x, y) = (services_digest(&a), services_digest(&b));
-            if x == y && x.len() == SERVICES + 2 {
-                Ok(())
-            } else {
-                Err(format!("{} vs {} services", x.len(), y.len()))
-            }
-        },
-    );
+    wait_until("both managers see both new services", Duration::from_secs(30), || {
+        let (x, y) = (services_digest(&a), services_digest(&b));
+        if x == y && x.len() == SERVICES + 2 {
+            Ok(())
+        } else {
+            Err(format!("{} vs {} services", x.len(), y.len()))
+        }
+    });
 }

@@ -36,21 +36,13 @@ fn certificates_renew_repeatedly_while_tasks_keep_running() {
             ..DaemonOptions::default()
         },
     );
-    let token = m.get("/v1.47/swarm")["JoinTokens"]["Worker"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let token = m.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().unwrap().to_string();
     let w = DaemonProcess::start_with(
         &shoal_bin(),
         DaemonOptions {
             listen_ip: Some("127.0.0.52".into()),
             hostname: Some("worker".into()),
-            extra_args: vec![
-                "--join-addr".into(),
-                m.remote_addr(),
-                "--join-token".into(),
-                token,
-            ],
+            extra_args: vec!["--join-addr".into(), m.remote_addr(), "--join-token".into(), token],
             ..DaemonOptions::default()
         },
     );
@@ -59,13 +51,8 @@ fn certificates_renew_repeatedly_while_tasks_keep_running() {
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3441"]}},
         "Mode": {"Replicated": {"Replicas": 4}},
     });
-    let r = shoal_testkit::http::request(
-        m.socket(),
-        "POST",
-        "/v1.47/services/create",
-        Some(&body.to_string()),
-    )
-    .unwrap();
+    let r =
+        shoal_testkit::http::request(m.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     let before = wait_until("4 running tasks", Duration::from_secs(30), || {
         let ids = running_task_ids(&m);
@@ -77,29 +64,19 @@ fn certificates_renew_repeatedly_while_tasks_keep_running() {
     });
 
     // 12 s certificates renew at 6-9.6 s: three renewals each within 45 s.
-    wait_until(
-        "three renewals on each node",
-        Duration::from_secs(45),
-        || {
-            let (rm, rw) = (renewals(&m), renewals(&w));
-            if rm >= 3 && rw >= 3 {
-                Ok(())
-            } else {
-                Err(format!("manager {rm}, worker {rw}"))
-            }
-        },
-    );
-    assert_eq!(
-        running_task_ids(&m),
-        before,
-        "the same tasks kept running through the renewals"
-    );
+    wait_until("three renewals on each node", Duration::from_secs(45), || {
+        let (rm, rw) = (renewals(&m), renewals(&w));
+        if rm >= 3 && rw >= 3 {
+            Ok(())
+        } else {
+            Err(format!("manager {rm}, worker {rw}"))
+        }
+    });
+    assert_eq!(running_task_ids(&m), before, "the same tasks kept running through the renewals");
     assert_eq!(tasks_of(&m, "steady").len(), 4, "no task was replaced");
 
     // The worker's certificate on disk is a fresh 12 s one.
-    let certs = shoal_node::join::load_certs(w.state_dir())
-        .unwrap()
-        .unwrap();
+    let certs = shoal_node::join::load_certs(w.state_dir()).unwrap().unwrap();
     let der = shoal_ca::parse_cert_pem_chain(certs.cert_pem.as_bytes()).unwrap();
     let info = shoal_ca::parse_cert(&der[0]).unwrap();
     let life = info.not_after.duration_since(info.not_before).unwrap();

@@ -46,19 +46,14 @@ pub fn tasks_of(d: &DaemonProcess, service: &str) -> Vec<Value> {
 pub fn service_names(d: &DaemonProcess) -> Vec<String> {
     let services = d.get("/v1.47/services");
     let services = services.as_array().expect("a list of services");
-    services
-        .iter()
-        .map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string())
-        .collect()
+    services.iter().map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string()).collect()
 }
 
 /// Percent-encodes a query value.
 pub fn urlencode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -76,38 +71,18 @@ pub fn desired(t: &Value) -> &str {
 
 /// Waits until the service has exactly `n` tasks running with desired state running, and `n` processes with
 /// the given command line exist. Returns the running tasks.
-pub fn wait_running(
-    d: &DaemonProcess,
-    service: &str,
-    n: usize,
-    argv: &[&str],
-    deadline: Duration,
-) -> Vec<Value> {
-    wait_until(
-        &format!(
-            "{n} running tasks of {service} and {n} `{}` processes",
-            argv.join(" ")
-        ),
-        deadline,
-        || {
-            let tasks = tasks_of(d, service);
-            let running: Vec<Value> = tasks
-                .iter()
-                .filter(|t| state(t) == "running" && desired(t) == "running")
-                .cloned()
-                .collect();
-            let pids = process::pids_with_cmdline(argv);
-            if running.len() == n && pids.len() == n {
-                Ok(running)
-            } else {
-                Err(format!(
-                    "{} running tasks, {} processes",
-                    running.len(),
-                    pids.len()
-                ))
-            }
-        },
-    )
+pub fn wait_running(d: &DaemonProcess, service: &str, n: usize, argv: &[&str], deadline: Duration) -> Vec<Value> {
+    wait_until(&format!("{n} running tasks of {service} and {n} `{}` processes", argv.join(" ")), deadline, || {
+        let tasks = tasks_of(d, service);
+        let running: Vec<Value> =
+            tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").cloned().collect();
+        let pids = process::pids_with_cmdline(argv);
+        if running.len() == n && pids.len() == n {
+            Ok(running)
+        } else {
+            Err(format!("{} running tasks, {} processes", running.len(), pids.len()))
+        }
+    })
 }
 
 /// The docker CLI against the daemon, asserting success.
@@ -127,9 +102,7 @@ pub fn no_docker_cli() -> bool {
 /// Our own CLI against the daemon's control socket `socket`, not started.
 pub fn shoal_command(socket: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(shoal_bin());
-    cmd.arg("-H")
-        .arg(format!("unix://{}", socket.display()))
-        .args(args);
+    cmd.arg("-H").arg(format!("unix://{}", socket.display())).args(args);
     cmd
 }
 
@@ -166,8 +139,7 @@ pub struct Follower {
 impl Follower {
     /// Starts following `target` (a service or task) through the control socket `socket`.
     pub fn start(socket: &std::path::Path, target: &str) -> Follower {
-        let (child, lines) =
-            docker_lines(socket, &["service", "logs", "-f", "--tail", "0", target]);
+        let (child, lines) = docker_lines(socket, &["service", "logs", "-f", "--tail", "0", target]);
         Follower { child, lines }
     }
 
@@ -179,9 +151,7 @@ impl Follower {
             match self.lines.recv_timeout(left) {
                 Ok(l) if l.contains(needle) => return l,
                 Ok(_) => {}
-                Err(_) => panic!(
-                    "`docker service logs -f` printed no line with {needle:?} within {deadline:?}"
-                ),
+                Err(_) => panic!("`docker service logs -f` printed no line with {needle:?} within {deadline:?}"),
             }
         }
     }
@@ -190,15 +160,11 @@ impl Follower {
 impl Follower {
     /// Waits for the process to exit (its log stream ended), failing after `deadline`.
     pub fn wait_exit(&mut self, deadline: Duration) -> std::process::ExitStatus {
-        wait_until(
-            "`docker service logs -f` to exit",
-            deadline,
-            || match self.child.try_wait() {
-                Ok(Some(status)) => Ok(status),
-                Ok(None) => Err("still running".into()),
-                Err(e) => Err(e.to_string()),
-            },
-        )
+        wait_until("`docker service logs -f` to exit", deadline, || match self.child.try_wait() {
+            Ok(Some(status)) => Ok(status),
+            Ok(None) => Err("still running".into()),
+            Err(e) => Err(e.to_string()),
+        })
     }
 
     /// Waits for a line starting with `prefix`.

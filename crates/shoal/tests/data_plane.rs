@@ -102,14 +102,7 @@ out('DONE')
 time.sleep(100000)
 "#;
 
-fn python_service(
-    name: &str,
-    network: &str,
-    constraint: &str,
-    replicas: u64,
-    script: &str,
-    env: &[String],
-) -> Value {
+fn python_service(name: &str, network: &str, constraint: &str, replicas: u64, script: &str, env: &[String]) -> Value {
     json!({
         "Name": name,
         "TaskTemplate": {
@@ -129,13 +122,7 @@ fn address_on(t: &Value, network: &str) -> String {
         .iter()
         .find(|a| a["Network"]["Spec"]["Name"] == network)
         .unwrap_or_else(|| panic!("task not on {network}: {t}"));
-    a["Addresses"][0]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
+    a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
 }
 
 #[test]
@@ -145,11 +132,7 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
     c.docker(&["network", "create", "-d", "overlay", "othernet"]);
     c.docker(&["network", "create", "-d", "overlay", "--internal", "closed"]);
 
-    post_service(
-        c.manager(),
-        &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[]),
-    )
-    .unwrap();
+    post_service(c.manager(), &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[])).unwrap();
     let web = c.running("web", 2);
     let mut web_addrs: Vec<String> = web.iter().map(|t| address_on(t, "appnet")).collect();
     web_addrs.sort();
@@ -164,22 +147,12 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
 
     // The client on node-2, which runs no web task: by name, through the VIP, over VXLAN.
     let env = vec!["WEB=2".to_string(), format!("REACH={node0}")];
-    post_service(
-        c.manager(),
-        &python_service("client", "appnet", "node.hostname==node-2", 1, PROBE, &env),
-    )
-    .unwrap();
+    post_service(c.manager(), &python_service("client", "appnet", "node.hostname==node-2", 1, PROBE, &env)).unwrap();
     let client = c.running("client", 1);
     let r = c.results(&client[0]);
     println!("client: {r:?}");
-    assert!(
-        r.contains(&format!("VIP {vip}")),
-        "web resolves to its VIP {vip}: {r:?}"
-    );
-    assert!(
-        r.contains(&format!("TASKS {}", web_addrs.join(" "))),
-        "tasks.web lists {web_addrs:?}: {r:?}"
-    );
+    assert!(r.contains(&format!("VIP {vip}")), "web resolves to its VIP {vip}: {r:?}");
+    assert!(r.contains(&format!("TASKS {}", web_addrs.join(" "))), "tasks.web lists {web_addrs:?}: {r:?}");
     let answers = r.iter().find(|l| l.starts_with("ANSWERS")).unwrap();
     for a in &web_addrs {
         let n: u32 = answers
@@ -190,53 +163,26 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
         assert!(n >= 40, "task {a} answered {n} of 200 requests: {answers}");
     }
     assert!(answers.ends_with("errors 0"), "{answers}");
-    assert!(
-        r.contains(&format!("REACH {node0} ok")),
-        "a task of appnet reaches a node's address: {r:?}"
-    );
+    assert!(r.contains(&format!("REACH {node0} ok")), "a task of appnet reaches a node's address: {r:?}");
 
     // Another network: no name of web, neither its VIP nor its tasks.
-    let reach: Vec<String> = std::iter::once(&vip)
-        .chain(&web_addrs)
-        .map(|a| format!("{a}:80"))
-        .collect();
-    let env = vec![
-        "LOOKUP=web tasks.web".to_string(),
-        format!("REACH={}", reach.join(" ")),
-    ];
-    post_service(
-        c.manager(),
-        &python_service("other", "othernet", "node.hostname==node-2", 1, PROBE, &env),
-    )
-    .unwrap();
+    let reach: Vec<String> = std::iter::once(&vip).chain(&web_addrs).map(|a| format!("{a}:80")).collect();
+    let env = vec!["LOOKUP=web tasks.web".to_string(), format!("REACH={}", reach.join(" "))];
+    post_service(c.manager(), &python_service("other", "othernet", "node.hostname==node-2", 1, PROBE, &env)).unwrap();
     let other = c.running("other", 1);
     let r = c.results(&other[0]);
     println!("other: {r:?}");
-    assert!(
-        r.contains(&"LOOKUP web none".to_string())
-            && r.contains(&"LOOKUP tasks.web none".to_string()),
-        "{r:?}"
-    );
+    assert!(r.contains(&"LOOKUP web none".to_string()) && r.contains(&"LOOKUP tasks.web none".to_string()), "{r:?}");
     for t in &reach {
-        assert!(
-            r.contains(&format!("REACH {t} fail")),
-            "othernet must not reach {t}: {r:?}"
-        );
+        assert!(r.contains(&format!("REACH {t} fail")), "othernet must not reach {t}: {r:?}");
     }
 
     // An internal network: no route out.
     let env = vec![format!("REACH={node0}")];
-    post_service(
-        c.manager(),
-        &python_service("inside", "closed", "node.hostname==node-1", 1, PROBE, &env),
-    )
-    .unwrap();
+    post_service(c.manager(), &python_service("inside", "closed", "node.hostname==node-1", 1, PROBE, &env)).unwrap();
     let inside = c.running("inside", 1);
     let r = c.results(&inside[0]);
-    assert!(
-        r.contains(&format!("REACH {node0} fail")),
-        "an internal network has no route out: {r:?}"
-    );
+    assert!(r.contains(&format!("REACH {node0} fail")), "an internal network has no route out: {r:?}");
 
     // A clean stop of every daemon leaves no task namespace.
     for d in &mut c.ds {
@@ -248,10 +194,7 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
         .map(|id| format!("shl-task-{id}"))
         .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
         .collect();
-    assert!(
-        left.is_empty(),
-        "task namespaces left after a clean stop: {left:?}"
-    );
+    assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
 }
 
 /// `BENCH` (`label=url` pairs): a first GET of each retried for up to 5 s (the `web` tasks are RUNNING a
@@ -315,36 +258,24 @@ impl Drop for TempDir {
 fn scaling_to_10_and_back_to_1_keeps_the_vip_answering() {
     let mut c = Cluster::start("dps");
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
-    post_service(
-        c.manager(),
-        &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[]),
-    )
-    .unwrap();
+    post_service(c.manager(), &python_service("web", "appnet", "node.hostname!=node-2", 2, SERVER, &[])).unwrap();
     let web = c.running("web", 2);
     let on = |host: &str| {
         let t = web.iter().find(|t| {
             let node = t["NodeID"].as_str().unwrap();
             c.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"] == host
         });
-        address_on(
-            t.unwrap_or_else(|| panic!("a web task on {host}: {web:?}")),
-            "appnet",
-        )
+        address_on(t.unwrap_or_else(|| panic!("a web task on {host}: {web:?}")), "appnet")
     };
     let (local, remote) = (on("node-0"), on("node-1"));
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("shoal-data-plane-{}", std::process::id())));
+    let dir = TempDir(std::env::temp_dir().join(format!("shoal-data-plane-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let stop = dir.0.join("stop");
     let env = vec![
         format!("BENCH=vip=http://web/ same-node=http://{local}/ cross-node=http://{remote}/"),
         format!("STOP={}", stop.display()),
     ];
-    post_service(
-        c.manager(),
-        &python_service("client", "appnet", "node.hostname==node-0", 1, LOOP, &env),
-    )
-    .unwrap();
+    post_service(c.manager(), &python_service("client", "appnet", "node.hostname==node-0", 1, LOOP, &env)).unwrap();
     let client = c.running("client", 1);
     let r = c.results_until(&client[0], "LOOPING");
     for line in r.iter().filter(|l| l.starts_with("RATE")) {
@@ -355,10 +286,7 @@ fn scaling_to_10_and_back_to_1_keeps_the_vip_answering() {
     // When the manager first shows each new task RUNNING (`wait_until` polls every 20 ms), by its address.
     let mut running_at: std::collections::BTreeMap<String, f64> = Default::default();
     wait_until("10 running tasks of web", WAIT, || {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
         let tasks = tasks_of(c.manager(), "web");
         for t in tasks.iter().filter(|t| state(t) == "running") {
             running_at.entry(address_on(t, "appnet")).or_insert(now);
@@ -370,17 +298,14 @@ fn scaling_to_10_and_back_to_1_keeps_the_vip_answering() {
         }
     });
     for t in tasks_of(c.manager(), "web") {
-        c.tasks_seen
-            .insert(t["ID"].as_str().unwrap_or_default().to_string());
+        c.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
     }
     // Every task answers through the VIP before the scale-down (the 2 first ones and 8 new).
     c.results_until(&client[0], "SEEN 10");
     // Back to 1. The image is named with its tag, as the docker CLI names it when it sends the spec back
     // (`python` would become `python:latest` and make the update replace the remaining task, as in Docker).
-    let before: BTreeSet<String> = tasks_of(c.manager(), "web")
-        .iter()
-        .map(|t| t["ID"].as_str().unwrap().to_string())
-        .collect();
+    let before: BTreeSet<String> =
+        tasks_of(c.manager(), "web").iter().map(|t| t["ID"].as_str().unwrap().to_string()).collect();
     c.docker(&["service", "update", "-d", "--replicas", "1", "web"]);
     let left = wait_until("web down to 1 task", WAIT, || {
         let live: Vec<String> = tasks_of(c.manager(), "web")
@@ -394,23 +319,14 @@ fn scaling_to_10_and_back_to_1_keeps_the_vip_answering() {
             Err(format!("{} running", live.len()))
         }
     });
-    assert!(
-        before.contains(&left[0]),
-        "scaling down replaced no task: {left:?} is one of {before:?}"
-    );
+    assert!(before.contains(&left[0]), "scaling down replaced no task: {left:?} is one of {before:?}");
     std::fs::write(&stop, b"").unwrap();
     let r = c.results(&client[0]);
     let looped = r.iter().find(|l| l.starts_with("LOOP ")).unwrap();
-    println!(
-        "client: {looped}; {:?}",
-        r.iter().find(|l| l.starts_with("ERRORS"))
-    );
+    println!("client: {looped}; {:?}", r.iter().find(|l| l.starts_with("ERRORS")));
     let words: Vec<&str> = looped.split_whitespace().collect();
-    let (requests, failed, answers): (u32, u32, u32) = (
-        words[1].parse().unwrap(),
-        words[5].parse().unwrap(),
-        words[7].parse().unwrap(),
-    );
+    let (requests, failed, answers): (u32, u32, u32) =
+        (words[1].parse().unwrap(), words[5].parse().unwrap(), words[7].parse().unwrap());
     assert_eq!(failed, 0, "no request fails after its retries: {looped}");
     assert!(requests >= 50, "{looped}");
     assert!(answers >= 10, "the new tasks answered too: {looped}");

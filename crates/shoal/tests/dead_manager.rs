@@ -12,10 +12,7 @@ use common::*;
 use shoal_testkit::managers::{create_service, managers_seen_by, wait_identical};
 
 fn wait_seen(d: &DaemonProcess, want: &[(&str, &str)]) {
-    let want: Vec<(String, String)> = want
-        .iter()
-        .map(|(h, s)| (h.to_string(), s.to_string()))
-        .collect();
+    let want: Vec<(String, String)> = want.iter().map(|(h, s)| (h.to_string(), s.to_string())).collect();
     wait_until("the expected managers", Duration::from_secs(30), || {
         let seen = managers_seen_by(d)?;
         if seen == want {
@@ -38,23 +35,13 @@ fn a_dead_manager_is_demoted_and_removed_and_the_cluster_grows_again() {
     let a = manager_at(63, None);
     let b = manager_at(64, Some(&a));
     let mut c = manager_at(65, Some(&a));
-    wait_seen(
-        &a,
-        &[
-            ("manager-63", "Leader"),
-            ("manager-64", "reachable"),
-            ("manager-65", "reachable"),
-        ],
-    );
+    wait_seen(&a, &[("manager-63", "Leader"), ("manager-64", "reachable"), ("manager-65", "reachable")]);
     create(&a, "before").expect("create");
 
     c.kill9();
     wait_until("manager-65 unreachable", Duration::from_secs(30), || {
         let seen = managers_seen_by(&a)?;
-        if seen
-            .iter()
-            .any(|(h, s)| h == "manager-65" && s == "unreachable")
-        {
+        if seen.iter().any(|(h, s)| h == "manager-65" && s == "unreachable") {
             Ok(())
         } else {
             Err(format!("{seen:?}"))
@@ -70,46 +57,22 @@ fn a_dead_manager_is_demoted_and_removed_and_the_cluster_grows_again() {
 
     let demoted_at = Instant::now();
     docker(&b, &["node", "demote", "manager-65"]);
-    wait_seen(
-        &a,
-        &[
-            ("manager-63", "Leader"),
-            ("manager-64", "reachable"),
-            ("manager-65", "none"),
-        ],
-    );
-    println!(
-        "dead manager out of Raft {:?} after demote",
-        demoted_at.elapsed()
-    );
+    wait_seen(&a, &[("manager-63", "Leader"), ("manager-64", "reachable"), ("manager-65", "none")]);
+    println!("dead manager out of Raft {:?} after demote", demoted_at.elapsed());
     docker(&a, &["node", "rm", "--force", "manager-65"]);
     wait_seen(&b, &[("manager-63", "Leader"), ("manager-64", "reachable")]);
     create(&b, "after-removal").expect("a write with two managers left");
 
     // A fresh manager joins; then the first one dies: two of three is still a quorum.
     let d = manager_at(66, Some(&b));
-    wait_seen(
-        &a,
-        &[
-            ("manager-63", "Leader"),
-            ("manager-64", "reachable"),
-            ("manager-66", "reachable"),
-        ],
-    );
+    wait_seen(&a, &[("manager-63", "Leader"), ("manager-64", "reachable"), ("manager-66", "reachable")]);
     wait_identical(&[&a, &b, &d], Duration::from_secs(30));
     let mut a = a;
     a.kill9();
-    wait_until(
-        "a write after losing manager-63",
-        Duration::from_secs(30),
-        || create(&d, "after-second-loss"),
-    );
+    wait_until("a write after losing manager-63", Duration::from_secs(30), || create(&d, "after-second-loss"));
     wait_identical(&[&b, &d], Duration::from_secs(30));
     let names = service_names(&b);
     for want in ["before", "after-removal", "after-second-loss"] {
-        assert!(
-            names.iter().any(|n| n == want),
-            "{want} missing from {names:?}"
-        );
+        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
     }
 }

@@ -22,10 +22,7 @@ const EXIT_WITHIN: Duration = Duration::from_secs(15);
 const FILE_HEADER_BYTES: usize = 69;
 
 fn daemon_with(extra: &[&str]) -> DaemonProcess {
-    let opts = DaemonOptions {
-        extra_args: extra.iter().map(|s| s.to_string()).collect(),
-        ..DaemonOptions::default()
-    };
+    let opts = DaemonOptions { extra_args: extra.iter().map(|s| s.to_string()).collect(), ..DaemonOptions::default() };
     DaemonProcess::start_with(&shoal_bin(), opts)
 }
 
@@ -34,8 +31,7 @@ fn create_services(d: &DaemonProcess, n: usize) -> Vec<String> {
     let mut names: Vec<String> = (0..n)
         .map(|i| {
             let name = format!("svc-{i:04}");
-            shoal_testkit::managers::create_service(d, &name, 0, &["sleep", "1"])
-                .expect("service acknowledged");
+            shoal_testkit::managers::create_service(d, &name, 0, &["sleep", "1"]).expect("service acknowledged");
             name
         })
         .collect();
@@ -84,34 +80,16 @@ fn check_refused(d: &mut DaemonProcess, needles: &[&str]) -> String {
     let before = raft_files(d.state_dir());
     let started = std::time::Instant::now();
     let (status, stderr) = d.start_expecting_exit(&[], EXIT_WITHIN);
-    assert!(
-        !status.success(),
-        "the damaged state dir must not start; stderr:\n{stderr}"
-    );
+    assert!(!status.success(), "the damaged state dir must not start; stderr:\n{stderr}");
     assert!(started.elapsed() < EXIT_WITHIN);
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("shoal: "))
-        .collect();
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("shoal: ")).collect();
     assert_eq!(lines.len(), 1, "one error line on stderr:\n{stderr}");
     let line = lines[0];
-    let advice = [
-        "damaged",
-        "nothing on disk was changed",
-        "--join-addr",
-        "--join-token",
-        "--force-new-cluster",
-    ];
+    let advice = ["damaged", "nothing on disk was changed", "--join-addr", "--join-token", "--force-new-cluster"];
     for n in needles.iter().chain(&advice) {
-        assert!(
-            line.contains(n),
-            "{n:?} missing from the error line: {line}"
-        );
+        assert!(line.contains(n), "{n:?} missing from the error line: {line}");
     }
-    assert!(
-        before == raft_files(d.state_dir()),
-        "a refused start changed files under raft/"
-    );
+    assert!(before == raft_files(d.state_dir()), "a refused start changed files under raft/");
     line.to_string()
 }
 
@@ -125,27 +103,12 @@ fn a_log_cut_in_half_refuses_to_start_and_starts_whole_once_restored() {
     std::fs::write(&f, &whole[..whole.len() / 2]).unwrap();
     // The cut lands inside a record (raft-engine refuses; the message names the file and the lost entries)
     // or, as batches are regular, sometimes on a record boundary (the commit record shows the loss).
-    let line = check_refused(
-        &mut d,
-        &[
-            &f.parent().unwrap().display().to_string(),
-            "were acknowledged",
-        ],
-    );
-    assert!(
-        line.contains("would be lost") || line.contains("are missing"),
-        "{line}"
-    );
+    let line = check_refused(&mut d, &[&f.parent().unwrap().display().to_string(), "were acknowledged"]);
+    assert!(line.contains("would be lost") || line.contains("are missing"), "{line}");
     // Nothing was rewritten: the operator puts the file back and every service is there.
     std::fs::write(&f, &whole).unwrap();
     d.restart(&[]);
-    assert_eq!(
-        sorted_service_names(&d)
-            .into_iter()
-            .filter(|n| n.starts_with("svc-"))
-            .collect::<Vec<_>>(),
-        names
-    );
+    assert_eq!(sorted_service_names(&d).into_iter().filter(|n| n.starts_with("svc-")).collect::<Vec<_>>(), names);
 }
 
 #[test]
@@ -153,28 +116,15 @@ fn after_kill9_and_a_torn_tail_every_service_is_served_and_the_cut_is_logged() {
     let mut d = daemon();
     let names = create_services(&d, SERVICES);
     let served = |d: &DaemonProcess| -> Vec<String> {
-        sorted_service_names(d)
-            .into_iter()
-            .filter(|n| n.starts_with("svc-"))
-            .collect()
+        sorted_service_names(d).into_iter().filter(|n| n.starts_with("svc-")).collect()
     };
     // A crash leaves the log's preallocated space as zeros after the last record: cut, said so, no loss.
     d.kill9();
     d.restart(&[]);
-    assert_eq!(
-        served(&d),
-        names,
-        "every acknowledged service after kill -9"
-    );
+    assert_eq!(served(&d), names, "every acknowledged service after kill -9");
     let log = d.log();
-    assert!(
-        !log.contains("repaired a torn write"),
-        "kill -9 tears no write; log:\n{log}"
-    );
-    assert!(
-        log.contains("cut the unused, preallocated tail of the raft log"),
-        "log:\n{log}"
-    );
+    assert!(!log.contains("repaired a torn write"), "kill -9 tears no write; log:\n{log}");
+    assert!(log.contains("cut the unused, preallocated tail of the raft log"), "log:\n{log}");
     // A write torn by a power loss: the first bytes of a record after the last one, never acknowledged.
     assert!(d.stop());
     let f = log_file(&d);
@@ -182,38 +132,17 @@ fn after_kill9_and_a_torn_tail_every_service_is_served_and_the_cut_is_logged() {
     let head = std::fs::read(&f).unwrap()[FILE_HEADER_BYTES..FILE_HEADER_BYTES + 24].to_vec();
     {
         use std::io::Write;
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&f)
-            .unwrap()
-            .write_all(&head)
-            .unwrap();
+        std::fs::OpenOptions::new().append(true).open(&f).unwrap().write_all(&head).unwrap();
     }
     d.restart(&[]);
-    assert_eq!(
-        served(&d),
-        names,
-        "every acknowledged service after the torn write"
-    );
+    assert_eq!(served(&d), names, "every acknowledged service after the torn write");
     let log = d.log();
-    let repair = log
-        .lines()
-        .find(|l| l.contains("repaired a torn write at the tail of the raft log"));
+    let repair = log.lines().find(|l| l.contains("repaired a torn write at the tail of the raft log"));
     let repair = repair.unwrap_or_else(|| panic!("the repair is logged; log:\n{log}"));
-    let expected = format!(
-        "{} is readable only up to byte {len} of {}",
-        f.display(),
-        len + 24
-    );
+    let expected = format!("{} is readable only up to byte {len} of {}", f.display(), len + 24);
     assert!(repair.contains(&expected), "{expected:?} not in {repair}");
-    assert!(
-        repair.contains("every acknowledged entry (through index"),
-        "{repair}"
-    );
-    assert!(
-        !d.state_dir().join("raft").join("log.check").exists(),
-        "the scratch copy is gone"
-    );
+    assert!(repair.contains("every acknowledged entry (through index"), "{repair}");
+    assert!(!d.state_dir().join("raft").join("log.check").exists(), "the scratch copy is gone");
 }
 
 #[test]
@@ -233,10 +162,7 @@ fn a_missing_log_is_damage_not_a_new_cluster() {
     create_services(&d, 20);
     d.kill9();
     std::fs::remove_dir_all(d.state_dir().join("raft").join("log")).unwrap();
-    check_refused(
-        &mut d,
-        &["is missing", "acknowledged entries through index"],
-    );
+    check_refused(&mut d, &["is missing", "acknowledged entries through index"]);
 }
 
 #[test]
@@ -253,10 +179,7 @@ fn a_flipped_byte_in_the_log_refuses_to_start() {
     // (the entry is named) catches it, depending on where the byte is; the message names the log either way.
     let log_dir = d.state_dir().join("raft").join("log").display().to_string();
     let line = check_refused(&mut d, &[&log_dir]);
-    assert!(
-        line.contains("would be lost") || line.contains("of the raft log (an acknowledged entry)"),
-        "{line}"
-    );
+    assert!(line.contains("would be lost") || line.contains("of the raft log (an acknowledged entry)"), "{line}");
 }
 
 #[test]
@@ -265,12 +188,7 @@ fn a_missing_or_damaged_snapshot_refuses_to_start() {
     let names = create_services(&d, 100);
     assert!(d.stop());
     let dir = d.state_dir().join("raft").join("snapshots");
-    let newest = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .max()
-        .expect("a snapshot file");
+    let newest = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).max().expect("a snapshot file");
     let saved = std::fs::read(&newest).unwrap();
     let mut damaged = saved.clone();
     let at = damaged.len() / 2;
@@ -278,19 +196,10 @@ fn a_missing_or_damaged_snapshot_refuses_to_start() {
     std::fs::write(&newest, &damaged).unwrap();
     check_refused(&mut d, &[&newest.display().to_string(), "cannot be opened"]);
     std::fs::remove_file(&newest).unwrap();
-    check_refused(
-        &mut d,
-        &[&newest.display().to_string(), "its file is missing"],
-    );
+    check_refused(&mut d, &[&newest.display().to_string(), "its file is missing"]);
     std::fs::write(&newest, &saved).unwrap();
-    d.restart(&[
-        "--raft-snapshot-interval-entries".to_string(),
-        "40".to_string(),
-    ]);
-    let served: Vec<String> = sorted_service_names(&d)
-        .into_iter()
-        .filter(|n| n.starts_with("svc-"))
-        .collect();
+    d.restart(&["--raft-snapshot-interval-entries".to_string(), "40".to_string()]);
+    let served: Vec<String> = sorted_service_names(&d).into_iter().filter(|n| n.starts_with("svc-")).collect();
     assert_eq!(served, names);
 }
 
@@ -303,23 +212,12 @@ fn a_cut_through_the_last_commit_index_record_is_repaired_with_every_service() {
     assert!(d.stop());
     let f = log_file(&d);
     let len = std::fs::metadata(&f).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&f)
-        .unwrap()
-        .set_len(len - 10)
-        .unwrap();
+    std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 10).unwrap();
     d.restart(&[]);
-    let served: Vec<String> = sorted_service_names(&d)
-        .into_iter()
-        .filter(|n| n.starts_with("svc-"))
-        .collect();
+    let served: Vec<String> = sorted_service_names(&d).into_iter().filter(|n| n.starts_with("svc-")).collect();
     assert_eq!(served, names, "every acknowledged service");
     let log = d.log();
-    assert!(
-        log.contains("repaired a torn write at the tail of the raft log"),
-        "log:\n{log}"
-    );
+    assert!(log.contains("repaired a torn write at the tail of the raft log"), "log:\n{log}");
 }
 
 #[test]
@@ -330,20 +228,10 @@ fn a_manager_whose_raft_dir_is_gone_refuses_to_create_a_new_cluster() {
     std::fs::remove_dir_all(d.state_dir().join("raft")).unwrap();
     let (status, stderr) = d.start_expecting_exit(&[], EXIT_WITHIN);
     assert!(!status.success());
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("shoal: "))
-        .collect();
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("shoal: ")).collect();
     assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(
-        lines[0].contains("certificate but no raft state") && lines[0].contains("--join-addr"),
-        "{}",
-        lines[0]
-    );
-    assert!(
-        !d.state_dir().join("raft").join("log").exists(),
-        "nothing was bootstrapped"
-    );
+    assert!(lines[0].contains("certificate but no raft state") && lines[0].contains("--join-addr"), "{}", lines[0]);
+    assert!(!d.state_dir().join("raft").join("log").exists(), "nothing was bootstrapped");
 }
 
 #[test]
@@ -368,11 +256,7 @@ fn a_follower_with_a_cut_log_refuses_then_rejoins_as_its_message_says() {
             Err(format!("{} of {} services", got.len(), names.len()))
         }
     };
-    wait_until(
-        "manager-73 serves every service",
-        Duration::from_secs(30),
-        || served(&m3),
-    );
+    wait_until("manager-73 serves every service", Duration::from_secs(30), || served(&m3));
     assert!(m3.stop());
     let f = log_file(&m3);
     let whole = std::fs::read(&f).unwrap();
@@ -380,34 +264,18 @@ fn a_follower_with_a_cut_log_refuses_then_rejoins_as_its_message_says() {
     check_refused(&mut m3, &["were acknowledged"]);
 
     // As the message says: move the state dir away, start with --join-addr and a manager join token.
-    wait_until(
-        "the others see manager-73 unreachable",
-        Duration::from_secs(30),
-        || {
-            let seen = shoal_testkit::managers::managers_seen_by(&m1)?;
-            if seen
-                .iter()
-                .any(|(h, s)| h == "manager-73" && s == "unreachable")
-            {
-                Ok(())
-            } else {
-                Err(format!("{seen:?}"))
-            }
-        },
-    );
+    wait_until("the others see manager-73 unreachable", Duration::from_secs(30), || {
+        let seen = shoal_testkit::managers::managers_seen_by(&m1)?;
+        if seen.iter().any(|(h, s)| h == "manager-73" && s == "unreachable") {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
     let moved = m3.state_dir().with_extension("damaged");
     std::fs::rename(m3.state_dir(), &moved).unwrap();
     let token = shoal_testkit::managers::join_token(&m1, "Manager");
-    m3.restart(&[
-        "--join-addr".to_string(),
-        m2.remote_addr(),
-        "--join-token".to_string(),
-        token,
-    ]);
-    wait_until(
-        "the rejoined manager-73 serves every service",
-        Duration::from_secs(30),
-        || served(&m3),
-    );
+    m3.restart(&["--join-addr".to_string(), m2.remote_addr(), "--join-token".to_string(), token]);
+    wait_until("the rejoined manager-73 serves every service", Duration::from_secs(30), || served(&m3));
     std::fs::remove_dir_all(&moved).unwrap();
 }

@@ -16,50 +16,20 @@ fn a_thousand_idle_connections_do_not_stop_a_new_client() {
         .map(|i| UnixStream::connect(d.socket()).unwrap_or_else(|e| panic!("connection {i}: {e}")))
         .collect();
     let started = Instant::now();
-    let r = shoal_testkit::http::request_within(
-        d.socket(),
-        "GET",
-        "/v1.47/info",
-        None,
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| panic!("a new client got no answer: {e:?}\n{}", d.log()));
+    let r = shoal_testkit::http::request_within(d.socket(), "GET", "/v1.47/info", None, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("a new client got no answer: {e:?}\n{}", d.log()));
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.body["Swarm"]["LocalNodeState"], "active");
-    docker(
-        &d,
-        &[
-            "service", "create", "--detach", "--name", "web", "busybox", "sleep", "3141",
-        ],
-    );
+    docker(&d, &["service", "create", "--detach", "--name", "web", "busybox", "sleep", "3141"]);
     let ls = docker(&d, &["service", "ls"]);
     assert!(ls.contains("web"), "{ls}");
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
     // One more thousand: beyond the cap (1,024) the longest-idle ones are closed, and clients still get in.
-    let more: Vec<UnixStream> = (0..1000)
-        .filter_map(|_| UnixStream::connect(d.socket()).ok())
-        .collect();
-    let r = shoal_testkit::http::request_within(
-        d.socket(),
-        "GET",
-        "/v1.47/_ping",
-        None,
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "a new client got no answer past the cap: {e:?}\n{}",
-            d.log()
-        )
-    });
+    let more: Vec<UnixStream> = (0..1000).filter_map(|_| UnixStream::connect(d.socket()).ok()).collect();
+    let r = shoal_testkit::http::request_within(d.socket(), "GET", "/v1.47/_ping", None, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("a new client got no answer past the cap: {e:?}\n{}", d.log()));
     assert_eq!(r.status, 200);
-    let fds = std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
-        .map(|e| e.count())
-        .unwrap_or(0);
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", d.pid())).map(|e| e.count()).unwrap_or(0);
     assert!(fds < 1024 + 200, "the daemon holds {fds} file descriptors");
     drop((held, more));
 }

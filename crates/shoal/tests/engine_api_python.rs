@@ -18,11 +18,7 @@ use common::*;
 use shoal_testkit::python;
 
 fn output_text(out: &std::process::Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
 #[test]
@@ -35,11 +31,7 @@ fn the_python_docker_sdk_drives_swarm_nodes_and_services() {
         Duration::from_secs(150),
     );
     let text = output_text(&out);
-    assert!(
-        out.status.success() && text.contains("OK"),
-        "the SDK script failed:\n{text}\ndaemon log:\n{}",
-        d.log()
-    );
+    assert!(out.status.success() && text.contains("OK"), "the SDK script failed:\n{text}\ndaemon log:\n{}", d.log());
 }
 
 /// Forwards TCP connections on a loopback port to the control socket (schemathesis speaks HTTP over TCP
@@ -50,9 +42,7 @@ fn tcp_to_unix(socket: &Path) -> u16 {
     let socket = socket.to_path_buf();
     std::thread::spawn(move || {
         for tcp in listener.incoming().flatten() {
-            let Ok(unix) = UnixStream::connect(&socket) else {
-                continue;
-            };
+            let Ok(unix) = UnixStream::connect(&socket) else { continue };
             pipe(tcp, unix);
         }
     });
@@ -89,11 +79,7 @@ fn copy(from: &mut impl Read, to: &mut impl Write) {
 /// Docker's Engine API spec, from the shared folder beside the checkout.
 fn engine_api_spec() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/engine-api/v1.47.yaml");
-    assert!(
-        p.exists(),
-        "Docker's Engine API spec is expected at {} (the shared folder beside the checkout)",
-        p.display()
-    );
+    assert!(p.exists(), "Docker's Engine API spec is expected at {} (the shared folder beside the checkout)", p.display());
     p
 }
 
@@ -105,18 +91,12 @@ const SHOAL_PATHS: &str = r"^/(_ping|version|info|swarm|swarm/update|swarm/unloc
 fn schemathesis_finds_no_violation_of_the_engine_api_spec() {
     let d = daemon();
     // Something to list and inspect besides the node: a service with a running task.
-    docker(
-        &d,
-        &[
-            "service", "create", "--detach", "--name", "web", "busybox", "sleep", "3141",
-        ],
-    );
+    docker(&d, &["service", "create", "--detach", "--name", "web", "busybox", "sleep", "3141"]);
     let port = tcp_to_unix(d.socket());
     let spec = engine_api_spec();
     let report = tempfile::tempdir().unwrap();
     let url = format!("http://127.0.0.1:{port}/v1.47");
-    let runner =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/engine_api_python/schemathesis_run.py");
+    let runner = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/engine_api_python/schemathesis_run.py");
     let out = python::run_in_venv(
         "python",
         &[
@@ -148,14 +128,6 @@ fn schemathesis_finds_no_violation_of_the_engine_api_spec() {
         Duration::from_secs(150),
     );
     let text = output_text(&out);
-    assert!(
-        out.status.success(),
-        "schemathesis found violations:\n{text}\ndaemon log:\n{}",
-        d.log()
-    );
-    assert!(
-        d.is_running(),
-        "the daemon died under schemathesis:\n{}",
-        d.log()
-    );
+    assert!(out.status.success(), "schemathesis found violations:\n{text}\ndaemon log:\n{}", d.log());
+    assert!(d.is_running(), "the daemon died under schemathesis:\n{}", d.log());
 }

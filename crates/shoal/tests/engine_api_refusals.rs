@@ -16,54 +16,20 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
     }
     let d = daemon();
     let create = |name: &str, flags: &[&str]| {
-        let mut args = vec![
-            "service",
-            "create",
-            "--detach",
-            "--no-resolve-image",
-            "--name",
-            name,
-        ];
+        let mut args = vec!["service", "create", "--detach", "--no-resolve-image", "--name", name];
         args.extend_from_slice(flags);
         args.extend_from_slice(&["busybox", "sleep", "3141"]);
         docker_cli::run(d.socket(), &args)
     };
     for (flags, field) in [
-        (
-            &["--cap-add", "NET_ADMIN"][..],
-            "TaskTemplate.ContainerSpec.CapabilityAdd",
-        ),
-        (
-            &["--cap-drop", "CHOWN"][..],
-            "TaskTemplate.ContainerSpec.CapabilityDrop",
-        ),
-        (
-            &["--ulimit", "nofile=10:20"][..],
-            "TaskTemplate.ContainerSpec.Ulimits",
-        ),
-        (
-            &["--sysctl", "net.core.somaxconn=1024"][..],
-            "TaskTemplate.ContainerSpec.Sysctls",
-        ),
+        (&["--cap-add", "NET_ADMIN"][..], "TaskTemplate.ContainerSpec.CapabilityAdd"),
+        (&["--cap-drop", "CHOWN"][..], "TaskTemplate.ContainerSpec.CapabilityDrop"),
+        (&["--ulimit", "nofile=10:20"][..], "TaskTemplate.ContainerSpec.Ulimits"),
+        (&["--sysctl", "net.core.somaxconn=1024"][..], "TaskTemplate.ContainerSpec.Sysctls"),
         (&["--log-driver", "syslog"][..], "TaskTemplate.LogDriver"),
-        (
-            &[
-                "--mount",
-                "type=volume,source=v,target=/v,volume-driver=local",
-            ][..],
-            "Mounts[0].VolumeOptions",
-        ),
-        (
-            &["--mount", "type=tmpfs,target=/t,tmpfs-size=1m"][..],
-            "Mounts[0].TmpfsOptions",
-        ),
-        (
-            &[
-                "--mount",
-                "type=bind,source=/tmp,target=/t,bind-propagation=rshared",
-            ][..],
-            "Mounts[0].BindOptions",
-        ),
+        (&["--mount", "type=volume,source=v,target=/v,volume-driver=local"][..], "Mounts[0].VolumeOptions"),
+        (&["--mount", "type=tmpfs,target=/t,tmpfs-size=1m"][..], "Mounts[0].TmpfsOptions"),
+        (&["--mount", "type=bind,source=/tmp,target=/t,bind-propagation=rshared"][..], "Mounts[0].BindOptions"),
     ] {
         let out = create("refused", flags);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -73,79 +39,30 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
             "{flags:?}: the CLI printed {stderr}"
         );
     }
-    assert!(
-        !service_names(&d).iter().any(|n| n == "refused"),
-        "{:?}",
-        service_names(&d)
-    );
+    assert!(!service_names(&d).iter().any(|n| n == "refused"), "{:?}", service_names(&d));
 
     // Their honoured neighbours go through.
     let out = create(
         "mounts",
         &[
-            "--mount",
-            "type=volume,source=v,target=/v",
-            "--mount",
-            "type=tmpfs,target=/t",
-            "--mount",
-            "type=bind,source=/tmp,target=/h,readonly",
-            "--replicas-max-per-node",
-            "2",
+            "--mount", "type=volume,source=v,target=/v",
+            "--mount", "type=tmpfs,target=/t",
+            "--mount", "type=bind,source=/tmp,target=/h,readonly",
+            "--replicas-max-per-node", "2",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mounts = docker(
-        &d,
-        &[
-            "service",
-            "inspect",
-            "mounts",
-            "--format",
-            "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}",
-        ],
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mounts = docker(&d, &["service", "inspect", "mounts", "--format", "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}"]);
     let mounts: serde_json::Value = serde_json::from_str(mounts.trim()).unwrap();
     assert_eq!(mounts.as_array().map(Vec::len), Some(3), "{mounts}");
 
     // MaxReplicas from an API 1.40 client is kept (1.40 introduced it; the engine drops it below).
     let mut old = docker_cli::command(
         d.socket(),
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--no-resolve-image",
-            "--name",
-            "old",
-            "--replicas-max-per-node",
-            "3",
-            "busybox",
-            "sleep",
-            "3141",
-        ],
+        &["service", "create", "--detach", "--no-resolve-image", "--name", "old", "--replicas-max-per-node", "3", "busybox", "sleep", "3141"],
     );
-    let out = old
-        .env("DOCKER_API_VERSION", "1.40")
-        .output()
-        .expect("run docker");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let max = docker(
-        &d,
-        &[
-            "service",
-            "inspect",
-            "old",
-            "--format",
-            "{{.Spec.TaskTemplate.Placement.MaxReplicas}}",
-        ],
-    );
+    let out = old.env("DOCKER_API_VERSION", "1.40").output().expect("run docker");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let max = docker(&d, &["service", "inspect", "old", "--format", "{{.Spec.TaskTemplate.Placement.MaxReplicas}}"]);
     assert_eq!(max.trim(), "3");
 }

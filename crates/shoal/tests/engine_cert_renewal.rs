@@ -18,26 +18,19 @@ fn engine_cert(eng: &SecondEngine) -> Result<(String, SystemTime), String> {
     let pem = std::fs::read_to_string(eng.data_root().join("swarm/certificates/swarm-node.crt"))
         .map_err(|e| format!("the engine's certificate: {e}"))?;
     let der = shoal_ca::parse_cert_pem_chain(pem.as_bytes()).map_err(|e| e.to_string())?;
-    let info =
-        shoal_ca::parse_cert(der.first().ok_or("an empty chain")?).map_err(|e| e.to_string())?;
+    let info = shoal_ca::parse_cert(der.first().ok_or("an empty chain")?).map_err(|e| e.to_string())?;
     Ok((pem, info.not_after))
 }
 
 #[test]
 fn the_engine_renews_its_certificate_and_keeps_working_after_the_first_expired() {
     if !docker_engine::available() || !std::path::Path::new("/usr/sbin/dockerd").exists() {
-        eprintln!(
-            "skipped: no docker CLI, no dockerd or no Docker Engine answering on this machine"
-        );
+        eprintln!("skipped: no docker CLI, no dockerd or no Docker Engine answering on this machine");
         return;
     }
     // Set before any daemon starts; this binary has only this test.
     std::env::set_var("SHOAL_DEBUG_NODE_CERT_EXPIRY_SECS", "20");
-    let eng = SecondEngine::start(EngineOptions {
-        tag: "r".into(),
-        hostname: "engine-r".into(),
-        manager_ips: 1,
-    });
+    let eng = SecondEngine::start(EngineOptions { tag: "r".into(), hostname: "engine-r".into(), manager_ips: 1 });
     let d = DaemonProcess::start_with(
         &shoal_bin(),
         DaemonOptions {
@@ -47,46 +40,24 @@ fn the_engine_renews_its_certificate_and_keeps_working_after_the_first_expired()
         },
     );
     let token = shoal_testkit::managers::join_token(&d, "Worker");
-    eng.docker_ok(&[
-        "swarm",
-        "join",
-        "--token",
-        &token,
-        "--advertise-addr",
-        &eng.ip(),
-        &d.remote_addr(),
-    ]);
-    let node_id = eng
-        .docker_ok(&["info", "--format", "{{.Swarm.NodeID}}"])
-        .trim()
-        .to_string();
+    eng.docker_ok(&["swarm", "join", "--token", &token, "--advertise-addr", &eng.ip(), &d.remote_addr()]);
+    let node_id = eng.docker_ok(&["info", "--format", "{{.Swarm.NodeID}}"]).trim().to_string();
     let (first, first_end) = engine_cert(&eng).expect("the engine's first certificate");
 
     // Past the first certificate's end, the engine holds a newer one, still valid.
-    wait_until(
-        "the engine's first certificate expired and a fresh one in its place",
-        Duration::from_secs(60),
-        || {
-            let (pem, end) = engine_cert(&eng)?;
-            let now = SystemTime::now();
-            if now > first_end + Duration::from_secs(2) && pem != first && end > now {
-                Ok(())
-            } else {
-                Err(format!(
-                    "renewed: {}, now past the first end: {}",
-                    pem != first,
-                    now > first_end
-                ))
-            }
-        },
-    );
+    wait_until("the engine's first certificate expired and a fresh one in its place", Duration::from_secs(60), || {
+        let (pem, end) = engine_cert(&eng)?;
+        let now = SystemTime::now();
+        if now > first_end + Duration::from_secs(2) && pem != first && end > now {
+            Ok(())
+        } else {
+            Err(format!("renewed: {}, now past the first end: {}", pem != first, now > first_end))
+        }
+    });
 
     // Still Ready, and still gets work: new connections use the renewed certificate.
     wait_until("the engine Ready", Duration::from_secs(30), || {
-        let ls = docker_cli::ok(
-            d.socket(),
-            &["node", "ls", "--format", "{{.ID}} {{.Status}}"],
-        );
+        let ls = docker_cli::ok(d.socket(), &["node", "ls", "--format", "{{.ID}} {{.Status}}"]);
         if ls.lines().any(|l| l == format!("{node_id} Ready")) {
             Ok(())
         } else {
@@ -110,16 +81,12 @@ fn the_engine_renews_its_certificate_and_keeps_working_after_the_first_expired()
             "trap 'exit 0' TERM; while :; do sleep 1; done",
         ],
     );
-    wait_until(
-        "the late service's container on the engine",
-        Duration::from_secs(60),
-        || {
-            let ids = eng.running_with_label("com.docker.swarm.service.name", "late");
-            if ids.len() == 1 {
-                Ok(())
-            } else {
-                Err(format!("{ids:?}"))
-            }
-        },
-    );
+    wait_until("the late service's container on the engine", Duration::from_secs(60), || {
+        let ids = eng.running_with_label("com.docker.swarm.service.name", "late");
+        if ids.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{ids:?}"))
+        }
+    });
 }

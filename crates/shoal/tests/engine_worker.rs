@@ -27,9 +27,7 @@ const TASK_LIMIT: Duration = Duration::from_secs(90);
 /// or `None` (with a message) where there is no engine to copy from.
 fn engine(tag: &str, managers: usize) -> Option<SecondEngine> {
     if !docker_engine::available() || !std::path::Path::new("/usr/sbin/dockerd").exists() {
-        eprintln!(
-            "skipped: no docker CLI, no dockerd or no Docker Engine answering on this machine"
-        );
+        eprintln!("skipped: no docker CLI, no dockerd or no Docker Engine answering on this machine");
         return None;
     }
     Some(SecondEngine::start(EngineOptions {
@@ -66,15 +64,7 @@ fn shoal(d: &DaemonProcess, args: &[&str]) -> String {
 /// The engine joins `d`'s cluster as a worker; waits until `d` lists it Ready and returns its node ID.
 fn join(eng: &SecondEngine, d: &DaemonProcess) -> String {
     let token = shoal_testkit::managers::join_token(d, "Worker");
-    let out = eng.docker(&[
-        "swarm",
-        "join",
-        "--token",
-        &token,
-        "--advertise-addr",
-        &eng.ip(),
-        &d.remote_addr(),
-    ]);
+    let out = eng.docker(&["swarm", "join", "--token", &token, "--advertise-addr", &eng.ip(), &d.remote_addr()]);
     assert!(
         out.status.success(),
         "docker swarm join failed: {}{}\ndockerd log:\n{}",
@@ -82,37 +72,16 @@ fn join(eng: &SecondEngine, d: &DaemonProcess) -> String {
         String::from_utf8_lossy(&out.stderr),
         eng.log_tail()
     );
-    let node_id = eng
-        .docker_ok(&["info", "--format", "{{.Swarm.NodeID}}"])
-        .trim()
-        .to_string();
-    assert!(
-        !node_id.is_empty(),
-        "the engine names no node ID after joining"
-    );
-    wait_until(
-        &format!("node {node_id} Ready on Shoal"),
-        JOIN_LIMIT,
-        || {
-            let ls = shoal(
-                d,
-                &[
-                    "node",
-                    "ls",
-                    "--format",
-                    "{{.ID}} {{.Hostname}} {{.Status}}",
-                ],
-            );
-            if ls
-                .lines()
-                .any(|l| l == format!("{node_id} {} Ready", eng.hostname()))
-            {
-                Ok(())
-            } else {
-                Err(ls)
-            }
-        },
-    );
+    let node_id = eng.docker_ok(&["info", "--format", "{{.Swarm.NodeID}}"]).trim().to_string();
+    assert!(!node_id.is_empty(), "the engine names no node ID after joining");
+    wait_until(&format!("node {node_id} Ready on Shoal"), JOIN_LIMIT, || {
+        let ls = shoal(d, &["node", "ls", "--format", "{{.ID}} {{.Hostname}} {{.Status}}"]);
+        if ls.lines().any(|l| l == format!("{node_id} {} Ready", eng.hostname())) {
+            Ok(())
+        } else {
+            Err(ls)
+        }
+    });
     node_id
 }
 
@@ -120,55 +89,34 @@ fn join(eng: &SecondEngine, d: &DaemonProcess) -> String {
 /// none once the service is removed.
 fn service_ps(d: &DaemonProcess, service: &str) -> Vec<(String, String, String)> {
     let format = "{{.Node}}|{{.DesiredState}}|{{.CurrentState}}";
-    let out = docker_cli::run(
-        d.socket(),
-        &["service", "ps", "--no-trunc", "--format", format, service],
-    );
+    let out = docker_cli::run(d.socket(), &["service", "ps", "--no-trunc", "--format", format, service]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() || err.contains("no such service"),
-        "docker service ps {service}: {err}"
-    );
+    assert!(out.status.success() || err.contains("no such service"), "docker service ps {service}: {err}");
     text.lines()
         .filter_map(|l| {
             let mut p = l.split('|');
-            Some((
-                p.next()?.to_string(),
-                p.next()?.to_string(),
-                p.next()?.to_string(),
-            ))
+            Some((p.next()?.to_string(), p.next()?.to_string(), p.next()?.to_string()))
         })
         .collect()
 }
 
 /// Waits until the engine runs exactly `n` containers of `service` and `docker service ps` shows `n` tasks
 /// running on the engine; returns the container IDs.
-fn wait_engine_containers(
-    eng: &SecondEngine,
-    d: &DaemonProcess,
-    service: &str,
-    n: usize,
-) -> Vec<String> {
-    wait_until(
-        &format!("{n} containers of {service} on the engine"),
-        TASK_LIMIT,
-        || {
-            let ids = eng.running_with_label("com.docker.swarm.service.name", service);
-            let ps = service_ps(d, service);
-            let running = ps
-                .iter()
-                .filter(|(node, want, now)| {
-                    node == eng.hostname() && want == "Running" && now.starts_with("Running")
-                })
-                .count();
-            if ids.len() == n && running == n {
-                Ok(ids)
-            } else {
-                Err(format!("{} containers, service ps: {ps:?}", ids.len()))
-            }
-        },
-    )
+fn wait_engine_containers(eng: &SecondEngine, d: &DaemonProcess, service: &str, n: usize) -> Vec<String> {
+    wait_until(&format!("{n} containers of {service} on the engine"), TASK_LIMIT, || {
+        let ids = eng.running_with_label("com.docker.swarm.service.name", service);
+        let ps = service_ps(d, service);
+        let running = ps
+            .iter()
+            .filter(|(node, want, now)| node == eng.hostname() && want == "Running" && now.starts_with("Running"))
+            .count();
+        if ids.len() == n && running == n {
+            Ok(ids)
+        } else {
+            Err(format!("{} containers, service ps: {ps:?}", ids.len()))
+        }
+    })
 }
 
 #[test]
@@ -176,70 +124,33 @@ fn a_stock_engine_joins_and_is_ready_with_its_hostname_and_version() {
     let Some(eng) = engine("j", 1) else { return };
     let d = shoal_manager(&eng, 0, None);
     let node_id = join(&eng, &d);
-    let version = eng
-        .docker_ok(&["version", "--format", "{{.Server.Version}}"])
-        .trim()
-        .to_string();
-    let node: Value = serde_json::from_str(&shoal(
-        &d,
-        &["node", "inspect", "--format", "{{json .}}", &node_id],
-    ))
-    .expect("node JSON");
+    let version = eng.docker_ok(&["version", "--format", "{{.Server.Version}}"]).trim().to_string();
+    let node: Value =
+        serde_json::from_str(&shoal(&d, &["node", "inspect", "--format", "{{json .}}", &node_id])).expect("node JSON");
     assert_eq!(node["Description"]["Hostname"], eng.hostname(), "{node}");
-    assert_eq!(
-        node["Description"]["Engine"]["EngineVersion"],
-        version.as_str(),
-        "{node}"
-    );
+    assert_eq!(node["Description"]["Engine"]["EngineVersion"], version.as_str(), "{node}");
     assert_eq!(node["Spec"]["Role"], "worker", "{node}");
     assert_eq!(node["Status"]["Addr"], eng.ip().as_str(), "{node}");
-    let ls = shoal(
-        &d,
-        &["node", "ls", "--format", "{{.Hostname}} {{.EngineVersion}}"],
-    );
-    assert!(
-        ls.lines()
-            .any(|l| l == format!("{} {version}", eng.hostname())),
-        "{ls}"
-    );
+    let ls = shoal(&d, &["node", "ls", "--format", "{{.Hostname}} {{.EngineVersion}}"]);
+    assert!(ls.lines().any(|l| l == format!("{} {version}", eng.hostname())), "{ls}");
     // The engine sees itself in Shoal's swarm, as a worker.
     let info: Value =
-        serde_json::from_str(&eng.docker_ok(&["info", "--format", "{{json .Swarm}}"]))
-            .expect("engine's swarm info");
+        serde_json::from_str(&eng.docker_ok(&["info", "--format", "{{json .Swarm}}"])).expect("engine's swarm info");
     assert_eq!(info["LocalNodeState"], "active", "{info}");
     assert_eq!(info["ControlAvailable"], false, "{info}");
-    let cluster_id = d.get("/v1.47/swarm")["ID"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    assert_eq!(
-        info["Cluster"]["ID"].as_str().unwrap_or(&cluster_id),
-        cluster_id,
-        "{info}"
-    );
+    let cluster_id = d.get("/v1.47/swarm")["ID"].as_str().unwrap_or_default().to_string();
+    assert_eq!(info["Cluster"]["ID"].as_str().unwrap_or(&cluster_id), cluster_id, "{info}");
 
     // Promoting it is refused: as a manager the engine would join Shoal's Raft without being able to take
     // part (docs/engine-worker.md), and this one-manager cluster would lose quorum.
     let out = docker_cli::run(d.socket(), &["node", "promote", &node_id]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "docker node promote of the engine succeeded"
-    );
-    assert!(
-        err.contains(&format!("runs Docker Engine {version}, not Shoal")),
-        "{err}"
-    );
-    let node: Value = serde_json::from_str(&shoal(
-        &d,
-        &["node", "inspect", "--format", "{{json .}}", &node_id],
-    ))
-    .expect("node JSON");
+    assert!(!out.status.success(), "docker node promote of the engine succeeded");
+    assert!(err.contains(&format!("runs Docker Engine {version}, not Shoal")), "{err}");
+    let node: Value =
+        serde_json::from_str(&shoal(&d, &["node", "inspect", "--format", "{{json .}}", &node_id])).expect("node JSON");
     assert_eq!(node["Spec"]["Role"], "worker", "{node}");
-    assert_eq!(
-        shoal_testkit::managers::leader_seen_by(&d).expect("a leader"),
-        "shoal-0"
-    );
+    assert_eq!(shoal_testkit::managers::leader_seen_by(&d).expect("a leader"), "shoal-0");
 }
 
 /// The command of the tests' containers: a numbered line a second, leaving at once on SIGTERM (a shell as PID 1
@@ -275,29 +186,17 @@ fn create_on_engine(d: &DaemonProcess, eng: &SecondEngine, name: &str, replicas:
 /// task's container is removed, a shut down one's stays as the task's history, as under a Docker manager) and
 /// no task of it runs.
 fn wait_engine_empty(eng: &SecondEngine, d: &DaemonProcess, service: &str, removed: bool) {
-    wait_until(
-        &format!("no container of {service} on the engine"),
-        TASK_LIMIT,
-        || {
-            let filter = format!("label=com.docker.swarm.service.name={service}");
-            let all = eng.docker_ok(&[
-                "ps",
-                if removed { "-aq" } else { "-q" },
-                "--filter",
-                &filter,
-            ]);
-            let ps = service_ps(d, service);
-            let running = ps
-                .iter()
-                .filter(|(_, _, now)| now.starts_with("Running"))
-                .count();
-            if all.trim().is_empty() && running == 0 {
-                Ok(())
-            } else {
-                Err(format!("containers: {all:?}, service ps: {ps:?}"))
-            }
-        },
-    );
+    wait_until(&format!("no container of {service} on the engine"), TASK_LIMIT, || {
+        let filter = format!("label=com.docker.swarm.service.name={service}");
+        let all = eng.docker_ok(&["ps", if removed { "-aq" } else { "-q" }, "--filter", &filter]);
+        let ps = service_ps(d, service);
+        let running = ps.iter().filter(|(_, _, now)| now.starts_with("Running")).count();
+        if all.trim().is_empty() && running == 0 {
+            Ok(())
+        } else {
+            Err(format!("containers: {all:?}, service ps: {ps:?}"))
+        }
+    });
 }
 
 #[test]
@@ -310,69 +209,39 @@ fn services_run_on_the_engine_with_logs_restarts_scale_and_drain() {
 
     // Created as under a Docker manager: swarm's name and labels, the service's command.
     for id in &ids {
-        let labels: Value = serde_json::from_str(&eng.docker_ok(&[
-            "inspect",
-            "--format",
-            "{{json .Config.Labels}}",
-            id,
-        ]))
-        .expect("labels");
-        assert_eq!(
-            labels["com.docker.swarm.service.id"],
-            sid.as_str(),
-            "{labels}"
-        );
+        let labels: Value =
+            serde_json::from_str(&eng.docker_ok(&["inspect", "--format", "{{json .Config.Labels}}", id]))
+                .expect("labels");
+        assert_eq!(labels["com.docker.swarm.service.id"], sid.as_str(), "{labels}");
         assert_eq!(labels["com.docker.swarm.service.name"], "web", "{labels}");
-        assert_eq!(
-            labels["com.docker.swarm.node.id"],
-            node_id.as_str(),
-            "{labels}"
-        );
-        let task_id = labels["com.docker.swarm.task.id"]
-            .as_str()
-            .expect("a task id label")
-            .to_string();
+        assert_eq!(labels["com.docker.swarm.node.id"], node_id.as_str(), "{labels}");
+        let task_id = labels["com.docker.swarm.task.id"].as_str().expect("a task id label").to_string();
         let name = eng.docker_ok(&["inspect", "--format", "{{.Name}}", id]);
         let name = name.trim().trim_start_matches('/');
-        assert!(
-            name.starts_with("web.") && name.ends_with(&task_id),
-            "container name {name}"
-        );
+        assert!(name.starts_with("web.") && name.ends_with(&task_id), "container name {name}");
         assert_eq!(labels["com.docker.swarm.task.name"], name, "{labels}");
         let cmd = eng.docker_ok(&["inspect", "--format", "{{json .Config.Cmd}}", id]);
         let cmd: Value = serde_json::from_str(&cmd).expect("cmd");
         assert_eq!(cmd, serde_json::json!(["sh", "-c", TALKER]));
         // And Shoal's task names the container the engine made.
         let task = d.get(&format!("/v1.47/tasks/{task_id}"));
-        assert_eq!(
-            task["Status"]["ContainerStatus"]["ContainerID"],
-            id.as_str(),
-            "{task}"
-        );
+        assert_eq!(task["Status"]["ContainerStatus"]["ContainerID"], id.as_str(), "{task}");
     }
 
     // `docker service logs`: the engine's agent answers the LogBroker's subscription with the containers' output.
     wait_until("the service's logs from the engine", TASK_LIMIT, || {
-        let out = docker_cli::run(
-            d.socket(),
-            &["service", "logs", "--raw", "--no-trunc", "web"],
-        );
+        let out = docker_cli::run(d.socket(), &["service", "logs", "--raw", "--no-trunc", "web"]);
         let text = String::from_utf8_lossy(&out.stdout);
         let lines = text.lines().filter(|l| l.starts_with("line-")).count();
         if out.status.success() && lines >= 4 {
             Ok(())
         } else {
-            Err(format!(
-                "{} {text}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ))
+            Err(format!("{} {text}{}", out.status, String::from_utf8_lossy(&out.stderr)))
         }
     });
     let out = shoal(&d, &["service", "logs", "--no-trunc", "web"]);
     assert!(
-        out.lines()
-            .any(|l| l.starts_with("web.") && l.contains(&format!("@{}", eng.hostname()))),
+        out.lines().any(|l| l.starts_with("web.") && l.contains(&format!("@{}", eng.hostname()))),
         "log lines name the engine's node: {out}"
     );
 
@@ -381,23 +250,15 @@ fn services_run_on_the_engine_with_logs_restarts_scale_and_drain() {
     let after = wait_until("a replacement container", TASK_LIMIT, || {
         let now = eng.running_with_label("com.docker.swarm.service.name", "web");
         let ps = service_ps(&d, "web");
-        let failed = ps
-            .iter()
-            .any(|(_, want, now)| want == "Shutdown" && now.starts_with("Failed"));
-        let running = ps
-            .iter()
-            .filter(|(_, want, now)| want == "Running" && now.starts_with("Running"))
-            .count();
+        let failed = ps.iter().any(|(_, want, now)| want == "Shutdown" && now.starts_with("Failed"));
+        let running = ps.iter().filter(|(_, want, now)| want == "Running" && now.starts_with("Running")).count();
         if now.len() == 2 && !now.contains(&ids[0]) && failed && running == 2 {
             Ok(now)
         } else {
             Err(format!("containers {now:?}, service ps {ps:?}"))
         }
     });
-    assert!(
-        after.contains(&ids[1]),
-        "the other container kept running: {after:?}"
-    );
+    assert!(after.contains(&ids[1]), "the other container kept running: {after:?}");
 
     // Scale to 0 removes the containers.
     shoal(&d, &["service", "scale", "--detach", "web=0"]);
@@ -411,15 +272,10 @@ fn services_run_on_the_engine_with_logs_restarts_scale_and_drain() {
     let ps = service_ps(&d, "web");
     // The replacements wait for a node (desired Ready until their restart delay has passed, then Running).
     assert!(
-        ps.iter().any(|(node, want, now)| node.is_empty()
-            && want != "Shutdown"
-            && now.starts_with("Pending")),
+        ps.iter().any(|(node, want, now)| node.is_empty() && want != "Shutdown" && now.starts_with("Pending")),
         "{ps:?}"
     );
-    shoal(
-        &d,
-        &["node", "update", "--availability", "active", &node_id],
-    );
+    shoal(&d, &["node", "update", "--availability", "active", &node_id]);
     wait_engine_containers(&eng, &d, "web", 2);
     shoal(&d, &["service", "rm", "web"]);
     wait_engine_empty(&eng, &d, "web", true);
@@ -431,11 +287,7 @@ fn remote_managers(eng: &SecondEngine) -> Vec<String> {
     let list: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
     let mut addrs: Vec<String> = list
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|m| m["Addr"].as_str().map(str::to_string))
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(|m| m["Addr"].as_str().map(str::to_string)).collect())
         .unwrap_or_default();
     addrs.sort();
     addrs
@@ -450,10 +302,7 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
     let mut managers = [m0, m1, m2];
     wait_until("three reachable managers", JOIN_LIMIT, || {
         let seen = shoal_testkit::managers::managers_seen_by(&managers[0])?;
-        let up = seen
-            .iter()
-            .filter(|(_, s)| s == "Leader" || s == "reachable")
-            .count();
+        let up = seen.iter().filter(|(_, s)| s == "Leader" || s == "reachable").count();
         if up == 3 {
             Ok(())
         } else {
@@ -478,10 +327,8 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
     // kill -9 the leader.
     let leader = shoal_testkit::managers::leader_seen_by(&managers[0]).expect("a leader");
     // Manager i is `shoal-{i}` (shoal_manager).
-    let li: usize = leader
-        .strip_prefix("shoal-")
-        .and_then(|i| i.parse().ok())
-        .expect("the leader is a shoal-i manager");
+    let li: usize =
+        leader.strip_prefix("shoal-").and_then(|i| i.parse().ok()).expect("the leader is a shoal-i manager");
     managers[li].kill9();
     let survivor = &managers[(li + 1) % 3];
     wait_until("a new leader", JOIN_LIMIT, || {
@@ -495,25 +342,17 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
 
     // The engine's containers kept running through the failover.
     let now = eng.running_with_label("com.docker.swarm.service.name", "web");
-    assert_eq!(
-        sorted(now),
-        sorted(ids.clone()),
-        "the containers survived the failover"
-    );
+    assert_eq!(sorted(now), sorted(ids.clone()), "the containers survived the failover");
     // The engine reconnected: the new leader gets its task statuses and sends it work (a killed container is
     // replaced on the engine, through the new leader's dispatcher).
     eng.docker_ok(&["kill", &ids[0]]);
     wait_until("a replacement through the new leader", TASK_LIMIT, || {
         let now = eng.running_with_label("com.docker.swarm.service.name", "web");
         let ps = service_ps(survivor, "web");
-        let failed = ps
-            .iter()
-            .any(|(_, want, now)| want == "Shutdown" && now.starts_with("Failed"));
+        let failed = ps.iter().any(|(_, want, now)| want == "Shutdown" && now.starts_with("Failed"));
         let running = ps
             .iter()
-            .filter(|(node, want, now)| {
-                node == eng.hostname() && want == "Running" && now.starts_with("Running")
-            })
+            .filter(|(node, want, now)| node == eng.hostname() && want == "Running" && now.starts_with("Running"))
             .count();
         if now.len() == 2 && !now.contains(&ids[0]) && failed && running == 2 {
             Ok(())
@@ -526,11 +365,7 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
 
     // `docker swarm leave` on the engine: it stops its tasks and Shoal sees the node go down.
     eng.docker_ok(&["swarm", "leave"]);
-    assert_eq!(
-        eng.docker_ok(&["info", "--format", "{{.Swarm.LocalNodeState}}"])
-            .trim(),
-        "inactive"
-    );
+    assert_eq!(eng.docker_ok(&["info", "--format", "{{.Swarm.LocalNodeState}}"]).trim(), "inactive");
     wait_until("the engine's node Down on Shoal", JOIN_LIMIT, || {
         let ls = shoal(survivor, &["node", "ls", "--format", "{{.ID}} {{.Status}}"]);
         if ls.lines().any(|l| l == format!("{node_id} Down")) {
@@ -539,18 +374,14 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
             Err(ls)
         }
     });
-    wait_until(
-        "no container of web running on the engine",
-        TASK_LIMIT,
-        || {
-            let now = eng.running_with_label("com.docker.swarm.service.name", "web");
-            if now.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{now:?}"))
-            }
-        },
-    );
+    wait_until("no container of web running on the engine", TASK_LIMIT, || {
+        let now = eng.running_with_label("com.docker.swarm.service.name", "web");
+        if now.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
+    });
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
@@ -561,53 +392,22 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 #[test]
 fn a_failing_test_leaves_no_engine_behind() {
     let Some(eng) = engine("c", 1) else { return };
-    let (ns, dir, pid) = (
-        eng.netns().to_string(),
-        eng.data_root(),
-        eng.dockerd_pid().expect("dockerd's PID"),
-    );
-    eng.docker_ok(&[
-        "run",
-        "-d",
-        "--name",
-        "left",
-        docker_engine::TEST_IMAGE,
-        "sleep",
-        "1000",
-    ]);
-    let container_pid = eng
-        .docker_ok(&["inspect", "--format", "{{.State.Pid}}", "left"])
-        .trim()
-        .parse::<i32>()
-        .unwrap();
+    let (ns, dir, pid) = (eng.netns().to_string(), eng.data_root(), eng.dockerd_pid().expect("dockerd's PID"));
+    eng.docker_ok(&["run", "-d", "--name", "left", docker_engine::TEST_IMAGE, "sleep", "1000"]);
+    let container_pid =
+        eng.docker_ok(&["inspect", "--format", "{{.State.Pid}}", "left"]).trim().parse::<i32>().unwrap();
     // A test that panics while it holds the engine.
     let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
         let _held = eng;
         panic!("a test failure");
     }));
     assert!(failed.is_err());
-    let netns = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list");
-    assert!(
-        !String::from_utf8_lossy(&netns.stdout).contains(&ns),
-        "namespace {ns} is left"
-    );
+    let netns = std::process::Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains(&ns), "namespace {ns} is left");
     assert!(!dir.exists(), "{} is left", dir.display());
-    assert!(
-        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
-        "dockerd {pid} is left"
-    );
-    assert!(
-        !std::path::Path::new(&format!("/proc/{container_pid}")).exists(),
-        "the container's process is left"
-    );
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "dockerd {pid} is left");
+    assert!(!std::path::Path::new(&format!("/proc/{container_pid}")).exists(), "the container's process is left");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let parent = dir
-        .parent()
-        .expect("the engine's dir")
-        .to_string_lossy()
-        .to_string();
+    let parent = dir.parent().expect("the engine's dir").to_string_lossy().to_string();
     assert!(!mounts.contains(&parent), "mounts under {parent} are left");
 }

@@ -33,14 +33,7 @@ fn start_cfssl(dir: &Path, port: u16) -> Cfssl {
     let log = std::fs::File::create(dir.join("cfssl.log")).unwrap();
     let child = Command::new("cfssl")
         .args(["serve", "-address", "127.0.0.1", "-port", &port.to_string()])
-        .args([
-            "-ca",
-            &p("root.crt"),
-            "-ca-key",
-            &p("root.key"),
-            "-config",
-            &p("config.json"),
-        ])
+        .args(["-ca", &p("root.crt"), "-ca-key", &p("root.key"), "-config", &p("config.json")])
         .args(["-tls-cert", &p("tls.crt"), "-tls-key", &p("tls.key")])
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -49,9 +42,7 @@ fn start_cfssl(dir: &Path, port: u16) -> Cfssl {
         .expect("start cfssl serve");
     let cfssl = Cfssl(child);
     wait_until("cfssl serve listening", Duration::from_secs(20), || {
-        std::net::TcpStream::connect(("127.0.0.1", port))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        std::net::TcpStream::connect(("127.0.0.1", port)).map(|_| ()).map_err(|e| e.to_string())
     });
     cfssl
 }
@@ -84,16 +75,7 @@ fn signer_files(dir: &Path) -> shoal_ca::RootCa {
         cluster_id: "external-ca".into(),
     };
     let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let tls_cert = root
-        .sign_csr_with_ips(
-            &tls.csr_pem,
-            &subject,
-            Duration::from_secs(86_400),
-            now,
-            &[ip],
-            &mut rng,
-        )
-        .unwrap();
+    let tls_cert = root.sign_csr_with_ips(&tls.csr_pem, &subject, Duration::from_secs(86_400), now, &[ip], &mut rng).unwrap();
     std::fs::write(dir.join("tls.crt"), tls_cert).unwrap();
     std::fs::write(dir.join("tls.key"), &tls.key_pem).unwrap();
     std::fs::write(
@@ -109,16 +91,10 @@ fn signer_files(dir: &Path) -> shoal_ca::RootCa {
 fn issued_by_cfssl(pem: &str, root: &shoal_ca::RootCa) -> shoal_ca::CertInfo {
     let chain = shoal_ca::parse_cert_pem_chain(pem.as_bytes()).unwrap();
     let root_der = shoal_ca::parse_cert_pem_chain(root.cert_pem().as_bytes()).unwrap();
-    assert!(
-        shoal_ca::signed_by(&chain[0], &root_der[0]).unwrap(),
-        "signed with the root's key"
-    );
+    assert!(shoal_ca::signed_by(&chain[0], &root_der[0]).unwrap(), "signed with the root's key");
     let info = shoal_ca::parse_cert(&chain[0]).unwrap();
     let life = info.not_after.duration_since(info.not_before).unwrap();
-    assert!(
-        life <= Duration::from_secs(721 * 3600),
-        "CFSSL's 720h profile, not Shoal's 90 days: {life:?}"
-    );
+    assert!(life <= Duration::from_secs(721 * 3600), "CFSSL's 720h profile, not Shoal's 90 days: {life:?}");
     info
 }
 
@@ -134,11 +110,7 @@ fn no_tools() -> bool {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[test]
@@ -150,79 +122,27 @@ fn a_cfssl_signer_issues_the_certificates_of_joining_nodes() {
     let root = signer_files(dir.path());
     let m = node_at(71, "ext-manager", None);
     let (c, k) = (dir.path().join("root.crt"), dir.path().join("root.key"));
-    docker(
-        &m,
-        &[
-            "swarm",
-            "ca",
-            "--rotate",
-            "--ca-cert",
-            c.to_str().unwrap(),
-            "--ca-key",
-            k.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(
-        docker(&m, &["swarm", "ca"]).trim(),
-        root.cert_pem().trim(),
-        "the cluster uses the operator's root"
-    );
+    docker(&m, &["swarm", "ca", "--rotate", "--ca-cert", c.to_str().unwrap(), "--ca-key", k.to_str().unwrap()]);
+    assert_eq!(docker(&m, &["swarm", "ca"]).trim(), root.cert_pem().trim(), "the cluster uses the operator's root");
 
     let port = free_port();
     let cfssl = start_cfssl(dir.path(), port);
     let url = format!("https://127.0.0.1:{port}");
-    docker(
-        &m,
-        &[
-            "swarm",
-            "update",
-            "--external-ca",
-            &format!("protocol=cfssl,url={url}"),
-        ],
-    );
-    let shown = docker(
-        &m,
-        &[
-            "info",
-            "--format",
-            "{{range .Swarm.Cluster.Spec.CAConfig.ExternalCAs}}{{.Protocol}} {{.URL}}{{end}}",
-        ],
-    );
+    docker(&m, &["swarm", "update", "--external-ca", &format!("protocol=cfssl,url={url}")]);
+    let shown = docker(&m, &["info", "--format", "{{range .Swarm.Cluster.Spec.CAConfig.ExternalCAs}}{{.Protocol}} {{.URL}}{{end}}"]);
     assert_eq!(shown.trim(), format!("cfssl {url}"));
 
-    let token = docker(&m, &["swarm", "join-token", "-q", "worker"])
-        .trim()
-        .to_string();
+    let token = docker(&m, &["swarm", "join-token", "-q", "worker"]).trim().to_string();
     let w = inactive_node(72, "ext-worker");
     let out = docker(&w, &["swarm", "join", "--token", &token, &m.remote_addr()]);
-    assert!(
-        out.contains("This node joined a swarm as a worker."),
-        "{out}"
-    );
+    assert!(out.contains("This node joined a swarm as a worker."), "{out}");
     let pem = std::fs::read_to_string(w.state_dir().join("certificates/swarm-node.crt")).unwrap();
     let info = issued_by_cfssl(&pem, &root);
-    assert_eq!(
-        info.subject.role,
-        shoal_ca::Role::Worker,
-        "the CA chose the subject"
-    );
+    assert_eq!(info.subject.role, shoal_ca::Role::Worker, "the CA chose the subject");
     let cfssl_log = std::fs::read_to_string(dir.path().join("cfssl.log")).unwrap();
-    assert!(
-        cfssl_log.contains("signature request received") || cfssl_log.contains("sign"),
-        "{cfssl_log}"
-    );
+    assert!(cfssl_log.contains("signature request received") || cfssl_log.contains("sign"), "{cfssl_log}");
     wait_until("the worker Ready", Duration::from_secs(30), || {
-        let out = docker(
-            &m,
-            &[
-                "node",
-                "ls",
-                "--filter",
-                "name=ext-worker",
-                "--format",
-                "{{.Status}}",
-            ],
-        );
+        let out = docker(&m, &["node", "ls", "--filter", "name=ext-worker", "--format", "{{.Status}}"]);
         if out.trim() == "Ready" {
             Ok(())
         } else {
@@ -233,32 +153,13 @@ fn a_cfssl_signer_issues_the_certificates_of_joining_nodes() {
     // The signer goes away: a join fails, saying why; the cluster keeps working.
     drop(cfssl);
     let late = inactive_node(73, "ext-late");
-    let out = docker_cli::run(
-        late.socket(),
-        &["swarm", "join", "--token", &token, &m.remote_addr()],
-    );
+    let out = docker_cli::run(late.socket(), &["swarm", "join", "--token", &token, &m.remote_addr()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("external CA could not sign"),
-        "{err}"
-    );
-    assert_eq!(
-        docker(&late, &["info", "--format", "{{.Swarm.LocalNodeState}}"]).trim(),
-        "inactive"
-    );
+    assert!(!out.status.success() && err.contains("external CA could not sign"), "{err}");
+    assert_eq!(docker(&late, &["info", "--format", "{{.Swarm.LocalNodeState}}"]).trim(), "inactive");
     shoal_testkit::managers::create_service(&m, "still", 1, &["sleep", "3643"]).unwrap();
     wait_running(&m, "still", 1, &["sleep", "3643"], Duration::from_secs(30));
-    let out = docker(
-        &m,
-        &[
-            "node",
-            "ls",
-            "--filter",
-            "name=ext-worker",
-            "--format",
-            "{{.Status}}",
-        ],
-    );
+    let out = docker(&m, &["node", "ls", "--filter", "name=ext-worker", "--format", "{{.Status}}"]);
     assert_eq!(out.trim(), "Ready", "the worker is untouched");
 }
 
@@ -273,61 +174,21 @@ fn docker_swarm_init_with_an_external_ca_roots_the_swarm_at_the_signers_root() {
     let _cfssl = start_cfssl(dir.path(), port);
     let m = inactive_node(74, "ext-init");
     let addr = m.remote_addr();
-    let ca = format!(
-        "protocol=cfssl,url=https://127.0.0.1:{port},cacert={}",
-        dir.path().join("root.crt").display()
-    );
+    let ca = format!("protocol=cfssl,url=https://127.0.0.1:{port},cacert={}", dir.path().join("root.crt").display());
     // Without the signer's root the init is refused, saying what to add.
-    let out = docker_cli::run(
-        m.socket(),
-        &[
-            "swarm",
-            "init",
-            "--listen-addr",
-            &addr,
-            "--external-ca",
-            &format!("protocol=cfssl,url=https://127.0.0.1:{port}"),
-        ],
-    );
+    let out = docker_cli::run(m.socket(), &["swarm", "init", "--listen-addr", &addr, "--external-ca", &format!("protocol=cfssl,url=https://127.0.0.1:{port}")]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("cacert=FILE"),
-        "{err}"
-    );
-    let out = docker(
-        &m,
-        &[
-            "swarm",
-            "init",
-            "--listen-addr",
-            &addr,
-            "--advertise-addr",
-            &addr,
-            "--external-ca",
-            &ca,
-        ],
-    );
+    assert!(!out.status.success() && err.contains("cacert=FILE"), "{err}");
+    let out = docker(&m, &["swarm", "init", "--listen-addr", &addr, "--advertise-addr", &addr, "--external-ca", &ca]);
     assert!(out.contains("Swarm initialized"), "{out}");
-    assert_eq!(
-        docker(&m, &["swarm", "ca"]).trim(),
-        root.cert_pem().trim(),
-        "the swarm's root is the signer's"
-    );
+    assert_eq!(docker(&m, &["swarm", "ca"]).trim(), root.cert_pem().trim(), "the swarm's root is the signer's");
     let pem = std::fs::read_to_string(m.state_dir().join("certificates/swarm-node.crt")).unwrap();
     issued_by_cfssl(&pem, &root);
     // The token the init printed is the final one: a worker joins with it and gets a certificate from CFSSL.
-    let token = out
-        .split_whitespace()
-        .skip_while(|w| *w != "--token")
-        .nth(1)
-        .unwrap()
-        .to_string();
+    let token = out.split_whitespace().skip_while(|w| *w != "--token").nth(1).unwrap().to_string();
     let w = inactive_node(75, "ext-init-worker");
     let joined = docker(&w, &["swarm", "join", "--token", &token, &addr]);
-    assert!(
-        joined.contains("This node joined a swarm as a worker."),
-        "{joined}"
-    );
+    assert!(joined.contains("This node joined a swarm as a worker."), "{joined}");
     let pem = std::fs::read_to_string(w.state_dir().join("certificates/swarm-node.crt")).unwrap();
     issued_by_cfssl(&pem, &root);
 }

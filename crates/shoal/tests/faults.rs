@@ -38,14 +38,7 @@ use shoal_testkit::managers::{leader_seen_by, managers_seen_by, wait_identical};
 use shoal_testkit::netns::Net;
 
 /// Raft timing of every manager: 50 ms ticks, elections after 0.5-1 s of silence, heartbeats every tick.
-const TIMING: [&str; 6] = [
-    "--raft-tick-interval-ms",
-    "50",
-    "--election-tick",
-    "10",
-    "--heartbeat-tick",
-    "1",
-];
+const TIMING: [&str; 6] = ["--raft-tick-interval-ms", "50", "--election-tick", "10", "--heartbeat-tick", "1"];
 /// The remote API port of every manager (each has its own namespace, hence its own port space).
 const PORT: u16 = 4242;
 /// How long a client waits for one answer before recording the op as unknown.
@@ -66,19 +59,9 @@ struct Cluster {
 impl Cluster {
     fn start(tag: &str) -> Cluster {
         let net = Net::new(tag, 3);
-        let first = DaemonProcess::start_with(
-            &shoal_bin(),
-            options(&net, 0, TIMING.map(String::from).to_vec()),
-        );
-        let token = first.get("/v1.47/swarm")["JoinTokens"]["Manager"]
-            .as_str()
-            .expect("manager token")
-            .to_string();
-        let mut c = Cluster {
-            ds: vec![first],
-            net,
-            token,
-        };
+        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, TIMING.map(String::from).to_vec()));
+        let token = first.get("/v1.47/swarm")["JoinTokens"]["Manager"].as_str().expect("manager token").to_string();
+        let mut c = Cluster { ds: vec![first], net, token };
         for i in 1..3 {
             let join = c.join_args(0);
             let d = DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, join));
@@ -91,12 +74,7 @@ impl Cluster {
     /// Flags to join through manager `via` (plus the timing).
     fn join_args(&self, via: usize) -> Vec<String> {
         let mut a: Vec<String> = TIMING.map(String::from).to_vec();
-        a.extend([
-            "--join-addr".into(),
-            self.ds[via].remote_addr(),
-            "--join-token".into(),
-            self.token.clone(),
-        ]);
+        a.extend(["--join-addr".into(), self.ds[via].remote_addr(), "--join-token".into(), self.token.clone()]);
         a
     }
 
@@ -111,34 +89,25 @@ impl Cluster {
     /// Waits until every manager in `live` names the same single leader among them, and sees the others of
     /// `live` as reachable; returns the leader's index.
     fn wait_healthy(&self, live: &[usize], deadline: Duration) -> usize {
-        wait_until(
-            "one leader, every live manager reachable, as every live manager sees it",
-            deadline,
-            || {
-                let mut leader: Option<String> = None;
-                for &i in live {
-                    let seen = managers_seen_by(&self.ds[i])?;
-                    let l = leader_seen_by(&self.ds[i]).map_err(|e| format!("manager-{i}: {e}"))?;
-                    if leader.as_ref().is_some_and(|x| *x != l) {
-                        return Err(format!("manager-{i} names {l}, another names {leader:?}"));
-                    }
-                    for &j in live {
-                        let host = format!("manager-{j}");
-                        if !seen
-                            .iter()
-                            .any(|(h, s)| *h == host && (s == "Leader" || s == "reachable"))
-                        {
-                            return Err(format!("manager-{i} sees {seen:?}"));
-                        }
-                    }
-                    leader = Some(l);
+        wait_until("one leader, every live manager reachable, as every live manager sees it", deadline, || {
+            let mut leader: Option<String> = None;
+            for &i in live {
+                let seen = managers_seen_by(&self.ds[i])?;
+                let l = leader_seen_by(&self.ds[i]).map_err(|e| format!("manager-{i}: {e}"))?;
+                if leader.as_ref().is_some_and(|x| *x != l) {
+                    return Err(format!("manager-{i} names {l}, another names {leader:?}"));
                 }
-                let l = leader.ok_or("no live manager")?;
-                l.trim_start_matches("manager-")
-                    .parse::<usize>()
-                    .map_err(|e| e.to_string())
-            },
-        )
+                for &j in live {
+                    let host = format!("manager-{j}");
+                    if !seen.iter().any(|(h, s)| *h == host && (s == "Leader" || s == "reachable")) {
+                        return Err(format!("manager-{i} sees {seen:?}"));
+                    }
+                }
+                leader = Some(l);
+            }
+            let l = leader.ok_or("no live manager")?;
+            l.trim_start_matches("manager-").parse::<usize>().map_err(|e| e.to_string())
+        })
     }
 
     fn all(&self) -> Vec<&DaemonProcess> {
@@ -159,15 +128,9 @@ fn options(net: &Net, i: usize, extra_args: Vec<String>) -> DaemonOptions {
 
 /// The seed of this run: `SHOAL_FAULT_SEED`, else the clock; printed so that a failure can be replayed.
 fn seed(test: &str) -> u64 {
-    let seed = std::env::var("SHOAL_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let seed = std::env::var("SHOAL_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
     println!("{test}: SHOAL_FAULT_SEED={seed}");
     seed
 }
@@ -175,12 +138,8 @@ fn seed(test: &str) -> u64 {
 /// Maps an answer to a write's outcome (see the module doc).
 fn write_outcome(r: &Result<http::Response, RequestError>) -> (Outcome, String) {
     match r {
-        Ok(resp) if (200..300).contains(&resp.status) => {
-            (Outcome::Ok(None), resp.status.to_string())
-        }
-        Ok(resp) if matches!(resp.status, 400 | 404 | 409) => {
-            (Outcome::Fail, format!("{} {}", resp.status, resp.body))
-        }
+        Ok(resp) if (200..300).contains(&resp.status) => (Outcome::Ok(None), resp.status.to_string()),
+        Ok(resp) if matches!(resp.status, 400 | 404 | 409) => (Outcome::Fail, format!("{} {}", resp.status, resp.body)),
         Ok(resp) => (Outcome::Unknown, format!("{} {}", resp.status, resp.body)),
         Err(RequestError::Connect(e)) => (Outcome::Fail, e.clone()),
         Err(RequestError::NoAnswer(e)) => (Outcome::Unknown, e.clone()),
@@ -189,13 +148,7 @@ fn write_outcome(r: &Result<http::Response, RequestError>) -> (Outcome, String) 
 
 /// Reads service `key` through `socket`: the outcome (the label value, or none), and the service's JSON.
 fn read(socket: &std::path::Path, key: &str) -> (Outcome, String, Option<Value>) {
-    match http::request_within(
-        socket,
-        "GET",
-        &format!("/v1.47/services/{key}"),
-        None,
-        CLIENT_TIMEOUT,
-    ) {
+    match http::request_within(socket, "GET", &format!("/v1.47/services/{key}"), None, CLIENT_TIMEOUT) {
         Ok(r) if r.status == 200 => {
             let v = r.body["Spec"]["Labels"]["v"].as_str().map(str::to_string);
             (Outcome::Ok(v), "200".into(), Some(r.body))
@@ -233,13 +186,8 @@ impl Workload {
         let history = Arc::new(History::new());
         let threads = (0..CLIENTS)
             .map(|c| {
-                let (stop, acked, history, keys, sockets) = (
-                    stop.clone(),
-                    acked.clone(),
-                    history.clone(),
-                    keys.clone(),
-                    sockets.clone(),
-                );
+                let (stop, acked, history, keys, sockets) =
+                    (stop.clone(), acked.clone(), history.clone(), keys.clone(), sockets.clone());
                 std::thread::spawn(move || {
                     let mut rng = SmallRng::seed_from_u64(seed.wrapping_add(c as u64));
                     let mut n = 0u64;
@@ -267,10 +215,8 @@ impl Workload {
                                 Some(body) => {
                                     let mut spec = body["Spec"].clone();
                                     spec["Labels"]["v"] = value.clone().into();
-                                    let path = format!(
-                                        "/v1.47/services/{key}/update?version={}",
-                                        body["Version"]["Index"]
-                                    );
+                                    let path =
+                                        format!("/v1.47/services/{key}/update?version={}", body["Version"]["Index"]);
                                     let out = history.run(c, key, Op::Update(value), || {
                                         write_outcome(&http::request_within(
                                             socket,
@@ -299,13 +245,7 @@ impl Workload {
                         } else {
                             let path = format!("/v1.47/services/{key}");
                             let out = history.run(c, key, Op::Delete, || {
-                                write_outcome(&http::request_within(
-                                    socket,
-                                    "DELETE",
-                                    &path,
-                                    None,
-                                    CLIENT_TIMEOUT,
-                                ))
+                                write_outcome(&http::request_within(socket, "DELETE", &path, None, CLIENT_TIMEOUT))
                             });
                             matches!(out, Outcome::Ok(_))
                         };
@@ -318,31 +258,21 @@ impl Workload {
                 })
             })
             .collect();
-        Workload {
-            stop,
-            acked,
-            history,
-            threads,
-            keys,
-        }
+        Workload { stop, acked, history, threads, keys }
     }
 
     /// Waits until `more` further writes are acknowledged (the cluster takes writes); returns how long it took.
     fn wait_acked(&self, more: usize, what: &str, deadline: Duration) -> Duration {
         let start = Instant::now();
         let target = self.acked.load(Ordering::SeqCst) + more;
-        wait_until(
-            &format!("{more} more acknowledged writes {what}"),
-            deadline,
-            || {
-                let n = self.acked.load(Ordering::SeqCst);
-                if n >= target {
-                    Ok(())
-                } else {
-                    Err(format!("{n} of {target}"))
-                }
-            },
-        );
+        wait_until(&format!("{more} more acknowledged writes {what}"), deadline, || {
+            let n = self.acked.load(Ordering::SeqCst);
+            if n >= target {
+                Ok(())
+            } else {
+                Err(format!("{n} of {target}"))
+            }
+        });
         start.elapsed()
     }
 
@@ -358,18 +288,12 @@ impl Workload {
                     let (o, note, _) = read(d.socket(), key);
                     (o, format!("final read on manager-{i}: {note}"))
                 });
-                assert!(
-                    matches!(out, Outcome::Ok(_)),
-                    "final read of {key} on manager-{i}: {out:?}"
-                );
+                assert!(matches!(out, Outcome::Ok(_)), "final read of {key} on manager-{i}: {out:?}");
             }
         }
         let records = self.history.records();
         match history::check(&records) {
-            Ok(summary) => println!(
-                "history of {} ops is linearizable: {summary}",
-                records.len()
-            ),
+            Ok(summary) => println!("history of {} ops is linearizable: {summary}", records.len()),
             Err(v) => panic!("SHOAL_FAULT_SEED={seed}: the history is not linearizable: {v}"),
         }
     }
@@ -407,15 +331,9 @@ fn kill9_of_the_leader() {
     let killed = Instant::now();
     let rest: Vec<usize> = (0..3).filter(|&i| i != old).collect();
     let new = c.wait_healthy(&rest, Duration::from_secs(20));
-    println!(
-        "new leader manager-{new} seen by both survivors {:?} after kill -9 of manager-{old}",
-        killed.elapsed()
-    );
+    println!("new leader manager-{new} seen by both survivors {:?} after kill -9 of manager-{old}", killed.elapsed());
     w.wait_acked(1, "after the leader died", Duration::from_secs(20));
-    println!(
-        "first write acknowledged by a client {:?} after kill -9 of the leader",
-        killed.elapsed()
-    );
+    println!("first write acknowledged by a client {:?} after kill -9 of the leader", killed.elapsed());
     w.wait_acked(10, "with the old leader dead", Duration::from_secs(20));
     c.restart(old);
     settle_and_check(&c, w, seed);
@@ -448,39 +366,28 @@ fn kill9_of_a_quorum_then_restart() {
         c.ds[i].kill9();
     }
     // Without a quorum, a write on the survivor is refused (503) within a bounded time, never hangs.
-    let (took, answer) = wait_until(
-        "a write refused by the survivor",
-        Duration::from_secs(20),
-        || {
-            let start = Instant::now();
-            let body = service_spec("kq-no-quorum", "x").to_string();
-            match http::request_within(
-                c.ds[survivor].socket(),
-                "POST",
-                "/v1.47/services/create",
-                Some(&body),
-                CLIENT_TIMEOUT,
-            ) {
-                Ok(r) if r.status == 503 => Ok((start.elapsed(), r.body.to_string())),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    );
+    let (took, answer) = wait_until("a write refused by the survivor", Duration::from_secs(20), || {
+        let start = Instant::now();
+        let body = service_spec("kq-no-quorum", "x").to_string();
+        match http::request_within(
+            c.ds[survivor].socket(),
+            "POST",
+            "/v1.47/services/create",
+            Some(&body),
+            CLIENT_TIMEOUT,
+        ) {
+            Ok(r) if r.status == 503 => Ok((start.elapsed(), r.body.to_string())),
+            other => Err(format!("{other:?}")),
+        }
+    });
     println!("without a quorum a write is refused in {took:?}: {answer}");
     assert!(took < Duration::from_secs(12), "refusal took {took:?}");
     for &i in &killed {
         c.restart(i);
     }
     settle_and_check(&c, w, seed);
-    let names: Vec<Value> = c.ds[0]
-        .get("/v1.47/services")
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        !names.iter().any(|s| s["Spec"]["Name"] == "kq-no-quorum"),
-        "the refused write was applied"
-    );
+    let names: Vec<Value> = c.ds[0].get("/v1.47/services").as_array().cloned().unwrap_or_default();
+    assert!(!names.iter().any(|s| s["Spec"]["Name"] == "kq-no-quorum"), "the refused write was applied");
 }
 
 #[test]
@@ -497,34 +404,22 @@ fn kill9_of_a_follower_that_loses_its_state_and_joins_again() {
     // The leader refuses a join at the address of a member it still hears from; once it sees the old member
     // unreachable, the manager may come back.
     let host = format!("manager-{f}");
-    wait_until(
-        "the leader sees the killed manager unreachable",
-        Duration::from_secs(20),
-        || {
-            let seen = managers_seen_by(&c.ds[leader])?;
-            if seen.iter().any(|(h, s)| *h == host && s == "unreachable") {
-                Ok(())
-            } else {
-                Err(format!("{seen:?}"))
-            }
-        },
-    );
+    wait_until("the leader sees the killed manager unreachable", Duration::from_secs(20), || {
+        let seen = managers_seen_by(&c.ds[leader])?;
+        if seen.iter().any(|(h, s)| *h == host && s == "unreachable") {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
     // It comes back at the same address with an empty state dir: it joins again (a new node and Raft ID)
     // and replaces its old, unreachable Raft member.
     let join = c.join_args(leader);
     c.ds[f].restart(&join);
     settle_and_check(&c, w, seed);
     let nodes = c.ds[leader].get("/v1.47/nodes");
-    let managers = nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|n| n["ManagerStatus"].is_object())
-        .count();
-    assert_eq!(
-        managers, 3,
-        "the wiped manager's old raft member is replaced: {nodes}"
-    );
+    let managers = nodes.as_array().unwrap().iter().filter(|n| n["ManagerStatus"].is_object()).count();
+    assert_eq!(managers, 3, "the wiped manager's old raft member is replaced: {nodes}");
 }
 
 #[test]
@@ -539,35 +434,21 @@ fn the_leader_cut_off_from_both_followers() {
     let cut = Instant::now();
     let new = c.wait_healthy(&rest, Duration::from_secs(20));
     assert_ne!(new, old);
-    println!(
-        "partition: new leader manager-{new} seen by both followers {:?} after the cut",
-        cut.elapsed()
-    );
+    println!("partition: new leader manager-{new} seen by both followers {:?} after the cut", cut.elapsed());
     w.wait_acked(1, "after the cut", Duration::from_secs(20));
-    println!(
-        "partition: first write acknowledged by a client {:?} after the cut",
-        cut.elapsed()
-    );
+    println!("partition: first write acknowledged by a client {:?} after the cut", cut.elapsed());
     // A write through the isolated manager fails with 503 within a bounded time (its proposal cannot
     // commit; it steps down when check-quorum sees no majority).
     let start = Instant::now();
     let body = service_spec("pl-isolated", "x").to_string();
-    let r = http::request_within(
-        c.ds[old].socket(),
-        "POST",
-        "/v1.47/services/create",
-        Some(&body),
-        CLIENT_TIMEOUT,
-    );
+    let r = http::request_within(c.ds[old].socket(), "POST", "/v1.47/services/create", Some(&body), CLIENT_TIMEOUT);
     let took = start.elapsed();
     println!("partition: a write through the isolated manager answered in {took:?}: {r:?}");
     assert!(matches!(&r, Ok(resp) if resp.status == 503), "{r:?}");
     assert!(took < Duration::from_secs(12), "took {took:?}");
     // It has stepped down: it knows no leader, and says so at once.
-    let (took, answer) = wait_until(
-        "the isolated manager refuses writes for want of a leader",
-        Duration::from_secs(20),
-        || {
+    let (took, answer) =
+        wait_until("the isolated manager refuses writes for want of a leader", Duration::from_secs(20), || {
             let start = Instant::now();
             match http::request_within(
                 c.ds[old].socket(),
@@ -576,80 +457,32 @@ fn the_leader_cut_off_from_both_followers() {
                 Some(&body),
                 CLIENT_TIMEOUT,
             ) {
-                Ok(r)
-                    if r.status == 503
-                        && r.body.to_string().contains("no leader / lost quorum") =>
-                {
+                Ok(r) if r.status == 503 && r.body.to_string().contains("no leader / lost quorum") => {
                     Ok((start.elapsed(), r.body.to_string()))
                 }
                 other => Err(format!("{other:?}")),
             }
-        },
-    );
-    println!(
-        "partition: the isolated manager-{old} stepped down; refuses a write in {took:?}: {answer}"
-    );
+        });
+    println!("partition: the isolated manager-{old} stepped down; refuses a write in {took:?}: {answer}");
     assert!(took < Duration::from_secs(2), "took {took:?}");
     // Its reads are refused too (no leader confirms them), never stale.
-    let r = http::request_within(
-        c.ds[old].socket(),
-        "GET",
-        "/v1.47/services",
-        None,
-        CLIENT_TIMEOUT,
-    );
-    assert!(
-        matches!(&r, Ok(resp) if resp.status == 503),
-        "a read on the isolated manager: {r:?}"
-    );
-    let r = http::request_within(
-        c.ds[old].socket(),
-        "GET",
-        "/v1.47/swarm",
-        None,
-        CLIENT_TIMEOUT,
-    );
-    assert!(
-        matches!(&r, Ok(resp) if resp.status == 503),
-        "GET /swarm on the isolated manager: {r:?}"
-    );
+    let r = http::request_within(c.ds[old].socket(), "GET", "/v1.47/services", None, CLIENT_TIMEOUT);
+    assert!(matches!(&r, Ok(resp) if resp.status == 503), "a read on the isolated manager: {r:?}");
+    let r = http::request_within(c.ds[old].socket(), "GET", "/v1.47/swarm", None, CLIENT_TIMEOUT);
+    assert!(matches!(&r, Ok(resp) if resp.status == 503), "GET /swarm on the isolated manager: {r:?}");
     // `docker info` still answers there, and says why the cluster's state may be stale.
-    let r = http::request_within(
-        c.ds[old].socket(),
-        "GET",
-        "/v1.47/info",
-        None,
-        CLIENT_TIMEOUT,
-    )
-    .expect("GET /info");
+    let r = http::request_within(c.ds[old].socket(), "GET", "/v1.47/info", None, CLIENT_TIMEOUT).expect("GET /info");
     assert_eq!(r.status, 200, "{:?}", r.body);
     let error = r.body["Swarm"]["Error"].as_str().unwrap_or_default();
-    assert!(
-        error.contains("no leader"),
-        "Swarm.Error of the isolated manager: {:?}",
-        r.body["Swarm"]
-    );
+    assert!(error.contains("no leader"), "Swarm.Error of the isolated manager: {:?}", r.body["Swarm"]);
     w.wait_acked(5, "on the majority side", Duration::from_secs(20));
     c.net.heal(old);
     let healed = Instant::now();
     let leader = settle_and_check(&c, w, seed);
-    println!(
-        "partition healed: manager-{old} rejoined as a follower, stores identical {:?} after",
-        healed.elapsed()
-    );
-    assert_ne!(
-        leader, old,
-        "the isolated manager came back as a follower (pre-vote: its stale log cannot win)"
-    );
-    let names: Vec<Value> = c.ds[new]
-        .get("/v1.47/services")
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        !names.iter().any(|s| s["Spec"]["Name"] == "pl-isolated"),
-        "the refused write was applied"
-    );
+    println!("partition healed: manager-{old} rejoined as a follower, stores identical {:?} after", healed.elapsed());
+    assert_ne!(leader, old, "the isolated manager came back as a follower (pre-vote: its stale log cannot win)");
+    let names: Vec<Value> = c.ds[new].get("/v1.47/services").as_array().cloned().unwrap_or_default();
+    assert!(!names.iter().any(|s| s["Spec"]["Name"] == "pl-isolated"), "the refused write was applied");
 }
 
 #[test]
@@ -665,25 +498,12 @@ fn a_follower_with_delayed_traffic() {
         // The fault is in effect: a read on the delayed follower asks the leader for its commit index (one
         // round trip through the delay, 400 ms at least).
         let start = Instant::now();
-        let r = http::request_within(
-            c.ds[f].socket(),
-            "GET",
-            "/v1.47/services",
-            None,
-            CLIENT_TIMEOUT,
-        );
+        let r = http::request_within(c.ds[f].socket(), "GET", "/v1.47/services", None, CLIENT_TIMEOUT);
         let took = start.elapsed();
         println!("a read on the delayed manager-{f} took {took:?}");
         assert!(matches!(&r, Ok(resp) if resp.status == 200), "{r:?}");
-        assert!(
-            took >= Duration::from_millis(400),
-            "the delay is not in effect: a read took {took:?}"
-        );
-        let took = w.wait_acked(
-            20,
-            "with a follower's traffic delayed by 200 ms",
-            Duration::from_secs(30),
-        );
+        assert!(took >= Duration::from_millis(400), "the delay is not in effect: a read took {took:?}");
+        let took = w.wait_acked(20, "with a follower's traffic delayed by 200 ms", Duration::from_secs(30));
         println!("20 writes acknowledged in {took:?} with manager-{f}'s traffic delayed by 200 ms each way");
     }
     settle_and_check(&c, w, seed);
@@ -706,9 +526,6 @@ fn every_manager_restarted_at_once() {
         c.restart(i);
     }
     let leader = c.wait_healthy(&[0, 1, 2], Duration::from_secs(30));
-    println!(
-        "every manager killed and restarted: manager-{leader} leads {:?} later",
-        down.elapsed()
-    );
+    println!("every manager killed and restarted: manager-{leader} leads {:?} later", down.elapsed());
     settle_and_check(&c, w, seed);
 }

@@ -23,18 +23,10 @@ fn hosts_of(m: &DaemonProcess, tasks: &[Value]) -> BTreeSet<String> {
             .unwrap()
             .iter()
             .find(|n| n["ID"] == id)
-            .map(|n| {
-                n["Description"]["Hostname"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string()
-            })
+            .map(|n| n["Description"]["Hostname"].as_str().unwrap_or("").to_string())
             .unwrap_or_else(|| format!("unknown node {id}"))
     };
-    tasks
-        .iter()
-        .map(|t| host(t["NodeID"].as_str().unwrap_or("")))
-        .collect()
+    tasks.iter().map(|t| host(t["NodeID"].as_str().unwrap_or(""))).collect()
 }
 
 fn set(hosts: &[&str]) -> BTreeSet<String> {
@@ -45,10 +37,7 @@ fn set(hosts: &[&str]) -> BTreeSet<String> {
 fn wait_ready(m: &DaemonProcess, hosts: &[&str]) {
     wait_until("every node ready", DEADLINE, || {
         let ls = docker(m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
-        if hosts
-            .iter()
-            .all(|h| ls.lines().any(|l| l == format!("{h} Ready")))
-        {
+        if hosts.iter().all(|h| ls.lines().any(|l| l == format!("{h} Ready"))) {
             Ok(())
         } else {
             Err(ls)
@@ -58,17 +47,7 @@ fn wait_ready(m: &DaemonProcess, hosts: &[&str]) {
 
 /// The `service ls` row of `name` as "MODE REPLICAS".
 fn ls_row(m: &DaemonProcess, name: &str) -> String {
-    let ls = docker(
-        m,
-        &[
-            "service",
-            "ls",
-            "--filter",
-            &format!("name={name}"),
-            "--format",
-            "{{.Mode}} {{.Replicas}}",
-        ],
-    );
+    let ls = docker(m, &["service", "ls", "--filter", &format!("name={name}"), "--format", "{{.Mode}} {{.Replicas}}"]);
     ls.trim().to_string()
 }
 
@@ -84,64 +63,30 @@ fn a_global_service_runs_one_task_per_eligible_node() {
     wait_ready(&m, &["gm-101", "gw-102", "gw-103"]);
 
     // Three nodes, three tasks, one on each.
-    docker(
-        &m,
-        &[
-            "service", "create", "--detach", "--name", "gsvc", "--mode", "global", "busybox",
-            "sleep", "5151",
-        ],
-    );
+    docker(&m, &["service", "create", "--detach", "--name", "gsvc", "--mode", "global", "busybox", "sleep", "5151"]);
     let running = wait_running(&m, "gsvc", 3, &v1, DEADLINE);
     assert_eq!(hosts_of(&m, &running), set(&["gm-101", "gw-102", "gw-103"]));
-    wait_until("service ls shows global 3/3", DEADLINE, || {
-        match ls_row(&m, "gsvc").as_str() {
-            "global 3/3" => Ok(()),
-            other => Err(other.to_string()),
-        }
+    wait_until("service ls shows global 3/3", DEADLINE, || match ls_row(&m, "gsvc").as_str() {
+        "global 3/3" => Ok(()),
+        other => Err(other.to_string()),
     });
-    let ps = docker(
-        &m,
-        &[
-            "service",
-            "ps",
-            "gsvc",
-            "--filter",
-            "desired-state=running",
-            "--format",
-            "{{.Node}} {{.CurrentState}}",
-        ],
-    );
-    let rows: BTreeSet<String> = ps
-        .lines()
-        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
-        .collect();
-    assert_eq!(
-        rows,
-        set(&["gm-101", "gw-102", "gw-103"]),
-        "service ps:\n{ps}"
-    );
-    assert!(
-        ps.lines().all(|l| l.contains("Running")),
-        "service ps:\n{ps}"
-    );
+    let ps = docker(&m, &["service", "ps", "gsvc", "--filter", "desired-state=running", "--format", "{{.Node}} {{.CurrentState}}"]);
+    let rows: BTreeSet<String> = ps.lines().map(|l| l.split_whitespace().next().unwrap_or("").to_string()).collect();
+    assert_eq!(rows, set(&["gm-101", "gw-102", "gw-103"]), "service ps:\n{ps}");
+    assert!(ps.lines().all(|l| l.contains("Running")), "service ps:\n{ps}");
 
     // A fourth node joins: four tasks.
     let _w4 = node_at(104, "gw-104", Some((&m, "Worker")));
     let running = wait_running(&m, "gsvc", 4, &v1, DEADLINE);
-    assert_eq!(
-        hosts_of(&m, &running),
-        set(&["gm-101", "gw-102", "gw-103", "gw-104"])
-    );
+    assert_eq!(hosts_of(&m, &running), set(&["gm-101", "gw-102", "gw-103", "gw-104"]));
 
     // Drained: its task stops and is not replaced elsewhere.
     docker(&m, &["node", "update", "--availability", "drain", "gw-104"]);
     let running = wait_running(&m, "gsvc", 3, &v1, DEADLINE);
     assert_eq!(hosts_of(&m, &running), set(&["gm-101", "gw-102", "gw-103"]));
-    wait_until("service ls shows global 3/3", DEADLINE, || {
-        match ls_row(&m, "gsvc").as_str() {
-            "global 3/3" => Ok(()),
-            other => Err(other.to_string()),
-        }
+    wait_until("service ls shows global 3/3", DEADLINE, || match ls_row(&m, "gsvc").as_str() {
+        "global 3/3" => Ok(()),
+        other => Err(other.to_string()),
     });
 
     // A label constraint: only the labelled nodes; removing a label stops that node's task.
@@ -150,20 +95,7 @@ fn a_global_service_runs_one_task_per_eligible_node() {
     let zoned = ["sleep", "5153"];
     docker(
         &m,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "gzone",
-            "--mode",
-            "global",
-            "--constraint",
-            "node.labels.zone==a",
-            "busybox",
-            "sleep",
-            "5153",
-        ],
+        &["service", "create", "--detach", "--name", "gzone", "--mode", "global", "--constraint", "node.labels.zone==a", "busybox", "sleep", "5153"],
     );
     let running = wait_running(&m, "gzone", 2, &zoned, DEADLINE);
     assert_eq!(hosts_of(&m, &running), set(&["gm-101", "gw-102"]));
@@ -173,29 +105,13 @@ fn a_global_service_runs_one_task_per_eligible_node() {
 
     // A rolling update replaces every node's task.
     let v2 = ["sleep", "5152"];
-    docker(
-        &m,
-        &[
-            "service",
-            "update",
-            "--detach",
-            "--update-parallelism",
-            "1",
-            "--args",
-            "sleep 5152",
-            "gsvc",
-        ],
-    );
+    docker(&m, &["service", "update", "--detach", "--update-parallelism", "1", "--args", "sleep 5152", "gsvc"]);
     let running = wait_running(&m, "gsvc", 3, &v2, DEADLINE);
     assert_eq!(hosts_of(&m, &running), set(&["gm-101", "gw-102", "gw-103"]));
-    wait_until(
-        "no old task process",
-        DEADLINE,
-        || match process::pids_with_cmdline(&v1).len() {
-            0 => Ok(()),
-            n => Err(format!("{n} left")),
-        },
-    );
+    wait_until("no old task process", DEADLINE, || match process::pids_with_cmdline(&v1).len() {
+        0 => Ok(()),
+        n => Err(format!("{n} left")),
+    });
     wait_until("the update completed", DEADLINE, || {
         let s = m.get("/v1.47/services/gsvc");
         match s["UpdateStatus"]["State"].as_str() {
@@ -223,50 +139,22 @@ fn a_service_mode_cannot_change() {
         return;
     }
     let d = daemon();
-    docker(
-        &d,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "web",
-            "--replicas",
-            "1",
-            "busybox",
-            "sleep",
-            "5154",
-        ],
-    );
+    docker(&d, &["service", "create", "--detach", "--name", "web", "--replicas", "1", "busybox", "sleep", "5154"]);
     let s = d.get("/v1.47/services/web");
     let mut spec = s["Spec"].clone();
     spec["Mode"] = serde_json::json!({"Global": {}});
     let r = shoal_testkit::http::request(
         d.socket(),
         "POST",
-        &format!(
-            "/v1.47/services/web/update?version={}",
-            s["Version"]["Index"]
-        ),
+        &format!("/v1.47/services/web/update?version={}", s["Version"]["Index"]),
         Some(&spec.to_string()),
     )
     .unwrap();
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(
-        r.body["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("service mode change is not allowed"),
-        "{}",
-        r.body
-    );
+    assert!(r.body["message"].as_str().unwrap_or("").contains("service mode change is not allowed"), "{}", r.body);
     docker(&d, &["service", "rm", "web"]);
-    wait_until(
-        "no sleep 5154 left",
-        DEADLINE,
-        || match process::pids_with_cmdline(&["sleep", "5154"]).len() {
-            0 => Ok(()),
-            n => Err(format!("{n} left")),
-        },
-    );
+    wait_until("no sleep 5154 left", DEADLINE, || match process::pids_with_cmdline(&["sleep", "5154"]).len() {
+        0 => Ok(()),
+        n => Err(format!("{n} left")),
+    });
 }

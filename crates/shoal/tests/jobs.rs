@@ -35,35 +35,18 @@ fn docker_returns(d: &DaemonProcess, args: &[&str]) -> String {
         .spawn()
         .expect("run docker");
     let mut cli = Cli(child);
-    wait_until(
-        &format!("docker {args:?} returns"),
-        DEADLINE,
-        || match cli.0.try_wait() {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err("still running".to_string()),
-            Err(e) => Err(e.to_string()),
-        },
-    );
+    wait_until(&format!("docker {args:?} returns"), DEADLINE, || match cli.0.try_wait() {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err("still running".to_string()),
+        Err(e) => Err(e.to_string()),
+    });
     let mut out = String::new();
     let mut err = String::new();
     use std::io::Read;
-    let _ = cli
-        .0
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out);
-    let _ = cli
-        .0
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err);
+    let _ = cli.0.stdout.take().expect("stdout").read_to_string(&mut out);
+    let _ = cli.0.stderr.take().expect("stderr").read_to_string(&mut err);
     let status = cli.0.wait().expect("exit status");
-    assert!(
-        status.success(),
-        "docker {args:?} failed ({status}):\nstdout: {out}\nstderr: {err}"
-    );
+    assert!(status.success(), "docker {args:?} failed ({status}):\nstdout: {out}\nstderr: {err}");
     out
 }
 
@@ -116,19 +99,9 @@ fn iteration(t: &Value) -> u64 {
 
 /// The `service ls` row of `name` as "MODE REPLICAS".
 fn ls_row(d: &DaemonProcess, name: &str) -> String {
-    docker(
-        d,
-        &[
-            "service",
-            "ls",
-            "--filter",
-            &format!("name={name}"),
-            "--format",
-            "{{.Mode}} {{.Replicas}}",
-        ],
-    )
-    .trim()
-    .to_string()
+    docker(d, &["service", "ls", "--filter", &format!("name={name}"), "--format", "{{.Mode}} {{.Replicas}}"])
+        .trim()
+        .to_string()
 }
 
 #[test]
@@ -142,61 +115,26 @@ fn a_replicated_job_runs_its_completions_two_at_a_time_and_again_on_forced_updat
     let out = docker_returns(
         &d,
         &[
-            "service",
-            "create",
-            "--name",
-            "batch",
-            "--mode",
-            "replicated-job",
-            "--replicas",
-            "5",
-            "--max-concurrent",
-            "2",
-            "busybox",
-            "sh",
-            "-c",
-            cmd,
+            "service", "create", "--name", "batch", "--mode", "replicated-job", "--replicas", "5", "--max-concurrent",
+            "2", "busybox", "sh", "-c", cmd,
         ],
     );
-    assert!(
-        out.contains("job complete"),
-        "the CLI's progress ends with the job complete:\n{out}"
-    );
+    assert!(out.contains("job complete"), "the CLI's progress ends with the job complete:\n{out}");
     let svc = d.get("/v1.47/services/batch");
-    assert_eq!(
-        svc["Spec"]["Mode"],
-        serde_json::json!({"ReplicatedJob": {"MaxConcurrent": 2, "TotalCompletions": 5}})
-    );
+    assert_eq!(svc["Spec"]["Mode"], serde_json::json!({"ReplicatedJob": {"MaxConcurrent": 2, "TotalCompletions": 5}}));
     assert_eq!(svc["JobStatus"]["JobIteration"]["Index"], 0, "{svc}");
     let tasks = tasks_of(&d, "batch");
     let first: Vec<&Value> = tasks.iter().filter(|t| iteration(t) == 0).collect();
     assert_eq!(first.len(), 5, "5 tasks, none restarted: {tasks:?}");
-    assert!(
-        first
-            .iter()
-            .all(|t| state(t) == "complete" && desired(t) == "complete"),
-        "{first:?}"
-    );
-    let slots: BTreeSet<u64> = first
-        .iter()
-        .map(|t| t["Slot"].as_u64().unwrap_or(0))
-        .collect();
+    assert!(first.iter().all(|t| state(t) == "complete" && desired(t) == "complete"), "{first:?}");
+    let slots: BTreeSet<u64> = first.iter().map(|t| t["Slot"].as_u64().unwrap_or(0)).collect();
     assert_eq!(slots.len(), 5, "one slot per completion");
-    assert!(
-        most_at_once(&first) <= 2,
-        "more than 2 tasks at once: {first:?}"
-    );
+    assert!(most_at_once(&first) <= 2, "more than 2 tasks at once: {first:?}");
     assert_eq!(ls_row(&d, "batch"), "replicated job 0/2 (5/5 completed)");
     let ours = shoal_cli(d.socket(), &["service", "ls"]);
     let ours = String::from_utf8_lossy(&ours.stdout);
-    let row = ours
-        .lines()
-        .find(|l| l.contains("batch"))
-        .unwrap_or_default();
-    assert!(
-        row.contains("replicated job") && row.contains("0/2 (5/5 completed)"),
-        "shoal service ls:\n{ours}"
-    );
+    let row = ours.lines().find(|l| l.contains("batch")).unwrap_or_default();
+    assert!(row.contains("replicated job") && row.contains("0/2 (5/5 completed)"), "shoal service ls:\n{ours}");
 
     // `service update --force` runs the job again: 5 more, the first 5 kept as history.
     docker_returns(&d, &["service", "update", "--force", "batch"]);
@@ -206,36 +144,11 @@ fn a_replicated_job_runs_its_completions_two_at_a_time_and_again_on_forced_updat
     let second: Vec<&Value> = tasks.iter().filter(|t| iteration(t) == 1).collect();
     assert_eq!(second.len(), 5, "5 more: {tasks:?}");
     assert!(second.iter().all(|t| state(t) == "complete"), "{second:?}");
-    assert!(
-        most_at_once(&second) <= 2,
-        "more than 2 tasks at once: {second:?}"
-    );
-    assert_eq!(
-        tasks
-            .iter()
-            .filter(|t| iteration(t) == 0 && state(t) == "complete")
-            .count(),
-        5,
-        "history kept"
-    );
+    assert!(most_at_once(&second) <= 2, "more than 2 tasks at once: {second:?}");
+    assert_eq!(tasks.iter().filter(|t| iteration(t) == 0 && state(t) == "complete").count(), 5, "history kept");
     assert_eq!(ls_row(&d, "batch"), "replicated job 0/2 (5/5 completed)");
-    let ps = docker(
-        &d,
-        &[
-            "service",
-            "ps",
-            "batch",
-            "--format",
-            "{{.DesiredState}} {{.CurrentState}}",
-        ],
-    );
-    assert_eq!(
-        ps.lines()
-            .filter(|l| l.starts_with("Complete Complete"))
-            .count(),
-        10,
-        "service ps:\n{ps}"
-    );
+    let ps = docker(&d, &["service", "ps", "batch", "--format", "{{.DesiredState}} {{.CurrentState}}"]);
+    assert_eq!(ps.lines().filter(|l| l.starts_with("Complete Complete")).count(), 10, "service ps:\n{ps}");
 
     docker(&d, &["service", "rm", "batch"]);
     assert!(service_names(&d).is_empty());
@@ -254,50 +167,23 @@ fn a_failing_job_task_is_restarted_and_a_job_can_not_become_a_service() {
     docker(
         &d,
         &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "flaky",
-            "--mode",
-            "replicated-job",
-            "--replicas",
-            "1",
-            "--restart-delay",
-            "100ms",
-            "busybox",
-            "sh",
-            "-c",
-            &script,
+            "service", "create", "--detach", "--name", "flaky", "--mode", "replicated-job", "--replicas", "1",
+            "--restart-delay", "100ms", "busybox", "sh", "-c", &script,
         ],
     );
-    let tasks = wait_until(
-        "the failed task is replaced and the job completes",
-        DEADLINE,
-        || {
-            let tasks = tasks_of(&d, "flaky");
-            if tasks.iter().any(|t| state(t) == "complete") {
-                Ok(tasks)
-            } else {
-                Err(format!("{tasks:?}"))
-            }
-        },
-    );
+    let tasks = wait_until("the failed task is replaced and the job completes", DEADLINE, || {
+        let tasks = tasks_of(&d, "flaky");
+        if tasks.iter().any(|t| state(t) == "complete") {
+            Ok(tasks)
+        } else {
+            Err(format!("{tasks:?}"))
+        }
+    });
     assert_eq!(tasks.len(), 2, "one failure, one completion: {tasks:?}");
-    assert_eq!(
-        tasks.iter().filter(|t| state(t) == "failed").count(),
-        1,
-        "{tasks:?}"
-    );
-    assert!(
-        tasks.iter().all(|t| t.get("Slot").is_none()),
-        "both in slot 0: {tasks:?}"
-    );
+    assert_eq!(tasks.iter().filter(|t| state(t) == "failed").count(), 1, "{tasks:?}");
+    assert!(tasks.iter().all(|t| t.get("Slot").is_none()), "both in slot 0: {tasks:?}");
     // The mode cannot change, and a job takes no update config.
-    let out = docker_cli::run(
-        d.socket(),
-        &["service", "update", "--update-parallelism", "2", "flaky"],
-    );
+    let out = docker_cli::run(d.socket(), &["service", "update", "--update-parallelism", "2", "flaky"]);
     assert!(!out.status.success());
     let svc = d.get("/v1.47/services/flaky");
     let mut spec = svc["Spec"].clone();
@@ -305,22 +191,12 @@ fn a_failing_job_task_is_restarted_and_a_job_can_not_become_a_service() {
     let r = shoal_testkit::http::request(
         d.socket(),
         "POST",
-        &format!(
-            "/v1.47/services/flaky/update?version={}",
-            svc["Version"]["Index"]
-        ),
+        &format!("/v1.47/services/flaky/update?version={}", svc["Version"]["Index"]),
         Some(&spec.to_string()),
     )
     .unwrap();
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(
-        r.body["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("replicated-job -> replicated"),
-        "{}",
-        r.body
-    );
+    assert!(r.body["message"].as_str().unwrap_or("").contains("replicated-job -> replicated"), "{}", r.body);
     docker(&d, &["service", "rm", "flaky"]);
 }
 
@@ -334,42 +210,18 @@ fn a_global_job_runs_once_per_node() {
     let _w3 = node_at(133, "jw-133", Some((&m, "Worker")));
     wait_until("every node ready", DEADLINE, || {
         let ls = docker(&m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
-        if ["jm-131", "jw-132", "jw-133"]
-            .iter()
-            .all(|h| ls.lines().any(|l| l == format!("{h} Ready")))
-        {
+        if ["jm-131", "jw-132", "jw-133"].iter().all(|h| ls.lines().any(|l| l == format!("{h} Ready"))) {
             Ok(())
         } else {
             Err(ls)
         }
     });
-    let out = docker_returns(
-        &m,
-        &[
-            "service",
-            "create",
-            "--name",
-            "once",
-            "--mode",
-            "global-job",
-            "busybox",
-            "sh",
-            "-c",
-            "sleep 0.2",
-        ],
-    );
+    let out = docker_returns(&m, &["service", "create", "--name", "once", "--mode", "global-job", "busybox", "sh", "-c", "sleep 0.2"]);
     assert!(out.contains("job complete"), "{out}");
     let tasks = tasks_of(&m, "once");
-    assert_eq!(
-        tasks.len(),
-        3,
-        "one task per node, none restarted: {tasks:?}"
-    );
+    assert_eq!(tasks.len(), 3, "one task per node, none restarted: {tasks:?}");
     assert!(tasks.iter().all(|t| state(t) == "complete"), "{tasks:?}");
-    let nodes: BTreeSet<&str> = tasks
-        .iter()
-        .map(|t| t["NodeID"].as_str().unwrap_or(""))
-        .collect();
+    let nodes: BTreeSet<&str> = tasks.iter().map(|t| t["NodeID"].as_str().unwrap_or("")).collect();
     assert_eq!(nodes.len(), 3, "on three different nodes: {tasks:?}");
     assert_eq!(ls_row(&m, "once"), "global job 0/0 (3/3 completed)");
     docker(&m, &["service", "rm", "once"]);
@@ -378,10 +230,7 @@ fn a_global_job_runs_once_per_node() {
 #[test]
 fn times_parse_as_the_engine_writes_them() {
     assert_eq!(chrono_ms("1970-01-01T00:00:01.5Z"), Some(1500));
-    assert_eq!(
-        chrono_ms("2016-06-07T21:07:31.171892745Z"),
-        Some(1_465_333_651_171)
-    );
+    assert_eq!(chrono_ms("2016-06-07T21:07:31.171892745Z"), Some(1_465_333_651_171));
     assert_eq!(chrono_ms("2000-03-01T00:00:00Z"), Some(951_868_800_000));
 }
 
@@ -396,36 +245,14 @@ fn a_job_runs_to_completion_on_the_docker_executor() {
     let d = EngineDaemon::start(&shoal_bin());
     let out = docker_returns(
         &d,
-        &[
-            "service",
-            "create",
-            "--name",
-            "djob",
-            "--mode",
-            "replicated-job",
-            "--replicas",
-            "3",
-            "--max-concurrent",
-            "2",
-            image,
-            "sh",
-            "-c",
-            "sleep 0.2",
-        ],
+        &["service", "create", "--name", "djob", "--mode", "replicated-job", "--replicas", "3", "--max-concurrent", "2", image, "sh", "-c", "sleep 0.2"],
     );
     assert!(out.contains("job complete"), "{out}");
     let tasks = tasks_of(&d, "djob");
     assert_eq!(tasks.len(), 3, "{tasks:?}");
     assert!(tasks.iter().all(|t| state(t) == "complete"), "{tasks:?}");
-    let running =
-        docker_engine::running_with_label(d.node_id(), "com.docker.swarm.service.name", "djob");
-    assert!(
-        running.is_empty(),
-        "no container of the job still runs: {running:?}"
-    );
-    assert!(
-        most_at_once(&tasks.iter().collect::<Vec<_>>()) <= 2,
-        "{tasks:?}"
-    );
+    let running = docker_engine::running_with_label(d.node_id(), "com.docker.swarm.service.name", "djob");
+    assert!(running.is_empty(), "no container of the job still runs: {running:?}");
+    assert!(most_at_once(&tasks.iter().collect::<Vec<_>>()) <= 2, "{tasks:?}");
     docker(&d, &["service", "rm", "djob"]);
 }

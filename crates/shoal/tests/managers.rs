@@ -23,22 +23,14 @@ fn set_role(d: &DaemonProcess, host: &str, role: &str) {
         .unwrap_or_else(|| panic!("no node {host}"));
     let mut spec = node["Spec"].clone();
     spec["Role"] = role.into();
-    let path = format!(
-        "/v1.47/nodes/{}/update?version={}",
-        node["ID"].as_str().unwrap(),
-        node["Version"]["Index"]
-    );
-    let r =
-        shoal_testkit::http::request(d.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
+    let path = format!("/v1.47/nodes/{}/update?version={}", node["ID"].as_str().unwrap(), node["Version"]["Index"]);
+    let r = shoal_testkit::http::request(d.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
     assert_eq!(r.status, 200, "set role {role} of {host}: {}", r.body);
 }
 
 /// Waits until `d` sees exactly the managers in `want` (hostname, "Leader"/"reachable"/"none"), sorted.
 fn wait_managers(d: &DaemonProcess, want: &[(&str, &str)], deadline: Duration) {
-    let want: Vec<(String, String)> = want
-        .iter()
-        .map(|(h, s)| (h.to_string(), s.to_string()))
-        .collect();
+    let want: Vec<(String, String)> = want.iter().map(|(h, s)| (h.to_string(), s.to_string())).collect();
     wait_until("the expected manager statuses", deadline, || {
         let seen = managers_seen_by(d)?;
         if seen == want {
@@ -55,10 +47,7 @@ fn leader_index(ds: &[&DaemonProcess]) -> usize {
         let leaders: Vec<&(String, String)> = seen.iter().filter(|(_, s)| s == "Leader").collect();
         match leaders.as_slice() {
             [(host, _)] => {
-                let i: usize = host
-                    .trim_start_matches("manager-")
-                    .parse()
-                    .map_err(|e| format!("{e}"))?;
+                let i: usize = host.trim_start_matches("manager-").parse().map_err(|e| format!("{e}"))?;
                 Ok(i - 11)
             }
             other => Err(format!("leaders: {other:?}")),
@@ -85,18 +74,14 @@ fn three_managers_survive_losing_the_leader() {
         v
     };
     for d in &ds {
-        wait_until(
-            "3 managers, one leader (manager-11)",
-            Duration::from_secs(30),
-            || {
-                let seen = managers_seen_by(d)?;
-                if seen == expected("manager-11") {
-                    Ok(())
-                } else {
-                    Err(format!("{seen:?}"))
-                }
-            },
-        );
+        wait_until("3 managers, one leader (manager-11)", Duration::from_secs(30), || {
+            let seen = managers_seen_by(d)?;
+            if seen == expected("manager-11") {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        });
     }
     if !no_docker_cli() {
         let ls = docker(&ds[1], &["node", "ls"]);
@@ -114,11 +99,9 @@ fn three_managers_survive_losing_the_leader() {
     ds[old].kill9();
     let killed_at = Instant::now();
     let survivor = &ds[1];
-    wait_until(
-        "a write through a survivor after the leader died",
-        Duration::from_secs(20),
-        || create(survivor, "after-failover", 1, &["sleep", "3272"]),
-    );
+    wait_until("a write through a survivor after the leader died", Duration::from_secs(20), || {
+        create(survivor, "after-failover", 1, &["sleep", "3272"])
+    });
     let took = killed_at.elapsed();
     println!("write through a survivor succeeded {took:?} after kill -9 of the leader");
     assert!(took < Duration::from_secs(10), "failover took {took:?}");
@@ -128,24 +111,16 @@ fn three_managers_survive_losing_the_leader() {
     // The killed manager restarts as a follower and catches up.
     ds[old].restart(&[]);
     wait_identical(&[&ds[0], &ds[1], &ds[2]], Duration::from_secs(30));
-    assert_eq!(
-        leader_index(&[&ds[0], &ds[1], &ds[2]]),
-        new,
-        "the restarted manager follows"
-    );
-    wait_until(
-        "the restarted manager is reachable again",
-        Duration::from_secs(30),
-        || {
-            let seen = managers_seen_by(&ds[0])?;
-            let leader = format!("manager-{}", 11 + new);
-            if seen == expected(&leader) {
-                Ok(())
-            } else {
-                Err(format!("{seen:?}"))
-            }
-        },
-    );
+    assert_eq!(leader_index(&[&ds[0], &ds[1], &ds[2]]), new, "the restarted manager follows");
+    wait_until("the restarted manager is reachable again", Duration::from_secs(30), || {
+        let seen = managers_seen_by(&ds[0])?;
+        let leader = format!("manager-{}", 11 + new);
+        if seen == expected(&leader) {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
 }
 
 /// Disaster recovery: two of three managers are lost for good; writes on the survivor fail promptly with
@@ -169,46 +144,33 @@ fn force_new_cluster_recovers_from_losing_two_of_three_managers() {
     c.kill9();
 
     // Without a quorum a write fails with a clear 503, and never hangs.
-    let err = wait_until(
-        "a write refused for lack of quorum",
-        Duration::from_secs(30),
-        || {
-            let started = Instant::now();
-            match create(&a, "no-quorum", 1, &["sleep", "3182"]) {
-                Ok(id) => Err(format!("write {id} accepted")),
-                Err(e) if e.starts_with("503") && e.contains("no leader / lost quorum") => {
-                    Ok((e, started.elapsed()))
-                }
-                Err(e) => Err(e),
-            }
-        },
-    );
+    let err = wait_until("a write refused for lack of quorum", Duration::from_secs(30), || {
+        let started = Instant::now();
+        match create(&a, "no-quorum", 1, &["sleep", "3182"]) {
+            Ok(id) => Err(format!("write {id} accepted")),
+            Err(e) if e.starts_with("503") && e.contains("no leader / lost quorum") => Ok((e, started.elapsed())),
+            Err(e) => Err(e),
+        }
+    });
     println!("refused in {:?}: {}", err.1, err.0);
     assert!(err.1 < Duration::from_secs(12), "refusal took {:?}", err.1);
 
     assert!(a.stop(), "clean stop; log:\n{}", a.log());
     a.restart(&["--force-new-cluster".to_string()]);
-    wait_until(
-        "a write after --force-new-cluster",
-        Duration::from_secs(20),
-        || create(&a, "after-recovery", 1, &["sleep", "3183"]),
-    );
+    wait_until("a write after --force-new-cluster", Duration::from_secs(20), || {
+        create(&a, "after-recovery", 1, &["sleep", "3183"])
+    });
     let names = service_names(&a);
     assert!(names.contains(&"before-disaster".to_string()), "{names:?}");
-    wait_until(
-        "only manager-21 is a manager",
-        Duration::from_secs(20),
-        || {
-            let seen = managers_seen_by(&a)?;
-            let managers: Vec<&(String, String)> =
-                seen.iter().filter(|(_, s)| s != "none").collect();
-            if managers.len() == 1 && managers[0].1 == "Leader" {
-                Ok(())
-            } else {
-                Err(format!("{seen:?}"))
-            }
-        },
-    );
+    wait_until("only manager-21 is a manager", Duration::from_secs(20), || {
+        let seen = managers_seen_by(&a)?;
+        let managers: Vec<&(String, String)> = seen.iter().filter(|(_, s)| s != "none").collect();
+        if managers.len() == 1 && managers[0].1 == "Leader" {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
 }
 
 /// `docker node demote` of a manager (desired role worker) takes it out of Raft; the others keep their quorum
@@ -218,23 +180,19 @@ fn a_demoted_manager_leaves_raft() {
     let a = manager_at(31, None);
     let b = manager_at(32, Some(&a));
     let c = manager_at(33, Some(&a));
-    wait_until(
-        "3 managers, manager-31 leads",
-        Duration::from_secs(30),
-        || {
-            let seen = managers_seen_by(&a)?;
-            let want: Vec<(String, String)> = vec![
-                ("manager-31".into(), "Leader".into()),
-                ("manager-32".into(), "reachable".into()),
-                ("manager-33".into(), "reachable".into()),
-            ];
-            if seen == want {
-                Ok(())
-            } else {
-                Err(format!("{seen:?}"))
-            }
-        },
-    );
+    wait_until("3 managers, manager-31 leads", Duration::from_secs(30), || {
+        let seen = managers_seen_by(&a)?;
+        let want: Vec<(String, String)> = vec![
+            ("manager-31".into(), "Leader".into()),
+            ("manager-32".into(), "reachable".into()),
+            ("manager-33".into(), "reachable".into()),
+        ];
+        if seen == want {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
     let node = a
         .get("/v1.47/nodes")
         .as_array()
@@ -245,37 +203,23 @@ fn a_demoted_manager_leaves_raft() {
         .unwrap();
     let mut spec = node["Spec"].clone();
     spec["Role"] = "worker".into();
-    let path = format!(
-        "/v1.47/nodes/{}/update?version={}",
-        node["ID"].as_str().unwrap(),
-        node["Version"]["Index"]
-    );
-    let r =
-        shoal_testkit::http::request(a.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
+    let path = format!("/v1.47/nodes/{}/update?version={}", node["ID"].as_str().unwrap(), node["Version"]["Index"]);
+    let r = shoal_testkit::http::request(a.socket(), "POST", &path, Some(&spec.to_string())).unwrap();
     assert_eq!(r.status, 200, "demote: {}", r.body);
-    wait_until(
-        "manager-33 is no longer a manager",
-        Duration::from_secs(30),
-        || {
-            let seen = managers_seen_by(&a)?;
-            if seen.iter().any(|(h, s)| h == "manager-33" && s == "none") {
-                Ok(())
-            } else {
-                Err(format!("{seen:?}"))
-            }
-        },
-    );
-    wait_until(
-        "a write through manager-32",
-        Duration::from_secs(20),
-        || create(&b, "after-demote", 1, &["sleep", "3191"]),
-    );
+    wait_until("manager-33 is no longer a manager", Duration::from_secs(30), || {
+        let seen = managers_seen_by(&a)?;
+        if seen.iter().any(|(h, s)| h == "manager-33" && s == "none") {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
+    wait_until("a write through manager-32", Duration::from_secs(20), || create(&b, "after-demote", 1, &["sleep", "3191"]));
     drop(c);
 }
 
 /// A task printing one greeting, then `beat N` every 200 ms.
-const GREETER: &str =
-    "echo greeting from the task; i=0; while true; do echo beat $i; i=$((i+1)); sleep 0.2; done";
+const GREETER: &str = "echo greeting from the task; i=0; while true; do echo beat $i; i=$((i+1)); sleep 0.2; done";
 
 #[test]
 fn a_follower_manager_serves_service_logs_from_the_leader() {
@@ -305,57 +249,32 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
         let name = format!("quiet-{i}");
         create(&all[leader], &name, 0, &["true"]).expect("create on the leader");
         let path = format!("/v1.47/services/{name}/logs?stdout=1&stderr=1");
-        let r = shoal_testkit::http::request(follower.socket(), "GET", &path, None)
-            .expect("logs on the follower");
-        assert_eq!(
-            r.status, 200,
-            "logs of {name} right after its creation: {}",
-            r.body
-        );
+        let r = shoal_testkit::http::request(follower.socket(), "GET", &path, None).expect("logs on the follower");
+        assert_eq!(r.status, 200, "logs of {name} right after its creation: {}", r.body);
     }
 
     docker(
         follower,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "greeter",
-            "--replicas",
-            "3",
-            "busybox",
-            "sh",
-            "-c",
-            GREETER,
-        ],
+        &["service", "create", "--detach", "--name", "greeter", "--replicas", "3", "busybox", "sh", "-c", GREETER],
     );
     // Every task's lines, whichever node runs it, come back through the follower.
-    let out = wait_until(
-        "the three tasks' greetings through the follower",
-        Duration::from_secs(60),
-        || {
-            let out = docker_cli::run(follower.socket(), &["service", "logs", "greeter"]);
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            if !out.status.success() {
-                return Err(format!(
-                    "docker service logs failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            let greeted = |slot: u8| {
-                stdout.lines().any(|l| {
-                    l.starts_with(&format!("greeter.{slot}."))
-                        && l.ends_with("| greeting from the task")
-                })
-            };
-            if (1..=3).all(greeted) {
-                Ok(stdout)
-            } else {
-                Err(format!("{} lines so far", stdout.lines().count()))
-            }
-        },
-    );
+    let out = wait_until("the three tasks' greetings through the follower", Duration::from_secs(60), || {
+        let out = docker_cli::run(follower.socket(), &["service", "logs", "greeter"]);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(format!("docker service logs failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let greeted = |slot: u8| {
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("greeter.{slot}.")) && l.ends_with("| greeting from the task"))
+        };
+        if (1..=3).all(greeted) {
+            Ok(stdout)
+        } else {
+            Err(format!("{} lines so far", stdout.lines().count()))
+        }
+    });
     let latest = out
         .lines()
         .filter_map(|l| l.split("| beat ").nth(1))
@@ -372,10 +291,7 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
     // When the leader goes away mid-follow, the stream through the follower ends cleanly.
     all[leader].kill9();
     let status = f.wait_exit(Duration::from_secs(30));
-    assert!(
-        status.success(),
-        "docker service logs -f ended with {status}"
-    );
+    assert!(status.success(), "docker service logs -f ended with {status}");
 }
 
 /// Runs `shoal daemon` (no --join-*) on a fresh state dir holding only a copy of `state_dir`'s certificates
@@ -395,21 +311,12 @@ fn start_with_certs_only(state_dir: &std::path::Path) -> (bool, String) {
         .arg(&state)
         .arg("--listen-control-api")
         .arg(dir.path().join("control.sock"))
-        .args([
-            "--listen-remote-api",
-            "127.0.0.99:0",
-            "--executor",
-            "process",
-        ])
+        .args(["--listen-remote-api", "127.0.0.99:0", "--executor", "process"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    process::wait_exit(
-        child,
-        Duration::from_secs(30),
-        "a daemon with a manager certificate and no raft state",
-    )
+    process::wait_exit(child, Duration::from_secs(30), "a daemon with a manager certificate and no raft state")
 }
 
 /// `docker node promote` of a running worker: it renews its certificate for the manager role as soon as its
@@ -421,11 +328,7 @@ fn start_with_certs_only(state_dir: &std::path::Path) -> (bool, String) {
 fn a_promoted_worker_becomes_a_manager_and_back() {
     let a = manager_at(41, None);
     let w = node_at(42, "worker-42", Some((&a, "Worker")));
-    wait_managers(
-        &a,
-        &[("manager-41", "Leader"), ("worker-42", "none")],
-        Duration::from_secs(30),
-    );
+    wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "none")], Duration::from_secs(30));
 
     // The docker CLI when it is installed (`docker node promote` sends the same update), else the API.
     let cli = docker_cli::available();
@@ -434,78 +337,42 @@ fn a_promoted_worker_becomes_a_manager_and_back() {
     } else {
         set_role(&a, "worker-42", "manager");
     }
-    wait_managers(
-        &a,
-        &[("manager-41", "Leader"), ("worker-42", "reachable")],
-        Duration::from_secs(60),
-    );
+    wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "reachable")], Duration::from_secs(60));
     if cli {
-        let ls = docker(
-            &a,
-            &["node", "ls", "--format", "{{.Hostname}} {{.ManagerStatus}}"],
-        );
+        let ls = docker(&a, &["node", "ls", "--format", "{{.Hostname}} {{.ManagerStatus}}"]);
         let mut lines: Vec<&str> = ls.lines().collect();
         lines.sort();
-        assert_eq!(
-            lines,
-            ["manager-41 Leader", "worker-42 Reachable"],
-            "docker node ls: {ls}"
-        );
+        assert_eq!(lines, ["manager-41 Leader", "worker-42 Reachable"], "docker node ls: {ls}");
     }
     let role = |host: &str| -> String {
         let nodes = a.get("/v1.47/nodes");
-        let n = nodes
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["Description"]["Hostname"] == host)
-            .cloned();
-        n.map(|n| n["Spec"]["Role"].as_str().unwrap_or("").to_string())
-            .unwrap_or_default()
+        let n = nodes.as_array().unwrap().iter().find(|n| n["Description"]["Hostname"] == host).cloned();
+        n.map(|n| n["Spec"]["Role"].as_str().unwrap_or("").to_string()).unwrap_or_default()
     };
     assert_eq!(role("worker-42"), "manager");
     assert!(w.log().contains("promoted to manager"), "{}", w.log());
     let (ok, out) = start_with_certs_only(w.state_dir());
-    assert!(
-        !ok && out.contains("must not create a new one"),
-        "a manager certificate without raft state: {out}"
-    );
-    wait_until(
-        "a write through the promoted node",
-        Duration::from_secs(20),
-        || create(&w, "via-promoted", 1, &["sleep", "3192"]),
-    );
-    wait_until(
-        "the promoted node to see the service",
-        Duration::from_secs(20),
-        || {
-            let n = w
-                .get("/v1.47/services")
-                .as_array()
-                .map(|v| v.len())
-                .unwrap_or(0);
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(format!("{n} services"))
-            }
-        },
-    );
+    assert!(!ok && out.contains("must not create a new one"), "a manager certificate without raft state: {out}");
+    wait_until("a write through the promoted node", Duration::from_secs(20), || {
+        create(&w, "via-promoted", 1, &["sleep", "3192"])
+    });
+    wait_until("the promoted node to see the service", Duration::from_secs(20), || {
+        let n = w.get("/v1.47/services").as_array().map(|v| v.len()).unwrap_or(0);
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(format!("{n} services"))
+        }
+    });
 
     if cli {
         docker(&a, &["node", "demote", "worker-42"]);
     } else {
         set_role(&a, "worker-42", "worker");
     }
-    wait_managers(
-        &a,
-        &[("manager-41", "Leader"), ("worker-42", "none")],
-        Duration::from_secs(30),
-    );
+    wait_managers(&a, &[("manager-41", "Leader"), ("worker-42", "none")], Duration::from_secs(30));
     assert_eq!(role("worker-42"), "worker");
-    wait_until(
-        "a write through the leader after the demotion",
-        Duration::from_secs(20),
-        || create(&a, "after-demote-back", 1, &["sleep", "3193"]),
-    );
+    wait_until("a write through the leader after the demotion", Duration::from_secs(20), || {
+        create(&a, "after-demote-back", 1, &["sleep", "3193"])
+    });
 }

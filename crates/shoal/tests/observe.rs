@@ -14,10 +14,7 @@ use shoal_testkit::cdp::Browser;
 use shoal_testkit::{python, DaemonOptions};
 
 fn free_port(ip: &str) -> u16 {
-    TcpListener::bind((ip, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    TcpListener::bind((ip, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
 /// A daemon on 127.0.0.`i` serving --listen-metrics on that IP; returns it and the metrics address.
@@ -115,18 +112,10 @@ fn metrics_scraped_during_a_1000_replica_deploy_show_tasks_moving_from_pending_t
         Duration::from_secs(150),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the scraper failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("the scraper's JSON line");
+    assert!(out.status.success(), "the scraper failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("the scraper's JSON line");
     let samples = report["samples"].as_array().expect("samples");
-    let running: Vec<f64> = samples
-        .iter()
-        .map(|s| s["running"].as_f64().unwrap())
-        .collect();
+    let running: Vec<f64> = samples.iter().map(|s| s["running"].as_f64().unwrap()).collect();
     println!(
         "RESULT {replicas} replicas running after {:.1} s, {} scrapes (HTTP answer median {:.1} ms, max {:.1} ms); \
          scheduling delay mean {:.2} s over {} tasks",
@@ -137,38 +126,19 @@ fn metrics_scraped_during_a_1000_replica_deploy_show_tasks_moving_from_pending_t
         report["scheduling_delay_sum"].as_f64().unwrap() / report["scheduling_delays"].as_f64().unwrap().max(1.0),
         report["scheduling_delays"]
     );
-    assert_eq!(
-        running.last().copied(),
-        Some(replicas as f64),
-        "every replica running by the deadline: {samples:?}"
-    );
+    assert_eq!(running.last().copied(), Some(replicas as f64), "every replica running by the deadline: {samples:?}");
     assert!(
-        samples
-            .iter()
-            .any(|s| s["before_running"].as_f64().unwrap() > 0.0
-                && s["running"].as_f64().unwrap() < replicas as f64),
+        samples.iter().any(|s| s["before_running"].as_f64().unwrap() > 0.0 && s["running"].as_f64().unwrap() < replicas as f64),
         "a scrape saw tasks not yet running: {samples:?}"
     );
-    assert!(
-        running.windows(2).all(|w| w[0] <= w[1]),
-        "running only grows during the deploy: {running:?}"
-    );
+    assert!(running.windows(2).all(|w| w[0] <= w[1]), "running only grows during the deploy: {running:?}");
     assert_eq!(report["services"], 1.0);
     assert_eq!(report["nodes_ready"], 1.0);
     assert_eq!(report["leader"], 1.0);
-    assert_eq!(
-        report["sessions"], 1.0,
-        "the node's own agent has a session"
-    );
+    assert_eq!(report["sessions"], 1.0, "the node's own agent has a session");
     assert!(report["writes"].as_f64().unwrap() > 0.0, "{report}");
-    assert!(
-        report["scheduling_delays"].as_f64().unwrap() > 0.0,
-        "{report}"
-    );
-    assert!(
-        report["rss"].as_f64().unwrap() > 0.0 && report["fds"].as_f64().unwrap() > 0.0,
-        "{report}"
-    );
+    assert!(report["scheduling_delays"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["rss"].as_f64().unwrap() > 0.0 && report["fds"].as_f64().unwrap() > 0.0, "{report}");
 }
 
 /// GET `http://addr/metrics` (HTTP/1.1, `Connection: close`): the body of a 200 answer.
@@ -176,11 +146,7 @@ fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).expect("connect to --listen-metrics");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).expect("read the answer");
     let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
@@ -190,12 +156,7 @@ fn scrape(addr: &str) -> String {
 
 /// The value of the sample named exactly `name_and_labels` in a scrape.
 fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(name_and_labels)?
-            .strip_prefix(' ')?
-            .parse()
-            .ok()
-    })
+    text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[test]
@@ -219,40 +180,26 @@ fn a_follower_serves_the_store_and_raft_figures_but_is_not_the_leader() {
             ..DaemonOptions::default()
         },
     );
-    shoal_testkit::managers::create_service(&leader, "seen", 2, &["sleep", "3491"])
-        .expect("create");
-    let text = wait_until(
-        "the follower's store counting both tasks running on two ready nodes",
-        Duration::from_secs(60),
-        || {
-            let text = scrape(&follower_metrics);
-            let running = sample(&text, "swarm_manager_tasks_total{state=\"running\"}");
-            let ready = sample(&text, "swarm_manager_nodes{state=\"ready\"}");
-            if running == Some(2.0) && ready == Some(2.0) {
-                Ok(text)
-            } else {
-                Err(format!("running {running:?}, ready nodes {ready:?}"))
-            }
-        },
-    );
+    shoal_testkit::managers::create_service(&leader, "seen", 2, &["sleep", "3491"]).expect("create");
+    let text = wait_until("the follower's store counting both tasks running on two ready nodes", Duration::from_secs(60), || {
+        let text = scrape(&follower_metrics);
+        let running = sample(&text, "swarm_manager_tasks_total{state=\"running\"}");
+        let ready = sample(&text, "swarm_manager_nodes{state=\"ready\"}");
+        if running == Some(2.0) && ready == Some(2.0) {
+            Ok(text)
+        } else {
+            Err(format!("running {running:?}, ready nodes {ready:?}"))
+        }
+    });
     assert_eq!(sample(&text, "swarm_node_manager"), Some(1.0), "{text}");
     assert_eq!(sample(&text, "swarm_manager_leader"), Some(0.0), "{text}");
     assert_eq!(sample(&text, "swarm_raft_members"), Some(2.0), "{text}");
-    assert_eq!(
-        sample(&text, "swarm_manager_services_total"),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "swarm_dispatcher_sessions"),
-        Some(0.0),
-        "agents hold their sessions with the leader: {text}"
-    );
+    assert_eq!(sample(&text, "swarm_manager_services_total"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "swarm_dispatcher_sessions"), Some(0.0), "agents hold their sessions with the leader: {text}");
 }
 
 fn post_json(d: &DaemonProcess, path: &str, body: &Value) {
-    let r = shoal_testkit::http::request(d.socket(), "POST", path, Some(&body.to_string()))
-        .expect("request");
+    let r = shoal_testkit::http::request(d.socket(), "POST", path, Some(&body.to_string())).expect("request");
     assert!(r.status < 300, "POST {path}: {} {}", r.status, r.body);
 }
 
@@ -267,11 +214,7 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
     let swarm = m.get("/v1.47/swarm");
     let mut spec = swarm["Spec"].clone();
     spec["Dispatcher"]["HeartbeatPeriod"] = 1_000_000_000u64.into();
-    post_json(
-        &m,
-        &format!("/v1.47/swarm/update?version={}", swarm["Version"]["Index"]),
-        &spec,
-    );
+    post_json(&m, &format!("/v1.47/swarm/update?version={}", swarm["Version"]["Index"]), &spec);
     let ip = "127.0.0.212";
     let worker_metrics_addr = format!("{ip}:{}", free_port(ip));
     let mut w = DaemonProcess::start_with(
@@ -292,24 +235,12 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
     );
     wait_until("two ready nodes", Duration::from_secs(30), || {
         let nodes = m.get("/v1.47/nodes");
-        let ready = nodes.as_array().map_or(0, |a| {
-            a.iter().filter(|n| n["Status"]["State"] == "ready").count()
-        });
-        if ready == 2 {
-            Ok(())
-        } else {
-            Err(format!("{ready} ready"))
-        }
+        let ready = nodes.as_array().map_or(0, |a| a.iter().filter(|n| n["Status"]["State"] == "ready").count());
+        if ready == 2 { Ok(()) } else { Err(format!("{ready} ready")) }
     });
     let wm = scrape(&worker_metrics_addr);
-    assert!(
-        wm.contains("swarm_node_manager 0") && wm.contains("process_open_fds"),
-        "{wm}"
-    );
-    assert!(
-        !wm.contains("swarm_manager_"),
-        "a worker serves no manager metrics: {wm}"
-    );
+    assert!(wm.contains("swarm_node_manager 0") && wm.contains("process_open_fds"), "{wm}");
+    assert!(!wm.contains("swarm_manager_"), "a worker serves no manager metrics: {wm}");
 
     let mut b = Browser::launch();
     b.navigate(&format!("http://{addr}/"));
@@ -322,36 +253,27 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
     b.eval("window.loadedOnce = 'yes'");
 
     let args = |a: &[&str]| -> Value { a.iter().map(|s| Value::from(*s)).collect() };
-    create(
-        &m,
-        serde_json::json!({
-            "Name": "probe",
-            "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": args(&["sleep", "3481"])}},
-            "Mode": {"Replicated": {"Replicas": 2}},
-        }),
-    );
-    create(
-        &m,
-        serde_json::json!({
-            "Name": "stuck",
-            "TaskTemplate": {
-                "ContainerSpec": {"Image": "busybox", "Args": args(&["sleep", "3482"])},
-                "Placement": {"Constraints": ["node.labels.zone==nowhere"]},
-            },
-            "Mode": {"Replicated": {"Replicas": 1}},
-        }),
-    );
-    create(
-        &m,
-        serde_json::json!({
-            "Name": "crash",
-            "TaskTemplate": {
-                "ContainerSpec": {"Image": "busybox", "Args": args(&["sh", "-c", "exit 3"])},
-                "RestartPolicy": {"Condition": "none"},
-            },
-            "Mode": {"Replicated": {"Replicas": 1}},
-        }),
-    );
+    create(&m, serde_json::json!({
+        "Name": "probe",
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": args(&["sleep", "3481"])}},
+        "Mode": {"Replicated": {"Replicas": 2}},
+    }));
+    create(&m, serde_json::json!({
+        "Name": "stuck",
+        "TaskTemplate": {
+            "ContainerSpec": {"Image": "busybox", "Args": args(&["sleep", "3482"])},
+            "Placement": {"Constraints": ["node.labels.zone==nowhere"]},
+        },
+        "Mode": {"Replicated": {"Replicas": 1}},
+    }));
+    create(&m, serde_json::json!({
+        "Name": "crash",
+        "TaskTemplate": {
+            "ContainerSpec": {"Image": "busybox", "Args": args(&["sh", "-c", "exit 3"])},
+            "RestartPolicy": {"Condition": "none"},
+        },
+        "Mode": {"Replicated": {"Replicas": 1}},
+    }));
     b.wait_for(
         "probe's two tasks running on the page",
         "document.querySelectorAll('.node .task.running[data-service-name=probe]').length === 2",
@@ -362,27 +284,17 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
         "(document.querySelector('.task.pending[data-service-name=stuck] .why') || {}).textContent",
         Duration::from_secs(30),
     );
-    assert!(
-        pending.as_str().unwrap().contains("no suitable node"),
-        "{pending}"
-    );
+    assert!(pending.as_str().unwrap().contains("no suitable node"), "{pending}");
     let failed = b.wait_for(
         "crash's failed task with its error",
         "(document.querySelector('.task.failed[data-service-name=crash] .why') || {}).textContent",
         Duration::from_secs(60),
     );
     assert!(failed.as_str().unwrap().contains("exit"), "{failed}");
-    let row = b
-        .eval("document.querySelector('#services tr[data-service-name=probe] .count').textContent");
+    let row = b.eval("document.querySelector('#services tr[data-service-name=probe] .count').textContent");
     assert_eq!(row, "2/2 running");
-    assert_eq!(
-        b.eval("window.loadedOnce"),
-        "yes",
-        "the page was not reloaded"
-    );
-    let artifacts = shoal_testkit::scratch_dir()
-        .join("artifacts")
-        .join("observe");
+    assert_eq!(b.eval("window.loadedOnce"), "yes", "the page was not reloaded");
+    let artifacts = shoal_testkit::scratch_dir().join("artifacts").join("observe");
     let shot = artifacts.join("live-page.png");
     b.screenshot(&shot);
     println!("screenshot: {}", shot.display());
@@ -396,19 +308,9 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
         Duration::from_secs(30),
     );
     let to_red = killed.elapsed();
-    println!(
-        "RESULT the live page showed the killed worker down {:.1} s after the kill (heartbeat 1 s)",
-        to_red.as_secs_f64()
-    );
-    assert!(
-        to_red < Duration::from_secs(12),
-        "down shown {to_red:?} after the kill"
-    );
-    assert_eq!(
-        b.eval("window.loadedOnce"),
-        "yes",
-        "the page was not reloaded"
-    );
+    println!("RESULT the live page showed the killed worker down {:.1} s after the kill (heartbeat 1 s)", to_red.as_secs_f64());
+    assert!(to_red < Duration::from_secs(12), "down shown {to_red:?} after the kill");
+    assert_eq!(b.eval("window.loadedOnce"), "yes", "the page was not reloaded");
     b.screenshot(&artifacts.join("live-page-node-down.png"));
 }
 
@@ -422,12 +324,7 @@ fn a_taken_metrics_address_stops_the_start_naming_the_flag_and_leaves_nothing_be
     let state = dir.join("state");
     let child = std::process::Command::new(shoal_bin())
         .arg("daemon")
-        .args([
-            "--executor",
-            "process",
-            "--listen-remote-api",
-            &format!("127.0.0.1:{}", free_port("127.0.0.1")),
-        ])
+        .args(["--executor", "process", "--listen-remote-api", &format!("127.0.0.1:{}", free_port("127.0.0.1"))])
         .arg("--state-dir")
         .arg(&state)
         .arg("--listen-control-api")
@@ -440,24 +337,9 @@ fn a_taken_metrics_address_stops_the_start_naming_the_flag_and_leaves_nothing_be
         .expect("spawn shoal daemon");
     let (ok, text) = process::wait_exit(child, Duration::from_secs(20), "shoal daemon");
     assert!(!ok, "the start should have failed:\n{text}");
-    assert!(
-        text.contains("--listen-metrics")
-            && text.contains(&addr)
-            && text.to_lowercase().contains("in use"),
-        "{text}"
-    );
-    let left: Vec<_> = std::fs::read_dir(&state)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        left,
-        vec![std::ffi::OsString::from("shoal.lock")],
-        "a failed first start left files behind"
-    );
-    assert!(
-        !dir.join("control.sock").exists(),
-        "a failed start left its control socket"
-    );
+    assert!(text.contains("--listen-metrics") && text.contains(&addr) && text.to_lowercase().contains("in use"), "{text}");
+    let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("shoal.lock")], "a failed first start left files behind");
+    assert!(!dir.join("control.sock").exists(), "a failed start left its control socket");
     std::fs::remove_dir_all(&dir).unwrap();
 }

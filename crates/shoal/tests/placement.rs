@@ -18,14 +18,11 @@ fn per_zone(m: &DaemonProcess, tasks: &[Value]) -> BTreeMap<String, usize> {
     let nodes = m.get("/v1.47/nodes");
     let zone = |id: &str| -> String {
         let node = nodes.as_array().unwrap().iter().find(|n| n["ID"] == id);
-        node.and_then(|n| n["Spec"]["Labels"]["zone"].as_str())
-            .unwrap_or("")
-            .to_string()
+        node.and_then(|n| n["Spec"]["Labels"]["zone"].as_str()).unwrap_or("").to_string()
     };
     let mut m = BTreeMap::new();
     for t in tasks {
-        *m.entry(zone(t["NodeID"].as_str().unwrap_or("")))
-            .or_default() += 1;
+        *m.entry(zone(t["NodeID"].as_str().unwrap_or(""))).or_default() += 1;
     }
     m
 }
@@ -41,61 +38,24 @@ fn spread_preference_balances_zones_before_nodes() {
     wait_until("three nodes ready", DEADLINE, || {
         let ls = docker(&m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
         let ready = ls.lines().filter(|l| l.ends_with(" Ready")).count();
-        if ready == 3 {
-            Ok(())
-        } else {
-            Err(ls)
-        }
+        if ready == 3 { Ok(()) } else { Err(ls) }
     });
     // Zones a, a, b: 4 replicas give 2 in a (one per node) and 2 in b (its one node).
     for (host, zone) in [("pm-111", "a"), ("pw-112", "a"), ("pw-113", "b")] {
-        docker(
-            &m,
-            &[
-                "node",
-                "update",
-                "--label-add",
-                &format!("zone={zone}"),
-                host,
-            ],
-        );
+        docker(&m, &["node", "update", "--label-add", &format!("zone={zone}"), host]);
     }
     let argv = ["sleep", "6161"];
     docker(
         &m,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "zoned",
-            "--replicas",
-            "4",
-            "--placement-pref",
-            "spread=node.labels.zone",
-            "busybox",
-            "sleep",
-            "6161",
-        ],
+        &["service", "create", "--detach", "--name", "zoned", "--replicas", "4",
+          "--placement-pref", "spread=node.labels.zone", "busybox", "sleep", "6161"],
     );
     let running = wait_running(&m, "zoned", 4, &argv, DEADLINE);
     let expected: BTreeMap<String, usize> = [("a".to_string(), 2), ("b".to_string(), 2)].into();
     assert_eq!(per_zone(&m, &running), expected);
 
-    let prefs = docker(
-        &m,
-        &[
-            "service",
-            "inspect",
-            "zoned",
-            "--format",
-            "{{json .Spec.TaskTemplate.Placement.Preferences}}",
-        ],
-    );
-    assert_eq!(
-        prefs.trim(),
-        r#"[{"Spread":{"SpreadDescriptor":"node.labels.zone"}}]"#
-    );
+    let prefs = docker(&m, &["service", "inspect", "zoned", "--format", "{{json .Spec.TaskTemplate.Placement.Preferences}}"]);
+    assert_eq!(prefs.trim(), r#"[{"Spread":{"SpreadDescriptor":"node.labels.zone"}}]"#);
 
     // Scaling to 6 keeps the zones even: 3 and 3.
     docker(&m, &["service", "scale", "--detach", "zoned=6"]);
@@ -106,35 +66,17 @@ fn spread_preference_balances_zones_before_nodes() {
     // A descriptor the tree cannot group by is refused, naming the field; nothing is created.
     let out = docker_cli::run(
         m.socket(),
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "badpref",
-            "--placement-pref",
-            "spread=node.hostname",
-            "busybox",
-            "sleep",
-            "1",
-        ],
+        &["service", "create", "--detach", "--name", "badpref", "--placement-pref", "spread=node.hostname", "busybox", "sleep", "1"],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "accepted: {stderr}");
-    assert!(
-        stderr.contains("Placement.Preferences[0].Spread.SpreadDescriptor"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("Placement.Preferences[0].Spread.SpreadDescriptor"), "{stderr}");
     assert!(!service_names(&m).iter().any(|n| n == "badpref"));
 
     docker(&m, &["service", "rm", "zoned"]);
     wait_until("the tasks stopped", DEADLINE, || {
         let pids = process::pids_with_cmdline(&argv);
-        if pids.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{} processes", pids.len()))
-        }
+        if pids.is_empty() { Ok(()) } else { Err(format!("{} processes", pids.len())) }
     });
 }
 
@@ -143,17 +85,11 @@ fn per_host(m: &DaemonProcess, service: &str) -> BTreeMap<String, usize> {
     let nodes = m.get("/v1.47/nodes");
     let host = |id: &str| -> String {
         let node = nodes.as_array().unwrap().iter().find(|n| n["ID"] == id);
-        node.and_then(|n| n["Description"]["Hostname"].as_str())
-            .unwrap_or("")
-            .to_string()
+        node.and_then(|n| n["Description"]["Hostname"].as_str()).unwrap_or("").to_string()
     };
     let mut out = BTreeMap::new();
-    for t in tasks_of(m, service)
-        .iter()
-        .filter(|t| state(t) == "running" && desired(t) == "running")
-    {
-        *out.entry(host(t["NodeID"].as_str().unwrap_or("")))
-            .or_default() += 1;
+    for t in tasks_of(m, service).iter().filter(|t| state(t) == "running" && desired(t) == "running") {
+        *out.entry(host(t["NodeID"].as_str().unwrap_or(""))).or_default() += 1;
     }
     out
 }
@@ -167,50 +103,19 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
     let _w2 = node_at(115, "rw-115", Some((&m, "Worker")));
     wait_until("two nodes ready", DEADLINE, || {
         let ls = docker(&m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
-        if ls.lines().filter(|l| l.ends_with(" Ready")).count() == 2 {
-            Ok(())
-        } else {
-            Err(ls)
-        }
+        if ls.lines().filter(|l| l.ends_with(" Ready")).count() == 2 { Ok(()) } else { Err(ls) }
     });
     let argv = ["sleep", "6262"];
-    docker(
-        &m,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "spread6",
-            "--replicas",
-            "6",
-            "busybox",
-            "sleep",
-            "6262",
-        ],
-    );
+    docker(&m, &["service", "create", "--detach", "--name", "spread6", "--replicas", "6", "busybox", "sleep", "6262"]);
     wait_running(&m, "spread6", 6, &argv, DEADLINE);
-    let before: BTreeMap<String, usize> =
-        [("rm-114".to_string(), 3), ("rw-115".to_string(), 3)].into();
+    let before: BTreeMap<String, usize> = [("rm-114".to_string(), 3), ("rw-115".to_string(), 3)].into();
     assert_eq!(per_host(&m, "spread6"), before);
     // The same with start-first moves (the replacement runs before the old task stops).
     let argv_sf = ["sleep", "6263"];
     docker(
         &m,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "spread6sf",
-            "--replicas",
-            "6",
-            "--update-order",
-            "start-first",
-            "busybox",
-            "sleep",
-            "6263",
-        ],
+        &["service", "create", "--detach", "--name", "spread6sf", "--replicas", "6", "--update-order", "start-first",
+          "busybox", "sleep", "6263"],
     );
     wait_running(&m, "spread6sf", 6, &argv_sf, DEADLINE);
 
@@ -218,50 +123,25 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
     // moved one at a time (the service's update parallelism, 1).
     let _w3 = node_at(116, "rw-116", Some((&m, "Worker")));
     let out = shoal_cli(m.socket(), &["swarm", "update", "--rebalance"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let swarm = m.get("/v1.47/swarm");
-    assert_eq!(
-        swarm["Spec"]["Orchestration"]["ShoalRebalance"], true,
-        "{swarm}"
-    );
+    assert_eq!(swarm["Spec"]["Orchestration"]["ShoalRebalance"], true, "{swarm}");
     // The docker CLI's own read-modify-write of the swarm spec keeps the setting.
     docker(&m, &["swarm", "update", "--task-history-limit", "4"]);
-    assert_eq!(
-        m.get("/v1.47/swarm")["Spec"]["Orchestration"]["ShoalRebalance"],
-        true
-    );
-    let even: BTreeMap<String, usize> = [
-        ("rm-114".to_string(), 2),
-        ("rw-115".to_string(), 2),
-        ("rw-116".to_string(), 2),
-    ]
-    .into();
+    assert_eq!(m.get("/v1.47/swarm")["Spec"]["Orchestration"]["ShoalRebalance"], true);
+    let even: BTreeMap<String, usize> =
+        [("rm-114".to_string(), 2), ("rw-115".to_string(), 2), ("rw-116".to_string(), 2)].into();
     for (service, argv) in [("spread6", argv), ("spread6sf", argv_sf)] {
         wait_until(&format!("2 tasks of {service} per node"), DEADLINE, || {
             let now = per_host(&m, service);
-            if now == even && process::pids_with_cmdline(&argv).len() == 6 {
-                Ok(())
-            } else {
-                Err(format!("{now:?}"))
-            }
+            if now == even && process::pids_with_cmdline(&argv).len() == 6 { Ok(()) } else { Err(format!("{now:?}")) }
         });
     }
-    assert!(m
-        .log()
-        .contains("rebalancing: stopping tasks on the fullest nodes"));
+    assert!(m.log().contains("rebalancing: stopping tasks on the fullest nodes"));
 
     docker(&m, &["service", "rm", "spread6", "spread6sf"]);
     wait_until("the tasks stopped", DEADLINE, || {
-        let pids =
-            process::pids_with_cmdline(&argv).len() + process::pids_with_cmdline(&argv_sf).len();
-        if pids == 0 {
-            Ok(())
-        } else {
-            Err(format!("{pids} processes"))
-        }
+        let pids = process::pids_with_cmdline(&argv).len() + process::pids_with_cmdline(&argv_sf).len();
+        if pids == 0 { Ok(()) } else { Err(format!("{pids} processes")) }
     });
 }

@@ -16,32 +16,18 @@ use shoal_api::{AttachNetworkRequest, DetachNetworkRequest, NetworkAttachmentCon
 use tonic::transport::Channel;
 
 fn node_tls(state_dir: &Path) -> shoal_node::tls::NodeTls {
-    shoal_node::join::load_certs(state_dir)
-        .unwrap()
-        .expect("certificates in the state dir")
-        .tls()
-        .unwrap()
+    shoal_node::join::load_certs(state_dir).unwrap().expect("certificates in the state dir").tls().unwrap()
 }
 
 fn create_network(d: &DaemonProcess, body: Value) -> String {
-    let r = shoal_testkit::http::request(
-        d.socket(),
-        "POST",
-        "/v1.47/networks/create",
-        Some(&body.to_string()),
-    )
-    .unwrap();
+    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/networks/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     r.body["Id"].as_str().unwrap().to_string()
 }
 
 fn attach(target: &str, container: &str) -> AttachNetworkRequest {
     AttachNetworkRequest {
-        config: Some(NetworkAttachmentConfig {
-            target: target.into(),
-            aliases: vec!["db".into()],
-            ..Default::default()
-        }),
+        config: Some(NetworkAttachmentConfig { target: target.into(), aliases: vec!["db".into()], ..Default::default() }),
         container_id: container.into(),
     }
 }
@@ -70,31 +56,16 @@ fn a_worker_attaches_a_container_to_an_attachable_network_and_detaches_it() {
     create_network(&m, json!({"Name": "closed", "Driver": "overlay"}));
     let addr = m.remote_addr();
     let (w_tls, m_tls) = (node_tls(w.state_dir()), node_tls(m.state_dir()));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 
     let id = rt.block_on(async {
         let mut c = client(&w_tls, &addr).await;
-        let id = c
-            .attach_network(attach("attach", "c0ffee"))
-            .await
-            .expect("attach")
-            .into_inner()
-            .attachment_id;
+        let id = c.attach_network(attach("attach", "c0ffee")).await.expect("attach").into_inner().attachment_id;
         // What cannot be honoured is refused, naming it.
-        let refused = |r: Result<
-            tonic::Response<shoal_api::AttachNetworkResponse>,
-            tonic::Status,
-        >| r.unwrap_err();
+        let refused = |r: Result<tonic::Response<shoal_api::AttachNetworkResponse>, tonic::Status>| r.unwrap_err();
         let e = refused(c.attach_network(attach("closed", "c1")).await);
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        assert!(
-            e.message().contains("not manually attachable"),
-            "{}",
-            e.message()
-        );
+        assert!(e.message().contains("not manually attachable"), "{}", e.message());
         let e = refused(c.attach_network(attach("nowhere", "c1")).await);
         assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
         let mut with_ip = attach("attach", "c1");
@@ -111,10 +82,7 @@ fn a_worker_attaches_a_container_to_an_attachable_network_and_detaches_it() {
     // then waiting for a node with the overlay driver (Shoal's agents report none yet).
     let task = wait_until("the attachment's address", Duration::from_secs(30), || {
         let t = m.get(&format!("/v1.47/tasks/{id}"));
-        let addr = t["NetworksAttachments"][0]["Addresses"][0]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let addr = t["NetworksAttachments"][0]["Addresses"][0].as_str().unwrap_or_default().to_string();
         if addr.starts_with("10.77.0.") && t["Status"]["State"] == "pending" {
             Ok(t)
         } else {
@@ -123,46 +91,19 @@ fn a_worker_attaches_a_container_to_an_attachable_network_and_detaches_it() {
     });
     assert_eq!(task["NodeID"], worker_id.as_str(), "{task}");
     assert_eq!(task["ServiceID"], "", "{task}");
-    assert_eq!(
-        task["Spec"]["NetworkAttachmentSpec"]["ContainerID"], "c0ffee",
-        "{task}"
-    );
-    assert_eq!(
-        task["NetworksAttachments"][0]["Network"]["ID"],
-        net.as_str(),
-        "{task}"
-    );
-    assert_eq!(
-        task["Spec"]["Networks"],
-        json!([{"Target": net, "Aliases": ["db"]}]),
-        "{task}"
-    );
+    assert_eq!(task["Spec"]["NetworkAttachmentSpec"]["ContainerID"], "c0ffee", "{task}");
+    assert_eq!(task["NetworksAttachments"][0]["Network"]["ID"], net.as_str(), "{task}");
+    assert_eq!(task["Spec"]["Networks"], json!([{"Target": net, "Aliases": ["db"]}]), "{task}");
 
     rt.block_on(async {
         // Another node (the manager) may not detach it; the worker may, once.
-        let e = client(&m_tls, &addr)
-            .await
-            .detach_network(DetachNetworkRequest {
-                attachment_id: id.clone(),
-            })
-            .await
-            .unwrap_err();
+        let e = client(&m_tls, &addr).await.detach_network(DetachNetworkRequest { attachment_id: id.clone() }).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         let mut c = client(&w_tls, &addr).await;
-        c.detach_network(DetachNetworkRequest {
-            attachment_id: id.clone(),
-        })
-        .await
-        .expect("detach");
-        let e = c
-            .detach_network(DetachNetworkRequest {
-                attachment_id: id.clone(),
-            })
-            .await
-            .unwrap_err();
+        c.detach_network(DetachNetworkRequest { attachment_id: id.clone() }).await.expect("detach");
+        let e = c.detach_network(DetachNetworkRequest { attachment_id: id.clone() }).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
     });
-    let r = shoal_testkit::http::request(m.socket(), "GET", &format!("/v1.47/tasks/{id}"), None)
-        .unwrap();
+    let r = shoal_testkit::http::request(m.socket(), "GET", &format!("/v1.47/tasks/{id}"), None).unwrap();
     assert_eq!(r.status, 404, "the attachment task is gone: {}", r.body);
 }

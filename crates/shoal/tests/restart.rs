@@ -14,13 +14,7 @@ fn create(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> String
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}, "RestartPolicy": {"Delay": 100_000_000u64}},
         "Mode": {"Replicated": {"Replicas": replicas}},
     });
-    let r = shoal_testkit::http::request(
-        d.socket(),
-        "POST",
-        "/v1.47/services/create",
-        Some(&body.to_string()),
-    )
-    .unwrap();
+    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "create: {}", r.body);
     r.body["ID"].as_str().unwrap().to_string()
 }
@@ -30,12 +24,7 @@ fn ids_and_versions(v: &Value) -> Vec<(String, u64)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|o| {
-            (
-                o["ID"].as_str().unwrap().to_string(),
-                o["Version"]["Index"].as_u64().unwrap(),
-            )
-        })
+        .map(|o| (o["ID"].as_str().unwrap().to_string(), o["Version"]["Index"].as_u64().unwrap()))
         .collect();
     out.sort();
     out
@@ -48,26 +37,17 @@ fn sigterm_and_restart_keeps_ids_versions_and_converges() {
     let id = create(&d, "web", 2, &["sleep", "3151"]);
     wait_running(&d, "web", 2, &["sleep", "3151"], Duration::from_secs(20));
     let services_before = ids_and_versions(&d.get("/v1.47/services"));
-    let nodes_before: Vec<String> = ids_and_versions(&d.get("/v1.47/nodes"))
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let nodes_before: Vec<String> = ids_and_versions(&d.get("/v1.47/nodes")).into_iter().map(|(id, _)| id).collect();
 
     assert!(d.stop(), "daemon exits 0 on SIGTERM; log:\n{}", d.log());
-    assert!(
-        process::pids_with_cmdline(&["sleep", "3151"]).is_empty(),
-        "task processes stop with the daemon"
-    );
+    assert!(process::pids_with_cmdline(&["sleep", "3151"]).is_empty(), "task processes stop with the daemon");
 
     d.restart(&[]);
     let swarm_after = d.get("/v1.47/swarm");
     assert_eq!(swarm_after["ID"], swarm_before["ID"]);
     assert_eq!(swarm_after["CreatedAt"], swarm_before["CreatedAt"]);
     assert_eq!(ids_and_versions(&d.get("/v1.47/services")), services_before);
-    let nodes_after: Vec<String> = ids_and_versions(&d.get("/v1.47/nodes"))
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let nodes_after: Vec<String> = ids_and_versions(&d.get("/v1.47/nodes")).into_iter().map(|(id, _)| id).collect();
     assert_eq!(nodes_after, nodes_before);
     let svc = d.get(&format!("/v1.47/services/{id}"));
     assert_eq!(svc["Spec"]["Name"], "web");

@@ -22,8 +22,7 @@ fn read(d: &DaemonProcess, file: &str) -> String {
 /// Whether `d`'s certificate file is signed by `root_pem`'s key and its trusted root file is `root_pem`.
 fn holds_cert_from(d: &DaemonProcess, root_pem: &str) -> Result<(), String> {
     let root = shoal_ca::parse_cert_pem_chain(root_pem.as_bytes()).map_err(|e| e.to_string())?;
-    let chain = shoal_ca::parse_cert_pem_chain(read(d, "swarm-node.crt").as_bytes())
-        .map_err(|e| e.to_string())?;
+    let chain = shoal_ca::parse_cert_pem_chain(read(d, "swarm-node.crt").as_bytes()).map_err(|e| e.to_string())?;
     if !shoal_ca::signed_by(&chain[0], &root[0]).map_err(|e| e.to_string())? {
         return Err("its certificate is not signed by the new root".into());
     }
@@ -79,9 +78,7 @@ fn docker_swarm_ca_rotate_replaces_the_root_on_every_node_while_tasks_keep_runni
         }
     });
     let old_root = docker(&m1, &["swarm", "ca"]);
-    let old_token = docker(&m1, &["swarm", "join-token", "-q", "worker"])
-        .trim()
-        .to_string();
+    let old_token = docker(&m1, &["swarm", "join-token", "-q", "worker"]).trim().to_string();
 
     // The stock CLI's rotation: it returns once the rotation is over, printing the new root.
     let child = docker_cli::command(m1.socket(), &["swarm", "ca", "--rotate"])
@@ -93,34 +90,20 @@ fn docker_swarm_ca_rotate_replaces_the_root_on_every_node_while_tasks_keep_runni
     assert!(ok, "{out}");
     let new_root = docker(&m1, &["swarm", "ca"]);
     assert_ne!(new_root.trim(), old_root.trim(), "a new root");
-    assert!(
-        out.contains(new_root.trim()),
-        "the CLI printed the new root:\n{out}"
-    );
-    let info = docker(
-        &m2,
-        &[
-            "info",
-            "--format",
-            "{{.Swarm.Cluster.RootRotationInProgress}}",
-        ],
-    );
+    assert!(out.contains(new_root.trim()), "the CLI printed the new root:\n{out}");
+    let info = docker(&m2, &["info", "--format", "{{.Swarm.Cluster.RootRotationInProgress}}"]);
     assert_eq!(info.trim(), "false");
     for d in [&m1, &m2, &m3, &w1, &w2] {
-        wait_until(
-            "the node's files hold the new root's certificate",
-            Duration::from_secs(30),
-            || holds_cert_from(d, &new_root),
-        );
+        wait_until("the node's files hold the new root's certificate", Duration::from_secs(30), || {
+            holds_cert_from(d, &new_root)
+        });
     }
     assert_eq!(running_ids(&m1), before, "the same tasks kept running");
     assert_eq!(tasks_of(&m1, "steady").len(), 5, "no task was replaced");
     assert_eq!(ready_nodes(&m3), 5, "every node is still Ready");
 
     // The join token changed with the root; the old one is refused.
-    let new_token = docker(&m1, &["swarm", "join-token", "-q", "worker"])
-        .trim()
-        .to_string();
+    let new_token = docker(&m1, &["swarm", "join-token", "-q", "worker"]).trim().to_string();
     assert_ne!(new_token, old_token);
     let late = DaemonProcess::start_with(
         &shoal_bin(),
@@ -131,15 +114,9 @@ fn docker_swarm_ca_rotate_replaces_the_root_on_every_node_while_tasks_keep_runni
             ..Default::default()
         },
     );
-    let out = docker_cli::run(
-        late.socket(),
-        &["swarm", "join", "--token", &old_token, &m1.remote_addr()],
-    );
+    let out = docker_cli::run(late.socket(), &["swarm", "join", "--token", &old_token, &m1.remote_addr()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("does not match the join token"),
-        "{err}"
-    );
+    assert!(!out.status.success() && err.contains("does not match the join token"), "{err}");
     drop(late);
 
     // A root the operator made, while a worker is down: in progress until that node is removed.
@@ -149,97 +126,43 @@ fn docker_swarm_ca_rotate_replaces_the_root_on_every_node_while_tasks_keep_runni
     std::fs::write(&cert_file, given.cert_pem()).unwrap();
     std::fs::write(&key_file, given.key_pem()).unwrap();
     w2.stop();
-    let w2_id = docker(
-        &m1,
-        &[
-            "node",
-            "ls",
-            "--filter",
-            "name=rot-w2",
-            "--format",
-            "{{.ID}}",
-        ],
-    )
-    .trim()
-    .to_string();
+    let w2_id = docker(&m1, &["node", "ls", "--filter", "name=rot-w2", "--format", "{{.ID}}"]).trim().to_string();
     let (c, k) = (cert_file.to_str().unwrap(), key_file.to_str().unwrap());
-    docker(
-        &m1,
-        &[
-            "swarm",
-            "ca",
-            "--rotate",
-            "--detach",
-            "--ca-cert",
-            c,
-            "--ca-key",
-            k,
-        ],
-    );
+    docker(&m1, &["swarm", "ca", "--rotate", "--detach", "--ca-cert", c, "--ca-key", k]);
     let info = docker(&m1, &["info"]);
     assert!(info.contains("Root Rotation In Progress: true"), "{info}");
     for d in [&m1, &m2, &m3, &w1] {
-        wait_until(
-            "the running nodes renewed from the given root",
-            Duration::from_secs(60),
-            || {
-                let chain = shoal_ca::parse_cert_pem_chain(read(d, "swarm-node.crt").as_bytes())
-                    .map_err(|e| e.to_string())?;
-                let root = shoal_ca::parse_cert_pem_chain(given.cert_pem().as_bytes()).unwrap();
-                if shoal_ca::signed_by(&chain[0], &root[0]).map_err(|e| e.to_string())? {
-                    Ok(())
-                } else {
-                    Err("not yet".into())
-                }
-            },
-        );
+        wait_until("the running nodes renewed from the given root", Duration::from_secs(60), || {
+            let chain = shoal_ca::parse_cert_pem_chain(read(d, "swarm-node.crt").as_bytes()).map_err(|e| e.to_string())?;
+            let root = shoal_ca::parse_cert_pem_chain(given.cert_pem().as_bytes()).unwrap();
+            if shoal_ca::signed_by(&chain[0], &root[0]).map_err(|e| e.to_string())? {
+                Ok(())
+            } else {
+                Err("not yet".into())
+            }
+        });
     }
-    let info = docker(
-        &m2,
-        &[
-            "info",
-            "--format",
-            "{{.Swarm.Cluster.RootRotationInProgress}}",
-        ],
-    );
+    let info = docker(&m2, &["info", "--format", "{{.Swarm.Cluster.RootRotationInProgress}}"]);
     assert_eq!(info.trim(), "true", "the down worker blocks completion");
     docker(&m1, &["node", "rm", "--force", &w2_id]);
     wait_until("the rotation to finish", Duration::from_secs(60), || {
-        let info = docker(
-            &m1,
-            &[
-                "info",
-                "--format",
-                "{{.Swarm.Cluster.RootRotationInProgress}}",
-            ],
-        );
+        let info = docker(&m1, &["info", "--format", "{{.Swarm.Cluster.RootRotationInProgress}}"]);
         if info.trim() == "false" {
             Ok(())
         } else {
             Err(info)
         }
     });
-    assert_eq!(
-        docker(&m3, &["swarm", "ca"]).trim(),
-        given.cert_pem().trim()
-    );
+    assert_eq!(docker(&m3, &["swarm", "ca"]).trim(), given.cert_pem().trim());
     for d in [&m1, &m2, &m3, &w1] {
-        wait_until(
-            "the node trusts the given root",
-            Duration::from_secs(30),
-            || holds_cert_from(d, given.cert_pem()),
-        );
+        wait_until("the node trusts the given root", Duration::from_secs(30), || holds_cert_from(d, given.cert_pem()));
     }
-    wait_until(
-        "the service's 5 tasks running on the nodes left",
-        Duration::from_secs(60),
-        || {
-            let n = running_ids(&m1).len();
-            if n == 5 {
-                Ok(())
-            } else {
-                Err(format!("{n} running"))
-            }
-        },
-    );
+    wait_until("the service's 5 tasks running on the nodes left", Duration::from_secs(60), || {
+        let n = running_ids(&m1).len();
+        if n == 5 {
+            Ok(())
+        } else {
+            Err(format!("{n} running"))
+        }
+    });
 }

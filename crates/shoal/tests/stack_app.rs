@@ -55,16 +55,9 @@ fn write_stack(dir: &std::path::Path, greeting: &str) -> std::path::PathBuf {
         std::fs::copy(example.join(f), dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
     }
     let text = std::fs::read_to_string(example.join("compose.yml")).unwrap();
-    assert!(
-        text.contains("GREETING: hello"),
-        "the example sets GREETING: {text}"
-    );
+    assert!(text.contains("GREETING: hello"), "the example sets GREETING: {text}");
     let compose = dir.join("compose.yml");
-    std::fs::write(
-        &compose,
-        text.replace("GREETING: hello", &format!("GREETING: {greeting}")),
-    )
-    .unwrap();
+    std::fs::write(&compose, text.replace("GREETING: hello", &format!("GREETING: {greeting}"))).unwrap();
     compose
 }
 
@@ -98,9 +91,7 @@ fn counts(answers: &[String], greeting: &str) -> Vec<u32> {
         .map(|a| {
             let n = a
                 .strip_prefix(&format!("200 front: {greeting} #"))
-                .unwrap_or_else(|| {
-                    panic!("not an answer of the three tiers with {greeting}: {a:?} in {answers:?}")
-                });
+                .unwrap_or_else(|| panic!("not an answer of the three tiers with {greeting}: {a:?} in {answers:?}"));
             n.parse().unwrap()
         })
         .collect()
@@ -116,13 +107,7 @@ fn task_ids(c: &Cluster, service: &str) -> BTreeSet<String> {
 
 fn stack_services(c: &Cluster) -> Vec<String> {
     let mut v: Vec<String> = c
-        .docker(&[
-            "stack",
-            "services",
-            "app",
-            "--format",
-            "{{.Name}} {{.Replicas}}",
-        ])
+        .docker(&["stack", "services", "app", "--format", "{{.Name}} {{.Replicas}}"])
         .lines()
         .map(str::to_string)
         .collect();
@@ -136,75 +121,52 @@ fn a_three_tier_stack_answers_by_name_keeps_its_secret_and_redeploys_one_tier() 
         return;
     }
     let mut c = Cluster::start("stk");
-    let dir = tempfile::Builder::new()
-        .prefix("stack-app-")
-        .tempdir_in(shoal_testkit::scratch_dir())
-        .unwrap();
+    let dir = tempfile::Builder::new().prefix("stack-app-").tempdir_in(shoal_testkit::scratch_dir()).unwrap();
     let compose = write_stack(dir.path(), "hello");
     let file = compose.to_str().unwrap();
     c.docker(&["stack", "deploy", "-c", file, "app"]);
     for (service, n) in [("app_front", 2), ("app_api", 2), ("app_store", 1)] {
         c.running(service, n);
     }
-    wait_until(
-        "the stack's services converged",
-        std::time::Duration::from_secs(30),
-        || {
-            let s = stack_services(&c);
-            if s == ["app_api 2/2", "app_front 2/2", "app_store 1/1"] {
-                Ok(())
-            } else {
-                Err(format!("{s:?}"))
-            }
-        },
-    );
+    wait_until("the stack's services converged", std::time::Duration::from_secs(30), || {
+        let s = stack_services(&c);
+        if s == ["app_api 2/2", "app_front 2/2", "app_store 1/1"] {
+            Ok(())
+        } else {
+            Err(format!("{s:?}"))
+        }
+    });
 
     // Through the three tiers, by name: one counter behind both api tasks, one more per request.
     let answers = probe(&mut c, "probe1", "http://front/", 20);
     let n = counts(&answers, "hello");
     assert_eq!(n, (n[0]..n[0] + 20).collect::<Vec<u32>>(), "{answers:?}");
     // The store answers only with the secret's token.
-    assert_eq!(
-        probe(&mut c, "probe2", "http://store:7000/hits", 1),
-        ["403"]
-    );
+    assert_eq!(probe(&mut c, "probe2", "http://store:7000/hits", 1), ["403"]);
 
     // A changed environment variable of one service: only its tasks are replaced, the store keeps counting.
-    let before: Vec<BTreeSet<String>> = ["app_front", "app_store"]
-        .iter()
-        .map(|s| task_ids(&c, s))
-        .collect();
+    let before: Vec<BTreeSet<String>> = ["app_front", "app_store"].iter().map(|s| task_ids(&c, s)).collect();
     let api_before = task_ids(&c, "app_api");
     write_stack(dir.path(), "bonjour");
     let out = c.docker(&["stack", "deploy", "-c", file, "app"]);
     assert!(out.contains("Updating service app_api"), "{out}");
-    wait_until(
-        "the api's tasks replaced",
-        std::time::Duration::from_secs(60),
-        || {
-            let now = task_ids(&c, "app_api");
-            let running = tasks_of(c.manager(), "app_api")
-                .iter()
-                .filter(|t| desired(t) == "running" && state(t) == "running")
-                .count();
-            if now.is_disjoint(&api_before) && running == 2 {
-                Ok(())
-            } else {
-                Err(format!("{now:?} ({running} running)"))
-            }
-        },
-    );
-    let after: Vec<BTreeSet<String>> = ["app_front", "app_store"]
-        .iter()
-        .map(|s| task_ids(&c, s))
-        .collect();
+    wait_until("the api's tasks replaced", std::time::Duration::from_secs(60), || {
+        let now = task_ids(&c, "app_api");
+        let running = tasks_of(c.manager(), "app_api")
+            .iter()
+            .filter(|t| desired(t) == "running" && state(t) == "running")
+            .count();
+        if now.is_disjoint(&api_before) && running == 2 {
+            Ok(())
+        } else {
+            Err(format!("{now:?} ({running} running)"))
+        }
+    });
+    let after: Vec<BTreeSet<String>> = ["app_front", "app_store"].iter().map(|s| task_ids(&c, s)).collect();
     assert_eq!(before, after, "front and store kept their tasks");
     let answers = probe(&mut c, "probe3", "http://front/", 5);
     let m = counts(&answers, "bonjour");
-    assert!(
-        m[0] > n[19],
-        "the store kept its count across the api's update: {answers:?} after {n:?}"
-    );
+    assert!(m[0] > n[19], "the store kept its count across the api's update: {answers:?} after {n:?}");
 
     // `stack rm` removes every service, network, secret and config of the stack.
     c.docker(&["stack", "rm", "app"]);
@@ -212,17 +174,10 @@ fn a_three_tier_stack_answers_by_name_keeps_its_secret_and_redeploys_one_tier() 
         let left: Vec<String> = ["service", "network", "secret", "config"]
             .iter()
             .flat_map(|kind| {
-                c.docker(&[
-                    kind,
-                    "ls",
-                    "--filter",
-                    "label=com.docker.stack.namespace=app",
-                    "--format",
-                    "{{.Name}}",
-                ])
-                .lines()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
+                c.docker(&[kind, "ls", "--filter", "label=com.docker.stack.namespace=app", "--format", "{{.Name}}"])
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
             })
             .collect();
         if left.is_empty() {

@@ -20,18 +20,11 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// A folder for a stack's compose file and the files it names, removed on drop.
 fn stack_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("stack-")
-        .tempdir_in(shoal_testkit::scratch_dir())
-        .expect("tempdir")
+    tempfile::Builder::new().prefix("stack-").tempdir_in(shoal_testkit::scratch_dir()).expect("tempdir")
 }
 
 fn out_text(out: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
 fn deploy(d: &DaemonProcess, compose: &Path, extra: &[&str]) -> String {
@@ -43,19 +36,14 @@ fn deploy(d: &DaemonProcess, compose: &Path, extra: &[&str]) -> String {
 }
 
 fn lines(d: &DaemonProcess, args: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = docker(d, args)
-        .lines()
-        .map(str::to_string)
-        .filter(|l| !l.is_empty())
-        .collect();
+    let mut v: Vec<String> = docker(d, args).lines().map(str::to_string).filter(|l| !l.is_empty()).collect();
     v.sort();
     v
 }
 
 fn inspect(d: &DaemonProcess, kind: &str, name: &str) -> Value {
     let out = docker(d, &[kind, "inspect", name]);
-    let v: Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{kind} inspect {name}: {e}: {out}"));
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{kind} inspect {name}: {e}: {out}"));
     v[0].clone()
 }
 
@@ -147,48 +135,17 @@ fn a_stack_deploys_redeploys_prunes_and_is_removed_through_the_docker_cli() {
     // What exists before the stack stays after it.
     docker(&d, &["network", "create", "-d", "overlay", "keepnet"]);
     docker_cli::run_with_stdin(d.socket(), &["secret", "create", "keep", "-"], "k");
-    docker(
-        &d,
-        &[
-            "service", "create", "--name", "keep", "--detach", "busybox", "sleep", "1000",
-        ],
-    );
+    docker(&d, &["service", "create", "--name", "keep", "--detach", "busybox", "sleep", "1000"]);
 
     let out = deploy(&d, &compose, &[]);
     assert!(out.contains("Creating service app_web"), "{out}");
+    assert_eq!(lines(&d, &["stack", "ls", "--format", "{{.Name}} {{.Services}}"]), ["app 3"]);
     assert_eq!(
-        lines(&d, &["stack", "ls", "--format", "{{.Name}} {{.Services}}"]),
-        ["app 3"]
+        lines(&d, &["stack", "services", "app", "--format", "{{.Name}} {{.Mode}}"]),
+        ["app_migrate replicated job", "app_web replicated", "app_worker global"]
     );
     assert_eq!(
-        lines(
-            &d,
-            &[
-                "stack",
-                "services",
-                "app",
-                "--format",
-                "{{.Name}} {{.Mode}}"
-            ]
-        ),
-        [
-            "app_migrate replicated job",
-            "app_web replicated",
-            "app_worker global"
-        ]
-    );
-    assert_eq!(
-        lines(
-            &d,
-            &[
-                "network",
-                "ls",
-                "--filter",
-                "label=com.docker.stack.namespace=app",
-                "--format",
-                "{{.Name}}"
-            ]
-        ),
+        lines(&d, &["network", "ls", "--filter", "label=com.docker.stack.namespace=app", "--format", "{{.Name}}"]),
         ["app_appnet", "app_default"]
     );
 
@@ -200,31 +157,17 @@ fn a_stack_deploys_redeploys_prunes_and_is_removed_through_the_docker_cli() {
     assert_eq!(spec["Labels"]["owner"], "team-a");
     assert_eq!(c["Labels"]["tier"], "front");
     assert_eq!(c["Args"], serde_json::json!(["httpd", "-f", "-p", "80"]));
-    let env: Vec<&str> = c["Env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    assert!(
-        env.contains(&"GREETING=hello") && env.contains(&"FROM_FILE=yes"),
-        "{env:?}"
-    );
+    let env: Vec<&str> = c["Env"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(env.contains(&"GREETING=hello") && env.contains(&"FROM_FILE=yes"), "{env:?}");
     assert_eq!(c["Secrets"][0]["SecretName"], "app_db_password");
     assert_eq!(c["Secrets"][0]["File"]["Name"], "db_pw");
     assert_eq!(c["Configs"][0]["ConfigName"], "app_site");
     assert_eq!(c["Healthcheck"]["Retries"], 3);
     assert_eq!(c["Mounts"][0]["Type"], "tmpfs");
     assert_eq!(c["Mounts"][1]["Source"], "/tmp");
-    assert_eq!(
-        spec["TaskTemplate"]["Resources"]["Limits"]["MemoryBytes"],
-        64 << 20
-    );
+    assert_eq!(spec["TaskTemplate"]["Resources"]["Limits"]["MemoryBytes"], 64 << 20);
     assert_eq!(spec["TaskTemplate"]["RestartPolicy"]["MaxAttempts"], 3);
-    assert_eq!(
-        spec["TaskTemplate"]["Placement"]["Preferences"][0]["Spread"]["SpreadDescriptor"],
-        "node.labels.zone"
-    );
+    assert_eq!(spec["TaskTemplate"]["Placement"]["Preferences"][0]["Spread"]["SpreadDescriptor"], "node.labels.zone");
     assert_eq!(spec["UpdateConfig"]["Order"], "start-first");
     assert_eq!(spec["UpdateConfig"]["FailureAction"], "rollback");
     assert_eq!(spec["RollbackConfig"]["Order"], "stop-first");
@@ -232,113 +175,61 @@ fn a_stack_deploys_redeploys_prunes_and_is_removed_through_the_docker_cli() {
     assert_eq!(appnet["Attachable"], true);
     let net = &spec["TaskTemplate"]["Networks"][0];
     assert_eq!(net["Target"], appnet["Id"]);
-    assert!(
-        net["Aliases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|a| a == "frontend"),
-        "{net}"
-    );
+    assert!(net["Aliases"].as_array().unwrap().iter().any(|a| a == "frontend"), "{net}");
     let ports: Vec<(u64, &str)> = spec["EndpointSpec"]["Ports"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| {
-            (
-                p["PublishedPort"].as_u64().unwrap(),
-                p["PublishMode"].as_str().unwrap(),
-            )
-        })
+        .map(|p| (p["PublishedPort"].as_u64().unwrap(), p["PublishMode"].as_str().unwrap()))
         .collect();
     assert_eq!(ports, [(8080, "ingress"), (9000, "host")]);
-    assert_eq!(
-        inspect(&d, "secret", "app_db_password")["Spec"]["Labels"]["com.docker.stack.namespace"],
-        "app"
-    );
+    assert_eq!(inspect(&d, "secret", "app_db_password")["Spec"]["Labels"]["com.docker.stack.namespace"], "app");
 
     // `stack ps` finds the stack's tasks by its services' label.
-    let tasks = wait_until(
-        "the stack's tasks listed by `docker stack ps`",
-        WAIT,
-        || {
-            let names = lines(&d, &["stack", "ps", "app", "--format", "{{.Name}}"]);
-            if names.iter().filter(|n| n.starts_with("app_web.")).count() == 2
-                && names.iter().any(|n| n.starts_with("app_worker."))
-                && names.iter().any(|n| n.starts_with("app_migrate."))
-            {
-                Ok(names)
-            } else {
-                Err(format!("{names:?}"))
-            }
-        },
-    );
+    let tasks = wait_until("the stack's tasks listed by `docker stack ps`", WAIT, || {
+        let names = lines(&d, &["stack", "ps", "app", "--format", "{{.Name}}"]);
+        if names.iter().filter(|n| n.starts_with("app_web.")).count() == 2
+            && names.iter().any(|n| n.starts_with("app_worker."))
+            && names.iter().any(|n| n.starts_with("app_migrate."))
+        {
+            Ok(names)
+        } else {
+            Err(format!("{names:?}"))
+        }
+    });
     assert!(tasks.iter().all(|n| n.starts_with("app_")), "{tasks:?}");
 
     // A redeploy with one environment variable changed updates only that service. (The CLI sends an update
     // for every service of the file; one whose spec is unchanged rolls nothing. A job's update runs it again,
     // as in Docker, so the job is left out here.)
     let task_ids = |service: &str| -> Vec<String> {
-        let mut v: Vec<String> = tasks_of(&d, service)
-            .iter()
-            .map(|t| t["ID"].as_str().unwrap().to_string())
-            .collect();
+        let mut v: Vec<String> = tasks_of(&d, service).iter().map(|t| t["ID"].as_str().unwrap().to_string()).collect();
         v.sort();
         v
     };
     let worker_tasks = task_ids("app_worker");
     let worker_spec = inspect(&d, "service", "app_worker")["Spec"].clone();
-    std::fs::write(
-        &compose,
-        COMPOSE.replace("GREETING=hello", "GREETING=bonjour"),
-    )
-    .unwrap();
+    std::fs::write(&compose, COMPOSE.replace("GREETING=hello", "GREETING=bonjour")).unwrap();
     deploy(&d, &compose, &[]);
-    let env =
-        inspect(&d, "service", "app_web")["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"].clone();
-    assert!(
-        env.as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e == "GREETING=bonjour"),
-        "{env}"
-    );
+    let env = inspect(&d, "service", "app_web")["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"].clone();
+    assert!(env.as_array().unwrap().iter().any(|e| e == "GREETING=bonjour"), "{env}");
     wait_until("app_web's update started", WAIT, || {
         let s = inspect(&d, "service", "app_web");
-        if s["UpdateStatus"]["State"].is_string() {
-            Ok(())
-        } else {
-            Err(format!("{}", s["UpdateStatus"]))
-        }
+        if s["UpdateStatus"]["State"].is_string() { Ok(()) } else { Err(format!("{}", s["UpdateStatus"])) }
     });
     let worker = inspect(&d, "service", "app_worker");
     assert_eq!(worker["Spec"], worker_spec);
-    assert!(
-        worker["UpdateStatus"].is_null(),
-        "app_worker rolled: {}",
-        worker["UpdateStatus"]
-    );
+    assert!(worker["UpdateStatus"].is_null(), "app_worker rolled: {}", worker["UpdateStatus"]);
     assert_eq!(task_ids("app_worker"), worker_tasks);
 
     // --prune removes a service no longer in the file; --with-registry-auth and --resolve-image behave as
     // against an engine without registry access.
-    let without_worker = COMPOSE
-        .replace("GREETING=hello", "GREETING=bonjour")
-        .replace(
+    let without_worker = COMPOSE.replace("GREETING=hello", "GREETING=bonjour").replace(
         "  worker:\n    image: busybox\n    command: sleep 1000\n    deploy:\n      mode: global\n",
         "",
     );
     std::fs::write(&compose, without_worker).unwrap();
-    deploy(
-        &d,
-        &compose,
-        &[
-            "--prune",
-            "--with-registry-auth",
-            "--resolve-image",
-            "always",
-        ],
-    );
+    deploy(&d, &compose, &["--prune", "--with-registry-auth", "--resolve-image", "always"]);
     assert_eq!(
         lines(&d, &["stack", "services", "app", "--format", "{{.Name}}"]),
         ["app_migrate", "app_web"]
@@ -354,20 +245,13 @@ fn a_stack_deploys_redeploys_prunes_and_is_removed_through_the_docker_cli() {
             lines(&d, &["secret", "ls", "--format", "{{.Name}}"]),
             lines(&d, &["config", "ls", "--format", "{{.Name}}"]),
         );
-        if left.0 == ["keep"]
-            && left.1 == ["ingress", "keepnet"]
-            && left.2 == ["keep"]
-            && left.3.is_empty()
-        {
+        if left.0 == ["keep"] && left.1 == ["ingress", "keepnet"] && left.2 == ["keep"] && left.3.is_empty() {
             Ok(())
         } else {
             Err(format!("{left:?}"))
         }
     });
-    assert_eq!(
-        lines(&d, &["stack", "ls", "--format", "{{.Name}}"]),
-        Vec::<String>::new()
-    );
+    assert_eq!(lines(&d, &["stack", "ls", "--format", "{{.Name}}"]), Vec::<String>::new());
 }
 
 #[test]
@@ -384,16 +268,10 @@ fn a_compose_key_shoal_cannot_honour_fails_the_deploy_naming_it() {
         "version: \"3.8\"\nservices:\n  a:\n    image: busybox\n    command: sleep 1000\n  b:\n    image: busybox\n    command: sleep 1000\n    cap_add: [NET_ADMIN]\n",
     )
     .unwrap();
-    let out = docker_cli::run(
-        d.socket(),
-        &["stack", "deploy", "-c", compose.to_str().unwrap(), "app"],
-    );
+    let out = docker_cli::run(d.socket(), &["stack", "deploy", "-c", compose.to_str().unwrap(), "app"]);
     let text = out_text(&out);
     assert!(!out.status.success(), "deploy succeeded: {text}");
-    assert!(
-        text.contains("CapabilityAdd is not supported yet"),
-        "{text}"
-    );
+    assert!(text.contains("CapabilityAdd is not supported yet"), "{text}");
     // `b` was never made; what the CLI made before the refusal stays, as against an engine that refuses (the
     // CLI walks the file's services in map order, so `a` may come before or after `b`).
     let names = lines(&d, &["service", "ls", "--format", "{{.Name}}"]);

@@ -39,9 +39,7 @@ fn docker_out(d: &DaemonProcess, args: &[&str]) -> (bool, String, String) {
 }
 
 fn local_state(d: &DaemonProcess) -> String {
-    docker(d, &["info", "--format", "{{.Swarm.LocalNodeState}}"])
-        .trim()
-        .to_string()
+    docker(d, &["info", "--format", "{{.Swarm.LocalNodeState}}"]).trim().to_string()
 }
 
 /// The `docker node ls` row of `host` as `m` prints it.
@@ -50,10 +48,7 @@ fn node_row(m: &DaemonProcess, host: &str) -> Result<String, String> {
     if !ok {
         return Err(err);
     }
-    out.lines()
-        .find(|l| l.contains(host))
-        .map(str::to_string)
-        .ok_or_else(|| format!("no {host} in:\n{out}"))
+    out.lines().find(|l| l.contains(host)).map(str::to_string).ok_or_else(|| format!("no {host} in:\n{out}"))
 }
 
 #[test]
@@ -70,142 +65,57 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
         "{err}"
     );
     let (ok, _, err) = docker_out(&m, &["swarm", "leave"]);
-    assert!(
-        !ok && err.contains("This node is not part of a swarm"),
-        "{err}"
-    );
+    assert!(!ok && err.contains("This node is not part of a swarm"), "{err}");
     // What Shoal cannot honour is refused, naming it, and nothing changes.
-    let (ok, _, err) = docker_out(
-        &m,
-        &[
-            "swarm",
-            "init",
-            "--listen-addr",
-            &m.remote_addr(),
-            "--data-path-port",
-            "4790",
-        ],
-    );
+    let (ok, _, err) = docker_out(&m, &["swarm", "init", "--listen-addr", &m.remote_addr(), "--data-path-port", "4790"]);
     assert!(!ok && err.contains("DataPathPort"), "{err}");
     assert_eq!(local_state(&m), "inactive");
 
     let addr = m.remote_addr();
-    let out = docker(
-        &m,
-        &[
-            "swarm",
-            "init",
-            "--listen-addr",
-            &addr,
-            "--advertise-addr",
-            &addr,
-            "--dispatcher-heartbeat",
-            "1s",
-        ],
-    );
-    assert!(
-        out.contains("Swarm initialized: current node (") && out.contains("is now a manager"),
-        "{out}"
-    );
-    assert!(
-        out.contains("docker swarm join --token SWMTKN-1-") && out.contains(&addr),
-        "{out}"
-    );
+    let out = docker(&m, &["swarm", "init", "--listen-addr", &addr, "--advertise-addr", &addr, "--dispatcher-heartbeat", "1s"]);
+    assert!(out.contains("Swarm initialized: current node (") && out.contains("is now a manager"), "{out}");
+    assert!(out.contains("docker swarm join --token SWMTKN-1-") && out.contains(&addr), "{out}");
     assert_eq!(local_state(&m), "active");
-    let heartbeat = docker(
-        &m,
-        &[
-            "info",
-            "--format",
-            "{{.Swarm.Cluster.Spec.Dispatcher.HeartbeatPeriod}}",
-        ],
-    );
+    let heartbeat = docker(&m, &["info", "--format", "{{.Swarm.Cluster.Spec.Dispatcher.HeartbeatPeriod}}"]);
     assert_eq!(heartbeat.trim(), "1s", "the init's spec option applies");
     let row = node_row(&m, "life-manager").unwrap();
-    assert!(
-        row.contains("Ready") && row.contains("Leader") && row.contains('*'),
-        "{row}"
-    );
+    assert!(row.contains("Ready") && row.contains("Leader") && row.contains('*'), "{row}");
     let (ok, _, err) = docker_out(&m, &["swarm", "init"]);
-    assert!(
-        !ok && err.contains("This node is already part of a swarm."),
-        "{err}"
-    );
+    assert!(!ok && err.contains("This node is already part of a swarm."), "{err}");
     // `docker swarm ca` prints the root the node's certificate chains to (rotation: tests/root_rotation.rs).
-    let root =
-        std::fs::read_to_string(m.state_dir().join("certificates/swarm-root-ca.crt")).unwrap();
+    let root = std::fs::read_to_string(m.state_dir().join("certificates/swarm-root-ca.crt")).unwrap();
     assert_eq!(docker(&m, &["swarm", "ca"]).trim(), root.trim());
 
     let mut w = daemon_at(42, "life-worker", &["--no-init"]);
     assert_eq!(local_state(&w), "inactive");
-    let token = docker(&m, &["swarm", "join-token", "-q", "worker"])
-        .trim()
-        .to_string();
+    let token = docker(&m, &["swarm", "join-token", "-q", "worker"]).trim().to_string();
     // A refused token: the join fails with the manager's reason, and the node stays as it was.
     let mut bad = token.clone();
     bad.truncate(bad.len() - 4);
     bad.push_str("zzzz");
-    let (ok, _, err) = docker_out(
-        &w,
-        &[
-            "swarm",
-            "join",
-            "--token",
-            &bad,
-            "--listen-addr",
-            &w.remote_addr(),
-            &addr,
-        ],
-    );
+    let (ok, _, err) = docker_out(&w, &["swarm", "join", "--token", &bad, "--listen-addr", &w.remote_addr(), &addr]);
     assert!(!ok && err.contains("cannot join the cluster"), "{err}");
     assert_eq!(local_state(&w), "inactive");
-    let out = docker(
-        &w,
-        &[
-            "swarm",
-            "join",
-            "--token",
-            &token,
-            "--listen-addr",
-            &w.remote_addr(),
-            &addr,
-        ],
-    );
-    assert!(
-        out.contains("This node joined a swarm as a worker."),
-        "{out}"
-    );
+    let out = docker(&w, &["swarm", "join", "--token", &token, "--listen-addr", &w.remote_addr(), &addr]);
+    assert!(out.contains("This node joined a swarm as a worker."), "{out}");
     assert_eq!(local_state(&w), "active");
-    wait_until(
-        "the worker Ready on the manager",
-        Duration::from_secs(30),
-        || {
-            node_row(&m, "life-worker")
-                .and_then(|r| if r.contains("Ready") { Ok(()) } else { Err(r) })
-        },
-    );
+    wait_until("the worker Ready on the manager", Duration::from_secs(30), || {
+        node_row(&m, "life-worker").and_then(|r| if r.contains("Ready") { Ok(()) } else { Err(r) })
+    });
 
     let out = docker(&w, &["swarm", "leave"]);
     assert!(out.contains("Node left the swarm."), "{out}");
     assert_eq!(local_state(&w), "inactive");
     let (ok, _, err) = docker_out(&w, &["node", "ls"]);
     assert!(!ok && err.contains("docker swarm init"), "{err}");
-    wait_until(
-        "the worker Down on the manager",
-        Duration::from_secs(30),
-        || {
-            node_row(&m, "life-worker")
-                .and_then(|r| if r.contains("Down") { Ok(()) } else { Err(r) })
-        },
-    );
+    wait_until("the worker Down on the manager", Duration::from_secs(30), || {
+        node_row(&m, "life-worker").and_then(|r| if r.contains("Down") { Ok(()) } else { Err(r) })
+    });
     let left: Vec<String> = std::fs::read_dir(w.state_dir())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert!(
-        !left.iter().any(|n| n == "certificates" || n == "node.json"),
-        "cluster state removed: {left:?}"
-    );
+    assert!(!left.iter().any(|n| n == "certificates" || n == "node.json"), "cluster state removed: {left:?}");
     // A node that left stays out of every swarm on a restart, even without --no-init.
     w.stop();
     w.restart(&[]);
@@ -222,25 +132,11 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
     assert!(out.contains("Node left the swarm."), "{out}");
     assert_eq!(local_state(&m), "inactive");
     // And it can start a new swarm again.
-    docker(
-        &m,
-        &[
-            "swarm",
-            "init",
-            "--listen-addr",
-            &addr,
-            "--advertise-addr",
-            &addr,
-        ],
-    );
+    docker(&m, &["swarm", "init", "--listen-addr", &addr, "--advertise-addr", &addr]);
     assert_eq!(local_state(&m), "active");
     m.stop();
     m.restart(&[]);
-    assert_eq!(
-        local_state(&m),
-        "active",
-        "a restart keeps the swarm it initialized"
-    );
+    assert_eq!(local_state(&m), "active", "a restart keeps the swarm it initialized");
 }
 
 #[test]
@@ -256,63 +152,32 @@ fn a_worker_started_before_its_manager_joins_once_the_manager_is_up() {
     probe.stop();
     let started = Instant::now();
     let (status, err) = probe.start_expecting_exit(
-        &[
-            "--join-addr".into(),
-            addr.clone(),
-            "--join-token".into(),
-            bad,
-        ],
+        &["--join-addr".into(), addr.clone(), "--join-token".into(), bad],
         Duration::from_secs(20),
     );
-    assert!(
-        !status.success() && err.contains("cannot join the cluster"),
-        "{err}"
-    );
-    assert!(
-        !err.contains("retrying"),
-        "a refused token is not retried: {err}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "it failed at once"
-    );
+    assert!(!status.success() && err.contains("cannot join the cluster"), "{err}");
+    assert!(!err.contains("retrying"), "a refused token is not retried: {err}");
+    assert!(started.elapsed() < Duration::from_secs(10), "it failed at once");
 
     // The manager goes down; its port is held by the test, which sees the worker's first attempt arrive.
     m.stop();
     let holder = std::net::TcpListener::bind(&addr).expect("hold the manager's port");
     let worker = std::thread::spawn({
         let (addr, token) = (addr.clone(), token.clone());
-        move || {
-            daemon_at(
-                45,
-                "life-early-worker",
-                &["--join-addr", &addr, "--join-token", &token],
-            )
-        }
+        move || daemon_at(45, "life-early-worker", &["--join-addr", &addr, "--join-token", &token])
     });
     holder.set_nonblocking(true).unwrap();
-    let conn = wait_until(
-        "the worker's first attempt",
-        Duration::from_secs(30),
-        || holder.accept().map_err(|e| e.to_string()),
-    );
+    let conn = wait_until("the worker's first attempt", Duration::from_secs(30), || {
+        holder.accept().map_err(|e| e.to_string())
+    });
     drop(conn);
     drop(holder);
     m.restart(&[]);
     let w = worker.join().expect("the worker started");
-    assert!(
-        w.log().contains("cannot join yet; retrying"),
-        "it said it retries:\n{}",
-        w.log()
-    );
+    assert!(w.log().contains("cannot join yet; retrying"), "it said it retries:\n{}", w.log());
     wait_until("the early worker Ready", Duration::from_secs(30), || {
         let nodes = m.get("/v1.47/nodes");
-        let n = nodes
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["Description"]["Hostname"] == "life-early-worker")
-            .cloned();
+        let n = nodes.as_array().unwrap().iter().find(|n| n["Description"]["Hostname"] == "life-early-worker").cloned();
         match n {
             Some(n) if n["Status"]["State"] == "ready" => Ok(()),
             other => Err(format!("{other:?}")),
@@ -326,45 +191,14 @@ fn a_manager_joins_with_the_manager_token_and_leaves_only_with_force() {
         return;
     }
     let m = daemon_at(46, "life-first", &[]);
-    let token = docker(&m, &["swarm", "join-token", "-q", "manager"])
-        .trim()
-        .to_string();
+    let token = docker(&m, &["swarm", "join-token", "-q", "manager"]).trim().to_string();
     let mut j = daemon_at(47, "life-second", &["--no-init"]);
-    let out = docker(
-        &j,
-        &[
-            "swarm",
-            "join",
-            "--token",
-            &token,
-            "--listen-addr",
-            &j.remote_addr(),
-            "--availability",
-            "drain",
-            &m.remote_addr(),
-        ],
-    );
-    assert!(
-        out.contains("This node joined a swarm as a manager."),
-        "{out}"
-    );
-    let row = wait_until(
-        "the second manager Reachable",
-        Duration::from_secs(30),
-        || {
-            node_row(&m, "life-second").and_then(|r| {
-                if r.contains("Reachable") {
-                    Ok(r)
-                } else {
-                    Err(r)
-                }
-            })
-        },
-    );
-    assert!(
-        row.contains("Drain"),
-        "the join's availability applies: {row}"
-    );
+    let out = docker(&j, &["swarm", "join", "--token", &token, "--listen-addr", &j.remote_addr(), "--availability", "drain", &m.remote_addr()]);
+    assert!(out.contains("This node joined a swarm as a manager."), "{out}");
+    let row = wait_until("the second manager Reachable", Duration::from_secs(30), || {
+        node_row(&m, "life-second").and_then(|r| if r.contains("Reachable") { Ok(r) } else { Err(r) })
+    });
+    assert!(row.contains("Drain"), "the join's availability applies: {row}");
     let (ok, _, err) = docker_out(&j, &["swarm", "leave"]);
     assert!(!ok);
     assert!(
@@ -389,60 +223,20 @@ fn a_removed_worker_is_refused_and_stops_its_tasks_saying_why() {
     wait_until("the worker Ready", Duration::from_secs(30), || {
         node_row(&m, "life-removed").and_then(|r| if r.contains("Ready") { Ok(()) } else { Err(r) })
     });
-    docker(
-        &m,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "on-worker",
-            "--replicas",
-            "2",
-            "--constraint",
-            "node.role==worker",
-            "busybox",
-            "sleep",
-            "3177",
-        ],
-    );
-    wait_running(
-        &m,
-        "on-worker",
-        2,
-        &["sleep", "3177"],
-        Duration::from_secs(30),
-    );
+    docker(&m, &["service", "create", "--detach", "--name", "on-worker", "--replicas", "2", "--constraint", "node.role==worker", "busybox", "sleep", "3177"]);
+    wait_running(&m, "on-worker", 2, &["sleep", "3177"], Duration::from_secs(30));
     docker(&m, &["node", "rm", "--force", "life-removed"]);
-    wait_until(
-        "the removed worker's tasks stopped",
-        Duration::from_secs(30),
-        || {
-            let n = process::pids_with_cmdline(&["sleep", "3177"]).len();
-            if n == 0 {
-                Ok(())
-            } else {
-                Err(format!("{n} left"))
-            }
-        },
-    );
+    wait_until("the removed worker's tasks stopped", Duration::from_secs(30), || {
+        let n = process::pids_with_cmdline(&["sleep", "3177"]).len();
+        if n == 0 { Ok(()) } else { Err(format!("{n} left")) }
+    });
     // The agent says why; its log reaches the file a moment after the tasks are gone.
-    wait_until(
-        "the removed worker's log says why",
-        Duration::from_secs(30),
-        || {
-            let log = w.log();
-            let said = log.contains(
-                "this node was removed from the swarm (docker node rm): stopping its tasks",
-            ) && log
-                .contains("was removed from the cluster; its certificate is no longer accepted");
-            if said {
-                Ok(())
-            } else {
-                Err(log)
-            }
-        },
-    );
+    wait_until("the removed worker's log says why", Duration::from_secs(30), || {
+        let log = w.log();
+        let said = log.contains("this node was removed from the swarm (docker node rm): stopping its tasks")
+            && log.contains("was removed from the cluster; its certificate is no longer accepted");
+        if said { Ok(()) } else { Err(log) }
+    });
     let (ok, out, _) = docker_out(&m, &["node", "ls"]);
     assert!(ok && !out.contains("life-removed"), "{out}");
 }
@@ -454,22 +248,8 @@ fn an_autolocked_swarm_from_init_locks_on_restart_and_leaves_only_with_force() {
     }
     let mut m = daemon_at(50, "life-locked", &["--no-init"]);
     let addr = m.remote_addr();
-    let out = docker(
-        &m,
-        &[
-            "swarm",
-            "init",
-            "--autolock",
-            "--listen-addr",
-            &addr,
-            "--advertise-addr",
-            &addr,
-        ],
-    );
-    assert!(
-        out.contains("SWMKEY-1-"),
-        "init prints the unlock key: {out}"
-    );
+    let out = docker(&m, &["swarm", "init", "--autolock", "--listen-addr", &addr, "--advertise-addr", &addr]);
+    assert!(out.contains("SWMKEY-1-"), "init prints the unlock key: {out}");
     m.stop();
     m.restart(&[]);
     assert_eq!(local_state(&m), "locked");
@@ -485,22 +265,11 @@ fn manager_addr_seen_by(d: &DaemonProcess, host: &str) -> Result<(String, String
     let nodes = shoal_testkit::managers::try_get(d, "/v1.47/nodes")?;
     let n = nodes
         .as_array()
-        .and_then(|a| {
-            a.iter()
-                .find(|n| n["Description"]["Hostname"] == host)
-                .cloned()
-        })
+        .and_then(|a| a.iter().find(|n| n["Description"]["Hostname"] == host).cloned())
         .ok_or_else(|| format!("no {host}"))?;
     let m = &n["ManagerStatus"];
-    let status = if m["Leader"].as_bool() == Some(true) {
-        "Leader"
-    } else {
-        m["Reachability"].as_str().unwrap_or("")
-    };
-    Ok((
-        m["Addr"].as_str().unwrap_or("").to_string(),
-        status.to_string(),
-    ))
+    let status = if m["Leader"].as_bool() == Some(true) { "Leader" } else { m["Reachability"].as_str().unwrap_or("") };
+    Ok((m["Addr"].as_str().unwrap_or("").to_string(), status.to_string()))
 }
 
 #[test]
@@ -511,35 +280,23 @@ fn a_manager_whose_address_changes_keeps_its_place_in_raft() {
     wait_until("three reachable managers", Duration::from_secs(30), || {
         let seen = shoal_testkit::managers::managers_seen_by(&m1)?;
         let ok = seen.len() == 3 && seen.iter().all(|(_, s)| s == "Leader" || s == "reachable");
-        if ok {
-            Ok(())
-        } else {
-            Err(format!("{seen:?}"))
-        }
+        if ok { Ok(()) } else { Err(format!("{seen:?}")) }
     });
     m2.stop();
     m2.move_to("127.0.0.54");
     m2.restart(&[]);
     let new_addr = m2.remote_addr();
     for d in [&m1, &m3] {
-        wait_until(
-            "the others know m2's new address, and reach it",
-            Duration::from_secs(30),
-            || {
-                let (addr, status) = manager_addr_seen_by(d, "addr-m2")?;
-                if addr == new_addr && (status == "reachable" || status == "Leader") {
-                    Ok(())
-                } else {
-                    Err(format!("{addr} {status}"))
-                }
-            },
-        );
+        wait_until("the others know m2's new address, and reach it", Duration::from_secs(30), || {
+            let (addr, status) = manager_addr_seen_by(d, "addr-m2")?;
+            if addr == new_addr && (status == "reachable" || status == "Leader") {
+                Ok(())
+            } else {
+                Err(format!("{addr} {status}"))
+            }
+        });
     }
-    assert!(
-        m2.log().contains("raft member address changed")
-            || m1.log().contains("raft member address changed")
-            || m3.log().contains("raft member address changed")
-    );
+    assert!(m2.log().contains("raft member address changed") || m1.log().contains("raft member address changed") || m3.log().contains("raft member address changed"));
     // Losing another manager now leaves m1 and m2 (at its new address): still a quorum.
     m3.kill9();
     let id = wait_until("a write with m3 gone", Duration::from_secs(30), || {
@@ -554,10 +311,7 @@ fn a_manager_whose_address_changes_keeps_its_place_in_raft() {
 fn node_cert(d: &DaemonProcess) -> (Duration, shoal_ca::Role) {
     let pem = std::fs::read(d.state_dir().join("certificates/swarm-node.crt")).unwrap();
     let info = shoal_ca::parse_cert(&shoal_ca::parse_cert_pem_chain(&pem).unwrap()[0]).unwrap();
-    (
-        info.not_after.duration_since(info.not_before).unwrap(),
-        info.subject.role,
-    )
+    (info.not_after.duration_since(info.not_before).unwrap(), info.subject.role)
 }
 
 #[test]
@@ -574,17 +328,10 @@ fn a_new_cert_expiry_applies_to_the_next_certificate_a_node_gets() {
     docker(&m, &["swarm", "update", "--cert-expiry", "30h"]);
     // The next certificate the worker gets (promotion renews at once) is valid 30 h (and the backdating).
     docker(&m, &["node", "promote", "expiry-w"]);
-    let life = wait_until(
-        "the promoted node's manager certificate",
-        Duration::from_secs(60),
-        || match node_cert(&w) {
-            (life, shoal_ca::Role::Manager) => Ok(life),
-            other => Err(format!("{other:?}")),
-        },
-    );
+    let life = wait_until("the promoted node's manager certificate", Duration::from_secs(60), || match node_cert(&w) {
+        (life, shoal_ca::Role::Manager) => Ok(life),
+        other => Err(format!("{other:?}")),
+    });
     let want = Duration::from_secs(31 * 3600);
-    assert!(
-        life.abs_diff(want) < Duration::from_secs(120),
-        "issued for {life:?}, want about {want:?}"
-    );
+    assert!(life.abs_diff(want) < Duration::from_secs(120), "issued for {life:?}, want about {want:?}");
 }

@@ -48,10 +48,7 @@ fn create_on_workers(m: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]
         },
         "Mode": {"Replicated": {"Replicas": replicas}},
     });
-    post(m, "/v1.47/services/create", &body).expect("create service")["ID"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    post(m, "/v1.47/services/create", &body).expect("create service")["ID"].as_str().unwrap().to_string()
 }
 
 /// Sets the replicas of a service (`docker service scale`), retrying while a leader is being elected.
@@ -60,15 +57,7 @@ fn scale(m: &DaemonProcess, id: &str, replicas: u64) {
         let s = m.get(&format!("/v1.47/services/{id}"));
         let mut spec = s["Spec"].clone();
         spec["Mode"]["Replicated"]["Replicas"] = replicas.into();
-        post(
-            m,
-            &format!(
-                "/v1.47/services/{id}/update?version={}",
-                s["Version"]["Index"]
-            ),
-            &spec,
-        )
-        .map(|_| ())
+        post(m, &format!("/v1.47/services/{id}/update?version={}", s["Version"]["Index"]), &spec).map(|_| ())
     });
 }
 
@@ -100,12 +89,7 @@ fn node_state(m: &DaemonProcess, host: &str) -> String {
         Ok(n) => n,
         Err(e) => return e,
     };
-    match nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["Description"]["Hostname"] == host)
-    {
+    match nodes.as_array().unwrap().iter().find(|n| n["Description"]["Hostname"] == host) {
         Some(n) => n["Status"]["State"].as_str().unwrap_or("").to_string(),
         None => "absent".to_string(),
     }
@@ -113,17 +97,12 @@ fn node_state(m: &DaemonProcess, host: &str) -> String {
 
 /// Tasks of `service` that are running with desired state running.
 fn running(m: &DaemonProcess, service: &str) -> Vec<Value> {
-    tasks_of(m, service)
-        .into_iter()
-        .filter(|t| state(t) == "running" && desired(t) == "running")
-        .collect()
+    tasks_of(m, service).into_iter().filter(|t| state(t) == "running" && desired(t) == "running").collect()
 }
 
 /// How many times the daemon logged that its agent opened a session.
 fn sessions_opened(d: &DaemonProcess) -> usize {
-    d.log()
-        .matches("session with the manager established")
-        .count()
+    d.log().matches("session with the manager established").count()
 }
 
 /// The PIDs of the `argv` processes, sorted.
@@ -137,31 +116,19 @@ fn sorted_pids(argv: &[&str]) -> Vec<i32> {
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
-        })
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')))
         .unwrap_or(false)
 }
 
 /// The parent PID of `pid`.
 fn parent_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Sends `signal` (e.g. "STOP") to `pid` with kill(1).
 fn signal(pid: i32, signal: &str) {
-    let ok = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
+    let ok = std::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
     assert!(ok.success(), "kill -{signal} {pid}");
 }
 
@@ -178,10 +145,7 @@ impl Stopped {
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .arg("-CONT")
-            .arg(self.0.to_string())
-            .status();
+        let _ = std::process::Command::new("kill").arg("-CONT").arg(self.0.to_string()).status();
     }
 }
 
@@ -196,50 +160,30 @@ fn a_worker_survives_losing_the_manager_it_joined_through() {
     let mut w = node_at(84, "worker-84", Some((&m1, "Worker")));
     let mut ms = [m1, m2, m3];
     let m1 = &ms[0];
-    wait_until(
-        "the worker ready",
-        Duration::from_secs(30),
-        || match node_state(m1, "worker-84").as_str() {
-            "ready" => Ok(()),
-            other => Err(other.to_string()),
-        },
-    );
+    wait_until("the worker ready", Duration::from_secs(30), || match node_state(m1, "worker-84").as_str() {
+        "ready" => Ok(()),
+        other => Err(other.to_string()),
+    });
     let service = create_on_workers(m1, "on-the-worker", 2, &argv);
     let ids = |tasks: &[Value]| -> Vec<String> {
-        let mut v: Vec<String> = tasks
-            .iter()
-            .map(|t| t["ID"].as_str().unwrap_or("").to_string())
-            .collect();
+        let mut v: Vec<String> = tasks.iter().map(|t| t["ID"].as_str().unwrap_or("").to_string()).collect();
         v.sort();
         v
     };
-    let task_ids = ids(&wait_running(
-        m1,
-        "on-the-worker",
-        2,
-        &argv,
-        Duration::from_secs(30),
-    ));
+    let task_ids = ids(&wait_running(m1, "on-the-worker", 2, &argv, Duration::from_secs(30)));
     let pids = sorted_pids(&argv);
-    assert!(
-        pids.iter().all(|p| parent_of(*p) == Some(w.pid())),
-        "the worker runs both tasks: {pids:?}"
-    );
+    assert!(pids.iter().all(|p| parent_of(*p) == Some(w.pid())), "the worker runs both tasks: {pids:?}");
     // The worker learned every manager and saved the list.
     let saved = w.state_dir().join("managers.json");
-    wait_until(
-        "the worker's saved manager list",
-        Duration::from_secs(20),
-        || {
-            let text = std::fs::read_to_string(&saved).map_err(|e| e.to_string())?;
-            let all = ms.iter().all(|m| text.contains(&m.remote_addr()));
-            if all {
-                Ok(())
-            } else {
-                Err(text)
-            }
-        },
-    );
+    wait_until("the worker's saved manager list", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&saved).map_err(|e| e.to_string())?;
+        let all = ms.iter().all(|m| text.contains(&m.remote_addr()));
+        if all {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    });
 
     // kill -9 manager 1, the leader and the manager the worker joined through.
     let before = sessions_opened(&w);
@@ -259,78 +203,57 @@ fn a_worker_survives_losing_the_manager_it_joined_through() {
         }
     });
     let new_session = killed.elapsed();
-    println!(
-        "MEASURE worker's new session {new_session:?} after kill -9 of manager 1 (the leader)"
-    );
+    println!("MEASURE worker's new session {new_session:?} after kill -9 of manager 1 (the leader)");
     assert!(new_session < Duration::from_secs(15), "{new_session:?}");
     // Its tasks kept running (the same tasks, the same processes), and it is ready on both survivors.
     assert_eq!(sorted_pids(&argv), pids, "the task processes are the same");
     for m in [m2, m3] {
-        wait_until(
-            "the same tasks running on a survivor",
-            Duration::from_secs(10),
-            || {
-                let filters = urlencode(r#"{"service":{"on-the-worker":true}}"#);
-                let tasks = try_get(m, &format!("/v1.47/tasks?filters={filters}"))?;
-                let run: Vec<Value> = tasks
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|t| state(t) == "running" && desired(t) == "running")
-                    .cloned()
-                    .collect();
-                if ids(&run) == task_ids {
-                    Ok(())
-                } else {
-                    Err(format!("{:?}", ids(&run)))
-                }
-            },
-        );
-        wait_until(
-            "the worker ready on a survivor",
-            Duration::from_secs(10),
-            || match node_state(m, "worker-84").as_str() {
+        wait_until("the same tasks running on a survivor", Duration::from_secs(10), || {
+            let filters = urlencode(r#"{"service":{"on-the-worker":true}}"#);
+            let tasks = try_get(m, &format!("/v1.47/tasks?filters={filters}"))?;
+            let run: Vec<Value> = tasks
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| state(t) == "running" && desired(t) == "running")
+                .cloned()
+                .collect();
+            if ids(&run) == task_ids {
+                Ok(())
+            } else {
+                Err(format!("{:?}", ids(&run)))
+            }
+        });
+        wait_until("the worker ready on a survivor", Duration::from_secs(10), || {
+            match node_state(m, "worker-84").as_str() {
                 "ready" => Ok(()),
                 other => Err(other.to_string()),
-            },
-        );
+            }
+        });
     }
 
     // A scaled-up task reaches it through the new leader.
     scale(m2, &service, 3);
     wait_running(m2, "on-the-worker", 3, &argv, Duration::from_secs(30));
     let pids = shoal_testkit::process::pids_with_cmdline(&argv);
-    assert!(
-        pids.iter().all(|p| parent_of(*p) == Some(w.pid())),
-        "{pids:?}"
-    );
+    assert!(pids.iter().all(|p| parent_of(*p) == Some(w.pid())), "{pids:?}");
     assert_eq!(running(m2, "on-the-worker").len(), 3);
 
     // Restarted while manager 1 is still gone, without --join-addr: it comes back through the others.
     assert!(w.stop(), "the worker stops cleanly");
     let restarted = Instant::now();
     w.restart(&[]);
-    wait_until(
-        "the restarted worker's session",
-        Duration::from_secs(30),
-        || {
-            if sessions_opened(&w) > before + 1 {
-                Ok(())
-            } else {
-                Err(format!("{} sessions", sessions_opened(&w)))
-            }
-        },
-    );
-    println!(
-        "MEASURE restarted worker's session {:?} after its restart (manager 1 gone)",
-        restarted.elapsed()
-    );
+    wait_until("the restarted worker's session", Duration::from_secs(30), || {
+        if sessions_opened(&w) > before + 1 {
+            Ok(())
+        } else {
+            Err(format!("{} sessions", sessions_opened(&w)))
+        }
+    });
+    println!("MEASURE restarted worker's session {:?} after its restart (manager 1 gone)", restarted.elapsed());
     wait_running(m2, "on-the-worker", 3, &argv, Duration::from_secs(45));
     let pids = shoal_testkit::process::pids_with_cmdline(&argv);
-    assert!(
-        pids.iter().all(|p| parent_of(*p) == Some(w.pid())),
-        "{pids:?}"
-    );
+    assert!(pids.iter().all(|p| parent_of(*p) == Some(w.pid())), "{pids:?}");
     assert_eq!(node_state(m3, "worker-84"), "ready");
 }
 
@@ -350,25 +273,13 @@ fn a_cut_off_worker_is_replaced_and_stops_its_stale_task_when_it_returns() {
             Err(format!("{states:?}"))
         }
     });
-    let a_id = node_named(&m, "worker-92")["ID"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let b_id = node_named(&m, "worker-93")["ID"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let a_id = node_named(&m, "worker-92")["ID"].as_str().unwrap().to_string();
+    let b_id = node_named(&m, "worker-93")["ID"].as_str().unwrap().to_string();
     create_on_workers(&m, "cut-off", 2, &argv);
     let tasks = wait_running(&m, "cut-off", 2, &argv, Duration::from_secs(30));
-    let on_a: Vec<&Value> = tasks
-        .iter()
-        .filter(|t| t["NodeID"] == a_id.as_str())
-        .collect();
+    let on_a: Vec<&Value> = tasks.iter().filter(|t| t["NodeID"] == a_id.as_str()).collect();
     assert_eq!(on_a.len(), 1, "one task per worker: {tasks:?}");
-    let (stale_task, stale_slot) = (
-        on_a[0]["ID"].as_str().unwrap().to_string(),
-        on_a[0]["Slot"].clone(),
-    );
+    let (stale_task, stale_slot) = (on_a[0]["ID"].as_str().unwrap().to_string(), on_a[0]["Slot"].clone());
     let stale_pid = shoal_testkit::process::pids_with_cmdline(&argv)
         .into_iter()
         .find(|p| parent_of(*p) == Some(a.pid()))
@@ -377,94 +288,60 @@ fn a_cut_off_worker_is_replaced_and_stops_its_stale_task_when_it_returns() {
     // Cut worker A off: its daemon stops, its task process does not.
     let stopped = Stopped::stop(a.pid());
     let cut = Instant::now();
-    wait_until(
-        "worker A down",
-        Duration::from_secs(20),
-        || match node_state(&m, "worker-92").as_str() {
-            "down" => Ok(()),
-            other => Err(other.to_string()),
-        },
-    );
+    wait_until("worker A down", Duration::from_secs(20), || match node_state(&m, "worker-92").as_str() {
+        "down" => Ok(()),
+        other => Err(other.to_string()),
+    });
     let to_down = cut.elapsed();
-    wait_until(
-        "the slot's replacement running on worker B",
-        Duration::from_secs(30),
-        || {
-            let run = running(&m, "cut-off");
-            let on_b = run.iter().filter(|t| t["NodeID"] == b_id.as_str()).count();
-            let pids = shoal_testkit::process::pids_with_cmdline(&argv);
-            if run.len() == 2 && on_b == 2 && pids.len() == 3 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{} running ({on_b} on B), {} processes",
-                    run.len(),
-                    pids.len()
-                ))
-            }
-        },
-    );
+    wait_until("the slot's replacement running on worker B", Duration::from_secs(30), || {
+        let run = running(&m, "cut-off");
+        let on_b = run.iter().filter(|t| t["NodeID"] == b_id.as_str()).count();
+        let pids = shoal_testkit::process::pids_with_cmdline(&argv);
+        if run.len() == 2 && on_b == 2 && pids.len() == 3 {
+            Ok(())
+        } else {
+            Err(format!("{} running ({on_b} on B), {} processes", run.len(), pids.len()))
+        }
+    });
     let to_replaced = cut.elapsed();
     println!("MEASURE worker A down {to_down:?} after SIGSTOP; its slot's replacement running on B {to_replaced:?}");
     // 1.5 s time to live, plus the dispatcher's expiry tick and the write.
     assert!(to_down < Duration::from_secs(6), "{to_down:?}");
-    assert!(
-        alive(stale_pid),
-        "the cut-off worker's task process keeps running"
-    );
+    assert!(alive(stale_pid), "the cut-off worker's task process keeps running");
     let stale = m.get(&format!("/v1.47/tasks/{stale_task}"));
-    assert_eq!(
-        desired(&stale),
-        "shutdown",
-        "the stale task is told to shut down: {stale}"
-    );
+    assert_eq!(desired(&stale), "shutdown", "the stale task is told to shut down: {stale}");
 
     // Back: A is ready again and stops the stale task; the slot runs once.
     drop(stopped);
     let back = Instant::now();
-    wait_until(
-        "worker A ready again",
-        Duration::from_secs(20),
-        || match node_state(&m, "worker-92").as_str() {
-            "ready" => Ok(()),
-            other => Err(other.to_string()),
-        },
-    );
+    wait_until("worker A ready again", Duration::from_secs(20), || match node_state(&m, "worker-92").as_str() {
+        "ready" => Ok(()),
+        other => Err(other.to_string()),
+    });
     let to_ready = back.elapsed();
-    wait_until(
-        "the stale task process to exit",
-        Duration::from_secs(20),
-        || {
-            if alive(stale_pid) {
-                Err(format!("pid {stale_pid} alive"))
-            } else {
-                Ok(())
-            }
-        },
-    );
+    wait_until("the stale task process to exit", Duration::from_secs(20), || {
+        if alive(stale_pid) {
+            Err(format!("pid {stale_pid} alive"))
+        } else {
+            Ok(())
+        }
+    });
     let to_stopped = back.elapsed();
     println!("MEASURE after SIGCONT: worker A ready {to_ready:?}, its stale task process gone {to_stopped:?}");
     assert!(to_stopped < Duration::from_secs(10), "{to_stopped:?}");
-    wait_until(
-        "the stale task reported shut down",
-        Duration::from_secs(20),
-        || {
-            let t = m.get(&format!("/v1.47/tasks/{stale_task}"));
-            if state(&t) == "shutdown" {
-                Ok(())
-            } else {
-                Err(format!("{}", t["Status"]))
-            }
-        },
-    );
+    wait_until("the stale task reported shut down", Duration::from_secs(20), || {
+        let t = m.get(&format!("/v1.47/tasks/{stale_task}"));
+        if state(&t) == "shutdown" {
+            Ok(())
+        } else {
+            Err(format!("{}", t["Status"]))
+        }
+    });
     let run = running(&m, "cut-off");
     assert_eq!(run.len(), 2, "{run:?}");
     let in_slot = run.iter().filter(|t| t["Slot"] == stale_slot).count();
     assert_eq!(in_slot, 1, "the slot runs once: {run:?}");
     let pids = shoal_testkit::process::pids_with_cmdline(&argv);
     assert_eq!(pids.len(), 2, "{pids:?}");
-    assert!(
-        pids.iter().all(|p| parent_of(*p) == Some(b.pid())),
-        "both on worker B: {pids:?}"
-    );
+    assert!(pids.iter().all(|p| parent_of(*p) == Some(b.pid())), "both on worker B: {pids:?}");
 }

@@ -29,13 +29,8 @@ pub enum CaCommand {
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CliError> {
     use std::os::unix::fs::OpenOptionsExt;
     let err = |e: std::io::Error| CliError::Usage(format!("{}: {e}", path.display()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(path)
-        .map_err(err)?;
+    let mut f =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(path).map_err(err)?;
     f.write_all(bytes).map_err(err)
 }
 
@@ -43,19 +38,11 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CliError> {
 pub fn run(c: &Client, cmd: CaCommand, out: &mut dyn Write) -> Result<(), CliError> {
     let CaCommand::IssueClientCert { name, out: dir } = cmd;
     let csr = shoal_ca::generate_node_key_and_csr().map_err(|e| CliError::Usage(e.to_string()))?;
-    let resp: Value = c.post(
-        "/shoal/v1/ca/client-cert",
-        &serde_json::json!({ "Name": name, "CSR": csr.csr_pem }),
-    )?;
-    let field = |k: &str| {
-        resp[k]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| CliError::Api(format!("the answer has no {k}")))
-    };
+    let resp: Value = c.post("/shoal/v1/ca/client-cert", &serde_json::json!({ "Name": name, "CSR": csr.csr_pem }))?;
+    let field =
+        |k: &str| resp[k].as_str().map(str::to_string).ok_or_else(|| CliError::Api(format!("the answer has no {k}")));
     let (cert, root) = (field("Certificate")?, field("RootCA")?);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CliError::Usage(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(|e| CliError::Usage(format!("{}: {e}", dir.display())))?;
     write_file(&dir.join("key.pem"), csr.key_pem.as_bytes(), 0o600)?;
     write_file(&dir.join("cert.pem"), cert.as_bytes(), 0o644)?;
     write_file(&dir.join("ca.pem"), root.as_bytes(), 0o644)?;

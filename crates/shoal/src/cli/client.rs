@@ -115,10 +115,7 @@ impl Client {
         .into_bytes();
         req.extend_from_slice(&body);
         let io = |e: std::io::Error| {
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) {
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
                 self.transport(format!("no answer within {}s", self.timeout.as_secs()))
             } else {
                 self.transport(e)
@@ -128,25 +125,16 @@ impl Client {
             .map_err(|_| self.transport(format!("no answer within {}s", self.timeout.as_secs())))?;
         stream.set_write_timeout(Some(left)).map_err(io)?;
         stream.write_all(&req).map_err(io)?;
-        let mut reader = Reader {
-            stream,
-            deadline,
-            buf: Vec::with_capacity(8192),
-            pos: 0,
-        };
+        let mut reader = Reader { stream, deadline, buf: Vec::with_capacity(8192), pos: 0 };
         let (status, body) = read_response(&mut reader).map_err(|e| match e {
             ReadError::Io(e) => io(e),
-            ReadError::Timeout => {
-                self.transport(format!("no answer within {}s", self.timeout.as_secs()))
-            }
-            ReadError::Bad(reason) => {
-                self.transport(format!("malformed answer to {path}: {reason}"))
-            }
+            ReadError::Timeout => self.transport(format!("no answer within {}s", self.timeout.as_secs())),
+            ReadError::Bad(reason) => self.transport(format!("malformed answer to {path}: {reason}")),
         })?;
         Ok((status, Bytes::from(body)))
     }
 
-    /// Sends a request and decodes a 2xx JSON answer (or maps the error body to `CliError::Api`).
+/// Sends a request and decodes a 2xx JSON answer (or maps the error body to `CliError::Api`).
     pub fn call<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -205,10 +193,7 @@ enum ReadError {
 
 /// Time left before `deadline`, or a timeout.
 fn remaining(deadline: Instant) -> Result<Duration, ReadError> {
-    deadline
-        .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
-        .ok_or(ReadError::Timeout)
+    deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()).ok_or(ReadError::Timeout)
 }
 
 /// A buffered reader over the connection that honours the request's deadline.
@@ -241,12 +226,7 @@ impl<S: TimedRead> Reader<S> {
             match self.stream.read(&mut chunk) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     return Err(ReadError::Timeout)
                 }
                 Err(e) => return Err(ReadError::Io(e)),
@@ -265,9 +245,7 @@ impl<S: TimedRead> Reader<S> {
     fn take(&mut self, n: usize) -> Result<Vec<u8>, ReadError> {
         while self.pending().len() < n {
             if !self.fill()? {
-                return Err(ReadError::Bad(
-                    "the connection closed inside the body".into(),
-                ));
+                return Err(ReadError::Bad("the connection closed inside the body".into()));
             }
         }
         let out = self.pending()[..n].to_vec();
@@ -288,9 +266,7 @@ impl<S: TimedRead> Reader<S> {
                 return Err(ReadError::Bad("a chunk line is too long".into()));
             }
             if !self.fill()? {
-                return Err(ReadError::Bad(
-                    "the connection closed inside a chunked body".into(),
-                ));
+                return Err(ReadError::Bad("the connection closed inside a chunked body".into()));
             }
         }
     }
@@ -301,43 +277,28 @@ fn read_response<S: TimedRead>(r: &mut Reader<S>) -> Result<(StatusCode, Vec<u8>
     let (status, head_len, length, chunked) = loop {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut headers);
-        match resp
-            .parse(r.pending())
-            .map_err(|e| ReadError::Bad(e.to_string()))?
-        {
+        match resp.parse(r.pending()).map_err(|e| ReadError::Bad(e.to_string()))? {
             httparse::Status::Complete(n) => {
-                let code = resp
-                    .code
-                    .ok_or_else(|| ReadError::Bad("no status code".into()))?;
-                let status =
-                    StatusCode::from_u16(code).map_err(|e| ReadError::Bad(e.to_string()))?;
+                let code = resp.code.ok_or_else(|| ReadError::Bad("no status code".into()))?;
+                let status = StatusCode::from_u16(code).map_err(|e| ReadError::Bad(e.to_string()))?;
                 let mut length = None;
                 let mut chunked = false;
                 for h in resp.headers.iter() {
                     if h.name.eq_ignore_ascii_case("content-length") {
-                        let v = std::str::from_utf8(h.value)
-                            .ok()
-                            .and_then(|v| v.trim().parse::<usize>().ok());
-                        length =
-                            Some(v.ok_or_else(|| ReadError::Bad("a bad Content-Length".into()))?);
+                        let v = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<usize>().ok());
+                        length = Some(v.ok_or_else(|| ReadError::Bad("a bad Content-Length".into()))?);
                     } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                        chunked = String::from_utf8_lossy(h.value)
-                            .to_ascii_lowercase()
-                            .contains("chunked");
+                        chunked = String::from_utf8_lossy(h.value).to_ascii_lowercase().contains("chunked");
                     }
                 }
                 break (status, n, length, chunked);
             }
             httparse::Status::Partial => {
                 if r.pending().len() > MAX_HEAD_BYTES {
-                    return Err(ReadError::Bad(format!(
-                        "a response head over {MAX_HEAD_BYTES} bytes"
-                    )));
+                    return Err(ReadError::Bad(format!("a response head over {MAX_HEAD_BYTES} bytes")));
                 }
                 if !r.fill()? {
-                    return Err(ReadError::Bad(
-                        "the connection closed before a full answer".into(),
-                    ));
+                    return Err(ReadError::Bad("the connection closed before a full answer".into()));
                 }
             }
         }
@@ -350,9 +311,7 @@ fn read_response<S: TimedRead>(r: &mut Reader<S>) -> Result<(StatusCode, Vec<u8>
             let line = r.line(1024)?;
             let size = std::str::from_utf8(&line)
                 .ok()
-                .and_then(|l| {
-                    usize::from_str_radix(l.split(';').next().unwrap_or("").trim(), 16).ok()
-                })
+                .and_then(|l| usize::from_str_radix(l.split(';').next().unwrap_or("").trim(), 16).ok())
                 .ok_or_else(|| ReadError::Bad("a bad chunk size".into()))?;
             if size == 0 {
                 break;
@@ -443,12 +402,7 @@ mod tests {
     }
 
     fn parse_from<S: TimedRead>(stream: S) -> Result<(StatusCode, Vec<u8>), String> {
-        let mut r = Reader {
-            stream,
-            deadline: Instant::now() + Duration::from_secs(5),
-            buf: Vec::new(),
-            pos: 0,
-        };
+        let mut r = Reader { stream, deadline: Instant::now() + Duration::from_secs(5), buf: Vec::new(), pos: 0 };
         read_response(&mut r).map_err(|e| match e {
             ReadError::Bad(s) => s,
             ReadError::Io(e) => e.to_string(),
@@ -471,24 +425,15 @@ mod tests {
         let (st, b) = parse(raw).unwrap();
         assert_eq!((st, b.as_slice()), (StatusCode::OK, &b"[1,2]"[..]));
         let (st, b) = parse(b"HTTP/1.1 404 Not Found\r\n\r\n{\"message\":\"x\"}").unwrap();
-        assert_eq!(
-            (st, b.as_slice()),
-            (StatusCode::NOT_FOUND, &b"{\"message\":\"x\"}"[..])
-        );
+        assert_eq!((st, b.as_slice()), (StatusCode::NOT_FOUND, &b"{\"message\":\"x\"}"[..]));
     }
 
     #[test]
     fn truncated_or_malformed_answers_are_errors() {
-        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort")
-            .unwrap_err()
-            .contains("inside the body"));
-        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-le")
-            .unwrap_err()
-            .contains("before a full answer"));
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort").unwrap_err().contains("inside the body"));
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-le").unwrap_err().contains("before a full answer"));
         assert!(parse(b"garbage\r\n\r\n").is_err());
-        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n")
-            .unwrap_err()
-            .contains("Content-Length"));
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n").unwrap_err().contains("Content-Length"));
         let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n";
         assert!(parse(raw).unwrap_err().contains("chunk size"));
         let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab";

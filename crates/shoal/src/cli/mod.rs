@@ -7,9 +7,9 @@
 
 mod ca;
 mod client;
-mod network;
 mod node;
 mod output;
+mod network;
 mod secret;
 mod service;
 mod swarm;

@@ -4,9 +4,7 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use shoal_engine_api::json::network::{
-    IpamConfigJson, IpamJson, NetworkCreateJson, NetworkCreateResponse, NetworkJson,
-};
+use shoal_engine_api::json::network::{IpamConfigJson, IpamJson, NetworkCreateJson, NetworkCreateResponse, NetworkJson};
 
 use super::client::{enc, CliError, Client};
 use super::output::{self, Format};
@@ -64,53 +62,28 @@ pub enum NetworkCommand {
 }
 
 /// Runs a network command.
-pub fn run(
-    c: &Client,
-    cmd: NetworkCommand,
-    out: &mut dyn Write,
-    err: &mut dyn Write,
-) -> Result<(), CliError> {
+pub fn run(c: &Client, cmd: NetworkCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
     match cmd {
-        NetworkCommand::Create {
-            driver,
-            subnet,
-            gateway,
-            ip_range,
-            attachable,
-            internal,
-            label,
-            name,
-        } => {
+        NetworkCommand::Create { driver, subnet, gateway, ip_range, attachable, internal, label, name } => {
             let mut labels = std::collections::BTreeMap::new();
             for l in &label {
                 let (k, v) = l.split_once('=').unwrap_or((l.as_str(), ""));
                 if k.is_empty() {
-                    return Err(CliError::Usage(format!(
-                        "invalid --label {l:?}: expected KEY=VALUE"
-                    )));
+                    return Err(CliError::Usage(format!("invalid --label {l:?}: expected KEY=VALUE")));
                 }
                 labels.insert(k.to_string(), v.to_string());
             }
-            let ipam =
-                (subnet.is_some() || gateway.is_some() || ip_range.is_some()).then(|| IpamJson {
-                    driver: "default".into(),
-                    config: vec![IpamConfigJson {
-                        subnet: subnet.unwrap_or_default(),
-                        ip_range: ip_range.unwrap_or_default(),
-                        gateway: gateway.unwrap_or_default(),
-                        ..Default::default()
-                    }],
-                    options: None,
-                });
-            let body = NetworkCreateJson {
-                name,
-                driver,
-                attachable,
-                internal,
-                ipam,
-                labels,
-                ..Default::default()
-            };
+            let ipam = (subnet.is_some() || gateway.is_some() || ip_range.is_some()).then(|| IpamJson {
+                driver: "default".into(),
+                config: vec![IpamConfigJson {
+                    subnet: subnet.unwrap_or_default(),
+                    ip_range: ip_range.unwrap_or_default(),
+                    gateway: gateway.unwrap_or_default(),
+                    ..Default::default()
+                }],
+                options: None,
+            });
+            let body = NetworkCreateJson { name, driver, attachable, internal, ipam, labels, ..Default::default() };
             let created: NetworkCreateResponse = c.post("/networks/create", &body)?;
             writeln!(out, "{}", created.id).map_err(output::io)
         }
@@ -122,32 +95,15 @@ pub fn run(
             let rows = all
                 .iter()
                 .map(|n| {
-                    let subnet = n
-                        .ipam
-                        .config
-                        .first()
-                        .map(|c| c.subnet.clone())
-                        .unwrap_or_default();
-                    vec![
-                        n.id.clone(),
-                        n.name.clone(),
-                        n.driver.clone(),
-                        n.scope.clone(),
-                        subnet,
-                    ]
+                    let subnet = n.ipam.config.first().map(|c| c.subnet.clone()).unwrap_or_default();
+                    vec![n.id.clone(), n.name.clone(), n.driver.clone(), n.scope.clone(), subnet]
                 })
                 .collect();
-            output::table(
-                out,
-                &["NETWORK ID", "NAME", "DRIVER", "SCOPE", "SUBNET"],
-                rows,
-            )
+            output::table(out, &["NETWORK ID", "NAME", "DRIVER", "SCOPE", "SUBNET"], rows)
         }
         NetworkCommand::Inspect { names } => {
-            let found = names
-                .iter()
-                .map(|n| c.get::<NetworkJson>(&format!("/networks/{}", enc(n))))
-                .collect::<Result<Vec<_>, _>>()?;
+            let found =
+                names.iter().map(|n| c.get::<NetworkJson>(&format!("/networks/{}", enc(n)))).collect::<Result<Vec<_>, _>>()?;
             output::json(out, &found)
         }
         NetworkCommand::Rm { names } => {

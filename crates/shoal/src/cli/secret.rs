@@ -81,23 +81,13 @@ pub enum SecretCommand {
 fn read_data(kind: Kind, file: &str) -> Result<Vec<u8>, CliError> {
     let mut data = Vec::new();
     let read = if file == "-" {
-        std::io::stdin()
-            .lock()
-            .take(MAX_READ_BYTES)
-            .read_to_end(&mut data)
+        std::io::stdin().lock().take(MAX_READ_BYTES).read_to_end(&mut data)
     } else {
         std::fs::File::open(file).and_then(|f| f.take(MAX_READ_BYTES).read_to_end(&mut data))
     };
     read.map_err(|e| {
-        let from = if file == "-" {
-            "stdin".to_string()
-        } else {
-            file.to_string()
-        };
-        CliError::Usage(format!(
-            "cannot read the {} data from {from}: {e}",
-            kind.name()
-        ))
+        let from = if file == "-" { "stdin".to_string() } else { file.to_string() };
+        CliError::Usage(format!("cannot read the {} data from {from}: {e}", kind.name()))
     })?;
     Ok(data)
 }
@@ -112,70 +102,35 @@ fn labels(label: &[String]) -> Result<BTreeMap<String, String>, CliError> {
             None if !l.is_empty() => {
                 out.insert(l.to_string(), String::new());
             }
-            _ => {
-                return Err(CliError::Usage(format!(
-                    "invalid --label {l:?}: expected KEY=VALUE"
-                )))
-            }
+            _ => return Err(CliError::Usage(format!("invalid --label {l:?}: expected KEY=VALUE"))),
         }
     }
     Ok(out)
 }
 
 /// Runs a secret (`kind` Secret) or config command.
-pub fn run(
-    c: &Client,
-    kind: Kind,
-    cmd: SecretCommand,
-    out: &mut dyn Write,
-    err: &mut dyn Write,
-) -> Result<(), CliError> {
+pub fn run(c: &Client, kind: Kind, cmd: SecretCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
     let base = format!("/{}s", kind.name());
     match cmd {
-        SecretCommand::Create {
-            label,
-            template_driver,
-            name,
-            file,
-        } => {
+        SecretCommand::Create { label, template_driver, name, file } => {
             let labels = labels(&label)?;
             let data = data_to_base64(&read_data(kind, &file)?);
-            let templating = template_driver.map(|name| DriverJson {
-                name,
-                ..Default::default()
-            });
+            let templating = template_driver.map(|name| DriverJson { name, ..Default::default() });
             let created: IdResponse = match kind {
                 Kind::Secret => c.post(
                     &format!("{base}/create"),
-                    &SecretSpecJson {
-                        name,
-                        labels,
-                        data,
-                        templating,
-                        driver: None,
-                    },
+                    &SecretSpecJson { name, labels, data, templating, driver: None },
                 )?,
-                Kind::Config => c.post(
-                    &format!("{base}/create"),
-                    &ConfigSpecJson {
-                        name,
-                        labels,
-                        data,
-                        templating,
-                    },
-                )?,
+                Kind::Config => {
+                    c.post(&format!("{base}/create"), &ConfigSpecJson { name, labels, data, templating })?
+                }
             };
             writeln!(out, "{}", created.id).map_err(output::io)
         }
         SecretCommand::Ls { format } => {
             let now = SystemTime::now();
             let row = |id: &str, name: &str, created: &str, updated: &str| {
-                vec![
-                    id.to_string(),
-                    name.to_string(),
-                    ago(created, now),
-                    ago(updated, now),
-                ]
+                vec![id.to_string(), name.to_string(), ago(created, now), ago(updated, now)]
             };
             match kind {
                 Kind::Secret => {
@@ -183,10 +138,7 @@ pub fn run(
                     if format == Format::Json {
                         return output::json(out, &all);
                     }
-                    let rows = all
-                        .iter()
-                        .map(|s| row(&s.id, &s.spec.name, &s.created_at, &s.updated_at))
-                        .collect();
+                    let rows = all.iter().map(|s| row(&s.id, &s.spec.name, &s.created_at, &s.updated_at)).collect();
                     output::table(out, &["ID", "NAME", "CREATED", "UPDATED"], rows)
                 }
                 Kind::Config => {
@@ -194,10 +146,7 @@ pub fn run(
                     if format == Format::Json {
                         return output::json(out, &all);
                     }
-                    let rows = all
-                        .iter()
-                        .map(|s| row(&s.id, &s.spec.name, &s.created_at, &s.updated_at))
-                        .collect();
+                    let rows = all.iter().map(|s| row(&s.id, &s.spec.name, &s.created_at, &s.updated_at)).collect();
                     output::table(out, &["ID", "NAME", "CREATED", "UPDATED"], rows)
                 }
             }

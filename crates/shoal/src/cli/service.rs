@@ -7,9 +7,8 @@ use std::time::SystemTime;
 
 use clap::{Args, Subcommand};
 use shoal_engine_api::json::spec::{
-    ConfigReferenceJson, ContainerSpecJson, FileTargetJson, ModeJson, PlacementJson,
-    ReplicatedJson, ResourceValuesJson, ResourcesJson, RestartPolicyJson, SecretReferenceJson,
-    UpdateConfigJson,
+    ConfigReferenceJson, ContainerSpecJson, FileTargetJson, ModeJson, SecretReferenceJson, PlacementJson, ReplicatedJson, ResourceValuesJson, ResourcesJson,
+    RestartPolicyJson, UpdateConfigJson,
 };
 use shoal_engine_api::json::{
     NodeJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson, ServiceUpdateResponse, TaskJson,
@@ -207,46 +206,30 @@ pub struct UpdateArgs {
 /// 32)`). Returns (name, file target) with docker's defaults: target = the name, uid and gid "0", mode 0444.
 fn parse_file_ref(flag: &str, v: &str) -> Result<(String, FileTargetJson), String> {
     let mut name = String::new();
-    let mut file = FileTargetJson {
-        uid: "0".into(),
-        gid: "0".into(),
-        mode: 0o444,
-        ..Default::default()
-    };
+    let mut file = FileTargetJson { uid: "0".into(), gid: "0".into(), mode: 0o444, ..Default::default() };
     if !v.contains('=') {
         name = v.to_string();
     } else {
         for part in v.split(',') {
-            let (k, val) = part.split_once('=').ok_or_else(|| {
-                format!("invalid field {part:?} in {flag} {v:?}: expected KEY=VALUE")
-            })?;
+            let (k, val) = part
+                .split_once('=')
+                .ok_or_else(|| format!("invalid field {part:?} in {flag} {v:?}: expected KEY=VALUE"))?;
             match k.trim().to_ascii_lowercase().as_str() {
                 "source" | "src" => name = val.to_string(),
                 "target" => file.name = val.to_string(),
                 "uid" => file.uid = val.to_string(),
                 "gid" => file.gid = val.to_string(),
                 "mode" => {
-                    let parsed = if let Some(hex) =
-                        val.strip_prefix("0x").or_else(|| val.strip_prefix("0X"))
-                    {
+                    let parsed = if let Some(hex) = val.strip_prefix("0x").or_else(|| val.strip_prefix("0X")) {
                         u32::from_str_radix(hex, 16)
-                    } else if let Some(oct) = val
-                        .strip_prefix("0o")
-                        .or_else(|| val.strip_prefix('0'))
-                        .filter(|o| !o.is_empty())
-                    {
+                    } else if let Some(oct) = val.strip_prefix("0o").or_else(|| val.strip_prefix('0')).filter(|o| !o.is_empty()) {
                         u32::from_str_radix(oct, 8)
                     } else {
                         val.parse()
                     };
-                    file.mode = parsed
-                        .map_err(|_| format!("invalid mode {val:?} in {flag} {v:?}: e.g. 0400"))?;
+                    file.mode = parsed.map_err(|_| format!("invalid mode {val:?} in {flag} {v:?}: e.g. 0400"))?;
                 }
-                other => {
-                    return Err(format!(
-                    "invalid field {other:?} in {flag} {v:?}: use source, target, uid, gid, mode"
-                ))
-                }
+                other => return Err(format!("invalid field {other:?} in {flag} {v:?}: use source, target, uid, gid, mode")),
             }
         }
     }
@@ -261,20 +244,12 @@ fn parse_file_ref(flag: &str, v: &str) -> Result<(String, FileTargetJson), Strin
 
 fn parse_secret_ref(v: &str) -> Result<SecretReferenceJson, String> {
     let (name, file) = parse_file_ref("--secret", v)?;
-    Ok(SecretReferenceJson {
-        file: Some(file),
-        secret_name: name,
-        ..Default::default()
-    })
+    Ok(SecretReferenceJson { file: Some(file), secret_name: name, ..Default::default() })
 }
 
 fn parse_config_ref(v: &str) -> Result<ConfigReferenceJson, String> {
     let (name, file) = parse_file_ref("--config", v)?;
-    Ok(ConfigReferenceJson {
-        file: Some(file),
-        config_name: name,
-        ..Default::default()
-    })
+    Ok(ConfigReferenceJson { file: Some(file), config_name: name, ..Default::default() })
 }
 
 /// Parses "5s", "1m30s" into nanoseconds.
@@ -459,23 +434,11 @@ fn replicas_text(s: &ServiceJson) -> String {
     let st = s.service_status.unwrap_or_default();
     let (running, desired, completed) = (st.running_tasks, st.desired_tasks, st.completed_tasks);
     match &s.spec.mode {
-        ModeJson {
-            replicated_job: Some(j),
-            ..
-        } => {
-            format!(
-                "{running}/{desired} ({completed}/{} completed)",
-                j.total_completions.unwrap_or(0)
-            )
+        ModeJson { replicated_job: Some(j), .. } => {
+            format!("{running}/{desired} ({completed}/{} completed)", j.total_completions.unwrap_or(0))
         }
-        ModeJson {
-            global_job: Some(_),
-            ..
-        } => {
-            format!(
-                "{running}/{desired} ({completed}/{} completed)",
-                desired + completed
-            )
+        ModeJson { global_job: Some(_), .. } => {
+            format!("{running}/{desired} ({completed}/{} completed)", desired + completed)
         }
         _ => format!("{running}/{desired}"),
     }
@@ -712,10 +675,7 @@ pub fn run(
                 || a.update_max_failure_ratio.is_some();
             if update_flags {
                 // Unset fields keep what the service has (SwarmKit's defaults when it has none).
-                let u = spec.update_config.get_or_insert_with(|| UpdateConfigJson {
-                    parallelism: 1,
-                    ..Default::default()
-                });
+                let u = spec.update_config.get_or_insert_with(|| UpdateConfigJson { parallelism: 1, ..Default::default() });
                 if let Some(n) = a.update_parallelism {
                     u.parallelism = n;
                 }
@@ -740,11 +700,7 @@ pub fn run(
         }
         ServiceCommand::Rollback { service } => {
             let svc = get_service(c, &service)?;
-            let path = format!(
-                "/services/{}/update?version={}&rollback=previous",
-                enc(&svc.id),
-                svc.version.index
-            );
+            let path = format!("/services/{}/update?version={}&rollback=previous", enc(&svc.id), svc.version.index);
             c.post::<ServiceUpdateResponse>(&path, &svc.spec)?;
             writeln!(out, "{service}").map_err(output::io)
         }
@@ -817,46 +773,17 @@ mod tests {
         assert_eq!(r.secret_name, "db_pw");
         assert_eq!(
             r.file,
-            Some(FileTargetJson {
-                name: "db_pw".into(),
-                uid: "0".into(),
-                gid: "0".into(),
-                mode: 0o444
-            })
+            Some(FileTargetJson { name: "db_pw".into(), uid: "0".into(), gid: "0".into(), mode: 0o444 })
         );
         let r = parse_secret_ref("src=db_pw,target=/etc/pw,uid=1000,gid=100,mode=0400").unwrap();
         assert_eq!(
             r.file,
-            Some(FileTargetJson {
-                name: "/etc/pw".into(),
-                uid: "1000".into(),
-                gid: "100".into(),
-                mode: 0o400
-            })
+            Some(FileTargetJson { name: "/etc/pw".into(), uid: "1000".into(), gid: "100".into(), mode: 0o400 })
         );
         // Without a leading 0 the mode is decimal, as Go's ParseUint(v, 0, 32) reads it.
-        assert_eq!(
-            parse_config_ref("source=c,mode=292")
-                .unwrap()
-                .file
-                .unwrap()
-                .mode,
-            0o444
-        );
-        assert_eq!(
-            parse_config_ref("source=app.conf")
-                .unwrap()
-                .file
-                .unwrap()
-                .name,
-            "app.conf"
-        );
-        for bad in [
-            "target=/x",
-            "src=a,colour=red",
-            "src=a,mode=rw",
-            "src=a,oops",
-        ] {
+        assert_eq!(parse_config_ref("source=c,mode=292").unwrap().file.unwrap().mode, 0o444);
+        assert_eq!(parse_config_ref("source=app.conf").unwrap().file.unwrap().name, "app.conf");
+        for bad in ["target=/x", "src=a,colour=red", "src=a,mode=rw", "src=a,oops"] {
             assert!(parse_secret_ref(bad).is_err(), "{bad}");
         }
     }

@@ -64,25 +64,13 @@ pub enum SwarmCommand {
 /// Runs a swarm command.
 pub fn run(c: &Client, cmd: SwarmCommand, out: &mut dyn Write) -> Result<(), CliError> {
     let (quiet, rotate, role) = match cmd {
-        SwarmCommand::JoinToken {
-            quiet,
-            rotate,
-            role,
-        } => (quiet, rotate, role),
-        SwarmCommand::Update {
-            autolock,
-            rebalance,
-        } => return super::swarm_lock::update(c, autolock, rebalance, out),
-        SwarmCommand::UnlockKey { quiet, rotate } => {
-            return super::swarm_lock::show_key(c, quiet, rotate, out)
+        SwarmCommand::JoinToken { quiet, rotate, role } => (quiet, rotate, role),
+        SwarmCommand::Update { autolock, rebalance } => {
+            return super::swarm_lock::update(c, autolock, rebalance, out)
         }
+        SwarmCommand::UnlockKey { quiet, rotate } => return super::swarm_lock::show_key(c, quiet, rotate, out),
         SwarmCommand::Unlock { key_file } => {
-            return super::swarm_lock::unlock(
-                c,
-                key_file.as_deref(),
-                &mut std::io::stdin().lock(),
-                out,
-            )
+            return super::swarm_lock::unlock(c, key_file.as_deref(), &mut std::io::stdin().lock(), out)
         }
     };
     let (key, flag) = match role {
@@ -92,25 +80,15 @@ pub fn run(c: &Client, cmd: SwarmCommand, out: &mut dyn Write) -> Result<(), Cli
     if rotate {
         let swarm: Value = c.get("/swarm")?;
         let version = swarm["Version"]["Index"].as_u64().unwrap_or(0);
-        let _: Value = c.post(
-            &format!("/swarm/update?version={version}&{flag}=true"),
-            &swarm["Spec"],
-        )?;
+        let _: Value = c.post(&format!("/swarm/update?version={version}&{flag}=true"), &swarm["Spec"])?;
         if !quiet {
-            writeln!(
-                out,
-                "Successfully rotated {} join token.\n",
-                key.to_lowercase()
-            )
-            .map_err(super::output::io)?;
+            writeln!(out, "Successfully rotated {} join token.\n", key.to_lowercase()).map_err(super::output::io)?;
         }
     }
     let swarm: Value = c.get("/swarm")?;
     let token = swarm["JoinTokens"][key].as_str().unwrap_or("").to_string();
     if token.is_empty() {
-        return Err(CliError::Api(
-            "the cluster has no join token yet; retry in a moment".into(),
-        ));
+        return Err(CliError::Api("the cluster has no join token yet; retry in a moment".into()));
     }
     if quiet {
         writeln!(out, "{token}").map_err(super::output::io)?;

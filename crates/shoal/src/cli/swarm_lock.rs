@@ -18,8 +18,7 @@ fn unlock_key(c: &Client) -> Result<String, CliError> {
     let key = v["UnlockKey"].as_str().unwrap_or("").to_string();
     if key.is_empty() {
         return Err(CliError::Api(
-            "no unlock key is set: turn autolock on with `shoal swarm update --autolock=true`"
-                .into(),
+            "no unlock key is set: turn autolock on with `shoal swarm update --autolock=true`".into(),
         ));
     }
     Ok(key)
@@ -40,12 +39,7 @@ fn print_key(out: &mut dyn Write, key: &str, quiet: bool) -> Result<(), CliError
 }
 
 /// `shoal swarm update --autolock=BOOL`.
-pub fn update(
-    c: &Client,
-    autolock: Option<bool>,
-    rebalance: Option<bool>,
-    out: &mut dyn Write,
-) -> Result<(), CliError> {
+pub fn update(c: &Client, autolock: Option<bool>, rebalance: Option<bool>, out: &mut dyn Write) -> Result<(), CliError> {
     if autolock.is_none() && rebalance.is_none() {
         return Err(CliError::Usage(
             "nothing to update: pass --autolock=true|false or --rebalance=true|false".into(),
@@ -53,9 +47,7 @@ pub fn update(
     }
     let mut swarm: Value = c.get("/swarm")?;
     let version = swarm["Version"]["Index"].as_u64().unwrap_or(0);
-    let was_on = swarm["Spec"]["EncryptionConfig"]["AutoLockManagers"]
-        .as_bool()
-        .unwrap_or(false);
+    let was_on = swarm["Spec"]["EncryptionConfig"]["AutoLockManagers"].as_bool().unwrap_or(false);
     if let Some(on) = autolock {
         swarm["Spec"]["EncryptionConfig"] = json!({ "AutoLockManagers": on });
     }
@@ -71,27 +63,15 @@ pub fn update(
 }
 
 /// `shoal swarm unlock-key [-q] [--rotate]`.
-pub fn show_key(
-    c: &Client,
-    quiet: bool,
-    rotate: bool,
-    out: &mut dyn Write,
-) -> Result<(), CliError> {
+pub fn show_key(c: &Client, quiet: bool, rotate: bool, out: &mut dyn Write) -> Result<(), CliError> {
     if rotate {
         let swarm: Value = c.get("/swarm")?;
-        if !swarm["Spec"]["EncryptionConfig"]["AutoLockManagers"]
-            .as_bool()
-            .unwrap_or(false)
-        {
-            return Err(CliError::Api(
-                "cannot rotate because autolock is not turned on".into(),
-            ));
+        if !swarm["Spec"]["EncryptionConfig"]["AutoLockManagers"].as_bool().unwrap_or(false) {
+            return Err(CliError::Api("cannot rotate because autolock is not turned on".into()));
         }
         let version = swarm["Version"]["Index"].as_u64().unwrap_or(0);
-        let _: Value = c.post(
-            &format!("/swarm/update?version={version}&rotateManagerUnlockKey=true"),
-            &swarm["Spec"],
-        )?;
+        let _: Value =
+            c.post(&format!("/swarm/update?version={version}&rotateManagerUnlockKey=true"), &swarm["Spec"])?;
         if !quiet {
             writeln!(out, "Successfully rotated manager unlock key.\n").map_err(io)?;
         }
@@ -113,17 +93,13 @@ pub fn unlock(
         _ => return Err(CliError::Api("swarm is not locked".into())),
     }
     let key = match key_file {
-        Some(p) => std::fs::read_to_string(p).map_err(|e| {
-            CliError::Usage(format!(
-                "cannot read the unlock key file {}: {e}",
-                p.display()
-            ))
-        })?,
+        Some(p) => std::fs::read_to_string(p)
+            .map_err(|e| CliError::Usage(format!("cannot read the unlock key file {}: {e}", p.display())))?,
         None => {
             let mut line = String::new();
-            input.read_line(&mut line).map_err(|e| {
-                CliError::Usage(format!("cannot read the unlock key from stdin: {e}"))
-            })?;
+            input
+                .read_line(&mut line)
+                .map_err(|e| CliError::Usage(format!("cannot read the unlock key from stdin: {e}")))?;
             line
         }
     };

@@ -1,6 +1,7 @@
 //! The client commands against an in-process Engine API server on a temporary unix socket (no daemon):
 //! create, ls, inspect, ps, scale, update, rm, node commands, `--format json`, and exit codes.
 
+
 use clap::Parser;
 use shoal_api::{node_status, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus};
 use shoal_manager::ClusterState;
@@ -27,11 +28,7 @@ impl Server {
         let api = ApiServer::start("node1", "box1", 11);
         let host = format!("unix://{}", api.socket().display());
         let state = api.state().clone();
-        Server {
-            _api: api,
-            host,
-            state,
-        }
+        Server { _api: api, host, state }
     }
 
     /// Runs `shoal <args>`; returns (exit code, stdout, stderr).
@@ -79,6 +76,7 @@ impl Server {
         rt.block_on(self.state.propose(c)).unwrap();
     }
 }
+
 
 fn rows(out: &str) -> Vec<Vec<String>> {
     out.lines()
@@ -207,26 +205,14 @@ fn service_lifecycle_through_the_cli() {
         "2",
         "web",
     ]);
-    let after: serde_json::Value =
-        serde_json::from_str(&s.ok(&["service", "inspect", id])).unwrap();
+    let after: serde_json::Value = serde_json::from_str(&s.ok(&["service", "inspect", id])).unwrap();
     let u = &after[0]["Spec"]["UpdateConfig"];
-    assert_eq!(
-        (&u["FailureAction"], &u["Monitor"], &u["Parallelism"]),
-        (
-            &serde_json::json!("rollback"),
-            &serde_json::json!(2_000_000_000i64),
-            &serde_json::json!(2)
-        )
-    );
+    assert_eq!((&u["FailureAction"], &u["Monitor"], &u["Parallelism"]), (&serde_json::json!("rollback"), &serde_json::json!(2_000_000_000i64), &serde_json::json!(2)));
     assert_eq!(u["MaxFailureRatio"], 0.25);
     assert_eq!(u["Order"], "start-first", "kept");
     assert_eq!(s.ok(&["service", "rollback", "web"]).trim(), "web");
-    let after: serde_json::Value =
-        serde_json::from_str(&s.ok(&["service", "inspect", id])).unwrap();
-    assert_eq!(
-        after[0]["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"],
-        serde_json::json!(["sleep", "2718"])
-    );
+    let after: serde_json::Value = serde_json::from_str(&s.ok(&["service", "inspect", id])).unwrap();
+    assert_eq!(after[0]["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"], serde_json::json!(["sleep", "2718"]));
     assert_eq!(after[0]["UpdateStatus"]["State"], "rollback_started");
 
     // ps with no tasks: the header only; json: an empty list.

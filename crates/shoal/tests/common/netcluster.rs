@@ -41,53 +41,31 @@ impl Cluster {
     pub fn start(tag: &str) -> Cluster {
         let net = Net::new(tag, 3);
         let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, vec![]));
-        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"]
-            .as_str()
-            .expect("worker token")
-            .to_string();
-        let mut c = Cluster {
-            ds: vec![first],
-            net,
-            tasks_seen: BTreeSet::new(),
-        };
+        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
+        let mut c = Cluster { ds: vec![first], net, tasks_seen: BTreeSet::new() };
         for i in 1..3 {
-            let join = vec![
-                "--join-addr".into(),
-                c.ds[0].remote_addr(),
-                "--join-token".into(),
-                token.clone(),
-            ];
-            c.ds.push(DaemonProcess::start_with(
-                &shoal_bin(),
-                options(&c.net, i, join),
-            ));
+            let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
+            c.ds.push(DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, join)));
         }
-        wait_until(
-            "three nodes ready, each with the overlay plugin",
-            WAIT,
-            || {
-                let nodes = c.ds[0].get("/v1.47/nodes");
-                let ready: Vec<&Value> = nodes
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|n| n["Status"]["State"] == "ready")
-                    .filter(|n| {
-                        n["Description"]["Engine"]["Plugins"]
-                            .as_array()
-                            .is_some_and(|p| {
-                                p.iter()
-                                    .any(|p| p["Type"] == "Network" && p["Name"] == "overlay")
-                            })
-                    })
-                    .collect();
-                if ready.len() == 3 {
-                    Ok(())
-                } else {
-                    Err(format!("{nodes}"))
-                }
-            },
-        );
+        wait_until("three nodes ready, each with the overlay plugin", WAIT, || {
+            let nodes = c.ds[0].get("/v1.47/nodes");
+            let ready: Vec<&Value> = nodes
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|n| n["Status"]["State"] == "ready")
+                .filter(|n| {
+                    n["Description"]["Engine"]["Plugins"]
+                        .as_array()
+                        .is_some_and(|p| p.iter().any(|p| p["Type"] == "Network" && p["Name"] == "overlay"))
+                })
+                .collect();
+            if ready.len() == 3 {
+                Ok(())
+            } else {
+                Err(format!("{nodes}"))
+            }
+        });
         c
     }
 
@@ -104,14 +82,10 @@ impl Cluster {
         let tasks = wait_until(&format!("{n} running tasks of {service}"), WAIT, || {
             let tasks = tasks_of(self.manager(), service);
             for t in &tasks {
-                self.tasks_seen
-                    .insert(t["ID"].as_str().unwrap_or_default().to_string());
+                self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
             }
-            let running: Vec<Value> = tasks
-                .iter()
-                .filter(|t| state(t) == "running" && desired(t) == "running")
-                .cloned()
-                .collect();
+            let running: Vec<Value> =
+                tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").cloned().collect();
             let problems: Vec<String> = tasks
                 .iter()
                 .filter(|t| !t["Status"]["Err"].as_str().unwrap_or("").is_empty())
@@ -140,28 +114,18 @@ impl Cluster {
             .unwrap()
             .to_string();
         let i: usize = host.trim_start_matches("node-").parse().unwrap();
-        let log = self.ds[i]
-            .state_dir()
-            .join("tasks")
-            .join(id)
-            .join("stdout.log");
+        let log = self.ds[i].state_dir().join("tasks").join(id).join("stdout.log");
         wait_until(&format!("task {id} done probing"), WAIT, || {
-            let text =
-                std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-            let lines: Vec<String> = text
-                .lines()
-                .filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r.to_string()))
-                .collect();
+            let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+            let lines: Vec<String> =
+                text.lines().filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r.to_string())).collect();
             if lines.iter().any(|l| l == last) {
                 return Ok(lines);
             }
             // What the task said on stderr (a traceback when the script died), for the failure message.
             let err = std::fs::read_to_string(log.with_file_name("stderr.log")).unwrap_or_default();
             let tail: Vec<&str> = err.lines().rev().take(8).collect();
-            Err(format!(
-                "so far: {lines:?}; stderr ends: {:?}",
-                tail.into_iter().rev().collect::<Vec<_>>()
-            ))
+            Err(format!("so far: {lines:?}; stderr ends: {:?}", tail.into_iter().rev().collect::<Vec<_>>()))
         })
     }
 }
@@ -170,12 +134,9 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         // Every task the manager still knows, beyond those the test looked at.
         if self.ds.first().is_some_and(|d| d.is_running()) {
-            if let Ok(r) =
-                shoal_testkit::http::request(self.ds[0].socket(), "GET", "/v1.47/tasks", None)
-            {
+            if let Ok(r) = shoal_testkit::http::request(self.ds[0].socket(), "GET", "/v1.47/tasks", None) {
                 for t in r.body.as_array().into_iter().flatten() {
-                    self.tasks_seen
-                        .insert(t["ID"].as_str().unwrap_or_default().to_string());
+                    self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
                 }
             }
         }
@@ -187,9 +148,7 @@ impl Drop for Cluster {
             let name = format!("shl-task-{id}");
             let path = std::path::Path::new("/run/netns").join(&name);
             if path.exists() {
-                let _ = std::process::Command::new("ip")
-                    .args(["netns", "delete", &name])
-                    .output();
+                let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
                 // Made in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
                 let _ = std::fs::remove_file(&path);
             }
