@@ -4,14 +4,15 @@
 //!
 //! Memory per task is what bounds a large cluster's manager, so the task table keeps one copy of each task
 //! ID (`Arc<str>`, shared by the ID map and every index), small index entries (`IdSet`), and one copy of the
-//! spec per service version (`SpecInterner`; the tasks hold it as `SharedTaskSpec`).
+//! spec, the service annotations and the endpoint per service version (`SpecInterner`; the tasks hold them
+//! as `Shared`).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Weak};
 
-use shoal_api::{SharedTaskSpec, Task, TaskSpec};
+use shoal_api::{Annotations, Endpoint, Shared, Task, TaskSpec};
 
 use crate::object::StoreObject;
 
@@ -233,54 +234,78 @@ fn observed_state(t: &Task) -> i32 {
     t.status.as_ref().map(|s| s.state).unwrap_or(0)
 }
 
-/// Specs kept per service for sharing, at most: a service has its current spec and, during an update or a
-/// rollback, the previous one; a few more cover tasks that differ in what the orchestrator copies per task.
+/// Values of one kind kept per service for sharing, at most: a service has its current spec and, during an
+/// update or a rollback, the previous one; a few more cover tasks that differ in what the orchestrator copies
+/// per task.
 pub const INTERNED_SPECS_PER_SERVICE: usize = 4;
 
-/// The task specs of each service's tasks, held weakly: a task applied with a spec equal to one another task
-/// of its service holds is given that one (`SharedTaskSpec`), so the tasks of one service version hold one
-/// spec between them, on every member (interning happens where tasks are applied or restored, whatever
-/// their origin). A spec no task holds any more is dropped from the list when the service's next task comes.
+/// What the tasks of one service share, held weakly: their specs, the service's annotations and endpoint as
+/// copied into each task.
+#[derive(Clone, Debug, Default)]
+struct ServiceShared {
+    specs: Vec<Weak<TaskSpec>>,
+    annotations: Vec<Weak<Annotations>>,
+    endpoints: Vec<Weak<Endpoint>>,
+}
+
+/// An equal value already shared in `kept`, or `None` when `value` is that one or none is equal (then
+/// `value` is remembered, the oldest dropped past `INTERNED_SPECS_PER_SERVICE`).
+fn share<T: PartialEq>(kept: &mut Vec<Weak<T>>, value: &Shared<T>) -> Option<Arc<T>> {
+    kept.retain(|w| w.strong_count() > 0);
+    for w in kept.iter() {
+        let Some(s) = w.upgrade() else { continue };
+        if Arc::ptr_eq(&s, value.arc()) {
+            return None;
+        }
+        if *s == **value {
+            return Some(s);
+        }
+    }
+    if kept.len() >= INTERNED_SPECS_PER_SERVICE {
+        kept.remove(0);
+    }
+    kept.push(Arc::downgrade(value.arc()));
+    None
+}
+
+/// The shared parts of each service's tasks (`ServiceShared`): a task applied with a spec, service
+/// annotations or endpoint equal to one another task of its service holds is given that one (`Shared`), so
+/// the tasks of one service version hold one copy of each between them, on every member (interning happens
+/// where tasks are applied or restored, whatever their origin). A value no task holds any more is dropped
+/// from the lists when the service's next task comes.
 #[derive(Clone, Debug, Default)]
 struct SpecInterner {
-    by_service: HashMap<String, Vec<Weak<TaskSpec>>>,
+    by_service: HashMap<String, ServiceShared>,
 }
 
 impl SpecInterner {
-    /// `task` with its spec replaced by an equal one already shared, when there is one; else `task`, its
-    /// spec remembered for the service's next tasks.
+    /// `task` with its shared parts replaced by equal ones already shared, where there are; each new one
+    /// remembered for the service's next tasks.
     fn intern(&mut self, task: Arc<Task>) -> Arc<Task> {
-        let Some(spec) = task.spec.as_ref() else { return task };
+        if task.spec.is_none() && task.service_annotations.is_none() && task.endpoint.is_none() {
+            return task;
+        }
         let kept = match self.by_service.get_mut(task.service_id.as_str()) {
             Some(kept) => kept,
             None => self.by_service.entry(task.service_id.clone()).or_default(),
         };
-        kept.retain(|w| w.strong_count() > 0);
-        let mut found = None;
-        for w in kept.iter() {
-            let Some(s) = w.upgrade() else { continue };
-            if Arc::ptr_eq(&s, spec.arc()) {
-                return task;
-            }
-            if *s == **spec {
-                found = Some(s);
-                break;
-            }
+        let spec = task.spec.as_ref().and_then(|v| share(&mut kept.specs, v));
+        let annotations = task.service_annotations.as_ref().and_then(|v| share(&mut kept.annotations, v));
+        let endpoint = task.endpoint.as_ref().and_then(|v| share(&mut kept.endpoints, v));
+        if spec.is_none() && annotations.is_none() && endpoint.is_none() {
+            return task;
         }
-        match found {
-            Some(shared) => {
-                let mut task = Arc::unwrap_or_clone(task);
-                task.spec = Some(SharedTaskSpec::from_arc(shared));
-                Arc::new(task)
-            }
-            None => {
-                if kept.len() >= INTERNED_SPECS_PER_SERVICE {
-                    kept.remove(0);
-                }
-                kept.push(Arc::downgrade(spec.arc()));
-                task
-            }
+        let mut task = Arc::unwrap_or_clone(task);
+        if let Some(v) = spec {
+            task.spec = Some(Shared::from_arc(v));
         }
+        if let Some(v) = annotations {
+            task.service_annotations = Some(Shared::from_arc(v));
+        }
+        if let Some(v) = endpoint {
+            task.endpoint = Some(Shared::from_arc(v));
+        }
+        Arc::new(task)
     }
 
     /// Forgets a service whose last task is gone.

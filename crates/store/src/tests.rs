@@ -215,7 +215,7 @@ fn requests_round_trip_through_the_codec() {
 fn an_action_s_encoded_len_bounds_its_share_of_an_encoded_write() {
     let mut big = task("t1", "s1", 1, "n1");
     big.service_annotations =
-        Some(Annotations { name: "web".into(), labels: [("k".to_string(), "v".repeat(300_000))].into(), ..Default::default() });
+        Some(Annotations { name: "web".into(), labels: [("k".to_string(), "v".repeat(300_000))].into(), ..Default::default() }.into());
     let mut c = Changes::new();
     c.create(service("s1", "web")).update(big).remove(Arc::new(task("t2", "s1", 2, "")));
     let sum: usize = c.actions().iter().map(Action::encoded_len).sum();
@@ -467,17 +467,41 @@ fn spec_of(image: &str) -> shoal_api::TaskSpec {
     }
 }
 
+/// A task as the orchestrator makes one: its own copies of the spec, the service's annotations and endpoint.
 fn with_spec(id: &str, service_id: &str, slot: u64, image: &str) -> Task {
-    Task { spec: Some(spec_of(image).into()), ..task(id, service_id, slot, "") }
+    Task {
+        spec: Some(spec_of(image).into()),
+        service_annotations: Some(Annotations { name: format!("name-{service_id}"), ..Default::default() }.into()),
+        endpoint: Some(
+            shoal_api::Endpoint {
+                ports: vec![shoal_api::PortConfig { target_port: 80, ..Default::default() }],
+                ..Default::default()
+            }
+            .into(),
+        ),
+        ..task(id, service_id, slot, "")
+    }
 }
 
 fn spec_ptr(store: &MemoryStore, id: &str) -> *const shoal_api::TaskSpec {
     store.view(|t| Arc::as_ptr(t.tasks().get(id).unwrap().spec.as_ref().unwrap().arc()))
 }
 
+/// Where a task's service annotations and endpoint are held.
+fn shared_ptrs(store: &MemoryStore, id: &str) -> (*const Annotations, *const shoal_api::Endpoint) {
+    store.view(|t| {
+        let task = t.tasks().get(id).unwrap();
+        (
+            Arc::as_ptr(task.service_annotations.as_ref().unwrap().arc()),
+            Arc::as_ptr(task.endpoint.as_ref().unwrap().arc()),
+        )
+    })
+}
+
 /// The tasks of one service with equal specs hold one copy between them, whether applied as built (the
 /// leader), decoded from the log (a follower) or restored from a snapshot; a different spec (a new service
-/// version) or another service gets its own; what the store publishes is the shared copy.
+/// version) or another service gets its own; what the store publishes is the shared copy. The service's
+/// annotations and endpoint as copied into its tasks are shared the same way.
 #[test]
 fn tasks_of_one_service_version_share_their_spec() {
     let leader = MemoryStore::default();
@@ -507,6 +531,16 @@ fn tasks_of_one_service_version_share_their_spec() {
         assert_ne!(p("t1"), p("t4"), "another spec is not merged");
         assert_ne!(p("t1"), p("t5"), "specs are shared within a service");
         assert_eq!(store.view(|t| t.tasks().get("t4").unwrap().spec.as_deref().cloned()), Some(spec_of("alpine")));
+        let q = |id| shared_ptrs(store, id);
+        assert_eq!(q("t1"), q("t2"));
+        assert_eq!(q("t1"), q("t3"));
+        assert_eq!(q("t1"), q("t4"), "a task of another spec shares the service's annotations and endpoint");
+        assert_ne!(q("t1").0, q("t5").0, "annotations are shared within a service");
+        assert_ne!(q("t1").1, q("t5").1, "endpoints are shared within a service");
+        assert_eq!(
+            store.view(|t| t.tasks().get("t5").unwrap().service_annotations.as_ref().unwrap().name.clone()),
+            "name-s2"
+        );
     }
     let first = watch.try_recv().unwrap();
     let Object::Task(published) = &first.changes[1].object else { panic!("a task") };

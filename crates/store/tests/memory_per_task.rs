@@ -89,14 +89,14 @@ fn new_task(s: &Service, slot: usize, n: usize) -> Task {
         spec: spec.task.clone().map(Into::into),
         service_id: s.id.clone(),
         slot: slot as u64,
-        service_annotations: spec.annotations.clone(),
+        service_annotations: spec.annotations.clone().map(Into::into),
         status: Some(TaskStatus {
             timestamp: Some(now),
             state: TaskState::Pending as i32,
             message: "pending task scheduling".into(),
             ..Default::default()
         }),
-        endpoint: s.endpoint.clone(),
+        endpoint: s.endpoint.clone().map(Into::into),
         spec_version: Some(Version { index: 1 }),
         ..Default::default()
     };
