@@ -238,7 +238,8 @@ mod tests {
         use std::mem::size_of;
         assert_eq!(size_of::<Option<Box<Annotations>>>(), 8);
         assert_eq!(size_of::<Option<Shared<Endpoint>>>(), 8);
-        assert!(size_of::<Task>() <= 456, "Task is {} bytes inline", size_of::<Task>());
+        // 424 + the `Arc`'s two counts = 440: within mimalloc's 448-byte size class (456 took a 512 one).
+        assert!(size_of::<Task>() <= 424, "Task is {} bytes inline", size_of::<Task>());
     }
 
     /// The boxed and shared fields encode as the plain messages would (fields 7, 8, 12, 13), and decode back.

@@ -109,60 +109,70 @@ impl<T: StoreObject> Table<T> {
     }
 }
 
-/// A set of IDs, in ID order: a sorted `Vec` while small (most index entries hold a task or a few: a slot's
-/// history, a node's tasks), a `BTreeSet` past `SMALL_SET_MAX`. The IDs are the `Arc<str>` of the ID map, so
-/// an index entry costs a pointer, not a copy of the ID.
+/// A sorted set: a sorted `Vec` while small (most index entries hold a task or a few: a slot's history, a
+/// node's tasks), a `BTreeSet` past `SMALL_SET_MAX`. Its elements hold the `Arc<str>` IDs of the ID map, so
+/// an index entry costs a pointer (and, per service, a slot number), not a copy of the ID.
 #[derive(Clone, Debug)]
-enum IdSet {
-    Small(Vec<Arc<str>>),
-    Large(BTreeSet<Arc<str>>),
+enum SortedSet<K> {
+    Small(Vec<K>),
+    Large(BTreeSet<K>),
 }
 
-/// Largest `IdSet::Small`; a set that grows past it becomes `Large` (and stays so).
+/// A set of IDs, in ID order.
+type IdSet = SortedSet<Arc<str>>;
+
+/// The tasks of one service, in (slot, ID) order: all of them, and a slot's (its current task and history)
+/// as a range.
+type SlotSet = SortedSet<(u64, Arc<str>)>;
+
+/// Largest `SortedSet::Small`; a set that grows past it becomes `Large` (and stays so).
 const SMALL_SET_MAX: usize = 32;
 
-impl IdSet {
-    fn insert(&mut self, id: &Arc<str>) {
+impl<K: Ord + Clone> SortedSet<K> {
+    fn insert(&mut self, key: &K) {
         match self {
-            IdSet::Small(v) => match v.binary_search_by(|x| (**x).cmp(id)) {
+            SortedSet::Small(v) => match v.binary_search(key) {
                 Ok(_) => {}
                 Err(at) if v.len() < SMALL_SET_MAX => {
-                    // Grow one at a time: most sets stay at one or two IDs.
+                    // Grow one at a time: most sets stay at one or two elements.
                     v.reserve_exact(1);
-                    v.insert(at, id.clone());
+                    v.insert(at, key.clone());
                 }
                 Err(_) => {
-                    let mut set: BTreeSet<Arc<str>> = v.drain(..).collect();
-                    set.insert(id.clone());
-                    *self = IdSet::Large(set);
+                    let mut set: BTreeSet<K> = v.drain(..).collect();
+                    set.insert(key.clone());
+                    *self = SortedSet::Large(set);
                 }
             },
-            IdSet::Large(set) => {
-                set.insert(id.clone());
+            SortedSet::Large(set) => {
+                set.insert(key.clone());
             }
         }
     }
 
-    fn remove(&mut self, id: &str) {
+    fn remove<Q: Ord + ?Sized>(&mut self, key: &Q)
+    where
+        K: std::borrow::Borrow<Q>,
+    {
         match self {
-            IdSet::Small(v) => {
-                if let Ok(at) = v.binary_search_by(|x| (**x).cmp(id)) {
+            SortedSet::Small(v) => {
+                if let Ok(at) = v.binary_search_by(|x| x.borrow().cmp(key)) {
                     v.remove(at);
                     if v.len() * 4 < v.capacity() {
                         v.shrink_to_fit();
                     }
                 }
             }
-            IdSet::Large(set) => {
-                set.remove(id);
+            SortedSet::Large(set) => {
+                set.remove(key);
             }
         }
     }
 
     fn len(&self) -> usize {
         match self {
-            IdSet::Small(v) => v.len(),
-            IdSet::Large(set) => set.len(),
+            SortedSet::Small(v) => v.len(),
+            SortedSet::Large(set) => set.len(),
         }
     }
 
@@ -170,19 +180,39 @@ impl IdSet {
         self.len() == 0
     }
 
-    fn iter(&self) -> impl Iterator<Item = &Arc<str>> + '_ {
+    fn iter(&self) -> impl Iterator<Item = &K> + '_ {
+        self.iter_from(None)
+    }
+
+    /// The elements from `low` on (all with `None`), in order.
+    fn iter_from<'a>(&'a self, low: Option<&K>) -> impl Iterator<Item = &'a K> + 'a {
         let (small, large) = match self {
-            IdSet::Small(v) => (Some(v.iter()), None),
-            IdSet::Large(set) => (None, Some(set.iter())),
+            SortedSet::Small(v) => {
+                let at = low.map_or(0, |low| v.partition_point(|x| x < low));
+                (Some(v[at..].iter()), None)
+            }
+            SortedSet::Large(set) => {
+                let range = match low {
+                    Some(low) => set.range((std::ops::Bound::Included(low), std::ops::Bound::Unbounded)),
+                    None => set.range::<K, _>(..),
+                };
+                (None, Some(range))
+            }
         };
         small.into_iter().flatten().chain(large.into_iter().flatten())
     }
 }
 
-impl Default for IdSet {
+impl<K> Default for SortedSet<K> {
     fn default() -> Self {
-        IdSet::Small(Vec::new())
+        SortedSet::Small(Vec::new())
     }
+}
+
+/// The lowest key of a slot in a `SlotSet`: task IDs are never empty, so `(slot, "")` sorts before them.
+fn slot_start(slot: u64) -> (u64, Arc<str>) {
+    static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+    (slot, EMPTY.clone())
 }
 
 type Index<K> = HashMap<K, IdSet>;
@@ -212,18 +242,12 @@ fn index_move<K: std::hash::Hash + Eq + Copy>(idx: &mut Index<K>, old: K, new: K
     }
 }
 
-/// The tasks of one service: all of them, and by slot (a slot's tasks: the current one and its history).
-#[derive(Clone, Debug, Default)]
-struct ServiceTasks {
-    all: IdSet,
-    by_slot: HashMap<u64, IdSet>,
-}
-
 /// The task table: a `Table<Task>` plus secondary indexes, and the specs its tasks share (`SpecInterner`).
 #[derive(Clone, Debug, Default)]
 pub struct TaskTable {
     table: Table<Task>,
-    by_service: HashMap<String, ServiceTasks>,
+    /// Each service's tasks by (slot, ID): one entry per task answers both `by_service` and `by_slot`.
+    by_service: HashMap<String, SlotSet>,
     by_node: Index<String>,
     by_desired_state: Index<i32>,
     by_state: Index<i32>,
@@ -341,12 +365,13 @@ impl TaskTable {
 
     /// Tasks of a service.
     pub fn by_service<'a>(&'a self, service_id: &str) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        self.lookup(self.by_service.get(service_id).map(|s| &s.all))
+        let ids = self.by_service.get(service_id).into_iter().flat_map(|s| s.iter()).map(|(_, id)| id);
+        ids.filter_map(move |id| self.table.get(id))
     }
 
     /// Number of tasks of a service.
     pub fn count_by_service(&self, service_id: &str) -> usize {
-        self.by_service.get(service_id).map_or(0, |s| s.all.len())
+        self.by_service.get(service_id).map_or(0, SortedSet::len)
     }
 
     /// Tasks assigned to a node.
@@ -356,7 +381,9 @@ impl TaskTable {
 
     /// Tasks of one slot of a service (the current one and its history).
     pub fn by_slot<'a>(&'a self, service_id: &str, slot: u64) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        self.lookup(self.by_service.get(service_id).and_then(|s| s.by_slot.get(&slot)))
+        let start = slot_start(slot);
+        let tasks = self.by_service.get(service_id).into_iter().flat_map(move |s| s.iter_from(Some(&start)));
+        tasks.take_while(move |(s, _)| *s == slot).filter_map(move |(_, id)| self.table.get(id))
     }
 
     /// Tasks with this desired state.
@@ -379,15 +406,13 @@ impl TaskTable {
             Some(t) => t,
             None => self.by_service.entry(service_id.to_string()).or_default(),
         };
-        tasks.all.insert(id);
-        tasks.by_slot.entry(slot).or_default().insert(id);
+        tasks.insert(&(slot, id.clone()));
     }
 
-    fn remove_from_service(&mut self, service_id: &str, slot: u64, id: &str) {
+    fn remove_from_service(&mut self, service_id: &str, slot: u64, id: &Arc<str>) {
         let Some(tasks) = self.by_service.get_mut(service_id) else { return };
-        tasks.all.remove(id);
-        index_remove(&mut tasks.by_slot, &slot, id);
-        if tasks.all.is_empty() {
+        tasks.remove(&(slot, id.clone()));
+        if tasks.is_empty() {
             self.by_service.remove(service_id);
             self.specs.forget(service_id);
         }
@@ -431,8 +456,9 @@ impl TaskTable {
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Arc<Task>> {
+        let key = self.table.get_key_value(id)?.0.clone();
         let old = self.table.remove(id)?;
-        self.remove_from_service(&old.service_id, old.slot, id);
+        self.remove_from_service(&old.service_id, old.slot, &key);
         if !old.node_id.is_empty() {
             index_remove(&mut self.by_node, old.node_id.as_str(), id);
         }

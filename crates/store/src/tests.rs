@@ -575,9 +575,10 @@ fn tasks_of_one_service_version_share_their_spec() {
 }
 
 /// The indexes answer the same after a set outgrows its small form and shrinks again: a service with more
-/// tasks than `SMALL_SET_MAX`, in ID order, by slot, and after removals.
+/// tasks than `SMALL_SET_MAX`, in (slot, ID) order, by slot (in ID order), a node's in ID order, and after
+/// removals.
 #[test]
-fn index_sets_keep_id_order_past_their_small_form() {
+fn index_sets_keep_their_order_past_their_small_form() {
     let store = MemoryStore::default();
     let mut c = Changes::new();
     for i in (0..100).rev() {
@@ -587,7 +588,13 @@ fn index_sets_keep_id_order_past_their_small_form() {
     let ids = |f: &dyn Fn(&Tables) -> Vec<String>| store.view(f);
     let all = ids(&|t| t.tasks().by_service("s1").map(|t| t.id.clone()).collect());
     let want: Vec<String> = (0..100).map(|i| format!("t{i:03}")).collect();
-    assert_eq!(all, want);
+    let mut by_slot_then_id = want.clone();
+    by_slot_then_id.sort_by_key(|id| (id[1..].parse::<u64>().unwrap() % 3, id.clone()));
+    assert_eq!(all, by_slot_then_id);
+    for slot in [0, 2, 3] {
+        let n = ids(&|t| t.tasks().by_slot("s1", slot).map(|t| t.id.clone()).collect()).len();
+        assert_eq!(n, if slot == 3 { 0 } else { (0..100).filter(|i| i % 3 == slot).count() });
+    }
     let slot1 = ids(&|t| t.tasks().by_slot("s1", 1).map(|t| t.id.clone()).collect());
     assert_eq!(slot1, want.iter().enumerate().filter(|(i, _)| i % 3 == 1).map(|(_, s)| s.clone()).collect::<Vec<_>>());
     assert_eq!(ids(&|t| t.tasks().by_node("n1").map(|t| t.id.clone()).collect()), want);
@@ -599,4 +606,7 @@ fn index_sets_keep_id_order_past_their_small_form() {
     assert_eq!(ids(&|t| t.tasks().by_node("n1").map(|t| t.id.clone()).collect()), want[95..].to_vec());
     assert_eq!(store.view(|t| t.tasks().count_by_state(TaskState::Pending)), 5);
     assert_eq!(store.view(|t| t.tasks().count_by_service("s1")), 5);
+    let rest = ids(&|t| t.tasks().by_service("s1").map(|t| t.id.clone()).collect());
+    assert_eq!(rest, ["t096", "t099", "t097", "t095", "t098"], "slot 0, then 1, then 2");
+    assert_eq!(ids(&|t| t.tasks().by_slot("s1", 1).map(|t| t.id.clone()).collect()), ["t097"]);
 }

@@ -396,13 +396,13 @@ impl TaskJson {
                 .port_status
                 .as_ref()
                 .map(|p| -> Result<_, ConvertError> {
-                    Ok(shoal_api::PortStatus {
+                    Ok(Box::new(shoal_api::PortStatus {
                         ports: p
                             .ports
                             .iter()
                             .map(PortJson::to_api)
                             .collect::<Result<_, _>>()?,
-                    })
+                    }))
                 })
                 .transpose()?,
             ..Default::default()
