@@ -2,14 +2,16 @@
 //! (service, node, service+slot, desired state, observed state). Reads never scan a whole table when an
 //! index answers.
 //!
-//! Memory per task is what bounds a large cluster's manager, so the task table keeps one copy of each task
-//! ID (`Arc<str>`, shared by the ID map and every index), small index entries (`IdSet`), and one copy of the
-//! spec, the service annotations and the endpoint per service version (`SpecInterner`; the tasks hold them
-//! as `Shared`).
+//! Memory per task is what bounds a large cluster's manager, so the task table holds each task once: the
+//! ID map and every index hold the same `Arc<Task>` (a pointer each, ordered and looked up by the task's own
+//! ID, `ById`; an update replaces it in each of its index entries), index entries are small (`SortedSet`),
+//! and one copy of the spec, the service annotations and the endpoint serves each service version
+//! (`SpecInterner`; the tasks hold them as `Shared`).
 
+use std::borrow::Borrow;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeSet, HashMap};
-use std::hash::BuildHasherDefault;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Weak};
 
 use shoal_api::{Annotations, Endpoint, Shared, Task, TaskSpec};
@@ -23,34 +25,77 @@ use crate::object::StoreObject;
 /// way to make them collide. Names (chosen by clients) keep the randomly keyed default.
 type IdHasher = BuildHasherDefault<DefaultHasher>;
 
+/// An object as a key: hashed, compared and looked up (`Borrow<str>`) by its ID, so a set of them is a map
+/// from ID to object that holds no copy of the ID.
+#[derive(Debug)]
+struct ById<T>(Arc<T>);
+
+impl<T> Clone for ById<T> {
+    fn clone(&self) -> Self {
+        ById(self.0.clone())
+    }
+}
+
+impl<T: StoreObject> Borrow<str> for ById<T> {
+    fn borrow(&self) -> &str {
+        self.0.id()
+    }
+}
+
+impl<T: StoreObject> Hash for ById<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.id().hash(state)
+    }
+}
+
+impl<T: StoreObject> PartialEq for ById<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id() == other.0.id()
+    }
+}
+
+impl<T: StoreObject> Eq for ById<T> {}
+
+impl<T: StoreObject> PartialOrd for ById<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<T: StoreObject> Ord for ById<T> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.id().cmp(other.0.id())
+    }
+}
+
 /// One table of objects of type `T`, keyed by ID, with a case-insensitive unique-name index.
 #[derive(Clone, Debug)]
 pub struct Table<T> {
-    /// The IDs are shared with the name index and, for tasks, with every task index.
-    by_id: HashMap<Arc<str>, Arc<T>, IdHasher>,
-    by_name: HashMap<String, Arc<str>>,
+    by_id: HashSet<ById<T>, IdHasher>,
+    /// Lowercased name to ID (kinds with unique names: services, secrets, configs, networks, clusters).
+    by_name: HashMap<String, String>,
 }
 
 impl<T> Default for Table<T> {
     fn default() -> Self {
-        Table { by_id: HashMap::default(), by_name: HashMap::new() }
+        Table { by_id: HashSet::default(), by_name: HashMap::new() }
     }
 }
 
 impl<T: StoreObject> Table<T> {
     /// The object with this ID.
     pub fn get(&self, id: &str) -> Option<&Arc<T>> {
-        self.by_id.get(id)
+        self.by_id.get(id).map(|k| &k.0)
     }
 
     /// The object with this unique name (case-insensitive), for kinds with unique names.
     pub fn by_name(&self, name: &str) -> Option<&Arc<T>> {
-        self.by_name.get(&name.to_lowercase()).and_then(|id| self.by_id.get(id))
+        self.by_name.get(&name.to_lowercase()).and_then(|id| self.get(id))
     }
 
     /// All objects, in no particular order (but the same order for the same history of writes).
     pub fn iter(&self) -> impl Iterator<Item = &Arc<T>> + '_ {
-        self.by_id.values()
+        self.by_id.iter().map(|k| &k.0)
     }
 
     /// Number of objects.
@@ -65,43 +110,32 @@ impl<T: StoreObject> Table<T> {
 
     /// The ID holding `name`, if any.
     pub(crate) fn name_owner(&self, name: &str) -> Option<&str> {
-        self.by_name.get(&name.to_lowercase()).map(|id| &**id)
+        self.by_name.get(&name.to_lowercase()).map(String::as_str)
     }
 
-    /// The stored ID and object.
-    fn get_key_value(&self, id: &str) -> Option<(&Arc<str>, &Arc<T>)> {
-        self.by_id.get_key_value(id)
-    }
-
+    /// Stores `obj`; returns the object it replaced.
     pub(crate) fn insert(&mut self, obj: Arc<T>) -> Option<Arc<T>> {
-        // An update whose unique name is unchanged replaces the object in place: no key is copied.
-        if let Some(slot) = self.by_id.get_mut(obj.id()) {
-            if slot.unique_name() == obj.unique_name() {
-                return Some(std::mem::replace(slot, obj));
+        // An update whose unique name is unchanged replaces the object in place.
+        if let Some(old) = self.by_id.get(obj.id()) {
+            if old.0.unique_name() == obj.unique_name() {
+                return self.by_id.replace(ById(obj)).map(|k| k.0);
             }
         }
-        let id = Arc::from(obj.id());
-        self.insert_with_key(id, obj)
-    }
-
-    /// As `insert`, with the ID's shared copy given (`id == obj.id()`).
-    pub(crate) fn insert_with_key(&mut self, id: Arc<str>, obj: Arc<T>) -> Option<Arc<T>> {
-        debug_assert_eq!(&*id, obj.id());
-        let old = self.remove(&id);
+        let old = self.remove(obj.id());
         if let Some(name) = obj.unique_name() {
             if !name.is_empty() {
-                self.by_name.insert(name.to_lowercase(), id.clone());
+                self.by_name.insert(name.to_lowercase(), obj.id().to_string());
             }
         }
-        self.by_id.insert(id, obj);
+        self.by_id.insert(ById(obj));
         old
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Arc<T>> {
-        let old = self.by_id.remove(id)?;
+        let old = self.by_id.take(id)?.0;
         if let Some(name) = old.unique_name() {
             let key = name.to_lowercase();
-            if self.by_name.get(&key).map(|o| &**o) == Some(id) {
+            if self.by_name.get(&key).map(String::as_str) == Some(id) {
                 self.by_name.remove(&key);
             }
         }
@@ -110,49 +144,49 @@ impl<T: StoreObject> Table<T> {
 }
 
 /// A sorted set: a sorted `Vec` while small (most index entries hold a task or a few: a slot's history, a
-/// node's tasks), a `BTreeSet` past `SMALL_SET_MAX`. Its elements hold the `Arc<str>` IDs of the ID map, so
-/// an index entry costs a pointer (and, per service, a slot number), not a copy of the ID.
+/// node's tasks), a `BTreeSet` past `SMALL_SET_MAX`.
 #[derive(Clone, Debug)]
 enum SortedSet<K> {
     Small(Vec<K>),
     Large(BTreeSet<K>),
 }
 
-/// A set of IDs, in ID order.
-type IdSet = SortedSet<Arc<str>>;
+/// Tasks in ID order.
+type TaskSet = SortedSet<ById<Task>>;
 
 /// The tasks of one service, in (slot, ID) order: all of them, and a slot's (its current task and history)
 /// as a range.
-type SlotSet = SortedSet<(u64, Arc<str>)>;
+type SlotSet = SortedSet<(u64, ById<Task>)>;
 
 /// Largest `SortedSet::Small`; a set that grows past it becomes `Large` (and stays so).
 const SMALL_SET_MAX: usize = 32;
 
 impl<K: Ord + Clone> SortedSet<K> {
-    fn insert(&mut self, key: &K) {
+    /// Adds `key`, or replaces the element equal to it (the new version of a task).
+    fn insert(&mut self, key: K) {
         match self {
-            SortedSet::Small(v) => match v.binary_search(key) {
-                Ok(_) => {}
+            SortedSet::Small(v) => match v.binary_search(&key) {
+                Ok(at) => v[at] = key,
                 Err(at) if v.len() < SMALL_SET_MAX => {
                     // Grow one at a time: most sets stay at one or two elements.
                     v.reserve_exact(1);
-                    v.insert(at, key.clone());
+                    v.insert(at, key);
                 }
                 Err(_) => {
                     let mut set: BTreeSet<K> = v.drain(..).collect();
-                    set.insert(key.clone());
+                    set.insert(key);
                     *self = SortedSet::Large(set);
                 }
             },
             SortedSet::Large(set) => {
-                set.insert(key.clone());
+                set.replace(key);
             }
         }
     }
 
     fn remove<Q: Ord + ?Sized>(&mut self, key: &Q)
     where
-        K: std::borrow::Borrow<Q>,
+        K: Borrow<Q>,
     {
         match self {
             SortedSet::Small(v) => {
@@ -209,22 +243,23 @@ impl<K> Default for SortedSet<K> {
     }
 }
 
-/// The lowest key of a slot in a `SlotSet`: task IDs are never empty, so `(slot, "")` sorts before them.
-fn slot_start(slot: u64) -> (u64, Arc<str>) {
-    static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
-    (slot, EMPTY.clone())
+/// The lowest key of a slot in a `SlotSet`: task IDs are never empty, so a task with an empty ID sorts
+/// before the slot's tasks.
+fn slot_start(slot: u64) -> (u64, ById<Task>) {
+    static EMPTY: std::sync::LazyLock<Arc<Task>> = std::sync::LazyLock::new(Arc::default);
+    (slot, ById(EMPTY.clone()))
 }
 
-type Index<K> = HashMap<K, IdSet>;
+type Index<K> = HashMap<K, TaskSet>;
 
-fn index_add<K: std::hash::Hash + Eq>(idx: &mut Index<K>, key: K, id: &Arc<str>) {
-    idx.entry(key).or_default().insert(id);
+fn index_add<K: Hash + Eq>(idx: &mut Index<K>, key: K, task: &Arc<Task>) {
+    idx.entry(key).or_default().insert(ById(task.clone()));
 }
 
 fn index_remove<K, Q>(idx: &mut Index<K>, key: &Q, id: &str)
 where
-    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
-    Q: std::hash::Hash + Eq + ?Sized,
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ?Sized,
 {
     if let Some(set) = idx.get_mut(key) {
         set.remove(id);
@@ -234,12 +269,12 @@ where
     }
 }
 
-/// Moves `id` from `old` to `new` in an index, when the key changed.
-fn index_move<K: std::hash::Hash + Eq + Copy>(idx: &mut Index<K>, old: K, new: K, id: &Arc<str>) {
+/// Moves `task` from `old` to `new` in an index, or replaces it under `new` when the key is the same.
+fn index_move<K: Hash + Eq + Copy>(idx: &mut Index<K>, old: K, new: K, task: &Arc<Task>) {
     if old != new {
-        index_remove(idx, &old, id);
-        index_add(idx, new, id);
+        index_remove(idx, &old, &task.id);
     }
+    index_add(idx, new, task);
 }
 
 /// The task table: a `Table<Task>` plus secondary indexes, and the specs its tasks share (`SpecInterner`).
@@ -359,14 +394,13 @@ impl TaskTable {
         self.table.is_empty()
     }
 
-    fn lookup<'a>(&'a self, ids: Option<&'a IdSet>) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        ids.into_iter().flat_map(IdSet::iter).filter_map(move |id| self.table.get(id))
+    fn lookup(set: Option<&TaskSet>) -> impl Iterator<Item = &Arc<Task>> + '_ {
+        set.into_iter().flat_map(SortedSet::iter).map(|k| &k.0)
     }
 
-    /// Tasks of a service.
+    /// Tasks of a service, in (slot, ID) order.
     pub fn by_service<'a>(&'a self, service_id: &str) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        let ids = self.by_service.get(service_id).into_iter().flat_map(|s| s.iter()).map(|(_, id)| id);
-        ids.filter_map(move |id| self.table.get(id))
+        self.by_service.get(service_id).into_iter().flat_map(SortedSet::iter).map(|(_, k)| &k.0)
     }
 
     /// Number of tasks of a service.
@@ -374,47 +408,48 @@ impl TaskTable {
         self.by_service.get(service_id).map_or(0, SortedSet::len)
     }
 
-    /// Tasks assigned to a node.
+    /// Tasks assigned to a node, in ID order.
     pub fn by_node<'a>(&'a self, node_id: &str) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        self.lookup(self.by_node.get(node_id))
+        Self::lookup(self.by_node.get(node_id))
     }
 
-    /// Tasks of one slot of a service (the current one and its history).
+    /// Tasks of one slot of a service (the current one and its history), in ID order.
     pub fn by_slot<'a>(&'a self, service_id: &str, slot: u64) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
         let start = slot_start(slot);
         let tasks = self.by_service.get(service_id).into_iter().flat_map(move |s| s.iter_from(Some(&start)));
-        tasks.take_while(move |(s, _)| *s == slot).filter_map(move |(_, id)| self.table.get(id))
+        tasks.take_while(move |(s, _)| *s == slot).map(|(_, k)| &k.0)
     }
 
-    /// Tasks with this desired state.
+    /// Tasks with this desired state, in ID order.
     pub fn by_desired_state(&self, state: shoal_api::TaskState) -> impl Iterator<Item = &Arc<Task>> + '_ {
-        self.lookup(self.by_desired_state.get(&(state as i32)))
+        Self::lookup(self.by_desired_state.get(&(state as i32)))
     }
 
-    /// Tasks whose observed state (status.state) is this one.
+    /// Tasks whose observed state (status.state) is this one, in ID order.
     pub fn by_state(&self, state: shoal_api::TaskState) -> impl Iterator<Item = &Arc<Task>> + '_ {
-        self.lookup(self.by_state.get(&(state as i32)))
+        Self::lookup(self.by_state.get(&(state as i32)))
     }
 
     /// Number of tasks whose observed state is this one (O(1): the size of its index entry).
     pub fn count_by_state(&self, state: shoal_api::TaskState) -> usize {
-        self.by_state.get(&(state as i32)).map_or(0, IdSet::len)
+        self.by_state.get(&(state as i32)).map_or(0, SortedSet::len)
     }
 
-    fn add_to_service(&mut self, service_id: &str, slot: u64, id: &Arc<str>) {
-        let tasks = match self.by_service.get_mut(service_id) {
+    /// Adds `task` to its service's set, or replaces its older version there.
+    fn add_to_service(&mut self, task: &Arc<Task>) {
+        let tasks = match self.by_service.get_mut(task.service_id.as_str()) {
             Some(t) => t,
-            None => self.by_service.entry(service_id.to_string()).or_default(),
+            None => self.by_service.entry(task.service_id.clone()).or_default(),
         };
-        tasks.insert(&(slot, id.clone()));
+        tasks.insert((task.slot, ById(task.clone())));
     }
 
-    fn remove_from_service(&mut self, service_id: &str, slot: u64, id: &Arc<str>) {
-        let Some(tasks) = self.by_service.get_mut(service_id) else { return };
-        tasks.remove(&(slot, id.clone()));
+    fn remove_from_service(&mut self, old: &Arc<Task>) {
+        let Some(tasks) = self.by_service.get_mut(old.service_id.as_str()) else { return };
+        tasks.remove(&(old.slot, ById(old.clone())));
         if tasks.is_empty() {
-            self.by_service.remove(service_id);
-            self.specs.forget(service_id);
+            self.by_service.remove(old.service_id.as_str());
+            self.specs.forget(&old.service_id);
         }
     }
 
@@ -424,41 +459,39 @@ impl TaskTable {
         self.specs.intern(task)
     }
 
-    /// Stores a task; returns the task it replaced.
+    /// Stores a task; returns the task it replaced. Every index entry of the task then holds this version.
     pub(crate) fn insert(&mut self, task: Arc<Task>) -> Option<Arc<Task>> {
-        if let Some((id, old)) = self.table.get_key_value(&task.id) {
-            let (id, old) = (id.clone(), old.clone());
-            // An update: only the indexes whose key changed are touched (usually the states and node).
+        if let Some(old) = self.table.get(&task.id).cloned() {
+            // An update: each index entry takes the new version; an entry whose key changed moves.
             if old.service_id != task.service_id || old.slot != task.slot {
-                self.remove_from_service(&old.service_id, old.slot, &id);
-                self.add_to_service(&task.service_id, task.slot, &id);
+                self.remove_from_service(&old);
             }
-            if old.node_id != task.node_id {
-                if !old.node_id.is_empty() {
-                    index_remove(&mut self.by_node, old.node_id.as_str(), &id);
-                }
-                if !task.node_id.is_empty() {
-                    index_add(&mut self.by_node, task.node_id.clone(), &id);
+            self.add_to_service(&task);
+            if old.node_id != task.node_id && !old.node_id.is_empty() {
+                index_remove(&mut self.by_node, old.node_id.as_str(), &old.id);
+            }
+            if !task.node_id.is_empty() {
+                match self.by_node.get_mut(task.node_id.as_str()) {
+                    Some(set) => set.insert(ById(task.clone())),
+                    None => index_add(&mut self.by_node, task.node_id.clone(), &task),
                 }
             }
-            index_move(&mut self.by_desired_state, old.desired_state, task.desired_state, &id);
-            index_move(&mut self.by_state, observed_state(&old), observed_state(&task), &id);
+            index_move(&mut self.by_desired_state, old.desired_state, task.desired_state, &task);
+            index_move(&mut self.by_state, observed_state(&old), observed_state(&task), &task);
             return self.table.insert(task);
         }
-        let id: Arc<str> = Arc::from(task.id.as_str());
-        self.add_to_service(&task.service_id, task.slot, &id);
+        self.add_to_service(&task);
         if !task.node_id.is_empty() {
-            index_add(&mut self.by_node, task.node_id.clone(), &id);
+            index_add(&mut self.by_node, task.node_id.clone(), &task);
         }
-        index_add(&mut self.by_desired_state, task.desired_state, &id);
-        index_add(&mut self.by_state, observed_state(&task), &id);
-        self.table.insert_with_key(id, task)
+        index_add(&mut self.by_desired_state, task.desired_state, &task);
+        index_add(&mut self.by_state, observed_state(&task), &task);
+        self.table.insert(task)
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Arc<Task>> {
-        let key = self.table.get_key_value(id)?.0.clone();
         let old = self.table.remove(id)?;
-        self.remove_from_service(&old.service_id, old.slot, &key);
+        self.remove_from_service(&old);
         if !old.node_id.is_empty() {
             index_remove(&mut self.by_node, old.node_id.as_str(), id);
         }

@@ -113,6 +113,60 @@ fn task_indexes_follow_updates_and_removes() {
     assert_eq!(store.view(|t| t.tasks().count_by_service("s2")), 0);
 }
 
+/// The indexes hold the tasks themselves: after an update that changes no index key (a new status
+/// message) and one that changes some (a slot, a node, the states), every index answers with the current
+/// version, the one the ID map holds, and the old version is released.
+#[test]
+fn indexes_answer_with_the_current_version_of_a_task() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    for i in 0..40 {
+        c.create(task(&format!("t{i:02}"), "s1", i % 2, "n1"));
+    }
+    apply(&store, 1, c).unwrap();
+    let current = |id: &str| store.view(|t| t.tasks().get(id).cloned()).unwrap();
+    let check = |id: &str, slot: u64, node: &str, desired: TaskState, state: TaskState| {
+        let now = current(id);
+        store.view(|t| {
+            let tt = t.tasks();
+            let is_now = |x: &&Arc<Task>| x.id == id;
+            for (what, found) in [
+                ("service", tt.by_service("s1").find(is_now)),
+                ("slot", tt.by_slot("s1", slot).find(is_now)),
+                ("node", tt.by_node(node).find(is_now)),
+                ("desired state", tt.by_desired_state(desired).find(is_now)),
+                ("state", tt.by_state(state).find(is_now)),
+            ] {
+                assert!(found.is_some_and(|f| Arc::ptr_eq(f, &now)), "{what} index of {id}: not the current version");
+            }
+        });
+    };
+    // No index key changes (both the small and the large form of a set: 40 tasks on n1, 20 per slot).
+    for id in ["t03", "t38"] {
+        let before = current(id);
+        let mut t = (*before).clone();
+        t.status.as_mut().unwrap().message = "new message".into();
+        let mut c = Changes::new();
+        c.update(t);
+        apply(&store, 2 + id[1..].parse::<u64>().unwrap(), c).unwrap();
+        check(id, id[1..].parse::<u64>().unwrap() % 2, "n1", TaskState::Running, TaskState::Pending);
+        assert_eq!(Arc::strong_count(&before), 1, "no index keeps the old version of {id}");
+    }
+    // Every key changes.
+    let mut t = (*current("t05")).clone();
+    t.slot = 7;
+    t.node_id = "n2".into();
+    t.set_desired_state(TaskState::Shutdown);
+    t.status.as_mut().unwrap().state = TaskState::Assigned as i32;
+    let mut c = Changes::new();
+    c.update(t);
+    apply(&store, 100, c).unwrap();
+    check("t05", 7, "n2", TaskState::Shutdown, TaskState::Assigned);
+    assert_eq!(store.view(|t| t.tasks().by_slot("s1", 1).count()), 19);
+    assert_eq!(store.view(|t| t.tasks().by_node("n1").count()), 39);
+    assert_eq!(store.view(|t| t.tasks().count_by_state(TaskState::Pending)), 39);
+}
+
 #[test]
 fn watch_before_view_misses_nothing() {
     let store = MemoryStore::default();
