@@ -29,6 +29,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .skip_debug(["docker.swarmkit.v1.SecretSpec", "docker.swarmkit.v1.EncryptionKey"])
         // `Task` is written by hand (`src/task.rs`) so that tasks can share their spec; same wire form.
         .extern_path(".docker.swarmkit.v1.Task", "crate::Task")
+        // Every task holds a `TaskStatus` inline: its fields that are nearly always empty are boxed, so
+        // an absent one costs a pointer (the wire form is unchanged).
+        .boxed(".docker.swarmkit.v1.TaskStatus.port_status")
+        .boxed(".docker.swarmkit.v1.TaskStatus.applied_at")
         .build_client(true)
         .build_server(true)
         // The descriptors let the SwarmKit API refuse requests carrying fields Shoal does not know

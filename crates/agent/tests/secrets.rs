@@ -143,7 +143,7 @@ fn task(id: &str, node: &str, slot: u64, secrets: &[(&str, &str)], configs: &[(&
         service_id: "svc".into(),
         node_id: node.into(),
         slot,
-        service_annotations: Some(Annotations { name: "web".into(), ..Default::default() }),
+        service_annotations: Some(Annotations { name: "web".into(), ..Default::default() }.into()),
         desired_state: TaskState::Running as i32,
         status: Some(TaskStatus { state: TaskState::Assigned as i32, ..Default::default() }),
         spec: Some(TaskSpec {

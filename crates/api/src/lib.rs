@@ -3,7 +3,8 @@
 //!
 //! This is the only crate that knows protobuf. It depends on nothing else in the workspace, and it holds no
 //! logic beyond small helpers on the generated types. One message is written by hand with the same wire form:
-//! `Task` (`task.rs`), whose spec is shared (`SharedTaskSpec`) among the tasks of one service version.
+//! `Task` (`task.rs`), whose spec, service annotations and endpoint are shared (`Shared`) among the tasks of one
+//! service version, and whose nearly always empty annotations and log driver are boxed.
 
 #[allow(clippy::all, missing_docs, rust_2018_idioms)]
 mod generated {
@@ -27,4 +28,4 @@ pub mod unknown_fields;
 mod helpers;
 pub use helpers::*;
 mod task;
-pub use task::{SharedTaskSpec, Task};
+pub use task::{Shared, SharedTaskSpec, Task};

@@ -2,16 +2,19 @@
 //! (service, node, service+slot, desired state, observed state). Reads never scan a whole table when an
 //! index answers.
 //!
-//! Memory per task is what bounds a large cluster's manager, so the task table keeps one copy of each task
-//! ID (`Arc<str>`, shared by the ID map and every index), small index entries (`IdSet`), and one copy of the
-//! spec per service version (`SpecInterner`; the tasks hold it as `SharedTaskSpec`).
+//! Memory per task is what bounds a large cluster's manager, so the task table holds each task once: the
+//! ID map and every index hold the same `Arc<Task>` (a pointer each, ordered and looked up by the task's own
+//! ID, `ById`; an update replaces it in each of its index entries), index entries are small (`SortedSet`),
+//! and one copy of the spec, the service annotations and the endpoint serves each service version
+//! (`SpecInterner`; the tasks hold them as `Shared`).
 
+use std::borrow::Borrow;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeSet, HashMap};
-use std::hash::BuildHasherDefault;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Weak};
 
-use shoal_api::{SharedTaskSpec, Task, TaskSpec};
+use shoal_api::{Annotations, Endpoint, Shared, Task, TaskSpec};
 
 use crate::object::StoreObject;
 
@@ -22,34 +25,77 @@ use crate::object::StoreObject;
 /// way to make them collide. Names (chosen by clients) keep the randomly keyed default.
 type IdHasher = BuildHasherDefault<DefaultHasher>;
 
+/// An object as a key: hashed, compared and looked up (`Borrow<str>`) by its ID, so a set of them is a map
+/// from ID to object that holds no copy of the ID.
+#[derive(Debug)]
+struct ById<T>(Arc<T>);
+
+impl<T> Clone for ById<T> {
+    fn clone(&self) -> Self {
+        ById(self.0.clone())
+    }
+}
+
+impl<T: StoreObject> Borrow<str> for ById<T> {
+    fn borrow(&self) -> &str {
+        self.0.id()
+    }
+}
+
+impl<T: StoreObject> Hash for ById<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.id().hash(state)
+    }
+}
+
+impl<T: StoreObject> PartialEq for ById<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id() == other.0.id()
+    }
+}
+
+impl<T: StoreObject> Eq for ById<T> {}
+
+impl<T: StoreObject> PartialOrd for ById<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<T: StoreObject> Ord for ById<T> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.id().cmp(other.0.id())
+    }
+}
+
 /// One table of objects of type `T`, keyed by ID, with a case-insensitive unique-name index.
 #[derive(Clone, Debug)]
 pub struct Table<T> {
-    /// The IDs are shared with the name index and, for tasks, with every task index.
-    by_id: HashMap<Arc<str>, Arc<T>, IdHasher>,
-    by_name: HashMap<String, Arc<str>>,
+    by_id: HashSet<ById<T>, IdHasher>,
+    /// Lowercased name to ID (kinds with unique names: services, secrets, configs, networks, clusters).
+    by_name: HashMap<String, String>,
 }
 
 impl<T> Default for Table<T> {
     fn default() -> Self {
-        Table { by_id: HashMap::default(), by_name: HashMap::new() }
+        Table { by_id: HashSet::default(), by_name: HashMap::new() }
     }
 }
 
 impl<T: StoreObject> Table<T> {
     /// The object with this ID.
     pub fn get(&self, id: &str) -> Option<&Arc<T>> {
-        self.by_id.get(id)
+        self.by_id.get(id).map(|k| &k.0)
     }
 
     /// The object with this unique name (case-insensitive), for kinds with unique names.
     pub fn by_name(&self, name: &str) -> Option<&Arc<T>> {
-        self.by_name.get(&name.to_lowercase()).and_then(|id| self.by_id.get(id))
+        self.by_name.get(&name.to_lowercase()).and_then(|id| self.get(id))
     }
 
     /// All objects, in no particular order (but the same order for the same history of writes).
     pub fn iter(&self) -> impl Iterator<Item = &Arc<T>> + '_ {
-        self.by_id.values()
+        self.by_id.iter().map(|k| &k.0)
     }
 
     /// Number of objects.
@@ -64,43 +110,32 @@ impl<T: StoreObject> Table<T> {
 
     /// The ID holding `name`, if any.
     pub(crate) fn name_owner(&self, name: &str) -> Option<&str> {
-        self.by_name.get(&name.to_lowercase()).map(|id| &**id)
+        self.by_name.get(&name.to_lowercase()).map(String::as_str)
     }
 
-    /// The stored ID and object.
-    fn get_key_value(&self, id: &str) -> Option<(&Arc<str>, &Arc<T>)> {
-        self.by_id.get_key_value(id)
-    }
-
+    /// Stores `obj`; returns the object it replaced.
     pub(crate) fn insert(&mut self, obj: Arc<T>) -> Option<Arc<T>> {
-        // An update whose unique name is unchanged replaces the object in place: no key is copied.
-        if let Some(slot) = self.by_id.get_mut(obj.id()) {
-            if slot.unique_name() == obj.unique_name() {
-                return Some(std::mem::replace(slot, obj));
+        // An update whose unique name is unchanged replaces the object in place.
+        if let Some(old) = self.by_id.get(obj.id()) {
+            if old.0.unique_name() == obj.unique_name() {
+                return self.by_id.replace(ById(obj)).map(|k| k.0);
             }
         }
-        let id = Arc::from(obj.id());
-        self.insert_with_key(id, obj)
-    }
-
-    /// As `insert`, with the ID's shared copy given (`id == obj.id()`).
-    pub(crate) fn insert_with_key(&mut self, id: Arc<str>, obj: Arc<T>) -> Option<Arc<T>> {
-        debug_assert_eq!(&*id, obj.id());
-        let old = self.remove(&id);
+        let old = self.remove(obj.id());
         if let Some(name) = obj.unique_name() {
             if !name.is_empty() {
-                self.by_name.insert(name.to_lowercase(), id.clone());
+                self.by_name.insert(name.to_lowercase(), obj.id().to_string());
             }
         }
-        self.by_id.insert(id, obj);
+        self.by_id.insert(ById(obj));
         old
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Arc<T>> {
-        let old = self.by_id.remove(id)?;
+        let old = self.by_id.take(id)?.0;
         if let Some(name) = old.unique_name() {
             let key = name.to_lowercase();
-            if self.by_name.get(&key).map(|o| &**o) == Some(id) {
+            if self.by_name.get(&key).map(String::as_str) == Some(id) {
                 self.by_name.remove(&key);
             }
         }
@@ -108,60 +143,70 @@ impl<T: StoreObject> Table<T> {
     }
 }
 
-/// A set of IDs, in ID order: a sorted `Vec` while small (most index entries hold a task or a few: a slot's
-/// history, a node's tasks), a `BTreeSet` past `SMALL_SET_MAX`. The IDs are the `Arc<str>` of the ID map, so
-/// an index entry costs a pointer, not a copy of the ID.
+/// A sorted set: a sorted `Vec` while small (most index entries hold a task or a few: a slot's history, a
+/// node's tasks), a `BTreeSet` past `SMALL_SET_MAX`.
 #[derive(Clone, Debug)]
-enum IdSet {
-    Small(Vec<Arc<str>>),
-    Large(BTreeSet<Arc<str>>),
+enum SortedSet<K> {
+    Small(Vec<K>),
+    Large(BTreeSet<K>),
 }
 
-/// Largest `IdSet::Small`; a set that grows past it becomes `Large` (and stays so).
+/// Tasks in ID order.
+type TaskSet = SortedSet<ById<Task>>;
+
+/// The tasks of one service, in (slot, ID) order: all of them, and a slot's (its current task and history)
+/// as a range.
+type SlotSet = SortedSet<(u64, ById<Task>)>;
+
+/// Largest `SortedSet::Small`; a set that grows past it becomes `Large` (and stays so).
 const SMALL_SET_MAX: usize = 32;
 
-impl IdSet {
-    fn insert(&mut self, id: &Arc<str>) {
+impl<K: Ord + Clone> SortedSet<K> {
+    /// Adds `key`, or replaces the element equal to it (the new version of a task).
+    fn insert(&mut self, key: K) {
         match self {
-            IdSet::Small(v) => match v.binary_search_by(|x| (**x).cmp(id)) {
-                Ok(_) => {}
+            SortedSet::Small(v) => match v.binary_search(&key) {
+                Ok(at) => v[at] = key,
                 Err(at) if v.len() < SMALL_SET_MAX => {
-                    // Grow one at a time: most sets stay at one or two IDs.
+                    // Grow one at a time: most sets stay at one or two elements.
                     v.reserve_exact(1);
-                    v.insert(at, id.clone());
+                    v.insert(at, key);
                 }
                 Err(_) => {
-                    let mut set: BTreeSet<Arc<str>> = v.drain(..).collect();
-                    set.insert(id.clone());
-                    *self = IdSet::Large(set);
+                    let mut set: BTreeSet<K> = v.drain(..).collect();
+                    set.insert(key);
+                    *self = SortedSet::Large(set);
                 }
             },
-            IdSet::Large(set) => {
-                set.insert(id.clone());
+            SortedSet::Large(set) => {
+                set.replace(key);
             }
         }
     }
 
-    fn remove(&mut self, id: &str) {
+    fn remove<Q: Ord + ?Sized>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+    {
         match self {
-            IdSet::Small(v) => {
-                if let Ok(at) = v.binary_search_by(|x| (**x).cmp(id)) {
+            SortedSet::Small(v) => {
+                if let Ok(at) = v.binary_search_by(|x| x.borrow().cmp(key)) {
                     v.remove(at);
                     if v.len() * 4 < v.capacity() {
                         v.shrink_to_fit();
                     }
                 }
             }
-            IdSet::Large(set) => {
-                set.remove(id);
+            SortedSet::Large(set) => {
+                set.remove(key);
             }
         }
     }
 
     fn len(&self) -> usize {
         match self {
-            IdSet::Small(v) => v.len(),
-            IdSet::Large(set) => set.len(),
+            SortedSet::Small(v) => v.len(),
+            SortedSet::Large(set) => set.len(),
         }
     }
 
@@ -169,31 +214,52 @@ impl IdSet {
         self.len() == 0
     }
 
-    fn iter(&self) -> impl Iterator<Item = &Arc<str>> + '_ {
+    fn iter(&self) -> impl Iterator<Item = &K> + '_ {
+        self.iter_from(None)
+    }
+
+    /// The elements from `low` on (all with `None`), in order.
+    fn iter_from<'a>(&'a self, low: Option<&K>) -> impl Iterator<Item = &'a K> + 'a {
         let (small, large) = match self {
-            IdSet::Small(v) => (Some(v.iter()), None),
-            IdSet::Large(set) => (None, Some(set.iter())),
+            SortedSet::Small(v) => {
+                let at = low.map_or(0, |low| v.partition_point(|x| x < low));
+                (Some(v[at..].iter()), None)
+            }
+            SortedSet::Large(set) => {
+                let range = match low {
+                    Some(low) => set.range((std::ops::Bound::Included(low), std::ops::Bound::Unbounded)),
+                    None => set.range::<K, _>(..),
+                };
+                (None, Some(range))
+            }
         };
         small.into_iter().flatten().chain(large.into_iter().flatten())
     }
 }
 
-impl Default for IdSet {
+impl<K> Default for SortedSet<K> {
     fn default() -> Self {
-        IdSet::Small(Vec::new())
+        SortedSet::Small(Vec::new())
     }
 }
 
-type Index<K> = HashMap<K, IdSet>;
+/// The lowest key of a slot in a `SlotSet`: task IDs are never empty, so a task with an empty ID sorts
+/// before the slot's tasks.
+fn slot_start(slot: u64) -> (u64, ById<Task>) {
+    static EMPTY: std::sync::LazyLock<Arc<Task>> = std::sync::LazyLock::new(Arc::default);
+    (slot, ById(EMPTY.clone()))
+}
 
-fn index_add<K: std::hash::Hash + Eq>(idx: &mut Index<K>, key: K, id: &Arc<str>) {
-    idx.entry(key).or_default().insert(id);
+type Index<K> = HashMap<K, TaskSet>;
+
+fn index_add<K: Hash + Eq>(idx: &mut Index<K>, key: K, task: &Arc<Task>) {
+    idx.entry(key).or_default().insert(ById(task.clone()));
 }
 
 fn index_remove<K, Q>(idx: &mut Index<K>, key: &Q, id: &str)
 where
-    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
-    Q: std::hash::Hash + Eq + ?Sized,
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ?Sized,
 {
     if let Some(set) = idx.get_mut(key) {
         set.remove(id);
@@ -203,26 +269,20 @@ where
     }
 }
 
-/// Moves `id` from `old` to `new` in an index, when the key changed.
-fn index_move<K: std::hash::Hash + Eq + Copy>(idx: &mut Index<K>, old: K, new: K, id: &Arc<str>) {
+/// Moves `task` from `old` to `new` in an index, or replaces it under `new` when the key is the same.
+fn index_move<K: Hash + Eq + Copy>(idx: &mut Index<K>, old: K, new: K, task: &Arc<Task>) {
     if old != new {
-        index_remove(idx, &old, id);
-        index_add(idx, new, id);
+        index_remove(idx, &old, &task.id);
     }
-}
-
-/// The tasks of one service: all of them, and by slot (a slot's tasks: the current one and its history).
-#[derive(Clone, Debug, Default)]
-struct ServiceTasks {
-    all: IdSet,
-    by_slot: HashMap<u64, IdSet>,
+    index_add(idx, new, task);
 }
 
 /// The task table: a `Table<Task>` plus secondary indexes, and the specs its tasks share (`SpecInterner`).
 #[derive(Clone, Debug, Default)]
 pub struct TaskTable {
     table: Table<Task>,
-    by_service: HashMap<String, ServiceTasks>,
+    /// Each service's tasks by (slot, ID): one entry per task answers both `by_service` and `by_slot`.
+    by_service: HashMap<String, SlotSet>,
     by_node: Index<String>,
     by_desired_state: Index<i32>,
     by_state: Index<i32>,
@@ -233,54 +293,78 @@ fn observed_state(t: &Task) -> i32 {
     t.status.as_ref().map(|s| s.state).unwrap_or(0)
 }
 
-/// Specs kept per service for sharing, at most: a service has its current spec and, during an update or a
-/// rollback, the previous one; a few more cover tasks that differ in what the orchestrator copies per task.
+/// Values of one kind kept per service for sharing, at most: a service has its current spec and, during an
+/// update or a rollback, the previous one; a few more cover tasks that differ in what the orchestrator copies
+/// per task.
 pub const INTERNED_SPECS_PER_SERVICE: usize = 4;
 
-/// The task specs of each service's tasks, held weakly: a task applied with a spec equal to one another task
-/// of its service holds is given that one (`SharedTaskSpec`), so the tasks of one service version hold one
-/// spec between them, on every member (interning happens where tasks are applied or restored, whatever
-/// their origin). A spec no task holds any more is dropped from the list when the service's next task comes.
+/// What the tasks of one service share, held weakly: their specs, the service's annotations and endpoint as
+/// copied into each task.
+#[derive(Clone, Debug, Default)]
+struct ServiceShared {
+    specs: Vec<Weak<TaskSpec>>,
+    annotations: Vec<Weak<Annotations>>,
+    endpoints: Vec<Weak<Endpoint>>,
+}
+
+/// An equal value already shared in `kept`, or `None` when `value` is that one or none is equal (then
+/// `value` is remembered, the oldest dropped past `INTERNED_SPECS_PER_SERVICE`).
+fn share<T: PartialEq>(kept: &mut Vec<Weak<T>>, value: &Shared<T>) -> Option<Arc<T>> {
+    kept.retain(|w| w.strong_count() > 0);
+    for w in kept.iter() {
+        let Some(s) = w.upgrade() else { continue };
+        if Arc::ptr_eq(&s, value.arc()) {
+            return None;
+        }
+        if *s == **value {
+            return Some(s);
+        }
+    }
+    if kept.len() >= INTERNED_SPECS_PER_SERVICE {
+        kept.remove(0);
+    }
+    kept.push(Arc::downgrade(value.arc()));
+    None
+}
+
+/// The shared parts of each service's tasks (`ServiceShared`): a task applied with a spec, service
+/// annotations or endpoint equal to one another task of its service holds is given that one (`Shared`), so
+/// the tasks of one service version hold one copy of each between them, on every member (interning happens
+/// where tasks are applied or restored, whatever their origin). A value no task holds any more is dropped
+/// from the lists when the service's next task comes.
 #[derive(Clone, Debug, Default)]
 struct SpecInterner {
-    by_service: HashMap<String, Vec<Weak<TaskSpec>>>,
+    by_service: HashMap<String, ServiceShared>,
 }
 
 impl SpecInterner {
-    /// `task` with its spec replaced by an equal one already shared, when there is one; else `task`, its
-    /// spec remembered for the service's next tasks.
+    /// `task` with its shared parts replaced by equal ones already shared, where there are; each new one
+    /// remembered for the service's next tasks.
     fn intern(&mut self, task: Arc<Task>) -> Arc<Task> {
-        let Some(spec) = task.spec.as_ref() else { return task };
+        if task.spec.is_none() && task.service_annotations.is_none() && task.endpoint.is_none() {
+            return task;
+        }
         let kept = match self.by_service.get_mut(task.service_id.as_str()) {
             Some(kept) => kept,
             None => self.by_service.entry(task.service_id.clone()).or_default(),
         };
-        kept.retain(|w| w.strong_count() > 0);
-        let mut found = None;
-        for w in kept.iter() {
-            let Some(s) = w.upgrade() else { continue };
-            if Arc::ptr_eq(&s, spec.arc()) {
-                return task;
-            }
-            if *s == **spec {
-                found = Some(s);
-                break;
-            }
+        let spec = task.spec.as_ref().and_then(|v| share(&mut kept.specs, v));
+        let annotations = task.service_annotations.as_ref().and_then(|v| share(&mut kept.annotations, v));
+        let endpoint = task.endpoint.as_ref().and_then(|v| share(&mut kept.endpoints, v));
+        if spec.is_none() && annotations.is_none() && endpoint.is_none() {
+            return task;
         }
-        match found {
-            Some(shared) => {
-                let mut task = Arc::unwrap_or_clone(task);
-                task.spec = Some(SharedTaskSpec::from_arc(shared));
-                Arc::new(task)
-            }
-            None => {
-                if kept.len() >= INTERNED_SPECS_PER_SERVICE {
-                    kept.remove(0);
-                }
-                kept.push(Arc::downgrade(spec.arc()));
-                task
-            }
+        let mut task = Arc::unwrap_or_clone(task);
+        if let Some(v) = spec {
+            task.spec = Some(Shared::from_arc(v));
         }
+        if let Some(v) = annotations {
+            task.service_annotations = Some(Shared::from_arc(v));
+        }
+        if let Some(v) = endpoint {
+            task.endpoint = Some(Shared::from_arc(v));
+        }
+        Arc::new(task)
     }
 
     /// Forgets a service whose last task is gone.
@@ -310,61 +394,62 @@ impl TaskTable {
         self.table.is_empty()
     }
 
-    fn lookup<'a>(&'a self, ids: Option<&'a IdSet>) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        ids.into_iter().flat_map(IdSet::iter).filter_map(move |id| self.table.get(id))
+    fn lookup(set: Option<&TaskSet>) -> impl Iterator<Item = &Arc<Task>> + '_ {
+        set.into_iter().flat_map(SortedSet::iter).map(|k| &k.0)
     }
 
-    /// Tasks of a service.
+    /// Tasks of a service, in (slot, ID) order.
     pub fn by_service<'a>(&'a self, service_id: &str) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        self.lookup(self.by_service.get(service_id).map(|s| &s.all))
+        self.by_service.get(service_id).into_iter().flat_map(SortedSet::iter).map(|(_, k)| &k.0)
     }
 
     /// Number of tasks of a service.
     pub fn count_by_service(&self, service_id: &str) -> usize {
-        self.by_service.get(service_id).map_or(0, |s| s.all.len())
+        self.by_service.get(service_id).map_or(0, SortedSet::len)
     }
 
-    /// Tasks assigned to a node.
+    /// Tasks assigned to a node, in ID order.
     pub fn by_node<'a>(&'a self, node_id: &str) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        self.lookup(self.by_node.get(node_id))
+        Self::lookup(self.by_node.get(node_id))
     }
 
-    /// Tasks of one slot of a service (the current one and its history).
+    /// Tasks of one slot of a service (the current one and its history), in ID order.
     pub fn by_slot<'a>(&'a self, service_id: &str, slot: u64) -> impl Iterator<Item = &'a Arc<Task>> + 'a {
-        self.lookup(self.by_service.get(service_id).and_then(|s| s.by_slot.get(&slot)))
+        let start = slot_start(slot);
+        let tasks = self.by_service.get(service_id).into_iter().flat_map(move |s| s.iter_from(Some(&start)));
+        tasks.take_while(move |(s, _)| *s == slot).map(|(_, k)| &k.0)
     }
 
-    /// Tasks with this desired state.
+    /// Tasks with this desired state, in ID order.
     pub fn by_desired_state(&self, state: shoal_api::TaskState) -> impl Iterator<Item = &Arc<Task>> + '_ {
-        self.lookup(self.by_desired_state.get(&(state as i32)))
+        Self::lookup(self.by_desired_state.get(&(state as i32)))
     }
 
-    /// Tasks whose observed state (status.state) is this one.
+    /// Tasks whose observed state (status.state) is this one, in ID order.
     pub fn by_state(&self, state: shoal_api::TaskState) -> impl Iterator<Item = &Arc<Task>> + '_ {
-        self.lookup(self.by_state.get(&(state as i32)))
+        Self::lookup(self.by_state.get(&(state as i32)))
     }
 
     /// Number of tasks whose observed state is this one (O(1): the size of its index entry).
     pub fn count_by_state(&self, state: shoal_api::TaskState) -> usize {
-        self.by_state.get(&(state as i32)).map_or(0, IdSet::len)
+        self.by_state.get(&(state as i32)).map_or(0, SortedSet::len)
     }
 
-    fn add_to_service(&mut self, service_id: &str, slot: u64, id: &Arc<str>) {
-        let tasks = match self.by_service.get_mut(service_id) {
+    /// Adds `task` to its service's set, or replaces its older version there.
+    fn add_to_service(&mut self, task: &Arc<Task>) {
+        let tasks = match self.by_service.get_mut(task.service_id.as_str()) {
             Some(t) => t,
-            None => self.by_service.entry(service_id.to_string()).or_default(),
+            None => self.by_service.entry(task.service_id.clone()).or_default(),
         };
-        tasks.all.insert(id);
-        tasks.by_slot.entry(slot).or_default().insert(id);
+        tasks.insert((task.slot, ById(task.clone())));
     }
 
-    fn remove_from_service(&mut self, service_id: &str, slot: u64, id: &str) {
-        let Some(tasks) = self.by_service.get_mut(service_id) else { return };
-        tasks.all.remove(id);
-        index_remove(&mut tasks.by_slot, &slot, id);
-        if tasks.all.is_empty() {
-            self.by_service.remove(service_id);
-            self.specs.forget(service_id);
+    fn remove_from_service(&mut self, old: &Arc<Task>) {
+        let Some(tasks) = self.by_service.get_mut(old.service_id.as_str()) else { return };
+        tasks.remove(&(old.slot, ById(old.clone())));
+        if tasks.is_empty() {
+            self.by_service.remove(old.service_id.as_str());
+            self.specs.forget(&old.service_id);
         }
     }
 
@@ -374,40 +459,39 @@ impl TaskTable {
         self.specs.intern(task)
     }
 
-    /// Stores a task; returns the task it replaced.
+    /// Stores a task; returns the task it replaced. Every index entry of the task then holds this version.
     pub(crate) fn insert(&mut self, task: Arc<Task>) -> Option<Arc<Task>> {
-        if let Some((id, old)) = self.table.get_key_value(&task.id) {
-            let (id, old) = (id.clone(), old.clone());
-            // An update: only the indexes whose key changed are touched (usually the states and node).
+        if let Some(old) = self.table.get(&task.id).cloned() {
+            // An update: each index entry takes the new version; an entry whose key changed moves.
             if old.service_id != task.service_id || old.slot != task.slot {
-                self.remove_from_service(&old.service_id, old.slot, &id);
-                self.add_to_service(&task.service_id, task.slot, &id);
+                self.remove_from_service(&old);
             }
-            if old.node_id != task.node_id {
-                if !old.node_id.is_empty() {
-                    index_remove(&mut self.by_node, old.node_id.as_str(), &id);
-                }
-                if !task.node_id.is_empty() {
-                    index_add(&mut self.by_node, task.node_id.clone(), &id);
+            self.add_to_service(&task);
+            if old.node_id != task.node_id && !old.node_id.is_empty() {
+                index_remove(&mut self.by_node, old.node_id.as_str(), &old.id);
+            }
+            if !task.node_id.is_empty() {
+                match self.by_node.get_mut(task.node_id.as_str()) {
+                    Some(set) => set.insert(ById(task.clone())),
+                    None => index_add(&mut self.by_node, task.node_id.clone(), &task),
                 }
             }
-            index_move(&mut self.by_desired_state, old.desired_state, task.desired_state, &id);
-            index_move(&mut self.by_state, observed_state(&old), observed_state(&task), &id);
+            index_move(&mut self.by_desired_state, old.desired_state, task.desired_state, &task);
+            index_move(&mut self.by_state, observed_state(&old), observed_state(&task), &task);
             return self.table.insert(task);
         }
-        let id: Arc<str> = Arc::from(task.id.as_str());
-        self.add_to_service(&task.service_id, task.slot, &id);
+        self.add_to_service(&task);
         if !task.node_id.is_empty() {
-            index_add(&mut self.by_node, task.node_id.clone(), &id);
+            index_add(&mut self.by_node, task.node_id.clone(), &task);
         }
-        index_add(&mut self.by_desired_state, task.desired_state, &id);
-        index_add(&mut self.by_state, observed_state(&task), &id);
-        self.table.insert_with_key(id, task)
+        index_add(&mut self.by_desired_state, task.desired_state, &task);
+        index_add(&mut self.by_state, observed_state(&task), &task);
+        self.table.insert(task)
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Arc<Task>> {
         let old = self.table.remove(id)?;
-        self.remove_from_service(&old.service_id, old.slot, id);
+        self.remove_from_service(&old);
         if !old.node_id.is_empty() {
             index_remove(&mut self.by_node, old.node_id.as_str(), id);
         }

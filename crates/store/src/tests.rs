@@ -113,6 +113,60 @@ fn task_indexes_follow_updates_and_removes() {
     assert_eq!(store.view(|t| t.tasks().count_by_service("s2")), 0);
 }
 
+/// The indexes hold the tasks themselves: after an update that changes no index key (a new status
+/// message) and one that changes some (a slot, a node, the states), every index answers with the current
+/// version, the one the ID map holds, and the old version is released.
+#[test]
+fn indexes_answer_with_the_current_version_of_a_task() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    for i in 0..40 {
+        c.create(task(&format!("t{i:02}"), "s1", i % 2, "n1"));
+    }
+    apply(&store, 1, c).unwrap();
+    let current = |id: &str| store.view(|t| t.tasks().get(id).cloned()).unwrap();
+    let check = |id: &str, slot: u64, node: &str, desired: TaskState, state: TaskState| {
+        let now = current(id);
+        store.view(|t| {
+            let tt = t.tasks();
+            let is_now = |x: &&Arc<Task>| x.id == id;
+            for (what, found) in [
+                ("service", tt.by_service("s1").find(is_now)),
+                ("slot", tt.by_slot("s1", slot).find(is_now)),
+                ("node", tt.by_node(node).find(is_now)),
+                ("desired state", tt.by_desired_state(desired).find(is_now)),
+                ("state", tt.by_state(state).find(is_now)),
+            ] {
+                assert!(found.is_some_and(|f| Arc::ptr_eq(f, &now)), "{what} index of {id}: not the current version");
+            }
+        });
+    };
+    // No index key changes (both the small and the large form of a set: 40 tasks on n1, 20 per slot).
+    for id in ["t03", "t38"] {
+        let before = current(id);
+        let mut t = (*before).clone();
+        t.status.as_mut().unwrap().message = "new message".into();
+        let mut c = Changes::new();
+        c.update(t);
+        apply(&store, 2 + id[1..].parse::<u64>().unwrap(), c).unwrap();
+        check(id, id[1..].parse::<u64>().unwrap() % 2, "n1", TaskState::Running, TaskState::Pending);
+        assert_eq!(Arc::strong_count(&before), 1, "no index keeps the old version of {id}");
+    }
+    // Every key changes.
+    let mut t = (*current("t05")).clone();
+    t.slot = 7;
+    t.node_id = "n2".into();
+    t.set_desired_state(TaskState::Shutdown);
+    t.status.as_mut().unwrap().state = TaskState::Assigned as i32;
+    let mut c = Changes::new();
+    c.update(t);
+    apply(&store, 100, c).unwrap();
+    check("t05", 7, "n2", TaskState::Shutdown, TaskState::Assigned);
+    assert_eq!(store.view(|t| t.tasks().by_slot("s1", 1).count()), 19);
+    assert_eq!(store.view(|t| t.tasks().by_node("n1").count()), 39);
+    assert_eq!(store.view(|t| t.tasks().count_by_state(TaskState::Pending)), 39);
+}
+
 #[test]
 fn watch_before_view_misses_nothing() {
     let store = MemoryStore::default();
@@ -215,7 +269,7 @@ fn requests_round_trip_through_the_codec() {
 fn an_action_s_encoded_len_bounds_its_share_of_an_encoded_write() {
     let mut big = task("t1", "s1", 1, "n1");
     big.service_annotations =
-        Some(Annotations { name: "web".into(), labels: [("k".to_string(), "v".repeat(300_000))].into(), ..Default::default() });
+        Some(Annotations { name: "web".into(), labels: [("k".to_string(), "v".repeat(300_000))].into(), ..Default::default() }.into());
     let mut c = Changes::new();
     c.create(service("s1", "web")).update(big).remove(Arc::new(task("t2", "s1", 2, "")));
     let sum: usize = c.actions().iter().map(Action::encoded_len).sum();
@@ -467,17 +521,41 @@ fn spec_of(image: &str) -> shoal_api::TaskSpec {
     }
 }
 
+/// A task as the orchestrator makes one: its own copies of the spec, the service's annotations and endpoint.
 fn with_spec(id: &str, service_id: &str, slot: u64, image: &str) -> Task {
-    Task { spec: Some(spec_of(image).into()), ..task(id, service_id, slot, "") }
+    Task {
+        spec: Some(spec_of(image).into()),
+        service_annotations: Some(Annotations { name: format!("name-{service_id}"), ..Default::default() }.into()),
+        endpoint: Some(
+            shoal_api::Endpoint {
+                ports: vec![shoal_api::PortConfig { target_port: 80, ..Default::default() }],
+                ..Default::default()
+            }
+            .into(),
+        ),
+        ..task(id, service_id, slot, "")
+    }
 }
 
 fn spec_ptr(store: &MemoryStore, id: &str) -> *const shoal_api::TaskSpec {
     store.view(|t| Arc::as_ptr(t.tasks().get(id).unwrap().spec.as_ref().unwrap().arc()))
 }
 
+/// Where a task's service annotations and endpoint are held.
+fn shared_ptrs(store: &MemoryStore, id: &str) -> (*const Annotations, *const shoal_api::Endpoint) {
+    store.view(|t| {
+        let task = t.tasks().get(id).unwrap();
+        (
+            Arc::as_ptr(task.service_annotations.as_ref().unwrap().arc()),
+            Arc::as_ptr(task.endpoint.as_ref().unwrap().arc()),
+        )
+    })
+}
+
 /// The tasks of one service with equal specs hold one copy between them, whether applied as built (the
 /// leader), decoded from the log (a follower) or restored from a snapshot; a different spec (a new service
-/// version) or another service gets its own; what the store publishes is the shared copy.
+/// version) or another service gets its own; what the store publishes is the shared copy. The service's
+/// annotations and endpoint as copied into its tasks are shared the same way.
 #[test]
 fn tasks_of_one_service_version_share_their_spec() {
     let leader = MemoryStore::default();
@@ -507,6 +585,16 @@ fn tasks_of_one_service_version_share_their_spec() {
         assert_ne!(p("t1"), p("t4"), "another spec is not merged");
         assert_ne!(p("t1"), p("t5"), "specs are shared within a service");
         assert_eq!(store.view(|t| t.tasks().get("t4").unwrap().spec.as_deref().cloned()), Some(spec_of("alpine")));
+        let q = |id| shared_ptrs(store, id);
+        assert_eq!(q("t1"), q("t2"));
+        assert_eq!(q("t1"), q("t3"));
+        assert_eq!(q("t1"), q("t4"), "a task of another spec shares the service's annotations and endpoint");
+        assert_ne!(q("t1").0, q("t5").0, "annotations are shared within a service");
+        assert_ne!(q("t1").1, q("t5").1, "endpoints are shared within a service");
+        assert_eq!(
+            store.view(|t| t.tasks().get("t5").unwrap().service_annotations.as_ref().unwrap().name.clone()),
+            "name-s2"
+        );
     }
     let first = watch.try_recv().unwrap();
     let Object::Task(published) = &first.changes[1].object else { panic!("a task") };
@@ -541,9 +629,10 @@ fn tasks_of_one_service_version_share_their_spec() {
 }
 
 /// The indexes answer the same after a set outgrows its small form and shrinks again: a service with more
-/// tasks than `SMALL_SET_MAX`, in ID order, by slot, and after removals.
+/// tasks than `SMALL_SET_MAX`, in (slot, ID) order, by slot (in ID order), a node's in ID order, and after
+/// removals.
 #[test]
-fn index_sets_keep_id_order_past_their_small_form() {
+fn index_sets_keep_their_order_past_their_small_form() {
     let store = MemoryStore::default();
     let mut c = Changes::new();
     for i in (0..100).rev() {
@@ -553,7 +642,13 @@ fn index_sets_keep_id_order_past_their_small_form() {
     let ids = |f: &dyn Fn(&Tables) -> Vec<String>| store.view(f);
     let all = ids(&|t| t.tasks().by_service("s1").map(|t| t.id.clone()).collect());
     let want: Vec<String> = (0..100).map(|i| format!("t{i:03}")).collect();
-    assert_eq!(all, want);
+    let mut by_slot_then_id = want.clone();
+    by_slot_then_id.sort_by_key(|id| (id[1..].parse::<u64>().unwrap() % 3, id.clone()));
+    assert_eq!(all, by_slot_then_id);
+    for slot in [0, 2, 3] {
+        let n = ids(&|t| t.tasks().by_slot("s1", slot).map(|t| t.id.clone()).collect()).len();
+        assert_eq!(n, if slot == 3 { 0 } else { (0..100).filter(|i| i % 3 == slot).count() });
+    }
     let slot1 = ids(&|t| t.tasks().by_slot("s1", 1).map(|t| t.id.clone()).collect());
     assert_eq!(slot1, want.iter().enumerate().filter(|(i, _)| i % 3 == 1).map(|(_, s)| s.clone()).collect::<Vec<_>>());
     assert_eq!(ids(&|t| t.tasks().by_node("n1").map(|t| t.id.clone()).collect()), want);
@@ -565,4 +660,7 @@ fn index_sets_keep_id_order_past_their_small_form() {
     assert_eq!(ids(&|t| t.tasks().by_node("n1").map(|t| t.id.clone()).collect()), want[95..].to_vec());
     assert_eq!(store.view(|t| t.tasks().count_by_state(TaskState::Pending)), 5);
     assert_eq!(store.view(|t| t.tasks().count_by_service("s1")), 5);
+    let rest = ids(&|t| t.tasks().by_service("s1").map(|t| t.id.clone()).collect());
+    assert_eq!(rest, ["t096", "t099", "t097", "t095", "t098"], "slot 0, then 1, then 2");
+    assert_eq!(ids(&|t| t.tasks().by_slot("s1", 1).map(|t| t.id.clone()).collect()), ["t097"]);
 }

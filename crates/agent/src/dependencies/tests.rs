@@ -59,7 +59,8 @@ fn task(secrets: Vec<SecretReference>, configs: Vec<ConfigReference>) -> Task {
             name: "web".into(),
             labels: [("tier".to_string(), "front".to_string())].into(),
             ..Default::default()
-        }),
+        }
+        .into()),
         spec: Some(TaskSpec {
             runtime: Some(task_spec::Runtime::Container(ContainerSpec {
                 env: vec!["GREETING=hello".into(), "EMPTY=".into()],

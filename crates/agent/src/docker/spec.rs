@@ -213,7 +213,7 @@ mod tests {
             service_id: "s1".into(),
             slot: 3,
             node_id: "n1".into(),
-            service_annotations: Some(Annotations { name: "web".into(), ..Default::default() }),
+            service_annotations: Some(Annotations { name: "web".into(), ..Default::default() }.into()),
             spec: Some(TaskSpec {
                 runtime: Some(task_spec::Runtime::Container(c)),
                 resources: Some(ResourceRequirements {
@@ -240,7 +240,8 @@ mod tests {
         t.endpoint = Some(shoal_api::Endpoint {
             ports: vec![port(80, 9000, Protocol::Tcp), port(53, 0, Protocol::Udp)],
             ..Default::default()
-        });
+        }
+        .into());
         let b = create_body(&t, "n1").unwrap();
         let mut exposed = b.exposed_ports.clone().unwrap();
         exposed.sort();

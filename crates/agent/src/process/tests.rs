@@ -294,7 +294,8 @@ async fn a_process_publishes_a_host_port_only_as_itself_and_joins_no_network() {
         t.endpoint = Some(shoal_api::Endpoint {
             ports: vec![shoal_api::PortConfig { target_port: 9000, published_port: published, publish_mode: mode as i32, ..Default::default() }],
             ..Default::default()
-        });
+        }
+        .into());
         t
     };
     assert!(exec.controller(&with_port(9000, PublishMode::Host), Vec::new()).is_ok());

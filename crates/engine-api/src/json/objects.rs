@@ -396,13 +396,13 @@ impl TaskJson {
                 .port_status
                 .as_ref()
                 .map(|p| -> Result<_, ConvertError> {
-                    Ok(shoal_api::PortStatus {
+                    Ok(Box::new(shoal_api::PortStatus {
                         ports: p
                             .ports
                             .iter()
                             .map(PortJson::to_api)
                             .collect::<Result<_, _>>()?,
-                    })
+                    }))
                 })
                 .transpose()?,
             ..Default::default()
@@ -420,7 +420,7 @@ impl TaskJson {
             service_id: self.service_id.clone(),
             slot: self.slot,
             node_id: self.node_id.clone(),
-            annotations,
+            annotations: annotations.map(Box::new),
             status: Some(status),
             desired_state: state_from("DesiredState", &self.desired_state)? as i32,
             job_iteration: self.job_iteration.map(VersionJson::to_api),

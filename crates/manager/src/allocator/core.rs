@@ -452,7 +452,7 @@ impl Allocator {
                 Ok(networks) => {
                     let mut t2 = (**t).clone();
                     t2.networks = networks;
-                    t2.endpoint = endpoint;
+                    t2.endpoint = endpoint.map(Into::into);
                     t2.status = Some(TaskStatus {
                         timestamp: Some(now),
                         state: TaskState::Pending as i32,

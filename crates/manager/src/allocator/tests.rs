@@ -162,7 +162,7 @@ fn a_service_gets_a_vip_and_its_tasks_addresses_in_the_subnet_then_pending() {
         let t = fx.task(&format!("web.{i}"));
         assert_eq!(t.status.as_ref().unwrap().state(), TaskState::Pending);
         assert_eq!(t.status.as_ref().unwrap().message, ALLOCATED_MESSAGE);
-        assert_eq!(t.endpoint.as_ref(), Some(ep));
+        assert_eq!(t.endpoint.as_deref(), Some(ep));
         assert_eq!(t.networks.len(), 1);
         assert_eq!(t.networks[0].network.as_ref().unwrap().id, "appnet");
         assert!(t.networks[0].addresses[0].starts_with("10.0.1."), "{:?}", t.networks[0].addresses);

@@ -390,7 +390,7 @@ fn task(
         service_id: service.id.clone(),
         slot,
         node_id: node.into(),
-        service_annotations: service.spec.as_ref().unwrap().annotations.clone(),
+        service_annotations: service.spec.as_ref().unwrap().annotations.clone().map(Into::into),
         status: Some(TaskStatus {
             state: state as i32,
             ..Default::default()

@@ -745,11 +745,11 @@ async fn incremental_assignments_of_big_tasks_are_bounded_in_bytes() {
     // Ten tasks of 3 MB each, one commit each, queued faster than the stream sends them: 30 MB in all.
     for i in 0..10 {
         let mut t = task(&format!("big-{i}"), "node-1", TaskState::Assigned, TaskState::Running);
-        t.service_annotations = Some(shoal_api::Annotations {
+        t.service_annotations = Some(shoal_api::Shared::new(shoal_api::Annotations {
             name: "big".into(),
             labels: [("big".to_string(), "x".repeat(3_000_000))].into(),
             ..Default::default()
-        });
+        }));
         h.put_task(t).await;
     }
     let mut seen = 0;
@@ -792,11 +792,11 @@ async fn a_complete_set_is_bounded_in_bytes() {
     let (sid, _s) = open_session(&h, &mut client, "node-1").await;
     let big = |id: String, state: TaskState, desired: TaskState| {
         let mut t = task(&id, "node-1", state, desired);
-        t.service_annotations = Some(shoal_api::Annotations {
+        t.service_annotations = Some(shoal_api::Shared::new(shoal_api::Annotations {
             name: "big".into(),
             labels: [("big".to_string(), "x".repeat(3_000_000))].into(),
             ..Default::default()
-        });
+        }));
         t
     };
     // 9 running and 9 finished tasks of 3 MB: 54 MB in all, over the bound; 27 MB without the finished.

@@ -146,12 +146,12 @@ pub(crate) fn new_service_task(
     let mut t = Task {
         id: ids.new_id(),
         meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
-        log_driver: task_spec.as_ref().and_then(|s| s.log_driver.clone()),
+        log_driver: task_spec.as_ref().and_then(|s| s.log_driver.clone()).map(Box::new),
         spec: task_spec.map(Into::into),
         service_id: service.id.clone(),
         slot,
         node_id,
-        service_annotations: spec.and_then(|s| s.annotations.clone()),
+        service_annotations: spec.and_then(|s| s.annotations.clone()).map(Into::into),
         // A task whose networks or ports need allocating starts NEW; the allocator moves it to PENDING.
         status: Some(if crate::allocator::needs_allocation(spec) {
             TaskStatus { timestamp: Some(now), state: TaskState::New as i32, message: NEW_MESSAGE.to_string(), ..Default::default() }
@@ -163,7 +163,7 @@ pub(crate) fn new_service_task(
                 ..Default::default()
             }
         }),
-        endpoint: service.endpoint.clone(),
+        endpoint: service.endpoint.clone().map(Into::into),
         spec_version: Some(service_spec_version(service)),
         ..Default::default()
     };

@@ -733,7 +733,7 @@ async fn loop_places_tasks_whose_writes_kept_conflicting() {
 fn net_task(id: &str, s: &str, port: u32, driver: &str) -> shoal_api::Task {
     let mut t = task_with(id, s, "", TaskState::Pending, 0);
     if port != 0 {
-        t.endpoint = Some(shoal_api::Endpoint {
+        t.endpoint = Some(shoal_api::Shared::new(shoal_api::Endpoint {
             ports: vec![shoal_api::PortConfig {
                 target_port: 80,
                 published_port: port,
@@ -741,7 +741,7 @@ fn net_task(id: &str, s: &str, port: u32, driver: &str) -> shoal_api::Task {
                 ..Default::default()
             }],
             ..Default::default()
-        });
+        }));
     }
     if !driver.is_empty() {
         let network = shoal_api::Network {

@@ -177,7 +177,7 @@ impl Control for ControlService {
                     contains(&f.names, &name)
                         && has_prefix(&f.name_prefixes, &name)
                         && has_prefix(&f.id_prefixes, &task.id)
-                        && labels_match(&annotations(task.service_annotations.as_ref()).1, &f.labels)
+                        && labels_match(&annotations(task.service_annotations.as_deref()).1, &f.labels)
                         && contains(&f.service_ids, &task.service_id)
                         && contains(&f.node_ids, &task.node_id)
                         && contains(&f.runtimes, runtime_of(task.spec.as_deref()))
