@@ -14,6 +14,10 @@
 //! apart), both workers' daemons are killed and started again: no request fails after its retries, the same
 //! containers and holders run (adopted, not replaced) and names resolve again.
 //!
+//! After the restart, `web` scaled to 4 (the new tasks resolve from the client) and back to 2 (the tasks
+//! leaving are drained out of the VIP first): the loop records no failure. A task whose container exits
+//! loses its holder and namespace at once.
+//!
 //! Cleanup: `docker swarm leave --force` on node-2 removes its containers and holders and its whole data plane
 //! (no Shoal link, no task namespace); removing `web` removes its containers, holders and namespaces, and
 //! node-1's data plane goes with its last task; a clean stop of the daemons then leaves nothing of any node.
@@ -353,7 +357,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     });
     for i in 1..3 {
         wait_until("the restarted daemon adopted its tasks' namespaces", WAIT, || {
-            if c.ds[i].log().matches("adopted the task's network namespace").count() >= 1 {
+            let log = c.ds[i].log();
+            if log.contains("tasks outlived the agent: keeping their data plane")
+                && log.contains("adopted the task's network namespace")
+                && log.contains("every task that outlived the agent is adopted")
+            {
                 Ok(())
             } else {
                 Err("not yet".to_string())
@@ -382,6 +390,45 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     });
     println!("tasks.web after the restart: {tasks_web}");
 
+    // New tasks after the restart are connected too, and scaling back down drains them out of the VIP first.
+    c.docker(&["service", "scale", "web=4"]);
+    let four = c.running("web", 4);
+    let addrs: Vec<String> = four.iter().map(|t| address_on(t, "appnet")).collect();
+    wait_until("tasks.web lists the four tasks on the client's node", WAIT, || {
+        let out = engine(&["exec", &client, "nslookup", "tasks.web"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if addrs.iter().all(|a| text.contains(&format!("Address: {a}"))) { Ok(()) } else { Err(text) }
+    });
+    c.docker(&["service", "scale", "web=2"]);
+    c.running("web", 2);
+    wait_until("two web containers left", WAIT, || {
+        let n = (0..2).map(|i| c.containers(i, HOLDER_LABEL).len()).sum::<usize>();
+        if n == 2 { Ok(()) } else { Err(format!("{n} holders")) }
+    });
+    let at = loop_state(&client).0 .0;
+    wait_until("50 more requests after the scaling", WAIT, || {
+        let ((n, _, _), _) = loop_state(&client);
+        if n >= at + 50 { Ok(()) } else { Err(format!("{n} of {}", at + 50)) }
+    });
+    let ((n, retried, failed), fails) = loop_state(&client);
+    println!("RESULT scaling loop: {n} requests, retried {retried}, failed {failed}");
+    assert_eq!((failed, fails.len()), (0, 0), "no request failed while scaling 2 -> 4 -> 2: {fails:?}");
+
+    // A task whose container exits: its holder and namespace go at once (the task stays listed).
+    post_service(c.manager(), &service("once", image, "node.hostname==node-1", 1, "exit 0", &[])).unwrap();
+    let once = wait_until("the one-shot task complete", WAIT, || {
+        let tasks = tasks_of(c.manager(), "once");
+        tasks.into_iter().find(|t| state(t) == "complete").ok_or_else(|| "not yet".to_string())
+    });
+    let once_id = once["ID"].as_str().unwrap().to_string();
+    c.tasks_seen.insert(once_id.clone());
+    wait_until("the exited task's holder and namespace gone", WAIT, || {
+        let filter = format!("label={HOLDER_LABEL}={once_id}");
+        let holders = engine_ok(&["ps", "-aq", "--filter", &filter]);
+        let ns = std::path::Path::new("/run/netns").join(format!("shl-task-{once_id}")).exists();
+        if holders.trim().is_empty() && !ns { Ok(()) } else { Err(format!("holders {holders:?}, namespace {ns}")) }
+    });
+
     // Leave on node-2: its containers, holders and whole data plane go.
     let client_id = client_task["ID"].as_str().unwrap().to_string();
     docker_cli::ok(c.ds[2].socket(), &["swarm", "leave", "--force"]);
@@ -392,7 +439,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     });
 
     // Removing web: its containers, holders and namespaces go, and node-1's data plane with its last task.
-    c.docker(&["service", "rm", "web", "client"]);
+    c.docker(&["service", "rm", "web", "client", "once"]);
     wait_until("web's containers, holders, namespaces and links gone", WAIT, || {
         let left = (
             c.containers(0, "com.docker.swarm.node.id"),
@@ -424,7 +471,7 @@ fn a_docker_task_on_a_network_with_a_published_port_is_rejected_naming_the_field
         return;
     }
     let image = docker_engine::ensure_test_image();
-    let mut c = Cluster::start("dp");
+    let mut c = Cluster::start("dr");
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
     let mut spec = service("pub", image, "node.hostname==node-1", 1, "sleep 1000", &[]);
     spec["EndpointSpec"] = json!({"Ports": [{"TargetPort": 80, "PublishedPort": 8080, "PublishMode": "host"}]});

@@ -21,6 +21,13 @@
 //! in `state_dir/task-netns/`, since `/run/netns` is shared by every daemon of the machine); the agent calls
 //! it when it starts and stops with an executor whose tasks die with it. Everything else is rebuilt from the inputs by the next reconcile,
 //! which observes before it plans.
+//!
+//! Tasks that outlive the agent (the docker executor's containers): nothing is cleared at a stop or a start.
+//! A task's namespace is then its container's (`attach_namespace`: `ip netns attach` of the holder's PID
+//! under the same name and marker), and at start `resume` holds every reconcile until the manager's view
+//! arrived and each surviving task is registered again, so the links, tables and resolver they use are
+//! not taken for stale ones (the resolver's sockets died with the agent and are made again by the first
+//! reconcile). Who may delete a task namespace stays the same: the plane, for a task it registered.
 
 pub mod desired;
 
@@ -52,8 +59,9 @@ pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(2);
 /// Longest a stopping task waits to leave this node's VIPs before its stop signal.
 pub const DRAIN_WAIT_MAX: Duration = Duration::from_secs(10);
-/// Longest the plane waits for the tasks that outlived the agent to be registered again (and the first view)
-/// before it reconciles anyway.
+/// Longest the plane waits, once the manager's first view arrived, for the tasks that outlived the agent to be
+/// registered again before it reconciles anyway. (Before the first view it waits as long as it takes: without
+/// a view it could carry nothing, and would only remove what the tasks use.)
 pub const SURVIVOR_HOLD_MAX: Duration = Duration::from_secs(60);
 /// Largest view message accepted from the manager.
 pub const MAX_VIEW_BYTES: usize = 64 * 1024 * 1024;
@@ -75,9 +83,12 @@ struct Inputs {
     assigned: AssignedTasks,
     plumbed: BTreeMap<String, PlumbedTask>,
     /// Task namespaces an earlier run of the agent left plumbed for tasks that outlived it (containers), not
-    /// registered again yet: until each is (`attach_namespace`) or given up (`forget_survivor`), and the view
-    /// arrived, nothing is reconciled, so their links are not taken for stale ones (bounded by `hold_until`).
+    /// registered again yet: until the view arrived and each is registered (`attach_namespace`) or given up
+    /// (`forget_survivor`), nothing is reconciled, so their links are not taken for stale ones.
     survivors: BTreeSet<String>,
+    /// Set by `resume` while the plane holds its reconciles for survivors.
+    holding: bool,
+    /// When the hold ends whatever is left: `SURVIVOR_HOLD_MAX` after the first view arrived.
     hold_until: Option<std::time::Instant>,
 }
 
@@ -280,9 +291,9 @@ impl NetworkPlane {
 
     /// At start, when tasks outlive the agent: `survivors` are the tasks whose namespaces an earlier run left
     /// and whose runtime objects are still there. Every other namespace this daemon made is deleted; the plane
-    /// reconciles nothing until each survivor is registered again (`attach_namespace`) or given up
-    /// (`forget_survivor`) and the manager's view arrived (at most `SURVIVOR_HOLD_MAX`), so that what they
-    /// use stays in place meanwhile.
+    /// reconciles nothing until the manager's view arrived and each survivor is registered again
+    /// (`attach_namespace`) or given up (`forget_survivor`) (at most `SURVIVOR_HOLD_MAX` after the view), so
+    /// that what they use stays in place meanwhile.
     pub async fn resume(&self, survivors: &BTreeSet<String>) {
         for id in marked(&self.markers).into_iter().filter(|id| !survivors.contains(id)) {
             if let Err(e) = self.delete_namespace(&id).await {
@@ -293,7 +304,7 @@ impl NetworkPlane {
             tracing::info!(tasks = survivors.len(), "tasks outlived the agent: keeping their data plane until they are adopted");
             let mut i = self.inputs.lock();
             i.survivors = survivors.clone();
-            i.hold_until = Some(std::time::Instant::now() + SURVIVOR_HOLD_MAX);
+            i.holding = true;
         }
     }
 
@@ -302,15 +313,25 @@ impl NetworkPlane {
         self.change(|i| i.survivors.remove(task_id));
     }
 
-    /// Until when the plane holds its reconciles (see `resume`), if it does.
+    /// Until when the plane holds its reconciles (see `resume`), if it does (it looks again at every change).
     fn held(&self) -> Option<std::time::Instant> {
         let mut i = self.inputs.lock();
-        let until = i.hold_until?;
-        if std::time::Instant::now() >= until {
-            tracing::warn!(left = i.survivors.len(), "tasks that outlived the agent were not adopted within {SURVIVOR_HOLD_MAX:?}: reconciling without them");
-        } else if !i.survivors.is_empty() || i.view.is_none() {
+        if !i.holding {
+            return None;
+        }
+        let now = std::time::Instant::now();
+        if i.view.is_none() {
+            return Some(now + SURVIVOR_HOLD_MAX);
+        }
+        let until = *i.hold_until.get_or_insert(now + SURVIVOR_HOLD_MAX);
+        if i.survivors.is_empty() {
+            tracing::info!("every task that outlived the agent is adopted: reconciling the data plane");
+        } else if now >= until {
+            tracing::warn!(left = i.survivors.len(), "tasks that outlived the agent were not adopted within {SURVIVOR_HOLD_MAX:?} of the first view: reconciling without them");
+        } else {
             return Some(until);
         }
+        i.holding = false;
         i.hold_until = None;
         i.survivors.clear();
         None
