@@ -289,8 +289,10 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     let mut c = Cluster::start("dn");
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
 
+    let t0 = std::time::Instant::now();
     post_service(c.manager(), &service("web", image, "node.hostname!=node-2", 2, WEB, &[])).unwrap();
     let web = c.running("web", 2);
+    println!("RESULT web created to 2 running (holder image import included): {:?}", t0.elapsed());
     let mut web_addrs: Vec<String> = web.iter().map(|t| address_on(t, "appnet")).collect();
     web_addrs.sort();
     let vip = c.manager().get("/v1.47/services/web")["Endpoint"]["VirtualIPs"][0]["Addr"]
@@ -343,6 +345,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
 
     // kill -9 both workers' daemons while the client requests the VIP, and start them again.
     wait_until("the request loop running", WAIT, || if loop_state(&client).0 .0 >= 40 { Ok(()) } else { Err("not yet".to_string()) });
+    let killed = std::time::Instant::now();
     for i in 1..3 {
         c.ds[i].kill9();
     }
@@ -369,6 +372,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
         });
     }
     let restarted_at = loop_state(&client).0 .0;
+    println!("RESULT kill -9 to both workers ready and adopted: {:?}", killed.elapsed());
     wait_until("100 more requests after the restart", WAIT, || {
         let ((n, _, _), _) = loop_state(&client);
         if n >= restarted_at + 100 { Ok(()) } else { Err(format!("{n} of {}", restarted_at + 100)) }

@@ -336,8 +336,10 @@ impl Executor for DockerExecutor {
         // The container has its files mounted already (they stayed on the tmpfs); nothing is rewritten.
         match self.new_controller(task, Vec::new()) {
             Ok(c) => {
-                if let (Some(net), Some(holder)) = (&c.network, holder) {
-                    // Its namespace is named and registered again (the plane kept its links meanwhile).
+                if let Some(net) = &c.network {
+                    // Its namespace is named and registered again (the plane kept its links meanwhile), from
+                    // the holder's PID, or the container's if the holder is gone (the namespace is the same).
+                    let holder = holder.unwrap_or_else(|| c.name.clone());
                     let (net, docker, task_id) = (net.clone(), self.docker.clone(), task.id.clone());
                     tokio::spawn(async move {
                         match net.attach(&docker, &holder).await {
@@ -446,33 +448,24 @@ struct TaskNetwork {
 }
 
 impl TaskNetwork {
-    /// Makes the holder (unless it runs: a retried prepare) and has its namespace plumbed.
+    /// Makes a fresh holder and has its namespace plumbed. A holder of the same name (an earlier prepare's,
+    /// or left by an earlier run and being swept) is removed first: the task's container does not exist yet,
+    /// so nothing is in that namespace, and what is swept is then never the holder made here.
     async fn prepare(&self, docker: &Docker) -> Result<(), ExecutorError> {
         let prep = ExecutorError::Prepare;
         self.holder_image.get_or_try_init(|| holder::ensure_image(docker)).await.map_err(prep)?;
-        let running = match docker.inspect_container(&self.holder, None).await {
-            Ok(c) if is_running(&c) => true,
-            Ok(_) => {
-                // Exited (killed behind our back): its namespace is gone, so is the point of it.
-                let opts = RemoveContainerOptionsBuilder::default().force(true).build();
-                docker.remove_container(&self.holder, Some(opts)).await.map_err(|e| prep(engine_message(&e)))?;
-                false
-            }
-            Err(e) if engine_status(&e) == Some(404) => false,
-            Err(e) => return Err(prep(engine_message(&e))),
-        };
-        if !running {
-            let opts = CreateContainerOptionsBuilder::default().name(&self.holder).build();
-            match docker.create_container(Some(opts), (*self.holder_body).clone()).await {
-                Ok(_) => {}
-                Err(e) if engine_status(&e) == Some(409) => {}
-                Err(e) => return Err(prep(format!("cannot create the network-namespace holder {}: {}", self.holder, engine_message(&e)))),
-            }
-            match docker.start_container(&self.holder, None).await {
-                Ok(()) => {}
-                Err(e) if engine_status(&e) == Some(304) => {}
-                Err(e) => return Err(prep(format!("cannot start the network-namespace holder {}: {}", self.holder, engine_message(&e)))),
-            }
+        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+        match docker.remove_container(&self.holder, Some(opts)).await {
+            Ok(()) => {}
+            Err(e) if engine_status(&e) == Some(404) => {}
+            Err(e) => return Err(prep(format!("cannot replace the network-namespace holder {}: {}", self.holder, engine_message(&e)))),
+        }
+        let opts = CreateContainerOptionsBuilder::default().name(&self.holder).build();
+        if let Err(e) = docker.create_container(Some(opts), (*self.holder_body).clone()).await {
+            return Err(prep(format!("cannot create the network-namespace holder {}: {}", self.holder, engine_message(&e))));
+        }
+        if let Err(e) = docker.start_container(&self.holder, None).await {
+            return Err(prep(format!("cannot start the network-namespace holder {}: {}", self.holder, engine_message(&e))));
         }
         self.attach(docker, &self.holder).await.map_err(prep)
     }
