@@ -11,8 +11,10 @@
 //! answered by both.
 //!
 //! The kill -9: with the client requesting the VIP in a loop (each request retried up to 30 times, 100 ms
-//! apart), both workers' daemons are killed and started again: no request fails after its retries, the same
-//! containers and holders run (adopted, not replaced) and names resolve again.
+//! apart), both workers' daemons are killed, 40 requests go through while they are dead, and they are started
+//! again: no request fails after its retries, every Shoal link on the workers is the same (same interface
+//! index: nothing was removed and made again), the same containers and holders run (adopted, not replaced)
+//! and names resolve again.
 //!
 //! After the restart, `web` scaled to 4 (the new tasks resolve from the client) and back to 2 (the tasks
 //! leaving are drained out of the VIP first): the loop records no failure. A task whose container exits
@@ -181,6 +183,23 @@ impl Cluster {
             .collect()
     }
 
+    /// The Shoal links in node `i`'s namespace with their interface index (a link made again gets a new one).
+    fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", self.net.ns(i), "ip", "-o", "link", "show"])
+            .output()
+            .expect("ip link");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(':');
+                let index = f.next()?.trim().to_string();
+                let name = f.next()?.trim().split('@').next()?.to_string();
+                name.starts_with("shl").then(|| format!("{name}#{index}"))
+            })
+            .collect()
+    }
+
     /// The task namespaces (`/run/netns/shl-task-<id>`) of the tasks seen that are still there.
     fn task_namespaces(&self) -> Vec<String> {
         self.tasks_seen
@@ -345,11 +364,18 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
 
     // kill -9 both workers' daemons while the client requests the VIP, and start them again.
     wait_until("the request loop running", WAIT, || if loop_state(&client).0 .0 >= 40 { Ok(()) } else { Err("not yet".to_string()) });
+    let links_before: Vec<BTreeSet<String>> = (1..3).map(|i| c.shoal_links_with_index(i)).collect();
+    assert!(links_before.iter().all(|l| l.len() >= 3), "a bridge, a VXLAN device and a veth on each: {links_before:?}");
     let killed = std::time::Instant::now();
     for i in 1..3 {
         c.ds[i].kill9();
     }
     let killed_at = loop_state(&client).0 .0;
+    // While no worker daemon runs: the data path is the kernel's alone.
+    wait_until("40 requests while the workers' daemons are dead", WAIT, || {
+        let ((n, _, f), _) = loop_state(&client);
+        if n >= killed_at + 40 || f > 0 { Ok(()) } else { Err(format!("{n} of {}", killed_at + 40)) }
+    });
     for i in 1..3 {
         c.ds[i].restart(&[]);
     }
@@ -364,6 +390,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
             if log.contains("tasks outlived the agent: keeping their data plane")
                 && log.contains("adopted the task's network namespace")
                 && log.contains("every task that outlived the agent is adopted")
+
             {
                 Ok(())
             } else {
@@ -380,7 +407,10 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     let ((n, retried, failed), fails) = loop_state(&client);
     println!("RESULT kill9 loop: {n} requests ({killed_at} before the kill, {restarted_at} at the restart), retried {retried}, failed {failed}");
     assert_eq!((failed, fails.len()), (0, 0), "no request failed after its retries: {fails:?}");
-    // The same containers and holders (adopted, not replaced), and names resolve again.
+    // The same links (none removed and made again), containers and holders (adopted, not replaced), and names
+    // resolve again.
+    let links_after: Vec<BTreeSet<String>> = (1..3).map(|i| c.shoal_links_with_index(i)).collect();
+    assert_eq!(links_before, links_after, "the restarted daemons kept every link");
     let web_after = c.running("web", 2);
     for t in &web_after {
         let id = t["ID"].as_str().unwrap();
