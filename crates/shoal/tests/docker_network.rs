@@ -305,6 +305,8 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
         return;
     }
     let image = docker_engine::ensure_test_image();
+    // The executor imports its holder image when a task first needs it: every run goes through that.
+    let _ = engine(&["image", "rm", "shoal-netns-holder:1"]);
     let mut c = Cluster::start("dn");
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
 

@@ -11,9 +11,9 @@
 //!
 //! The holder runs `/pause` of the image `HOLDER_IMAGE`: a 129-byte static x86-64 program (written below)
 //! that waits for signals forever (`pause(2)` in a loop; as the PID 1 of its namespace it ignores SIGTERM, and
-//! is always removed with a kill). The image is imported into the engine from memory (`POST /images/create`
-//! with a tarball: what `docker import` does), once per engine, never pulled. The task's image may contain
-//! nothing but the app.
+//! is always removed with a kill). The image is loaded into the engine from memory (`POST /images/load` with
+//! an archive as `docker save` writes it, every byte fixed, so its ID is the same on every load), once per
+//! engine, never pulled. The task's image may contain nothing but the app.
 //!
 //! Holders are named `shl-netns.<task id>` and carry `LABEL_NODE_ID` (so everything that removes a node's
 //! containers removes them) and `LABEL_HOLDER_TASK_ID` (not the task label: a holder is not a task's
@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 
 use bollard::models::{ContainerCreateBody, HostConfig, RestartPolicy, RestartPolicyNameEnum};
-use bollard::query_parameters::CreateImageOptionsBuilder;
+use bollard::query_parameters::ImportImageOptionsBuilder;
 use bollard::Docker;
 use futures::StreamExt;
 use shoal_api::Task;
@@ -31,6 +31,8 @@ use super::spec;
 
 /// The holder image (its tag changes whenever the program or the tarball does).
 pub const HOLDER_IMAGE: &str = "shoal-netns-holder:1";
+/// Longest the engine may take to load the holder image (a 5 KiB tarball).
+pub const IMPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Label: the task whose network namespace a holder keeps.
 pub const LABEL_HOLDER_TASK_ID: &str = "com.shoal.netns-holder.task.id";
 /// The node's resolver, as every task on a network sees it.
@@ -88,49 +90,93 @@ pub fn supported() -> Result<(), String> {
     }
 }
 
-/// A tar archive holding one executable file `name` (mode 0755, owned by root), in the ustar format.
-pub fn tar_with(name: &str, data: &[u8]) -> Vec<u8> {
+/// A tar archive (ustar) of regular files `(path, mode, data)`, owned by root, dated 1970.
+pub fn tar(files: &[(&str, u32, &[u8])]) -> Vec<u8> {
     fn octal(field: &mut [u8], value: u64) {
         let s = format!("{value:0width$o}", width = field.len() - 1);
         field[..s.len()].copy_from_slice(s.as_bytes());
     }
-    assert!(name.len() < 100, "a tar member name of {} bytes", name.len());
-    let mut h = [0u8; 512];
-    h[..name.len()].copy_from_slice(name.as_bytes());
-    octal(&mut h[100..108], 0o755);
-    octal(&mut h[108..116], 0);
-    octal(&mut h[116..124], 0);
-    octal(&mut h[124..136], data.len() as u64);
-    octal(&mut h[136..148], 0);
-    h[156] = b'0';
-    h[257..263].copy_from_slice(b"ustar\0");
-    h[263..265].copy_from_slice(b"00");
-    h[148..156].copy_from_slice(b"        ");
-    let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
-    let s = format!("{sum:06o}\0 ");
-    h[148..156].copy_from_slice(s.as_bytes());
-    let mut out = h.to_vec();
-    out.extend_from_slice(data);
-    out.resize(out.len().div_ceil(512) * 512, 0);
+    let mut out = Vec::new();
+    for (name, mode, data) in files {
+        assert!(name.len() < 100, "a tar member name of {} bytes", name.len());
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        octal(&mut h[100..108], u64::from(*mode));
+        octal(&mut h[108..116], 0);
+        octal(&mut h[116..124], 0);
+        octal(&mut h[124..136], data.len() as u64);
+        octal(&mut h[136..148], 0);
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[263..265].copy_from_slice(b"00");
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
     out.resize(out.len() + 1024, 0);
     out
 }
 
-/// Imports `HOLDER_IMAGE` into the engine unless it has it.
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The holder image as `docker save` writes one (what `POST /images/load` takes): one layer holding
+/// `/pause`, a config whose every field is fixed, so the image ID (the config's digest) is the same wherever
+/// and however often it is loaded: daemons sharing an engine that load it at once make one image.
+pub fn image_archive() -> Vec<u8> {
+    let layer = tar(&[("pause", 0o755, &PAUSE_X86_64)]);
+    let layer_id = sha256_hex(&layer);
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": {"Cmd": ["/pause"], "Labels": {"com.shoal.netns-holder": "1"}},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_id}")]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "shoal: the network-namespace holder"}],
+    })
+    .to_string();
+    let config_id = sha256_hex(config.as_bytes());
+    let manifest = serde_json::json!([{
+        "Config": format!("{config_id}.json"),
+        "RepoTags": [HOLDER_IMAGE],
+        "Layers": [format!("{layer_id}/layer.tar")],
+    }])
+    .to_string();
+    tar(&[
+        (&format!("{layer_id}/layer.tar"), 0o644, &layer),
+        (&format!("{config_id}.json"), 0o644, config.as_bytes()),
+        ("manifest.json", 0o644, manifest.as_bytes()),
+    ])
+}
+
+/// Loads `HOLDER_IMAGE` into the engine unless it has it.
 pub async fn ensure_image(docker: &Docker) -> Result<(), String> {
     match docker.inspect_image(HOLDER_IMAGE).await {
         Ok(_) => return Ok(()),
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
         Err(e) => return Err(format!("cannot inspect image {HOLDER_IMAGE}: {e}")),
     }
-    let (repo, tag) = HOLDER_IMAGE.split_once(':').expect("the holder image has a tag");
-    let opts = CreateImageOptionsBuilder::default().from_src("-").repo(repo).tag(tag).build();
-    let body = bollard::body_full(tar_with("pause", &PAUSE_X86_64).into());
-    let mut progress = docker.create_image(Some(opts), Some(body), None);
-    while let Some(item) = progress.next().await {
-        item.map_err(|e| format!("cannot import the network-namespace holder image {HOLDER_IMAGE}: {e}"))?;
-    }
-    tracing::info!(image = HOLDER_IMAGE, "imported the network-namespace holder image");
+    let opts = ImportImageOptionsBuilder::default().quiet(true).build();
+    let body = bollard::body_full(image_archive().into());
+    let load = async {
+        let mut progress = docker.import_image(opts, body, None);
+        while let Some(item) = progress.next().await {
+            let item = item.map_err(|e| format!("cannot load the network-namespace holder image {HOLDER_IMAGE}: {e}"))?;
+            if let Some(e) = item.error_detail.and_then(|d| d.message) {
+                return Err(format!("cannot load the network-namespace holder image {HOLDER_IMAGE}: {e}"));
+            }
+        }
+        Ok::<(), String>(())
+    };
+    tokio::time::timeout(IMPORT_TIMEOUT, load).await.map_err(|_| {
+        format!("the engine did not load the network-namespace holder image {HOLDER_IMAGE} within {IMPORT_TIMEOUT:?}")
+    })??;
+    tracing::info!(image = HOLDER_IMAGE, "loaded the network-namespace holder image");
     Ok(())
 }
 
@@ -204,8 +250,13 @@ mod tests {
     }
 
     #[test]
+    fn the_image_archive_is_the_same_every_time() {
+        assert_eq!(image_archive(), image_archive());
+    }
+
+    #[test]
     fn the_tarball_is_ustar_with_a_valid_checksum() {
-        let t = tar_with("pause", &PAUSE_X86_64);
+        let t = tar(&[("pause", 0o755, &PAUSE_X86_64)]);
         assert_eq!(t.len(), 512 + 512 + 1024);
         assert_eq!(&t[257..262], b"ustar");
         let stored = u64::from_str_radix(std::str::from_utf8(&t[148..154]).unwrap(), 8).unwrap();
