@@ -14,7 +14,8 @@
 //! apart), both workers' daemons are killed, 40 requests go through while they are dead, and they are started
 //! again: no request fails after its retries, every Shoal link on the workers is the same (same interface
 //! index: nothing was removed and made again), the same containers and holders run (adopted, not replaced)
-//! and names resolve again.
+//! and names resolve again. A service `solo` on node-1, removed while the daemon was dead, loses its container,
+//! holder, veth and namespace when it is back, and nothing else.
 //!
 //! After the restart, `web` scaled to 4 (the new tasks resolve from the client) and back to 2 (the tasks
 //! leaving are drained out of the VIP first): the loop records no failure. A task whose container exits
@@ -366,12 +367,22 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
 
     // kill -9 both workers' daemons while the client requests the VIP, and start them again.
     wait_until("the request loop running", WAIT, || if loop_state(&client).0 .0 >= 40 { Ok(()) } else { Err("not yet".to_string()) });
+    // `solo` on node-1, removed while its daemon is dead: the restarted daemon removes its container, holder,
+    // veth and namespace, and nothing else.
+    let without_solo = c.shoal_links_with_index(1);
+    post_service(c.manager(), &service("solo", image, "node.hostname==node-1", 1, "exec sleep 100000", &[])).unwrap();
+    let solo_id = c.running("solo", 1)[0]["ID"].as_str().unwrap().to_string();
+    let solo_veth: Vec<String> = wait_until("solo's veth on node-1", WAIT, || {
+        let v: Vec<String> = c.shoal_links_with_index(1).difference(&without_solo).cloned().collect();
+        if v.len() == 1 { Ok(v) } else { Err(format!("{v:?}")) }
+    });
     let links_before: Vec<BTreeSet<String>> = (1..3).map(|i| c.shoal_links_with_index(i)).collect();
     assert!(links_before.iter().all(|l| l.len() >= 3), "a bridge, a VXLAN device and a veth on each: {links_before:?}");
     let killed = std::time::Instant::now();
     for i in 1..3 {
         c.ds[i].kill9();
     }
+    c.docker(&["service", "rm", "solo"]);
     let killed_at = loop_state(&client).0 .0;
     // While no worker daemon runs: the data path is the kernel's alone.
     wait_until("40 requests while the workers' daemons are dead", WAIT, || {
@@ -411,8 +422,23 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     assert_eq!((failed, fails.len()), (0, 0), "no request failed after its retries: {fails:?}");
     // The same links (none removed and made again), containers and holders (adopted, not replaced), and names
     // resolve again.
+    wait_until("solo's container, holder and namespace removed by the restarted daemon", WAIT, || {
+        let filter = format!("label={HOLDER_LABEL}={solo_id}");
+        let holders = engine_ok(&["ps", "-aq", "--filter", &filter]);
+        let filter = format!("label=com.docker.swarm.task.id={solo_id}");
+        let containers = engine_ok(&["ps", "-aq", "--filter", &filter]);
+        let ns = std::path::Path::new("/run/netns").join(format!("shl-task-{solo_id}")).exists();
+        let veth = c.shoal_links_with_index(1).contains(&solo_veth[0]);
+        if holders.trim().is_empty() && containers.trim().is_empty() && !ns && !veth {
+            Ok(())
+        } else {
+            Err(format!("holders {holders:?}, containers {containers:?}, namespace {ns}, veth {veth}"))
+        }
+    });
+    let mut links_expected = links_before.clone();
+    links_expected[0].remove(&solo_veth[0]);
     let links_after: Vec<BTreeSet<String>> = (1..3).map(|i| c.shoal_links_with_index(i)).collect();
-    assert_eq!(links_before, links_after, "the restarted daemons kept every link");
+    assert_eq!(links_expected, links_after, "the restarted daemons kept every link but solo's");
     let web_after = c.running("web", 2);
     for t in &web_after {
         let id = t["ID"].as_str().unwrap();
