@@ -182,8 +182,10 @@ pub async fn ensure_image(docker: &Docker) -> Result<(), String> {
 
 /// The name of task `task_id`'s holder.
 pub fn name(task_id: &str) -> String {
-    format!("shl-netns.{task_id}")
+    format!("{NAME_PREFIX}{task_id}")
 }
+
+const NAME_PREFIX: &str = "shl-netns.";
 
 /// The create body of `task`'s holder: network mode `none`, the task's hostname, the node's resolver and the
 /// task's extra hosts (which the task's container shares), no restart (a holder that dies is replaced with

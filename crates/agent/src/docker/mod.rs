@@ -209,7 +209,18 @@ impl DockerExecutor {
             found.iter().filter_map(|c| Some((c.labels.as_ref()?.get(key)?.clone(), c.id.clone()?))).collect()
         };
         let inventory = labelled(spec::LABEL_TASK_ID);
-        let holders = labelled(holder::LABEL_HOLDER_TASK_ID);
+        let mut holders = labelled(holder::LABEL_HOLDER_TASK_ID);
+        // A task's container in its holder's namespace whose holder is gone: the namespace lives on with the
+        // container, and is found through it (see `adopt`).
+        // (The engine records the joined container by ID, so the holder's name is not in the network mode.)
+        for c in &found {
+            let joined = c.host_config.as_ref().and_then(|h| h.network_mode.as_deref()).unwrap_or_default();
+            if let Some(task) = c.labels.as_ref().and_then(|l| l.get(spec::LABEL_TASK_ID)) {
+                if joined.starts_with("container:") {
+                    holders.entry(task.clone()).or_insert_with(|| holder::name(task));
+                }
+            }
+        }
         if !inventory.is_empty() {
             tracing::info!(
                 containers = inventory.len(),
@@ -235,11 +246,14 @@ impl DockerExecutor {
     pub async fn with_network(mut self, plane: Result<Arc<NetworkPlane>, String>) -> DockerExecutor {
         let plane = plane.and_then(|p| holder::supported().map(|()| p));
         if let Ok(p) = &plane {
+            // Called before the agent runs, so nothing is swept yet: the tasks with a container and a holder.
             let survivors: std::collections::BTreeSet<String> = {
                 let inventory = self.inventory.lock();
                 let holders = self.holders.lock();
-                let (Some(i), Some(h)) = (inventory.as_ref(), holders.as_ref()) else { unreachable!("swept before use") };
-                h.keys().filter(|t| i.contains_key(*t)).cloned().collect()
+                match (inventory.as_ref(), holders.as_ref()) {
+                    (Some(i), Some(h)) => h.keys().filter(|t| i.contains_key(*t)).cloned().collect(),
+                    _ => Default::default(),
+                }
             };
             p.resume(&survivors).await;
             let plugins = &mut self.description.engine.get_or_insert_with(Default::default).plugins;
@@ -340,9 +354,14 @@ impl Executor for DockerExecutor {
                     // Its namespace is named and registered again (the plane kept its links meanwhile), from
                     // the holder's PID, or the container's if the holder is gone (the namespace is the same).
                     let holder = holder.unwrap_or_else(|| c.name.clone());
-                    let (net, docker, task_id) = (net.clone(), self.docker.clone(), task.id.clone());
+                    let (net, docker, task_id, container) =
+                        (net.clone(), self.docker.clone(), task.id.clone(), c.name.clone());
                     tokio::spawn(async move {
-                        match net.attach(&docker, &holder).await {
+                        let attached = match net.attach(&docker, &holder).await {
+                            Err(_) if holder != container => net.attach(&docker, &container).await,
+                            r => r,
+                        };
+                        match attached {
                             Ok(()) => tracing::info!(task = %task_id, "adopted the task's network namespace"),
                             Err(e) => {
                                 net.plane.forget_survivor(&task_id);
