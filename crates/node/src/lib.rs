@@ -133,7 +133,7 @@ fn machine_hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-/// The node's data plane for the process executor, or why it has none.
+/// The node's data plane for the executor, or why it has none.
 fn data_plane(cfg: &DaemonConfig) -> Result<Arc<shoal_agent::network::NetworkPlane>, String> {
     if !cfg.data_plane {
         return Err("the daemon was started with --no-data-plane".into());
@@ -165,11 +165,14 @@ async fn pick_executor(
     let docker = shoal_agent::docker::DockerExecutor::connect(&cfg.engine_addr, node_id, ENGINE_PING_WITHIN);
     match kind {
         ExecutorKind::Process => Ok(process()),
-        ExecutorKind::Docker => Ok(Arc::new(docker.await.map_err(|e| NodeError::Config(e.to_string()))?)),
+        ExecutorKind::Docker => {
+            let d = docker.await.map_err(|e| NodeError::Config(e.to_string()))?;
+            Ok(Arc::new(d.with_network(data_plane(cfg)).await))
+        }
         ExecutorKind::Auto => match docker.await {
             Ok(d) => {
                 tracing::info!(engine = %cfg.engine_addr, "--executor auto: using the docker executor (the Docker Engine answered)");
-                Ok(Arc::new(d))
+                Ok(Arc::new(d.with_network(data_plane(cfg)).await))
             }
             Err(e) => {
                 tracing::info!("--executor auto: using the process executor: {e}");

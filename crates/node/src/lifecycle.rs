@@ -137,7 +137,7 @@ pub(crate) fn clear_state(cfg: &DaemonConfig) -> Result<(), NodeError> {
 }
 
 /// Removes the containers the docker executor ran for this node (Docker's leave removes them too; they
-/// would outlive the node otherwise). Nothing to do for the process executor, whose tasks stopped with the
+/// would outlive the node otherwise), their network-namespace holders, and then the node's data plane. Nothing to do for the process executor, whose tasks stopped with the
 /// agent; an engine that cannot be reached is logged (`--executor auto` may have used processes).
 pub(crate) async fn remove_containers(cfg: &DaemonConfig) {
     if cfg.executor == crate::ExecutorKind::Process {
@@ -148,6 +148,14 @@ pub(crate) async fn remove_containers(cfg: &DaemonConfig) {
         Ok(0) => {}
         Ok(n) => tracing::info!(containers = n, "removed this node's containers"),
         Err(e) => tracing::info!(error = %e, "did not remove this node's containers"),
+    }
+    // The data plane outlived the stopped agent with its containers: with them gone, it goes too (every
+    // Shoal link, table and task namespace this daemon made).
+    if cfg.data_plane {
+        match shoal_agent::network::NetworkPlane::open(&cfg.state_dir) {
+            Ok(plane) => plane.clear().await,
+            Err(why) => tracing::info!("did not remove the data plane: {why}"),
+        }
     }
 }
 

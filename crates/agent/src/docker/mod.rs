@@ -15,9 +15,19 @@
 //! ID; the worker adopts those whose task is still assigned, and the rest are removed once the first
 //! complete assignment set is known.
 //!
+//! Networks: a task with attachments gets a holder container (`holder`, network mode `none`) in `prepare`,
+//! whose namespace is named `shl-task-<task id>` (`NetworkPlane::attach_namespace`) and plumbed by the node's
+//! data plane; the task's container is created with network mode `container:<holder>` and started only once
+//! the plane reports the namespace plumbed. A task told to stop is drained out of the VIPs first (as the
+//! process executor's). When the container exits or is removed, its namespace is released and its holder
+//! removed. Holders outlive the agent with their containers: at connect they are listed too, and the plane
+//! keeps their links (`NetworkPlane::resume`) until the worker adopts their tasks, whose namespaces are then
+//! registered again; the holders of tasks not adopted are removed with the first complete assignment set.
+//!
 //! Bounds: one engine call at a time per controller; health is polled every `HEALTH_POLL`; a pull is
 //! given `PULL_TIMEOUT`. Must not depend on the session or gRPC.
 
+pub mod holder;
 pub mod spec;
 
 use std::collections::{HashMap, HashSet};
@@ -37,6 +47,7 @@ use parking_lot::Mutex;
 use shoal_api::{EngineDescription, NodeDescription, Platform, Resources, Task};
 
 use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus, TaskFiles};
+use crate::network::NetworkPlane;
 use crate::task_files::FilesRoot;
 
 /// The engine address used when none is given.
@@ -80,6 +91,12 @@ pub struct DockerExecutor {
     inventory: Mutex<Option<HashMap<String, String>>>,
     /// Where task secrets and configs are written, on a tmpfs.
     files_root: FilesRoot,
+    /// The node's data plane, or why there is none (tasks with networks are then rejected with it).
+    network: Result<Arc<NetworkPlane>, String>,
+    /// Network-namespace holders found at connect, by task ID; `None` once the first assignment set swept it.
+    holders: Mutex<Option<HashMap<String, String>>>,
+    /// Set once the holder image is known to be in the engine.
+    holder_image: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl std::fmt::Debug for DockerExecutor {
@@ -127,6 +144,9 @@ pub async fn remove_node_containers(addr: &str, node_id: &str) -> Result<usize, 
         .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
         .await
         .map_err(engine("list this node's containers"))?;
+    // Tasks' containers first, then the holders whose namespaces they share.
+    let mut found = found;
+    found.sort_by_key(|c| c.labels.as_ref().is_some_and(|l| l.contains_key(holder::LABEL_HOLDER_TASK_ID)));
     let mut removed = 0;
     for id in found.into_iter().filter_map(|c| c.id) {
         let opts = RemoveContainerOptionsBuilder::default().force(true).build();
@@ -185,10 +205,28 @@ impl DockerExecutor {
             .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
             .await
             .map_err(engine("list this node's containers"))?;
-        let inventory: HashMap<String, String> =
-            found.into_iter().filter_map(|c| Some((c.labels?.get(spec::LABEL_TASK_ID)?.clone(), c.id?))).collect();
+        let labelled = |key: &str| -> HashMap<String, String> {
+            found.iter().filter_map(|c| Some((c.labels.as_ref()?.get(key)?.clone(), c.id.clone()?))).collect()
+        };
+        let inventory = labelled(spec::LABEL_TASK_ID);
+        let mut holders = labelled(holder::LABEL_HOLDER_TASK_ID);
+        // A task's container in its holder's namespace whose holder is gone: the namespace lives on with the
+        // container, and is found through it (see `adopt`).
+        // (The engine records the joined container by ID, so the holder's name is not in the network mode.)
+        for c in &found {
+            let joined = c.host_config.as_ref().and_then(|h| h.network_mode.as_deref()).unwrap_or_default();
+            if let Some(task) = c.labels.as_ref().and_then(|l| l.get(spec::LABEL_TASK_ID)) {
+                if joined.starts_with("container:") {
+                    holders.entry(task.clone()).or_insert_with(|| holder::name(task));
+                }
+            }
+        }
         if !inventory.is_empty() {
-            tracing::info!(containers = inventory.len(), "found containers left by an earlier run of this node");
+            tracing::info!(
+                containers = inventory.len(),
+                holders = holders.len(),
+                "found containers left by an earlier run of this node"
+            );
         }
         Ok(DockerExecutor {
             docker,
@@ -196,7 +234,33 @@ impl DockerExecutor {
             description,
             inventory: Mutex::new(Some(inventory)),
             files_root: FilesRoot::new(crate::task_files::default_root(node_id)),
+            network: Err("the daemon was started without the data plane".into()),
+            holders: Mutex::new(Some(holders)),
+            holder_image: Arc::new(tokio::sync::OnceCell::new()),
         })
+    }
+
+    /// Connects tasks to their networks through `plane` (`Err`: why this node has no data plane). The
+    /// namespaces of tasks whose container and holder outlived an earlier run are kept for their adoption
+    /// (`NetworkPlane::resume`); the rest of what that run made is deleted.
+    pub async fn with_network(mut self, plane: Result<Arc<NetworkPlane>, String>) -> DockerExecutor {
+        let plane = plane.and_then(|p| holder::supported().map(|()| p));
+        if let Ok(p) = &plane {
+            // Called before the agent runs, so nothing is swept yet: the tasks with a container and a holder.
+            let survivors: std::collections::BTreeSet<String> = {
+                let inventory = self.inventory.lock();
+                let holders = self.holders.lock();
+                match (inventory.as_ref(), holders.as_ref()) {
+                    (Some(i), Some(h)) => h.keys().filter(|t| i.contains_key(*t)).cloned().collect(),
+                    _ => Default::default(),
+                }
+            };
+            p.resume(&survivors).await;
+            let plugins = &mut self.description.engine.get_or_insert_with(Default::default).plugins;
+            plugins.push(crate::network::overlay_plugin());
+        }
+        self.network = plane;
+        self
     }
 
     /// The engine client.
@@ -212,7 +276,25 @@ impl DockerExecutor {
     }
 
     fn new_controller(&self, task: &Task, files: TaskFiles) -> Result<DockerController, ExecutorError> {
-        let mut body = spec::create_body(task, &self.node_id).map_err(ExecutorError::InvalidSpec)?;
+        let network = if task.networks.is_empty() {
+            None
+        } else {
+            let plane = self.network.as_ref().map_err(|why| {
+                ExecutorError::InvalidSpec(format!(
+                    "this node cannot attach a task to a network: {why}; run it on a node with the overlay data plane"
+                ))
+            })?;
+            plane.check_task(task).map_err(ExecutorError::InvalidSpec)?;
+            Some(TaskNetwork {
+                plane: plane.clone(),
+                holder: holder::name(&task.id),
+                holder_body: Arc::new(holder::create_body(task, &self.node_id)),
+                holder_image: self.holder_image.clone(),
+                task: Arc::new(task.clone()),
+            })
+        };
+        let mut body = spec::create_body(task, &self.node_id, network.as_ref().map(|n| n.holder.as_str()))
+            .map_err(ExecutorError::InvalidSpec)?;
         if !files.is_empty() {
             crate::task_files::check_in_memory(self.files_root.path()).map_err(ExecutorError::InvalidSpec)?;
             let host = body.host_config.get_or_insert_with(Default::default);
@@ -240,6 +322,7 @@ impl DockerExecutor {
             grace: stop_grace_period(task),
             pid: 0,
             healthcheck: false,
+            network,
         })
     }
 }
@@ -263,14 +346,41 @@ impl Executor for DockerExecutor {
 
     fn adopt(&self, task: &Task) -> Option<Box<dyn Controller>> {
         self.inventory.lock().as_mut()?.remove(&task.id)?;
+        let holder = self.holders.lock().as_mut().and_then(|h| h.remove(&task.id));
         // The container has its files mounted already (they stayed on the tmpfs); nothing is rewritten.
         match self.new_controller(task, Vec::new()) {
-            Ok(c) => Some(Box::new(c)),
+            Ok(c) => {
+                if let Some(net) = &c.network {
+                    // Its namespace is named and registered again (the plane kept its links meanwhile), from
+                    // the holder's PID, or the container's if the holder is gone (the namespace is the same).
+                    let holder = holder.unwrap_or_else(|| c.name.clone());
+                    let (net, docker, task_id, container) =
+                        (net.clone(), self.docker.clone(), task.id.clone(), c.name.clone());
+                    tokio::spawn(async move {
+                        let attached = match net.attach(&docker, &holder).await {
+                            Err(_) if holder != container => net.attach(&docker, &container).await,
+                            r => r,
+                        };
+                        match attached {
+                            Ok(()) => tracing::info!(task = %task_id, "adopted the task's network namespace"),
+                            Err(e) => {
+                                net.plane.forget_survivor(&task_id);
+                                tracing::warn!(task = %task_id, "cannot adopt the task's network namespace: {e}");
+                            }
+                        }
+                    });
+                }
+                Some(Box::new(c))
+            }
             Err(e) => {
                 tracing::warn!(task = %task.id, "cannot adopt the task's container: {e}");
                 None
             }
         }
+    }
+
+    fn network_plane(&self) -> Option<Arc<NetworkPlane>> {
+        self.network.clone().ok()
     }
 
     fn logs(&self, task: &Task, options: &crate::exec::LogOptions) -> Result<crate::exec::LogStream, ExecutorError> {
@@ -281,6 +391,30 @@ impl Executor for DockerExecutor {
         let Some(inventory) = self.inventory.lock().take() else {
             return;
         };
+        // Holders not adopted: their task is gone, or its container is (the task is then started afresh,
+        // with a new holder of the same name, which the removal by ID does not touch).
+        for (task_id, container) in self.holders.lock().take().unwrap_or_default() {
+            let docker = self.docker.clone();
+            let plane = self.network.clone().ok();
+            let unassigned = !assigned.contains(&task_id);
+            tokio::spawn(async move {
+                tracing::info!(task = %task_id, %container, "removing a network-namespace holder left by an earlier run");
+                let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+                if let Err(e) = docker.remove_container(&container, Some(opts)).await {
+                    if engine_status(&e) != Some(404) {
+                        tracing::warn!(task = %task_id, %container, "cannot remove the holder: {}", engine_message(&e));
+                    }
+                }
+                if let Some(plane) = plane {
+                    plane.forget_survivor(&task_id);
+                    if unassigned {
+                        if let Err(e) = plane.release(&task_id).await {
+                            tracing::warn!(task = %task_id, "{e}");
+                        }
+                    }
+                }
+            });
+        }
         self.files_root.sweep(assigned);
         for (task_id, container) in inventory.into_iter().filter(|(t, _)| !assigned.contains(t)) {
             let docker = self.docker.clone();
@@ -316,6 +450,63 @@ struct DockerController {
     pid: i32,
     /// The container has a healthcheck (from the spec or the image), known after `start`.
     healthcheck: bool,
+    /// For a task on networks: its holder and the data plane.
+    network: Option<TaskNetwork>,
+}
+
+/// What a task on networks needs besides its container (see the module doc).
+#[derive(Clone)]
+struct TaskNetwork {
+    plane: Arc<NetworkPlane>,
+    /// The holder's name.
+    holder: String,
+    holder_body: Arc<ContainerCreateBody>,
+    holder_image: Arc<tokio::sync::OnceCell<()>>,
+    /// The task as assigned (its attachments).
+    task: Arc<Task>,
+}
+
+impl TaskNetwork {
+    /// Makes a fresh holder and has its namespace plumbed. A holder of the same name (an earlier prepare's,
+    /// or left by an earlier run and being swept) is removed first: the task's container does not exist yet,
+    /// so nothing is in that namespace, and what is swept is then never the holder made here.
+    async fn prepare(&self, docker: &Docker) -> Result<(), ExecutorError> {
+        let prep = ExecutorError::Prepare;
+        self.holder_image.get_or_try_init(|| holder::ensure_image(docker)).await.map_err(prep)?;
+        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+        match docker.remove_container(&self.holder, Some(opts)).await {
+            Ok(()) => {}
+            Err(e) if engine_status(&e) == Some(404) => {}
+            Err(e) => return Err(prep(format!("cannot replace the network-namespace holder {}: {}", self.holder, engine_message(&e)))),
+        }
+        let opts = CreateContainerOptionsBuilder::default().name(&self.holder).build();
+        if let Err(e) = docker.create_container(Some(opts), (*self.holder_body).clone()).await {
+            return Err(prep(format!("cannot create the network-namespace holder {}: {}", self.holder, engine_message(&e))));
+        }
+        if let Err(e) = docker.start_container(&self.holder, None).await {
+            return Err(prep(format!("cannot start the network-namespace holder {}: {}", self.holder, engine_message(&e))));
+        }
+        self.attach(docker, &self.holder).await.map_err(prep)
+    }
+
+    /// Names the namespace of the running holder `container` as the task's and registers it with the plane.
+    async fn attach(&self, docker: &Docker, container: &str) -> Result<(), String> {
+        let c = docker.inspect_container(container, None).await.map_err(|e| engine_message(&e))?;
+        let pid = c.state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0 && is_running(&c));
+        let pid = pid.ok_or_else(|| format!("the network-namespace holder {container} is not running"))?;
+        self.plane.attach_namespace(&self.task, pid as u32).await.map(|_| ())
+    }
+
+    /// Releases the task's namespace and removes its holder (once its container no longer runs).
+    async fn teardown(&self, docker: &Docker) -> Result<(), ExecutorError> {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+        match docker.remove_container(&self.holder, Some(opts)).await {
+            Ok(()) => {}
+            Err(e) if engine_status(&e) == Some(404) => {}
+            Err(e) => return Err(runtime("cannot remove the network-namespace holder", &e)),
+        }
+        self.plane.release(&self.task.id).await.map_err(ExecutorError::Runtime)
+    }
 }
 
 fn runtime(what: &str, e: &BollardError) -> ExecutorError {
@@ -426,6 +617,9 @@ impl Controller for DockerController {
                     .write(&self.task_id, &self.files, |i, _| Ok(docker_file_name(i).into()))
                     .map_err(ExecutorError::Prepare)?;
             }
+            if let Some(net) = &self.network {
+                net.prepare(&self.docker).await?;
+            }
             let opts = CreateContainerOptionsBuilder::default().name(&self.name).build();
             match self.docker.create_container(Some(opts), (*self.body).clone()).await {
                 Ok(_) => Ok(()),
@@ -445,6 +639,10 @@ impl Controller for DockerController {
             let start_err = |e: BollardError| ExecutorError::Start(engine_message(&e));
             let c = self.inspect().await.map_err(start_err)?.ok_or(ExecutorError::NotReady("created"))?;
             if !is_running(&c) {
+                if let Some(net) = &self.network {
+                    // No instruction of the app runs before its namespace is connected.
+                    net.plane.wait_plumbed(&self.task_id).await.map_err(ExecutorError::Start)?;
+                }
                 match self.docker.start_container(&self.name, None).await {
                     Ok(()) => {}
                     Err(e) if engine_status(&e) == Some(304) => {}
@@ -488,7 +686,7 @@ impl Controller for DockerController {
             let docker = self.docker.clone();
             let mut exits = docker.wait_container(&self.name, Some(opts));
             let pid = self.pid;
-            tokio::select! {
+            let exit = tokio::select! {
                 item = exits.next() => match item {
                     Some(Ok(r)) => Ok(ExitStatus { code: r.status_code as i32, pid }),
                     Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(ExitStatus { code: code as i32, pid }),
@@ -499,12 +697,31 @@ impl Controller for DockerController {
                     self.kill().await?;
                     Err(ExecutorError::Runtime(format!("container unhealthy: {output}")))
                 }
+            };
+            // A task's container never starts again: its namespace and holder go now (not with the task's
+            // removal, which may come much later).
+            if let (Some(net), Ok(_)) = (&self.network, &exit) {
+                if let Err(e) = net.teardown(&self.docker).await {
+                    tracing::warn!(task = %self.task_id, "{e}");
+                }
             }
+            exit
         })
     }
 
     fn shutdown(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
         Box::pin(async move {
+            if let Some(net) = self.network.as_ref().filter(|n| !n.plane.is_stopping()) {
+                // As the process executor: out of this node's VIPs first, then time for the other nodes.
+                let running = self.inspect().await.ok().flatten().is_some_and(|c| is_running(&c));
+                if running {
+                    let addrs: Vec<std::net::Ipv4Addr> = crate::network::desired::attachments(&net.task)
+                        .map(|a| a.into_iter().map(|(_, a)| a.address).collect())
+                        .unwrap_or_default();
+                    net.plane.wait_out_of_vips(&addrs).await;
+                    tokio::time::sleep(crate::process::NETWORK_DRAIN).await;
+                }
+            }
             let opts =
                 StopContainerOptionsBuilder::default().t(self.grace.as_secs().min(i32::MAX as u64) as i32).build();
             match self.docker.stop_container(&self.name, Some(opts)).await {
@@ -526,6 +743,9 @@ impl Controller for DockerController {
                 Ok(()) => {}
                 Err(e) if engine_status(&e) == Some(404) => {}
                 Err(e) => return Err(runtime("cannot remove the container", &e)),
+            }
+            if let Some(net) = &self.network {
+                net.teardown(&self.docker).await?;
             }
             self.files_root.remove(&self.task_id).map_err(ExecutorError::Runtime)
         })

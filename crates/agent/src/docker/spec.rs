@@ -100,9 +100,25 @@ fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
     })
 }
 
-/// The create body of a task's container. Fails (the task is then rejected) when the spec asks for
-/// something this executor cannot do.
-pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, String> {
+/// The spec's hosts entries as the engine wants them: SwarmKit's are "IP name [alias...]", Docker's
+/// "name:IP" per name.
+pub fn extra_hosts(spec: &ContainerSpec) -> Option<Vec<String>> {
+    let hosts: Vec<String> = spec
+        .hosts
+        .iter()
+        .flat_map(|line| {
+            let mut parts = line.split_whitespace();
+            let ip = parts.next().unwrap_or_default().to_string();
+            parts.map(move |name| format!("{name}:{ip}")).collect::<Vec<_>>()
+        })
+        .collect();
+    non_empty(&hosts)
+}
+
+/// The create body of a task's container; `holder`: the container whose network namespace it joins (a task
+/// on networks, `holder`). Fails (the task is then rejected) when the spec asks for something this executor
+/// cannot do.
+pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<ContainerCreateBody, String> {
     let spec = container_spec(task);
     if spec.image.is_empty() {
         return Err("the task has no image; set the service's image".into());
@@ -122,26 +138,42 @@ pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, St
         start_interval: nanos(&h.start_interval),
     });
     let dns = spec.dns_config.clone().unwrap_or_default();
-    // SwarmKit's hosts entries are "IP name [alias...]"; Docker wants "name:IP" per name.
-    let extra_hosts: Vec<String> = spec
-        .hosts
-        .iter()
-        .flat_map(|line| {
-            let mut parts = line.split_whitespace();
-            let ip = parts.next().unwrap_or_default().to_string();
-            parts.map(move |name| format!("{name}:{ip}")).collect::<Vec<_>>()
-        })
-        .collect();
-    if let Some(a) = task.networks.first() {
-        return Err(format!(
-            "the task is attached to network {}: this node has no overlay data plane to connect it; it needs a node \
-             that reports the overlay network plugin",
-            a.network.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str())
-        ));
-    }
+    let (network_mode, hostname, extra_hosts) = match holder {
+        None if !task.networks.is_empty() => {
+            let a = &task.networks[0];
+            return Err(format!(
+                "the task is attached to network {}: this node has no overlay data plane to connect it; it needs a \
+                 node that reports the overlay network plugin",
+                a.network.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str())
+            ));
+        }
+        None => (None, opt(&spec.hostname), extra_hosts(&spec)),
+        Some(holder) => {
+            if let Some(p) = task.endpoint.iter().flat_map(|e| e.ports.iter()).next() {
+                return Err(format!(
+                    "the docker executor cannot publish port {} (EndpointSpec.Ports, --publish) of a task on a \
+                     network yet (no routing mesh or host-port forwarding into task namespaces); remove --publish",
+                    p.target_port
+                ));
+            }
+            if !dns.nameservers.is_empty() {
+                return Err(
+                    "a task on a network resolves through the node's resolver (127.0.0.11), which forwards to the \
+                     node's own nameservers: ContainerSpec.DNSConfig.Nameservers (--dns) cannot be honoured; remove it"
+                        .into(),
+                );
+            }
+            // The holder carries the hostname, resolv.conf and hosts (Docker lets only a namespace's first
+            // container set them); this container shares them.
+            (Some(format!("container:{holder}")), None, None)
+        }
+    };
     // Host-mode published ports (SwarmKit's), bound by the engine on this node; published 0: a port it chooses.
     let (exposed, bindings) = host_port_bindings(task)?;
+    let (dns_search, dns_options) =
+        if holder.is_some() { (None, None) } else { (non_empty(&dns.search), non_empty(&dns.options)) };
     let host_config = HostConfig {
+        network_mode,
         port_bindings: (!bindings.is_empty()).then_some(bindings),
         mounts: (!mounts.is_empty()).then_some(mounts),
         nano_cpus: limits.map(|l| l.nano_cpus).filter(|&n| n > 0),
@@ -151,10 +183,10 @@ pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, St
         init: spec.init,
         readonly_rootfs: spec.read_only.then_some(true),
         group_add: non_empty(&spec.groups),
-        extra_hosts: non_empty(&extra_hosts),
+        extra_hosts,
         dns: non_empty(&dns.nameservers),
-        dns_search: non_empty(&dns.search),
-        dns_options: non_empty(&dns.options),
+        dns_search,
+        dns_options,
         ..Default::default()
     };
     Ok(ContainerCreateBody {
@@ -164,7 +196,7 @@ pub fn create_body(task: &Task, node_id: &str) -> Result<ContainerCreateBody, St
         env: non_empty(&env),
         user: opt(&spec.user),
         working_dir: opt(&spec.dir),
-        hostname: opt(&spec.hostname),
+        hostname,
         tty: spec.tty.then_some(true),
         open_stdin: spec.open_stdin.then_some(true),
         labels: Some(labels(task, node_id)),
@@ -242,7 +274,7 @@ mod tests {
             ..Default::default()
         }
         .into());
-        let b = create_body(&t, "n1").unwrap();
+        let b = create_body(&t, "n1", None).unwrap();
         let mut exposed = b.exposed_ports.clone().unwrap();
         exposed.sort();
         assert_eq!(exposed, ["53/udp", "80/tcp"]);
@@ -250,7 +282,33 @@ mod tests {
         assert_eq!(pb["80/tcp"].as_ref().unwrap()[0].host_port.as_deref(), Some("9000"));
         assert_eq!(pb["53/udp"].as_ref().unwrap()[0].host_port.as_deref(), Some(""), "the engine picks one");
         t.networks = vec![shoal_api::NetworkAttachment::default()];
-        assert!(create_body(&t, "n1").unwrap_err().contains("no overlay data plane"));
+        assert!(create_body(&t, "n1", None).unwrap_err().contains("no overlay data plane"));
+        let e = create_body(&t, "n1", Some("h")).unwrap_err();
+        assert!(e.contains("port 80") && e.contains("EndpointSpec.Ports"), "{e}");
+    }
+
+    #[test]
+    fn a_task_on_a_network_joins_its_holder_which_carries_hostname_dns_and_hosts() {
+        let mut t = task(ContainerSpec {
+            image: "busybox".into(),
+            hostname: "web-1".into(),
+            hosts: vec!["10.0.0.9 db".into()],
+            dns_config: Some(shoal_api::container_spec::DnsConfig { search: vec!["corp".into()], ..Default::default() }),
+            ..Default::default()
+        });
+        t.networks = vec![shoal_api::NetworkAttachment::default()];
+        let b = create_body(&t, "n1", Some("shl-netns.t1")).unwrap();
+        let h = b.host_config.unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("container:shl-netns.t1"));
+        assert_eq!((b.hostname, h.extra_hosts, h.dns_search, h.dns), (None, None, None, None));
+        t.spec = task(ContainerSpec {
+            image: "busybox".into(),
+            dns_config: Some(shoal_api::container_spec::DnsConfig { nameservers: vec!["1.1.1.1".into()], ..Default::default() }),
+            ..Default::default()
+        })
+        .spec;
+        let e = create_body(&t, "n1", Some("h")).unwrap_err();
+        assert!(e.contains("DNSConfig.Nameservers"), "{e}");
     }
 
     #[test]
@@ -305,7 +363,7 @@ mod tests {
             labels: [("app".to_string(), "x".to_string())].into(),
             ..Default::default()
         });
-        let b = create_body(&t, "n1").unwrap();
+        let b = create_body(&t, "n1", None).unwrap();
         assert_eq!(b.image.as_deref(), Some("img:1"));
         assert_eq!(b.entrypoint, Some(vec!["/bin/sh".to_string()]));
         assert_eq!(b.cmd, Some(vec!["-c".to_string(), "echo hi".to_string()]));
@@ -332,7 +390,7 @@ mod tests {
     #[test]
     fn unusable_specs_are_refused_with_a_reason() {
         let no_image = task(ContainerSpec::default());
-        assert!(create_body(&no_image, "n").unwrap_err().contains("no image"));
+        assert!(create_body(&no_image, "n", None).unwrap_err().contains("no image"));
         let bad_bind = task(ContainerSpec {
             image: "i".into(),
             mounts: vec![shoal_api::Mount {
@@ -342,7 +400,7 @@ mod tests {
             }],
             ..Default::default()
         });
-        assert!(create_body(&bad_bind, "n").unwrap_err().contains("no source"));
+        assert!(create_body(&bad_bind, "n", None).unwrap_err().contains("no source"));
         let npipe = task(ContainerSpec {
             image: "i".into(),
             mounts: vec![shoal_api::Mount {
@@ -352,6 +410,6 @@ mod tests {
             }],
             ..Default::default()
         });
-        assert!(create_body(&npipe, "n").unwrap_err().contains("not supported"));
+        assert!(create_body(&npipe, "n", None).unwrap_err().contains("not supported"));
     }
 }

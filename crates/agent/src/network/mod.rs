@@ -21,6 +21,13 @@
 //! in `state_dir/task-netns/`, since `/run/netns` is shared by every daemon of the machine); the agent calls
 //! it when it starts and stops with an executor whose tasks die with it. Everything else is rebuilt from the inputs by the next reconcile,
 //! which observes before it plans.
+//!
+//! Tasks that outlive the agent (the docker executor's containers): nothing is cleared at a stop or a start.
+//! A task's namespace is then its container's (`attach_namespace`: `ip netns attach` of the holder's PID
+//! under the same name and marker), and at start `resume` holds every reconcile until the manager's view
+//! arrived and each surviving task is registered again, so the links, tables and resolver they use are
+//! not taken for stale ones (the resolver's sockets died with the agent and are made again by the first
+//! reconcile). Who may delete a task namespace stays the same: the plane, for a task it registered.
 
 pub mod desired;
 
@@ -52,6 +59,10 @@ pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(2);
 /// Longest a stopping task waits to leave this node's VIPs before its stop signal.
 pub const DRAIN_WAIT_MAX: Duration = Duration::from_secs(10);
+/// Longest the plane waits, once the manager's first view arrived, for the tasks that outlived the agent to be
+/// registered again before it reconciles anyway. (Before the first view it waits as long as it takes: without
+/// a view it could carry nothing, and would only remove what the tasks use.)
+pub const SURVIVOR_HOLD_MAX: Duration = Duration::from_secs(60);
 /// Largest view message accepted from the manager.
 pub const MAX_VIEW_BYTES: usize = 64 * 1024 * 1024;
 /// Bounds of the pause before the view stream is opened again after it failed.
@@ -71,6 +82,14 @@ struct Inputs {
     view: Option<NodeNetworkView>,
     assigned: AssignedTasks,
     plumbed: BTreeMap<String, PlumbedTask>,
+    /// Task namespaces an earlier run of the agent left plumbed for tasks that outlived it (containers), not
+    /// registered again yet: until the view arrived and each is registered (`attach_namespace`) or given up
+    /// (`forget_survivor`), nothing is reconciled, so their links are not taken for stale ones.
+    survivors: BTreeSet<String>,
+    /// Set by `resume` while the plane holds its reconciles for survivors.
+    holding: bool,
+    /// When the hold ends whatever is left: `SURVIVOR_HOLD_MAX` after the first view arrived.
+    hold_until: Option<std::time::Instant>,
 }
 
 /// What the last reconcile achieved.
@@ -240,6 +259,19 @@ impl NetworkPlane {
     /// Makes `task`'s network namespace (a leftover of the same name is replaced) and asks for it to be
     /// plumbed; returns its path.
     pub async fn create_namespace(&self, task: &Task) -> Result<PathBuf, String> {
+        self.register_namespace(task, None).await
+    }
+
+    /// Names the network namespace of process `pid` (a container's, made by its runtime) as `task`'s
+    /// (`ip netns attach`; a leftover of the same name is replaced) and asks for it to be plumbed; returns its
+    /// path. For a task that outlived the agent, this registers it again (see `resume`).
+    pub async fn attach_namespace(&self, task: &Task, pid: u32) -> Result<PathBuf, String> {
+        let r = self.register_namespace(task, Some(pid)).await;
+        self.forget_survivor(&task.id);
+        r
+    }
+
+    async fn register_namespace(&self, task: &Task, pid: Option<u32>) -> Result<PathBuf, String> {
         let attachments = desired::attachments(task)?;
         let name = format!("{TASK_NETNS_PREFIX}{}", task.id);
         let path = Self::netns_path(&task.id);
@@ -249,12 +281,63 @@ impl NetworkPlane {
         }
         let marker = self.markers.join(&task.id);
         std::fs::write(&marker, b"").map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
-        ip_netns(&["add", &name]).await?;
+        match pid {
+            None => ip_netns(&["add", &name]).await?,
+            Some(pid) => ip_netns(&["attach", &name, &pid.to_string()]).await?,
+        }
         self.change(|i| {
             i.plumbed.insert(task.id.clone(), PlumbedTask { netns: path.clone(), attachments });
             true
         });
         Ok(path)
+    }
+
+    /// At start, when tasks outlive the agent: `survivors` are the tasks whose namespaces an earlier run left
+    /// and whose runtime objects are still there. Every other namespace this daemon made is deleted; the plane
+    /// reconciles nothing until the manager's view arrived and each survivor is registered again
+    /// (`attach_namespace`) or given up (`forget_survivor`) (at most `SURVIVOR_HOLD_MAX` after the view), so
+    /// that what they use stays in place meanwhile.
+    pub async fn resume(&self, survivors: &BTreeSet<String>) {
+        for id in marked(&self.markers).into_iter().filter(|id| !survivors.contains(id)) {
+            if let Err(e) = self.delete_namespace(&id).await {
+                tracing::warn!(task = %id, "cannot delete the network namespace of a task that is gone: {e}");
+            }
+        }
+        if !survivors.is_empty() {
+            tracing::info!(tasks = survivors.len(), "tasks outlived the agent: keeping their data plane until they are adopted");
+            let mut i = self.inputs.lock();
+            i.survivors = survivors.clone();
+            i.holding = true;
+        }
+    }
+
+    /// Task `task_id` outlived the agent but will not be registered again (see `resume`).
+    pub fn forget_survivor(&self, task_id: &str) {
+        self.change(|i| i.survivors.remove(task_id));
+    }
+
+    /// Until when the plane holds its reconciles (see `resume`), if it does (it looks again at every change).
+    fn held(&self) -> Option<std::time::Instant> {
+        let mut i = self.inputs.lock();
+        if !i.holding {
+            return None;
+        }
+        let now = std::time::Instant::now();
+        if i.view.is_none() {
+            return Some(now + SURVIVOR_HOLD_MAX);
+        }
+        let until = *i.hold_until.get_or_insert(now + SURVIVOR_HOLD_MAX);
+        if i.survivors.is_empty() {
+            tracing::info!("every task that outlived the agent is adopted: reconciling the data plane");
+        } else if now >= until {
+            tracing::warn!(left = i.survivors.len(), "tasks that outlived the agent were not adopted within {SURVIVOR_HOLD_MAX:?} of the first view: reconciling without them");
+        } else {
+            return Some(until);
+        }
+        i.holding = false;
+        i.hold_until = None;
+        i.survivors.clear();
+        None
     }
 
     /// Waits until task `task_id`'s namespace is plumbed (at most `PLUMB_TIMEOUT`).
@@ -381,6 +464,14 @@ impl NetworkPlane {
         let mut last: Option<NodeNetState> = None;
         let mut failed = false;
         loop {
+            if let Some(until) = self.held() {
+                tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                    r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { return },
+                }
+                continue;
+            }
             let (generation, state) = self.wanted();
             let outcome = if last.as_ref() == Some(&state) && !failed {
                 Ok(())
