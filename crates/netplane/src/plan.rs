@@ -126,11 +126,12 @@ pub enum Op {
     DelFdb(Fdb),
     /// Remove a neighbour entry.
     DelNeigh(Neigh),
-    /// Create a bridge (up, with the gateway address unless the network is internal).
+    /// Create a bridge (up, with `addrs`: the gateway unless the network is internal, and on the ingress
+    /// network the node's own ingress address as a /32).
     CreateBridge {
         name: String,
         mtu: u16,
-        gateway: Option<Ipv4Cidr>,
+        addrs: Vec<Ipv4Cidr>,
     },
     /// Create a VXLAN device without learning, with ARP proxy, enslaved to `bridge`, up.
     CreateVxlan {
@@ -194,15 +195,27 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     for n in &networks {
         let br = names::bridge(n.vni);
         let vx = names::vxlan(n.vni);
-        let gateway = (!n.internal).then_some(Ipv4Cidr {
-            addr: n.gateway,
-            prefix_len: n.subnet.prefix_len,
-        });
+        let mut addrs: Vec<Ipv4Cidr> = (!n.internal)
+            .then_some(Ipv4Cidr {
+                addr: n.gateway,
+                prefix_len: n.subnet.prefix_len,
+            })
+            .into_iter()
+            .collect();
+        // The routing mesh's source address: a /32, so the gateway stays the subnet route's source.
+        addrs.extend(
+            desired
+                .ingress
+                .iter()
+                .filter(|i| i.network_id == n.id)
+                .map(|i| Ipv4Cidr {
+                    addr: i.address,
+                    prefix_len: 32,
+                }),
+        );
+        addrs.sort();
         let br_ok = current.links.get(&br).is_some_and(|l| {
-            l.kind == LinkKind::Bridge
-                && l.up
-                && l.mtu == mtu
-                && l.addrs == gateway.into_iter().collect::<Vec<_>>()
+            l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs == addrs
         });
         if !br_ok {
             if current.links.contains_key(&br) {
@@ -211,7 +224,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             bridges.push(Op::CreateBridge {
                 name: br.clone(),
                 mtu,
-                gateway,
+                addrs,
             });
             rebuilt_bridges.insert(br.clone());
         }
@@ -544,7 +557,7 @@ mod tests {
         assert!(ops.contains(&Op::CreateBridge {
             name: "shlb7".into(),
             mtu: 1450,
-            gateway: None
+            addrs: vec![]
         }));
     }
 
@@ -624,6 +637,136 @@ mod tests {
             mac: mac_for(remote),
         });
         check(&o, &s, &["DelFdb", "AddFdb"]);
+    }
+
+    /// A node carrying the routing mesh: ingress network `n7` with the node's address 10.9.0.50, port 8080
+    /// over two backends (one of them remote), host-mode port 8081 to a local task, and 8082 with none.
+    fn meshed() -> NodeNetState {
+        use crate::state::{NodeIngress, Protocol, PublishedPort};
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        s.networks = vec![net(7)];
+        s.ingress = Some(NodeIngress {
+            network_id: "n7".into(),
+            address: Ipv4Addr::new(10, 9, 0, 50),
+        });
+        let port = |protocol, port, backends: &[u8]| PublishedPort {
+            protocol,
+            port,
+            target_port: 80,
+            backends: backends.iter().map(|b| Ipv4Addr::new(10, 9, 0, *b)).collect(),
+        };
+        s.published = vec![
+            port(Protocol::Tcp, 8080, &[3, 2]),
+            port(Protocol::Udp, 8081, &[2]),
+            port(Protocol::Tcp, 8082, &[]),
+        ];
+        s
+    }
+
+    #[test]
+    fn the_routing_mesh_puts_the_ingress_address_on_the_bridge_and_published_ports_in_the_node_table() {
+        let s = meshed();
+        let ops = plan(&Observed::default(), &s);
+        assert!(
+            ops.contains(&Op::CreateBridge {
+                name: "shlb7".into(),
+                mtu: 1450,
+                addrs: vec![
+                    "10.9.0.1/24".parse().unwrap(),
+                    "10.9.0.50/32".parse().unwrap()
+                ],
+            }),
+            "{ops:?}"
+        );
+        let t = nft::node_table(&s).unwrap().script;
+        println!("{t}");
+        for want in [
+            "oifname \"shlb7\" ct status dnat snat to 10.9.0.50",
+            "tcp dport 8080 dnat ip to numgen inc mod 2 map { 0 : 10.9.0.2 . 80, 1 : 10.9.0.3 . 80 }",
+            "udp dport 8081 dnat to 10.9.0.2:80",
+            "tcp dport 8082 reject with tcp reset",
+            "type nat hook prerouting priority -100",
+            "type nat hook output priority -100",
+            "fib daddr type local ip daddr != 127.0.0.0/8 jump published",
+        ] {
+            assert!(t.contains(want), "{want:?} missing from\n{t}");
+        }
+        // No published port: no mesh chains, and the table is the one a node without the mesh has.
+        let mut plain = s.clone();
+        plain.published.clear();
+        plain.ingress = None;
+        let t = nft::node_table(&plain).unwrap().script;
+        assert!(!t.contains("published") && !t.contains("snat"), "{t}");
+        // The ingress address arriving later rebuilds the bridge with it (its veths re-enslaved).
+        let mut o = Observed {
+            ip_forward: true,
+            ..Observed::default()
+        };
+        o.links.insert(
+            "shlb7".into(),
+            Link {
+                addrs: vec!["10.9.0.1/24".parse().unwrap()],
+                ..link(LinkKind::Bridge)
+            },
+        );
+        let ops = plan(&o, &s);
+        assert_eq!(
+            kinds(&ops)[..3],
+            ["DeleteLink", "ApplyNodeTable", "CreateBridge"],
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn bad_published_ports_and_ingress_addresses_are_refused() {
+        use crate::state::{Protocol, PublishedPort, MAX_PUBLISHED_PORTS};
+        type Change = Box<dyn Fn(&mut NodeNetState)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (
+                Box::new(|s| s.ingress.as_mut().unwrap().network_id = "n9".into()),
+                "unknown network n9",
+            ),
+            (
+                Box::new(|s| s.ingress.as_mut().unwrap().address = Ipv4Addr::new(10, 9, 0, 1)),
+                "not a host address",
+            ),
+            (
+                Box::new(|s| s.ingress.as_mut().unwrap().address = Ipv4Addr::new(10, 9, 0, 255)),
+                "not a host address",
+            ),
+            (
+                Box::new(|s| {
+                    let p = s.published[0].clone();
+                    s.published.push(p)
+                }),
+                "port 8080/tcp is published twice",
+            ),
+            (Box::new(|s| s.published[1].target_port = 0), "1..=65535"),
+            (
+                Box::new(|s| s.published[0].backends.push(Ipv4Addr::new(10, 1, 0, 2))),
+                "backend 10.1.0.2 is on none of the node's networks",
+            ),
+            (
+                Box::new(|s| {
+                    s.published = (1..=MAX_PUBLISHED_PORTS as u16 + 1)
+                        .map(|port| PublishedPort {
+                            protocol: Protocol::Tcp,
+                            port,
+                            target_port: 80,
+                            backends: vec![],
+                        })
+                        .collect()
+                }),
+                "at most 4096",
+            ),
+        ];
+        meshed().validate().expect("the base state is valid");
+        for (change, want) in cases {
+            let mut s = meshed();
+            change(&mut s);
+            let err = s.validate().expect_err(want).to_string();
+            assert!(err.contains(want), "{err:?} lacks {want:?}");
+        }
     }
 
     #[test]
