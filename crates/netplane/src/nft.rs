@@ -11,7 +11,8 @@
 //!   loopback on a published port, arriving (prerouting) or opened on the node itself (output), is DNATed
 //!   to one backend, `numgen inc` spreading connections evenly (conntrack keeps each on its backend); what
 //!   leaves through the ingress network's bridge after such a DNAT is SNATed to the node's ingress address,
-//!   so a backend on another node answers through this one. A published port with no backend is refused
+//!   so a backend on another node answers through this one (so does what the node itself sends there, which
+//!   would otherwise leave from the gateway address every node has). A published port with no backend is refused
 //!   (TCP reset, ICMP unreachable otherwise). The rule set is two rules per published port and at most one
 //!   map entry per backend (bounded by `MAX_PUBLISHED_PORTS` and `MAX_BACKENDS_PER_SERVICE`).
 
@@ -122,9 +123,15 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
     if let Some(i) = &state.ingress {
         if let Some(n) = state.network(&i.network_id) {
             let br = names::bridge(n.vni);
+            // What the node forwards (after a published port's DNAT) and what it sends itself (from the
+            // gateway, the subnet route's source, which every node has) leaves from its own address.
             post.insert_str(
                 0,
-                &format!("    oifname \"{br}\" ct status dnat snat to {}\n", i.address),
+                &format!(
+                    "    oifname \"{br}\" ct status dnat snat to {a}\n    oifname \"{br}\" ip saddr {gw} snat to {a}\n",
+                    a = i.address,
+                    gw = n.gateway
+                ),
             );
         }
     }

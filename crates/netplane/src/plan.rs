@@ -682,6 +682,7 @@ mod tests {
         println!("{t}");
         for want in [
             "oifname \"shlb7\" ct status dnat snat to 10.9.0.50",
+            "oifname \"shlb7\" ip saddr 10.9.0.1 snat to 10.9.0.50",
             "tcp dport 8080 dnat ip to numgen inc mod 2 map { 0 : 10.9.0.2 . 80, 1 : 10.9.0.3 . 80 }",
             "udp dport 8081 dnat to 10.9.0.2:80",
             "tcp dport 8082 reject with tcp reset",
