@@ -6,7 +6,8 @@
 //! 8080, node-2's too (it runs no task of the service), from another node (the prerouting path) and from the
 //! node itself (the output path), and over many requests both tasks answer. `docker network inspect ingress`
 //! shows the node's ingress endpoint. A host-mode port (`--publish mode=host,published=8081,target=80`)
-//! answers on its task's node only. Scaling the service to 0 refuses the port on every node; removing it
+//! answers on its task's node only; what cannot be forwarded (a host-mode port without a number, SCTP, a
+//! host-mode port of a task only on `--internal` networks) is rejected on the task with the field named. Scaling the service to 0 refuses the port on every node; removing it
 //! takes its rules away. A clean stop of the daemons leaves no `shl*` link, no Shoal nftables table and no
 //! task namespace.
 //!
@@ -299,6 +300,30 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
     for i in [0, 2] {
         let answers = c.get(1, &c.net.ip(i), 8081, 1);
         assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "8081 on node-{i}: {answers:?}");
+    }
+
+    // What the data plane cannot forward is refused, the field named, on the task.
+    c.docker(&["network", "create", "-d", "overlay", "--internal", "closed"]);
+    let refusals: [(&str, &[&str], &str); 3] = [
+        ("unnumbered", &["--network", "appnet", "--publish", "mode=host,target=80"], "EndpointSpec.Ports.PublishedPort"),
+        ("sctp", &["--publish", "published=8090,target=80,protocol=sctp"], "protocol sctp"),
+        ("inside", &["--network", "closed", "--publish", "mode=host,published=8085,target=80"], "only on --internal networks"),
+    ];
+    for (name, flags, want) in refusals {
+        let mut args = vec!["service", "create", "--detach", "--name", name, "--restart-condition", "none"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["python", PYTHON, "-S", "-c", SERVER]);
+        c.docker(&args);
+        wait_until(&format!("{name} rejected for {want:?}"), WAIT, || {
+            let tasks = tasks_of(c.manager(), name);
+            let errs: Vec<String> = tasks.iter().map(|t| format!("{}: {}", state(t), t["Status"]["Err"])).collect();
+            if tasks.iter().any(|t| state(t) == "rejected" && t["Status"]["Err"].as_str().unwrap_or("").contains(want)) {
+                Ok(())
+            } else {
+                Err(format!("{errs:?}"))
+            }
+        });
+        c.docker(&["service", "rm", name]);
     }
 
     // No task left: the port is refused on every node; the service removed: its rules go.
