@@ -7,7 +7,8 @@
 //! node itself (the output path), and over many requests both tasks answer. `docker network inspect ingress`
 //! shows the node's ingress endpoint. A host-mode port (`--publish mode=host,published=8081,target=80`)
 //! answers on its task's node only; what cannot be forwarded (a host-mode port without a number, SCTP, a
-//! host-mode port of a task only on `--internal` networks) is rejected on the task with the field named. Scaling the service to 0 refuses the port on every node; removing it
+//! host-mode port of a task only on `--internal` networks) is rejected on the task with the field named. A
+//! node killed and restarted clears what its crash left and forwards the port again. Scaling the service to 0 refuses the port on every node; removing it
 //! takes its rules away. A clean stop of the daemons leaves no `shl*` link, no Shoal nftables table and no
 //! task namespace.
 //!
@@ -325,6 +326,16 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
         });
         c.docker(&["service", "rm", name]);
     }
+
+    // A crash leaves node-2's links and rules; its restart clears them and rebuilds the mesh.
+    c.ds[2].kill9();
+    assert!(c.in_node(2, &["ip", "-o", "link"]).contains(": shl"), "a crash leaves the links");
+    c.ds[2].restart(&[]);
+    let node2 = c.net.ip(2);
+    wait_until("node-2's mesh answers again after its restart", WAIT, || only(&c.get(0, &node2, 8080, 1), &tasks));
+    let answers = c.get(0, &node2, 8080, 20);
+    only(&answers, &tasks).unwrap();
+    assert_eq!(answers.len(), 2, "both tasks answer through the restarted node: {answers:?}");
 
     // No task left: the port is refused on every node; the service removed: its rules go.
     c.docker(&["service", "scale", "--detach", "web=0"]);
