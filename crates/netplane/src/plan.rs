@@ -653,7 +653,10 @@ mod tests {
             protocol,
             port,
             target_port: 80,
-            backends: backends.iter().map(|b| Ipv4Addr::new(10, 9, 0, *b)).collect(),
+            backends: backends
+                .iter()
+                .map(|b| Ipv4Addr::new(10, 9, 0, *b))
+                .collect(),
         };
         s.published = vec![
             port(Protocol::Tcp, 8080, &[3, 2]),
@@ -664,7 +667,8 @@ mod tests {
     }
 
     #[test]
-    fn the_routing_mesh_puts_the_ingress_address_on_the_bridge_and_published_ports_in_the_node_table() {
+    fn the_routing_mesh_puts_the_ingress_address_on_the_bridge_and_published_ports_in_the_node_table(
+    ) {
         let s = meshed();
         let ops = plan(&Observed::default(), &s);
         assert!(

@@ -252,9 +252,15 @@ impl NodeNetState {
         }
         if let Some(i) = &self.ingress {
             let Some(n) = self.network(&i.network_id) else {
-                return inv(format!("the node's ingress address is on unknown network {}", i.network_id));
+                return inv(format!(
+                    "the node's ingress address is on unknown network {}",
+                    i.network_id
+                ));
             };
-            let broadcast = Ipv4Addr::from(u32::from(n.subnet.network()) | !(u32::MAX << (32 - u32::from(n.subnet.prefix_len))));
+            let broadcast = Ipv4Addr::from(
+                u32::from(n.subnet.network())
+                    | !(u32::MAX << (32 - u32::from(n.subnet.prefix_len))),
+            );
             if !n.subnet.contains(i.address)
                 || i.address == n.gateway
                 || i.address == n.subnet.network()
