@@ -13,7 +13,8 @@
 //!   leaves through the ingress network's bridge after such a DNAT is SNATed to the node's ingress address,
 //!   so a backend on another node answers through this one (so does what the node itself sends there, which
 //!   would otherwise leave from the gateway address every node has). A published port with no backend is refused
-//!   (TCP reset, ICMP unreachable otherwise). The rule set is two rules per published port and at most one
+//!   (TCP reset, ICMP unreachable otherwise). Such a DNATed connection passes the isolation rules: a task of
+//!   another network may reach the mesh through its own node's address. The rule set is two rules per published port and at most one
 //!   map entry per backend (bounded by `MAX_PUBLISHED_PORTS` and `MAX_BACKENDS_PER_SERVICE`).
 
 use std::fmt::Write;
@@ -119,6 +120,11 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
             let net = format!("{}/{}", n.subnet.network(), n.subnet.prefix_len);
             let _ = writeln!(post, "    ip saddr {net} oifname != \"{br}\" masquerade");
         }
+    }
+    if !state.published.is_empty() {
+        // A connection to a published port is one the node chose to forward (its DNAT), whichever network it
+        // came from: a task on another network reaching the routing mesh through its own node's address.
+        fwd.insert_str(0, "    ct status dnat accept\n");
     }
     if let Some(i) = &state.ingress {
         if let Some(n) = state.network(&i.network_id) {

@@ -693,6 +693,7 @@ mod tests {
             "type nat hook prerouting priority -100",
             "type nat hook output priority -100",
             "fib daddr type local ip daddr != 127.0.0.0/8 jump published",
+            "policy accept;\n    ct status dnat accept\n",
         ] {
             assert!(t.contains(want), "{want:?} missing from\n{t}");
         }

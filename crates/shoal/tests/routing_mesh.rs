@@ -6,7 +6,7 @@
 //! 8080, node-2's too (it runs no task of the service), from another node (the prerouting path) and from the
 //! node itself (the output path), and over many requests both tasks answer. `docker network inspect ingress`
 //! shows the node's ingress endpoint. A host-mode port (`--publish mode=host,published=8081,target=80`)
-//! answers on its task's node only; what cannot be forwarded (a host-mode port without a number, SCTP, a
+//! answers on its task's node only, and a task of another network reaches the mesh through node addresses; what cannot be forwarded (a host-mode port without a number, SCTP, a
 //! host-mode port of a task only on `--internal` networks) is rejected on the task with the field named. A
 //! node killed and restarted clears what its crash left and forwards the port again. Scaling the service to 0 refuses the port on every node; removing it
 //! takes its rules away. A clean stop of the daemons leaves no `shl*` link, no Shoal nftables table and no
@@ -223,6 +223,28 @@ fn parse_counts(line: &str) -> BTreeMap<String, u32> {
         .collect()
 }
 
+/// The network namespace (`/proc/<pid>/ns/net`) of the `SERVER` task process that has address `addr`. The
+/// daemons made the task namespaces' `/run/netns` entries in their own mount namespaces (`ip netns exec`),
+/// so the test enters them through the task's process.
+fn task_netns(addr: &str) -> String {
+    let mut seen = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains("s.bind(('0.0.0.0', 80))") {
+            continue;
+        }
+        let ns = format!("/proc/{pid}/ns/net");
+        let out = Command::new("nsenter").arg(format!("--net={ns}")).args(["ip", "-o", "-4", "addr"]).output().unwrap();
+        let addrs = String::from_utf8_lossy(&out.stdout).into_owned();
+        if addrs.contains(&format!(" {addr}/")) {
+            return ns;
+        }
+        seen.push(addrs);
+    }
+    panic!("no SERVER process with address {addr}: {seen:?}");
+}
+
 fn address_on(t: &Value, network: &str) -> String {
     let a = t["NetworksAttachments"]
         .as_array()
@@ -301,6 +323,18 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
     for i in [0, 2] {
         let answers = c.get(1, &c.net.ip(i), 8081, 1);
         assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "8081 on node-{i}: {answers:?}");
+    }
+
+    // A task of another network reaches the mesh through its own node's address and another node's.
+    let hostweb_ns = task_netns(own.iter().next().unwrap());
+    for addr in [c.net.ip(1), c.net.ip(0)] {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={hostweb_ns}"))
+            .args([PYTHON, "-S", "-c", CLIENT, &addr, "8080", "4"])
+            .output()
+            .expect("client in the task's namespace");
+        let answers = parse_counts(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or(""));
+        only(&answers, &tasks).unwrap_or_else(|e| panic!("from hostweb's namespace to {addr}:8080: {e}"));
     }
 
     // What the data plane cannot forward is refused, the field named, on the task.
