@@ -22,7 +22,9 @@
 //! `/etc/resolv.conf`: the rest of the file system is the node's, as for any process task. Without the data
 //! plane, such a task is rejected with the reason the node has none. A networked task told to stop keeps
 //! running until this node's VIPs dropped it and then `NETWORK_DRAIN` more before its stop signal, so that no
-//! VIP sends it new connections as it goes.
+//! VIP sends it new connections as it goes. Its published ports are forwarded by the node's data plane
+//! (ingress ports from every node, host-mode ports from this one); what the plane cannot forward is refused
+//! (`ports_a_process_cannot_honour`).
 
 pub mod logs;
 mod spawner;
