@@ -61,7 +61,13 @@ impl Work {
 
     fn note(&mut self, alloc: &mut Allocator, commit: &Commit) {
         for ch in &commit.changes {
+            let ingress_gone =
+                ch.kind == ActionKind::Remove && matches!(&ch.object, Object::Network(n) if alloc.ingress() == Some(n.id.as_str()));
             if alloc.apply(ch) && self.blocked {
+                self.all = true;
+            }
+            // The ingress network removed: every node's attachment to it goes.
+            if ingress_gone {
                 self.all = true;
             }
             if ch.kind == ActionKind::Remove || self.all {

@@ -317,4 +317,13 @@ fn every_node_gets_one_ingress_address_kept_across_leaders_and_freed_with_the_no
     });
     assert_eq!(free(&fx), before + 1);
     assert_eq!(fx.store.view(Allocator::build).free_addresses("ingress"), Some(before + 1));
+    // The ingress network removed: the nodes' attachments to it go.
+    let web = fx.store.view(|t| t.services().get("web").unwrap().clone());
+    let ingress = fx.store.view(|t| t.networks().get("ingress").unwrap().clone());
+    fx.write(|c| {
+        c.remove(web);
+        c.remove(ingress);
+    });
+    assert_eq!(nodes_pass(&mut fx), 2);
+    assert!(fx.store.view(|t| t.nodes().iter().all(|n| n.attachments.is_empty())));
 }
