@@ -190,6 +190,10 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     // Host links Shoal wants, with the ops that create them.
     let mut wanted: BTreeSet<String> = BTreeSet::new();
     let mut rebuilt_bridges: BTreeSet<String> = BTreeSet::new();
+    // Addresses the node can already reach before this plan runs (kept neighbour entries of remote tasks,
+    // local tasks whose interfaces stay): a published port's DNAT may point only at those until the rest of
+    // the plan has made the others reachable.
+    let mut reachable: BTreeSet<Ipv4Addr> = BTreeSet::new();
     let mut networks: Vec<_> = desired.networks.iter().collect();
     networks.sort_by_key(|n| n.vni);
     for n in &networks {
@@ -293,6 +297,12 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 .filter(|f| !want_fdb.contains(f))
                 .map(|f| Op::DelFdb((*f).clone())),
         );
+        reachable.extend(
+            have_neigh
+                .iter()
+                .filter(|e| want_neigh.contains(e))
+                .map(|e| e.ip),
+        );
         removals.extend(
             have_neigh
                 .iter()
@@ -340,6 +350,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 .get(&ifname)
                 .is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
             if host_ok && inner_ok {
+                reachable.insert(a.address);
                 if rebuilt_bridges.contains(&br)
                     || host_link.and_then(|l| l.master.as_deref()) != Some(br.as_str())
                 {
@@ -427,20 +438,54 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     if networks.iter().any(|n| !n.internal) && !current.ip_forward {
         node.push(Op::EnableIpForward);
     }
+    // The node table goes in before any bridge can forward (isolation). When some published port's backend
+    // becomes reachable only through this plan (its forwarding entries or veth come later), that first table
+    // forwards to the reachable backends only, and the whole table follows at the end: no connection is
+    // DNATed to an address the node cannot reach yet.
+    let mut last = Vec::new();
+    let have = current.node_table.as_deref();
     match nft::node_table(desired) {
-        Some(table) if current.node_table.as_deref() != Some(table.tag.as_str()) => {
-            node.push(Op::ApplyNodeTable {
-                script: table.script,
-            })
+        Some(full) if have != Some(full.tag.as_str()) => {
+            let early = if desired.published.is_empty() {
+                None
+            } else {
+                let mut published = desired.published.clone();
+                for p in &mut published {
+                    p.backends.retain(|b| reachable.contains(b));
+                }
+                let now = NodeNetState {
+                    networks: desired.networks.clone(),
+                    ingress: desired.ingress.clone(),
+                    published,
+                    ..NodeNetState::new(desired.underlay_ip.unwrap_or(Ipv4Addr::UNSPECIFIED))
+                };
+                nft::node_table(&now).filter(|t| t.tag != full.tag)
+            };
+            match early {
+                Some(early) => {
+                    if have != Some(early.tag.as_str()) {
+                        node.push(Op::ApplyNodeTable {
+                            script: early.script,
+                        });
+                    }
+                    last.push(Op::ApplyNodeTable {
+                        script: full.script,
+                    });
+                }
+                None => node.push(Op::ApplyNodeTable {
+                    script: full.script,
+                }),
+            }
         }
         None if current.node_table.is_some() => node.push(Op::DeleteNodeTable),
         _ => {}
     }
 
-    // The isolation rules go in before any bridge can forward.
     let mut out = stale_ops;
     out.extend(node);
-    for part in [bridges, vxlans, masters, entries, veths, routes, tables] {
+    for part in [
+        bridges, vxlans, masters, entries, veths, routes, tables, last,
+    ] {
         out.extend(part);
     }
     out
@@ -697,6 +742,23 @@ mod tests {
         ] {
             assert!(t.contains(want), "{want:?} missing from\n{t}");
         }
+        // On a fresh node no backend is reachable before the entries and veths exist: the first table refuses
+        // the ports, the whole table comes last.
+        let scripts: Vec<&String> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::ApplyNodeTable { script } => Some(script),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(scripts.len(), 2, "{ops:?}");
+        assert!(
+            scripts[0].contains("tcp dport 8080 reject") && !scripts[0].contains("dnat ip to"),
+            "{}",
+            scripts[0]
+        );
+        assert_eq!(*scripts[1], t);
+        assert!(matches!(ops.last(), Some(Op::ApplyNodeTable { .. })));
         // No published port: no mesh chains, and the table is the one a node without the mesh has.
         let mut plain = s.clone();
         plain.published.clear();
