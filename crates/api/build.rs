@@ -42,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Shoal's own services (package shoal.v1), apart so that no docker.swarmkit.v1 message changes.
     println!("cargo:rerun-if-changed=proto/shoal_netview.proto");
     tonic_prost_build::configure()
+        .extern_path(".docker.swarmkit.v1", "crate::generated")
         .build_client(true)
         .build_server(true)
         .compile_protos(&["proto/shoal_netview.proto"], &["proto"])?;

@@ -50,7 +50,32 @@ pub async fn get_network(State(ctx): Ctx, Path(id): Path<String>, Query(q): Para
     }
     read_barrier(&ctx).await?;
     let n = controlapi::get_network(&ctx.state, &id)?;
-    Ok(Json(NetworkJson::from_api(&n)).into_response())
+    let mut out = NetworkJson::from_api(&n);
+    if n.spec.as_ref().is_some_and(|s| s.ingress) {
+        if let Some(sbox) = ingress_sandbox(&ctx, &n.id) {
+            out.containers.insert("ingress-sbox".into(), sbox);
+        }
+    }
+    Ok(Json(out).into_response())
+}
+
+/// This node's endpoint on the ingress network (its `Node.attachments` address, where the routing mesh
+/// forwards from), shown as Docker shows its ingress sandbox in `docker network inspect ingress`.
+fn ingress_sandbox(ctx: &ApiContext, ingress: &str) -> Option<serde_json::Value> {
+    let addr = ctx.state.store.view(|t| {
+        let node = t.nodes().get(&ctx.node_id)?.clone();
+        let a = node.attachments.iter().find(|a| a.network.as_ref().is_some_and(|n| n.id == ingress))?;
+        a.addresses.first().cloned()
+    })?;
+    let ip: std::net::Ipv4Addr = addr.split('/').next()?.parse().ok()?;
+    let o = ip.octets();
+    Some(serde_json::json!({
+        "Name": "ingress-endpoint",
+        "EndpointID": "",
+        "MacAddress": format!("02:42:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3]),
+        "IPv4Address": addr,
+        "IPv6Address": "",
+    }))
 }
 
 /// `POST /networks/create`.

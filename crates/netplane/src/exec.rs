@@ -199,7 +199,7 @@ impl Executor {
                 None,
                 &["ip", "neigh", "del", &n.ip.to_string(), "dev", &n.dev],
             ),
-            Op::CreateBridge { name, mtu, gateway } => {
+            Op::CreateBridge { name, mtu, addrs } => {
                 self.ok(
                     None,
                     &[
@@ -213,8 +213,8 @@ impl Executor {
                         "bridge",
                     ],
                 )?;
-                if let Some(gw) = gateway {
-                    self.ok(None, &["ip", "addr", "add", &gw.to_string(), "dev", name])?;
+                for a in addrs {
+                    self.ok(None, &["ip", "addr", "add", &a.to_string(), "dev", name])?;
                 }
                 self.ok(None, &["ip", "link", "set", name, "up"])
             }

@@ -7,12 +7,21 @@
 //!   a VIP with no backend refuses (TCP reset, ICMP unreachable otherwise).
 //! - On the node: networks cannot reach each other through the node (forward hook), internal networks reach
 //!   nothing outside their bridge, and the others leave the node masqueraded.
+//! - On the node, published ports (routing mesh and host mode): a connection to any local address but
+//!   loopback on a published port, arriving (prerouting) or opened on the node itself (output), is DNATed
+//!   to one backend, `numgen inc` spreading connections evenly (conntrack keeps each on its backend); what
+//!   leaves through the ingress network's bridge after such a DNAT is SNATed to the node's ingress address,
+//!   so a backend on another node answers through this one (so does what the node itself sends there, which
+//!   would otherwise leave from the gateway address every node has). A published port with no backend is refused
+//!   (TCP reset, ICMP unreachable otherwise). Such a DNATed connection passes the isolation rules: a task of
+//!   another network may reach the mesh through its own node's address. The rule set is two rules per published port and at most one
+//!   map entry per backend (bounded by `MAX_PUBLISHED_PORTS` and `MAX_BACKENDS_PER_SERVICE`).
 
 use std::fmt::Write;
 use std::net::Ipv4Addr;
 
 use crate::names;
-use crate::state::{NetworkState, NodeNetState, TaskState};
+use crate::state::{NetworkState, NodeNetState, PublishedPort, TaskState};
 
 /// A rendered table: its content tag and the script that installs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +121,26 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
             let _ = writeln!(post, "    ip saddr {net} oifname != \"{br}\" masquerade");
         }
     }
+    if !state.published.is_empty() {
+        // A connection to a published port is one the node chose to forward (its DNAT), whichever network it
+        // came from: a task on another network reaching the routing mesh through its own node's address.
+        fwd.insert_str(0, "    ct status dnat accept\n");
+    }
+    if let Some(i) = &state.ingress {
+        if let Some(n) = state.network(&i.network_id) {
+            let br = names::bridge(n.vni);
+            // What the node forwards (after a published port's DNAT) and what it sends itself (from the
+            // gateway, the subnet route's source, which every node has) leaves from its own address.
+            post.insert_str(
+                0,
+                &format!(
+                    "    oifname \"{br}\" ct status dnat snat to {a}\n    oifname \"{br}\" ip saddr {gw} snat to {a}\n",
+                    a = i.address,
+                    gw = n.gateway
+                ),
+            );
+        }
+    }
     let mut body = String::new();
     let _ = writeln!(
         body,
@@ -121,5 +150,54 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
         body,
         "  chain egress {{\n    type nat hook postrouting priority 100; policy accept;\n{post}  }}"
     );
+    if !state.published.is_empty() {
+        body.push_str(&published_chains(&state.published));
+    }
     Some(finish(body))
+}
+
+/// The chains of the published ports (see the module doc), in port order.
+fn published_chains(published: &[PublishedPort]) -> String {
+    let mut ports: Vec<&PublishedPort> = published.iter().collect();
+    ports.sort_by_key(|p| (p.protocol, p.port));
+    let mut dnat = String::new();
+    let mut refuse = String::new();
+    for p in ports {
+        let mut backends = p.backends.clone();
+        backends.sort();
+        backends.dedup();
+        let (proto, port, target) = (p.protocol, p.port, p.target_port);
+        match backends.as_slice() {
+            [] => {
+                let how = match p.protocol {
+                    crate::state::Protocol::Tcp => " with tcp reset",
+                    crate::state::Protocol::Udp => "",
+                };
+                let _ = writeln!(refuse, "    {proto} dport {port} reject{how}");
+            }
+            [one] => {
+                let _ = writeln!(dnat, "    {proto} dport {port} dnat to {one}:{target}");
+            }
+            many => {
+                let map: Vec<String> = many
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| format!("{i} : {b} . {target}"))
+                    .collect();
+                let _ = writeln!(
+                    dnat,
+                    "    {proto} dport {port} dnat ip to numgen inc mod {} map {{ {} }}",
+                    many.len(),
+                    map.join(", ")
+                );
+            }
+        }
+    }
+    let local = "fib daddr type local ip daddr != 127.0.0.0/8 jump published";
+    format!(
+        "  chain published {{\n{dnat}  }}\n\
+         \x20 chain publish_in {{\n    type nat hook prerouting priority -100; policy accept;\n    {local}\n  }}\n\
+         \x20 chain publish_local {{\n    type nat hook output priority -100; policy accept;\n    {local}\n  }}\n\
+         \x20 chain publish_refuse {{\n    type filter hook input priority 0; policy accept;\n{refuse}  }}\n"
+    )
 }

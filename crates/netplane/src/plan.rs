@@ -126,11 +126,12 @@ pub enum Op {
     DelFdb(Fdb),
     /// Remove a neighbour entry.
     DelNeigh(Neigh),
-    /// Create a bridge (up, with the gateway address unless the network is internal).
+    /// Create a bridge (up, with `addrs`: the gateway unless the network is internal, and on the ingress
+    /// network the node's own ingress address as a /32).
     CreateBridge {
         name: String,
         mtu: u16,
-        gateway: Option<Ipv4Cidr>,
+        addrs: Vec<Ipv4Cidr>,
     },
     /// Create a VXLAN device without learning, with ARP proxy, enslaved to `bridge`, up.
     CreateVxlan {
@@ -189,20 +190,36 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     // Host links Shoal wants, with the ops that create them.
     let mut wanted: BTreeSet<String> = BTreeSet::new();
     let mut rebuilt_bridges: BTreeSet<String> = BTreeSet::new();
+    // Addresses the node can already reach before this plan runs (kept neighbour entries of remote tasks,
+    // local tasks whose interfaces stay): a published port's DNAT may point only at those until the rest of
+    // the plan has made the others reachable.
+    let mut reachable: BTreeSet<Ipv4Addr> = BTreeSet::new();
     let mut networks: Vec<_> = desired.networks.iter().collect();
     networks.sort_by_key(|n| n.vni);
     for n in &networks {
         let br = names::bridge(n.vni);
         let vx = names::vxlan(n.vni);
-        let gateway = (!n.internal).then_some(Ipv4Cidr {
-            addr: n.gateway,
-            prefix_len: n.subnet.prefix_len,
-        });
+        let mut addrs: Vec<Ipv4Cidr> = (!n.internal)
+            .then_some(Ipv4Cidr {
+                addr: n.gateway,
+                prefix_len: n.subnet.prefix_len,
+            })
+            .into_iter()
+            .collect();
+        // The routing mesh's source address: a /32, so the gateway stays the subnet route's source.
+        addrs.extend(
+            desired
+                .ingress
+                .iter()
+                .filter(|i| i.network_id == n.id)
+                .map(|i| Ipv4Cidr {
+                    addr: i.address,
+                    prefix_len: 32,
+                }),
+        );
+        addrs.sort();
         let br_ok = current.links.get(&br).is_some_and(|l| {
-            l.kind == LinkKind::Bridge
-                && l.up
-                && l.mtu == mtu
-                && l.addrs == gateway.into_iter().collect::<Vec<_>>()
+            l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs == addrs
         });
         if !br_ok {
             if current.links.contains_key(&br) {
@@ -211,7 +228,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             bridges.push(Op::CreateBridge {
                 name: br.clone(),
                 mtu,
-                gateway,
+                addrs,
             });
             rebuilt_bridges.insert(br.clone());
         }
@@ -280,6 +297,12 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 .filter(|f| !want_fdb.contains(f))
                 .map(|f| Op::DelFdb((*f).clone())),
         );
+        reachable.extend(
+            have_neigh
+                .iter()
+                .filter(|e| want_neigh.contains(e))
+                .map(|e| e.ip),
+        );
         removals.extend(
             have_neigh
                 .iter()
@@ -327,6 +350,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 .get(&ifname)
                 .is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
             if host_ok && inner_ok {
+                reachable.insert(a.address);
                 if rebuilt_bridges.contains(&br)
                     || host_link.and_then(|l| l.master.as_deref()) != Some(br.as_str())
                 {
@@ -414,20 +438,54 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     if networks.iter().any(|n| !n.internal) && !current.ip_forward {
         node.push(Op::EnableIpForward);
     }
+    // The node table goes in before any bridge can forward (isolation). When some published port's backend
+    // becomes reachable only through this plan (its forwarding entries or veth come later), that first table
+    // forwards to the reachable backends only, and the whole table follows at the end: no connection is
+    // DNATed to an address the node cannot reach yet.
+    let mut last = Vec::new();
+    let have = current.node_table.as_deref();
     match nft::node_table(desired) {
-        Some(table) if current.node_table.as_deref() != Some(table.tag.as_str()) => {
-            node.push(Op::ApplyNodeTable {
-                script: table.script,
-            })
+        Some(full) if have != Some(full.tag.as_str()) => {
+            let early = if desired.published.is_empty() {
+                None
+            } else {
+                let mut published = desired.published.clone();
+                for p in &mut published {
+                    p.backends.retain(|b| reachable.contains(b));
+                }
+                let now = NodeNetState {
+                    networks: desired.networks.clone(),
+                    ingress: desired.ingress.clone(),
+                    published,
+                    ..NodeNetState::new(desired.underlay_ip.unwrap_or(Ipv4Addr::UNSPECIFIED))
+                };
+                nft::node_table(&now).filter(|t| t.tag != full.tag)
+            };
+            match early {
+                Some(early) => {
+                    if have != Some(early.tag.as_str()) {
+                        node.push(Op::ApplyNodeTable {
+                            script: early.script,
+                        });
+                    }
+                    last.push(Op::ApplyNodeTable {
+                        script: full.script,
+                    });
+                }
+                None => node.push(Op::ApplyNodeTable {
+                    script: full.script,
+                }),
+            }
         }
         None if current.node_table.is_some() => node.push(Op::DeleteNodeTable),
         _ => {}
     }
 
-    // The isolation rules go in before any bridge can forward.
     let mut out = stale_ops;
     out.extend(node);
-    for part in [bridges, vxlans, masters, entries, veths, routes, tables] {
+    for part in [
+        bridges, vxlans, masters, entries, veths, routes, tables, last,
+    ] {
         out.extend(part);
     }
     out
@@ -544,7 +602,7 @@ mod tests {
         assert!(ops.contains(&Op::CreateBridge {
             name: "shlb7".into(),
             mtu: 1450,
-            gateway: None
+            addrs: vec![]
         }));
     }
 
@@ -624,6 +682,159 @@ mod tests {
             mac: mac_for(remote),
         });
         check(&o, &s, &["DelFdb", "AddFdb"]);
+    }
+
+    /// A node carrying the routing mesh: ingress network `n7` with the node's address 10.9.0.50, port 8080
+    /// over two backends (one of them remote), host-mode port 8081 to a local task, and 8082 with none.
+    fn meshed() -> NodeNetState {
+        use crate::state::{NodeIngress, Protocol, PublishedPort};
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        s.networks = vec![net(7)];
+        s.ingress = Some(NodeIngress {
+            network_id: "n7".into(),
+            address: Ipv4Addr::new(10, 9, 0, 50),
+        });
+        let port = |protocol, port, backends: &[u8]| PublishedPort {
+            protocol,
+            port,
+            target_port: 80,
+            backends: backends
+                .iter()
+                .map(|b| Ipv4Addr::new(10, 9, 0, *b))
+                .collect(),
+        };
+        s.published = vec![
+            port(Protocol::Tcp, 8080, &[3, 2]),
+            port(Protocol::Udp, 8081, &[2]),
+            port(Protocol::Tcp, 8082, &[]),
+        ];
+        s
+    }
+
+    #[test]
+    fn the_routing_mesh_puts_the_ingress_address_on_the_bridge_and_published_ports_in_the_node_table(
+    ) {
+        let s = meshed();
+        let ops = plan(&Observed::default(), &s);
+        assert!(
+            ops.contains(&Op::CreateBridge {
+                name: "shlb7".into(),
+                mtu: 1450,
+                addrs: vec![
+                    "10.9.0.1/24".parse().unwrap(),
+                    "10.9.0.50/32".parse().unwrap()
+                ],
+            }),
+            "{ops:?}"
+        );
+        let t = nft::node_table(&s).unwrap().script;
+        println!("{t}");
+        for want in [
+            "oifname \"shlb7\" ct status dnat snat to 10.9.0.50",
+            "oifname \"shlb7\" ip saddr 10.9.0.1 snat to 10.9.0.50",
+            "tcp dport 8080 dnat ip to numgen inc mod 2 map { 0 : 10.9.0.2 . 80, 1 : 10.9.0.3 . 80 }",
+            "udp dport 8081 dnat to 10.9.0.2:80",
+            "tcp dport 8082 reject with tcp reset",
+            "type nat hook prerouting priority -100",
+            "type nat hook output priority -100",
+            "fib daddr type local ip daddr != 127.0.0.0/8 jump published",
+            "policy accept;\n    ct status dnat accept\n",
+        ] {
+            assert!(t.contains(want), "{want:?} missing from\n{t}");
+        }
+        // On a fresh node no backend is reachable before the entries and veths exist: the first table refuses
+        // the ports, the whole table comes last.
+        let scripts: Vec<&String> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::ApplyNodeTable { script } => Some(script),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(scripts.len(), 2, "{ops:?}");
+        assert!(
+            scripts[0].contains("tcp dport 8080 reject") && !scripts[0].contains("dnat ip to"),
+            "{}",
+            scripts[0]
+        );
+        assert_eq!(*scripts[1], t);
+        assert!(matches!(ops.last(), Some(Op::ApplyNodeTable { .. })));
+        // No published port: no mesh chains, and the table is the one a node without the mesh has.
+        let mut plain = s.clone();
+        plain.published.clear();
+        plain.ingress = None;
+        let t = nft::node_table(&plain).unwrap().script;
+        assert!(!t.contains("published") && !t.contains("snat"), "{t}");
+        // The ingress address arriving later rebuilds the bridge with it (its veths re-enslaved).
+        let mut o = Observed {
+            ip_forward: true,
+            ..Observed::default()
+        };
+        o.links.insert(
+            "shlb7".into(),
+            Link {
+                addrs: vec!["10.9.0.1/24".parse().unwrap()],
+                ..link(LinkKind::Bridge)
+            },
+        );
+        let ops = plan(&o, &s);
+        assert_eq!(
+            kinds(&ops)[..3],
+            ["DeleteLink", "ApplyNodeTable", "CreateBridge"],
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn bad_published_ports_and_ingress_addresses_are_refused() {
+        use crate::state::{Protocol, PublishedPort, MAX_PUBLISHED_PORTS};
+        type Change = Box<dyn Fn(&mut NodeNetState)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (
+                Box::new(|s| s.ingress.as_mut().unwrap().network_id = "n9".into()),
+                "unknown network n9",
+            ),
+            (
+                Box::new(|s| s.ingress.as_mut().unwrap().address = Ipv4Addr::new(10, 9, 0, 1)),
+                "not a host address",
+            ),
+            (
+                Box::new(|s| s.ingress.as_mut().unwrap().address = Ipv4Addr::new(10, 9, 0, 255)),
+                "not a host address",
+            ),
+            (
+                Box::new(|s| {
+                    let p = s.published[0].clone();
+                    s.published.push(p)
+                }),
+                "port 8080/tcp is published twice",
+            ),
+            (Box::new(|s| s.published[1].target_port = 0), "1..=65535"),
+            (
+                Box::new(|s| s.published[0].backends.push(Ipv4Addr::new(10, 1, 0, 2))),
+                "backend 10.1.0.2 is on none of the node's networks",
+            ),
+            (
+                Box::new(|s| {
+                    s.published = (1..=MAX_PUBLISHED_PORTS as u16 + 1)
+                        .map(|port| PublishedPort {
+                            protocol: Protocol::Tcp,
+                            port,
+                            target_port: 80,
+                            backends: vec![],
+                        })
+                        .collect()
+                }),
+                "at most 4096",
+            ),
+        ];
+        meshed().validate().expect("the base state is valid");
+        for (change, want) in cases {
+            let mut s = meshed();
+            change(&mut s);
+            let err = s.validate().expect_err(want).to_string();
+            assert!(err.contains(want), "{err:?} lacks {want:?}");
+        }
     }
 
     #[test]

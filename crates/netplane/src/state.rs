@@ -29,6 +29,11 @@ pub const MAX_DNS_LABEL_LEN: usize = 63;
 pub const MAX_VNI: u32 = (1 << 24) - 1;
 /// Longest network, task or service ID accepted.
 pub const MAX_ID_LEN: usize = 64;
+/// Most ports published on one node (routing mesh and host mode together). With `MAX_BACKENDS_PER_SERVICE`
+/// it bounds the node table's published-port rules: one rule per port in each of two chains, each with at
+/// most that many map entries. The allocator already keeps ingress ports unique cluster-wide (65,535 per
+/// protocol at most) and the scheduler host ports unique per node.
+pub const MAX_PUBLISHED_PORTS: usize = 4096;
 /// Default UDP port of the VXLAN data path (as Docker's `--data-path-port`).
 pub const DEFAULT_VXLAN_PORT: u16 = 4789;
 /// Default MTU inside overlays: an underlay of 1500 less the 50 bytes of VXLAN encapsulation.
@@ -138,6 +143,54 @@ pub struct NodeNetState {
     pub networks: Vec<NetworkState>,
     /// The local tasks with network attachments.
     pub tasks: Vec<TaskState>,
+    /// This node's own address on the ingress network, when it carries the routing mesh: it is given to the
+    /// network's bridge and is the source of what the node forwards to the tasks behind a published port.
+    pub ingress: Option<NodeIngress>,
+    /// Ports published on every address of this node (routing mesh ports and host-mode ports of local tasks),
+    /// each forwarded to its backends.
+    pub published: Vec<PublishedPort>,
+}
+
+/// The node's own endpoint on the ingress network (its `Node.attachments` entry).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeIngress {
+    /// The ingress network's ID (one of `NodeNetState::networks`).
+    pub network_id: String,
+    /// The node's address on it.
+    pub address: Ipv4Addr,
+}
+
+/// A transport protocol of a published port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        })
+    }
+}
+
+/// A port published on the node's addresses: connections to any local address (but loopback) on `port` are
+/// forwarded to `target_port` of one of `backends` (spread evenly); none: refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishedPort {
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// The port on the node, 1..=65535.
+    pub port: u16,
+    /// The port on the backends, 1..=65535.
+    pub target_port: u16,
+    /// The task addresses behind it, each inside one of the node's networks: a service's running tasks on
+    /// the ingress network (routing mesh), or one local task (host mode).
+    pub backends: Vec<Ipv4Addr>,
 }
 
 impl NodeNetState {
@@ -149,6 +202,8 @@ impl NodeNetState {
             overlay_mtu: DEFAULT_OVERLAY_MTU,
             networks: Vec::new(),
             tasks: Vec::new(),
+            ingress: None,
+            published: Vec::new(),
         }
     }
 
@@ -193,6 +248,64 @@ impl NodeNetState {
             }
             if !vnis.insert(n.vni) {
                 return inv(format!("VNI {} is used by two networks", n.vni));
+            }
+        }
+        if let Some(i) = &self.ingress {
+            let Some(n) = self.network(&i.network_id) else {
+                return inv(format!(
+                    "the node's ingress address is on unknown network {}",
+                    i.network_id
+                ));
+            };
+            let broadcast = Ipv4Addr::from(
+                u32::from(n.subnet.network())
+                    | !(u32::MAX << (32 - u32::from(n.subnet.prefix_len))),
+            );
+            if !n.subnet.contains(i.address)
+                || i.address == n.gateway
+                || i.address == n.subnet.network()
+                || i.address == broadcast
+            {
+                return inv(format!(
+                    "the node's ingress address {} is not a host address of network {}'s subnet {}",
+                    i.address, n.id, n.subnet
+                ));
+            }
+        }
+        if self.published.len() > MAX_PUBLISHED_PORTS {
+            return inv(format!(
+                "{} published ports on one node; at most {MAX_PUBLISHED_PORTS}",
+                self.published.len()
+            ));
+        }
+        let mut ports = BTreeSet::new();
+        for p in &self.published {
+            if p.port == 0 || p.target_port == 0 {
+                return inv(format!(
+                    "published port {}/{} -> {}: ports must be 1..=65535",
+                    p.port, p.protocol, p.target_port
+                ));
+            }
+            if !ports.insert((p.protocol, p.port)) {
+                return inv(format!("port {}/{} is published twice", p.port, p.protocol));
+            }
+            if p.backends.len() > MAX_BACKENDS_PER_SERVICE {
+                return inv(format!(
+                    "published port {}/{}: {} backends; at most {MAX_BACKENDS_PER_SERVICE}",
+                    p.port,
+                    p.protocol,
+                    p.backends.len()
+                ));
+            }
+            if let Some(b) = p
+                .backends
+                .iter()
+                .find(|b| !self.networks.iter().any(|n| n.subnet.contains(**b)))
+            {
+                return inv(format!(
+                    "published port {}/{}: backend {b} is on none of the node's networks",
+                    p.port, p.protocol
+                ));
             }
         }
         let mut task_ids = BTreeSet::new();

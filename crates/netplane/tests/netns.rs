@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shoal_netplane::{
-    mac_for, Attachment, Executor, NetworkState, NodeNetState, Op, Peer, ServiceVip, TaskState,
+    mac_for, Attachment, Executor, NetworkState, NodeIngress, NodeNetState, Op, Peer, Protocol,
+    PublishedPort, ServiceVip, TaskState,
 };
 
 const PREFIX: &str = "shl-t";
@@ -582,6 +583,80 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     assert!(!t_client
         .output(&["nft", "list", "tables"])
         .contains("shoal"));
+    for (i, e) in [e0, e1].iter().enumerate() {
+        e.reconcile(&NodeNetState::new(NODE_IPS[i]))
+            .expect("teardown");
+        assert_eq!(
+            nodes.leftovers(i),
+            "",
+            "node {i} keeps Shoal's links or table"
+        );
+    }
+}
+
+#[test]
+fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_without_backends() {
+    let nodes = Nodes::new("mesh");
+    let (web1, web2) = (Ipv4Addr::new(10, 40, 0, 3), Ipv4Addr::new(10, 40, 0, 4));
+    let ingress_addr = [Ipv4Addr::new(10, 40, 0, 250), Ipv4Addr::new(10, 40, 0, 251)];
+    let (t_web1, t_web2) = (nodes.task("w1"), nodes.task("w2"));
+    // web1 on node 0, web2 on node 1; each node has its ingress address and forwards PORT to both.
+    let published = vec![PublishedPort {
+        protocol: Protocol::Tcp,
+        port: PORT,
+        target_port: PORT,
+        backends: vec![web1, web2],
+    }];
+    let state = |i: usize, web: (&str, &Netns, Ipv4Addr), remote: Ipv4Addr| {
+        let mut s = NodeNetState::new(NODE_IPS[i]);
+        let mut n = network("ingress", 5100, 40, false);
+        n.peers = vec![peer(remote, 1 - i), peer(ingress_addr[1 - i], 1 - i)];
+        s.networks = vec![n];
+        s.tasks = vec![task(web.0, web.1, &[("ingress", web.2)])];
+        s.ingress = Some(NodeIngress {
+            network_id: "ingress".into(),
+            address: ingress_addr[i],
+        });
+        s.published = published.clone();
+        s
+    };
+    let mut s0 = state(0, ("web1", &t_web1, web1), web2);
+    let s1 = state(1, ("web2", &t_web2, web2), web1);
+    let (e0, e1) = (nodes.exec(0), nodes.exec(1));
+    e0.reconcile(&s0).expect("node 0");
+    e1.reconcile(&s1).expect("node 1");
+    assert!(
+        e0.reconcile(&s0).expect("again").is_empty(),
+        "a second reconcile changes nothing"
+    );
+    let _srv1 = Server::start(t_web1.path(), web1, "web1");
+    let _srv2 = Server::start(t_web2.path(), web2, "web2");
+
+    // From the other node (prerouting) and from the node itself (output), to either node's address.
+    let timeout = Duration::from_secs(2);
+    for (from, to) in [(1, 0), (0, 0), (0, 1), (1, 1)] {
+        let (mut w1, mut w2) = (0, 0);
+        for _ in 0..20 {
+            match fetch(nodes.nodes[from].path(), NODE_IPS[to], timeout)
+                .unwrap_or_else(|e| panic!("node {from} to node {to}'s address: {e}"))
+                .as_str()
+            {
+                "web1" => w1 += 1,
+                "web2" => w2 += 1,
+                other => panic!("unexpected answer {other:?}"),
+            }
+        }
+        // `numgen inc`: an even spread.
+        assert_eq!((w1, w2), (10, 10), "node {from} to node {to}'s address");
+    }
+
+    // No backend: refused at once on node 0.
+    s0.published[0].backends.clear();
+    e0.reconcile(&s0).expect("no backends");
+    let err =
+        fetch(nodes.nodes[1].path(), NODE_IPS[0], timeout).expect_err("answered without backends");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+
     for (i, e) in [e0, e1].iter().enumerate() {
         e.reconcile(&NodeNetState::new(NODE_IPS[i]))
             .expect("teardown");

@@ -99,6 +99,7 @@ pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Resul
                 spec.set_membership(node_spec::Membership::Accepted);
                 spec.set_availability(node_spec::Availability::Active);
                 let mut node = Node {
+                    attachments: Vec::new(),
                     id: me.node_id.to_string(),
                     meta: Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
                     spec: Some(spec),

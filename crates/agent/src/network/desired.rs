@@ -4,6 +4,12 @@
 //! and the manager's view of the node's networks (`shoal.v1.NetworkView`: remote peers, services, VIPs,
 //! backends). Pure: no IO, no clock.
 //!
+//! The routing mesh (`view.ingress`, the node's own ingress attachment): the ingress network is carried with
+//! the node's address on it, and every port a service publishes in ingress mode is forwarded to the
+//! service's running tasks there (`PublishedPort`). Host-mode ports of the node's own networked tasks are
+//! forwarded to that task (its address on its first non-internal network). SCTP ports are not forwarded
+//! (the node table handles TCP and UDP; the process executor refuses such tasks).
+//!
 //! What a network needs is read from the `Network` object each attachment carries (the allocator copies it
 //! into the task): its VXLAN ID (driver option `com.docker.network.driver.overlay.vxlanid_list`), its first
 //! IPAM config's subnet and gateway, `internal`, and `encrypted` (driver option). A network without them
@@ -14,9 +20,13 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use shoal_api::port_config::{Protocol as WireProtocol, PublishMode};
 use shoal_api::shoal_v1::NodeNetworkView;
-use shoal_api::{Network, Task, TaskState as WireState};
-use shoal_netplane::{mac_for, Attachment, Ipv4Cidr, NetworkState, NodeNetState, Peer, ServiceVip, TaskState};
+use shoal_api::{Network, PortConfig, Task, TaskState as WireState};
+use shoal_netplane::{
+    mac_for, Attachment, Ipv4Cidr, NetworkState, NodeIngress, NodeNetState, Peer, Protocol, PublishedPort, ServiceVip,
+    TaskState,
+};
 
 /// The driver option that marks an encrypted overlay (`docker network create --opt encrypted`).
 pub const ENCRYPTED_OPTION: &str = "encrypted";
@@ -102,6 +112,25 @@ pub fn task_support(task: &Task, encryption: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// The data plane's protocol for a port's (`None`: SCTP, which the node table does not forward).
+pub fn port_protocol(p: &PortConfig) -> Option<Protocol> {
+    match WireProtocol::try_from(p.protocol) {
+        Ok(WireProtocol::Tcp) => Some(Protocol::Tcp),
+        Ok(WireProtocol::Udp) => Some(Protocol::Udp),
+        _ => None,
+    }
+}
+
+/// The address a host-mode port of `task` is forwarded to: the task's address on its first non-internal
+/// network (the one its default route leaves by, so replies come back through the node). `None` when it
+/// is only on internal networks, which reach nothing outside.
+pub fn host_port_backend(task: &Task) -> Option<Ipv4Addr> {
+    attachments(task).ok()?.into_iter().find_map(|(n, a)| {
+        let internal = n.spec.as_ref().is_some_and(|s| s.internal);
+        (!internal).then_some(a.address)
+    })
+}
+
 fn holds_network(task: &Task) -> bool {
     let s = WireState::from_wire(task.status.as_ref().map_or(0, |s| s.state));
     !s.is_terminal() && task.desired_state <= WireState::Running as i32
@@ -135,6 +164,13 @@ pub fn desired(
             add(n);
         }
     }
+    // The routing mesh: the node's own address on the ingress network.
+    let ingress = view.ingress.as_ref().and_then(|a| {
+        let n = a.network.as_ref()?;
+        let address: Ipv4Addr = a.addresses.first()?.split('/').next()?.parse().ok()?;
+        add(n);
+        Some(NodeIngress { network_id: n.id.clone(), address })
+    });
     let mut ids: Vec<&String> = assigned.keys().collect();
     ids.sort();
     for id in ids {
@@ -170,6 +206,52 @@ pub fn desired(
             })
             .collect();
     }
+    // Ingress ports first (every node forwards them), then the host-mode ports of this node's running
+    // tasks; a port already taken (the scheduler and allocator keep them apart) is not forwarded twice.
+    let mut published: BTreeMap<(Protocol, u16), PublishedPort> = BTreeMap::new();
+    if let Some(i) = ingress.as_ref().filter(|i| networks.contains_key(&i.network_id)) {
+        let subnet = networks[&i.network_id].subnet;
+        for s in view.networks.iter().filter(|v| v.network_id == i.network_id).flat_map(|v| &v.services) {
+            for p in &s.ingress_ports {
+                let proto = match WireProtocol::try_from(p.protocol) {
+                    Ok(WireProtocol::Tcp) => Protocol::Tcp,
+                    Ok(WireProtocol::Udp) => Protocol::Udp,
+                    _ => continue,
+                };
+                let (Ok(port), Ok(target_port)) = (u16::try_from(p.published_port), u16::try_from(p.target_port)) else {
+                    continue;
+                };
+                let backends =
+                    s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| subnet.contains(*ip)).collect();
+                published.entry((proto, port)).or_insert(PublishedPort { protocol: proto, port, target_port, backends });
+            }
+        }
+        state.ingress = Some(i.clone());
+    }
+    for id in plumbed.keys() {
+        let Some(t) = assigned.get(id) else { continue };
+        if !holds_network(t) {
+            continue;
+        }
+        let Some(backend) = host_port_backend(t) else { continue };
+        for p in t.endpoint.iter().flat_map(|e| &e.ports).filter(|p| p.publish_mode == PublishMode::Host as i32) {
+            let (Some(proto), Ok(port), Ok(target_port)) =
+                (port_protocol(p), u16::try_from(p.published_port), u16::try_from(p.target_port))
+            else {
+                continue;
+            };
+            if port == 0 || !networks.values().any(|n| n.subnet.contains(backend)) {
+                continue;
+            }
+            published.entry((proto, port)).or_insert(PublishedPort {
+                protocol: proto,
+                port,
+                target_port,
+                backends: vec![backend],
+            });
+        }
+    }
+    state.published = published.into_values().collect();
     for (id, t) in plumbed {
         if t.attachments.iter().any(|(n, _)| !networks.contains_key(&n.id)) {
             continue;

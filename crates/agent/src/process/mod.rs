@@ -22,7 +22,9 @@
 //! `/etc/resolv.conf`: the rest of the file system is the node's, as for any process task. Without the data
 //! plane, such a task is rejected with the reason the node has none. A networked task told to stop keeps
 //! running until this node's VIPs dropped it and then `NETWORK_DRAIN` more before its stop signal, so that no
-//! VIP sends it new connections as it goes.
+//! VIP sends it new connections as it goes. Its published ports are forwarded by the node's data plane
+//! (ingress ports from every node, host-mode ports from this one); what the plane cannot forward is refused
+//! (`ports_a_process_cannot_honour`).
 
 pub mod logs;
 mod spawner;
@@ -164,10 +166,12 @@ fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'sta
 /// Why the task's networks or ports cannot be honoured by a plain process, if they cannot. Without networks, a
 /// process shares its node's network and publishes a host-mode port only as the port it listens on
 /// (published = target); a port mapping or an ingress port would be dropped. With networks, it needs the
-/// node's data plane, and its ports are not published at all yet (no routing mesh nor host-port DNAT).
+/// node's data plane, which forwards its ingress ports from every node (routing mesh) and its host-mode ports
+/// from this node (`network::desired`): TCP and UDP, a host-mode port with its number given, and on a network
+/// that reaches outside (not only `--internal` ones).
 fn ports_a_process_cannot_honour(task: &Task, network: &Result<Arc<NetworkPlane>, String>) -> Option<String> {
     use shoal_api::port_config::PublishMode;
-    let mut ports = task.endpoint.iter().flat_map(|e| e.ports.iter());
+    let ports = task.endpoint.iter().flat_map(|e| e.ports.iter());
     if !task.networks.is_empty() {
         let plane = match network {
             Ok(p) => p,
@@ -180,12 +184,31 @@ fn ports_a_process_cannot_honour(task: &Task, network: &Result<Arc<NetworkPlane>
         if let Err(why) = plane.check_task(task) {
             return Some(why);
         }
-        if let Some(p) = ports.next() {
-            return Some(format!(
-                "the process executor cannot publish port {} of a task on a network yet (no routing mesh or \
-                 host-port forwarding into task namespaces); remove --publish or use the docker executor",
-                p.target_port
-            ));
+        for p in ports {
+            if crate::network::desired::port_protocol(p).is_none() {
+                return Some(format!(
+                    "EndpointSpec.Ports: port {} uses protocol sctp, which the data plane does not forward; \
+                     publish it as tcp or udp",
+                    p.target_port
+                ));
+            }
+            if p.publish_mode != PublishMode::Host as i32 {
+                continue;
+            }
+            if p.published_port == 0 {
+                return Some(format!(
+                    "EndpointSpec.Ports.PublishedPort: the host-mode port for target {} has no number; \
+                     give one (mode=host,published=<port>,target={0})",
+                    p.target_port
+                ));
+            }
+            if crate::network::desired::host_port_backend(task).is_none() {
+                return Some(format!(
+                    "EndpointSpec.Ports: host-mode port {} cannot reach a task that is only on --internal \
+                     networks; attach the service to a network that is not internal too",
+                    p.published_port
+                ));
+            }
         }
         return None;
     }

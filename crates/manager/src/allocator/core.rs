@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use shoal_api::{
-    endpoint, endpoint_spec, port_config, Endpoint, Network, NetworkAttachment, PortConfig, Service, Task,
+    endpoint, endpoint_spec, port_config, Endpoint, Network, NetworkAttachment, Node, PortConfig, Service, Task,
     TaskState, TaskStatus,
 };
 use shoal_store::{spec_networks, ActionKind, Change, Commit, Object, StoreObject, Tables};
@@ -57,6 +57,17 @@ fn task_addresses(t: &Task) -> Vec<(String, IpAddr)> {
     out
 }
 
+/// The addresses a node's own attachments hold (its ingress address, for the routing mesh), for as long as
+/// the node exists.
+fn node_addresses(n: &Node) -> Vec<(String, IpAddr)> {
+    let mut out = Vec::new();
+    for a in &n.attachments {
+        let Some(net) = &a.network else { continue };
+        out.extend(a.addresses.iter().filter_map(|s| parse_address(s)).map(|ip| (net.id.clone(), ip)));
+    }
+    out
+}
+
 fn service_vips(s: &Service) -> Vec<(String, IpAddr)> {
     let Some(e) = &s.endpoint else { return Vec::new() };
     e.virtual_ips.iter().filter_map(|v| Some((v.network_id.clone(), parse_address(&v.addr)?))).collect()
@@ -87,6 +98,8 @@ pub struct AllocatePass {
     pub services: Vec<Service>,
     /// Tasks moved to PENDING with their attachments, or left NEW with a new explanation.
     pub tasks: Vec<Task>,
+    /// Nodes with a new ingress attachment (or without a stale one), written last.
+    pub nodes: Vec<Node>,
     /// True when some task could not be allocated (retry every NEW task when capacity frees up).
     pub blocked: bool,
 }
@@ -112,7 +125,20 @@ impl Allocator {
         for t in tables.tasks().iter() {
             a.hold(&[], &task_addresses(t));
         }
+        for n in tables.nodes().iter() {
+            a.hold(&[], &node_addresses(n));
+        }
         a
+    }
+
+    /// Addresses left in network `network`'s pool.
+    pub fn free_addresses(&self, network: &str) -> Option<u64> {
+        self.pools.get(network).map(|p| p.free())
+    }
+
+    /// The ingress network's ID, when the cluster has one.
+    pub fn ingress(&self) -> Option<&str> {
+        self.ingress.as_deref()
     }
 
     fn add_network(&mut self, n: &Network) {
@@ -192,6 +218,14 @@ impl Allocator {
                     _ => vec![],
                 };
                 self.hold_service(&old, s)
+            }
+            (kind, Object::Node(n)) => {
+                let before = match &ch.old {
+                    Some(Object::Node(o)) => node_addresses(o),
+                    _ => Vec::new(),
+                };
+                let after = if *kind == ActionKind::Remove { Vec::new() } else { node_addresses(n) };
+                self.hold(&before, &after)
             }
             (kind, Object::Task(t)) => {
                 let before = match &ch.old {
@@ -366,6 +400,50 @@ impl Allocator {
             });
         }
         Ok(out)
+    }
+
+    /// Gives each of `nodes` (every node when `all`) its attachment to the ingress network (SwarmKit's
+    /// `Node.attachments`), keeping the address it has, and drops attachments to networks that are no longer
+    /// the ingress network (their addresses are freed when that write is applied). The routing mesh uses the
+    /// address as the source of what a node forwards to a service's tasks. A node waits (`blocked`) when the
+    /// ingress subnet is full. Bounded by the cluster's nodes.
+    pub fn allocate_nodes(&mut self, tables: &Tables, nodes: &BTreeSet<String>, all: bool, out: &mut AllocatePass) {
+        let ids: Vec<String> = if all {
+            tables.nodes().iter().map(|n| n.id.clone()).collect()
+        } else {
+            nodes.iter().cloned().collect()
+        };
+        let ingress = self.ingress.clone().and_then(|id| tables.networks().get(&id).map(|n| (**n).clone()));
+        for id in ids {
+            let Some(node) = tables.nodes().get(&id) else { continue };
+            let is_ingress = |a: &NetworkAttachment| {
+                a.network.as_ref().is_some_and(|n| ingress.as_ref().is_some_and(|i| i.id == n.id))
+            };
+            let kept: Vec<NetworkAttachment> =
+                node.attachments.iter().filter(|a| is_ingress(a) && !a.addresses.is_empty()).cloned().collect();
+            let mut want = kept.clone();
+            if want.is_empty() {
+                if let Some(net) = &ingress {
+                    let Some(pool) = self.pools.get_mut(&net.id) else { continue };
+                    let Some(ip) = pool.allocate() else {
+                        tracing::warn!(node = %id, "no address left in the ingress network for the node's routing mesh");
+                        out.blocked = true;
+                        continue;
+                    };
+                    want.push(NetworkAttachment {
+                        network: Some(net.clone()),
+                        addresses: vec![pool.with_prefix(ip)],
+                        aliases: Vec::new(),
+                        driver_attachment_opts: Default::default(),
+                    });
+                }
+            }
+            if want != node.attachments {
+                let mut n2 = (**node).clone();
+                n2.attachments = want;
+                out.nodes.push(n2);
+            }
+        }
     }
 
     /// One pass over `services` (IDs whose endpoint may need allocating) and `tasks` (IDs of tasks that may

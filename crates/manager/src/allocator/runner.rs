@@ -44,6 +44,8 @@ impl Subsystem for AllocatorLoop {
 #[derive(Default)]
 struct Work {
     services: BTreeSet<String>,
+    /// Nodes whose ingress attachment may need allocating.
+    nodes: BTreeSet<String>,
     tasks: BTreeSet<String>,
     all: bool,
     /// The last pass left a task waiting for capacity.
@@ -54,12 +56,18 @@ struct Work {
 
 impl Work {
     fn is_empty(&self) -> bool {
-        !self.all && self.services.is_empty() && self.tasks.is_empty()
+        !self.all && self.services.is_empty() && self.tasks.is_empty() && self.nodes.is_empty()
     }
 
     fn note(&mut self, alloc: &mut Allocator, commit: &Commit) {
         for ch in &commit.changes {
+            let ingress_gone =
+                ch.kind == ActionKind::Remove && matches!(&ch.object, Object::Network(n) if alloc.ingress() == Some(n.id.as_str()));
             if alloc.apply(ch) && self.blocked {
+                self.all = true;
+            }
+            // The ingress network removed: every node's attachment to it goes.
+            if ingress_gone {
                 self.all = true;
             }
             if ch.kind == ActionKind::Remove || self.all {
@@ -72,15 +80,21 @@ impl Work {
                 Object::Task(t) if observed_state(t) == shoal_api::TaskState::New => {
                     self.tasks.insert(t.id.clone());
                 }
+                Object::Node(n) => {
+                    self.nodes.insert(n.id.clone());
+                }
+                // A new ingress network: every node gets an address on it.
+                Object::Network(n) if alloc.ingress() == Some(n.id.as_str()) => self.all = true,
                 _ => {}
             }
-            if self.services.len() + self.tasks.len() > MAX_TRACKED_IDS {
+            if self.services.len() + self.tasks.len() + self.nodes.len() > MAX_TRACKED_IDS {
                 self.all = true;
             }
         }
         if self.all {
             self.services.clear();
             self.tasks.clear();
+            self.nodes.clear();
         }
     }
 
@@ -156,7 +170,10 @@ async fn pass(state: &ClusterState, alloc: &mut Allocator, work: &mut Work, even
             std::mem::take(&mut work.services)
         };
         let tasks = std::mem::take(&mut work.tasks);
-        Some(alloc.pass(t, &services, &tasks, all, now))
+        let nodes = std::mem::take(&mut work.nodes);
+        let mut out = alloc.pass(t, &services, &tasks, all, now);
+        alloc.allocate_nodes(t, &nodes, all, &mut out);
+        Some(out)
     })?;
     work.blocked = decided.blocked;
     let mut ok = true;
@@ -168,8 +185,12 @@ async fn pass(state: &ClusterState, alloc: &mut Allocator, work: &mut Work, even
     for t in decided.tasks {
         tasks.update(t);
     }
+    let mut nodes = Changes::new();
+    for n in decided.nodes {
+        nodes.update(n);
+    }
     // Services first: the tasks carry their endpoints.
-    'writes: for list in [services, tasks] {
+    'writes: for list in [services, tasks, nodes] {
         for chunk in chunk_actions(list.into_actions(), MAX_ACTIONS_PER_WRITE) {
             if let Err(e) = state.proposer.propose(chunk).await {
                 tracing::debug!(error = %e, "allocator write failed; rebuilding from the store");

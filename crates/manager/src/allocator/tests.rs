@@ -256,3 +256,74 @@ fn ingress_ports_are_held_once_and_missing_ones_come_from_the_dynamic_range() {
     assert_eq!(fx.task("b.0").status.as_ref().unwrap().state(), TaskState::Pending);
     assert!(fx.store.view(|t| t.services().get("b").unwrap().version()) > 0);
 }
+
+#[test]
+fn every_node_gets_one_ingress_address_kept_across_leaders_and_freed_with_the_node() {
+    let mut fx = Fx::new();
+    fx.write(|c| {
+        for i in 0..3 {
+            c.create(shoal_api::Node { id: format!("node{i}"), ..Default::default() });
+        }
+    });
+    let nodes_pass = |fx: &mut Fx| {
+        let mut out = super::AllocatePass::default();
+        fx.store.view(|t| fx.alloc.allocate_nodes(t, &BTreeSet::new(), true, &mut out));
+        let written = out.nodes.len();
+        if written > 0 {
+            fx.write(|c| {
+                for n in out.nodes {
+                    c.update(n);
+                }
+            });
+        }
+        written
+    };
+    assert_eq!(nodes_pass(&mut fx), 3);
+    let addr = |fx: &Fx, id: &str| {
+        fx.store.view(|t| {
+            let n = t.nodes().get(id).unwrap().clone();
+            assert_eq!(n.attachments.len(), 1, "{n:?}");
+            assert_eq!(n.attachments[0].network.as_ref().unwrap().id, "ingress");
+            n.attachments[0].addresses[0].clone()
+        })
+    };
+    let first: Vec<String> = (0..3).map(|i| addr(&fx, &format!("node{i}"))).collect();
+    assert_unique(&first);
+    assert!(first.iter().all(|a| a.starts_with("10.0.0.") && a.ends_with("/24")), "{first:?}");
+    assert_eq!(nodes_pass(&mut fx), 0, "nothing to do twice");
+    // A new leader keeps them and gives tasks other addresses.
+    fx.alloc = fx.store.view(Allocator::build);
+    assert_eq!(nodes_pass(&mut fx), 0);
+    let port = PortConfig {
+        protocol: port_config::Protocol::Tcp as i32,
+        target_port: 80,
+        published_port: 8080,
+        publish_mode: port_config::PublishMode::Ingress as i32,
+        ..Default::default()
+    };
+    fx.service("web", &[], vec![port]);
+    fx.tasks("web", 3);
+    fx.pass();
+    let mut held = fx.held();
+    held.extend(first.iter().map(|a| format!("ingress:{a}")));
+    assert_eq!(held.len(), 3 + 3 + 1);
+    assert_unique(&held);
+    // A removed node frees its address (as the next leader's pools, built from the store, agree).
+    let free = |fx: &Fx| fx.alloc.free_addresses("ingress").unwrap();
+    let before = free(&fx);
+    let gone = fx.store.view(|t| t.nodes().get("node1").unwrap().clone());
+    fx.write(|c| {
+        c.remove(gone);
+    });
+    assert_eq!(free(&fx), before + 1);
+    assert_eq!(fx.store.view(Allocator::build).free_addresses("ingress"), Some(before + 1));
+    // The ingress network removed: the nodes' attachments to it go.
+    let web = fx.store.view(|t| t.services().get("web").unwrap().clone());
+    let ingress = fx.store.view(|t| t.networks().get("ingress").unwrap().clone());
+    fx.write(|c| {
+        c.remove(web);
+        c.remove(ingress);
+    });
+    assert_eq!(nodes_pass(&mut fx), 2);
+    assert!(fx.store.view(|t| t.nodes().iter().all(|n| n.attachments.is_empty())));
+}

@@ -288,6 +288,7 @@ impl CaService {
         let availability =
             node_spec::Availability::try_from(req.availability).unwrap_or(node_spec::Availability::Active);
         let node = Node {
+            attachments: Vec::new(),
             id: node_id.clone(),
             meta: Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
             spec: Some(NodeSpec {

@@ -383,6 +383,7 @@ impl Dispatcher {
                         None => {
                             let now = self.state.now();
                             changes.create(Node {
+                                attachments: Vec::new(),
                                 id: node_id.to_string(),
                                 meta: Some(shoal_api::Meta {
                                     version: None,

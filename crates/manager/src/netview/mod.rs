@@ -19,8 +19,8 @@ mod service;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use shoal_api::shoal_v1::{NetworkPeers, NodeNetworkView, RemotePeer, ServiceBackends};
-use shoal_api::{endpoint_spec::ResolutionMode, Service, Task, TaskState};
+use shoal_api::shoal_v1::{MeshPort, NetworkPeers, NodeNetworkView, RemotePeer, ServiceBackends};
+use shoal_api::{endpoint_spec::ResolutionMode, port_config::PublishMode, NetworkAttachment, Node, Service, Task, TaskState};
 use shoal_store::Tables;
 
 pub use service::{NetworkViewService, MIN_RECOMPUTE_INTERVAL_MS};
@@ -81,20 +81,58 @@ fn vip_on(s: &Service, network_id: &str) -> Option<String> {
     ip.parse::<std::net::Ipv4Addr>().ok().map(|ip| ip.to_string())
 }
 
+/// The ports `s` publishes in ingress mode (numbers allocated), as the routing mesh forwards them.
+fn ingress_ports(s: &Service) -> Vec<MeshPort> {
+    s.endpoint
+        .iter()
+        .flat_map(|e| e.ports.iter())
+        .filter(|p| p.publish_mode == PublishMode::Ingress as i32 && p.published_port != 0)
+        .map(|p| MeshPort { protocol: p.protocol, published_port: p.published_port, target_port: p.target_port })
+        .collect()
+}
+
+/// The node's attachment to network `ingress` (allocated by the allocator), when it has an address.
+fn ingress_attachment<'a>(n: &'a Node, ingress: &str) -> Option<&'a NetworkAttachment> {
+    n.attachments
+        .iter()
+        .find(|a| a.network.as_ref().is_some_and(|net| net.id == ingress) && !a.addresses.is_empty())
+}
+
 /// What node `node_id` needs for its data plane (see the module doc). Deterministic: networks by ID, peers
 /// by address, services by name, backends by address.
 pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
-    let mut view = NodeNetworkView { node_addr: node_addr(t, node_id).unwrap_or_default(), networks: Vec::new() };
-    let on: BTreeSet<String> = t
+    let mut view =
+        NodeNetworkView { node_addr: node_addr(t, node_id).unwrap_or_default(), networks: Vec::new(), ingress: None };
+    let mut on: BTreeSet<String> = t
         .tasks()
         .by_node(node_id)
         .filter(|t| holds_address(t))
         .flat_map(|t| t.networks.iter().filter_map(|a| a.network.as_ref().map(|n| n.id.clone())))
         .collect();
+    // The routing mesh: once a service publishes a port in ingress mode, every node carries the ingress
+    // network with its own address there (its `Node.attachments` entry).
+    let ingress = t.networks().iter().find(|n| n.spec.as_ref().is_some_and(|s| s.ingress)).map(|n| n.id.clone());
+    if let Some(ingress) = &ingress {
+        let meshed = t.services().iter().any(|s| !ingress_ports(s).is_empty());
+        let own = t.nodes().get(node_id).and_then(|n| ingress_attachment(n, ingress).cloned());
+        if let (true, Some(own)) = (meshed, own) {
+            on.insert(ingress.clone());
+            view.ingress = Some(own);
+        }
+    }
     if on.is_empty() {
         return view;
     }
     let mut peers: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+    // Other nodes' ingress addresses: the sources of what they forward to this node's tasks.
+    if let (Some(ingress), true) = (&ingress, view.ingress.is_some()) {
+        for n in t.nodes().iter().filter(|n| n.id != node_id) {
+            let (Some(a), Some(addr)) = (ingress_attachment(n, ingress), node_addr(t, &n.id)) else { continue };
+            if let Some(ip) = a.addresses.first().and_then(|s| s.split('/').next()?.parse::<std::net::Ipv4Addr>().ok()) {
+                peers.entry(ingress.as_str()).or_default().insert(ip.to_string(), addr);
+            }
+        }
+    }
     for task in t.tasks().iter().filter(|t| t.node_id != node_id && holds_address(t)) {
         let Some(addr) = node_addr(t, &task.node_id) else { continue };
         for n in on.iter().map(String::as_str) {
@@ -120,6 +158,7 @@ pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
                 vip: vip_on(s, n).unwrap_or_default(),
                 backends,
                 aliases,
+                ingress_ports: if ingress.as_deref() == Some(n) { ingress_ports(s) } else { Vec::new() },
             });
         }
     }

@@ -147,6 +147,7 @@ fn backends(id: &str, name: &str, vip: &str, b: &[&str], aliases: &[&str]) -> Se
         vip: vip.into(),
         backends: b.iter().map(|s| s.to_string()).collect(),
         aliases: aliases.iter().map(|s| s.to_string()).collect(),
+        ingress_ports: vec![],
     }
 }
 
@@ -247,4 +248,70 @@ fn a_node_moving_to_another_address_moves_its_peers() {
     n2.status.as_mut().unwrap().addr = "192.168.9.9".into();
     fx.update(n2);
     assert_eq!(fx.view("n1").networks[0].peers, vec![peer("10.0.1.3", "192.168.9.9")]);
+}
+
+#[test]
+fn once_a_port_is_published_every_node_carries_ingress_with_its_address_and_the_mesh_ports() {
+    let mut fx = Fx::new();
+    let ingress = Network {
+        id: "ing".into(),
+        spec: Some(shoal_api::NetworkSpec { ingress: true, ..Default::default() }),
+        ..Default::default()
+    };
+    fx.create(ingress.clone());
+    for (id, host) in [("n1", 21), ("n2", 22), ("n3", 23)] {
+        let mut n = fx.store.view(|t| (**t.nodes().get(id).unwrap()).clone());
+        n.attachments = vec![NetworkAttachment {
+            network: Some(ingress.clone()),
+            addresses: vec![format!("10.0.9.{host}/24")],
+            ..Default::default()
+        }];
+        fx.update(n);
+    }
+    // No service publishes a port: no node carries ingress.
+    let v = fx.view("n1");
+    assert!(v.ingress.is_none() && v.networks.is_empty(), "{v:?}");
+
+    let mut web = service("s1", "web", &[], false);
+    let port = |mode: shoal_api::port_config::PublishMode, published: u32| shoal_api::PortConfig {
+        protocol: 0,
+        target_port: 80,
+        published_port: published,
+        publish_mode: mode as i32,
+        ..Default::default()
+    };
+    let e = web.endpoint.as_mut().unwrap();
+    e.ports = vec![port(shoal_api::port_config::PublishMode::Ingress, 8080), port(shoal_api::port_config::PublishMode::Host, 9090)];
+    e.virtual_ips = vec![endpoint::VirtualIp { network_id: "ing".into(), addr: "10.0.9.200/24".into() }];
+    fx.create(web);
+    fx.create(task("t1", "s1", "n2", TaskState::Running, &["ing"], 5));
+    fx.create(task("t2", "s1", "n3", TaskState::Running, &["ing"], 6));
+    fx.create(task("t3", "s1", "n3", TaskState::Starting, &["ing"], 7));
+
+    // n1 runs no task of web and still forwards 8080 (not the host-mode port) to both running tasks.
+    let v = fx.view("n1");
+    assert_eq!(v.ingress.as_ref().map(|a| a.addresses.clone()), Some(vec!["10.0.9.21/24".to_string()]));
+    let mut want = backends("s1", "web", "10.0.9.200", &["10.0.9.5", "10.0.9.6"], &[]);
+    want.ingress_ports = vec![shoal_api::shoal_v1::MeshPort { protocol: 0, published_port: 8080, target_port: 80 }];
+    assert_eq!(
+        v.networks,
+        vec![NetworkPeers {
+            network_id: "ing".into(),
+            peers: vec![
+                peer("10.0.9.5", "192.168.1.2"),
+                peer("10.0.9.6", "192.168.1.3"),
+                peer("10.0.9.7", "192.168.1.3"),
+                peer("10.0.9.22", "192.168.1.2"),
+                peer("10.0.9.23", "192.168.1.3"),
+            ],
+            services: vec![want],
+        }]
+    );
+    // A node without an ingress address (not allocated yet) carries no mesh.
+    let mut n1 = fx.store.view(|t| (**t.nodes().get("n1").unwrap()).clone());
+    n1.attachments.clear();
+    fx.update(n1);
+    let v = fx.view("n1");
+    assert!(v.ingress.is_none() && v.networks.is_empty(), "{v:?}");
+    assert!(!fx.view("n2").networks[0].peers.iter().any(|p| p.address == "10.0.9.21"));
 }

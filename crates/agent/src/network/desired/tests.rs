@@ -99,8 +99,10 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
                 vip: "10.0.1.200".into(),
                 backends: vec!["10.0.1.2".into(), "10.0.1.3".into()],
                 aliases: vec!["www".into()],
+                ingress_ports: vec![],
             }],
         }],
+        ingress: None,
     };
     let s = desired(Some(ip("192.168.0.1")), &plumbed, &assigned, &view);
     s.validate().unwrap();
@@ -154,4 +156,86 @@ fn encrypted_networks_and_incomplete_ones_are_refused_by_name() {
     bare.driver_state = None;
     let err = task_support(&task("t2", TaskState::Assigned, &[(&bare, 2)]), false).unwrap_err();
     assert!(err.contains("network bare has no VXLAN ID"), "{err}");
+}
+
+#[test]
+fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_task() {
+    use shoal_api::port_config::{Protocol as P, PublishMode};
+    use shoal_api::shoal_v1::MeshPort;
+    use shoal_netplane::{NodeIngress, Protocol, PublishedPort};
+    let ingress = network("net-ing", "ingress", 4096, 0, false, false);
+    let app = network("net-app", "appnet", 4097, 1, false, false);
+    let closed = network("net-closed", "closed", 4098, 2, true, false);
+    let mut web = task("web1", TaskState::Running, &[(&closed, 7), (&app, 2)]);
+    let port = |mode: PublishMode, proto: P, published: u32| shoal_api::PortConfig {
+        protocol: proto as i32,
+        target_port: 80,
+        published_port: published,
+        publish_mode: mode as i32,
+        ..Default::default()
+    };
+    web.endpoint = Some(shoal_api::Endpoint {
+        ports: vec![
+            port(PublishMode::Host, P::Tcp, 8081),
+            // Taken by the mesh already: not forwarded twice.
+            port(PublishMode::Host, P::Tcp, 8080),
+            port(PublishMode::Host, P::Sctp, 8083),
+        ],
+        ..Default::default()
+    }
+    .into());
+    let assigned = HashMap::from([("web1".to_string(), Arc::new(web.clone()))]);
+    let plumbed = BTreeMap::from([(
+        "web1".to_string(),
+        PlumbedTask { netns: "/run/netns/shl-task-web1".into(), attachments: attachments(&web).unwrap() },
+    )]);
+    let view = NodeNetworkView {
+        node_addr: "192.168.0.1".into(),
+        networks: vec![NetworkPeers {
+            network_id: "net-ing".into(),
+            peers: vec![RemotePeer { address: "10.0.0.3".into(), node_addr: "192.168.0.2".into() }],
+            services: vec![ServiceBackends {
+                service_id: "s2".into(),
+                name: "front".into(),
+                vip: "10.0.0.200".into(),
+                backends: vec!["10.0.0.3".into(), "10.0.0.4".into()],
+                aliases: vec![],
+                ingress_ports: vec![
+                    MeshPort { protocol: P::Tcp as i32, published_port: 8080, target_port: 80 },
+                    MeshPort { protocol: P::Udp as i32, published_port: 5353, target_port: 53 },
+                ],
+            }],
+        }],
+        ingress: Some(NetworkAttachment {
+            network: Some(ingress.clone()),
+            addresses: vec!["10.0.0.9/24".into()],
+            ..Default::default()
+        }),
+    };
+    let s = desired(Some(ip("192.168.0.1")), &plumbed, &assigned, &view);
+    s.validate().unwrap();
+    assert_eq!(s.ingress, Some(NodeIngress { network_id: "net-ing".into(), address: ip("10.0.0.9") }));
+    assert!(s.network("net-ing").is_some(), "the node carries ingress without a task on it");
+    let p = |protocol, port, target_port, backends: &[&str]| PublishedPort {
+        protocol,
+        port,
+        target_port,
+        backends: backends.iter().map(|b| ip(b)).collect(),
+    };
+    assert_eq!(
+        s.published,
+        vec![
+            p(Protocol::Tcp, 8080, 80, &["10.0.0.3", "10.0.0.4"]),
+            // The host-mode port goes to the task's address on its first non-internal network.
+            p(Protocol::Tcp, 8081, 80, &["10.0.1.2"]),
+            p(Protocol::Udp, 5353, 53, &["10.0.0.3", "10.0.0.4"]),
+        ]
+    );
+    // The task told to stop: its host port goes at once; without the ingress attachment, no mesh.
+    let mut stopping = web.clone();
+    stopping.set_desired_state(TaskState::Shutdown);
+    let assigned = HashMap::from([("web1".to_string(), Arc::new(stopping))]);
+    let view = NodeNetworkView { ingress: None, ..view };
+    let s = desired(Some(ip("192.168.0.1")), &plumbed, &assigned, &view);
+    assert!(s.ingress.is_none() && s.published.is_empty(), "{s:?}");
 }

@@ -1,0 +1,415 @@
+//! The routing mesh and host-mode published ports as users drive them: three `shoal daemon`s (one manager,
+//! two workers, process executor), each in its own network namespace (`shoal_testkit::netns`), so each
+//! carries its own bridges, VXLAN devices and nftables table over a real (veth) underlay.
+//!
+//! `docker service create -p 8080:80` with two replicas placed off node-2: every node's address answers on
+//! 8080, node-2's too (it runs no task of the service), from another node (the prerouting path) and from the
+//! node itself (the output path), and over many requests both tasks answer. `docker network inspect ingress`
+//! shows the node's ingress endpoint. A host-mode port (`--publish mode=host,published=8081,target=80`)
+//! answers on its task's node only, and a task of another network reaches the mesh through node addresses; what cannot be forwarded (a host-mode port without a number, SCTP, a
+//! host-mode port of a task only on `--internal` networks) is rejected on the task with the field named. A
+//! node killed and restarted clears what its crash left and forwards the port again. Scaling the service to 0 refuses the port on every node; removing it
+//! takes its rules away. A clean stop of the daemons leaves no `shl*` link, no Shoal nftables table and no
+//! task namespace.
+//!
+//! `RESULT RATE` lines: sequential requests per second (a new TCP connection each, a python3 client in
+//! node-2's namespace) through the mesh on node-0's address, through the mesh on node-2's own address (its
+//! backends all across VXLAN), and straight to a task's ingress address; the figures in BENCHMARKS.md.
+//! HTTP clients run in the node namespaces (`ip netns exec`): the test process's own namespace has no route to
+//! the underlay.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use shoal_testkit::daemon::DaemonOptions;
+use shoal_testkit::netns::Net;
+
+/// The remote API port of every node (each has its own namespace, hence its own port space).
+const PORT: u16 = 4242;
+const WAIT: Duration = Duration::from_secs(60);
+const PYTHON: &str = "/usr/bin/python3";
+
+/// An HTTP server on port 80 answering every request with the address the connection arrived at (the
+/// task's own address: its ingress address when reached through the mesh). Only `socket` is imported
+/// (python runs with `-S`), so it listens within milliseconds of its start.
+const SERVER: &str = r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 80))
+s.listen(128)
+while True:
+    c, _ = s.accept()
+    try:
+        c.settimeout(2)
+        c.recv(4096)
+        b = c.getsockname()[0].encode()
+        c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n' % len(b) + b)
+    except OSError:
+        pass
+    finally:
+        c.close()
+"#;
+
+/// `CLIENT host port n [rate]`: `n` sequential GETs (a connection each, 3 s timeout), then one line
+/// `answer=count ...` (failures counted as `error:<kind>`); with `rate`, one more line `RATE <requests/s>`
+/// (and the first failure ends the run).
+const CLIENT: &str = r#"
+import socket, sys, time, collections
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+seen = collections.Counter()
+t0 = time.time()
+for i in range(n):
+    try:
+        s = socket.create_connection((host, port), timeout=3)
+        s.sendall(b'GET / HTTP/1.0\r\n\r\n')
+        data = b''
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            data += d
+        s.close()
+        seen[data.split(b'\r\n\r\n', 1)[1].decode()] += 1
+    except OSError as e:
+        seen['error:' + type(e).__name__] += 1
+        if len(sys.argv) > 4:
+            break
+took = time.time() - t0
+print(' '.join('%s=%d' % kv for kv in sorted(seen.items())))
+if len(sys.argv) > 4:
+    print('RATE %.0f' % (n / took))
+"#;
+
+/// One manager and two workers, each in its own namespace; hostnames node-0..2.
+struct Cluster {
+    // Dropped before `net`: a namespace lives on while a process is inside it.
+    ds: Vec<DaemonProcess>,
+    net: Net,
+    /// Every task ID seen, so that a failed test still deletes their namespaces.
+    tasks_seen: BTreeSet<String>,
+}
+
+fn options(net: &Net, i: usize, extra_args: Vec<String>) -> DaemonOptions {
+    DaemonOptions {
+        listen_ip: Some(net.ip(i)),
+        port: Some(PORT),
+        netns: Some(net.ns(i).to_string()),
+        hostname: Some(format!("node-{i}")),
+        executor: Some("process".into()),
+        extra_args,
+        ..DaemonOptions::default()
+    }
+}
+
+impl Cluster {
+    fn start(tag: &str) -> Cluster {
+        let net = Net::new(tag, 3);
+        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, vec![]));
+        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
+        let mut c = Cluster { ds: vec![first], net, tasks_seen: BTreeSet::new() };
+        for i in 1..3 {
+            let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
+            c.ds.push(DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, join)));
+        }
+        wait_until("three nodes ready, each with the overlay plugin", WAIT, || {
+            let nodes = c.ds[0].get("/v1.47/nodes");
+            let ready = nodes
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|n| n["Status"]["State"] == "ready")
+                .filter(|n| {
+                    n["Description"]["Engine"]["Plugins"]
+                        .as_array()
+                        .is_some_and(|p| p.iter().any(|p| p["Type"] == "Network" && p["Name"] == "overlay"))
+                })
+                .count();
+            if ready == 3 { Ok(()) } else { Err(format!("{nodes}")) }
+        });
+        c
+    }
+
+    fn manager(&self) -> &DaemonProcess {
+        &self.ds[0]
+    }
+
+    fn docker(&self, args: &[&str]) -> String {
+        docker_cli::ok(self.manager().socket(), args)
+    }
+
+    /// The service's running tasks, once there are `n`.
+    fn running(&mut self, service: &str, n: usize) -> Vec<Value> {
+        wait_until(&format!("{n} running tasks of {service}"), WAIT, || {
+            let tasks = tasks_of(self.manager(), service);
+            for t in &tasks {
+                self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
+            }
+            let running: Vec<Value> =
+                tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").cloned().collect();
+            let problems: Vec<String> = tasks
+                .iter()
+                .filter(|t| !t["Status"]["Err"].as_str().unwrap_or("").is_empty())
+                .map(|t| format!("{}: {}", state(t), t["Status"]["Err"]))
+                .collect();
+            if running.len() == n { Ok(running) } else { Err(format!("{} running; {problems:?}", running.len())) }
+        })
+    }
+
+    /// The hostname index of the node task `t` runs on.
+    fn node_of(&self, t: &Value) -> usize {
+        let node = t["NodeID"].as_str().unwrap();
+        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
+        host.trim_start_matches("node-").parse().unwrap()
+    }
+
+    /// `CLIENT` run in node `from`'s namespace against `host:port`: the answers counted.
+    fn get(&self, from: usize, host: &str, port: u16, n: u32) -> BTreeMap<String, u32> {
+        let out = self.client(from, host, port, n, false);
+        parse_counts(out.lines().next().unwrap_or(""))
+    }
+
+    fn client(&self, from: usize, host: &str, port: u16, n: u32, rate: bool) -> String {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.net.ns(from), PYTHON, "-S", "-c", CLIENT, host, &port.to_string(), &n.to_string()]);
+        if rate {
+            cmd.arg("rate");
+        }
+        let out = cmd.output().expect("run the client");
+        assert!(out.status.success(), "client: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `cmd` in node `i`'s namespace; its output.
+    fn in_node(&self, i: usize, cmd: &[&str]) -> String {
+        let out = Command::new("ip").args(["netns", "exec", self.net.ns(i)]).args(cmd).output().expect("ip netns exec");
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.ds.first().is_some_and(|d| d.is_running()) {
+            if let Ok(r) = shoal_testkit::http::request(self.ds[0].socket(), "GET", "/v1.47/tasks", None) {
+                for t in r.body.as_array().into_iter().flatten() {
+                    self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
+                }
+            }
+        }
+        for d in &mut self.ds {
+            d.stop();
+        }
+        // A daemon that could not stop cleanly leaves its task namespaces (in the host's /run/netns).
+        for id in &self.tasks_seen {
+            let name = format!("shl-task-{id}");
+            let path = std::path::Path::new("/run/netns").join(&name);
+            if path.exists() {
+                let _ = Command::new("ip").args(["netns", "delete", &name]).output();
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
+
+fn parse_counts(line: &str) -> BTreeMap<String, u32> {
+    line.split_whitespace()
+        .filter_map(|kv| kv.rsplit_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(0)))
+        .collect()
+}
+
+/// The network namespace (`/proc/<pid>/ns/net`) of the `SERVER` task process that has address `addr`. The
+/// daemons made the task namespaces' `/run/netns` entries in their own mount namespaces (`ip netns exec`),
+/// so the test enters them through the task's process.
+fn task_netns(addr: &str) -> String {
+    let mut seen = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains("s.bind(('0.0.0.0', 80))") {
+            continue;
+        }
+        let ns = format!("/proc/{pid}/ns/net");
+        let out = Command::new("nsenter").arg(format!("--net={ns}")).args(["ip", "-o", "-4", "addr"]).output().unwrap();
+        let addrs = String::from_utf8_lossy(&out.stdout).into_owned();
+        if addrs.contains(&format!(" {addr}/")) {
+            return ns;
+        }
+        seen.push(addrs);
+    }
+    panic!("no SERVER process with address {addr}: {seen:?}");
+}
+
+fn address_on(t: &Value, network: &str) -> String {
+    let a = t["NetworksAttachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["Network"]["Spec"]["Name"] == network)
+        .unwrap_or_else(|| panic!("task not on {network}: {t}"));
+    a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
+}
+
+/// Answers only from `want` (and at least one), nothing failed.
+fn only(answers: &BTreeMap<String, u32>, want: &BTreeSet<String>) -> Result<(), String> {
+    if !answers.is_empty() && answers.keys().all(|k| want.contains(k)) {
+        Ok(())
+    } else {
+        Err(format!("{answers:?}, want answers from {want:?}"))
+    }
+}
+
+#[test]
+fn a_published_port_answers_on_every_node_and_follows_the_service() {
+    let mut c = Cluster::start("rm");
+    c.docker(&[
+        "service", "create", "--detach", "--name", "web", "--replicas", "2", "--constraint", "node.hostname!=node-2",
+        "--restart-condition", "none", "-p", "8080:80", "python", PYTHON, "-S", "-c", SERVER,
+    ]);
+    let web = c.running("web", 2);
+    let tasks: BTreeSet<String> = web.iter().map(|t| address_on(t, "ingress")).collect();
+    assert!(web.iter().all(|t| c.node_of(t) != 2), "placed off node-2");
+
+    // Every node's address, from the next node (prerouting) and from the node itself (output): node-2 runs
+    // no task of web and answers too.
+    for i in 0..3 {
+        let addr = c.net.ip(i);
+        for from in [(i + 1) % 3, i] {
+            wait_until(&format!("{addr}:8080 answers from node-{from}"), WAIT, || only(&c.get(from, &addr, 8080, 1), &tasks));
+        }
+        let answers = c.get((i + 1) % 3, &addr, 8080, 40);
+        println!("node-{i} {addr}:8080 from node-{}: {answers:?}", (i + 1) % 3);
+        only(&answers, &tasks).unwrap();
+        for t in &tasks {
+            let n = answers.get(t).copied().unwrap_or(0);
+            assert!(n >= 10, "task {t} answered {n} of 40 requests to node-{i}: {answers:?}");
+        }
+    }
+
+    // The node's ingress endpoint, as Docker shows its ingress sandbox.
+    let ingress = c.manager().get("/v1.47/networks/ingress");
+    let sbox = &ingress["Containers"]["ingress-sbox"];
+    let sbox_addr = sbox["IPv4Address"].as_str().unwrap_or_else(|| panic!("no ingress-sbox: {ingress}"));
+    let subnet = ingress["IPAM"]["Config"][0]["Subnet"].as_str().unwrap();
+    let prefix = subnet.rsplit_once('.').unwrap().0;
+    assert!(sbox_addr.starts_with(prefix) && !tasks.contains(sbox_addr.split('/').next().unwrap()), "{sbox}");
+
+    // Sequential request rates from node-2: mesh on another node's address, mesh on its own, straight.
+    let straight = tasks.iter().next().unwrap().clone();
+    for (label, host, port) in [("mesh-other-node", c.net.ip(0), 8080), ("mesh-own-node", c.net.ip(2), 8080), ("straight-to-task", straight, 80)]
+    {
+        let out = c.client(2, &host, port, 300, true);
+        let rate = out.lines().find_map(|l| l.strip_prefix("RATE ")).unwrap_or("?").to_string();
+        assert!(!out.contains("error"), "{label}: {out}");
+        println!("RESULT RATE {label} {rate} (requests/s, a new connection each, python3 client in node-2's namespace)");
+    }
+
+    // Host mode: on its task's node only, to that task.
+    c.docker(&["network", "create", "-d", "overlay", "appnet"]);
+    c.docker(&[
+        "service", "create", "--detach", "--name", "hostweb", "--network", "appnet", "--constraint", "node.hostname==node-1",
+        "--restart-condition", "none", "--publish", "mode=host,published=8081,target=80", "python", PYTHON, "-S", "-c", SERVER,
+    ]);
+    let hostweb = c.running("hostweb", 1);
+    let own: BTreeSet<String> = [address_on(&hostweb[0], "appnet")].into();
+    let node1 = c.net.ip(1);
+    wait_until("host-mode port 8081 answers on node-1", WAIT, || only(&c.get(0, &node1, 8081, 1), &own));
+    only(&c.get(2, &node1, 8081, 10), &own).unwrap();
+    for i in [0, 2] {
+        let answers = c.get(1, &c.net.ip(i), 8081, 1);
+        assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "8081 on node-{i}: {answers:?}");
+    }
+
+    // A task of another network reaches the mesh through its own node's address and another node's.
+    let hostweb_ns = task_netns(own.iter().next().unwrap());
+    for addr in [c.net.ip(1), c.net.ip(0)] {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={hostweb_ns}"))
+            .args([PYTHON, "-S", "-c", CLIENT, &addr, "8080", "4"])
+            .output()
+            .expect("client in the task's namespace");
+        let answers = parse_counts(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or(""));
+        only(&answers, &tasks).unwrap_or_else(|e| panic!("from hostweb's namespace to {addr}:8080: {e}"));
+    }
+
+    // What the data plane cannot forward is refused, the field named, on the task.
+    c.docker(&["network", "create", "-d", "overlay", "--internal", "closed"]);
+    let refusals: [(&str, &[&str], &str); 3] = [
+        ("unnumbered", &["--network", "appnet", "--publish", "mode=host,target=80"], "EndpointSpec.Ports.PublishedPort"),
+        ("sctp", &["--publish", "published=8090,target=80,protocol=sctp"], "protocol sctp"),
+        ("inside", &["--network", "closed", "--publish", "mode=host,published=8085,target=80"], "only on --internal networks"),
+    ];
+    for (name, flags, want) in refusals {
+        let mut args = vec!["service", "create", "--detach", "--name", name, "--restart-condition", "none"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["python", PYTHON, "-S", "-c", SERVER]);
+        c.docker(&args);
+        wait_until(&format!("{name} rejected for {want:?}"), WAIT, || {
+            let tasks = tasks_of(c.manager(), name);
+            let errs: Vec<String> = tasks.iter().map(|t| format!("{}: {}", state(t), t["Status"]["Err"])).collect();
+            if tasks.iter().any(|t| state(t) == "rejected" && t["Status"]["Err"].as_str().unwrap_or("").contains(want)) {
+                Ok(())
+            } else {
+                Err(format!("{errs:?}"))
+            }
+        });
+        c.docker(&["service", "rm", name]);
+    }
+
+    // A crash leaves node-2's links and rules; its restart clears them and rebuilds the mesh.
+    c.ds[2].kill9();
+    assert!(c.in_node(2, &["ip", "-o", "link"]).contains(": shl"), "a crash leaves the links");
+    c.ds[2].restart(&[]);
+    let node2 = c.net.ip(2);
+    wait_until("node-2's mesh answers again after its restart", WAIT, || only(&c.get(0, &node2, 8080, 1), &tasks));
+    let answers = c.get(0, &node2, 8080, 20);
+    only(&answers, &tasks).unwrap();
+    assert_eq!(answers.len(), 2, "both tasks answer through the restarted node: {answers:?}");
+
+    // No task left: the port is refused on every node; the service removed: its rules go.
+    c.docker(&["service", "scale", "--detach", "web=0"]);
+    for i in 0..3 {
+        let addr = c.net.ip(i);
+        wait_until(&format!("{addr}:8080 refused once web has no task"), WAIT, || {
+            let answers = c.get((i + 1) % 3, &addr, 8080, 1);
+            if answers.keys().collect::<Vec<_>>() == ["error:ConnectionRefusedError"] { Ok(()) } else { Err(format!("{answers:?}")) }
+        });
+    }
+    c.docker(&["service", "rm", "web"]);
+    for i in 0..3 {
+        wait_until(&format!("node-{i}'s table without port 8080"), WAIT, || {
+            let t = c.in_node(i, &["nft", "list", "table", "ip", "shoal"]);
+            if t.contains("8080") { Err(t) } else { Ok(()) }
+        });
+        let answers = c.get((i + 1) % 3, &c.net.ip(i), 8080, 1);
+        assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "{answers:?}");
+    }
+    only(&c.get(0, &node1, 8081, 1), &own).unwrap();
+
+    // A clean stop leaves no Shoal link, table or task namespace.
+    for t in tasks_of(c.manager(), "hostweb") {
+        c.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
+    }
+    for d in &mut c.ds {
+        assert!(d.stop(), "the daemon stops cleanly");
+    }
+    for i in 0..3 {
+        let links = c.in_node(i, &["ip", "-o", "link"]);
+        let ours: Vec<&str> = links.lines().filter(|l| l.contains(": shl")).collect();
+        assert!(ours.is_empty(), "node-{i} keeps Shoal links: {ours:?}");
+        let tables = c.in_node(i, &["nft", "list", "tables"]);
+        assert!(!tables.contains("shoal"), "node-{i} keeps Shoal's table: {tables}");
+    }
+    let left: Vec<String> = c
+        .tasks_seen
+        .iter()
+        .map(|id| format!("shl-task-{id}"))
+        .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
+        .collect();
+    assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
+}
