@@ -243,6 +243,12 @@ fn the_readme_stack_walkthrough_runs_on_a_daemon_started_with_the_defaults() {
     };
     let first = get("hello");
     assert_eq!(first.windows(2).filter(|w| w[1] == w[0] + 1).count(), 2, "one more per request: {first:?}");
+    // The README's `curl http://<the node's address>:8080/`: the published port, through the routing mesh.
+    let url = format!("http://{}:8080/", node.net.ip(0));
+    let script = format!("import urllib.request\nprint(urllib.request.urlopen('{url}', timeout=5).read().decode())");
+    let out = Command::new("ip").args(["netns", "exec", node.net.ns(0), "python3", "-c", &script]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("front: hello #"), "{url}: {text}{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(app.join("compose.yml")).unwrap();
     std::fs::write(app.join("compose.yml"), text.replace("GREETING: hello", "GREETING: bonjour")).unwrap();
     docker(&["stack", "deploy", "-c", compose, "app"]);

@@ -24,13 +24,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 
+use common::netcluster::Cluster;
 use common::*;
 use serde_json::Value;
-use shoal_testkit::daemon::DaemonOptions;
-use shoal_testkit::netns::Net;
 
-/// The remote API port of every node (each has its own namespace, hence its own port space).
-const PORT: u16 = 4242;
 const WAIT: Duration = Duration::from_secs(60);
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -86,88 +83,13 @@ if len(sys.argv) > 4:
     print('RATE %.0f' % (n / took))
 "#;
 
-/// One manager and two workers, each in its own namespace; hostnames node-0..2.
-struct Cluster {
-    // Dropped before `net`: a namespace lives on while a process is inside it.
-    ds: Vec<DaemonProcess>,
-    net: Net,
-    /// Every task ID seen, so that a failed test still deletes their namespaces.
-    tasks_seen: BTreeSet<String>,
+/// The test's HTTP client, run from a node's namespace.
+trait MeshClient {
+    fn get(&self, from: usize, host: &str, port: u16, n: u32) -> BTreeMap<String, u32>;
+    fn client(&self, from: usize, host: &str, port: u16, n: u32, rate: bool) -> String;
 }
 
-fn options(net: &Net, i: usize, extra_args: Vec<String>) -> DaemonOptions {
-    DaemonOptions {
-        listen_ip: Some(net.ip(i)),
-        port: Some(PORT),
-        netns: Some(net.ns(i).to_string()),
-        hostname: Some(format!("node-{i}")),
-        executor: Some("process".into()),
-        extra_args,
-        ..DaemonOptions::default()
-    }
-}
-
-impl Cluster {
-    fn start(tag: &str) -> Cluster {
-        let net = Net::new(tag, 3);
-        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, vec![]));
-        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
-        let mut c = Cluster { ds: vec![first], net, tasks_seen: BTreeSet::new() };
-        for i in 1..3 {
-            let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
-            c.ds.push(DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, join)));
-        }
-        wait_until("three nodes ready, each with the overlay plugin", WAIT, || {
-            let nodes = c.ds[0].get("/v1.47/nodes");
-            let ready = nodes
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|n| n["Status"]["State"] == "ready")
-                .filter(|n| {
-                    n["Description"]["Engine"]["Plugins"]
-                        .as_array()
-                        .is_some_and(|p| p.iter().any(|p| p["Type"] == "Network" && p["Name"] == "overlay"))
-                })
-                .count();
-            if ready == 3 { Ok(()) } else { Err(format!("{nodes}")) }
-        });
-        c
-    }
-
-    fn manager(&self) -> &DaemonProcess {
-        &self.ds[0]
-    }
-
-    fn docker(&self, args: &[&str]) -> String {
-        docker_cli::ok(self.manager().socket(), args)
-    }
-
-    /// The service's running tasks, once there are `n`.
-    fn running(&mut self, service: &str, n: usize) -> Vec<Value> {
-        wait_until(&format!("{n} running tasks of {service}"), WAIT, || {
-            let tasks = tasks_of(self.manager(), service);
-            for t in &tasks {
-                self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
-            }
-            let running: Vec<Value> =
-                tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").cloned().collect();
-            let problems: Vec<String> = tasks
-                .iter()
-                .filter(|t| !t["Status"]["Err"].as_str().unwrap_or("").is_empty())
-                .map(|t| format!("{}: {}", state(t), t["Status"]["Err"]))
-                .collect();
-            if running.len() == n { Ok(running) } else { Err(format!("{} running; {problems:?}", running.len())) }
-        })
-    }
-
-    /// The hostname index of the node task `t` runs on.
-    fn node_of(&self, t: &Value) -> usize {
-        let node = t["NodeID"].as_str().unwrap();
-        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
-        host.trim_start_matches("node-").parse().unwrap()
-    }
-
+impl MeshClient for Cluster {
     /// `CLIENT` run in node `from`'s namespace against `host:port`: the answers counted.
     fn get(&self, from: usize, host: &str, port: u16, n: u32) -> BTreeMap<String, u32> {
         let out = self.client(from, host, port, n, false);
@@ -183,36 +105,6 @@ impl Cluster {
         let out = cmd.output().expect("run the client");
         assert!(out.status.success(), "client: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Runs `cmd` in node `i`'s namespace; its output.
-    fn in_node(&self, i: usize, cmd: &[&str]) -> String {
-        let out = Command::new("ip").args(["netns", "exec", self.net.ns(i)]).args(cmd).output().expect("ip netns exec");
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if self.ds.first().is_some_and(|d| d.is_running()) {
-            if let Ok(r) = shoal_testkit::http::request(self.ds[0].socket(), "GET", "/v1.47/tasks", None) {
-                for t in r.body.as_array().into_iter().flatten() {
-                    self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
-                }
-            }
-        }
-        for d in &mut self.ds {
-            d.stop();
-        }
-        // A daemon that could not stop cleanly leaves its task namespaces (in the host's /run/netns).
-        for id in &self.tasks_seen {
-            let name = format!("shl-task-{id}");
-            let path = std::path::Path::new("/run/netns").join(&name);
-            if path.exists() {
-                let _ = Command::new("ip").args(["netns", "delete", &name]).output();
-                let _ = std::fs::remove_file(&path);
-            }
-        }
     }
 }
 

@@ -7,7 +7,8 @@
 //!
 //! Checked by behaviour, from a probe task on the stack's network: `http://front/` answers through both tiers
 //! with a counter that rises by one per request (one store behind two api tasks); the store refuses a request
-//! without the token. A redeploy that changes only the api's environment replaces only the api's tasks, and the
+//! without the token; `front`'s published port 8080 answers on every node's address through the routing mesh
+//! (the node that runs no front task included), from each node. A redeploy that changes only the api's environment replaces only the api's tasks, and the
 //! counter goes on (the store kept running). `docker stack rm` removes everything the stack made.
 
 mod common;
@@ -141,6 +142,26 @@ fn a_three_tier_stack_answers_by_name_keeps_its_secret_and_redeploys_one_tier() 
     let answers = probe(&mut c, "probe1", "http://front/", 20);
     let n = counts(&answers, "hello");
     assert_eq!(n, (n[0]..n[0] + 20).collect::<Vec<u32>>(), "{answers:?}");
+    // Through the routing mesh: port 8080 of every node's address, asked from every node.
+    let fronts: BTreeSet<usize> = tasks_of(c.manager(), "app_front")
+        .iter()
+        .filter(|t| desired(t) == "running")
+        .map(|t| c.node_of(t))
+        .collect();
+    println!("front runs on nodes {fronts:?}");
+    let mut last = n[19];
+    for from in 0..3 {
+        for to in 0..3 {
+            let url = format!("http://{}:8080/", c.net.ip(to));
+            let script = format!(
+                "import time, urllib.request\nfor i in range(50):\n    try:\n        print(urllib.request.urlopen('{url}', timeout=5).read().decode()); break\n    except Exception as e:\n        err = e; time.sleep(0.1)\nelse:\n    print('error', err)\n"
+            );
+            let out = c.in_node(from, &["python3", "-S", "-c", &script]);
+            let m = counts(&[format!("200 {}", out.trim())], "hello");
+            assert!(m[0] > last, "node-{from} -> node-{to}:8080 answered {out:?} after #{last}");
+            last = m[0];
+        }
+    }
     // The store answers only with the secret's token.
     assert_eq!(probe(&mut c, "probe2", "http://store:7000/hits", 1), ["403"]);
 
@@ -166,7 +187,7 @@ fn a_three_tier_stack_answers_by_name_keeps_its_secret_and_redeploys_one_tier() 
     assert_eq!(before, after, "front and store kept their tasks");
     let answers = probe(&mut c, "probe3", "http://front/", 5);
     let m = counts(&answers, "bonjour");
-    assert!(m[0] > n[19], "the store kept its count across the api's update: {answers:?} after {n:?}");
+    assert!(m[0] > last, "the store kept its count across the api's update: {answers:?} after #{last}");
 
     // `stack rm` removes every service, network, secret and config of the stack.
     c.docker(&["stack", "rm", "app"]);

@@ -4,9 +4,9 @@
 //! `--prune` removes the services no longer in the file, `stack rm` removes everything the stack made and
 //! nothing else, and a key Shoal cannot honour fails the deploy with a message naming it.
 //!
-//! Every service of a stack is attached to an overlay network (the stack's `default` at least); until the
-//! agents carry overlay networks (issue 18's wiring) such tasks stay pending, so these tests check what the
-//! API holds and shows, not the app answering.
+//! Every service of a stack is attached to an overlay network (the stack's `default` at least); these daemons
+//! share the host's network namespace without a data plane, so such tasks stay pending here and these tests
+//! check what the API holds and shows. `stack_app.rs` runs a stack's app on nodes with their data plane.
 
 mod common;
 

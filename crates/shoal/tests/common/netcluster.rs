@@ -100,6 +100,23 @@ impl Cluster {
         tasks
     }
 
+    /// The hostname index of the node task `t` runs on.
+    pub fn node_of(&self, t: &Value) -> usize {
+        let node = t["NodeID"].as_str().unwrap();
+        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
+        host.trim_start_matches("node-").parse().unwrap()
+    }
+
+    /// Runs `cmd` in node `i`'s namespace; its output.
+    pub fn in_node(&self, i: usize, cmd: &[&str]) -> String {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", self.net.ns(i)])
+            .args(cmd)
+            .output()
+            .expect("ip netns exec");
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    }
+
     /// The `RESULT` lines task `t` printed, once it printed `DONE`.
     pub fn results(&self, t: &Value) -> Vec<String> {
         self.results_until(t, "DONE")
