@@ -21,36 +21,12 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::netcluster::{Cluster, PORT};
+use common::netcluster::{Cluster, PORT, PYTHON, SERVER};
 use common::*;
 use serde_json::{json, Value};
 use shoal_testkit::managers::post_service;
 
 const WAIT: Duration = Duration::from_secs(60);
-const PYTHON: &str = "/usr/bin/python3";
-
-/// An HTTP server on port 80 answering every request with the address the connection arrived at (the task's
-/// own address on the network, also when the client connected to the VIP). Only `socket` is imported (and
-/// python runs with `-S`): it listens within milliseconds of its start, so a task reported RUNNING answers
-/// almost at once (the process executor has no health check to wait for).
-const SERVER: &str = r#"
-import socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('0.0.0.0', 80))
-s.listen(128)
-while True:
-    c, _ = s.accept()
-    try:
-        c.settimeout(2)
-        c.recv(4096)
-        b = c.getsockname()[0].encode()
-        c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n' % len(b) + b)
-    except OSError:
-        pass
-    finally:
-        c.close()
-"#;
 
 /// Probes, by environment: `LOOKUP` names resolved (`RESULT LOOKUP name addr...` or `none`); with `WEB=n`,
 /// `web` and `tasks.web` resolved once `tasks.web` has `n` addresses, then (after a first answer) 200 GETs of

@@ -31,15 +31,12 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use common::netcluster::Cluster;
 use common::*;
 use serde_json::{json, Value};
-use shoal_testkit::daemon::DaemonOptions;
 use shoal_testkit::docker_engine::{self, engine, engine_ok};
 use shoal_testkit::managers::post_service;
-use shoal_testkit::netns::Net;
 
-/// The remote API port of every node (each has its own namespace, hence its own port space).
-const PORT: u16 = 4243;
 const WAIT: Duration = Duration::from_secs(90);
 /// The label of a network-namespace holder (`shoal_agent::docker::holder::LABEL_HOLDER_TASK_ID`).
 const HOLDER_LABEL: &str = "com.shoal.netns-holder.task.id";
@@ -78,90 +75,15 @@ while true; do
 done
 "#;
 
-struct Cluster {
-    // Dropped before `net`: a namespace lives on while a process is inside it.
-    ds: Vec<DaemonProcess>,
-    node_ids: Vec<String>,
-    net: Net,
-    /// Every task ID seen, so that a failed test still deletes their namespaces.
-    tasks_seen: BTreeSet<String>,
+/// What these tests look at on a node beside the API.
+trait DockerNodes {
+    fn containers(&self, i: usize, key: &str) -> Vec<String>;
+    fn shoal_links(&self, i: usize) -> Vec<String>;
+    fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String>;
+    fn task_namespaces(&self) -> Vec<String>;
 }
 
-fn options(net: &Net, i: usize, extra_args: Vec<String>) -> DaemonOptions {
-    DaemonOptions {
-        listen_ip: Some(net.ip(i)),
-        port: Some(PORT),
-        netns: Some(net.ns(i).to_string()),
-        hostname: Some(format!("node-{i}")),
-        executor: Some("docker".into()),
-        extra_args,
-        ..DaemonOptions::default()
-    }
-}
-
-fn node_id(d: &DaemonProcess) -> String {
-    let info = d.get("/v1.47/info");
-    let id = info["Swarm"]["NodeID"].as_str().unwrap_or_default().to_string();
-    assert!(!id.is_empty(), "/info has no Swarm.NodeID: {info}");
-    id
-}
-
-impl Cluster {
-    fn start(tag: &str) -> Cluster {
-        let net = Net::new(tag, 3);
-        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, vec![]));
-        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
-        let mut c = Cluster { node_ids: vec![node_id(&first)], ds: vec![first], net, tasks_seen: BTreeSet::new() };
-        for i in 1..3 {
-            let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
-            let d = DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, join));
-            c.node_ids.push(node_id(&d));
-            c.ds.push(d);
-        }
-        wait_until("three nodes ready, each with the overlay plugin", WAIT, || {
-            let nodes = c.ds[0].get("/v1.47/nodes");
-            let ready = nodes
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|n| n["Status"]["State"] == "ready")
-                .filter(|n| {
-                    n["Description"]["Engine"]["Plugins"]
-                        .as_array()
-                        .is_some_and(|p| p.iter().any(|p| p["Type"] == "Network" && p["Name"] == "overlay"))
-                })
-                .count();
-            if ready == 3 { Ok(()) } else { Err(format!("{nodes}")) }
-        });
-        c
-    }
-
-    fn manager(&self) -> &DaemonProcess {
-        &self.ds[0]
-    }
-
-    fn docker(&self, args: &[&str]) -> String {
-        docker_cli::ok(self.manager().socket(), args)
-    }
-
-    /// The service's running tasks, once there are `n`.
-    fn running(&mut self, service: &str, n: usize) -> Vec<Value> {
-        wait_until(&format!("{n} running tasks of {service}"), WAIT, || {
-            let tasks = tasks_of(self.manager(), service);
-            for t in &tasks {
-                self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
-            }
-            let running: Vec<Value> =
-                tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").cloned().collect();
-            let problems: Vec<String> = tasks
-                .iter()
-                .filter(|t| !t["Status"]["Err"].as_str().unwrap_or("").is_empty())
-                .map(|t| format!("{}: {}", state(t), t["Status"]["Err"]))
-                .collect();
-            if running.len() == n { Ok(running) } else { Err(format!("{} running; {problems:?}", running.len())) }
-        })
-    }
-
+impl DockerNodes for Cluster {
     /// Engine containers (running or not) of node `i` labelled `key` (any value).
     fn containers(&self, i: usize, key: &str) -> Vec<String> {
         let node = format!("label=com.docker.swarm.node.id={}", self.node_ids[i]);
@@ -209,39 +131,6 @@ impl Cluster {
             .map(|id| format!("shl-task-{id}"))
             .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
             .collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if self.ds.first().is_some_and(|d| d.is_running()) {
-            if let Ok(r) = shoal_testkit::http::request(self.ds[0].socket(), "GET", "/v1.47/tasks", None) {
-                for t in r.body.as_array().into_iter().flatten() {
-                    self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
-                }
-            }
-        }
-        for d in &mut self.ds {
-            d.stop();
-        }
-        // Containers and holders outlive a stopped daemon: every one of these nodes goes.
-        for id in &self.node_ids {
-            let filter = format!("label=com.docker.swarm.node.id={id}");
-            let out = engine(&["ps", "-aq", "--no-trunc", "--filter", &filter]);
-            for c in String::from_utf8_lossy(&out.stdout).lines() {
-                let _ = engine(&["rm", "-f", c]);
-            }
-            let _ = std::fs::remove_dir_all(format!("/dev/shm/shoal-{id}"));
-        }
-        for id in &self.tasks_seen {
-            let name = format!("shl-task-{id}");
-            let path = std::path::Path::new("/run/netns").join(&name);
-            if path.exists() {
-                let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
-                // Attached in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
-                let _ = std::fs::remove_file(&path);
-            }
-        }
     }
 }
 
@@ -309,7 +198,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     let image = docker_engine::ensure_test_image();
     // The executor imports its holder image when a task first needs it: every run goes through that.
     let _ = engine(&["image", "rm", "shoal-netns-holder:1"]);
-    let mut c = Cluster::start("dn");
+    let mut c = Cluster::start_docker("dn");
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
 
     let t0 = std::time::Instant::now();
@@ -551,7 +440,7 @@ fn a_docker_task_on_a_network_with_a_published_port_is_rejected_naming_the_field
         return;
     }
     let image = docker_engine::ensure_test_image();
-    let mut c = Cluster::start("dr");
+    let mut c = Cluster::start_docker("dr");
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
     let mut spec = service("pub", image, "node.hostname==node-1", 1, "sleep 1000", &[]);
     spec["EndpointSpec"] = json!({"Ports": [{"TargetPort": 80, "PublishedPort": 8080, "PublishMode": "host"}]});

@@ -24,34 +24,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 
-use common::netcluster::Cluster;
+use common::netcluster::{Cluster, PYTHON, SERVER};
 use common::*;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
-const PYTHON: &str = "/usr/bin/python3";
-
-/// An HTTP server on port 80 answering every request with the address the connection arrived at (the
-/// task's own address: its ingress address when reached through the mesh). Only `socket` is imported
-/// (python runs with `-S`), so it listens within milliseconds of its start.
-const SERVER: &str = r#"
-import socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('0.0.0.0', 80))
-s.listen(128)
-while True:
-    c, _ = s.accept()
-    try:
-        c.settimeout(2)
-        c.recv(4096)
-        b = c.getsockname()[0].encode()
-        c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n' % len(b) + b)
-    except OSError:
-        pass
-    finally:
-        c.close()
-"#;
 
 /// `CLIENT host port n [rate]`: `n` sequential GETs (a connection each, 3 s timeout), then one line
 /// `answer=count ...` (failures counted as `error:<kind>`); with `rate`, one more line `RATE <requests/s>`

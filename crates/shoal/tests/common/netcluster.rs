@@ -1,13 +1,14 @@
-//! A cluster of three `shoal daemon`s (one manager, two workers, process executor), each in its own network
-//! namespace (`shoal_testkit::netns`), so each carries its own data plane (bridges, VXLAN devices, nftables
+//! A cluster of three `shoal daemon`s (one manager, two workers; process executor, or the docker executor with
+//! `start_docker`, the three sharing the machine's Docker Engine), each in its own network namespace (`shoal_testkit::netns`), so each carries its own data plane (bridges, VXLAN devices, nftables
 //! table) and the overlay crosses a real (veth) underlay between them; hostnames node-0..2. Used by the tests
-//! of the data plane and of stacks that run.
+//! of the data plane, the routing mesh, the docker executor on networks and of stacks that run.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::Value;
 use shoal_testkit::daemon::DaemonOptions;
+use shoal_testkit::docker_engine::engine;
 use shoal_testkit::netns::Net;
 
 use super::{desired, docker_cli, shoal_bin, state, tasks_of, wait_until, DaemonProcess};
@@ -15,37 +16,89 @@ use super::{desired, docker_cli, shoal_bin, state, tasks_of, wait_until, DaemonP
 /// The remote API port of every node (each has its own namespace, hence its own port space).
 pub const PORT: u16 = 4242;
 const WAIT: Duration = Duration::from_secs(60);
+/// Docker tasks wait longer (the holder image is loaded, containers are created through the engine).
+const DOCKER_WAIT: Duration = Duration::from_secs(90);
+
+/// The python3 of the process executor's tasks.
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// An HTTP server on port 80 answering every request with the address the connection arrived at (the task's
+/// own address on the network, also when the client connected to the VIP or through the mesh). Only `socket`
+/// is imported (python runs with `-S`): it listens within milliseconds of its start, so a task reported
+/// RUNNING answers almost at once (the process executor has no health check to wait for).
+pub const SERVER: &str = r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 80))
+s.listen(128)
+while True:
+    c, _ = s.accept()
+    try:
+        c.settimeout(2)
+        c.recv(4096)
+        b = c.getsockname()[0].encode()
+        c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n' % len(b) + b)
+    except OSError:
+        pass
+    finally:
+        c.close()
+"#;
 
 /// One manager and two workers, each in its own namespace; hostnames node-0..2.
 pub struct Cluster {
     // Dropped before `net`: a namespace lives on while a process is inside it.
     pub ds: Vec<DaemonProcess>,
+    /// The nodes' IDs, in the order of `ds`.
+    pub node_ids: Vec<String>,
     pub net: Net,
+    /// "process" or "docker".
+    executor: &'static str,
     /// Every task ID seen, so that a failed test still deletes their namespaces.
     pub tasks_seen: BTreeSet<String>,
 }
 
-fn options(net: &Net, i: usize, extra_args: Vec<String>) -> DaemonOptions {
+fn options(net: &Net, i: usize, executor: &str, extra_args: Vec<String>) -> DaemonOptions {
     DaemonOptions {
         listen_ip: Some(net.ip(i)),
         port: Some(PORT),
         netns: Some(net.ns(i).to_string()),
         hostname: Some(format!("node-{i}")),
-        executor: Some("process".into()),
+        executor: Some(executor.into()),
         extra_args,
         ..DaemonOptions::default()
     }
 }
 
+fn node_id(d: &DaemonProcess) -> String {
+    let info = d.get("/v1.47/info");
+    let id = info["Swarm"]["NodeID"].as_str().unwrap_or_default().to_string();
+    assert!(!id.is_empty(), "/info has no Swarm.NodeID: {info}");
+    id
+}
+
 impl Cluster {
+    /// Three process-executor nodes.
     pub fn start(tag: &str) -> Cluster {
+        Cluster::start_with(tag, "process")
+    }
+
+    /// Three docker-executor nodes; dropping the cluster removes their containers and holders too.
+    pub fn start_docker(tag: &str) -> Cluster {
+        Cluster::start_with(tag, "docker")
+    }
+
+    fn start_with(tag: &str, executor: &'static str) -> Cluster {
         let net = Net::new(tag, 3);
-        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, vec![]));
+        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, executor, vec![]));
         let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
-        let mut c = Cluster { ds: vec![first], net, tasks_seen: BTreeSet::new() };
+        let mut c =
+            Cluster { node_ids: vec![node_id(&first)], ds: vec![first], net, executor, tasks_seen: BTreeSet::new() };
         for i in 1..3 {
             let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
-            c.ds.push(DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, join)));
+            let d = DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, executor, join));
+            c.node_ids.push(node_id(&d));
+            c.ds.push(d);
         }
         wait_until("three nodes ready, each with the overlay plugin", WAIT, || {
             let nodes = c.ds[0].get("/v1.47/nodes");
@@ -79,7 +132,8 @@ impl Cluster {
 
     /// The service's running tasks, once there are `n`.
     pub fn running(&mut self, service: &str, n: usize) -> Vec<Value> {
-        let tasks = wait_until(&format!("{n} running tasks of {service}"), WAIT, || {
+        let wait = if self.executor == "docker" { DOCKER_WAIT } else { WAIT };
+        let tasks = wait_until(&format!("{n} running tasks of {service}"), wait, || {
             let tasks = tasks_of(self.manager(), service);
             for t in &tasks {
                 self.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
@@ -159,6 +213,17 @@ impl Drop for Cluster {
         }
         for d in &mut self.ds {
             d.stop();
+        }
+        // Containers and holders outlive a stopped daemon: every one of these nodes' goes.
+        if self.executor == "docker" {
+            for id in &self.node_ids {
+                let filter = format!("label=com.docker.swarm.node.id={id}");
+                let out = engine(&["ps", "-aq", "--no-trunc", "--filter", &filter]);
+                for c in String::from_utf8_lossy(&out.stdout).lines() {
+                    let _ = engine(&["rm", "-f", c]);
+                }
+                let _ = std::fs::remove_dir_all(format!("/dev/shm/shoal-{id}"));
+            }
         }
         // A daemon that could not stop cleanly leaves its task namespaces (in the host's /run/netns).
         for id in &self.tasks_seen {
