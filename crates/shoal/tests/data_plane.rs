@@ -21,7 +21,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::netcluster::{Cluster, PORT, PYTHON, SERVER};
+use common::netcluster::{address_on, Cluster, PORT, PYTHON, SERVER};
 use common::*;
 use serde_json::{json, Value};
 use shoal_testkit::managers::post_service;
@@ -89,16 +89,6 @@ fn python_service(name: &str, network: &str, constraint: &str, replicas: u64, sc
         },
         "Mode": {"Replicated": {"Replicas": replicas}},
     })
-}
-
-fn address_on(t: &Value, network: &str) -> String {
-    let a = t["NetworksAttachments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["Network"]["Spec"]["Name"] == network)
-        .unwrap_or_else(|| panic!("task not on {network}: {t}"));
-    a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
 }
 
 #[test]

@@ -31,7 +31,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::netcluster::Cluster;
+use common::netcluster::{address_on, Cluster};
 use common::*;
 use serde_json::{json, Value};
 use shoal_testkit::docker_engine::{self, engine, engine_ok};
@@ -145,16 +145,6 @@ fn service(name: &str, image: &str, constraint: &str, replicas: u64, script: &st
         },
         "Mode": {"Replicated": {"Replicas": replicas}},
     })
-}
-
-fn address_on(t: &Value, network: &str) -> String {
-    let a = t["NetworksAttachments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["Network"]["Spec"]["Name"] == network)
-        .unwrap_or_else(|| panic!("task not on {network}: {t}"));
-    a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
 }
 
 /// The engine container running task `t`.

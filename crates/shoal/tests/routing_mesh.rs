@@ -24,9 +24,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 
-use common::netcluster::{Cluster, PYTHON, SERVER};
+use common::netcluster::{address_on, Cluster, PYTHON, SERVER};
 use common::*;
-use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -112,16 +111,6 @@ fn task_netns(addr: &str) -> String {
         seen.push(addrs);
     }
     panic!("no SERVER process with address {addr}: {seen:?}");
-}
-
-fn address_on(t: &Value, network: &str) -> String {
-    let a = t["NetworksAttachments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["Network"]["Spec"]["Name"] == network)
-        .unwrap_or_else(|| panic!("task not on {network}: {t}"));
-    a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
 }
 
 /// Answers only from `want` (and at least one), nothing failed.

@@ -237,3 +237,14 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Task `t`'s address on `network` (without its prefix length).
+pub fn address_on(t: &Value, network: &str) -> String {
+    let a = t["NetworksAttachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["Network"]["Spec"]["Name"] == network)
+        .unwrap_or_else(|| panic!("task not on {network}: {t}"));
+    a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
+}
