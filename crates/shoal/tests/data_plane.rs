@@ -102,13 +102,7 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
     let web = c.running("web", 2);
     let mut web_addrs: Vec<String> = web.iter().map(|t| address_on(t, "appnet")).collect();
     web_addrs.sort();
-    let vip = c.manager().get("/v1.47/services/web")["Endpoint"]["VirtualIPs"][0]["Addr"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let vip = c.vip("web");
     let node0 = format!("{}:{PORT}", c.net.ip(0));
 
     // The client on node-2, which runs no web task: by name, through the VIP, over VXLAN.

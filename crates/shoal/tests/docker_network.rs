@@ -96,24 +96,12 @@ impl DockerNodes for Cluster {
 
     /// The Shoal links (`shl*`) in node `i`'s namespace.
     fn shoal_links(&self, i: usize) -> Vec<String> {
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", self.net.ns(i), "ip", "-o", "link", "show"])
-            .output()
-            .expect("ip link");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().split('@').next().unwrap_or("").to_string()))
-            .filter(|n| n.starts_with("shl"))
-            .collect()
+        self.shoal_links_with_index(i).iter().map(|l| l.split('#').next().unwrap_or_default().to_string()).collect()
     }
 
     /// The Shoal links in node `i`'s namespace with their interface index (a link made again gets a new one).
     fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String> {
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", self.net.ns(i), "ip", "-o", "link", "show"])
-            .output()
-            .expect("ip link");
-        String::from_utf8_lossy(&out.stdout)
+        self.in_node(i, &["ip", "-o", "link", "show"])
             .lines()
             .filter_map(|l| {
                 let mut f = l.split(':');
@@ -197,13 +185,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     println!("RESULT web created to 2 running (holder image import included): {:?}", t0.elapsed());
     let mut web_addrs: Vec<String> = web.iter().map(|t| address_on(t, "appnet")).collect();
     web_addrs.sort();
-    let vip = c.manager().get("/v1.47/services/web")["Endpoint"]["VirtualIPs"][0]["Addr"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let vip = c.vip("web");
 
     // Each web container: plumbed before its first instruction, the node's resolver, its own hostname.
     let mut hostnames = BTreeSet::new();

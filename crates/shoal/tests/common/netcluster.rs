@@ -154,6 +154,12 @@ impl Cluster {
         tasks
     }
 
+    /// The first virtual IP of `service` (without its prefix length).
+    pub fn vip(&self, service: &str) -> String {
+        let ep = &self.manager().get(&format!("/v1.47/services/{service}"))["Endpoint"];
+        ep["VirtualIPs"][0]["Addr"].as_str().unwrap_or_else(|| panic!("{service} has no VIP: {ep}")).split('/').next().unwrap().to_string()
+    }
+
     /// The hostname index of the node task `t` runs on.
     pub fn node_of(&self, t: &Value) -> usize {
         let node = t["NodeID"].as_str().unwrap();
