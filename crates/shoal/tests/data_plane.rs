@@ -147,6 +147,8 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
     // A clean stop of every daemon leaves no task namespace.
     for d in &mut c.ds {
         assert!(d.stop(), "the daemon stops cleanly");
+        // Its running tasks got SIGTERM and went at once (no wait for a reconcile that never comes).
+        assert!(!d.log().contains("ignored SIGTERM"), "a task outlived its SIGTERM at the stop:\n{}", d.log());
     }
     let left: Vec<String> = c
         .tasks_seen

@@ -368,10 +368,16 @@ impl NetworkPlane {
 
     /// Stops plumbing task `task_id`: waits (at most `RELEASE_TIMEOUT`) for its interfaces and resolver
     /// sockets to go, then deletes its namespace.
+    /// When the agent stops, the reconcile loop has stopped too (`clear` removes everything afterwards): the
+    /// namespace goes without waiting (its veth goes with it), or a stopping task would wait out the whole
+    /// `RELEASE_TIMEOUT` for a reconcile that never comes.
     pub async fn release(&self, task_id: &str) -> Result<(), String> {
         let wanted = self.change(|i| i.plumbed.remove(task_id).is_some());
         let mut rx = self.applied.subscribe();
-        let _ = tokio::time::timeout(RELEASE_TIMEOUT, rx.wait_for(|a| a.generation >= wanted)).await;
+        tokio::select! {
+            _ = tokio::time::timeout(RELEASE_TIMEOUT, rx.wait_for(|a| a.generation >= wanted)) => {}
+            _ = self.stopped() => {}
+        }
         self.delete_namespace(task_id).await
     }
 
