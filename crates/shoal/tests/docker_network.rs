@@ -22,6 +22,12 @@
 //! leaving are drained out of the VIP first): the loop records no failure. A task whose container exits
 //! loses its holder and namespace at once.
 //!
+//! Published ports: `web` (2 replicas off node-2, `-p 8080:80`) answers on every node's address, from another
+//! node and from the node itself, both containers over 40 requests, the engine binding nothing (the data
+//! plane forwards into the holders' namespaces); a host-mode port answers on its task's node only; a
+//! host-mode port of a task only on an `--internal` network is rejected naming the field; scaled to 0, the
+//! port is refused everywhere.
+//!
 //! Cleanup: `docker swarm leave --force` on node-2 removes its containers and holders and its whole data plane
 //! (no Shoal link, no task namespace); removing `web` removes its containers, holders and namespaces, and
 //! node-1's data plane goes with its last task; a clean stop of the daemons then leaves nothing of any node.
@@ -405,20 +411,76 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     assert!(c.task_namespaces().is_empty(), "{:?}", c.task_namespaces());
 }
 
+/// Busybox httpd on port 80 answering with its container's hostname (no newline: one word per answer).
+const HTTPD: &str = "mkdir -p /www; printf %s \"$(hostname)\" > /www/index.html; exec httpd -f -p 80 -h /www";
+
+/// `answers` has `n` answers, none failed, each given at least `least` times.
+fn spread(answers: &BTreeMap<String, u32>, n: usize, least: u32) -> Result<(), String> {
+    if answers.len() == n && answers.iter().all(|(k, &c)| !k.starts_with("error:") && c >= least) {
+        Ok(())
+    } else {
+        Err(format!("{answers:?}: want {n} answers, each at least {least} times"))
+    }
+}
+
 #[test]
-fn a_docker_task_on_a_network_with_a_published_port_is_rejected_naming_the_field() {
+fn docker_tasks_publish_ports_through_the_routing_mesh_and_in_host_mode() {
     if !docker_engine::available() {
         eprintln!("SKIP: no Docker Engine answers on this machine");
         return;
     }
     let image = docker_engine::ensure_test_image();
-    let mut c = Cluster::start_docker("dr");
+    let mut c = Cluster::start_docker("dp");
+    let create = |c: &Cluster, args: &[&str]| {
+        let mut all = vec!["service", "create", "--detach", "--no-resolve-image", "--restart-condition", "none"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&[image, "sh", "-c", HTTPD]);
+        c.docker(&all);
+    };
+    create(&c, &["--name", "web", "--replicas", "2", "--constraint", "node.hostname!=node-2", "-p", "8080:80"]);
+    let web = c.running("web", 2);
+    assert!(web.iter().all(|t| c.node_of(t) != 2), "placed off node-2");
+
+    // The routing mesh: every node's address (node-2's too, which runs no web task), from the next node
+    // (prerouting) and from the node itself (output); over 40 requests both containers answer.
+    let mut names = BTreeSet::new();
+    for i in 0..3 {
+        let addr = c.net.ip(i);
+        for from in [(i + 1) % 3, i] {
+            let answers = wait_until(&format!("{addr}:8080 from node-{from} answered by both web tasks"), WAIT, || {
+                let answers = c.get(from, &addr, 8080, 40);
+                spread(&answers, 2, 10).map(|()| answers)
+            });
+            names.extend(answers.into_keys());
+        }
+    }
+    assert_eq!(names.len(), 2, "the same two containers answer on every node: {names:?}");
+    // The engine bound nothing: the data plane forwards into the holders' namespaces.
+    for t in &web {
+        let ports = engine_ok(&["port", &container_of(t)]);
+        assert!(ports.trim().is_empty(), "the engine published {ports}");
+    }
+
+    // Host mode: on its task's node only.
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
-    let mut spec = service("pub", image, "node.hostname==node-1", 1, "sleep 1000", &[]);
-    spec["EndpointSpec"] = json!({"Ports": [{"TargetPort": 80, "PublishedPort": 8080, "PublishMode": "host"}]});
-    post_service(c.manager(), &spec).unwrap();
-    let err = wait_until("the task rejected", WAIT, || {
-        let tasks = tasks_of(c.manager(), "pub");
+    create(&c, &["--name", "hostweb", "--network", "appnet", "--constraint", "node.hostname==node-1", "--publish", "mode=host,published=8081,target=80"]);
+    c.running("hostweb", 1);
+    let node1 = c.net.ip(1);
+    let own = wait_until("host-mode port 8081 answers on node-1", WAIT, || {
+        let answers = c.get(0, &node1, 8081, 4);
+        spread(&answers, 1, 4).map(|()| answers)
+    });
+    assert!(own.keys().all(|k| !names.contains(k)), "8081 is answered by hostweb, not web: {own:?}");
+    for i in [0, 2] {
+        let answers = c.get(1, &c.net.ip(i), 8081, 1);
+        assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "8081 on node-{i}: {answers:?}");
+    }
+
+    // What the data plane cannot forward is refused on the task, the field named, as for processes.
+    c.docker(&["network", "create", "-d", "overlay", "--internal", "closed"]);
+    create(&c, &["--name", "closedweb", "--network", "closed", "--publish", "mode=host,published=8082,target=80"]);
+    let err = wait_until("closedweb's task rejected", WAIT, || {
+        let tasks = tasks_of(c.manager(), "closedweb");
         for t in &tasks {
             c.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
         }
@@ -428,6 +490,31 @@ fn a_docker_task_on_a_network_with_a_published_port_is_rejected_naming_the_field
             .map(|t| t["Status"]["Err"].as_str().unwrap_or_default().to_string())
             .ok_or_else(|| format!("{tasks:?}"))
     });
-    assert!(err.contains("port 80") && err.contains("EndpointSpec.Ports"), "{err}");
-    assert!(c.containers(1, "com.docker.swarm.node.id").is_empty(), "nothing made for a rejected task");
+    assert!(err.contains("EndpointSpec.Ports") && err.contains("8082") && err.contains("--internal"), "{err}");
+
+    // Scaled to 0, the port is refused on every node.
+    c.docker(&["service", "scale", "--detach", "web=0"]);
+    for i in 0..3 {
+        let addr = c.net.ip(i);
+        wait_until(&format!("{addr}:8080 refused once web has no task"), WAIT, || {
+            let answers = c.get((i + 1) % 3, &addr, 8080, 1);
+            match answers.keys().next().map(String::as_str) {
+                Some("error:ConnectionRefusedError") => Ok(()),
+                _ => Err(format!("{answers:?}")),
+            }
+        });
+    }
+    c.docker(&["service", "rm", "web", "hostweb", "closedweb"]);
+    wait_until("the services' containers, holders and namespaces gone", WAIT, || {
+        let left: Vec<String> =
+            (0..3).flat_map(|i| c.containers(i, "com.docker.swarm.node.id")).chain(c.task_namespaces()).collect();
+        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+    });
+    for i in 0..3 {
+        assert!(c.ds[i].stop(), "daemon {i} stops cleanly");
+    }
+    for i in 0..3 {
+        assert!(c.containers(i, "com.docker.swarm.node.id").is_empty() && c.shoal_links(i).is_empty());
+    }
+    assert!(c.task_namespaces().is_empty(), "{:?}", c.task_namespaces());
 }

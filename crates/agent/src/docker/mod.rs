@@ -18,8 +18,9 @@
 //! Networks: a task with attachments gets a holder container (`holder`, network mode `none`) in `prepare`,
 //! whose namespace is named `shl-task-<task id>` (`NetworkPlane::attach_namespace`) and plumbed by the node's
 //! data plane; the task's container is created with network mode `container:<holder>` and started only once
-//! the plane reports the namespace plumbed. A task told to stop is drained out of the VIPs first (as the
-//! process executor's). When the container exits or is removed, its namespace is released and its holder
+//! the plane reports the namespace plumbed. Its published ports are the data plane's to forward into that
+//! namespace (the routing mesh, host-mode DNAT), never the engine's to bind. A task told to stop is drained
+//! out of the VIPs first (as the process executor's). When the container exits or is removed, its namespace is released and its holder
 //! removed. Holders outlive the agent with their containers: at connect they are listed too, and the plane
 //! keeps their links (`NetworkPlane::resume`) until the worker adopts their tasks, whose namespaces are then
 //! registered again; the holders of tasks not adopted are removed with the first complete assignment set.

@@ -149,12 +149,10 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
         }
         None => (None, opt(&spec.hostname), extra_hosts(&spec)),
         Some(holder) => {
-            if let Some(p) = task.endpoint.iter().flat_map(|e| e.ports.iter()).next() {
-                return Err(format!(
-                    "the docker executor cannot publish port {} (EndpointSpec.Ports, --publish) of a task on a \
-                     network yet (no routing mesh or host-port forwarding into task namespaces); remove --publish",
-                    p.target_port
-                ));
+            // Its published ports are forwarded by the node's data plane into the holder's namespace (ingress
+            // ports from every node, host-mode ports from this one), not bound by the engine.
+            if let Some(why) = crate::network::desired::ports_unforwardable(task) {
+                return Err(why);
             }
             if !dns.nameservers.is_empty() {
                 return Err(
@@ -168,8 +166,9 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
             (Some(format!("container:{holder}")), None, None)
         }
     };
-    // Host-mode published ports (SwarmKit's), bound by the engine on this node; published 0: a port it chooses.
-    let (exposed, bindings) = host_port_bindings(task)?;
+    // Host-mode published ports (SwarmKit's) of a task off networks, bound by the engine on this node;
+    // published 0: a port it chooses.
+    let (exposed, bindings) = if holder.is_some() { Default::default() } else { host_port_bindings(task)? };
     let (dns_search, dns_options) =
         if holder.is_some() { (None, None) } else { (non_empty(&dns.search), non_empty(&dns.options)) };
     let host_config = HostConfig {
@@ -259,7 +258,7 @@ mod tests {
     }
 
     #[test]
-    fn host_mode_ports_are_bound_by_the_engine_and_networks_refused() {
+    fn host_mode_ports_are_bound_by_the_engine_off_networks_and_left_to_the_data_plane_on_them() {
         use shoal_api::port_config::{Protocol, PublishMode};
         let mut t = task(ContainerSpec { image: "busybox".into(), ..Default::default() });
         let port = |target: u32, published: u32, proto: Protocol| shoal_api::PortConfig {
@@ -283,8 +282,18 @@ mod tests {
         assert_eq!(pb["53/udp"].as_ref().unwrap()[0].host_port.as_deref(), Some(""), "the engine picks one");
         t.networks = vec![shoal_api::NetworkAttachment::default()];
         assert!(create_body(&t, "n1", None).unwrap_err().contains("no overlay data plane"));
+        // On a network: the node's data plane forwards the ports; what it cannot forward is refused.
+        t.networks = vec![shoal_api::NetworkAttachment {
+            network: Some(shoal_api::Network { id: "net1".into(), ..Default::default() }),
+            addresses: vec!["10.0.1.2/24".into()],
+            ..Default::default()
+        }];
         let e = create_body(&t, "n1", Some("h")).unwrap_err();
-        assert!(e.contains("port 80") && e.contains("EndpointSpec.Ports"), "{e}");
+        assert!(e.contains("target 53") && e.contains("EndpointSpec.Ports.PublishedPort"), "{e}");
+        t.endpoint = Some(shoal_api::Endpoint { ports: vec![port(80, 9000, Protocol::Tcp)], ..Default::default() }.into());
+        let b = create_body(&t, "n1", Some("h")).unwrap();
+        assert_eq!(b.exposed_ports, None, "nothing for the engine to bind");
+        assert_eq!(b.host_config.unwrap().port_bindings, None);
     }
 
     #[test]

@@ -131,6 +131,40 @@ pub fn host_port_backend(task: &Task) -> Option<Ipv4Addr> {
     })
 }
 
+/// Why the data plane cannot forward one of `task`'s published ports (the task is on networks; `None`: all
+/// can be): ingress ports and host-mode ports are forwarded by the node table for TCP and UDP, a host-mode
+/// port needs its number, and a backend on a network that reaches outside (not only `--internal` ones).
+/// Both executors refuse such a task with this reason, the field named.
+pub fn ports_unforwardable(task: &Task) -> Option<String> {
+    for p in task.endpoint.iter().flat_map(|e| e.ports.iter()) {
+        if port_protocol(p).is_none() {
+            return Some(format!(
+                "EndpointSpec.Ports: port {} uses protocol sctp, which the data plane does not forward; \
+                 publish it as tcp or udp",
+                p.target_port
+            ));
+        }
+        if p.publish_mode != PublishMode::Host as i32 {
+            continue;
+        }
+        if p.published_port == 0 {
+            return Some(format!(
+                "EndpointSpec.Ports.PublishedPort: the host-mode port for target {} has no number; \
+                 give one (mode=host,published=<port>,target={0})",
+                p.target_port
+            ));
+        }
+        if host_port_backend(task).is_none() {
+            return Some(format!(
+                "EndpointSpec.Ports: host-mode port {} cannot reach a task that is only on --internal \
+                 networks; attach the service to a network that is not internal too",
+                p.published_port
+            ));
+        }
+    }
+    None
+}
+
 fn holds_network(task: &Task) -> bool {
     let s = WireState::from_wire(task.status.as_ref().map_or(0, |s| s.state));
     !s.is_terminal() && task.desired_state <= WireState::Running as i32

@@ -184,33 +184,7 @@ fn ports_a_process_cannot_honour(task: &Task, network: &Result<Arc<NetworkPlane>
         if let Err(why) = plane.check_task(task) {
             return Some(why);
         }
-        for p in ports {
-            if crate::network::desired::port_protocol(p).is_none() {
-                return Some(format!(
-                    "EndpointSpec.Ports: port {} uses protocol sctp, which the data plane does not forward; \
-                     publish it as tcp or udp",
-                    p.target_port
-                ));
-            }
-            if p.publish_mode != PublishMode::Host as i32 {
-                continue;
-            }
-            if p.published_port == 0 {
-                return Some(format!(
-                    "EndpointSpec.Ports.PublishedPort: the host-mode port for target {} has no number; \
-                     give one (mode=host,published=<port>,target={0})",
-                    p.target_port
-                ));
-            }
-            if crate::network::desired::host_port_backend(task).is_none() {
-                return Some(format!(
-                    "EndpointSpec.Ports: host-mode port {} cannot reach a task that is only on --internal \
-                     networks; attach the service to a network that is not internal too",
-                    p.published_port
-                ));
-            }
-        }
-        return None;
+        return crate::network::desired::ports_unforwardable(task);
     }
     for p in ports {
         if p.publish_mode != PublishMode::Host as i32 {

@@ -3,7 +3,7 @@
 //! table) and the overlay crosses a real (veth) underlay between them; hostnames node-0..2. Used by the tests
 //! of the data plane, the routing mesh, the docker executor on networks and of stacks that run.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -46,6 +46,36 @@ while True:
 "#;
 
 /// One manager and two workers, each in its own namespace; hostnames node-0..2.
+/// `CLIENT host port n [rate]`: `n` sequential GETs (a connection each, 3 s timeout), then one line
+/// `answer=count ...` (failures counted as `error:<kind>`); with `rate`, one more line `RATE <requests/s>`
+/// (and the first failure ends the run).
+pub const CLIENT: &str = r#"
+import socket, sys, time, collections
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+seen = collections.Counter()
+t0 = time.time()
+for i in range(n):
+    try:
+        s = socket.create_connection((host, port), timeout=3)
+        s.sendall(b'GET / HTTP/1.0\r\n\r\n')
+        data = b''
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            data += d
+        s.close()
+        seen[data.split(b'\r\n\r\n', 1)[1].decode()] += 1
+    except OSError as e:
+        seen['error:' + type(e).__name__] += 1
+        if len(sys.argv) > 4:
+            break
+took = time.time() - t0
+print(' '.join('%s=%d' % kv for kv in sorted(seen.items())))
+if len(sys.argv) > 4:
+    print('RATE %.0f' % (n / took))
+"#;
+
 pub struct Cluster {
     // Dropped before `net`: a namespace lives on while a process is inside it.
     pub ds: Vec<DaemonProcess>,
@@ -177,6 +207,24 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
     }
 
+    /// `CLIENT` run in node `from`'s namespace against `host:port`: the answers counted.
+    pub fn get(&self, from: usize, host: &str, port: u16, n: u32) -> BTreeMap<String, u32> {
+        let out = self.client(from, host, port, n, false);
+        parse_counts(out.lines().next().unwrap_or(""))
+    }
+
+    /// `CLIENT` run in node `from`'s namespace against `host:port`: its output (`rate`: with the `RATE` line).
+    pub fn client(&self, from: usize, host: &str, port: u16, n: u32, rate: bool) -> String {
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args(["netns", "exec", self.net.ns(from), PYTHON, "-S", "-c", CLIENT, host, &port.to_string(), &n.to_string()]);
+        if rate {
+            cmd.arg("rate");
+        }
+        let out = cmd.output().expect("run the client");
+        assert!(out.status.success(), "client: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// The `RESULT` lines task `t` printed, once it printed `DONE`.
     pub fn results(&self, t: &Value) -> Vec<String> {
         self.results_until(t, "DONE")
@@ -253,4 +301,12 @@ pub fn address_on(t: &Value, network: &str) -> String {
         .find(|a| a["Network"]["Spec"]["Name"] == network)
         .unwrap_or_else(|| panic!("task not on {network}: {t}"));
     a["Addresses"][0].as_str().unwrap().split('/').next().unwrap().to_string()
+}
+
+/// The counts of a `CLIENT` answer line.
+pub fn parse_counts(line: &str) -> BTreeMap<String, u32> {
+    line.split_whitespace()
+        .filter_map(|kv| kv.rsplit_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(0)))
+        .collect()
 }

@@ -10,7 +10,7 @@ use shoal_api::{
 };
 use shoal_netplane::{mac_for, Attachment, Peer, ServiceVip};
 
-use super::{attachments, desired, task_support, PlumbedTask, VXLAN_ID_OPTION};
+use super::{attachments, desired, ports_unforwardable, task_support, PlumbedTask, VXLAN_ID_OPTION};
 
 fn network(id: &str, name: &str, vni: u32, octet: u8, internal: bool, encrypted: bool) -> Network {
     let mut opts = HashMap::new();
@@ -238,4 +238,33 @@ fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_t
     let view = NodeNetworkView { ingress: None, ..view };
     let s = desired(Some(ip("192.168.0.1")), &plumbed, &assigned, &view);
     assert!(s.ingress.is_none() && s.published.is_empty(), "{s:?}");
+}
+
+#[test]
+fn what_the_node_table_cannot_forward_is_named_and_the_rest_passes() {
+    use shoal_api::port_config::{Protocol as P, PublishMode};
+    let app = network("net-app", "appnet", 4097, 1, false, false);
+    let closed = network("net-closed", "closed", 4098, 2, true, false);
+    let port = |mode: PublishMode, proto: P, published: u32| shoal_api::PortConfig {
+        protocol: proto as i32,
+        target_port: 80,
+        published_port: published,
+        publish_mode: mode as i32,
+        ..Default::default()
+    };
+    let with = |nets: &[(&Network, u8)], ports: Vec<shoal_api::PortConfig>| {
+        let mut t = task("t", TaskState::Running, nets);
+        t.endpoint = Some(shoal_api::Endpoint { ports, ..Default::default() }.into());
+        ports_unforwardable(&t)
+    };
+    let ok = [port(PublishMode::Ingress, P::Tcp, 8080), port(PublishMode::Ingress, P::Udp, 0), port(PublishMode::Host, P::Tcp, 8081)];
+    assert_eq!(with(&[(&closed, 3), (&app, 2)], ok.to_vec()), None);
+    let sctp = with(&[(&app, 2)], vec![port(PublishMode::Ingress, P::Sctp, 8080)]).unwrap();
+    assert!(sctp.contains("EndpointSpec.Ports") && sctp.contains("sctp"), "{sctp}");
+    let unnumbered = with(&[(&app, 2)], vec![port(PublishMode::Host, P::Tcp, 0)]).unwrap();
+    assert!(unnumbered.contains("EndpointSpec.Ports.PublishedPort"), "{unnumbered}");
+    let internal = with(&[(&closed, 3)], vec![port(PublishMode::Host, P::Tcp, 8081)]).unwrap();
+    assert!(internal.contains("--internal") && internal.contains("8081"), "{internal}");
+    // An ingress port of a task only on internal networks goes through its ingress attachment.
+    assert_eq!(with(&[(&closed, 3)], vec![port(PublishMode::Ingress, P::Tcp, 8080)]), None);
 }
