@@ -1,5 +1,5 @@
-//! mimalloc set up for a long-running process: `shoal daemon`, and `shoal-bench` (which includes this file,
-//! so that its in-process scenarios measure the daemon's allocator as the daemon configures it).
+//! mimalloc set up for a long-running process: `shoald` (`shoal daemon`), and `shoal-bench` (which includes
+//! this file, so that its in-process scenarios measure the daemon's allocator as the daemon configures it).
 //!
 //! [`set_up`] runs first thing in `main`, before any thread exists; both options are read by mimalloc when
 //! it uses them (a purge, an arena reservation), so setting them after its constructor ran is in time.

@@ -284,3 +284,48 @@ fn the_readme_stack_walkthrough_runs_on_a_daemon_started_with_the_defaults() {
         std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
     );
 }
+
+/// `shoal daemon` runs `shoald` from its own folder, as the same process; a `shoal` copied somewhere alone
+/// says where the daemon binary should be, and arguments are checked before that (exit 2, nothing run).
+#[test]
+fn shoal_daemon_runs_shoald_beside_it_and_says_so_when_it_is_missing() {
+    let alone = tempfile::Builder::new().prefix("shoal-alone-").tempdir().unwrap();
+    let copy = alone.path().join("shoal");
+    std::fs::copy(shoal_bin(), &copy).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(&copy).args(args).current_dir(alone.path()).env_remove("SHOAL_STATE_DIR").output().unwrap()
+    };
+    let out = run(&["daemon", "--state-dir", "./s"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let expected = alone.path().join("shoald");
+    assert!(err.contains(&format!("cannot run the daemon binary {}", expected.display())), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let out = run(&["daemon", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2), "a usage error, from shoal itself: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!alone.path().join("s").exists(), "nothing made");
+
+    // Beside its shoald, the daemon is the process `shoal daemon` started (same PID, same command line).
+    let dir = tempfile::Builder::new().prefix("shoal-exec-").tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child =
+        Started(Some(shoal_daemon(dir.path(), &["--state-dir", "./s", "--listen-remote-api", &listen]).spawn().unwrap()));
+    let pid = child.0.as_ref().unwrap().id();
+    let exe = wait_until("the process runs shoald", Duration::from_secs(10), || {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| e.to_string())?;
+        if exe.file_name().is_some_and(|n| n == "shoald") { Ok(exe) } else { Err(format!("{}", exe.display())) }
+    });
+    assert_eq!(exe, shoal_bin().with_file_name("shoald"));
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv0 = cmdline.split(|&b| b == 0).next().unwrap();
+    assert_eq!(argv0, shoal_bin().as_os_str().as_encoded_bytes(), "argv[0] kept");
+    let socket = dir.path().join("s/control.sock");
+    wait_until("the daemon answers", Duration::from_secs(30), || {
+        let r = shoal_testkit::http::request(&socket, "GET", "/v1.47/info", None).map_err(|e| e.to_string())?;
+        if r.body["Swarm"]["LocalNodeState"] == "active" { Ok(()) } else { Err(format!("{}", r.body)) }
+    });
+    // SIGTERM to the PID `shoal daemon` had: the daemon's clean stop.
+    assert!(Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
+    let (stopped, text) = wait_exit(child.0.take().unwrap(), Duration::from_secs(30), "shoal daemon");
+    assert!(stopped, "a clean stop: {text}");
+}
