@@ -54,3 +54,16 @@ fn the_client_links_no_tls_library() {
     let dynamic = readelf(BINARIES[1], "-d");
     assert!(dynamic.contains("libssl"), "shoald links the system's OpenSSL:\n{dynamic}");
 }
+
+#[test]
+fn both_binaries_pack_their_relative_relocations_where_glibc_reads_them() {
+    // build.rs asks for DT_RELR on a native build against glibc 2.36 or later (this machine's and CI's).
+    let glibc = Command::new("getconf").arg("GNU_LIBC_VERSION").output().expect("getconf");
+    let glibc = String::from_utf8_lossy(&glibc.stdout).trim().to_string();
+    let minor: u32 = glibc.strip_prefix("glibc 2.").and_then(|m| m.parse().ok()).unwrap_or(0);
+    for bin in BINARIES {
+        let dynamic = readelf(bin, "-d");
+        let packed = dynamic.lines().any(|l| l.contains("(RELR)"));
+        assert_eq!(packed, minor >= 36, "{bin} on {glibc}: DT_RELR {packed}:\n{dynamic}");
+    }
+}
