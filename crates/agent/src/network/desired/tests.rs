@@ -59,6 +59,21 @@ fn task(id: &str, state: TaskState, nets: &[(&Network, u8)]) -> Task {
     t
 }
 
+/// A published port of target 80.
+fn port(
+    mode: shoal_api::port_config::PublishMode,
+    proto: shoal_api::port_config::Protocol,
+    published: u32,
+) -> shoal_api::PortConfig {
+    shoal_api::PortConfig {
+        protocol: proto as i32,
+        target_port: 80,
+        published_port: published,
+        publish_mode: mode as i32,
+        ..Default::default()
+    }
+}
+
 fn prefix(n: &Network) -> String {
     let s = &n.ipam.as_ref().unwrap().configs[0].subnet;
     s.rsplit_once('.').unwrap().0.to_string()
@@ -167,13 +182,6 @@ fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_t
     let app = network("net-app", "appnet", 4097, 1, false, false);
     let closed = network("net-closed", "closed", 4098, 2, true, false);
     let mut web = task("web1", TaskState::Running, &[(&closed, 7), (&app, 2)]);
-    let port = |mode: PublishMode, proto: P, published: u32| shoal_api::PortConfig {
-        protocol: proto as i32,
-        target_port: 80,
-        published_port: published,
-        publish_mode: mode as i32,
-        ..Default::default()
-    };
     web.endpoint = Some(shoal_api::Endpoint {
         ports: vec![
             port(PublishMode::Host, P::Tcp, 8081),
@@ -245,13 +253,6 @@ fn what_the_node_table_cannot_forward_is_named_and_the_rest_passes() {
     use shoal_api::port_config::{Protocol as P, PublishMode};
     let app = network("net-app", "appnet", 4097, 1, false, false);
     let closed = network("net-closed", "closed", 4098, 2, true, false);
-    let port = |mode: PublishMode, proto: P, published: u32| shoal_api::PortConfig {
-        protocol: proto as i32,
-        target_port: 80,
-        published_port: published,
-        publish_mode: mode as i32,
-        ..Default::default()
-    };
     let with = |nets: &[(&Network, u8)], ports: Vec<shoal_api::PortConfig>| {
         let mut t = task("t", TaskState::Running, nets);
         t.endpoint = Some(shoal_api::Endpoint { ports, ..Default::default() }.into());
