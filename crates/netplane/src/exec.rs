@@ -54,6 +54,12 @@ impl Executor {
         Ok(ops)
     }
 
+    /// Whether the node routes loopback addresses through `link` (`net.ipv4.conf.<link>.route_localnet`).
+    fn route_localnet(&self, link: &str) -> Result<bool, Error> {
+        let key = format!("net.ipv4.conf.{link}.route_localnet");
+        Ok(self.run(None, &["sysctl", "-n", &key], None)?.trim() == "1")
+    }
+
     /// Reads the node's Shoal links, entries, table and the namespaces of `desired`'s tasks.
     pub fn observe(&self, desired: &NodeNetState) -> Result<Observed, Error> {
         let mut obs = Observed::default();
@@ -77,6 +83,7 @@ impl Executor {
                 },
                 other => LinkKind::Other(other.to_string()),
             };
+            let route_localnet = kind == LinkKind::Bridge && self.route_localnet(name)?;
             obs.links.insert(
                 name.to_string(),
                 Link {
@@ -85,6 +92,7 @@ impl Executor {
                     up: has_flag(l, "UP"),
                     mtu: l["mtu"].as_u64().unwrap_or(0) as u16,
                     addrs: inet_addrs(l),
+                    route_localnet,
                 },
             );
         }
@@ -336,6 +344,10 @@ impl Executor {
                 self.ok(Some(netns), &["ip", "route", "del", "default"])
             }
             Op::EnableIpForward => self.ok(None, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
+            Op::RouteLocalnet { bridge } => self.ok(
+                None,
+                &["sysctl", "-qw", &format!("net.ipv4.conf.{bridge}.route_localnet=1")],
+            ),
             Op::ApplyNodeTable { script } => {
                 self.run(None, &["nft", "-f", "-"], Some(script)).map(drop)
             }

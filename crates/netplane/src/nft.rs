@@ -7,12 +7,15 @@
 //!   a VIP with no backend refuses (TCP reset, ICMP unreachable otherwise).
 //! - On the node: networks cannot reach each other through the node (forward hook), internal networks reach
 //!   nothing outside their bridge, and the others leave the node masqueraded.
-//! - On the node, published ports (routing mesh and host mode): a connection to any local address but
-//!   loopback on a published port, arriving (prerouting) or opened on the node itself (output), is DNATed
-//!   to one backend, `numgen inc` spreading connections evenly (conntrack keeps each on its backend); what
+//! - On the node, published ports (routing mesh and host mode): a connection to any local address on a
+//!   published port, arriving (prerouting) or opened on the node itself (output, loopback included), is
+//!   DNATed to one backend, `numgen inc` spreading connections evenly (conntrack keeps each on its backend); what
 //!   leaves through the ingress network's bridge after such a DNAT is SNATed to the node's ingress address,
 //!   so a backend on another node answers through this one (so does what the node itself sends there, which
-//!   would otherwise leave from the gateway address every node has). A published port with no backend is refused
+//!   would otherwise leave from the gateway address every node has); one the node opened from loopback and
+//!   leaving by another bridge is masqueraded to that bridge's address. The bridges route loopback addresses
+//!   (`route_localnet`, set after the table: `plan::Op::RouteLocalnet`) for the replies, and the table's
+//!   `loopback_guard` drops whatever else arrives on a bridge for 127.0.0.0/8. A published port with no backend is refused
 //!   (TCP reset, ICMP unreachable otherwise). Such a DNATed connection passes the isolation rules: a task of
 //!   another network may reach the mesh through its own node's address. The rule set is two rules per published port and at most one
 //!   map entry per backend (bounded by `MAX_PUBLISHED_PORTS` and `MAX_BACKENDS_PER_SERVICE`).
@@ -141,10 +144,27 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
             );
         }
     }
+    // A connection the node opens to a published port on 127.0.0.1 keeps its loopback source through the
+    // DNAT; leaving by a bridge, it takes the bridge's address (the ingress bridge's rule above comes first).
+    let _ = writeln!(
+        post,
+        "    oifname \"{}*\" ip saddr 127.0.0.0/8 ct status dnat masquerade",
+        names::BRIDGE_PREFIX
+    );
     let mut body = String::new();
     let _ = writeln!(
         body,
         "  chain isolate {{\n    type filter hook forward priority -10; policy accept;\n{fwd}  }}"
+    );
+    // The bridges route loopback addresses (`route_localnet`, for the replies of those connections): what
+    // arrives on one for 127.0.0.0/8 is dropped unless it belongs to a connection Shoal DNATed, so a task
+    // never reaches what listens on the node's loopback (CVE-2020-8558 in kube-proxy).
+    let _ = writeln!(
+        body,
+        "  chain loopback_guard {{\n    type filter hook input priority -10; policy accept;\n    \
+         iifname \"{b}*\" ip daddr 127.0.0.0/8 ct status dnat accept\n    \
+         iifname \"{b}*\" ip daddr 127.0.0.0/8 drop\n  }}",
+        b = names::BRIDGE_PREFIX
     );
     let _ = writeln!(
         body,
@@ -193,10 +213,12 @@ fn published_chains(published: &[PublishedPort]) -> String {
             }
         }
     }
-    let local = "fib daddr type local ip daddr != 127.0.0.0/8 jump published";
+    // Arriving: any local address (what arrives for loopback is a martian). Opened on the node: loopback too.
+    let arriving = "fib daddr type local ip daddr != 127.0.0.0/8 jump published";
+    let local = "fib daddr type local jump published";
     format!(
         "  chain published {{\n{dnat}  }}\n\
-         \x20 chain publish_in {{\n    type nat hook prerouting priority -100; policy accept;\n    {local}\n  }}\n\
+         \x20 chain publish_in {{\n    type nat hook prerouting priority -100; policy accept;\n    {arriving}\n  }}\n\
          \x20 chain publish_local {{\n    type nat hook output priority -100; policy accept;\n    {local}\n  }}\n\
          \x20 chain publish_refuse {{\n    type filter hook input priority 0; policy accept;\n{refuse}  }}\n"
     )

@@ -43,6 +43,10 @@ pub struct Link {
     pub mtu: u16,
     /// Its IPv4 addresses.
     pub addrs: Vec<Ipv4Cidr>,
+    /// `net.ipv4.conf.<link>.route_localnet` (read for bridges only): whether the node routes loopback
+    /// addresses through it, which a published port reached on 127.0.0.1 needs (its DNAT keeps the loopback
+    /// source until the egress rules rewrite it, and replies come back to 127.0.0.1).
+    pub route_localnet: bool,
 }
 
 /// The kind of a link.
@@ -165,6 +169,10 @@ pub enum Op {
     },
     /// Let the node forward IPv4 (needed for traffic out of non-internal networks).
     EnableIpForward,
+    /// Let the node route loopback addresses through a non-internal network's bridge
+    /// (`route_localnet`), so a published port answers on 127.0.0.1. Planned after the node table,
+    /// whose `loopback_guard` drops what arrives on a bridge for 127.0.0.0/8 without a DNAT of Shoal's.
+    RouteLocalnet { bridge: String },
     /// Replace the node's table.
     ApplyNodeTable { script: String },
     /// Delete the node's table.
@@ -186,6 +194,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     let mut veths = Vec::new();
     let mut routes = Vec::new();
     let mut tables = Vec::new();
+    let mut localnet = Vec::new();
 
     // Host links Shoal wants, with the ops that create them.
     let mut wanted: BTreeSet<String> = BTreeSet::new();
@@ -231,6 +240,11 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 addrs,
             });
             rebuilt_bridges.insert(br.clone());
+        }
+        let localnet_on = !rebuilt_bridges.contains(&br)
+            && current.links.get(&br).is_some_and(|l| l.route_localnet);
+        if !n.internal && !localnet_on {
+            localnet.push(Op::RouteLocalnet { bridge: br.clone() });
         }
         let local = desired
             .underlay_ip
@@ -484,7 +498,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     let mut out = stale_ops;
     out.extend(node);
     for part in [
-        bridges, vxlans, masters, entries, veths, routes, tables, last,
+        bridges, vxlans, masters, entries, veths, routes, tables, last, localnet,
     ] {
         out.extend(part);
     }
@@ -518,6 +532,7 @@ mod tests {
             up: true,
             mtu: 1450,
             addrs: Vec::new(),
+            route_localnet: true,
         }
     }
 
@@ -583,9 +598,11 @@ mod tests {
                 "AddNeigh",
                 "CreateVeth",
                 "SetDefaultRoute",
+                // After the table (its loopback guard): the bridge routes loopback for 127.0.0.1's replies.
+                "RouteLocalnet",
             ],
         );
-        // Internal: no forwarding switched on, no gateway on the bridge, no default route.
+        // Internal: no forwarding switched on, no gateway on the bridge, no default route, no loopback.
         s.networks[0].internal = true;
         let ops = plan(&Observed::default(), &s);
         assert_eq!(
@@ -604,6 +621,40 @@ mod tests {
             mtu: 1450,
             addrs: vec![]
         }));
+    }
+
+    #[test]
+    fn a_bridge_found_without_route_localnet_gets_it_and_nothing_else() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        s.networks = vec![net(7)];
+        let mut o = Observed {
+            ip_forward: true,
+            node_table: Some(nft::node_table(&s).unwrap().tag),
+            ..Observed::default()
+        };
+        let bridge = Link {
+            addrs: vec!["10.9.0.1/24".parse().unwrap()],
+            route_localnet: false,
+            ..link(LinkKind::Bridge)
+        };
+        o.links.insert("shlb7".into(), bridge.clone());
+        let vx = LinkKind::Vxlan {
+            vni: 7,
+            port: 4789,
+            local: s.underlay_ip,
+            learning: false,
+            proxy: true,
+        };
+        o.links.insert(
+            "shlx7".into(),
+            Link {
+                master: Some("shlb7".into()),
+                ..link(vx)
+            },
+        );
+        assert_eq!(plan(&o, &s), [Op::RouteLocalnet { bridge: "shlb7".into() }]);
+        o.links.get_mut("shlb7").unwrap().route_localnet = true;
+        assert_eq!(plan(&o, &s), []);
     }
 
     #[test]
@@ -738,7 +789,10 @@ mod tests {
             "type nat hook prerouting priority -100",
             "type nat hook output priority -100",
             "fib daddr type local ip daddr != 127.0.0.0/8 jump published",
+            "type nat hook output priority -100; policy accept;\n    fib daddr type local jump published",
             "policy accept;\n    ct status dnat accept\n",
+            "oifname \"shlb*\" ip saddr 127.0.0.0/8 ct status dnat masquerade",
+            "iifname \"shlb*\" ip daddr 127.0.0.0/8 ct status dnat accept\n    iifname \"shlb*\" ip daddr 127.0.0.0/8 drop",
         ] {
             assert!(t.contains(want), "{want:?} missing from\n{t}");
         }
@@ -758,7 +812,11 @@ mod tests {
             scripts[0]
         );
         assert_eq!(*scripts[1], t);
-        assert!(matches!(ops.last(), Some(Op::ApplyNodeTable { .. })));
+        assert!(matches!(ops[ops.len() - 2], Op::ApplyNodeTable { .. }), "{ops:?}");
+        assert_eq!(ops.last(), Some(&Op::RouteLocalnet { bridge: "shlb7".into() }));
+        // The loopback SNAT comes after the ingress bridge's own (the first nat rule that matches applies).
+        let ingress_snat = t.find("snat to 10.9.0.50").unwrap();
+        assert!(t.find("ip saddr 127.0.0.0/8 ct status dnat masquerade").unwrap() > ingress_snat, "{t}");
         // No published port: no mesh chains, and the table is the one a node without the mesh has.
         let mut plain = s.clone();
         plain.published.clear();

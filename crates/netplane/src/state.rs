@@ -178,8 +178,8 @@ impl fmt::Display for Protocol {
     }
 }
 
-/// A port published on the node's addresses: connections to any local address (but loopback) on `port` are
-/// forwarded to `target_port` of one of `backends` (spread evenly); none: refused.
+/// A port published on the node's addresses: connections to any local address on `port` (loopback only
+/// from the node itself) are forwarded to `target_port` of one of `backends` (spread evenly); none: refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublishedPort {
     /// Its protocol.

@@ -649,6 +649,51 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
         // `numgen inc`: an even spread.
         assert_eq!((w1, w2), (10, 10), "node {from} to node {to}'s address");
     }
+    // On each node's loopback too, as Docker's mesh answers `curl localhost:8080` (the node's own
+    // connections; the backends on the other node answer across VXLAN).
+    for i in 0..2 {
+        let mut answers = std::collections::BTreeMap::new();
+        for _ in 0..20 {
+            let a = fetch(nodes.nodes[i].path(), Ipv4Addr::LOCALHOST, timeout)
+                .unwrap_or_else(|e| panic!("node {i} to 127.0.0.1:{PORT}: {e}"));
+            *answers.entry(a).or_insert(0) += 1;
+        }
+        assert_eq!(
+            answers,
+            [("web1".to_string(), 10), ("web2".to_string(), 10)].into(),
+            "node {i} on 127.0.0.1"
+        );
+    }
+
+    // The bridges route loopback addresses for those replies; a task that sends to 127.0.0.1 through its
+    // gateway still reaches nothing on its node's loopback: the guard drops it (and, as a control, lets it
+    // through once its rules are flushed by hand).
+    // (127.0.0.2: the task keeps 127.0.0.1 as its own; its 127.0.0.0/8 local route goes, so 127.0.0.2 leaves
+    // by its gateway, and its eth0 takes loopback sources for the answer.)
+    let guarded = std::net::SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), 9099));
+    let listener = in_netns(nodes.nodes[0].path(), move || {
+        TcpListener::bind(guarded).expect("a loopback-only listener on node 0")
+    });
+    listener.set_nonblocking(true).expect("nonblocking");
+    for cmd in [
+        &["ip", "route", "del", "local", "127.0.0.0/8", "dev", "lo", "table", "local"][..],
+        &["ip", "route", "add", "127.0.0.0/8", "via", "10.40.0.1", "dev", "eth0"],
+        &["sysctl", "-qw", "net.ipv4.conf.eth0.route_localnet=1"],
+    ] {
+        assert!(t_web1.exec(cmd), "in web1's namespace: {cmd:?}");
+    }
+    let try_loopback = || {
+        in_netns(t_web1.path(), move || {
+            TcpStream::connect_timeout(&guarded, Duration::from_millis(700)).map(drop)
+        })
+    };
+    let err = try_loopback().expect_err("a task reached node 0's loopback-only listener");
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "dropped, not refused: {err}");
+    assert!(listener.accept().is_err(), "the listener saw a connection");
+    run(&["ip", "netns", "exec", &nodes.nodes[0].name, "nft", "flush", "chain", "ip", "shoal", "loopback_guard"]);
+    try_loopback().expect("without the guard the same connection goes through: the test's setup is sound");
+    e0.reconcile(&NodeNetState::new(NODE_IPS[0])).expect("clear node 0");
+    e0.reconcile(&s0).expect("node 0 again");
 
     // No backend: refused at once on node 0.
     s0.published[0].backends.clear();

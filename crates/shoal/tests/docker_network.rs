@@ -23,7 +23,7 @@
 //! loses its holder and namespace at once.
 //!
 //! Published ports: `web` (2 replicas off node-2, `-p 8080:80`) answers on every node's address, from another
-//! node and from the node itself, both containers over 40 requests, the engine binding nothing (the data
+//! node and from the node itself, and on every node's 127.0.0.1, both containers over 40 requests, the engine binding nothing (the data
 //! plane forwards into the holders' namespaces); a host-mode port answers on its task's node only; a
 //! host-mode port of a task only on an `--internal` network is rejected naming the field; scaled to 0, the
 //! port is refused everywhere.
@@ -453,6 +453,9 @@ fn docker_tasks_publish_ports_through_the_routing_mesh_and_in_host_mode() {
             });
             names.extend(answers.into_keys());
         }
+        let answers = c.get(i, "127.0.0.1", 8080, 40);
+        spread(&answers, 2, 10).unwrap_or_else(|e| panic!("127.0.0.1:8080 on node-{i}: {e}"));
+        names.extend(answers.into_keys());
     }
     assert_eq!(names.len(), 2, "the same two containers answer on every node: {names:?}");
     // The engine bound nothing: the data plane forwards into the holders' namespaces.

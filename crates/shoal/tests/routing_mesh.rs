@@ -4,7 +4,8 @@
 //!
 //! `docker service create -p 8080:80` with two replicas placed off node-2: every node's address answers on
 //! 8080, node-2's too (it runs no task of the service), from another node (the prerouting path) and from the
-//! node itself (the output path), and over many requests both tasks answer. `docker network inspect ingress`
+//! node itself (the output path), and on each node's loopback (127.0.0.1:8080), and over many requests both
+//! tasks answer. `docker network inspect ingress`
 //! shows the node's ingress endpoint. A host-mode port (`--publish mode=host,published=8081,target=80`)
 //! answers on its task's node only, and a task of another network reaches the mesh through node addresses; what cannot be forwarded (a host-mode port without a number, SCTP, a
 //! host-mode port of a task only on `--internal` networks) is rejected on the task with the field named. A
@@ -90,6 +91,10 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
             }
         });
         println!("node-{i} {addr}:8080 from node-{from}: {answers:?}");
+        // And on the node's loopback, as `curl localhost:8080` on a swarm node.
+        let answers = c.get(i, "127.0.0.1", 8080, 40);
+        only(&answers, &tasks).unwrap_or_else(|e| panic!("127.0.0.1:8080 on node-{i}: {e}"));
+        assert!(tasks.iter().all(|t| answers.get(t).copied().unwrap_or(0) >= 10), "127.0.0.1 on node-{i}: {answers:?}");
     }
 
     // The node's ingress endpoint, as Docker shows its ingress sandbox.
@@ -121,6 +126,8 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
     let node1 = c.net.ip(1);
     wait_until("host-mode port 8081 answers on node-1", WAIT, || only(&c.get(0, &node1, 8081, 1), &own));
     only(&c.get(2, &node1, 8081, 10), &own).unwrap();
+    // On node-1's own loopback too (masqueraded to appnet's gateway on the way in).
+    only(&c.get(1, "127.0.0.1", 8081, 4), &own).unwrap_or_else(|e| panic!("127.0.0.1:8081 on node-1: {e}"));
     for i in [0, 2] {
         let answers = c.get(1, &c.net.ip(i), 8081, 1);
         assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "8081 on node-{i}: {answers:?}");
