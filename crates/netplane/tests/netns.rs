@@ -690,8 +690,10 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
     let err = try_loopback().expect_err("a task reached node 0's loopback-only listener");
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "dropped, not refused: {err}");
     assert!(listener.accept().is_err(), "the listener saw a connection");
-    run(&["ip", "netns", "exec", &nodes.nodes[0].name, "nft", "flush", "chain", "ip", "shoal", "loopback_guard"]);
-    try_loopback().expect("without the guard the same connection goes through: the test's setup is sound");
+    let flush = ["nft", "flush", "chain", "ip", "shoal", "loopback_guard"];
+    assert!(nodes.nodes[0].exec(&flush), "flush the guard on node 0");
+    try_loopback()
+        .expect("without the guard the same connection goes through: the test's setup is sound");
     e0.reconcile(&NodeNetState::new(NODE_IPS[0])).expect("clear node 0");
     e0.reconcile(&s0).expect("node 0 again");
 
