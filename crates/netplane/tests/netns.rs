@@ -682,17 +682,18 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
     ] {
         assert!(t_web1.exec(cmd), "in web1's namespace: {cmd:?}");
     }
-    let try_loopback = || {
+    let try_loopback = |limit: Duration| {
         in_netns(t_web1.path(), move || {
-            TcpStream::connect_timeout(&guarded, Duration::from_millis(700)).map(drop)
+            TcpStream::connect_timeout(&guarded, limit).map(drop)
         })
     };
-    let err = try_loopback().expect_err("a task reached node 0's loopback-only listener");
+    let err = try_loopback(Duration::from_millis(700))
+        .expect_err("a task reached node 0's loopback-only listener");
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "dropped, not refused: {err}");
     assert!(listener.accept().is_err(), "the listener saw a connection");
     let flush = ["nft", "flush", "chain", "ip", "shoal", "loopback_guard"];
     assert!(nodes.nodes[0].exec(&flush), "flush the guard on node 0");
-    try_loopback()
+    try_loopback(Duration::from_secs(5))
         .expect("without the guard the same connection goes through: the test's setup is sound");
     e0.reconcile(&NodeNetState::new(NODE_IPS[0])).expect("clear node 0");
     e0.reconcile(&s0).expect("node 0 again");
