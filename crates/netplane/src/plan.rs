@@ -536,6 +536,38 @@ mod tests {
         }
     }
 
+    /// What a node carrying `s` (network 7 on 10.9.0.0/24) has once reconciled: its table, bridge (gateway
+    /// address, loopback routed) and VXLAN device; no entries, no task.
+    fn with_network_7(s: &NodeNetState) -> Observed {
+        let mut o = Observed {
+            ip_forward: true,
+            node_table: Some(nft::node_table(s).unwrap().tag),
+            ..Observed::default()
+        };
+        o.links.insert(
+            "shlb7".into(),
+            Link {
+                addrs: vec!["10.9.0.1/24".parse().unwrap()],
+                ..link(LinkKind::Bridge)
+            },
+        );
+        let vx = LinkKind::Vxlan {
+            vni: 7,
+            port: 4789,
+            local: s.underlay_ip,
+            learning: false,
+            proxy: true,
+        };
+        o.links.insert(
+            "shlx7".into(),
+            Link {
+                master: Some("shlb7".into()),
+                ..link(vx)
+            },
+        );
+        o
+    }
+
     /// The op kinds `plan` returns, in order, as short names.
     fn kinds(ops: &[Op]) -> Vec<String> {
         ops.iter()
@@ -627,31 +659,8 @@ mod tests {
     fn a_bridge_found_without_route_localnet_gets_it_and_nothing_else() {
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         s.networks = vec![net(7)];
-        let mut o = Observed {
-            ip_forward: true,
-            node_table: Some(nft::node_table(&s).unwrap().tag),
-            ..Observed::default()
-        };
-        let bridge = Link {
-            addrs: vec!["10.9.0.1/24".parse().unwrap()],
-            route_localnet: false,
-            ..link(LinkKind::Bridge)
-        };
-        o.links.insert("shlb7".into(), bridge.clone());
-        let vx = LinkKind::Vxlan {
-            vni: 7,
-            port: 4789,
-            local: s.underlay_ip,
-            learning: false,
-            proxy: true,
-        };
-        o.links.insert(
-            "shlx7".into(),
-            Link {
-                master: Some("shlb7".into()),
-                ..link(vx)
-            },
-        );
+        let mut o = with_network_7(&s);
+        o.links.get_mut("shlb7").unwrap().route_localnet = false;
         assert_eq!(plan(&o, &s), [Op::RouteLocalnet { bridge: "shlb7".into() }]);
         o.links.get_mut("shlb7").unwrap().route_localnet = true;
         assert_eq!(plan(&o, &s), []);
@@ -696,32 +705,7 @@ mod tests {
             node_ip: Ipv4Addr::new(192, 0, 2, 3),
         }];
         s.networks = vec![n];
-        let mut o = Observed {
-            ip_forward: true,
-            ..Observed::default()
-        };
-        o.node_table = Some(nft::node_table(&s).unwrap().tag);
-        o.links.insert(
-            "shlb7".into(),
-            Link {
-                addrs: vec!["10.9.0.1/24".parse().unwrap()],
-                ..link(LinkKind::Bridge)
-            },
-        );
-        let vx = LinkKind::Vxlan {
-            vni: 7,
-            port: 4789,
-            local: s.underlay_ip,
-            learning: false,
-            proxy: true,
-        };
-        o.links.insert(
-            "shlx7".into(),
-            Link {
-                master: Some("shlb7".into()),
-                ..link(vx)
-            },
-        );
+        let mut o = with_network_7(&s);
         o.fdb.insert(Fdb {
             dev: "shlx7".into(),
             mac: mac_for(remote),
@@ -824,17 +808,8 @@ mod tests {
         let t = nft::node_table(&plain).unwrap().script;
         assert!(!t.contains("published") && !t.contains("snat"), "{t}");
         // The ingress address arriving later rebuilds the bridge with it (its veths re-enslaved).
-        let mut o = Observed {
-            ip_forward: true,
-            ..Observed::default()
-        };
-        o.links.insert(
-            "shlb7".into(),
-            Link {
-                addrs: vec!["10.9.0.1/24".parse().unwrap()],
-                ..link(LinkKind::Bridge)
-            },
-        );
+        let mut o = with_network_7(&s);
+        o.node_table = None;
         let ops = plan(&o, &s);
         assert_eq!(
             kinds(&ops)[..3],
