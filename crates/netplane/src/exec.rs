@@ -54,12 +54,6 @@ impl Executor {
         Ok(ops)
     }
 
-    /// Whether the node routes loopback addresses through `link` (`net.ipv4.conf.<link>.route_localnet`).
-    fn route_localnet(&self, link: &str) -> Result<bool, Error> {
-        let key = format!("net.ipv4.conf.{link}.route_localnet");
-        Ok(self.run(None, &["sysctl", "-n", &key], None)?.trim() == "1")
-    }
-
     /// Reads the node's Shoal links, entries, table and the namespaces of `desired`'s tasks.
     pub fn observe(&self, desired: &NodeNetState) -> Result<Observed, Error> {
         let mut obs = Observed::default();
@@ -83,7 +77,6 @@ impl Executor {
                 },
                 other => LinkKind::Other(other.to_string()),
             };
-            let route_localnet = kind == LinkKind::Bridge && self.route_localnet(name)?;
             obs.links.insert(
                 name.to_string(),
                 Link {
@@ -92,7 +85,8 @@ impl Executor {
                     up: has_flag(l, "UP"),
                     mtu: l["mtu"].as_u64().unwrap_or(0) as u16,
                     addrs: inet_addrs(l),
-                    route_localnet,
+                    // Read below with the node's other settings.
+                    route_localnet: false,
                 },
             );
         }
@@ -132,10 +126,21 @@ impl Executor {
             }
         }
         obs.node_table = self.table_tag(None)?;
-        obs.ip_forward = self
-            .run(None, &["sysctl", "-n", "net.ipv4.ip_forward"], None)?
-            .trim()
-            == "1";
+        // One `sysctl` for the node's forwarding and each bridge's `route_localnet`, in that order.
+        let bridges: Vec<String> =
+            obs.links.iter().filter(|(_, l)| l.kind == LinkKind::Bridge).map(|(n, _)| n.clone()).collect();
+        let mut keys = vec!["net.ipv4.ip_forward".to_string()];
+        keys.extend(bridges.iter().map(|b| format!("net.ipv4.conf.{b}.route_localnet")));
+        let mut args = vec!["sysctl", "-n"];
+        args.extend(keys.iter().map(String::as_str));
+        let out = self.run(None, &args, None)?;
+        let mut values = out.lines().map(|v| v.trim() == "1");
+        obs.ip_forward = values.next().unwrap_or(false);
+        for (b, on) in bridges.iter().zip(values) {
+            if let Some(l) = obs.links.get_mut(b) {
+                l.route_localnet = on;
+            }
+        }
         for t in &desired.tasks {
             if !t.netns.exists() {
                 return Err(Error::NamespaceMissing {

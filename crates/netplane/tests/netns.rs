@@ -250,6 +250,16 @@ impl Nodes {
         Executor::in_netns(self.nodes[i].path())
     }
 
+    /// Reconciles each node (`execs[i]` drives node `i`) to carrying nothing, and checks nothing of
+    /// Shoal's is left on it.
+    fn tear_down(&self, execs: &[Executor]) {
+        for (i, e) in execs.iter().enumerate() {
+            e.reconcile(&NodeNetState::new(NODE_IPS[i]))
+                .expect("teardown");
+            assert_eq!(self.leftovers(i), "", "node {i} keeps Shoal's links or table");
+        }
+    }
+
     /// The Shoal links and tables left on node `i`.
     fn leftovers(&self, i: usize) -> String {
         let links = self.nodes[i].output(&["ip", "-o", "link", "show"]);
@@ -455,15 +465,7 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
 
     // Removing everything leaves nothing of Shoal's on either node.
     drop(srv);
-    for (i, e) in [e0, e1].iter().enumerate() {
-        e.reconcile(&NodeNetState::new(NODE_IPS[i]))
-            .expect("teardown");
-        assert_eq!(
-            nodes.leftovers(i),
-            "",
-            "node {i} keeps Shoal's links or table"
-        );
-    }
+    nodes.tear_down(&[e0, e1]);
 }
 
 #[test]
@@ -583,15 +585,7 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     assert!(!t_client
         .output(&["nft", "list", "tables"])
         .contains("shoal"));
-    for (i, e) in [e0, e1].iter().enumerate() {
-        e.reconcile(&NodeNetState::new(NODE_IPS[i]))
-            .expect("teardown");
-        assert_eq!(
-            nodes.leftovers(i),
-            "",
-            "node {i} keeps Shoal's links or table"
-        );
-    }
+    nodes.tear_down(&[e0, e1]);
 }
 
 #[test]
@@ -705,15 +699,7 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
         fetch(nodes.nodes[1].path(), NODE_IPS[0], timeout).expect_err("answered without backends");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
 
-    for (i, e) in [e0, e1].iter().enumerate() {
-        e.reconcile(&NodeNetState::new(NODE_IPS[i]))
-            .expect("teardown");
-        assert_eq!(
-            nodes.leftovers(i),
-            "",
-            "node {i} keeps Shoal's links or table"
-        );
-    }
+    nodes.tear_down(&[e0, e1]);
 }
 
 #[test]

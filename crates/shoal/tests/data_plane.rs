@@ -150,12 +150,7 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
         // Its running tasks got SIGTERM and went at once (no wait for a reconcile that never comes).
         assert!(!d.log().contains("ignored SIGTERM"), "a task outlived its SIGTERM at the stop:\n{}", d.log());
     }
-    let left: Vec<String> = c
-        .tasks_seen
-        .iter()
-        .map(|id| format!("shl-task-{id}"))
-        .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
-        .collect();
+    let left = c.task_namespaces();
     assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
 }
 

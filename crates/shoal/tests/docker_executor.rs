@@ -14,11 +14,7 @@ use common::*;
 use shoal_testkit::docker_engine::{self, EngineDaemon};
 
 fn engine_daemon() -> Option<(EngineDaemon, &'static str)> {
-    if !docker_engine::available() {
-        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
-        return None;
-    }
-    let image = docker_engine::ensure_test_image();
+    let image = docker_engine::test_image_or_skip()?;
     Some((EngineDaemon::start(&shoal_bin()), image))
 }
 

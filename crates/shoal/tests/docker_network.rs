@@ -81,53 +81,6 @@ while true; do
 done
 "#;
 
-/// What these tests look at on a node beside the API.
-trait DockerNodes {
-    fn containers(&self, i: usize, key: &str) -> Vec<String>;
-    fn shoal_links(&self, i: usize) -> Vec<String>;
-    fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String>;
-    fn task_namespaces(&self) -> Vec<String>;
-}
-
-impl DockerNodes for Cluster {
-    /// Engine containers (running or not) of node `i` labelled `key` (any value).
-    fn containers(&self, i: usize, key: &str) -> Vec<String> {
-        let node = format!("label=com.docker.swarm.node.id={}", self.node_ids[i]);
-        let other = format!("label={key}");
-        engine_ok(&["ps", "-aq", "--no-trunc", "--filter", &node, "--filter", &other])
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// The Shoal links (`shl*`) in node `i`'s namespace.
-    fn shoal_links(&self, i: usize) -> Vec<String> {
-        self.shoal_links_with_index(i).iter().map(|l| l.split('#').next().unwrap_or_default().to_string()).collect()
-    }
-
-    /// The Shoal links in node `i`'s namespace with their interface index (a link made again gets a new one).
-    fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String> {
-        self.in_node(i, &["ip", "-o", "link", "show"])
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split(':');
-                let index = f.next()?.trim().to_string();
-                let name = f.next()?.trim().split('@').next()?.to_string();
-                name.starts_with("shl").then(|| format!("{name}#{index}"))
-            })
-            .collect()
-    }
-
-    /// The task namespaces (`/run/netns/shl-task-<id>`) of the tasks seen that are still there.
-    fn task_namespaces(&self) -> Vec<String> {
-        self.tasks_seen
-            .iter()
-            .map(|id| format!("shl-task-{id}"))
-            .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
-            .collect()
-    }
-}
-
 fn service(name: &str, image: &str, constraint: &str, replicas: u64, script: &str, env: &[String]) -> Value {
     json!({
         "Name": name,
@@ -173,13 +126,18 @@ fn loop_state(client: &str) -> ((u64, u64, u64), Vec<String>) {
     (last.unwrap_or((0, 0, 0)), fails)
 }
 
+/// `loop_state` once the client's loop has made `requests` requests (waiting up to `WAIT` for `what`).
+fn loop_past(client: &str, requests: u64, what: &str) -> ((u64, u64, u64), Vec<String>) {
+    wait_until(what, WAIT, || {
+        let ((n, _, _), _) = loop_state(client);
+        if n >= requests { Ok(()) } else { Err(format!("{n} of {requests}")) }
+    });
+    loop_state(client)
+}
+
 #[test]
 fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing() {
-    if !docker_engine::available() {
-        eprintln!("SKIP: no Docker Engine answers on this machine");
-        return;
-    }
-    let image = docker_engine::ensure_test_image();
+    let Some(image) = docker_engine::test_image_or_skip() else { return };
     // The executor imports its holder image when a task first needs it: every run goes through that.
     let _ = engine(&["image", "rm", "shoal-netns-holder:1"]);
     let mut c = Cluster::start_docker("dn");
@@ -234,7 +192,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     assert!(result("RESULT ANSWERS").ends_with("errors 0"), "{lines:?}");
 
     // kill -9 both workers' daemons while the client requests the VIP, and start them again.
-    wait_until("the request loop running", WAIT, || if loop_state(&client).0 .0 >= 40 { Ok(()) } else { Err("not yet".to_string()) });
+    loop_past(&client, 40, "the request loop running");
     // `solo` on node-1, removed while its daemon is dead: the restarted daemon removes its container, holder,
     // veth and namespace, and nothing else.
     let without_solo = c.shoal_links_with_index(1);
@@ -285,11 +243,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     }
     let restarted_at = loop_state(&client).0 .0;
     println!("RESULT kill -9 to both workers ready and adopted: {:?}", killed.elapsed());
-    wait_until("100 more requests after the restart", WAIT, || {
-        let ((n, _, _), _) = loop_state(&client);
-        if n >= restarted_at + 100 { Ok(()) } else { Err(format!("{n} of {}", restarted_at + 100)) }
-    });
-    let ((n, retried, failed), fails) = loop_state(&client);
+    let ((n, retried, failed), fails) = loop_past(&client, restarted_at + 100, "100 more requests after the restart");
     println!("RESULT kill9 loop: {n} requests ({killed_at} before the kill, {restarted_at} at the restart), retried {retried}, failed {failed}");
     assert_eq!((failed, fails.len()), (0, 0), "no request failed after its retries: {fails:?}");
     // The same links (none removed and made again), containers and holders (adopted, not replaced), and names
@@ -353,11 +307,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
         if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
     });
     let at = loop_state(&client).0 .0;
-    wait_until("50 more requests after the scaling", WAIT, || {
-        let ((n, _, _), _) = loop_state(&client);
-        if n >= at + 50 { Ok(()) } else { Err(format!("{n} of {}", at + 50)) }
-    });
-    let ((n, retried, failed), fails) = loop_state(&client);
+    let ((n, retried, failed), fails) = loop_past(&client, at + 50, "50 more requests after the scaling");
     println!("RESULT scaling loop: {n} requests, retried {retried}, failed {failed}");
     assert_eq!((failed, fails.len()), (0, 0), "no request failed while scaling 2 -> 4 -> 2: {fails:?}");
 
@@ -380,7 +330,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     let client_id = client_task["ID"].as_str().unwrap().to_string();
     docker_cli::ok(c.ds[2].socket(), &["swarm", "leave", "--force"]);
     wait_until("node-2 left with nothing behind", WAIT, || {
-        let left = (c.containers(2, "com.docker.swarm.node.id"), c.shoal_links(2));
+        let left = (c.containers(2), c.shoal_links(2));
         let ns = std::path::Path::new("/run/netns").join(format!("shl-task-{client_id}")).exists();
         if left.0.is_empty() && left.1.is_empty() && !ns { Ok(()) } else { Err(format!("{left:?}, namespace {ns}")) }
     });
@@ -389,8 +339,8 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     c.docker(&["service", "rm", "web", "client", "once"]);
     wait_until("web's containers, holders, namespaces and links gone", WAIT, || {
         let left = (
-            c.containers(0, "com.docker.swarm.node.id"),
-            c.containers(1, "com.docker.swarm.node.id"),
+            c.containers(0),
+            c.containers(1),
             c.task_namespaces(),
             c.shoal_links(0),
             c.shoal_links(1),
@@ -406,7 +356,7 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
         assert!(c.ds[i].stop(), "daemon {i} stops cleanly");
     }
     for i in 0..3 {
-        assert!(c.containers(i, "com.docker.swarm.node.id").is_empty() && c.shoal_links(i).is_empty());
+        assert!(c.containers(i).is_empty() && c.shoal_links(i).is_empty());
     }
     assert!(c.task_namespaces().is_empty(), "{:?}", c.task_namespaces());
 }
@@ -425,11 +375,7 @@ fn spread(answers: &BTreeMap<String, u32>, n: usize, least: u32) -> Result<(), S
 
 #[test]
 fn docker_tasks_publish_ports_through_the_routing_mesh_and_in_host_mode() {
-    if !docker_engine::available() {
-        eprintln!("SKIP: no Docker Engine answers on this machine");
-        return;
-    }
-    let image = docker_engine::ensure_test_image();
+    let Some(image) = docker_engine::test_image_or_skip() else { return };
     let mut c = Cluster::start_docker("dp");
     let create = |c: &Cluster, args: &[&str]| {
         let mut all = vec!["service", "create", "--detach", "--no-resolve-image", "--restart-condition", "none"];
@@ -510,14 +456,14 @@ fn docker_tasks_publish_ports_through_the_routing_mesh_and_in_host_mode() {
     c.docker(&["service", "rm", "web", "hostweb", "closedweb"]);
     wait_until("the services' containers, holders and namespaces gone", WAIT, || {
         let left: Vec<String> =
-            (0..3).flat_map(|i| c.containers(i, "com.docker.swarm.node.id")).chain(c.task_namespaces()).collect();
+            (0..3).flat_map(|i| c.containers(i)).chain(c.task_namespaces()).collect();
         if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
     });
     for i in 0..3 {
         assert!(c.ds[i].stop(), "daemon {i} stops cleanly");
     }
     for i in 0..3 {
-        assert!(c.containers(i, "com.docker.swarm.node.id").is_empty() && c.shoal_links(i).is_empty());
+        assert!(c.containers(i).is_empty() && c.shoal_links(i).is_empty());
     }
     assert!(c.task_namespaces().is_empty(), "{:?}", c.task_namespaces());
 }

@@ -237,11 +237,7 @@ fn times_parse_as_the_engine_writes_them() {
 #[test]
 fn a_job_runs_to_completion_on_the_docker_executor() {
     use shoal_testkit::docker_engine::{self, EngineDaemon};
-    if !docker_engine::available() {
-        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
-        return;
-    }
-    let image = docker_engine::ensure_test_image();
+    let Some(image) = docker_engine::test_image_or_skip() else { return };
     let d = EngineDaemon::start(&shoal_bin());
     let out = docker_returns(
         &d,

@@ -76,11 +76,7 @@ fn service_logs_with_the_process_executor() {
 
 #[test]
 fn service_logs_with_the_docker_executor() {
-    if !docker_engine::available() {
-        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
-        return;
-    }
-    let image = docker_engine::ensure_test_image();
+    let Some(image) = docker_engine::test_image_or_skip() else { return };
     let d = EngineDaemon::start(&shoal_bin());
     check_logs(&d, image);
 }

@@ -207,17 +207,11 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
         assert!(d.stop(), "the daemon stops cleanly");
     }
     for i in 0..3 {
-        let links = c.in_node(i, &["ip", "-o", "link"]);
-        let ours: Vec<&str> = links.lines().filter(|l| l.contains(": shl")).collect();
+        let ours = c.shoal_links(i);
         assert!(ours.is_empty(), "node-{i} keeps Shoal links: {ours:?}");
         let tables = c.in_node(i, &["nft", "list", "tables"]);
         assert!(!tables.contains("shoal"), "node-{i} keeps Shoal's table: {tables}");
     }
-    let left: Vec<String> = c
-        .tasks_seen
-        .iter()
-        .map(|id| format!("shl-task-{id}"))
-        .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
-        .collect();
+    let left = c.task_namespaces();
     assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
 }

@@ -69,6 +69,16 @@ pub fn ensure_test_image() -> &'static str {
     TEST_IMAGE
 }
 
+/// The test image, for a test that needs the Docker Engine: `None` (and a line saying the test is skipped)
+/// when no engine answers on this machine.
+pub fn test_image_or_skip() -> Option<&'static str> {
+    if !available() {
+        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
+        return None;
+    }
+    Some(ensure_test_image())
+}
+
 fn build_test_image() {
     let busybox = BUSYBOX_PATHS.iter().map(Path::new).find(|p| p.is_file()).unwrap_or_else(|| {
         panic!("no static busybox at {BUSYBOX_PATHS:?}: install Debian's busybox-static package (apt-get install busybox-static)")

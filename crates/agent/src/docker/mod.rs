@@ -20,8 +20,8 @@
 //! data plane; the task's container is created with network mode `container:<holder>` and started only once
 //! the plane reports the namespace plumbed. Its published ports are the data plane's to forward into that
 //! namespace (the routing mesh, host-mode DNAT), never the engine's to bind. A task told to stop is drained
-//! out of the VIPs first (as the process executor's). When the container exits or is removed, its namespace is released and its holder
-//! removed. Holders outlive the agent with their containers: at connect they are listed too, and the plane
+//! out of the VIPs first (as the process executor's). When the container exits or is removed, its namespace
+//! is released and its holder removed. Holders outlive the agent with their containers: at connect they are listed too, and the plane
 //! keeps their links (`NetworkPlane::resume`) until the worker adopts their tasks, whose namespaces are then
 //! registered again; the holders of tasks not adopted are removed with the first complete assignment set.
 //!
@@ -114,6 +114,17 @@ fn engine_status(e: &BollardError) -> Option<u16> {
     }
 }
 
+/// Removes container `name` (by name or ID) whatever its state: whether it was there (one already gone is
+/// no error).
+async fn force_remove(docker: &Docker, name: &str) -> Result<bool, BollardError> {
+    let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+    match docker.remove_container(name, Some(opts)).await {
+        Ok(()) => Ok(true),
+        Err(e) if engine_status(&e) == Some(404) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The engine's message (without bollard's wrapping) when there is one.
 fn engine_message(e: &BollardError) -> String {
     match e {
@@ -150,11 +161,8 @@ pub async fn remove_node_containers(addr: &str, node_id: &str) -> Result<usize, 
     found.sort_by_key(|c| c.labels.as_ref().is_some_and(|l| l.contains_key(holder::LABEL_HOLDER_TASK_ID)));
     let mut removed = 0;
     for id in found.into_iter().filter_map(|c| c.id) {
-        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
-        match docker.remove_container(&id, Some(opts)).await {
-            Ok(()) => removed += 1,
-            Err(e) if engine_status(&e) == Some(404) => {}
-            Err(e) => return Err(engine("remove a container of this node")(e)),
+        if force_remove(&docker, &id).await.map_err(engine("remove a container of this node"))? {
+            removed += 1;
         }
     }
     Ok(removed)
@@ -400,11 +408,8 @@ impl Executor for DockerExecutor {
             let unassigned = !assigned.contains(&task_id);
             tokio::spawn(async move {
                 tracing::info!(task = %task_id, %container, "removing a network-namespace holder left by an earlier run");
-                let opts = RemoveContainerOptionsBuilder::default().force(true).build();
-                if let Err(e) = docker.remove_container(&container, Some(opts)).await {
-                    if engine_status(&e) != Some(404) {
-                        tracing::warn!(task = %task_id, %container, "cannot remove the holder: {}", engine_message(&e));
-                    }
+                if let Err(e) = force_remove(&docker, &container).await {
+                    tracing::warn!(task = %task_id, %container, "cannot remove the holder: {}", engine_message(&e));
                 }
                 if let Some(plane) = plane {
                     plane.forget_survivor(&task_id);
@@ -421,11 +426,8 @@ impl Executor for DockerExecutor {
             let docker = self.docker.clone();
             tokio::spawn(async move {
                 tracing::info!(task = %task_id, %container, "removing the container of a task no longer assigned here");
-                let opts = RemoveContainerOptionsBuilder::default().force(true).build();
-                if let Err(e) = docker.remove_container(&container, Some(opts)).await {
-                    if engine_status(&e) != Some(404) {
-                        tracing::warn!(task = %task_id, %container, "cannot remove the container: {}", engine_message(&e));
-                    }
+                if let Err(e) = force_remove(&docker, &container).await {
+                    tracing::warn!(task = %task_id, %container, "cannot remove the container: {}", engine_message(&e));
                 }
             });
         }
@@ -474,12 +476,9 @@ impl TaskNetwork {
     async fn prepare(&self, docker: &Docker) -> Result<(), ExecutorError> {
         let prep = ExecutorError::Prepare;
         self.holder_image.get_or_try_init(|| holder::ensure_image(docker)).await.map_err(prep)?;
-        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
-        match docker.remove_container(&self.holder, Some(opts)).await {
-            Ok(()) => {}
-            Err(e) if engine_status(&e) == Some(404) => {}
-            Err(e) => return Err(prep(format!("cannot replace the network-namespace holder {}: {}", self.holder, engine_message(&e)))),
-        }
+        force_remove(docker, &self.holder).await.map_err(|e| {
+            prep(format!("cannot replace the network-namespace holder {}: {}", self.holder, engine_message(&e)))
+        })?;
         let opts = CreateContainerOptionsBuilder::default().name(&self.holder).build();
         if let Err(e) = docker.create_container(Some(opts), (*self.holder_body).clone()).await {
             return Err(prep(format!("cannot create the network-namespace holder {}: {}", self.holder, engine_message(&e))));
@@ -500,12 +499,8 @@ impl TaskNetwork {
 
     /// Releases the task's namespace and removes its holder (once its container no longer runs).
     async fn teardown(&self, docker: &Docker) -> Result<(), ExecutorError> {
-        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
-        match docker.remove_container(&self.holder, Some(opts)).await {
-            Ok(()) => {}
-            Err(e) if engine_status(&e) == Some(404) => {}
-            Err(e) => return Err(runtime("cannot remove the network-namespace holder", &e)),
-        }
+        let holder = force_remove(docker, &self.holder).await;
+        holder.map_err(|e| runtime("cannot remove the network-namespace holder", &e))?;
         self.plane.release(&self.task.id).await.map_err(ExecutorError::Runtime)
     }
 }
@@ -739,12 +734,7 @@ impl Controller for DockerController {
 
     fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
         Box::pin(async move {
-            let opts = RemoveContainerOptionsBuilder::default().force(true).build();
-            match self.docker.remove_container(&self.name, Some(opts)).await {
-                Ok(()) => {}
-                Err(e) if engine_status(&e) == Some(404) => {}
-                Err(e) => return Err(runtime("cannot remove the container", &e)),
-            }
+            force_remove(&self.docker, &self.name).await.map_err(|e| runtime("cannot remove the container", &e))?;
             if let Some(net) = &self.network {
                 net.teardown(&self.docker).await?;
             }

@@ -1,6 +1,7 @@
 //! A cluster of three `shoal daemon`s (one manager, two workers; process executor, or the docker executor with
-//! `start_docker`, the three sharing the machine's Docker Engine), each in its own network namespace (`shoal_testkit::netns`), so each carries its own data plane (bridges, VXLAN devices, nftables
-//! table) and the overlay crosses a real (veth) underlay between them; hostnames node-0..2. Used by the tests
+//! `start_docker`, the three sharing the machine's Docker Engine), each in its own network namespace
+//! (`shoal_testkit::netns`), so each carries its own data plane (bridges, VXLAN devices, nftables table) and
+//! the overlay crosses a real (veth) underlay between them; hostnames node-0..2. Used by the tests
 //! of the data plane, the routing mesh, the docker executor on networks and of stacks that run.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -187,7 +188,8 @@ impl Cluster {
     /// The first virtual IP of `service` (without its prefix length).
     pub fn vip(&self, service: &str) -> String {
         let ep = &self.manager().get(&format!("/v1.47/services/{service}"))["Endpoint"];
-        ep["VirtualIPs"][0]["Addr"].as_str().unwrap_or_else(|| panic!("{service} has no VIP: {ep}")).split('/').next().unwrap().to_string()
+        let vip = ep["VirtualIPs"][0]["Addr"].as_str().unwrap_or_else(|| panic!("{service} has no VIP: {ep}"));
+        vip.split('/').next().unwrap().to_string()
     }
 
     /// The hostname index of the node task `t` runs on.
@@ -205,6 +207,38 @@ impl Cluster {
             .output()
             .expect("ip netns exec");
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    }
+
+    /// The engine's containers (running or not, holders too) of node `i`.
+    pub fn containers(&self, i: usize) -> Vec<String> {
+        shoal_testkit::docker_engine::containers_of_node(&self.node_ids[i])
+    }
+
+    /// The Shoal links (`shl*`) in node `i`'s namespace.
+    pub fn shoal_links(&self, i: usize) -> Vec<String> {
+        self.shoal_links_with_index(i).iter().map(|l| l.split('#').next().unwrap_or_default().to_string()).collect()
+    }
+
+    /// The Shoal links in node `i`'s namespace with their interface index (a link made again gets a new one).
+    pub fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String> {
+        self.in_node(i, &["ip", "-o", "link", "show"])
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(':');
+                let index = f.next()?.trim().to_string();
+                let name = f.next()?.trim().split('@').next()?.to_string();
+                name.starts_with("shl").then(|| format!("{name}#{index}"))
+            })
+            .collect()
+    }
+
+    /// The task namespaces (`/run/netns/shl-task-<id>`) of the tasks seen that are still there.
+    pub fn task_namespaces(&self) -> Vec<String> {
+        self.tasks_seen
+            .iter()
+            .map(|id| format!("shl-task-{id}"))
+            .filter(|n| std::path::Path::new("/run/netns").join(n).exists())
+            .collect()
     }
 
     /// `CLIENT` run in node `from`'s namespace against `host:port`: the answers counted.
@@ -270,6 +304,7 @@ impl Drop for Cluster {
         }
         // Containers and holders outlive a stopped daemon: every one of these nodes' goes.
         if self.executor == "docker" {
+            // (`engine`, not `containers`: a drop must not panic when the engine fails.)
             for id in &self.node_ids {
                 let filter = format!("label=com.docker.swarm.node.id={id}");
                 let out = engine(&["ps", "-aq", "--no-trunc", "--filter", &filter]);
@@ -280,14 +315,10 @@ impl Drop for Cluster {
             }
         }
         // A daemon that could not stop cleanly leaves its task namespaces (in the host's /run/netns).
-        for id in &self.tasks_seen {
-            let name = format!("shl-task-{id}");
-            let path = std::path::Path::new("/run/netns").join(&name);
-            if path.exists() {
-                let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
-                // Made in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
-                let _ = std::fs::remove_file(&path);
-            }
+        for name in self.task_namespaces() {
+            let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
+            // Made in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
+            let _ = std::fs::remove_file(std::path::Path::new("/run/netns").join(&name));
         }
     }
 }

@@ -59,6 +59,12 @@ fn task(id: &str, state: TaskState, nets: &[(&Network, u8)]) -> Task {
     t
 }
 
+/// `t` as plumbed by its executor, in `/run/netns/shl-task-<id>`.
+fn plumbed(t: &Task) -> BTreeMap<String, PlumbedTask> {
+    let netns = format!("/run/netns/shl-task-{}", t.id).into();
+    BTreeMap::from([(t.id.clone(), PlumbedTask { netns, attachments: attachments(t).unwrap() })])
+}
+
 /// A published port of target 80.
 fn port(
     mode: shoal_api::port_config::PublishMode,
@@ -94,10 +100,7 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
     let gone = task("old", TaskState::Failed, &[(&network("net-gone", "gone", 4099, 3, false, false), 2)]);
     let assigned: HashMap<String, Arc<Task>> =
         [&web, &starting, &gone].iter().map(|t| (t.id.clone(), Arc::new((*t).clone()))).collect();
-    let plumbed = BTreeMap::from([(
-        "web1".to_string(),
-        PlumbedTask { netns: "/run/netns/shl-task-web1".into(), attachments: attachments(&web).unwrap() },
-    )]);
+    let plumbed = plumbed(&web);
     let view = NodeNetworkView {
         node_addr: "192.168.0.1".into(),
         networks: vec![NetworkPeers {
@@ -147,10 +150,7 @@ fn without_the_node_address_nothing_is_carried() {
     let app = network("net-app", "appnet", 4097, 1, false, false);
     let web = task("web1", TaskState::Running, &[(&app, 2)]);
     let assigned = HashMap::from([("web1".to_string(), Arc::new(web.clone()))]);
-    let plumbed = BTreeMap::from([(
-        "web1".to_string(),
-        PlumbedTask { netns: "/run/netns/shl-task-web1".into(), attachments: attachments(&web).unwrap() },
-    )]);
+    let plumbed = plumbed(&web);
     let s = desired(None, &plumbed, &assigned, &NodeNetworkView::default());
     assert!(s.networks.is_empty() && s.tasks.is_empty(), "{s:?}");
     s.validate().unwrap();
@@ -193,10 +193,7 @@ fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_t
     }
     .into());
     let assigned = HashMap::from([("web1".to_string(), Arc::new(web.clone()))]);
-    let plumbed = BTreeMap::from([(
-        "web1".to_string(),
-        PlumbedTask { netns: "/run/netns/shl-task-web1".into(), attachments: attachments(&web).unwrap() },
-    )]);
+    let plumbed = plumbed(&web);
     let view = NodeNetworkView {
         node_addr: "192.168.0.1".into(),
         networks: vec![NetworkPeers {
