@@ -20,10 +20,10 @@ pub mod metrics_listener;
 mod raft_member;
 mod raft_status;
 pub mod security;
-pub mod source_limits;
-pub mod socket_path_names;
-mod swarmkit_socket;
 mod services;
+pub mod socket_path_names;
+pub mod source_limits;
+mod swarmkit_socket;
 pub mod tls;
 pub mod worker_node;
 
@@ -40,12 +40,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
-/// Generic resources a node offers (`--generic-node-resources`), and their parser.
-pub use shoal_api::{generic::parse_offer as parse_generic_node_resources, GenericResource};
 pub use config::{DaemonConfig, ExecutorKind, JoinToken, UnlockKeyText};
 pub use identity::NodeIdentity;
 pub use raft_status::ManagerStatusSubsystem;
 pub use services::{leader_subsystems, run_leader_subsystems, serve_manager_grpc, start_manager_services};
+/// Generic resources a node offers (`--generic-node-resources`), and their parser.
+pub use shoal_api::{generic::parse_offer as parse_generic_node_resources, GenericResource};
 
 /// Why a node could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -158,7 +158,9 @@ async fn pick_executor(
     let process = || -> Arc<dyn Executor> {
         Arc::new(
             shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
-                .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(node_id)))
+                .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(
+                    node_id,
+                )))
                 .with_network(data_plane(cfg)),
         )
     };
@@ -308,7 +310,13 @@ impl Node {
         );
         tasks.push((
             "grpc",
-            services::serve_manager_grpc(&dispatcher, listener, Some(&raft), Some(&remote_security), shutdown_rx.clone()),
+            services::serve_manager_grpc(
+                &dispatcher,
+                listener,
+                Some(&raft),
+                Some(&remote_security),
+                shutdown_rx.clone(),
+            ),
         ));
         if let Some(listener) = metrics {
             let started = metrics_listener::start_manager(
@@ -326,7 +334,10 @@ impl Node {
             raft_member::wait_ready(&state, &raft, membership).await?;
             if membership == raft_member::Membership::Restarted {
                 // Its cluster and node objects were written when it first started.
-                return Ok(state.store.view(|t| t.clusters().by_name(CLUSTER_NAME).map(|c| c.id.clone())).unwrap_or_default());
+                return Ok(state
+                    .store
+                    .view(|t| t.clusters().by_name(CLUSTER_NAME).map(|c| c.id.clone()))
+                    .unwrap_or_default());
             }
             bootstrap::ensure_cluster(
                 &state,
@@ -409,11 +420,14 @@ impl Node {
             // The Engine API over TCP, mutual TLS only (see `api_tcp`).
             let cluster = shoal_manager::ca::cluster(&state)
                 .ok_or_else(|| NodeError::Security("no cluster object to take the root CA from".into()))?;
-            let root = shoal_manager::ca::root_ca_of(&cluster).map_err(|e| NodeError::Security(e.message().to_string()))?;
+            let root =
+                shoal_manager::ca::root_ca_of(&cluster).map_err(|e| NodeError::Security(e.message().to_string()))?;
             let validity = shoal_manager::ca::node_cert_expiry(&cluster, cfg.node_cert_expiry_override);
             let (cert, key) = api_tcp::issue_server_cert(&root, &identity.node_id, &cluster.id, addr, validity)?;
-            let config = api_tcp::server_config(root.cert_pem(), &cert, &key).map_err(|e| NodeError::Security(e.to_string()))?;
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| NodeError::listen("--listen-api", addr, e))?;
+            let config =
+                api_tcp::server_config(root.cert_pem(), &cert, &key).map_err(|e| NodeError::Security(e.to_string()))?;
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.map_err(|e| NodeError::listen("--listen-api", addr, e))?;
             let router = shoal_engine_api::router(ctx.clone());
             tasks.push((
                 "engine-api-tcp",
@@ -644,7 +658,9 @@ pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output
                 lifecycle::clear_state(&cfg)?;
                 if let Some(p) = pending.as_mut() {
                     p.failure = Some(match e {
-                        NodeError::Listen { .. } | NodeError::Config(_) => shoal_engine_api::ApiError::BadRequest(e.to_string()),
+                        NodeError::Listen { .. } | NodeError::Config(_) => {
+                            shoal_engine_api::ApiError::BadRequest(e.to_string())
+                        }
                         other => shoal_engine_api::ApiError::Unavailable(other.to_string()),
                     });
                 }
@@ -673,8 +689,9 @@ async fn run_member(
     const GRACE: Duration = Duration::from_secs(15);
     if lock::is_locked(&cfg.state_dir)? {
         match cfg.unlock_key.clone() {
-            Some(key) => lock::unlock(&cfg.state_dir, &key.0)
-                .map_err(|e| NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}")))?,
+            Some(key) => lock::unlock(&cfg.state_dir, &key.0).map_err(|e| {
+                NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}"))
+            })?,
             None => match lock::serve_until_unlocked(cfg, stop.as_mut(), session).await? {
                 lock::LockedExit::Unlocked => {}
                 lock::LockedExit::Stopped => return Ok(MemberExit::Stopped),
@@ -682,12 +699,8 @@ async fn run_member(
             },
         }
     }
-    let availability = session
-        .pending
-        .as_ref()
-        .and_then(|p| p.join_availability)
-        .map(|a| a.to_api())
-        .unwrap_or_default();
+    let availability =
+        session.pending.as_ref().and_then(|p| p.join_availability).map(|a| a.to_api()).unwrap_or_default();
     if let worker_node::StartAs::Worker(w) = worker_node::prepare(cfg, availability).await? {
         lifecycle::record_member(cfg)?;
         match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), GRACE, session).await? {

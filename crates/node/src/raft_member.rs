@@ -105,9 +105,8 @@ pub(crate) async fn start_raft(
             Ok((raft, Membership::Bootstrapped))
         }
         Some(join) => {
-            let raft = grpc::join_cluster(raft_cfg, store, factory, join)
-                .await
-                .map_err(|e| NodeError::Join(e.to_string()))?;
+            let raft =
+                grpc::join_cluster(raft_cfg, store, factory, join).await.map_err(|e| NodeError::Join(e.to_string()))?;
             identity.raft_id = raft.id();
             identity::store(&cfg.state_dir, identity)?;
             Ok((raft, Membership::Joined))

@@ -74,9 +74,10 @@ async fn reconcile(state: &ClusterState, raft: &RaftNode) -> Result<(), String> 
     state
         .write(|t, changes| {
             for m in members.members.values().filter(|m| !m.node_id.is_empty()) {
-                let desired_worker = t.nodes().get(&m.node_id).is_some_and(|n| {
-                    n.spec.as_ref().is_some_and(|s| s.desired_role() == NodeRole::Worker)
-                });
+                let desired_worker = t
+                    .nodes()
+                    .get(&m.node_id)
+                    .is_some_and(|n| n.spec.as_ref().is_some_and(|s| s.desired_role() == NodeRole::Worker));
                 if desired_worker {
                     demoted.push(m.raft_id);
                     continue;
@@ -169,6 +170,8 @@ async fn demote(raft: &RaftNode, raft_id: u64, members: &Members, reachable: &BT
     }
     match raft.remove_member(raft_id).await {
         Ok(_) => tracing::info!(raft_id = format_args!("{raft_id:x}"), "demoted manager left raft"),
-        Err(e) => tracing::warn!(raft_id = format_args!("{raft_id:x}"), error = %e, "demoted manager could not leave raft yet"),
+        Err(e) => {
+            tracing::warn!(raft_id = format_args!("{raft_id:x}"), error = %e, "demoted manager could not leave raft yet")
+        }
     }
 }

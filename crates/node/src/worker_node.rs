@@ -354,7 +354,9 @@ pub(crate) async fn run_worker(
     let exit = match why {
         Why::Stopped => WorkerExit::Stopped,
         Why::Promoted(via) => WorkerExit::Promoted { via },
-        Why::Leave(reply) => return Ok(WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, control_api)))),
+        Why::Leave(reply) => {
+            return Ok(WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, control_api))))
+        }
     };
     control_api.close().await;
     let _ = std::fs::remove_file(&control_socket);
