@@ -306,6 +306,8 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
     // Stale version -> 409.
     let stale = api.call(Method::POST, &format!("/services/{id}/update?version={version}"), Some(spec("web", 6))).await;
     assert_error(&stale, StatusCode::CONFLICT, "update out of sequence");
+    // Clients' retry helpers match Docker's words as the message's suffix.
+    assert!(stale.body["message"].as_str().unwrap().ends_with("update out of sequence"), "{}", stale.text);
     // Rollback to the previous spec.
     let v2 = g2.body["Version"]["Index"].as_u64().unwrap();
     let rb = api.call(Method::POST, &format!("/services/{id}/update?version={v2}&rollback=previous"), None).await;

@@ -171,11 +171,7 @@ pub async fn update_cluster_rotating(
         .write(|t: &Tables, c: &mut Changes| {
             let current = t.clusters().get(id).ok_or_else(|| ControlError::not_found("swarm", id))?;
             if current.version() != version {
-                return Err(ControlError::Conflict(format!(
-                    "update out of sequence: the swarm is at version {}, the update was based on version {version}; \
-                     inspect it again and retry",
-                    current.version()
-                )));
+                return Err(ControlError::out_of_sequence("the swarm", "update", current.version(), version));
             }
             validate_cluster_spec(&current.spec.clone().unwrap_or_default(), &spec)?;
             let mut next = (**current).clone();

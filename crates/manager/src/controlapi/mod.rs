@@ -114,6 +114,16 @@ impl ControlError {
     pub(crate) fn not_found(kind: &'static str, reference: &str) -> ControlError {
         ControlError::NotFound { kind, reference: reference.to_string() }
     }
+
+    /// A write based on a stale version: `what` ("service <id>", "the swarm") is at version `have`, the
+    /// `operation` ("update", "rollback") was based on `sent`. The message ends with Docker's own words,
+    /// `update out of sequence`, which clients' retry helpers match as a suffix.
+    pub(crate) fn out_of_sequence(what: &str, operation: &str, have: u64, sent: u64) -> ControlError {
+        ControlError::Conflict(format!(
+            "{what} is at version {have}, the {operation} was based on version {sent}; inspect it again and retry: \
+             update out of sequence"
+        ))
+    }
 }
 
 impl From<ProposeError> for ControlError {

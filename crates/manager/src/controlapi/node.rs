@@ -111,12 +111,12 @@ pub async fn update_node(
         .write(|t: &Tables, c: &mut Changes| {
             let current = find(t, reference)?;
             if current.version() != version {
-                return Err(ControlError::Conflict(format!(
-                    "update out of sequence: node {} is at version {}, the update was based on version {version}; \
-                     inspect it again and retry",
-                    current.id,
-                    current.version()
-                )));
+                return Err(ControlError::out_of_sequence(
+                    &format!("node {}", current.id),
+                    "update",
+                    current.version(),
+                    version,
+                ));
             }
             let was_manager = current.spec.as_ref().map(|s| s.desired_role()) == Some(NodeRole::Manager)
                 || current.role() == NodeRole::Manager;

@@ -268,10 +268,7 @@ pub async fn update_secret(
 }
 
 pub(super) fn out_of_sequence(kind: &str, id: &str, have: u64, sent: u64) -> ControlError {
-    ControlError::Conflict(format!(
-        "update out of sequence: {kind} {id} is at version {have}, the update was based on version {sent}; inspect \
-         it again and retry"
-    ))
+    ControlError::out_of_sequence(&format!("{kind} {id}"), "update", have, sent)
 }
 
 /// Removes secret `reference`; refused (400, naming them) while services reference it.

@@ -210,7 +210,7 @@ async fn only_labels_change_on_update_with_the_version_read() {
         assert!(!m.contains("n3w"), "{m}");
     }
     match update_secret(&state, "pw", v + 7, base.clone()).await.unwrap_err() {
-        ControlError::Conflict(m) => assert!(m.contains("update out of sequence"), "{m}"),
+        ControlError::Conflict(m) => assert!(m.ends_with(": update out of sequence"), "{m}"),
         other => panic!("{other:?}"),
     }
     // The same data sent back is no change; an empty one means "unchanged".

@@ -255,12 +255,12 @@ pub async fn update_service(
         .write(|t: &Tables, c: &mut Changes| {
             let current = find_service(t, reference)?;
             if current.version() != version {
-                return Err(ControlError::Conflict(format!(
-                    "update out of sequence: service {} is at version {}, the update was based on version {version}; \
-                     inspect it again and retry",
-                    current.id,
-                    current.version()
-                )));
+                return Err(ControlError::out_of_sequence(
+                    &format!("service {}", current.id),
+                    "update",
+                    current.version(),
+                    version,
+                ));
             }
             let old_mode = current.spec.as_ref().map(mode_name).unwrap_or_default();
             if !old_mode.is_empty() && old_mode != mode_name(&spec) {
@@ -307,12 +307,12 @@ pub async fn rollback_service(state: &ClusterState, reference: &str, version: u6
         .write(|t: &Tables, c: &mut Changes| {
             let current = find_service(t, reference)?;
             if current.version() != version {
-                return Err(ControlError::Conflict(format!(
-                    "update out of sequence: service {} is at version {}, the rollback was based on version \
-                     {version}; inspect it again and retry",
-                    current.id,
-                    current.version()
-                )));
+                return Err(ControlError::out_of_sequence(
+                    &format!("service {}", current.id),
+                    "rollback",
+                    current.version(),
+                    version,
+                ));
             }
             let mut next = (**current).clone();
             let Some(previous) = next.previous_spec.take() else {

@@ -283,7 +283,7 @@ async fn update_is_compare_and_swap_and_keeps_the_previous_spec() {
 
     // A stale version is refused.
     let err = update_service(&state, &svc.id, svc.version(), spec("web", 6)).await.unwrap_err();
-    assert!(matches!(&err, ControlError::Conflict(m) if m.contains("update out of sequence")), "{err:?}");
+    assert!(matches!(&err, ControlError::Conflict(m) if m.ends_with(": update out of sequence")), "{err:?}");
     // A rename to a taken name is refused; to a free one, allowed.
     let err = update_service(&state, &svc.id, updated.version(), spec("db", 1)).await.unwrap_err();
     assert!(matches!(&err, ControlError::AlreadyExists(m) if m.contains("already in use")), "{err:?}");
