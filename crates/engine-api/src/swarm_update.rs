@@ -110,13 +110,19 @@ pub async fn update_swarm(
         worker: parse_bool_param(&q, "rotateWorkerToken")?,
         manager: parse_bool_param(&q, "rotateManagerToken")?,
     };
-    let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
-    for e in &j.ca_config.external_cas {
-        e.check()?;
-    }
     let cluster = controlapi::get_cluster(&ctx.state)?;
     let current = cluster.spec.clone().unwrap_or_default();
-    let spec = merge_spec(&current, &j);
+    // The engine reads an empty body as no spec at all (moby's `ReadJSON`): a request that only rotates
+    // (`?rotateManagerUnlockKey=true`, a join token) with no body leaves the spec as it is.
+    let spec = if body.is_empty() {
+        current.clone()
+    } else {
+        let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
+        for e in &j.ca_config.external_cas {
+            e.check()?;
+        }
+        merge_spec(&current, &j)
+    };
     // No executor applies a default log driver: a new one is refused rather than stored and ignored (the one
     // a cluster already has, sent back as `docker swarm update` does, goes through).
     let log_driver = |s: &ClusterSpec| s.task_defaults.as_ref().and_then(|d| d.log_driver.clone());
