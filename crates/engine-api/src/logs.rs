@@ -200,17 +200,29 @@ async fn stream_response(
             ))
         })?
     };
+    let store = ctx.state.store.clone();
     let body = batches.map(move |batch| {
         let mut out = Vec::new();
-        for m in &batch {
-            out.extend(encode(m, format));
-        }
+        // A line is shown only as the task's own: the broker lets a node publish lines naming itself, and
+        // here the task must be that node's, of that service (a worker cannot pass its lines off as another
+        // node's task).
+        store.view(|t| {
+            for m in batch.iter().filter(|m| published_by_its_task_node(t, m)) {
+                out.extend(encode(m, format));
+            }
+        });
         Ok::<Bytes, std::convert::Infallible>(Bytes::from(out))
     });
     let content_type = crate::versions::log_stream_content_type(v, tty);
     let mut resp = (StatusCode::OK, Body::from_stream(body)).into_response();
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(resp)
+}
+
+/// True when the line's context names a task of the store that is on the context's node and of its service.
+fn published_by_its_task_node(t: &shoal_store::Tables, m: &LogMessage) -> bool {
+    let Some(c) = m.context.as_ref() else { return false };
+    t.tasks().get(&c.task_id).is_some_and(|task| task.node_id == c.node_id && task.service_id == c.service_id)
 }
 
 /// `GET /services/{id}/logs`.

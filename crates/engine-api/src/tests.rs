@@ -995,3 +995,60 @@ async fn generic_resources_and_the_pids_limit_are_stored_and_shown_as_docker_doe
         assert_eq!(g.status, StatusCode::NOT_FOUND);
     }
 }
+
+/// Issue 31 (5): a worker cannot pass its lines off as another node's task. The broker refuses lines that
+/// name another node; a line that names the publishing node with a task of another node is left out of
+/// `docker service logs`, while the task's own node's lines come through.
+#[tokio::test]
+async fn service_logs_show_a_line_only_as_published_by_its_tasks_node() {
+    use futures::StreamExt;
+    use shoal_api::{LogContext, LogMessage, PublishLogsMessage};
+    let api = Api::new();
+    let id = api.create("web", 1).await;
+    let svc = shoal_manager::controlapi::get_service(&api.state, &id).unwrap();
+    api.seed(|c| {
+        let mut t = Task {
+            id: "task1".into(),
+            service_id: svc.id.clone(),
+            slot: 1,
+            node_id: "node1".into(),
+            spec: svc.spec.as_ref().unwrap().task.clone().map(Into::into),
+            status: Some(TaskStatus { state: TaskState::Running as i32, ..Default::default() }),
+            ..Default::default()
+        };
+        t.set_desired_state(TaskState::Running);
+        c.create(t);
+    })
+    .await;
+    let mut n1 = api.state.logs.listen("node1");
+    let mut n2 = api.state.logs.listen("node2");
+    let logs = tokio::spawn({
+        let state = api.state.clone();
+        let uri = format!("/services/{id}/logs?stdout=1&stderr=1");
+        async move {
+            let req = Request::builder().method(Method::GET).uri(uri).body(Body::empty()).unwrap();
+            let resp = router(ctx(state)).oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned()
+        }
+    });
+    let sub = n1.next().await.unwrap().unwrap().id;
+    assert_eq!(n2.next().await.unwrap().unwrap().id, sub);
+    let line = |node: &str, data: &str| LogMessage {
+        context: Some(LogContext { service_id: svc.id.clone(), node_id: node.into(), task_id: "task1".into() }),
+        data: data.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    let publish = |node: &str, data: &str, close: bool| PublishLogsMessage {
+        subscription_id: sub.clone(),
+        messages: vec![line(node, data)],
+        close,
+    };
+    let forged = api.state.logs.publish("node2", publish("node1", "forged-as-node1", false)).await;
+    assert_eq!(forged.unwrap_err().code(), tonic::Code::PermissionDenied);
+    api.state.logs.publish("node2", publish("node2", "forged-task-of-node1", true)).await.unwrap();
+    api.state.logs.publish("node1", publish("node1", "genuine", true)).await.unwrap();
+    let body = tokio::time::timeout(std::time::Duration::from_secs(10), logs).await.unwrap().unwrap();
+    assert!(body.contains("genuine"), "{body:?}");
+    assert!(!body.contains("forged"), "{body:?}");
+}
