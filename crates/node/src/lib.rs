@@ -311,6 +311,11 @@ impl Node {
             services::serve_manager_grpc(&dispatcher, listener, Some(&raft), Some(&remote_security), shutdown_rx.clone()),
         ));
         if let Some(listener) = metrics {
+            if let Ok(addr) = listener.local_addr() {
+                // Unauthenticated by design: it shows figures, node names, addresses and task errors, never
+                // secrets, tokens or keys (docs/security.md).
+                remote_security.authz.entry_points().register("metrics", addr, authz::Guard::None);
+            }
             let started = metrics_listener::start_manager(
                 listener,
                 &state,
@@ -318,7 +323,6 @@ impl Node {
                 &dispatcher,
                 &identity.node_id,
                 recorders,
-                remote_security.authz.entry_points(),
                 shutdown_rx.clone(),
             );
             tasks.extend(started);

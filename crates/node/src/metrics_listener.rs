@@ -82,14 +82,8 @@ pub fn start_manager(
     dispatcher: &Arc<shoal_manager::dispatcher::Dispatcher>,
     node_id: &str,
     recorders: shoal_observe::Recorders,
-    entry_points: &crate::authz::EntryPoints,
     stop: watch::Receiver<bool>,
 ) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
-    if let Ok(addr) = listener.local_addr() {
-        // Unauthenticated by design: it shows figures, node names, addresses and task errors, never secrets,
-        // tokens or keys (docs/security.md).
-        entry_points.register("metrics", addr, crate::authz::Guard::None);
-    }
     let raft = raft.clone();
     let raft_reading = Arc::new(move || {
         let s = raft.status();

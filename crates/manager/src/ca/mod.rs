@@ -528,7 +528,7 @@ pub async fn revoke_client_cert(
             }
             let mut next = (**current).clone();
             next.blacklisted_certificates.retain(|id, _| crate::controlapi::is_blacklisted(current, id, now));
-            next.blacklisted_certificates.insert(key.clone(), entry.clone());
+            next.blacklisted_certificates.insert(key.clone(), entry);
             changes.update(next);
             Ok(())
         })
