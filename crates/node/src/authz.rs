@@ -343,7 +343,7 @@ pub fn decide(
             "{what} is for {}; this caller is {who} ({})",
             match access {
                 Access::Managers => "managers only",
-                Access::RaftMembers => "members of the Raft group only",
+                Access::RaftMembers => "managers only (members of the Raft group)",
                 _ => "cluster nodes only",
             },
             s.node_id
