@@ -371,6 +371,38 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
     );
     eprintln!("revoked operator certificate refused everywhere after {took:?}");
     check_row(&rt, &api, &grpc, &operator, next(), ["passed", "passed", "denied", "denied", "passed"], "operator");
+    // By serial, as `openssl x509 -serial` prints it (uppercase, `serial=` prefix stripped).
+    let by_serial = issue("by-serial");
+    check_row(&rt, &api, &grpc, &by_serial, next(), ["passed", "passed", "denied", "denied", "passed"], "operator");
+    let printed = Command::new("openssl")
+        .args(["x509", "-serial", "-noout", "-in"])
+        .arg(by_serial.dir.join("cert.pem"))
+        .output()
+        .unwrap();
+    let serial = String::from_utf8_lossy(&printed.stdout).trim().trim_start_matches("serial=").to_string();
+    assert!(!serial.is_empty(), "{printed:?}");
+    let out = shoal_cli(m1.socket(), &["ca", "revoke-client-cert", "--serial", &serial]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let since = Instant::now();
+    row_within(&rt, &api, &grpc, &by_serial, &n, since, ["denied"; 5], "revoked");
+    // Bad input: a 400 naming the field, and nothing revoked (the operator still passes).
+    for (body, names) in [
+        (serde_json::json!({"Serial": "not-hex"}), "Serial"),
+        (serde_json::json!({"Serial": "ab", "Certificate": "x"}), "exactly one"),
+        (serde_json::json!({}), "exactly one"),
+        (serde_json::json!({"Certificate": "garbage"}), "Certificate"),
+    ] {
+        let r = shoal_testkit::http::request(
+            m1.socket(),
+            "POST",
+            "/shoal/v1/ca/revoke-client-cert",
+            Some(&body.to_string()),
+        )
+        .unwrap();
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(r.body["message"].as_str().unwrap_or_default().contains(names), "{body}: {}", r.body);
+    }
+    check_row(&rt, &api, &grpc, &operator, next(), ["passed", "passed", "denied", "denied", "passed"], "operator");
     // A node certificate is not revocable this way (it names the command that is).
     let out =
         shoal_cli(m1.socket(), &["ca", "revoke-client-cert", "--cert", worker.dir.join("cert.pem").to_str().unwrap()]);
@@ -452,13 +484,15 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
             name.starts_with("authz-manager-")
                 || name.starts_with("authz-operator-")
                 || name.starts_with("authz-revoked-")
-                || name.starts_with("authz-demoted-"),
+                || name.starts_with("authz-demoted-")
+                || name.starts_with("authz-by-serial-"),
             "{name} was created by a refused identity; all: {created:?}"
         );
     }
     // The revoked and demoted identities created theirs only before the change: one each.
     assert_eq!(created.iter().filter(|s| s.starts_with("authz-revoked-")).count(), 1, "{created:?}");
     assert_eq!(created.iter().filter(|s| s.starts_with("authz-demoted-")).count(), 1, "{created:?}");
+    assert_eq!(created.iter().filter(|s| s.starts_with("authz-by-serial-")).count(), 1, "{created:?}");
 
     // Every listener the daemon holds registered with the module, and each has its row here.
     let registered = shoal_testkit::http::request(m1.socket(), "GET", "/shoal/v1/entry-points", None).unwrap();
