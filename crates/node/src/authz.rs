@@ -1001,6 +1001,87 @@ mod tests {
         assert!(msg(Caller::Operator, Access::ControlSocketOnly).contains("control socket"));
     }
 
+    /// A body that yields one data frame, then stays open (a stream with nothing more to say yet).
+    fn open_body() -> tonic::body::Body {
+        use futures::StreamExt;
+        let frames = futures::stream::iter([Ok::<_, Status>(Frame::data(Bytes::from_static(b"m1")))])
+            .chain(futures::stream::pending());
+        tonic::body::Body::new(http_body_util::StreamBody::new(frames))
+    }
+
+    /// A `Revocable` over `open_body` whose re-check fails once `revoked` is set; and the change signal.
+    fn revocable(end: End) -> (Revocable<tonic::body::Body>, Arc<std::sync::atomic::AtomicBool>, watch::Sender<u64>) {
+        let revoked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = revoked.clone();
+        let recheck: Recheck = Arc::new(move || {
+            if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                Err(Refusal::denied("node n1 was removed from the cluster".into()))
+            } else {
+                Ok(())
+            }
+        });
+        let (tx, rx) = watch::channel(0);
+        (Revocable::new(open_body(), rx, recheck, end), revoked, tx)
+    }
+
+    async fn next_frame(b: &mut Revocable<tonic::body::Body>) -> Option<Result<Frame<Bytes>, Status>> {
+        use http_body_util::BodyExt;
+        tokio::time::timeout(Duration::from_secs(5), b.frame()).await.expect("a frame or the end within 5 s")
+    }
+
+    #[tokio::test]
+    async fn a_stream_goes_on_through_changes_that_keep_its_caller_and_ends_once_it_is_refused() {
+        for end in [End::GrpcTrailers, End::GrpcRequestError, End::Stop] {
+            let (mut body, revoked, changes) = revocable(end);
+            assert_eq!(next_frame(&mut body).await.unwrap().unwrap().into_data().unwrap(), "m1");
+            // A change that leaves the caller standing: the stream stays open (nothing more to read).
+            changes.send_modify(|g| *g += 1);
+            use futures::FutureExt;
+            use http_body_util::BodyExt;
+            assert!(body.frame().now_or_never().is_none(), "{end:?}: the stream should stay open");
+            // The caller is refused from the next change on.
+            revoked.store(true, std::sync::atomic::Ordering::SeqCst);
+            changes.send_modify(|g| *g += 1);
+            match (end, next_frame(&mut body).await) {
+                (End::GrpcTrailers, Some(Ok(f))) => {
+                    let t = f.into_trailers().unwrap();
+                    assert_eq!(t["grpc-status"], (tonic::Code::PermissionDenied as i32).to_string().as_str());
+                    assert!(t["grpc-message"].to_str().unwrap().contains("removed"), "{t:?}");
+                }
+                (End::GrpcRequestError, Some(Err(s))) => {
+                    assert_eq!(s.code(), tonic::Code::PermissionDenied);
+                    assert!(s.message().contains("removed"), "{s:?}");
+                }
+                (End::Stop, None) => {}
+                (end, got) => panic!("{end:?}: {got:?}"),
+            }
+            assert!(next_frame(&mut body).await.is_none(), "{end:?}: nothing after the end");
+            assert!(body.is_end_stream());
+        }
+    }
+
+    #[test]
+    fn only_changes_that_can_move_a_standing_wake_the_streams() {
+        use shoal_store::Change;
+        let node = |role: NodeRole, desired: NodeRole| {
+            let mut n = shoal_api::Node { id: "n1".into(), ..Default::default() };
+            n.set_role(role);
+            n.spec.get_or_insert_with(Default::default).set_desired_role(desired);
+            Object::Node(Arc::new(n))
+        };
+        let update = |new: Object, old: Object| Change { kind: ActionKind::Update, object: new, old: Some(old) };
+        let (m, w) = (NodeRole::Manager, NodeRole::Worker);
+        assert!(touches_standing(&update(node(m, w), node(m, m))), "a demotion");
+        assert!(touches_standing(&update(node(w, w), node(m, w))), "leaving Raft");
+        assert!(!touches_standing(&update(node(m, m), node(m, m))), "a heartbeat's status write");
+        let removed = Change { kind: ActionKind::Remove, object: node(w, w), old: None };
+        assert!(touches_standing(&removed));
+        let cluster = Object::Cluster(Arc::new(shoal_api::Cluster::default()));
+        assert!(touches_standing(&Change { kind: ActionKind::Update, object: cluster.clone(), old: Some(cluster) }));
+        let service = Object::Service(Arc::new(shoal_api::Service::default()));
+        assert!(!touches_standing(&Change { kind: ActionKind::Create, object: service, old: None }));
+    }
+
     #[test]
     fn grpc_messages_are_percent_encoded() {
         assert_eq!(percent_encode_message("a b%c\n"), "a b%25c%0A");
