@@ -303,7 +303,20 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
     let join = |ip: &str, name: &str, role: &str| {
         start(ip, name, vec!["--join-addr".into(), m1.remote_addr(), "--join-token".into(), token(&m1, role)])
     };
-    let m2 = join(ip2, "authz-m2", "Manager");
+    // A follower with its own TCP Engine API: the changes reach it through Raft.
+    let api2 = format!("{ip2}:{}", free_ports(ip2).0);
+    let m2 = start(
+        ip2,
+        "authz-m2",
+        vec![
+            "--join-addr".into(),
+            m1.remote_addr(),
+            "--join-token".into(),
+            token(&m1, "Manager"),
+            "--listen-api".into(),
+            format!("tcp://{api2}"),
+        ],
+    );
     let mut m3 = join(ip3, "authz-m3", "Manager");
     let w = join(ipw, "authz-w", "Worker");
     let foreign = start(ipf, "authz-foreign", vec![]);
@@ -318,7 +331,6 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
             Err(format!("{nodes:?}"))
         }
     });
-    let _ = &m2;
 
     // The identities: node certificates copied out of the state dirs, an operator's from the CLI.
     let root = m1.state_dir().join("certificates/swarm-root-ca.crt");
@@ -413,6 +425,23 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    assert_eq!(https(&api2, &leaving, "GET", "/v1.41/swarm", None).0, 200, "manager 3's certificate on the follower");
+    // The TCP Engine API of the follower refuses `id` (GET /swarm, POST /services/create) within `WITHIN` of
+    // `since`, saying `why`.
+    let follower_refuses = |id: &Identity, since: Instant, why: &str| loop {
+        let service = serde_json::json!({"Name": format!("authz-{}-on-m2", id.name)});
+        let got = [
+            https(&api2, id, "GET", "/v1.41/swarm", None),
+            https(&api2, id, "POST", "/v1.41/services/create", Some(&service)),
+        ];
+        if got.iter().all(|(code, _)| *code == 403) {
+            assert!(got.iter().all(|(_, body)| body.contains(why)), "{got:?}");
+            assert!(since.elapsed() <= WITHIN, "the follower took {:?}", since.elapsed());
+            return;
+        }
+        assert!(since.elapsed() <= WITHIN, "the follower still answers {got:?} after {:?}", since.elapsed());
+    };
+
     // The acceptance case: manager 3 stops (its certificate copied), is demoted, then removed.
     let m3_id = node_id(&m3);
     assert!(m3.stop());
@@ -449,6 +478,7 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
             None => Err("open".into()),
         }
     });
+    follower_refuses(&leaving, since, "demoted");
 
     // Its node stream (opened while it is a worker) is closed by the removal.
     let mut subscriptions = rt.block_on(async {
@@ -476,6 +506,7 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
         }
         other => panic!("the removed node's ListenSubscriptions stream was not closed within {WITHIN:?}: {other:?}"),
     }
+    follower_refuses(&leaving, removed, "removed");
 
     // Nothing the refused calls asked for happened: only the allowed rows created services.
     let created = authz_services(&m1);
