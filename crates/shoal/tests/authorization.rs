@@ -305,7 +305,7 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
     };
     // A follower with its own TCP Engine API: the changes reach it through Raft.
     let api2 = format!("{ip2}:{}", free_ports(ip2).0);
-    let m2 = start(
+    let _m2 = start(
         ip2,
         "authz-m2",
         vec![
