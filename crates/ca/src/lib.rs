@@ -14,8 +14,9 @@ mod rotation;
 mod token;
 
 pub use cert::{
-    ca_cert_hash, cert_digest, generate_node_key_and_csr, parse_cert, parse_cert_pem_chain, CertInfo, NodeCsr,
-    NodeSubject, RootCa, BACKDATE, DEFAULT_NODE_CERT_EXPIRY, MIN_NODE_CERT_EXPIRY, ROOT_CA_VALIDITY, ROOT_CN,
+    ca_cert_hash, cert_digest, cert_serial_hex, generate_node_key_and_csr, normalize_serial_hex, parse_cert,
+    parse_cert_pem_chain, CertInfo, NodeCsr, NodeSubject, RootCa, BACKDATE, DEFAULT_NODE_CERT_EXPIRY,
+    MIN_NODE_CERT_EXPIRY, ROOT_CA_VALIDITY, ROOT_CN,
 };
 pub use encryption::{EncryptionError, SecretKey, UnlockKey};
 pub use renewal::{renewal_delay, RENEW_AT_MAX_FRACTION, RENEW_AT_MIN_FRACTION};

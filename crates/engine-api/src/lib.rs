@@ -89,6 +89,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/info", get(handlers::info))
         .route("/swarm", get(handlers::swarm))
         .route("/shoal/v1/ca/client-cert", post(ca::client_cert))
+        .route("/shoal/v1/ca/revoke-client-cert", post(ca::revoke_client_cert))
         .route("/swarm/update", post(swarm_update::update_swarm))
         .route("/swarm/unlockkey", get(unlock::unlock_key))
         .route("/swarm/unlock", post(unlock::not_locked))

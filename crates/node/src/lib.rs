@@ -319,6 +319,11 @@ impl Node {
             ),
         ));
         if let Some(listener) = metrics {
+            if let Ok(addr) = listener.local_addr() {
+                // Unauthenticated by design: it shows figures, node names, addresses and task errors, never
+                // secrets, tokens or keys (docs/security.md).
+                remote_security.authz.entry_points().register("metrics", addr, authz::Guard::None);
+            }
             let started = metrics_listener::start_manager(
                 listener,
                 &state,
@@ -431,16 +436,27 @@ impl Node {
             let router = shoal_engine_api::router(ctx.clone());
             tasks.push((
                 "engine-api-tcp",
-                tokio::spawn(api_tcp::serve(listener, config, cluster.id.clone(), router, shutdown_rx.clone())),
+                tokio::spawn(api_tcp::serve(
+                    listener,
+                    config,
+                    remote_security.authz.clone(),
+                    router,
+                    shutdown_rx.clone(),
+                )),
             ));
         }
         let (api_stop_tx, api_stop_rx) = watch::channel(false);
+        let entry_points = remote_security.authz.entry_points().clone();
+        entry_points.register("control-socket", control_socket.display(), authz::Guard::SocketFileMode);
+        let control_router = shoal_engine_api::router(ctx).merge(entry_points.router());
         let control_api = lifecycle::Closer::new(
             api_stop_tx,
             tokio::spawn({
                 let stop = wait_true(api_stop_rx);
                 async move {
-                    if let Err(e) = shoal_engine_api::serve_unix(unix, ctx, stop).await {
+                    let limits = shoal_engine_api::connections::ConnectionLimits::default();
+                    let served = shoal_engine_api::connections::serve_unix(unix, control_router, limits, stop).await;
+                    if let Err(e) = served {
                         tracing::error!(error = %e, "control API server failed");
                     }
                 }
@@ -451,7 +467,14 @@ impl Node {
             // SwarmKit's own API for swarmctl (see `swarmkit_socket`).
             tasks.push((
                 "swarmkit-api",
-                swarmkit_socket::serve(listener, mtls.tls.clone(), &state, &raft, shutdown_rx.clone()),
+                swarmkit_socket::serve(
+                    listener,
+                    mtls.tls.clone(),
+                    &state,
+                    &raft,
+                    remote_security.authz.entry_points(),
+                    shutdown_rx.clone(),
+                ),
             ));
         }
 

@@ -69,14 +69,18 @@ pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, NodeError> {
     Ok(listener)
 }
 
-/// Serves Control, Watch and Health on `listener` with `tls` until `shutdown` turns true.
+/// Serves Control, Watch and Health on `listener` with `tls` until `shutdown` turns true; registers the
+/// socket in `entry_points` (its guard: the socket file's mode).
 pub fn serve(
     listener: tokio::net::UnixListener,
     tls: NodeTls,
     state: &ClusterState,
     raft: &RaftNode,
+    entry_points: &crate::authz::EntryPoints,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    let path = listener.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string()));
+    entry_points.register("swarmkit-socket", path.unwrap_or_default(), crate::authz::Guard::SocketFileMode);
     let control = ControlService::new(state.clone()).server().max_decoding_message_size(MAX_REQUEST_BYTES);
     let log: Arc<dyn shoal_raft::CommittedLog> = Arc::new(raft.clone());
     let watch = WatchService::new(state.clone(), Some(log), Some(shutdown.clone()))
