@@ -42,6 +42,9 @@ const KEY_SNAPSHOT: &[u8] = b"snapshot_meta";
 const KEY_TRUNCATED: &[u8] = b"truncated";
 const KEY_MEMBERS: &[u8] = b"members";
 
+/// Size at which raft-engine starts a new log file, in MiB.
+const LOG_FILE_MIB: u64 = 16;
+
 /// Entries read per raft-engine call when replaying the log at start.
 pub(crate) const REPLAY_CHUNK_ENTRIES: u64 = 1024;
 
@@ -105,6 +108,9 @@ fn open_engine_with(dir: &Path, mode: raft_engine::RecoveryMode) -> raft_engine:
         recovery_mode: mode,
         // The entries are sealed (random-looking): compressing them would only cost CPU.
         batch_compression_threshold: raft_engine::ReadableSize(0),
+        // Compaction frees whole files: smaller ones than the default 128 MiB keep the directory within a
+        // few files of what the snapshot policy keeps (`RaftConfig::snapshot_interval_bytes`).
+        target_file_size: raft_engine::ReadableSize::mb(LOG_FILE_MIB),
         ..Default::default()
     };
     Engine::open(cfg)

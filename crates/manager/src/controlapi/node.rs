@@ -98,14 +98,16 @@ fn docker_engine_version(node: &Node) -> Option<String> {
     Some(if engine.engine_version.is_empty() { "(no version)".to_string() } else { engine.engine_version.clone() })
 }
 
-/// Replaces node `reference`'s spec. `version` must be the node's current version. Demoting the last
-/// manager is refused, and so is promoting a Docker Engine that joined as a worker.
+/// Replaces node `reference`'s spec. `version` must be the node's current version. Labels and name are
+/// bounded (`limits::check_node_spec`). Demoting the last manager is refused, and so is promoting a Docker
+/// Engine that joined as a worker.
 pub async fn update_node(
     state: &ClusterState,
     reference: &str,
     version: u64,
     spec: NodeSpec,
 ) -> Result<Node, ControlError> {
+    super::limits::check_node_spec(&spec)?;
     let now = state.now();
     let (id, _) = state
         .write(|t: &Tables, c: &mut Changes| {
