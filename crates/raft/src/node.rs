@@ -1478,8 +1478,9 @@ const fn election_rng_seed(raft_id: u64) -> u64 {
 /// decoded actions are applied all-or-nothing. Returns the request ID (when decodable) and the outcome.
 /// The last entry to drop from the log after a snapshot at `index`: entries after it are kept for slow
 /// followers, at most `keep_entries` of them and at most `keep_bytes` of data (`entry_bytes` holds the
-/// (index, bytes) of the applied entries, oldest first; entries it does not know count as large). The entry
-/// at `index` itself is always kept, whatever its size, so a follower one entry behind needs no snapshot.
+/// (index, bytes) of the entries applied since this start, oldest first). The entry at `index` itself is
+/// always kept, whatever its size, so a follower one entry behind needs no snapshot. Entries applied before
+/// a restart, whose sizes are not known, are kept by count only (they were within the bounds then).
 pub(crate) fn compact_point(
     index: u64,
     entry_bytes: &std::collections::VecDeque<(u64, u64)>,
@@ -1490,14 +1491,16 @@ pub(crate) fn compact_point(
     let mut kept_bytes: u64 = 0;
     let mut first_kept = index.saturating_add(1);
     for (i, bytes) in entry_bytes.iter().rev().filter(|(i, _)| *i <= index) {
+        if *i <= by_entries {
+            return by_entries;
+        }
         kept_bytes = kept_bytes.saturating_add(*bytes);
-        if *i <= by_entries || (kept_bytes > keep_bytes && first_kept <= index) {
-            break;
+        if kept_bytes > keep_bytes && first_kept <= index {
+            return first_kept - 1;
         }
         first_kept = *i;
     }
-    // What the deque does not cover (applied before a restart) is not kept; the entry at `index` is.
-    first_kept.min(index).saturating_sub(1).max(by_entries)
+    by_entries
 }
 
 pub(crate) fn apply_normal(store: &MemoryStore, e: &Entry) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
