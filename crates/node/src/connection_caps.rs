@@ -6,7 +6,8 @@
 //! only a small share may be connections without a client certificate (nodes joining, asking for the root
 //! CA): such a connection is closed once it has sent nothing for `UNAUTHENTICATED_IDLE` (a client that
 //! finished the handshake and went silent) and in any case after `UNAUTHENTICATED_LIFETIME` (a join needs a
-//! few calls; a joining node's client reconnects by itself).
+//! few calls; a joining node's client reconnects by itself); at their cap, a new one closes the oldest, so
+//! connections held open without a certificate never keep a joining node out.
 //!
 //! `Capped` is the connection wrapper that holds a connection's places and enforces the two timeouts. No
 //! TLS and no store here; the accept loop (`tls::tls_incoming`) decides who is authenticated.
@@ -18,7 +19,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// Descriptors kept for everything but the remote port's connections.
 pub const FD_RESERVE: u64 = 512;
@@ -71,24 +74,28 @@ impl RemoteCaps {
     }
 }
 
-/// The places of one listener: a connection takes one of `total` when accepted, and one of
-/// `unauthenticated` after a handshake without a client certificate.
+/// The places of one listener: a connection takes one of `total` when accepted; one established without a
+/// client certificate also takes a place among the `unauthenticated`, closing the oldest such connection
+/// when they are all taken.
 #[derive(Debug, Clone)]
 pub struct ListenerCaps {
     /// The caps in force.
     pub caps: RemoteCaps,
     total: Arc<Semaphore>,
-    unauthenticated: Arc<Semaphore>,
+    unauthenticated: Arc<Mutex<Unauthenticated>>,
+}
+
+/// The connections without a certificate, oldest first, each with the sender that closes it.
+#[derive(Debug, Default)]
+struct Unauthenticated {
+    next_id: u64,
+    live: VecDeque<(u64, oneshot::Sender<()>)>,
 }
 
 impl ListenerCaps {
     /// Places for `caps`.
     pub fn new(caps: RemoteCaps) -> ListenerCaps {
-        ListenerCaps {
-            caps,
-            total: Arc::new(Semaphore::new(caps.total)),
-            unauthenticated: Arc::new(Semaphore::new(caps.unauthenticated)),
-        }
+        ListenerCaps { caps, total: Arc::new(Semaphore::new(caps.total)), unauthenticated: Arc::default() }
     }
 
     /// A connection's place, or `None` at the cap (the caller closes the connection at once).
@@ -96,20 +103,32 @@ impl ListenerCaps {
         self.total.clone().try_acquire_owned().ok()
     }
 
-    /// Wraps an established connection. `authenticated`: it presented a client certificate. `None` when
-    /// it has none and the unauthenticated cap is reached (the caller drops it).
-    pub fn establish<S>(&self, inner: S, place: OwnedSemaphorePermit, authenticated: bool) -> Option<Capped<S>> {
-        let unauthenticated = if authenticated {
-            None
-        } else {
-            let permit = self.unauthenticated.clone().try_acquire_owned().ok()?;
-            Some(Unauthenticated {
-                _permit: permit,
-                idle: Box::pin(tokio::time::sleep(UNAUTHENTICATED_IDLE)),
-                lifetime: Box::pin(tokio::time::sleep(UNAUTHENTICATED_LIFETIME)),
-            })
+    /// Wraps an established connection. `authenticated`: it presented a client certificate. Returns the
+    /// connection and whether an older connection without a certificate was closed to make room for it.
+    pub fn establish<S>(&self, inner: S, place: OwnedSemaphorePermit, authenticated: bool) -> (Capped<S>, bool) {
+        if authenticated {
+            return (Capped { inner, _place: place, unauthenticated: None }, false);
+        }
+        let (tx, closed) = oneshot::channel();
+        let mut u = self.unauthenticated.lock();
+        let mut evicted = false;
+        while u.live.len() >= self.caps.unauthenticated {
+            if let Some((_, oldest)) = u.live.pop_front() {
+                let _ = oldest.send(());
+                evicted = true;
+            }
+        }
+        let id = u.next_id;
+        u.next_id += 1;
+        u.live.push_back((id, tx));
+        let limits = Limits {
+            id,
+            registry: self.unauthenticated.clone(),
+            closed,
+            idle: Box::pin(tokio::time::sleep(UNAUTHENTICATED_IDLE)),
+            lifetime: Box::pin(tokio::time::sleep(UNAUTHENTICATED_LIFETIME)),
         };
-        Some(Capped { inner, _place: place, unauthenticated })
+        (Capped { inner, _place: place, unauthenticated: Some(limits) }, evicted)
     }
 
     /// Connections held now.
@@ -117,24 +136,37 @@ impl ListenerCaps {
         self.caps.total - self.total.available_permits()
     }
 
-    /// Connections without a certificate held now.
+    /// Connections without a certificate held now (not yet closed, nor told to close).
     pub fn held_unauthenticated(&self) -> usize {
-        self.caps.unauthenticated - self.unauthenticated.available_permits()
+        self.unauthenticated.lock().live.len()
     }
 }
 
-struct Unauthenticated {
-    _permit: OwnedSemaphorePermit,
+/// What a connection without a certificate is closed by: its turn as the oldest at the cap, silence, age.
+struct Limits {
+    id: u64,
+    registry: Arc<Mutex<Unauthenticated>>,
+    closed: oneshot::Receiver<()>,
     idle: Pin<Box<tokio::time::Sleep>>,
     lifetime: Pin<Box<tokio::time::Sleep>>,
 }
 
+impl Drop for Limits {
+    fn drop(&mut self) {
+        let mut u = self.registry.lock();
+        if let Some(at) = u.live.iter().position(|(id, _)| *id == self.id) {
+            u.live.remove(at);
+        }
+    }
+}
+
 /// A connection holding its places; without a certificate, it ends (reads fail with `TimedOut`) after
-/// `UNAUTHENTICATED_IDLE` without a byte read or `UNAUTHENTICATED_LIFETIME` after it was established.
+/// `UNAUTHENTICATED_IDLE` without a byte read, `UNAUTHENTICATED_LIFETIME` after it was established, or when
+/// a newer one takes its place at the cap.
 pub struct Capped<S> {
     inner: S,
     _place: OwnedSemaphorePermit,
-    unauthenticated: Option<Unauthenticated>,
+    unauthenticated: Option<Limits>,
 }
 
 impl<S> std::fmt::Debug for Capped<S> {
@@ -151,7 +183,9 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Capped<S> {
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
         if let Some(u) = &mut this.unauthenticated {
-            let why = if u.lifetime.as_mut().poll(cx).is_ready() {
+            let why = if Pin::new(&mut u.closed).poll(cx).is_ready() {
+                Some("no client certificate: the oldest such connection, closed for a new one".to_string())
+            } else if u.lifetime.as_mut().poll(cx).is_ready() {
                 Some(format!("no client certificate, open for {UNAUTHENTICATED_LIFETIME:?}"))
             } else if u.idle.as_mut().poll(cx).is_ready() {
                 Some(format!("no client certificate and nothing sent for {UNAUTHENTICATED_IDLE:?}"))
@@ -225,23 +259,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn places_are_taken_and_given_back() {
-        let caps = ListenerCaps::new(RemoteCaps { total: 2, unauthenticated: 1 });
-        let a = caps.admit().unwrap();
-        let b = caps.admit().unwrap();
+    async fn places_are_taken_and_given_back_and_the_oldest_without_a_certificate_makes_room() {
+        let caps = ListenerCaps::new(RemoteCaps { total: 3, unauthenticated: 2 });
+        let places: Vec<_> = (0..3).map(|_| caps.admit().unwrap()).collect();
         assert!(caps.admit().is_none(), "the total cap");
-        let a = caps.establish((), a, false).expect("one without a certificate");
-        assert!(caps.establish((), b, false).is_none(), "the unauthenticated cap");
-        assert_eq!(caps.held(), 1, "the refused one gave its place back");
-        drop(a);
-        assert_eq!((caps.held(), caps.held_unauthenticated()), (0, 0));
+        let mut places = places.into_iter();
+        let (a_client, a_server) = tokio::io::duplex(64);
+        let (mut a, evicted) = caps.establish(a_server, places.next().unwrap(), false);
+        assert!(!evicted);
+        let (_b, evicted) = caps.establish(tokio::io::empty(), places.next().unwrap(), false);
+        assert!(!evicted);
+        assert_eq!(caps.held_unauthenticated(), 2);
+        let (c, evicted) = caps.establish(tokio::io::empty(), places.next().unwrap(), false);
+        assert!(evicted, "the third without a certificate closes the oldest");
+        let mut buf = [0u8; 4];
+        let e = a.read(&mut buf).await.unwrap_err();
+        assert!(e.to_string().contains("the oldest such connection"), "{e}");
+        assert_eq!(caps.held_unauthenticated(), 2);
+        drop((a, a_client, c));
+        assert_eq!((caps.held(), caps.held_unauthenticated()), (1, 1));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_silent_connection_without_a_certificate_is_closed_and_a_talking_one_lives_out_its_lifetime() {
         let caps = ListenerCaps::new(RemoteCaps::for_nofile(1024));
         let (client, server) = tokio::io::duplex(64);
-        let mut silent = caps.establish(server, caps.admit().unwrap(), false).unwrap();
+        let (mut silent, _) = caps.establish(server, caps.admit().unwrap(), false);
         let mut buf = [0u8; 8];
         let start = tokio::time::Instant::now();
         let e = silent.read(&mut buf).await.unwrap_err();
@@ -252,7 +295,7 @@ mod tests {
 
         // One that sends a byte every 5 s keeps going until its lifetime ends.
         let (mut client, server) = tokio::io::duplex(64);
-        let mut talking = caps.establish(server, caps.admit().unwrap(), false).unwrap();
+        let (mut talking, _) = caps.establish(server, caps.admit().unwrap(), false);
         let start = tokio::time::Instant::now();
         let err = loop {
             tokio::select! {
@@ -268,7 +311,7 @@ mod tests {
 
         // With a certificate: no timeouts.
         let (mut client, server) = tokio::io::duplex(64);
-        let mut node = caps.establish(server, caps.admit().unwrap(), true).unwrap();
+        let (mut node, _) = caps.establish(server, caps.admit().unwrap(), true);
         tokio::time::sleep(UNAUTHENTICATED_LIFETIME * 2).await;
         client.write_all(b"late").await.unwrap();
         assert_eq!(node.read(&mut buf).await.unwrap(), 4);

@@ -425,13 +425,13 @@ pub fn tls_incoming(
                     Ok(Ok(stream)) => {
                         guard.established();
                         let authenticated = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
-                        let Some(stream) = caps.establish(stream, place, authenticated) else {
+                        let (stream, evicted) = caps.establish(stream, place, authenticated);
+                        if evicted {
                             if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
                                 let cap = caps.caps.unauthenticated;
-                                tracing::warn!(%peer, suppressed, "remote API connection without a client certificate closed: the port holds {cap} such connections, their cap");
+                                tracing::warn!(%peer, suppressed, "remote API: {cap} connections without a client certificate, their cap: the oldest closed for this one");
                             }
-                            return;
-                        };
+                        }
                         let _ = tx.send(Ok(SourceBound { inner: stream, _guard: guard })).await;
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
