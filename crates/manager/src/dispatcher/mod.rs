@@ -378,7 +378,7 @@ impl Dispatcher {
                         Some(existing) => {
                             let description = req.description.clone().or_else(|| existing.description.clone());
                             if description == existing.description && existing.status.as_ref() == Some(&status) {
-                                return Ok(());
+                                return Ok::<(), u64>(());
                             }
                             let mut node = (**existing).clone();
                             node.description = description;
@@ -411,9 +411,7 @@ impl Dispatcher {
                             (true, node)
                         }
                     };
-                    if let Err(retry_ms) = self.registry.lock().registrations.take(node_id, now_ms) {
-                        return Err(retry_ms);
-                    }
+                    self.registry.lock().registrations.take(node_id, now_ms)?;
                     took = true;
                     if create {
                         changes.create(node);
