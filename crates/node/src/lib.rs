@@ -10,6 +10,7 @@ pub mod api_tcp;
 pub mod authz;
 mod bootstrap;
 mod config;
+pub mod connection_caps;
 pub mod external_ca;
 mod identity;
 pub mod join;
@@ -653,6 +654,10 @@ pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
 /// worker, restarted in-process as a manager when promoted; or a manager), and back to inactive on leave.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
     let mut cfg = cfg;
+    // Before any listener: the remote port's connection caps are drawn from the limit (`connection_caps`).
+    if let Err(e) = connection_caps::raise_nofile_limit() {
+        tracing::warn!(error = %e, "could not raise the open-file limit (RLIMIT_NOFILE); the connection caps follow the current one");
+    }
     let _state_dir_lock = lock_state_dir(&cfg.state_dir)?;
     let stop = std::pin::pin!(stop);
     let mut stop = stop;

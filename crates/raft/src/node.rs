@@ -5,7 +5,8 @@
 //! The driver loop: wait for a proposal, an inbound message, a tick or a stop; then handle every `Ready`:
 //! persist entries + hard state (one fsync for all the entries of the Ready: group commit), send messages,
 //! persist the new commit index, apply committed entries to the store, resolve the proposals they carry,
-//! take a snapshot every `snapshot_interval_entries`, and publish leadership.
+//! take a snapshot every `snapshot_interval_entries` or `snapshot_interval_bytes` (the log stays bounded in
+//! bytes too: `compact_point`), and publish leadership.
 //!
 //! Membership: `add_member`/`remove_member` (leader only) propose a raft-rs `ConfChange` (v1) whose context
 //! is the member's encoded `RaftMember` (ID, node ID, address); when applied, the conf state and the
@@ -699,6 +700,12 @@ struct Driver {
     applied: u64,
     applied_term: u64,
     last_snapshot_index: u64,
+    /// Bytes of entry data applied since the last snapshot (counted from this start on: after a restart
+    /// the entries replayed are not counted).
+    bytes_since_snapshot: u64,
+    /// (index, data bytes) of the entries applied after the front of the log, oldest first: what the
+    /// byte bound on the entries kept behind a snapshot is computed from.
+    entry_bytes: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl Driver {
@@ -813,6 +820,8 @@ impl Driver {
             applied,
             applied_term,
             last_snapshot_index,
+            bytes_since_snapshot: 0,
+            entry_bytes: std::collections::VecDeque::new(),
         };
         driver.reseed_election_timeout();
         if single_voter {
@@ -1254,6 +1263,9 @@ impl Driver {
             }
             self.applied = e.index;
             self.applied_term = e.term;
+            let bytes = e.data.len() as u64;
+            self.bytes_since_snapshot = self.bytes_since_snapshot.saturating_add(bytes);
+            self.entry_bytes.push_back((e.index, bytes));
         }
         Ok(())
     }
@@ -1314,6 +1326,8 @@ impl Driver {
         self.applied = meta.index;
         self.applied_term = meta.term;
         self.last_snapshot_index = meta.index;
+        self.bytes_since_snapshot = 0;
+        self.entry_bytes.clear();
         {
             let mut st = self.status.lock();
             st.applied = meta.index;
@@ -1332,11 +1346,15 @@ impl Driver {
         Ok(())
     }
 
-    /// Every `snapshot_interval_entries` applied entries: snapshot the store to a file, record it, and
-    /// compact the log up to `log_entries_for_slow_followers` entries behind it.
+    /// Every `snapshot_interval_entries` applied entries, or once they hold `snapshot_interval_bytes`:
+    /// snapshot the store to a file, record it, and compact the log so that at most
+    /// `log_entries_for_slow_followers` entries and `log_bytes_for_slow_followers` bytes stay behind it.
     fn maybe_snapshot(&mut self) -> Result<(), RaftError> {
         let force = std::mem::take(&mut self.force_snapshot) && self.applied > self.last_snapshot_index;
-        if !force && self.applied < self.last_snapshot_index + self.cfg.snapshot_interval_entries {
+        let by_entries = self.applied >= self.last_snapshot_index + self.cfg.snapshot_interval_entries;
+        let by_bytes =
+            self.bytes_since_snapshot >= self.cfg.snapshot_interval_bytes && self.applied > self.last_snapshot_index;
+        if !force && !by_entries && !by_bytes {
             return Ok(());
         }
         let (index, snap) = self.store.snapshot();
@@ -1354,13 +1372,22 @@ impl Driver {
             conf_state: protobuf::SingularPtrField::some(self.raw.store().conf_state().clone()),
             ..SnapshotMetadata::default()
         };
-        let mut compact_through = index.saturating_sub(self.cfg.log_entries_for_slow_followers);
+        let mut compact_through = compact_point(
+            index,
+            &self.entry_bytes,
+            self.cfg.log_entries_for_slow_followers,
+            self.cfg.log_bytes_for_slow_followers,
+        );
         if force {
             // A new member's empty log must be filled from this snapshot, never from entry 1 on.
             compact_through = compact_through.max(1);
         }
         self.raw.mut_store().record_snapshot(meta, compact_through)?;
         self.last_snapshot_index = index;
+        self.bytes_since_snapshot = 0;
+        while self.entry_bytes.front().is_some_and(|(i, _)| *i <= compact_through) {
+            self.entry_bytes.pop_front();
+        }
         tracing::debug!(
             raft_id = self.cfg.raft_id,
             index,
@@ -1449,6 +1476,33 @@ const fn election_rng_seed(raft_id: u64) -> u64 {
 
 /// Applies one normal entry: an empty one (a leader's no-op) only advances the index; otherwise the
 /// decoded actions are applied all-or-nothing. Returns the request ID (when decodable) and the outcome.
+/// The last entry to drop from the log after a snapshot at `index`: entries after it are kept for slow
+/// followers, at most `keep_entries` of them and at most `keep_bytes` of data (`entry_bytes` holds the
+/// (index, bytes) of the entries applied since this start, oldest first). The entry at `index` itself is
+/// always kept, whatever its size, so a follower one entry behind needs no snapshot. Entries applied before
+/// a restart, whose sizes are not known, are kept by count only (they were within the bounds then).
+pub(crate) fn compact_point(
+    index: u64,
+    entry_bytes: &std::collections::VecDeque<(u64, u64)>,
+    keep_entries: u64,
+    keep_bytes: u64,
+) -> u64 {
+    let by_entries = index.saturating_sub(keep_entries);
+    let mut kept_bytes: u64 = 0;
+    let mut first_kept = index.saturating_add(1);
+    for (i, bytes) in entry_bytes.iter().rev().filter(|(i, _)| *i <= index) {
+        if *i <= by_entries {
+            return by_entries;
+        }
+        kept_bytes = kept_bytes.saturating_add(*bytes);
+        if kept_bytes > keep_bytes && first_kept <= index {
+            return first_kept - 1;
+        }
+        first_kept = *i;
+    }
+    by_entries
+}
+
 pub(crate) fn apply_normal(store: &MemoryStore, e: &Entry) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
     if e.data.is_empty() {
         store.advance_index(e.index);

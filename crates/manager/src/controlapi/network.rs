@@ -5,7 +5,9 @@
 //! A network's subnet (the user's, else the first free `SubnetSize` block of the cluster's address pools),
 //! gateway (the subnet's first address unless given) and VXLAN ID are chosen here, in the write that creates
 //! it; the store refuses an overlapping subnet or a VXLAN ID in use when the write is applied, so two
-//! creates from one view cannot both get one. Removal is refused while a service uses the network (naming
+//! creates from one view cannot both get one. A subnet may not overlap the loopback, link-local, "this
+//! network" or multicast ranges, nor hold a node's own address (the error names the node); a subnet chosen
+//! from the pools skips the nodes' addresses. Removal is refused while a service uses the network (naming
 //! it) or a task still holds an address in it.
 //!
 //! Must not depend on HTTP, JSON, processes or Docker.
@@ -114,6 +116,49 @@ fn validate_network_name(name: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// Ranges no overlay subnet may overlap, with what they are: addresses there never reach another node
+/// (loopback stays on the host, link-local and "this network" are not routed, multicast is no unicast
+/// address), and a node's own loopback or link-local traffic would go into the overlay.
+const RESERVED_RANGES: [(&str, &str); 4] = [
+    ("0.0.0.0/8", "\"this network\""),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local"),
+    ("224.0.0.0/4", "multicast"),
+];
+
+/// The nodes' own addresses as the store knows them (the address each node's session came from, and each
+/// manager's advertised address), with the node's ID and name, sorted by address.
+fn node_addresses(t: &Tables) -> Vec<(std::net::IpAddr, String, String)> {
+    let parse =
+        |a: &str| a.parse::<std::net::IpAddr>().ok().or_else(|| a.parse::<std::net::SocketAddr>().ok().map(|s| s.ip()));
+    let mut out: Vec<_> = t
+        .nodes()
+        .iter()
+        .flat_map(|n| {
+            let status = n.status.as_ref().and_then(|s| parse(&s.addr));
+            let manager = n.manager_status.as_ref().and_then(|m| parse(&m.addr));
+            let name = super::node::node_name(n).to_string();
+            [status, manager].into_iter().flatten().map(move |ip| (ip, n.id.clone(), name.clone()))
+        })
+        .filter(|(ip, _, _)| !ip.is_unspecified())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Refuses a user's subnet that holds a node's own address: that node's traffic to the address (its
+/// underlay) would go into the overlay's bridge, and the node would be cut off.
+fn check_node_overlap(t: &Tables, subnet: &Cidr) -> Result<(), ControlError> {
+    if let Some((ip, id, name)) = node_addresses(t).into_iter().find(|(ip, _, _)| subnet.offset_of(*ip).is_some()) {
+        return Err(invalid(format!(
+            "subnet {subnet} holds the address {ip} of node {name} ({id}): the node's own traffic to that network \
+             would go into the overlay and cut the node off; choose a subnet outside the nodes' networks"
+        )));
+    }
+    Ok(())
+}
+
 /// A user's subnet, with the IP range and gateway given inside it.
 type UserIpam = (Cidr, Option<Cidr>, Option<std::net::IpAddr>);
 
@@ -144,6 +189,15 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
     let subnet: Cidr = c.subnet.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(e.to_string()))?;
     if subnet.is_v6() {
         return Err(invalid(format!("subnet {subnet}: IPv6 networks are not supported yet; give an IPv4 subnet")));
+    }
+    for (range, what) in RESERVED_RANGES {
+        let r: Cidr = range.parse().expect("constant");
+        if r.overlaps(&subnet) {
+            return Err(invalid(format!(
+                "subnet {subnet} overlaps the {what} range {r}, whose addresses do not reach other nodes; choose \
+                 another subnet (a private range such as 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16)"
+            )));
+        }
     }
     if subnet.prefix_len() > 30 {
         return Err(invalid(format!(
@@ -244,13 +298,22 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
             if spec.ingress && t.networks().iter().any(|n| n.spec.as_ref().is_some_and(|s| s.ingress)) {
                 return Err(invalid("an ingress network exists already; remove it first"));
             }
+            // A subnet chosen from the pools also skips the nodes' own addresses.
             let taken: Vec<Cidr> = t
                 .networks()
                 .iter()
                 .flat_map(|n| n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse().ok()))
+                .chain(
+                    node_addresses(t)
+                        .into_iter()
+                        .filter_map(|(ip, _, _)| Cidr::new(ip, if ip.is_ipv4() { 32 } else { 128 })),
+                )
                 .collect();
             let (subnet, range, gateway) = match user_ipam(&spec)? {
-                Some(u) => u,
+                Some(u) => {
+                    check_node_overlap(t, &u.0)?;
+                    u
+                }
                 None => {
                     let (pools, size) = pools_of(t);
                     let s = choose_subnet(&pools, size, &taken).ok_or_else(|| {
@@ -528,6 +591,51 @@ mod tests {
         assert!(e.contains("network a is in use by service web"), "{e}");
         remove_network(&state, &b.id[..5]).await.unwrap();
         assert_eq!(list_networks(&state, &NetworkFilters::default()).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn subnets_holding_a_node_address_or_in_reserved_ranges_are_refused_naming_the_reason() {
+        let (state, _) = cluster();
+        let mut c = Changes::new();
+        c.create(shoal_api::Cluster {
+            id: "c1".into(),
+            default_address_pool: vec!["10.20.0.0/16".into()],
+            subnet_size: 24,
+            ..Default::default()
+        });
+        c.create(shoal_api::Node {
+            id: "w1".into(),
+            description: Some(shoal_api::NodeDescription { hostname: "worker-1".into(), ..Default::default() }),
+            status: Some(shoal_api::NodeStatus { addr: "10.20.0.7".into(), ..Default::default() }),
+            ..Default::default()
+        });
+        c.create(shoal_api::Node {
+            id: "m1".into(),
+            description: Some(shoal_api::NodeDescription { hostname: "manager-1".into(), ..Default::default() }),
+            manager_status: Some(shoal_api::ManagerStatus { addr: "10.30.5.1:2377".into(), ..Default::default() }),
+            ..Default::default()
+        });
+        state.propose(c).await.unwrap();
+        let refused = |subnet: &'static str, want: &'static str| {
+            let state = state.clone();
+            async move {
+                let e = create_network(&state, named("n", subnet)).await.unwrap_err();
+                assert!(matches!(e, ControlError::InvalidArgument(_)), "{e:?}");
+                assert!(e.to_string().contains(want), "{subnet}: {e} should contain {want:?}");
+            }
+        };
+        refused("10.20.0.0/24", "subnet 10.20.0.0/24 holds the address 10.20.0.7 of node worker-1 (w1)").await;
+        refused("10.30.0.0/16", "holds the address 10.30.5.1 of node manager-1 (m1)").await;
+        refused("127.0.0.0/24", "overlaps the loopback range 127.0.0.0/8").await;
+        refused("169.254.10.0/24", "overlaps the link-local range 169.254.0.0/16").await;
+        refused("0.0.0.0/8", "\"this network\" range").await;
+        refused("224.1.0.0/16", "multicast").await;
+        refused("128.0.0.0/1", "overlaps the link-local range").await;
+        assert!(list_networks(&state, &NetworkFilters::default()).is_empty(), "nothing was created");
+        // From the pool: the block holding the worker's address is skipped.
+        let n = create_network(&state, named("auto", "")).await.unwrap();
+        assert_eq!(n.ipam.as_ref().unwrap().configs[0].subnet, "10.20.1.0/24");
+        create_network(&state, named("beside", "10.20.2.0/24")).await.unwrap();
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Nodes: lookup (ID, then name or hostname, then ID prefix), list with filters, spec updates
 //! (availability, labels, role; the last manager cannot be demoted, a stock Docker Engine that joined as a
 //! worker cannot be promoted) and removal (refused for a ready node unless forced, and always for a
-//! manager). Must not depend on HTTP or JSON.
+//! manager; the node's network attachment tasks go with it). Must not depend on HTTP or JSON.
 
 use std::sync::Arc;
 
@@ -98,14 +98,16 @@ fn docker_engine_version(node: &Node) -> Option<String> {
     Some(if engine.engine_version.is_empty() { "(no version)".to_string() } else { engine.engine_version.clone() })
 }
 
-/// Replaces node `reference`'s spec. `version` must be the node's current version. Demoting the last
-/// manager is refused, and so is promoting a Docker Engine that joined as a worker.
+/// Replaces node `reference`'s spec. `version` must be the node's current version. Labels and name are
+/// bounded (`limits::check_node_spec`). Demoting the last manager is refused, and so is promoting a Docker
+/// Engine that joined as a worker.
 pub async fn update_node(
     state: &ClusterState,
     reference: &str,
     version: u64,
     spec: NodeSpec,
 ) -> Result<Node, ControlError> {
+    super::limits::check_node_spec(&spec)?;
     let now = state.now();
     let (id, _) = state
         .write(|t: &Tables, c: &mut Changes| {
@@ -161,8 +163,8 @@ pub async fn update_node(
         .ok_or_else(|| ControlError::not_found("node", reference))
 }
 
-/// Removes node `reference` from the cluster. A manager must be demoted first; a node that is up (READY)
-/// is only removed with `force`.
+/// Removes node `reference` from the cluster, with its network attachment tasks (their addresses are freed).
+/// A manager must be demoted first; a node that is up (READY) is only removed with `force`.
 pub async fn remove_node(state: &ClusterState, reference: &str, force: bool) -> Result<(), ControlError> {
     let now_sys = std::time::SystemTime::try_from(state.now()).unwrap_or(std::time::UNIX_EPOCH);
     state
@@ -192,6 +194,12 @@ pub async fn remove_node(state: &ClusterState, reference: &str, force: bool) -> 
                 next.blacklisted_certificates
                     .insert(node.id.clone(), shoal_api::BlacklistedCertificate { expiry: Some(expiry.into()) });
                 c.update(next);
+            }
+            // As SwarmKit's RemoveNode: the node's network attachment tasks (containers of its own engine on
+            // attachable networks, at most `MAX_ATTACHMENTS_PER_NODE`) go with it, and the allocator frees
+            // their addresses when it sees them removed (the node's own attachments go with the node).
+            for task in t.tasks().by_node(&node.id).filter(|t| crate::resourceapi::is_attachment_task(t)) {
+                c.remove(task.clone());
             }
             c.remove(node.clone());
             Ok(())

@@ -13,6 +13,11 @@
 //! a request carries at most `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates
 //! (a single larger request forms its own batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
 //!
+//! What a node reports is bounded before anything is written (`controlapi::limits`): its description
+//! (`MAX_NODE_DESCRIPTION_BYTES` and its parts' counts) and each task status (`MAX_TASK_STATUS_BYTES`); a
+//! session writes the node only when its object would change, and at most as often as `registrations`
+//! allows, so a worker re-registering in a loop cannot fill the Raft log.
+//!
 //! UpdateTaskStatus answers after the batch holding its updates is committed, so an error means the
 //! agent should retry and success means the store has the statuses.
 
@@ -20,6 +25,7 @@ mod assignments;
 mod fanout;
 mod heartbeats;
 mod managers;
+pub mod registrations;
 pub mod status;
 
 #[cfg(test)]
@@ -117,6 +123,8 @@ struct SessionEntry {
 struct Registry {
     sessions: HashMap<String, SessionEntry>,
     heartbeats: Heartbeats,
+    /// How often each node may write its node object from a session.
+    registrations: registrations::Registrations,
 }
 
 /// A queued status request: its updates, and where to say that they were committed.
@@ -343,9 +351,21 @@ impl Dispatcher {
         }
     }
 
-    /// Registers the node (create or update to READY) and returns the written node.
+    /// Registers the node (create, or update to READY with the description it reports). The description is
+    /// checked against its bounds first (`limits::check_node_description`: INVALID_ARGUMENT naming the part);
+    /// a node whose object would not change is not written at all; a write beyond the node's rate
+    /// (`registrations`) is refused with RESOURCE_EXHAUSTED saying when to retry. Nothing is written on a
+    /// refusal.
     async fn register_node(&self, node_id: &str, req: &SessionRequest, addr: String) -> Result<(), Status> {
+        if let Some(d) = &req.description {
+            crate::controlapi::limits::check_node_description(d).map_err(|e| {
+                tracing::warn!(node = %node_id, "session refused: {e}");
+                Status::invalid_argument(e.to_string())
+            })?;
+        }
         for _ in 0..WRITE_ATTEMPTS {
+            let now_ms = self.state.timer.now_ms();
+            let mut took = false;
             let res = self
                 .state
                 .write(|t, changes| {
@@ -354,19 +374,21 @@ impl Dispatcher {
                         message: String::new(),
                         addr: addr.clone(),
                     };
-                    match t.nodes().get(node_id) {
+                    let (create, node) = match t.nodes().get(node_id) {
                         Some(existing) => {
-                            let mut node = (**existing).clone();
-                            if req.description.is_some() {
-                                node.description = req.description.clone();
+                            let description = req.description.clone().or_else(|| existing.description.clone());
+                            if description == existing.description && existing.status.as_ref() == Some(&status) {
+                                return Ok::<(), u64>(());
                             }
+                            let mut node = (**existing).clone();
+                            node.description = description;
                             node.status = Some(status);
                             node.meta_mut_updated(self.state.now());
-                            changes.update(node);
+                            (false, node)
                         }
                         None => {
                             let now = self.state.now();
-                            changes.create(Node {
+                            let node = Node {
                                 attachments: Vec::new(),
                                 id: node_id.to_string(),
                                 meta: Some(shoal_api::Meta {
@@ -385,14 +407,36 @@ impl Dispatcher {
                                 manager_status: None,
                                 certificate: None,
                                 role: NodeRole::Worker as i32,
-                            });
+                            };
+                            (true, node)
                         }
+                    };
+                    self.registry.lock().registrations.take(node_id, now_ms)?;
+                    took = true;
+                    if create {
+                        changes.create(node);
+                    } else {
+                        changes.update(node);
                     }
-                    Ok::<(), std::convert::Infallible>(())
+                    Ok(())
                 })
                 .await;
+            if res.is_err() && took {
+                self.registry.lock().registrations.give_back(node_id, now_ms);
+            }
             match res {
                 Ok(_) => return Ok(()),
+                Err(WriteError::Rejected(retry_ms)) => {
+                    let msg = format!(
+                        "node {node_id} has written its node object (a changed description, or READY again) too \
+                         often: at most {} writes at once, then one every {} s; retry in {} s",
+                        registrations::REGISTRATION_BURST,
+                        registrations::REGISTRATION_REFILL_MS / 1000,
+                        retry_ms.div_ceil(1000).max(1)
+                    );
+                    tracing::warn!(node = %node_id, "session refused: {msg}");
+                    return Err(Status::resource_exhausted(msg));
+                }
                 Err(e) if is_conflict(&e) => continue,
                 Err(WriteError::Propose(ProposeError::Store(StoreError::Exists {
                     kind: ObjectKind::Node, ..
@@ -554,6 +598,15 @@ impl Dispatcher {
                 "{} status updates in one request; send at most {MAX_UPDATES_PER_REQUEST} per request",
                 req.updates.len()
             )));
+        }
+        // Every status within its bounds, or none of the request is taken.
+        for u in &req.updates {
+            if let Some(status) = &u.status {
+                crate::controlapi::limits::check_task_status(&u.task_id, status).map_err(|e| {
+                    tracing::warn!(node = %node_id, "status updates refused: {e}");
+                    Status::invalid_argument(e.to_string())
+                })?;
+            }
         }
         let mut updates = Vec::with_capacity(req.updates.len());
         for u in req.updates {

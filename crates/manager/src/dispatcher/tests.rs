@@ -18,6 +18,7 @@ use tonic::Request;
 
 use super::*;
 use crate::state::RandomIds;
+use shoal_store::StoreObject;
 
 const START_MS: u64 = 1_700_000_000_000;
 
@@ -629,4 +630,102 @@ async fn session_messages_carry_the_network_keys_and_follow_their_rotation() {
     assert_eq!(msg.network_bootstrap_keys, rotated.keys);
     assert_eq!(msg.node.as_ref().unwrap().id, "node-1", "the node rides along");
     assert_eq!(listed(&msg), vec!["127.0.0.1:4242"], "and the managers");
+}
+
+/// A session request of `node` reporting `desc`.
+fn session_req(node: &str, desc: NodeDescription) -> Request<SessionRequest> {
+    req(node, SessionRequest { description: Some(desc), session_id: String::new() })
+}
+
+fn node_version(h: &Harness, id: &str) -> Option<u64> {
+    h.state.store.view(|t| t.nodes().get(id).map(|n| n.version()))
+}
+
+#[tokio::test]
+async fn descriptions_are_bounded_written_only_when_changed_and_rate_limited() {
+    use crate::controlapi::limits::{MAX_ENGINE_LABEL_BYTES, MAX_NODE_DESCRIPTION_BYTES};
+    use registrations::{REGISTRATION_BURST, REGISTRATION_REFILL_MS};
+    let h = harness().await;
+    let mut client = h.client().await;
+    let engine = |labels: &[(&str, usize)]| shoal_api::EngineDescription {
+        labels: labels.iter().map(|(k, n)| (k.to_string(), "v".repeat(*n))).collect(),
+        ..Default::default()
+    };
+    let desc = |hostname: &str, labels: &[(&str, usize)]| NodeDescription {
+        hostname: hostname.into(),
+        engine: Some(engine(labels)),
+        ..Default::default()
+    };
+
+    // Oversized parts are refused before anything is written.
+    let cases = [
+        (desc(&"h".repeat(300), &[]), "Description.Hostname is 300 bytes"),
+        (desc("h", &[("big", MAX_ENGINE_LABEL_BYTES)]), "Description.Engine.Labels"),
+        (
+            NodeDescription {
+                hostname: "h".into(),
+                resources: Some(shoal_api::Resources { generic: vec![Default::default(); 2000], ..Default::default() }),
+                ..Default::default()
+            },
+            "Description.Resources.Generic: the count 2000 is too large",
+        ),
+        (
+            NodeDescription {
+                hostname: "h".into(),
+                tls_info: Some(shoal_api::NodeTlsInfo {
+                    trust_root: vec![7; MAX_NODE_DESCRIPTION_BYTES],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            "over the limit of 65536 bytes",
+        ),
+    ];
+    for (d, want) in cases {
+        let err = client.session(session_req("node-1", d)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains(want), "{:?} should contain {want:?}", err.message());
+    }
+    assert_eq!(node_version(&h, "node-1"), None, "a refused session created no node");
+
+    // The first session writes; the same description again writes nothing, as often as it comes.
+    let same = desc("host-1", &[("a", 1000)]);
+    let _s = client.session(session_req("node-1", same.clone())).await.unwrap().into_inner();
+    let v1 = node_version(&h, "node-1").unwrap();
+    for _ in 0..3 * REGISTRATION_BURST {
+        let _s = client.session(session_req("node-1", same.clone())).await.unwrap().into_inner();
+    }
+    assert_eq!(node_version(&h, "node-1"), Some(v1), "an unchanged description is not written again");
+
+    // Changed descriptions: the burst (one was taken by the creation), then a refusal naming the wait.
+    for i in 1..REGISTRATION_BURST {
+        let _s = client.session(session_req("node-1", desc("host-1", &[("a", 1000 + i as usize)]))).await.unwrap();
+    }
+    let before = node_version(&h, "node-1");
+    let err = client.session(session_req("node-1", desc("host-1", &[("a", 5000)]))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("too often") && err.message().contains("retry in 10 s"), "{}", err.message());
+    assert_eq!(node_version(&h, "node-1"), before, "a refused session wrote nothing");
+    // Another node is not affected; after a refill period the node may write once more.
+    let _o = client.session(session_req("node-2", desc("host-2", &[]))).await.unwrap();
+    h.advance_ms(REGISTRATION_REFILL_MS);
+    let _s = client.session(session_req("node-1", desc("host-1", &[("a", 5000)]))).await.unwrap();
+    assert_ne!(node_version(&h, "node-1"), before);
+    assert!(client.session(session_req("node-1", desc("host-1", &[("a", 6000)]))).await.is_err());
+}
+
+#[tokio::test]
+async fn oversized_task_statuses_are_refused_and_nothing_is_written() {
+    let h = harness().await;
+    let mut client = h.client().await;
+    let (sid, _stream) = open_session(&h, &mut client, "node-1").await;
+    h.put_task(task("t1", "node-1", TaskState::Assigned, TaskState::Running)).await;
+    let mut r = status_report("node-1", &sid, "t1", TaskState::Running);
+    r.get_mut().updates[0].status.as_mut().unwrap().err = "e".repeat(9000);
+    let err = client.update_task_status(r).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("the status of task t1: Err is 9000 bytes"), "{}", err.message());
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Assigned as i32);
+    client.update_task_status(status_report("node-1", &sid, "t1", TaskState::Running)).await.unwrap();
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Running as i32);
 }
