@@ -371,12 +371,12 @@ pub struct MountJson {
     /// Mount read-only.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
-    /// Bind options: read only to be refused (`refused_fields`), as are the fields below.
+    /// Volume options (a volume mount only): the engine creates the named volume with them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_options: Option<VolumeOptionsJson>,
+    /// Bind options: read only to be refused (`json::unsupported`), as are the fields below.
     #[serde(skip_serializing)]
     pub bind_options: serde_json::Value,
-    /// Volume options.
-    #[serde(skip_serializing)]
-    pub volume_options: serde_json::Value,
     /// Tmpfs options.
     #[serde(skip_serializing)]
     pub tmpfs_options: serde_json::Value,
@@ -386,6 +386,24 @@ pub struct MountJson {
     /// Consistency ("default" is accepted).
     #[serde(skip_serializing)]
     pub consistency: serde_json::Value,
+}
+
+/// `Mount.VolumeOptions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct VolumeOptionsJson {
+    /// Do not populate a new volume with the image's files at the target.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_copy: bool,
+    /// Labels of the volume the engine creates.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    pub labels: BTreeMap<String, String>,
+    /// The volume driver and its options.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_config: Option<DriverJson>,
+    /// A path inside the volume (Engine API 1.45+).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub subpath: String,
 }
 
 /// `HealthConfig`; durations in nanoseconds.
@@ -1025,6 +1043,25 @@ impl MountJson {
             MOUNT_TYPE,
             mount::Type::Volume,
         )?);
+        if let Some(v) = &self.volume_options {
+            // As the engine answers for a container's mount.
+            if m.r#type() != mount::Type::Volume {
+                return Err(ConvertError(format!(
+                    "VolumeOptions must not be specified on mount type {:?}: only a volume mount takes them",
+                    enum_to_str(m.r#type(), MOUNT_TYPE)
+                )));
+            }
+            m.volume_options = Some(mount::VolumeOptions {
+                nocopy: v.no_copy,
+                labels: labels_from_json(&v.labels),
+                driver_config: v
+                    .driver_config
+                    .as_ref()
+                    .filter(|d| !d.name.is_empty() || !d.options.is_empty())
+                    .map(|d| Driver { name: d.name.clone(), options: labels_from_json(&d.options) }),
+                subpath: v.subpath.clone(),
+            });
+        }
         Ok(m)
     }
     fn from_api(m: &Mount) -> MountJson {
@@ -1033,6 +1070,15 @@ impl MountJson {
             source: m.source.clone(),
             target: m.target.clone(),
             read_only: m.readonly,
+            volume_options: m.volume_options.as_ref().map(|v| VolumeOptionsJson {
+                no_copy: v.nocopy,
+                labels: labels_to_json(&v.labels),
+                driver_config: v
+                    .driver_config
+                    .as_ref()
+                    .map(|d| DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }),
+                subpath: v.subpath.clone(),
+            }),
             ..Default::default()
         }
     }
