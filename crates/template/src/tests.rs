@@ -70,7 +70,7 @@ fn hostile_templates_are_refused_and_the_process_lives() {
         assert!(matches!(e, TemplateError::Limit(_)), "{f}: {e:?}");
     }
     // Output cap.
-    let big = format!("{}{}{}", "{{range .Service.Labels}}".repeat(1), "x".repeat(1000), "{{end}}");
+    let big = format!("{{{{range .Service.Labels}}}}{}{{{{end}}}}", "x".repeat(1000));
     let small = Limits { max_output_bytes: 500, ..Limits::default() };
     let e = render(&big, &data(), None, small).unwrap_err();
     assert!(e.to_string().contains("output is larger"), "{e:?}");

@@ -118,14 +118,13 @@ pub(super) fn validate_templating(kind: &str, t: Option<&Driver>, data: &[u8]) -
         )));
     }
     if let Ok(text) = std::str::from_utf8(data) {
-        match shoal_template::check(text) {
-            Err(e @ (shoal_template::TemplateError::Recursion(_) | shoal_template::TemplateError::Limit(_))) => {
-                return Err(invalid(format!(
-                    "Data: the {kind}'s golang template cannot be rendered: {e}; simplify it (templates may not call \
-                     themselves)"
-                )))
-            }
-            Err(_) | Ok(()) => {}
+        if let Err(e @ (shoal_template::TemplateError::Recursion(_) | shoal_template::TemplateError::Limit(_))) =
+            shoal_template::check(text)
+        {
+            return Err(invalid(format!(
+                "Data: the {kind}'s golang template cannot be rendered: {e}; simplify it (templates may not call \
+                 themselves)"
+            )));
         }
     }
     Ok(())
