@@ -162,7 +162,9 @@ refused = [
     (dict(secrets=[SecretReference("abc", "pw")]), "secret not found: pw"),
     (dict(cap_add=["CAP_NET_ADMIN"]), "ContainerSpec.CapabilityAdd is not supported yet"),
     (dict(log_driver="syslog"), "TaskTemplate.LogDriver is not supported yet"),
-    (dict(mounts=[Mount("/v", "/tmp", type="bind", no_copy=True)]), 'VolumeOptions must not be specified on mount type "bind"'),
+    # (A plain dict: the SDK's Mount refuses the combination itself.)
+    (dict(mounts=[{"Type": "bind", "Source": "/tmp", "Target": "/v", "VolumeOptions": {"NoCopy": True}}]),
+     'VolumeOptions must not be specified on mount type "bind"'),
 ]
 for kwargs, fragment in refused:
     try:
