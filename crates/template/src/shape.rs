@@ -40,8 +40,16 @@ pub(crate) struct Shape {
 }
 
 enum Frame {
-    Control { range: bool },
-    Definition { outer: String, nesting: u32, ranges: u32 },
+    /// `else_chain`: the `{{else if}}`/`{{else with}}`s seen so far (the engine nests each inside the last).
+    Control {
+        range: bool,
+        else_chain: u32,
+    },
+    Definition {
+        outer: String,
+        nesting: u32,
+        ranges: u32,
+    },
 }
 
 /// Reads the string literal at the start of `s` (after spaces): `"..."` or `` `...` ``.
@@ -183,15 +191,15 @@ impl Shape {
                 "if" | "with" | "range" => {
                     step(&mut shape, &current, ranges, depth);
                     let range = word == "range";
-                    stack.push(Frame::Control { range });
+                    stack.push(Frame::Control { range, else_chain: 0 });
                     nesting += 1;
                     ranges += u32::from(range);
                     too_deep(nesting)?;
                 }
                 "end" => match stack.pop() {
                     None => return Err(TemplateError::Syntax("unexpected {{end}}".into())),
-                    Some(Frame::Control { range }) => {
-                        nesting -= 1;
+                    Some(Frame::Control { range, else_chain }) => {
+                        nesting -= 1 + else_chain;
                         ranges -= u32::from(range);
                     }
                     Some(Frame::Definition { outer, nesting: n, ranges: r }) => {
@@ -200,6 +208,15 @@ impl Shape {
                         ranges = r;
                     }
                 },
+                "else" if matches!(rest.split_whitespace().next(), Some("if" | "with")) => {
+                    // `{{else if}}` is an `{{if}}` inside the `{{else}}`: one level deeper, closed by the same end.
+                    step(&mut shape, &current, ranges, depth);
+                    if let Some(Frame::Control { else_chain, .. }) = stack.last_mut() {
+                        *else_chain += 1;
+                        nesting += 1;
+                        too_deep(nesting)?;
+                    }
+                }
                 "define" | "block" | "template" => {
                     let callee = literal_name(rest).ok_or_else(|| {
                         TemplateError::Limit(format!(
@@ -213,6 +230,8 @@ impl Shape {
                         body.calls.push(Call { callee: callee.clone(), ranges, depth });
                     }
                     if word != "template" {
+                        // The parser nests a definition inside what encloses it.
+                        too_deep(stack.len() as u32 + 1)?;
                         stack.push(Frame::Definition {
                             outer: std::mem::replace(&mut current, callee),
                             nesting,
@@ -228,8 +247,8 @@ impl Shape {
         }
         if let Some(open) = stack.last() {
             let what = match open {
-                Frame::Control { range: true } => "{{range}}",
-                Frame::Control { range: false } => "{{if}} or {{with}}",
+                Frame::Control { range: true, .. } => "{{range}}",
+                Frame::Control { range: false, .. } => "{{if}} or {{with}}",
                 Frame::Definition { .. } => "{{define}} or {{block}}",
             };
             return Err(TemplateError::Syntax(format!("unexpected end of the template: a {what} has no {{{{end}}}}")));

@@ -96,3 +96,37 @@ fn the_deepest_template_allowed_renders_within_the_stack() {
     let parens = format!("{{{{{}1{}}}}}", "(".repeat(40), ")".repeat(40));
     assert_eq!(render(&parens, &data(), None, limits).unwrap(), "1");
 }
+
+#[test]
+fn long_flat_templates_do_not_recurse() {
+    // Long pipelines, field chains and argument lists are flat: gtmpl walks them in loops.
+    let pipeline = format!("{{{{1{}}}}}", " | printf \"%v\"".repeat(20_000));
+    assert_eq!(render(&pipeline, &data(), None, Limits::default()).unwrap(), "1");
+    let chain = format!("{{{{.Service{}}}}}", ".Name".repeat(20_000));
+    assert!(render(&chain, &data(), None, Limits::default()).is_err());
+    let args = format!("{{{{print{}}}}}", " 1".repeat(20_000));
+    assert!(render(&args, &data(), None, Limits::default()).is_ok());
+    let actions = "{{.Task.Slot}}".repeat(50_000);
+    assert_eq!(render(&actions, &data(), None, Limits::default()).unwrap(), "2".repeat(50_000));
+}
+
+#[test]
+fn else_if_chains_count_as_nesting() {
+    let chain = |n: usize| format!("{{{{if false}}}}{}{{{{else}}}}z{{{{end}}}}", "{{else if false}}x".repeat(n));
+    assert_eq!(render(&chain(40), &data(), None, Limits::default()).unwrap(), "z");
+    let e = render(&chain(100_000), &data(), None, Limits::default()).unwrap_err();
+    assert!(matches!(e, TemplateError::Limit(_)), "{e:?}");
+}
+
+#[test]
+fn nested_definitions_count_as_nesting() {
+    let nested = |n: usize| {
+        let opens: String = (0..n).map(|i| format!("{{{{define \"d{i}\"}}}}")).collect();
+        format!("{opens}{}ok", "{{end}}".repeat(n))
+    };
+    // The engine allows definitions at the top level only; the shape refuses a deep nest before it parses.
+    let e = render(&nested(10), &data(), None, Limits::default()).unwrap_err();
+    assert!(e.to_string().contains("unexpected define"), "{e:?}");
+    let e = render(&nested(50_000), &data(), None, Limits::default()).unwrap_err();
+    assert!(matches!(e, TemplateError::Limit(_)), "{e:?}");
+}
