@@ -1,8 +1,8 @@
 //! The docker CLI against a `shoal daemon`, for the service flags Shoal cannot honour yet: each is refused
 //! with the daemon's 400 naming the field (`Error response from daemon: X is not supported yet: ...`) and
 //! nothing is created; what Shoal does honour with the same flags' neighbours (a plain bind or tmpfs mount, a
-//! volume with a driver, options and labels, `--replicas-max-per-node`) goes through. An older client (`DOCKER_API_VERSION=1.40`) gets the
-//! engine's differences by version: MaxReplicas is kept from 1.40 on.
+//! volume with a driver, options and labels, `--replicas-max-per-node`) goes through. An older client
+//! (`DOCKER_API_VERSION=1.40`) gets the engine's differences by version: MaxReplicas is kept from 1.40 on.
 
 mod common;
 

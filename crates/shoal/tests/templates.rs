@@ -164,7 +164,20 @@ fn service_templates_reach_a_process_and_bad_ones_reject_the_task_with_swarmkits
     assert!(vars.contains(&"X=tmplproc-1".to_string()), "{vars:?}");
     assert!(vars.contains(&format!("N={host}")), "{vars:?}");
 
-    create(&d, &["--name", "tmplbad", "--env", "Y={{.Service.Name", "--restart-condition", "none", "busybox", "sleep", "100312"]);
+    create(
+        &d,
+        &[
+            "--name",
+            "tmplbad",
+            "--env",
+            "Y={{.Service.Name",
+            "--restart-condition",
+            "none",
+            "busybox",
+            "sleep",
+            "100312",
+        ],
+    );
     let (_, err) = rejected_beyond(&d, "tmplbad", &[]).remove(0);
     assert!(err.starts_with("expanding env failed: expanding env \"Y={{.Service.Name\""), "{err}");
 }
