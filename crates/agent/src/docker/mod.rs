@@ -86,6 +86,8 @@ pub enum DockerError {
 /// Runs tasks as Docker containers.
 pub struct DockerExecutor {
     docker: Docker,
+    /// The engine's API version (major, minor), as negotiated at connect.
+    engine_api: (usize, usize),
     node_id: String,
     description: NodeDescription,
     /// Containers of this node found at connect, by task ID; `None` once the first assignment set swept it.
@@ -238,7 +240,9 @@ impl DockerExecutor {
                 "found containers left by an earlier run of this node"
             );
         }
+        let v = docker.client_version();
         Ok(DockerExecutor {
+            engine_api: (v.major_version, v.minor_version),
             docker,
             node_id: node_id.to_string(),
             description,
@@ -303,6 +307,7 @@ impl DockerExecutor {
                 task: Arc::new(task.clone()),
             })
         };
+        spec::refuse_newer_than_engine(task, self.engine_api).map_err(ExecutorError::InvalidSpec)?;
         let mut body = spec::create_body(task, &self.node_id, network.as_ref().map(|n| n.holder.as_str()))
             .map_err(ExecutorError::InvalidSpec)?;
         if !files.is_empty() {

@@ -6,7 +6,9 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HealthConfig, HostConfig, Mount, MountType};
+use bollard::models::{
+    ContainerCreateBody, HealthConfig, HostConfig, Mount, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig,
+};
 use shoal_api::{mount, task_spec, ContainerSpec, Task};
 
 use crate::exec::stop_grace_period;
@@ -91,13 +93,44 @@ fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
     if typ == MountType::BIND && m.source.is_empty() {
         return Err(format!("the bind mount at {} has no source; set source= to a path on the node", m.target));
     }
+    // The engine creates a named volume that does not exist yet with these (driver, options, labels), as
+    // SwarmKit's executor has it do.
+    let volume_options = m.volume_options.as_ref().filter(|_| typ == MountType::VOLUME).map(|v| MountVolumeOptions {
+        no_copy: v.nocopy.then_some(true),
+        labels: (!v.labels.is_empty()).then(|| v.labels.clone()),
+        driver_config: v.driver_config.as_ref().map(|d| MountVolumeOptionsDriverConfig {
+            name: opt(&d.name),
+            options: (!d.options.is_empty()).then(|| d.options.clone()),
+        }),
+        subpath: opt(&v.subpath),
+    });
     Ok(Mount {
         target: Some(m.target.clone()),
         source: opt(&m.source),
         typ: Some(typ),
         read_only: m.readonly.then_some(true),
+        volume_options,
         ..Default::default()
     })
+}
+
+/// The API version of the engine that first applies `Mount.VolumeOptions.Subpath`.
+pub const SUBPATH_API: (usize, usize) = (1, 45);
+
+/// Refuses what the node's engine, speaking API `engine_api` (major, minor), is too old to apply, naming the
+/// field and the versions: the engine would ignore it rather than refuse it.
+pub fn refuse_newer_than_engine(task: &Task, engine_api: (usize, usize)) -> Result<(), String> {
+    let spec = container_spec(task);
+    for (i, m) in spec.mounts.iter().enumerate() {
+        if m.volume_options.as_ref().is_some_and(|v| !v.subpath.is_empty()) && engine_api < SUBPATH_API {
+            return Err(format!(
+                "Mounts[{i}].VolumeOptions.Subpath needs Docker Engine API {}.{} or later; this node's engine speaks \
+                 API {}.{}: mount the volume at its root, or run the task on a node with a newer engine",
+                SUBPATH_API.0, SUBPATH_API.1, engine_api.0, engine_api.1
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The spec's hosts entries as the engine wants them: SwarmKit's are "IP name [alias...]", Docker's
@@ -376,12 +409,14 @@ mod tests {
                     source: "/src".into(),
                     target: "/dst".into(),
                     readonly: true,
+                    ..Default::default()
                 },
                 shoal_api::Mount {
                     r#type: mount::Type::Tmpfs as i32,
                     source: String::new(),
                     target: "/scratch".into(),
                     readonly: false,
+                    ..Default::default()
                 },
             ],
             healthcheck: Some(ApiHealth {
@@ -441,5 +476,43 @@ mod tests {
             ..Default::default()
         });
         assert!(create_body(&npipe, "n", None).unwrap_err().contains("not supported"));
+    }
+
+    #[test]
+    fn volume_options_reach_the_engine_and_a_subpath_needs_api_1_45() {
+        let volume = |subpath: &str| {
+            task(ContainerSpec {
+                image: "i".into(),
+                mounts: vec![shoal_api::Mount {
+                    r#type: mount::Type::Volume as i32,
+                    source: "data".into(),
+                    target: "/data".into(),
+                    volume_options: Some(mount::VolumeOptions {
+                        nocopy: true,
+                        labels: [("a".to_string(), "b".to_string())].into(),
+                        driver_config: Some(shoal_api::Driver {
+                            name: "local".into(),
+                            options: [("type".to_string(), "tmpfs".to_string())].into(),
+                        }),
+                        subpath: subpath.into(),
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+        };
+        let b = create_body(&volume(""), "n", None).unwrap();
+        let m = &b.host_config.unwrap().mounts.unwrap()[0];
+        let v = m.volume_options.as_ref().unwrap();
+        assert_eq!((v.no_copy, v.labels.as_ref().unwrap()["a"].as_str()), (Some(true), "b"));
+        let d = v.driver_config.as_ref().unwrap();
+        assert_eq!((d.name.as_deref(), d.options.as_ref().unwrap()["type"].as_str()), (Some("local"), "tmpfs"));
+        assert!(refuse_newer_than_engine(&volume(""), (1, 41)).is_ok());
+        let e = refuse_newer_than_engine(&volume("sub"), (1, 41)).unwrap_err();
+        assert!(
+            e.contains("Mounts[0].VolumeOptions.Subpath needs Docker Engine API 1.45") && e.contains("API 1.41"),
+            "{e}"
+        );
+        assert!(refuse_newer_than_engine(&volume("sub"), (1, 45)).is_ok());
     }
 }

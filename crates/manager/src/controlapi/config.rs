@@ -27,7 +27,7 @@ pub type ConfigFilters = SecretFilters;
 /// Checks a config spec: name, labels, data size (SwarmKit's `validateConfigSpec`), templating.
 pub fn validate_config_spec(spec: &ConfigSpec) -> Result<(), ControlError> {
     validate_annotations("config", spec.annotations.as_ref())?;
-    validate_templating("config", spec.templating.as_ref())?;
+    validate_templating("config", spec.templating.as_ref(), &spec.data)?;
     if spec.data.is_empty() || spec.data.len() >= MAX_CONFIG_DATA_BYTES {
         return Err(invalid(format!(
             "Data: config data must be larger than 0 and less than {MAX_CONFIG_DATA_BYTES} bytes (got {} bytes)",

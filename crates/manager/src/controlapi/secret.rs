@@ -99,8 +99,11 @@ pub(super) fn validate_annotations(kind: &str, a: Option<&Annotations>) -> Resul
     validate_labels(kind, a)
 }
 
-/// `Templating`: none, or the `golang` driver without options.
-pub(super) fn validate_templating(kind: &str, t: Option<&Driver>) -> Result<(), ControlError> {
+/// `Templating`: none, or the `golang` driver without options, over a template every rendering can
+/// render: one that calls itself, nests too deep or would take too many steps (`shoal_template::check`) is
+/// refused here rather than rejecting every task that uses it. Syntax is left to the rendering, as Docker
+/// does (the task is then rejected with the engine's message).
+pub(super) fn validate_templating(kind: &str, t: Option<&Driver>, data: &[u8]) -> Result<(), ControlError> {
     let Some(t) = t else { return Ok(()) };
     if t.name != TEMPLATING_DRIVER {
         return Err(invalid(format!(
@@ -113,6 +116,16 @@ pub(super) fn validate_templating(kind: &str, t: Option<&Driver>) -> Result<(), 
         return Err(invalid(format!(
             "Templating.Options: the {TEMPLATING_DRIVER} templating driver takes no options; leave them out"
         )));
+    }
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Err(e @ (shoal_template::TemplateError::Recursion(_) | shoal_template::TemplateError::Limit(_))) =
+            shoal_template::check(text)
+        {
+            return Err(invalid(format!(
+                "Data: the {kind}'s golang template cannot be rendered: {e}; simplify it (templates may not call \
+                 themselves)"
+            )));
+        }
     }
     Ok(())
 }
@@ -153,7 +166,7 @@ pub fn validate_secret_spec(spec: &SecretSpec) -> Result<(), ControlError> {
             d.name
         )));
     }
-    validate_templating("secret", spec.templating.as_ref())?;
+    validate_templating("secret", spec.templating.as_ref(), &spec.data)?;
     validate_data(&spec.data)
 }
 

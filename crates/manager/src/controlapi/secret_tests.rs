@@ -342,3 +342,41 @@ fn reference_shapes_are_checked_as_swarmkit_does_and_bounded() {
     let many = (0..1001).map(|i| secret_ref("", "a", &format!("t{i}"))).collect();
     check(many, vec![], "1001 secret references, over the limit of 1000");
 }
+
+#[test]
+fn templates_that_no_rendering_can_finish_are_refused_at_create_and_syntax_is_left_to_the_agent() {
+    let recursive = br#"{{define "a"}}{{template "a" .}}{{end}}{{template "a" .}}"#;
+    let mut exponential = String::from(r#"{{define "t0"}}xxxxxxxx{{end}}"#);
+    for i in 1..40 {
+        exponential.push_str(&format!(
+            r#"{{{{define "t{i}"}}}}{{{{template "t{0}"}}}}{{{{template "t{0}"}}}}{{{{end}}}}"#,
+            i - 1
+        ));
+    }
+    exponential.push_str(r#"{{template "t39"}}"#);
+    for (data, fragment) in
+        [(&recursive[..], "recursive templates are not supported"), (exponential.as_bytes(), "steps to render")]
+    {
+        let m = invalid_message(validate_secret_spec(&SecretSpec { templating: golang(), ..secret_spec("pw", data) }));
+        assert!(
+            m.starts_with("Data: the secret's golang template cannot be rendered: ") && m.contains(fragment),
+            "{m}"
+        );
+        let m = invalid_message(validate_config_spec(&ConfigSpec { templating: golang(), ..config_spec("c", data) }));
+        assert!(
+            m.starts_with("Data: the config's golang template cannot be rendered: ") && m.contains(fragment),
+            "{m}"
+        );
+        // Without a templating driver, the same bytes are plain data.
+        assert!(validate_config_spec(&config_spec("c", data)).is_ok());
+    }
+    // A template the engine cannot parse is Docker's business at render time (the task is rejected with it).
+    assert!(validate_config_spec(&ConfigSpec { templating: golang(), ..config_spec("c", b"{{.Service.Name") }).is_ok());
+    // A service template that calls itself is refused naming the field.
+    let mut s = with_refs("web", vec![], vec![]);
+    if let Some(task_spec::Runtime::Container(c)) = s.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+        c.env = vec!["OK={{.Service.Name}}".into(), format!("X={}", std::str::from_utf8(recursive).unwrap())];
+    }
+    let m = invalid_message(validate_service_spec(&s));
+    assert!(m.starts_with("ContainerSpec.Env[1]: the template cannot be expanded: "), "{m}");
+}

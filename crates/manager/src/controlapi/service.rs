@@ -48,6 +48,38 @@ fn validate_name(name: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// The service templates of a container spec (`Env` values, `Hostname`, mount `Source`/`Target`, volume
+/// labels and driver options, expanded by the agent): one that calls itself, nests too deep or would take
+/// too many steps (`shoal_template::check`) is refused, naming the field; syntax is left to the agent, whose
+/// rejection carries the engine's message (as Docker does).
+fn validate_service_templates(c: &shoal_api::ContainerSpec) -> Result<(), ControlError> {
+    let mut fields: Vec<(String, &str)> = Vec::new();
+    for (i, kv) in c.env.iter().enumerate() {
+        fields.push((format!("ContainerSpec.Env[{i}]"), kv.split_once('=').map_or("", |(_, v)| v)));
+    }
+    fields.push(("ContainerSpec.Hostname".into(), &c.hostname));
+    for (i, m) in c.mounts.iter().enumerate() {
+        fields.push((format!("ContainerSpec.Mounts[{i}].Source"), &m.source));
+        fields.push((format!("ContainerSpec.Mounts[{i}].Target"), &m.target));
+        if let Some(v) = &m.volume_options {
+            for (k, val) in &v.labels {
+                fields.push((format!("ContainerSpec.Mounts[{i}].VolumeOptions.Labels[{k}]"), val));
+            }
+            for (k, val) in v.driver_config.iter().flat_map(|d| d.options.iter()) {
+                fields.push((format!("ContainerSpec.Mounts[{i}].VolumeOptions.DriverConfig.Options[{k}]"), val));
+            }
+        }
+    }
+    for (field, text) in fields {
+        if let Err(e @ (shoal_template::TemplateError::Recursion(_) | shoal_template::TemplateError::Limit(_))) =
+            shoal_template::check(text)
+        {
+            return Err(invalid(format!("{field}: the template cannot be expanded: {e}; simplify it")));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a service spec: a valid name, a container spec with an image, a mode, valid constraints, and
 /// every count, duration and the encoded size within `limits` (each error names the field and the limit).
 pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
@@ -83,6 +115,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
                 check_count("ContainerSpec.Healthcheck.Retries", h.retries as u64, MAX_HEALTH_RETRIES as u64)?;
             }
             validate_references(c)?;
+            validate_service_templates(c)?;
         }
         Some(task_spec::Runtime::Attachment(_)) => {
             return Err(invalid(
