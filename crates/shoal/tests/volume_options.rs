@@ -5,8 +5,9 @@
 //! plane; all share this machine's Docker Engine). Checked on the engine: `docker volume inspect` shows the
 //! driver, its options and the labels (the stack's namespace label included), `docker inspect` of the
 //! running container shows the volume mounted at its target, and inside the container the target is the
-//! tmpfs the options asked for. A `Subpath` (Engine API 1.45+) is refused task by task naming the engine's
-//! version; volume options on a bind mount are a 400 at the API.
+//! tmpfs the options asked for; the file's templated `hostname: "{{.Node.Hostname}}-{{.Task.Slot}}"` and
+//! environment are expanded in the container. A `Subpath` (Engine API 1.45+) is refused task by task naming
+//! the engine's version; volume options on a bind mount are a 400 at the API.
 //!
 //! Needs root, the engine and Debian's static busybox (the test image is built from it, never pulled);
 //! without the engine the test says so and passes. The volumes it made are removed when it ends.
@@ -43,6 +44,9 @@ services:
   db:
     image: {image}
     command: ["sh", "-c", "grep ' /data ' /proc/mounts; echo kept > /data/file; exec sleep 100000"]
+    hostname: "{{{{.Node.Hostname}}}}-{{{{.Task.Slot}}}}"
+    environment:
+      SERVICE: "{{{{.Service.Name}}}}"
     volumes:
       - data:/data
       - cache:/cache:ro
@@ -107,6 +111,14 @@ fn a_stack_with_a_named_volume_with_driver_options_and_labels_deploys_and_runs()
         (on_cache["Name"].as_str(), on_cache["RW"].as_bool()),
         (Some(format!("{STACK}_cache").as_str()), Some(false))
     );
+
+    // The compose file's templated hostname and environment, expanded for the task (issue 32).
+    let node = t["NodeID"].as_str().unwrap();
+    let host =
+        c.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
+    assert_eq!(engine_ok(&["exec", &container, "hostname"]).trim(), format!("{host}-1"));
+    let env: Vec<&str> = inspect[0]["Config"]["Env"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(env.contains(&format!("SERVICE={service}").as_str()), "{env:?}");
 
     let volume: Value = serde_json::from_str(&engine_ok(&["volume", "inspect", &format!("{STACK}_data")])).unwrap();
     let v = &volume[0];
