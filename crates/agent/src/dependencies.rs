@@ -188,12 +188,16 @@ impl Dependencies {
             })?;
             let spec = secret.spec.clone().unwrap_or_default();
             if let Some(d) = spec.driver.as_ref().filter(|d| !d.name.is_empty()) {
-                return Err(format!("secret {label} uses the secret driver {:?}, which Shoal does not support", d.name));
+                return Err(format!(
+                    "secret {label} uses the secret driver {:?}, which Shoal does not support",
+                    d.name
+                ));
             }
             let data = match spec.templating.as_ref().filter(|t| !t.name.is_empty()) {
                 None => spec.data,
-                Some(t) => render(&t.name, &spec.data, true, task, node, self)
-                    .map_err(|e| format!("secret {label}: {e}"))?,
+                Some(t) => {
+                    render(&t.name, &spec.data, true, task, node, self).map_err(|e| format!("secret {label}: {e}"))?
+                }
             };
             files.push(TaskFile {
                 kind: FileKind::Secret,
@@ -214,9 +218,7 @@ impl Dependencies {
                         "config {label} has a runtime target (a credential spec), which Shoal does not support"
                     ))
                 }
-                None => {
-                    return Err(format!("config {label}: the reference has no file target; give it a target name"))
-                }
+                None => return Err(format!("config {label}: the reference has no file target; give it a target name")),
             };
             let config = self.configs.get(&r.config_id).ok_or_else(|| {
                 format!(
@@ -228,8 +230,9 @@ impl Dependencies {
             let spec = config.spec.clone().unwrap_or_default();
             let data = match spec.templating.as_ref().filter(|t| !t.name.is_empty()) {
                 None => spec.data,
-                Some(t) => render(&t.name, &spec.data, false, task, node, self)
-                    .map_err(|e| format!("config {label}: {e}"))?,
+                Some(t) => {
+                    render(&t.name, &spec.data, false, task, node, self).map_err(|e| format!("config {label}: {e}"))?
+                }
             };
             files.push(TaskFile {
                 kind: FileKind::Config,
