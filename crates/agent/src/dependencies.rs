@@ -189,12 +189,16 @@ impl Dependencies {
             })?;
             let spec = secret.spec.clone().unwrap_or_default();
             if let Some(d) = spec.driver.as_ref().filter(|d| !d.name.is_empty()) {
-                return Err(format!("secret {label} uses the secret driver {:?}, which Shoal does not support", d.name));
+                return Err(format!(
+                    "secret {label} uses the secret driver {:?}, which Shoal does not support",
+                    d.name
+                ));
             }
             let data = match spec.templating.as_ref().filter(|t| !t.name.is_empty()) {
                 None => spec.data,
-                Some(t) => render(&t.name, &spec.data, true, task, node, self)
-                    .map_err(|e| format!("secret {label}: {e}"))?,
+                Some(t) => {
+                    render(&t.name, &spec.data, true, task, node, self).map_err(|e| format!("secret {label}: {e}"))?
+                }
             };
             files.push(TaskFile {
                 kind: FileKind::Secret,
@@ -215,9 +219,7 @@ impl Dependencies {
                         "config {label} has a runtime target (a credential spec), which Shoal does not support"
                     ))
                 }
-                None => {
-                    return Err(format!("config {label}: the reference has no file target; give it a target name"))
-                }
+                None => return Err(format!("config {label}: the reference has no file target; give it a target name")),
             };
             let config = self.configs.get(&r.config_id).ok_or_else(|| {
                 format!(
@@ -229,8 +231,9 @@ impl Dependencies {
             let spec = config.spec.clone().unwrap_or_default();
             let data = match spec.templating.as_ref().filter(|t| !t.name.is_empty()) {
                 None => spec.data,
-                Some(t) => render(&t.name, &spec.data, false, task, node, self)
-                    .map_err(|e| format!("config {label}: {e}"))?,
+                Some(t) => {
+                    render(&t.name, &spec.data, false, task, node, self).map_err(|e| format!("config {label}: {e}"))?
+                }
             };
             files.push(TaskFile {
                 kind: FileKind::Config,
@@ -316,8 +319,7 @@ fn string(s: &str) -> gtmpl::Value {
 /// `.Task.{ID,Name,Slot}` (the slot is the node ID for slotless tasks).
 fn template_data(task: &Task, node: &NodeFacts) -> gtmpl::Value {
     let service = task.service_annotations.clone().unwrap_or_default();
-    let labels: HashMap<String, gtmpl::Value> =
-        service.labels.iter().map(|(k, v)| (k.clone(), string(v))).collect();
+    let labels: HashMap<String, gtmpl::Value> = service.labels.iter().map(|(k, v)| (k.clone(), string(v))).collect();
     let node_id = if task.node_id.is_empty() { node.id.as_str() } else { task.node_id.as_str() };
     let slot = if task.slot != 0 { task.slot.to_string() } else { node_id.to_string() };
     object(vec![
@@ -334,10 +336,7 @@ fn template_data(task: &Task, node: &NodeFacts) -> gtmpl::Value {
             object(vec![
                 ("ID", string(node_id)),
                 ("Hostname", string(&node.hostname)),
-                (
-                    "Platform",
-                    object(vec![("Architecture", string(&node.architecture)), ("OS", string(&node.os))]),
-                ),
+                ("Platform", object(vec![("Architecture", string(&node.architecture)), ("OS", string(&node.os))])),
             ]),
         ),
         (

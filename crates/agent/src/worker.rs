@@ -58,7 +58,8 @@ pub type HeldSink = Arc<dyn Fn(&Held) + Send + Sync>;
 /// it), before any executor sees the task; so is a network attachment task (`AttachNetwork`, made for a
 /// Docker Engine's own container, which a Shoal agent does not have).
 fn network_refusal(task: &Task) -> Option<String> {
-    if matches!(task.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(shoal_api::task_spec::Runtime::Attachment(_))) {
+    if matches!(task.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(shoal_api::task_spec::Runtime::Attachment(_)))
+    {
         return Some(
             "a network attachment task is for a Docker Engine's own container (AttachNetwork); this Shoal agent \
              runs service tasks only"

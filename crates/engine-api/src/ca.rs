@@ -44,7 +44,8 @@ pub async fn client_cert(
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: ClientCertRequest = crate::request::json_body(&headers, &body, "client certificate request {\"Name\": ..., \"CSR\": ...}")?;
+    let req: ClientCertRequest =
+        crate::request::json_body(&headers, &body, "client certificate request {\"Name\": ..., \"CSR\": ...}")?;
     let (certificate, root_ca) = issue_client_cert(&ctx.state, &req.name, &req.csr).map_err(|e| match e {
         ClientCertError::NoCluster => ApiError::Unavailable(e.to_string()),
         ClientCertError::BadRequest(m) => ApiError::BadRequest(m),

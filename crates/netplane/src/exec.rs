@@ -40,9 +40,7 @@ impl Executor {
 
     /// An executor for the node living in network namespace `path`.
     pub fn in_netns(path: impl Into<PathBuf>) -> Executor {
-        Executor {
-            host_netns: Some(path.into()),
-        }
+        Executor { host_netns: Some(path.into()) }
     }
 
     /// Observes, plans and applies: brings the node to `desired` and returns the operations that took.
@@ -90,25 +88,14 @@ impl Executor {
                 },
             );
         }
-        for f in self
-            .json(None, &["bridge", "-j", "fdb", "show"])?
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
+        for f in self.json(None, &["bridge", "-j", "fdb", "show"])?.as_array().into_iter().flatten() {
             let dev = str_of(f, "ifname");
-            let (Some(dst), Ok(mac)) = (
-                f["dst"].as_str().and_then(|d| d.parse().ok()),
-                str_of(f, "mac").parse(),
-            ) else {
+            let (Some(dst), Ok(mac)) = (f["dst"].as_str().and_then(|d| d.parse().ok()), str_of(f, "mac").parse())
+            else {
                 continue;
             };
             if dev.starts_with(names::VXLAN_PREFIX) {
-                obs.fdb.insert(Fdb {
-                    dev: dev.to_string(),
-                    mac,
-                    dst,
-                });
+                obs.fdb.insert(Fdb { dev: dev.to_string(), mac, dst });
             }
         }
         let neigh = self.json(None, &["ip", "-j", "neigh", "show", "nud", "permanent"])?;
@@ -118,11 +105,7 @@ impl Executor {
                 continue;
             };
             if dev.starts_with(names::VXLAN_PREFIX) {
-                obs.neigh.insert(Neigh {
-                    dev: dev.to_string(),
-                    ip,
-                    mac,
-                });
+                obs.neigh.insert(Neigh { dev: dev.to_string(), ip, mac });
             }
         }
         obs.node_table = self.table_tag(None)?;
@@ -143,19 +126,11 @@ impl Executor {
         }
         for t in &desired.tasks {
             if !t.netns.exists() {
-                return Err(Error::NamespaceMissing {
-                    task: t.task_id.clone(),
-                    path: t.netns.clone(),
-                });
+                return Err(Error::NamespaceMissing { task: t.task_id.clone(), path: t.netns.clone() });
             }
             let ns = Some(t.netns.as_path());
             let mut tns = TaskNs::default();
-            for l in self
-                .json(ns, &["ip", "-j", "addr", "show"])?
-                .as_array()
-                .into_iter()
-                .flatten()
-            {
+            for l in self.json(ns, &["ip", "-j", "addr", "show"])?.as_array().into_iter().flatten() {
                 let name = str_of(l, "ifname");
                 if name == "lo" {
                     continue;
@@ -169,10 +144,8 @@ impl Executor {
                 tns.ifaces.insert(name.to_string(), iface);
             }
             let routes = self.json(ns, &["ip", "-j", "route", "show", "default"])?;
-            tns.default_gw = routes
-                .as_array()
-                .and_then(|r| r.first())
-                .and_then(|r| r["gateway"].as_str()?.parse().ok());
+            tns.default_gw =
+                routes.as_array().and_then(|r| r.first()).and_then(|r| r["gateway"].as_str()?.parse().ok());
             tns.table = self.table_tag(ns)?;
             obs.tasks.insert(t.netns.clone(), tns);
         }
@@ -191,60 +164,21 @@ impl Executor {
         let t = names::NFT_TABLE;
         match op {
             Op::DeleteLink { name } => self.ok(None, &["ip", "link", "del", name]),
-            Op::DeleteTaskLink { netns, ifname } => {
-                self.ok(Some(netns), &["ip", "link", "del", ifname])
-            }
+            Op::DeleteTaskLink { netns, ifname } => self.ok(Some(netns), &["ip", "link", "del", ifname]),
             Op::DelFdb(f) => self.ok(
                 None,
-                &[
-                    "bridge",
-                    "fdb",
-                    "del",
-                    &f.mac.to_string(),
-                    "dev",
-                    &f.dev,
-                    "dst",
-                    &f.dst.to_string(),
-                    "self",
-                ],
+                &["bridge", "fdb", "del", &f.mac.to_string(), "dev", &f.dev, "dst", &f.dst.to_string(), "self"],
             ),
-            Op::DelNeigh(n) => self.ok(
-                None,
-                &["ip", "neigh", "del", &n.ip.to_string(), "dev", &n.dev],
-            ),
+            Op::DelNeigh(n) => self.ok(None, &["ip", "neigh", "del", &n.ip.to_string(), "dev", &n.dev]),
             Op::CreateBridge { name, mtu, addrs } => {
-                self.ok(
-                    None,
-                    &[
-                        "ip",
-                        "link",
-                        "add",
-                        name,
-                        "mtu",
-                        &mtu.to_string(),
-                        "type",
-                        "bridge",
-                    ],
-                )?;
+                self.ok(None, &["ip", "link", "add", name, "mtu", &mtu.to_string(), "type", "bridge"])?;
                 for a in addrs {
                     self.ok(None, &["ip", "addr", "add", &a.to_string(), "dev", name])?;
                 }
                 self.ok(None, &["ip", "link", "set", name, "up"])
             }
-            Op::CreateVxlan {
-                name,
-                vni,
-                port,
-                local,
-                mtu,
-                bridge,
-            } => {
-                let (vni, port, local, mtu) = (
-                    vni.to_string(),
-                    port.to_string(),
-                    local.to_string(),
-                    mtu.to_string(),
-                );
+            Op::CreateVxlan { name, vni, port, local, mtu, bridge } => {
+                let (vni, port, local, mtu) = (vni.to_string(), port.to_string(), local.to_string(), mtu.to_string());
                 self.ok(
                     None,
                     &[
@@ -268,9 +202,7 @@ impl Executor {
                 )?;
                 self.ok(None, &["ip", "link", "set", name, "master", bridge, "up"])
             }
-            Op::SetMaster { name, master } => {
-                self.ok(None, &["ip", "link", "set", name, "master", master])
-            }
+            Op::SetMaster { name, master } => self.ok(None, &["ip", "link", "set", name, "master", master]),
             Op::AddFdb(f) => self.ok(
                 None,
                 &[
@@ -301,68 +233,34 @@ impl Executor {
                     "permanent",
                 ],
             ),
-            Op::CreateVeth {
-                host,
-                bridge,
-                netns,
-                ifname,
-                mac,
-                addr,
-                mtu,
-            } => {
+            Op::CreateVeth { host, bridge, netns, ifname, mac, addr, mtu } => {
                 let (mtu, mac) = (mtu.to_string(), mac.to_string());
-                let ns = netns.to_str().ok_or_else(|| {
-                    Error::Invalid(format!("namespace path {netns:?} is not UTF-8"))
-                })?;
+                let ns =
+                    netns.to_str().ok_or_else(|| Error::Invalid(format!("namespace path {netns:?} is not UTF-8")))?;
                 self.ok(
                     None,
                     &[
-                        "ip", "link", "add", host, "mtu", &mtu, "type", "veth", "peer", "name",
-                        ifname, "mtu", &mtu, "address", &mac, "netns", ns,
+                        "ip", "link", "add", host, "mtu", &mtu, "type", "veth", "peer", "name", ifname, "mtu", &mtu,
+                        "address", &mac, "netns", ns,
                     ],
                 )?;
                 self.ok(None, &["ip", "link", "set", host, "master", bridge, "up"])?;
-                self.ok(
-                    Some(netns),
-                    &["ip", "addr", "add", &addr.to_string(), "dev", ifname],
-                )?;
+                self.ok(Some(netns), &["ip", "addr", "add", &addr.to_string(), "dev", ifname])?;
                 self.ok(Some(netns), &["ip", "link", "set", ifname, "up"])?;
                 self.ok(Some(netns), &["ip", "link", "set", "lo", "up"])
             }
-            Op::SetDefaultRoute {
-                netns,
-                via: Some((gw, dev)),
-            } => self.ok(
-                Some(netns),
-                &[
-                    "ip",
-                    "route",
-                    "replace",
-                    "default",
-                    "via",
-                    &gw.to_string(),
-                    "dev",
-                    dev,
-                ],
-            ),
-            Op::SetDefaultRoute { netns, via: None } => {
-                self.ok(Some(netns), &["ip", "route", "del", "default"])
+            Op::SetDefaultRoute { netns, via: Some((gw, dev)) } => {
+                self.ok(Some(netns), &["ip", "route", "replace", "default", "via", &gw.to_string(), "dev", dev])
             }
+            Op::SetDefaultRoute { netns, via: None } => self.ok(Some(netns), &["ip", "route", "del", "default"]),
             Op::EnableIpForward => self.ok(None, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
-            Op::RouteLocalnet { bridge } => self.ok(
-                None,
-                &["sysctl", "-qw", &format!("net.ipv4.conf.{bridge}.route_localnet=1")],
-            ),
-            Op::ApplyNodeTable { script } => {
-                self.run(None, &["nft", "-f", "-"], Some(script)).map(drop)
+            Op::RouteLocalnet { bridge } => {
+                self.ok(None, &["sysctl", "-qw", &format!("net.ipv4.conf.{bridge}.route_localnet=1")])
             }
+            Op::ApplyNodeTable { script } => self.run(None, &["nft", "-f", "-"], Some(script)).map(drop),
             Op::DeleteNodeTable => self.ok(None, &["nft", "delete", "table", "ip", t]),
-            Op::ApplyTaskTable { netns, script } => self
-                .run(Some(netns), &["nft", "-f", "-"], Some(script))
-                .map(drop),
-            Op::DeleteTaskTable { netns } => {
-                self.ok(Some(netns), &["nft", "delete", "table", "ip", t])
-            }
+            Op::ApplyTaskTable { netns, script } => self.run(Some(netns), &["nft", "-f", "-"], Some(script)).map(drop),
+            Op::DeleteTaskTable { netns } => self.ok(Some(netns), &["nft", "delete", "table", "ip", t]),
         }
     }
 
@@ -374,12 +272,8 @@ impl Executor {
             return Ok(None);
         }
         let listing = self.run(netns, &["nft", "list", "table", "ip", t], None)?;
-        let tag = listing.lines().find_map(|l| {
-            l.trim()
-                .strip_prefix("comment \"")?
-                .strip_suffix('"')
-                .map(str::to_string)
-        });
+        let tag =
+            listing.lines().find_map(|l| l.trim().strip_prefix("comment \"")?.strip_suffix('"').map(str::to_string));
         // A table without Shoal's comment is treated as stale: the planner replaces it.
         Ok(Some(tag.unwrap_or_default()))
     }
@@ -389,10 +283,7 @@ impl Executor {
         if out.trim().is_empty() {
             return Ok(Value::Array(Vec::new()));
         }
-        serde_json::from_str(&out).map_err(|e| Error::Parse {
-            command: argv.join(" "),
-            detail: e.to_string(),
-        })
+        serde_json::from_str(&out).map_err(|e| Error::Parse { command: argv.join(" "), detail: e.to_string() })
     }
 
     fn ok(&self, netns: Option<&Path>, argv: &[&str]) -> Result<(), Error> {
@@ -400,12 +291,7 @@ impl Executor {
     }
 
     /// Runs `argv` in `netns` (a task's) or else in the node's namespace; returns its stdout.
-    fn run(
-        &self,
-        netns: Option<&Path>,
-        argv: &[&str],
-        stdin: Option<&str>,
-    ) -> Result<String, Error> {
+    fn run(&self, netns: Option<&Path>, argv: &[&str], stdin: Option<&str>) -> Result<String, Error> {
         let ns = netns.or(self.host_netns.as_deref());
         let mut cmd = match ns {
             Some(p) => {
@@ -429,17 +315,10 @@ impl Executor {
 
 /// Runs `cmd` with `stdin`, killing it after `COMMAND_TIMEOUT`; its stdout, or an error naming `shown`.
 fn run_bounded(cmd: &mut Command, shown: &str, stdin: Option<&str>) -> Result<String, Error> {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| Error::Spawn {
-        command: shown.to_string(),
-        source: e,
-    })?;
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| Error::Spawn { command: shown.to_string(), source: e })?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         // Scripts are small (a table per namespace); a failed write shows up as the command's error.
         let _ = pipe.write_all(input.as_bytes());
@@ -453,46 +332,24 @@ fn run_bounded(cmd: &mut Command, shown: &str, stdin: Option<&str>) -> Result<St
             buf
         })
     };
-    let out = read(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = read(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let out = read(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = read(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let deadline = Instant::now() + COMMAND_TIMEOUT;
     let status = loop {
-        match child.try_wait().map_err(|e| Error::Spawn {
-            command: shown.to_string(),
-            source: e,
-        })? {
+        match child.try_wait().map_err(|e| Error::Spawn { command: shown.to_string(), source: e })? {
             Some(s) => break s,
             None if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(Error::Timeout {
-                    command: shown.to_string(),
-                    secs: COMMAND_TIMEOUT.as_secs(),
-                });
+                return Err(Error::Timeout { command: shown.to_string(), secs: COMMAND_TIMEOUT.as_secs() });
             }
             None => std::thread::sleep(POLL_PERIOD),
         }
     };
     let out = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
-    let err = String::from_utf8_lossy(&err.join().unwrap_or_default())
-        .trim()
-        .to_string();
+    let err = String::from_utf8_lossy(&err.join().unwrap_or_default()).trim().to_string();
     if !status.success() {
-        return Err(Error::Command {
-            command: shown.to_string(),
-            status: status.to_string(),
-            stderr: err,
-        });
+        return Err(Error::Command { command: shown.to_string(), status: status.to_string(), stderr: err });
     }
     Ok(out)
 }
@@ -502,9 +359,7 @@ fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
 }
 
 fn has_flag(link: &Value, flag: &str) -> bool {
-    link["flags"]
-        .as_array()
-        .is_some_and(|f| f.iter().any(|x| x.as_str() == Some(flag)))
+    link["flags"].as_array().is_some_and(|f| f.iter().any(|x| x.as_str() == Some(flag)))
 }
 
 fn inet_addrs(link: &Value) -> Vec<Ipv4Cidr> {
@@ -515,10 +370,7 @@ fn inet_addrs(link: &Value) -> Vec<Ipv4Cidr> {
         .filter(|a| a["family"].as_str() == Some("inet"))
         .filter_map(|a| {
             let addr: Ipv4Addr = a["local"].as_str()?.parse().ok()?;
-            Some(Ipv4Cidr {
-                addr,
-                prefix_len: a["prefixlen"].as_u64()? as u8,
-            })
+            Some(Ipv4Cidr { addr, prefix_len: a["prefixlen"].as_u64()? as u8 })
         })
         .collect();
     out.sort();
@@ -547,16 +399,8 @@ ip xfrm state add src 192.0.2.1 dst 192.0.2.2 proto esp spi 0x100 reqid 1 mode t
 ip link add shlprobew type wireguard 2>/dev/null && echo wireguard
 true
 "#;
-    let out = run_bounded(
-        Command::new("unshare").args(["--net", "sh", "-c", script]),
-        "unshare --net sh -c <probe>",
-        None,
-    )?;
+    let out =
+        run_bounded(Command::new("unshare").args(["--net", "sh", "-c", script]), "unshare --net sh -c <probe>", None)?;
     let has = |w: &str| out.lines().any(|l| l.trim() == w);
-    Ok(Capabilities {
-        vxlan: has("vxlan"),
-        nft_nat: has("nft_nat"),
-        esp: has("esp"),
-        wireguard: has("wireguard"),
-    })
+    Ok(Capabilities { vxlan: has("vxlan"), nft_nat: has("nft_nat"), esp: has("esp"), wireguard: has("wireguard") })
 }

@@ -34,9 +34,7 @@ pub fn task_ifname(index: usize) -> String {
 
 /// Whether a host link name is one Shoal made.
 pub fn is_shoal_link(name: &str) -> bool {
-    [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX]
-        .iter()
-        .any(|p| name.starts_with(p))
+    [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX].iter().any(|p| name.starts_with(p))
 }
 
 /// 64-bit FNV-1a over the concatenation of `parts` (names and nftables content tags; not security relevant).
@@ -57,11 +55,7 @@ mod tests {
 
     #[test]
     fn names_fit_the_kernel_limit_and_are_recognised() {
-        for n in [
-            bridge(crate::state::MAX_VNI),
-            vxlan(crate::state::MAX_VNI),
-            veth("a".repeat(64).as_str(), "n"),
-        ] {
+        for n in [bridge(crate::state::MAX_VNI), vxlan(crate::state::MAX_VNI), veth("a".repeat(64).as_str(), "n")] {
             assert!(n.len() <= 15, "{n}");
             assert!(is_shoal_link(&n));
         }

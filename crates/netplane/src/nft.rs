@@ -38,9 +38,7 @@ pub struct Table {
 fn finish(body: String) -> Table {
     let tag = format!("shoal:{:016x}", names::fnv1a64(&[body.as_bytes()]));
     let t = names::NFT_TABLE;
-    let script = format!(
-        "table ip {t}\ndelete table ip {t}\ntable ip {t} {{\n  comment \"{tag}\"\n{body}}}\n"
-    );
+    let script = format!("table ip {t}\ndelete table ip {t}\ntable ip {t} {{\n  comment \"{tag}\"\n{body}}}\n");
     Table { tag, script }
 }
 
@@ -50,11 +48,7 @@ pub fn task_table(state: &NodeNetState, task: &TaskState) -> Option<Table> {
         .attachments
         .iter()
         .filter_map(|a| state.network(&a.network_id))
-        .flat_map(|n| {
-            n.services
-                .iter()
-                .filter_map(|s| Some((s.vip?, s.backends.as_slice())))
-        })
+        .flat_map(|n| n.services.iter().filter_map(|s| Some((s.vip?, s.backends.as_slice()))))
         .collect();
     if vips.is_empty() {
         return None;
@@ -67,21 +61,14 @@ pub fn task_table(state: &NodeNetState, task: &TaskState) -> Option<Table> {
         backends.dedup();
         match backends.as_slice() {
             [] => {
-                let _ = writeln!(
-                    refuse,
-                    "    ip daddr {vip} meta l4proto tcp reject with tcp reset"
-                );
+                let _ = writeln!(refuse, "    ip daddr {vip} meta l4proto tcp reject with tcp reset");
                 let _ = writeln!(refuse, "    ip daddr {vip} reject");
             }
             [one] => {
                 let _ = writeln!(nat, "    ip daddr {vip} dnat to {one}");
             }
             many => {
-                let map: Vec<String> = many
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| format!("{i} : {b}"))
-                    .collect();
+                let map: Vec<String> = many.iter().enumerate().map(|(i, b)| format!("{i} : {b}")).collect();
                 let _ = writeln!(
                     nat,
                     "    ip daddr {vip} dnat to numgen random mod {} map {{ {} }}",
@@ -92,11 +79,9 @@ pub fn task_table(state: &NodeNetState, task: &TaskState) -> Option<Table> {
         }
     }
     let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "  chain vip_nat {{\n    type nat hook output priority -100; policy accept;\n{nat}  }}"
-    );
-    let _ = writeln!(body, "  chain vip_refuse {{\n    type filter hook output priority 0; policy accept;\n{refuse}  }}");
+    let _ = writeln!(body, "  chain vip_nat {{\n    type nat hook output priority -100; policy accept;\n{nat}  }}");
+    let _ =
+        writeln!(body, "  chain vip_refuse {{\n    type filter hook output priority 0; policy accept;\n{refuse}  }}");
     Some(finish(body))
 }
 
@@ -115,11 +100,8 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
             let _ = writeln!(fwd, "    iifname \"{br}\" oifname != \"{br}\" drop");
             let _ = writeln!(fwd, "    oifname \"{br}\" iifname != \"{br}\" drop");
         } else {
-            let _ = writeln!(
-                fwd,
-                "    iifname \"{br}\" oifname \"{}*\" oifname != \"{br}\" drop",
-                names::BRIDGE_PREFIX
-            );
+            let _ =
+                writeln!(fwd, "    iifname \"{br}\" oifname \"{}*\" oifname != \"{br}\" drop", names::BRIDGE_PREFIX);
             let net = format!("{}/{}", n.subnet.network(), n.subnet.prefix_len);
             let _ = writeln!(post, "    ip saddr {net} oifname != \"{br}\" masquerade");
         }
@@ -146,16 +128,9 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
     }
     // A connection the node opens to a published port on 127.0.0.1 keeps its loopback source through the
     // DNAT; leaving by a bridge, it takes the bridge's address (the ingress bridge's rule above comes first).
-    let _ = writeln!(
-        post,
-        "    oifname \"{}*\" ip saddr 127.0.0.0/8 ct status dnat masquerade",
-        names::BRIDGE_PREFIX
-    );
+    let _ = writeln!(post, "    oifname \"{}*\" ip saddr 127.0.0.0/8 ct status dnat masquerade", names::BRIDGE_PREFIX);
     let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "  chain isolate {{\n    type filter hook forward priority -10; policy accept;\n{fwd}  }}"
-    );
+    let _ = writeln!(body, "  chain isolate {{\n    type filter hook forward priority -10; policy accept;\n{fwd}  }}");
     // The bridges route loopback addresses (`route_localnet`, for the replies of those connections): what
     // arrives on one for 127.0.0.0/8 is dropped unless it belongs to a connection Shoal DNATed, so a task
     // never reaches what listens on the node's loopback (CVE-2020-8558 in kube-proxy).
@@ -166,10 +141,7 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
          iifname \"{b}*\" ip daddr 127.0.0.0/8 drop\n  }}",
         b = names::BRIDGE_PREFIX
     );
-    let _ = writeln!(
-        body,
-        "  chain egress {{\n    type nat hook postrouting priority 100; policy accept;\n{post}  }}"
-    );
+    let _ = writeln!(body, "  chain egress {{\n    type nat hook postrouting priority 100; policy accept;\n{post}  }}");
     if !state.published.is_empty() {
         body.push_str(&published_chains(&state.published));
     }
@@ -199,11 +171,7 @@ fn published_chains(published: &[PublishedPort]) -> String {
                 let _ = writeln!(dnat, "    {proto} dport {port} dnat to {one}:{target}");
             }
             many => {
-                let map: Vec<String> = many
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| format!("{i} : {b} . {target}"))
-                    .collect();
+                let map: Vec<String> = many.iter().enumerate().map(|(i, b)| format!("{i} : {b} . {target}")).collect();
                 let _ = writeln!(
                     dnat,
                     "    {proto} dport {port} dnat ip to numgen inc mod {} map {{ {} }}",

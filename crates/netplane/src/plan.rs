@@ -132,20 +132,9 @@ pub enum Op {
     DelNeigh(Neigh),
     /// Create a bridge (up, with `addrs`: the gateway unless the network is internal, and on the ingress
     /// network the node's own ingress address as a /32).
-    CreateBridge {
-        name: String,
-        mtu: u16,
-        addrs: Vec<Ipv4Cidr>,
-    },
+    CreateBridge { name: String, mtu: u16, addrs: Vec<Ipv4Cidr> },
     /// Create a VXLAN device without learning, with ARP proxy, enslaved to `bridge`, up.
-    CreateVxlan {
-        name: String,
-        vni: u32,
-        port: u16,
-        local: Ipv4Addr,
-        mtu: u16,
-        bridge: String,
-    },
+    CreateVxlan { name: String, vni: u32, port: u16, local: Ipv4Addr, mtu: u16, bridge: String },
     /// Enslave a link to a bridge.
     SetMaster { name: String, master: String },
     /// Add a static forwarding entry.
@@ -153,20 +142,9 @@ pub enum Op {
     /// Add (or replace) a neighbour entry.
     AddNeigh(Neigh),
     /// Create a veth: host end `host` on `bridge`, the other end `ifname` in `netns` with `mac` and `addr`, up.
-    CreateVeth {
-        host: String,
-        bridge: String,
-        netns: PathBuf,
-        ifname: String,
-        mac: Mac,
-        addr: Ipv4Cidr,
-        mtu: u16,
-    },
+    CreateVeth { host: String, bridge: String, netns: PathBuf, ifname: String, mac: Mac, addr: Ipv4Cidr, mtu: u16 },
     /// Set (or remove, `None`) the default route of a task namespace.
-    SetDefaultRoute {
-        netns: PathBuf,
-        via: Option<(Ipv4Addr, String)>,
-    },
+    SetDefaultRoute { netns: PathBuf, via: Option<(Ipv4Addr, String)> },
     /// Let the node forward IPv4 (needed for traffic out of non-internal networks).
     EnableIpForward,
     /// Let the node route loopback addresses through a non-internal network's bridge
@@ -209,10 +187,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
         let br = names::bridge(n.vni);
         let vx = names::vxlan(n.vni);
         let mut addrs: Vec<Ipv4Cidr> = (!n.internal)
-            .then_some(Ipv4Cidr {
-                addr: n.gateway,
-                prefix_len: n.subnet.prefix_len,
-            })
+            .then_some(Ipv4Cidr { addr: n.gateway, prefix_len: n.subnet.prefix_len })
             .into_iter()
             .collect();
         // The routing mesh's source address: a /32, so the gateway stays the subnet route's source.
@@ -221,41 +196,27 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 .ingress
                 .iter()
                 .filter(|i| i.network_id == n.id)
-                .map(|i| Ipv4Cidr {
-                    addr: i.address,
-                    prefix_len: 32,
-                }),
+                .map(|i| Ipv4Cidr { addr: i.address, prefix_len: 32 }),
         );
         addrs.sort();
-        let br_ok = current.links.get(&br).is_some_and(|l| {
-            l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs == addrs
-        });
+        let br_ok = current
+            .links
+            .get(&br)
+            .is_some_and(|l| l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs == addrs);
         if !br_ok {
             if current.links.contains_key(&br) {
                 removals.push(Op::DeleteLink { name: br.clone() });
             }
-            bridges.push(Op::CreateBridge {
-                name: br.clone(),
-                mtu,
-                addrs,
-            });
+            bridges.push(Op::CreateBridge { name: br.clone(), mtu, addrs });
             rebuilt_bridges.insert(br.clone());
         }
-        let localnet_on = !rebuilt_bridges.contains(&br)
-            && current.links.get(&br).is_some_and(|l| l.route_localnet);
+        let localnet_on = !rebuilt_bridges.contains(&br) && current.links.get(&br).is_some_and(|l| l.route_localnet);
         if !n.internal && !localnet_on {
             localnet.push(Op::RouteLocalnet { bridge: br.clone() });
         }
-        let local = desired
-            .underlay_ip
-            .expect("validated: networks need an underlay address");
-        let want_vx = LinkKind::Vxlan {
-            vni: n.vni,
-            port: desired.vxlan_port,
-            local: Some(local),
-            learning: false,
-            proxy: true,
-        };
+        let local = desired.underlay_ip.expect("validated: networks need an underlay address");
+        let want_vx =
+            LinkKind::Vxlan { vni: n.vni, port: desired.vxlan_port, local: Some(local), learning: false, proxy: true };
         let vx_link = current.links.get(&vx);
         let vx_ok = vx_link.is_some_and(|l| l.kind == want_vx && l.up && l.mtu == mtu);
         if !vx_ok {
@@ -270,13 +231,8 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 mtu,
                 bridge: br.clone(),
             });
-        } else if rebuilt_bridges.contains(&br)
-            || vx_link.and_then(|l| l.master.as_deref()) != Some(br.as_str())
-        {
-            masters.push(Op::SetMaster {
-                name: vx.clone(),
-                master: br.clone(),
-            });
+        } else if rebuilt_bridges.contains(&br) || vx_link.and_then(|l| l.master.as_deref()) != Some(br.as_str()) {
+            masters.push(Op::SetMaster { name: vx.clone(), master: br.clone() });
         }
         // Forwarding and neighbour entries live on the VXLAN device: a recreated device has none.
         let (have_fdb, have_neigh): (BTreeSet<&Fdb>, BTreeSet<&Neigh>) = if vx_ok {
@@ -287,54 +243,15 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
         } else {
             (BTreeSet::new(), BTreeSet::new())
         };
-        let want_fdb: BTreeSet<Fdb> = n
-            .peers
-            .iter()
-            .map(|p| Fdb {
-                dev: vx.clone(),
-                mac: p.mac,
-                dst: p.node_ip,
-            })
-            .collect();
-        let want_neigh: BTreeSet<Neigh> = n
-            .peers
-            .iter()
-            .map(|p| Neigh {
-                dev: vx.clone(),
-                ip: p.address,
-                mac: p.mac,
-            })
-            .collect();
-        removals.extend(
-            have_fdb
-                .iter()
-                .filter(|f| !want_fdb.contains(f))
-                .map(|f| Op::DelFdb((*f).clone())),
-        );
-        reachable.extend(
-            have_neigh
-                .iter()
-                .filter(|e| want_neigh.contains(e))
-                .map(|e| e.ip),
-        );
-        removals.extend(
-            have_neigh
-                .iter()
-                .filter(|e| !want_neigh.contains(e))
-                .map(|e| Op::DelNeigh((*e).clone())),
-        );
-        entries.extend(
-            want_fdb
-                .iter()
-                .filter(|f| !have_fdb.contains(f))
-                .map(|f| Op::AddFdb(f.clone())),
-        );
-        entries.extend(
-            want_neigh
-                .iter()
-                .filter(|e| !have_neigh.contains(e))
-                .map(|e| Op::AddNeigh(e.clone())),
-        );
+        let want_fdb: BTreeSet<Fdb> =
+            n.peers.iter().map(|p| Fdb { dev: vx.clone(), mac: p.mac, dst: p.node_ip }).collect();
+        let want_neigh: BTreeSet<Neigh> =
+            n.peers.iter().map(|p| Neigh { dev: vx.clone(), ip: p.address, mac: p.mac }).collect();
+        removals.extend(have_fdb.iter().filter(|f| !want_fdb.contains(f)).map(|f| Op::DelFdb((*f).clone())));
+        reachable.extend(have_neigh.iter().filter(|e| want_neigh.contains(e)).map(|e| e.ip));
+        removals.extend(have_neigh.iter().filter(|e| !want_neigh.contains(e)).map(|e| Op::DelNeigh((*e).clone())));
+        entries.extend(want_fdb.iter().filter(|f| !have_fdb.contains(f)).map(|f| Op::AddFdb(f.clone())));
+        entries.extend(want_neigh.iter().filter(|e| !have_neigh.contains(e)).map(|e| Op::AddNeigh(e.clone())));
         wanted.insert(br);
         wanted.insert(vx);
     }
@@ -345,42 +262,26 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
         let mut replumbed = false;
         let mut want_ifaces = BTreeSet::new();
         for (i, a) in t.attachments.iter().enumerate() {
-            let n = desired
-                .network(&a.network_id)
-                .expect("validated: attachments name known networks");
+            let n = desired.network(&a.network_id).expect("validated: attachments name known networks");
             let host = names::veth(&t.task_id, &n.id);
             let br = names::bridge(n.vni);
             let ifname = names::task_ifname(i);
             let mac = mac_for(a.address);
-            let addr = Ipv4Cidr {
-                addr: a.address,
-                prefix_len: n.subnet.prefix_len,
-            };
+            let addr = Ipv4Cidr { addr: a.address, prefix_len: n.subnet.prefix_len };
             let host_link = current.links.get(&host);
-            let host_ok =
-                host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
-            let inner_ok = ns
-                .ifaces
-                .get(&ifname)
-                .is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
+            let host_ok = host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
+            let inner_ok =
+                ns.ifaces.get(&ifname).is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
             if host_ok && inner_ok {
                 reachable.insert(a.address);
-                if rebuilt_bridges.contains(&br)
-                    || host_link.and_then(|l| l.master.as_deref()) != Some(br.as_str())
-                {
-                    masters.push(Op::SetMaster {
-                        name: host.clone(),
-                        master: br.clone(),
-                    });
+                if rebuilt_bridges.contains(&br) || host_link.and_then(|l| l.master.as_deref()) != Some(br.as_str()) {
+                    masters.push(Op::SetMaster { name: host.clone(), master: br.clone() });
                 }
             } else {
                 if host_link.is_some() {
                     removals.push(Op::DeleteLink { name: host.clone() });
                 } else if ns.ifaces.contains_key(&ifname) {
-                    removals.push(Op::DeleteTaskLink {
-                        netns: t.netns.clone(),
-                        ifname: ifname.clone(),
-                    });
+                    removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: ifname.clone() });
                 }
                 veths.push(Op::CreateVeth {
                     host: host.clone(),
@@ -399,10 +300,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
         // Interfaces named like Shoal's that no attachment wants any more (a task's networks shrank).
         for name in ns.ifaces.keys() {
             if name.starts_with("eth") && !want_ifaces.contains(name) {
-                removals.push(Op::DeleteTaskLink {
-                    netns: t.netns.clone(),
-                    ifname: name.clone(),
-                });
+                removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: name.clone() });
             }
         }
         let via = t.attachments.iter().enumerate().find_map(|(i, a)| {
@@ -410,42 +308,21 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             (!n.internal).then(|| (n.gateway, names::task_ifname(i)))
         });
         if (replumbed && via.is_some()) || ns.default_gw != via.as_ref().map(|v| v.0) {
-            routes.push(Op::SetDefaultRoute {
-                netns: t.netns.clone(),
-                via,
-            });
+            routes.push(Op::SetDefaultRoute { netns: t.netns.clone(), via });
         }
         match nft::task_table(desired, t) {
             Some(table) if ns.table.as_deref() != Some(table.tag.as_str()) => {
-                tables.push(Op::ApplyTaskTable {
-                    netns: t.netns.clone(),
-                    script: table.script,
-                })
+                tables.push(Op::ApplyTaskTable { netns: t.netns.clone(), script: table.script })
             }
-            None if ns.table.is_some() => tables.push(Op::DeleteTaskTable {
-                netns: t.netns.clone(),
-            }),
+            None if ns.table.is_some() => tables.push(Op::DeleteTaskTable { netns: t.netns.clone() }),
             _ => {}
         }
     }
 
     // Every Shoal link nobody wants: veths first (their ends in task namespaces go with them), then the rest.
-    let mut stale: Vec<&String> = current
-        .links
-        .keys()
-        .filter(|l| !wanted.contains(*l))
-        .collect();
-    stale.sort_by_key(|l| {
-        (
-            !l.starts_with(names::VETH_PREFIX),
-            !l.starts_with(names::VXLAN_PREFIX),
-            (*l).clone(),
-        )
-    });
-    let mut stale_ops: Vec<Op> = stale
-        .into_iter()
-        .map(|l| Op::DeleteLink { name: l.clone() })
-        .collect();
+    let mut stale: Vec<&String> = current.links.keys().filter(|l| !wanted.contains(*l)).collect();
+    stale.sort_by_key(|l| (!l.starts_with(names::VETH_PREFIX), !l.starts_with(names::VXLAN_PREFIX), (*l).clone()));
+    let mut stale_ops: Vec<Op> = stale.into_iter().map(|l| Op::DeleteLink { name: l.clone() }).collect();
     stale_ops.append(&mut removals);
 
     let mut node = Vec::new();
@@ -478,17 +355,11 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             match early {
                 Some(early) => {
                     if have != Some(early.tag.as_str()) {
-                        node.push(Op::ApplyNodeTable {
-                            script: early.script,
-                        });
+                        node.push(Op::ApplyNodeTable { script: early.script });
                     }
-                    last.push(Op::ApplyNodeTable {
-                        script: full.script,
-                    });
+                    last.push(Op::ApplyNodeTable { script: full.script });
                 }
-                None => node.push(Op::ApplyNodeTable {
-                    script: full.script,
-                }),
+                None => node.push(Op::ApplyNodeTable { script: full.script }),
             }
         }
         None if current.node_table.is_some() => node.push(Op::DeleteNodeTable),
@@ -497,9 +368,7 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
 
     let mut out = stale_ops;
     out.extend(node);
-    for part in [
-        bridges, vxlans, masters, entries, veths, routes, tables, last, localnet,
-    ] {
+    for part in [bridges, vxlans, masters, entries, veths, routes, tables, last, localnet] {
         out.extend(part);
     }
     out
@@ -526,77 +395,33 @@ mod tests {
     }
 
     fn link(kind: LinkKind) -> Link {
-        Link {
-            kind,
-            master: None,
-            up: true,
-            mtu: 1450,
-            addrs: Vec::new(),
-            route_localnet: true,
-        }
+        Link { kind, master: None, up: true, mtu: 1450, addrs: Vec::new(), route_localnet: true }
     }
 
     /// What a node carrying `s` (network 7 on 10.9.0.0/24) has once reconciled: its table, bridge (gateway
     /// address, loopback routed) and VXLAN device; no entries, no task.
     fn with_network_7(s: &NodeNetState) -> Observed {
-        let mut o = Observed {
-            ip_forward: true,
-            node_table: Some(nft::node_table(s).unwrap().tag),
-            ..Observed::default()
-        };
-        o.links.insert(
-            "shlb7".into(),
-            Link {
-                addrs: vec!["10.9.0.1/24".parse().unwrap()],
-                ..link(LinkKind::Bridge)
-            },
-        );
-        let vx = LinkKind::Vxlan {
-            vni: 7,
-            port: 4789,
-            local: s.underlay_ip,
-            learning: false,
-            proxy: true,
-        };
-        o.links.insert(
-            "shlx7".into(),
-            Link {
-                master: Some("shlb7".into()),
-                ..link(vx)
-            },
-        );
+        let mut o =
+            Observed { ip_forward: true, node_table: Some(nft::node_table(s).unwrap().tag), ..Observed::default() };
+        o.links.insert("shlb7".into(), Link { addrs: vec!["10.9.0.1/24".parse().unwrap()], ..link(LinkKind::Bridge) });
+        let vx = LinkKind::Vxlan { vni: 7, port: 4789, local: s.underlay_ip, learning: false, proxy: true };
+        o.links.insert("shlx7".into(), Link { master: Some("shlb7".into()), ..link(vx) });
         o
     }
 
     /// The op kinds `plan` returns, in order, as short names.
     fn kinds(ops: &[Op]) -> Vec<String> {
-        ops.iter()
-            .map(|o| {
-                format!("{o:?}")
-                    .split([' ', '('])
-                    .next()
-                    .unwrap_or("")
-                    .to_string()
-            })
-            .collect()
+        ops.iter().map(|o| format!("{o:?}").split([' ', '(']).next().unwrap_or("").to_string()).collect()
     }
 
     fn check(observed: &Observed, desired: &NodeNetState, expected: &[&str]) {
         desired.validate().expect("valid state");
-        assert_eq!(
-            kinds(&plan(observed, desired)),
-            expected,
-            "plan for {desired:?}"
-        );
+        assert_eq!(kinds(&plan(observed, desired)), expected, "plan for {desired:?}");
     }
 
     #[test]
     fn nothing_to_do_for_nothing() {
-        check(
-            &Observed::default(),
-            &NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1)),
-            &[],
-        );
+        check(&Observed::default(), &NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1)), &[]);
     }
 
     #[test]
@@ -604,19 +429,12 @@ mod tests {
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         let mut n = net(7);
         let remote = Ipv4Addr::new(10, 9, 0, 9);
-        n.peers = vec![Peer {
-            address: remote,
-            mac: mac_for(remote),
-            node_ip: Ipv4Addr::new(192, 0, 2, 2),
-        }];
+        n.peers = vec![Peer { address: remote, mac: mac_for(remote), node_ip: Ipv4Addr::new(192, 0, 2, 2) }];
         s.networks = vec![n];
         s.tasks = vec![TaskState {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
-            attachments: vec![Attachment {
-                network_id: "n7".into(),
-                address: Ipv4Addr::new(10, 9, 0, 2),
-            }],
+            attachments: vec![Attachment { network_id: "n7".into(), address: Ipv4Addr::new(10, 9, 0, 2) }],
         }];
         check(
             &Observed::default(),
@@ -637,22 +455,8 @@ mod tests {
         // Internal: no forwarding switched on, no gateway on the bridge, no default route, no loopback.
         s.networks[0].internal = true;
         let ops = plan(&Observed::default(), &s);
-        assert_eq!(
-            kinds(&ops),
-            [
-                "ApplyNodeTable",
-                "CreateBridge",
-                "CreateVxlan",
-                "AddFdb",
-                "AddNeigh",
-                "CreateVeth"
-            ]
-        );
-        assert!(ops.contains(&Op::CreateBridge {
-            name: "shlb7".into(),
-            mtu: 1450,
-            addrs: vec![]
-        }));
+        assert_eq!(kinds(&ops), ["ApplyNodeTable", "CreateBridge", "CreateVxlan", "AddFdb", "AddNeigh", "CreateVeth"]);
+        assert!(ops.contains(&Op::CreateBridge { name: "shlb7".into(), mtu: 1450, addrs: vec![] }));
     }
 
     #[test]
@@ -672,25 +476,15 @@ mod tests {
         o.links.insert("shlb3".into(), link(LinkKind::Bridge));
         o.links.insert(
             "shlx3".into(),
-            link(LinkKind::Vxlan {
-                vni: 3,
-                port: 4789,
-                local: None,
-                learning: false,
-                proxy: true,
-            }),
+            link(LinkKind::Vxlan { vni: 3, port: 4789, local: None, learning: false, proxy: true }),
         );
-        o.links
-            .insert("shlv0123456789".into(), link(LinkKind::Veth));
+        o.links.insert("shlv0123456789".into(), link(LinkKind::Veth));
         o.node_table = Some("shoal:0".into());
         o.ip_forward = true;
         let ops = plan(&o, &NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1)));
         let names: Vec<String> = ops.iter().map(|op| format!("{op:?}")).collect();
         assert_eq!(names.len(), 4, "{names:?}");
-        assert!(
-            names[0].contains("shlv") && names[1].contains("shlx3") && names[2].contains("shlb3"),
-            "{names:?}"
-        );
+        assert!(names[0].contains("shlv") && names[1].contains("shlx3") && names[2].contains("shlb3"), "{names:?}");
         assert_eq!(ops[3], Op::DeleteNodeTable);
     }
 
@@ -699,23 +493,11 @@ mod tests {
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         let mut n = net(7);
         let remote = Ipv4Addr::new(10, 9, 0, 9);
-        n.peers = vec![Peer {
-            address: remote,
-            mac: mac_for(remote),
-            node_ip: Ipv4Addr::new(192, 0, 2, 3),
-        }];
+        n.peers = vec![Peer { address: remote, mac: mac_for(remote), node_ip: Ipv4Addr::new(192, 0, 2, 3) }];
         s.networks = vec![n];
         let mut o = with_network_7(&s);
-        o.fdb.insert(Fdb {
-            dev: "shlx7".into(),
-            mac: mac_for(remote),
-            dst: Ipv4Addr::new(192, 0, 2, 2),
-        });
-        o.neigh.insert(Neigh {
-            dev: "shlx7".into(),
-            ip: remote,
-            mac: mac_for(remote),
-        });
+        o.fdb.insert(Fdb { dev: "shlx7".into(), mac: mac_for(remote), dst: Ipv4Addr::new(192, 0, 2, 2) });
+        o.neigh.insert(Neigh { dev: "shlx7".into(), ip: remote, mac: mac_for(remote) });
         check(&o, &s, &["DelFdb", "AddFdb"]);
     }
 
@@ -725,40 +507,27 @@ mod tests {
         use crate::state::{NodeIngress, Protocol, PublishedPort};
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         s.networks = vec![net(7)];
-        s.ingress = Some(NodeIngress {
-            network_id: "n7".into(),
-            address: Ipv4Addr::new(10, 9, 0, 50),
-        });
+        s.ingress = Some(NodeIngress { network_id: "n7".into(), address: Ipv4Addr::new(10, 9, 0, 50) });
         let port = |protocol, port, backends: &[u8]| PublishedPort {
             protocol,
             port,
             target_port: 80,
-            backends: backends
-                .iter()
-                .map(|b| Ipv4Addr::new(10, 9, 0, *b))
-                .collect(),
+            backends: backends.iter().map(|b| Ipv4Addr::new(10, 9, 0, *b)).collect(),
         };
-        s.published = vec![
-            port(Protocol::Tcp, 8080, &[3, 2]),
-            port(Protocol::Udp, 8081, &[2]),
-            port(Protocol::Tcp, 8082, &[]),
-        ];
+        s.published =
+            vec![port(Protocol::Tcp, 8080, &[3, 2]), port(Protocol::Udp, 8081, &[2]), port(Protocol::Tcp, 8082, &[])];
         s
     }
 
     #[test]
-    fn the_routing_mesh_puts_the_ingress_address_on_the_bridge_and_published_ports_in_the_node_table(
-    ) {
+    fn the_routing_mesh_puts_the_ingress_address_on_the_bridge_and_published_ports_in_the_node_table() {
         let s = meshed();
         let ops = plan(&Observed::default(), &s);
         assert!(
             ops.contains(&Op::CreateBridge {
                 name: "shlb7".into(),
                 mtu: 1450,
-                addrs: vec![
-                    "10.9.0.1/24".parse().unwrap(),
-                    "10.9.0.50/32".parse().unwrap()
-                ],
+                addrs: vec!["10.9.0.1/24".parse().unwrap(), "10.9.0.50/32".parse().unwrap()],
             }),
             "{ops:?}"
         );
@@ -790,11 +559,7 @@ mod tests {
             })
             .collect();
         assert_eq!(scripts.len(), 2, "{ops:?}");
-        assert!(
-            scripts[0].contains("tcp dport 8080 reject") && !scripts[0].contains("dnat ip to"),
-            "{}",
-            scripts[0]
-        );
+        assert!(scripts[0].contains("tcp dport 8080 reject") && !scripts[0].contains("dnat ip to"), "{}", scripts[0]);
         assert_eq!(*scripts[1], t);
         assert!(matches!(ops[ops.len() - 2], Op::ApplyNodeTable { .. }), "{ops:?}");
         assert_eq!(ops.last(), Some(&Op::RouteLocalnet { bridge: "shlb7".into() }));
@@ -811,11 +576,7 @@ mod tests {
         let mut o = with_network_7(&s);
         o.node_table = None;
         let ops = plan(&o, &s);
-        assert_eq!(
-            kinds(&ops)[..3],
-            ["DeleteLink", "ApplyNodeTable", "CreateBridge"],
-            "{ops:?}"
-        );
+        assert_eq!(kinds(&ops)[..3], ["DeleteLink", "ApplyNodeTable", "CreateBridge"], "{ops:?}");
     }
 
     #[test]
@@ -823,18 +584,9 @@ mod tests {
         use crate::state::{Protocol, PublishedPort, MAX_PUBLISHED_PORTS};
         type Change = Box<dyn Fn(&mut NodeNetState)>;
         let cases: Vec<(Change, &str)> = vec![
-            (
-                Box::new(|s| s.ingress.as_mut().unwrap().network_id = "n9".into()),
-                "unknown network n9",
-            ),
-            (
-                Box::new(|s| s.ingress.as_mut().unwrap().address = Ipv4Addr::new(10, 9, 0, 1)),
-                "not a host address",
-            ),
-            (
-                Box::new(|s| s.ingress.as_mut().unwrap().address = Ipv4Addr::new(10, 9, 0, 255)),
-                "not a host address",
-            ),
+            (Box::new(|s| s.ingress.as_mut().unwrap().network_id = "n9".into()), "unknown network n9"),
+            (Box::new(|s| s.ingress.as_mut().unwrap().address = Ipv4Addr::new(10, 9, 0, 1)), "not a host address"),
+            (Box::new(|s| s.ingress.as_mut().unwrap().address = Ipv4Addr::new(10, 9, 0, 255)), "not a host address"),
             (
                 Box::new(|s| {
                     let p = s.published[0].clone();
@@ -850,12 +602,7 @@ mod tests {
             (
                 Box::new(|s| {
                     s.published = (1..=MAX_PUBLISHED_PORTS as u16 + 1)
-                        .map(|port| PublishedPort {
-                            protocol: Protocol::Tcp,
-                            port,
-                            target_port: 80,
-                            backends: vec![],
-                        })
+                        .map(|port| PublishedPort { protocol: Protocol::Tcp, port, target_port: 80, backends: vec![] })
                         .collect()
                 }),
                 "at most 4096",
@@ -880,10 +627,7 @@ mod tests {
         type Change = Box<dyn Fn(&mut NodeNetState)>;
         let cases: Vec<(Change, &str)> = vec![
             (Box::new(|s| s.networks[0].vni = 0), "outside 1..=16777215"),
-            (
-                Box::new(|s| s.networks[0].gateway = Ipv4Addr::new(10, 8, 0, 1)),
-                "outside subnet",
-            ),
+            (Box::new(|s| s.networks[0].gateway = Ipv4Addr::new(10, 8, 0, 1)), "outside subnet"),
             (Box::new(|s| s.networks.push(net(7))), "listed twice"),
             (
                 Box::new(|s| {
@@ -902,10 +646,7 @@ mod tests {
                     s.tasks = vec![TaskState {
                         task_id: "t".into(),
                         netns: "/run/netns/t".into(),
-                        attachments: vec![Attachment {
-                            network_id: "n7".into(),
-                            address: Ipv4Addr::new(10, 1, 0, 2),
-                        }],
+                        attachments: vec![Attachment { network_id: "n7".into(), address: Ipv4Addr::new(10, 1, 0, 2) }],
                     }]
                 }),
                 "not a host address",

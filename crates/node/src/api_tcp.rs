@@ -142,8 +142,14 @@ pub async fn serve(
             // Header, keep-alive idle and body read timeouts as on the control socket.
             let limits = shoal_engine_api::connections::ConnectionLimits::default();
             let state = shoal_engine_api::connections::untracked();
-            shoal_engine_api::connections::serve_connection(tls, router, limits, state, shoal_manager::stopped(&mut stop))
-                .await;
+            shoal_engine_api::connections::serve_connection(
+                tls,
+                router,
+                limits,
+                state,
+                shoal_manager::stopped(&mut stop),
+            )
+            .await;
             tracing::debug!(%peer, "Engine API connection ended");
         });
     }

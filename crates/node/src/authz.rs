@@ -122,10 +122,12 @@ pub fn decide(
     let effective = match caller.role {
         Role::Admin => None,
         Role::Manager | Role::Worker => match stored_role(&caller.node_id) {
-            None => return Err(Status::permission_denied(format!(
+            None => {
+                return Err(Status::permission_denied(format!(
                 "node {} was removed from the cluster; its certificate is no longer accepted (join again with a token)",
                 caller.node_id
-            ))),
+            )))
+            }
             // A certificate says manager only while the store agrees (a demoted node keeps its old
             // certificate until it renews).
             Some(NodeRole::Manager) if caller.role == Role::Manager => Some(Role::Manager),
@@ -235,9 +237,10 @@ impl AuthzLayer {
                         }
                     });
                 }
-                let removed = t.clusters().iter().any(|c| {
-                    shoal_manager::controlapi::is_blacklisted(c, id, std::time::SystemTime::now())
-                });
+                let removed = t
+                    .clusters()
+                    .iter()
+                    .any(|c| shoal_manager::controlapi::is_blacklisted(c, id, std::time::SystemTime::now()));
                 if removed {
                     return None;
                 }

@@ -376,8 +376,7 @@ pub fn tls_incoming(
     let refusals = Arc::new(LogLimiter::new(REFUSAL_LOG_PERIOD));
     tokio::spawn(async move {
         loop {
-            let Some((permit, tcp, peer)) = accept_bounded(&listener, &permits, "remote API", tx.closed()).await
-            else {
+            let Some((permit, tcp, peer)) = accept_bounded(&listener, &permits, "remote API", tx.closed()).await else {
                 return;
             };
             let mut guard = match sources.admit(peer.ip()) {
@@ -448,7 +447,10 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for SourceBound<S> 
         std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
-    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_flush(cx)
     }
 

@@ -109,6 +109,9 @@ pub async fn prepare(
         if subject.role != Role::Worker {
             return Ok(StartAs::Manager);
         }
+        // A worker certificate: Raft data left from when it was a manager (a stop between its demotion's
+        // renewal and the removal of that data) belongs to a member that no longer exists.
+        forget_raft_state(&cfg.state_dir)?;
         let managers = match &cfg.join_addr {
             Some(a) => {
                 remember_manager(&cfg.state_dir, a)?;
@@ -162,6 +165,16 @@ pub async fn prepare(
     } else {
         Ok(StartAs::Manager)
     }
+}
+
+/// Removes the Raft data of a manager that is a worker now (demoted: the leader took it out of Raft), so
+/// that its next start is a worker's and a later promotion joins Raft again under a new Raft ID.
+pub(crate) fn forget_raft_state(state_dir: &Path) -> Result<(), NodeError> {
+    if !RaftNode::has_existing_state(state_dir) && !state_dir.join("raft").exists() {
+        return Ok(());
+    }
+    tracing::info!("this node is a worker now: removing the raft data it kept as a manager");
+    RaftNode::remove_state(state_dir).map_err(|e| NodeError::io(&state_dir.join("raft"), e))
 }
 
 /// Why `run_worker` returned.
@@ -354,7 +367,9 @@ pub(crate) async fn run_worker(
     let exit = match why {
         Why::Stopped => WorkerExit::Stopped,
         Why::Promoted(via) => WorkerExit::Promoted { via },
-        Why::Leave(reply) => return Ok(WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, control_api)))),
+        Why::Leave(reply) => {
+            return Ok(WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, control_api))))
+        }
     };
     control_api.close().await;
     let _ = std::fs::remove_file(&control_socket);

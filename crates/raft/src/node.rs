@@ -29,14 +29,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use protobuf::Message as _;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use prost::Message as _;
+use protobuf::Message as _;
 use raft::eraftpb::{
     ConfChange, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, Message, Snapshot, SnapshotMetadata,
 };
 use raft::{RawNode, SnapshotStatus, StateRole};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use shoal_api::StoreSnapshot;
 use shoal_store::{decode_request, decode_snapshot, encode_request, Action, Commit, MemoryStore, StoreError};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -45,7 +45,8 @@ use crate::logger::raft_logger;
 use crate::storage::{EngineStorage, REPLAY_CHUNK_ENTRIES};
 use crate::transport::{Forwarder, Inbound, NoPeers, PeerLink, Transport};
 use crate::{
-    LeaderState, LogReadError, LoggedWrite, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError, ReadBarrierFuture,
+    LeaderState, LogReadError, LoggedWrite, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig,
+    RaftError, ReadBarrierFuture,
 };
 
 /// Bound of the proposal queue between the handles and the driver. A proposer waits for room when it is full.
@@ -141,15 +142,36 @@ struct Proposal {
 /// What the handles ask of the driver.
 enum Command {
     /// Re-seal the whole Raft state on disk with new data keys (`RaftNode::reencrypt`).
-    Reencrypt { keys: crate::encryption::DataKeys, done: oneshot::Sender<Result<(), RaftError>> },
+    Reencrypt {
+        keys: crate::encryption::DataKeys,
+        done: oneshot::Sender<Result<(), RaftError>>,
+    },
     Propose(Proposal),
-    ConfChange { cc: ConfChange, done: oneshot::Sender<Result<Members, ProposeError>> },
+    ConfChange {
+        cc: ConfChange,
+        done: oneshot::Sender<Result<Members, ProposeError>>,
+    },
     /// Resolve `done` when an entry carrying request `id` is applied (a write this follower forwarded).
-    AwaitForwarded { id: u64, done: Done },
+    AwaitForwarded {
+        id: u64,
+        done: Done,
+    },
     /// Resolve `done` once the store has applied the leader's commit index as of now (Raft ReadIndex).
-    ReadIndex { done: ReadDone },
+    ReadIndex {
+        done: ReadDone,
+    },
     /// Read applied entries `[low, high)`, at most `max` of them, back from the log (`CommittedLog`).
-    ReadLog { low: u64, high: u64, max: u64, done: oneshot::Sender<Result<Vec<LoggedWrite>, LogReadError>> },
+    ReadLog {
+        low: u64,
+        high: u64,
+        max: u64,
+        done: oneshot::Sender<Result<Vec<LoggedWrite>, LogReadError>>,
+    },
+    /// Hand leadership to member `to` (`RaftNode::transfer_leadership`).
+    TransferLeader {
+        to: u64,
+        done: oneshot::Sender<Result<(), MembershipError>>,
+    },
 }
 
 type ReadDone = oneshot::Sender<Result<(), ProposeError>>;
@@ -303,6 +325,19 @@ impl RaftNode {
         crate::storage::has_raft_traces(state_dir)
     }
 
+    /// Removes the Raft state under `state_dir` (log, snapshots, commit record, data key): a manager that
+    /// left the Raft group for good (demoted) keeps none, so a later start is a worker's, and a later
+    /// promotion joins under a new Raft ID. The node must not be running.
+    pub fn remove_state(state_dir: &Path) -> std::io::Result<()> {
+        let raft = state_dir.join("raft");
+        match std::fs::remove_dir_all(&raft) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        std::fs::File::open(state_dir).and_then(|d| d.sync_all())
+    }
+
     /// Re-seals the log and the snapshots on disk with `keys` (a DEK rotation: `keys` holds the new current
     /// DEK and the older ones the present records were sealed with). Once it returns, no record sealed with
     /// an older DEK is left on disk and those DEKs may be forgotten.
@@ -403,7 +438,9 @@ impl RaftNode {
             return Err(self.not_leader());
         }
         if addr.is_empty() {
-            return Err(MembershipError::Refused("the joining manager sent no address; set its advertise address".into()));
+            return Err(MembershipError::Refused(
+                "the joining manager sent no address; set its advertise address".into(),
+            ));
         }
         let mut members = self.members();
         if let Some(m) = members.members.values().find(|m| m.addr == addr).cloned() {
@@ -416,7 +453,11 @@ impl RaftNode {
                     m.raft_id
                 )));
             }
-            tracing::info!(old = format_args!("{:x}", m.raft_id), addr, "replacing an unreachable member at the joining address");
+            tracing::info!(
+                old = format_args!("{:x}", m.raft_id),
+                addr,
+                "replacing an unreachable member at the joining address"
+            );
             members = self.remove_member(m.raft_id).await?;
         }
         if raft_id == 0 || members.members.contains_key(&raft_id) || members.removed.contains(&raft_id) {
@@ -464,6 +505,28 @@ impl RaftNode {
         let members = self.change_membership(cc).await?;
         tracing::info!(raft_id = format_args!("{raft_id:x}"), from = %current.addr, to = addr, "raft member address changed");
         Ok(members)
+    }
+
+    /// Hands leadership to member `to` (leader only; Raft thesis 3.10): `to` is brought up to date and then
+    /// campaigns at once. Resolves once the transfer has started; the leadership watch shows its outcome
+    /// (raft-rs abandons a transfer that has not finished within an election timeout).
+    pub async fn transfer_leadership(&self, to: u64) -> Result<(), MembershipError> {
+        if !self.inner.leader.borrow().is_leader {
+            return Err(self.not_leader());
+        }
+        let (done, rx) = oneshot::channel();
+        self.inner.proposals.send(Command::TransferLeader { to, done }).await.map_err(|_| ProposeError::Stopped)?;
+        rx.await.map_err(|_| ProposeError::Stopped)?
+    }
+
+    /// Whether removing member `raft_id` leaves the other members a reachable quorum (SwarmKit's
+    /// `CanRemoveMember`): counted on the leader, which counts itself reachable; `false` elsewhere.
+    pub fn removal_keeps_quorum(&self, raft_id: u64) -> bool {
+        let members = self.members();
+        let reachable = self.reachable_members();
+        let remaining: Vec<u64> = members.members.keys().copied().filter(|id| *id != raft_id).collect();
+        let alive = remaining.iter().filter(|id| reachable.get(id).copied().unwrap_or(false)).count();
+        !remaining.is_empty() && alive >= remaining.len() / 2 + 1
     }
 
     /// Removes member `raft_id` (leader only; the leader cannot remove itself). Resolves once applied here.
@@ -564,7 +627,8 @@ impl Proposer for RaftNode {
                 return Box::pin(async move { Err(ProposeError::NotLeader { leader }) });
             };
             let leader_addr = if state.leader_id == 0 {
-                Err("no manager is the raft leader right now (an election is under way or no quorum is reachable)".to_string())
+                Err("no manager is the raft leader right now (an election is under way or no quorum is reachable)"
+                    .to_string())
             } else if state.leader_id == inner.raft_id {
                 Err("this manager was just elected and is catching up".to_string())
             } else {
@@ -723,7 +787,11 @@ impl Driver {
                 addr: cfg.addr.clone(),
             });
             let mut members = Members { members: [(cfg.raft_id, me)].into(), removed: old.removed.clone() };
-            let others = old.members.keys().chain(storage.conf_state().voters.iter()).chain(storage.conf_state().learners.iter());
+            let others = old
+                .members
+                .keys()
+                .chain(storage.conf_state().voters.iter())
+                .chain(storage.conf_state().learners.iter());
             members.removed.extend(others.copied().filter(|id| *id != cfg.raft_id));
             tracing::warn!(
                 raft_id = cfg.raft_id,
@@ -906,6 +974,19 @@ impl Driver {
             Command::ReadLog { low, high, max, done } => {
                 let _ = done.send(self.read_log(low, high, max));
             }
+            Command::TransferLeader { to, done } => {
+                let r = if self.raw.raft.state != StateRole::Leader {
+                    Err(MembershipError::Refused(
+                        "this manager is not the leader: it has no leadership to hand over".into(),
+                    ))
+                } else if !self.raw.raft.prs().conf().voters().contains(to) || to == self.cfg.raft_id {
+                    Err(MembershipError::Refused(format!("raft id {to:x} is not another voting member")))
+                } else {
+                    self.raw.transfer_leader(to);
+                    Ok(())
+                };
+                let _ = done.send(r);
+            }
         }
     }
 
@@ -974,7 +1055,8 @@ impl Driver {
     fn retry_deferred_reads(&mut self) {
         let leader = self.raw.raft.leader_id;
         if self.reads.values().any(|(asked, _, _)| *asked != leader) {
-            let stale: Vec<u64> = self.reads.iter().filter(|(_, (asked, _, _))| *asked != leader).map(|(k, _)| *k).collect();
+            let stale: Vec<u64> =
+                self.reads.iter().filter(|(_, (asked, _, _))| *asked != leader).map(|(k, _)| *k).collect();
             for k in stale {
                 if let Some((_, _, done)) = self.reads.remove(&k) {
                     self.reads_deferred.push((Instant::now(), done));
@@ -1020,7 +1102,8 @@ impl Driver {
         }
         if !self.reads_to_apply.is_empty() {
             let applied = self.applied;
-            let (ready, waiting) = std::mem::take(&mut self.reads_to_apply).into_iter().partition(|(i, _)| *i <= applied);
+            let (ready, waiting) =
+                std::mem::take(&mut self.reads_to_apply).into_iter().partition(|(i, _)| *i <= applied);
             self.reads_to_apply = waiting;
             for (_, done) in ready {
                 let _ = done.send(Ok(()));
@@ -1577,7 +1660,10 @@ pub(crate) fn conf_state_is_consistent(cs: &ConfState) -> bool {
     if outgoing.is_empty() {
         return next.is_empty() && !cs.auto_leave;
     }
-    next.is_subset(&outgoing) && next.is_disjoint(&voters) && learners.is_disjoint(&outgoing) && next.is_disjoint(&learners)
+    next.is_subset(&outgoing)
+        && next.is_disjoint(&voters)
+        && learners.is_disjoint(&outgoing)
+        && next.is_disjoint(&learners)
 }
 
 /// Clamps a heartbeat's commit index to this member's last log index, and says whether it did. raft-rs
@@ -1588,7 +1674,12 @@ pub(crate) fn conf_state_is_consistent(cs: &ConfState) -> bool {
 /// asked; the rest comes by append.
 pub(crate) fn clamp_heartbeat_commit(m: &mut Message, last_index: u64) -> bool {
     if m.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat && m.commit > last_index {
-        tracing::warn!(from = m.from, commit = m.commit, last_index, "heartbeat commit beyond this member's log clamped");
+        tracing::warn!(
+            from = m.from,
+            commit = m.commit,
+            last_index,
+            "heartbeat commit beyond this member's log clamped"
+        );
         m.commit = last_index;
         return true;
     }

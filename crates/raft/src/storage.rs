@@ -496,10 +496,8 @@ impl EngineStorage {
         };
         let meta = load_meta(&engine, &log_dir)?;
         let bootstrapped = meta.conf_state.is_some();
-        let record = CommitRecord::open(
-            &record_path,
-            Acked { commit: meta.hard_state.commit, term: meta.hard_state.term },
-        )?;
+        let record =
+            CommitRecord::open(&record_path, Acked { commit: meta.hard_state.commit, term: meta.hard_state.term })?;
         let mut storage = EngineStorage {
             engine_slot: Some(Arc::new(engine)),
             log_dir,

@@ -251,7 +251,8 @@ async fn snapshots_compact_the_log_and_restore_identically() {
     node.shutdown().await;
 
     let keys = crate::encryption::load_or_create_plain(dir.path()).unwrap();
-    let snaps = crate::snapshot_files::SnapshotDir::open(dir.path().join("raft").join("snapshots"), keys.clone()).unwrap();
+    let snaps =
+        crate::snapshot_files::SnapshotDir::open(dir.path().join("raft").join("snapshots"), keys.clone()).unwrap();
     assert_eq!(snaps.list().unwrap(), vec![20, 30]);
     {
         let (storage, bootstrapped) = EngineStorage::open(dir.path(), keys.clone()).unwrap();
@@ -466,7 +467,11 @@ async fn committed_writes_read_back_from_the_log_across_a_restart() {
     assert_eq!(node.status().last_snapshot_index, 10);
     let check = |node: RaftNode, store: Arc<MemoryStore>| async move {
         let writes = within(node.read_committed(6, 1000, 100)).await.unwrap();
-        assert_eq!(writes.iter().map(|w| w.index).collect::<Vec<_>>(), (6..=16).collect::<Vec<_>>(), "up to the last applied");
+        assert_eq!(
+            writes.iter().map(|w| w.index).collect::<Vec<_>>(),
+            (6..=16).collect::<Vec<_>>(),
+            "up to the last applied"
+        );
         assert_eq!(writes[0].actions, create("s4"), "the actions as proposed");
         assert!(store.apply_failed(16) && !store.apply_failed(15), "the store knows which write failed");
         let three = within(node.read_committed(6, 17, 3)).await.unwrap();

@@ -34,10 +34,7 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
         let out = create("refused", flags);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{flags:?} accepted");
-        assert!(
-            stderr.contains(&format!("{field} is not supported yet")),
-            "{flags:?}: the CLI printed {stderr}"
-        );
+        assert!(stderr.contains(&format!("{field} is not supported yet")), "{flags:?}: the CLI printed {stderr}");
     }
     assert!(!service_names(&d).iter().any(|n| n == "refused"), "{:?}", service_names(&d));
 
@@ -45,21 +42,38 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
     let out = create(
         "mounts",
         &[
-            "--mount", "type=volume,source=v,target=/v",
-            "--mount", "type=tmpfs,target=/t",
-            "--mount", "type=bind,source=/tmp,target=/h,readonly",
-            "--replicas-max-per-node", "2",
+            "--mount",
+            "type=volume,source=v,target=/v",
+            "--mount",
+            "type=tmpfs,target=/t",
+            "--mount",
+            "type=bind,source=/tmp,target=/h,readonly",
+            "--replicas-max-per-node",
+            "2",
         ],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mounts = docker(&d, &["service", "inspect", "mounts", "--format", "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}"]);
+    let mounts =
+        docker(&d, &["service", "inspect", "mounts", "--format", "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}"]);
     let mounts: serde_json::Value = serde_json::from_str(mounts.trim()).unwrap();
     assert_eq!(mounts.as_array().map(Vec::len), Some(3), "{mounts}");
 
     // MaxReplicas from an API 1.40 client is kept (1.40 introduced it; the engine drops it below).
     let mut old = docker_cli::command(
         d.socket(),
-        &["service", "create", "--detach", "--no-resolve-image", "--name", "old", "--replicas-max-per-node", "3", "busybox", "sleep", "3141"],
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--no-resolve-image",
+            "--name",
+            "old",
+            "--replicas-max-per-node",
+            "3",
+            "busybox",
+            "sleep",
+            "3141",
+        ],
     );
     let out = old.env("DOCKER_API_VERSION", "1.40").output().expect("run docker");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

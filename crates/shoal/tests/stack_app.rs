@@ -143,11 +143,8 @@ fn a_three_tier_stack_answers_by_name_keeps_its_secret_and_redeploys_one_tier() 
     let n = counts(&answers, "hello");
     assert_eq!(n, (n[0]..n[0] + 20).collect::<Vec<u32>>(), "{answers:?}");
     // Through the routing mesh: port 8080 of every node's address, asked from every node.
-    let fronts: BTreeSet<usize> = tasks_of(c.manager(), "app_front")
-        .iter()
-        .filter(|t| desired(t) == "running")
-        .map(|t| c.node_of(t))
-        .collect();
+    let fronts: BTreeSet<usize> =
+        tasks_of(c.manager(), "app_front").iter().filter(|t| desired(t) == "running").map(|t| c.node_of(t)).collect();
     println!("front runs on nodes {fronts:?}");
     let mut last = n[19];
     for from in 0..3 {

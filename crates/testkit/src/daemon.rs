@@ -127,11 +127,7 @@ impl DaemonProcess {
     /// Starts the daemon again on the same state dir (stopped or killed before) when it is expected to
     /// refuse to start: waits up to `limit` for it to exit and returns its exit status and its stderr.
     /// Panics, after killing it, if it is still running then or its control socket answered.
-    pub fn start_expecting_exit(
-        &mut self,
-        extra: &[String],
-        limit: Duration,
-    ) -> (std::process::ExitStatus, String) {
+    pub fn start_expecting_exit(&mut self, extra: &[String], limit: Duration) -> (std::process::ExitStatus, String) {
         assert!(self.child.is_none(), "stop or kill the daemon before starting it again");
         let stderr_path = self.log_path.with_file_name("refused-start.stderr");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
@@ -147,7 +143,9 @@ impl DaemonProcess {
                 let _ = child.kill();
                 let _ = child.wait();
                 let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                panic!("the daemon did not exit within {limit:?} (control socket answered: {answered}); stderr:\n{err}");
+                panic!(
+                    "the daemon did not exit within {limit:?} (control socket answered: {answered}); stderr:\n{err}"
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         };

@@ -166,7 +166,8 @@ pub async fn ensure_image(docker: &Docker) -> Result<(), String> {
     let load = async {
         let mut progress = docker.import_image(opts, body, None);
         while let Some(item) = progress.next().await {
-            let item = item.map_err(|e| format!("cannot load the network-namespace holder image {HOLDER_IMAGE}: {e}"))?;
+            let item =
+                item.map_err(|e| format!("cannot load the network-namespace holder image {HOLDER_IMAGE}: {e}"))?;
             if let Some(e) = item.error_detail.and_then(|d| d.message) {
                 return Err(format!("cannot load the network-namespace holder image {HOLDER_IMAGE}: {e}"));
             }

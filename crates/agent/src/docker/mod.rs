@@ -149,7 +149,8 @@ pub fn client(addr: &str) -> Result<Docker, DockerError> {
 /// `docker swarm leave` does to the containers of a node that leaves its swarm. Returns how many it removed.
 pub async fn remove_node_containers(addr: &str, node_id: &str) -> Result<usize, DockerError> {
     let docker = client(addr)?;
-    let engine = |what| move |e: BollardError| DockerError::Engine { addr: addr.to_string(), what, reason: engine_message(&e) };
+    let engine =
+        |what| move |e: BollardError| DockerError::Engine { addr: addr.to_string(), what, reason: engine_message(&e) };
     let filters: HashMap<String, Vec<String>> =
         [("label".to_string(), vec![format!("{}={node_id}", spec::LABEL_NODE_ID)])].into();
     let found = docker
@@ -481,10 +482,18 @@ impl TaskNetwork {
         })?;
         let opts = CreateContainerOptionsBuilder::default().name(&self.holder).build();
         if let Err(e) = docker.create_container(Some(opts), (*self.holder_body).clone()).await {
-            return Err(prep(format!("cannot create the network-namespace holder {}: {}", self.holder, engine_message(&e))));
+            return Err(prep(format!(
+                "cannot create the network-namespace holder {}: {}",
+                self.holder,
+                engine_message(&e)
+            )));
         }
         if let Err(e) = docker.start_container(&self.holder, None).await {
-            return Err(prep(format!("cannot start the network-namespace holder {}: {}", self.holder, engine_message(&e))));
+            return Err(prep(format!(
+                "cannot start the network-namespace holder {}: {}",
+                self.holder,
+                engine_message(&e)
+            )));
         }
         self.attach(docker, &self.holder).await.map_err(prep)
     }

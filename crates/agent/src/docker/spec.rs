@@ -144,7 +144,11 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
             return Err(format!(
                 "the task is attached to network {}: this node has no overlay data plane to connect it; it needs a \
                  node that reports the overlay network plugin",
-                a.network.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str())
+                a.network
+                    .as_ref()
+                    .and_then(|n| n.spec.as_ref())
+                    .and_then(|s| s.annotations.as_ref())
+                    .map_or("", |a| a.name.as_str())
             ));
         }
         None => (None, opt(&spec.hostname), extra_hosts(&spec)),
@@ -216,7 +220,10 @@ fn host_port_bindings(task: &Task) -> Result<(Vec<String>, bollard::models::Port
     let mut bindings = bollard::models::PortMap::new();
     for p in task.endpoint.iter().flat_map(|e| e.ports.iter()) {
         if p.publish_mode != PublishMode::Host as i32 {
-            return Err(format!("port {} is published through the routing mesh, which this node does not have", p.target_port));
+            return Err(format!(
+                "port {} is published through the routing mesh, which this node does not have",
+                p.target_port
+            ));
         }
         let proto = match Protocol::try_from(p.protocol).unwrap_or(Protocol::Tcp) {
             Protocol::Tcp => "tcp",
@@ -226,9 +233,11 @@ fn host_port_bindings(task: &Task) -> Result<(Vec<String>, bollard::models::Port
         let key = format!("{}/{proto}", p.target_port);
         let host_port = if p.published_port != 0 { p.published_port.to_string() } else { String::new() };
         exposed.push(key.clone());
-        bindings.entry(key).or_insert_with(|| Some(Vec::new())).get_or_insert_with(Vec::new).push(
-            bollard::models::PortBinding { host_ip: None, host_port: Some(host_port) },
-        );
+        bindings
+            .entry(key)
+            .or_insert_with(|| Some(Vec::new()))
+            .get_or_insert_with(Vec::new)
+            .push(bollard::models::PortBinding { host_ip: None, host_port: Some(host_port) });
     }
     Ok((exposed, bindings))
 }
@@ -245,14 +254,17 @@ mod tests {
             slot: 3,
             node_id: "n1".into(),
             service_annotations: Some(Annotations { name: "web".into(), ..Default::default() }.into()),
-            spec: Some(TaskSpec {
-                runtime: Some(task_spec::Runtime::Container(c)),
-                resources: Some(ResourceRequirements {
-                    limits: Some(Resources { nano_cpus: 500_000_000, memory_bytes: 64 << 20, generic: vec![] }),
+            spec: Some(
+                TaskSpec {
+                    runtime: Some(task_spec::Runtime::Container(c)),
+                    resources: Some(ResourceRequirements {
+                        limits: Some(Resources { nano_cpus: 500_000_000, memory_bytes: 64 << 20, generic: vec![] }),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            }.into()),
+                }
+                .into(),
+            ),
             ..Default::default()
         }
     }
@@ -268,11 +280,13 @@ mod tests {
             publish_mode: PublishMode::Host as i32,
             ..Default::default()
         };
-        t.endpoint = Some(shoal_api::Endpoint {
-            ports: vec![port(80, 9000, Protocol::Tcp), port(53, 0, Protocol::Udp)],
-            ..Default::default()
-        }
-        .into());
+        t.endpoint = Some(
+            shoal_api::Endpoint {
+                ports: vec![port(80, 9000, Protocol::Tcp), port(53, 0, Protocol::Udp)],
+                ..Default::default()
+            }
+            .into(),
+        );
         let b = create_body(&t, "n1", None).unwrap();
         let mut exposed = b.exposed_ports.clone().unwrap();
         exposed.sort();
@@ -290,7 +304,8 @@ mod tests {
         }];
         let e = create_body(&t, "n1", Some("h")).unwrap_err();
         assert!(e.contains("target 53") && e.contains("EndpointSpec.Ports.PublishedPort"), "{e}");
-        t.endpoint = Some(shoal_api::Endpoint { ports: vec![port(80, 9000, Protocol::Tcp)], ..Default::default() }.into());
+        t.endpoint =
+            Some(shoal_api::Endpoint { ports: vec![port(80, 9000, Protocol::Tcp)], ..Default::default() }.into());
         let b = create_body(&t, "n1", Some("h")).unwrap();
         assert_eq!(b.exposed_ports, None, "nothing for the engine to bind");
         assert_eq!(b.host_config.unwrap().port_bindings, None);
@@ -302,7 +317,10 @@ mod tests {
             image: "busybox".into(),
             hostname: "web-1".into(),
             hosts: vec!["10.0.0.9 db".into()],
-            dns_config: Some(shoal_api::container_spec::DnsConfig { search: vec!["corp".into()], ..Default::default() }),
+            dns_config: Some(shoal_api::container_spec::DnsConfig {
+                search: vec!["corp".into()],
+                ..Default::default()
+            }),
             ..Default::default()
         });
         t.networks = vec![shoal_api::NetworkAttachment::default()];
@@ -312,7 +330,10 @@ mod tests {
         assert_eq!((b.hostname, h.extra_hosts, h.dns_search, h.dns), (None, None, None, None));
         t.spec = task(ContainerSpec {
             image: "busybox".into(),
-            dns_config: Some(shoal_api::container_spec::DnsConfig { nameservers: vec!["1.1.1.1".into()], ..Default::default() }),
+            dns_config: Some(shoal_api::container_spec::DnsConfig {
+                nameservers: vec!["1.1.1.1".into()],
+                ..Default::default()
+            }),
             ..Default::default()
         })
         .spec;

@@ -69,7 +69,13 @@ pub trait ExternalSigner: Send + Sync {
     /// Asks the signers at `urls` in turn, checking their TLS certificate against `trust_pem`, to sign
     /// `csr_pem` for `subject`. Returns the certificate (PEM, possibly with its chain), or why every signer
     /// failed.
-    async fn sign(&self, urls: &[String], trust_pem: &str, csr_pem: &str, subject: &NodeSubject) -> Result<String, String>;
+    async fn sign(
+        &self,
+        urls: &[String],
+        trust_pem: &str,
+        csr_pem: &str,
+        subject: &NodeSubject,
+    ) -> Result<String, String>;
 }
 
 /// The one cluster object, if it exists.
@@ -221,7 +227,9 @@ impl CaService {
         shoal_ca::check_csr(csr).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let leaf = if !signer.external_urls.is_empty() {
             let external = self.external.as_ref().ok_or_else(|| {
-                Status::failed_precondition("the cluster's root CA is held by an external CA, and this manager has no client for it")
+                Status::failed_precondition(
+                    "the cluster's root CA is held by an external CA, and this manager has no client for it",
+                )
             })?;
             external.sign(&signer.external_urls, &signer.trust_pem, csr, subject).await.map_err(|e| {
                 Status::failed_precondition(format!(

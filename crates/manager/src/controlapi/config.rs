@@ -65,10 +65,9 @@ pub async fn create_config(state: &ClusterState, spec: ConfigSpec) -> Result<Con
             Ok(())
         })
         .await?;
-    state
-        .store
-        .view(|t| t.configs().get(&id).map(|c| (**c).clone()))
-        .ok_or_else(|| ControlError::Unavailable(format!("config {id} was created but removed right after; list configs")))
+    state.store.view(|t| t.configs().get(&id).map(|c| (**c).clone())).ok_or_else(|| {
+        ControlError::Unavailable(format!("config {id} was created but removed right after; list configs"))
+    })
 }
 
 /// The config with this ID, name or unique ID prefix.
@@ -125,7 +124,10 @@ pub async fn update_config(
             Ok(current.id.clone())
         })
         .await?;
-    state.store.view(|t| t.configs().get(&id).map(|c| (**c).clone())).ok_or_else(|| ControlError::not_found("config", reference))
+    state
+        .store
+        .view(|t| t.configs().get(&id).map(|c| (**c).clone()))
+        .ok_or_else(|| ControlError::not_found("config", reference))
 }
 
 /// Removes config `reference`; refused (400, naming them) while services reference it.

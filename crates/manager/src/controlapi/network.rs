@@ -90,7 +90,10 @@ fn built(
         meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
         spec: Some(spec),
         driver_state: Some(Driver { name: OVERLAY_DRIVER.into(), options: driver_options }),
-        ipam: Some(IpamOptions { driver: Some(Driver { name: "default".into(), ..Default::default() }), configs: vec![config] }),
+        ipam: Some(IpamOptions {
+            driver: Some(Driver { name: "default".into(), ..Default::default() }),
+            configs: vec![config],
+        }),
         pending_delete: false,
     }
 }
@@ -143,7 +146,9 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
         return Err(invalid(format!("subnet {subnet}: IPv6 networks are not supported yet; give an IPv4 subnet")));
     }
     if subnet.prefix_len() > 30 {
-        return Err(invalid(format!("subnet {subnet} is too small: give a prefix of /30 or shorter (4 addresses or more)")));
+        return Err(invalid(format!(
+            "subnet {subnet} is too small: give a prefix of /30 or shorter (4 addresses or more)"
+        )));
     }
     let range = if c.range.is_empty() {
         None
@@ -163,7 +168,8 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
     let gateway = if c.gateway.is_empty() {
         None
     } else {
-        let g: std::net::IpAddr = c.gateway.parse().map_err(|_| invalid(format!("gateway {:?} is not an IP address", c.gateway)))?;
+        let g: std::net::IpAddr =
+            c.gateway.parse().map_err(|_| invalid(format!("gateway {:?} is not an IP address", c.gateway)))?;
         if subnet.offset_of(g).is_none_or(|o| o == 0 || o == subnet.size() - 1) {
             return Err(invalid(format!("gateway {g} is not a host address of subnet {subnet}")));
         }
@@ -231,7 +237,9 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
                 )));
             }
             if t.networks().len() >= MAX_NETWORKS {
-                return Err(invalid(format!("the cluster has {MAX_NETWORKS} networks, the most it may have; remove one")));
+                return Err(invalid(format!(
+                    "the cluster has {MAX_NETWORKS} networks, the most it may have; remove one"
+                )));
             }
             if spec.ingress && t.networks().iter().any(|n| n.spec.as_ref().is_some_and(|s| s.ingress)) {
                 return Err(invalid("an ingress network exists already; remove it first"));
@@ -259,7 +267,12 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
                 .networks()
                 .iter()
                 .filter_map(|n| {
-                    let theirs = n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse::<Cidr>().ok()).find(|c| c.overlaps(&subnet))?;
+                    let theirs = n
+                        .ipam
+                        .iter()
+                        .flat_map(|i| i.configs.iter())
+                        .filter_map(|c| c.subnet.parse::<Cidr>().ok())
+                        .find(|c| c.overlaps(&subnet))?;
                     Some((theirs, n.clone()))
                 })
                 .min_by(|a, b| a.0.cmp(&b.0))
@@ -310,7 +323,9 @@ pub fn list_networks(state: &ClusterState, f: &NetworkFilters) -> Vec<Network> {
                 let name = n.unique_name().unwrap_or("");
                 f.names.is_empty() || f.names.iter().any(|w| name.contains(w.as_str()))
             })
-            .filter(|n| labels_match(&n.spec.as_ref().and_then(|s| s.annotations.clone()).unwrap_or_default().labels, &f.labels))
+            .filter(|n| {
+                labels_match(&n.spec.as_ref().and_then(|s| s.annotations.clone()).unwrap_or_default().labels, &f.labels)
+            })
             .map(|n| (**n).clone())
             .collect()
     });
@@ -331,7 +346,10 @@ pub async fn remove_network(state: &ClusterState, reference: &str) -> Result<(),
                 .filter(|s| {
                     s.spec.as_ref().is_some_and(|sp| {
                         shoal_store::spec_networks(sp).any(|x| x == n.id)
-                            || (ingress && sp.endpoint.as_ref().is_some_and(|e| e.ports.iter().any(|p| p.publish_mode == port_config::PublishMode::Ingress as i32)))
+                            || (ingress
+                                && sp.endpoint.as_ref().is_some_and(|e| {
+                                    e.ports.iter().any(|p| p.publish_mode == port_config::PublishMode::Ingress as i32)
+                                }))
                     })
                 })
                 .filter_map(|s| s.unique_name())
@@ -408,7 +426,9 @@ pub fn resolve_service_networks(t: &Tables, spec: &mut ServiceSpec) -> Result<()
             )));
         }
         if !a.addresses.is_empty() {
-            return Err(invalid(format!("TaskTemplate.Networks[{i}]: static addresses are not supported; leave them out")));
+            return Err(invalid(format!(
+                "TaskTemplate.Networks[{i}]: static addresses are not supported; leave them out"
+            )));
         }
         a.target = n.id.clone();
     }
@@ -445,7 +465,9 @@ pub fn check_endpoint(t: &Tables, service_id: &str, spec: &ServiceSpec) -> Resul
         let holds = |s: &shoal_api::Service| {
             let allocated = s.endpoint.iter().flat_map(|e| e.ports.iter());
             let asked = s.spec.iter().flat_map(|sp| sp.endpoint.iter()).flat_map(|e| e.ports.iter());
-            allocated.chain(asked).any(|q| ingress(q) && q.protocol == p.protocol && q.published_port == p.published_port)
+            allocated
+                .chain(asked)
+                .any(|q| ingress(q) && q.protocol == p.protocol && q.published_port == p.published_port)
         };
         if let Some(other) = t.services().iter().find(|s| s.id != service_id && holds(s)) {
             return Err(invalid(format!(
@@ -498,7 +520,8 @@ mod tests {
         assert!(e.contains("already exists"), "{e}");
         // A service on `a` by name: stored by ID; `a` cannot go while the service is there.
         let mut s = spec("web", 1);
-        s.task.as_mut().unwrap().networks = vec![shoal_api::NetworkAttachmentConfig { target: "a".into(), ..Default::default() }];
+        s.task.as_mut().unwrap().networks =
+            vec![shoal_api::NetworkAttachmentConfig { target: "a".into(), ..Default::default() }];
         let svc = super::super::create_service(&state, s).await.unwrap();
         assert_eq!(svc.spec.as_ref().unwrap().task.as_ref().unwrap().networks[0].target, a.id);
         let e = remove_network(&state, "a").await.unwrap_err().to_string();
@@ -510,18 +533,27 @@ mod tests {
     #[test]
     fn network_specs_shoal_cannot_honour_are_refused_with_the_reason() {
         let spec = |f: &dyn Fn(&mut NetworkSpec)| {
-            let mut s = NetworkSpec { annotations: Some(Annotations { name: "appnet".into(), ..Default::default() }), ..Default::default() };
+            let mut s = NetworkSpec {
+                annotations: Some(Annotations { name: "appnet".into(), ..Default::default() }),
+                ..Default::default()
+            };
             f(&mut s);
             validate_network_spec(&s).err().map(|e| e.to_string()).unwrap_or_default()
         };
         let ipam = |subnet: &str, range: &str, gw: &str| {
             Some(IpamOptions {
                 driver: None,
-                configs: vec![IpamConfig { subnet: subnet.into(), range: range.into(), gateway: gw.into(), ..Default::default() }],
+                configs: vec![IpamConfig {
+                    subnet: subnet.into(),
+                    range: range.into(),
+                    gateway: gw.into(),
+                    ..Default::default()
+                }],
             })
         };
         assert_eq!(spec(&|_| {}), "");
-        assert!(spec(&|s| s.driver_config = Some(Driver { name: "bridge".into(), ..Default::default() })).contains("\"bridge\" is not supported"));
+        assert!(spec(&|s| s.driver_config = Some(Driver { name: "bridge".into(), ..Default::default() }))
+            .contains("\"bridge\" is not supported"));
         assert!(spec(&|s| s.ipv6_enabled = true).contains("IPv6"));
         assert!(spec(&|s| s.annotations.as_mut().unwrap().name = "-x".into()).contains("invalid network name"));
         assert!(spec(&|s| s.ipam = ipam("10.9.0.1/24", "", "")).contains("the network address is 10.9.0.0/24"));

@@ -120,10 +120,7 @@ pub(super) fn validate_templating(kind: &str, t: Option<&Driver>) -> Result<(), 
 /// The 400 of a removal refused because services reference the object (SwarmKit's message).
 pub(super) fn in_use(kind: &str, name: &str, services: &[String]) -> ControlError {
     let noun = if services.len() == 1 { "service" } else { "services" };
-    invalid(format!(
-        "{kind} '{name}' is in use by the following {noun}: {}",
-        services.join(", ")
-    ))
+    invalid(format!("{kind} '{name}' is in use by the following {noun}: {}", services.join(", ")))
 }
 
 /// The 400 of an update that changes anything but the labels.
@@ -198,10 +195,9 @@ pub async fn create_secret(state: &ClusterState, spec: SecretSpec) -> Result<Sec
             Ok(())
         })
         .await?;
-    state
-        .store
-        .view(|t| t.secrets().get(&id).map(|s| redacted(s)))
-        .ok_or_else(|| ControlError::Unavailable(format!("secret {id} was created but removed right after; list secrets")))
+    state.store.view(|t| t.secrets().get(&id).map(|s| redacted(s))).ok_or_else(|| {
+        ControlError::Unavailable(format!("secret {id} was created but removed right after; list secrets"))
+    })
 }
 
 pub(super) fn name_taken(kind: &str, name: &str, owner: &str) -> ControlError {

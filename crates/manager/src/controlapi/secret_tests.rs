@@ -85,11 +85,17 @@ fn secret_and_config_specs_follow_swarmkits_rules_and_name_the_field() {
         (secret_spec("pw", b""), "Data: secret data must be larger than 0 and less than 512000 bytes (got 0 bytes)"),
         (secret_spec("pw", &vec![b'x'; MAX_SECRET_DATA_BYTES]), "(got 512000 bytes)"),
         (
-            SecretSpec { driver: Some(Driver { name: "vault".into(), ..Default::default() }), ..secret_spec("pw", b"x") },
+            SecretSpec {
+                driver: Some(Driver { name: "vault".into(), ..Default::default() }),
+                ..secret_spec("pw", b"x")
+            },
             "Driver: secret drivers are not supported",
         ),
         (
-            SecretSpec { templating: Some(Driver { name: "jinja".into(), ..Default::default() }), ..secret_spec("pw", b"x") },
+            SecretSpec {
+                templating: Some(Driver { name: "jinja".into(), ..Default::default() }),
+                ..secret_spec("pw", b"x")
+            },
             "Templating.Name: unknown templating driver \"jinja\"",
         ),
         (
@@ -138,9 +144,10 @@ fn no_error_about_a_secret_carries_its_data() {
 #[tokio::test]
 async fn secrets_are_created_listed_and_read_without_their_data() {
     let (state, _) = cluster();
-    let s = create_secret(&state, SecretSpec { annotations: ann("db_pw", &[("env", "prod")]), ..secret_spec("", b"pw") })
-        .await
-        .unwrap();
+    let s =
+        create_secret(&state, SecretSpec { annotations: ann("db_pw", &[("env", "prod")]), ..secret_spec("", b"pw") })
+            .await
+            .unwrap();
     assert_eq!(s.id.len(), 25);
     assert_eq!(s.version(), 1);
     assert!(s.spec.as_ref().unwrap().data.is_empty(), "create returns no data");
@@ -174,7 +181,9 @@ async fn secrets_are_created_listed_and_read_without_their_data() {
     assert_eq!(names(SecretFilters { labels: vec!["env=dev".into()], ..Default::default() }), Vec::<String>::new());
 
     match create_secret(&state, secret_spec("db_pw", b"s3cr3t-data")).await.unwrap_err() {
-        ControlError::AlreadyExists(m) => assert!(m.contains("secret db_pw already exists") && !m.contains("s3cr3t"), "{m}"),
+        ControlError::AlreadyExists(m) => {
+            assert!(m.contains("secret db_pw already exists") && !m.contains("s3cr3t"), "{m}")
+        }
         other => panic!("{other:?}"),
     }
     // Names are unique per kind: a config may share a secret's name.

@@ -164,7 +164,10 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     let rolling_back = state == UpdateState::RollbackStarted;
     let in_progress = rolling_back || state == UpdateState::Updating;
     let spec = service.spec.as_ref();
-    let cfg = EffectiveUpdateConfig::of(spec.and_then(|s| if rolling_back { s.rollback.as_ref() } else { s.update.as_ref() }));
+    let cfg =
+        EffectiveUpdateConfig::of(
+            spec.and_then(|s| if rolling_back { s.rollback.as_ref() } else { s.update.as_ref() }),
+        );
     let started_ms = if in_progress {
         status.and_then(|s| s.started_at.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
     } else {
@@ -297,8 +300,7 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
 
     if !dirty.is_empty() {
         let gate_ms = last_started_ms.saturating_add(cfg.delay_ms);
-        let delayed =
-            in_progress && in_flight == 0 && cfg.delay_ms > 0 && last_started_ms > 0 && work.now_ms < gate_ms;
+        let delayed = in_progress && in_flight == 0 && cfg.delay_ms > 0 && last_started_ms > 0 && work.now_ms < gate_ms;
         if delayed {
             work.wake_at(gate_ms);
         } else {

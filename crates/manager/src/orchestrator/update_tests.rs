@@ -243,7 +243,11 @@ fn rollback_restores_the_previous_spec_and_completes() {
     let svc = fx.service("s1");
     assert_eq!(svc.spec, original, "the previous spec is current again");
     assert!(svc.previous_spec.is_none());
-    assert!(svc.update_status.unwrap().message.starts_with("update rolled back due to failure or early termination of task"));
+    assert!(svc
+        .update_status
+        .unwrap()
+        .message
+        .starts_with("update rolled back due to failure or early termination of task"));
     until(&fx, UpdateState::RollbackCompleted);
     assert_eq!(fx.service("s1").update_status.unwrap().message, "rollback completed");
     for _ in 0..20 {
@@ -321,7 +325,8 @@ fn a_manual_rollback_uses_the_rollback_config() {
     c.update(s);
     fx.apply(c);
     fx.reconcile("s1");
-    let stopping = fx.tasks("s1").iter().filter(|t| image(t) == "busybox:2" && t.desired_state() == TaskState::Shutdown).count();
+    let stopping =
+        fx.tasks("s1").iter().filter(|t| image(t) == "busybox:2" && t.desired_state() == TaskState::Shutdown).count();
     assert_eq!(stopping, 3, "parallelism 0 of the rollback config: all at once");
     until(&fx, UpdateState::RollbackCompleted);
     assert_eq!(images(&running(&fx)), [GOOD; 3]);

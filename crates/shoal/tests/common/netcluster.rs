@@ -195,7 +195,10 @@ impl Cluster {
     /// The hostname index of the node task `t` runs on.
     pub fn node_of(&self, t: &Value) -> usize {
         let node = t["NodeID"].as_str().unwrap();
-        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
+        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"]
+            .as_str()
+            .unwrap()
+            .to_string();
         host.trim_start_matches("node-").parse().unwrap()
     }
 
@@ -250,7 +253,18 @@ impl Cluster {
     /// `CLIENT` run in node `from`'s namespace against `host:port`: its output (`rate`: with the `RATE` line).
     pub fn client(&self, from: usize, host: &str, port: u16, n: u32, rate: bool) -> String {
         let mut cmd = std::process::Command::new("ip");
-        cmd.args(["netns", "exec", self.net.ns(from), PYTHON, "-S", "-c", CLIENT, host, &port.to_string(), &n.to_string()]);
+        cmd.args([
+            "netns",
+            "exec",
+            self.net.ns(from),
+            PYTHON,
+            "-S",
+            "-c",
+            CLIENT,
+            host,
+            &port.to_string(),
+            &n.to_string(),
+        ]);
         if rate {
             cmd.arg("rate");
         }
