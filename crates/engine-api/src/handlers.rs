@@ -109,35 +109,33 @@ pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
         Ok(()) => String::new(),
         Err(e) => e.to_string(),
     };
-    let swarm =
-        ctx.state.store.view(|t| {
-            let managers: Vec<_> = t.nodes().iter().filter(|n| n.role() == NodeRole::Manager).collect();
-            let mut remote: Vec<PeerJson> =
-                managers
-                    .iter()
-                    .map(|n| PeerJson {
-                        node_id: n.id.clone(),
-                        addr: n
-                            .manager_status
-                            .as_ref()
-                            .map(|m| m.addr.clone())
-                            .filter(|a| !a.is_empty())
-                            .unwrap_or_else(|| if n.id == ctx.node_id { ctx.node_addr.clone() } else { String::new() }),
-                    })
-                    .collect();
-            remote.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-            SwarmInfoJson {
-                node_id: ctx.node_id.clone(),
-                node_addr: ctx.node_addr.clone(),
-                local_node_state: "active".into(),
-                control_available: true,
-                error,
-                remote_managers: remote,
-                nodes: t.nodes().len() as u64,
-                managers: managers.len() as u64,
-                cluster: first_cluster(t).map(|c| SwarmJson::from_api(c).cluster),
-            }
-        });
+    let swarm = ctx.state.store.view(|t| {
+        let managers: Vec<_> = t.nodes().iter().filter(|n| n.role() == NodeRole::Manager).collect();
+        let mut remote: Vec<PeerJson> = managers
+            .iter()
+            .map(|n| PeerJson {
+                node_id: n.id.clone(),
+                addr: n
+                    .manager_status
+                    .as_ref()
+                    .map(|m| m.addr.clone())
+                    .filter(|a| !a.is_empty())
+                    .unwrap_or_else(|| if n.id == ctx.node_id { ctx.node_addr.clone() } else { String::new() }),
+            })
+            .collect();
+        remote.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        SwarmInfoJson {
+            node_id: ctx.node_id.clone(),
+            node_addr: ctx.node_addr.clone(),
+            local_node_state: "active".into(),
+            control_available: true,
+            error,
+            remote_managers: remote,
+            nodes: t.nodes().len() as u64,
+            managers: managers.len() as u64,
+            cluster: first_cluster(t).map(|c| SwarmJson::from_api(c).cluster),
+        }
+    });
     let mut info = InfoJson {
         labels: vec![format!("shoal.executor={}", ctx.executor)],
         swarm,

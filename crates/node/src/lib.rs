@@ -661,7 +661,8 @@ pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
 
 /// Runs a node until `stop` resolves, then shuts it down; in between it moves through the swarm lifecycle
 /// (`lifecycle`): inactive until an init or join, a member (locked first when autolock sealed its keys; a
-/// worker, restarted in-process as a manager when promoted; or a manager), and back to inactive on leave.
+/// worker, restarted in-process as a manager when promoted; or a manager, restarted in-process as a worker
+/// when demoted), and back to inactive on leave.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
     let mut cfg = cfg;
     let _state_dir_lock = lock_state_dir(&cfg.state_dir)?;

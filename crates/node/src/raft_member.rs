@@ -3,7 +3,8 @@
 //! ID to use), as a member restarting on its state, or (`--force-new-cluster`) as the only member of a
 //! cluster whose quorum was lost for good; then wait until this member can serve (a leader is
 //! known and the cluster object has arrived). Also the address the local agent's dispatcher session should
-//! use: the leader's (only the leader's dispatcher accepts sessions).
+//! use: the leader's (only the leader's dispatcher accepts sessions); and the end of the membership, a
+//! demotion (`wait_demoted`).
 //!
 //! Knows Raft through `shoal_raft` only; every gRPC client channel comes from the injected
 //! `ChannelFactory` (plain HTTP/2 until TLS is configured).

@@ -6,7 +6,9 @@
 //! A promoted worker (`docker node promote`: its Node's desired role becomes manager, which it sees in the
 //! dispatcher's session messages) renews its certificate at once, gets a manager certificate, and stops its
 //! worker parts so the daemon restarts in-process as a manager (`run_daemon`), joining Raft through the
-//! manager it knows. Its tasks are stopped and started again by the manager node's agent.
+//! manager it knows. Its tasks are stopped and started again by the manager node's agent. A demoted manager
+//! comes back here the same way (`raft_member::wait_demoted`, `run_daemon`): its state dir then holds a worker
+//! certificate and no Raft data (`forget_raft_state`), so every later start is a worker's.
 //!
 //! The manager it joined through is remembered in `<state dir>/join.json` so a restart without
 //! `--join-addr` resumes; a restart with `--join-addr` uses (and remembers) the new address. Every manager

@@ -526,7 +526,7 @@ impl RaftNode {
         let reachable = self.reachable_members();
         let remaining: Vec<u64> = members.members.keys().copied().filter(|id| *id != raft_id).collect();
         let alive = remaining.iter().filter(|id| reachable.get(id).copied().unwrap_or(false)).count();
-        !remaining.is_empty() && alive >= remaining.len() / 2 + 1
+        !remaining.is_empty() && alive > remaining.len() / 2
     }
 
     /// Removes member `raft_id` (leader only; the leader cannot remove itself). Resolves once applied here.

@@ -96,8 +96,11 @@ fn is_manager(d: &DaemonProcess) -> Result<bool, String> {
     }
 }
 
+/// How many of something there are per key.
+type Counts<K> = BTreeMap<K, usize>;
+
 /// Tasks of `service` that `d` shows running, per slot, and per node ID.
-fn running_tasks(d: &DaemonProcess, service: &str) -> Result<(BTreeMap<u64, usize>, BTreeMap<String, usize>), String> {
+fn running_tasks(d: &DaemonProcess, service: &str) -> Result<(Counts<u64>, Counts<String>), String> {
     let filters = format!("{{\"service\":{{\"{service}\":true}}}}");
     let tasks = try_get(d, &format!("/v1.47/tasks?filters={}", urlencode(&filters)))?;
     let (mut slots, mut nodes) = (BTreeMap::new(), BTreeMap::new());
@@ -108,6 +111,21 @@ fn running_tasks(d: &DaemonProcess, service: &str) -> Result<(BTreeMap<u64, usiz
         }
     }
     Ok((slots, nodes))
+}
+
+/// `docker node promote|demote node` on `d`. The node object may change between the CLI's read and its
+/// update (its description, its manager status, right after a join or a role change): the update is then
+/// refused as out of sequence, and the user runs the command again.
+fn role_change(d: &DaemonProcess, verb: &str, node: &str) {
+    wait_until(&format!("docker node {verb} {node} accepted"), Duration::from_secs(10), || {
+        let out = docker_cli::run(d.socket(), &["node", verb, node]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        match out.status.success() {
+            true => Ok(()),
+            false if err.contains("update out of sequence") => Err(err),
+            false => panic!("docker node {verb} {node}: {err}"),
+        }
+    });
 }
 
 /// The cluster as the test follows it: the daemons by hostname, the service and its task processes.
@@ -232,19 +250,19 @@ fn promotions_and_demotions_keep_quorum_and_never_run_a_task_twice() {
     };
     c.check("start", &["manager-71", "manager-72", "manager-73"]);
 
-    docker(&m1, &["node", "promote", "worker-74"]);
+    role_change(&m1, "promote", "worker-74");
     c.check("promote", &["manager-71", "manager-72", "manager-73", "worker-74"]);
-    docker(&m2, &["node", "demote", "worker-74"]);
+    role_change(&m2, "demote", "worker-74");
     c.check("demote", &["manager-71", "manager-72", "manager-73"]);
     assert!(!w.state_dir().join("raft").exists(), "the demoted node kept its raft data");
-    docker(&m3, &["node", "promote", "worker-74"]);
+    role_change(&m3, "promote", "worker-74");
     c.check("promote again", &["manager-71", "manager-72", "manager-73", "worker-74"]);
 
     // The leader itself: it hands its leadership over, then the new leader removes it.
     let leader = wait_until("a leader", Duration::from_secs(20), || leader_seen_by(&m1));
     let others: Vec<&str> =
         ["manager-71", "manager-72", "manager-73", "worker-74"].into_iter().filter(|h| *h != leader).collect();
-    docker(c.daemon(others[0]), &["node", "demote", &leader]);
+    role_change(c.daemon(others[0]), "demote", &leader);
     c.check("demote the leader", &others);
     println!("max task processes at once: {:?}", sampler.max());
     drop(c);
@@ -280,7 +298,9 @@ fn a_manager_demoted_right_after_its_join_leaves_and_the_quorum_holds() {
     }
     let a = manager_at(75, None);
     let b = manager_at(76, Some(&a));
-    docker(&a, &["node", "demote", "manager-76"]);
+    // By ID, as soon as its daemon answers: its hostname may not have reached the managers yet.
+    let identity: Value = serde_json::from_slice(&std::fs::read(b.state_dir().join("node.json")).unwrap()).unwrap();
+    role_change(&a, "demote", identity["node_id"].as_str().unwrap());
     wait_until("manager-76 a worker in the leader's view", Duration::from_secs(60), || {
         let seen = managers_seen_by(&a)?;
         if seen == [("manager-75".to_string(), "Leader".to_string()), ("manager-76".to_string(), "none".to_string())] {
