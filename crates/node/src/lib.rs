@@ -124,6 +124,8 @@ pub struct RunningNode {
     control_socket: std::path::PathBuf,
     swarmkit_socket: Option<std::path::PathBuf>,
     remote_addr: std::net::SocketAddr,
+    /// Set to the manager that issued this node a worker certificate once it is demoted.
+    demoted: watch::Receiver<Option<String>>,
 }
 
 fn machine_hostname() -> String {
@@ -497,6 +499,26 @@ impl Node {
         // A root CA rotation: this manager follows it as any node does, through its agent's session.
         let (node_tx, node_rx) = watch::channel(None);
         let (roots_tx, roots_rx) = watch::channel(Vec::new());
+        // A demotion: once this manager holds a worker certificate, `run_member` stops it and runs the node as
+        // a worker (see `raft_member::wait_demoted`).
+        let (demoted_tx, demoted) = watch::channel(None);
+        let demotion = raft_member::wait_demoted(
+            cfg.state_dir.clone(),
+            mtls.tls.clone(),
+            state.store.clone(),
+            identity.node_id.clone(),
+            raft.clone(),
+            node_tx.subscribe(),
+            shutdown_rx.clone(),
+        );
+        tasks.push((
+            "demotion",
+            tokio::spawn(async move {
+                if let Some(via) = demotion.await {
+                    demoted_tx.send_replace(Some(via));
+                }
+            }),
+        ));
         let agent = agent.with_node_sink(node_tx).with_roots_sink(roots_tx);
         tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
         tasks.push((
@@ -524,6 +546,7 @@ impl Node {
             control_socket,
             swarmkit_socket,
             remote_addr,
+            demoted,
         })
     }
 }
@@ -544,6 +567,17 @@ impl RunningNode {
     /// The bound gRPC address.
     pub fn remote_addr(&self) -> std::net::SocketAddr {
         self.remote_addr
+    }
+
+    /// Resolves once this manager was demoted and holds a worker certificate, with the address of the manager
+    /// that issued it; never if it is not demoted.
+    pub async fn demoted(&self) -> String {
+        let mut rx = self.demoted.clone();
+        let via = rx.wait_for(Option::is_some).await.map(|via| via.clone().unwrap_or_default());
+        match via {
+            Ok(via) => via,
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Stops the node: the agent first (so every task process is stopped), then the servers and the
@@ -651,7 +685,8 @@ pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
 
 /// Runs a node until `stop` resolves, then shuts it down; in between it moves through the swarm lifecycle
 /// (`lifecycle`): inactive until an init or join, a member (locked first when autolock sealed its keys; a
-/// worker, restarted in-process as a manager when promoted; or a manager), and back to inactive on leave.
+/// worker, restarted in-process as a manager when promoted; or a manager, restarted in-process as a worker
+/// when demoted), and back to inactive on leave.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
     let mut cfg = cfg;
     // Before any listener: the remote port's connection caps are drawn from the limit (`connection_caps`).
@@ -729,44 +764,60 @@ async fn run_member(
     }
     let availability =
         session.pending.as_ref().and_then(|p| p.join_availability).map(|a| a.to_api()).unwrap_or_default();
-    if let worker_node::StartAs::Worker(w) = worker_node::prepare(cfg, availability).await? {
-        lifecycle::record_member(cfg)?;
-        match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), GRACE, session).await? {
-            worker_node::WorkerExit::Stopped => return Ok(MemberExit::Stopped),
-            worker_node::WorkerExit::Left(p) => return Ok(MemberExit::Left(p)),
-            // Promoted: the state dir now holds a manager certificate; start again as a manager that joins
-            // Raft through the manager this worker's session was open with.
-            worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
+    // A worker, promoted, runs on as a manager; a manager, demoted, runs on as a worker; and so on.
+    loop {
+        if let worker_node::StartAs::Worker(w) = worker_node::prepare(cfg, availability).await? {
+            lifecycle::record_member(cfg)?;
+            match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), GRACE, session).await? {
+                worker_node::WorkerExit::Stopped => return Ok(MemberExit::Stopped),
+                worker_node::WorkerExit::Left(p) => return Ok(MemberExit::Left(p)),
+                // Promoted: the state dir now holds a manager certificate; start again as a manager that joins
+                // Raft through the manager this worker's session was open with.
+                worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
+            }
         }
-    }
-    let node = Node::start_in(cfg.clone(), session.handle.as_ref()).await?;
-    // Only once started: a first start that fails leaves nothing behind.
-    if let Err(e) = lifecycle::record_member(cfg) {
-        node.shutdown(GRACE).await;
-        return Err(e);
-    }
-    if let Some((spec, availability)) = session.pending.as_mut().and_then(|p| p.init.take()) {
-        if let Err(e) = lifecycle::apply_init(node.state(), &node.identity().node_id, spec, availability).await {
+        let node = Node::start_in(cfg.clone(), session.handle.as_ref()).await?;
+        // Only once started: a first start that fails leaves nothing behind.
+        if let Err(e) = lifecycle::record_member(cfg) {
             node.shutdown(GRACE).await;
-            return Err(NodeError::Bootstrap(format!("cannot apply the init request's settings: {e}")));
+            return Err(e);
         }
-    }
-    let node_id = node.identity().node_id.clone();
-    session.started(&node_id).await;
-    let leave = tokio::select! {
-        _ = stop.as_mut() => None,
-        reply = session.next_leave() => Some(reply),
-    };
-    match leave {
-        None => {
-            tracing::info!("shutting down");
-            node.shutdown(GRACE).await;
-            Ok(MemberExit::Stopped)
+        if let Some((spec, availability)) = session.pending.as_mut().and_then(|p| p.init.take()) {
+            if let Err(e) = lifecycle::apply_init(node.state(), &node.identity().node_id, spec, availability).await {
+                node.shutdown(GRACE).await;
+                return Err(NodeError::Bootstrap(format!("cannot apply the init request's settings: {e}")));
+            }
         }
-        Some(reply) => {
-            tracing::info!("docker swarm leave: stopping this manager and leaving the swarm");
-            let control_api = node.shutdown_all_but_control_api(GRACE).await;
-            Ok(MemberExit::Left(Box::new(lifecycle::Pending::leave(reply, control_api))))
+        let node_id = node.identity().node_id.clone();
+        session.started(&node_id).await;
+        enum Why {
+            Stopped,
+            Leave(tokio::sync::oneshot::Sender<Result<(), shoal_engine_api::ApiError>>),
+            Demoted(String),
+        }
+        let why = tokio::select! {
+            _ = stop.as_mut() => Why::Stopped,
+            reply = session.next_leave() => Why::Leave(reply),
+            via = node.demoted() => Why::Demoted(via),
+        };
+        match why {
+            Why::Stopped => {
+                tracing::info!("shutting down");
+                node.shutdown(GRACE).await;
+                return Ok(MemberExit::Stopped);
+            }
+            Why::Leave(reply) => {
+                tracing::info!("docker swarm leave: stopping this manager and leaving the swarm");
+                let control_api = node.shutdown_all_but_control_api(GRACE).await;
+                return Ok(MemberExit::Left(Box::new(lifecycle::Pending::leave(reply, control_api))));
+            }
+            Why::Demoted(via) => {
+                // Its tasks stop with the manager's agent and start again under the worker's: never twice.
+                tracing::info!(%via, "demoted to worker: stopping the manager parts to run this node as a worker");
+                node.shutdown(GRACE).await;
+                worker_node::forget_raft_state(&cfg.state_dir)?;
+                cfg.join_addr = Some(via);
+            }
         }
     }
 }

@@ -6,7 +6,8 @@
 //!   was given or `swarm.json` says it left a swarm (so a restart after `docker swarm leave` stays out of
 //!   every swarm, as Docker's does). Without either, an empty state dir still bootstraps a one-node
 //!   cluster at once (the README's first command).
-//! - A member: a manager (`Node::start`) or a worker (`worker_node::run_worker`).
+//! - A member: a manager (`Node::start`) or a worker (`worker_node::run_worker`); a promotion or a demotion
+//!   moves it from one to the other in-process (`run_daemon`).
 //! - Leaving: its parts stop (its tasks with them), everything in the state dir but the state dir lock and
 //!   the control socket is removed, and `swarm.json` records that it left.
 //!

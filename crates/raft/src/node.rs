@@ -168,6 +168,11 @@ enum Command {
         max: u64,
         done: oneshot::Sender<Result<Vec<LoggedWrite>, LogReadError>>,
     },
+    /// Hand leadership to member `to` (`RaftNode::transfer_leadership`).
+    TransferLeader {
+        to: u64,
+        done: oneshot::Sender<Result<(), MembershipError>>,
+    },
 }
 
 type ReadDone = oneshot::Sender<Result<(), ProposeError>>;
@@ -319,6 +324,19 @@ impl RaftNode {
     /// damage by `start`, never taken for a new member).
     pub fn has_existing_state(state_dir: &Path) -> bool {
         crate::storage::has_raft_traces(state_dir)
+    }
+
+    /// Removes the Raft state under `state_dir` (log, snapshots, commit record, data key): a manager that
+    /// left the Raft group for good (demoted) keeps none, so a later start is a worker's, and a later
+    /// promotion joins under a new Raft ID. The node must not be running.
+    pub fn remove_state(state_dir: &Path) -> std::io::Result<()> {
+        let raft = state_dir.join("raft");
+        match std::fs::remove_dir_all(&raft) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        std::fs::File::open(state_dir).and_then(|d| d.sync_all())
     }
 
     /// Re-seals the log and the snapshots on disk with `keys` (a DEK rotation: `keys` holds the new current
@@ -488,6 +506,28 @@ impl RaftNode {
         let members = self.change_membership(cc).await?;
         tracing::info!(raft_id = format_args!("{raft_id:x}"), from = %current.addr, to = addr, "raft member address changed");
         Ok(members)
+    }
+
+    /// Hands leadership to member `to` (leader only; Raft thesis 3.10): `to` is brought up to date and then
+    /// campaigns at once. Resolves once the transfer has started; the leadership watch shows its outcome
+    /// (raft-rs abandons a transfer that has not finished within an election timeout).
+    pub async fn transfer_leadership(&self, to: u64) -> Result<(), MembershipError> {
+        if !self.inner.leader.borrow().is_leader {
+            return Err(self.not_leader());
+        }
+        let (done, rx) = oneshot::channel();
+        self.inner.proposals.send(Command::TransferLeader { to, done }).await.map_err(|_| ProposeError::Stopped)?;
+        rx.await.map_err(|_| ProposeError::Stopped)?
+    }
+
+    /// Whether removing member `raft_id` leaves the other members a reachable quorum (SwarmKit's
+    /// `CanRemoveMember`): counted on the leader, which counts itself reachable; `false` elsewhere.
+    pub fn removal_keeps_quorum(&self, raft_id: u64) -> bool {
+        let members = self.members();
+        let reachable = self.reachable_members();
+        let remaining: Vec<u64> = members.members.keys().copied().filter(|id| *id != raft_id).collect();
+        let alive = remaining.iter().filter(|id| reachable.get(id).copied().unwrap_or(false)).count();
+        !remaining.is_empty() && alive > remaining.len() / 2
     }
 
     /// Removes member `raft_id` (leader only; the leader cannot remove itself). Resolves once applied here.
@@ -942,6 +982,19 @@ impl Driver {
             Command::ReadIndex { done } => self.read_index(done),
             Command::ReadLog { low, high, max, done } => {
                 let _ = done.send(self.read_log(low, high, max));
+            }
+            Command::TransferLeader { to, done } => {
+                let r = if self.raw.raft.state != StateRole::Leader {
+                    Err(MembershipError::Refused(
+                        "this manager is not the leader: it has no leadership to hand over".into(),
+                    ))
+                } else if !self.raw.raft.prs().conf().voters().contains(to) || to == self.cfg.raft_id {
+                    Err(MembershipError::Refused(format!("raft id {to:x} is not another voting member")))
+                } else {
+                    self.raw.transfer_leader(to);
+                    Ok(())
+                };
+                let _ = done.send(r);
             }
         }
     }

@@ -98,9 +98,28 @@ fn docker_engine_version(node: &Node) -> Option<String> {
     Some(if engine.engine_version.is_empty() { "(no version)".to_string() } else { engine.engine_version.clone() })
 }
 
+/// Why demoting `node` would leave the other Raft members without a reachable quorum (SwarmKit's
+/// `CanRemoveMember`), from the manager statuses the leader keeps (reachability as of its last pass, at
+/// most `MANAGER_STATUS_PERIOD` old); `None` when it would not, or when `node` is not a Raft member.
+fn demotion_loses_quorum(t: &Tables, node: &Node) -> Option<String> {
+    use shoal_api::raft_member_status::Reachability;
+    node.manager_status.as_ref()?;
+    let others: Vec<&Node> =
+        t.nodes().iter().map(|n| &**n).filter(|n| n.id != node.id && n.manager_status.is_some()).collect();
+    let reachable = others
+        .iter()
+        .filter(|n| {
+            n.manager_status.as_ref().is_some_and(|m| m.leader || m.reachability == Reachability::Reachable as i32)
+        })
+        .count();
+    let quorum = others.len() / 2 + 1;
+    (reachable < quorum)
+        .then(|| format!("{reachable} of the {} other managers are reachable, and {quorum} are needed", others.len()))
+}
+
 /// Replaces node `reference`'s spec. `version` must be the node's current version. Labels and name are
-/// bounded (`limits::check_node_spec`). Demoting the last manager is refused, and so is promoting a Docker
-/// Engine that joined as a worker.
+/// bounded (`limits::check_node_spec`). Demoting the last manager is refused, and so is a demotion that would leave the other managers without a reachable quorum
+/// (both with SwarmKit's messages), and promoting a Docker Engine that joined as a worker.
 pub async fn update_node(
     state: &ClusterState,
     reference: &str,
@@ -133,7 +152,14 @@ pub async fn update_node(
                     .count();
                 if managers <= 1 {
                     return Err(ControlError::FailedPrecondition(format!(
-                        "node {} is the last manager of the cluster and cannot be demoted; promote another node first",
+                        "attempting to demote the last manager of the swarm (node {}): promote another node first",
+                        current.id
+                    )));
+                }
+                if let Some(why) = demotion_loses_quorum(t, current) {
+                    return Err(ControlError::FailedPrecondition(format!(
+                        "can't remove member from the raft: this would result in a loss of quorum ({why}); bring \
+                         the unreachable managers back, or promote another node, then demote node {} again",
                         current.id
                     )));
                 }

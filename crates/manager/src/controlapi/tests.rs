@@ -436,6 +436,54 @@ fn node(id: &str, host: &str, role: NodeRole, st: node_status::State) -> Node {
     n
 }
 
+/// A demotion that would leave the other Raft members without a reachable quorum is refused with SwarmKit's
+/// message and changes nothing; once the unreachable manager is back it goes through.
+#[tokio::test]
+async fn a_demotion_that_would_lose_quorum_is_refused() {
+    use shoal_api::{raft_member_status::Reachability, ManagerStatus};
+    let (state, _) = cluster();
+    let manager = |id: &str, raft_id: u64, leader: bool, reach: Reachability| {
+        let mut n = node(id, id, NodeRole::Manager, node_status::State::Ready);
+        n.manager_status = Some(ManagerStatus {
+            raft_id,
+            addr: format!("127.0.0.{raft_id}:4242"),
+            leader,
+            reachability: reach as i32,
+        });
+        n
+    };
+    let mut c = Changes::new();
+    c.create(manager("a", 1, true, Reachability::Reachable));
+    c.create(manager("b", 2, false, Reachability::Unreachable));
+    c.create(manager("c", 3, false, Reachability::Reachable));
+    state.propose(c).await.unwrap();
+    let demote = |id: &str| {
+        let n = get_node(&state, id).unwrap();
+        let mut spec = n.spec.clone().unwrap();
+        spec.set_desired_role(NodeRole::Worker);
+        (n.version(), spec)
+    };
+    let (version, spec) = demote("c");
+    let err = update_node(&state, "c", version, spec).await.unwrap_err();
+    assert!(
+        matches!(&err, ControlError::FailedPrecondition(m)
+            if m.starts_with("can't remove member from the raft: this would result in a loss of quorum")
+                && m.contains("1 of the 2 other managers are reachable")),
+        "{err:?}"
+    );
+    assert_eq!(get_node(&state, "c").unwrap().spec.clone().unwrap().desired_role(), NodeRole::Manager);
+
+    let b = get_node(&state, "b").unwrap();
+    let mut back = (*b).clone();
+    back.manager_status.as_mut().unwrap().reachability = Reachability::Reachable as i32;
+    let mut c = Changes::new();
+    c.update(back);
+    state.propose(c).await.unwrap();
+    let (version, spec) = demote("c");
+    let n = update_node(&state, "c", version, spec).await.unwrap();
+    assert_eq!(n.spec.unwrap().desired_role(), NodeRole::Worker);
+}
+
 #[tokio::test]
 async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
     let (state, _) = cluster();
