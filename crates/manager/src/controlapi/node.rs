@@ -118,8 +118,9 @@ fn demotion_loses_quorum(t: &Tables, node: &Node) -> Option<String> {
 }
 
 /// Replaces node `reference`'s spec. `version` must be the node's current version. Labels and name are
-/// bounded (`limits::check_node_spec`). Demoting the last manager is refused, and so is a demotion that would leave the other managers without a reachable quorum
-/// (both with SwarmKit's messages), and promoting a Docker Engine that joined as a worker.
+/// bounded (`limits::check_node_spec`). Demoting the last manager is refused, and so is a demotion that
+/// would leave the other managers without a reachable quorum (both with SwarmKit's messages), and promoting
+/// a Docker Engine that joined as a worker.
 pub async fn update_node(
     state: &ClusterState,
     reference: &str,
