@@ -363,6 +363,7 @@ impl Dispatcher {
                 Status::invalid_argument(e.to_string())
             })?;
         }
+        let ttl = self.heartbeat_ttl_ms();
         for _ in 0..WRITE_ATTEMPTS {
             let now_ms = self.state.timer.now_ms();
             let mut took = false;
@@ -377,8 +378,16 @@ impl Dispatcher {
                     let (create, node) = match t.nodes().get(node_id) {
                         Some(existing) => {
                             let description = req.description.clone().or_else(|| existing.description.clone());
+                            // Unchanged, and the node's heartbeat deadline has not passed: nothing to write. The
+                            // deadline moves on under the same lock, so the expiry cannot mark the node down
+                            // between this check and the new session's first beat. (An expired node is written
+                            // READY again: that write is ordered after its DOWN write by the version check.)
                             if description == existing.description && existing.status.as_ref() == Some(&status) {
-                                return Ok::<(), u64>(());
+                                let mut reg = self.registry.lock();
+                                if reg.heartbeats.is_tracked(node_id) {
+                                    reg.heartbeats.beat(node_id, now_ms, ttl);
+                                    return Ok::<(), u64>(());
+                                }
                             }
                             let mut node = (**existing).clone();
                             node.description = description;
