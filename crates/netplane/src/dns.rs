@@ -56,13 +56,7 @@ pub fn resolv_conf() -> String {
 /// The nameservers of a `resolv.conf` text, as upstreams (port 53; IPv4 only; at most `MAX_UPSTREAMS`).
 pub fn upstreams_from_resolv_conf(text: &str) -> Vec<SocketAddr> {
     text.lines()
-        .filter_map(|l| {
-            l.trim()
-                .strip_prefix("nameserver")?
-                .trim()
-                .parse::<Ipv4Addr>()
-                .ok()
-        })
+        .filter_map(|l| l.trim().strip_prefix("nameserver")?.trim().parse::<Ipv4Addr>().ok())
         .filter(|ip| *ip != *RESOLVER_ADDR.ip())
         .map(|ip| SocketAddr::V4(SocketAddrV4::new(ip, 53)))
         .take(MAX_UPSTREAMS)
@@ -96,28 +90,16 @@ pub fn zone_for(state: &NodeNetState, task: &TaskState) -> Zone {
             for name in std::iter::once(&s.name).chain(&s.aliases) {
                 let name = name.to_ascii_lowercase();
                 for full in [name.clone(), format!("{name}.{net}")] {
-                    names
-                        .entry(full)
-                        .or_default()
-                        .extend(answer.iter().copied());
+                    names.entry(full).or_default().extend(answer.iter().copied());
                 }
             }
             let svc = s.name.to_ascii_lowercase();
             for full in [format!("tasks.{svc}"), format!("tasks.{svc}.{net}")] {
-                names
-                    .entry(full)
-                    .or_default()
-                    .extend(s.backends.iter().copied());
+                names.entry(full).or_default().extend(s.backends.iter().copied());
             }
         }
     }
-    Zone {
-        names: names
-            .into_iter()
-            .map(|(k, v)| (k, v.into_iter().collect()))
-            .collect(),
-        forward,
-    }
+    Zone { names: names.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect(), forward }
 }
 
 /// What to do with one query.
@@ -148,9 +130,7 @@ pub fn answer(zone: &Zone, query: &[u8], udp: bool) -> Answer {
         m.add_queries(q.queries.iter().cloned());
         m.add_answers(records);
         let limit = if udp {
-            q.edns.as_ref().map_or(CLASSIC_UDP_BYTES, |e| {
-                usize::from(e.max_payload()).max(CLASSIC_UDP_BYTES)
-            })
+            q.edns.as_ref().map_or(CLASSIC_UDP_BYTES, |e| usize::from(e.max_payload()).max(CLASSIC_UDP_BYTES))
         } else {
             u16::MAX as usize
         };
@@ -164,23 +144,14 @@ pub fn answer(zone: &Zone, query: &[u8], udp: bool) -> Answer {
         return reply(ResponseCode::NotImp, Vec::new());
     }
     let query = &q.queries[0];
-    let name = query
-        .name()
-        .to_ascii()
-        .trim_end_matches('.')
-        .to_ascii_lowercase();
+    let name = query.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
     let Some(addrs) = zone.names.get(&name) else {
-        return if zone.forward {
-            Answer::Forward
-        } else {
-            reply(ResponseCode::Refused, Vec::new())
-        };
+        return if zone.forward { Answer::Forward } else { reply(ResponseCode::Refused, Vec::new()) };
     };
     let records = match query.query_type() {
-        RecordType::A | RecordType::ANY => addrs
-            .iter()
-            .map(|ip| Record::from_rdata(query.name().clone(), TTL_SECS, RData::A(A(*ip))))
-            .collect(),
+        RecordType::A | RecordType::ANY => {
+            addrs.iter().map(|ip| Record::from_rdata(query.name().clone(), TTL_SECS, RData::A(A(*ip)))).collect()
+        }
         // The name exists but has no records of this type (AAAA and the rest): NOERROR, empty.
         _ => Vec::new(),
     };
@@ -226,10 +197,7 @@ impl Resolver {
     pub fn new(mut upstreams: Vec<SocketAddr>) -> Resolver {
         upstreams.truncate(MAX_UPSTREAMS);
         Resolver {
-            shared: Arc::new(Shared {
-                upstreams,
-                forwards: Semaphore::new(MAX_FORWARDS_IN_FLIGHT),
-            }),
+            shared: Arc::new(Shared { upstreams, forwards: Semaphore::new(MAX_FORWARDS_IN_FLIGHT) }),
             tasks: Mutex::new(HashMap::new()),
         }
     }
@@ -238,84 +206,50 @@ impl Resolver {
     /// others get their new zone at once.
     pub async fn update(&self, state: &NodeNetState) -> Result<(), Error> {
         state.validate()?;
-        let wanted: HashMap<&str, &TaskState> = state
-            .tasks
-            .iter()
-            .map(|t| (t.task_id.as_str(), t))
-            .collect();
+        let wanted: HashMap<&str, &TaskState> = state.tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
         let new: Vec<&TaskState> = {
             let mut tasks = self.tasks.lock().expect("resolver lock");
             tasks.retain(|id, s| wanted.get(id.as_str()).is_some_and(|t| t.netns == s.netns));
             for (id, s) in tasks.iter() {
-                *s.zone.write().expect("zone lock") =
-                    Arc::new(zone_for(state, wanted[id.as_str()]));
+                *s.zone.write().expect("zone lock") = Arc::new(zone_for(state, wanted[id.as_str()]));
             }
-            state
-                .tasks
-                .iter()
-                .filter(|t| !tasks.contains_key(&t.task_id))
-                .collect()
+            state.tasks.iter().filter(|t| !tasks.contains_key(&t.task_id)).collect()
         };
         for t in new {
             let zone = Arc::new(RwLock::new(Arc::new(zone_for(state, t))));
             let server = self.serve(t, zone).await?;
-            self.tasks
-                .lock()
-                .expect("resolver lock")
-                .insert(t.task_id.clone(), server);
+            self.tasks.lock().expect("resolver lock").insert(t.task_id.clone(), server);
         }
         Ok(())
     }
 
     /// Makes the task's sockets in its namespace and starts serving them.
-    async fn serve(
-        &self,
-        task: &TaskState,
-        zone: Arc<RwLock<Arc<Zone>>>,
-    ) -> Result<TaskServer, Error> {
+    async fn serve(&self, task: &TaskState, zone: Arc<RwLock<Arc<Zone>>>) -> Result<TaskServer, Error> {
         let netns = task.netns.clone();
         let task_id = task.task_id.clone();
         let (udp, tcp) = tokio::task::spawn_blocking(move || bind_in_netns(&netns))
             .await
-            .map_err(|e| Error::Dns {
-                task: task_id.clone(),
-                detail: e.to_string(),
-            })?
-            .map_err(|e| Error::Dns {
-                task: task_id.clone(),
-                detail: e,
-            })?;
-        let wrap = |e: std::io::Error| Error::Dns {
-            task: task_id.clone(),
-            detail: e.to_string(),
-        };
+            .map_err(|e| Error::Dns { task: task_id.clone(), detail: e.to_string() })?
+            .map_err(|e| Error::Dns { task: task_id.clone(), detail: e })?;
+        let wrap = |e: std::io::Error| Error::Dns { task: task_id.clone(), detail: e.to_string() };
         let udp = Arc::new(UdpSocket::from_std(udp).map_err(wrap)?);
         let tcp = TcpListener::from_std(tcp).map_err(wrap)?;
         let loops = vec![
             tokio::spawn(udp_loop(udp, zone.clone(), self.shared.clone())),
             tokio::spawn(tcp_loop(tcp, zone.clone(), self.shared.clone())),
         ];
-        Ok(TaskServer {
-            netns: task.netns.clone(),
-            zone,
-            loops,
-        })
+        Ok(TaskServer { netns: task.netns.clone(), zone, loops })
     }
 }
 
 /// Binds `RESOLVER_ADDR` (UDP and TCP) inside `netns`, on a thread of its own that enters the namespace.
-fn bind_in_netns(
-    netns: &std::path::Path,
-) -> Result<(std::net::UdpSocket, std::net::TcpListener), String> {
+fn bind_in_netns(netns: &std::path::Path) -> Result<(std::net::UdpSocket, std::net::TcpListener), String> {
     let path = netns.to_path_buf();
     std::thread::spawn(move || {
         let file = std::fs::File::open(&path).map_err(|e| format!("open {path:?}: {e}"))?;
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("enter {path:?}: {e}"))?;
-        let udp = std::net::UdpSocket::bind(RESOLVER_ADDR)
-            .map_err(|e| format!("bind udp {RESOLVER_ADDR}: {e}"))?;
-        let tcp = std::net::TcpListener::bind(RESOLVER_ADDR)
-            .map_err(|e| format!("bind tcp {RESOLVER_ADDR}: {e}"))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("enter {path:?}: {e}"))?;
+        let udp = std::net::UdpSocket::bind(RESOLVER_ADDR).map_err(|e| format!("bind udp {RESOLVER_ADDR}: {e}"))?;
+        let tcp = std::net::TcpListener::bind(RESOLVER_ADDR).map_err(|e| format!("bind tcp {RESOLVER_ADDR}: {e}"))?;
         udp.set_nonblocking(true).map_err(|e| e.to_string())?;
         tcp.set_nonblocking(true).map_err(|e| e.to_string())?;
         Ok((udp, tcp))
@@ -371,11 +305,7 @@ async fn tcp_loop(listener: TcpListener, zone: Arc<RwLock<Arc<Zone>>>, shared: A
     }
 }
 
-async fn tcp_conn(
-    mut conn: TcpStream,
-    zone: Arc<RwLock<Arc<Zone>>>,
-    shared: Arc<Shared>,
-) -> std::io::Result<()> {
+async fn tcp_conn(mut conn: TcpStream, zone: Arc<RwLock<Arc<Zone>>>, shared: Arc<Shared>) -> std::io::Result<()> {
     loop {
         let mut len = [0u8; 2];
         match tokio::time::timeout(TCP_IDLE_TIMEOUT, conn.read_exact(&mut len)).await {
@@ -412,9 +342,7 @@ async fn forward(shared: &Shared, query: &[u8]) -> Option<Vec<u8>> {
     };
     let id = query.get(..2)?.to_vec();
     for up in &shared.upstreams {
-        let Ok(sock) =
-            UdpSocket::bind(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))).await
-        else {
+        let Ok(sock) = UdpSocket::bind(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))).await else {
             continue;
         };
         if sock.send_to(query, up).await.is_err() {
@@ -472,11 +400,7 @@ mod tests {
         let svc = |name: &str, vip: Option<Ipv4Addr>, backends: Vec<Ipv4Addr>| ServiceVip {
             service_id: format!("id-{name}"),
             name: name.into(),
-            aliases: if name == "web" {
-                vec!["www".into()]
-            } else {
-                Vec::new()
-            },
+            aliases: if name == "web" { vec!["www".into()] } else { Vec::new() },
             vip,
             backends,
         };
@@ -490,21 +414,14 @@ mod tests {
             encrypted: false,
             peers: Vec::new(),
             services: vec![
-                svc(
-                    "web",
-                    Some(Ipv4Addr::new(10, 9, 200, 1)),
-                    (0..backends).map(ip).collect(),
-                ),
+                svc("web", Some(Ipv4Addr::new(10, 9, 200, 1)), (0..backends).map(ip).collect()),
                 svc("db", None, vec![ip(0)]),
             ],
         };
         let task = TaskState {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
-            attachments: vec![Attachment {
-                network_id: "n1".into(),
-                address: ip(1),
-            }],
+            attachments: vec![Attachment { network_id: "n1".into(), address: ip(1) }],
         };
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         s.networks = vec![net];
@@ -513,12 +430,7 @@ mod tests {
         (s, task)
     }
 
-    fn check(
-        zone: &Zone,
-        name: &str,
-        rtype: RecordType,
-        want: Option<(ResponseCode, &[Ipv4Addr])>,
-    ) {
+    fn check(zone: &Zone, name: &str, rtype: RecordType, want: Option<(ResponseCode, &[Ipv4Addr])>) {
         let got = match answer(zone, &query_bytes(7, name, rtype), true) {
             Answer::Reply(b) => {
                 let (code, _, addrs) = parse_response(&b).expect("a response");
@@ -527,11 +439,7 @@ mod tests {
             Answer::Forward => None,
             Answer::Drop => panic!("{name}: dropped"),
         };
-        assert_eq!(
-            got.as_ref().map(|(c, a)| (*c, a.as_slice())),
-            want,
-            "{name} {rtype:?}"
-        );
+        assert_eq!(got.as_ref().map(|(c, a)| (*c, a.as_slice())), want, "{name} {rtype:?}");
     }
 
     #[test]
@@ -548,16 +456,8 @@ mod tests {
         check(&z, "db", RecordType::A, Some((ok, &backends[..1])));
         check(&z, "web", RecordType::AAAA, Some((ok, &[])));
         check(&z, "example.org", RecordType::A, None);
-        let internal = Zone {
-            forward: false,
-            ..z
-        };
-        check(
-            &internal,
-            "example.org",
-            RecordType::A,
-            Some((ResponseCode::Refused, &[])),
-        );
+        let internal = Zone { forward: false, ..z };
+        check(&internal, "example.org", RecordType::A, Some((ResponseCode::Refused, &[])));
         assert_eq!(answer(&internal, b"not dns", true), Answer::Drop);
     }
 
@@ -566,18 +466,10 @@ mod tests {
         let (s, t) = state(200);
         let z = zone_for(&s, &t);
         let q = query_bytes(9, "tasks.web", RecordType::A);
-        let Answer::Reply(udp) = answer(&z, &q, true) else {
-            panic!("no answer")
-        };
+        let Answer::Reply(udp) = answer(&z, &q, true) else { panic!("no answer") };
         let (_, tc, addrs) = parse_response(&udp).unwrap();
-        assert!(
-            tc && addrs.is_empty() && udp.len() <= CLASSIC_UDP_BYTES,
-            "{} bytes, tc {tc}",
-            udp.len()
-        );
-        let Answer::Reply(tcp) = answer(&z, &q, false) else {
-            panic!("no answer")
-        };
+        assert!(tc && addrs.is_empty() && udp.len() <= CLASSIC_UDP_BYTES, "{} bytes, tc {tc}", udp.len());
+        let Answer::Reply(tcp) = answer(&z, &q, false) else { panic!("no answer") };
         let (_, tc, addrs) = parse_response(&tcp).unwrap();
         assert!(!tc && addrs.len() == 200);
     }
@@ -585,10 +477,7 @@ mod tests {
     #[test]
     fn upstreams_come_from_resolv_conf() {
         let text = "# x\nnameserver 10.0.0.2\nnameserver ::1\nnameserver 127.0.0.11\nsearch a\nnameserver 1.1.1.1\n";
-        let got: Vec<String> = upstreams_from_resolv_conf(text)
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
+        let got: Vec<String> = upstreams_from_resolv_conf(text).iter().map(|a| a.to_string()).collect();
         assert_eq!(got, ["10.0.0.2:53", "1.1.1.1:53"]);
     }
 }

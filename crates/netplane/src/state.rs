@@ -95,22 +95,14 @@ pub struct Mac(pub [u8; 6]);
 impl fmt::Display for Mac {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
     }
 }
 
 impl std::str::FromStr for Mac {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self, Error> {
-        let bad = || {
-            Error::Invalid(format!(
-                "{s:?} is not an Ethernet address like 02:42:0a:00:00:02"
-            ))
-        };
+        let bad = || Error::Invalid(format!("{s:?} is not an Ethernet address like 02:42:0a:00:00:02"));
         let mut out = [0u8; 6];
         let mut parts = s.split(':');
         for b in &mut out {
@@ -216,16 +208,10 @@ impl NodeNetState {
     pub fn validate(&self) -> Result<(), Error> {
         let inv = |m: String| Err(Error::Invalid(m));
         if self.networks.len() > MAX_NETWORKS {
-            return inv(format!(
-                "{} networks on one node; at most {MAX_NETWORKS}",
-                self.networks.len()
-            ));
+            return inv(format!("{} networks on one node; at most {MAX_NETWORKS}", self.networks.len()));
         }
         if self.tasks.len() > MAX_TASKS {
-            return inv(format!(
-                "{} tasks with networks on one node; at most {MAX_TASKS}",
-                self.tasks.len()
-            ));
+            return inv(format!("{} tasks with networks on one node; at most {MAX_TASKS}", self.tasks.len()));
         }
         if !self.networks.is_empty() && self.underlay_ip.is_none() {
             return inv("the node has overlay networks but no underlay address".into());
@@ -234,10 +220,7 @@ impl NodeNetState {
             return inv("the VXLAN data path port must be 1..=65535".into());
         }
         if !(576..=9000).contains(&self.overlay_mtu) {
-            return inv(format!(
-                "overlay MTU {} is outside 576..=9000",
-                self.overlay_mtu
-            ));
+            return inv(format!("overlay MTU {} is outside 576..=9000", self.overlay_mtu));
         }
         let mut ids = BTreeSet::new();
         let mut vnis = BTreeSet::new();
@@ -252,15 +235,10 @@ impl NodeNetState {
         }
         if let Some(i) = &self.ingress {
             let Some(n) = self.network(&i.network_id) else {
-                return inv(format!(
-                    "the node's ingress address is on unknown network {}",
-                    i.network_id
-                ));
+                return inv(format!("the node's ingress address is on unknown network {}", i.network_id));
             };
-            let broadcast = Ipv4Addr::from(
-                u32::from(n.subnet.network())
-                    | !(u32::MAX << (32 - u32::from(n.subnet.prefix_len))),
-            );
+            let broadcast =
+                Ipv4Addr::from(u32::from(n.subnet.network()) | !(u32::MAX << (32 - u32::from(n.subnet.prefix_len))));
             if !n.subnet.contains(i.address)
                 || i.address == n.gateway
                 || i.address == n.subnet.network()
@@ -273,10 +251,7 @@ impl NodeNetState {
             }
         }
         if self.published.len() > MAX_PUBLISHED_PORTS {
-            return inv(format!(
-                "{} published ports on one node; at most {MAX_PUBLISHED_PORTS}",
-                self.published.len()
-            ));
+            return inv(format!("{} published ports on one node; at most {MAX_PUBLISHED_PORTS}", self.published.len()));
         }
         let mut ports = BTreeSet::new();
         for p in &self.published {
@@ -297,11 +272,7 @@ impl NodeNetState {
                     p.backends.len()
                 ));
             }
-            if let Some(b) = p
-                .backends
-                .iter()
-                .find(|b| !self.networks.iter().any(|n| n.subnet.contains(**b)))
-            {
+            if let Some(b) = p.backends.iter().find(|b| !self.networks.iter().any(|n| n.subnet.contains(**b))) {
                 return inv(format!(
                     "published port {}/{}: backend {b} is on none of the node's networks",
                     p.port, p.protocol
@@ -316,16 +287,10 @@ impl NodeNetState {
                 return inv(format!("task {} is listed twice", t.task_id));
             }
             if !t.netns.is_absolute() {
-                return inv(format!(
-                    "task {}: network namespace path {:?} is not absolute",
-                    t.task_id, t.netns
-                ));
+                return inv(format!("task {}: network namespace path {:?} is not absolute", t.task_id, t.netns));
             }
             if !netns_paths.insert(t.netns.clone()) {
-                return inv(format!(
-                    "task {}: network namespace {:?} is shared with another task",
-                    t.task_id, t.netns
-                ));
+                return inv(format!("task {}: network namespace {:?} is shared with another task", t.task_id, t.netns));
             }
             if t.attachments.len() > MAX_ATTACHMENTS_PER_TASK {
                 return inv(format!(
@@ -337,21 +302,12 @@ impl NodeNetState {
             let mut seen = BTreeSet::new();
             for a in &t.attachments {
                 let Some(n) = self.network(&a.network_id) else {
-                    return inv(format!(
-                        "task {} is attached to unknown network {}",
-                        t.task_id, a.network_id
-                    ));
+                    return inv(format!("task {} is attached to unknown network {}", t.task_id, a.network_id));
                 };
                 if !seen.insert(a.network_id.as_str()) {
-                    return inv(format!(
-                        "task {} is attached twice to network {}",
-                        t.task_id, a.network_id
-                    ));
+                    return inv(format!("task {} is attached twice to network {}", t.task_id, a.network_id));
                 }
-                if !n.subnet.contains(a.address)
-                    || a.address == n.gateway
-                    || a.address == n.subnet.network()
-                {
+                if !n.subnet.contains(a.address) || a.address == n.gateway || a.address == n.subnet.network() {
                     return inv(format!(
                         "task {}: address {} is not a host address of network {}'s subnet {}",
                         t.task_id, a.address, n.id, n.subnet
@@ -366,9 +322,7 @@ impl NodeNetState {
 fn check_id(what: &str, id: &str) -> Result<(), Error> {
     if id.is_empty()
         || id.len() > MAX_ID_LEN
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
         return Err(Error::Invalid(format!(
             "{what} ID {id:?} must be 1..={MAX_ID_LEN} characters of letters, digits, '-' and '_'"
@@ -407,22 +361,13 @@ impl NetworkState {
         check_dns_name("network", &self.name)?;
         crate::check_encryption(&self.id, self.encrypted)?;
         if self.vni == 0 || self.vni > MAX_VNI {
-            return inv(format!(
-                "network {}: VNI {} is outside 1..={MAX_VNI}",
-                self.id, self.vni
-            ));
+            return inv(format!("network {}: VNI {} is outside 1..={MAX_VNI}", self.id, self.vni));
         }
         if !(8..=30).contains(&self.subnet.prefix_len) {
-            return inv(format!(
-                "network {}: subnet {} must have a prefix length in 8..=30",
-                self.id, self.subnet
-            ));
+            return inv(format!("network {}: subnet {} must have a prefix length in 8..=30", self.id, self.subnet));
         }
         if !self.subnet.contains(self.gateway) {
-            return inv(format!(
-                "network {}: gateway {} is outside subnet {}",
-                self.id, self.gateway, self.subnet
-            ));
+            return inv(format!("network {}: gateway {} is outside subnet {}", self.id, self.gateway, self.subnet));
         }
         if self.peers.len() > MAX_PEERS_PER_NETWORK {
             return inv(format!(
@@ -434,16 +379,10 @@ impl NetworkState {
         let mut addrs = BTreeSet::new();
         for p in &self.peers {
             if !self.subnet.contains(p.address) {
-                return inv(format!(
-                    "network {}: peer {} is outside subnet {}",
-                    self.id, p.address, self.subnet
-                ));
+                return inv(format!("network {}: peer {} is outside subnet {}", self.id, p.address, self.subnet));
             }
             if !addrs.insert(p.address) {
-                return inv(format!(
-                    "network {}: peer address {} is listed twice",
-                    self.id, p.address
-                ));
+                return inv(format!("network {}: peer address {} is listed twice", self.id, p.address));
             }
         }
         if self.services.len() > MAX_SERVICES_PER_NETWORK {
@@ -458,18 +397,12 @@ impl NetworkState {
             check_id("service", &s.service_id)?;
             check_dns_name("service", &s.name)?;
             if s.aliases.len() > MAX_ALIASES {
-                return inv(format!(
-                    "service {}: {} aliases; at most {MAX_ALIASES}",
-                    s.name,
-                    s.aliases.len()
-                ));
+                return inv(format!("service {}: {} aliases; at most {MAX_ALIASES}", s.name, s.aliases.len()));
             }
             for a in &s.aliases {
                 check_dns_name("alias", a)?;
             }
-            if s.vip
-                .is_some_and(|vip| !self.subnet.contains(vip) || !vips.insert(vip))
-            {
+            if s.vip.is_some_and(|vip| !self.subnet.contains(vip) || !vips.insert(vip)) {
                 return inv(format!(
                     "network {}: service {} VIP {} is outside subnet {} or used twice",
                     self.id,
@@ -486,10 +419,7 @@ impl NetworkState {
                 ));
             }
             if let Some(b) = s.backends.iter().find(|b| !self.subnet.contains(**b)) {
-                return inv(format!(
-                    "service {}: backend {b} is outside subnet {}",
-                    s.service_id, self.subnet
-                ));
+                return inv(format!("service {}: backend {b} is outside subnet {}", s.service_id, self.subnet));
             }
         }
         Ok(())
@@ -500,9 +430,7 @@ impl NetworkState {
 fn check_dns_name(what: &str, name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= MAX_DNS_LABEL_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         && !name.starts_with('-')
         && !name.ends_with('-');
     if !ok {

@@ -22,20 +22,10 @@ struct Netns {
 
 impl Netns {
     fn new(what: &str) -> Netns {
-        let ns = Netns {
-            name: format!("shl-t{}-dns-{what}", std::process::id()),
-        };
+        let ns = Netns { name: format!("shl-t{}-dns-{what}", std::process::id()) };
         let _ = Command::new("ip").args(["netns", "del", &ns.name]).output();
-        assert!(Command::new("ip")
-            .args(["netns", "add", &ns.name])
-            .status()
-            .unwrap()
-            .success());
-        assert!(Command::new("ip")
-            .args(["-n", &ns.name, "link", "set", "lo", "up"])
-            .status()
-            .unwrap()
-            .success());
+        assert!(Command::new("ip").args(["netns", "add", &ns.name]).status().unwrap().success());
+        assert!(Command::new("ip").args(["-n", &ns.name, "link", "set", "lo", "up"]).status().unwrap().success());
         ns
     }
 
@@ -46,9 +36,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
 
@@ -65,9 +53,8 @@ fn ask(
         nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
         let timeout = Some(Duration::from_secs(3));
         let bytes = if tcp {
-            let mut c =
-                TcpStream::connect_timeout(&SocketAddr::V4(RESOLVER_ADDR), Duration::from_secs(3))
-                    .map_err(|e| e.to_string())?;
+            let mut c = TcpStream::connect_timeout(&SocketAddr::V4(RESOLVER_ADDR), Duration::from_secs(3))
+                .map_err(|e| e.to_string())?;
             c.set_read_timeout(timeout).unwrap();
             c.write_all(&(q.len() as u16).to_be_bytes()).unwrap();
             c.write_all(&q).unwrap();
@@ -104,11 +91,7 @@ fn upstream() -> SocketAddr {
             let mut m = Message::response(q.metadata.id, q.metadata.op_code);
             m.add_queries(q.queries.iter().cloned());
             if let Some(query) = q.queries.first() {
-                m.add_answer(Record::from_rdata(
-                    query.name().clone(),
-                    60,
-                    RData::A(A(UPSTREAM_ANSWER)),
-                ));
+                m.add_answer(Record::from_rdata(query.name().clone(), 60, RData::A(A(UPSTREAM_ANSWER))));
             }
             let _ = s.send_to(&m.to_vec().unwrap(), from);
         }
@@ -141,13 +124,8 @@ async fn tasks_resolve_their_services_by_name_and_the_rest_upstream() {
         vip: Some(a(200)),
         backends,
     };
-    let db = ServiceVip {
-        service_id: "db-id".into(),
-        name: "db".into(),
-        aliases: vec![],
-        vip: None,
-        backends: vec![a(5)],
-    };
+    let db =
+        ServiceVip { service_id: "db-id".into(), name: "db".into(), aliases: vec![], vip: None, backends: vec![a(5)] };
     let secret = ServiceVip {
         service_id: "s-id".into(),
         name: "secret".into(),
@@ -156,33 +134,22 @@ async fn tasks_resolve_their_services_by_name_and_the_rest_upstream() {
         backends: vec![],
     };
     let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
-    s.networks = vec![
-        net("appnet", 50, false, vec![web(vec![a(3), a(4)]), db]),
-        net("private", 51, true, vec![secret]),
-    ];
+    s.networks =
+        vec![net("appnet", 50, false, vec![web(vec![a(3), a(4)]), db]), net("private", 51, true, vec![secret])];
     s.tasks = vec![
         TaskState {
             task_id: "client".into(),
             netns: client.path(),
-            attachments: vec![Attachment {
-                network_id: "appnet".into(),
-                address: a(2),
-            }],
+            attachments: vec![Attachment { network_id: "appnet".into(), address: a(2) }],
         },
         TaskState {
             task_id: "lonely".into(),
             netns: lonely.path(),
-            attachments: vec![Attachment {
-                network_id: "private".into(),
-                address: Ipv4Addr::new(10, 51, 0, 2),
-            }],
+            attachments: vec![Attachment { network_id: "private".into(), address: Ipv4Addr::new(10, 51, 0, 2) }],
         },
     ];
     let resolver = Resolver::new(vec![upstream()]);
-    resolver
-        .update(&s)
-        .await
-        .expect("resolver serves the tasks");
+    resolver.update(&s).await.expect("resolver serves the tasks");
 
     let ask_async = |ns: &Netns, name: &'static str, rtype: RecordType, tcp: bool| {
         let p = ns.path();
@@ -200,59 +167,27 @@ async fn tasks_resolve_their_services_by_name_and_the_rest_upstream() {
         ("secret", vec![UPSTREAM_ANSWER]),
         ("example.org", vec![UPSTREAM_ANSWER]),
     ] {
-        assert_eq!(
-            ask_async(&client, name, RecordType::A, false)
-                .await
-                .unwrap(),
-            ok(want),
-            "{name}"
-        );
+        assert_eq!(ask_async(&client, name, RecordType::A, false).await.unwrap(), ok(want), "{name}");
     }
-    assert_eq!(
-        ask_async(&client, "tasks.web", RecordType::A, true)
-            .await
-            .unwrap(),
-        ok(vec![a(3), a(4)]),
-        "TCP"
-    );
-    assert_eq!(
-        ask_async(&client, "web", RecordType::AAAA, false)
-            .await
-            .unwrap(),
-        ok(vec![])
-    );
+    assert_eq!(ask_async(&client, "tasks.web", RecordType::A, true).await.unwrap(), ok(vec![a(3), a(4)]), "TCP");
+    assert_eq!(ask_async(&client, "web", RecordType::AAAA, false).await.unwrap(), ok(vec![]));
 
     // A task only on an internal network: its own services answer, nothing is forwarded.
     assert_eq!(
-        ask_async(&lonely, "secret", RecordType::A, false)
-            .await
-            .unwrap(),
+        ask_async(&lonely, "secret", RecordType::A, false).await.unwrap(),
         ok(vec![Ipv4Addr::new(10, 51, 0, 200)])
     );
-    let refused = ask_async(&lonely, "example.org", RecordType::A, false)
-        .await
-        .unwrap();
+    let refused = ask_async(&lonely, "example.org", RecordType::A, false).await.unwrap();
     assert_eq!(refused.map(|r| r.0), Ok(ResponseCode::Refused));
 
     // Backends change: the answers follow at once.
     s.networks[0].services[0] = web(vec![a(4)]);
     resolver.update(&s).await.expect("update");
-    assert_eq!(
-        ask_async(&client, "tasks.web", RecordType::A, false)
-            .await
-            .unwrap(),
-        ok(vec![a(4)])
-    );
+    assert_eq!(ask_async(&client, "tasks.web", RecordType::A, false).await.unwrap(), ok(vec![a(4)]));
 
     // A task that leaves the state is no longer served.
     s.tasks.retain(|t| t.task_id != "client");
     resolver.update(&s).await.expect("client removed");
-    assert!(
-        ask_async(&client, "web", RecordType::A, true)
-            .await
-            .unwrap()
-            .is_err(),
-        "a removed task still has DNS"
-    );
+    assert!(ask_async(&client, "web", RecordType::A, true).await.unwrap().is_err(), "a removed task still has DNS");
     drop(resolver);
 }
