@@ -1,8 +1,14 @@
-//! The data plane driven in network namespaces (needs root, iproute2, nftables, nsenter): two "nodes", each a
-//! namespace, joined by a veth underlay (192.168.77.1 and .2), each with task namespaces plumbed by the
+//! The data plane driven in network namespaces (needs root, iproute2, nftables, nsenter, iptables-nft and
+//! iptables-legacy): two "nodes", each a namespace prepared like a host running Docker (FORWARD policy DROP
+//! with Docker's chains, bridge-nf-call-iptables=1: node 0 with iptables-nft, node 1 with iptables-legacy,
+//! `docker_host`), joined by a veth underlay (192.168.77.1 and .2), each with task namespaces plumbed by the
 //! `Executor`. Tests ping and open TCP connections between tasks the way a task would, and check what is left on
-//! the nodes afterwards. Every namespace is a `Netns` guard named `shl-t<pid>-<tag>-...`, deleted on drop even
-//! when an assertion fails; namespaces of test processes that died are deleted by the next test.
+//! the nodes afterwards (links, network namespaces, tables, iptables rules). Every namespace is a `Netns` guard
+//! named `shl-t<pid>-<tag>-...`, deleted on drop even when an assertion fails (a node's network namespaces are
+//! removed first); namespaces of test processes that died are deleted by the next test.
+
+#[path = "../../testkit/src/netns_docker_host.rs"]
+mod docker_host;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -14,42 +20,52 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shoal_netplane::{
-    mac_for, Attachment, Executor, NetworkState, NodeIngress, NodeNetState, Op, Peer, Protocol,
-    PublishedPort, ServiceVip, TaskState,
+    mac_for, Attachment, Executor, NetworkState, NodeIngress, NodeNetState, Op, Peer, Protocol, PublishedPort,
+    ServiceVip, TaskState,
 };
 
 const PREFIX: &str = "shl-t";
-const NODE_IPS: [Ipv4Addr; 2] = [
-    Ipv4Addr::new(192, 168, 77, 1),
-    Ipv4Addr::new(192, 168, 77, 2),
-];
+const NODE_IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(192, 168, 77, 1), Ipv4Addr::new(192, 168, 77, 2)];
 const PORT: u16 = 8080;
 
 fn sh(args: &[&str]) -> std::process::Output {
-    Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
 fn run(args: &[&str]) {
     let out = sh(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Deletes the namespaces of test processes that no longer exist.
+/// The inode of a namespace file (`nsfs`), which names a node's network namespaces.
+fn inode(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// Deletes the namespaces of test processes that no longer exist, and the network namespaces
+/// (`shl-net-<node inode>-<vni>`) of node namespaces that no longer exist.
 fn remove_leftovers() {
+    let names: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    let mut alive: std::collections::BTreeSet<u64> =
+        names.iter().filter_map(|n| inode(&std::path::Path::new("/run/netns").join(n))).collect();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        alive.extend(inode(&p.path().join("ns/net")));
+    }
+    for n in &names {
+        let node = n.strip_prefix("shl-net-").and_then(|r| r.split('-').next()?.parse::<u64>().ok());
+        if node.is_some_and(|k| !alive.contains(&k)) {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+    }
     let out = sh(&["ip", "netns", "list"]);
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let name = line.split_whitespace().next().unwrap_or("");
-        let Some(pid) = name
-            .strip_prefix(PREFIX)
-            .and_then(|r| r.split('-').next()?.parse::<u32>().ok())
-        else {
+        let Some(pid) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()?.parse::<u32>().ok()) else {
             continue;
         };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -65,9 +81,7 @@ struct Netns {
 
 impl Netns {
     fn new(tag: &str, what: &str) -> Netns {
-        let ns = Netns {
-            name: format!("{PREFIX}{}-{tag}-{what}", std::process::id()),
-        };
+        let ns = Netns { name: format!("{PREFIX}{}-{tag}-{what}", std::process::id()) };
         run(&["ip", "netns", "add", &ns.name]);
         run(&["ip", "-n", &ns.name, "link", "set", "lo", "up"]);
         ns
@@ -139,9 +153,7 @@ impl Server {
                 }
             }
         });
-        rx.recv()
-            .expect("server thread")
-            .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        rx.recv().expect("server thread").unwrap_or_else(|e| panic!("bind {addr}: {e}"));
         Server { stop, netns, addr }
     }
 }
@@ -150,17 +162,14 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         let addr = self.addr;
-        in_netns(self.netns.clone(), move || {
-            drop(TcpStream::connect_timeout(&addr, Duration::from_secs(1)))
-        });
+        in_netns(self.netns.clone(), move || drop(TcpStream::connect_timeout(&addr, Duration::from_secs(1))));
     }
 }
 
 /// Connects from `netns` to `addr:PORT` and reads the answer.
 fn fetch(netns: PathBuf, addr: Ipv4Addr, timeout: Duration) -> std::io::Result<String> {
     in_netns(netns, move || {
-        let mut c =
-            TcpStream::connect_timeout(&SocketAddr::V4(SocketAddrV4::new(addr, PORT)), timeout)?;
+        let mut c = TcpStream::connect_timeout(&SocketAddr::V4(SocketAddrV4::new(addr, PORT)), timeout)?;
         c.set_read_timeout(Some(timeout))?;
         let mut s = String::new();
         c.read_to_string(&mut s)?;
@@ -173,15 +182,11 @@ fn resolve(netns: PathBuf, name: &str) -> Vec<Ipv4Addr> {
     let q = shoal_netplane::dns::query_bytes(7, name, hickory_proto::rr::RecordType::A);
     in_netns(netns, move || {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
-        s.set_read_timeout(Some(Duration::from_secs(2)))
-            .expect("timeout");
-        s.send_to(&q, shoal_netplane::dns::RESOLVER_ADDR)
-            .expect("send");
+        s.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+        s.send_to(&q, shoal_netplane::dns::RESOLVER_ADDR).expect("send");
         let mut b = vec![0u8; 4096];
         let n = s.recv(&mut b).expect("DNS answer");
-        shoal_netplane::dns::parse_response(&b[..n])
-            .expect("response")
-            .2
+        shoal_netplane::dns::parse_response(&b[..n]).expect("response").2
     })
 }
 
@@ -189,15 +194,12 @@ fn resolve(netns: PathBuf, name: &str) -> Vec<Ipv4Addr> {
 fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// Two node namespaces joined by a veth underlay.
+/// Two node namespaces joined by a veth underlay, each prepared like a Docker host (see the module doc).
 struct Nodes {
     tag: String,
     nodes: Vec<Netns>,
@@ -207,6 +209,9 @@ impl Nodes {
     fn new(tag: &str) -> Nodes {
         remove_leftovers();
         let nodes = vec![Netns::new(tag, "n0"), Netns::new(tag, "n1")];
+        for (i, n) in nodes.iter().enumerate() {
+            docker_host::prepare(&n.name, docker_host::for_node(i));
+        }
         run(&[
             "ip",
             "-n",
@@ -224,22 +229,10 @@ impl Nodes {
         ]);
         for (i, n) in nodes.iter().enumerate() {
             let dev = format!("u{i}");
-            run(&[
-                "ip",
-                "-n",
-                &n.name,
-                "addr",
-                "add",
-                &format!("{}/24", NODE_IPS[i]),
-                "dev",
-                &dev,
-            ]);
+            run(&["ip", "-n", &n.name, "addr", "add", &format!("{}/24", NODE_IPS[i]), "dev", &dev]);
             run(&["ip", "-n", &n.name, "link", "set", &dev, "up"]);
         }
-        Nodes {
-            tag: tag.to_string(),
-            nodes,
-        }
+        Nodes { tag: tag.to_string(), nodes }
     }
 
     fn task(&self, what: &str) -> Netns {
@@ -250,17 +243,29 @@ impl Nodes {
         Executor::in_netns(self.nodes[i].path())
     }
 
+    /// The name of network `vni`'s namespace on node `i`.
+    fn network_ns(&self, i: usize, vni: u32) -> String {
+        shoal_netplane::names::network_netns(inode(&self.nodes[i].path()).expect("node namespace"), vni)
+    }
+
+    /// Runs a command in network `vni`'s namespace on node `i`.
+    fn in_network(&self, i: usize, vni: u32, args: &[&str]) {
+        let ns = self.network_ns(i, vni);
+        let mut a = vec!["ip", "netns", "exec", &ns];
+        a.extend_from_slice(args);
+        run(&a);
+    }
+
     /// Reconciles each node (`execs[i]` drives node `i`) to carrying nothing, and checks nothing of
     /// Shoal's is left on it.
     fn tear_down(&self, execs: &[Executor]) {
         for (i, e) in execs.iter().enumerate() {
-            e.reconcile(&NodeNetState::new(NODE_IPS[i]))
-                .expect("teardown");
+            e.reconcile(&NodeNetState::new(NODE_IPS[i])).expect("teardown");
             assert_eq!(self.leftovers(i), "", "node {i} keeps Shoal's links or table");
         }
     }
 
-    /// The Shoal links and tables left on node `i`.
+    /// The Shoal links, network namespaces, tables and iptables rules left on node `i`.
     fn leftovers(&self, i: usize) -> String {
         let links = self.nodes[i].output(&["ip", "-o", "link", "show"]);
         let mut left: Vec<String> = links
@@ -269,13 +274,28 @@ impl Nodes {
             .map(|n| n.split('@').next().unwrap_or(n).to_string())
             .filter(|n| n.starts_with("shl"))
             .collect();
-        if self.nodes[i]
-            .output(&["nft", "list", "tables"])
-            .contains("shoal")
-        {
+        if self.nodes[i].output(&["nft", "list", "tables"]).contains("shoal") {
             left.push("table ip shoal".into());
         }
+        let key = inode(&self.nodes[i].path()).expect("node namespace");
+        left.extend(
+            std::fs::read_dir("/run/netns")
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| shoal_netplane::names::network_netns_vni(key, n).is_some()),
+        );
+        left.extend(docker_host::shoal_rules(&self.nodes[i].name));
         left.join(", ")
+    }
+}
+
+impl Drop for Nodes {
+    /// A failed test still removes the nodes' network namespaces (their names are outside the nodes').
+    fn drop(&mut self) {
+        for (i, ip) in NODE_IPS.iter().enumerate().take(self.nodes.len()) {
+            let _ = self.exec(i).reconcile(&NodeNetState::new(*ip));
+        }
     }
 }
 
@@ -297,26 +317,23 @@ fn task(id: &str, ns: &Netns, attachments: &[(&str, Ipv4Addr)]) -> TaskState {
     TaskState {
         task_id: id.into(),
         netns: ns.path(),
-        attachments: attachments
-            .iter()
-            .map(|(n, a)| Attachment {
-                network_id: n.to_string(),
-                address: *a,
-            })
-            .collect(),
+        attachments: attachments.iter().map(|(n, a)| Attachment { network_id: n.to_string(), address: *a }).collect(),
     }
 }
 
 fn peer(address: Ipv4Addr, node: usize) -> Peer {
-    Peer {
-        address,
-        mac: mac_for(address),
-        node_ip: NODE_IPS[node],
-    }
+    Peer { address, mac: mac_for(address), node_ip: NODE_IPS[node] }
 }
 
+/// Whether `from` reaches `to`: a TCP connection to its port 9, where nothing listens, is answered (refused
+/// by `to`'s kernel) within a second. A drop times out; no route fails at once. (No ping binary needed.)
 fn ping(from: &Netns, to: Ipv4Addr) -> bool {
-    from.exec(&["busybox", "ping", "-c", "1", "-W", "1", &to.to_string()])
+    in_netns(from.path(), move || {
+        match TcpStream::connect_timeout(&SocketAddr::V4(SocketAddrV4::new(to, 9)), Duration::from_secs(1)) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        }
+    })
 }
 
 #[test]
@@ -325,13 +342,8 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
     let (a0, a1) = (Ipv4Addr::new(10, 20, 0, 2), Ipv4Addr::new(10, 20, 0, 3));
     let (b0, b1) = (Ipv4Addr::new(10, 21, 0, 2), Ipv4Addr::new(10, 21, 0, 3));
     let c0 = Ipv4Addr::new(10, 22, 0, 2);
-    let (t_a0, t_a1, t_b0, t_b1, t_c0) = (
-        nodes.task("a0"),
-        nodes.task("a1"),
-        nodes.task("b0"),
-        nodes.task("b1"),
-        nodes.task("c0"),
-    );
+    let (t_a0, t_a1, t_b0, t_b1, t_c0) =
+        (nodes.task("a0"), nodes.task("a1"), nodes.task("b0"), nodes.task("b1"), nodes.task("c0"));
 
     // Node 0: a0 on appnet, b0 on other, c0 on the internal network. Node 1: a1 on appnet, b1 on other.
     let mut s0 = NodeNetState::new(NODE_IPS[0]);
@@ -339,11 +351,7 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
     let mut other = network("other", 4343, 21, false);
     appnet.peers = vec![peer(a1, 1)];
     other.peers = vec![peer(b1, 1)];
-    s0.networks = vec![
-        appnet.clone(),
-        other.clone(),
-        network("private", 4444, 22, true),
-    ];
+    s0.networks = vec![appnet.clone(), other.clone(), network("private", 4444, 22, true)];
     s0.tasks = vec![
         task("a0", &t_a0, &[("appnet", a0)]),
         task("b0", &t_b0, &[("other", b0)]),
@@ -353,52 +361,50 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
     appnet.peers = vec![peer(a0, 0)];
     other.peers = vec![peer(b0, 0)];
     s1.networks = vec![appnet, other];
-    s1.tasks = vec![
-        task("a1", &t_a1, &[("appnet", a1)]),
-        task("b1", &t_b1, &[("other", b1)]),
-    ];
+    s1.tasks = vec![task("a1", &t_a1, &[("appnet", a1)]), task("b1", &t_b1, &[("other", b1)])];
 
     let (e0, e1) = (nodes.exec(0), nodes.exec(1));
     assert!(!e0.reconcile(&s0).expect("node 0").is_empty());
     assert!(!e1.reconcile(&s1).expect("node 1").is_empty());
 
     // Same network across nodes: ping and TCP both ways.
-    wait_for("a0 to ping a1 over VXLAN", Duration::from_secs(5), || {
-        ping(&t_a0, a1)
-    });
+    wait_for("a0 to ping a1 over VXLAN", Duration::from_secs(5), || ping(&t_a0, a1));
     assert!(ping(&t_a1, a0));
     assert!(ping(&t_b1, b0), "the second network works too");
     let srv = Server::start(t_a1.path(), a1, "a1");
-    assert_eq!(
-        fetch(t_a0.path(), a1, Duration::from_secs(2)).expect("TCP a0 -> a1"),
-        "a1"
-    );
+    assert_eq!(fetch(t_a0.path(), a1, Duration::from_secs(2)).expect("TCP a0 -> a1"), "a1");
 
     // Other networks, same node (routed through the node) and across nodes: nothing gets through.
     let quick = Duration::from_millis(500);
-    assert!(
-        fetch(t_b0.path(), a1, quick).is_err(),
-        "other network reached a1"
-    );
+    assert!(fetch(t_b0.path(), a1, quick).is_err(), "other network reached a1");
     assert!(!ping(&t_b0, a0), "other network reached a0 through node 0");
-    assert!(
-        !ping(&t_a0, b0),
-        "appnet reached the other network through node 0"
-    );
+    assert!(!ping(&t_a0, b0), "appnet reached the other network through node 0");
     assert!(!ping(&t_b1, a0), "other network reached a0 from node 1");
 
     // Out of a non-internal network: the other node's underlay address answers (masqueraded); the internal
     // network has no route out at all.
     assert!(ping(&t_a0, NODE_IPS[1]), "appnet has a route out");
-    assert_eq!(
-        t_c0.output(&["ip", "route", "show", "default"]).trim(),
-        "",
-        "internal network has a default route"
-    );
-    assert!(
-        !ping(&t_c0, NODE_IPS[0]),
-        "internal network reached the node"
-    );
+    // Through each node's Docker-like firewall, in its own back end: Shoal's accept rules are there, in that
+    // back end only.
+    for (i, want) in [(0, "iptables-nft: "), (1, "iptables-legacy: ")] {
+        let rules = docker_host::shoal_rules(&nodes.nodes[i].name);
+        assert!(rules.len() == 2 && rules.iter().all(|r| r.starts_with(want)), "node {i}: {rules:?}");
+    }
+    // The host's firewall still decides what leaves a network through the node: a user's DOCKER-USER rule
+    // applies (node 0, iptables-nft); traffic inside the network, bridged in its namespace, never meets it.
+    let user_rule = ["DOCKER-USER", "-s", "10.20.0.0/24", "-j", "DROP"];
+    let ipt = |op: &str| {
+        let mut a = vec!["iptables-nft", "-w", op];
+        a.extend_from_slice(&user_rule);
+        assert!(nodes.nodes[0].exec(&a), "{a:?}");
+    };
+    ipt("-I");
+    assert!(!ping(&t_a0, NODE_IPS[1]), "the user's DOCKER-USER rule did not apply");
+    assert!(ping(&t_a0, a1), "a DOCKER-USER rule cut traffic inside the network");
+    ipt("-D");
+    assert!(ping(&t_a0, NODE_IPS[1]), "appnet has a route out again");
+    assert_eq!(t_c0.output(&["ip", "route", "show", "default"]).trim(), "", "internal network has a default route");
+    assert!(!ping(&t_c0, NODE_IPS[0]), "internal network reached the node");
     assert!(!ping(&t_c0, a0), "internal network reached appnet");
 
     // Idempotent: the same state again changes nothing.
@@ -407,60 +413,22 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
 
     // Damage done behind Shoal's back (after a crash, or by hand) is repaired from the state: node 0 loses
     // appnet's bridge (its veths fall off it), node 1 the forwarding entry towards a0.
-    run(&["ip", "-n", &nodes.nodes[0].name, "link", "del", "shlb4242"]);
-    run(&[
-        "ip",
-        "-n",
-        &nodes.nodes[1].name,
-        "neigh",
-        "flush",
-        "dev",
-        "shlx4242",
-        "nud",
-        "permanent",
-    ]);
+    nodes.in_network(0, 4242, &["ip", "link", "del", "shlb4242"]);
+    nodes.in_network(1, 4242, &["ip", "neigh", "flush", "dev", "shlx4242", "nud", "permanent"]);
     let mac = mac_for(a0).to_string();
-    run(&[
-        "ip",
-        "netns",
-        "exec",
-        &nodes.nodes[1].name,
-        "bridge",
-        "fdb",
-        "del",
-        &mac,
-        "dev",
-        "shlx4242",
-        "dst",
-        "192.168.77.1",
-        "self",
-    ]);
+    nodes.in_network(1, 4242, &["bridge", "fdb", "del", &mac, "dev", "shlx4242", "dst", "192.168.77.1", "self"]);
     assert!(!ping(&t_a0, a1), "the damage did not cut appnet");
     let ops = e0.reconcile(&s0).expect("node 0 repaired");
-    assert!(
-        ops.iter()
-            .any(|o| matches!(o, Op::SetMaster { name, .. } if name.starts_with("shlv"))),
-        "{ops:?}"
-    );
+    assert!(ops.iter().any(|o| matches!(o, Op::SetMaster { name, .. } if name.starts_with("shlv"))), "{ops:?}");
     let ops = e1.reconcile(&s1).expect("node 1 repaired");
-    assert!(
-        matches!(ops.as_slice(), [Op::AddFdb(_), Op::AddNeigh(_)]),
-        "{ops:?}"
-    );
-    wait_for(
-        "a0 to ping a1 after the repair",
-        Duration::from_secs(5),
-        || ping(&t_a0, a1),
-    );
+    assert!(matches!(ops.as_slice(), [Op::AddFdb { .. }, Op::AddNeigh { .. }]), "{ops:?}");
+    wait_for("a0 to ping a1 after the repair", Duration::from_secs(5), || ping(&t_a0, a1));
     assert_eq!(e0.reconcile(&s0).expect("node 0 again"), Vec::<Op>::new());
 
     // A task that goes away takes its veth; the network stays for the others.
     s0.tasks.retain(|t| t.task_id != "b0");
     let ops = e0.reconcile(&s0).expect("b0 removed");
-    assert!(
-        matches!(ops.as_slice(), [Op::DeleteLink { name }] if name.starts_with("shlv")),
-        "{ops:?}"
-    );
+    assert!(matches!(ops.as_slice(), [Op::DeleteNetLink { name, .. }] if name.starts_with("shlv")), "{ops:?}");
     assert!(ping(&t_a1, a0));
 
     // Removing everything leaves nothing of Shoal's on either node.
@@ -471,11 +439,7 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
 #[test]
 fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     let nodes = Nodes::new("vip");
-    let (client, web1, web2) = (
-        Ipv4Addr::new(10, 30, 0, 2),
-        Ipv4Addr::new(10, 30, 0, 3),
-        Ipv4Addr::new(10, 30, 0, 4),
-    );
+    let (client, web1, web2) = (Ipv4Addr::new(10, 30, 0, 2), Ipv4Addr::new(10, 30, 0, 3), Ipv4Addr::new(10, 30, 0, 4));
     let vip = Ipv4Addr::new(10, 30, 0, 200);
     let (t_client, t_web1, t_web2) = (nodes.task("cl"), nodes.task("w1"), nodes.task("w2"));
 
@@ -492,10 +456,7 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     let mut n0 = appnet.clone();
     n0.peers = vec![peer(web2, 1)];
     s0.networks = vec![n0];
-    s0.tasks = vec![
-        task("client", &t_client, &[("appnet", client)]),
-        task("web1", &t_web1, &[("appnet", web1)]),
-    ];
+    s0.tasks = vec![task("client", &t_client, &[("appnet", client)]), task("web1", &t_web1, &[("appnet", web1)])];
     let mut s1 = NodeNetState::new(NODE_IPS[1]);
     let mut n1 = appnet;
     n1.peers = vec![peer(client, 0), peer(web1, 0)];
@@ -508,9 +469,7 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     let _srv2 = Server::start(t_web2.path(), web2, "web2");
 
     let timeout = Duration::from_secs(2);
-    wait_for("the VIP to answer", Duration::from_secs(5), || {
-        fetch(t_client.path(), vip, timeout).is_ok()
-    });
+    wait_for("the VIP to answer", Duration::from_secs(5), || fetch(t_client.path(), vip, timeout).is_ok());
 
     // The client finds the service by name through the node's resolver, as `http://web/` would.
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -525,11 +484,7 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
 
     // Connections per second (one at a time) through the VIP and straight to each backend; printed for the
     // design notes (`--no-capture`), not asserted.
-    for (what, to) in [
-        ("VIP", vip),
-        ("web1 (same node)", web1),
-        ("web2 (across VXLAN)", web2),
-    ] {
+    for (what, to) in [("VIP", vip), ("web1 (same node)", web1), ("web2 (across VXLAN)", web2)] {
         let n = 300;
         let start = Instant::now();
         for _ in 0..n {
@@ -541,10 +496,7 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     let count = |n: usize| {
         let (mut w1, mut w2) = (0, 0);
         for _ in 0..n {
-            match fetch(t_client.path(), vip, timeout)
-                .expect("VIP connection")
-                .as_str()
-            {
+            match fetch(t_client.path(), vip, timeout).expect("VIP connection").as_str() {
                 "web1" => w1 += 1,
                 "web2" => w2 += 1,
                 other => panic!("unexpected answer {other:?}"),
@@ -554,19 +506,13 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     };
     let (w1, w2) = count(100);
     // With an even random spread, fewer than 20 of 100 on one side has a probability below 1e-9.
-    assert!(
-        w1 >= 20 && w2 >= 20,
-        "uneven spread over the VIP: web1 {w1}, web2 {w2}"
-    );
+    assert!(w1 >= 20 && w2 >= 20, "uneven spread over the VIP: web1 {w1}, web2 {w2}");
 
     // A backend goes away: only the task table of the client (and of web1, which has the VIP too) changes,
     // and every connection lands on the one left.
     s0.networks[0].services[0].backends = vec![web2];
     let ops = e0.reconcile(&s0).expect("backends shrink");
-    assert!(
-        ops.iter().all(|o| matches!(o, Op::ApplyTaskTable { .. })) && ops.len() == 2,
-        "{ops:?}"
-    );
+    assert!(ops.iter().all(|o| matches!(o, Op::ApplyTaskTable { .. })) && ops.len() == 2, "{ops:?}");
     assert_eq!(count(20), (0, 20));
 
     // No backend: connections to the VIP are refused at once, not left to time out.
@@ -578,13 +524,8 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
     // The service goes away: the task tables go with it; then everything.
     s0.networks[0].services.clear();
     let ops = e0.reconcile(&s0).expect("service removed");
-    assert!(
-        ops.iter().all(|o| matches!(o, Op::DeleteTaskTable { .. })) && ops.len() == 2,
-        "{ops:?}"
-    );
-    assert!(!t_client
-        .output(&["nft", "list", "tables"])
-        .contains("shoal"));
+    assert!(ops.iter().all(|o| matches!(o, Op::DeleteTaskTable { .. })) && ops.len() == 2, "{ops:?}");
+    assert!(!t_client.output(&["nft", "list", "tables"]).contains("shoal"));
     nodes.tear_down(&[e0, e1]);
 }
 
@@ -595,22 +536,15 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
     let ingress_addr = [Ipv4Addr::new(10, 40, 0, 250), Ipv4Addr::new(10, 40, 0, 251)];
     let (t_web1, t_web2) = (nodes.task("w1"), nodes.task("w2"));
     // web1 on node 0, web2 on node 1; each node has its ingress address and forwards PORT to both.
-    let published = vec![PublishedPort {
-        protocol: Protocol::Tcp,
-        port: PORT,
-        target_port: PORT,
-        backends: vec![web1, web2],
-    }];
+    let published =
+        vec![PublishedPort { protocol: Protocol::Tcp, port: PORT, target_port: PORT, backends: vec![web1, web2] }];
     let state = |i: usize, web: (&str, &Netns, Ipv4Addr), remote: Ipv4Addr| {
         let mut s = NodeNetState::new(NODE_IPS[i]);
         let mut n = network("ingress", 5100, 40, false);
         n.peers = vec![peer(remote, 1 - i), peer(ingress_addr[1 - i], 1 - i)];
         s.networks = vec![n];
         s.tasks = vec![task(web.0, web.1, &[("ingress", web.2)])];
-        s.ingress = Some(NodeIngress {
-            network_id: "ingress".into(),
-            address: ingress_addr[i],
-        });
+        s.ingress = Some(NodeIngress { network_id: "ingress".into(), address: ingress_addr[i] });
         s.published = published.clone();
         s
     };
@@ -619,10 +553,7 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
     let (e0, e1) = (nodes.exec(0), nodes.exec(1));
     e0.reconcile(&s0).expect("node 0");
     e1.reconcile(&s1).expect("node 1");
-    assert!(
-        e0.reconcile(&s0).expect("again").is_empty(),
-        "a second reconcile changes nothing"
-    );
+    assert!(e0.reconcile(&s0).expect("again").is_empty(), "a second reconcile changes nothing");
     let _srv1 = Server::start(t_web1.path(), web1, "web1");
     let _srv2 = Server::start(t_web2.path(), web2, "web2");
 
@@ -652,11 +583,7 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
                 .unwrap_or_else(|e| panic!("node {i} to 127.0.0.1:{PORT}: {e}"));
             *answers.entry(a).or_insert(0) += 1;
         }
-        assert_eq!(
-            answers,
-            [("web1".to_string(), 10), ("web2".to_string(), 10)].into(),
-            "node {i} on 127.0.0.1"
-        );
+        assert_eq!(answers, [("web1".to_string(), 10), ("web2".to_string(), 10)].into(), "node {i} on 127.0.0.1");
     }
 
     // The bridges route loopback addresses for those replies; a task that sends to 127.0.0.1 through its
@@ -676,13 +603,9 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
     ] {
         assert!(t_web1.exec(cmd), "in web1's namespace: {cmd:?}");
     }
-    let try_loopback = |limit: Duration| {
-        in_netns(t_web1.path(), move || {
-            TcpStream::connect_timeout(&guarded, limit).map(drop)
-        })
-    };
-    let err = try_loopback(Duration::from_millis(700))
-        .expect_err("a task reached node 0's loopback-only listener");
+    let try_loopback =
+        |limit: Duration| in_netns(t_web1.path(), move || TcpStream::connect_timeout(&guarded, limit).map(drop));
+    let err = try_loopback(Duration::from_millis(700)).expect_err("a task reached node 0's loopback-only listener");
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "dropped, not refused: {err}");
     assert!(listener.accept().is_err(), "the listener saw a connection");
     let flush = ["nft", "flush", "chain", "ip", "shoal", "loopback_guard"];
@@ -695,8 +618,7 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
     // No backend: refused at once on node 0.
     s0.published[0].backends.clear();
     e0.reconcile(&s0).expect("no backends");
-    let err =
-        fetch(nodes.nodes[1].path(), NODE_IPS[0], timeout).expect_err("answered without backends");
+    let err = fetch(nodes.nodes[1].path(), NODE_IPS[0], timeout).expect_err("answered without backends");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
 
     nodes.tear_down(&[e0, e1]);
@@ -716,13 +638,7 @@ fn the_kernel_has_what_the_data_plane_needs_and_encrypted_networks_are_refused()
     n.encrypted = true;
     s.networks = vec![n];
     s.tasks = vec![task("t", &t, &[("secret", Ipv4Addr::new(10, 40, 0, 2))])];
-    let err = nodes
-        .exec(0)
-        .reconcile(&s)
-        .expect_err("an encrypted network was plumbed");
-    assert!(
-        matches!(err, shoal_netplane::Error::EncryptionUnsupported { .. }),
-        "{err}"
-    );
+    let err = nodes.exec(0).reconcile(&s).expect_err("an encrypted network was plumbed");
+    assert!(matches!(err, shoal_netplane::Error::EncryptionUnsupported { .. }), "{err}");
     assert_eq!(nodes.leftovers(0), "", "a refused state changed the node");
 }
