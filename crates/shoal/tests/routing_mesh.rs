@@ -65,8 +65,24 @@ fn only(answers: &BTreeMap<String, u32>, want: &BTreeSet<String>) -> Result<(), 
 fn a_published_port_answers_on_every_node_and_follows_the_service() {
     let mut c = Cluster::start("rm");
     c.docker(&[
-        "service", "create", "--detach", "--name", "web", "--replicas", "2", "--constraint", "node.hostname!=node-2",
-        "--restart-condition", "none", "-p", "8080:80", "python", PYTHON, "-S", "-c", SERVER,
+        "service",
+        "create",
+        "--detach",
+        "--name",
+        "web",
+        "--replicas",
+        "2",
+        "--constraint",
+        "node.hostname!=node-2",
+        "--restart-condition",
+        "none",
+        "-p",
+        "8080:80",
+        "python",
+        PYTHON,
+        "-S",
+        "-c",
+        SERVER,
     ]);
     let web = c.running("web", 2);
     let tasks: BTreeSet<String> = web.iter().map(|t| address_on(t, "ingress")).collect();
@@ -77,7 +93,9 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
     for i in 0..3 {
         let addr = c.net.ip(i);
         for from in [(i + 1) % 3, i] {
-            wait_until(&format!("{addr}:8080 answers from node-{from}"), WAIT, || only(&c.get(from, &addr, 8080, 1), &tasks));
+            wait_until(&format!("{addr}:8080 answers from node-{from}"), WAIT, || {
+                only(&c.get(from, &addr, 8080, 1), &tasks)
+            });
         }
         // A node programs each backend once it has learnt of the task, so the first answers may all come
         // from the task it learnt of first; within the wait, 40 requests are spread over both tasks.
@@ -107,19 +125,40 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
 
     // Sequential request rates from node-2: mesh on another node's address, mesh on its own, straight.
     let straight = tasks.iter().next().unwrap().clone();
-    for (label, host, port) in [("mesh-other-node", c.net.ip(0), 8080), ("mesh-own-node", c.net.ip(2), 8080), ("straight-to-task", straight, 80)]
-    {
+    for (label, host, port) in [
+        ("mesh-other-node", c.net.ip(0), 8080),
+        ("mesh-own-node", c.net.ip(2), 8080),
+        ("straight-to-task", straight, 80),
+    ] {
         let out = c.client(2, &host, port, 300, true);
         let rate = out.lines().find_map(|l| l.strip_prefix("RATE ")).unwrap_or("?").to_string();
         assert!(!out.contains("error"), "{label}: {out}");
-        println!("RESULT RATE {label} {rate} (requests/s, a new connection each, python3 client in node-2's namespace)");
+        println!(
+            "RESULT RATE {label} {rate} (requests/s, a new connection each, python3 client in node-2's namespace)"
+        );
     }
 
     // Host mode: on its task's node only, to that task.
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
     c.docker(&[
-        "service", "create", "--detach", "--name", "hostweb", "--network", "appnet", "--constraint", "node.hostname==node-1",
-        "--restart-condition", "none", "--publish", "mode=host,published=8081,target=80", "python", PYTHON, "-S", "-c", SERVER,
+        "service",
+        "create",
+        "--detach",
+        "--name",
+        "hostweb",
+        "--network",
+        "appnet",
+        "--constraint",
+        "node.hostname==node-1",
+        "--restart-condition",
+        "none",
+        "--publish",
+        "mode=host,published=8081,target=80",
+        "python",
+        PYTHON,
+        "-S",
+        "-c",
+        SERVER,
     ]);
     let hostweb = c.running("hostweb", 1);
     let own: BTreeSet<String> = [address_on(&hostweb[0], "appnet")].into();
@@ -130,7 +169,11 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
     only(&c.get(1, "127.0.0.1", 8081, 4), &own).unwrap_or_else(|e| panic!("127.0.0.1:8081 on node-1: {e}"));
     for i in [0, 2] {
         let answers = c.get(1, &c.net.ip(i), 8081, 1);
-        assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "8081 on node-{i}: {answers:?}");
+        assert_eq!(
+            answers.keys().collect::<Vec<_>>(),
+            ["error:ConnectionRefusedError"],
+            "8081 on node-{i}: {answers:?}"
+        );
     }
 
     // A task of another network reaches the mesh through its own node's address and another node's.
@@ -148,9 +191,17 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
     // What the data plane cannot forward is refused, the field named, on the task.
     c.docker(&["network", "create", "-d", "overlay", "--internal", "closed"]);
     let refusals: [(&str, &[&str], &str); 3] = [
-        ("unnumbered", &["--network", "appnet", "--publish", "mode=host,target=80"], "EndpointSpec.Ports.PublishedPort"),
+        (
+            "unnumbered",
+            &["--network", "appnet", "--publish", "mode=host,target=80"],
+            "EndpointSpec.Ports.PublishedPort",
+        ),
         ("sctp", &["--publish", "published=8090,target=80,protocol=sctp"], "protocol sctp"),
-        ("inside", &["--network", "closed", "--publish", "mode=host,published=8085,target=80"], "only on --internal networks"),
+        (
+            "inside",
+            &["--network", "closed", "--publish", "mode=host,published=8085,target=80"],
+            "only on --internal networks",
+        ),
     ];
     for (name, flags, want) in refusals {
         let mut args = vec!["service", "create", "--detach", "--name", name, "--restart-condition", "none"];
@@ -160,7 +211,8 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
         wait_until(&format!("{name} rejected for {want:?}"), WAIT, || {
             let tasks = tasks_of(c.manager(), name);
             let errs: Vec<String> = tasks.iter().map(|t| format!("{}: {}", state(t), t["Status"]["Err"])).collect();
-            if tasks.iter().any(|t| state(t) == "rejected" && t["Status"]["Err"].as_str().unwrap_or("").contains(want)) {
+            if tasks.iter().any(|t| state(t) == "rejected" && t["Status"]["Err"].as_str().unwrap_or("").contains(want))
+            {
                 Ok(())
             } else {
                 Err(format!("{errs:?}"))
@@ -175,6 +227,18 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
     c.ds[2].restart(&[]);
     let node2 = c.net.ip(2);
     wait_until("node-2's mesh answers again after its restart", WAIT, || only(&c.get(0, &node2, 8080, 1), &tasks));
+    // (The links the crash left may answer before the restarted daemon's start clears them: wait for its own
+    // first reconcile carrying the network, after its start.)
+    wait_until("node-2's restarted data plane carrying the ingress network", WAIT, || {
+        let log = c.ds[2].log();
+        let since = log.rsplit("data plane on").next().unwrap_or("");
+        if since.lines().any(|l| l.contains("data plane reconciled") && !l.contains("networks=0")) {
+            Ok(())
+        } else {
+            Err(since.lines().filter(|l| l.contains("data plane")).collect::<Vec<_>>().join("\n"))
+        }
+    });
+    wait_until("node-2's mesh answers after its own reconcile", WAIT, || only(&c.get(0, &node2, 8080, 1), &tasks));
     let answers = c.get(0, &node2, 8080, 20);
     only(&answers, &tasks).unwrap();
     assert_eq!(answers.len(), 2, "both tasks answer through the restarted node: {answers:?}");
@@ -185,14 +249,22 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
         let addr = c.net.ip(i);
         wait_until(&format!("{addr}:8080 refused once web has no task"), WAIT, || {
             let answers = c.get((i + 1) % 3, &addr, 8080, 1);
-            if answers.keys().collect::<Vec<_>>() == ["error:ConnectionRefusedError"] { Ok(()) } else { Err(format!("{answers:?}")) }
+            if answers.keys().collect::<Vec<_>>() == ["error:ConnectionRefusedError"] {
+                Ok(())
+            } else {
+                Err(format!("{answers:?}"))
+            }
         });
     }
     c.docker(&["service", "rm", "web"]);
     for i in 0..3 {
         wait_until(&format!("node-{i}'s table without port 8080"), WAIT, || {
             let t = c.in_node(i, &["nft", "list", "table", "ip", "shoal"]);
-            if t.contains("8080") { Err(t) } else { Ok(()) }
+            if t.contains("8080") {
+                Err(t)
+            } else {
+                Ok(())
+            }
         });
         let answers = c.get((i + 1) % 3, &c.net.ip(i), 8080, 1);
         assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "{answers:?}");

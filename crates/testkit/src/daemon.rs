@@ -23,7 +23,7 @@ pub struct DaemonOptions {
     pub listen_ip: Option<String>,
     /// The `--hostname` (`shoal-test-node` when unset); kept across restarts.
     pub hostname: Option<String>,
-    /// Run the daemon inside this network namespace (`ip netns exec`, which execs: the PID is the daemon's),
+    /// Run the daemon inside this network namespace (`nsenter --net`, which execs: the PID is the daemon's),
     /// e.g. one of a `netns::Net`; kept across restarts. Then `listen_ip` must be the namespace's address.
     pub netns: Option<String>,
     /// The remote API port (a free port of `listen_ip` when unset; required with `netns`, whose port space
@@ -88,9 +88,12 @@ impl DaemonProcess {
     fn command(&self, extra: &[String]) -> Command {
         let mut cmd = match &self.netns {
             None => Command::new(&self.binary),
+            // `nsenter --net`, not `ip netns exec`: the daemon keeps the machine's mount namespace, as a real
+            // node's daemon does, so the namespaces its data plane names (the networks', the tasks') are
+            // mounted where they outlive it (a killed daemon's docker tasks keep their network).
             Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(&self.binary);
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg("--").arg(&self.binary);
                 c
             }
         };
@@ -127,11 +130,7 @@ impl DaemonProcess {
     /// Starts the daemon again on the same state dir (stopped or killed before) when it is expected to
     /// refuse to start: waits up to `limit` for it to exit and returns its exit status and its stderr.
     /// Panics, after killing it, if it is still running then or its control socket answered.
-    pub fn start_expecting_exit(
-        &mut self,
-        extra: &[String],
-        limit: Duration,
-    ) -> (std::process::ExitStatus, String) {
+    pub fn start_expecting_exit(&mut self, extra: &[String], limit: Duration) -> (std::process::ExitStatus, String) {
         assert!(self.child.is_none(), "stop or kill the daemon before starting it again");
         let stderr_path = self.log_path.with_file_name("refused-start.stderr");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
@@ -147,7 +146,9 @@ impl DaemonProcess {
                 let _ = child.kill();
                 let _ = child.wait();
                 let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                panic!("the daemon did not exit within {limit:?} (control socket answered: {answered}); stderr:\n{err}");
+                panic!(
+                    "the daemon did not exit within {limit:?} (control socket answered: {answered}); stderr:\n{err}"
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         };

@@ -1,7 +1,10 @@
 //! A cluster of three `shoal daemon`s (one manager, two workers; process executor, or the docker executor with
 //! `start_docker`, the three sharing the machine's Docker Engine), each in its own network namespace
-//! (`shoal_testkit::netns`), so each carries its own data plane (bridges, VXLAN devices, nftables table) and
-//! the overlay crosses a real (veth) underlay between them; hostnames node-0..2. Used by the tests
+//! (`shoal_testkit::netns`), so each carries its own data plane (networks' namespaces, gateway veths, nftables
+//! table, iptables rules) and the overlay crosses a real (veth) underlay between them; hostnames node-0..2.
+//! Each node namespace is prepared like a host running Docker (`Net::docker_hosts`: FORWARD policy DROP with
+//! Docker's chains, bridge-nf-call-iptables=1; node-0 and node-2 with iptables-nft, node-1 with
+//! iptables-legacy), as the hosts swarm users have. Used by the tests
 //! of the data plane, the routing mesh, the docker executor on networks and of stacks that run.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -120,7 +123,7 @@ impl Cluster {
     }
 
     fn start_with(tag: &str, executor: &'static str) -> Cluster {
-        let net = Net::new(tag, 3);
+        let net = Net::docker_hosts(tag, 3);
         let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, executor, vec![]));
         let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
         let mut c =
@@ -195,7 +198,10 @@ impl Cluster {
     /// The hostname index of the node task `t` runs on.
     pub fn node_of(&self, t: &Value) -> usize {
         let node = t["NodeID"].as_str().unwrap();
-        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"].as_str().unwrap().to_string();
+        let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"]
+            .as_str()
+            .unwrap()
+            .to_string();
         host.trim_start_matches("node-").parse().unwrap()
     }
 
@@ -214,22 +220,34 @@ impl Cluster {
         shoal_testkit::docker_engine::containers_of_node(&self.node_ids[i])
     }
 
-    /// The Shoal links (`shl*`) in node `i`'s namespace.
+    /// What Shoal's data plane has on node `i`: the Shoal links (`shl*`) of its namespace and of its networks'
+    /// namespaces, those namespaces, and its iptables FORWARD rules (comment `shoal-netplane`, both back ends).
     pub fn shoal_links(&self, i: usize) -> Vec<String> {
         self.shoal_links_with_index(i).iter().map(|l| l.split('#').next().unwrap_or_default().to_string()).collect()
     }
 
-    /// The Shoal links in node `i`'s namespace with their interface index (a link made again gets a new one).
+    /// As `shoal_links`, links with their interface index (`name#index`, `name#index@<network namespace>`: a
+    /// link made again gets a new one).
     pub fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String> {
-        self.in_node(i, &["ip", "-o", "link", "show"])
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split(':');
-                let index = f.next()?.trim().to_string();
-                let name = f.next()?.trim().split('@').next()?.to_string();
-                name.starts_with("shl").then(|| format!("{name}#{index}"))
-            })
-            .collect()
+        let links = |out: String, at: &str| -> Vec<String> {
+            out.lines()
+                .filter_map(|l| {
+                    let mut f = l.split(':');
+                    let index = f.next()?.trim().to_string();
+                    let name = f.next()?.trim().split('@').next()?.to_string();
+                    name.starts_with("shl").then(|| format!("{name}#{index}{at}"))
+                })
+                .collect()
+        };
+        let mut out: BTreeSet<String> = links(self.in_node(i, &["ip", "-o", "link", "show"]), "").into_iter().collect();
+        for ns in self.net.network_namespaces(i) {
+            let o = std::process::Command::new("ip").args(["-n", &ns, "-o", "link", "show"]).output();
+            let text = o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            out.extend(links(text, &format!("@{ns}")));
+            out.insert(ns);
+        }
+        out.extend(shoal_testkit::netns::docker_host::shoal_rules(self.net.ns(i)));
+        out
     }
 
     /// The task namespaces (`/run/netns/shl-task-<id>`) of the tasks seen that are still there.
@@ -250,7 +268,18 @@ impl Cluster {
     /// `CLIENT` run in node `from`'s namespace against `host:port`: its output (`rate`: with the `RATE` line).
     pub fn client(&self, from: usize, host: &str, port: u16, n: u32, rate: bool) -> String {
         let mut cmd = std::process::Command::new("ip");
-        cmd.args(["netns", "exec", self.net.ns(from), PYTHON, "-S", "-c", CLIENT, host, &port.to_string(), &n.to_string()]);
+        cmd.args([
+            "netns",
+            "exec",
+            self.net.ns(from),
+            PYTHON,
+            "-S",
+            "-c",
+            CLIENT,
+            host,
+            &port.to_string(),
+            &n.to_string(),
+        ]);
         if rate {
             cmd.arg("rate");
         }
