@@ -130,7 +130,11 @@ fn loop_state(client: &str) -> ((u64, u64, u64), Vec<String>) {
 fn loop_past(client: &str, requests: u64, what: &str) -> ((u64, u64, u64), Vec<String>) {
     wait_until(what, WAIT, || {
         let ((n, _, _), _) = loop_state(client);
-        if n >= requests { Ok(()) } else { Err(format!("{n} of {requests}")) }
+        if n >= requests {
+            Ok(())
+        } else {
+            Err(format!("{n} of {requests}"))
+        }
     });
     loop_state(client)
 }
@@ -160,7 +164,10 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
         let first = wait_until("the web task's first line", WAIT, || {
             logs(&container).into_iter().find(|l| l.starts_with("FIRST")).ok_or_else(|| "no line yet".to_string())
         });
-        assert!(first.contains(&format!("inet {addr}/")), "the app's first instruction sees its address {addr}: {first}");
+        assert!(
+            first.contains(&format!("inet {addr}/")),
+            "the app's first instruction sees its address {addr}: {first}"
+        );
         let resolv = engine_ok(&["exec", &container, "cat", "/etc/resolv.conf"]);
         assert!(resolv.lines().any(|l| l.trim() == "nameserver 127.0.0.11"), "{resolv}");
         assert!(!resolv.lines().any(|l| l.starts_with("nameserver") && !l.contains("127.0.0.11")), "{resolv}");
@@ -170,6 +177,23 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
         before.insert(t["ID"].as_str().unwrap().to_string(), (container, holder));
     }
     assert_eq!(hostnames.len(), 2, "each task has its own hostname: {hostnames:?}");
+    // The README's `docker ps --filter label=com.docker.swarm.service.name=web` (on these nodes) lists the task
+    // containers only, not their holders.
+    let mut listed: BTreeSet<String> = BTreeSet::new();
+    for id in &c.node_ids {
+        let out = engine_ok(&[
+            "ps",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            "label=com.docker.swarm.service.name=web",
+            "--filter",
+            &format!("label=com.docker.swarm.node.id={id}"),
+        ]);
+        listed.extend(out.lines().map(str::to_string));
+    }
+    let containers: BTreeSet<String> = before.values().map(|(c, _)| c.clone()).collect();
+    assert_eq!(listed, containers, "only web's task containers carry its label");
 
     // The client on node-2: by name, through the VIP, over VXLAN; then the VIP in a loop.
     post_service(c.manager(), &service("client", image, "node.hostname==node-2", 1, CLIENT, &[format!("VIP={vip}")]))
@@ -178,7 +202,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     let client = container_of(&client_task);
     let lines = wait_until("the client's first requests", WAIT, || {
         let l = logs(&client);
-        if l.iter().any(|l| l.starts_with("RESULT ANSWERS")) { Ok(l) } else { Err(format!("{l:?}")) }
+        if l.iter().any(|l| l.starts_with("RESULT ANSWERS")) {
+            Ok(l)
+        } else {
+            Err(format!("{l:?}"))
+        }
     });
     let result = |p: &str| lines.iter().find(|l| l.starts_with(p)).cloned().unwrap_or_default();
     assert_eq!(result("RESULT VIP").trim(), format!("RESULT VIP {vip}"), "web resolves to its VIP: {lines:?}");
@@ -187,7 +215,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     for a in lines.iter().filter_map(|l| l.strip_prefix("ANSWER ")) {
         *answers.entry(a).or_default() += 1;
     }
-    assert_eq!(answers.keys().map(|s| s.to_string()).collect::<BTreeSet<_>>(), hostnames, "both tasks answer: {lines:?}");
+    assert_eq!(
+        answers.keys().map(|s| s.to_string()).collect::<BTreeSet<_>>(),
+        hostnames,
+        "both tasks answer: {lines:?}"
+    );
     assert!(answers.values().all(|&n| n >= 20), "each answers at least 20 of 100: {answers:?}");
     assert!(result("RESULT ANSWERS").ends_with("errors 0"), "{lines:?}");
 
@@ -200,7 +232,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     let solo_id = c.running("solo", 1)[0]["ID"].as_str().unwrap().to_string();
     let solo_veth: Vec<String> = wait_until("solo's veth on node-1", WAIT, || {
         let v: Vec<String> = c.shoal_links_with_index(1).difference(&without_solo).cloned().collect();
-        if v.len() == 1 { Ok(v) } else { Err(format!("{v:?}")) }
+        if v.len() == 1 {
+            Ok(v)
+        } else {
+            Err(format!("{v:?}"))
+        }
     });
     let links_before: Vec<BTreeSet<String>> = (1..3).map(|i| c.shoal_links_with_index(i)).collect();
     assert!(links_before.iter().all(|l| l.len() >= 3), "a bridge, a VXLAN device and a veth on each: {links_before:?}");
@@ -217,7 +253,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     // While no worker daemon runs: the data path is the kernel's alone.
     wait_until("40 requests while the workers' daemons are dead", WAIT, || {
         let ((n, _, f), _) = loop_state(&client);
-        if n >= killed_at + 40 || f > 0 { Ok(()) } else { Err(format!("{n} of {}", killed_at + 40)) }
+        if n >= killed_at + 40 || f > 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} of {}", killed_at + 40))
+        }
     });
     for i in 1..3 {
         c.ds[i].restart(&[]);
@@ -225,7 +265,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     wait_until("the workers ready again", WAIT, || {
         let nodes = c.manager().get("/v1.47/nodes");
         let ready = nodes.as_array().into_iter().flatten().filter(|n| n["Status"]["State"] == "ready").count();
-        if ready == 3 { Ok(()) } else { Err(format!("{ready} ready")) }
+        if ready == 3 {
+            Ok(())
+        } else {
+            Err(format!("{ready} ready"))
+        }
     });
     for i in 1..3 {
         wait_until("the restarted daemon adopted its tasks' namespaces", WAIT, || {
@@ -233,7 +277,6 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
             if log.contains("tasks outlived the agent: keeping their data plane")
                 && log.contains("adopted the task's network namespace")
                 && log.contains("every task that outlived the agent is adopted")
-
             {
                 Ok(())
             } else {
@@ -277,7 +320,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     let tasks_web = wait_until("tasks.web resolves again on the client's node", WAIT, || {
         let out = engine(&["exec", &client, "nslookup", "tasks.web"]);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if web_addrs.iter().all(|a| text.contains(&format!("Address: {a}"))) { Ok(text) } else { Err(text) }
+        if web_addrs.iter().all(|a| text.contains(&format!("Address: {a}"))) {
+            Ok(text)
+        } else {
+            Err(text)
+        }
     });
     println!("tasks.web after the restart: {tasks_web}");
 
@@ -288,7 +335,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     wait_until("tasks.web lists the four tasks on the client's node", WAIT, || {
         let out = engine(&["exec", &client, "nslookup", "tasks.web"]);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if addrs.iter().all(|a| text.contains(&format!("Address: {a}"))) { Ok(()) } else { Err(text) }
+        if addrs.iter().all(|a| text.contains(&format!("Address: {a}"))) {
+            Ok(())
+        } else {
+            Err(text)
+        }
     });
     c.docker(&["service", "scale", "web=2"]);
     c.running("web", 2);
@@ -304,7 +355,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
                 (holder || ns || state(t) == "running").then(|| format!("{id}: {} holder {holder} ns {ns}", state(t)))
             })
             .collect();
-        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
     });
     let at = loop_state(&client).0 .0;
     let ((n, retried, failed), fails) = loop_past(&client, at + 50, "50 more requests after the scaling");
@@ -323,7 +378,11 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
         let filter = format!("label={HOLDER_LABEL}={once_id}");
         let holders = engine_ok(&["ps", "-aq", "--filter", &filter]);
         let ns = std::path::Path::new("/run/netns").join(format!("shl-task-{once_id}")).exists();
-        if holders.trim().is_empty() && !ns { Ok(()) } else { Err(format!("holders {holders:?}, namespace {ns}")) }
+        if holders.trim().is_empty() && !ns {
+            Ok(())
+        } else {
+            Err(format!("holders {holders:?}, namespace {ns}"))
+        }
     });
 
     // Leave on node-2: its containers, holders and whole data plane go.
@@ -332,19 +391,17 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     wait_until("node-2 left with nothing behind", WAIT, || {
         let left = (c.containers(2), c.shoal_links(2));
         let ns = std::path::Path::new("/run/netns").join(format!("shl-task-{client_id}")).exists();
-        if left.0.is_empty() && left.1.is_empty() && !ns { Ok(()) } else { Err(format!("{left:?}, namespace {ns}")) }
+        if left.0.is_empty() && left.1.is_empty() && !ns {
+            Ok(())
+        } else {
+            Err(format!("{left:?}, namespace {ns}"))
+        }
     });
 
     // Removing web: its containers, holders and namespaces go, and node-1's data plane with its last task.
     c.docker(&["service", "rm", "web", "client", "once"]);
     wait_until("web's containers, holders, namespaces and links gone", WAIT, || {
-        let left = (
-            c.containers(0),
-            c.containers(1),
-            c.task_namespaces(),
-            c.shoal_links(0),
-            c.shoal_links(1),
-        );
+        let left = (c.containers(0), c.containers(1), c.task_namespaces(), c.shoal_links(0), c.shoal_links(1));
         if left.0.is_empty() && left.1.is_empty() && left.2.is_empty() && left.3.is_empty() && left.4.is_empty() {
             Ok(())
         } else {
@@ -412,7 +469,19 @@ fn docker_tasks_publish_ports_through_the_routing_mesh_and_in_host_mode() {
 
     // Host mode: on its task's node only.
     c.docker(&["network", "create", "-d", "overlay", "appnet"]);
-    create(&c, &["--name", "hostweb", "--network", "appnet", "--constraint", "node.hostname==node-1", "--publish", "mode=host,published=8081,target=80"]);
+    create(
+        &c,
+        &[
+            "--name",
+            "hostweb",
+            "--network",
+            "appnet",
+            "--constraint",
+            "node.hostname==node-1",
+            "--publish",
+            "mode=host,published=8081,target=80",
+        ],
+    );
     c.running("hostweb", 1);
     let node1 = c.net.ip(1);
     let own = wait_until("host-mode port 8081 answers on node-1", WAIT, || {
@@ -422,7 +491,11 @@ fn docker_tasks_publish_ports_through_the_routing_mesh_and_in_host_mode() {
     assert!(own.keys().all(|k| !names.contains(k)), "8081 is answered by hostweb, not web: {own:?}");
     for i in [0, 2] {
         let answers = c.get(1, &c.net.ip(i), 8081, 1);
-        assert_eq!(answers.keys().collect::<Vec<_>>(), ["error:ConnectionRefusedError"], "8081 on node-{i}: {answers:?}");
+        assert_eq!(
+            answers.keys().collect::<Vec<_>>(),
+            ["error:ConnectionRefusedError"],
+            "8081 on node-{i}: {answers:?}"
+        );
     }
 
     // What the data plane cannot forward is refused on the task, the field named, as for processes.
@@ -455,9 +528,12 @@ fn docker_tasks_publish_ports_through_the_routing_mesh_and_in_host_mode() {
     }
     c.docker(&["service", "rm", "web", "hostweb", "closedweb"]);
     wait_until("the services' containers, holders and namespaces gone", WAIT, || {
-        let left: Vec<String> =
-            (0..3).flat_map(|i| c.containers(i)).chain(c.task_namespaces()).collect();
-        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+        let left: Vec<String> = (0..3).flat_map(|i| c.containers(i)).chain(c.task_namespaces()).collect();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
     });
     for i in 0..3 {
         assert!(c.ds[i].stop(), "daemon {i} stops cleanly");
