@@ -2,7 +2,8 @@
 //! FORWARD policy DROP with Docker 20.10's chains and jumps (`DOCKER-USER`, `DOCKER-ISOLATION-STAGE-1/2`,
 //! `DOCKER`, the rules for `docker0`), in one iptables back end (`iptables-nft` or `iptables-legacy`), and
 //! `net.bridge.bridge-nf-call-iptables = 1` (per namespace since Linux 5.3, and 1 by default in a new one
-//! once `br_netfilter` is loaded: set anyway, and checked). Only std and the iptables tools: the netplane
+//! once `br_netfilter` is loaded: set anyway, and checked), with strict reverse-path filtering (`rp_filter=1`,
+//! as several distributions ship). Only std and the iptables tools: the netplane
 //! crate's tests include this file by path, without the rest of the testkit.
 //!
 //! What it does not reproduce: an nftables-only firewall (firewalld's `inet firewalld` table), and the
@@ -69,6 +70,8 @@ pub fn prepare(ns: &str, iptables: Iptables) {
     rule(&["-A", "DOCKER-ISOLATION-STAGE-2", "-j", "RETURN"]);
     rule(&["-A", "DOCKER-USER", "-j", "RETURN"]);
     run_in(ns, &["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"]);
+    // Strict reverse-path filtering, as several distributions set it (interfaces made later inherit `default`).
+    run_in(ns, &["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1", "net.ipv4.conf.default.rp_filter=1"]);
     let on = run_in(ns, &["sysctl", "-n", "net.bridge.bridge-nf-call-iptables"]);
     assert_eq!(on.trim(), "1", "bridge-nf-call-iptables in {ns}");
 }
