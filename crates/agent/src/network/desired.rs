@@ -40,12 +40,11 @@ pub fn network_state(n: &Network) -> Result<NetworkState, String> {
         .as_ref()
         .and_then(|d| d.options.get(VXLAN_ID_OPTION))
         .and_then(|v| v.split(',').next()?.trim().parse::<u32>().ok())
-        .ok_or_else(|| format!("network {label} has no VXLAN ID (its allocation is incomplete); recreate the network"))?;
-    let config = n
-        .ipam
-        .as_ref()
-        .and_then(|i| i.configs.first())
-        .ok_or_else(|| format!("network {label} has no IPv4 subnet"))?;
+        .ok_or_else(|| {
+            format!("network {label} has no VXLAN ID (its allocation is incomplete); recreate the network")
+        })?;
+    let config =
+        n.ipam.as_ref().and_then(|i| i.configs.first()).ok_or_else(|| format!("network {label} has no IPv4 subnet"))?;
     let subnet: Ipv4Cidr = config.subnet.parse().map_err(|e| format!("network {label}: {e}"))?;
     let gateway: Ipv4Addr = config
         .gateway
@@ -55,9 +54,8 @@ pub fn network_state(n: &Network) -> Result<NetworkState, String> {
         .parse()
         .map_err(|_| format!("network {label} has no IPv4 gateway ({:?})", config.gateway))?;
     let spec = n.spec.as_ref();
-    let encrypted = spec
-        .and_then(|s| s.driver_config.as_ref())
-        .is_some_and(|d| d.options.contains_key(ENCRYPTED_OPTION));
+    let encrypted =
+        spec.and_then(|s| s.driver_config.as_ref()).is_some_and(|d| d.options.contains_key(ENCRYPTED_OPTION));
     Ok(NetworkState {
         id: n.id.clone(),
         name: name.to_string(),
@@ -223,8 +221,11 @@ pub fn desired(
             .filter_map(|p| {
                 let address: Ipv4Addr = p.address.parse().ok()?;
                 let node_ip: Ipv4Addr = p.node_addr.parse().ok()?;
-                (n.subnet.contains(address) && Some(node_ip) != underlay)
-                    .then(|| Peer { address, mac: mac_for(address), node_ip })
+                (n.subnet.contains(address) && Some(node_ip) != underlay).then(|| Peer {
+                    address,
+                    mac: mac_for(address),
+                    node_ip,
+                })
             })
             .collect();
         n.services = v
@@ -236,7 +237,12 @@ pub fn desired(
                 name: s.name.clone(),
                 aliases: s.aliases.clone(),
                 vip: s.vip.parse().ok().filter(|ip| n.subnet.contains(*ip)),
-                backends: s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| n.subnet.contains(*ip)).collect(),
+                backends: s
+                    .backends
+                    .iter()
+                    .filter_map(|b| b.parse().ok())
+                    .filter(|ip| n.subnet.contains(*ip))
+                    .collect(),
             })
             .collect();
     }
@@ -252,12 +258,18 @@ pub fn desired(
                     Ok(WireProtocol::Udp) => Protocol::Udp,
                     _ => continue,
                 };
-                let (Ok(port), Ok(target_port)) = (u16::try_from(p.published_port), u16::try_from(p.target_port)) else {
+                let (Ok(port), Ok(target_port)) = (u16::try_from(p.published_port), u16::try_from(p.target_port))
+                else {
                     continue;
                 };
                 let backends =
                     s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| subnet.contains(*ip)).collect();
-                published.entry((proto, port)).or_insert(PublishedPort { protocol: proto, port, target_port, backends });
+                published.entry((proto, port)).or_insert(PublishedPort {
+                    protocol: proto,
+                    port,
+                    target_port,
+                    backends,
+                });
             }
         }
         state.ingress = Some(i.clone());

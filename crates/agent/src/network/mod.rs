@@ -304,7 +304,10 @@ impl NetworkPlane {
             }
         }
         if !survivors.is_empty() {
-            tracing::info!(tasks = survivors.len(), "tasks outlived the agent: keeping their data plane until they are adopted");
+            tracing::info!(
+                tasks = survivors.len(),
+                "tasks outlived the agent: keeping their data plane until they are adopted"
+            );
             let mut i = self.inputs.lock();
             i.survivors = survivors.clone();
             i.holding = true;
@@ -344,12 +347,10 @@ impl NetworkPlane {
     pub async fn wait_plumbed(&self, task_id: &str) -> Result<(), String> {
         let wanted = self.inputs.lock().generation;
         let mut rx = self.applied.subscribe();
-        let outcome = tokio::time::timeout(
-            PLUMB_TIMEOUT,
-            rx.wait_for(|a| a.generation >= wanted && a.plumbed.contains(task_id)),
-        )
-        .await
-        .map(|r| r.is_ok());
+        let outcome =
+            tokio::time::timeout(PLUMB_TIMEOUT, rx.wait_for(|a| a.generation >= wanted && a.plumbed.contains(task_id)))
+                .await
+                .map(|r| r.is_ok());
         match outcome {
             Ok(true) => Ok(()),
             Ok(false) => Err("the node's data plane stopped".into()),
@@ -420,9 +421,12 @@ impl NetworkPlane {
     /// follow about as fast.
     pub async fn wait_out_of_vips(&self, addrs: &[Ipv4Addr]) {
         let listed = |i: &Inputs| {
-            i.view.iter().flat_map(|v| &v.networks).flat_map(|n| &n.services).flat_map(|s| &s.backends).any(|b| {
-                b.parse::<Ipv4Addr>().is_ok_and(|b| addrs.contains(&b))
-            })
+            i.view
+                .iter()
+                .flat_map(|v| &v.networks)
+                .flat_map(|n| &n.services)
+                .flat_map(|s| &s.backends)
+                .any(|b| b.parse::<Ipv4Addr>().is_ok_and(|b| addrs.contains(&b)))
         };
         let mut rx = self.applied.subscribe();
         let wait = async {
@@ -497,7 +501,8 @@ impl NetworkPlane {
                 r
             };
             failed = outcome.is_err();
-            let plumbed = if failed { BTreeSet::new() } else { state.tasks.iter().map(|t| t.task_id.clone()).collect() };
+            let plumbed =
+                if failed { BTreeSet::new() } else { state.tasks.iter().map(|t| t.task_id.clone()).collect() };
             if !failed {
                 last = Some(state);
             }

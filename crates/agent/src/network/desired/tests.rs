@@ -127,8 +127,14 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
     assert_eq!(s.underlay_ip, Some(ip("192.168.0.1")));
     assert_eq!(s.networks.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["appnet", "other"]);
     let a = &s.networks[0];
-    assert_eq!((a.vni, a.subnet.to_string(), a.gateway, a.internal), (4097, "10.0.1.0/24".into(), ip("10.0.1.1"), false));
-    assert_eq!(a.peers, vec![Peer { address: ip("10.0.1.3"), mac: mac_for(ip("10.0.1.3")), node_ip: ip("192.168.0.2") }]);
+    assert_eq!(
+        (a.vni, a.subnet.to_string(), a.gateway, a.internal),
+        (4097, "10.0.1.0/24".into(), ip("10.0.1.1"), false)
+    );
+    assert_eq!(
+        a.peers,
+        vec![Peer { address: ip("10.0.1.3"), mac: mac_for(ip("10.0.1.3")), node_ip: ip("192.168.0.2") }]
+    );
     assert_eq!(
         a.services,
         vec![ServiceVip {
@@ -182,16 +188,18 @@ fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_t
     let app = network("net-app", "appnet", 4097, 1, false, false);
     let closed = network("net-closed", "closed", 4098, 2, true, false);
     let mut web = task("web1", TaskState::Running, &[(&closed, 7), (&app, 2)]);
-    web.endpoint = Some(shoal_api::Endpoint {
-        ports: vec![
-            port(PublishMode::Host, P::Tcp, 8081),
-            // Taken by the mesh already: not forwarded twice.
-            port(PublishMode::Host, P::Tcp, 8080),
-            port(PublishMode::Host, P::Sctp, 8083),
-        ],
-        ..Default::default()
-    }
-    .into());
+    web.endpoint = Some(
+        shoal_api::Endpoint {
+            ports: vec![
+                port(PublishMode::Host, P::Tcp, 8081),
+                // Taken by the mesh already: not forwarded twice.
+                port(PublishMode::Host, P::Tcp, 8080),
+                port(PublishMode::Host, P::Sctp, 8083),
+            ],
+            ..Default::default()
+        }
+        .into(),
+    );
     let assigned = HashMap::from([("web1".to_string(), Arc::new(web.clone()))]);
     let plumbed = plumbed(&web);
     let view = NodeNetworkView {
@@ -255,7 +263,11 @@ fn what_the_node_table_cannot_forward_is_named_and_the_rest_passes() {
         t.endpoint = Some(shoal_api::Endpoint { ports, ..Default::default() }.into());
         ports_unforwardable(&t)
     };
-    let ok = [port(PublishMode::Ingress, P::Tcp, 8080), port(PublishMode::Ingress, P::Udp, 0), port(PublishMode::Host, P::Tcp, 8081)];
+    let ok = [
+        port(PublishMode::Ingress, P::Tcp, 8080),
+        port(PublishMode::Ingress, P::Udp, 0),
+        port(PublishMode::Host, P::Tcp, 8081),
+    ];
     assert_eq!(with(&[(&closed, 3), (&app, 2)], ok.to_vec()), None);
     let sctp = with(&[(&app, 2)], vec![port(PublishMode::Ingress, P::Sctp, 8080)]).unwrap();
     assert!(sctp.contains("EndpointSpec.Ports") && sctp.contains("sctp"), "{sctp}");
