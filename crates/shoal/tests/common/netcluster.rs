@@ -346,7 +346,7 @@ impl Drop for Cluster {
         // A daemon that could not stop cleanly leaves its task namespaces (in the host's /run/netns).
         for name in self.task_namespaces() {
             let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
-            // Made in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
+            // (A name whose mount is gone leaves only its file.)
             let _ = std::fs::remove_file(std::path::Path::new("/run/netns").join(&name));
         }
     }
