@@ -11,8 +11,7 @@
 //! Bound: one entry per secret and config referenced by a task assigned to this node. Must not depend on the
 //! executors, gRPC or the session.
 
-use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use shoal_api::{assignment, config_reference, secret_reference, task_spec, Config, ContainerSpec, Secret, Task};
@@ -189,12 +188,16 @@ impl Dependencies {
             })?;
             let spec = secret.spec.clone().unwrap_or_default();
             if let Some(d) = spec.driver.as_ref().filter(|d| !d.name.is_empty()) {
-                return Err(format!("secret {label} uses the secret driver {:?}, which Shoal does not support", d.name));
+                return Err(format!(
+                    "secret {label} uses the secret driver {:?}, which Shoal does not support",
+                    d.name
+                ));
             }
             let data = match spec.templating.as_ref().filter(|t| !t.name.is_empty()) {
                 None => spec.data,
-                Some(t) => render(&t.name, &spec.data, true, task, node, self)
-                    .map_err(|e| format!("secret {label}: {e}"))?,
+                Some(t) => {
+                    render(&t.name, &spec.data, true, task, node, self).map_err(|e| format!("secret {label}: {e}"))?
+                }
             };
             files.push(TaskFile {
                 kind: FileKind::Secret,
@@ -215,9 +218,7 @@ impl Dependencies {
                         "config {label} has a runtime target (a credential spec), which Shoal does not support"
                     ))
                 }
-                None => {
-                    return Err(format!("config {label}: the reference has no file target; give it a target name"))
-                }
+                None => return Err(format!("config {label}: the reference has no file target; give it a target name")),
             };
             let config = self.configs.get(&r.config_id).ok_or_else(|| {
                 format!(
@@ -229,8 +230,9 @@ impl Dependencies {
             let spec = config.spec.clone().unwrap_or_default();
             let data = match spec.templating.as_ref().filter(|t| !t.name.is_empty()) {
                 None => spec.data,
-                Some(t) => render(&t.name, &spec.data, false, task, node, self)
-                    .map_err(|e| format!("config {label}: {e}"))?,
+                Some(t) => {
+                    render(&t.name, &spec.data, false, task, node, self).map_err(|e| format!("config {label}: {e}"))?
+                }
             };
             files.push(TaskFile {
                 kind: FileKind::Config,
@@ -246,114 +248,29 @@ impl Dependencies {
     }
 }
 
-/// What the template functions of one rendering may read: the task's env, and the raw data of the
-/// secrets and configs the task references, by target name (SwarmKit's rule: `{{secret "x"}}` is the
-/// secret the task mounts at target `x`).
-#[derive(Default)]
-struct Scope {
-    env: BTreeMap<String, String>,
-    secrets: BTreeMap<String, Vec<u8>>,
-    configs: BTreeMap<String, Vec<u8>>,
-}
-
-thread_local! {
-    /// gtmpl's functions are plain `fn` pointers: the scope of the rendering in progress on this thread.
-    static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
-}
-
-/// Clears the thread's scope when the rendering ends, however it ends.
-struct ScopeGuard;
-
-impl Drop for ScopeGuard {
-    fn drop(&mut self) {
-        SCOPE.with(|s| s.borrow_mut().take());
-    }
-}
-
-fn one_string_arg(name: &str, args: &[gtmpl::Value]) -> Result<String, gtmpl::FuncError> {
-    match args {
-        [gtmpl::Value::String(s)] => Ok(s.clone()),
-        _ => Err(gtmpl::FuncError::Generic(format!("{name} takes one string argument"))),
-    }
-}
-
-fn env_func(args: &[gtmpl::Value]) -> Result<gtmpl::Value, gtmpl::FuncError> {
-    let name = one_string_arg("env", args)?;
-    let v = SCOPE.with(|s| s.borrow().as_ref().and_then(|s| s.env.get(&name).cloned()));
-    Ok(gtmpl::Value::String(v.unwrap_or_default()))
-}
-
-fn lookup_func(
-    func: &str,
-    args: &[gtmpl::Value],
-    pick: fn(&Scope) -> &BTreeMap<String, Vec<u8>>,
-) -> Result<gtmpl::Value, gtmpl::FuncError> {
-    let target = one_string_arg(func, args)?;
-    let v = SCOPE.with(|s| s.borrow().as_ref().and_then(|s| pick(s).get(&target).cloned()));
-    match v {
-        Some(data) => Ok(gtmpl::Value::String(String::from_utf8_lossy(&data).into_owned())),
-        None => Err(gtmpl::FuncError::Generic(format!("{func} target {target} not found among the task's references"))),
-    }
-}
-
-fn secret_func(args: &[gtmpl::Value]) -> Result<gtmpl::Value, gtmpl::FuncError> {
-    lookup_func("secret", args, |s| &s.secrets)
-}
-
-fn config_func(args: &[gtmpl::Value]) -> Result<gtmpl::Value, gtmpl::FuncError> {
-    lookup_func("config", args, |s| &s.configs)
-}
-
-fn object(entries: Vec<(&str, gtmpl::Value)>) -> gtmpl::Value {
-    gtmpl::Value::Object(entries.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
-fn string(s: &str) -> gtmpl::Value {
-    gtmpl::Value::String(s.to_string())
-}
-
-/// The template data SwarmKit gives a payload: `.Service.{ID,Name,Labels}`, `.Node.{ID,Hostname,Platform}`,
-/// `.Task.{ID,Name,Slot}` (the slot is the node ID for slotless tasks).
-fn template_data(task: &Task, node: &NodeFacts) -> gtmpl::Value {
+/// SwarmKit's template context for `task` on `node` (`.Task.Slot` is the node ID for slotless tasks).
+pub fn template_data(task: &Task, node: &NodeFacts) -> shoal_template::Data {
     let service = task.service_annotations.clone().unwrap_or_default();
-    let labels: HashMap<String, gtmpl::Value> =
-        service.labels.iter().map(|(k, v)| (k.clone(), string(v))).collect();
     let node_id = if task.node_id.is_empty() { node.id.as_str() } else { task.node_id.as_str() };
     let slot = if task.slot != 0 { task.slot.to_string() } else { node_id.to_string() };
-    object(vec![
-        (
-            "Service",
-            object(vec![
-                ("ID", string(&task.service_id)),
-                ("Name", string(&service.name)),
-                ("Labels", gtmpl::Value::Map(labels)),
-            ]),
-        ),
-        (
-            "Node",
-            object(vec![
-                ("ID", string(node_id)),
-                ("Hostname", string(&node.hostname)),
-                (
-                    "Platform",
-                    object(vec![("Architecture", string(&node.architecture)), ("OS", string(&node.os))]),
-                ),
-            ]),
-        ),
-        (
-            "Task",
-            object(vec![
-                ("ID", string(&task.id)),
-                ("Name", string(&crate::docker::spec::task_name(task))),
-                ("Slot", string(&slot)),
-            ]),
-        ),
-    ])
+    shoal_template::Data {
+        service_id: task.service_id.clone(),
+        service_name: service.name.clone(),
+        service_labels: service.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        node_id: node_id.to_string(),
+        node_hostname: node.hostname.clone(),
+        node_os: node.os.clone(),
+        node_architecture: node.architecture.clone(),
+        task_id: task.id.clone(),
+        task_name: crate::docker::spec::task_name(task),
+        task_slot: slot,
+    }
 }
 
-/// Renders `payload` with the templating driver `driver` (only `golang`) for `task` on `node`. `sensitive`
-/// (a secret's own template) withholds the template engine's message, which may quote the template text;
-/// otherwise the message is shown with every secret value the task could read replaced.
+/// Renders `payload` with the templating driver `driver` (only `golang`) for `task` on `node`, within the
+/// template engine's limits (`shoal_template`: a recursive, too deep or too costly template is refused,
+/// never run). `sensitive` (a secret's own template) withholds the engine's message, which may quote the
+/// template text; otherwise the message is shown with every secret value the task could read replaced.
 fn render(
     driver: &str,
     payload: &[u8],
@@ -367,7 +284,7 @@ fn render(
     }
     let text = std::str::from_utf8(payload).map_err(|_| "the template is not UTF-8 text".to_string())?;
     let c = container(task).cloned().unwrap_or_default();
-    let mut scope = Scope::default();
+    let mut scope = shoal_template::Payload::default();
     for kv in &c.env {
         if let Some((k, v)) = kv.split_once('=') {
             scope.env.insert(k.to_string(), v.to_string());
@@ -384,23 +301,15 @@ fn render(
         }
     }
     let secret_values: Vec<Vec<u8>> = scope.secrets.values().filter(|v| !v.is_empty()).cloned().collect();
-    let mut tmpl = gtmpl::Template::default();
-    tmpl.add_funcs(&[
-        ("env", env_func as gtmpl::Func),
-        ("secret", secret_func as gtmpl::Func),
-        ("config", config_func as gtmpl::Func),
-    ]);
-    let result = tmpl.parse(text).map_err(|e| e.to_string()).and_then(|()| {
-        SCOPE.with(|s| *s.borrow_mut() = Some(scope));
-        let _guard = ScopeGuard;
-        tmpl.render(&gtmpl::Context::from(template_data(task, node))).map_err(|e| e.to_string())
-    });
-    match result {
+    let data = template_data(task, node);
+    match shoal_template::render(text, &data, Some(&scope), shoal_template::Limits::default()) {
         Ok(out) => Ok(out.into_bytes()),
-        Err(_) if sensitive => Err("its golang template did not render (the template error is withheld because it \
-                                    may quote secret data; check the template with a config of the same text)"
+        Err(e) if sensitive && e.may_quote_text() => Err("its golang template did not render (the template error \
+                                                          is withheld because it may quote secret data; check \
+                                                          the template with a config of the same text)"
             .into()),
-        Err(mut msg) => {
+        Err(e) => {
+            let mut msg = e.to_string();
             for v in &secret_values {
                 let v = String::from_utf8_lossy(v);
                 msg = msg.replace(v.as_ref(), "[secret redacted]");
@@ -409,6 +318,8 @@ fn render(
         }
     }
 }
+
+pub mod expand;
 
 #[cfg(test)]
 mod tests;

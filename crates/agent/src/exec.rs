@@ -153,13 +153,16 @@ mod grace_tests {
 
     fn task_with_grace(seconds: i64) -> Task {
         Task {
-            spec: Some(shoal_api::TaskSpec {
-                runtime: Some(shoal_api::task_spec::Runtime::Container(shoal_api::ContainerSpec {
-                    stop_grace_period: Some(shoal_api::prost_types::Duration { seconds, nanos: 0 }),
+            spec: Some(
+                shoal_api::TaskSpec {
+                    runtime: Some(shoal_api::task_spec::Runtime::Container(shoal_api::ContainerSpec {
+                        stop_grace_period: Some(shoal_api::prost_types::Duration { seconds, nanos: 0 }),
+                        ..Default::default()
+                    })),
                     ..Default::default()
-                })),
-                ..Default::default()
-            }.into()),
+                }
+                .into(),
+            ),
             ..Default::default()
         }
     }

@@ -58,7 +58,8 @@ pub type HeldSink = Arc<dyn Fn(&Held) + Send + Sync>;
 /// it), before any executor sees the task; so is a network attachment task (`AttachNetwork`, made for a
 /// Docker Engine's own container, which a Shoal agent does not have).
 fn network_refusal(task: &Task) -> Option<String> {
-    if matches!(task.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(shoal_api::task_spec::Runtime::Attachment(_))) {
+    if matches!(task.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(shoal_api::task_spec::Runtime::Attachment(_)))
+    {
         return Some(
             "a network attachment task is for a Docker Engine's own container (AttachNetwork); this Shoal agent \
              runs service tasks only"
@@ -176,7 +177,9 @@ impl Worker {
             r.input.send_modify(|i| i.task = task);
             return;
         }
-        if let Some(ctlr) = self.executor.adopt(&task) {
+        // Service templates (`{{.Task.Slot}}` ...) in the container spec, expanded once for the executor.
+        let expanded = crate::dependencies::expand::expand_container_spec(&task, &self.node);
+        if let Some(ctlr) = self.executor.adopt(expanded.as_ref().unwrap_or(&task)) {
             // The runtime object outlived an earlier run of the agent: carry on from the task's state.
             tracing::info!(task = %task.id, "adopted the task's existing runtime object");
             self.spawn_runner(task, Ok(ctlr));
@@ -193,15 +196,13 @@ impl Worker {
             self.reporter.report(&task.id, status(to, LOST_TASK_MESSAGE, LOST_TASK_MESSAGE));
             return;
         }
-        let ctlr = if let Some(why) = network_refusal(&task) {
-            Err(ExecutorError::InvalidSpec(why))
-        } else if has_references(&task) {
-            match self.deps.files_for(&task, &self.node) {
-                Ok(files) => self.executor.controller(&task, files),
+        let ctlr = match (network_refusal(&task), expanded) {
+            (Some(why), _) | (None, Err(why)) => Err(ExecutorError::InvalidSpec(why)),
+            (None, Ok(expanded)) if has_references(&expanded) => match self.deps.files_for(&expanded, &self.node) {
+                Ok(files) => self.executor.controller(&expanded, files),
                 Err(why) => Err(ExecutorError::InvalidSpec(why)),
-            }
-        } else {
-            self.executor.controller(&task, Vec::new())
+            },
+            (None, Ok(expanded)) => self.executor.controller(&expanded, Vec::new()),
         };
         self.spawn_runner(task, ctlr);
     }

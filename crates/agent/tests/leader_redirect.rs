@@ -48,7 +48,12 @@ async fn an_agent_sent_to_a_follower_opens_its_session_on_the_leader() {
     let mut c = Changes::new();
     c.create(Node {
         id: "manager-1".into(),
-        manager_status: Some(ManagerStatus { raft_id: 1, addr: leader.addr.to_string(), leader: true, reachability: 2 }),
+        manager_status: Some(ManagerStatus {
+            raft_id: 1,
+            addr: leader.addr.to_string(),
+            leader: true,
+            reachability: 2,
+        }),
         ..Default::default()
     });
     follower.state.propose(c).await.unwrap();
@@ -69,7 +74,8 @@ async fn an_agent_sent_to_a_follower_opens_its_session_on_the_leader() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let ready = leader.state.store.view(|t| {
-            t.nodes().get("node-1").and_then(|n| n.status.as_ref().map(|s| s.state)) == Some(node_status::State::Ready as i32)
+            t.nodes().get("node-1").and_then(|n| n.status.as_ref().map(|s| s.state))
+                == Some(node_status::State::Ready as i32)
         });
         if ready {
             break;

@@ -146,29 +146,32 @@ fn task(id: &str, node: &str, slot: u64, secrets: &[(&str, &str)], configs: &[(&
         service_annotations: Some(Annotations { name: "web".into(), ..Default::default() }.into()),
         desired_state: TaskState::Running as i32,
         status: Some(TaskStatus { state: TaskState::Assigned as i32, ..Default::default() }),
-        spec: Some(TaskSpec {
-            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
-                image: "busybox".into(),
-                secrets: secrets
-                    .iter()
-                    .map(|(id, name)| SecretReference {
-                        secret_id: id.to_string(),
-                        secret_name: name.to_string(),
-                        target: Some(secret_reference::Target::File(target(name))),
-                    })
-                    .collect(),
-                configs: configs
-                    .iter()
-                    .map(|(id, name)| ConfigReference {
-                        config_id: id.to_string(),
-                        config_name: name.to_string(),
-                        target: Some(config_reference::Target::File(target(name))),
-                    })
-                    .collect(),
+        spec: Some(
+            TaskSpec {
+                runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                    image: "busybox".into(),
+                    secrets: secrets
+                        .iter()
+                        .map(|(id, name)| SecretReference {
+                            secret_id: id.to_string(),
+                            secret_name: name.to_string(),
+                            target: Some(secret_reference::Target::File(target(name))),
+                        })
+                        .collect(),
+                    configs: configs
+                        .iter()
+                        .map(|(id, name)| ConfigReference {
+                            config_id: id.to_string(),
+                            config_name: name.to_string(),
+                            target: Some(config_reference::Target::File(target(name))),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })),
                 ..Default::default()
-            })),
-            ..Default::default()
-        }.into()),
+            }
+            .into(),
+        ),
         ..Default::default()
     }
 }
@@ -184,7 +187,11 @@ fn file_data(fake: &FakeExecutor, task: &str, kind: FileKind, target: &str) -> O
 async fn only_the_node_running_a_task_gets_its_secret_and_drops_it_when_the_task_ends() {
     let c = cluster().await;
     let mut setup = Changes::new();
-    setup.create(secret("s1", "db_pw", "pw-0123456789")).create(templated_config("c1", "app", "{{.Service.Name}}-{{.Task.Slot}}"));
+    setup.create(secret("s1", "db_pw", "pw-0123456789")).create(templated_config(
+        "c1",
+        "app",
+        "{{.Service.Name}}-{{.Task.Slot}}",
+    ));
     c.write(setup).await;
     let a = start_agent(&c, "node-a");
     let b = start_agent(&c, "node-b");

@@ -114,14 +114,17 @@ fn task(id: &str, state: TaskState, desired: TaskState, command: &[&str]) -> Tas
         node_id: "node-1".into(),
         desired_state: desired as i32,
         status: Some(TaskStatus { state: state as i32, ..Default::default() }),
-        spec: Some(TaskSpec {
-            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
-                image: "busybox".into(),
-                command: command.iter().map(|s| s.to_string()).collect(),
+        spec: Some(
+            TaskSpec {
+                runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                    image: "busybox".into(),
+                    command: command.iter().map(|s| s.to_string()).collect(),
+                    ..Default::default()
+                })),
                 ..Default::default()
-            })),
-            ..Default::default()
-        }.into()),
+            }
+            .into(),
+        ),
         ..Default::default()
     }
 }
@@ -135,7 +138,10 @@ async fn the_agent_runs_holds_and_stops_tasks_as_desired() {
 
     wait_for("node ready", || {
         c.state.store.view(|t| {
-            t.nodes().get("node-1").and_then(|n| n.status.clone()).is_some_and(|s| s.state == node_status::State::Ready as i32)
+            t.nodes()
+                .get("node-1")
+                .and_then(|n| n.status.clone())
+                .is_some_and(|s| s.state == node_status::State::Ready as i32)
         })
     })
     .await;

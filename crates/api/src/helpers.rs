@@ -165,7 +165,8 @@ mod secret_debug_tests {
     #[test]
     fn a_keys_debug_shows_its_length_never_its_bytes() {
         let key = crate::EncryptionKey { key: b"0123456789abcdef".to_vec(), lamport_time: 7, ..Default::default() };
-        let cluster = crate::Cluster { network_bootstrap_keys: vec![key.clone()], unlock_keys: vec![key], ..Default::default() };
+        let cluster =
+            crate::Cluster { network_bootstrap_keys: vec![key.clone()], unlock_keys: vec![key], ..Default::default() };
         let shown = format!("{cluster:?}");
         assert!(!shown.contains("0123456789") && !shown.contains("48, 49"), "{shown}");
         assert!(shown.contains("<16 bytes redacted>"), "{shown}");

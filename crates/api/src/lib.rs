@@ -24,8 +24,8 @@ pub use prost;
 pub use prost_types;
 
 pub mod generic;
-pub mod unknown_fields;
 mod helpers;
+pub mod unknown_fields;
 pub use helpers::*;
 mod task;
 pub use task::{Shared, SharedTaskSpec, Task};

@@ -245,8 +245,13 @@ mod tests {
     /// The boxed and shared fields encode as the plain messages would (fields 7, 8, 12, 13), and decode back.
     #[test]
     fn boxed_and_shared_fields_keep_the_wire_form() {
-        let ann = Annotations { name: "web".into(), labels: [("k".to_string(), "v".to_string())].into(), ..Default::default() };
-        let ep = Endpoint { ports: vec![crate::PortConfig { target_port: 80, ..Default::default() }], ..Default::default() };
+        let ann = Annotations {
+            name: "web".into(),
+            labels: [("k".to_string(), "v".to_string())].into(),
+            ..Default::default()
+        };
+        let ep =
+            Endpoint { ports: vec![crate::PortConfig { target_port: 80, ..Default::default() }], ..Default::default() };
         let driver = Driver { name: "json-file".into(), ..Default::default() };
         let t = Task {
             id: "t1".into(),

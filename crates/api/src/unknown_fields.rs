@@ -142,7 +142,8 @@ fn walk(
             None if zero => {}
             None => {
                 if out.len() < MAX_REPORTED {
-                    let at = if path.is_empty() { type_name.trim_start_matches('.').to_string() } else { path.to_string() };
+                    let at =
+                        if path.is_empty() { type_name.trim_start_matches('.').to_string() } else { path.to_string() };
                     out.push(format!("{at}: field {number}"));
                 }
             }

@@ -334,7 +334,10 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
                 .block_on(controlapi::create_service(&cluster.state, spec))
                 .map_err(|e| BenchError::Request(e.to_string()))?;
             let done = |t: &shoal_store::Tables| {
-                t.tasks().by_service(&svc.id).filter(|t| t.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32)).count()
+                t.tasks()
+                    .by_service(&svc.id)
+                    .filter(|t| t.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32))
+                    .count()
             };
             // Tasks meant to run and not finished: never more than max_concurrent.
             let in_flight = |t: &shoal_store::Tables| {
@@ -367,8 +370,7 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
             }
             let took = start.elapsed();
             let cpu = manager_cpu_seconds()? - cpu_before;
-            let (made, complete) =
-                cluster.state.store.view(|t| (t.tasks().by_service(&svc.id).count(), done(t)));
+            let (made, complete) = cluster.state.store.view(|t| (t.tasks().by_service(&svc.id).count(), done(t)));
             table.row(vec!["job completions".into(), job.to_string()]);
             table.row(vec!["job max concurrent".into(), max_concurrent.to_string()]);
             table.row(vec!["job complete s".into(), fmt_num(took.as_secs_f64())]);
@@ -395,12 +397,18 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
             sim_rt.block_on(wait_count("global tasks reported RUNNING", &shared.running_reported, nodes))?;
             let took = start.elapsed();
             table.row(vec![format!("global service: {nodes} tasks reported RUNNING s"), fmt_num(took.as_secs_f64())]);
-            table.row(vec!["manager CPU s during the global service's start".into(), fmt_num(manager_cpu_seconds()? - cpu_before)]);
+            table.row(vec![
+                "manager CPU s during the global service's start".into(),
+                fmt_num(manager_cpu_seconds()? - cpu_before),
+            ]);
         } else if a.tasks_per_node > 0 {
             let replicas = nodes * a.tasks_per_node;
             let start = Instant::now();
             manager_rt
-                .block_on(controlapi::create_service(&cluster.state, crate::e2e::sleep_service("agents-bench", replicas as u64)))
+                .block_on(controlapi::create_service(
+                    &cluster.state,
+                    crate::e2e::sleep_service("agents-bench", replicas as u64),
+                ))
                 .map_err(|e| BenchError::Request(e.to_string()))?;
             sim_rt.block_on(wait_count("tasks reported RUNNING", &shared.running_reported, replicas))?;
             table.row(vec![format!("{replicas} replicas reported RUNNING s"), fmt_num(start.elapsed().as_secs_f64())]);

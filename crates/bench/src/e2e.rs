@@ -9,7 +9,8 @@
 use std::time::{Duration, Instant};
 
 use shoal_api::{
-    service_spec, task_spec, Annotations, ContainerSpec, GlobalService, ReplicatedService, ServiceSpec, TaskSpec, TaskState,
+    service_spec, task_spec, Annotations, ContainerSpec, GlobalService, ReplicatedService, ServiceSpec, TaskSpec,
+    TaskState,
 };
 use shoal_manager::controlapi;
 use shoal_testkit::{ClusterOptions, TestCluster};
@@ -64,7 +65,13 @@ struct Run {
     running: Duration,
 }
 
-async fn one_run(replicas: u64, nodes: usize, global: bool, network: bool, timeout: Duration) -> Result<Run, BenchError> {
+async fn one_run(
+    replicas: u64,
+    nodes: usize,
+    global: bool,
+    network: bool,
+    timeout: Duration,
+) -> Result<Run, BenchError> {
     let cluster = TestCluster::start(ClusterOptions { workers: nodes, raft: true, ..Default::default() }).await;
     let mut spec = sleep_service("bench", replicas);
     if network {
@@ -100,7 +107,8 @@ async fn one_run(replicas: u64, nodes: usize, global: bool, network: bool, timeo
         loop {
             let ((total, pending, running), mut watch) = cluster.state.store.view_and_watch(|t| {
                 let total = t.tasks().count_by_service(&svc.id);
-                let pending = t.tasks().by_state(TaskState::Pending).count() + t.tasks().by_state(TaskState::New).count();
+                let pending =
+                    t.tasks().by_state(TaskState::Pending).count() + t.tasks().by_state(TaskState::New).count();
                 let running = t.tasks().by_state(TaskState::Running).count();
                 (total, pending, running)
             });
@@ -118,9 +126,7 @@ async fn one_run(replicas: u64, nodes: usize, global: bool, network: bool, timeo
     .await;
     let result = match counted {
         Ok(running) => Ok(Run { assigned: assigned_at.unwrap_or(running), running }),
-        Err(_) => {
-            Err(BenchError::Timeout(format!("{want} tasks on {nodes} nodes not all RUNNING within {timeout:?}")))
-        }
+        Err(_) => Err(BenchError::Timeout(format!("{want} tasks on {nodes} nodes not all RUNNING within {timeout:?}"))),
     };
     cluster.shutdown().await;
     result

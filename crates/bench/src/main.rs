@@ -10,9 +10,9 @@
 mod agents;
 mod daemon;
 mod e2e;
-mod idle;
 mod engine_client;
 mod failover;
+mod idle;
 mod memory;
 mod procstat;
 mod report;

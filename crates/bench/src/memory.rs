@@ -129,15 +129,8 @@ fn drop_cached_pages(path: &Path) -> Result<(), BenchError> {
 pub fn run(a: MemoryArgs, shoal: &Path) -> Result<(), BenchError> {
     let (tasks, runs) = if a.smoke { (200, 1) } else { (a.tasks, a.runs.max(1)) };
     let rt = report::runtime()?;
-    let mut table = Table::new(&[
-        "run",
-        "idle RSS MiB",
-        "anon MiB",
-        "file MiB",
-        "tasks",
-        "RSS with tasks MiB",
-        "KiB per task",
-    ]);
+    let mut table =
+        Table::new(&["run", "idle RSS MiB", "anon MiB", "file MiB", "tasks", "RSS with tasks MiB", "KiB per task"]);
     let mut figures = Vec::new();
     for r in 1..=runs {
         drop_cached_pages(shoal)?;

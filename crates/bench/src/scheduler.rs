@@ -83,14 +83,17 @@ fn task(i: usize, constraints: bool) -> Task {
         service_id: "service1".into(),
         slot: i as u64 + 1,
         desired_state: TaskState::Running as i32,
-        spec: Some(TaskSpec {
-            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
-                image: "busybox".into(),
+        spec: Some(
+            TaskSpec {
+                runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                    image: "busybox".into(),
+                    ..Default::default()
+                })),
+                placement,
                 ..Default::default()
-            })),
-            placement,
-            ..Default::default()
-        }.into()),
+            }
+            .into(),
+        ),
         spec_version: Some(Version { index: 1 }),
         status: Some(TaskStatus { state: TaskState::Pending as i32, ..Default::default() }),
         ..Default::default()

@@ -241,6 +241,25 @@ pub fn parse_cert(der: &[u8]) -> Result<CertInfo, CaError> {
     })
 }
 
+/// A certificate's serial number as lowercase hex without separators or leading zero bytes (what
+/// `openssl x509 -serial` prints, lowercased): the ID by which an operator certificate is revoked.
+pub fn cert_serial_hex(der: &[u8]) -> Result<String, CaError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| CaError::BadCertificate(e.to_string()))?;
+    let hex: String = cert.raw_serial().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(normalize_serial_hex(&hex).unwrap_or_else(|| "0".to_string()))
+}
+
+/// `serial` (hex, any case, with or without `:` separators) in the form `cert_serial_hex` gives, or `None`
+/// when it is not hex or is empty.
+pub fn normalize_serial_hex(serial: &str) -> Option<String> {
+    let digits: String = serial.chars().filter(|c| *c != ':').collect::<String>().to_ascii_lowercase();
+    if digits.is_empty() || digits.len() > 64 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let trimmed = digits.trim_start_matches('0');
+    Some(if trimmed.is_empty() { "0".to_string() } else { trimmed.to_string() })
+}
+
 /// The DER certificates in a PEM bundle, in order. Errors on an empty bundle or a broken block.
 pub fn parse_cert_pem_chain(pem: &[u8]) -> Result<Vec<Vec<u8>>, CaError> {
     let mut out = Vec::new();

@@ -14,12 +14,13 @@ mod rotation;
 mod token;
 
 pub use cert::{
-    ca_cert_hash, cert_digest, generate_node_key_and_csr, parse_cert, parse_cert_pem_chain, CertInfo, NodeCsr,
-    NodeSubject, RootCa, BACKDATE, DEFAULT_NODE_CERT_EXPIRY, MIN_NODE_CERT_EXPIRY, ROOT_CA_VALIDITY, ROOT_CN,
+    ca_cert_hash, cert_digest, cert_serial_hex, generate_node_key_and_csr, normalize_serial_hex, parse_cert,
+    parse_cert_pem_chain, CertInfo, NodeCsr, NodeSubject, RootCa, BACKDATE, DEFAULT_NODE_CERT_EXPIRY,
+    MIN_NODE_CERT_EXPIRY, ROOT_CA_VALIDITY, ROOT_CN,
 };
 pub use encryption::{EncryptionError, SecretKey, UnlockKey};
-pub use rotation::{cert_issuer_info, check_csr, check_root, cross_sign, root_issuer_info, signed_by, IssuerInfo};
 pub use renewal::{renewal_delay, RENEW_AT_MAX_FRACTION, RENEW_AT_MIN_FRACTION};
+pub use rotation::{cert_issuer_info, check_csr, check_root, cross_sign, root_issuer_info, signed_by, IssuerInfo};
 pub use token::{generate_join_token, parse_join_token, token_matches, ParsedToken, TOKEN_PREFIX};
 
 /// A node's role, as written in its certificate's OU.

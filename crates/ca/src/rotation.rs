@@ -137,7 +137,9 @@ fn dn_of(c: &X509Certificate<'_>) -> Result<DistinguishedName, CaError> {
             Tag::PrintableString => DnValue::PrintableString(text.try_into()?),
             Tag::Ia5String => DnValue::Ia5String(text.try_into()?),
             other => {
-                return Err(CaError::BadCertificate(format!("the root's subject uses a string type Shoal cannot copy ({other:?})")))
+                return Err(CaError::BadCertificate(format!(
+                    "the root's subject uses a string type Shoal cannot copy ({other:?})"
+                )))
             }
         };
         dn.push(DnType::from_oid(&oid), value);

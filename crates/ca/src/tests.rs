@@ -168,7 +168,8 @@ fn a_cross_signed_new_root_chains_new_certificates_to_the_old_root() {
     let new = RootCa::generate(t0(), &mut rng(21)).unwrap();
     let cross = cross_sign(new.cert_pem(), &old, &mut rng(22)).unwrap();
     let csr = generate_node_key_and_csr().unwrap();
-    let leaf = new.sign_csr(&csr.csr_pem, &subject(Role::Worker), DEFAULT_NODE_CERT_EXPIRY, t0(), &mut rng(23)).unwrap();
+    let leaf =
+        new.sign_csr(&csr.csr_pem, &subject(Role::Worker), DEFAULT_NODE_CERT_EXPIRY, t0(), &mut rng(23)).unwrap();
     let der = |pem: &str| parse_cert_pem_chain(pem.as_bytes()).unwrap().remove(0);
     let (leaf_der, cross_der) = (der(&leaf), der(&cross));
     assert!(signed_by(&leaf_der, &cross_der).unwrap(), "the intermediate carries the new root's key and name");
@@ -196,11 +197,14 @@ fn an_operators_root_must_be_a_ca_valid_now_with_its_own_key() {
     let e = check_root(root.cert_pem(), None, t0() + ROOT_CA_VALIDITY + Duration::from_secs(10)).unwrap_err();
     assert!(e.to_string().contains("not valid now"), "{e}");
     let csr = generate_node_key_and_csr().unwrap();
-    let leaf = root.sign_csr(&csr.csr_pem, &subject(Role::Worker), DEFAULT_NODE_CERT_EXPIRY, t0(), &mut rng(32)).unwrap();
+    let leaf =
+        root.sign_csr(&csr.csr_pem, &subject(Role::Worker), DEFAULT_NODE_CERT_EXPIRY, t0(), &mut rng(32)).unwrap();
     let e = check_root(&leaf, None, t0()).unwrap_err();
     assert!(e.to_string().contains("not a CA"), "{e}");
     let e = check_root(&format!("{}{}", root.cert_pem(), other.cert_pem()), None, t0()).unwrap_err();
     assert!(e.to_string().contains("one certificate"), "{e}");
-    let e = check_root(root.cert_pem(), Some("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"), t0()).unwrap_err();
+    let e =
+        check_root(root.cert_pem(), Some("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"), t0())
+            .unwrap_err();
     assert!(e.to_string().contains("PKCS#8"), "{e}");
 }

@@ -77,11 +77,7 @@ pub struct ConnectionState {
 
 impl ConnectionState {
     fn new() -> ConnectionState {
-        ConnectionState {
-            in_flight: AtomicUsize::new(0),
-            idle_since: Mutex::new(Instant::now()),
-            evict: Notify::new(),
-        }
+        ConnectionState { in_flight: AtomicUsize::new(0), idle_since: Mutex::new(Instant::now()), evict: Notify::new() }
     }
 
     /// Marks a request in flight until the guard (held by its response body) is dropped.
@@ -150,14 +146,11 @@ impl Registry {
     fn admit(&self) -> Option<(u64, Arc<ConnectionState>)> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if open.len() >= self.max {
-            let oldest = open
-                .iter()
-                .filter_map(|(id, c)| c.idle_since().map(|t| (t, *id)))
-                .min()
-                .map(|(_, id)| id);
+            let oldest = open.iter().filter_map(|(id, c)| c.idle_since().map(|t| (t, *id))).min().map(|(_, id)| id);
             let Some(victim) = oldest.and_then(|id| open.remove(&id)) else {
                 drop(open);
-                self.warn.warn("refused a new connection with 503 (every connection has a request in flight)", self.max);
+                self.warn
+                    .warn("refused a new connection with 503 (every connection has a request in flight)", self.max);
                 return None;
             };
             victim.evict.notify_one();
@@ -344,9 +337,8 @@ fn json_answer_for_parse_error(out: &[u8]) -> Option<Vec<u8>> {
     let status_line = lines.next()?;
     let rest = status_line.strip_prefix("HTTP/1.1 ").or_else(|| status_line.strip_prefix("HTTP/1.0 "))?;
     let code = rest.get(..3)?;
-    let headers: Vec<(String, &str)> = lines
-        .filter_map(|l| l.split_once(':').map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim())))
-        .collect();
+    let headers: Vec<(String, &str)> =
+        lines.filter_map(|l| l.split_once(':').map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim()))).collect();
     let empty = headers.iter().any(|(n, v)| n == "content-length" && *v == "0");
     let typed = headers.iter().any(|(n, _)| n == "content-type");
     if !empty || typed {
@@ -367,7 +359,8 @@ fn json_answer_for_parse_error(out: &[u8]) -> Option<Vec<u8>> {
         _ => return None,
     };
     let body = serde_json::to_string(&crate::json::ErrorResponse { message }).ok()?;
-    let mut answer = format!("HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len());
+    let mut answer =
+        format!("HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len());
     for (name, value) in &headers {
         if name == "date" {
             answer.push_str(&format!("Date: {value}\r\n"));
@@ -470,11 +463,17 @@ mod tests {
             }
         };
         let date = "date: Tue, 01 Dec 2026 01:00:00 GMT";
-        check(&format!("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n{date}\r\n\r\n"), Some("431"));
+        check(
+            &format!("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n{date}\r\n\r\n"),
+            Some("431"),
+        );
         check(&format!("HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\n{date}\r\n\r\n"), Some("414"));
         check(&format!("HTTP/1.0 400 Bad Request\r\ncontent-length: 0\r\n{date}\r\n\r\n"), Some("400"));
         // Our own answers (typed, with a body), other codes, and body bytes pass through.
-        check("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 13\r\n\r\n{\"message\":1}", None);
+        check(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 13\r\n\r\n{\"message\":1}",
+            None,
+        );
         check("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n", None);
         check("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", None);
         check("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 5\r\n\r\n", None);

@@ -74,12 +74,6 @@ impl IntoResponse for ApiError {
         if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(error = %self, "engine API internal error");
         }
-        (
-            status,
-            axum::Json(ErrorResponse {
-                message: self.to_string(),
-            }),
-        )
-            .into_response()
+        (status, axum::Json(ErrorResponse { message: self.to_string() })).into_response()
     }
 }

@@ -24,10 +24,10 @@ use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use std::sync::Mutex;
 use serde::Serialize;
 use shoal_api::{object, service_spec, task_spec, watch_message, Node, Service, WatchActionKind, WatchRequest};
 use shoal_manager::swarmkit_api::WatchService;
+use std::sync::Mutex;
 use tokio::sync::broadcast;
 use tokio_stream::StreamExt;
 
@@ -216,7 +216,11 @@ impl EventLog {
     /// A log fed by `watch`, once `start` runs (the first `/events` request starts it otherwise).
     pub fn new(watch: WatchService) -> Arc<EventLog> {
         let (live, _) = broadcast::channel(SUBSCRIBER_QUEUE_EVENTS);
-        Arc::new(EventLog { watch, kept: Mutex::new(Kept { events: VecDeque::new(), live }), started: std::sync::Once::new() })
+        Arc::new(EventLog {
+            watch,
+            kept: Mutex::new(Kept { events: VecDeque::new(), live }),
+            started: std::sync::Once::new(),
+        })
     }
 
     /// Starts recording (on the current runtime); later calls do nothing.
@@ -243,7 +247,8 @@ impl EventLog {
     }
 
     async fn record(self: Arc<Self>) {
-        let entry = |kind: &str| shoal_api::watch_request::WatchEntry { kind: kind.into(), action: 7, filters: Vec::new() };
+        let entry =
+            |kind: &str| shoal_api::watch_request::WatchEntry { kind: kind.into(), action: 7, filters: Vec::new() };
         let mut resume_from: Option<u64> = None;
         loop {
             if self.watch.stopping() {
@@ -312,8 +317,20 @@ struct EventFilters {
 }
 
 const EVENT_FILTERS: &[&str] = &[
-    "config", "container", "daemon", "event", "image", "label", "network", "node", "plugin", "scope", "secret",
-    "service", "type", "volume",
+    "config",
+    "container",
+    "daemon",
+    "event",
+    "image",
+    "label",
+    "network",
+    "node",
+    "plugin",
+    "scope",
+    "secret",
+    "service",
+    "type",
+    "volume",
 ];
 
 impl EventFilters {
@@ -334,7 +351,9 @@ impl EventFilters {
 
     fn name_or_id(&self, key: &str, e: &EventJson) -> bool {
         let name = e.actor.attributes.get("name").map(String::as_str).unwrap_or("");
-        self.values(key).is_empty() || self.fuzzy(key, &e.actor.id) && !e.actor.id.is_empty() || (!name.is_empty() && self.fuzzy(key, name))
+        self.values(key).is_empty()
+            || self.fuzzy(key, &e.actor.id) && !e.actor.id.is_empty()
+            || (!name.is_empty() && self.fuzzy(key, name))
     }
 
     fn labels(&self, e: &EventJson) -> bool {
@@ -362,7 +381,10 @@ fn line(e: &EventJson) -> axum::body::Bytes {
 }
 
 /// `GET /events[?since=&until=&filters=]`.
-pub async fn events(State(ctx): State<Arc<ApiContext>>, Query(q): Query<HashMap<String, String>>) -> Result<Response, ApiError> {
+pub async fn events(
+    State(ctx): State<Arc<ApiContext>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
     let since = q.get("since").filter(|v| !v.is_empty()).map(|v| parse_time("since", v)).transpose()?;
     let until = q.get("until").filter(|v| !v.is_empty()).map(|v| parse_time("until", v)).transpose()?;
     if let (Some(s), Some(u)) = (since, until) {
@@ -388,7 +410,8 @@ pub async fn events(State(ctx): State<Arc<ApiContext>>, Query(q): Query<HashMap<
         Vec::new()
     };
     let only_past = until.is_some_and(|u| u < now);
-    let deadline = until.map(|u| tokio::time::Instant::now() + Duration::from_nanos(u.saturating_sub(now).max(0) as u64));
+    let deadline =
+        until.map(|u| tokio::time::Instant::now() + Duration::from_nanos(u.saturating_sub(now).max(0) as u64));
     let live_stream = live_lines(filters, live, deadline, ctx.events.watch.shutdown_signal());
     let stream = tokio_stream::iter(replay.into_iter().map(Ok::<_, std::convert::Infallible>));
     let body = if only_past { Body::from_stream(stream) } else { Body::from_stream(stream.chain(live_stream)) };
@@ -428,7 +451,10 @@ fn live_lines(
                 Ok(e) if filters.include(&e) => return Some((Ok(line(&e)), (filters, live, shutdown))),
                 Ok(_) => continue,
                 Err(broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::info!(missed = n, "an /events client fell behind and was disconnected; it may ask again with since");
+                    tracing::info!(
+                        missed = n,
+                        "an /events client fell behind and was disconnected; it may ask again with since"
+                    );
                     return None;
                 }
                 Err(broadcast::error::RecvError::Closed) => return None,
@@ -487,13 +513,19 @@ mod tests {
             spec: Some(ServiceSpec {
                 annotations: Some(Annotations { name: "web".into(), ..Default::default() }),
                 task: Some(TaskSpec {
-                    runtime: Some(task_spec::Runtime::Container(ContainerSpec { image: image.into(), ..Default::default() })),
+                    runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                        image: image.into(),
+                        ..Default::default()
+                    })),
                     ..Default::default()
                 }),
                 mode: Some(service_spec::Mode::Replicated(ReplicatedService { replicas })),
                 ..Default::default()
             }),
-            meta: Some(Meta { updated_at: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 5 }), ..Default::default() }),
+            meta: Some(Meta {
+                updated_at: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 5 }),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let e = watch_message::Event {

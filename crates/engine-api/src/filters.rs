@@ -30,39 +30,34 @@ pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<RawFilters, ApiError
     let (mut current, mut legacy) = (false, false);
     for (name, values) in map {
         if !allowed.contains(&name.as_str()) {
-            return Err(ApiError::BadRequest(format!(
-                "invalid filter '{name}': use one of {}",
-                allowed.join(", ")
-            )));
+            return Err(ApiError::BadRequest(format!("invalid filter '{name}': use one of {}", allowed.join(", "))));
         }
         let list: Vec<String> = match values {
             Value::Object(m) => {
                 current = true;
                 m.into_iter()
-                .map(|(k, v)| match v {
-                    Value::Bool(_) => Ok(k),
-                    _ => Err(bad(&format!(
-                        "filter '{name}' maps {k:?} to {v}: the values of a filter are {{\"value\": true}}"
-                    ))),
-                })
-                .collect::<Result<_, _>>()?
+                    .map(|(k, v)| match v {
+                        Value::Bool(_) => Ok(k),
+                        _ => Err(bad(&format!(
+                            "filter '{name}' maps {k:?} to {v}: the values of a filter are {{\"value\": true}}"
+                        ))),
+                    })
+                    .collect::<Result<_, _>>()?
             }
             Value::Null => Vec::new(),
             Value::Array(a) => {
                 legacy = true;
                 a.into_iter()
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| bad("filter values must be strings"))
-                })
-                .collect::<Result<_, _>>()?
+                    .map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad("filter values must be strings")))
+                    .collect::<Result<_, _>>()?
             }
             _ => return Err(bad("each filter must map to an object or a list")),
         };
         if current && legacy {
             // moby reads the whole document in one form or the other.
-            return Err(bad("use one form for every filter, {\"name\": {\"value\": true}} or the legacy {\"name\": [\"value\"]}"));
+            return Err(bad(
+                "use one form for every filter, {\"name\": {\"value\": true}} or the legacy {\"name\": [\"value\"]}",
+            ));
         }
         out.entry(name).or_default().extend(list);
     }
@@ -77,12 +72,9 @@ fn take(f: &mut RawFilters, name: &str) -> Vec<String> {
 pub fn services(raw: Option<&str>) -> Result<ServiceFilters, ApiError> {
     let mut f = parse(raw, &["id", "name", "label", "mode"])?;
     let modes = take(&mut f, "mode");
-    if let Some(m) = modes.iter().find(|m| {
-        !matches!(
-            m.as_str(),
-            "replicated" | "global" | "replicated-job" | "global-job"
-        )
-    }) {
+    if let Some(m) =
+        modes.iter().find(|m| !matches!(m.as_str(), "replicated" | "global" | "replicated-job" | "global-job"))
+    {
         return Err(ApiError::BadRequest(format!(
             "invalid filter 'mode={m}': use replicated, global, replicated-job or global-job"
         )));
@@ -110,53 +102,29 @@ pub fn secrets(raw: Option<&str>) -> Result<SecretFilters, ApiError> {
 
 /// `GET /nodes` filters: id, name, role, membership, label (node.label is accepted as label).
 pub fn nodes(raw: Option<&str>) -> Result<NodeFilters, ApiError> {
-    let mut f = parse(
-        raw,
-        &["id", "name", "role", "membership", "label", "node.label"],
-    )?;
+    let mut f = parse(raw, &["id", "name", "role", "membership", "label", "node.label"])?;
     let roles = take(&mut f, "role");
-    if let Some(r) = roles
-        .iter()
-        .find(|r| !matches!(r.as_str(), "manager" | "worker"))
-    {
-        return Err(ApiError::BadRequest(format!(
-            "invalid filter 'role={r}': use manager or worker"
-        )));
+    if let Some(r) = roles.iter().find(|r| !matches!(r.as_str(), "manager" | "worker")) {
+        return Err(ApiError::BadRequest(format!("invalid filter 'role={r}': use manager or worker")));
     }
     let memberships = take(&mut f, "membership");
-    if let Some(m) = memberships
-        .iter()
-        .find(|m| !matches!(m.as_str(), "accepted" | "pending"))
-    {
-        return Err(ApiError::BadRequest(format!(
-            "invalid filter 'membership={m}': use accepted or pending"
-        )));
+    if let Some(m) = memberships.iter().find(|m| !matches!(m.as_str(), "accepted" | "pending")) {
+        return Err(ApiError::BadRequest(format!("invalid filter 'membership={m}': use accepted or pending")));
     }
     let mut labels = take(&mut f, "label");
     labels.extend(take(&mut f, "node.label"));
-    Ok(NodeFilters {
-        id_prefixes: take(&mut f, "id"),
-        name_prefixes: take(&mut f, "name"),
-        roles,
-        memberships,
-        labels,
-    })
+    Ok(NodeFilters { id_prefixes: take(&mut f, "id"), name_prefixes: take(&mut f, "name"), roles, memberships, labels })
 }
 
 /// `GET /tasks` filters: id, name, service, node, desired-state, label.
 pub fn tasks(raw: Option<&str>) -> Result<TaskFilters, ApiError> {
-    let mut f = parse(
-        raw,
-        &["id", "name", "service", "node", "desired-state", "label", "_up-to-date"],
-    )?;
+    let mut f = parse(raw, &["id", "name", "service", "node", "desired-state", "label", "_up-to-date"])?;
     let up_to_date = !take(&mut f, "_up-to-date").is_empty();
     let desired_states = take(&mut f, "desired-state")
         .iter()
         .map(|s| {
             TaskState::from_docker_name(s).ok_or_else(|| {
-                ApiError::BadRequest(format!(
-                    "invalid filter 'desired-state={s}': use running, shutdown or accepted"
-                ))
+                ApiError::BadRequest(format!("invalid filter 'desired-state={s}': use running, shutdown or accepted"))
             })
         })
         .collect::<Result<_, _>>()?;
@@ -203,10 +171,7 @@ mod tests {
             (r#"{"name":"web"}"#, "object or a list"),
         ] {
             let e = services(Some(raw)).unwrap_err();
-            assert!(
-                matches!(&e, ApiError::BadRequest(m) if m.contains(fragment)),
-                "{raw}: {e:?}"
-            );
+            assert!(matches!(&e, ApiError::BadRequest(m) if m.contains(fragment)), "{raw}: {e:?}");
         }
         assert!(tasks(Some(r#"{"desired-state":{"dancing":true}}"#)).is_err());
         assert!(nodes(Some(r#"{"role":{"boss":true}}"#)).is_err());

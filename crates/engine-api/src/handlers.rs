@@ -17,9 +17,8 @@ use crate::error::ApiError;
 use crate::filters;
 use crate::json::system::{ComponentJson, PeerJson, PlatformNameJson};
 use crate::json::{
-    InfoJson, NodeJson, NodeSpecJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson,
-    ServiceStatusJson, ServiceUpdateResponse, SwarmInfoJson, SwarmJson, SystemVersionJson,
-    TaskJson,
+    InfoJson, NodeJson, NodeSpecJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson, ServiceStatusJson,
+    ServiceUpdateResponse, SwarmInfoJson, SwarmJson, SystemVersionJson, TaskJson,
 };
 use crate::request::{json_body, parse_bool_param, ApiVersion, MIN_API_VERSION};
 use crate::versions::{self, SpecWrite};
@@ -29,20 +28,13 @@ type Ctx = State<Arc<ApiContext>>;
 type Params = Query<HashMap<String, String>>;
 type ApiResult = Result<Response, ApiError>;
 
-
 use crate::request::bool_param as flag;
 
 pub(crate) fn version_param(q: &HashMap<String, String>) -> Result<u64, ApiError> {
     let v = q.get("version").ok_or_else(|| {
-        ApiError::BadRequest(
-            "the version query parameter is required: pass the Version.Index you inspected".into(),
-        )
+        ApiError::BadRequest("the version query parameter is required: pass the Version.Index you inspected".into())
     })?;
-    v.parse().map_err(|_| {
-        ApiError::BadRequest(format!(
-            "invalid version {v:?}: expected a non-negative integer"
-        ))
-    })
+    v.parse().map_err(|_| ApiError::BadRequest(format!("invalid version {v:?}: expected a non-negative integer")))
 }
 
 fn json<T: serde::Serialize>(v: T) -> ApiResult {
@@ -56,15 +48,9 @@ pub async fn ping() -> Response {
     h.insert("OSType", HeaderValue::from_static("linux"));
     h.insert("Docker-Experimental", HeaderValue::from_static("false"));
     h.insert("Swarm", HeaderValue::from_static("active/manager"));
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, no-store, must-revalidate"),
-    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, no-store, must-revalidate"));
     h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     r
 }
 
@@ -77,20 +63,13 @@ fn go_arch() -> &'static str {
 }
 
 pub(crate) fn kernel_version() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
 pub(crate) fn os_description() -> String {
     std::fs::read_to_string("/etc/os-release")
         .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("PRETTY_NAME=")
-                    .map(|v| v.trim_matches('"').to_string())
-            })
-        })
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string())))
         .unwrap_or_else(|| "linux".into())
 }
 
@@ -98,14 +77,8 @@ pub(crate) fn mem_total_bytes() -> i64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("MemTotal:")?
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<i64>()
-                    .ok()
-            })
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:")?.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
         })
         .map(|kb| kb * 1024)
         .unwrap_or(0)
@@ -115,13 +88,8 @@ pub(crate) fn mem_total_bytes() -> i64 {
 pub async fn version() -> ApiResult {
     let v = env!("CARGO_PKG_VERSION");
     json(SystemVersionJson {
-        platform: PlatformNameJson {
-            name: "Shoal".into(),
-        },
-        components: vec![ComponentJson {
-            name: "Shoal".into(),
-            version: v.into(),
-        }],
+        platform: PlatformNameJson { name: "Shoal".into() },
+        components: vec![ComponentJson { name: "Shoal".into(), version: v.into() }],
         version: v.into(),
         api_version: API_VERSION.into(),
         min_api_version: format!("{}.{}", MIN_API_VERSION.0, MIN_API_VERSION.1),
@@ -142,11 +110,7 @@ pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
         Err(e) => e.to_string(),
     };
     let swarm = ctx.state.store.view(|t| {
-        let managers: Vec<_> = t
-            .nodes()
-            .iter()
-            .filter(|n| n.role() == NodeRole::Manager)
-            .collect();
+        let managers: Vec<_> = t.nodes().iter().filter(|n| n.role() == NodeRole::Manager).collect();
         let mut remote: Vec<PeerJson> = managers
             .iter()
             .map(|n| PeerJson {
@@ -156,13 +120,7 @@ pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
                     .as_ref()
                     .map(|m| m.addr.clone())
                     .filter(|a| !a.is_empty())
-                    .unwrap_or_else(|| {
-                        if n.id == ctx.node_id {
-                            ctx.node_addr.clone()
-                        } else {
-                            String::new()
-                        }
-                    }),
+                    .unwrap_or_else(|| if n.id == ctx.node_id { ctx.node_addr.clone() } else { String::new() }),
             })
             .collect();
         remote.sort_by(|a, b| a.node_id.cmp(&b.node_id));
@@ -203,9 +161,7 @@ pub(crate) fn host_info(node_id: &str, hostname: &str) -> InfoJson {
         os_type: "linux".into(),
         os_version,
         architecture: std::env::consts::ARCH.into(),
-        ncpu: std::thread::available_parallelism()
-            .map(|n| n.get() as u64)
-            .unwrap_or(1),
+        ncpu: std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1),
         mem_total: mem_total_bytes(),
         kernel_version: kernel_version(),
         server_version: env!("CARGO_PKG_VERSION").into(),
@@ -223,24 +179,17 @@ pub(crate) fn host_info(node_id: &str, hostname: &str) -> InfoJson {
 
 fn first_cluster(t: &shoal_store::Tables) -> Option<&shoal_api::Cluster> {
     // One cluster object per cluster; pick deterministically if a bug ever made two.
-    t.clusters()
-        .iter()
-        .min_by(|a, b| a.id.cmp(&b.id))
-        .map(|c| &**c)
+    t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)).map(|c| &**c)
 }
 
 /// `GET /swarm`, linearizable like the other reads (503 when no leader confirms it).
 pub async fn swarm(State(ctx): Ctx) -> ApiResult {
     read_barrier(&ctx).await?;
-    let found = ctx
-        .state
-        .store
-        .view(|t| first_cluster(t).map(SwarmJson::from_api));
+    let found = ctx.state.store.view(|t| first_cluster(t).map(SwarmJson::from_api));
     match found {
         Some(s) => json(s),
         None => Err(ApiError::Unavailable(
-            "the cluster is not initialized yet: wait for the node to finish starting, then retry"
-                .into(),
+            "the cluster is not initialized yet: wait for the node to finish starting, then retry".into(),
         )),
     }
 }
@@ -281,14 +230,7 @@ pub async fn list_services(State(ctx): Ctx, v: ApiVersion, Query(q): Params) -> 
 pub async fn create_service(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
     let spec = service_spec_body(v, &headers, &body, SpecWrite::Create)?;
     let svc = controlapi::create_service(&ctx.state, spec).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(ServiceCreateResponse {
-            id: svc.id,
-            warnings: Vec::new(),
-        }),
-    )
-        .into_response())
+    Ok((StatusCode::CREATED, Json(ServiceCreateResponse { id: svc.id, warnings: Vec::new() })).into_response())
 }
 
 /// A service spec from a request body at API version `v`: decoded as Go would, what `v` did not have dropped
@@ -351,9 +293,7 @@ pub async fn update_service(
             controlapi::update_service(&ctx.state, &id, version, spec).await?;
         }
     }
-    json(ServiceUpdateResponse {
-        warnings: Vec::new(),
-    })
+    json(ServiceUpdateResponse { warnings: Vec::new() })
 }
 
 /// `GET /tasks`.
@@ -361,12 +301,7 @@ pub async fn list_tasks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::tasks(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
     let tasks = controlapi::list_tasks(&ctx.state, &f);
-    json(
-        tasks
-            .iter()
-            .map(|t| TaskJson::from_api(t))
-            .collect::<Vec<_>>(),
-    )
+    json(tasks.iter().map(|t| TaskJson::from_api(t)).collect::<Vec<_>>())
 }
 
 /// `GET /tasks/{id}`.
@@ -381,12 +316,7 @@ pub async fn list_nodes(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::nodes(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
     let nodes = controlapi::list_nodes(&ctx.state, &f);
-    json(
-        nodes
-            .iter()
-            .map(|n| NodeJson::from_api(n))
-            .collect::<Vec<_>>(),
-    )
+    json(nodes.iter().map(|n| NodeJson::from_api(n)).collect::<Vec<_>>())
 }
 
 /// `GET /nodes/{id}`.
@@ -407,11 +337,7 @@ pub async fn update_node(
     let version = version_param(&q)?;
     let spec: NodeSpecJson = json_body(&headers, &body, "node spec")?;
     let current = controlapi::get_node(&ctx.state, &id)?;
-    let membership = current
-        .spec
-        .as_ref()
-        .map(|s| s.membership())
-        .unwrap_or_default();
+    let membership = current.spec.as_ref().map(|s| s.membership()).unwrap_or_default();
     controlapi::update_node(&ctx.state, &current.id, version, spec.to_api(membership)?).await?;
     Ok(StatusCode::OK.into_response())
 }
@@ -433,8 +359,5 @@ pub async fn distribution() -> ApiResult {
 
 /// Any other path.
 pub async fn not_found(uri: axum::http::Uri) -> ApiResult {
-    Err(ApiError::NotFound(format!(
-        "page not found: {} is not an endpoint of the Shoal Engine API",
-        uri.path()
-    )))
+    Err(ApiError::NotFound(format!("page not found: {} is not an endpoint of the Shoal Engine API", uri.path())))
 }

@@ -12,15 +12,15 @@ pub mod error;
 pub mod events;
 pub mod filters;
 mod handlers;
-pub mod request;
 pub mod json;
 pub mod lifecycle;
+pub mod locked;
+pub mod logs;
 mod networks;
+pub mod request;
 mod secrets;
 #[cfg(test)]
 mod secrets_tests;
-pub mod locked;
-pub mod logs;
 pub mod swarm_update;
 #[cfg(test)]
 mod tests;
@@ -89,6 +89,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/info", get(handlers::info))
         .route("/swarm", get(handlers::swarm))
         .route("/shoal/v1/ca/client-cert", post(ca::client_cert))
+        .route("/shoal/v1/ca/revoke-client-cert", post(ca::revoke_client_cert))
         .route("/swarm/update", post(swarm_update::update_swarm))
         .route("/swarm/unlockkey", get(unlock::unlock_key))
         .route("/swarm/unlock", post(unlock::not_locked))
@@ -97,20 +98,14 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/swarm/leave", post(lifecycle::manager_leave))
         .route("/services", get(handlers::list_services))
         .route("/services/create", post(handlers::create_service))
-        .route(
-            "/services/{id}",
-            get(handlers::get_service).delete(handlers::remove_service),
-        )
+        .route("/services/{id}", get(handlers::get_service).delete(handlers::remove_service))
         .route("/services/{id}/update", post(handlers::update_service))
         .route("/tasks", get(handlers::list_tasks))
         .route("/tasks/{id}", get(handlers::get_task))
         .route("/tasks/{id}/logs", get(logs::task_logs))
         .route("/services/{id}/logs", get(logs::service_logs))
         .route("/nodes", get(handlers::list_nodes))
-        .route(
-            "/nodes/{id}",
-            get(handlers::get_node).delete(handlers::remove_node),
-        )
+        .route("/nodes/{id}", get(handlers::get_node).delete(handlers::remove_node))
         .route("/nodes/{id}/update", post(handlers::update_node))
         .route("/secrets", get(secrets::list_secrets))
         .route("/secrets/create", post(secrets::create_secret))
@@ -151,16 +146,10 @@ async fn add_headers(mut r: Response) -> Response {
     use axum::body::HttpBody;
     // An empty answer (`200 OK` to a delete or an update) says what it is, in one of the spec's media types.
     if r.body().size_hint().exact() == Some(0) && !r.headers().contains_key(axum::http::header::CONTENT_TYPE) {
-        r.headers_mut().insert(
-            axum::http::header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
+        r.headers_mut().insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     }
     let h = r.headers_mut();
     h.insert("API-Version", HeaderValue::from_static(API_VERSION));
-    h.insert(
-        "Server",
-        HeaderValue::from_static(concat!("Shoal/", env!("CARGO_PKG_VERSION"))),
-    );
+    h.insert("Server", HeaderValue::from_static(concat!("Shoal/", env!("CARGO_PKG_VERSION"))));
     r
 }

@@ -69,9 +69,7 @@ impl Availability {
             "" | "active" => Ok(Availability::Active),
             "pause" => Ok(Availability::Pause),
             "drain" => Ok(Availability::Drain),
-            other => Err(ApiError::BadRequest(format!(
-                "invalid Availability {other:?}: use active, pause or drain"
-            ))),
+            other => Err(ApiError::BadRequest(format!("invalid Availability {other:?}: use active, pause or drain"))),
         }
     }
 
@@ -268,7 +266,12 @@ pub fn parse_advertise_addr(addr: &str, listen: SocketAddr) -> Result<Option<Soc
 
 /// Refuses the init fields Shoal cannot honour yet (data path and address pools: no overlay networks yet).
 /// `SubnetSize` 24 without pools is the default the docker CLI always sends, and what applies.
-fn refuse_network_fields(data_path_addr: &str, data_path_port: u32, pools: &[String], subnet_size: u32) -> Result<(), ApiError> {
+fn refuse_network_fields(
+    data_path_addr: &str,
+    data_path_port: u32,
+    pools: &[String],
+    subnet_size: u32,
+) -> Result<(), ApiError> {
     for (field, set) in [
         ("DataPathAddr", !data_path_addr.is_empty()),
         ("DataPathPort", data_path_port != 0),
@@ -547,8 +550,13 @@ pub async fn serve_inactive_unix(
     ctx: InactiveContext,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::connections::serve_unix(listener, inactive_router(ctx), crate::connections::ConnectionLimits::default(), shutdown)
-        .await
+    crate::connections::serve_unix(
+        listener,
+        inactive_router(ctx),
+        crate::connections::ConnectionLimits::default(),
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -589,10 +597,12 @@ mod tests {
     #[test]
     fn init_refuses_what_it_cannot_honour_and_names_it() {
         // What `docker swarm init` sends by default.
-        let ok = init(r#"{"ListenAddr":"0.0.0.0:2377","AdvertiseAddr":"10.0.0.5","DataPathAddr":"","DataPathPort":0,
+        let ok = init(
+            r#"{"ListenAddr":"0.0.0.0:2377","AdvertiseAddr":"10.0.0.5","DataPathAddr":"","DataPathPort":0,
             "DefaultAddrPool":null,"ForceNewCluster":false,"Spec":{"Orchestration":{},"Raft":{"ElectionTick":0},
             "Dispatcher":{},"CAConfig":{},"TaskDefaults":{},"EncryptionConfig":{"AutoLockManagers":false}},
-            "AutoLockManagers":false,"Availability":"","SubnetSize":24}"#)
+            "AutoLockManagers":false,"Availability":"","SubnetSize":24}"#,
+        )
         .unwrap();
         assert_eq!(ok.advertise, Some("10.0.0.5:2377".parse().unwrap()));
         for (body, field) in [
@@ -600,11 +610,17 @@ mod tests {
             (r#"{"ListenAddr":"0.0.0.0:2377","DataPathPort":4789}"#, "DataPathPort"),
             (r#"{"ListenAddr":"0.0.0.0:2377","DefaultAddrPool":["10.10.0.0/16"]}"#, "DefaultAddrPool"),
             (r#"{"ListenAddr":"0.0.0.0:2377","SubnetSize":26}"#, "SubnetSize"),
-            (r#"{"ListenAddr":"0.0.0.0:2377","Spec":{"CAConfig":{"ExternalCAs":[{"Protocol":"cfssl","URL":"https://x"}]}}}"#, "CAConfig.ExternalCAs"),
+            (
+                r#"{"ListenAddr":"0.0.0.0:2377","Spec":{"CAConfig":{"ExternalCAs":[{"Protocol":"cfssl","URL":"https://x"}]}}}"#,
+                "CAConfig.ExternalCAs",
+            ),
             (r#"{"ListenAddr":"0.0.0.0:2377","Spec":{"Name":"other"}}"#, "named \"default\""),
             (r#"{"ListenAddr":"0.0.0.0:2377","Availability":"sometimes"}"#, "Availability"),
             (r#"{"ListenAddr":""}"#, "invalid empty address"),
-            (r#"{"ListenAddr":"0.0.0.0:2377","Spec":{"CAConfig":{"NodeCertExpiry":1000000000}}}"#, "certificate expiry"),
+            (
+                r#"{"ListenAddr":"0.0.0.0:2377","Spec":{"CAConfig":{"NodeCertExpiry":1000000000}}}"#,
+                "certificate expiry",
+            ),
         ] {
             let e = init(body).unwrap_err();
             assert!(e.contains(field), "{body}: {e}");
@@ -621,10 +637,13 @@ mod tests {
             check_join(req).map_err(|e| e.to_string())
         };
         let token = "SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-1awxwuwd3z9j1z3puu7rcgdbx";
-        let ok = join(&format!(r#"{{"ListenAddr":"0.0.0.0:2377","RemoteAddrs":["10.0.0.1"],"JoinToken":"{token}"}}"#)).unwrap();
+        let ok = join(&format!(r#"{{"ListenAddr":"0.0.0.0:2377","RemoteAddrs":["10.0.0.1"],"JoinToken":"{token}"}}"#))
+            .unwrap();
         assert_eq!(ok.remote_addrs, ["10.0.0.1:2377"]);
         assert!(!format!("{ok:?}").contains(token), "the token stays out of Debug");
-        assert!(join(&format!(r#"{{"ListenAddr":"0.0.0.0:2377","JoinToken":"{token}"}}"#)).unwrap_err().contains("RemoteAddr"));
+        assert!(join(&format!(r#"{{"ListenAddr":"0.0.0.0:2377","JoinToken":"{token}"}}"#))
+            .unwrap_err()
+            .contains("RemoteAddr"));
         assert!(join(r#"{"ListenAddr":"0.0.0.0:2377","RemoteAddrs":["10.0.0.1"]}"#).unwrap_err().contains("JoinToken"));
         assert!(join(r#"{"ListenAddr":"0.0.0.0:2377","RemoteAddrs":["10.0.0.1"],"JoinToken":"nope"}"#).is_err());
     }

@@ -22,8 +22,7 @@ use crate::json::system::{InfoJson, SwarmInfoJson};
 use crate::unlock::UnlockRequestJson;
 
 /// Docker's message for any cluster command sent to a locked manager.
-pub const LOCKED: &str =
-    "Swarm is encrypted and needs to be unlocked before it can be used. Please use \
+pub const LOCKED: &str = "Swarm is encrypted and needs to be unlocked before it can be used. Please use \
 \"docker swarm unlock\" to unlock it.";
 
 /// Docker's message for a wrong unlock key.
@@ -64,9 +63,7 @@ pub struct LockedContext {
 
 impl std::fmt::Debug for LockedContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockedContext")
-            .field("node_id", &self.node_id)
-            .finish_non_exhaustive()
+        f.debug_struct("LockedContext").field("node_id", &self.node_id).finish_non_exhaustive()
     }
 }
 
@@ -93,11 +90,7 @@ async fn unlock(State(ctx): State<Arc<LockedContext>>, headers: axum::http::Head
     let unlocker = ctx.unlocker.clone();
     let outcome = tokio::task::spawn_blocking(move || unlocker.unlock(&req.unlock_key))
         .await
-        .unwrap_or_else(|e| {
-            Err(UnlockError::Failed(format!(
-                "the unlock check stopped: {e}"
-            )))
-        });
+        .unwrap_or_else(|e| Err(UnlockError::Failed(format!("the unlock check stopped: {e}"))));
     match outcome {
         Ok(()) => StatusCode::OK.into_response(),
         Err(UnlockError::BadFormat(m)) => ApiError::BadRequest(m).into_response(),
@@ -141,8 +134,13 @@ pub async fn serve_locked_unix(
     ctx: LockedContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::connections::serve_unix(listener, locked_router(ctx), crate::connections::ConnectionLimits::default(), shutdown)
-        .await
+    crate::connections::serve_unix(
+        listener,
+        locked_router(ctx),
+        crate::connections::ConnectionLimits::default(),
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -171,20 +169,11 @@ mod tests {
             unlocker: Arc::new(OneKey("SWMKEY-1-right")),
             lifecycle: Default::default(),
         });
-        let req = Request::builder()
-            .method(method)
-            .uri(path)
-            .body(Body::from(body.to_string()))
-            .unwrap();
+        let req = Request::builder().method(method).uri(path).body(Body::from(body.to_string())).unwrap();
         let resp = router.oneshot(req).await.unwrap();
         let status = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
-        )
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
     }
 
     #[tokio::test]
@@ -201,26 +190,13 @@ mod tests {
         }
         let (s, body) = call(Method::POST, "/swarm/leave", "").await;
         assert_eq!((s, body["message"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some(LEAVE_LOCKED)));
-        let (s, body) = call(
-            Method::POST,
-            "/swarm/unlock",
-            r#"{"UnlockKey":"SWMKEY-1-wrong"}"#,
-        )
-        .await;
-        assert_eq!(
-            (s, body["message"].as_str()),
-            (StatusCode::UNAUTHORIZED, Some(INVALID_KEY))
-        );
+        let (s, body) = call(Method::POST, "/swarm/unlock", r#"{"UnlockKey":"SWMKEY-1-wrong"}"#).await;
+        assert_eq!((s, body["message"].as_str()), (StatusCode::UNAUTHORIZED, Some(INVALID_KEY)));
         let (s, body) = call(Method::POST, "/swarm/unlock", r#"{"UnlockKey":"nonsense"}"#).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
         let (s, _) = call(Method::POST, "/swarm/unlock", "not json").await;
         assert_eq!(s, StatusCode::BAD_REQUEST);
-        let (s, _) = call(
-            Method::POST,
-            "/v1.47/swarm/unlock",
-            r#"{"UnlockKey":"SWMKEY-1-right"}"#,
-        )
-        .await;
+        let (s, _) = call(Method::POST, "/v1.47/swarm/unlock", r#"{"UnlockKey":"SWMKEY-1-right"}"#).await;
         assert_eq!(s, StatusCode::OK);
     }
 }

@@ -59,15 +59,10 @@ pub struct LineFormat {
 use crate::request::bool_param as flag;
 
 /// The subscription options and line format for the query.
-pub fn parse_query(
-    q: &HashMap<String, String>,
-    tty: bool,
-) -> Result<(LogSubscriptionOptions, LineFormat), ApiError> {
+pub fn parse_query(q: &HashMap<String, String>, tty: bool) -> Result<(LogSubscriptionOptions, LineFormat), ApiError> {
     let (stdout, stderr) = (flag(q, "stdout"), flag(q, "stderr"));
     if !stdout && !stderr {
-        return Err(ApiError::BadRequest(
-            "choose at least one stream: pass stdout=1 and/or stderr=1".into(),
-        ));
+        return Err(ApiError::BadRequest("choose at least one stream: pass stdout=1 and/or stderr=1".into()));
     }
     let mut streams = vec![];
     if stdout {
@@ -80,9 +75,7 @@ pub fn parse_query(
         None | Some("") | Some("all") => 0,
         Some(n) => {
             let n: i64 = n.parse().map_err(|_| {
-                ApiError::BadRequest(format!(
-                    "invalid tail {n:?}: expected \"all\" or a number of lines"
-                ))
+                ApiError::BadRequest(format!("invalid tail {n:?}: expected \"all\" or a number of lines"))
             })?;
             if n < 0 {
                 0
@@ -96,28 +89,12 @@ pub fn parse_query(
         None | Some("") | Some("0") => None,
         Some(s) => Some(parse_since(s)?),
     };
-    let opts = LogSubscriptionOptions {
-        streams,
-        follow: flag(q, "follow"),
-        tail,
-        since,
-    };
-    Ok((
-        opts,
-        LineFormat {
-            timestamps: flag(q, "timestamps"),
-            details: flag(q, "details"),
-            tty,
-        },
-    ))
+    let opts = LogSubscriptionOptions { streams, follow: flag(q, "follow"), tail, since };
+    Ok((opts, LineFormat { timestamps: flag(q, "timestamps"), details: flag(q, "details"), tty }))
 }
 
 fn parse_since(s: &str) -> Result<shoal_api::prost_types::Timestamp, ApiError> {
-    let bad = || {
-        ApiError::BadRequest(format!(
-            "invalid since {s:?}: expected a Unix time such as 1700000000.5"
-        ))
-    };
+    let bad = || ApiError::BadRequest(format!("invalid since {s:?}: expected a Unix time such as 1700000000.5"));
     let (secs, frac) = s.split_once('.').unwrap_or((s, ""));
     let seconds: i64 = secs.parse().map_err(|_| bad())?;
     let nanos: i32 = if frac.is_empty() {
@@ -151,9 +128,7 @@ fn log_time(ts: Option<&shoal_api::prost_types::Timestamp>) -> String {
 fn escape(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
             b' ' => "+".to_string(),
             _ => format!("%{b:02X}"),
         })
@@ -169,19 +144,12 @@ pub fn encode(m: &LogMessage, f: LineFormat) -> Vec<u8> {
     }
     if f.details {
         let c = m.context.clone().unwrap_or_default();
-        let mut pairs: Vec<(String, String)> = m
-            .attrs
-            .iter()
-            .map(|a| (a.key.clone(), a.value.clone()))
-            .collect();
+        let mut pairs: Vec<(String, String)> = m.attrs.iter().map(|a| (a.key.clone(), a.value.clone())).collect();
         pairs.push(("com.docker.swarm.node.id".into(), c.node_id));
         pairs.push(("com.docker.swarm.service.id".into(), c.service_id));
         pairs.push(("com.docker.swarm.task.id".into(), c.task_id));
         pairs.sort();
-        let details: Vec<String> = pairs
-            .iter()
-            .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
-            .collect();
+        let details: Vec<String> = pairs.iter().map(|(k, v)| format!("{}={}", escape(k), escape(v))).collect();
         line.extend(details.join(",").into_bytes());
         line.push(b' ');
     }
@@ -192,11 +160,7 @@ pub fn encode(m: &LogMessage, f: LineFormat) -> Vec<u8> {
     if f.tty {
         return line;
     }
-    let stream = if m.stream == LogStream::Stderr as i32 {
-        2u8
-    } else {
-        1u8
-    };
+    let stream = if m.stream == LogStream::Stderr as i32 { 2u8 } else { 1u8 };
     let mut frame = Vec::with_capacity(line.len() + 8);
     frame.extend([stream, 0, 0, 0]);
     frame.extend((line.len() as u32).to_be_bytes());
@@ -236,18 +200,29 @@ async fn stream_response(
             ))
         })?
     };
+    let store = ctx.state.store.clone();
     let body = batches.map(move |batch| {
         let mut out = Vec::new();
-        for m in &batch {
-            out.extend(encode(m, format));
-        }
+        // A line is shown only as the task's own: the broker lets a node publish lines naming itself, and
+        // here the task must be that node's, of that service (a worker cannot pass its lines off as another
+        // node's task).
+        store.view(|t| {
+            for m in batch.iter().filter(|m| published_by_its_task_node(t, m)) {
+                out.extend(encode(m, format));
+            }
+        });
         Ok::<Bytes, std::convert::Infallible>(Bytes::from(out))
     });
     let content_type = crate::versions::log_stream_content_type(v, tty);
     let mut resp = (StatusCode::OK, Body::from_stream(body)).into_response();
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(resp)
+}
+
+/// True when the line's context names a task of the store that is on the context's node and of its service.
+fn published_by_its_task_node(t: &shoal_store::Tables, m: &LogMessage) -> bool {
+    let Some(c) = m.context.as_ref() else { return false };
+    t.tasks().get(&c.task_id).is_some_and(|task| task.node_id == c.node_id && task.service_id == c.service_id)
 }
 
 /// `GET /services/{id}/logs`.
@@ -260,17 +235,7 @@ pub async fn service_logs(
     crate::handlers::read_barrier(&ctx).await?;
     let s = controlapi::get_service(&ctx.state, &id)?;
     let tty = tty_of(s.spec.as_ref().and_then(|s| s.task.as_ref()));
-    stream_response(
-        &ctx,
-        LogSelector {
-            service_ids: vec![s.id.clone()],
-            ..Default::default()
-        },
-        &q,
-        tty,
-        v,
-    )
-    .await
+    stream_response(&ctx, LogSelector { service_ids: vec![s.id.clone()], ..Default::default() }, &q, tty, v).await
 }
 
 /// `GET /tasks/{id}/logs`.
@@ -283,17 +248,7 @@ pub async fn task_logs(
     crate::handlers::read_barrier(&ctx).await?;
     let t = controlapi::get_task(&ctx.state, &id)?;
     let tty = tty_of(t.spec.as_deref());
-    stream_response(
-        &ctx,
-        LogSelector {
-            task_ids: vec![t.id.clone()],
-            ..Default::default()
-        },
-        &q,
-        tty,
-        v,
-    )
-    .await
+    stream_response(&ctx, LogSelector { task_ids: vec![t.id.clone()], ..Default::default() }, &q, tty, v).await
 }
 
 #[cfg(test)]
@@ -301,10 +256,7 @@ mod tests {
     use super::*;
 
     fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
@@ -322,13 +274,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((o.tail, o.follow, o.streams.len()), (-11, true, 2));
-        assert_eq!(
-            o.since,
-            Some(shoal_api::prost_types::Timestamp {
-                seconds: 1_700_000_000,
-                nanos: 500_000_000
-            })
-        );
+        assert_eq!(o.since, Some(shoal_api::prost_types::Timestamp { seconds: 1_700_000_000, nanos: 500_000_000 }));
         assert!(f.timestamps && !f.details && !f.tty);
         let (o, _) = parse_query(&q(&[("stdout", "true"), ("tail", "all")]), false).unwrap();
         assert_eq!((o.tail, o.streams), (0, vec![LogStream::Stdout as i32]));
@@ -346,38 +292,17 @@ mod tests {
     #[test]
     fn lines_are_framed_with_details_and_times_as_the_cli_expects() {
         let m = LogMessage {
-            context: Some(shoal_api::LogContext {
-                service_id: "s".into(),
-                node_id: "n".into(),
-                task_id: "t".into(),
-            }),
-            timestamp: Some(shoal_api::prost_types::Timestamp {
-                seconds: 1_700_000_000,
-                nanos: 5,
-            }),
+            context: Some(shoal_api::LogContext { service_id: "s".into(), node_id: "n".into(), task_id: "t".into() }),
+            timestamp: Some(shoal_api::prost_types::Timestamp { seconds: 1_700_000_000, nanos: 5 }),
             stream: LogStream::Stderr as i32,
             data: b"hello".to_vec(),
             attrs: vec![],
         };
-        let f = encode(
-            &m,
-            LineFormat {
-                timestamps: true,
-                details: true,
-                tty: false,
-            },
-        );
+        let f = encode(&m, LineFormat { timestamps: true, details: true, tty: false });
         let line = b"2023-11-14T22:13:20.000000005Z com.docker.swarm.node.id=n,com.docker.swarm.service.id=s,com.docker.swarm.task.id=t hello\n";
         assert_eq!(&f[..8], &[2, 0, 0, 0, 0, 0, 0, line.len() as u8]);
         assert_eq!(&f[8..], &line[..]);
-        let raw = encode(
-            &m,
-            LineFormat {
-                timestamps: false,
-                details: false,
-                tty: true,
-            },
-        );
+        let raw = encode(&m, LineFormat { timestamps: false, details: false, tty: true });
         assert_eq!(raw, b"hello\n");
     }
 }

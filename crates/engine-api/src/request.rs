@@ -69,10 +69,7 @@ fn error(status: StatusCode, message: String) -> Response {
 /// Reads the whole body (up to `BODY_LIMIT_BYTES`, within the body read timeout) before the request goes on,
 /// so that whatever answers it answers after the client finished sending.
 pub(crate) async fn read_body_first(req: Request, next: Next) -> Response {
-    let timeout = req
-        .extensions()
-        .get::<BodyReadTimeout>()
-        .map_or(DEFAULT_BODY_READ_TIMEOUT, |t| t.0);
+    let timeout = req.extensions().get::<BodyReadTimeout>().map_or(DEFAULT_BODY_READ_TIMEOUT, |t| t.0);
     let (parts, body) = req.into_parts();
     let read = Limited::new(body, BODY_LIMIT_BYTES).collect();
     let bytes: Bytes = match tokio::time::timeout(timeout, read).await {
@@ -224,7 +221,7 @@ pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
         let ct = String::from_utf8_lossy(ct.as_bytes());
         let media = ct.split(';').next().unwrap_or("").trim();
         if !media.eq_ignore_ascii_case("application/json") {
-        return Err(ApiError::BadRequest(format!(
+            return Err(ApiError::BadRequest(format!(
                 "unsupported Content-Type header ({ct}): must be 'application/json'"
             )));
         }

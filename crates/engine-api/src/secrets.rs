@@ -85,7 +85,8 @@ pub async fn remove_secret(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult
 pub async fn list_configs(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::secrets(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
-    let out: Vec<ConfigJson> = controlapi::list_configs(&ctx.state, &f).iter().map(|c| ConfigJson::from_api(c)).collect();
+    let out: Vec<ConfigJson> =
+        controlapi::list_configs(&ctx.state, &f).iter().map(|c| ConfigJson::from_api(c)).collect();
     Ok(Json(out).into_response())
 }
 

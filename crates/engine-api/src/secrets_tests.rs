@@ -41,7 +41,10 @@ fn assert_error(r: &Reply, status: StatusCode, fragment: &str) {
 }
 
 fn filters(f: Value) -> String {
-    f.to_string().bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
+    f.to_string()
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
 }
 
 fn names(r: &Reply) -> Vec<String> {
@@ -104,10 +107,12 @@ async fn a_secret_is_created_listed_inspected_relabelled_and_removed_without_its
     let templated = json!({"Name": "db_pw", "Templating": {"Name": "golang"}});
     let r = call(&state, Method::POST, &format!("/secrets/db_pw/update?version={version}"), Some(templated)).await;
     assert_error(&r, StatusCode::BAD_REQUEST, "Templating: only updates to Labels are allowed");
-    let r = call(&state, Method::POST, &format!("/secrets/db_pw/update?version={version}"), Some(json!({"Name": "x"}))).await;
+    let r = call(&state, Method::POST, &format!("/secrets/db_pw/update?version={version}"), Some(json!({"Name": "x"})))
+        .await;
     assert_error(&r, StatusCode::BAD_REQUEST, "Name: only updates to Labels are allowed");
     let relabel = json!({"Name": "db_pw", "Labels": {"env": "dev"}, "Data": data_to_base64(PW)});
-    let r = call(&state, Method::POST, &format!("/secrets/{id}/update?version={}", version + 1), Some(relabel.clone())).await;
+    let r = call(&state, Method::POST, &format!("/secrets/{id}/update?version={}", version + 1), Some(relabel.clone()))
+        .await;
     assert_error(&r, StatusCode::CONFLICT, "update out of sequence");
     let r = call(&state, Method::POST, &format!("/secrets/{id}/update?version={version}"), Some(relabel)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
@@ -127,20 +132,45 @@ async fn bad_secrets_and_configs_are_400_and_store_nothing() {
     let (state, _) = test_state();
     let big = vec![b'x'; 600 * 1000];
     let cases: Vec<(&str, &str, Value, &str)> = vec![
-        ("", "secrets", json!({"Name": "big", "Data": data_to_base64(&big)}),
-         "Data: secret data must be larger than 0 and less than 512000 bytes (got 600000 bytes)"),
+        (
+            "",
+            "secrets",
+            json!({"Name": "big", "Data": data_to_base64(&big)}),
+            "Data: secret data must be larger than 0 and less than 512000 bytes (got 600000 bytes)",
+        ),
         ("", "secrets", json!({"Name": "empty"}), "Data: secret data must be larger than 0"),
         ("", "secrets", json!({"Name": "b64", "Data": "cGFzc3dvcmQ!"}), "Data: illegal base64 data at input byte 11"),
         ("", "secrets", json!({"Name": "bad name!", "Data": "YQ=="}), "Name: invalid secret name"),
-        ("", "secrets", json!({"Name": "drv", "Data": "YQ==", "Driver": {"Name": "vault"}}), "Driver: secret drivers are not supported"),
-        ("", "secrets", json!({"Name": "tpl", "Data": "YQ==", "Templating": {"Name": "jinja"}}),
-         "Templating.Name: unknown templating driver \"jinja\""),
-        ("/v1.36", "secrets", json!({"Name": "old", "Data": "YQ==", "Templating": {"Name": "golang"}}),
-         "secret templating is not supported on the specified API version: 1.36"),
-        ("/v1.36", "configs", json!({"Name": "old", "Data": "YQ==", "Templating": {}}),
-         "config templating is not supported on the specified API version: 1.36"),
-        ("", "configs", json!({"Name": "big", "Data": data_to_base64(&vec![b'x'; 1000 * 1024])}),
-         "Data: config data must be larger than 0 and less than 1024000 bytes"),
+        (
+            "",
+            "secrets",
+            json!({"Name": "drv", "Data": "YQ==", "Driver": {"Name": "vault"}}),
+            "Driver: secret drivers are not supported",
+        ),
+        (
+            "",
+            "secrets",
+            json!({"Name": "tpl", "Data": "YQ==", "Templating": {"Name": "jinja"}}),
+            "Templating.Name: unknown templating driver \"jinja\"",
+        ),
+        (
+            "/v1.36",
+            "secrets",
+            json!({"Name": "old", "Data": "YQ==", "Templating": {"Name": "golang"}}),
+            "secret templating is not supported on the specified API version: 1.36",
+        ),
+        (
+            "/v1.36",
+            "configs",
+            json!({"Name": "old", "Data": "YQ==", "Templating": {}}),
+            "config templating is not supported on the specified API version: 1.36",
+        ),
+        (
+            "",
+            "configs",
+            json!({"Name": "big", "Data": data_to_base64(&vec![b'x'; 1000 * 1024])}),
+            "Data: config data must be larger than 0 and less than 1024000 bytes",
+        ),
         ("", "configs", json!({"Name": "c", "Data": 5}), "invalid JSON: Data"),
     ];
     for (prefix, kind, body, fragment) in cases {
@@ -151,14 +181,24 @@ async fn bad_secrets_and_configs_are_400_and_store_nothing() {
     assert_eq!(names(&call(&state, Method::GET, "/secrets", None).await), Vec::<String>::new());
     assert_eq!(names(&call(&state, Method::GET, "/configs", None).await), Vec::<String>::new());
     // Templating from 1.37 on, and an empty driver is no driver.
-    let r = call(&state, Method::POST, "/v1.37/secrets/create",
-        Some(json!({"Name": "tpl", "Data": "YQ==", "Templating": {"Name": "golang"}, "Driver": {}}))).await;
+    let r = call(
+        &state,
+        Method::POST,
+        "/v1.37/secrets/create",
+        Some(json!({"Name": "tpl", "Data": "YQ==", "Templating": {"Name": "golang"}, "Driver": {}})),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let r = call(&state, Method::GET, "/secrets/tpl", None).await;
     assert_eq!(r.body["Spec"], json!({"Name": "tpl", "Labels": {}, "Templating": {"Name": "golang"}}), "{}", r.text);
     // The largest secret there can be.
-    let r = call(&state, Method::POST, "/secrets/create",
-        Some(json!({"Name": "max", "Data": data_to_base64(&vec![b'y'; 500 * 1024 - 1])}))).await;
+    let r = call(
+        &state,
+        Method::POST,
+        "/secrets/create",
+        Some(json!({"Name": "max", "Data": data_to_base64(&vec![b'y'; 500 * 1024 - 1])})),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
 }
 
@@ -178,17 +218,28 @@ async fn a_config_shows_its_data_and_follows_the_same_rules() {
         "{}",
         r.text
     );
-    let listed = call(&state, Method::GET, &format!("/configs?filters={}", filters(json!({"name": ["app"]}))), None).await;
+    let listed =
+        call(&state, Method::GET, &format!("/configs?filters={}", filters(json!({"name": ["app"]}))), None).await;
     assert_eq!(names(&listed), ["app.conf"]);
     assert_eq!(listed.body[0]["Spec"]["Data"], json!(data_to_base64(data)));
     let r = call(&state, Method::POST, "/configs/create", Some(json!({"Name": "app.conf", "Data": "YQ=="}))).await;
     assert_error(&r, StatusCode::CONFLICT, "config app.conf already exists");
     let version = call(&state, Method::GET, "/configs/app.conf", None).await.body["Version"]["Index"].as_u64().unwrap();
-    let r = call(&state, Method::POST, &format!("/configs/{id}/update?version={version}"),
-        Some(json!({"Name": "app.conf", "Data": "YQ==", "Templating": {"Name": "golang"}}))).await;
+    let r = call(
+        &state,
+        Method::POST,
+        &format!("/configs/{id}/update?version={version}"),
+        Some(json!({"Name": "app.conf", "Data": "YQ==", "Templating": {"Name": "golang"}})),
+    )
+    .await;
     assert_error(&r, StatusCode::BAD_REQUEST, "Data: only updates to Labels are allowed");
-    let r = call(&state, Method::POST, &format!("/configs/{id}/update?version={version}"),
-        Some(json!({"Name": "app.conf", "Labels": {"c": "d"}, "Templating": {"Name": "golang"}}))).await;
+    let r = call(
+        &state,
+        Method::POST,
+        &format!("/configs/{id}/update?version={version}"),
+        Some(json!({"Name": "app.conf", "Labels": {"c": "d"}, "Templating": {"Name": "golang"}})),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(call(&state, Method::GET, "/configs/app.conf", None).await.body["Spec"]["Labels"], json!({"c": "d"}));
     let r = call(&state, Method::DELETE, &format!("/configs/{}", &id[..5]), None).await;
@@ -206,12 +257,14 @@ fn service(name: &str, secrets: Value, configs: Value) -> Value {
 #[tokio::test]
 async fn services_reference_secrets_and_configs_which_cannot_be_removed_while_used() {
     let (state, _) = test_state();
-    let sid = call(&state, Method::POST, "/secrets/create", Some(json!({"Name": "db_pw", "Data": "cHc="}))).await.body["ID"]
+    let sid = call(&state, Method::POST, "/secrets/create", Some(json!({"Name": "db_pw", "Data": "cHc="}))).await.body
+        ["ID"]
         .as_str()
         .unwrap()
         .to_string();
-    let cid = call(&state, Method::POST, "/configs/create", Some(json!({"Name": "app.conf", "Data": "YQ=="}))).await.body
-        ["ID"]
+    let cid = call(&state, Method::POST, "/configs/create", Some(json!({"Name": "app.conf", "Data": "YQ=="})))
+        .await
+        .body["ID"]
         .as_str()
         .unwrap()
         .to_string();
@@ -235,11 +288,18 @@ async fn services_reference_secrets_and_configs_which_cannot_be_removed_while_us
     for (secrets, configs, fragment) in [
         (json!([{"File": {"Name": "x"}, "SecretName": "nope"}]), json!([]), "secret not found: nope"),
         (json!([]), json!([{"File": {"Name": "x"}, "ConfigID": "zzz"}]), "config not found: zzz"),
-        (json!([{"File": {"Name": "t"}, "SecretName": "db_pw"}, {"File": {"Name": "t"}, "SecretID": sid}]), json!([]),
-         "conflicting target: 't'"),
+        (
+            json!([{"File": {"Name": "t"}, "SecretName": "db_pw"}, {"File": {"Name": "t"}, "SecretID": sid}]),
+            json!([]),
+            "conflicting target: 't'",
+        ),
         (json!([{"SecretName": "db_pw"}]), json!([]), "no target provided"),
         (json!([]), json!([{"ConfigName": "app.conf"}]), "Configs[0]: either File or Runtime should be set"),
-        (json!([]), json!([{"ConfigName": "app.conf", "File": {"Name": "a"}, "Runtime": {}}]), "cannot specify both File and Runtime"),
+        (
+            json!([]),
+            json!([{"ConfigName": "app.conf", "File": {"Name": "a"}, "Runtime": {}}]),
+            "cannot specify both File and Runtime",
+        ),
     ] {
         let r = call(&state, Method::POST, "/services/create", Some(service("bad", secrets, configs))).await;
         assert_error(&r, StatusCode::BAD_REQUEST, fragment);

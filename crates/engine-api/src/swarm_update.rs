@@ -18,8 +18,8 @@ use shoal_api::{ClusterSpec, Driver};
 use shoal_manager::controlapi;
 
 use crate::error::ApiError;
-use crate::request::parse_bool_param;
 use crate::json::objects::{ExternalCaJson, SwarmSpecJson};
+use crate::request::parse_bool_param;
 use crate::ApiContext;
 
 fn duration_from_ns(ns: i64) -> Option<shoal_api::prost_types::Duration> {
@@ -40,16 +40,10 @@ pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
         ann.name = j.name.clone();
     }
     if !j.labels.is_empty() {
-        ann.labels = j
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        ann.labels = j.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     }
     if let Some(limit) = j.orchestration.task_history_retention_limit {
-        s.orchestration
-            .get_or_insert_with(Default::default)
-            .task_history_retention_limit = limit;
+        s.orchestration.get_or_insert_with(Default::default).task_history_retention_limit = limit;
     }
     if let Some(on) = j.orchestration.shoal_rebalance {
         s.orchestration.get_or_insert_with(Default::default).shoal_rebalance = on;
@@ -72,9 +66,7 @@ pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
         raft.heartbeat_tick = j.raft.heartbeat_tick;
     }
     if let Some(hb) = duration_from_ns(j.dispatcher.heartbeat_period) {
-        s.dispatcher
-            .get_or_insert_with(Default::default)
-            .heartbeat_period = Some(hb);
+        s.dispatcher.get_or_insert_with(Default::default).heartbeat_period = Some(hb);
     }
     let ca = s.ca_config.get_or_insert_with(Default::default);
     if let Some(expiry) = duration_from_ns(j.ca_config.node_cert_expiry) {
@@ -86,17 +78,12 @@ pub fn merge_spec(current: &ClusterSpec, j: &SwarmSpecJson) -> ClusterSpec {
     ca.signing_ca_cert = j.ca_config.signing_ca_cert.as_bytes().to_vec();
     ca.signing_ca_key = j.ca_config.signing_ca_key.as_bytes().to_vec();
     ca.external_cas = j.ca_config.external_cas.iter().map(ExternalCaJson::to_api).collect();
-    s.encryption_config
-        .get_or_insert_with(Default::default)
-        .auto_lock_managers = j.encryption_config.auto_lock_managers;
+    s.encryption_config.get_or_insert_with(Default::default).auto_lock_managers =
+        j.encryption_config.auto_lock_managers;
     if let Some(d) = j.task_defaults.log_driver.as_ref() {
         s.task_defaults.get_or_insert_with(Default::default).log_driver = Some(Driver {
             name: d.name.clone(),
-            options: d
-                .options
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            options: d.options.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         });
     }
     s
@@ -112,14 +99,10 @@ pub async fn update_swarm(
     let version: u64 = q
         .get("version")
         .ok_or_else(|| {
-            ApiError::BadRequest(
-                "the version query parameter is required: pass the swarm's Version.Index".into(),
-            )
+            ApiError::BadRequest("the version query parameter is required: pass the swarm's Version.Index".into())
         })?
         .parse()
-        .map_err(|_| {
-            ApiError::BadRequest("invalid version: expected a non-negative integer".into())
-        })?;
+        .map_err(|_| ApiError::BadRequest("invalid version: expected a non-negative integer".into()))?;
     // Read as the engine reads them (strconv.ParseBool: a bad value is a 400).
     let rotate_unlock_key = parse_bool_param(&q, "rotateManagerUnlockKey")?;
     // `docker swarm join-token --rotate worker|manager`: fresh secrets, same root CA digest.
@@ -127,13 +110,19 @@ pub async fn update_swarm(
         worker: parse_bool_param(&q, "rotateWorkerToken")?,
         manager: parse_bool_param(&q, "rotateManagerToken")?,
     };
-    let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
-    for e in &j.ca_config.external_cas {
-        e.check()?;
-    }
     let cluster = controlapi::get_cluster(&ctx.state)?;
     let current = cluster.spec.clone().unwrap_or_default();
-    let spec = merge_spec(&current, &j);
+    // The engine reads an empty body as no spec at all (moby's `ReadJSON`): a request that only rotates
+    // (`?rotateManagerUnlockKey=true`, a join token) with no body leaves the spec as it is.
+    let spec = if body.is_empty() {
+        current.clone()
+    } else {
+        let j: SwarmSpecJson = crate::request::json_body(&headers, &body, "swarm spec")?;
+        for e in &j.ca_config.external_cas {
+            e.check()?;
+        }
+        merge_spec(&current, &j)
+    };
     // No executor applies a default log driver: a new one is refused rather than stored and ignored (the one
     // a cluster already has, sent back as `docker swarm update` does, goes through).
     let log_driver = |s: &ClusterSpec| s.task_defaults.as_ref().and_then(|d| d.log_driver.clone());
@@ -147,12 +136,10 @@ pub async fn update_swarm(
     }
     if rotate_unlock_key && !controlapi::autolock_on(Some(&spec)) {
         return Err(ApiError::BadRequest(
-            "cannot rotate the unlock key: autolock is not turned on (docker swarm update --autolock=true)"
-                .into(),
+            "cannot rotate the unlock key: autolock is not turned on (docker swarm update --autolock=true)".into(),
         ));
     }
-    controlapi::update_cluster_rotating(&ctx.state, &cluster.id, version, spec, rotate_unlock_key)
-        .await?;
+    controlapi::update_cluster_rotating(&ctx.state, &cluster.id, version, spec, rotate_unlock_key).await?;
     shoal_manager::ca::rotate_join_tokens(&ctx.state, rotate)
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
@@ -168,38 +155,14 @@ mod tests {
     fn a_posted_spec_round_trips_and_keeps_what_the_api_does_not_carry() {
         let mut current = shoal_node_like_spec();
         current.ca_config.as_mut().unwrap().node_cert_expiry =
-            Some(shoal_api::prost_types::Duration {
-                seconds: 7_776_000,
-                nanos: 0,
-            });
-        let cluster = shoal_api::Cluster {
-            id: "c".into(),
-            spec: Some(current.clone()),
-            ..Default::default()
-        };
+            Some(shoal_api::prost_types::Duration { seconds: 7_776_000, nanos: 0 });
+        let cluster = shoal_api::Cluster { id: "c".into(), spec: Some(current.clone()), ..Default::default() };
         let mut j = SwarmJson::from_api(&cluster).cluster.spec;
         j.orchestration.task_history_retention_limit = Some(3);
         j.ca_config.node_cert_expiry = 48 * 3600 * 1_000_000_000;
         let merged = merge_spec(&current, &j);
-        assert_eq!(
-            merged
-                .orchestration
-                .as_ref()
-                .unwrap()
-                .task_history_retention_limit,
-            3
-        );
-        assert_eq!(
-            merged
-                .ca_config
-                .as_ref()
-                .unwrap()
-                .node_cert_expiry
-                .as_ref()
-                .unwrap()
-                .seconds,
-            48 * 3600
-        );
+        assert_eq!(merged.orchestration.as_ref().unwrap().task_history_retention_limit, 3);
+        assert_eq!(merged.ca_config.as_ref().unwrap().node_cert_expiry.as_ref().unwrap().seconds, 48 * 3600);
         // Unchanged fields come back as they were.
         let back = merge_spec(&current, &SwarmJson::from_api(&cluster).cluster.spec);
         assert_eq!(back, current);
@@ -213,10 +176,7 @@ mod tests {
 
     fn shoal_node_like_spec() -> ClusterSpec {
         ClusterSpec {
-            annotations: Some(shoal_api::Annotations {
-                name: "default".into(),
-                ..Default::default()
-            }),
+            annotations: Some(shoal_api::Annotations { name: "default".into(), ..Default::default() }),
             orchestration: Some(shoal_api::OrchestrationConfig {
                 task_history_retention_limit: 5,
                 ..Default::default()
@@ -228,10 +188,7 @@ mod tests {
                 ..Default::default()
             }),
             dispatcher: Some(shoal_api::DispatcherConfig {
-                heartbeat_period: Some(shoal_api::prost_types::Duration {
-                    seconds: 5,
-                    nanos: 0,
-                }),
+                heartbeat_period: Some(shoal_api::prost_types::Duration { seconds: 5, nanos: 0 }),
             }),
             ca_config: Some(Default::default()),
             encryption_config: Some(Default::default()),

@@ -8,8 +8,8 @@ use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use shoal_api::{
-    node_status, Cluster, ClusterSpec, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus, Task,
-    TaskState, TaskStatus,
+    node_status, Cluster, ClusterSpec, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus, Task, TaskState,
+    TaskStatus,
 };
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::LocalProposer;
@@ -78,18 +78,11 @@ impl Api {
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Reply {
-            status,
-            headers,
-            body,
-            text,
-        }
+        Reply { status, headers, body, text }
     }
 
     async fn create(&self, name: &str, replicas: i64) -> String {
-        let r = self
-            .call(Method::POST, "/services/create", Some(spec(name, replicas)))
-            .await;
+        let r = self.call(Method::POST, "/services/create", Some(spec(name, replicas))).await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
         r.body["ID"].as_str().unwrap().to_string()
     }
@@ -117,30 +110,19 @@ fn node(id: &str, host: &str, role: NodeRole) -> Node {
     let mut n = Node {
         id: id.into(),
         spec: Some(NodeSpec::default()),
-        description: Some(NodeDescription {
-            hostname: host.into(),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus {
-            addr: "127.0.0.1".into(),
-            ..Default::default()
-        }),
+        description: Some(NodeDescription { hostname: host.into(), ..Default::default() }),
+        status: Some(NodeStatus { addr: "127.0.0.1".into(), ..Default::default() }),
         ..Default::default()
     };
     n.set_role(role);
     n.spec.as_mut().unwrap().set_desired_role(role);
-    n.status
-        .as_mut()
-        .unwrap()
-        .set_state(node_status::State::Ready);
+    n.status.as_mut().unwrap().set_state(node_status::State::Ready);
     n
 }
 
 fn assert_error(r: &Reply, status: StatusCode, fragment: &str) {
     assert_eq!(r.status, status, "{}", r.text);
-    let msg = r.body["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no JSON message in {:?}", r.text));
+    let msg = r.body["message"].as_str().unwrap_or_else(|| panic!("no JSON message in {:?}", r.text));
     assert!(msg.contains(fragment), "message {msg:?} lacks {fragment:?}");
 }
 
@@ -168,22 +150,12 @@ async fn ping_version_and_headers_with_and_without_prefix() {
 #[tokio::test]
 async fn unknown_paths_are_404_json_with_headers() {
     let api = Api::new();
-    for uri in [
-        "/containers/json",
-        "/v1.47/containers/json",
-        "/vx.y/services",
-    ] {
+    for uri in ["/containers/json", "/v1.47/containers/json", "/vx.y/services"] {
         let r = api.call(Method::GET, uri, None).await;
         assert_error(&r, StatusCode::NOT_FOUND, "page not found");
         assert_eq!(r.headers["API-Version"], "1.47");
     }
-    let d = api
-        .call(
-            Method::GET,
-            "/distribution/library/busybox:latest/json",
-            None,
-        )
-        .await;
+    let d = api.call(Method::GET, "/distribution/library/busybox:latest/json", None).await;
     assert_error(&d, StatusCode::NOT_IMPLEMENTED, "registries");
 }
 
@@ -196,29 +168,20 @@ async fn info_and_swarm_describe_the_node_and_cluster() {
     let mut cluster = Cluster {
         id: "cluster1".into(),
         spec: Some(ClusterSpec {
-            annotations: Some(shoal_api::Annotations {
-                name: "default".into(),
-                ..Default::default()
-            }),
+            annotations: Some(shoal_api::Annotations { name: "default".into(), ..Default::default() }),
             orchestration: Some(shoal_api::OrchestrationConfig {
                 task_history_retention_limit: 5,
                 ..Default::default()
             }),
             dispatcher: Some(shoal_api::DispatcherConfig {
-                heartbeat_period: Some(shoal_api::prost_types::Duration {
-                    seconds: 5,
-                    nanos: 0,
-                }),
+                heartbeat_period: Some(shoal_api::prost_types::Duration { seconds: 5, nanos: 0 }),
             }),
             ..Default::default()
         }),
         ..Default::default()
     };
     cluster.root_ca = Some(shoal_api::RootCa {
-        join_tokens: Some(shoal_api::JoinTokens {
-            worker: "SWMTKN-w".into(),
-            manager: "SWMTKN-m".into(),
-        }),
+        join_tokens: Some(shoal_api::JoinTokens { worker: "SWMTKN-w".into(), manager: "SWMTKN-m".into() }),
         ..Default::default()
     });
     api.seed(|c| {
@@ -231,14 +194,8 @@ async fn info_and_swarm_describe_the_node_and_cluster() {
     let s = api.call(Method::GET, "/swarm", None).await;
     assert_eq!(s.status, StatusCode::OK, "{}", s.text);
     assert_eq!(s.body["ID"], "cluster1");
-    assert_eq!(
-        s.body["Spec"]["Orchestration"]["TaskHistoryRetentionLimit"],
-        5
-    );
-    assert_eq!(
-        s.body["Spec"]["Dispatcher"]["HeartbeatPeriod"],
-        5_000_000_000i64
-    );
+    assert_eq!(s.body["Spec"]["Orchestration"]["TaskHistoryRetentionLimit"], 5);
+    assert_eq!(s.body["Spec"]["Dispatcher"]["HeartbeatPeriod"], 5_000_000_000i64);
     assert_eq!(s.body["JoinTokens"]["Worker"], "SWMTKN-w");
 
     let i = api.call(Method::GET, "/info", None).await;
@@ -271,8 +228,11 @@ async fn info_and_swarm_describe_the_node_and_cluster() {
     assert!(i.body["NFd"].as_u64().is_some_and(|n| n > 0), "{}", i.text);
     assert!(matches!(i.body["CgroupVersion"].as_str(), Some("1" | "2")), "{}", i.text);
     let now = time::OffsetDateTime::now_utc();
-    let t = time::OffsetDateTime::parse(i.body["SystemTime"].as_str().unwrap(), &time::format_description::well_known::Rfc3339)
-        .expect("SystemTime is RFC 3339");
+    let t = time::OffsetDateTime::parse(
+        i.body["SystemTime"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("SystemTime is RFC 3339");
     assert!((now - t).abs() < time::Duration::minutes(1), "{t} vs {now}");
 }
 
@@ -282,21 +242,18 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
     let id = api.create("web", 3).await;
     assert_eq!(id.len(), 25);
 
-    let g = api
-        .call(
-            Method::GET,
-            "/v1.47/services/web?insertDefaults=false",
-            None,
-        )
-        .await;
+    let g = api.call(Method::GET, "/v1.47/services/web?insertDefaults=false", None).await;
     assert_eq!(g.status, StatusCode::OK);
     assert_eq!(g.body["Spec"]["UpdateConfig"], Value::Null, "{}", g.text);
     // insertDefaults fills in SwarmKit's defaults, as `docker service inspect` shows them.
     let d = api.call(Method::GET, "/services/web?insertDefaults=true", None).await;
     let with_defaults = &d.body["Spec"];
     for (path, want) in [
-        ("/UpdateConfig", json!({"Parallelism": 1, "FailureAction": "pause", "Monitor": 5_000_000_000i64,
-                                 "MaxFailureRatio": 0.0, "Order": "stop-first"})),
+        (
+            "/UpdateConfig",
+            json!({"Parallelism": 1, "FailureAction": "pause", "Monitor": 5_000_000_000i64,
+                                 "MaxFailureRatio": 0.0, "Order": "stop-first"}),
+        ),
         ("/RollbackConfig/Order", json!("stop-first")),
         ("/TaskTemplate/ContainerSpec/StopGracePeriod", json!(10_000_000_000i64)),
         ("/TaskTemplate/RestartPolicy", json!({"Condition": "any", "Delay": 5_000_000_000i64})),
@@ -306,10 +263,7 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
     assert_eq!(g.body["ID"], id.as_str());
     assert_eq!(g.body["Spec"]["Name"], "web");
     assert_eq!(g.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
-    assert_eq!(
-        g.body["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"],
-        json!(["sleep", "3141"])
-    );
+    assert_eq!(g.body["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"], json!(["sleep", "3141"]));
     assert_eq!(g.body["CreatedAt"], "2023-11-14T22:13:20Z");
     let version = g.body["Version"]["Index"].as_u64().unwrap();
 
@@ -334,66 +288,31 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
     })
     .await;
     let l = api.call(Method::GET, "/services?status=true", None).await;
-    assert_eq!(
-        l.body[0]["ServiceStatus"],
-        json!({"RunningTasks": 1, "DesiredTasks": 3, "CompletedTasks": 0})
-    );
+    assert_eq!(l.body[0]["ServiceStatus"], json!({"RunningTasks": 1, "DesiredTasks": 3, "CompletedTasks": 0}));
     let plain = api.call(Method::GET, "/services", None).await;
     assert!(plain.body[0].get("ServiceStatus").is_none());
-    let by_name = api
-        .call(
-            Method::GET,
-            "/services?filters=%7B%22name%22%3A%7B%22we%22%3Atrue%7D%7D",
-            None,
-        )
-        .await;
+    let by_name = api.call(Method::GET, "/services?filters=%7B%22name%22%3A%7B%22we%22%3Atrue%7D%7D", None).await;
     assert_eq!(by_name.body.as_array().unwrap().len(), 1);
-    let none = api
-        .call(
-            Method::GET,
-            "/services?filters=%7B%22id%22%3A%5B%22zzz%22%5D%7D",
-            None,
-        )
-        .await;
+    let none = api.call(Method::GET, "/services?filters=%7B%22id%22%3A%5B%22zzz%22%5D%7D", None).await;
     assert_eq!(none.body, json!([]));
 
-    let u = api
-        .call(
-            Method::POST,
-            &format!("/services/{id}/update?version={version}"),
-            Some(spec("web", 5)),
-        )
-        .await;
+    let u = api.call(Method::POST, &format!("/services/{id}/update?version={version}"), Some(spec("web", 5))).await;
     assert_eq!(u.status, StatusCode::OK, "{}", u.text);
     assert_eq!(u.body, json!({"Warnings": []}));
-    let g2 = api
-        .call(Method::GET, &format!("/services/{id}"), None)
-        .await;
+    let g2 = api.call(Method::GET, &format!("/services/{id}"), None).await;
     assert_eq!(g2.body["Spec"]["Mode"]["Replicated"]["Replicas"], 5);
     assert_eq!(g2.body["PreviousSpec"]["Mode"]["Replicated"]["Replicas"], 3);
 
     // Stale version -> 409.
-    let stale = api
-        .call(
-            Method::POST,
-            &format!("/services/{id}/update?version={version}"),
-            Some(spec("web", 6)),
-        )
-        .await;
+    let stale = api.call(Method::POST, &format!("/services/{id}/update?version={version}"), Some(spec("web", 6))).await;
     assert_error(&stale, StatusCode::CONFLICT, "update out of sequence");
+    // Clients' retry helpers match Docker's words as the message's suffix.
+    assert!(stale.body["message"].as_str().unwrap().ends_with("update out of sequence"), "{}", stale.text);
     // Rollback to the previous spec.
     let v2 = g2.body["Version"]["Index"].as_u64().unwrap();
-    let rb = api
-        .call(
-            Method::POST,
-            &format!("/services/{id}/update?version={v2}&rollback=previous"),
-            None,
-        )
-        .await;
+    let rb = api.call(Method::POST, &format!("/services/{id}/update?version={v2}&rollback=previous"), None).await;
     assert_eq!(rb.status, StatusCode::OK, "{}", rb.text);
-    let g3 = api
-        .call(Method::GET, &format!("/services/{id}"), None)
-        .await;
+    let g3 = api.call(Method::GET, &format!("/services/{id}"), None).await;
     assert_eq!(g3.body["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
     assert_eq!(g3.body["PreviousSpec"]["Mode"]["Replicated"]["Replicas"], 5);
     assert_eq!(g3.body["UpdateStatus"]["State"], "rollback_started");
@@ -401,49 +320,25 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
     // Another rollback value is refused and changes nothing.
     let v3 = g3.body["Version"]["Index"].as_u64().unwrap();
     let bad = api
-        .call(
-            Method::POST,
-            &format!("/services/{id}/update?version={v3}&rollback=next"),
-            Some(spec("web", 7)),
-        )
+        .call(Method::POST, &format!("/services/{id}/update?version={v3}&rollback=next"), Some(spec("web", 7)))
         .await;
     assert_error(&bad, StatusCode::BAD_REQUEST, "unrecognized rollback option");
-    let g4 = api
-        .call(Method::GET, &format!("/services/{id}"), None)
-        .await;
+    let g4 = api.call(Method::GET, &format!("/services/{id}"), None).await;
     assert_eq!(g4.body["Version"], g3.body["Version"]);
 
-    let t = api
-        .call(
-            Method::GET,
-            "/tasks?filters=%7B%22service%22%3A%7B%22web%22%3Atrue%7D%7D",
-            None,
-        )
-        .await;
+    let t = api.call(Method::GET, "/tasks?filters=%7B%22service%22%3A%7B%22web%22%3Atrue%7D%7D", None).await;
     assert_eq!(t.body[0]["ID"], "task1");
     assert_eq!(t.body[0]["Status"]["State"], "running");
     assert_eq!(t.body[0]["DesiredState"], "running");
     assert_eq!(t.body[0]["Slot"], 1);
     let t1 = api.call(Method::GET, "/tasks/task1", None).await;
     assert_eq!(t1.body["ServiceID"], id.as_str());
-    assert_error(
-        &api.call(Method::GET, "/tasks/nope", None).await,
-        StatusCode::NOT_FOUND,
-        "task nope not found",
-    );
+    assert_error(&api.call(Method::GET, "/tasks/nope", None).await, StatusCode::NOT_FOUND, "task nope not found");
 
     let d = api.call(Method::DELETE, "/services/web", None).await;
     assert_eq!(d.status, StatusCode::OK, "{}", d.text);
-    assert_error(
-        &api.call(Method::GET, "/services/web", None).await,
-        StatusCode::NOT_FOUND,
-        "service web not found",
-    );
-    assert_error(
-        &api.call(Method::DELETE, "/services/web", None).await,
-        StatusCode::NOT_FOUND,
-        "not found",
-    );
+    assert_error(&api.call(Method::GET, "/services/web", None).await, StatusCode::NOT_FOUND, "service web not found");
+    assert_error(&api.call(Method::DELETE, "/services/web", None).await, StatusCode::NOT_FOUND, "not found");
     let t1 = api.call(Method::GET, "/tasks/task1", None).await;
     assert_eq!(t1.body["DesiredState"], "remove");
 }
@@ -452,91 +347,38 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
 async fn bad_service_requests_are_400_and_conflicts_409() {
     let api = Api::new();
     api.create("web", 1).await;
-    let dup = api
-        .call(Method::POST, "/services/create", Some(spec("web", 1)))
-        .await;
-    assert_error(
-        &dup,
-        StatusCode::CONFLICT,
-        "service name web is already in use",
-    );
+    let dup = api.call(Method::POST, "/services/create", Some(spec("web", 1))).await;
+    assert_error(&dup, StatusCode::CONFLICT, "service name web is already in use");
 
-    let neg = api
-        .call(Method::POST, "/services/create", Some(spec("neg", -1)))
-        .await;
+    let neg = api.call(Method::POST, "/services/create", Some(spec("neg", -1))).await;
     assert_error(&neg, StatusCode::BAD_REQUEST, "Replicas -1");
-    let malformed = api
-        .raw(Method::POST, "/services/create", Some("{not json".into()))
-        .await;
-    assert_error(
-        &malformed,
-        StatusCode::BAD_REQUEST,
-        "invalid JSON: key must be a string",
-    );
-    let wrong_type = api
-        .call(Method::POST, "/services/create", Some(json!({"Name": 5})))
-        .await;
+    let malformed = api.raw(Method::POST, "/services/create", Some("{not json".into())).await;
+    assert_error(&malformed, StatusCode::BAD_REQUEST, "invalid JSON: key must be a string");
+    let wrong_type = api.call(Method::POST, "/services/create", Some(json!({"Name": 5}))).await;
     assert_error(&wrong_type, StatusCode::BAD_REQUEST, "invalid type");
     let empty = api.raw(Method::POST, "/services/create", None).await;
     assert_error(&empty, StatusCode::BAD_REQUEST, "body is empty");
     let mut bad_constraint = spec("bc", 1);
     bad_constraint["TaskTemplate"]["Placement"]["Constraints"] = json!(["node.colour==red"]);
-    let r = api
-        .call(Method::POST, "/services/create", Some(bad_constraint))
-        .await;
+    let r = api.call(Method::POST, "/services/create", Some(bad_constraint)).await;
     assert_error(&r, StatusCode::BAD_REQUEST, "unknown key");
     let mut nulls = spec("nulls", 1);
     nulls["Labels"] = Value::Null;
     nulls["TaskTemplate"]["ContainerSpec"]["Env"] = Value::Null;
-    let r = api
-        .call(Method::POST, "/services/create", Some(nulls))
-        .await;
-    assert_eq!(
-        r.status,
-        StatusCode::CREATED,
-        "Go's null maps and slices are accepted: {}",
-        r.text
-    );
-    let no_image = api
-        .call(Method::POST, "/services/create", Some(json!({"Name": "x"})))
-        .await;
+    let r = api.call(Method::POST, "/services/create", Some(nulls)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "Go's null maps and slices are accepted: {}", r.text);
+    let no_image = api.call(Method::POST, "/services/create", Some(json!({"Name": "x"}))).await;
     assert_error(&no_image, StatusCode::BAD_REQUEST, "image");
-    let bad_name = api
-        .call(Method::POST, "/services/create", Some(spec("-x", 1)))
-        .await;
+    let bad_name = api.call(Method::POST, "/services/create", Some(spec("-x", 1))).await;
     assert_error(&bad_name, StatusCode::BAD_REQUEST, "invalid service name");
 
-    let no_version = api
-        .call(Method::POST, "/services/web/update", Some(spec("web", 2)))
-        .await;
-    assert_error(
-        &no_version,
-        StatusCode::BAD_REQUEST,
-        "version query parameter is required",
-    );
-    let bad_filter = api
-        .call(Method::GET, "/services?filters=%7Bnope", None)
-        .await;
+    let no_version = api.call(Method::POST, "/services/web/update", Some(spec("web", 2))).await;
+    assert_error(&no_version, StatusCode::BAD_REQUEST, "version query parameter is required");
+    let bad_filter = api.call(Method::GET, "/services?filters=%7Bnope", None).await;
     assert_error(&bad_filter, StatusCode::BAD_REQUEST, "invalid filter");
-    let unknown_filter = api
-        .call(
-            Method::GET,
-            "/tasks?filters=%7B%22colour%22%3A%5B%22x%22%5D%7D",
-            None,
-        )
-        .await;
-    assert_error(
-        &unknown_filter,
-        StatusCode::BAD_REQUEST,
-        "invalid filter 'colour'",
-    );
-    let nf = api
-        .call(
-            Method::POST,
-            "/services/nope/update?version=1",
-            Some(spec("nope", 1)),
-        )
-        .await;
+    let unknown_filter = api.call(Method::GET, "/tasks?filters=%7B%22colour%22%3A%5B%22x%22%5D%7D", None).await;
+    assert_error(&unknown_filter, StatusCode::BAD_REQUEST, "invalid filter 'colour'");
+    let nf = api.call(Method::POST, "/services/nope/update?version=1", Some(spec("nope", 1))).await;
     assert_error(&nf, StatusCode::NOT_FOUND, "service nope not found");
 }
 
@@ -544,9 +386,7 @@ async fn bad_service_requests_are_400_and_conflicts_409() {
 async fn writes_on_a_follower_are_503() {
     let api = Api::new();
     api.proposer.set_leader(false);
-    let r = api
-        .call(Method::POST, "/services/create", Some(spec("web", 1)))
-        .await;
+    let r = api.call(Method::POST, "/services/create", Some(spec("web", 1))).await;
     assert_error(&r, StatusCode::SERVICE_UNAVAILABLE, "not the leader");
 }
 
@@ -563,49 +403,25 @@ async fn nodes_list_inspect_update_remove() {
     assert_eq!(l.body[0]["Description"]["Hostname"], "box1");
     assert_eq!(l.body[0]["Status"]["State"], "ready");
     assert_eq!(l.body[0]["Spec"]["Role"], "manager");
-    let w = api
-        .call(
-            Method::GET,
-            "/nodes?filters=%7B%22role%22%3A%7B%22worker%22%3Atrue%7D%7D",
-            None,
-        )
-        .await;
+    let w = api.call(Method::GET, "/nodes?filters=%7B%22role%22%3A%7B%22worker%22%3Atrue%7D%7D", None).await;
     assert_eq!(w.body[0]["ID"], "node2");
 
     let n = api.call(Method::GET, "/nodes/box2", None).await;
     let v = n.body["Version"]["Index"].as_u64().unwrap();
     let body = json!({"Labels": {"zone": "east"}, "Role": "worker", "Availability": "drain"});
-    let u = api
-        .call(
-            Method::POST,
-            &format!("/nodes/node2/update?version={v}"),
-            Some(body.clone()),
-        )
-        .await;
+    let u = api.call(Method::POST, &format!("/nodes/node2/update?version={v}"), Some(body.clone())).await;
     assert_eq!(u.status, StatusCode::OK, "{}", u.text);
     let n2 = api.call(Method::GET, "/nodes/node2", None).await;
     assert_eq!(n2.body["Spec"]["Availability"], "drain");
     assert_eq!(n2.body["Spec"]["Labels"]["zone"], "east");
-    let stale = api
-        .call(
-            Method::POST,
-            &format!("/nodes/node2/update?version={v}"),
-            Some(body),
-        )
-        .await;
+    let stale = api.call(Method::POST, &format!("/nodes/node2/update?version={v}"), Some(body)).await;
     assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.text);
     let bad = api
-        .call(
-            Method::POST,
-            "/nodes/node2/update?version=1",
-            Some(json!({"Role": "boss", "Availability": "active"})),
-        )
+        .call(Method::POST, "/nodes/node2/update?version=1", Some(json!({"Role": "boss", "Availability": "active"})))
         .await;
     assert_error(&bad, StatusCode::BAD_REQUEST, "NodeSpec.Role");
 
-    let v1 = api.call(Method::GET, "/nodes/node1", None).await.body["Version"]["Index"]
-        .as_u64()
-        .unwrap();
+    let v1 = api.call(Method::GET, "/nodes/node1", None).await.body["Version"]["Index"].as_u64().unwrap();
     let demote = api
         .call(
             Method::POST,
@@ -615,22 +431,9 @@ async fn nodes_list_inspect_update_remove() {
         .await;
     assert_error(&demote, StatusCode::BAD_REQUEST, "last manager");
 
-    assert_error(
-        &api.call(Method::DELETE, "/nodes/node2", None).await,
-        StatusCode::BAD_REQUEST,
-        "force",
-    );
-    assert_eq!(
-        api.call(Method::DELETE, "/nodes/node2?force=true", None)
-            .await
-            .status,
-        StatusCode::OK
-    );
-    assert_error(
-        &api.call(Method::GET, "/nodes/node2", None).await,
-        StatusCode::NOT_FOUND,
-        "node node2 not found",
-    );
+    assert_error(&api.call(Method::DELETE, "/nodes/node2", None).await, StatusCode::BAD_REQUEST, "force");
+    assert_eq!(api.call(Method::DELETE, "/nodes/node2?force=true", None).await.status, StatusCode::OK);
+    assert_error(&api.call(Method::GET, "/nodes/node2", None).await, StatusCode::NOT_FOUND, "node node2 not found");
 }
 
 #[tokio::test]
@@ -718,7 +521,8 @@ async fn every_error_answer_is_json() {
     let resp = router(ctx(api.state.clone())).oneshot(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    assert!(String::from_utf8_lossy(&bytes).contains("unsupported Content-Type header (text/plain): must be 'application/json'"));
+    assert!(String::from_utf8_lossy(&bytes)
+        .contains("unsupported Content-Type header (text/plain): must be 'application/json'"));
 }
 
 #[tokio::test]
@@ -749,7 +553,8 @@ async fn service_specs_are_decoded_as_go_would_and_bad_combinations_refused() {
     let mut both = spec("two", 1);
     both["Mode"]["Global"] = json!({});
     let mut dup = spec("dup", 1);
-    dup["EndpointSpec"]["Ports"] = json!([{"TargetPort": 80, "PublishedPort": 8080}, {"TargetPort": 81, "PublishedPort": 8080}]);
+    dup["EndpointSpec"]["Ports"] =
+        json!([{"TargetPort": 80, "PublishedPort": 8080}, {"TargetPort": 81, "PublishedPort": 8080}]);
     let mut dnsrr = spec("dnsrr", 1);
     dnsrr["EndpointSpec"] = json!({"Mode": "dnsrr", "Ports": [{"TargetPort": 80, "PublishedPort": 8080}]});
     for (doc, fragment) in [
@@ -794,9 +599,7 @@ async fn filters_of_the_wrong_shape_are_400() {
 }
 
 fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
-        .collect()
+    s.bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
 }
 
 /// `spec(name, 1)` with `value` set at `pointer` (a JSON pointer; objects on the way are made).
@@ -827,39 +630,94 @@ async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does
     let health = json!({"Test": ["CMD", "true"], "Interval": 1_000_000_000i64, "StartInterval": 500_000_000i64});
     let cases: Vec<(&str, Value, &str, Outcome, &str, Outcome)> = vec![
         // (what, field set at pointer, old version, outcome, new version, outcome)
-        ("MaxReplicas", json!(["/TaskTemplate/Placement/MaxReplicas", 2]),
-         "1.39", Shows("/Spec/TaskTemplate/Placement/MaxReplicas", None),
-         "1.40", Shows("/Spec/TaskTemplate/Placement/MaxReplicas", Some(json!(2)))),
-        ("Sysctls", json!(["/TaskTemplate/ContainerSpec/Sysctls", {"net.core.somaxconn": "1024"}]),
-         "1.39", Shows("/Spec/TaskTemplate/ContainerSpec/Sysctls", None),
-         "1.40", Refused("TaskTemplate.ContainerSpec.Sysctls is not supported yet")),
-        ("ReplicatedJob", json!(["/Mode", {"ReplicatedJob": {"MaxConcurrent": 1, "TotalCompletions": 1}}]),
-         "1.40", Shows("/Spec/Mode", Some(json!({"Replicated": {"Replicas": 1}}))),
-         "1.41", Shows("/Spec/Mode", Some(json!({"ReplicatedJob": {"MaxConcurrent": 1, "TotalCompletions": 1}})))),
-        ("GlobalJob", json!(["/Mode", {"GlobalJob": {}}]),
-         "1.40", Shows("/Spec/Mode", Some(json!({"Replicated": {"Replicas": 1}}))),
-         "1.41", Shows("/Spec/Mode", Some(json!({"GlobalJob": {}})))),
-        ("Ulimits", json!(["/TaskTemplate/ContainerSpec/Ulimits", [{"Name": "nofile", "Soft": 1024, "Hard": 2048}]]),
-         "1.40", Shows("/Spec/TaskTemplate/ContainerSpec/Ulimits", None),
-         "1.41", Refused("TaskTemplate.ContainerSpec.Ulimits is not supported yet")),
-        ("CapabilityAdd", json!(["/TaskTemplate/ContainerSpec/CapabilityAdd", ["CAP_NET_ADMIN"]]),
-         "1.40", Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityAdd", None),
-         "1.41", Refused("TaskTemplate.ContainerSpec.CapabilityAdd is not supported yet")),
-        ("CapabilityDrop", json!(["/TaskTemplate/ContainerSpec/CapabilityDrop", ["CAP_CHOWN"]]),
-         "1.40", Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityDrop", None),
-         "1.41", Refused("TaskTemplate.ContainerSpec.CapabilityDrop is not supported yet")),
-        ("Pids", json!(["/TaskTemplate/Resources/Limits/Pids", 100]),
-         "1.40", Shows("/Spec/TaskTemplate/Resources/Limits/Pids", None),
-         "1.41", Shows("/Spec/TaskTemplate/Resources/Limits/Pids", Some(json!(100)))),
-        ("StartInterval", json!(["/TaskTemplate/ContainerSpec/Healthcheck", health]),
-         "1.43", Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", None),
-         "1.44", Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", Some(json!(500_000_000i64)))),
-        ("Configs[].Runtime", json!(["/TaskTemplate/ContainerSpec/Configs", [{"ConfigName": "c", "Runtime": {}}]]),
-         "1.39", Refused("Configs[0]: either File or Runtime should be set"),
-         "1.40", Refused("TaskTemplate.ContainerSpec.Configs[0].Runtime is not supported yet")),
-        ("NoNewPrivileges", json!(["/TaskTemplate/ContainerSpec/Privileges", {"NoNewPrivileges": true}]),
-         "1.43", Shows("/Spec/TaskTemplate/ContainerSpec/Privileges", None),
-         "1.44", Refused("TaskTemplate.ContainerSpec.Privileges is not supported yet")),
+        (
+            "MaxReplicas",
+            json!(["/TaskTemplate/Placement/MaxReplicas", 2]),
+            "1.39",
+            Shows("/Spec/TaskTemplate/Placement/MaxReplicas", None),
+            "1.40",
+            Shows("/Spec/TaskTemplate/Placement/MaxReplicas", Some(json!(2))),
+        ),
+        (
+            "Sysctls",
+            json!(["/TaskTemplate/ContainerSpec/Sysctls", {"net.core.somaxconn": "1024"}]),
+            "1.39",
+            Shows("/Spec/TaskTemplate/ContainerSpec/Sysctls", None),
+            "1.40",
+            Refused("TaskTemplate.ContainerSpec.Sysctls is not supported yet"),
+        ),
+        (
+            "ReplicatedJob",
+            json!(["/Mode", {"ReplicatedJob": {"MaxConcurrent": 1, "TotalCompletions": 1}}]),
+            "1.40",
+            Shows("/Spec/Mode", Some(json!({"Replicated": {"Replicas": 1}}))),
+            "1.41",
+            Shows("/Spec/Mode", Some(json!({"ReplicatedJob": {"MaxConcurrent": 1, "TotalCompletions": 1}}))),
+        ),
+        (
+            "GlobalJob",
+            json!(["/Mode", {"GlobalJob": {}}]),
+            "1.40",
+            Shows("/Spec/Mode", Some(json!({"Replicated": {"Replicas": 1}}))),
+            "1.41",
+            Shows("/Spec/Mode", Some(json!({"GlobalJob": {}}))),
+        ),
+        (
+            "Ulimits",
+            json!(["/TaskTemplate/ContainerSpec/Ulimits", [{"Name": "nofile", "Soft": 1024, "Hard": 2048}]]),
+            "1.40",
+            Shows("/Spec/TaskTemplate/ContainerSpec/Ulimits", None),
+            "1.41",
+            Refused("TaskTemplate.ContainerSpec.Ulimits is not supported yet"),
+        ),
+        (
+            "CapabilityAdd",
+            json!(["/TaskTemplate/ContainerSpec/CapabilityAdd", ["CAP_NET_ADMIN"]]),
+            "1.40",
+            Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityAdd", None),
+            "1.41",
+            Refused("TaskTemplate.ContainerSpec.CapabilityAdd is not supported yet"),
+        ),
+        (
+            "CapabilityDrop",
+            json!(["/TaskTemplate/ContainerSpec/CapabilityDrop", ["CAP_CHOWN"]]),
+            "1.40",
+            Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityDrop", None),
+            "1.41",
+            Refused("TaskTemplate.ContainerSpec.CapabilityDrop is not supported yet"),
+        ),
+        (
+            "Pids",
+            json!(["/TaskTemplate/Resources/Limits/Pids", 100]),
+            "1.40",
+            Shows("/Spec/TaskTemplate/Resources/Limits/Pids", None),
+            "1.41",
+            Shows("/Spec/TaskTemplate/Resources/Limits/Pids", Some(json!(100))),
+        ),
+        (
+            "StartInterval",
+            json!(["/TaskTemplate/ContainerSpec/Healthcheck", health]),
+            "1.43",
+            Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", None),
+            "1.44",
+            Shows("/Spec/TaskTemplate/ContainerSpec/Healthcheck/StartInterval", Some(json!(500_000_000i64))),
+        ),
+        (
+            "Configs[].Runtime",
+            json!(["/TaskTemplate/ContainerSpec/Configs", [{"ConfigName": "c", "Runtime": {}}]]),
+            "1.39",
+            Refused("Configs[0]: either File or Runtime should be set"),
+            "1.40",
+            Refused("TaskTemplate.ContainerSpec.Configs[0].Runtime is not supported yet"),
+        ),
+        (
+            "NoNewPrivileges",
+            json!(["/TaskTemplate/ContainerSpec/Privileges", {"NoNewPrivileges": true}]),
+            "1.43",
+            Shows("/Spec/TaskTemplate/ContainerSpec/Privileges", None),
+            "1.44",
+            Refused("TaskTemplate.ContainerSpec.Privileges is not supported yet"),
+        ),
     ];
     let api = Api::new();
     for (n, (what, set, old, old_outcome, new, new_outcome)) in cases.into_iter().enumerate() {
@@ -928,24 +786,58 @@ async fn query_parameters_and_answers_by_api_version() {
 async fn fields_shoal_cannot_honour_are_refused_by_name() {
     let api = Api::new();
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("/Networks", json!([{"Target": "backend", "DriverOpts": {"a": "b"}}]), "Networks[0].DriverOpts is not supported yet"),
-        ("/TaskTemplate/Networks", json!([{"Target": "backend", "DriverOpts": {"a": "b"}}]), "TaskTemplate.Networks[0].DriverOpts is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/Configs", json!([{"ConfigID": "x", "ConfigName": "c", "Runtime": {}}]),
-         "ContainerSpec.Configs[0].Runtime is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/Privileges", json!({"SELinuxContext": {"User": "u"}}), "ContainerSpec.Privileges is not supported yet"),
+        (
+            "/Networks",
+            json!([{"Target": "backend", "DriverOpts": {"a": "b"}}]),
+            "Networks[0].DriverOpts is not supported yet",
+        ),
+        (
+            "/TaskTemplate/Networks",
+            json!([{"Target": "backend", "DriverOpts": {"a": "b"}}]),
+            "TaskTemplate.Networks[0].DriverOpts is not supported yet",
+        ),
+        (
+            "/TaskTemplate/ContainerSpec/Configs",
+            json!([{"ConfigID": "x", "ConfigName": "c", "Runtime": {}}]),
+            "ContainerSpec.Configs[0].Runtime is not supported yet",
+        ),
+        (
+            "/TaskTemplate/ContainerSpec/Privileges",
+            json!({"SELinuxContext": {"User": "u"}}),
+            "ContainerSpec.Privileges is not supported yet",
+        ),
         ("/TaskTemplate/ContainerSpec/Isolation", json!("hyperv"), "ContainerSpec.Isolation is not supported yet"),
         ("/TaskTemplate/ContainerSpec/OomScoreAdj", json!(-500), "ContainerSpec.OomScoreAdj is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "volume", "Source": "v", "Target": "/v", "VolumeOptions": {"NoCopy": true}}]),
-         "ContainerSpec.Mounts[0].VolumeOptions is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "bind", "Source": "/a", "Target": "/b", "BindOptions": {"Propagation": "rshared"}}]),
-         "ContainerSpec.Mounts[0].BindOptions is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "tmpfs", "Target": "/t", "TmpfsOptions": {"SizeBytes": 1024}}]),
-         "ContainerSpec.Mounts[0].TmpfsOptions is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "bind", "Source": "/a", "Target": "/b", "Consistency": "cached"}]),
-         "ContainerSpec.Mounts[0].Consistency is not supported yet"),
-        ("/TaskTemplate/Resources/Limits/GenericResources", json!([{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]),
-         "TaskTemplate.Resources.Limits.GenericResources is not supported yet"),
-        ("/TaskTemplate/Resources/Reservations/Pids", json!(10), "TaskTemplate.Resources.Reservations.Pids is not supported yet"),
+        (
+            "/TaskTemplate/ContainerSpec/Mounts",
+            json!([{"Type": "bind", "Source": "/a", "Target": "/v", "VolumeOptions": {"NoCopy": true}}]),
+            "VolumeOptions must not be specified on mount type \"bind\"",
+        ),
+        (
+            "/TaskTemplate/ContainerSpec/Mounts",
+            json!([{"Type": "bind", "Source": "/a", "Target": "/b", "BindOptions": {"Propagation": "rshared"}}]),
+            "ContainerSpec.Mounts[0].BindOptions is not supported yet",
+        ),
+        (
+            "/TaskTemplate/ContainerSpec/Mounts",
+            json!([{"Type": "tmpfs", "Target": "/t", "TmpfsOptions": {"SizeBytes": 1024}}]),
+            "ContainerSpec.Mounts[0].TmpfsOptions is not supported yet",
+        ),
+        (
+            "/TaskTemplate/ContainerSpec/Mounts",
+            json!([{"Type": "bind", "Source": "/a", "Target": "/b", "Consistency": "cached"}]),
+            "ContainerSpec.Mounts[0].Consistency is not supported yet",
+        ),
+        (
+            "/TaskTemplate/Resources/Limits/GenericResources",
+            json!([{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]),
+            "TaskTemplate.Resources.Limits.GenericResources is not supported yet",
+        ),
+        (
+            "/TaskTemplate/Resources/Reservations/Pids",
+            json!(10),
+            "TaskTemplate.Resources.Reservations.Pids is not supported yet",
+        ),
         ("/TaskTemplate/PluginSpec", json!({"Name": "p"}), "TaskTemplate.PluginSpec is not supported yet"),
         ("/TaskTemplate/LogDriver", json!({"Name": "syslog"}), "TaskTemplate.LogDriver is not supported yet"),
     ];
@@ -957,10 +849,16 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
     let zero: Vec<(&str, Value)> = vec![
         ("/Networks", json!([])),
         ("/TaskTemplate/Networks", Value::Null),
-        ("/TaskTemplate/ContainerSpec/Privileges", json!({"CredentialSpec": null, "SELinuxContext": null, "NoNewPrivileges": false})),
+        (
+            "/TaskTemplate/ContainerSpec/Privileges",
+            json!({"CredentialSpec": null, "SELinuxContext": null, "NoNewPrivileges": false}),
+        ),
         ("/TaskTemplate/ContainerSpec/isolation", json!("default")),
         ("/TaskTemplate/ContainerSpec/Secrets", json!([])),
-        ("/TaskTemplate/ContainerSpec/Mounts", json!([{"Type": "bind", "Source": "/a", "Target": "/b", "consistency": "default", "BindOptions": null}])),
+        (
+            "/TaskTemplate/ContainerSpec/Mounts",
+            json!([{"Type": "bind", "Source": "/a", "Target": "/b", "consistency": "default", "BindOptions": null}]),
+        ),
         ("/TaskTemplate/Resources/Limits/Pids", json!(0)),
         ("/TaskTemplate/LogDriver", Value::Null),
         ("/EndpointSpec/Ports", json!([])),
@@ -984,11 +882,7 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
 async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_what_it_cannot_honour() {
     let api = Api::new();
     api.seed(|c| {
-        c.create(Cluster {
-            id: "cluster1".into(),
-            spec: Some(ClusterSpec::default()),
-            ..Default::default()
-        });
+        c.create(Cluster { id: "cluster1".into(), spec: Some(ClusterSpec::default()), ..Default::default() });
     })
     .await;
     let swarm = api.call(Method::GET, "/swarm", None).await;
@@ -1004,10 +898,19 @@ async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_what_it_cannot_h
         assert_error(&r, StatusCode::BAD_REQUEST, fragment);
     }
     for (ca, fragment) in [
-        (json!({"ExternalCAs": [{"Protocol": "acme", "URL": "https://ca.example"}]}), "invalid CAConfig.ExternalCAs.Protocol \"acme\": use one of cfssl"),
+        (
+            json!({"ExternalCAs": [{"Protocol": "acme", "URL": "https://ca.example"}]}),
+            "invalid CAConfig.ExternalCAs.Protocol \"acme\": use one of cfssl",
+        ),
         (json!({"ExternalCAs": [{"Protocol": "cfssl", "URL": "http://ca.example"}]}), "must be an https:// URL"),
-        (json!({"ExternalCAs": [{"Protocol": "cfssl", "URL": "https://ca.example", "Options": {"profile": "x"}}]}), "options [\"profile\"] are not supported"),
-        (json!({"SigningCACert": "-----BEGIN CERTIFICATE-----", "ForceRotate": 1}), "CAConfig.SigningCACert: invalid certificate"),
+        (
+            json!({"ExternalCAs": [{"Protocol": "cfssl", "URL": "https://ca.example", "Options": {"profile": "x"}}]}),
+            "options [\"profile\"] are not supported",
+        ),
+        (
+            json!({"SigningCACert": "-----BEGIN CERTIFICATE-----", "ForceRotate": 1}),
+            "CAConfig.SigningCACert: invalid certificate",
+        ),
         (json!({"signingCAKey": "-----BEGIN EC PRIVATE KEY-----"}), "CAConfig.SigningCAKey without SigningCACert"),
     ] {
         let mut doc = spec.clone();
@@ -1022,47 +925,130 @@ async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_what_it_cannot_h
     // Nothing changed; the spec as inspected goes back through.
     let again = api.call(Method::GET, "/swarm", None).await;
     assert_eq!(again.body["Version"], swarm.body["Version"], "{}", again.text);
-    let r = api.call(Method::POST, &format!("/swarm/update?version={version}&rotateWorkerToken=False"), Some(spec)).await;
+    let r =
+        api.call(Method::POST, &format!("/swarm/update?version={version}&rotateWorkerToken=False"), Some(spec)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
 }
 
 #[tokio::test]
 async fn generic_resources_and_the_pids_limit_are_stored_and_shown_as_docker_does() {
     let api = Api::new();
-    let mut doc = spec_with("gr", "/TaskTemplate/Resources", json!({
-        "limits": {"Pids": 64, "MemoryBytes": 1048576},
-        "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 2}},
-                                             {"discreteResourceSpec": {"kind": "ssd", "value": 1}}]}
-    }));
+    let mut doc = spec_with(
+        "gr",
+        "/TaskTemplate/Resources",
+        json!({
+            "limits": {"Pids": 64, "MemoryBytes": 1048576},
+            "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 2}},
+                                                 {"discreteResourceSpec": {"kind": "ssd", "value": 1}}]}
+        }),
+    );
     doc["TaskTemplate"]["ContainerSpec"]["Image"] = json!("busybox");
     let r = api.call(Method::POST, "/services/create", Some(doc)).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let g = api.call(Method::GET, "/services/gr", None).await;
-    assert_eq!(g.body["Spec"]["TaskTemplate"]["Resources"], json!({
-        "Limits": {"MemoryBytes": 1048576, "Pids": 64},
-        "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 2}},
-                                              {"DiscreteResourceSpec": {"Kind": "ssd", "Value": 1}}]}
-    }), "{}", g.text);
+    assert_eq!(
+        g.body["Spec"]["TaskTemplate"]["Resources"],
+        json!({
+            "Limits": {"MemoryBytes": 1048576, "Pids": 64},
+            "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 2}},
+                                                  {"DiscreteResourceSpec": {"Kind": "ssd", "Value": 1}}]}
+        }),
+        "{}",
+        g.text
+    );
 
     // What a task cannot reserve is refused, naming the entry; nothing is created.
     let cases: Vec<(Value, &str)> = vec![
-        (json!({"Reservations": {"GenericResources": [{"NamedResourceSpec": {"Kind": "gpu", "Value": "UUID1"}}]}}),
-         "Resources.Reservations.GenericResources[0]: a task reserves a count"),
-        (json!({"Reservations": {"GenericResources": [{}]}}),
-         "GenericResources: each entry needs exactly one of NamedResourceSpec and DiscreteResourceSpec"),
-        (json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 0}}]}}),
-         "0 units of \"gpu\""),
-        (json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "g p u", "Value": 1}}]}}),
-         "invalid kind"),
-        (json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}},
+        (
+            json!({"Reservations": {"GenericResources": [{"NamedResourceSpec": {"Kind": "gpu", "Value": "UUID1"}}]}}),
+            "Resources.Reservations.GenericResources[0]: a task reserves a count",
+        ),
+        (
+            json!({"Reservations": {"GenericResources": [{}]}}),
+            "GenericResources: each entry needs exactly one of NamedResourceSpec and DiscreteResourceSpec",
+        ),
+        (
+            json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 0}}]}}),
+            "0 units of \"gpu\"",
+        ),
+        (
+            json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "g p u", "Value": 1}}]}}),
+            "invalid kind",
+        ),
+        (
+            json!({"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}},
                                                       {"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]}}),
-         "reserved twice"),
+            "reserved twice",
+        ),
         (json!({"Limits": {"Pids": -5}}), "Resources.Limits.Pids: -5 is out of range"),
     ];
     for (n, (resources, fragment)) in cases.into_iter().enumerate() {
-        let r = api.call(Method::POST, "/services/create", Some(spec_with(&format!("bad{n}"), "/TaskTemplate/Resources", resources))).await;
+        let r = api
+            .call(
+                Method::POST,
+                "/services/create",
+                Some(spec_with(&format!("bad{n}"), "/TaskTemplate/Resources", resources)),
+            )
+            .await;
         assert_error(&r, StatusCode::BAD_REQUEST, fragment);
         let g = api.call(Method::GET, &format!("/services/bad{n}"), None).await;
         assert_eq!(g.status, StatusCode::NOT_FOUND);
     }
+}
+
+/// Issue 31 (5): a worker cannot pass its lines off as another node's task. The broker refuses lines that
+/// name another node; a line that names the publishing node with a task of another node is left out of
+/// `docker service logs`, while the task's own node's lines come through.
+#[tokio::test]
+async fn service_logs_show_a_line_only_as_published_by_its_tasks_node() {
+    use futures::StreamExt;
+    use shoal_api::{LogContext, LogMessage, PublishLogsMessage};
+    let api = Api::new();
+    let id = api.create("web", 1).await;
+    let svc = shoal_manager::controlapi::get_service(&api.state, &id).unwrap();
+    api.seed(|c| {
+        let mut t = Task {
+            id: "task1".into(),
+            service_id: svc.id.clone(),
+            slot: 1,
+            node_id: "node1".into(),
+            spec: svc.spec.as_ref().unwrap().task.clone().map(Into::into),
+            status: Some(TaskStatus { state: TaskState::Running as i32, ..Default::default() }),
+            ..Default::default()
+        };
+        t.set_desired_state(TaskState::Running);
+        c.create(t);
+    })
+    .await;
+    let mut n1 = api.state.logs.listen("node1");
+    let mut n2 = api.state.logs.listen("node2");
+    let logs = tokio::spawn({
+        let state = api.state.clone();
+        let uri = format!("/services/{id}/logs?stdout=1&stderr=1");
+        async move {
+            let req = Request::builder().method(Method::GET).uri(uri).body(Body::empty()).unwrap();
+            let resp = router(ctx(state)).oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned()
+        }
+    });
+    let sub = n1.next().await.unwrap().unwrap().id;
+    assert_eq!(n2.next().await.unwrap().unwrap().id, sub);
+    let line = |node: &str, data: &str| LogMessage {
+        context: Some(LogContext { service_id: svc.id.clone(), node_id: node.into(), task_id: "task1".into() }),
+        data: data.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    let publish = |node: &str, data: &str, close: bool| PublishLogsMessage {
+        subscription_id: sub.clone(),
+        messages: vec![line(node, data)],
+        close,
+    };
+    let forged = api.state.logs.publish("node2", publish("node1", "forged-as-node1", false)).await;
+    assert_eq!(forged.unwrap_err().code(), tonic::Code::PermissionDenied);
+    api.state.logs.publish("node2", publish("node2", "forged-task-of-node1", true)).await.unwrap();
+    api.state.logs.publish("node1", publish("node1", "genuine", true)).await.unwrap();
+    let body = tokio::time::timeout(std::time::Duration::from_secs(10), logs).await.unwrap().unwrap();
+    assert!(body.contains("genuine"), "{body:?}");
+    assert!(!body.contains("forged"), "{body:?}");
 }

@@ -31,18 +31,11 @@ pub struct UnlockKeyJson {
 }
 
 /// `GET /swarm/unlockkey`.
-pub async fn unlock_key(
-    State(ctx): State<Arc<ApiContext>>,
-) -> Result<Json<UnlockKeyJson>, ApiError> {
+pub async fn unlock_key(State(ctx): State<Arc<ApiContext>>) -> Result<Json<UnlockKeyJson>, ApiError> {
     let cluster = shoal_manager::controlapi::get_cluster(&ctx.state)?;
     let unlock_key = match shoal_manager::controlapi::manager_unlock_key(&cluster) {
         Some(raw) => shoal_ca::UnlockKey::from_raw(raw)
-            .ok_or_else(|| {
-                ApiError::Internal(format!(
-                    "the stored unlock key has {} bytes, not 32",
-                    raw.len()
-                ))
-            })?
+            .ok_or_else(|| ApiError::Internal(format!("the stored unlock key has {} bytes, not 32", raw.len())))?
             .to_human(),
         None => String::new(),
     };

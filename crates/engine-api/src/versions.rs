@@ -58,11 +58,7 @@ pub fn adjust_service_spec(v: ApiVersion, spec: &mut ServiceSpecJson, write: Spe
     }
     if v.less_than(1, 44) {
         // Seccomp, AppArmor and NoNewPrivileges (in Privileges) came with 1.44.
-        if let Some(p) = t
-            .container_spec
-            .as_mut()
-            .and_then(|c| c.privileges.as_object_mut())
-        {
+        if let Some(p) = t.container_spec.as_mut().and_then(|c| c.privileges.as_object_mut()) {
             p.retain(|k, _| {
                 let k = k.to_ascii_lowercase();
                 k != "seccomp" && k != "apparmor" && k != "nonewprivileges"
@@ -127,7 +123,8 @@ mod tests {
             (ApiVersion(1, 39), "", "", None),
             (ApiVersion(1, 38), "6.1", "6.1", None),
         ] {
-            let mut info = InfoJson { kernel_version: found.into(), operating_system: found.into(), ..Default::default() };
+            let mut info =
+                InfoJson { kernel_version: found.into(), operating_system: found.into(), ..Default::default() };
             adjust_info(v, &mut info);
             assert_eq!((info.kernel_version.as_str(), info.operating_system.as_str()), (shown, shown), "{v:?}");
             assert_eq!(info.execution_driver.as_deref(), driver, "{v:?}");

@@ -113,5 +113,11 @@ pub async fn serve_worker_unix(
     ctx: WorkerContext,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::connections::serve_unix(listener, worker_router(ctx), crate::connections::ConnectionLimits::default(), shutdown).await
+    crate::connections::serve_unix(
+        listener,
+        worker_router(ctx),
+        crate::connections::ConnectionLimits::default(),
+        shutdown,
+    )
+    .await
 }

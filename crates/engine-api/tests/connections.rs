@@ -174,7 +174,11 @@ fn beyond_the_cap_with_every_connection_busy_a_new_one_gets_503() {
     drop(busy);
     shoal_testkit::wait::wait_until("a connection slot frees", DEADLINE, || {
         let a = ping(api.socket());
-        if a.status == 200 { Ok(()) } else { Err(format!("{a:?}")) }
+        if a.status == 200 {
+            Ok(())
+        } else {
+            Err(format!("{a:?}"))
+        }
     });
 }
 
@@ -233,7 +237,12 @@ fn oversized_uris_and_heads_get_json_414_and_431() {
     };
     let uri = |len: usize| format!("/v1.47/services/{}", "a".repeat(len - "/v1.47/services/".len()));
     // At the limits: routed (a 404 from the handler, which is JSON already).
-    check("a URI at the limit", format!("GET {} HTTP/1.1\r\nHost: docker\r\n\r\n", uri(MAX_URI_BYTES)), 404, "not found");
+    check(
+        "a URI at the limit",
+        format!("GET {} HTTP/1.1\r\nHost: docker\r\n\r\n", uri(MAX_URI_BYTES)),
+        404,
+        "not found",
+    );
     let headers = |n: usize, each: usize| -> String {
         (0..n).map(|i| format!("X-Filler-{i}: {}\r\n", "b".repeat(each))).collect()
     };

@@ -5,8 +5,7 @@
 use std::process::Command;
 
 use shoal_api::{
-    node_status, ManagerStatus, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus, Task,
-    TaskState, TaskStatus,
+    node_status, ManagerStatus, Node, NodeDescription, NodeRole, NodeSpec, NodeStatus, Task, TaskState, TaskStatus,
 };
 use shoal_manager::ClusterState;
 use shoal_store::Changes;
@@ -54,11 +53,7 @@ impl Server {
 }
 
 fn docker_installed() -> bool {
-    Command::new("docker")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    Command::new("docker").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
 }
 
 fn seed_node(state: &ClusterState, id: &str) {
@@ -67,42 +62,24 @@ fn seed_node(state: &ClusterState, id: &str) {
         spec: Some(NodeSpec::default()),
         description: Some(NodeDescription {
             hostname: "shoal-host".into(),
-            engine: Some(shoal_api::EngineDescription {
-                engine_version: "0.1.0".into(),
-                ..Default::default()
-            }),
+            engine: Some(shoal_api::EngineDescription { engine_version: "0.1.0".into(), ..Default::default() }),
             ..Default::default()
         }),
-        status: Some(NodeStatus {
-            addr: "127.0.0.1".into(),
-            ..Default::default()
-        }),
-        manager_status: Some(ManagerStatus {
-            leader: true,
-            addr: "127.0.0.1:4242".into(),
-            ..Default::default()
-        }),
+        status: Some(NodeStatus { addr: "127.0.0.1".into(), ..Default::default() }),
+        manager_status: Some(ManagerStatus { leader: true, addr: "127.0.0.1:4242".into(), ..Default::default() }),
         ..Default::default()
     };
     n.set_role(NodeRole::Manager);
     n.spec.as_mut().unwrap().set_desired_role(NodeRole::Manager);
-    n.status
-        .as_mut()
-        .unwrap()
-        .set_state(node_status::State::Ready);
-    n.manager_status
-        .as_mut()
-        .unwrap()
-        .set_reachability(shoal_api::raft_member_status::Reachability::Reachable);
+    n.status.as_mut().unwrap().set_state(node_status::State::Ready);
+    n.manager_status.as_mut().unwrap().set_reachability(shoal_api::raft_member_status::Reachability::Reachable);
     let mut c = Changes::new();
     c.create(n);
     propose(state, c);
 }
 
 fn propose(state: &ClusterState, c: Changes) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     rt.block_on(state.propose(c)).unwrap();
 }
 
@@ -115,17 +92,11 @@ fn seed_running_task(state: &ClusterState, service_id: &str, node_id: &str) {
         slot: 1,
         node_id: node_id.into(),
         spec: svc.spec.as_ref().unwrap().task.clone().map(Into::into),
-        meta: Some(shoal_api::Meta {
-            created_at: Some(state.now()),
-            updated_at: Some(state.now()),
-            version: None,
-        }),
+        meta: Some(shoal_api::Meta { created_at: Some(state.now()), updated_at: Some(state.now()), version: None }),
         status: Some(TaskStatus {
             state: TaskState::Running as i32,
             message: "started".into(),
-            timestamp: Some(shoal_api::timestamp_from_system_time(
-                std::time::SystemTime::now(),
-            )),
+            timestamp: Some(shoal_api::timestamp_from_system_time(std::time::SystemTime::now())),
             ..Default::default()
         }),
         ..Default::default()
@@ -138,9 +109,7 @@ fn seed_running_task(state: &ClusterState, service_id: &str, node_id: &str) {
 
 /// Splits a docker table into rows of whitespace-separated cells (header first).
 fn rows(out: &str) -> Vec<Vec<String>> {
-    out.lines()
-        .map(|l| l.split_whitespace().map(str::to_string).collect())
-        .collect()
+    out.lines().map(|l| l.split_whitespace().map(str::to_string).collect()).collect()
 }
 
 #[test]
@@ -153,33 +122,16 @@ fn the_docker_cli_drives_shoal() {
     seed_node(&s.state, "node1aaaaaaaaaaaaaaaaaaaaa");
 
     // version: the CLI negotiates 1.47 from the ping.
-    let v = s.ok(&[
-        "version",
-        "--format",
-        "{{.Server.APIVersion}} {{.Server.Os}}",
-    ]);
+    let v = s.ok(&["version", "--format", "{{.Server.APIVersion}} {{.Server.Os}}"]);
     assert_eq!(v.trim(), "1.47 linux");
 
     // create
-    let (code, out, err) = s.docker(&[
-        "service",
-        "create",
-        "--detach",
-        "--name",
-        "web",
-        "--replicas",
-        "3",
-        "busybox",
-        "sleep",
-        "3141",
-    ]);
+    let (code, out, err) =
+        s.docker(&["service", "create", "--detach", "--name", "web", "--replicas", "3", "busybox", "sleep", "3141"]);
     assert_eq!(code, 0, "{err}");
     let id = out.trim().to_string();
     assert_eq!(id.len(), 25, "create prints the service ID: {out:?}");
-    assert!(
-        err.contains("could not be accessed on a registry to record"),
-        "the CLI warns and goes on: {err}"
-    );
+    assert!(err.contains("could not be accessed on a registry to record"), "the CLI warns and goes on: {err}");
 
     // ls: REPLICAS from ServiceStatus (no orchestrator: 0 of 3 running).
     let ls = rows(&s.ok(&["service", "ls"]));
@@ -192,17 +144,9 @@ fn the_docker_cli_drives_shoal() {
     let doc: serde_json::Value = serde_json::from_str(&inspect).unwrap();
     assert_eq!(doc[0]["ID"], id.as_str());
     assert_eq!(doc[0]["Spec"]["Mode"]["Replicated"]["Replicas"], 3);
-    assert_eq!(
-        doc[0]["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"],
-        serde_json::json!(["sleep", "3141"])
-    );
-    let fmt = s.ok(&[
-        "service",
-        "inspect",
-        "--format",
-        "{{.Spec.Name}} {{.Spec.TaskTemplate.ContainerSpec.Image}}",
-        "web",
-    ]);
+    assert_eq!(doc[0]["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"], serde_json::json!(["sleep", "3141"]));
+    let fmt =
+        s.ok(&["service", "inspect", "--format", "{{.Spec.Name}} {{.Spec.TaskTemplate.ContainerSpec.Image}}", "web"]);
     assert_eq!(fmt.trim(), "web busybox:latest");
 
     // ps: no tasks yet (no orchestrator runs here), header only.
@@ -215,49 +159,16 @@ fn the_docker_cli_drives_shoal() {
     let ls = rows(&s.ok(&["service", "ls"]));
     assert_eq!(ls[1][3], "1/3");
     let ps = rows(&s.ok(&["service", "ps", "web"]));
-    assert_eq!(
-        ps[1][..6],
-        [
-            "task1aaaaaaa",
-            "web.1",
-            "busybox:latest",
-            "shoal-host",
-            "Running",
-            "Running"
-        ]
-    );
+    assert_eq!(ps[1][..6], ["task1aaaaaaa", "web.1", "busybox:latest", "shoal-host", "Running", "Running"]);
 
     // node ls marks this node.
     let nodes = rows(&s.ok(&["node", "ls"]));
     assert_eq!(nodes[0][..3], ["ID", "HOSTNAME", "STATUS"]);
-    assert_eq!(
-        nodes[1][..6],
-        [
-            "node1aaaaaaaaaaaaaaaaaaaaa",
-            "*",
-            "shoal-host",
-            "Ready",
-            "Active",
-            "Leader"
-        ]
-    );
+    assert_eq!(nodes[1][..6], ["node1aaaaaaaaaaaaaaaaaaaaa", "*", "shoal-host", "Ready", "Active", "Leader"]);
 
     // update args, then scale.
-    s.ok(&[
-        "service",
-        "update",
-        "--detach",
-        "--args",
-        "sleep 2718",
-        "web",
-    ]);
-    let args = s.ok(&[
-        "service",
-        "inspect",
-        "--format",
-        "{{json .Spec.TaskTemplate.ContainerSpec.Args}}",
-        "web",
-    ]);
+    s.ok(&["service", "update", "--detach", "--args", "sleep 2718", "web"]);
+    let args = s.ok(&["service", "inspect", "--format", "{{json .Spec.TaskTemplate.ContainerSpec.Args}}", "web"]);
     assert_eq!(args.trim(), r#"["sleep","2718"]"#);
     let out = s.ok(&["service", "scale", "web=5", "--detach"]);
     assert!(out.contains("web scaled to 5"), "{out}");
@@ -270,10 +181,7 @@ fn the_docker_cli_drives_shoal() {
     assert!(err.contains("nope"), "{err}");
     let (code, _, err) = s.docker(&["service", "create", "--detach", "--name", "web", "busybox"]);
     assert_eq!(code, 1);
-    assert!(
-        err.contains("Error response from daemon: service name web is already in use"),
-        "{err}"
-    );
+    assert!(err.contains("Error response from daemon: service name web is already in use"), "{err}");
     let (code, _, err) = s.docker(&["service", "scale", "nope=2", "--detach"]);
     assert_eq!(code, 1);
     assert!(err.contains("nope"), "{err}");
@@ -285,8 +193,5 @@ fn the_docker_cli_drives_shoal() {
     assert_eq!(ls.len(), 1);
     let (code, _, err) = s.docker(&["service", "rm", "web"]);
     assert_eq!(code, 1);
-    assert!(
-        err.contains("Error response from daemon: service web not found"),
-        "{err}"
-    );
+    assert!(err.contains("Error response from daemon: service web not found"), "{err}");
 }

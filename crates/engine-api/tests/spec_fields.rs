@@ -21,7 +21,11 @@ const TREATMENTS: [&str; 4] = ["honoured", "executor", "stored", "refused"];
 /// Docker's Engine API document, from the shared folder beside the checkout.
 fn engine_api_spec() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/engine-api/v1.47.yaml");
-    assert!(p.exists(), "Docker's Engine API spec is expected at {} (the shared folder beside the checkout)", p.display());
+    assert!(
+        p.exists(),
+        "Docker's Engine API spec is expected at {} (the shared folder beside the checkout)",
+        p.display()
+    );
     p
 }
 
@@ -65,7 +69,9 @@ fn properties(schema: &Yaml) -> Vec<(String, Yaml)> {
     schema
         .get("properties")
         .and_then(Yaml::as_mapping)
-        .map(|m| m.iter().map(|(k, v)| (k.as_str().expect("property names are strings").to_string(), v.clone())).collect())
+        .map(|m| {
+            m.iter().map(|(k, v)| (k.as_str().expect("property names are strings").to_string(), v.clone())).collect()
+        })
         .unwrap_or_default()
 }
 
@@ -142,10 +148,10 @@ fn table_rows(text: &str) -> Vec<Row> {
         assert!(cells.len() >= 3, "docs/service-spec-fields.md line {}: a row needs field | treatment | where", i + 1);
         let path = cells[0].trim_end_matches('`').to_string();
         let treatment_cell = cells[1].trim();
-        let (treatment, detail) = treatment_cell
-            .strip_prefix('`')
-            .and_then(|t| t.split_once('`'))
-            .unwrap_or_else(|| panic!("docs/service-spec-fields.md line {}: the treatment must start with a `word`", i + 1));
+        let (treatment, detail) =
+            treatment_cell.strip_prefix('`').and_then(|t| t.split_once('`')).unwrap_or_else(|| {
+                panic!("docs/service-spec-fields.md line {}: the treatment must start with a `word`", i + 1)
+            });
         rows.push(Row {
             line: i + 1,
             path,
@@ -164,7 +170,11 @@ fn rows() -> Vec<Row> {
 #[test]
 fn every_spec_field_has_one_row_with_a_known_treatment() {
     let fields = spec_fields();
-    assert!(fields.len() > 150, "the walk of ServiceSpec found only {} fields: is the spec file complete?", fields.len());
+    assert!(
+        fields.len() > 150,
+        "the walk of ServiceSpec found only {} fields: is the spec file complete?",
+        fields.len()
+    );
     let rows = rows();
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
@@ -193,7 +203,11 @@ fn every_spec_field_has_one_row_with_a_known_treatment() {
             problems.push(format!("line {}: `{}` is not a field of the spec's ServiceSpec", r.line, r.path));
         }
     }
-    assert!(problems.is_empty(), "docs/service-spec-fields.md is out of step with the Engine API spec:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/service-spec-fields.md is out of step with the Engine API spec:\n{}",
+        problems.join("\n")
+    );
 }
 
 /// The minimal spec the API accepts, with `value` set at `path` (lists get one member).
@@ -257,10 +271,8 @@ fn refused_fields_are_refused_by_name_and_no_other_field_is() {
                 p = parent;
             }
             match whole {
-                Ok(()) => problems.push(format!(
-                    "`{}` is marked refused, but a spec setting it to {} is accepted",
-                    f.path, f.sample
-                )),
+                Ok(()) => problems
+                    .push(format!("`{}` is marked refused, but a spec setting it to {} is accepted", f.path, f.sample)),
                 Err(e) if !names.iter().any(|n| names_word(&e, n)) => problems.push(format!(
                     "`{}` is marked refused, but the error does not name it (nor {:?}): {e}",
                     f.path, names
@@ -274,7 +286,11 @@ fn refused_fields_are_refused_by_name_and_no_other_field_is() {
             }
         }
     }
-    assert!(problems.is_empty(), "docs/service-spec-fields.md disagrees with the API's refusals:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/service-spec-fields.md disagrees with the API's refusals:\n{}",
+        problems.join("\n")
+    );
 }
 
 /// `Mounts[]` -> `Mounts`.
@@ -296,7 +312,10 @@ fn names_word(message: &str, word: &str) -> bool {
 fn the_table_parser_reads_rows_and_the_walk_follows_refs_and_arrays() {
     let rows = table_rows("| field | treatment | where |\n|---|---|---|\n| `A.B[]` | `stored`: why | `x.rs` |\n");
     assert_eq!(rows.len(), 1);
-    assert_eq!((rows[0].path.as_str(), rows[0].treatment.as_str(), rows[0].detail.as_str()), ("A.B[]", "stored", "why"));
+    assert_eq!(
+        (rows[0].path.as_str(), rows[0].treatment.as_str(), rows[0].detail.as_str()),
+        ("A.B[]", "stored", "why")
+    );
     let definitions: Yaml = serde_yaml_ng::from_str(
         "Top:\n  properties:\n    L:\n      type: array\n      items:\n        $ref: '#/definitions/Item'\n    M:\n      type: object\n      additionalProperties:\n        type: string\nItem:\n  allOf:\n    - properties:\n        N:\n          type: integer\n",
     )

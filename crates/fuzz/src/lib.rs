@@ -32,7 +32,11 @@ pub struct Target {
 
 /// Every target.
 pub const TARGETS: &[Target] = &[
-    Target { name: "engine_service_spec", run: targets::engine::service_spec, dictionary: targets::engine::SERVICE_DICT },
+    Target {
+        name: "engine_service_spec",
+        run: targets::engine::service_spec,
+        dictionary: targets::engine::SERVICE_DICT,
+    },
     Target { name: "engine_secret_spec", run: targets::engine::secret_spec, dictionary: targets::engine::SECRET_DICT },
     Target { name: "engine_node_spec", run: targets::engine::node_spec, dictionary: targets::engine::NODE_DICT },
     Target { name: "engine_swarm_spec", run: targets::engine::swarm_spec, dictionary: targets::engine::SWARM_DICT },
@@ -43,7 +47,11 @@ pub const TARGETS: &[Target] = &[
     Target { name: "store_snapshot", run: targets::store::snapshot, dictionary: &[] },
     Target { name: "grpc_requests", run: targets::grpc::requests, dictionary: &[] },
     Target { name: "dispatcher_update_task_status", run: targets::grpc::update_task_status, dictionary: &[] },
-    Target { name: "ca_issue_node_certificate", run: targets::grpc::issue_node_certificate, dictionary: targets::ca::CSR_DICT },
+    Target {
+        name: "ca_issue_node_certificate",
+        run: targets::grpc::issue_node_certificate,
+        dictionary: targets::ca::CSR_DICT,
+    },
     Target { name: "raft_message", run: targets::raft::message, dictionary: &[] },
     Target { name: "raft_step", run: targets::raft::step, dictionary: &[] },
     Target { name: "raft_records", run: targets::raft::records, dictionary: &[] },

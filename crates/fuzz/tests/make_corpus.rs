@@ -36,11 +36,16 @@ fn ts(seconds: i64) -> Option<prost_types::Timestamp> {
 }
 
 fn service() -> Service {
-    let body = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/engine_service_spec/full.json")).unwrap();
+    let body =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/engine_service_spec/full.json")).unwrap();
     let spec = decode::<ServiceSpecJson>(&body).unwrap().to_api().unwrap();
     Service {
         id: "svc1".into(),
-        meta: Some(Meta { version: Some(Version { index: 3 }), created_at: ts(1_800_000_000), updated_at: ts(1_800_000_001) }),
+        meta: Some(Meta {
+            version: Some(Version { index: 3 }),
+            created_at: ts(1_800_000_000),
+            updated_at: ts(1_800_000_001),
+        }),
         spec: Some(spec),
         ..Default::default()
     }
@@ -55,7 +60,12 @@ fn task(slot: u64) -> Task {
         service_id: s.id.clone(),
         slot,
         node_id: "node1".into(),
-        status: Some(TaskStatus { timestamp: ts(1_800_000_002), state: TaskState::Running as i32, message: "started".into(), ..Default::default() }),
+        status: Some(TaskStatus {
+            timestamp: ts(1_800_000_002),
+            state: TaskState::Running as i32,
+            message: "started".into(),
+            ..Default::default()
+        }),
         desired_state: TaskState::Running as i32,
         ..Default::default()
     }
@@ -65,7 +75,11 @@ fn node() -> Node {
     Node {
         id: "node1".into(),
         meta: Some(Meta { version: Some(Version { index: 2 }), ..Default::default() }),
-        spec: Some(NodeSpec { desired_role: NodeRole::Worker as i32, availability: node_spec::Availability::Active as i32, ..Default::default() }),
+        spec: Some(NodeSpec {
+            desired_role: NodeRole::Worker as i32,
+            availability: node_spec::Availability::Active as i32,
+            ..Default::default()
+        }),
         description: Some(NodeDescription { hostname: "host1".into(), ..Default::default() }),
         ..Default::default()
     }
@@ -78,7 +92,11 @@ fn cluster() -> Cluster {
 fn secret() -> Secret {
     Secret {
         id: "sec1".into(),
-        meta: Some(Meta { version: Some(Version { index: 4 }), created_at: ts(1_700_000_000), updated_at: ts(1_700_000_000) }),
+        meta: Some(Meta {
+            version: Some(Version { index: 4 }),
+            created_at: ts(1_700_000_000),
+            updated_at: ts(1_700_000_000),
+        }),
         spec: Some(SecretSpec {
             annotations: Some(Annotations { name: "db_pw".into(), ..Default::default() }),
             data: b"pw".to_vec(),
@@ -92,7 +110,11 @@ fn secret() -> Secret {
 fn config() -> Config {
     Config {
         id: "cfg1".into(),
-        meta: Some(Meta { version: Some(Version { index: 5 }), created_at: ts(1_700_000_000), updated_at: ts(1_700_000_000) }),
+        meta: Some(Meta {
+            version: Some(Version { index: 5 }),
+            created_at: ts(1_700_000_000),
+            updated_at: ts(1_700_000_000),
+        }),
         spec: Some(ConfigSpec {
             annotations: Some(Annotations { name: "app.conf".into(), ..Default::default() }),
             data: b"{{.Service.Name}}-{{.Task.Slot}}".to_vec(),
@@ -114,7 +136,15 @@ fn write_seed_corpus() {
     let mut c = Changes::new();
     c.update(task(1)).remove(std::sync::Arc::new(task(2)));
     write("store_proposal", "update-remove.bin", &encode_request(8, c.actions()));
-    let snap = StoreSnapshot { nodes: vec![node()], services: vec![service()], tasks: vec![task(1), task(2)], clusters: vec![cluster()], secrets: vec![secret()], configs: vec![config()], networks: vec![] };
+    let snap = StoreSnapshot {
+        nodes: vec![node()],
+        services: vec![service()],
+        tasks: vec![task(1), task(2)],
+        clusters: vec![cluster()],
+        secrets: vec![secret()],
+        configs: vec![config()],
+        networks: vec![],
+    };
     write("store_snapshot", "small.bin", &encode_snapshot(snap));
     write("store_snapshot", "empty.bin", &encode_snapshot(StoreSnapshot::default()));
 
@@ -187,29 +217,126 @@ fn write_seed_corpus() {
     // gRPC requests (first byte: the message type, as `targets::grpc::requests` numbers them).
     let csr = shoal_ca::generate_node_key_and_csr().unwrap();
     let reqs: Vec<(u8, &str, Vec<u8>)> = vec![
-        (0, "session", SessionRequest { description: Some(NodeDescription { hostname: "w1".into(), ..Default::default() }), session_id: String::new() }.encode_to_vec()),
+        (
+            0,
+            "session",
+            SessionRequest {
+                description: Some(NodeDescription { hostname: "w1".into(), ..Default::default() }),
+                session_id: String::new(),
+            }
+            .encode_to_vec(),
+        ),
         (1, "heartbeat", HeartbeatRequest { session_id: "s1".into() }.encode_to_vec()),
-        (2, "update-task-status", UpdateTaskStatusRequest { session_id: "s1".into(), updates: vec![update_task_status_request::TaskStatusUpdate { task_id: "task1".into(), status: task(1).status }] }.encode_to_vec()),
+        (
+            2,
+            "update-task-status",
+            UpdateTaskStatusRequest {
+                session_id: "s1".into(),
+                updates: vec![update_task_status_request::TaskStatusUpdate {
+                    task_id: "task1".into(),
+                    status: task(1).status,
+                }],
+            }
+            .encode_to_vec(),
+        ),
         (3, "assignments", AssignmentsRequest { session_id: "s1".into() }.encode_to_vec()),
-        (4, "issue-cert", IssueNodeCertificateRequest { csr: csr.csr_pem.clone().into_bytes(), token: "SWMTKN-1-x-y".into(), ..Default::default() }.encode_to_vec()),
+        (
+            4,
+            "issue-cert",
+            IssueNodeCertificateRequest {
+                csr: csr.csr_pem.clone().into_bytes(),
+                token: "SWMTKN-1-x-y".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
         (5, "cert-status", NodeCertificateStatusRequest { node_id: "node1".into() }.encode_to_vec()),
         (6, "process-raft", ProcessRaftMessageRequest { message: append.write_to_bytes().unwrap() }.encode_to_vec()),
         (7, "stream-raft", StreamRaftMessageRequest { message: snapmsg.write_to_bytes().unwrap() }.encode_to_vec()),
         (8, "resolve", ResolveAddressRequest { raft_id: 2 }.encode_to_vec()),
         (9, "join", JoinRequest { addr: "10.0.0.2:4242".into() }.encode_to_vec()),
-        (10, "leave", LeaveRequest { node: Some(RaftMember { raft_id: 2, node_id: "node2".into(), addr: "10.0.0.2:4242".into(), ..Default::default() }) }.encode_to_vec()),
-        (11, "forward", ForwardProposalRequest { request: encode_request(3, Changes::new().create(task(3)).actions()) }.encode_to_vec()),
+        (
+            10,
+            "leave",
+            LeaveRequest {
+                node: Some(RaftMember {
+                    raft_id: 2,
+                    node_id: "node2".into(),
+                    addr: "10.0.0.2:4242".into(),
+                    ..Default::default()
+                }),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            11,
+            "forward",
+            ForwardProposalRequest { request: encode_request(3, Changes::new().create(task(3)).actions()) }
+                .encode_to_vec(),
+        ),
         (12, "listen", ListenSubscriptionsRequest {}.encode_to_vec()),
-        (13, "publish-logs", PublishLogsMessage { subscription_id: "sub1".into(), messages: vec![LogMessage { context: Some(LogContext { service_id: "svc1".into(), node_id: "node1".into(), task_id: "task1".into() }), timestamp: ts(1_800_000_003), stream: LogStream::Stdout as i32, data: b"hello\n".to_vec(), attrs: vec![] }], close: false }.encode_to_vec()),
-        (14, "subscribe-logs", SubscribeLogsRequest { selector: Some(LogSelector { service_ids: vec!["svc1".into()], ..Default::default() }), options: Some(LogSubscriptionOptions { streams: vec![1], follow: true, tail: -11, since: None }) }.encode_to_vec()),
-        (15, "join-response", JoinResponse { raft_id: 2, members: vec![Member { raft_id: 1, node_id: "node1".into(), addr: "10.0.0.1:4242".into() }.to_wire()], removed_members: vec![5] }.encode_to_vec()),
-        (16, "session-message", SessionMessage { session_id: "s1".into(), node: Some(node()), ..Default::default() }.encode_to_vec()),
-        (17, "assignments-message", AssignmentsMessage { changes: vec![AssignmentChange { assignment: Some(Assignment { item: Some(assignment::Item::Task(task(1))) }), action: 0 }], ..Default::default() }.encode_to_vec()),
+        (
+            13,
+            "publish-logs",
+            PublishLogsMessage {
+                subscription_id: "sub1".into(),
+                messages: vec![LogMessage {
+                    context: Some(LogContext {
+                        service_id: "svc1".into(),
+                        node_id: "node1".into(),
+                        task_id: "task1".into(),
+                    }),
+                    timestamp: ts(1_800_000_003),
+                    stream: LogStream::Stdout as i32,
+                    data: b"hello\n".to_vec(),
+                    attrs: vec![],
+                }],
+                close: false,
+            }
+            .encode_to_vec(),
+        ),
+        (
+            14,
+            "subscribe-logs",
+            SubscribeLogsRequest {
+                selector: Some(LogSelector { service_ids: vec!["svc1".into()], ..Default::default() }),
+                options: Some(LogSubscriptionOptions { streams: vec![1], follow: true, tail: -11, since: None }),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            15,
+            "join-response",
+            JoinResponse {
+                raft_id: 2,
+                members: vec![Member { raft_id: 1, node_id: "node1".into(), addr: "10.0.0.1:4242".into() }.to_wire()],
+                removed_members: vec![5],
+            }
+            .encode_to_vec(),
+        ),
+        (
+            16,
+            "session-message",
+            SessionMessage { session_id: "s1".into(), node: Some(node()), ..Default::default() }.encode_to_vec(),
+        ),
+        (
+            17,
+            "assignments-message",
+            AssignmentsMessage {
+                changes: vec![AssignmentChange {
+                    assignment: Some(Assignment { item: Some(assignment::Item::Task(task(1))) }),
+                    action: 0,
+                }],
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
     ];
     for (sel, name, bytes) in reqs {
         write("grpc_requests", &format!("{sel:02}-{name}.bin"), &with_selector(sel, &bytes));
     }
-    let issue = IssueNodeCertificateRequest { csr: csr.csr_pem.clone().into_bytes(), ..Default::default() }.encode_to_vec();
+    let issue =
+        IssueNodeCertificateRequest { csr: csr.csr_pem.clone().into_bytes(), ..Default::default() }.encode_to_vec();
     let statuses = UpdateTaskStatusRequest {
         session_id: "s1".into(),
         updates: [(1, TaskState::Running), (2, TaskState::Complete), (3, TaskState::Running), (9, TaskState::Running)]
@@ -239,7 +366,11 @@ fn write_seed_corpus() {
     let keys = shoal_raft::encryption::DataKeys::generate();
     let kek = shoal_fuzz::targets::raft::fixed_key();
     write("raft_records", "1-dek-plain.bin", &with_selector(1, &shoal_raft::encryption::dek_file_bytes(&keys, None)));
-    write("raft_records", "1-dek-sealed.bin", &with_selector(1, &shoal_raft::encryption::dek_file_bytes(&keys, Some(&kek))));
+    write(
+        "raft_records",
+        "1-dek-sealed.bin",
+        &with_selector(1, &shoal_raft::encryption::dek_file_bytes(&keys, Some(&kek))),
+    );
     let dek = shoal_raft::encryption::dek_file_bytes(&keys, None);
     let mut sealed_entry = (dek.len() as u16).to_be_bytes().to_vec();
     sealed_entry.extend_from_slice(&dek);

@@ -20,8 +20,8 @@
 
 use shoal_api::resource_allocator_server::{ResourceAllocator, ResourceAllocatorServer};
 use shoal_api::{
-    task_spec, AttachNetworkRequest, AttachNetworkResponse, DetachNetworkRequest, DetachNetworkResponse, Meta,
-    Network, NetworkAttachmentConfig, NetworkAttachmentSpec, Task, TaskSpec, TaskState, TaskStatus,
+    task_spec, AttachNetworkRequest, AttachNetworkResponse, DetachNetworkRequest, DetachNetworkResponse, Meta, Network,
+    NetworkAttachmentConfig, NetworkAttachmentSpec, Task, TaskSpec, TaskState, TaskStatus,
 };
 use shoal_store::{Changes, Tables};
 use tonic::{Request, Response, Status};
@@ -39,7 +39,8 @@ pub const CREATED_MESSAGE: &str = "created";
 
 /// True for a network attachment task (made by `AttachNetwork`, of no service).
 pub fn is_attachment_task(t: &Task) -> bool {
-    t.service_id.is_empty() && matches!(t.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(task_spec::Runtime::Attachment(_)))
+    t.service_id.is_empty()
+        && matches!(t.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(task_spec::Runtime::Attachment(_)))
 }
 
 /// The ResourceAllocator service over a `ClusterState`.
@@ -102,9 +103,7 @@ fn check_config(config: &NetworkAttachmentConfig, container_id: &str) -> Result<
         )));
     }
     if let Some(a) = config.aliases.iter().find(|a| a.is_empty() || a.len() > MAX_ALIAS_BYTES) {
-        return Err(Status::invalid_argument(format!(
-            "alias {a:?} must be 1 to {MAX_ALIAS_BYTES} bytes long"
-        )));
+        return Err(Status::invalid_argument(format!("alias {a:?} must be 1 to {MAX_ALIAS_BYTES} bytes long")));
     }
     Ok(())
 }
@@ -116,7 +115,10 @@ fn find_network<'a>(t: &'a Tables, target: &str) -> Option<&'a Network> {
 
 #[tonic::async_trait]
 impl ResourceAllocator for ResourceAllocatorService {
-    async fn attach_network(&self, req: Request<AttachNetworkRequest>) -> Result<Response<AttachNetworkResponse>, Status> {
+    async fn attach_network(
+        &self,
+        req: Request<AttachNetworkRequest>,
+    ) -> Result<Response<AttachNetworkResponse>, Status> {
         let node_id = node_identity(&req)?;
         let req = req.into_inner();
         let config = req.config.unwrap_or_default();
@@ -146,18 +148,20 @@ impl ResourceAllocator for ResourceAllocatorService {
                     id: id.clone(),
                     meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
                     node_id: node_id.clone(),
-                    spec: Some(TaskSpec {
-                        runtime: Some(task_spec::Runtime::Attachment(NetworkAttachmentSpec {
-                            container_id: req.container_id.clone(),
-                        })),
-                        networks: vec![NetworkAttachmentConfig {
-                            target: network.id.clone(),
-                            aliases: config.aliases.clone(),
+                    spec: Some(
+                        TaskSpec {
+                            runtime: Some(task_spec::Runtime::Attachment(NetworkAttachmentSpec {
+                                container_id: req.container_id.clone(),
+                            })),
+                            networks: vec![NetworkAttachmentConfig {
+                                target: network.id.clone(),
+                                aliases: config.aliases.clone(),
+                                ..Default::default()
+                            }],
                             ..Default::default()
-                        }],
-                        ..Default::default()
-                    }
-                    .into()),
+                        }
+                        .into(),
+                    ),
                     status: Some(TaskStatus {
                         timestamp: Some(now),
                         state: TaskState::New as i32,
@@ -175,7 +179,10 @@ impl ResourceAllocator for ResourceAllocatorService {
         Ok(Response::new(AttachNetworkResponse { attachment_id: id }))
     }
 
-    async fn detach_network(&self, req: Request<DetachNetworkRequest>) -> Result<Response<DetachNetworkResponse>, Status> {
+    async fn detach_network(
+        &self,
+        req: Request<DetachNetworkRequest>,
+    ) -> Result<Response<DetachNetworkResponse>, Status> {
         let node_id = node_identity(&req)?;
         let id = req.into_inner().attachment_id;
         if id.is_empty() {

@@ -1,9 +1,11 @@
 //! The Engine API over TCP with mutual TLS (`--listen-api tcp://IP:PORT`, managers only): the same routes
-//! as the control socket, for remote `docker --tlsverify` and `shoal` clients. The server presents a
-//! certificate from the cluster root with the listen IP as an address name (issued at start, valid as long
-//! as node certificates); a client must present a certificate of this cluster with the manager role or
-//! the operator role (`shoal ca issue-client-cert`); any other verified certificate (a worker's) gets 403
-//! on every request. Connections without a certificate of the cluster root fail the handshake.
+//! as the control socket (but `/shoal/v1/ca/...`), for remote `docker --tlsverify` and `shoal` clients. The
+//! server presents a certificate from the cluster root with the listen IP as an address name (issued at
+//! start, valid as long as node certificates). Connections without a certificate of the cluster root fail
+//! the handshake; after it, every request is decided by the node's authorization module (`authz`) from the
+//! store as it is then: a current manager's certificate or an operator certificate that is not revoked
+//! passes; a worker's, a demoted or removed manager's, a revoked one gets 403 with a JSON message saying why;
+//! an answer being streamed (`/events`, followed logs) ends once its caller no longer passes.
 //!
 //! Bounds: at most `MAX_API_CONNECTIONS` connections at once (accepting waits), and per source address at most
 //! `MAX_API_HANDSHAKES_PER_SOURCE` handshakes and `MAX_API_CONNECTIONS_PER_SOURCE` connections (more are closed at
@@ -21,6 +23,7 @@ use shoal_ca::{NodeSubject, Role, RootCa};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::authz::{Authorizer, Guard, PeerCert};
 use crate::source_limits::{LogLimiter, Refused, SourceLimits};
 use crate::tls::{TlsError, HANDSHAKE_TIMEOUT, REFUSAL_LOG_PERIOD};
 use crate::NodeError;
@@ -32,10 +35,6 @@ pub const MAX_API_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Most connections (handshaking or established) one source address holds at once: a client's pool needs a
 /// few; several operators behind one address still fit.
 pub const MAX_API_CONNECTIONS_PER_SOURCE: usize = 32;
-
-/// The message of the 403 answer to a certificate without an allowed role.
-pub const FORBIDDEN: &str = "this certificate may not use the Engine API: it needs the manager role or a client \
-certificate from `shoal ca issue-client-cert` (worker certificates are refused)";
 
 /// The TLS server configuration: `cert_pem`/`key_pem` as the server identity, client certificates required
 /// and verified against `root_pem`.
@@ -80,25 +79,18 @@ pub fn issue_server_cert(
     Ok((cert, csr.key_pem))
 }
 
-/// Whether a verified client certificate may use the API.
-pub fn allowed(subject: Option<&NodeSubject>, cluster_id: &str) -> bool {
-    subject.is_some_and(|s| s.cluster_id == cluster_id && matches!(s.role, Role::Manager | Role::Admin))
-}
-
-fn forbidden_router() -> Router {
-    Router::new().fallback(|| async {
-        (axum::http::StatusCode::FORBIDDEN, axum::Json(serde_json::json!({ "message": FORBIDDEN })))
-    })
-}
-
-/// Serves `router` on `listener` with `config` until `stop` turns true.
+/// Serves `router` on `listener` with `config` until `stop` turns true, every request decided by `authz`
+/// (with which the listener registers as `engine-api-tcp`).
 pub async fn serve(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
-    cluster_id: String,
+    authz: Authorizer,
     router: Router,
     mut stop: watch::Receiver<bool>,
 ) {
+    if let Ok(addr) = listener.local_addr() {
+        authz.entry_points().register("engine-api-tcp", addr, Guard::CertificateAndClusterState);
+    }
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_API_CONNECTIONS));
     let sources = SourceLimits::new(MAX_API_HANDSHAKES_PER_SOURCE, MAX_API_CONNECTIONS_PER_SOURCE);
@@ -127,8 +119,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let (acceptor, router, cluster_id, mut stop) =
-            (acceptor.clone(), router.clone(), cluster_id.clone(), stop.clone());
+        let (acceptor, router, authz, mut stop) = (acceptor.clone(), router.clone(), authz.clone(), stop.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -137,13 +128,20 @@ pub async fn serve(
                 Err(_) => return tracing::debug!(%peer, "Engine API TLS handshake timed out"),
             };
             guard.established();
-            let subject = tls.get_ref().1.peer_certificates().and_then(crate::tls::peer_subject);
-            let router = if allowed(subject.as_ref(), &cluster_id) { router } else { forbidden_router() };
+            // A certificate Shoal did not issue (no role OU) is taken as none: every request is refused.
+            let caller = tls.get_ref().1.peer_certificates().and_then(|c| PeerCert::from_chain(c).ok().flatten());
+            let router = authz.engine_api_gate(caller).around(router);
             // Header, keep-alive idle and body read timeouts as on the control socket.
             let limits = shoal_engine_api::connections::ConnectionLimits::default();
             let state = shoal_engine_api::connections::untracked();
-            shoal_engine_api::connections::serve_connection(tls, router, limits, state, shoal_manager::stopped(&mut stop))
-                .await;
+            shoal_engine_api::connections::serve_connection(
+                tls,
+                router,
+                limits,
+                state,
+                shoal_manager::stopped(&mut stop),
+            )
+            .await;
             tracing::debug!(%peer, "Engine API connection ended");
         });
     }

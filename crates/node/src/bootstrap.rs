@@ -23,7 +23,10 @@ pub const DEFAULT_NODE_CERT_EXPIRY: Duration = Duration::from_secs(90 * 24 * 360
 pub fn default_cluster_spec() -> ClusterSpec {
     ClusterSpec {
         annotations: Some(Annotations { name: CLUSTER_NAME.into(), ..Default::default() }),
-        orchestration: Some(OrchestrationConfig { task_history_retention_limit: DEFAULT_TASK_HISTORY, ..Default::default() }),
+        orchestration: Some(OrchestrationConfig {
+            task_history_retention_limit: DEFAULT_TASK_HISTORY,
+            ..Default::default()
+        }),
         raft: Some(RaftConfig {
             snapshot_interval: 10_000,
             keep_old_snapshots: 0,
@@ -32,7 +35,10 @@ pub fn default_cluster_spec() -> ClusterSpec {
             election_tick: 10,
         }),
         dispatcher: Some(DispatcherConfig { heartbeat_period: Some(duration_to_proto(DEFAULT_HEARTBEAT_PERIOD)) }),
-        ca_config: Some(CaConfig { node_cert_expiry: Some(duration_to_proto(DEFAULT_NODE_CERT_EXPIRY)), ..Default::default() }),
+        ca_config: Some(CaConfig {
+            node_cert_expiry: Some(duration_to_proto(DEFAULT_NODE_CERT_EXPIRY)),
+            ..Default::default()
+        }),
         task_defaults: None,
         encryption_config: None,
     }
@@ -104,7 +110,11 @@ pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Resul
                     meta: Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
                     spec: Some(spec),
                     description: Some(me.description.clone()),
-                    status: Some(NodeStatus { state: shoal_api::node_status::State::Ready as i32, message: String::new(), addr: me.addr.clone() }),
+                    status: Some(NodeStatus {
+                        state: shoal_api::node_status::State::Ready as i32,
+                        message: String::new(),
+                        addr: me.addr.clone(),
+                    }),
                     manager_status: Some(ManagerStatus {
                         raft_id: me.raft_id,
                         addr: me.addr.clone(),

@@ -91,9 +91,14 @@ pub fn certificate_of(status: u16, body: &[u8]) -> Result<String, String> {
     }
     let errors: Vec<String> = v["errors"]
         .as_array()
-        .map(|a| a.iter().take(5).filter_map(|e| e["message"].as_str().map(|m| m.chars().take(300).collect())).collect())
+        .map(|a| {
+            a.iter().take(5).filter_map(|e| e["message"].as_str().map(|m| m.chars().take(300).collect())).collect()
+        })
         .unwrap_or_default();
-    Err(format!("the signer refused ({status}): {}", if errors.is_empty() { "no reason given".into() } else { errors.join("; ") }))
+    Err(format!(
+        "the signer refused ({status}): {}",
+        if errors.is_empty() { "no reason given".into() } else { errors.join("; ") }
+    ))
 }
 
 async fn post(url: &str, trust_pem: &str, body: Vec<u8>) -> Result<String, String> {
@@ -101,7 +106,8 @@ async fn post(url: &str, trust_pem: &str, body: Vec<u8>) -> Result<String, Strin
     let config = client_config(trust_pem)?;
     let name = ServerName::try_from(host.clone()).map_err(|e| format!("invalid host {host:?}: {e}"))?;
     let connect = async {
-        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(|e| format!("cannot connect: {e}"))?;
+        let tcp =
+            tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(|e| format!("cannot connect: {e}"))?;
         tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(name, tcp)
             .await
@@ -129,12 +135,20 @@ async fn post(url: &str, trust_pem: &str, body: Vec<u8>) -> Result<String, Strin
         driver.abort();
         certificate_of(status, &bytes)
     };
-    tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
+    tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        .await
+        .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
 }
 
 #[tonic::async_trait]
 impl shoal_manager::ca::ExternalSigner for CfsslSigner {
-    async fn sign(&self, urls: &[String], trust_pem: &str, csr_pem: &str, subject: &NodeSubject) -> Result<String, String> {
+    async fn sign(
+        &self,
+        urls: &[String],
+        trust_pem: &str,
+        csr_pem: &str,
+        subject: &NodeSubject,
+    ) -> Result<String, String> {
         let body = serde_json::to_vec(&sign_request(csr_pem, subject)).map_err(|e| e.to_string())?;
         let mut why = Vec::new();
         for url in urls {

@@ -25,9 +25,9 @@ fn path(state_dir: &Path) -> PathBuf {
 pub fn load(state_dir: &Path) -> Result<Option<NodeIdentity>, NodeError> {
     let p = path(state_dir);
     match std::fs::read(&p) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| NodeError::State(format!("{} is corrupted ({e}); restore it or start with an empty state dir", p.display()))),
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            NodeError::State(format!("{} is corrupted ({e}); restore it or start with an empty state dir", p.display()))
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(NodeError::io(&p, e)),
     }

@@ -441,13 +441,18 @@ pub async fn follow_root_rotation(
                         tracing::info!(roots = certs.root_pem.matches("BEGIN CERTIFICATE").count(), "the cluster's root CA changed: trusting the roots the managers sent; renewing the certificate");
                         renew = true;
                     }
-                    Err(e) => tracing::warn!(error = %e, "the managers sent roots that cannot be used; keeping the current ones"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the managers sent roots that cannot be used; keeping the current ones")
+                    }
                 },
                 Err(_) => tracing::warn!("the managers sent roots that are not PEM text; keeping the current ones"),
             }
         }
         if std::mem::take(&mut check_node) {
-            let state = node.borrow_and_update().as_ref().and_then(|n| n.certificate.as_ref()?.status.as_ref().map(|s| s.state));
+            let state = node
+                .borrow_and_update()
+                .as_ref()
+                .and_then(|n| n.certificate.as_ref()?.status.as_ref().map(|s| s.state));
             if state == Some(issuance_status::State::Rotate as i32) {
                 tracing::info!("the managers asked this node to renew its certificate (root CA rotation)");
                 renew = true;

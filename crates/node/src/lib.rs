@@ -10,6 +10,7 @@ pub mod api_tcp;
 pub mod authz;
 mod bootstrap;
 mod config;
+pub mod connection_caps;
 pub mod external_ca;
 mod identity;
 pub mod join;
@@ -20,10 +21,10 @@ pub mod metrics_listener;
 mod raft_member;
 mod raft_status;
 pub mod security;
-pub mod source_limits;
-pub mod socket_path_names;
-mod swarmkit_socket;
 mod services;
+pub mod socket_path_names;
+pub mod source_limits;
+mod swarmkit_socket;
 pub mod tls;
 pub mod worker_node;
 
@@ -40,12 +41,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
-/// Generic resources a node offers (`--generic-node-resources`), and their parser.
-pub use shoal_api::{generic::parse_offer as parse_generic_node_resources, GenericResource};
 pub use config::{DaemonConfig, ExecutorKind, JoinToken, UnlockKeyText};
 pub use identity::NodeIdentity;
 pub use raft_status::ManagerStatusSubsystem;
 pub use services::{leader_subsystems, run_leader_subsystems, serve_manager_grpc, start_manager_services};
+/// Generic resources a node offers (`--generic-node-resources`), and their parser.
+pub use shoal_api::{generic::parse_offer as parse_generic_node_resources, GenericResource};
 
 /// Why a node could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +124,8 @@ pub struct RunningNode {
     control_socket: std::path::PathBuf,
     swarmkit_socket: Option<std::path::PathBuf>,
     remote_addr: std::net::SocketAddr,
+    /// Set to the manager that issued this node a worker certificate once it is demoted.
+    demoted: watch::Receiver<Option<String>>,
 }
 
 fn machine_hostname() -> String {
@@ -158,7 +161,9 @@ async fn pick_executor(
     let process = || -> Arc<dyn Executor> {
         Arc::new(
             shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
-                .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(node_id)))
+                .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(
+                    node_id,
+                )))
                 .with_network(data_plane(cfg)),
         )
     };
@@ -308,9 +313,20 @@ impl Node {
         );
         tasks.push((
             "grpc",
-            services::serve_manager_grpc(&dispatcher, listener, Some(&raft), Some(&remote_security), shutdown_rx.clone()),
+            services::serve_manager_grpc(
+                &dispatcher,
+                listener,
+                Some(&raft),
+                Some(&remote_security),
+                shutdown_rx.clone(),
+            ),
         ));
         if let Some(listener) = metrics {
+            if let Ok(addr) = listener.local_addr() {
+                // Unauthenticated by design: it shows figures, node names, addresses and task errors, never
+                // secrets, tokens or keys (docs/security.md).
+                remote_security.authz.entry_points().register("metrics", addr, authz::Guard::None);
+            }
             let started = metrics_listener::start_manager(
                 listener,
                 &state,
@@ -326,7 +342,10 @@ impl Node {
             raft_member::wait_ready(&state, &raft, membership).await?;
             if membership == raft_member::Membership::Restarted {
                 // Its cluster and node objects were written when it first started.
-                return Ok(state.store.view(|t| t.clusters().by_name(CLUSTER_NAME).map(|c| c.id.clone())).unwrap_or_default());
+                return Ok(state
+                    .store
+                    .view(|t| t.clusters().by_name(CLUSTER_NAME).map(|c| c.id.clone()))
+                    .unwrap_or_default());
             }
             bootstrap::ensure_cluster(
                 &state,
@@ -409,24 +428,38 @@ impl Node {
             // The Engine API over TCP, mutual TLS only (see `api_tcp`).
             let cluster = shoal_manager::ca::cluster(&state)
                 .ok_or_else(|| NodeError::Security("no cluster object to take the root CA from".into()))?;
-            let root = shoal_manager::ca::root_ca_of(&cluster).map_err(|e| NodeError::Security(e.message().to_string()))?;
+            let root =
+                shoal_manager::ca::root_ca_of(&cluster).map_err(|e| NodeError::Security(e.message().to_string()))?;
             let validity = shoal_manager::ca::node_cert_expiry(&cluster, cfg.node_cert_expiry_override);
             let (cert, key) = api_tcp::issue_server_cert(&root, &identity.node_id, &cluster.id, addr, validity)?;
-            let config = api_tcp::server_config(root.cert_pem(), &cert, &key).map_err(|e| NodeError::Security(e.to_string()))?;
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| NodeError::listen("--listen-api", addr, e))?;
+            let config =
+                api_tcp::server_config(root.cert_pem(), &cert, &key).map_err(|e| NodeError::Security(e.to_string()))?;
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.map_err(|e| NodeError::listen("--listen-api", addr, e))?;
             let router = shoal_engine_api::router(ctx.clone());
             tasks.push((
                 "engine-api-tcp",
-                tokio::spawn(api_tcp::serve(listener, config, cluster.id.clone(), router, shutdown_rx.clone())),
+                tokio::spawn(api_tcp::serve(
+                    listener,
+                    config,
+                    remote_security.authz.clone(),
+                    router,
+                    shutdown_rx.clone(),
+                )),
             ));
         }
         let (api_stop_tx, api_stop_rx) = watch::channel(false);
+        let entry_points = remote_security.authz.entry_points().clone();
+        entry_points.register("control-socket", control_socket.display(), authz::Guard::SocketFileMode);
+        let control_router = shoal_engine_api::router(ctx).merge(entry_points.router());
         let control_api = lifecycle::Closer::new(
             api_stop_tx,
             tokio::spawn({
                 let stop = wait_true(api_stop_rx);
                 async move {
-                    if let Err(e) = shoal_engine_api::serve_unix(unix, ctx, stop).await {
+                    let limits = shoal_engine_api::connections::ConnectionLimits::default();
+                    let served = shoal_engine_api::connections::serve_unix(unix, control_router, limits, stop).await;
+                    if let Err(e) = served {
                         tracing::error!(error = %e, "control API server failed");
                     }
                 }
@@ -437,7 +470,14 @@ impl Node {
             // SwarmKit's own API for swarmctl (see `swarmkit_socket`).
             tasks.push((
                 "swarmkit-api",
-                swarmkit_socket::serve(listener, mtls.tls.clone(), &state, &raft, shutdown_rx.clone()),
+                swarmkit_socket::serve(
+                    listener,
+                    mtls.tls.clone(),
+                    &state,
+                    &raft,
+                    remote_security.authz.entry_points(),
+                    shutdown_rx.clone(),
+                ),
             ));
         }
 
@@ -459,6 +499,26 @@ impl Node {
         // A root CA rotation: this manager follows it as any node does, through its agent's session.
         let (node_tx, node_rx) = watch::channel(None);
         let (roots_tx, roots_rx) = watch::channel(Vec::new());
+        // A demotion: once this manager holds a worker certificate, `run_member` stops it and runs the node as
+        // a worker (see `raft_member::wait_demoted`).
+        let (demoted_tx, demoted) = watch::channel(None);
+        let demotion = raft_member::wait_demoted(
+            cfg.state_dir.clone(),
+            mtls.tls.clone(),
+            state.store.clone(),
+            identity.node_id.clone(),
+            raft.clone(),
+            node_tx.subscribe(),
+            shutdown_rx.clone(),
+        );
+        tasks.push((
+            "demotion",
+            tokio::spawn(async move {
+                if let Some(via) = demotion.await {
+                    demoted_tx.send_replace(Some(via));
+                }
+            }),
+        ));
         let agent = agent.with_node_sink(node_tx).with_roots_sink(roots_tx);
         tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
         tasks.push((
@@ -486,6 +546,7 @@ impl Node {
             control_socket,
             swarmkit_socket,
             remote_addr,
+            demoted,
         })
     }
 }
@@ -506,6 +567,17 @@ impl RunningNode {
     /// The bound gRPC address.
     pub fn remote_addr(&self) -> std::net::SocketAddr {
         self.remote_addr
+    }
+
+    /// Resolves once this manager was demoted and holds a worker certificate, with the address of the manager
+    /// that issued it; never if it is not demoted.
+    pub async fn demoted(&self) -> String {
+        let mut rx = self.demoted.clone();
+        let via = rx.wait_for(Option::is_some).await.map(|via| via.clone().unwrap_or_default());
+        match via {
+            Ok(via) => via,
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Stops the node: the agent first (so every task process is stopped), then the servers and the
@@ -613,9 +685,14 @@ pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
 
 /// Runs a node until `stop` resolves, then shuts it down; in between it moves through the swarm lifecycle
 /// (`lifecycle`): inactive until an init or join, a member (locked first when autolock sealed its keys; a
-/// worker, restarted in-process as a manager when promoted; or a manager), and back to inactive on leave.
+/// worker, restarted in-process as a manager when promoted; or a manager, restarted in-process as a worker
+/// when demoted), and back to inactive on leave.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
     let mut cfg = cfg;
+    // Before any listener: the remote port's connection caps are drawn from the limit (`connection_caps`).
+    if let Err(e) = connection_caps::raise_nofile_limit() {
+        tracing::warn!(error = %e, "could not raise the open-file limit (RLIMIT_NOFILE); the connection caps follow the current one");
+    }
     let _state_dir_lock = lock_state_dir(&cfg.state_dir)?;
     let stop = std::pin::pin!(stop);
     let mut stop = stop;
@@ -644,7 +721,9 @@ pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output
                 lifecycle::clear_state(&cfg)?;
                 if let Some(p) = pending.as_mut() {
                     p.failure = Some(match e {
-                        NodeError::Listen { .. } | NodeError::Config(_) => shoal_engine_api::ApiError::BadRequest(e.to_string()),
+                        NodeError::Listen { .. } | NodeError::Config(_) => {
+                            shoal_engine_api::ApiError::BadRequest(e.to_string())
+                        }
                         other => shoal_engine_api::ApiError::Unavailable(other.to_string()),
                     });
                 }
@@ -673,8 +752,9 @@ async fn run_member(
     const GRACE: Duration = Duration::from_secs(15);
     if lock::is_locked(&cfg.state_dir)? {
         match cfg.unlock_key.clone() {
-            Some(key) => lock::unlock(&cfg.state_dir, &key.0)
-                .map_err(|e| NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}")))?,
+            Some(key) => lock::unlock(&cfg.state_dir, &key.0).map_err(|e| {
+                NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}"))
+            })?,
             None => match lock::serve_until_unlocked(cfg, stop.as_mut(), session).await? {
                 lock::LockedExit::Unlocked => {}
                 lock::LockedExit::Stopped => return Ok(MemberExit::Stopped),
@@ -682,50 +762,62 @@ async fn run_member(
             },
         }
     }
-    let availability = session
-        .pending
-        .as_ref()
-        .and_then(|p| p.join_availability)
-        .map(|a| a.to_api())
-        .unwrap_or_default();
-    if let worker_node::StartAs::Worker(w) = worker_node::prepare(cfg, availability).await? {
-        lifecycle::record_member(cfg)?;
-        match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), GRACE, session).await? {
-            worker_node::WorkerExit::Stopped => return Ok(MemberExit::Stopped),
-            worker_node::WorkerExit::Left(p) => return Ok(MemberExit::Left(p)),
-            // Promoted: the state dir now holds a manager certificate; start again as a manager that joins
-            // Raft through the manager this worker's session was open with.
-            worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
+    let availability =
+        session.pending.as_ref().and_then(|p| p.join_availability).map(|a| a.to_api()).unwrap_or_default();
+    // A worker, promoted, runs on as a manager; a manager, demoted, runs on as a worker; and so on.
+    loop {
+        if let worker_node::StartAs::Worker(w) = worker_node::prepare(cfg, availability).await? {
+            lifecycle::record_member(cfg)?;
+            match worker_node::run_worker(cfg.clone(), w, stop.as_mut(), GRACE, session).await? {
+                worker_node::WorkerExit::Stopped => return Ok(MemberExit::Stopped),
+                worker_node::WorkerExit::Left(p) => return Ok(MemberExit::Left(p)),
+                // Promoted: the state dir now holds a manager certificate; start again as a manager that joins
+                // Raft through the manager this worker's session was open with.
+                worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
+            }
         }
-    }
-    let node = Node::start_in(cfg.clone(), session.handle.as_ref()).await?;
-    // Only once started: a first start that fails leaves nothing behind.
-    if let Err(e) = lifecycle::record_member(cfg) {
-        node.shutdown(GRACE).await;
-        return Err(e);
-    }
-    if let Some((spec, availability)) = session.pending.as_mut().and_then(|p| p.init.take()) {
-        if let Err(e) = lifecycle::apply_init(node.state(), &node.identity().node_id, spec, availability).await {
+        let node = Node::start_in(cfg.clone(), session.handle.as_ref()).await?;
+        // Only once started: a first start that fails leaves nothing behind.
+        if let Err(e) = lifecycle::record_member(cfg) {
             node.shutdown(GRACE).await;
-            return Err(NodeError::Bootstrap(format!("cannot apply the init request's settings: {e}")));
+            return Err(e);
         }
-    }
-    let node_id = node.identity().node_id.clone();
-    session.started(&node_id).await;
-    let leave = tokio::select! {
-        _ = stop.as_mut() => None,
-        reply = session.next_leave() => Some(reply),
-    };
-    match leave {
-        None => {
-            tracing::info!("shutting down");
-            node.shutdown(GRACE).await;
-            Ok(MemberExit::Stopped)
+        if let Some((spec, availability)) = session.pending.as_mut().and_then(|p| p.init.take()) {
+            if let Err(e) = lifecycle::apply_init(node.state(), &node.identity().node_id, spec, availability).await {
+                node.shutdown(GRACE).await;
+                return Err(NodeError::Bootstrap(format!("cannot apply the init request's settings: {e}")));
+            }
         }
-        Some(reply) => {
-            tracing::info!("docker swarm leave: stopping this manager and leaving the swarm");
-            let control_api = node.shutdown_all_but_control_api(GRACE).await;
-            Ok(MemberExit::Left(Box::new(lifecycle::Pending::leave(reply, control_api))))
+        let node_id = node.identity().node_id.clone();
+        session.started(&node_id).await;
+        enum Why {
+            Stopped,
+            Leave(tokio::sync::oneshot::Sender<Result<(), shoal_engine_api::ApiError>>),
+            Demoted(String),
+        }
+        let why = tokio::select! {
+            _ = stop.as_mut() => Why::Stopped,
+            reply = session.next_leave() => Why::Leave(reply),
+            via = node.demoted() => Why::Demoted(via),
+        };
+        match why {
+            Why::Stopped => {
+                tracing::info!("shutting down");
+                node.shutdown(GRACE).await;
+                return Ok(MemberExit::Stopped);
+            }
+            Why::Leave(reply) => {
+                tracing::info!("docker swarm leave: stopping this manager and leaving the swarm");
+                let control_api = node.shutdown_all_but_control_api(GRACE).await;
+                return Ok(MemberExit::Left(Box::new(lifecycle::Pending::leave(reply, control_api))));
+            }
+            Why::Demoted(via) => {
+                // Its tasks stop with the manager's agent and start again under the worker's: never twice.
+                tracing::info!(%via, "demoted to worker: stopping the manager parts to run this node as a worker");
+                node.shutdown(GRACE).await;
+                worker_node::forget_raft_state(&cfg.state_dir)?;
+                cfg.join_addr = Some(via);
+            }
         }
     }
 }

@@ -6,7 +6,8 @@
 //!   was given or `swarm.json` says it left a swarm (so a restart after `docker swarm leave` stays out of
 //!   every swarm, as Docker's does). Without either, an empty state dir still bootstraps a one-node
 //!   cluster at once (the README's first command).
-//! - A member: a manager (`Node::start`) or a worker (`worker_node::run_worker`).
+//! - A member: a manager (`Node::start`) or a worker (`worker_node::run_worker`); a promotion or a demotion
+//!   moves it from one to the other in-process (`run_daemon`).
 //! - Leaving: its parts stop (its tasks with them), everything in the state dir but the state dir lock and
 //!   the control socket is removed, and `swarm.json` records that it left.
 //!
@@ -69,7 +70,10 @@ pub fn load_record(state_dir: &Path) -> Result<SwarmRecord, NodeError> {
     let p = record_path(state_dir);
     match std::fs::read(&p) {
         Ok(b) => serde_json::from_slice(&b).map_err(|e| {
-            NodeError::State(format!("{} is corrupted ({e}); remove it to start as the daemon's flags say", p.display()))
+            NodeError::State(format!(
+                "{} is corrupted ({e}); remove it to start as the daemon's flags say",
+                p.display()
+            ))
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SwarmRecord::default()),
         Err(e) => Err(NodeError::io(&p, e)),
@@ -117,9 +121,8 @@ pub(crate) fn prepare_start(cfg: &mut DaemonConfig) -> Result<bool, NodeError> {
 /// Removes the node's cluster state (everything in the state dir but its lock and the control socket) and
 /// records that it is inactive.
 pub(crate) fn clear_state(cfg: &DaemonConfig) -> Result<(), NodeError> {
-    let keep = |name: &std::ffi::OsStr| {
-        name == crate::STATE_DIR_LOCK || cfg.state_dir.join(name) == cfg.listen_control_api
-    };
+    let keep =
+        |name: &std::ffi::OsStr| name == crate::STATE_DIR_LOCK || cfg.state_dir.join(name) == cfg.listen_control_api;
     let entries = std::fs::read_dir(&cfg.state_dir).map_err(|e| NodeError::io(&cfg.state_dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| NodeError::io(&cfg.state_dir, e))?;
@@ -273,7 +276,13 @@ impl Pending {
 
     /// A leave, answered through `old_server` once the node is inactive.
     pub(crate) fn leave(reply: oneshot::Sender<Result<(), ApiError>>, old_server: Closer) -> Pending {
-        Pending { reply: Reply::Leave(reply), init: None, join_availability: None, failure: None, old_server: Some(old_server) }
+        Pending {
+            reply: Reply::Leave(reply),
+            init: None,
+            join_availability: None,
+            failure: None,
+            old_server: Some(old_server),
+        }
     }
 }
 
@@ -332,7 +341,8 @@ pub(crate) async fn serve_inactive(
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let task = tokio::spawn(async move {
-        if let Err(e) = shoal_engine_api::lifecycle::serve_inactive_unix(listener, ctx, crate::wait_true(stop_rx)).await {
+        if let Err(e) = shoal_engine_api::lifecycle::serve_inactive_unix(listener, ctx, crate::wait_true(stop_rx)).await
+        {
             tracing::error!(error = %e, "control API server failed");
         }
     });

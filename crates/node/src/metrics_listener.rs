@@ -54,8 +54,14 @@ pub async fn serve(listener: TcpListener, router: Router, mut stop: watch::Recei
             let _guard = guard;
             let limits = shoal_engine_api::connections::ConnectionLimits::default();
             let state = shoal_engine_api::connections::untracked();
-            shoal_engine_api::connections::serve_connection(tcp, router, limits, state, shoal_manager::stopped(&mut stop))
-                .await;
+            shoal_engine_api::connections::serve_connection(
+                tcp,
+                router,
+                limits,
+                state,
+                shoal_manager::stopped(&mut stop),
+            )
+            .await;
         });
     }
 }

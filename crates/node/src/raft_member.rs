@@ -3,7 +3,8 @@
 //! ID to use), as a member restarting on its state, or (`--force-new-cluster`) as the only member of a
 //! cluster whose quorum was lost for good; then wait until this member can serve (a leader is
 //! known and the cluster object has arrived). Also the address the local agent's dispatcher session should
-//! use: the leader's (only the leader's dispatcher accepts sessions).
+//! use: the leader's (only the leader's dispatcher accepts sessions); and the end of the membership, a
+//! demotion (`wait_demoted`).
 //!
 //! Knows Raft through `shoal_raft` only; every gRPC client channel comes from the injected
 //! `ChannelFactory` (plain HTTP/2 until TLS is configured).
@@ -11,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use shoal_api::NodeRole;
 use shoal_manager::ClusterState;
 use shoal_raft::grpc::{self, ChannelFactory};
 use shoal_raft::{Proposer, RaftConfig, RaftNode, StartMode};
@@ -105,9 +107,8 @@ pub(crate) async fn start_raft(
             Ok((raft, Membership::Bootstrapped))
         }
         Some(join) => {
-            let raft = grpc::join_cluster(raft_cfg, store, factory, join)
-                .await
-                .map_err(|e| NodeError::Join(e.to_string()))?;
+            let raft =
+                grpc::join_cluster(raft_cfg, store, factory, join).await.map_err(|e| NodeError::Join(e.to_string()))?;
             identity.raft_id = raft.id();
             identity::store(&cfg.state_dir, identity)?;
             Ok((raft, Membership::Joined))
@@ -182,4 +183,99 @@ pub(crate) fn dispatcher_addr_watch(
         }
     });
     (rx, task)
+}
+
+/// The longest wait between two certificate renewals a demoted manager asks for while the leader has not yet
+/// taken it out of Raft (doubling from `join::RENEW_RETRY_MIN`).
+const DEMOTION_RETRY_MAX: Duration = Duration::from_secs(8);
+
+/// How often the demotion watch looks again without an event (a leader change, say, moves no watch it has).
+const DEMOTION_POLL: Duration = Duration::from_secs(1);
+
+/// Whether this manager has been told it is demoted: its own Node object (in its store, or from its agent's
+/// session with the leader) wants the worker role, or Raft applied its removal.
+fn demotion_seen(
+    store: &MemoryStore,
+    node_id: &str,
+    raft: &RaftNode,
+    session_node: &watch::Receiver<Option<shoal_api::Node>>,
+) -> bool {
+    let wants_worker = |n: &shoal_api::Node| n.spec.as_ref().is_some_and(|s| s.desired_role() == NodeRole::Worker);
+    let in_store = store.view(|t| t.nodes().get(node_id).is_some_and(|n| wants_worker(n)));
+    let from_session = session_node
+        .borrow()
+        .as_ref()
+        .is_some_and(|n| n.id == node_id && wants_worker(n) && n.role() == NodeRole::Worker);
+    let members = raft.members();
+    let removed = members.removed.contains(&raft.id())
+        || (!members.members.is_empty() && !members.members.contains_key(&raft.id()));
+    in_store || from_session || removed
+}
+
+/// The other managers this one can renew its certificate through, the leader first.
+fn other_managers(raft: &RaftNode) -> Vec<String> {
+    let members = raft.members();
+    let leader = raft.status().leader_id;
+    let mut out: Vec<String> = Vec::new();
+    if leader != raft.id() {
+        out.extend(members.addr(leader).map(str::to_string));
+    }
+    for (id, _) in members.members.iter().filter(|(id, _)| **id != raft.id() && **id != leader) {
+        out.extend(members.addr(*id).map(str::to_string));
+    }
+    out
+}
+
+/// Watches for this manager's demotion (SwarmKit's node: the role in its certificate decides): once it is
+/// told it is demoted (`demotion_seen`), renews its certificate through another manager, with a doubling
+/// delay up to `DEMOTION_RETRY_MAX`, until the CA issues a worker certificate, which it does only once the
+/// leader has taken this member out of Raft (`raft_status`). Returns the address of the manager that issued
+/// it (the one to run as a worker with), or `None` on `shutdown`. A node promoted again before the leader
+/// removed it stops asking and stays a manager.
+pub(crate) async fn wait_demoted(
+    state_dir: std::path::PathBuf,
+    tls: crate::tls::NodeTls,
+    store: Arc<MemoryStore>,
+    node_id: String,
+    raft: RaftNode,
+    mut session_node: watch::Receiver<Option<shoal_api::Node>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Option<String> {
+    use shoal_ca::Role;
+    let mut retry = crate::join::RENEW_RETRY_MIN;
+    let mut members = raft.members_watch();
+    let mut next_try = tokio::time::Instant::now();
+    let mut turn = 0usize;
+    let mut session_open = true;
+    loop {
+        // Watch before looking, so that no change between the two is missed.
+        let (_, mut changes) = store.view_and_watch(|_| ());
+        if demotion_seen(&store, &node_id, &raft, &session_node) && tokio::time::Instant::now() >= next_try {
+            let candidates = other_managers(&raft);
+            if let Some(addr) = candidates.get(turn % candidates.len().max(1)).cloned() {
+                turn += 1;
+                match crate::join::renew_once(&addr, &tls, &state_dir).await {
+                    Ok(()) if tls.subject().role == Role::Worker => {
+                        tracing::info!(manager = %addr, "this manager was demoted and left raft: it holds a worker certificate now");
+                        return Some(addr);
+                    }
+                    Ok(()) => {
+                        tracing::info!(manager = %addr, "demoted, but raft still counts this manager; asking again in {retry:?}")
+                    }
+                    Err(e) => {
+                        tracing::info!(manager = %addr, error = %e, "demoted: renewal for the worker role failed; retrying in {retry:?}")
+                    }
+                }
+            }
+            next_try = tokio::time::Instant::now() + retry;
+            retry = (retry * 2).min(DEMOTION_RETRY_MAX);
+        }
+        tokio::select! {
+            _ = shoal_manager::stopped(&mut shutdown) => return None,
+            _ = changes.recv() => {}
+            r = session_node.changed(), if session_open => session_open = r.is_ok(),
+            r = members.changed() => if r.is_err() { return None },
+            _ = tokio::time::sleep(DEMOTION_POLL) => {}
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! its MANAGER STATUS. A member whose Node object does not exist yet (its agent has not connected) gets one;
 //! a node whose Raft ID was removed from the cluster loses its manager status and becomes a worker. A manager
 //! demoted (`docker node demote`: desired role worker) is removed from Raft, unless that would leave the
-//! remaining managers without a reachable quorum, or it is the leader itself.
+//! remaining managers without a reachable quorum; a demoted leader hands its leadership over first.
 //!
 //! Reads Raft only through `RaftNode`'s members, leadership and reachability; writes through the store.
 
@@ -74,9 +74,10 @@ async fn reconcile(state: &ClusterState, raft: &RaftNode) -> Result<(), String> 
     state
         .write(|t, changes| {
             for m in members.members.values().filter(|m| !m.node_id.is_empty()) {
-                let desired_worker = t.nodes().get(&m.node_id).is_some_and(|n| {
-                    n.spec.as_ref().is_some_and(|s| s.desired_role() == NodeRole::Worker)
-                });
+                let desired_worker = t
+                    .nodes()
+                    .get(&m.node_id)
+                    .is_some_and(|n| n.spec.as_ref().is_some_and(|s| s.desired_role() == NodeRole::Worker));
                 if desired_worker {
                     demoted.push(m.raft_id);
                     continue;
@@ -149,26 +150,37 @@ async fn reconcile(state: &ClusterState, raft: &RaftNode) -> Result<(), String> 
     Ok(())
 }
 
-/// Removes a demoted manager from Raft, unless it is this leader itself (another manager must lead first:
-/// stop this one, or demote it from the new leader) or the managers left could not form a quorum.
+/// Removes a demoted manager from Raft (SwarmKit's role manager), unless the managers left could not form a
+/// reachable quorum (retried on the next pass). A demoted leader first hands its leadership to a reachable
+/// member, which removes it on its own next pass. Only once the member is out does the next pass make the
+/// node a worker (role and manager status), so the CA issues it a worker certificate only when Raft no
+/// longer counts it: the demoted node stops its manager on that certificate (see `raft_member`).
 async fn demote(raft: &RaftNode, raft_id: u64, members: &Members, reachable: &BTreeMap<u64, bool>) {
-    if raft_id == raft.id() {
-        tracing::warn!("this manager (the leader) is demoted; it stays a member until another manager leads");
-        return;
-    }
-    let remaining: Vec<u64> = members.members.keys().copied().filter(|id| *id != raft_id).collect();
-    let alive = remaining.iter().filter(|id| reachable.get(id).copied().unwrap_or(false)).count();
-    if alive < remaining.len() / 2 + 1 {
+    if !raft.removal_keeps_quorum(raft_id) {
+        let remaining = members.members.len().saturating_sub(1);
         tracing::warn!(
             raft_id = format_args!("{raft_id:x}"),
-            alive,
-            remaining = remaining.len(),
+            remaining,
             "demotion postponed: the managers left would not have a reachable quorum"
         );
         return;
     }
+    if raft_id == raft.id() {
+        let Some(to) =
+            members.members.keys().copied().find(|id| *id != raft_id && reachable.get(id).copied().unwrap_or(false))
+        else {
+            return;
+        };
+        tracing::info!(to = format_args!("{to:x}"), "this manager (the leader) is demoted: handing leadership over");
+        if let Err(e) = raft.transfer_leadership(to).await {
+            tracing::warn!(error = %e, "cannot hand leadership over yet; will retry");
+        }
+        return;
+    }
     match raft.remove_member(raft_id).await {
         Ok(_) => tracing::info!(raft_id = format_args!("{raft_id:x}"), "demoted manager left raft"),
-        Err(e) => tracing::warn!(raft_id = format_args!("{raft_id:x}"), error = %e, "demoted manager could not leave raft yet"),
+        Err(e) => {
+            tracing::warn!(raft_id = format_args!("{raft_id:x}"), error = %e, "demoted manager could not leave raft yet")
+        }
     }
 }

@@ -103,8 +103,8 @@ pub(crate) fn manager_tls(
 pub struct RemoteSecurity {
     /// The server's (and this node's client) certificate material.
     pub tls: NodeTls,
-    /// The authorization layer.
-    pub authz: crate::authz::AuthzLayer,
+    /// The authorization module every certificate-authenticated entry point of this manager asks.
+    pub authz: crate::authz::Authorizer,
     /// The CA and NodeCA services.
     pub ca: shoal_manager::ca::CaService,
 }
@@ -119,7 +119,7 @@ impl RemoteSecurity {
     ) -> RemoteSecurity {
         RemoteSecurity {
             tls,
-            authz: crate::authz::AuthzLayer::new(state.store.clone(), cluster_id),
+            authz: crate::authz::Authorizer::new(state.store.clone(), cluster_id),
             ca: shoal_manager::ca::CaService::new(state.clone(), expiry_override)
                 .with_external_signer(Arc::new(crate::external_ca::CfsslSigner)),
         }

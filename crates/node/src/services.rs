@@ -54,9 +54,10 @@ pub fn serve_manager_grpc(
         Some(s) => (Some(s.raft), Some(s.membership), Some(s.proposals)),
         None => (None, None, None),
     };
-    let authz = match security {
-        Some(s) => s.authz.clone(),
-        None => crate::authz::AuthzLayer::trust_metadata_for_tests(),
+    let authz = match (security, listener.local_addr()) {
+        (Some(s), Ok(addr)) => s.authz.grpc_layer(addr),
+        (Some(s), Err(_)) => s.authz.grpc_layer("the remote API port"),
+        (None, _) => crate::authz::AuthzLayer::trust_metadata_for_tests(),
     };
     let (ca, node_ca) = match security {
         Some(s) => (Some(s.ca.ca_server()), Some(s.ca.node_ca_server())),

@@ -241,7 +241,14 @@ impl AuthorityFix {
         }
     }
 
-    fn header_frame(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8], out: &mut Vec<u8>) -> Result<(), FixError> {
+    fn header_frame(
+        &mut self,
+        kind: u8,
+        flags: u8,
+        stream: u32,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), FixError> {
         let malformed = |m: &str| FixError::Malformed(m.to_string());
         if kind == FRAME_HEADERS {
             let mut p = payload;
@@ -295,7 +302,13 @@ impl AuthorityFix {
         out.extend_from_slice(first);
         while !rest.is_empty() {
             let (chunk, more) = rest.split_at(rest.len().min(MAX_FRAME_BYTES));
-            frame_header(chunk.len(), FRAME_CONTINUATION, if more.is_empty() { FLAG_END_HEADERS } else { 0 }, stream, out);
+            frame_header(
+                chunk.len(),
+                FRAME_CONTINUATION,
+                if more.is_empty() { FLAG_END_HEADERS } else { 0 },
+                stream,
+                out,
+            );
             out.extend_from_slice(chunk);
             rest = more;
         }
@@ -426,9 +439,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FixedAuthority<S> {
         if this.drain(cx)?.is_pending() {
             return Poll::Pending;
         }
-        this.fix
-            .feed(buf, &mut this.ready)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        this.fix.feed(buf, &mut this.ready).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         let _ = this.drain(cx)?;
         Poll::Ready(Ok(buf.len()))
     }
@@ -554,7 +565,11 @@ mod tests {
             ]
         };
         let mut wire = PREFACE.to_vec();
-        let first = client.encode(request("/tmp/x/swarmkit.sock", "/docker.swarmkit.v1.Control/ListNodes").iter().map(|(n, v)| (&n[..], &v[..])));
+        let first = client.encode(
+            request("/tmp/x/swarmkit.sock", "/docker.swarmkit.v1.Control/ListNodes")
+                .iter()
+                .map(|(n, v)| (&n[..], &v[..])),
+        );
         // Split over HEADERS + CONTINUATION with padding and priority, as a client may.
         let (a, b) = first.split_at(100);
         let mut h = vec![3u8];
@@ -569,7 +584,9 @@ mod tests {
         // A DATA frame passes as it is.
         let data = [0u8, 0, 3, 0, FLAG_END_STREAM, 0, 0, 0, 1, b'x', b'y', b'z'];
         wire.extend_from_slice(&data);
-        let second = client.encode(request("swarmkit.sock", "/docker.swarmkit.v1.Control/ListTasks").iter().map(|(n, v)| (&n[..], &v[..])));
+        let second = client.encode(
+            request("swarmkit.sock", "/docker.swarmkit.v1.Control/ListTasks").iter().map(|(n, v)| (&n[..], &v[..])),
+        );
         wire.extend_from_slice(&headers_frame(&second, FLAG_END_HEADERS | FLAG_END_STREAM, 3));
 
         // Fed in awkward pieces: one byte, then 7 at a time.

@@ -69,14 +69,18 @@ pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, NodeError> {
     Ok(listener)
 }
 
-/// Serves Control, Watch and Health on `listener` with `tls` until `shutdown` turns true.
+/// Serves Control, Watch and Health on `listener` with `tls` until `shutdown` turns true; registers the
+/// socket in `entry_points` (its guard: the socket file's mode).
 pub fn serve(
     listener: tokio::net::UnixListener,
     tls: NodeTls,
     state: &ClusterState,
     raft: &RaftNode,
+    entry_points: &crate::authz::EntryPoints,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    let path = listener.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string()));
+    entry_points.register("swarmkit-socket", path.unwrap_or_default(), crate::authz::Guard::SocketFileMode);
     let control = ControlService::new(state.clone()).server().max_decoding_message_size(MAX_REQUEST_BYTES);
     let log: Arc<dyn shoal_raft::CommittedLog> = Arc::new(raft.clone());
     let watch = WatchService::new(state.clone(), Some(log), Some(shutdown.clone()))
@@ -86,7 +90,11 @@ pub fn serve(
         .layer(tower::layer::layer_fn(|inner| KnownFields { inner }))
         .add_service(control)
         .add_service(watch)
-        .add_service(shoal_manager::logbroker::LogsService::new(state.clone()).server().max_decoding_message_size(MAX_REQUEST_BYTES))
+        .add_service(
+            shoal_manager::logbroker::LogsService::new(state.clone())
+                .server()
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
         .add_service(HealthService.server());
     let incoming = tls_unix_incoming(listener, tls, shutdown.clone());
     let stop = {
@@ -136,7 +144,9 @@ fn tls_unix_incoming(
                         let _ = tx.send(Ok(Held { inner: s, _permit: permit })).await;
                     }
                     Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake on the SwarmKit API socket refused"),
-                    Err(_) => tracing::debug!("no TLS handshake on the SwarmKit API socket within {HANDSHAKE_TIMEOUT:?}"),
+                    Err(_) => {
+                        tracing::debug!("no TLS handshake on the SwarmKit API socket within {HANDSHAKE_TIMEOUT:?}")
+                    }
                 }
             });
         }
@@ -147,8 +157,8 @@ fn tls_unix_incoming(
 /// Reads the ClientHello's first record, then hands the connection (those bytes first) to rustls, or to
 /// OpenSSL with the authority fix when its server name is not a DNS name (see the module doc).
 async fn handshake(mut stream: UnixStream, tls: &NodeTls) -> std::io::Result<Box<dyn Conn>> {
-    use tokio::io::AsyncReadExt;
     use crate::socket_path_names::{client_hello_sni, AuthorityFix, FixedAuthority, Replay, Sni};
+    use tokio::io::AsyncReadExt;
     let mut head = Vec::with_capacity(1024);
     let sni = loop {
         match client_hello_sni(&head) {
@@ -208,7 +218,11 @@ struct Held<S> {
 }
 
 impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Held<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -347,8 +361,14 @@ mod tests {
 
     #[test]
     fn request_types_follow_swarmkits_naming() {
-        assert_eq!(request_type("/docker.swarmkit.v1.Control/ListNodes").as_deref(), Some(".docker.swarmkit.v1.ListNodesRequest"));
-        assert_eq!(request_type("/docker.swarmkit.v1.Watch/Watch").as_deref(), Some(".docker.swarmkit.v1.WatchRequest"));
+        assert_eq!(
+            request_type("/docker.swarmkit.v1.Control/ListNodes").as_deref(),
+            Some(".docker.swarmkit.v1.ListNodesRequest")
+        );
+        assert_eq!(
+            request_type("/docker.swarmkit.v1.Watch/Watch").as_deref(),
+            Some(".docker.swarmkit.v1.WatchRequest")
+        );
         assert_eq!(request_type("/docker.swarmkit.v1.Health/Check"), None);
         assert!(served("/docker.swarmkit.v1.Logs/SubscribeLogs") && !served("/docker.swarmkit.v1.Dispatcher/Session"));
     }
@@ -366,7 +386,10 @@ mod tests {
         assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &ok)).is_none());
         let mut extra = ok.clone();
         extra.extend_from_slice(&[5 << 3, 0]);
-        assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &extra)).is_none(), "a zero value loses nothing");
+        assert!(
+            check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &extra)).is_none(),
+            "a zero value loses nothing"
+        );
         extra.extend_from_slice(&[5 << 3, 1]);
         let s = check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &extra)).unwrap();
         assert!(s.message().contains("field 5"), "{}", s.message());

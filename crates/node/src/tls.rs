@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
+use crate::connection_caps::{Capped, ListenerCaps, RemoteCaps};
 use crate::source_limits::{LogLimiter, Refused, SourceGuard, SourceLimits};
 
 /// The DNS name every manager certificate carries; clients check it, so only a manager can serve them.
@@ -365,20 +366,35 @@ pub fn is_node_role(role: Role) -> bool {
 /// handshakes and `MAX_CONNECTIONS_PER_SOURCE` connections are held; a connection beyond them is closed as
 /// soon as it is accepted, so idle connections from one address never stop others from connecting. Refused
 /// and timed-out connections are logged at most once per `REFUSAL_LOG_PERIOD`; failed handshakes (plain TCP,
-/// unknown CA) at debug level. The stream ends when the receiver is dropped.
+/// unknown CA) at debug level. The listener's overall caps (`connection_caps`: all connections, and those
+/// without a client certificate, which are also closed when silent) apply on top. The stream ends when the
+/// receiver is dropped.
 pub fn tls_incoming(
     listener: TcpListener,
     tls: NodeTls,
-) -> tokio_stream::wrappers::ReceiverStream<Result<SourceBound<TlsStream<TcpStream>>, std::io::Error>> {
+) -> tokio_stream::wrappers::ReceiverStream<Result<SourceBound<Capped<TlsStream<TcpStream>>>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
     let sources = SourceLimits::new(MAX_HANDSHAKES_PER_SOURCE, MAX_CONNECTIONS_PER_SOURCE);
     let refusals = Arc::new(LogLimiter::new(REFUSAL_LOG_PERIOD));
+    // The listener's overall caps, from the descriptor limit (`connection_caps`).
+    let caps = ListenerCaps::new(RemoteCaps::for_nofile(crate::connection_caps::nofile_limit().unwrap_or(1024)));
+    tracing::info!(
+        connections = caps.caps.total,
+        without_certificate = caps.caps.unauthenticated,
+        "remote API connection caps"
+    );
     tokio::spawn(async move {
         loop {
-            let Some((permit, tcp, peer)) = accept_bounded(&listener, &permits, "remote API", tx.closed()).await
-            else {
+            let Some((permit, tcp, peer)) = accept_bounded(&listener, &permits, "remote API", tx.closed()).await else {
                 return;
+            };
+            let Some(place) = caps.admit() else {
+                if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
+                    let total = caps.caps.total;
+                    tracing::warn!(%peer, suppressed, "remote API connection refused: the port holds {total} connections, its cap");
+                }
+                continue;
             };
             let mut guard = match sources.admit(peer.ip()) {
                 Ok(g) => g,
@@ -402,11 +418,20 @@ pub fn tls_incoming(
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
             let tx = tx.clone();
             let refusals = refusals.clone();
+            let caps = caps.clone();
             tokio::spawn(async move {
                 let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         guard.established();
+                        let authenticated = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                        let (stream, evicted) = caps.establish(stream, place, authenticated);
+                        if evicted {
+                            if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
+                                let cap = caps.caps.unauthenticated;
+                                tracing::warn!(%peer, suppressed, "remote API: {cap} connections without a client certificate, their cap: the oldest closed for this one");
+                            }
+                        }
                         let _ = tx.send(Ok(SourceBound { inner: stream, _guard: guard })).await;
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
@@ -448,7 +473,10 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for SourceBound<S> 
         std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
-    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_flush(cx)
     }
 

@@ -6,7 +6,9 @@
 //! A promoted worker (`docker node promote`: its Node's desired role becomes manager, which it sees in the
 //! dispatcher's session messages) renews its certificate at once, gets a manager certificate, and stops its
 //! worker parts so the daemon restarts in-process as a manager (`run_daemon`), joining Raft through the
-//! manager it knows. Its tasks are stopped and started again by the manager node's agent.
+//! manager it knows. Its tasks are stopped and started again by the manager node's agent. A demoted manager
+//! comes back here the same way (`raft_member::wait_demoted`, `run_daemon`): its state dir then holds a worker
+//! certificate and no Raft data (`forget_raft_state`), so every later start is a worker's.
 //!
 //! The manager it joined through is remembered in `<state dir>/join.json` so a restart without
 //! `--join-addr` resumes; a restart with `--join-addr` uses (and remembers) the new address. Every manager
@@ -109,6 +111,9 @@ pub async fn prepare(
         if subject.role != Role::Worker {
             return Ok(StartAs::Manager);
         }
+        // A worker certificate: Raft data left from when it was a manager (a stop between its demotion's
+        // renewal and the removal of that data) belongs to a member that no longer exists.
+        forget_raft_state(&cfg.state_dir)?;
         let managers = match &cfg.join_addr {
             Some(a) => {
                 remember_manager(&cfg.state_dir, a)?;
@@ -162,6 +167,16 @@ pub async fn prepare(
     } else {
         Ok(StartAs::Manager)
     }
+}
+
+/// Removes the Raft data of a manager that is a worker now (demoted: the leader took it out of Raft), so
+/// that its next start is a worker's and a later promotion joins Raft again under a new Raft ID.
+pub(crate) fn forget_raft_state(state_dir: &Path) -> Result<(), NodeError> {
+    if !RaftNode::has_existing_state(state_dir) && !state_dir.join("raft").exists() {
+        return Ok(());
+    }
+    tracing::info!("this node is a worker now: removing the raft data it kept as a manager");
+    RaftNode::remove_state(state_dir).map_err(|e| NodeError::io(&state_dir.join("raft"), e))
 }
 
 /// Why `run_worker` returned.
@@ -354,7 +369,9 @@ pub(crate) async fn run_worker(
     let exit = match why {
         Why::Stopped => WorkerExit::Stopped,
         Why::Promoted(via) => WorkerExit::Promoted { via },
-        Why::Leave(reply) => return Ok(WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, control_api)))),
+        Why::Leave(reply) => {
+            return Ok(WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, control_api))))
+        }
     };
     control_api.close().await;
     let _ = std::fs::remove_file(&control_socket);

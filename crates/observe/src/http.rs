@@ -44,7 +44,9 @@ pub fn router(observed: Observed) -> Router {
         .route("/app.js", get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }))
         .route("/style.css", get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }))
         .route("/live", get(live))
-        .fallback(|| async { plain(StatusCode::NOT_FOUND, "not found: this listener serves /metrics, / (the live page) and /live".into()) })
+        .fallback(|| async {
+            plain(StatusCode::NOT_FOUND, "not found: this listener serves /metrics, / (the live page) and /live".into())
+        })
         .with_state(observed)
 }
 

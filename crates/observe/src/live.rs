@@ -221,7 +221,10 @@ pub fn snapshot(t: &Tables) -> Snapshot {
         t.tasks().by_desired_state(desired).for_each(|task| take(task));
     }
     for state in [TaskState::Failed, TaskState::Rejected] {
-        t.tasks().by_state(state).filter(|task| task.desired_state > TaskState::Complete as i32).for_each(|task| take(task));
+        t.tasks()
+            .by_state(state)
+            .filter(|task| task.desired_state > TaskState::Complete as i32)
+            .for_each(|task| take(task));
     }
     Snapshot { index: t.last_index(), nodes, services, tasks, tasks_total: total }
 }
@@ -319,7 +322,13 @@ impl LiveHub {
     pub fn new(store: Arc<MemoryStore>) -> Arc<LiveHub> {
         let (tx, _) = broadcast::channel(DELTA_QUEUE);
         let watch = Mutex::new(Some(store.watch()));
-        Arc::new(LiveHub { store, tx: Mutex::new(Some(tx)), subscribers: Arc::new(AtomicUsize::new(0)), watch, handled_index: Default::default() })
+        Arc::new(LiveHub {
+            store,
+            tx: Mutex::new(Some(tx)),
+            subscribers: Arc::new(AtomicUsize::new(0)),
+            watch,
+            handled_index: Default::default(),
+        })
     }
 
     /// Pages subscribed now.

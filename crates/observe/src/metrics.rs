@@ -262,7 +262,8 @@ impl Collector for NodeCollector {
         let s = &self.sources;
         let figures = s.store.as_deref().map(store_figures);
         {
-            let mut info = enc.encode_descriptor("swarm_node_info", "Information related to the swarm", None, MetricType::Gauge)?;
+            let mut info =
+                enc.encode_descriptor("swarm_node_info", "Information related to the swarm", None, MetricType::Gauge)?;
             let cluster_id = figures.as_ref().map(|f| f.cluster_id.as_str()).unwrap_or("");
             let labels = [("swarm_id", cluster_id), ("node_id", s.node_id.as_str())];
             ConstGauge::new(1i64).encode(info.encode_family(&labels)?)?;
@@ -270,14 +271,44 @@ impl Collector for NodeCollector {
         gauge(&mut enc, "swarm_node_manager", "Whether this node is a manager or not", i64::from(s.store.is_some()))?;
         if let Some(raft) = &s.raft {
             let r = raft();
-            gauge(&mut enc, "swarm_manager_leader", "Indicates if this manager node is a leader", i64::from(r.is_leader))?;
+            gauge(
+                &mut enc,
+                "swarm_manager_leader",
+                "Indicates if this manager node is a leader",
+                i64::from(r.is_leader),
+            )?;
             gauge(&mut enc, "swarm_raft_term", "The Raft term this manager is in", r.term as i64)?;
-            gauge(&mut enc, "swarm_raft_leader_id", "The Raft ID of the leader this manager knows (0: none)", r.leader_id as i64)?;
-            gauge(&mut enc, "swarm_raft_commit_index", "The highest Raft index this manager knows committed", r.commit_index as i64)?;
-            gauge(&mut enc, "swarm_raft_applied_index", "The highest Raft index applied to this manager's store (every transaction moves it)", r.applied_index as i64)?;
-            gauge(&mut enc, "swarm_raft_snapshot_index", "The Raft index of this manager's latest snapshot", r.snapshot_index as i64)?;
+            gauge(
+                &mut enc,
+                "swarm_raft_leader_id",
+                "The Raft ID of the leader this manager knows (0: none)",
+                r.leader_id as i64,
+            )?;
+            gauge(
+                &mut enc,
+                "swarm_raft_commit_index",
+                "The highest Raft index this manager knows committed",
+                r.commit_index as i64,
+            )?;
+            gauge(
+                &mut enc,
+                "swarm_raft_applied_index",
+                "The highest Raft index applied to this manager's store (every transaction moves it)",
+                r.applied_index as i64,
+            )?;
+            gauge(
+                &mut enc,
+                "swarm_raft_snapshot_index",
+                "The Raft index of this manager's latest snapshot",
+                r.snapshot_index as i64,
+            )?;
             gauge(&mut enc, "swarm_raft_members", "Members of the Raft cluster", r.members as i64)?;
-            counter(&mut enc, "swarm_raft_synced_writes", "Fsync'd writes of this manager's Raft log since it started", r.synced_writes)?;
+            counter(
+                &mut enc,
+                "swarm_raft_synced_writes",
+                "Fsync'd writes of this manager's Raft log since it started",
+                r.synced_writes,
+            )?;
         }
         if let Some(f) = &figures {
             labelled_gauges(
@@ -294,13 +325,38 @@ impl Collector for NodeCollector {
                 "state",
                 TASK_STATES.iter().zip(f.tasks_by_state).map(|(s, n)| (s.docker_name(), n)),
             )?;
-            gauge(&mut enc, "swarm_manager_services_total", "The number of services in the cluster object store", f.services)?;
-            gauge(&mut enc, "swarm_manager_secrets_total", "The number of secrets in the cluster object store", f.secrets)?;
-            gauge(&mut enc, "swarm_manager_configs_total", "The number of configs in the cluster object store", f.configs)?;
-            gauge(&mut enc, "swarm_store_last_index", "The Raft index of the store's last applied write", f.last_index as i64)?;
+            gauge(
+                &mut enc,
+                "swarm_manager_services_total",
+                "The number of services in the cluster object store",
+                f.services,
+            )?;
+            gauge(
+                &mut enc,
+                "swarm_manager_secrets_total",
+                "The number of secrets in the cluster object store",
+                f.secrets,
+            )?;
+            gauge(
+                &mut enc,
+                "swarm_manager_configs_total",
+                "The number of configs in the cluster object store",
+                f.configs,
+            )?;
+            gauge(
+                &mut enc,
+                "swarm_store_last_index",
+                "The Raft index of the store's last applied write",
+                f.last_index as i64,
+            )?;
         }
         if let Some(sessions) = &s.dispatcher_sessions {
-            gauge(&mut enc, "swarm_dispatcher_sessions", "Agent sessions open on this manager's dispatcher", sessions() as i64)?;
+            gauge(
+                &mut enc,
+                "swarm_dispatcher_sessions",
+                "Agent sessions open on this manager's dispatcher",
+                sessions() as i64,
+            )?;
         }
         Ok(())
     }

@@ -81,7 +81,12 @@ impl Collector for ProcessCollector {
                 None,
                 c.metric_type(),
             )?)?;
-            gauge_f64(&mut enc, "process_virtual_memory_bytes", "Virtual memory size in bytes", s.virtual_bytes as f64)?;
+            gauge_f64(
+                &mut enc,
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                s.virtual_bytes as f64,
+            )?;
             if let Some(boot) = boot_time_seconds() {
                 gauge_f64(
                     &mut enc,
@@ -113,7 +118,10 @@ mod tests {
         // A command name with spaces and parentheses; utime 250 + stime 50 ticks, start 1000 ticks, 8 MiB, 300 pages.
         let line = "4242 (my (odd) cmd) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 1000 8388608 300 18446744073709551615";
         let s = parse_stat(line).expect("parsed");
-        assert_eq!(s, Stat { cpu_seconds: 3.0, start_after_boot_seconds: 10.0, virtual_bytes: 8 << 20, rss_pages: 300 });
+        assert_eq!(
+            s,
+            Stat { cpu_seconds: 3.0, start_after_boot_seconds: 10.0, virtual_bytes: 8 << 20, rss_pages: 300 }
+        );
         assert_eq!(parse_stat("garbage"), None);
     }
 }

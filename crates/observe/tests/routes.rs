@@ -13,7 +13,11 @@ fn manager_with_store() -> (axum::Router, Arc<LiveHub>, Arc<MemoryStore>) {
     let store = Arc::new(MemoryStore::default());
     let sources = Sources { node_id: "m1".into(), store: Some(store.clone()), ..Default::default() };
     let hub = LiveHub::new(store.clone());
-    (router(Observed { metrics: Arc::new(Metrics::new(sources, Recorders::new())), live: Some(hub.clone()) }), hub, store)
+    (
+        router(Observed { metrics: Arc::new(Metrics::new(sources, Recorders::new())), live: Some(hub.clone()) }),
+        hub,
+        store,
+    )
 }
 
 fn manager() -> (axum::Router, Arc<LiveHub>) {
@@ -36,7 +40,9 @@ async fn metrics_page_and_assets_are_served_and_writes_refused() {
     assert_eq!(m.status(), StatusCode::OK);
     assert!(m.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
     assert!(text(m).await.contains("swarm_manager_tasks_total{state=\"running\"} 0"));
-    for (path, kind) in [("/", "text/html"), ("/ui", "text/html"), ("/app.js", "text/javascript"), ("/style.css", "text/css")] {
+    for (path, kind) in
+        [("/", "text/html"), ("/ui", "text/html"), ("/app.js", "text/javascript"), ("/style.css", "text/css")]
+    {
         let resp = get(&r, "GET", path).await;
         assert_eq!(resp.status(), StatusCode::OK, "{path}");
         assert!(resp.headers()["content-type"].to_str().unwrap().starts_with(kind), "{path}");
@@ -95,7 +101,12 @@ async fn a_page_that_falls_behind_gets_a_fresh_snapshot() {
     for i in 1..=commits {
         let mut c = shoal_store::Changes::new();
         let status = TaskStatus { state: shoal_api::TaskState::Pending as i32, ..Default::default() };
-        c.create(Task { id: format!("t{i}"), desired_state: shoal_api::TaskState::Running as i32, status: Some(status), ..Default::default() });
+        c.create(Task {
+            id: format!("t{i}"),
+            desired_state: shoal_api::TaskState::Running as i32,
+            status: Some(status),
+            ..Default::default()
+        });
         writer.apply(i, c.actions()).unwrap();
     }
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -105,7 +116,11 @@ async fn a_page_that_falls_behind_gets_a_fresh_snapshot() {
     }
     let next = body.frame().await.unwrap().unwrap().into_data().unwrap();
     let next = String::from_utf8(next.to_vec()).unwrap();
-    assert!(next.starts_with(&format!("event: snapshot\ndata: {{\"index\":{commits},")), "a resync, not stale deltas: {}", &next[..80]);
+    assert!(
+        next.starts_with(&format!("event: snapshot\ndata: {{\"index\":{commits},")),
+        "a resync, not stale deltas: {}",
+        &next[..80]
+    );
     stop_tx.send(true).unwrap();
     run.await.unwrap();
     assert!(body.frame().await.is_none(), "the stream ends when the feed stops");

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use raft::eraftpb::{Message, MessageType};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use raft::eraftpb::{Message, MessageType};
 use shoal_api::{Annotations, Service, ServiceSpec, StoreSnapshot};
 use shoal_store::{Changes, MemoryStore, StoreObject};
 
@@ -175,9 +175,12 @@ impl Cluster {
         let store = Arc::new(MemoryStore::default());
         let transport = Arc::new(SimTransport { id, net: self.net.clone() });
         let forwarder = Arc::new(SimForwarder { id, net: self.net.clone() });
-        let node = within("start", RaftNode::start_with(self.cfg(id, dir.path()), store.clone(), transport, Some(forwarder), mode))
-            .await
-            .expect("start");
+        let node = within(
+            "start",
+            RaftNode::start_with(self.cfg(id, dir.path()), store.clone(), transport, Some(forwarder), mode),
+        )
+        .await
+        .expect("start");
         self.net.nodes.lock().insert(id, node.clone());
         self.members.insert(id, Member { dir, node: Some(node), store });
     }

@@ -27,6 +27,13 @@ pub struct RaftConfig {
     pub snapshot_interval_entries: u64,
     /// Entries kept in the log behind a snapshot, so slow followers catch up without a snapshot.
     pub log_entries_for_slow_followers: u64,
+    /// Also take a snapshot once the entries applied since the last one hold this many bytes of data, so
+    /// the log's size on disk is bounded by bytes as well as by entries (a few large writes fill a disk long
+    /// before 10 000 entries).
+    pub snapshot_interval_bytes: u64,
+    /// At most this many bytes of entries are kept behind a snapshot (and at most
+    /// `log_entries_for_slow_followers` entries, whichever is fewer); the last entry is always kept.
+    pub log_bytes_for_slow_followers: u64,
     /// Largest encoded proposal accepted, in bytes; larger ones fail with `ProposeError::TooLarge`.
     pub max_proposal_bytes: usize,
     /// The data encryption keys that seal the log entries and snapshots. `None`: the plain DEK file under
@@ -36,7 +43,8 @@ pub struct RaftConfig {
 
 impl RaftConfig {
     /// A configuration with the defaults: 100 ms ticks, election after 10 ticks, heartbeat every tick,
-    /// a snapshot every 10 000 entries keeping 500 behind it, proposals up to 8 MiB.
+    /// a snapshot every 10 000 entries or 32 MiB of entries, keeping 500 entries and at most 8 MiB behind
+    /// it, proposals up to 8 MiB.
     pub fn new(state_dir: PathBuf, raft_id: u64) -> Self {
         RaftConfig {
             state_dir,
@@ -48,6 +56,8 @@ impl RaftConfig {
             heartbeat_tick: 1,
             snapshot_interval_entries: 10_000,
             log_entries_for_slow_followers: 500,
+            snapshot_interval_bytes: 32 << 20,
+            log_bytes_for_slow_followers: 8 << 20,
             max_proposal_bytes: 8 << 20,
             data_keys: None,
         }
@@ -67,6 +77,9 @@ impl RaftConfig {
         }
         if self.snapshot_interval_entries == 0 {
             return bad("snapshot_interval_entries must be at least 1");
+        }
+        if self.snapshot_interval_bytes == 0 {
+            return bad("snapshot_interval_bytes must be at least 1");
         }
         if self.max_proposal_bytes == 0 {
             return bad("max_proposal_bytes must be at least 1");

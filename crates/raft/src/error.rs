@@ -72,6 +72,8 @@ pub enum RaftError {
     #[error("the raft node is stopped")]
     Stopped,
     /// The incoming-message queue is full; the message was dropped (Raft retries on its own).
-    #[error("the raft inbound queue is full ({0} messages); the message was dropped and will be retried by its sender")]
+    #[error(
+        "the raft inbound queue is full ({0} messages); the message was dropped and will be retried by its sender"
+    )]
     Busy(usize),
 }

@@ -74,10 +74,18 @@ pub const ADDRESS_UPDATE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Asks the leader (through any other member, following the leader's address when one answers it is not
 /// the leader) to record `cfg.addr` as member `cfg.raft_id`'s address; retries every `JOIN_RETRY_INTERVAL`
 /// for up to `ADDRESS_UPDATE_TIMEOUT`. Until it succeeds the other members cannot reach this one.
-pub async fn update_own_address(cfg: &RaftConfig, members: &Members, factory: Arc<dyn ChannelFactory>) -> Result<(), JoinError> {
+pub async fn update_own_address(
+    cfg: &RaftConfig,
+    members: &Members,
+    factory: Arc<dyn ChannelFactory>,
+) -> Result<(), JoinError> {
     let deadline = tokio::time::Instant::now() + ADDRESS_UPDATE_TIMEOUT;
-    let others: Vec<String> =
-        members.members.values().filter(|m| m.raft_id != cfg.raft_id && !m.addr.is_empty()).map(|m| m.addr.clone()).collect();
+    let others: Vec<String> = members
+        .members
+        .values()
+        .filter(|m| m.raft_id != cfg.raft_id && !m.addr.is_empty())
+        .map(|m| m.addr.clone())
+        .collect();
     let mut last = String::from("no other member has an address");
     loop {
         let mut queue: std::collections::VecDeque<String> = others.iter().cloned().collect();
@@ -101,7 +109,8 @@ pub async fn update_own_address(cfg: &RaftConfig, members: &Members, factory: Ar
                     return Ok(());
                 }
                 Ok(Err(status)) => {
-                    let leader = status.metadata().get(LEADER_ADDR_METADATA).and_then(|v| v.to_str().ok()).map(str::to_string);
+                    let leader =
+                        status.metadata().get(LEADER_ADDR_METADATA).and_then(|v| v.to_str().ok()).map(str::to_string);
                     if status.code() != tonic::Code::Unavailable {
                         return Err(JoinError::Refused { addr, reason: status.message().to_string() });
                     }
@@ -227,7 +236,13 @@ impl Transport for GrpcTransport {
 /// a time, a peer with a long round trip would get a few messages per second, fall behind and see its queue
 /// overflow). A failed send reports the peer unreachable (and a failed snapshot as failed) and drops what is
 /// queued behind it: raft-rs resends from its own state.
-async fn run_peer(to: u64, addr: String, factory: Arc<dyn ChannelFactory>, link: PeerLink, mut rx: mpsc::Receiver<Message>) {
+async fn run_peer(
+    to: u64,
+    addr: String,
+    factory: Arc<dyn ChannelFactory>,
+    link: PeerLink,
+    mut rx: mpsc::Receiver<Message>,
+) {
     use futures::StreamExt as _;
     let mut client: Option<RaftClient<Channel>> = None;
     let mut failing = false;
@@ -290,10 +305,8 @@ async fn send_message(client: &mut RaftClient<Channel>, m: &Message) -> Result<(
         if bytes.len() <= STREAM_CHUNK_BYTES {
             client.process_raft_message(ProcessRaftMessageRequest { message: bytes }).await.map(|_| ())
         } else {
-            let chunks: Vec<StreamRaftMessageRequest> = bytes
-                .chunks(STREAM_CHUNK_BYTES)
-                .map(|c| StreamRaftMessageRequest { message: c.to_vec() })
-                .collect();
+            let chunks: Vec<StreamRaftMessageRequest> =
+                bytes.chunks(STREAM_CHUNK_BYTES).map(|c| StreamRaftMessageRequest { message: c.to_vec() }).collect();
             client.stream_raft_message(futures::stream::iter(chunks)).await.map(|_| ())
         }
     };
@@ -397,7 +410,9 @@ fn not_leader_status(code: tonic::Code, message: String, leader_addr: Option<Str
 fn membership_status(node: &RaftNode, e: MembershipError) -> Status {
     match e {
         // Unavailable: try the leader named in the metadata, or again once one is elected.
-        MembershipError::NotLeader { .. } => not_leader_status(tonic::Code::Unavailable, e.to_string(), node.leader_addr()),
+        MembershipError::NotLeader { .. } => {
+            not_leader_status(tonic::Code::Unavailable, e.to_string(), node.leader_addr())
+        }
         MembershipError::Refused(_) => Status::failed_precondition(e.to_string()),
         MembershipError::Failed(_) => Status::aborted(e.to_string()),
     }
@@ -411,17 +426,16 @@ pub struct MembershipService {
 #[tonic::async_trait]
 impl RaftMembership for MembershipService {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
-        let node_id = request
-            .metadata()
-            .get(NODE_ID_METADATA)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
+        let node_id =
+            request.metadata().get(NODE_ID_METADATA).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
         let claimed_raft_id = request
             .metadata()
             .get(RAFT_ID_METADATA)
             .and_then(|v| v.to_str().ok())
-            .map(|v| u64::from_str_radix(v, 16).map_err(|_| Status::invalid_argument(format!("bad {RAFT_ID_METADATA}: {v:?}"))))
+            .map(|v| {
+                u64::from_str_radix(v, 16)
+                    .map_err(|_| Status::invalid_argument(format!("bad {RAFT_ID_METADATA}: {v:?}")))
+            })
             .transpose()?;
         let addr = request.into_inner().addr;
         if let Some(raft_id) = claimed_raft_id {
@@ -468,7 +482,9 @@ impl RaftProposals for ProposalsService {
             Err(e @ (ProposeError::NotLeader { .. } | ProposeError::NoLeader(_))) => {
                 Err(not_leader_status(tonic::Code::FailedPrecondition, e.to_string(), self.node.leader_addr()))
             }
-            Err(e @ (ProposeError::TooLarge { .. } | ProposeError::Store(_))) => Err(Status::invalid_argument(e.to_string())),
+            Err(e @ (ProposeError::TooLarge { .. } | ProposeError::Store(_))) => {
+                Err(Status::invalid_argument(e.to_string()))
+            }
             Err(e @ (ProposeError::Unknown(_) | ProposeError::Stopped)) => Err(Status::unavailable(e.to_string())),
         }
     }
@@ -493,9 +509,10 @@ impl Forwarder for GrpcForwarder {
         Box::pin(async move {
             let endpoint = endpoint.map_err(|e| ProposeError::NoLeader(e.to_string()))?;
             let call = async {
-                let channel = endpoint.connect().await.map_err(|e| {
-                    ProposeError::NoLeader(format!("cannot reach the leader at {addr}: {e}"))
-                })?;
+                let channel = endpoint
+                    .connect()
+                    .await
+                    .map_err(|e| ProposeError::NoLeader(format!("cannot reach the leader at {addr}: {e}")))?;
                 let mut client = RaftProposalsClient::new(channel).max_encoding_message_size(request.len() + 1024);
                 // The server answers FailedPrecondition only when it is not (or no longer) the leader: nothing
                 // was appended. Anything else after the request left may or may not have been appended.
@@ -503,7 +520,10 @@ impl Forwarder for GrpcForwarder {
                     tonic::Code::FailedPrecondition => {
                         ProposeError::NoLeader(format!("the manager at {addr} cannot take the write: {}", s.message()))
                     }
-                    _ => ProposeError::Unknown(format!("forwarding the write to the leader at {addr} failed: {}", s.message())),
+                    _ => ProposeError::Unknown(format!(
+                        "forwarding the write to the leader at {addr} failed: {}",
+                        s.message()
+                    )),
                 })
             };
             match tokio::time::timeout(FORWARD_RPC_TIMEOUT, call).await {
@@ -605,7 +625,8 @@ pub async fn join_cluster(
         }
     };
     cfg.raft_id = resp.raft_id;
-    let members = Members::from_wire(&shoal_api::ClusterSnapshot { members: resp.members, removed: resp.removed_members });
+    let members =
+        Members::from_wire(&shoal_api::ClusterSnapshot { members: resp.members, removed: resp.removed_members });
     tracing::info!(raft_id = format_args!("{:x}", resp.raft_id), leader = %addr, "joined the raft cluster");
     Ok(start_member(cfg, store, factory, StartMode::Join { members }).await?)
 }

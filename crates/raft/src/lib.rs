@@ -130,7 +130,10 @@ pub mod sim_hooks {
     }
 
     /// Applies one committed normal entry as the driver does: its request ID (when decodable) and outcome.
-    pub fn apply_normal(store: &MemoryStore, e: &crate::eraftpb::Entry) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
+    pub fn apply_normal(
+        store: &MemoryStore,
+        e: &crate::eraftpb::Entry,
+    ) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
         crate::node::apply_normal(store, e)
     }
 }

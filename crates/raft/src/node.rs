@@ -5,7 +5,8 @@
 //! The driver loop: wait for a proposal, an inbound message, a tick or a stop; then handle every `Ready`:
 //! persist entries + hard state (one fsync for all the entries of the Ready: group commit), send messages,
 //! persist the new commit index, apply committed entries to the store, resolve the proposals they carry,
-//! take a snapshot every `snapshot_interval_entries`, and publish leadership.
+//! take a snapshot every `snapshot_interval_entries` or `snapshot_interval_bytes` (the log stays bounded in
+//! bytes too: `compact_point`), and publish leadership.
 //!
 //! Membership: `add_member`/`remove_member` (leader only) propose a raft-rs `ConfChange` (v1) whose context
 //! is the member's encoded `RaftMember` (ID, node ID, address); when applied, the conf state and the
@@ -29,14 +30,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use protobuf::Message as _;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use prost::Message as _;
+use protobuf::Message as _;
 use raft::eraftpb::{
     ConfChange, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, Message, Snapshot, SnapshotMetadata,
 };
 use raft::{RawNode, SnapshotStatus, StateRole};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use shoal_api::StoreSnapshot;
 use shoal_store::{decode_request, decode_snapshot, encode_request, Action, Commit, MemoryStore, StoreError};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -45,7 +46,8 @@ use crate::logger::raft_logger;
 use crate::storage::{EngineStorage, REPLAY_CHUNK_ENTRIES};
 use crate::transport::{Forwarder, Inbound, NoPeers, PeerLink, Transport};
 use crate::{
-    LeaderState, LogReadError, LoggedWrite, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig, RaftError, ReadBarrierFuture,
+    LeaderState, LogReadError, LoggedWrite, Member, Members, ProposeError, ProposeFuture, Proposer, RaftConfig,
+    RaftError, ReadBarrierFuture,
 };
 
 /// Bound of the proposal queue between the handles and the driver. A proposer waits for room when it is full.
@@ -141,15 +143,36 @@ struct Proposal {
 /// What the handles ask of the driver.
 enum Command {
     /// Re-seal the whole Raft state on disk with new data keys (`RaftNode::reencrypt`).
-    Reencrypt { keys: crate::encryption::DataKeys, done: oneshot::Sender<Result<(), RaftError>> },
+    Reencrypt {
+        keys: crate::encryption::DataKeys,
+        done: oneshot::Sender<Result<(), RaftError>>,
+    },
     Propose(Proposal),
-    ConfChange { cc: ConfChange, done: oneshot::Sender<Result<Members, ProposeError>> },
+    ConfChange {
+        cc: ConfChange,
+        done: oneshot::Sender<Result<Members, ProposeError>>,
+    },
     /// Resolve `done` when an entry carrying request `id` is applied (a write this follower forwarded).
-    AwaitForwarded { id: u64, done: Done },
+    AwaitForwarded {
+        id: u64,
+        done: Done,
+    },
     /// Resolve `done` once the store has applied the leader's commit index as of now (Raft ReadIndex).
-    ReadIndex { done: ReadDone },
+    ReadIndex {
+        done: ReadDone,
+    },
     /// Read applied entries `[low, high)`, at most `max` of them, back from the log (`CommittedLog`).
-    ReadLog { low: u64, high: u64, max: u64, done: oneshot::Sender<Result<Vec<LoggedWrite>, LogReadError>> },
+    ReadLog {
+        low: u64,
+        high: u64,
+        max: u64,
+        done: oneshot::Sender<Result<Vec<LoggedWrite>, LogReadError>>,
+    },
+    /// Hand leadership to member `to` (`RaftNode::transfer_leadership`).
+    TransferLeader {
+        to: u64,
+        done: oneshot::Sender<Result<(), MembershipError>>,
+    },
 }
 
 type ReadDone = oneshot::Sender<Result<(), ProposeError>>;
@@ -303,6 +326,19 @@ impl RaftNode {
         crate::storage::has_raft_traces(state_dir)
     }
 
+    /// Removes the Raft state under `state_dir` (log, snapshots, commit record, data key): a manager that
+    /// left the Raft group for good (demoted) keeps none, so a later start is a worker's, and a later
+    /// promotion joins under a new Raft ID. The node must not be running.
+    pub fn remove_state(state_dir: &Path) -> std::io::Result<()> {
+        let raft = state_dir.join("raft");
+        match std::fs::remove_dir_all(&raft) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        std::fs::File::open(state_dir).and_then(|d| d.sync_all())
+    }
+
     /// Re-seals the log and the snapshots on disk with `keys` (a DEK rotation: `keys` holds the new current
     /// DEK and the older ones the present records were sealed with). Once it returns, no record sealed with
     /// an older DEK is left on disk and those DEKs may be forgotten.
@@ -403,7 +439,9 @@ impl RaftNode {
             return Err(self.not_leader());
         }
         if addr.is_empty() {
-            return Err(MembershipError::Refused("the joining manager sent no address; set its advertise address".into()));
+            return Err(MembershipError::Refused(
+                "the joining manager sent no address; set its advertise address".into(),
+            ));
         }
         let mut members = self.members();
         if let Some(m) = members.members.values().find(|m| m.addr == addr).cloned() {
@@ -416,7 +454,11 @@ impl RaftNode {
                     m.raft_id
                 )));
             }
-            tracing::info!(old = format_args!("{:x}", m.raft_id), addr, "replacing an unreachable member at the joining address");
+            tracing::info!(
+                old = format_args!("{:x}", m.raft_id),
+                addr,
+                "replacing an unreachable member at the joining address"
+            );
             members = self.remove_member(m.raft_id).await?;
         }
         if raft_id == 0 || members.members.contains_key(&raft_id) || members.removed.contains(&raft_id) {
@@ -464,6 +506,28 @@ impl RaftNode {
         let members = self.change_membership(cc).await?;
         tracing::info!(raft_id = format_args!("{raft_id:x}"), from = %current.addr, to = addr, "raft member address changed");
         Ok(members)
+    }
+
+    /// Hands leadership to member `to` (leader only; Raft thesis 3.10): `to` is brought up to date and then
+    /// campaigns at once. Resolves once the transfer has started; the leadership watch shows its outcome
+    /// (raft-rs abandons a transfer that has not finished within an election timeout).
+    pub async fn transfer_leadership(&self, to: u64) -> Result<(), MembershipError> {
+        if !self.inner.leader.borrow().is_leader {
+            return Err(self.not_leader());
+        }
+        let (done, rx) = oneshot::channel();
+        self.inner.proposals.send(Command::TransferLeader { to, done }).await.map_err(|_| ProposeError::Stopped)?;
+        rx.await.map_err(|_| ProposeError::Stopped)?
+    }
+
+    /// Whether removing member `raft_id` leaves the other members a reachable quorum (SwarmKit's
+    /// `CanRemoveMember`): counted on the leader, which counts itself reachable; `false` elsewhere.
+    pub fn removal_keeps_quorum(&self, raft_id: u64) -> bool {
+        let members = self.members();
+        let reachable = self.reachable_members();
+        let remaining: Vec<u64> = members.members.keys().copied().filter(|id| *id != raft_id).collect();
+        let alive = remaining.iter().filter(|id| reachable.get(id).copied().unwrap_or(false)).count();
+        !remaining.is_empty() && alive > remaining.len() / 2
     }
 
     /// Removes member `raft_id` (leader only; the leader cannot remove itself). Resolves once applied here.
@@ -564,7 +628,8 @@ impl Proposer for RaftNode {
                 return Box::pin(async move { Err(ProposeError::NotLeader { leader }) });
             };
             let leader_addr = if state.leader_id == 0 {
-                Err("no manager is the raft leader right now (an election is under way or no quorum is reachable)".to_string())
+                Err("no manager is the raft leader right now (an election is under way or no quorum is reachable)"
+                    .to_string())
             } else if state.leader_id == inner.raft_id {
                 Err("this manager was just elected and is catching up".to_string())
             } else {
@@ -675,6 +740,12 @@ struct Driver {
     applied: u64,
     applied_term: u64,
     last_snapshot_index: u64,
+    /// Bytes of entry data applied since the last snapshot (counted from this start on: after a restart
+    /// the entries replayed are not counted).
+    bytes_since_snapshot: u64,
+    /// (index, data bytes) of the entries applied after the front of the log, oldest first: what the
+    /// byte bound on the entries kept behind a snapshot is computed from.
+    entry_bytes: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl Driver {
@@ -723,7 +794,11 @@ impl Driver {
                 addr: cfg.addr.clone(),
             });
             let mut members = Members { members: [(cfg.raft_id, me)].into(), removed: old.removed.clone() };
-            let others = old.members.keys().chain(storage.conf_state().voters.iter()).chain(storage.conf_state().learners.iter());
+            let others = old
+                .members
+                .keys()
+                .chain(storage.conf_state().voters.iter())
+                .chain(storage.conf_state().learners.iter());
             members.removed.extend(others.copied().filter(|id| *id != cfg.raft_id));
             tracing::warn!(
                 raft_id = cfg.raft_id,
@@ -785,6 +860,8 @@ impl Driver {
             applied,
             applied_term,
             last_snapshot_index,
+            bytes_since_snapshot: 0,
+            entry_bytes: std::collections::VecDeque::new(),
         };
         driver.reseed_election_timeout();
         if single_voter {
@@ -906,6 +983,19 @@ impl Driver {
             Command::ReadLog { low, high, max, done } => {
                 let _ = done.send(self.read_log(low, high, max));
             }
+            Command::TransferLeader { to, done } => {
+                let r = if self.raw.raft.state != StateRole::Leader {
+                    Err(MembershipError::Refused(
+                        "this manager is not the leader: it has no leadership to hand over".into(),
+                    ))
+                } else if !self.raw.raft.prs().conf().voters().contains(to) || to == self.cfg.raft_id {
+                    Err(MembershipError::Refused(format!("raft id {to:x} is not another voting member")))
+                } else {
+                    self.raw.transfer_leader(to);
+                    Ok(())
+                };
+                let _ = done.send(r);
+            }
         }
     }
 
@@ -974,7 +1064,8 @@ impl Driver {
     fn retry_deferred_reads(&mut self) {
         let leader = self.raw.raft.leader_id;
         if self.reads.values().any(|(asked, _, _)| *asked != leader) {
-            let stale: Vec<u64> = self.reads.iter().filter(|(_, (asked, _, _))| *asked != leader).map(|(k, _)| *k).collect();
+            let stale: Vec<u64> =
+                self.reads.iter().filter(|(_, (asked, _, _))| *asked != leader).map(|(k, _)| *k).collect();
             for k in stale {
                 if let Some((_, _, done)) = self.reads.remove(&k) {
                     self.reads_deferred.push((Instant::now(), done));
@@ -1020,7 +1111,8 @@ impl Driver {
         }
         if !self.reads_to_apply.is_empty() {
             let applied = self.applied;
-            let (ready, waiting) = std::mem::take(&mut self.reads_to_apply).into_iter().partition(|(i, _)| *i <= applied);
+            let (ready, waiting) =
+                std::mem::take(&mut self.reads_to_apply).into_iter().partition(|(i, _)| *i <= applied);
             self.reads_to_apply = waiting;
             for (_, done) in ready {
                 let _ = done.send(Ok(()));
@@ -1224,6 +1316,9 @@ impl Driver {
             }
             self.applied = e.index;
             self.applied_term = e.term;
+            let bytes = e.data.len() as u64;
+            self.bytes_since_snapshot = self.bytes_since_snapshot.saturating_add(bytes);
+            self.entry_bytes.push_back((e.index, bytes));
         }
         Ok(())
     }
@@ -1284,6 +1379,8 @@ impl Driver {
         self.applied = meta.index;
         self.applied_term = meta.term;
         self.last_snapshot_index = meta.index;
+        self.bytes_since_snapshot = 0;
+        self.entry_bytes.clear();
         {
             let mut st = self.status.lock();
             st.applied = meta.index;
@@ -1302,11 +1399,15 @@ impl Driver {
         Ok(())
     }
 
-    /// Every `snapshot_interval_entries` applied entries: snapshot the store to a file, record it, and
-    /// compact the log up to `log_entries_for_slow_followers` entries behind it.
+    /// Every `snapshot_interval_entries` applied entries, or once they hold `snapshot_interval_bytes`:
+    /// snapshot the store to a file, record it, and compact the log so that at most
+    /// `log_entries_for_slow_followers` entries and `log_bytes_for_slow_followers` bytes stay behind it.
     fn maybe_snapshot(&mut self) -> Result<(), RaftError> {
         let force = std::mem::take(&mut self.force_snapshot) && self.applied > self.last_snapshot_index;
-        if !force && self.applied < self.last_snapshot_index + self.cfg.snapshot_interval_entries {
+        let by_entries = self.applied >= self.last_snapshot_index + self.cfg.snapshot_interval_entries;
+        let by_bytes =
+            self.bytes_since_snapshot >= self.cfg.snapshot_interval_bytes && self.applied > self.last_snapshot_index;
+        if !force && !by_entries && !by_bytes {
             return Ok(());
         }
         let (index, snap) = self.store.snapshot();
@@ -1324,13 +1425,22 @@ impl Driver {
             conf_state: protobuf::SingularPtrField::some(self.raw.store().conf_state().clone()),
             ..SnapshotMetadata::default()
         };
-        let mut compact_through = index.saturating_sub(self.cfg.log_entries_for_slow_followers);
+        let mut compact_through = compact_point(
+            index,
+            &self.entry_bytes,
+            self.cfg.log_entries_for_slow_followers,
+            self.cfg.log_bytes_for_slow_followers,
+        );
         if force {
             // A new member's empty log must be filled from this snapshot, never from entry 1 on.
             compact_through = compact_through.max(1);
         }
         self.raw.mut_store().record_snapshot(meta, compact_through)?;
         self.last_snapshot_index = index;
+        self.bytes_since_snapshot = 0;
+        while self.entry_bytes.front().is_some_and(|(i, _)| *i <= compact_through) {
+            self.entry_bytes.pop_front();
+        }
         tracing::debug!(
             raft_id = self.cfg.raft_id,
             index,
@@ -1419,6 +1529,33 @@ const fn election_rng_seed(raft_id: u64) -> u64 {
 
 /// Applies one normal entry: an empty one (a leader's no-op) only advances the index; otherwise the
 /// decoded actions are applied all-or-nothing. Returns the request ID (when decodable) and the outcome.
+/// The last entry to drop from the log after a snapshot at `index`: entries after it are kept for slow
+/// followers, at most `keep_entries` of them and at most `keep_bytes` of data (`entry_bytes` holds the
+/// (index, bytes) of the entries applied since this start, oldest first). The entry at `index` itself is
+/// always kept, whatever its size, so a follower one entry behind needs no snapshot. Entries applied before
+/// a restart, whose sizes are not known, are kept by count only (they were within the bounds then).
+pub(crate) fn compact_point(
+    index: u64,
+    entry_bytes: &std::collections::VecDeque<(u64, u64)>,
+    keep_entries: u64,
+    keep_bytes: u64,
+) -> u64 {
+    let by_entries = index.saturating_sub(keep_entries);
+    let mut kept_bytes: u64 = 0;
+    let mut first_kept = index.saturating_add(1);
+    for (i, bytes) in entry_bytes.iter().rev().filter(|(i, _)| *i <= index) {
+        if *i <= by_entries {
+            return by_entries;
+        }
+        kept_bytes = kept_bytes.saturating_add(*bytes);
+        if kept_bytes > keep_bytes && first_kept <= index {
+            return first_kept - 1;
+        }
+        first_kept = *i;
+    }
+    by_entries
+}
+
 pub(crate) fn apply_normal(store: &MemoryStore, e: &Entry) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
     if e.data.is_empty() {
         store.advance_index(e.index);
@@ -1577,7 +1714,10 @@ pub(crate) fn conf_state_is_consistent(cs: &ConfState) -> bool {
     if outgoing.is_empty() {
         return next.is_empty() && !cs.auto_leave;
     }
-    next.is_subset(&outgoing) && next.is_disjoint(&voters) && learners.is_disjoint(&outgoing) && next.is_disjoint(&learners)
+    next.is_subset(&outgoing)
+        && next.is_disjoint(&voters)
+        && learners.is_disjoint(&outgoing)
+        && next.is_disjoint(&learners)
 }
 
 /// Clamps a heartbeat's commit index to this member's last log index, and says whether it did. raft-rs
@@ -1588,7 +1728,12 @@ pub(crate) fn conf_state_is_consistent(cs: &ConfState) -> bool {
 /// asked; the rest comes by append.
 pub(crate) fn clamp_heartbeat_commit(m: &mut Message, last_index: u64) -> bool {
     if m.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat && m.commit > last_index {
-        tracing::warn!(from = m.from, commit = m.commit, last_index, "heartbeat commit beyond this member's log clamped");
+        tracing::warn!(
+            from = m.from,
+            commit = m.commit,
+            last_index,
+            "heartbeat commit beyond this member's log clamped"
+        );
         m.commit = last_index;
         return true;
     }

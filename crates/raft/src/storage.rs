@@ -42,6 +42,11 @@ const KEY_SNAPSHOT: &[u8] = b"snapshot_meta";
 const KEY_TRUNCATED: &[u8] = b"truncated";
 const KEY_MEMBERS: &[u8] = b"members";
 
+/// Size at which raft-engine starts a new log file, in MiB.
+const LOG_FILE_MIB: u64 = 16;
+/// Size of the log's files past which compaction deletes files, in MiB (two files).
+const LOG_PURGE_THRESHOLD_MIB: u64 = 2 * LOG_FILE_MIB;
+
 /// Entries read per raft-engine call when replaying the log at start.
 pub(crate) const REPLAY_CHUNK_ENTRIES: u64 = 1024;
 
@@ -105,6 +110,13 @@ fn open_engine_with(dir: &Path, mode: raft_engine::RecoveryMode) -> raft_engine:
         recovery_mode: mode,
         // The entries are sealed (random-looking): compressing them would only cost CPU.
         batch_compression_threshold: raft_engine::ReadableSize(0),
+        // Compaction frees whole files: smaller ones than the default 128 MiB keep the directory within a
+        // few files of what the snapshot policy keeps (`RaftConfig::snapshot_interval_bytes`).
+        target_file_size: raft_engine::ReadableSize::mb(LOG_FILE_MIB),
+        // Files are freed only once the log is past this size: raft-engine then moves what old files still
+        // hold (the durable state written at bootstrap, entries kept for slow followers) to its rewrite
+        // queue and deletes them. Its default, 10 GiB, let the log grow to gigabytes before anything went.
+        purge_threshold: raft_engine::ReadableSize::mb(LOG_PURGE_THRESHOLD_MIB),
         ..Default::default()
     };
     Engine::open(cfg)
@@ -496,10 +508,8 @@ impl EngineStorage {
         };
         let meta = load_meta(&engine, &log_dir)?;
         let bootstrapped = meta.conf_state.is_some();
-        let record = CommitRecord::open(
-            &record_path,
-            Acked { commit: meta.hard_state.commit, term: meta.hard_state.term },
-        )?;
+        let record =
+            CommitRecord::open(&record_path, Acked { commit: meta.hard_state.commit, term: meta.hard_state.term })?;
         let mut storage = EngineStorage {
             engine_slot: Some(Arc::new(engine)),
             log_dir,

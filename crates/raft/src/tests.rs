@@ -251,7 +251,8 @@ async fn snapshots_compact_the_log_and_restore_identically() {
     node.shutdown().await;
 
     let keys = crate::encryption::load_or_create_plain(dir.path()).unwrap();
-    let snaps = crate::snapshot_files::SnapshotDir::open(dir.path().join("raft").join("snapshots"), keys.clone()).unwrap();
+    let snaps =
+        crate::snapshot_files::SnapshotDir::open(dir.path().join("raft").join("snapshots"), keys.clone()).unwrap();
     assert_eq!(snaps.list().unwrap(), vec![20, 30]);
     {
         let (storage, bootstrapped) = EngineStorage::open(dir.path(), keys.clone()).unwrap();
@@ -279,6 +280,96 @@ async fn snapshots_compact_the_log_and_restore_identically() {
     assert_eq!(node.status().last_snapshot_index, 30);
     let next = within(node.propose(create("after"))).await.unwrap();
     assert!(next.index > 36);
+    node.shutdown().await;
+}
+
+#[test]
+fn the_log_kept_behind_a_snapshot_is_bounded_by_entries_and_by_bytes() {
+    // (index, bytes) of entries 1..=10, each 100 bytes but entry 8 (1000).
+    let deque: std::collections::VecDeque<(u64, u64)> =
+        (1..=10).map(|i| (i, if i == 8 { 1000 } else { 100 })).collect();
+    let check = |keep_entries, keep_bytes, want| {
+        assert_eq!(
+            crate::node::compact_point(10, &deque, keep_entries, keep_bytes),
+            want,
+            "keep {keep_entries} entries, {keep_bytes} bytes"
+        );
+    };
+    check(5, u64::MAX, 5); // by entries: 6..=10 kept
+    check(5, 250, 8); // 9 and 10 fit in 250 bytes; 8 does not
+    check(5, 0, 9); // the last entry is always kept
+    check(0, u64::MAX, 10); // no entries kept
+    check(100, u64::MAX, 0); // everything kept
+    check(100, 1200, 7); // 8..=10 are 1200 bytes
+                         // Entries the deque does not know (applied before a restart) are kept by count.
+    assert_eq!(crate::node::compact_point(10, &Default::default(), 5, 0), 5);
+    let recent: std::collections::VecDeque<(u64, u64)> = [(9, 100), (10, 100)].into();
+    assert_eq!(crate::node::compact_point(10, &recent, 5, u64::MAX), 5);
+    assert_eq!(crate::node::compact_point(10, &recent, 5, 150), 9);
+}
+
+#[tokio::test]
+async fn large_writes_take_snapshots_by_bytes_and_the_log_keeps_few_bytes_behind_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |c: &mut RaftConfig| {
+        c.snapshot_interval_bytes = 256 << 10;
+        c.log_bytes_for_slow_followers = 100 << 10;
+    };
+    let (node, _store) = start(dir.path(), tweak).await;
+    let big = "x".repeat(64 << 10);
+    for i in 0..20 {
+        let mut s = service(&format!("big{i}"));
+        s.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels.insert("payload".into(), big.clone());
+        let mut c = Changes::new();
+        c.create(s);
+        within(node.propose(c.into_actions())).await.unwrap();
+    }
+    let st = node.status();
+    // 20 writes of 64 KiB + the no-op, far fewer than 10 000 entries: snapshots every 4 writes by bytes.
+    assert_eq!(st.applied, 21);
+    assert!(st.last_snapshot_index >= 17, "snapshots by bytes: {st:?}");
+    node.shutdown().await;
+    let keys = crate::encryption::load_or_create_plain(dir.path()).unwrap();
+    let (storage, _) = EngineStorage::open(dir.path(), keys).unwrap();
+    let kept = storage.snapshot_metadata().index + 1 - storage.first_log_index();
+    assert_eq!(kept, 1, "one 64 KiB entry fits in 100 KiB behind the snapshot, two do not");
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                dir_bytes(&e.path())
+            } else {
+                m.len()
+            }
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn the_raft_directory_stays_bounded_in_bytes_under_large_writes_with_the_default_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, store) = start(dir.path(), |_| {}).await;
+    let big = "x".repeat(1 << 20);
+    let mut most = 0;
+    // 160 MiB of writes, far fewer than 10 000 entries: a 1 MiB service created and removed 160 times.
+    for i in 0..160 {
+        let mut s = service("big");
+        s.spec.as_mut().unwrap().annotations.as_mut().unwrap().labels.insert(format!("payload{i}"), big.clone());
+        let mut c = Changes::new();
+        c.create(s);
+        within(node.propose(c.into_actions())).await.unwrap();
+        let current = store.view(|t| t.services().get("big").cloned()).unwrap();
+        let mut c = Changes::new();
+        c.remove(current);
+        within(node.propose(c.into_actions())).await.unwrap();
+        most = most.max(dir_bytes(&dir.path().join("raft")));
+    }
+    assert!(most < 80 << 20, "the raft directory reached {} MiB", most >> 20);
     node.shutdown().await;
 }
 
@@ -466,7 +557,11 @@ async fn committed_writes_read_back_from_the_log_across_a_restart() {
     assert_eq!(node.status().last_snapshot_index, 10);
     let check = |node: RaftNode, store: Arc<MemoryStore>| async move {
         let writes = within(node.read_committed(6, 1000, 100)).await.unwrap();
-        assert_eq!(writes.iter().map(|w| w.index).collect::<Vec<_>>(), (6..=16).collect::<Vec<_>>(), "up to the last applied");
+        assert_eq!(
+            writes.iter().map(|w| w.index).collect::<Vec<_>>(),
+            (6..=16).collect::<Vec<_>>(),
+            "up to the last applied"
+        );
         assert_eq!(writes[0].actions, create("s4"), "the actions as proposed");
         assert!(store.apply_failed(16) && !store.apply_failed(15), "the store knows which write failed");
         let three = within(node.read_committed(6, 17, 3)).await.unwrap();

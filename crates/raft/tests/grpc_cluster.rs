@@ -71,9 +71,12 @@ async fn member(join: Option<&str>) -> Served {
     cfg.tick_interval_ms = 20;
     let store = Arc::new(MemoryStore::default());
     let node = match join {
-        None => within("bootstrap", grpc::start_member(cfg, store.clone(), Arc::new(PlainHttp), StartMode::BootstrapIfEmpty))
-            .await
-            .unwrap(),
+        None => within(
+            "bootstrap",
+            grpc::start_member(cfg, store.clone(), Arc::new(PlainHttp), StartMode::BootstrapIfEmpty),
+        )
+        .await
+        .unwrap(),
         Some(j) => within("join", grpc::join_cluster(cfg, store.clone(), Arc::new(PlainHttp), j)).await.unwrap(),
     };
     let (stop, server) = serve(&node, listener);
@@ -128,10 +131,8 @@ async fn members_join_replicate_forward_and_leave_over_grpc() {
 
     // b leaves; a and c keep writing.
     within("leave", b.node.clone().remove_member_via(&a.addr)).await;
-    wait_for("b removed everywhere", || {
-        [&a, &c].iter().all(|m| !m.node.members().members.contains_key(&b.node.id()))
-    })
-    .await;
+    wait_for("b removed everywhere", || [&a, &c].iter().all(|m| !m.node.members().members.contains_key(&b.node.id())))
+        .await;
     b.shutdown().await;
     let commit = within("write after leave", a.node.propose(service("after", 0))).await.unwrap();
     wait_for("replicated", || c.store.last_index() >= commit.index).await;
@@ -146,9 +147,8 @@ trait LeaveVia {
 
 impl LeaveVia for RaftNode {
     async fn remove_member_via(self, addr: &str) {
-        let mut client = shoal_api::raft_membership_client::RaftMembershipClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
+        let mut client =
+            shoal_api::raft_membership_client::RaftMembershipClient::connect(format!("http://{addr}")).await.unwrap();
         let me = shoal_api::RaftMember { raft_id: self.id(), ..Default::default() };
         client.leave(shoal_api::LeaveRequest { node: Some(me) }).await.unwrap();
     }

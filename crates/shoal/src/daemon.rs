@@ -173,8 +173,9 @@ pub fn run(args: DaemonArgs) -> i32 {
 /// Parses `--log-level`: a level and/or `target=level` directives. A filter that cannot be read is an error at
 /// start (not a silent fallback), so a typo does not hide the logs that were asked for.
 fn parse_log_filter(s: &str) -> Result<Targets, String> {
-    s.parse::<Targets>()
-        .map_err(|e| format!("{s:?}: {e}; use a level (error, warn, info, debug, trace) or target=level, comma-separated"))
+    s.parse::<Targets>().map_err(|e| {
+        format!("{s:?}: {e}; use a level (error, warn, info, debug, trace) or target=level, comma-separated")
+    })
 }
 
 fn parse_tcp_addr(s: &str) -> Result<SocketAddr, String> {

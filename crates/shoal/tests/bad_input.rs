@@ -29,10 +29,26 @@ fn bad_requests_are_refused_and_change_nothing() {
 
     check(&d, "POST", "/v1.47/services/create", Some("{not json"), 400, "");
     check(&d, "POST", "/v1.47/services/create", Some(good), 409, "web");
-    check(&d, "POST", "/v1.47/services/create",
-        Some(r#"{"Name":"neg","TaskTemplate":{"ContainerSpec":{"Image":"busybox"}},"Mode":{"Replicated":{"Replicas":-1}}}"#), 400, "");
-    check(&d, "POST", "/v1.47/services/create",
-        Some(r#"{"Name":"c","TaskTemplate":{"ContainerSpec":{"Image":"busybox"},"Placement":{"Constraints":["node.color==red"]}},"Mode":{"Replicated":{"Replicas":1}}}"#), 400, "constraint");
+    check(
+        &d,
+        "POST",
+        "/v1.47/services/create",
+        Some(
+            r#"{"Name":"neg","TaskTemplate":{"ContainerSpec":{"Image":"busybox"}},"Mode":{"Replicated":{"Replicas":-1}}}"#,
+        ),
+        400,
+        "",
+    );
+    check(
+        &d,
+        "POST",
+        "/v1.47/services/create",
+        Some(
+            r#"{"Name":"c","TaskTemplate":{"ContainerSpec":{"Image":"busybox"},"Placement":{"Constraints":["node.color==red"]}},"Mode":{"Replicated":{"Replicas":1}}}"#,
+        ),
+        400,
+        "constraint",
+    );
     check(&d, "GET", "/v1.47/services/nosuchservice", None, 404, "nosuchservice");
     check(&d, "GET", "/v1.47/tasks/nosuchtask", None, 404, "nosuchtask");
     check(&d, "GET", "/v1.47/nodes/nosuchnode", None, 404, "nosuchnode");
@@ -55,7 +71,10 @@ fn the_docker_cli_prints_the_daemon_error_and_exits_non_zero() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nope"), "stderr: {err}");
-    let out = docker_cli::run(d.socket(), &["service", "create", "--detach", "--name", "x", "--constraint", "node.role=manager", "busybox", "true"]);
+    let out = docker_cli::run(
+        d.socket(),
+        &["service", "create", "--detach", "--name", "x", "--constraint", "node.role=manager", "busybox", "true"],
+    );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Error response from daemon"), "{:?}", out);
 }

@@ -68,24 +68,92 @@ fn out_of_range_counts_durations_and_settings_get_a_400_naming_the_limit() {
     let kept = d.get("/v1.47/services/kept");
 
     let create = "/v1.47/services/create";
-    refused(&d, create, &spec("r1", 1_000_000_000, |_| {}), "Mode.Replicated.Replicas 1000000000 is too large: the limit is 250000");
+    refused(
+        &d,
+        create,
+        &spec("r1", 1_000_000_000, |_| {}),
+        "Mode.Replicated.Replicas 1000000000 is too large: the limit is 250000",
+    );
     refused(&d, create, &spec("r2", I64_MAX, |_| {}), "the limit is 250000");
     let cases: Vec<(&str, Edit, &str)> = vec![
-        ("sg", Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["StopGracePeriod"] = I64_MAX.into()), "ContainerSpec.StopGracePeriod 9223372036854775807ns is too long: the limit is 1h"),
-        ("sgn", Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["StopGracePeriod"] = (-1).into()), "StopGracePeriod must not be negative"),
-        ("rd", Box::new(|s| s["TaskTemplate"]["RestartPolicy"] = json!({"Delay": I64_MAX})), "RestartPolicy.Delay 9223372036854775807ns is too long: the limit is 24h"),
-        ("rw", Box::new(|s| s["TaskTemplate"]["RestartPolicy"] = json!({"Window": -5})), "RestartPolicy.Window must not be negative"),
-        ("rm", Box::new(|s| s["TaskTemplate"]["RestartPolicy"] = json!({"MaxAttempts": u64::MAX})), "RestartPolicy.MaxAttempts 18446744073709551615 is too large: the limit is 1000000"),
-        ("ud", Box::new(|s| s["UpdateConfig"] = json!({"Delay": I64_MAX})), "UpdateConfig.Delay 9223372036854775807ns is too long: the limit is 24h"),
-        ("um", Box::new(|s| s["UpdateConfig"] = json!({"Monitor": I64_MAX})), "UpdateConfig.Monitor 9223372036854775807ns is too long"),
-        ("up", Box::new(|s| s["UpdateConfig"] = json!({"Parallelism": u64::MAX})), "UpdateConfig.Parallelism 18446744073709551615 is too large: the limit is 250000"),
+        (
+            "sg",
+            Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["StopGracePeriod"] = I64_MAX.into()),
+            "ContainerSpec.StopGracePeriod 9223372036854775807ns is too long: the limit is 1h",
+        ),
+        (
+            "sgn",
+            Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["StopGracePeriod"] = (-1).into()),
+            "StopGracePeriod must not be negative",
+        ),
+        (
+            "rd",
+            Box::new(|s| s["TaskTemplate"]["RestartPolicy"] = json!({"Delay": I64_MAX})),
+            "RestartPolicy.Delay 9223372036854775807ns is too long: the limit is 24h",
+        ),
+        (
+            "rw",
+            Box::new(|s| s["TaskTemplate"]["RestartPolicy"] = json!({"Window": -5})),
+            "RestartPolicy.Window must not be negative",
+        ),
+        (
+            "rm",
+            Box::new(|s| s["TaskTemplate"]["RestartPolicy"] = json!({"MaxAttempts": u64::MAX})),
+            "RestartPolicy.MaxAttempts 18446744073709551615 is too large: the limit is 1000000",
+        ),
+        (
+            "ud",
+            Box::new(|s| s["UpdateConfig"] = json!({"Delay": I64_MAX})),
+            "UpdateConfig.Delay 9223372036854775807ns is too long: the limit is 24h",
+        ),
+        (
+            "um",
+            Box::new(|s| s["UpdateConfig"] = json!({"Monitor": I64_MAX})),
+            "UpdateConfig.Monitor 9223372036854775807ns is too long",
+        ),
+        (
+            "up",
+            Box::new(|s| s["UpdateConfig"] = json!({"Parallelism": u64::MAX})),
+            "UpdateConfig.Parallelism 18446744073709551615 is too large: the limit is 250000",
+        ),
         ("rp", Box::new(|s| s["RollbackConfig"] = json!({"Parallelism": u64::MAX})), "RollbackConfig.Parallelism"),
-        ("hi", Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["Healthcheck"] = json!({"Test": ["CMD", "true"], "Interval": -1_000_000_000i64})), "ContainerSpec.Healthcheck.Interval must not be negative"),
-        ("ht", Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["Healthcheck"] = json!({"Test": ["CMD", "true"], "Timeout": 10})), "at least 1ms"),
-        ("hr", Box::new(|s| s["TaskTemplate"]["ContainerSpec"]["Healthcheck"] = json!({"Test": ["CMD", "true"], "Retries": -1})), "Retries must not be negative"),
-        ("pc", Box::new(|s| s["TaskTemplate"]["Placement"] = json!({"Constraints": ["node.role==boss"]})), "node.role is manager or worker"),
-        ("pk", Box::new(|s| s["TaskTemplate"]["Placement"] = json!({"Constraints": ["node.colour==red"]})), "unknown key"),
-        ("po", Box::new(|s| s["TaskTemplate"]["Placement"] = json!({"Constraints": ["node.role>=manager"]})), "expected KEY==VALUE or KEY!=VALUE"),
+        (
+            "hi",
+            Box::new(|s| {
+                s["TaskTemplate"]["ContainerSpec"]["Healthcheck"] =
+                    json!({"Test": ["CMD", "true"], "Interval": -1_000_000_000i64})
+            }),
+            "ContainerSpec.Healthcheck.Interval must not be negative",
+        ),
+        (
+            "ht",
+            Box::new(|s| {
+                s["TaskTemplate"]["ContainerSpec"]["Healthcheck"] = json!({"Test": ["CMD", "true"], "Timeout": 10})
+            }),
+            "at least 1ms",
+        ),
+        (
+            "hr",
+            Box::new(|s| {
+                s["TaskTemplate"]["ContainerSpec"]["Healthcheck"] = json!({"Test": ["CMD", "true"], "Retries": -1})
+            }),
+            "Retries must not be negative",
+        ),
+        (
+            "pc",
+            Box::new(|s| s["TaskTemplate"]["Placement"] = json!({"Constraints": ["node.role==boss"]})),
+            "node.role is manager or worker",
+        ),
+        (
+            "pk",
+            Box::new(|s| s["TaskTemplate"]["Placement"] = json!({"Constraints": ["node.colour==red"]})),
+            "unknown key",
+        ),
+        (
+            "po",
+            Box::new(|s| s["TaskTemplate"]["Placement"] = json!({"Constraints": ["node.role>=manager"]})),
+            "expected KEY==VALUE or KEY!=VALUE",
+        ),
     ];
     for (name, edit, message) in cases {
         refused(&d, create, &spec(name, 1, edit), message);
@@ -97,13 +165,33 @@ fn out_of_range_counts_durations_and_settings_get_a_400_naming_the_limit() {
     refused(&d, &update, &spec("kept", 1, |s| s["UpdateConfig"] = json!({"Delay": I64_MAX})), "UpdateConfig.Delay");
 
     // Cluster settings.
-    swarm_update_refused(&d, |s| s["Dispatcher"]["HeartbeatPeriod"] = 1_000_000.into(), "must be at least 1s and at most 5m");
+    swarm_update_refused(
+        &d,
+        |s| s["Dispatcher"]["HeartbeatPeriod"] = 1_000_000.into(),
+        "must be at least 1s and at most 5m",
+    );
     swarm_update_refused(&d, |s| s["Dispatcher"]["HeartbeatPeriod"] = I64_MAX.into(), "the limit is 5m");
-    swarm_update_refused(&d, |s| s["Orchestration"]["TaskHistoryRetentionLimit"] = 1_000_000.into(), "use 0 to 100 tasks per slot");
-    swarm_update_refused(&d, |s| s["Orchestration"]["TaskHistoryRetentionLimit"] = (-1).into(), "use 0 to 100 tasks per slot");
+    swarm_update_refused(
+        &d,
+        |s| s["Orchestration"]["TaskHistoryRetentionLimit"] = 1_000_000.into(),
+        "use 0 to 100 tasks per slot",
+    );
+    swarm_update_refused(
+        &d,
+        |s| s["Orchestration"]["TaskHistoryRetentionLimit"] = (-1).into(),
+        "use 0 to 100 tasks per slot",
+    );
     swarm_update_refused(&d, |s| s["CAConfig"]["NodeCertExpiry"] = I64_MAX.into(), "invalid certificate expiry");
-    swarm_update_refused(&d, |s| s["Raft"]["SnapshotInterval"] = u64::MAX.into(), "Raft.SnapshotInterval 18446744073709551615 is too large");
-    swarm_update_refused(&d, |s| s["Raft"]["LogEntriesForSlowFollowers"] = u64::MAX.into(), "Raft.LogEntriesForSlowFollowers");
+    swarm_update_refused(
+        &d,
+        |s| s["Raft"]["SnapshotInterval"] = u64::MAX.into(),
+        "Raft.SnapshotInterval 18446744073709551615 is too large",
+    );
+    swarm_update_refused(
+        &d,
+        |s| s["Raft"]["LogEntriesForSlowFollowers"] = u64::MAX.into(),
+        "Raft.LogEntriesForSlowFollowers",
+    );
     swarm_update_refused(&d, |s| s["Raft"]["ElectionTick"] = 100_000.into(), "Raft.ElectionTick");
 
     // Still serving; the earlier service is untouched and its task runs.
@@ -375,7 +463,9 @@ fn a_thousand_idle_connections_do_not_stop_joins_or_raft_traffic() {
     let joined_in = start.elapsed();
     let still_attacking = idle.connects.load(Ordering::Relaxed);
     assert!(still_attacking > 1000, "the attacker kept reconnecting: {still_attacking} connects");
-    eprintln!("{held} idle connections open after the first 1000 connects; joins and a replicated write took {joined_in:?}");
+    eprintln!(
+        "{held} idle connections open after the first 1000 connects; joins and a replicated write took {joined_in:?}"
+    );
 
     // Refusals are logged, at most one line per 10 s (plus the first).
     let lines = m1.log().lines().filter(|l| l.contains("remote API connection refused")).count();
@@ -424,7 +514,11 @@ fn idle_connections_from_one_address_do_not_lock_operators_out_of_the_tcp_engine
     let idle = IdleConnections::hold("127.0.0.252".parse().unwrap(), target, 1000);
     wait_until("1000 idle connections attempted", Duration::from_secs(30), || {
         let c = idle.connects.load(Ordering::Relaxed);
-        if c >= 1000 { Ok(()) } else { Err(format!("{c} connects")) }
+        if c >= 1000 {
+            Ok(())
+        } else {
+            Err(format!("{c} connects"))
+        }
     });
     for _ in 0..5 {
         let (out, took) = node_ls();

@@ -89,13 +89,33 @@ fn the_docker_cli_swarm_checklist() {
     assert_eq!(s["Spec"]["Labels"]["team"], "blue");
     // Limits are the docker executor's: this node runs processes, so a service with limits is stored as
     // given and its task is rejected naming them (never run without them).
-    docker(&d, &["service", "create", "--detach", "--name", "lim", "--limit-cpu", "0.5", "--limit-memory", "64M", "busybox", "sleep", "3012"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "lim",
+            "--limit-cpu",
+            "0.5",
+            "--limit-memory",
+            "64M",
+            "busybox",
+            "sleep",
+            "3012",
+        ],
+    );
     let lim = inspect(&d, &["service", "inspect", "lim"]);
     assert_eq!(lim["Spec"]["TaskTemplate"]["Resources"]["Limits"]["NanoCPUs"], 500_000_000);
     assert_eq!(lim["Spec"]["TaskTemplate"]["Resources"]["Limits"]["MemoryBytes"], 64 << 20);
     wait_until("the limited task is rejected", Duration::from_secs(30), || {
         let ps = docker(&d, &["service", "ps", "--no-trunc", "lim"]);
-        if ps.contains("Rejected") && ps.contains("Resources.Limits.NanoCPUs") { Ok(()) } else { Err(ps) }
+        if ps.contains("Rejected") && ps.contains("Resources.Limits.NanoCPUs") {
+            Ok(())
+        } else {
+            Err(ps)
+        }
     });
     docker(&d, &["service", "rm", "lim"]);
     assert_eq!(tt["RestartPolicy"]["Condition"], "on-failure");

@@ -349,9 +349,11 @@ fn three_managers_and_two_workers_over_mutual_tls() {
         v.sort();
         v
     };
-    until("a worker's /info to list the three managers", || remote_managers(&w1) == managers, || {
-        format!("{:?} want {managers:?}", remote_managers(&w1))
-    });
+    until(
+        "a worker's /info to list the three managers",
+        || remote_managers(&w1) == managers,
+        || format!("{:?} want {managers:?}", remote_managers(&w1)),
+    );
 
     // A service created through a follower spreads over all five nodes.
     let body = serde_json::json!({

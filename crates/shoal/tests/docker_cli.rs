@@ -13,7 +13,8 @@ fn create_runs_three_real_processes_and_the_cli_shows_them() {
         return;
     }
     let d = daemon();
-    let out = docker(&d, &["service", "create", "--detach", "--name", "web", "--replicas", "3", "busybox", "sleep", "3141"]);
+    let out =
+        docker(&d, &["service", "create", "--detach", "--name", "web", "--replicas", "3", "busybox", "sleep", "3141"]);
     let id = out.trim().lines().last().unwrap_or("").to_string();
     assert_eq!(id.len(), 25, "create prints the service ID, got {out:?}");
     let running = wait_running(&d, "web", 3, &["sleep", "3141"], Duration::from_secs(20));
@@ -41,12 +42,19 @@ fn create_runs_three_real_processes_and_the_cli_shows_them() {
 
     let nodes = docker(&d, &["node", "ls"]);
     let row = nodes.lines().find(|l| l.contains("shoal-test-node")).unwrap_or_else(|| panic!("node ls:\n{nodes}"));
-    assert!(row.contains('*') && row.contains("Ready") && row.contains("Active") && row.contains("Leader"), "node ls row: {row}");
+    assert!(
+        row.contains('*') && row.contains("Ready") && row.contains("Active") && row.contains("Leader"),
+        "node ls row: {row}"
+    );
 
     docker(&d, &["service", "rm", "web"]);
     wait_until("no sleep 3141 left", Duration::from_secs(20), || {
         let n = process::pids_with_cmdline(&["sleep", "3141"]).len();
-        if n == 0 { Ok(()) } else { Err(format!("{n} left")) }
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} left"))
+        }
     });
 }
 
@@ -56,7 +64,23 @@ fn a_killed_task_is_replaced_and_kept_in_history() {
         return;
     }
     let d = daemon();
-    docker(&d, &["service", "create", "--detach", "--name", "web", "--replicas", "3", "--restart-delay", "1s", "busybox", "sleep", "3142"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "web",
+            "--replicas",
+            "3",
+            "--restart-delay",
+            "1s",
+            "busybox",
+            "sleep",
+            "3142",
+        ],
+    );
     wait_running(&d, "web", 3, &["sleep", "3142"], Duration::from_secs(20));
     let victim = process::pids_with_cmdline(&["sleep", "3142"])[0];
     process::kill9(victim);
@@ -67,7 +91,11 @@ fn a_killed_task_is_replaced_and_kept_in_history() {
         let failed = tasks.iter().filter(|t| state(t) == "failed").count();
         let running = tasks.iter().filter(|t| state(t) == "running" && desired(t) == "running").count();
         let pids = process::pids_with_cmdline(&["sleep", "3142"]).len();
-        if failed == 1 && running == 3 && pids == 3 { Ok(()) } else { Err(format!("failed {failed}, running {running}, pids {pids}")) }
+        if failed == 1 && running == 3 && pids == 3 {
+            Ok(())
+        } else {
+            Err(format!("failed {failed}, running {running}, pids {pids}"))
+        }
     });
     let took = killed_at.elapsed();
     eprintln!("replacement RUNNING {took:?} after kill -9 (restart delay 1 s)");
@@ -88,7 +116,11 @@ fn a_killed_task_is_replaced_and_kept_in_history() {
         process::kill9(slot1);
         wait_until(&format!("replacement {round}"), Duration::from_secs(10), || {
             let pids = process::pids_with_cmdline(&["sleep", "3142"]);
-            if pids.len() == 3 && !pids.contains(&slot1) { Ok(()) } else { Err(format!("{pids:?}")) }
+            if pids.len() == 3 && !pids.contains(&slot1) {
+                Ok(())
+            } else {
+                Err(format!("{pids:?}"))
+            }
         });
     }
     wait_until("at most 5 tasks per slot", Duration::from_secs(10), || {
@@ -98,7 +130,11 @@ fn a_killed_task_is_replaced_and_kept_in_history() {
             *per_slot.entry(t["Slot"].as_u64().unwrap()).or_insert(0) += 1;
         }
         let max = per_slot.values().copied().max().unwrap_or(0);
-        if max <= 5 && per_slot.get(&1) == Some(&5) { Ok(()) } else { Err(format!("per slot {per_slot:?}")) }
+        if max <= 5 && per_slot.get(&1) == Some(&5) {
+            Ok(())
+        } else {
+            Err(format!("per slot {per_slot:?}"))
+        }
     });
     docker(&d, &["service", "rm", "web"]);
 }
@@ -117,7 +153,11 @@ fn scale_up_and_down_converges_and_rm_leaves_nothing() {
     wait_until("no task running and no process", Duration::from_secs(60), || {
         let running = tasks_of(&d, "web").iter().filter(|t| state(t) == "running").count();
         let pids = process::pids_with_cmdline(&["sleep", "3143"]).len();
-        if running == 0 && pids == 0 { Ok(()) } else { Err(format!("running {running}, pids {pids}")) }
+        if running == 0 && pids == 0 {
+            Ok(())
+        } else {
+            Err(format!("running {running}, pids {pids}"))
+        }
     });
     docker(&d, &["service", "scale", "--detach", "web=4"]);
     wait_running(&d, "web", 4, &["sleep", "3143"], Duration::from_secs(30));
@@ -125,7 +165,11 @@ fn scale_up_and_down_converges_and_rm_leaves_nothing() {
     wait_until("no process and no task left", Duration::from_secs(30), || {
         let pids = process::pids_with_cmdline(&["sleep", "3143"]).len();
         let tasks = tasks_of(&d, "web").len();
-        if pids == 0 && tasks == 0 { Ok(()) } else { Err(format!("pids {pids}, tasks {tasks}")) }
+        if pids == 0 && tasks == 0 {
+            Ok(())
+        } else {
+            Err(format!("pids {pids}, tasks {tasks}"))
+        }
     });
     let ls = docker(&d, &["service", "ls", "-q"]);
     assert!(ls.trim().is_empty(), "service ls after rm: {ls}");
@@ -143,7 +187,11 @@ fn update_args_replaces_every_task() {
     wait_running(&d, "web", 3, &["sleep", "2718"], Duration::from_secs(60));
     wait_until("old processes gone", Duration::from_secs(30), || {
         let n = process::pids_with_cmdline(&["sleep", "3144"]).len();
-        if n == 0 { Ok(()) } else { Err(format!("{n} old left")) }
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} old left"))
+        }
     });
     let v: serde_json::Value = serde_json::from_str(&docker(&d, &["service", "inspect", "web"])).unwrap();
     assert_eq!(v[0]["Spec"]["TaskTemplate"]["ContainerSpec"]["Args"], serde_json::json!(["sleep", "2718"]));

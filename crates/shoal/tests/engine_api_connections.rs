@@ -12,9 +12,8 @@ use common::*;
 #[test]
 fn a_thousand_idle_connections_do_not_stop_a_new_client() {
     let d = daemon();
-    let held: Vec<UnixStream> = (0..1000)
-        .map(|i| UnixStream::connect(d.socket()).unwrap_or_else(|e| panic!("connection {i}: {e}")))
-        .collect();
+    let held: Vec<UnixStream> =
+        (0..1000).map(|i| UnixStream::connect(d.socket()).unwrap_or_else(|e| panic!("connection {i}: {e}"))).collect();
     let started = Instant::now();
     let r = shoal_testkit::http::request_within(d.socket(), "GET", "/v1.47/info", None, Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("a new client got no answer: {e:?}\n{}", d.log()));

@@ -79,7 +79,11 @@ fn copy(from: &mut impl Read, to: &mut impl Write) {
 /// Docker's Engine API spec, from the shared folder beside the checkout.
 fn engine_api_spec() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/engine-api/v1.47.yaml");
-    assert!(p.exists(), "Docker's Engine API spec is expected at {} (the shared folder beside the checkout)", p.display());
+    assert!(
+        p.exists(),
+        "Docker's Engine API spec is expected at {} (the shared folder beside the checkout)",
+        p.display()
+    );
     p
 }
 

@@ -1,8 +1,8 @@
 //! The docker CLI against a `shoal daemon`, for the service flags Shoal cannot honour yet: each is refused
 //! with the daemon's 400 naming the field (`Error response from daemon: X is not supported yet: ...`) and
-//! nothing is created; what Shoal does honour with the same flags' neighbours (a plain bind, volume or tmpfs
-//! mount, `--replicas-max-per-node`) goes through. An older client (`DOCKER_API_VERSION=1.40`) gets the
-//! engine's differences by version: MaxReplicas is kept from 1.40 on.
+//! nothing is created; what Shoal does honour with the same flags' neighbours (a plain bind or tmpfs mount, a
+//! volume with a driver, options and labels, `--replicas-max-per-node`) goes through. An older client
+//! (`DOCKER_API_VERSION=1.40`) gets the engine's differences by version: MaxReplicas is kept from 1.40 on.
 
 mod common;
 
@@ -27,17 +27,13 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
         (&["--ulimit", "nofile=10:20"][..], "TaskTemplate.ContainerSpec.Ulimits"),
         (&["--sysctl", "net.core.somaxconn=1024"][..], "TaskTemplate.ContainerSpec.Sysctls"),
         (&["--log-driver", "syslog"][..], "TaskTemplate.LogDriver"),
-        (&["--mount", "type=volume,source=v,target=/v,volume-driver=local"][..], "Mounts[0].VolumeOptions"),
         (&["--mount", "type=tmpfs,target=/t,tmpfs-size=1m"][..], "Mounts[0].TmpfsOptions"),
         (&["--mount", "type=bind,source=/tmp,target=/t,bind-propagation=rshared"][..], "Mounts[0].BindOptions"),
     ] {
         let out = create("refused", flags);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{flags:?} accepted");
-        assert!(
-            stderr.contains(&format!("{field} is not supported yet")),
-            "{flags:?}: the CLI printed {stderr}"
-        );
+        assert!(stderr.contains(&format!("{field} is not supported yet")), "{flags:?}: the CLI printed {stderr}");
     }
     assert!(!service_names(&d).iter().any(|n| n == "refused"), "{:?}", service_names(&d));
 
@@ -45,21 +41,38 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
     let out = create(
         "mounts",
         &[
-            "--mount", "type=volume,source=v,target=/v",
-            "--mount", "type=tmpfs,target=/t",
-            "--mount", "type=bind,source=/tmp,target=/h,readonly",
-            "--replicas-max-per-node", "2",
+            "--mount",
+            "type=volume,source=v,target=/v,volume-driver=local,volume-opt=type=tmpfs,volume-label=a=b",
+            "--mount",
+            "type=tmpfs,target=/t",
+            "--mount",
+            "type=bind,source=/tmp,target=/h,readonly",
+            "--replicas-max-per-node",
+            "2",
         ],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mounts = docker(&d, &["service", "inspect", "mounts", "--format", "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}"]);
+    let mounts =
+        docker(&d, &["service", "inspect", "mounts", "--format", "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}"]);
     let mounts: serde_json::Value = serde_json::from_str(mounts.trim()).unwrap();
     assert_eq!(mounts.as_array().map(Vec::len), Some(3), "{mounts}");
 
     // MaxReplicas from an API 1.40 client is kept (1.40 introduced it; the engine drops it below).
     let mut old = docker_cli::command(
         d.socket(),
-        &["service", "create", "--detach", "--no-resolve-image", "--name", "old", "--replicas-max-per-node", "3", "busybox", "sleep", "3141"],
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--no-resolve-image",
+            "--name",
+            "old",
+            "--replicas-max-per-node",
+            "3",
+            "busybox",
+            "sleep",
+            "3141",
+        ],
     );
     let out = old.env("DOCKER_API_VERSION", "1.40").output().expect("run docker");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

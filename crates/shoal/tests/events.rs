@@ -110,11 +110,8 @@ fn docker_events_shows_service_create_scale_and_remove_and_replays_them() {
             Err(format!("{} events so far", lines.len()))
         }
     });
-    let actions: Vec<String> = lines
-        .iter()
-        .filter(|v| v["Type"] == "service")
-        .map(|v| v["Action"].as_str().unwrap().to_string())
-        .collect();
+    let actions: Vec<String> =
+        lines.iter().filter(|v| v["Type"] == "service").map(|v| v["Action"].as_str().unwrap().to_string()).collect();
     assert_eq!(actions.first().map(String::as_str), Some("create"), "{lines:#?}");
     assert_eq!(actions.last().map(String::as_str), Some("remove"), "{lines:#?}");
     assert!(
@@ -129,7 +126,8 @@ fn docker_events_shows_service_create_scale_and_remove_and_replays_them() {
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
 
     // The same window with a filter on the service's name.
-    let named = docker(&d, &["events", "--since", "5m", "--until", "0s", "--filter", "service=web", "--format", "{{.Action}}"]);
+    let named =
+        docker(&d, &["events", "--since", "5m", "--until", "0s", "--filter", "service=web", "--format", "{{.Action}}"]);
     assert_eq!(named.split_whitespace().next(), Some("create"), "{named}");
     assert!(named.split_whitespace().all(|a| ["create", "update", "remove"].contains(&a)), "{named}");
 

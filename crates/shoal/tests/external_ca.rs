@@ -75,7 +75,8 @@ fn signer_files(dir: &Path) -> shoal_ca::RootCa {
         cluster_id: "external-ca".into(),
     };
     let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let tls_cert = root.sign_csr_with_ips(&tls.csr_pem, &subject, Duration::from_secs(86_400), now, &[ip], &mut rng).unwrap();
+    let tls_cert =
+        root.sign_csr_with_ips(&tls.csr_pem, &subject, Duration::from_secs(86_400), now, &[ip], &mut rng).unwrap();
     std::fs::write(dir.join("tls.crt"), tls_cert).unwrap();
     std::fs::write(dir.join("tls.key"), &tls.key_pem).unwrap();
     std::fs::write(
@@ -129,7 +130,10 @@ fn a_cfssl_signer_issues_the_certificates_of_joining_nodes() {
     let cfssl = start_cfssl(dir.path(), port);
     let url = format!("https://127.0.0.1:{port}");
     docker(&m, &["swarm", "update", "--external-ca", &format!("protocol=cfssl,url={url}")]);
-    let shown = docker(&m, &["info", "--format", "{{range .Swarm.Cluster.Spec.CAConfig.ExternalCAs}}{{.Protocol}} {{.URL}}{{end}}"]);
+    let shown = docker(
+        &m,
+        &["info", "--format", "{{range .Swarm.Cluster.Spec.CAConfig.ExternalCAs}}{{.Protocol}} {{.URL}}{{end}}"],
+    );
     assert_eq!(shown.trim(), format!("cfssl {url}"));
 
     let token = docker(&m, &["swarm", "join-token", "-q", "worker"]).trim().to_string();
@@ -176,7 +180,17 @@ fn docker_swarm_init_with_an_external_ca_roots_the_swarm_at_the_signers_root() {
     let addr = m.remote_addr();
     let ca = format!("protocol=cfssl,url=https://127.0.0.1:{port},cacert={}", dir.path().join("root.crt").display());
     // Without the signer's root the init is refused, saying what to add.
-    let out = docker_cli::run(m.socket(), &["swarm", "init", "--listen-addr", &addr, "--external-ca", &format!("protocol=cfssl,url=https://127.0.0.1:{port}")]);
+    let out = docker_cli::run(
+        m.socket(),
+        &[
+            "swarm",
+            "init",
+            "--listen-addr",
+            &addr,
+            "--external-ca",
+            &format!("protocol=cfssl,url=https://127.0.0.1:{port}"),
+        ],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("cacert=FILE"), "{err}");
     let out = docker(&m, &["swarm", "init", "--listen-addr", &addr, "--advertise-addr", &addr, "--external-ca", &ca]);

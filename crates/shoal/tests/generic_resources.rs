@@ -36,7 +36,8 @@ fn tasks_get_distinct_units_of_what_the_node_offers() {
             ..DaemonOptions::default()
         },
     );
-    let offer = docker(&d, &["node", "inspect", "self", "--format", "{{json .Description.Resources.GenericResources}}"]);
+    let offer =
+        docker(&d, &["node", "inspect", "self", "--format", "{{json .Description.Resources.GenericResources}}"]);
     let offer: serde_json::Value = serde_json::from_str(offer.trim()).expect("JSON");
     assert_eq!(
         offer,
@@ -49,7 +50,23 @@ fn tasks_get_distinct_units_of_what_the_node_offers() {
 
     // Three replicas of one GPU each on a node with two: two run with distinct GPUs, one waits.
     let argv = ["sleep", "7171"];
-    docker(&d, &["service", "create", "--detach", "--name", "gpus", "--replicas", "3", "--generic-resource", "gpu=1", "busybox", "sleep", "7171"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "gpus",
+            "--replicas",
+            "3",
+            "--generic-resource",
+            "gpu=1",
+            "busybox",
+            "sleep",
+            "7171",
+        ],
+    );
     let running = wait_running(&d, "gpus", 2, &argv, DEADLINE);
     assert_eq!(running.len(), 2);
     let gpus: BTreeSet<String> =
@@ -63,25 +80,46 @@ fn tasks_get_distinct_units_of_what_the_node_offers() {
             Err(ps)
         }
     });
-    let reservations = docker(&d, &["service", "inspect", "gpus", "--format", "{{json .Spec.TaskTemplate.Resources.Reservations}}"]);
+    let reservations =
+        docker(&d, &["service", "inspect", "gpus", "--format", "{{json .Spec.TaskTemplate.Resources.Reservations}}"]);
     assert_eq!(reservations.trim(), r#"{"GenericResources":[{"DiscreteResourceSpec":{"Kind":"gpu","Value":1}}]}"#);
 
     // Scaling down to one frees a unit: still one GPU per running task, never shared.
     docker(&d, &["service", "scale", "--detach", "gpus=1"]);
     wait_running(&d, "gpus", 1, &argv, DEADLINE);
-    docker(&d, &["service", "create", "--detach", "--name", "gpu2", "--generic-resource", "gpu=1", "busybox", "sleep", "7272"]);
+    docker(
+        &d,
+        &["service", "create", "--detach", "--name", "gpu2", "--generic-resource", "gpu=1", "busybox", "sleep", "7272"],
+    );
     wait_running(&d, "gpu2", 1, &["sleep", "7272"], DEADLINE);
     let a = env_of(process::pids_with_cmdline(&argv)[0], "DOCKER_RESOURCE_GPU");
     let b = env_of(process::pids_with_cmdline(&["sleep", "7272"])[0], "DOCKER_RESOURCE_GPU");
     assert!(a.is_some() && b.is_some() && a != b, "{a:?} {b:?}");
 
     // Counted kinds: two units of ssd out of three.
-    docker(&d, &["service", "create", "--detach", "--name", "ssd", "--generic-resource", "ssd=2", "busybox", "sleep", "7373"]);
+    docker(
+        &d,
+        &["service", "create", "--detach", "--name", "ssd", "--generic-resource", "ssd=2", "busybox", "sleep", "7373"],
+    );
     wait_running(&d, "ssd", 1, &["sleep", "7373"], DEADLINE);
     assert_eq!(env_of(process::pids_with_cmdline(&["sleep", "7373"])[0], "DOCKER_RESOURCE_SSD").as_deref(), Some("2"));
 
     // A named unit cannot be reserved by name: the CLI gets the control API's 400 and nothing is created.
-    let out = docker_cli::run(d.socket(), &["service", "create", "--detach", "--name", "byname", "--generic-resource", "gpu=GPU-a", "busybox", "sleep", "1"]);
+    let out = docker_cli::run(
+        d.socket(),
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "byname",
+            "--generic-resource",
+            "gpu=GPU-a",
+            "busybox",
+            "sleep",
+            "1",
+        ],
+    );
     assert!(!out.status.success());
     assert!(!service_names(&d).iter().any(|n| n == "byname"));
 
@@ -101,7 +139,12 @@ fn tasks_get_distinct_units_of_what_the_node_offers() {
         docker(&d, &["service", "rm", s]);
     }
     wait_until("every task process stopped", DEADLINE, || {
-        let left: usize = ["7171", "7272", "7373"].iter().map(|n| process::pids_with_cmdline(&["sleep", n]).len()).sum();
-        if left == 0 { Ok(()) } else { Err(format!("{left} processes")) }
+        let left: usize =
+            ["7171", "7272", "7373"].iter().map(|n| process::pids_with_cmdline(&["sleep", n]).len()).sum();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} processes"))
+        }
     });
 }

@@ -70,7 +70,10 @@ fn a_global_service_runs_one_task_per_eligible_node() {
         "global 3/3" => Ok(()),
         other => Err(other.to_string()),
     });
-    let ps = docker(&m, &["service", "ps", "gsvc", "--filter", "desired-state=running", "--format", "{{.Node}} {{.CurrentState}}"]);
+    let ps = docker(
+        &m,
+        &["service", "ps", "gsvc", "--filter", "desired-state=running", "--format", "{{.Node}} {{.CurrentState}}"],
+    );
     let rows: BTreeSet<String> = ps.lines().map(|l| l.split_whitespace().next().unwrap_or("").to_string()).collect();
     assert_eq!(rows, set(&["gm-101", "gw-102", "gw-103"]), "service ps:\n{ps}");
     assert!(ps.lines().all(|l| l.contains("Running")), "service ps:\n{ps}");
@@ -95,7 +98,20 @@ fn a_global_service_runs_one_task_per_eligible_node() {
     let zoned = ["sleep", "5153"];
     docker(
         &m,
-        &["service", "create", "--detach", "--name", "gzone", "--mode", "global", "--constraint", "node.labels.zone==a", "busybox", "sleep", "5153"],
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "gzone",
+            "--mode",
+            "global",
+            "--constraint",
+            "node.labels.zone==a",
+            "busybox",
+            "sleep",
+            "5153",
+        ],
     );
     let running = wait_running(&m, "gzone", 2, &zoned, DEADLINE);
     assert_eq!(hosts_of(&m, &running), set(&["gm-101", "gw-102"]));

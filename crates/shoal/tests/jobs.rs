@@ -115,8 +115,20 @@ fn a_replicated_job_runs_its_completions_two_at_a_time_and_again_on_forced_updat
     let out = docker_returns(
         &d,
         &[
-            "service", "create", "--name", "batch", "--mode", "replicated-job", "--replicas", "5", "--max-concurrent",
-            "2", "busybox", "sh", "-c", cmd,
+            "service",
+            "create",
+            "--name",
+            "batch",
+            "--mode",
+            "replicated-job",
+            "--replicas",
+            "5",
+            "--max-concurrent",
+            "2",
+            "busybox",
+            "sh",
+            "-c",
+            cmd,
         ],
     );
     assert!(out.contains("job complete"), "the CLI's progress ends with the job complete:\n{out}");
@@ -167,8 +179,21 @@ fn a_failing_job_task_is_restarted_and_a_job_can_not_become_a_service() {
     docker(
         &d,
         &[
-            "service", "create", "--detach", "--name", "flaky", "--mode", "replicated-job", "--replicas", "1",
-            "--restart-delay", "100ms", "busybox", "sh", "-c", &script,
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "flaky",
+            "--mode",
+            "replicated-job",
+            "--replicas",
+            "1",
+            "--restart-delay",
+            "100ms",
+            "busybox",
+            "sh",
+            "-c",
+            &script,
         ],
     );
     let tasks = wait_until("the failed task is replaced and the job completes", DEADLINE, || {
@@ -216,7 +241,10 @@ fn a_global_job_runs_once_per_node() {
             Err(ls)
         }
     });
-    let out = docker_returns(&m, &["service", "create", "--name", "once", "--mode", "global-job", "busybox", "sh", "-c", "sleep 0.2"]);
+    let out = docker_returns(
+        &m,
+        &["service", "create", "--name", "once", "--mode", "global-job", "busybox", "sh", "-c", "sleep 0.2"],
+    );
     assert!(out.contains("job complete"), "{out}");
     let tasks = tasks_of(&m, "once");
     assert_eq!(tasks.len(), 3, "one task per node, none restarted: {tasks:?}");
@@ -241,7 +269,22 @@ fn a_job_runs_to_completion_on_the_docker_executor() {
     let d = EngineDaemon::start(&shoal_bin());
     let out = docker_returns(
         &d,
-        &["service", "create", "--name", "djob", "--mode", "replicated-job", "--replicas", "3", "--max-concurrent", "2", image, "sh", "-c", "sleep 0.2"],
+        &[
+            "service",
+            "create",
+            "--name",
+            "djob",
+            "--mode",
+            "replicated-job",
+            "--replicas",
+            "3",
+            "--max-concurrent",
+            "2",
+            image,
+            "sh",
+            "-c",
+            "sleep 0.2",
+        ],
     );
     assert!(out.contains("job complete"), "{out}");
     let tasks = tasks_of(&d, "djob");

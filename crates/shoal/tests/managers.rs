@@ -214,7 +214,9 @@ fn a_demoted_manager_leaves_raft() {
             Err(format!("{seen:?}"))
         }
     });
-    wait_until("a write through manager-32", Duration::from_secs(20), || create(&b, "after-demote", 1, &["sleep", "3191"]));
+    wait_until("a write through manager-32", Duration::from_secs(20), || {
+        create(&b, "after-demote", 1, &["sleep", "3191"])
+    });
     drop(c);
 }
 

@@ -51,11 +51,16 @@ fn in_subnet(addr: &str, subnet: &str) -> bool {
 fn settled_tasks(d: &DaemonProcess, service: &str, n: usize) -> Vec<Value> {
     wait_until(&format!("{n} allocated or explained tasks of {service}"), WAIT, || {
         let tasks: Vec<Value> = tasks_of(d, service).into_iter().filter(|t| desired(t) == "running").collect();
-        let settled = tasks.iter().filter(|t| state(t) != "new" || !t["Status"]["Err"].as_str().unwrap_or("").is_empty());
+        let settled =
+            tasks.iter().filter(|t| state(t) != "new" || !t["Status"]["Err"].as_str().unwrap_or("").is_empty());
         if tasks.len() == n && settled.count() == n {
             Ok(tasks)
         } else {
-            Err(format!("{} tasks: {:?}", tasks.len(), tasks.iter().map(|t| (state(t).to_string(), t["Status"]["Err"].clone())).collect::<Vec<_>>()))
+            Err(format!(
+                "{} tasks: {:?}",
+                tasks.len(),
+                tasks.iter().map(|t| (state(t).to_string(), t["Status"]["Err"].clone())).collect::<Vec<_>>()
+            ))
         }
     })
 }
@@ -80,16 +85,39 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
     let id = docker(&d, &["network", "create", "-d", "overlay", "--label", "team=a", "appnet"]).trim().to_string();
     assert_eq!(id.len(), 25, "{id}");
     let n = inspect(&d, "network", "appnet");
-    assert_eq!((n["Id"].as_str(), n["Scope"].as_str(), n["Driver"].as_str()), (Some(id.as_str()), Some("swarm"), Some("overlay")));
+    assert_eq!(
+        (n["Id"].as_str(), n["Scope"].as_str(), n["Driver"].as_str()),
+        (Some(id.as_str()), Some("swarm"), Some("overlay"))
+    );
     // The first free /24 of the default pool 10.0.0.0/8, its first address the gateway.
     let subnet = n["IPAM"]["Config"][0]["Subnet"].as_str().unwrap().to_string();
     assert_eq!((subnet.as_str(), n["IPAM"]["Config"][0]["Gateway"].as_str()), ("10.0.1.0/24", Some("10.0.1.1")));
     assert_eq!(inspect(&d, "network", &id[..6])["Name"], "appnet", "by ID prefix");
-    let attach = docker(&d, &["network", "create", "-d", "overlay", "--attachable", "--internal", "--subnet", "10.20.0.0/16", "--gateway", "10.20.0.254", "--ip-range", "10.20.5.0/24", "other"]);
+    let attach = docker(
+        &d,
+        &[
+            "network",
+            "create",
+            "-d",
+            "overlay",
+            "--attachable",
+            "--internal",
+            "--subnet",
+            "10.20.0.0/16",
+            "--gateway",
+            "10.20.0.254",
+            "--ip-range",
+            "10.20.5.0/24",
+            "other",
+        ],
+    );
     assert!(!attach.trim().is_empty());
     let o = inspect(&d, "network", "other");
     assert_eq!((o["Attachable"].as_bool(), o["Internal"].as_bool()), (Some(true), Some(true)));
-    assert_eq!(o["IPAM"]["Config"][0], json!({"Subnet": "10.20.0.0/16", "IPRange": "10.20.5.0/24", "Gateway": "10.20.0.254"}));
+    assert_eq!(
+        o["IPAM"]["Config"][0],
+        json!({"Subnet": "10.20.0.0/16", "IPRange": "10.20.5.0/24", "Gateway": "10.20.0.254"})
+    );
     assert_eq!(names(&["--filter", "label=team=a"]), ["appnet overlay swarm"]);
     assert_eq!(names(&["--filter", "name=oth"]), ["other overlay swarm"]);
     assert_eq!(names(&["--filter", "driver=bridge"]), Vec::<String>::new());
@@ -97,7 +125,11 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
     // What Shoal cannot make, and overlaps, are refused by name; nothing is created.
     fails_with(&d, &["network", "create", "local"], "Driver \"bridge\" is not supported");
     fails_with(&d, &["network", "create", "-d", "macvlan", "mv"], "Driver \"macvlan\" is not supported");
-    fails_with(&d, &["network", "create", "-d", "overlay", "--subnet", "10.0.0.0/16", "wide"], "overlaps subnet 10.0.0.0/24 of network ingress");
+    fails_with(
+        &d,
+        &["network", "create", "-d", "overlay", "--subnet", "10.0.0.0/16", "wide"],
+        "overlaps subnet 10.0.0.0/24 of network ingress",
+    );
     fails_with(&d, &["network", "create", "-d", "overlay", "--ipv6", "v6"], "IPv6");
     fails_with(&d, &["network", "create", "-d", "overlay", "-o", "mtu=1400", "mtu"], "\"mtu\" is not supported yet");
     // An encrypted network is kept with its option (every node refuses its tasks with the data plane's
@@ -110,17 +142,63 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
     assert_eq!(names(&[]).len(), 3);
 
     // Two services on it: ingress-published 8080 and a host-mode 9000.
-    docker(&d, &["service", "create", "-d", "--name", "web", "--network", "name=appnet,alias=www", "--publish", "8080:80", "busybox", "sleep", "3600"]);
-    docker(&d, &["service", "create", "-d", "--name", "hostp", "--network", "appnet", "--publish", "mode=host,target=9000,published=9000", "busybox", "sleep", "3600"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "-d",
+            "--name",
+            "web",
+            "--network",
+            "name=appnet,alias=www",
+            "--publish",
+            "8080:80",
+            "busybox",
+            "sleep",
+            "3600",
+        ],
+    );
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "-d",
+            "--name",
+            "hostp",
+            "--network",
+            "appnet",
+            "--publish",
+            "mode=host,target=9000,published=9000",
+            "busybox",
+            "sleep",
+            "3600",
+        ],
+    );
     let web_tasks = settled_tasks(&d, "web", 1);
     let web = inspect(&d, "service", "web");
     let ep = &web["Endpoint"];
-    assert_eq!(ep["Ports"], json!([{"Protocol": "tcp", "TargetPort": 80, "PublishedPort": 8080, "PublishMode": "ingress"}]), "{ep}");
-    let vips: Vec<(String, String)> = ep["VirtualIPs"].as_array().unwrap().iter().map(|v| (v["NetworkID"].as_str().unwrap().to_string(), v["Addr"].as_str().unwrap().to_string())).collect();
+    assert_eq!(
+        ep["Ports"],
+        json!([{"Protocol": "tcp", "TargetPort": 80, "PublishedPort": 8080, "PublishMode": "ingress"}]),
+        "{ep}"
+    );
+    let vips: Vec<(String, String)> = ep["VirtualIPs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["NetworkID"].as_str().unwrap().to_string(), v["Addr"].as_str().unwrap().to_string()))
+        .collect();
     assert_eq!(vips.len(), 2, "a VIP on ingress and on appnet: {ep}");
     let ingress_id = ingress["Id"].as_str().unwrap();
     for (net, addr) in &vips {
-        let sub = if net == &id { subnet.as_str() } else { assert_eq!(net, ingress_id); "10.0.0.0/24" };
+        let sub = if net == &id {
+            subnet.as_str()
+        } else {
+            assert_eq!(net, ingress_id);
+            "10.0.0.0/24"
+        };
         assert!(in_subnet(addr, sub), "{addr} not in {sub}");
     }
     assert_eq!(web["Spec"]["TaskTemplate"]["Networks"], json!([{"Target": id, "Aliases": ["www"]}]));
@@ -137,11 +215,19 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
     wait_until("the web task pending for the overlay plugin", WAIT, || {
         let t = tasks_of(&d, "web").pop().unwrap_or_default();
         let err = t["Status"]["Err"].as_str().unwrap_or("").to_string();
-        if state(&t) == "pending" && err.contains("missing plugin on 1 node") { Ok(()) } else { Err(format!("{} {err}", state(&t))) }
+        if state(&t) == "pending" && err.contains("missing plugin on 1 node") {
+            Ok(())
+        } else {
+            Err(format!("{} {err}", state(&t)))
+        }
     });
     let hostp = settled_tasks(&d, "hostp", 1);
     let hep = &inspect(&d, "service", "hostp")["Endpoint"];
-    assert_eq!(hep["Ports"], json!([{"Protocol": "tcp", "TargetPort": 9000, "PublishedPort": 9000, "PublishMode": "host"}]), "{hep}");
+    assert_eq!(
+        hep["Ports"],
+        json!([{"Protocol": "tcp", "TargetPort": 9000, "PublishedPort": 9000, "PublishMode": "host"}]),
+        "{hep}"
+    );
     assert_eq!(hep["VirtualIPs"].as_array().map(Vec::len), Some(1), "only appnet: host ports need no ingress");
     assert_eq!(hostp[0]["NetworksAttachments"].as_array().map(Vec::len), Some(1));
     // Every address held once.
@@ -155,18 +241,42 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
     assert_eq!(all.iter().collect::<BTreeSet<_>>().len(), all.len(), "{all:?}");
 
     // A second service asking for 8080: refused, naming the holder.
-    fails_with(&d, &["service", "create", "-d", "--name", "web2", "--publish", "8080:80", "busybox", "sleep", "1"], "port '8080' is already in use by service 'web'");
+    fails_with(
+        &d,
+        &["service", "create", "-d", "--name", "web2", "--publish", "8080:80", "busybox", "sleep", "1"],
+        "port '8080' is already in use by service 'web'",
+    );
     // A network in use, and ingress while a service publishes through it, stay.
     fails_with(&d, &["network", "rm", "appnet"], "network appnet is in use by service hostp, web");
     // (The CLI asks before removing the routing mesh's network.)
     let out = docker_cli::run_with_stdin(d.socket(), &["network", "rm", "ingress"], "y\n");
     assert!(!out.status.success() && text(&out).contains("network ingress is in use by service web"), "{}", text(&out));
-    fails_with(&d, &["service", "create", "-d", "--name", "x", "--network", "ingress", "busybox"], "cannot be explicitly attached to the ingress network");
+    fails_with(
+        &d,
+        &["service", "create", "-d", "--name", "x", "--network", "ingress", "busybox"],
+        "cannot be explicitly attached to the ingress network",
+    );
     fails_with(&d, &["service", "create", "-d", "--name", "x", "--network", "nope", "busybox"], "nope");
 
     // A /29 has 5 host addresses beside the gateway: one VIP and four tasks; the others say why they wait.
     docker(&d, &["network", "create", "-d", "overlay", "--subnet", "10.9.9.0/29", "small"]);
-    docker(&d, &["service", "create", "-d", "--name", "crowd", "--network", "small", "--replicas", "7", "busybox", "sleep", "3600"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "-d",
+            "--name",
+            "crowd",
+            "--network",
+            "small",
+            "--replicas",
+            "7",
+            "busybox",
+            "sleep",
+            "3600",
+        ],
+    );
     let crowd = settled_tasks(&d, "crowd", 7);
     let waiting: Vec<&Value> = crowd.iter().filter(|t| state(t) == "new").collect();
     assert_eq!(waiting.len(), 3, "{crowd:?}");
@@ -193,13 +303,44 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
 
     // Host-mode ports without networks: the process executor runs a task publishing its own port, and
     // rejects a mapping it cannot make, naming the ports.
-    docker(&d, &["service", "create", "-d", "--name", "hp", "--publish", "mode=host,target=9100,published=9100", "busybox", "sleep", "3274"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "-d",
+            "--name",
+            "hp",
+            "--publish",
+            "mode=host,target=9100,published=9100",
+            "busybox",
+            "sleep",
+            "3274",
+        ],
+    );
     wait_running(&d, "hp", 1, &["sleep", "3274"], WAIT);
-    docker(&d, &["service", "create", "-d", "--name", "hmap", "--publish", "mode=host,target=9200,published=9201", "busybox", "sleep", "3275"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "-d",
+            "--name",
+            "hmap",
+            "--publish",
+            "mode=host,target=9200,published=9201",
+            "busybox",
+            "sleep",
+            "3275",
+        ],
+    );
     wait_until("hmap's task rejected, naming the ports", WAIT, || {
         let ts = tasks_of(&d, "hmap");
         ts.iter()
-            .find(|t| state(t) == "rejected" && t["Status"]["Err"].as_str().unwrap_or("").contains("cannot map host port 9201 to port 9200"))
+            .find(|t| {
+                state(t) == "rejected"
+                    && t["Status"]["Err"].as_str().unwrap_or("").contains("cannot map host port 9201 to port 9200")
+            })
             .map(|_| ())
             .ok_or_else(|| format!("{ts:?}"))
     });
@@ -211,7 +352,11 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
     for n in ["appnet", "small", "other"] {
         wait_until(&format!("{n} removable once its tasks are gone"), WAIT, || {
             let out = docker_cli::run(d.socket(), &["network", "rm", n]);
-            if out.status.success() { Ok(()) } else { Err(text(&out)) }
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(text(&out))
+            }
         });
     }
     assert_eq!(names(&[]), ["ingress overlay swarm"]);
@@ -278,17 +423,29 @@ fn after_the_leader_dies_mid_creation_no_address_is_held_twice_on_any_manager() 
     for d in &ds {
         wait_until("three managers, one leader", WAIT, || {
             let seen = shoal_testkit::managers::managers_seen_by(d)?;
-            if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 { Ok(()) } else { Err(format!("{seen:?}")) }
+            if seen.len() == 3 && seen.iter().filter(|(_, s)| s == "Leader").count() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
         });
     }
-    let r = shoal_testkit::http::request(ds[0].socket(), "POST", "/v1.47/networks/create", Some(&json!({"Name": "appnet", "Driver": "overlay"}).to_string())).unwrap();
+    let r = shoal_testkit::http::request(
+        ds[0].socket(),
+        "POST",
+        "/v1.47/networks/create",
+        Some(&json!({"Name": "appnet", "Driver": "overlay"}).to_string()),
+    )
+    .unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     const SERVICES: usize = 50;
-    let spec = |i: usize| json!({
-        "Name": format!("s{i}"),
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3600"]}, "Networks": [{"Target": "appnet"}]},
-        "Mode": {"Replicated": {"Replicas": 2}},
-    });
+    let spec = |i: usize| {
+        json!({
+            "Name": format!("s{i}"),
+            "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3600"]}, "Networks": [{"Target": "appnet"}]},
+            "Mode": {"Replicated": {"Replicas": 2}},
+        })
+    };
     // Create through a follower (its writes go to the leader), kill -9 the leader a third of the way in,
     // and go on through a survivor: each create is retried until it succeeds or the name is taken (an
     // earlier attempt whose answer was lost did create it).
@@ -308,11 +465,16 @@ fn after_the_leader_dies_mid_creation_no_address_is_held_twice_on_any_manager() 
     ds[li].restart(&[]);
     // Every task allocated (or explained), on every manager, and every allocation unique.
     for d in &ds {
-        let held = wait_until("every task of every service allocated, on every manager", Duration::from_secs(60), || {
-            let held = allocations(d)?;
-            // A VIP per service and an address per task on appnet.
-            if held.len() == SERVICES * 3 { Ok(held) } else { Err(format!("{} allocations", held.len())) }
-        });
+        let held =
+            wait_until("every task of every service allocated, on every manager", Duration::from_secs(60), || {
+                let held = allocations(d)?;
+                // A VIP per service and an address per task on appnet.
+                if held.len() == SERVICES * 3 {
+                    Ok(held)
+                } else {
+                    Err(format!("{} allocations", held.len()))
+                }
+            });
         let unique: BTreeSet<&String> = held.iter().collect();
         assert_eq!(unique.len(), held.len(), "an address is held twice: {held:?}");
     }

@@ -139,7 +139,11 @@ fn a_setting_the_process_executor_cannot_honour_rejects_the_task_with_the_reason
     let text = wait_until("a rejected task", Duration::from_secs(30), || {
         let out = shoal_testkit::docker_cli::run(d.socket(), &["service", "ps", "--no-trunc", "asuser"]);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if text.contains("Rejected") { Ok(text) } else { Err(text) }
+        if text.contains("Rejected") {
+            Ok(text)
+        } else {
+            Err(text)
+        }
     });
     assert!(text.contains("ContainerSpec.User") && text.contains("docker executor"), "{text}");
     assert!(shoal_testkit::process::pids_with_cmdline(&["sleep", "3011"]).is_empty(), "the task ran without its user");
@@ -302,18 +306,28 @@ fn shoal_daemon_runs_shoald_beside_it_and_says_so_when_it_is_missing() {
     assert!(err.contains(&format!("cannot run the daemon binary {}", expected.display())), "{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     let out = run(&["daemon", "--no-such-flag"]);
-    assert_eq!(out.status.code(), Some(2), "a usage error, from shoal itself: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a usage error, from shoal itself: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!alone.path().join("s").exists(), "nothing made");
 
     // Beside its shoald, the daemon is the process `shoal daemon` started (same PID, same command line).
     let dir = tempfile::Builder::new().prefix("shoal-exec-").tempdir().unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
-    let mut child =
-        Started(Some(shoal_daemon(dir.path(), &["--state-dir", "./s", "--listen-remote-api", &listen]).spawn().unwrap()));
+    let mut child = Started(Some(
+        shoal_daemon(dir.path(), &["--state-dir", "./s", "--listen-remote-api", &listen]).spawn().unwrap(),
+    ));
     let pid = child.0.as_ref().unwrap().id();
     let exe = wait_until("the process runs shoald", Duration::from_secs(10), || {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| e.to_string())?;
-        if exe.file_name().is_some_and(|n| n == "shoald") { Ok(exe) } else { Err(format!("{}", exe.display())) }
+        if exe.file_name().is_some_and(|n| n == "shoald") {
+            Ok(exe)
+        } else {
+            Err(format!("{}", exe.display()))
+        }
     });
     assert_eq!(exe, shoal_bin().with_file_name("shoald"));
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
@@ -322,7 +336,11 @@ fn shoal_daemon_runs_shoald_beside_it_and_says_so_when_it_is_missing() {
     let socket = dir.path().join("s/control.sock");
     wait_until("the daemon answers", Duration::from_secs(30), || {
         let r = shoal_testkit::http::request(&socket, "GET", "/v1.47/info", None).map_err(|e| e.to_string())?;
-        if r.body["Swarm"]["LocalNodeState"] == "active" { Ok(()) } else { Err(format!("{}", r.body)) }
+        if r.body["Swarm"]["LocalNodeState"] == "active" {
+            Ok(())
+        } else {
+            Err(format!("{}", r.body))
+        }
     });
     // SIGTERM to the PID `shoal daemon` had: the daemon's clean stop.
     assert!(Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());

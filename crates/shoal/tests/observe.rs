@@ -128,7 +128,9 @@ fn metrics_scraped_during_a_1000_replica_deploy_show_tasks_moving_from_pending_t
     );
     assert_eq!(running.last().copied(), Some(replicas as f64), "every replica running by the deadline: {samples:?}");
     assert!(
-        samples.iter().any(|s| s["before_running"].as_f64().unwrap() > 0.0 && s["running"].as_f64().unwrap() < replicas as f64),
+        samples
+            .iter()
+            .any(|s| s["before_running"].as_f64().unwrap() > 0.0 && s["running"].as_f64().unwrap() < replicas as f64),
         "a scrape saw tasks not yet running: {samples:?}"
     );
     assert!(running.windows(2).all(|w| w[0] <= w[1]), "running only grows during the deploy: {running:?}");
@@ -181,21 +183,29 @@ fn a_follower_serves_the_store_and_raft_figures_but_is_not_the_leader() {
         },
     );
     shoal_testkit::managers::create_service(&leader, "seen", 2, &["sleep", "3491"]).expect("create");
-    let text = wait_until("the follower's store counting both tasks running on two ready nodes", Duration::from_secs(60), || {
-        let text = scrape(&follower_metrics);
-        let running = sample(&text, "swarm_manager_tasks_total{state=\"running\"}");
-        let ready = sample(&text, "swarm_manager_nodes{state=\"ready\"}");
-        if running == Some(2.0) && ready == Some(2.0) {
-            Ok(text)
-        } else {
-            Err(format!("running {running:?}, ready nodes {ready:?}"))
-        }
-    });
+    let text = wait_until(
+        "the follower's store counting both tasks running on two ready nodes",
+        Duration::from_secs(60),
+        || {
+            let text = scrape(&follower_metrics);
+            let running = sample(&text, "swarm_manager_tasks_total{state=\"running\"}");
+            let ready = sample(&text, "swarm_manager_nodes{state=\"ready\"}");
+            if running == Some(2.0) && ready == Some(2.0) {
+                Ok(text)
+            } else {
+                Err(format!("running {running:?}, ready nodes {ready:?}"))
+            }
+        },
+    );
     assert_eq!(sample(&text, "swarm_node_manager"), Some(1.0), "{text}");
     assert_eq!(sample(&text, "swarm_manager_leader"), Some(0.0), "{text}");
     assert_eq!(sample(&text, "swarm_raft_members"), Some(2.0), "{text}");
     assert_eq!(sample(&text, "swarm_manager_services_total"), Some(1.0), "{text}");
-    assert_eq!(sample(&text, "swarm_dispatcher_sessions"), Some(0.0), "agents hold their sessions with the leader: {text}");
+    assert_eq!(
+        sample(&text, "swarm_dispatcher_sessions"),
+        Some(0.0),
+        "agents hold their sessions with the leader: {text}"
+    );
 }
 
 fn post_json(d: &DaemonProcess, path: &str, body: &Value) {
@@ -236,7 +246,11 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
     wait_until("two ready nodes", Duration::from_secs(30), || {
         let nodes = m.get("/v1.47/nodes");
         let ready = nodes.as_array().map_or(0, |a| a.iter().filter(|n| n["Status"]["State"] == "ready").count());
-        if ready == 2 { Ok(()) } else { Err(format!("{ready} ready")) }
+        if ready == 2 {
+            Ok(())
+        } else {
+            Err(format!("{ready} ready"))
+        }
     });
     let wm = scrape(&worker_metrics_addr);
     assert!(wm.contains("swarm_node_manager 0") && wm.contains("process_open_fds"), "{wm}");
@@ -253,27 +267,36 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
     b.eval("window.loadedOnce = 'yes'");
 
     let args = |a: &[&str]| -> Value { a.iter().map(|s| Value::from(*s)).collect() };
-    create(&m, serde_json::json!({
-        "Name": "probe",
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": args(&["sleep", "3481"])}},
-        "Mode": {"Replicated": {"Replicas": 2}},
-    }));
-    create(&m, serde_json::json!({
-        "Name": "stuck",
-        "TaskTemplate": {
-            "ContainerSpec": {"Image": "busybox", "Args": args(&["sleep", "3482"])},
-            "Placement": {"Constraints": ["node.labels.zone==nowhere"]},
-        },
-        "Mode": {"Replicated": {"Replicas": 1}},
-    }));
-    create(&m, serde_json::json!({
-        "Name": "crash",
-        "TaskTemplate": {
-            "ContainerSpec": {"Image": "busybox", "Args": args(&["sh", "-c", "exit 3"])},
-            "RestartPolicy": {"Condition": "none"},
-        },
-        "Mode": {"Replicated": {"Replicas": 1}},
-    }));
+    create(
+        &m,
+        serde_json::json!({
+            "Name": "probe",
+            "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": args(&["sleep", "3481"])}},
+            "Mode": {"Replicated": {"Replicas": 2}},
+        }),
+    );
+    create(
+        &m,
+        serde_json::json!({
+            "Name": "stuck",
+            "TaskTemplate": {
+                "ContainerSpec": {"Image": "busybox", "Args": args(&["sleep", "3482"])},
+                "Placement": {"Constraints": ["node.labels.zone==nowhere"]},
+            },
+            "Mode": {"Replicated": {"Replicas": 1}},
+        }),
+    );
+    create(
+        &m,
+        serde_json::json!({
+            "Name": "crash",
+            "TaskTemplate": {
+                "ContainerSpec": {"Image": "busybox", "Args": args(&["sh", "-c", "exit 3"])},
+                "RestartPolicy": {"Condition": "none"},
+            },
+            "Mode": {"Replicated": {"Replicas": 1}},
+        }),
+    );
     b.wait_for(
         "probe's two tasks running on the page",
         "document.querySelectorAll('.node .task.running[data-service-name=probe]').length === 2",
@@ -308,7 +331,10 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
         Duration::from_secs(30),
     );
     let to_red = killed.elapsed();
-    println!("RESULT the live page showed the killed worker down {:.1} s after the kill (heartbeat 1 s)", to_red.as_secs_f64());
+    println!(
+        "RESULT the live page showed the killed worker down {:.1} s after the kill (heartbeat 1 s)",
+        to_red.as_secs_f64()
+    );
     assert!(to_red < Duration::from_secs(12), "down shown {to_red:?} after the kill");
     assert_eq!(b.eval("window.loadedOnce"), "yes", "the page was not reloaded");
     b.screenshot(&artifacts.join("live-page-node-down.png"));
@@ -337,7 +363,10 @@ fn a_taken_metrics_address_stops_the_start_naming_the_flag_and_leaves_nothing_be
         .expect("spawn shoal daemon");
     let (ok, text) = process::wait_exit(child, Duration::from_secs(20), "shoal daemon");
     assert!(!ok, "the start should have failed:\n{text}");
-    assert!(text.contains("--listen-metrics") && text.contains(&addr) && text.to_lowercase().contains("in use"), "{text}");
+    assert!(
+        text.contains("--listen-metrics") && text.contains(&addr) && text.to_lowercase().contains("in use"),
+        "{text}"
+    );
     let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("shoal.lock")], "a failed first start left files behind");
     assert!(!dir.join("control.sock").exists(), "a failed start left its control socket");

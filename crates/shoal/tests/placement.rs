@@ -38,7 +38,11 @@ fn spread_preference_balances_zones_before_nodes() {
     wait_until("three nodes ready", DEADLINE, || {
         let ls = docker(&m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
         let ready = ls.lines().filter(|l| l.ends_with(" Ready")).count();
-        if ready == 3 { Ok(()) } else { Err(ls) }
+        if ready == 3 {
+            Ok(())
+        } else {
+            Err(ls)
+        }
     });
     // Zones a, a, b: 4 replicas give 2 in a (one per node) and 2 in b (its one node).
     for (host, zone) in [("pm-111", "a"), ("pw-112", "a"), ("pw-113", "b")] {
@@ -47,14 +51,27 @@ fn spread_preference_balances_zones_before_nodes() {
     let argv = ["sleep", "6161"];
     docker(
         &m,
-        &["service", "create", "--detach", "--name", "zoned", "--replicas", "4",
-          "--placement-pref", "spread=node.labels.zone", "busybox", "sleep", "6161"],
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "zoned",
+            "--replicas",
+            "4",
+            "--placement-pref",
+            "spread=node.labels.zone",
+            "busybox",
+            "sleep",
+            "6161",
+        ],
     );
     let running = wait_running(&m, "zoned", 4, &argv, DEADLINE);
     let expected: BTreeMap<String, usize> = [("a".to_string(), 2), ("b".to_string(), 2)].into();
     assert_eq!(per_zone(&m, &running), expected);
 
-    let prefs = docker(&m, &["service", "inspect", "zoned", "--format", "{{json .Spec.TaskTemplate.Placement.Preferences}}"]);
+    let prefs =
+        docker(&m, &["service", "inspect", "zoned", "--format", "{{json .Spec.TaskTemplate.Placement.Preferences}}"]);
     assert_eq!(prefs.trim(), r#"[{"Spread":{"SpreadDescriptor":"node.labels.zone"}}]"#);
 
     // Scaling to 6 keeps the zones even: 3 and 3.
@@ -66,7 +83,18 @@ fn spread_preference_balances_zones_before_nodes() {
     // A descriptor the tree cannot group by is refused, naming the field; nothing is created.
     let out = docker_cli::run(
         m.socket(),
-        &["service", "create", "--detach", "--name", "badpref", "--placement-pref", "spread=node.hostname", "busybox", "sleep", "1"],
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "badpref",
+            "--placement-pref",
+            "spread=node.hostname",
+            "busybox",
+            "sleep",
+            "1",
+        ],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "accepted: {stderr}");
@@ -76,7 +104,11 @@ fn spread_preference_balances_zones_before_nodes() {
     docker(&m, &["service", "rm", "zoned"]);
     wait_until("the tasks stopped", DEADLINE, || {
         let pids = process::pids_with_cmdline(&argv);
-        if pids.is_empty() { Ok(()) } else { Err(format!("{} processes", pids.len())) }
+        if pids.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} processes", pids.len()))
+        }
     });
 }
 
@@ -103,7 +135,11 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
     let _w2 = node_at(115, "rw-115", Some((&m, "Worker")));
     wait_until("two nodes ready", DEADLINE, || {
         let ls = docker(&m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
-        if ls.lines().filter(|l| l.ends_with(" Ready")).count() == 2 { Ok(()) } else { Err(ls) }
+        if ls.lines().filter(|l| l.ends_with(" Ready")).count() == 2 {
+            Ok(())
+        } else {
+            Err(ls)
+        }
     });
     let argv = ["sleep", "6262"];
     docker(&m, &["service", "create", "--detach", "--name", "spread6", "--replicas", "6", "busybox", "sleep", "6262"]);
@@ -114,8 +150,20 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
     let argv_sf = ["sleep", "6263"];
     docker(
         &m,
-        &["service", "create", "--detach", "--name", "spread6sf", "--replicas", "6", "--update-order", "start-first",
-          "busybox", "sleep", "6263"],
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "spread6sf",
+            "--replicas",
+            "6",
+            "--update-order",
+            "start-first",
+            "busybox",
+            "sleep",
+            "6263",
+        ],
     );
     wait_running(&m, "spread6sf", 6, &argv_sf, DEADLINE);
 
@@ -134,7 +182,11 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
     for (service, argv) in [("spread6", argv), ("spread6sf", argv_sf)] {
         wait_until(&format!("2 tasks of {service} per node"), DEADLINE, || {
             let now = per_host(&m, service);
-            if now == even && process::pids_with_cmdline(&argv).len() == 6 { Ok(()) } else { Err(format!("{now:?}")) }
+            if now == even && process::pids_with_cmdline(&argv).len() == 6 {
+                Ok(())
+            } else {
+                Err(format!("{now:?}"))
+            }
         });
     }
     assert!(m.log().contains("rebalancing: stopping tasks on the fullest nodes"));
@@ -142,6 +194,10 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
     docker(&m, &["service", "rm", "spread6", "spread6sf"]);
     wait_until("the tasks stopped", DEADLINE, || {
         let pids = process::pids_with_cmdline(&argv).len() + process::pids_with_cmdline(&argv_sf).len();
-        if pids == 0 { Ok(()) } else { Err(format!("{pids} processes")) }
+        if pids == 0 {
+            Ok(())
+        } else {
+            Err(format!("{pids} processes"))
+        }
     });
 }

@@ -46,13 +46,29 @@ fn create_and_update_without_detach_follow_the_service_until_it_converges() {
     // Replicated: every task of the replicas counted, then the monitor period, then "converged".
     let out = docker_until_done(
         &d,
-        &["service", "create", "--name", "web", "--replicas", "3", "--update-monitor", "2s", "busybox", "sleep", "3301"],
+        &[
+            "service",
+            "create",
+            "--name",
+            "web",
+            "--replicas",
+            "3",
+            "--update-monitor",
+            "2s",
+            "busybox",
+            "sleep",
+            "3301",
+        ],
         limit,
     );
     let web = service_id(&d, "web");
     check_lines(
         &out,
-        &["overall progress: 0 out of 3 tasks", "overall progress: 3 out of 3 tasks", &format!("verify: Service {web} converged")],
+        &[
+            "overall progress: 0 out of 3 tasks",
+            "overall progress: 3 out of 3 tasks",
+            &format!("verify: Service {web} converged"),
+        ],
         "replicated create",
     );
 
@@ -72,16 +88,45 @@ fn create_and_update_without_detach_follow_the_service_until_it_converges() {
     // Global: one task per active node (one node here).
     let out = docker_until_done(
         &d,
-        &["service", "create", "--name", "everywhere", "--mode", "global", "--update-monitor", "1s", "busybox", "sleep", "3303"],
+        &[
+            "service",
+            "create",
+            "--name",
+            "everywhere",
+            "--mode",
+            "global",
+            "--update-monitor",
+            "1s",
+            "busybox",
+            "sleep",
+            "3303",
+        ],
         limit,
     );
     let everywhere = service_id(&d, "everywhere");
-    check_lines(&out, &["overall progress: 1 out of 1 tasks", &format!("verify: Service {everywhere} converged")], "global create");
+    check_lines(
+        &out,
+        &["overall progress: 1 out of 1 tasks", &format!("verify: Service {everywhere} converged")],
+        "global create",
+    );
 
     // A replicated job returns once its completions are done; no verify period.
     let out = docker_until_done(
         &d,
-        &["service", "create", "--name", "batch", "--mode", "replicated-job", "--replicas", "3", "--max-concurrent", "2", "busybox", "true"],
+        &[
+            "service",
+            "create",
+            "--name",
+            "batch",
+            "--mode",
+            "replicated-job",
+            "--replicas",
+            "3",
+            "--max-concurrent",
+            "2",
+            "busybox",
+            "true",
+        ],
         limit,
     );
     check_lines(&out, &["active tasks:", "job complete"], "replicated job create");
@@ -95,7 +140,11 @@ fn create_and_update_without_detach_follow_the_service_until_it_converges() {
     assert_eq!(done, 6, "three more completions when the CLI returned");
 
     // A global job likewise.
-    let out = docker_until_done(&d, &["service", "create", "--name", "once", "--mode", "global-job", "busybox", "true"], limit);
+    let out = docker_until_done(
+        &d,
+        &["service", "create", "--name", "once", "--mode", "global-job", "busybox", "true"],
+        limit,
+    );
     check_lines(&out, &["job complete"], "global job create");
     let done = tasks_of(&d, "once").iter().filter(|t| state(t) == "complete").count();
     assert_eq!(done, 1, "one completion per node when the CLI returned");

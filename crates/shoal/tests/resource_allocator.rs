@@ -20,14 +20,19 @@ fn node_tls(state_dir: &Path) -> shoal_node::tls::NodeTls {
 }
 
 fn create_network(d: &DaemonProcess, body: Value) -> String {
-    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/networks/create", Some(&body.to_string())).unwrap();
+    let r =
+        shoal_testkit::http::request(d.socket(), "POST", "/v1.47/networks/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     r.body["Id"].as_str().unwrap().to_string()
 }
 
 fn attach(target: &str, container: &str) -> AttachNetworkRequest {
     AttachNetworkRequest {
-        config: Some(NetworkAttachmentConfig { target: target.into(), aliases: vec!["db".into()], ..Default::default() }),
+        config: Some(NetworkAttachmentConfig {
+            target: target.into(),
+            aliases: vec!["db".into()],
+            ..Default::default()
+        }),
         container_id: container.into(),
     }
 }
@@ -97,7 +102,11 @@ fn a_worker_attaches_a_container_to_an_attachable_network_and_detaches_it() {
 
     rt.block_on(async {
         // Another node (the manager) may not detach it; the worker may, once.
-        let e = client(&m_tls, &addr).await.detach_network(DetachNetworkRequest { attachment_id: id.clone() }).await.unwrap_err();
+        let e = client(&m_tls, &addr)
+            .await
+            .detach_network(DetachNetworkRequest { attachment_id: id.clone() })
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         let mut c = client(&w_tls, &addr).await;
         c.detach_network(DetachNetworkRequest { attachment_id: id.clone() }).await.expect("detach");

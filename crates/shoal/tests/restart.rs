@@ -14,7 +14,8 @@ fn create(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> String
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}, "RestartPolicy": {"Delay": 100_000_000u64}},
         "Mode": {"Replicated": {"Replicas": replicas}},
     });
-    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
+    let r =
+        shoal_testkit::http::request(d.socket(), "POST", "/v1.47/services/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "create: {}", r.body);
     r.body["ID"].as_str().unwrap().to_string()
 }

@@ -133,7 +133,8 @@ fn docker_swarm_ca_rotate_replaces_the_root_on_every_node_while_tasks_keep_runni
     assert!(info.contains("Root Rotation In Progress: true"), "{info}");
     for d in [&m1, &m2, &m3, &w1] {
         wait_until("the running nodes renewed from the given root", Duration::from_secs(60), || {
-            let chain = shoal_ca::parse_cert_pem_chain(read(d, "swarm-node.crt").as_bytes()).map_err(|e| e.to_string())?;
+            let chain =
+                shoal_ca::parse_cert_pem_chain(read(d, "swarm-node.crt").as_bytes()).map_err(|e| e.to_string())?;
             let root = shoal_ca::parse_cert_pem_chain(given.cert_pem().as_bytes()).unwrap();
             if shoal_ca::signed_by(&chain[0], &root[0]).map_err(|e| e.to_string())? {
                 Ok(())

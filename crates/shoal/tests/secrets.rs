@@ -97,7 +97,10 @@ fn the_docker_cli_manages_secrets_and_configs_and_services_that_use_them() {
     let t = fails_with(docker_stdin(&d, &["secret", "create", "big", "-"], &big), "less than 512000 bytes");
     assert!(t.contains("got 600000 bytes"), "{t}");
     // An external driver (the CLI then sends no data): Shoal runs no plugins.
-    fails_with(docker_cli::run(d.socket(), &["secret", "create", "--driver", "vault", "ext"]), "secret drivers are not supported");
+    fails_with(
+        docker_cli::run(d.socket(), &["secret", "create", "--driver", "vault", "ext"]),
+        "secret drivers are not supported",
+    );
     fails_with(
         docker_stdin(&d, &["secret", "create", "--template-driver", "jinja", "tpl", "-"], "x"),
         "unknown templating driver \"jinja\"",
@@ -111,18 +114,30 @@ fn the_docker_cli_manages_secrets_and_configs_and_services_that_use_them() {
     assert_eq!(c["Spec"]["Data"], json!(b64(conf.as_bytes())), "{c}");
     let shown = docker(&d, &["config", "inspect", "--format", "{{printf \"%s\" .Spec.Data}}", "app.conf"]);
     assert_eq!(shown.trim_end(), conf.trim_end());
-    let out = docker_stdin(&d, &["config", "create", "--template-driver", "golang", "tpl.conf", "-"], "{{.Service.Name}}");
+    let out =
+        docker_stdin(&d, &["config", "create", "--template-driver", "golang", "tpl.conf", "-"], "{{.Service.Name}}");
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(inspect(&d, "config", "tpl.conf")["Spec"]["Templating"], json!({"Name": "golang"}));
-    let configs: Vec<String> = docker(&d, &["config", "ls", "--format", "{{.Name}}"]).lines().map(str::to_string).collect();
+    let configs: Vec<String> =
+        docker(&d, &["config", "ls", "--format", "{{.Name}}"]).lines().map(str::to_string).collect();
     assert_eq!(configs, ["app.conf", "tpl.conf"]);
 
     // A service using both: the CLI resolves the names to IDs; the spec holds the references.
     docker(
         &d,
         &[
-            "service", "create", "--detach", "--name", "web", "--secret", "db_pw",
-            "--config", "src=app.conf,target=/etc/app.conf,mode=0400", "busybox", "sleep", "3141",
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "web",
+            "--secret",
+            "db_pw",
+            "--config",
+            "src=app.conf,target=/etc/app.conf,mode=0400",
+            "busybox",
+            "sleep",
+            "3141",
         ],
     );
     let svc = d.get("/v1.47/services/web");
@@ -135,13 +150,22 @@ fn the_docker_cli_manages_secrets_and_configs_and_services_that_use_them() {
     assert_eq!(spec["Configs"][0]["File"], json!({"Name": "/etc/app.conf", "UID": "0", "GID": "0", "Mode": 0o400}));
     // An unknown one: the CLI finds no such secret and says so.
     fails_with(
-        docker_cli::run(d.socket(), &["service", "create", "--detach", "--name", "bad", "--secret", "nope", "busybox", "true"]),
+        docker_cli::run(
+            d.socket(),
+            &["service", "create", "--detach", "--name", "bad", "--secret", "nope", "busybox", "true"],
+        ),
         "secret not found: nope",
     );
 
     // In use: removal refused, naming the service.
-    fails_with(docker_cli::run(d.socket(), &["secret", "rm", "db_pw"]), "secret 'db_pw' is in use by the following service: web");
-    fails_with(docker_cli::run(d.socket(), &["config", "rm", "app.conf"]), "config 'app.conf' is in use by the following service: web");
+    fails_with(
+        docker_cli::run(d.socket(), &["secret", "rm", "db_pw"]),
+        "secret 'db_pw' is in use by the following service: web",
+    );
+    fails_with(
+        docker_cli::run(d.socket(), &["config", "rm", "app.conf"]),
+        "config 'app.conf' is in use by the following service: web",
+    );
     // Dropping the secret from the service is an update the CLI makes (the tasks roll); then it can go.
     docker(&d, &["service", "update", "--detach", "--secret-rm", "db_pw", "web"]);
     let after = d.get("/v1.47/services/web");
@@ -163,14 +187,16 @@ fn what_the_cli_cannot_send_is_refused_by_the_engine_api() {
     let version = d.get("/v1.47/secrets/pw")["Version"]["Index"].as_u64().unwrap();
     // `docker secret update` does not exist; the API refuses a data change, naming the field.
     let change = json!({"Name": "pw", "Data": b64(b"another-password")}).to_string();
-    let r = http::request(d.socket(), "POST", &format!("/v1.47/secrets/pw/update?version={version}"), Some(&change)).unwrap();
+    let r = http::request(d.socket(), "POST", &format!("/v1.47/secrets/pw/update?version={version}"), Some(&change))
+        .unwrap();
     assert_eq!(r.status, 400, "{}", r.body);
     let msg = r.body["message"].as_str().unwrap();
     assert!(msg.contains("Data: only updates to Labels are allowed"), "{msg}");
     assert!(!msg.contains("another-password") && !msg.contains(PW), "{msg}");
     // Labels change; the data stays, unseen.
     let relabel = json!({"Name": "pw", "Labels": {"a": "2"}}).to_string();
-    let r = http::request(d.socket(), "POST", &format!("/v1.47/secrets/pw/update?version={version}"), Some(&relabel)).unwrap();
+    let r = http::request(d.socket(), "POST", &format!("/v1.47/secrets/pw/update?version={version}"), Some(&relabel))
+        .unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     let s = d.get("/v1.47/secrets/pw");
     assert_eq!(s["Spec"]["Labels"], json!({"a": "2"}));
@@ -198,7 +224,11 @@ fn shoal_ok(socket: &Path, args: &[&str]) -> String {
 fn the_shoal_cli_manages_secrets_and_configs() {
     let d = daemon();
     let s = d.socket();
-    let out = process::output_with_stdin(&mut shoal_command(s, &["secret", "create", "-l", "env=prod", "db_pw", "-"]), PW.as_bytes(), "shoal");
+    let out = process::output_with_stdin(
+        &mut shoal_command(s, &["secret", "create", "-l", "env=prod", "db_pw", "-"]),
+        PW.as_bytes(),
+        "shoal",
+    );
     assert!(out.status.success(), "{}", text(&out));
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert_eq!(id.len(), 25, "{id}");
@@ -218,7 +248,19 @@ fn the_shoal_cli_manages_secrets_and_configs() {
 
     shoal_ok(
         s,
-        &["service", "create", "--name", "web", "--secret", "src=db_pw,target=pw,mode=0400", "--config", "app.conf", "busybox", "sleep", "3141"],
+        &[
+            "service",
+            "create",
+            "--name",
+            "web",
+            "--secret",
+            "src=db_pw,target=pw,mode=0400",
+            "--config",
+            "app.conf",
+            "busybox",
+            "sleep",
+            "3141",
+        ],
     );
     let svc = d.get("/v1.47/services/web");
     let c = &svc["Spec"]["TaskTemplate"]["ContainerSpec"];
@@ -236,8 +278,14 @@ fn the_shoal_cli_manages_secrets_and_configs() {
     assert_eq!(c2["Secrets"][0]["SecretName"], "db_pw2");
     assert!(c2.get("Configs").is_none(), "{svc2}");
     assert_ne!(svc2["Spec"], svc["Spec"]);
-    shoal_ok(s, &["service", "update", "--secret-rm", "db_pw2", "--secret-add", "src=db_pw,target=pw,mode=0400", "web"]);
-    assert_eq!(d.get("/v1.47/services/web")["Spec"]["TaskTemplate"]["ContainerSpec"]["Secrets"][0]["SecretID"], json!(id));
+    shoal_ok(
+        s,
+        &["service", "update", "--secret-rm", "db_pw2", "--secret-add", "src=db_pw,target=pw,mode=0400", "web"],
+    );
+    assert_eq!(
+        d.get("/v1.47/services/web")["Spec"]["TaskTemplate"]["ContainerSpec"]["Secrets"][0]["SecretID"],
+        json!(id)
+    );
     shoal_ok(s, &["secret", "rm", "db_pw2"]);
 
     // Errors: one line, non-zero exit.
@@ -301,17 +349,17 @@ fn secrets_survive_a_restart_from_snapshot_and_log_and_stay_unseen_and_unreadabl
     assert!(!files.is_empty());
     for f in &files {
         let bytes = std::fs::read(f).unwrap_or_default();
-        assert!(
-            !bytes.windows(PW.len()).any(|w| w == PW.as_bytes()),
-            "the secret is readable in {}",
-            f.display()
-        );
+        assert!(!bytes.windows(PW.len()).any(|w| w == PW.as_bytes()), "the secret is readable in {}", f.display());
     }
 
     d.restart(&["--raft-snapshot-interval-entries".to_string(), "20".to_string()]);
     let after = wait_until("the secrets listed after the restart", std::time::Duration::from_secs(30), || {
         let r = http::request(d.socket(), "GET", "/v1.47/secrets", None).map_err(|e| e.to_string())?;
-        if r.status == 200 { Ok(r.body) } else { Err(format!("{} {}", r.status, r.body)) }
+        if r.status == 200 {
+            Ok(r.body)
+        } else {
+            Err(format!("{} {}", r.status, r.body))
+        }
     });
     assert_eq!(after, before, "the same secrets, versions and times");
     let listed: Vec<&str> = after.as_array().unwrap().iter().map(|s| s["Spec"]["Name"].as_str().unwrap()).collect();
@@ -349,7 +397,11 @@ fn secrets_written_through_a_follower_are_on_every_manager_and_never_shown() {
         wait_until("three managers, one leader", std::time::Duration::from_secs(30), || {
             let seen = managers_seen_by(d)?;
             let leaders = seen.iter().filter(|(_, s)| s == "Leader").count();
-            if seen.len() == 3 && leaders == 1 { Ok(()) } else { Err(format!("{seen:?}")) }
+            if seen.len() == 3 && leaders == 1 {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
         });
     }
     // Created through a follower (forwarded to the leader), read through each manager (after its read

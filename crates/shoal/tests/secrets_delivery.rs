@@ -169,12 +169,28 @@ fn a_process_task_reads_exactly_its_secret_from_its_directory_on_tmpfs() {
     let mut d = Node::new(Plain(daemon()));
     create_from_stdin(&d, &["secret", "create", "db_pw", "-"], "pw");
     let script = r#"printf '[%s] %s %s\n' "$(cat "$SHOAL_SECRETS_DIR/db_pw")" "$(stat -c %a "$SHOAL_SECRETS_DIR/db_pw")" "$(stat -c %a "$SHOAL_SECRETS_DIR")"; exec sleep 3171"#;
-    docker(&d, &["service", "create", "--detach", "--name", "reader", "--secret", "db_pw", "busybox", "sh", "-c", script]);
+    docker(
+        &d,
+        &["service", "create", "--detach", "--name", "reader", "--secret", "db_pw", "busybox", "sh", "-c", script],
+    );
     let lines = wait_logs(&d, "reader", "[", 1);
     assert_eq!(lines, ["[pw] 444 700"], "the task read its secret file");
     assert_eq!(task_dirs(&d.files_root).len(), 1, "one task directory on the tmpfs");
     // Another service's task has no directory of its own and no variable pointing at one.
-    docker(&d, &["service", "create", "--detach", "--name", "other", "busybox", "sh", "-c", r#"echo "other:[${SHOAL_SECRETS_DIR-unset}]"; exec sleep 3172"#]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "other",
+            "busybox",
+            "sh",
+            "-c",
+            r#"echo "other:[${SHOAL_SECRETS_DIR-unset}]"; exec sleep 3172"#,
+        ],
+    );
     assert_eq!(wait_logs(&d, "other", "other:", 1), ["other:[unset]"]);
     assert_eq!(task_dirs(&d.files_root).len(), 1);
 
@@ -185,7 +201,10 @@ fn a_process_task_reads_exactly_its_secret_from_its_directory_on_tmpfs() {
 
     // A daemon stopping with a task still using a secret leaves nothing on the tmpfs.
     create_from_stdin(&d, &["secret", "create", "db_pw2", "-"], "pw2");
-    docker(&d, &["service", "create", "--detach", "--name", "again", "--secret", "db_pw2", "busybox", "sh", "-c", script]);
+    docker(
+        &d,
+        &["service", "create", "--detach", "--name", "again", "--secret", "db_pw2", "busybox", "sh", "-c", script],
+    );
     wait_until("a task directory for the new task", WAIT, || {
         if task_dirs(&d.files_root).len() == 1 {
             Ok(())
@@ -211,8 +230,19 @@ fn a_container_reads_its_secret_and_config_mounted_read_only_at_their_targets() 
     docker(
         &d,
         &[
-            "service", "create", "--detach", "--name", "boxed", "--secret", "db_pw", "--config",
-            "src=app,target=/etc/app.conf,mode=0440", image, "sh", "-c", script,
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "boxed",
+            "--secret",
+            "db_pw",
+            "--config",
+            "src=app,target=/etc/app.conf,mode=0440",
+            image,
+            "sh",
+            "-c",
+            script,
         ],
     );
     let lines = wait_logs(&d, "boxed", "[", 1);
@@ -265,8 +295,19 @@ fn only_the_worker_running_the_task_holds_the_secret_and_no_state_dir_has_its_by
     docker(
         &m,
         &[
-            "service", "create", "--detach", "--name", "pinned", "--secret", "token", "--constraint",
-            "node.hostname==worker-a", "busybox", "sh", "-c", script,
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "pinned",
+            "--secret",
+            "token",
+            "--constraint",
+            "node.hostname==worker-a",
+            "busybox",
+            "sh",
+            "-c",
+            script,
         ],
     );
     let lines = wait_logs(&m, "pinned", "read:", 1);
@@ -307,13 +348,28 @@ fn a_golang_templated_config_renders_per_task() {
         return;
     }
     let d = Node::new(Plain(daemon()));
-    create_from_stdin(&d, &["config", "create", "--template-driver", "golang", "tmpl", "-"], "{{.Service.Name}}-{{.Task.Slot}}");
+    create_from_stdin(
+        &d,
+        &["config", "create", "--template-driver", "golang", "tmpl", "-"],
+        "{{.Service.Name}}-{{.Task.Slot}}",
+    );
     let script = r#"echo "conf:$(cat "$SHOAL_CONFIGS_DIR/app.conf")"; exec sleep 3175"#;
     docker(
         &d,
         &[
-            "service", "create", "--detach", "--name", "templ", "--replicas", "3", "--config",
-            "src=tmpl,target=app.conf", "busybox", "sh", "-c", script,
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "templ",
+            "--replicas",
+            "3",
+            "--config",
+            "src=tmpl,target=app.conf",
+            "busybox",
+            "sh",
+            "-c",
+            script,
         ],
     );
     let mut lines = wait_logs(&d, "templ", "conf:", 3);

@@ -9,7 +9,12 @@ use common::*;
 
 fn ok(d: &DaemonProcess, args: &[&str]) -> String {
     let out = shoal_cli(d.socket(), args);
-    assert!(out.status.success(), "shoal {args:?}: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "shoal {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -32,7 +37,11 @@ fn the_shoal_cli_manages_a_service_end_to_end() {
     ok(&d, &["service", "rm", "api"]);
     wait_until("processes gone", Duration::from_secs(20), || {
         let n = process::pids_with_cmdline(&["sleep", "3171"]).len();
-        if n == 0 { Ok(()) } else { Err(format!("{n} left")) }
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} left"))
+        }
     });
 
     let out = shoal_cli(d.socket(), &["service", "inspect", "nope"]);

@@ -215,7 +215,11 @@ fn a_stack_deploys_redeploys_prunes_and_is_removed_through_the_docker_cli() {
     assert!(env.as_array().unwrap().iter().any(|e| e == "GREETING=bonjour"), "{env}");
     wait_until("app_web's update started", WAIT, || {
         let s = inspect(&d, "service", "app_web");
-        if s["UpdateStatus"]["State"].is_string() { Ok(()) } else { Err(format!("{}", s["UpdateStatus"])) }
+        if s["UpdateStatus"]["State"].is_string() {
+            Ok(())
+        } else {
+            Err(format!("{}", s["UpdateStatus"]))
+        }
     });
     let worker = inspect(&d, "service", "app_worker");
     assert_eq!(worker["Spec"], worker_spec);
@@ -224,16 +228,12 @@ fn a_stack_deploys_redeploys_prunes_and_is_removed_through_the_docker_cli() {
 
     // --prune removes a service no longer in the file; --with-registry-auth and --resolve-image behave as
     // against an engine without registry access.
-    let without_worker = COMPOSE.replace("GREETING=hello", "GREETING=bonjour").replace(
-        "  worker:\n    image: busybox\n    command: sleep 1000\n    deploy:\n      mode: global\n",
-        "",
-    );
+    let without_worker = COMPOSE
+        .replace("GREETING=hello", "GREETING=bonjour")
+        .replace("  worker:\n    image: busybox\n    command: sleep 1000\n    deploy:\n      mode: global\n", "");
     std::fs::write(&compose, without_worker).unwrap();
     deploy(&d, &compose, &["--prune", "--with-registry-auth", "--resolve-image", "always"]);
-    assert_eq!(
-        lines(&d, &["stack", "services", "app", "--format", "{{.Name}}"]),
-        ["app_migrate", "app_web"]
-    );
+    assert_eq!(lines(&d, &["stack", "services", "app", "--format", "{{.Name}}"]), ["app_migrate", "app_web"]);
 
     // `stack rm` removes the stack's services, networks, secrets and configs, and nothing else.
     let out = docker_cli::run(d.socket(), &["stack", "rm", "app"]);

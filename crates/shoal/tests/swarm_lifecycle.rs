@@ -67,12 +67,16 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
     let (ok, _, err) = docker_out(&m, &["swarm", "leave"]);
     assert!(!ok && err.contains("This node is not part of a swarm"), "{err}");
     // What Shoal cannot honour is refused, naming it, and nothing changes.
-    let (ok, _, err) = docker_out(&m, &["swarm", "init", "--listen-addr", &m.remote_addr(), "--data-path-port", "4790"]);
+    let (ok, _, err) =
+        docker_out(&m, &["swarm", "init", "--listen-addr", &m.remote_addr(), "--data-path-port", "4790"]);
     assert!(!ok && err.contains("DataPathPort"), "{err}");
     assert_eq!(local_state(&m), "inactive");
 
     let addr = m.remote_addr();
-    let out = docker(&m, &["swarm", "init", "--listen-addr", &addr, "--advertise-addr", &addr, "--dispatcher-heartbeat", "1s"]);
+    let out = docker(
+        &m,
+        &["swarm", "init", "--listen-addr", &addr, "--advertise-addr", &addr, "--dispatcher-heartbeat", "1s"],
+    );
     assert!(out.contains("Swarm initialized: current node (") && out.contains("is now a manager"), "{out}");
     assert!(out.contains("docker swarm join --token SWMTKN-1-") && out.contains(&addr), "{out}");
     assert_eq!(local_state(&m), "active");
@@ -111,10 +115,8 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
     wait_until("the worker Down on the manager", Duration::from_secs(30), || {
         node_row(&m, "life-worker").and_then(|r| if r.contains("Down") { Ok(()) } else { Err(r) })
     });
-    let left: Vec<String> = std::fs::read_dir(w.state_dir())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let left: Vec<String> =
+        std::fs::read_dir(w.state_dir()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert!(!left.iter().any(|n| n == "certificates" || n == "node.json"), "cluster state removed: {left:?}");
     // A node that left stays out of every swarm on a restart, even without --no-init.
     w.stop();
@@ -193,7 +195,20 @@ fn a_manager_joins_with_the_manager_token_and_leaves_only_with_force() {
     let m = daemon_at(46, "life-first", &[]);
     let token = docker(&m, &["swarm", "join-token", "-q", "manager"]).trim().to_string();
     let mut j = daemon_at(47, "life-second", &["--no-init"]);
-    let out = docker(&j, &["swarm", "join", "--token", &token, "--listen-addr", &j.remote_addr(), "--availability", "drain", &m.remote_addr()]);
+    let out = docker(
+        &j,
+        &[
+            "swarm",
+            "join",
+            "--token",
+            &token,
+            "--listen-addr",
+            &j.remote_addr(),
+            "--availability",
+            "drain",
+            &m.remote_addr(),
+        ],
+    );
     assert!(out.contains("This node joined a swarm as a manager."), "{out}");
     let row = wait_until("the second manager Reachable", Duration::from_secs(30), || {
         node_row(&m, "life-second").and_then(|r| if r.contains("Reachable") { Ok(r) } else { Err(r) })
@@ -202,7 +217,9 @@ fn a_manager_joins_with_the_manager_token_and_leaves_only_with_force() {
     let (ok, _, err) = docker_out(&j, &["swarm", "leave"]);
     assert!(!ok);
     assert!(
-        err.contains("Removing this node leaves 1 managers out of 2. Without a Raft quorum your swarm will be inaccessible."),
+        err.contains(
+            "Removing this node leaves 1 managers out of 2. Without a Raft quorum your swarm will be inaccessible."
+        ),
         "{err}"
     );
     let out = docker(&j, &["swarm", "leave", "--force"]);
@@ -223,19 +240,43 @@ fn a_removed_worker_is_refused_and_stops_its_tasks_saying_why() {
     wait_until("the worker Ready", Duration::from_secs(30), || {
         node_row(&m, "life-removed").and_then(|r| if r.contains("Ready") { Ok(()) } else { Err(r) })
     });
-    docker(&m, &["service", "create", "--detach", "--name", "on-worker", "--replicas", "2", "--constraint", "node.role==worker", "busybox", "sleep", "3177"]);
+    docker(
+        &m,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "on-worker",
+            "--replicas",
+            "2",
+            "--constraint",
+            "node.role==worker",
+            "busybox",
+            "sleep",
+            "3177",
+        ],
+    );
     wait_running(&m, "on-worker", 2, &["sleep", "3177"], Duration::from_secs(30));
     docker(&m, &["node", "rm", "--force", "life-removed"]);
     wait_until("the removed worker's tasks stopped", Duration::from_secs(30), || {
         let n = process::pids_with_cmdline(&["sleep", "3177"]).len();
-        if n == 0 { Ok(()) } else { Err(format!("{n} left")) }
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} left"))
+        }
     });
     // The agent says why; its log reaches the file a moment after the tasks are gone.
     wait_until("the removed worker's log says why", Duration::from_secs(30), || {
         let log = w.log();
         let said = log.contains("this node was removed from the swarm (docker node rm): stopping its tasks")
             && log.contains("was removed from the cluster; its certificate is no longer accepted");
-        if said { Ok(()) } else { Err(log) }
+        if said {
+            Ok(())
+        } else {
+            Err(log)
+        }
     });
     let (ok, out, _) = docker_out(&m, &["node", "ls"]);
     assert!(ok && !out.contains("life-removed"), "{out}");
@@ -254,7 +295,11 @@ fn an_autolocked_swarm_from_init_locks_on_restart_and_leaves_only_with_force() {
     m.restart(&[]);
     assert_eq!(local_state(&m), "locked");
     let (ok, _, err) = docker_out(&m, &["swarm", "leave"]);
-    assert!(!ok && err.contains("Swarm is encrypted and locked. Please unlock it first or use `--force` to ignore this message."), "{err}");
+    assert!(
+        !ok && err
+            .contains("Swarm is encrypted and locked. Please unlock it first or use `--force` to ignore this message."),
+        "{err}"
+    );
     let out = docker(&m, &["swarm", "leave", "--force"]);
     assert!(out.contains("Node left the swarm."), "{out}");
     assert_eq!(local_state(&m), "inactive");
@@ -280,7 +325,11 @@ fn a_manager_whose_address_changes_keeps_its_place_in_raft() {
     wait_until("three reachable managers", Duration::from_secs(30), || {
         let seen = shoal_testkit::managers::managers_seen_by(&m1)?;
         let ok = seen.len() == 3 && seen.iter().all(|(_, s)| s == "Leader" || s == "reachable");
-        if ok { Ok(()) } else { Err(format!("{seen:?}")) }
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
     });
     m2.stop();
     m2.move_to("127.0.0.54");
@@ -296,7 +345,11 @@ fn a_manager_whose_address_changes_keeps_its_place_in_raft() {
             }
         });
     }
-    assert!(m2.log().contains("raft member address changed") || m1.log().contains("raft member address changed") || m3.log().contains("raft member address changed"));
+    assert!(
+        m2.log().contains("raft member address changed")
+            || m1.log().contains("raft member address changed")
+            || m3.log().contains("raft member address changed")
+    );
     // Losing another manager now leaves m1 and m2 (at its new address): still a quorum.
     m3.kill9();
     let id = wait_until("a write with m3 gone", Duration::from_secs(30), || {

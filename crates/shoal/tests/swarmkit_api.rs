@@ -131,7 +131,10 @@ fn every_control_call_answers_as_swarmkit_does() {
         let me = &nodes[0];
         let managers = c
             .list_nodes(ListNodesRequest {
-                filters: Some(list_nodes_request::Filters { roles: vec![NodeRole::Manager as i32], ..Default::default() }),
+                filters: Some(list_nodes_request::Filters {
+                    roles: vec![NodeRole::Manager as i32],
+                    ..Default::default()
+                }),
             })
             .await
             .unwrap()
@@ -139,7 +142,10 @@ fn every_control_call_answers_as_swarmkit_does() {
         assert_eq!(managers.nodes.len(), 1);
         let workers = c
             .list_nodes(ListNodesRequest {
-                filters: Some(list_nodes_request::Filters { roles: vec![NodeRole::Worker as i32], ..Default::default() }),
+                filters: Some(list_nodes_request::Filters {
+                    roles: vec![NodeRole::Worker as i32],
+                    ..Default::default()
+                }),
             })
             .await
             .unwrap()
@@ -151,14 +157,24 @@ fn every_control_call_answers_as_swarmkit_does() {
         let mut spec = got.spec.clone().unwrap();
         spec.annotations.get_or_insert_with(Default::default).labels.insert("zone".into(), "a".into());
         let updated = c
-            .update_node(UpdateNodeRequest { node_id: me.id.clone(), node_version: version(&got.meta), spec: Some(spec.clone()) })
+            .update_node(UpdateNodeRequest {
+                node_id: me.id.clone(),
+                node_version: version(&got.meta),
+                spec: Some(spec.clone()),
+            })
             .await
             .unwrap()
             .into_inner()
             .node
             .unwrap();
         assert!(version(&updated.meta).unwrap().index > version(&got.meta).unwrap().index);
-        let stale = c.update_node(UpdateNodeRequest { node_id: me.id.clone(), node_version: version(&got.meta), spec: Some(spec) }).await;
+        let stale = c
+            .update_node(UpdateNodeRequest {
+                node_id: me.id.clone(),
+                node_version: version(&got.meta),
+                spec: Some(spec),
+            })
+            .await;
         assert_eq!(stale.unwrap_err().code(), Code::FailedPrecondition, "out of sequence");
         let labelled = c
             .list_nodes(ListNodesRequest {
@@ -259,7 +275,13 @@ fn every_control_call_answers_as_swarmkit_does() {
             .into_inner()
             .clusters;
         assert_eq!(clusters.len(), 1);
-        let cluster = c.get_cluster(GetClusterRequest { cluster_id: clusters[0].id.clone() }).await.unwrap().into_inner().cluster.unwrap();
+        let cluster = c
+            .get_cluster(GetClusterRequest { cluster_id: clusters[0].id.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .cluster
+            .unwrap();
         let root = cluster.root_ca.clone().unwrap();
         assert!(root.ca_key.is_empty(), "the CA key is never shown");
         assert!(!root.ca_cert.is_empty());
@@ -267,7 +289,13 @@ fn every_control_call_answers_as_swarmkit_does() {
         wait_until("the network keys", Duration::from_secs(20), || {
             n.d.log().contains("network encryption keys written").then_some(()).ok_or_else(|| "not yet".to_string())
         });
-        let cluster = c.get_cluster(GetClusterRequest { cluster_id: cluster.id.clone() }).await.unwrap().into_inner().cluster.unwrap();
+        let cluster = c
+            .get_cluster(GetClusterRequest { cluster_id: cluster.id.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .cluster
+            .unwrap();
         assert!(cluster.network_bootstrap_keys.is_empty() && cluster.encryption_key_lamport_clock == 0, "{cluster:?}");
         let worker_token = root.join_tokens.clone().unwrap().worker;
         let mut spec = cluster.spec.clone().unwrap();
@@ -293,22 +321,36 @@ fn every_control_call_answers_as_swarmkit_does() {
             data: b"s3cr3t".to_vec(),
             ..Default::default()
         };
-        let secret = c.create_secret(CreateSecretRequest { spec: Some(secret_spec.clone()) }).await.unwrap().into_inner().secret.unwrap();
+        let secret = c
+            .create_secret(CreateSecretRequest { spec: Some(secret_spec.clone()) })
+            .await
+            .unwrap()
+            .into_inner()
+            .secret
+            .unwrap();
         assert!(secret.spec.as_ref().unwrap().data.is_empty());
         let dup = c.create_secret(CreateSecretRequest { spec: Some(secret_spec) }).await.unwrap_err();
         assert_eq!(dup.code(), Code::AlreadyExists);
         assert!(!dup.message().contains("s3cr3t"));
-        let got = c.get_secret(GetSecretRequest { secret_id: secret.id.clone() }).await.unwrap().into_inner().secret.unwrap();
+        let got =
+            c.get_secret(GetSecretRequest { secret_id: secret.id.clone() }).await.unwrap().into_inner().secret.unwrap();
         assert!(got.spec.as_ref().unwrap().data.is_empty());
         let mut labelled = got.spec.clone().unwrap();
         labelled.annotations.as_mut().unwrap().labels.insert("team".into(), "db".into());
         labelled.data = b"s3cr3t".to_vec();
-        c.update_secret(UpdateSecretRequest { secret_id: secret.id.clone(), secret_version: version(&got.meta), spec: Some(labelled) })
-            .await
-            .unwrap();
+        c.update_secret(UpdateSecretRequest {
+            secret_id: secret.id.clone(),
+            secret_version: version(&got.meta),
+            spec: Some(labelled),
+        })
+        .await
+        .unwrap();
         let listed = c
             .list_secrets(ListSecretsRequest {
-                filters: Some(list_secrets_request::Filters { labels: [("team".to_string(), String::new())].into(), ..Default::default() }),
+                filters: Some(list_secrets_request::Filters {
+                    labels: [("team".to_string(), String::new())].into(),
+                    ..Default::default()
+                }),
             })
             .await
             .unwrap()
@@ -319,7 +361,10 @@ fn every_control_call_answers_as_swarmkit_does() {
         let ls = docker_cli::ok(n.d.socket(), &["secret", "ls", "--format", "{{.Name}}"]);
         assert_eq!(ls.trim(), "pw");
         c.remove_secret(RemoveSecretRequest { secret_id: secret.id.clone() }).await.unwrap();
-        assert_eq!(c.remove_secret(RemoveSecretRequest { secret_id: secret.id }).await.unwrap_err().code(), Code::NotFound);
+        assert_eq!(
+            c.remove_secret(RemoveSecretRequest { secret_id: secret.id }).await.unwrap_err().code(),
+            Code::NotFound
+        );
 
         // Configs.
         let config_spec = ConfigSpec {
@@ -327,14 +372,25 @@ fn every_control_call_answers_as_swarmkit_does() {
             data: b"key=value".to_vec(),
             ..Default::default()
         };
-        let config = c.create_config(CreateConfigRequest { spec: Some(config_spec) }).await.unwrap().into_inner().config.unwrap();
-        let got = c.get_config(GetConfigRequest { config_id: config.id.clone() }).await.unwrap().into_inner().config.unwrap();
+        let config = c
+            .create_config(CreateConfigRequest { spec: Some(config_spec) })
+            .await
+            .unwrap()
+            .into_inner()
+            .config
+            .unwrap();
+        let got =
+            c.get_config(GetConfigRequest { config_id: config.id.clone() }).await.unwrap().into_inner().config.unwrap();
         assert_eq!(got.spec.as_ref().unwrap().data, b"key=value");
         let mut labelled = got.spec.clone().unwrap();
         labelled.annotations.as_mut().unwrap().labels.insert("team".into(), "web".into());
-        c.update_config(UpdateConfigRequest { config_id: config.id.clone(), config_version: version(&got.meta), spec: Some(labelled) })
-            .await
-            .unwrap();
+        c.update_config(UpdateConfigRequest {
+            config_id: config.id.clone(),
+            config_version: version(&got.meta),
+            spec: Some(labelled),
+        })
+        .await
+        .unwrap();
         let listed = c.list_configs(ListConfigsRequest::default()).await.unwrap().into_inner().configs;
         assert_eq!(listed.len(), 1);
         c.remove_config(RemoveConfigRequest { config_id: config.id }).await.unwrap();
@@ -370,9 +426,19 @@ fn every_control_call_answers_as_swarmkit_does() {
             driver_config: Some(Driver { name: "overlay".into(), ..Default::default() }),
             ..Default::default()
         };
-        let net = c.create_network(CreateNetworkRequest { spec: Some(net_spec.clone()) }).await.unwrap().into_inner().network.unwrap();
-        assert_eq!(c.create_network(CreateNetworkRequest { spec: Some(net_spec) }).await.unwrap_err().code(), Code::AlreadyExists);
-        let by_name = c.get_network(GetNetworkRequest { name: "backend".into(), network_id: String::new() }).await.unwrap();
+        let net = c
+            .create_network(CreateNetworkRequest { spec: Some(net_spec.clone()) })
+            .await
+            .unwrap()
+            .into_inner()
+            .network
+            .unwrap();
+        assert_eq!(
+            c.create_network(CreateNetworkRequest { spec: Some(net_spec) }).await.unwrap_err().code(),
+            Code::AlreadyExists
+        );
+        let by_name =
+            c.get_network(GetNetworkRequest { name: "backend".into(), network_id: String::new() }).await.unwrap();
         assert_eq!(by_name.into_inner().network.unwrap().id, net.id);
         let listed = c
             .list_networks(ListNetworksRequest {
@@ -457,7 +523,13 @@ fn a_watch_sees_a_service_come_and_go_and_resumes_after_a_restart() {
         let mut stream = w.watch(req).await.unwrap().into_inner();
         assert_eq!(stream.next().await.unwrap().unwrap(), WatchMessage::default(), "the watch is set up");
         let mut c = control(&n.socket).await;
-        let svc = c.create_service(CreateServiceRequest { spec: Some(service_spec("web", 1)) }).await.unwrap().into_inner().service.unwrap();
+        let svc = c
+            .create_service(CreateServiceRequest { spec: Some(service_spec("web", 1)) })
+            .await
+            .unwrap()
+            .into_inner()
+            .service
+            .unwrap();
         let scaled = c
             .update_service(UpdateServiceRequest {
                 service_id: svc.id.clone(),
@@ -474,7 +546,11 @@ fn a_watch_sees_a_service_come_and_go_and_resumes_after_a_restart() {
         // The removal's version: the last one the stream reports for this service.
         let mut seen = Vec::new();
         loop {
-            let msg = tokio::time::timeout(Duration::from_secs(30), stream.next()).await.expect("a message").unwrap().unwrap();
+            let msg = tokio::time::timeout(Duration::from_secs(30), stream.next())
+                .await
+                .expect("a message")
+                .unwrap()
+                .unwrap();
             let v = msg.version.unwrap().index;
             for e in &msg.events {
                 if e.action == WatchActionKind::WatchActionUpdate as i32 && v == version(&scaled.meta).unwrap().index {
@@ -516,13 +592,30 @@ fn a_watch_sees_a_service_come_and_go_and_resumes_after_a_restart() {
 
         // And the stream goes on live after the replay.
         let mut c = control(&n.socket).await;
-        let next = c.create_service(CreateServiceRequest { spec: Some(service_spec("after", 1)) }).await.unwrap().into_inner().service.unwrap();
+        let next = c
+            .create_service(CreateServiceRequest { spec: Some(service_spec("after", 1)) })
+            .await
+            .unwrap()
+            .into_inner()
+            .service
+            .unwrap();
         let live = read_until(&mut stream, version(&next.meta).unwrap().index).await;
-        assert!(live.contains(&(WatchActionKind::WatchActionCreate as i32, version(&next.meta).unwrap().index, "after".into())), "{live:?}");
+        assert!(
+            live.contains(&(
+                WatchActionKind::WatchActionCreate as i32,
+                version(&next.meta).unwrap().index,
+                "after".into()
+            )),
+            "{live:?}"
+        );
 
         // A version older than anything kept is refused, saying what to do.
         let mut w = WatchClient::new(shoal_testkit::swarmkit::channel(&n.socket).await.unwrap());
-        let bad = WatchRequest { entries: vec![service_entry()], resume_from: Some(Version { index: 0 }), include_old_object: false };
+        let bad = WatchRequest {
+            entries: vec![service_entry()],
+            resume_from: Some(Version { index: 0 }),
+            include_old_object: false,
+        };
         match w.watch(bad).await {
             Err(s) => assert_eq!(s.code(), Code::OutOfRange, "{s:?}"),
             Ok(r) => {
@@ -574,12 +667,26 @@ fn a_follower_serves_reads_after_the_barrier_forwards_writes_and_fails_them_with
         stream.next().await.unwrap().unwrap();
 
         let mut c = control(&follower.socket).await;
-        let svc = c.create_service(CreateServiceRequest { spec: Some(service_spec("fwd", 1)) }).await.unwrap().into_inner().service.unwrap();
+        let svc = c
+            .create_service(CreateServiceRequest { spec: Some(service_spec("fwd", 1)) })
+            .await
+            .unwrap()
+            .into_inner()
+            .service
+            .unwrap();
         // Read your writes on the follower.
-        let got = c.get_service(GetServiceRequest { service_id: svc.id.clone(), insert_defaults: false }).await.unwrap();
+        let got =
+            c.get_service(GetServiceRequest { service_id: svc.id.clone(), insert_defaults: false }).await.unwrap();
         assert_eq!(got.into_inner().service.unwrap().meta, svc.meta);
         let seen = read_until(&mut stream, version(&svc.meta).unwrap().index).await;
-        assert!(seen.contains(&(WatchActionKind::WatchActionCreate as i32, version(&svc.meta).unwrap().index, "fwd".into())), "{seen:?}");
+        assert!(
+            seen.contains(&(
+                WatchActionKind::WatchActionCreate as i32,
+                version(&svc.meta).unwrap().index,
+                "fwd".into()
+            )),
+            "{seen:?}"
+        );
         // The leader has it too.
         let mut lc = control(&leader.socket).await;
         let listed = lc.list_services(ListServicesRequest::default()).await.unwrap().into_inner().services;
@@ -608,9 +715,11 @@ fn service_logs_come_through_the_socket_as_swarmctl_reads_them() {
             ct.command = vec!["sh".into()];
             ct.args = vec!["-c".into(), "echo hello from talker; sleep 3600".into()];
         }
-        let svc = c.create_service(CreateServiceRequest { spec: Some(spec) }).await.unwrap().into_inner().service.unwrap();
+        let svc =
+            c.create_service(CreateServiceRequest { spec: Some(spec) }).await.unwrap().into_inner().service.unwrap();
         wait_for_running(&mut c, &svc.id, 1).await;
-        let mut logs = shoal_api::logs_client::LogsClient::new(shoal_testkit::swarmkit::channel(&n.socket).await.unwrap());
+        let mut logs =
+            shoal_api::logs_client::LogsClient::new(shoal_testkit::swarmkit::channel(&n.socket).await.unwrap());
         let req = SubscribeLogsRequest {
             selector: Some(LogSelector { service_ids: vec![svc.id.clone()], ..Default::default() }),
             options: Some(LogSubscriptionOptions { follow: true, ..Default::default() }),
@@ -618,7 +727,11 @@ fn service_logs_come_through_the_socket_as_swarmctl_reads_them() {
         let mut stream = logs.subscribe_logs(req).await.unwrap().into_inner();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let msg = tokio::time::timeout_at(deadline, stream.next()).await.expect("a log line within 30 s").unwrap().unwrap();
+            let msg = tokio::time::timeout_at(deadline, stream.next())
+                .await
+                .expect("a log line within 30 s")
+                .unwrap()
+                .unwrap();
             if msg.messages.iter().any(|m| String::from_utf8_lossy(&m.data).contains("hello from talker")) {
                 break;
             }
@@ -635,7 +748,8 @@ fn a_client_naming_the_socket_by_its_absolute_path_as_grpc_go_does_is_served() {
     let n = start();
     assert!(n.socket.is_absolute() && n.socket.to_string_lossy().contains('/'));
     runtime().block_on(async {
-        let channel = shoal_testkit::swarmkit::channel_as_grpc_go_with_a_path(&n.socket).await.expect("connect by path");
+        let channel =
+            shoal_testkit::swarmkit::channel_as_grpc_go_with_a_path(&n.socket).await.expect("connect by path");
         let mut c = ControlClient::new(channel.clone());
         let nodes = c.list_nodes(ListNodesRequest::default()).await.expect("ListNodes by path").into_inner().nodes;
         assert_eq!(nodes.len(), 1);

@@ -88,9 +88,11 @@ fn docker_within(d: &DaemonProcess, args: &[&str], deadline: Duration) -> (Strin
 }
 
 fn no_processes(argv: &[&str]) {
-    wait_until(&format!("no `{}` process", argv.join(" ")), DEADLINE, || match process::pids_with_cmdline(argv).len() {
-        0 => Ok(()),
-        n => Err(format!("{n} left")),
+    wait_until(&format!("no `{}` process", argv.join(" ")), DEADLINE, || {
+        match process::pids_with_cmdline(argv).len() {
+            0 => Ok(()),
+            n => Err(format!("{n} left")),
+        }
     });
 }
 
@@ -103,7 +105,23 @@ fn updates_roll_back_pause_force_and_start_first_through_the_docker_cli() {
 
     // A label: the CLI follows the update to its end and returns; no task was replaced.
     let v1 = ["sleep", "7101"];
-    docker(&d, &["service", "create", "--detach", "--name", "lbl", "--replicas", "2", "--update-monitor", "1s", "busybox", "sleep", "7101"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "lbl",
+            "--replicas",
+            "2",
+            "--update-monitor",
+            "1s",
+            "busybox",
+            "sleep",
+            "7101",
+        ],
+    );
     let before = task_ids(&wait_running(&d, "lbl", 2, &v1, DEADLINE));
     let (_, took) = docker_within(&d, &["service", "update", "--label-add", "x=y", "lbl"], Duration::from_secs(30));
     eprintln!("service update --label-add returned after {took:?}");
@@ -126,7 +144,10 @@ fn updates_roll_back_pause_force_and_start_first_through_the_docker_cli() {
 
     // start-first: the new task is created before the old one stops.
     let (a, b) = (["sleep", "7102"], ["sleep", "7103"]);
-    docker(&d, &["service", "create", "--detach", "--name", "sf", "--update-monitor", "1s", "busybox", "sleep", "7102"]);
+    docker(
+        &d,
+        &["service", "create", "--detach", "--name", "sf", "--update-monitor", "1s", "busybox", "sleep", "7102"],
+    );
     wait_running(&d, "sf", 1, &a, DEADLINE);
     docker(&d, &["service", "update", "--detach", "--update-order", "start-first", "--args", "sleep 7103", "sf"]);
     wait_running(&d, "sf", 1, &b, DEADLINE);
@@ -138,17 +159,48 @@ fn updates_roll_back_pause_force_and_start_first_through_the_docker_cli() {
     let new = tasks.iter().find(|t| args_of(t) == ["sleep", "7103"]).expect("the new task");
     assert_eq!(state(old), "shutdown");
     let (created, stopped) = (new["CreatedAt"].as_str().unwrap(), old["Status"]["Timestamp"].as_str().unwrap());
-    assert!(sortable_time(created) < sortable_time(stopped), "start-first: new task created {created}, old stopped {stopped}");
+    assert!(
+        sortable_time(created) < sortable_time(stopped),
+        "start-first: new task created {created}, old stopped {stopped}"
+    );
 
     // A failing update with --update-failure-action rollback: rolled back, the old tasks run.
     let ok = ["sleep", "7104"];
-    docker(&d, &["service", "create", "--detach", "--name", "rb", "--replicas", "2", "--restart-delay", "100ms", "busybox", "sleep", "7104"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "rb",
+            "--replicas",
+            "2",
+            "--restart-delay",
+            "100ms",
+            "busybox",
+            "sleep",
+            "7104",
+        ],
+    );
     let original = task_ids(&wait_running(&d, "rb", 2, &ok, DEADLINE));
     docker(
         &d,
         &[
-            "service", "update", "--detach", "--update-failure-action", "rollback", "--update-monitor", "2s",
-            "--rollback-parallelism", "0", "--rollback-monitor", "1s", "--args", "false", "rb",
+            "service",
+            "update",
+            "--detach",
+            "--update-failure-action",
+            "rollback",
+            "--update-monitor",
+            "2s",
+            "--rollback-parallelism",
+            "0",
+            "--rollback-monitor",
+            "1s",
+            "--args",
+            "false",
+            "rb",
         ],
     );
     wait_update_state(&d, "rb", "rollback_started");
@@ -157,19 +209,47 @@ fn updates_roll_back_pause_force_and_start_first_through_the_docker_cli() {
     assert_eq!(inspect(&d, "rb", "{{json .Spec.TaskTemplate.ContainerSpec.Args}}"), r#"["sleep","7104"]"#);
     let running = wait_running(&d, "rb", 2, &ok, DEADLINE);
     assert!(running.iter().all(|t| args_of(t) == ok), "the old spec's tasks run");
-    assert_eq!(task_ids(&running).intersection(&original).count(), 1, "stop-first replaced one slot, then rolled it back");
+    assert_eq!(
+        task_ids(&running).intersection(&original).count(),
+        1,
+        "stop-first replaced one slot, then rolled it back"
+    );
     let failed = tasks_of(&d, "rb").into_iter().filter(|t| args_of(t) == ["false"] && state(t) == "failed").count();
     assert!(failed >= 1, "the new task failed");
 
     // With pause: the update pauses and says why; `docker service rollback` restores the old spec.
     let p = ["sleep", "7105"];
-    docker(&d, &["service", "create", "--detach", "--name", "pz", "--replicas", "2", "--restart-delay", "100ms", "--rollback-monitor", "1s", "busybox", "sleep", "7105"]);
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "pz",
+            "--replicas",
+            "2",
+            "--restart-delay",
+            "100ms",
+            "--rollback-monitor",
+            "1s",
+            "busybox",
+            "sleep",
+            "7105",
+        ],
+    );
     wait_running(&d, "pz", 2, &p, DEADLINE);
     // Without --detach, the CLI follows the update and stops with the pause's message.
-    let out = docker_cli::run(d.socket(), &["service", "update", "--update-failure-action", "pause", "--args", "false", "pz"]);
+    let out = docker_cli::run(
+        d.socket(),
+        &["service", "update", "--update-failure-action", "pause", "--args", "false", "pz"],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a paused update fails the CLI's update");
-    assert!(stderr.contains("service update paused: update paused due to failure or early termination of task"), "{stderr}");
+    assert!(
+        stderr.contains("service update paused: update paused due to failure or early termination of task"),
+        "{stderr}"
+    );
     let message = wait_update_state(&d, "pz", "paused");
     assert!(message.starts_with("update paused due to failure or early termination of task "), "{message}");
     assert_eq!(process::pids_with_cmdline(&p).len(), 1, "the second slot was not updated");
@@ -207,7 +287,21 @@ fn a_task_whose_node_stops_fitting_moves_within_seconds() {
     };
     let argv = ["sleep", "7111"];
     docker(&m, &["node", "update", "--label-add", "x=1", "uw-172"]);
-    docker(&m, &["service", "create", "--detach", "--name", "pinned", "--constraint", "node.labels.x==1", "busybox", "sleep", "7111"]);
+    docker(
+        &m,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "pinned",
+            "--constraint",
+            "node.labels.x==1",
+            "busybox",
+            "sleep",
+            "7111",
+        ],
+    );
     let running = wait_running(&m, "pinned", 1, &argv, DEADLINE);
     assert_eq!(host(&running[0]), "uw-172");
     let first = running[0]["ID"].as_str().unwrap().to_string();
@@ -219,7 +313,8 @@ fn a_task_whose_node_stops_fitting_moves_within_seconds() {
     let running = wait_running(&m, "pinned", 1, &argv, Duration::from_secs(20));
     eprintln!("the task moved after {:?}", start.elapsed());
     assert_eq!(host(&running[0]), "um-171");
-    let ps = docker(&m, &["service", "ps", "--no-trunc", "--format", "{{.ID}} {{.CurrentState}} | {{.Error}}", "pinned"]);
+    let ps =
+        docker(&m, &["service", "ps", "--no-trunc", "--format", "{{.ID}} {{.CurrentState}} | {{.Error}}", "pinned"]);
     let line = ps.lines().find(|l| l.starts_with(&first)).unwrap_or_else(|| panic!("no row for {first}:\n{ps}"));
     assert!(line.contains("Rejected") && line.contains("assigned node no longer meets constraints"), "{ps}");
 

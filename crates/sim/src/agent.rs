@@ -218,7 +218,10 @@ impl Agent {
                     self.unreported.iter().take(MAX_UPDATES_PER_REPORT).map(|(k, v)| (k.clone(), v.clone())).collect();
                 let sent = updates.iter().map(|(k, v)| (k.clone(), v.state)).collect();
                 self.report_in_flight = Some((self.batch, sent));
-                out.push((Endpoint::Manager(*manager), Msg::Status { session: session.clone(), batch: self.batch, updates }));
+                out.push((
+                    Endpoint::Manager(*manager),
+                    Msg::Status { session: session.clone(), batch: self.batch, updates },
+                ));
             }
         }
         out

@@ -30,18 +30,18 @@ pub mod workload;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use raft::StateRole;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use raft::StateRole;
 use shoal_api::{Service, TaskState};
 use shoal_manager::dispatcher::DispatcherConfig;
 use shoal_manager::ClusterState;
 use shoal_store::{ManualClock, StoreObject, Tables};
 
 use agent::Agent;
-use shoal_manager::ManualTimer;
 use manager::{Manager, ManagerConfig, Msg};
 use net::{Endpoint, Lane, Network};
+use shoal_manager::ManualTimer;
 use workload::Client;
 
 /// Length of one step of simulated time (one Raft tick), in ms.
@@ -168,8 +168,10 @@ impl World {
         };
         let timer = Arc::new(ManualTimer::default());
         let clocks: Vec<Arc<ManualClock>> = voters.iter().map(|_| Arc::new(ManualClock::new(START_UNIX_MS))).collect();
-        let mut managers: Vec<Manager> =
-            voters.iter().map(|id| Manager::new(*id, &mcfg, clocks[*id as usize - 1].clone(), seed ^ (id << 56))).collect();
+        let mut managers: Vec<Manager> = voters
+            .iter()
+            .map(|id| Manager::new(*id, &mcfg, clocks[*id as usize - 1].clone(), seed ^ (id << 56)))
+            .collect();
         for m in &mut managers {
             m.start(&mcfg, &timer);
         }
@@ -244,7 +246,11 @@ impl World {
                 let lose = self.rng.random_bool(0.5);
                 self.managers[i].crash(lose);
                 self.net.set_down(Endpoint::Manager(self.managers[i].id), true);
-                format!("crash manager {} (unsynced writes {})", self.managers[i].id, if lose { "lost" } else { "kept" })
+                format!(
+                    "crash manager {} (unsynced writes {})",
+                    self.managers[i].id,
+                    if lose { "lost" } else { "kept" }
+                )
             }
             5..=24 => {
                 let i = self.rng.random_range(0..n);
@@ -420,7 +426,8 @@ impl World {
             run.take_proposals();
             run.tick();
             let msgs = run.handle_ready(&self.mcfg);
-            let mut out: Vec<(Endpoint, Msg)> = msgs.into_iter().map(|m| (Endpoint::Manager(m.to), Msg::Raft(Box::new(m)))).collect();
+            let mut out: Vec<(Endpoint, Msg)> =
+                msgs.into_iter().map(|m| (Endpoint::Manager(m.to), Msg::Raft(Box::new(m)))).collect();
             out.extend(run.serve_agents(&self.node_ids));
             self.send(Endpoint::Manager(id), out);
         }
@@ -441,13 +448,18 @@ impl World {
         let leader = self.leader();
         for a in &mut self.agents {
             let healthy = a.up
-                && leader.is_some_and(|l| a.session_manager() == Some(l) && self.net.connected(Endpoint::Agent(a.index), Endpoint::Manager(l)));
+                && leader.is_some_and(|l| {
+                    a.session_manager() == Some(l) && self.net.connected(Endpoint::Agent(a.index), Endpoint::Manager(l))
+                });
             if !healthy {
                 a.last_cut_off_ms = now_ms;
             }
         }
-        let applied: Vec<(u64, u64)> =
-            self.managers.iter().filter_map(|m| m.run.as_ref().and_then(|r| r.applied_log.last_key_value().map(|(i, e)| (*i, e.1)))).collect();
+        let applied: Vec<(u64, u64)> = self
+            .managers
+            .iter()
+            .filter_map(|m| m.run.as_ref().and_then(|r| r.applied_log.last_key_value().map(|(i, e)| (*i, e.1))))
+            .collect();
         let leader_text = format!("leader {leader:?} commit {} applied {applied:?}", self.max_commit());
         self.trace = manager::digest(&[self.trace.to_le_bytes().as_slice(), leader_text.as_bytes()].concat());
         if let Some(full) = &mut self.full {
@@ -457,8 +469,12 @@ impl World {
 
     /// The manager that leads (as its subsystems see it), if exactly one does.
     fn leader(&self) -> Option<u64> {
-        let leading: Vec<u64> =
-            self.managers.iter().filter(|m| m.run.as_ref().is_some_and(|r| r.leader_state().is_leader)).map(|m| m.id).collect();
+        let leading: Vec<u64> = self
+            .managers
+            .iter()
+            .filter(|m| m.run.as_ref().is_some_and(|r| r.leader_state().is_leader))
+            .map(|m| m.id)
+            .collect();
         match leading.as_slice() {
             [one] => Some(*one),
             [] => None,
@@ -505,8 +521,9 @@ impl World {
             }
             self.checked.insert(m.id, run.applied);
             // A task's observed state never moves backwards as a store applies the log.
-            let states: BTreeMap<String, i32> =
-                run.store.view(|t| t.tasks().iter().map(|x| (x.id.clone(), x.status.as_ref().map_or(0, |s| s.state))).collect());
+            let states: BTreeMap<String, i32> = run
+                .store
+                .view(|t| t.tasks().iter().map(|x| (x.id.clone(), x.status.as_ref().map_or(0, |s| s.state))).collect());
             if let Some((applied, before)) = self.observed.get(&m.id) {
                 if run.applied >= *applied {
                     for (id, now) in &states {
@@ -540,18 +557,29 @@ impl World {
                     .ledger
                     .created
                     .iter()
-                    .find(|(id, index)| run.applied >= **index && !self.client.ledger.maybe_removed.contains(*id) && t.services().get(id).is_none())
+                    .find(|(id, index)| {
+                        run.applied >= **index
+                            && !self.client.ledger.maybe_removed.contains(*id)
+                            && t.services().get(id).is_none()
+                    })
                     .map(|(id, index)| (id.clone(), *index))
             });
             if let Some((id, index)) = missing {
-                return Err(format!("acknowledged service {id} (created at {index}) is missing on manager {} at {}", m.id, run.applied));
+                return Err(format!(
+                    "acknowledged service {id} (created at {index}) is missing on manager {} at {}",
+                    m.id, run.applied
+                ));
             }
         }
         // No node is marked down by a leader that heard its heartbeat well within the heartbeat TTL.
         if let Some(l) = self.leader() {
             let run = self.managers[l as usize - 1].run.as_ref().expect("the leader is up");
             let down: BTreeSet<String> = run.store.view(|t| {
-                t.nodes().iter().filter(|n| shoal_manager::orchestrator::node_is_down(Some(n))).map(|n| n.id.clone()).collect()
+                t.nodes()
+                    .iter()
+                    .filter(|n| shoal_manager::orchestrator::node_is_down(Some(n)))
+                    .map(|n| n.id.clone())
+                    .collect()
             });
             let period = self.mcfg.dispatcher.heartbeat_period_ms_default;
             let ttl = period * u64::from(self.mcfg.dispatcher.missed_heartbeats_before_down);
@@ -598,7 +626,9 @@ impl World {
                 for s in t.services().iter() {
                     let mode = s.spec.as_ref().and_then(|sp| sp.mode.as_ref());
                     let start_first = [s.spec.as_ref(), s.previous_spec.as_ref()].into_iter().flatten().any(|sp| {
-                        sp.update.as_ref().is_some_and(|u| u.order == shoal_api::update_config::UpdateOrder::StartFirst as i32)
+                        sp.update
+                            .as_ref()
+                            .is_some_and(|u| u.order == shoal_api::update_config::UpdateOrder::StartFirst as i32)
                     });
                     let start_first = start_first || self.start_first.borrow().contains(&s.id);
                     if start_first {
@@ -649,7 +679,9 @@ impl World {
 
     /// The tasks of a service in the leader's store, for failure messages.
     fn leader_tasks(&self, service: &str) -> Vec<String> {
-        let Some(run) = self.leader().and_then(|l| self.managers[l as usize - 1].run.as_ref()) else { return Vec::new() };
+        let Some(run) = self.leader().and_then(|l| self.managers[l as usize - 1].run.as_ref()) else {
+            return Vec::new();
+        };
         run.store.view(|t| {
             let order = |sp: Option<&shoal_api::ServiceSpec>| {
                 sp.map(|sp| {
@@ -671,9 +703,8 @@ impl World {
                     s.update_status
                 )
             });
-            head.into_iter().chain(t.tasks()
-                .by_service(service)
-                .map(|x| {
+            head.into_iter()
+                .chain(t.tasks().by_service(service).map(|x| {
                     format!(
                         "{} slot {} {:?}/{:?} spec v{:?} node {} created {} ms",
                         x.id,
@@ -751,9 +782,24 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
         let tasks: Vec<String> = t
             .tasks()
             .by_service(&s.id)
-            .map(|t| format!("{} slot {} {:?}/{:?} v{:?} node {}", t.id, t.slot, t.status.as_ref().map(|s| s.state()), t.desired_state(), t.spec_version.as_ref().map(|v| v.index), t.node_id))
+            .map(|t| {
+                format!(
+                    "{} slot {} {:?}/{:?} v{:?} node {}",
+                    t.id,
+                    t.slot,
+                    t.status.as_ref().map(|s| s.state()),
+                    t.desired_state(),
+                    t.spec_version.as_ref().map(|v| v.index),
+                    t.node_id
+                )
+            })
             .collect();
-        return Some(format!("service {} is still updating ({:?}, spec v{:?}): {tasks:?}", s.id, s.update_status, s.spec_version.as_ref().map(|v| v.index)));
+        return Some(format!(
+            "service {} is still updating ({:?}, spec v{:?}): {tasks:?}",
+            s.id,
+            s.update_status,
+            s.spec_version.as_ref().map(|v| v.index)
+        ));
     }
     let paused = matches!(state, Some(UpdateState::Paused | UpdateState::RollbackPaused));
     let live: Vec<_> = t.tasks().by_service(&s.id).filter(|t| t.desired_state() <= TaskState::Running).collect();
@@ -762,15 +808,26 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
             let st = task.status.clone().unwrap_or_default();
             return Some(format!(
                 "task {} of service {} (slot {}) is not running: observed {:?} ({:?} {:?}), desired {:?}, node {:?}",
-                task.id, s.id, task.slot, st.state(), st.message, st.err, task.desired_state(), task.node_id
+                task.id,
+                s.id,
+                task.slot,
+                st.state(),
+                st.message,
+                st.err,
+                task.desired_state(),
+                task.node_id
             ));
         }
         let node = t.nodes().get(&task.node_id).map(|n| &**n);
         if !node.is_some_and(shoal_manager::scheduler::nodeinfo::is_ready_and_active) {
-            return Some(format!("task {} of service {} runs on node {:?}, which is not ready and active", task.id, s.id, task.node_id));
+            return Some(format!(
+                "task {} of service {} runs on node {:?}, which is not ready and active",
+                task.id, s.id, task.node_id
+            ));
         }
         if !paused && shoal_manager::orchestrator::dirty::is_task_dirty(s, task, node) {
-            return Some(format!(
+            return Some(
+                format!(
                 "task {} of service {} is not up to date: task spec v{:?}, service spec v{:?}, update {:?}, {} tasks",
                 task.id,
                 s.id,
@@ -779,24 +836,51 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
                 s.update_status,
                 live.len()
             ) + &format!(
-                "\n  service spec {:?}\n  previous {:?}\n  task spec {:?}\n  all: {:?}",
-                s.spec.as_ref().map(|x| (&x.task, &x.mode, &x.update)),
-                s.previous_spec.as_ref().map(|x| (&x.task, &x.mode)),
-                task.spec,
-                t.tasks().by_service(&s.id).map(|x| format!("{} slot {} {:?}/{:?} v{:?} node {} created {}", x.id, x.slot, x.status.as_ref().map(|s| s.state()), x.desired_state(), x.spec_version.as_ref().map(|v| v.index), x.node_id, shoal_manager::orchestrator::created_ms(x) - START_UNIX_MS)).collect::<Vec<_>>()
-            ));
+                    "\n  service spec {:?}\n  previous {:?}\n  task spec {:?}\n  all: {:?}",
+                    s.spec.as_ref().map(|x| (&x.task, &x.mode, &x.update)),
+                    s.previous_spec.as_ref().map(|x| (&x.task, &x.mode)),
+                    task.spec,
+                    t.tasks()
+                        .by_service(&s.id)
+                        .map(|x| format!(
+                            "{} slot {} {:?}/{:?} v{:?} node {} created {}",
+                            x.id,
+                            x.slot,
+                            x.status.as_ref().map(|s| s.state()),
+                            x.desired_state(),
+                            x.spec_version.as_ref().map(|v| v.index),
+                            x.node_id,
+                            shoal_manager::orchestrator::created_ms(x) - START_UNIX_MS
+                        ))
+                        .collect::<Vec<_>>()
+                ),
+            );
         }
         expected.insert(task.id.clone());
     }
-    let ready: Vec<&str> =
-        t.nodes().iter().filter(|n| shoal_manager::scheduler::nodeinfo::is_ready_and_active(n)).map(|n| n.id.as_str()).collect();
+    let ready: Vec<&str> = t
+        .nodes()
+        .iter()
+        .filter(|n| shoal_manager::scheduler::nodeinfo::is_ready_and_active(n))
+        .map(|n| n.id.as_str())
+        .collect();
     if shoal_manager::orchestrator::jobs::is_job(s) {
         let iteration = shoal_manager::orchestrator::jobs::current_iteration(s);
-        let current: Vec<_> = t.tasks().by_service(&s.id).filter(|t| shoal_manager::orchestrator::jobs::in_iteration(t, iteration)).collect();
+        let current: Vec<_> = t
+            .tasks()
+            .by_service(&s.id)
+            .filter(|t| shoal_manager::orchestrator::jobs::in_iteration(t, iteration))
+            .collect();
         let complete: BTreeSet<(u64, &str)> = current
             .iter()
             .filter(|t| t.status.as_ref().map(|st| st.state()) == Some(TaskState::Complete))
-            .map(|t| if matches!(s.spec.as_ref().and_then(|sp| sp.mode.as_ref()), Some(Mode::GlobalJob(_))) { (0, t.node_id.as_str()) } else { (t.slot, "") })
+            .map(|t| {
+                if matches!(s.spec.as_ref().and_then(|sp| sp.mode.as_ref()), Some(Mode::GlobalJob(_))) {
+                    (0, t.node_id.as_str())
+                } else {
+                    (t.slot, "")
+                }
+            })
             .collect();
         let done = match s.spec.as_ref().and_then(|sp| sp.mode.as_ref()) {
             Some(Mode::ReplicatedJob(j)) => complete.len() as u64 == j.total_completions,
@@ -811,13 +895,25 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
         Some(Mode::Replicated(r)) => {
             let slots: BTreeSet<u64> = live.iter().map(|t| t.slot).collect();
             if live.len() as u64 != r.replicas || slots.len() != live.len() {
-                return Some(format!("service {} has {} tasks meant to run in {} slots, wants {}", s.id, live.len(), slots.len(), r.replicas));
+                return Some(format!(
+                    "service {} has {} tasks meant to run in {} slots, wants {}",
+                    s.id,
+                    live.len(),
+                    slots.len(),
+                    r.replicas
+                ));
             }
         }
         Some(Mode::Global(_)) => {
             let nodes: BTreeSet<&str> = live.iter().map(|t| t.node_id.as_str()).collect();
             if nodes.len() != live.len() || live.len() != ready.len() {
-                return Some(format!("global service {} has {} tasks on {} nodes, {} nodes ready", s.id, live.len(), nodes.len(), ready.len()));
+                return Some(format!(
+                    "global service {} has {} tasks on {} nodes, {} nodes ready",
+                    s.id,
+                    live.len(),
+                    nodes.len(),
+                    ready.len()
+                ));
             }
         }
         _ => {}
@@ -875,7 +971,10 @@ fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failu
             match w.not_converged() {
                 None => break,
                 Some(why) if w.step - heal_start >= cfg.converge_steps => {
-                    return Err(w.fail(format!("not converged {} steps after the faults stopped: {why}", cfg.converge_steps), seed));
+                    return Err(w.fail(
+                        format!("not converged {} steps after the faults stopped: {why}", cfg.converge_steps),
+                        seed,
+                    ));
                 }
                 Some(_) => {}
             }

@@ -243,7 +243,8 @@ impl Manager {
         let raw = RawNode::new(&raft_cfg, storage, &logger).expect("raft config is valid");
         let proposer = Arc::new(SimProposer::new());
         let ids = Arc::new(RandomIds::seeded(self.seed ^ self.starts.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
-        let state = ClusterState::new(store.clone(), proposer.clone(), self.clock.clone(), ids).with_timer(timer.clone());
+        let state =
+            ClusterState::new(store.clone(), proposer.clone(), self.clock.clone(), ids).with_timer(timer.clone());
         let dispatcher = Dispatcher::new(state.clone(), cfg.dispatcher.clone());
         let rng = StdRng::seed_from_u64(self.seed.wrapping_add(self.starts));
         let mut run = Running {
@@ -330,7 +331,11 @@ impl Running {
     /// The leader's progress of `peer`, for failure messages.
     pub fn debug_progress(&self, peer: u64) -> String {
         match self.raw.raft.prs().get(peer) {
-            Some(p) => format!("{p:?} (leader first {} last {})", self.raw.raft.raft_log.first_index(), self.raw.raft.raft_log.last_index()),
+            Some(p) => format!(
+                "{p:?} (leader first {} last {})",
+                self.raw.raft.raft_log.first_index(),
+                self.raw.raft.raft_log.last_index()
+            ),
             None => "no progress".into(),
         }
     }
@@ -446,7 +451,13 @@ impl Running {
                 _ => self.store.advance_index(e.index),
             }
             if let Some((term, d)) = self.applied_log.get(&e.index) {
-                assert_eq!((*term, *d), (e.term, digest(&e.data)), "manager {} applied index {} twice, differently", self.raw.raft.id, e.index);
+                assert_eq!(
+                    (*term, *d),
+                    (e.term, digest(&e.data)),
+                    "manager {} applied index {} twice, differently",
+                    self.raw.raft.id,
+                    e.index
+                );
             }
             self.applied_log.insert(e.index, (e.term, digest(&e.data)));
             self.applied = e.index;
@@ -492,13 +503,18 @@ impl Running {
     fn publish(&mut self) {
         let raft = &self.raw.raft;
         let role_leader = raft.state == StateRole::Leader;
-        let state = LeaderState { is_leader: role_leader && self.applied_term == raft.term, term: raft.term, leader_id: raft.leader_id };
+        let state = LeaderState {
+            is_leader: role_leader && self.applied_term == raft.term,
+            term: raft.term,
+            leader_id: raft.leader_id,
+        };
         if *self.proposer.leader.borrow() != state {
             self.proposer.leader.send_replace(state);
         }
         if !role_leader && !self.pending.is_empty() {
             for (_, (_, slot)) in std::mem::take(&mut self.pending) {
-                *slot.lock() = Some(Err(ProposeError::Unknown("leadership was lost before the write was applied".into())));
+                *slot.lock() =
+                    Some(Err(ProposeError::Unknown("leadership was lost before the write was applied".into())));
             }
         }
     }
@@ -537,7 +553,8 @@ impl Running {
                 let leader = self.raw.raft.leader_id;
                 self.rpcs.push(Box::pin(async move {
                     let req = SessionRequest { description: None, session_id: String::new() };
-                    let result = d.open_session_in_process(&node, &req).await.map_err(|_| (leader != 0).then_some(leader));
+                    let result =
+                        d.open_session_in_process(&node, &req).await.map_err(|_| (leader != 0).then_some(leader));
                     Some((agent, Msg::SessionOpened { attempt, result }))
                 }));
             }
@@ -556,7 +573,10 @@ impl Running {
                         session_id: session.clone(),
                         updates: updates
                             .into_iter()
-                            .map(|(task_id, status)| shoal_api::update_task_status_request::TaskStatusUpdate { task_id, status: Some(status) })
+                            .map(|(task_id, status)| shoal_api::update_task_status_request::TaskStatusUpdate {
+                                task_id,
+                                status: Some(status),
+                            })
                             .collect(),
                     };
                     let ok = d.update_task_status_in_process(&node, req).await.is_ok();
@@ -634,7 +654,10 @@ impl Running {
         let mut set = AssignmentSet::new(node_id);
         let (complete, watch) = self.store.view_and_watch(|t| set.complete(t));
         let changes = complete.expect("the simulation's sets are far below the bound");
-        out.push((crate::net::Endpoint::Agent(agent), Msg::Assignments { session: session.clone(), complete: true, changes }));
+        out.push((
+            crate::net::Endpoint::Agent(agent),
+            Msg::Assignments { session: session.clone(), complete: true, changes },
+        ));
         self.streams.insert(agent, Stream { session, set, watch, node_id: node_id.to_string() });
     }
 

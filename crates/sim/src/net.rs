@@ -117,7 +117,16 @@ impl<M> Network<M> {
 
     /// Sends a message at step `now`.
     #[allow(clippy::too_many_arguments)]
-    pub fn send(&mut self, rng: &mut StdRng, now: u64, lane: Lane, from: Endpoint, to: Endpoint, msg: M, notify_loss: bool) {
+    pub fn send(
+        &mut self,
+        rng: &mut StdRng,
+        now: u64,
+        lane: Lane,
+        from: Endpoint,
+        to: Endpoint,
+        msg: M,
+        notify_loss: bool,
+    ) {
         let lost = self.in_flight.len() >= MAX_IN_FLIGHT || !self.connected(from, to) || rng.random_bool(self.loss);
         if lost {
             self.lost += 1;

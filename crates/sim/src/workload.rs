@@ -16,10 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::rngs::StdRng;
 use rand::Rng;
 use shoal_api::{
-    node_spec::Availability, restart_policy::RestartCondition, service_spec::Mode, task_spec::Runtime, update_config::FailureAction,
-    update_config::UpdateOrder,
-    Annotations, ContainerSpec, GlobalService, ReplicatedService, RestartPolicy, Service, ServiceSpec, TaskSpec,
-    UpdateConfig,
+    node_spec::Availability, restart_policy::RestartCondition, service_spec::Mode, task_spec::Runtime,
+    update_config::FailureAction, update_config::UpdateOrder, Annotations, ContainerSpec, GlobalService,
+    ReplicatedService, RestartPolicy, Service, ServiceSpec, TaskSpec, UpdateConfig,
 };
 use shoal_manager::controlapi::{self, ControlError};
 use shoal_manager::ClusterState;
@@ -122,7 +121,10 @@ fn spec(name: &str, rng: &mut StdRng, kind: Kind) -> ServiceSpec {
     ServiceSpec {
         annotations: Some(Annotations { name: name.to_string(), ..Default::default() }),
         task: Some(TaskSpec {
-            runtime: Some(Runtime::Container(ContainerSpec { image: format!("img:{}", rng.random_range(1..4)), ..Default::default() })),
+            runtime: Some(Runtime::Container(ContainerSpec {
+                image: format!("img:{}", rng.random_range(1..4)),
+                ..Default::default()
+            })),
             restart: Some(RestartPolicy {
                 condition: RestartCondition::Any as i32,
                 delay: ms(rng.random_range(0..=5) * 100),
@@ -161,10 +163,20 @@ impl Client {
 
     /// Polls the request in flight; maybe sends a new one (when `send` is true). `states` are the managers
     /// that are up, by Raft ID.
-    pub fn step(&mut self, now_ms: u64, send: bool, states: &BTreeMap<u64, ClusterState>, rng: &mut StdRng) -> Vec<String> {
+    pub fn step(
+        &mut self,
+        now_ms: u64,
+        send: bool,
+        states: &BTreeMap<u64, ClusterState>,
+        rng: &mut StdRng,
+    ) -> Vec<String> {
         let mut events = Vec::new();
         if let Some(f) = &mut self.in_flight {
-            let done = if states.contains_key(&f.manager) { poll_once(&mut f.fut) } else { Some(Err(ControlError::Unavailable("the manager crashed".into()))) };
+            let done = if states.contains_key(&f.manager) {
+                poll_once(&mut f.fut)
+            } else {
+                Some(Err(ControlError::Unavailable("the manager crashed".into())))
+            };
             if let Some(result) = done {
                 let f = self.in_flight.take().expect("in flight");
                 events.push(self.record(f, result));
@@ -183,7 +195,8 @@ impl Client {
         let state = states[&manager].clone();
         let services: Vec<std::sync::Arc<Service>> = controlapi::list_services(&state, &Default::default());
         let nodes = controlapi::list_nodes(&state, &Default::default());
-        let active = |n: &shoal_api::Node| n.spec.as_ref().is_none_or(|s| s.availability == Availability::Active as i32);
+        let active =
+            |n: &shoal_api::Node| n.spec.as_ref().is_none_or(|s| s.availability == Availability::Active as i32);
         let op = if !nodes.is_empty() && rng.random_bool(0.05) {
             let n = &nodes[rng.random_range(0..nodes.len())];
             // Drain only while at least two other nodes are active.
@@ -202,8 +215,14 @@ impl Client {
         let fut: SimFuture<Result<Option<Service>, ControlError>> = match &op {
             Op::Create => {
                 self.created += 1;
-                let kind = [Kind::Replicated, Kind::Replicated, Kind::Replicated, Kind::Global, Kind::ReplicatedJob, Kind::GlobalJob]
-                    [rng.random_range(0..6)];
+                let kind = [
+                    Kind::Replicated,
+                    Kind::Replicated,
+                    Kind::Replicated,
+                    Kind::Global,
+                    Kind::ReplicatedJob,
+                    Kind::GlobalJob,
+                ][rng.random_range(0..6)];
                 let spec = spec_of(&format!("svc{}", self.created), rng, kind);
                 Box::pin(async move { controlapi::create_service(&state, spec).await.map(Some) })
             }

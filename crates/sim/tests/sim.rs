@@ -50,7 +50,10 @@ fn seeds(chunk: u64) {
             }
         }
     }
-    eprintln!("{} seeds, {steps} steps, {acked} acknowledged writes, {faults} faults; failed: {failures:?}", seeds.len());
+    eprintln!(
+        "{} seeds, {steps} steps, {acked} acknowledged writes, {faults} faults; failed: {failures:?}",
+        seeds.len()
+    );
     assert!(failures.is_empty(), "failing seeds: {failures:?} (replay one with SHOAL_SIM_SEED=<seed> cargo nextest run -p shoal-sim sim_seeds_0)");
 }
 

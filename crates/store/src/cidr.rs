@@ -123,12 +123,15 @@ impl FromStr for Cidr {
 
     fn from_str(s: &str) -> Result<Cidr, CidrError> {
         let err = |why: String| CidrError { input: s.to_string(), why };
-        let (addr, len) = s.split_once('/').ok_or_else(|| err("write it as ADDRESS/PREFIX, e.g. 10.1.0.0/24".into()))?;
+        let (addr, len) =
+            s.split_once('/').ok_or_else(|| err("write it as ADDRESS/PREFIX, e.g. 10.1.0.0/24".into()))?;
         let addr: IpAddr = addr.parse().map_err(|_| err(format!("{addr:?} is not an IP address")))?;
         let (_, bits, width) = split(addr);
-        let len: u8 = len.parse().ok().filter(|l| *l <= width).ok_or_else(|| {
-            err(format!("the prefix length must be a number from 0 to {width}"))
-        })?;
+        let len: u8 = len
+            .parse()
+            .ok()
+            .filter(|l| *l <= width)
+            .ok_or_else(|| err(format!("the prefix length must be a number from 0 to {width}")))?;
         let c = Cidr::new(addr, len).expect("length checked");
         if c.bits != bits {
             return Err(err(format!("host bits are set; the network address is {c}")));

@@ -19,8 +19,10 @@ pub fn decode_request(bytes: &[u8]) -> Result<(u64, Vec<Action>), StoreError> {
     let mut actions = Vec::with_capacity(req.action.len());
     for a in req.action {
         actions.push(
-            Action::from_wire(a)
-                .ok_or_else(|| StoreError::Decode { what: "store action", reason: "no target or unknown kind".into() })?,
+            Action::from_wire(a).ok_or_else(|| StoreError::Decode {
+                what: "store action",
+                reason: "no target or unknown kind".into(),
+            })?,
         );
     }
     Ok((req.id, actions))
@@ -33,7 +35,6 @@ pub fn encode_snapshot(store: StoreSnapshot) -> Vec<u8> {
 
 /// Decodes a store snapshot.
 pub fn decode_snapshot(bytes: &[u8]) -> Result<StoreSnapshot, StoreError> {
-    let snap =
-        Snapshot::decode(bytes).map_err(|e| StoreError::Decode { what: "snapshot", reason: e.to_string() })?;
+    let snap = Snapshot::decode(bytes).map_err(|e| StoreError::Decode { what: "snapshot", reason: e.to_string() })?;
     Ok(snap.store.unwrap_or_default())
 }

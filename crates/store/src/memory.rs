@@ -293,10 +293,12 @@ impl Tables {
             })
         };
         let name = service.unique_name().unwrap_or("");
-        let missing_secret =
-            |r: &&shoal_api::SecretReference| self.secrets.get(&r.secret_id).is_none() && !had(Some(&r.secret_id), None);
-        let missing_config =
-            |r: &&shoal_api::ConfigReference| self.configs.get(&r.config_id).is_none() && !had(None, Some(&r.config_id));
+        let missing_secret = |r: &&shoal_api::SecretReference| {
+            self.secrets.get(&r.secret_id).is_none() && !had(Some(&r.secret_id), None)
+        };
+        let missing_config = |r: &&shoal_api::ConfigReference| {
+            self.configs.get(&r.config_id).is_none() && !had(None, Some(&r.config_id))
+        };
         if let Some(r) = c.secrets.iter().find(missing_secret) {
             return Err(StoreError::DanglingReference(format!(
                 "secret not found: {} (service {name} refers to it; it was removed meanwhile)",
@@ -319,7 +321,10 @@ impl Tables {
         let stored = self.services.get(&service.id);
         let had = |id: &str| {
             stored.is_some_and(|s| {
-                [s.spec.as_ref(), s.previous_spec.as_ref()].into_iter().flatten().any(|sp| spec_networks(sp).any(|n| n == id))
+                [s.spec.as_ref(), s.previous_spec.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|sp| spec_networks(sp).any(|n| n == id))
             })
         };
         if let Some(id) = spec_networks(spec).find(|id| self.networks.get(id).is_none() && !had(id)) {
@@ -340,7 +345,9 @@ impl Tables {
                 spec_networks(sp).any(|n| n == network.id)
                     || (ingress
                         && sp.endpoint.as_ref().is_some_and(|e| {
-                            e.ports.iter().any(|p| p.publish_mode == shoal_api::port_config::PublishMode::Ingress as i32)
+                            e.ports
+                                .iter()
+                                .any(|p| p.publish_mode == shoal_api::port_config::PublishMode::Ingress as i32)
                         }))
             })
         };

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use shoal_api::{store_action, Cluster, Config, Meta, Network, Node, Secret, Service, StoreAction, StoreActionKind, Task};
+use shoal_api::{
+    store_action, Cluster, Config, Meta, Network, Node, Secret, Service, StoreAction, StoreActionKind, Task,
+};
 
 /// Which table an object lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

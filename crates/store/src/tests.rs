@@ -268,8 +268,14 @@ fn requests_round_trip_through_the_codec() {
 #[test]
 fn an_action_s_encoded_len_bounds_its_share_of_an_encoded_write() {
     let mut big = task("t1", "s1", 1, "n1");
-    big.service_annotations =
-        Some(Annotations { name: "web".into(), labels: [("k".to_string(), "v".repeat(300_000))].into(), ..Default::default() }.into());
+    big.service_annotations = Some(
+        Annotations {
+            name: "web".into(),
+            labels: [("k".to_string(), "v".repeat(300_000))].into(),
+            ..Default::default()
+        }
+        .into(),
+    );
     let mut c = Changes::new();
     c.create(service("s1", "web")).update(big).remove(Arc::new(task("t2", "s1", 2, "")));
     let sum: usize = c.actions().iter().map(Action::encoded_len).sum();
@@ -388,13 +394,16 @@ fn no_write_leaves_a_service_referring_to_a_missing_secret_or_config() {
     c.create(secret("sec1", "pw", b"x")).create(config("cfg1", "conf", b"y"));
     apply(&store, 2, c).unwrap();
     // A service naming a missing secret or config is refused when applied, whatever its writer saw.
-    for (index, s, missing) in
-        [(3, service_using("s1", "web", "gone", "cfg1"), "secret"), (4, service_using("s1", "web", "sec1", "gone"), "config")]
-    {
+    for (index, s, missing) in [
+        (3, service_using("s1", "web", "gone", "cfg1"), "secret"),
+        (4, service_using("s1", "web", "sec1", "gone"), "config"),
+    ] {
         let mut c = Changes::new();
         c.create(s);
         match apply(&store, index, c) {
-            Err(StoreError::DanglingReference(m)) => assert!(m.starts_with(&format!("{missing} not found: gone")), "{m}"),
+            Err(StoreError::DanglingReference(m)) => {
+                assert!(m.starts_with(&format!("{missing} not found: gone")), "{m}")
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -434,7 +443,9 @@ fn no_write_leaves_a_service_referring_to_a_missing_secret_or_config() {
     s.spec = service_using("s1", "web", "new-gone", "cfg1").spec;
     let mut c = Changes::new();
     c.update(s);
-    assert!(matches!(apply(&store, 11, c), Err(StoreError::DanglingReference(m)) if m.starts_with("secret not found: new-gone")));
+    assert!(
+        matches!(apply(&store, 11, c), Err(StoreError::DanglingReference(m)) if m.starts_with("secret not found: new-gone"))
+    );
 }
 
 fn network(id: &str, name: &str, subnet: &str) -> shoal_api::Network {
@@ -472,8 +483,10 @@ fn networks_never_overlap_survive_snapshots_and_stay_while_a_service_uses_them()
     // A service attached to a missing network is refused; one attached to n1 holds it.
     let attached = |id: &str, name: &str, net: &str| {
         let mut s = service(id, name);
-        s.spec.as_mut().unwrap().task =
-            Some(shoal_api::TaskSpec { networks: vec![shoal_api::NetworkAttachmentConfig { target: net.into(), ..Default::default() }], ..Default::default() });
+        s.spec.as_mut().unwrap().task = Some(shoal_api::TaskSpec {
+            networks: vec![shoal_api::NetworkAttachmentConfig { target: net.into(), ..Default::default() }],
+            ..Default::default()
+        });
         s
     };
     let mut c = Changes::new();

@@ -65,7 +65,10 @@ fn service(i: usize) -> Service {
             args: vec!["sleep".into(), "3600".into()],
             ..Default::default()
         })),
-        placement: Some(Placement { constraints: vec!["node.labels.shoal-bench==nowhere".into()], ..Default::default() }),
+        placement: Some(Placement {
+            constraints: vec!["node.labels.shoal-bench==nowhere".into()],
+            ..Default::default()
+        }),
         ..Default::default()
     };
     Service {

@@ -57,11 +57,8 @@ impl ApiServer {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let sock = socket.clone();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
+            let rt =
+                tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
             rt.block_on(async move {
                 let listener = tokio::net::UnixListener::bind(&sock).expect("bind control socket");
                 ready_tx.send(()).expect("test waits");

@@ -6,8 +6,8 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,9 @@ impl Browser {
             // Its own process group, so that killing it kills its renderer and helper processes too.
             .process_group(0)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {CHROMIUM} ({e}): install Debian's chromium package (.ci/run does)"));
+            .unwrap_or_else(|e| {
+                panic!("cannot start {CHROMIUM} ({e}): install Debian's chromium package (.ci/run does)")
+            });
         let mut guard = StartGuard { child: Some(child), profile: profile.clone() };
         // Chromium writes the port it picked (and the browser's WebSocket path) here once it listens.
         let port_file = profile.join("DevToolsActivePort");

@@ -63,7 +63,8 @@ impl TestCluster {
         let store = Arc::new(MemoryStore::default());
         let (proposer, raft, dir): (Arc<dyn Proposer>, Option<RaftNode>, Option<tempfile::TempDir>) = if opts.raft {
             let dir = tempfile::Builder::new().prefix("shoal-cluster-").tempdir().expect("tempdir");
-            let node = RaftNode::start(RaftConfig::new(dir.path().to_path_buf(), 1), store.clone()).await.expect("raft");
+            let node =
+                RaftNode::start(RaftConfig::new(dir.path().to_path_buf(), 1), store.clone()).await.expect("raft");
             (Arc::new(node.clone()), Some(node), Some(dir))
         } else {
             (Arc::new(LocalProposer::new(store.clone())), None, None)
@@ -74,8 +75,7 @@ impl TestCluster {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let manager_addr = listener.local_addr().expect("addr");
         let handles = shoal_node::start_manager_services(&state, opts.dispatcher.clone(), listener, shutdown_rx);
-        let mut cluster =
-            TestCluster { state, workers: Vec::new(), raft, shutdown, handles, manager_addr, _dir: dir };
+        let mut cluster = TestCluster { state, workers: Vec::new(), raft, shutdown, handles, manager_addr, _dir: dir };
         for _ in 0..opts.workers {
             cluster.add_worker().await;
         }

@@ -33,12 +33,7 @@ pub fn engine(args: &[&str]) -> Output {
 /// Runs `docker ARGS...` against the local engine and returns stdout, panicking with stderr on failure.
 pub fn engine_ok(args: &[&str]) -> String {
     let out = engine(args);
-    assert!(
-        out.status.success(),
-        "docker {args:?} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "docker {args:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

@@ -26,12 +26,12 @@ pub mod docker_cli;
 pub mod docker_engine;
 pub mod history;
 pub mod http;
-pub mod swarmkit;
 pub mod managers;
 pub mod netns;
 pub mod process;
 pub mod python;
 pub mod second_engine;
+pub mod swarmkit;
 pub mod wait;
 
 pub use api_server::ApiServer;
@@ -44,7 +44,8 @@ pub use wait::wait_until;
 /// cargo's target dir, so that tests leave nothing in /tmp and `cargo clean` removes it.
 pub fn scratch_dir() -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("the test executable's path");
-    let profile_dir = exe.ancestors().find(|d| d.join("deps").is_dir()).unwrap_or_else(|| exe.parent().expect("a folder"));
+    let profile_dir =
+        exe.ancestors().find(|d| d.join("deps").is_dir()).unwrap_or_else(|| exe.parent().expect("a folder"));
     let dir = profile_dir.join("shoal-test-scratch");
     std::fs::create_dir_all(&dir).expect("create the test scratch dir");
     dir

@@ -20,10 +20,7 @@ fn target_dir() -> Result<PathBuf, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     // target/<profile>/deps/<test binary>
-    exe.ancestors()
-        .nth(3)
-        .map(Path::to_path_buf)
-        .ok_or_else(|| format!("no target dir above {}", exe.display()))
+    exe.ancestors().nth(3).map(Path::to_path_buf).ok_or_else(|| format!("no target dir above {}", exe.display()))
 }
 
 /// The venv's directory, made (once, under a lock) if missing or holding other packages.
@@ -80,11 +77,7 @@ pub fn run_in_venv(program: &str, args: &[&str], env: &[(&str, &str)], limit: Du
 
 /// The command's output, or an error once `limit` passes (the process is then killed).
 fn output_within(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("spawn: {e}"))?;
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| format!("spawn: {e}"))?;
     let pid = child.id() as i32;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

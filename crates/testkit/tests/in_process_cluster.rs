@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use shoal_api::{restart_policy, service_spec, task_spec, Annotations, ContainerSpec, ReplicatedService, RestartPolicy, ServiceSpec, TaskSpec, TaskState};
+use shoal_api::{
+    restart_policy, service_spec, task_spec, Annotations, ContainerSpec, ReplicatedService, RestartPolicy, ServiceSpec,
+    TaskSpec, TaskState,
+};
 use shoal_manager::controlapi;
 use shoal_store::Tables;
 use shoal_testkit::{ClusterOptions, TestCluster};
@@ -33,7 +36,10 @@ fn spec(name: &str, replicas: u64) -> ServiceSpec {
 fn running(t: &Tables, service_id: &str) -> Vec<(String, String)> {
     t.tasks()
         .by_service(service_id)
-        .filter(|t| t.status.as_ref().map(|s| s.state) == Some(TaskState::Running as i32) && t.desired_state == TaskState::Running as i32)
+        .filter(|t| {
+            t.status.as_ref().map(|s| s.state) == Some(TaskState::Running as i32)
+                && t.desired_state == TaskState::Running as i32
+        })
         .map(|t| (t.id.clone(), t.node_id.clone()))
         .collect()
 }
@@ -69,7 +75,9 @@ async fn scenario(raft: bool) {
     let current = controlapi::get_service(&cluster.state, &svc.id).unwrap();
     let version = current.meta.as_ref().and_then(|m| m.version.as_ref()).map(|v| v.index).unwrap();
     controlapi::update_service(&cluster.state, &svc.id, version, spec("web", 0)).await.expect("scale to 0");
-    cluster.wait_for("no running task", Duration::from_secs(20), |t| running(t, &svc.id).is_empty().then_some(())).await;
+    cluster
+        .wait_for("no running task", Duration::from_secs(20), |t| running(t, &svc.id).is_empty().then_some(()))
+        .await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while cluster.workers.iter().any(|w| !w.executor.running().is_empty()) {
         assert!(std::time::Instant::now() < deadline, "workers still run tasks");

@@ -65,9 +65,10 @@ async fn a_replicated_job_runs_two_at_a_time_restarts_failures_and_completes() {
     let mut exits = 0;
     let mut failed = None;
     loop {
-        let done = cluster.state.store.view(|t| {
-            t.tasks().by_service(&svc.id).filter(|t| state(t) == TaskState::Complete).count()
-        });
+        let done = cluster
+            .state
+            .store
+            .view(|t| t.tasks().by_service(&svc.id).filter(|t| state(t) == TaskState::Complete).count());
         if done == 6 {
             break;
         }
@@ -88,7 +89,9 @@ async fn a_replicated_job_runs_two_at_a_time_restarts_failures_and_completes() {
         assert!(worker.executor.exit(&task, code));
         exits += 1;
         cluster
-            .wait_for("the exit reported", DEADLINE, |t| t.tasks().get(&task).filter(|t| state(t).is_terminal()).map(|_| ()))
+            .wait_for("the exit reported", DEADLINE, |t| {
+                t.tasks().get(&task).filter(|t| state(t).is_terminal()).map(|_| ())
+            })
             .await;
         assert!(exits < 20, "the job does not end");
     }

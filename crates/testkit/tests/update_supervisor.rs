@@ -82,9 +82,7 @@ fn update_state(t: &Tables, service_id: &str) -> Option<(UpdateState, String)> {
 async fn a_failing_update_is_rolled_back_after_its_first_batch() {
     let cluster = TestCluster::start(ClusterOptions { workers: 3, ..Default::default() }).await;
     let svc = controlapi::create_service(&cluster.state, spec("sleep 1")).await.expect("create");
-    cluster
-        .wait_for("4 running tasks", DEADLINE, |t| (running_args(t, &svc.id).len() == 4).then_some(()))
-        .await;
+    cluster.wait_for("4 running tasks", DEADLINE, |t| (running_args(t, &svc.id).len() == 4).then_some(())).await;
 
     for w in &cluster.workers {
         w.executor.set_default(FakeBehavior::ExitImmediately(1));
@@ -113,9 +111,10 @@ async fn a_failing_update_is_rolled_back_after_its_first_batch() {
             (done && running.len() == 4 && running.iter().all(|a| a == "sleep 1")).then_some(())
         })
         .await;
-    let updated_slots: BTreeSet<u64> = cluster.state.store.view(|t| {
-        t.tasks().by_service(&svc.id).filter(|t| args(t) == "sleep 2").map(|t| t.slot).collect()
-    });
+    let updated_slots: BTreeSet<u64> = cluster
+        .state
+        .store
+        .view(|t| t.tasks().by_service(&svc.id).filter(|t| args(t) == "sleep 2").map(|t| t.slot).collect());
     assert!(
         !updated_slots.is_empty() && updated_slots.len() <= 2,
         "only the first batch (parallelism 2) got the new spec: {updated_slots:?}"

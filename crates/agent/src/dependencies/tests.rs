@@ -1,7 +1,6 @@
 use super::*;
 use shoal_api::{
-    Annotations, ConfigReference, ConfigSpec, Driver, FileTarget, RuntimeTarget, SecretReference, SecretSpec,
-    TaskSpec,
+    Annotations, ConfigReference, ConfigSpec, Driver, FileTarget, RuntimeTarget, SecretReference, SecretSpec, TaskSpec,
 };
 
 fn secret(id: &str, name: &str, data: &str, templated: bool) -> Secret {
@@ -55,21 +54,26 @@ fn task(secrets: Vec<SecretReference>, configs: Vec<ConfigReference>) -> Task {
         service_id: "svc1".into(),
         node_id: "node1".into(),
         slot: 3,
-        service_annotations: Some(Annotations {
-            name: "web".into(),
-            labels: [("tier".to_string(), "front".to_string())].into(),
-            ..Default::default()
-        }
-        .into()),
-        spec: Some(TaskSpec {
-            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
-                env: vec!["GREETING=hello".into(), "EMPTY=".into()],
-                secrets,
-                configs,
+        service_annotations: Some(
+            Annotations {
+                name: "web".into(),
+                labels: [("tier".to_string(), "front".to_string())].into(),
                 ..Default::default()
-            })),
-            ..Default::default()
-        }.into()),
+            }
+            .into(),
+        ),
+        spec: Some(
+            TaskSpec {
+                runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                    env: vec!["GREETING=hello".into(), "EMPTY=".into()],
+                    secrets,
+                    configs,
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }
+            .into(),
+        ),
         ..Default::default()
     }
 }
@@ -130,7 +134,10 @@ fn template_errors_name_the_config_and_never_show_a_secret() {
 #[test]
 fn a_templated_secret_renders_and_its_errors_are_withheld() {
     let deps = held(
-        vec![secret("s1", "db_pw", "pw", false), secret("s2", "dsn", r#"user:{{secret "db_pw"}}@{{.Node.Hostname}}"#, true)],
+        vec![
+            secret("s1", "db_pw", "pw", false),
+            secret("s2", "dsn", r#"user:{{secret "db_pw"}}@{{.Node.Hostname}}"#, true),
+        ],
         vec![],
     );
     let t = task(vec![sref("s1", "db_pw"), sref("s2", "dsn")], vec![]);

@@ -86,6 +86,8 @@ pub enum DockerError {
 /// Runs tasks as Docker containers.
 pub struct DockerExecutor {
     docker: Docker,
+    /// The engine's API version (major, minor), as negotiated at connect.
+    engine_api: (usize, usize),
     node_id: String,
     description: NodeDescription,
     /// Containers of this node found at connect, by task ID; `None` once the first assignment set swept it.
@@ -149,7 +151,8 @@ pub fn client(addr: &str) -> Result<Docker, DockerError> {
 /// `docker swarm leave` does to the containers of a node that leaves its swarm. Returns how many it removed.
 pub async fn remove_node_containers(addr: &str, node_id: &str) -> Result<usize, DockerError> {
     let docker = client(addr)?;
-    let engine = |what| move |e: BollardError| DockerError::Engine { addr: addr.to_string(), what, reason: engine_message(&e) };
+    let engine =
+        |what| move |e: BollardError| DockerError::Engine { addr: addr.to_string(), what, reason: engine_message(&e) };
     let filters: HashMap<String, Vec<String>> =
         [("label".to_string(), vec![format!("{}={node_id}", spec::LABEL_NODE_ID)])].into();
     let found = docker
@@ -237,7 +240,9 @@ impl DockerExecutor {
                 "found containers left by an earlier run of this node"
             );
         }
+        let v = docker.client_version();
         Ok(DockerExecutor {
+            engine_api: (v.major_version, v.minor_version),
             docker,
             node_id: node_id.to_string(),
             description,
@@ -302,6 +307,7 @@ impl DockerExecutor {
                 task: Arc::new(task.clone()),
             })
         };
+        spec::refuse_newer_than_engine(task, self.engine_api).map_err(ExecutorError::InvalidSpec)?;
         let mut body = spec::create_body(task, &self.node_id, network.as_ref().map(|n| n.holder.as_str()))
             .map_err(ExecutorError::InvalidSpec)?;
         if !files.is_empty() {
@@ -481,10 +487,18 @@ impl TaskNetwork {
         })?;
         let opts = CreateContainerOptionsBuilder::default().name(&self.holder).build();
         if let Err(e) = docker.create_container(Some(opts), (*self.holder_body).clone()).await {
-            return Err(prep(format!("cannot create the network-namespace holder {}: {}", self.holder, engine_message(&e))));
+            return Err(prep(format!(
+                "cannot create the network-namespace holder {}: {}",
+                self.holder,
+                engine_message(&e)
+            )));
         }
         if let Err(e) = docker.start_container(&self.holder, None).await {
-            return Err(prep(format!("cannot start the network-namespace holder {}: {}", self.holder, engine_message(&e))));
+            return Err(prep(format!(
+                "cannot start the network-namespace holder {}: {}",
+                self.holder,
+                engine_message(&e)
+            )));
         }
         self.attach(docker, &self.holder).await.map_err(prep)
     }

@@ -6,7 +6,9 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HealthConfig, HostConfig, Mount, MountType};
+use bollard::models::{
+    ContainerCreateBody, HealthConfig, HostConfig, Mount, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig,
+};
 use shoal_api::{mount, task_spec, ContainerSpec, Task};
 
 use crate::exec::stop_grace_period;
@@ -91,13 +93,44 @@ fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
     if typ == MountType::BIND && m.source.is_empty() {
         return Err(format!("the bind mount at {} has no source; set source= to a path on the node", m.target));
     }
+    // The engine creates a named volume that does not exist yet with these (driver, options, labels), as
+    // SwarmKit's executor has it do.
+    let volume_options = m.volume_options.as_ref().filter(|_| typ == MountType::VOLUME).map(|v| MountVolumeOptions {
+        no_copy: v.nocopy.then_some(true),
+        labels: (!v.labels.is_empty()).then(|| v.labels.clone()),
+        driver_config: v.driver_config.as_ref().map(|d| MountVolumeOptionsDriverConfig {
+            name: opt(&d.name),
+            options: (!d.options.is_empty()).then(|| d.options.clone()),
+        }),
+        subpath: opt(&v.subpath),
+    });
     Ok(Mount {
         target: Some(m.target.clone()),
         source: opt(&m.source),
         typ: Some(typ),
         read_only: m.readonly.then_some(true),
+        volume_options,
         ..Default::default()
     })
+}
+
+/// The API version of the engine that first applies `Mount.VolumeOptions.Subpath`.
+pub const SUBPATH_API: (usize, usize) = (1, 45);
+
+/// Refuses what the node's engine, speaking API `engine_api` (major, minor), is too old to apply, naming the
+/// field and the versions: the engine would ignore it rather than refuse it.
+pub fn refuse_newer_than_engine(task: &Task, engine_api: (usize, usize)) -> Result<(), String> {
+    let spec = container_spec(task);
+    for (i, m) in spec.mounts.iter().enumerate() {
+        if m.volume_options.as_ref().is_some_and(|v| !v.subpath.is_empty()) && engine_api < SUBPATH_API {
+            return Err(format!(
+                "Mounts[{i}].VolumeOptions.Subpath needs Docker Engine API {}.{} or later; this node's engine speaks \
+                 API {}.{}: mount the volume at its root, or run the task on a node with a newer engine",
+                SUBPATH_API.0, SUBPATH_API.1, engine_api.0, engine_api.1
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The spec's hosts entries as the engine wants them: SwarmKit's are "IP name [alias...]", Docker's
@@ -144,7 +177,11 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
             return Err(format!(
                 "the task is attached to network {}: this node has no overlay data plane to connect it; it needs a \
                  node that reports the overlay network plugin",
-                a.network.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str())
+                a.network
+                    .as_ref()
+                    .and_then(|n| n.spec.as_ref())
+                    .and_then(|s| s.annotations.as_ref())
+                    .map_or("", |a| a.name.as_str())
             ));
         }
         None => (None, opt(&spec.hostname), extra_hosts(&spec)),
@@ -216,7 +253,10 @@ fn host_port_bindings(task: &Task) -> Result<(Vec<String>, bollard::models::Port
     let mut bindings = bollard::models::PortMap::new();
     for p in task.endpoint.iter().flat_map(|e| e.ports.iter()) {
         if p.publish_mode != PublishMode::Host as i32 {
-            return Err(format!("port {} is published through the routing mesh, which this node does not have", p.target_port));
+            return Err(format!(
+                "port {} is published through the routing mesh, which this node does not have",
+                p.target_port
+            ));
         }
         let proto = match Protocol::try_from(p.protocol).unwrap_or(Protocol::Tcp) {
             Protocol::Tcp => "tcp",
@@ -226,9 +266,11 @@ fn host_port_bindings(task: &Task) -> Result<(Vec<String>, bollard::models::Port
         let key = format!("{}/{proto}", p.target_port);
         let host_port = if p.published_port != 0 { p.published_port.to_string() } else { String::new() };
         exposed.push(key.clone());
-        bindings.entry(key).or_insert_with(|| Some(Vec::new())).get_or_insert_with(Vec::new).push(
-            bollard::models::PortBinding { host_ip: None, host_port: Some(host_port) },
-        );
+        bindings
+            .entry(key)
+            .or_insert_with(|| Some(Vec::new()))
+            .get_or_insert_with(Vec::new)
+            .push(bollard::models::PortBinding { host_ip: None, host_port: Some(host_port) });
     }
     Ok((exposed, bindings))
 }
@@ -245,14 +287,17 @@ mod tests {
             slot: 3,
             node_id: "n1".into(),
             service_annotations: Some(Annotations { name: "web".into(), ..Default::default() }.into()),
-            spec: Some(TaskSpec {
-                runtime: Some(task_spec::Runtime::Container(c)),
-                resources: Some(ResourceRequirements {
-                    limits: Some(Resources { nano_cpus: 500_000_000, memory_bytes: 64 << 20, generic: vec![] }),
+            spec: Some(
+                TaskSpec {
+                    runtime: Some(task_spec::Runtime::Container(c)),
+                    resources: Some(ResourceRequirements {
+                        limits: Some(Resources { nano_cpus: 500_000_000, memory_bytes: 64 << 20, generic: vec![] }),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            }.into()),
+                }
+                .into(),
+            ),
             ..Default::default()
         }
     }
@@ -268,11 +313,13 @@ mod tests {
             publish_mode: PublishMode::Host as i32,
             ..Default::default()
         };
-        t.endpoint = Some(shoal_api::Endpoint {
-            ports: vec![port(80, 9000, Protocol::Tcp), port(53, 0, Protocol::Udp)],
-            ..Default::default()
-        }
-        .into());
+        t.endpoint = Some(
+            shoal_api::Endpoint {
+                ports: vec![port(80, 9000, Protocol::Tcp), port(53, 0, Protocol::Udp)],
+                ..Default::default()
+            }
+            .into(),
+        );
         let b = create_body(&t, "n1", None).unwrap();
         let mut exposed = b.exposed_ports.clone().unwrap();
         exposed.sort();
@@ -290,7 +337,8 @@ mod tests {
         }];
         let e = create_body(&t, "n1", Some("h")).unwrap_err();
         assert!(e.contains("target 53") && e.contains("EndpointSpec.Ports.PublishedPort"), "{e}");
-        t.endpoint = Some(shoal_api::Endpoint { ports: vec![port(80, 9000, Protocol::Tcp)], ..Default::default() }.into());
+        t.endpoint =
+            Some(shoal_api::Endpoint { ports: vec![port(80, 9000, Protocol::Tcp)], ..Default::default() }.into());
         let b = create_body(&t, "n1", Some("h")).unwrap();
         assert_eq!(b.exposed_ports, None, "nothing for the engine to bind");
         assert_eq!(b.host_config.unwrap().port_bindings, None);
@@ -302,7 +350,10 @@ mod tests {
             image: "busybox".into(),
             hostname: "web-1".into(),
             hosts: vec!["10.0.0.9 db".into()],
-            dns_config: Some(shoal_api::container_spec::DnsConfig { search: vec!["corp".into()], ..Default::default() }),
+            dns_config: Some(shoal_api::container_spec::DnsConfig {
+                search: vec!["corp".into()],
+                ..Default::default()
+            }),
             ..Default::default()
         });
         t.networks = vec![shoal_api::NetworkAttachment::default()];
@@ -312,7 +363,10 @@ mod tests {
         assert_eq!((b.hostname, h.extra_hosts, h.dns_search, h.dns), (None, None, None, None));
         t.spec = task(ContainerSpec {
             image: "busybox".into(),
-            dns_config: Some(shoal_api::container_spec::DnsConfig { nameservers: vec!["1.1.1.1".into()], ..Default::default() }),
+            dns_config: Some(shoal_api::container_spec::DnsConfig {
+                nameservers: vec!["1.1.1.1".into()],
+                ..Default::default()
+            }),
             ..Default::default()
         })
         .spec;
@@ -355,12 +409,14 @@ mod tests {
                     source: "/src".into(),
                     target: "/dst".into(),
                     readonly: true,
+                    ..Default::default()
                 },
                 shoal_api::Mount {
                     r#type: mount::Type::Tmpfs as i32,
                     source: String::new(),
                     target: "/scratch".into(),
                     readonly: false,
+                    ..Default::default()
                 },
             ],
             healthcheck: Some(ApiHealth {
@@ -420,5 +476,43 @@ mod tests {
             ..Default::default()
         });
         assert!(create_body(&npipe, "n", None).unwrap_err().contains("not supported"));
+    }
+
+    #[test]
+    fn volume_options_reach_the_engine_and_a_subpath_needs_api_1_45() {
+        let volume = |subpath: &str| {
+            task(ContainerSpec {
+                image: "i".into(),
+                mounts: vec![shoal_api::Mount {
+                    r#type: mount::Type::Volume as i32,
+                    source: "data".into(),
+                    target: "/data".into(),
+                    volume_options: Some(mount::VolumeOptions {
+                        nocopy: true,
+                        labels: [("a".to_string(), "b".to_string())].into(),
+                        driver_config: Some(shoal_api::Driver {
+                            name: "local".into(),
+                            options: [("type".to_string(), "tmpfs".to_string())].into(),
+                        }),
+                        subpath: subpath.into(),
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+        };
+        let b = create_body(&volume(""), "n", None).unwrap();
+        let m = &b.host_config.unwrap().mounts.unwrap()[0];
+        let v = m.volume_options.as_ref().unwrap();
+        assert_eq!((v.no_copy, v.labels.as_ref().unwrap()["a"].as_str()), (Some(true), "b"));
+        let d = v.driver_config.as_ref().unwrap();
+        assert_eq!((d.name.as_deref(), d.options.as_ref().unwrap()["type"].as_str()), (Some("local"), "tmpfs"));
+        assert!(refuse_newer_than_engine(&volume(""), (1, 41)).is_ok());
+        let e = refuse_newer_than_engine(&volume("sub"), (1, 41)).unwrap_err();
+        assert!(
+            e.contains("Mounts[0].VolumeOptions.Subpath needs Docker Engine API 1.45") && e.contains("API 1.41"),
+            "{e}"
+        );
+        assert!(refuse_newer_than_engine(&volume("sub"), (1, 45)).is_ok());
     }
 }

@@ -2,8 +2,10 @@
 //! `stdout.log` / `stderr.log` in its task dir, one record per line: `<unix seconds>.<9-digit nanos> <line>`;
 //! `read` turns those files back into log lines (merged by time, with since, tail and follow).
 //!
-//! Bounds: a line longer than `MAX_LINE_BYTES` is split; `follow` polls the files every `FOLLOW_POLL`; at
-//! most `READ_QUEUE` lines wait for a slow reader. Must not depend on the session or gRPC.
+//! Bounds: a line longer than `MAX_LINE_BYTES` is split; files are read `READ_CHUNK` bytes at a time (a
+//! reader holds about that much however long the log: `tail=all` of an 80 MB log is streamed, never read
+//! whole); `follow` polls the files every `FOLLOW_POLL` from where it stopped; at most `READ_QUEUE` lines
+//! wait for a slow reader. Must not depend on the session or gRPC.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -81,43 +83,119 @@ pub async fn relay(mut pipe: impl AsyncRead + Unpin, path: PathBuf) {
     let _ = file.flush().await;
 }
 
-/// Complete records of `path` from byte `from`; returns them and the offset after the last complete one.
-fn read_from(path: &Path, from: u64, stderr: bool) -> (Vec<LogLine>, u64) {
-    let Ok(bytes) = std::fs::read(path) else { return (vec![], from) };
-    let start = (from as usize).min(bytes.len());
-    let end = bytes[start..].iter().rposition(|b| *b == b'\n').map_or(start, |p| start + p + 1);
-    let lines = bytes[start..end].split(|b| *b == b'\n').filter(|l| !l.is_empty()).filter_map(|l| parse(l, stderr));
-    (lines.collect(), end as u64)
+/// Bytes read from a log file at a time: memory per reader is about this much, however long the log.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The records of one log file, read a chunk at a time from an offset that moves past complete records.
+struct RecordReader {
+    path: PathBuf,
+    stderr: bool,
+    offset: u64,
+    lines: std::collections::VecDeque<LogLine>,
 }
 
-/// The task's lines per `opts`.
+impl RecordReader {
+    /// Reads the next chunk's complete records into `lines`; false when nothing more is there yet.
+    fn fill(&mut self) -> bool {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = std::fs::File::open(&self.path) else { return false };
+        if f.seek(SeekFrom::Start(self.offset)).is_err() {
+            return false;
+        }
+        let mut buf = Vec::with_capacity(READ_CHUNK);
+        if f.take(READ_CHUNK as u64).read_to_end(&mut buf).is_err() || buf.is_empty() {
+            return false;
+        }
+        let Some(last) = buf.iter().rposition(|b| *b == b'\n') else {
+            // A record is at most MAX_LINE_BYTES and its stamp, far less than a chunk: a chunk without a newline
+            // is a record still being written, or a damaged file when the chunk is full (skipped, never stuck).
+            if buf.len() == READ_CHUNK {
+                self.offset += buf.len() as u64;
+                return true;
+            }
+            return false;
+        };
+        self.offset += last as u64 + 1;
+        let stderr = self.stderr;
+        self.lines
+            .extend(buf[..last].split(|b| *b == b'\n').filter(|l| !l.is_empty()).filter_map(|l| parse(l, stderr)));
+        true
+    }
+}
+
+/// Where the last `n` complete records of `path` start, and how many there are (fewer when the file has fewer):
+/// read backwards a chunk at a time.
+fn tail_offset(path: &Path, n: usize) -> (u64, usize) {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return (0, 0) };
+    let mut pos = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut newlines = 0usize;
+    let mut buf = vec![0u8; READ_CHUNK];
+    while pos > 0 {
+        let start = pos.saturating_sub(READ_CHUNK as u64);
+        let len = (pos - start) as usize;
+        if f.seek(SeekFrom::Start(start)).is_err() || f.read_exact(&mut buf[..len]).is_err() {
+            break;
+        }
+        for i in (0..len).rev() {
+            if buf[i] == b'\n' {
+                newlines += 1;
+                // The record after the (n+1)th newline from the end is the first of the last n.
+                if newlines == n + 1 {
+                    return (start + i as u64 + 1, n);
+                }
+            }
+        }
+        pos = start;
+    }
+    (0, newlines)
+}
+
+/// The task's lines per `opts`, merged by time: both files are read a chunk at a time (with `tail`, from
+/// where their last lines start), so memory stays bounded however long the log is; with `follow`, what is
+/// appended later is read from where the reading stopped.
 pub fn read(task_dir: PathBuf, opts: &LogOptions) -> Result<LogStream, ExecutorError> {
     if !task_dir.is_dir() {
         return Err(ExecutorError::Runtime(format!("no output recorded at {}", task_dir.display())));
     }
     let both = !opts.stdout && !opts.stderr;
-    let streams: Vec<bool> = [(both || opts.stdout, false), (both || opts.stderr, true)]
-        .into_iter()
-        .filter_map(|(on, stderr)| on.then_some(stderr))
-        .collect();
-    let mut offsets = vec![0u64; streams.len()];
-    let mut first: Vec<LogLine> = Vec::new();
-    for (i, &stderr) in streams.iter().enumerate() {
-        let (lines, end) = read_from(&log_path(&task_dir, stderr), 0, stderr);
-        offsets[i] = end;
-        first.extend(lines);
+    let mut readers: Vec<RecordReader> = Vec::new();
+    let mut counted = 0usize;
+    for (on, stderr) in [(both || opts.stdout, false), (both || opts.stderr, true)] {
+        if !on {
+            continue;
+        }
+        let path = log_path(&task_dir, stderr);
+        let (offset, count) = opts.tail.map_or((0, 0), |n| tail_offset(&path, n));
+        counted += count;
+        readers.push(RecordReader { path, stderr, offset, lines: Default::default() });
     }
-    first.sort_by_key(|l| l.timestamp);
+    // With a tail, the last n of the merged streams: the oldest of the 2n candidates are skipped.
+    let mut skip = opts.tail.map_or(0, |n| counted.saturating_sub(n));
     let since = opts.since;
-    first.retain(|l| since.is_none_or(|s| l.timestamp > s));
-    if let Some(n) = opts.tail {
-        let skip = first.len().saturating_sub(n);
-        first.drain(..skip);
-    }
     let (tx, rx) = mpsc::channel(READ_QUEUE);
     let follow = opts.follow;
     tokio::spawn(async move {
-        for l in first {
+        let mut done = vec![false; readers.len()];
+        loop {
+            for (r, done) in readers.iter_mut().zip(done.iter_mut()) {
+                if r.lines.is_empty() && !*done && !r.fill() {
+                    *done = true;
+                }
+            }
+            // The oldest line first; on a tie stdout's (the first reader).
+            let next = (0..readers.len())
+                .filter(|&i| !readers[i].lines.is_empty())
+                .min_by_key(|&i| (readers[i].lines[0].timestamp, i));
+            let Some(i) = next else { break };
+            let l = readers[i].lines.pop_front().expect("not empty");
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            if since.is_some_and(|s| l.timestamp <= s) {
+                continue;
+            }
             if tx.send(Ok(l)).await.is_err() {
                 return;
             }
@@ -130,12 +208,12 @@ pub fn read(task_dir: PathBuf, opts: &LogOptions) -> Result<LogStream, ExecutorE
             if tx.is_closed() || !task_dir.is_dir() {
                 return;
             }
-            for (i, &stderr) in streams.iter().enumerate() {
-                let (lines, end) = read_from(&log_path(&task_dir, stderr), offsets[i], stderr);
-                offsets[i] = end;
-                for l in lines.into_iter().filter(|l| since.is_none_or(|s| l.timestamp > s)) {
-                    if tx.send(Ok(l)).await.is_err() {
-                        return;
+            for r in readers.iter_mut() {
+                while r.fill() {
+                    while let Some(l) = r.lines.pop_front() {
+                        if since.is_none_or(|s| l.timestamp > s) && tx.send(Ok(l)).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }
@@ -182,5 +260,75 @@ mod tests {
         relay(&b"later\n"[..], log_path(&d, false)).await;
         let next = tokio::time::timeout(Duration::from_secs(10), s.next()).await.unwrap().unwrap().unwrap();
         assert_eq!(next.data, b"later");
+    }
+
+    fn rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Issue 31 (5): 20 unread `tail=all` readers of an 80 MB log took the daemon to 1.8 GB. Here, 20 readers of
+    /// a 32 MB log, each having sent its first line and then not read: the process grows by far less than one
+    /// copy of the log (each reader holds a chunk and its queue, not the file).
+    #[tokio::test]
+    async fn unread_readers_of_a_long_log_hold_a_chunk_each_not_the_whole_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        {
+            let line = vec![b'y'; 90];
+            let mut content = Vec::with_capacity(33 << 20);
+            let t0 = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+            let mut i = 0u64;
+            while content.len() < 32 << 20 {
+                content.extend(record(t0 + Duration::from_micros(i), &line));
+                i += 1;
+            }
+            std::fs::write(log_path(&d, false), &content).unwrap();
+        }
+        let before = rss_kib();
+        let mut streams = Vec::new();
+        for _ in 0..20 {
+            let mut s = read(d.clone(), &LogOptions { stdout: true, ..Default::default() }).unwrap();
+            assert_eq!(s.next().await.unwrap().unwrap().data.len(), 90);
+            streams.push(s);
+        }
+        let grown_mib = rss_kib().saturating_sub(before) / 1024;
+        assert!(grown_mib < 32, "20 unread readers grew the process by {grown_mib} MiB");
+    }
+
+    /// Tail and merge across chunk boundaries: 3,000 records on each stream, interleaved in time; the last
+    /// 1,001 merged records come back in order, and all 6,000 without a tail.
+    #[tokio::test]
+    async fn tail_and_merge_cross_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        for stderr in [false, true] {
+            let mut content = Vec::new();
+            for i in 0..3000u64 {
+                let at = t0 + Duration::from_millis(2 * i + stderr as u64);
+                content.extend(record(at, format!("{:>60}", 2 * i + stderr as u64).as_bytes()));
+            }
+            std::fs::write(log_path(&d, stderr), &content).unwrap();
+        }
+        let numbers = |o: LogOptions| {
+            let d = d.clone();
+            async move {
+                read(d, &o)
+                    .unwrap()
+                    .map(|l| String::from_utf8(l.unwrap().data).unwrap().trim().parse::<u64>().unwrap())
+                    .collect::<Vec<_>>()
+                    .await
+            }
+        };
+        let all = numbers(LogOptions { stdout: true, stderr: true, ..Default::default() }).await;
+        assert_eq!(all, (0..6000).collect::<Vec<_>>());
+        let last = numbers(LogOptions { stdout: true, stderr: true, tail: Some(1001), ..Default::default() }).await;
+        assert_eq!(last, (4999..6000).collect::<Vec<_>>());
+        let none = numbers(LogOptions { stdout: true, stderr: true, tail: Some(0), ..Default::default() }).await;
+        assert!(none.is_empty());
+        let more = numbers(LogOptions { stderr: true, tail: Some(10_000), ..Default::default() }).await;
+        assert_eq!(more.len(), 3000);
     }
 }

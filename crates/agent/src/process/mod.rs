@@ -259,7 +259,9 @@ impl Executor for ProcessExecutor {
             None
         } else {
             let root = self.files_root.clone().ok_or_else(|| {
-                ExecutorError::InvalidSpec("this node keeps no secrets or configs: its agent has no tmpfs for them".into())
+                ExecutorError::InvalidSpec(
+                    "this node keeps no secrets or configs: its agent has no tmpfs for them".into(),
+                )
             })?;
             for f in &files {
                 process_place(f).map_err(ExecutorError::InvalidSpec)?;

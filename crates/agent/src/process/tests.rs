@@ -11,17 +11,20 @@ use super::*;
 fn task(id: &str, command: &[&str], args: &[&str], grace_ms: Option<u64>) -> Task {
     Task {
         id: id.into(),
-        spec: Some(TaskSpec {
-            runtime: Some(task_spec::Runtime::Container(ContainerSpec {
-                image: "busybox".into(),
-                command: command.iter().map(|s| s.to_string()).collect(),
-                args: args.iter().map(|s| s.to_string()).collect(),
-                env: vec!["GREETING=hi".into()],
-                stop_grace_period: grace_ms.map(|ms| shoal_api::duration_to_proto(Duration::from_millis(ms))),
+        spec: Some(
+            TaskSpec {
+                runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                    image: "busybox".into(),
+                    command: command.iter().map(|s| s.to_string()).collect(),
+                    args: args.iter().map(|s| s.to_string()).collect(),
+                    env: vec!["GREETING=hi".into()],
+                    stop_grace_period: grace_ms.map(|ms| shoal_api::duration_to_proto(Duration::from_millis(ms))),
+                    ..Default::default()
+                })),
                 ..Default::default()
-            })),
-            ..Default::default()
-        }.into()),
+            }
+            .into(),
+        ),
         ..Default::default()
     }
 }
@@ -192,7 +195,8 @@ fn settings_a_process_cannot_have_reject_the_task_naming_each() {
     check(
         &|t| {
             container(t).mounts = vec![shoal_api::Mount { target: "/data".into(), ..Default::default() }];
-            container(t).healthcheck = Some(shoal_api::HealthConfig { test: vec!["CMD".into(), "true".into()], ..Default::default() });
+            container(t).healthcheck =
+                Some(shoal_api::HealthConfig { test: vec!["CMD".into(), "true".into()], ..Default::default() });
         },
         &["ContainerSpec.Mounts", "ContainerSpec.Healthcheck"],
     );
@@ -242,7 +246,8 @@ async fn a_task_reads_its_secrets_and_configs_from_its_directories_on_tmpfs_unti
         &["cat $SHOAL_SECRETS_DIR/db_pw; echo; cat $SHOAL_SECRETS_DIR/sub/k; echo; cat $SHOAL_CONFIGS_DIR/app.conf"],
         None,
     );
-    let files = vec![file(Secret, "db_pw", "pw"), file(Secret, "/run/secrets/sub/k", "key"), file(Config, "app.conf", "x=1")];
+    let files =
+        vec![file(Secret, "db_pw", "pw"), file(Secret, "/run/secrets/sub/k", "key"), file(Config, "app.conf", "x=1")];
     let mut c = exec.controller(&t, files).unwrap();
     c.prepare().await.unwrap();
     c.start().await.unwrap();
@@ -278,7 +283,8 @@ fn secrets_a_process_cannot_have_reject_the_task() {
     assert!(err.to_string().contains("cannot put a file at the absolute path /etc/app.conf"), "{err}");
     let disk = tempfile::tempdir().unwrap();
     if crate::task_files::check_in_memory(disk.path()).is_err() {
-        let on_disk = ProcessExecutor::new(dir.path(), "h", HashMap::new()).with_files_root(FilesRoot::new(disk.path()));
+        let on_disk =
+            ProcessExecutor::new(dir.path(), "h", HashMap::new()).with_files_root(FilesRoot::new(disk.path()));
         let err = on_disk.controller(&t, vec![file(Secret, "db_pw", "pw")]).err().unwrap();
         assert!(err.to_string().contains("is not on a tmpfs"), "{err}");
     }
@@ -291,11 +297,18 @@ async fn a_process_publishes_a_host_port_only_as_itself_and_joins_no_network() {
     let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
     let with_port = |published: u32, mode: PublishMode| {
         let mut t = task("t6", &["true"], &[], None);
-        t.endpoint = Some(shoal_api::Endpoint {
-            ports: vec![shoal_api::PortConfig { target_port: 9000, published_port: published, publish_mode: mode as i32, ..Default::default() }],
-            ..Default::default()
-        }
-        .into());
+        t.endpoint = Some(
+            shoal_api::Endpoint {
+                ports: vec![shoal_api::PortConfig {
+                    target_port: 9000,
+                    published_port: published,
+                    publish_mode: mode as i32,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+            .into(),
+        );
         t
     };
     assert!(exec.controller(&with_port(9000, PublishMode::Host), Vec::new()).is_ok());

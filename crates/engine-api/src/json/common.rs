@@ -20,10 +20,7 @@ pub struct ConvertError(pub String);
 impl ConvertError {
     /// An unknown enum value for `field`, listing the accepted ones.
     pub fn bad_value(field: &str, got: &str, accepted: &[&str]) -> ConvertError {
-        ConvertError(format!(
-            "invalid {field} {got:?}: use one of {}",
-            accepted.join(", ")
-        ))
+        ConvertError(format!("invalid {field} {got:?}: use one of {}", accepted.join(", ")))
     }
 }
 
@@ -39,9 +36,7 @@ pub struct VersionJson {
 impl VersionJson {
     /// From an optional API version.
     pub fn from_api(v: Option<&shoal_api::Version>) -> VersionJson {
-        VersionJson {
-            index: v.map(|v| v.index).unwrap_or(0),
-        }
+        VersionJson { index: v.map(|v| v.index).unwrap_or(0) }
     }
     /// To an API version.
     pub fn to_api(self) -> shoal_api::Version {
@@ -62,18 +57,12 @@ pub fn time_to_json(ts: Option<&prost_types::Timestamp>) -> String {
 }
 
 /// Parses an RFC 3339 time; Go's zero time and the empty string become unset.
-pub fn time_from_json(
-    field: &str,
-    s: &str,
-) -> Result<Option<prost_types::Timestamp>, ConvertError> {
+pub fn time_from_json(field: &str, s: &str) -> Result<Option<prost_types::Timestamp>, ConvertError> {
     if s.is_empty() || s == ZERO_TIME {
         return Ok(None);
     }
-    let t = OffsetDateTime::parse(s, &Rfc3339).map_err(|e| {
-        ConvertError(format!(
-            "invalid {field} {s:?}: expected an RFC 3339 time ({e})"
-        ))
-    })?;
+    let t = OffsetDateTime::parse(s, &Rfc3339)
+        .map_err(|e| ConvertError(format!("invalid {field} {s:?}: expected an RFC 3339 time ({e})")))?;
     let nanos = t.unix_timestamp_nanos();
     Ok(Some(prost_types::Timestamp {
         seconds: nanos.div_euclid(1_000_000_000) as i64,
@@ -83,17 +72,12 @@ pub fn time_from_json(
 
 /// A protobuf duration as integer nanoseconds.
 pub fn duration_to_ns(d: &prost_types::Duration) -> i64 {
-    d.seconds
-        .saturating_mul(1_000_000_000)
-        .saturating_add(d.nanos as i64)
+    d.seconds.saturating_mul(1_000_000_000).saturating_add(d.nanos as i64)
 }
 
 /// Integer nanoseconds as a protobuf duration (negative values keep their sign, for validation to refuse).
 pub fn duration_from_ns(ns: i64) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: ns / 1_000_000_000,
-        nanos: (ns % 1_000_000_000) as i32,
-    }
+    prost_types::Duration { seconds: ns / 1_000_000_000, nanos: (ns % 1_000_000_000) as i32 }
 }
 
 /// An optional protobuf duration as optional nanoseconds.
@@ -113,12 +97,7 @@ pub fn labels_from_json(m: &BTreeMap<String, String>) -> HashMap<String, String>
 
 /// Maps a string to an enum value through a table, or fails naming the field and the accepted values.
 /// The empty string maps to `default`.
-pub fn enum_from_str<T: Copy>(
-    field: &str,
-    s: &str,
-    table: &[(&str, T)],
-    default: T,
-) -> Result<T, ConvertError> {
+pub fn enum_from_str<T: Copy>(field: &str, s: &str, table: &[(&str, T)], default: T) -> Result<T, ConvertError> {
     if s.is_empty() {
         return Ok(default);
     }
@@ -126,18 +105,12 @@ pub fn enum_from_str<T: Copy>(
         .iter()
         .find(|(name, _)| name.eq_ignore_ascii_case(s))
         .map(|(_, v)| *v)
-        .ok_or_else(|| {
-            ConvertError::bad_value(field, s, &table.iter().map(|(n, _)| *n).collect::<Vec<_>>())
-        })
+        .ok_or_else(|| ConvertError::bad_value(field, s, &table.iter().map(|(n, _)| *n).collect::<Vec<_>>()))
 }
 
 /// Maps an enum value back to its string through the same table.
 pub fn enum_to_str<T: Copy + PartialEq>(v: T, table: &[(&'static str, T)]) -> &'static str {
-    table
-        .iter()
-        .find(|(_, x)| *x == v)
-        .map(|(n, _)| *n)
-        .unwrap_or("")
+    table.iter().find(|(_, x)| *x == v).map(|(n, _)| *n).unwrap_or("")
 }
 
 /// Serde helper: true when a map is empty.
@@ -151,19 +124,13 @@ mod tests {
 
     #[test]
     fn times_round_trip_with_nanoseconds_and_zero() {
-        let ts = prost_types::Timestamp {
-            seconds: 1_465_333_651,
-            nanos: 171_892_745,
-        };
+        let ts = prost_types::Timestamp { seconds: 1_465_333_651, nanos: 171_892_745 };
         let s = time_to_json(Some(&ts));
         assert_eq!(s, "2016-06-07T21:07:31.171892745Z");
         assert_eq!(time_from_json("CreatedAt", &s).unwrap(), Some(ts));
         assert_eq!(time_to_json(None), ZERO_TIME);
         assert_eq!(time_from_json("CreatedAt", ZERO_TIME).unwrap(), None);
-        assert!(time_from_json("CreatedAt", "yesterday")
-            .unwrap_err()
-            .0
-            .contains("CreatedAt"));
+        assert!(time_from_json("CreatedAt", "yesterday").unwrap_err().0.contains("CreatedAt"));
     }
 
     #[test]

@@ -63,11 +63,7 @@ impl GoValue {
 
 /// The struct field `key` names: the exact field, else the one equal to it ignoring ASCII case.
 fn field_for(key: &str, fields: &'static [&'static str]) -> Option<&'static str> {
-    fields
-        .iter()
-        .find(|f| **f == key)
-        .or_else(|| fields.iter().find(|f| f.eq_ignore_ascii_case(key)))
-        .copied()
+    fields.iter().find(|f| **f == key).or_else(|| fields.iter().find(|f| f.eq_ignore_ascii_case(key))).copied()
 }
 
 /// The members of an object as a struct with `fields` sees them: keys renamed to the fields they match, null
@@ -228,7 +224,11 @@ impl<'de> Deserializer<'de> for GoValue {
         value.deserialize_unit_struct(name, visitor).map_err(|e| at.at(e))
     }
 
-    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _name: &'static str, visitor: V) -> Result<V::Value, Self::Error> {
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
         visitor.visit_newtype_struct(self)
     }
 

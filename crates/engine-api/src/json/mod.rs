@@ -9,15 +9,15 @@ pub mod objects;
 pub mod secret;
 pub mod spec;
 pub mod system;
-pub mod unsupported;
 #[cfg(test)]
 mod tests;
+pub mod unsupported;
 
 pub use common::{ConvertError, VersionJson};
 pub use go_decode::{decode, DecodeError};
 pub use objects::{
-    ClusterInfoJson, ManagerStatusJson, NodeJson, NodeSpecJson, ServiceJson, ServiceStatusJson,
-    SwarmJson, TaskJson, TaskStatusJson,
+    ClusterInfoJson, ManagerStatusJson, NodeJson, NodeSpecJson, ServiceJson, ServiceStatusJson, SwarmJson, TaskJson,
+    TaskStatusJson,
 };
 pub use secret::{ConfigJson, ConfigSpecJson, SecretJson, SecretSpecJson};
 pub use spec::{ServiceSpecJson, TaskSpecJson};

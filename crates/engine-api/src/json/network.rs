@@ -185,7 +185,10 @@ impl NetworkCreateJson {
             )));
         }
         if !(self.scope.is_empty() || self.scope == "swarm") {
-            return Err(ConvertError(format!("Scope {:?} is not supported: overlay networks are swarm-scope", self.scope)));
+            return Err(ConvertError(format!(
+                "Scope {:?} is not supported: overlay networks are swarm-scope",
+                self.scope
+            )));
         }
         if self.config_only {
             return Err(ConvertError("ConfigOnly networks are not supported yet; give the settings directly".into()));
@@ -208,11 +211,16 @@ impl NetworkCreateJson {
                 return Err(ConvertError("IPAM.Options are not supported yet; leave them out".into()));
             }
             if i.config.len() > 1 {
-                return Err(ConvertError(format!("IPAM.Config has {} entries: Shoal networks have one subnet", i.config.len())));
+                return Err(ConvertError(format!(
+                    "IPAM.Config has {} entries: Shoal networks have one subnet",
+                    i.config.len()
+                )));
             }
             if let Some(c) = i.config.first() {
                 if !c.auxiliary_addresses.is_empty() {
-                    return Err(ConvertError("IPAM.Config[0].AuxiliaryAddresses are not supported yet; leave them out".into()));
+                    return Err(ConvertError(
+                        "IPAM.Config[0].AuxiliaryAddresses are not supported yet; leave them out".into(),
+                    ));
                 }
             }
             ipam = Some(IpamOptions {
@@ -230,7 +238,11 @@ impl NetworkCreateJson {
             });
         }
         Ok(NetworkSpec {
-            annotations: Some(Annotations { name: self.name.clone(), labels: labels_from_json(&self.labels), indices: vec![] }),
+            annotations: Some(Annotations {
+                name: self.name.clone(),
+                labels: labels_from_json(&self.labels),
+                indices: vec![],
+            }),
             driver_config: Some(Driver { name: "overlay".into(), options: labels_from_json(&self.options) }),
             ipv6_enabled: false,
             internal: self.internal,
@@ -394,7 +406,10 @@ mod tests {
         .unwrap();
         assert!(s.internal && s.attachable);
         let c = &s.ipam.as_ref().unwrap().configs[0];
-        assert_eq!((c.subnet.as_str(), c.range.as_str(), c.gateway.as_str()), ("10.5.0.0/24", "10.5.0.128/25", "10.5.0.1"));
+        assert_eq!(
+            (c.subnet.as_str(), c.range.as_str(), c.gateway.as_str()),
+            ("10.5.0.0/24", "10.5.0.128/25", "10.5.0.1")
+        );
         assert_eq!(s.annotations.unwrap().labels["team"], "a");
         for (body, field) in [
             (serde_json::json!({"Name": "x"}), "Driver \"bridge\""),
@@ -441,7 +456,11 @@ mod tests {
             }),
             ipam: Some(IpamOptions {
                 driver: None,
-                configs: vec![IpamConfig { subnet: "10.0.1.0/24".into(), gateway: "10.0.1.1".into(), ..Default::default() }],
+                configs: vec![IpamConfig {
+                    subnet: "10.0.1.0/24".into(),
+                    gateway: "10.0.1.1".into(),
+                    ..Default::default()
+                }],
             }),
             ..Default::default()
         }

@@ -5,14 +5,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use shoal_api::{
-    node_spec, node_status, raft_member_status, task_status, update_status, Cluster,
-    ContainerStatus, Meta, Node, NodeRole, NodeSpec, Service, Task, TaskState, TaskStatus,
+    node_spec, node_status, raft_member_status, task_status, update_status, Cluster, ContainerStatus, Meta, Node,
+    NodeRole, NodeSpec, Service, Task, TaskState, TaskStatus,
 };
 
 use super::common::*;
-use super::spec::{
-    DriverJson, EndpointSpecJson, PlatformJson, PortJson, ServiceSpecJson, TaskSpecJson,
-};
+use super::spec::{DriverJson, EndpointSpecJson, PlatformJson, PortJson, ServiceSpecJson, TaskSpecJson};
 
 pub(crate) fn meta_parts(meta: Option<&Meta>) -> (VersionJson, String, String) {
     (
@@ -119,18 +117,9 @@ const UPDATE_STATE: &[(&str, update_status::UpdateState)] = &[
     ("updating", update_status::UpdateState::Updating),
     ("paused", update_status::UpdateState::Paused),
     ("completed", update_status::UpdateState::Completed),
-    (
-        "rollback_started",
-        update_status::UpdateState::RollbackStarted,
-    ),
-    (
-        "rollback_paused",
-        update_status::UpdateState::RollbackPaused,
-    ),
-    (
-        "rollback_completed",
-        update_status::UpdateState::RollbackCompleted,
-    ),
+    ("rollback_started", update_status::UpdateState::RollbackStarted),
+    ("rollback_paused", update_status::UpdateState::RollbackPaused),
+    ("rollback_completed", update_status::UpdateState::RollbackCompleted),
 ];
 
 impl ServiceJson {
@@ -142,18 +131,10 @@ impl ServiceJson {
             version,
             created_at,
             updated_at,
-            spec: s
-                .spec
-                .as_ref()
-                .map(ServiceSpecJson::from_api)
-                .unwrap_or_default(),
+            spec: s.spec.as_ref().map(ServiceSpecJson::from_api).unwrap_or_default(),
             previous_spec: s.previous_spec.as_ref().map(ServiceSpecJson::from_api),
             endpoint: s.endpoint.as_ref().map(|e| EndpointJson {
-                spec: e
-                    .spec
-                    .as_ref()
-                    .map(EndpointSpecJson::from_api)
-                    .unwrap_or_default(),
+                spec: e.spec.as_ref().map(EndpointSpecJson::from_api).unwrap_or_default(),
                 ports: e.ports.iter().map(PortJson::from_api).collect(),
                 virtual_ips: e
                     .virtual_ips
@@ -181,26 +162,21 @@ impl ServiceJson {
             id: self.id.clone(),
             meta: Some(meta_from(self.version, &self.created_at, &self.updated_at)?),
             spec: Some(self.spec.to_api()?),
-            previous_spec: self
-                .previous_spec
-                .as_ref()
-                .map(ServiceSpecJson::to_api)
-                .transpose()?,
+            previous_spec: self.previous_spec.as_ref().map(ServiceSpecJson::to_api).transpose()?,
             endpoint: self
                 .endpoint
                 .as_ref()
                 .map(|e| -> Result<_, ConvertError> {
                     Ok(shoal_api::Endpoint {
                         spec: Some(e.spec.to_api()?),
-                        ports: e
-                            .ports
-                            .iter()
-                            .map(PortJson::to_api)
-                            .collect::<Result<_, _>>()?,
+                        ports: e.ports.iter().map(PortJson::to_api).collect::<Result<_, _>>()?,
                         virtual_ips: e
                             .virtual_ips
                             .iter()
-                            .map(|v| shoal_api::endpoint::VirtualIp { network_id: v.network_id.clone(), addr: v.addr.clone() })
+                            .map(|v| shoal_api::endpoint::VirtualIp {
+                                network_id: v.network_id.clone(),
+                                addr: v.addr.clone(),
+                            })
                             .collect(),
                     })
                 })
@@ -330,8 +306,7 @@ pub struct PortStatusJson {
 }
 
 fn state_from(field: &str, s: &str) -> Result<TaskState, ConvertError> {
-    TaskState::from_docker_name(s)
-        .ok_or_else(|| ConvertError(format!("invalid {field} {s:?}: not a task state")))
+    TaskState::from_docker_name(s).ok_or_else(|| ConvertError(format!("invalid {field} {s:?}: not a task state")))
 }
 
 impl TaskJson {
@@ -347,11 +322,7 @@ impl TaskJson {
             updated_at,
             name: ann.name,
             labels: labels_to_json(&ann.labels),
-            spec: t
-                .spec
-                .as_deref()
-                .map(TaskSpecJson::from_api)
-                .unwrap_or_default(),
+            spec: t.spec.as_deref().map(TaskSpecJson::from_api).unwrap_or_default(),
             service_id: t.service_id.clone(),
             slot: t.slot,
             node_id: t.node_id.clone(),
@@ -361,19 +332,22 @@ impl TaskJson {
                 message: st.message.clone(),
                 err: st.err.clone(),
                 container_status: st.runtime_status.as_ref().map(|r| match r {
-                    task_status::RuntimeStatus::Container(c) => ContainerStatusJson {
-                        container_id: c.container_id.clone(),
-                        pid: c.pid,
-                        exit_code: c.exit_code,
-                    },
+                    task_status::RuntimeStatus::Container(c) => {
+                        ContainerStatusJson { container_id: c.container_id.clone(), pid: c.pid, exit_code: c.exit_code }
+                    }
                 }),
-                port_status: st.port_status.as_ref().map(|p| PortStatusJson {
-                    ports: p.ports.iter().map(PortJson::from_api).collect(),
-                }),
+                port_status: st
+                    .port_status
+                    .as_ref()
+                    .map(|p| PortStatusJson { ports: p.ports.iter().map(PortJson::from_api).collect() }),
             },
             desired_state: TaskState::from_wire(t.desired_state).docker_name().into(),
             job_iteration: t.job_iteration.as_ref().map(|v| VersionJson::from_api(Some(v))),
-            networks_attachments: t.networks.iter().map(super::network::NetworkAttachmentStatusJson::from_api).collect(),
+            networks_attachments: t
+                .networks
+                .iter()
+                .map(super::network::NetworkAttachmentStatusJson::from_api)
+                .collect(),
         }
     }
 
@@ -397,22 +371,17 @@ impl TaskJson {
                 .as_ref()
                 .map(|p| -> Result<_, ConvertError> {
                     Ok(Box::new(shoal_api::PortStatus {
-                        ports: p
-                            .ports
-                            .iter()
-                            .map(PortJson::to_api)
-                            .collect::<Result<_, _>>()?,
+                        ports: p.ports.iter().map(PortJson::to_api).collect::<Result<_, _>>()?,
                     }))
                 })
                 .transpose()?,
             ..Default::default()
         };
-        let annotations =
-            (!self.name.is_empty() || !self.labels.is_empty()).then(|| shoal_api::Annotations {
-                name: self.name.clone(),
-                labels: labels_from_json(&self.labels),
-                indices: Vec::new(),
-            });
+        let annotations = (!self.name.is_empty() || !self.labels.is_empty()).then(|| shoal_api::Annotations {
+            name: self.name.clone(),
+            labels: labels_from_json(&self.labels),
+            indices: Vec::new(),
+        });
         Ok(Task {
             id: self.id.clone(),
             meta: Some(meta_from(self.version, &self.created_at, &self.updated_at)?),
@@ -467,14 +436,10 @@ impl NodeSpecJson {
     /// Role and availability must be given.
     pub fn to_api(&self, membership: node_spec::Membership) -> Result<NodeSpec, ConvertError> {
         if self.role.is_empty() {
-            return Err(ConvertError(
-                "NodeSpec.Role is required: \"worker\" or \"manager\"".into(),
-            ));
+            return Err(ConvertError("NodeSpec.Role is required: \"worker\" or \"manager\"".into()));
         }
         if self.availability.is_empty() {
-            return Err(ConvertError(
-                "NodeSpec.Availability is required: \"active\", \"pause\" or \"drain\"".into(),
-            ));
+            return Err(ConvertError("NodeSpec.Availability is required: \"active\", \"pause\" or \"drain\"".into()));
         }
         let mut s = NodeSpec {
             annotations: Some(shoal_api::Annotations {
@@ -484,12 +449,7 @@ impl NodeSpecJson {
             }),
             ..Default::default()
         };
-        s.set_desired_role(enum_from_str(
-            "NodeSpec.Role",
-            &self.role,
-            ROLE,
-            NodeRole::Worker,
-        )?);
+        s.set_desired_role(enum_from_str("NodeSpec.Role", &self.role, ROLE, NodeRole::Worker)?);
         s.set_availability(enum_from_str(
             "NodeSpec.Availability",
             &self.availability,
@@ -600,9 +560,7 @@ fn b64(bytes: &[u8]) -> String {
 
 fn unb64(field: &str, text: &str) -> Result<Vec<u8>, ConvertError> {
     use base64::Engine;
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .map_err(|_| ConvertError(format!("{field} must be base64")))
+    base64::engine::general_purpose::STANDARD.decode(text).map_err(|_| ConvertError(format!("{field} must be base64")))
 }
 
 impl TlsInfoJson {
@@ -666,17 +624,10 @@ impl NodeJson {
             version,
             created_at,
             updated_at,
-            spec: n
-                .spec
-                .as_ref()
-                .map(NodeSpecJson::from_api)
-                .unwrap_or_default(),
+            spec: n.spec.as_ref().map(NodeSpecJson::from_api).unwrap_or_default(),
             description: NodeDescriptionJson {
                 hostname: d.hostname.clone(),
-                platform: PlatformJson {
-                    architecture: platform.architecture,
-                    os: platform.os,
-                },
+                platform: PlatformJson { architecture: platform.architecture, os: platform.os },
                 resources: super::spec::ResourceValuesJson::from_api(&res),
                 engine: EngineJson {
                     engine_version: engine.engine_version.clone(),
@@ -684,10 +635,7 @@ impl NodeJson {
                     plugins: engine
                         .plugins
                         .iter()
-                        .map(|p| PluginJson {
-                            kind: p.r#type.clone(),
-                            name: p.name.clone(),
-                        })
+                        .map(|p| PluginJson { kind: p.r#type.clone(), name: p.name.clone() })
                         .collect(),
                 },
                 tls_info: d.tls_info.as_ref().map(TlsInfoJson::from_api).unwrap_or_default(),
@@ -712,21 +660,12 @@ impl NodeJson {
             addr: self.status.addr.clone(),
             ..Default::default()
         };
-        status.set_state(enum_from_str(
-            "Status.State",
-            &self.status.state,
-            NODE_STATE,
-            node_status::State::Unknown,
-        )?);
+        status.set_state(enum_from_str("Status.State", &self.status.state, NODE_STATE, node_status::State::Unknown)?);
         let manager_status = self
             .manager_status
             .as_ref()
             .map(|m| -> Result<_, ConvertError> {
-                let mut out = shoal_api::ManagerStatus {
-                    leader: m.leader,
-                    addr: m.addr.clone(),
-                    ..Default::default()
-                };
+                let mut out = shoal_api::ManagerStatus { leader: m.leader, addr: m.addr.clone(), ..Default::default() };
                 out.set_reachability(enum_from_str(
                     "ManagerStatus.Reachability",
                     &m.reachability,
@@ -755,10 +694,7 @@ impl NodeJson {
                         .engine
                         .plugins
                         .iter()
-                        .map(|p| shoal_api::PluginDescription {
-                            r#type: p.kind.clone(),
-                            name: p.name.clone(),
-                        })
+                        .map(|p| shoal_api::PluginDescription { r#type: p.kind.clone(), name: p.name.clone() })
                         .collect(),
                 }),
                 tls_info: if d.tls_info == TlsInfoJson::default() {
@@ -766,8 +702,14 @@ impl NodeJson {
                 } else {
                     Some(shoal_api::NodeTlsInfo {
                         trust_root: d.tls_info.trust_root.clone().into_bytes(),
-                        cert_issuer_subject: unb64("Description.TLSInfo.CertIssuerSubject", &d.tls_info.cert_issuer_subject)?,
-                        cert_issuer_public_key: unb64("Description.TLSInfo.CertIssuerPublicKey", &d.tls_info.cert_issuer_public_key)?,
+                        cert_issuer_subject: unb64(
+                            "Description.TLSInfo.CertIssuerSubject",
+                            &d.tls_info.cert_issuer_subject,
+                        )?,
+                        cert_issuer_public_key: unb64(
+                            "Description.TLSInfo.CertIssuerPublicKey",
+                            &d.tls_info.cert_issuer_public_key,
+                        )?,
                     })
                 },
                 fips: false,
@@ -776,11 +718,7 @@ impl NodeJson {
             manager_status,
             ..Default::default()
         };
-        node.set_role(if manager_status_is_some(&self.manager_status) {
-            NodeRole::Manager
-        } else {
-            NodeRole::Worker
-        });
+        node.set_role(if manager_status_is_some(&self.manager_status) { NodeRole::Manager } else { NodeRole::Worker });
         Ok(node)
     }
 }
@@ -996,11 +934,7 @@ impl SwarmJson {
         let (version, created_at, updated_at) = meta_parts(c.meta.as_ref());
         let spec = c.spec.clone().unwrap_or_default();
         let ann = spec.annotations.clone().unwrap_or_default();
-        let tokens = c
-            .root_ca
-            .as_ref()
-            .and_then(|r| r.join_tokens.clone())
-            .unwrap_or_default();
+        let tokens = c.root_ca.as_ref().and_then(|r| r.join_tokens.clone()).unwrap_or_default();
         let raft = spec.raft.unwrap_or_default();
         SwarmJson {
             cluster: ClusterInfoJson {
@@ -1013,10 +947,7 @@ impl SwarmJson {
                     labels: labels_to_json(&ann.labels),
                     orchestration: OrchestrationJson {
                         task_history_retention_limit: Some(
-                            spec.orchestration
-                                .as_ref()
-                                .map(|o| o.task_history_retention_limit)
-                                .unwrap_or(0),
+                            spec.orchestration.as_ref().map(|o| o.task_history_retention_limit).unwrap_or(0),
                         ),
                         shoal_rebalance: Some(spec.orchestration.as_ref().is_some_and(|o| o.shoal_rebalance)),
                     },
@@ -1049,20 +980,14 @@ impl SwarmJson {
                         ..Default::default()
                     },
                     encryption_config: EncryptionConfigJson {
-                        auto_lock_managers: spec
-                            .encryption_config
-                            .as_ref()
-                            .is_some_and(|e| e.auto_lock_managers),
+                        auto_lock_managers: spec.encryption_config.as_ref().is_some_and(|e| e.auto_lock_managers),
                     },
                     task_defaults: TaskDefaultsJson {
                         log_driver: spec
                             .task_defaults
                             .as_ref()
                             .and_then(|t| t.log_driver.as_ref())
-                            .map(|d| DriverJson {
-                                name: d.name.clone(),
-                                options: labels_to_json(&d.options),
-                            }),
+                            .map(|d| DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }),
                     },
                 },
                 tls_info: c.root_ca.as_ref().map(|r| TlsInfoJson::of_root(&r.ca_cert)).unwrap_or_default(),
@@ -1076,10 +1001,7 @@ impl SwarmJson {
                 },
                 subnet_size: if c.subnet_size == 0 { SUBNET_SIZE } else { c.subnet_size },
             },
-            join_tokens: JoinTokensJson {
-                worker: tokens.worker,
-                manager: tokens.manager,
-            },
+            join_tokens: JoinTokensJson { worker: tokens.worker, manager: tokens.manager },
         }
     }
 }

@@ -104,10 +104,8 @@ pub fn data_to_base64(data: &[u8]) -> String {
 
 /// A driver that names nothing and has no options is no driver (as the engine's `nil`).
 fn driver_to_api(d: Option<&DriverJson>) -> Option<Driver> {
-    d.filter(|d| !d.name.is_empty() || !d.options.is_empty()).map(|d| Driver {
-        name: d.name.clone(),
-        options: labels_from_json(&d.options),
-    })
+    d.filter(|d| !d.name.is_empty() || !d.options.is_empty())
+        .map(|d| Driver { name: d.name.clone(), options: labels_from_json(&d.options) })
 }
 
 fn driver_from_api(d: Option<&Driver>) -> Option<DriverJson> {

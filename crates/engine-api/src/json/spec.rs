@@ -7,12 +7,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use shoal_api::{
-    config_reference, secret_reference, ConfigReference, FileTarget, RuntimeTarget, SecretReference,
-    container_spec, endpoint_spec, mount, placement_preference, port_config, restart_policy,
-    service_spec, task_spec, update_config, Annotations, ContainerSpec, Driver, EndpointSpec,
-    GlobalJob, GlobalService, HealthConfig, Mount, Placement, PlacementPreference, Platform,
-    NetworkAttachmentConfig, PortConfig, ReplicatedJob, ReplicatedService, ResourceRequirements, Resources, RestartPolicy,
-    ServiceSpec, SpreadOver, TaskSpec, UpdateConfig,
+    config_reference, container_spec, endpoint_spec, mount, placement_preference, port_config, restart_policy,
+    secret_reference, service_spec, task_spec, update_config, Annotations, ConfigReference, ContainerSpec, Driver,
+    EndpointSpec, FileTarget, GlobalJob, GlobalService, HealthConfig, Mount, NetworkAttachmentConfig, Placement,
+    PlacementPreference, Platform, PortConfig, ReplicatedJob, ReplicatedService, ResourceRequirements, Resources,
+    RestartPolicy, RuntimeTarget, SecretReference, ServiceSpec, SpreadOver, TaskSpec, UpdateConfig,
 };
 
 use super::common::*;
@@ -338,7 +337,11 @@ impl ConfigReferenceJson {
             (None, true) => config_reference::Target::Runtime(RuntimeTarget {}),
             (Some(f), false) => config_reference::Target::File(f.to_api()),
         };
-        Ok(ConfigReference { config_id: self.config_id.clone(), config_name: self.config_name.clone(), target: Some(target) })
+        Ok(ConfigReference {
+            config_id: self.config_id.clone(),
+            config_name: self.config_name.clone(),
+            target: Some(target),
+        })
     }
     fn from_api(r: &ConfigReference) -> ConfigReferenceJson {
         ConfigReferenceJson {
@@ -371,12 +374,12 @@ pub struct MountJson {
     /// Mount read-only.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
-    /// Bind options: read only to be refused (`refused_fields`), as are the fields below.
+    /// Volume options (a volume mount only): the engine creates the named volume with them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_options: Option<VolumeOptionsJson>,
+    /// Bind options: read only to be refused (`json::unsupported`), as are the fields below.
     #[serde(skip_serializing)]
     pub bind_options: serde_json::Value,
-    /// Volume options.
-    #[serde(skip_serializing)]
-    pub volume_options: serde_json::Value,
     /// Tmpfs options.
     #[serde(skip_serializing)]
     pub tmpfs_options: serde_json::Value,
@@ -386,6 +389,24 @@ pub struct MountJson {
     /// Consistency ("default" is accepted).
     #[serde(skip_serializing)]
     pub consistency: serde_json::Value,
+}
+
+/// `Mount.VolumeOptions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct VolumeOptionsJson {
+    /// Do not populate a new volume with the image's files at the target.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_copy: bool,
+    /// Labels of the volume the engine creates.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    pub labels: BTreeMap<String, String>,
+    /// The volume driver and its options.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_config: Option<DriverJson>,
+    /// A path inside the volume (Engine API 1.45+).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub subpath: String,
 }
 
 /// `HealthConfig`; durations in nanoseconds.
@@ -668,23 +689,14 @@ const FAILURE_ACTION: &[(&str, update_config::FailureAction)] = &[
     ("continue", update_config::FailureAction::Continue),
     ("rollback", update_config::FailureAction::Rollback),
 ];
-const ORDER: &[(&str, update_config::UpdateOrder)] = &[
-    ("stop-first", update_config::UpdateOrder::StopFirst),
-    ("start-first", update_config::UpdateOrder::StartFirst),
-];
-const ENDPOINT_MODE: &[(&str, endpoint_spec::ResolutionMode)] = &[
-    ("vip", endpoint_spec::ResolutionMode::Vip),
-    ("dnsrr", endpoint_spec::ResolutionMode::Dnsrr),
-];
-const PROTOCOL: &[(&str, port_config::Protocol)] = &[
-    ("tcp", port_config::Protocol::Tcp),
-    ("udp", port_config::Protocol::Udp),
-    ("sctp", port_config::Protocol::Sctp),
-];
-const PUBLISH_MODE: &[(&str, port_config::PublishMode)] = &[
-    ("ingress", port_config::PublishMode::Ingress),
-    ("host", port_config::PublishMode::Host),
-];
+const ORDER: &[(&str, update_config::UpdateOrder)] =
+    &[("stop-first", update_config::UpdateOrder::StopFirst), ("start-first", update_config::UpdateOrder::StartFirst)];
+const ENDPOINT_MODE: &[(&str, endpoint_spec::ResolutionMode)] =
+    &[("vip", endpoint_spec::ResolutionMode::Vip), ("dnsrr", endpoint_spec::ResolutionMode::Dnsrr)];
+const PROTOCOL: &[(&str, port_config::Protocol)] =
+    &[("tcp", port_config::Protocol::Tcp), ("udp", port_config::Protocol::Udp), ("sctp", port_config::Protocol::Sctp)];
+const PUBLISH_MODE: &[(&str, port_config::PublishMode)] =
+    &[("ingress", port_config::PublishMode::Ingress), ("host", port_config::PublishMode::Host)];
 const MOUNT_TYPE: &[(&str, mount::Type)] = &[
     ("bind", mount::Type::Bind),
     ("volume", mount::Type::Volume),
@@ -713,9 +725,7 @@ impl ServiceSpecJson {
                     "invalid Mode.Replicated.Replicas {replicas}: the replica count must be 0 or more"
                 )));
             }
-            service_spec::Mode::Replicated(ReplicatedService {
-                replicas: replicas as u64,
-            })
+            service_spec::Mode::Replicated(ReplicatedService { replicas: replicas as u64 })
         } else if self.mode.global.is_some() {
             service_spec::Mode::Global(GlobalService {})
         } else if let Some(j) = &self.mode.replicated_job {
@@ -741,21 +751,9 @@ impl ServiceSpecJson {
             }),
             task: Some(self.task_template.to_api()?),
             mode: Some(mode),
-            update: self
-                .update_config
-                .as_ref()
-                .map(|u| u.to_api("UpdateConfig"))
-                .transpose()?,
-            rollback: self
-                .rollback_config
-                .as_ref()
-                .map(|u| u.to_api("RollbackConfig"))
-                .transpose()?,
-            endpoint: self
-                .endpoint_spec
-                .as_ref()
-                .map(EndpointSpecJson::to_api)
-                .transpose()?,
+            update: self.update_config.as_ref().map(|u| u.to_api("UpdateConfig")).transpose()?,
+            rollback: self.rollback_config.as_ref().map(|u| u.to_api("RollbackConfig")).transpose()?,
+            endpoint: self.endpoint_spec.as_ref().map(EndpointSpecJson::to_api).transpose()?,
             networks: self.networks.iter().map(NetworkAttachmentJson::to_api).collect(),
         })
     }
@@ -766,9 +764,7 @@ impl ServiceSpecJson {
         let mut mode = ModeJson::default();
         match &s.mode {
             Some(service_spec::Mode::Replicated(r)) => {
-                mode.replicated = Some(ReplicatedJson {
-                    replicas: Some(r.replicas as i64),
-                })
+                mode.replicated = Some(ReplicatedJson { replicas: Some(r.replicas as i64) })
             }
             Some(service_spec::Mode::Global(_)) => mode.global = Some(Empty {}),
             Some(service_spec::Mode::ReplicatedJob(j)) => {
@@ -783,11 +779,7 @@ impl ServiceSpecJson {
         ServiceSpecJson {
             name: ann.name,
             labels: labels_to_json(&ann.labels),
-            task_template: s
-                .task
-                .as_ref()
-                .map(TaskSpecJson::from_api)
-                .unwrap_or_default(),
+            task_template: s.task.as_ref().map(TaskSpecJson::from_api).unwrap_or_default(),
             mode,
             update_config: s.update.as_ref().map(UpdateConfigJson::from_api),
             rollback_config: s.rollback.as_ref().map(UpdateConfigJson::from_api),
@@ -825,10 +817,8 @@ impl ServiceSpecJson {
             limits: Some(Default::default()),
             reservations: Some(Default::default()),
         });
-        let restart = t.restart_policy.get_or_insert_with(|| RestartPolicyJson {
-            condition: "any".into(),
-            ..Default::default()
-        });
+        let restart =
+            t.restart_policy.get_or_insert_with(|| RestartPolicyJson { condition: "any".into(), ..Default::default() });
         restart.delay.get_or_insert(DEFAULT_RESTART_DELAY_NS);
         t.placement.get_or_insert_with(Default::default);
         self.update_config.get_or_insert_with(default_update_config);
@@ -841,11 +831,7 @@ impl TaskSpecJson {
     /// Converts to the API task spec.
     pub fn to_api(&self) -> Result<TaskSpec, ConvertError> {
         if !self.runtime.is_empty() && self.runtime != "container" {
-            return Err(ConvertError::bad_value(
-                "TaskTemplate.Runtime",
-                &self.runtime,
-                &["container"],
-            ));
+            return Err(ConvertError::bad_value("TaskTemplate.Runtime", &self.runtime, &["container"]));
         }
         let mut runtime = self.container_spec.as_ref().map(|c| c.to_api()).transpose()?;
         // Docker keeps the process count limit in the container spec (SwarmKit's `pidsLimit`).
@@ -870,11 +856,7 @@ impl TaskSpecJson {
                     })
                 })
                 .transpose()?,
-            restart: self
-                .restart_policy
-                .as_ref()
-                .map(RestartPolicyJson::to_api)
-                .transpose()?,
+            restart: self.restart_policy.as_ref().map(RestartPolicyJson::to_api).transpose()?,
             placement: self.placement.as_ref().map(PlacementJson::to_api),
             log_driver: self.log_driver.as_ref().map(DriverJson::to_api),
             networks: self.networks.iter().map(NetworkAttachmentJson::to_api).collect(),
@@ -933,11 +915,7 @@ impl ContainerSpecJson {
             env: self.env.clone(),
             dir: self.dir.clone(),
             user: self.user.clone(),
-            mounts: self
-                .mounts
-                .iter()
-                .map(MountJson::to_api)
-                .collect::<Result<_, _>>()?,
+            mounts: self.mounts.iter().map(MountJson::to_api).collect::<Result<_, _>>()?,
             stop_grace_period: self.stop_grace_period.map(duration_from_ns),
             groups: self.groups.clone(),
             tty: self.tty,
@@ -960,12 +938,7 @@ impl ContainerSpecJson {
             read_only: self.read_only,
             stop_signal: self.stop_signal.clone(),
             secrets: self.secrets.iter().map(SecretReferenceJson::to_api).collect(),
-            configs: self
-                .configs
-                .iter()
-                .enumerate()
-                .map(|(i, c)| c.to_api(i))
-                .collect::<Result<_, _>>()?,
+            configs: self.configs.iter().enumerate().map(|(i, c)| c.to_api(i)).collect::<Result<_, _>>()?,
             // Set by the task spec's conversion, from `Resources.Limits.Pids`.
             pids_limit: 0,
             init: self.init,
@@ -1019,12 +992,26 @@ impl MountJson {
             readonly: self.read_only,
             ..Default::default()
         };
-        m.set_type(enum_from_str(
-            "Mount.Type",
-            &self.kind,
-            MOUNT_TYPE,
-            mount::Type::Volume,
-        )?);
+        m.set_type(enum_from_str("Mount.Type", &self.kind, MOUNT_TYPE, mount::Type::Volume)?);
+        if let Some(v) = &self.volume_options {
+            // As the engine answers for a container's mount.
+            if m.r#type() != mount::Type::Volume {
+                return Err(ConvertError(format!(
+                    "VolumeOptions must not be specified on mount type {:?}: only a volume mount takes them",
+                    enum_to_str(m.r#type(), MOUNT_TYPE)
+                )));
+            }
+            m.volume_options = Some(mount::VolumeOptions {
+                nocopy: v.no_copy,
+                labels: labels_from_json(&v.labels),
+                driver_config: v
+                    .driver_config
+                    .as_ref()
+                    .filter(|d| !d.name.is_empty() || !d.options.is_empty())
+                    .map(|d| Driver { name: d.name.clone(), options: labels_from_json(&d.options) }),
+                subpath: v.subpath.clone(),
+            });
+        }
         Ok(m)
     }
     fn from_api(m: &Mount) -> MountJson {
@@ -1033,6 +1020,15 @@ impl MountJson {
             source: m.source.clone(),
             target: m.target.clone(),
             read_only: m.readonly,
+            volume_options: m.volume_options.as_ref().map(|v| VolumeOptionsJson {
+                no_copy: v.nocopy,
+                labels: labels_to_json(&v.labels),
+                driver_config: v
+                    .driver_config
+                    .as_ref()
+                    .map(|d| DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }),
+                subpath: v.subpath.clone(),
+            }),
             ..Default::default()
         }
     }
@@ -1106,10 +1102,7 @@ impl PlacementJson {
             platforms: self
                 .platforms
                 .iter()
-                .map(|p| Platform {
-                    architecture: p.architecture.clone(),
-                    os: p.os.clone(),
-                })
+                .map(|p| Platform { architecture: p.architecture.clone(), os: p.os.clone() })
                 .collect(),
             max_replicas: self.max_replicas,
         }
@@ -1122,19 +1115,16 @@ impl PlacementJson {
                 .iter()
                 .map(|pref| PreferenceJson {
                     spread: pref.preference.as_ref().map(|p| match p {
-                        placement_preference::Preference::Spread(s) => SpreadJson {
-                            spread_descriptor: s.spread_descriptor.clone(),
-                        },
+                        placement_preference::Preference::Spread(s) => {
+                            SpreadJson { spread_descriptor: s.spread_descriptor.clone() }
+                        }
                     }),
                 })
                 .collect(),
             platforms: p
                 .platforms
                 .iter()
-                .map(|x| PlatformJson {
-                    architecture: x.architecture.clone(),
-                    os: x.os.clone(),
-                })
+                .map(|x| PlatformJson { architecture: x.architecture.clone(), os: x.os.clone() })
                 .collect(),
             max_replicas: p.max_replicas,
         }
@@ -1143,16 +1133,10 @@ impl PlacementJson {
 
 impl DriverJson {
     fn to_api(&self) -> Driver {
-        Driver {
-            name: self.name.clone(),
-            options: labels_from_json(&self.options),
-        }
+        Driver { name: self.name.clone(), options: labels_from_json(&self.options) }
     }
     fn from_api(d: &Driver) -> DriverJson {
-        DriverJson {
-            name: d.name.clone(),
-            options: labels_to_json(&d.options),
-        }
+        DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }
     }
 }
 
@@ -1197,23 +1181,13 @@ impl EndpointSpecJson {
     /// two ports published on the same port number and protocol.
     pub fn to_api(&self) -> Result<EndpointSpec, ConvertError> {
         let mut e = EndpointSpec {
-            ports: self
-                .ports
-                .iter()
-                .map(PortJson::to_api)
-                .collect::<Result<_, _>>()?,
+            ports: self.ports.iter().map(PortJson::to_api).collect::<Result<_, _>>()?,
             ..Default::default()
         };
-        e.set_mode(enum_from_str(
-            "EndpointSpec.Mode",
-            &self.mode,
-            ENDPOINT_MODE,
-            endpoint_spec::ResolutionMode::Vip,
-        )?);
+        e.set_mode(enum_from_str("EndpointSpec.Mode", &self.mode, ENDPOINT_MODE, endpoint_spec::ResolutionMode::Vip)?);
         let mut published = std::collections::BTreeSet::new();
         for p in &e.ports {
-            if p.publish_mode() == port_config::PublishMode::Ingress
-                && e.mode() == endpoint_spec::ResolutionMode::Dnsrr
+            if p.publish_mode() == port_config::PublishMode::Ingress && e.mode() == endpoint_spec::ResolutionMode::Dnsrr
             {
                 return Err(ConvertError(format!(
                     "EndpointSpec: port published with ingress mode can't be used with dnsrr mode (port {}): publish it in host mode or use vip",
@@ -1248,12 +1222,7 @@ impl PortJson {
             published_port: self.published_port,
             ..Default::default()
         };
-        p.set_protocol(enum_from_str(
-            "Port.Protocol",
-            &self.protocol,
-            PROTOCOL,
-            port_config::Protocol::Tcp,
-        )?);
+        p.set_protocol(enum_from_str("Port.Protocol", &self.protocol, PROTOCOL, port_config::Protocol::Tcp)?);
         p.set_publish_mode(enum_from_str(
             "Port.PublishMode",
             &self.publish_mode,

@@ -67,11 +67,7 @@ fn full_service_spec() -> Value {
 
 #[test]
 fn service_spec_round_trips() {
-    round_trip::<ServiceSpecJson, _>(
-        full_service_spec(),
-        |j| j.to_api().unwrap(),
-        ServiceSpecJson::from_api,
-    );
+    round_trip::<ServiceSpecJson, _>(full_service_spec(), |j| j.to_api().unwrap(), ServiceSpecJson::from_api);
     for mode in [
         json!({"Global": {}}),
         json!({"ReplicatedJob": {"MaxConcurrent": 2, "TotalCompletions": 5}}),
@@ -177,25 +173,14 @@ fn unknown_fields_are_ignored_and_defaults_apply() {
     }))
     .unwrap();
     let api = spec.to_api().unwrap();
-    assert_eq!(
-        api.mode,
-        Some(shoal_api::service_spec::Mode::Replicated(
-            shoal_api::ReplicatedService { replicas: 1 }
-        ))
-    );
+    assert_eq!(api.mode, Some(shoal_api::service_spec::Mode::Replicated(shoal_api::ReplicatedService { replicas: 1 })));
     let restart: spec::RestartPolicyJson = serde_json::from_value(json!({})).unwrap();
     let doc = ServiceSpecJson {
-        task_template: TaskSpecJson {
-            restart_policy: Some(restart),
-            ..spec.task_template.clone()
-        },
+        task_template: TaskSpecJson { restart_policy: Some(restart), ..spec.task_template.clone() },
         ..spec
     };
     let api = doc.to_api().unwrap();
-    assert_eq!(
-        api.task.unwrap().restart.unwrap().condition(),
-        shoal_api::restart_policy::RestartCondition::Any
-    );
+    assert_eq!(api.task.unwrap().restart.unwrap().condition(), shoal_api::restart_policy::RestartCondition::Any);
 }
 
 #[test]
@@ -207,33 +192,13 @@ fn bad_values_are_reported_with_the_field() {
         let err = parsed.to_api().unwrap_err();
         assert!(err.0.contains(fragment), "{err}");
     };
-    check(
-        json!({"Mode": {"Replicated": {"Replicas": -1}}}),
-        "Replicas -1",
-    );
-    check(
-        json!({"TaskTemplate": {"RestartPolicy": {"Condition": "always"}}}),
-        "RestartPolicy.Condition",
-    );
-    check(
-        json!({"UpdateConfig": {"Order": "sideways"}}),
-        "UpdateConfig.Order",
-    );
-    check(
-        json!({"EndpointSpec": {"Mode": "magic"}}),
-        "EndpointSpec.Mode",
-    );
+    check(json!({"Mode": {"Replicated": {"Replicas": -1}}}), "Replicas -1");
+    check(json!({"TaskTemplate": {"RestartPolicy": {"Condition": "always"}}}), "RestartPolicy.Condition");
+    check(json!({"UpdateConfig": {"Order": "sideways"}}), "UpdateConfig.Order");
+    check(json!({"EndpointSpec": {"Mode": "magic"}}), "EndpointSpec.Mode");
     check(json!({"TaskTemplate": {"Runtime": "plugin"}}), "Runtime");
-    let node = NodeSpecJson {
-        role: "boss".into(),
-        availability: "active".into(),
-        ..Default::default()
-    };
-    assert!(node
-        .to_api(shoal_api::node_spec::Membership::Accepted)
-        .unwrap_err()
-        .0
-        .contains("NodeSpec.Role"));
+    let node = NodeSpecJson { role: "boss".into(), availability: "active".into(), ..Default::default() };
+    assert!(node.to_api(shoal_api::node_spec::Membership::Accepted).unwrap_err().0.contains("NodeSpec.Role"));
 }
 
 /// Merges `patch` into `doc` (objects recursively, everything else replaced).
@@ -339,7 +304,9 @@ fn every_request_body_decodes_as_go_would() {
     check_go_decoding::<ConfigSpecJson>(json!({
         "Name": "app.conf", "Labels": {"a": "b"}, "Data": "bGlzdGVuIDgwODAK", "Templating": {"Name": "golang"}
     }));
-    check_go_decoding::<NodeSpecJson>(json!({"Name": "n1", "Labels": {"Zone": "a"}, "Role": "manager", "Availability": "drain"}));
+    check_go_decoding::<NodeSpecJson>(
+        json!({"Name": "n1", "Labels": {"Zone": "a"}, "Role": "manager", "Availability": "drain"}),
+    );
     check_go_decoding::<objects::SwarmSpecJson>(json!({
         "Name": "default", "Labels": {"Env": "prod"},
         "Orchestration": {"TaskHistoryRetentionLimit": 5},
@@ -387,7 +354,10 @@ fn go_decoding_details() {
 #[test]
 fn secrets_and_configs_convert_both_ways_and_a_secret_never_shows_its_data() {
     use secret::{data_from_base64, data_to_base64};
-    let spec: SecretSpecJson = decode(br#"{"Name": "pw", "Labels": {"a": "b"}, "Data": "cHc=\n", "Templating": {"Name": "golang"}, "Driver": {}}"#).unwrap();
+    let spec: SecretSpecJson = decode(
+        br#"{"Name": "pw", "Labels": {"a": "b"}, "Data": "cHc=\n", "Templating": {"Name": "golang"}, "Driver": {}}"#,
+    )
+    .unwrap();
     let api = spec.to_api().unwrap();
     assert_eq!(api.data, b"pw");
     assert_eq!(api.templating.as_ref().map(|t| t.name.as_str()), Some("golang"));

@@ -101,7 +101,6 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
         for (i, m) in c.mounts.iter().enumerate() {
             for (field, v) in [
                 ("BindOptions", &m.bind_options),
-                ("VolumeOptions", &m.volume_options),
                 ("TmpfsOptions", &m.tmpfs_options),
                 ("ClusterOptions", &m.cluster_options),
             ] {

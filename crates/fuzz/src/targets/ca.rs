@@ -5,7 +5,9 @@
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
-use shoal_ca::{parse_cert, parse_cert_pem_chain, parse_join_token, token_matches, NodeSubject, RootCa, Role, UnlockKey};
+use shoal_ca::{
+    parse_cert, parse_cert_pem_chain, parse_join_token, token_matches, NodeSubject, Role, RootCa, UnlockKey,
+};
 
 /// Token prefixes and separators.
 pub const TOKEN_DICT: &[&str] = &["SWMTKN-1-", "SWMKEY-1-", "-", "0", "z"];
@@ -43,7 +45,10 @@ pub fn unlock_key(data: &[u8]) {
 /// The root CA the CSR target signs with, made once.
 fn root() -> &'static RootCa {
     static ROOT: OnceLock<RootCa> = OnceLock::new();
-    ROOT.get_or_init(|| RootCa::generate(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000), &mut rand::rng()).expect("a root CA"))
+    ROOT.get_or_init(|| {
+        RootCa::generate(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000), &mut rand::rng())
+            .expect("a root CA")
+    })
 }
 
 /// A CSR signed as the CA does for a joining worker; the certificate it issues must parse back with the

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 
 use shoal_api::{node_spec, ClusterSpec};
 use shoal_engine_api::json::objects::SwarmSpecJson;
-use shoal_engine_api::json::{decode, ConfigJson, ConfigSpecJson, NodeSpecJson, SecretJson, SecretSpecJson, ServiceSpecJson};
+use shoal_engine_api::json::{
+    decode, ConfigJson, ConfigSpecJson, NodeSpecJson, SecretJson, SecretSpecJson, ServiceSpecJson,
+};
 use shoal_engine_api::unlock::UnlockRequestJson;
 use shoal_engine_api::{ca::ClientCertRequest, filters, logs, swarm_update};
 use shoal_manager::controlapi;
@@ -15,25 +17,97 @@ use super::split_selector;
 
 /// Field names of a service spec, for the mutator.
 pub const SERVICE_DICT: &[&str] = &[
-    "\"Name\"", "\"Labels\"", "\"TaskTemplate\"", "\"ContainerSpec\"", "\"Image\"", "\"Args\"", "\"Command\"",
-    "\"Env\"", "\"Mode\"", "\"Replicated\"", "\"Replicas\"", "\"Global\"", "\"ReplicatedJob\"",
-    "\"MaxConcurrent\"", "\"TotalCompletions\"", "\"UpdateConfig\"", "\"Parallelism\"", "\"Delay\"",
-    "\"FailureAction\"", "\"Monitor\"", "\"MaxFailureRatio\"", "\"Order\"", "\"RollbackConfig\"",
-    "\"RestartPolicy\"", "\"Condition\"", "\"MaxAttempts\"", "\"Window\"", "\"Placement\"", "\"Constraints\"",
-    "\"Preferences\"", "\"Spread\"", "\"SpreadDescriptor\"", "\"Platforms\"", "\"Resources\"", "\"Limits\"",
-    "\"Reservations\"", "\"NanoCPUs\"", "\"MemoryBytes\"", "\"Pids\"", "\"StopGracePeriod\"", "\"Healthcheck\"",
-    "\"Test\"", "\"Interval\"", "\"Timeout\"", "\"Retries\"", "\"StartPeriod\"", "\"EndpointSpec\"", "\"Ports\"",
-    "\"PublishedPort\"", "\"TargetPort\"", "\"Protocol\"", "\"Mounts\"", "\"ForceUpdate\"", "\"Hostname\"",
-    "\"User\"", "\"Dir\"", "\"TTY\"", "\"DNSConfig\"", "\"Nameservers\"", "\"Hosts\"", "\"Init\"",
-    "\"node.role==manager\"", "\"node.labels.a!=b\"", "\"pause\"", "\"rollback\"", "\"start-first\"",
-    "\"Secrets\"", "\"Configs\"", "\"SecretID\"", "\"SecretName\"", "\"ConfigID\"", "\"ConfigName\"",
-    "\"File\"", "\"UID\"", "\"GID\"", "\"Mode\"", "\"Runtime\"",
+    "\"Name\"",
+    "\"Labels\"",
+    "\"TaskTemplate\"",
+    "\"ContainerSpec\"",
+    "\"Image\"",
+    "\"Args\"",
+    "\"Command\"",
+    "\"Env\"",
+    "\"Mode\"",
+    "\"Replicated\"",
+    "\"Replicas\"",
+    "\"Global\"",
+    "\"ReplicatedJob\"",
+    "\"MaxConcurrent\"",
+    "\"TotalCompletions\"",
+    "\"UpdateConfig\"",
+    "\"Parallelism\"",
+    "\"Delay\"",
+    "\"FailureAction\"",
+    "\"Monitor\"",
+    "\"MaxFailureRatio\"",
+    "\"Order\"",
+    "\"RollbackConfig\"",
+    "\"RestartPolicy\"",
+    "\"Condition\"",
+    "\"MaxAttempts\"",
+    "\"Window\"",
+    "\"Placement\"",
+    "\"Constraints\"",
+    "\"Preferences\"",
+    "\"Spread\"",
+    "\"SpreadDescriptor\"",
+    "\"Platforms\"",
+    "\"Resources\"",
+    "\"Limits\"",
+    "\"Reservations\"",
+    "\"NanoCPUs\"",
+    "\"MemoryBytes\"",
+    "\"Pids\"",
+    "\"StopGracePeriod\"",
+    "\"Healthcheck\"",
+    "\"Test\"",
+    "\"Interval\"",
+    "\"Timeout\"",
+    "\"Retries\"",
+    "\"StartPeriod\"",
+    "\"EndpointSpec\"",
+    "\"Ports\"",
+    "\"PublishedPort\"",
+    "\"TargetPort\"",
+    "\"Protocol\"",
+    "\"Mounts\"",
+    "\"ForceUpdate\"",
+    "\"Hostname\"",
+    "\"User\"",
+    "\"Dir\"",
+    "\"TTY\"",
+    "\"DNSConfig\"",
+    "\"Nameservers\"",
+    "\"Hosts\"",
+    "\"Init\"",
+    "\"node.role==manager\"",
+    "\"node.labels.a!=b\"",
+    "\"pause\"",
+    "\"rollback\"",
+    "\"start-first\"",
+    "\"Secrets\"",
+    "\"Configs\"",
+    "\"SecretID\"",
+    "\"SecretName\"",
+    "\"ConfigID\"",
+    "\"ConfigName\"",
+    "\"File\"",
+    "\"UID\"",
+    "\"GID\"",
+    "\"Mode\"",
+    "\"Runtime\"",
 ];
 
 /// Field names of secret and config specs.
 pub const SECRET_DICT: &[&str] = &[
-    "\"Name\"", "\"Labels\"", "\"Data\"", "\"Driver\"", "\"Templating\"", "\"Options\"", "\"golang\"", "\"cHc=\"",
-    "\"=\"", "\\n",
+    "\"Name\"",
+    "\"Labels\"",
+    "\"Data\"",
+    "\"Driver\"",
+    "\"Templating\"",
+    "\"Options\"",
+    "\"golang\"",
+    "\"cHc=\"",
+    "\"=\"",
+    "\\n",
 ];
 
 /// Field names of a node spec.
@@ -42,23 +116,54 @@ pub const NODE_DICT: &[&str] =
 
 /// Field names of a swarm spec.
 pub const SWARM_DICT: &[&str] = &[
-    "\"Name\"", "\"Labels\"", "\"Orchestration\"", "\"TaskHistoryRetentionLimit\"", "\"Raft\"",
-    "\"SnapshotInterval\"", "\"KeepOldSnapshots\"", "\"LogEntriesForSlowFollowers\"", "\"ElectionTick\"",
-    "\"HeartbeatTick\"", "\"Dispatcher\"", "\"HeartbeatPeriod\"", "\"CAConfig\"", "\"NodeCertExpiry\"",
-    "\"ExternalCAs\"", "\"EncryptionConfig\"", "\"AutoLockManagers\"", "\"TaskDefaults\"", "\"LogDriver\"",
+    "\"Name\"",
+    "\"Labels\"",
+    "\"Orchestration\"",
+    "\"TaskHistoryRetentionLimit\"",
+    "\"Raft\"",
+    "\"SnapshotInterval\"",
+    "\"KeepOldSnapshots\"",
+    "\"LogEntriesForSlowFollowers\"",
+    "\"ElectionTick\"",
+    "\"HeartbeatTick\"",
+    "\"Dispatcher\"",
+    "\"HeartbeatPeriod\"",
+    "\"CAConfig\"",
+    "\"NodeCertExpiry\"",
+    "\"ExternalCAs\"",
+    "\"EncryptionConfig\"",
+    "\"AutoLockManagers\"",
+    "\"TaskDefaults\"",
+    "\"LogDriver\"",
 ];
 
 /// Field names of the small bodies.
-pub const SMALL_DICT: &[&str] = &["\"UnlockKey\"", "\"Name\"", "\"CSR\"", "SWMKEY-1-", "-----BEGIN CERTIFICATE REQUEST-----"];
+pub const SMALL_DICT: &[&str] =
+    &["\"UnlockKey\"", "\"Name\"", "\"CSR\"", "SWMKEY-1-", "-----BEGIN CERTIFICATE REQUEST-----"];
 
 /// Filter keys and values.
 pub const FILTER_DICT: &[&str] = &[
-    "\"id\"", "\"name\"", "\"label\"", "\"mode\"", "\"role\"", "\"membership\"", "\"service\"", "\"node\"",
-    "\"desired-state\"", "\"names\"", "\"replicated\"", "\"global\"", "\"running\"", "\"shutdown\"", "\"accepted\"", "true",
+    "\"id\"",
+    "\"name\"",
+    "\"label\"",
+    "\"mode\"",
+    "\"role\"",
+    "\"membership\"",
+    "\"service\"",
+    "\"node\"",
+    "\"desired-state\"",
+    "\"names\"",
+    "\"replicated\"",
+    "\"global\"",
+    "\"running\"",
+    "\"shutdown\"",
+    "\"accepted\"",
+    "true",
 ];
 
 /// Log query keys.
-pub const LOGS_DICT: &[&str] = &["stdout=1", "stderr=1", "tail=", "since=", "follow=1", "timestamps=1", "details=1", "all"];
+pub const LOGS_DICT: &[&str] =
+    &["stdout=1", "stderr=1", "tail=", "since=", "follow=1", "timestamps=1", "details=1", "all"];
 
 /// `POST /services/create` and `/services/{id}/update`: the body decoded, converted and validated; a spec
 /// that passes is also converted back (what `GET /services/{id}` does) and its encoded size computed (what

@@ -11,11 +11,11 @@ use std::time::{Duration, SystemTime};
 use shoal_api::node_ca_server::NodeCa as _;
 use shoal_api::prost::Message;
 use shoal_api::{
-    AssignmentsMessage, AssignmentsRequest, AttachNetworkRequest, Cluster, DetachNetworkRequest, ClusterSnapshot, ForwardProposalRequest, HeartbeatRequest,
-    IssueNodeCertificateRequest, JoinRequest, JoinResponse, LeaveRequest, ListenSubscriptionsRequest,
-    NodeCertificateStatusRequest, ProcessRaftMessageRequest, PublishLogsMessage, ResolveAddressRequest,
-    RootCa as RootCaProto, SessionMessage, SessionRequest, StreamRaftMessageRequest, SubscribeLogsRequest,
-    SubscriptionMessage, Task, TaskState, TaskStatus, UpdateTaskStatusRequest,
+    AssignmentsMessage, AssignmentsRequest, AttachNetworkRequest, Cluster, ClusterSnapshot, DetachNetworkRequest,
+    ForwardProposalRequest, HeartbeatRequest, IssueNodeCertificateRequest, JoinRequest, JoinResponse, LeaveRequest,
+    ListenSubscriptionsRequest, NodeCertificateStatusRequest, ProcessRaftMessageRequest, PublishLogsMessage,
+    ResolveAddressRequest, RootCa as RootCaProto, SessionMessage, SessionRequest, StreamRaftMessageRequest,
+    SubscribeLogsRequest, SubscriptionMessage, Task, TaskState, TaskStatus, UpdateTaskStatusRequest,
 };
 use shoal_ca::{NodeSubject, Role};
 use shoal_manager::ca::{new_root_ca, CaService, PeerIdentity};
@@ -123,7 +123,8 @@ pub fn issue_node_certificate(data: &[u8]) {
             2 => req.token = tokens.manager,
             _ => {
                 req.token.clear();
-                caller = Some(NodeSubject { node_id: "node1".into(), role: Role::Worker, cluster_id: "cluster1".into() });
+                caller =
+                    Some(NodeSubject { node_id: "node1".into(), role: Role::Worker, cluster_id: "cluster1".into() });
             }
         }
         let mut request = tonic::Request::new(req);

@@ -31,9 +31,7 @@ pub const ALLOCATED_MESSAGE: &str = "pending task scheduling";
 /// Whether tasks of a service with this spec need the allocator before the scheduler (networks, or ports
 /// whose numbers and holders the endpoint records). Those that do not are created PENDING directly.
 pub fn needs_allocation(spec: Option<&shoal_api::ServiceSpec>) -> bool {
-    spec.is_some_and(|s| {
-        spec_networks(s).next().is_some() || s.endpoint.as_ref().is_some_and(|e| !e.ports.is_empty())
-    })
+    spec.is_some_and(|s| spec_networks(s).next().is_some() || s.endpoint.as_ref().is_some_and(|e| !e.ports.is_empty()))
 }
 
 fn is_ingress_port(p: &PortConfig) -> bool {
@@ -75,7 +73,11 @@ fn service_vips(s: &Service) -> Vec<(String, IpAddr)> {
 
 fn service_ports(s: &Service) -> Vec<(i32, u32)> {
     let Some(e) = &s.endpoint else { return Vec::new() };
-    e.ports.iter().filter(|p| is_ingress_port(p) && p.published_port != 0).map(|p| (p.protocol, p.published_port)).collect()
+    e.ports
+        .iter()
+        .filter(|p| is_ingress_port(p) && p.published_port != 0)
+        .map(|p| (p.protocol, p.published_port))
+        .collect()
 }
 
 /// The pool a network's IPAM options describe (its first IPv4 or IPv6 config).
@@ -315,7 +317,9 @@ impl Allocator {
                                 && c.target_port == p.target_port
                                 && is_ingress_port(c)
                                 && c.published_port != 0
-                                && !ports.iter().any(|q: &PortConfig| q.protocol == c.protocol && q.published_port == c.published_port)
+                                && !ports.iter().any(|q: &PortConfig| {
+                                    q.protocol == c.protocol && q.published_port == c.published_port
+                                })
                         });
                         p.published_port = match kept {
                             Some(c) => c.published_port,
@@ -366,7 +370,12 @@ impl Allocator {
 
     /// Allocates `t`'s attachments (its networks, and ingress when `endpoint` publishes through it). On
     /// failure nothing is held and the error names the network.
-    fn allocate_task(&mut self, tables: &Tables, t: &Task, endpoint: Option<&Endpoint>) -> Result<Vec<NetworkAttachment>, String> {
+    fn allocate_task(
+        &mut self,
+        tables: &Tables,
+        t: &Task,
+        endpoint: Option<&Endpoint>,
+    ) -> Result<Vec<NetworkAttachment>, String> {
         let mut wanted: Vec<(String, Vec<String>)> = Vec::new();
         if endpoint.is_some_and(|e| e.ports.iter().any(is_ingress_port)) {
             if let Some(i) = &self.ingress {
@@ -408,11 +417,8 @@ impl Allocator {
     /// address as the source of what a node forwards to a service's tasks. A node waits (`blocked`) when the
     /// ingress subnet is full. Bounded by the cluster's nodes.
     pub fn allocate_nodes(&mut self, tables: &Tables, nodes: &BTreeSet<String>, all: bool, out: &mut AllocatePass) {
-        let ids: Vec<String> = if all {
-            tables.nodes().iter().map(|n| n.id.clone()).collect()
-        } else {
-            nodes.iter().cloned().collect()
-        };
+        let ids: Vec<String> =
+            if all { tables.nodes().iter().map(|n| n.id.clone()).collect() } else { nodes.iter().cloned().collect() };
         let ingress = self.ingress.clone().and_then(|id| tables.networks().get(&id).map(|n| (**n).clone()));
         for id in ids {
             let Some(node) = tables.nodes().get(&id) else { continue };
@@ -478,7 +484,9 @@ impl Allocator {
                     endpoints.insert(id.clone(), Err(why));
                 }
             }
-            candidates.extend(tables.tasks().by_service(id).filter(|t| observed_state(t) == TaskState::New).map(|t| t.id.as_str()));
+            candidates.extend(
+                tables.tasks().by_service(id).filter(|t| observed_state(t) == TaskState::New).map(|t| t.id.as_str()),
+            );
         }
         let all: Vec<&Arc<Task>> = if all_new {
             tables.tasks().by_state(TaskState::New).collect()
@@ -487,44 +495,47 @@ impl Allocator {
         };
         let mut seen = BTreeSet::new();
         for t in all.into_iter().chain(candidates.iter().filter_map(|id| tables.tasks().get(id))) {
-            if !seen.insert(t.id.as_str()) || observed_state(t) != TaskState::New || t.desired_state() > TaskState::Complete {
+            if !seen.insert(t.id.as_str())
+                || observed_state(t) != TaskState::New
+                || t.desired_state() > TaskState::Complete
+            {
                 continue;
             }
             // A network attachment (`resourceapi`) has no service and so no endpoint: only its network.
             let endpoint = if crate::resourceapi::is_attachment_task(t) {
                 None
             } else {
-            let Some(s) = tables.services().get(&t.service_id) else { continue };
-            match endpoints.get(&s.id) {
-                Some(Ok(e)) => e.clone(),
-                Some(Err(why)) => {
-                    explain(&mut out, t, why, now);
-                    continue;
-                }
-                None if self.endpoint_current(s) => {
-                    // Checked once per service and pass.
-                    endpoints.insert(s.id.clone(), Ok(s.endpoint.clone()));
-                    s.endpoint.clone()
-                }
-                None => {
-                    // Not among the touched services (e.g. retried after capacity freed up): try it now.
-                    match self.allocate_endpoint(tables, s) {
-                        Ok(e) => {
-                            let mut s2 = (**s).clone();
-                            s2.endpoint = Some(e.clone());
-                            out.services.push(s2);
-                            endpoints.insert(s.id.clone(), Ok(Some(e.clone())));
-                            Some(e)
-                        }
-                        Err(why) => {
-                            out.blocked = true;
-                            explain(&mut out, t, &why, now);
-                            endpoints.insert(s.id.clone(), Err(why));
-                            continue;
+                let Some(s) = tables.services().get(&t.service_id) else { continue };
+                match endpoints.get(&s.id) {
+                    Some(Ok(e)) => e.clone(),
+                    Some(Err(why)) => {
+                        explain(&mut out, t, why, now);
+                        continue;
+                    }
+                    None if self.endpoint_current(s) => {
+                        // Checked once per service and pass.
+                        endpoints.insert(s.id.clone(), Ok(s.endpoint.clone()));
+                        s.endpoint.clone()
+                    }
+                    None => {
+                        // Not among the touched services (e.g. retried after capacity freed up): try it now.
+                        match self.allocate_endpoint(tables, s) {
+                            Ok(e) => {
+                                let mut s2 = (**s).clone();
+                                s2.endpoint = Some(e.clone());
+                                out.services.push(s2);
+                                endpoints.insert(s.id.clone(), Ok(Some(e.clone())));
+                                Some(e)
+                            }
+                            Err(why) => {
+                                out.blocked = true;
+                                explain(&mut out, t, &why, now);
+                                endpoints.insert(s.id.clone(), Err(why));
+                                continue;
+                            }
                         }
                     }
                 }
-            }
             };
             match self.allocate_task(tables, t, endpoint.as_ref()) {
                 Ok(networks) => {

@@ -61,8 +61,8 @@ impl Work {
 
     fn note(&mut self, alloc: &mut Allocator, commit: &Commit) {
         for ch in &commit.changes {
-            let ingress_gone =
-                ch.kind == ActionKind::Remove && matches!(&ch.object, Object::Network(n) if alloc.ingress() == Some(n.id.as_str()));
+            let ingress_gone = ch.kind == ActionKind::Remove
+                && matches!(&ch.object, Object::Network(n) if alloc.ingress() == Some(n.id.as_str()));
             if alloc.apply(ch) && self.blocked {
                 self.all = true;
             }
@@ -164,11 +164,8 @@ async fn pass(state: &ClusterState, alloc: &mut Allocator, work: &mut Work, even
             work.stale = false;
         }
         let all = std::mem::take(&mut work.all);
-        let services = if all {
-            t.services().iter().map(|s| s.id.clone()).collect()
-        } else {
-            std::mem::take(&mut work.services)
-        };
+        let services =
+            if all { t.services().iter().map(|s| s.id.clone()).collect() } else { std::mem::take(&mut work.services) };
         let tasks = std::mem::take(&mut work.tasks);
         let nodes = std::mem::take(&mut work.nodes);
         let mut out = alloc.pass(t, &services, &tasks, all, now);

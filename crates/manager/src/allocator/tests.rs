@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use shoal_api::{
-    endpoint_spec, port_config, Annotations, EndpointSpec, IpamConfig, IpamOptions, NetworkAttachmentConfig, PortConfig,
-    Service, ServiceSpec, Task, TaskSpec, TaskState, TaskStatus,
+    endpoint_spec, port_config, Annotations, EndpointSpec, IpamConfig, IpamOptions, NetworkAttachmentConfig,
+    PortConfig, Service, ServiceSpec, Task, TaskSpec, TaskState, TaskStatus,
 };
 use shoal_store::{Changes, MemoryStore, StoreObject};
 
@@ -50,7 +50,11 @@ impl Fx {
         spec.annotations = Some(Annotations { name: id.into(), ..Default::default() });
         n.ipam = Some(IpamOptions {
             driver: None,
-            configs: vec![IpamConfig { subnet: subnet.into(), gateway: subnet.replace(".0/", ".1/").split('/').next().unwrap().into(), ..Default::default() }],
+            configs: vec![IpamConfig {
+                subnet: subnet.into(),
+                gateway: subnet.replace(".0/", ".1/").split('/').next().unwrap().into(),
+                ..Default::default()
+            }],
         });
         n.driver_state = None;
         self.write(|c| {
@@ -62,7 +66,10 @@ impl Fx {
         let spec = ServiceSpec {
             annotations: Some(Annotations { name: id.into(), ..Default::default() }),
             task: Some(TaskSpec {
-                networks: nets.iter().map(|n| NetworkAttachmentConfig { target: n.to_string(), ..Default::default() }).collect(),
+                networks: nets
+                    .iter()
+                    .map(|n| NetworkAttachmentConfig { target: n.to_string(), ..Default::default() })
+                    .collect(),
                 ..Default::default()
             }),
             endpoint: Some(EndpointSpec { mode: endpoint_spec::ResolutionMode::Vip as i32, ports }),
@@ -130,12 +137,25 @@ impl Fx {
     /// Every address held in the store: service VIPs, and task addresses of tasks not stopped.
     fn held(&self) -> Vec<String> {
         self.store.view(|t| {
-            let vips = t.services().iter().flat_map(|s| s.endpoint.iter().flat_map(|e| e.virtual_ips.iter()).map(|v| format!("{}:{}", v.network_id, v.addr)).collect::<Vec<_>>());
+            let vips = t.services().iter().flat_map(|s| {
+                s.endpoint
+                    .iter()
+                    .flat_map(|e| e.virtual_ips.iter())
+                    .map(|v| format!("{}:{}", v.network_id, v.addr))
+                    .collect::<Vec<_>>()
+            });
             let tasks = t
                 .tasks()
                 .iter()
                 .filter(|task| crate::orchestrator::observed_state(task) <= TaskState::Running)
-                .flat_map(|task| task.networks.iter().flat_map(|a| a.addresses.iter().map(move |x| format!("{}:{x}", a.network.as_ref().unwrap().id))).collect::<Vec<_>>());
+                .flat_map(|task| {
+                    task.networks
+                        .iter()
+                        .flat_map(|a| {
+                            a.addresses.iter().map(move |x| format!("{}:{x}", a.network.as_ref().unwrap().id))
+                        })
+                        .collect::<Vec<_>>()
+                });
             vips.chain(tasks).collect()
         })
     }
@@ -169,7 +189,9 @@ fn a_service_gets_a_vip_and_its_tasks_addresses_in_the_subnet_then_pending() {
     }
     assert_unique(&fx.held());
     // Nothing left to do: a second pass writes nothing.
-    let out = fx.store.view(|t| fx.alloc.pass(t, &t.services().iter().map(|s| s.id.clone()).collect(), &BTreeSet::new(), true, ts()));
+    let out = fx
+        .store
+        .view(|t| fx.alloc.pass(t, &t.services().iter().map(|s| s.id.clone()).collect(), &BTreeSet::new(), true, ts()));
     assert!(out.services.is_empty() && out.tasks.is_empty());
 }
 
@@ -181,18 +203,27 @@ fn exhaustion_is_explained_on_the_task_and_freed_addresses_are_given_again() {
     fx.tasks("web", 6);
     assert!(fx.pass(), "some task waits for an address");
     // A /29 has 5 host addresses beside the gateway: one VIP, four tasks.
-    let states: Vec<TaskState> = (0..6).map(|i| fx.task(&format!("web.{i}")).status.as_ref().unwrap().state()).collect();
+    let states: Vec<TaskState> =
+        (0..6).map(|i| fx.task(&format!("web.{i}")).status.as_ref().unwrap().state()).collect();
     assert_eq!(states.iter().filter(|s| **s == TaskState::Pending).count(), 4, "{states:?}");
-    let waiting: Vec<_> = (0..6).map(|i| fx.task(&format!("web.{i}"))).filter(|t| t.status.as_ref().unwrap().state() == TaskState::New).collect();
+    let waiting: Vec<_> = (0..6)
+        .map(|i| fx.task(&format!("web.{i}")))
+        .filter(|t| t.status.as_ref().unwrap().state() == TaskState::New)
+        .collect();
     assert_eq!(waiting.len(), 2);
     for t in &waiting {
         assert_eq!(t.status.as_ref().unwrap().err, "no IP address left in network small");
     }
     // A task that stops frees its address; the next pass gives it to a waiting task.
-    let running = (0..6).map(|i| format!("web.{i}")).find(|id| fx.task(id).status.as_ref().unwrap().state() == TaskState::Pending).unwrap();
+    let running = (0..6)
+        .map(|i| format!("web.{i}"))
+        .find(|id| fx.task(id).status.as_ref().unwrap().state() == TaskState::Pending)
+        .unwrap();
     fx.set_state(&running, TaskState::Failed);
     assert!(fx.pass());
-    let count = |fx: &Fx, s: TaskState| (0..6).filter(|i| fx.task(&format!("web.{i}")).status.as_ref().unwrap().state() == s).count();
+    let count = |fx: &Fx, s: TaskState| {
+        (0..6).filter(|i| fx.task(&format!("web.{i}")).status.as_ref().unwrap().state() == s).count()
+    };
     assert_eq!((count(&fx, TaskState::Pending), count(&fx, TaskState::New)), (4, 1));
     assert_unique(&fx.held());
 }
@@ -224,7 +255,11 @@ fn ingress_ports_are_held_once_and_missing_ones_come_from_the_dynamic_range() {
         publish_mode: mode as i32,
         ..Default::default()
     };
-    fx.service("a", &[], vec![port(8080, port_config::PublishMode::Ingress), port(0, port_config::PublishMode::Ingress)]);
+    fx.service(
+        "a",
+        &[],
+        vec![port(8080, port_config::PublishMode::Ingress), port(0, port_config::PublishMode::Ingress)],
+    );
     fx.service("h", &[], vec![port(9000, port_config::PublishMode::Host)]);
     fx.tasks("a", 1);
     fx.tasks("h", 1);

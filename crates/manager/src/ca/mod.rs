@@ -69,7 +69,13 @@ pub trait ExternalSigner: Send + Sync {
     /// Asks the signers at `urls` in turn, checking their TLS certificate against `trust_pem`, to sign
     /// `csr_pem` for `subject`. Returns the certificate (PEM, possibly with its chain), or why every signer
     /// failed.
-    async fn sign(&self, urls: &[String], trust_pem: &str, csr_pem: &str, subject: &NodeSubject) -> Result<String, String>;
+    async fn sign(
+        &self,
+        urls: &[String],
+        trust_pem: &str,
+        csr_pem: &str,
+        subject: &NodeSubject,
+    ) -> Result<String, String>;
 }
 
 /// The one cluster object, if it exists.
@@ -221,7 +227,9 @@ impl CaService {
         shoal_ca::check_csr(csr).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let leaf = if !signer.external_urls.is_empty() {
             let external = self.external.as_ref().ok_or_else(|| {
-                Status::failed_precondition("the cluster's root CA is held by an external CA, and this manager has no client for it")
+                Status::failed_precondition(
+                    "the cluster's root CA is held by an external CA, and this manager has no client for it",
+                )
             })?;
             external.sign(&signer.external_urls, &signer.trust_pem, csr, subject).await.map_err(|e| {
                 Status::failed_precondition(format!(
@@ -431,5 +439,108 @@ pub fn issue_client_cert(state: &ClusterState, name: &str, csr_pem: &str) -> Res
     let cert = root
         .sign_csr(csr_pem, &subject, node_cert_expiry(&cluster, None), now, &mut rand::rng())
         .map_err(|e| ClientCertError::BadRequest(e.to_string()))?;
+    let serial = shoal_ca::parse_cert_pem_chain(cert.as_bytes())
+        .and_then(|chain| shoal_ca::cert_serial_hex(&chain[0]))
+        .unwrap_or_default();
+    // The serial is what `shoal ca revoke-client-cert --serial` takes when the certificate file is lost.
+    tracing::info!(name, serial, "issued an operator client certificate");
     Ok((cert, root.cert_pem().to_string()))
+}
+
+/// The key under which an operator certificate's revocation is kept in `Cluster.blacklisted_certificates`
+/// (SwarmKit's map of removed nodes' certificates, keyed by node ID; node IDs never contain ':', so the
+/// two kinds of entries cannot collide). `serial_hex` as `shoal_ca::cert_serial_hex` gives it.
+pub fn client_cert_revocation_key(serial_hex: &str) -> String {
+    format!("client-cert-serial:{serial_hex}")
+}
+
+/// Whether the operator certificate with serial `serial_hex` was revoked (and the entry has not expired).
+pub fn is_client_cert_revoked(cluster: &Cluster, serial_hex: &str, now: SystemTime) -> bool {
+    crate::controlapi::is_blacklisted(cluster, &client_cert_revocation_key(serial_hex), now)
+}
+
+/// An operator certificate revoked by `revoke_client_cert`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevokedClientCert {
+    /// Its serial number (normalised hex).
+    pub serial: String,
+    /// Its name (CN), when the certificate itself was given.
+    pub name: Option<String>,
+    /// Until when the revocation is kept: the certificate's own expiry, or `None` (kept for good) when only
+    /// the serial was given.
+    pub until: Option<SystemTime>,
+}
+
+/// Revokes an operator client certificate (`shoal ca revoke-client-cert`), given either its PEM
+/// (`certificate`) or its serial number in hex (`serial`). From the commit on, every entry point that
+/// authenticates by certificate refuses it. Refuses node certificates (remove the node instead) and
+/// certificates of another cluster; changes nothing then.
+pub async fn revoke_client_cert(
+    state: &ClusterState,
+    serial: Option<&str>,
+    certificate: Option<&str>,
+) -> Result<RevokedClientCert, crate::controlapi::ControlError> {
+    use crate::controlapi::ControlError;
+    let cluster =
+        cluster(state).ok_or_else(|| ControlError::Unavailable("the cluster is not initialised yet; retry".into()))?;
+    let revoked = match (serial.filter(|s| !s.is_empty()), certificate.filter(|c| !c.is_empty())) {
+        (Some(s), None) => RevokedClientCert {
+            serial: shoal_ca::normalize_serial_hex(s).ok_or_else(|| {
+                ControlError::InvalidArgument(format!(
+                    "Serial {s:?} is not a certificate serial number: give it in hex, as `openssl x509 -serial \
+                     -noout` prints it"
+                ))
+            })?,
+            name: None,
+            until: None,
+        },
+        (None, Some(pem)) => {
+            let bad = |e: shoal_ca::CaError| ControlError::InvalidArgument(format!("Certificate: {e}"));
+            let chain = shoal_ca::parse_cert_pem_chain(pem.as_bytes()).map_err(bad)?;
+            let info = shoal_ca::parse_cert(&chain[0]).map_err(bad)?;
+            if info.subject.cluster_id != cluster.id {
+                return Err(ControlError::InvalidArgument(format!(
+                    "Certificate: it was issued for cluster {:?}, not this one ({}); nothing to revoke here",
+                    info.subject.cluster_id, cluster.id
+                )));
+            }
+            if info.subject.role != Role::Admin {
+                return Err(ControlError::InvalidArgument(format!(
+                    "Certificate: it is the {} certificate of node {}, not an operator certificate; remove the \
+                     node with `docker node rm` (and demote it first if it is a manager) to refuse it",
+                    info.subject.role, info.subject.node_id
+                )));
+            }
+            RevokedClientCert {
+                serial: shoal_ca::cert_serial_hex(&chain[0]).map_err(bad)?,
+                name: Some(info.subject.node_id),
+                until: Some(info.not_after),
+            }
+        }
+        _ => {
+            return Err(ControlError::InvalidArgument(
+                "give exactly one of Serial (hex) and Certificate (PEM) of the operator certificate to revoke".into(),
+            ))
+        }
+    };
+    let now = SystemTime::UNIX_EPOCH + Duration::from_millis(state.clock.now_unix_ms());
+    let key = client_cert_revocation_key(&revoked.serial);
+    let entry = shoal_api::BlacklistedCertificate { expiry: revoked.until.map(Into::into) };
+    state
+        .write(|t, changes| {
+            let Some(current) = t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)) else {
+                return Err(ControlError::Unavailable("the cluster is not initialised yet; retry".into()));
+            };
+            if current.blacklisted_certificates.get(&key) == Some(&entry) {
+                return Ok(());
+            }
+            let mut next = (**current).clone();
+            next.blacklisted_certificates.retain(|id, _| crate::controlapi::is_blacklisted(current, id, now));
+            next.blacklisted_certificates.insert(key.clone(), entry);
+            changes.update(next);
+            Ok(())
+        })
+        .await?;
+    tracing::info!(serial = %revoked.serial, name = ?revoked.name, "revoked an operator client certificate");
+    Ok(revoked)
 }

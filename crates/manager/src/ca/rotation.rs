@@ -18,7 +18,9 @@
 
 use std::time::SystemTime;
 
-use shoal_api::{issuance_status, Cluster, ClusterSpec, IssuanceStatus, JoinTokens, Node, RootCa as RootCaProto, RootRotation};
+use shoal_api::{
+    issuance_status, Cluster, ClusterSpec, IssuanceStatus, JoinTokens, Node, RootCa as RootCaProto, RootRotation,
+};
 use shoal_ca::{IssuerInfo, RootCa};
 use shoal_store::{Changes, Object, Tables, WatchError};
 use tokio::sync::watch;
@@ -69,7 +71,8 @@ impl Signer {
     /// The root as a local signer, when the cluster holds its key.
     pub fn local(&self) -> Option<Result<RootCa, Status>> {
         self.key_pem.as_ref().map(|k| {
-            RootCa::from_pem(&self.cert_pem, k).map_err(|e| Status::internal(format!("stored root CA is unusable: {e}")))
+            RootCa::from_pem(&self.cert_pem, k)
+                .map_err(|e| Status::internal(format!("stored root CA is unusable: {e}")))
         })
     }
 }
@@ -97,7 +100,10 @@ fn same_cert(a: &[u8], b: &[u8]) -> bool {
 
 /// What signs node certificates in `cluster` now (see the module doc).
 pub fn signer_of(cluster: &Cluster) -> Result<Signer, Status> {
-    let rc = cluster.root_ca.as_ref().filter(|r| !r.ca_cert.is_empty())
+    let rc = cluster
+        .root_ca
+        .as_ref()
+        .filter(|r| !r.ca_cert.is_empty())
         .ok_or_else(|| Status::unavailable("the cluster has no root CA yet; retry"))?;
     let trust_pem = text(&trust_bundle(cluster), "root CA certificate")?;
     let (cert, key, intermediates) = match &rc.root_rotation {
@@ -164,9 +170,12 @@ pub fn check_external_cas(spec: &ClusterSpec) -> Result<(), String> {
         }
         if !e.ca_cert.is_empty() {
             if e.ca_cert.len() > MAX_ROOT_PEM_BYTES {
-                return Err(format!("CAConfig.ExternalCAs: a CA certificate is larger than {MAX_ROOT_PEM_BYTES} bytes"));
+                return Err(format!(
+                    "CAConfig.ExternalCAs: a CA certificate is larger than {MAX_ROOT_PEM_BYTES} bytes"
+                ));
             }
-            shoal_ca::parse_cert_pem_chain(&e.ca_cert).map_err(|e| format!("CAConfig.ExternalCAs: CA certificate: {e}"))?;
+            shoal_ca::parse_cert_pem_chain(&e.ca_cert)
+                .map_err(|e| format!("CAConfig.ExternalCAs: CA certificate: {e}"))?;
         }
     }
     Ok(())
@@ -184,13 +193,19 @@ pub fn plan_root_change(current: &Cluster, spec: &ClusterSpec, now: SystemTime) 
     }
     let (cert, key) = if !ca.signing_ca_cert.is_empty() {
         if ca.signing_ca_cert.len() > MAX_ROOT_PEM_BYTES || ca.signing_ca_key.len() > MAX_ROOT_PEM_BYTES {
-            return Err(format!("CAConfig.SigningCACert and SigningCAKey must each be at most {MAX_ROOT_PEM_BYTES} bytes"));
+            return Err(format!(
+                "CAConfig.SigningCACert and SigningCAKey must each be at most {MAX_ROOT_PEM_BYTES} bytes"
+            ));
         }
-        let cert = String::from_utf8(ca.signing_ca_cert.clone()).map_err(|_| "CAConfig.SigningCACert is not PEM text".to_string())?;
+        let cert = String::from_utf8(ca.signing_ca_cert.clone())
+            .map_err(|_| "CAConfig.SigningCACert is not PEM text".to_string())?;
         let key = if ca.signing_ca_key.is_empty() {
             None
         } else {
-            Some(String::from_utf8(ca.signing_ca_key.clone()).map_err(|_| "CAConfig.SigningCAKey is not PEM text".to_string())?)
+            Some(
+                String::from_utf8(ca.signing_ca_key.clone())
+                    .map_err(|_| "CAConfig.SigningCAKey is not PEM text".to_string())?,
+            )
         };
         shoal_ca::check_root(&cert, key.as_deref(), now).map_err(|e| format!("CAConfig.SigningCACert: {e}"))?;
         if key.is_none() && external_for(Some(spec), cert.as_bytes(), &rc.ca_cert).is_empty() {
@@ -217,7 +232,8 @@ pub fn plan_root_change(current: &Cluster, spec: &ClusterSpec, now: SystemTime) 
         std::str::from_utf8(&rc.ca_key).map_err(|_| "the stored root CA key is not PEM".to_string())?,
     )
     .map_err(|e| e.to_string())?;
-    let cross = shoal_ca::cross_sign(&cert, &old, &mut rng).map_err(|e| format!("cannot cross-sign the new root: {e}"))?;
+    let cross =
+        shoal_ca::cross_sign(&cert, &old, &mut rng).map_err(|e| format!("cannot cross-sign the new root: {e}"))?;
     Ok(RootChange::Start(RootRotation {
         ca_cert: cert.into_bytes(),
         ca_key: key.map(String::into_bytes).unwrap_or_default(),

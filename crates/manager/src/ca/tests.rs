@@ -297,7 +297,11 @@ fn a_given_root_needs_its_key_or_an_external_ca_and_going_back_cancels() {
             signing_ca_cert: cert.as_bytes().to_vec(),
             signing_ca_key: key.as_bytes().to_vec(),
             external_cas: if external {
-                vec![shoal_api::ExternalCa { url: "https://ca.example".into(), ca_cert: cert.as_bytes().to_vec(), ..Default::default() }]
+                vec![shoal_api::ExternalCa {
+                    url: "https://ca.example".into(),
+                    ca_cert: cert.as_bytes().to_vec(),
+                    ..Default::default()
+                }]
             } else {
                 Vec::new()
             },
@@ -307,7 +311,9 @@ fn a_given_root_needs_its_key_or_an_external_ca_and_going_back_cancels() {
     };
     let e = rotation::plan_root_change(&current, &with(given.cert_pem(), "", false), now).unwrap_err();
     assert!(e.contains("needs an external CA"), "{e}");
-    let rotation::RootChange::Start(r) = rotation::plan_root_change(&current, &with(given.cert_pem(), "", true), now).unwrap() else {
+    let rotation::RootChange::Start(r) =
+        rotation::plan_root_change(&current, &with(given.cert_pem(), "", true), now).unwrap()
+    else {
         panic!("a rotation")
     };
     assert!(r.ca_key.is_empty(), "the external CA holds the key");
@@ -321,7 +327,10 @@ fn a_given_root_needs_its_key_or_an_external_ca_and_going_back_cancels() {
     let old_cert = String::from_utf8(current.root_ca.as_ref().unwrap().ca_cert.clone()).unwrap();
     let old_key = String::from_utf8(current.root_ca.as_ref().unwrap().ca_key.clone()).unwrap();
     during.root_ca.as_mut().unwrap().root_rotation = Some(r);
-    assert_eq!(rotation::plan_root_change(&during, &with(&old_cert, &old_key, false), now).unwrap(), rotation::RootChange::Cancel);
+    assert_eq!(
+        rotation::plan_root_change(&during, &with(&old_cert, &old_key, false), now).unwrap(),
+        rotation::RootChange::Cancel
+    );
     let e = rotation::plan_root_change(&current, &with("", given.key_pem(), false), now).unwrap_err();
     assert!(e.contains("without SigningCACert"), "{e}");
 }

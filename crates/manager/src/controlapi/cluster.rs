@@ -76,7 +76,11 @@ pub fn validate_cluster_spec(current: &ClusterSpec, spec: &ClusterSpec) -> Resul
         check_count("Raft.HeartbeatTick", r.heartbeat_tick.into(), MAX_RAFT_HEARTBEAT_TICK.into())?;
         check_count("Raft.ElectionTick", r.election_tick.into(), MAX_RAFT_ELECTION_TICK.into())?;
         check_count("Raft.SnapshotInterval", r.snapshot_interval, MAX_SNAPSHOT_INTERVAL)?;
-        check_count("Raft.LogEntriesForSlowFollowers", r.log_entries_for_slow_followers, MAX_LOG_ENTRIES_FOR_SLOW_FOLLOWERS)?;
+        check_count(
+            "Raft.LogEntriesForSlowFollowers",
+            r.log_entries_for_slow_followers,
+            MAX_LOG_ENTRIES_FOR_SLOW_FOLLOWERS,
+        )?;
         check_count("Raft.KeepOldSnapshots", r.keep_old_snapshots, MAX_KEEP_OLD_SNAPSHOTS)?;
         if r.heartbeat_tick != 0 && r.election_tick != 0 && r.election_tick <= r.heartbeat_tick {
             return Err(invalid(format!(
@@ -167,11 +171,7 @@ pub async fn update_cluster_rotating(
         .write(|t: &Tables, c: &mut Changes| {
             let current = t.clusters().get(id).ok_or_else(|| ControlError::not_found("swarm", id))?;
             if current.version() != version {
-                return Err(ControlError::Conflict(format!(
-                    "update out of sequence: the swarm is at version {}, the update was based on version {version}; \
-                     inspect it again and retry",
-                    current.version()
-                )));
+                return Err(ControlError::out_of_sequence("the swarm", "update", current.version(), version));
             }
             validate_cluster_spec(&current.spec.clone().unwrap_or_default(), &spec)?;
             let mut next = (**current).clone();
@@ -179,7 +179,10 @@ pub async fn update_cluster_rotating(
             next.unlock_keys = next_unlock_keys(&next, rotate_unlock_key);
             if let Some(rc) = next.root_ca.as_mut() {
                 if change != crate::ca::rotation::RootChange::Keep {
-                    tracing::info!(cancel = matches!(change, crate::ca::rotation::RootChange::Cancel), "root CA rotation requested");
+                    tracing::info!(
+                        cancel = matches!(change, crate::ca::rotation::RootChange::Cancel),
+                        "root CA rotation requested"
+                    );
                 }
                 crate::ca::rotation::apply_root_change(rc, change.clone(), force_rotate);
             }
@@ -250,12 +253,33 @@ mod tests {
         check(spec(101, 172_800), Some("0 to 100"));
         check(spec(3, i64::MAX / 1_000_000_000), Some("the limit is"));
         let raft = |r: RaftConfig| with(&|s: &mut ClusterSpec| s.raft = Some(r));
-        check(raft(RaftConfig { heartbeat_tick: 1, election_tick: u32::MAX, ..Default::default() }), Some("Raft.ElectionTick"));
-        check(raft(RaftConfig { heartbeat_tick: 500, election_tick: 900, ..Default::default() }), Some("Raft.HeartbeatTick"));
-        check(raft(RaftConfig { snapshot_interval: u64::MAX, ..Default::default() }), Some("Raft.SnapshotInterval 18446744073709551615 is too large: the limit is 1000000"));
-        check(raft(RaftConfig { log_entries_for_slow_followers: u64::MAX, ..Default::default() }), Some("Raft.LogEntriesForSlowFollowers"));
+        check(
+            raft(RaftConfig { heartbeat_tick: 1, election_tick: u32::MAX, ..Default::default() }),
+            Some("Raft.ElectionTick"),
+        );
+        check(
+            raft(RaftConfig { heartbeat_tick: 500, election_tick: 900, ..Default::default() }),
+            Some("Raft.HeartbeatTick"),
+        );
+        check(
+            raft(RaftConfig { snapshot_interval: u64::MAX, ..Default::default() }),
+            Some("Raft.SnapshotInterval 18446744073709551615 is too large: the limit is 1000000"),
+        );
+        check(
+            raft(RaftConfig { log_entries_for_slow_followers: u64::MAX, ..Default::default() }),
+            Some("Raft.LogEntriesForSlowFollowers"),
+        );
         check(raft(RaftConfig { keep_old_snapshots: 1000, ..Default::default() }), Some("Raft.KeepOldSnapshots"));
-        check(raft(RaftConfig { snapshot_interval: 10_000, log_entries_for_slow_followers: 500, heartbeat_tick: 1, election_tick: 10, keep_old_snapshots: 0 }), None);
+        check(
+            raft(RaftConfig {
+                snapshot_interval: 10_000,
+                log_entries_for_slow_followers: 500,
+                heartbeat_tick: 1,
+                election_tick: 10,
+                keep_old_snapshots: 0,
+            }),
+            None,
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub type ConfigFilters = SecretFilters;
 /// Checks a config spec: name, labels, data size (SwarmKit's `validateConfigSpec`), templating.
 pub fn validate_config_spec(spec: &ConfigSpec) -> Result<(), ControlError> {
     validate_annotations("config", spec.annotations.as_ref())?;
-    validate_templating("config", spec.templating.as_ref())?;
+    validate_templating("config", spec.templating.as_ref(), &spec.data)?;
     if spec.data.is_empty() || spec.data.len() >= MAX_CONFIG_DATA_BYTES {
         return Err(invalid(format!(
             "Data: config data must be larger than 0 and less than {MAX_CONFIG_DATA_BYTES} bytes (got {} bytes)",
@@ -65,10 +65,9 @@ pub async fn create_config(state: &ClusterState, spec: ConfigSpec) -> Result<Con
             Ok(())
         })
         .await?;
-    state
-        .store
-        .view(|t| t.configs().get(&id).map(|c| (**c).clone()))
-        .ok_or_else(|| ControlError::Unavailable(format!("config {id} was created but removed right after; list configs")))
+    state.store.view(|t| t.configs().get(&id).map(|c| (**c).clone())).ok_or_else(|| {
+        ControlError::Unavailable(format!("config {id} was created but removed right after; list configs"))
+    })
 }
 
 /// The config with this ID, name or unique ID prefix.
@@ -125,7 +124,10 @@ pub async fn update_config(
             Ok(current.id.clone())
         })
         .await?;
-    state.store.view(|t| t.configs().get(&id).map(|c| (**c).clone())).ok_or_else(|| ControlError::not_found("config", reference))
+    state
+        .store
+        .view(|t| t.configs().get(&id).map(|c| (**c).clone()))
+        .ok_or_else(|| ControlError::not_found("config", reference))
 }
 
 /// Removes config `reference`; refused (400, naming them) while services reference it.

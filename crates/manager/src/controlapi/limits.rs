@@ -5,6 +5,8 @@
 //! dispatcher heartbeat of at least 1 s, a node certificate of at least 1 h, secret data under 500 KiB and
 //! config data under 1000 KiB); where Docker has none, the upper bound
 //! is the one named on each constant, chosen so no valid spec can exhaust a manager or outlive its removal.
+//! What nodes report about themselves (descriptions, task statuses) is bounded here too, and checked by the
+//! dispatcher before anything is written; so are node specs (labels as a secret's).
 //!
 //! Must not depend on HTTP, JSON or the store.
 
@@ -143,6 +145,39 @@ pub const MAX_SECRET_NAME_LEN: usize = 64;
 /// small beside it.
 pub const MAX_SECRET_LABEL_BYTES: usize = 64 * 1024;
 
+/// Most bytes of labels (keys and values) on one node's spec (`docker node update --label-add`): the same
+/// bound as a secret's labels. A node's spec travels in every session message to that node and in every
+/// copy of the node object in the store's watch queue.
+pub const MAX_NODE_LABEL_BYTES: usize = MAX_SECRET_LABEL_BYTES;
+
+/// Longest node name in a node's spec (a DNS name's 253 characters; Docker: none).
+pub const MAX_NODE_NAME_BYTES: usize = 253;
+
+/// Largest encoded description a node may report (`Dispatcher.Session`; SwarmKit: none). A node's own
+/// description is a few KiB (hostname, platform, resources, engine labels, plugins, TLS info): 64 KiB leaves
+/// room for a thousand named generic resources, and a hostile worker writing its description as often as
+/// `dispatcher::registrations` lets it adds at most a few MiB an hour to the Raft log.
+pub const MAX_NODE_DESCRIPTION_BYTES: usize = 64 * 1024;
+
+/// Longest hostname a node may report (DNS's 253 characters; Linux allows 64).
+pub const MAX_NODE_HOSTNAME_BYTES: usize = 253;
+
+/// Most bytes of engine labels (keys and values) a node may report (`dockerd --label`).
+pub const MAX_ENGINE_LABEL_BYTES: usize = 16 * 1024;
+
+/// Most plugins a node may report.
+pub const MAX_NODE_PLUGINS: usize = 256;
+
+/// Most generic resources (named units and discrete kinds) a node may offer.
+pub const MAX_NODE_GENERIC_RESOURCES: usize = 1024;
+
+/// Longest message and longest error text in one task status an agent reports: an agent's own texts are a
+/// line or two (an executor's error); every write of the task carries them.
+pub const MAX_TASK_STATUS_TEXT_BYTES: usize = 8 * 1024;
+
+/// Largest encoded task status an agent may report (texts, container status, port status).
+pub const MAX_TASK_STATUS_BYTES: usize = 32 * 1024;
+
 /// Longest target file name of a secret or config reference (Linux's `PATH_MAX`).
 pub const MAX_TARGET_NAME_BYTES: usize = 4096;
 
@@ -241,6 +276,79 @@ pub(crate) fn check_spec_size(spec: &ServiceSpec) -> Result<(), ControlError> {
             "the service spec is {len} bytes encoded, over the limit of {MAX_SPEC_BYTES} bytes ({} MiB): every task \
              carries a copy of it; move large data (labels, env, args) into a config or the image",
             MAX_SPEC_BYTES >> 20
+        )));
+    }
+    Ok(())
+}
+
+fn map_bytes(m: &std::collections::HashMap<String, String>) -> usize {
+    m.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
+/// Checks a description a node reports about itself against the bounds above. The error names the part
+/// and its limit (the dispatcher refuses the session with it).
+pub fn check_node_description(d: &shoal_api::NodeDescription) -> Result<(), ControlError> {
+    let len = d.encoded_len();
+    if len > MAX_NODE_DESCRIPTION_BYTES {
+        return Err(invalid(format!(
+            "the node description is {len} bytes encoded, over the limit of {MAX_NODE_DESCRIPTION_BYTES} bytes: \
+             report fewer engine labels, plugins or generic resources"
+        )));
+    }
+    if d.hostname.len() > MAX_NODE_HOSTNAME_BYTES {
+        return Err(invalid(format!(
+            "Description.Hostname is {} bytes, over the limit of {MAX_NODE_HOSTNAME_BYTES}",
+            d.hostname.len()
+        )));
+    }
+    if let Some(engine) = &d.engine {
+        let labels = map_bytes(&engine.labels);
+        if labels > MAX_ENGINE_LABEL_BYTES {
+            return Err(invalid(format!(
+                "Description.Engine.Labels are {labels} bytes, over the limit of {MAX_ENGINE_LABEL_BYTES} bytes"
+            )));
+        }
+        check_count("Description.Engine.Plugins: the count", engine.plugins.len() as u64, MAX_NODE_PLUGINS as u64)?;
+    }
+    if let Some(r) = &d.resources {
+        check_count(
+            "Description.Resources.Generic: the count",
+            r.generic.len() as u64,
+            MAX_NODE_GENERIC_RESOURCES as u64,
+        )?;
+    }
+    Ok(())
+}
+
+/// Checks the labels and name of a node's spec (`docker node update`).
+pub fn check_node_spec(spec: &shoal_api::NodeSpec) -> Result<(), ControlError> {
+    let Some(a) = &spec.annotations else { return Ok(()) };
+    if a.name.len() > MAX_NODE_NAME_BYTES {
+        return Err(invalid(format!("Name: {} bytes, over the limit of {MAX_NODE_NAME_BYTES}", a.name.len())));
+    }
+    let labels = map_bytes(&a.labels);
+    if labels > MAX_NODE_LABEL_BYTES {
+        return Err(invalid(format!(
+            "Labels: the node's labels are {labels} bytes, over the limit of {MAX_NODE_LABEL_BYTES} bytes (64 KiB)"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a task status an agent reports for `task_id` (`Dispatcher.UpdateTaskStatus`).
+pub fn check_task_status(task_id: &str, s: &shoal_api::TaskStatus) -> Result<(), ControlError> {
+    for (field, text) in [("Message", &s.message), ("Err", &s.err), ("AppliedBy", &s.applied_by)] {
+        if text.len() > MAX_TASK_STATUS_TEXT_BYTES {
+            return Err(invalid(format!(
+                "the status of task {task_id}: {field} is {} bytes, over the limit of {MAX_TASK_STATUS_TEXT_BYTES}",
+                text.len()
+            )));
+        }
+    }
+    let len = s.encoded_len();
+    if len > MAX_TASK_STATUS_BYTES {
+        return Err(invalid(format!(
+            "the status of task {task_id} is {len} bytes encoded, over the limit of {MAX_TASK_STATUS_BYTES}"
         )));
     }
     Ok(())

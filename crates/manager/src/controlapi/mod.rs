@@ -51,23 +51,22 @@ pub use cluster::{
     autolock_on, get_cluster, manager_unlock_key, update_cluster, update_cluster_rotating, validate_cluster_spec,
     MANAGER_UNLOCK_SUBSYSTEM, MIN_NODE_CERT_EXPIRY,
 };
+pub use config::{
+    create_config, get_config, list_configs, remove_config, update_config, validate_config_spec, ConfigFilters,
+};
 pub use network::{
     create_network, find_network, get_network, list_networks, remove_network, validate_network_spec, NetworkFilters,
 };
 pub use node::{get_node, is_blacklisted, list_nodes, node_name, remove_node, update_node, NodeFilters};
-pub use service::{
-    create_service, get_service, is_job_spec, list_services, remove_service, rollback_service, service_status,
-    update_service,
-    validate_service_spec, ServiceFilters, ServiceStatus,
-};
-pub use task::{get_task, list_tasks, task_name, TaskFilters};
-pub use config::{
-    create_config, get_config, list_configs, remove_config, update_config, validate_config_spec, ConfigFilters,
-};
 pub use secret::{
     create_secret, get_secret, list_secrets, remove_secret, update_secret, validate_secret_spec, SecretFilters,
     TEMPLATING_DRIVER,
 };
+pub use service::{
+    create_service, get_service, is_job_spec, list_services, remove_service, rollback_service, service_status,
+    update_service, validate_service_spec, ServiceFilters, ServiceStatus,
+};
+pub use task::{get_task, list_tasks, task_name, TaskFilters};
 
 use std::sync::Arc;
 
@@ -113,10 +112,17 @@ pub enum ControlError {
 
 impl ControlError {
     pub(crate) fn not_found(kind: &'static str, reference: &str) -> ControlError {
-        ControlError::NotFound {
-            kind,
-            reference: reference.to_string(),
-        }
+        ControlError::NotFound { kind, reference: reference.to_string() }
+    }
+
+    /// A write based on a stale version: `what` ("service <id>", "the swarm") is at version `have`, the
+    /// `operation` ("update", "rollback") was based on `sent`. The message ends with Docker's own words,
+    /// `update out of sequence`, which clients' retry helpers match as a suffix.
+    pub(crate) fn out_of_sequence(what: &str, operation: &str, have: u64, sent: u64) -> ControlError {
+        ControlError::Conflict(format!(
+            "{what} is at version {have}, the {operation} was based on version {sent}; inspect it again and retry: \
+             update out of sequence"
+        ))
     }
 }
 
@@ -170,9 +176,7 @@ pub(crate) fn resolve<'a, T: StoreObject + 'a, I: Iterator<Item = &'a Arc<T>>>(
     all: I,
 ) -> Result<&'a Arc<T>, ControlError> {
     if reference.is_empty() {
-        return Err(ControlError::InvalidArgument(format!(
-            "a {kind} ID or name is required"
-        )));
+        return Err(ControlError::InvalidArgument(format!("a {kind} ID or name is required")));
     }
     if let Some(o) = get(reference) {
         return Ok(o);
@@ -191,10 +195,7 @@ pub(crate) fn resolve<'a, T: StoreObject + 'a, I: Iterator<Item = &'a Arc<T>>>(
 }
 
 /// True when `labels` has every `key` or `key=value` of `wanted`.
-pub(crate) fn labels_match(
-    labels: &std::collections::HashMap<String, String>,
-    wanted: &[String],
-) -> bool {
+pub(crate) fn labels_match(labels: &std::collections::HashMap<String, String>, wanted: &[String]) -> bool {
     wanted.iter().all(|w| match w.split_once('=') {
         Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
         None => labels.contains_key(w.as_str()),
@@ -207,15 +208,6 @@ pub(crate) fn any_prefix(filter: &[String], value: &str) -> bool {
 }
 
 /// The service with this ID, name or unique ID prefix, in a view.
-pub(crate) fn find_service<'a>(
-    t: &'a Tables,
-    reference: &str,
-) -> Result<&'a Arc<shoal_api::Service>, ControlError> {
-    resolve(
-        "service",
-        reference,
-        |id| t.services().get(id),
-        |n| t.services().by_name(n),
-        t.services().iter(),
-    )
+pub(crate) fn find_service<'a>(t: &'a Tables, reference: &str) -> Result<&'a Arc<shoal_api::Service>, ControlError> {
+    resolve("service", reference, |id| t.services().get(id), |n| t.services().by_name(n), t.services().iter())
 }

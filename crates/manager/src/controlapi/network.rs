@@ -5,7 +5,9 @@
 //! A network's subnet (the user's, else the first free `SubnetSize` block of the cluster's address pools),
 //! gateway (the subnet's first address unless given) and VXLAN ID are chosen here, in the write that creates
 //! it; the store refuses an overlapping subnet or a VXLAN ID in use when the write is applied, so two
-//! creates from one view cannot both get one. Removal is refused while a service uses the network (naming
+//! creates from one view cannot both get one. A subnet may not overlap the loopback, link-local, "this
+//! network" or multicast ranges, nor hold a node's own address (the error names the node); a subnet chosen
+//! from the pools skips the nodes' addresses. Removal is refused while a service uses the network (naming
 //! it) or a task still holds an address in it.
 //!
 //! Must not depend on HTTP, JSON, processes or Docker.
@@ -90,7 +92,10 @@ fn built(
         meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
         spec: Some(spec),
         driver_state: Some(Driver { name: OVERLAY_DRIVER.into(), options: driver_options }),
-        ipam: Some(IpamOptions { driver: Some(Driver { name: "default".into(), ..Default::default() }), configs: vec![config] }),
+        ipam: Some(IpamOptions {
+            driver: Some(Driver { name: "default".into(), ..Default::default() }),
+            configs: vec![config],
+        }),
         pending_delete: false,
     }
 }
@@ -106,6 +111,49 @@ fn validate_network_name(name: &str) -> Result<(), ControlError> {
         return Err(invalid(format!(
             "invalid network name {name:?}: use 1 to {MAX_NETWORK_NAME_BYTES} letters, digits, '_', '.' or '-', \
              starting with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+/// Ranges no overlay subnet may overlap, with what they are: addresses there never reach another node
+/// (loopback stays on the host, link-local and "this network" are not routed, multicast is no unicast
+/// address), and a node's own loopback or link-local traffic would go into the overlay.
+const RESERVED_RANGES: [(&str, &str); 4] = [
+    ("0.0.0.0/8", "\"this network\""),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local"),
+    ("224.0.0.0/4", "multicast"),
+];
+
+/// The nodes' own addresses as the store knows them (the address each node's session came from, and each
+/// manager's advertised address), with the node's ID and name, sorted by address.
+fn node_addresses(t: &Tables) -> Vec<(std::net::IpAddr, String, String)> {
+    let parse =
+        |a: &str| a.parse::<std::net::IpAddr>().ok().or_else(|| a.parse::<std::net::SocketAddr>().ok().map(|s| s.ip()));
+    let mut out: Vec<_> = t
+        .nodes()
+        .iter()
+        .flat_map(|n| {
+            let status = n.status.as_ref().and_then(|s| parse(&s.addr));
+            let manager = n.manager_status.as_ref().and_then(|m| parse(&m.addr));
+            let name = super::node::node_name(n).to_string();
+            [status, manager].into_iter().flatten().map(move |ip| (ip, n.id.clone(), name.clone()))
+        })
+        .filter(|(ip, _, _)| !ip.is_unspecified())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Refuses a user's subnet that holds a node's own address: that node's traffic to the address (its
+/// underlay) would go into the overlay's bridge, and the node would be cut off.
+fn check_node_overlap(t: &Tables, subnet: &Cidr) -> Result<(), ControlError> {
+    if let Some((ip, id, name)) = node_addresses(t).into_iter().find(|(ip, _, _)| subnet.offset_of(*ip).is_some()) {
+        return Err(invalid(format!(
+            "subnet {subnet} holds the address {ip} of node {name} ({id}): the node's own traffic to that network \
+             would go into the overlay and cut the node off; choose a subnet outside the nodes' networks"
         )));
     }
     Ok(())
@@ -142,8 +190,19 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
     if subnet.is_v6() {
         return Err(invalid(format!("subnet {subnet}: IPv6 networks are not supported yet; give an IPv4 subnet")));
     }
+    for (range, what) in RESERVED_RANGES {
+        let r: Cidr = range.parse().expect("constant");
+        if r.overlaps(&subnet) {
+            return Err(invalid(format!(
+                "subnet {subnet} overlaps the {what} range {r}, whose addresses do not reach other nodes; choose \
+                 another subnet (a private range such as 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16)"
+            )));
+        }
+    }
     if subnet.prefix_len() > 30 {
-        return Err(invalid(format!("subnet {subnet} is too small: give a prefix of /30 or shorter (4 addresses or more)")));
+        return Err(invalid(format!(
+            "subnet {subnet} is too small: give a prefix of /30 or shorter (4 addresses or more)"
+        )));
     }
     let range = if c.range.is_empty() {
         None
@@ -163,7 +222,8 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
     let gateway = if c.gateway.is_empty() {
         None
     } else {
-        let g: std::net::IpAddr = c.gateway.parse().map_err(|_| invalid(format!("gateway {:?} is not an IP address", c.gateway)))?;
+        let g: std::net::IpAddr =
+            c.gateway.parse().map_err(|_| invalid(format!("gateway {:?} is not an IP address", c.gateway)))?;
         if subnet.offset_of(g).is_none_or(|o| o == 0 || o == subnet.size() - 1) {
             return Err(invalid(format!("gateway {g} is not a host address of subnet {subnet}")));
         }
@@ -231,18 +291,29 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
                 )));
             }
             if t.networks().len() >= MAX_NETWORKS {
-                return Err(invalid(format!("the cluster has {MAX_NETWORKS} networks, the most it may have; remove one")));
+                return Err(invalid(format!(
+                    "the cluster has {MAX_NETWORKS} networks, the most it may have; remove one"
+                )));
             }
             if spec.ingress && t.networks().iter().any(|n| n.spec.as_ref().is_some_and(|s| s.ingress)) {
                 return Err(invalid("an ingress network exists already; remove it first"));
             }
+            // A subnet chosen from the pools also skips the nodes' own addresses.
             let taken: Vec<Cidr> = t
                 .networks()
                 .iter()
                 .flat_map(|n| n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse().ok()))
+                .chain(
+                    node_addresses(t)
+                        .into_iter()
+                        .filter_map(|(ip, _, _)| Cidr::new(ip, if ip.is_ipv4() { 32 } else { 128 })),
+                )
                 .collect();
             let (subnet, range, gateway) = match user_ipam(&spec)? {
-                Some(u) => u,
+                Some(u) => {
+                    check_node_overlap(t, &u.0)?;
+                    u
+                }
                 None => {
                     let (pools, size) = pools_of(t);
                     let s = choose_subnet(&pools, size, &taken).ok_or_else(|| {
@@ -259,7 +330,12 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
                 .networks()
                 .iter()
                 .filter_map(|n| {
-                    let theirs = n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse::<Cidr>().ok()).find(|c| c.overlaps(&subnet))?;
+                    let theirs = n
+                        .ipam
+                        .iter()
+                        .flat_map(|i| i.configs.iter())
+                        .filter_map(|c| c.subnet.parse::<Cidr>().ok())
+                        .find(|c| c.overlaps(&subnet))?;
                     Some((theirs, n.clone()))
                 })
                 .min_by(|a, b| a.0.cmp(&b.0))
@@ -310,7 +386,9 @@ pub fn list_networks(state: &ClusterState, f: &NetworkFilters) -> Vec<Network> {
                 let name = n.unique_name().unwrap_or("");
                 f.names.is_empty() || f.names.iter().any(|w| name.contains(w.as_str()))
             })
-            .filter(|n| labels_match(&n.spec.as_ref().and_then(|s| s.annotations.clone()).unwrap_or_default().labels, &f.labels))
+            .filter(|n| {
+                labels_match(&n.spec.as_ref().and_then(|s| s.annotations.clone()).unwrap_or_default().labels, &f.labels)
+            })
             .map(|n| (**n).clone())
             .collect()
     });
@@ -331,7 +409,10 @@ pub async fn remove_network(state: &ClusterState, reference: &str) -> Result<(),
                 .filter(|s| {
                     s.spec.as_ref().is_some_and(|sp| {
                         shoal_store::spec_networks(sp).any(|x| x == n.id)
-                            || (ingress && sp.endpoint.as_ref().is_some_and(|e| e.ports.iter().any(|p| p.publish_mode == port_config::PublishMode::Ingress as i32)))
+                            || (ingress
+                                && sp.endpoint.as_ref().is_some_and(|e| {
+                                    e.ports.iter().any(|p| p.publish_mode == port_config::PublishMode::Ingress as i32)
+                                }))
                     })
                 })
                 .filter_map(|s| s.unique_name())
@@ -408,7 +489,9 @@ pub fn resolve_service_networks(t: &Tables, spec: &mut ServiceSpec) -> Result<()
             )));
         }
         if !a.addresses.is_empty() {
-            return Err(invalid(format!("TaskTemplate.Networks[{i}]: static addresses are not supported; leave them out")));
+            return Err(invalid(format!(
+                "TaskTemplate.Networks[{i}]: static addresses are not supported; leave them out"
+            )));
         }
         a.target = n.id.clone();
     }
@@ -445,7 +528,9 @@ pub fn check_endpoint(t: &Tables, service_id: &str, spec: &ServiceSpec) -> Resul
         let holds = |s: &shoal_api::Service| {
             let allocated = s.endpoint.iter().flat_map(|e| e.ports.iter());
             let asked = s.spec.iter().flat_map(|sp| sp.endpoint.iter()).flat_map(|e| e.ports.iter());
-            allocated.chain(asked).any(|q| ingress(q) && q.protocol == p.protocol && q.published_port == p.published_port)
+            allocated
+                .chain(asked)
+                .any(|q| ingress(q) && q.protocol == p.protocol && q.published_port == p.published_port)
         };
         if let Some(other) = t.services().iter().find(|s| s.id != service_id && holds(s)) {
             return Err(invalid(format!(
@@ -498,7 +583,8 @@ mod tests {
         assert!(e.contains("already exists"), "{e}");
         // A service on `a` by name: stored by ID; `a` cannot go while the service is there.
         let mut s = spec("web", 1);
-        s.task.as_mut().unwrap().networks = vec![shoal_api::NetworkAttachmentConfig { target: "a".into(), ..Default::default() }];
+        s.task.as_mut().unwrap().networks =
+            vec![shoal_api::NetworkAttachmentConfig { target: "a".into(), ..Default::default() }];
         let svc = super::super::create_service(&state, s).await.unwrap();
         assert_eq!(svc.spec.as_ref().unwrap().task.as_ref().unwrap().networks[0].target, a.id);
         let e = remove_network(&state, "a").await.unwrap_err().to_string();
@@ -507,21 +593,75 @@ mod tests {
         assert_eq!(list_networks(&state, &NetworkFilters::default()).len(), 1);
     }
 
+    #[tokio::test]
+    async fn subnets_holding_a_node_address_or_in_reserved_ranges_are_refused_naming_the_reason() {
+        let (state, _) = cluster();
+        let mut c = Changes::new();
+        c.create(shoal_api::Cluster {
+            id: "c1".into(),
+            default_address_pool: vec!["10.20.0.0/16".into()],
+            subnet_size: 24,
+            ..Default::default()
+        });
+        c.create(shoal_api::Node {
+            id: "w1".into(),
+            description: Some(shoal_api::NodeDescription { hostname: "worker-1".into(), ..Default::default() }),
+            status: Some(shoal_api::NodeStatus { addr: "10.20.0.7".into(), ..Default::default() }),
+            ..Default::default()
+        });
+        c.create(shoal_api::Node {
+            id: "m1".into(),
+            description: Some(shoal_api::NodeDescription { hostname: "manager-1".into(), ..Default::default() }),
+            manager_status: Some(shoal_api::ManagerStatus { addr: "10.30.5.1:2377".into(), ..Default::default() }),
+            ..Default::default()
+        });
+        state.propose(c).await.unwrap();
+        let refused = |subnet: &'static str, want: &'static str| {
+            let state = state.clone();
+            async move {
+                let e = create_network(&state, named("n", subnet)).await.unwrap_err();
+                assert!(matches!(e, ControlError::InvalidArgument(_)), "{e:?}");
+                assert!(e.to_string().contains(want), "{subnet}: {e} should contain {want:?}");
+            }
+        };
+        refused("10.20.0.0/24", "subnet 10.20.0.0/24 holds the address 10.20.0.7 of node worker-1 (w1)").await;
+        refused("10.30.0.0/16", "holds the address 10.30.5.1 of node manager-1 (m1)").await;
+        refused("127.0.0.0/24", "overlaps the loopback range 127.0.0.0/8").await;
+        refused("169.254.10.0/24", "overlaps the link-local range 169.254.0.0/16").await;
+        refused("0.0.0.0/8", "\"this network\" range").await;
+        refused("224.1.0.0/16", "multicast").await;
+        refused("128.0.0.0/1", "overlaps the link-local range").await;
+        assert!(list_networks(&state, &NetworkFilters::default()).is_empty(), "nothing was created");
+        // From the pool: the block holding the worker's address is skipped.
+        let n = create_network(&state, named("auto", "")).await.unwrap();
+        assert_eq!(n.ipam.as_ref().unwrap().configs[0].subnet, "10.20.1.0/24");
+        create_network(&state, named("beside", "10.20.2.0/24")).await.unwrap();
+    }
+
     #[test]
     fn network_specs_shoal_cannot_honour_are_refused_with_the_reason() {
         let spec = |f: &dyn Fn(&mut NetworkSpec)| {
-            let mut s = NetworkSpec { annotations: Some(Annotations { name: "appnet".into(), ..Default::default() }), ..Default::default() };
+            let mut s = NetworkSpec {
+                annotations: Some(Annotations { name: "appnet".into(), ..Default::default() }),
+                ..Default::default()
+            };
             f(&mut s);
             validate_network_spec(&s).err().map(|e| e.to_string()).unwrap_or_default()
         };
         let ipam = |subnet: &str, range: &str, gw: &str| {
             Some(IpamOptions {
                 driver: None,
-                configs: vec![IpamConfig { subnet: subnet.into(), range: range.into(), gateway: gw.into(), ..Default::default() }],
+                configs: vec![IpamConfig {
+                    subnet: subnet.into(),
+                    range: range.into(),
+                    gateway: gw.into(),
+                    ..Default::default()
+                }],
             })
         };
         assert_eq!(spec(&|_| {}), "");
-        assert!(spec(&|s| s.driver_config = Some(Driver { name: "bridge".into(), ..Default::default() })).contains("\"bridge\" is not supported"));
+        assert!(spec(&|s| s.driver_config = Some(Driver { name: "bridge".into(), ..Default::default() }))
+            .contains("\"bridge\" is not supported"));
         assert!(spec(&|s| s.ipv6_enabled = true).contains("IPv6"));
         assert!(spec(&|s| s.annotations.as_mut().unwrap().name = "-x".into()).contains("invalid network name"));
         assert!(spec(&|s| s.ipam = ipam("10.9.0.1/24", "", "")).contains("the network address is 10.9.0.0/24"));

@@ -1,7 +1,7 @@
 //! Nodes: lookup (ID, then name or hostname, then ID prefix), list with filters, spec updates
 //! (availability, labels, role; the last manager cannot be demoted, a stock Docker Engine that joined as a
 //! worker cannot be promoted) and removal (refused for a ready node unless forced, and always for a
-//! manager). Must not depend on HTTP or JSON.
+//! manager; the node's network attachment tasks go with it). Must not depend on HTTP or JSON.
 
 use std::sync::Arc;
 
@@ -13,19 +13,11 @@ use crate::state::ClusterState;
 
 /// The name a node goes by: its spec name, else its hostname.
 pub fn node_name(node: &Node) -> &str {
-    let spec_name = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.annotations.as_ref())
-        .map(|a| a.name.as_str())
-        .unwrap_or("");
+    let spec_name = node.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()).unwrap_or("");
     if !spec_name.is_empty() {
         return spec_name;
     }
-    node.description
-        .as_ref()
-        .map(|d| d.hostname.as_str())
-        .unwrap_or("")
+    node.description.as_ref().map(|d| d.hostname.as_str()).unwrap_or("")
 }
 
 pub(crate) fn find<'a>(t: &'a Tables, reference: &str) -> Result<&'a Arc<Node>, ControlError> {
@@ -78,21 +70,15 @@ pub fn list_nodes(state: &ClusterState, filters: &NodeFilters) -> Vec<Arc<Node>>
             .iter()
             .filter(|n| {
                 let spec = n.spec.clone().unwrap_or_default();
-                let labels = spec
-                    .annotations
-                    .as_ref()
-                    .map(|a| a.labels.clone())
-                    .unwrap_or_default();
+                let labels = spec.annotations.as_ref().map(|a| a.labels.clone()).unwrap_or_default();
                 let membership = match spec.membership() {
                     node_spec::Membership::Accepted => "accepted",
                     node_spec::Membership::Pending => "pending",
                 };
                 any_prefix(&filters.id_prefixes, &n.id)
                     && any_prefix(&filters.name_prefixes, node_name(n))
-                    && (filters.roles.is_empty()
-                        || filters.roles.iter().any(|r| r == role_name(n.role())))
-                    && (filters.memberships.is_empty()
-                        || filters.memberships.iter().any(|m| m == membership))
+                    && (filters.roles.is_empty() || filters.roles.iter().any(|r| r == role_name(n.role())))
+                    && (filters.memberships.is_empty() || filters.memberships.iter().any(|m| m == membership))
                     && labels_match(&labels, &filters.labels)
             })
             .cloned()
@@ -112,25 +98,47 @@ fn docker_engine_version(node: &Node) -> Option<String> {
     Some(if engine.engine_version.is_empty() { "(no version)".to_string() } else { engine.engine_version.clone() })
 }
 
-/// Replaces node `reference`'s spec. `version` must be the node's current version. Demoting the last
-/// manager is refused, and so is promoting a Docker Engine that joined as a worker.
+/// Why demoting `node` would leave the other Raft members without a reachable quorum (SwarmKit's
+/// `CanRemoveMember`), from the manager statuses the leader keeps (reachability as of its last pass, at
+/// most `MANAGER_STATUS_PERIOD` old); `None` when it would not, or when `node` is not a Raft member.
+fn demotion_loses_quorum(t: &Tables, node: &Node) -> Option<String> {
+    use shoal_api::raft_member_status::Reachability;
+    node.manager_status.as_ref()?;
+    let others: Vec<&Node> =
+        t.nodes().iter().map(|n| &**n).filter(|n| n.id != node.id && n.manager_status.is_some()).collect();
+    let reachable = others
+        .iter()
+        .filter(|n| {
+            n.manager_status.as_ref().is_some_and(|m| m.leader || m.reachability == Reachability::Reachable as i32)
+        })
+        .count();
+    let quorum = others.len() / 2 + 1;
+    (reachable < quorum)
+        .then(|| format!("{reachable} of the {} other managers are reachable, and {quorum} are needed", others.len()))
+}
+
+/// Replaces node `reference`'s spec. `version` must be the node's current version. Labels and name are
+/// bounded (`limits::check_node_spec`). Demoting the last manager is refused, and so is a demotion that
+/// would leave the other managers without a reachable quorum (both with SwarmKit's messages), and promoting
+/// a Docker Engine that joined as a worker.
 pub async fn update_node(
     state: &ClusterState,
     reference: &str,
     version: u64,
     spec: NodeSpec,
 ) -> Result<Node, ControlError> {
+    super::limits::check_node_spec(&spec)?;
     let now = state.now();
     let (id, _) = state
         .write(|t: &Tables, c: &mut Changes| {
             let current = find(t, reference)?;
             if current.version() != version {
-                return Err(ControlError::Conflict(format!(
-                    "update out of sequence: node {} is at version {}, the update was based on version {version}; \
-                     inspect it again and retry",
-                    current.id,
-                    current.version()
-                )));
+                return Err(ControlError::out_of_sequence(
+                    &format!("node {}", current.id),
+                    "update",
+                    current.version(),
+                    version,
+                ));
             }
             let was_manager = current.spec.as_ref().map(|s| s.desired_role()) == Some(NodeRole::Manager)
                 || current.role() == NodeRole::Manager;
@@ -145,7 +153,14 @@ pub async fn update_node(
                     .count();
                 if managers <= 1 {
                     return Err(ControlError::FailedPrecondition(format!(
-                        "node {} is the last manager of the cluster and cannot be demoted; promote another node first",
+                        "attempting to demote the last manager of the swarm (node {}): promote another node first",
+                        current.id
+                    )));
+                }
+                if let Some(why) = demotion_loses_quorum(t, current) {
+                    return Err(ControlError::FailedPrecondition(format!(
+                        "can't remove member from the raft: this would result in a loss of quorum ({why}); bring \
+                         the unreachable managers back, or promote another node, then demote node {} again",
                         current.id
                     )));
                 }
@@ -175,13 +190,9 @@ pub async fn update_node(
         .ok_or_else(|| ControlError::not_found("node", reference))
 }
 
-/// Removes node `reference` from the cluster. A manager must be demoted first; a node that is up (READY)
-/// is only removed with `force`.
-pub async fn remove_node(
-    state: &ClusterState,
-    reference: &str,
-    force: bool,
-) -> Result<(), ControlError> {
+/// Removes node `reference` from the cluster, with its network attachment tasks (their addresses are freed).
+/// A manager must be demoted first; a node that is up (READY) is only removed with `force`.
+pub async fn remove_node(state: &ClusterState, reference: &str, force: bool) -> Result<(), ControlError> {
     let now_sys = std::time::SystemTime::try_from(state.now()).unwrap_or(std::time::UNIX_EPOCH);
     state
         .write(|t: &Tables, c: &mut Changes| {
@@ -207,11 +218,15 @@ pub async fn remove_node(
                 let expiry = node_cert_not_after(node)
                     .unwrap_or_else(|| now_sys + crate::ca::node_cert_expiry(cluster, None) + BACKDATE_MARGIN);
                 next.blacklisted_certificates.retain(|id, _| is_blacklisted(cluster, id, now_sys));
-                next.blacklisted_certificates.insert(
-                    node.id.clone(),
-                    shoal_api::BlacklistedCertificate { expiry: Some(expiry.into()) },
-                );
+                next.blacklisted_certificates
+                    .insert(node.id.clone(), shoal_api::BlacklistedCertificate { expiry: Some(expiry.into()) });
                 c.update(next);
+            }
+            // As SwarmKit's RemoveNode: the node's network attachment tasks (containers of its own engine on
+            // attachable networks, at most `MAX_ATTACHMENTS_PER_NODE`) go with it, and the allocator frees
+            // their addresses when it sees them removed (the node's own attachments go with the node).
+            for task in t.tasks().by_node(&node.id).filter(|t| crate::resourceapi::is_attachment_task(t)) {
+                c.remove(task.clone());
             }
             c.remove(node.clone());
             Ok(())
@@ -232,7 +247,8 @@ fn node_cert_not_after(n: &Node) -> Option<std::time::SystemTime> {
 
 /// Whether node `id`'s certificate is refused: the node was removed and its certificate has not expired.
 pub fn is_blacklisted(cluster: &shoal_api::Cluster, id: &str, now: std::time::SystemTime) -> bool {
-    cluster.blacklisted_certificates.get(id).is_some_and(|b| {
-        b.expiry.and_then(|e| std::time::SystemTime::try_from(e).ok()).is_none_or(|e| e > now)
-    })
+    cluster
+        .blacklisted_certificates
+        .get(id)
+        .is_some_and(|b| b.expiry.and_then(|e| std::time::SystemTime::try_from(e).ok()).is_none_or(|e| e > now))
 }

@@ -87,7 +87,11 @@ struct Ref<'a> {
     runtime: bool,
 }
 
-fn validate_refs<'a>(kind: &str, field: &str, refs: impl ExactSizeIterator<Item = Ref<'a>>) -> Result<(), ControlError> {
+fn validate_refs<'a>(
+    kind: &str,
+    field: &str,
+    refs: impl ExactSizeIterator<Item = Ref<'a>>,
+) -> Result<(), ControlError> {
     if refs.len() > MAX_REFERENCES_PER_SERVICE {
         return Err(invalid(format!(
             "{field}: {} {kind} references, over the limit of {MAX_REFERENCES_PER_SERVICE}",
@@ -98,9 +102,7 @@ fn validate_refs<'a>(kind: &str, field: &str, refs: impl ExactSizeIterator<Item 
     for (i, r) in refs.enumerate() {
         let field = format!("{field}[{i}]");
         if r.id.is_empty() && r.name.is_empty() {
-            return Err(invalid(format!(
-                "{field}: malformed {kind} reference: give the {kind}'s ID or name"
-            )));
+            return Err(invalid(format!("{field}: malformed {kind} reference: give the {kind}'s ID or name")));
         }
         if r.runtime {
             return Err(invalid(format!(
@@ -192,7 +194,8 @@ fn not_found(kind: &str, missing: &[String]) -> ControlError {
 /// Checks that every secret and config `c` references exists in `t`, filling in missing IDs or names.
 /// An unknown one is a 400 naming it.
 pub(super) fn resolve_references(t: &Tables, c: &mut ContainerSpec) -> Result<(), ControlError> {
-    let name_of_secret = |id: &str| t.secrets().get(id).and_then(|s| s.spec.as_ref()?.annotations.as_ref()).map(|a| a.name.as_str());
+    let name_of_secret =
+        |id: &str| t.secrets().get(id).and_then(|s| s.spec.as_ref()?.annotations.as_ref()).map(|a| a.name.as_str());
     let secret_by_name = |n: &str| {
         let s = t.secrets().by_name(n)?;
         Some((s.id.as_str(), s.spec.as_ref()?.annotations.as_ref()?.name.as_str()))
@@ -207,7 +210,8 @@ pub(super) fn resolve_references(t: &Tables, c: &mut ContainerSpec) -> Result<()
     if !missing.is_empty() {
         return Err(not_found("secret", &missing));
     }
-    let name_of_config = |id: &str| t.configs().get(id).and_then(|s| s.spec.as_ref()?.annotations.as_ref()).map(|a| a.name.as_str());
+    let name_of_config =
+        |id: &str| t.configs().get(id).and_then(|s| s.spec.as_ref()?.annotations.as_ref()).map(|a| a.name.as_str());
     let config_by_name = |n: &str| {
         let c = t.configs().by_name(n)?;
         Some((c.id.as_str(), c.spec.as_ref()?.annotations.as_ref()?.name.as_str()))

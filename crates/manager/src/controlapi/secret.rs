@@ -99,8 +99,11 @@ pub(super) fn validate_annotations(kind: &str, a: Option<&Annotations>) -> Resul
     validate_labels(kind, a)
 }
 
-/// `Templating`: none, or the `golang` driver without options.
-pub(super) fn validate_templating(kind: &str, t: Option<&Driver>) -> Result<(), ControlError> {
+/// `Templating`: none, or the `golang` driver without options, over a template every rendering can
+/// render: one that calls itself, nests too deep or would take too many steps (`shoal_template::check`) is
+/// refused here rather than rejecting every task that uses it. Syntax is left to the rendering, as Docker
+/// does (the task is then rejected with the engine's message).
+pub(super) fn validate_templating(kind: &str, t: Option<&Driver>, data: &[u8]) -> Result<(), ControlError> {
     let Some(t) = t else { return Ok(()) };
     if t.name != TEMPLATING_DRIVER {
         return Err(invalid(format!(
@@ -114,16 +117,23 @@ pub(super) fn validate_templating(kind: &str, t: Option<&Driver>) -> Result<(), 
             "Templating.Options: the {TEMPLATING_DRIVER} templating driver takes no options; leave them out"
         )));
     }
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Err(e @ (shoal_template::TemplateError::Recursion(_) | shoal_template::TemplateError::Limit(_))) =
+            shoal_template::check(text)
+        {
+            return Err(invalid(format!(
+                "Data: the {kind}'s golang template cannot be rendered: {e}; simplify it (templates may not call \
+                 themselves)"
+            )));
+        }
+    }
     Ok(())
 }
 
 /// The 400 of a removal refused because services reference the object (SwarmKit's message).
 pub(super) fn in_use(kind: &str, name: &str, services: &[String]) -> ControlError {
     let noun = if services.len() == 1 { "service" } else { "services" };
-    invalid(format!(
-        "{kind} '{name}' is in use by the following {noun}: {}",
-        services.join(", ")
-    ))
+    invalid(format!("{kind} '{name}' is in use by the following {noun}: {}", services.join(", ")))
 }
 
 /// The 400 of an update that changes anything but the labels.
@@ -156,7 +166,7 @@ pub fn validate_secret_spec(spec: &SecretSpec) -> Result<(), ControlError> {
             d.name
         )));
     }
-    validate_templating("secret", spec.templating.as_ref())?;
+    validate_templating("secret", spec.templating.as_ref(), &spec.data)?;
     validate_data(&spec.data)
 }
 
@@ -198,10 +208,9 @@ pub async fn create_secret(state: &ClusterState, spec: SecretSpec) -> Result<Sec
             Ok(())
         })
         .await?;
-    state
-        .store
-        .view(|t| t.secrets().get(&id).map(|s| redacted(s)))
-        .ok_or_else(|| ControlError::Unavailable(format!("secret {id} was created but removed right after; list secrets")))
+    state.store.view(|t| t.secrets().get(&id).map(|s| redacted(s))).ok_or_else(|| {
+        ControlError::Unavailable(format!("secret {id} was created but removed right after; list secrets"))
+    })
 }
 
 pub(super) fn name_taken(kind: &str, name: &str, owner: &str) -> ControlError {
@@ -272,10 +281,7 @@ pub async fn update_secret(
 }
 
 pub(super) fn out_of_sequence(kind: &str, id: &str, have: u64, sent: u64) -> ControlError {
-    ControlError::Conflict(format!(
-        "update out of sequence: {kind} {id} is at version {have}, the update was based on version {sent}; inspect \
-         it again and retry"
-    ))
+    ControlError::out_of_sequence(&format!("{kind} {id}"), "update", have, sent)
 }
 
 /// Removes secret `reference`; refused (400, naming them) while services reference it.

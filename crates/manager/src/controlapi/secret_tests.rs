@@ -85,11 +85,17 @@ fn secret_and_config_specs_follow_swarmkits_rules_and_name_the_field() {
         (secret_spec("pw", b""), "Data: secret data must be larger than 0 and less than 512000 bytes (got 0 bytes)"),
         (secret_spec("pw", &vec![b'x'; MAX_SECRET_DATA_BYTES]), "(got 512000 bytes)"),
         (
-            SecretSpec { driver: Some(Driver { name: "vault".into(), ..Default::default() }), ..secret_spec("pw", b"x") },
+            SecretSpec {
+                driver: Some(Driver { name: "vault".into(), ..Default::default() }),
+                ..secret_spec("pw", b"x")
+            },
             "Driver: secret drivers are not supported",
         ),
         (
-            SecretSpec { templating: Some(Driver { name: "jinja".into(), ..Default::default() }), ..secret_spec("pw", b"x") },
+            SecretSpec {
+                templating: Some(Driver { name: "jinja".into(), ..Default::default() }),
+                ..secret_spec("pw", b"x")
+            },
             "Templating.Name: unknown templating driver \"jinja\"",
         ),
         (
@@ -138,9 +144,10 @@ fn no_error_about_a_secret_carries_its_data() {
 #[tokio::test]
 async fn secrets_are_created_listed_and_read_without_their_data() {
     let (state, _) = cluster();
-    let s = create_secret(&state, SecretSpec { annotations: ann("db_pw", &[("env", "prod")]), ..secret_spec("", b"pw") })
-        .await
-        .unwrap();
+    let s =
+        create_secret(&state, SecretSpec { annotations: ann("db_pw", &[("env", "prod")]), ..secret_spec("", b"pw") })
+            .await
+            .unwrap();
     assert_eq!(s.id.len(), 25);
     assert_eq!(s.version(), 1);
     assert!(s.spec.as_ref().unwrap().data.is_empty(), "create returns no data");
@@ -174,7 +181,9 @@ async fn secrets_are_created_listed_and_read_without_their_data() {
     assert_eq!(names(SecretFilters { labels: vec!["env=dev".into()], ..Default::default() }), Vec::<String>::new());
 
     match create_secret(&state, secret_spec("db_pw", b"s3cr3t-data")).await.unwrap_err() {
-        ControlError::AlreadyExists(m) => assert!(m.contains("secret db_pw already exists") && !m.contains("s3cr3t"), "{m}"),
+        ControlError::AlreadyExists(m) => {
+            assert!(m.contains("secret db_pw already exists") && !m.contains("s3cr3t"), "{m}")
+        }
         other => panic!("{other:?}"),
     }
     // Names are unique per kind: a config may share a secret's name.
@@ -201,7 +210,7 @@ async fn only_labels_change_on_update_with_the_version_read() {
         assert!(!m.contains("n3w"), "{m}");
     }
     match update_secret(&state, "pw", v + 7, base.clone()).await.unwrap_err() {
-        ControlError::Conflict(m) => assert!(m.contains("update out of sequence"), "{m}"),
+        ControlError::Conflict(m) => assert!(m.ends_with(": update out of sequence"), "{m}"),
         other => panic!("{other:?}"),
     }
     // The same data sent back is no change; an empty one means "unchanged".
@@ -332,4 +341,42 @@ fn reference_shapes_are_checked_as_swarmkit_does_and_bounded() {
     check(vec![], vec![runtime], "Configs[0].Runtime is not supported");
     let many = (0..1001).map(|i| secret_ref("", "a", &format!("t{i}"))).collect();
     check(many, vec![], "1001 secret references, over the limit of 1000");
+}
+
+#[test]
+fn templates_that_no_rendering_can_finish_are_refused_at_create_and_syntax_is_left_to_the_agent() {
+    let recursive = br#"{{define "a"}}{{template "a" .}}{{end}}{{template "a" .}}"#;
+    let mut exponential = String::from(r#"{{define "t0"}}xxxxxxxx{{end}}"#);
+    for i in 1..40 {
+        exponential.push_str(&format!(
+            r#"{{{{define "t{i}"}}}}{{{{template "t{0}"}}}}{{{{template "t{0}"}}}}{{{{end}}}}"#,
+            i - 1
+        ));
+    }
+    exponential.push_str(r#"{{template "t39"}}"#);
+    for (data, fragment) in
+        [(&recursive[..], "recursive templates are not supported"), (exponential.as_bytes(), "steps to render")]
+    {
+        let m = invalid_message(validate_secret_spec(&SecretSpec { templating: golang(), ..secret_spec("pw", data) }));
+        assert!(
+            m.starts_with("Data: the secret's golang template cannot be rendered: ") && m.contains(fragment),
+            "{m}"
+        );
+        let m = invalid_message(validate_config_spec(&ConfigSpec { templating: golang(), ..config_spec("c", data) }));
+        assert!(
+            m.starts_with("Data: the config's golang template cannot be rendered: ") && m.contains(fragment),
+            "{m}"
+        );
+        // Without a templating driver, the same bytes are plain data.
+        assert!(validate_config_spec(&config_spec("c", data)).is_ok());
+    }
+    // A template the engine cannot parse is Docker's business at render time (the task is rejected with it).
+    assert!(validate_config_spec(&ConfigSpec { templating: golang(), ..config_spec("c", b"{{.Service.Name") }).is_ok());
+    // A service template that calls itself is refused naming the field.
+    let mut s = with_refs("web", vec![], vec![]);
+    if let Some(task_spec::Runtime::Container(c)) = s.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+        c.env = vec!["OK={{.Service.Name}}".into(), format!("X={}", std::str::from_utf8(recursive).unwrap())];
+    }
+    let m = invalid_message(validate_service_spec(&s));
+    assert!(m.starts_with("ContainerSpec.Env[1]: the template cannot be expanded: "), "{m}");
 }

@@ -8,16 +8,17 @@ use shoal_api::{service_spec, task_spec, Service, ServiceSpec, TaskState, Versio
 use shoal_store::{Changes, ServiceTotals, StoreObject, Tables};
 
 use super::limits::{
-    check_cluster_totals, check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION, MAX_HEALTH_RETRIES,
-    MAX_PIDS_LIMIT, MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD, MIN_HEALTH_DURATION,
+    check_cluster_totals, check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION,
+    MAX_HEALTH_RETRIES, MAX_PIDS_LIMIT, MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD,
+    MIN_HEALTH_DURATION,
 };
 use super::references::{resolve_references, validate_references};
 use super::{any_prefix, find_service, labels_match, ControlError};
 use crate::orchestrator::write::{MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
 use crate::scheduler::constraint;
+use crate::state::ClusterState;
 use shoal_api::prost::Message;
 use shoal_store::ACTION_OVERHEAD_BYTES;
-use crate::state::ClusterState;
 
 /// Longest service name accepted (a DNS label).
 pub const MAX_NAME_LEN: usize = 63;
@@ -31,14 +32,10 @@ const REMOVE_SERVICE_ONLY_RETRIES: usize = 3;
 
 fn validate_name(name: &str) -> Result<(), ControlError> {
     if name.is_empty() {
-        return Err(invalid(
-            "service name is required: pass a name (e.g. --name web)",
-        ));
+        return Err(invalid("service name is required: pass a name (e.g. --name web)"));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(invalid(format!(
-            "service name {name:?} is longer than {MAX_NAME_LEN} characters; shorten it"
-        )));
+        return Err(invalid(format!("service name {name:?} is longer than {MAX_NAME_LEN} characters; shorten it")));
     }
     let mut chars = name.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
@@ -51,32 +48,50 @@ fn validate_name(name: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// The service templates of a container spec (`Env` values, `Hostname`, mount `Source`/`Target`, volume
+/// labels and driver options, expanded by the agent): one that calls itself, nests too deep or would take
+/// too many steps (`shoal_template::check`) is refused, naming the field; syntax is left to the agent, whose
+/// rejection carries the engine's message (as Docker does).
+fn validate_service_templates(c: &shoal_api::ContainerSpec) -> Result<(), ControlError> {
+    let mut fields: Vec<(String, &str)> = Vec::new();
+    for (i, kv) in c.env.iter().enumerate() {
+        fields.push((format!("ContainerSpec.Env[{i}]"), kv.split_once('=').map_or("", |(_, v)| v)));
+    }
+    fields.push(("ContainerSpec.Hostname".into(), &c.hostname));
+    for (i, m) in c.mounts.iter().enumerate() {
+        fields.push((format!("ContainerSpec.Mounts[{i}].Source"), &m.source));
+        fields.push((format!("ContainerSpec.Mounts[{i}].Target"), &m.target));
+        if let Some(v) = &m.volume_options {
+            for (k, val) in &v.labels {
+                fields.push((format!("ContainerSpec.Mounts[{i}].VolumeOptions.Labels[{k}]"), val));
+            }
+            for (k, val) in v.driver_config.iter().flat_map(|d| d.options.iter()) {
+                fields.push((format!("ContainerSpec.Mounts[{i}].VolumeOptions.DriverConfig.Options[{k}]"), val));
+            }
+        }
+    }
+    for (field, text) in fields {
+        if let Err(e @ (shoal_template::TemplateError::Recursion(_) | shoal_template::TemplateError::Limit(_))) =
+            shoal_template::check(text)
+        {
+            return Err(invalid(format!("{field}: the template cannot be expanded: {e}; simplify it")));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a service spec: a valid name, a container spec with an image, a mode, valid constraints, and
 /// every count, duration and the encoded size within `limits` (each error names the field and the limit).
 pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
-    let name = spec
-        .annotations
-        .as_ref()
-        .map(|a| a.name.as_str())
-        .unwrap_or("");
+    let name = spec.annotations.as_ref().map(|a| a.name.as_str()).unwrap_or("");
     validate_name(name)?;
-    let task = spec
-        .task
-        .as_ref()
-        .ok_or_else(|| invalid("the service has no task template: give it an image"))?;
+    let task = spec.task.as_ref().ok_or_else(|| invalid("the service has no task template: give it an image"))?;
     match &task.runtime {
         Some(task_spec::Runtime::Container(c)) => {
             if c.image.trim().is_empty() {
-                return Err(invalid(
-                    "ContainerSpec.Image is required: give the service an image",
-                ));
+                return Err(invalid("ContainerSpec.Image is required: give the service an image"));
             }
-            check_duration(
-                "ContainerSpec.StopGracePeriod",
-                c.stop_grace_period.as_ref(),
-                None,
-                MAX_STOP_GRACE_PERIOD,
-            )?;
+            check_duration("ContainerSpec.StopGracePeriod", c.stop_grace_period.as_ref(), None, MAX_STOP_GRACE_PERIOD)?;
             if let Some(h) = &c.healthcheck {
                 for (field, d) in [
                     ("Interval", &h.interval),
@@ -100,6 +115,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
                 check_count("ContainerSpec.Healthcheck.Retries", h.retries as u64, MAX_HEALTH_RETRIES as u64)?;
             }
             validate_references(c)?;
+            validate_service_templates(c)?;
         }
         Some(task_spec::Runtime::Attachment(_)) => {
             return Err(invalid(
@@ -107,11 +123,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
                  give the service a container spec with an image",
             ))
         }
-        None => {
-            return Err(invalid(
-                "the task template has no container spec: give the service an image",
-            ))
-        }
+        None => return Err(invalid("the task template has no container spec: give the service an image")),
     }
     match &spec.mode {
         Some(service_spec::Mode::Replicated(r)) => check_count("Mode.Replicated.Replicas", r.replicas, MAX_REPLICAS)?,
@@ -155,9 +167,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
         for (what, r) in [("Limits", &res.limits), ("Reservations", &res.reservations)] {
             if let Some(r) = r {
                 if r.nano_cpus < 0 || r.memory_bytes < 0 {
-                    return Err(invalid(format!(
-                        "Resources.{what}: CPU and memory must not be negative"
-                    )));
+                    return Err(invalid(format!("Resources.{what}: CPU and memory must not be negative")));
                 }
             }
         }
@@ -178,18 +188,13 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
             )));
         }
     }
-    for (what, u) in [
-        ("UpdateConfig", &spec.update),
-        ("RollbackConfig", &spec.rollback),
-    ] {
+    for (what, u) in [("UpdateConfig", &spec.update), ("RollbackConfig", &spec.rollback)] {
         if let Some(u) = u {
             check_duration(&format!("{what}.Delay"), u.delay.as_ref(), None, MAX_POLICY_DURATION)?;
             check_duration(&format!("{what}.Monitor"), u.monitor.as_ref(), None, MAX_POLICY_DURATION)?;
             check_count(&format!("{what}.Parallelism"), u.parallelism, MAX_REPLICAS)?;
             if !(0.0..=1.0).contains(&u.max_failure_ratio) {
-                return Err(invalid(format!(
-                    "{what}.MaxFailureRatio must be between 0 and 1"
-                )));
+                return Err(invalid(format!("{what}.MaxFailureRatio must be between 0 and 1")));
             }
         }
     }
@@ -222,10 +227,7 @@ fn container_mut(spec: Option<&mut ServiceSpec>) -> Option<&mut shoal_api::Conta
 
 /// Validates `spec` and creates a service with a new ID. Fails with `Conflict` when the name is taken, and
 /// with a 400 naming any secret or config it references that does not exist.
-pub async fn create_service(
-    state: &ClusterState,
-    spec: ServiceSpec,
-) -> Result<Service, ControlError> {
+pub async fn create_service(state: &ClusterState, spec: ServiceSpec) -> Result<Service, ControlError> {
     validate_service_spec(&spec)?;
     let now = state.now();
     // A job starts at iteration 0 (as SwarmKit); each update runs it again (see `update_service`).
@@ -233,11 +235,7 @@ pub async fn create_service(
         .then_some(shoal_api::JobStatus { job_iteration: Some(Version { index: 0 }), last_execution: Some(now) });
     let service = Service {
         id: state.ids.new_id(),
-        meta: Some(shoal_api::Meta {
-            version: None,
-            created_at: Some(now),
-            updated_at: Some(now),
-        }),
+        meta: Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
         spec: Some(spec),
         spec_version: Some(Version { index: 0 }),
         job_status,
@@ -264,14 +262,9 @@ pub async fn create_service(
             Ok(())
         })
         .await?;
-    state
-        .store
-        .view(|t| t.services().get(&id).map(|s| (**s).clone()))
-        .ok_or_else(|| {
-            ControlError::Unavailable(format!(
-                "service {id} was created but removed right after; list services"
-            ))
-        })
+    state.store.view(|t| t.services().get(&id).map(|s| (**s).clone())).ok_or_else(|| {
+        ControlError::Unavailable(format!("service {id} was created but removed right after; list services"))
+    })
 }
 
 fn name_taken(name: &str, owner: &str) -> ControlError {
@@ -295,12 +288,12 @@ pub async fn update_service(
         .write(|t: &Tables, c: &mut Changes| {
             let current = find_service(t, reference)?;
             if current.version() != version {
-                return Err(ControlError::Conflict(format!(
-                    "update out of sequence: service {} is at version {}, the update was based on version {version}; \
-                     inspect it again and retry",
-                    current.id,
-                    current.version()
-                )));
+                return Err(ControlError::out_of_sequence(
+                    &format!("service {}", current.id),
+                    "update",
+                    current.version(),
+                    version,
+                ));
             }
             let old_mode = current.spec.as_ref().map(mode_name).unwrap_or_default();
             if !old_mode.is_empty() && old_mode != mode_name(&spec) {
@@ -347,12 +340,12 @@ pub async fn rollback_service(state: &ClusterState, reference: &str, version: u6
         .write(|t: &Tables, c: &mut Changes| {
             let current = find_service(t, reference)?;
             if current.version() != version {
-                return Err(ControlError::Conflict(format!(
-                    "update out of sequence: service {} is at version {}, the rollback was based on version \
-                     {version}; inspect it again and retry",
-                    current.id,
-                    current.version()
-                )));
+                return Err(ControlError::out_of_sequence(
+                    &format!("service {}", current.id),
+                    "rollback",
+                    current.version(),
+                    version,
+                ));
             }
             let mut next = (**current).clone();
             let Some(previous) = next.previous_spec.take() else {
@@ -395,7 +388,10 @@ fn write_spec(
 
 /// The service `id` as the store holds it after a write (`reference` names it in the error).
 fn read_service(state: &ClusterState, id: &str, reference: &str) -> Result<Service, ControlError> {
-    state.store.view(|t| t.services().get(id).map(|s| (**s).clone())).ok_or_else(|| ControlError::not_found("service", reference))
+    state
+        .store
+        .view(|t| t.services().get(id).map(|s| (**s).clone()))
+        .ok_or_else(|| ControlError::not_found("service", reference))
 }
 
 /// Removes a service and marks its tasks for removal (desired state REMOVE), in one write bounded like the
@@ -478,17 +474,12 @@ pub fn list_services(state: &ClusterState, filters: &ServiceFilters) -> Vec<Arc<
                 any_prefix(&filters.id_prefixes, &s.id)
                     && any_prefix(&filters.name_prefixes, &ann.name)
                     && labels_match(&ann.labels, &filters.labels)
-                    && (filters.modes.is_empty()
-                        || filters.modes.iter().any(|m| m == mode_name(&spec)))
+                    && (filters.modes.is_empty() || filters.modes.iter().any(|m| m == mode_name(&spec)))
             })
             .cloned()
             .collect()
     });
-    out.sort_by(|a, b| {
-        a.unique_name()
-            .cmp(&b.unique_name())
-            .then_with(|| a.id.cmp(&b.id))
-    });
+    out.sort_by(|a, b| a.unique_name().cmp(&b.unique_name()).then_with(|| a.id.cmp(&b.id)));
     out
 }
 
@@ -589,7 +580,10 @@ fn check_generic_reservations(generic: &[shoal_api::GenericResource]) -> Result<
     use shoal_api::generic_resource::Resource;
     const FIELD: &str = "Resources.Reservations.GenericResources";
     if generic.len() > MAX_GENERIC_RESERVATIONS {
-        return Err(invalid(format!("{FIELD}: {} kinds; at most {MAX_GENERIC_RESERVATIONS} are allowed", generic.len())));
+        return Err(invalid(format!(
+            "{FIELD}: {} kinds; at most {MAX_GENERIC_RESERVATIONS} are allowed",
+            generic.len()
+        )));
     }
     let mut kinds = std::collections::BTreeSet::new();
     for (i, g) in generic.iter().enumerate() {
@@ -614,7 +608,10 @@ fn check_generic_reservations(generic: &[shoal_api::GenericResource]) -> Result<
             )));
         }
         if !(1..=MAX_GENERIC_UNITS).contains(&d.value) {
-            return Err(invalid(format!("{FIELD}[{i}]: {} units of {:?}; use 1 to {MAX_GENERIC_UNITS}", d.value, d.kind)));
+            return Err(invalid(format!(
+                "{FIELD}[{i}]: {} units of {:?}; use 1 to {MAX_GENERIC_UNITS}",
+                d.value, d.kind
+            )));
         }
         if !kinds.insert(d.kind.as_str()) {
             return Err(invalid(format!("{FIELD}[{i}]: {:?} is reserved twice", d.kind)));

@@ -40,12 +40,7 @@ fn is_up_to_date(t: &Tables, task: &Task) -> bool {
 
 /// A task's full name as SwarmKit forms it: `service.slot.id` (or `service.node.id` for global tasks).
 pub fn task_name(tables: &Tables, task: &Task) -> String {
-    if let Some(n) = task
-        .annotations
-        .as_ref()
-        .map(|a| a.name.as_str())
-        .filter(|n| !n.is_empty())
-    {
+    if let Some(n) = task.annotations.as_ref().map(|a| a.name.as_str()).filter(|n| !n.is_empty()) {
         return n.to_string();
     }
     let svc = task
@@ -54,13 +49,10 @@ pub fn task_name(tables: &Tables, task: &Task) -> String {
         .map(|a| a.name.clone())
         .filter(|n| !n.is_empty())
         .or_else(|| {
-            tables.services().get(&task.service_id).and_then(|s| {
-                s.spec
-                    .as_ref()?
-                    .annotations
-                    .as_ref()
-                    .map(|a| a.name.clone())
-            })
+            tables
+                .services()
+                .get(&task.service_id)
+                .and_then(|s| s.spec.as_ref()?.annotations.as_ref().map(|a| a.name.clone()))
         })
         .unwrap_or_else(|| task.service_id.clone());
     if task.slot != 0 {
@@ -72,16 +64,7 @@ pub fn task_name(tables: &Tables, task: &Task) -> String {
 
 /// The task with this ID or unique ID prefix.
 pub fn get_task(state: &ClusterState, reference: &str) -> Result<Arc<Task>, ControlError> {
-    state.store.view(|t| {
-        resolve(
-            "task",
-            reference,
-            |id| t.tasks().get(id),
-            |_| None,
-            t.tasks().iter(),
-        )
-        .cloned()
-    })
+    state.store.view(|t| resolve("task", reference, |id| t.tasks().get(id), |_| None, t.tasks().iter()).cloned())
 }
 
 /// Tasks matching `filters`, sorted by service, slot, then creation time.
@@ -89,57 +72,32 @@ pub fn list_tasks(state: &ClusterState, filters: &TaskFilters) -> Vec<Arc<Task>>
     let mut out: Vec<Arc<Task>> = state.store.view(|t| {
         // Pick the narrowest index the filters allow.
         let candidates: Vec<&Arc<Task>> = if !filters.services.is_empty() {
-            let ids: BTreeSet<String> = filters
-                .services
-                .iter()
-                .filter_map(|r| super::find_service(t, r).ok())
-                .map(|s| s.id.clone())
-                .collect();
+            let ids: BTreeSet<String> =
+                filters.services.iter().filter_map(|r| super::find_service(t, r).ok()).map(|s| s.id.clone()).collect();
             ids.iter().flat_map(|id| t.tasks().by_service(id)).collect()
         } else if !filters.nodes.is_empty() {
-            let ids: BTreeSet<String> = filters
-                .nodes
-                .iter()
-                .filter_map(|r| super::node::find(t, r).ok().map(|n| n.id.clone()))
-                .collect();
+            let ids: BTreeSet<String> =
+                filters.nodes.iter().filter_map(|r| super::node::find(t, r).ok().map(|n| n.id.clone())).collect();
             ids.iter().flat_map(|id| t.tasks().by_node(id)).collect()
         } else if !filters.desired_states.is_empty() {
             let states: BTreeSet<i32> = filters.desired_states.iter().map(|s| *s as i32).collect();
-            states
-                .iter()
-                .flat_map(|s| t.tasks().by_desired_state(TaskState::from_wire(*s)))
-                .collect()
+            states.iter().flat_map(|s| t.tasks().by_desired_state(TaskState::from_wire(*s))).collect()
         } else {
             t.tasks().iter().collect()
         };
-        let node_ids: Option<BTreeSet<String>> = (!filters.nodes.is_empty()).then(|| {
-            filters
-                .nodes
-                .iter()
-                .filter_map(|r| super::node::find(t, r).ok().map(|n| n.id.clone()))
-                .collect()
-        });
+        let node_ids: Option<BTreeSet<String>> = (!filters.nodes.is_empty())
+            .then(|| filters.nodes.iter().filter_map(|r| super::node::find(t, r).ok().map(|n| n.id.clone())).collect());
         candidates
             .into_iter()
             .filter(|task| {
                 // SwarmKit matches a task's label filter against its service's labels (what
                 // `docker stack ps` lists a stack's tasks by), not the task's own annotations.
-                let labels = task
-                    .service_annotations
-                    .as_ref()
-                    .map(|a| a.labels.clone())
-                    .unwrap_or_default();
+                let labels = task.service_annotations.as_ref().map(|a| a.labels.clone()).unwrap_or_default();
                 any_prefix(&filters.id_prefixes, &task.id)
-                    && (filters.name_prefixes.is_empty()
-                        || any_prefix(&filters.name_prefixes, &task_name(t, task)))
-                    && node_ids
-                        .as_ref()
-                        .is_none_or(|ids| ids.contains(&task.node_id))
+                    && (filters.name_prefixes.is_empty() || any_prefix(&filters.name_prefixes, &task_name(t, task)))
+                    && node_ids.as_ref().is_none_or(|ids| ids.contains(&task.node_id))
                     && (filters.desired_states.is_empty()
-                        || filters
-                            .desired_states
-                            .iter()
-                            .any(|s| *s as i32 == task.desired_state))
+                        || filters.desired_states.iter().any(|s| *s as i32 == task.desired_state))
                     && labels_match(&labels, &filters.labels)
                     && (!filters.up_to_date || is_up_to_date(t, task))
             })
@@ -147,18 +105,8 @@ pub fn list_tasks(state: &ClusterState, filters: &TaskFilters) -> Vec<Arc<Task>>
             .collect()
     });
     out.sort_by(|a, b| {
-        let created = |t: &Task| {
-            t.meta
-                .as_ref()
-                .and_then(|m| m.created_at)
-                .map(|c| (c.seconds, c.nanos))
-        };
-        (&a.service_id, a.slot, &a.node_id, created(a)).cmp(&(
-            &b.service_id,
-            b.slot,
-            &b.node_id,
-            created(b),
-        ))
+        let created = |t: &Task| t.meta.as_ref().and_then(|m| m.created_at).map(|c| (c.seconds, c.nanos));
+        (&a.service_id, a.slot, &a.node_id, created(a)).cmp(&(&b.service_id, b.slot, &b.node_id, created(b)))
     });
     out
 }

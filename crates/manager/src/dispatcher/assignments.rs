@@ -24,8 +24,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use shoal_api::{
-    assignment, assignment_change::AssignmentAction, task_spec, Assignment, AssignmentChange, Config,
-    ContainerSpec, Secret, Task, TaskState,
+    assignment, assignment_change::AssignmentAction, task_spec, Assignment, AssignmentChange, Config, ContainerSpec,
+    Secret, Task, TaskState,
 };
 use shoal_store::{ActionKind, Change, Object, Tables};
 
@@ -135,9 +135,7 @@ pub fn agent_cares(old: &Task, new: &Task) -> bool {
 
 fn change(task: &Task, action: AssignmentAction) -> AssignmentChange {
     AssignmentChange {
-        assignment: Some(Assignment {
-            item: Some(assignment::Item::Task(task.clone())),
-        }),
+        assignment: Some(Assignment { item: Some(assignment::Item::Task(task.clone())) }),
         action: action as i32,
     }
 }
@@ -191,7 +189,11 @@ impl AssignmentSet {
     }
 
     /// `complete` with another bound (tests).
-    pub fn complete_within(&mut self, tables: &Tables, limit: usize) -> Result<Vec<AssignmentChange>, CompleteTooLarge> {
+    pub fn complete_within(
+        &mut self,
+        tables: &Tables,
+        limit: usize,
+    ) -> Result<Vec<AssignmentChange>, CompleteTooLarge> {
         use shoal_api::prost::Message;
         let build = |set: &mut AssignmentSet, keep_finished: bool| {
             set.sent.clear();
@@ -321,10 +323,7 @@ mod tests {
             id: id.into(),
             node_id: node.into(),
             desired_state: desired as i32,
-            status: Some(TaskStatus {
-                state: state as i32,
-                ..Default::default()
-            }),
+            status: Some(TaskStatus { state: state as i32, ..Default::default() }),
             ..Default::default()
         }
     }
@@ -346,11 +345,19 @@ mod tests {
     }
 
     fn secret(id: &str, data: &[u8]) -> Secret {
-        Secret { id: id.into(), spec: Some(SecretSpec { data: data.to_vec(), ..Default::default() }), ..Default::default() }
+        Secret {
+            id: id.into(),
+            spec: Some(SecretSpec { data: data.to_vec(), ..Default::default() }),
+            ..Default::default()
+        }
     }
 
     fn config(id: &str) -> Config {
-        Config { id: id.into(), spec: Some(ConfigSpec { data: b"cfg".to_vec(), ..Default::default() }), ..Default::default() }
+        Config {
+            id: id.into(),
+            spec: Some(ConfigSpec { data: b"cfg".to_vec(), ..Default::default() }),
+            ..Default::default()
+        }
     }
 
     /// Each change as (kind, id, action) with kind "task", "secret" or "config".
@@ -491,9 +498,7 @@ mod tests {
         let mut tasks = got[2..].to_vec();
         tasks.sort();
         assert_eq!(tasks, vec![e("task", "a", UPD), e("task", "b", UPD), e("task", "d", UPD)]);
-        let Some(assignment::Item::Secret(s)) = complete[0].assignment.as_ref().unwrap().item.clone() else {
-            panic!()
-        };
+        let Some(assignment::Item::Secret(s)) = complete[0].assignment.as_ref().unwrap().item.clone() else { panic!() };
         assert_eq!(s.spec.unwrap().data, b"pw", "an UPDATE carries the data");
         assert_eq!(h.set.dependencies(), vec![Dependency::Secret("s1".into()), Dependency::Config("c1".into())]);
     }

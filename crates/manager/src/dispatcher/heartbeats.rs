@@ -29,11 +29,7 @@ impl Heartbeats {
     /// Starts tracking `node_id` with the given deadline, unless it is already tracked with a later one
     /// (used for the grace period when this manager becomes leader).
     pub fn track_at_least(&mut self, node_id: &str, deadline_ms: u64) {
-        if self
-            .deadline_by_node
-            .get(node_id)
-            .is_some_and(|d| *d >= deadline_ms)
-        {
+        if self.deadline_by_node.get(node_id).is_some_and(|d| *d >= deadline_ms) {
             return;
         }
         self.set_deadline(node_id, deadline_ms);

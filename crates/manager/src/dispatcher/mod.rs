@@ -13,6 +13,11 @@
 //! a request carries at most `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates
 //! (a single larger request forms its own batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
 //!
+//! What a node reports is bounded before anything is written (`controlapi::limits`): its description
+//! (`MAX_NODE_DESCRIPTION_BYTES` and its parts' counts) and each task status (`MAX_TASK_STATUS_BYTES`); a
+//! session writes the node only when its object would change, and at most as often as `registrations`
+//! allows, so a worker re-registering in a loop cannot fill the Raft log.
+//!
 //! UpdateTaskStatus answers after the batch holding its updates is committed, so an error means the
 //! agent should retry and success means the store has the statuses.
 
@@ -20,6 +25,7 @@ mod assignments;
 mod fanout;
 mod heartbeats;
 mod managers;
+pub mod registrations;
 pub mod status;
 
 #[cfg(test)]
@@ -32,12 +38,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use shoal_api::dispatcher_server::{Dispatcher as DispatcherRpc, DispatcherServer};
-use shoal_api::{
-    assignments_message, node_spec, node_status, AssignmentsMessage, AssignmentsRequest,
-    HeartbeatRequest, HeartbeatResponse, Node, NodeRole, NodeSpec, NodeStatus,
-    SessionMessage, SessionRequest, UpdateTaskStatusRequest, UpdateTaskStatusResponse,
-};
 use shoal_api::prost::Message;
+use shoal_api::{
+    assignments_message, node_spec, node_status, AssignmentsMessage, AssignmentsRequest, HeartbeatRequest,
+    HeartbeatResponse, Node, NodeRole, NodeSpec, NodeStatus, SessionMessage, SessionRequest, UpdateTaskStatusRequest,
+    UpdateTaskStatusResponse,
+};
 use shoal_raft::ProposeError;
 use shoal_store::{ObjectKind, StoreError};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -117,6 +123,8 @@ struct SessionEntry {
 struct Registry {
     sessions: HashMap<String, SessionEntry>,
     heartbeats: Heartbeats,
+    /// How often each node may write its node object from a session.
+    registrations: registrations::Registrations,
 }
 
 /// A queued status request: its updates, and where to say that they were committed.
@@ -148,9 +156,7 @@ pub struct Dispatcher {
 
 impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dispatcher")
-            .field("config", &self.config)
-            .finish()
+        f.debug_struct("Dispatcher").field("config", &self.config).finish()
     }
 }
 
@@ -187,9 +193,7 @@ pub fn insecure_identity_from_metadata(mut req: Request<()>) -> Result<Request<(
 fn write_status<E: std::fmt::Display>(e: WriteError<E>) -> Status {
     match e {
         WriteError::Propose(ProposeError::NotLeader { .. }) => not_leader(),
-        other => Status::unavailable(format!(
-            "could not write to the cluster store: {other}; retry"
-        )),
+        other => Status::unavailable(format!("could not write to the cluster store: {other}; retry")),
     }
 }
 
@@ -198,10 +202,7 @@ fn not_leader() -> Status {
 }
 
 fn is_conflict<E>(e: &WriteError<E>) -> bool {
-    matches!(
-        e,
-        WriteError::Propose(ProposeError::Store(StoreError::VersionConflict { .. }))
-    )
+    matches!(e, WriteError::Propose(ProposeError::Store(StoreError::VersionConflict { .. })))
 }
 
 fn unknown_session(session_id: &str) -> Status {
@@ -261,7 +262,8 @@ impl Dispatcher {
     /// node ID a caller claims in gRPC metadata. Never serve this on a network.
     pub fn grpc_service_trusting_metadata_for_tests(
         self: &Arc<Self>,
-    ) -> tonic::service::interceptor::InterceptedService<DispatcherServer<impl DispatcherRpc>, MetadataInterceptor> {
+    ) -> tonic::service::interceptor::InterceptedService<DispatcherServer<impl DispatcherRpc>, MetadataInterceptor>
+    {
         DispatcherServer::with_interceptor(
             DispatcherService(self.clone()),
             insecure_identity_from_metadata as MetadataInterceptor,
@@ -337,16 +339,11 @@ impl Dispatcher {
     }
 
     fn heartbeat_ttl_ms(&self) -> u64 {
-        self.heartbeat_period_ms()
-            .saturating_mul(u64::from(self.config.missed_heartbeats_before_down.max(1)))
+        self.heartbeat_period_ms().saturating_mul(u64::from(self.config.missed_heartbeats_before_down.max(1)))
     }
 
     /// The alive-receiver of `node_id`'s session, if `session_id` is its current one.
-    fn session_alive(
-        &self,
-        node_id: &str,
-        session_id: &str,
-    ) -> Result<watch::Receiver<()>, Status> {
+    fn session_alive(&self, node_id: &str, session_id: &str) -> Result<watch::Receiver<()>, Status> {
         let reg = self.registry.lock();
         match reg.sessions.get(node_id) {
             Some(s) if s.session_id == session_id => Ok(s.alive_rx.clone()),
@@ -354,14 +351,21 @@ impl Dispatcher {
         }
     }
 
-    /// Registers the node (create or update to READY) and returns the written node.
-    async fn register_node(
-        &self,
-        node_id: &str,
-        req: &SessionRequest,
-        addr: String,
-    ) -> Result<(), Status> {
+    /// Registers the node (create, or update to READY with the description it reports). The description is
+    /// checked against its bounds first (`limits::check_node_description`: INVALID_ARGUMENT naming the part);
+    /// a node whose object would not change is not written at all; a write beyond the node's rate
+    /// (`registrations`) is refused with RESOURCE_EXHAUSTED saying when to retry. Nothing is written on a
+    /// refusal.
+    async fn register_node(&self, node_id: &str, req: &SessionRequest, addr: String) -> Result<(), Status> {
+        if let Some(d) = &req.description {
+            crate::controlapi::limits::check_node_description(d).map_err(|e| {
+                tracing::warn!(node = %node_id, "session refused: {e}");
+                Status::invalid_argument(e.to_string())
+            })?;
+        }
         for _ in 0..WRITE_ATTEMPTS {
+            let now_ms = self.state.timer.now_ms();
+            let mut took = false;
             let res = self
                 .state
                 .write(|t, changes| {
@@ -370,19 +374,21 @@ impl Dispatcher {
                         message: String::new(),
                         addr: addr.clone(),
                     };
-                    match t.nodes().get(node_id) {
+                    let (create, node) = match t.nodes().get(node_id) {
                         Some(existing) => {
-                            let mut node = (**existing).clone();
-                            if req.description.is_some() {
-                                node.description = req.description.clone();
+                            let description = req.description.clone().or_else(|| existing.description.clone());
+                            if description == existing.description && existing.status.as_ref() == Some(&status) {
+                                return Ok::<(), u64>(());
                             }
+                            let mut node = (**existing).clone();
+                            node.description = description;
                             node.status = Some(status);
                             node.meta_mut_updated(self.state.now());
-                            changes.update(node);
+                            (false, node)
                         }
                         None => {
                             let now = self.state.now();
-                            changes.create(Node {
+                            let node = Node {
                                 attachments: Vec::new(),
                                 id: node_id.to_string(),
                                 meta: Some(shoal_api::Meta {
@@ -401,25 +407,44 @@ impl Dispatcher {
                                 manager_status: None,
                                 certificate: None,
                                 role: NodeRole::Worker as i32,
-                            });
+                            };
+                            (true, node)
                         }
+                    };
+                    self.registry.lock().registrations.take(node_id, now_ms)?;
+                    took = true;
+                    if create {
+                        changes.create(node);
+                    } else {
+                        changes.update(node);
                     }
-                    Ok::<(), std::convert::Infallible>(())
+                    Ok(())
                 })
                 .await;
+            if res.is_err() && took {
+                self.registry.lock().registrations.give_back(node_id, now_ms);
+            }
             match res {
                 Ok(_) => return Ok(()),
+                Err(WriteError::Rejected(retry_ms)) => {
+                    let msg = format!(
+                        "node {node_id} has written its node object (a changed description, or READY again) too \
+                         often: at most {} writes at once, then one every {} s; retry in {} s",
+                        registrations::REGISTRATION_BURST,
+                        registrations::REGISTRATION_REFILL_MS / 1000,
+                        retry_ms.div_ceil(1000).max(1)
+                    );
+                    tracing::warn!(node = %node_id, "session refused: {msg}");
+                    return Err(Status::resource_exhausted(msg));
+                }
                 Err(e) if is_conflict(&e) => continue,
                 Err(WriteError::Propose(ProposeError::Store(StoreError::Exists {
-                    kind: ObjectKind::Node,
-                    ..
+                    kind: ObjectKind::Node, ..
                 }))) => continue,
                 Err(e) => return Err(write_status(e)),
             }
         }
-        Err(Status::unavailable(
-            "the node object kept changing while registering it; retry",
-        ))
+        Err(Status::unavailable("the node object kept changing while registering it; retry"))
     }
 
     /// The managers and network keys agents are told about, kept current from the store from the first call
@@ -429,13 +454,8 @@ impl Dispatcher {
         if !self.managers_watched.swap(true, Ordering::SeqCst) {
             // The first list now, so the first session message has it; the watcher keeps it current.
             let own = self.config.manager_addr.clone();
-            self.managers
-                .send_replace(Arc::new(self.state.store.view(|t| managers::session_info(t, &own))));
-            tokio::spawn(managers::run_session_info(
-                self.state.store.clone(),
-                own,
-                Arc::downgrade(&self.managers),
-            ));
+            self.managers.send_replace(Arc::new(self.state.store.view(|t| managers::session_info(t, &own))));
+            tokio::spawn(managers::run_session_info(self.state.store.clone(), own, Arc::downgrade(&self.managers)));
         }
         self.managers.subscribe()
     }
@@ -468,17 +488,15 @@ impl Dispatcher {
     ) -> Result<ReceiverStream<Result<SessionMessage, Status>>, Status> {
         let addr = peer.map(|p| p.ip().to_string()).unwrap_or_default();
         let (session_id, alive_rx) = self.register_session(&node_id, &req, addr).await?;
-        let (node, mut watch) = self
-            .fanout
-            .view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
+        let (node, mut watch) =
+            self.fanout.view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL_MESSAGES);
         let mut managers = self.manager_list();
         let mut roots = self.trust_list();
-        let first = Self::session_message(&session_id, node.clone(), &managers.borrow_and_update(), &roots.borrow_and_update());
+        let first =
+            Self::session_message(&session_id, node.clone(), &managers.borrow_and_update(), &roots.borrow_and_update());
         let mut last_node = node;
-        tx.send(Ok(first))
-            .await
-            .map_err(|_| Status::cancelled("the agent went away"))?;
+        tx.send(Ok(first)).await.map_err(|_| Status::cancelled("the agent went away"))?;
         let this = self.clone();
         let mut alive = alive_rx;
         let mut leadership = self.state.proposer.leadership();
@@ -521,17 +539,14 @@ impl Dispatcher {
                 if node.is_some() {
                     last_node = node.clone();
                 }
-                let msg = Self::session_message(&session_id, node, &managers.borrow_and_update(), &roots.borrow_and_update());
+                let msg =
+                    Self::session_message(&session_id, node, &managers.borrow_and_update(), &roots.borrow_and_update());
                 if tx.send(Ok(msg)).await.is_err() {
                     break;
                 }
             }
             let mut reg = this.registry.lock();
-            if reg
-                .sessions
-                .get(&node_id)
-                .is_some_and(|s| s.session_id == session_id)
-            {
+            if reg.sessions.get(&node_id).is_some_and(|s| s.session_id == session_id) {
                 reg.sessions.remove(&node_id);
             }
             tracing::info!(node = %node_id, session = %session_id, "agent session closed");
@@ -555,11 +570,7 @@ impl Dispatcher {
             // Replacing the entry drops the old session's sender, which ends its streams.
             reg.sessions.insert(
                 node_id.to_string(),
-                SessionEntry {
-                    session_id: session_id.clone(),
-                    _alive: alive_tx,
-                    alive_rx: alive_rx.clone(),
-                },
+                SessionEntry { session_id: session_id.clone(), _alive: alive_tx, alive_rx: alive_rx.clone() },
             );
             let ttl = self.heartbeat_ttl_ms();
             reg.heartbeats.beat(node_id, self.state.timer.now_ms(), ttl);
@@ -570,32 +581,32 @@ impl Dispatcher {
 
     fn heartbeat(&self, node_id: &str, session_id: &str) -> Result<HeartbeatResponse, Status> {
         let period_ms = self.heartbeat_period_ms();
-        let ttl =
-            period_ms.saturating_mul(u64::from(self.config.missed_heartbeats_before_down.max(1)));
+        let ttl = period_ms.saturating_mul(u64::from(self.config.missed_heartbeats_before_down.max(1)));
         let mut reg = self.registry.lock();
         match reg.sessions.get(node_id) {
             Some(s) if s.session_id == session_id => {}
             _ => return Err(unknown_session(session_id)),
         }
         reg.heartbeats.beat(node_id, self.state.timer.now_ms(), ttl);
-        Ok(HeartbeatResponse {
-            period: Some(shoal_api::duration_to_proto(Duration::from_millis(
-                period_ms,
-            ))),
-        })
+        Ok(HeartbeatResponse { period: Some(shoal_api::duration_to_proto(Duration::from_millis(period_ms))) })
     }
 
-    async fn update_task_status(
-        &self,
-        node_id: String,
-        req: UpdateTaskStatusRequest,
-    ) -> Result<(), Status> {
+    async fn update_task_status(&self, node_id: String, req: UpdateTaskStatusRequest) -> Result<(), Status> {
         self.session_alive(&node_id, &req.session_id)?;
         if req.updates.len() > MAX_UPDATES_PER_REQUEST {
             return Err(Status::invalid_argument(format!(
                 "{} status updates in one request; send at most {MAX_UPDATES_PER_REQUEST} per request",
                 req.updates.len()
             )));
+        }
+        // Every status within its bounds, or none of the request is taken.
+        for u in &req.updates {
+            if let Some(status) = &u.status {
+                crate::controlapi::limits::check_task_status(&u.task_id, status).map_err(|e| {
+                    tracing::warn!(node = %node_id, "status updates refused: {e}");
+                    Status::invalid_argument(e.to_string())
+                })?;
+            }
         }
         let mut updates = Vec::with_capacity(req.updates.len());
         for u in req.updates {
@@ -604,16 +615,8 @@ impl Dispatcher {
                 continue;
             };
             // Cheap pre-check against the current view; the flusher checks again at write time.
-            let check = StatusUpdate {
-                node_id: node_id.clone(),
-                task_id: u.task_id,
-                status,
-            };
-            match self
-                .state
-                .store
-                .view(|t| check_update(t.tasks().get(&check.task_id).map(|t| &**t), &check))
-            {
+            let check = StatusUpdate { node_id: node_id.clone(), task_id: u.task_id, status };
+            match self.state.store.view(|t| check_update(t.tasks().get(&check.task_id).map(|t| &**t), &check)) {
                 Ok(()) => updates.push(check),
                 Err(SkipReason::Unchanged { .. }) => {}
                 Err(why) => tracing::warn!(node = %node_id, "status update skipped: {why}"),
@@ -630,9 +633,7 @@ impl Dispatcher {
         self.status_queued.notify_one();
         match wait.await {
             Ok(r) => r,
-            Err(_) => Err(Status::unavailable(
-                "the status updates were not written (leadership changed?); retry",
-            )),
+            Err(_) => Err(Status::unavailable("the status updates were not written (leadership changed?); retry")),
         }
     }
 
@@ -656,13 +657,8 @@ impl Dispatcher {
         if batch.is_empty() {
             return 0;
         }
-        let updates: Vec<StatusUpdate> = batch
-            .iter()
-            .flat_map(|r| r.updates.iter().cloned())
-            .collect();
-        let mut result = Err(Status::unavailable(
-            "the status batch kept conflicting with other writes; retry",
-        ));
+        let updates: Vec<StatusUpdate> = batch.iter().flat_map(|r| r.updates.iter().cloned()).collect();
+        let mut result = Err(Status::unavailable("the status batch kept conflicting with other writes; retry"));
         for _ in 0..WRITE_ATTEMPTS {
             let now = self.state.now();
             let changes = self.state.store.view(|t| {
@@ -734,19 +730,11 @@ impl Dispatcher {
                         let Some(node) = t.nodes().get(id) else {
                             continue;
                         };
-                        if node
-                            .status
-                            .as_ref()
-                            .is_some_and(|s| s.state == node_status::State::Down as i32)
-                        {
+                        if node.status.as_ref().is_some_and(|s| s.state == node_status::State::Down as i32) {
                             continue;
                         }
                         let mut node = (**node).clone();
-                        let addr = node
-                            .status
-                            .as_ref()
-                            .map(|s| s.addr.clone())
-                            .unwrap_or_default();
+                        let addr = node.status.as_ref().map(|s| s.addr.clone()).unwrap_or_default();
                         node.status = Some(NodeStatus {
                             state: node_status::State::Down as i32,
                             message: "heartbeat failure".into(),
@@ -784,18 +772,13 @@ impl Dispatcher {
         let ready: Vec<String> = self.state.store.view(|t| {
             t.nodes()
                 .iter()
-                .filter(|n| {
-                    n.status
-                        .as_ref()
-                        .is_some_and(|s| s.state == node_status::State::Ready as i32)
-                })
+                .filter(|n| n.status.as_ref().is_some_and(|s| s.state == node_status::State::Ready as i32))
                 .map(|n| n.id.clone())
                 .collect()
         });
         let mut reg = self.registry.lock();
         for id in ready {
-            reg.heartbeats
-                .track_at_least(&id, now_ms.saturating_add(ttl));
+            reg.heartbeats.track_at_least(&id, now_ms.saturating_add(ttl));
         }
     }
 
@@ -907,7 +890,11 @@ impl Dispatcher {
     }
 
     /// `UpdateTaskStatus`: resolves once the batch holding the updates is committed.
-    pub async fn update_task_status_in_process(&self, node_id: &str, req: UpdateTaskStatusRequest) -> Result<(), Status> {
+    pub async fn update_task_status_in_process(
+        &self,
+        node_id: &str,
+        req: UpdateTaskStatusRequest,
+    ) -> Result<(), Status> {
         self.check_leader()?;
         self.update_task_status(node_id.to_string(), req).await
     }
@@ -951,29 +938,18 @@ impl DispatcherRpc for DispatcherService {
     type SessionStream = ReceiverStream<Result<SessionMessage, Status>>;
     type AssignmentsStream = ReceiverStream<Result<AssignmentsMessage, Status>>;
 
-    async fn session(
-        &self,
-        request: Request<SessionRequest>,
-    ) -> Result<Response<Self::SessionStream>, Status> {
+    async fn session(&self, request: Request<SessionRequest>) -> Result<Response<Self::SessionStream>, Status> {
         self.0.check_leader()?;
         let node_id = node_identity(&request)?;
         let peer = request.remote_addr();
-        let stream = self
-            .0
-            .open_session(node_id, peer, request.into_inner())
-            .await?;
+        let stream = self.0.open_session(node_id, peer, request.into_inner()).await?;
         Ok(Response::new(stream))
     }
 
-    async fn heartbeat(
-        &self,
-        request: Request<HeartbeatRequest>,
-    ) -> Result<Response<HeartbeatResponse>, Status> {
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
         self.0.check_leader()?;
         let node_id = node_identity(&request)?;
-        Ok(Response::new(
-            self.0.heartbeat(&node_id, &request.get_ref().session_id)?,
-        ))
+        Ok(Response::new(self.0.heartbeat(&node_id, &request.get_ref().session_id)?))
     }
 
     async fn update_task_status(
@@ -982,9 +958,7 @@ impl DispatcherRpc for DispatcherService {
     ) -> Result<Response<UpdateTaskStatusResponse>, Status> {
         self.0.check_leader()?;
         let node_id = node_identity(&request)?;
-        self.0
-            .update_task_status(node_id, request.into_inner())
-            .await?;
+        self.0.update_task_status(node_id, request.into_inner()).await?;
         Ok(Response::new(UpdateTaskStatusResponse {}))
     }
 
@@ -994,10 +968,7 @@ impl DispatcherRpc for DispatcherService {
     ) -> Result<Response<Self::AssignmentsStream>, Status> {
         self.0.check_leader()?;
         let node_id = node_identity(&request)?;
-        let stream = self
-            .0
-            .open_assignments(node_id, request.into_inner())
-            .await?;
+        let stream = self.0.open_assignments(node_id, request.into_inner()).await?;
         Ok(Response::new(stream))
     }
 }
@@ -1022,8 +993,12 @@ impl Subsystem for DispatcherSubsystem {
             let recheck_ms = EXPIRY_RECHECK.as_millis() as u64;
             loop {
                 let now = state.timer.now_ms();
-                let expiry_in =
-                    d.registry.lock().heartbeats.next_deadline().map_or(recheck_ms, |at| at.saturating_sub(now).min(recheck_ms));
+                let expiry_in = d
+                    .registry
+                    .lock()
+                    .heartbeats
+                    .next_deadline()
+                    .map_or(recheck_ms, |at| at.saturating_sub(now).min(recheck_ms));
                 // Biased (stop, expiry, status) so that a simulation replays and a steady stream of status
                 // updates cannot hold off the expiry (which fires at most every EXPIRY_RECHECK).
                 tokio::select! {

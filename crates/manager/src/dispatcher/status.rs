@@ -29,9 +29,7 @@ pub enum SkipReason {
         task_id: String,
     },
     /// The task is assigned to another node (or to none).
-    #[error(
-        "task {task_id} is assigned to node {assigned:?}, not to the reporting node {reporter}"
-    )]
+    #[error("task {task_id} is assigned to node {assigned:?}, not to the reporting node {reporter}")]
     WrongNode {
         /// The task.
         task_id: String,
@@ -65,9 +63,7 @@ fn observed(task: &Task) -> TaskState {
 /// Checks one update against the task as stored.
 pub fn check_update(task: Option<&Task>, update: &StatusUpdate) -> Result<(), SkipReason> {
     let Some(task) = task else {
-        return Err(SkipReason::NoSuchTask {
-            task_id: update.task_id.clone(),
-        });
+        return Err(SkipReason::NoSuchTask { task_id: update.task_id.clone() });
     };
     if task.node_id != update.node_id {
         return Err(SkipReason::WrongNode {
@@ -91,9 +87,7 @@ pub fn check_update(task: Option<&Task>, update: &StatusUpdate) -> Result<(), Sk
                 && stored.err == update.status.err
                 && stored.runtime_status == update.status.runtime_status;
             if same {
-                return Err(SkipReason::Unchanged {
-                    task_id: update.task_id.clone(),
-                });
+                return Err(SkipReason::Unchanged { task_id: update.task_id.clone() });
             }
         }
     }
@@ -112,10 +106,8 @@ pub fn apply_updates(
     let mut order: Vec<&str> = Vec::new();
     let mut skipped = Vec::new();
     for u in updates {
-        let current = working
-            .get(u.task_id.as_str())
-            .cloned()
-            .or_else(|| tables.tasks().get(&u.task_id).map(|t| (**t).clone()));
+        let current =
+            working.get(u.task_id.as_str()).cloned().or_else(|| tables.tasks().get(&u.task_id).map(|t| (**t).clone()));
         if let Err(why) = check_update(current.as_ref(), u) {
             skipped.push(why);
             continue;
@@ -149,10 +141,7 @@ mod tests {
         Task {
             id: id.into(),
             node_id: node.into(),
-            status: Some(TaskStatus {
-                state: state as i32,
-                ..Default::default()
-            }),
+            status: Some(TaskStatus { state: state as i32, ..Default::default() }),
             ..Default::default()
         }
     }
@@ -161,11 +150,7 @@ mod tests {
         StatusUpdate {
             node_id: node.into(),
             task_id: id.into(),
-            status: TaskStatus {
-                state: state as i32,
-                message: msg.into(),
-                ..Default::default()
-            },
+            status: TaskStatus { state: state as i32, message: msg.into(), ..Default::default() },
         }
     }
 
@@ -177,36 +162,12 @@ mod tests {
     #[test]
     fn updates_move_forward_only_and_only_from_the_owner() {
         let t = task("t1", "n1", TaskState::Running);
-        check(
-            Some(t.clone()),
-            update("n1", "t1", TaskState::Complete, "finished"),
-            true,
-        );
-        check(
-            Some(t.clone()),
-            update("n1", "t1", TaskState::Starting, "starting"),
-            false,
-        );
-        check(
-            Some(t.clone()),
-            update("n2", "t1", TaskState::Complete, "finished"),
-            false,
-        );
-        check(
-            None,
-            update("n1", "t1", TaskState::Complete, "finished"),
-            false,
-        );
-        check(
-            Some(t.clone()),
-            update("n1", "t1", TaskState::Running, ""),
-            false,
-        );
-        check(
-            Some(t),
-            update("n1", "t1", TaskState::Running, "started"),
-            true,
-        );
+        check(Some(t.clone()), update("n1", "t1", TaskState::Complete, "finished"), true);
+        check(Some(t.clone()), update("n1", "t1", TaskState::Starting, "starting"), false);
+        check(Some(t.clone()), update("n2", "t1", TaskState::Complete, "finished"), false);
+        check(None, update("n1", "t1", TaskState::Complete, "finished"), false);
+        check(Some(t.clone()), update("n1", "t1", TaskState::Running, ""), false);
+        check(Some(t), update("n1", "t1", TaskState::Running, "started"), true);
     }
 
     #[test]
@@ -226,9 +187,7 @@ mod tests {
         assert_eq!(changes.len(), 1);
         assert_eq!(skipped.len(), 2);
         let commit = store.apply(2, changes.actions()).unwrap();
-        let shoal_store::Object::Task(t) = &commit.changes[0].object else {
-            panic!("not a task")
-        };
+        let shoal_store::Object::Task(t) = &commit.changes[0].object else { panic!("not a task") };
         let st = t.status.as_ref().unwrap();
         assert_eq!(st.state, TaskState::Running as i32);
         assert_eq!(st.timestamp, Some(now));

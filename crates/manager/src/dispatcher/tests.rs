@@ -7,9 +7,8 @@ use std::time::Duration;
 use shoal_api::dispatcher_client::DispatcherClient;
 use shoal_api::update_task_status_request::TaskStatusUpdate;
 use shoal_api::{
-    assignment, assignment_change::AssignmentAction, assignments_message, node_status,
-    AssignmentsRequest, HeartbeatRequest, NodeDescription, SessionRequest, Task, TaskState,
-    TaskStatus, UpdateTaskStatusRequest,
+    assignment, assignment_change::AssignmentAction, assignments_message, node_status, AssignmentsRequest,
+    HeartbeatRequest, NodeDescription, SessionRequest, Task, TaskState, TaskStatus, UpdateTaskStatusRequest,
 };
 use shoal_raft::LocalProposer;
 use shoal_store::{Changes, ManualClock, MemoryStore};
@@ -19,6 +18,7 @@ use tonic::Request;
 
 use super::*;
 use crate::state::RandomIds;
+use shoal_store::StoreObject;
 
 const START_MS: u64 = 1_700_000_000_000;
 
@@ -76,18 +76,9 @@ async fn harness() -> Harness {
     let proposer = Arc::new(LocalProposer::new(store.clone()));
     let clock = Arc::new(ManualClock::new(START_MS));
     let timer = Arc::new(SteppedTimer::default());
-    let state = ClusterState::new(
-        store,
-        proposer.clone(),
-        clock.clone(),
-        Arc::new(RandomIds::seeded(7)),
-    )
-    .with_timer(timer.clone());
-    let config = DispatcherConfig {
-        status_flush_ms: 5,
-        manager_addr: "127.0.0.1:4242".into(),
-        ..Default::default()
-    };
+    let state = ClusterState::new(store, proposer.clone(), clock.clone(), Arc::new(RandomIds::seeded(7)))
+        .with_timer(timer.clone());
+    let config = DispatcherConfig { status_flush_ms: 5, manager_addr: "127.0.0.1:4242".into(), ..Default::default() };
     let dispatcher = Dispatcher::new(state.clone(), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -95,16 +86,7 @@ async fn harness() -> Harness {
     let (stop_tx, stop_rx) = watch::channel(false);
     let fut = dispatcher.subsystem().run(state.clone(), stop_rx);
     tokio::spawn(fut);
-    Harness {
-        state,
-        proposer,
-        clock,
-        timer,
-        dispatcher,
-        addr,
-        _stop: stop_tx,
-        server,
-    }
+    Harness { state, proposer, clock, timer, dispatcher, addr, _stop: stop_tx, server }
 }
 
 impl Harness {
@@ -115,24 +97,15 @@ impl Harness {
     }
 
     async fn client(&self) -> DispatcherClient<Channel> {
-        DispatcherClient::connect(format!("http://{}", self.addr))
-            .await
-            .unwrap()
+        DispatcherClient::connect(format!("http://{}", self.addr)).await.unwrap()
     }
 
     fn node_state(&self, id: &str) -> Option<i32> {
-        self.state.store.view(|t| {
-            t.nodes()
-                .get(id)
-                .and_then(|n| n.status.as_ref())
-                .map(|s| s.state)
-        })
+        self.state.store.view(|t| t.nodes().get(id).and_then(|n| n.status.as_ref()).map(|s| s.state))
     }
 
     fn task(&self, id: &str) -> Task {
-        self.state
-            .store
-            .view(|t| (**t.tasks().get(id).unwrap()).clone())
+        self.state.store.view(|t| (**t.tasks().get(id).unwrap()).clone())
     }
 
     async fn put_task(&self, task: Task) {
@@ -148,8 +121,7 @@ impl Harness {
 
 fn req<T>(node: &str, msg: T) -> Request<T> {
     let mut r = Request::new(msg);
-    r.metadata_mut()
-        .insert(NODE_ID_METADATA_KEY, node.parse().unwrap());
+    r.metadata_mut().insert(NODE_ID_METADATA_KEY, node.parse().unwrap());
     r
 }
 
@@ -173,10 +145,7 @@ fn task(id: &str, node: &str, state: TaskState, desired: TaskState) -> Task {
         node_id: node.into(),
         service_id: "svc".into(),
         desired_state: desired as i32,
-        status: Some(TaskStatus {
-            state: state as i32,
-            ..Default::default()
-        }),
+        status: Some(TaskStatus { state: state as i32, ..Default::default() }),
         ..Default::default()
     }
 }
@@ -184,10 +153,7 @@ fn task(id: &str, node: &str, state: TaskState, desired: TaskState) -> Task {
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -197,28 +163,16 @@ async fn open_session(
     client: &mut DispatcherClient<Channel>,
     node: &str,
 ) -> (String, tonic::Streaming<SessionMessage>) {
-    let desc = NodeDescription {
-        hostname: format!("host-{node}"),
-        ..Default::default()
-    };
+    let desc = NodeDescription { hostname: format!("host-{node}"), ..Default::default() };
     let mut stream = client
-        .session(req(
-            node,
-            SessionRequest {
-                description: Some(desc),
-                session_id: String::new(),
-            },
-        ))
+        .session(req(node, SessionRequest { description: Some(desc), session_id: String::new() }))
         .await
         .unwrap()
         .into_inner();
     let first = stream.message().await.unwrap().unwrap();
     assert!(!first.session_id.is_empty());
     assert_eq!(first.node.as_ref().unwrap().id, node);
-    assert_eq!(
-        first.managers[0].peer.as_ref().unwrap().addr,
-        "127.0.0.1:4242"
-    );
+    assert_eq!(first.managers[0].peer.as_ref().unwrap().addr, "127.0.0.1:4242");
     let _ = h;
     (first.session_id, stream)
 }
@@ -237,9 +191,7 @@ fn task_ids(msg: &AssignmentsMessage) -> Vec<(String, i32)> {
         .changes
         .iter()
         .map(|c| {
-            let Some(assignment::Item::Task(t)) =
-                c.assignment.as_ref().and_then(|a| a.item.clone())
-            else {
+            let Some(assignment::Item::Task(t)) = c.assignment.as_ref().and_then(|a| a.item.clone()) else {
                 panic!("assignment without a task")
             };
             (t.id, c.action)
@@ -254,72 +206,30 @@ async fn session_creates_the_node_ready_and_heartbeat_expiry_marks_it_down() {
     let h = harness().await;
     let mut client = h.client().await;
     let (session_id, _stream) = open_session(&h, &mut client, "node-1").await;
-    assert_eq!(
-        h.node_state("node-1"),
-        Some(node_status::State::Ready as i32)
-    );
-    let node = h
-        .state
-        .store
-        .view(|t| t.nodes().get("node-1").cloned())
-        .unwrap();
+    assert_eq!(h.node_state("node-1"), Some(node_status::State::Ready as i32));
+    let node = h.state.store.view(|t| t.nodes().get("node-1").cloned()).unwrap();
     assert_eq!(node.description.as_ref().unwrap().hostname, "host-node-1");
     assert_eq!(node.status.as_ref().unwrap().addr, "127.0.0.1");
-    assert_eq!(
-        node.spec.as_ref().unwrap().membership,
-        shoal_api::node_spec::Membership::Accepted as i32
-    );
+    assert_eq!(node.spec.as_ref().unwrap().membership, shoal_api::node_spec::Membership::Accepted as i32);
 
-    let resp = client
-        .heartbeat(req(
-            "node-1",
-            HeartbeatRequest {
-                session_id: session_id.clone(),
-            },
-        ))
-        .await
-        .unwrap();
+    let resp = client.heartbeat(req("node-1", HeartbeatRequest { session_id: session_id.clone() })).await.unwrap();
     assert_eq!(resp.into_inner().period.unwrap().seconds, 5);
 
     // 3 periods of 5 s minus a little (the timer includes the real time the test takes): still up.
     h.advance_ms(14_000);
-    assert!(h
-        .dispatcher
-        .expire_heartbeats(crate::Timer::now_ms(&*h.timer))
-        .await
-        .is_empty());
-    assert_eq!(
-        h.node_state("node-1"),
-        Some(node_status::State::Ready as i32)
-    );
+    assert!(h.dispatcher.expire_heartbeats(crate::Timer::now_ms(&*h.timer)).await.is_empty());
+    assert_eq!(h.node_state("node-1"), Some(node_status::State::Ready as i32));
     h.advance_ms(1_000);
-    wait_for("node down", || {
-        h.node_state("node-1") == Some(node_status::State::Down as i32)
-    })
-    .await;
-    let msg = h.state.store.view(|t| {
-        t.nodes()
-            .get("node-1")
-            .unwrap()
-            .status
-            .clone()
-            .unwrap()
-            .message
-    });
+    wait_for("node down", || h.node_state("node-1") == Some(node_status::State::Down as i32)).await;
+    let msg = h.state.store.view(|t| t.nodes().get("node-1").unwrap().status.clone().unwrap().message);
     assert_eq!(msg, "heartbeat failure");
 
     // The expired session is gone: the agent is told to open a new one.
-    let err = client
-        .heartbeat(req("node-1", HeartbeatRequest { session_id }))
-        .await
-        .unwrap_err();
+    let err = client.heartbeat(req("node-1", HeartbeatRequest { session_id })).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
     // A new session brings the node back.
     let (_sid, _s) = open_session(&h, &mut client, "node-1").await;
-    assert_eq!(
-        h.node_state("node-1"),
-        Some(node_status::State::Ready as i32)
-    );
+    assert_eq!(h.node_state("node-1"), Some(node_status::State::Ready as i32));
 }
 
 #[tokio::test]
@@ -330,124 +240,60 @@ async fn a_new_session_replaces_the_old_one() {
     let (new, _s) = open_session(&h, &mut client, "node-1").await;
     assert_ne!(old, new);
     // The old stream ends (after, possibly, the node update the new session wrote).
-    let ended = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(_)) = old_stream.message().await {}
-    })
-    .await;
+    let ended =
+        tokio::time::timeout(Duration::from_secs(10), async { while let Ok(Some(_)) = old_stream.message().await {} })
+            .await;
     assert!(ended.is_ok(), "the replaced session's stream did not end");
-    let err = client
-        .heartbeat(req("node-1", HeartbeatRequest { session_id: old }))
-        .await
-        .unwrap_err();
+    let err = client.heartbeat(req("node-1", HeartbeatRequest { session_id: old })).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
-    client
-        .heartbeat(req("node-1", HeartbeatRequest { session_id: new }))
-        .await
-        .unwrap();
+    client.heartbeat(req("node-1", HeartbeatRequest { session_id: new })).await.unwrap();
 }
 
 #[tokio::test]
 async fn assignments_send_a_complete_set_then_increments() {
     let h = harness().await;
-    h.put_task(task(
-        "t1",
-        "node-1",
-        TaskState::Assigned,
-        TaskState::Running,
-    ))
-    .await;
-    h.put_task(task(
-        "t-pending",
-        "node-1",
-        TaskState::Pending,
-        TaskState::Running,
-    ))
-    .await;
-    h.put_task(task(
-        "t-other",
-        "node-2",
-        TaskState::Assigned,
-        TaskState::Running,
-    ))
-    .await;
+    h.put_task(task("t1", "node-1", TaskState::Assigned, TaskState::Running)).await;
+    h.put_task(task("t-pending", "node-1", TaskState::Pending, TaskState::Running)).await;
+    h.put_task(task("t-other", "node-2", TaskState::Assigned, TaskState::Running)).await;
     let mut client = h.client().await;
     let (sid, _s) = open_session(&h, &mut client, "node-1").await;
     let mut stream = open_assignments(&mut client, "node-1", &sid).await;
     let first = stream.message().await.unwrap().unwrap();
     assert_eq!(first.r#type, assignments_message::Type::Complete as i32);
-    assert_eq!(
-        task_ids(&first),
-        vec![("t1".into(), AssignmentAction::Update as i32)]
-    );
+    assert_eq!(task_ids(&first), vec![("t1".into(), AssignmentAction::Update as i32)]);
 
     // A new task for the node.
-    h.put_task(task(
-        "t2",
-        "node-1",
-        TaskState::Assigned,
-        TaskState::Running,
-    ))
-    .await;
+    h.put_task(task("t2", "node-1", TaskState::Assigned, TaskState::Running)).await;
     let msg = stream.message().await.unwrap().unwrap();
     assert_eq!(msg.r#type, assignments_message::Type::Incremental as i32);
     assert_eq!(msg.applies_to, first.results_in);
-    assert_eq!(
-        task_ids(&msg),
-        vec![("t2".into(), AssignmentAction::Update as i32)]
-    );
+    assert_eq!(task_ids(&msg), vec![("t2".into(), AssignmentAction::Update as i32)]);
 
     // The agent's own status report is not echoed; the desired-state change after it is.
     client.update_task_status(status_report("node-1", &sid, "t1", TaskState::Running)).await.unwrap();
-    assert_eq!(
-        h.task("t1").status.unwrap().state,
-        TaskState::Running as i32
-    );
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Running as i32);
     let mut t1 = h.task("t1");
     t1.desired_state = TaskState::Shutdown as i32;
     h.put_task(t1).await;
     let msg = stream.message().await.unwrap().unwrap();
-    assert_eq!(
-        task_ids(&msg),
-        vec![("t1".into(), AssignmentAction::Update as i32)]
-    );
-    let Some(assignment::Item::Task(sent)) = msg.changes[0].assignment.clone().unwrap().item else {
-        panic!()
-    };
+    assert_eq!(task_ids(&msg), vec![("t1".into(), AssignmentAction::Update as i32)]);
+    let Some(assignment::Item::Task(sent)) = msg.changes[0].assignment.clone().unwrap().item else { panic!() };
     assert_eq!(sent.desired_state, TaskState::Shutdown as i32);
 
     // Deleting a task sends REMOVE.
-    let t2 = h
-        .state
-        .store
-        .view(|t| t.tasks().get("t2").cloned())
-        .unwrap();
+    let t2 = h.state.store.view(|t| t.tasks().get("t2").cloned()).unwrap();
     let mut c = Changes::new();
     c.remove(t2);
     h.state.propose(c).await.unwrap();
     let msg = stream.message().await.unwrap().unwrap();
-    assert_eq!(
-        task_ids(&msg),
-        vec![("t2".into(), AssignmentAction::Remove as i32)]
-    );
+    assert_eq!(task_ids(&msg), vec![("t2".into(), AssignmentAction::Remove as i32)]);
 }
 
 #[tokio::test]
 async fn status_updates_move_forward_and_ignore_stale_or_foreign_reports() {
     let h = harness().await;
-    h.put_task(task(
-        "t1",
-        "node-1",
-        TaskState::Assigned,
-        TaskState::Running,
-    ))
-    .await;
-    h.put_task(task(
-        "t9",
-        "node-2",
-        TaskState::Assigned,
-        TaskState::Running,
-    ))
-    .await;
+    h.put_task(task("t1", "node-1", TaskState::Assigned, TaskState::Running)).await;
+    h.put_task(task("t9", "node-2", TaskState::Assigned, TaskState::Running)).await;
     let mut client = h.client().await;
     let (sid, _s) = open_session(&h, &mut client, "node-1").await;
     let send = |updates: Vec<(&str, TaskState)>| {
@@ -455,38 +301,16 @@ async fn status_updates_move_forward_and_ignore_stale_or_foreign_reports() {
             .into_iter()
             .map(|(id, st)| TaskStatusUpdate {
                 task_id: id.into(),
-                status: Some(TaskStatus {
-                    state: st as i32,
-                    message: st.docker_name().into(),
-                    ..Default::default()
-                }),
+                status: Some(TaskStatus { state: st as i32, message: st.docker_name().into(), ..Default::default() }),
             })
             .collect();
-        req(
-            "node-1",
-            UpdateTaskStatusRequest {
-                session_id: sid.clone(),
-                updates,
-            },
-        )
+        req("node-1", UpdateTaskStatusRequest { session_id: sid.clone(), updates })
     };
-    client
-        .update_task_status(send(vec![("t1", TaskState::Running)]))
-        .await
-        .unwrap();
-    assert_eq!(
-        h.task("t1").status.unwrap().state,
-        TaskState::Running as i32
-    );
+    client.update_task_status(send(vec![("t1", TaskState::Running)])).await.unwrap();
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Running as i32);
     // Backwards: ignored, still OK for the agent.
-    client
-        .update_task_status(send(vec![("t1", TaskState::Preparing)]))
-        .await
-        .unwrap();
-    assert_eq!(
-        h.task("t1").status.unwrap().state,
-        TaskState::Running as i32
-    );
+    client.update_task_status(send(vec![("t1", TaskState::Preparing)])).await.unwrap();
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Running as i32);
     // Another node's task and a missing task: ignored; a valid one in the same request applies.
     client
         .update_task_status(send(vec![
@@ -496,54 +320,29 @@ async fn status_updates_move_forward_and_ignore_stale_or_foreign_reports() {
         ]))
         .await
         .unwrap();
-    assert_eq!(
-        h.task("t9").status.unwrap().state,
-        TaskState::Assigned as i32
-    );
-    assert_eq!(
-        h.task("t1").status.unwrap().state,
-        TaskState::Complete as i32
-    );
+    assert_eq!(h.task("t9").status.unwrap().state, TaskState::Assigned as i32);
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Complete as i32);
     // A bad session id is refused.
     let mut bad = send(vec![("t1", TaskState::Complete)]);
     bad.get_mut().session_id = "nope".into();
-    assert_eq!(
-        client.update_task_status(bad).await.unwrap_err().code(),
-        tonic::Code::NotFound
-    );
+    assert_eq!(client.update_task_status(bad).await.unwrap_err().code(), tonic::Code::NotFound);
 }
 
 #[tokio::test]
 async fn rpcs_need_identity_and_leadership() {
     let h = harness().await;
     let mut client = h.client().await;
-    let err = client
-        .heartbeat(Request::new(HeartbeatRequest {
-            session_id: "x".into(),
-        }))
-        .await
-        .unwrap_err();
+    let err = client.heartbeat(Request::new(HeartbeatRequest { session_id: "x".into() })).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
     let (sid, mut stream) = open_session(&h, &mut client, "node-1").await;
     h.proposer.set_leader(false);
     // The open session stream ends with "unavailable".
-    let end = tokio::time::timeout(Duration::from_secs(10), stream.message())
-        .await
-        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap();
     assert_eq!(end.unwrap_err().code(), tonic::Code::Unavailable);
-    let err = client
-        .heartbeat(req("node-1", HeartbeatRequest { session_id: sid }))
-        .await
-        .unwrap_err();
+    let err = client.heartbeat(req("node-1", HeartbeatRequest { session_id: sid })).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     let err = client
-        .session(req(
-            "node-1",
-            SessionRequest {
-                description: None,
-                session_id: String::new(),
-            },
-        ))
+        .session(req("node-1", SessionRequest { description: None, session_id: String::new() }))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
@@ -559,21 +358,9 @@ async fn becoming_leader_gives_ready_nodes_a_grace_period() {
     let now = crate::Timer::now_ms(&*h.timer);
     h.dispatcher.grant_grace_period(now);
     // Twice the 15 s time to live (5 s period x 3 missed heartbeats).
-    assert!(h
-        .dispatcher
-        .expire_heartbeats(now + 29_999)
-        .await
-        .is_empty());
-    assert_eq!(
-        h.dispatcher
-            .expire_heartbeats(now + 30_000)
-            .await,
-        vec!["node-1".to_string()]
-    );
-    assert_eq!(
-        h.node_state("node-1"),
-        Some(node_status::State::Down as i32)
-    );
+    assert!(h.dispatcher.expire_heartbeats(now + 29_999).await.is_empty());
+    assert_eq!(h.dispatcher.expire_heartbeats(now + 30_000).await, vec!["node-1".to_string()]);
+    assert_eq!(h.node_state("node-1"), Some(node_status::State::Down as i32));
 }
 
 #[tokio::test]
@@ -617,10 +404,7 @@ fn manager_node(id: &str, addr: &str) -> Node {
 }
 
 fn listed(msg: &SessionMessage) -> Vec<String> {
-    msg.managers
-        .iter()
-        .map(|p| p.peer.as_ref().unwrap().addr.clone())
-        .collect()
+    msg.managers.iter().map(|p| p.peer.as_ref().unwrap().addr.clone()).collect()
 }
 
 #[tokio::test]
@@ -630,11 +414,7 @@ async fn session_messages_list_every_reachable_manager_and_follow_changes() {
     c.create(manager_node("manager-2", "127.0.0.2:4242"));
     h.state.propose(c).await.unwrap();
     let mut client = h.client().await;
-    let mut stream = client
-        .session(req("node-1", SessionRequest::default()))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = client.session(req("node-1", SessionRequest::default())).await.unwrap().into_inner();
     let first = stream.message().await.unwrap().unwrap();
     // This manager (its configured address) and the other manager the store knows.
     assert_eq!(listed(&first), vec!["127.0.0.1:4242", "127.0.0.2:4242"]);
@@ -655,19 +435,12 @@ async fn session_messages_list_every_reachable_manager_and_follow_changes() {
     })
     .await
     .expect("a session message with the new manager");
-    assert_eq!(
-        listed(&msg),
-        vec!["127.0.0.1:4242", "127.0.0.2:4242", "127.0.0.3:4242"]
-    );
+    assert_eq!(listed(&msg), vec!["127.0.0.1:4242", "127.0.0.2:4242", "127.0.0.3:4242"]);
     assert_eq!(msg.node.as_ref().unwrap().id, "node-1", "the node rides along");
 
     // manager-2 becomes unreachable: it leaves the list.
-    let mut m2 = h
-        .state
-        .store
-        .view(|t| (**t.nodes().get("manager-2").unwrap()).clone());
-    m2.manager_status.as_mut().unwrap().reachability =
-        shoal_api::raft_member_status::Reachability::Unreachable as i32;
+    let mut m2 = h.state.store.view(|t| (**t.nodes().get("manager-2").unwrap()).clone());
+    m2.manager_status.as_mut().unwrap().reachability = shoal_api::raft_member_status::Reachability::Unreachable as i32;
     let mut c = Changes::new();
     c.update(m2);
     h.state.propose(c).await.unwrap();
@@ -691,26 +464,18 @@ async fn session_messages_list_every_reachable_manager_and_follow_changes() {
 #[tokio::test]
 async fn a_returning_node_is_ready_again_and_is_told_to_stop_its_replaced_tasks() {
     let h = harness().await;
-    h.put_task(task("t1", "node-1", TaskState::Running, TaskState::Running))
-        .await;
+    h.put_task(task("t1", "node-1", TaskState::Running, TaskState::Running)).await;
     let mut client = h.client().await;
     let (_old, _s) = open_session(&h, &mut client, "node-1").await;
     h.advance_ms(15_000);
-    wait_for("node down", || {
-        h.node_state("node-1") == Some(node_status::State::Down as i32)
-    })
-    .await;
+    wait_for("node down", || h.node_state("node-1") == Some(node_status::State::Down as i32)).await;
     let mut stale = h.task("t1");
     stale.desired_state = TaskState::Shutdown as i32;
     h.put_task(stale).await;
-    h.put_task(task("t2", "node-2", TaskState::Assigned, TaskState::Running))
-        .await;
+    h.put_task(task("t2", "node-2", TaskState::Assigned, TaskState::Running)).await;
 
     let (sid, _s) = open_session(&h, &mut client, "node-1").await;
-    assert_eq!(
-        h.node_state("node-1"),
-        Some(node_status::State::Ready as i32)
-    );
+    assert_eq!(h.node_state("node-1"), Some(node_status::State::Ready as i32));
     let mut assignments = open_assignments(&mut client, "node-1", &sid).await;
     let first = assignments.message().await.unwrap().unwrap();
     assert_eq!(first.r#type, assignments_message::Type::Complete as i32);
@@ -727,10 +492,7 @@ async fn a_returning_node_is_ready_again_and_is_told_to_stop_its_replaced_tasks(
     assert_eq!(tasks[0].desired_state, TaskState::Shutdown as i32);
 
     client.update_task_status(status_report("node-1", &sid, "t1", TaskState::Shutdown)).await.unwrap();
-    assert_eq!(
-        h.task("t1").status.unwrap().state,
-        TaskState::Shutdown as i32
-    );
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Shutdown as i32);
 }
 
 #[tokio::test]
@@ -868,4 +630,102 @@ async fn session_messages_carry_the_network_keys_and_follow_their_rotation() {
     assert_eq!(msg.network_bootstrap_keys, rotated.keys);
     assert_eq!(msg.node.as_ref().unwrap().id, "node-1", "the node rides along");
     assert_eq!(listed(&msg), vec!["127.0.0.1:4242"], "and the managers");
+}
+
+/// A session request of `node` reporting `desc`.
+fn session_req(node: &str, desc: NodeDescription) -> Request<SessionRequest> {
+    req(node, SessionRequest { description: Some(desc), session_id: String::new() })
+}
+
+fn node_version(h: &Harness, id: &str) -> Option<u64> {
+    h.state.store.view(|t| t.nodes().get(id).map(|n| n.version()))
+}
+
+#[tokio::test]
+async fn descriptions_are_bounded_written_only_when_changed_and_rate_limited() {
+    use crate::controlapi::limits::{MAX_ENGINE_LABEL_BYTES, MAX_NODE_DESCRIPTION_BYTES};
+    use registrations::{REGISTRATION_BURST, REGISTRATION_REFILL_MS};
+    let h = harness().await;
+    let mut client = h.client().await;
+    let engine = |labels: &[(&str, usize)]| shoal_api::EngineDescription {
+        labels: labels.iter().map(|(k, n)| (k.to_string(), "v".repeat(*n))).collect(),
+        ..Default::default()
+    };
+    let desc = |hostname: &str, labels: &[(&str, usize)]| NodeDescription {
+        hostname: hostname.into(),
+        engine: Some(engine(labels)),
+        ..Default::default()
+    };
+
+    // Oversized parts are refused before anything is written.
+    let cases = [
+        (desc(&"h".repeat(300), &[]), "Description.Hostname is 300 bytes"),
+        (desc("h", &[("big", MAX_ENGINE_LABEL_BYTES)]), "Description.Engine.Labels"),
+        (
+            NodeDescription {
+                hostname: "h".into(),
+                resources: Some(shoal_api::Resources { generic: vec![Default::default(); 2000], ..Default::default() }),
+                ..Default::default()
+            },
+            "Description.Resources.Generic: the count 2000 is too large",
+        ),
+        (
+            NodeDescription {
+                hostname: "h".into(),
+                tls_info: Some(shoal_api::NodeTlsInfo {
+                    trust_root: vec![7; MAX_NODE_DESCRIPTION_BYTES],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            "over the limit of 65536 bytes",
+        ),
+    ];
+    for (d, want) in cases {
+        let err = client.session(session_req("node-1", d)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains(want), "{:?} should contain {want:?}", err.message());
+    }
+    assert_eq!(node_version(&h, "node-1"), None, "a refused session created no node");
+
+    // The first session writes; the same description again writes nothing, as often as it comes.
+    let same = desc("host-1", &[("a", 1000)]);
+    let _s = client.session(session_req("node-1", same.clone())).await.unwrap().into_inner();
+    let v1 = node_version(&h, "node-1").unwrap();
+    for _ in 0..3 * REGISTRATION_BURST {
+        let _s = client.session(session_req("node-1", same.clone())).await.unwrap().into_inner();
+    }
+    assert_eq!(node_version(&h, "node-1"), Some(v1), "an unchanged description is not written again");
+
+    // Changed descriptions: the burst (one was taken by the creation), then a refusal naming the wait.
+    for i in 1..REGISTRATION_BURST {
+        let _s = client.session(session_req("node-1", desc("host-1", &[("a", 1000 + i as usize)]))).await.unwrap();
+    }
+    let before = node_version(&h, "node-1");
+    let err = client.session(session_req("node-1", desc("host-1", &[("a", 5000)]))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("too often") && err.message().contains("retry in 10 s"), "{}", err.message());
+    assert_eq!(node_version(&h, "node-1"), before, "a refused session wrote nothing");
+    // Another node is not affected; after a refill period the node may write once more.
+    let _o = client.session(session_req("node-2", desc("host-2", &[]))).await.unwrap();
+    h.advance_ms(REGISTRATION_REFILL_MS);
+    let _s = client.session(session_req("node-1", desc("host-1", &[("a", 5000)]))).await.unwrap();
+    assert_ne!(node_version(&h, "node-1"), before);
+    assert!(client.session(session_req("node-1", desc("host-1", &[("a", 6000)]))).await.is_err());
+}
+
+#[tokio::test]
+async fn oversized_task_statuses_are_refused_and_nothing_is_written() {
+    let h = harness().await;
+    let mut client = h.client().await;
+    let (sid, _stream) = open_session(&h, &mut client, "node-1").await;
+    h.put_task(task("t1", "node-1", TaskState::Assigned, TaskState::Running)).await;
+    let mut r = status_report("node-1", &sid, "t1", TaskState::Running);
+    r.get_mut().updates[0].status.as_mut().unwrap().err = "e".repeat(9000);
+    let err = client.update_task_status(r).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("the status of task t1: Err is 9000 bytes"), "{}", err.message());
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Assigned as i32);
+    client.update_task_status(status_report("node-1", &sid, "t1", TaskState::Running)).await.unwrap();
+    assert_eq!(h.task("t1").status.unwrap().state, TaskState::Running as i32);
 }

@@ -6,11 +6,17 @@
 //! get it too. Dropping a `Subscription` closes it on every node.
 //!
 //! The broker reads nothing from the store: each agent decides which of its tasks a selector matches.
-//! Bounds: `LISTENER_QUEUE` subscription messages wait per node (a node whose queue is full is skipped
-//! for that subscription); `SUBSCRIBER_QUEUE` batches wait per subscriber (publishers wait for a slow
-//! subscriber: backpressure to the agent). Must not depend on HTTP or executors.
+//! A node publishes only lines whose context names it (as SwarmKit's broker checks); that the named task
+//! is on that node is the subscriber's check, with the store (the Engine API's). Bounds: `LISTENER_QUEUE`
+//! subscription messages wait per node (a node whose queue is full is skipped for that subscription);
+//! `SUBSCRIBER_QUEUE` batches wait per subscriber (publishers wait for a slow subscriber: backpressure to
+//! the agent, whose batches are bounded in lines and bytes); a subscription without `follow` that hears
+//! nothing from its remaining nodes for `SILENT_NODES_TIMEOUT` ends (a node that listens and never
+//! answers, or is stuck, cannot hold every `docker service logs` open). Must not depend on HTTP or
+//! executors.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,7 +41,10 @@ pub type LogBrokerServer = shoal_api::log_broker_server::LogBrokerServer<LogBrok
 /// Subscription messages queued per connected node.
 pub const LISTENER_QUEUE: usize = 64;
 /// Batches of lines queued per subscriber.
-pub const SUBSCRIBER_QUEUE: usize = 64;
+pub const SUBSCRIBER_QUEUE: usize = 16;
+/// How long a subscription without `follow` waits for a line or a close from the nodes that have not
+/// finished their part before it ends without them.
+pub const SILENT_NODES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Listener {
     serial: u64,
@@ -80,6 +89,10 @@ pub struct Subscription {
     id: String,
     broker: LogBroker,
     rx: mpsc::Receiver<Vec<LogMessage>>,
+    /// Without `follow`: when the subscription gives up on silent nodes (made on first poll, reset by each
+    /// batch).
+    silence: Option<Pin<Box<tokio::time::Sleep>>>,
+    follow: bool,
 }
 
 impl Subscription {
@@ -92,7 +105,32 @@ impl Subscription {
 impl Stream for Subscription {
     type Item = Vec<LogMessage>;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
+        let this = &mut *self;
+        match this.rx.poll_recv(cx) {
+            Poll::Ready(Some(batch)) => {
+                if let Some(s) = this.silence.as_mut() {
+                    s.as_mut().reset(tokio::time::Instant::now() + SILENT_NODES_TIMEOUT);
+                }
+                Poll::Ready(Some(batch))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if this.follow => Poll::Pending,
+            Poll::Pending => {
+                let silence = this.silence.get_or_insert_with(|| Box::pin(tokio::time::sleep(SILENT_NODES_TIMEOUT)));
+                if silence.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let silent = this.broker.pending_nodes(&this.id);
+                tracing::warn!(
+                    subscription = %this.id,
+                    nodes = ?silent,
+                    "log subscription ends without the nodes that sent nothing for {SILENT_NODES_TIMEOUT:?}"
+                );
+                this.broker.close(&this.id);
+                this.rx.close();
+                Poll::Ready(None)
+            }
+        }
     }
 }
 
@@ -163,7 +201,15 @@ impl LogBroker {
         }
         // When done, `out` is dropped here and the subscription ends at once.
         drop(st);
-        Subscription { id, broker: self.clone(), rx }
+        Subscription { id, broker: self.clone(), rx, silence: None, follow }
+    }
+
+    /// The nodes that have not finished their part of subscription `id` (sorted).
+    fn pending_nodes(&self, id: &str) -> Vec<String> {
+        let st = self.state.lock();
+        let mut nodes: Vec<String> = st.subs.get(id).map(|s| s.pending.iter().cloned().collect()).unwrap_or_default();
+        nodes.sort();
+        nodes
     }
 
     /// Ends a subscription on every node it was sent to.
@@ -223,6 +269,18 @@ impl LogBroker {
                 return Err(Status::permission_denied(format!(
                     "log subscription {} was not sent to node {node_id}",
                     msg.subscription_id
+                )));
+            }
+            // As SwarmKit's broker: a node publishes its own lines only.
+            if let Some(other) = msg
+                .messages
+                .iter()
+                .filter_map(|m| m.context.as_ref())
+                .find(|c| c.node_id != node_id)
+                .map(|c| c.node_id.clone())
+            {
+                return Err(Status::permission_denied(format!(
+                    "node {node_id} may not publish logs for node {other:?}: a node publishes the lines of its own tasks only"
                 )));
             }
             sub.out.clone()
@@ -286,8 +344,12 @@ mod tests {
     use futures::StreamExt;
 
     fn line(task: &str, data: &str) -> LogMessage {
+        line_of("n1", task, data)
+    }
+
+    fn line_of(node: &str, task: &str, data: &str) -> LogMessage {
         LogMessage {
-            context: Some(shoal_api::LogContext { task_id: task.into(), ..Default::default() }),
+            context: Some(shoal_api::LogContext { task_id: task.into(), node_id: node.into(), ..Default::default() }),
             data: data.as_bytes().to_vec(),
             ..Default::default()
         }
@@ -311,7 +373,12 @@ mod tests {
         assert_eq!(sub.next().await.unwrap()[0].data, b"a");
         // A node the subscription was not sent to may not publish to it.
         assert!(b.publish("n3", publish(sub.id(), vec![], true)).await.is_err());
-        b.publish("n2", publish(sub.id(), vec![line("t2", "b")], true)).await.unwrap();
+        // A node may not publish lines as another node's (nor lines that name no node).
+        let forged = b.publish("n2", publish(sub.id(), vec![line_of("n1", "t1", "forged")], false)).await;
+        assert_eq!(forged.unwrap_err().code(), tonic::Code::PermissionDenied);
+        let anonymous = b.publish("n2", publish(sub.id(), vec![line_of("", "t1", "forged")], false)).await;
+        assert_eq!(anonymous.unwrap_err().code(), tonic::Code::PermissionDenied);
+        b.publish("n2", publish(sub.id(), vec![line_of("n2", "t2", "b")], true)).await.unwrap();
         assert_eq!(sub.next().await.unwrap()[0].data, b"b");
         assert!(sub.next().await.is_none(), "ends once both nodes closed");
     }
@@ -328,6 +395,26 @@ mod tests {
         let close = late.next().await.unwrap().unwrap();
         assert!(close.close && close.id == id);
         assert!(b.publish("n1", publish(&id, vec![line("t", "x")], false)).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_never_answers_holds_a_subscription_only_until_the_silence_timeout() {
+        let b = LogBroker::new();
+        let mut answering = b.listen("n1");
+        let _silent = b.listen("n2"); // listens, never reads, never publishes
+        let mut sub =
+            b.subscribe(LogSelector { service_ids: vec!["s".into()], ..Default::default() }, Default::default());
+        assert_eq!(answering.next().await.unwrap().unwrap().id, sub.id());
+        b.publish("n1", publish(sub.id(), vec![line("t1", "a")], true)).await.unwrap();
+        assert_eq!(sub.next().await.unwrap()[0].data, b"a");
+        let started = tokio::time::Instant::now();
+        assert!(sub.next().await.is_none(), "ends without the silent node");
+        assert!(started.elapsed() >= SILENT_NODES_TIMEOUT, "{:?}", started.elapsed());
+        // A followed subscription is not cut by silence.
+        let opts = LogSubscriptionOptions { follow: true, ..Default::default() };
+        let mut followed = b.subscribe(LogSelector { service_ids: vec!["s".into()], ..Default::default() }, opts);
+        let waited = tokio::time::timeout(SILENT_NODES_TIMEOUT * 3, followed.next()).await;
+        assert!(waited.is_err(), "a followed subscription stays open: {waited:?}");
     }
 
     #[tokio::test]

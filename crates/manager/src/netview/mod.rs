@@ -20,7 +20,9 @@ mod service;
 use std::collections::{BTreeMap, BTreeSet};
 
 use shoal_api::shoal_v1::{MeshPort, NetworkPeers, NodeNetworkView, RemotePeer, ServiceBackends};
-use shoal_api::{endpoint_spec::ResolutionMode, port_config::PublishMode, NetworkAttachment, Node, Service, Task, TaskState};
+use shoal_api::{
+    endpoint_spec::ResolutionMode, port_config::PublishMode, NetworkAttachment, Node, Service, Task, TaskState,
+};
 use shoal_store::Tables;
 
 pub use service::{NetworkViewService, MIN_RECOMPUTE_INTERVAL_MS};
@@ -61,8 +63,7 @@ fn service_networks(s: &Service) -> BTreeMap<&str, Vec<String>> {
         .filter(|n| !n.is_empty())
         .or_else(|| spec.map(|s| s.networks.as_slice()))
         .unwrap_or_default();
-    let mut out: BTreeMap<&str, Vec<String>> =
-        configs.iter().map(|c| (c.target.as_str(), c.aliases.clone())).collect();
+    let mut out: BTreeMap<&str, Vec<String>> = configs.iter().map(|c| (c.target.as_str(), c.aliases.clone())).collect();
     // The ingress network is on the endpoint only (a VIP there), never in the spec.
     for vip in s.endpoint.iter().flat_map(|e| e.virtual_ips.iter()) {
         out.entry(vip.network_id.as_str()).or_default();
@@ -93,9 +94,7 @@ fn ingress_ports(s: &Service) -> Vec<MeshPort> {
 
 /// The node's attachment to network `ingress` (allocated by the allocator), when it has an address.
 fn ingress_attachment<'a>(n: &'a Node, ingress: &str) -> Option<&'a NetworkAttachment> {
-    n.attachments
-        .iter()
-        .find(|a| a.network.as_ref().is_some_and(|net| net.id == ingress) && !a.addresses.is_empty())
+    n.attachments.iter().find(|a| a.network.as_ref().is_some_and(|net| net.id == ingress) && !a.addresses.is_empty())
 }
 
 /// What node `node_id` needs for its data plane (see the module doc). Deterministic: networks by ID, peers
@@ -128,7 +127,8 @@ pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
     if let (Some(ingress), true) = (&ingress, view.ingress.is_some()) {
         for n in t.nodes().iter().filter(|n| n.id != node_id) {
             let (Some(a), Some(addr)) = (ingress_attachment(n, ingress), node_addr(t, &n.id)) else { continue };
-            if let Some(ip) = a.addresses.first().and_then(|s| s.split('/').next()?.parse::<std::net::Ipv4Addr>().ok()) {
+            if let Some(ip) = a.addresses.first().and_then(|s| s.split('/').next()?.parse::<std::net::Ipv4Addr>().ok())
+            {
                 peers.entry(ingress.as_str()).or_default().insert(ip.to_string(), addr);
             }
         }

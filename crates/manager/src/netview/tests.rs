@@ -230,10 +230,7 @@ fn dnsrr_services_have_no_vip_and_a_vip_is_per_network() {
     assert_eq!(v.networks.len(), 2);
     assert_eq!(
         v.networks[0].services,
-        vec![
-                backends("s1", "db", "10.0.1.200", &["10.0.1.7"], &[]),
-                backends("s2", "rr", "", &["10.0.1.8"], &[]),
-        ]
+        vec![backends("s1", "db", "10.0.1.200", &["10.0.1.7"], &[]), backends("s2", "rr", "", &["10.0.1.8"], &[]),]
     );
     assert_eq!(v.networks[1].services, vec![backends("s1", "db", "10.0.2.201", &["10.0.2.7"], &["pg"])]);
 }
@@ -281,7 +278,10 @@ fn once_a_port_is_published_every_node_carries_ingress_with_its_address_and_the_
         ..Default::default()
     };
     let e = web.endpoint.as_mut().unwrap();
-    e.ports = vec![port(shoal_api::port_config::PublishMode::Ingress, 8080), port(shoal_api::port_config::PublishMode::Host, 9090)];
+    e.ports = vec![
+        port(shoal_api::port_config::PublishMode::Ingress, 8080),
+        port(shoal_api::port_config::PublishMode::Host, 9090),
+    ];
     e.virtual_ips = vec![endpoint::VirtualIp { network_id: "ing".into(), addr: "10.0.9.200/24".into() }];
     fx.create(web);
     fx.create(task("t1", "s1", "n2", TaskState::Running, &["ing"], 5));

@@ -339,7 +339,10 @@ mod tests {
         assert_eq!(enforce(&fx, "n1"), std::slice::from_ref(&id));
         let t = fx.task(&id);
         let status = t.status.as_ref().unwrap();
-        assert_eq!((status.state(), status.message.as_str(), status.err.as_str()), (TaskState::Rejected, REJECTED_MESSAGE, REJECTED_ERR));
+        assert_eq!(
+            (status.state(), status.message.as_str(), status.err.as_str()),
+            (TaskState::Rejected, REJECTED_MESSAGE, REJECTED_ERR)
+        );
         assert!(enforce(&fx, "n1").is_empty(), "rejected once");
         // The orchestrator shuts it down and makes a replacement (which the scheduler may place elsewhere).
         fx.reconcile("s1");
@@ -411,11 +414,14 @@ mod tests {
         // The node comes back offering gpu a only, and 2 ssd: the task holding gpu b goes, and so its 2 ssd
         // are free for the newest task.
         fx.set_node("n1", |n| {
-            n.description.as_mut().unwrap().resources.as_mut().unwrap().generic = vec![named("gpu", "a"), discrete("ssd", 2)]
+            n.description.as_mut().unwrap().resources.as_mut().unwrap().generic =
+                vec![named("gpu", "a"), discrete("ssd", 2)]
         });
         assert_eq!(enforce(&fx, "n1"), std::slice::from_ref(&ids[1]));
         // No ssd at all: the newest goes too.
-        fx.set_node("n1", |n| n.description.as_mut().unwrap().resources.as_mut().unwrap().generic = vec![named("gpu", "a")]);
+        fx.set_node("n1", |n| {
+            n.description.as_mut().unwrap().resources.as_mut().unwrap().generic = vec![named("gpu", "a")]
+        });
         assert_eq!(enforce(&fx, "n1"), std::slice::from_ref(&ids[2]));
     }
 

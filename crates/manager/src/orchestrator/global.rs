@@ -143,8 +143,7 @@ pub fn reconcile_global(tables: &Tables, service: &Service, now_ms: u64, ids: &d
         };
         slots.entry(key).or_default().push(Entry::stored(t, key));
     }
-    let mut work =
-        Work { tables, service, now_ms, ids, slots, wake_at_ms: None, filled: (0, 0), nodes: Some(keys) };
+    let mut work = Work { tables, service, now_ms, ids, slots, wake_at_ms: None, filled: (0, 0), nodes: Some(keys) };
     for key in shutdown {
         for e in work.slots.get_mut(&key).into_iter().flatten() {
             if e.runnable() {

@@ -9,7 +9,7 @@ use shoal_api::node_spec::Availability;
 use shoal_api::restart_policy::RestartCondition;
 use shoal_api::update_status::UpdateState;
 use shoal_api::{
-    node_status, service_spec::Mode, GlobalService, Node, Placement, Platform, Resources, ResourceRequirements,
+    node_status, service_spec::Mode, GlobalService, Node, Placement, Platform, ResourceRequirements, Resources,
     RestartPolicy, Service, TaskState, UpdateConfig,
 };
 use shoal_store::Changes;
@@ -111,10 +111,46 @@ fn check(what: &str, make: impl FnOnce() -> Node, svc: impl FnOnce(Service) -> S
 fn eligibility_of_a_node() {
     let same = |s: Service| s;
     check("ready and active", || node("n1"), same, true);
-    check("paused", || { let mut n = node("n1"); n.spec.as_mut().unwrap().set_availability(Availability::Pause); n }, same, false);
-    check("drained", || { let mut n = node("n1"); n.spec.as_mut().unwrap().set_availability(Availability::Drain); n }, same, false);
-    check("down", || { let mut n = node("n1"); n.status.as_mut().unwrap().set_state(node_status::State::Down); n }, same, false);
-    check("status unknown", || { let mut n = node("n1"); n.status = None; n }, same, false);
+    check(
+        "paused",
+        || {
+            let mut n = node("n1");
+            n.spec.as_mut().unwrap().set_availability(Availability::Pause);
+            n
+        },
+        same,
+        false,
+    );
+    check(
+        "drained",
+        || {
+            let mut n = node("n1");
+            n.spec.as_mut().unwrap().set_availability(Availability::Drain);
+            n
+        },
+        same,
+        false,
+    );
+    check(
+        "down",
+        || {
+            let mut n = node("n1");
+            n.status.as_mut().unwrap().set_state(node_status::State::Down);
+            n
+        },
+        same,
+        false,
+    );
+    check(
+        "status unknown",
+        || {
+            let mut n = node("n1");
+            n.status = None;
+            n
+        },
+        same,
+        false,
+    );
     check("label matches", || labelled("n1", "x", "y"), |s| with_constraints(s, &["node.labels.x==y"]), true);
     check("label differs", || labelled("n1", "x", "z"), |s| with_constraints(s, &["node.labels.x==y"]), false);
     check("label missing", || node("n1"), |s| with_constraints(s, &["node.labels.x==y"]), false);
@@ -357,7 +393,8 @@ fn the_scheduler_checks_a_task_on_its_node() {
     let fx = Fx::new();
     fx.create(node("n1"));
     let mut small = node("n2");
-    small.description.as_mut().unwrap().resources = Some(Resources { nano_cpus: 1_000_000_000, memory_bytes: 1 << 30, generic: vec![] });
+    small.description.as_mut().unwrap().resources =
+        Some(Resources { nano_cpus: 1_000_000_000, memory_bytes: 1 << 30, generic: vec![] });
     fx.create(small);
     let mut svc = global("g", 0);
     svc.spec.as_mut().unwrap().task.as_mut().unwrap().resources = Some(ResourceRequirements {
@@ -434,7 +471,8 @@ fn a_failing_global_update_rolls_back_node_by_node() {
     let before: Vec<String> = fx.runnable("g").iter().map(|t| t.id.clone()).collect();
     fx.update_service("g", |s| {
         set_image(s, "busybox:bad");
-        s.update = Some(UpdateConfig { parallelism: 1, failure_action: FailureAction::Rollback as i32, ..Default::default() });
+        s.update =
+            Some(UpdateConfig { parallelism: 1, failure_action: FailureAction::Rollback as i32, ..Default::default() });
     });
     // The agents: tasks told to stop stop; new tasks of the bad image fail at once, others run.
     let agents = |fx: &Fx| {
@@ -467,7 +505,10 @@ fn a_failing_global_update_rolls_back_node_by_node() {
     assert_eq!(svc.spec, original);
     assert_eq!(nodes_of(&fx, "g"), ["n1", "n2", "n3"]);
     let runnable = fx.runnable("g");
-    assert!(runnable.iter().all(|t| t.spec.as_deref() == original.as_ref().unwrap().task.as_ref() && observed_state(t) == TaskState::Running));
+    assert!(runnable
+        .iter()
+        .all(|t| t.spec.as_deref() == original.as_ref().unwrap().task.as_ref()
+            && observed_state(t) == TaskState::Running));
     // Parallelism 1: one node got the bad image and was rolled back; the two others kept their task.
     assert_eq!(runnable.iter().filter(|t| before.contains(&t.id)).count(), 2);
 }

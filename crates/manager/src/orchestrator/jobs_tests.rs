@@ -264,8 +264,7 @@ fn an_update_starts_a_new_iteration_and_old_tasks_become_history() {
     rerun(&fx, "j");
     pass(&fx, "j");
     assert_eq!(fx.task(&old_running.id).desired_state(), TaskState::Shutdown, "the old iteration stops");
-    let new: Vec<Task> =
-        fx.tasks("j").into_iter().filter(|t| t.job_iteration == Some(Version { index: 1 })).collect();
+    let new: Vec<Task> = fx.tasks("j").into_iter().filter(|t| t.job_iteration == Some(Version { index: 1 })).collect();
     assert_eq!(new.iter().map(|t| t.slot).collect::<Vec<_>>(), vec![0, 1], "the new iteration starts over");
     assert_eq!(completed(&fx, "j").len(), 2, "the old completions stay as history");
     let counts = fx.view(|t| job_counts(t, &fx.service("j")));

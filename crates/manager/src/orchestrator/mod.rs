@@ -38,9 +38,9 @@ mod update_tests;
 use shoal_api::{node_status, Node, Task, TaskState};
 use shoal_store::Tables;
 
+pub use constraint_enforcer::ConstraintEnforcer;
 pub use replicated::{reconcile_service, remove_service_tasks, Reconciled};
 pub use replicated_loop::{GlobalOrchestrator, JobsOrchestrator, ReplicatedOrchestrator};
-pub use constraint_enforcer::ConstraintEnforcer;
 pub use taskreaper::TaskReaper;
 
 use crate::subsystem::Subsystem;

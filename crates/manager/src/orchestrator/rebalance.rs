@@ -42,7 +42,10 @@ pub const DEBOUNCE_MS: u64 = 1_000;
 
 /// True when the cluster setting is on.
 pub fn enabled(tables: &Tables) -> bool {
-    tables.clusters().iter().any(|c| c.spec.as_ref().and_then(|s| s.orchestration.as_ref()).is_some_and(|o| o.shoal_rebalance))
+    tables
+        .clusters()
+        .iter()
+        .any(|c| c.spec.as_ref().and_then(|s| s.orchestration.as_ref()).is_some_and(|o| o.shoal_rebalance))
 }
 
 /// What a pass decided: the tasks to stop, and when to look again for nodes that have not settled yet.
@@ -105,8 +108,12 @@ pub fn plan(tables: &Tables, now_ms: u64, ids: &dyn IdSource) -> Plan {
             if !pipeline.process(info) {
                 continue;
             }
-            let changed_ms =
-                info.node().meta.as_ref().and_then(|m| m.updated_at.as_ref()).map_or(0, shoal_api::timestamp_to_unix_ms);
+            let changed_ms = info
+                .node()
+                .meta
+                .as_ref()
+                .and_then(|m| m.updated_at.as_ref())
+                .map_or(0, shoal_api::timestamp_to_unix_ms);
             if now_ms < changed_ms.saturating_add(SETTLE_MS) {
                 let at = changed_ms.saturating_add(SETTLE_MS);
                 plan.wake_at_ms = Some(plan.wake_at_ms.map_or(at, |w| w.min(at)));
@@ -209,7 +216,10 @@ impl Subsystem for Rebalancer {
 }
 
 fn relevant(commit: &shoal_store::Commit) -> bool {
-    commit.changes.iter().any(|c| matches!(c.object, Object::Node(_) | Object::Task(_) | Object::Service(_) | Object::Cluster(_)))
+    commit
+        .changes
+        .iter()
+        .any(|c| matches!(c.object, Object::Node(_) | Object::Task(_) | Object::Service(_) | Object::Cluster(_)))
 }
 
 async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
@@ -359,8 +369,11 @@ mod tests {
         fx.create(node("n1"));
         fx.create(node("n2"));
         let mut svc = service("s1", 2);
-        svc.spec.as_mut().unwrap().update =
-            Some(shoal_api::UpdateConfig { parallelism: 1, order: UpdateOrder::StartFirst as i32, ..Default::default() });
+        svc.spec.as_mut().unwrap().update = Some(shoal_api::UpdateConfig {
+            parallelism: 1,
+            order: UpdateOrder::StartFirst as i32,
+            ..Default::default()
+        });
         fx.create(svc);
         run_tasks(&fx, "s1", &["n1", "n1"]);
         let later = fx.now() + 60_000;

@@ -154,7 +154,12 @@ pub(crate) fn new_service_task(
         service_annotations: spec.and_then(|s| s.annotations.clone()).map(Into::into),
         // A task whose networks or ports need allocating starts NEW; the allocator moves it to PENDING.
         status: Some(if crate::allocator::needs_allocation(spec) {
-            TaskStatus { timestamp: Some(now), state: TaskState::New as i32, message: NEW_MESSAGE.to_string(), ..Default::default() }
+            TaskStatus {
+                timestamp: Some(now),
+                state: TaskState::New as i32,
+                message: NEW_MESSAGE.to_string(),
+                ..Default::default()
+            }
         } else {
             TaskStatus {
                 timestamp: Some(now),

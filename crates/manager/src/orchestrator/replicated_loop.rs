@@ -220,10 +220,7 @@ impl LoopState {
 
 /// True while the service's rolling update (or rollback) is in progress.
 fn is_updating(s: &Service) -> bool {
-    matches!(
-        s.update_status.as_ref().map(|u| u.state()),
-        Some(UpdateState::Updating | UpdateState::RollbackStarted)
-    )
+    matches!(s.update_status.as_ref().map(|u| u.state()), Some(UpdateState::Updating | UpdateState::RollbackStarted))
 }
 
 /// Where a task's observed state stands for a reconcile pass: not yet assigned, assigned (or running),
@@ -325,9 +322,9 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>, kind: Kind) {
 /// After missed commits: every service is pending again, and the set of updating services is read anew.
 fn lagged(state: &ClusterState, ls: &mut LoopState) {
     let kind = ls.kind;
-    let (targets, updating) = state
-        .store
-        .view(|t| (all_targets(t, kind), t.services().iter().filter(|s| is_updating(s)).map(|s| s.id.clone()).collect()));
+    let (targets, updating) = state.store.view(|t| {
+        (all_targets(t, kind), t.services().iter().filter(|s| is_updating(s)).map(|s| s.id.clone()).collect())
+    });
     ls.pending.extend(targets);
     ls.updating = updating;
 }

@@ -228,10 +228,14 @@ fn drive_update(fx: &Fx, order: UpdateOrder, parallelism: u64) -> usize {
         let in_progress = (1..=3)
             .filter(|slot| {
                 let in_slot: Vec<_> = tasks.iter().filter(|t| t.slot == *slot).collect();
-                let old_live = in_slot.iter().any(|t| t.spec.as_deref() != current.as_ref() && !observed_state(t).is_terminal());
-                let old_told = in_slot.iter().any(|t| t.spec.as_deref() != current.as_ref() && t.desired_state() > TaskState::Running);
-                let new_not_running =
-                    in_slot.iter().any(|t| t.spec.as_deref() == current.as_ref() && observed_state(t) != TaskState::Running);
+                let old_live =
+                    in_slot.iter().any(|t| t.spec.as_deref() != current.as_ref() && !observed_state(t).is_terminal());
+                let old_told = in_slot
+                    .iter()
+                    .any(|t| t.spec.as_deref() != current.as_ref() && t.desired_state() > TaskState::Running);
+                let new_not_running = in_slot
+                    .iter()
+                    .any(|t| t.spec.as_deref() == current.as_ref() && observed_state(t) != TaskState::Running);
                 // Stop-first: a slot is busy from "old told to stop" until its new task runs. Start-first:
                 // from the new task's creation until it runs (the old one then just stops).
                 new_not_running || (order == UpdateOrder::StopFirst && old_live && old_told)
@@ -581,7 +585,8 @@ async fn the_loops_complete_an_update_after_its_monitor_and_move_a_task_off_a_no
     s.spec.as_mut().unwrap().task.as_mut().unwrap().placement =
         Some(shoal_api::Placement { constraints: vec!["node.labels.x==1".into()], ..Default::default() });
     fx.create(s);
-    wait_until("an assigned task", Duration::from_secs(5), || fx.runnable("s1").iter().any(|t| t.node_id == "n1")).await;
+    wait_until("an assigned task", Duration::from_secs(5), || fx.runnable("s1").iter().any(|t| t.node_id == "n1"))
+        .await;
     let first = fx.runnable("s1")[0].clone();
     fx.set_state(&first.id, TaskState::Running);
 

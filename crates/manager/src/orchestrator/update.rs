@@ -11,8 +11,10 @@
 //! `service.update_status` follows SwarmKit's states. A spec write (the control API) clears it; the first
 //! pass that finds a dirty task starts an update: UPDATING, `started_at`, "update in progress". The tasks
 //! of this update are those up to date and created at or after `started_at`. A slot is in flight while its
-//! new task has not reached RUNNING (or ended), or its old task is still stopping; the next batch starts
-//! when fewer than `parallelism` are in flight and `delay` has passed since the last new task started.
+//! new task has not reached RUNNING (or ended), or its old task is still stopping. As SwarmKit's
+//! `parallelism` workers, each of which waits `delay` after its slot's new task started, a slot keeps its
+//! worker busy while in flight and for `delay` after its new task started; a new slot starts only when fewer
+//! than `parallelism` workers are busy (so with parallelism 2 and a delay, batches of two are `delay` apart).
 //! A new task that ends FAILED, REJECTED, COMPLETE or ORPHANED while the update is in progress counts as a
 //! failure of its slot (observed SHUTDOWN is never a failure: the agent only reports it after the manager
 //! asked for it). When failed slots / slots of the service exceed `max_failure_ratio`, the failure action
@@ -164,7 +166,10 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     let rolling_back = state == UpdateState::RollbackStarted;
     let in_progress = rolling_back || state == UpdateState::Updating;
     let spec = service.spec.as_ref();
-    let cfg = EffectiveUpdateConfig::of(spec.and_then(|s| if rolling_back { s.rollback.as_ref() } else { s.update.as_ref() }));
+    let cfg =
+        EffectiveUpdateConfig::of(
+            spec.and_then(|s| if rolling_back { s.rollback.as_ref() } else { s.update.as_ref() }),
+        );
     let started_ms = if in_progress {
         status.and_then(|s| s.started_at.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
     } else {
@@ -174,6 +179,10 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     let mut dirty = Vec::new();
     let mut in_flight = 0u64;
     let mut last_started_ms = 0u64;
+    // When each slot whose new task started and is no longer in flight may be followed by another: SwarmKit
+    // runs `parallelism` workers that each wait `delay` after their slot's new task started, so a worker is
+    // busy while its slot is in flight and for `delay` after.
+    let mut cooling_until: Vec<u64> = Vec::new();
     let mut held = 0u64;
     // The first failure of each slot: (when, task ID).
     let mut failures: Vec<(u64, String)> = Vec::new();
@@ -203,6 +212,7 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
             last_started_ms = last_started_ms.max(at);
         }
         failures.extend(failure);
+        let in_flight_before = in_flight;
         match class {
             SlotClass::Runnable => {
                 held += 1;
@@ -256,6 +266,12 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
             }
             SlotClass::Finished | SlotClass::Empty => {}
         }
+        if let Some((_, at)) = first_started {
+            let gate_ms = at.saturating_add(cfg.delay_ms);
+            if in_progress && in_flight == in_flight_before && work.now_ms < gate_ms {
+                cooling_until.push(gate_ms);
+            }
+        }
     }
 
     if in_progress && cfg.failure_action != FailureAction::Continue && !failures.is_empty() {
@@ -296,14 +312,14 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     }
 
     if !dirty.is_empty() {
-        let gate_ms = last_started_ms.saturating_add(cfg.delay_ms);
-        let delayed =
-            in_progress && in_flight == 0 && cfg.delay_ms > 0 && last_started_ms > 0 && work.now_ms < gate_ms;
-        if delayed {
-            work.wake_at(gate_ms);
+        let busy_workers = in_flight + cooling_until.len() as u64;
+        let available =
+            if cfg.parallelism == 0 { dirty.len() as u64 } else { cfg.parallelism.saturating_sub(busy_workers) };
+        if available == 0 {
+            if let Some(&gate_ms) = cooling_until.iter().min() {
+                work.wake_at(gate_ms);
+            }
         } else {
-            let available =
-                if cfg.parallelism == 0 { dirty.len() as u64 } else { cfg.parallelism.saturating_sub(in_flight) };
             for slot in dirty.into_iter().take(available as usize) {
                 match cfg.order {
                     UpdateOrder::StopFirst => {

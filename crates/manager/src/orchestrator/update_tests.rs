@@ -243,7 +243,11 @@ fn rollback_restores_the_previous_spec_and_completes() {
     let svc = fx.service("s1");
     assert_eq!(svc.spec, original, "the previous spec is current again");
     assert!(svc.previous_spec.is_none());
-    assert!(svc.update_status.unwrap().message.starts_with("update rolled back due to failure or early termination of task"));
+    assert!(svc
+        .update_status
+        .unwrap()
+        .message
+        .starts_with("update rolled back due to failure or early termination of task"));
     until(&fx, UpdateState::RollbackCompleted);
     assert_eq!(fx.service("s1").update_status.unwrap().message, "rollback completed");
     for _ in 0..20 {
@@ -321,7 +325,8 @@ fn a_manual_rollback_uses_the_rollback_config() {
     c.update(s);
     fx.apply(c);
     fx.reconcile("s1");
-    let stopping = fx.tasks("s1").iter().filter(|t| image(t) == "busybox:2" && t.desired_state() == TaskState::Shutdown).count();
+    let stopping =
+        fx.tasks("s1").iter().filter(|t| image(t) == "busybox:2" && t.desired_state() == TaskState::Shutdown).count();
     assert_eq!(stopping, 3, "parallelism 0 of the rollback config: all at once");
     until(&fx, UpdateState::RollbackCompleted);
     assert_eq!(images(&running(&fx)), [GOOD; 3]);
@@ -351,4 +356,45 @@ fn start_first_waits_for_a_restarted_new_task_before_stopping_the_old_and_comple
     until(&fx, UpdateState::Completed);
     assert_eq!(images(&running(&fx)), ["busybox:2"]);
     assert!(fx.task(&old).desired_state() >= TaskState::Shutdown, "the old task still meant to run");
+}
+
+/// Issue 32: with parallelism 2 and a delay, the delay separates batches even when the two tasks of a batch
+/// start at different times (found with the docker CLI: new tasks started at 0.3, 0.4, 1.7 and 1.8 s with a
+/// 5 s delay). Here the agent starts at most one task per 100 ms step, so a batch's tasks start apart.
+#[test]
+fn a_delay_separates_batches_whose_tasks_start_at_different_times() {
+    let fx = Fx::new();
+    let mut cfg = config(2, FailureAction::Pause, 0.0, UpdateOrder::StopFirst);
+    cfg.delay = dur(5_000);
+    running_service(&fx, 4, cfg);
+    update_image(&fx, "busybox:2");
+    let mut started: Vec<(String, u64)> = Vec::new();
+    for _ in 0..400 {
+        fx.clock.advance_ms(100);
+        fx.reconcile("s1");
+        let tasks = fx.tasks("s1");
+        for t in tasks.iter().filter(|t| t.desired_state() > TaskState::Running && !observed_state(t).is_terminal()) {
+            fx.set_state(&t.id, TaskState::Shutdown);
+        }
+        // One new task a step.
+        if let Some(t) =
+            tasks.iter().find(|t| t.desired_state() == TaskState::Running && observed_state(t) < TaskState::Running)
+        {
+            fx.place(&t.id, "n1", TaskState::Running);
+            started.push((t.id.clone(), fx.now()));
+        }
+        fx.reconcile("s1");
+        if state(&fx) == Some(UpdateState::Completed) {
+            break;
+        }
+    }
+    assert_eq!(state(&fx), Some(UpdateState::Completed), "{:?}", fx.service("s1").update_status);
+    assert_eq!(started.len(), 4, "{started:?}");
+    let at: Vec<u64> = started.iter().map(|(_, ms)| *ms).collect();
+    assert!(at[1] - at[0] < 1_000, "the first batch's two tasks start together: {at:?}");
+    // The second batch's first task waits for the delay after the first batch's first task started, and
+    // its second after the first batch's second.
+    assert!(at[2] >= at[0] + 5_000, "the delay was skipped: {at:?}");
+    assert!(at[3] >= at[1] + 5_000, "the delay was skipped: {at:?}");
+    assert!(at[3] - at[2] < 1_000, "the second batch's two tasks start together: {at:?}");
 }

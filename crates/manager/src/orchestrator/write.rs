@@ -61,9 +61,7 @@ pub async fn propose_grouped<K: Clone>(
         }
         let list = changes.into_actions();
         let len: usize = list.iter().map(Action::encoded_len).sum();
-        if !actions.is_empty()
-            && (actions.len() + list.len() > max_actions || bytes + len > MAX_BYTES_PER_WRITE)
-        {
+        if !actions.is_empty() && (actions.len() + list.len() > max_actions || bytes + len > MAX_BYTES_PER_WRITE) {
             flush(state, &mut keys, &mut actions, &mut failed).await;
             bytes = 0;
         }

@@ -58,11 +58,10 @@ fn parse_one(expr: &str) -> Result<Constraint, ConstraintError> {
         return Err(ConstraintError::Empty(expr.to_string()));
     }
     let lower = key.to_ascii_lowercase();
-    let known = matches!(
-        lower.as_str(),
-        "node.id" | "node.hostname" | "node.role" | "node.platform.os" | "node.platform.arch"
-    ) || (lower.starts_with("node.labels.") && lower.len() > "node.labels.".len())
-        || (lower.starts_with("engine.labels.") && lower.len() > "engine.labels.".len());
+    let known =
+        matches!(lower.as_str(), "node.id" | "node.hostname" | "node.role" | "node.platform.os" | "node.platform.arch")
+            || (lower.starts_with("node.labels.") && lower.len() > "node.labels.".len())
+            || (lower.starts_with("engine.labels.") && lower.len() > "engine.labels.".len());
     if !known {
         return Err(ConstraintError::UnknownKey(expr.to_string(), key.to_string()));
     }
@@ -85,11 +84,10 @@ impl Constraint {
                 NodeRole::Worker => "worker".into(),
             }),
             "node.platform.os" => desc.and_then(|d| d.platform.as_ref()).map(|p| p.os.as_str().into()),
-            "node.platform.arch" => {
-                desc.and_then(|d| d.platform.as_ref()).map(|p| p.architecture.as_str().into())
-            }
+            "node.platform.arch" => desc.and_then(|d| d.platform.as_ref()).map(|p| p.architecture.as_str().into()),
             _ => {
-                if let Some(label) = self.key.get("node.labels.".len()..).filter(|_| lower.starts_with("node.labels.")) {
+                if let Some(label) = self.key.get("node.labels.".len()..).filter(|_| lower.starts_with("node.labels."))
+                {
                     node.spec
                         .as_ref()
                         .and_then(|s| s.annotations.as_ref())

@@ -191,7 +191,8 @@ impl Filter for PluginFilter {
         !self.drivers.is_empty()
     }
     fn check(&self, n: &NodeInfo) -> bool {
-        let plugins = n.node().description.as_ref().and_then(|d| d.engine.as_ref()).map(|e| e.plugins.as_slice()).unwrap_or(&[]);
+        let plugins =
+            n.node().description.as_ref().and_then(|d| d.engine.as_ref()).map(|e| e.plugins.as_slice()).unwrap_or(&[]);
         self.drivers.iter().all(|d| plugins.iter().any(|p| p.r#type == "Network" && &p.name == d))
     }
     fn explain(&self, n: usize) -> String {

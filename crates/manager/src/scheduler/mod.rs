@@ -240,7 +240,12 @@ impl Scheduler {
 impl Scheduler {
     /// Counts the group's tasks that no node took and writes the pipeline's explanation into each (only
     /// where the text changes, so the scheduler's own writes do not loop).
-    fn explain_unplaced(&self, unplaced: Vec<&Arc<Task>>, now: shoal_api::prost_types::Timestamp, pass: &mut SchedulePass) {
+    fn explain_unplaced(
+        &self,
+        unplaced: Vec<&Arc<Task>>,
+        now: shoal_api::prost_types::Timestamp,
+        pass: &mut SchedulePass,
+    ) {
         if unplaced.is_empty() {
             return;
         }

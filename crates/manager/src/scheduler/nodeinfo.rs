@@ -71,7 +71,9 @@ pub fn generic_need(t: &Task) -> Vec<(&str, i64)> {
     r.generic
         .iter()
         .filter_map(|g| match &g.resource {
-            Some(generic_resource::Resource::DiscreteResourceSpec(d)) if d.value > 0 => Some((d.kind.as_str(), d.value)),
+            Some(generic_resource::Resource::DiscreteResourceSpec(d)) if d.value > 0 => {
+                Some((d.kind.as_str(), d.value))
+            }
             _ => None,
         })
         .collect()

@@ -50,7 +50,9 @@ impl Descriptor {
     /// The node's value for this descriptor ("" when it has none).
     fn value<'n>(&self, node: &'n Node) -> &'n str {
         let labels = match self {
-            Descriptor::NodeLabel(name) => node.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| (&a.labels, name)),
+            Descriptor::NodeLabel(name) => {
+                node.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| (&a.labels, name))
+            }
             Descriptor::EngineLabel(name) => {
                 node.description.as_ref().and_then(|d| d.engine.as_ref()).map(|e| (&e.labels, name))
             }
@@ -136,11 +138,8 @@ impl<'a> PreferenceTree<'a> {
 
 impl<'a> Branch<'a> {
     fn new(leaf: bool) -> Branch<'a> {
-        let kind = if leaf {
-            BranchKind::Leaf { slots: Vec::new(), order: None }
-        } else {
-            BranchKind::Split(BTreeMap::new())
-        };
+        let kind =
+            if leaf { BranchKind::Leaf { slots: Vec::new(), order: None } } else { BranchKind::Split(BTreeMap::new()) };
         Branch { tasks: 0, full: false, kind }
     }
 

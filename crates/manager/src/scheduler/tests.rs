@@ -262,13 +262,16 @@ fn task_with(id: &str, service_id: &str, node_id: &str, state: TaskState, nano_c
         service_id: service_id.into(),
         node_id: node_id.into(),
         desired_state: TaskState::Running as i32,
-        spec: Some(shoal_api::TaskSpec {
-            resources: Some(ResourceRequirements {
-                reservations: Some(Resources { nano_cpus, memory_bytes: nano_cpus / 4, ..Default::default() }),
+        spec: Some(
+            shoal_api::TaskSpec {
+                resources: Some(ResourceRequirements {
+                    reservations: Some(Resources { nano_cpus, memory_bytes: nano_cpus / 4, ..Default::default() }),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        }.into()),
+            }
+            .into(),
+        ),
         spec_version: Some(shoal_api::Version { index: 1 }),
         status: Some(shoal_api::TaskStatus { state: state as i32, ..Default::default() }),
         ..Default::default()
@@ -321,9 +324,11 @@ fn node_set_follows_commits_as_a_fresh_build_would() {
                         1 => n.spec.as_mut().unwrap().set_availability(
                             [Availability::Active, Availability::Pause, Availability::Drain][rng.below(3) as usize],
                         ),
-                        2 => n.status.as_mut().unwrap().set_state(
-                            [node_status::State::Ready, node_status::State::Down][rng.below(2) as usize],
-                        ),
+                        2 => n
+                            .status
+                            .as_mut()
+                            .unwrap()
+                            .set_state([node_status::State::Ready, node_status::State::Down][rng.below(2) as usize]),
                         _ => n.description.as_mut().unwrap().resources.as_mut().unwrap().nano_cpus += 500_000_000,
                     }
                     c.update(n);
@@ -485,10 +490,8 @@ fn placements_match_a_plain_greedy_spread_with_few_or_many_tasks() {
         }
         let mut expected = Vec::new();
         for _ in 0..task_count {
-            let best = model
-                .iter_mut()
-                .filter(|n| n.1 && n.2 >= need)
-                .min_by(|a, b| (a.3, a.4, &a.0).cmp(&(b.3, b.4, &b.0)));
+            let best =
+                model.iter_mut().filter(|n| n.1 && n.2 >= need).min_by(|a, b| (a.3, a.4, &a.0).cmp(&(b.3, b.4, &b.0)));
             match best {
                 Some(n) => {
                     n.2 -= need;
@@ -559,7 +562,9 @@ fn spread_preference_fills_label_values_evenly_before_nodes() {
     assert_eq!(per_label(&fx, "s2", "zone"), [("a".to_string(), 3), ("b".to_string(), 1)].into());
 
     // Scaling up later keeps zones even, counting the tasks already placed.
-    fx.update_service("s1", |s| s.mode = Some(shoal_api::service_spec::Mode::Replicated(shoal_api::ReplicatedService { replicas: 6 })));
+    fx.update_service("s1", |s| {
+        s.mode = Some(shoal_api::service_spec::Mode::Replicated(shoal_api::ReplicatedService { replicas: 6 }))
+    });
     fx.reconcile("s1");
     run_pass(&fx);
     assert_eq!(per_label(&fx, "s1", "zone"), [("a".to_string(), 3), ("b".to_string(), 3)].into());
@@ -575,10 +580,7 @@ fn unlabelled_nodes_form_their_own_group_and_levels_nest() {
     fx.create(node("n5"));
     // 6 tasks over zones a, b and "" (n5): 2 each; within zone a over racks 1 and 2: 1 each.
     schedule(&fx, spread_over(service("s1", 6), &["node.labels.zone", "node.labels.rack"]));
-    assert_eq!(
-        per_label(&fx, "s1", "zone"),
-        [("".to_string(), 2), ("a".to_string(), 2), ("b".to_string(), 2)].into()
-    );
+    assert_eq!(per_label(&fx, "s1", "zone"), [("".to_string(), 2), ("a".to_string(), 2), ("b".to_string(), 2)].into());
     let p = placement(&fx, "s1");
     assert_eq!((p["n1"], p.get("n2").unwrap_or(&0) + p.get("n3").unwrap_or(&0)), (1, 1));
     assert_eq!((p["n4"], p["n5"]), (2, 2));
@@ -714,9 +716,12 @@ async fn loop_places_tasks_whose_writes_kept_conflicting() {
     fx.create(node("n1"));
     fx.create(service("s1", 2));
     fx.reconcile("s1");
-    let proposer =
-        Arc::new(ConflictingProposer { inner: fx.proposer.clone(), conflicts: (runner::MAX_ATTEMPTS as usize + 1).into() });
-    let state = crate::ClusterState::new(fx.store.clone(), proposer, fx.clock.clone(), Arc::new(crate::RandomIds::seeded(3)));
+    let proposer = Arc::new(ConflictingProposer {
+        inner: fx.proposer.clone(),
+        conflicts: (runner::MAX_ATTEMPTS as usize + 1).into(),
+    });
+    let state =
+        crate::ClusterState::new(fx.store.clone(), proposer, fx.clock.clone(), Arc::new(crate::RandomIds::seeded(3)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(subsystem().run(state, stop_rx));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -749,7 +754,11 @@ fn net_task(id: &str, s: &str, port: u32, driver: &str) -> shoal_api::Task {
             driver_state: Some(shoal_api::Driver { name: driver.into(), ..Default::default() }),
             ..Default::default()
         };
-        t.networks = vec![shoal_api::NetworkAttachment { network: Some(network), addresses: vec!["10.0.1.3/24".into()], ..Default::default() }];
+        t.networks = vec![shoal_api::NetworkAttachment {
+            network: Some(network),
+            addresses: vec!["10.0.1.3/24".into()],
+            ..Default::default()
+        }];
     }
     t
 }

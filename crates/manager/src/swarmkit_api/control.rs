@@ -48,8 +48,7 @@ fn required<'a>(what: &str, v: &'a str) -> Result<&'a str, Status> {
 }
 
 fn version_of(what: &str, v: Option<&Version>) -> Result<u64, Status> {
-    v.map(|v| v.index)
-        .ok_or_else(|| Status::invalid_argument(format!("{what} must be provided: the version you read")))
+    v.map(|v| v.index).ok_or_else(|| Status::invalid_argument(format!("{what} must be provided: the version you read")))
 }
 
 /// SwarmKit's label filter: every key present, with the value when one is given.
@@ -122,8 +121,7 @@ impl Control for ControlService {
             .into_iter()
             .filter(|n| {
                 let hostname = n.description.as_ref().map(|d| d.hostname.as_str());
-                let engine_labels =
-                    n.description.as_ref().and_then(|d| d.engine.as_ref()).map(|e| e.labels.clone());
+                let engine_labels = n.description.as_ref().and_then(|d| d.engine.as_ref()).map(|e| e.labels.clone());
                 let spec = n.spec.clone().unwrap_or_default();
                 (f.names.is_empty() || hostname.is_some_and(|h| contains(&f.names, h)))
                     && (f.name_prefixes.is_empty() || hostname.is_some_and(|h| has_prefix(&f.name_prefixes, h)))
@@ -361,7 +359,8 @@ impl Control for ControlService {
             controlapi::update_cluster_rotating(&self.state, &r.cluster_id, version, spec, rotation.manager_unlock_key)
                 .await,
         )?;
-        let tokens = crate::ca::RotateTokens { worker: rotation.worker_join_token, manager: rotation.manager_join_token };
+        let tokens =
+            crate::ca::RotateTokens { worker: rotation.worker_join_token, manager: rotation.manager_join_token };
         crate::ca::rotate_join_tokens(&self.state, tokens).await.map_err(|e| Status::unavailable(e.to_string()))?;
         let c = self.state.store.view(|t| t.clusters().get(&r.cluster_id).cloned());
         let c = c.ok_or_else(|| status_of(ControlError::NotFound { kind: "cluster", reference: r.cluster_id }))?;

@@ -16,7 +16,9 @@ mod watch;
 
 pub use control::ControlService;
 pub use health::HealthService;
-pub use watch::{WatchService, LOG_READ_CHUNK_ENTRIES, MAX_EVENTS_PER_MESSAGE, MAX_WATCH_ENTRIES, SUBSCRIBER_QUEUE_MESSAGES};
+pub use watch::{
+    WatchService, LOG_READ_CHUNK_ENTRIES, MAX_EVENTS_PER_MESSAGE, MAX_WATCH_ENTRIES, SUBSCRIBER_QUEUE_MESSAGES,
+};
 
 use tonic::Status;
 

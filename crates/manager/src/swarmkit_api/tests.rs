@@ -33,9 +33,16 @@ async fn control_errors_carry_swarmkits_codes() {
         .service
         .unwrap();
     let code = |r: Result<tonic::Response<CreateServiceResponse>, tonic::Status>| r.unwrap_err().code();
-    assert_eq!(code(c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("web", 1)) })).await), Code::AlreadyExists);
-    assert_eq!(code(c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("-bad", 1)) })).await), Code::InvalidArgument);
-    let missing = c.get_service(Request::new(GetServiceRequest { service_id: "nope".into(), insert_defaults: false })).await;
+    assert_eq!(
+        code(c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("web", 1)) })).await),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        code(c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("-bad", 1)) })).await),
+        Code::InvalidArgument
+    );
+    let missing =
+        c.get_service(Request::new(GetServiceRequest { service_id: "nope".into(), insert_defaults: false })).await;
     assert_eq!(missing.unwrap_err().code(), Code::NotFound);
     let stale = c
         .update_service(Request::new(UpdateServiceRequest {
@@ -73,7 +80,11 @@ async fn watch_sends_matching_events_per_commit_with_their_version() {
         include_old_object: true,
     };
     let mut stream = w.watch(Request::new(req)).await.unwrap().into_inner();
-    assert_eq!(stream.next().await.unwrap().unwrap(), WatchMessage::default(), "the first message says the watch is set up");
+    assert_eq!(
+        stream.next().await.unwrap().unwrap(),
+        WatchMessage::default(),
+        "the first message says the watch is set up"
+    );
     c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("other", 1)) })).await.unwrap();
     let web = c.create_service(Request::new(CreateServiceRequest { spec: Some(spec("web", 1)) })).await.unwrap();
     let web = web.into_inner().service.unwrap();
@@ -164,7 +175,8 @@ async fn a_subscriber_that_falls_behind_is_told_where_to_resume() {
     );
     let c = ControlService::new(state.clone());
     let w = WatchService::new(state, None, None);
-    let req = WatchRequest { entries: vec![entry("config", ALL, vec![])], resume_from: None, include_old_object: false };
+    let req =
+        WatchRequest { entries: vec![entry("config", ALL, vec![])], resume_from: None, include_old_object: false };
     let mut stream = w.watch(Request::new(req)).await.unwrap().into_inner();
     let writes = SUBSCRIBER_QUEUE_MESSAGES + 8 + 50;
     for i in 0..writes {

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use shoal_api::watch_server::Watch;
 use shoal_api::{
-    object, select_by, watch_message, watch_request, Object as WireObject, SelectBy, WatchActionKind,
-    WatchMessage, WatchRequest,
+    object, select_by, watch_message, watch_request, Object as WireObject, SelectBy, WatchActionKind, WatchMessage,
+    WatchRequest,
 };
 use shoal_raft::{CommittedLog, LogReadError};
 use shoal_store::{ActionKind, Change, Object, ObjectKind, StoreObject, WatchError};
@@ -110,8 +110,9 @@ struct Entry {
     checks: Vec<Check>,
 }
 
-const ALL_ACTIONS: i32 =
-    WatchActionKind::WatchActionCreate as i32 | WatchActionKind::WatchActionUpdate as i32 | WatchActionKind::WatchActionRemove as i32;
+const ALL_ACTIONS: i32 = WatchActionKind::WatchActionCreate as i32
+    | WatchActionKind::WatchActionUpdate as i32
+    | WatchActionKind::WatchActionRemove as i32;
 
 fn kind_of(name: &str) -> Result<ObjectKind, Status> {
     Ok(match name {
@@ -178,7 +179,10 @@ fn parse_entry(e: &watch_request::WatchEntry) -> Result<Entry, Status> {
             }
         };
         if checks.iter().any(|c| class_of(c) == class) {
-            return Err(Status::invalid_argument(format!("conflicting filters in the {} entry: two {class} selectors", e.kind)));
+            return Err(Status::invalid_argument(format!(
+                "conflicting filters in the {} entry: two {class} selectors",
+                e.kind
+            )));
         }
         checks.push(check);
     }
@@ -360,7 +364,11 @@ fn logged_events(entries: &[Entry], index: u64, actions: &[shoal_store::Action])
         .filter(|a| matches(entries, a.kind, &a.object))
         .map(|a| {
             let version = (a.kind != ActionKind::Remove).then_some(index);
-            watch_message::Event { action: action_of(a.kind) as i32, object: Some(wire(&a.object, version)), old_object: None }
+            watch_message::Event {
+                action: action_of(a.kind) as i32,
+                object: Some(wire(&a.object, version)),
+                old_object: None,
+            }
         })
         .collect()
 }
@@ -390,7 +398,13 @@ struct Subscription {
     watch: shoal_store::Watch,
 }
 
-async fn replay(state: &ClusterState, log: &dyn CommittedLog, sub: &Subscription, from: u64, tx: &Tx) -> Result<bool, Status> {
+async fn replay(
+    state: &ClusterState,
+    log: &dyn CommittedLog,
+    sub: &Subscription,
+    from: u64,
+    tx: &Tx,
+) -> Result<bool, Status> {
     let mut low = from + 1;
     while low <= sub.last {
         let writes = log.read_committed(low, sub.last + 1, LOG_READ_CHUNK_ENTRIES).await.map_err(|e| match e {
@@ -418,7 +432,13 @@ fn out_of_range(asked: u64, oldest: u64) -> Status {
     ))
 }
 
-async fn run(state: ClusterState, log: Option<Arc<dyn CommittedLog>>, mut sub: Subscription, tx: Tx, mut shutdown: Option<tokio_watch::Receiver<bool>>) {
+async fn run(
+    state: ClusterState,
+    log: Option<Arc<dyn CommittedLog>>,
+    mut sub: Subscription,
+    tx: Tx,
+    mut shutdown: Option<tokio_watch::Receiver<bool>>,
+) {
     if tx.send(Ok(WatchMessage::default())).await.is_err() {
         return;
     }

@@ -56,8 +56,14 @@ fn scrape_micros(m: &Metrics, runs: usize) -> u128 {
 
 #[test]
 fn scrape_cost_does_not_grow_with_tasks() {
-    let small = Metrics::new(Sources { node_id: "n".into(), store: Some(store_with(10)), ..Default::default() }, Recorders::new());
-    let big = Metrics::new(Sources { node_id: "n".into(), store: Some(store_with(100_000)), ..Default::default() }, Recorders::new());
+    let small = Metrics::new(
+        Sources { node_id: "n".into(), store: Some(store_with(10)), ..Default::default() },
+        Recorders::new(),
+    );
+    let big = Metrics::new(
+        Sources { node_id: "n".into(), store: Some(store_with(100_000)), ..Default::default() },
+        Recorders::new(),
+    );
     let text = big.encode();
     assert_eq!(sample(&text, "swarm_manager_tasks_total{state=\"running\"}"), Some(25_000.0), "{text}");
     assert_eq!(sample(&text, "swarm_manager_tasks_total{state=\"pending\"}"), Some(75_000.0));
@@ -65,7 +71,9 @@ fn scrape_cost_does_not_grow_with_tasks() {
     assert_eq!(sample(&text, "swarm_manager_nodes{state=\"ready\"}"), Some(50.0));
     assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF");
     let (small_us, big_us) = (scrape_micros(&small, 20), scrape_micros(&big, 20));
-    println!("RESULT scrape of the metrics: {small_us} us at 10 tasks, {big_us} us at 100000 tasks (best of 20, this build)");
+    println!(
+        "RESULT scrape of the metrics: {small_us} us at 10 tasks, {big_us} us at 100000 tasks (best of 20, this build)"
+    );
     // The same work at both sizes (O(nodes + states)); a generous factor absorbs a busy machine.
     assert!(big_us < small_us * 5 + 2_000, "a scrape at 100k tasks took {big_us} us against {small_us} us at 10");
 }
@@ -87,18 +95,21 @@ fn a_worker_serves_node_and_process_metrics_only() {
 fn raft_and_dispatcher_readings_are_taken_at_scrape_time() {
     let term = Arc::new(std::sync::atomic::AtomicU64::new(3));
     let t = term.clone();
-    let m = Metrics::new(Sources {
-        node_id: "m1".into(),
-        store: Some(store_with(0)),
-        raft: Some(Arc::new(move || RaftFigures {
-            is_leader: true,
-            term: t.load(std::sync::atomic::Ordering::Relaxed),
-            applied_index: 7,
-            members: 1,
-            ..Default::default()
-        })),
-        dispatcher_sessions: Some(Arc::new(|| 2)),
-    }, Recorders::new());
+    let m = Metrics::new(
+        Sources {
+            node_id: "m1".into(),
+            store: Some(store_with(0)),
+            raft: Some(Arc::new(move || RaftFigures {
+                is_leader: true,
+                term: t.load(std::sync::atomic::Ordering::Relaxed),
+                applied_index: 7,
+                members: 1,
+                ..Default::default()
+            })),
+            dispatcher_sessions: Some(Arc::new(|| 2)),
+        },
+        Recorders::new(),
+    );
     let text = m.encode();
     assert_eq!(sample(&text, "swarm_raft_term"), Some(3.0), "{text}");
     assert_eq!(sample(&text, "swarm_manager_leader"), Some(1.0));

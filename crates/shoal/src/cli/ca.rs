@@ -2,6 +2,9 @@
 //! it as an operator certificate (through the control socket's `POST /shoal/v1/ca/client-cert`), and writes
 //! `DIR/key.pem` (0600), `DIR/cert.pem` and `DIR/ca.pem`: what `docker --tlsverify` reads from
 //! `DOCKER_CERT_PATH` to talk to a manager's `--listen-api tcp://...`.
+//!
+//! `shoal ca revoke-client-cert --cert PATH` (or `--serial HEX`): has the cluster refuse that operator
+//! certificate on every entry point from now on (`POST /shoal/v1/ca/revoke-client-cert`); prints its serial.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,6 +27,16 @@ pub enum CaCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Revoke an operator client certificate: every manager refuses it from now on.
+    RevokeClientCert {
+        /// The certificate file (cert.pem as `issue-client-cert` wrote it).
+        #[arg(long, conflicts_with = "serial", required_unless_present = "serial")]
+        cert: Option<PathBuf>,
+        /// Or its serial number, hex (`openssl x509 -serial -noout -in cert.pem`, or the daemon's log line
+        /// "issued an operator client certificate").
+        #[arg(long)]
+        serial: Option<String>,
+    },
 }
 
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CliError> {
@@ -36,7 +49,10 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CliError> {
 
 /// Runs a ca command.
 pub fn run(c: &Client, cmd: CaCommand, out: &mut dyn Write) -> Result<(), CliError> {
-    let CaCommand::IssueClientCert { name, out: dir } = cmd;
+    let (name, dir) = match cmd {
+        CaCommand::IssueClientCert { name, out } => (name, out),
+        CaCommand::RevokeClientCert { cert, serial } => return revoke(c, cert, serial, out),
+    };
     let csr = shoal_ca::generate_node_key_and_csr().map_err(|e| CliError::Usage(e.to_string()))?;
     let resp: Value = c.post("/shoal/v1/ca/client-cert", &serde_json::json!({ "Name": name, "CSR": csr.csr_pem }))?;
     let field =
@@ -47,4 +63,15 @@ pub fn run(c: &Client, cmd: CaCommand, out: &mut dyn Write) -> Result<(), CliErr
     write_file(&dir.join("cert.pem"), cert.as_bytes(), 0o644)?;
     write_file(&dir.join("ca.pem"), root.as_bytes(), 0o644)?;
     writeln!(out, "{}", dir.display()).map_err(super::output::io)
+}
+
+fn revoke(c: &Client, cert: Option<PathBuf>, serial: Option<String>, out: &mut dyn Write) -> Result<(), CliError> {
+    let certificate = match &cert {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?,
+        None => String::new(),
+    };
+    let body = serde_json::json!({ "Certificate": certificate, "Serial": serial.unwrap_or_default() });
+    let resp: Value = c.post("/shoal/v1/ca/revoke-client-cert", &body)?;
+    let serial = resp["Serial"].as_str().unwrap_or_default();
+    writeln!(out, "revoked {serial}").map_err(super::output::io)
 }

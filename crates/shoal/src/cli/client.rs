@@ -32,7 +32,9 @@ pub enum CliError {
     #[error("{0}")]
     Api(String),
     /// The socket could not be reached.
-    #[error("cannot connect to the Shoal daemon at {path}: {reason}; is `shoal daemon` running? (set -H or SHOAL_HOST)")]
+    #[error(
+        "cannot connect to the Shoal daemon at {path}: {reason}; is `shoal daemon` running? (set -H or SHOAL_HOST)"
+    )]
     Connect {
         /// The socket path.
         path: String,
@@ -77,37 +79,21 @@ pub struct Client {
 impl Client {
     /// A client for `host` (`unix:///path` or a path). Connects lazily, per request.
     pub fn new(host: &str) -> Result<Client, CliError> {
-        Ok(Client {
-            socket: socket_path(host)?,
-            timeout: REQUEST_TIMEOUT,
-        })
+        Ok(Client { socket: socket_path(host)?, timeout: REQUEST_TIMEOUT })
     }
 
     fn transport(&self, reason: impl ToString) -> CliError {
-        CliError::Transport {
-            path: self.socket.display().to_string(),
-            reason: reason.to_string(),
-        }
+        CliError::Transport { path: self.socket.display().to_string(), reason: reason.to_string() }
     }
 
     /// Sends one request; returns the status and body.
-    pub fn request(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-    ) -> Result<(StatusCode, Bytes), CliError> {
+    pub fn request(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<(StatusCode, Bytes), CliError> {
         let deadline = Instant::now() + self.timeout;
-        let mut stream = UnixStream::connect(&self.socket).map_err(|e| CliError::Connect {
-            path: self.socket.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let mut stream = UnixStream::connect(&self.socket)
+            .map_err(|e| CliError::Connect { path: self.socket.display().to_string(), reason: e.to_string() })?;
         let body = body.unwrap_or_default();
-        let content_type = if body.is_empty() && method == Method::GET {
-            ""
-        } else {
-            "Content-Type: application/json\r\n"
-        };
+        let content_type =
+            if body.is_empty() && method == Method::GET { "" } else { "Content-Type: application/json\r\n" };
         let mut req = format!(
             "{method} {path} HTTP/1.1\r\nHost: shoal\r\nConnection: close\r\n{content_type}Content-Length: {}\r\n\r\n",
             body.len()
@@ -121,8 +107,8 @@ impl Client {
                 self.transport(e)
             }
         };
-        let left = remaining(deadline)
-            .map_err(|_| self.transport(format!("no answer within {}s", self.timeout.as_secs())))?;
+        let left =
+            remaining(deadline).map_err(|_| self.transport(format!("no answer within {}s", self.timeout.as_secs())))?;
         stream.set_write_timeout(Some(left)).map_err(io)?;
         stream.write_all(&req).map_err(io)?;
         let mut reader = Reader { stream, deadline, buf: Vec::with_capacity(8192), pos: 0 };
@@ -134,32 +120,18 @@ impl Client {
         Ok((status, Bytes::from(body)))
     }
 
-/// Sends a request and decodes a 2xx JSON answer (or maps the error body to `CliError::Api`).
-    pub fn call<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-    ) -> Result<T, CliError> {
+    /// Sends a request and decodes a 2xx JSON answer (or maps the error body to `CliError::Api`).
+    pub fn call<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<T, CliError> {
         let (status, bytes) = self.request(method, path, body)?;
         if !status.is_success() {
             let msg = serde_json::from_slice::<serde_json::Value>(&bytes)
                 .ok()
-                .and_then(|v| {
-                    v.get("message")
-                        .and_then(|m| m.as_str())
-                        .map(str::to_string)
-                })
+                .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string))
                 .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&bytes).trim()));
             return Err(CliError::Api(msg));
         }
-        let bytes = if bytes.is_empty() {
-            Bytes::from_static(b"null")
-        } else {
-            bytes
-        };
-        serde_json::from_slice(&bytes)
-            .map_err(|e| self.transport(format!("unexpected answer to {path}: {e}")))
+        let bytes = if bytes.is_empty() { Bytes::from_static(b"null") } else { bytes };
+        serde_json::from_slice(&bytes).map_err(|e| self.transport(format!("unexpected answer to {path}: {e}")))
     }
 
     /// `GET path` as JSON.
@@ -168,19 +140,14 @@ impl Client {
     }
 
     /// `POST path` with a JSON body.
-    pub fn post<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &impl Serialize,
-    ) -> Result<T, CliError> {
+    pub fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T, CliError> {
         let body = serde_json::to_vec(body).map_err(|e| CliError::Usage(e.to_string()))?;
         self.call(Method::POST, path, Some(body))
     }
 
     /// `DELETE path`.
     pub fn delete(&self, path: &str) -> Result<(), CliError> {
-        self.call::<serde_json::Value>(Method::DELETE, path, None)
-            .map(|_| ())
+        self.call::<serde_json::Value>(Method::DELETE, path, None).map(|_| ())
     }
 }
 
@@ -350,9 +317,7 @@ pub fn enc(s: &str) -> String {
 pub fn filters_query(pairs: &[(&str, &str)]) -> String {
     let mut map = serde_json::Map::new();
     for (k, v) in pairs {
-        let entry = map
-            .entry(k.to_string())
-            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        let entry = map.entry(k.to_string()).or_insert_with(|| serde_json::Value::Object(Default::default()));
         if let serde_json::Value::Object(m) = entry {
             m.insert(v.to_string(), serde_json::Value::Bool(true));
         }
@@ -370,10 +335,7 @@ mod tests {
             socket_path("unix:///var/run/shoal/control.sock").unwrap(),
             PathBuf::from("/var/run/shoal/control.sock")
         );
-        assert_eq!(
-            socket_path("/tmp/x.sock").unwrap(),
-            PathBuf::from("/tmp/x.sock")
-        );
+        assert_eq!(socket_path("/tmp/x.sock").unwrap(), PathBuf::from("/tmp/x.sock"));
         assert!(socket_path("tcp://1.2.3.4:2375").is_err());
     }
 

@@ -7,9 +7,9 @@
 
 mod ca;
 mod client;
+mod network;
 mod node;
 mod output;
-mod network;
 mod secret;
 mod service;
 mod swarm;
@@ -100,12 +100,7 @@ fn exit_code(result: Result<(), CliError>, err: &mut dyn Write) -> i32 {
 }
 
 /// Runs a command with a client, writing to `out` and per-item errors to `err`.
-pub fn execute(
-    c: &Client,
-    cmd: ClientCommand,
-    out: &mut dyn Write,
-    err: &mut dyn Write,
-) -> Result<(), CliError> {
+pub fn execute(c: &Client, cmd: ClientCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
     match cmd {
         ClientCommand::Service(s) => service::run(c, s, out, err),
         ClientCommand::Node(n) => node::run_node(c, n, out),
@@ -118,11 +113,7 @@ pub fn execute(
         ClientCommand::Info => {
             let i: InfoJson = c.get("/info")?;
             let sw = &i.swarm;
-            let executor = i
-                .labels
-                .iter()
-                .find_map(|l| l.strip_prefix("shoal.executor="))
-                .unwrap_or("");
+            let executor = i.labels.iter().find_map(|l| l.strip_prefix("shoal.executor=")).unwrap_or("");
             let cluster = sw.cluster.as_ref();
             let lines = [
                 format!("Server Version: {}", i.server_version),
@@ -131,18 +122,13 @@ pub fn execute(
                 format!("Swarm: {}", sw.local_node_state),
                 format!(" NodeID: {}", sw.node_id),
                 format!(" Is Manager: {}", sw.control_available),
-                format!(
-                    " ClusterID: {}",
-                    cluster.map(|c| c.id.as_str()).unwrap_or("")
-                ),
+                format!(" ClusterID: {}", cluster.map(|c| c.id.as_str()).unwrap_or("")),
                 format!(" Managers: {}", sw.managers),
                 format!(" Nodes: {}", sw.nodes),
                 format!(" Node Address: {}", sw.node_addr),
                 format!(
                     " Task History Retention Limit: {}",
-                    cluster
-                        .and_then(|c| c.spec.orchestration.task_history_retention_limit)
-                        .unwrap_or(0)
+                    cluster.and_then(|c| c.spec.orchestration.task_history_retention_limit).unwrap_or(0)
                 ),
                 format!("Operating System: {}", i.operating_system),
                 format!("Architecture: {}", i.architecture),
@@ -155,8 +141,7 @@ pub fn execute(
             Ok(())
         }
         ClientCommand::Version => {
-            writeln!(out, "Client:\n Version: {}", env!("CARGO_PKG_VERSION"))
-                .map_err(output::io)?;
+            writeln!(out, "Client:\n Version: {}", env!("CARGO_PKG_VERSION")).map_err(output::io)?;
             let v: SystemVersionJson = c.get("/version")?;
             writeln!(
                 out,

@@ -4,7 +4,9 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use shoal_engine_api::json::network::{IpamConfigJson, IpamJson, NetworkCreateJson, NetworkCreateResponse, NetworkJson};
+use shoal_engine_api::json::network::{
+    IpamConfigJson, IpamJson, NetworkCreateJson, NetworkCreateResponse, NetworkJson,
+};
 
 use super::client::{enc, CliError, Client};
 use super::output::{self, Format};
@@ -102,8 +104,10 @@ pub fn run(c: &Client, cmd: NetworkCommand, out: &mut dyn Write, err: &mut dyn W
             output::table(out, &["NETWORK ID", "NAME", "DRIVER", "SCOPE", "SUBNET"], rows)
         }
         NetworkCommand::Inspect { names } => {
-            let found =
-                names.iter().map(|n| c.get::<NetworkJson>(&format!("/networks/{}", enc(n)))).collect::<Result<Vec<_>, _>>()?;
+            let found = names
+                .iter()
+                .map(|n| c.get::<NetworkJson>(&format!("/networks/{}", enc(n))))
+                .collect::<Result<Vec<_>, _>>()?;
             output::json(out, &found)
         }
         NetworkCommand::Rm { names } => {

@@ -108,18 +108,7 @@ pub fn run_node(c: &Client, cmd: NodeCommand, out: &mut dyn Write) -> Result<(),
                     ]
                 })
                 .collect();
-            output::table(
-                out,
-                &[
-                    "ID",
-                    "HOSTNAME",
-                    "STATUS",
-                    "AVAILABILITY",
-                    "MANAGER STATUS",
-                    "ENGINE VERSION",
-                ],
-                rows,
-            )
+            output::table(out, &["ID", "HOSTNAME", "STATUS", "AVAILABILITY", "MANAGER STATUS", "ENGINE VERSION"], rows)
         }
         NodeCommand::Inspect { nodes, .. } => {
             let found = nodes
@@ -128,12 +117,7 @@ pub fn run_node(c: &Client, cmd: NodeCommand, out: &mut dyn Write) -> Result<(),
                 .collect::<Result<Vec<_>, _>>()?;
             output::json(out, &found)
         }
-        NodeCommand::Update {
-            availability,
-            label_add,
-            label_rm,
-            node,
-        } => {
+        NodeCommand::Update { availability, label_add, label_rm, node } => {
             let n: NodeJson = c.get(&format!("/nodes/{}", enc(&node)))?;
             let mut spec = n.spec.clone();
             if let Some(a) = availability {
@@ -142,9 +126,7 @@ pub fn run_node(c: &Client, cmd: NodeCommand, out: &mut dyn Write) -> Result<(),
             for kv in &label_add {
                 let (k, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
                 if k.is_empty() {
-                    return Err(CliError::Usage(format!(
-                        "invalid --label-add {kv:?}: expected KEY=VALUE"
-                    )));
+                    return Err(CliError::Usage(format!("invalid --label-add {kv:?}: expected KEY=VALUE")));
                 }
                 spec.labels.insert(k.to_string(), v.to_string());
             }
@@ -161,12 +143,7 @@ pub fn run_node(c: &Client, cmd: NodeCommand, out: &mut dyn Write) -> Result<(),
 /// Runs a task command.
 pub fn run_task(c: &Client, cmd: TaskCommand, out: &mut dyn Write) -> Result<(), CliError> {
     match cmd {
-        TaskCommand::Ls {
-            service,
-            node,
-            desired_state,
-            format,
-        } => {
+        TaskCommand::Ls { service, node, desired_state, format } => {
             let mut f: Vec<(&str, &str)> = Vec::new();
             if let Some(s) = &service {
                 f.push(("service", s));

@@ -20,8 +20,7 @@ pub enum Format {
 /// Writes `rows` under `header` as columns separated by three spaces, without borders, like `docker ls`.
 pub fn table(out: &mut dyn Write, header: &[&str], rows: Vec<Vec<String>>) -> Result<(), CliError> {
     let mut t = Table::new();
-    t.load_preset(presets::NOTHING)
-        .set_content_arrangement(ContentArrangement::Disabled);
+    t.load_preset(presets::NOTHING).set_content_arrangement(ContentArrangement::Disabled);
     t.set_header(header.to_vec());
     for r in rows {
         t.add_row(r);
@@ -62,13 +61,10 @@ pub fn capitalize(s: &str) -> String {
 
 /// How long ago an RFC 3339 time was, in docker's words ("less than a second", "5 seconds", "2 minutes").
 pub fn ago(rfc3339: &str, now: SystemTime) -> String {
-    let Ok(t) =
-        time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
-    else {
+    let Ok(t) = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339) else {
         return String::new();
     };
-    let then =
-        SystemTime::UNIX_EPOCH + Duration::from_nanos(t.unix_timestamp_nanos().max(0) as u64);
+    let then = SystemTime::UNIX_EPOCH + Duration::from_nanos(t.unix_timestamp_nanos().max(0) as u64);
     let secs = now.duration_since(then).unwrap_or_default().as_secs();
     let unit = |n: u64, one: &str| {
         if n == 1 {
@@ -94,12 +90,7 @@ mod tests {
     #[test]
     fn tables_have_no_borders_and_three_space_gaps() {
         let mut buf = Vec::new();
-        table(
-            &mut buf,
-            &["ID", "NAME"],
-            vec![vec!["abc".into(), "web".into()]],
-        )
-        .unwrap();
+        table(&mut buf, &["ID", "NAME"], vec![vec!["abc".into(), "web".into()]]).unwrap();
         assert_eq!(String::from_utf8(buf).unwrap(), "ID    NAME\nabc   web\n");
     }
 

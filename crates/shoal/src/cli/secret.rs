@@ -109,7 +109,13 @@ fn labels(label: &[String]) -> Result<BTreeMap<String, String>, CliError> {
 }
 
 /// Runs a secret (`kind` Secret) or config command.
-pub fn run(c: &Client, kind: Kind, cmd: SecretCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
+pub fn run(
+    c: &Client,
+    kind: Kind,
+    cmd: SecretCommand,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), CliError> {
     let base = format!("/{}s", kind.name());
     match cmd {
         SecretCommand::Create { label, template_driver, name, file } => {
@@ -117,10 +123,9 @@ pub fn run(c: &Client, kind: Kind, cmd: SecretCommand, out: &mut dyn Write, err:
             let data = data_to_base64(&read_data(kind, &file)?);
             let templating = template_driver.map(|name| DriverJson { name, ..Default::default() });
             let created: IdResponse = match kind {
-                Kind::Secret => c.post(
-                    &format!("{base}/create"),
-                    &SecretSpecJson { name, labels, data, templating, driver: None },
-                )?,
+                Kind::Secret => {
+                    c.post(&format!("{base}/create"), &SecretSpecJson { name, labels, data, templating, driver: None })?
+                }
                 Kind::Config => {
                     c.post(&format!("{base}/create"), &ConfigSpecJson { name, labels, data, templating })?
                 }
@@ -151,22 +156,24 @@ pub fn run(c: &Client, kind: Kind, cmd: SecretCommand, out: &mut dyn Write, err:
                 }
             }
         }
-        SecretCommand::Inspect { names, .. } => match kind {
-            Kind::Secret => {
-                let found = names
-                    .iter()
-                    .map(|n| c.get::<SecretJson>(&format!("{base}/{}", enc(n))))
-                    .collect::<Result<Vec<_>, _>>()?;
-                output::json(out, &found)
+        SecretCommand::Inspect { names, .. } => {
+            match kind {
+                Kind::Secret => {
+                    let found = names
+                        .iter()
+                        .map(|n| c.get::<SecretJson>(&format!("{base}/{}", enc(n))))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    output::json(out, &found)
+                }
+                Kind::Config => {
+                    let found = names
+                        .iter()
+                        .map(|n| c.get::<ConfigJson>(&format!("{base}/{}", enc(n))))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    output::json(out, &found)
+                }
             }
-            Kind::Config => {
-                let found = names
-                    .iter()
-                    .map(|n| c.get::<ConfigJson>(&format!("{base}/{}", enc(n))))
-                    .collect::<Result<Vec<_>, _>>()?;
-                output::json(out, &found)
-            }
-        },
+        }
         SecretCommand::Rm { names } => {
             let mut failed = false;
             for n in names {

@@ -7,8 +7,8 @@ use std::time::SystemTime;
 
 use clap::{Args, Subcommand};
 use shoal_engine_api::json::spec::{
-    ConfigReferenceJson, ContainerSpecJson, FileTargetJson, ModeJson, SecretReferenceJson, PlacementJson, ReplicatedJson, ResourceValuesJson, ResourcesJson,
-    RestartPolicyJson, UpdateConfigJson,
+    ConfigReferenceJson, ContainerSpecJson, FileTargetJson, ModeJson, PlacementJson, ReplicatedJson,
+    ResourceValuesJson, ResourcesJson, RestartPolicyJson, SecretReferenceJson, UpdateConfigJson,
 };
 use shoal_engine_api::json::{
     NodeJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson, ServiceUpdateResponse, TaskJson,
@@ -222,14 +222,18 @@ fn parse_file_ref(flag: &str, v: &str) -> Result<(String, FileTargetJson), Strin
                 "mode" => {
                     let parsed = if let Some(hex) = val.strip_prefix("0x").or_else(|| val.strip_prefix("0X")) {
                         u32::from_str_radix(hex, 16)
-                    } else if let Some(oct) = val.strip_prefix("0o").or_else(|| val.strip_prefix('0')).filter(|o| !o.is_empty()) {
+                    } else if let Some(oct) =
+                        val.strip_prefix("0o").or_else(|| val.strip_prefix('0')).filter(|o| !o.is_empty())
+                    {
                         u32::from_str_radix(oct, 8)
                     } else {
                         val.parse()
                     };
                     file.mode = parsed.map_err(|_| format!("invalid mode {val:?} in {flag} {v:?}: e.g. 0400"))?;
                 }
-                other => return Err(format!("invalid field {other:?} in {flag} {v:?}: use source, target, uid, gid, mode")),
+                other => {
+                    return Err(format!("invalid field {other:?} in {flag} {v:?}: use source, target, uid, gid, mode"))
+                }
             }
         }
     }
@@ -254,16 +258,13 @@ fn parse_config_ref(v: &str) -> Result<ConfigReferenceJson, String> {
 
 /// Parses "5s", "1m30s" into nanoseconds.
 pub fn parse_duration_ns(s: &str) -> Result<i64, String> {
-    let d = humantime::parse_duration(s)
-        .map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 5s, 1m30s)"))?;
+    let d = humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 5s, 1m30s)"))?;
     i64::try_from(d.as_nanos()).map_err(|_| format!("duration {s:?} is too long"))
 }
 
 /// Parses a CPU count ("0.5") into nano-CPUs.
 pub fn parse_cpus(s: &str) -> Result<i64, String> {
-    let f: f64 = s
-        .parse()
-        .map_err(|_| format!("invalid CPU count {s:?}: expected a number like 0.5"))?;
+    let f: f64 = s.parse().map_err(|_| format!("invalid CPU count {s:?}: expected a number like 0.5"))?;
     if !f.is_finite() || f < 0.0 {
         return Err(format!("invalid CPU count {s:?}: must be 0 or more"));
     }
@@ -280,20 +281,14 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
         Some('g') => (&lower[..lower.len() - 1], 1 << 30),
         _ => (lower, 1),
     };
-    let n: i64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected bytes, e.g. 104857600 or 100m"))?;
-    n.checked_mul(mult)
-        .filter(|v| *v >= 0)
-        .ok_or_else(|| format!("invalid size {s:?}"))
+    let n: i64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected bytes, e.g. 104857600 or 100m"))?;
+    n.checked_mul(mult).filter(|v| *v >= 0).ok_or_else(|| format!("invalid size {s:?}"))
 }
 
 fn check_kv(what: &str, v: &str) -> Result<(), CliError> {
     match v.split_once('=') {
         Some((k, _)) if !k.is_empty() => Ok(()),
-        _ => Err(CliError::Usage(format!(
-            "invalid {what} {v:?}: expected KEY=VALUE"
-        ))),
+        _ => Err(CliError::Usage(format!("invalid {what} {v:?}: expected KEY=VALUE"))),
     }
 }
 
@@ -368,21 +363,19 @@ fn build_spec(a: CreateArgs) -> Result<ServiceSpecJson, CliError> {
         max_attempts: a.restart_max_attempts,
         window: a.restart_window,
     });
-    let update =
-        (a.update_parallelism.is_some() || a.update_delay.is_some() || a.update_order.is_some())
-            .then(|| UpdateConfigJson {
-                parallelism: a.update_parallelism.unwrap_or(1),
-                delay: a.update_delay,
-                order: a.update_order.clone().unwrap_or_default(),
-                ..Default::default()
-            });
+    let update = (a.update_parallelism.is_some() || a.update_delay.is_some() || a.update_order.is_some()).then(|| {
+        UpdateConfigJson {
+            parallelism: a.update_parallelism.unwrap_or(1),
+            delay: a.update_delay,
+            order: a.update_order.clone().unwrap_or_default(),
+            ..Default::default()
+        }
+    });
     let mut spec = ServiceSpecJson {
         name: a.name.unwrap_or_default(),
         labels,
         mode: ModeJson {
-            replicated: Some(ReplicatedJson {
-                replicas: Some(a.replicas.unwrap_or(1) as i64),
-            }),
+            replicated: Some(ReplicatedJson { replicas: Some(a.replicas.unwrap_or(1) as i64) }),
             ..Default::default()
         },
         update_config: update,
@@ -400,17 +393,11 @@ fn build_spec(a: CreateArgs) -> Result<ServiceSpecJson, CliError> {
         ..Default::default()
     });
     if limits.is_some() || reservations.is_some() {
-        t.resources = Some(ResourcesJson {
-            limits,
-            reservations,
-        });
+        t.resources = Some(ResourcesJson { limits, reservations });
     }
     t.restart_policy = restart;
     if !a.constraint.is_empty() {
-        t.placement = Some(PlacementJson {
-            constraints: a.constraint,
-            ..Default::default()
-        });
+        t.placement = Some(PlacementJson { constraints: a.constraint, ..Default::default() });
     }
     Ok(spec)
 }
@@ -420,11 +407,7 @@ fn get_service(c: &Client, reference: &str) -> Result<ServiceJson, CliError> {
 }
 
 fn push_update(c: &Client, svc: &ServiceJson, spec: &ServiceSpecJson) -> Result<(), CliError> {
-    let path = format!(
-        "/services/{}/update?version={}",
-        enc(&svc.id),
-        svc.version.index
-    );
+    let path = format!("/services/{}/update?version={}", enc(&svc.id), svc.version.index);
     c.post::<ServiceUpdateResponse>(&path, spec).map(|_| ())
 }
 
@@ -459,36 +442,23 @@ fn mode_text(m: &ModeJson) -> &'static str {
 }
 
 fn image_of(spec: &shoal_engine_api::json::TaskSpecJson) -> String {
-    let image = spec
-        .container_spec
-        .as_ref()
-        .map(|c| c.image.as_str())
-        .unwrap_or("");
+    let image = spec.container_spec.as_ref().map(|c| c.image.as_str()).unwrap_or("");
     // Hide a pinned digest, as docker does.
     image.split('@').next().unwrap_or(image).to_string()
 }
 
 /// Prints tasks as `service ps` / `task ls` do: history tasks of a slot indented under the newest.
-pub fn print_tasks(
-    c: &Client,
-    out: &mut dyn Write,
-    mut tasks: Vec<TaskJson>,
-    format: Format,
-) -> Result<(), CliError> {
+pub fn print_tasks(c: &Client, out: &mut dyn Write, mut tasks: Vec<TaskJson>, format: Format) -> Result<(), CliError> {
     if format == Format::Json {
         return output::json(out, &tasks);
     }
     let nodes: Vec<NodeJson> = c.get("/nodes")?;
-    let hostnames: HashMap<String, String> = nodes
-        .into_iter()
-        .map(|n| (n.id.clone(), n.description.hostname.clone()))
-        .collect();
+    let hostnames: HashMap<String, String> =
+        nodes.into_iter().map(|n| (n.id.clone(), n.description.hostname.clone())).collect();
     let mut service_names: HashMap<String, String> = HashMap::new();
     for t in &tasks {
         if !service_names.contains_key(&t.service_id) {
-            let name = get_service(c, &t.service_id)
-                .map(|s| s.spec.name)
-                .unwrap_or_else(|_| short_id(&t.service_id));
+            let name = get_service(c, &t.service_id).map(|s| s.spec.name).unwrap_or_else(|_| short_id(&t.service_id));
             service_names.insert(t.service_id.clone(), name);
         }
     }
@@ -514,29 +484,14 @@ pub fn print_tasks(
         prev = Some(key);
         let base = t.name.clone();
         let name = if base.is_empty() {
-            format!(
-                "{}.{}",
-                service_names
-                    .get(&t.service_id)
-                    .cloned()
-                    .unwrap_or_default(),
-                slot_key(t)
-            )
+            format!("{}.{}", service_names.get(&t.service_id).cloned().unwrap_or_default(), slot_key(t))
         } else {
             base
         };
-        let state = format!(
-            "{} {}",
-            capitalize(&t.status.state),
-            ago(&t.status.timestamp, now)
-        );
+        let state = format!("{} {}", capitalize(&t.status.state), ago(&t.status.timestamp, now));
         rows.push(vec![
             short_id(&t.id),
-            if history {
-                format!(" \\_ {name}")
-            } else {
-                name
-            },
+            if history { format!(" \\_ {name}") } else { name },
             image_of(&t.spec),
             hostnames.get(&t.node_id).cloned().unwrap_or_default(),
             capitalize(&t.desired_state),
@@ -544,28 +499,11 @@ pub fn print_tasks(
             t.status.err.clone(),
         ]);
     }
-    output::table(
-        out,
-        &[
-            "ID",
-            "NAME",
-            "IMAGE",
-            "NODE",
-            "DESIRED STATE",
-            "CURRENT STATE",
-            "ERROR",
-        ],
-        rows,
-    )
+    output::table(out, &["ID", "NAME", "IMAGE", "NODE", "DESIRED STATE", "CURRENT STATE", "ERROR"], rows)
 }
 
 /// Runs a service command.
-pub fn run(
-    c: &Client,
-    cmd: ServiceCommand,
-    out: &mut dyn Write,
-    err: &mut dyn Write,
-) -> Result<(), CliError> {
+pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
     match cmd {
         ServiceCommand::Create(a) => {
             let spec = build_spec(*a)?;
@@ -593,26 +531,17 @@ pub fn run(
         }
         ServiceCommand::Ps { service, format } => {
             let svc = get_service(c, &service)?;
-            let tasks: Vec<TaskJson> = c.get(&format!(
-                "/tasks?filters={}",
-                filters_query(&[("service", &svc.id)])
-            ))?;
+            let tasks: Vec<TaskJson> = c.get(&format!("/tasks?filters={}", filters_query(&[("service", &svc.id)])))?;
             print_tasks(c, out, tasks, format)
         }
         ServiceCommand::Inspect { services, .. } => {
-            let found = services
-                .iter()
-                .map(|s| get_service(c, s))
-                .collect::<Result<Vec<_>, _>>()?;
+            let found = services.iter().map(|s| get_service(c, s)).collect::<Result<Vec<_>, _>>()?;
             output::json(out, &found)
         }
         ServiceCommand::Update(a) => {
             let svc = get_service(c, &a.service)?;
             let mut spec = svc.spec.clone();
-            let cs = spec
-                .task_template
-                .container_spec
-                .get_or_insert_with(Default::default);
+            let cs = spec.task_template.container_spec.get_or_insert_with(Default::default);
             if let Some(i) = a.image {
                 cs.image = i;
             }
@@ -626,8 +555,7 @@ pub fn run(
                 cs.env.push(kv.clone());
             }
             for k in &a.env_rm {
-                cs.env
-                    .retain(|e| e.split('=').next() != Some(k.as_str()) && e != k);
+                cs.env.retain(|e| e.split('=').next() != Some(k.as_str()) && e != k);
             }
             let target = |f: &Option<FileTargetJson>| f.as_ref().map(|f| f.name.clone());
             cs.secrets.retain(|r| !a.secret_rm.contains(&r.secret_name));
@@ -641,10 +569,7 @@ pub fn run(
                 cs.configs.push(r);
             }
             if !a.constraint_add.is_empty() || !a.constraint_rm.is_empty() {
-                let p = spec
-                    .task_template
-                    .placement
-                    .get_or_insert_with(Default::default);
+                let p = spec.task_template.placement.get_or_insert_with(Default::default);
                 p.constraints.retain(|x| !a.constraint_rm.contains(x));
                 for x in a.constraint_add {
                     if !p.constraints.contains(&x) {
@@ -675,7 +600,8 @@ pub fn run(
                 || a.update_max_failure_ratio.is_some();
             if update_flags {
                 // Unset fields keep what the service has (SwarmKit's defaults when it has none).
-                let u = spec.update_config.get_or_insert_with(|| UpdateConfigJson { parallelism: 1, ..Default::default() });
+                let u =
+                    spec.update_config.get_or_insert_with(|| UpdateConfigJson { parallelism: 1, ..Default::default() });
                 if let Some(n) = a.update_parallelism {
                     u.parallelism = n;
                 }
@@ -709,23 +635,17 @@ pub fn run(
             for pair in pairs {
                 let result = (|| {
                     let (name, n) = pair.split_once('=').ok_or_else(|| {
-                        CliError::Usage(format!(
-                            "invalid scale specifier {pair:?}: expected SERVICE=REPLICAS"
-                        ))
+                        CliError::Usage(format!("invalid scale specifier {pair:?}: expected SERVICE=REPLICAS"))
                     })?;
                     let n: u64 = n.parse().map_err(|_| {
-                        CliError::Usage(format!(
-                            "invalid replica count {n:?} in {pair:?}: expected a number"
-                        ))
+                        CliError::Usage(format!("invalid replica count {n:?} in {pair:?}: expected a number"))
                     })?;
                     let svc = get_service(c, name)?;
                     let mut spec = svc.spec.clone();
                     match spec.mode.replicated.as_mut() {
                         Some(r) => r.replicas = Some(n as i64),
                         None => {
-                            return Err(CliError::Usage(format!(
-                                "scale can only be used with replicated mode: {name}"
-                            )))
+                            return Err(CliError::Usage(format!("scale can only be used with replicated mode: {name}")))
                         }
                     }
                     push_update(c, &svc, &spec)?;
@@ -797,10 +717,7 @@ mod tests {
         assert_eq!(parse_bytes("100m").unwrap(), 100 << 20);
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert!(parse_bytes("lots").is_err());
-        assert_eq!(
-            split_words(r#"sh -c "echo hi there" 'a b'"#).unwrap(),
-            ["sh", "-c", "echo hi there", "a b"]
-        );
+        assert_eq!(split_words(r#"sh -c "echo hi there" 'a b'"#).unwrap(), ["sh", "-c", "echo hi there", "a b"]);
         assert!(split_words("'open").is_err());
     }
 }

@@ -65,9 +65,7 @@ pub enum SwarmCommand {
 pub fn run(c: &Client, cmd: SwarmCommand, out: &mut dyn Write) -> Result<(), CliError> {
     let (quiet, rotate, role) = match cmd {
         SwarmCommand::JoinToken { quiet, rotate, role } => (quiet, rotate, role),
-        SwarmCommand::Update { autolock, rebalance } => {
-            return super::swarm_lock::update(c, autolock, rebalance, out)
-        }
+        SwarmCommand::Update { autolock, rebalance } => return super::swarm_lock::update(c, autolock, rebalance, out),
         SwarmCommand::UnlockKey { quiet, rotate } => return super::swarm_lock::show_key(c, quiet, rotate, out),
         SwarmCommand::Unlock { key_file } => {
             return super::swarm_lock::unlock(c, key_file.as_deref(), &mut std::io::stdin().lock(), out)

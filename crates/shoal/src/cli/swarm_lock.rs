@@ -39,11 +39,14 @@ fn print_key(out: &mut dyn Write, key: &str, quiet: bool) -> Result<(), CliError
 }
 
 /// `shoal swarm update --autolock=BOOL`.
-pub fn update(c: &Client, autolock: Option<bool>, rebalance: Option<bool>, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn update(
+    c: &Client,
+    autolock: Option<bool>,
+    rebalance: Option<bool>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     if autolock.is_none() && rebalance.is_none() {
-        return Err(CliError::Usage(
-            "nothing to update: pass --autolock=true|false or --rebalance=true|false".into(),
-        ));
+        return Err(CliError::Usage("nothing to update: pass --autolock=true|false or --rebalance=true|false".into()));
     }
     let mut swarm: Value = c.get("/swarm")?;
     let version = swarm["Version"]["Index"].as_u64().unwrap_or(0);

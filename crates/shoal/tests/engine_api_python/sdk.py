@@ -162,7 +162,9 @@ refused = [
     (dict(secrets=[SecretReference("abc", "pw")]), "secret not found: pw"),
     (dict(cap_add=["CAP_NET_ADMIN"]), "ContainerSpec.CapabilityAdd is not supported yet"),
     (dict(log_driver="syslog"), "TaskTemplate.LogDriver is not supported yet"),
-    (dict(mounts=[Mount("/v", "vol", no_copy=True)]), "Mounts[0].VolumeOptions is not supported yet"),
+    # (A plain dict: the SDK's Mount refuses the combination itself.)
+    (dict(mounts=[{"Type": "bind", "Source": "/tmp", "Target": "/v", "VolumeOptions": {"NoCopy": True}}]),
+     'VolumeOptions must not be specified on mount type "bind"'),
 ]
 for kwargs, fragment in refused:
     try:
@@ -179,6 +181,15 @@ bound = client.services.create("busybox", command=["sleep", "3141"], name="sdk-b
 bound.reload()
 assert bound.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"][0]["ReadOnly"] is True, bound.attrs["Spec"]
 bound.remove()
+# A named volume with options (what every compose file's named volume sends) is honoured and shown back.
+from docker.types import DriverConfig
+
+vol = client.services.create("busybox", command=["sleep", "3141"], name="sdk-vol", mounts=[
+    Mount("/v", "vol", no_copy=True, labels={"a": "b"}, driver_config=DriverConfig("local", {"type": "tmpfs"}))])
+vol.reload()
+options = vol.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"][0]["VolumeOptions"]
+assert options == {"NoCopy": True, "Labels": {"a": "b"}, "DriverConfig": {"Name": "local", "Options": {"type": "tmpfs"}}}, options
+vol.remove()
 
 # Secrets and configs: made, listed, read (a secret never with its data, a config with it), referenced by a
 # service, not removable while it uses them, removable after.
