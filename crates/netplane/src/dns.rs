@@ -2,7 +2,7 @@
 //! namespace on `127.0.0.11:53` (UDP and TCP; the sockets are made in the namespace and served by this
 //! process, so the resolver knows which task asks) and answers from that task's `Zone`: for every service on
 //! the task's networks, `service`, `service.network` and each alias give the VIP (the task addresses in dnsrr
-//! mode), `tasks.service` and `tasks.service.network` the task addresses. Other names are forwarded from the
+//! mode), `tasks.service` and `tasks.service.network` (and the same of each alias) the task addresses. Other names are forwarded from the
 //! node's own namespace to the node's resolvers, unless all the task's networks are internal (then REFUSED).
 //!
 //! DNS messages are read and written with hickory-proto (no hand-written codec). `zone_for` and `answer` are
@@ -93,9 +93,13 @@ pub fn zone_for(state: &NodeNetState, task: &TaskState) -> Zone {
                     names.entry(full).or_default().extend(answer.iter().copied());
                 }
             }
-            let svc = s.name.to_ascii_lowercase();
-            for full in [format!("tasks.{svc}"), format!("tasks.{svc}.{net}")] {
-                names.entry(full).or_default().extend(s.backends.iter().copied());
+            // `tasks.` of the name and of each alias, as libnetwork does: a stack's service `vote_redis` has the
+            // compose file's short name `redis` as its alias, and `tasks.redis` gives its tasks.
+            for name in std::iter::once(&s.name).chain(&s.aliases) {
+                let name = name.to_ascii_lowercase();
+                for full in [format!("tasks.{name}"), format!("tasks.{name}.{net}")] {
+                    names.entry(full).or_default().extend(s.backends.iter().copied());
+                }
             }
         }
     }
@@ -453,6 +457,9 @@ mod tests {
         check(&z, "WEB.appnet.", RecordType::A, Some((ok, vip)));
         check(&z, "www", RecordType::A, Some((ok, vip)));
         check(&z, "tasks.web", RecordType::A, Some((ok, backends)));
+        // An alias (a stack service's short name) has its `tasks.` name too, as in Docker.
+        check(&z, "tasks.www", RecordType::A, Some((ok, backends)));
+        check(&z, "tasks.www.appnet", RecordType::A, Some((ok, backends)));
         check(&z, "db", RecordType::A, Some((ok, &backends[..1])));
         check(&z, "web", RecordType::AAAA, Some((ok, &[])));
         check(&z, "example.org", RecordType::A, None);

@@ -1,9 +1,14 @@
 //! The executor: reads a node's network state into an `Observed` and applies the planner's `Op`s, by running
-//! iproute2 (`ip`, `bridge`), `nft` and `sysctl`, entered into a namespace with `nsenter --net=<path>` when the
-//! node itself lives in one (tests) and for task namespaces. Shelling out instead of netlink keeps this crate
-//! free of a netlink stack and its async runtime, and every command is the one a person would type to check the
-//! result; each command is bounded (killed after `COMMAND_TIMEOUT`, at most `MAX_OUTPUT_BYTES` of output read).
-//! Only this file does IO.
+//! iproute2 (`ip`, `bridge`), `nft`, `iptables-nft`/`iptables-legacy` and `sysctl`, entered into a namespace
+//! with `nsenter --net=<path>` when the node itself lives in one (tests), for the networks' namespaces
+//! (`/run/netns/shl-net-<node key>-<vni>`, the node key being the inode of the node's network namespace) and for
+//! task namespaces. Shelling out instead of netlink keeps this crate free of a netlink stack and its async
+//! runtime, and every command is the one a person would type to check the result; each command is bounded
+//! (killed after `COMMAND_TIMEOUT`, at most `MAX_OUTPUT_BYTES` of output read). Only this file does IO.
+//!
+//! A network namespace is named by a bind mount in the mount namespace of the daemon; one made by a daemon
+//! whose mount namespace is private (`ip netns exec`, systemd's `PrivateMounts`) dies with it, and only its
+//! name is left: `observe` reports it `dead` and the planner makes it again.
 
 use std::io::{Read, Write};
 use std::net::Ipv4Addr;
@@ -14,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::names;
-use crate::plan::{plan, Fdb, Link, LinkKind, Neigh, Observed, Op, TaskIface, TaskNs};
+use crate::plan::{plan, Fdb, ForwardChain, Link, LinkKind, Neigh, NetworkNs, Observed, Op, TaskIface, TaskNs};
 use crate::state::{Ipv4Cidr, NodeNetState};
 use crate::Error;
 
@@ -22,6 +27,8 @@ use crate::Error;
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of a command's stdout (and of its stderr) read.
 pub const MAX_OUTPUT_BYTES: u64 = 16 << 20;
+/// Where `ip netns` keeps named namespaces (the networks' namespaces are there).
+pub const NETNS_DIR: &str = "/run/netns";
 /// Pause between checks of a running command.
 const POLL_PERIOD: Duration = Duration::from_millis(1);
 
@@ -52,74 +59,58 @@ impl Executor {
         Ok(ops)
     }
 
-    /// Reads the node's Shoal links, entries, table and the namespaces of `desired`'s tasks.
+    /// The key of the node's network namespace in the names of its networks' namespaces: its inode.
+    pub fn node_key(&self) -> Result<u64, Error> {
+        use std::os::unix::fs::MetadataExt;
+        let p = self.host_netns.clone().unwrap_or_else(|| PathBuf::from("/proc/self/ns/net"));
+        std::fs::metadata(&p)
+            .map(|m| m.ino())
+            .map_err(|e| Error::Invalid(format!("cannot read the node's network namespace {}: {e}", p.display())))
+    }
+
+    /// Path of the namespace of the network with VNI `vni` (`names::network_netns` under /run/netns).
+    pub fn network_netns(&self, vni: u32) -> Result<PathBuf, Error> {
+        Ok(Path::new(NETNS_DIR).join(names::network_netns(self.node_key()?, vni)))
+    }
+
+    /// Reads the node's Shoal links, network namespaces (with their links and entries), table, iptables
+    /// FORWARD chains and the namespaces of `desired`'s tasks.
     pub fn observe(&self, desired: &NodeNetState) -> Result<Observed, Error> {
-        let mut obs = Observed::default();
-        let links = self.json(None, &["ip", "-j", "-d", "addr", "show"])?;
-        for l in links.as_array().into_iter().flatten() {
-            let name = str_of(l, "ifname");
-            if !names::is_shoal_link(name) {
-                continue;
-            }
-            let info = &l["linkinfo"];
-            let data = &info["info_data"];
-            let kind = match info["info_kind"].as_str().unwrap_or("") {
-                "bridge" => LinkKind::Bridge,
-                "veth" => LinkKind::Veth,
-                "vxlan" => LinkKind::Vxlan {
-                    vni: data["id"].as_u64().unwrap_or(0) as u32,
-                    port: data["port"].as_u64().unwrap_or(0) as u16,
-                    local: data["local"].as_str().and_then(|s| s.parse().ok()),
-                    learning: data["learning"].as_bool().unwrap_or(true),
-                    proxy: data["proxy"].as_bool().unwrap_or(false),
-                },
-                other => LinkKind::Other(other.to_string()),
-            };
-            obs.links.insert(
-                name.to_string(),
-                Link {
-                    kind,
-                    master: l["master"].as_str().map(str::to_string),
-                    up: has_flag(l, "UP"),
-                    mtu: l["mtu"].as_u64().unwrap_or(0) as u16,
-                    addrs: inet_addrs(l),
-                    // Read below with the node's other settings.
-                    route_localnet: false,
-                },
-            );
+        let mut obs = Observed {
+            links: shoal_links(&self.json(None, &["ip", "-j", "-d", "addr", "show"])?),
+            ..Observed::default()
+        };
+        let key = self.node_key()?;
+        let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(NETNS_DIR)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                Some((names::network_netns_vni(key, &name)?, Path::new(NETNS_DIR).join(name)))
+            })
+            .collect();
+        found.sort();
+        for (vni, path) in found {
+            obs.networks.insert(vni, self.observe_network(&path)?);
         }
-        for f in self.json(None, &["bridge", "-j", "fdb", "show"])?.as_array().into_iter().flatten() {
-            let dev = str_of(f, "ifname");
-            let (Some(dst), Ok(mac)) = (f["dst"].as_str().and_then(|d| d.parse().ok()), str_of(f, "mac").parse())
-            else {
-                continue;
-            };
-            if dev.starts_with(names::VXLAN_PREFIX) {
-                obs.fdb.insert(Fdb { dev: dev.to_string(), mac, dst });
-            }
-        }
-        let neigh = self.json(None, &["ip", "-j", "neigh", "show", "nud", "permanent"])?;
-        for e in neigh.as_array().into_iter().flatten() {
-            let dev = str_of(e, "dev");
-            let (Ok(ip), Ok(mac)) = (str_of(e, "dst").parse(), str_of(e, "lladdr").parse()) else {
-                continue;
-            };
-            if dev.starts_with(names::VXLAN_PREFIX) {
-                obs.neigh.insert(Neigh { dev: dev.to_string(), ip, mac });
-            }
-        }
-        obs.node_table = self.table_tag(None)?;
-        // One `sysctl` for the node's forwarding and each bridge's `route_localnet`, in that order.
-        let bridges: Vec<String> =
-            obs.links.iter().filter(|(_, l)| l.kind == LinkKind::Bridge).map(|(n, _)| n.clone()).collect();
+        let tables = self.run(None, &["nft", "list", "tables"], None)?;
+        obs.node_table = self.table_tag(None, &tables)?;
+        obs.firewall = self.forward_chains(&tables)?;
+        // One `sysctl` for the node's forwarding and each gateway end's `route_localnet`, in that order.
+        let gateways: Vec<String> = obs
+            .links
+            .iter()
+            .filter(|(n, l)| l.kind == LinkKind::Veth && n.starts_with(names::GATEWAY_PREFIX))
+            .map(|(n, _)| n.clone())
+            .collect();
         let mut keys = vec!["net.ipv4.ip_forward".to_string()];
-        keys.extend(bridges.iter().map(|b| format!("net.ipv4.conf.{b}.route_localnet")));
+        keys.extend(gateways.iter().map(|b| format!("net.ipv4.conf.{b}.route_localnet")));
         let mut args = vec!["sysctl", "-n"];
         args.extend(keys.iter().map(String::as_str));
         let out = self.run(None, &args, None)?;
         let mut values = out.lines().map(|v| v.trim() == "1");
         obs.ip_forward = values.next().unwrap_or(false);
-        for (b, on) in bridges.iter().zip(values) {
+        for (b, on) in gateways.iter().zip(values) {
             if let Some(l) = obs.links.get_mut(b) {
                 l.route_localnet = on;
             }
@@ -146,10 +137,87 @@ impl Executor {
             let routes = self.json(ns, &["ip", "-j", "route", "show", "default"])?;
             tns.default_gw =
                 routes.as_array().and_then(|r| r.first()).and_then(|r| r["gateway"].as_str()?.parse().ok());
-            tns.table = self.table_tag(ns)?;
+            let tables = self.run(ns, &["nft", "list", "tables"], None)?;
+            tns.table = self.table_tag(ns, &tables)?;
             obs.tasks.insert(t.netns.clone(), tns);
         }
         Ok(obs)
+    }
+
+    /// One network namespace: its links, forwarding and neighbour entries, read with one command.
+    fn observe_network(&self, path: &Path) -> Result<NetworkNs, Error> {
+        if !is_netns(path) {
+            return Ok(NetworkNs { dead: true, ..NetworkNs::default() });
+        }
+        const SEP: &str = "@@shoal@@";
+        let script = format!(
+            "ip -j -d addr show && echo {SEP} && bridge -j fdb show && echo {SEP} && ip -j neigh show nud permanent"
+        );
+        let out = self.run(Some(path), &["sh", "-c", &script], None)?;
+        let parts: Vec<&str> = out.split(SEP).collect();
+        let [links, fdb, neigh] = parts.as_slice() else {
+            return Err(Error::Parse { command: script, detail: format!("{} parts, not 3", parts.len()) });
+        };
+        let parse = |text: &str| -> Result<Value, Error> {
+            if text.trim().is_empty() {
+                return Ok(Value::Array(Vec::new()));
+            }
+            serde_json::from_str(text).map_err(|e| Error::Parse { command: script.clone(), detail: e.to_string() })
+        };
+        let mut ns = NetworkNs { links: shoal_links(&parse(links)?), ..NetworkNs::default() };
+        for f in parse(fdb)?.as_array().into_iter().flatten() {
+            let dev = str_of(f, "ifname");
+            let (Some(dst), Ok(mac)) = (f["dst"].as_str().and_then(|d| d.parse().ok()), str_of(f, "mac").parse())
+            else {
+                continue;
+            };
+            if dev.starts_with(names::VXLAN_PREFIX) {
+                ns.fdb.insert(Fdb { dev: dev.to_string(), mac, dst });
+            }
+        }
+        for e in parse(neigh)?.as_array().into_iter().flatten() {
+            let dev = str_of(e, "dev");
+            let (Ok(ip), Ok(mac)) = (str_of(e, "dst").parse(), str_of(e, "lladdr").parse()) else {
+                continue;
+            };
+            if dev.starts_with(names::VXLAN_PREFIX) {
+                ns.neigh.insert(Neigh { dev: dev.to_string(), ip, mac });
+            }
+        }
+        Ok(ns)
+    }
+
+    /// The filter FORWARD chains of the node's iptables back ends that have a filter table: iptables-nft's
+    /// when nftables lists `table ip filter`, iptables-legacy's when `/proc/net/ip_tables_names` lists
+    /// `filter` (listing it with the legacy tool would create it).
+    fn forward_chains(&self, nft_tables: &str) -> Result<Vec<ForwardChain>, Error> {
+        let mut out = Vec::new();
+        let legacy = self.run(None, &["sh", "-c", "cat /proc/net/ip_tables_names 2>/dev/null; true"], None)?;
+        for (present, tool, marker) in [
+            (nft_tables.lines().any(|l| l.trim() == "table ip filter"), "iptables-nft", "nf_tables"),
+            (legacy.lines().any(|l| l.trim() == "filter"), "iptables-legacy", "legacy"),
+        ] {
+            if !present {
+                continue;
+            }
+            let Some(iptables) = self.iptables_command(tool, marker) else { continue };
+            // No FORWARD chain in that table (made by something else): nothing forwarded is decided there.
+            let Ok(listing) = self.run(None, &[&iptables, "-w", "-S", "FORWARD"], None) else { continue };
+            let rules = listing.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
+            out.push(ForwardChain { iptables, rules });
+        }
+        Ok(out)
+    }
+
+    /// The command of iptables back end `tool` (`iptables-nft`, `iptables-legacy`), or plain `iptables` when
+    /// that is the back end (its version line says `marker`).
+    fn iptables_command(&self, tool: &str, marker: &str) -> Option<String> {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+        if std::env::split_paths(&path).any(|d| d.join(tool).exists()) {
+            return Some(tool.to_string());
+        }
+        let version = self.run(None, &["iptables", "-V"], None).ok()?;
+        version.contains(marker).then(|| "iptables".to_string())
     }
 
     /// Applies `ops` in order, stopping at the first that fails.
@@ -162,23 +230,36 @@ impl Executor {
 
     fn apply_one(&self, op: &Op) -> Result<(), Error> {
         let t = names::NFT_TABLE;
+        let netns = |vni: &u32| self.network_netns(*vni);
         match op {
             Op::DeleteLink { name } => self.ok(None, &["ip", "link", "del", name]),
+            Op::DeleteNetLink { vni, name } => self.ok(Some(&netns(vni)?), &["ip", "link", "del", name]),
             Op::DeleteTaskLink { netns, ifname } => self.ok(Some(netns), &["ip", "link", "del", ifname]),
-            Op::DelFdb(f) => self.ok(
-                None,
+            Op::DelFdb { vni, fdb: f } => self.ok(
+                Some(&netns(vni)?),
                 &["bridge", "fdb", "del", &f.mac.to_string(), "dev", &f.dev, "dst", &f.dst.to_string(), "self"],
             ),
-            Op::DelNeigh(n) => self.ok(None, &["ip", "neigh", "del", &n.ip.to_string(), "dev", &n.dev]),
-            Op::CreateBridge { name, mtu, addrs } => {
-                self.ok(None, &["ip", "link", "add", name, "mtu", &mtu.to_string(), "type", "bridge"])?;
-                for a in addrs {
-                    self.ok(None, &["ip", "addr", "add", &a.to_string(), "dev", name])?;
-                }
-                self.ok(None, &["ip", "link", "set", name, "up"])
+            Op::DelNeigh { vni, neigh: n } => {
+                self.ok(Some(&netns(vni)?), &["ip", "neigh", "del", &n.ip.to_string(), "dev", &n.dev])
             }
-            Op::CreateVxlan { name, vni, port, local, mtu, bridge } => {
-                let (vni, port, local, mtu) = (vni.to_string(), port.to_string(), local.to_string(), mtu.to_string());
+            Op::CreateNetworkNs { vni } => {
+                let name = names::network_netns(self.node_key()?, *vni);
+                self.ok(None, &["ip", "netns", "add", &name])
+            }
+            Op::DeleteNetworkNs { vni } => {
+                let name = names::network_netns(self.node_key()?, *vni);
+                self.ok(None, &["ip", "netns", "delete", &name])
+            }
+            Op::CreateBridge { vni, name, mtu } => {
+                let ns = netns(vni)?;
+                self.ok(Some(&ns), &["ip", "link", "add", name, "mtu", &mtu.to_string(), "type", "bridge"])?;
+                self.ok(Some(&ns), &["ip", "link", "set", name, "up"])
+            }
+            Op::CreateVxlan { vni, name, port, local, mtu, bridge } => {
+                let ns = netns(vni)?;
+                let ns_arg = path_str(&ns)?;
+                let (id, port, local, mtu) = (vni.to_string(), port.to_string(), local.to_string(), mtu.to_string());
+                // Made in the node's namespace, so its UDP socket is there (on the underlay), then moved.
                 self.ok(
                     None,
                     &[
@@ -191,7 +272,7 @@ impl Executor {
                         "type",
                         "vxlan",
                         "id",
-                        &vni,
+                        &id,
                         "dstport",
                         &port,
                         "local",
@@ -200,11 +281,46 @@ impl Executor {
                         "proxy",
                     ],
                 )?;
-                self.ok(None, &["ip", "link", "set", name, "master", bridge, "up"])
+                self.ok(None, &["ip", "link", "set", name, "netns", ns_arg])?;
+                self.ok(Some(&ns), &["ip", "link", "set", name, "master", bridge, "up"])
             }
-            Op::SetMaster { name, master } => self.ok(None, &["ip", "link", "set", name, "master", master]),
-            Op::AddFdb(f) => self.ok(
-                None,
+            Op::CreateGateway { vni, name, peer, bridge, mtu, addrs, mac } => {
+                let ns = netns(vni)?;
+                let mtu = mtu.to_string();
+                self.ok(
+                    None,
+                    &[
+                        "ip",
+                        "link",
+                        "add",
+                        name,
+                        "mtu",
+                        &mtu,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        peer,
+                        "mtu",
+                        &mtu,
+                        "netns",
+                        path_str(&ns)?,
+                    ],
+                )?;
+                if let Some(mac) = mac {
+                    self.ok(None, &["ip", "link", "set", name, "address", &mac.to_string()])?;
+                }
+                for a in addrs {
+                    self.ok(None, &["ip", "addr", "add", &a.to_string(), "dev", name])?;
+                }
+                self.ok(None, &["ip", "link", "set", name, "up"])?;
+                self.ok(Some(&ns), &["ip", "link", "set", peer, "master", bridge, "up"])
+            }
+            Op::SetMaster { vni, name, master } => {
+                self.ok(Some(&netns(vni)?), &["ip", "link", "set", name, "master", master])
+            }
+            Op::AddFdb { vni, fdb: f } => self.ok(
+                Some(&netns(vni)?),
                 &[
                     "bridge",
                     "fdb",
@@ -218,8 +334,8 @@ impl Executor {
                     "permanent",
                 ],
             ),
-            Op::AddNeigh(n) => self.ok(
-                None,
+            Op::AddNeigh { vni, neigh: n } => self.ok(
+                Some(&netns(vni)?),
                 &[
                     "ip",
                     "neigh",
@@ -233,41 +349,66 @@ impl Executor {
                     "permanent",
                 ],
             ),
-            Op::CreateVeth { host, bridge, netns, ifname, mac, addr, mtu } => {
+            Op::CreateVeth { vni, host, bridge, netns: task_ns, ifname, mac, addr, mtu } => {
+                let ns = netns(vni)?;
                 let (mtu, mac) = (mtu.to_string(), mac.to_string());
-                let ns =
-                    netns.to_str().ok_or_else(|| Error::Invalid(format!("namespace path {netns:?} is not UTF-8")))?;
                 self.ok(
-                    None,
+                    Some(&ns),
                     &[
-                        "ip", "link", "add", host, "mtu", &mtu, "type", "veth", "peer", "name", ifname, "mtu", &mtu,
-                        "address", &mac, "netns", ns,
+                        "ip",
+                        "link",
+                        "add",
+                        host,
+                        "mtu",
+                        &mtu,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        ifname,
+                        "mtu",
+                        &mtu,
+                        "address",
+                        &mac,
+                        "netns",
+                        path_str(task_ns)?,
                     ],
                 )?;
-                self.ok(None, &["ip", "link", "set", host, "master", bridge, "up"])?;
-                self.ok(Some(netns), &["ip", "addr", "add", &addr.to_string(), "dev", ifname])?;
-                self.ok(Some(netns), &["ip", "link", "set", ifname, "up"])?;
-                self.ok(Some(netns), &["ip", "link", "set", "lo", "up"])
+                self.ok(Some(&ns), &["ip", "link", "set", host, "master", bridge, "up"])?;
+                self.ok(Some(task_ns), &["ip", "addr", "add", &addr.to_string(), "dev", ifname])?;
+                self.ok(Some(task_ns), &["ip", "link", "set", ifname, "up"])?;
+                self.ok(Some(task_ns), &["ip", "link", "set", "lo", "up"])
             }
             Op::SetDefaultRoute { netns, via: Some((gw, dev)) } => {
                 self.ok(Some(netns), &["ip", "route", "replace", "default", "via", &gw.to_string(), "dev", dev])
             }
             Op::SetDefaultRoute { netns, via: None } => self.ok(Some(netns), &["ip", "route", "del", "default"]),
             Op::EnableIpForward => self.ok(None, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
-            Op::RouteLocalnet { bridge } => {
-                self.ok(None, &["sysctl", "-qw", &format!("net.ipv4.conf.{bridge}.route_localnet=1")])
+            Op::RouteLocalnet { link } => {
+                self.ok(None, &["sysctl", "-qw", &format!("net.ipv4.conf.{link}.route_localnet=1")])
             }
             Op::ApplyNodeTable { script } => self.run(None, &["nft", "-f", "-"], Some(script)).map(drop),
             Op::DeleteNodeTable => self.ok(None, &["nft", "delete", "table", "ip", t]),
             Op::ApplyTaskTable { netns, script } => self.run(Some(netns), &["nft", "-f", "-"], Some(script)).map(drop),
             Op::DeleteTaskTable { netns } => self.ok(Some(netns), &["nft", "delete", "table", "ip", t]),
+            Op::InsertForwardRule { iptables, position, rule } => {
+                let pos = position.to_string();
+                let mut args = vec![iptables.as_str(), "-w", "-I", "FORWARD", &pos];
+                args.extend(rule.iter().map(String::as_str));
+                self.ok(None, &args)
+            }
+            Op::DeleteForwardRule { iptables, rule } => {
+                let mut args = vec![iptables.as_str(), "-w", "-D", "FORWARD"];
+                args.extend(rule.iter().map(String::as_str));
+                self.ok(None, &args)
+            }
         }
     }
 
-    /// The comment of the `ip shoal` table in `netns` (the node's when `None`), or `None` when there is none.
-    fn table_tag(&self, netns: Option<&Path>) -> Result<Option<String>, Error> {
+    /// The comment of the `ip shoal` table in `netns` (the node's when `None`), whose `nft list tables` is
+    /// `tables`, or `None` when there is none.
+    fn table_tag(&self, netns: Option<&Path>, tables: &str) -> Result<Option<String>, Error> {
         let t = names::NFT_TABLE;
-        let tables = self.run(netns, &["nft", "list", "tables"], None)?;
         if !tables.lines().any(|l| l.trim() == format!("table ip {t}")) {
             return Ok(None);
         }
@@ -352,6 +493,57 @@ fn run_bounded(cmd: &mut Command, shown: &str, stdin: Option<&str>) -> Result<St
         return Err(Error::Command { command: shown.to_string(), status: status.to_string(), stderr: err });
     }
     Ok(out)
+}
+
+/// The Shoal links (`names::is_shoal_link`) of an `ip -j -d addr show` listing.
+fn shoal_links(listing: &Value) -> std::collections::BTreeMap<String, Link> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in listing.as_array().into_iter().flatten() {
+        let name = str_of(l, "ifname");
+        if !names::is_shoal_link(name) {
+            continue;
+        }
+        let info = &l["linkinfo"];
+        let data = &info["info_data"];
+        let kind = match info["info_kind"].as_str().unwrap_or("") {
+            "bridge" => LinkKind::Bridge,
+            "veth" => LinkKind::Veth,
+            "vxlan" => LinkKind::Vxlan {
+                vni: data["id"].as_u64().unwrap_or(0) as u32,
+                port: data["port"].as_u64().unwrap_or(0) as u16,
+                local: data["local"].as_str().and_then(|s| s.parse().ok()),
+                learning: data["learning"].as_bool().unwrap_or(true),
+                proxy: data["proxy"].as_bool().unwrap_or(false),
+            },
+            other => LinkKind::Other(other.to_string()),
+        };
+        let link = Link {
+            kind,
+            master: l["master"].as_str().map(str::to_string),
+            up: has_flag(l, "UP"),
+            mtu: l["mtu"].as_u64().unwrap_or(0) as u16,
+            addrs: inet_addrs(l),
+            mac: str_of(l, "address").parse().ok(),
+            // Read by `observe` with the node's other settings.
+            route_localnet: false,
+        };
+        out.insert(name.to_string(), link);
+    }
+    out
+}
+
+/// Whether `path` is a network namespace (a bind mount of nsfs), not a name left without its mount.
+fn is_netns(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), std::fs::metadata("/proc/self/ns/net")) {
+        (Ok(p), Ok(own)) => p.dev() == own.dev(),
+        _ => false,
+    }
+}
+
+/// A path as a command argument.
+fn path_str(p: &Path) -> Result<&str, Error> {
+    p.to_str().ok_or_else(|| Error::Invalid(format!("namespace path {p:?} is not UTF-8")))
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {

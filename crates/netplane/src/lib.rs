@@ -1,7 +1,10 @@
 //! The node's data plane: what makes packets flow between the tasks of an overlay network. For each network a
-//! node carries, a bridge and a VXLAN device (static forwarding and neighbour entries from the manager's view
-//! of which task address lives on which node: no multicast, no flooding, no learning); for each task, a veth
-//! from the bridge into the task's network namespace with its allocated address and default route; for each
+//! node carries, a namespace of its own holding a bridge and a VXLAN device (static forwarding and neighbour
+//! entries from the manager's view of which task address lives on which node: no multicast, no flooding, no
+//! learning), linked to the node by a gateway veth unless the network is internal; for each task, a veth
+//! from the bridge into the task's network namespace with its allocated address and default route; on hosts
+//! whose iptables FORWARD chain would drop (Docker's), accept rules for what the node forwards for its
+//! networks, owned and removed by Shoal; for each
 //! service, its VIP DNATed to the backends in an nftables table of Shoal's own in every task namespace; and a
 //! DNS resolver (`dns`) answering each task's service names inside its namespace.
 //!

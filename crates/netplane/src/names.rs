@@ -1,6 +1,11 @@
-//! The names Shoal gives what it creates on a node, in one place: every host link starts with `shl` (bridges
-//! `shlb<vni>`, VXLAN devices `shlx<vni>`, task veths `shlv<hash>`), the nftables table is `ip shoal` on the
-//! node and in each task namespace. Interface names stay within the kernel's 15 bytes. Pure functions.
+//! The names Shoal gives what it creates on a node, in one place. Each network has a namespace of its own,
+//! `shl-net-<node key>-<vni>` under /run/netns (the node key is the inode of the node's network namespace, so
+//! the daemons of several node namespaces on one machine never share a name), holding its bridge `shlb<vni>`,
+//! its VXLAN device `shlx<vni>`, the network end `shlu<vni>` of its gateway veth and the bridge ends
+//! `shlv<hash>` of its tasks' veths; in the node's namespace, the gateway end `shlg<vni>`. Every link starts
+//! with `shl`; the nftables table is `ip shoal` on the node and in each task namespace; the node's iptables
+//! FORWARD rules carry the comment `shoal-netplane`. Interface names stay within the kernel's 15 bytes. Pure
+//! functions.
 
 /// Name of the nftables table (family `ip`) Shoal owns, on the node and in each task namespace.
 pub const NFT_TABLE: &str = "shoal";
@@ -8,8 +13,36 @@ pub const NFT_TABLE: &str = "shoal";
 pub const BRIDGE_PREFIX: &str = "shlb";
 /// Prefix of the VXLAN devices.
 pub const VXLAN_PREFIX: &str = "shlx";
-/// Prefix of the host ends of task veths.
+/// Prefix of the bridge ends of task veths (in the network's namespace).
 pub const VETH_PREFIX: &str = "shlv";
+/// Prefix of the node ends of the networks' gateway veths (in the node's namespace).
+pub const GATEWAY_PREFIX: &str = "shlg";
+/// Prefix of the network ends of the gateway veths (in the network's namespace, on the bridge).
+pub const UPLINK_PREFIX: &str = "shlu";
+/// Prefix of the networks' namespaces (`ip netns` names).
+pub const NETWORK_NETNS_PREFIX: &str = "shl-net-";
+/// Comment of the iptables FORWARD rules Shoal owns on the node.
+pub const IPTABLES_COMMENT: &str = "shoal-netplane";
+
+/// The namespace of the network with VNI `vni` on the node whose network namespace has inode `node_key`.
+pub fn network_netns(node_key: u64, vni: u32) -> String {
+    format!("{NETWORK_NETNS_PREFIX}{node_key}-{vni}")
+}
+
+/// The VNI of a network namespace name of node `node_key`, if it is one.
+pub fn network_netns_vni(node_key: u64, name: &str) -> Option<u32> {
+    name.strip_prefix(&format!("{NETWORK_NETNS_PREFIX}{node_key}-"))?.parse().ok()
+}
+
+/// The node end of the gateway veth of the network with VNI `vni`: it carries the gateway address.
+pub fn gateway(vni: u32) -> String {
+    format!("{GATEWAY_PREFIX}{vni}")
+}
+
+/// The network end of that veth, a port of the network's bridge.
+pub fn uplink(vni: u32) -> String {
+    format!("{UPLINK_PREFIX}{vni}")
+}
 
 /// The bridge of the network with VNI `vni`.
 pub fn bridge(vni: u32) -> String {
@@ -34,7 +67,7 @@ pub fn task_ifname(index: usize) -> String {
 
 /// Whether a host link name is one Shoal made.
 pub fn is_shoal_link(name: &str) -> bool {
-    [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX].iter().any(|p| name.starts_with(p))
+    [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX, GATEWAY_PREFIX, UPLINK_PREFIX].iter().any(|p| name.starts_with(p))
 }
 
 /// 64-bit FNV-1a over the concatenation of `parts` (names and nftables content tags; not security relevant).
@@ -55,11 +88,19 @@ mod tests {
 
     #[test]
     fn names_fit_the_kernel_limit_and_are_recognised() {
-        for n in [bridge(crate::state::MAX_VNI), vxlan(crate::state::MAX_VNI), veth("a".repeat(64).as_str(), "n")] {
+        for n in [
+            bridge(crate::state::MAX_VNI),
+            vxlan(crate::state::MAX_VNI),
+            veth("a".repeat(64).as_str(), "n"),
+            gateway(crate::state::MAX_VNI),
+            uplink(crate::state::MAX_VNI),
+        ] {
             assert!(n.len() <= 15, "{n}");
             assert!(is_shoal_link(&n));
         }
         assert!(!is_shoal_link("eth0"));
         assert_ne!(veth("t1", "n1"), veth("t1", "n2"));
+        assert_eq!(network_netns_vni(4026532000, &network_netns(4026532000, 42)), Some(42));
+        assert_eq!(network_netns_vni(4026532001, &network_netns(4026532000, 42)), None);
     }
 }

@@ -5,17 +5,18 @@
 //! - In a task namespace: the VIPs of the task's networks. Connections the task opens to a VIP are DNATed in the
 //!   output hook to one backend chosen by `numgen random mod N` (conntrack keeps a connection on its backend);
 //!   a VIP with no backend refuses (TCP reset, ICMP unreachable otherwise).
-//! - On the node: networks cannot reach each other through the node (forward hook), internal networks reach
-//!   nothing outside their bridge, and the others leave the node masqueraded.
+//! - On the node (where each non-internal network has its gateway end `shlg<vni>`, `names`): networks cannot
+//!   reach each other through the node (forward hook), and what leaves a network through the node is
+//!   masqueraded. Internal networks have no gateway end: they reach nothing outside their namespace.
 //! - On the node, published ports (routing mesh and host mode): a connection to any local address on a
 //!   published port, arriving (prerouting) or opened on the node itself (output, loopback included), is
 //!   DNATed to one backend, `numgen inc` spreading connections evenly (conntrack keeps each on its backend); what
-//!   leaves through the ingress network's bridge after such a DNAT is SNATed to the node's ingress address,
+//!   leaves through the ingress network's gateway end after such a DNAT is SNATed to the node's ingress address,
 //!   so a backend on another node answers through this one (so does what the node itself sends there, which
 //!   would otherwise leave from the gateway address every node has); one the node opened from loopback and
-//!   leaving by another bridge is masqueraded to that bridge's address. The bridges route loopback addresses
+//!   leaving by another gateway end is masqueraded to its address. The gateway ends route loopback addresses
 //!   (`route_localnet`, set after the table: `plan::Op::RouteLocalnet`) for the replies, and the table's
-//!   `loopback_guard` drops whatever else arrives on a bridge for 127.0.0.0/8. A published port with no backend is refused
+//!   `loopback_guard` drops whatever else arrives on one for 127.0.0.0/8. A published port with no backend is refused
 //!   (TCP reset, ICMP unreachable otherwise). Such a DNATed connection passes the isolation rules: a task of
 //!   another network may reach the mesh through its own node's address. The rule set is two rules per published port and at most one
 //!   map entry per backend (bounded by `MAX_PUBLISHED_PORTS` and `MAX_BACKENDS_PER_SERVICE`).
@@ -94,17 +95,12 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
     networks.sort_by_key(|n| n.vni);
     let mut fwd = String::new();
     let mut post = String::new();
-    for n in networks {
-        let br = names::bridge(n.vni);
-        if n.internal {
-            let _ = writeln!(fwd, "    iifname \"{br}\" oifname != \"{br}\" drop");
-            let _ = writeln!(fwd, "    oifname \"{br}\" iifname != \"{br}\" drop");
-        } else {
-            let _ =
-                writeln!(fwd, "    iifname \"{br}\" oifname \"{}*\" oifname != \"{br}\" drop", names::BRIDGE_PREFIX);
-            let net = format!("{}/{}", n.subnet.network(), n.subnet.prefix_len);
-            let _ = writeln!(post, "    ip saddr {net} oifname != \"{br}\" masquerade");
-        }
+    // An internal network has no gateway end on the node: nothing of it reaches the node, nothing needs a rule.
+    for n in networks.into_iter().filter(|n| !n.internal) {
+        let gw = names::gateway(n.vni);
+        let _ = writeln!(fwd, "    iifname \"{gw}\" oifname \"{}*\" oifname != \"{gw}\" drop", names::GATEWAY_PREFIX);
+        let net = format!("{}/{}", n.subnet.network(), n.subnet.prefix_len);
+        let _ = writeln!(post, "    ip saddr {net} oifname != \"{gw}\" masquerade");
     }
     if !state.published.is_empty() {
         // A connection to a published port is one the node chose to forward (its DNAT), whichever network it
@@ -113,7 +109,7 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
     }
     if let Some(i) = &state.ingress {
         if let Some(n) = state.network(&i.network_id) {
-            let br = names::bridge(n.vni);
+            let br = names::gateway(n.vni);
             // What the node forwards (after a published port's DNAT) and what it sends itself (from the
             // gateway, the subnet route's source, which every node has) leaves from its own address.
             post.insert_str(
@@ -127,11 +123,12 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
         }
     }
     // A connection the node opens to a published port on 127.0.0.1 keeps its loopback source through the
-    // DNAT; leaving by a bridge, it takes the bridge's address (the ingress bridge's rule above comes first).
-    let _ = writeln!(post, "    oifname \"{}*\" ip saddr 127.0.0.0/8 ct status dnat masquerade", names::BRIDGE_PREFIX);
+    // DNAT; leaving by a gateway end, it takes that end's address (the ingress network's rule above comes
+    // first).
+    let _ = writeln!(post, "    oifname \"{}*\" ip saddr 127.0.0.0/8 ct status dnat masquerade", names::GATEWAY_PREFIX);
     let mut body = String::new();
     let _ = writeln!(body, "  chain isolate {{\n    type filter hook forward priority -10; policy accept;\n{fwd}  }}");
-    // The bridges route loopback addresses (`route_localnet`, for the replies of those connections): what
+    // The gateway ends route loopback addresses (`route_localnet`, for the replies of those connections): what
     // arrives on one for 127.0.0.0/8 is dropped unless it belongs to a connection Shoal DNATed, so a task
     // never reaches what listens on the node's loopback (CVE-2020-8558 in kube-proxy).
     let _ = writeln!(
@@ -139,7 +136,7 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
         "  chain loopback_guard {{\n    type filter hook input priority -10; policy accept;\n    \
          iifname \"{b}*\" ip daddr 127.0.0.0/8 ct status dnat accept\n    \
          iifname \"{b}*\" ip daddr 127.0.0.0/8 drop\n  }}",
-        b = names::BRIDGE_PREFIX
+        b = names::GATEWAY_PREFIX
     );
     let _ = writeln!(body, "  chain egress {{\n    type nat hook postrouting priority 100; policy accept;\n{post}  }}");
     if !state.published.is_empty() {

@@ -1,9 +1,17 @@
 //! The planner: `plan(observed, desired)` compares what a node has (`Observed`, read by the executor) with what
 //! it should have (`NodeNetState`) and returns the operations that close the gap, in an order that works
-//! (removals first, then bridges, VXLAN devices, forwarding entries, veths, routes, tables). Sans-IO: it reads
-//! no host state and runs no command, so every case is a unit test. Applying the plan and planning again from a
-//! fresh observation yields nothing; planning from an empty desired state removes every Shoal link and table of
-//! the node (task namespaces are the executor's: they go with their tasks).
+//! (removals first, then the node's table and firewall rules, the networks' namespaces, bridges, VXLAN devices,
+//! gateway veths, forwarding entries, task veths, routes, task tables). Sans-IO: it reads no host state and
+//! runs no command, so every case is a unit test. Applying the plan and planning again from a fresh
+//! observation yields nothing; planning from an empty desired state removes every Shoal link, network
+//! namespace, table and iptables rule of the node (task namespaces are the executor's: they go with their
+//! tasks).
+//!
+//! Where things live (docs/design/netplane.md, "A namespace per network"): each network's bridge, VXLAN
+//! device and the bridge ends of its tasks' veths are in the network's own namespace (`Op`s name it by VNI),
+//! so traffic between tasks of a network is bridged where the host's firewall does not apply; the node's
+//! namespace has one veth end per non-internal network (`shlg<vni>`, the gateway address), which is where
+//! the node routes, masquerades and forwards published ports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -16,21 +24,45 @@ use crate::state::{mac_for, Ipv4Cidr, Mac, NodeNetState};
 /// What the node has, as far as Shoal is concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observed {
-    /// Every host link whose name is Shoal's (`names::is_shoal_link`).
+    /// Every link of the node's namespace whose name is Shoal's (`names::is_shoal_link`): the networks'
+    /// gateway ends, and whatever else carries a Shoal name there (removed).
     pub links: BTreeMap<String, Link>,
-    /// Static forwarding entries (with a remote destination) of Shoal's VXLAN devices.
-    pub fdb: BTreeSet<Fdb>,
-    /// Permanent neighbour entries of Shoal's VXLAN devices.
-    pub neigh: BTreeSet<Neigh>,
+    /// The node's network namespaces (`names::network_netns`), by VNI.
+    pub networks: BTreeMap<u32, NetworkNs>,
     /// The comment of the node's `ip shoal` table, when it exists.
     pub node_table: Option<String>,
     /// Whether the node forwards IPv4 (`net.ipv4.ip_forward`).
     pub ip_forward: bool,
+    /// The filter table's FORWARD chain of each iptables back end that has a filter table on the node.
+    pub firewall: Vec<ForwardChain>,
     /// The namespaces of the desired tasks, by path.
     pub tasks: BTreeMap<PathBuf, TaskNs>,
 }
 
-/// One host link.
+/// What one network's namespace has.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkNs {
+    /// The name is there but is no namespace any more (its bind mount died with the mount namespace that
+    /// made it): it is deleted and made again.
+    pub dead: bool,
+    /// Its Shoal links (bridge, VXLAN device, uplink, task veth ends).
+    pub links: BTreeMap<String, Link>,
+    /// Static forwarding entries (with a remote destination) of its VXLAN device.
+    pub fdb: BTreeSet<Fdb>,
+    /// Permanent neighbour entries of its VXLAN device.
+    pub neigh: BTreeSet<Neigh>,
+}
+
+/// The filter FORWARD chain of one iptables back end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForwardChain {
+    /// The back end's command (`iptables-nft`, `iptables-legacy`).
+    pub iptables: String,
+    /// What `<iptables> -S FORWARD` prints, one line each (`-P FORWARD DROP`, `-A FORWARD -j DOCKER-USER`).
+    pub rules: Vec<String>,
+}
+
+/// One link.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
     /// What it is.
@@ -43,7 +75,9 @@ pub struct Link {
     pub mtu: u16,
     /// Its IPv4 addresses.
     pub addrs: Vec<Ipv4Cidr>,
-    /// `net.ipv4.conf.<link>.route_localnet` (read for bridges only): whether the node routes loopback
+    /// Its Ethernet address.
+    pub mac: Option<Mac>,
+    /// `net.ipv4.conf.<link>.route_localnet` (read for gateway ends only): whether the node routes loopback
     /// addresses through it, which a published port reached on 127.0.0.1 needs (its DNAT keeps the loopback
     /// source until the egress rules rewrite it, and replies come back to 127.0.0.1).
     pub route_localnet: bool,
@@ -119,38 +153,66 @@ pub struct TaskIface {
     pub up: bool,
 }
 
-/// One change to the node.
+/// One change to the node. `vni` names the network whose namespace an op runs in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Delete a host link (for a veth, both ends).
+    /// Delete a link of the node's namespace (for a veth, both ends).
     DeleteLink { name: String },
+    /// Delete a link of a network's namespace (for a veth, both ends).
+    DeleteNetLink { vni: u32, name: String },
     /// Delete an interface inside a task namespace.
     DeleteTaskLink { netns: PathBuf, ifname: String },
     /// Remove a static forwarding entry.
-    DelFdb(Fdb),
+    DelFdb { vni: u32, fdb: Fdb },
     /// Remove a neighbour entry.
-    DelNeigh(Neigh),
-    /// Create a bridge (up, with `addrs`: the gateway unless the network is internal, and on the ingress
-    /// network the node's own ingress address as a /32).
-    CreateBridge { name: String, mtu: u16, addrs: Vec<Ipv4Cidr> },
-    /// Create a VXLAN device without learning, with ARP proxy, enslaved to `bridge`, up.
-    CreateVxlan { name: String, vni: u32, port: u16, local: Ipv4Addr, mtu: u16, bridge: String },
-    /// Enslave a link to a bridge.
-    SetMaster { name: String, master: String },
+    DelNeigh { vni: u32, neigh: Neigh },
+    /// Make the network's namespace (`ip netns add`).
+    CreateNetworkNs { vni: u32 },
+    /// Delete the network's namespace (its links were deleted first).
+    DeleteNetworkNs { vni: u32 },
+    /// Create the network's bridge in its namespace, up, without addresses.
+    CreateBridge { vni: u32, name: String, mtu: u16 },
+    /// Create a VXLAN device without learning, with ARP proxy, in the node's namespace (its UDP socket stays
+    /// there, on the underlay), then move it into the network's namespace, enslaved to `bridge`, up.
+    CreateVxlan { vni: u32, name: String, port: u16, local: Ipv4Addr, mtu: u16, bridge: String },
+    /// Create the network's gateway veth: `name` in the node's namespace with `addrs` (the gateway, and on the
+    /// ingress network the node's own ingress address as a /32) and `mac` if given, up; `peer` in the
+    /// network's namespace on `bridge`, up.
+    CreateGateway {
+        vni: u32,
+        name: String,
+        peer: String,
+        bridge: String,
+        mtu: u16,
+        addrs: Vec<Ipv4Cidr>,
+        mac: Option<Mac>,
+    },
+    /// Enslave a link of a network's namespace to its bridge.
+    SetMaster { vni: u32, name: String, master: String },
     /// Add a static forwarding entry.
-    AddFdb(Fdb),
+    AddFdb { vni: u32, fdb: Fdb },
     /// Add (or replace) a neighbour entry.
-    AddNeigh(Neigh),
-    /// Create a veth: host end `host` on `bridge`, the other end `ifname` in `netns` with `mac` and `addr`, up.
-    CreateVeth { host: String, bridge: String, netns: PathBuf, ifname: String, mac: Mac, addr: Ipv4Cidr, mtu: u16 },
+    AddNeigh { vni: u32, neigh: Neigh },
+    /// Create a veth: end `host` on `bridge` in the network's namespace, the other end `ifname` in `netns`
+    /// with `mac` and `addr`, up.
+    CreateVeth {
+        vni: u32,
+        host: String,
+        bridge: String,
+        netns: PathBuf,
+        ifname: String,
+        mac: Mac,
+        addr: Ipv4Cidr,
+        mtu: u16,
+    },
     /// Set (or remove, `None`) the default route of a task namespace.
     SetDefaultRoute { netns: PathBuf, via: Option<(Ipv4Addr, String)> },
     /// Let the node forward IPv4 (needed for traffic out of non-internal networks).
     EnableIpForward,
-    /// Let the node route loopback addresses through a non-internal network's bridge
-    /// (`route_localnet`), so a published port answers on 127.0.0.1. Planned after the node table,
-    /// whose `loopback_guard` drops what arrives on a bridge for 127.0.0.0/8 without a DNAT of Shoal's.
-    RouteLocalnet { bridge: String },
+    /// Let the node route loopback addresses through a network's gateway end (`route_localnet`), so a
+    /// published port answers on 127.0.0.1. Planned after the node table, whose `loopback_guard` drops
+    /// what arrives on a gateway end for 127.0.0.0/8 without a DNAT of Shoal's.
+    RouteLocalnet { link: String },
     /// Replace the node's table.
     ApplyNodeTable { script: String },
     /// Delete the node's table.
@@ -159,14 +221,83 @@ pub enum Op {
     ApplyTaskTable { netns: PathBuf, script: String },
     /// Delete a task namespace's table.
     DeleteTaskTable { netns: PathBuf },
+    /// Insert a rule into the filter FORWARD chain of iptables back end `iptables` at `position` (1-based).
+    InsertForwardRule { iptables: String, position: usize, rule: Vec<String> },
+    /// Delete a rule of the filter FORWARD chain of iptables back end `iptables`.
+    DeleteForwardRule { iptables: String, rule: Vec<String> },
+}
+
+/// The rules Shoal keeps in a FORWARD chain that would otherwise drop what the node forwards for its
+/// networks (arguments after `-A FORWARD`, as `iptables -S` prints them): what goes out of a network's
+/// gateway end (isolation between networks is the node table's, whose forward chain drops first), and what
+/// comes back to it or was DNATed to it (a published port). Traffic between tasks of one network is bridged in
+/// the network's namespace and never meets them.
+pub fn forward_rules() -> Vec<Vec<String>> {
+    let g = format!("{}+", names::GATEWAY_PREFIX);
+    let c = names::IPTABLES_COMMENT;
+    [
+        format!("-o {g} -m conntrack --ctstate RELATED,ESTABLISHED,DNAT -m comment --comment {c} -j ACCEPT"),
+        format!("-i {g} -m comment --comment {c} -j ACCEPT"),
+    ]
+    .iter()
+    .map(|r| r.split(' ').map(String::from).collect())
+    .collect()
+}
+
+/// The ops that make `chain` hold Shoal's rules (`carry`: the node has a non-internal network) when the chain
+/// would drop (its policy is not ACCEPT, or it has rules of others, which may drop), right after the jump to
+/// `DOCKER-USER` when there is one (a user's rules there keep deciding first), else at the top; and none
+/// otherwise.
+fn plan_forward_chain(chain: &ForwardChain, carry: bool) -> Vec<Op> {
+    let rules: Vec<&str> = chain.rules.iter().filter_map(|l| l.trim().strip_prefix("-A FORWARD ")).collect();
+    let is_ours = |r: &str| {
+        let w: Vec<&str> = r.split(' ').collect();
+        w.windows(2).any(|p| p == ["--comment", names::IPTABLES_COMMENT])
+    };
+    let drops = chain.rules.iter().any(|l| l.starts_with("-P FORWARD ") && l.trim() != "-P FORWARD ACCEPT")
+        || rules.iter().any(|r| !is_ours(r));
+    let want = if carry && drops { forward_rules() } else { Vec::new() };
+    let ours: Vec<(usize, Vec<String>)> = rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| is_ours(r))
+        .map(|(i, r)| (i, r.split(' ').map(String::from).collect()))
+        .collect();
+    let docker_user = rules.iter().position(|r| *r == "-j DOCKER-USER");
+    let have: Vec<&Vec<String>> = ours.iter().map(|(_, r)| r).collect();
+    let placed = docker_user.is_none_or(|d| ours.iter().all(|(i, _)| *i > d));
+    if have.iter().copied().eq(want.iter()) && placed {
+        return Vec::new();
+    }
+    let mut ops: Vec<Op> =
+        have.iter().map(|r| Op::DeleteForwardRule { iptables: chain.iptables.clone(), rule: (*r).clone() }).collect();
+    let position = docker_user.map_or(1, |d| 1 + rules[..=d].iter().filter(|r| !is_ours(r)).count());
+    ops.extend(want.into_iter().enumerate().map(|(k, rule)| Op::InsertForwardRule {
+        iptables: chain.iptables.clone(),
+        position: position + k,
+        rule,
+    }));
+    ops
+}
+
+/// The order in which stale links go: veths first (their other ends go with them), then VXLAN devices, then
+/// the rest.
+fn stale_order(l: &&String) -> (bool, bool, String) {
+    (
+        !(l.starts_with(names::VETH_PREFIX) || l.starts_with(names::GATEWAY_PREFIX)),
+        !l.starts_with(names::VXLAN_PREFIX),
+        (*l).clone(),
+    )
 }
 
 /// The operations that take the node from `current` to `desired` (which must have passed `validate`).
 pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     let mtu = desired.overlay_mtu;
     let mut removals = Vec::new();
+    let mut namespaces = Vec::new();
     let mut bridges = Vec::new();
     let mut vxlans = Vec::new();
+    let mut gateways = Vec::new();
     let mut masters = Vec::new();
     let mut entries = Vec::new();
     let mut veths = Vec::new();
@@ -174,72 +305,116 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     let mut tables = Vec::new();
     let mut localnet = Vec::new();
 
-    // Host links Shoal wants, with the ops that create them.
+    // Links Shoal wants in the node's namespace and in each network's.
     let mut wanted: BTreeSet<String> = BTreeSet::new();
+    let mut wanted_in: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
     let mut rebuilt_bridges: BTreeSet<String> = BTreeSet::new();
     // Addresses the node can already reach before this plan runs (kept neighbour entries of remote tasks,
     // local tasks whose interfaces stay): a published port's DNAT may point only at those until the rest of
     // the plan has made the others reachable.
     let mut reachable: BTreeSet<Ipv4Addr> = BTreeSet::new();
+    let empty_ns = NetworkNs::default();
+    let live = |vni: u32| current.networks.get(&vni).filter(|n| !n.dead).unwrap_or(&empty_ns);
     let mut networks: Vec<_> = desired.networks.iter().collect();
     networks.sort_by_key(|n| n.vni);
     for n in &networks {
-        let br = names::bridge(n.vni);
-        let vx = names::vxlan(n.vni);
-        let mut addrs: Vec<Ipv4Cidr> = (!n.internal)
-            .then_some(Ipv4Cidr { addr: n.gateway, prefix_len: n.subnet.prefix_len })
-            .into_iter()
-            .collect();
-        // The routing mesh's source address: a /32, so the gateway stays the subnet route's source.
-        addrs.extend(
-            desired
-                .ingress
-                .iter()
-                .filter(|i| i.network_id == n.id)
-                .map(|i| Ipv4Cidr { addr: i.address, prefix_len: 32 }),
-        );
-        addrs.sort();
-        let br_ok = current
-            .links
-            .get(&br)
-            .is_some_and(|l| l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs == addrs);
-        if !br_ok {
-            if current.links.contains_key(&br) {
-                removals.push(Op::DeleteLink { name: br.clone() });
+        let vni = n.vni;
+        let (br, vx) = (names::bridge(vni), names::vxlan(vni));
+        match current.networks.get(&vni) {
+            Some(ns) if ns.dead => {
+                removals.push(Op::DeleteNetworkNs { vni });
+                namespaces.push(Op::CreateNetworkNs { vni });
             }
-            bridges.push(Op::CreateBridge { name: br.clone(), mtu, addrs });
-            rebuilt_bridges.insert(br.clone());
+            Some(_) => {}
+            None => namespaces.push(Op::CreateNetworkNs { vni }),
         }
-        let localnet_on = !rebuilt_bridges.contains(&br) && current.links.get(&br).is_some_and(|l| l.route_localnet);
-        if !n.internal && !localnet_on {
-            localnet.push(Op::RouteLocalnet { bridge: br.clone() });
+        let ns = live(vni);
+        let br_ok =
+            ns.links.get(&br).is_some_and(|l| l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs.is_empty());
+        if !br_ok {
+            if ns.links.contains_key(&br) {
+                removals.push(Op::DeleteNetLink { vni, name: br.clone() });
+            }
+            bridges.push(Op::CreateBridge { vni, name: br.clone(), mtu });
+            rebuilt_bridges.insert(br.clone());
         }
         let local = desired.underlay_ip.expect("validated: networks need an underlay address");
         let want_vx =
-            LinkKind::Vxlan { vni: n.vni, port: desired.vxlan_port, local: Some(local), learning: false, proxy: true };
-        let vx_link = current.links.get(&vx);
+            LinkKind::Vxlan { vni, port: desired.vxlan_port, local: Some(local), learning: false, proxy: true };
+        let vx_link = ns.links.get(&vx);
         let vx_ok = vx_link.is_some_and(|l| l.kind == want_vx && l.up && l.mtu == mtu);
         if !vx_ok {
             if vx_link.is_some() {
-                removals.push(Op::DeleteLink { name: vx.clone() });
+                removals.push(Op::DeleteNetLink { vni, name: vx.clone() });
             }
             vxlans.push(Op::CreateVxlan {
+                vni,
                 name: vx.clone(),
-                vni: n.vni,
                 port: desired.vxlan_port,
                 local,
                 mtu,
                 bridge: br.clone(),
             });
         } else if rebuilt_bridges.contains(&br) || vx_link.and_then(|l| l.master.as_deref()) != Some(br.as_str()) {
-            masters.push(Op::SetMaster { name: vx.clone(), master: br.clone() });
+            masters.push(Op::SetMaster { vni, name: vx.clone(), master: br.clone() });
+        }
+        // The gateway veth of a non-internal network: the node's end carries the gateway address (the
+        // routing mesh's source address too, as a /32, so the gateway stays the subnet route's source).
+        let mut in_ns: BTreeSet<String> = [br.clone(), vx.clone()].into();
+        if !n.internal {
+            let (gw, up) = (names::gateway(vni), names::uplink(vni));
+            let mut addrs = vec![Ipv4Cidr { addr: n.gateway, prefix_len: n.subnet.prefix_len }];
+            addrs.extend(
+                desired
+                    .ingress
+                    .iter()
+                    .filter(|i| i.network_id == n.id)
+                    .map(|i| Ipv4Cidr { addr: i.address, prefix_len: 32 }),
+            );
+            addrs.sort();
+            // On the ingress network, the other nodes send what answers the mesh's connections to this node's
+            // ingress address, at the MAC their view gives it (`mac_for`): the gateway end must have it.
+            let mac = desired.ingress.iter().find(|i| i.network_id == n.id).map(|i| mac_for(i.address));
+            let gw_link = current.links.get(&gw);
+            let gw_ok = gw_link.is_some_and(|l| {
+                l.kind == LinkKind::Veth
+                    && l.up
+                    && l.mtu == mtu
+                    && l.addrs == addrs
+                    && mac.is_none_or(|m| l.mac == Some(m))
+            });
+            let up_link = ns.links.get(&up);
+            let up_ok = up_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
+            let keep = gw_ok && up_ok;
+            if keep {
+                if rebuilt_bridges.contains(&br) || up_link.and_then(|l| l.master.as_deref()) != Some(br.as_str()) {
+                    masters.push(Op::SetMaster { vni, name: up.clone(), master: br.clone() });
+                }
+            } else {
+                if gw_link.is_some() {
+                    removals.push(Op::DeleteLink { name: gw.clone() });
+                } else if up_link.is_some() {
+                    removals.push(Op::DeleteNetLink { vni, name: up.clone() });
+                }
+                gateways.push(Op::CreateGateway {
+                    vni,
+                    name: gw.clone(),
+                    peer: up.clone(),
+                    bridge: br.clone(),
+                    mtu,
+                    addrs,
+                    mac,
+                });
+            }
+            if !(keep && gw_link.is_some_and(|l| l.route_localnet)) {
+                localnet.push(Op::RouteLocalnet { link: gw.clone() });
+            }
+            wanted.insert(gw);
+            in_ns.insert(up);
         }
         // Forwarding and neighbour entries live on the VXLAN device: a recreated device has none.
         let (have_fdb, have_neigh): (BTreeSet<&Fdb>, BTreeSet<&Neigh>) = if vx_ok {
-            (
-                current.fdb.iter().filter(|f| f.dev == vx).collect(),
-                current.neigh.iter().filter(|e| e.dev == vx).collect(),
-            )
+            (ns.fdb.iter().filter(|f| f.dev == vx).collect(), ns.neigh.iter().filter(|e| e.dev == vx).collect())
         } else {
             (BTreeSet::new(), BTreeSet::new())
         };
@@ -247,43 +422,52 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             n.peers.iter().map(|p| Fdb { dev: vx.clone(), mac: p.mac, dst: p.node_ip }).collect();
         let want_neigh: BTreeSet<Neigh> =
             n.peers.iter().map(|p| Neigh { dev: vx.clone(), ip: p.address, mac: p.mac }).collect();
-        removals.extend(have_fdb.iter().filter(|f| !want_fdb.contains(f)).map(|f| Op::DelFdb((*f).clone())));
+        removals
+            .extend(have_fdb.iter().filter(|f| !want_fdb.contains(f)).map(|f| Op::DelFdb { vni, fdb: (*f).clone() }));
         reachable.extend(have_neigh.iter().filter(|e| want_neigh.contains(e)).map(|e| e.ip));
-        removals.extend(have_neigh.iter().filter(|e| !want_neigh.contains(e)).map(|e| Op::DelNeigh((*e).clone())));
-        entries.extend(want_fdb.iter().filter(|f| !have_fdb.contains(f)).map(|f| Op::AddFdb(f.clone())));
-        entries.extend(want_neigh.iter().filter(|e| !have_neigh.contains(e)).map(|e| Op::AddNeigh(e.clone())));
-        wanted.insert(br);
-        wanted.insert(vx);
+        removals.extend(
+            have_neigh.iter().filter(|e| !want_neigh.contains(e)).map(|e| Op::DelNeigh { vni, neigh: (*e).clone() }),
+        );
+        entries.extend(want_fdb.iter().filter(|f| !have_fdb.contains(f)).map(|f| Op::AddFdb { vni, fdb: f.clone() }));
+        entries.extend(
+            want_neigh.iter().filter(|e| !have_neigh.contains(e)).map(|e| Op::AddNeigh { vni, neigh: e.clone() }),
+        );
+        wanted_in.insert(vni, in_ns);
     }
 
     let empty = TaskNs::default();
     for t in &desired.tasks {
-        let ns = current.tasks.get(&t.netns).unwrap_or(&empty);
+        let tns = current.tasks.get(&t.netns).unwrap_or(&empty);
         let mut replumbed = false;
         let mut want_ifaces = BTreeSet::new();
         for (i, a) in t.attachments.iter().enumerate() {
             let n = desired.network(&a.network_id).expect("validated: attachments name known networks");
+            let vni = n.vni;
+            let ns = live(vni);
             let host = names::veth(&t.task_id, &n.id);
-            let br = names::bridge(n.vni);
+            let br = names::bridge(vni);
             let ifname = names::task_ifname(i);
             let mac = mac_for(a.address);
             let addr = Ipv4Cidr { addr: a.address, prefix_len: n.subnet.prefix_len };
-            let host_link = current.links.get(&host);
+            let host_link = ns.links.get(&host);
             let host_ok = host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
-            let inner_ok =
-                ns.ifaces.get(&ifname).is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
+            let inner_ok = tns
+                .ifaces
+                .get(&ifname)
+                .is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
             if host_ok && inner_ok {
                 reachable.insert(a.address);
                 if rebuilt_bridges.contains(&br) || host_link.and_then(|l| l.master.as_deref()) != Some(br.as_str()) {
-                    masters.push(Op::SetMaster { name: host.clone(), master: br.clone() });
+                    masters.push(Op::SetMaster { vni, name: host.clone(), master: br.clone() });
                 }
             } else {
                 if host_link.is_some() {
-                    removals.push(Op::DeleteLink { name: host.clone() });
-                } else if ns.ifaces.contains_key(&ifname) {
+                    removals.push(Op::DeleteNetLink { vni, name: host.clone() });
+                } else if tns.ifaces.contains_key(&ifname) {
                     removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: ifname.clone() });
                 }
                 veths.push(Op::CreateVeth {
+                    vni,
                     host: host.clone(),
                     bridge: br,
                     netns: t.netns.clone(),
@@ -295,10 +479,10 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 replumbed = true;
             }
             want_ifaces.insert(ifname);
-            wanted.insert(host);
+            wanted_in.entry(vni).or_default().insert(host);
         }
         // Interfaces named like Shoal's that no attachment wants any more (a task's networks shrank).
-        for name in ns.ifaces.keys() {
+        for name in tns.ifaces.keys() {
             if name.starts_with("eth") && !want_ifaces.contains(name) {
                 removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: name.clone() });
             }
@@ -307,31 +491,59 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             let n = desired.network(&a.network_id)?;
             (!n.internal).then(|| (n.gateway, names::task_ifname(i)))
         });
-        if (replumbed && via.is_some()) || ns.default_gw != via.as_ref().map(|v| v.0) {
+        if (replumbed && via.is_some()) || tns.default_gw != via.as_ref().map(|v| v.0) {
             routes.push(Op::SetDefaultRoute { netns: t.netns.clone(), via });
         }
         match nft::task_table(desired, t) {
-            Some(table) if ns.table.as_deref() != Some(table.tag.as_str()) => {
+            Some(table) if tns.table.as_deref() != Some(table.tag.as_str()) => {
                 tables.push(Op::ApplyTaskTable { netns: t.netns.clone(), script: table.script })
             }
-            None if ns.table.is_some() => tables.push(Op::DeleteTaskTable { netns: t.netns.clone() }),
+            None if tns.table.is_some() => tables.push(Op::DeleteTaskTable { netns: t.netns.clone() }),
             _ => {}
         }
     }
 
-    // Every Shoal link nobody wants: veths first (their ends in task namespaces go with them), then the rest.
+    // Every Shoal link of the node's namespace nobody wants (a gateway end takes its network end with it;
+    // links of an older layout, bridges and VXLAN devices in the node's namespace, go too), veths first.
     let mut stale: Vec<&String> = current.links.keys().filter(|l| !wanted.contains(*l)).collect();
-    stale.sort_by_key(|l| (!l.starts_with(names::VETH_PREFIX), !l.starts_with(names::VXLAN_PREFIX), (*l).clone()));
-    let mut stale_ops: Vec<Op> = stale.into_iter().map(|l| Op::DeleteLink { name: l.clone() }).collect();
-    stale_ops.append(&mut removals);
+    stale.sort_by_key(stale_order);
+    let mut out: Vec<Op> = stale.into_iter().map(|l| Op::DeleteLink { name: l.clone() }).collect();
+    // In each network namespace: the links nobody wants (an uplink whose gateway end is deleted above goes
+    // with it); a namespace no network wants goes after its links (deleted one by one first: a namespace's
+    // own teardown runs later in the kernel, and its VXLAN device would keep the VNI's socket busy).
+    for (vni, ns) in &current.networks {
+        let want = wanted_in.get(vni);
+        if ns.dead {
+            if want.is_none() {
+                out.push(Op::DeleteNetworkNs { vni: *vni });
+            }
+            continue;
+        }
+        let empty_set = BTreeSet::new();
+        let want_links = want.unwrap_or(&empty_set);
+        let mut stale: Vec<&String> = ns
+            .links
+            .keys()
+            .filter(|l| !want_links.contains(*l))
+            .filter(|l| !(l.starts_with(names::UPLINK_PREFIX) && current.links.contains_key(&names::gateway(*vni))))
+            .filter(|l| want.is_some() || !l.starts_with(names::BRIDGE_PREFIX))
+            .collect();
+        stale.sort_by_key(stale_order);
+        out.extend(stale.into_iter().map(|l| Op::DeleteNetLink { vni: *vni, name: l.clone() }));
+        if want.is_none() {
+            out.push(Op::DeleteNetworkNs { vni: *vni });
+        }
+    }
+    out.append(&mut removals);
 
+    let carry = networks.iter().any(|n| !n.internal);
     let mut node = Vec::new();
-    if networks.iter().any(|n| !n.internal) && !current.ip_forward {
+    if carry && !current.ip_forward {
         node.push(Op::EnableIpForward);
     }
-    // The node table goes in before any bridge can forward (isolation). When some published port's backend
-    // becomes reachable only through this plan (its forwarding entries or veth come later), that first table
-    // forwards to the reachable backends only, and the whole table follows at the end: no connection is
+    // The node table goes in before any network is linked to the node (isolation). When some published port's
+    // backend becomes reachable only through this plan (its forwarding entries or veth come later), that first
+    // table forwards to the reachable backends only, and the whole table follows at the end: no connection is
     // DNATed to an address the node cannot reach yet.
     let mut last = Vec::new();
     let have = current.node_table.as_deref();
@@ -365,10 +577,12 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
         None if current.node_table.is_some() => node.push(Op::DeleteNodeTable),
         _ => {}
     }
+    for chain in &current.firewall {
+        node.extend(plan_forward_chain(chain, carry));
+    }
 
-    let mut out = stale_ops;
     out.extend(node);
-    for part in [bridges, vxlans, masters, entries, veths, routes, tables, last, localnet] {
+    for part in [namespaces, bridges, vxlans, gateways, masters, entries, veths, routes, tables, last, localnet] {
         out.extend(part);
     }
     out
@@ -395,17 +609,23 @@ mod tests {
     }
 
     fn link(kind: LinkKind) -> Link {
-        Link { kind, master: None, up: true, mtu: 1450, addrs: Vec::new(), route_localnet: true }
+        Link { kind, master: None, up: true, mtu: 1450, addrs: Vec::new(), mac: None, route_localnet: true }
     }
 
-    /// What a node carrying `s` (network 7 on 10.9.0.0/24) has once reconciled: its table, bridge (gateway
-    /// address, loopback routed) and VXLAN device; no entries, no task.
+    /// What a node carrying `s` (network 7 on 10.9.0.0/24) has once reconciled: its table, its gateway end
+    /// (gateway address, loopback routed) and the network's namespace with its bridge, VXLAN device and
+    /// uplink; no entries, no task.
     fn with_network_7(s: &NodeNetState) -> Observed {
         let mut o =
             Observed { ip_forward: true, node_table: Some(nft::node_table(s).unwrap().tag), ..Observed::default() };
-        o.links.insert("shlb7".into(), Link { addrs: vec!["10.9.0.1/24".parse().unwrap()], ..link(LinkKind::Bridge) });
+        o.links.insert("shlg7".into(), Link { addrs: vec!["10.9.0.1/24".parse().unwrap()], ..link(LinkKind::Veth) });
+        let mut ns = NetworkNs::default();
+        ns.links.insert("shlb7".into(), link(LinkKind::Bridge));
         let vx = LinkKind::Vxlan { vni: 7, port: 4789, local: s.underlay_ip, learning: false, proxy: true };
-        o.links.insert("shlx7".into(), Link { master: Some("shlb7".into()), ..link(vx) });
+        for (name, kind) in [("shlx7", vx), ("shlu7", LinkKind::Veth)] {
+            ns.links.insert(name.into(), Link { master: Some("shlb7".into()), ..link(kind) });
+        }
+        o.networks.insert(7, ns);
         o
     }
 
@@ -442,8 +662,10 @@ mod tests {
             &[
                 "EnableIpForward",
                 "ApplyNodeTable",
+                "CreateNetworkNs",
                 "CreateBridge",
                 "CreateVxlan",
+                "CreateGateway",
                 "AddFdb",
                 "AddNeigh",
                 "CreateVeth",
@@ -452,22 +674,50 @@ mod tests {
                 "RouteLocalnet",
             ],
         );
-        // Internal: no forwarding switched on, no gateway on the bridge, no default route, no loopback.
+        // Internal: no forwarding switched on, no gateway veth to the node, no default route, no loopback.
         s.networks[0].internal = true;
         let ops = plan(&Observed::default(), &s);
-        assert_eq!(kinds(&ops), ["ApplyNodeTable", "CreateBridge", "CreateVxlan", "AddFdb", "AddNeigh", "CreateVeth"]);
-        assert!(ops.contains(&Op::CreateBridge { name: "shlb7".into(), mtu: 1450, addrs: vec![] }));
+        assert_eq!(
+            kinds(&ops),
+            ["ApplyNodeTable", "CreateNetworkNs", "CreateBridge", "CreateVxlan", "AddFdb", "AddNeigh", "CreateVeth"]
+        );
+        assert!(ops.contains(&Op::CreateVeth {
+            vni: 7,
+            host: names::veth("t", "n7"),
+            bridge: "shlb7".into(),
+            netns: "/run/netns/t".into(),
+            ifname: "eth0".into(),
+            mac: mac_for(Ipv4Addr::new(10, 9, 0, 2)),
+            addr: "10.9.0.2/24".parse().unwrap(),
+            mtu: 1450,
+        }));
     }
 
     #[test]
-    fn a_bridge_found_without_route_localnet_gets_it_and_nothing_else() {
+    fn a_gateway_found_without_route_localnet_gets_it_and_a_dead_namespace_is_made_again() {
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         s.networks = vec![net(7)];
         let mut o = with_network_7(&s);
-        o.links.get_mut("shlb7").unwrap().route_localnet = false;
-        assert_eq!(plan(&o, &s), [Op::RouteLocalnet { bridge: "shlb7".into() }]);
-        o.links.get_mut("shlb7").unwrap().route_localnet = true;
+        o.links.get_mut("shlg7").unwrap().route_localnet = false;
+        assert_eq!(plan(&o, &s), [Op::RouteLocalnet { link: "shlg7".into() }]);
+        o.links.get_mut("shlg7").unwrap().route_localnet = true;
         assert_eq!(plan(&o, &s), []);
+        // A namespace whose name lost its mount is deleted and made again, with everything in it.
+        o.networks.get_mut(&7).unwrap().dead = true;
+        let ops = plan(&o, &s);
+        assert_eq!(
+            kinds(&ops),
+            [
+                "DeleteNetworkNs",
+                "DeleteLink",
+                "CreateNetworkNs",
+                "CreateBridge",
+                "CreateVxlan",
+                "CreateGateway",
+                "RouteLocalnet"
+            ],
+            "{ops:?}"
+        );
     }
 
     #[test]
@@ -486,6 +736,73 @@ mod tests {
         assert_eq!(names.len(), 4, "{names:?}");
         assert!(names[0].contains("shlv") && names[1].contains("shlx3") && names[2].contains("shlb3"), "{names:?}");
         assert_eq!(ops[3], Op::DeleteNodeTable);
+
+        // A network's namespace nobody wants: its gateway end (taking its uplink), then its veths and VXLAN
+        // device one by one, then the namespace.
+        let mut o = Observed::default();
+        o.links.insert("shlg3".into(), link(LinkKind::Veth));
+        let mut ns = NetworkNs::default();
+        for (name, kind) in [("shlb3", LinkKind::Bridge), ("shlu3", LinkKind::Veth), ("shlv0123456789", LinkKind::Veth)]
+        {
+            ns.links.insert(name.into(), link(kind));
+        }
+        ns.links.insert(
+            "shlx3".into(),
+            link(LinkKind::Vxlan { vni: 3, port: 4789, local: None, learning: false, proxy: true }),
+        );
+        o.networks.insert(3, ns);
+        assert_eq!(
+            plan(&o, &NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1))),
+            [
+                Op::DeleteLink { name: "shlg3".into() },
+                Op::DeleteNetLink { vni: 3, name: "shlv0123456789".into() },
+                Op::DeleteNetLink { vni: 3, name: "shlx3".into() },
+                Op::DeleteNetworkNs { vni: 3 },
+            ]
+        );
+    }
+
+    #[test]
+    fn forward_rules_go_after_docker_user_where_the_chain_would_drop_and_nowhere_else() {
+        let chain = |lines: &[&str]| ForwardChain {
+            iptables: "iptables-nft".into(),
+            rules: lines.iter().map(|l| l.to_string()).collect(),
+        };
+        let ours: Vec<String> = forward_rules().iter().map(|r| format!("-A FORWARD {}", r.join(" "))).collect();
+        let docker = [
+            "-P FORWARD DROP",
+            "-A FORWARD -j DOCKER-USER",
+            "-A FORWARD -j DOCKER-ISOLATION-STAGE-1",
+            "-A FORWARD -o docker0 -j DOCKER",
+        ];
+        // Docker's chain: inserted as rules 2 and 3, right after the jump to DOCKER-USER.
+        let ops = plan_forward_chain(&chain(&docker), true);
+        assert_eq!(
+            ops.iter()
+                .map(|o| match o {
+                    Op::InsertForwardRule { position, .. } => *position,
+                    other => panic!("{other:?}"),
+                })
+                .collect::<Vec<_>>(),
+            [2, 3]
+        );
+        // In place: nothing to do. Without a network to carry: removed.
+        let mut placed: Vec<&str> = vec![docker[0], docker[1]];
+        placed.extend(ours.iter().map(String::as_str));
+        placed.extend(&docker[2..]);
+        assert_eq!(plan_forward_chain(&chain(&placed), true), []);
+        assert_eq!(kinds(&plan_forward_chain(&chain(&placed), false)), ["DeleteForwardRule", "DeleteForwardRule"]);
+        // Found before DOCKER-USER's jump (Docker restarted and put its jump below them): moved after it.
+        let mut early: Vec<&str> = vec![docker[0]];
+        early.extend(ours.iter().map(String::as_str));
+        early.extend(&docker[1..]);
+        let ops = plan_forward_chain(&chain(&early), true);
+        assert_eq!(kinds(&ops), ["DeleteForwardRule", "DeleteForwardRule", "InsertForwardRule", "InsertForwardRule"]);
+        assert!(matches!(&ops[2], Op::InsertForwardRule { position: 2, .. }), "{ops:?}");
+        // A chain that accepts everything needs nothing; policy DROP alone (no Docker) gets them at the top.
+        assert_eq!(plan_forward_chain(&chain(&["-P FORWARD ACCEPT"]), true), []);
+        let ops = plan_forward_chain(&chain(&["-P FORWARD DROP"]), true);
+        assert!(matches!(&ops[0], Op::InsertForwardRule { position: 1, .. }), "{ops:?}");
     }
 
     #[test]
@@ -496,8 +813,9 @@ mod tests {
         n.peers = vec![Peer { address: remote, mac: mac_for(remote), node_ip: Ipv4Addr::new(192, 0, 2, 3) }];
         s.networks = vec![n];
         let mut o = with_network_7(&s);
-        o.fdb.insert(Fdb { dev: "shlx7".into(), mac: mac_for(remote), dst: Ipv4Addr::new(192, 0, 2, 2) });
-        o.neigh.insert(Neigh { dev: "shlx7".into(), ip: remote, mac: mac_for(remote) });
+        let ns = o.networks.get_mut(&7).unwrap();
+        ns.fdb.insert(Fdb { dev: "shlx7".into(), mac: mac_for(remote), dst: Ipv4Addr::new(192, 0, 2, 2) });
+        ns.neigh.insert(Neigh { dev: "shlx7".into(), ip: remote, mac: mac_for(remote) });
         check(&o, &s, &["DelFdb", "AddFdb"]);
     }
 
@@ -524,18 +842,22 @@ mod tests {
         let s = meshed();
         let ops = plan(&Observed::default(), &s);
         assert!(
-            ops.contains(&Op::CreateBridge {
-                name: "shlb7".into(),
+            ops.contains(&Op::CreateGateway {
+                vni: 7,
+                name: "shlg7".into(),
+                peer: "shlu7".into(),
+                bridge: "shlb7".into(),
                 mtu: 1450,
                 addrs: vec!["10.9.0.1/24".parse().unwrap(), "10.9.0.50/32".parse().unwrap()],
+                mac: Some(mac_for(Ipv4Addr::new(10, 9, 0, 50))),
             }),
             "{ops:?}"
         );
         let t = nft::node_table(&s).unwrap().script;
         println!("{t}");
         for want in [
-            "oifname \"shlb7\" ct status dnat snat to 10.9.0.50",
-            "oifname \"shlb7\" ip saddr 10.9.0.1 snat to 10.9.0.50",
+            "oifname \"shlg7\" ct status dnat snat to 10.9.0.50",
+            "oifname \"shlg7\" ip saddr 10.9.0.1 snat to 10.9.0.50",
             "tcp dport 8080 dnat ip to numgen inc mod 2 map { 0 : 10.9.0.2 . 80, 1 : 10.9.0.3 . 80 }",
             "udp dport 8081 dnat to 10.9.0.2:80",
             "tcp dport 8082 reject with tcp reset",
@@ -544,8 +866,8 @@ mod tests {
             "fib daddr type local ip daddr != 127.0.0.0/8 jump published",
             "type nat hook output priority -100; policy accept;\n    fib daddr type local jump published",
             "policy accept;\n    ct status dnat accept\n",
-            "oifname \"shlb*\" ip saddr 127.0.0.0/8 ct status dnat masquerade",
-            "iifname \"shlb*\" ip daddr 127.0.0.0/8 ct status dnat accept\n    iifname \"shlb*\" ip daddr 127.0.0.0/8 drop",
+            "oifname \"shlg*\" ip saddr 127.0.0.0/8 ct status dnat masquerade",
+            "iifname \"shlg*\" ip daddr 127.0.0.0/8 ct status dnat accept\n    iifname \"shlg*\" ip daddr 127.0.0.0/8 drop",
         ] {
             assert!(t.contains(want), "{want:?} missing from\n{t}");
         }
@@ -562,7 +884,7 @@ mod tests {
         assert!(scripts[0].contains("tcp dport 8080 reject") && !scripts[0].contains("dnat ip to"), "{}", scripts[0]);
         assert_eq!(*scripts[1], t);
         assert!(matches!(ops[ops.len() - 2], Op::ApplyNodeTable { .. }), "{ops:?}");
-        assert_eq!(ops.last(), Some(&Op::RouteLocalnet { bridge: "shlb7".into() }));
+        assert_eq!(ops.last(), Some(&Op::RouteLocalnet { link: "shlg7".into() }));
         // The loopback SNAT comes after the ingress bridge's own (the first nat rule that matches applies).
         let ingress_snat = t.find("snat to 10.9.0.50").unwrap();
         assert!(t.find("ip saddr 127.0.0.0/8 ct status dnat masquerade").unwrap() > ingress_snat, "{t}");
@@ -572,11 +894,11 @@ mod tests {
         plain.ingress = None;
         let t = nft::node_table(&plain).unwrap().script;
         assert!(!t.contains("published") && !t.contains("snat"), "{t}");
-        // The ingress address arriving later rebuilds the bridge with it (its veths re-enslaved).
+        // The ingress address arriving later rebuilds the gateway veth with it.
         let mut o = with_network_7(&s);
         o.node_table = None;
         let ops = plan(&o, &s);
-        assert_eq!(kinds(&ops)[..3], ["DeleteLink", "ApplyNodeTable", "CreateBridge"], "{ops:?}");
+        assert_eq!(kinds(&ops)[..3], ["DeleteLink", "ApplyNodeTable", "CreateGateway"], "{ops:?}");
     }
 
     #[test]

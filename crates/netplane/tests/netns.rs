@@ -1,8 +1,14 @@
-//! The data plane driven in network namespaces (needs root, iproute2, nftables, nsenter): two "nodes", each a
-//! namespace, joined by a veth underlay (192.168.77.1 and .2), each with task namespaces plumbed by the
+//! The data plane driven in network namespaces (needs root, iproute2, nftables, nsenter, iptables-nft and
+//! iptables-legacy): two "nodes", each a namespace prepared like a host running Docker (FORWARD policy DROP
+//! with Docker's chains, bridge-nf-call-iptables=1: node 0 with iptables-nft, node 1 with iptables-legacy,
+//! `docker_host`), joined by a veth underlay (192.168.77.1 and .2), each with task namespaces plumbed by the
 //! `Executor`. Tests ping and open TCP connections between tasks the way a task would, and check what is left on
-//! the nodes afterwards. Every namespace is a `Netns` guard named `shl-t<pid>-<tag>-...`, deleted on drop even
-//! when an assertion fails; namespaces of test processes that died are deleted by the next test.
+//! the nodes afterwards (links, network namespaces, tables, iptables rules). Every namespace is a `Netns` guard
+//! named `shl-t<pid>-<tag>-...`, deleted on drop even when an assertion fails (a node's network namespaces are
+//! removed first); namespaces of test processes that died are deleted by the next test.
+
+#[path = "../../testkit/src/netns_docker_host.rs"]
+mod docker_host;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -31,8 +37,31 @@ fn run(args: &[&str]) {
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Deletes the namespaces of test processes that no longer exist.
+/// The inode of a namespace file (`nsfs`), which names a node's network namespaces.
+fn inode(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// Deletes the namespaces of test processes that no longer exist, and the network namespaces
+/// (`shl-net-<node inode>-<vni>`) of node namespaces that no longer exist.
 fn remove_leftovers() {
+    let names: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    let mut alive: std::collections::BTreeSet<u64> =
+        names.iter().filter_map(|n| inode(&std::path::Path::new("/run/netns").join(n))).collect();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        alive.extend(inode(&p.path().join("ns/net")));
+    }
+    for n in &names {
+        let node = n.strip_prefix("shl-net-").and_then(|r| r.split('-').next()?.parse::<u64>().ok());
+        if node.is_some_and(|k| !alive.contains(&k)) {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+    }
     let out = sh(&["ip", "netns", "list"]);
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let name = line.split_whitespace().next().unwrap_or("");
@@ -170,7 +199,7 @@ fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Two node namespaces joined by a veth underlay.
+/// Two node namespaces joined by a veth underlay, each prepared like a Docker host (see the module doc).
 struct Nodes {
     tag: String,
     nodes: Vec<Netns>,
@@ -180,6 +209,9 @@ impl Nodes {
     fn new(tag: &str) -> Nodes {
         remove_leftovers();
         let nodes = vec![Netns::new(tag, "n0"), Netns::new(tag, "n1")];
+        for (i, n) in nodes.iter().enumerate() {
+            docker_host::prepare(&n.name, docker_host::for_node(i));
+        }
         run(&[
             "ip",
             "-n",
@@ -211,6 +243,19 @@ impl Nodes {
         Executor::in_netns(self.nodes[i].path())
     }
 
+    /// The name of network `vni`'s namespace on node `i`.
+    fn network_ns(&self, i: usize, vni: u32) -> String {
+        shoal_netplane::names::network_netns(inode(&self.nodes[i].path()).expect("node namespace"), vni)
+    }
+
+    /// Runs a command in network `vni`'s namespace on node `i`.
+    fn in_network(&self, i: usize, vni: u32, args: &[&str]) {
+        let ns = self.network_ns(i, vni);
+        let mut a = vec!["ip", "netns", "exec", &ns];
+        a.extend_from_slice(args);
+        run(&a);
+    }
+
     /// Reconciles each node (`execs[i]` drives node `i`) to carrying nothing, and checks nothing of
     /// Shoal's is left on it.
     fn tear_down(&self, execs: &[Executor]) {
@@ -220,7 +265,7 @@ impl Nodes {
         }
     }
 
-    /// The Shoal links and tables left on node `i`.
+    /// The Shoal links, network namespaces, tables and iptables rules left on node `i`.
     fn leftovers(&self, i: usize) -> String {
         let links = self.nodes[i].output(&["ip", "-o", "link", "show"]);
         let mut left: Vec<String> = links
@@ -232,7 +277,25 @@ impl Nodes {
         if self.nodes[i].output(&["nft", "list", "tables"]).contains("shoal") {
             left.push("table ip shoal".into());
         }
+        let key = inode(&self.nodes[i].path()).expect("node namespace");
+        left.extend(
+            std::fs::read_dir("/run/netns")
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| shoal_netplane::names::network_netns_vni(key, n).is_some()),
+        );
+        left.extend(docker_host::shoal_rules(&self.nodes[i].name));
         left.join(", ")
+    }
+}
+
+impl Drop for Nodes {
+    /// A failed test still removes the nodes' network namespaces (their names are outside the nodes').
+    fn drop(&mut self) {
+        for (i, ip) in NODE_IPS.iter().enumerate().take(self.nodes.len()) {
+            let _ = self.exec(i).reconcile(&NodeNetState::new(*ip));
+        }
     }
 }
 
@@ -262,8 +325,15 @@ fn peer(address: Ipv4Addr, node: usize) -> Peer {
     Peer { address, mac: mac_for(address), node_ip: NODE_IPS[node] }
 }
 
+/// Whether `from` reaches `to`: a TCP connection to its port 9, where nothing listens, is answered (refused
+/// by `to`'s kernel) within a second. A drop times out; no route fails at once. (No ping binary needed.)
 fn ping(from: &Netns, to: Ipv4Addr) -> bool {
-    from.exec(&["busybox", "ping", "-c", "1", "-W", "1", &to.to_string()])
+    in_netns(from.path(), move || {
+        match TcpStream::connect_timeout(&SocketAddr::V4(SocketAddrV4::new(to, 9)), Duration::from_secs(1)) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        }
+    })
 }
 
 #[test]
@@ -314,6 +384,25 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
     // Out of a non-internal network: the other node's underlay address answers (masqueraded); the internal
     // network has no route out at all.
     assert!(ping(&t_a0, NODE_IPS[1]), "appnet has a route out");
+    // Through each node's Docker-like firewall, in its own back end: Shoal's accept rules are there, in that
+    // back end only.
+    for (i, want) in [(0, "iptables-nft: "), (1, "iptables-legacy: ")] {
+        let rules = docker_host::shoal_rules(&nodes.nodes[i].name);
+        assert!(rules.len() == 2 && rules.iter().all(|r| r.starts_with(want)), "node {i}: {rules:?}");
+    }
+    // The host's firewall still decides what leaves a network through the node: a user's DOCKER-USER rule
+    // applies (node 0, iptables-nft); traffic inside the network, bridged in its namespace, never meets it.
+    let user_rule = ["DOCKER-USER", "-s", "10.20.0.0/24", "-j", "DROP"];
+    let ipt = |op: &str| {
+        let mut a = vec!["iptables-nft", "-w", op];
+        a.extend_from_slice(&user_rule);
+        assert!(nodes.nodes[0].exec(&a), "{a:?}");
+    };
+    ipt("-I");
+    assert!(!ping(&t_a0, NODE_IPS[1]), "the user's DOCKER-USER rule did not apply");
+    assert!(ping(&t_a0, a1), "a DOCKER-USER rule cut traffic inside the network");
+    ipt("-D");
+    assert!(ping(&t_a0, NODE_IPS[1]), "appnet has a route out again");
     assert_eq!(t_c0.output(&["ip", "route", "show", "default"]).trim(), "", "internal network has a default route");
     assert!(!ping(&t_c0, NODE_IPS[0]), "internal network reached the node");
     assert!(!ping(&t_c0, a0), "internal network reached appnet");
@@ -324,36 +413,22 @@ fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
 
     // Damage done behind Shoal's back (after a crash, or by hand) is repaired from the state: node 0 loses
     // appnet's bridge (its veths fall off it), node 1 the forwarding entry towards a0.
-    run(&["ip", "-n", &nodes.nodes[0].name, "link", "del", "shlb4242"]);
-    run(&["ip", "-n", &nodes.nodes[1].name, "neigh", "flush", "dev", "shlx4242", "nud", "permanent"]);
+    nodes.in_network(0, 4242, &["ip", "link", "del", "shlb4242"]);
+    nodes.in_network(1, 4242, &["ip", "neigh", "flush", "dev", "shlx4242", "nud", "permanent"]);
     let mac = mac_for(a0).to_string();
-    run(&[
-        "ip",
-        "netns",
-        "exec",
-        &nodes.nodes[1].name,
-        "bridge",
-        "fdb",
-        "del",
-        &mac,
-        "dev",
-        "shlx4242",
-        "dst",
-        "192.168.77.1",
-        "self",
-    ]);
+    nodes.in_network(1, 4242, &["bridge", "fdb", "del", &mac, "dev", "shlx4242", "dst", "192.168.77.1", "self"]);
     assert!(!ping(&t_a0, a1), "the damage did not cut appnet");
     let ops = e0.reconcile(&s0).expect("node 0 repaired");
     assert!(ops.iter().any(|o| matches!(o, Op::SetMaster { name, .. } if name.starts_with("shlv"))), "{ops:?}");
     let ops = e1.reconcile(&s1).expect("node 1 repaired");
-    assert!(matches!(ops.as_slice(), [Op::AddFdb(_), Op::AddNeigh(_)]), "{ops:?}");
+    assert!(matches!(ops.as_slice(), [Op::AddFdb { .. }, Op::AddNeigh { .. }]), "{ops:?}");
     wait_for("a0 to ping a1 after the repair", Duration::from_secs(5), || ping(&t_a0, a1));
     assert_eq!(e0.reconcile(&s0).expect("node 0 again"), Vec::<Op>::new());
 
     // A task that goes away takes its veth; the network stays for the others.
     s0.tasks.retain(|t| t.task_id != "b0");
     let ops = e0.reconcile(&s0).expect("b0 removed");
-    assert!(matches!(ops.as_slice(), [Op::DeleteLink { name }] if name.starts_with("shlv")), "{ops:?}");
+    assert!(matches!(ops.as_slice(), [Op::DeleteNetLink { name, .. }] if name.starts_with("shlv")), "{ops:?}");
     assert!(ping(&t_a1, a0));
 
     // Removing everything leaves nothing of Shoal's on either node.

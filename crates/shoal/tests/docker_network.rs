@@ -177,6 +177,23 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
         before.insert(t["ID"].as_str().unwrap().to_string(), (container, holder));
     }
     assert_eq!(hostnames.len(), 2, "each task has its own hostname: {hostnames:?}");
+    // The README's `docker ps --filter label=com.docker.swarm.service.name=web` (on these nodes) lists the task
+    // containers only, not their holders.
+    let mut listed: BTreeSet<String> = BTreeSet::new();
+    for id in &c.node_ids {
+        let out = engine_ok(&[
+            "ps",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            "label=com.docker.swarm.service.name=web",
+            "--filter",
+            &format!("label=com.docker.swarm.node.id={id}"),
+        ]);
+        listed.extend(out.lines().map(str::to_string));
+    }
+    let containers: BTreeSet<String> = before.values().map(|(c, _)| c.clone()).collect();
+    assert_eq!(listed, containers, "only web's task containers carry its label");
 
     // The client on node-2: by name, through the VIP, over VXLAN; then the VIP in a loop.
     post_service(c.manager(), &service("client", image, "node.hostname==node-2", 1, CLIENT, &[format!("VIP={vip}")]))

@@ -227,6 +227,18 @@ fn a_published_port_answers_on_every_node_and_follows_the_service() {
     c.ds[2].restart(&[]);
     let node2 = c.net.ip(2);
     wait_until("node-2's mesh answers again after its restart", WAIT, || only(&c.get(0, &node2, 8080, 1), &tasks));
+    // (The links the crash left may answer before the restarted daemon's start clears them: wait for its own
+    // first reconcile carrying the network, after its start.)
+    wait_until("node-2's restarted data plane carrying the ingress network", WAIT, || {
+        let log = c.ds[2].log();
+        let since = log.rsplit("data plane on").next().unwrap_or("");
+        if since.lines().any(|l| l.contains("data plane reconciled") && !l.contains("networks=0")) {
+            Ok(())
+        } else {
+            Err(since.lines().filter(|l| l.contains("data plane")).collect::<Vec<_>>().join("\n"))
+        }
+    });
+    wait_until("node-2's mesh answers after its own reconcile", WAIT, || only(&c.get(0, &node2, 8080, 1), &tasks));
     let answers = c.get(0, &node2, 8080, 20);
     only(&answers, &tasks).unwrap();
     assert_eq!(answers.len(), 2, "both tasks answer through the restarted node: {answers:?}");

@@ -9,7 +9,9 @@
 //! with a counter that rises by one per request (one store behind two api tasks); the store refuses a request
 //! without the token; `front`'s published port 8080 answers on every node's address through the routing mesh
 //! (the node that runs no front task included), from each node. A redeploy that changes only the api's environment replaces only the api's tasks, and the
-//! counter goes on (the store kept running). `docker stack rm` removes everything the stack made.
+//! counter goes on (the store kept running); `http://tasks.front/` (the compose file's short name) reaches a
+//! front task, as in Docker. `docker stack rm` removes everything the stack made. The nodes' namespaces are
+//! prepared like Docker hosts (`common/netcluster.rs`).
 
 mod common;
 
@@ -185,6 +187,10 @@ fn a_three_tier_stack_answers_by_name_keeps_its_secret_and_redeploys_one_tier() 
     let answers = probe(&mut c, "probe3", "http://front/", 5);
     let m = counts(&answers, "bonjour");
     assert!(m[0] > last, "the store kept its count across the api's update: {answers:?} after #{last}");
+    // `tasks.<the compose file's short name>` gives the service's tasks, as in Docker (issue 30).
+    let answers = probe(&mut c, "probe4", "http://tasks.front/", 1);
+    let t = counts(&answers, "bonjour");
+    assert!(t[0] > m[4], "tasks.front answered: {answers:?}");
 
     // `stack rm` removes every service, network, secret and config of the stack.
     c.docker(&["stack", "rm", "app"]);

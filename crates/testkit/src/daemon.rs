@@ -23,7 +23,7 @@ pub struct DaemonOptions {
     pub listen_ip: Option<String>,
     /// The `--hostname` (`shoal-test-node` when unset); kept across restarts.
     pub hostname: Option<String>,
-    /// Run the daemon inside this network namespace (`ip netns exec`, which execs: the PID is the daemon's),
+    /// Run the daemon inside this network namespace (`nsenter --net`, which execs: the PID is the daemon's),
     /// e.g. one of a `netns::Net`; kept across restarts. Then `listen_ip` must be the namespace's address.
     pub netns: Option<String>,
     /// The remote API port (a free port of `listen_ip` when unset; required with `netns`, whose port space
@@ -88,9 +88,12 @@ impl DaemonProcess {
     fn command(&self, extra: &[String]) -> Command {
         let mut cmd = match &self.netns {
             None => Command::new(&self.binary),
+            // `nsenter --net`, not `ip netns exec`: the daemon keeps the machine's mount namespace, as a real
+            // node's daemon does, so the namespaces its data plane names (the networks', the tasks') are
+            // mounted where they outlive it (a killed daemon's docker tasks keep their network).
             Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(&self.binary);
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg("--").arg(&self.binary);
                 c
             }
         };

@@ -15,9 +15,18 @@
 //!   bytes for `d` before passing it on (iptables REDIRECT in node `i`'s namespace; the kernel here has no
 //!   netem). Undone when the returned `Delay` is dropped.
 //!
-//! Dropping the `Net` deletes the namespaces (and with them the veths, the bridge and the rules); namespaces
-//! left by a test process that died (its PID is gone) are deleted by the next `Net::new`. Drop the daemons
-//! first: a namespace lives on while a process is inside it.
+//! `Net::docker_hosts(tag, n)` prepares each node namespace like a host running Docker (`docker_host`: FORWARD
+//! policy DROP with Docker's chains, bridge-nf-call-iptables=1; even nodes iptables-nft, odd ones
+//! iptables-legacy), so the data plane meets the firewall swarm users have. `Net::new` leaves them clean: a
+//! data-plane test on it would hide what real hosts do.
+//!
+//! Dropping the `Net` deletes the namespaces (and with them the veths, the bridge and the rules) and the
+//! networks' namespaces a daemon's data plane made for a node (`shl-net-<node inode>-<vni>`, named outside
+//! the node's namespace); namespaces left by a test process that died (its PID is gone) are deleted by the
+//! next `Net::new`. Drop the daemons first: a namespace lives on while a process is inside it.
+
+#[path = "netns_docker_host.rs"]
+pub mod docker_host;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -103,6 +112,20 @@ impl Net {
         net
     }
 
+    /// As `new`, with every node prepared like a Docker host (see the module doc).
+    pub fn docker_hosts(tag: &str, n: usize) -> Net {
+        let net = Net::new(tag, n);
+        for (i, ns) in net.nodes.iter().enumerate() {
+            docker_host::prepare(ns, docker_host::for_node(i));
+        }
+        net
+    }
+
+    /// The names of the networks' namespaces the data plane of node `i` has (`shl-net-<node inode>-<vni>`).
+    pub fn network_namespaces(&self, i: usize) -> Vec<String> {
+        network_namespaces_of(&self.nodes[i])
+    }
+
     /// Node `i`'s namespace name (for `DaemonOptions::netns`).
     pub fn ns(&self, i: usize) -> &str {
         &self.nodes[i]
@@ -157,8 +180,28 @@ impl Net {
     }
 }
 
+/// The networks' namespaces named after node namespace `ns` (its inode), under /run/netns.
+fn network_namespaces_of(ns: &str) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(key) = std::fs::metadata(format!("/run/netns/{ns}")).map(|m| m.ino()) else { return Vec::new() };
+    let prefix = format!("shl-net-{key}-");
+    let mut out: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    out.sort();
+    out
+}
+
 impl Drop for Net {
     fn drop(&mut self) {
+        for ns in &self.nodes {
+            for n in network_namespaces_of(ns) {
+                let _ = Command::new("ip").args(["netns", "del", &n]).output();
+            }
+        }
         for ns in self.nodes.iter().chain(std::iter::once(&self.hub)) {
             let _ = Command::new("ip").args(["netns", "del", ns]).output();
         }

@@ -16,8 +16,10 @@
 //! engine, never pulled. The task's image may contain nothing but the app.
 //!
 //! Holders are named `shl-netns.<task id>` and carry `LABEL_NODE_ID` (so everything that removes a node's
-//! containers removes them) and `LABEL_HOLDER_TASK_ID` (not the task label: a holder is not a task's
-//! container). Pure but for `ensure_image`.
+//! containers removes them) and `LABEL_HOLDER_TASK_ID`, and none of a task's swarm labels (not the task's
+//! nor the service's: a holder is not a task's container, and `docker ps --filter
+//! label=com.docker.swarm.service.name=web`, as tools that count a service's containers use it, must match
+//! only the task containers). Pure but for `ensure_image`.
 
 use std::collections::HashMap;
 
@@ -196,12 +198,9 @@ pub fn create_body(task: &Task, node_id: &str) -> ContainerCreateBody {
     let dns = c.dns_config.clone().unwrap_or_default();
     let mut options = vec!["ndots:0".to_string()];
     options.extend(dns.options.iter().filter(|o| !o.starts_with("ndots:")).cloned());
-    let labels: HashMap<String, String> = [
-        (spec::LABEL_NODE_ID.to_string(), node_id.to_string()),
-        (LABEL_HOLDER_TASK_ID.to_string(), task.id.clone()),
-        (spec::LABEL_SERVICE_NAME.to_string(), spec::service_name(task)),
-    ]
-    .into();
+    let labels: HashMap<String, String> =
+        [(spec::LABEL_NODE_ID.to_string(), node_id.to_string()), (LABEL_HOLDER_TASK_ID.to_string(), task.id.clone())]
+            .into();
     ContainerCreateBody {
         image: Some(HOLDER_IMAGE.to_string()),
         cmd: Some(vec!["/pause".to_string()]),
@@ -298,5 +297,6 @@ mod tests {
         let l = b.labels.unwrap();
         assert_eq!(l[LABEL_HOLDER_TASK_ID], "t1");
         assert!(!l.contains_key(spec::LABEL_TASK_ID), "a holder is not the task's container");
+        assert!(!l.contains_key(spec::LABEL_SERVICE_NAME), "a holder is not one of the service's containers");
     }
 }

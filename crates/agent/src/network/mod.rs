@@ -16,8 +16,8 @@
 //! `open` refuses (with the reason, which the executor then gives when it rejects a networked task) without
 //! root, without the kernel's VXLAN and nftables NAT, or when another daemon holds the lock.
 //!
-//! Clean stop and restart: `clear` reconciles the empty state (every Shoal link, entry and table goes) and
-//! deletes the task namespaces this daemon made (`/run/netns/shl-task-<task id>`, each recorded by a marker
+//! Clean stop and restart: `clear` reconciles the empty state (every Shoal link, network namespace, entry, table
+//! and iptables rule goes) and deletes the task namespaces this daemon made (`/run/netns/shl-task-<task id>`, each recorded by a marker
 //! in `state_dir/task-netns/`, since `/run/netns` is shared by every daemon of the machine); the agent calls
 //! it when it starts and stops with an executor whose tasks die with it. Everything else is rebuilt from the inputs by the next reconcile,
 //! which observes before it plans.
@@ -522,8 +522,8 @@ impl NetworkPlane {
         }
     }
 
-    /// Removes everything this node's data plane made: every Shoal link, entry and table, and the task
-    /// namespaces. For a clean stop, and at start when no task survived the last run.
+    /// Removes everything this node's data plane made: every Shoal link, network namespace, entry, table and
+    /// iptables rule, and the task namespaces. For a clean stop, and at start when no task survived the last run.
     pub async fn clear(&self) {
         let underlay = self.inputs.lock().view.as_ref().and_then(|v| v.node_addr.parse().ok());
         let empty = NodeNetState { underlay_ip: underlay, ..NodeNetState::new(Ipv4Addr::UNSPECIFIED) };

@@ -1,7 +1,10 @@
 //! A cluster of three `shoal daemon`s (one manager, two workers; process executor, or the docker executor with
 //! `start_docker`, the three sharing the machine's Docker Engine), each in its own network namespace
-//! (`shoal_testkit::netns`), so each carries its own data plane (bridges, VXLAN devices, nftables table) and
-//! the overlay crosses a real (veth) underlay between them; hostnames node-0..2. Used by the tests
+//! (`shoal_testkit::netns`), so each carries its own data plane (networks' namespaces, gateway veths, nftables
+//! table, iptables rules) and the overlay crosses a real (veth) underlay between them; hostnames node-0..2.
+//! Each node namespace is prepared like a host running Docker (`Net::docker_hosts`: FORWARD policy DROP with
+//! Docker's chains, bridge-nf-call-iptables=1; node-0 and node-2 with iptables-nft, node-1 with
+//! iptables-legacy), as the hosts swarm users have. Used by the tests
 //! of the data plane, the routing mesh, the docker executor on networks and of stacks that run.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -120,7 +123,7 @@ impl Cluster {
     }
 
     fn start_with(tag: &str, executor: &'static str) -> Cluster {
-        let net = Net::new(tag, 3);
+        let net = Net::docker_hosts(tag, 3);
         let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, executor, vec![]));
         let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
         let mut c =
@@ -217,22 +220,34 @@ impl Cluster {
         shoal_testkit::docker_engine::containers_of_node(&self.node_ids[i])
     }
 
-    /// The Shoal links (`shl*`) in node `i`'s namespace.
+    /// What Shoal's data plane has on node `i`: the Shoal links (`shl*`) of its namespace and of its networks'
+    /// namespaces, those namespaces, and its iptables FORWARD rules (comment `shoal-netplane`, both back ends).
     pub fn shoal_links(&self, i: usize) -> Vec<String> {
         self.shoal_links_with_index(i).iter().map(|l| l.split('#').next().unwrap_or_default().to_string()).collect()
     }
 
-    /// The Shoal links in node `i`'s namespace with their interface index (a link made again gets a new one).
+    /// As `shoal_links`, links with their interface index (`name#index`, `name#index@<network namespace>`: a
+    /// link made again gets a new one).
     pub fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String> {
-        self.in_node(i, &["ip", "-o", "link", "show"])
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split(':');
-                let index = f.next()?.trim().to_string();
-                let name = f.next()?.trim().split('@').next()?.to_string();
-                name.starts_with("shl").then(|| format!("{name}#{index}"))
-            })
-            .collect()
+        let links = |out: String, at: &str| -> Vec<String> {
+            out.lines()
+                .filter_map(|l| {
+                    let mut f = l.split(':');
+                    let index = f.next()?.trim().to_string();
+                    let name = f.next()?.trim().split('@').next()?.to_string();
+                    name.starts_with("shl").then(|| format!("{name}#{index}{at}"))
+                })
+                .collect()
+        };
+        let mut out: BTreeSet<String> = links(self.in_node(i, &["ip", "-o", "link", "show"]), "").into_iter().collect();
+        for ns in self.net.network_namespaces(i) {
+            let o = std::process::Command::new("ip").args(["-n", &ns, "-o", "link", "show"]).output();
+            let text = o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            out.extend(links(text, &format!("@{ns}")));
+            out.insert(ns);
+        }
+        out.extend(shoal_testkit::netns::docker_host::shoal_rules(self.net.ns(i)));
+        out
     }
 
     /// The task namespaces (`/run/netns/shl-task-<id>`) of the tasks seen that are still there.
@@ -331,7 +346,7 @@ impl Drop for Cluster {
         // A daemon that could not stop cleanly leaves its task namespaces (in the host's /run/netns).
         for name in self.task_namespaces() {
             let _ = std::process::Command::new("ip").args(["netns", "delete", &name]).output();
-            // Made in the daemon's own mount namespace (`ip netns exec`): here only the file is left.
+            // (A name whose mount is gone leaves only its file.)
             let _ = std::fs::remove_file(std::path::Path::new("/run/netns").join(&name));
         }
     }

@@ -1,0 +1,520 @@
+//! The data plane in the machine's own network namespace, next to its Docker Engine (issue 30): the README's
+//! daemon (`shoal daemon --state-dir ./shoal-state`, root, its data plane on; with each executor), as a user
+//! runs it on a swarm host, where Docker left the FORWARD policy at DROP and `br_netfilter` on. No namespace of the test's own
+//! hides the host's firewall here, except the "outside" one: a namespace beside the host, linked by a veth,
+//! standing for the world beyond it (what the host forwards to it meets the host's FORWARD chain).
+//!
+//! Only one daemon per network namespace carries the data plane (`/run/shoal/netplane-<inode>.lock`): this
+//! test and the newcomer tests whose daemons take the host's share the nextest group `host-data-plane`
+//! (`.config/nextest.toml`), one at a time. A daemon of another test run on the same machine holding the lock
+//! makes this test fail with that reason (rerun it).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{docker_cli, shoal_bin, wait_until};
+use shoal_testkit::process::wait_exit;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// An HTTP server on port 80 answering with the address the connection arrived at (its task's own address).
+const SERVER: &str = r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 80))
+s.listen(128)
+while True:
+    c, _ = s.accept()
+    try:
+        c.settimeout(2)
+        c.recv(4096)
+        b = c.getsockname()[0].encode()
+        c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n' % len(b) + b)
+    except OSError:
+        pass
+    finally:
+        c.close()
+"#;
+
+/// The client, from inside its task: what `web` and `tasks.web` resolve to, then 40 GETs of each of `http://web/`,
+/// the VIP, and the outside listener (`OUTSIDE`), one `RESULT <what> <answer>=<count> ...` line each, then
+/// `RESULT DONE`. Each target's first GET is retried for up to 10 s (the VIP's backends are set a moment after
+/// RUNNING).
+const CLIENT: &str = r#"
+import collections, os, socket, time
+def get(host, port):
+    s = socket.create_connection((host, port), timeout=3)
+    s.sendall(b'GET / HTTP/1.0\r\n\r\n')
+    data = b''
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        data += d
+    s.close()
+    return data.split(b'\r\n\r\n', 1)[1].decode()
+def names(n):
+    try:
+        return ','.join(sorted(socket.gethostbyname_ex(n)[2]))
+    except OSError as e:
+        return 'error:' + type(e).__name__
+print('RESULT web', names('web'), flush=True)
+print('RESULT tasks.web', names('tasks.web'), flush=True)
+for what, host, port in [('name', 'web', 80), ('vip', os.environ['VIP'], 80), ('outside', os.environ['OUTSIDE'], 8099)]:
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            get(host, port)
+            break
+        except OSError:
+            time.sleep(0.1)
+    seen = collections.Counter()
+    for i in range(40):
+        try:
+            seen[get(host, port)] += 1
+        except OSError as e:
+            seen['error:' + type(e).__name__] += 1
+    print('RESULT', what, ' '.join('%s=%d' % kv for kv in sorted(seen.items())), flush=True)
+print('RESULT DONE', flush=True)
+time.sleep(100000)
+"#;
+
+fn run(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The inode of the host's network namespace (the key of its networks' namespaces' names).
+fn host_netns_key() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/net").unwrap().ino()
+}
+
+/// What Shoal's data plane has in the host's namespace: `shl*` links, networks' namespaces of this namespace,
+/// the `ip shoal` table, FORWARD rules with Shoal's comment (both back ends).
+fn host_leftovers() -> Vec<String> {
+    let mut left: Vec<String> = run(&["ip", "-o", "link", "show"])
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        .filter(|n| n.starts_with("shl"))
+        .collect();
+    let prefix = format!("shl-net-{}-", host_netns_key());
+    left.extend(
+        std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix)),
+    );
+    if run(&["nft", "list", "tables"]).lines().any(|l| l.trim() == "table ip shoal") {
+        left.push("table ip shoal".into());
+    }
+    for ipt in ["iptables-nft", "iptables-legacy"] {
+        let out = Command::new(ipt).args(["-w", "-S", "FORWARD"]).output();
+        let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+        left.extend(text.lines().filter(|l| l.contains("shoal-netplane")).map(|l| format!("{ipt}: {l}")));
+    }
+    left
+}
+
+/// A namespace beside the host, linked by a veth (`dpo<pid>` on the host, 10.251.<n>.1/30; 10.251.<n>.2 inside,
+/// default route via the host), with an HTTP listener on port 8099 answering `outside`. Deleted on drop.
+struct Outside {
+    ns: String,
+    host_ip: String,
+    ip: String,
+    server: Option<Child>,
+}
+
+impl Outside {
+    fn new() -> Outside {
+        let pid = std::process::id();
+        let n = pid % 250 + 1;
+        let (ns, link) = (format!("shoal-t-{pid}-outside"), format!("dpo{pid}"));
+        let (host_ip, ip) = (format!("10.251.{n}.1"), format!("10.251.{n}.2"));
+        let mut o = Outside { ns: ns.clone(), host_ip: host_ip.clone(), ip: ip.clone(), server: None };
+        run(&["ip", "netns", "add", &ns]);
+        run(&["ip", "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
+        run(&["ip", "addr", "add", &format!("{host_ip}/30"), "dev", &link]);
+        run(&["ip", "link", "set", &link, "up"]);
+        run(&["ip", "-n", &ns, "addr", "add", &format!("{ip}/30"), "dev", "eth0"]);
+        run(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
+        run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+        run(&["ip", "-n", &ns, "route", "add", "default", "via", &host_ip]);
+        let server = SERVER.replace("c.getsockname()[0].encode()", "b'outside'").replace("80))", "8099))");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns, "/usr/bin/python3", "-S", "-c", &server])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("the outside listener");
+        o.server = Some(child);
+        wait_until("the outside listener", WAIT, || match o.get(&ip, 8099) {
+            Ok(b) if b == "outside" => Ok(()),
+            other => Err(format!("{other:?}")),
+        });
+        o
+    }
+
+    /// A GET from inside the outside namespace: the body, or the error.
+    fn get(&self, host: &str, port: u16) -> Result<String, String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "/usr/bin/python3", "-S", "-c"])
+            .arg(format!(
+                "import socket\ns = socket.create_connection(('{host}', {port}), timeout=3)\ns.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\nd = b''\nwhile True:\n    b = s.recv(4096)\n    if not b: break\n    d += b\nprint(d.split(b'\\r\\n\\r\\n', 1)[1].decode())"
+            ))
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string())
+        }
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+/// The README's daemon, SIGTERMed when dropped (its clean stop).
+struct Daemon {
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn socket(&self) -> PathBuf {
+        self.dir.join("shoal-state/control.sock")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    fn docker(&self, args: &[&str]) -> String {
+        let out = docker_cli::command(&self.socket(), args).current_dir(&self.dir).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "docker {args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        text
+    }
+
+    fn stop(&mut self) -> bool {
+        let Some(c) = self.child.take() else { return true };
+        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        wait_exit(c, Duration::from_secs(30), "shoal daemon").0
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // A failed test still leaves nothing: `docker swarm leave --force` removes the node's containers and
+        // holders and clears its data plane (a docker executor's stop keeps what running containers use).
+        if std::thread::panicking() && self.child.is_some() {
+            let _ = docker_cli::command(&self.socket(), &["swarm", "leave", "--force"]).output();
+        }
+        let stopped = self.stop();
+        assert!(stopped || std::thread::panicking(), "the daemon did not stop cleanly on SIGTERM");
+    }
+}
+
+/// The `RESULT` lines of task `id` (its stdout in the process executor's task directory, or its container's
+/// log), once it printed DONE.
+fn results(tasks: &Tasks, state: &Path, id: &str) -> Vec<String> {
+    let log = state.join("tasks").join(id).join("stdout.log");
+    wait_until(&format!("task {id} done"), WAIT, || {
+        let text = if tasks.executor == "docker" {
+            let filter = format!("label=com.docker.swarm.task.id={id}");
+            let c = shoal_testkit::docker_engine::engine_ok(&["ps", "-q", "--filter", &filter]);
+            let c = c.lines().next().ok_or("no container yet")?.to_string();
+            let out = shoal_testkit::docker_engine::engine(&["logs", &c]);
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        } else {
+            std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?
+        };
+        let lines: Vec<String> =
+            text.lines().filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r.trim_end().to_string())).collect();
+        if lines.iter().any(|l| l == "DONE") {
+            Ok(lines)
+        } else {
+            Err(format!("{lines:?} {}", std::fs::read_to_string(log.with_file_name("stderr.log")).unwrap_or_default()))
+        }
+    })
+}
+
+/// The counts of a `RESULT <what> answer=n ...` line.
+fn counts(line: &str) -> std::collections::BTreeMap<String, u32> {
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|kv| kv.rsplit_once('='))
+        .map(|(k, v)| (k.into(), v.parse().unwrap()))
+        .collect()
+}
+
+/// How the tasks of one executor are written: `web`'s and `client`'s image and command.
+struct Tasks {
+    executor: &'static str,
+    image: String,
+    web: Vec<String>,
+    client: Vec<String>,
+}
+
+impl Tasks {
+    fn process() -> Tasks {
+        let py = |script: &str| ["/usr/bin/python3", "-S", "-c", script].map(String::from).to_vec();
+        Tasks { executor: "process", image: "python:latest".into(), web: py(SERVER), client: py(CLIENT) }
+    }
+
+    fn docker(image: &str) -> Tasks {
+        let sh = |script: &str| ["sh", "-c", script].map(String::from).to_vec();
+        Tasks { executor: "docker", image: image.into(), web: sh(DOCKER_WEB), client: sh(DOCKER_CLIENT) }
+    }
+}
+
+/// The docker executor's `web`: busybox httpd answering with its hostname.
+const DOCKER_WEB: &str = "mkdir -p /www; hostname > /www/index.html; exec httpd -f -p 80 -h /www";
+
+/// The docker executor's `client`: the same `RESULT` lines as `CLIENT`, with busybox's nslookup and wget.
+/// (`timeout`, not wget's `-T`, which crashes Debian's static busybox 1.35.)
+const DOCKER_CLIENT: &str = r#"
+res() { nslookup "$1" 2>/dev/null | sed -n 's/^Address:[[:space:]]*\([0-9.]*\)$/\1/p' | sort | tr '
+' ',' | sed 's/,$//'; }
+echo "RESULT web $(res web)"
+echo "RESULT tasks.web $(res tasks.web)"
+for t in "name http://web/" "vip http://$VIP/" "outside http://$OUTSIDE:8099/"; do
+  set -- $t
+  i=0
+  until timeout 3 wget -q -O /dev/null "$2"; do i=$((i+1)); [ $i -ge 100 ] && break; sleep 0.1; done
+  c=$(for i in $(seq 40); do timeout 3 wget -q -O - "$2" || echo "error:wget"; echo; done | grep -v '^$' | sort | uniq -c | awk '{printf "%s=%s ", $2, $1}')
+  echo "RESULT $1 $c"
+done
+echo "RESULT DONE"
+sleep 100000
+"#;
+
+#[test]
+fn the_readme_daemon_carries_an_overlay_in_the_hosts_namespace_beside_dockers_firewall() {
+    if !docker_cli::available() {
+        eprintln!("skipped: no docker CLI");
+        return;
+    }
+    readme_daemon_on_the_host(Tasks::process());
+}
+
+/// The same with `--executor docker` (the engine's containers in their holders' namespaces).
+#[test]
+fn the_readme_daemon_with_the_docker_executor_carries_an_overlay_in_the_hosts_namespace() {
+    let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
+    readme_daemon_on_the_host(Tasks::docker(image));
+}
+
+fn readme_daemon_on_the_host(kind: Tasks) {
+    let forward = run(&["iptables", "-w", "-S", "FORWARD"]);
+    eprintln!("the host's FORWARD chain:\n{forward}");
+    assert_eq!(host_leftovers(), Vec::<String>::new(), "Shoal's data plane is already in the host's namespace");
+    let outside = Outside::new();
+
+    let dir = tempfile::tempdir_in(shoal_testkit::scratch_dir()).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut cmd = Command::new(shoal_bin());
+    cmd.current_dir(dir.path())
+        .args(["daemon", "--state-dir", "./shoal-state", "--executor", kind.executor, "--listen-remote-api", &listen])
+        .env_remove("SHOAL_HOST")
+        .env_remove("SHOAL_STATE_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap());
+    let mut d = Daemon { child: Some(cmd.spawn().unwrap()), dir: dir.path().to_path_buf() };
+    wait_until("the node ready with the overlay plugin", WAIT, || {
+        let out = docker_cli::command(
+            &d.socket(),
+            &["node", "inspect", "self", "--format", "{{json .Description.Engine.Plugins}}"],
+        )
+        .output()
+        .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains("\"overlay\"") {
+            return Ok(());
+        }
+        let log = d.log();
+        assert!(
+            !log.contains("another Shoal daemon carries this network namespace"),
+            "another daemon holds the host's data plane (another test run on this machine?): rerun\n{log}"
+        );
+        Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
+    });
+
+    let published = free_port();
+    d.docker(&["network", "create", "--driver", "overlay", "appnet"]);
+    let publish = format!("{published}:80");
+    let mut args = vec!["service", "create", "--detach", "--no-resolve-image", "--name", "web", "--network", "appnet"];
+    args.extend(["--replicas", "2", "--publish", &publish, &kind.image]);
+    args.extend(kind.web.iter().map(String::as_str));
+    d.docker(&args);
+    wait_until("web 2/2", WAIT, || {
+        let text = d.docker(&["service", "ls", "--filter", "name=web", "--format", "{{.Replicas}}"]);
+        if text.trim() == "2/2" {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    });
+    // The VIP on appnet (the service has one on the ingress network too).
+    let appnet = d.docker(&["network", "inspect", "appnet", "--format", "{{.Id}}"]);
+    let vips = d.docker(&[
+        "service",
+        "inspect",
+        "web",
+        "--format",
+        "{{range .Endpoint.VirtualIPs}}{{.NetworkID}} {{.Addr}}\n{{end}}",
+    ]);
+    let vip = vips
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{} ", appnet.trim())))
+        .unwrap_or_else(|| panic!("no VIP of web on appnet {appnet}: {vips}"))
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let tasks =
+        d.docker(&["service", "ps", "web", "--filter", "desired-state=running", "--format", "{{.ID}}", "--no-trunc"]);
+    // Each task's address on a network (the server answers with the address a connection arrived at).
+    let addrs_on = |network: &str| -> Vec<String> {
+        let format = format!(
+            "{{{{range .NetworksAttachments}}}}{{{{if eq .Network.Spec.Name \"{network}\"}}}}{{{{index .Addresses 0}}}}{{{{end}}}}{{{{end}}}}"
+        );
+        let mut v: Vec<String> = tasks
+            .lines()
+            .map(|t| d.docker(&["inspect", "--format", &format, t]).trim().split('/').next().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let (web_addrs, web_ingress) = (addrs_on("appnet"), addrs_on("ingress"));
+    assert_eq!(web_addrs.len(), 2, "{web_addrs:?}");
+
+    let (vip_env, outside_env) = (format!("VIP={vip}"), format!("OUTSIDE={}", outside.ip));
+    let mut args = vec!["service", "create", "--detach", "--no-resolve-image", "--name", "client", "--network"];
+    args.extend(["appnet", "--restart-condition", "none", "--env", &vip_env, "--env", &outside_env, &kind.image]);
+    args.extend(kind.client.iter().map(String::as_str));
+    d.docker(&args);
+    let client = wait_until("the client running", WAIT, || {
+        let t = d.docker(&[
+            "service",
+            "ps",
+            "client",
+            "--filter",
+            "desired-state=running",
+            "--format",
+            "{{.ID}} {{.CurrentState}}",
+            "--no-trunc",
+        ]);
+        match t.lines().next() {
+            Some(l) if l.contains("Running") => Ok(l.split(' ').next().unwrap().to_string()),
+            _ => Err(t),
+        }
+    });
+    let r = results(&kind, &dir.path().join("shoal-state"), &client);
+    eprintln!("the client saw: {r:?}");
+    // From inside the task: `web` is the VIP, `tasks.web` the two tasks, both answer through the name and the
+    // VIP (at least 5 of 40 each: an even spread misses that with probability below 1e-6), and the outside
+    // world answers (masqueraded through the host's FORWARD chain).
+    assert!(r.contains(&format!("web {vip}")), "web resolves to {vip} (of {vips}): {r:?}");
+    assert!(r.contains(&format!("tasks.web {}", web_addrs.join(","))), "tasks.web is {web_addrs:?}: {r:?}");
+    for what in ["name", "vip"] {
+        let line = r.iter().find(|l| l.starts_with(&format!("{what} "))).unwrap();
+        let c = counts(line);
+        assert!(
+            c.len() == 2 && c.iter().all(|(a, n)| !a.starts_with("error") && *n >= 5),
+            "{what}: both tasks answer, nothing fails: {line}"
+        );
+    }
+    assert!(r.contains(&"outside outside=40".to_string()), "{r:?}");
+
+    // The published port from outside the host (prerouting, then the host's FORWARD chain) and on the host's
+    // own loopback: both tasks answer.
+    for (what, host) in [("from outside", outside.host_ip.as_str()), ("on 127.0.0.1", "127.0.0.1")] {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            let body = if host == "127.0.0.1" {
+                let mut c = TcpStream::connect_timeout(
+                    &SocketAddr::new(Ipv4Addr::LOCALHOST.into(), published),
+                    Duration::from_secs(3),
+                )
+                .unwrap_or_else(|e| panic!("127.0.0.1:{published}: {e}"));
+                c.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+                let mut s = String::new();
+                c.read_to_string(&mut s).unwrap();
+                s.split("\r\n\r\n").nth(1).unwrap_or("").to_string()
+            } else {
+                outside.get(host, published).unwrap_or_else(|e| panic!("{what}: {host}:{published}: {e}"))
+            };
+            seen.insert(body);
+        }
+        // (Each answers with its address on ingress, or its hostname: two answers.)
+        assert!(seen.len() == 2, "{what}: both tasks answer through the mesh: {seen:?} ({web_ingress:?})");
+    }
+    // Shoal's rules are in the host's FORWARD chain, after the jump to DOCKER-USER when Docker made one.
+    let forward = run(&["iptables", "-w", "-S", "FORWARD"]);
+    let ours = forward.lines().position(|l| l.contains("shoal-netplane"));
+    assert!(ours.is_some(), "no Shoal rule in the host's FORWARD chain:\n{forward}");
+    if let Some(user) = forward.lines().position(|l| l == "-A FORWARD -j DOCKER-USER") {
+        assert!(ours.unwrap() > user, "Shoal's rules come before DOCKER-USER's jump:\n{forward}");
+    }
+
+    // Removing everything, then a clean stop, leaves nothing of Shoal's in the host's namespace.
+    let ids = d.docker(&["service", "ps", "web", "client", "--format", "{{.ID}}", "--no-trunc"]);
+    let node = d.docker(&["info", "--format", "{{.Swarm.NodeID}}"]).trim().to_string();
+    d.docker(&["service", "rm", "client", "web"]);
+    // The engine's containers and holders of this node go with the services (docker executor).
+    let filter = format!("label=com.docker.swarm.node.id={node}");
+    wait_until("the node's containers removed", WAIT, || {
+        let left = shoal_testkit::docker_engine::engine_ok(&["ps", "-aq", "--filter", &filter]);
+        if left.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+    wait_until("the network removed", WAIT, || {
+        let out = docker_cli::command(&d.socket(), &["network", "rm", "appnet"]).output().unwrap();
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    });
+    // The last reconcile without a network (a docker executor's clean stop keeps what running tasks use:
+    // there is none left).
+    wait_until("nothing of Shoal's left in the host's namespace", WAIT, || {
+        let left = host_leftovers();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+    assert!(d.stop(), "a clean stop on SIGTERM");
+    let left = host_leftovers();
+    assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
+    let tasks_left: Vec<&str> =
+        ids.lines().filter(|id| Path::new("/run/netns").join(format!("shl-task-{id}")).exists()).collect();
+    assert!(ids.lines().count() >= 3 && tasks_left.is_empty(), "task namespaces left: {tasks_left:?} of {ids}");
+}
