@@ -12,9 +12,11 @@
 use std::collections::HashMap;
 
 /// Node writes one node may make at once after a quiet spell.
-pub const REGISTRATION_BURST: u32 = 5;
-/// One more write is allowed every this many milliseconds (6 a minute at most, once the burst is spent).
-pub const REGISTRATION_REFILL_MS: u64 = 10_000;
+pub const REGISTRATION_BURST: u32 = 20;
+/// One more write is allowed every this many milliseconds, once the burst is spent. (A root rotation renews
+/// every certificate twice and each renewal opens a session that writes: 5 and then one per 10 s cut nodes
+/// off in the middle of one; at 64 KiB a write, 20 and one a second still bound a node to 64 KiB/s.)
+pub const REGISTRATION_REFILL_MS: u64 = 1_000;
 /// Past this many tracked nodes, the ones whose bucket is full again are forgotten.
 pub const TRACKED_NODES_PRUNE_AT: usize = 4096;
 
@@ -86,8 +88,9 @@ mod tests {
             r.take("n1", 1000).unwrap();
         }
         assert_eq!(r.take("n1", 1000), Err(REGISTRATION_REFILL_MS));
-        assert_eq!(r.take("n1", 1000 + 4000), Err(REGISTRATION_REFILL_MS - 4000));
-        r.take("other", 5000).expect("another node has its own bucket");
+        let part = REGISTRATION_REFILL_MS * 2 / 5;
+        assert_eq!(r.take("n1", 1000 + part), Err(REGISTRATION_REFILL_MS - part));
+        r.take("other", 1000 + part).expect("another node has its own bucket");
         r.take("n1", 1000 + REGISTRATION_REFILL_MS).expect("one token after a period");
         assert!(r.take("n1", 1000 + REGISTRATION_REFILL_MS + 1).is_err());
         // A period after the last refill, one more.
