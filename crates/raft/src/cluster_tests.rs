@@ -394,6 +394,33 @@ async fn a_new_member_catches_up_by_snapshot_after_compaction() {
     c.shutdown().await;
 }
 
+/// Thesis §3.10 (leadership transfer), as a demoted leader uses it: the leader hands over to the member it
+/// names, which then leads; only the leader can transfer, and only to another voter. Removing a member is
+/// known to keep a quorum only while the others are reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_hands_its_leadership_to_a_named_member() {
+    let mut c = Cluster::start(3, 5, fast).await;
+    let leader = c.wait_leader(&[1, 2, 3]).await;
+    let to = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    let third = [1, 2, 3].into_iter().find(|id| *id != leader && *id != to).unwrap();
+    wait_for("the leader hears from both others", || c.node(leader).removal_keeps_quorum(leader)).await;
+    assert!(c.node(leader).removal_keeps_quorum(third));
+    assert!(!c.node(to).removal_keeps_quorum(third), "a follower cannot tell");
+    let err = within("a follower's transfer", c.node(to).transfer_leadership(third)).await.unwrap_err();
+    assert!(matches!(err, MembershipError::NotLeader { .. }), "{err:?}");
+    let err = within("to itself", c.node(leader).transfer_leadership(leader)).await.unwrap_err();
+    assert!(matches!(err, MembershipError::Refused(_)), "{err:?}");
+
+    within("transfer", c.node(leader).transfer_leadership(to)).await.unwrap();
+    wait_for("the named member leads", || c.node(to).status().is_leader && !c.node(leader).status().is_leader).await;
+    let commit = within("write", c.node(to).propose(create("after-transfer"))).await.unwrap();
+    c.wait_converged(&[1, 2, 3], commit.index).await;
+
+    c.stop(third).await;
+    wait_for("the new leader sees the third gone", || !c.node(to).removal_keeps_quorum(leader)).await;
+    c.shutdown().await;
+}
+
 /// §6 (cluster membership changes, one server at a time): a removed member leaves the configuration on
 /// every member, is recorded as removed, and the remaining two keep committing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
