@@ -106,6 +106,21 @@ fn spec(name: &str, replicas: i64) -> Value {
     })
 }
 
+/// A task of `svc` in slot 1 on `node`, running and meant to run.
+fn running_task(svc: &shoal_api::Service, id: &str, node: &str) -> Task {
+    let mut t = Task {
+        id: id.into(),
+        service_id: svc.id.clone(),
+        slot: 1,
+        node_id: node.into(),
+        spec: svc.spec.as_ref().unwrap().task.clone().map(Into::into),
+        status: Some(TaskStatus { state: TaskState::Running as i32, message: "started".into(), ..Default::default() }),
+        ..Default::default()
+    };
+    t.set_desired_state(TaskState::Running);
+    t
+}
+
 fn node(id: &str, host: &str, role: NodeRole) -> Node {
     let mut n = Node {
         id: id.into(),
@@ -270,21 +285,7 @@ async fn service_lifecycle_create_inspect_list_update_remove() {
     // A running task makes RunningTasks 1.
     let svc = shoal_manager::controlapi::get_service(&api.state, &id).unwrap();
     api.seed(|c| {
-        let mut t = Task {
-            id: "task1".into(),
-            service_id: svc.id.clone(),
-            slot: 1,
-            node_id: "node1".into(),
-            spec: svc.spec.as_ref().unwrap().task.clone().map(Into::into),
-            status: Some(TaskStatus {
-                state: TaskState::Running as i32,
-                message: "started".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        t.set_desired_state(TaskState::Running);
-        c.create(t);
+        c.create(running_task(&svc, "task1", "node1"));
     })
     .await;
     let l = api.call(Method::GET, "/services?status=true", None).await;
@@ -1007,17 +1008,7 @@ async fn service_logs_show_a_line_only_as_published_by_its_tasks_node() {
     let id = api.create("web", 1).await;
     let svc = shoal_manager::controlapi::get_service(&api.state, &id).unwrap();
     api.seed(|c| {
-        let mut t = Task {
-            id: "task1".into(),
-            service_id: svc.id.clone(),
-            slot: 1,
-            node_id: "node1".into(),
-            spec: svc.spec.as_ref().unwrap().task.clone().map(Into::into),
-            status: Some(TaskStatus { state: TaskState::Running as i32, ..Default::default() }),
-            ..Default::default()
-        };
-        t.set_desired_state(TaskState::Running);
-        c.create(t);
+        c.create(running_task(&svc, "task1", "node1"));
     })
     .await;
     let mut n1 = api.state.logs.listen("node1");

@@ -17,30 +17,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::netcluster::SERVER;
 use common::{docker_cli, shoal_bin, wait_until};
 use shoal_testkit::process::wait_exit;
 
 const WAIT: Duration = Duration::from_secs(90);
-
-/// An HTTP server on port 80 answering with the address the connection arrived at (its task's own address).
-const SERVER: &str = r#"
-import socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('0.0.0.0', 80))
-s.listen(128)
-while True:
-    c, _ = s.accept()
-    try:
-        c.settimeout(2)
-        c.recv(4096)
-        b = c.getsockname()[0].encode()
-        c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n' % len(b) + b)
-    except OSError:
-        pass
-    finally:
-        c.close()
-"#;
 
 /// The client, from inside its task: what `web` and `tasks.web` resolve to, then 40 GETs of each of `http://web/`,
 /// the VIP, and the outside listener (`OUTSIDE`), one `RESULT <what> <answer>=<count> ...` line each, then
