@@ -428,8 +428,13 @@ pub async fn remove_service(state: &ClusterState, reference: &str) -> Result<(),
             .await
             .map_err(ControlError::from);
         match res {
-            // A task changed between our read and the commit: read again.
-            Err(ControlError::Conflict(_)) if attempt < REMOVE_RETRIES + REMOVE_SERVICE_ONLY_RETRIES => continue,
+            // A task changed between our read and the commit, or the reaper deleted it: read again (a delete
+            // of an existing service never fails on its tasks; issue 32 saw a 404 "task ... not found").
+            Err(ControlError::Conflict(_) | ControlError::NotFound { kind: "task", .. })
+                if attempt < REMOVE_RETRIES + REMOVE_SERVICE_ONLY_RETRIES =>
+            {
+                continue
+            }
             other => return other.map(|_| ()),
         }
     }
