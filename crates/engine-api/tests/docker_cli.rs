@@ -9,6 +9,7 @@ use shoal_api::{
 };
 use shoal_manager::ClusterState;
 use shoal_store::Changes;
+use shoal_testkit::prerequisites::{self, Prerequisite};
 use shoal_testkit::ApiServer;
 
 struct Server {
@@ -50,10 +51,6 @@ impl Server {
         assert_eq!(code, 0, "docker {args:?} failed: {err}");
         out
     }
-}
-
-fn docker_installed() -> bool {
-    Command::new("docker").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
 }
 
 fn seed_node(state: &ClusterState, id: &str) {
@@ -114,8 +111,7 @@ fn rows(out: &str) -> Vec<Vec<String>> {
 
 #[test]
 fn the_docker_cli_drives_shoal() {
-    if !docker_installed() {
-        eprintln!("SKIPPED: the docker CLI is not installed");
+    if prerequisites::skip_unless(Prerequisite::DockerCli) {
         return;
     }
     let s = Server::start();

@@ -18,14 +18,10 @@ use shoal_engine_api::json::{decode, unsupported::refuse_unsupported, ServiceSpe
 /// The treatments a row may give, in the table's words.
 const TREATMENTS: [&str; 4] = ["honoured", "executor", "stored", "refused"];
 
-/// Docker's Engine API document, from the shared folder beside the checkout.
+/// Docker's Engine API document, vendored in the repository (`crates/engine-api/spec/README.md`).
 fn engine_api_spec() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/engine-api/v1.47.yaml");
-    assert!(
-        p.exists(),
-        "Docker's Engine API spec is expected at {} (the shared folder beside the checkout)",
-        p.display()
-    );
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("spec/v1.47.yaml");
+    assert!(p.exists(), "Docker's Engine API spec is expected at {} (vendored in the repository)", p.display());
     p
 }
 

@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::Value;
+use shoal_testkit::prerequisites::{self, Prerequisite};
 pub use shoal_testkit::{docker_cli, process, wait_until, DaemonProcess};
 
 #[path = "common/netcluster.rs"]
@@ -90,13 +91,10 @@ pub fn docker(d: &DaemonProcess, args: &[&str]) -> String {
     docker_cli::ok(d.socket(), args)
 }
 
-/// Skips (returns true) when the docker CLI is not installed, printing why.
+/// Whether to skip a test that drives the docker CLI: a missing CLI fails the test, unless
+/// `SHOAL_TEST_SKIP_MISSING` names it (`shoal_testkit::prerequisites`).
 pub fn no_docker_cli() -> bool {
-    if docker_cli::available() {
-        return false;
-    }
-    eprintln!("skipped: the docker CLI is not installed on this machine");
-    true
+    prerequisites::skip_unless(Prerequisite::DockerCli)
 }
 
 /// Our own CLI against the daemon's control socket `socket`, not started.

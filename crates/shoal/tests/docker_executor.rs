@@ -215,8 +215,7 @@ fn containers_survive_a_daemon_restart_without_loss_or_duplicates() {
 
 #[test]
 fn auto_picks_docker_when_the_engine_answers_and_processes_otherwise() {
-    if !docker_engine::available() {
-        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
+    if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::DockerEngine) {
         return;
     }
     let executor_of = |extra: &[&str]| {

@@ -1,6 +1,6 @@
 //! Real clients of the Engine API besides the docker CLI, against a `shoal daemon`: the Python Docker SDK
 //! driving swarm, nodes, services, secrets and configs (`engine_api_python/sdk.py`), and a schemathesis run over the operations
-//! Shoal routes, checked against Docker's v1.47 spec (`../shared/engine-api/v1.47.yaml`, beside the checkout,
+//! Shoal routes, checked against Docker's v1.47 spec (`crates/engine-api/spec/v1.47.yaml`, vendored,
 //! with the status codes the engine answers but the spec leaves out added by `schemathesis_run.py`) with
 //! not_a_server_error, status_code_conformance, content_type_conformance and
 //! response_schema_conformance, bounded in examples and time. Both run in the test venv
@@ -76,14 +76,10 @@ fn copy(from: &mut impl Read, to: &mut impl Write) {
     }
 }
 
-/// Docker's Engine API spec, from the shared folder beside the checkout.
+/// Docker's Engine API document, vendored in the repository (`crates/engine-api/spec/README.md`).
 fn engine_api_spec() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/engine-api/v1.47.yaml");
-    assert!(
-        p.exists(),
-        "Docker's Engine API spec is expected at {} (the shared folder beside the checkout)",
-        p.display()
-    );
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine-api/spec/v1.47.yaml");
+    assert!(p.exists(), "Docker's Engine API spec is expected at {} (vendored in the repository)", p.display());
     p
 }
 

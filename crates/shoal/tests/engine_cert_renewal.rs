@@ -24,8 +24,7 @@ fn engine_cert(eng: &SecondEngine) -> Result<(String, SystemTime), String> {
 
 #[test]
 fn the_engine_renews_its_certificate_and_keeps_working_after_the_first_expired() {
-    if !docker_engine::available() || !std::path::Path::new("/usr/sbin/dockerd").exists() {
-        eprintln!("skipped: no docker CLI, no dockerd or no Docker Engine answering on this machine");
+    if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::Dockerd) {
         return;
     }
     // Set before any daemon starts; this binary has only this test.

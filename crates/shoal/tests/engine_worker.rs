@@ -6,7 +6,8 @@
 //! calls and what Shoal answers.
 //!
 //! Needs root, the docker CLI, dockerd (docker.io) and the main engine running (its storage driver and the test
-//! image are reused); skipped with a message where the engine is missing.
+//! image are reused); fails where the engine is missing, unless `SHOAL_TEST_SKIP_MISSING` names it
+//! (`shoal_testkit::prerequisites`).
 
 mod common;
 
@@ -26,8 +27,7 @@ const TASK_LIMIT: Duration = Duration::from_secs(90);
 /// Starts the second engine (tag `tag`, hostname `engine-<tag>`, `managers` addresses for Shoal managers),
 /// or `None` (with a message) where there is no engine to copy from.
 fn engine(tag: &str, managers: usize) -> Option<SecondEngine> {
-    if !docker_engine::available() || !std::path::Path::new("/usr/sbin/dockerd").exists() {
-        eprintln!("skipped: no docker CLI, no dockerd or no Docker Engine answering on this machine");
+    if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::Dockerd) {
         return None;
     }
     Some(SecondEngine::start(EngineOptions {

@@ -103,11 +103,7 @@ fn no_tools() -> bool {
     if no_docker_cli() {
         return true;
     }
-    if Command::new("cfssl").arg("version").output().is_err() {
-        eprintln!("skipped: cfssl is not installed (apt-get install golang-cfssl)");
-        return true;
-    }
-    false
+    shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::Cfssl)
 }
 
 fn free_port() -> u16 {

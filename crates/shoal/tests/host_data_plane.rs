@@ -292,8 +292,7 @@ sleep 100000
 
 #[test]
 fn the_readme_daemon_carries_an_overlay_in_the_hosts_namespace_beside_dockers_firewall() {
-    if !docker_cli::available() {
-        eprintln!("skipped: no docker CLI");
+    if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::DockerCli) {
         return;
     }
     readme_daemon_on_the_host(Tasks::process());

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{daemon, shoal_bin, DaemonProcess};
+use common::{daemon, no_docker_cli, shoal_bin, DaemonProcess};
 use shoal_testkit::{process::wait_exit, wait_until};
 
 /// A `shoal daemon` child that is killed when the test ends, pass or fail.
@@ -125,8 +125,7 @@ fn a_second_daemon_on_the_same_state_dir_is_refused() {
 
 #[test]
 fn a_setting_the_process_executor_cannot_honour_rejects_the_task_with_the_reason() {
-    if !shoal_testkit::docker_cli::available() {
-        eprintln!("skipped: no docker CLI");
+    if no_docker_cli() {
         return;
     }
     let d = daemon();
@@ -174,8 +173,7 @@ impl Drop for DefaultNode {
 /// state dir once failed every task on a network: the task's child resolved its resolv.conf from `/`.)
 #[test]
 fn the_readme_stack_walkthrough_runs_on_a_daemon_started_with_the_defaults() {
-    if !shoal_testkit::docker_cli::available() {
-        eprintln!("skipped: no docker CLI");
+    if no_docker_cli() {
         return;
     }
     let dir = tempfile::tempdir_in(shoal_testkit::scratch_dir()).unwrap();

@@ -218,11 +218,7 @@ fn a_process_task_reads_exactly_its_secret_from_its_directory_on_tmpfs() {
 
 #[test]
 fn a_container_reads_its_secret_and_config_mounted_read_only_at_their_targets() {
-    if no_docker_cli() || !docker_engine::available() {
-        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
-        return;
-    }
-    let image = docker_engine::ensure_test_image();
+    let Some(image) = docker_engine::test_image_or_skip() else { return };
     let mut d = Node::new(EngineDaemon::start(&shoal_bin()));
     create_from_stdin(&d, &["secret", "create", "db_pw", "-"], "pw");
     create_from_stdin(&d, &["config", "create", "app", "-"], "x=1");

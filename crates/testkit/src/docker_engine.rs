@@ -64,11 +64,10 @@ pub fn ensure_test_image() -> &'static str {
     TEST_IMAGE
 }
 
-/// The test image, for a test that needs the Docker Engine: `None` (and a line saying the test is skipped)
-/// when no engine answers on this machine.
+/// The test image, for a test that needs the Docker Engine. When no engine answers on this machine the test
+/// fails, or is skipped (`None`) where `SHOAL_TEST_SKIP_MISSING` says so (`crate::prerequisites`).
 pub fn test_image_or_skip() -> Option<&'static str> {
-    if !available() {
-        eprintln!("skipped: no docker CLI or no Docker Engine answering on this machine");
+    if crate::prerequisites::skip_unless(crate::prerequisites::Prerequisite::DockerEngine) {
         return None;
     }
     Some(ensure_test_image())

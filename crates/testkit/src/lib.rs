@@ -28,6 +28,7 @@ pub mod history;
 pub mod http;
 pub mod managers;
 pub mod netns;
+pub mod prerequisites;
 pub mod process;
 pub mod python;
 pub mod second_engine;

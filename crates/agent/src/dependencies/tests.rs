@@ -1,3 +1,5 @@
+//! Unit tests of the dependencies module: the secrets and configs a node holds, and the files resolved from them.
+
 use super::*;
 use shoal_api::{
     Annotations, ConfigReference, ConfigSpec, Driver, FileTarget, RuntimeTarget, SecretReference, SecretSpec, TaskSpec,

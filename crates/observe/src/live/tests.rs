@@ -1,3 +1,5 @@
+//! Unit tests of the live feed: snapshots and deltas turned from store commits.
+
 use shoal_api::{TaskStatus, Version};
 use shoal_store::Changes;
 

@@ -1,3 +1,5 @@
+//! Unit tests of the Prometheus metrics: gauges read from a store view, counts by task state.
+
 use std::time::Instant;
 
 use shoal_api::{Node, NodeStatus, Task, TaskStatus};
