@@ -13,6 +13,7 @@ pub mod ca;
 pub mod controlapi;
 pub mod dispatcher;
 pub mod keymanager;
+pub mod leader;
 pub mod logbroker;
 pub mod netview;
 pub mod orchestrator;
@@ -22,5 +23,6 @@ pub mod state;
 pub mod subsystem;
 pub mod swarmkit_api;
 
+pub use leader::leader_subsystems;
 pub use state::{ClusterState, ManualTimer, RandomIds, SleepFuture, Timer, TokioTimer, WriteError};
 pub use subsystem::{run_while_leader, stopped, Subsystem, SubsystemFuture};

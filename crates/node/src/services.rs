@@ -12,15 +12,11 @@ use tokio::task::JoinHandle;
 
 use crate::raft_status::ManagerStatusSubsystem;
 
-/// The leader-only subsystems, in start order. Each is a loop over the store's watch queue.
+/// The leader-only subsystems, in start order (`shoal_manager::leader`'s one list), with key material from the
+/// operating system's RNG.
 pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>) -> Vec<Box<dyn Subsystem>> {
-    let mut list = shoal_manager::orchestrator::subsystems();
-    list.push(shoal_manager::allocator::subsystem());
-    list.push(Box::new(shoal_manager::keymanager::KeyManager::new()));
-    list.push(shoal_manager::scheduler::subsystem());
-    list.push(dispatcher.subsystem());
-    list.push(Box::new(shoal_manager::ca::rotation::RootRotationReconciler));
-    list
+    use rand::SeedableRng;
+    shoal_manager::leader_subsystems(dispatcher, Box::new(rand::rngs::StdRng::from_os_rng()))
 }
 
 /// Starts the dispatcher's gRPC server on `listener` and the leader-only subsystems; both stop when

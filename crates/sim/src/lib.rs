@@ -98,6 +98,8 @@ pub struct Report {
     pub lost: u64,
     /// A digest of the run's events: equal for two runs of one seed.
     pub trace: u64,
+    /// The leader-only loops a leader ran (the first seen), by name.
+    pub leader_loops: Vec<&'static str>,
 }
 
 /// A check that failed.
@@ -154,6 +156,7 @@ struct World {
     /// Every event, when tracing (`run_traced`).
     full: Option<Vec<String>>,
     trace: u64,
+    leader_loops: Vec<&'static str>,
     faults: u64,
 }
 
@@ -198,6 +201,7 @@ impl World {
             recent: Default::default(),
             full: None,
             trace: 0xcbf2_9ce4_8422_2325,
+            leader_loops: Vec::new(),
             faults: 0,
         }
     }
@@ -423,6 +427,9 @@ impl World {
             let id = self.managers[i].id;
             let Some(run) = self.managers[i].run.as_mut() else { continue };
             run.run_leader_loops();
+            if self.leader_loops.is_empty() {
+                self.leader_loops = run.leader_loop_names();
+            }
             run.take_proposals();
             run.tick();
             let msgs = run.handle_ready(&self.mcfg);
@@ -993,5 +1000,6 @@ fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failu
         delivered: w.net.delivered,
         lost: w.net.lost,
         trace: w.trace,
+        leader_loops: w.leader_loops.clone(),
     })
 }

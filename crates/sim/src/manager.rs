@@ -528,9 +528,9 @@ impl Running {
             self.leader = None;
             if st.is_leader {
                 let (stop, stop_rx) = watch::channel(false);
-                let mut list = shoal_manager::orchestrator::subsystems();
-                list.push(shoal_manager::scheduler::subsystem());
-                list.push(self.dispatcher.subsystem());
+                // The daemon's own list (`shoal_manager::leader`), the key manager's RNG seeded from this run's.
+                let key_rng = Box::new(StdRng::seed_from_u64(self.rng.random()));
+                let list = shoal_manager::leader_subsystems(&self.dispatcher, key_rng);
                 let loops = list.iter().map(|s| (s.name(), s.run(self.state.clone(), stop_rx.clone()))).collect();
                 self.leader = Some(LeaderLoops { term: st.term, _stop: stop, loops });
             }
@@ -540,6 +540,11 @@ impl Running {
                 assert!(poll_once(fut).is_none(), "leader-only subsystem {name} returned while leading");
             }
         }
+    }
+
+    /// The names of the leader-only loops running now (empty while not leading).
+    pub fn leader_loop_names(&self) -> Vec<&'static str> {
+        self.leader.as_ref().map(|l| l.loops.iter().map(|(n, _)| *n).collect()).unwrap_or_default()
     }
 
     /// Takes an agent's request (`agent` is its index, `node_id` its node).

@@ -4,7 +4,14 @@
 //! `SHOAL_SIM_SEEDS` and `SHOAL_SIM_FIRST_SEED` choose how many from where, `SHOAL_SIM_STEPS` the length of
 //! the fault phase. A failing seed prints itself, its last events and the command that replays it.
 
+use std::sync::Arc;
+
+use rand::SeedableRng;
+use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
+use shoal_manager::{ClusterState, RandomIds};
+use shoal_raft::LocalProposer;
 use shoal_sim::{run, SimConfig};
+use shoal_store::{ManualClock, MemoryStore};
 
 /// Test chunks the default seeds are split into.
 const CHUNKS: u64 = 4;
@@ -88,6 +95,27 @@ fn sim_replays_exactly() {
         let r = a.unwrap_or_else(|f| panic!("{f}"));
         assert!(r.acked > 0 && r.faults > 0, "seed {seed} did too little to show anything: {r:?}");
     }
+}
+
+/// The leader-only loops the daemon runs (`shoal_manager::leader_subsystems`), by name.
+fn daemon_leader_loops() -> Vec<&'static str> {
+    let store = Arc::new(MemoryStore::default());
+    let proposer = Arc::new(LocalProposer::new(store.clone()));
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let state = ClusterState::new(store, proposer, clock, Arc::new(RandomIds::seeded(1)));
+    let dispatcher = Dispatcher::new(state, DispatcherConfig::default());
+    let rng = Box::new(rand::rngs::StdRng::seed_from_u64(1));
+    shoal_manager::leader_subsystems(&dispatcher, rng).iter().map(|s| s.name()).collect()
+}
+
+/// The simulation's leaders run every leader-only loop the daemon runs, none left out.
+#[test]
+fn sim_leaders_run_the_daemons_leader_only_list() {
+    let cfg = SimConfig { fault_steps: 100, ..SimConfig::default() };
+    let r = run(3, &cfg).unwrap_or_else(|f| panic!("{f}"));
+    let want = daemon_leader_loops();
+    assert!(want.contains(&"allocator") && want.contains(&"keymanager") && want.contains(&"root-rotation"), "{want:?}");
+    assert_eq!(r.leader_loops, want);
 }
 
 /// Where two runs of `SHOAL_SIM_SEED` part (a debugging aid; ignored in the suite).
