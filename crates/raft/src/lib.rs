@@ -83,7 +83,7 @@ mod snapshot_files;
 mod storage;
 mod transport;
 
-pub use config::RaftConfig;
+pub use config::{RaftConfig, SnapshotPolicy};
 pub use error::RaftError;
 pub use membership::{Member, Members};
 pub use node::{
