@@ -48,7 +48,7 @@ pub(crate) async fn follow_snapshot_policy(
     let mut applied = None;
     loop {
         let wanted = store.view(|t| {
-            t.clusters().by_name(crate::CLUSTER_NAME).and_then(|c| c.spec.as_ref()?.raft.clone()).map(|r| {
+            t.clusters().by_name(crate::CLUSTER_NAME).and_then(|c| c.spec.as_ref()?.raft).map(|r| {
                 shoal_raft::SnapshotPolicy {
                     interval_entries: interval_override.unwrap_or(r.snapshot_interval),
                     keep_old_snapshots: r.keep_old_snapshots,

@@ -276,11 +276,12 @@ impl RaftNode {
                         return;
                     }
                 };
-                let opened =
-                    Driver::open(cfg, store, transport, leader_tx, members_tx, driver_status, driver_disk_full, mode);
-                let driver = match opened {
+                let driver = match Driver::open(cfg, store, transport, leader_tx, members_tx, driver_status, mode) {
                     Ok(mut d) => {
                         d.reachable = driver_reachable;
+                        // Paused already when it started on a full disk: the handle sees that too.
+                        *driver_disk_full.lock() = d.disk_full.lock().clone();
+                        d.disk_full = driver_disk_full;
                         d
                     }
                     Err(e) => {
@@ -855,7 +856,6 @@ impl Driver {
         leader_tx: watch::Sender<LeaderState>,
         members_tx: watch::Sender<Members>,
         status: Arc<Mutex<RaftStatus>>,
-        disk_full: Arc<Mutex<Option<String>>>,
         mode: StartMode,
     ) -> Result<Driver, RaftError> {
         let keys = match &cfg.data_keys {
@@ -950,7 +950,7 @@ impl Driver {
             bytes_since_snapshot: 0,
             entry_bytes: std::collections::VecDeque::new(),
             paused: None,
-            disk_full,
+            disk_full: Arc::new(Mutex::new(None)),
         };
         driver.reseed_election_timeout();
         if single_voter {
