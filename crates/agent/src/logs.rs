@@ -6,8 +6,10 @@
 //! closes it.
 //!
 //! Bounds: at most `MAX_SUBSCRIPTIONS` subscriptions run at once (more are refused with a close); at most
-//! `PUBLISH_BATCH` lines per message and `PUBLISH_QUEUE` messages wait for the manager; a failed listen
-//! is retried every `LISTEN_RETRY` for as long as the session lasts. Must not depend on the store.
+//! `PUBLISH_BATCH` lines and `PUBLISH_BATCH_BYTES` bytes per message (a line longer than
+//! `PUBLISH_LINE_BYTES` is sent in parts), and at most `PUBLISH_QUEUE` messages holding `PUBLISH_QUEUE_BYTES`
+//! wait for the manager per subscription; a failed listen is retried every `LISTEN_RETRY` for as long as the
+//! session lasts. Must not depend on the store.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use shoal_api::{
     ListenSubscriptionsRequest, LogContext, LogMessage, LogSelector, LogStream as WireStream, LogSubscriptionOptions,
     PublishLogsMessage, SubscriptionMessage, Task,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
@@ -33,6 +35,13 @@ pub const MAX_SUBSCRIPTIONS: usize = 64;
 pub const PUBLISH_BATCH: usize = 128;
 /// Published messages waiting for the manager.
 pub const PUBLISH_QUEUE: usize = 16;
+/// Most bytes of line data in one published message (one line more than it at most, and no line is longer
+/// than `PUBLISH_LINE_BYTES`), well within a gRPC message.
+pub const PUBLISH_BATCH_BYTES: usize = 256 << 10;
+/// Most bytes of line data in published messages waiting for the manager, per subscription.
+pub const PUBLISH_QUEUE_BYTES: usize = 1 << 20;
+/// Longest line data in one log message: a longer line is sent as consecutive parts of this size.
+pub const PUBLISH_LINE_BYTES: usize = 64 << 10;
 /// Pause before listening again after the subscription stream failed.
 pub const LISTEN_RETRY: Duration = Duration::from_secs(1);
 /// How often a followed subscription retries tasks whose output could not be opened yet.
@@ -144,11 +153,22 @@ impl Publisher {
     async fn run(mut self, sub: SubscriptionMessage) {
         let sel = sub.selector.clone().unwrap_or_default();
         let opts = log_options(&sub.options.clone().unwrap_or_default());
-        let (tx, rx) = mpsc::channel::<PublishLogsMessage>(PUBLISH_QUEUE);
+        let (tx, rx) = mpsc::channel::<(PublishLogsMessage, OwnedSemaphorePermit)>(PUBLISH_QUEUE);
+        // The bytes queued for the manager: a message holds its data's worth of permits until gRPC takes it.
+        let queued_bytes = Arc::new(Semaphore::new(PUBLISH_QUEUE_BYTES));
         let mut call = {
             let mut client = self.client.clone();
-            let req = request(&self.node_id, tokio_stream::wrappers::ReceiverStream::new(rx));
+            let messages = tokio_stream::wrappers::ReceiverStream::new(rx).map(|(m, _permit)| m);
+            let req = request(&self.node_id, messages);
             tokio::spawn(async move { client.publish_logs(req).await })
+        };
+        let queue = |msg: PublishLogsMessage| {
+            let (tx, queued_bytes) = (tx.clone(), queued_bytes.clone());
+            async move {
+                let bytes = msg.messages.iter().map(|m| m.data.len()).sum::<usize>().clamp(1, PUBLISH_QUEUE_BYTES);
+                let permit = queued_bytes.acquire_many_owned(bytes as u32).await.map_err(|_| ())?;
+                tx.send((msg, permit)).await.map_err(|_| ())
+            }
         };
         let mut lines = SelectAll::new();
         let mut opened: HashSet<String> = HashSet::new();
@@ -185,13 +205,7 @@ impl Publisher {
             tokio::select! {
                 batch = lines.next(), if !lines.is_empty() => {
                     let Some(first) = batch else { continue };
-                    let mut items = vec![first];
-                    while items.len() < PUBLISH_BATCH {
-                        match futures::FutureExt::now_or_never(lines.next()) {
-                            Some(Some(next)) => items.push(next),
-                            _ => break,
-                        }
-                    }
+                    let items = ready_batch(first, &mut lines);
                     let mut messages = vec![];
                     for (ctx, item) in items {
                         let nothing_yet = !delivered.contains(&ctx.task_id);
@@ -214,7 +228,7 @@ impl Publisher {
                             }
                         }
                     }
-                    if !messages.is_empty() && tx.send(send(messages, false)).await.is_err() {
+                    if !messages.is_empty() && queue(send(messages, false)).await.is_err() {
                         return;
                     }
                 }
@@ -228,19 +242,18 @@ impl Publisher {
             }
         }
         // Without follow: send everything the opened streams hold, then close.
-        let mut chunks = lines.ready_chunks(PUBLISH_BATCH);
-        while let Some(chunk) = chunks.next().await {
+        while let Some(first) = lines.next().await {
             let mut messages = vec![];
-            for (ctx, item) in chunk {
+            for (ctx, item) in ready_batch(first, &mut lines) {
                 if let Some(line) = item {
                     push_line(&mut messages, (ctx, line));
                 }
             }
-            if !messages.is_empty() && tx.send(send(messages, false)).await.is_err() {
+            if !messages.is_empty() && queue(send(messages, false)).await.is_err() {
                 return;
             }
         }
-        let _ = tx.send(send(vec![], true)).await;
+        let _ = queue(send(vec![], true)).await;
         drop(tx);
         if let Ok(Err(status)) = call.await {
             tracing::debug!(subscription = %sub.id, "publishing logs ended: {}", status.message());
@@ -248,18 +261,49 @@ impl Publisher {
     }
 }
 
+/// One item of a subscription's merged streams: a task's line (or its reading error), `None` at its end.
+type Item = (LogContext, Option<Result<crate::exec::LogLine, crate::exec::ExecutorError>>);
+
+/// `first` and the items `lines` holds ready now, up to `PUBLISH_BATCH` items and `PUBLISH_BATCH_BYTES` bytes
+/// of line data (the item that reaches the byte bound is the last one).
+fn ready_batch<S>(first: Item, lines: &mut S) -> Vec<Item>
+where
+    S: futures::Stream<Item = Item> + Unpin,
+{
+    let size = |item: &Item| match &item.1 {
+        Some(Ok(l)) => l.data.len(),
+        _ => 0,
+    };
+    let mut bytes = size(&first);
+    let mut items = vec![first];
+    while items.len() < PUBLISH_BATCH && bytes < PUBLISH_BATCH_BYTES {
+        match futures::FutureExt::now_or_never(lines.next()) {
+            Some(Some(next)) => {
+                bytes += size(&next);
+                items.push(next);
+            }
+            _ => break,
+        }
+    }
+    items
+}
+
 fn push_line(
     out: &mut Vec<LogMessage>,
     (ctx, line): (LogContext, Result<crate::exec::LogLine, crate::exec::ExecutorError>),
 ) {
     match line {
-        Ok(l) => out.push(LogMessage {
-            context: Some(ctx),
-            timestamp: Some(shoal_api::timestamp_from_system_time(l.timestamp)),
-            stream: if l.stderr { WireStream::Stderr } else { WireStream::Stdout } as i32,
-            data: l.data,
-            attrs: vec![],
-        }),
+        Ok(l) => {
+            let timestamp = Some(shoal_api::timestamp_from_system_time(l.timestamp));
+            let stream = if l.stderr { WireStream::Stderr } else { WireStream::Stdout } as i32;
+            let message =
+                |data: Vec<u8>| LogMessage { context: Some(ctx.clone()), timestamp, stream, data, attrs: vec![] };
+            if l.data.len() <= PUBLISH_LINE_BYTES {
+                out.push(message(l.data));
+            } else {
+                out.extend(l.data.chunks(PUBLISH_LINE_BYTES).map(|part| message(part.to_vec())));
+            }
+        }
         Err(e) => tracing::debug!(task = %ctx.task_id, "reading the task's logs failed: {e}"),
     }
 }
@@ -267,6 +311,47 @@ fn push_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn line(bytes: usize) -> Item {
+        let ctx = LogContext { task_id: "t".into(), ..Default::default() };
+        let l = crate::exec::LogLine { timestamp: SystemTime::UNIX_EPOCH, stderr: false, data: vec![b'x'; bytes] };
+        (ctx, Some(Ok(l)))
+    }
+
+    /// A batch stops at `PUBLISH_BATCH` lines or once it holds `PUBLISH_BATCH_BYTES`, whichever comes first;
+    /// nothing is lost between batches.
+    #[test]
+    fn batches_are_bounded_in_lines_and_in_bytes() {
+        let check = |line_bytes: usize, lines: usize, want_batches: &[usize]| {
+            let mut stream = futures::stream::iter((0..lines).map(|_| line(line_bytes)));
+            let mut got = vec![];
+            while let Some(first) = futures::FutureExt::now_or_never(stream.next()).flatten() {
+                let batch = ready_batch(first, &mut stream);
+                let bytes: usize = batch.iter().map(|(_, l)| l.as_ref().unwrap().as_ref().unwrap().data.len()).sum();
+                assert!(batch.len() <= PUBLISH_BATCH);
+                assert!(
+                    bytes < PUBLISH_BATCH_BYTES + line_bytes,
+                    "{bytes} bytes in a batch of {line_bytes}-byte lines"
+                );
+                got.push(batch.len());
+            }
+            assert_eq!(got, want_batches, "lines of {line_bytes} bytes");
+        };
+        check(10, 300, &[128, 128, 44]);
+        // 16 KiB lines: 16 make 256 KiB.
+        check(16 << 10, 40, &[16, 16, 8]);
+        check(1 << 20, 2, &[1, 1]);
+    }
+
+    /// A line longer than `PUBLISH_LINE_BYTES` is published as consecutive parts, each within the bound.
+    #[test]
+    fn long_lines_are_sent_in_parts() {
+        let mut out = vec![];
+        let (ctx, l) = line(PUBLISH_LINE_BYTES * 2 + 5);
+        push_line(&mut out, (ctx, l.unwrap()));
+        let sizes: Vec<usize> = out.iter().map(|m| m.data.len()).collect();
+        assert_eq!(sizes, [PUBLISH_LINE_BYTES, PUBLISH_LINE_BYTES, 5]);
+    }
 
     #[test]
     fn wire_options_map_to_reading_options() {

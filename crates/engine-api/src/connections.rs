@@ -2,8 +2,11 @@
 //! request's head (which, between two requests on a keep-alive connection, is also how long an idle connection
 //! is kept: hyper starts that timer as soon as it waits for the next head), and how long a request's body may
 //! take (`request::BodyReadTimeout`). At the connection cap, the connection idle the longest is closed to make
-//! room for the new one; when none is idle, the new one gets a 503 and is closed. Log lines about refused or
-//! evicted connections are rate-limited.
+//! room for the new one; when none is idle, the new one gets a 503 and is closed. A connection whose request's
+//! body has not fully arrived counts as idle (a client that sends half a body holds no slot a new client
+//! cannot take). Beyond the cap, `owner_reserve` more connections are kept for the control socket's owner
+//! (a peer with the socket file's user ID, `SO_PEERCRED`), so that its owner is answered whatever other users
+//! of the socket hold. Log lines about refused or evicted connections are rate-limited.
 //!
 //! A request head hyper cannot take (a URI over 65,534 bytes: 414; a head over `MAX_HEAD_BYTES` or with more
 //! than `MAX_HEADERS` headers: 431; a malformed one: 400) never reaches a handler: hyper answers it itself, with
@@ -54,6 +57,8 @@ pub struct ConnectionLimits {
     pub body_read_timeout: Duration,
     /// On shutdown, how long requests in flight (log streams included) may go on before they are cut.
     pub shutdown_grace: Duration,
+    /// Connections kept beyond `max_connections` for the unix socket's owner (its file's user ID).
+    pub owner_reserve: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -63,6 +68,7 @@ impl Default for ConnectionLimits {
             header_read_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
+            owner_reserve: 64,
         }
     }
 }
@@ -71,13 +77,20 @@ impl Default for ConnectionLimits {
 #[derive(Debug)]
 pub struct ConnectionState {
     in_flight: AtomicUsize,
+    /// Of the requests in flight, those whose body has not fully arrived.
+    awaiting_body: AtomicUsize,
     idle_since: Mutex<Instant>,
     evict: Notify,
 }
 
 impl ConnectionState {
     fn new() -> ConnectionState {
-        ConnectionState { in_flight: AtomicUsize::new(0), idle_since: Mutex::new(Instant::now()), evict: Notify::new() }
+        ConnectionState {
+            in_flight: AtomicUsize::new(0),
+            awaiting_body: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+            evict: Notify::new(),
+        }
     }
 
     /// Marks a request in flight until the guard (held by its response body) is dropped.
@@ -86,10 +99,57 @@ impl ConnectionState {
         InFlight(self.clone())
     }
 
-    /// Since when it has had no request in flight (None: it has one now).
+    /// Since when it has had no request in flight whose body has arrived (None: it has one now).
     fn idle_since(&self) -> Option<Instant> {
         let since = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
-        (self.in_flight.load(Ordering::SeqCst) == 0).then_some(since)
+        let busy = self.in_flight.load(Ordering::SeqCst) > self.awaiting_body.load(Ordering::SeqCst);
+        (!busy).then_some(since)
+    }
+}
+
+/// Counts a request among those awaiting their body until the body ends or is dropped.
+struct AwaitingBody(Arc<ConnectionState>);
+
+impl AwaitingBody {
+    fn new(state: &Arc<ConnectionState>) -> AwaitingBody {
+        state.awaiting_body.fetch_add(1, Ordering::SeqCst);
+        AwaitingBody(state.clone())
+    }
+}
+
+impl Drop for AwaitingBody {
+    fn drop(&mut self) {
+        self.0.awaiting_body.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A request body that keeps its connection evictable (`AwaitingBody`) until its last byte arrived.
+struct WatchedBody {
+    inner: hyper::body::Incoming,
+    awaiting: Option<AwaitingBody>,
+}
+
+impl hyper::body::Body for WatchedBody {
+    type Data = hyper::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if frame.is_none() || hyper::body::Body::is_end_stream(&self.inner) {
+            self.awaiting = None;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -136,16 +196,19 @@ impl RateLimitedWarn {
 /// The open connections of one listener.
 struct Registry {
     max: usize,
+    reserve: usize,
     next_id: AtomicU64,
     open: Mutex<HashMap<u64, Arc<ConnectionState>>>,
     warn: RateLimitedWarn,
 }
 
 impl Registry {
-    /// A slot for a new connection, closing the longest-idle one at the cap; None when all are busy.
-    fn admit(&self) -> Option<(u64, Arc<ConnectionState>)> {
+    /// A slot for a new connection, closing the longest-idle one at the cap; None when all are busy. The
+    /// socket's owner may go `reserve` connections beyond the cap before anything is closed for it.
+    fn admit(&self, owner: bool) -> Option<(u64, Arc<ConnectionState>)> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if open.len() >= self.max {
+        let within_reserve = owner && open.len() < self.max + self.reserve;
+        if open.len() >= self.max && !within_reserve {
             let oldest = open.iter().filter_map(|(id, c)| c.idle_since().map(|t| (t, *id))).min().map(|(_, id)| id);
             let Some(victim) = oldest.and_then(|id| open.remove(&id)) else {
                 drop(open);
@@ -175,8 +238,14 @@ pub async fn serve_unix(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // The owner of the socket file (the daemon's user, who created it).
+    let owner_uid = listener.local_addr().ok().and_then(|a| {
+        use std::os::unix::fs::MetadataExt;
+        a.as_pathname().and_then(|p| std::fs::metadata(p).ok()).map(|m| m.uid())
+    });
     let registry = Arc::new(Registry {
         max: limits.max_connections.max(1),
+        reserve: limits.owner_reserve,
         next_id: AtomicU64::new(0),
         open: Mutex::new(HashMap::new()),
         warn: RateLimitedWarn::new(),
@@ -190,7 +259,9 @@ pub async fn serve_unix(
             _ = &mut shutdown => break,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => match registry.admit() {
+                Ok((stream, _)) => match registry.admit(
+                    owner_uid.is_some_and(|uid| stream.peer_cred().is_ok_and(|c| c.uid() == uid)),
+                ) {
                     Some((id, state)) => {
                         let (router, registry, stop) = (router.clone(), registry.clone(), stop_rx.clone());
                         tasks.spawn(async move {
@@ -282,8 +353,13 @@ pub async fn serve_connection<I>(
         let guard = tracked.begin();
         req.extensions_mut().insert(BodyReadTimeout(limits.body_read_timeout));
         let router = router.clone();
+        let tracked = tracked.clone();
         async move {
-            let resp = router.oneshot(req.map(Body::new)).await?;
+            let req = req.map(|inner| {
+                let awaiting = (!hyper::body::Body::is_end_stream(&inner)).then(|| AwaitingBody::new(&tracked));
+                Body::new(WatchedBody { inner, awaiting })
+            });
+            let resp = router.oneshot(req).await?;
             // The request stays in flight until its answer is sent (a log stream included).
             Ok::<_, std::convert::Infallible>(resp.map(|b| {
                 Body::new(b.map_err(move |e| {

@@ -54,6 +54,33 @@ pub async fn ping() -> Response {
     r
 }
 
+/// Around the manager's routes: `/_ping` (with or without a version prefix) answers 500 with the reason while
+/// this manager is unhealthy for a reason of its own (its disk is full), with the `Swarm: error` header, as the
+/// spec lets a ping fail; the docker client still reads the headers of a 500 ping.
+pub(crate) async fn unhealthy_ping(
+    State(state): State<shoal_manager::ClusterState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path();
+    let is_ping = path == "/_ping"
+        || path.strip_prefix("/v").and_then(|rest| rest.split_once('/')).is_some_and(|(_, rest)| rest == "_ping");
+    let Some(message) = is_ping.then(|| state.unhealthy()).flatten() else {
+        return next.run(req).await;
+    };
+    let mut r = (StatusCode::INTERNAL_SERVER_ERROR, Json(crate::json::ErrorResponse { message })).into_response();
+    let h = r.headers_mut();
+    h.insert("API-Version", HeaderValue::from_static(API_VERSION));
+    h.insert("Server", HeaderValue::from_static(concat!("Shoal/", env!("CARGO_PKG_VERSION"))));
+    h.insert("OSType", HeaderValue::from_static("linux"));
+    h.insert("Docker-Experimental", HeaderValue::from_static("false"));
+    h.insert("Swarm", HeaderValue::from_static("error"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, no-store, must-revalidate"));
+    h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
 fn go_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
@@ -105,9 +132,11 @@ pub async fn version() -> ApiResult {
 /// it, the answer still comes (`docker info` must work in a cluster that lost its quorum) with this manager's
 /// last known state and the reason in `Swarm.Error`, as Docker reports an unreachable control plane.
 pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
-    let error = match read_barrier(&ctx).await {
-        Ok(()) => String::new(),
-        Err(e) => e.to_string(),
+    let unhealthy = ctx.state.unhealthy();
+    let error = match (&unhealthy, read_barrier(&ctx).await) {
+        (Some(reason), _) => reason.clone(),
+        (None, Ok(())) => String::new(),
+        (None, Err(e)) => e.to_string(),
     };
     let swarm = ctx.state.store.view(|t| {
         let managers: Vec<_> = t.nodes().iter().filter(|n| n.role() == NodeRole::Manager).collect();
@@ -139,6 +168,7 @@ pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
     let mut info = InfoJson {
         labels: vec![format!("shoal.executor={}", ctx.executor)],
         swarm,
+        warnings: unhealthy.map(|reason| format!("WARNING: this manager is unhealthy: {reason}")).into_iter().collect(),
         ..host_info(&ctx.node_id, &ctx.hostname)
     };
     versions::adjust_info(v, &mut info);

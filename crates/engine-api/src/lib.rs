@@ -121,7 +121,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/distribution/{*name}", get(handlers::distribution))
         .route("/events", get(events::events))
         .fallback(handlers::not_found);
-    with_context(routes, ctx)
+    let health = ctx.state.clone();
+    with_context(routes, ctx).layer(axum::middleware::from_fn_with_state(health, handlers::unhealthy_ping))
 }
 
 /// `routes` (handlers over `ctx`, fallback included) as every API of this crate serves them (this one, a

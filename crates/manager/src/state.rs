@@ -196,6 +196,12 @@ impl ClusterState {
         self.proposer.read_barrier().await
     }
 
+    /// Why this manager cannot serve for a reason of its own (its disk is full), for `/_ping` and `/info`;
+    /// `None` when healthy.
+    pub fn unhealthy(&self) -> Option<String> {
+        self.proposer.unhealthy()
+    }
+
     /// Current leadership as this node sees it.
     pub fn leader_state(&self) -> LeaderState {
         *self.proposer.leadership().borrow()

@@ -385,6 +385,16 @@ impl Node {
                 shutdown_rx.clone(),
             )),
         ));
+        // The cluster's Raft snapshot settings, on this member's own log.
+        tasks.push((
+            "raft-snapshot-policy",
+            tokio::spawn(raft_member::follow_snapshot_policy(
+                state.store.clone(),
+                raft.clone(),
+                cfg.raft_snapshot_interval_entries,
+                shutdown_rx.clone(),
+            )),
+        ));
         let (dispatcher_addr, dispatcher_addr_task) =
             raft_member::dispatcher_addr_watch(&raft, advertised.to_string(), shutdown_rx.clone());
         tasks.push(("dispatcher-address", dispatcher_addr_task));

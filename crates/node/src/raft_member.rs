@@ -32,6 +32,50 @@ pub(crate) enum Membership {
     Restarted,
 }
 
+/// Applies the cluster's snapshot settings (`ClusterSpec.raft`: `docker swarm update --snapshot-interval`,
+/// `--max-snapshots`, and `LogEntriesForSlowFollowers`) to this member, now and whenever the cluster object
+/// changes, until `stop`: every manager applies them to its own log, the leader's as well as the followers'
+/// (each reads them from its own store, so a restart applies them as soon as the store is recovered). A
+/// `--raft-snapshot-interval-entries` given to this daemon keeps its interval.
+pub(crate) async fn follow_snapshot_policy(
+    store: Arc<MemoryStore>,
+    raft: RaftNode,
+    interval_override: Option<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    // Subscribed before the first read, so no change of the cluster object is missed.
+    let ((), mut events) = store.view_and_watch(|_| ());
+    let mut applied = None;
+    loop {
+        let wanted = store.view(|t| {
+            t.clusters().by_name(crate::CLUSTER_NAME).and_then(|c| c.spec.as_ref()?.raft).map(|r| {
+                shoal_raft::SnapshotPolicy {
+                    interval_entries: interval_override.unwrap_or(r.snapshot_interval),
+                    keep_old_snapshots: r.keep_old_snapshots,
+                    log_entries_for_slow_followers: r.log_entries_for_slow_followers,
+                }
+            })
+        });
+        if let Some(policy) = wanted.filter(|p| applied != Some(*p)) {
+            if raft.set_snapshot_policy(policy).await.is_err() {
+                return;
+            }
+            applied = Some(policy);
+        }
+        loop {
+            tokio::select! {
+                _ = shoal_manager::stopped(&mut stop) => return,
+                r = events.recv() => match r {
+                    Ok(commit) if commit.changes.iter().any(|c| matches!(c.object, shoal_store::Object::Cluster(_))) => break,
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    }
+}
+
 /// Longest wait for this manager to be ready (leader known, cluster object present) after bootstrap or join.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -48,4 +48,8 @@ impl Proposer for TimedProposer {
     fn read_barrier(&self) -> ReadBarrierFuture {
         self.inner.read_barrier()
     }
+
+    fn unhealthy(&self) -> Option<String> {
+        self.inner.unhealthy()
+    }
 }

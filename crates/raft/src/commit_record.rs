@@ -46,7 +46,7 @@ pub(crate) fn path(state_dir: &Path) -> PathBuf {
 }
 
 fn io_err(path: &Path, source: std::io::Error) -> RaftError {
-    RaftError::StateDir { path: path.to_path_buf(), source }
+    RaftError::io(path, source)
 }
 
 fn encode_slot(seq: u64, acked: Acked) -> [u8; SLOT_BYTES] {

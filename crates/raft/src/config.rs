@@ -27,6 +27,8 @@ pub struct RaftConfig {
     pub snapshot_interval_entries: u64,
     /// Entries kept in the log behind a snapshot, so slow followers catch up without a snapshot.
     pub log_entries_for_slow_followers: u64,
+    /// Snapshot files kept beyond the newest one (SwarmKit's `KeepOldSnapshots`).
+    pub keep_old_snapshots: u64,
     /// Also take a snapshot once the entries applied since the last one hold this many bytes of data, so
     /// the log's size on disk is bounded by bytes as well as by entries (a few large writes fill a disk long
     /// before 10 000 entries).
@@ -44,7 +46,7 @@ pub struct RaftConfig {
 impl RaftConfig {
     /// A configuration with the defaults: 100 ms ticks, election after 10 ticks, heartbeat every tick,
     /// a snapshot every 10 000 entries or 32 MiB of entries, keeping 500 entries and at most 8 MiB behind
-    /// it, proposals up to 8 MiB.
+    /// it and no older snapshot file, proposals up to 8 MiB.
     pub fn new(state_dir: PathBuf, raft_id: u64) -> Self {
         RaftConfig {
             state_dir,
@@ -56,6 +58,7 @@ impl RaftConfig {
             heartbeat_tick: 1,
             snapshot_interval_entries: 10_000,
             log_entries_for_slow_followers: 500,
+            keep_old_snapshots: 0,
             snapshot_interval_bytes: 32 << 20,
             log_bytes_for_slow_followers: 8 << 20,
             max_proposal_bytes: 8 << 20,
@@ -85,5 +88,28 @@ impl RaftConfig {
             return bad("max_proposal_bytes must be at least 1");
         }
         Ok(())
+    }
+}
+
+/// The cluster's snapshot settings (`ClusterSpec.raft`: `SnapshotInterval`, `KeepOldSnapshots`,
+/// `LogEntriesForSlowFollowers`, set with `docker swarm update --snapshot-interval` etc.), applied to a running
+/// member by `RaftNode::set_snapshot_policy`. The byte bounds (`snapshot_interval_bytes`,
+/// `log_bytes_for_slow_followers`) are not part of it: they always hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    /// A snapshot every this many applied entries; 0: none by count (SwarmKit's meaning), only by bytes.
+    pub interval_entries: u64,
+    /// Snapshot files kept beyond the newest one.
+    pub keep_old_snapshots: u64,
+    /// Entries kept in the log behind a snapshot for slow followers.
+    pub log_entries_for_slow_followers: u64,
+}
+
+impl SnapshotPolicy {
+    /// Applies the policy to `cfg`.
+    pub(crate) fn apply_to(&self, cfg: &mut RaftConfig) {
+        cfg.snapshot_interval_entries = if self.interval_entries == 0 { u64::MAX } else { self.interval_entries };
+        cfg.keep_old_snapshots = self.keep_old_snapshots;
+        cfg.log_entries_for_slow_followers = self.log_entries_for_slow_followers;
     }
 }

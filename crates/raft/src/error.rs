@@ -68,6 +68,17 @@ pub enum RaftError {
     /// raft-rs refused an operation.
     #[error("raft refused the operation: {0}")]
     Raft(#[from] raft::Error),
+    /// The filesystem holding the Raft state has no space left (or the user's quota is used up). The node
+    /// pauses rather than stops: it takes no writes until space returns, then resumes by itself.
+    #[error("{}", disk_full_message(path, mount, reason))]
+    DiskFull {
+        /// The file or directory that could not be written.
+        path: PathBuf,
+        /// Where the filesystem holding it is mounted.
+        mount: PathBuf,
+        /// What the OS or raft-engine reported.
+        reason: String,
+    },
     /// The node has stopped.
     #[error("the raft node is stopped")]
     Stopped,
@@ -76,4 +87,78 @@ pub enum RaftError {
         "the raft inbound queue is full ({0} messages); the message was dropped and will be retried by its sender"
     )]
     Busy(usize),
+}
+
+/// Most bytes the space probe writes before a paused node resumes (twice what raft-engine allocates ahead in a
+/// log file): what "enough space" means to a manager whose disk was full.
+pub(crate) const RESUME_FREE_BYTES: u64 = 4 << 20;
+
+/// The message of `RaftError::DiskFull`: which disk, what happened, what to do.
+pub(crate) fn disk_full_message(path: &std::path::Path, mount: &std::path::Path, reason: &str) -> String {
+    format!(
+        "the disk holding this manager's raft state is full: writing {} failed ({reason}; no space left on the \
+         filesystem mounted at {}); this manager takes no writes until there is space again: free at least {} MiB \
+         on that filesystem and it resumes by itself within seconds, without a restart (nothing acknowledged is lost)",
+        path.display(),
+        mount.display(),
+        RESUME_FREE_BYTES >> 20
+    )
+}
+
+/// Whether an IO error says the filesystem is full (ENOSPC) or the quota is used up (EDQUOT).
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull || matches!(e.raw_os_error(), Some(28) | Some(122))
+}
+
+/// The mount point of the filesystem holding `path`: the highest ancestor on the same device.
+pub(crate) fn mount_point(path: &std::path::Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let mut here: PathBuf = path.to_path_buf();
+    while std::fs::metadata(&here).is_err() {
+        match here.parent() {
+            Some(p) => here = p.to_path_buf(),
+            None => return path.to_path_buf(),
+        }
+    }
+    let Ok(dev) = std::fs::metadata(&here).map(|m| m.dev()) else { return here };
+    while let Some(parent) = here.parent() {
+        match std::fs::metadata(parent) {
+            Ok(m) if m.dev() == dev => here = parent.to_path_buf(),
+            _ => break,
+        }
+    }
+    here
+}
+
+impl RaftError {
+    /// An IO error on `path`: `DiskFull` when the filesystem is full, `StateDir` otherwise.
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> RaftError {
+        if is_no_space(&source) {
+            return RaftError::DiskFull {
+                path: path.to_path_buf(),
+                mount: mount_point(path),
+                reason: source.to_string(),
+            };
+        }
+        RaftError::StateDir { path: path.to_path_buf(), source }
+    }
+
+    /// A raft-engine error on the log at `path`: `DiskFull` when it comes from a full filesystem (raft-engine
+    /// reports the second failed attempt of an append that ran out of space as `TryAgain`), `Log` otherwise.
+    pub(crate) fn engine(path: &std::path::Path, e: raft_engine::Error) -> RaftError {
+        let full = match &e {
+            raft_engine::Error::Io(io) => is_no_space(io),
+            raft_engine::Error::TryAgain(_) => true,
+            _ => false,
+        };
+        if full {
+            return RaftError::DiskFull { path: path.to_path_buf(), mount: mount_point(path), reason: e.to_string() };
+        }
+        RaftError::Log { path: path.to_path_buf(), reason: e.to_string() }
+    }
+
+    /// Whether this is `DiskFull`: the node pauses instead of failing.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, RaftError::DiskFull { .. })
+    }
 }

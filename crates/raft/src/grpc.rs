@@ -485,7 +485,9 @@ impl RaftProposals for ProposalsService {
             Err(e @ (ProposeError::TooLarge { .. } | ProposeError::Store(_))) => {
                 Err(Status::invalid_argument(e.to_string()))
             }
-            Err(e @ (ProposeError::Unknown(_) | ProposeError::Stopped)) => Err(Status::unavailable(e.to_string())),
+            Err(e @ (ProposeError::Unknown(_) | ProposeError::Stopped | ProposeError::DiskFull(_))) => {
+                Err(Status::unavailable(e.to_string()))
+            }
         }
     }
 }

@@ -28,7 +28,7 @@
 //! - **Storage layout** (`state_dir/raft`): `log/` is raft-engine, with the entries in one group and the
 //!   hard state, conf state, latest snapshot metadata and truncation point in another; `snapshots/` holds
 //!   `snapshot-<index>.bin` files (the store's `encode_snapshot` bytes), written to a temporary file, fsync'd,
-//!   renamed and the directory fsync'd; the two newest are kept. A snapshot is taken every
+//!   renamed and the directory fsync'd; the newest and `keep_old_snapshots` older ones are kept. A snapshot is taken every
 //!   `snapshot_interval_entries` applied entries; then the log is compacted to keep
 //!   `log_entries_for_slow_followers` entries behind it. The snapshot is written on the driver thread, so a
 //!   large store delays the loop while it is written (acceptable at this size; move it to a helper thread
@@ -39,6 +39,13 @@
 //!   kept outside raft-engine): damage reaching an acknowledged entry, a missing or empty log, or a missing
 //!   or damaged snapshot stops the start with `RaftError::Damaged` and changes nothing; only a torn tail
 //!   that held nothing acknowledged is cut (checked on a copy first), and the cut is logged.
+//! - **A full disk** (`RaftError::DiskFull`) pauses the driver instead of stopping it: waiting callers are
+//!   answered, writes and reads are refused with a message naming the disk (`RaftNode::disk_full`), raft-rs
+//!   is neither ticked nor stepped, and once a probe write succeeds raft-rs is rebuilt from the storage as a
+//!   restart would (docs/design/raft-disk-full.md).
+//! - **Snapshot policy.** `RaftNode::set_snapshot_policy` applies the cluster's `SnapshotInterval`,
+//!   `KeepOldSnapshots` and `LogEntriesForSlowFollowers` to a running member; old snapshot files are removed
+//!   only once the log names the new snapshot.
 //! - **Determinism.** raft-rs draws election timeouts from an unseeded RNG; the driver overrides every draw
 //!   with one from a per-member seeded RNG. raft-rs's slog output goes to `tracing` (target `raft`), and the
 //!   node logs one info line per leadership change.
@@ -83,7 +90,7 @@ mod snapshot_files;
 mod storage;
 mod transport;
 
-pub use config::RaftConfig;
+pub use config::{RaftConfig, SnapshotPolicy};
 pub use error::RaftError;
 pub use membership::{Member, Members};
 pub use node::{

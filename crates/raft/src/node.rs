@@ -173,6 +173,8 @@ enum Command {
         to: u64,
         done: oneshot::Sender<Result<(), MembershipError>>,
     },
+    /// Apply the cluster's snapshot settings (`RaftNode::set_snapshot_policy`).
+    SnapshotPolicy(crate::SnapshotPolicy),
 }
 
 type ReadDone = oneshot::Sender<Result<(), ProposeError>>;
@@ -200,6 +202,8 @@ struct Inner {
     next_request_id: AtomicU64,
     shut: AtomicBool,
     synced_writes: Arc<AtomicU64>,
+    /// Set while the driver is paused because the disk is full: the message that says so.
+    disk_full: Arc<Mutex<Option<String>>>,
 }
 
 /// A Raft member whose log lives under `state_dir/raft`. Cheap to clone; all clones drive the same node.
@@ -258,6 +262,8 @@ impl RaftNode {
         let raft_id = cfg.raft_id;
         let max_proposal_bytes = cfg.max_proposal_bytes;
         let driver_status = status.clone();
+        let disk_full = Arc::new(Mutex::new(None));
+        let driver_disk_full = disk_full.clone();
         let reachable = Arc::new(Mutex::new(BTreeMap::new()));
         let driver_reachable = reachable.clone();
         std::thread::Builder::new()
@@ -273,6 +279,9 @@ impl RaftNode {
                 let driver = match Driver::open(cfg, store, transport, leader_tx, members_tx, driver_status, mode) {
                     Ok(mut d) => {
                         d.reachable = driver_reachable;
+                        // Paused already when it started on a full disk: the handle sees that too.
+                        *driver_disk_full.lock() = d.disk_full.lock().clone();
+                        d.disk_full = driver_disk_full;
                         d
                     }
                     Err(e) => {
@@ -315,6 +324,7 @@ impl RaftNode {
                 next_request_id: AtomicU64::new(next_request_id),
                 shut: AtomicBool::new(false),
                 synced_writes,
+                disk_full,
             }),
         })
     }
@@ -361,6 +371,18 @@ impl RaftNode {
     /// The node's Raft progress as of the last Ready handled.
     pub fn status(&self) -> RaftStatus {
         *self.inner.status.lock()
+    }
+
+    /// Why this member is paused, when its disk is full: the message naming the disk and what to do. It resumes
+    /// by itself once there is space again (`None` then).
+    pub fn disk_full(&self) -> Option<String> {
+        self.inner.disk_full.lock().clone()
+    }
+
+    /// Applies the cluster's snapshot settings from now on (and at once: a snapshot is taken after the next
+    /// write if the new interval has passed). Called on every manager when the cluster object changes.
+    pub async fn set_snapshot_policy(&self, policy: crate::SnapshotPolicy) -> Result<(), RaftError> {
+        self.inner.proposals.send(Command::SnapshotPolicy(policy)).await.map_err(|_| RaftError::Stopped)
     }
 
     /// Number of synced (fsync'd) writes to the Raft log since start. With group commit this grows by about
@@ -575,6 +597,9 @@ impl RaftNode {
         if inner.shut.load(Ordering::SeqCst) {
             return Err(ProposeError::Stopped);
         }
+        if let Some(msg) = inner.disk_full.lock().clone() {
+            return Err(ProposeError::DiskFull(msg));
+        }
         let state = *inner.leader.borrow();
         if !state.is_leader {
             return Err(ProposeError::NotLeader { leader: (state.leader_id != 0).then_some(state.leader_id) });
@@ -613,6 +638,9 @@ impl Proposer for RaftNode {
         let inner = &self.inner;
         if inner.shut.load(Ordering::SeqCst) {
             return Box::pin(async { Err(ProposeError::Stopped) });
+        }
+        if let Some(msg) = inner.disk_full.lock().clone() {
+            return Box::pin(async move { Err(ProposeError::DiskFull(msg)) });
         }
         let state = *inner.leader.borrow();
         let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
@@ -673,6 +701,9 @@ impl Proposer for RaftNode {
         if inner.shut.load(Ordering::SeqCst) {
             return Box::pin(async { Err(ProposeError::Stopped) });
         }
+        if let Some(msg) = inner.disk_full.lock().clone() {
+            return Box::pin(async move { Err(ProposeError::DiskFull(msg)) });
+        }
         let tx = inner.proposals.clone();
         Box::pin(async move {
             let (done, rx) = oneshot::channel();
@@ -684,6 +715,10 @@ impl Proposer for RaftNode {
                 ))),
             }
         })
+    }
+
+    fn unhealthy(&self) -> Option<String> {
+        self.disk_full()
     }
 }
 
@@ -746,6 +781,69 @@ struct Driver {
     /// (index, data bytes) of the entries applied after the front of the log, oldest first: what the
     /// byte bound on the entries kept behind a snapshot is computed from.
     entry_bytes: std::collections::VecDeque<(u64, u64)>,
+    /// Set while the disk is full (`pause`): raft-rs is neither ticked nor stepped, and writes are refused.
+    paused: Option<Paused>,
+    /// The handle's copy of the pause message (`RaftNode::disk_full`).
+    disk_full: Arc<Mutex<Option<String>>>,
+}
+
+/// How often a paused driver checks whether space came back.
+const DISK_PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// What a driver paused by a full disk knows: the failed write, and when to look for space again.
+struct Paused {
+    path: std::path::PathBuf,
+    mount: std::path::PathBuf,
+    reason: String,
+    message: String,
+    next_probe: Instant,
+}
+
+impl Paused {
+    fn error(&self) -> RaftError {
+        RaftError::DiskFull { path: self.path.clone(), mount: self.mount.clone(), reason: self.reason.clone() }
+    }
+}
+
+/// raft-rs's configuration of this member, recovered with `applied` entries applied to the store.
+fn raft_config(cfg: &RaftConfig, applied: u64) -> raft::Config {
+    raft::Config {
+        id: cfg.raft_id,
+        election_tick: cfg.election_tick,
+        heartbeat_tick: cfg.heartbeat_tick,
+        applied,
+        max_size_per_msg: MAX_SIZE_PER_MSG,
+        max_inflight_msgs: MAX_INFLIGHT_MSGS,
+        check_quorum: true,
+        pre_vote: true,
+        ..raft::Config::default()
+    }
+}
+
+/// Whether this member is the only voter (it then campaigns as soon as it starts).
+fn is_single_voter(storage: &EngineStorage, raft_id: u64) -> bool {
+    let cs = storage.conf_state();
+    cs.voters == [raft_id] && cs.learners.is_empty() && cs.voters_outgoing.is_empty()
+}
+
+/// Writes `bytes` zero bytes to `path` and fsyncs them, then removes the file: whether the filesystem has
+/// that much space for the log again.
+fn probe_space(path: &Path, bytes: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let written = (|| {
+        let mut f = std::fs::File::create(path)?;
+        let chunk = vec![0u8; 64 << 10];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            f.write_all(&chunk[..n])?;
+            left -= n as u64;
+        }
+        f.sync_all()
+    })();
+    let removed = std::fs::remove_file(path);
+    written?;
+    removed
 }
 
 impl Driver {
@@ -821,21 +919,10 @@ impl Driver {
         members_tx.send_replace(storage.members().clone());
         let (applied, applied_term) = recover_store(&cfg, &storage, &store)?;
         let last_snapshot_index = storage.snapshot_metadata().index;
-        let single_voter = {
-            let cs = storage.conf_state();
-            cs.voters == [cfg.raft_id] && cs.learners.is_empty() && cs.voters_outgoing.is_empty()
-        };
-        let raft_cfg = raft::Config {
-            id: cfg.raft_id,
-            election_tick: cfg.election_tick,
-            heartbeat_tick: cfg.heartbeat_tick,
-            applied,
-            max_size_per_msg: MAX_SIZE_PER_MSG,
-            max_inflight_msgs: MAX_INFLIGHT_MSGS,
-            check_quorum: true,
-            pre_vote: true,
-            ..raft::Config::default()
-        };
+        let single_voter = is_single_voter(&storage, cfg.raft_id);
+        // A probe a stop interrupted (`probe_space`).
+        let _ = std::fs::remove_file(space_probe_path(&cfg));
+        let raft_cfg = raft_config(&cfg, applied);
         raft_cfg.validate()?;
         let raw = RawNode::new(&raft_cfg, storage, &raft_logger(cfg.raft_id))?;
         let mut driver = Driver {
@@ -862,6 +949,8 @@ impl Driver {
             last_snapshot_index,
             bytes_since_snapshot: 0,
             entry_bytes: std::collections::VecDeque::new(),
+            paused: None,
+            disk_full: Arc::new(Mutex::new(None)),
         };
         driver.reseed_election_timeout();
         if single_voter {
@@ -870,6 +959,122 @@ impl Driver {
         }
         match driver.handle_ready() {
             Ok(()) => Ok(driver),
+            // Started on a full disk: paused at once, resumed when space comes.
+            Err(e) if e.is_disk_full() => {
+                driver.pause(e);
+                Ok(driver)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Pauses the node on a full disk (`e` is `RaftError::DiskFull`). What failed to be written is dropped with
+    /// raft-rs's in-memory state (rebuilt from the storage by `resume`): the storage changes only on a write
+    /// that succeeded, and every write the node depends on is made before anything that depends on it, so
+    /// nothing unwritten was sent, applied or acknowledged. Every caller waiting is answered now: a write whose
+    /// entry never reached the log is refused (`DiskFull`: not applied); one whose entry is in the log may
+    /// still be committed (`Unknown`). Until `resume`, raft-rs is neither ticked nor stepped (a leader's
+    /// followers elect another leader), writes and reads are refused with the message, and it is published as
+    /// not leading.
+    fn pause(&mut self, e: RaftError) {
+        let RaftError::DiskFull { path, mount, reason } = &e else {
+            debug_assert!(false, "pause is for a full disk only: {e}");
+            return;
+        };
+        let message = e.to_string();
+        tracing::error!(raft_id = self.cfg.raft_id, "{message}");
+        let in_log = raft::Storage::last_index(self.raw.store()).unwrap_or(0);
+        let refused = ProposeError::DiskFull(message.clone());
+        let maybe = ProposeError::Unknown(format!(
+            "{message}; the write reached this manager's raft log before that and may still be applied: read the \
+             state again before retrying"
+        ));
+        for (index, p) in std::mem::take(&mut self.pending) {
+            let _ = p.done.send(Err(if index <= in_log { maybe.clone() } else { refused.clone() }));
+        }
+        for (index, done) in std::mem::take(&mut self.conf_pending) {
+            let _ = done.send(Err(if index <= in_log { maybe.clone() } else { refused.clone() }));
+        }
+        for (_, done) in self.forwarded.drain() {
+            let _ = done.send(Err(ProposeError::Unknown(format!(
+                "{message}; the leader may still apply the write: read the state again before retrying"
+            ))));
+        }
+        let asked = self.reads.drain().map(|(_, (_, _, done))| done);
+        let waiting = asked.chain(self.reads_to_apply.drain(..).map(|(_, done)| done));
+        for done in waiting.chain(self.reads_deferred.drain(..).map(|(_, done)| done)) {
+            let _ = done.send(Err(refused.clone()));
+        }
+        self.force_snapshot = false;
+        self.reachable.lock().clear();
+        let term = self.raw.raft.term;
+        self.leader_tx.send_replace(LeaderState { is_leader: false, term, leader_id: 0 });
+        {
+            let mut st = self.status.lock();
+            st.is_leader = false;
+            st.leader_id = 0;
+        }
+        *self.disk_full.lock() = Some(message.clone());
+        self.paused = Some(Paused {
+            path: path.clone(),
+            mount: mount.clone(),
+            reason: reason.clone(),
+            message,
+            next_probe: Instant::now() + DISK_PROBE_EVERY,
+        });
+    }
+
+    /// While paused: whether space came back (checked every `DISK_PROBE_EVERY` by writing
+    /// `RESUME_FREE_BYTES` to a probe file), and the storage is ready for `resume` (its commit index covers
+    /// what the store applied, which raft-rs requires of a restart).
+    fn space_is_back(&mut self) -> bool {
+        let Some(paused) = self.paused.as_mut() else { return false };
+        if Instant::now() < paused.next_probe {
+            return false;
+        }
+        paused.next_probe = Instant::now() + DISK_PROBE_EVERY;
+        if let Err(e) = probe_space(&space_probe_path(&self.cfg), crate::error::RESUME_FREE_BYTES) {
+            tracing::debug!(error = %e, "the raft state's disk is still full");
+            return false;
+        }
+        if self.raw.store().hard_state().commit < self.applied {
+            if let Err(e) = self.raw.mut_store().set_commit(self.applied) {
+                tracing::debug!(error = %e, "the raft state's disk is still full");
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Leaves the pause: raft-rs is rebuilt from the storage (what is on disk) with the applied index the
+    /// store holds, as a restart would, and the node goes on (a lone member campaigns again at once; others
+    /// follow the leader they hear from). Fails only if raft-rs refuses the storage (then the node stops).
+    fn resume(mut self) -> Result<Driver, RaftError> {
+        let paused_for = self.paused.take().map(|p| p.message);
+        let storage = self.raw.raft.r.raft_log.store;
+        let raft_cfg = raft_config(&self.cfg, self.applied);
+        let raw = RawNode::new(&raft_cfg, storage, &raft_logger(self.cfg.raft_id))?;
+        let mut d = Driver { raw, ..self };
+        d.role_term = None;
+        d.reseed_election_timeout();
+        if is_single_voter(d.raw.store(), d.cfg.raft_id) {
+            d.raw.campaign()?;
+            d.reseed_election_timeout();
+        }
+        match d.handle_ready() {
+            Ok(()) => {
+                *d.disk_full.lock() = None;
+                tracing::info!(
+                    raft_id = d.cfg.raft_id,
+                    paused_for = paused_for.as_deref().unwrap_or_default(),
+                    "the raft state's disk has space again: raft resumed"
+                );
+                Ok(d)
+            }
+            Err(e) if e.is_disk_full() => {
+                d.pause(e);
+                Ok(d)
+            }
             Err(e) => Err(e),
         }
     }
@@ -920,13 +1125,33 @@ impl Driver {
                     }
                     None => inbound_open = false,
                 },
-                _ = ticker.tick(), if self.needs_ticks() => {
-                    self.raw.tick();
+                _ = ticker.tick(), if self.paused.is_some() || self.needs_ticks() => {
+                    if self.paused.is_none() {
+                        self.raw.tick();
+                    }
                 }
             }
+            if self.paused.is_some() {
+                if self.space_is_back() {
+                    let (raft_id, disk_full) = (self.cfg.raft_id, self.disk_full.clone());
+                    match self.resume() {
+                        Ok(d) => self = d,
+                        Err(e) => {
+                            tracing::error!(raft_id, error = %e, "raft could not resume after the disk was full, and stopped");
+                            *disk_full.lock() = Some(format!(
+                                "raft could not resume after the disk was full ({e}); restart this manager"
+                            ));
+                            return;
+                        }
+                    }
+                }
+                continue;
+            }
             self.reseed_election_timeout();
-            if let Err(e) = self.handle_ready() {
-                break Exit::Failed(e);
+            match self.handle_ready() {
+                Ok(()) => {}
+                Err(e) if e.is_disk_full() => self.pause(e),
+                Err(e) => break Exit::Failed(e),
             }
         };
         let reason = match exit {
@@ -960,7 +1185,57 @@ impl Driver {
     }
 
     fn command(&mut self, c: Command) {
+        let c = match (&self.paused, c) {
+            (None, c) => c,
+            (Some(p), Command::Propose(prop)) => {
+                let _ = prop.done.send(Err(ProposeError::DiskFull(p.message.clone())));
+                return;
+            }
+            (Some(p), Command::ConfChange { done, .. }) => {
+                let _ = done.send(Err(ProposeError::DiskFull(p.message.clone())));
+                return;
+            }
+            (Some(p), Command::AwaitForwarded { done, .. }) => {
+                let _ = done.send(Err(ProposeError::DiskFull(p.message.clone())));
+                return;
+            }
+            (Some(p), Command::ReadIndex { done }) => {
+                let _ = done.send(Err(ProposeError::DiskFull(p.message.clone())));
+                return;
+            }
+            (Some(p), Command::TransferLeader { done, .. }) => {
+                let _ = done.send(Err(MembershipError::Failed(ProposeError::DiskFull(p.message.clone()))));
+                return;
+            }
+            (Some(p), Command::Reencrypt { done, .. }) => {
+                let _ = done.send(Err(p.error()));
+                return;
+            }
+            (Some(_), c @ (Command::ReadLog { .. } | Command::SnapshotPolicy(_))) => c,
+        };
         match c {
+            Command::SnapshotPolicy(policy) => {
+                let before = (
+                    self.cfg.snapshot_interval_entries,
+                    self.cfg.keep_old_snapshots,
+                    self.cfg.log_entries_for_slow_followers,
+                );
+                policy.apply_to(&mut self.cfg);
+                let after = (
+                    self.cfg.snapshot_interval_entries,
+                    self.cfg.keep_old_snapshots,
+                    self.cfg.log_entries_for_slow_followers,
+                );
+                if before != after {
+                    tracing::info!(
+                        raft_id = self.cfg.raft_id,
+                        snapshot_interval = policy.interval_entries,
+                        keep_old_snapshots = policy.keep_old_snapshots,
+                        log_entries_for_slow_followers = policy.log_entries_for_slow_followers,
+                        "raft snapshot settings applied"
+                    );
+                }
+            }
             Command::Reencrypt { keys, done } => {
                 let result = self.raw.mut_store().reencrypt(&self.cfg.state_dir, keys);
                 let _ = done.send(result);
@@ -1171,6 +1446,10 @@ impl Driver {
     }
 
     fn step(&mut self, m: Inbound) {
+        if self.paused.is_some() {
+            // Paused (full disk): raft-rs is not stepped; peers retry.
+            return;
+        }
         match m {
             Inbound::Message(m) => {
                 // A member that lost its state and joined again at the same address has a new Raft ID; messages
@@ -1373,6 +1652,7 @@ impl Driver {
         let members = members.unwrap_or_else(|| self.raw.store().members().clone());
         dir.write(meta.index, &snap.data)?;
         self.raw.mut_store().install_snapshot(meta.clone(), members.clone())?;
+        self.prune_snapshots()?;
         self.members_tx.send_replace(members);
         self.store.restore(meta.index, decoded);
         tracing::info!(raft_id = self.cfg.raft_id, index = meta.index, "installed a snapshot from the leader");
@@ -1404,7 +1684,7 @@ impl Driver {
     /// `log_entries_for_slow_followers` entries and `log_bytes_for_slow_followers` bytes stay behind it.
     fn maybe_snapshot(&mut self) -> Result<(), RaftError> {
         let force = std::mem::take(&mut self.force_snapshot) && self.applied > self.last_snapshot_index;
-        let by_entries = self.applied >= self.last_snapshot_index + self.cfg.snapshot_interval_entries;
+        let by_entries = self.applied >= self.last_snapshot_index.saturating_add(self.cfg.snapshot_interval_entries);
         let by_bytes =
             self.bytes_since_snapshot >= self.cfg.snapshot_interval_bytes && self.applied > self.last_snapshot_index;
         if !force && !by_entries && !by_bytes {
@@ -1436,6 +1716,7 @@ impl Driver {
             compact_through = compact_through.max(1);
         }
         self.raw.mut_store().record_snapshot(meta, compact_through)?;
+        self.prune_snapshots()?;
         self.last_snapshot_index = index;
         self.bytes_since_snapshot = 0;
         while self.entry_bytes.front().is_some_and(|(i, _)| *i <= compact_through) {
@@ -1449,6 +1730,12 @@ impl Driver {
             "raft snapshot taken"
         );
         Ok(())
+    }
+
+    /// Removes the snapshot files older than the one the log names, beyond `keep_old_snapshots`.
+    fn prune_snapshots(&self) -> Result<(), RaftError> {
+        let keep = usize::try_from(self.cfg.keep_old_snapshots).unwrap_or(usize::MAX).saturating_add(1);
+        self.raw.store().snapshot_dir().prune(keep)
     }
 
     /// Publishes leadership and status. A leader counts as such once it has applied an entry of its own
@@ -1520,6 +1807,11 @@ fn encode_raft_snapshot(store: StoreSnapshot, members: &Members) -> Vec<u8> {
 fn decode_raft_snapshot(bytes: &[u8]) -> Result<(StoreSnapshot, Option<Members>), String> {
     let snap = shoal_api::Snapshot::decode(bytes).map_err(|e| e.to_string())?;
     Ok((snap.store.unwrap_or_default(), snap.membership.as_ref().map(Members::from_wire)))
+}
+
+/// The file `probe_space` writes while the disk is full.
+fn space_probe_path(cfg: &RaftConfig) -> std::path::PathBuf {
+    cfg.state_dir.join("raft").join("space-probe.tmp")
 }
 
 /// Seed of a member's election-timeout RNG: fixed per member, different between members.

@@ -44,6 +44,9 @@ pub enum ProposeError {
     /// The Raft node has stopped.
     #[error("the raft node is stopped")]
     Stopped,
+    /// This manager's disk is full: the write was not applied (the message names the disk and what to do).
+    #[error("{0}")]
+    DiskFull(String),
     /// No leader can take the write: the managers are electing one or this manager cannot reach a quorum.
     #[error("no leader / lost quorum: {0}; retry in a few seconds, and check that a majority of the managers are running and reachable")]
     NoLeader(String),
@@ -71,6 +74,12 @@ pub trait Proposer: Send + Sync + 'static {
     /// Resolves once the local store holds every write committed before the call, so that a read of it that
     /// follows is linearizable; fails (bounded in time) when that cannot be confirmed, e.g. without a leader.
     fn read_barrier(&self) -> ReadBarrierFuture;
+
+    /// Why this manager cannot serve for a reason of its own rather than the cluster's (its disk is full), for
+    /// `/_ping` and `/info`; `None` when it is healthy.
+    fn unhealthy(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One committed write read back from the log: its Raft index and its actions as proposed (objects carry

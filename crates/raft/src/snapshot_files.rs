@@ -1,5 +1,6 @@
 //! Snapshot files under `state_dir/raft/snapshots`: one file per snapshot, named by its Raft index, written
-//! atomically (temporary file, fsync, rename, fsync of the directory). The newest `KEEP_SNAPSHOTS` are kept.
+//! atomically (temporary file, fsync, rename, fsync of the directory). Once the log names a new snapshot, the
+//! older files beyond the cluster's `KeepOldSnapshots` are removed (`prune`).
 //!
 //! Every file is sealed with the node's data encryption key (`encryption::DataKeys`, associated data = the
 //! snapshot's index): `write` takes and `read` returns the plain bytes (the store's `encode_snapshot`
@@ -12,14 +13,11 @@ use std::path::{Path, PathBuf};
 use crate::encryption::{snapshot_aad, DataKeys};
 use crate::RaftError;
 
-/// How many snapshot files are kept (the newest ones).
-pub(crate) const KEEP_SNAPSHOTS: usize = 2;
-
 const PREFIX: &str = "snapshot-";
 const SUFFIX: &str = ".bin";
 
 fn io_err(path: &Path, source: std::io::Error) -> RaftError {
-    RaftError::StateDir { path: path.to_path_buf(), source }
+    RaftError::io(path, source)
 }
 
 /// The snapshot directory.
@@ -41,20 +39,24 @@ impl SnapshotDir {
         self.dir.join(format!("{PREFIX}{index:020}{SUFFIX}"))
     }
 
-    /// Writes the snapshot at `index` (plain bytes; sealed here) durably, then removes all but the newest
-    /// `KEEP_SNAPSHOTS` files.
+    /// Writes the snapshot at `index` (plain bytes; sealed here) durably. A failed write leaves no file behind
+    /// (a full disk keeps no half-written snapshot). Older files stay until `prune`, which the caller runs once
+    /// the log names the new snapshot: until then a restart needs the one it names.
     pub(crate) fn write(&self, index: u64, data: &[u8]) -> Result<PathBuf, RaftError> {
         let data = self.keys.encrypt(&snapshot_aad(index), data);
         let path = self.path(index);
         let tmp = self.dir.join(format!("{PREFIX}{index:020}{SUFFIX}.tmp"));
-        {
+        let written = (|| {
             let mut f = fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
             f.write_all(&data).map_err(|e| io_err(&tmp, e))?;
             f.sync_all().map_err(|e| io_err(&tmp, e))?;
+            fs::rename(&tmp, &path).map_err(|e| io_err(&path, e))
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
         }
-        fs::rename(&tmp, &path).map_err(|e| io_err(&path, e))?;
         fs::File::open(&self.dir).and_then(|d| d.sync_all()).map_err(|e| io_err(&self.dir, e))?;
-        self.prune()?;
         Ok(path)
     }
 
@@ -86,10 +88,10 @@ impl SnapshotDir {
         Ok(out)
     }
 
-    /// Removes all but the newest `KEEP_SNAPSHOTS` snapshot files, and leftover temporary files.
-    fn prune(&self) -> Result<(), RaftError> {
+    /// Removes all but the newest `keep` snapshot files (at least one), and leftover temporary files.
+    pub(crate) fn prune(&self, keep: usize) -> Result<(), RaftError> {
         let all = self.list()?;
-        let old = all.len().saturating_sub(KEEP_SNAPSHOTS);
+        let old = all.len().saturating_sub(keep.max(1));
         for index in &all[..old] {
             let p = self.path(*index);
             fs::remove_file(&p).map_err(|e| io_err(&p, e))?;

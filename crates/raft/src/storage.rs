@@ -659,7 +659,7 @@ impl EngineStorage {
     /// Writes a batch, with an fsync when `sync` (then counted in `synced_writes`). An unsynced write still
     /// reaches the file in order: the next synced write (or `sync`) makes it durable with everything before it.
     fn write_with(&self, batch: &mut LogBatch, sync: bool) -> Result<(), RaftError> {
-        self.engine().write(batch, sync).map_err(|e| engine_err(&self.log_dir, e))?;
+        self.engine().write(batch, sync).map_err(|e| RaftError::engine(&self.log_dir, e))?;
         if sync {
             self.synced_writes.fetch_add(1, Ordering::Relaxed);
         }
@@ -735,7 +735,7 @@ impl EngineStorage {
         self.snapshot = meta;
         if let Some(t) = new_truncated {
             self.truncated = t;
-            self.engine().purge_expired_files().map_err(|e| engine_err(&self.log_dir, e))?;
+            self.engine().purge_expired_files().map_err(|e| RaftError::engine(&self.log_dir, e))?;
         }
         Ok(())
     }
@@ -809,7 +809,7 @@ impl EngineStorage {
 
     /// Flushes everything written so far (the log, then the commit record).
     pub(crate) fn sync(&self) -> Result<(), RaftError> {
-        self.engine().sync().map_err(|e| engine_err(&self.log_dir, e))?;
+        self.engine().sync().map_err(|e| RaftError::engine(&self.log_dir, e))?;
         self.record.sync()
     }
 

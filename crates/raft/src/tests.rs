@@ -238,6 +238,7 @@ async fn snapshots_compact_the_log_and_restore_identically() {
     let tweak = |c: &mut RaftConfig| {
         c.snapshot_interval_entries = 10;
         c.log_entries_for_slow_followers = 5;
+        c.keep_old_snapshots = 1;
     };
     let (node, store) = start(dir.path(), tweak).await;
     for i in 0..35 {
@@ -576,5 +577,52 @@ async fn committed_writes_read_back_from_the_log_across_a_restart() {
     let (node, store) = start(dir.path(), tweak).await;
     assert_eq!(store.apply_outcomes_known_from(), 11, "restored from snapshot 10, replayed after it");
     let node = check(node, store).await;
+    node.shutdown().await;
+}
+
+fn snapshot_indexes(dir: &std::path::Path) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(dir.join("raft").join("snapshots"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("snapshot-")?.strip_suffix(".bin")?.parse().ok())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// The cluster's snapshot settings take effect on a running member: a snapshot after `interval_entries`
+/// writes, `keep_old_snapshots` files kept beyond the newest one, and `log_entries_for_slow_followers` entries
+/// left in the log behind it (what a Watch resumed from an older version finds compacted).
+#[tokio::test]
+async fn the_snapshot_policy_applies_live() {
+    use crate::CommittedLog;
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _store) = start(dir.path(), |_| {}).await;
+    for i in 0..30 {
+        within(node.propose(create(&format!("a{i}")))).await.unwrap();
+    }
+    assert!(snapshot_indexes(dir.path()).is_empty(), "no snapshot before 10,000 entries");
+    let policy = SnapshotPolicy { interval_entries: 20, keep_old_snapshots: 2, log_entries_for_slow_followers: 5 };
+    within(node.set_snapshot_policy(policy)).await.unwrap();
+    let mut last = 0;
+    for i in 0..100 {
+        last = within(node.propose(create(&format!("b{i}")))).await.unwrap().index;
+    }
+    let snaps = snapshot_indexes(dir.path());
+    assert_eq!(snaps.len(), 3, "the newest and 2 old ones: {snaps:?}");
+    let newest = *snaps.last().unwrap();
+    assert!(newest + 20 > last && newest == node.status().last_snapshot_index, "{snaps:?}, last {last}");
+    assert!(snaps.windows(2).all(|w| w[1] - w[0] == 20), "one every 20 entries: {snaps:?}");
+    match within(node.read_committed(1, last + 1, 10)).await {
+        Err(LogReadError::Compacted { first, .. }) => assert_eq!(first, newest - 5 + 1, "5 entries kept"),
+        other => panic!("{other:?}"),
+    }
+    // Interval 0 (SwarmKit: none by count) and no old snapshot kept.
+    let policy = SnapshotPolicy { interval_entries: 0, keep_old_snapshots: 0, log_entries_for_slow_followers: 5 };
+    within(node.set_snapshot_policy(policy)).await.unwrap();
+    for i in 0..50 {
+        within(node.propose(create(&format!("c{i}")))).await.unwrap();
+    }
+    assert_eq!(snapshot_indexes(dir.path()), snaps, "no snapshot by count with interval 0");
     node.shutdown().await;
 }

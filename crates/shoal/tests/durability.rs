@@ -279,3 +279,55 @@ fn a_follower_with_a_cut_log_refuses_then_rejoins_as_its_message_says() {
     wait_until("the rejoined manager-73 serves every service", Duration::from_secs(30), || served(&m3));
     std::fs::remove_dir_all(&moved).unwrap();
 }
+
+/// The Raft snapshot indexes in `d`'s state dir (its `snapshot-<index>.bin` files), ascending.
+fn snapshot_indexes(d: &DaemonProcess) -> Vec<u64> {
+    let dir = d.state_dir().join("raft").join("snapshots");
+    let mut v: Vec<u64> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.flatten()
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("snapshot-")?.strip_suffix(".bin")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// `docker swarm update --snapshot-interval 50 --max-snapshots 2` takes effect at once (a snapshot every 50
+/// entries, the newest and two older files kept) and again after a restart (issue 32: it was stored only).
+#[test]
+fn swarm_update_snapshot_settings_apply_live_and_after_a_restart() {
+    if no_docker_cli() {
+        return;
+    }
+    let mut d = daemon();
+    create_services(&d, 20);
+    assert!(snapshot_indexes(&d).is_empty(), "no snapshot before 10,000 entries");
+    docker(&d, &["swarm", "update", "--snapshot-interval", "50", "--max-snapshots", "2"]);
+    let raft = d.get("/v1.47/swarm")["Spec"]["Raft"].clone();
+    assert_eq!((raft["SnapshotInterval"].as_u64(), raft["KeepOldSnapshots"].as_u64()), (Some(50), Some(2)));
+    let mut names: Vec<String> = (0..200)
+        .map(|i| {
+            let name = format!("live-{i:04}");
+            shoal_testkit::managers::create_service(&d, &name, 0, &["sleep", "1"]).expect("service acknowledged");
+            name
+        })
+        .collect();
+    let snaps = snapshot_indexes(&d);
+    assert_eq!(snaps.len(), 3, "the newest and 2 old ones: {snaps:?}");
+    assert!(snaps.windows(2).all(|w| w[1] - w[0] == 50), "one every 50 entries: {snaps:?}");
+    let newest = *snaps.last().unwrap();
+    assert!(d.stop());
+    d.restart(&[]);
+    for i in 0..60 {
+        let name = format!("after-{i:04}");
+        shoal_testkit::managers::create_service(&d, &name, 0, &["sleep", "1"]).expect("service acknowledged");
+        names.push(name);
+    }
+    let after = snapshot_indexes(&d);
+    assert_eq!(after.len(), 3, "{after:?}");
+    assert!(*after.last().unwrap() > newest, "a snapshot after the restart: {after:?}, before {newest}");
+    let served = sorted_service_names(&d);
+    assert!(names.iter().all(|n| served.contains(n)), "every service is served");
+}

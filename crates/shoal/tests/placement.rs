@@ -201,3 +201,60 @@ fn rebalancing_moves_tasks_to_a_node_that_joined_later() {
         }
     });
 }
+
+/// `--constraint node.id==<ID>` (the ID the CA put in the node's certificate, not something the node reports)
+/// places every task on that node; an ID no node has leaves the tasks pending, saying why (docs/security.md).
+#[test]
+fn a_node_id_constraint_places_tasks_on_that_node_only() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = node_at(124, "pm-124", None);
+    let _w = node_at(125, "pw-125", Some((&m, "Worker")));
+    wait_until("two nodes ready", DEADLINE, || {
+        let ls = docker(&m, &["node", "ls", "--format", "{{.Hostname}} {{.Status}}"]);
+        if ls.lines().filter(|l| l.ends_with(" Ready")).count() == 2 {
+            Ok(())
+        } else {
+            Err(ls)
+        }
+    });
+    let worker_id = docker(&m, &["node", "inspect", "--format", "{{.ID}}", "pw-125"]).trim().to_string();
+    let argv = ["sleep", "6262"];
+    let constraint = format!("node.id=={worker_id}");
+    docker(
+        &m,
+        &["service", "create", "--detach", "--name", "pinned", "--replicas", "3", "--constraint", &constraint]
+            .into_iter()
+            .chain(["busybox", "sleep", "6262"])
+            .collect::<Vec<_>>(),
+    );
+    let running = wait_running(&m, "pinned", 3, &argv, DEADLINE);
+    assert!(running.iter().all(|t| t["NodeID"] == worker_id.as_str()), "{running:?}");
+    docker(
+        &m,
+        &["service", "create", "--detach", "--name", "nowhere", "--constraint", "node.id==no-such-node", "busybox"]
+            .into_iter()
+            .chain(["sleep", "6263"])
+            .collect::<Vec<_>>(),
+    );
+    wait_until("the unplaceable task is pending with the reason", DEADLINE, || {
+        let tasks = tasks_of(&m, "nowhere");
+        let t = tasks.first().ok_or("no task yet")?;
+        let err = t["Status"]["Err"].as_str().unwrap_or_default();
+        if state(t) == "pending" && err.contains("constraint") {
+            Ok(())
+        } else {
+            Err(format!("{} {err}", state(t)))
+        }
+    });
+    docker(&m, &["service", "rm", "pinned", "nowhere"]);
+    wait_until("the tasks stopped", DEADLINE, || {
+        let pids = process::pids_with_cmdline(&argv);
+        if pids.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} processes", pids.len()))
+        }
+    });
+}

@@ -131,9 +131,10 @@ impl From<ProposeError> for ControlError {
         match e {
             ProposeError::NotLeader { .. } => ControlError::NotLeader,
             ProposeError::Store(s) => s.into(),
-            ProposeError::Unknown(_) | ProposeError::Stopped | ProposeError::NoLeader(_) => {
-                ControlError::Unavailable(e.to_string())
-            }
+            ProposeError::Unknown(_)
+            | ProposeError::Stopped
+            | ProposeError::NoLeader(_)
+            | ProposeError::DiskFull(_) => ControlError::Unavailable(e.to_string()),
             ProposeError::TooLarge { .. } => ControlError::InvalidArgument(e.to_string()),
         }
     }
