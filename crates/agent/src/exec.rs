@@ -119,9 +119,20 @@ pub trait Executor: Send + Sync + 'static {
     /// Called once the agent stopped and every runner ended (after `tasks_outlive_agent` decided whether the
     /// tasks were stopped): releases what the executor keeps for tasks that no longer run.
     fn agent_stopped(&self) {}
+    /// Called when the agent stops, once the runners of tasks that outlive it were aborted: waits (bounded by
+    /// the executor) for the runtime objects whose creation is under way, so that what exists is what a
+    /// `docker swarm leave` lists and removes next.
+    fn settle(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
     /// The node's data plane, when this executor connects tasks to networks through it (the agent feeds it
     /// assignments and the manager's network view). `None`: tasks with networks are rejected.
     fn network_plane(&self) -> Option<std::sync::Arc<crate::network::NetworkPlane>> {
+        None
+    }
+    /// Why this executor connects no task to networks, when it could have (it was given no data plane):
+    /// reported with the node's description (`shoal_api::SHOAL_NO_DATA_PLANE_LABEL`).
+    fn data_plane_off(&self) -> Option<String> {
         None
     }
     /// What `task` printed, per `options`. Fails when this executor keeps no output for the task.

@@ -42,6 +42,8 @@ pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
 pub const MAX_REDIRECTS_IN_A_ROW: u32 = 3;
 /// Longest wait before reconnecting to the manager.
 pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// Longest reason the node reports for having no data plane (`shoal_api::SHOAL_NO_DATA_PLANE_LABEL`).
+pub const MAX_NO_DATA_PLANE_BYTES: usize = 512;
 
 /// Agent settings.
 #[derive(Clone, Debug)]
@@ -201,6 +203,17 @@ impl Agent {
         }
         // Tells managers this node runs Shoal's agent, not a Docker Engine's (which may not be promoted).
         engine.labels.insert(shoal_api::SHOAL_AGENT_LABEL.to_string(), env!("CARGO_PKG_VERSION").to_string());
+        if let Some(why) = self.executor.data_plane_off() {
+            let mut why = why;
+            if why.len() > MAX_NO_DATA_PLANE_BYTES {
+                let mut end = MAX_NO_DATA_PLANE_BYTES;
+                while !why.is_char_boundary(end) {
+                    end -= 1;
+                }
+                why.truncate(end);
+            }
+            engine.labels.insert(shoal_api::SHOAL_NO_DATA_PLANE_LABEL.to_string(), why);
+        }
         if !self.config.generic_resources.is_empty() {
             d.resources.get_or_insert_with(Default::default).generic = self.config.generic_resources.clone();
         }
@@ -414,6 +427,8 @@ impl Agent {
             if !self.executor.tasks_outlive_agent() {
                 tracing::info!(node = %self.config.node_id, "removing the node's data plane");
                 plane.clear().await;
+            } else {
+                plane.release_unkept().await;
             }
         }
     }

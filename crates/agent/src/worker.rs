@@ -26,6 +26,10 @@ use crate::dependencies::{has_references, Dependencies, Held, NodeFacts};
 use crate::exec::{Executor, ExecutorError};
 use crate::runner::{run_task, status, RunnerInput, StatusReporter};
 
+/// Longest the agent's stop waits for the removals of tasks on their way out when their runtime objects
+/// outlive it (under the node's 15 s per part).
+pub const REMOVALS_AT_STOP_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The message a lost task is failed with.
 pub const LOST_TASK_MESSAGE: &str = "task process was lost (agent restarted)";
 
@@ -222,13 +226,36 @@ impl Worker {
     }
 
     /// Stops every task (graceful stop, then kill) and waits for the runners to end. When the executor's
-    /// tasks outlive the agent, only the runners end and the tasks keep running.
+    /// tasks outlive the agent, only the runners end and the tasks keep running, but for those on their way
+    /// out, which are removed first (bounded).
     pub async fn stop_all(&mut self) {
         if self.executor.tasks_outlive_agent() {
-            // Containers keep running without the agent; the next agent adopts them.
-            for (_, r) in self.runners.drain() {
-                r.join.abort();
+            // Containers keep running without the agent; the next agent adopts them. Those of tasks on their
+            // way out (removed, or desired REMOVE: a `service rm`, a scale-down) are stopped and removed now,
+            // with their holders and namespaces, within `REMOVALS_AT_STOP_MAX`: a stop in the middle of their
+            // grace would leave them to the next start.
+            let mut leaving = Vec::new();
+            for (id, r) in self.runners.drain() {
+                let going = {
+                    let i = r.input.borrow();
+                    i.removed || i.task.desired_state >= TaskState::Remove as i32
+                };
+                if going && !r.join.is_finished() {
+                    r.input.send_modify(|i| i.removed = true);
+                    leaving.push((id, r));
+                } else {
+                    r.join.abort();
+                }
             }
+            let deadline = tokio::time::Instant::now() + REMOVALS_AT_STOP_MAX;
+            for (id, r) in leaving {
+                let abort = r.join.abort_handle();
+                if tokio::time::timeout_at(deadline, r.join).await.is_err() {
+                    tracing::warn!(task = %id, "the task's removal did not finish within {REMOVALS_AT_STOP_MAX:?} of the agent's stop; the next start removes what is left");
+                    abort.abort();
+                }
+            }
+            self.executor.settle().await;
             self.executor.agent_stopped();
             return;
         }

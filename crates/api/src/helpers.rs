@@ -10,6 +10,11 @@ use crate::TaskState;
 /// join`), which cannot be made a manager of a Shoal cluster.
 pub const SHOAL_AGENT_LABEL: &str = "shoal.agent";
 
+/// The engine label a Shoal agent without a data plane puts in its node description, its value saying why
+/// (e.g. another Shoal daemon holds the network namespace's data plane): the scheduler names it on the tasks
+/// it cannot place for want of the `overlay` plugin, and `docker info` shows it among its warnings.
+pub const SHOAL_NO_DATA_PLANE_LABEL: &str = "shoal.no-data-plane";
+
 /// Converts milliseconds since the Unix epoch to a protobuf timestamp.
 pub fn timestamp_from_unix_ms(ms: u64) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }

@@ -138,7 +138,13 @@ pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
         (None, Ok(())) => String::new(),
         (None, Err(e)) => e.to_string(),
     };
-    let swarm = ctx.state.store.view(|t| {
+    let (swarm, no_data_plane) = ctx.state.store.view(|t| {
+        // Why this node has no data plane, as its agent described it (its networked tasks go elsewhere).
+        let no_data_plane = t
+            .nodes()
+            .get(&ctx.node_id)
+            .and_then(|n| n.description.as_ref()?.engine.as_ref()?.labels.get(shoal_api::SHOAL_NO_DATA_PLANE_LABEL))
+            .cloned();
         let managers: Vec<_> = t.nodes().iter().filter(|n| n.role() == NodeRole::Manager).collect();
         let mut remote: Vec<PeerJson> = managers
             .iter()
@@ -153,7 +159,7 @@ pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
             })
             .collect();
         remote.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-        SwarmInfoJson {
+        let swarm = SwarmInfoJson {
             node_id: ctx.node_id.clone(),
             node_addr: ctx.node_addr.clone(),
             local_node_state: "active".into(),
@@ -163,7 +169,8 @@ pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
             nodes: t.nodes().len() as u64,
             managers: managers.len() as u64,
             cluster: first_cluster(t).map(|c| SwarmJson::from_api(c).cluster),
-        }
+        };
+        (swarm, no_data_plane)
     });
     let mut info = InfoJson {
         labels: vec![format!("shoal.executor={}", ctx.executor)],
@@ -171,8 +178,16 @@ pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
         warnings: unhealthy.map(|reason| format!("WARNING: this manager is unhealthy: {reason}")).into_iter().collect(),
         ..host_info(&ctx.node_id, &ctx.hostname)
     };
+    if let Some(why) = no_data_plane {
+        info.warnings.push(no_data_plane_warning(&why));
+    }
     versions::adjust_info(v, &mut info);
     json(info)
+}
+
+/// The `docker info` warning of a node without a data plane.
+pub(crate) fn no_data_plane_warning(why: &str) -> String {
+    format!("WARNING: no overlay data plane on this node: {why}; tasks on overlay networks are not placed here")
 }
 
 /// The host part of `GET /info`, the same on every kind of node (manager, worker, locked manager).

@@ -35,6 +35,8 @@ pub struct WorkerContext {
     pub held: tokio::sync::watch::Receiver<HeldDependencies>,
     /// The node's swarm lifecycle (`/swarm/leave`).
     pub lifecycle: crate::lifecycle::LifecycleRef,
+    /// Why the node has no data plane, if it has none (a `docker info` warning).
+    pub no_data_plane: Option<String>,
 }
 
 /// IDs and names of the secrets and configs an agent holds: never their data.
@@ -80,6 +82,9 @@ async fn info(State(ctx): State<Arc<WorkerContext>>, v: crate::request::ApiVersi
         },
         ..crate::handlers::host_info(&ctx.node_id, &ctx.hostname)
     };
+    if let Some(why) = &ctx.no_data_plane {
+        info.warnings.push(crate::handlers::no_data_plane_warning(why));
+    }
     crate::versions::adjust_info(v, &mut info);
     Json(info)
 }

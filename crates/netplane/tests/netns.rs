@@ -207,10 +207,15 @@ struct Nodes {
 
 impl Nodes {
     fn new(tag: &str) -> Nodes {
+        Nodes::prepared(tag, |ns, i| docker_host::prepare(ns, docker_host::for_node(i)))
+    }
+
+    /// Two nodes, each namespace prepared by `prepare(name, i)`.
+    fn prepared(tag: &str, prepare: impl Fn(&str, usize)) -> Nodes {
         remove_leftovers();
         let nodes = vec![Netns::new(tag, "n0"), Netns::new(tag, "n1")];
         for (i, n) in nodes.iter().enumerate() {
-            docker_host::prepare(&n.name, docker_host::for_node(i));
+            prepare(&n.name, i);
         }
         run(&[
             "ip",
@@ -641,4 +646,222 @@ fn the_kernel_has_what_the_data_plane_needs_and_encrypted_networks_are_refused()
     let err = nodes.exec(0).reconcile(&s).expect_err("an encrypted network was plumbed");
     assert!(matches!(err, shoal_netplane::Error::EncryptionUnsupported { .. }), "{err}");
     assert_eq!(nodes.leftovers(0), "", "a refused state changed the node");
+}
+
+/// An nftables-only firewall (firewalld's nftables back end, no zone for Shoal's interfaces: its forward chain
+/// drops): traffic inside a network, on one node and across VXLAN, works without Shoal adding anything to it;
+/// what the node forwards out of a network is the host firewall's to allow (firewalld's trusted zone for
+/// `shlg+`), and Shoal adds no iptables table or rule of its own there.
+#[test]
+fn an_nftables_only_firewall_keeps_east_west_traffic_and_decides_north_south() {
+    let nodes = Nodes::prepared("nf", |ns, _| docker_host::prepare_nft_only(ns));
+    let firewall = |i: usize| nodes.nodes[i].output(&["nft", "list", "table", "inet", "firewalld"]);
+    let before = [firewall(0), firewall(1)];
+    let (a0, b0, a1) = (Ipv4Addr::new(10, 30, 0, 2), Ipv4Addr::new(10, 30, 0, 4), Ipv4Addr::new(10, 30, 0, 3));
+    let (t_a0, t_b0, t_a1) = (nodes.task("a0"), nodes.task("b0"), nodes.task("a1"));
+    let mut appnet = network("appnet", 4545, 30, false);
+    appnet.peers = vec![peer(a1, 1)];
+    let mut s0 = NodeNetState::new(NODE_IPS[0]);
+    s0.networks = vec![appnet.clone()];
+    s0.tasks = vec![task("a0", &t_a0, &[("appnet", a0)]), task("b0", &t_b0, &[("appnet", b0)])];
+    appnet.peers = vec![peer(a0, 0), peer(b0, 0)];
+    let mut s1 = NodeNetState::new(NODE_IPS[1]);
+    s1.networks = vec![appnet];
+    s1.tasks = vec![task("a1", &t_a1, &[("appnet", a1)])];
+    let (e0, e1) = (nodes.exec(0), nodes.exec(1));
+    e0.reconcile(&s0).expect("node 0");
+    e1.reconcile(&s1).expect("node 1");
+
+    // East-west: on one node and across VXLAN, both ways, TCP too.
+    wait_for("a0 to reach a1 over VXLAN", Duration::from_secs(5), || ping(&t_a0, a1));
+    assert!(ping(&t_a1, a0) && ping(&t_a1, b0), "node 1 reaches both tasks of node 0");
+    assert!(ping(&t_a0, b0) && ping(&t_b0, a0), "tasks of one node reach each other");
+    let srv = Server::start(t_a1.path(), a1, "a1");
+    assert_eq!(fetch(t_b0.path(), a1, Duration::from_secs(2)).expect("TCP b0 -> a1"), "a1");
+
+    // Shoal added nothing to the host's firewall: no iptables table made, firewalld's table unchanged.
+    for (i, n) in nodes.nodes.iter().enumerate() {
+        let tables = n.output(&["nft", "list", "tables"]);
+        let tables: Vec<&str> = tables.lines().map(str::trim).collect();
+        assert_eq!(tables, ["table inet firewalld", "table ip shoal"], "node {i}'s nftables tables");
+        assert_eq!(n.output(&["cat", "/proc/net/ip_tables_names"]).trim(), "", "node {i}: a legacy table made");
+        assert_eq!(firewall(i), before[i], "node {i}: firewalld's table changed");
+    }
+
+    // North-south: what node 0 forwards out of the network (to node 1's address, masqueraded) is dropped by
+    // firewalld's forward chain until the host allows Shoal's gateway ends, as `firewall-cmd --zone=trusted
+    // --add-interface=shlg4545` does.
+    assert!(!ping(&t_a0, NODE_IPS[1]), "firewalld's forward chain let a task's outbound traffic through");
+    let chain = ["inet", "firewalld", "filter_FORWARD"];
+    let mut rule = vec!["nft", "insert", "rule"];
+    rule.extend(chain);
+    rule.extend(["iifname", "shlg*", "accept"]);
+    assert!(nodes.nodes[0].exec(&rule), "{rule:?}");
+    assert!(ping(&t_a0, NODE_IPS[1]), "the trusted gateway end did not let the task out");
+    assert!(ping(&t_a0, a1), "east-west still works");
+
+    drop(srv);
+    for (i, e) in [e0, e1].iter().enumerate() {
+        e.reconcile(&NodeNetState::new(NODE_IPS[i])).expect("teardown");
+        let links = nodes.nodes[i].output(&["ip", "-o", "link", "show"]);
+        assert!(!links.contains(": shl"), "node {i} keeps Shoal's links: {links}");
+        let tables = nodes.nodes[i].output(&["nft", "list", "tables"]);
+        assert_eq!(tables.trim(), "table inet firewalld", "node {i}: only the host's table is left");
+    }
+}
+
+/// The port of `Bulk` servers.
+const BULK_PORT: u16 = 8081;
+
+/// A TCP server inside a task namespace that sends zeros on every connection until the peer closes it;
+/// stopped on drop.
+struct Bulk {
+    stop: Arc<AtomicBool>,
+    netns: PathBuf,
+    addr: SocketAddr,
+}
+
+impl Bulk {
+    fn start(netns: PathBuf, addr: Ipv4Addr) -> Bulk {
+        let addr = SocketAddr::V4(SocketAddrV4::new(addr, BULK_PORT));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = sync_channel(1);
+        let (s, p) = (stop.clone(), netns.clone());
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&p).expect("open netns");
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let listener = match TcpListener::bind(addr) {
+                Ok(l) => l,
+                Err(e) => return drop(tx.send(Err(e.to_string()))),
+            };
+            let _ = tx.send(Ok(()));
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(mut c) = conn {
+                    std::thread::spawn(move || {
+                        let buf = vec![0u8; 64 * 1024];
+                        while c.write_all(&buf).is_ok() {}
+                    });
+                }
+            }
+        });
+        rx.recv().expect("bulk server thread").unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        Bulk { stop, netns, addr }
+    }
+}
+
+impl Drop for Bulk {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let addr = self.addr;
+        in_netns(self.netns.clone(), move || drop(TcpStream::connect_timeout(&addr, Duration::from_secs(1))));
+    }
+}
+
+/// From `netns`: sequential connections to `to:PORT` (each read to its end) for `each`, then one connection to
+/// `to:BULK_PORT` read for `each`: (connections/s, MB/s).
+fn rates(netns: PathBuf, to: Ipv4Addr, each: Duration) -> (f64, f64) {
+    let start = Instant::now();
+    let mut n = 0u32;
+    while start.elapsed() < each {
+        fetch(netns.clone(), to, Duration::from_secs(2)).unwrap_or_else(|e| panic!("connection to {to}: {e}"));
+        n += 1;
+    }
+    let conns = f64::from(n) / start.elapsed().as_secs_f64();
+    let bytes = in_netns(netns, move || {
+        let mut c = TcpStream::connect_timeout(&SocketAddr::V4(SocketAddrV4::new(to, BULK_PORT)), each)
+            .unwrap_or_else(|e| panic!("bulk connection to {to}: {e}"));
+        c.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+        let mut buf = vec![0u8; 256 * 1024];
+        let (start, mut total) = (Instant::now(), 0u64);
+        while start.elapsed() < each {
+            total += c.read(&mut buf).expect("bulk read") as u64;
+        }
+        total as f64 / start.elapsed().as_secs_f64()
+    });
+    (conns, bytes / 1e6)
+}
+
+/// The data plane's rates, side by side in one run on the same two Docker-like nodes (BENCHMARKS.md, "The data
+/// plane on Docker-like hosts"): connections per second (one at a time, each a new TCP connection read to its
+/// end) and MB/s (one connection), straight to a task on the same node and across VXLAN, through a VIP spread
+/// over both, through the routing mesh, and straight to the task the mesh hops to. Printed (`RESULT` lines,
+/// `--no-capture`) and asserted only to carry traffic: the machine is shared, so compare within one run.
+#[test]
+fn the_data_plane_rates_through_the_vip_and_the_mesh_against_direct_connections() {
+    let nodes = Nodes::new("rate");
+    let (client, web1, web2) = (Ipv4Addr::new(10, 50, 0, 2), Ipv4Addr::new(10, 50, 0, 3), Ipv4Addr::new(10, 50, 0, 4));
+    let vip = Ipv4Addr::new(10, 50, 0, 200);
+    let (in1, in2) = (Ipv4Addr::new(10, 51, 0, 3), Ipv4Addr::new(10, 51, 0, 4));
+    let ingress_addr = [Ipv4Addr::new(10, 51, 0, 250), Ipv4Addr::new(10, 51, 0, 251)];
+    let (t_client, t_web1, t_web2) = (nodes.task("cl"), nodes.task("w1"), nodes.task("w2"));
+    // The client and web1 on node 0, web2 on node 1; both webs on appnet (the VIP) and ingress (the mesh).
+    let mut appnet = network("appnet", 5200, 50, false);
+    appnet.services = vec![ServiceVip {
+        service_id: "web".into(),
+        name: "web".into(),
+        aliases: Vec::new(),
+        vip: Some(vip),
+        backends: vec![web1, web2],
+    }];
+    let published: Vec<PublishedPort> = [PORT, BULK_PORT]
+        .map(|port| PublishedPort { protocol: Protocol::Tcp, port, target_port: port, backends: vec![in1, in2] })
+        .to_vec();
+    let state = |i: usize| {
+        let mut s = NodeNetState::new(NODE_IPS[i]);
+        let (mut app, mut ingress) = (appnet.clone(), network("ingress", 5201, 51, false));
+        if i == 0 {
+            app.peers = vec![peer(web2, 1)];
+            ingress.peers = vec![peer(in2, 1), peer(ingress_addr[1], 1)];
+            s.tasks = vec![
+                task("client", &t_client, &[("appnet", client)]),
+                task("web1", &t_web1, &[("appnet", web1), ("ingress", in1)]),
+            ];
+        } else {
+            app.peers = vec![peer(client, 0), peer(web1, 0)];
+            ingress.peers = vec![peer(in1, 0), peer(ingress_addr[0], 0)];
+            s.tasks = vec![task("web2", &t_web2, &[("appnet", web2), ("ingress", in2)])];
+        }
+        s.networks = vec![app, ingress];
+        s.ingress = Some(NodeIngress { network_id: "ingress".into(), address: ingress_addr[i] });
+        s.published = published.clone();
+        s
+    };
+    let (e0, e1) = (nodes.exec(0), nodes.exec(1));
+    e0.reconcile(&state(0)).expect("node 0");
+    e1.reconcile(&state(1)).expect("node 1");
+    let servers = [
+        (Server::start(t_web1.path(), web1, "web1"), Server::start(t_web1.path(), in1, "web1")),
+        (Server::start(t_web2.path(), web2, "web2"), Server::start(t_web2.path(), in2, "web2")),
+    ];
+    let bulks = [
+        Bulk::start(t_web1.path(), web1),
+        Bulk::start(t_web1.path(), in1),
+        Bulk::start(t_web2.path(), web2),
+        Bulk::start(t_web2.path(), in2),
+    ];
+    let timeout = Duration::from_secs(2);
+    wait_for("the VIP to answer", Duration::from_secs(5), || fetch(t_client.path(), vip, timeout).is_ok());
+    wait_for("the mesh to answer", Duration::from_secs(5), || {
+        fetch(nodes.nodes[1].path(), NODE_IPS[0], timeout).is_ok()
+    });
+
+    let each = Duration::from_millis(1500);
+    let paths: [(&str, PathBuf, Ipv4Addr); 6] = [
+        ("task to task, same node", t_client.path(), web1),
+        ("task to task, across VXLAN", t_client.path(), web2),
+        ("task to the VIP (both backends)", t_client.path(), vip),
+        ("node-1 to node-0's published port (mesh, half on to node-1)", nodes.nodes[1].path(), NODE_IPS[0]),
+        ("node-1 to web1's ingress address (direct, across VXLAN)", nodes.nodes[1].path(), in1),
+        ("node-1 to web2's ingress address (direct, same node)", nodes.nodes[1].path(), in2),
+    ];
+    for (what, from, to) in paths {
+        let (conns, mbs) = rates(from, to, each);
+        eprintln!("RESULT data-plane {what}: {conns:.0} connections/s, {mbs:.0} MB/s");
+        assert!(conns > 0.0 && mbs > 0.0, "{what}");
+    }
+    drop((servers, bulks));
+    nodes.tear_down(&[e0, e1]);
 }

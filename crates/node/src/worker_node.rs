@@ -270,6 +270,7 @@ pub(crate) async fn run_worker(
         managers: managers_rx,
         held: held_rx,
         lifecycle: session.handle.as_ref(),
+        no_data_plane: executor.data_plane_off(),
     };
     // The control socket's server stops on its own signal: a leave is answered through it after the rest.
     let (api_stop_tx, api_stop_rx) = watch::channel(false);

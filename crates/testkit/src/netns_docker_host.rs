@@ -6,8 +6,9 @@
 //! as several distributions ship). Only std and the iptables tools: the netplane
 //! crate's tests include this file by path, without the rest of the testkit.
 //!
-//! What it does not reproduce: an nftables-only firewall (firewalld's `inet firewalld` table), and the
-//! host's INPUT rules (Docker leaves INPUT alone).
+//! `prepare_nft_only` makes instead a host with an nftables-only firewall, as firewalld's nftables back end
+//! makes one: no iptables table at all, an `inet firewalld` table whose forward chain drops what no zone
+//! accepts. Not reproduced: the host's INPUT rules (Docker leaves INPUT alone).
 
 use std::process::Command;
 
@@ -74,6 +75,30 @@ pub fn prepare(ns: &str, iptables: Iptables) {
     run_in(ns, &["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1", "net.ipv4.conf.default.rp_filter=1"]);
     let on = run_in(ns, &["sysctl", "-n", "net.bridge.bridge-nf-call-iptables"]);
     assert_eq!(on.trim(), "1", "bridge-nf-call-iptables in {ns}");
+}
+
+/// Makes namespace `ns` look like a host whose only firewall is nftables, as firewalld (nftables back end)
+/// sets it up with no zone for Shoal's interfaces: an `inet firewalld` table with a forward chain of policy
+/// drop at firewalld's priority that accepts replies, DNATed connections and loopback (firewalld's first
+/// rules), no iptables table, `bridge-nf-call-iptables=1` and strict reverse-path filtering as `prepare`.
+pub fn prepare_nft_only(ns: &str) {
+    let table = "table inet firewalld {
+  chain filter_FORWARD {
+    type filter hook forward priority filter + 10; policy drop;
+    ct state established,related accept
+    ct status dnat accept
+    iifname \"lo\" accept
+  }
+}
+";
+    let file = std::env::temp_dir().join(format!("shoal-firewalld-{}-{ns}.nft", std::process::id()));
+    std::fs::write(&file, table).expect("write the firewalld-like ruleset");
+    let loaded = Command::new("ip").args(["netns", "exec", ns, "nft", "-f"]).arg(&file).output();
+    let _ = std::fs::remove_file(&file);
+    let out = loaded.expect("nft -f");
+    assert!(out.status.success(), "in {ns}: nft -f: {}", String::from_utf8_lossy(&out.stderr));
+    run_in(ns, &["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"]);
+    run_in(ns, &["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1", "net.ipv4.conf.default.rp_filter=1"]);
 }
 
 /// The back end prepared for node `i` of a test: even nodes iptables-nft, odd ones iptables-legacy, so that

@@ -138,6 +138,11 @@ impl SecondEngine {
     /// Starts the engine and loads the test image into it ([`docker_engine::TEST_IMAGE`], built on the main
     /// engine if missing). Panics (after cleaning up) if it does not answer within 90 s.
     pub fn start(opts: EngineOptions) -> SecondEngine {
+        SecondEngine::start_with_flags(opts, &[])
+    }
+
+    /// As `start`, with more `dockerd` flags (e.g. `--iptables=false`, `--userland-proxy=false`).
+    pub fn start_with_flags(opts: EngineOptions, flags: &[&str]) -> SecondEngine {
         assert!(opts.manager_ips <= MAX_MANAGER_IPS, "at most {MAX_MANAGER_IPS} manager addresses");
         remove_leftovers();
         let image = docker_engine::ensure_test_image();
@@ -191,6 +196,7 @@ impl SecondEngine {
             .arg(format!("shoal-eng-{pid}-{}", opts.tag))
             .arg("--containerd-plugins-namespace")
             .arg(format!("shoal-eng-{pid}-{}-plugins", opts.tag))
+            .args(flags)
             .env("DOCKER_SERVICE_PREFER_OFFLINE_IMAGE", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))

@@ -100,6 +100,57 @@ pub struct DockerExecutor {
     holders: Mutex<Option<HashMap<String, String>>>,
     /// Set once the holder image is known to be in the engine.
     holder_image: Arc<tokio::sync::OnceCell<()>>,
+    /// Container creations under way (see `Creations`).
+    creations: Creations,
+}
+
+/// Longest the agent's stop waits for the container creations under way (`Executor::settle`).
+pub const CREATIONS_AT_STOP_MAX: Duration = Duration::from_secs(4);
+
+/// The engine's container creations under way, each on a tokio task of its own: a runner aborted at the
+/// agent's stop does not cut one off halfway, which the engine would finish after a `docker swarm leave`
+/// listed the node's containers (leaving one in state `created`). The count is what `settle` waits for.
+#[derive(Clone)]
+struct Creations(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Default for Creations {
+    fn default() -> Creations {
+        Creations(Arc::new(tokio::sync::watch::channel(0).0))
+    }
+}
+
+/// One creation under way: counted down when dropped.
+struct Creating(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+impl Creations {
+    /// `docker create --name <name>`, carried to its end even when the caller is dropped.
+    async fn create(&self, docker: &Docker, name: &str, body: ContainerCreateBody) -> Result<(), BollardError> {
+        self.0.send_modify(|n| *n += 1);
+        let creating = Creating(self.0.clone());
+        let (docker, opts) = (docker.clone(), CreateContainerOptionsBuilder::default().name(name).build());
+        let job = tokio::spawn(async move {
+            let _creating = creating;
+            docker.create_container(Some(opts), body).await.map(|_| ())
+        });
+        job.await.unwrap_or_else(|e| Err(BollardError::IOError { err: std::io::Error::other(e.to_string()) }))
+    }
+
+    /// Waits until no creation is under way (at most `within`).
+    async fn settle(&self, within: Duration) {
+        let mut rx = self.0.subscribe();
+        if tokio::time::timeout(within, rx.wait_for(|n| *n == 0)).await.is_err() {
+            tracing::warn!(
+                under_way = *rx.borrow(),
+                "container creations did not finish within {within:?} of the agent's stop"
+            );
+        }
+    }
 }
 
 impl std::fmt::Debug for DockerExecutor {
@@ -251,6 +302,7 @@ impl DockerExecutor {
             network: Err("the daemon was started without the data plane".into()),
             holders: Mutex::new(Some(holders)),
             holder_image: Arc::new(tokio::sync::OnceCell::new()),
+            creations: Creations::default(),
         })
     }
 
@@ -305,6 +357,7 @@ impl DockerExecutor {
                 holder_body: Arc::new(holder::create_body(task, &self.node_id)),
                 holder_image: self.holder_image.clone(),
                 task: Arc::new(task.clone()),
+                creations: self.creations.clone(),
             })
         };
         spec::refuse_newer_than_engine(task, self.engine_api).map_err(ExecutorError::InvalidSpec)?;
@@ -338,6 +391,7 @@ impl DockerExecutor {
             pid: 0,
             healthcheck: false,
             network,
+            creations: self.creations.clone(),
         })
     }
 }
@@ -396,6 +450,14 @@ impl Executor for DockerExecutor {
 
     fn network_plane(&self) -> Option<Arc<NetworkPlane>> {
         self.network.clone().ok()
+    }
+
+    fn data_plane_off(&self) -> Option<String> {
+        self.network.as_ref().err().cloned()
+    }
+
+    fn settle(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.creations.settle(CREATIONS_AT_STOP_MAX))
     }
 
     fn logs(&self, task: &Task, options: &crate::exec::LogOptions) -> Result<crate::exec::LogStream, ExecutorError> {
@@ -461,6 +523,7 @@ struct DockerController {
     healthcheck: bool,
     /// For a task on networks: its holder and the data plane.
     network: Option<TaskNetwork>,
+    creations: Creations,
 }
 
 /// What a task on networks needs besides its container (see the module doc).
@@ -473,6 +536,7 @@ struct TaskNetwork {
     holder_image: Arc<tokio::sync::OnceCell<()>>,
     /// The task as assigned (its attachments).
     task: Arc<Task>,
+    creations: Creations,
 }
 
 impl TaskNetwork {
@@ -485,8 +549,7 @@ impl TaskNetwork {
         force_remove(docker, &self.holder).await.map_err(|e| {
             prep(format!("cannot replace the network-namespace holder {}: {}", self.holder, engine_message(&e)))
         })?;
-        let opts = CreateContainerOptionsBuilder::default().name(&self.holder).build();
-        if let Err(e) = docker.create_container(Some(opts), (*self.holder_body).clone()).await {
+        if let Err(e) = self.creations.create(docker, &self.holder, (*self.holder_body).clone()).await {
             return Err(prep(format!(
                 "cannot create the network-namespace holder {}: {}",
                 self.holder,
@@ -630,9 +693,8 @@ impl Controller for DockerController {
             if let Some(net) = &self.network {
                 net.prepare(&self.docker).await?;
             }
-            let opts = CreateContainerOptionsBuilder::default().name(&self.name).build();
-            match self.docker.create_container(Some(opts), (*self.body).clone()).await {
-                Ok(_) => Ok(()),
+            match self.creations.create(&self.docker, &self.name, (*self.body).clone()).await {
+                Ok(()) => Ok(()),
                 // Created meanwhile (a retried prepare): the same container.
                 Err(e) if engine_status(&e) == Some(409) => Ok(()),
                 Err(e) => Err(ExecutorError::Prepare(format!(
@@ -728,8 +790,15 @@ impl Controller for DockerController {
                     let addrs: Vec<std::net::Ipv4Addr> = crate::network::desired::attachments(&net.task)
                         .map(|a| a.into_iter().map(|(_, a)| a.address).collect())
                         .unwrap_or_default();
-                    net.plane.wait_out_of_vips(&addrs).await;
-                    tokio::time::sleep(crate::process::NETWORK_DRAIN).await;
+                    let drain = async {
+                        net.plane.wait_out_of_vips(&addrs).await;
+                        tokio::time::sleep(crate::process::NETWORK_DRAIN).await;
+                    };
+                    // The agent's stop ends a drain under way (the stop waits for removals, bounded).
+                    tokio::select! {
+                        _ = drain => {}
+                        _ = net.plane.stopped() => {}
+                    }
                 }
             }
             let opts =

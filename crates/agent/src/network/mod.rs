@@ -152,15 +152,17 @@ fn marked(dir: &Path) -> Vec<String> {
     entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()
 }
 
-/// Takes the data-plane lock of the caller's network namespace, or says who holds it.
+/// Takes the data-plane lock of the caller's network namespace for the daemon of `state_dir` (the file then
+/// holds `pid <pid>, state dir <path>`), or says who holds it.
 #[allow(unsafe_code)]
-fn lock_namespace() -> Result<(std::fs::File, PathBuf), String> {
+fn lock_namespace(state_dir: &Path) -> Result<(std::fs::File, PathBuf), String> {
+    use std::io::{Read, Seek, Write};
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::metadata("/proc/self/ns/net").map_err(|e| format!("cannot read /proc/self/ns/net: {e}"))?.ino();
     let dir = Path::new("/run/shoal");
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = dir.join(format!("netplane-{ino}.lock"));
-    let file = std::fs::OpenOptions::new()
+    let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
@@ -170,11 +172,23 @@ fn lock_namespace() -> Result<(std::fs::File, PathBuf), String> {
     // SAFETY: flock on a file descriptor this function owns; no memory is shared with the kernel.
     let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if r != 0 {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let who = if holder.is_empty() { String::new() } else { format!(" ({holder})") };
         return Err(format!(
-            "another Shoal daemon carries this network namespace's data plane (it holds {}); run one daemon per \
-             network namespace to connect networks",
+            "another Shoal daemon{who} carries this network namespace's data plane (it holds {}); run one daemon \
+             per network namespace to connect networks",
             path.display()
         ));
+    }
+    let dir = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let written = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| write!(file, "pid {}, state dir {}", std::process::id(), dir.display()));
+    if let Err(e) = written {
+        tracing::warn!(lock = %path.display(), "cannot record this daemon in the data-plane lock: {e}");
     }
     Ok((file, path))
 }
@@ -200,7 +214,7 @@ impl NetworkPlane {
                 caps.vxlan, caps.nft_nat
             ));
         }
-        let lock = lock_namespace()?;
+        let lock = lock_namespace(state_dir)?;
         let markers = state_dir.join("task-netns");
         std::fs::create_dir_all(&markers).map_err(|e| format!("cannot create {}: {e}", markers.display()))?;
         let upstreams = std::fs::read_to_string("/etc/resolv.conf")
@@ -518,6 +532,30 @@ impl NetworkPlane {
                 _ = self.wake.notified() => {}
                 _ = retry => {}
                 r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { return },
+            }
+        }
+    }
+
+    /// When the agent stops and its tasks outlive it: deletes the namespaces this daemon made for tasks that
+    /// will not be adopted (released or never registered, or assigned with a desired state of REMOVE: a
+    /// removal the stop cut short), so that a stop leaves only what running containers use. The rest of
+    /// such a task (its stopped container, its holder) goes at the next start, or with a leave.
+    pub async fn release_unkept(&self) {
+        let unkept: Vec<String> = {
+            let i = self.inputs.lock();
+            let going = |id: &String| {
+                i.assigned.get(id).is_some_and(|t| t.desired_state >= shoal_api::TaskState::Remove as i32)
+            };
+            marked(&self.markers)
+                .into_iter()
+                .filter(|id| !i.survivors.contains(id) && (!i.plumbed.contains_key(id) || going(id)))
+                .collect()
+        };
+        for id in unkept {
+            self.change(|i| i.plumbed.remove(&id).is_some());
+            match self.delete_namespace(&id).await {
+                Ok(()) => tracing::info!(task = %id, "deleted the network namespace of a task on its way out"),
+                Err(e) => tracing::warn!(task = %id, "cannot delete the task's network namespace: {e}"),
             }
         }
     }

@@ -300,6 +300,10 @@ impl Executor for ProcessExecutor {
         self.network.clone().ok()
     }
 
+    fn data_plane_off(&self) -> Option<String> {
+        self.network.as_ref().err().cloned()
+    }
+
     fn agent_stopped(&self) {
         // Every task process is gone with its runner: no secret or config file outlives the agent.
         if let Some(root) = &self.files_root {

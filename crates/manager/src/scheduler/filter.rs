@@ -172,10 +172,14 @@ impl Filter for MaxReplicasFilter {
 
 /// The node's engine has the plugins the task's networks need (SwarmKit's PluginFilter, for network
 /// drivers): a node that does not report `{type "Network", name "overlay"}` cannot connect an overlay
-/// attachment, so it does not take such a task.
+/// attachment, so it does not take such a task. A refused node that said why it has no data plane
+/// (`shoal_api::SHOAL_NO_DATA_PLANE_LABEL`, e.g. another Shoal daemon holds its network namespace's) is
+/// named with its reason in the explanation (the first such node of a pass).
 #[derive(Debug, Default)]
 pub struct PluginFilter {
     drivers: Vec<String>,
+    /// The first refused node's hostname (or ID) and reason, when it gave one.
+    reason: std::sync::Mutex<Option<(String, String)>>,
 }
 
 impl Filter for PluginFilter {
@@ -188,15 +192,30 @@ impl Filter for PluginFilter {
             .filter(|n| !n.is_empty())
             .collect();
         self.drivers.dedup();
+        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = None;
         !self.drivers.is_empty()
     }
     fn check(&self, n: &NodeInfo) -> bool {
-        let plugins =
-            n.node().description.as_ref().and_then(|d| d.engine.as_ref()).map(|e| e.plugins.as_slice()).unwrap_or(&[]);
-        self.drivers.iter().all(|d| plugins.iter().any(|p| p.r#type == "Network" && &p.name == d))
+        let description = n.node().description.as_ref();
+        let engine = description.and_then(|d| d.engine.as_ref());
+        let plugins = engine.map(|e| e.plugins.as_slice()).unwrap_or(&[]);
+        let ok = self.drivers.iter().all(|d| plugins.iter().any(|p| p.r#type == "Network" && &p.name == d));
+        if !ok {
+            if let Some(why) = engine.and_then(|e| e.labels.get(shoal_api::SHOAL_NO_DATA_PLANE_LABEL)) {
+                let mut reason = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+                if reason.is_none() {
+                    let name = description.map(|d| d.hostname.as_str()).filter(|h| !h.is_empty());
+                    *reason = Some((name.unwrap_or(&n.node().id).to_string(), why.clone()));
+                }
+            }
+        }
+        ok
     }
     fn explain(&self, n: usize) -> String {
-        format!("missing plugin on {}", nodes(n))
+        match &*self.reason.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((node, why)) => format!("missing plugin on {} (no data plane on node {node}: {why})", nodes(n)),
+            None => format!("missing plugin on {}", nodes(n)),
+        }
     }
 }
 

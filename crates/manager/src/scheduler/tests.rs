@@ -806,3 +806,24 @@ fn a_task_on_an_overlay_network_goes_only_to_nodes_with_the_overlay_plugin() {
     assert_eq!(run_pass(&fx).assigned, 1);
     assert_eq!(fx.view(|t| t.tasks().get("t1").unwrap().node_id.clone()), "n2");
 }
+
+#[test]
+fn a_pending_network_task_names_why_a_node_has_no_data_plane() {
+    let fx = Fx::new();
+    let mut n1 = node("n1");
+    let why = "another Shoal daemon (pid 7, state dir /srv/a) carries this network namespace's data plane";
+    let d = n1.description.as_mut().unwrap();
+    d.hostname = "host-a".into();
+    d.engine
+        .get_or_insert_with(Default::default)
+        .labels
+        .insert(shoal_api::SHOAL_NO_DATA_PLANE_LABEL.into(), why.into());
+    fx.create(n1);
+    fx.create(net_task("t1", "s", 0, "overlay"));
+    assert_eq!(run_pass(&fx).unplaced, 1);
+    let t1 = fx.view(|t| t.tasks().get("t1").cloned()).unwrap();
+    assert_eq!(
+        t1.status.as_ref().unwrap().err,
+        format!("no suitable node (missing plugin on 1 node (no data plane on node host-a: {why}))")
+    );
+}

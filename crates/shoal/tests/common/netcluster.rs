@@ -92,7 +92,7 @@ pub struct Cluster {
     pub tasks_seen: BTreeSet<String>,
 }
 
-fn options(net: &Net, i: usize, executor: &str, extra_args: Vec<String>) -> DaemonOptions {
+pub fn options(net: &Net, i: usize, executor: &str, extra_args: Vec<String>) -> DaemonOptions {
     DaemonOptions {
         listen_ip: Some(net.ip(i)),
         port: Some(PORT),
@@ -122,21 +122,30 @@ impl Cluster {
         Cluster::start_with(tag, "docker")
     }
 
+    /// One node (a one-node swarm) with `executor`, in its namespace prepared like a Docker host.
+    pub fn start_one(tag: &str, executor: &'static str) -> Cluster {
+        Cluster::start_nodes(tag, executor, 1)
+    }
+
     fn start_with(tag: &str, executor: &'static str) -> Cluster {
-        let net = Net::docker_hosts(tag, 3);
+        Cluster::start_nodes(tag, executor, 3)
+    }
+
+    fn start_nodes(tag: &str, executor: &'static str, nodes: usize) -> Cluster {
+        let net = Net::docker_hosts(tag, nodes);
         let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, executor, vec![]));
         let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
         let mut c =
             Cluster { node_ids: vec![node_id(&first)], ds: vec![first], net, executor, tasks_seen: BTreeSet::new() };
-        for i in 1..3 {
+        for i in 1..nodes {
             let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
             let d = DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, executor, join));
             c.node_ids.push(node_id(&d));
             c.ds.push(d);
         }
-        wait_until("three nodes ready, each with the overlay plugin", WAIT, || {
-            let nodes = c.ds[0].get("/v1.47/nodes");
-            let ready: Vec<&Value> = nodes
+        wait_until(&format!("{nodes} nodes ready, each with the overlay plugin"), WAIT, || {
+            let listed = c.ds[0].get("/v1.47/nodes");
+            let ready: Vec<&Value> = listed
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -147,10 +156,10 @@ impl Cluster {
                         .is_some_and(|p| p.iter().any(|p| p["Type"] == "Network" && p["Name"] == "overlay"))
                 })
                 .collect();
-            if ready.len() == 3 {
+            if ready.len() == nodes {
                 Ok(())
             } else {
-                Err(format!("{nodes}"))
+                Err(format!("{listed}"))
             }
         });
         c
