@@ -725,7 +725,7 @@ mod tests {
         let mut bind = mount::BindOptions { nonrecursive: true, ..Default::default() };
         bind.set_propagation(Propagation::Rshared);
         let tmpfs = mount::TmpfsOptions { size_bytes: 1 << 20, mode: 0o700, options: String::new() };
-        let t = mounts(bind.clone(), tmpfs.clone());
+        let t = mounts(bind, tmpfs.clone());
         let m = create_body(&t, "n", None).unwrap().host_config.unwrap().mounts.unwrap();
         let b = m[0].bind_options.as_ref().unwrap();
         assert_eq!(
@@ -749,7 +749,7 @@ mod tests {
                 "1.44",
             ),
             (
-                bind.clone(),
+                bind,
                 mount::TmpfsOptions { options: "noexec,nr_inodes=1k".into(), ..Default::default() },
                 "Mounts[1].TmpfsOptions.Options",
                 "1.46",
