@@ -76,7 +76,7 @@ fn cache_checks(_: &str, _: u64) -> Vec<Check> {
         Check::Inspect("/HostConfig/CapDrop", json!(["CAP_MKNOD"])),
         Check::Inspect("/HostConfig/Sysctls", json!({"net.core.somaxconn": "1024", "net.ipv4.tcp_syncookies": "0"})),
         Check::Exec("cat /proc/sys/net/core/somaxconn /proc/sys/net/ipv4/tcp_syncookies", "1024\n0".into()),
-        Check::Exec("ulimit -n; ulimit -Hn; ulimit -u", "20000\n40000\n65535".into()),
+        Check::Exec("ulimit -n; ulimit -Hn; ulimit -u", "10000\n20000\n65535".into()),
         // NET_ADMIN (12) and SYS_NICE (23) in, MKNOD (27) out: 0x801000 set, 0x8000000 clear.
         Check::Exec(
             "m=$(grep CapEff /proc/1/status | cut -f2); echo $(( 0x$m & 0x801000 )) $(( 0x$m & 0x8000000 ))",
@@ -125,7 +125,7 @@ fn published_style_stack_files_deploy_unchanged_and_run_as_they_say() {
                 name: "cache",
                 replicas: 1,
                 spec: vec![
-                    ("/TaskTemplate/ContainerSpec/Ulimits/0", json!({"Name": "nofile", "Hard": 40000, "Soft": 20000})),
+                    ("/TaskTemplate/ContainerSpec/Ulimits/0", json!({"Name": "nofile", "Hard": 20000, "Soft": 10000})),
                     ("/TaskTemplate/ContainerSpec/Mounts/0/TmpfsOptions/SizeBytes", json!(67108864)),
                 ],
                 checks: cache_checks,
