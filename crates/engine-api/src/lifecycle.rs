@@ -288,7 +288,7 @@ fn refuse_network_fields(
     Ok(())
 }
 
-/// The init spec's refusals: what a new cluster's CA or the executors cannot honour.
+/// The init spec's refusals: what a new cluster's CA cannot honour.
 pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError> {
     for (field, set) in [
         ("CAConfig.SigningCACert", !j.ca_config.signing_ca_cert.is_empty()),
@@ -308,12 +308,6 @@ pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError>
                 "CAConfig.ExternalCAs at init needs the signer's root certificate: add cacert=FILE to --external-ca (the root whose key the signer holds)".into(),
             ));
         }
-    }
-    if j.task_defaults.log_driver.as_ref().is_some_and(|d| !d.name.is_empty() || !d.options.is_empty()) {
-        return Err(ApiError::BadRequest(
-            "TaskDefaults.LogDriver is not supported yet: Shoal's executors keep task output themselves and apply no log driver; leave it out"
-                .into(),
-        ));
     }
     Ok(())
 }

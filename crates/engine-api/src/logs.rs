@@ -219,6 +219,30 @@ async fn stream_response(
     Ok(resp)
 }
 
+/// Why the engine cannot read back the output of containers logging through `driver` (Docker's message first),
+/// if it cannot: `none` keeps nothing, and a driver other than the engine's readable ones (json-file, local,
+/// journald) with its dual-logging cache turned off (`cache-disabled=true`) keeps nothing on the node.
+pub fn unreadable_log_driver(driver: Option<&shoal_api::Driver>) -> Option<String> {
+    let d = driver.filter(|d| !d.name.is_empty())?;
+    let readable = matches!(d.name.as_str(), "json-file" | "local" | "journald");
+    let cache_off = d.options.get("cache-disabled").is_some_and(|v| v == "true");
+    if d.name == "none" {
+        Some(
+            "configured logging driver does not support reading: the tasks log through the \"none\" driver, which \
+              keeps nothing; use json-file, local or journald (--log-driver) to read them back"
+                .into(),
+        )
+    } else if !readable && cache_off {
+        Some(format!(
+            "configured logging driver does not support reading: the tasks log through {:?} with the engine's \
+             local cache turned off (cache-disabled=true); read them where that driver sends them, or drop the option",
+            d.name
+        ))
+    } else {
+        None
+    }
+}
+
 /// True when the line's context names a task of the store that is on the context's node and of its service.
 fn published_by_its_task_node(t: &shoal_store::Tables, m: &LogMessage) -> bool {
     let Some(c) = m.context.as_ref() else { return false };
@@ -234,7 +258,18 @@ pub async fn service_logs(
 ) -> Result<Response, ApiError> {
     crate::handlers::read_barrier(&ctx).await?;
     let s = controlapi::get_service(&ctx.state, &id)?;
-    let tty = tty_of(s.spec.as_ref().and_then(|s| s.task.as_ref()));
+    let task = s.spec.as_ref().and_then(|s| s.task.as_ref());
+    // The driver its tasks are given: the spec's, else the cluster's default (as the orchestrator does).
+    let driver = match task.and_then(|t| t.log_driver.clone()) {
+        Some(d) => Some(d),
+        None => controlapi::get_cluster(&ctx.state)
+            .ok()
+            .and_then(|c| c.spec.as_ref()?.task_defaults.as_ref()?.log_driver.clone()),
+    };
+    if let Some(why) = unreadable_log_driver(driver.as_ref()) {
+        return Err(ApiError::NotImplemented(why));
+    }
+    let tty = tty_of(task);
     stream_response(&ctx, LogSelector { service_ids: vec![s.id.clone()], ..Default::default() }, &q, tty, v).await
 }
 
@@ -247,6 +282,9 @@ pub async fn task_logs(
 ) -> Result<Response, ApiError> {
     crate::handlers::read_barrier(&ctx).await?;
     let t = controlapi::get_task(&ctx.state, &id)?;
+    if let Some(why) = unreadable_log_driver(t.log_driver.as_deref()) {
+        return Err(ApiError::NotImplemented(why));
+    }
     let tty = tty_of(t.spec.as_deref());
     stream_response(&ctx, LogSelector { task_ids: vec![t.id.clone()], ..Default::default() }, &q, tty, v).await
 }
@@ -281,6 +319,30 @@ mod tests {
         assert!(parse_query(&q(&[]), false).is_err(), "no stream chosen");
         assert!(parse_query(&q(&[("stdout", "1"), ("tail", "x")]), false).is_err());
         assert!(parse_query(&q(&[("stdout", "1"), ("since", "yesterday")]), false).is_err());
+    }
+
+    #[test]
+    fn drivers_the_engine_cannot_read_back_are_named() {
+        let d = |name: &str, opts: &[(&str, &str)]| shoal_api::Driver {
+            name: name.into(),
+            options: opts.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        for (driver, unreadable) in [
+            (d("json-file", &[("max-size", "1m")]), false),
+            (d("local", &[("cache-disabled", "true")]), false),
+            (d("journald", &[]), false),
+            (d("syslog", &[]), false),
+            (d("", &[]), false),
+            (d("none", &[]), true),
+            (d("syslog", &[("cache-disabled", "true")]), true),
+        ] {
+            let why = unreadable_log_driver(Some(&driver));
+            assert_eq!(why.is_some(), unreadable, "{driver:?}: {why:?}");
+            if let Some(why) = why {
+                assert!(why.starts_with("configured logging driver does not support reading"), "{why}");
+            }
+        }
+        assert_eq!(unreadable_log_driver(None), None);
     }
 
     #[test]

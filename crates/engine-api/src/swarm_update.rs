@@ -123,17 +123,6 @@ pub async fn update_swarm(
         }
         merge_spec(&current, &j)
     };
-    // No executor applies a default log driver: a new one is refused rather than stored and ignored (the one
-    // a cluster already has, sent back as `docker swarm update` does, goes through).
-    let log_driver = |s: &ClusterSpec| s.task_defaults.as_ref().and_then(|d| d.log_driver.clone());
-    if log_driver(&spec) != log_driver(&current)
-        && log_driver(&spec).is_some_and(|d| !d.name.is_empty() || !d.options.is_empty())
-    {
-        return Err(ApiError::BadRequest(
-            "TaskDefaults.LogDriver is not supported yet: Shoal's executors keep task output themselves and apply no log driver; leave it out"
-                .into(),
-        ));
-    }
     if rotate_unlock_key && !controlapi::autolock_on(Some(&spec)) {
         return Err(ApiError::BadRequest(
             "cannot rotate the unlock key: autolock is not turned on (docker swarm update --autolock=true)".into(),

@@ -645,7 +645,7 @@ async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does
             "1.39",
             Shows("/Spec/TaskTemplate/ContainerSpec/Sysctls", None),
             "1.40",
-            Refused("TaskTemplate.ContainerSpec.Sysctls is not supported yet"),
+            Shows("/Spec/TaskTemplate/ContainerSpec/Sysctls", Some(json!({"net.core.somaxconn": "1024"}))),
         ),
         (
             "ReplicatedJob",
@@ -669,7 +669,10 @@ async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does
             "1.40",
             Shows("/Spec/TaskTemplate/ContainerSpec/Ulimits", None),
             "1.41",
-            Refused("TaskTemplate.ContainerSpec.Ulimits is not supported yet"),
+            Shows(
+                "/Spec/TaskTemplate/ContainerSpec/Ulimits",
+                Some(json!([{"Name": "nofile", "Hard": 2048, "Soft": 1024}])),
+            ),
         ),
         (
             "CapabilityAdd",
@@ -677,7 +680,7 @@ async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does
             "1.40",
             Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityAdd", None),
             "1.41",
-            Refused("TaskTemplate.ContainerSpec.CapabilityAdd is not supported yet"),
+            Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityAdd", Some(json!(["CAP_NET_ADMIN"]))),
         ),
         (
             "CapabilityDrop",
@@ -685,7 +688,7 @@ async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does
             "1.40",
             Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityDrop", None),
             "1.41",
-            Refused("TaskTemplate.ContainerSpec.CapabilityDrop is not supported yet"),
+            Shows("/Spec/TaskTemplate/ContainerSpec/CapabilityDrop", Some(json!(["CAP_CHOWN"]))),
         ),
         (
             "Pids",
@@ -715,9 +718,15 @@ async fn service_specs_lose_what_the_api_version_did_not_have_as_the_engine_does
             "NoNewPrivileges",
             json!(["/TaskTemplate/ContainerSpec/Privileges", {"NoNewPrivileges": true}]),
             "1.43",
-            Shows("/Spec/TaskTemplate/ContainerSpec/Privileges", None),
+            Shows(
+                "/Spec/TaskTemplate/ContainerSpec/Privileges",
+                Some(json!({"CredentialSpec": null, "SELinuxContext": null, "NoNewPrivileges": false})),
+            ),
             "1.44",
-            Refused("TaskTemplate.ContainerSpec.Privileges is not supported yet"),
+            Shows(
+                "/Spec/TaskTemplate/ContainerSpec/Privileges",
+                Some(json!({"CredentialSpec": null, "SELinuxContext": null, "NoNewPrivileges": true})),
+            ),
         ),
     ];
     let api = Api::new();
@@ -804,11 +813,16 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
         ),
         (
             "/TaskTemplate/ContainerSpec/Privileges",
-            json!({"SELinuxContext": {"User": "u"}}),
-            "ContainerSpec.Privileges is not supported yet",
+            json!({"CredentialSpec": {"File": "spec.json"}}),
+            "ContainerSpec.Privileges.CredentialSpec is not supported yet: credential specs are for Windows",
         ),
+        (
+            "/TaskTemplate/ContainerSpec/Privileges",
+            json!({"Seccomp": {"Mode": "custom"}}),
+            "custom seccomp mode requires a profile",
+        ),
+        ("/TaskTemplate/ContainerSpec/Privileges", json!({"Seccomp": {"Mode": "strict"}}), "Privileges.Seccomp.Mode"),
         ("/TaskTemplate/ContainerSpec/Isolation", json!("hyperv"), "ContainerSpec.Isolation is not supported yet"),
-        ("/TaskTemplate/ContainerSpec/OomScoreAdj", json!(-500), "ContainerSpec.OomScoreAdj is not supported yet"),
         (
             "/TaskTemplate/ContainerSpec/Mounts",
             json!([{"Type": "bind", "Source": "/a", "Target": "/v", "VolumeOptions": {"NoCopy": true}}]),
@@ -816,13 +830,23 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
         ),
         (
             "/TaskTemplate/ContainerSpec/Mounts",
-            json!([{"Type": "bind", "Source": "/a", "Target": "/b", "BindOptions": {"Propagation": "rshared"}}]),
-            "ContainerSpec.Mounts[0].BindOptions is not supported yet",
+            json!([{"Type": "volume", "Source": "a", "Target": "/b", "BindOptions": {"Propagation": "rshared"}}]),
+            "BindOptions must not be specified on mount type \"volume\"",
         ),
         (
             "/TaskTemplate/ContainerSpec/Mounts",
-            json!([{"Type": "tmpfs", "Target": "/t", "TmpfsOptions": {"SizeBytes": 1024}}]),
-            "ContainerSpec.Mounts[0].TmpfsOptions is not supported yet",
+            json!([{"Type": "bind", "Source": "/a", "Target": "/b", "BindOptions": {"Propagation": "sideways"}}]),
+            "BindOptions.Propagation",
+        ),
+        (
+            "/TaskTemplate/ContainerSpec/Mounts",
+            json!([{"Type": "bind", "Source": "/a", "Target": "/t", "TmpfsOptions": {"SizeBytes": 1024}}]),
+            "TmpfsOptions must not be specified on mount type \"bind\"",
+        ),
+        (
+            "/TaskTemplate/ContainerSpec/Mounts",
+            json!([{"Type": "tmpfs", "Target": "/t", "TmpfsOptions": {"Options": [["a", "b", "c"]]}}]),
+            "TmpfsOptions.Options: invalid option",
         ),
         (
             "/TaskTemplate/ContainerSpec/Mounts",
@@ -840,7 +864,6 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
             "TaskTemplate.Resources.Reservations.Pids is not supported yet",
         ),
         ("/TaskTemplate/PluginSpec", json!({"Name": "p"}), "TaskTemplate.PluginSpec is not supported yet"),
-        ("/TaskTemplate/LogDriver", json!({"Name": "syslog"}), "TaskTemplate.LogDriver is not supported yet"),
     ];
     for (n, (pointer, value, fragment)) in cases.into_iter().enumerate() {
         let r = api.call(Method::POST, "/services/create", Some(spec_with(&format!("r{n}"), pointer, value))).await;
@@ -872,9 +895,9 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
     let g = api.call(Method::GET, "/services/z0", None).await;
     let version = g.body["Version"]["Index"].as_u64().unwrap();
     let mut upd = g.body["Spec"].clone();
-    upd["TaskTemplate"]["ContainerSpec"]["OomScoreAdj"] = json!(100);
+    upd["TaskTemplate"]["ContainerSpec"]["Isolation"] = json!("process");
     let r = api.call(Method::POST, &format!("/services/z0/update?version={version}"), Some(upd)).await;
-    assert_error(&r, StatusCode::BAD_REQUEST, "ContainerSpec.OomScoreAdj is not supported yet");
+    assert_error(&r, StatusCode::BAD_REQUEST, "ContainerSpec.Isolation is not supported yet");
     let after = api.call(Method::GET, "/services/z0", None).await;
     assert_eq!(after.body["Version"], g.body["Version"], "{}", after.text);
 }
@@ -919,16 +942,86 @@ async fn swarm_update_reads_its_flags_as_the_engine_and_refuses_what_it_cannot_h
         let r = api.call(Method::POST, &format!("/swarm/update?version={version}"), Some(doc)).await;
         assert_error(&r, StatusCode::BAD_REQUEST, fragment);
     }
-    let mut with_driver = spec.clone();
-    with_driver["TaskDefaults"] = json!({"LogDriver": {"Name": "syslog"}});
-    let r = api.call(Method::POST, &format!("/swarm/update?version={version}"), Some(with_driver)).await;
-    assert_error(&r, StatusCode::BAD_REQUEST, "TaskDefaults.LogDriver is not supported yet");
     // Nothing changed; the spec as inspected goes back through.
     let again = api.call(Method::GET, "/swarm", None).await;
     assert_eq!(again.body["Version"], swarm.body["Version"], "{}", again.text);
     let r =
         api.call(Method::POST, &format!("/swarm/update?version={version}&rotateWorkerToken=False"), Some(spec)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // A default log driver for the cluster's tasks is stored and shown back.
+    let swarm = api.call(Method::GET, "/swarm", None).await;
+    let version = swarm.body["Version"]["Index"].as_u64().unwrap();
+    let mut with_driver = swarm.body["Spec"].clone();
+    with_driver["TaskDefaults"] = json!({"LogDriver": {"Name": "json-file", "Options": {"max-size": "1m"}}});
+    let r = api.call(Method::POST, &format!("/swarm/update?version={version}"), Some(with_driver)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let after = api.call(Method::GET, "/swarm", None).await;
+    assert_eq!(
+        after.body["Spec"]["TaskDefaults"],
+        json!({"LogDriver": {"Name": "json-file", "Options": {"max-size": "1m"}}}),
+        "{}",
+        after.text
+    );
+}
+
+#[tokio::test]
+async fn security_and_resource_settings_and_mount_options_are_stored_and_shown_back_as_docker_does() {
+    let api = Api::new();
+    let profile = r#"{"defaultAction":"SCMP_ACT_ALLOW"}"#;
+    let profile_b64 = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(profile)
+    };
+    let container = json!({
+        "Image": "busybox",
+        "CapabilityAdd": ["NET_ADMIN"],
+        "CapabilityDrop": ["CHOWN"],
+        "Sysctls": {"net.core.somaxconn": "1024"},
+        "Ulimits": [{"Name": "nofile", "Soft": 1000, "Hard": 2000}],
+        "OomScoreAdj": 300,
+        "Init": true,
+        "Privileges": {
+            "CredentialSpec": null,
+            "SELinuxContext": {"Disable": false, "User": "u", "Role": "r", "Type": "t", "Level": "s0"},
+            "Seccomp": {"Mode": "custom", "Profile": profile_b64},
+            "AppArmor": {"Mode": "disabled"},
+            "NoNewPrivileges": true,
+        },
+        "Mounts": [
+            {"Type": "bind", "Source": "/a", "Target": "/b",
+             "BindOptions": {"Propagation": "rslave", "NonRecursive": true, "CreateMountpoint": true}},
+            {"Type": "tmpfs", "Target": "/t",
+             "TmpfsOptions": {"SizeBytes": 1 << 20, "Mode": 0o1777, "Options": [["noexec"], ["nr_inodes", "1k"]]}},
+        ],
+    });
+    let spec = json!({
+        "Name": "secure",
+        "TaskTemplate": {"ContainerSpec": container, "LogDriver": {"Name": "local", "Options": {"max-size": "5m"}}},
+    });
+    let r = api.call(Method::POST, "/services/create", Some(spec)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let got = api.call(Method::GET, "/services/secure", None).await;
+    let t = &got.body["Spec"]["TaskTemplate"];
+    let c = &t["ContainerSpec"];
+    for key in ["CapabilityAdd", "CapabilityDrop", "Sysctls", "Ulimits", "OomScoreAdj", "Init", "Privileges", "Mounts"]
+    {
+        assert_eq!(c[key], container[key], "{key}: {}", got.text);
+    }
+    assert_eq!(t["LogDriver"], json!({"Name": "local", "Options": {"max-size": "5m"}}), "{}", got.text);
+    // And in the store, in SwarmKit's form.
+    let stored = api.state.store.view(|v| v.services().iter().next().cloned()).unwrap();
+    let Some(shoal_api::task_spec::Runtime::Container(cs)) =
+        stored.spec.as_ref().and_then(|s| s.task.as_ref()).and_then(|t| t.runtime.as_ref())
+    else {
+        panic!("no container spec")
+    };
+    let p = cs.privileges.as_ref().unwrap();
+    assert_eq!(p.seccomp.as_ref().unwrap().profile, profile.as_bytes());
+    assert_eq!(cs.mounts[1].tmpfs_options.as_ref().unwrap().options, "noexec,nr_inodes=1k");
+    assert_eq!(
+        cs.mounts[0].bind_options.as_ref().unwrap().propagation(),
+        shoal_api::mount::bind_options::Propagation::Rslave
+    );
 }
 
 #[tokio::test]

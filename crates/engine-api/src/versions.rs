@@ -29,7 +29,7 @@ pub fn adjust_service_spec(v: ApiVersion, spec: &mut ServiceSpecJson, write: Spe
             p.max_replicas = 0;
         }
         if let Some(c) = t.container_spec.as_mut() {
-            c.sysctls = serde_json::Value::Null;
+            c.sysctls.clear();
             // So did the Runtime target of a config reference.
             for r in &mut c.configs {
                 r.runtime = serde_json::Value::Null;
@@ -40,9 +40,9 @@ pub fn adjust_service_spec(v: ApiVersion, spec: &mut ServiceSpecJson, write: Spe
         // Capabilities, Ulimits, Limits.Pids and the job modes came with 1.41. A job-mode spec of an older
         // client is left with no mode, which the engine then reads as one replica.
         if let Some(c) = t.container_spec.as_mut() {
-            c.capability_add = serde_json::Value::Null;
-            c.capability_drop = serde_json::Value::Null;
-            c.ulimits = serde_json::Value::Null;
+            c.capability_add.clear();
+            c.capability_drop.clear();
+            c.ulimits.clear();
         }
         if let Some(l) = t.resources.as_mut().and_then(|r| r.limits.as_mut()) {
             l.pids = 0;
@@ -58,11 +58,10 @@ pub fn adjust_service_spec(v: ApiVersion, spec: &mut ServiceSpecJson, write: Spe
     }
     if v.less_than(1, 44) {
         // Seccomp, AppArmor and NoNewPrivileges (in Privileges) came with 1.44.
-        if let Some(p) = t.container_spec.as_mut().and_then(|c| c.privileges.as_object_mut()) {
-            p.retain(|k, _| {
-                let k = k.to_ascii_lowercase();
-                k != "seccomp" && k != "apparmor" && k != "nonewprivileges"
-            });
+        if let Some(p) = t.container_spec.as_mut().and_then(|c| c.privileges.as_mut()) {
+            p.seccomp = None;
+            p.apparmor = None;
+            p.no_new_privileges = false;
         }
     }
 }

@@ -14,6 +14,9 @@ pub use shoal_testkit::{docker_cli, process, wait_until, DaemonProcess};
 #[path = "common/netcluster.rs"]
 pub mod netcluster;
 
+#[path = "common/container_checks.rs"]
+pub mod container_checks;
+
 /// The binary under test.
 pub fn shoal_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_shoal"))

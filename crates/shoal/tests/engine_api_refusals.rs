@@ -1,7 +1,8 @@
 //! The docker CLI against a `shoal daemon`, for the service flags Shoal cannot honour yet: each is refused
 //! with the daemon's 400 naming the field (`Error response from daemon: X is not supported yet: ...`) and
-//! nothing is created; what Shoal does honour with the same flags' neighbours (a plain bind or tmpfs mount, a
-//! volume with a driver, options and labels, `--replicas-max-per-node`) goes through. An older client
+//! nothing is created; what Shoal does honour with the same flags' neighbours (bind and tmpfs mounts with
+//! their options, a volume with a driver, options and labels, capabilities, ulimits, sysctls, a log driver,
+//! `--replicas-max-per-node`) goes through. An older client
 //! (`DOCKER_API_VERSION=1.40`) gets the engine's differences by version: MaxReplicas is kept from 1.40 on.
 
 mod common;
@@ -22,13 +23,8 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
         docker_cli::run(d.socket(), &args)
     };
     for (flags, field) in [
-        (&["--cap-add", "NET_ADMIN"][..], "TaskTemplate.ContainerSpec.CapabilityAdd"),
-        (&["--cap-drop", "CHOWN"][..], "TaskTemplate.ContainerSpec.CapabilityDrop"),
-        (&["--ulimit", "nofile=10:20"][..], "TaskTemplate.ContainerSpec.Ulimits"),
-        (&["--sysctl", "net.core.somaxconn=1024"][..], "TaskTemplate.ContainerSpec.Sysctls"),
-        (&["--log-driver", "syslog"][..], "TaskTemplate.LogDriver"),
-        (&["--mount", "type=tmpfs,target=/t,tmpfs-size=1m"][..], "Mounts[0].TmpfsOptions"),
-        (&["--mount", "type=bind,source=/tmp,target=/t,bind-propagation=rshared"][..], "Mounts[0].BindOptions"),
+        (&["--isolation", "hyperv"][..], "TaskTemplate.ContainerSpec.Isolation"),
+        (&["--credential-spec", "file://spec.json"][..], "TaskTemplate.ContainerSpec.Privileges.CredentialSpec"),
     ] {
         let out = create("refused", flags);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -47,6 +43,20 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
             "type=tmpfs,target=/t",
             "--mount",
             "type=bind,source=/tmp,target=/h,readonly",
+            "--mount",
+            "type=tmpfs,target=/s,tmpfs-size=1m",
+            "--mount",
+            "type=bind,source=/tmp,target=/p,bind-propagation=rshared",
+            "--cap-add",
+            "NET_ADMIN",
+            "--cap-drop",
+            "CHOWN",
+            "--ulimit",
+            "nofile=10:20",
+            "--sysctl",
+            "net.core.somaxconn=1024",
+            "--log-driver",
+            "syslog",
             "--replicas-max-per-node",
             "2",
         ],
@@ -55,7 +65,9 @@ fn the_docker_cli_gets_a_400_naming_each_field_shoal_cannot_honour() {
     let mounts =
         docker(&d, &["service", "inspect", "mounts", "--format", "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}"]);
     let mounts: serde_json::Value = serde_json::from_str(mounts.trim()).unwrap();
-    assert_eq!(mounts.as_array().map(Vec::len), Some(3), "{mounts}");
+    assert_eq!(mounts.as_array().map(Vec::len), Some(5), "{mounts}");
+    assert_eq!(mounts[3]["TmpfsOptions"]["SizeBytes"], 1 << 20, "{mounts}");
+    assert_eq!(mounts[4]["BindOptions"]["Propagation"], "rshared", "{mounts}");
 
     // MaxReplicas from an API 1.40 client is kept (1.40 introduced it; the engine drops it below).
     let mut old = docker_cli::command(

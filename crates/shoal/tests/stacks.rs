@@ -262,16 +262,16 @@ fn a_compose_key_shoal_cannot_honour_fails_the_deploy_naming_it() {
     let d = daemon();
     let dir = stack_dir();
     let compose = dir.path().join("compose.yml");
-    // `b` sets `cap_add`, which Shoal's executors do not apply.
+    // `b` sets a credential spec, which only Windows containers have.
     std::fs::write(
         &compose,
-        "version: \"3.8\"\nservices:\n  a:\n    image: busybox\n    command: sleep 1000\n  b:\n    image: busybox\n    command: sleep 1000\n    cap_add: [NET_ADMIN]\n",
+        "version: \"3.8\"\nservices:\n  a:\n    image: busybox\n    command: sleep 1000\n  b:\n    image: busybox\n    command: sleep 1000\n    credential_spec:\n      file: spec.json\n",
     )
     .unwrap();
     let out = docker_cli::run(d.socket(), &["stack", "deploy", "-c", compose.to_str().unwrap(), "app"]);
     let text = out_text(&out);
     assert!(!out.status.success(), "deploy succeeded: {text}");
-    assert!(text.contains("CapabilityAdd is not supported yet"), "{text}");
+    assert!(text.contains("Privileges.CredentialSpec is not supported yet"), "{text}");
     // `b` was never made; what the CLI made before the refusal stays, as against an engine that refuses (the
     // CLI walks the file's services in map order, so `a` may come before or after `b`).
     let names = lines(&d, &["service", "ls", "--format", "{{.Name}}"]);

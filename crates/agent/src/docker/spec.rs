@@ -7,9 +7,12 @@
 use std::collections::HashMap;
 
 use bollard::models::{
-    ContainerCreateBody, HealthConfig, HostConfig, Mount, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig,
+    ContainerCreateBody, HealthConfig, HostConfig, HostConfigLogConfig, Mount, MountBindOptions,
+    MountBindOptionsPropagationEnum, MountTmpfsOptions, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig,
+    ResourcesUlimits,
 };
-use shoal_api::{mount, task_spec, ContainerSpec, Task};
+use shoal_api::privileges::{app_armor_opts::AppArmorMode, seccomp_opts::SeccompMode};
+use shoal_api::{mount, task_spec, ContainerSpec, Privileges, Task};
 
 use crate::exec::stop_grace_period;
 
@@ -104,30 +107,138 @@ fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
         }),
         subpath: opt(&v.subpath),
     });
+    // As SwarmKit's executor: the propagation always said, the flags when set.
+    let bind_options = m.bind_options.as_ref().filter(|_| typ == MountType::BIND).map(|b| {
+        use mount::bind_options::Propagation;
+        MountBindOptions {
+            propagation: Some(match b.propagation() {
+                Propagation::Rprivate => MountBindOptionsPropagationEnum::RPRIVATE,
+                Propagation::Private => MountBindOptionsPropagationEnum::PRIVATE,
+                Propagation::Rshared => MountBindOptionsPropagationEnum::RSHARED,
+                Propagation::Shared => MountBindOptionsPropagationEnum::SHARED,
+                Propagation::Rslave => MountBindOptionsPropagationEnum::RSLAVE,
+                Propagation::Slave => MountBindOptionsPropagationEnum::SLAVE,
+            }),
+            non_recursive: b.nonrecursive.then_some(true),
+            create_mountpoint: b.createmountpoint.then_some(true),
+            read_only_non_recursive: b.readonlynonrecursive.then_some(true),
+            read_only_force_recursive: b.readonlyforcerecursive.then_some(true),
+        }
+    });
+    let tmpfs_options = m.tmpfs_options.as_ref().filter(|_| typ == MountType::TMPFS).map(|t| MountTmpfsOptions {
+        size_bytes: (t.size_bytes != 0).then_some(t.size_bytes),
+        mode: (t.mode != 0).then_some(i64::from(t.mode)),
+        options: (!t.options.is_empty()).then(|| {
+            t.options
+                .split(',')
+                .filter(|o| !o.is_empty())
+                .map(|o| match o.split_once('=') {
+                    Some((k, v)) => vec![k.to_string(), v.to_string()],
+                    None => vec![o.to_string()],
+                })
+                .collect()
+        }),
+    });
     Ok(Mount {
         target: Some(m.target.clone()),
         source: opt(&m.source),
         typ: Some(typ),
         read_only: m.readonly.then_some(true),
         volume_options,
+        bind_options,
+        tmpfs_options,
         ..Default::default()
     })
 }
 
+/// The engine's `SecurityOpt` entries for the spec's privileges, as SwarmKit's executor writes them (a default
+/// seccomp or AppArmor profile is the engine's own: nothing to say).
+pub fn security_opts(p: &Privileges) -> Vec<String> {
+    let mut opts = Vec::new();
+    if let Some(c) = &p.selinux_context {
+        if c.disable {
+            opts.push("label=disable".to_string());
+        }
+        for (key, value) in [("user", &c.user), ("role", &c.role), ("type", &c.r#type), ("level", &c.level)] {
+            if !value.is_empty() {
+                opts.push(format!("label={key}:{value}"));
+            }
+        }
+    }
+    if let Some(s) = &p.seccomp {
+        match s.mode() {
+            SeccompMode::Default => {}
+            SeccompMode::Unconfined => opts.push("seccomp=unconfined".to_string()),
+            // The profile's JSON itself, as the docker CLI sends a file's content.
+            SeccompMode::Custom => opts.push(format!("seccomp={}", String::from_utf8_lossy(&s.profile))),
+        }
+    }
+    if p.apparmor.as_ref().is_some_and(|a| a.mode() == AppArmorMode::Disabled) {
+        opts.push("apparmor=unconfined".to_string());
+    }
+    if p.no_new_privileges {
+        opts.push("no-new-privileges=true".to_string());
+    }
+    opts
+}
+
+/// The container's log configuration: the task's log driver (the service's, else the cluster's default, as
+/// the orchestrator set it); none, or one without a name: the engine's default driver.
+pub fn log_config(task: &Task) -> Option<HostConfigLogConfig> {
+    let d = task.log_driver.as_deref().filter(|d| !d.name.is_empty())?;
+    Some(HostConfigLogConfig { typ: Some(d.name.clone()), config: (!d.options.is_empty()).then(|| d.options.clone()) })
+}
+
 /// The API version of the engine that first applies `Mount.VolumeOptions.Subpath`.
 pub const SUBPATH_API: (usize, usize) = (1, 45);
+/// ... `Mount.BindOptions.CreateMountpoint`.
+pub const CREATE_MOUNTPOINT_API: (usize, usize) = (1, 42);
+/// ... `Mount.BindOptions.ReadOnlyForceRecursive` (and recursively read-only binds at all: before it, every
+/// read-only bind was read-only at its top only).
+pub const READ_ONLY_FORCE_RECURSIVE_API: (usize, usize) = (1, 44);
+/// ... `Mount.TmpfsOptions.Options`.
+pub const TMPFS_OPTIONS_API: (usize, usize) = (1, 46);
 
 /// Refuses what the node's engine, speaking API `engine_api` (major, minor), is too old to apply, naming the
 /// field and the versions: the engine would ignore it rather than refuse it.
 pub fn refuse_newer_than_engine(task: &Task, engine_api: (usize, usize)) -> Result<(), String> {
     let spec = container_spec(task);
     for (i, m) in spec.mounts.iter().enumerate() {
-        if m.volume_options.as_ref().is_some_and(|v| !v.subpath.is_empty()) && engine_api < SUBPATH_API {
-            return Err(format!(
-                "Mounts[{i}].VolumeOptions.Subpath needs Docker Engine API {}.{} or later; this node's engine speaks \
-                 API {}.{}: mount the volume at its root, or run the task on a node with a newer engine",
-                SUBPATH_API.0, SUBPATH_API.1, engine_api.0, engine_api.1
-            ));
+        let bind = m.bind_options.as_ref();
+        let checks = [
+            (
+                "VolumeOptions.Subpath",
+                m.volume_options.as_ref().is_some_and(|v| !v.subpath.is_empty()),
+                SUBPATH_API,
+                "mount the volume at its root",
+            ),
+            (
+                "BindOptions.CreateMountpoint",
+                bind.is_some_and(|b| b.createmountpoint),
+                CREATE_MOUNTPOINT_API,
+                "create the source directory on the node first",
+            ),
+            (
+                "BindOptions.ReadOnlyForceRecursive",
+                bind.is_some_and(|b| b.readonlyforcerecursive),
+                READ_ONLY_FORCE_RECURSIVE_API,
+                "leave it out (this engine makes only the top of a read-only bind read-only)",
+            ),
+            (
+                "TmpfsOptions.Options",
+                m.tmpfs_options.as_ref().is_some_and(|t| !t.options.is_empty()),
+                TMPFS_OPTIONS_API,
+                "leave the options out (size and mode are applied on any engine)",
+            ),
+        ];
+        for (field, set, needs, instead) in checks {
+            if set && engine_api < needs {
+                return Err(format!(
+                    "Mounts[{i}].{field} needs Docker Engine API {}.{} or later; this node's engine speaks API {}.{}: \
+                     {instead}, or run the task on a node with a newer engine",
+                    needs.0, needs.1, engine_api.0, engine_api.1
+                ));
+            }
         }
     }
     Ok(())
@@ -223,6 +334,18 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
         dns: non_empty(&dns.nameservers),
         dns_search,
         dns_options,
+        cap_add: non_empty(&spec.capability_add),
+        cap_drop: non_empty(&spec.capability_drop),
+        sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone()),
+        ulimits: (!spec.ulimits.is_empty()).then(|| {
+            spec.ulimits
+                .iter()
+                .map(|u| ResourcesUlimits { name: Some(u.name.clone()), soft: Some(u.soft), hard: Some(u.hard) })
+                .collect()
+        }),
+        oom_score_adj: (spec.oom_score_adj != 0).then_some(spec.oom_score_adj),
+        security_opt: spec.privileges.as_ref().map(security_opts).filter(|o| !o.is_empty()),
+        log_config: log_config(task),
         ..Default::default()
     };
     Ok(ContainerCreateBody {
@@ -514,5 +637,133 @@ mod tests {
             "{e}"
         );
         assert!(refuse_newer_than_engine(&volume("sub"), (1, 45)).is_ok());
+    }
+
+    #[test]
+    fn security_resource_and_log_settings_reach_the_host_config() {
+        use shoal_api::privileges::{self, AppArmorOpts, SeLinuxContext, SeccompOpts};
+        let seccomp = |mode: SeccompMode, profile: &str| {
+            let mut s = SeccompOpts { profile: profile.as_bytes().to_vec(), ..Default::default() };
+            s.set_mode(mode);
+            s
+        };
+        let mut apparmor = AppArmorOpts::default();
+        apparmor.set_mode(AppArmorMode::Disabled);
+        let mut t = task(ContainerSpec {
+            image: "i".into(),
+            capability_add: vec!["NET_ADMIN".into()],
+            capability_drop: vec!["CHOWN".into()],
+            sysctls: [("net.core.somaxconn".to_string(), "1024".to_string())].into(),
+            ulimits: vec![shoal_api::container_spec::Ulimit { name: "nofile".into(), soft: 100, hard: 200 }],
+            oom_score_adj: 250,
+            privileges: Some(Privileges {
+                selinux_context: Some(SeLinuxContext { user: "u".into(), level: "s0".into(), ..Default::default() }),
+                seccomp: Some(seccomp(SeccompMode::Custom, "{}")),
+                apparmor: Some(apparmor),
+                no_new_privileges: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        t.log_driver = Some(Box::new(shoal_api::Driver {
+            name: "json-file".into(),
+            options: [("max-size".to_string(), "1m".to_string())].into(),
+        }));
+        let h = create_body(&t, "n", None).unwrap().host_config.unwrap();
+        assert_eq!(
+            (h.cap_add.unwrap(), h.cap_drop.unwrap()),
+            (vec!["NET_ADMIN".to_string()], vec!["CHOWN".to_string()])
+        );
+        assert_eq!(h.sysctls.unwrap()["net.core.somaxconn"], "1024");
+        let u = &h.ulimits.unwrap()[0];
+        assert_eq!((u.name.as_deref(), u.soft, u.hard), (Some("nofile"), Some(100), Some(200)));
+        assert_eq!(h.oom_score_adj, Some(250));
+        assert_eq!(
+            h.security_opt.unwrap(),
+            ["label=user:u", "label=level:s0", "seccomp={}", "apparmor=unconfined", "no-new-privileges=true"]
+        );
+        let l = h.log_config.unwrap();
+        assert_eq!((l.typ.as_deref(), l.config.unwrap()["max-size"].as_str()), (Some("json-file"), "1m"));
+        // Defaults say nothing: the engine's own profiles and log driver.
+        let p = Privileges { seccomp: Some(seccomp(SeccompMode::Default, "")), ..Default::default() };
+        assert!(security_opts(&p).is_empty());
+        let p = Privileges { seccomp: Some(seccomp(SeccompMode::Unconfined, "")), ..Default::default() };
+        assert_eq!(security_opts(&p), ["seccomp=unconfined"]);
+        let p = Privileges {
+            selinux_context: Some(privileges::SeLinuxContext { disable: true, ..Default::default() }),
+            ..Default::default()
+        };
+        assert_eq!(security_opts(&p), ["label=disable"]);
+        t.log_driver = Some(Box::default());
+        assert_eq!(create_body(&t, "n", None).unwrap().host_config.unwrap().log_config, None);
+    }
+
+    #[test]
+    fn bind_and_tmpfs_options_reach_the_engine_and_what_it_is_too_old_for_is_refused() {
+        use mount::bind_options::Propagation;
+        let mounts = |bind: mount::BindOptions, tmpfs: mount::TmpfsOptions| {
+            task(ContainerSpec {
+                image: "i".into(),
+                mounts: vec![
+                    shoal_api::Mount {
+                        r#type: mount::Type::Bind as i32,
+                        source: "/src".into(),
+                        target: "/b".into(),
+                        bind_options: Some(bind),
+                        ..Default::default()
+                    },
+                    shoal_api::Mount {
+                        r#type: mount::Type::Tmpfs as i32,
+                        target: "/t".into(),
+                        tmpfs_options: Some(tmpfs),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            })
+        };
+        let mut bind = mount::BindOptions { nonrecursive: true, ..Default::default() };
+        bind.set_propagation(Propagation::Rshared);
+        let tmpfs = mount::TmpfsOptions { size_bytes: 1 << 20, mode: 0o700, options: String::new() };
+        let t = mounts(bind, tmpfs.clone());
+        let m = create_body(&t, "n", None).unwrap().host_config.unwrap().mounts.unwrap();
+        let b = m[0].bind_options.as_ref().unwrap();
+        assert_eq!(
+            (b.propagation, b.non_recursive, b.create_mountpoint),
+            (Some(MountBindOptionsPropagationEnum::RSHARED), Some(true), None)
+        );
+        let tm = m[1].tmpfs_options.as_ref().unwrap();
+        assert_eq!((tm.size_bytes, tm.mode, &tm.options), (Some(1 << 20), Some(0o700), &None));
+        assert!(refuse_newer_than_engine(&t, (1, 41)).is_ok());
+        for (bind, tmpfs, field, needs) in [
+            (
+                mount::BindOptions { createmountpoint: true, ..Default::default() },
+                tmpfs.clone(),
+                "Mounts[0].BindOptions.CreateMountpoint",
+                "1.42",
+            ),
+            (
+                mount::BindOptions { readonlyforcerecursive: true, ..Default::default() },
+                tmpfs.clone(),
+                "Mounts[0].BindOptions.ReadOnlyForceRecursive",
+                "1.44",
+            ),
+            (
+                bind,
+                mount::TmpfsOptions { options: "noexec,nr_inodes=1k".into(), ..Default::default() },
+                "Mounts[1].TmpfsOptions.Options",
+                "1.46",
+            ),
+        ] {
+            let t = mounts(bind, tmpfs);
+            let e = refuse_newer_than_engine(&t, (1, 41)).unwrap_err();
+            assert!(e.contains(&format!("{field} needs Docker Engine API {needs}")) && e.contains("API 1.41"), "{e}");
+            assert!(refuse_newer_than_engine(&t, (1, 47)).is_ok());
+            let m = create_body(&t, "n", None).unwrap().host_config.unwrap().mounts.unwrap();
+            if field.contains("Options.Options") {
+                let o = m[1].tmpfs_options.as_ref().unwrap().options.clone().unwrap();
+                assert_eq!(o, [vec!["noexec".to_string()], vec!["nr_inodes".to_string(), "1k".to_string()]]);
+            }
+        }
     }
 }

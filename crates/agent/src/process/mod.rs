@@ -27,6 +27,7 @@
 //! (`ports_a_process_cannot_honour`).
 
 pub mod logs;
+pub mod privileges;
 mod spawner;
 
 use std::collections::HashMap;
@@ -143,7 +144,7 @@ fn container_spec(task: &Task) -> Option<&ContainerSpec> {
 /// names them. A task that sets any is rejected with them named, never run without them.
 fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'static str> {
     let limits = task.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.limits.as_ref());
-    let checks: [(&'static str, bool); 15] = [
+    let checks: [(&'static str, bool); 17] = [
         ("ContainerSpec.User", !c.user.is_empty()),
         ("ContainerSpec.Groups", !c.groups.is_empty()),
         ("ContainerSpec.Hostname", !c.hostname.is_empty()),
@@ -159,6 +160,9 @@ fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'sta
         ("Resources.Limits.NanoCPUs", limits.is_some_and(|l| l.nano_cpus != 0)),
         ("Resources.Limits.MemoryBytes", limits.is_some_and(|l| l.memory_bytes != 0)),
         ("Resources.Limits.Pids", c.pids_limit != 0),
+        ("ContainerSpec.Sysctls", !c.sysctls.is_empty()),
+        // The task's own, or the cluster's default: a process's output is kept by the executor itself.
+        ("LogDriver", task.log_driver.as_ref().is_some_and(|d| !d.name.is_empty())),
     ];
     checks.into_iter().filter(|(_, set)| *set).map(|(name, _)| name).collect()
 }
@@ -237,6 +241,14 @@ impl Executor for ProcessExecutor {
                 unhonoured.join(", ")
             )));
         }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let apparmor = std::fs::read_to_string("/proc/self/attr/current").ok();
+        let limits = privileges::ProcessLimits::from_spec(&spec, &status, apparmor.as_deref()).map_err(|why| {
+            ExecutorError::InvalidSpec(format!(
+                "the process executor cannot honour {why}: run the service on a node with the docker executor, or \
+                 change the setting"
+            ))
+        })?;
         let argv: Vec<String> = spec.command.iter().chain(spec.args.iter()).cloned().collect();
         if argv.is_empty() {
             return Err(ExecutorError::InvalidSpec(format!(
@@ -285,6 +297,7 @@ impl Executor for ProcessExecutor {
             network: if task.networks.is_empty() { None } else { self.network.clone().ok() },
             netns: None,
             task: Arc::new(task.clone()),
+            limits,
             child: None,
             pid: 0,
             exit: None,
@@ -332,6 +345,8 @@ struct ProcessController {
     netns: Option<PathBuf>,
     /// The task as assigned (its attachments).
     task: Arc<Task>,
+    /// Its ulimits, OOM score, capabilities and no-new-privileges, applied before exec.
+    limits: privileges::ProcessLimits,
     child: Option<tokio::process::Child>,
     pid: i32,
     exit: Option<ExitStatus>,
@@ -427,6 +442,7 @@ impl Controller for ProcessController {
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());
+            self.limits.clone().apply(&mut cmd);
             if let (Some(plane), Some(netns)) = (&self.network, &self.netns) {
                 plane.wait_plumbed(&self.task_id).await.map_err(ExecutorError::Start)?;
                 let ns = std::fs::File::open(netns)

@@ -323,3 +323,53 @@ async fn a_process_publishes_a_host_port_only_as_itself_and_joins_no_network() {
     let err = exec.controller(&attached, Vec::new()).err().unwrap().to_string();
     assert!(err.contains("cannot attach a task to a network"), "{err}");
 }
+
+#[tokio::test]
+async fn a_process_gets_its_ulimits_oom_score_no_new_privileges_and_dropped_capabilities() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let euid = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().nth(1));
+    if euid != Some("0") {
+        eprintln!("skipped: needs root (raising limits and dropping capabilities)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let mut t = task(
+        "tlim",
+        &["sh", "-c"],
+        &["ulimit -n; ulimit -Hn; cat /proc/self/oom_score_adj; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status"],
+        None,
+    );
+    let mut spec = TaskSpec::clone(t.spec.as_ref().unwrap());
+    if let Some(task_spec::Runtime::Container(c)) = spec.runtime.as_mut() {
+        c.ulimits = vec![shoal_api::container_spec::Ulimit { name: "nofile".into(), soft: 321, hard: 654 }];
+        c.oom_score_adj = 432;
+        c.capability_add = vec!["NET_ADMIN".into()];
+        c.capability_drop = vec!["CAP_CHOWN".into(), "net_raw".into()];
+        c.privileges = Some(shoal_api::Privileges { no_new_privileges: true, ..Default::default() });
+    }
+    t.spec = Some(spec.into());
+    let mut c = started(&exec, &t).await;
+    let exit = tokio::time::timeout(Duration::from_secs(10), c.wait()).await.unwrap().unwrap();
+    assert_eq!(exit.code, 0);
+    let log = std::fs::read_to_string(exec.task_dir("tlim").join("stdout.log")).unwrap();
+    let text: Vec<&str> = log.lines().map(|l| l.split_once(' ').map_or(l, |(_, rest)| rest)).collect();
+    let text = text.join("\n");
+    assert!(text.contains("321\n654\n432\n"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    let eff = super::privileges::status_mask(&text, "CapEff").unwrap();
+    let bnd = super::privileges::status_mask(&text, "CapBnd").unwrap();
+    // CHOWN (0) and NET_RAW (13) gone from both, NET_ADMIN (12) kept.
+    assert_eq!((eff & 1, eff & (1 << 13), bnd & 1, bnd & (1 << 13)), (0, 0, 0, 0), "{text}");
+    assert_ne!(eff & (1 << 12), 0, "{text}");
+    c.remove().await.unwrap();
+
+    // What a process cannot have rejects the task, named.
+    let mut spec = TaskSpec::clone(t.spec.as_ref().unwrap());
+    if let Some(task_spec::Runtime::Container(c)) = spec.runtime.as_mut() {
+        c.sysctls = [("net.core.somaxconn".to_string(), "1".to_string())].into();
+    }
+    t.spec = Some(spec.into());
+    let err = exec.controller(&t, Vec::new()).err().expect("rejected").to_string();
+    assert!(err.contains("ContainerSpec.Sysctls"), "{err}");
+}

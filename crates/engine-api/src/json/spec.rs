@@ -15,6 +15,9 @@ use shoal_api::{
 };
 
 use super::common::*;
+use shoal_api::mount::bind_options::Propagation;
+use shoal_api::privileges::{self, app_armor_opts::AppArmorMode, seccomp_opts::SeccompMode};
+use shoal_api::Privileges;
 
 /// `ServiceSpec`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -222,28 +225,98 @@ pub struct ContainerSpecJson {
     /// Configs exposed to the task as files.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub configs: Vec<ConfigReferenceJson>,
-    /// Credential spec, SELinux, seccomp, AppArmor, no-new-privileges: read only to be refused
-    /// (`json::unsupported`), as are the fields below.
-    #[serde(skip_serializing)]
-    pub privileges: serde_json::Value,
-    /// Isolation technology ("default" is accepted: it is what Linux has).
+    /// SELinux labels, seccomp, AppArmor, no-new-privileges (a credential spec is refused:
+    /// `json::unsupported`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub privileges: Option<PrivilegesJson>,
+    /// Isolation technology: read only to be refused ("default" is accepted: it is what Linux has).
     #[serde(skip_serializing)]
     pub isolation: serde_json::Value,
     /// Namespaced kernel parameters.
-    #[serde(skip_serializing)]
-    pub sysctls: serde_json::Value,
+    #[serde(skip_serializing_if = "is_empty_map")]
+    pub sysctls: BTreeMap<String, String>,
     /// Capabilities added.
-    #[serde(skip_serializing)]
-    pub capability_add: serde_json::Value,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub capability_add: Vec<String>,
     /// Capabilities dropped.
-    #[serde(skip_serializing)]
-    pub capability_drop: serde_json::Value,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub capability_drop: Vec<String>,
     /// Resource limits (`ulimit`).
-    #[serde(skip_serializing)]
-    pub ulimits: serde_json::Value,
-    /// OOM killer score adjustment.
-    #[serde(skip_serializing)]
-    pub oom_score_adj: serde_json::Value,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ulimits: Vec<UlimitJson>,
+    /// OOM killer score adjustment (-1000..1000).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub oom_score_adj: i64,
+}
+
+/// `ContainerSpec.Ulimits[]` (Go's `units.Ulimit`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct UlimitJson {
+    /// The resource, as `ulimit` names it (`nofile`, `nproc`, `core`, ...).
+    pub name: String,
+    /// The hard limit.
+    pub hard: i64,
+    /// The soft limit.
+    pub soft: i64,
+}
+
+/// `ContainerSpec.Privileges`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct PrivilegesJson {
+    /// A Windows credential spec: read only to be refused (`json::unsupported`), Linux has none; shown
+    /// as `null`, as Docker shows an unset one.
+    pub credential_spec: serde_json::Value,
+    /// SELinux labels of the container.
+    #[serde(rename = "SELinuxContext")]
+    pub selinux_context: Option<SeLinuxContextJson>,
+    /// Seccomp profile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seccomp: Option<SeccompJson>,
+    /// AppArmor profile.
+    #[serde(rename = "AppArmor", skip_serializing_if = "Option::is_none")]
+    pub apparmor: Option<AppArmorJson>,
+    /// Set the no_new_privs bit.
+    pub no_new_privileges: bool,
+}
+
+/// `Privileges.SELinuxContext`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct SeLinuxContextJson {
+    /// Disable labelling.
+    pub disable: bool,
+    /// SELinux user label.
+    pub user: String,
+    /// SELinux role label.
+    pub role: String,
+    /// SELinux type label.
+    #[serde(rename = "Type")]
+    pub kind: String,
+    /// SELinux level label.
+    pub level: String,
+}
+
+/// `Privileges.Seccomp`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct SeccompJson {
+    /// "default", "unconfined" or "custom".
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mode: String,
+    /// The custom profile's JSON, base64-encoded (Go's `[]byte`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub profile: String,
+}
+
+/// `Privileges.AppArmor`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct AppArmorJson {
+    /// "default" or "disabled".
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mode: String,
 }
 
 /// `ContainerSpec.Secrets[]`: which secret (the docker CLI sends both the ID and the name) and where.
@@ -377,18 +450,55 @@ pub struct MountJson {
     /// Volume options (a volume mount only): the engine creates the named volume with them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub volume_options: Option<VolumeOptionsJson>,
-    /// Bind options: read only to be refused (`json::unsupported`), as are the fields below.
-    #[serde(skip_serializing)]
-    pub bind_options: serde_json::Value,
-    /// Tmpfs options.
-    #[serde(skip_serializing)]
-    pub tmpfs_options: serde_json::Value,
+    /// Bind options (a bind mount only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bind_options: Option<BindOptionsJson>,
+    /// Tmpfs options (a tmpfs mount only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tmpfs_options: Option<TmpfsOptionsJson>,
+    /// Cluster volume options: read only to be refused (`json::unsupported`), as is the field below.
     /// Cluster volume options.
     #[serde(skip_serializing)]
     pub cluster_options: serde_json::Value,
     /// Consistency ("default" is accepted).
     #[serde(skip_serializing)]
     pub consistency: serde_json::Value,
+}
+
+/// `Mount.BindOptions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct BindOptionsJson {
+    /// "rprivate" (the default), "private", "rshared", "shared", "rslave" or "slave".
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub propagation: String,
+    /// Do not bind the mounts below the source.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub non_recursive: bool,
+    /// Create the source on the node when it is missing (Engine API 1.42+).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub create_mountpoint: bool,
+    /// Make only the top mount read-only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub read_only_non_recursive: bool,
+    /// Fail unless every mount below is read-only too (Engine API 1.44+).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub read_only_force_recursive: bool,
+}
+
+/// `Mount.TmpfsOptions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct TmpfsOptionsJson {
+    /// Size in bytes (0: the engine's default, half the memory).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub size_bytes: i64,
+    /// Permission bits of its root (Go's `os.FileMode`, as a number).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub mode: u32,
+    /// Extra mount options: `[["noexec"], ["nr_inodes", "1k"]]` (Engine API 1.46+).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<Vec<String>>,
 }
 
 /// `Mount.VolumeOptions`.
@@ -942,6 +1052,18 @@ impl ContainerSpecJson {
             // Set by the task spec's conversion, from `Resources.Limits.Pids`.
             pids_limit: 0,
             init: self.init,
+            privileges: self.privileges.as_ref().map(PrivilegesJson::to_api).transpose()?,
+            // Anything but the default is refused (`json::unsupported`).
+            isolation: container_spec::Isolation::Default as i32,
+            sysctls: labels_from_json(&self.sysctls),
+            capability_add: self.capability_add.clone(),
+            capability_drop: self.capability_drop.clone(),
+            ulimits: self
+                .ulimits
+                .iter()
+                .map(|u| container_spec::Ulimit { name: u.name.clone(), soft: u.soft, hard: u.hard })
+                .collect(),
+            oom_score_adj: self.oom_score_adj,
         })
     }
 
@@ -979,9 +1101,137 @@ impl ContainerSpecJson {
             init: c.init,
             secrets: c.secrets.iter().map(SecretReferenceJson::from_api).collect(),
             configs: c.configs.iter().map(ConfigReferenceJson::from_api).collect(),
+            privileges: c.privileges.as_ref().map(PrivilegesJson::from_api),
+            sysctls: labels_to_json(&c.sysctls),
+            capability_add: c.capability_add.clone(),
+            capability_drop: c.capability_drop.clone(),
+            ulimits: c
+                .ulimits
+                .iter()
+                .map(|u| UlimitJson { name: u.name.clone(), hard: u.hard, soft: u.soft })
+                .collect(),
+            oom_score_adj: c.oom_score_adj,
             ..Default::default()
         }
     }
+}
+
+impl PrivilegesJson {
+    /// As the engine's `containerToGRPC`: the credential spec is left out (refused before: Linux has none).
+    fn to_api(&self) -> Result<Privileges, ConvertError> {
+        let mut p = Privileges {
+            credential_spec: None,
+            selinux_context: self.selinux_context.as_ref().map(|c| privileges::SeLinuxContext {
+                disable: c.disable,
+                user: c.user.clone(),
+                role: c.role.clone(),
+                r#type: c.kind.clone(),
+                level: c.level.clone(),
+            }),
+            seccomp: None,
+            apparmor: None,
+            no_new_privileges: self.no_new_privileges,
+        };
+        if let Some(sc) = &self.seccomp {
+            let mut o = privileges::SeccompOpts::default();
+            o.set_mode(enum_from_str("Privileges.Seccomp.Mode", &sc.mode, SECCOMP_MODE, SeccompMode::Default)?);
+            if !sc.profile.is_empty() {
+                use base64::Engine as _;
+                o.profile = base64::engine::general_purpose::STANDARD.decode(&sc.profile).map_err(|e| {
+                    ConvertError(format!(
+                        "Privileges.Seccomp.Profile: expected the profile's JSON in base64 (a []byte, as Go encodes \
+                         it): {e}"
+                    ))
+                })?;
+            }
+            // As the engine's: a profile only with mode custom, and custom only with one.
+            match (o.mode(), o.profile.is_empty()) {
+                (SeccompMode::Custom, true) => {
+                    return Err(ConvertError("invalid privileges: custom seccomp mode requires a profile".into()))
+                }
+                (SeccompMode::Default | SeccompMode::Unconfined, false) => {
+                    return Err(ConvertError(format!(
+                        "invalid privileges: seccomp mode {} takes no profile; use mode custom",
+                        enum_to_str(o.mode(), SECCOMP_MODE)
+                    )))
+                }
+                _ => {}
+            }
+            p.seccomp = Some(o);
+        }
+        if let Some(a) = &self.apparmor {
+            let mut o = privileges::AppArmorOpts::default();
+            o.set_mode(enum_from_str("Privileges.AppArmor.Mode", &a.mode, APPARMOR_MODE, AppArmorMode::Default)?);
+            p.apparmor = Some(o);
+        }
+        Ok(p)
+    }
+
+    fn from_api(p: &Privileges) -> PrivilegesJson {
+        use base64::Engine as _;
+        PrivilegesJson {
+            credential_spec: serde_json::Value::Null,
+            selinux_context: p.selinux_context.as_ref().map(|c| SeLinuxContextJson {
+                disable: c.disable,
+                user: c.user.clone(),
+                role: c.role.clone(),
+                kind: c.r#type.clone(),
+                level: c.level.clone(),
+            }),
+            seccomp: p.seccomp.as_ref().map(|o| SeccompJson {
+                mode: enum_to_str(o.mode(), SECCOMP_MODE).into(),
+                profile: if o.profile.is_empty() {
+                    String::new()
+                } else {
+                    base64::engine::general_purpose::STANDARD.encode(&o.profile)
+                },
+            }),
+            apparmor: p.apparmor.as_ref().map(|o| AppArmorJson { mode: enum_to_str(o.mode(), APPARMOR_MODE).into() }),
+            no_new_privileges: p.no_new_privileges,
+        }
+    }
+}
+
+const SECCOMP_MODE: &[(&str, SeccompMode)] =
+    &[("default", SeccompMode::Default), ("unconfined", SeccompMode::Unconfined), ("custom", SeccompMode::Custom)];
+const APPARMOR_MODE: &[(&str, AppArmorMode)] =
+    &[("default", AppArmorMode::Default), ("disabled", AppArmorMode::Disabled)];
+const PROPAGATION: &[(&str, Propagation)] = &[
+    ("rprivate", Propagation::Rprivate),
+    ("private", Propagation::Private),
+    ("rshared", Propagation::Rshared),
+    ("shared", Propagation::Shared),
+    ("rslave", Propagation::Rslave),
+    ("slave", Propagation::Slave),
+];
+
+/// Go's `[][]string` tmpfs options as SwarmKit's one string (`noexec,nr_inodes=1k`).
+fn tmpfs_options_to_api(i: &[Vec<String>]) -> Result<String, ConvertError> {
+    let mut parts = Vec::with_capacity(i.len());
+    for o in i {
+        match o.as_slice() {
+            [flag] if !flag.is_empty() && !flag.contains([',', '=']) => parts.push(flag.clone()),
+            [k, v] if !k.is_empty() && !k.contains([',', '=']) && !v.contains(',') => parts.push(format!("{k}={v}")),
+            _ => {
+                return Err(ConvertError(format!(
+                    "TmpfsOptions.Options: invalid option {o:?}: each is [\"flag\"] or [\"key\", \"value\"], \
+                     without commas"
+                )))
+            }
+        }
+    }
+    Ok(parts.join(","))
+}
+
+/// SwarmKit's tmpfs options string as Go's `[][]string`.
+fn tmpfs_options_from_api(s: &str) -> Vec<Vec<String>> {
+    s.split(',')
+        .filter(|o| !o.is_empty())
+        .map(|o| match o.split_once('=') {
+            Some((k, v)) => vec![k.to_string(), v.to_string()],
+            None => vec![o.to_string()],
+        })
+        .collect()
 }
 
 impl MountJson {
@@ -1012,6 +1262,47 @@ impl MountJson {
                 subpath: v.subpath.clone(),
             });
         }
+        // As the engine answers for a container's mount.
+        let kind_sent = m.r#type();
+        let only_on = |field: &str, kind: mount::Type| {
+            ConvertError(format!(
+                "{field} must not be specified on mount type {:?}: only a {} mount takes them",
+                enum_to_str(kind_sent, MOUNT_TYPE),
+                enum_to_str(kind, MOUNT_TYPE)
+            ))
+        };
+        if let Some(b) = &self.bind_options {
+            if kind_sent != mount::Type::Bind {
+                return Err(only_on("BindOptions", mount::Type::Bind));
+            }
+            let mut o = mount::BindOptions {
+                nonrecursive: b.non_recursive,
+                createmountpoint: b.create_mountpoint,
+                readonlynonrecursive: b.read_only_non_recursive,
+                readonlyforcerecursive: b.read_only_force_recursive,
+                ..Default::default()
+            };
+            o.set_propagation(enum_from_str(
+                "BindOptions.Propagation",
+                &b.propagation.to_ascii_lowercase(),
+                PROPAGATION,
+                Propagation::Rprivate,
+            )?);
+            m.bind_options = Some(o);
+        }
+        if let Some(t) = &self.tmpfs_options {
+            if kind_sent != mount::Type::Tmpfs {
+                return Err(only_on("TmpfsOptions", mount::Type::Tmpfs));
+            }
+            if t.size_bytes < 0 {
+                return Err(ConvertError(format!("invalid tmpfs size: {} bytes: it cannot be negative", t.size_bytes)));
+            }
+            m.tmpfs_options = Some(mount::TmpfsOptions {
+                size_bytes: t.size_bytes,
+                mode: t.mode,
+                options: tmpfs_options_to_api(&t.options)?,
+            });
+        }
         Ok(m)
     }
     fn from_api(m: &Mount) -> MountJson {
@@ -1028,6 +1319,18 @@ impl MountJson {
                     .as_ref()
                     .map(|d| DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }),
                 subpath: v.subpath.clone(),
+            }),
+            bind_options: m.bind_options.as_ref().map(|b| BindOptionsJson {
+                propagation: enum_to_str(b.propagation(), PROPAGATION).into(),
+                non_recursive: b.nonrecursive,
+                create_mountpoint: b.createmountpoint,
+                read_only_non_recursive: b.readonlynonrecursive,
+                read_only_force_recursive: b.readonlyforcerecursive,
+            }),
+            tmpfs_options: m.tmpfs_options.as_ref().map(|t| TmpfsOptionsJson {
+                size_bytes: t.size_bytes,
+                mode: t.mode,
+                options: tmpfs_options_from_api(&t.options),
             }),
             ..Default::default()
         }

@@ -43,11 +43,6 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
             is_set(&t.network_attachment_spec),
             "network attachment tasks are not run by Shoal; use a container spec",
         ),
-        (
-            "TaskTemplate.LogDriver".into(),
-            t.log_driver.as_ref().is_some_and(|d| !d.name.is_empty() || !d.options.is_empty()),
-            "Shoal's executors keep task output themselves and apply no log driver; leave it out",
-        ),
     ];
     let lists = [("Networks", &spec.networks), ("TaskTemplate.Networks", &t.networks)];
     for (list, nets) in lists {
@@ -55,7 +50,8 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
             checks.push((
                 format!("{list}[{i}].DriverOpts"),
                 !n.driver_opts.is_empty(),
-                "no network driver reads attachment options yet; leave them out",
+                "Shoal's overlay data plane is its own, not a libnetwork driver, and reads no per-attachment \
+                 driver options; leave them out",
             ));
         }
     }
@@ -65,7 +61,8 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
         checks.push((
             "TaskTemplate.Resources.Limits.GenericResources".into(),
             limits.is_some_and(|l| !l.generic_resources.is_empty()),
-            "generic resources are reserved, not limited; set them under Reservations",
+            "generic resources are reserved, not limited (the engine has no limit for them either); set them under \
+             Reservations",
         ));
         checks.push((
             "TaskTemplate.Resources.Reservations.Pids".into(),
@@ -75,16 +72,12 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
     }
     if let Some(c) = &t.container_spec {
         let not_applied = "Shoal's executors do not apply it yet; leave it out";
-        for (field, v, why) in [
-            ("Privileges", &c.privileges, not_applied),
-            ("Sysctls", &c.sysctls, not_applied),
-            ("CapabilityAdd", &c.capability_add, not_applied),
-            ("CapabilityDrop", &c.capability_drop, not_applied),
-            ("Ulimits", &c.ulimits, not_applied),
-            ("OomScoreAdj", &c.oom_score_adj, not_applied),
-        ] {
-            checks.push((format!("TaskTemplate.ContainerSpec.{field}"), is_set(v), why));
-        }
+        checks.push((
+            "TaskTemplate.ContainerSpec.Privileges.CredentialSpec".into(),
+            c.privileges.as_ref().is_some_and(|p| is_set(&p.credential_spec)),
+            "credential specs are for Windows containers (gMSA); a Linux engine refuses them too (Docker's Linux \
+             engine rejects the task with `invalid --security-opt 2: \"credentialspec=...\"`); leave it out",
+        ));
         for (i, r) in c.configs.iter().enumerate() {
             checks.push((
                 format!("TaskTemplate.ContainerSpec.Configs[{i}].Runtime"),
@@ -99,13 +92,11 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
             "Linux has only the default isolation; leave it out",
         ));
         for (i, m) in c.mounts.iter().enumerate() {
-            for (field, v) in [
-                ("BindOptions", &m.bind_options),
-                ("TmpfsOptions", &m.tmpfs_options),
-                ("ClusterOptions", &m.cluster_options),
-            ] {
-                checks.push((format!("TaskTemplate.ContainerSpec.Mounts[{i}].{field}"), is_set(v), not_applied));
-            }
+            checks.push((
+                format!("TaskTemplate.ContainerSpec.Mounts[{i}].ClusterOptions"),
+                is_set(&m.cluster_options),
+                "cluster (CSI) volumes need a CSI plugin, which Shoal's executors do not drive; use a volume mount",
+            ));
             checks.push((
                 format!("TaskTemplate.ContainerSpec.Mounts[{i}].Consistency"),
                 is_set_beyond_default(&m.consistency),

@@ -154,7 +154,15 @@ impl<'a> Pass<'a> {
     /// A new task for `key` of the current iteration.
     fn new_task(&self, key: u64, desired: TaskState) -> Entry {
         let (slot, node_id) = if self.global() { (0, self.nodes[key as usize].clone()) } else { (key, String::new()) };
-        let mut t = super::replicated::new_service_task(self.service, slot, node_id, self.now_ms, self.ids, desired);
+        let mut t = super::replicated::new_service_task(
+            self.tables,
+            self.service,
+            slot,
+            node_id,
+            self.now_ms,
+            self.ids,
+            desired,
+        );
         t.job_iteration = Some(Version { index: self.iteration });
         Entry { task: Arc::new(t), desired, changed: false, created: true }
     }

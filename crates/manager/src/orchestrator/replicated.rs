@@ -132,7 +132,9 @@ pub(crate) struct Work<'a> {
 
 /// A new task of `service`'s current spec in `slot` (on `node_id` for the global modes, else unplaced): PENDING,
 /// desired `desired`, stamped `now_ms`, named by `ids`. The orchestrators of every mode make their tasks here.
+/// Its log driver is the spec's, else the cluster's `TaskDefaults.LogDriver` (SwarmKit's `NewTask`).
 pub(crate) fn new_service_task(
+    tables: &Tables,
     service: &Service,
     slot: u64,
     node_id: String,
@@ -146,7 +148,11 @@ pub(crate) fn new_service_task(
     let mut t = Task {
         id: ids.new_id(),
         meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
-        log_driver: task_spec.as_ref().and_then(|s| s.log_driver.clone()).map(Box::new),
+        log_driver: task_spec
+            .as_ref()
+            .and_then(|s| s.log_driver.clone())
+            .or_else(|| default_log_driver(tables))
+            .map(Box::new),
         spec: task_spec.map(Into::into),
         service_id: service.id.clone(),
         slot,
@@ -176,6 +182,15 @@ pub(crate) fn new_service_task(
     t
 }
 
+/// The cluster's `TaskDefaults.LogDriver`, for tasks whose spec names none.
+fn default_log_driver(tables: &Tables) -> Option<shoal_api::Driver> {
+    tables
+        .clusters()
+        .iter()
+        .min_by(|a, b| a.id.cmp(&b.id))
+        .and_then(|c| c.spec.as_ref()?.task_defaults.as_ref()?.log_driver.clone())
+}
+
 /// The version tasks created now carry: the service's `spec_version`, or its object version when unset.
 pub fn service_spec_version(service: &Service) -> Version {
     service.spec_version.unwrap_or(Version { index: service.version() })
@@ -200,7 +215,7 @@ impl<'a> Work<'a> {
             None => (key, String::new()),
             Some(n) => (0, n.node_id(key).to_string()),
         };
-        let t = new_service_task(self.service, slot, node_id, self.now_ms, self.ids, desired);
+        let t = new_service_task(self.tables, self.service, slot, node_id, self.now_ms, self.ids, desired);
         Entry { task: Arc::new(t), desired, changed: false, created: true, key }
     }
 

@@ -63,6 +63,28 @@ fn scale_up_creates_one_pending_task_per_slot_and_is_idempotent() {
 }
 
 #[test]
+fn new_tasks_get_the_services_log_driver_else_the_clusters_default() {
+    let fx = Fx::new();
+    let driver = |name: &str| shoal_api::Driver { name: name.into(), ..Default::default() };
+    fx.create(Cluster {
+        id: "c1".into(),
+        spec: Some(ClusterSpec {
+            task_defaults: Some(shoal_api::TaskDefaults { log_driver: Some(driver("local")) }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    fx.create(service("plain", 1));
+    let mut own = service("own", 1);
+    own.spec.as_mut().unwrap().task.as_mut().unwrap().log_driver = Some(driver("json-file"));
+    fx.create(own);
+    fx.reconcile("plain");
+    fx.reconcile("own");
+    let name = |id: &str| fx.tasks(id)[0].log_driver.as_ref().map(|d| d.name.clone());
+    assert_eq!((name("plain"), name("own")), (Some("local".into()), Some("json-file".into())));
+}
+
+#[test]
 fn scale_down_removes_not_running_then_highest_slots() {
     let fx = Fx::new();
     fx.create(node("n1"));

@@ -153,15 +153,15 @@ wait("the jobs gone", lambda: [s.name for s in client.services.list() if s.name 
 
 # What Shoal cannot honour yet is refused with a 400 naming the field, and nothing is created (global mode,
 # which the SDK checks above, is accepted: its orchestrator is being built).
-from docker.types import EndpointSpec, Mount, SecretReference
+from docker.types import EndpointSpec, Mount, Privileges, SecretReference
 
 refused = [
     (dict(networks=["backend"]), "network backend not found"),
     (dict(endpoint_spec=EndpointSpec(mode="dnsrr", ports={8080: 80})), "can't be used with dnsrr mode"),
     # Secrets are supported; one that does not exist is refused, naming it.
     (dict(secrets=[SecretReference("abc", "pw")]), "secret not found: pw"),
-    (dict(cap_add=["CAP_NET_ADMIN"]), "ContainerSpec.CapabilityAdd is not supported yet"),
-    (dict(log_driver="syslog"), "TaskTemplate.LogDriver is not supported yet"),
+    # Linux has no credential specs (Windows gMSA).
+    (dict(privileges=Privileges(credentialspec_file="spec.json")), "Privileges.CredentialSpec is not supported yet"),
     # (A plain dict: the SDK's Mount refuses the combination itself.)
     (dict(mounts=[{"Type": "bind", "Source": "/tmp", "Target": "/v", "VolumeOptions": {"NoCopy": True}}]),
      'VolumeOptions must not be specified on mount type "bind"'),
@@ -181,6 +181,17 @@ bound = client.services.create("busybox", command=["sleep", "3141"], name="sdk-b
 bound.reload()
 assert bound.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"][0]["ReadOnly"] is True, bound.attrs["Spec"]
 bound.remove()
+# Capabilities, sysctls, an init, no-new-privileges and a log driver are honoured (the docker executor applies
+# them) and shown back as sent.
+tuned = client.services.create("busybox", command=["sleep", "3141"], name="sdk-tuned", cap_add=["CAP_NET_ADMIN"],
+                               cap_drop=["CAP_CHOWN"], sysctls={"net.core.somaxconn": "1024"}, init=True,
+                               log_driver="json-file", log_driver_options={"max-size": "1m"})
+tuned.reload()
+c = tuned.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]
+assert (c["CapabilityAdd"], c["CapabilityDrop"], c["Sysctls"], c["Init"]) == (
+    ["CAP_NET_ADMIN"], ["CAP_CHOWN"], {"net.core.somaxconn": "1024"}, True), c
+assert tuned.attrs["Spec"]["TaskTemplate"]["LogDriver"] == {"Name": "json-file", "Options": {"max-size": "1m"}}, tuned.attrs
+tuned.remove()
 # A named volume with options (what every compose file's named volume sends) is honoured and shown back.
 from docker.types import DriverConfig
 
