@@ -25,6 +25,28 @@ pub struct ExitStatus {
     pub pid: i32,
 }
 
+/// What a started task's runtime object reports beside its state: SwarmKit's `ContainerStatus.ContainerID`
+/// and `PortStatus` (the host-mode ports the task publishes on this node, with the host port in use).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RuntimeReport {
+    /// The container's ID (empty for a process).
+    pub container_id: String,
+    /// The task's host-mode published ports as bound on this node (a port the engine chose included).
+    pub ports: Vec<shoal_api::PortConfig>,
+}
+
+/// The host-mode ports of `task` as its spec publishes them (what an executor binds or forwards without
+/// choosing a number).
+pub fn host_mode_ports(task: &Task) -> Vec<shoal_api::PortConfig> {
+    use shoal_api::port_config::PublishMode;
+    task.endpoint
+        .iter()
+        .flat_map(|e| e.ports.iter())
+        .filter(|p| p.publish_mode == PublishMode::Host as i32)
+        .cloned()
+        .collect()
+}
+
 /// Why an executor call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecutorError {
@@ -156,6 +178,10 @@ pub trait Controller: Send {
     fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>>;
     /// Releases everything the task held (kills it first if it still runs).
     fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>>;
+    /// What the runtime object reports once started (or adopted and waited on); nothing by default.
+    fn report(&self) -> RuntimeReport {
+        RuntimeReport::default()
+    }
 }
 
 #[cfg(test)]

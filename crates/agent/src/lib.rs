@@ -36,6 +36,9 @@ use session::{run_session, SessionContext};
 use tokio::sync::watch;
 use worker::Worker;
 
+/// The engine label naming the node's executor (`docker`, `process`), as `docker info` shows it.
+pub const SHOAL_EXECUTOR_LABEL: &str = "shoal.executor";
+
 /// Shortest wait before reconnecting to the manager, and the pause before trying the next manager within a round.
 pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
 /// Most consecutive "go to the leader" redirects followed without a backoff pause.
@@ -190,8 +193,8 @@ impl Agent {
         self
     }
 
-    /// The node description sent to the manager: the executor's, with the configured hostname and labels and
-    /// the `shoal.agent` engine label (`shoal_api::SHOAL_AGENT_LABEL`).
+    /// The node description sent to the manager: the executor's, with the configured hostname and labels,
+    /// the `shoal.agent` engine label (`shoal_api::SHOAL_AGENT_LABEL`) and `shoal.executor` (its name).
     pub fn description(&self) -> NodeDescription {
         let mut d = self.executor.describe();
         if !self.config.hostname.is_empty() {
@@ -214,6 +217,8 @@ impl Agent {
             }
             engine.labels.insert(shoal_api::SHOAL_NO_DATA_PLANE_LABEL.to_string(), why);
         }
+        // Which executor runs its tasks, as `docker info` shows it: `--constraint engine.labels.shoal.executor==docker`.
+        engine.labels.insert(SHOAL_EXECUTOR_LABEL.to_string(), self.executor.name().to_string());
         if !self.config.generic_resources.is_empty() {
             d.resources.get_or_insert_with(Default::default).generic = self.config.generic_resources.clone();
         }

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use shoal_api::{task_status, ContainerStatus, Task, TaskState, TaskStatus};
 use tokio::sync::{watch, Notify};
 
-use crate::exec::{Controller, ExecutorError, ExitStatus};
+use crate::exec::{Controller, ExecutorError, ExitStatus, RuntimeReport};
 
 /// What the runner does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,6 +140,8 @@ struct Runner {
     task_id: String,
     current: TaskStatus,
     pid: i32,
+    /// The controller's container ID and ports, known once started.
+    runtime: RuntimeReport,
     prepared: bool,
     reporter: Arc<StatusReporter>,
 }
@@ -154,9 +156,16 @@ impl Runner {
         if st.state < self.current.state {
             return;
         }
-        if self.pid != 0 && st.runtime_status.is_none() {
-            st.runtime_status =
-                Some(task_status::RuntimeStatus::Container(ContainerStatus { pid: self.pid, ..Default::default() }));
+        if (self.pid != 0 || !self.runtime.container_id.is_empty()) && st.runtime_status.is_none() {
+            st.runtime_status = Some(task_status::RuntimeStatus::Container(ContainerStatus {
+                container_id: self.runtime.container_id.clone(),
+                pid: self.pid,
+                ..Default::default()
+            }));
+        }
+        // Ports are bound while the task runs (as SwarmKit's, read from the engine: none once it stopped).
+        if !self.runtime.ports.is_empty() && st.state <= TaskState::Running as i32 && st.port_status.is_none() {
+            st.port_status = Some(Box::new(shoal_api::PortStatus { ports: self.runtime.ports.clone() }));
         }
         self.current = st.clone();
         self.reporter.report(&self.task_id, st);
@@ -164,7 +173,7 @@ impl Runner {
 
     fn exited(&mut self, exit: ExitStatus) {
         let pid = if exit.pid != 0 { exit.pid } else { self.pid };
-        let container = ContainerStatus { container_id: String::new(), pid, exit_code: exit.code };
+        let container = ContainerStatus { container_id: self.runtime.container_id.clone(), pid, exit_code: exit.code };
         let mut st = if exit.code == 0 {
             status(TaskState::Complete, "finished", "")
         } else {
@@ -203,7 +212,8 @@ pub async fn run_task(
     mut input: watch::Receiver<RunnerInput>,
 ) {
     let task_id = input.borrow().task.id.clone();
-    let mut r = Runner { task_id, current: initial, pid: 0, prepared: false, reporter };
+    let mut r =
+        Runner { task_id, current: initial, pid: 0, runtime: RuntimeReport::default(), prepared: false, reporter };
     let mut ctlr = match ctlr {
         Ok(c) => Some(c),
         Err(e) => {
@@ -266,6 +276,7 @@ pub async fn run_task(
                 match c.start().await {
                     Ok(pid) => {
                         r.pid = pid;
+                        r.runtime = c.report();
                         r.set(status(TaskState::Running, "started", ""));
                     }
                     Err(e) => r.failed(TaskState::Failed, &e),
@@ -274,7 +285,13 @@ pub async fn run_task(
             Step::Wait => {
                 tokio::select! {
                     res = c.wait() => match res {
-                        Ok(exit) => r.exited(exit),
+                        Ok(exit) => {
+                            if r.runtime.container_id.is_empty() {
+                                // Adopted after an agent restart: the wait learnt the container.
+                                r.runtime = c.report();
+                            }
+                            r.exited(exit)
+                        }
                         Err(e) => r.failed(TaskState::Failed, &e),
                     },
                     _ = input.changed() => {}

@@ -20,7 +20,9 @@ pub use cert::{
 };
 pub use encryption::{EncryptionError, SecretKey, UnlockKey};
 pub use renewal::{renewal_delay, RENEW_AT_MAX_FRACTION, RENEW_AT_MIN_FRACTION};
-pub use rotation::{cert_issuer_info, check_csr, check_root, cross_sign, root_issuer_info, signed_by, IssuerInfo};
+pub use rotation::{
+    cert_issuer_info, check_csr, check_root, cross_sign, key_pem_as_pkcs8, root_issuer_info, signed_by, IssuerInfo,
+};
 pub use token::{generate_join_token, parse_join_token, token_matches, ParsedToken, TOKEN_PREFIX};
 
 /// A node's role, as written in its certificate's OU.

@@ -90,8 +90,85 @@ pub fn cert_issuer_info(chain_pem: &[u8], trust_pem: &[u8]) -> Result<IssuerInfo
     })
 }
 
+/// DER tag and length bytes of a `len`-byte value.
+fn der_header(tag: u8, len: usize) -> Vec<u8> {
+    let mut out = vec![tag];
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes: Vec<u8> = len.to_be_bytes().into_iter().skip_while(|b| *b == 0).collect();
+        out.push(0x80 | bytes.len() as u8);
+        out.extend(bytes);
+    }
+    out
+}
+
+/// The value of the DER element at the start of `der` and what follows it: `(tag, value, rest)`.
+pub(crate) fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = der.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (first as usize, rest)
+    } else {
+        let n = (first & 0x7f) as usize;
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        (rest[..n].iter().fold(0usize, |acc, b| (acc << 8) | *b as usize), &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// An EC private key as PKCS#8 PEM (what the CA signs with): a PKCS#8 key (`PRIVATE KEY`) as given, a SEC1 one
+/// (`EC PRIVATE KEY`, what `openssl ecparam -genkey` writes and Docker accepts for `--ca-key`) wrapped in a
+/// PKCS#8 envelope naming its curve (its own `parameters`, P-256 when it names none).
+pub fn key_pem_as_pkcs8(key_pem: &str) -> Result<String, CaError> {
+    use base64::Engine as _;
+    let bad = |m: &str| CaError::BadCertificate(format!("the root CA key is unusable: {m}"));
+    let block = x509_parser::pem::Pem::iter_from_buffer(key_pem.as_bytes())
+        .next()
+        .ok_or_else(|| bad("no PEM block found"))?
+        .map_err(|e| bad(&e.to_string()))?;
+    if block.label != "EC PRIVATE KEY" {
+        return Ok(key_pem.to_string());
+    }
+    const EC_PUBLIC_KEY_OID: &[u8] = &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+    const P256_OID: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+    let sec1 = block.contents.as_slice();
+    let malformed = || bad("the EC PRIVATE KEY block is not a SEC1 ECPrivateKey");
+    let (tag, body, _) = der_element(sec1).ok_or_else(malformed)?;
+    let (version_tag, _, body) = der_element(body).filter(|_| tag == 0x30).ok_or_else(malformed)?;
+    let (key_tag, _, body) = der_element(body).filter(|_| version_tag == 0x02).ok_or_else(malformed)?;
+    if key_tag != 0x04 {
+        return Err(malformed());
+    }
+    // `[0] parameters`: the curve's OID element, when given.
+    let curve = match der_element(body) {
+        Some((0xa0, oid, _)) => oid,
+        _ => P256_OID,
+    };
+    let mut alg = der_header(0x30, EC_PUBLIC_KEY_OID.len() + curve.len());
+    alg.extend_from_slice(EC_PUBLIC_KEY_OID);
+    alg.extend_from_slice(curve);
+    let mut inner = vec![0x02, 0x01, 0x00];
+    inner.extend(alg);
+    inner.extend(der_header(0x04, sec1.len()));
+    inner.extend_from_slice(sec1);
+    let mut pkcs8 = der_header(0x30, inner.len());
+    pkcs8.extend(inner);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&pkcs8);
+    let mut pem = String::from("-----BEGIN PRIVATE KEY-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        pem.push('\n');
+    }
+    pem.push_str("-----END PRIVATE KEY-----\n");
+    Ok(pem)
+}
+
 /// Checks a root CA the operator gave (`docker swarm ca --rotate --ca-cert [--ca-key]`): one certificate,
-/// a CA, valid at `now`; and, when `key_pem` is given, a PKCS#8 key whose public key is the certificate's.
+/// a CA, valid at `now`; and, when `key_pem` is given, a key (PKCS#8 or SEC1) whose public key is the
+/// certificate's.
 pub fn check_root(cert_pem: &str, key_pem: Option<&str>, now: SystemTime) -> Result<(), CaError> {
     let bad = |m: String| CaError::BadCertificate(m);
     let chain = parse_cert_pem_chain(cert_pem.as_bytes())?;
@@ -108,8 +185,8 @@ pub fn check_root(cert_pem: &str, key_pem: Option<&str>, now: SystemTime) -> Res
         return Err(bad("the root CA certificate is not valid now (check its notBefore and notAfter)".into()));
     }
     if let Some(key_pem) = key_pem {
-        let key = KeyPair::from_pem(key_pem).map_err(|e| {
-            bad(format!("the root CA key is unusable ({e}); give an unencrypted PKCS#8 PEM key (openssl pkcs8 -topk8 -nocrypt converts one)"))
+        let key = KeyPair::from_pem(&key_pem_as_pkcs8(key_pem)?).map_err(|e| {
+            bad(format!("the root CA key is unusable ({e}); give an unencrypted EC key in PEM (PKCS#8 or SEC1)"))
         })?;
         if key.subject_public_key_info() != c.public_key().raw {
             return Err(bad("the root CA key does not belong to the root CA certificate".into()));

@@ -206,5 +206,25 @@ fn an_operators_root_must_be_a_ca_valid_now_with_its_own_key() {
     let e =
         check_root(root.cert_pem(), Some("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"), t0())
             .unwrap_err();
-    assert!(e.to_string().contains("PKCS#8"), "{e}");
+    assert!(e.to_string().contains("not a SEC1 ECPrivateKey"), "{e}");
+}
+
+#[test]
+fn a_sec1_key_is_wrapped_as_the_pkcs8_key_it_is() {
+    use base64::Engine as _;
+    let root = RootCa::generate(t0(), &mut rng(41)).unwrap();
+    // The PKCS#8 envelope holds the SEC1 ECPrivateKey as its last element (an OCTET STRING).
+    let block = x509_parser::pem::Pem::iter_from_buffer(root.key_pem().as_bytes()).next().unwrap().unwrap();
+    let (_, body, _) = rotation::der_element(&block.contents).unwrap();
+    let (_, _, body) = rotation::der_element(body).unwrap(); // version
+    let (_, _, body) = rotation::der_element(body).unwrap(); // algorithm
+    let (tag, sec1, _) = rotation::der_element(body).unwrap();
+    assert_eq!(tag, 0x04);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(sec1);
+    let pem = format!("-----BEGIN EC PRIVATE KEY-----\n{b64}\n-----END EC PRIVATE KEY-----\n");
+    let wrapped = key_pem_as_pkcs8(&pem).unwrap();
+    let again = x509_parser::pem::Pem::iter_from_buffer(wrapped.as_bytes()).next().unwrap().unwrap();
+    assert_eq!(again.contents, block.contents, "the same PKCS#8 key");
+    check_root(root.cert_pem(), Some(&pem), t0()).unwrap();
+    assert_eq!(key_pem_as_pkcs8(root.key_pem()).unwrap(), root.key_pem(), "PKCS#8 is kept as given");
 }

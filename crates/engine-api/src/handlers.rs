@@ -271,9 +271,44 @@ pub async fn list_services(State(ctx): Ctx, v: ApiVersion, Query(q): Params) -> 
     json(out)
 }
 
+/// The `X-Registry-Auth` header of a service write (`docker service create/update --with-registry-auth`), if any.
+fn registry_auth_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match headers.get("x-registry-auth") {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.to_string()))
+            .map_err(|_| ApiError::BadRequest("X-Registry-Auth: the header is not base64url text".into())),
+    }
+}
+
+/// Carries registry credentials in the task's container spec as Docker does (`PullOptions.RegistryAuth`, what
+/// the docker executor pulls a missing image with): the request's `X-Registry-Auth`, or else, on an update,
+/// those of the service's current spec (`registryAuthFrom=spec`, the default) or previous spec
+/// (`previous-spec`). Never shown back: the Engine API's container spec has no such field.
+fn carry_registry_auth(
+    spec: &mut shoal_api::ServiceSpec,
+    header: Option<String>,
+    kept: Option<&shoal_api::ServiceSpec>,
+) {
+    let container = |s: &shoal_api::ServiceSpec| match s.task.as_ref().and_then(|t| t.runtime.as_ref()) {
+        Some(shoal_api::task_spec::Runtime::Container(c)) => c.pull_options.clone(),
+        _ => None,
+    };
+    let pull = match header {
+        Some(auth) => Some(shoal_api::container_spec::PullOptions { registry_auth: auth }),
+        None => kept.and_then(container),
+    };
+    if let Some(shoal_api::task_spec::Runtime::Container(c)) = spec.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+        c.pull_options = pull;
+    }
+}
+
 /// `POST /services/create`.
 pub async fn create_service(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
-    let spec = service_spec_body(v, &headers, &body, SpecWrite::Create)?;
+    let mut spec = service_spec_body(v, &headers, &body, SpecWrite::Create)?;
+    carry_registry_auth(&mut spec, registry_auth_header(&headers)?, None);
     let svc = controlapi::create_service(&ctx.state, spec).await?;
     Ok((StatusCode::CREATED, Json(ServiceCreateResponse { id: svc.id, warnings: Vec::new() })).into_response())
 }
@@ -334,7 +369,19 @@ pub async fn update_service(
             )));
         }
         _ => {
-            let spec = service_spec_body(v, &headers, &body, SpecWrite::Update)?;
+            let mut spec = service_spec_body(v, &headers, &body, SpecWrite::Update)?;
+            let header = registry_auth_header(&headers)?;
+            let current = if header.is_none() { Some(controlapi::get_service(&ctx.state, &id)?) } else { None };
+            let kept = match q.get("registryAuthFrom").map(String::as_str) {
+                None | Some("") | Some("spec") => current.as_ref().and_then(|s| s.spec.as_ref()),
+                Some("previous-spec") => current.as_ref().and_then(|s| s.previous_spec.as_ref()),
+                Some(other) => {
+                    return Err(ApiError::BadRequest(format!(
+                        "unsupported registryAuthFrom value {other:?}: use \"spec\" or \"previous-spec\""
+                    )))
+                }
+            };
+            carry_registry_auth(&mut spec, header, kept);
             controlapi::update_service(&ctx.state, &id, version, spec).await?;
         }
     }

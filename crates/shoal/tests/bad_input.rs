@@ -61,6 +61,55 @@ fn bad_requests_are_refused_and_change_nothing() {
     assert_eq!(d.get(&format!("/v1.47/services/{id}"))["Version"]["Index"].as_u64().unwrap(), version);
 }
 
+/// Mounts Docker's executor would reject on every task, and SCTP ports no node forwards, are refused at
+/// create and update (issue 32: they got a 201 and then rejected tasks forever).
+#[test]
+fn bad_mounts_and_unforwardable_sctp_ports_are_refused_at_the_api() {
+    let d = daemon();
+    let spec = |extra: &str| {
+        format!(
+            r#"{{"Name":"m","TaskTemplate":{{"ContainerSpec":{{"Image":"busybox","Args":["sleep","3162"]{extra}}}}},"Mode":{{"Replicated":{{"Replicas":1}}}}}}"#
+        )
+    };
+    let mounts = |m: &str| spec(&format!(r#","Mounts":[{m}]"#));
+    for (body, says) in [
+        (mounts(r#"{"Type":"tmpfs"}"#), "invalid mount target, must be an absolute path"),
+        (mounts(r#"{"Type":"tmpfs","Target":"rel/dir"}"#), "invalid mount target, must be an absolute path"),
+        (mounts(r#"{"Type":"tmpfs","Target":"/t"},{"Type":"volume","Target":"/t"}"#), "\"/t\" is duplicated"),
+        (mounts(r#"{"Type":"tmpfs","Source":"x","Target":"/t"}"#), "invalid tmpfs source, source must be empty"),
+        (mounts(r#"{"Type":"bind","Source":"tmp","Target":"/t"}"#), "invalid bind mount source, must be an absolute"),
+        (mounts(r#"{"Type":"volume","Source":"/tmp","Target":"/t"}"#), "invalid volume mount source"),
+        (mounts(r#"{"Type":"npipe","Source":"\\\\.\\pipe\\x","Target":"/t"}"#), "invalid mount type: npipe"),
+    ] {
+        check(&d, "POST", "/v1.47/services/create", Some(&body), 400, says);
+    }
+    let sctp = |mode: &str, networks: &str| {
+        format!(
+            r#"{{"Name":"s","TaskTemplate":{{"ContainerSpec":{{"Image":"busybox","Args":["sleep","3162"]}}{networks}}},"Mode":{{"Replicated":{{"Replicas":1}}}},"EndpointSpec":{{"Ports":[{{"Protocol":"sctp","TargetPort":80,"PublishedPort":8090,"PublishMode":"{mode}"}}]}}}}"#
+        )
+    };
+    check(
+        &d,
+        "POST",
+        "/v1.47/services/create",
+        Some(&sctp("ingress", "")),
+        400,
+        "the nodes' data plane does not forward",
+    );
+    // A host-mode SCTP port off networks is the engine's to bind: accepted.
+    let r = request(d.socket(), "POST", "/v1.47/services/create", Some(&sctp("host", ""))).unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+
+    // An update is checked as a create is.
+    let ok = mounts(r#"{"Type":"tmpfs","Target":"/t"}"#);
+    let r = request(d.socket(), "POST", "/v1.47/services/create", Some(&ok)).unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+    let id = r.body["ID"].as_str().unwrap().to_string();
+    let version = d.get(&format!("/v1.47/services/{id}"))["Version"]["Index"].as_u64().unwrap();
+    let update = format!("/v1.47/services/{id}/update?version={version}");
+    check(&d, "POST", &update, Some(&mounts(r#"{"Type":"tmpfs","Target":"t"}"#)), 400, "must be an absolute path");
+}
+
 #[test]
 fn the_docker_cli_prints_the_daemon_error_and_exits_non_zero() {
     if no_docker_cli() {

@@ -190,3 +190,23 @@ impl Drop for Follower {
         let _ = self.child.wait();
     }
 }
+
+/// Milliseconds since the epoch of an RFC 3339 UTC time as the Engine API writes it
+/// (`2026-12-01T03:17:15.123456789Z`).
+pub fn chrono_ms(s: &str) -> Option<u64> {
+    let (date, time) = s.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|p| p.parse::<i64>());
+    let (h, min, sec) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
+    let millis: i64 = format!("{frac:0<3}")[..3].parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((((days * 24 + h) * 60 + min) * 60 + sec) as u64 * 1000 + millis as u64)
+}

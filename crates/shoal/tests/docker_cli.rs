@@ -198,3 +198,59 @@ fn update_args_replaces_every_task() {
     assert_eq!(v[0]["PreviousSpec"]["TaskTemplate"]["ContainerSpec"]["Args"], serde_json::json!(["sleep", "3144"]));
     docker(&d, &["service", "rm", "web"]);
 }
+
+/// A process task's host-mode port is in its status, so `docker service ps` shows it as Docker's does
+/// (issue 32: `PortStatus` was empty on both executors).
+#[test]
+fn service_ps_shows_a_process_tasks_host_mode_port() {
+    if no_docker_cli() {
+        return;
+    }
+    let d = daemon();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let publish = format!("mode=host,target={port},published={port}");
+    docker(
+        &d,
+        &["service", "create", "--detach", "--name", "ported", "--publish", &publish, "busybox", "sleep", "3143"],
+    );
+    let running = wait_running(&d, "ported", 1, &["sleep", "3143"], Duration::from_secs(20));
+    let ports = &running[0]["Status"]["PortStatus"]["Ports"];
+    assert_eq!(
+        ports,
+        &serde_json::json!([{"Protocol": "tcp", "TargetPort": port.parse::<u64>().unwrap(),
+            "PublishedPort": port.parse::<u64>().unwrap(), "PublishMode": "host"}]),
+        "{}",
+        running[0]
+    );
+    let ps = docker(&d, &["service", "ps", "--format", "{{.Ports}}", "ported"]);
+    assert!(ps.contains(&format!("*:{port}->{port}/tcp")), "docker service ps shows the port: {ps}");
+}
+
+/// Two nodes with one hostname: `docker node inspect <hostname>` says the name is ambiguous, as Docker's
+/// does, instead of "not found"; each is still found by its ID (issue 32).
+#[test]
+fn nodes_sharing_a_hostname_are_ambiguous_by_that_name() {
+    if no_docker_cli() {
+        return;
+    }
+    let m = node_at(211, "vm", None);
+    let _w = node_at(212, "vm", Some((&m, "Worker")));
+    let ids = wait_until("two nodes called vm", Duration::from_secs(30), || {
+        let ids = docker(&m, &["node", "ls", "--format", "{{.ID}} {{.Hostname}}"]);
+        let ids: Vec<String> =
+            ids.lines().filter(|l| l.ends_with(" vm")).map(|l| l[..l.len() - 3].to_string()).collect();
+        if ids.len() == 2 {
+            Ok(ids)
+        } else {
+            Err(format!("{ids:?}"))
+        }
+    });
+    let out = docker_cli::run(m.socket(), &["node", "inspect", "vm"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an ambiguous name is refused");
+    assert!(err.contains("node vm is ambiguous (2 matches found)"), "Docker's message: {err}");
+    for id in &ids {
+        let host = docker(&m, &["node", "inspect", "--format", "{{.Description.Hostname}}", id]);
+        assert_eq!(host.trim(), "vm");
+    }
+}

@@ -167,3 +167,35 @@ fn docker_swarm_ca_rotate_replaces_the_root_on_every_node_while_tasks_keep_runni
         }
     });
 }
+
+/// A root CA key in SEC1 form (`EC PRIVATE KEY`, what `openssl ecparam -genkey` and `openssl ec` write) is
+/// accepted as Docker accepts it: the rotation finishes and the node's certificate is signed with that key.
+#[test]
+fn a_root_ca_key_in_sec1_form_rotates_the_root() {
+    if no_docker_cli() {
+        return;
+    }
+    let d = daemon();
+    let dir = tempfile::tempdir().unwrap();
+    let given = shoal_ca::RootCa::generate(std::time::SystemTime::now(), &mut rand::rng()).unwrap();
+    let (cert_file, pkcs8_file, key_file) =
+        (dir.path().join("root.crt"), dir.path().join("root.p8"), dir.path().join("root.key"));
+    std::fs::write(&cert_file, given.cert_pem()).unwrap();
+    std::fs::write(&pkcs8_file, given.key_pem()).unwrap();
+    let out = std::process::Command::new("openssl")
+        .args(["ec", "-in", pkcs8_file.to_str().unwrap(), "-out", key_file.to_str().unwrap()])
+        .stderr(Stdio::null())
+        .status();
+    if !out.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: openssl cannot write the key in SEC1 form");
+        return;
+    }
+    let sec1 = std::fs::read_to_string(&key_file).unwrap();
+    assert!(sec1.starts_with("-----BEGIN EC PRIVATE KEY-----"), "{sec1}");
+    let (c, k) = (cert_file.to_str().unwrap(), key_file.to_str().unwrap());
+    docker(&d, &["swarm", "ca", "--rotate", "--ca-cert", c, "--ca-key", k]);
+    assert_eq!(docker(&d, &["swarm", "ca"]).trim(), given.cert_pem().trim());
+    wait_until("the node holds a certificate from the given root", Duration::from_secs(30), || {
+        holds_cert_from(&d, given.cert_pem())
+    });
+}

@@ -47,7 +47,9 @@ use futures::StreamExt;
 use parking_lot::Mutex;
 use shoal_api::{EngineDescription, NodeDescription, Platform, Resources, Task};
 
-use crate::exec::{stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus, TaskFiles};
+use crate::exec::{
+    stop_grace_period, BoxFuture, Controller, Executor, ExecutorError, ExitStatus, RuntimeReport, TaskFiles,
+};
 use crate::network::NetworkPlane;
 use crate::task_files::FilesRoot;
 
@@ -167,10 +169,10 @@ fn engine_status(e: &BollardError) -> Option<u16> {
     }
 }
 
-/// Removes container `name` (by name or ID) whatever its state: whether it was there (one already gone is
-/// no error).
+/// Removes container `name` (by name or ID) whatever its state, with its anonymous volumes (as Docker's
+/// executor: named volumes stay): whether it was there (one already gone is no error).
 async fn force_remove(docker: &Docker, name: &str) -> Result<bool, BollardError> {
-    let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+    let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
     match docker.remove_container(name, Some(opts)).await {
         Ok(()) => Ok(true),
         Err(e) if engine_status(&e) == Some(404) => Ok(false),
@@ -361,6 +363,7 @@ impl DockerExecutor {
             })
         };
         spec::refuse_newer_than_engine(task, self.engine_api).map_err(ExecutorError::InvalidSpec)?;
+        refuse_start_interval(task, self.engine_api).map_err(ExecutorError::InvalidSpec)?;
         let mut body = spec::create_body(task, &self.node_id, network.as_ref().map(|n| n.holder.as_str()))
             .map_err(ExecutorError::InvalidSpec)?;
         if !files.is_empty() {
@@ -388,7 +391,9 @@ impl DockerExecutor {
             image: body.image.clone().unwrap_or_default(),
             body: Arc::new(body),
             grace: stop_grace_period(task),
+            registry_auth: registry_credentials(task),
             pid: 0,
+            runtime: RuntimeReport::default(),
             healthcheck: false,
             network,
             creations: self.creations.clone(),
@@ -502,6 +507,54 @@ impl Executor for DockerExecutor {
     }
 }
 
+/// The registry credentials of a task (`PullOptions.RegistryAuth`: the client's `X-Registry-Auth`, base64url
+/// JSON). Ones that do not decode are left out with a warning, and the pull goes without, as Docker's
+/// executor does.
+fn registry_credentials(task: &Task) -> Option<bollard::auth::DockerCredentials> {
+    use base64::Engine as _;
+    let auth = match task.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
+        Some(shoal_api::task_spec::Runtime::Container(c)) => &c.pull_options.as_ref()?.registry_auth,
+        _ => return None,
+    };
+    if auth.is_empty() {
+        return None;
+    }
+    let engines = [
+        &base64::engine::general_purpose::URL_SAFE,
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        &base64::engine::general_purpose::STANDARD,
+    ];
+    let json = engines.iter().find_map(|e| e.decode(auth.trim()).ok());
+    match json.map(|j| serde_json::from_slice::<bollard::auth::DockerCredentials>(&j)) {
+        Some(Ok(creds)) => Some(creds),
+        _ => {
+            tracing::warn!(task = %task.id, "the service's registry credentials do not decode; pulling without them");
+            None
+        }
+    }
+}
+
+/// The Engine API version that applies `HealthCheck.StartInterval` (an older engine ignores it silently).
+const START_INTERVAL_API: (usize, usize) = (1, 44);
+
+/// Refuses a healthcheck's `StartInterval` on an engine older than `START_INTERVAL_API`, naming both
+/// versions: the container would be checked at its interval during the start period instead.
+fn refuse_start_interval(task: &Task, engine_api: (usize, usize)) -> Result<(), String> {
+    let health = match task.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
+        Some(shoal_api::task_spec::Runtime::Container(c)) => c.healthcheck.as_ref(),
+        _ => None,
+    };
+    let set = health.and_then(|h| h.start_interval.as_ref()).is_some_and(|d| d.seconds != 0 || d.nanos != 0);
+    if set && engine_api < START_INTERVAL_API {
+        return Err(format!(
+            "HealthCheck.StartInterval needs Docker Engine API {}.{} or later; this node's engine speaks API {}.{}: \
+             leave it out (the interval then applies from the start), or run the task on a node with a newer engine",
+            START_INTERVAL_API.0, START_INTERVAL_API.1, engine_api.0, engine_api.1
+        ));
+    }
+    Ok(())
+}
+
 /// The name of a task's `i`-th file on the node (its target is where the container sees it).
 fn docker_file_name(i: usize) -> String {
     format!("file-{i}")
@@ -518,7 +571,11 @@ struct DockerController {
     image: String,
     body: Arc<ContainerCreateBody>,
     grace: Duration,
+    /// The credentials a missing image is pulled with (the service's `--with-registry-auth`).
+    registry_auth: Option<bollard::auth::DockerCredentials>,
     pid: i32,
+    /// Its ID and published ports, known once started.
+    runtime: RuntimeReport,
     /// The container has a healthcheck (from the spec or the image), known after `start`.
     healthcheck: bool,
     /// For a task on networks: its holder and the data plane.
@@ -599,6 +656,47 @@ fn has_healthcheck(c: &ContainerInspectResponse) -> bool {
     !test.is_empty() && test[0] != "NONE"
 }
 
+/// The container's ID and its host-mode ports as bound: the engine's bindings off networks (a host port it
+/// chose included, each once however many addresses it bound), the spec's on them (the data plane forwards
+/// those numbers into the holder's namespace).
+fn runtime_report(c: &ContainerInspectResponse, network: Option<&TaskNetwork>) -> RuntimeReport {
+    use shoal_api::port_config::{Protocol, PublishMode};
+    let ports = match network {
+        Some(net) => crate::exec::host_mode_ports(&net.task),
+        None => {
+            let bound = c.network_settings.as_ref().and_then(|n| n.ports.as_ref());
+            let mut ports = Vec::new();
+            for (key, bindings) in bound.into_iter().flatten() {
+                let (port, proto) = key.split_once('/').unwrap_or((key.as_str(), "tcp"));
+                let Ok(target_port) = port.parse::<u32>() else { continue };
+                let protocol = match proto {
+                    "udp" => Protocol::Udp,
+                    "sctp" => Protocol::Sctp,
+                    _ => Protocol::Tcp,
+                };
+                for b in bindings.iter().flatten() {
+                    let Some(published_port) = b.host_port.as_deref().and_then(|p| p.parse::<u32>().ok()) else {
+                        continue;
+                    };
+                    let p = shoal_api::PortConfig {
+                        protocol: protocol as i32,
+                        target_port,
+                        published_port,
+                        publish_mode: PublishMode::Host as i32,
+                        ..Default::default()
+                    };
+                    if !ports.contains(&p) {
+                        ports.push(p);
+                    }
+                }
+            }
+            ports.sort_by_key(|p| (p.target_port, p.protocol, p.published_port));
+            ports
+        }
+    };
+    RuntimeReport { container_id: c.id.clone().unwrap_or_default(), ports }
+}
+
 fn last_health_output(c: &ContainerInspectResponse) -> String {
     let log = c.state.as_ref().and_then(|s| s.health.as_ref()).and_then(|h| h.log.as_ref());
     let Some(last) = log.and_then(|l| l.last()) else { return "no check result yet".into() };
@@ -635,7 +733,7 @@ impl DockerController {
         tracing::info!(image = %self.image, "image not on this node: pulling it");
         let opts = CreateImageOptionsBuilder::default().from_image(&self.image).build();
         let pull = async {
-            let mut progress = self.docker.create_image(Some(opts), None, None);
+            let mut progress = self.docker.create_image(Some(opts), None, self.registry_auth.clone());
             while let Some(item) = progress.next().await {
                 item.map_err(|e| engine_message(&e))?;
             }
@@ -730,6 +828,7 @@ impl Controller for DockerController {
                     .map_err(start_err)?
                     .ok_or(ExecutorError::Start("the container was removed".into()))?;
                 self.pid = c.state.as_ref().and_then(|s| s.pid).unwrap_or(0) as i32;
+                self.runtime = runtime_report(&c, self.network.as_ref());
                 if !self.healthcheck || !is_running(&c) {
                     return Ok(self.pid);
                 }
@@ -752,6 +851,7 @@ impl Controller for DockerController {
                 if let Ok(Some(c)) = self.inspect().await {
                     self.pid = c.state.as_ref().and_then(|s| s.pid).unwrap_or(0) as i32;
                     self.healthcheck = has_healthcheck(&c);
+                    self.runtime = runtime_report(&c, self.network.as_ref());
                 }
             }
             let opts = WaitContainerOptionsBuilder::default().condition("not-running").build();
@@ -823,6 +923,10 @@ impl Controller for DockerController {
             }
             self.files_root.remove(&self.task_id).map_err(ExecutorError::Runtime)
         })
+    }
+
+    fn report(&self) -> RuntimeReport {
+        self.runtime.clone()
     }
 }
 

@@ -533,6 +533,12 @@ impl Controller for ProcessController {
             }
         })
     }
+
+    /// A process has no container; its host-mode ports are the spec's (it listens on them, or the data plane
+    /// forwards them into its namespace).
+    fn report(&self) -> crate::exec::RuntimeReport {
+        crate::exec::RuntimeReport { container_id: String::new(), ports: crate::exec::host_mode_ports(&self.task) }
+    }
 }
 
 impl Drop for ProcessController {

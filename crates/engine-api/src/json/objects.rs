@@ -133,15 +133,27 @@ impl ServiceJson {
             updated_at,
             spec: s.spec.as_ref().map(ServiceSpecJson::from_api).unwrap_or_default(),
             previous_spec: s.previous_spec.as_ref().map(ServiceSpecJson::from_api),
-            endpoint: s.endpoint.as_ref().map(|e| EndpointJson {
-                spec: e.spec.as_ref().map(EndpointSpecJson::from_api).unwrap_or_default(),
-                ports: e.ports.iter().map(PortJson::from_api).collect(),
-                virtual_ips: e
-                    .virtual_ips
-                    .iter()
-                    .map(|v| super::network::VirtualIpJson { network_id: v.network_id.clone(), addr: v.addr.clone() })
-                    .collect(),
-            }),
+            endpoint: s
+                .endpoint
+                .as_ref()
+                .map(|e| EndpointJson {
+                    spec: e.spec.as_ref().map(EndpointSpecJson::from_api).unwrap_or_default(),
+                    ports: e.ports.iter().map(PortJson::from_api).collect(),
+                    virtual_ips: e
+                        .virtual_ips
+                        .iter()
+                        .map(|v| super::network::VirtualIpJson {
+                            network_id: v.network_id.clone(),
+                            addr: v.addr.clone(),
+                        })
+                        .collect(),
+                })
+                .or_else(|| {
+                    // A service with nothing to allocate (no network, no port: a dnsrr one, say) has no endpoint
+                    // stored; Docker's engine shows its spec's there all the same (SwarmKit's allocator copies it).
+                    let spec = s.spec.as_ref()?.endpoint.as_ref()?;
+                    Some(EndpointJson { spec: EndpointSpecJson::from_api(spec), ..Default::default() })
+                }),
             update_status: s.update_status.as_ref().map(|u| UpdateStatusJson {
                 state: enum_to_str(u.state(), UPDATE_STATE).into(),
                 started_at: time_to_json(u.started_at.as_ref()),
@@ -255,6 +267,9 @@ pub struct TaskJson {
     /// The task's addresses on its networks, once the allocator gave them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub networks_attachments: Vec<super::network::NetworkAttachmentStatusJson>,
+    /// The generic resource units the scheduler gave the task (named units, or a count of a discrete kind).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub assigned_generic_resources: Vec<super::spec::GenericResourceJson>,
 }
 
 fn is_zero_u64(v: &u64) -> bool {
@@ -348,6 +363,11 @@ impl TaskJson {
                 .iter()
                 .map(super::network::NetworkAttachmentStatusJson::from_api)
                 .collect(),
+            assigned_generic_resources: t
+                .assigned_generic_resources
+                .iter()
+                .map(super::spec::GenericResourceJson::from_api)
+                .collect(),
         }
     }
 
@@ -393,6 +413,11 @@ impl TaskJson {
             status: Some(status),
             desired_state: state_from("DesiredState", &self.desired_state)? as i32,
             job_iteration: self.job_iteration.map(VersionJson::to_api),
+            assigned_generic_resources: self
+                .assigned_generic_resources
+                .iter()
+                .map(|g| g.to_api("AssignedGenericResources"))
+                .collect::<Result<_, _>>()?,
             ..Default::default()
         })
     }

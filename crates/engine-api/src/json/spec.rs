@@ -1027,6 +1027,8 @@ impl ContainerSpecJson {
             user: self.user.clone(),
             mounts: self.mounts.iter().map(MountJson::to_api).collect::<Result<_, _>>()?,
             stop_grace_period: self.stop_grace_period.map(duration_from_ns),
+            // From the `X-Registry-Auth` header, never the body (`handlers::carry_registry_auth`).
+            pull_options: None,
             groups: self.groups.clone(),
             tty: self.tty,
             hostname: self.hostname.clone(),

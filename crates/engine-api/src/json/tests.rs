@@ -101,6 +101,18 @@ fn service_round_trips() {
 }
 
 #[test]
+fn a_service_with_nothing_allocated_shows_its_endpoint_spec_as_docker_does() {
+    let mut spec = serde_json::from_value::<ServiceSpecJson>(full_service_spec()).unwrap().to_api().unwrap();
+    spec.endpoint = Some(shoal_api::EndpointSpec {
+        mode: shoal_api::endpoint_spec::ResolutionMode::Dnsrr as i32,
+        ports: Vec::new(),
+    });
+    let s = shoal_api::Service { id: "s".into(), spec: Some(spec), ..Default::default() };
+    let doc = serde_json::to_value(ServiceJson::from_api(&s)).unwrap();
+    assert_eq!(doc["Endpoint"], json!({"Spec": {"Mode": "dnsrr"}}), "{doc}");
+}
+
+#[test]
 fn a_replicated_job_takes_the_engines_defaults() {
     let mode = |m: serde_json::Value| {
         let mut doc = full_service_spec();
@@ -134,7 +146,9 @@ fn task_round_trips() {
                                        "PID": 677, "ExitCode": 1},
                    "PortStatus": {"Ports": [{"Protocol": "tcp", "TargetPort": 80, "PublishedPort": 8080,
                                              "PublishMode": "host"}]}},
-        "DesiredState": "shutdown"
+        "DesiredState": "shutdown",
+        "AssignedGenericResources": [{"NamedResourceSpec": {"Kind": "gpu", "Value": "UUID1"}},
+                                     {"DiscreteResourceSpec": {"Kind": "ssd", "Value": 2}}]
     });
     round_trip::<TaskJson, _>(doc.clone(), |j| j.to_api().unwrap(), TaskJson::from_api);
     let mut job = doc;

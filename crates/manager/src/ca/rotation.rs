@@ -207,6 +207,11 @@ pub fn plan_root_change(current: &Cluster, spec: &ClusterSpec, now: SystemTime) 
                     .map_err(|_| "CAConfig.SigningCAKey is not PEM text".to_string())?,
             )
         };
+        // Kept as PKCS#8, what the CA signs with, whichever form was given (SEC1 `EC PRIVATE KEY` too).
+        let key = key
+            .map(|k| shoal_ca::key_pem_as_pkcs8(&k))
+            .transpose()
+            .map_err(|e| format!("CAConfig.SigningCAKey: {e}"))?;
         shoal_ca::check_root(&cert, key.as_deref(), now).map_err(|e| format!("CAConfig.SigningCACert: {e}"))?;
         if key.is_none() && external_for(Some(spec), cert.as_bytes(), &rc.ca_cert).is_empty() {
             return Err("CAConfig.SigningCACert without SigningCAKey needs an external CA that holds its key: give --ca-key, or --external-ca protocol=cfssl,url=https://... for that root".into());

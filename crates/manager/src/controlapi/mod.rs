@@ -188,8 +188,10 @@ pub(crate) fn resolve<'a, T: StoreObject + 'a, I: Iterator<Item = &'a Arc<T>>>(
     let mut found = all.filter(|o| o.id().starts_with(reference));
     match (found.next(), found.next()) {
         (Some(o), None) => Ok(o),
+        // Docker's message (clients match it).
         (Some(_), Some(_)) => Err(ControlError::InvalidArgument(format!(
-            "{kind} {reference} is ambiguous: more than one {kind} ID starts with it; give more characters"
+            "{kind} {reference} is ambiguous ({} matches found)",
+            2 + found.count()
         ))),
         (None, _) => Err(ControlError::not_found(kind, reference)),
     }

@@ -523,6 +523,18 @@ pub fn check_endpoint(t: &Tables, service_id: &str, spec: &ServiceSpec) -> Resul
         if p.published_port != 0 && !seen.insert((p.protocol, p.published_port)) {
             return Err(invalid(format!("EndpointSpec.Ports: published port {} is given twice", p.published_port)));
         }
+        // Every node's data plane forwards TCP and UDP only (its nftables tables): an SCTP port through the
+        // routing mesh, or of a task on networks, would be accepted and its tasks rejected forever. Off
+        // networks a host-mode SCTP port is the engine's to bind (or the process's to listen on).
+        let on_networks = spec.task.as_ref().is_some_and(|t| !t.networks.is_empty()) || !spec.networks.is_empty();
+        if p.protocol == port_config::Protocol::Sctp as i32 && (ingress(p) || on_networks) {
+            return Err(invalid(format!(
+                "EndpointSpec.Ports: port {} uses protocol sctp, which the nodes' data plane does not forward (TCP \
+                 and UDP only, through the routing mesh and on networks); publish it as tcp or udp, or with \
+                 mode=host on a service without networks",
+                p.target_port
+            )));
+        }
     }
     for p in e.ports.iter().filter(|p| ingress(p) && p.published_port != 0) {
         let holds = |s: &shoal_api::Service| {

@@ -21,6 +21,16 @@ pub fn node_name(node: &Node) -> &str {
 }
 
 pub(crate) fn find<'a>(t: &'a Tables, reference: &str) -> Result<&'a Arc<Node>, ControlError> {
+    // Nodes may share a hostname (two VMs both called `vm`): a name that several carry is ambiguous, with
+    // Docker's message, rather than "not found".
+    if t.nodes().get(reference).is_none() {
+        let named = t.nodes().iter().filter(|n| node_name(n) == reference).count();
+        if named > 1 {
+            return Err(ControlError::InvalidArgument(format!(
+                "node {reference} is ambiguous ({named} matches found)"
+            )));
+        }
+    }
     resolve(
         "node",
         reference,

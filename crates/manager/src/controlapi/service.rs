@@ -80,6 +80,57 @@ fn validate_service_templates(c: &shoal_api::ContainerSpec) -> Result<(), Contro
     Ok(())
 }
 
+/// Checks a container's mounts as SwarmKit and Docker's executor do, before anything is written (a bad mount
+/// would otherwise be stored and every task rejected): each target absolute and given once; a bind's source
+/// absolute, a volume's not; a tmpfs without a source; no Windows named pipes (every node here is Linux). A
+/// path holding a service template (`{{...}}`) is judged by the agent once expanded.
+fn validate_mounts(mounts: &[shoal_api::Mount]) -> Result<(), ControlError> {
+    use shoal_api::mount::Type;
+    let templated = |p: &str| p.contains("{{");
+    let mut targets = std::collections::HashSet::new();
+    for (i, m) in mounts.iter().enumerate() {
+        let field = format!("ContainerSpec.Mounts[{i}]");
+        if !targets.insert(m.target.as_str()) {
+            return Err(invalid(format!("invalid Mounts: {:?} is duplicated ({field}.Target)", m.target)));
+        }
+        if !m.target.starts_with('/') && !templated(&m.target) {
+            return Err(invalid(format!(
+                "invalid mount target, must be an absolute path: {:?} ({field}.Target)",
+                m.target
+            )));
+        }
+        match Type::try_from(m.r#type).unwrap_or(Type::Bind) {
+            Type::Bind if !m.source.starts_with('/') && !templated(&m.source) => {
+                return Err(invalid(format!(
+                    "invalid bind mount source, must be an absolute path: {:?} ({field}.Source)",
+                    m.source
+                )))
+            }
+            Type::Volume if m.source.starts_with('/') => {
+                return Err(invalid(format!(
+                    "invalid volume mount source, must not be an absolute path: {:?} ({field}.Source); use \
+                     type=bind for a path on the node",
+                    m.source
+                )))
+            }
+            Type::Tmpfs if !m.source.is_empty() => {
+                return Err(invalid(format!(
+                    "invalid tmpfs source, source must be empty ({field}.Source is {:?}); leave it out",
+                    m.source
+                )))
+            }
+            Type::Npipe => {
+                return Err(invalid(format!(
+                    "invalid mount type: npipe ({field}): named pipes exist only on Windows nodes, and every \
+                     node of this swarm is Linux; use type=bind for a socket"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Checks a service spec: a valid name, a container spec with an image, a mode, valid constraints, and
 /// every count, duration and the encoded size within `limits` (each error names the field and the limit).
 pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
@@ -115,6 +166,7 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
                 check_count("ContainerSpec.Healthcheck.Retries", h.retries as u64, MAX_HEALTH_RETRIES as u64)?;
             }
             validate_references(c)?;
+            validate_mounts(&c.mounts)?;
             validate_service_templates(c)?;
         }
         Some(task_spec::Runtime::Attachment(_)) => {
@@ -564,14 +616,11 @@ fn check_preferences(prefs: &[shoal_api::PlacementPreference]) -> Result<(), Con
         )));
     }
     for (i, p) in prefs.iter().enumerate() {
-        let descriptor = match &p.preference {
-            Some(shoal_api::placement_preference::Preference::Spread(s)) => s.spread_descriptor.as_str(),
-            None => return Err(invalid(format!("Placement.Preferences[{i}]: a preference needs a Spread"))),
-        };
-        if crate::scheduler::preferences::Descriptor::parse(descriptor).is_none() {
-            return Err(invalid(format!(
-                "Placement.Preferences[{i}].Spread.SpreadDescriptor: {descriptor:?} cannot be spread over; use node.labels.<name> or engine.labels.<name>"
-            )));
+        // Any descriptor is accepted, as the engine accepts it: node and engine labels and the node attributes
+        // constraints name are spread over (`scheduler::preferences::Descriptor`); SwarmKit's scheduler skips
+        // any other level, and so does this one.
+        if p.preference.is_none() {
+            return Err(invalid(format!("Placement.Preferences[{i}]: a preference needs a Spread")));
         }
     }
     Ok(())

@@ -85,7 +85,8 @@ pub fn check_update(task: Option<&Task>, update: &StatusUpdate) -> Result<(), Sk
         if let Some(stored) = &task.status {
             let same = stored.message == update.status.message
                 && stored.err == update.status.err
-                && stored.runtime_status == update.status.runtime_status;
+                && stored.runtime_status == update.status.runtime_status
+                && stored.port_status == update.status.port_status;
             if same {
                 return Err(SkipReason::Unchanged { task_id: update.task_id.clone() });
             }

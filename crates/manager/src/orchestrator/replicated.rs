@@ -4,7 +4,8 @@
 //! 1. Restart supervisor: every task still meant to run (desired <= RUNNING) that reached a terminal
 //!    observed state, or whose node is down or drained, is told to shut down (desired SHUTDOWN); if its restart policy
 //!    allows (`restart::should_restart`) and no other task runs in the slot, a replacement is created in the
-//!    same slot, with desired READY while the restart delay runs (desired RUNNING when there is none).
+//!    same slot, with desired READY while the restart delay runs (desired RUNNING when there is none). A
+//!    replacement that ends while its own delay runs (rejected while prepared) waits for that delay first.
 //! 2. Delayed replacements whose delay has passed are promoted to desired RUNNING.
 //! 3. Scaling: slots are classified (runnable / stopping / finished / empty, see `SlotClass`); empty slots
 //!    are filled (lowest slot numbers first) until N slots are held; extra slots are removed (desired REMOVE
@@ -257,6 +258,7 @@ impl<'a> Work<'a> {
     /// Restart supervisor (step 1) and promotion of delayed replacements (step 2).
     pub(crate) fn restart_and_promote(&mut self) {
         let slots: Vec<u64> = self.slots.keys().copied().collect();
+        let mut delayed = Vec::new();
         for slot in slots {
             let mut replacement = false;
             {
@@ -277,6 +279,16 @@ impl<'a> Work<'a> {
                     if !observed.is_terminal() && !node_down {
                         continue;
                     }
+                    // A replacement that ended within its own restart delay (rejected while it was prepared,
+                    // before it could run) is replaced only once that delay has passed, as SwarmKit's restart
+                    // supervisor waits: a task that can never start is retried once per delay, not in a burst.
+                    if e.desired == TaskState::Ready && !node_down {
+                        let at = restart::ready_at_ms(&e.task);
+                        if at > self.now_ms {
+                            delayed.push(at);
+                            continue;
+                        }
+                    }
                     let restart = restart::should_restart(&e.task, history.iter().map(|t| &**t));
                     entries[i].set_desired(TaskState::Shutdown);
                     if restart && !entries.iter().any(Entry::runnable) {
@@ -293,9 +305,9 @@ impl<'a> Work<'a> {
             }
         }
         let now = self.now_ms;
-        let mut wakes = Vec::new();
+        let mut wakes = delayed;
         for e in self.slots.values_mut().flat_map(|v| v.iter_mut()) {
-            if e.desired == TaskState::Ready {
+            if e.desired == TaskState::Ready && !observed_state(&e.task).is_terminal() {
                 let at = restart::ready_at_ms(&e.task);
                 if at <= now {
                     e.set_desired(TaskState::Running);

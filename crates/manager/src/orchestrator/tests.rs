@@ -148,6 +148,36 @@ fn failed_task_is_restarted_in_its_slot_after_the_delay() {
     assert_eq!(fx.tasks("s1").len(), 2);
 }
 
+#[test]
+fn a_replacement_rejected_within_its_delay_is_replaced_once_the_delay_passed() {
+    let fx = Fx::new();
+    fx.create(node("n1"));
+    fx.create(with_restart("s1", 1, RestartCondition::Any, 5_000, 0, 0));
+    fx.reconcile("s1");
+    let first = fx.tasks("s1")[0].clone();
+    fx.place(&first.id, "n1", TaskState::Assigned);
+    fx.set_state(&first.id, TaskState::Rejected);
+    fx.reconcile("s1");
+    let second = fx.runnable("s1").into_iter().find(|t| t.id != first.id).expect("a replacement");
+    assert_eq!(second.desired_state(), TaskState::Ready);
+    // The replacement is prepared while it waits its delay, and rejected at once (a missing image).
+    fx.clock.advance_ms(100);
+    fx.place(&second.id, "n1", TaskState::Assigned);
+    fx.set_state(&second.id, TaskState::Rejected);
+    let wake = fx.reconcile("s1");
+    assert_eq!(fx.tasks("s1").len(), 2, "no third task inside the second's delay");
+    assert_eq!(wake, Some(created_ms(&second) + 5_000), "the pass wakes when the delay ends");
+    fx.clock.advance_ms(4_899);
+    assert_eq!(fx.pending_changes("s1"), 0, "still inside the delay");
+    fx.clock.advance_ms(1);
+    fx.reconcile("s1");
+    assert_eq!(fx.task(&second.id).desired_state(), TaskState::Shutdown);
+    let tasks = fx.tasks("s1");
+    assert_eq!(tasks.len(), 3, "replaced once its delay passed");
+    let third = tasks.iter().find(|t| t.id != first.id && t.id != second.id).unwrap();
+    assert_eq!((third.slot, third.desired_state()), (first.slot, TaskState::Ready));
+}
+
 /// Runs a one-replica service whose tasks end in `end` over and over; returns how many tasks were created
 /// in total after `failures` ends, `gap_ms` apart.
 fn run_failures(policy: shoal_api::Service, end: TaskState, failures: usize, gap_ms: u64) -> usize {

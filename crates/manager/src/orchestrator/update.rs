@@ -5,6 +5,8 @@
 //! - STOP_FIRST (default): the old task gets desired SHUTDOWN; the slot is "stopping" until the old task
 //!   stops (observed terminal, never reached a node, or its node is down), then the reconcile's fill step
 //!   creates the new task, desired RUNNING. (So two tasks of a slot never run at once.)
+//!   An old task that never reached a node gets desired REMOVE instead (`retire`): nothing of it is left to
+//!   show, and as the slot's newest task it would hide the running one in `docker service ps`.
 //! - START_FIRST: the new task is created at once, desired RUNNING; the old one gets desired SHUTDOWN
 //!   when the new one is observed RUNNING.
 //!
@@ -156,6 +158,15 @@ fn after_failure(service: &Service, rolling_back: bool, action: FailureAction, t
 
 /// Runs the update step over `work`; returns the service when it changes (its `update_status`, and its
 /// spec on a rollback).
+/// Tells an out-of-date task to stop: desired SHUTDOWN, or REMOVE for one that never reached a node (a
+/// restart's replacement still waiting its delay when a rollback came), which the reaper then deletes: kept as
+/// history it would be the slot's newest task, what `docker service ps` shows as the current one, in place of
+/// the task that runs.
+fn retire(e: &mut super::replicated::Entry) {
+    let never_placed = e.task.node_id.is_empty() && observed_state(&e.task) < TaskState::Assigned;
+    e.set_desired(if never_placed { TaskState::Remove } else { TaskState::Shutdown });
+}
+
 pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     let service = work.service;
     let status = service.update_status.as_ref();
@@ -235,7 +246,7 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
                 } else if !old.is_empty() && new_running {
                     let entries = work.slots.get_mut(&slot).expect("slot listed");
                     for i in old {
-                        entries[i].set_desired(TaskState::Shutdown);
+                        retire(&mut entries[i]);
                     }
                 } else if !old.is_empty() {
                     // Start-first: the old task runs until a new one does, even when an earlier new task of
@@ -331,7 +342,7 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
                             .collect();
                         let entries = work.slots.get_mut(&slot).expect("slot listed");
                         for i in stale {
-                            entries[i].set_desired(TaskState::Shutdown);
+                            retire(&mut entries[i]);
                         }
                     }
                     UpdateOrder::StartFirst => {

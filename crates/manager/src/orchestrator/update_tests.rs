@@ -302,6 +302,27 @@ fn start_first_keeps_the_old_task_until_the_new_one_runs_and_rolls_back_cleanly(
 }
 
 #[test]
+fn after_a_start_first_rollback_the_running_task_is_its_slots_newest() {
+    let fx = Fx::new();
+    running_service(&fx, 1, config(1, FailureAction::Rollback, 0.0, UpdateOrder::StartFirst));
+    let before = running(&fx)[0].clone();
+    update_image(&fx, BAD);
+    until(&fx, UpdateState::RollbackCompleted);
+    for _ in 0..20 {
+        step(&fx);
+    }
+    fx.apply(fx.view(|t| taskreaper::reap(t, taskreaper::all_slots(t).iter())));
+    // `docker service ps` shows a slot's newest task as its current one: the restart's replacement that was
+    // still waiting its delay when the rollback came must not be that task.
+    let tasks = fx.tasks("s1");
+    assert_eq!(running(&fx).iter().map(|t| &t.id).collect::<Vec<_>>(), [&before.id]);
+    assert!(
+        tasks.iter().all(|t| !t.node_id.is_empty()),
+        "no task that never reached a node is kept as history: {tasks:#?}"
+    );
+}
+
+#[test]
 fn a_manual_rollback_uses_the_rollback_config() {
     let fx = Fx::new();
     running_service(&fx, 3, config(1, FailureAction::Pause, 0.0, UpdateOrder::StopFirst));

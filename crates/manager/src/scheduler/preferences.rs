@@ -34,7 +34,13 @@ pub enum Descriptor {
     NodeLabel(String),
     /// `engine.labels.<name>`: a label the node's engine reports.
     EngineLabel(String),
+    /// `node.id`, `node.hostname`, `node.role`, `node.platform.os` or `node.platform.arch` (lower case): what
+    /// a constraint can name.
+    Attribute(&'static str),
 }
+
+/// The node attributes a spread can group by, as constraints name them.
+const ATTRIBUTES: [&str; 5] = ["node.id", "node.hostname", "node.role", "node.platform.os", "node.platform.arch"];
 
 impl Descriptor {
     /// Parses `node.labels.<name>` or `engine.labels.<name>` (the prefix in any case, as SwarmKit reads it).
@@ -44,18 +50,33 @@ impl Descriptor {
             let name = &descriptor[prefix.len()..];
             (head.eq_ignore_ascii_case(prefix) && !name.is_empty()).then(|| name.to_string())
         };
-        label(NODE_LABELS).map(Descriptor::NodeLabel).or_else(|| label(ENGINE_LABELS).map(Descriptor::EngineLabel))
+        label(NODE_LABELS)
+            .map(Descriptor::NodeLabel)
+            .or_else(|| label(ENGINE_LABELS).map(Descriptor::EngineLabel))
+            .or_else(|| ATTRIBUTES.into_iter().find(|a| a.eq_ignore_ascii_case(descriptor)).map(Descriptor::Attribute))
     }
 
     /// The node's value for this descriptor ("" when it has none).
     fn value<'n>(&self, node: &'n Node) -> &'n str {
+        let desc = node.description.as_ref();
         let labels = match self {
+            Descriptor::Attribute(attr) => {
+                let platform = desc.and_then(|d| d.platform.as_ref());
+                return match *attr {
+                    "node.id" => node.id.as_str(),
+                    "node.hostname" => desc.map_or("", |d| d.hostname.as_str()),
+                    "node.role" => match node.role() {
+                        shoal_api::NodeRole::Manager => "manager",
+                        shoal_api::NodeRole::Worker => "worker",
+                    },
+                    "node.platform.os" => platform.map_or("", |p| p.os.as_str()),
+                    _ => platform.map_or("", |p| p.architecture.as_str()),
+                };
+            }
             Descriptor::NodeLabel(name) => {
                 node.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| (&a.labels, name))
             }
-            Descriptor::EngineLabel(name) => {
-                node.description.as_ref().and_then(|d| d.engine.as_ref()).map(|e| (&e.labels, name))
-            }
+            Descriptor::EngineLabel(name) => desc.and_then(|d| d.engine.as_ref()).map(|e| (&e.labels, name)),
         };
         labels.and_then(|(labels, name)| labels.get(name)).map_or("", String::as_str)
     }
@@ -213,11 +234,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn descriptors_take_node_and_engine_labels_in_any_case() {
+    fn descriptors_take_node_and_engine_labels_and_node_attributes_in_any_case() {
         assert_eq!(Descriptor::parse("node.labels.zone"), Some(Descriptor::NodeLabel("zone".into())));
         assert_eq!(Descriptor::parse("Node.Labels.Zone"), Some(Descriptor::NodeLabel("Zone".into())));
         assert_eq!(Descriptor::parse("engine.labels.disk"), Some(Descriptor::EngineLabel("disk".into())));
-        for bad in ["node.labels.", "node.hostname", "zone", "", "node.labelszone"] {
+        assert_eq!(Descriptor::parse("node.hostname"), Some(Descriptor::Attribute("node.hostname")));
+        assert_eq!(Descriptor::parse("Node.ID"), Some(Descriptor::Attribute("node.id")));
+        let mut n = Node { id: "n1".into(), ..Default::default() };
+        n.description = Some(shoal_api::NodeDescription { hostname: "vm".into(), ..Default::default() });
+        assert_eq!(Descriptor::parse("node.hostname").unwrap().value(&n), "vm");
+        assert_eq!(Descriptor::parse("node.role").unwrap().value(&n), "worker");
+        for bad in ["node.labels.", "zone", "", "node.labelszone"] {
             assert_eq!(Descriptor::parse(bad), None, "{bad:?}");
         }
     }
