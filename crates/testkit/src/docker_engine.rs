@@ -47,7 +47,13 @@ pub fn available() -> bool {
         .unwrap_or(false)
 }
 
-/// Builds `TEST_IMAGE` unless the engine has it. Safe to call from parallel test processes.
+/// The label the built image carries, `shoal.test-image=<recipe>`: an image of that tag without it (built by an
+/// older recipe, or another image imported under the same name) is built again.
+const RECIPE_LABEL: &str = "shoal.test-image";
+/// The recipe's version: raised whenever `build_test_image` changes what the image holds.
+const RECIPE: &str = "2";
+
+/// Builds `TEST_IMAGE` unless the engine has it from this recipe. Safe to call from parallel test processes.
 pub fn ensure_test_image() -> &'static str {
     let lock_path = crate::scratch_dir().join(BUILD_LOCK);
     let lock = std::fs::OpenOptions::new().create(true).append(true).open(&lock_path).expect("image build lock file");
@@ -55,7 +61,9 @@ pub fn ensure_test_image() -> &'static str {
     nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| e)
         .map(|guard| {
-            if !engine(&["image", "inspect", TEST_IMAGE]).status.success() {
+            let format = format!("{{{{index .Config.Labels \"{RECIPE_LABEL}\"}}}}");
+            let have = engine(&["image", "inspect", "--format", &format, TEST_IMAGE]);
+            if !have.status.success() || String::from_utf8_lossy(&have.stdout).trim() != RECIPE {
                 build_test_image();
             }
             drop(guard);
@@ -94,7 +102,8 @@ fn build_test_image() {
     assert!(tar.status.success(), "tar failed: {}", String::from_utf8_lossy(&tar.stderr));
     let out = crate::process::output_with_stdin(
         Command::new("docker")
-            .args(["import", "--change", "ENV PATH=/bin", "--change", "CMD [\"sh\"]", "-", TEST_IMAGE])
+            .args(["import", "--change", "ENV PATH=/bin", "--change", "CMD [\"sh\"]"])
+            .args(["--change", &format!("LABEL {RECIPE_LABEL}={RECIPE}"), "-", TEST_IMAGE])
             .env_remove("DOCKER_HOST"),
         &tar.stdout,
         "docker import",
