@@ -489,7 +489,10 @@ async fn shoal_json(relay: &Relay, req: Request) -> Result<(axum::http::response
 }
 
 async fn engine_json(engine: &DockerEngine, req: Request) -> Result<serde_json::Value, String> {
-    let (status, body) = engine.fetch_like(req).await?;
+    // One bound for the whole of it (learning the engine's version included).
+    let (status, body) = tokio::time::timeout(MERGE_TIMEOUT, engine.fetch_like(req))
+        .await
+        .map_err(|_| format!("no answer within {} s", MERGE_TIMEOUT.as_secs()))??;
     if !status.is_success() {
         let msg =
             serde_json::from_slice::<ErrorResponse>(&body).map(|e| e.message).unwrap_or_else(|_| status.to_string());
@@ -871,5 +874,172 @@ mod tests {
         assert!(format!("{e:?}").contains("own control socket"), "{e:?}");
         let e = Engine::docker("tcp://127.0.0.1:2375", &sock);
         assert!(format!("{e:?}").contains("not a unix socket"), "{e:?}");
+    }
+
+    /// A fake engine on a unix socket: `GET /version` says 1.41; a request with `Connection: Upgrade` gets
+    /// 101, then the stream says the path it was asked for and echoes what it reads; `stuck: true` accepts
+    /// connections and never answers.
+    async fn fake_engine(dir: &Path, stuck: bool) -> PathBuf {
+        let path = dir.join(if stuck { "stuck.sock" } else { "engine.sock" });
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                if stuck {
+                    held.push(stream);
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|mut req: hyper::Request<hyper::body::Incoming>| async move {
+                        let path = req.uri().path().to_string();
+                        if path.ends_with("/version") {
+                            return Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                                Bytes::from_static(br#"{"ApiVersion":"1.41"}"#),
+                            )));
+                        }
+                        let up = hyper::upgrade::on(&mut req);
+                        tokio::spawn(async move {
+                            let Ok(up) = up.await else { return };
+                            let mut io = TokioIo::new(up);
+                            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                            let _ = io.write_all(format!("{path}\n").as_bytes()).await;
+                            let mut buf = [0u8; 1024];
+                            while let Ok(n) = io.read(&mut buf).await {
+                                if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                        let mut r = hyper::Response::new(http_body_util::Full::new(Bytes::new()));
+                        *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                        r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+                        r.headers_mut().insert(header::UPGRADE, HeaderValue::from_static("tcp"));
+                        Ok(r)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        path
+    }
+
+    /// Shoal's socket (a tiny router: `/_ping`, `/services`, `/info`) in front of `engine`, within `limits`.
+    async fn shoal_socket(dir: &Path, engine: &Path, limits: crate::connections::ConnectionLimits) -> PathBuf {
+        let path = dir.join("shoal.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let shoal = Router::new()
+            .route("/_ping", axum::routing::get(|| async { "OK" }))
+            .route("/services", axum::routing::get(|| async { "[]" }))
+            .route("/info", axum::routing::get(|| async { axum::Json(json!({"Swarm": {"NodeID": "n1"}})) }));
+        let router = Engine::docker(&format!("unix://{}", engine.display()), &path).wrap(shoal);
+        tokio::spawn(crate::connections::serve_unix(listener, router, limits, std::future::pending()));
+        path
+    }
+
+    async fn read_head(s: &mut tokio::net::UnixStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if s.read(&mut b).await.unwrap() == 0 {
+                break;
+            }
+            head.push(b[0]);
+        }
+        String::from_utf8_lossy(&head).into_owned()
+    }
+
+    async fn get(socket: &Path, path: &str) -> (String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: d\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+        let mut all = String::new();
+        s.read_to_string(&mut all).await.unwrap();
+        let (head, body) = all.split_once("\r\n\r\n").unwrap_or((&all, ""));
+        (head.to_string(), body.to_string())
+    }
+
+    #[tokio::test]
+    async fn an_upgraded_stream_is_spliced_both_ways_and_holds_its_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let engine = fake_engine(dir.path(), false).await;
+        let limits = crate::connections::ConnectionLimits { max_connections: 1, ..Default::default() };
+        let socket = shoal_socket(dir.path(), &engine, limits).await;
+
+        let mut s = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        s.write_all(b"POST /v1.47/exec/abc/start HTTP/1.1\r\nHost: d\r\nConnection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let head = read_head(&mut s).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        // The engine was asked at its own version, the rest of the path kept.
+        let mut line = Vec::new();
+        while !line.ends_with(b"\n") {
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await.unwrap();
+            line.push(b[0]);
+        }
+        assert_eq!(line, b"/v1.41/exec/abc/start\n");
+        s.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+        let mut echo = vec![0u8; 47];
+        s.read_exact(&mut echo).await.unwrap();
+        assert_eq!(echo, b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n", "raw bytes, never rewritten");
+
+        // The hijacked connection is the socket's only one, busy: a second is refused, not served by evicting it.
+        let (head, _) = get(&socket, "/_ping").await;
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+        s.write_all(b"still here").await.unwrap();
+        let mut echo = vec![0u8; 10];
+        s.read_exact(&mut echo).await.unwrap();
+        assert_eq!(echo, b"still here");
+
+        // Once the stream ends, the slot is free again.
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (head, body) = get(&socket, "/_ping").await;
+            if head.starts_with("HTTP/1.1 200") {
+                assert_eq!(body, "OK");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the slot was never freed: {head}");
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stuck_engine_does_not_hold_up_the_swarms_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = fake_engine(dir.path(), true).await;
+        let socket = shoal_socket(dir.path(), &engine, Default::default()).await;
+        // Relayed requests that the engine never answers...
+        let mut stuck = Vec::new();
+        for _ in 0..8 {
+            let socket = socket.clone();
+            stuck.push(tokio::spawn(async move { get(&socket, "/v1.41/containers/json").await }));
+        }
+        // ...leave Shoal's own paths answering at once.
+        let started = Instant::now();
+        let (head, body) = get(&socket, "/services").await;
+        assert!(head.starts_with("HTTP/1.1 200") && body == "[]", "{head}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        // A merged path answers Shoal's part once the engine's is given up.
+        let (head, body) = get(&socket, "/info").await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let info: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(info["Swarm"]["NodeID"], "n1");
+        assert!(info["Warnings"][0].as_str().unwrap().contains("no answer within"), "{info}");
+        assert!(started.elapsed() < MERGE_TIMEOUT * 3, "{:?}", started.elapsed());
+        for s in &stuck {
+            assert!(!s.is_finished());
+        }
+        for s in stuck {
+            s.abort();
+        }
     }
 }
