@@ -214,6 +214,8 @@ enum Route {
     NetworkCreate,
     /// `/networks/{id}`: Shoal's when it has that network.
     NetworkById,
+    /// `POST /containers/create` and `POST /networks/{id}/connect`: refused when they name a swarm network.
+    ContainerNetworks,
 }
 
 fn route(method: &Method, path: &str) -> Route {
@@ -227,6 +229,8 @@ fn route(method: &Method, path: &str) -> Route {
         ("networks", []) if get => Route::Networks,
         ("networks", ["create"]) => Route::NetworkCreate,
         ("networks", ["prune"]) => Route::Engine,
+        ("networks", [_, "connect"]) if method == Method::POST => Route::ContainerNetworks,
+        ("containers", ["create"]) if method == Method::POST => Route::ContainerNetworks,
         ("networks", [_]) => Route::NetworkById,
         ("info" | "version" | "events" | "", _) => Route::Shoal,
         (s, _) if SHOAL_SEGMENTS.contains(&s) => Route::Shoal,
@@ -278,6 +282,7 @@ async fn dispatch(State(relay): State<Arc<Relay>>, req: Request) -> Response {
         Route::Events => merge_events(&relay, &engine, req).await,
         Route::NetworkCreate => network_create(&relay, &engine, req).await,
         Route::NetworkById => network_by_id(&relay, &engine, req, &full).await,
+        Route::ContainerNetworks => container_networks(&relay, &engine, req, &full).await,
     }
 }
 
@@ -585,6 +590,60 @@ async fn network_create(relay: &Relay, engine: &Arc<DockerEngine>, req: Request)
     }
 }
 
+/// The networks a container create (`HostConfig.NetworkMode`, `NetworkingConfig.EndpointsConfig`) or a
+/// network connect (the path's network) names, but the engine's own (`bridge`, `host`, `none`, `default`,
+/// `container:...`).
+fn named_networks(path: &str, body: &serde_json::Value) -> Vec<String> {
+    let field = |v: &serde_json::Value, k: &str| -> Option<serde_json::Value> {
+        v.as_object()?.iter().find(|(name, _)| name.eq_ignore_ascii_case(k)).map(|(_, v)| v.clone())
+    };
+    let mut names = Vec::new();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if let ["networks", id, "connect"] = segments.as_slice() {
+        names.push(id.to_string());
+    } else {
+        let host = field(body, "HostConfig").unwrap_or_default();
+        if let Some(serde_json::Value::String(mode)) = field(&host, "NetworkMode") {
+            names.push(mode);
+        }
+        let net = field(body, "NetworkingConfig").unwrap_or_default();
+        if let Some(serde_json::Value::Object(eps)) = field(&net, "EndpointsConfig") {
+            names.extend(eps.keys().cloned());
+        }
+    }
+    names
+        .retain(|n| !matches!(n.as_str(), "" | "bridge" | "host" | "none" | "default") && !n.starts_with("container:"));
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A container create or network connect that names a swarm network is refused (a container outside a
+/// service cannot be plumbed into an overlay by this node yet); anything else goes to the engine.
+async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = match http_body_util::Limited::new(body, MERGE_BODY_LIMIT_BYTES).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the request body could not be read: {e}")),
+    };
+    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let bare = crate::request::split_version(full).map_or(full, |(_, p)| p);
+    let prefix = &full[..full.len() - bare.len()];
+    for name in named_networks(bare, &doc) {
+        let mut probe = Request::new(Body::empty());
+        *probe.uri_mut() = format!("{prefix}/networks/{name}").parse().unwrap_or_default();
+        if shoal(relay, probe).await.status().is_success() {
+            return error(
+                StatusCode::NOT_IMPLEMENTED,
+                format!(
+                    "network {name} is a swarm network: this node cannot connect a container started outside a service to a swarm network yet (attachable overlays). Run it as a service (docker service create --network {name} ...), or use a local network"
+                ),
+            );
+        }
+    }
+    engine.relay(Request::from_parts(parts, Body::from(bytes))).await
+}
+
 async fn network_by_id(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
     let mut probe = Request::new(Body::empty());
     *probe.uri_mut() = full.parse().unwrap_or_default();
@@ -747,7 +806,9 @@ mod tests {
         check(Method::POST, "/networks/create", Route::NetworkCreate);
         check(Method::GET, "/networks/abc", Route::NetworkById);
         check(Method::DELETE, "/networks/abc", Route::NetworkById);
-        check(Method::POST, "/networks/abc/connect", Route::Engine);
+        check(Method::POST, "/networks/abc/connect", Route::ContainerNetworks);
+        check(Method::POST, "/networks/abc/disconnect", Route::Engine);
+        check(Method::POST, "/containers/create", Route::ContainerNetworks);
         check(Method::POST, "/networks/prune", Route::Engine);
         for p in [
             "/services",
@@ -781,6 +842,17 @@ mod tests {
         }
         check(Method::GET, "/no/such", Route::Unknown);
         check(Method::POST, "/info", Route::Shoal);
+    }
+
+    #[test]
+    fn the_networks_a_container_names_are_found_where_the_cli_puts_them() {
+        let body = json!({"HostConfig": {"NetworkMode": "web"},
+            "NetworkingConfig": {"EndpointsConfig": {"web": {}, "back": {}, "bridge": {}}}});
+        assert_eq!(named_networks("/containers/create", &body), ["back", "web"]);
+        let body = json!({"hostconfig": {"networkmode": "container:abc"}});
+        assert!(named_networks("/containers/create", &body).is_empty());
+        assert!(named_networks("/containers/create", &json!({"HostConfig": {"NetworkMode": "default"}})).is_empty());
+        assert_eq!(named_networks("/networks/front/connect", &json!({"Container": "c"})), ["front"]);
     }
 
     #[test]
