@@ -227,6 +227,7 @@ fn route(method: &Method, path: &str) -> Route {
         ("version", []) if get => Route::Version,
         ("events", []) if get => Route::Events,
         ("networks", []) if get => Route::Networks,
+        ("networks", []) => Route::Shoal,
         ("networks", ["create"]) => Route::NetworkCreate,
         ("networks", ["prune"]) => Route::Engine,
         ("networks", [_, "connect"]) if method == Method::POST => Route::ContainerNetworks,
