@@ -81,6 +81,8 @@ pub struct ConnectionState {
     awaiting_body: AtomicUsize,
     idle_since: Mutex<Instant>,
     evict: Notify,
+    /// Told when the last request in flight ends (a hijacked stream's included).
+    idle: Notify,
 }
 
 impl ConnectionState {
@@ -90,13 +92,15 @@ impl ConnectionState {
             awaiting_body: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
             evict: Notify::new(),
+            idle: Notify::new(),
         }
     }
 
-    /// Marks a request in flight until the guard (held by its response body) is dropped.
-    fn begin(self: &Arc<Self>) -> InFlight {
+    /// Marks a request in flight until the guard (held by its response body, and by a hijacked stream made
+    /// of it) is dropped.
+    fn begin(self: &Arc<Self>) -> Arc<InFlight> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        InFlight(self.clone())
+        Arc::new(InFlight(self.clone()))
     }
 
     /// Since when it has had no request in flight whose body has arrived (None: it has one now).
@@ -153,12 +157,35 @@ impl hyper::body::Body for WatchedBody {
     }
 }
 
-struct InFlight(Arc<ConnectionState>);
+/// One request in flight on a connection.
+#[derive(Debug)]
+pub struct InFlight(Arc<ConnectionState>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_one();
+        }
+    }
+}
+
+/// A request extension every request served by `serve_connection` carries: what a handler that takes the
+/// connection over (an upgraded or hijacked stream: `relay`) holds while it uses it, so that the connection
+/// stays counted, busy (never evicted as idle) and within the listener's shutdown until the stream ends.
+#[derive(Debug, Clone)]
+pub struct HeldConnection {
+    /// Keeps the request in flight.
+    pub in_flight: Arc<InFlight>,
+    /// Becomes true (or closed) when the connection must end: the listener shuts down (after its grace) or
+    /// the connection's server is gone.
+    pub closing: watch::Receiver<bool>,
+}
+
+impl HeldConnection {
+    /// Resolves when the stream must end.
+    pub async fn closed(mut self) {
+        let _ = self.closing.wait_for(|v| *v).await;
     }
 }
 
@@ -349,9 +376,12 @@ pub async fn serve_connection<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let tracked = state.clone();
+    // Dropped (or set) when this function returns: hijacked streams end with the connection.
+    let (closing_tx, closing_rx) = watch::channel(false);
     let svc = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
         let guard = tracked.begin();
         req.extensions_mut().insert(BodyReadTimeout(limits.body_read_timeout));
+        req.extensions_mut().insert(HeldConnection { in_flight: guard.clone(), closing: closing_rx.clone() });
         let router = router.clone();
         let tracked = tracked.clone();
         async move {
@@ -378,7 +408,8 @@ pub async fn serve_connection<I>(
         .max_headers(MAX_HEADERS);
     builder.http2().timer(TokioTimer::new());
     let io = TokioIo::new(JsonParseErrors::new(io));
-    let conn = builder.serve_connection(io, hyper_util::service::TowerToHyperService::new(svc));
+    // With upgrades: a relayed `attach` or `exec` start answers 101 and the connection becomes a raw stream.
+    let conn = builder.serve_connection_with_upgrades(io, hyper_util::service::TowerToHyperService::new(svc));
     tokio::pin!(conn);
     tokio::pin!(stop);
     tokio::select! {
@@ -387,7 +418,7 @@ pub async fn serve_connection<I>(
                 tracing::debug!(error = %e, "Engine API connection ended");
             }
         }
-        _ = state.evict.notified() => {}
+        _ = state.evict.notified() => return,
         _ = &mut stop => {
             conn.as_mut().graceful_shutdown();
             tokio::select! {
@@ -395,8 +426,30 @@ pub async fn serve_connection<I>(
                 _ = state.evict.notified() => {}
                 _ = tokio::time::sleep(limits.shutdown_grace) => {}
             }
+            return;
         }
     }
+    // The HTTP connection is done; a stream it was upgraded to may still run (it holds a request in flight):
+    // the connection stays open and counted until it ends, or the listener stops (then within the grace).
+    let mut deadline: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    while state.in_flight.load(Ordering::SeqCst) > 0 {
+        let stopped = deadline.is_some();
+        let grace = async {
+            match deadline.as_mut() {
+                Some(d) => d.as_mut().await,
+                None => std::future::pending().await,
+            }
+        };
+        let stop_now = tokio::select! {
+            _ = state.idle.notified() => false,
+            _ = &mut stop, if !stopped => true,
+            _ = grace => break,
+        };
+        if stop_now {
+            deadline = Some(Box::pin(tokio::time::sleep(limits.shutdown_grace)));
+        }
+    }
+    let _ = closing_tx.send(true);
 }
 
 /// The API's JSON answer in place of the bare one hyper writes for a request head it could not parse: `out`
@@ -454,11 +507,13 @@ struct JsonParseErrors<I> {
     inner: I,
     /// A rewritten answer being written, and how much of it is out.
     rewriting: Option<(Vec<u8>, usize)>,
+    /// A `101` went out: the connection is a raw stream now (a relayed `attach` or `exec`), never rewritten.
+    upgraded: bool,
 }
 
 impl<I> JsonParseErrors<I> {
     fn new(inner: I) -> JsonParseErrors<I> {
-        JsonParseErrors { inner, rewriting: None }
+        JsonParseErrors { inner, rewriting: None, upgraded: false }
     }
 }
 
@@ -486,7 +541,13 @@ impl<I: AsyncRead + Unpin> AsyncRead for JsonParseErrors<I> {
 impl<I: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
-        if this.rewriting.is_none() {
+        if this.upgraded {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        }
+        if buf.starts_with(b"HTTP/1.1 101 ") {
+            this.upgraded = true;
+        }
+        if this.rewriting.is_none() && !this.upgraded {
             this.rewriting = json_answer_for_parse_error(buf).map(|a| (a, 0));
         }
         let Some((answer, written)) = this.rewriting.as_mut() else {

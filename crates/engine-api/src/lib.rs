@@ -17,6 +17,7 @@ pub mod lifecycle;
 pub mod locked;
 pub mod logs;
 mod networks;
+pub mod relay;
 pub mod request;
 mod secrets;
 #[cfg(test)]

@@ -128,7 +128,7 @@ pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
 }
 
 /// The API version a path asks for (`/v1.47/...`), and the path without it.
-fn split_version(path: &str) -> Option<((u32, u32), &str)> {
+pub(crate) fn split_version(path: &str) -> Option<((u32, u32), &str)> {
     let rest = path.strip_prefix("/v")?;
     let end = rest.find('/').unwrap_or(rest.len());
     let (ver, tail) = rest.split_at(end);

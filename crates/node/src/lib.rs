@@ -149,6 +149,27 @@ fn data_plane(cfg: &DaemonConfig) -> Result<Arc<shoal_agent::network::NetworkPla
     plane
 }
 
+/// The engine the control socket relays the rest of the Docker Engine API to (`shoal_engine_api::relay`):
+/// the docker executor's engine, none with the process executor. `executor` is the executor in use
+/// (`Executor::name`), None before one is picked (a node in no swarm, a locked manager): then
+/// `--executor auto` relays when the engine's socket exists.
+pub(crate) fn engine_relay(cfg: &DaemonConfig, executor: Option<&str>) -> shoal_engine_api::relay::Engine {
+    use shoal_engine_api::relay::{Engine, PROCESS_EXECUTOR};
+    let docker = || Engine::docker(&cfg.engine_addr, &cfg.listen_control_api);
+    match (executor, cfg.executor) {
+        (Some("docker"), _) | (None, ExecutorKind::Docker) => docker(),
+        (None, ExecutorKind::Auto) => {
+            let path = cfg.engine_addr.strip_prefix("unix://").unwrap_or(&cfg.engine_addr);
+            if Path::new(path).exists() {
+                docker()
+            } else {
+                Engine::absent(format!("this node has no container engine (none at {})", cfg.engine_addr))
+            }
+        }
+        _ => Engine::absent(PROCESS_EXECUTOR),
+    }
+}
+
 /// How long `--executor auto` waits for the Docker Engine to answer a ping before using processes.
 pub const ENGINE_PING_WITHIN: Duration = Duration::from_secs(2);
 
@@ -461,7 +482,8 @@ impl Node {
         let (api_stop_tx, api_stop_rx) = watch::channel(false);
         let entry_points = remote_security.authz.entry_points().clone();
         entry_points.register("control-socket", control_socket.display(), authz::Guard::SocketFileMode);
-        let control_router = shoal_engine_api::router(ctx).merge(entry_points.router());
+        let control_router =
+            engine_relay(&cfg, Some(executor.name())).wrap(shoal_engine_api::router(ctx).merge(entry_points.router()));
         let control_api = lifecycle::Closer::new(
             api_stop_tx,
             tokio::spawn({

@@ -339,9 +339,12 @@ pub(crate) async fn serve_inactive(
         default_spec: crate::default_cluster_spec(),
         lifecycle: handle.as_ref(),
     };
+    let router = crate::engine_relay(cfg, None).wrap(shoal_engine_api::lifecycle::inactive_router(ctx));
     let (stop_tx, stop_rx) = watch::channel(false);
     let task = tokio::spawn(async move {
-        if let Err(e) = shoal_engine_api::lifecycle::serve_inactive_unix(listener, ctx, crate::wait_true(stop_rx)).await
+        let limits = shoal_engine_api::connections::ConnectionLimits::default();
+        if let Err(e) =
+            shoal_engine_api::connections::serve_unix(listener, router, limits, crate::wait_true(stop_rx)).await
         {
             tracing::error!(error = %e, "control API server failed");
         }

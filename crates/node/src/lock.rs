@@ -391,9 +391,13 @@ pub(crate) async fn serve_until_unlocked(
         unlocker: Arc::new(StateDirUnlocker { state_dir: cfg.state_dir.clone(), unlocked: unlocked_tx }),
         lifecycle: session.handle.as_ref(),
     };
+    let router = crate::engine_relay(cfg, None).wrap(shoal_engine_api::locked::locked_router(ctx));
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = tokio::spawn(async move {
-        if let Err(e) = shoal_engine_api::locked::serve_locked_unix(listener, ctx, crate::wait_true(stop_rx)).await {
+        let limits = shoal_engine_api::connections::ConnectionLimits::default();
+        if let Err(e) =
+            shoal_engine_api::connections::serve_unix(listener, router, limits, crate::wait_true(stop_rx)).await
+        {
             tracing::error!(error = %e, "control API server failed");
         }
     });

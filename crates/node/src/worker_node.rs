@@ -274,12 +274,14 @@ pub(crate) async fn run_worker(
     };
     // The control socket's server stops on its own signal: a leave is answered through it after the rest.
     let (api_stop_tx, api_stop_rx) = watch::channel(false);
+    let router = crate::engine_relay(&cfg, Some(executor.name())).wrap(shoal_engine_api::worker::worker_router(ctx));
     let control_api = crate::lifecycle::Closer::new(
         api_stop_tx,
         tokio::spawn({
             let stop = crate::wait_true(api_stop_rx);
             async move {
-                if let Err(e) = shoal_engine_api::worker::serve_worker_unix(unix, ctx, stop).await {
+                let limits = shoal_engine_api::connections::ConnectionLimits::default();
+                if let Err(e) = shoal_engine_api::connections::serve_unix(unix, router, limits, stop).await {
                     tracing::error!(error = %e, "control API server failed");
                 }
             }
