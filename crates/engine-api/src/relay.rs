@@ -248,7 +248,33 @@ fn error(status: StatusCode, message: String) -> Response {
     r
 }
 
+/// What a node without an engine answers for a path of the engine's. A lookup of one object (`docker inspect`
+/// tries a container, an image, a volume, ... in turn, moving on at a 404) gets the engine's 404 for a missing
+/// object, since the node has none; everything else gets the 501 that says why.
 fn no_engine(why: &str, method: &Method, path: &str) -> Response {
+    if method == Method::GET {
+        if let Some(what) = missing_object(path) {
+            return error(StatusCode::NOT_FOUND, format!("{what} ({why})"));
+        }
+    }
+    no_engine_501(why, method, path)
+}
+
+/// The engine's not-found message for a GET of one object at `path` (without its version), if it is one.
+fn missing_object(path: &str) -> Option<String> {
+    let rest = path.strip_prefix('/')?;
+    let (kind, name) = rest.split_once('/')?;
+    let inspect = |n: &str| n.strip_suffix("/json").filter(|n| !n.is_empty() && !n.contains('/')).map(str::to_string);
+    match kind {
+        "containers" => inspect(name).map(|n| format!("No such container: {n}")),
+        "images" => name.strip_suffix("/json").filter(|n| !n.is_empty()).map(|n| format!("No such image: {n}")),
+        "plugins" => inspect(name).map(|n| format!("plugin {n} not found")),
+        "volumes" if !name.is_empty() && !name.contains('/') => Some(format!("get {name}: no such volume")),
+        _ => None,
+    }
+}
+
+fn no_engine_501(why: &str, method: &Method, path: &str) -> Response {
     error(
         StatusCode::NOT_IMPLEMENTED,
         format!(
@@ -1041,7 +1067,9 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let dir = tempfile::tempdir().unwrap();
         let engine = fake_engine(dir.path(), false).await;
-        let limits = crate::connections::ConnectionLimits { max_connections: 1, ..Default::default() };
+        // (The test runs as the socket's owner: no reserve beyond the cap, so the cap is the one connection.)
+        let limits =
+            crate::connections::ConnectionLimits { max_connections: 1, owner_reserve: 0, ..Default::default() };
         let socket = shoal_socket(dir.path(), &engine, limits).await;
 
         let mut s = tokio::net::UnixStream::connect(&socket).await.unwrap();
@@ -1114,5 +1142,25 @@ mod tests {
         for s in stuck {
             s.abort();
         }
+    }
+
+    #[test]
+    fn a_node_without_an_engine_answers_a_lookup_of_one_object_as_missing() {
+        let why = "no engine here";
+        for (path, want) in [
+            ("/containers/abc/json", Some("No such container: abc")),
+            ("/images/library/busybox:latest/json", Some("No such image: library/busybox:latest")),
+            ("/volumes/data", Some("get data: no such volume")),
+            ("/plugins/p/json", Some("plugin p not found")),
+            ("/containers/json", None),
+            ("/containers/abc/logs", None),
+            ("/volumes", None),
+        ] {
+            assert_eq!(missing_object(path).as_deref(), want, "{path}");
+            let status = no_engine(why, &Method::GET, path).status();
+            let want_status = if want.is_some() { StatusCode::NOT_FOUND } else { StatusCode::NOT_IMPLEMENTED };
+            assert_eq!(status, want_status, "{path}");
+        }
+        assert_eq!(no_engine(why, &Method::DELETE, "/containers/abc").status(), StatusCode::NOT_IMPLEMENTED);
     }
 }

@@ -23,8 +23,9 @@ use shoal_testkit::process::wait_exit;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// The client, from inside its task: what `web` and `tasks.web` resolve to, then 40 GETs of each of `http://web/`,
-/// the VIP, and the outside listener (`OUTSIDE`), one `RESULT <what> <answer>=<count> ...` line each, then
+/// The client, from inside its task: what `web`, `tasks.web` and `db` (on a network the client is not on) resolve
+/// to, then 40 GETs of each of `http://web/`, the VIP (`VIP`, or what `web` resolves to), and the outside listener
+/// (`OUTSIDE`), one `RESULT <what> <answer>=<count> ...` line each, then
 /// `RESULT DONE`. Each target's first GET is retried for up to 10 s (the VIP's backends are set a moment after
 /// RUNNING).
 const CLIENT: &str = r#"
@@ -47,7 +48,9 @@ def names(n):
         return 'error:' + type(e).__name__
 print('RESULT web', names('web'), flush=True)
 print('RESULT tasks.web', names('tasks.web'), flush=True)
-for what, host, port in [('name', 'web', 80), ('vip', os.environ['VIP'], 80), ('outside', os.environ['OUTSIDE'], 8099)]:
+print('RESULT db', names('db'), flush=True)
+vip = os.environ.get('VIP') or socket.gethostbyname('web')
+for what, host, port in [('name', 'web', 80), ('vip', vip, 80), ('outside', os.environ['OUTSIDE'], 8099)]:
     deadline = time.time() + 10
     while time.time() < deadline:
         try:
@@ -279,6 +282,8 @@ res() { nslookup "$1" 2>/dev/null | sed -n 's/^Address:[[:space:]]*\([0-9.]*\)$/
 ' ',' | sed 's/,$//'; }
 echo "RESULT web $(res web)"
 echo "RESULT tasks.web $(res tasks.web)"
+echo "RESULT db $(res db)"
+VIP="${VIP:-$(res web)}"
 for t in "name http://web/" "vip http://$VIP/" "outside http://$OUTSIDE:8099/"; do
   set -- $t
   i=0
@@ -341,40 +346,64 @@ fn readme_daemon_on_the_host(kind: Tasks) {
         Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
     });
 
+    // The acceptance's stack (issue 30): `web` (2 replicas, a published port) on two overlay networks, `client`
+    // on `front` with it, `db` on `back` with it, deployed with `docker stack deploy` as a user would.
     let published = free_port();
-    d.docker(&["network", "create", "--driver", "overlay", "appnet"]);
-    let publish = format!("{published}:80");
-    let mut args = vec!["service", "create", "--detach", "--no-resolve-image", "--name", "web", "--network", "appnet"];
-    args.extend(["--replicas", "2", "--publish", &publish, &kind.image]);
-    args.extend(kind.web.iter().map(String::as_str));
-    d.docker(&args);
-    wait_until("web 2/2", WAIT, || {
-        let text = d.docker(&["service", "ls", "--filter", "name=web", "--format", "{{.Replicas}}"]);
-        if text.trim() == "2/2" {
-            Ok(())
-        } else {
-            Err(text)
-        }
+    let (entry, web_cmd) = kind.web.split_at(kind.web.len() - 1);
+    let (_, client_cmd) = kind.client.split_at(kind.client.len() - 1);
+    let compose = serde_json::json!({
+        "version": "3.8",
+        "services": {
+            "web": {"image": kind.image, "entrypoint": entry, "command": web_cmd, "networks": ["front", "back"],
+                    "ports": [format!("{published}:80")], "deploy": {"replicas": 2}},
+            "client": {"image": kind.image, "entrypoint": entry, "command": client_cmd, "networks": ["front"],
+                       "environment": {"OUTSIDE": outside.ip.clone()},
+                       "deploy": {"restart_policy": {"condition": "none"}}},
+            "db": {"image": kind.image, "entrypoint": entry, "command": web_cmd, "networks": ["back"]},
+        },
+        "networks": {"front": {"driver": "overlay"}, "back": {"driver": "overlay"}},
     });
-    // The VIP on appnet (the service has one on the ingress network too).
-    let appnet = d.docker(&["network", "inspect", "appnet", "--format", "{{.Id}}"]);
+    // (JSON is YAML: the scripts need no quoting.)
+    std::fs::write(dir.path().join("stack.yml"), compose.to_string()).unwrap();
+    d.docker(&["stack", "deploy", "--resolve-image", "never", "-c", "stack.yml", "app"]);
+    for (service, want) in [("app_web", "2/2"), ("app_db", "1/1")] {
+        wait_until(&format!("{service} {want}"), WAIT, || {
+            let filter = format!("name={service}");
+            let text = d.docker(&["service", "ls", "--filter", &filter, "--format", "{{.Replicas}}"]);
+            if text.trim() == want {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        });
+    }
+    // The VIP on front (the service has one on back and on the ingress network too).
+    let appnet = d.docker(&["network", "inspect", "app_front", "--format", "{{.Id}}"]);
     let vips = d.docker(&[
         "service",
         "inspect",
-        "web",
+        "app_web",
         "--format",
         "{{range .Endpoint.VirtualIPs}}{{.NetworkID}} {{.Addr}}\n{{end}}",
     ]);
     let vip = vips
         .lines()
         .find_map(|l| l.strip_prefix(&format!("{} ", appnet.trim())))
-        .unwrap_or_else(|| panic!("no VIP of web on appnet {appnet}: {vips}"))
+        .unwrap_or_else(|| panic!("no VIP of web on front {appnet}: {vips}"))
         .split('/')
         .next()
         .unwrap()
         .to_string();
-    let tasks =
-        d.docker(&["service", "ps", "web", "--filter", "desired-state=running", "--format", "{{.ID}}", "--no-trunc"]);
+    let tasks = d.docker(&[
+        "service",
+        "ps",
+        "app_web",
+        "--filter",
+        "desired-state=running",
+        "--format",
+        "{{.ID}}",
+        "--no-trunc",
+    ]);
     // Each task's address on a network (the server answers with the address a connection arrived at).
     let addrs_on = |network: &str| -> Vec<String> {
         let format = format!(
@@ -387,19 +416,14 @@ fn readme_daemon_on_the_host(kind: Tasks) {
         v.sort();
         v
     };
-    let (web_addrs, web_ingress) = (addrs_on("appnet"), addrs_on("ingress"));
+    let (web_addrs, web_ingress) = (addrs_on("app_front"), addrs_on("ingress"));
     assert_eq!(web_addrs.len(), 2, "{web_addrs:?}");
 
-    let (vip_env, outside_env) = (format!("VIP={vip}"), format!("OUTSIDE={}", outside.ip));
-    let mut args = vec!["service", "create", "--detach", "--no-resolve-image", "--name", "client", "--network"];
-    args.extend(["appnet", "--restart-condition", "none", "--env", &vip_env, "--env", &outside_env, &kind.image]);
-    args.extend(kind.client.iter().map(String::as_str));
-    d.docker(&args);
     let client = wait_until("the client running", WAIT, || {
         let t = d.docker(&[
             "service",
             "ps",
-            "client",
+            "app_client",
             "--filter",
             "desired-state=running",
             "--format",
@@ -418,6 +442,9 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     // world answers (masqueraded through the host's FORWARD chain).
     assert!(r.contains(&format!("web {vip}")), "web resolves to {vip} (of {vips}): {r:?}");
     assert!(r.contains(&format!("tasks.web {}", web_addrs.join(","))), "tasks.web is {web_addrs:?}: {r:?}");
+    // `db` shares no network with the client: no name for it there.
+    let db = r.iter().find(|l| l.starts_with("db")).unwrap_or_else(|| panic!("no db line: {r:?}"));
+    assert!(db == "db" || db.starts_with("db error:"), "db resolves from a network it is not on: {db}");
     for what in ["name", "vip"] {
         let line = r.iter().find(|l| l.starts_with(&format!("{what} "))).unwrap();
         let c = counts(line);
@@ -460,9 +487,10 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     }
 
     // Removing everything, then a clean stop, leaves nothing of Shoal's in the host's namespace.
-    let ids = d.docker(&["service", "ps", "web", "client", "--format", "{{.ID}}", "--no-trunc"]);
+    let ids = d.docker(&["service", "ps", "app_web", "app_client", "app_db", "--format", "{{.ID}}", "--no-trunc"]);
     let node = d.docker(&["info", "--format", "{{.Swarm.NodeID}}"]).trim().to_string();
-    d.docker(&["service", "rm", "client", "web"]);
+    // `stack rm` removes the services, then tries the networks (which may still hold tasks being removed).
+    let _ = docker_cli::command(&d.socket(), &["stack", "rm", "app"]).output().unwrap();
     // The engine's containers and holders of this node go with the services (docker executor).
     let filter = format!("label=com.docker.swarm.node.id={node}");
     wait_until("the node's containers removed", WAIT, || {
@@ -473,12 +501,16 @@ fn readme_daemon_on_the_host(kind: Tasks) {
             Err(left)
         }
     });
-    wait_until("the network removed", WAIT, || {
-        let out = docker_cli::command(&d.socket(), &["network", "rm", "appnet"]).output().unwrap();
-        if out.status.success() {
+    wait_until("the stack's networks removed", WAIT, || {
+        let all = d.docker(&["network", "ls", "--format", "{{.Name}}"]);
+        let left: Vec<&str> = all.lines().filter(|n| n.starts_with("app_")).collect();
+        for n in &left {
+            let _ = docker_cli::command(&d.socket(), &["network", "rm", n]).output();
+        }
+        if left.is_empty() {
             Ok(())
         } else {
-            Err(String::from_utf8_lossy(&out.stderr).to_string())
+            Err(format!("{left:?}"))
         }
     });
     // The last reconcile without a network (a docker executor's clean stop keeps what running tasks use:
@@ -510,5 +542,5 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     assert!(d.stop(), "a clean stop on SIGTERM");
     let left = host_leftovers();
     assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
-    assert!(ids.lines().count() >= 3 && tasks_left().is_empty(), "task namespaces left: {:?} of {ids}", tasks_left());
+    assert!(ids.lines().count() >= 4 && tasks_left().is_empty(), "task namespaces left: {:?} of {ids}", tasks_left());
 }
