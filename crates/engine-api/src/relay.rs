@@ -64,9 +64,9 @@ pub const MAX_EVENT_LINE_BYTES: usize = 1 << 20;
 /// How long a learned engine API version is trusted before it is asked again.
 const VERSION_TTL: Duration = Duration::from_secs(60);
 
-/// The first path segments (after any `/v1.NN`) that are Shoal's alone.
+/// The first path segments (after any `/v1.NN`) that are Shoal's alone (`debug`: Shoal's own debug views).
 const SHOAL_SEGMENTS: &[&str] =
-    &["_ping", "swarm", "services", "tasks", "nodes", "secrets", "configs", "distribution", "shoal"];
+    &["_ping", "swarm", "services", "tasks", "nodes", "secrets", "configs", "distribution", "shoal", "debug"];
 
 /// The first path segments of the Docker Engine API that are the engine's (what a node without one answers
 /// 501 to; any other unknown path is a 404 there).
