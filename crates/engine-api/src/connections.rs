@@ -409,8 +409,8 @@ pub async fn serve_connection<I>(
     builder.http2().timer(TokioTimer::new());
     let io = TokioIo::new(JsonParseErrors::new(io));
     // With upgrades: a relayed `attach` or `exec` start answers 101 and the connection becomes a raw stream.
-    let conn = builder.serve_connection_with_upgrades(io, hyper_util::service::TowerToHyperService::new(svc));
-    tokio::pin!(conn);
+    let mut conn =
+        Box::pin(builder.serve_connection_with_upgrades(io, hyper_util::service::TowerToHyperService::new(svc)));
     tokio::pin!(stop);
     tokio::select! {
         r = conn.as_mut() => {
@@ -429,6 +429,9 @@ pub async fn serve_connection<I>(
             return;
         }
     }
+    // The ended connection holds the response it was sending (an events stream's body, with its request in
+    // flight): dropped here, so only a stream it was upgraded to keeps the connection counted.
+    drop(conn);
     // The HTTP connection is done; a stream it was upgraded to may still run (it holds a request in flight):
     // the connection stays open and counted until it ends, or the listener stops (then within the grace).
     let mut deadline: Option<Pin<Box<tokio::time::Sleep>>> = None;
