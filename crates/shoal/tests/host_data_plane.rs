@@ -46,6 +46,10 @@ def names(n):
         return ','.join(sorted(socket.gethostbyname_ex(n)[2]))
     except OSError as e:
         return 'error:' + type(e).__name__
+# In a stack the services start together: wait (60 s at most) until both web tasks have names.
+deadline = time.time() + 60
+while time.time() < deadline and len(names('tasks.web').split(',')) < 2:
+    time.sleep(0.2)
 print('RESULT web', names('web'), flush=True)
 print('RESULT tasks.web', names('tasks.web'), flush=True)
 print('RESULT db', names('db'), flush=True)
@@ -280,6 +284,8 @@ const DOCKER_WEB: &str = "mkdir -p /www; hostname > /www/index.html; exec httpd 
 const DOCKER_CLIENT: &str = r#"
 res() { nslookup "$1" 2>/dev/null | sed -n 's/^Address:[[:space:]]*\([0-9.]*\)$/\1/p' | sort | tr '
 ' ',' | sed 's/,$//'; }
+i=0
+until [ "$(res tasks.web | tr ',' '\n' | grep -c .)" -ge 2 ] || [ $i -ge 300 ]; do i=$((i+1)); sleep 0.2; done
 echo "RESULT web $(res web)"
 echo "RESULT tasks.web $(res tasks.web)"
 echo "RESULT db $(res db)"
@@ -349,8 +355,11 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     // The acceptance's stack (issue 30): `web` (2 replicas, a published port) on two overlay networks, `client`
     // on `front` with it, `db` on `back` with it, deployed with `docker stack deploy` as a user would.
     let published = free_port();
-    let (entry, web_cmd) = kind.web.split_at(kind.web.len() - 1);
-    let (_, client_cmd) = kind.client.split_at(kind.client.len() - 1);
+    // (Compose interpolates `$`: the scripts' own are written `$$`.)
+    let escaped = |v: &[String]| -> Vec<String> { v.iter().map(|a| a.replace('$', "$$")).collect() };
+    let (web, client) = (escaped(&kind.web), escaped(&kind.client));
+    let (entry, web_cmd) = web.split_at(web.len() - 1);
+    let (_, client_cmd) = client.split_at(client.len() - 1);
     let compose = serde_json::json!({
         "version": "3.8",
         "services": {
@@ -432,7 +441,7 @@ fn readme_daemon_on_the_host(kind: Tasks) {
         ]);
         match t.lines().next() {
             Some(l) if l.contains("Running") => Ok(l.split(' ').next().unwrap().to_string()),
-            _ => Err(t),
+            _ => Err(format!("{t}{}", d.docker(&["service", "ps", "--no-trunc", "app_client"]))),
         }
     });
     let r = results(&kind, &dir.path().join("shoal-state"), &client);
