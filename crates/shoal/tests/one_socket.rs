@@ -137,8 +137,23 @@ fn the_docker_cli_on_shoals_socket_reaches_containers_images_volumes_networks_an
     // from the daemon's side as a swarm write both receive.
     let probe = unique("probe");
     user_ok(&d, &["service", "create", "--detach", "--name", &probe, "--replicas", "0", image, "true"]);
-    let mut seen_services = Vec::new();
-    wait_line(service_lines, &["service create", &probe], Duration::from_secs(20), &mut seen_services);
+    let mut seen_services: Vec<String> = Vec::new();
+    // A stream the CLI opened after the create missed it: the probe is updated (another event) until the
+    // service stream shows one of its events.
+    let end = Instant::now() + Duration::from_secs(60);
+    for i in 0.. {
+        let seen = seen_services.iter().any(|l| l.starts_with("service ") && l.contains(probe.as_str()));
+        if seen {
+            break;
+        }
+        assert!(Instant::now() < end, "the service event stream never showed the probe: {seen_services:#?}");
+        if i > 0 {
+            user_ok(&d, &["service", "update", "--detach", "--label-add", &format!("try={i}"), &probe]);
+        }
+        if let Ok(l) = service_lines.recv_timeout(Duration::from_secs(2)) {
+            seen_services.push(l);
+        }
+    }
 
     // `docker ps` shows the service's containers.
     user_ok(&d, &["service", "create", "--detach", "--name", &svc, image, "sleep", "1000"]);
