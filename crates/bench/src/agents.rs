@@ -48,6 +48,14 @@ const NODE_ID_KEY: &str = "x-shoal-node-id";
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most time for all nodes to register, or for all tasks to run.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(600);
+/// The same at the smoke size (50 nodes), where a phase takes a few seconds: a stuck one fails the run with
+/// its counts long before a test runner's cut-off.
+const SMOKE_PHASE_TIMEOUT: Duration = Duration::from_secs(45);
+/// Attempts of one status report before the simulated node gives up on it (a real agent retries too: a
+/// batch that kept conflicting, or a leader busy, answers UNAVAILABLE "retry").
+const STATUS_ATTEMPTS: u32 = 20;
+/// Pause between two attempts of a status report.
+const STATUS_RETRY: Duration = Duration::from_millis(250);
 /// How often the job phase counts the job's tasks.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
@@ -211,13 +219,27 @@ async fn sim_node(i: usize, channel: Channel, shared: Arc<Shared>, mut stop: wat
                     if !updates.is_empty() {
                         let complete = updates.iter().filter(|u| u.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32)).count();
                         let n = updates.len();
-                        let r = client.update_task_status(req(&node_id, UpdateTaskStatusRequest { session_id: session_id.clone(), updates }, Some(CALL_TIMEOUT))).await;
-                        match r {
-                            Ok(_) => {
-                                shared.running_reported.fetch_add(n - complete, Ordering::Relaxed);
-                                shared.complete_reported.fetch_add(complete, Ordering::Relaxed);
+                        // Retried as an agent retries its reports: a lost report would leave a task (and the
+                        // phase waiting on it) unfinished.
+                        let mut attempt = 0;
+                        loop {
+                            attempt += 1;
+                            let r = client.update_task_status(req(&node_id, UpdateTaskStatusRequest { session_id: session_id.clone(), updates: updates.clone() }, Some(CALL_TIMEOUT))).await;
+                            match r {
+                                Ok(_) => {
+                                    shared.running_reported.fetch_add(n - complete, Ordering::Relaxed);
+                                    shared.complete_reported.fetch_add(complete, Ordering::Relaxed);
+                                    break;
+                                }
+                                Err(e) if attempt < STATUS_ATTEMPTS => {
+                                    eprintln!("node {node_id}: UpdateTaskStatus failed (attempt {attempt}, retrying): {e}");
+                                    tokio::time::sleep(STATUS_RETRY).await;
+                                }
+                                Err(e) => {
+                                    eprintln!("node {node_id}: UpdateTaskStatus failed {attempt} times, given up: {e}");
+                                    break;
+                                }
                             }
-                            Err(e) => eprintln!("node {node_id}: UpdateTaskStatus failed: {e}"),
                         }
                     }
                 }
@@ -252,12 +274,18 @@ fn manager_cpu_seconds() -> Result<f64, BenchError> {
     Ok(total)
 }
 
-async fn wait_count(what: &str, counter: &AtomicUsize, want: usize) -> Result<Duration, BenchError> {
+async fn wait_count(what: &str, counter: &AtomicUsize, want: usize, limit: Duration) -> Result<Duration, BenchError> {
     let start = Instant::now();
+    let mut last_log = Instant::now();
+    eprintln!("waiting: {what} ({want})");
     while counter.load(Ordering::Relaxed) < want {
-        if start.elapsed() > PHASE_TIMEOUT {
+        if last_log.elapsed() >= Duration::from_secs(10) {
+            eprintln!("{:.0} s: {what}: {} of {want}", start.elapsed().as_secs_f64(), counter.load(Ordering::Relaxed));
+            last_log = Instant::now();
+        }
+        if start.elapsed() > limit {
             return Err(BenchError::Timeout(format!(
-                "{what}: {} of {want} after {PHASE_TIMEOUT:?}",
+                "{what}: {} of {want} after {limit:?}",
                 counter.load(Ordering::Relaxed)
             )));
         }
@@ -270,6 +298,7 @@ async fn wait_count(what: &str, counter: &AtomicUsize, want: usize) -> Result<Du
 pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
     let (nodes, seconds) = if a.smoke { (50, 2) } else { (a.nodes.max(1), a.seconds.max(1)) };
     let job = if a.smoke && a.job > 0 { 500 } else { a.job };
+    let phase_timeout = if a.smoke { SMOKE_PHASE_TIMEOUT } else { PHASE_TIMEOUT };
     let mut job_took: Option<Duration> = None;
     let nofile = procstat::raise_nofile_limit()?;
     let per_conn = a.nodes_per_connection.max(1);
@@ -285,6 +314,7 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
         .enable_all()
         .build()
         .map_err(|e| BenchError::Setup(e.to_string()))?;
+    eprintln!("starting the manager");
     let cluster =
         manager_rt.block_on(TestCluster::start(ClusterOptions { workers: 0, raft: true, ..Default::default() }));
     let addr = cluster.manager_addr();
@@ -316,7 +346,7 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
             Ok::<_, BenchError>(handles)
         })?;
         let cpu0 = manager_cpu_seconds()?;
-        let reg = sim_rt.block_on(wait_count("nodes registered", &shared.registered, nodes))?;
+        let reg = sim_rt.block_on(wait_count("nodes registered", &shared.registered, nodes, phase_timeout))?;
         let cpu_reg = manager_cpu_seconds()? - cpu0;
         table.row(vec!["registration s".into(), fmt_num(reg.as_secs_f64())]);
         table.row(vec!["registrations/s".into(), fmt_num(nodes as f64 / reg.as_secs_f64().max(1e-9))]);
@@ -359,8 +389,8 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
                 if n as u64 >= job {
                     break;
                 }
-                if start.elapsed() > PHASE_TIMEOUT {
-                    return Err(BenchError::Timeout(format!("{job} completions: {n} after {PHASE_TIMEOUT:?}")));
+                if start.elapsed() > phase_timeout {
+                    return Err(BenchError::Timeout(format!("{job} completions: {n} after {phase_timeout:?}")));
                 }
                 if last_log.elapsed() >= Duration::from_secs(10) {
                     eprintln!("{:.0} s: {n} completions, {flying} in flight", start.elapsed().as_secs_f64());
@@ -394,7 +424,12 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
             manager_rt
                 .block_on(controlapi::create_service(&cluster.state, spec))
                 .map_err(|e| BenchError::Request(e.to_string()))?;
-            sim_rt.block_on(wait_count("global tasks reported RUNNING", &shared.running_reported, nodes))?;
+            sim_rt.block_on(wait_count(
+                "global tasks reported RUNNING",
+                &shared.running_reported,
+                nodes,
+                phase_timeout,
+            ))?;
             let took = start.elapsed();
             table.row(vec![format!("global service: {nodes} tasks reported RUNNING s"), fmt_num(took.as_secs_f64())]);
             table.row(vec![
@@ -410,11 +445,12 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
                     crate::e2e::sleep_service("agents-bench", replicas as u64),
                 ))
                 .map_err(|e| BenchError::Request(e.to_string()))?;
-            sim_rt.block_on(wait_count("tasks reported RUNNING", &shared.running_reported, replicas))?;
+            sim_rt.block_on(wait_count("tasks reported RUNNING", &shared.running_reported, replicas, phase_timeout))?;
             table.row(vec![format!("{replicas} replicas reported RUNNING s"), fmt_num(start.elapsed().as_secs_f64())]);
         }
         shared.latencies.take();
         shared.measuring.store(true, Ordering::Relaxed);
+        eprintln!("steady window: {seconds} s");
         let cpu1 = manager_cpu_seconds()?;
         let t1 = Instant::now();
         std::thread::sleep(Duration::from_secs(seconds));
@@ -432,6 +468,7 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
                 .count()
         });
         let _ = stop_tx.send(true);
+        eprintln!("stopping the simulated nodes");
         sim_rt.block_on(async {
             for h in handles {
                 let _ = h.await;
@@ -448,7 +485,9 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
         Ok::<_, BenchError>((cores, down, shared.sessions_lost.load(Ordering::Relaxed)))
     })();
     let _ = stop_tx.send(true);
+    eprintln!("stopping the manager");
     manager_rt.block_on(cluster.shutdown());
+    eprintln!("manager stopped");
     let (cores, down, lost) = result?;
     match job_took {
         Some(took) => report::finish(&table, "agents-job", took.as_secs_f64(), "s"),

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 fn bench() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_shoal-bench"))
@@ -31,13 +32,44 @@ fn shoal() -> &'static Path {
     })
 }
 
-/// Runs `shoal-bench <args> --smoke` and returns (scenario, value, unit) from its RESULT line.
+/// Longest one smoke run may take: well under the test runner's 180 s cut-off, so a run that hangs fails
+/// with its own output (the phase it was in) instead of being killed silently.
+const RUN_DEADLINE: Duration = Duration::from_secs(100);
+
+/// Runs `shoal-bench <args> --smoke` and returns (scenario, value, unit) from its RESULT line. Its output
+/// goes to files (read after it ends, so a full pipe never stalls it); a run past `RUN_DEADLINE` is killed and
+/// the test fails with what it printed.
 fn smoke(args: &[&str]) -> (String, f64, String) {
-    let out =
-        Command::new(bench()).args(args).arg("--smoke").env("SHOAL_BIN", shoal()).output().expect("run shoal-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "shoal-bench {args:?} --smoke failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = Command::new(bench())
+        .args(args)
+        .arg("--smoke")
+        .env("SHOAL_BIN", shoal())
+        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("run shoal-bench");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for shoal-bench") {
+            break Some(status);
+        }
+        if start.elapsed() > RUN_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let Some(status) = status else {
+        panic!(
+            "shoal-bench {args:?} --smoke still running after {RUN_DEADLINE:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+    };
+    assert!(status.success(), "shoal-bench {args:?} --smoke failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
     let last = stdout.lines().last().unwrap_or_default();
     let parts: Vec<&str> = last.split_whitespace().collect();
     assert!(
