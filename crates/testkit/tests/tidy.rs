@@ -231,3 +231,39 @@ fn each_crate_knows_only_what_the_architecture_lets_it() {
     }
     assert!(broken.is_empty(), "docs/ARCHITECTURE.md's boundaries are broken:\n{}", broken.join("\n"));
 }
+
+/// The cells of docs/ARCHITECTURE.md's crate map: (crate directory, "must not know" cell).
+fn architecture_map(doc: &str) -> Vec<(String, String)> {
+    doc.lines()
+        .filter(|l| l.starts_with("| `"))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split(" | ").map(str::trim).collect();
+            (cells.len() == 4).then(|| (cells[0].trim_matches('`').to_string(), cells[2].to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_architecture_map_names_every_crate_and_the_boundaries_checked_here() {
+    let root = root();
+    let doc = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).expect("docs/ARCHITECTURE.md");
+    let map = architecture_map(&doc);
+    let mut broken = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).expect("crates/").flatten() {
+        let dir = entry.file_name().to_string_lossy().to_string();
+        if entry.path().join("Cargo.toml").exists() && !map.iter().any(|(d, _)| *d == dir) {
+            broken.push(format!("crates/{dir} has no row in the crate map"));
+        }
+    }
+    for b in BOUNDARIES {
+        match map.iter().find(|(d, _)| d == b.dir) {
+            None => broken.push(format!("crates/{} is checked here but has no row", b.dir)),
+            Some((_, cell)) if !cell.starts_with(b.why) => broken.push(format!(
+                "crates/{}: the map says it must not know {cell:?}; this test checks {:?}",
+                b.dir, b.why
+            )),
+            Some(_) => {}
+        }
+    }
+    assert!(broken.is_empty(), "docs/ARCHITECTURE.md's crate map and this test disagree:\n{}", broken.join("\n"));
+}
