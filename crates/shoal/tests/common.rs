@@ -17,6 +17,9 @@ pub mod netcluster;
 #[path = "common/container_checks.rs"]
 pub mod container_checks;
 
+#[path = "common/acceptance_stack.rs"]
+pub mod acceptance_stack;
+
 /// The binary under test.
 pub fn shoal_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_shoal"))

@@ -17,61 +17,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::acceptance_stack::{self, Outside};
 use common::netcluster::SERVER;
 use common::{docker_cli, shoal_bin, wait_until};
 use shoal_testkit::process::wait_exit;
 
 const WAIT: Duration = Duration::from_secs(90);
-
-/// The client, from inside its task: what `web`, `tasks.web` and `db` (on a network the client is not on) resolve
-/// to, then 40 GETs of each of `http://web/`, the VIP (`VIP`, or what `web` resolves to), and the outside listener
-/// (`OUTSIDE`), one `RESULT <what> <answer>=<count> ...` line each, then
-/// `RESULT DONE`. Each target's first GET is retried for up to 10 s (the VIP's backends are set a moment after
-/// RUNNING).
-const CLIENT: &str = r#"
-import collections, os, socket, time
-def get(host, port):
-    s = socket.create_connection((host, port), timeout=3)
-    s.sendall(b'GET / HTTP/1.0\r\n\r\n')
-    data = b''
-    while True:
-        d = s.recv(4096)
-        if not d:
-            break
-        data += d
-    s.close()
-    return data.split(b'\r\n\r\n', 1)[1].decode()
-def names(n):
-    try:
-        return ','.join(sorted(socket.gethostbyname_ex(n)[2]))
-    except OSError as e:
-        return 'error:' + type(e).__name__
-# In a stack the services start together: wait (60 s at most) until both web tasks have names.
-deadline = time.time() + 60
-while time.time() < deadline and len(names('tasks.web').split(',')) < 2:
-    time.sleep(0.2)
-print('RESULT web', names('web'), flush=True)
-print('RESULT tasks.web', names('tasks.web'), flush=True)
-print('RESULT db', names('db'), flush=True)
-vip = os.environ.get('VIP') or socket.gethostbyname('web')
-for what, host, port in [('name', 'web', 80), ('vip', vip, 80), ('outside', os.environ['OUTSIDE'], 8099)]:
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            get(host, port)
-            break
-        except OSError:
-            time.sleep(0.1)
-    seen = collections.Counter()
-    for i in range(40):
-        try:
-            seen[get(host, port)] += 1
-        except OSError as e:
-            seen['error:' + type(e).__name__] += 1
-    print('RESULT', what, ' '.join('%s=%d' % kv for kv in sorted(seen.items())), flush=True)
-print('RESULT DONE', flush=True)
-time.sleep(100000)
-"#;
 
 fn run(args: &[&str]) -> String {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
@@ -115,71 +66,6 @@ fn host_leftovers() -> Vec<String> {
         left.extend(text.lines().filter(|l| l.contains("shoal-netplane")).map(|l| format!("{ipt}: {l}")));
     }
     left
-}
-
-/// A namespace beside the host, linked by a veth (`dpo<pid>` on the host, 10.251.<n>.1/30; 10.251.<n>.2 inside,
-/// default route via the host), with an HTTP listener on port 8099 answering `outside`. Deleted on drop.
-struct Outside {
-    ns: String,
-    host_ip: String,
-    ip: String,
-    server: Option<Child>,
-}
-
-impl Outside {
-    fn new() -> Outside {
-        let pid = std::process::id();
-        let n = pid % 250 + 1;
-        let (ns, link) = (format!("shoal-t-{pid}-outside"), format!("dpo{pid}"));
-        let (host_ip, ip) = (format!("10.251.{n}.1"), format!("10.251.{n}.2"));
-        let mut o = Outside { ns: ns.clone(), host_ip: host_ip.clone(), ip: ip.clone(), server: None };
-        run(&["ip", "netns", "add", &ns]);
-        run(&["ip", "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
-        run(&["ip", "addr", "add", &format!("{host_ip}/30"), "dev", &link]);
-        run(&["ip", "link", "set", &link, "up"]);
-        run(&["ip", "-n", &ns, "addr", "add", &format!("{ip}/30"), "dev", "eth0"]);
-        run(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
-        run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-        run(&["ip", "-n", &ns, "route", "add", "default", "via", &host_ip]);
-        let server = SERVER.replace("c.getsockname()[0].encode()", "b'outside'").replace("80))", "8099))");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns, "/usr/bin/python3", "-S", "-c", &server])
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("the outside listener");
-        o.server = Some(child);
-        wait_until("the outside listener", WAIT, || match o.get(&ip, 8099) {
-            Ok(b) if b == "outside" => Ok(()),
-            other => Err(format!("{other:?}")),
-        });
-        o
-    }
-
-    /// A GET from inside the outside namespace: the body, or the error.
-    fn get(&self, host: &str, port: u16) -> Result<String, String> {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "/usr/bin/python3", "-S", "-c"])
-            .arg(format!(
-                "import socket\ns = socket.create_connection(('{host}', {port}), timeout=3)\ns.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\nd = b''\nwhile True:\n    b = s.recv(4096)\n    if not b: break\n    d += b\nprint(d.split(b'\\r\\n\\r\\n', 1)[1].decode())"
-            ))
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string())
-        }
-    }
-}
-
-impl Drop for Outside {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.server.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
-    }
 }
 
 /// The README's daemon, SIGTERMed when dropped (its clean stop).
@@ -247,15 +133,6 @@ fn results(tasks: &Tasks, state: &Path, id: &str) -> Vec<String> {
     })
 }
 
-/// The counts of a `RESULT <what> answer=n ...` line.
-fn counts(line: &str) -> std::collections::BTreeMap<String, u32> {
-    line.split_whitespace()
-        .skip(1)
-        .filter_map(|kv| kv.rsplit_once('='))
-        .map(|(k, v)| (k.into(), v.parse().unwrap()))
-        .collect()
-}
-
 /// How the tasks of one executor are written: `web`'s and `client`'s image and command.
 struct Tasks {
     executor: &'static str,
@@ -267,7 +144,12 @@ struct Tasks {
 impl Tasks {
     fn process() -> Tasks {
         let py = |script: &str| ["/usr/bin/python3", "-S", "-c", script].map(String::from).to_vec();
-        Tasks { executor: "process", image: "python:latest".into(), web: py(SERVER), client: py(CLIENT) }
+        Tasks {
+            executor: "process",
+            image: "python:latest".into(),
+            web: py(SERVER),
+            client: py(acceptance_stack::CLIENT),
+        }
     }
 
     fn docker(image: &str) -> Tasks {
@@ -279,7 +161,7 @@ impl Tasks {
 /// The docker executor's `web`: busybox httpd answering with its hostname.
 const DOCKER_WEB: &str = "mkdir -p /www; hostname > /www/index.html; exec httpd -f -p 80 -h /www";
 
-/// The docker executor's `client`: the same `RESULT` lines as `CLIENT`, with busybox's nslookup and wget.
+/// The docker executor's `client`: the same `RESULT` lines as `acceptance_stack::CLIENT`, with busybox's nslookup and wget.
 /// (`timeout`, not wget's `-T`, which crashes Debian's static busybox 1.35.)
 const DOCKER_CLIENT: &str = r#"
 res() { nslookup "$1" 2>/dev/null | sed -n 's/^Address:[[:space:]]*\([0-9.]*\)$/\1/p' | sort | tr '
@@ -320,7 +202,7 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     let forward = run(&["iptables", "-w", "-S", "FORWARD"]);
     eprintln!("the host's FORWARD chain:\n{forward}");
     assert_eq!(host_leftovers(), Vec::<String>::new(), "Shoal's data plane is already in the host's namespace");
-    let outside = Outside::new();
+    let outside = Outside::beside_host();
 
     let dir = tempfile::tempdir_in(shoal_testkit::scratch_dir()).unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
@@ -355,24 +237,7 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     // The acceptance's stack (issue 30): `web` (2 replicas, a published port) on two overlay networks, `client`
     // on `front` with it, `db` on `back` with it, deployed with `docker stack deploy` as a user would.
     let published = free_port();
-    // (Compose interpolates `$`: the scripts' own are written `$$`.)
-    let escaped = |v: &[String]| -> Vec<String> { v.iter().map(|a| a.replace('$', "$$")).collect() };
-    let (web, client) = (escaped(&kind.web), escaped(&kind.client));
-    let (entry, web_cmd) = web.split_at(web.len() - 1);
-    let (_, client_cmd) = client.split_at(client.len() - 1);
-    let compose = serde_json::json!({
-        "version": "3.8",
-        "services": {
-            "web": {"image": kind.image, "entrypoint": entry, "command": web_cmd, "networks": ["front", "back"],
-                    "ports": [format!("{published}:80")], "deploy": {"replicas": 2}},
-            "client": {"image": kind.image, "entrypoint": entry, "command": client_cmd, "networks": ["front"],
-                       "environment": {"OUTSIDE": outside.ip.clone()},
-                       "deploy": {"restart_policy": {"condition": "none"}}},
-            "db": {"image": kind.image, "entrypoint": entry, "command": web_cmd, "networks": ["back"]},
-        },
-        "networks": {"front": {"driver": "overlay"}, "back": {"driver": "overlay"}},
-    });
-    // (JSON is YAML: the scripts need no quoting.)
+    let compose = acceptance_stack::compose(&kind.image, &kind.web, &kind.client, &outside.ip, published);
     std::fs::write(dir.path().join("stack.yml"), compose.to_string()).unwrap();
     d.docker(&["stack", "deploy", "--resolve-image", "never", "-c", "stack.yml", "app"]);
     for (service, want) in [("app_web", "2/2"), ("app_db", "1/1")] {
@@ -387,22 +252,7 @@ fn readme_daemon_on_the_host(kind: Tasks) {
         });
     }
     // The VIP on front (the service has one on back and on the ingress network too).
-    let appnet = d.docker(&["network", "inspect", "app_front", "--format", "{{.Id}}"]);
-    let vips = d.docker(&[
-        "service",
-        "inspect",
-        "app_web",
-        "--format",
-        "{{range .Endpoint.VirtualIPs}}{{.NetworkID}} {{.Addr}}\n{{end}}",
-    ]);
-    let vip = vips
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{} ", appnet.trim())))
-        .unwrap_or_else(|| panic!("no VIP of web on front {appnet}: {vips}"))
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let vip = acceptance_stack::vip_on(|a| d.docker(a), "app_web", "app_front");
     let tasks = d.docker(&[
         "service",
         "ps",
@@ -447,22 +297,8 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     let r = results(&kind, &dir.path().join("shoal-state"), &client);
     eprintln!("the client saw: {r:?}");
     // From inside the task: `web` is the VIP, `tasks.web` the two tasks, both answer through the name and the
-    // VIP (at least 5 of 40 each: an even spread misses that with probability below 1e-6), and the outside
-    // world answers (masqueraded through the host's FORWARD chain).
-    assert!(r.contains(&format!("web {vip}")), "web resolves to {vip} (of {vips}): {r:?}");
-    assert!(r.contains(&format!("tasks.web {}", web_addrs.join(","))), "tasks.web is {web_addrs:?}: {r:?}");
-    // `db` shares no network with the client: no name for it there.
-    let db = r.iter().find(|l| l.starts_with("db")).unwrap_or_else(|| panic!("no db line: {r:?}"));
-    assert!(db == "db" || db.starts_with("db error:"), "db resolves from a network it is not on: {db}");
-    for what in ["name", "vip"] {
-        let line = r.iter().find(|l| l.starts_with(&format!("{what} "))).unwrap();
-        let c = counts(line);
-        assert!(
-            c.len() == 2 && c.iter().all(|(a, n)| !a.starts_with("error") && *n >= 5),
-            "{what}: both tasks answer, nothing fails: {line}"
-        );
-    }
-    assert!(r.contains(&"outside outside=40".to_string()), "{r:?}");
+    // VIP, `db` has no name there, and the outside world answers (masqueraded through the host's FORWARD chain).
+    acceptance_stack::check_client(&r, &vip, &web_addrs);
 
     // The published port from outside the host (prerouting, then the host's FORWARD chain) and on the host's
     // own loopback: both tasks answer.

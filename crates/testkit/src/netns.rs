@@ -126,6 +126,12 @@ impl Net {
         network_namespaces_of(&self.nodes[i])
     }
 
+    /// The hub's namespace (holding the underlay's bridge `br0`; a test plugs more veths into it, e.g. a
+    /// router beyond the nodes).
+    pub fn hub(&self) -> &str {
+        &self.hub
+    }
+
     /// Node `i`'s namespace name (for `DaemonOptions::netns`).
     pub fn ns(&self, i: usize) -> &str {
         &self.nodes[i]
