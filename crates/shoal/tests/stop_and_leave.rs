@@ -25,9 +25,16 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
+/// Now as `docker events --since` reads a fraction of a second (`<seconds>.<nanoseconds>`): a whole second
+/// would also take in what happened earlier within that second.
+fn unix_now_precise() -> String {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    format!("{}.{:09}", d.as_secs(), d.subsec_nanos())
+}
+
 /// The engine's events of `kind` since `since` (unix seconds) for containers labelled `label`: one
 /// `<container ID> <signal or ->` line each.
-fn events(since: u64, kind: &str, label: &str) -> Vec<String> {
+fn events(since: impl ToString, kind: &str, label: &str) -> Vec<String> {
     let (since, until) = (since.to_string(), (unix_now() + 1).to_string());
     let filters = ["--filter", "type=container", "--filter"];
     let event = format!("event={kind}");
@@ -102,7 +109,7 @@ fn a_leave_during_container_creation_leaves_no_container() {
         c.tasks_seen.insert(t["ID"].as_str().unwrap_or_default().to_string());
     }
     c.docker(&["swarm", "leave", "--force"]);
-    let answered = unix_now();
+    let answered = unix_now_precise();
     eprintln!("the leave began with {seen} of the node's 16 containers created");
     let left = c.containers(0);
     assert!(left.is_empty(), "containers left by the leave (it began with {seen} of 16): {left:?}\n{}", c.ds[0].log());
