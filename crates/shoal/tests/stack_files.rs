@@ -76,7 +76,11 @@ fn cache_checks(_: &str, _: u64) -> Vec<Check> {
         Check::Inspect("/HostConfig/CapDrop", json!(["CAP_MKNOD"])),
         Check::Inspect("/HostConfig/Sysctls", json!({"net.core.somaxconn": "1024", "net.ipv4.tcp_syncookies": "0"})),
         Check::Exec("cat /proc/sys/net/core/somaxconn /proc/sys/net/ipv4/tcp_syncookies", "1024\n0".into()),
-        Check::Exec("ulimit -n; ulimit -Hn; ulimit -u", "10000\n20000\n65535".into()),
+        // The task's own process (PID 1): processes, then open files, soft and hard (the order of /proc/1/limits).
+        Check::Exec(
+            "awk '/open files/ {print $4, $5} /Max processes/ {print $3, $4}' /proc/1/limits",
+            "65535 65535\n10000 20000".into(),
+        ),
         // NET_ADMIN (12) and SYS_NICE (23) in, MKNOD (27) out: 0x801000 set, 0x8000000 clear.
         Check::Exec(
             "m=$(grep CapEff /proc/1/status | cut -f2); echo $(( 0x$m & 0x801000 )) $(( 0x$m & 0x8000000 ))",
