@@ -34,20 +34,10 @@ const PUBLISHED: u16 = 8080;
 /// `web`: the server (answering with the address a connection arrived at) plus a thread that, from inside
 /// the task, resolves `db` (waiting up to 60 s for its name), then GETs `http://db/` 20 times (the first
 /// retried for up to 10 s): `RESULT db-name <addresses>`, `RESULT db <answer>=<count> ...`, `RESULT DONE`.
-const WEB: &str = r#"
-import collections, socket, threading, time
-def get(host, port):
-    s = socket.create_connection((host, port), timeout=3)
-    s.sendall(b'GET / HTTP/1.0\r\n\r\n')
-    data = b''
-    while True:
-        d = s.recv(4096)
-        if not d:
-            break
-        data += d
-    s.close()
-    return data.split(b'\r\n\r\n', 1)[1].decode()
-def probe_db():
+const WEB: &str = concat!(
+    "\nimport collections, socket, threading, time\n",
+    acceptance_stack::py_get!(),
+    r#"def probe_db():
     names = 'none'
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -73,7 +63,8 @@ def probe_db():
     print('RESULT db', ' '.join('%s=%d' % kv for kv in sorted(seen.items())), flush=True)
     print('RESULT DONE', flush=True)
 threading.Thread(target=probe_db, daemon=True).start()
-"#;
+"#
+);
 
 fn py(script: &str) -> Vec<String> {
     [netcluster::PYTHON, "-S", "-c", script].map(String::from).to_vec()

@@ -20,14 +20,11 @@ const WAIT: Duration = Duration::from_secs(90);
 /// The port the outside listener answers on.
 pub const OUTSIDE_PORT: u16 = 8099;
 
-/// The client, from inside its task (process executor): what `web`, `tasks.web` and `db` (on a network the
-/// client is not on) resolve to, then 40 GETs of each of `http://web/`, the VIP (`VIP`, or what `web` resolves
-/// to), and the outside listener (`OUTSIDE`, port 8099), one `RESULT <what> <answer>=<count> ...` line each,
-/// then `RESULT DONE`. Each target's first GET is retried for up to 10 s (the VIP's backends are set a moment
-/// after RUNNING).
-pub const CLIENT: &str = r#"
-import collections, os, socket, time
-def get(host, port):
+/// `get(host, port)`: one HTTP/1.0 GET of `/` over a fresh connection, the body decoded (Python, for the
+/// stack's task scripts; a macro so that scripts can `concat!` it).
+macro_rules! py_get {
+    () => {
+        r#"def get(host, port):
     s = socket.create_connection((host, port), timeout=3)
     s.sendall(b'GET / HTTP/1.0\r\n\r\n')
     data = b''
@@ -38,7 +35,20 @@ def get(host, port):
         data += d
     s.close()
     return data.split(b'\r\n\r\n', 1)[1].decode()
-def names(n):
+"#
+    };
+}
+pub(crate) use py_get;
+
+/// The client, from inside its task (process executor): what `web`, `tasks.web` and `db` (on a network the
+/// client is not on) resolve to, then 40 GETs of each of `http://web/`, the VIP (`VIP`, or what `web` resolves
+/// to), and the outside listener (`OUTSIDE`, port 8099), one `RESULT <what> <answer>=<count> ...` line each,
+/// then `RESULT DONE`. Each target's first GET is retried for up to 10 s (the VIP's backends are set a moment
+/// after RUNNING).
+pub const CLIENT: &str = concat!(
+    "\nimport collections, os, socket, time\n",
+    py_get!(),
+    r#"def names(n):
     try:
         return ','.join(sorted(socket.gethostbyname_ex(n)[2]))
     except OSError as e:
@@ -68,7 +78,8 @@ for what, host, port in [('name', 'web', 80), ('vip', vip, 80), ('outside', os.e
     print('RESULT', what, ' '.join('%s=%d' % kv for kv in sorted(seen.items())), flush=True)
 print('RESULT DONE', flush=True)
 time.sleep(100000)
-"#;
+"#
+);
 
 /// The stack's compose file (as JSON, which is YAML): `web` runs `web` (its last element the command, the
 /// rest the entrypoint) with 2 replicas publishing `published` (ingress) on `front` and `back`, `db` runs the
