@@ -38,6 +38,7 @@ macro_rules! py_get {
 "#
     };
 }
+#[allow(unused_imports)] // used by some test binaries that include this module, not all
 pub(crate) use py_get;
 
 /// The client, from inside its task (process executor): what `web`, `tasks.web` and `db` (on a network the
