@@ -64,3 +64,40 @@ fn become_subreaper() {
         let _ = nix::sys::prctl::set_child_subreaper(true);
     });
 }
+
+/// Sends SIGKILL to a process.
+pub fn kill9(pid: i32) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Waits (at most `limit`) for a child started with piped stdout/stderr to exit; returns whether it exited
+/// successfully and what it printed (stderr, then stdout). Kills it and panics with `what` past the limit.
+pub fn wait_exit(mut child: std::process::Child, limit: std::time::Duration, what: &str) -> (bool, String) {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let out = child.wait_with_output().expect("wait_with_output");
+            let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+            return (status.success(), text);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Runs `cmd` with `input` written to its stdin (then closed) and waits for it; stdout and stderr captured.
+/// `what` names the command in the panic when it cannot be started.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8], what: &str) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    child.stdin.take().expect("stdin").write_all(input).unwrap_or_else(|e| panic!("write to {what}'s stdin: {e}"));
+    child.wait_with_output().unwrap_or_else(|e| panic!("wait for {what}: {e}"))
+}
