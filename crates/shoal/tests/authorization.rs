@@ -461,6 +461,21 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    // The demotion is refused while the leader does not see the other two managers as reachable (a loaded
+    // machine can cost an election, and a new leader marks its followers reachable only once they answer).
+    wait_until("managers 1 and 2 reachable in the leader's view", Duration::from_secs(60), || {
+        let nodes = m1.get("/v1.47/nodes");
+        let nodes = nodes.as_array().cloned().unwrap_or_default();
+        let reachable = nodes
+            .iter()
+            .filter(|n| n["ID"] != m3_id.as_str() && n["ManagerStatus"]["Reachability"] == "reachable")
+            .count();
+        if reachable == 2 {
+            Ok(())
+        } else {
+            Err(format!("{nodes:?}"))
+        }
+    });
     let demote = docker_cli::run(m1.socket(), &["node", "demote", &m3_id]);
     assert!(demote.status.success(), "{}", String::from_utf8_lossy(&demote.stderr));
     let since = Instant::now();
