@@ -168,9 +168,27 @@ fn holds_network(task: &Task) -> bool {
     !s.is_terminal() && task.desired_state <= WireState::Running as i32
 }
 
+/// Why this node must not carry network `n` (`None`: it may): its subnet holds this node's own address
+/// (`underlay`) or another node's (`view.overlapping_node_addrs`, from the manager), so traffic to that
+/// address would go into the overlay and the node would be cut off from it.
+pub fn overlap_reason(n: &NetworkState, underlay: Option<Ipv4Addr>, view: &NodeNetworkView) -> Option<String> {
+    let held = underlay
+        .into_iter()
+        .chain(view.overlapping_node_addrs.iter().filter_map(|a| a.parse::<Ipv4Addr>().ok()))
+        .find(|ip| n.subnet.contains(*ip))?;
+    let whose = if Some(held) == underlay { "this node's own address" } else { "the address of a node" };
+    Some(format!(
+        "network {}: its subnet {} holds {whose} {held}, and carrying it would cut this node off from that \
+         address; remove the network and create it again with a subnet outside the nodes' networks",
+        n.name, n.subnet
+    ))
+}
+
 /// The node's wanted state. `underlay` is the node's address (`None` before the manager's view arrived: then
 /// nothing can be carried and the state has no network). Networks the state cannot carry (see
-/// `task_support`) are left out, with their tasks.
+/// `task_support`) are left out, with their tasks, and so are networks whose subnet holds a node's address
+/// (`overlap_reason`): the node keeps its underlay when such a network appears, and carries nothing more
+/// once it goes.
 pub fn desired(
     underlay: Option<Ipv4Addr>,
     plumbed: &BTreeMap<String, PlumbedTask>,
@@ -185,7 +203,7 @@ pub fn desired(
     let mut add = |n: &Network| {
         if !networks.contains_key(&n.id) {
             if let Ok(s) = network_state(n) {
-                if !s.encrypted {
+                if !s.encrypted && overlap_reason(&s, underlay, view).is_none() {
                     networks.insert(n.id.clone(), s);
                 }
             }

@@ -261,8 +261,24 @@ impl NetworkPlane {
     }
 
     /// Whether `task`'s networks can be carried here (`Err`: the reason, for the task's rejection).
+    /// A network whose subnet holds a node's address (as the manager's latest view says) is refused here.
     pub fn check_task(&self, task: &Task) -> Result<(), String> {
-        desired::task_support(task, false)
+        desired::task_support(task, false)?;
+        match self.overlap(task) {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
+    /// Why one of `task`'s networks cannot be carried here because its subnet holds a node's address.
+    fn overlap(&self, task: &Task) -> Option<String> {
+        let i = self.inputs.lock();
+        let view = i.view.as_ref()?;
+        let underlay = view.node_addr.parse().ok();
+        desired::attachments(task).ok()?.iter().find_map(|(n, _)| {
+            let s = desired::network_state(n).ok()?;
+            desired::overlap_reason(&s, underlay, view)
+        })
     }
 
     /// Path of task `task_id`'s namespace.
@@ -359,6 +375,7 @@ impl NetworkPlane {
 
     /// Waits until task `task_id`'s namespace is plumbed (at most `PLUMB_TIMEOUT`).
     pub async fn wait_plumbed(&self, task_id: &str) -> Result<(), String> {
+        let task = self.inputs.lock().assigned.get(task_id).cloned();
         let wanted = self.inputs.lock().generation;
         let mut rx = self.applied.subscribe();
         let outcome =
@@ -374,7 +391,9 @@ impl NetworkPlane {
                 let why = match (a.error, have_view) {
                     (Some(e), _) => e,
                     (None, false) => "no network view from the manager yet".into(),
-                    (None, true) => "the task's networks are not carried here".into(),
+                    (None, true) => task
+                        .and_then(|t| self.overlap(&t))
+                        .unwrap_or_else(|| "the task's networks are not carried here".into()),
                 };
                 Err(format!("the task's network namespace was not connected within {PLUMB_TIMEOUT:?}: {why}"))
             }

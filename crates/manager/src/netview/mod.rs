@@ -8,7 +8,9 @@
 //! that are assigned and not yet stopped; for each, the peers are the same network's task addresses on other
 //! nodes (each with that node's underlay address, `Node.status.addr`: the address its session comes from)
 //! and the services are those attached to it, with their VIP there and the addresses of their tasks that run
-//! and are meant to run (a task told to stop leaves its service's backends at once, before it stops).
+//! and are meant to run (a task told to stop leaves its service's backends at once, before it stops). It
+//! also lists the nodes' own addresses that lie inside those networks' subnets (`overlapping_node_addrs`),
+//! so the node refuses to carry such a network rather than route its underlay traffic into the overlay.
 //! `service.rs` serves it: a whole view at once and again after each change, computed from the store's watch
 //! (not polled), at most one computation per `MIN_RECOMPUTE_INTERVAL_MS` per stream, sent only when it differs.
 //!
@@ -100,8 +102,7 @@ fn ingress_attachment<'a>(n: &'a Node, ingress: &str) -> Option<&'a NetworkAttac
 /// What node `node_id` needs for its data plane (see the module doc). Deterministic: networks by ID, peers
 /// by address, services by name, backends by address.
 pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
-    let mut view =
-        NodeNetworkView { node_addr: node_addr(t, node_id).unwrap_or_default(), networks: Vec::new(), ingress: None };
+    let mut view = NodeNetworkView { node_addr: node_addr(t, node_id).unwrap_or_default(), ..Default::default() };
     let mut on: BTreeSet<String> = t
         .tasks()
         .by_node(node_id)
@@ -174,7 +175,37 @@ pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
         ps.sort_by_key(|p| p.address.parse::<std::net::Ipv4Addr>().ok());
         view.networks.push(NetworkPeers { network_id: n.clone(), peers: ps, services: svcs });
     }
+    view.overlapping_node_addrs = overlapping_node_addrs(t, &on);
     view
+}
+
+/// Every node's own addresses (`Node.status.addr`, the manager's advertised address) that lie inside a
+/// subnet of one of the networks `on`, sorted. Costs nodes x subnets containment tests.
+fn overlapping_node_addrs(t: &Tables, on: &BTreeSet<String>) -> Vec<String> {
+    let subnets: Vec<shoal_store::cidr::Cidr> = on
+        .iter()
+        .filter_map(|id| t.networks().get(id))
+        .flat_map(|n| n.ipam.iter().flat_map(|i| i.configs.iter()))
+        .filter_map(|c| c.subnet.parse().ok())
+        .collect();
+    if subnets.is_empty() {
+        return Vec::new();
+    }
+    let parse =
+        |a: &str| a.parse::<std::net::IpAddr>().ok().or_else(|| a.parse::<std::net::SocketAddr>().ok().map(|s| s.ip()));
+    let mut out: Vec<std::net::IpAddr> = t
+        .nodes()
+        .iter()
+        .flat_map(|n| {
+            let status = n.status.as_ref().and_then(|s| parse(&s.addr));
+            let manager = n.manager_status.as_ref().and_then(|m| parse(&m.addr));
+            [status, manager].into_iter().flatten()
+        })
+        .filter(|ip| !ip.is_unspecified() && subnets.iter().any(|s| s.offset_of(*ip).is_some()))
+        .collect();
+    out.sort();
+    out.dedup();
+    out.into_iter().map(|ip| ip.to_string()).collect()
 }
 
 #[cfg(test)]

@@ -315,3 +315,29 @@ fn once_a_port_is_published_every_node_carries_ingress_with_its_address_and_the_
     assert!(v.ingress.is_none() && v.networks.is_empty(), "{v:?}");
     assert!(!fx.view("n2").networks[0].peers.iter().any(|p| p.address == "10.0.9.21"));
 }
+
+#[test]
+fn node_addresses_inside_a_viewed_networks_subnet_are_listed_so_the_node_does_not_carry_it() {
+    let mut fx = Fx::new();
+    fx.create(service("s1", "web", &[("net1", &[])], false));
+    fx.create(task("w1", "s1", "n1", TaskState::Running, &["net1"], 2));
+    assert!(fx.view("n1").overlapping_node_addrs.is_empty());
+    // A node joins with an address inside net1's 10.0.1.0/24, and a manager advertises one inside net2's
+    // (which n1 is not on, so it is not listed).
+    fx.create(Node {
+        id: "n4".into(),
+        status: Some(NodeStatus { state: 2, message: String::new(), addr: "10.0.1.50".into() }),
+        ..Default::default()
+    });
+    fx.create(Node {
+        id: "n5".into(),
+        status: Some(NodeStatus { state: 2, message: String::new(), addr: "192.168.1.5".into() }),
+        manager_status: Some(shoal_api::ManagerStatus { addr: "10.0.2.7:4242".into(), ..Default::default() }),
+        ..Default::default()
+    });
+    assert_eq!(fx.view("n1").overlapping_node_addrs, ["10.0.1.50"]);
+    fx.create(task("o1", "s1", "n1", TaskState::Running, &["net2"], 3));
+    assert_eq!(fx.view("n1").overlapping_node_addrs, ["10.0.1.50", "10.0.2.7"]);
+    // A node without networks gets no list.
+    assert!(fx.view("n2").overlapping_node_addrs.is_empty());
+}

@@ -10,7 +10,10 @@ use shoal_api::{
 };
 use shoal_netplane::{mac_for, Attachment, Peer, ServiceVip};
 
-use super::{attachments, desired, ports_unforwardable, task_support, PlumbedTask, VXLAN_ID_OPTION};
+use super::{
+    attachments, desired, network_state, overlap_reason, ports_unforwardable, task_support, PlumbedTask,
+    VXLAN_ID_OPTION,
+};
 
 fn network(id: &str, name: &str, vni: u32, octet: u8, internal: bool, encrypted: bool) -> Network {
     let mut opts = HashMap::new();
@@ -121,6 +124,7 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
             }],
         }],
         ingress: None,
+        ..Default::default()
     };
     let s = desired(Some(ip("192.168.0.1")), &plumbed, &assigned, &view);
     s.validate().unwrap();
@@ -224,6 +228,7 @@ fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_t
             addresses: vec!["10.0.0.9/24".into()],
             ..Default::default()
         }),
+        ..Default::default()
     };
     let s = desired(Some(ip("192.168.0.1")), &plumbed, &assigned, &view);
     s.validate().unwrap();
@@ -277,4 +282,46 @@ fn what_the_node_table_cannot_forward_is_named_and_the_rest_passes() {
     assert!(internal.contains("--internal") && internal.contains("8081"), "{internal}");
     // An ingress port of a task only on internal networks goes through its ingress attachment.
     assert_eq!(with(&[(&closed, 3)], vec![port(PublishMode::Ingress, P::Tcp, 8080)]), None);
+}
+
+#[test]
+fn a_network_whose_subnet_holds_a_nodes_address_is_not_carried_and_the_node_keeps_its_underlay() {
+    let app = network("net-app", "appnet", 4097, 1, false, false);
+    let fine = network("net-fine", "fine", 4098, 2, false, false);
+    let web = task("web1", TaskState::Running, &[(&app, 2)]);
+    let other = task("web2", TaskState::Running, &[(&fine, 2)]);
+    let assigned: HashMap<String, Arc<Task>> =
+        [&web, &other].iter().map(|t| (t.id.clone(), Arc::new((*t).clone()))).collect();
+    let mut plumbed_tasks = plumbed(&web);
+    plumbed_tasks.extend(plumbed(&other));
+    let view = |node_addr: &str, overlapping: &[&str]| NodeNetworkView {
+        node_addr: node_addr.into(),
+        networks: vec![
+            NetworkPeers { network_id: "net-app".into(), ..Default::default() },
+            NetworkPeers { network_id: "net-fine".into(), ..Default::default() },
+        ],
+        overlapping_node_addrs: overlapping.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    };
+    let carried = |underlay: &str, v: &NodeNetworkView| {
+        let s = desired(Some(ip(underlay)), &plumbed_tasks, &assigned, v);
+        s.validate().unwrap();
+        (
+            s.networks.iter().map(|n| n.name.clone()).collect::<Vec<_>>(),
+            s.tasks.iter().map(|t| t.task_id.clone()).collect::<Vec<_>>(),
+        )
+    };
+    // No overlap: both carried.
+    assert_eq!(carried("192.168.0.1", &view("192.168.0.1", &[])).0, ["appnet", "fine"]);
+    // This node's own address inside 10.0.1.0/24: appnet and its task are left out, the other stays.
+    let own = view("10.0.1.77", &["10.0.1.77"]);
+    assert_eq!(carried("10.0.1.77", &own), (vec!["fine".to_string()], vec!["web2".to_string()]));
+    // Another node's address there (a manager's, say): the same.
+    let theirs = view("192.168.0.1", &["10.0.1.9"]);
+    assert_eq!(carried("192.168.0.1", &theirs).0, ["fine"]);
+    let why = overlap_reason(&network_state(&app).unwrap(), Some(ip("192.168.0.1")), &theirs).unwrap();
+    assert!(why.contains("appnet") && why.contains("10.0.1.0/24") && why.contains("10.0.1.9"), "{why}");
+    assert!(why.contains("create it again with a subnet outside"), "{why}");
+    // The overlap gone (the node moved, or the network was removed and made again elsewhere): carried again.
+    assert_eq!(carried("192.168.0.1", &view("192.168.0.1", &[])).0, ["appnet", "fine"]);
 }
