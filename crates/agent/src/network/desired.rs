@@ -200,8 +200,11 @@ pub fn desired(
         None => return NodeNetState { underlay_ip: None, ..NodeNetState::new(Ipv4Addr::UNSPECIFIED) },
     };
     let mut networks: BTreeMap<String, NetworkState> = BTreeMap::new();
+    // Only networks the manager's view lists: the view is what says which nodes' addresses lie in their
+    // subnets, and an assignment can arrive before the view that names such an overlap.
+    let viewed: std::collections::BTreeSet<&str> = view.networks.iter().map(|v| v.network_id.as_str()).collect();
     let mut add = |n: &Network| {
-        if !networks.contains_key(&n.id) {
+        if !networks.contains_key(&n.id) && viewed.contains(n.id.as_str()) {
             if let Ok(s) = network_state(n) {
                 if !s.encrypted && overlap_reason(&s, underlay, view).is_none() {
                     networks.insert(n.id.clone(), s);

@@ -373,31 +373,40 @@ impl NetworkPlane {
         None
     }
 
-    /// Waits until task `task_id`'s namespace is plumbed (at most `PLUMB_TIMEOUT`).
+    /// Waits until task `task_id`'s namespace is plumbed (at most `PLUMB_TIMEOUT`). Fails at once when the
+    /// manager's view, arriving after the task, says one of its networks holds a node's address (`overlap`):
+    /// that network is never carried here.
     pub async fn wait_plumbed(&self, task_id: &str) -> Result<(), String> {
         let task = self.inputs.lock().assigned.get(task_id).cloned();
         let wanted = self.inputs.lock().generation;
         let mut rx = self.applied.subscribe();
-        let outcome =
-            tokio::time::timeout(PLUMB_TIMEOUT, rx.wait_for(|a| a.generation >= wanted && a.plumbed.contains(task_id)))
-                .await
-                .map(|r| r.is_ok());
-        match outcome {
-            Ok(true) => Ok(()),
-            Ok(false) => Err("the node's data plane stopped".into()),
-            Err(_) => {
-                let a = self.applied.borrow().clone();
-                let have_view = self.inputs.lock().view.is_some();
-                let why = match (a.error, have_view) {
-                    (Some(e), _) => e,
-                    (None, false) => "no network view from the manager yet".into(),
-                    (None, true) => task
-                        .and_then(|t| self.overlap(&t))
-                        .unwrap_or_else(|| "the task's networks are not carried here".into()),
-                };
-                Err(format!("the task's network namespace was not connected within {PLUMB_TIMEOUT:?}: {why}"))
+        let deadline = tokio::time::Instant::now() + PLUMB_TIMEOUT;
+        loop {
+            let done = {
+                let a = rx.borrow_and_update();
+                a.generation >= wanted && a.plumbed.contains(task_id)
+            };
+            if done {
+                return Ok(());
+            }
+            // (Each change of the view is reconciled, so a view that names the overlap wakes this loop.)
+            if let Some(why) = task.as_ref().and_then(|t| self.overlap(t)) {
+                return Err(format!("the task's network namespace cannot be connected: {why}"));
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) => return Err("the node's data plane stopped".into()),
+                Err(_) => break,
             }
         }
+        let a = self.applied.borrow().clone();
+        let have_view = self.inputs.lock().view.is_some();
+        let why = match (a.error, have_view) {
+            (Some(e), _) => e,
+            (None, false) => "no network view from the manager yet".into(),
+            (None, true) => "the task's networks are not carried here".into(),
+        };
+        Err(format!("the task's network namespace was not connected within {PLUMB_TIMEOUT:?}: {why}"))
     }
 
     /// Stops plumbing task `task_id`: waits (at most `RELEASE_TIMEOUT`) for its interfaces and resolver

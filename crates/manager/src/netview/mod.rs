@@ -120,6 +120,15 @@ pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
             view.ingress = Some(own);
         }
     }
+    // Against the networks of every task the node has, ended ones too: a task that just ended may still be
+    // plumbed there for a moment, and its network must not be carried meanwhile.
+    let mut networks = on.clone();
+    networks.extend(
+        t.tasks()
+            .by_node(node_id)
+            .flat_map(|t| t.networks.iter().filter_map(|a| a.network.as_ref().map(|n| n.id.clone()))),
+    );
+    view.overlapping_node_addrs = overlapping_node_addrs(t, &networks);
     if on.is_empty() {
         return view;
     }
@@ -175,12 +184,12 @@ pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
         ps.sort_by_key(|p| p.address.parse::<std::net::Ipv4Addr>().ok());
         view.networks.push(NetworkPeers { network_id: n.clone(), peers: ps, services: svcs });
     }
-    view.overlapping_node_addrs = overlapping_node_addrs(t, &on);
     view
 }
 
 /// Every node's own addresses (`Node.status.addr`, the manager's advertised address) that lie inside a
-/// subnet of one of the networks `on`, sorted. Costs nodes x subnets containment tests.
+/// subnet of one of the networks `on`, sorted. Costs nodes x subnets containment tests (the networks of one
+/// node's tasks).
 fn overlapping_node_addrs(t: &Tables, on: &BTreeSet<String>) -> Vec<String> {
     let subnets: Vec<shoal_store::cidr::Cidr> = on
         .iter()

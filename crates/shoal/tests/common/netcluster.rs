@@ -132,19 +132,39 @@ impl Cluster {
     }
 
     fn start_nodes(tag: &str, executor: &'static str, nodes: usize) -> Cluster {
+        let mut c = Cluster::start_first(tag, executor, nodes);
+        for i in 1..nodes {
+            c.join(i);
+        }
+        c
+    }
+
+    /// The namespaces of `nodes` nodes, with only node-0 (the manager) started: the others join with `join`.
+    pub fn start_first(tag: &str, executor: &'static str, nodes: usize) -> Cluster {
         let net = Net::docker_hosts(tag, nodes);
         let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, executor, vec![]));
-        let token = first.get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
-        let mut c =
+        let c =
             Cluster { node_ids: vec![node_id(&first)], ds: vec![first], net, executor, tasks_seen: BTreeSet::new() };
-        for i in 1..nodes {
-            let join = vec!["--join-addr".into(), c.ds[0].remote_addr(), "--join-token".into(), token.clone()];
-            let d = DaemonProcess::start_with(&shoal_bin(), options(&c.net, i, executor, join));
-            c.node_ids.push(node_id(&d));
-            c.ds.push(d);
-        }
+        c.wait_ready();
+        c
+    }
+
+    /// Node `i` joins as a worker (the nodes join in order); returns once every started node is ready.
+    pub fn join(&mut self, i: usize) {
+        assert_eq!(i, self.ds.len(), "nodes join in order");
+        let token = self.ds[0].get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
+        let join = vec!["--join-addr".into(), self.ds[0].remote_addr(), "--join-token".into(), token];
+        let d = DaemonProcess::start_with(&shoal_bin(), options(&self.net, i, self.executor, join));
+        self.node_ids.push(node_id(&d));
+        self.ds.push(d);
+        self.wait_ready();
+    }
+
+    /// Waits until every started node is ready with the overlay plugin.
+    fn wait_ready(&self) {
+        let nodes = self.ds.len();
         wait_until(&format!("{nodes} nodes ready, each with the overlay plugin"), WAIT, || {
-            let listed = c.ds[0].get("/v1.47/nodes");
+            let listed = self.ds[0].get("/v1.47/nodes");
             let ready: Vec<&Value> = listed
                 .as_array()
                 .into_iter()
@@ -162,7 +182,6 @@ impl Cluster {
                 Err(format!("{listed}"))
             }
         });
-        c
     }
 
     pub fn manager(&self) -> &DaemonProcess {

@@ -106,23 +106,28 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
     let plumbed = plumbed(&web);
     let view = NodeNetworkView {
         node_addr: "192.168.0.1".into(),
-        networks: vec![NetworkPeers {
-            network_id: "net-app".into(),
-            peers: vec![
-                RemotePeer { address: "10.0.1.3".into(), node_addr: "192.168.0.2".into() },
-                // Outside the subnet, or claiming this node: ignored.
-                RemotePeer { address: "10.9.9.9".into(), node_addr: "192.168.0.2".into() },
-                RemotePeer { address: "10.0.1.4".into(), node_addr: "192.168.0.1".into() },
-            ],
-            services: vec![ServiceBackends {
-                service_id: "s1".into(),
-                name: "web".into(),
-                vip: "10.0.1.200".into(),
-                backends: vec!["10.0.1.2".into(), "10.0.1.3".into()],
-                aliases: vec!["www".into()],
-                ingress_ports: vec![],
-            }],
-        }],
+        networks: vec![
+            NetworkPeers {
+                network_id: "net-app".into(),
+                peers: vec![
+                    RemotePeer { address: "10.0.1.3".into(), node_addr: "192.168.0.2".into() },
+                    // Outside the subnet, or claiming this node: ignored.
+                    RemotePeer { address: "10.9.9.9".into(), node_addr: "192.168.0.2".into() },
+                    RemotePeer { address: "10.0.1.4".into(), node_addr: "192.168.0.1".into() },
+                ],
+                services: vec![ServiceBackends {
+                    service_id: "s1".into(),
+                    name: "web".into(),
+                    vip: "10.0.1.200".into(),
+                    backends: vec!["10.0.1.2".into(), "10.0.1.3".into()],
+                    aliases: vec!["www".into()],
+                    ingress_ports: vec![],
+                }],
+            },
+            NetworkPeers { network_id: "net-other".into(), ..Default::default() },
+            // Listed by the view, used by no task of this node: not carried.
+            NetworkPeers { network_id: "net-unused".into(), ..Default::default() },
+        ],
         ingress: None,
         ..Default::default()
     };
@@ -222,7 +227,10 @@ fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_t
                     MeshPort { protocol: P::Udp as i32, published_port: 5353, target_port: 53 },
                 ],
             }],
-        }],
+        }]
+        .into_iter()
+        .chain(["net-app", "net-closed"].map(|id| NetworkPeers { network_id: id.into(), ..Default::default() }))
+        .collect(),
         ingress: Some(NetworkAttachment {
             network: Some(ingress.clone()),
             addresses: vec!["10.0.0.9/24".into()],
@@ -324,4 +332,19 @@ fn a_network_whose_subnet_holds_a_nodes_address_is_not_carried_and_the_node_keep
     assert!(why.contains("create it again with a subnet outside"), "{why}");
     // The overlap gone (the node moved, or the network was removed and made again elsewhere): carried again.
     assert_eq!(carried("192.168.0.1", &view("192.168.0.1", &[])).0, ["appnet", "fine"]);
+}
+
+#[test]
+fn an_assigned_tasks_network_is_carried_only_once_the_view_lists_it() {
+    let app = network("net-app", "appnet", 4097, 1, false, false);
+    let web = task("web1", TaskState::Assigned, &[(&app, 2)]);
+    let assigned = HashMap::from([(web.id.clone(), Arc::new(web.clone()))]);
+    let mut view = NodeNetworkView { node_addr: "192.168.0.1".into(), ..Default::default() };
+    // The assignment came first: the view that would name an overlap has not arrived.
+    let s = desired(Some(ip("192.168.0.1")), &plumbed(&web), &assigned, &view);
+    assert!(s.networks.is_empty() && s.tasks.is_empty(), "{s:?}");
+    view.networks.push(NetworkPeers { network_id: "net-app".into(), ..Default::default() });
+    let s = desired(Some(ip("192.168.0.1")), &plumbed(&web), &assigned, &view);
+    assert_eq!(s.networks.len(), 1);
+    assert_eq!(s.tasks.len(), 1);
 }
