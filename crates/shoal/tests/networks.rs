@@ -363,6 +363,89 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
 }
 
 #[test]
+fn auxiliary_addresses_are_shown_and_never_given_to_a_task() {
+    if no_docker_cli() {
+        return;
+    }
+    let d = daemon();
+    // Bad ones change nothing: outside the subnet, the gateway, not an address.
+    let create = |aux: &str| {
+        ["network", "create", "-d", "overlay", "--subnet", "10.55.0.0/29", "--aux-address", aux, "aux"]
+            .map(String::from)
+    };
+    let refusals = [
+        ("r=10.56.0.2", "no matching subnet for aux-address"),
+        ("r=10.55.0.7", "not a host address of subnet 10.55.0.0/29"),
+        ("r=10.55.0.1", "is the network's gateway"),
+    ];
+    for (aux, why) in refusals {
+        let args = create(aux);
+        fails_with(&d, &args.iter().map(String::as_str).collect::<Vec<_>>(), why);
+    }
+    // What the CLI checks before sending, the API checks too.
+    for (aux, why) in [("router", "is not an IP address"), ("10.56.0.2", "not a host address of subnet")] {
+        let body = json!({"Name": "aux", "Driver": "overlay",
+            "IPAM": {"Config": [{"Subnet": "10.55.0.0/29", "AuxiliaryAddresses": {"r": aux}}]}});
+        let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/networks/create", Some(&body.to_string()))
+            .unwrap();
+        assert_eq!(r.status, 400, "{:?}", r.body);
+        assert!(r.body["message"].as_str().unwrap_or_default().contains(why), "{:?}", r.body);
+    }
+    assert!(!docker(&d, &["network", "ls", "--format", "{{.Name}}"]).lines().any(|l| l == "aux"));
+
+    // A /29: .1 the gateway, .2 and .4 reserved; three tasks (no VIP in dnsrr mode) get .3, .5 and .6.
+    docker(
+        &d,
+        &[
+            "network",
+            "create",
+            "-d",
+            "overlay",
+            "--subnet",
+            "10.55.0.0/29",
+            "--aux-address",
+            "router=10.55.0.2",
+            "--aux-address",
+            "printer=10.55.0.4",
+            "aux",
+        ],
+    );
+    let n = inspect(&d, "network", "aux");
+    assert_eq!(
+        n["IPAM"]["Config"][0]["AuxiliaryAddresses"],
+        json!({"printer": "10.55.0.4", "router": "10.55.0.2"}),
+        "{n}"
+    );
+    docker(
+        &d,
+        &[
+            "service",
+            "create",
+            "-d",
+            "--name",
+            "auxsvc",
+            "--replicas",
+            "3",
+            "--endpoint-mode",
+            "dnsrr",
+            "--network",
+            "aux",
+            "busybox",
+            "sleep",
+            "1000",
+        ],
+    );
+    let tasks = settled_tasks(&d, "auxsvc", 3);
+    let mut got: Vec<String> = tasks
+        .iter()
+        .flat_map(|t| t["NetworksAttachments"].as_array().cloned().unwrap_or_default())
+        .map(|a| a["Addresses"][0].as_str().unwrap_or_default().to_string())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["10.55.0.3/29", "10.55.0.5/29", "10.55.0.6/29"], "{tasks:?}");
+}
+
+#[test]
 fn the_python_docker_sdk_creates_lists_and_removes_networks() {
     let d = daemon();
     let socket = d.socket().to_string_lossy().into_owned();

@@ -26,7 +26,7 @@ pub struct IpamConfigJson {
     /// The gateway address.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub gateway: String,
-    /// Reserved addresses by name: refused on create.
+    /// Reserved addresses by name (`--aux-address`): never given to a task.
     #[serde(skip_serializing_if = "is_empty_map")]
     pub auxiliary_addresses: BTreeMap<String, String>,
 }
@@ -103,7 +103,7 @@ fn ipam_json(i: Option<&IpamOptions>) -> IpamJson {
                 subnet: c.subnet.clone(),
                 ip_range: c.range.clone(),
                 gateway: c.gateway.clone(),
-                auxiliary_addresses: BTreeMap::new(),
+                auxiliary_addresses: c.reserved.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             })
             .collect(),
         // `{}`, as the API document has it (an object, never null).
@@ -216,13 +216,6 @@ impl NetworkCreateJson {
                     i.config.len()
                 )));
             }
-            if let Some(c) = i.config.first() {
-                if !c.auxiliary_addresses.is_empty() {
-                    return Err(ConvertError(
-                        "IPAM.Config[0].AuxiliaryAddresses are not supported yet; leave them out".into(),
-                    ));
-                }
-            }
             ipam = Some(IpamOptions {
                 driver: Some(Driver { name: "default".into(), ..Default::default() }),
                 configs: i
@@ -232,6 +225,7 @@ impl NetworkCreateJson {
                         subnet: c.subnet.clone(),
                         range: c.ip_range.clone(),
                         gateway: c.gateway.clone(),
+                        reserved: c.auxiliary_addresses.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                         ..Default::default()
                     })
                     .collect(),
@@ -418,10 +412,6 @@ mod tests {
             (serde_json::json!({"Name": "x", "Driver": "overlay", "EnableIPv6": true}), "EnableIPv6"),
             (serde_json::json!({"Name": "x", "Driver": "overlay", "ConfigOnly": true}), "ConfigOnly"),
             (serde_json::json!({"Name": "x", "Driver": "overlay", "IPAM": {"Driver": "dhcp"}}), "IPAM.Driver"),
-            (
-                serde_json::json!({"Name": "x", "Driver": "overlay", "IPAM": {"Config": [{"Subnet": "10.6.0.0/24", "AuxiliaryAddresses": {"a": "10.6.0.9"}}]}}),
-                "AuxiliaryAddresses",
-            ),
         ] {
             let e = create(body).unwrap_err();
             assert!(e.contains(field), "{e}");

@@ -86,7 +86,12 @@ pub fn network_pool(n: &Network) -> Option<AddressPool> {
     let subnet = c.subnet.parse().ok()?;
     let range = if c.range.is_empty() { None } else { Some(c.range.parse().ok()?) };
     let gateway = if c.gateway.is_empty() { None } else { Some(c.gateway.parse().ok()?) };
-    AddressPool::new(subnet, range, gateway)
+    let mut pool = AddressPool::new(subnet, range, gateway)?;
+    // Auxiliary addresses (`--aux-address`) are never handed out (those outside the IP range never would be).
+    for ip in c.reserved.values().filter_map(|a| a.parse().ok()) {
+        pool.reserve(ip);
+    }
+    Some(pool)
 }
 
 fn network_name(n: &Network) -> &str {

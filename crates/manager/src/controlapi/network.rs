@@ -75,10 +75,13 @@ fn built(
     vxlan_id: u32,
 ) -> Network {
     let gateway = gateway.or_else(|| subnet.nth(1)).map(|g| g.to_string()).unwrap_or_default();
+    // The user's auxiliary addresses (checked by `user_ipam`), which the allocator never hands out.
+    let reserved = spec.ipam.as_ref().and_then(|i| i.configs.first()).map(|c| c.reserved.clone()).unwrap_or_default();
     let mut config = IpamConfig {
         subnet: subnet.to_string(),
         range: range.map(|r| r.to_string()).unwrap_or_default(),
         gateway,
+        reserved,
         ..Default::default()
     };
     config.set_family(if subnet.is_v6() { ipam_config::AddressFamily::Ipv6 } else { ipam_config::AddressFamily::Ipv4 });
@@ -177,10 +180,10 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
     if ipam.configs.len() > 1 {
         return Err(invalid(format!("{} IPAM configs given: Shoal networks have one subnet", ipam.configs.len())));
     }
-    if !c.reserved.is_empty() {
-        return Err(invalid("IPAM AuxiliaryAddresses are not supported yet; leave them out"));
-    }
     if c.subnet.is_empty() {
+        if !c.reserved.is_empty() {
+            return Err(invalid("auxiliary addresses need a subnet to lie in: give --subnet too"));
+        }
         if !c.range.is_empty() || !c.gateway.is_empty() {
             return Err(invalid("an IP range or gateway needs a subnet: give --subnet too"));
         }
@@ -229,7 +232,54 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
         }
         Some(g)
     };
+    check_aux_addresses(&c.reserved, &subnet, gateway.or_else(|| subnet.nth(1)))?;
     Ok(Some((subnet, range, gateway)))
+}
+
+/// Most auxiliary addresses (`--aux-address name=ip`) one network may reserve.
+pub const MAX_AUX_ADDRESSES: usize = 256;
+/// Longest name of an auxiliary address.
+pub const MAX_AUX_NAME_BYTES: usize = 64;
+
+/// The user's auxiliary addresses, checked: each a host address of `subnet` (not its gateway), named, and
+/// at most `MAX_AUX_ADDRESSES` of them.
+fn check_aux_addresses(
+    reserved: &HashMap<String, String>,
+    subnet: &Cidr,
+    gateway: Option<std::net::IpAddr>,
+) -> Result<(), ControlError> {
+    if reserved.len() > MAX_AUX_ADDRESSES {
+        return Err(invalid(format!(
+            "{} auxiliary addresses given: at most {MAX_AUX_ADDRESSES} per network",
+            reserved.len()
+        )));
+    }
+    let mut names: Vec<&String> = reserved.keys().collect();
+    names.sort();
+    let mut seen = BTreeSet::new();
+    for name in names {
+        let value = &reserved[name];
+        if name.is_empty() || name.len() > MAX_AUX_NAME_BYTES {
+            return Err(invalid(format!(
+                "auxiliary address {value:?}: give it a name of 1 to {MAX_AUX_NAME_BYTES} bytes (--aux-address name=ip)"
+            )));
+        }
+        let ip: std::net::IpAddr =
+            value.parse().map_err(|_| invalid(format!("auxiliary address {name}={value:?} is not an IP address")))?;
+        if subnet.offset_of(ip).is_none_or(|o| o == 0 || o == subnet.size() - 1) {
+            return Err(invalid(format!(
+                "auxiliary address {name}={ip} is not a host address of subnet {subnet} (no matching subnet for \
+                 aux-address)"
+            )));
+        }
+        if Some(ip) == gateway {
+            return Err(invalid(format!("auxiliary address {name}={ip} is the network's gateway; choose another")));
+        }
+        if !seen.insert(ip) {
+            return Err(invalid(format!("auxiliary address {ip} is given twice ({name} is the second name)")));
+        }
+    }
+    Ok(())
 }
 
 /// Checks a network spec as a user sends it (`docker network create`): what Shoal cannot honour is refused.
