@@ -10,6 +10,10 @@
 //!   swarm's; both event streams in one.
 //! - `/networks/create` goes to Shoal for the `overlay` driver (or `Scope: swarm`), else to the engine;
 //!   `/networks/{id}` to Shoal when Shoal has that network, else to the engine.
+//! - `POST /containers/create` naming an attachable swarm network is made in a holder's namespace that the
+//!   node plumbs (`attach::SwarmAttach`, given by `Engine::with_attach`); a non-attachable one is refused
+//!   (403, as dockerd); `POST /containers/{id}/start` of such a container waits for the plumbing; a
+//!   `network connect` naming a swarm network is refused (501).
 //! - Everything else is relayed byte for byte with hyper on both sides: bodies streamed both ways (build
 //!   contexts, image loads, logs that follow, stats, events), and `Connection: Upgrade` requests (`attach`,
 //!   `exec` start, `docker run -it`) answered 101 and then copied as raw streams both ways. A `/v1.NN` prefix

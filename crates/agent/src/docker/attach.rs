@@ -134,6 +134,9 @@ pub struct Attacher {
     assigned: watch::Sender<AssignedTasks>,
     /// Holders made whose container is being created (not swept meanwhile).
     creating: Mutex<BTreeSet<String>>,
+    /// The attachment made for each container by this run, until detached (the task reaches the node's
+    /// assignments a little later; a start in between must not attach it twice).
+    made: Mutex<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for Attacher {
@@ -168,6 +171,7 @@ impl Attacher {
             channel: watch::channel(None).0,
             assigned: watch::channel(AssignedTasks::default()).0,
             creating: Mutex::new(BTreeSet::new()),
+            made: Mutex::new(HashMap::new()),
         })
     }
 
@@ -272,6 +276,7 @@ impl Attacher {
         );
         let r = client.attach_network(req).await.map_err(|s| status_error(&network, s))?;
         let attachment = r.into_inner().attachment_id;
+        self.made.lock().insert(id.clone(), attachment.clone());
         tracing::info!(container = %id, %network, %attachment, "container attached to a swarm network");
         Ok(attachment)
     }
@@ -284,7 +289,11 @@ impl Attacher {
             DetachNetworkRequest { attachment_id: attachment.to_string() },
             Some(ATTACH_TIMEOUT),
         );
-        match client.detach_network(req).await {
+        let r = client.detach_network(req).await;
+        if matches!(&r, Err(s) if s.code() == tonic::Code::NotFound) || r.is_ok() {
+            self.made.lock().retain(|_, a| a != attachment);
+        }
+        match r {
             Ok(_) => {
                 tracing::info!(%attachment, "network attachment detached");
                 Ok(())
@@ -294,10 +303,12 @@ impl Attacher {
         }
     }
 
-    /// The live attachment tasks of `container` on this node.
+    /// The live attachments of `container` on this node: those made by this run, and the tasks assigned here.
     fn attachments_of(&self, container: &str) -> Vec<String> {
+        let mut out: BTreeSet<String> = self.made.lock().get(container).cloned().into_iter().collect();
         let a = self.assigned.borrow();
-        a.values().filter(|t| attachment_container(t) == Some(container) && holds(t)).map(|t| t.id.clone()).collect()
+        out.extend(a.values().filter(|t| attachment_container(t) == Some(container) && holds(t)).map(|t| t.id.clone()));
+        out.into_iter().collect()
     }
 
     /// Before container `container` starts (see the module doc): nothing when it is not one of ours.

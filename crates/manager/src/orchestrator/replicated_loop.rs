@@ -119,14 +119,17 @@ impl Subsystem for JobsOrchestrator {
 }
 
 /// The services of `kind`; for the replicated loop also services that are gone but still have tasks not
-/// marked for removal.
+/// marked for removal (never the tasks of no service: network attachments, which `DetachNetwork` removes).
 fn all_targets(t: &Tables, kind: Kind) -> BTreeSet<String> {
     let mut ids: BTreeSet<String> = t.services().iter().filter(|s| kind.owns(s)).map(|s| s.id.clone()).collect();
     if kind != Kind::Replicated {
         return ids;
     }
     for task in t.tasks().iter() {
-        if task.desired_state() < shoal_api::TaskState::Remove && t.services().get(&task.service_id).is_none() {
+        if task.desired_state() < shoal_api::TaskState::Remove
+            && !task.service_id.is_empty()
+            && t.services().get(&task.service_id).is_none()
+        {
             ids.insert(task.service_id.clone());
         }
     }
