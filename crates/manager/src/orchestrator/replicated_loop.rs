@@ -453,6 +453,20 @@ mod tests {
     }
 
     #[test]
+    fn a_full_pass_targets_gone_services_but_never_the_tasks_of_no_service() {
+        let store = shoal_store::MemoryStore::new(16);
+        let mut c = shoal_store::Changes::new();
+        c.create(task(TaskState::Running, TaskState::Running, "n1"));
+        let mut attachment = task(TaskState::Running, TaskState::Running, "n1");
+        attachment.id = "a1".into();
+        attachment.service_id = String::new();
+        c.create(attachment);
+        store.apply(1, c.actions()).unwrap();
+        let targets = store.view(|t| super::all_targets(t, super::Kind::Replicated));
+        assert_eq!(targets.into_iter().collect::<Vec<_>>(), ["s1"], "a network attachment is no service's task");
+    }
+
+    #[test]
     fn running_matters_only_while_the_service_updates() {
         use TaskState::*;
         let r = Running;
