@@ -157,6 +157,11 @@ pub trait Executor: Send + Sync + 'static {
     fn data_plane_off(&self) -> Option<String> {
         None
     }
+    /// The node's side of containers of the engine's own on attachable swarm networks, when this executor
+    /// has one (the docker executor with the data plane); network attachment tasks are refused without it.
+    fn attacher(&self) -> Option<std::sync::Arc<crate::docker::attach::Attacher>> {
+        None
+    }
     /// What `task` printed, per `options`. Fails when this executor keeps no output for the task.
     fn logs(&self, task: &Task, _options: &LogOptions) -> Result<LogStream, ExecutorError> {
         Err(ExecutorError::Runtime(format!("the {} executor keeps no logs of task {}", self.name(), task.id)))

@@ -264,6 +264,22 @@ impl Agent {
                 }
             }));
         }
+        // Containers of the engine's own on attachable networks: the attacher follows the assignments here and
+        // each session's connection (`SessionContext::attacher`).
+        let attacher = self.executor.attacher();
+        if let Some(att) = &attacher {
+            network_tasks.push(tokio::spawn(att.clone().run(shutdown.clone())));
+            let (att, mut assigned) = (att.clone(), worker.assigned());
+            network_tasks.push(tokio::spawn(async move {
+                loop {
+                    let now = assigned.borrow_and_update().clone();
+                    att.set_assigned(now);
+                    if assigned.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }));
+        }
         let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
         // Set when a manager refused because it is not the leader and named the leader: the next session
         // goes there. At most `MAX_REDIRECTS_IN_A_ROW` such hops without a backoff pause.
@@ -362,6 +378,7 @@ impl Agent {
                 node_sink: self.node_sink.as_ref(),
                 on_message: &mut on_message,
                 network: network.clone(),
+                attacher: attacher.clone(),
             };
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,

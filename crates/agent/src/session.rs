@@ -157,6 +157,8 @@ pub struct SessionContext<'a> {
     pub tls_info: Option<watch::Receiver<shoal_api::NodeTlsInfo>>,
     /// When set, the node's data plane, fed the manager's network view over this session's connection.
     pub network: Option<Arc<crate::network::NetworkPlane>>,
+    /// When set, told this session's connection (attach and detach requests go over it).
+    pub attacher: Option<Arc<crate::docker::attach::Attacher>>,
 }
 
 /// A request carrying this node's ID (believed only by the in-process test harness; real managers take the
@@ -281,6 +283,9 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
         }
     }));
 
+    if let Some(att) = &ctx.attacher {
+        att.set_channel(Some(client_channel.clone()));
+    }
     // The data plane's view of this node's networks rides on the same connection and ends with the session
     // (the plane keeps the last view meanwhile).
     let _network_view = ctx.network.clone().map(|plane| {

@@ -59,14 +59,20 @@ pub type HeldSink = Arc<dyn Fn(&Held) + Send + Sync>;
 
 /// Why this node cannot run `task` on its networks, if it cannot: a network created with `--opt encrypted`
 /// is refused with the data plane's reason (`shoal_netplane::check_encryption`, the one place that decides
-/// it), before any executor sees the task; so is a network attachment task (`AttachNetwork`, made for a
-/// Docker Engine's own container, which a Shoal agent does not have).
-fn network_refusal(task: &Task) -> Option<String> {
-    if matches!(task.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(shoal_api::task_spec::Runtime::Attachment(_)))
+/// it), before any executor sees the task; so is a network attachment task (`AttachNetwork`, for a container
+/// of the engine's own on an attachable network) on a node whose executor has no `Attacher` (`attaches`
+/// false: the process executor, or the docker executor without the data plane).
+fn network_refusal(task: &Task, attaches: bool) -> Option<String> {
+    if !attaches
+        && matches!(
+            task.spec.as_ref().and_then(|s| s.runtime.as_ref()),
+            Some(shoal_api::task_spec::Runtime::Attachment(_))
+        )
     {
         return Some(
-            "a network attachment task is for a Docker Engine's own container (AttachNetwork); this Shoal agent \
-             runs service tasks only"
+            "a network attachment task is for a container of the node's Docker Engine on an attachable network; \
+             this node has no engine with the data plane to plumb it (run the daemon with --executor docker and \
+             the data plane on)"
                 .into(),
         );
     }
@@ -200,7 +206,7 @@ impl Worker {
             self.reporter.report(&task.id, status(to, LOST_TASK_MESSAGE, LOST_TASK_MESSAGE));
             return;
         }
-        let ctlr = match (network_refusal(&task), expanded) {
+        let ctlr = match (network_refusal(&task, self.executor.attacher().is_some()), expanded) {
             (Some(why), _) | (None, Err(why)) => Err(ExecutorError::InvalidSpec(why)),
             (None, Ok(expanded)) if has_references(&expanded) => match self.deps.files_for(&expanded, &self.node) {
                 Ok(files) => self.executor.controller(&expanded, files),

@@ -6,6 +6,7 @@
 //! Reads come from the store; every write goes through `shoal_manager::controlapi`. Must not depend on Raft
 //! or the executors.
 
+pub mod attach;
 pub mod ca;
 pub mod connections;
 pub mod error;

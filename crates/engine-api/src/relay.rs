@@ -10,6 +10,10 @@
 //!   swarm's; both event streams in one.
 //! - `/networks/create` goes to Shoal for the `overlay` driver (or `Scope: swarm`), else to the engine;
 //!   `/networks/{id}` to Shoal when Shoal has that network, else to the engine.
+//! - `POST /containers/create` naming an attachable swarm network is made in a holder's namespace that the
+//!   node plumbs (`attach::SwarmAttach`, given by `Engine::with_attach`); a non-attachable one is refused
+//!   (403, as dockerd); `POST /containers/{id}/start` of such a container waits for the plumbing; a
+//!   `network connect` naming a swarm network is refused (501).
 //! - Everything else is relayed byte for byte with hyper on both sides: bodies streamed both ways (build
 //!   contexts, image loads, logs that follow, stats, events), and `Connection: Upgrade` requests (`attach`,
 //!   `exec` start, `docker run -it`) answered 101 and then copied as raw streams both ways. A `/v1.NN` prefix
@@ -41,6 +45,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
+use crate::attach::SwarmAttach;
 use crate::connections::HeldConnection;
 use crate::json::ErrorResponse;
 
@@ -87,9 +92,17 @@ const ENGINE_SEGMENTS: &[&str] = &[
 
 type EngineClient = Client<UnixConnector, Body>;
 
-/// The engine this node relays to, or why it has none.
+/// The engine this node relays to, or why it has none; and the node's side of containers on attachable
+/// swarm networks, or why it has none.
 #[derive(Clone)]
-pub struct Engine(EngineKind);
+pub struct Engine(EngineKind, Attacher);
+
+/// The node's `SwarmAttach`, or why it has none.
+type Attacher = Result<Arc<dyn SwarmAttach>, Arc<str>>;
+
+/// Why a node has no `SwarmAttach` until `Engine::with_attach` gives one.
+const NO_ATTACH: &str =
+    "this node cannot plumb a container of its engine into a swarm network (its executor has no data plane)";
 
 #[derive(Clone)]
 enum EngineKind {
@@ -140,22 +153,32 @@ impl Engine {
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(16)
             .build(connector);
-        Engine(EngineKind::Docker(Arc::new(DockerEngine {
-            socket,
-            client,
-            version: Mutex::new(None),
-            relays: Arc::new(Semaphore::new(MAX_RELAYS)),
-        })))
+        Engine(
+            EngineKind::Docker(Arc::new(DockerEngine {
+                socket,
+                client,
+                version: Mutex::new(None),
+                relays: Arc::new(Semaphore::new(MAX_RELAYS)),
+            })),
+            Err(NO_ATTACH.into()),
+        )
     }
 
     /// No engine on this node, because `why` (e.g. `PROCESS_EXECUTOR`).
     pub fn absent(why: impl Into<String>) -> Engine {
-        Engine(EngineKind::Absent(why.into().into()))
+        Engine(EngineKind::Absent(why.into().into()), Err(NO_ATTACH.into()))
+    }
+
+    /// Containers created on attachable swarm networks are put there by `attach` (`Err`: why this node
+    /// cannot, said to whoever asks).
+    pub fn with_attach(mut self, attach: Result<Arc<dyn SwarmAttach>, String>) -> Engine {
+        self.1 = attach.map_err(Into::into);
+        self
     }
 
     /// `shoal` (one of this crate's routers) with the engine's paths relayed and the shared ones merged.
     pub fn wrap(self, shoal: Router) -> Router {
-        Router::new().fallback(dispatch).with_state(Arc::new(Relay { shoal, engine: self.0 }))
+        Router::new().fallback(dispatch).with_state(Arc::new(Relay { shoal, engine: self.0, attach: self.1 }))
     }
 }
 
@@ -198,6 +221,7 @@ impl tower::Service<Uri> for UnixConnector {
 struct Relay {
     shoal: Router,
     engine: EngineKind,
+    attach: Attacher,
 }
 
 /// Where a request goes.
@@ -214,8 +238,11 @@ enum Route {
     NetworkCreate,
     /// `/networks/{id}`: Shoal's when it has that network.
     NetworkById,
-    /// `POST /containers/create` and `POST /networks/{id}/connect`: refused when they name a swarm network.
+    /// `POST /containers/create` and `POST /networks/{id}/connect`: a swarm network named is the node's
+    /// to plumb (`attach`).
     ContainerNetworks,
+    /// `POST /containers/{id}/start` and `/restart`: a container on a swarm network is plumbed first.
+    ContainerStart,
 }
 
 fn route(method: &Method, path: &str) -> Route {
@@ -232,6 +259,7 @@ fn route(method: &Method, path: &str) -> Route {
         ("networks", ["prune"]) => Route::Engine,
         ("networks", [_, "connect"]) if method == Method::POST => Route::ContainerNetworks,
         ("containers", ["create"]) if method == Method::POST => Route::ContainerNetworks,
+        ("containers", [_, "start" | "restart"]) if method == Method::POST => Route::ContainerStart,
         ("networks", [_]) => Route::NetworkById,
         ("info" | "version" | "events" | "", _) => Route::Shoal,
         (s, _) if SHOAL_SEGMENTS.contains(&s) => Route::Shoal,
@@ -291,7 +319,7 @@ async fn dispatch(State(relay): State<Arc<Relay>>, req: Request) -> Response {
         EngineKind::Docker(d) => d.clone(),
         EngineKind::Absent(why) => {
             return match route {
-                Route::Engine => no_engine(why, req.method(), &bare),
+                Route::Engine | Route::ContainerStart | Route::ContainerNetworks => no_engine(why, req.method(), &bare),
                 Route::Unknown => error(
                     StatusCode::NOT_FOUND,
                     format!("page not found: {bare} is not an endpoint of the Docker Engine API"),
@@ -310,6 +338,7 @@ async fn dispatch(State(relay): State<Arc<Relay>>, req: Request) -> Response {
         Route::NetworkCreate => network_create(&relay, &engine, req).await,
         Route::NetworkById => network_by_id(&relay, &engine, req, &full).await,
         Route::ContainerNetworks => container_networks(&relay, &engine, req, &full).await,
+        Route::ContainerStart => container_start(&relay, &engine, req, &bare).await,
     }
 }
 
@@ -645,8 +674,44 @@ fn named_networks(path: &str, body: &serde_json::Value) -> Vec<String> {
     names
 }
 
-/// A container create or network connect that names a swarm network is refused (a container outside a
-/// service cannot be plumbed into an overlay by this node yet); anything else goes to the engine.
+/// Where a network a container names lives.
+enum Found {
+    /// The engine's own (or unknown to both: the engine answers).
+    Local,
+    /// The swarm's, as Shoal's `GET /networks/{id}` shows it (a manager).
+    Swarm(serde_json::Value),
+    /// Not the engine's, and this node cannot look up the swarm's (a worker): the manager decides at attach.
+    Unsure,
+}
+
+/// Looks network `name` up in Shoal (a manager answers), then in the engine.
+async fn find_network(relay: &Relay, engine: &DockerEngine, prefix: &str, name: &str) -> Found {
+    let mut probe = Request::new(Body::empty());
+    *probe.uri_mut() = format!("{prefix}/networks/{name}").parse().unwrap_or_default();
+    let resp = shoal(relay, probe).await;
+    let status = resp.status();
+    if status.is_success() {
+        let bytes = axum::body::to_bytes(resp.into_body(), MERGE_BODY_LIMIT_BYTES).await.unwrap_or_default();
+        return Found::Swarm(serde_json::from_slice(&bytes).unwrap_or_default());
+    }
+    if !status.is_server_error() {
+        return Found::Local;
+    }
+    let mut ask = Request::new(Body::empty());
+    *ask.uri_mut() = format!("http://docker/networks/{name}").parse().unwrap_or_default();
+    match engine.fetch(ask).await {
+        Ok((s, _)) if s == StatusCode::NOT_FOUND => Found::Unsure,
+        _ => Found::Local,
+    }
+}
+
+fn refused(r: crate::attach::AttachRefusal) -> Response {
+    error(StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), r.message)
+}
+
+/// A container create on an attachable swarm network is made in a holder's namespace that the node plumbs
+/// (`attach`); a non-attachable one is refused, as dockerd refuses it. A network connect naming a swarm
+/// network is refused (only a create joins one). Anything else goes to the engine.
 async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
     let (parts, body) = req.into_parts();
     let bytes = match http_body_util::Limited::new(body, MERGE_BODY_LIMIT_BYTES).collect().await {
@@ -656,19 +721,108 @@ async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Requ
     let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
     let bare = crate::request::split_version(full).map_or(full, |(_, p)| p);
     let prefix = &full[..full.len() - bare.len()];
+    let connect = bare.starts_with("/networks/");
+    let mut swarm: Vec<(String, Option<serde_json::Value>)> = Vec::new();
+    let mut local = Vec::new();
     for name in named_networks(bare, &doc) {
-        let mut probe = Request::new(Body::empty());
-        *probe.uri_mut() = format!("{prefix}/networks/{name}").parse().unwrap_or_default();
-        if shoal(relay, probe).await.status().is_success() {
+        match find_network(relay, engine, prefix, &name).await {
+            Found::Local => local.push(name),
+            Found::Swarm(n) => swarm.push((name, Some(n))),
+            Found::Unsure => swarm.push((name, None)),
+        }
+    }
+    let Some((network, found)) = swarm.first().cloned() else {
+        return engine.relay(Request::from_parts(parts, Body::from(bytes))).await;
+    };
+    if connect {
+        return error(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "network {network} is a swarm network: a container joins it when it is created on it (docker run --network {network} ...), not by docker network connect"
+            ),
+        );
+    }
+    if let Some(n) = &found {
+        if !n.get("Attachable").and_then(|a| a.as_bool()).unwrap_or(false) {
             return error(
-                StatusCode::NOT_IMPLEMENTED,
+                StatusCode::FORBIDDEN,
                 format!(
-                    "network {name} is a swarm network: this node cannot connect a container started outside a service to a swarm network yet (attachable overlays). Run it as a service (docker service create --network {name} ...), or use a local network"
+                    "Could not attach to network {network}: network {network} is not manually attachable: create it with --attachable (docker network create -d overlay --attachable {network}) to run containers on it with docker run, or run this one as a service (docker service create --network {network} ...)"
                 ),
             );
         }
     }
-    engine.relay(Request::from_parts(parts, Body::from(bytes))).await
+    let others: Vec<String> = swarm.iter().skip(1).map(|(n, _)| n.clone()).chain(local).collect();
+    if let Some(why) = crate::attach::refusal(&doc, &network, &others) {
+        return error(StatusCode::BAD_REQUEST, why);
+    }
+    let attach = match &relay.attach {
+        Ok(a) => a.clone(),
+        Err(why) => {
+            return error(StatusCode::NOT_IMPLEMENTED, format!("network {network} is a swarm network and {why}"));
+        }
+    };
+    let aliases = crate::attach::aliases(&doc, &network);
+    let prepared = match attach.prepare(&network, &aliases, crate::attach::holder_facts(&doc)).await {
+        Ok(p) => p,
+        Err(r) => return refused(r),
+    };
+    let body = crate::attach::rewrite_create(doc, &prepared);
+    let mut create = Request::from_parts(parts, Body::from(serde_json::to_vec(&body).unwrap_or_default()));
+    create.headers_mut().remove(header::CONTENT_LENGTH);
+    create.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let uri = create.uri().clone();
+    *create.uri_mut() = match engine.engine_uri(&uri).await {
+        Ok(u) => u,
+        Err(r) => {
+            attach.abandon(&prepared.holder).await;
+            return r;
+        }
+    };
+    strip_hop_by_hop(create.headers_mut());
+    *create.extensions_mut() = Default::default();
+    let (status, answer) = match engine.fetch(create).await {
+        Ok(a) => a,
+        Err(e) => {
+            attach.abandon(&prepared.holder).await;
+            return engine.unreachable(e);
+        }
+    };
+    let created = serde_json::from_slice::<serde_json::Value>(&answer)
+        .ok()
+        .and_then(|v| v.get("Id").and_then(|i| i.as_str()).map(str::to_string));
+    let Some(id) = created.filter(|_| status == StatusCode::CREATED) else {
+        attach.abandon(&prepared.holder).await;
+        let mut r = Response::new(Body::from(answer));
+        *r.status_mut() = status;
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return r;
+    };
+    if let Err(r) = attach.attach(&id).await {
+        let mut rm = Request::new(Body::empty());
+        *rm.method_mut() = Method::DELETE;
+        *rm.uri_mut() = format!("http://docker/containers/{id}?force=1&v=1").parse().unwrap_or_default();
+        if let Err(e) = engine.fetch(rm).await {
+            tracing::warn!(container = %id, "cannot remove a container whose attach failed: {e}");
+        }
+        attach.abandon(&prepared.holder).await;
+        return refused(r);
+    }
+    let mut r = Response::new(Body::from(answer));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// A container's start: one on a swarm network is attached and plumbed first (nothing for the others).
+async fn container_start(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, bare: &str) -> Response {
+    if let Ok(attach) = &relay.attach {
+        let id = bare.trim_start_matches('/').split('/').nth(1).unwrap_or_default();
+        if let Err(r) = attach.before_start(id).await {
+            return refused(r);
+        }
+    }
+    engine.relay(req).await
 }
 
 async fn network_by_id(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
@@ -836,6 +990,9 @@ mod tests {
         check(Method::POST, "/networks/abc/connect", Route::ContainerNetworks);
         check(Method::POST, "/networks/abc/disconnect", Route::Engine);
         check(Method::POST, "/containers/create", Route::ContainerNetworks);
+        check(Method::POST, "/containers/abc/start", Route::ContainerStart);
+        check(Method::POST, "/containers/abc/restart", Route::ContainerStart);
+        check(Method::POST, "/containers/abc/stop", Route::Engine);
         check(Method::POST, "/networks/prune", Route::Engine);
         for p in [
             "/services",

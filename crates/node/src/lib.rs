@@ -7,6 +7,7 @@
 //! outlives the daemon. This crate does no argument parsing (that is the `shoal` binary).
 
 pub mod api_tcp;
+mod attach;
 pub mod authz;
 mod bootstrap;
 mod config;
@@ -152,11 +153,23 @@ fn data_plane(cfg: &DaemonConfig) -> Result<Arc<shoal_agent::network::NetworkPla
 /// The engine the control socket relays the rest of the Docker Engine API to (`shoal_engine_api::relay`):
 /// the docker executor's engine, none with the process executor. `executor` is the executor in use
 /// (`Executor::name`), None before one is picked (a node in no swarm, a locked manager): then
-/// `--executor auto` relays when the engine's socket exists.
-pub(crate) fn engine_relay(cfg: &DaemonConfig, executor: Option<&str>) -> shoal_engine_api::relay::Engine {
+/// `--executor auto` relays when the engine's socket exists. Containers created on attachable swarm networks
+/// are the executor's `Attacher`'s to plumb (`attach::NodeAttach`), when it has one.
+pub(crate) fn engine_relay(cfg: &DaemonConfig, executor: Option<&dyn Executor>) -> shoal_engine_api::relay::Engine {
     use shoal_engine_api::relay::{Engine, PROCESS_EXECUTOR};
-    let docker = || Engine::docker(&cfg.engine_addr, &cfg.listen_control_api);
-    match (executor, cfg.executor) {
+    let docker = || {
+        let e = Engine::docker(&cfg.engine_addr, &cfg.listen_control_api);
+        match executor.and_then(|x| x.attacher()) {
+            Some(a) => e.with_attach(Ok(Arc::new(attach::NodeAttach(a)))),
+            None => match executor.and_then(|x| x.data_plane_off()) {
+                Some(why) => e.with_attach(Err(format!(
+                    "this node cannot plumb a container of its engine into a swarm network: {why}"
+                ))),
+                None => e,
+            },
+        }
+    };
+    match (executor.map(|x| x.name()), cfg.executor) {
         (Some("docker"), _) | (None, ExecutorKind::Docker) => docker(),
         (None, ExecutorKind::Auto) => {
             let path = cfg.engine_addr.strip_prefix("unix://").unwrap_or(&cfg.engine_addr);
@@ -483,7 +496,7 @@ impl Node {
         let entry_points = remote_security.authz.entry_points().clone();
         entry_points.register("control-socket", control_socket.display(), authz::Guard::SocketFileMode);
         let control_router =
-            engine_relay(&cfg, Some(executor.name())).wrap(shoal_engine_api::router(ctx).merge(entry_points.router()));
+            engine_relay(&cfg, Some(&*executor)).wrap(shoal_engine_api::router(ctx).merge(entry_points.router()));
         let control_api = lifecycle::Closer::new(
             api_stop_tx,
             tokio::spawn({

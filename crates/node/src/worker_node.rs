@@ -274,7 +274,7 @@ pub(crate) async fn run_worker(
     };
     // The control socket's server stops on its own signal: a leave is answered through it after the rest.
     let (api_stop_tx, api_stop_rx) = watch::channel(false);
-    let router = crate::engine_relay(&cfg, Some(executor.name())).wrap(shoal_engine_api::worker::worker_router(ctx));
+    let router = crate::engine_relay(&cfg, Some(&*executor)).wrap(shoal_engine_api::worker::worker_router(ctx));
     let control_api = crate::lifecycle::Closer::new(
         api_stop_tx,
         tokio::spawn({

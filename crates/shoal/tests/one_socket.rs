@@ -252,10 +252,16 @@ fn the_docker_cli_on_shoals_socket_reaches_containers_images_volumes_networks_an
     for want in ["bridge local", "host local", "none local", "ingress swarm", &format!("{overlay} swarm")] {
         assert!(nets.lines().any(|l| l == want), "docker network ls has {want:?}:\n{nets}");
     }
-    // A one-off container on a swarm network is refused, saying why (attachable overlays are not plumbed yet).
+    // A one-off container on a swarm network that is not attachable is refused, saying what to do (an
+    // attachable one runs: attachable_networks.rs).
     let out = user_docker(&d, &["run", "--rm", "--network", &overlay, image, "true"]).output().expect("docker run");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("is a swarm network"), "{err}");
+    assert!(
+        !out.status.success()
+            && err.contains(&format!("network {overlay} is not manually attachable"))
+            && err.contains("--attachable"),
+        "{err}"
+    );
     assert_eq!(user_ok(&d, &["network", "inspect", "--format", "{{.Scope}}", "bridge"]).trim(), "local");
     assert_eq!(user_ok(&d, &["network", "inspect", "--format", "{{.Scope}}", &overlay]).trim(), "swarm");
 

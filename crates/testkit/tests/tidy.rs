@@ -153,7 +153,7 @@ const BOUNDARIES: &[Boundary] = &[
     },
     Boundary {
         dir: "engine-api",
-        why: "Raft, the executors",
+        why: "Raft, the executors, the agent",
         deps: &["shoal-raft", "raft", "shoal-agent", "shoal-node", "bollard"],
         source: &[],
     },

@@ -28,6 +28,7 @@
 //! Bounds: one engine call at a time per controller; health is polled every `HEALTH_POLL`; a pull is
 //! given `PULL_TIMEOUT`. Must not depend on the session or gRPC.
 
+pub mod attach;
 pub mod holder;
 pub mod spec;
 
@@ -104,6 +105,8 @@ pub struct DockerExecutor {
     holder_image: Arc<tokio::sync::OnceCell<()>>,
     /// Container creations under way (see `Creations`).
     creations: Creations,
+    /// Containers of the engine's own on attachable swarm networks (with the data plane only).
+    attacher: Option<Arc<attach::Attacher>>,
 }
 
 /// Longest the agent's stop waits for the container creations under way (`Executor::settle`).
@@ -305,6 +308,7 @@ impl DockerExecutor {
             holders: Mutex::new(Some(holders)),
             holder_image: Arc::new(tokio::sync::OnceCell::new()),
             creations: Creations::default(),
+            attacher: None,
         })
     }
 
@@ -326,6 +330,8 @@ impl DockerExecutor {
             p.resume(&survivors).await;
             let plugins = &mut self.description.engine.get_or_insert_with(Default::default).plugins;
             plugins.push(crate::network::overlay_plugin());
+            self.attacher =
+                Some(attach::Attacher::new(self.docker.clone(), p.clone(), &self.node_id, self.holder_image.clone()));
         }
         self.network = plane;
         self
@@ -407,7 +413,20 @@ impl Executor for DockerExecutor {
     }
 
     fn controller(&self, task: &Task, files: TaskFiles) -> Result<Box<dyn Controller>, ExecutorError> {
+        if attach::attachment_container(task).is_some() {
+            let attacher = self.attacher.as_ref().ok_or_else(|| {
+                ExecutorError::InvalidSpec(format!(
+                    "this node cannot plumb a container into a swarm network: {}",
+                    self.network.as_ref().err().map_or("it has no data plane", String::as_str)
+                ))
+            })?;
+            return Ok(Box::new(attacher.controller(task)?));
+        }
         Ok(Box::new(self.new_controller(task, files)?))
+    }
+
+    fn attacher(&self) -> Option<Arc<attach::Attacher>> {
+        self.attacher.clone()
     }
 
     fn name(&self) -> &'static str {
@@ -419,6 +438,9 @@ impl Executor for DockerExecutor {
     }
 
     fn adopt(&self, task: &Task) -> Option<Box<dyn Controller>> {
+        if attach::attachment_container(task).is_some() {
+            return self.attacher.as_ref()?.adopt(task).map(|c| Box::new(c) as Box<dyn Controller>);
+        }
         self.inventory.lock().as_mut()?.remove(&task.id)?;
         let holder = self.holders.lock().as_mut().and_then(|h| h.remove(&task.id));
         // The container has its files mounted already (they stayed on the tmpfs); nothing is rewritten.

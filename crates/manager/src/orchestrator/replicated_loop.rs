@@ -119,14 +119,17 @@ impl Subsystem for JobsOrchestrator {
 }
 
 /// The services of `kind`; for the replicated loop also services that are gone but still have tasks not
-/// marked for removal.
+/// marked for removal (never the tasks of no service: network attachments, which `DetachNetwork` removes).
 fn all_targets(t: &Tables, kind: Kind) -> BTreeSet<String> {
     let mut ids: BTreeSet<String> = t.services().iter().filter(|s| kind.owns(s)).map(|s| s.id.clone()).collect();
     if kind != Kind::Replicated {
         return ids;
     }
     for task in t.tasks().iter() {
-        if task.desired_state() < shoal_api::TaskState::Remove && t.services().get(&task.service_id).is_none() {
+        if task.desired_state() < shoal_api::TaskState::Remove
+            && !task.service_id.is_empty()
+            && t.services().get(&task.service_id).is_none()
+        {
             ids.insert(task.service_id.clone());
         }
     }
@@ -447,6 +450,20 @@ mod tests {
             index: 1,
             changes: vec![Change { kind: ActionKind::Update, object: Object::Service(Arc::new(s)), old: None }],
         }
+    }
+
+    #[test]
+    fn a_full_pass_targets_gone_services_but_never_the_tasks_of_no_service() {
+        let store = shoal_store::MemoryStore::new(16);
+        let mut c = shoal_store::Changes::new();
+        c.create(task(TaskState::Running, TaskState::Running, "n1"));
+        let mut attachment = task(TaskState::Running, TaskState::Running, "n1");
+        attachment.id = "a1".into();
+        attachment.service_id = String::new();
+        c.create(attachment);
+        store.apply(1, c.actions()).unwrap();
+        let targets = store.view(|t| super::all_targets(t, super::Kind::Replicated));
+        assert_eq!(targets.into_iter().collect::<Vec<_>>(), ["s1"], "a network attachment is no service's task");
     }
 
     #[test]

@@ -1,0 +1,567 @@
+//! Containers of the engine's own on attachable swarm networks (`docker run --network <attachable overlay>`
+//! on the node's control socket), as dockerd gives them: the container gets an address through SwarmKit's
+//! attachment path and the node's data plane plumbs it like a task.
+//!
+//! The path, in order:
+//! 1. `Attacher::prepare_holder` makes a network-namespace holder (`holder`, the same `/pause` image and
+//!    network mode `none`, with the container's hostname, the node's resolver and its extra hosts), named
+//!    `shl-attach.<random>`, labelled `LABEL_ATTACH_HOLDS` and with the node's ID; the caller creates the
+//!    container with network mode `container:<holder>` and the labels `container_labels` gives (the holder,
+//!    the network, the aliases: what a restart of the node needs to find it all again).
+//! 2. `Attacher::attach` calls `ResourceAllocator.AttachNetwork` on the session's connection (the agent's
+//!    gRPC channel to its manager; a manager node's agent goes the same way): the manager writes a network
+//!    attachment task for this node, the allocator gives it an address, and the dispatcher sends it here.
+//!    A network that is not attachable is refused there, by the manager.
+//! 3. The worker runs that task with an `AttachmentController` (the executor makes it): its prepare starts the
+//!    holder and registers the holder's namespace with the data plane under the task's ID
+//!    (`NetworkPlane::attach_namespace`), its start waits until the plane plumbed it (the veth, the address,
+//!    the resolver at 127.0.0.11 with the network's service names and VIPs). The task then runs until it is
+//!    removed; removing it releases the namespace's plumbing.
+//! 4. `Attacher::before_start` (the control socket calls it before relaying a container's start) attaches a
+//!    container of ours again when it holds no attachment (it stopped since), and waits until its namespace is
+//!    plumbed, so the container's first instruction is connected.
+//! 5. `Attacher::run` follows the engine's `die` and `destroy` events of such containers: a container that
+//!    stopped is detached (`ResourceAllocator.DetachNetwork`: the task goes and its address returns to the
+//!    pool), a removed one also loses its holder. The same loop reconciles whenever the node's assignments
+//!    or its session change, which covers what happened while the daemon was down: attachments of this node
+//!    whose container is gone or stopped are detached, and holders whose container is gone are removed.
+//!
+//! Bounds: `ATTACH_TIMEOUT` for the manager's answer, `PLUMB_TIMEOUT` (the plane's) for the plumbing; the
+//! manager bounds the attachments per node. Must not depend on the Engine API's HTTP types (the node crate
+//! wires this to the control socket).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::models::{ContainerCreateBody, HostConfig, RestartPolicy, RestartPolicyNameEnum};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, EventsOptionsBuilder, ListContainersOptionsBuilder};
+use bollard::Docker;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use shoal_api::resource_allocator_client::ResourceAllocatorClient;
+use shoal_api::{task_spec, AttachNetworkRequest, DetachNetworkRequest, NetworkAttachmentConfig, Task, TaskState};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+use super::{engine_message, engine_status, force_remove, holder, is_running, spec};
+use crate::exec::{BoxFuture, Controller, ExecutorError, ExitStatus};
+use crate::network::NetworkPlane;
+use crate::worker::AssignedTasks;
+
+/// Label on a container of ours: its holder's container ID.
+pub const LABEL_ATTACH_HOLDER: &str = "com.shoal.attach.holder";
+/// Label on a container of ours: the swarm network it was created on (as the user named it).
+pub const LABEL_ATTACH_NETWORK: &str = "com.shoal.attach.network";
+/// Label on a container of ours: its aliases on that network, comma-separated.
+pub const LABEL_ATTACH_ALIASES: &str = "com.shoal.attach.aliases";
+/// Label on a holder of such a container.
+pub const LABEL_ATTACH_HOLDS: &str = "com.shoal.attach.holds";
+/// Prefix of the holders' names.
+pub const HOLDER_PREFIX: &str = "shl-attach.";
+/// Longest the manager may take to answer an attach or detach.
+pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
+/// Pause before the engine's event stream is opened again after it ended.
+const EVENTS_RETRY: Duration = Duration::from_secs(1);
+
+/// Why a container could not be put on a swarm network.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttachError {
+    /// The swarm has no such network.
+    #[error("{0}")]
+    NotFound(String),
+    /// The network exists but is not attachable (or the node may not attach).
+    #[error("{0}")]
+    Refused(String),
+    /// The request cannot be honoured as given.
+    #[error("{0}")]
+    Invalid(String),
+    /// No manager answered, or the plumbing did not finish in time.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The Docker Engine failed.
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// What the holder of a container carries for it (Docker lets only a namespace's first container set these).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HolderFacts {
+    /// The container's hostname (the engine's default when `None`).
+    pub hostname: Option<String>,
+    /// `--dns-search`.
+    pub dns_search: Vec<String>,
+    /// `--dns-option` (`ndots:0` is always set, as a task's).
+    pub dns_options: Vec<String>,
+    /// `--add-host`, as `host:ip`.
+    pub extra_hosts: Vec<String>,
+}
+
+/// The labels a container created in `holder`'s namespace on `network` with `aliases` carries.
+pub fn container_labels(holder: &str, network: &str, aliases: &[String]) -> HashMap<String, String> {
+    let mut l = HashMap::from([
+        (LABEL_ATTACH_HOLDER.to_string(), holder.to_string()),
+        (LABEL_ATTACH_NETWORK.to_string(), network.to_string()),
+    ]);
+    if !aliases.is_empty() {
+        l.insert(LABEL_ATTACH_ALIASES.to_string(), aliases.join(","));
+    }
+    l
+}
+
+/// The container an attachment task is for, when it is one.
+pub fn attachment_container(t: &Task) -> Option<&str> {
+    match t.spec.as_ref()?.runtime.as_ref()? {
+        task_spec::Runtime::Attachment(a) if t.service_id.is_empty() => Some(a.container_id.as_str()),
+        _ => None,
+    }
+}
+
+fn holds(t: &Task) -> bool {
+    let s = TaskState::from_wire(t.status.as_ref().map_or(0, |s| s.state));
+    !s.is_terminal() && t.desired_state <= TaskState::Running as i32
+}
+
+/// The node's side of containers on attachable swarm networks (see the module doc).
+pub struct Attacher {
+    docker: Docker,
+    plane: Arc<NetworkPlane>,
+    node_id: String,
+    holder_image: Arc<tokio::sync::OnceCell<()>>,
+    /// The current session's connection to a manager (None between sessions).
+    channel: watch::Sender<Option<Channel>>,
+    /// The tasks assigned to this node (its attachment tasks among them).
+    assigned: watch::Sender<AssignedTasks>,
+    /// Holders made whose container is being created (not swept meanwhile).
+    creating: Mutex<BTreeSet<String>>,
+    /// The attachment made for each container by this run, until detached (the task reaches the node's
+    /// assignments a little later; a start in between must not attach it twice).
+    made: Mutex<HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for Attacher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attacher").field("node_id", &self.node_id).finish()
+    }
+}
+
+fn status_error(network: &str, s: tonic::Status) -> AttachError {
+    let why = format!("Could not attach to network {network}: {}", s.message());
+    match s.code() {
+        tonic::Code::NotFound => AttachError::NotFound(why),
+        tonic::Code::PermissionDenied => AttachError::Refused(why),
+        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted => AttachError::Invalid(why),
+        _ => AttachError::Unavailable(why),
+    }
+}
+
+impl Attacher {
+    /// The attacher of the node `node_id`, over its engine and data plane.
+    pub fn new(
+        docker: Docker,
+        plane: Arc<NetworkPlane>,
+        node_id: &str,
+        holder_image: Arc<tokio::sync::OnceCell<()>>,
+    ) -> Arc<Attacher> {
+        Arc::new(Attacher {
+            docker,
+            plane,
+            node_id: node_id.to_string(),
+            holder_image,
+            channel: watch::channel(None).0,
+            assigned: watch::channel(AssignedTasks::default()).0,
+            creating: Mutex::new(BTreeSet::new()),
+            made: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The connection of the session just opened (the agent calls this).
+    pub fn set_channel(&self, channel: Option<Channel>) {
+        self.channel.send_replace(channel);
+    }
+
+    /// The tasks assigned to this node now (the agent calls this).
+    pub fn set_assigned(&self, assigned: AssignedTasks) {
+        self.assigned.send_replace(assigned);
+    }
+
+    fn client(&self) -> Result<ResourceAllocatorClient<Channel>, AttachError> {
+        let ch = self.channel.borrow().clone().ok_or_else(|| {
+            AttachError::Unavailable(
+                "this node has no session with a manager right now (it is connecting): retry shortly".into(),
+            )
+        })?;
+        Ok(ResourceAllocatorClient::new(ch))
+    }
+
+    /// Makes (not starts) the holder of a container to be created on a swarm network; returns its ID.
+    pub async fn prepare_holder(&self, facts: &HolderFacts) -> Result<String, AttachError> {
+        holder::supported().map_err(AttachError::Invalid)?;
+        self.holder_image.get_or_try_init(|| holder::ensure_image(&self.docker)).await.map_err(AttachError::Engine)?;
+        let name = format!("{HOLDER_PREFIX}{:016x}", rand::random::<u64>());
+        let mut options = vec!["ndots:0".to_string()];
+        options.extend(facts.dns_options.iter().filter(|o| !o.starts_with("ndots:")).cloned());
+        let body = ContainerCreateBody {
+            image: Some(holder::HOLDER_IMAGE.to_string()),
+            cmd: Some(vec!["/pause".to_string()]),
+            hostname: facts.hostname.clone().filter(|h| !h.is_empty()),
+            labels: Some(HashMap::from([
+                (spec::LABEL_NODE_ID.to_string(), self.node_id.clone()),
+                (LABEL_ATTACH_HOLDS.to_string(), "1".to_string()),
+            ])),
+            host_config: Some(HostConfig {
+                network_mode: Some("none".into()),
+                dns: Some(vec![holder::RESOLVER.to_string()]),
+                dns_search: (!facts.dns_search.is_empty()).then(|| facts.dns_search.clone()),
+                dns_options: Some(options),
+                extra_hosts: (!facts.extra_hosts.is_empty()).then(|| facts.extra_hosts.clone()),
+                restart_policy: Some(RestartPolicy {
+                    name: Some(RestartPolicyNameEnum::NO),
+                    maximum_retry_count: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.creating.lock().insert(name.clone());
+        let opts = CreateContainerOptionsBuilder::default().name(&name).build();
+        match self.docker.create_container(Some(opts), body).await {
+            Ok(r) => {
+                let mut c = self.creating.lock();
+                c.remove(&name);
+                c.insert(r.id.clone());
+                Ok(r.id)
+            }
+            Err(e) => {
+                self.creating.lock().remove(&name);
+                Err(AttachError::Engine(format!("cannot create the network-namespace holder: {}", engine_message(&e))))
+            }
+        }
+    }
+
+    /// Removes holder `holder`, whose container was not created.
+    pub async fn abandon(&self, holder: &str) {
+        if let Err(e) = force_remove(&self.docker, holder).await {
+            tracing::warn!(%holder, "cannot remove an unused network-namespace holder: {}", engine_message(&e));
+        }
+        self.creating.lock().remove(holder);
+    }
+
+    /// Attaches `container` (created with `container_labels`) to its network; returns the attachment's ID.
+    pub async fn attach(&self, container: &str) -> Result<String, AttachError> {
+        let c = self.docker.inspect_container(container, None).await.map_err(|e| match engine_status(&e) {
+            Some(404) => AttachError::NotFound(format!("No such container: {container}")),
+            _ => AttachError::Engine(engine_message(&e)),
+        })?;
+        let labels = c.config.as_ref().and_then(|c| c.labels.clone()).unwrap_or_default();
+        if let Some(h) = labels.get(LABEL_ATTACH_HOLDER) {
+            self.creating.lock().remove(h);
+        }
+        let network = labels.get(LABEL_ATTACH_NETWORK).cloned().ok_or_else(|| {
+            AttachError::Invalid(format!("container {container} was not created on a swarm network through Shoal"))
+        })?;
+        let aliases: Vec<String> = labels
+            .get(LABEL_ATTACH_ALIASES)
+            .map(|a| a.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default();
+        let id = c.id.clone().unwrap_or_else(|| container.to_string());
+        let mut client = self.client()?;
+        let req = crate::session::req(
+            &self.node_id,
+            AttachNetworkRequest {
+                config: Some(NetworkAttachmentConfig { target: network.clone(), aliases, ..Default::default() }),
+                container_id: id.clone(),
+            },
+            Some(ATTACH_TIMEOUT),
+        );
+        let r = client.attach_network(req).await.map_err(|s| status_error(&network, s))?;
+        let attachment = r.into_inner().attachment_id;
+        self.made.lock().insert(id.clone(), attachment.clone());
+        tracing::info!(container = %id, %network, %attachment, "container attached to a swarm network");
+        Ok(attachment)
+    }
+
+    /// Detaches attachment `attachment` (one already gone is no error).
+    pub async fn detach(&self, attachment: &str) -> Result<(), AttachError> {
+        let mut client = self.client()?;
+        let req = crate::session::req(
+            &self.node_id,
+            DetachNetworkRequest { attachment_id: attachment.to_string() },
+            Some(ATTACH_TIMEOUT),
+        );
+        let r = client.detach_network(req).await;
+        if matches!(&r, Err(s) if s.code() == tonic::Code::NotFound) || r.is_ok() {
+            self.made.lock().retain(|_, a| a != attachment);
+        }
+        match r {
+            Ok(_) => {
+                tracing::info!(%attachment, "network attachment detached");
+                Ok(())
+            }
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+            Err(s) => Err(AttachError::Unavailable(format!("cannot detach attachment {attachment}: {}", s.message()))),
+        }
+    }
+
+    /// The live attachments of `container` on this node: those made by this run, and the tasks assigned here.
+    fn attachments_of(&self, container: &str) -> Vec<String> {
+        let mut out: BTreeSet<String> = self.made.lock().get(container).cloned().into_iter().collect();
+        let a = self.assigned.borrow();
+        out.extend(a.values().filter(|t| attachment_container(t) == Some(container) && holds(t)).map(|t| t.id.clone()));
+        out.into_iter().collect()
+    }
+
+    /// Before container `container` starts (see the module doc): nothing when it is not one of ours.
+    pub async fn before_start(&self, container: &str) -> Result<(), AttachError> {
+        let c = match self.docker.inspect_container(container, None).await {
+            Ok(c) => c,
+            // The engine answers the start itself.
+            Err(_) => return Ok(()),
+        };
+        let ours =
+            c.config.as_ref().and_then(|c| c.labels.as_ref()).is_some_and(|l| l.contains_key(LABEL_ATTACH_NETWORK));
+        if !ours || is_running(&c) {
+            return Ok(());
+        }
+        let id = c.id.clone().unwrap_or_else(|| container.to_string());
+        let attachment = match self.attachments_of(&id).into_iter().next() {
+            Some(a) => a,
+            None => self.attach(&id).await?,
+        };
+        if let Err(e) = self.plane.wait_plumbed(&attachment).await {
+            // Not left holding an address it cannot use.
+            let _ = self.detach(&attachment).await;
+            return Err(AttachError::Unavailable(e));
+        }
+        Ok(())
+    }
+
+    /// Follows the engine's events and the node's assignments (see the module doc) until `shutdown`.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let (mut assigned, mut channel) = (self.assigned.subscribe(), self.channel.subscribe());
+        loop {
+            let filters: HashMap<&str, Vec<&str>> = HashMap::from([
+                ("type", vec!["container"]),
+                ("event", vec!["die", "destroy"]),
+                ("label", vec![LABEL_ATTACH_NETWORK]),
+            ]);
+            let mut events = self.docker.events(Some(EventsOptionsBuilder::default().filters(&filters).build()));
+            // Whatever happened while no stream was open.
+            self.reconcile().await;
+            loop {
+                tokio::select! {
+                    e = events.next() => match e {
+                        Some(Ok(ev)) => {
+                            let actor = ev.actor.unwrap_or_default();
+                            let id = actor.id.unwrap_or_default();
+                            let holder = actor.attributes.unwrap_or_default().remove(LABEL_ATTACH_HOLDER);
+                            self.stopped(&id, ev.action.as_deref() == Some("destroy"), holder.as_deref()).await;
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!("the engine's event stream failed: {}", engine_message(&e));
+                            break;
+                        }
+                        None => break,
+                    },
+                    r = assigned.changed() => {
+                        if r.is_err() { return }
+                        self.reconcile().await;
+                    }
+                    r = channel.changed() => {
+                        if r.is_err() { return }
+                        self.reconcile().await;
+                    }
+                    r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { return },
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(EVENTS_RETRY) => {}
+                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { return },
+            }
+        }
+    }
+
+    /// Container `id` stopped (or was removed, `gone`): its attachments are detached, and a removed
+    /// container's holder goes.
+    async fn stopped(&self, id: &str, gone: bool, holder: Option<&str>) {
+        for a in self.attachments_of(id) {
+            if let Err(e) = self.detach(&a).await {
+                tracing::warn!(container = %id, "{e}; the next reconcile tries again");
+            }
+        }
+        if let (true, Some(h)) = (gone, holder) {
+            self.abandon(h).await;
+        }
+    }
+
+    /// Detaches this node's attachments whose container is gone or stopped; removes holders whose container
+    /// is gone.
+    async fn reconcile(&self) {
+        let mine: Vec<(String, String)> = {
+            let a = self.assigned.borrow();
+            a.values()
+                .filter(|t| t.node_id == self.node_id && holds(t))
+                .filter_map(|t| Some((t.id.clone(), attachment_container(t)?.to_string())))
+                .collect()
+        };
+        for (attachment, container) in mine {
+            let stopped = match self.docker.inspect_container(&container, None).await {
+                Ok(c) => {
+                    let status = c.state.as_ref().and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default();
+                    matches!(status.as_str(), "exited" | "dead")
+                }
+                Err(e) => engine_status(&e) == Some(404),
+            };
+            if stopped {
+                tracing::info!(%attachment, %container, "the attachment's container is stopped or gone: detaching");
+                if let Err(e) = self.detach(&attachment).await {
+                    tracing::debug!(%attachment, "{e}");
+                }
+            }
+        }
+        // Holders whose container is gone (removed while the daemon was down, or a create that failed).
+        let list = |label: String| {
+            let filters: HashMap<String, Vec<String>> = HashMap::from([("label".to_string(), vec![label])]);
+            self.docker
+                .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
+        };
+        let (Ok(holders), Ok(users)) =
+            (list(format!("{LABEL_ATTACH_HOLDS}=1")).await, list(LABEL_ATTACH_HOLDER.to_string()).await)
+        else {
+            return;
+        };
+        let used: BTreeSet<String> =
+            users.iter().filter_map(|c| c.labels.as_ref()?.get(LABEL_ATTACH_HOLDER).cloned()).collect();
+        for h in holders {
+            let mine = h.labels.as_ref().and_then(|l| l.get(spec::LABEL_NODE_ID)) == Some(&self.node_id);
+            let Some(id) = h.id.filter(|id| mine && !used.contains(id)) else { continue };
+            if self.creating.lock().contains(&id) {
+                continue;
+            }
+            tracing::info!(holder = %id, "removing a network-namespace holder whose container is gone");
+            self.abandon(&id).await;
+        }
+    }
+
+    /// The controller of attachment task `task` (its container's namespace, plumbed).
+    pub fn controller(&self, task: &Task) -> Result<AttachmentController, ExecutorError> {
+        let container = attachment_container(task)
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| ExecutorError::InvalidSpec("the network attachment names no container".into()))?;
+        self.plane.check_task(task).map_err(ExecutorError::InvalidSpec)?;
+        Ok(AttachmentController {
+            docker: self.docker.clone(),
+            plane: self.plane.clone(),
+            task: Arc::new(task.clone()),
+            container: container.to_string(),
+        })
+    }
+
+    /// The controller of attachment task `task` after the agent restarted, its namespace registered again,
+    /// when its container still runs (`None`: it does not; the task is then lost and detached).
+    pub fn adopt(&self, task: &Task) -> Option<AttachmentController> {
+        let state = TaskState::from_wire(task.status.as_ref().map_or(0, |s| s.state));
+        if (state as i32) < TaskState::Starting as i32 || state.is_terminal() {
+            return None;
+        }
+        let c = self.controller(task).ok()?;
+        let adopted = c.clone();
+        tokio::spawn(async move {
+            if let Err(e) = adopted.register(true).await {
+                tracing::warn!(task = %adopted.task.id, "cannot adopt the attachment's network namespace: {e}");
+            }
+        });
+        Some(c)
+    }
+}
+
+/// Runs one network attachment task: the container's holder namespace, plumbed while the task lives.
+#[derive(Clone)]
+pub struct AttachmentController {
+    docker: Docker,
+    plane: Arc<NetworkPlane>,
+    task: Arc<Task>,
+    container: String,
+}
+
+impl AttachmentController {
+    /// Registers the holder's namespace with the plane (starting the holder unless `adopting`).
+    async fn register(&self, adopting: bool) -> Result<(), String> {
+        let c = self.docker.inspect_container(&self.container, None).await.map_err(|e| engine_message(&e))?;
+        if adopting && !is_running(&c) {
+            return Err(format!("container {} no longer runs", self.container));
+        }
+        let holder = c
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(LABEL_ATTACH_HOLDER).cloned())
+            .ok_or_else(|| format!("container {} has no network-namespace holder", self.container))?;
+        let mut h = self.docker.inspect_container(&holder, None).await.map_err(|e| engine_message(&e))?;
+        if !is_running(&h) {
+            match self.docker.start_container(&holder, None).await {
+                Ok(()) => {}
+                Err(e) if engine_status(&e) == Some(304) => {}
+                Err(e) => return Err(format!("cannot start the network-namespace holder: {}", engine_message(&e))),
+            }
+            h = self.docker.inspect_container(&holder, None).await.map_err(|e| engine_message(&e))?;
+        }
+        let pid = h.state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0 && is_running(&h));
+        let pid = pid.ok_or_else(|| format!("the network-namespace holder {holder} is not running"))?;
+        self.plane.attach_namespace(&self.task, pid as u32).await.map(|_| ())
+    }
+}
+
+impl Controller for AttachmentController {
+    fn prepare(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move { self.register(false).await.map_err(ExecutorError::Prepare) })
+    }
+
+    fn start(&mut self) -> BoxFuture<'_, Result<i32, ExecutorError>> {
+        Box::pin(async move {
+            self.plane.wait_plumbed(&self.task.id).await.map_err(ExecutorError::Start)?;
+            Ok(0)
+        })
+    }
+
+    fn wait(&mut self) -> BoxFuture<'_, Result<ExitStatus, ExecutorError>> {
+        // The attachment lasts until it is detached (the task is then removed), whatever its container does.
+        Box::pin(std::future::pending())
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move { self.plane.release(&self.task.id).await.map_err(ExecutorError::Runtime) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_containers_labels_name_its_holder_network_and_aliases() {
+        let l = container_labels("h1", "net", &["db".into(), "cache".into()]);
+        assert_eq!(l[LABEL_ATTACH_HOLDER], "h1");
+        assert_eq!(l[LABEL_ATTACH_NETWORK], "net");
+        assert_eq!(l[LABEL_ATTACH_ALIASES], "db,cache");
+        assert!(!container_labels("h1", "net", &[]).contains_key(LABEL_ATTACH_ALIASES));
+    }
+
+    #[test]
+    fn refusals_keep_the_managers_reason_and_name_the_network() {
+        let e = status_error("closed", tonic::Status::permission_denied("network closed is not manually attachable"));
+        assert!(
+            matches!(&e, AttachError::Refused(m) if m.starts_with("Could not attach to network closed: network closed is not"))
+        );
+        assert!(matches!(status_error("x", tonic::Status::not_found("network x not found")), AttachError::NotFound(_)));
+        assert!(matches!(status_error("x", tonic::Status::unavailable("no leader")), AttachError::Unavailable(_)));
+    }
+}

@@ -1,0 +1,157 @@
+//! Attachable overlay networks on the control socket, as a user drives them (issue 33, item 3): with
+//! `DOCKER_HOST` naming Shoal's socket only, `docker run --rm --network <attachable overlay> busybox wget
+//! http://web/` reaches a service by name from a one-off container of the node's engine: the container gets
+//! an address on the overlay from the swarm's allocator (a network attachment task), its namespace is
+//! plumbed by the node's data plane and its resolver answers the service's name with its VIP; once the
+//! container is gone, the attachment task is gone (its address back in the pool) and so is the holder. A
+//! network that is not attachable is refused, naming it and saying to create it with --attachable. After a
+//! crash of the daemon, an attachment whose container went meanwhile is detached at the next start.
+//!
+//! One docker-executor node in a namespace prepared like a Docker host (`netcluster::Cluster::start_one`),
+//! on this machine's engine. Skipped (with a message) where the docker CLI or engine is missing.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::netcluster::Cluster;
+use common::wait_until;
+use serde_json::Value;
+use shoal_testkit::docker_engine::{engine, engine_ok};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// busybox httpd on port 80 answering with its hostname.
+const WEB: &str = "mkdir -p /www; hostname > /www/index.html; exec httpd -f -p 80 -h /www";
+
+/// Removes the engine containers named when dropped (containers of the user's own, which carry no node label).
+struct Cleanup(Vec<String>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in &self.0 {
+            let _ = engine(&["rm", "-f", c]);
+        }
+    }
+}
+
+/// The docker CLI as a user runs it: `DOCKER_HOST` names Shoal's control socket, nothing else.
+fn user_docker(c: &Cluster, args: &[&str]) -> std::process::Output {
+    let config = shoal_testkit::scratch_dir().join("docker-config");
+    let _ = std::fs::create_dir_all(&config);
+    Command::new("docker")
+        .args(args)
+        .env("DOCKER_HOST", format!("unix://{}", c.manager().socket().display()))
+        .env("DOCKER_CONFIG", &config)
+        .env_remove("DOCKER_CONTEXT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run docker")
+}
+
+/// The network attachment tasks the manager holds (tasks of no service whose runtime is an attachment).
+fn attachments(c: &Cluster) -> Vec<Value> {
+    let tasks = c.manager().get("/v1.47/tasks");
+    tasks.as_array().into_iter().flatten().filter(|t| !t["Spec"]["NetworkAttachmentSpec"].is_null()).cloned().collect()
+}
+
+/// The attachment holders of the engine (running or not) of node `node`.
+fn holders(node: &str) -> Vec<String> {
+    let node = format!("label=com.docker.swarm.node.id={node}");
+    engine_ok(&["ps", "-aq", "--filter", &node, "--filter", "label=com.shoal.attach.holds"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn gone(c: &Cluster, what: &str) {
+    let node = c.node_ids[0].clone();
+    wait_until(what, WAIT, || {
+        let (a, h) = (attachments(c), holders(&node));
+        if a.is_empty() && h.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("attachment tasks {a:#?}, holders {h:?}"))
+        }
+    });
+}
+
+#[test]
+fn docker_run_on_an_attachable_overlay_reaches_a_service_by_name_and_gives_its_address_back() {
+    let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
+    let mut c = Cluster::start_one("attach", "docker");
+    let mut cleanup = Cleanup(Vec::new());
+    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", "10.231.7.0/24", "anet"]);
+    c.docker(&["network", "create", "-d", "overlay", "closed"]);
+    c.docker(&[
+        "service",
+        "create",
+        "--detach",
+        "--no-resolve-image",
+        "--name",
+        "web",
+        "--network",
+        "anet",
+        image,
+        "sh",
+        "-c",
+        WEB,
+    ]);
+    let web = c.running("web", 1);
+    let web_ip = web[0]["NetworksAttachments"][0]["Addresses"][0].as_str().unwrap_or_default().to_string();
+    let vip = c.vip("web");
+
+    // The one-off container: its address on the overlay, the service's VIP for its name, the page by name.
+    let script = "i=0; until wget -qO- http://web/ >/dev/null 2>&1 || [ $i -ge 100 ]; do i=$((i+1)); sleep 0.1; done; \
+        echo \"ADDR $(ip -o -4 addr show | grep -o '10\\.231\\.7\\.[0-9]*' | head -1)\"; \
+        echo \"WEB $(nslookup web 2>/dev/null | sed -n 's/^Address:[[:space:]]*\\([0-9.]*\\)$/\\1/p' | grep -v 127.0.0.11)\"; \
+        echo \"PAGE $(wget -qO- http://web/)\"";
+    let name = format!("attach-once-{}", std::process::id());
+    cleanup.0.push(name.clone());
+    let out = user_docker(&c, &["run", "--rm", "--name", &name, "--network", "anet", image, "sh", "-c", script]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "docker run failed: {stdout}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        c.manager().log()
+    );
+    let line =
+        |key: &str| stdout.lines().find_map(|l| l.strip_prefix(key)).map(str::trim).unwrap_or_default().to_string();
+    assert!(line("ADDR").starts_with("10.231.7."), "an address on the overlay: {stdout}");
+    assert_ne!(line("ADDR"), web_ip.split('/').next().unwrap_or_default(), "{stdout}");
+    assert_eq!(line("WEB"), vip, "the service's name is its VIP: {stdout}");
+    assert!(!line("PAGE").is_empty(), "the page by name: {stdout}");
+
+    // Gone with the container: the attachment task (its address back in the pool) and the holder.
+    gone(&c, "the attachment and its holder gone with the container");
+
+    // A network that is not attachable is refused, saying what to do; nothing is left behind.
+    let out = user_docker(&c, &["run", "--rm", "--network", "closed", image, "true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("closed") && err.contains("--attachable"), "{err}");
+    assert!(holders(&c.node_ids[0]).is_empty() && attachments(&c).is_empty());
+
+    // After a crash: the container of a live attachment is removed while the daemon is down; the next start
+    // detaches it and removes its holder.
+    let kept = format!("attach-kept-{}", std::process::id());
+    cleanup.0.push(kept.clone());
+    let out = user_docker(&c, &["run", "-d", "--name", &kept, "--network", "anet", image, "sleep", "1000"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let held = wait_until("the attachment running", WAIT, || {
+        let a = attachments(&c);
+        match a.first() {
+            Some(t) if t["Status"]["State"] == "running" => Ok(t.clone()),
+            _ => Err(format!("{a:#?}")),
+        }
+    });
+    assert!(held["NetworksAttachments"][0]["Addresses"][0].as_str().unwrap_or_default().starts_with("10.231.7."));
+    c.ds[0].kill9();
+    engine_ok(&["rm", "-f", &kept]);
+    c.ds[0].restart(&[]);
+    gone(&c, "the attachment of the container removed meanwhile detached at the restart");
+
+    c.docker(&["service", "rm", "web"]);
+}
