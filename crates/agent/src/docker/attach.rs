@@ -125,7 +125,10 @@ fn holds(t: &Task) -> bool {
 /// The node's side of containers on attachable swarm networks (see the module doc).
 pub struct Attacher {
     docker: Docker,
-    plane: Arc<NetworkPlane>,
+    /// Weak: the plane (and its lock on the namespace's data plane) goes with the agent and executor that
+    /// own it, even while a control-socket router still holds this attacher (an open keep-alive connection,
+    /// after a `docker swarm leave`, which removes the data plane through a new `NetworkPlane`).
+    plane: std::sync::Weak<NetworkPlane>,
     node_id: String,
     holder_image: Arc<tokio::sync::OnceCell<()>>,
     /// The current session's connection to a manager (None between sessions).
@@ -156,6 +159,13 @@ fn status_error(network: &str, s: tonic::Status) -> AttachError {
 }
 
 impl Attacher {
+    /// The node's data plane, while its agent runs.
+    fn plane(&self) -> Result<Arc<NetworkPlane>, String> {
+        self.plane
+            .upgrade()
+            .ok_or_else(|| "the node's data plane has stopped (the node is stopping or left the swarm)".into())
+    }
+
     /// The attacher of the node `node_id`, over its engine and data plane.
     pub fn new(
         docker: Docker,
@@ -165,7 +175,7 @@ impl Attacher {
     ) -> Arc<Attacher> {
         Arc::new(Attacher {
             docker,
-            plane,
+            plane: Arc::downgrade(&plane),
             node_id: node_id.to_string(),
             holder_image,
             channel: watch::channel(None).0,
@@ -328,7 +338,11 @@ impl Attacher {
             Some(a) => a,
             None => self.attach(&id).await?,
         };
-        if let Err(e) = self.plane.wait_plumbed(&attachment).await {
+        let plumbed = match self.plane() {
+            Ok(plane) => plane.wait_plumbed(&attachment).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = plumbed {
             // Not left holding an address it cannot use.
             let _ = self.detach(&attachment).await;
             return Err(AttachError::Unavailable(e));
@@ -448,10 +462,11 @@ impl Attacher {
         let container = attachment_container(task)
             .filter(|c| !c.is_empty())
             .ok_or_else(|| ExecutorError::InvalidSpec("the network attachment names no container".into()))?;
-        self.plane.check_task(task).map_err(ExecutorError::InvalidSpec)?;
+        let plane = self.plane().map_err(ExecutorError::Runtime)?;
+        plane.check_task(task).map_err(ExecutorError::InvalidSpec)?;
         Ok(AttachmentController {
             docker: self.docker.clone(),
-            plane: self.plane.clone(),
+            plane,
             task: Arc::new(task.clone()),
             container: container.to_string(),
         })
