@@ -160,7 +160,16 @@ pub fn run(args: DaemonArgs) -> i32 {
             return 1;
         }
     };
-    let result = runtime.block_on(shoal_node::run_daemon(cfg, shutdown_signal()));
+    // The handlers go in before the daemon starts serving: a SIGTERM that arrives once the socket answers but
+    // before the shutdown future was first polled would otherwise kill the process with the default action
+    // (CI saw a daemon that answered /info die by SIGTERM, no clean stop).
+    let result = runtime.block_on(async {
+        let shutdown = match shutdown_signal() {
+            Ok(s) => s,
+            Err(e) => return Err(e),
+        };
+        shoal_node::run_daemon(cfg, shutdown).await.map_err(|e| e.to_string())
+    });
     match result {
         Ok(()) => 0,
         Err(e) => {
@@ -183,14 +192,17 @@ fn parse_tcp_addr(s: &str) -> Result<SocketAddr, String> {
     rest.parse().map_err(|e| format!("{s:?}: {e}; use tcp://IP:PORT"))
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now and returns the future that ends at the first of them.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("cannot install the SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot install the SIGINT handler: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 #[cfg(test)]
