@@ -95,6 +95,8 @@ pub struct InitOptions {
     pub spec: ClusterSpec,
     /// The node's availability.
     pub availability: Availability,
+    /// The address pools and data path port the swarm's networks are made with (checked).
+    pub networking: shoal_manager::controlapi::network::SwarmNetworking,
 }
 
 /// What a checked `POST /swarm/join` asks the node to do.
@@ -264,26 +266,16 @@ pub fn parse_advertise_addr(addr: &str, listen: SocketAddr) -> Result<Option<Soc
     }
 }
 
-/// Refuses the init fields Shoal cannot honour yet (data path and address pools: no overlay networks yet).
-/// `SubnetSize` 24 without pools is the default the docker CLI always sends, and what applies.
-fn refuse_network_fields(
-    data_path_addr: &str,
-    data_path_port: u32,
-    pools: &[String],
-    subnet_size: u32,
-) -> Result<(), ApiError> {
-    for (field, set) in [
-        ("DataPathAddr", !data_path_addr.is_empty()),
-        ("DataPathPort", data_path_port != 0),
-        ("DefaultAddrPool", !pools.is_empty()),
-        ("SubnetSize", subnet_size != 0 && subnet_size != 24),
-    ] {
-        if set {
-            return Err(ApiError::BadRequest(format!(
-                "{field} is not supported yet: Shoal has no overlay networks to apply it to; leave it out \
-                 (--data-path-addr, --data-path-port, --default-addr-pool, --default-addr-pool-mask-length)"
-            )));
-        }
+/// Refuses `DataPathAddr`: a node's VXLAN traffic goes from and to the address it is known by (its session's
+/// address), and there is no second address for it yet.
+fn refuse_data_path_addr(data_path_addr: &str) -> Result<(), ApiError> {
+    if !data_path_addr.is_empty() {
+        return Err(ApiError::BadRequest(
+            "DataPathAddr is not supported yet: a node's overlay (VXLAN) traffic uses the address the managers know \
+             it by; leave out --data-path-addr, or advertise the address the data traffic should use \
+             (--advertise-addr)"
+                .into(),
+        ));
     }
     Ok(())
 }
@@ -316,7 +308,12 @@ pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError>
 pub fn check_init(req: InitRequestJson, defaults: &ClusterSpec) -> Result<InitOptions, ApiError> {
     let listen = parse_listen_addr(&req.listen_addr)?;
     let advertise = parse_advertise_addr(&req.advertise_addr, listen)?;
-    refuse_network_fields(&req.data_path_addr, req.data_path_port, &req.default_addr_pool, req.subnet_size)?;
+    refuse_data_path_addr(&req.data_path_addr)?;
+    let networking = shoal_manager::controlapi::network::SwarmNetworking::check(
+        &req.default_addr_pool,
+        req.subnet_size,
+        req.data_path_port,
+    )?;
     let availability = Availability::parse(&req.availability)?;
     let mut j = req.spec;
     if !j.name.is_empty() && j.name != "default" {
@@ -329,14 +326,14 @@ pub fn check_init(req: InitRequestJson, defaults: &ClusterSpec) -> Result<InitOp
     shoal_manager::controlapi::validate_cluster_spec(defaults, &spec)?;
     // `ForceNewCluster` on a node without a swarm: a new cluster is what it makes anyway.
     let _ = req.force_new_cluster;
-    Ok(InitOptions { listen, advertise, spec, availability })
+    Ok(InitOptions { listen, advertise, spec, availability, networking })
 }
 
 /// Checks a join request.
 pub fn check_join(req: JoinRequestJson) -> Result<JoinOptions, ApiError> {
     let listen = parse_listen_addr(&req.listen_addr)?;
     let advertise = parse_advertise_addr(&req.advertise_addr, listen)?;
-    refuse_network_fields(&req.data_path_addr, 0, &[], 0)?;
+    refuse_data_path_addr(&req.data_path_addr)?;
     let availability = Availability::parse(&req.availability)?;
     if req.remote_addrs.is_empty() {
         return Err(ApiError::BadRequest("at least 1 RemoteAddr is required to join".into()));
@@ -599,11 +596,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.advertise, Some("10.0.0.5:2377".parse().unwrap()));
+        assert_eq!(ok.networking, shoal_manager::controlapi::network::SwarmNetworking::default());
+        let pools = init(
+            r#"{"ListenAddr":"0.0.0.0:2377","DataPathPort":7789,"DefaultAddrPool":["10.20.0.0/16"],"SubnetSize":26}"#,
+        )
+        .unwrap();
+        assert_eq!(pools.networking.data_path_port, 7789);
+        assert_eq!(
+            (pools.networking.pools.pools[0].to_string(), pools.networking.pools.subnet_size),
+            ("10.20.0.0/16".into(), 26)
+        );
         for (body, field) in [
             (r#"{"ListenAddr":"0.0.0.0:2377","DataPathAddr":"10.0.0.1"}"#, "DataPathAddr"),
-            (r#"{"ListenAddr":"0.0.0.0:2377","DataPathPort":4789}"#, "DataPathPort"),
-            (r#"{"ListenAddr":"0.0.0.0:2377","DefaultAddrPool":["10.10.0.0/16"]}"#, "DefaultAddrPool"),
-            (r#"{"ListenAddr":"0.0.0.0:2377","SubnetSize":26}"#, "SubnetSize"),
+            (r#"{"ListenAddr":"0.0.0.0:2377","DataPathPort":80}"#, "data path port 80 is out of range"),
+            (r#"{"ListenAddr":"0.0.0.0:2377","DefaultAddrPool":["10.10.0.0/33"]}"#, "invalid address pool"),
+            (r#"{"ListenAddr":"0.0.0.0:2377","DefaultAddrPool":["10.10.0.0/16"],"SubnetSize":8}"#, "too small"),
+            (r#"{"ListenAddr":"0.0.0.0:2377","SubnetSize":30}"#, "at most 29"),
             (
                 r#"{"ListenAddr":"0.0.0.0:2377","Spec":{"CAConfig":{"ExternalCAs":[{"Protocol":"cfssl","URL":"https://x"}]}}}"#,
                 "CAConfig.ExternalCAs",

@@ -57,6 +57,9 @@ pub struct LocalManager<'a> {
     /// A root CA (and the cluster ID it was made for) to store when the cluster has none yet. Without it
     /// a missing root CA is generated here.
     pub root_ca: Option<crate::security::PendingRoot>,
+    /// The address pools and data path port a new cluster is made with (`docker swarm init`'s network flags;
+    /// the defaults otherwise). Unused when the cluster exists.
+    pub networking: shoal_manager::controlapi::network::SwarmNetworking,
 }
 
 /// Writes the cluster object (with its root CA and join tokens) and the local manager's node object if
@@ -84,6 +87,7 @@ pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Resul
                     id
                 }
                 None => {
+                    use shoal_manager::controlapi::network as net;
                     let mut c = Cluster {
                         id: new_cluster_id.clone(),
                         spec: Some(default_cluster_spec()),
@@ -91,10 +95,30 @@ pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Resul
                         ..Default::default()
                     };
                     c.meta = Some(shoal_api::Meta { version: None, created_at: Some(now), updated_at: Some(now) });
+                    me.networking.apply_to(&mut c);
                     changes.create(c);
-                    // As Docker: a new swarm has the routing mesh's network (10.0.0.0/24).
-                    if t.networks().by_name(shoal_manager::controlapi::network::INGRESS_NAME).is_none() {
-                        changes.create(shoal_manager::controlapi::network::ingress_network(state.ids.new_id(), now));
+                    // As Docker: a new swarm has the routing mesh's network, on the first block of the address
+                    // pools (10.0.0.0/24 by default) that does not hold this manager's address.
+                    if t.networks().by_name(net::INGRESS_NAME).is_none() {
+                        let avoid: Vec<std::net::IpAddr> =
+                            me.addr.parse::<std::net::SocketAddr>().map(|a| a.ip()).into_iter().collect();
+                        let ingress = net::ingress_network_from(state.ids.new_id(), now, &me.networking.pools, &avoid)
+                            .ok_or_else(|| {
+                                format!(
+                                    "the address pools ({}) have no /{} block for the ingress network outside this \
+                                     node's address {}; give other --default-addr-pool values",
+                                    me.networking
+                                        .pools
+                                        .pools
+                                        .iter()
+                                        .map(|p| p.to_string())
+                                        .collect::<Vec<_>>()
+                                        .join(", "),
+                                    me.networking.pools.subnet_size,
+                                    me.addr
+                                )
+                            })?;
+                        changes.create(ingress);
                     }
                     new_cluster_id.clone()
                 }
@@ -127,7 +151,7 @@ pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Resul
                 node.set_role(NodeRole::Manager);
                 changes.create(node);
             }
-            Ok::<_, std::convert::Infallible>(cluster_id)
+            Ok::<_, String>(cluster_id)
         })
         .await
         .map_err(|e| crate::NodeError::Bootstrap(e.to_string()))?;

@@ -62,6 +62,9 @@ pub struct DaemonConfig {
     /// Disaster recovery: on this start, make this manager the only Raft member (keeping its data), when a
     /// quorum of managers is lost for good. Other managers must join again afterwards.
     pub force_new_cluster: bool,
+    /// The address pools and data path port of the cluster this node makes (a `docker swarm init` on the
+    /// socket sets them); None: the defaults. Used only when the node creates the cluster.
+    pub init_networking: Option<shoal_manager::controlapi::network::SwarmNetworking>,
     /// The join token for `join_addr` (`SWMTKN-1-...`): a worker token makes this node a worker only, a
     /// manager token a manager. Used on first start only; afterwards the node's certificate says who it is.
     pub join_token: Option<JoinToken>,
@@ -112,6 +115,7 @@ impl DaemonConfig {
             engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),
             join_addr: None,
             force_new_cluster: false,
+            init_networking: None,
             join_token: None,
             listen_api_tcp: None,
             node_cert_expiry_override: None,

@@ -67,9 +67,11 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
     let (ok, _, err) = docker_out(&m, &["swarm", "leave"]);
     assert!(!ok && err.contains("This node is not part of a swarm"), "{err}");
     // What Shoal cannot honour is refused, naming it, and nothing changes.
+    let (ok, _, err) = docker_out(&m, &["swarm", "init", "--listen-addr", &m.remote_addr(), "--data-path-port", "80"]);
+    assert!(!ok && err.contains("data path port 80 is out of range: give a port from 1024 to 49151"), "{err}");
     let (ok, _, err) =
-        docker_out(&m, &["swarm", "init", "--listen-addr", &m.remote_addr(), "--data-path-port", "4790"]);
-    assert!(!ok && err.contains("DataPathPort"), "{err}");
+        docker_out(&m, &["swarm", "init", "--listen-addr", &m.remote_addr(), "--data-path-addr", "127.0.0.41"]);
+    assert!(!ok && err.contains("DataPathAddr is not supported yet"), "{err}");
     assert_eq!(local_state(&m), "inactive");
 
     let addr = m.remote_addr();

@@ -199,6 +199,10 @@ pub fn desired(
         Some(ip) => NodeNetState::new(ip),
         None => return NodeNetState { underlay_ip: None, ..NodeNetState::new(Ipv4Addr::UNSPECIFIED) },
     };
+    // The cluster's data path port (`docker swarm init --data-path-port`); a view without one keeps the default.
+    if let Some(port) = u16::try_from(view.vxlan_udp_port).ok().filter(|p| *p != 0) {
+        state.vxlan_port = port;
+    }
     let mut networks: BTreeMap<String, NetworkState> = BTreeMap::new();
     // Only networks the manager's view lists: the view is what says which nodes' addresses lie in their
     // subnets, and an assignment can arrive before the view that names such an overlap.

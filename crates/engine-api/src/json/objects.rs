@@ -772,7 +772,7 @@ pub struct ClusterInfoJson {
     pub tls_info: TlsInfoJson,
     /// Root CA rotation in progress.
     pub root_rotation_in_progress: bool,
-    /// Data path port: Docker's default, 4789 (Shoal has no overlay networks yet: constant).
+    /// The UDP port of the swarm's VXLAN traffic (set at init; Docker's default 4789).
     pub data_path_port: u32,
     /// Address pools networks get their subnets from: the cluster's, else Docker's default `["10.0.0.0/8"]`.
     pub default_addr_pool: Vec<String>,
@@ -780,8 +780,6 @@ pub struct ClusterInfoJson {
     pub subnet_size: u32,
 }
 
-/// Docker's default data path port (VXLAN), reported in `GET /swarm` and `/info`.
-pub const DATA_PATH_PORT: u32 = 4789;
 /// Docker's default network address pool.
 pub const DEFAULT_ADDR_POOL: &str = "10.0.0.0/8";
 /// Docker's default subnet size.
@@ -1017,7 +1015,7 @@ impl SwarmJson {
                 },
                 tls_info: c.root_ca.as_ref().map(|r| TlsInfoJson::of_root(&r.ca_cert)).unwrap_or_default(),
                 root_rotation_in_progress: c.root_ca.as_ref().is_some_and(|r| r.root_rotation.is_some()),
-                data_path_port: DATA_PATH_PORT,
+                data_path_port: u32::from(shoal_manager::controlapi::network::data_path_port(c)),
                 // The cluster's pools when it sets them (networks get their subnets there), else Docker's.
                 default_addr_pool: if c.default_address_pool.is_empty() {
                     vec![DEFAULT_ADDR_POOL.to_string()]

@@ -53,16 +53,171 @@ fn invalid(msg: impl Into<String>) -> ControlError {
     ControlError::InvalidArgument(msg.into())
 }
 
-/// The ingress network a new cluster starts with.
+/// The ingress network a new cluster starts with, on the default pool's first block (as Docker's).
 pub fn ingress_network(id: String, now: shoal_api::prost_types::Timestamp) -> Network {
+    let subnet: Cidr = INGRESS_SUBNET.parse().expect("constant");
+    ingress_network_on(id, now, subnet)
+}
+
+/// The ingress network of a new cluster whose networks come from `pools` (`AddressPools::check`): the
+/// first `subnet_size` block that holds none of `avoid` (the first manager's own addresses). None when the
+/// pools have no such block.
+pub fn ingress_network_from(
+    id: String,
+    now: shoal_api::prost_types::Timestamp,
+    pools: &AddressPools,
+    avoid: &[std::net::IpAddr],
+) -> Option<Network> {
+    let taken: Vec<Cidr> = avoid.iter().filter_map(|ip| Cidr::new(*ip, if ip.is_ipv4() { 32 } else { 128 })).collect();
+    let subnet = choose_subnet(&pools.pools, pools.subnet_size, &taken)?;
+    Some(ingress_network_on(id, now, subnet))
+}
+
+fn ingress_network_on(id: String, now: shoal_api::prost_types::Timestamp, subnet: Cidr) -> Network {
     let spec = NetworkSpec {
         annotations: Some(Annotations { name: INGRESS_NAME.into(), ..Default::default() }),
         driver_config: Some(Driver { name: OVERLAY_DRIVER.into(), ..Default::default() }),
         ingress: true,
         ..Default::default()
     };
-    let subnet: Cidr = INGRESS_SUBNET.parse().expect("constant");
     built(id, now, spec, subnet, None, None, FIRST_VXLAN_ID)
+}
+
+/// The UDP port of VXLAN traffic unless the swarm was made with another (`--data-path-port`).
+pub const DEFAULT_DATA_PATH_PORT: u16 = 4789;
+/// The data path ports a swarm may be given (Docker's range: above the well-known ports, below the dynamic).
+pub const DATA_PATH_PORTS: std::ops::RangeInclusive<u16> = 1024..=49151;
+
+/// What a new swarm's networks are made with (`docker swarm init --default-addr-pool`,
+/// `--default-addr-pool-mask-length`, `--data-path-port`), checked; fixed for the swarm's life, as Docker's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SwarmNetworking {
+    /// Where networks without a subnet get theirs, the ingress network's included.
+    pub pools: AddressPools,
+    /// The UDP port VXLAN traffic between nodes uses.
+    pub data_path_port: u16,
+}
+
+impl Default for SwarmNetworking {
+    fn default() -> Self {
+        SwarmNetworking {
+            pools: AddressPools::check(&[], 0).expect("the defaults are valid"),
+            data_path_port: DEFAULT_DATA_PATH_PORT,
+        }
+    }
+}
+
+impl SwarmNetworking {
+    /// Checks an init request's network fields (`AddressPools::check`; a port of 0 is the default).
+    pub fn check(pools: &[String], subnet_size: u32, data_path_port: u32) -> Result<SwarmNetworking, ControlError> {
+        let pools = AddressPools::check(pools, subnet_size)?;
+        let data_path_port = match data_path_port {
+            0 => DEFAULT_DATA_PATH_PORT,
+            p => u16::try_from(p).ok().filter(|p| DATA_PATH_PORTS.contains(p)).ok_or_else(|| {
+                invalid(format!(
+                    "data path port {p} is out of range: give a port from {} to {} (--data-path-port)",
+                    DATA_PATH_PORTS.start(),
+                    DATA_PATH_PORTS.end()
+                ))
+            })?,
+        };
+        Ok(SwarmNetworking { pools, data_path_port })
+    }
+
+    /// Writes these settings into a new cluster object (the defaults stay unwritten, as Docker leaves them).
+    pub fn apply_to(&self, cluster: &mut shoal_api::Cluster) {
+        if !self.pools.is_default() {
+            cluster.default_address_pool = self.pools.pools.iter().map(|p| p.to_string()).collect();
+            cluster.subnet_size = u32::from(self.pools.subnet_size);
+        }
+        if self.data_path_port != DEFAULT_DATA_PATH_PORT {
+            cluster.vxlan_udp_port = u32::from(self.data_path_port);
+        }
+    }
+}
+
+/// The data path port of the cluster `c` (its own, else the default).
+pub fn data_path_port(c: &shoal_api::Cluster) -> u16 {
+    u16::try_from(c.vxlan_udp_port).ok().filter(|p| DATA_PATH_PORTS.contains(p)).unwrap_or(DEFAULT_DATA_PATH_PORT)
+}
+
+/// Most address pools a swarm is given at init.
+pub const MAX_ADDRESS_POOLS: usize = 64;
+/// The longest prefix a pool's networks may get: a /29 holds 8 addresses, the fewest a network with its
+/// gateway, broadcast and a few tasks works with (Docker's bound too).
+pub const MAX_POOL_SUBNET_SIZE: u8 = 29;
+
+/// The address pools a new swarm's networks take their subnets from (`docker swarm init --default-addr-pool`
+/// and `--default-addr-pool-mask-length`), checked by `AddressPools::check`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddressPools {
+    /// The pools, in the order given (the first block of the first pool goes first).
+    pub pools: Vec<Cidr>,
+    /// The prefix length of each network's subnet.
+    pub subnet_size: u8,
+}
+
+impl AddressPools {
+    /// Checks an init request's pools and mask length: IPv4 CIDRs with their host bits zero, at most
+    /// `MAX_ADDRESS_POOLS`, none overlapping another or a reserved range (loopback, link-local, "this
+    /// network", multicast), and a mask length (0: 24) from the longest pool prefix up to
+    /// `MAX_POOL_SUBNET_SIZE`. No pools: the default pool, 10.0.0.0/8, with that mask length.
+    pub fn check(pools: &[String], subnet_size: u32) -> Result<AddressPools, ControlError> {
+        if pools.len() > MAX_ADDRESS_POOLS {
+            return Err(invalid(format!("{} address pools: at most {MAX_ADDRESS_POOLS} may be given", pools.len())));
+        }
+        let mut parsed: Vec<Cidr> = Vec::new();
+        for p in pools {
+            let c: Cidr = p.trim().parse().map_err(|e| {
+                invalid(format!("invalid address pool {p:?}: {e}; give an IPv4 CIDR such as 10.20.0.0/16"))
+            })?;
+            if c.is_v6() {
+                return Err(invalid(format!(
+                    "address pool {c}: IPv6 pools are not supported (Shoal's overlay networks are IPv4); give an IPv4 CIDR"
+                )));
+            }
+            for (range, what) in RESERVED_RANGES {
+                let r: Cidr = range.parse().expect("constant");
+                if r.overlaps(&c) {
+                    return Err(invalid(format!(
+                        "address pool {c} overlaps the {what} range {r}, which no overlay network may use; give another pool"
+                    )));
+                }
+            }
+            if let Some(other) = parsed.iter().find(|o| o.overlaps(&c)) {
+                return Err(invalid(format!("address pools {other} and {c} overlap; give pools that do not")));
+            }
+            parsed.push(c);
+        }
+        if parsed.is_empty() {
+            parsed.push(DEFAULT_ADDRESS_POOL.parse().expect("constant"));
+        }
+        let size = match subnet_size {
+            0 => DEFAULT_SUBNET_SIZE,
+            s if s > u32::from(MAX_POOL_SUBNET_SIZE) => {
+                return Err(invalid(format!(
+                    "subnet size {s} is out of range: a network's mask length may be at most {MAX_POOL_SUBNET_SIZE} \
+                     (--default-addr-pool-mask-length)"
+                )))
+            }
+            s => s as u8,
+        };
+        if let Some(p) = parsed.iter().find(|p| p.prefix_len() > size) {
+            return Err(invalid(format!(
+                "subnet size {size} is too small for the address pool {p}: a network's mask length must be at least \
+                 the pool's ({}) (--default-addr-pool-mask-length)",
+                p.prefix_len()
+            )));
+        }
+        Ok(AddressPools { pools: parsed, subnet_size: size })
+    }
+
+    /// Whether these are the defaults (10.0.0.0/8 in /24 blocks).
+    pub fn is_default(&self) -> bool {
+        self.subnet_size == DEFAULT_SUBNET_SIZE
+            && self.pools.len() == 1
+            && self.pools[0] == DEFAULT_ADDRESS_POOL.parse::<Cidr>().expect("constant")
+    }
 }
 
 fn built(
@@ -732,5 +887,58 @@ mod tests {
         assert!(spec(&|s| s.ipam = ipam("10.0.0.0/8", "", "")).contains("more than 1048576"));
         assert!(spec(&|s| s.ipam = ipam("10.0.0.0/31", "", "")).contains("too small"));
         assert_eq!(spec(&|s| s.ipam = ipam("10.9.0.0/24", "10.9.0.128/25", "10.9.0.1")), "");
+    }
+
+    #[test]
+    fn init_address_pools_are_checked_and_the_ingress_takes_their_first_free_block() {
+        let check = |pools: &[&str], size: u32| {
+            AddressPools::check(&pools.iter().map(|p| p.to_string()).collect::<Vec<_>>(), size)
+                .map_err(|e| e.to_string())
+        };
+        let ok = check(&["10.20.0.0/16", "172.28.0.0/16"], 26).unwrap();
+        assert_eq!(ok.subnet_size, 26);
+        assert_eq!(ok.pools.len(), 2);
+        assert!(check(&[], 0).unwrap().is_default());
+        assert_eq!(check(&[], 20).unwrap().subnet_size, 20);
+        for (pools, size, says) in [
+            (&["10.20.0.0/16"][..], 30, "at most 29"),
+            (&["10.20.0.0/16"][..], 12, "at least the pool's (16)"),
+            (&[][..], 6, "at least the pool's (8)"),
+            (&["10.20.0.0/33"][..], 24, "invalid address pool \"10.20.0.0/33\""),
+            (&["10.20.0.1/16"][..], 24, "invalid address pool"),
+            (&["nonsense"][..], 24, "IPv4 CIDR such as"),
+            (&["fd00::/48"][..], 64, "IPv6 pools are not supported"),
+            (&["127.0.0.0/16"][..], 24, "loopback"),
+            (&["10.0.0.0/8", "10.20.0.0/16"][..], 24, "overlap"),
+        ] {
+            let err = check(pools, size).unwrap_err();
+            assert!(err.contains(says), "{pools:?} /{size}: {err}");
+        }
+        let many: Vec<String> = (0..=MAX_ADDRESS_POOLS).map(|i| format!("10.{i}.0.0/16")).collect();
+        assert!(AddressPools::check(&many, 24).unwrap_err().to_string().contains("at most 64"));
+
+        let ts = shoal_api::prost_types::Timestamp::default();
+        let subnet = |n: &Network| n.ipam.as_ref().unwrap().configs[0].subnet.clone();
+        let n = ingress_network_from("i".into(), ts, &ok, &[]).unwrap();
+        assert_eq!(subnet(&n), "10.20.0.0/26");
+        assert!(n.spec.as_ref().unwrap().ingress);
+        // The first manager's own address is never inside it.
+        let n = ingress_network_from("i".into(), ts, &ok, &["10.20.0.5".parse().unwrap()]).unwrap();
+        assert_eq!(subnet(&n), "10.20.0.64/26");
+        let net = |port: u32| SwarmNetworking::check(&[], 0, port).map_err(|e| e.to_string());
+        assert_eq!(net(0).unwrap(), SwarmNetworking::default());
+        assert_eq!(net(7789).unwrap().data_path_port, 7789);
+        for port in [80, 49152, 70000] {
+            assert!(net(port).unwrap_err().contains("from 1024 to 49151"), "{port}");
+        }
+        let mut c = shoal_api::Cluster::default();
+        SwarmNetworking::default().apply_to(&mut c);
+        assert_eq!(c, shoal_api::Cluster::default(), "the defaults are not written");
+        assert_eq!(data_path_port(&c), 4789);
+        SwarmNetworking { pools: ok.clone(), data_path_port: 7789 }.apply_to(&mut c);
+        assert_eq!(c.default_address_pool, ["10.20.0.0/16", "172.28.0.0/16"]);
+        assert_eq!((c.subnet_size, data_path_port(&c)), (26, 7789));
+        let tiny = check(&["10.30.0.0/29"], 29).unwrap();
+        assert!(ingress_network_from("i".into(), ts, &tiny, &["10.30.0.3".parse().unwrap()]).is_none());
     }
 }

@@ -102,7 +102,15 @@ fn ingress_attachment<'a>(n: &'a Node, ingress: &str) -> Option<&'a NetworkAttac
 /// What node `node_id` needs for its data plane (see the module doc). Deterministic: networks by ID, peers
 /// by address, services by name, backends by address.
 pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
-    let mut view = NodeNetworkView { node_addr: node_addr(t, node_id).unwrap_or_default(), ..Default::default() };
+    let mut view = NodeNetworkView {
+        node_addr: node_addr(t, node_id).unwrap_or_default(),
+        vxlan_udp_port: t
+            .clusters()
+            .iter()
+            .next()
+            .map_or(0, |c| u32::from(crate::controlapi::network::data_path_port(c))),
+        ..Default::default()
+    };
     let mut on: BTreeSet<String> = t
         .tasks()
         .by_node(node_id)

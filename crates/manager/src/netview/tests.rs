@@ -341,3 +341,15 @@ fn node_addresses_inside_a_viewed_networks_subnet_are_listed_so_the_node_does_no
     // A node without networks gets no list.
     assert!(fx.view("n2").overlapping_node_addrs.is_empty());
 }
+
+#[test]
+fn the_view_carries_the_clusters_data_path_port() {
+    let mut fx = Fx::new();
+    assert_eq!(fx.view("n1").vxlan_udp_port, 0, "no cluster object: the agent keeps its default");
+    fx.create(shoal_api::Cluster { id: "c1".into(), ..Default::default() });
+    assert_eq!(fx.view("n1").vxlan_udp_port, 4789);
+    let mut c: shoal_api::Cluster = fx.store.view(|t| (**t.clusters().get("c1").unwrap()).clone());
+    c.vxlan_udp_port = 7789;
+    fx.update(c);
+    assert_eq!(fx.view("n1").vxlan_udp_port, 7789);
+}

@@ -149,6 +149,21 @@ impl Cluster {
         c
     }
 
+    /// As `start_first`, with node-0 started in no swarm (`--no-init`) and made the swarm's first manager by
+    /// `docker swarm init` on its socket with `init_args` added (the address flags are given here).
+    pub fn start_first_init(tag: &str, executor: &'static str, nodes: usize, init_args: &[&str]) -> Cluster {
+        let net = Net::docker_hosts(tag, nodes);
+        let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, executor, vec!["--no-init".into()]));
+        let addr = format!("{}:{PORT}", net.ip(0));
+        let mut args = vec!["swarm", "init", "--listen-addr", &addr, "--advertise-addr", &addr];
+        args.extend_from_slice(init_args);
+        docker_cli::ok(first.socket(), &args);
+        let c =
+            Cluster { node_ids: vec![node_id(&first)], ds: vec![first], net, executor, tasks_seen: BTreeSet::new() };
+        c.wait_ready();
+        c
+    }
+
     /// Node `i` joins as a worker (the nodes join in order); returns once every started node is ready.
     pub fn join(&mut self, i: usize) {
         assert_eq!(i, self.ds.len(), "nodes join in order");

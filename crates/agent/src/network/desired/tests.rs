@@ -348,3 +348,21 @@ fn an_assigned_tasks_network_is_carried_only_once_the_view_lists_it() {
     assert_eq!(s.networks.len(), 1);
     assert_eq!(s.tasks.len(), 1);
 }
+
+#[test]
+fn the_vxlan_devices_use_the_port_the_view_names() {
+    let app = network("net-app", "appnet", 4097, 1, false, false);
+    let web = task("web1", TaskState::Running, &[(&app, 2)]);
+    let assigned = HashMap::from([(web.id.clone(), Arc::new(web.clone()))]);
+    let mut view = NodeNetworkView {
+        node_addr: "192.168.0.1".into(),
+        networks: vec![NetworkPeers { network_id: "net-app".into(), ..Default::default() }],
+        ..Default::default()
+    };
+    let s = desired(Some(ip("192.168.0.1")), &plumbed(&web), &assigned, &view);
+    assert_eq!(s.vxlan_port, 4789, "a view without a port: the default");
+    view.vxlan_udp_port = 7789;
+    let s = desired(Some(ip("192.168.0.1")), &plumbed(&web), &assigned, &view);
+    assert_eq!((s.vxlan_port, s.networks.len()), (7789, 1));
+    s.validate().unwrap();
+}
