@@ -769,6 +769,11 @@ where
     }
 }
 
+/// Most of a refused request's body read before the refusal is sent (see `EngineApiGate::around`).
+const REFUSED_BODY_DRAIN_BYTES: usize = 1024 * 1024;
+/// Longest a refused request's body is waited for.
+const REFUSED_BODY_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The Engine API over TCP's gate for one connection: every request decided by the module, every answer
 /// revocable (see `Authorizer::engine_api_gate`).
 #[derive(Clone, Debug)]
@@ -788,6 +793,11 @@ impl EngineApiGate {
                 let what = format!("{} {path}", req.method());
                 if let Err(refusal) = gate.authz.check(&what, access, gate.caller.as_deref()) {
                     tracing::debug!(%what, reason = %refusal.message, "Engine API request refused");
+                    // The request's body is read (bounded) before the refusal is sent: a connection closed with
+                    // unread bytes is reset, and the reset can reach the client before the 403 (CI saw a
+                    // refused POST come back as no answer at all).
+                    let body = http_body_util::Limited::new(req.into_body(), REFUSED_BODY_DRAIN_BYTES);
+                    let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIME, http_body_util::BodyExt::collect(body)).await;
                     return refusal.http_response();
                 }
                 let resp = next.run(req).await;

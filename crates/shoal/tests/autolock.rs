@@ -359,13 +359,20 @@ fn three_managers_every_one_locks_and_rotation_reaches_followers() {
         }
     });
 
-    // Rotation: every manager rewraps; a restarted follower takes only the new key.
+    // Rotation: every manager rewraps; a restarted follower takes only the new key. Waited for by the key
+    // itself: a file that merely changed is not enough (a manager killed mid-rotation of its data key
+    // rewraps once more under the old key when it restarts: CI saw the wait pass on that, and the old key
+    // unlock the next restart).
+    let _ = sealed;
     update_autolock(&m1, true, true);
     let new_key = unlock_key(&m1);
     assert_ne!(new_key, key);
     wait_same_key(&[&m2, &m3], &new_key);
-    for (d, s) in [&m1, &m2, &m3].iter().zip(&sealed) {
-        wait_keys(d, true, Some(s));
+    for d in [&m1, &m2, &m3] {
+        wait_until("the key files sealed under the new key", Duration::from_secs(20), || {
+            shoal_node::lock::unlock(&d.state_dir(), &new_key).map_err(|e| e.to_string())
+        });
+        wait_keys(d, true, None);
     }
     m3.kill9();
     m3.restart(&[]);
