@@ -40,6 +40,8 @@ pub const MAX_EVENTS_PER_BATCH: usize = 10_000;
 pub const MAX_SERVICES_PER_PASS: usize = 1000;
 /// Most write attempts for one service in one round.
 pub const MAX_ATTEMPTS: u32 = 3;
+/// How long a service whose writes conflicted `MAX_ATTEMPTS` times in a row waits before its next try.
+pub const CONFLICT_RETRY_MS: u64 = 500;
 /// Longest timer sleep, so that a clock that moved is noticed.
 pub const MAX_TIMER_SLEEP_MS: u64 = 1000;
 /// Pause after a write failed for a reason other than a conflict (e.g. lost leadership).
@@ -390,7 +392,11 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
             if *n < MAX_ATTEMPTS {
                 ls.pending.insert(id);
             } else {
-                tracing::warn!(service = %id, error = %e, "giving up on this service until its next change");
+                // Not dropped: a removed service has no next change, and its tasks would run on (the simulation
+                // found one, its writes lost three times to the agent's status updates).
+                let retry_at = state.clock.now_unix_ms().saturating_add(CONFLICT_RETRY_MS);
+                tracing::warn!(service = %id, error = %e, retry_in_ms = CONFLICT_RETRY_MS, "writes of this service keep conflicting; trying again later");
+                ls.wakes.entry(id.clone()).and_modify(|w| *w = (*w).min(retry_at)).or_insert(retry_at);
             }
         }
         if !ok {
