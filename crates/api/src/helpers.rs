@@ -154,6 +154,13 @@ impl std::fmt::Debug for crate::EncryptionKey {
 /// The driver option that asks for an encrypted data path (`docker network create --opt encrypted`).
 pub const ENCRYPTED_OPTION: &str = "encrypted";
 
+/// The label of the networks the managers make so that services can run on every node's own predefined
+/// networks (`docker service create --network host`), as SwarmKit labels them.
+pub const PREDEFINED_NETWORK_LABEL: &str = "com.docker.swarm.predefined";
+
+/// The predefined networks (name = driver), as Docker's managers make them.
+pub const PREDEFINED_NETWORKS: [&str; 2] = ["host", "bridge"];
+
 impl crate::Network {
     /// True when the network was created with `--opt encrypted` (the option in its spec's driver
     /// configuration, whatever its value, as libnetwork reads it).
@@ -162,6 +169,42 @@ impl crate::Network {
             .as_ref()
             .and_then(|s| s.driver_config.as_ref())
             .is_some_and(|d| d.options.contains_key(ENCRYPTED_OPTION))
+    }
+
+    /// The driver of a predefined network (`host` or `bridge`: the node's own network, no overlay, no
+    /// address from the swarm), None for any other network.
+    pub fn predefined_driver(&self) -> Option<&str> {
+        let spec = self.spec.as_ref()?;
+        let labelled = spec
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.labels.get(PREDEFINED_NETWORK_LABEL).is_some_and(|v| v == "true"));
+        let driver = spec.driver_config.as_ref().map(|d| d.name.as_str())?;
+        (labelled && PREDEFINED_NETWORKS.contains(&driver)).then_some(driver)
+    }
+}
+
+impl crate::NetworkAttachment {
+    /// The driver of the attachment's network when it is a predefined one (see `Network::predefined_driver`).
+    pub fn predefined_driver(&self) -> Option<&str> {
+        self.network.as_ref()?.predefined_driver()
+    }
+}
+
+impl crate::Task {
+    /// The task's attachments to overlay networks (every one but the predefined networks').
+    pub fn overlay_attachments(&self) -> impl Iterator<Item = &crate::NetworkAttachment> {
+        self.networks.iter().filter(|a| a.predefined_driver().is_none())
+    }
+
+    /// True when the task is attached to an overlay network (it needs the node's data plane).
+    pub fn on_overlay(&self) -> bool {
+        self.overlay_attachments().next().is_some()
+    }
+
+    /// The predefined network the task runs on (`host` or `bridge`), if any.
+    pub fn predefined_network(&self) -> Option<&str> {
+        self.networks.iter().find_map(|a| a.predefined_driver())
     }
 }
 

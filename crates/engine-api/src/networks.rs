@@ -30,8 +30,11 @@ type ApiResult = Result<Response, ApiError>;
 pub async fn list_networks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::networks(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
+    // The predefined `host` and `bridge` are the node's own networks: dockerd lists its engine's (the relay
+    // adds them on a docker node), never the swarm's copies, which only let services name them.
     let out: Vec<NetworkJson> = controlapi::list_networks(&ctx.state, &f.control)
         .iter()
+        .filter(|n| n.predefined_driver().is_none())
         .map(NetworkJson::from_api)
         .filter(|n| f.drivers.is_empty() || f.drivers.contains(&n.driver))
         .filter(|n| f.scopes.is_empty() || f.scopes.contains(&n.scope))
@@ -50,6 +53,14 @@ pub async fn get_network(State(ctx): Ctx, Path(id): Path<String>, Query(q): Para
     }
     read_barrier(&ctx).await?;
     let n = controlapi::get_network(&ctx.state, &id)?;
+    // The swarm's copy of a predefined network answers only a swarm-scope lookup (the docker CLI's check of
+    // `docker service create --network host`); otherwise the node's own network is meant: its engine answers
+    // (the relay asks it when this says 404).
+    if n.predefined_driver().is_some() && q.get("scope").is_none_or(|s| s != "swarm") {
+        return Err(ApiError::NotFound(format!(
+            "network {id} not found: {id} is each node's own network, not a swarm network (its engine shows it)"
+        )));
+    }
     let mut out = NetworkJson::from_api(&n);
     if n.spec.as_ref().is_some_and(|s| s.ingress) {
         if let Some(sbox) = ingress_sandbox(&ctx, &n.id) {

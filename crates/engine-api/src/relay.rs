@@ -826,8 +826,14 @@ async fn container_start(relay: &Relay, engine: &Arc<DockerEngine>, req: Request
 }
 
 async fn network_by_id(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
+    // The query goes with the probe: Shoal answers for a predefined network (`host`, `bridge`) only to a
+    // swarm-scope lookup (`?scope=swarm`, as the docker CLI checks `service create --network host`).
     let mut probe = Request::new(Body::empty());
-    *probe.uri_mut() = full.parse().unwrap_or_default();
+    let target = match req.uri().query() {
+        Some(q) => format!("{full}?{q}"),
+        None => full.to_string(),
+    };
+    *probe.uri_mut() = target.parse().unwrap_or_default();
     if shoal(relay, probe).await.status().is_success() {
         shoal(relay, req).await
     } else {

@@ -263,7 +263,8 @@ impl DockerExecutor {
             engine: Some(EngineDescription {
                 engine_version: info.server_version.unwrap_or_default(),
                 labels,
-                plugins: vec![],
+                // The engine's own networks a task can run on (`--network host`, `--network bridge`).
+                plugins: vec![crate::network::network_plugin("bridge"), crate::network::network_plugin("host")],
             }),
             ..Default::default()
         };
@@ -350,7 +351,7 @@ impl DockerExecutor {
     }
 
     fn new_controller(&self, task: &Task, files: TaskFiles) -> Result<DockerController, ExecutorError> {
-        let network = if task.networks.is_empty() {
+        let network = if !task.on_overlay() {
             None
         } else {
             let plane = self.network.as_ref().map_err(|why| {

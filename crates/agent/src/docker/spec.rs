@@ -282,9 +282,10 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
         start_interval: nanos(&h.start_interval),
     });
     let dns = spec.dns_config.clone().unwrap_or_default();
+    let on_host = task.predefined_network() == Some("host");
     let (network_mode, hostname, extra_hosts) = match holder {
-        None if !task.networks.is_empty() => {
-            let a = &task.networks[0];
+        None if task.on_overlay() => {
+            let a = task.overlay_attachments().next().expect("on an overlay");
             return Err(format!(
                 "the task is attached to network {}: this node has no overlay data plane to connect it; it needs a \
                  node that reports the overlay network plugin",
@@ -295,7 +296,19 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
                     .map_or("", |a| a.name.as_str())
             ));
         }
-        None => (None, opt(&spec.hostname), extra_hosts(&spec)),
+        // The node's own network (`--network host`): the engine refuses a hostname there, so it is refused here
+        // with the reason; published ports are the ports the task listens on (no mapping, nothing to bind).
+        None if on_host => {
+            if !spec.hostname.is_empty() {
+                return Err(format!(
+                    "ContainerSpec.Hostname {:?}: a task on the host network has the node's hostname; leave --hostname out",
+                    spec.hostname
+                ));
+            }
+            (Some("host".to_string()), None, extra_hosts(&spec))
+        }
+        // The engine's default bridge (`--network bridge`, or no network at all).
+        None => (task.predefined_network().map(str::to_string), opt(&spec.hostname), extra_hosts(&spec)),
         Some(holder) => {
             // Its published ports are forwarded by the node's data plane into the holder's namespace (ingress
             // ports from every node, host-mode ports from this one), not bound by the engine.
@@ -316,7 +329,7 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
     };
     // Host-mode published ports (SwarmKit's) of a task off networks, bound by the engine on this node;
     // published 0: a port it chooses.
-    let (exposed, bindings) = if holder.is_some() { Default::default() } else { host_port_bindings(task)? };
+    let (exposed, bindings) = if holder.is_some() || on_host { Default::default() } else { host_port_bindings(task)? };
     let (dns_search, dns_options) =
         if holder.is_some() { (None, None) } else { (non_empty(&dns.search), non_empty(&dns.options)) };
     let host_config = HostConfig {
@@ -495,6 +508,56 @@ mod tests {
         .spec;
         let e = create_body(&t, "n1", Some("h")).unwrap_err();
         assert!(e.contains("DNSConfig.Nameservers"), "{e}");
+    }
+
+    /// An attachment to the predefined network `name` (as the manager makes it).
+    fn predefined(name: &str) -> shoal_api::NetworkAttachment {
+        shoal_api::NetworkAttachment {
+            network: Some(shoal_api::Network {
+                id: format!("id-{name}"),
+                spec: Some(shoal_api::NetworkSpec {
+                    annotations: Some(shoal_api::Annotations {
+                        name: name.into(),
+                        labels: [(shoal_api::PREDEFINED_NETWORK_LABEL.to_string(), "true".to_string())].into(),
+                        ..Default::default()
+                    }),
+                    driver_config: Some(shoal_api::Driver { name: name.into(), ..Default::default() }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_task_on_the_host_or_bridge_network_runs_there_through_the_engine() {
+        use shoal_api::port_config::{Protocol, PublishMode};
+        let port = shoal_api::PortConfig {
+            protocol: Protocol::Tcp as i32,
+            target_port: 80,
+            published_port: 8080,
+            publish_mode: PublishMode::Host as i32,
+            ..Default::default()
+        };
+        let mut t =
+            task(ContainerSpec { image: "busybox".into(), hosts: vec!["10.0.0.9 db".into()], ..Default::default() });
+        t.networks = vec![predefined("host")];
+        let b = create_body(&t, "n1", None).unwrap();
+        let h = b.host_config.unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("host"));
+        assert_eq!(h.extra_hosts, Some(vec!["db:10.0.0.9".to_string()]));
+        assert_eq!((b.hostname, h.port_bindings), (None, None), "the node's hostname and ports");
+        t.spec = task(ContainerSpec { image: "busybox".into(), hostname: "web-1".into(), ..Default::default() }).spec;
+        assert!(create_body(&t, "n1", None).unwrap_err().contains("leave --hostname out"));
+
+        t.networks = vec![predefined("bridge")];
+        t.endpoint = Some(shoal_api::Endpoint { ports: vec![port], ..Default::default() }.into());
+        let b = create_body(&t, "n1", None).unwrap();
+        assert_eq!(b.hostname.as_deref(), Some("web-1"));
+        let h = b.host_config.unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(h.port_bindings.unwrap()["80/tcp"].as_ref().unwrap()[0].host_port.as_deref(), Some("8080"));
     }
 
     #[test]

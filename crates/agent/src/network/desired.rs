@@ -76,7 +76,7 @@ pub const VXLAN_ID_OPTION: &str = "com.docker.network.driver.overlay.vxlanid_lis
 /// A task's attachments as the data plane plumbs them, in the task's order.
 pub fn attachments(task: &Task) -> Result<Vec<(Network, Attachment)>, String> {
     let mut out = Vec::new();
-    for a in &task.networks {
+    for a in task.overlay_attachments() {
         let Some(n) = &a.network else { continue };
         let addr = a.addresses.first().ok_or_else(|| format!("the task has no address on network {}", n.id))?;
         let ip: Ipv4Addr = addr
@@ -233,7 +233,7 @@ pub fn desired(
     for id in ids {
         let t = &assigned[id];
         if holds_network(t) {
-            for n in t.networks.iter().filter_map(|a| a.network.as_ref()) {
+            for n in t.overlay_attachments().filter_map(|a| a.network.as_ref()) {
                 add(n);
             }
         }

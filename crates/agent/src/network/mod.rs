@@ -73,7 +73,12 @@ const NETNS_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The plugin a node reports when it carries overlay networks (what the scheduler's PluginFilter looks for).
 pub fn overlay_plugin() -> shoal_api::PluginDescription {
-    shoal_api::PluginDescription { r#type: "Network".into(), name: "overlay".into() }
+    network_plugin("overlay")
+}
+
+/// A network driver a node reports (`overlay`; `host` on every node, `bridge` where an engine runs tasks).
+pub fn network_plugin(driver: &str) -> shoal_api::PluginDescription {
+    shoal_api::PluginDescription { r#type: "Network".into(), name: driver.into() }
 }
 
 #[derive(Default)]

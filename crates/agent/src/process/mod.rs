@@ -176,7 +176,15 @@ fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'sta
 fn ports_a_process_cannot_honour(task: &Task, network: &Result<Arc<NetworkPlane>, String>) -> Option<String> {
     use shoal_api::port_config::PublishMode;
     let ports = task.endpoint.iter().flat_map(|e| e.ports.iter());
-    if !task.networks.is_empty() {
+    if task.predefined_network() == Some("bridge") {
+        return Some(
+            "the process executor has no bridge network (a process runs in the node's own network); use \
+             --network host, an overlay network, or a node with the docker executor"
+                .into(),
+        );
+    }
+    // On the host network a process is as one without networks: in the node's own namespace.
+    if task.on_overlay() {
         let plane = match network {
             Ok(p) => p,
             Err(why) => {
@@ -222,7 +230,12 @@ impl Executor for ProcessExecutor {
             engine: Some(EngineDescription {
                 engine_version: "shoal-process".into(),
                 labels: self.engine_labels.clone(),
-                plugins: if self.network.is_ok() { vec![crate::network::overlay_plugin()] } else { vec![] },
+                // `host`: a task on the host network runs in the node's own namespace, as any process.
+                plugins: if self.network.is_ok() {
+                    vec![crate::network::network_plugin("host"), crate::network::overlay_plugin()]
+                } else {
+                    vec![crate::network::network_plugin("host")]
+                },
             }),
             ..Default::default()
         }
@@ -294,7 +307,7 @@ impl Executor for ProcessExecutor {
             task_dir: self.task_dir(&task.id),
             grace: stop_grace_period(task),
             spawner: self.spawner.clone(),
-            network: if task.networks.is_empty() { None } else { self.network.clone().ok() },
+            network: if task.on_overlay() { self.network.clone().ok() } else { None },
             netns: None,
             task: Arc::new(task.clone()),
             limits,

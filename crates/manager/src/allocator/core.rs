@@ -117,6 +117,8 @@ pub struct Allocator {
     pools: HashMap<String, AddressPool>,
     ports: PortSpace,
     ingress: Option<String>,
+    /// The predefined networks' IDs (`host`, `bridge`: no pool, no VIP).
+    predefined: BTreeSet<String>,
 }
 
 impl Allocator {
@@ -151,6 +153,10 @@ impl Allocator {
     fn add_network(&mut self, n: &Network) {
         if n.spec.as_ref().is_some_and(|s| s.ingress) {
             self.ingress = Some(n.id.clone());
+        }
+        if n.predefined_driver().is_some() {
+            self.predefined.insert(n.id.clone());
+            return;
         }
         match network_pool(n) {
             Some(p) => {
@@ -199,6 +205,7 @@ impl Allocator {
         match (&ch.kind, &ch.object) {
             (ActionKind::Remove, Object::Network(n)) => {
                 self.pools.remove(&n.id);
+                self.predefined.remove(&n.id);
                 if self.ingress.as_deref() == Some(&n.id) {
                     self.ingress = None;
                 }
@@ -270,7 +277,8 @@ impl Allocator {
             }
         }
         for n in spec_networks(spec) {
-            if !nets.iter().any(|x| x == n) {
+            // A predefined network (`host`, `bridge`) is each node's own: no VIP there.
+            if !nets.iter().any(|x| x == n) && !self.predefined.contains(n) {
                 nets.push(n.to_string());
             }
         }
@@ -396,6 +404,16 @@ impl Allocator {
         let mut taken: Vec<(String, IpAddr)> = Vec::new();
         for (id, aliases) in wanted {
             let found = tables.networks().get(&id);
+            // A predefined network (`host`, `bridge`): the node's own, so the attachment has no address.
+            if let Some(network) = found.filter(|n| n.predefined_driver().is_some()) {
+                out.push(NetworkAttachment {
+                    network: Some((**network).clone()),
+                    addresses: Vec::new(),
+                    aliases,
+                    driver_attachment_opts: Default::default(),
+                });
+                continue;
+            }
             let pool = found.and_then(|_| self.pools.get_mut(&id));
             let (Some(network), Some(pool)) = (found, pool) else {
                 self.hold(&taken, &[]);

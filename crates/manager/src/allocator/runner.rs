@@ -116,7 +116,25 @@ impl Work {
     }
 }
 
+/// Writes the predefined networks a cluster lacks (one made before they existed); a failure is logged and
+/// the next leader tries again.
+async fn ensure_predefined_networks(state: &ClusterState) {
+    let now = state.now();
+    let written = state
+        .write(|t, c| {
+            for n in super::predefined::missing_predefined_networks(t, state.ids.as_ref(), now) {
+                c.create(n);
+            }
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .await;
+    if let Err(e) = written {
+        tracing::warn!("cannot write the predefined networks (host, bridge): {e}");
+    }
+}
+
 async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
+    ensure_predefined_networks(&state).await;
     let (alloc, mut events) = state.store.view_and_watch(Allocator::build);
     let mut alloc = alloc;
     let mut work = Work { all: true, ..Default::default() };

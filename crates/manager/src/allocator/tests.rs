@@ -362,3 +362,43 @@ fn every_node_gets_one_ingress_address_kept_across_leaders_and_freed_with_the_no
     assert_eq!(nodes_pass(&mut fx), 2);
     assert!(fx.store.view(|t| t.nodes().iter().all(|n| n.attachments.is_empty())));
 }
+
+#[test]
+fn a_task_on_a_predefined_network_gets_its_attachment_without_an_address_and_its_service_no_vip() {
+    let mut fx = Fx::new();
+    let made = fx.store.view(|t| super::predefined::missing_predefined_networks(t, &NoIds, ts()));
+    let names: Vec<&str> = made.iter().filter_map(|n| n.unique_name()).collect();
+    assert_eq!(names, ["host", "bridge"]);
+    assert_eq!(made.iter().map(|n| n.predefined_driver()).collect::<Vec<_>>(), [Some("host"), Some("bridge")]);
+    let host_id = made[0].id.clone();
+    fx.write(|c| {
+        for n in made {
+            c.create(n);
+        }
+    });
+    assert!(fx.store.view(|t| super::predefined::missing_predefined_networks(t, &NoIds, ts())).is_empty(), "made once");
+    fx.service("agent", &[&host_id], vec![]);
+    fx.tasks("agent", 2);
+    assert!(!fx.pass());
+    let s = fx.store.view(|t| t.services().get("agent").cloned()).unwrap();
+    assert!(s.endpoint.as_ref().is_none_or(|e| e.virtual_ips.is_empty()), "no VIP on the host network: {s:?}");
+    for i in 0..2 {
+        let t = fx.task(&format!("agent.{i}"));
+        assert_eq!(t.status.as_ref().unwrap().state(), TaskState::Pending);
+        assert_eq!(t.networks.len(), 1);
+        assert_eq!(t.networks[0].predefined_driver(), Some("host"));
+        assert!(t.networks[0].addresses.is_empty());
+        assert!(!t.on_overlay());
+    }
+}
+
+/// IDs for `missing_predefined_networks` in a test: the name's own.
+#[derive(Debug)]
+struct NoIds;
+
+impl shoal_store::IdSource for NoIds {
+    fn new_id(&self) -> String {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        format!("predefined-{}", N.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
+    }
+}

@@ -439,7 +439,19 @@ fn check_aux_addresses(
 
 /// Checks a network spec as a user sends it (`docker network create`): what Shoal cannot honour is refused.
 pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
-    validate_network_name(spec.annotations.as_ref().map_or("", |a| a.name.as_str()))?;
+    let name = spec.annotations.as_ref().map_or("", |a| a.name.as_str());
+    validate_network_name(name)?;
+    if shoal_api::PREDEFINED_NETWORKS.contains(&name) || name == "none" {
+        return Err(ControlError::Conflict(format!(
+            "network with name {name} already exists: {name} is a predefined network (every node's own); choose another name"
+        )));
+    }
+    if spec.annotations.as_ref().is_some_and(|a| a.labels.contains_key(shoal_api::PREDEFINED_NETWORK_LABEL)) {
+        return Err(invalid(format!(
+            "label {} is for the predefined networks the managers make; leave it out",
+            shoal_api::PREDEFINED_NETWORK_LABEL
+        )));
+    }
     if let Some(d) = &spec.driver_config {
         if !(d.name.is_empty() || d.name == OVERLAY_DRIVER) {
             return Err(invalid(format!(
@@ -607,6 +619,11 @@ pub async fn remove_network(state: &ClusterState, reference: &str) -> Result<(),
         .write(|t: &Tables, c: &mut Changes| {
             let n = find_network(t, reference)?;
             let name = n.unique_name().unwrap_or(&n.id).to_string();
+            if n.predefined_driver().is_some() {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "{name} is a pre-defined network and cannot be removed"
+                )));
+            }
             let ingress = n.spec.as_ref().is_some_and(|s| s.ingress);
             let users: Vec<&str> = t
                 .services()
@@ -699,6 +716,43 @@ pub fn resolve_service_networks(t: &Tables, spec: &mut ServiceSpec) -> Result<()
             )));
         }
         a.target = n.id.clone();
+    }
+    let predefined: Vec<&str> = task
+        .networks
+        .iter()
+        .filter_map(|a| t.networks().get(&a.target))
+        .filter_map(|n| n.predefined_driver().map(|_| n.unique_name().unwrap_or(&n.id)))
+        .collect();
+    if let Some(name) = predefined.first() {
+        if task.networks.len() > 1 {
+            return Err(invalid(format!(
+                "network {name} is the node's own network and cannot be combined with other networks; give it alone"
+            )));
+        }
+        check_predefined_ports(name, spec.endpoint.as_ref())?;
+    }
+    Ok(())
+}
+
+/// The ports a service on predefined network `name` may publish: none through the routing mesh (its tasks
+/// have no address on the ingress network); on `host`, host-mode ports only as the port the task listens on
+/// (published = target: the host network has no port mapping).
+fn check_predefined_ports(name: &str, endpoint: Option<&shoal_api::EndpointSpec>) -> Result<(), ControlError> {
+    for p in endpoint.iter().flat_map(|e| e.ports.iter()) {
+        if p.publish_mode == port_config::PublishMode::Ingress as i32 {
+            return Err(invalid(format!(
+                "port {}: a service on the {name} network cannot publish through the routing mesh (ingress mode); \
+                 publish it with mode=host",
+                p.target_port
+            )));
+        }
+        if name == "host" && p.published_port != 0 && p.published_port != p.target_port {
+            return Err(invalid(format!(
+                "port {}:{}: on the host network a task listens on the node's ports directly, so the published \
+                 port must be the target port",
+                p.published_port, p.target_port
+            )));
+        }
     }
     Ok(())
 }
@@ -940,5 +994,58 @@ mod tests {
         assert_eq!((c.subnet_size, data_path_port(&c)), (26, 7789));
         let tiny = check(&["10.30.0.0/29"], 29).unwrap();
         assert!(ingress_network_from("i".into(), ts, &tiny, &["10.30.0.3".parse().unwrap()]).is_none());
+    }
+
+    #[tokio::test]
+    async fn predefined_networks_take_services_alone_keep_their_names_and_stay() {
+        let (state, _) = cluster();
+        let now = state.now();
+        let made =
+            state.store.view(|t| crate::allocator::predefined::missing_predefined_networks(t, state.ids.as_ref(), now));
+        let mut c = Changes::new();
+        for n in made {
+            c.create(n);
+        }
+        state.propose(c).await.unwrap();
+        // Their names and label are the managers' own.
+        for name in ["host", "bridge", "none"] {
+            let e = create_network(&state, named(name, "")).await.unwrap_err().to_string();
+            assert!(e.contains("predefined network") && e.contains("choose another name"), "{name}: {e}");
+        }
+        let mut labelled = named("mine", "");
+        labelled.annotations.as_mut().unwrap().labels.insert(shoal_api::PREDEFINED_NETWORK_LABEL.into(), "true".into());
+        assert!(create_network(&state, labelled).await.unwrap_err().to_string().contains("leave it out"));
+        let e = remove_network(&state, "host").await.unwrap_err().to_string();
+        assert_eq!(e, "host is a pre-defined network and cannot be removed");
+        create_network(&state, named("app", "10.9.0.0/24")).await.unwrap();
+
+        let with = |nets: &[&str], ports: Vec<shoal_api::PortConfig>| {
+            let mut s = spec("agent", 1);
+            s.task.as_mut().unwrap().networks = nets
+                .iter()
+                .map(|n| shoal_api::NetworkAttachmentConfig { target: n.to_string(), ..Default::default() })
+                .collect();
+            s.endpoint = Some(shoal_api::EndpointSpec { mode: 0, ports });
+            state.store.view(|t| resolve_service_networks(t, &mut s).map(|()| s).map_err(|e| e.to_string()))
+        };
+        let port = |mode: port_config::PublishMode, published: u32, target: u32| shoal_api::PortConfig {
+            publish_mode: mode as i32,
+            published_port: published,
+            target_port: target,
+            ..Default::default()
+        };
+        let ok = with(&["host"], vec![port(port_config::PublishMode::Host, 9100, 9100)]).unwrap();
+        let host_id = state.store.view(|t| t.networks().by_name("host").unwrap().id.clone());
+        assert_eq!(ok.task.unwrap().networks[0].target, host_id, "resolved to the ID");
+        assert!(with(&["bridge"], vec![port(port_config::PublishMode::Host, 8080, 80)]).is_ok());
+        for (nets, ports, says) in [
+            (&["host", "app"][..], vec![], "cannot be combined with other networks"),
+            (&["host"][..], vec![port(port_config::PublishMode::Ingress, 8080, 80)], "routing mesh"),
+            (&["bridge"][..], vec![port(port_config::PublishMode::Ingress, 8080, 80)], "routing mesh"),
+            (&["host"][..], vec![port(port_config::PublishMode::Host, 8080, 80)], "must be the target port"),
+        ] {
+            let e = with(nets, ports).unwrap_err();
+            assert!(e.contains(says), "{nets:?}: {e}");
+        }
     }
 }

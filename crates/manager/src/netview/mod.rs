@@ -115,7 +115,7 @@ pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
         .tasks()
         .by_node(node_id)
         .filter(|t| holds_address(t))
-        .flat_map(|t| t.networks.iter().filter_map(|a| a.network.as_ref().map(|n| n.id.clone())))
+        .flat_map(|t| t.overlay_attachments().filter_map(|a| a.network.as_ref().map(|n| n.id.clone())))
         .collect();
     // The routing mesh: once a service publishes a port in ingress mode, every node carries the ingress
     // network with its own address there (its `Node.attachments` entry).
@@ -134,7 +134,7 @@ pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
     networks.extend(
         t.tasks()
             .by_node(node_id)
-            .flat_map(|t| t.networks.iter().filter_map(|a| a.network.as_ref().map(|n| n.id.clone()))),
+            .flat_map(|t| t.overlay_attachments().filter_map(|a| a.network.as_ref().map(|n| n.id.clone()))),
     );
     view.overlapping_node_addrs = overlapping_node_addrs(t, &networks);
     if on.is_empty() {

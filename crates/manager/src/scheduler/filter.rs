@@ -172,7 +172,7 @@ impl Filter for MaxReplicasFilter {
 
 /// The node's engine has the plugins the task's networks need (SwarmKit's PluginFilter, for network
 /// drivers): a node that does not report `{type "Network", name "overlay"}` cannot connect an overlay
-/// attachment, so it does not take such a task. A refused node that said why it has no data plane
+/// attachment, so it does not take such a task (nor one on `bridge` without `{"Network", "bridge"}`). A refused node that said why it has no data plane
 /// (`shoal_api::SHOAL_NO_DATA_PLANE_LABEL`, e.g. another Shoal daemon holds its network namespace's) is
 /// named with its reason in the explanation (the first such node of a pass).
 #[derive(Debug, Default)]
@@ -184,11 +184,16 @@ pub struct PluginFilter {
 
 impl Filter for PluginFilter {
     fn set_task(&mut self, task: &Task) -> bool {
+        // An overlay network's driver is in its driver state (the allocator's); a predefined network's
+        // (`host`, `bridge`) is its own name: a node runs such a task only if it reports that driver too
+        // (the docker executor's nodes report `bridge`, every node `host`).
         self.drivers = task
             .networks
             .iter()
-            .filter_map(|a| a.network.as_ref()?.driver_state.as_ref())
-            .map(|d| d.name.clone())
+            .filter_map(|a| {
+                let n = a.network.as_ref()?;
+                n.predefined_driver().map(str::to_string).or_else(|| n.driver_state.as_ref().map(|d| d.name.clone()))
+            })
             .filter(|n| !n.is_empty())
             .collect();
         self.drivers.dedup();
