@@ -8,7 +8,8 @@
 //! crash of the daemon, an attachment whose container went meanwhile is detached at the next start.
 //!
 //! One docker-executor node in a namespace prepared like a Docker host (`netcluster::Cluster::start_one`),
-//! on this machine's engine. Skipped (with a message) where the docker CLI or engine is missing.
+//! on this machine's engine; and the same from a worker's socket, the service on the manager's node (two
+//! such nodes, sharing the engine). Skipped (with a message) where the docker CLI or engine is missing.
 
 mod common;
 
@@ -36,13 +37,18 @@ impl Drop for Cleanup {
     }
 }
 
-/// The docker CLI as a user runs it: `DOCKER_HOST` names Shoal's control socket, nothing else.
+/// The docker CLI as a user runs it: `DOCKER_HOST` names Shoal's control socket (the manager's), nothing else.
 fn user_docker(c: &Cluster, args: &[&str]) -> std::process::Output {
+    user_docker_on(c, 0, args)
+}
+
+/// As `user_docker`, on node `i`'s socket.
+fn user_docker_on(c: &Cluster, i: usize, args: &[&str]) -> std::process::Output {
     let config = shoal_testkit::scratch_dir().join("docker-config");
     let _ = std::fs::create_dir_all(&config);
     Command::new("docker")
         .args(args)
-        .env("DOCKER_HOST", format!("unix://{}", c.manager().socket().display()))
+        .env("DOCKER_HOST", format!("unix://{}", c.ds[i].socket().display()))
         .env("DOCKER_CONFIG", &config)
         .env_remove("DOCKER_CONTEXT")
         .stdin(Stdio::null())
@@ -66,7 +72,12 @@ fn holders(node: &str) -> Vec<String> {
 }
 
 fn gone(c: &Cluster, what: &str) {
-    let node = c.node_ids[0].clone();
+    gone_on(c, 0, what)
+}
+
+/// No attachment task left, and no holder of node `i`.
+fn gone_on(c: &Cluster, i: usize, what: &str) {
+    let node = c.node_ids[i].clone();
     wait_until(what, WAIT, || {
         let (a, h) = (attachments(c), holders(&node));
         if a.is_empty() && h.is_empty() {
@@ -153,5 +164,56 @@ fn docker_run_on_an_attachable_overlay_reaches_a_service_by_name_and_gives_its_a
     c.ds[0].restart(&[]);
     gone(&c, "the attachment of the container removed meanwhile detached at the restart");
 
+    c.docker(&["service", "rm", "web"]);
+}
+
+/// On a worker's socket: the worker cannot look the network up (it has no store), so the manager decides at
+/// the attach; the container, on node-1, reaches the service's task on node-0 across the underlay (VXLAN),
+/// by name through the VIP, and its address comes back to the pool when it is gone.
+#[test]
+fn docker_run_on_a_workers_socket_reaches_a_service_on_another_node() {
+    let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
+    let mut c = Cluster::start_first("attach2", "docker", 2);
+    c.join(1);
+    let _cleanup = Cleanup(Vec::new());
+    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", "10.231.8.0/24", "anet2"]);
+    c.docker(&[
+        "service",
+        "create",
+        "--detach",
+        "--no-resolve-image",
+        "--name",
+        "web",
+        "--constraint",
+        "node.hostname==node-0",
+        "--network",
+        "anet2",
+        image,
+        "sh",
+        "-c",
+        WEB,
+    ]);
+    let web = c.running("web", 1);
+    assert_eq!(c.node_of(&web[0]), 0);
+    let name = format!("attach-worker-{}", std::process::id());
+    let mut cleanup = Cleanup(vec![name.clone()]);
+    let script = "i=0; until wget -qO- http://web/ >/dev/null 2>&1 || [ $i -ge 100 ]; do i=$((i+1)); sleep 0.1; done; \
+        echo \"ADDR $(ip -o -4 addr show | grep -o '10\\.231\\.8\\.[0-9]*' | head -1)\"; \
+        echo \"PAGE $(wget -qO- http://web/)\"";
+    let out = user_docker_on(&c, 1, &["run", "--rm", "--name", &name, "--network", "anet2", image, "sh", "-c", script]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "docker run on the worker failed: {stdout}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        c.ds[1].log()
+    );
+    let line =
+        |key: &str| stdout.lines().find_map(|l| l.strip_prefix(key)).map(str::trim).unwrap_or_default().to_string();
+    assert!(line("ADDR").starts_with("10.231.8."), "an address on the overlay: {stdout}");
+    // The page is the task's hostname on node-0 (busybox httpd serves `hostname`).
+    assert!(!line("PAGE").is_empty(), "the page by name, across nodes: {stdout}");
+    gone_on(&c, 1, "the worker's attachment and holder gone with the container");
+    cleanup.0.clear();
     c.docker(&["service", "rm", "web"]);
 }
