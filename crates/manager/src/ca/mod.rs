@@ -310,6 +310,7 @@ impl CaService {
             manager_status: None,
             certificate: Some(Self::issued(role, req.csr.clone(), cert, &node_id)),
             role: role_to_proto(role) as i32,
+            vxlan_udp_port: cluster.vxlan_udp_port,
         };
         self.state
             .write(|_, changes| {

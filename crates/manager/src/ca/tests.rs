@@ -85,6 +85,25 @@ async fn each_token_gives_its_role_and_the_ca_picks_the_subject() {
 }
 
 #[tokio::test]
+async fn a_joining_node_is_given_the_clusters_data_path_port() {
+    let (state, ca, _) = cluster().await;
+    let mut c = (*super::cluster(&state).unwrap()).clone();
+    c.vxlan_udp_port = 7789;
+    state
+        .write(|_, ch| {
+            ch.update(c);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
+    let csr = shoal_ca::generate_node_key_and_csr().unwrap();
+    let resp =
+        ca.issue_node_certificate(issue_req(&tokens(&state).worker, &csr.csr_pem, None)).await.unwrap().into_inner();
+    let node = state.store.view(|t| t.nodes().get(&resp.node_id).cloned()).unwrap();
+    assert_eq!(node.vxlan_udp_port, 7789, "as SwarmKit's CA copies it, for engine workers");
+}
+
+#[tokio::test]
 async fn refused_tokens_change_nothing() {
     let (state, ca, _) = cluster().await;
     let old = tokens(&state);

@@ -416,6 +416,7 @@ impl Dispatcher {
                                 manager_status: None,
                                 certificate: None,
                                 role: NodeRole::Worker as i32,
+                                vxlan_udp_port: t.clusters().iter().next().map_or(0, |c| c.vxlan_udp_port),
                             };
                             (true, node)
                         }
