@@ -125,14 +125,8 @@ pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Resul
             };
             // The cluster's data path port as SwarmKit copies it to each node (the cluster object, which this
             // write may be creating: then the init's).
-            let new_cluster_port = t.clusters().by_name(CLUSTER_NAME).map_or_else(
-                || {
-                    let mut c = Cluster::default();
-                    me.networking.apply_to(&mut c);
-                    c.vxlan_udp_port
-                },
-                |c| c.vxlan_udp_port,
-            );
+            let new_cluster_port =
+                t.clusters().by_name(CLUSTER_NAME).map_or(me.networking.vxlan_udp_port(), |c| c.vxlan_udp_port);
             if t.nodes().get(me.node_id).is_none() {
                 let mut spec = NodeSpec { annotations: Some(Annotations::default()), ..Default::default() };
                 spec.set_desired_role(NodeRole::Manager);

@@ -63,8 +63,8 @@ pub struct DaemonConfig {
     /// quorum of managers is lost for good. Other managers must join again afterwards.
     pub force_new_cluster: bool,
     /// The address pools and data path port of the cluster this node makes (a `docker swarm init` on the
-    /// socket sets them); None: the defaults. Used only when the node creates the cluster.
-    pub init_networking: Option<shoal_manager::controlapi::network::SwarmNetworking>,
+    /// socket sets them; the defaults otherwise). Used only when the node creates the cluster.
+    pub init_networking: shoal_manager::controlapi::network::SwarmNetworking,
     /// The join token for `join_addr` (`SWMTKN-1-...`): a worker token makes this node a worker only, a
     /// manager token a manager. Used on first start only; afterwards the node's certificate says who it is.
     pub join_token: Option<JoinToken>,
@@ -115,7 +115,7 @@ impl DaemonConfig {
             engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),
             join_addr: None,
             force_new_cluster: false,
-            init_networking: None,
+            init_networking: Default::default(),
             join_token: None,
             listen_api_tcp: None,
             node_cert_expiry_override: None,

@@ -389,7 +389,7 @@ impl Node {
                     addr: advertised.to_string(),
                     description: description.clone(),
                     root_ca: mtls.pending.as_ref().map(|(root, _)| root.clone()),
-                    networking: cfg.init_networking.clone().unwrap_or_default(),
+                    networking: cfg.init_networking.clone(),
                 },
             )
             .await

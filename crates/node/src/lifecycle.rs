@@ -439,7 +439,7 @@ fn init_addresses(cfg: &mut DaemonConfig, opts: &InitOptions) -> Result<(), ApiE
     };
     cfg.listen_remote_api = opts.listen;
     cfg.advertise_remote_api = Some(advertise);
-    cfg.init_networking = Some(opts.networking.clone());
+    cfg.init_networking = opts.networking.clone();
     cfg.join_addr = None;
     cfg.join_token = None;
     Ok(())

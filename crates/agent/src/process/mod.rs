@@ -231,11 +231,9 @@ impl Executor for ProcessExecutor {
                 engine_version: "shoal-process".into(),
                 labels: self.engine_labels.clone(),
                 // `host`: a task on the host network runs in the node's own namespace, as any process.
-                plugins: if self.network.is_ok() {
-                    vec![crate::network::network_plugin("host"), crate::network::overlay_plugin()]
-                } else {
-                    vec![crate::network::network_plugin("host")]
-                },
+                plugins: std::iter::once(crate::network::network_plugin("host"))
+                    .chain(self.network.is_ok().then(crate::network::overlay_plugin))
+                    .collect(),
             }),
             ..Default::default()
         }

@@ -130,8 +130,15 @@ impl SwarmNetworking {
             cluster.default_address_pool = self.pools.pools.iter().map(|p| p.to_string()).collect();
             cluster.subnet_size = u32::from(self.pools.subnet_size);
         }
-        if self.data_path_port != DEFAULT_DATA_PATH_PORT {
-            cluster.vxlan_udp_port = u32::from(self.data_path_port);
+        cluster.vxlan_udp_port = self.vxlan_udp_port();
+    }
+
+    /// The cluster object's `vxlan_udp_port` for these settings (0 for the default port, as Docker leaves it).
+    pub fn vxlan_udp_port(&self) -> u32 {
+        if self.data_path_port == DEFAULT_DATA_PATH_PORT {
+            0
+        } else {
+            u32::from(self.data_path_port)
         }
     }
 }
