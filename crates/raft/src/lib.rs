@@ -7,10 +7,13 @@
 //!
 //! # Design
 //!
-//! - **Driver thread.** `RaftNode` is a handle; the raft-rs `RawNode` and its storage are owned by a driver
-//!   on a dedicated OS thread (`raft-<id>`) running a single-threaded tokio runtime. Persisting is blocking
-//!   IO (fsync), so it stays off the caller's runtime, and the loop is plain sequential code: raft-rs is
-//!   sans-IO, the driver is its IO shell.
+//! - **A sans-IO core, two drivers.** `Core` holds the member's logic: raft-rs's `RawNode` over a
+//!   `LogStorage`, the Ready handling (persist, send, apply, snapshot, publish), proposals and their answers,
+//!   membership changes, forwarded writes, read barriers (time passed in), the snapshot policy. It reads no
+//!   clock and does no IO of its own. `RaftNode` is a handle; its driver (`node.rs`) owns the core on a
+//!   dedicated OS thread (`raft-<id>`) running a single-threaded tokio runtime, with raft-engine storage:
+//!   persisting is blocking IO (fsync), so it stays off the caller's runtime. `shoal-sim` drives the same
+//!   core over simulated storage, network and time.
 //! - **Durability.** Every Ready's entries and hard state go to raft-engine in one batch with `sync = true`
 //!   before its messages are sent or any entry applied; the commit index advanced by `advance` is synced
 //!   again before the newly committed entries are applied. A proposal resolves only after its entry is
@@ -79,6 +82,7 @@
 
 mod commit_record;
 mod config;
+mod core;
 pub mod encryption;
 mod error;
 pub mod grpc;
@@ -86,16 +90,21 @@ mod logger;
 mod membership;
 mod node;
 mod proposer;
+mod screen;
 mod snapshot_files;
 mod storage;
 mod transport;
 
 pub use config::{RaftConfig, SnapshotPolicy};
+pub use core::{
+    ApplyObserver, Core, Done, LogStorage, MembersDone, MembershipError, Outlets, Proposal, RaftStatus, ReadDone,
+    MAX_FORWARDED_IN_FLIGHT, MAX_READS_IN_FLIGHT,
+};
 pub use error::RaftError;
 pub use membership::{Member, Members};
 pub use node::{
-    MembershipError, RaftNode, RaftStatus, StartMode, FORWARD_APPLY_TIMEOUT, INBOUND_QUEUE, MAX_FORWARDED_IN_FLIGHT,
-    MAX_PROPOSALS_PER_READY, MAX_READS_IN_FLIGHT, MEMBERSHIP_CHANGE_TIMEOUT, PROPOSAL_QUEUE, READ_BARRIER_TIMEOUT,
+    RaftNode, StartMode, FORWARD_APPLY_TIMEOUT, INBOUND_QUEUE, MAX_PROPOSALS_PER_READY, MEMBERSHIP_CHANGE_TIMEOUT,
+    PROPOSAL_QUEUE, READ_BARRIER_TIMEOUT,
 };
 pub use proposer::{
     CommittedLog, LeaderState, LocalProposer, LogReadError, LogReadFuture, LoggedWrite, ProposeError, ProposeFuture,
@@ -115,33 +124,12 @@ pub mod fuzz_hooks {
 
     /// The driver's screening of an inbound raft message before raft-rs steps it: false to drop it.
     pub fn screen_inbound(m: &mut crate::eraftpb::Message, last_index: u64) -> bool {
-        crate::node::screen_inbound(m, last_index)
+        crate::screen::screen_inbound(m, last_index)
     }
 
     /// A conf change's context (one member) and a membership list, as decoded when applied or restored.
     pub fn decode_membership(bytes: &[u8]) -> (bool, bool) {
         (crate::Member::decode(bytes).is_ok(), crate::Members::decode(bytes).is_ok())
-    }
-}
-
-/// The driver's pure steps, for the deterministic simulation of `shoal-sim`, which drives raft-rs's
-/// `RawNode` over simulated storage and network but must screen and apply entries as the driver does.
-pub mod sim_hooks {
-    use std::sync::Arc;
-
-    use shoal_store::{Commit, MemoryStore, StoreError};
-
-    /// The driver's screening of an inbound raft message before raft-rs steps it: false to drop it.
-    pub fn screen_inbound(m: &mut crate::eraftpb::Message, last_index: u64) -> bool {
-        crate::node::screen_inbound(m, last_index)
-    }
-
-    /// Applies one committed normal entry as the driver does: its request ID (when decodable) and outcome.
-    pub fn apply_normal(
-        store: &MemoryStore,
-        e: &crate::eraftpb::Entry,
-    ) -> (Option<u64>, Result<Arc<Commit>, StoreError>) {
-        crate::node::apply_normal(store, e)
     }
 }
 

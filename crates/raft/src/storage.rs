@@ -614,38 +614,13 @@ impl EngineStorage {
         Ok(())
     }
 
-    /// The members' addresses as last persisted.
-    pub(crate) fn members(&self) -> &Members {
-        &self.members
-    }
-
     fn put_members(&self, batch: &mut LogBatch, members: &Members) -> Result<(), RaftError> {
         batch.put(META_REGION, KEY_MEMBERS.to_vec(), members.encode()).map_err(|e| engine_err(&self.log_dir, e))
-    }
-
-    /// The snapshot files.
-    pub(crate) fn snapshot_dir(&self) -> &SnapshotDir {
-        &self.snapshots
     }
 
     /// The counter of synced writes (shared, for the handle).
     pub(crate) fn synced_writes(&self) -> Arc<AtomicU64> {
         self.synced_writes.clone()
-    }
-
-    /// The hard state as last persisted.
-    pub(crate) fn hard_state(&self) -> &HardState {
-        &self.hard_state
-    }
-
-    /// The membership as last persisted.
-    pub(crate) fn conf_state(&self) -> &ConfState {
-        &self.conf_state
-    }
-
-    /// The latest snapshot's metadata (index 0 when there is none).
-    pub(crate) fn snapshot_metadata(&self) -> &SnapshotMetadata {
-        &self.snapshot
     }
 
     fn put(&self, batch: &mut LogBatch, key: &[u8], msg: &impl protobuf::Message) -> Result<(), RaftError> {
@@ -718,7 +693,7 @@ impl EngineStorage {
 
     /// Records a snapshot this node took (its file is already written), then drops log entries up to and
     /// including `compact_through` (if that moves the front of the log) and purges obsolete log files.
-    pub(crate) fn record_snapshot(&mut self, meta: SnapshotMetadata, compact_through: u64) -> Result<(), RaftError> {
+    fn record_snapshot_meta(&mut self, meta: SnapshotMetadata, compact_through: u64) -> Result<(), RaftError> {
         let mut batch = LogBatch::default();
         self.put(&mut batch, KEY_SNAPSHOT, &meta)?;
         let mut new_truncated = None;
@@ -742,7 +717,7 @@ impl EngineStorage {
 
     /// Installs a snapshot received from the leader (its file is already written): the whole log is
     /// replaced by it.
-    pub(crate) fn install_snapshot(&mut self, meta: SnapshotMetadata, members: Members) -> Result<(), RaftError> {
+    fn install_snapshot_meta(&mut self, meta: SnapshotMetadata, members: Members) -> Result<(), RaftError> {
         let mut hs = self.hard_state.clone();
         hs.term = hs.term.max(meta.term);
         hs.commit = meta.index;
@@ -900,6 +875,97 @@ fn truncated_bytes(index: u64, term: u64) -> Vec<u8> {
     let mut v = index.to_be_bytes().to_vec();
     v.extend_from_slice(&term.to_be_bytes());
     v
+}
+
+impl crate::core::LogStorage for EngineStorage {
+    fn append(&mut self, entries: &[Entry], hs: Option<&HardState>) -> Result<(), RaftError> {
+        EngineStorage::append(self, entries, hs)
+    }
+
+    fn set_commit(&mut self, commit: u64) -> Result<(), RaftError> {
+        EngineStorage::set_commit(self, commit)
+    }
+
+    fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
+    fn members(&self) -> &Members {
+        &self.members
+    }
+
+    fn set_membership(&mut self, cs: ConfState, members: Members) -> Result<(), RaftError> {
+        EngineStorage::set_membership(self, cs, members)
+    }
+
+    fn snapshot_metadata(&self) -> &SnapshotMetadata {
+        &self.snapshot
+    }
+
+    /// The snapshot file the log names; a missing or unsealable file is damage (`RaftError::Damaged`).
+    fn load_snapshot(&self) -> Result<Vec<u8>, RaftError> {
+        let meta = &self.snapshot;
+        let path = self.snapshots.path(meta.index);
+        match self.snapshots.read(meta.index) {
+            Ok(b) => Ok(b),
+            Err(RaftError::StateDir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                Err(RaftError::Damaged {
+                    path,
+                    what: format!(
+                        "the raft log names snapshot {} (term {}) as the start of its state, but its file is missing",
+                        meta.index, meta.term
+                    ),
+                })
+            }
+            Err(RaftError::Decrypt { reason, .. }) => Err(RaftError::Damaged {
+                path,
+                what: format!("snapshot {} cannot be opened (its seal does not verify: {reason})", meta.index),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn snapshot_path(&self, index: u64) -> PathBuf {
+        self.snapshots.path(index)
+    }
+
+    /// The file first, then the log state (which names it), then older files pruned.
+    fn install_snapshot(
+        &mut self,
+        meta: SnapshotMetadata,
+        data: &[u8],
+        members: Members,
+        keep: usize,
+    ) -> Result<(), RaftError> {
+        self.snapshots.write(meta.index, data)?;
+        self.install_snapshot_meta(meta, members)?;
+        self.snapshots.prune(keep)
+    }
+
+    /// The file first, then the log state (which names it), then older files pruned.
+    fn record_snapshot(
+        &mut self,
+        meta: SnapshotMetadata,
+        data: &[u8],
+        compact_through: u64,
+        keep: usize,
+    ) -> Result<(), RaftError> {
+        self.snapshots.write(meta.index, data)?;
+        self.record_snapshot_meta(meta, compact_through)?;
+        self.snapshots.prune(keep)
+    }
+
+    fn first_log_index(&self) -> u64 {
+        EngineStorage::first_log_index(self)
+    }
+
+    fn read_entries(&self, low: u64, high: u64) -> Result<Vec<Entry>, RaftError> {
+        EngineStorage::read_entries(self, low, high)
+    }
 }
 
 impl raft::Storage for EngineStorage {

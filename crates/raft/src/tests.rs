@@ -291,7 +291,7 @@ fn the_log_kept_behind_a_snapshot_is_bounded_by_entries_and_by_bytes() {
         (1..=10).map(|i| (i, if i == 8 { 1000 } else { 100 })).collect();
     let check = |keep_entries, keep_bytes, want| {
         assert_eq!(
-            crate::node::compact_point(10, &deque, keep_entries, keep_bytes),
+            crate::core::compact_point(10, &deque, keep_entries, keep_bytes),
             want,
             "keep {keep_entries} entries, {keep_bytes} bytes"
         );
@@ -303,10 +303,10 @@ fn the_log_kept_behind_a_snapshot_is_bounded_by_entries_and_by_bytes() {
     check(100, u64::MAX, 0); // everything kept
     check(100, 1200, 7); // 8..=10 are 1200 bytes
                          // Entries the deque does not know (applied before a restart) are kept by count.
-    assert_eq!(crate::node::compact_point(10, &Default::default(), 5, 0), 5);
+    assert_eq!(crate::core::compact_point(10, &Default::default(), 5, 0), 5);
     let recent: std::collections::VecDeque<(u64, u64)> = [(9, 100), (10, 100)].into();
-    assert_eq!(crate::node::compact_point(10, &recent, 5, u64::MAX), 5);
-    assert_eq!(crate::node::compact_point(10, &recent, 5, 150), 9);
+    assert_eq!(crate::core::compact_point(10, &recent, 5, u64::MAX), 5);
+    assert_eq!(crate::core::compact_point(10, &recent, 5, 150), 9);
 }
 
 #[tokio::test]

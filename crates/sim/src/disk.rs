@@ -6,14 +6,19 @@
 //!
 //! Plain data: no IO, no clock.
 
+use std::path::PathBuf;
+
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
+use shoal_raft::{LogStorage, Members, RaftError};
 
 /// The log, hard state, conf state and latest snapshot of one member.
 #[derive(Clone, Debug, Default)]
 pub struct SimStorage {
     hard_state: HardState,
     conf_state: ConfState,
+    /// The members' addresses as of `conf_state` (none are needed: messages are routed by Raft ID).
+    members: Members,
     /// The latest snapshot's metadata and data (index 0: none).
     snapshot: SnapshotMetadata,
     snapshot_data: Vec<u8>,
@@ -40,23 +45,8 @@ impl SimStorage {
         self.truncated.0 + self.entries.len() as u64
     }
 
-    /// The hard state as written (commit index possibly not synced).
-    pub fn hard_state(&self) -> &HardState {
-        &self.hard_state
-    }
-
-    /// The conf state (the voters).
-    pub fn conf_state(&self) -> &ConfState {
-        &self.conf_state
-    }
-
-    /// The latest snapshot's metadata and data.
-    pub fn snapshot_parts(&self) -> (&SnapshotMetadata, &[u8]) {
-        (&self.snapshot, &self.snapshot_data)
-    }
-
     /// Entries `[low, high)` (the caller keeps within the log).
-    pub fn read(&self, low: u64, high: u64) -> Vec<Entry> {
+    fn read(&self, low: u64, high: u64) -> Vec<Entry> {
         let lo = (low - self.first()) as usize;
         let hi = (high - self.first()) as usize;
         self.entries[lo..hi].to_vec()
@@ -64,7 +54,7 @@ impl SimStorage {
 
     /// Appends a Ready's entries (replacing any conflicting suffix) and its hard state; synced when there
     /// are entries or the term or vote changed, as the real storage does.
-    pub fn append(&mut self, entries: &[Entry], hs: Option<&HardState>) {
+    fn append_entries(&mut self, entries: &[Entry], hs: Option<&HardState>) {
         let mut sync = false;
         if let Some(first) = entries.first() {
             assert!(first.index > self.truncated.0, "append at {} behind the log start {}", first.index, self.first());
@@ -82,18 +72,14 @@ impl SimStorage {
         }
     }
 
-    /// Records a new commit index without a sync.
-    pub fn set_commit(&mut self, commit: u64) {
-        self.hard_state.commit = commit;
-    }
-
     fn sync(&mut self) {
         self.synced_commit = self.hard_state.commit;
         self.syncs += 1;
     }
 
     /// Installs a snapshot from the leader: the log restarts after it (synced).
-    pub fn install_snapshot(&mut self, meta: SnapshotMetadata, data: Vec<u8>) {
+    fn install(&mut self, meta: SnapshotMetadata, data: Vec<u8>, members: Members) {
+        self.members = members;
         self.truncated = (meta.index, meta.term);
         self.entries.clear();
         self.hard_state.commit = self.hard_state.commit.max(meta.index);
@@ -104,7 +90,7 @@ impl SimStorage {
     }
 
     /// Records a snapshot taken locally and compacts the log through `compact_through` (synced).
-    pub fn record_snapshot(&mut self, meta: SnapshotMetadata, data: Vec<u8>, compact_through: u64) {
+    fn record(&mut self, meta: SnapshotMetadata, data: Vec<u8>, compact_through: u64) {
         let through = compact_through.min(meta.index).min(self.last());
         if through > self.truncated.0 {
             let term = self.entries[(through - self.first()) as usize].term;
@@ -124,6 +110,81 @@ impl SimStorage {
             disk.hard_state.commit = self.synced_commit;
         }
         disk
+    }
+}
+
+/// The simulated disk keeps one snapshot: older ones would only be read by a human.
+impl LogStorage for SimStorage {
+    fn append(&mut self, entries: &[Entry], hs: Option<&HardState>) -> Result<(), RaftError> {
+        self.append_entries(entries, hs);
+        Ok(())
+    }
+
+    /// A new commit index, without a sync.
+    fn set_commit(&mut self, commit: u64) -> Result<(), RaftError> {
+        self.hard_state.commit = commit;
+        Ok(())
+    }
+
+    fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
+    fn members(&self) -> &Members {
+        &self.members
+    }
+
+    fn set_membership(&mut self, cs: ConfState, members: Members) -> Result<(), RaftError> {
+        self.conf_state = cs;
+        self.members = members;
+        self.sync();
+        Ok(())
+    }
+
+    fn snapshot_metadata(&self) -> &SnapshotMetadata {
+        &self.snapshot
+    }
+
+    fn load_snapshot(&self) -> Result<Vec<u8>, RaftError> {
+        Ok(self.snapshot_data.clone())
+    }
+
+    fn snapshot_path(&self, index: u64) -> PathBuf {
+        PathBuf::from(format!("<simulated disk>/snapshot-{index}"))
+    }
+
+    fn install_snapshot(
+        &mut self,
+        meta: SnapshotMetadata,
+        data: &[u8],
+        members: Members,
+        _keep: usize,
+    ) -> Result<(), RaftError> {
+        self.install(meta, data.to_vec(), members);
+        Ok(())
+    }
+
+    fn record_snapshot(
+        &mut self,
+        meta: SnapshotMetadata,
+        data: &[u8],
+        compact_through: u64,
+        _keep: usize,
+    ) -> Result<(), RaftError> {
+        self.record(meta, data.to_vec(), compact_through);
+        Ok(())
+    }
+
+    fn first_log_index(&self) -> u64 {
+        self.first()
+    }
+
+    fn read_entries(&self, low: u64, high: u64) -> Result<Vec<Entry>, RaftError> {
+        Ok(self.read(low, high))
     }
 }
 

@@ -430,9 +430,9 @@ impl World {
             if self.leader_loops.is_empty() {
                 self.leader_loops = run.leader_loop_names();
             }
-            run.take_proposals();
+            run.take_proposals(now_ms);
             run.tick();
-            let msgs = run.handle_ready(&self.mcfg);
+            let msgs = run.handle_ready(now_ms);
             let mut out: Vec<(Endpoint, Msg)> =
                 msgs.into_iter().map(|m| (Endpoint::Manager(m.to), Msg::Raft(Box::new(m)))).collect();
             out.extend(run.serve_agents(&self.node_ids));
@@ -440,7 +440,8 @@ impl World {
         }
         // Acknowledged writes: read the entry that carried each.
         for (what, m, index) in std::mem::take(&mut self.client.ledger.to_resolve) {
-            let entry = self.managers[m as usize - 1].run.as_ref().and_then(|r| r.applied_log.get(&index).copied());
+            let entry =
+                self.managers[m as usize - 1].run.as_ref().and_then(|r| r.applied_log.lock().get(&index).copied());
             if let Some((term, digest)) = entry {
                 self.client.ledger.acked.push(workload::Acked { what, index, term, digest });
             }
@@ -465,7 +466,7 @@ impl World {
         let applied: Vec<(u64, u64)> = self
             .managers
             .iter()
-            .filter_map(|m| m.run.as_ref().and_then(|r| r.applied_log.last_key_value().map(|(i, e)| (*i, e.1))))
+            .filter_map(|m| m.run.as_ref().and_then(|r| r.applied_log.lock().last_key_value().map(|(i, e)| (*i, e.1))))
             .collect();
         let leader_text = format!("leader {leader:?} commit {} applied {applied:?}", self.max_commit());
         self.trace = manager::digest(&[self.trace.to_le_bytes().as_slice(), leader_text.as_bytes()].concat());
@@ -512,7 +513,8 @@ impl World {
                 }
             }
             let from = self.checked.get(&m.id).copied().unwrap_or(0);
-            for (index, entry) in run.applied_log.range(from + 1..) {
+            let applied_log = run.applied_log.lock();
+            for (index, entry) in applied_log.range(from + 1..) {
                 match self.entries.get(index) {
                     Some(first) if first != entry => {
                         return Err(format!(
@@ -526,13 +528,14 @@ impl World {
                     }
                 }
             }
-            self.checked.insert(m.id, run.applied);
+            drop(applied_log);
+            self.checked.insert(m.id, run.applied());
             // A task's observed state never moves backwards as a store applies the log.
             let states: BTreeMap<String, i32> = run
                 .store
                 .view(|t| t.tasks().iter().map(|x| (x.id.clone(), x.status.as_ref().map_or(0, |s| s.state))).collect());
             if let Some((applied, before)) = self.observed.get(&m.id) {
-                if run.applied >= *applied {
+                if run.applied() >= *applied {
                     for (id, now) in &states {
                         if before.get(id).is_some_and(|b| now < b) {
                             return Err(format!(
@@ -545,12 +548,12 @@ impl World {
                     }
                 }
             }
-            self.observed.insert(m.id, (run.applied, states));
+            self.observed.insert(m.id, (run.applied(), states));
             for a in &self.client.ledger.acked {
-                if run.applied < a.index {
+                if run.applied() < a.index {
                     continue;
                 }
-                if let Some(entry) = run.applied_log.get(&a.index) {
+                if let Some(entry) = run.applied_log.lock().get(&a.index) {
                     if *entry != (a.term, a.digest) {
                         return Err(format!(
                             "acknowledged write lost: {} was entry {} of term {}; manager {} applied term {} there",
@@ -565,7 +568,7 @@ impl World {
                     .created
                     .iter()
                     .find(|(id, index)| {
-                        run.applied >= **index
+                        run.applied() >= **index
                             && !self.client.ledger.maybe_removed.contains(*id)
                             && t.services().get(id).is_none()
                     })
@@ -574,7 +577,8 @@ impl World {
             if let Some((id, index)) = missing {
                 return Err(format!(
                     "acknowledged service {id} (created at {index}) is missing on manager {} at {}",
-                    m.id, run.applied
+                    m.id,
+                    run.applied()
                 ));
             }
         }
@@ -731,14 +735,14 @@ impl World {
     fn not_converged(&self) -> Option<String> {
         let leader = self.leader()?;
         let lrun = self.managers[leader as usize - 1].run.as_ref()?;
-        let index = lrun.applied;
+        let index = lrun.applied();
         for m in &self.managers {
             let run = m.run.as_ref()?;
-            if run.applied != index || run.commit() != lrun.commit() {
+            if run.applied() != index || run.commit() != lrun.commit() {
                 return Some(format!(
                     "manager {} applied {} / leader {index}; {}; leader's view: {}",
                     m.id,
-                    run.applied,
+                    run.applied(),
                     run.debug_raft(),
                     lrun.debug_progress(m.id)
                 ));

@@ -3,29 +3,33 @@
 //! orchestrators, reaper, constraint enforcer, rebalancer, scheduler and the dispatcher's loop) polled on
 //! the simulation's executor, and the real `Dispatcher` answering the agents' in-process RPCs.
 //!
-//! The Ready handling follows `shoal_raft`'s driver step for step (persist, send, apply, advance, persist
-//! the commit, apply, snapshot, publish) and uses its screen and apply functions (`sim_hooks`); leadership
-//! counts only once an entry of the leader's term is applied; every election timeout is drawn from the
-//! member's seeded RNG. A crash drops everything but the disk (`SimStorage::crash`); a restart recovers
-//! the store from the snapshot and the committed entries, as `recover_store` does.
+//! Raft is `shoal_raft::Core`, the code the daemon's driver runs, over the simulated disk (`SimStorage`):
+//! its Ready handling, apply, snapshots, read barriers and publication are the daemon's own; this module
+//! only feeds it (messages, ticks, the queued writes and reads, the simulation's time) and routes what it
+//! sends. A crash drops everything but the disk (`SimStorage::crash`); a restart recovers the store from
+//! the snapshot and the committed entries through `Core::open`, as the daemon's start does.
 //!
 //! Must not read the wall clock or spawn threads: time is the simulation's (`ManualClock`, `ManualTimer`).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
-use raft::eraftpb::{Entry, EntryType, Message, SnapshotMetadata};
+use raft::eraftpb::{Entry, Message};
 use raft::{RawNode, StateRole};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shoal_api::{AssignmentChange, SessionRequest, TaskStatus, UpdateTaskStatusRequest};
 use shoal_manager::dispatcher::{AssignmentSet, Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, RandomIds};
-use shoal_raft::sim_hooks::{apply_normal, screen_inbound};
-use shoal_raft::{LeaderState, ProposeError, ProposeFuture, Proposer, ReadBarrierFuture};
-use shoal_store::{decode_snapshot, encode_request, encode_snapshot, Action, Commit, ManualClock, MemoryStore, Watch};
-use tokio::sync::watch;
+use shoal_raft::{
+    Core, Done, LeaderState, Outlets, Proposal, ProposeError, ProposeFuture, Proposer, RaftConfig, ReadBarrierFuture,
+    ReadDone,
+};
+use shoal_store::{encode_request, Action, ManualClock, MemoryStore, Watch};
+use tokio::sync::{oneshot, watch};
 
 use crate::disk::SimStorage;
 use crate::exec::{poll_once, SimFuture};
@@ -40,7 +44,11 @@ pub const MAX_PROPOSALS_PER_STEP: usize = 1024;
 /// Most writes waiting in one manager's proposer (the driver's `PROPOSAL_QUEUE`); beyond it they fail.
 pub const PROPOSAL_QUEUE: usize = 4096;
 
-type Slot = Arc<Mutex<Option<Result<Arc<Commit>, ProposeError>>>>;
+/// What the proposer queues for the simulation loop to hand to the core.
+enum Queued {
+    Write(Vec<Action>, Done),
+    Read(ReadDone),
+}
 
 /// What travels between the simulated nodes.
 #[derive(Debug, Clone)]
@@ -65,22 +73,43 @@ pub enum Msg {
     SessionEnded { session: String },
 }
 
-/// The proposer the subsystems and the control API write through: queues writes for the simulation loop
-/// to append, answers when they are applied.
+/// The proposer the subsystems and the control API write and read through: queues writes and read
+/// barriers for the simulation loop to hand to the core, which answers them.
 #[derive(Debug)]
 pub struct SimProposer {
-    queue: Mutex<VecDeque<(Vec<Action>, Slot)>>,
-    leader: watch::Sender<LeaderState>,
+    queue: Mutex<VecDeque<Queued>>,
+    leader: watch::Receiver<LeaderState>,
 }
 
-impl SimProposer {
-    fn new() -> SimProposer {
-        SimProposer { queue: Mutex::new(VecDeque::new()), leader: watch::channel(LeaderState::default()).0 }
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Queued::Write(..) => "write",
+            Queued::Read(_) => "read",
+        })
     }
 }
 
-fn answered(r: Result<Arc<Commit>, ProposeError>) -> ProposeFuture {
+fn answered<T: Send + 'static>(
+    r: Result<T, ProposeError>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, ProposeError>> + Send>> {
     Box::pin(std::future::ready(r))
+}
+
+impl SimProposer {
+    fn enqueue<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, ProposeError>>) -> Queued,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, ProposeError>> + Send>> {
+        let mut q = self.queue.lock();
+        if q.len() >= PROPOSAL_QUEUE {
+            return answered(Err(ProposeError::Unknown(format!("{PROPOSAL_QUEUE} writes already queued"))));
+        }
+        let (tx, rx) = oneshot::channel();
+        q.push_back(make(tx));
+        // A dropped sender: the manager crashed.
+        Box::pin(async move { rx.await.unwrap_or(Err(ProposeError::Stopped)) })
+    }
 }
 
 impl Proposer for SimProposer {
@@ -89,25 +118,16 @@ impl Proposer for SimProposer {
         if !st.is_leader {
             return answered(Err(ProposeError::NotLeader { leader: (st.leader_id != 0).then_some(st.leader_id) }));
         }
-        let mut q = self.queue.lock();
-        if q.len() >= PROPOSAL_QUEUE {
-            return answered(Err(ProposeError::Unknown(format!("{PROPOSAL_QUEUE} writes already queued"))));
-        }
-        let slot: Slot = Arc::new(Mutex::new(None));
-        q.push_back((actions, slot.clone()));
-        Box::pin(std::future::poll_fn(move |_| match slot.lock().take() {
-            Some(r) => std::task::Poll::Ready(r),
-            None => std::task::Poll::Pending,
-        }))
+        self.enqueue(|done| Queued::Write(actions, done))
     }
 
     fn leadership(&self) -> watch::Receiver<LeaderState> {
-        self.leader.subscribe()
+        self.leader.clone()
     }
 
+    /// Raft's ReadIndex through the core, as the daemon's.
     fn read_barrier(&self) -> ReadBarrierFuture {
-        let ok = self.leader.borrow().is_leader;
-        Box::pin(std::future::ready(if ok { Ok(()) } else { Err(ProposeError::NoLeader("not the leader".into())) }))
+        self.enqueue(Queued::Read)
     }
 }
 
@@ -129,28 +149,26 @@ struct Stream {
 /// A pending in-process RPC: resolves to the reply for an agent.
 type Rpc = SimFuture<Option<(usize, Msg)>>;
 
+/// Entries applied since a start: index -> (term, digest of the data), for the safety checks.
+pub type AppliedLog = Arc<Mutex<BTreeMap<u64, (u64, u64)>>>;
+
 /// A manager that is up.
 pub struct Running {
-    raw: RawNode<SimStorage>,
+    core: Core<SimStorage>,
     /// The replicated state as this manager applied it.
     pub store: Arc<MemoryStore>,
     proposer: Arc<SimProposer>,
     /// What the control API and the subsystems use.
     pub state: ClusterState,
     dispatcher: Arc<Dispatcher>,
-    pending: BTreeMap<u64, (u64, Slot)>,
     next_request: u64,
-    /// Last applied index, and its term.
-    pub applied: u64,
-    applied_term: u64,
-    last_snapshot_index: u64,
-    role_term: Option<(StateRole, u64)>,
+    /// Seeds the leader-only loops' RNGs (the key manager's).
     rng: StdRng,
     leader: Option<LeaderLoops>,
     rpcs: Vec<Rpc>,
     streams: BTreeMap<usize, Stream>,
-    /// Entries applied since the start: index -> (term, digest of the data), for the safety checks.
-    pub applied_log: BTreeMap<u64, (u64, u64)>,
+    /// Entries applied since the start (the core's apply observer fills it).
+    pub applied_log: AppliedLog,
     /// When this manager last answered a heartbeat of each node OK (simulation time, ms).
     pub last_beat_ok_ms: BTreeMap<String, u64>,
 }
@@ -166,6 +184,21 @@ pub struct ManagerConfig {
     pub log_entries_for_slow_followers: u64,
     /// The dispatcher's settings.
     pub dispatcher: DispatcherConfig,
+}
+
+impl ManagerConfig {
+    /// Member `id`'s Raft settings: the daemon's defaults (`RaftConfig::new`) with the simulation's tick
+    /// (one step), election and snapshot settings.
+    fn raft(&self, id: u64) -> RaftConfig {
+        RaftConfig {
+            tick_interval_ms: crate::STEP_MS,
+            election_tick: ELECTION_TICK,
+            heartbeat_tick: HEARTBEAT_TICK,
+            snapshot_interval_entries: self.snapshot_interval_entries,
+            log_entries_for_slow_followers: self.log_entries_for_slow_followers,
+            ..RaftConfig::new(PathBuf::from(format!("<simulated manager {id}>")), id)
+        }
+    }
 }
 
 /// One manager, up or crashed.
@@ -192,96 +225,67 @@ pub fn digest(bytes: &[u8]) -> u64 {
     h
 }
 
+/// The core's apply observer: records each applied entry, and fails the run if an index is applied twice
+/// with different entries (across a restart's replay too).
+fn observe_applied(id: u64, log: AppliedLog) -> shoal_raft::ApplyObserver {
+    Box::new(move |e: &Entry| {
+        let entry = (e.term, digest(&e.data));
+        let mut log = log.lock();
+        if let Some(before) = log.get(&e.index) {
+            assert_eq!(*before, entry, "manager {id} applied index {} twice, differently", e.index);
+        }
+        log.insert(e.index, entry);
+    })
+}
+
 impl Manager {
     /// A manager with an empty disk, not started.
     pub fn new(id: u64, cfg: &ManagerConfig, clock: Arc<ManualClock>, seed: u64) -> Manager {
         Manager { id, clock, run: None, disk: SimStorage::with_voters(cfg.voters.clone()), seed, starts: 0 }
     }
 
-    /// Starts (or restarts) from the disk: recovers the store, builds the raft node.
+    /// Starts (or restarts) from the disk: the core recovers the store and builds the raft node.
     pub fn start(&mut self, cfg: &ManagerConfig, timer: &Arc<ManualTimer>) {
         assert!(self.run.is_none(), "manager {} is already up", self.id);
         self.starts += 1;
         let storage = std::mem::take(&mut self.disk);
         let store = Arc::new(MemoryStore::new(shoal_store::DEFAULT_WATCH_QUEUE_COMMITS));
-        let (mut applied, mut applied_term) = (0, 0);
-        let mut applied_log = BTreeMap::new();
-        let (meta, data) = storage.snapshot_parts();
-        if meta.index > 0 {
-            let snap = decode_snapshot(data).expect("the simulation's snapshots decode");
-            store.restore(meta.index, snap);
-            applied = meta.index;
-            applied_term = meta.term;
-        }
-        let last_snapshot_index = meta.index;
-        let commit = storage.hard_state().commit;
-        if commit > applied {
-            for e in storage.read(applied + 1, commit + 1) {
-                match e.get_entry_type() {
-                    EntryType::EntryNormal => {
-                        let _ = apply_normal(&store, &e);
-                    }
-                    _ => store.advance_index(e.index),
-                }
-                applied_log.insert(e.index, (e.term, digest(&e.data)));
-                applied = e.index;
-                applied_term = e.term;
-            }
-        }
-        let raft_cfg = raft::Config {
-            id: self.id,
-            election_tick: ELECTION_TICK,
-            heartbeat_tick: HEARTBEAT_TICK,
-            applied,
-            max_size_per_msg: 1 << 20,
-            max_inflight_msgs: 256,
-            check_quorum: true,
-            pre_vote: true,
-            ..raft::Config::default()
-        };
-        let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let raw = RawNode::new(&raft_cfg, storage, &logger).expect("raft config is valid");
-        let proposer = Arc::new(SimProposer::new());
+        let applied_log = AppliedLog::default();
+        let outlets = Outlets::new(self.id);
+        let leader = outlets.leader.subscribe();
+        let seed = self.seed.wrapping_add(self.starts);
+        let observer = Some(observe_applied(self.id, applied_log.clone()));
+        let core = Core::open(cfg.raft(self.id), storage, store.clone(), outlets, seed, observer)
+            .expect("the simulated disk recovers");
+        let proposer = Arc::new(SimProposer { queue: Mutex::new(VecDeque::new()), leader });
         let ids = Arc::new(RandomIds::seeded(self.seed ^ self.starts.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
         let state =
             ClusterState::new(store.clone(), proposer.clone(), self.clock.clone(), ids).with_timer(timer.clone());
         let dispatcher = Dispatcher::new(state.clone(), cfg.dispatcher.clone());
-        let rng = StdRng::seed_from_u64(self.seed.wrapping_add(self.starts));
-        let mut run = Running {
-            raw,
+        let rng = StdRng::seed_from_u64(seed);
+        self.run = Some(Running {
+            core,
             store,
             proposer,
             state,
             dispatcher,
-            pending: BTreeMap::new(),
             next_request: self.starts << 40,
-            applied,
-            applied_term,
-            last_snapshot_index,
-            role_term: None,
             rng,
             leader: None,
             rpcs: Vec::new(),
             streams: BTreeMap::new(),
             applied_log,
             last_beat_ok_ms: BTreeMap::new(),
-        };
-        run.reseed_election_timeout();
-        self.run = Some(run);
+        });
     }
 
     /// Crashes: everything but the disk is gone; unsynced writes too when `lose_unsynced`.
     pub fn crash(&mut self, lose_unsynced: bool) {
-        if let Some(run) = self.run.take() {
-            let err = ProposeError::Stopped;
-            for (_, (_, slot)) in run.pending {
-                *slot.lock() = Some(Err(err.clone()));
-            }
-            for (_, slot) in run.proposer.queue.lock().drain(..) {
-                *slot.lock() = Some(Err(err.clone()));
-            }
-            run.proposer.leader.send_modify(|s| s.is_leader = false);
-            self.disk = run.raw.store().crash(lose_unsynced);
+        if let Some(mut run) = self.run.take() {
+            run.core.stop(&ProposeError::Stopped);
+            // Queued writes and reads are answered `Stopped` as their senders drop.
+            run.proposer.queue.lock().clear();
+            self.disk = run.core.storage().crash(lose_unsynced);
         }
     }
 
@@ -295,9 +299,14 @@ impl Manager {
 pub type Outbox = Vec<(crate::net::Endpoint, Msg)>;
 
 impl Running {
+    fn raw(&self) -> &RawNode<SimStorage> {
+        self.core.raw()
+    }
+
     /// Raft's view: role, term, leader.
     pub fn raft_state(&self) -> (StateRole, u64, u64) {
-        (self.raw.raft.state, self.raw.raft.term, self.raw.raft.leader_id)
+        let r = &self.raw().raft;
+        (r.state, r.term, r.leader_id)
     }
 
     /// The leadership the subsystems see.
@@ -307,12 +316,17 @@ impl Running {
 
     /// Commit index.
     pub fn commit(&self) -> u64 {
-        self.raw.raft.raft_log.committed
+        self.raw().raft.raft_log.committed
+    }
+
+    /// Last index applied to the store.
+    pub fn applied(&self) -> u64 {
+        self.core.applied()
     }
 
     /// Raft's state, for failure messages.
     pub fn debug_raft(&self) -> String {
-        let r = &self.raw.raft;
+        let r = &self.raw().raft;
         format!(
             "role {:?} term {} leader {} commit {} last {} first {} snapshot {} pending {} queued {} leading since term {:?}",
             r.state,
@@ -321,8 +335,8 @@ impl Running {
             r.raft_log.committed,
             r.raft_log.last_index(),
             r.raft_log.first_index(),
-            self.last_snapshot_index,
-            self.pending.len(),
+            self.core.last_snapshot_index(),
+            self.core.pending_len(),
             self.proposer.queue.lock().len(),
             self.leader.as_ref().map(|l| l.term)
         )
@@ -330,193 +344,62 @@ impl Running {
 
     /// The leader's progress of `peer`, for failure messages.
     pub fn debug_progress(&self, peer: u64) -> String {
-        match self.raw.raft.prs().get(peer) {
-            Some(p) => format!(
-                "{p:?} (leader first {} last {})",
-                self.raw.raft.raft_log.first_index(),
-                self.raw.raft.raft_log.last_index()
-            ),
+        let raft = &self.raw().raft;
+        match raft.prs().get(peer) {
+            Some(p) => {
+                format!("{p:?} (leader first {} last {})", raft.raft_log.first_index(), raft.raft_log.last_index())
+            }
             None => "no progress".into(),
         }
     }
 
     /// Syncs done by the disk.
     pub fn syncs(&self) -> u64 {
-        self.raw.store().syncs
+        self.core.storage().syncs
     }
 
-    fn reseed_election_timeout(&mut self) {
-        let now = Some((self.raw.raft.state, self.raw.raft.term));
-        if now == self.role_term {
-            return;
-        }
-        self.role_term = now;
-        let t = self.rng.random_range(ELECTION_TICK..2 * ELECTION_TICK);
-        self.raw.raft.set_randomized_election_timeout(t);
-    }
-
-    /// Steps a Raft message from a peer, screened as the driver screens it.
-    pub fn step_raft(&mut self, mut m: Message) {
-        let last = self.raw.raft.raft_log.last_index();
-        if screen_inbound(&mut m, last) {
-            let _ = self.raw.step(m);
-        }
-        self.reseed_election_timeout();
+    /// Steps a Raft message from a peer (screened by the core as the daemon's).
+    pub fn step_raft(&mut self, m: Message) {
+        self.core.step_message(m);
     }
 
     /// What the transport says of a snapshot sent to `peer` (the driver's `Inbound::SnapshotStatus`):
     /// a failed one also makes the peer unreachable, so the leader probes it again.
     pub fn report_snapshot(&mut self, peer: u64, delivered: bool) {
-        if delivered {
-            self.raw.report_snapshot(peer, raft::SnapshotStatus::Finish);
-        } else {
-            self.raw.report_unreachable(peer);
-            self.raw.report_snapshot(peer, raft::SnapshotStatus::Failure);
+        if !delivered {
+            self.core.report_unreachable(peer);
         }
+        self.core.report_snapshot(peer, delivered);
     }
 
     /// One tick of Raft's logical clock.
     pub fn tick(&mut self) {
-        self.raw.tick();
-        self.reseed_election_timeout();
+        self.core.tick();
     }
 
-    /// Appends the queued writes (leader only; others fail `NotLeader`), as the driver's `propose`.
-    pub fn take_proposals(&mut self) {
+    /// Hands the queued writes and read barriers to the core (at most `MAX_PROPOSALS_PER_STEP`), as the
+    /// driver hands its commands; `now_ms` is the simulation's time.
+    pub fn take_proposals(&mut self, now_ms: u64) {
         for _ in 0..MAX_PROPOSALS_PER_STEP {
-            let Some((actions, slot)) = self.proposer.queue.lock().pop_front() else { break };
-            let leader = (self.raw.raft.leader_id != 0).then_some(self.raw.raft.leader_id);
-            if self.raw.raft.state != StateRole::Leader {
-                *slot.lock() = Some(Err(ProposeError::NotLeader { leader }));
-                continue;
-            }
-            self.next_request += 1;
-            let id = self.next_request;
-            let before = self.raw.raft.raft_log.last_index();
-            match self.raw.propose(vec![], encode_request(id, &actions)) {
-                Ok(()) if self.raw.raft.raft_log.last_index() > before => {
-                    self.pending.insert(self.raw.raft.raft_log.last_index(), (id, slot));
+            let Some(queued) = self.proposer.queue.lock().pop_front() else { break };
+            match queued {
+                Queued::Write(actions, done) => {
+                    self.next_request += 1;
+                    let id = self.next_request;
+                    self.core.propose(Proposal { id, data: encode_request(id, &actions), done, appended: None });
                 }
-                Ok(()) => *slot.lock() = Some(Err(ProposeError::Unknown("raft did not append the proposal".into()))),
-                Err(raft::Error::ProposalDropped) => *slot.lock() = Some(Err(ProposeError::NotLeader { leader })),
-                Err(e) => *slot.lock() = Some(Err(ProposeError::Unknown(format!("raft refused the proposal: {e}")))),
+                Queued::Read(done) => self.core.read_index(Duration::from_millis(now_ms), done),
             }
         }
     }
 
-    /// Handles every pending Ready (the driver's `handle_ready`); returns the Raft messages to send.
-    pub fn handle_ready(&mut self, cfg: &ManagerConfig) -> Vec<Message> {
+    /// Handles every pending Ready through the core; returns the Raft messages to send.
+    pub fn handle_ready(&mut self, now_ms: u64) -> Vec<Message> {
         let mut out = Vec::new();
-        while self.raw.has_ready() {
-            let mut rd = self.raw.ready();
-            if !rd.snapshot().is_empty() {
-                self.install_snapshot(rd.snapshot().clone());
-            }
-            self.raw.mut_store().append(rd.entries(), rd.hs());
-            out.extend(rd.take_messages());
-            self.apply(rd.take_committed_entries());
-            out.extend(rd.take_persisted_messages());
-            let mut light = self.raw.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                self.raw.mut_store().set_commit(commit);
-            }
-            out.extend(light.take_messages());
-            self.apply(light.take_committed_entries());
-            self.raw.advance_apply();
-            self.maybe_snapshot(cfg);
-        }
-        self.publish();
+        self.core
+            .handle_ready(Duration::from_millis(now_ms), &mut |msgs| out.extend(msgs))
+            .expect("the simulated disk never fails");
         out
-    }
-
-    fn apply(&mut self, entries: Vec<Entry>) {
-        for e in entries {
-            if e.index <= self.applied {
-                continue;
-            }
-            match e.get_entry_type() {
-                EntryType::EntryNormal => {
-                    let pending = self.pending.remove(&e.index);
-                    let (id, result) = apply_normal(&self.store, &e);
-                    if let Some((want, slot)) = pending {
-                        let answer = if id == Some(want) {
-                            result.map_err(ProposeError::Store)
-                        } else {
-                            Err(ProposeError::Unknown("another leader's entry replaced the proposal".into()))
-                        };
-                        *slot.lock() = Some(answer);
-                    }
-                }
-                // No membership changes in the simulation: the voters are fixed.
-                _ => self.store.advance_index(e.index),
-            }
-            if let Some((term, d)) = self.applied_log.get(&e.index) {
-                assert_eq!(
-                    (*term, *d),
-                    (e.term, digest(&e.data)),
-                    "manager {} applied index {} twice, differently",
-                    self.raw.raft.id,
-                    e.index
-                );
-            }
-            self.applied_log.insert(e.index, (e.term, digest(&e.data)));
-            self.applied = e.index;
-            self.applied_term = e.term;
-        }
-    }
-
-    fn install_snapshot(&mut self, snap: raft::eraftpb::Snapshot) {
-        let meta = snap.get_metadata().clone();
-        let decoded = decode_snapshot(&snap.data).expect("the simulation's snapshots decode");
-        self.raw.mut_store().install_snapshot(meta.clone(), snap.data.to_vec());
-        self.store.restore(meta.index, decoded);
-        self.applied = meta.index;
-        self.applied_term = meta.term;
-        self.last_snapshot_index = meta.index;
-        let stale: Vec<u64> = self.pending.range(..=meta.index).map(|(i, _)| *i).collect();
-        for index in stale {
-            if let Some((_, slot)) = self.pending.remove(&index) {
-                *slot.lock() = Some(Err(ProposeError::Unknown("a snapshot replaced the log".into())));
-            }
-        }
-    }
-
-    fn maybe_snapshot(&mut self, cfg: &ManagerConfig) {
-        if self.applied < self.last_snapshot_index + cfg.snapshot_interval_entries {
-            return;
-        }
-        let (index, snap) = self.store.snapshot();
-        assert_eq!(index, self.applied, "the store is at index {index} but raft applied {}", self.applied);
-        let meta = SnapshotMetadata {
-            index,
-            term: self.applied_term,
-            conf_state: protobuf::SingularPtrField::some(self.raw.store().conf_state().clone()),
-            ..SnapshotMetadata::default()
-        };
-        let through = index.saturating_sub(cfg.log_entries_for_slow_followers);
-        self.raw.mut_store().record_snapshot(meta, encode_snapshot(snap), through);
-        self.last_snapshot_index = index;
-    }
-
-    /// Publishes leadership (the driver's `publish`): the leader counts once it applied an entry of its
-    /// term; losing the role fails the writes in flight.
-    fn publish(&mut self) {
-        let raft = &self.raw.raft;
-        let role_leader = raft.state == StateRole::Leader;
-        let state = LeaderState {
-            is_leader: role_leader && self.applied_term == raft.term,
-            term: raft.term,
-            leader_id: raft.leader_id,
-        };
-        if *self.proposer.leader.borrow() != state {
-            self.proposer.leader.send_replace(state);
-        }
-        if !role_leader && !self.pending.is_empty() {
-            for (_, (_, slot)) in std::mem::take(&mut self.pending) {
-                *slot.lock() =
-                    Some(Err(ProposeError::Unknown("leadership was lost before the write was applied".into())));
-            }
-        }
     }
 
     /// Starts the leader-only loops on gaining leadership, drops them on losing it (as
@@ -555,7 +438,7 @@ impl Running {
             Msg::OpenSession { attempt } => {
                 let d = self.dispatcher.clone();
                 let node = node_id.to_string();
-                let leader = self.raw.raft.leader_id;
+                let leader = self.raw().raft.leader_id;
                 self.rpcs.push(Box::pin(async move {
                     let req = SessionRequest { description: None, session_id: String::new() };
                     let result =
