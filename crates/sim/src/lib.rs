@@ -82,8 +82,10 @@ pub struct Report {
     pub converge_steps: u64,
     /// Requests sent, acknowledged, refused, of unknown outcome.
     pub sent: u64,
-    /// Acknowledged.
+    /// Acknowledged (reads included).
     pub acked: u64,
+    /// Reads through a read barrier that passed (each checked against the acknowledged writes).
+    pub reads: u64,
     /// Unknown outcome.
     pub unknown: u64,
     /// Faults injected.
@@ -608,6 +610,9 @@ impl World {
         if let Some(e) = self.client.ledger.internal_errors.first() {
             return Err(format!("the control API answered an internal error: {e}"));
         }
+        if let Some(e) = self.client.ledger.stale_reads.first() {
+            return Err(format!("a read through a read barrier missed an acknowledged write: {e}"));
+        }
         self.check_slots()
     }
 
@@ -997,6 +1002,7 @@ fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failu
         converge_steps: w.step - heal_start,
         sent: l.sent,
         acked: l.ok,
+        reads: l.reads,
         unknown: l.unknown,
         faults: w.faults,
         terms: w.leaders.len() as u64,

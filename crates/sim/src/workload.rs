@@ -5,6 +5,10 @@
 //! that carries them (index, term, digest, read from the answering manager's applied log), and what might
 //! have happened (an unknown outcome), which the checks must allow.
 //!
+//! Now and then it reads through a read barrier (Raft's ReadIndex) from a manager picked at random, leader
+//! or follower: once the barrier passes, that manager's store must hold every service whose creation was
+//! acknowledged before the read began and that no removal was sent for (`Ledger::stale_reads`).
+//!
 //! Now and then it drains a node (while two others stay active) or makes one active again.
 //! Services are replicated, global, replicated jobs and global jobs; updates change the image (the task
 //! template), the environment, or the replica count (completions for a job), and stop-first or start-first.
@@ -65,6 +69,10 @@ pub struct Ledger {
     pub to_resolve: Vec<(String, u64, u64)>,
     /// Answers that say the store refused what validation let through (`ControlError::Internal`): bugs.
     pub internal_errors: Vec<String>,
+    /// Reads through a read barrier that missed an acknowledged write: bugs.
+    pub stale_reads: Vec<String>,
+    /// Read barriers passed.
+    pub reads: u64,
 }
 
 enum Op {
@@ -73,7 +81,12 @@ enum Op {
     Remove(String),
     /// Drain or activate a node.
     Node(String, bool),
+    /// A read through a read barrier that must see these services (acknowledged, never sent a removal).
+    Read(BTreeSet<String>),
 }
+
+/// What a read found missing: the services it had to see and did not.
+const STALE: &str = "stale read, missing";
 
 struct InFlight {
     op: Op,
@@ -187,7 +200,9 @@ impl Client {
         }
         self.next_at_ms = now_ms + rng.random_range(50..1500);
         let ids: Vec<u64> = states.keys().copied().collect();
-        let manager = if states.contains_key(&self.leader_guess) && rng.random_bool(0.8) {
+        // Reads go to any manager, leader or follower; writes mostly to the one believed to lead.
+        let read = rng.random_bool(0.2);
+        let manager = if !read && states.contains_key(&self.leader_guess) && rng.random_bool(0.8) {
             self.leader_guess
         } else {
             ids[rng.random_range(0..ids.len())]
@@ -197,7 +212,11 @@ impl Client {
         let nodes = controlapi::list_nodes(&state, &Default::default());
         let active =
             |n: &shoal_api::Node| n.spec.as_ref().is_none_or(|s| s.availability == Availability::Active as i32);
-        let op = if !nodes.is_empty() && rng.random_bool(0.05) {
+        let op = if read {
+            Op::Read(
+                self.ledger.created.keys().filter(|id| !self.ledger.maybe_removed.contains(*id)).cloned().collect(),
+            )
+        } else if !nodes.is_empty() && rng.random_bool(0.05) {
             let n = &nodes[rng.random_range(0..nodes.len())];
             // Drain only while at least two other nodes are active.
             let drain = active(n) && nodes.iter().filter(|m| active(m)).count() > 2;
@@ -253,6 +272,20 @@ impl Client {
                 let id = id.clone();
                 Box::pin(async move { controlapi::remove_service(&state, &id).await.map(|_| None) })
             }
+            Op::Read(must_see) => {
+                let must_see = must_see.clone();
+                Box::pin(async move {
+                    state.read_barrier().await.map_err(|e| ControlError::Unavailable(e.to_string()))?;
+                    let seen: BTreeSet<String> =
+                        controlapi::list_services(&state, &Default::default()).iter().map(|s| s.id.clone()).collect();
+                    let missing: Vec<&String> = must_see.difference(&seen).collect();
+                    if missing.is_empty() {
+                        Ok(None)
+                    } else {
+                        Err(ControlError::Internal(format!("{STALE} {missing:?}")))
+                    }
+                })
+            }
             Op::Node(id, drain) => {
                 let node = nodes.iter().find(|n| &n.id == id).expect("listed").clone();
                 let mut spec = node.spec.clone().unwrap_or_default();
@@ -279,11 +312,17 @@ impl Client {
             Op::Update(id) => format!("update {id}"),
             Op::Remove(id) => format!("remove {id}"),
             Op::Node(id, drain) => format!("{} {id}", if *drain { "drain" } else { "activate" }),
+            Op::Read(must_see) => format!("read on manager {} ({} services to see)", f.manager, must_see.len()),
         };
+        if let (Op::Read(_), Ok(_)) = (&f.op, &result) {
+            self.ledger.reads += 1;
+        }
         match result {
             Ok(service) => {
                 self.ledger.ok += 1;
-                self.leader_guess = f.manager;
+                if !matches!(f.op, Op::Read(_)) {
+                    self.leader_guess = f.manager;
+                }
                 // The entry that carried the write: the service's version is its index (create, update);
                 // a removal is checked by the service's absence.
                 if let Some(s) = service {
@@ -298,6 +337,10 @@ impl Client {
             Err(ControlError::Unavailable(m)) => {
                 self.ledger.unknown += 1;
                 format!("{what} unknown: {m}")
+            }
+            Err(ControlError::Internal(m)) if m.starts_with(STALE) => {
+                self.ledger.stale_reads.push(format!("{what}: {m}"));
+                format!("{what}: {m}")
             }
             Err(ControlError::Internal(m)) => {
                 self.ledger.internal_errors.push(format!("{what}: {m}"));
