@@ -8,7 +8,7 @@
 //! reaper leaves such tasks alone (they belong to no service); they go with `DetachNetwork`.
 //!
 //! Callers: workers and managers (the authorization table), identified by their certificate's node ID
-//! (`dispatcher::node_identity`). A node detaches only its own attachments, and only attachments (never a
+//! (`ca::node_identity`). A node detaches only its own attachments, and only attachments (never a
 //! service's task).
 //!
 //! Never accept and drop: requested addresses (`docker run --ip`) and driver options are refused, since the
@@ -26,8 +26,8 @@ use shoal_api::{
 use shoal_store::{Changes, Tables};
 use tonic::{Request, Response, Status};
 
+use crate::ca::node_identity;
 use crate::controlapi::network::{MAX_ALIASES, MAX_ALIAS_BYTES};
-use crate::dispatcher::node_identity;
 use crate::state::{ClusterState, WriteError};
 
 /// The longest container ID accepted (Docker's are 64 hex characters).
@@ -37,11 +37,7 @@ pub const MAX_ATTACHMENTS_PER_NODE: usize = 1024;
 /// The status message of a new attachment task (SwarmKit's).
 pub const CREATED_MESSAGE: &str = "created";
 
-/// True for a network attachment task (made by `AttachNetwork`, of no service).
-pub fn is_attachment_task(t: &Task) -> bool {
-    t.service_id.is_empty()
-        && matches!(t.spec.as_ref().and_then(|s| s.runtime.as_ref()), Some(task_spec::Runtime::Attachment(_)))
-}
+pub use crate::tasks::is_attachment_task;
 
 /// The ResourceAllocator service over a `ClusterState`.
 #[derive(Clone, Debug)]

@@ -91,7 +91,7 @@ pub fn serve(
         .add_service(control)
         .add_service(watch)
         .add_service(
-            shoal_manager::logbroker::LogsService::new(state.clone())
+            shoal_manager::logrpc::LogsService::new(state.clone())
                 .server()
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )

@@ -23,7 +23,7 @@ use shoal_store::{spec_networks, ActionKind, Change, Commit, Object, StoreObject
 
 use super::ipam::{parse_address, AddressPool};
 use super::ports::PortSpace;
-use crate::orchestrator::observed_state;
+use crate::tasks::observed_state;
 
 /// The status message of a task whose attachments are allocated (the scheduler's turn).
 pub const ALLOCATED_MESSAGE: &str = "pending task scheduling";
@@ -525,7 +525,7 @@ impl Allocator {
                 continue;
             }
             // A network attachment (`resourceapi`) has no service and so no endpoint: only its network.
-            let endpoint = if crate::resourceapi::is_attachment_task(t) {
+            let endpoint = if crate::tasks::is_attachment_task(t) {
                 None
             } else {
                 let Some(s) = tables.services().get(&t.service_id) else { continue };

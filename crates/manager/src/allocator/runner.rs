@@ -19,10 +19,10 @@ use tokio::sync::broadcast::error::TryRecvError;
 use tokio::sync::watch;
 
 use super::core::Allocator;
-use crate::orchestrator::observed_state;
-use crate::orchestrator::write::{chunk_actions, MAX_ACTIONS_PER_WRITE};
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
+use crate::tasks::observed_state;
+use crate::write::{chunk_actions, MAX_ACTIONS_PER_WRITE};
 
 /// Most service or task IDs tracked one by one before a pass looks at every service and NEW task.
 pub const MAX_TRACKED_IDS: usize = 10_000;

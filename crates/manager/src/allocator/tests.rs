@@ -144,18 +144,17 @@ impl Fx {
                     .map(|v| format!("{}:{}", v.network_id, v.addr))
                     .collect::<Vec<_>>()
             });
-            let tasks = t
-                .tasks()
-                .iter()
-                .filter(|task| crate::orchestrator::observed_state(task) <= TaskState::Running)
-                .flat_map(|task| {
-                    task.networks
-                        .iter()
-                        .flat_map(|a| {
-                            a.addresses.iter().map(move |x| format!("{}:{x}", a.network.as_ref().unwrap().id))
-                        })
-                        .collect::<Vec<_>>()
-                });
+            let tasks =
+                t.tasks().iter().filter(|task| crate::tasks::observed_state(task) <= TaskState::Running).flat_map(
+                    |task| {
+                        task.networks
+                            .iter()
+                            .flat_map(|a| {
+                                a.addresses.iter().map(move |x| format!("{}:{x}", a.network.as_ref().unwrap().id))
+                            })
+                            .collect::<Vec<_>>()
+                    },
+                );
             vips.chain(tasks).collect()
         })
     }

@@ -457,7 +457,7 @@ pub fn client_cert_revocation_key(serial_hex: &str) -> String {
 
 /// Whether the operator certificate with serial `serial_hex` was revoked (and the entry has not expired).
 pub fn is_client_cert_revoked(cluster: &Cluster, serial_hex: &str, now: SystemTime) -> bool {
-    crate::controlapi::is_blacklisted(cluster, &client_cert_revocation_key(serial_hex), now)
+    is_blacklisted(cluster, &client_cert_revocation_key(serial_hex), now)
 }
 
 /// An operator certificate revoked by `revoke_client_cert`.
@@ -480,8 +480,8 @@ pub async fn revoke_client_cert(
     state: &ClusterState,
     serial: Option<&str>,
     certificate: Option<&str>,
-) -> Result<RevokedClientCert, crate::controlapi::ControlError> {
-    use crate::controlapi::ControlError;
+) -> Result<RevokedClientCert, crate::error::ControlError> {
+    use crate::error::ControlError;
     let cluster =
         cluster(state).ok_or_else(|| ControlError::Unavailable("the cluster is not initialised yet; retry".into()))?;
     let revoked = match (serial.filter(|s| !s.is_empty()), certificate.filter(|c| !c.is_empty())) {
@@ -536,7 +536,7 @@ pub async fn revoke_client_cert(
                 return Ok(());
             }
             let mut next = (**current).clone();
-            next.blacklisted_certificates.retain(|id, _| crate::controlapi::is_blacklisted(current, id, now));
+            next.blacklisted_certificates.retain(|id, _| is_blacklisted(current, id, now));
             next.blacklisted_certificates.insert(key.clone(), entry);
             changes.update(next);
             Ok(())
@@ -544,4 +544,24 @@ pub async fn revoke_client_cert(
         .await?;
     tracing::info!(serial = %revoked.serial, name = ?revoked.name, "revoked an operator client certificate");
     Ok(revoked)
+}
+
+/// Whether node `id`'s certificate is refused: the node was removed and its certificate has not expired.
+pub fn is_blacklisted(cluster: &shoal_api::Cluster, id: &str, now: std::time::SystemTime) -> bool {
+    cluster
+        .blacklisted_certificates
+        .get(id)
+        .is_some_and(|b| b.expiry.and_then(|e| std::time::SystemTime::try_from(e).ok()).is_none_or(|e| e > now))
+}
+
+/// Extracts the caller's node ID: the CN of its verified client certificate, which the authorization layer
+/// put in the request (`ca::PeerIdentity`). The one place that knows where a dispatcher caller's identity
+/// comes from.
+pub fn node_identity<T>(req: &Request<T>) -> Result<String, Status> {
+    match peer_identity(req) {
+        Some(subject) if !subject.node_id.is_empty() => Ok(subject.node_id.clone()),
+        _ => Err(Status::unauthenticated(
+            "no node identity: connect with mutual TLS and the node certificate issued when this node joined",
+        )),
+    }
 }

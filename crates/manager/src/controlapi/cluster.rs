@@ -14,12 +14,12 @@ use std::time::Duration;
 use shoal_api::{Cluster, ClusterSpec};
 use shoal_store::{Changes, StoreObject, Tables};
 
-use super::limits::{
+use super::ControlError;
+use crate::limits::{
     check_count, check_duration, human, invalid, MAX_HEARTBEAT_PERIOD, MAX_KEEP_OLD_SNAPSHOTS,
     MAX_LOG_ENTRIES_FOR_SLOW_FOLLOWERS, MAX_NODE_CERT_EXPIRY, MAX_RAFT_ELECTION_TICK, MAX_RAFT_HEARTBEAT_TICK,
     MAX_SNAPSHOT_INTERVAL, MAX_TASK_HISTORY, MIN_HEARTBEAT_PERIOD,
 };
-use super::ControlError;
 use crate::state::ClusterState;
 
 /// The shortest node certificate lifetime accepted (SwarmKit's minimum).

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use shoal_api::{Config, ConfigSpec};
 use shoal_store::{Changes, StoreObject, Tables};
 
-use super::limits::{invalid, MAX_CONFIG_DATA_BYTES};
 use super::references::services_using;
 use super::secret::{
     in_use, name_taken, only_labels, out_of_sequence, validate_annotations, validate_labels, validate_templating,
     SecretFilters,
 };
 use super::{resolve, ControlError};
+use crate::limits::{invalid, MAX_CONFIG_DATA_BYTES};
 use crate::state::ClusterState;
 
 /// Which configs to list: the same filters as secrets.

@@ -659,7 +659,7 @@ pub async fn remove_network(state: &ClusterState, reference: &str) -> Result<(),
             // `docker stack rm` does just before it removes the stack's networks) does not, as in SwarmKit:
             // the allocator drops the network's pool and the task's address goes with it.
             let holder = t.tasks().iter().find(|task| {
-                crate::orchestrator::observed_state(task) <= shoal_api::TaskState::Running
+                crate::tasks::observed_state(task) <= shoal_api::TaskState::Running
                     && task.desired_state < shoal_api::TaskState::Shutdown as i32
                     && task.networks.iter().any(|a| a.network.as_ref().is_some_and(|x| x.id == n.id))
             });

@@ -9,6 +9,7 @@ use shoal_api::{node_spec, node_status, Node, NodeRole, NodeSpec};
 use shoal_store::{Changes, StoreObject, Tables};
 
 use super::{any_prefix, labels_match, resolve, ControlError};
+use crate::ca::is_blacklisted;
 use crate::state::ClusterState;
 
 /// The name a node goes by: its spec name, else its hostname.
@@ -137,7 +138,7 @@ pub async fn update_node(
     version: u64,
     spec: NodeSpec,
 ) -> Result<Node, ControlError> {
-    super::limits::check_node_spec(&spec)?;
+    crate::limits::check_node_spec(&spec)?;
     let now = state.now();
     let (id, _) = state
         .write(|t: &Tables, c: &mut Changes| {
@@ -235,7 +236,7 @@ pub async fn remove_node(state: &ClusterState, reference: &str, force: bool) -> 
             // As SwarmKit's RemoveNode: the node's network attachment tasks (containers of its own engine on
             // attachable networks, at most `MAX_ATTACHMENTS_PER_NODE`) go with it, and the allocator frees
             // their addresses when it sees them removed (the node's own attachments go with the node).
-            for task in t.tasks().by_node(&node.id).filter(|t| crate::resourceapi::is_attachment_task(t)) {
+            for task in t.tasks().by_node(&node.id).filter(|t| crate::tasks::is_attachment_task(t)) {
                 c.remove(task.clone());
             }
             c.remove(node.clone());
@@ -253,12 +254,4 @@ fn node_cert_not_after(n: &Node) -> Option<std::time::SystemTime> {
     let pem = &n.certificate.as_ref()?.certificate;
     let chain = shoal_ca::parse_cert_pem_chain(pem).ok()?;
     shoal_ca::parse_cert(chain.first()?).ok().map(|i| i.not_after)
-}
-
-/// Whether node `id`'s certificate is refused: the node was removed and its certificate has not expired.
-pub fn is_blacklisted(cluster: &shoal_api::Cluster, id: &str, now: std::time::SystemTime) -> bool {
-    cluster
-        .blacklisted_certificates
-        .get(id)
-        .is_some_and(|b| b.expiry.and_then(|e| std::time::SystemTime::try_from(e).ok()).is_none_or(|e| e > now))
 }

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 use shoal_api::{config_reference, secret_reference, ContainerSpec, FileTarget};
 use shoal_store::Tables;
 
-use super::limits::{invalid, MAX_REFERENCES_PER_SERVICE, MAX_TARGET_NAME_BYTES};
 use super::ControlError;
+use crate::limits::{invalid, MAX_REFERENCES_PER_SERVICE, MAX_TARGET_NAME_BYTES};
 
 /// Names of the services whose container spec `uses` (the current spec; a previous spec is not run unless
 /// rolled back to, which checks its references again), sorted.

@@ -22,9 +22,9 @@ use shoal_api::{Annotations, Driver, Secret, SecretSpec};
 use shoal_store::{Changes, StoreObject, Tables};
 use subtle::ConstantTimeEq;
 
-use super::limits::{invalid, MAX_SECRET_DATA_BYTES, MAX_SECRET_LABEL_BYTES, MAX_SECRET_NAME_LEN};
 use super::references::services_using;
 use super::{any_prefix, labels_match, resolve, ControlError};
+use crate::limits::{invalid, MAX_SECRET_DATA_BYTES, MAX_SECRET_LABEL_BYTES, MAX_SECRET_NAME_LEN};
 use crate::state::ClusterState;
 
 /// The only templating driver there is (Go's `text/template` syntax, as SwarmKit's `template` package).

@@ -6,9 +6,9 @@ use shoal_api::{
 };
 use shoal_store::StoreObject;
 
-use super::limits::{MAX_CONFIG_DATA_BYTES, MAX_SECRET_DATA_BYTES};
 use super::tests::{cluster, spec};
 use super::*;
+use crate::limits::{MAX_CONFIG_DATA_BYTES, MAX_SECRET_DATA_BYTES};
 
 fn ann(name: &str, labels: &[(&str, &str)]) -> Option<Annotations> {
     Some(Annotations {

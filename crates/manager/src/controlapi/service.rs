@@ -7,16 +7,16 @@ use std::sync::Arc;
 use shoal_api::{service_spec, task_spec, Service, ServiceSpec, TaskState, Version};
 use shoal_store::{Changes, ServiceTotals, StoreObject, Tables};
 
-use super::limits::{
+use super::references::{resolve_references, validate_references};
+use super::{any_prefix, find_service, labels_match, ControlError};
+use crate::limits::{
     check_cluster_totals, check_count, check_duration, check_spec_size, invalid, MAX_HEALTH_DURATION,
     MAX_HEALTH_RETRIES, MAX_PIDS_LIMIT, MAX_POLICY_DURATION, MAX_REPLICAS, MAX_RESTART_ATTEMPTS, MAX_STOP_GRACE_PERIOD,
     MIN_HEALTH_DURATION,
 };
-use super::references::{resolve_references, validate_references};
-use super::{any_prefix, find_service, labels_match, ControlError};
-use crate::orchestrator::write::{MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
 use crate::scheduler::constraint;
 use crate::state::ClusterState;
+use crate::write::{MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
 use shoal_api::prost::Message;
 use shoal_store::ACTION_OVERHEAD_BYTES;
 
@@ -608,7 +608,7 @@ pub fn service_status(tables: &Tables, service: &Service) -> ServiceStatus {
 /// Placement preferences: at most `MAX_PLACEMENT_PREFERENCES`, each a spread over `node.labels.<name>` or
 /// `engine.labels.<name>` (the scheduler's decision tree groups nodes by nothing else).
 fn check_preferences(prefs: &[shoal_api::PlacementPreference]) -> Result<(), ControlError> {
-    use super::limits::MAX_PLACEMENT_PREFERENCES;
+    use crate::limits::MAX_PLACEMENT_PREFERENCES;
     if prefs.len() > MAX_PLACEMENT_PREFERENCES {
         return Err(invalid(format!(
             "Placement.Preferences: {} preferences; at most {MAX_PLACEMENT_PREFERENCES} are allowed",
@@ -630,7 +630,7 @@ fn check_preferences(prefs: &[shoal_api::PlacementPreference]) -> Result<(), Con
 /// task cannot ask for one by name, as in SwarmKit), at most `MAX_GENERIC_RESERVATIONS` kinds of at most
 /// `MAX_GENERIC_UNITS` units each.
 fn check_generic_reservations(generic: &[shoal_api::GenericResource]) -> Result<(), ControlError> {
-    use super::limits::{MAX_GENERIC_RESERVATIONS, MAX_GENERIC_UNITS};
+    use crate::limits::{MAX_GENERIC_RESERVATIONS, MAX_GENERIC_UNITS};
     use shoal_api::generic_resource::Resource;
     const FIELD: &str = "Resources.Reservations.GenericResources";
     if generic.len() > MAX_GENERIC_RESERVATIONS {

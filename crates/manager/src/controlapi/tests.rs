@@ -109,7 +109,7 @@ const I64_MAX_NS_SECS: i64 = i64::MAX / 1_000_000_000;
 
 #[test]
 fn counts_durations_and_sizes_are_bounded_and_the_error_names_the_limit() {
-    use super::limits::*;
+    use crate::limits::*;
     let ok = |mutate: &dyn Fn(&mut ServiceSpec)| {
         let mut s = spec("web", 1);
         mutate(&mut s);
@@ -403,7 +403,7 @@ async fn remove_service_marks_its_tasks_for_removal_in_the_same_write() {
 
 #[tokio::test]
 async fn removing_a_service_with_more_tasks_than_one_write_holds_is_one_bounded_write() {
-    use crate::orchestrator::write::MAX_ACTIONS_PER_WRITE;
+    use crate::write::MAX_ACTIONS_PER_WRITE;
     let (state, _) = cluster();
     let web = create_service(&state, spec("web", 1500)).await.unwrap();
     let mut c = Changes::new();
@@ -676,7 +676,7 @@ fn set_image_args(s: &mut ServiceSpec) {
 
 #[tokio::test]
 async fn the_whole_cluster_s_tasks_are_bounded_across_services() {
-    use crate::controlapi::limits::MAX_CLUSTER_TASKS;
+    use crate::limits::MAX_CLUSTER_TASKS;
     let (state, _) = cluster();
     // Four services of 250,000 replicas reach the bound exactly; one more task anywhere is refused.
     for i in 0..4 {

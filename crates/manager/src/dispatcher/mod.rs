@@ -13,7 +13,7 @@
 //! a request carries at most `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates
 //! (a single larger request forms its own batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
 //!
-//! What a node reports is bounded before anything is written (`controlapi::limits`): its description
+//! What a node reports is bounded before anything is written (`limits`): its description
 //! (`MAX_NODE_DESCRIPTION_BYTES` and its parts' counts) and each task status (`MAX_TASK_STATUS_BYTES`); a
 //! session writes the node only when its object would change, and at most as often as `registrations`
 //! allows, so a worker re-registering in a loop cannot fill the Raft log.
@@ -58,9 +58,10 @@ pub use heartbeats::Heartbeats;
 pub use managers::{manager_peers, session_info, touches_managers, touches_session_info, SessionInfo, MANAGER_WEIGHT};
 pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 
-use crate::orchestrator::write::chunk_actions;
+use crate::ca::node_identity;
 use crate::state::{ClusterState, WriteError};
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
+use crate::write::chunk_actions;
 
 /// gRPC metadata key carrying a caller's claimed node ID: read only by `insecure_identity_from_metadata`
 /// (in-process tests); real nodes are identified by their certificate.
@@ -71,7 +72,7 @@ pub const STREAM_CHANNEL_MESSAGES: usize = 16;
 pub const ASSIGNMENT_BATCH_MAX_CHANGES: usize = 1000;
 /// Queued commits are added to an INCREMENTAL message only while it holds less than this many encoded
 /// bytes (each task carries its spec; agents decode messages of up to 64 MiB). One commit's changes always
-/// go whole, and a commit holds at most 4 MiB of writes (`orchestrator::write::MAX_BYTES_PER_WRITE`).
+/// go whole, and a commit holds at most 4 MiB of writes (`write::MAX_BYTES_PER_WRITE`).
 pub const ASSIGNMENT_BATCH_MAX_BYTES: usize = 16 << 20;
 /// Most status requests queued for the flusher; further callers wait.
 pub const STATUS_QUEUE_REQUESTS: usize = 1024;
@@ -160,18 +161,6 @@ impl std::fmt::Debug for Dispatcher {
     }
 }
 
-/// Extracts the caller's node ID: the CN of its verified client certificate, which the authorization layer
-/// put in the request (`ca::PeerIdentity`). The one place that knows where a dispatcher caller's identity
-/// comes from.
-pub fn node_identity<T>(req: &Request<T>) -> Result<String, Status> {
-    match crate::ca::peer_identity(req) {
-        Some(subject) if !subject.node_id.is_empty() => Ok(subject.node_id.clone()),
-        _ => Err(Status::unauthenticated(
-            "no node identity: connect with mutual TLS and the node certificate issued when this node joined",
-        )),
-    }
-}
-
 /// The interceptor type of `Dispatcher::grpc_service_trusting_metadata_for_tests`.
 pub type MetadataInterceptor = fn(Request<()>) -> Result<Request<()>, Status>;
 
@@ -242,14 +231,14 @@ impl Dispatcher {
     }
 
     /// The LogBroker gRPC service of this manager's log broker, served next to the dispatcher.
-    pub fn log_broker_service(&self) -> crate::logbroker::LogBrokerServer {
-        self.state.logs.grpc_service()
+    pub fn log_broker_service(&self) -> crate::logrpc::LogBrokerServer {
+        crate::logrpc::LogBrokerService::server(self.state.logs.clone())
     }
 
     /// The Logs gRPC service (`SubscribeLogs`, how follower managers read the leader's logs), served next
     /// to the dispatcher.
-    pub fn logs_service(&self) -> crate::logbroker::LogsServer {
-        crate::logbroker::LogsService::new(self.state.clone()).server()
+    pub fn logs_service(&self) -> crate::logrpc::LogsServer {
+        crate::logrpc::LogsService::new(self.state.clone()).server()
     }
 
     /// Shoal's own `shoal.v1.NetworkView` service over this manager's store (`netview`), served next to the
@@ -358,7 +347,7 @@ impl Dispatcher {
     /// refusal.
     async fn register_node(&self, node_id: &str, req: &SessionRequest, addr: String) -> Result<(), Status> {
         if let Some(d) = &req.description {
-            crate::controlapi::limits::check_node_description(d).map_err(|e| {
+            crate::limits::check_node_description(d).map_err(|e| {
                 tracing::warn!(node = %node_id, "session refused: {e}");
                 Status::invalid_argument(e.to_string())
             })?;
@@ -612,7 +601,7 @@ impl Dispatcher {
         // Every status within its bounds, or none of the request is taken.
         for u in &req.updates {
             if let Some(status) = &u.status {
-                crate::controlapi::limits::check_task_status(&u.task_id, status).map_err(|e| {
+                crate::limits::check_task_status(&u.task_id, status).map_err(|e| {
                     tracing::warn!(node = %node_id, "status updates refused: {e}");
                     Status::invalid_argument(e.to_string())
                 })?;

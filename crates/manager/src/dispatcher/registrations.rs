@@ -3,7 +3,7 @@
 //! `REGISTRATION_REFILL_MS`. A session that would write with an empty bucket is refused (the agent retries
 //! later); a session that changes nothing writes nothing and takes no token. This bounds what one worker can
 //! put in the Raft log by re-registering: at most `REGISTRATION_BURST` + one per refill period writes of at
-//! most `controlapi::limits::MAX_NODE_DESCRIPTION_BYTES` each.
+//! most `limits::MAX_NODE_DESCRIPTION_BYTES` each.
 //!
 //! Times are milliseconds of the dispatcher's monotonic timer, passed in; no clock reads, no IO. The map
 //! holds one entry per node that wrote recently: entries whose bucket is full again are dropped when the

@@ -643,7 +643,7 @@ fn node_version(h: &Harness, id: &str) -> Option<u64> {
 
 #[tokio::test]
 async fn descriptions_are_bounded_written_only_when_changed_and_rate_limited() {
-    use crate::controlapi::limits::{MAX_ENGINE_LABEL_BYTES, MAX_NODE_DESCRIPTION_BYTES};
+    use crate::limits::{MAX_ENGINE_LABEL_BYTES, MAX_NODE_DESCRIPTION_BYTES};
     use registrations::{REGISTRATION_BURST, REGISTRATION_REFILL_MS};
     let h = harness().await;
     let mut client = h.client().await;

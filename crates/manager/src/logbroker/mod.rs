@@ -12,8 +12,10 @@
 //! `SUBSCRIBER_QUEUE` batches wait per subscriber (publishers wait for a slow subscriber: backpressure to
 //! the agent, whose batches are bounded in lines and bytes); a subscription without `follow` that hears
 //! nothing from its remaining nodes for `SILENT_NODES_TIMEOUT` ends (a node that listens and never
-//! answers, or is stuck, cannot hold every `docker service logs` open). Must not depend on HTTP or
-//! executors.
+//! answers, or is stuck, cannot hold every `docker service logs` open). Its gRPC faces are in `logrpc`.
+//!
+//! Must not depend on HTTP, executors, gRPC servers or any other module of this crate: `ClusterState`
+//! holds a broker.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -24,19 +26,9 @@ use std::task::{Context, Poll};
 
 use futures::Stream;
 use parking_lot::Mutex;
-use shoal_api::log_broker_server::LogBroker as LogBrokerRpc;
-use shoal_api::{
-    ListenSubscriptionsRequest, LogMessage, LogSelector, LogSubscriptionOptions, PublishLogsMessage,
-    PublishLogsResponse, SubscriptionMessage,
-};
+use shoal_api::{LogMessage, LogSelector, LogSubscriptionOptions, PublishLogsMessage, SubscriptionMessage};
 use tokio::sync::mpsc;
-use tonic::{Request, Response, Status, Streaming};
-
-mod subscribe;
-pub use subscribe::{LogsServer, LogsService};
-
-/// The LogBroker gRPC server type.
-pub type LogBrokerServer = shoal_api::log_broker_server::LogBrokerServer<LogBrokerService>;
+use tonic::Status;
 
 /// Subscription messages queued per connected node.
 pub const LISTENER_QUEUE: usize = 64;
@@ -297,44 +289,6 @@ impl LogBroker {
             }
         }
         Ok(())
-    }
-
-    /// The LogBroker gRPC service over this broker.
-    pub fn grpc_service(&self) -> LogBrokerServer {
-        LogBrokerServer::new(LogBrokerService(self.clone()))
-    }
-}
-
-/// The gRPC face of the broker: nodes listen and publish.
-#[derive(Debug, Clone)]
-pub struct LogBrokerService(LogBroker);
-
-#[tonic::async_trait]
-impl LogBrokerRpc for LogBrokerService {
-    type ListenSubscriptionsStream = ListenerStream;
-
-    async fn listen_subscriptions(
-        &self,
-        req: Request<ListenSubscriptionsRequest>,
-    ) -> Result<Response<ListenerStream>, Status> {
-        let node = crate::dispatcher::node_identity(&req)?;
-        Ok(Response::new(self.0.listen(&node)))
-    }
-
-    async fn publish_logs(
-        &self,
-        req: Request<Streaming<PublishLogsMessage>>,
-    ) -> Result<Response<PublishLogsResponse>, Status> {
-        let node = crate::dispatcher::node_identity(&req)?;
-        let mut stream = req.into_inner();
-        while let Some(msg) = stream.message().await? {
-            let close = msg.close;
-            self.0.publish(&node, msg).await?;
-            if close {
-                break;
-            }
-        }
-        Ok(Response::new(PublishLogsResponse {}))
     }
 }
 

@@ -90,7 +90,7 @@ impl NetworkView for NetworkViewService {
     type WatchStream = Pin<Box<dyn Stream<Item = Result<NodeNetworkView, Status>> + Send + 'static>>;
 
     async fn watch(&self, req: Request<NetworkViewRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let node_id = crate::dispatcher::node_identity(&req)?;
+        let node_id = crate::ca::node_identity(&req)?;
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(stream_views(self.state.clone(), node_id, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

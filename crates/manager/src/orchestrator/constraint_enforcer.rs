@@ -32,12 +32,12 @@ use shoal_api::{generic_resource, GenericResource, Node, Task, TaskState};
 use shoal_store::{ActionKind, Changes, Object, Tables, WatchError};
 use tokio::sync::watch;
 
-use super::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 use super::{created_ms, observed_state};
 use crate::scheduler::constraint;
 use crate::scheduler::nodeinfo::Amount;
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
+use crate::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 
 /// The status message of a task the enforcer rejected.
 pub const REJECTED_MESSAGE: &str = "task rejected by constraint enforcer";

@@ -22,7 +22,6 @@ mod replicated_loop;
 pub mod restart;
 pub mod taskreaper;
 pub mod update;
-pub(crate) mod write;
 
 #[cfg(test)]
 pub(crate) mod fixture;
@@ -43,6 +42,8 @@ pub use replicated::{reconcile_service, remove_service_tasks, Reconciled};
 pub use replicated_loop::{GlobalOrchestrator, JobsOrchestrator, ReplicatedOrchestrator};
 pub use taskreaper::TaskReaper;
 
+pub use crate::tasks::{created_ms, observed_state, status_ms};
+
 use crate::subsystem::Subsystem;
 
 /// The leader-only orchestration subsystems: the replicated and global orchestrators (each with the
@@ -57,21 +58,6 @@ pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
         Box::new(ConstraintEnforcer),
         Box::new(rebalance::Rebalancer),
     ]
-}
-
-/// The task's observed state (`status.state`), `New` when it has no status.
-pub fn observed_state(t: &Task) -> TaskState {
-    t.status.as_ref().map(|s| s.state()).unwrap_or(TaskState::New)
-}
-
-/// When the task was created, in ms since the epoch (0 when unknown).
-pub fn created_ms(t: &Task) -> u64 {
-    t.meta.as_ref().and_then(|m| m.created_at.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
-}
-
-/// The time of the task's last status change, in ms since the epoch (0 when unknown).
-pub fn status_ms(t: &Task) -> u64 {
-    t.status.as_ref().and_then(|s| s.timestamp.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
 }
 
 /// True when the node is gone from the store or marked DOWN: its tasks will not report again.

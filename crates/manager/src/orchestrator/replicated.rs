@@ -13,7 +13,7 @@
 //!    slot number first. One pass creates at most `MAX_NEW_TASKS_PER_PASS` tasks and
 //!    `MAX_NEW_TASK_BYTES_PER_PASS` bytes of them (each task holds a copy of the spec); their commit
 //!    triggers the next pass, so a large service fills in steps with bounded memory. N is clamped to
-//!    `controlapi::limits::MAX_REPLICAS`: the API refuses more, but a spec stored by an older version may
+//!    `limits::MAX_REPLICAS`: the API refuses more, but a spec stored by an older version may
 //!    ask for more; such a service runs `MAX_REPLICAS` tasks, says so in its `UpdateStatus.Message`
 //!    (`CLAMPED_MESSAGE`), and can be updated or removed as any other.
 //! 4. Rolling update (`update`): tasks whose spec differs from the service's are replaced in batches.
@@ -30,7 +30,7 @@ use shoal_api::service_spec::Mode;
 use shoal_api::{Meta, Service, Task, TaskState, TaskStatus, Version};
 use shoal_store::{Changes, IdSource, StoreObject, Tables};
 
-use crate::controlapi::limits::MAX_REPLICAS;
+use crate::limits::MAX_REPLICAS;
 
 use super::{history_key, node_is_down, node_is_drained, observed_state, restart, task_is_live, update};
 

@@ -30,9 +30,9 @@ use tokio::sync::watch;
 use super::global::{is_global, reconcile_global};
 use super::jobs::{is_global_job, is_job, reconcile_job};
 use super::replicated::{reconcile_service, remove_service_tasks, replicas, Reconciled};
-use super::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
+use crate::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 
 /// Most commits drained from the watch queue before a pass.
 pub const MAX_EVENTS_PER_BATCH: usize = 10_000;
@@ -361,7 +361,7 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
                                 tracing::info!(service = %id, "service mode is not replicated; the replicated orchestrator leaves it alone");
                             }
                             let wanted = replicas(s).unwrap_or(0);
-                            if wanted > crate::controlapi::limits::MAX_REPLICAS && ls.logged_modes.insert(id.clone()) {
+                            if wanted > crate::limits::MAX_REPLICAS && ls.logged_modes.insert(id.clone()) {
                                 tracing::warn!(service = %id, "{}", super::replicated::clamped_message(wanted));
                             }
                             reconcile_service(t, s, now, state.ids.as_ref())

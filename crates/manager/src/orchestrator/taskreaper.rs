@@ -22,10 +22,10 @@ use shoal_api::{Task, TaskState};
 use shoal_store::{ActionKind, Changes, Object, Tables, WatchError};
 use tokio::sync::watch;
 
-use super::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 use super::{history_key, observed_state};
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
+use crate::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 
 /// History kept per slot when the cluster sets none (SwarmKit's default).
 pub const DEFAULT_RETENTION_LIMIT: usize = 5;

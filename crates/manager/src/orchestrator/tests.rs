@@ -553,7 +553,7 @@ fn big_service(id: &str, replicas: u64, label_bytes: usize) -> shoal_api::Servic
 
 #[test]
 fn a_stored_replica_count_over_the_limit_is_clamped_filled_in_bounded_steps_and_removable() {
-    use crate::controlapi::limits::MAX_REPLICAS;
+    use crate::limits::MAX_REPLICAS;
     use replicated::{clamped_message, MAX_NEW_TASKS_PER_PASS};
     let fx = Fx::new();
     // As an older version would have stored it: the control API refuses this now.
@@ -593,8 +593,8 @@ fn big_tasks_are_created_within_the_byte_bound_per_pass() {
 
 #[tokio::test]
 async fn writes_are_split_to_stay_under_the_byte_bound() {
+    use crate::write::{chunk_actions, propose_grouped, MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
     use shoal_store::StoreObject;
-    use write::{chunk_actions, propose_grouped, MAX_ACTIONS_PER_WRITE, MAX_BYTES_PER_WRITE};
     let fx = Fx::new();
     fx.create(big_service("s1", 5, 1_500_000));
     let changes = fx.view(|t| {

@@ -56,8 +56,8 @@ pub use nodeset::NodeSet;
 pub use preferences::PreferenceTree;
 pub use runner::SchedulerLoop;
 
-use crate::orchestrator::observed_state;
 use crate::subsystem::Subsystem;
+use crate::tasks::observed_state;
 
 /// The status message of a task the scheduler placed.
 pub const ASSIGNED_MESSAGE: &str = "scheduler assigned task to node";

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use shoal_api::node_spec::Availability;
 use shoal_api::{generic, generic_resource, node_status, GenericResource, Node, Task};
 
-use crate::orchestrator::observed_state;
+use crate::tasks::observed_state;
 
 /// CPU and memory, as in `Resources` (nano CPUs, bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -26,10 +26,10 @@ use tokio::sync::broadcast::error::TryRecvError;
 use tokio::sync::watch;
 
 use super::{is_schedulable, NodeSet, PendingTasks, Scheduler};
-use crate::orchestrator::observed_state;
-use crate::orchestrator::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
+use crate::tasks::observed_state;
+use crate::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 
 /// Most commits collected before a pass.
 pub const MAX_EVENTS_PER_BATCH: usize = 10_000;

@@ -16,7 +16,7 @@ use shoal_api::prost::Message;
 use shoal_api::prost_types::Duration as ProtoDuration;
 use shoal_api::ServiceSpec;
 
-use super::ControlError;
+use crate::error::ControlError;
 
 /// Most replicas of one replicated service. SwarmKit has no bound; one manager holds every task in memory
 /// and sends each to an agent, at about 3.1 KiB of resident memory per task (`shoal-bench memory --tasks

@@ -5,7 +5,8 @@
 //! larger than the byte bound goes alone (the control API refuses specs whose tasks would not fit a
 //! proposal). A key whose changes failed is reported back, so its owner can re-read and retry.
 //!
-//! Shared by the orchestrator, the reaper and the scheduler loops. Must not depend on their logic.
+//! Shared by the orchestrators, the reaper, the scheduler, the allocator, the dispatcher and the control API.
+//! Must not depend on any of them: only on the store and `ClusterState`.
 
 use shoal_raft::ProposeError;
 use shoal_store::{Action, Changes};
