@@ -6,7 +6,6 @@
 //! each written atomically (tmp file, fsync, rename) with mode 0600. Nothing here logs key material or
 //! tokens. Must not know the store or Raft: it speaks only the CA and NodeCA gRPC protocol.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -116,10 +115,7 @@ impl NodeCerts {
     }
 }
 
-/// `<state dir>/certificates`.
-pub fn certs_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("certificates")
-}
+pub use crate::statedir::certs_dir;
 
 const ROOT_FILE: &str = "swarm-root-ca.crt";
 const CERT_FILE: &str = "swarm-node.crt";
@@ -162,23 +158,7 @@ pub fn load_certs(state_dir: &Path) -> Result<Option<NodeCerts>, JoinError> {
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), JoinError> {
-    replace_private(path, "tmp", bytes).map_err(|(p, e)| io_err(&p)(e))
-}
-
-/// Replaces `path` with `bytes` atomically: written (mode 0600) and synced to `path` with extension
-/// `tmp_ext`, then renamed over it. The error names the file that failed. The caller syncs the directory.
-pub(crate) fn replace_private(path: &Path, tmp_ext: &str, bytes: &[u8]) -> Result<(), (PathBuf, std::io::Error)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension(tmp_ext);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
-        .map_err(|e| (tmp.clone(), e))?;
-    std::fs::rename(&tmp, path).map_err(|e| (path.to_path_buf(), e))
+    crate::statedir::replace_private(path, "tmp", bytes).map_err(|(p, e)| io_err(&p)(e))
 }
 
 /// Writes the certificate files durably, mode 0600 in a 0700 directory. Each file is replaced atomically;

@@ -18,12 +18,14 @@ pub mod join;
 pub mod leader_logs;
 pub mod lifecycle;
 pub mod lock;
+mod locked;
 pub mod metrics_listener;
 mod raft_member;
 mod raft_status;
 pub mod security;
 mod services;
 pub mod socket_path_names;
+mod statedir;
 pub mod source_limits;
 mod swarmkit_socket;
 pub mod tls;
@@ -801,10 +803,10 @@ async fn run_member(
             Some(key) => lock::unlock(&cfg.state_dir, &key.0).map_err(|e| {
                 NodeError::Security(format!("cannot unlock this manager with the given unlock key: {e}"))
             })?,
-            None => match lock::serve_until_unlocked(cfg, stop.as_mut(), session).await? {
-                lock::LockedExit::Unlocked => {}
-                lock::LockedExit::Stopped => return Ok(MemberExit::Stopped),
-                lock::LockedExit::Left(p) => return Ok(MemberExit::Left(p)),
+            None => match locked::serve_until_unlocked(cfg, stop.as_mut(), session).await? {
+                locked::LockedExit::Unlocked => {}
+                locked::LockedExit::Stopped => return Ok(MemberExit::Stopped),
+                locked::LockedExit::Left(p) => return Ok(MemberExit::Left(p)),
             },
         }
     }

@@ -83,14 +83,14 @@ pub fn load_record(state_dir: &Path) -> Result<SwarmRecord, NodeError> {
 fn store_record(state_dir: &Path, r: &SwarmRecord) -> Result<(), NodeError> {
     let p = record_path(state_dir);
     let bytes = serde_json::to_vec(r).expect("serializes");
-    crate::join::replace_private(&p, "tmp", &bytes).map_err(|(p, e)| NodeError::io(&p, e))
+    crate::statedir::replace_private(&p, "tmp", &bytes).map_err(|(p, e)| NodeError::io(&p, e))
 }
 
 /// Whether the state dir holds any cluster state (an identity, certificates or Raft data).
 fn has_cluster_state(state_dir: &Path) -> Result<bool, NodeError> {
     Ok(crate::identity::load(state_dir)?.is_some()
         || shoal_raft::RaftNode::has_existing_state(state_dir)
-        || crate::join::certs_dir(state_dir).exists())
+        || crate::statedir::certs_dir(state_dir).exists())
 }
 
 /// Whether this start waits for init or join (see the module doc); also takes the addresses of the last

@@ -31,7 +31,7 @@ use base64::Engine as _;
 use parking_lot::{Mutex, MutexGuard};
 use shoal_ca::encryption::{looks_sealed, open, seal, EncryptionError};
 use shoal_ca::{SecretKey, UnlockKey};
-use shoal_engine_api::locked::{UnlockError, Unlocker};
+use shoal_engine_api::locked::UnlockError;
 use shoal_raft::encryption::{dek_file_bytes, read_dek_file, write_dek_file, DataKeys, DekFile};
 use shoal_store::{MemoryStore, Object};
 use tokio::sync::watch;
@@ -114,7 +114,7 @@ fn unwrap_pem(kek: &SecretKey, text: &str) -> Result<String, EncryptionError> {
 }
 
 fn tls_key_path(state_dir: &Path) -> PathBuf {
-    crate::join::certs_dir(state_dir).join("swarm-node.key")
+    crate::statedir::certs_dir(state_dir).join("swarm-node.key")
 }
 
 fn security(e: impl std::fmt::Display) -> NodeError {
@@ -300,7 +300,7 @@ fn fsync_dir(dir: &Path) -> Result<(), NodeError> {
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
-    crate::join::replace_private(path, "rewrap.tmp", bytes).map_err(|(p, e)| NodeError::io(&p, e))?;
+    crate::statedir::replace_private(path, "rewrap.tmp", bytes).map_err(|(p, e)| NodeError::io(&p, e))?;
     fsync_dir(path.parent().expect("a key file has a directory"))
 }
 
@@ -351,75 +351,6 @@ pub(crate) async fn watch_cluster_unlock_key(
     }
 }
 
-/// The node side of `POST /swarm/unlock` on the locked socket.
-struct StateDirUnlocker {
-    state_dir: PathBuf,
-    unlocked: watch::Sender<bool>,
-}
-
-impl Unlocker for StateDirUnlocker {
-    fn unlock(&self, key: &str) -> Result<(), UnlockError> {
-        unlock(&self.state_dir, key)?;
-        tracing::info!("unlocked");
-        self.unlocked.send_replace(true);
-        Ok(())
-    }
-}
-
-/// How waiting in the locked state ended.
-pub(crate) enum LockedExit {
-    /// The right key was given: start normally.
-    Unlocked,
-    /// The daemon was asked to stop first.
-    Stopped,
-    /// `docker swarm leave --force`: answer it once inactive.
-    Left(Box<crate::lifecycle::Pending>),
-}
-
-/// Serves the locked control socket until the node is unlocked or `stop` resolves.
-pub(crate) async fn serve_until_unlocked(
-    cfg: &crate::DaemonConfig,
-    stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-    session: &mut crate::lifecycle::Session<'_>,
-) -> Result<LockedExit, NodeError> {
-    let node_id = crate::identity::load(&cfg.state_dir)?.map(|i| i.node_id).unwrap_or_default();
-    let listener = crate::bind_control_socket(&cfg.listen_control_api)?;
-    let (unlocked_tx, mut unlocked_rx) = watch::channel(false);
-    let ctx = shoal_engine_api::locked::LockedContext {
-        node_id,
-        hostname: cfg.hostname.clone().unwrap_or_else(crate::machine_hostname),
-        unlocker: Arc::new(StateDirUnlocker { state_dir: cfg.state_dir.clone(), unlocked: unlocked_tx }),
-        lifecycle: session.handle.as_ref(),
-    };
-    let router = crate::engine_relay(cfg, None).wrap(shoal_engine_api::locked::locked_router(ctx));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let server = tokio::spawn(async move {
-        let limits = shoal_engine_api::connections::ConnectionLimits::default();
-        if let Err(e) =
-            shoal_engine_api::connections::serve_unix(listener, router, limits, crate::wait_true(stop_rx)).await
-        {
-            tracing::error!(error = %e, "control API server failed");
-        }
-    });
-    tracing::warn!(
-        control = %cfg.listen_control_api.display(),
-        "this manager is locked (autolock): unlock it with `docker swarm unlock` or `shoal swarm unlock`"
-    );
-    let exit = tokio::select! {
-        _ = stop => LockedExit::Stopped,
-        _ = unlocked_rx.wait_for(|u| *u) => LockedExit::Unlocked,
-        reply = session.next_leave() => {
-            let server = crate::lifecycle::Closer::new(stop_tx, server);
-            return Ok(LockedExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, server))));
-        }
-    };
-    // In-flight requests (the unlock answer) finish before the socket closes.
-    let _ = stop_tx.send(true);
-    let _ = server.await;
-    let _ = std::fs::remove_file(&cfg.listen_control_api);
-    Ok(exit)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,7 +371,7 @@ mod tests {
 
     /// A state dir as an unlocked manager leaves it: a plain TLS key and a plain DEK file; returns the DEK.
     fn unlocked_state(state: &std::path::Path) -> shoal_raft::encryption::DataKeys {
-        std::fs::create_dir_all(crate::join::certs_dir(state)).unwrap();
+        std::fs::create_dir_all(crate::statedir::certs_dir(state)).unwrap();
         std::fs::write(tls_key_path(state), "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n").unwrap();
         shoal_raft::encryption::load_or_create_plain(state).unwrap()
     }

@@ -39,12 +39,7 @@ pub fn engine_ok(args: &[&str]) -> String {
 
 /// True when the docker CLI is installed and the local engine answers.
 pub fn available() -> bool {
-    Command::new("docker")
-        .args(["version", "--format", "{{.Server.Version}}"])
-        .env_remove("DOCKER_HOST")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    crate::prerequisites::Prerequisite::DockerEngine.present()
 }
 
 /// The label the built image carries, `shoal.test-image=<recipe>`: an image of that tag without it (built by an

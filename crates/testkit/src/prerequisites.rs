@@ -49,10 +49,8 @@ impl Prerequisite {
     pub fn present(self) -> bool {
         match self {
             Prerequisite::DockerCli => crate::docker_cli::available(),
-            Prerequisite::DockerEngine => crate::docker_engine::available(),
-            Prerequisite::Dockerd => {
-                crate::docker_engine::available() && std::path::Path::new("/usr/sbin/dockerd").exists()
-            }
+            Prerequisite::DockerEngine => engine_answers(),
+            Prerequisite::Dockerd => engine_answers() && std::path::Path::new("/usr/sbin/dockerd").exists(),
             Prerequisite::Cfssl => Command::new("cfssl").arg("version").output().is_ok_and(|o| o.status.success()),
         }
     }
@@ -82,6 +80,15 @@ fn decide_missing(p: Prerequisite, allowed: Option<&str>) -> bool {
         p.install(),
         p.name()
     );
+}
+
+/// True when the docker CLI is installed and the local engine (not a `DOCKER_HOST` of the caller's) answers.
+fn engine_answers() -> bool {
+    Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .env_remove("DOCKER_HOST")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 #[cfg(test)]
