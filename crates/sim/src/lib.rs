@@ -86,6 +86,8 @@ pub struct Report {
     pub acked: u64,
     /// Reads through a read barrier that passed (each checked against the acknowledged writes).
     pub reads: u64,
+    /// Writes followers forwarded that the leader appended.
+    pub forwarded: u64,
     /// Unknown outcome.
     pub unknown: u64,
     /// Faults injected.
@@ -141,6 +143,8 @@ struct World {
     net: Network<Msg>,
     client: Client,
     fail_chance: f64,
+    /// Writes followers forwarded that the leader appended.
+    forwarded: u64,
     /// Leader per term.
     leaders: BTreeMap<u64, u64>,
     /// The entry at each index as first applied anywhere: (term, digest).
@@ -194,6 +198,7 @@ impl World {
             net: Network::new(),
             client: Client::default(),
             fail_chance: 0.0,
+            forwarded: 0,
             leaders: BTreeMap::new(),
             entries: BTreeMap::new(),
             checked: BTreeMap::new(),
@@ -387,6 +392,19 @@ impl World {
                         }
                     }
                 }
+                (Endpoint::Manager(f), Endpoint::Manager(m), Msg::Forward { id, data }) => {
+                    let out = match self.managers[m as usize - 1].run.as_mut() {
+                        Some(run) => run.receive_forward(f, id, data),
+                        None => Vec::new(),
+                    };
+                    self.send(Endpoint::Manager(m), out);
+                }
+                (_, Endpoint::Manager(m), Msg::Forwarded { id, result }) => {
+                    self.forwarded += u64::from(result.is_ok());
+                    if let Some(run) = self.managers[m as usize - 1].run.as_mut() {
+                        run.receive_forwarded(id, result);
+                    }
+                }
                 (Endpoint::Agent(a), Endpoint::Manager(m), msg) => {
                     let node = self.node_ids[a].clone();
                     let out = match self.managers[m as usize - 1].run.as_mut() {
@@ -432,11 +450,12 @@ impl World {
             if self.leader_loops.is_empty() {
                 self.leader_loops = run.leader_loop_names();
             }
-            run.take_proposals(now_ms);
+            let forwards = run.take_proposals(now_ms);
             run.tick();
             let msgs = run.handle_ready(now_ms);
             let mut out: Vec<(Endpoint, Msg)> =
                 msgs.into_iter().map(|m| (Endpoint::Manager(m.to), Msg::Raft(Box::new(m)))).collect();
+            out.extend(forwards);
             out.extend(run.serve_agents(&self.node_ids));
             self.send(Endpoint::Manager(id), out);
         }
@@ -1003,6 +1022,7 @@ fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failu
         sent: l.sent,
         acked: l.ok,
         reads: l.reads,
+        forwarded: w.forwarded,
         unknown: l.unknown,
         faults: w.faults,
         terms: w.leaders.len() as u64,

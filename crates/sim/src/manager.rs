@@ -12,6 +12,7 @@
 //! Must not read the wall clock or spawn threads: time is the simulation's (`ManualClock`, `ManualTimer`).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,10 +24,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shoal_api::{AssignmentChange, SessionRequest, TaskStatus, UpdateTaskStatusRequest};
 use shoal_manager::dispatcher::{AssignmentSet, Dispatcher, DispatcherConfig};
-use shoal_manager::{ClusterState, RandomIds};
+use shoal_manager::{ClusterState, RandomIds, Timer};
 use shoal_raft::{
     Core, Done, LeaderState, Outlets, Proposal, ProposeError, ProposeFuture, Proposer, RaftConfig, ReadBarrierFuture,
-    ReadDone,
+    ReadDone, FORWARD_APPLY_TIMEOUT,
 };
 use shoal_store::{encode_request, Action, ManualClock, MemoryStore, Watch};
 use tokio::sync::{oneshot, watch};
@@ -47,6 +48,14 @@ pub const PROPOSAL_QUEUE: usize = 4096;
 /// What the proposer queues for the simulation loop to hand to the core.
 enum Queued {
     Write(Vec<Action>, Done),
+    /// A follower's write for `leader`: `done` answers once this manager applies it, `sent` once the leader
+    /// appended it (or refused).
+    Forward {
+        actions: Vec<Action>,
+        leader: u64,
+        done: Done,
+        sent: oneshot::Sender<Result<(), ProposeError>>,
+    },
     Read(ReadDone),
 }
 
@@ -71,20 +80,28 @@ pub enum Msg {
     Assignments { session: String, complete: bool, changes: Vec<AssignmentChange> },
     /// Manager -> agent: the session's streams ended (this manager lost leadership, or the session expired).
     SessionEnded { session: String },
+    /// Follower -> leader: a write the follower forwards (`RaftProposals.ForwardProposal`): its request ID
+    /// and the encoded request.
+    Forward { id: u64, data: Vec<u8> },
+    /// Leader -> follower: the forwarded write was appended at this index, or why not.
+    Forwarded { id: u64, result: Result<u64, ProposeError> },
 }
 
 /// The proposer the subsystems and the control API write and read through: queues writes and read
 /// barriers for the simulation loop to hand to the core, which answers them.
 #[derive(Debug)]
 pub struct SimProposer {
+    raft_id: u64,
     queue: Mutex<VecDeque<Queued>>,
     leader: watch::Receiver<LeaderState>,
+    timer: Arc<ManualTimer>,
 }
 
 impl std::fmt::Debug for Queued {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Queued::Write(..) => "write",
+            Queued::Forward { .. } => "forwarded write",
             Queued::Read(_) => "read",
         })
     }
@@ -112,13 +129,58 @@ impl SimProposer {
     }
 }
 
+impl SimProposer {
+    /// A follower's write, as `RaftNode::propose` makes it: forwarded to the leader, answered once this
+    /// manager applied it (read-your-writes), `Unknown` after `FORWARD_APPLY_TIMEOUT` (the leader's answer
+    /// or the entry may be lost).
+    fn forward(&self, actions: Vec<Action>, leader: u64) -> ProposeFuture {
+        let mut q = self.queue.lock();
+        if q.len() >= PROPOSAL_QUEUE {
+            return answered(Err(ProposeError::Unknown(format!("{PROPOSAL_QUEUE} writes already queued"))));
+        }
+        let (sent, mut sent_rx) = oneshot::channel();
+        let (done, mut done_rx) = oneshot::channel();
+        q.push_back(Queued::Forward { actions, leader, done, sent });
+        let mut timeout = self.timer.sleep_ms(FORWARD_APPLY_TIMEOUT.as_millis() as u64);
+        let mut appended = false;
+        Box::pin(std::future::poll_fn(move |cx| {
+            use std::task::Poll;
+            if !appended {
+                match std::pin::Pin::new(&mut sent_rx).poll(cx) {
+                    Poll::Ready(Ok(Ok(()))) => appended = true,
+                    Poll::Ready(Ok(Err(e))) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Err(_)) => return Poll::Ready(Err(ProposeError::Stopped)),
+                    Poll::Pending => {}
+                }
+            }
+            if appended {
+                if let Poll::Ready(r) = std::pin::Pin::new(&mut done_rx).poll(cx) {
+                    return Poll::Ready(r.unwrap_or(Err(ProposeError::Stopped)));
+                }
+            }
+            match timeout.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(ProposeError::Unknown(format!(
+                    "the write was forwarded to the leader but this manager did not apply it within {FORWARD_APPLY_TIMEOUT:?}"
+                )))),
+                Poll::Pending => Poll::Pending,
+            }
+        }))
+    }
+}
+
 impl Proposer for SimProposer {
     fn propose(&self, actions: Vec<Action>) -> ProposeFuture {
         let st = *self.leader.borrow();
-        if !st.is_leader {
-            return answered(Err(ProposeError::NotLeader { leader: (st.leader_id != 0).then_some(st.leader_id) }));
+        if st.is_leader {
+            return self.enqueue(|done| Queued::Write(actions, done));
         }
-        self.enqueue(|done| Queued::Write(actions, done))
+        match st.leader_id {
+            0 => answered(Err(ProposeError::NoLeader("no manager is the raft leader right now".into()))),
+            me if me == self.raft_id => {
+                answered(Err(ProposeError::NoLeader("this manager was just elected and is catching up".into())))
+            }
+            leader => self.forward(actions, leader),
+        }
     }
 
     fn leadership(&self) -> watch::Receiver<LeaderState> {
@@ -167,6 +229,8 @@ pub struct Running {
     leader: Option<LeaderLoops>,
     rpcs: Vec<Rpc>,
     streams: BTreeMap<usize, Stream>,
+    /// Writes this follower forwarded, by request ID, waiting for the leader's answer.
+    forwards: BTreeMap<u64, oneshot::Sender<Result<(), ProposeError>>>,
     /// Entries applied since the start (the core's apply observer fills it).
     pub applied_log: AppliedLog,
     /// When this manager last answered a heartbeat of each node OK (simulation time, ms).
@@ -257,7 +321,12 @@ impl Manager {
         let observer = Some(observe_applied(self.id, applied_log.clone()));
         let core = Core::open(cfg.raft(self.id), storage, store.clone(), outlets, seed, observer)
             .expect("the simulated disk recovers");
-        let proposer = Arc::new(SimProposer { queue: Mutex::new(VecDeque::new()), leader });
+        let proposer = Arc::new(SimProposer {
+            raft_id: self.id,
+            queue: Mutex::new(VecDeque::new()),
+            leader,
+            timer: timer.clone(),
+        });
         let ids = Arc::new(RandomIds::seeded(self.seed ^ self.starts.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
         let state =
             ClusterState::new(store.clone(), proposer.clone(), self.clock.clone(), ids).with_timer(timer.clone());
@@ -274,6 +343,7 @@ impl Manager {
             leader: None,
             rpcs: Vec::new(),
             streams: BTreeMap::new(),
+            forwards: BTreeMap::new(),
             applied_log,
             last_beat_ok_ms: BTreeMap::new(),
         });
@@ -378,18 +448,63 @@ impl Running {
     }
 
     /// Hands the queued writes and read barriers to the core (at most `MAX_PROPOSALS_PER_STEP`), as the
-    /// driver hands its commands; `now_ms` is the simulation's time.
-    pub fn take_proposals(&mut self, now_ms: u64) {
+    /// driver hands its commands; `now_ms` is the simulation's time. Returns the writes forwarded to the
+    /// leader.
+    pub fn take_proposals(&mut self, now_ms: u64) -> Outbox {
+        let mut out = Vec::new();
+        // Forwards whose caller gave up (its timeout) are forgotten.
+        self.forwards.retain(|_, sent| !sent.is_closed());
         for _ in 0..MAX_PROPOSALS_PER_STEP {
             let Some(queued) = self.proposer.queue.lock().pop_front() else { break };
             match queued {
                 Queued::Write(actions, done) => {
-                    self.next_request += 1;
-                    let id = self.next_request;
+                    let id = self.next_request_id();
                     self.core.propose(Proposal { id, data: encode_request(id, &actions), done, appended: None });
+                }
+                Queued::Forward { actions, leader, done, sent } => {
+                    // Registered before the request leaves, as the driver's `AwaitForwarded`.
+                    let id = self.next_request_id();
+                    self.core.await_forwarded(id, done);
+                    self.forwards.insert(id, sent);
+                    let data = encode_request(id, &actions);
+                    out.push((crate::net::Endpoint::Manager(leader), Msg::Forward { id, data }));
                 }
                 Queued::Read(done) => self.core.read_index(Duration::from_millis(now_ms), done),
             }
+        }
+        out
+    }
+
+    fn next_request_id(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    /// The leader's side of `ForwardProposal` (`RaftNode::propose_forwarded`): appends a follower's write
+    /// and answers with its index once appended, or why not.
+    pub fn receive_forward(&mut self, from: u64, id: u64, data: Vec<u8>) -> Outbox {
+        let result = if self.leader_state().is_leader {
+            let (appended, mut appended_rx) = oneshot::channel();
+            let (done, mut done_rx) = oneshot::channel();
+            self.core.propose(Proposal { id, data, done, appended: Some(appended) });
+            match appended_rx.try_recv() {
+                Ok(index) => Ok(index),
+                Err(_) => match done_rx.try_recv() {
+                    Ok(Err(e)) => Err(e),
+                    _ => Err(ProposeError::Stopped),
+                },
+            }
+        } else {
+            let leader = self.raw().raft.leader_id;
+            Err(ProposeError::NotLeader { leader: (leader != 0).then_some(leader) })
+        };
+        vec![(crate::net::Endpoint::Manager(from), Msg::Forwarded { id, result })]
+    }
+
+    /// The leader's answer to a forwarded write.
+    pub fn receive_forwarded(&mut self, id: u64, result: Result<u64, ProposeError>) {
+        if let Some(sent) = self.forwards.remove(&id) {
+            let _ = sent.send(result.map(|_| ()));
         }
     }
 
