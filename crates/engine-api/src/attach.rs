@@ -63,6 +63,12 @@ pub trait SwarmAttach: Send + Sync + 'static {
     fn abandon<'a>(&'a self, holder: &'a str) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
     /// Before `container` starts: attached and plumbed when it is on a swarm network; nothing otherwise.
     fn before_start<'a>(&'a self, container: &'a str) -> AttachFuture<'a, ()>;
+    /// Before `container` is restarted (`docker restart`): a running one on a swarm network keeps its
+    /// attachment through the restart's stop (`Some(id)`: call `restart_ended` with it once the engine
+    /// answered); a stopped one is attached and plumbed as for a start.
+    fn restart_begins<'a>(&'a self, container: &'a str) -> AttachFuture<'a, Option<String>>;
+    /// The restart that `restart_begins` marked with `id` is answered.
+    fn restart_ended(&self, id: &str);
 }
 
 /// The value of key `k` of object `v`, matched as Go's JSON decoding does (case-insensitively).

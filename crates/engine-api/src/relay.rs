@@ -12,7 +12,8 @@
 //!   `/networks/{id}` to Shoal when Shoal has that network, else to the engine.
 //! - `POST /containers/create` naming an attachable swarm network is made in a holder's namespace that the
 //!   node plumbs (`attach::SwarmAttach`, given by `Engine::with_attach`); a non-attachable one is refused
-//!   (403, as dockerd); `POST /containers/{id}/start` of such a container waits for the plumbing; a
+//!   (403, as dockerd); `POST /containers/{id}/start` of such a container waits for the plumbing, and a
+//!   `/restart` of a running one keeps its attachment through the restart's stop; a
 //!   `network connect` naming a swarm network is refused (501).
 //! - Everything else is relayed byte for byte with hyper on both sides: bodies streamed both ways (build
 //!   contexts, image loads, logs that follow, stats, events), and `Connection: Upgrade` requests (`attach`,
@@ -814,15 +815,27 @@ async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Requ
     r
 }
 
-/// A container's start: one on a swarm network is attached and plumbed first (nothing for the others).
+/// A container's start: one on a swarm network is attached and plumbed first (nothing for the others). A
+/// restart of a running one keeps its attachment through the restart's stop.
 async fn container_start(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, bare: &str) -> Response {
-    if let Ok(attach) = &relay.attach {
-        let id = bare.trim_start_matches('/').split('/').nth(1).unwrap_or_default();
+    let Ok(attach) = &relay.attach else { return engine.relay(req).await };
+    let mut segments = bare.trim_start_matches('/').split('/').skip(1);
+    let (id, action) = (segments.next().unwrap_or_default(), segments.next().unwrap_or_default());
+    if action != "restart" {
         if let Err(r) = attach.before_start(id).await {
             return refused(r);
         }
+        return engine.relay(req).await;
     }
-    engine.relay(req).await
+    let marked = match attach.restart_begins(id).await {
+        Ok(m) => m,
+        Err(r) => return refused(r),
+    };
+    let resp = engine.relay(req).await;
+    if let Some(m) = marked {
+        attach.restart_ended(&m);
+    }
+    resp
 }
 
 async fn network_by_id(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {

@@ -56,4 +56,12 @@ impl SwarmAttach for NodeAttach {
     fn before_start<'a>(&'a self, container: &'a str) -> AttachFuture<'a, ()> {
         Box::pin(async move { self.0.before_start(container).await.map_err(refusal) })
     }
+
+    fn restart_begins<'a>(&'a self, container: &'a str) -> AttachFuture<'a, Option<String>> {
+        Box::pin(async move { self.0.restart_begins(container).await.map_err(refusal) })
+    }
+
+    fn restart_ended(&self, id: &str) {
+        self.0.restart_ended(id)
+    }
 }

@@ -167,6 +167,171 @@ fn docker_run_on_an_attachable_overlay_reaches_a_service_by_name_and_gives_its_a
     c.docker(&["service", "rm", "web"]);
 }
 
+/// The lines of container `name`'s log (all its runs) that start with `key`, each without it.
+fn log_lines(c: &Cluster, name: &str, key: &str) -> Vec<String> {
+    let out = user_docker(c, &["logs", name]);
+    String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.strip_prefix(key)).map(str::to_string).collect()
+}
+
+/// `docker inspect -f <format> <name>` on the socket.
+fn inspect(c: &Cluster, name: &str, format: &str) -> String {
+    let out = user_docker(c, &["inspect", "-f", format, name]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The shell of a run that reaches `web` on `prefix` (e.g. `10.231.9`): waits (bounded) until the page
+/// answers by name, then prints `RUN <its address on the overlay> <the page>`.
+fn reach_web(prefix: &str) -> String {
+    let dotted = prefix.replace('.', "\\.");
+    format!(
+        "i=0; until wget -qO- http://web/ >/dev/null 2>&1 || [ $i -ge 100 ]; do i=$((i+1)); sleep 0.1; done; \
+         echo \"RUN $(ip -o -4 addr show | grep -o '{dotted}\\.[0-9]*' | head -1) $(wget -qO- http://web/)\""
+    )
+}
+
+/// Each `RUN` line has the same address on the overlay (the attachment kept) and a page (the service
+/// reached by name); returns the address.
+fn same_address_and_a_page(runs: &[String], prefix: &str) -> String {
+    let addr = runs[0].split(' ').next().unwrap_or_default().to_string();
+    assert!(addr.starts_with(prefix), "an address on the overlay: {runs:?}");
+    for r in runs {
+        let (a, page) = r.split_once(' ').unwrap_or((r.as_str(), ""));
+        assert_eq!(a, addr, "the same attachment in every run: {runs:?}");
+        assert!(!page.trim().is_empty(), "the service by name in every run: {runs:?}");
+    }
+    addr
+}
+
+/// Issue 33: a container that the engine's own restart policy restarts keeps its attachment (the `die`
+/// comes with the container marked restarting), and so does one restarted with `docker restart` through
+/// the socket; each run reaches the service by name from the same address. The attachment goes (its
+/// address back in the pool) when the container stops for good: `on-failure` retries exhausted, `docker
+/// stop` of an `always` container; its holder with `docker rm`.
+#[test]
+fn a_container_restarted_by_the_engine_keeps_its_attachment_until_it_stops_for_good() {
+    let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
+    let mut c = Cluster::start_one("attachrs", "docker");
+    let mut cleanup = Cleanup(Vec::new());
+    let prefix = "10.231.9.";
+    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", "10.231.9.0/24", "anet3"]);
+    c.docker(&[
+        "service",
+        "create",
+        "--detach",
+        "--no-resolve-image",
+        "--name",
+        "web",
+        "--network",
+        "anet3",
+        image,
+        "sh",
+        "-c",
+        WEB,
+    ]);
+    c.running("web", 1);
+
+    // on-failure:2: three runs, each failing after it reached the service; then it stays stopped.
+    let failing = format!("attach-failing-{}", std::process::id());
+    cleanup.0.push(failing.clone());
+    let script = format!("{}; exit 1", reach_web("10.231.9"));
+    let out = user_docker(
+        &c,
+        &[
+            "run",
+            "-d",
+            "--name",
+            &failing,
+            "--restart",
+            "on-failure:2",
+            "--network",
+            "anet3",
+            image,
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until("the on-failure retries exhausted", WAIT, || {
+        match inspect(&c, &failing, "{{.State.Status}} {{.RestartCount}}").as_str() {
+            "exited 2" => Ok(()),
+            other => Err(other.to_string()),
+        }
+    });
+    let runs = log_lines(&c, &failing, "RUN ");
+    assert_eq!(runs.len(), 3, "three runs: {runs:?}\n{}", c.manager().log());
+    same_address_and_a_page(&runs, prefix);
+    // Stopped for good: the attachment goes, the holder stays with the container until it is removed.
+    wait_until("the exhausted container's attachment detached", WAIT, || {
+        let a = attachments(&c);
+        if a.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{a:#?}"))
+        }
+    });
+    assert_eq!(holders(&c.node_ids[0]).len(), 1);
+    let out = user_docker(&c, &["rm", &failing]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    gone(&c, "the exhausted container's holder gone with it");
+
+    // always: the first run exits 0 and the engine restarts it; the second stays up; `docker restart`
+    // through the socket makes a third; `docker stop` ends it for good.
+    let always = format!("attach-always-{}", std::process::id());
+    cleanup.0.push(always.clone());
+    let script = format!(
+        "{}; n=$(cat /runs 2>/dev/null || echo 0); echo $((n+1)) > /runs; [ $n -ge 1 ] || exit 0; \
+         trap 'exit 0' TERM; sleep 1000 & wait",
+        reach_web("10.231.9")
+    );
+    let out = user_docker(
+        &c,
+        &["run", "-d", "--name", &always, "--restart", "always", "--network", "anet3", image, "sh", "-c", &script],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs = wait_until("two runs of the always container", WAIT, || {
+        let runs = log_lines(&c, &always, "RUN ");
+        if runs.len() >= 2 {
+            Ok(runs)
+        } else {
+            Err(format!("{runs:?}"))
+        }
+    });
+    assert_eq!(inspect(&c, &always, "{{.RestartCount}}"), "1", "{runs:?}");
+    let addr = same_address_and_a_page(&runs, prefix);
+    let held = attachments(&c);
+    assert_eq!(held.len(), 1, "{held:#?}");
+    let out = user_docker(&c, &["restart", "-t", "1", &always]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs = wait_until("a third run after docker restart", WAIT, || {
+        let runs = log_lines(&c, &always, "RUN ");
+        if runs.len() >= 3 {
+            Ok(runs)
+        } else {
+            Err(format!("{runs:?}"))
+        }
+    });
+    assert_eq!(same_address_and_a_page(&runs, prefix), addr);
+    let now = attachments(&c);
+    assert_eq!(now.len(), 1, "{now:#?}");
+    assert_eq!(now[0]["ID"], held[0]["ID"], "the same attachment through the restart");
+    let out = user_docker(&c, &["stop", "-t", "1", &always]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until("the stopped container's attachment detached", WAIT, || {
+        let a = attachments(&c);
+        if a.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{a:#?}"))
+        }
+    });
+    let out = user_docker(&c, &["rm", &always]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    gone(&c, "the always container's holder gone with it");
+    cleanup.0.clear();
+    c.docker(&["service", "rm", "web"]);
+}
+
 /// On a worker's socket: the worker cannot look the network up (it has no store), so the manager decides at
 /// the attach; the container, on node-1, reaches the service's task on node-0 across the underlay (VXLAN),
 /// by name through the VIP, and its address comes back to the pool when it is gone.

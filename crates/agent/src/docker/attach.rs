@@ -20,11 +20,15 @@
 //! 4. `Attacher::before_start` (the control socket calls it before relaying a container's start) attaches a
 //!    container of ours again when it holds no attachment (it stopped since), and waits until its namespace is
 //!    plumbed, so the container's first instruction is connected.
-//! 5. `Attacher::run` follows the engine's `die` and `destroy` events of such containers: a container that
-//!    stopped is detached (`ResourceAllocator.DetachNetwork`: the task goes and its address returns to the
-//!    pool), a removed one also loses its holder. The same loop reconciles whenever the node's assignments
-//!    or its session change, which covers what happened while the daemon was down: attachments of this node
-//!    whose container is gone or stopped are detached, and holders whose container is gone are removed.
+//! 5. `Attacher::run` follows the engine's `die`, `stop` and `destroy` events of such containers and asks the
+//!    engine what became of the container (`fate`): one that stopped for good is detached
+//!    (`ResourceAllocator.DetachNetwork`: the task goes and its address returns to the pool), a removed one
+//!    also loses its holder; one the engine restarts (its restart policy: the engine marks it restarting
+//!    before its `die`) or that a `docker restart` through the control socket restarts
+//!    (`restart_begins`/`restart_ended`) keeps its attachment, and comes back in the same plumbed namespace.
+//!    The same loop reconciles whenever the node's assignments or its session change, which covers what
+//!    happened while the daemon was down: attachments of this node whose container is gone or stopped for
+//!    good are detached, and holders whose container is gone are removed.
 //!
 //! Bounds: `ATTACH_TIMEOUT` for the manager's answer, `PLUMB_TIMEOUT` (the plane's) for the plumbing; the
 //! manager bounds the attachments per node. Must not depend on the Engine API's HTTP types (the node crate
@@ -122,6 +126,31 @@ fn holds(t: &Task) -> bool {
     !s.is_terminal() && t.desired_state <= TaskState::Running as i32
 }
 
+/// What becomes of a container's attachments when something happened to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// They stay: the container runs on, is being restarted by the engine's restart policy (the engine
+    /// marks it restarting before it sends the `die` event, moby's daemon/monitor.go), or by a restart
+    /// through the control socket; or it is not started yet (created) or is being removed (a `destroy`
+    /// follows).
+    Keep,
+    /// They are detached (their addresses go back to the pool): the container stopped for good.
+    Detach,
+    /// They are detached and the container's holder goes: the container is gone.
+    Gone,
+}
+
+/// The fate of a container's attachments, from the container's status as the engine shows it now (`None`:
+/// the engine has no such container) and whether a restart of it through the control socket is under way.
+pub fn fate(status: Option<&str>, restarting_through_socket: bool) -> Fate {
+    match status {
+        None => Fate::Gone,
+        Some(_) if restarting_through_socket => Fate::Keep,
+        Some("exited" | "dead") => Fate::Detach,
+        Some(_) => Fate::Keep,
+    }
+}
+
 /// The node's side of containers on attachable swarm networks (see the module doc).
 pub struct Attacher {
     docker: Docker,
@@ -140,6 +169,9 @@ pub struct Attacher {
     /// The attachment made for each container by this run, until detached (the task reaches the node's
     /// assignments a little later; a start in between must not attach it twice).
     made: Mutex<HashMap<String, String>>,
+    /// Containers being restarted through the control socket (`docker restart`), by ID, with how many such
+    /// restarts are under way: the stop such a restart makes keeps their attachments.
+    restarts: Mutex<HashMap<String, usize>>,
 }
 
 impl std::fmt::Debug for Attacher {
@@ -182,6 +214,7 @@ impl Attacher {
             assigned: watch::channel(AssignedTasks::default()).0,
             creating: Mutex::new(BTreeSet::new()),
             made: Mutex::new(HashMap::new()),
+            restarts: Mutex::new(HashMap::new()),
         })
     }
 
@@ -350,15 +383,42 @@ impl Attacher {
         Ok(())
     }
 
+    /// Before container `container` is restarted through the control socket (`docker restart`): when it is
+    /// one with an attachment and runs, the stop the restart makes keeps its attachment (its ID is returned,
+    /// for `restart_ended`); when it does not run, the restart is a start (`before_start`).
+    pub async fn restart_begins(&self, container: &str) -> Result<Option<String>, AttachError> {
+        let Ok(c) = self.docker.inspect_container(container, None).await else { return Ok(None) };
+        let id = c.id.clone().unwrap_or_else(|| container.to_string());
+        if !is_running(&c) {
+            self.before_start(&id).await?;
+            return Ok(None);
+        }
+        if self.attachments_of(&id).is_empty() {
+            return Ok(None);
+        }
+        *self.restarts.lock().entry(id.clone()).or_default() += 1;
+        Ok(Some(id))
+    }
+
+    /// The restart of container `id` that `restart_begins` marked is answered (whatever the answer).
+    pub fn restart_ended(&self, id: &str) {
+        let mut r = self.restarts.lock();
+        if let Some(n) = r.get_mut(id) {
+            *n -= 1;
+            if *n == 0 {
+                r.remove(id);
+            }
+        }
+    }
+
     /// Follows the engine's events and the node's assignments (see the module doc) until `shutdown`.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let (mut assigned, mut channel) = (self.assigned.subscribe(), self.channel.subscribe());
         loop {
-            let filters: HashMap<&str, Vec<&str>> = HashMap::from([
-                ("type", vec!["container"]),
-                ("event", vec!["die", "destroy"]),
-                ("label", vec![LABEL_ATTACH_NETWORK]),
-            ]);
+            // Every container's (a connected one carries no label of ours): those without an attachment
+            // here are passed over at once.
+            let filters: HashMap<&str, Vec<&str>> =
+                HashMap::from([("type", vec!["container"]), ("event", vec!["die", "stop", "destroy"])]);
             let mut events = self.docker.events(Some(EventsOptionsBuilder::default().filters(&filters).build()));
             // Whatever happened while no stream was open.
             self.reconcile().await;
@@ -369,7 +429,9 @@ impl Attacher {
                             let actor = ev.actor.unwrap_or_default();
                             let id = actor.id.unwrap_or_default();
                             let holder = actor.attributes.unwrap_or_default().remove(LABEL_ATTACH_HOLDER);
-                            self.stopped(&id, ev.action.as_deref() == Some("destroy"), holder.as_deref()).await;
+                            if holder.is_some() || !self.attachments_of(&id).is_empty() {
+                                self.settle(&id, holder.as_deref()).await;
+                            }
                         }
                         Some(Err(e)) => {
                             tracing::warn!("the engine's event stream failed: {}", engine_message(&e));
@@ -395,21 +457,42 @@ impl Attacher {
         }
     }
 
-    /// Container `id` stopped (or was removed, `gone`): its attachments are detached, and a removed
-    /// container's holder goes.
-    async fn stopped(&self, id: &str, gone: bool, holder: Option<&str>) {
+    /// The fate of container `id`'s attachments, from the engine's view of it now.
+    async fn fate_of(&self, id: &str) -> Result<Fate, AttachError> {
+        let status = match self.docker.inspect_container(id, None).await {
+            Ok(c) => Some(c.state.as_ref().and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default()),
+            Err(e) if engine_status(&e) == Some(404) => None,
+            Err(e) => return Err(AttachError::Engine(engine_message(&e))),
+        };
+        Ok(fate(status.as_deref(), self.restarts.lock().contains_key(id)))
+    }
+
+    /// Something happened to container `id` (it died, was stopped or removed): its attachments are
+    /// detached unless it runs on or the engine restarts it (`fate`), and a removed container's holder goes.
+    async fn settle(&self, id: &str, holder: Option<&str>) {
+        let f = match self.fate_of(id).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(container = %id, "cannot inspect the container: {e}; the next reconcile looks again");
+                return;
+            }
+        };
+        if f == Fate::Keep {
+            tracing::debug!(container = %id, "the container runs on or is restarting: its attachment stays");
+            return;
+        }
         for a in self.attachments_of(id) {
             if let Err(e) = self.detach(&a).await {
                 tracing::warn!(container = %id, "{e}; the next reconcile tries again");
             }
         }
-        if let (true, Some(h)) = (gone, holder) {
+        if let (Fate::Gone, Some(h)) = (f, holder) {
             self.abandon(h).await;
         }
     }
 
-    /// Detaches this node's attachments whose container is gone or stopped; removes holders whose container
-    /// is gone.
+    /// Detaches this node's attachments whose container is gone or stopped for good (`fate`); removes holders
+    /// whose container is gone.
     async fn reconcile(&self) {
         let mine: Vec<(String, String)> = {
             let a = self.assigned.borrow();
@@ -419,14 +502,7 @@ impl Attacher {
                 .collect()
         };
         for (attachment, container) in mine {
-            let stopped = match self.docker.inspect_container(&container, None).await {
-                Ok(c) => {
-                    let status = c.state.as_ref().and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default();
-                    matches!(status.as_str(), "exited" | "dead")
-                }
-                Err(e) => engine_status(&e) == Some(404),
-            };
-            if stopped {
+            if matches!(self.fate_of(&container).await, Ok(Fate::Detach | Fate::Gone)) {
                 tracing::info!(%attachment, %container, "the attachment's container is stopped or gone: detaching");
                 if let Err(e) = self.detach(&attachment).await {
                     tracing::debug!(%attachment, "{e}");
@@ -568,6 +644,26 @@ mod tests {
         assert_eq!(l[LABEL_ATTACH_NETWORK], "net");
         assert_eq!(l[LABEL_ATTACH_ALIASES], "db,cache");
         assert!(!container_labels("h1", "net", &[]).contains_key(LABEL_ATTACH_ALIASES));
+    }
+
+    #[test]
+    fn an_attachment_goes_only_when_its_container_stopped_for_good() {
+        for (status, restarting_here, want) in [
+            // The engine's restart policy: `die` comes with the container already marked restarting.
+            (Some("restarting"), false, Fate::Keep),
+            (Some("running"), false, Fate::Keep),
+            (Some("paused"), false, Fate::Keep),
+            (Some("created"), false, Fate::Keep),
+            (Some("removing"), false, Fate::Keep),
+            (Some("exited"), false, Fate::Detach),
+            (Some("dead"), false, Fate::Detach),
+            // `docker restart` through the socket: the stop it makes keeps the attachment.
+            (Some("exited"), true, Fate::Keep),
+            (None, false, Fate::Gone),
+            (None, true, Fate::Gone),
+        ] {
+            assert_eq!(fate(status, restarting_here), want, "{status:?} {restarting_here}");
+        }
     }
 
     #[test]
