@@ -5,7 +5,11 @@
 //! plumbed by the node's data plane and its resolver answers the service's name with its VIP; once the
 //! container is gone, the attachment task is gone (its address back in the pool) and so is the holder. A
 //! network that is not attachable is refused, naming it and saying to create it with --attachable. After a
-//! crash of the daemon, an attachment whose container went meanwhile is detached at the next start.
+//! crash of the daemon, an attachment whose container went meanwhile is detached at the next start. A
+//! container the engine's restart policy (or `docker restart`) restarts keeps its attachment until it stops
+//! for good. `docker network connect` puts a running container of the default bridge on the overlay (its
+//! own namespace plumbed, the service by VIP and name), through its restarts, until `docker network
+//! disconnect` or its removal.
 //!
 //! One docker-executor node in a namespace prepared like a Docker host (`netcluster::Cluster::start_one`),
 //! on this machine's engine; and the same from a worker's socket, the service on the manager's node (two
@@ -330,6 +334,184 @@ fn a_container_restarted_by_the_engine_keeps_its_attachment_until_it_stops_for_g
     gone(&c, "the always container's holder gone with it");
     cleanup.0.clear();
     c.docker(&["service", "rm", "web"]);
+}
+
+/// `docker exec <name> sh -c <script>` on the socket: its stdout (empty when it failed).
+fn exec(c: &Cluster, name: &str, script: &str) -> String {
+    let out = user_docker(c, &["exec", name, "sh", "-c", script]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// What container `name` sees of the overlay `prefix` (e.g. `10.231.10.`): its interface and address
+/// there, its default route, the service `web` by name (the page) and by DNS (the address), and `vip`.
+fn overlay_seen_from(c: &Cluster, name: &str, prefix: &str, vip: &str) -> Result<(String, String), String> {
+    let addrs = exec(c, name, "ip -o -4 addr show");
+    let line =
+        addrs.lines().find(|l| l.contains(prefix)).ok_or_else(|| format!("no address on the overlay: {addrs}"))?;
+    let ifname = line.split_whitespace().nth(1).unwrap_or_default().to_string();
+    let addr = line.split_whitespace().nth(3).unwrap_or_default().split('/').next().unwrap_or_default().to_string();
+    // (This busybox's `wget -T` crashes: `timeout` bounds it.)
+    if exec(c, name, &format!("timeout 5 wget -qO- http://{vip}/")).is_empty() {
+        return Err(format!("the VIP {vip} does not answer; {addrs}; routes {}", exec(c, name, "ip route")));
+    }
+    if exec(c, name, "timeout 5 wget -qO- http://web/").is_empty() {
+        return Err(format!("web does not answer by name; resolv.conf: {}", exec(c, name, "cat /etc/resolv.conf")));
+    }
+    let looked_up = exec(c, name, "nslookup web 2>/dev/null | sed -n 's/^Address:[[:space:]]*\\([0-9.]*\\)$/\\1/p'");
+    if !looked_up.lines().any(|l| l == vip) {
+        return Err(format!("web resolves to {looked_up:?}, not its VIP {vip}"));
+    }
+    Ok((ifname, addr))
+}
+
+/// Issue 33: `docker network connect <attachable overlay> <container>` on the socket connects a running
+/// container of the default bridge through the same attachment path (an address from the swarm, a new
+/// interface plumbed into the container's own namespace, the service by VIP and by name through the
+/// swarm's resolver), keeps its bridge interface and default route; the engine's restart policy and a
+/// `docker restart` through the socket keep the connection (its new namespace plumbed again, the same
+/// address); `docker network disconnect` takes it off (address back in the pool, the container running on
+/// as before, its resolv.conf put back); bad input is refused with dockerd's words and changes nothing;
+/// `docker rm -f` of a connected container gives its address back.
+#[test]
+fn docker_network_connect_puts_a_running_container_on_an_attachable_overlay_until_disconnect() {
+    let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
+    let mut c = Cluster::start_one("attachcn", "docker");
+    let mut cleanup = Cleanup(Vec::new());
+    let prefix = "10.231.10.";
+    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", "10.231.10.0/24", "anet4"]);
+    c.docker(&["network", "create", "-d", "overlay", "closed4"]);
+    c.docker(&[
+        "service",
+        "create",
+        "--detach",
+        "--no-resolve-image",
+        "--name",
+        "web",
+        "--network",
+        "anet4",
+        image,
+        "sh",
+        "-c",
+        WEB,
+    ]);
+    c.running("web", 1);
+    let vip = c.vip("web");
+
+    // A container of the engine's default bridge, restarted by the engine whenever it exits.
+    let name = format!("attach-connect-{}", std::process::id());
+    cleanup.0.push(name.clone());
+    let out = user_docker(
+        &c,
+        &[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--restart",
+            "always",
+            image,
+            "sh",
+            "-c",
+            "trap 'exit 0' TERM; sleep 1000 & wait",
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = inspect(&c, &name, "{{.Id}}");
+    let bridge_addr = inspect(&c, &name, "{{.NetworkSettings.IPAddress}}");
+    let bridge_gw = inspect(&c, &name, "{{.NetworkSettings.Gateway}}");
+    assert!(!bridge_addr.is_empty() && !bridge_gw.is_empty(), "on the default bridge");
+    let resolv_before = exec(&c, &name, "cat /etc/resolv.conf");
+
+    // Bad input: refused with a clear message, nothing changes.
+    let refused = |args: &[&str], wants: &[&str]| {
+        let out = user_docker(&c, args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        for w in wants {
+            assert!(err.contains(w), "{args:?}: {err}");
+        }
+        assert!(attachments(&c).is_empty(), "{args:?} left an attachment");
+    };
+    refused(&["network", "connect", "closed4", &name], &["closed4", "not manually attachable", "--attachable"]);
+    refused(&["network", "connect", "anet4", "no-such-container-here"], &["No such container: no-such-container-here"]);
+    refused(&["network", "connect", "--ip", "10.231.10.77", "anet4", &name], &["IPAMConfig", "--ip"]);
+    refused(&["network", "disconnect", "anet4", &name], &["is not connected to network anet4"]);
+    assert!(!exec(&c, &name, "ip -o -4 addr show").contains(prefix));
+
+    // Connected: a new interface (eth1) on the overlay, the bridge's eth0 and default route kept.
+    let out = user_docker(&c, &["network", "connect", "anet4", &name]);
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), c.manager().log());
+    let (ifname, addr) = overlay_seen_from(&c, &name, prefix, &vip).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ifname, "eth1");
+    assert!(exec(&c, &name, "ip -o -4 addr show eth0").contains(&bridge_addr));
+    assert!(exec(&c, &name, "ip route show default").contains(&bridge_gw), "the default route stays the bridge's");
+    let held = attachments(&c);
+    assert_eq!(held.len(), 1, "{held:#?}");
+    assert_eq!(held[0]["Spec"]["NetworkAttachmentSpec"]["ContainerID"], id.as_str());
+    assert_eq!(held[0]["NetworksAttachments"][0]["Addresses"][0].as_str().unwrap_or_default(), format!("{addr}/24"));
+    refused_again(&c, &name);
+
+    // The engine restarts it (its main process exits): the same attachment, plumbed into its new namespace.
+    let _ = user_docker(&c, &["exec", &name, "kill", "-TERM", "1"]);
+    wait_until("the engine restarted the connected container", WAIT, || {
+        match inspect(&c, &name, "{{.State.Status}} {{.RestartCount}}").as_str() {
+            "running 1" => Ok(()),
+            other => Err(other.to_string()),
+        }
+    });
+    let seen =
+        wait_until("the restarted container connected again", WAIT, || overlay_seen_from(&c, &name, prefix, &vip));
+    assert_eq!(seen.1, addr, "the same address after the engine's restart");
+    // And `docker restart` through the socket.
+    let out = user_docker(&c, &["restart", "-t", "1", &name]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let seen = wait_until("the container connected again after docker restart", WAIT, || {
+        overlay_seen_from(&c, &name, prefix, &vip)
+    });
+    assert_eq!(seen.1, addr, "the same address after docker restart");
+    let now = attachments(&c);
+    assert_eq!(now.len(), 1, "{now:#?}");
+    assert_eq!(now[0]["ID"], held[0]["ID"], "the same attachment through both restarts");
+
+    // Disconnected: the interface goes, the address returns, the container runs on as it was.
+    let out = user_docker(&c, &["network", "disconnect", "anet4", &name]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let addrs = exec(&c, &name, "ip -o -4 addr show");
+    assert!(!addrs.contains(prefix) && addrs.contains(&bridge_addr), "{addrs}");
+    assert_eq!(exec(&c, &name, "cat /etc/resolv.conf"), resolv_before, "its resolv.conf put back");
+    assert_eq!(inspect(&c, &name, "{{.State.Status}}"), "running");
+    wait_until("the disconnected container's attachment gone", WAIT, || {
+        let a = attachments(&c);
+        if a.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{a:#?}"))
+        }
+    });
+    let pid = inspect(&c, &name, "{{.State.Pid}}");
+    let tables = Command::new("nsenter").args(["-t", &pid, "-n", "nft", "list", "tables"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&tables.stdout).contains("shoal"), "Shoal's table left the container");
+
+    // Connected again, then removed: its address comes back to the pool.
+    let out = user_docker(&c, &["network", "connect", "anet4", &name]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(attachments(&c).len(), 1);
+    let out = user_docker(&c, &["rm", "-f", &name]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    gone(&c, "the removed connected container's attachment gone");
+    cleanup.0.clear();
+    c.docker(&["service", "rm", "web"]);
+}
+
+/// A second connect of a connected container: dockerd's 403 `endpoint with name ... already exists`.
+fn refused_again(c: &Cluster, name: &str) {
+    let out = user_docker(c, &["network", "connect", "anet4", name]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&format!("endpoint with name {name} already exists in network anet4")),
+        "{err}"
+    );
+    assert_eq!(attachments(c).len(), 1, "the second connect changed nothing");
 }
 
 /// On a worker's socket: the worker cannot look the network up (it has no store), so the manager decides at
