@@ -63,6 +63,18 @@ pub trait SwarmAttach: Send + Sync + 'static {
     fn abandon<'a>(&'a self, holder: &'a str) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
     /// Before `container` starts: attached and plumbed when it is on a swarm network; nothing otherwise.
     fn before_start<'a>(&'a self, container: &'a str) -> AttachFuture<'a, ()>;
+    /// Before `container` is restarted (`docker restart`): a running one on a swarm network keeps its
+    /// attachment through the restart's stop (`Some(id)`: call `restart_ended` with it once the engine
+    /// answered); a stopped one is attached and plumbed as for a start.
+    fn restart_begins<'a>(&'a self, container: &'a str) -> AttachFuture<'a, Option<String>>;
+    /// The restart that `restart_begins` marked with `id` is answered.
+    fn restart_ended(&self, id: &str);
+    /// Connects running `container` to swarm network `network` with `aliases` (`docker network connect`);
+    /// returns once its namespace is plumbed.
+    fn connect<'a>(&'a self, container: &'a str, network: &'a str, aliases: &'a [String]) -> AttachFuture<'a, ()>;
+    /// Disconnects `container` from swarm network `network` (`docker network disconnect`; `force`: a container
+    /// that is gone or not connected is no error).
+    fn disconnect<'a>(&'a self, container: &'a str, network: &'a str, force: bool) -> AttachFuture<'a, ()>;
 }
 
 /// The value of key `k` of object `v`, matched as Go's JSON decoding does (case-insensitively).

@@ -12,8 +12,10 @@
 //!   `/networks/{id}` to Shoal when Shoal has that network, else to the engine.
 //! - `POST /containers/create` naming an attachable swarm network is made in a holder's namespace that the
 //!   node plumbs (`attach::SwarmAttach`, given by `Engine::with_attach`); a non-attachable one is refused
-//!   (403, as dockerd); `POST /containers/{id}/start` of such a container waits for the plumbing; a
-//!   `network connect` naming a swarm network is refused (501).
+//!   (403, as dockerd); `POST /containers/{id}/start` of such a container waits for the plumbing, and a
+//!   `/restart` of a running one keeps its attachment through the restart's stop; `POST
+//!   /networks/{id}/connect` and `/disconnect` naming a swarm network connect a running container to it
+//!   through the same attachment path (in the container's own namespace) and disconnect it.
 //! - Everything else is relayed byte for byte with hyper on both sides: bodies streamed both ways (build
 //!   contexts, image loads, logs that follow, stats, events), and `Connection: Upgrade` requests (`attach`,
 //!   `exec` start, `docker run -it`) answered 101 and then copied as raw streams both ways. A `/v1.NN` prefix
@@ -241,6 +243,8 @@ enum Route {
     /// `POST /containers/create` and `POST /networks/{id}/connect`: a swarm network named is the node's
     /// to plumb (`attach`).
     ContainerNetworks,
+    /// `POST /networks/{id}/disconnect`: the node's for a swarm network.
+    NetworkDisconnect,
     /// `POST /containers/{id}/start` and `/restart`: a container on a swarm network is plumbed first.
     ContainerStart,
 }
@@ -258,6 +262,7 @@ fn route(method: &Method, path: &str) -> Route {
         ("networks", ["create"]) => Route::NetworkCreate,
         ("networks", ["prune"]) => Route::Engine,
         ("networks", [_, "connect"]) if method == Method::POST => Route::ContainerNetworks,
+        ("networks", [_, "disconnect"]) if method == Method::POST => Route::NetworkDisconnect,
         ("containers", ["create"]) if method == Method::POST => Route::ContainerNetworks,
         ("containers", [_, "start" | "restart"]) if method == Method::POST => Route::ContainerStart,
         ("networks", [_]) => Route::NetworkById,
@@ -319,7 +324,9 @@ async fn dispatch(State(relay): State<Arc<Relay>>, req: Request) -> Response {
         EngineKind::Docker(d) => d.clone(),
         EngineKind::Absent(why) => {
             return match route {
-                Route::Engine | Route::ContainerStart | Route::ContainerNetworks => no_engine(why, req.method(), &bare),
+                Route::Engine | Route::ContainerStart | Route::ContainerNetworks | Route::NetworkDisconnect => {
+                    no_engine(why, req.method(), &bare)
+                }
                 Route::Unknown => error(
                     StatusCode::NOT_FOUND,
                     format!("page not found: {bare} is not an endpoint of the Docker Engine API"),
@@ -338,6 +345,7 @@ async fn dispatch(State(relay): State<Arc<Relay>>, req: Request) -> Response {
         Route::NetworkCreate => network_create(&relay, &engine, req).await,
         Route::NetworkById => network_by_id(&relay, &engine, req, &full).await,
         Route::ContainerNetworks => container_networks(&relay, &engine, req, &full).await,
+        Route::NetworkDisconnect => network_disconnect(&relay, &engine, req, &full).await,
         Route::ContainerStart => container_start(&relay, &engine, req, &bare).await,
     }
 }
@@ -655,7 +663,7 @@ fn named_networks(path: &str, body: &serde_json::Value) -> Vec<String> {
     };
     let mut names = Vec::new();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    if let ["networks", id, "connect"] = segments.as_slice() {
+    if let ["networks", id, "connect" | "disconnect"] = segments.as_slice() {
         names.push(id.to_string());
     } else {
         let host = field(body, "HostConfig").unwrap_or_default();
@@ -710,8 +718,9 @@ fn refused(r: crate::attach::AttachRefusal) -> Response {
 }
 
 /// A container create on an attachable swarm network is made in a holder's namespace that the node plumbs
-/// (`attach`); a non-attachable one is refused, as dockerd refuses it. A network connect naming a swarm
-/// network is refused (only a create joins one). Anything else goes to the engine.
+/// (`attach`), a network connect naming one connects the running container through the node
+/// (`network_connect`); a non-attachable one is refused, as dockerd refuses it. Anything else goes to the
+/// engine.
 async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
     let (parts, body) = req.into_parts();
     let bytes = match http_body_util::Limited::new(body, MERGE_BODY_LIMIT_BYTES).collect().await {
@@ -734,23 +743,18 @@ async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Requ
     let Some((network, found)) = swarm.first().cloned() else {
         return engine.relay(Request::from_parts(parts, Body::from(bytes))).await;
     };
-    if connect {
-        return error(
-            StatusCode::NOT_IMPLEMENTED,
-            format!(
-                "network {network} is a swarm network: a container joins it when it is created on it (docker run --network {network} ...), not by docker network connect"
-            ),
-        );
-    }
     if let Some(n) = &found {
         if !n.get("Attachable").and_then(|a| a.as_bool()).unwrap_or(false) {
             return error(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "Could not attach to network {network}: network {network} is not manually attachable: create it with --attachable (docker network create -d overlay --attachable {network}) to run containers on it with docker run, or run this one as a service (docker service create --network {network} ...)"
+                    "Could not attach to network {network}: network {network} is not manually attachable: create it with --attachable (docker network create -d overlay --attachable {network}) to run containers on it with docker run or docker network connect, or run this one as a service (docker service create --network {network} ...)"
                 ),
             );
         }
+    }
+    if connect {
+        return network_connect(relay, &doc, &network, found.as_ref()).await;
     }
     let others: Vec<String> = swarm.iter().skip(1).map(|(n, _)| n.clone()).chain(local).collect();
     if let Some(why) = crate::attach::refusal(&doc, &network, &others) {
@@ -814,15 +818,110 @@ async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Requ
     r
 }
 
-/// A container's start: one on a swarm network is attached and plumbed first (nothing for the others).
+/// The name of a swarm network as Shoal's lookup shows it, else as the user typed it.
+fn canonical_name(typed: &str, found: Option<&serde_json::Value>) -> String {
+    found.and_then(|n| n.get("Name")?.as_str().map(str::to_string)).unwrap_or_else(|| typed.to_string())
+}
+
+/// `docker network connect <swarm network> <container>`: the node connects the running container through the
+/// swarm's attachment path (its own namespace, plumbed). 200 with no body, as dockerd answers.
+async fn network_connect(
+    relay: &Relay,
+    doc: &serde_json::Value,
+    network: &str,
+    found: Option<&serde_json::Value>,
+) -> Response {
+    let field = crate::attach::field;
+    let Some(container) = field(doc, "Container").and_then(|c| c.as_str()).filter(|c| !c.is_empty()) else {
+        return error(StatusCode::BAD_REQUEST, "Container: name the container to connect".into());
+    };
+    let ep = field(doc, "EndpointConfig").cloned().unwrap_or_default();
+    let ipam = field(&ep, "IPAMConfig").and_then(|v| v.as_object().cloned()).unwrap_or_default();
+    if ipam.values().any(|v| v.as_str().is_some_and(|s| !s.is_empty())) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "EndpointConfig.IPAMConfig: an address on swarm network {network} is given by the swarm's allocator; leave out --ip/--ip6"
+            ),
+        );
+    }
+    let attach = match &relay.attach {
+        Ok(a) => a.clone(),
+        Err(why) => {
+            return error(StatusCode::NOT_IMPLEMENTED, format!("network {network} is a swarm network and {why}"));
+        }
+    };
+    let aliases: Vec<String> = field(&ep, "Aliases")
+        .and_then(|a| a.as_array())
+        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    match attach.connect(container, &canonical_name(network, found), &aliases).await {
+        Ok(()) => ok_empty(),
+        Err(r) => refused(r),
+    }
+}
+
+fn ok_empty() -> Response {
+    let mut r = Response::new(Body::empty());
+    r.headers_mut().insert("API-Version", HeaderValue::from_static(crate::API_VERSION));
+    r
+}
+
+/// `docker network disconnect <network> <container>`: the node's for a swarm network (a worker, which cannot
+/// look the swarm's up, asks the node for any network the engine does not have), the engine's otherwise.
+async fn network_disconnect(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = match http_body_util::Limited::new(body, MERGE_BODY_LIMIT_BYTES).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the request body could not be read: {e}")),
+    };
+    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let bare = crate::request::split_version(full).map_or(full, |(_, p)| p);
+    let prefix = &full[..full.len() - bare.len()];
+    let Some(name) = named_networks(bare, &doc).into_iter().next() else {
+        return engine.relay(Request::from_parts(parts, Body::from(bytes))).await;
+    };
+    let found = match find_network(relay, engine, prefix, &name).await {
+        Found::Local => return engine.relay(Request::from_parts(parts, Body::from(bytes))).await,
+        Found::Swarm(n) => Some(n),
+        Found::Unsure => None,
+    };
+    let attach = match &relay.attach {
+        Ok(a) => a.clone(),
+        Err(why) => return error(StatusCode::NOT_IMPLEMENTED, format!("network {name} is a swarm network and {why}")),
+    };
+    let field = crate::attach::field;
+    let Some(container) = field(&doc, "Container").and_then(|c| c.as_str()).filter(|c| !c.is_empty()) else {
+        return error(StatusCode::BAD_REQUEST, "Container: name the container to disconnect".into());
+    };
+    let force = field(&doc, "Force").and_then(|f| f.as_bool()).unwrap_or(false);
+    match attach.disconnect(container, &canonical_name(&name, found.as_ref()), force).await {
+        Ok(()) => ok_empty(),
+        Err(r) => refused(r),
+    }
+}
+
+/// A container's start: one on a swarm network is attached and plumbed first (nothing for the others). A
+/// restart of a running one keeps its attachment through the restart's stop.
 async fn container_start(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, bare: &str) -> Response {
-    if let Ok(attach) = &relay.attach {
-        let id = bare.trim_start_matches('/').split('/').nth(1).unwrap_or_default();
+    let Ok(attach) = &relay.attach else { return engine.relay(req).await };
+    let mut segments = bare.trim_start_matches('/').split('/').skip(1);
+    let (id, action) = (segments.next().unwrap_or_default(), segments.next().unwrap_or_default());
+    if action != "restart" {
         if let Err(r) = attach.before_start(id).await {
             return refused(r);
         }
+        return engine.relay(req).await;
     }
-    engine.relay(req).await
+    let marked = match attach.restart_begins(id).await {
+        Ok(m) => m,
+        Err(r) => return refused(r),
+    };
+    let resp = engine.relay(req).await;
+    if let Some(m) = marked {
+        attach.restart_ended(&m);
+    }
+    resp
 }
 
 async fn network_by_id(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
@@ -994,7 +1093,7 @@ mod tests {
         check(Method::GET, "/networks/abc", Route::NetworkById);
         check(Method::DELETE, "/networks/abc", Route::NetworkById);
         check(Method::POST, "/networks/abc/connect", Route::ContainerNetworks);
-        check(Method::POST, "/networks/abc/disconnect", Route::Engine);
+        check(Method::POST, "/networks/abc/disconnect", Route::NetworkDisconnect);
         check(Method::POST, "/containers/create", Route::ContainerNetworks);
         check(Method::POST, "/containers/abc/start", Route::ContainerStart);
         check(Method::POST, "/containers/abc/restart", Route::ContainerStart);
@@ -1043,6 +1142,7 @@ mod tests {
         assert!(named_networks("/containers/create", &body).is_empty());
         assert!(named_networks("/containers/create", &json!({"HostConfig": {"NetworkMode": "default"}})).is_empty());
         assert_eq!(named_networks("/networks/front/connect", &json!({"Container": "c"})), ["front"]);
+        assert_eq!(named_networks("/networks/front/disconnect", &json!({"Container": "c"})), ["front"]);
     }
 
     #[test]

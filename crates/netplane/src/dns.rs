@@ -184,6 +184,9 @@ struct Shared {
 
 struct TaskServer {
     netns: PathBuf,
+    /// The inode of the namespace the sockets were made in: a task whose path now names another one (a
+    /// joined container restarted, its namespace named again) is served anew there.
+    netns_ino: Option<u64>,
     zone: Arc<RwLock<Arc<Zone>>>,
     loops: Vec<JoinHandle<()>>,
 }
@@ -207,13 +210,17 @@ impl Resolver {
     }
 
     /// Serves every task of `state` with its zone: new tasks get their sockets, gone tasks lose them, the
-    /// others get their new zone at once.
-    pub async fn update(&self, state: &NodeNetState) -> Result<(), Error> {
+    /// others get their new zone at once. Returns why joined tasks (`TaskState::joined`) could not be
+    /// served; any other task's failure is the error.
+    pub async fn update(&self, state: &NodeNetState) -> Result<Vec<Error>, Error> {
+        let mut unserved = Vec::new();
         state.validate()?;
         let wanted: HashMap<&str, &TaskState> = state.tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
         let new: Vec<&TaskState> = {
             let mut tasks = self.tasks.lock().expect("resolver lock");
-            tasks.retain(|id, s| wanted.get(id.as_str()).is_some_and(|t| t.netns == s.netns));
+            tasks.retain(|id, s| {
+                wanted.get(id.as_str()).is_some_and(|t| t.netns == s.netns && netns_ino(&t.netns) == s.netns_ino)
+            });
             for (id, s) in tasks.iter() {
                 *s.zone.write().expect("zone lock") = Arc::new(zone_for(state, wanted[id.as_str()]));
             }
@@ -221,10 +228,19 @@ impl Resolver {
         };
         for t in new {
             let zone = Arc::new(RwLock::new(Arc::new(zone_for(state, t))));
-            let server = self.serve(t, zone).await?;
+            let server = match self.serve(t, zone).await {
+                Ok(s) => s,
+                // A container's own namespace may hold 127.0.0.11:53 itself: it keeps its resolver, the
+                // rest of the node's plumbing goes on (tried again at the next update).
+                Err(e) if t.joined => {
+                    unserved.push(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             self.tasks.lock().expect("resolver lock").insert(t.task_id.clone(), server);
         }
-        Ok(())
+        Ok(unserved)
     }
 
     /// Makes the task's sockets in its namespace and starts serving them.
@@ -242,8 +258,14 @@ impl Resolver {
             tokio::spawn(udp_loop(udp, zone.clone(), self.shared.clone())),
             tokio::spawn(tcp_loop(tcp, zone.clone(), self.shared.clone())),
         ];
-        Ok(TaskServer { netns: task.netns.clone(), zone, loops })
+        Ok(TaskServer { netns: task.netns.clone(), netns_ino: netns_ino(&task.netns), zone, loops })
     }
+}
+
+/// The inode of the namespace `netns` names now (`None`: it names none).
+fn netns_ino(netns: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(netns).ok().map(|m| m.ino())
 }
 
 /// Binds `RESOLVER_ADDR` (UDP and TCP) inside `netns`, on a thread of its own that enters the namespace.
@@ -426,6 +448,7 @@ mod tests {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
             attachments: vec![Attachment { network_id: "n1".into(), address: ip(1) }],
+            joined: false,
         };
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         s.networks = vec![net];

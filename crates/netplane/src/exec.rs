@@ -59,6 +59,18 @@ impl Executor {
         Ok(ops)
     }
 
+    /// Removes what Shoal put in the joined namespace `netns` (a running container's own, which outlives
+    /// the task: `TaskState::joined`) once the task is no longer plumbed: its table (the task's interface
+    /// went with the reconcile that deleted the veth's other end). A namespace without one is no error.
+    pub fn leave_joined(&self, netns: &Path) -> Result<(), Error> {
+        let ns = Some(netns);
+        let tables = self.run(ns, &["nft", "list", "tables"], None)?;
+        if self.table_tag(ns, &tables)?.is_some() {
+            self.ok(ns, &["nft", "delete", "table", "ip", names::NFT_TABLE])?;
+        }
+        Ok(())
+    }
+
     /// The key of the node's network namespace in the names of its networks' namespaces: its inode.
     pub fn node_key(&self) -> Result<u64, Error> {
         use std::os::unix::fs::MetadataExt;

@@ -65,6 +65,12 @@ pub fn task_ifname(index: usize) -> String {
     format!("eth{index}")
 }
 
+/// The interface a new attachment gets in a joined namespace (a container's own): the lowest `eth<N>` not
+/// in `taken`, as Docker names the interface of a network connected to a running container.
+pub fn free_task_ifname(taken: &std::collections::BTreeSet<String>) -> String {
+    (0..=taken.len()).map(task_ifname).find(|n| !taken.contains(n)).expect("one of len + 1 names is free")
+}
+
 /// Whether a host link name is one Shoal made.
 pub fn is_shoal_link(name: &str) -> bool {
     [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX, GATEWAY_PREFIX, UPLINK_PREFIX].iter().any(|p| name.starts_with(p))
@@ -99,6 +105,10 @@ mod tests {
             assert!(is_shoal_link(&n));
         }
         assert!(!is_shoal_link("eth0"));
+        let taken = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(free_task_ifname(&taken(&[])), "eth0");
+        assert_eq!(free_task_ifname(&taken(&["eth0"])), "eth1");
+        assert_eq!(free_task_ifname(&taken(&["eth0", "eth2", "tunl0"])), "eth1");
         assert_ne!(veth("t1", "n1"), veth("t1", "n2"));
         assert_eq!(network_netns_vni(4026532000, &network_netns(4026532000, 42)), Some(42));
         assert_eq!(network_netns_vni(4026532001, &network_netns(4026532000, 42)), None);

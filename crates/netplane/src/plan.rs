@@ -440,14 +440,24 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
         let tns = current.tasks.get(&t.netns).unwrap_or(&empty);
         let mut replumbed = false;
         let mut want_ifaces = BTreeSet::new();
+        // Names in use in a joined namespace (the container's interfaces, and those this plan gives).
+        let mut taken: BTreeSet<String> = tns.ifaces.keys().cloned().collect();
         for (i, a) in t.attachments.iter().enumerate() {
             let n = desired.network(&a.network_id).expect("validated: attachments name known networks");
             let vni = n.vni;
             let ns = live(vni);
             let host = names::veth(&t.task_id, &n.id);
             let br = names::bridge(vni);
-            let ifname = names::task_ifname(i);
             let mac = mac_for(a.address);
+            let ifname = if t.joined {
+                match tns.ifaces.iter().find(|(_, f)| f.mac == Some(mac)) {
+                    Some((name, _)) => name.clone(),
+                    None => names::free_task_ifname(&taken),
+                }
+            } else {
+                names::task_ifname(i)
+            };
+            taken.insert(ifname.clone());
             let addr = Ipv4Cidr { addr: a.address, prefix_len: n.subnet.prefix_len };
             let host_link = ns.links.get(&host);
             let host_ok = host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
@@ -481,18 +491,21 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             want_ifaces.insert(ifname);
             wanted_in.entry(vni).or_default().insert(host);
         }
-        // Interfaces named like Shoal's that no attachment wants any more (a task's networks shrank).
-        for name in tns.ifaces.keys() {
-            if name.starts_with("eth") && !want_ifaces.contains(name) {
-                removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: name.clone() });
+        // Interfaces named like Shoal's that no attachment wants any more (a task's networks shrank); in a
+        // joined namespace they are the container's own, and its routes too.
+        if !t.joined {
+            for name in tns.ifaces.keys() {
+                if name.starts_with("eth") && !want_ifaces.contains(name) {
+                    removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: name.clone() });
+                }
             }
-        }
-        let via = t.attachments.iter().enumerate().find_map(|(i, a)| {
-            let n = desired.network(&a.network_id)?;
-            (!n.internal).then(|| (n.gateway, names::task_ifname(i)))
-        });
-        if (replumbed && via.is_some()) || tns.default_gw != via.as_ref().map(|v| v.0) {
-            routes.push(Op::SetDefaultRoute { netns: t.netns.clone(), via });
+            let via = t.attachments.iter().enumerate().find_map(|(i, a)| {
+                let n = desired.network(&a.network_id)?;
+                (!n.internal).then(|| (n.gateway, names::task_ifname(i)))
+            });
+            if (replumbed && via.is_some()) || tns.default_gw != via.as_ref().map(|v| v.0) {
+                routes.push(Op::SetDefaultRoute { netns: t.netns.clone(), via });
+            }
         }
         match nft::task_table(desired, t) {
             Some(table) if tns.table.as_deref() != Some(table.tag.as_str()) => {
@@ -655,6 +668,7 @@ mod tests {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
             attachments: vec![Attachment { network_id: "n7".into(), address: Ipv4Addr::new(10, 9, 0, 2) }],
+            joined: false,
         }];
         check(
             &Observed::default(),
@@ -691,6 +705,52 @@ mod tests {
             addr: "10.9.0.2/24".parse().unwrap(),
             mtu: 1450,
         }));
+    }
+
+    #[test]
+    fn a_joined_namespace_keeps_the_containers_interfaces_and_route() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        s.networks = vec![net(7)];
+        let addr = Ipv4Addr::new(10, 9, 0, 2);
+        s.tasks = vec![TaskState {
+            task_id: "t".into(),
+            netns: "/run/netns/t".into(),
+            attachments: vec![Attachment { network_id: "n7".into(), address: addr }],
+            joined: true,
+        }];
+        let mut o = with_network_7(&s);
+        // A container of the engine's default bridge: its eth0, its default route through the bridge.
+        let bridge_if = TaskIface {
+            mac: Some(mac_for(Ipv4Addr::new(172, 17, 0, 2))),
+            addrs: vec!["172.17.0.2/16".parse().unwrap()],
+            mtu: 1500,
+            up: true,
+        };
+        let mut tns = TaskNs { default_gw: Some(Ipv4Addr::new(172, 17, 0, 1)), ..TaskNs::default() };
+        tns.ifaces.insert("eth0".into(), bridge_if);
+        o.tasks.insert("/run/netns/t".into(), tns.clone());
+        let ops = plan(&o, &s);
+        // The overlay's interface is eth1; nothing of the container's is removed; the route stays.
+        assert_eq!(kinds(&ops), ["CreateVeth"], "{ops:?}");
+        assert!(matches!(&ops[0], Op::CreateVeth { ifname, .. } if ifname == "eth1"), "{ops:?}");
+
+        // Plumbed: found by its MAC, nothing to do.
+        tns.ifaces.insert(
+            "eth1".into(),
+            TaskIface { mac: Some(mac_for(addr)), addrs: vec!["10.9.0.2/24".parse().unwrap()], mtu: 1450, up: true },
+        );
+        o.tasks.insert("/run/netns/t".into(), tns.clone());
+        o.networks
+            .get_mut(&7)
+            .unwrap()
+            .links
+            .insert(names::veth("t", "n7"), Link { master: Some("shlb7".into()), ..link(LinkKind::Veth) });
+        assert_eq!(plan(&o, &s), []);
+
+        // The same namespace made for a task of its own: eth0 would be Shoal's, and the route too.
+        s.tasks[0].joined = false;
+        let kinds_own = kinds(&plan(&o, &s));
+        assert!(kinds_own.contains(&"SetDefaultRoute".to_string()), "{kinds_own:?}");
     }
 
     #[test]
@@ -969,6 +1029,7 @@ mod tests {
                         task_id: "t".into(),
                         netns: "/run/netns/t".into(),
                         attachments: vec![Attachment { network_id: "n7".into(), address: Ipv4Addr::new(10, 1, 0, 2) }],
+                        joined: false,
                     }]
                 }),
                 "not a host address",

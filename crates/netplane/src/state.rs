@@ -478,6 +478,14 @@ pub struct TaskState {
     /// Its networks, in the task's order: attachment `i` is interface `eth<i>` in the namespace; the first
     /// non-internal one carries the default route.
     pub attachments: Vec<Attachment>,
+    /// Whether the namespace is a running container's own, joined by `docker network connect` (`false`: it
+    /// was made for the task, a holder's or the plane's own). In a joined namespace the container's
+    /// interfaces and routes stay as its engine made them: an attachment's interface is the one with its
+    /// MAC (`mac_for`), or a new one named with the lowest free `eth<N>`, as Docker names a connected
+    /// network's; no interface of the container is removed; the default route is left alone (Docker keeps
+    /// a connected container's gateway where it was); the resolver does without 127.0.0.11:53 when
+    /// something of the container's holds it.
+    pub joined: bool,
 }
 
 /// One network attachment of a task.

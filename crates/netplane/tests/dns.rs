@@ -141,11 +141,13 @@ async fn tasks_resolve_their_services_by_name_and_the_rest_upstream() {
             task_id: "client".into(),
             netns: client.path(),
             attachments: vec![Attachment { network_id: "appnet".into(), address: a(2) }],
+            joined: false,
         },
         TaskState {
             task_id: "lonely".into(),
             netns: lonely.path(),
             attachments: vec![Attachment { network_id: "private".into(), address: Ipv4Addr::new(10, 51, 0, 2) }],
+            joined: false,
         },
     ];
     let resolver = Resolver::new(vec![upstream()]);

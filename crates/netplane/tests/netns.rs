@@ -323,6 +323,7 @@ fn task(id: &str, ns: &Netns, attachments: &[(&str, Ipv4Addr)]) -> TaskState {
         task_id: id.into(),
         netns: ns.path(),
         attachments: attachments.iter().map(|(n, a)| Attachment { network_id: n.to_string(), address: *a }).collect(),
+        joined: false,
     }
 }
 

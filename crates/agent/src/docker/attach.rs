@@ -1,5 +1,5 @@
 //! Containers of the engine's own on attachable swarm networks (`docker run --network <attachable overlay>`
-//! on the node's control socket), as dockerd gives them: the container gets an address through SwarmKit's
+//! and `docker network connect` on the node's control socket), as dockerd gives them: the container gets an address through SwarmKit's
 //! attachment path and the node's data plane plumbs it like a task.
 //!
 //! The path, in order:
@@ -20,17 +20,32 @@
 //! 4. `Attacher::before_start` (the control socket calls it before relaying a container's start) attaches a
 //!    container of ours again when it holds no attachment (it stopped since), and waits until its namespace is
 //!    plumbed, so the container's first instruction is connected.
-//! 5. `Attacher::run` follows the engine's `die` and `destroy` events of such containers: a container that
-//!    stopped is detached (`ResourceAllocator.DetachNetwork`: the task goes and its address returns to the
-//!    pool), a removed one also loses its holder. The same loop reconciles whenever the node's assignments
-//!    or its session change, which covers what happened while the daemon was down: attachments of this node
-//!    whose container is gone or stopped are detached, and holders whose container is gone are removed.
+//! 5. `Attacher::run` follows the engine's `die`, `stop` and `destroy` events of such containers and asks the
+//!    engine what became of the container (`fate`): one that stopped for good is detached
+//!    (`ResourceAllocator.DetachNetwork`: the task goes and its address returns to the pool), a removed one
+//!    also loses its holder; one the engine restarts (its restart policy: the engine marks it restarting
+//!    before its `die`) or that a `docker restart` through the control socket restarts
+//!    (`restart_begins`/`restart_ended`) keeps its attachment, and comes back in the same plumbed namespace.
+//!    The same loop reconciles whenever the node's assignments or its session change, which covers what
+//!    happened while the daemon was down: attachments of this node whose container is gone or stopped for
+//!    good are detached, and holders whose container is gone are removed.
+//!
+//! 6. `Attacher::connect` (`docker network connect <swarm network> <container>`) attaches a running container
+//!    that has a namespace of its own (not `host`, `none` or `container:`) the same way, and its
+//!    `AttachmentController` registers the container's own namespace (from its PID) as a joined one
+//!    (`NetworkPlane::join_namespace`: a new `eth<N>`, the container's interfaces and routes untouched) and
+//!    points its resolv.conf at the swarm's resolver (`joined_resolv_conf`, as dockerd rebuilds it; put
+//!    back when the attachment goes). A restart (the engine's policy, or `docker restart` through the
+//!    socket) keeps the attachment (`fate`) and its `start` event moves it into the new namespace
+//!    (`rejoin`). `Attacher::disconnect` detaches it and waits until its interface is gone; stop and
+//!    removal detach it as for a container created on the network.
 //!
 //! Bounds: `ATTACH_TIMEOUT` for the manager's answer, `PLUMB_TIMEOUT` (the plane's) for the plumbing; the
 //! manager bounds the attachments per node. Must not depend on the Engine API's HTTP types (the node crate
 //! wires this to the control socket).
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +91,9 @@ pub enum AttachError {
     /// The request cannot be honoured as given.
     #[error("{0}")]
     Invalid(String),
+    /// The container is not in a state that allows it (a stopped container connected).
+    #[error("{0}")]
+    Conflict(String),
     /// No manager answered, or the plumbing did not finish in time.
     #[error("{0}")]
     Unavailable(String),
@@ -122,6 +140,87 @@ fn holds(t: &Task) -> bool {
     !s.is_terminal() && t.desired_state <= TaskState::Running as i32
 }
 
+/// What becomes of a container's attachments when something happened to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// They stay: the container runs on, is being restarted by the engine's restart policy (the engine
+    /// marks it restarting before it sends the `die` event, moby's daemon/monitor.go), or by a restart
+    /// through the control socket; or it is not started yet (created) or is being removed (a `destroy`
+    /// follows).
+    Keep,
+    /// They are detached (their addresses go back to the pool): the container stopped for good.
+    Detach,
+    /// They are detached and the container's holder goes: the container is gone.
+    Gone,
+}
+
+/// The fate of a container's attachments, from the container's status as the engine shows it now (`None`:
+/// the engine has no such container) and whether a restart of it through the control socket is under way.
+pub fn fate(status: Option<&str>, restarting_through_socket: bool) -> Fate {
+    match status {
+        None => Fate::Gone,
+        Some(_) if restarting_through_socket => Fate::Keep,
+        Some("exited" | "dead") => Fate::Detach,
+        Some(_) => Fate::Keep,
+    }
+}
+
+/// Why a container with network mode `mode` cannot be connected to a swarm network, in dockerd's words
+/// (`None`: it can). A container sharing another's namespace (or the host's) has none of its own to join,
+/// one with `none` networking stays without any.
+pub fn mode_refusal(mode: &str) -> Option<&'static str> {
+    if mode == "host" || mode.starts_with("container:") {
+        Some("container sharing network namespace with another container or host cannot be connected to any other network")
+    } else if mode == "none" {
+        Some("container cannot be connected to multiple networks with one of the networks in private (none) mode")
+    } else {
+        None
+    }
+}
+
+/// The resolv.conf a connected container gets, from its current one (`None`: leave it): as dockerd rebuilds
+/// it when the container joins a network with the embedded resolver (libnetwork's `rebuildDNS`), the
+/// resolver at 127.0.0.11 is its only nameserver, its search domains and options stay, `ndots:0` is added
+/// when it sets none. One already pointing at 127.0.0.11 alone (the engine's own embedded resolver, on a
+/// user-defined network: it intercepts that address in the namespace) is left as it is.
+pub fn joined_resolv_conf(current: &str) -> Option<String> {
+    let servers: Vec<&str> =
+        current.lines().filter_map(|l| l.trim().strip_prefix("nameserver")).map(str::trim).collect();
+    if !servers.is_empty() && servers.iter().all(|s| *s == holder::RESOLVER) {
+        return None;
+    }
+    let mut out = format!("nameserver {}\n", holder::RESOLVER);
+    let mut ndots = false;
+    for l in current.lines().map(str::trim) {
+        if l.starts_with("search ") || l.starts_with("domain ") {
+            out.push_str(l);
+            out.push('\n');
+        } else if let Some(opts) = l.strip_prefix("options ") {
+            ndots |= opts.split_whitespace().any(|o| o.starts_with("ndots:"));
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    if !ndots {
+        out.push_str("options ndots:0\n");
+    }
+    Some(out)
+}
+
+/// Rewrites the resolv.conf at `path` (the engine's file of a container, bind-mounted into it) as
+/// `joined_resolv_conf` says, in place (the mount follows the file, not its name); returns what it held
+/// when it was rewritten (to put back when the container leaves the network).
+fn point_at_resolver(path: &Path) -> Result<Option<String>, String> {
+    let current = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    match joined_resolv_conf(&current) {
+        Some(new) => {
+            std::fs::write(path, new).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok(Some(current))
+        }
+        None => Ok(None),
+    }
+}
+
 /// The node's side of containers on attachable swarm networks (see the module doc).
 pub struct Attacher {
     docker: Docker,
@@ -140,6 +239,12 @@ pub struct Attacher {
     /// The attachment made for each container by this run, until detached (the task reaches the node's
     /// assignments a little later; a start in between must not attach it twice).
     made: Mutex<HashMap<String, String>>,
+    /// Containers connected to a swarm network by this run (`connect`), by ID: the network as the user
+    /// named it and the attachment (until detached; after a restart of the daemon the assigned tasks say it).
+    joined: Mutex<HashMap<String, (String, String)>>,
+    /// Containers being restarted through the control socket (`docker restart`), by ID, with how many such
+    /// restarts are under way: the stop such a restart makes keeps their attachments.
+    restarts: Mutex<HashMap<String, usize>>,
 }
 
 impl std::fmt::Debug for Attacher {
@@ -182,6 +287,8 @@ impl Attacher {
             assigned: watch::channel(AssignedTasks::default()).0,
             creating: Mutex::new(BTreeSet::new()),
             made: Mutex::new(HashMap::new()),
+            restarts: Mutex::new(HashMap::new()),
+            joined: Mutex::new(HashMap::new()),
         })
     }
 
@@ -275,20 +382,128 @@ impl Attacher {
             .map(|a| a.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
             .unwrap_or_default();
         let id = c.id.clone().unwrap_or_else(|| container.to_string());
+        self.request_attachment(&id, &network, aliases).await
+    }
+
+    /// Asks the manager for an attachment of container `id` (its full ID) to `network`, with `aliases`.
+    async fn request_attachment(&self, id: &str, network: &str, aliases: Vec<String>) -> Result<String, AttachError> {
         let mut client = self.client()?;
         let req = crate::session::req(
             &self.node_id,
             AttachNetworkRequest {
-                config: Some(NetworkAttachmentConfig { target: network.clone(), aliases, ..Default::default() }),
-                container_id: id.clone(),
+                config: Some(NetworkAttachmentConfig { target: network.to_string(), aliases, ..Default::default() }),
+                container_id: id.to_string(),
             },
             Some(ATTACH_TIMEOUT),
         );
-        let r = client.attach_network(req).await.map_err(|s| status_error(&network, s))?;
+        let r = client.attach_network(req).await.map_err(|s| status_error(network, s))?;
         let attachment = r.into_inner().attachment_id;
-        self.made.lock().insert(id.clone(), attachment.clone());
+        self.made.lock().insert(id.to_string(), attachment.clone());
         tracing::info!(container = %id, %network, %attachment, "container attached to a swarm network");
         Ok(attachment)
+    }
+
+    /// The swarm network container `id` is connected to (`connect`), if it is: as the user named it at the
+    /// connect, or (after a restart of the daemon) the assigned attachment task's network, by ID and name.
+    fn connected_to(&self, id: &str) -> Option<Vec<String>> {
+        if let Some((network, _)) = self.joined.lock().get(id) {
+            return Some(vec![network.clone()]);
+        }
+        let a = self.assigned.borrow();
+        let t = a.values().find(|t| attachment_container(t) == Some(id) && holds(t))?;
+        let n = t.networks.first().and_then(|n| n.network.as_ref());
+        let name = n.and_then(|n| n.spec.as_ref()?.annotations.as_ref()).map(|a| a.name.clone());
+        Some(n.map(|n| n.id.clone()).into_iter().chain(name).collect())
+    }
+
+    /// Connects running container `container` to swarm network `network` (`docker network connect`), as
+    /// dockerd does: an attachment from the manager (refused there when the network is not attachable), its
+    /// interface and address plumbed into the container's own namespace (a new `eth<N>`; the container's
+    /// interfaces and routes stay) with the network's resolver at 127.0.0.11 (`joined_resolv_conf`).
+    /// Returns once it is plumbed, with the attachment's ID.
+    pub async fn connect(&self, container: &str, network: &str, aliases: &[String]) -> Result<String, AttachError> {
+        let c = self.docker.inspect_container(container, None).await.map_err(|e| match engine_status(&e) {
+            Some(404) => AttachError::NotFound(format!("No such container: {container}")),
+            _ => AttachError::Engine(engine_message(&e)),
+        })?;
+        let id = c.id.clone().unwrap_or_else(|| container.to_string());
+        let name = c.name.as_deref().unwrap_or(container).trim_start_matches('/').to_string();
+        let labels = c.config.as_ref().and_then(|c| c.labels.clone()).unwrap_or_default();
+        let on = labels.get(LABEL_ATTACH_NETWORK).map(|n| vec![n.clone()]).or_else(|| self.connected_to(&id));
+        if let Some(on) = on {
+            return Err(if on.iter().any(|n| n == network) {
+                AttachError::Refused(format!("endpoint with name {name} already exists in network {network}"))
+            } else {
+                AttachError::Invalid(format!(
+                    "container {name} is on swarm network {} already, and a container joins one swarm network on                      this node: disconnect it first (docker network disconnect {} {name})",
+                    on.last().map_or("", String::as_str),
+                    on.last().map_or("", String::as_str),
+                ))
+            });
+        }
+        let mode = c.host_config.as_ref().and_then(|h| h.network_mode.clone()).unwrap_or_default();
+        if let Some(why) = mode_refusal(&mode) {
+            return Err(AttachError::Invalid(why.to_string()));
+        }
+        let status = c.state.as_ref().and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default();
+        if !matches!(status.as_str(), "running" | "paused") {
+            return Err(AttachError::Conflict(format!(
+                "container {name} is {status}: Shoal connects a running container to swarm network {network} (its \
+                 network namespace exists only while it runs); start it, then connect it"
+            )));
+        }
+        let attachment = self.request_attachment(&id, network, aliases.to_vec()).await?;
+        self.joined.lock().insert(id.clone(), (network.to_string(), attachment.clone()));
+        let plumbed = match self.plane() {
+            Ok(plane) => plane.wait_plumbed(&attachment).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = plumbed {
+            // Not left holding an address it cannot use.
+            let _ = self.detach(&attachment).await;
+            return Err(AttachError::Unavailable(format!("container {name} was not connected to {network}: {e}")));
+        }
+        Ok(attachment)
+    }
+
+    /// Disconnects container `container` from swarm network `network` (`docker network disconnect`): its
+    /// attachment is detached (the address goes back to the pool) and its interface leaves the container.
+    /// A container created on the network (`docker run --network`) stays on it while it exists.
+    pub async fn disconnect(&self, container: &str, network: &str, force: bool) -> Result<(), AttachError> {
+        let c = match self.docker.inspect_container(container, None).await {
+            Ok(c) => c,
+            Err(e) if engine_status(&e) == Some(404) && force => return Ok(()),
+            Err(e) if engine_status(&e) == Some(404) => {
+                return Err(AttachError::NotFound(format!("No such container: {container}")))
+            }
+            Err(e) => return Err(AttachError::Engine(engine_message(&e))),
+        };
+        let id = c.id.clone().unwrap_or_else(|| container.to_string());
+        let name = c.name.as_deref().unwrap_or(container).trim_start_matches('/').to_string();
+        let labels = c.config.as_ref().and_then(|c| c.labels.clone()).unwrap_or_default();
+        if labels.get(LABEL_ATTACH_NETWORK).is_some_and(|n| n == network) {
+            return Err(AttachError::Invalid(format!(
+                "container {name} was created on swarm network {network} (docker run --network {network}) and stays \
+                 on it while it exists: remove it (docker rm -f {name}) to give its address back"
+            )));
+        }
+        let connected = self.connected_to(&id).is_some_and(|on| on.iter().any(|n| n == network));
+        let attachments = self.attachments_of(&id);
+        if !connected || attachments.is_empty() {
+            if force {
+                return Ok(());
+            }
+            return Err(AttachError::Invalid(format!("container {id} is not connected to network {network}")));
+        }
+        for a in &attachments {
+            self.detach(a).await?;
+        }
+        if let Ok(plane) = self.plane() {
+            for a in &attachments {
+                plane.wait_released(a).await;
+            }
+        }
+        Ok(())
     }
 
     /// Detaches attachment `attachment` (one already gone is no error).
@@ -302,6 +517,7 @@ impl Attacher {
         let r = client.detach_network(req).await;
         if matches!(&r, Err(s) if s.code() == tonic::Code::NotFound) || r.is_ok() {
             self.made.lock().retain(|_, a| a != attachment);
+            self.joined.lock().retain(|_, (_, a)| a != attachment);
         }
         match r {
             Ok(_) => {
@@ -350,15 +566,42 @@ impl Attacher {
         Ok(())
     }
 
+    /// Before container `container` is restarted through the control socket (`docker restart`): when it is
+    /// one with an attachment and runs, the stop the restart makes keeps its attachment (its ID is returned,
+    /// for `restart_ended`); when it does not run, the restart is a start (`before_start`).
+    pub async fn restart_begins(&self, container: &str) -> Result<Option<String>, AttachError> {
+        let Ok(c) = self.docker.inspect_container(container, None).await else { return Ok(None) };
+        let id = c.id.clone().unwrap_or_else(|| container.to_string());
+        if !is_running(&c) {
+            self.before_start(&id).await?;
+            return Ok(None);
+        }
+        if self.attachments_of(&id).is_empty() {
+            return Ok(None);
+        }
+        *self.restarts.lock().entry(id.clone()).or_default() += 1;
+        Ok(Some(id))
+    }
+
+    /// The restart of container `id` that `restart_begins` marked is answered (whatever the answer).
+    pub fn restart_ended(&self, id: &str) {
+        let mut r = self.restarts.lock();
+        if let Some(n) = r.get_mut(id) {
+            *n -= 1;
+            if *n == 0 {
+                r.remove(id);
+            }
+        }
+    }
+
     /// Follows the engine's events and the node's assignments (see the module doc) until `shutdown`.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let (mut assigned, mut channel) = (self.assigned.subscribe(), self.channel.subscribe());
         loop {
-            let filters: HashMap<&str, Vec<&str>> = HashMap::from([
-                ("type", vec!["container"]),
-                ("event", vec!["die", "destroy"]),
-                ("label", vec![LABEL_ATTACH_NETWORK]),
-            ]);
+            // Every container's (a connected one carries no label of ours): those without an attachment
+            // here are passed over at once.
+            let filters: HashMap<&str, Vec<&str>> =
+                HashMap::from([("type", vec!["container"]), ("event", vec!["start", "die", "stop", "destroy"])]);
             let mut events = self.docker.events(Some(EventsOptionsBuilder::default().filters(&filters).build()));
             // Whatever happened while no stream was open.
             self.reconcile().await;
@@ -369,7 +612,14 @@ impl Attacher {
                             let actor = ev.actor.unwrap_or_default();
                             let id = actor.id.unwrap_or_default();
                             let holder = actor.attributes.unwrap_or_default().remove(LABEL_ATTACH_HOLDER);
-                            self.stopped(&id, ev.action.as_deref() == Some("destroy"), holder.as_deref()).await;
+                            if ev.action.as_deref() == Some("start") {
+                                // A connected container's new run has a new namespace: the attachment moves there.
+                                if holder.is_none() && !self.attachments_of(&id).is_empty() {
+                                    self.rejoin(&id).await;
+                                }
+                            } else if holder.is_some() || !self.attachments_of(&id).is_empty() {
+                                self.settle(&id, holder.as_deref()).await;
+                            }
                         }
                         Some(Err(e)) => {
                             tracing::warn!("the engine's event stream failed: {}", engine_message(&e));
@@ -395,21 +645,71 @@ impl Attacher {
         }
     }
 
-    /// Container `id` stopped (or was removed, `gone`): its attachments are detached, and a removed
-    /// container's holder goes.
-    async fn stopped(&self, id: &str, gone: bool, holder: Option<&str>) {
+    /// Connected container `id` started again (its restart policy, or a restart through the socket, kept its
+    /// attachment): each attachment task of it assigned here is plumbed into its new namespace, as dockerd
+    /// joins a restarted container's networks again. (One not assigned yet is plumbed there by its
+    /// controller.)
+    async fn rejoin(&self, id: &str) {
+        let tasks: Vec<Task> = {
+            let a = self.assigned.borrow();
+            a.values().filter(|t| attachment_container(t) == Some(id) && holds(t)).map(|t| (**t).clone()).collect()
+        };
+        let Ok(plane) = self.plane() else { return };
+        for t in tasks {
+            let c = AttachmentController {
+                docker: self.docker.clone(),
+                plane: plane.clone(),
+                task: Arc::new(t),
+                container: id.to_string(),
+                resolv_was: Arc::default(),
+            };
+            match c.register(true).await {
+                Ok(()) => {
+                    tracing::info!(container = %id, attachment = %c.task.id, "restarted container connected again")
+                }
+                Err(e) => {
+                    tracing::warn!(container = %id, attachment = %c.task.id, "cannot connect the restarted container again: {e}")
+                }
+            }
+        }
+    }
+
+    /// The fate of container `id`'s attachments, from the engine's view of it now.
+    async fn fate_of(&self, id: &str) -> Result<Fate, AttachError> {
+        let status = match self.docker.inspect_container(id, None).await {
+            Ok(c) => Some(c.state.as_ref().and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default()),
+            Err(e) if engine_status(&e) == Some(404) => None,
+            Err(e) => return Err(AttachError::Engine(engine_message(&e))),
+        };
+        Ok(fate(status.as_deref(), self.restarts.lock().contains_key(id)))
+    }
+
+    /// Something happened to container `id` (it died, was stopped or removed): its attachments are
+    /// detached unless it runs on or the engine restarts it (`fate`), and a removed container's holder goes.
+    async fn settle(&self, id: &str, holder: Option<&str>) {
+        let f = match self.fate_of(id).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(container = %id, "cannot inspect the container: {e}; the next reconcile looks again");
+                return;
+            }
+        };
+        if f == Fate::Keep {
+            tracing::debug!(container = %id, "the container runs on or is restarting: its attachment stays");
+            return;
+        }
         for a in self.attachments_of(id) {
             if let Err(e) = self.detach(&a).await {
                 tracing::warn!(container = %id, "{e}; the next reconcile tries again");
             }
         }
-        if let (true, Some(h)) = (gone, holder) {
+        if let (Fate::Gone, Some(h)) = (f, holder) {
             self.abandon(h).await;
         }
     }
 
-    /// Detaches this node's attachments whose container is gone or stopped; removes holders whose container
-    /// is gone.
+    /// Detaches this node's attachments whose container is gone or stopped for good (`fate`); removes holders
+    /// whose container is gone.
     async fn reconcile(&self) {
         let mine: Vec<(String, String)> = {
             let a = self.assigned.borrow();
@@ -419,14 +719,7 @@ impl Attacher {
                 .collect()
         };
         for (attachment, container) in mine {
-            let stopped = match self.docker.inspect_container(&container, None).await {
-                Ok(c) => {
-                    let status = c.state.as_ref().and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default();
-                    matches!(status.as_str(), "exited" | "dead")
-                }
-                Err(e) => engine_status(&e) == Some(404),
-            };
-            if stopped {
+            if matches!(self.fate_of(&container).await, Ok(Fate::Detach | Fate::Gone)) {
                 tracing::info!(%attachment, %container, "the attachment's container is stopped or gone: detaching");
                 if let Err(e) = self.detach(&attachment).await {
                     tracing::debug!(%attachment, "{e}");
@@ -469,6 +762,7 @@ impl Attacher {
             plane,
             task: Arc::new(task.clone()),
             container: container.to_string(),
+            resolv_was: Arc::default(),
         })
     }
 
@@ -490,13 +784,17 @@ impl Attacher {
     }
 }
 
-/// Runs one network attachment task: the container's holder namespace, plumbed while the task lives.
+/// Runs one network attachment task: the container's holder namespace (or, connected, its own), plumbed
+/// while the task lives.
 #[derive(Clone)]
 pub struct AttachmentController {
     docker: Docker,
     plane: Arc<NetworkPlane>,
     task: Arc<Task>,
     container: String,
+    /// A connected container's resolv.conf as it was before it pointed at the swarm's resolver (its path
+    /// and content): put back when the attachment goes, since the resolver goes with it.
+    resolv_was: Arc<Mutex<Option<(std::path::PathBuf, String)>>>,
 }
 
 impl AttachmentController {
@@ -506,12 +804,24 @@ impl AttachmentController {
         if adopting && !is_running(&c) {
             return Err(format!("container {} no longer runs", self.container));
         }
-        let holder = c
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.as_ref())
-            .and_then(|l| l.get(LABEL_ATTACH_HOLDER).cloned())
-            .ok_or_else(|| format!("container {} has no network-namespace holder", self.container))?;
+        let holder =
+            c.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_ATTACH_HOLDER).cloned());
+        let Some(holder) = holder else {
+            // Connected (`docker network connect`): the container's own namespace, while it runs.
+            let pid = c.state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0 && is_running(&c));
+            let pid = pid
+                .ok_or_else(|| format!("container {} is not running: connect it again once it runs", self.container))?;
+            if let Some(path) = c.resolv_conf_path.as_deref().filter(|p| !p.is_empty()) {
+                match point_at_resolver(Path::new(path)) {
+                    Ok(Some(was)) => *self.resolv_was.lock() = Some((path.into(), was)),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(container = %self.container, "its names are not resolved by the swarm's resolver: {e}")
+                    }
+                }
+            }
+            return self.plane.join_namespace(&self.task, pid as u32).await.map(|_| ());
+        };
         let mut h = self.docker.inspect_container(&holder, None).await.map_err(|e| engine_message(&e))?;
         if !is_running(&h) {
             match self.docker.start_container(&holder, None).await {
@@ -553,7 +863,19 @@ impl Controller for AttachmentController {
     }
 
     fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
-        Box::pin(async move { self.plane.release(&self.task.id).await.map_err(ExecutorError::Runtime) })
+        Box::pin(async move {
+            self.plane.release(&self.task.id).await.map_err(ExecutorError::Runtime)?;
+            let was = self.resolv_was.lock().take();
+            if let Some((path, content)) = was {
+                // (Gone with a removed container: nothing to put back.)
+                if path.exists() {
+                    if let Err(e) = std::fs::write(&path, content) {
+                        tracing::warn!(container = %self.container, "cannot put its resolv.conf back: {e}");
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -568,6 +890,51 @@ mod tests {
         assert_eq!(l[LABEL_ATTACH_NETWORK], "net");
         assert_eq!(l[LABEL_ATTACH_ALIASES], "db,cache");
         assert!(!container_labels("h1", "net", &[]).contains_key(LABEL_ATTACH_ALIASES));
+    }
+
+    #[test]
+    fn an_attachment_goes_only_when_its_container_stopped_for_good() {
+        for (status, restarting_here, want) in [
+            // The engine's restart policy: `die` comes with the container already marked restarting.
+            (Some("restarting"), false, Fate::Keep),
+            (Some("running"), false, Fate::Keep),
+            (Some("paused"), false, Fate::Keep),
+            (Some("created"), false, Fate::Keep),
+            (Some("removing"), false, Fate::Keep),
+            (Some("exited"), false, Fate::Detach),
+            (Some("dead"), false, Fate::Detach),
+            // `docker restart` through the socket: the stop it makes keeps the attachment.
+            (Some("exited"), true, Fate::Keep),
+            (None, false, Fate::Gone),
+            (None, true, Fate::Gone),
+        ] {
+            assert_eq!(fate(status, restarting_here), want, "{status:?} {restarting_here}");
+        }
+    }
+
+    #[test]
+    fn a_connected_container_resolves_through_the_swarms_resolver_keeping_its_search_and_options() {
+        let check = |current: &str, want: Option<&str>| assert_eq!(joined_resolv_conf(current).as_deref(), want);
+        // The default bridge's copy of the host's.
+        check(
+            "# Generated\nnameserver 10.0.0.2\nnameserver 8.8.8.8\nsearch corp.test\noptions edns0\n",
+            Some("nameserver 127.0.0.11\nsearch corp.test\noptions edns0\noptions ndots:0\n"),
+        );
+        check("nameserver 1.1.1.1\noptions ndots:2\n", Some("nameserver 127.0.0.11\noptions ndots:2\n"));
+        check("", Some("nameserver 127.0.0.11\noptions ndots:0\n"));
+        // The engine's embedded resolver (a user-defined network) already answers there: left alone.
+        check("nameserver 127.0.0.11\noptions ndots:0\n", None);
+    }
+
+    #[test]
+    fn only_a_container_with_a_namespace_of_its_own_is_connected() {
+        for mode in ["default", "bridge", "back", "", "0123abcd"] {
+            assert_eq!(mode_refusal(mode), None, "{mode}");
+        }
+        for mode in ["host", "container:abc"] {
+            assert!(mode_refusal(mode).is_some_and(|m| m.starts_with("container sharing network namespace")), "{mode}");
+        }
+        assert!(mode_refusal("none").is_some_and(|m| m.contains("private (none) mode")));
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub struct PlumbedTask {
     pub netns: PathBuf,
     /// The networks (as the task carries them) and its address on each.
     pub attachments: Vec<(Network, Attachment)>,
+    /// Whether the namespace is a running container's own (`shoal_netplane::TaskState::joined`).
+    pub joined: bool,
 }
 
 /// Whether the node could carry `task`'s networks: `Err` names what is missing.
@@ -331,6 +333,7 @@ pub fn desired(
             task_id: id.clone(),
             netns: t.netns.clone(),
             attachments: t.attachments.iter().map(|(_, a)| a.clone()).collect(),
+            joined: t.joined,
         });
     }
     state.networks = networks.into_values().collect();

@@ -294,19 +294,29 @@ impl NetworkPlane {
     /// Makes `task`'s network namespace (a leftover of the same name is replaced) and asks for it to be
     /// plumbed; returns its path.
     pub async fn create_namespace(&self, task: &Task) -> Result<PathBuf, String> {
-        self.register_namespace(task, None).await
+        self.register_namespace(task, None, false).await
     }
 
     /// Names the network namespace of process `pid` (a container's, made by its runtime) as `task`'s
     /// (`ip netns attach`; a leftover of the same name is replaced) and asks for it to be plumbed; returns its
     /// path. For a task that outlived the agent, this registers it again (see `resume`).
     pub async fn attach_namespace(&self, task: &Task, pid: u32) -> Result<PathBuf, String> {
-        let r = self.register_namespace(task, Some(pid)).await;
+        let r = self.register_namespace(task, Some(pid), false).await;
         self.forget_survivor(&task.id);
         r
     }
 
-    async fn register_namespace(&self, task: &Task, pid: Option<u32>) -> Result<PathBuf, String> {
+    /// As `attach_namespace`, for the namespace of a running container that is not the task's own
+    /// (`docker network connect`): it is plumbed as a joined one (`shoal_netplane::TaskState::joined`: the
+    /// container's interfaces and routes stay), and what Shoal put in it goes when the task is released.
+    /// Called again after the container restarted (a new process, a new namespace), it moves the task there.
+    pub async fn join_namespace(&self, task: &Task, pid: u32) -> Result<PathBuf, String> {
+        let r = self.register_namespace(task, Some(pid), true).await;
+        self.forget_survivor(&task.id);
+        r
+    }
+
+    async fn register_namespace(&self, task: &Task, pid: Option<u32>, joined: bool) -> Result<PathBuf, String> {
         let attachments = desired::attachments(task)?;
         let name = format!("{TASK_NETNS_PREFIX}{}", task.id);
         let path = Self::netns_path(&task.id);
@@ -321,7 +331,7 @@ impl NetworkPlane {
             Some(pid) => ip_netns(&["attach", &name, &pid.to_string()]).await?,
         }
         self.change(|i| {
-            i.plumbed.insert(task.id.clone(), PlumbedTask { netns: path.clone(), attachments });
+            i.plumbed.insert(task.id.clone(), PlumbedTask { netns: path.clone(), attachments, joined });
             true
         });
         Ok(path)
@@ -419,14 +429,55 @@ impl NetworkPlane {
     /// When the agent stops, the reconcile loop has stopped too (`clear` removes everything afterwards): the
     /// namespace goes without waiting (its veth goes with it), or a stopping task would wait out the whole
     /// `RELEASE_TIMEOUT` for a reconcile that never comes.
+    /// A joined namespace (a running container's own) outlives the task: its interface goes with the
+    /// reconcile (with the veth's other end), and Shoal's table in it (the VIPs) before it is let go.
     pub async fn release(&self, task_id: &str) -> Result<(), String> {
-        let wanted = self.change(|i| i.plumbed.remove(task_id).is_some());
+        let mut joined = false;
+        let wanted = self.change(|i| match i.plumbed.remove(task_id) {
+            Some(t) => {
+                joined = t.joined;
+                true
+            }
+            None => false,
+        });
         let mut rx = self.applied.subscribe();
         tokio::select! {
             _ = tokio::time::timeout(RELEASE_TIMEOUT, rx.wait_for(|a| a.generation >= wanted)) => {}
             _ = self.stopped() => {}
         }
+        let path = Self::netns_path(task_id);
+        if joined && path.exists() {
+            let exec = self.executor.clone();
+            let cleared = tokio::task::spawn_blocking(move || exec.leave_joined(&path))
+                .await
+                .map_err(|e| format!("the data plane's cleanup panicked: {e}"))?;
+            if let Err(e) = cleared {
+                tracing::warn!(task = %task_id, "cannot remove Shoal's table from the container's namespace: {e}");
+            }
+        }
         self.delete_namespace(task_id).await
+    }
+
+    /// Waits (at most `RELEASE_TIMEOUT`) until task `task_id` is no longer plumbed: released, and a
+    /// reconcile since has removed its interfaces.
+    pub async fn wait_released(&self, task_id: &str) {
+        let mut rx = self.applied.subscribe();
+        let wait = async {
+            loop {
+                let (generation, registered) = {
+                    let i = self.inputs.lock();
+                    (i.generation, i.plumbed.contains_key(task_id))
+                };
+                let done = {
+                    let a = rx.borrow_and_update();
+                    !registered && a.generation >= generation && !a.plumbed.contains(task_id)
+                };
+                if done || rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(RELEASE_TIMEOUT, wait).await;
     }
 
     /// Deletes task `task_id`'s namespace and its marker.
@@ -513,7 +564,10 @@ impl NetworkPlane {
             .await
             .map_err(|e| format!("the data plane's reconcile panicked: {e}"))?
             .map_err(|e| e.to_string())?;
-        self.resolver.update(&state).await.map_err(|e| e.to_string())
+        for e in self.resolver.update(&state).await.map_err(|e| e.to_string())? {
+            tracing::warn!("a connected container keeps its own resolver: {e}");
+        }
+        Ok(())
     }
 
     /// Applies the inputs whenever they change, until `shutdown` (see the module doc).

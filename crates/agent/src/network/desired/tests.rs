@@ -65,7 +65,7 @@ fn task(id: &str, state: TaskState, nets: &[(&Network, u8)]) -> Task {
 /// `t` as plumbed by its executor, in `/run/netns/shl-task-<id>`.
 fn plumbed(t: &Task) -> BTreeMap<String, PlumbedTask> {
     let netns = format!("/run/netns/shl-task-{}", t.id).into();
-    BTreeMap::from([(t.id.clone(), PlumbedTask { netns, attachments: attachments(t).unwrap() })])
+    BTreeMap::from([(t.id.clone(), PlumbedTask { netns, attachments: attachments(t).unwrap(), joined: false })])
 }
 
 /// A published port of target 80.
