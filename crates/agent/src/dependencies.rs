@@ -262,7 +262,7 @@ pub fn template_data(task: &Task, node: &NodeFacts) -> shoal_template::Data {
         node_os: node.os.clone(),
         node_architecture: node.architecture.clone(),
         task_id: task.id.clone(),
-        task_name: crate::docker::spec::task_name(task),
+        task_name: crate::naming::task_name(task),
         task_slot: slot,
     }
 }

@@ -3,7 +3,8 @@
 //! terminate and remove. The task runner (`runner`) decides which call comes next; controllers decide
 //! nothing about task states.
 //!
-//! Must not depend on gRPC, the session, or any particular runtime.
+//! Must not depend on the session, the worker or any particular runtime (a connection to a manager is a
+//! tonic `Channel` the agent hands in).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -159,7 +160,7 @@ pub trait Executor: Send + Sync + 'static {
     }
     /// The node's side of containers of the engine's own on attachable swarm networks, when this executor
     /// has one (the docker executor with the data plane); network attachment tasks are refused without it.
-    fn attacher(&self) -> Option<std::sync::Arc<crate::docker::attach::Attacher>> {
+    fn engine_attachments(&self) -> Option<std::sync::Arc<dyn EngineAttachments>> {
         None
     }
     /// What `task` printed, per `options`. Fails when this executor keeps no output for the task.
@@ -187,6 +188,18 @@ pub trait Controller: Send {
     fn report(&self) -> RuntimeReport {
         RuntimeReport::default()
     }
+}
+
+/// What the agent drives of an executor's containers on attachable swarm networks (the docker executor's
+/// `Attacher`): they follow the node's assignments and its session's connection to a manager (through
+/// which attachments are made and released), and run until the agent stops.
+pub trait EngineAttachments: Send + Sync {
+    /// The tasks now assigned to this node.
+    fn set_assigned(&self, assigned: crate::assigned::AssignedTasks);
+    /// The session's connection to a manager, or none between sessions.
+    fn set_channel(&self, channel: Option<tonic::transport::Channel>);
+    /// Follows the engine's events until `shutdown` is true.
+    fn run(self: std::sync::Arc<Self>, shutdown: tokio::sync::watch::Receiver<bool>) -> BoxFuture<'static, ()>;
 }
 
 #[cfg(test)]

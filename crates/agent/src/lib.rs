@@ -7,13 +7,16 @@
 //! The agent knows nothing of the store, Raft or the manager's internals: it talks to managers only over
 //! the Dispatcher gRPC protocol.
 
+pub mod assigned;
 pub mod dependencies;
 pub mod docker;
 pub mod exec;
 pub mod logs;
+pub mod naming;
 pub mod network;
 pub mod process;
 pub mod remotes;
+mod rpc;
 pub mod runner;
 pub mod session;
 pub mod task_files;
@@ -266,7 +269,7 @@ impl Agent {
         }
         // Containers of the engine's own on attachable networks: the attacher follows the assignments here and
         // each session's connection (`SessionContext::attacher`).
-        let attacher = self.executor.attacher();
+        let attacher = self.executor.engine_attachments();
         if let Some(att) = &attacher {
             network_tasks.push(tokio::spawn(att.clone().run(shutdown.clone())));
             let (att, mut assigned) = (att.clone(), worker.assigned());

@@ -25,9 +25,9 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+use crate::assigned::AssignedTasks;
 use crate::exec::{Executor, LogOptions};
-use crate::session::NODE_ID_METADATA_KEY;
-use crate::worker::AssignedTasks;
+use crate::rpc::NODE_ID_METADATA_KEY;
 
 /// Most log subscriptions served at once.
 pub const MAX_SUBSCRIPTIONS: usize = 64;

@@ -19,13 +19,12 @@ use shoal_api::{
 };
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
-use tonic::Request;
 
+use crate::rpc::req;
 use crate::runner::StatusReporter;
 use crate::worker::Worker;
 
-/// gRPC metadata key carrying this node's ID (until mutual TLS provides it).
-pub const NODE_ID_METADATA_KEY: &str = "x-shoal-node-id";
+pub use crate::rpc::NODE_ID_METADATA_KEY;
 /// Most statuses per UpdateTaskStatus request.
 pub const STATUS_BATCH_MAX: usize = 100;
 /// Largest message the agent accepts (a COMPLETE assignment set of a busy node).
@@ -158,20 +157,7 @@ pub struct SessionContext<'a> {
     /// When set, the node's data plane, fed the manager's network view over this session's connection.
     pub network: Option<Arc<crate::network::NetworkPlane>>,
     /// When set, told this session's connection (attach and detach requests go over it).
-    pub attacher: Option<Arc<crate::docker::attach::Attacher>>,
-}
-
-/// A request carrying this node's ID (believed only by the in-process test harness; real managers take the
-/// caller's certificate) and, when given, a deadline.
-pub(crate) fn req<T>(node_id: &str, msg: T, timeout: Option<Duration>) -> Request<T> {
-    let mut r = Request::new(msg);
-    if let Ok(v) = node_id.parse() {
-        r.metadata_mut().insert(NODE_ID_METADATA_KEY, v);
-    }
-    if let Some(t) = timeout {
-        r.set_timeout(t);
-    }
-    r
+    pub attacher: Option<Arc<dyn crate::exec::EngineAttachments>>,
 }
 
 /// Aborts a spawned helper task when the session ends, however it ends.

@@ -38,8 +38,7 @@ struct RunnerHandle {
     join: JoinHandle<()>,
 }
 
-/// The tasks assigned to this node, by ID, as of the last assignments message.
-pub type AssignedTasks = Arc<HashMap<String, Arc<Task>>>;
+pub use crate::assigned::AssignedTasks;
 
 /// The set of task runners on this node.
 pub struct Worker {
@@ -206,7 +205,7 @@ impl Worker {
             self.reporter.report(&task.id, status(to, LOST_TASK_MESSAGE, LOST_TASK_MESSAGE));
             return;
         }
-        let ctlr = match (network_refusal(&task, self.executor.attacher().is_some()), expanded) {
+        let ctlr = match (network_refusal(&task, self.executor.engine_attachments().is_some()), expanded) {
             (Some(why), _) | (None, Err(why)) => Err(ExecutorError::InvalidSpec(why)),
             (None, Ok(expanded)) if has_references(&expanded) => match self.deps.files_for(&expanded, &self.node) {
                 Ok(files) => self.executor.controller(&expanded, files),

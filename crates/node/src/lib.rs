@@ -25,8 +25,8 @@ mod raft_status;
 pub mod security;
 mod services;
 pub mod socket_path_names;
-mod statedir;
 pub mod source_limits;
+mod statedir;
 mod swarmkit_socket;
 pub mod tls;
 pub mod worker_node;
@@ -157,11 +157,12 @@ fn data_plane(cfg: &DaemonConfig) -> Result<Arc<shoal_agent::network::NetworkPla
 /// (`Executor::name`), None before one is picked (a node in no swarm, a locked manager): then
 /// `--executor auto` relays when the engine's socket exists. Containers created on attachable swarm networks
 /// are the executor's `Attacher`'s to plumb (`attach::NodeAttach`), when it has one.
-pub(crate) fn engine_relay(cfg: &DaemonConfig, executor: Option<&dyn Executor>) -> shoal_engine_api::relay::Engine {
+pub(crate) fn engine_relay(cfg: &DaemonConfig, picked: Option<&PickedExecutor>) -> shoal_engine_api::relay::Engine {
     use shoal_engine_api::relay::{Engine, PROCESS_EXECUTOR};
+    let executor = picked.map(|p| &*p.executor);
     let docker = || {
         let e = Engine::docker(&cfg.engine_addr, &cfg.listen_control_api);
-        match executor.and_then(|x| x.attacher()) {
+        match picked.and_then(|p| p.attacher.clone()) {
             Some(a) => e.with_attach(Ok(Arc::new(attach::NodeAttach(a)))),
             None => match executor.and_then(|x| x.data_plane_off()) {
                 Some(why) => e.with_attach(Err(format!(
@@ -188,32 +189,46 @@ pub(crate) fn engine_relay(cfg: &DaemonConfig, executor: Option<&dyn Executor>) 
 /// How long `--executor auto` waits for the Docker Engine to answer a ping before using processes.
 pub const ENGINE_PING_WITHIN: Duration = Duration::from_secs(2);
 
+/// The executor a node runs its tasks with and, for the docker executor with the data plane, its attacher
+/// (what the Engine API's relay plumbs the engine's own containers on attachable networks through).
+pub(crate) struct PickedExecutor {
+    pub(crate) executor: Arc<dyn Executor>,
+    pub(crate) attacher: Option<Arc<shoal_agent::docker::attach::Attacher>>,
+}
+
+impl PickedExecutor {
+    fn docker(d: shoal_agent::docker::DockerExecutor) -> PickedExecutor {
+        PickedExecutor { attacher: d.attacher(), executor: Arc::new(d) }
+    }
+}
+
 async fn pick_executor(
     kind: ExecutorKind,
     cfg: &DaemonConfig,
     node_id: &str,
     hostname: &str,
-) -> Result<Arc<dyn Executor>, NodeError> {
-    let process = || -> Arc<dyn Executor> {
-        Arc::new(
+) -> Result<PickedExecutor, NodeError> {
+    let process = || PickedExecutor {
+        executor: Arc::new(
             shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
                 .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(
                     node_id,
                 )))
                 .with_network(data_plane(cfg)),
-        )
+        ),
+        attacher: None,
     };
     let docker = shoal_agent::docker::DockerExecutor::connect(&cfg.engine_addr, node_id, ENGINE_PING_WITHIN);
     match kind {
         ExecutorKind::Process => Ok(process()),
         ExecutorKind::Docker => {
             let d = docker.await.map_err(|e| NodeError::Config(e.to_string()))?;
-            Ok(Arc::new(d.with_network(data_plane(cfg)).await))
+            Ok(PickedExecutor::docker(d.with_network(data_plane(cfg)).await))
         }
         ExecutorKind::Auto => match docker.await {
             Ok(d) => {
                 tracing::info!(engine = %cfg.engine_addr, "--executor auto: using the docker executor (the Docker Engine answered)");
-                Ok(Arc::new(d.with_network(data_plane(cfg)).await))
+                Ok(PickedExecutor::docker(d.with_network(data_plane(cfg)).await))
             }
             Err(e) => {
                 tracing::info!("--executor auto: using the process executor: {e}");
@@ -305,7 +320,8 @@ impl Node {
             }
         };
         let hostname = cfg.hostname.clone().unwrap_or_else(machine_hostname);
-        let executor = pick_executor(cfg.executor, &cfg, &identity.node_id, &hostname).await?;
+        let picked = pick_executor(cfg.executor, &cfg, &identity.node_id, &hostname).await?;
+        let executor = picked.executor.clone();
         let mut description = executor.describe();
         description.hostname = hostname.clone();
         if !cfg.generic_node_resources.is_empty() {
@@ -499,7 +515,7 @@ impl Node {
         let entry_points = remote_security.authz.entry_points().clone();
         entry_points.register("control-socket", control_socket.display(), authz::Guard::SocketFileMode);
         let control_router =
-            engine_relay(&cfg, Some(&*executor)).wrap(shoal_engine_api::router(ctx).merge(entry_points.router()));
+            engine_relay(&cfg, Some(&picked)).wrap(shoal_engine_api::router(ctx).merge(entry_points.router()));
         let control_api = lifecycle::Closer::new(
             api_stop_tx,
             tokio::spawn({

@@ -247,7 +247,8 @@ pub(crate) async fn run_worker(
     session: &mut crate::lifecycle::Session<'_>,
 ) -> Result<WorkerExit, NodeError> {
     let hostname = cfg.hostname.clone().unwrap_or_else(crate::machine_hostname);
-    let executor = crate::pick_executor(cfg.executor, &cfg, &w.node_id, &hostname).await?;
+    let picked = crate::pick_executor(cfg.executor, &cfg, &w.node_id, &hostname).await?;
+    let executor = picked.executor.clone();
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
@@ -274,7 +275,7 @@ pub(crate) async fn run_worker(
     };
     // The control socket's server stops on its own signal: a leave is answered through it after the rest.
     let (api_stop_tx, api_stop_rx) = watch::channel(false);
-    let router = crate::engine_relay(&cfg, Some(&*executor)).wrap(shoal_engine_api::worker::worker_router(ctx));
+    let router = crate::engine_relay(&cfg, Some(&picked)).wrap(shoal_engine_api::worker::worker_router(ctx));
     let control_api = crate::lifecycle::Closer::new(
         api_stop_tx,
         tokio::spawn({

@@ -60,9 +60,9 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use super::{engine_message, engine_status, force_remove, holder, is_running, spec};
+use crate::assigned::AssignedTasks;
 use crate::exec::{BoxFuture, Controller, ExecutorError, ExitStatus};
 use crate::network::NetworkPlane;
-use crate::worker::AssignedTasks;
 
 /// Label on a container of ours: its holder's container ID.
 pub const LABEL_ATTACH_HOLDER: &str = "com.shoal.attach.holder";
@@ -388,7 +388,7 @@ impl Attacher {
     /// Asks the manager for an attachment of container `id` (its full ID) to `network`, with `aliases`.
     async fn request_attachment(&self, id: &str, network: &str, aliases: Vec<String>) -> Result<String, AttachError> {
         let mut client = self.client()?;
-        let req = crate::session::req(
+        let req = crate::rpc::req(
             &self.node_id,
             AttachNetworkRequest {
                 config: Some(NetworkAttachmentConfig { target: network.to_string(), aliases, ..Default::default() }),
@@ -509,7 +509,7 @@ impl Attacher {
     /// Detaches attachment `attachment` (one already gone is no error).
     pub async fn detach(&self, attachment: &str) -> Result<(), AttachError> {
         let mut client = self.client()?;
-        let req = crate::session::req(
+        let req = crate::rpc::req(
             &self.node_id,
             DetachNetworkRequest { attachment_id: attachment.to_string() },
             Some(ATTACH_TIMEOUT),
@@ -876,6 +876,20 @@ impl Controller for AttachmentController {
             }
             Ok(())
         })
+    }
+}
+
+impl crate::exec::EngineAttachments for Attacher {
+    fn set_assigned(&self, assigned: AssignedTasks) {
+        Attacher::set_assigned(self, assigned);
+    }
+
+    fn set_channel(&self, channel: Option<Channel>) {
+        Attacher::set_channel(self, channel);
+    }
+
+    fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) -> BoxFuture<'static, ()> {
+        Box::pin(Attacher::run(self, shutdown))
     }
 }
 

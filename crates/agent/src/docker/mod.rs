@@ -408,6 +408,14 @@ impl DockerExecutor {
     }
 }
 
+impl DockerExecutor {
+    /// The node's side of containers of this engine's own on attachable swarm networks (with the data
+    /// plane): what the Engine API's relay plumbs them through.
+    pub fn attacher(&self) -> Option<Arc<attach::Attacher>> {
+        self.attacher.clone()
+    }
+}
+
 impl Executor for DockerExecutor {
     fn describe(&self) -> NodeDescription {
         self.description.clone()
@@ -426,8 +434,8 @@ impl Executor for DockerExecutor {
         Ok(Box::new(self.new_controller(task, files)?))
     }
 
-    fn attacher(&self) -> Option<Arc<attach::Attacher>> {
-        self.attacher.clone()
+    fn engine_attachments(&self) -> Option<Arc<dyn crate::exec::EngineAttachments>> {
+        self.attacher.clone().map(|a| a as Arc<dyn crate::exec::EngineAttachments>)
     }
 
     fn name(&self) -> &'static str {

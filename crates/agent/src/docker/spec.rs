@@ -35,24 +35,7 @@ pub fn container_spec(task: &Task) -> ContainerSpec {
     }
 }
 
-/// The service's name, from the task's service annotations (the service ID when unnamed).
-pub fn service_name(task: &Task) -> String {
-    task.service_annotations
-        .as_ref()
-        .map(|a| a.name.clone())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| task.service_id.clone())
-}
-
-/// The task's name as SwarmKit forms it: `<service>.<slot>.<task id>` (`<service>.<node id>.<task id>` for
-/// slotless tasks). Also the container's name.
-pub fn task_name(task: &Task) -> String {
-    if let Some(n) = task.annotations.as_ref().map(|a| &a.name).filter(|n| !n.is_empty()) {
-        return n.clone();
-    }
-    let middle = if task.slot != 0 { task.slot.to_string() } else { task.node_id.clone() };
-    format!("{}.{}.{}", service_name(task), middle, task.id)
-}
+pub use crate::naming::{service_name, task_name};
 
 /// The labels a task's container carries: the spec's, then the swarm ones (which win).
 pub fn labels(task: &Task, node_id: &str) -> HashMap<String, String> {

@@ -44,7 +44,7 @@ use shoal_api::Task;
 use shoal_netplane::NodeNetState;
 use tokio::sync::{watch, Notify};
 
-use crate::worker::AssignedTasks;
+use crate::assigned::AssignedTasks;
 use desired::PlumbedTask;
 
 /// Prefix of the task namespaces the agent makes (`ip netns` names, under `/run/netns`).
@@ -670,7 +670,7 @@ pub async fn follow_view(channel: tonic::transport::Channel, node_id: String, pl
     let mut client = NetworkViewClient::new(channel).max_decoding_message_size(MAX_VIEW_BYTES);
     let mut delay = VIEW_RETRY_MIN;
     loop {
-        match client.watch(crate::session::req(&node_id, NetworkViewRequest {}, None)).await {
+        match client.watch(crate::rpc::req(&node_id, NetworkViewRequest {}, None)).await {
             Ok(resp) => {
                 let mut stream = resp.into_inner();
                 loop {
