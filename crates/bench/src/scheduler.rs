@@ -43,7 +43,7 @@ pub struct SchedulerArgs {
     smoke: bool,
 }
 
-/// Actions per write, as the scheduler loop writes (`orchestrator::write::MAX_ACTIONS_PER_WRITE`).
+/// Actions per write, as the scheduler loop writes (`write::MAX_ACTIONS_PER_WRITE`).
 const MAX_ACTIONS_PER_WRITE: usize = 1000;
 
 const LABEL_KEY: &str = "net";
