@@ -1,5 +1,6 @@
 //! Task status updates from agents, sans IO: which updates are valid (the task exists, belongs to the
-//! reporting node, and the state does not move backwards) and the store changes one batch of them makes.
+//! reporting node, the state does not move backwards, and a task that ended keeps its end) and the store
+//! changes one batch of them makes.
 //! Plain functions over a read view (`Tables`); no async, no clock reads (the caller passes `now`), no
 //! store writes (the dispatcher's flusher proposes the returned `Changes`).
 
@@ -48,6 +49,18 @@ pub enum SkipReason {
         /// The reported state.
         reported: &'static str,
     },
+    /// The task already ended (COMPLETE, FAILED, SHUTDOWN, REJECTED...): its outcome is final. A report of
+    /// another end is stale, e.g. an agent that restarted and took a task it had seen complete for one whose
+    /// process it lost (the simulation found a completed job task turned FAILED, never run again).
+    #[error("task {task_id} already ended {current}; a report of {reported} comes too late")]
+    Ended {
+        /// The task.
+        task_id: String,
+        /// The stored state.
+        current: &'static str,
+        /// The reported state.
+        reported: &'static str,
+    },
     /// The report repeats what is stored.
     #[error("task {task_id}: the report repeats the stored status")]
     Unchanged {
@@ -76,6 +89,13 @@ pub fn check_update(task: Option<&Task>, update: &StatusUpdate) -> Result<(), Sk
     let reported = TaskState::from_wire(update.status.state);
     if (reported as i32) < (current as i32) {
         return Err(SkipReason::Backwards {
+            task_id: update.task_id.clone(),
+            current: current.docker_name(),
+            reported: reported.docker_name(),
+        });
+    }
+    if current.is_terminal() && reported != current {
+        return Err(SkipReason::Ended {
             task_id: update.task_id.clone(),
             current: current.docker_name(),
             reported: reported.docker_name(),
@@ -169,6 +189,11 @@ mod tests {
         check(None, update("n1", "t1", TaskState::Complete, "finished"), false);
         check(Some(t.clone()), update("n1", "t1", TaskState::Running, ""), false);
         check(Some(t), update("n1", "t1", TaskState::Running, "started"), true);
+        // An ended task keeps its end: a later FAILED (a restarted agent's lost task) or SHUTDOWN is stale.
+        let done = task("t2", "n1", TaskState::Complete);
+        check(Some(done.clone()), update("n1", "t2", TaskState::Failed, "task process was lost"), false);
+        check(Some(done), update("n1", "t2", TaskState::Shutdown, "shutdown"), false);
+        check(Some(task("t3", "n1", TaskState::Shutdown)), update("n1", "t3", TaskState::Failed, "exit 137"), false);
     }
 
     #[test]
