@@ -49,7 +49,7 @@ use shoal_store::{Changes, IdSource, StoreObject, Tables};
 use super::global::{node_eligibility, Eligibility};
 use super::replicated::{Reconciled, MAX_NEW_TASKS_PER_PASS, MAX_NEW_TASK_BYTES_PER_PASS};
 use super::restart::{restarts_in_window, EffectivePolicy};
-use super::{created_ms, history_key, node_is_down, node_is_drained, observed_state, task_is_live};
+use super::{history_key, node_is_down, node_is_drained, observed_state, task_is_live};
 
 /// True for a replicated job or a global job.
 pub fn is_job(service: &Service) -> bool {
@@ -233,7 +233,7 @@ impl<'a> Pass<'a> {
         let mut wakes = Vec::new();
         for e in self.keys.get_mut(&key).into_iter().flatten() {
             if e.desired == TaskState::Ready {
-                let at = created_ms(&e.task).saturating_add(EffectivePolicy::of(e.task.spec.as_deref()).delay_ms);
+                let at = super::restart::ready_at_ms(&e.task, now);
                 if at <= now {
                     e.set_desired(TaskState::Complete);
                 } else {

@@ -283,7 +283,7 @@ impl<'a> Work<'a> {
                     // before it could run) is replaced only once that delay has passed, as SwarmKit's restart
                     // supervisor waits: a task that can never start is retried once per delay, not in a burst.
                     if e.desired == TaskState::Ready && !node_down {
-                        let at = restart::ready_at_ms(&e.task);
+                        let at = restart::ready_at_ms(&e.task, self.now_ms);
                         if at > self.now_ms {
                             delayed.push(at);
                             continue;
@@ -308,7 +308,7 @@ impl<'a> Work<'a> {
         let mut wakes = delayed;
         for e in self.slots.values_mut().flat_map(|v| v.iter_mut()) {
             if e.desired == TaskState::Ready && !observed_state(&e.task).is_terminal() {
-                let at = restart::ready_at_ms(&e.task);
+                let at = restart::ready_at_ms(&e.task, now);
                 if at <= now {
                     e.set_desired(TaskState::Running);
                 } else {

@@ -89,9 +89,10 @@ pub fn should_restart<'a>(task: &Task, slot_history: impl IntoIterator<Item = &'
     by_condition && (policy.max_attempts == 0 || restarts_in_window(task, slot_history, &policy) < policy.max_attempts)
 }
 
-/// When a replacement created at `created_ms` with this spec may be told to run.
-pub fn ready_at_ms(task: &Task) -> u64 {
-    created_ms(task).saturating_add(EffectivePolicy::of(task.spec.as_deref()).delay_ms)
+/// When a replacement created at `created_ms` with this spec may be told to run, seen at `now_ms`
+/// (`tasks::wait_end_ms`: a creation stamp from a clock far ahead does not stretch the delay).
+pub fn ready_at_ms(task: &Task, now_ms: u64) -> u64 {
+    crate::tasks::wait_end_ms(created_ms(task), EffectivePolicy::of(task.spec.as_deref()).delay_ms, now_ms)
 }
 
 #[cfg(test)]
@@ -164,10 +165,15 @@ mod tests {
     #[test]
     fn delay_defaults_to_five_seconds() {
         let t = task(1000, TaskState::Pending, None, 1);
-        assert_eq!(ready_at_ms(&t), 6000);
+        assert_eq!(ready_at_ms(&t, 1000), 6000);
         let mut p = policy(RestartCondition::Any, 0, 0).unwrap();
         p.delay = Some(shoal_api::duration_to_proto(std::time::Duration::from_millis(250)));
         let t = task(1000, TaskState::Pending, Some(p), 1);
-        assert_eq!(ready_at_ms(&t), 1250);
+        assert_eq!(ready_at_ms(&t, 1000), 1250);
+        // Seen by a manager whose clock is behind the creator's by up to the tolerance: the delay holds;
+        // by more: the stamp tells nothing of the time passed, and the delay is over.
+        let ahead = task(5000, TaskState::Pending, Some(p), 1);
+        assert_eq!(ready_at_ms(&ahead, 5000 - crate::tasks::FUTURE_STAMP_TOLERANCE_MS), 5250);
+        assert_eq!(ready_at_ms(&ahead, 3000), 3000);
     }
 }

@@ -278,7 +278,7 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
             SlotClass::Finished | SlotClass::Empty => {}
         }
         if let Some((_, at)) = first_started {
-            let gate_ms = at.saturating_add(cfg.delay_ms);
+            let gate_ms = crate::tasks::wait_end_ms(at, cfg.delay_ms, work.now_ms);
             if in_progress && in_flight == in_flight_before && work.now_ms < gate_ms {
                 cooling_until.push(gate_ms);
             }
@@ -297,7 +297,7 @@ pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     let now = shoal_api::timestamp_from_unix_ms(work.now_ms);
     let mut new_status = None;
     if in_progress && !busy {
-        let watch_end = last_started_ms.saturating_add(cfg.watch_ms());
+        let watch_end = crate::tasks::wait_end_ms(last_started_ms, cfg.watch_ms(), work.now_ms);
         if last_started_ms == 0 || work.now_ms >= watch_end {
             let (state, message) = if rolling_back {
                 (UpdateState::RollbackCompleted, ROLLBACK_COMPLETED_MESSAGE)
