@@ -452,7 +452,7 @@ impl World {
             }
             let forwards = run.take_proposals(now_ms);
             run.tick();
-            let msgs = run.handle_ready(now_ms);
+            let msgs = run.raft_ready(now_ms);
             let mut out: Vec<(Endpoint, Msg)> =
                 msgs.into_iter().map(|m| (Endpoint::Manager(m.to), Msg::Raft(Box::new(m)))).collect();
             out.extend(forwards);

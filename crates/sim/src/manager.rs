@@ -508,8 +508,8 @@ impl Running {
         }
     }
 
-    /// Handles every pending Ready through the core; returns the Raft messages to send.
-    pub fn handle_ready(&mut self, now_ms: u64) -> Vec<Message> {
+    /// Hands every pending Ready to the core (`Core::handle_ready`); returns the Raft messages to send.
+    pub fn raft_ready(&mut self, now_ms: u64) -> Vec<Message> {
         let mut out = Vec::new();
         self.core
             .handle_ready(Duration::from_millis(now_ms), &mut |msgs| out.extend(msgs))
