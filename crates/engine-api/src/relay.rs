@@ -632,13 +632,23 @@ async fn merge_networks(relay: &Relay, engine: &DockerEngine, req: Request) -> R
     }
 }
 
-async fn network_create(relay: &Relay, engine: &Arc<DockerEngine>, req: Request) -> Response {
+/// A request's head, its body (at most `MERGE_BODY_LIMIT_BYTES`, kept to pass on) and the body's JSON
+/// (null when it is none); a body that cannot be read is a 400.
+async fn read_json_body(req: Request) -> Result<(axum::http::request::Parts, Bytes, serde_json::Value), Response> {
     let (parts, body) = req.into_parts();
     let bytes = match http_body_util::Limited::new(body, MERGE_BODY_LIMIT_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the request body could not be read: {e}")),
+        Err(e) => return Err(error(StatusCode::BAD_REQUEST, format!("the request body could not be read: {e}"))),
     };
-    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let doc = serde_json::from_slice(&bytes).unwrap_or_default();
+    Ok((parts, bytes, doc))
+}
+
+async fn network_create(relay: &Relay, engine: &Arc<DockerEngine>, req: Request) -> Response {
+    let (parts, bytes, doc) = match read_json_body(req).await {
+        Ok(read) => read,
+        Err(resp) => return resp,
+    };
     let field = |k: &str| {
         doc.as_object()
             .and_then(|o| o.iter().find(|(name, _)| name.eq_ignore_ascii_case(k)))
@@ -722,12 +732,10 @@ fn refused(r: crate::attach::AttachRefusal) -> Response {
 /// (`network_connect`); a non-attachable one is refused, as dockerd refuses it. Anything else goes to the
 /// engine.
 async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
-    let (parts, body) = req.into_parts();
-    let bytes = match http_body_util::Limited::new(body, MERGE_BODY_LIMIT_BYTES).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the request body could not be read: {e}")),
+    let (parts, bytes, doc) = match read_json_body(req).await {
+        Ok(read) => read,
+        Err(resp) => return resp,
     };
-    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
     let bare = crate::request::split_version(full).map_or(full, |(_, p)| p);
     let prefix = &full[..full.len() - bare.len()];
     let connect = bare.starts_with("/networks/");
@@ -870,12 +878,10 @@ fn ok_empty() -> Response {
 /// `docker network disconnect <network> <container>`: the node's for a swarm network (a worker, which cannot
 /// look the swarm's up, asks the node for any network the engine does not have), the engine's otherwise.
 async fn network_disconnect(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
-    let (parts, body) = req.into_parts();
-    let bytes = match http_body_util::Limited::new(body, MERGE_BODY_LIMIT_BYTES).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the request body could not be read: {e}")),
+    let (parts, bytes, doc) = match read_json_body(req).await {
+        Ok(read) => read,
+        Err(resp) => return resp,
     };
-    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
     let bare = crate::request::split_version(full).map_or(full, |(_, p)| p);
     let prefix = &full[..full.len() - bare.len()];
     let Some(name) = named_networks(bare, &doc).into_iter().next() else {

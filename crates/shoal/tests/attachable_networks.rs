@@ -41,6 +41,16 @@ impl Drop for Cleanup {
     }
 }
 
+/// An attachable overlay `net` on `subnet` and the service `web` on it, serving `WEB` (`extra`: more flags
+/// for `docker service create`).
+fn attachable_with_web(c: &Cluster, net: &str, subnet: &str, image: &str, extra: &[&str]) {
+    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", subnet, net]);
+    let mut args = vec!["service", "create", "--detach", "--no-resolve-image", "--name", "web"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--network", net, image, "sh", "-c", WEB]);
+    c.docker(&args);
+}
+
 /// The docker CLI as a user runs it: `DOCKER_HOST` names Shoal's control socket (the manager's), nothing else.
 fn user_docker(c: &Cluster, args: &[&str]) -> std::process::Output {
     user_docker_on(c, 0, args)
@@ -97,22 +107,8 @@ fn docker_run_on_an_attachable_overlay_reaches_a_service_by_name_and_gives_its_a
     let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
     let mut c = Cluster::start_one("attach", "docker");
     let mut cleanup = Cleanup(Vec::new());
-    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", "10.231.7.0/24", "anet"]);
+    attachable_with_web(&c, "anet", "10.231.7.0/24", image, &[]);
     c.docker(&["network", "create", "-d", "overlay", "closed"]);
-    c.docker(&[
-        "service",
-        "create",
-        "--detach",
-        "--no-resolve-image",
-        "--name",
-        "web",
-        "--network",
-        "anet",
-        image,
-        "sh",
-        "-c",
-        WEB,
-    ]);
     let web = c.running("web", 1);
     let web_ip = web[0]["NetworksAttachments"][0]["Addresses"][0].as_str().unwrap_or_default().to_string();
     let vip = c.vip("web");
@@ -217,21 +213,7 @@ fn a_container_restarted_by_the_engine_keeps_its_attachment_until_it_stops_for_g
     let mut c = Cluster::start_one("attachrs", "docker");
     let mut cleanup = Cleanup(Vec::new());
     let prefix = "10.231.9.";
-    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", "10.231.9.0/24", "anet3"]);
-    c.docker(&[
-        "service",
-        "create",
-        "--detach",
-        "--no-resolve-image",
-        "--name",
-        "web",
-        "--network",
-        "anet3",
-        image,
-        "sh",
-        "-c",
-        WEB,
-    ]);
+    attachable_with_web(&c, "anet3", "10.231.9.0/24", image, &[]);
     c.running("web", 1);
 
     // on-failure:2: three runs, each failing after it reached the service; then it stays stopped.
@@ -378,22 +360,8 @@ fn docker_network_connect_puts_a_running_container_on_an_attachable_overlay_unti
     let mut c = Cluster::start_one("attachcn", "docker");
     let mut cleanup = Cleanup(Vec::new());
     let prefix = "10.231.10.";
-    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", "10.231.10.0/24", "anet4"]);
+    attachable_with_web(&c, "anet4", "10.231.10.0/24", image, &[]);
     c.docker(&["network", "create", "-d", "overlay", "closed4"]);
-    c.docker(&[
-        "service",
-        "create",
-        "--detach",
-        "--no-resolve-image",
-        "--name",
-        "web",
-        "--network",
-        "anet4",
-        image,
-        "sh",
-        "-c",
-        WEB,
-    ]);
     c.running("web", 1);
     let vip = c.vip("web");
 
@@ -523,23 +491,7 @@ fn docker_run_on_a_workers_socket_reaches_a_service_on_another_node() {
     let mut c = Cluster::start_first("attach2", "docker", 2);
     c.join(1);
     let _cleanup = Cleanup(Vec::new());
-    c.docker(&["network", "create", "-d", "overlay", "--attachable", "--subnet", "10.231.8.0/24", "anet2"]);
-    c.docker(&[
-        "service",
-        "create",
-        "--detach",
-        "--no-resolve-image",
-        "--name",
-        "web",
-        "--constraint",
-        "node.hostname==node-0",
-        "--network",
-        "anet2",
-        image,
-        "sh",
-        "-c",
-        WEB,
-    ]);
+    attachable_with_web(&c, "anet2", "10.231.8.0/24", image, &["--constraint", "node.hostname==node-0"]);
     let web = c.running("web", 1);
     assert_eq!(c.node_of(&web[0]), 0);
     let name = format!("attach-worker-{}", std::process::id());
