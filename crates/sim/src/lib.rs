@@ -88,6 +88,8 @@ pub struct Report {
     pub reads: u64,
     /// Writes followers forwarded that the leader appended.
     pub forwarded: u64,
+    /// The most network addresses (tasks' and VIPs') held at once on a manager.
+    pub most_addresses: usize,
     /// Unknown outcome.
     pub unknown: u64,
     /// Faults injected.
@@ -145,6 +147,8 @@ struct World {
     fail_chance: f64,
     /// Writes followers forwarded that the leader appended.
     forwarded: u64,
+    /// The most addresses held at once in the workload's network (tasks and VIPs), as checked.
+    most_addresses: std::cell::Cell<usize>,
     /// Leader per term.
     leaders: BTreeMap<u64, u64>,
     /// The entry at each index as first applied anywhere: (term, digest).
@@ -199,6 +203,7 @@ impl World {
             client: Client::default(),
             fail_chance: 0.0,
             forwarded: 0,
+            most_addresses: Default::default(),
             leaders: BTreeMap::new(),
             entries: BTreeMap::new(),
             checked: BTreeMap::new(),
@@ -632,6 +637,7 @@ impl World {
         if let Some(e) = self.client.ledger.stale_reads.first() {
             return Err(format!("a read through a read barrier missed an acknowledged write: {e}"));
         }
+        self.check_addresses()?;
         self.check_slots()
     }
 
@@ -641,6 +647,53 @@ impl World {
     /// slot, when a later spec is stop-first), and a job's earlier iteration until it is shut down. So: at
     /// most one running task per slot (per node for global modes), counting for services that ever had a
     /// start-first spec only tasks of the current spec, and for jobs only the current iteration.
+    /// No two holders of one address in a network, on any manager: tasks whose attachments hold theirs
+    /// (observed RUNNING or earlier, as the allocator counts them) and services' VIPs.
+    fn check_addresses(&self) -> Result<(), String> {
+        let mut most = 0;
+        for m in &self.managers {
+            let Some(run) = &m.run else { continue };
+            let dup = run.store.view(|t| {
+                let mut held: BTreeMap<(String, String), String> = BTreeMap::new();
+                let mut hold = |net: &str, addr: &str, who: String| {
+                    let ip = addr.split('/').next().unwrap_or(addr).to_string();
+                    match held.insert((net.to_string(), ip.clone()), who.clone()) {
+                        Some(other) if other != who => Some(format!("{ip} in network {net}: {other} and {who}")),
+                        _ => None,
+                    }
+                };
+                for task in t.tasks().iter() {
+                    let observed = task.status.as_ref().map(|s| s.state()).unwrap_or(TaskState::New);
+                    if observed > TaskState::Running {
+                        continue;
+                    }
+                    for a in &task.networks {
+                        let Some(n) = &a.network else { continue };
+                        for addr in &a.addresses {
+                            if let Some(d) = hold(&n.id, addr, format!("task {}", task.id)) {
+                                return Some(d);
+                            }
+                        }
+                    }
+                }
+                for s in t.services().iter() {
+                    for vip in s.endpoint.as_ref().map(|e| e.virtual_ips.as_slice()).unwrap_or_default() {
+                        if let Some(d) = hold(&vip.network_id, &vip.addr, format!("service {} (VIP)", s.id)) {
+                            return Some(d);
+                        }
+                    }
+                }
+                most = most.max(held.len());
+                None
+            });
+            if let Some(d) = dup {
+                return Err(format!("manager {} holds one address twice: {d}", m.id));
+            }
+        }
+        self.most_addresses.set(self.most_addresses.get().max(most));
+        Ok(())
+    }
+
     fn check_slots(&self) -> Result<(), String> {
         use shoal_api::service_spec::Mode;
         struct Kind {
@@ -1023,6 +1076,7 @@ fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failu
         acked: l.ok,
         reads: l.reads,
         forwarded: w.forwarded,
+        most_addresses: w.most_addresses.get(),
         unknown: l.unknown,
         faults: w.faults,
         terms: w.leaders.len() as u64,

@@ -555,7 +555,19 @@ impl Running {
                 let node = node_id.to_string();
                 let leader = self.raw().raft.leader_id;
                 self.rpcs.push(Box::pin(async move {
-                    let req = SessionRequest { description: None, session_id: String::new() };
+                    // The node reports the overlay driver, so tasks on the workload's network can run there.
+                    let description = shoal_api::NodeDescription {
+                        hostname: node.clone(),
+                        engine: Some(shoal_api::EngineDescription {
+                            plugins: vec![shoal_api::PluginDescription {
+                                r#type: "Network".into(),
+                                name: "overlay".into(),
+                            }],
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    };
+                    let req = SessionRequest { description: Some(description), session_id: String::new() };
                     let result =
                         d.open_session_in_process(&node, &req).await.map_err(|_| (leader != 0).then_some(leader));
                     Some((agent, Msg::SessionOpened { attempt, result }))

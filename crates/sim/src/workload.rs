@@ -83,7 +83,13 @@ enum Op {
     Node(String, bool),
     /// A read through a read barrier that must see these services (acknowledged, never sent a removal).
     Read(BTreeSet<String>),
+    /// Create the overlay network `NETWORK` that services may join.
+    Network,
 }
+
+/// The overlay network the client makes first; about half of the services it creates join it, so the
+/// allocator gives their tasks and VIPs addresses (`World::check_addresses`).
+pub const NETWORK: &str = "simnet";
 
 /// What a read found missing: the services it had to see and did not.
 const STALE: &str = "stale read, missing";
@@ -100,6 +106,8 @@ pub struct Client {
     in_flight: Option<InFlight>,
     next_at_ms: u64,
     created: u64,
+    /// Whether `NETWORK` exists (its creation was acknowledged, or refused as existing).
+    network: bool,
     /// The manager it believes leads.
     pub leader_guess: u64,
     /// The ledger.
@@ -212,7 +220,9 @@ impl Client {
         let nodes = controlapi::list_nodes(&state, &Default::default());
         let active =
             |n: &shoal_api::Node| n.spec.as_ref().is_none_or(|s| s.availability == Availability::Active as i32);
-        let op = if read {
+        let op = if !self.network {
+            Op::Network
+        } else if read {
             Op::Read(
                 self.ledger.created.keys().filter(|id| !self.ledger.maybe_removed.contains(*id)).cloned().collect(),
             )
@@ -242,7 +252,13 @@ impl Client {
                     Kind::ReplicatedJob,
                     Kind::GlobalJob,
                 ][rng.random_range(0..6)];
-                let spec = spec_of(&format!("svc{}", self.created), rng, kind);
+                let mut spec = spec_of(&format!("svc{}", self.created), rng, kind);
+                if rng.random_bool(0.5) {
+                    if let Some(task) = spec.task.as_mut() {
+                        task.networks =
+                            vec![shoal_api::NetworkAttachmentConfig { target: NETWORK.into(), ..Default::default() }];
+                    }
+                }
                 Box::pin(async move { controlapi::create_service(&state, spec).await.map(Some) })
             }
             Op::Update(id) => {
@@ -271,6 +287,14 @@ impl Client {
                 self.ledger.maybe_removed.insert(id.clone());
                 let id = id.clone();
                 Box::pin(async move { controlapi::remove_service(&state, &id).await.map(|_| None) })
+            }
+            Op::Network => {
+                let spec = shoal_api::NetworkSpec {
+                    annotations: Some(Annotations { name: NETWORK.into(), ..Default::default() }),
+                    driver_config: Some(shoal_api::Driver { name: "overlay".into(), ..Default::default() }),
+                    ..Default::default()
+                };
+                Box::pin(async move { controlapi::create_network(&state, spec).await.map(|_| None) })
             }
             Op::Read(must_see) => {
                 let must_see = must_see.clone();
@@ -313,7 +337,11 @@ impl Client {
             Op::Remove(id) => format!("remove {id}"),
             Op::Node(id, drain) => format!("{} {id}", if *drain { "drain" } else { "activate" }),
             Op::Read(must_see) => format!("read on manager {} ({} services to see)", f.manager, must_see.len()),
+            Op::Network => format!("create network {NETWORK}"),
         };
+        if let (Op::Network, Ok(_) | Err(ControlError::AlreadyExists(_))) = (&f.op, &result) {
+            self.network = true;
+        }
         if let (Op::Read(_), Ok(_)) = (&f.op, &result) {
             self.ledger.reads += 1;
         }

@@ -42,7 +42,7 @@ fn seeds(chunk: u64) {
             (first..first + count).filter(|s| (s - first) % CHUNKS == chunk).collect()
         }
     };
-    let (mut steps, mut acked, mut reads, mut forwarded, mut faults) = (0, 0, 0, 0, 0);
+    let (mut steps, mut acked, mut reads, mut forwarded, mut faults, mut addresses) = (0, 0, 0, 0, 0, 0);
     let mut failures = Vec::new();
     for seed in &seeds {
         match run(*seed, &cfg) {
@@ -51,6 +51,7 @@ fn seeds(chunk: u64) {
                 acked += r.acked;
                 reads += r.reads;
                 forwarded += r.forwarded;
+                addresses = addresses.max(r.most_addresses);
                 faults += r.faults;
             }
             Err(f) => {
@@ -60,7 +61,7 @@ fn seeds(chunk: u64) {
         }
     }
     eprintln!(
-        "{} seeds, {steps} steps, {acked} acknowledged requests ({reads} reads through a barrier), {forwarded} writes forwarded by followers, {faults} faults; failed: {failures:?}",
+        "{} seeds, {steps} steps, {acked} acknowledged requests ({reads} reads through a barrier), {forwarded} writes forwarded by followers, at most {addresses} network addresses held at once, {faults} faults; failed: {failures:?}",
         seeds.len()
     );
     assert!(failures.is_empty(), "failing seeds: {failures:?} (replay one with SHOAL_SIM_SEED=<seed> cargo nextest run -p shoal-sim sim_seeds_0)");
