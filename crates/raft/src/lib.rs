@@ -49,7 +49,7 @@
 //! - **Snapshot policy.** `RaftNode::set_snapshot_policy` applies the cluster's `SnapshotInterval`,
 //!   `KeepOldSnapshots` and `LogEntriesForSlowFollowers` to a running member; old snapshot files are removed
 //!   only once the log names the new snapshot.
-//! - **Determinism.** raft-rs draws election timeouts from an unseeded RNG; the driver overrides every draw
+//! - **Determinism.** raft-rs draws election timeouts from an unseeded RNG; the core overrides every draw
 //!   with one from a per-member seeded RNG. raft-rs's slog output goes to `tracing` (target `raft`), and the
 //!   node logs one info line per leadership change.
 //! - **Transport seam.** Outgoing messages go to a `Transport`; received ones come in through
