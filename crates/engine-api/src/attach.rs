@@ -112,14 +112,35 @@ pub fn refusal(body: &Value, network: &str, others: &[String]) -> Option<String>
         ));
     }
     let ep = field(body, "NetworkingConfig").and_then(|n| field(n, "EndpointsConfig")).and_then(|e| field(e, network));
-    let ipam = ep.and_then(|e| field(e, "IPAMConfig")).and_then(Value::as_object);
-    if ipam.is_some_and(|i| i.values().any(|v| v.as_str().is_some_and(|s| !s.is_empty()))) {
+    ep.and_then(|ep| endpoint_refusal(ep, network, &format!("NetworkingConfig.EndpointsConfig.{network}")))
+}
+
+/// Why an endpoint config on swarm network `network` (`at` names where it is in the request) cannot be
+/// honoured (`None`: it can). Only aliases are: an address is the swarm allocator's, links are the default
+/// bridge's, and the swarm's attachments take no driver options or MAC address.
+pub fn endpoint_refusal(ep: &Value, network: &str, at: &str) -> Option<String> {
+    let set = |v: Option<&Value>| match v {
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        _ => false,
+    };
+    let ipam = field(ep, "IPAMConfig");
+    if ["IPv4Address", "IPv6Address", "LinkLocalIPs"].iter().any(|k| set(ipam.and_then(|i| field(i, k)))) {
         return Some(format!(
-            "NetworkingConfig.EndpointsConfig.{network}.IPAMConfig: an address on swarm network {network} is given by \
-             the swarm's allocator; leave out --ip/--ip6"
+            "{at}.IPAMConfig: an address on swarm network {network} is given by the swarm's allocator; leave out \
+             --ip/--ip6/--link-local-ip"
         ));
     }
-    None
+    let refused = [
+        ("Links", "--link: links are for the engine's default bridge; on swarm network {network} containers reach each other by name"),
+        ("DriverOpts", "--driver-opt: an attachment to swarm network {network} takes no driver options; leave it out"),
+        ("MacAddress", "--mac-address: the MAC address of an attachment to swarm network {network} is chosen by the node; leave it out"),
+    ];
+    refused
+        .iter()
+        .find(|(k, _)| set(field(ep, k)))
+        .map(|(k, why)| format!("{at}.{k}: {}", why.replace("{network}", network)))
 }
 
 /// The aliases a create asks for on `network` (`--network-alias`).
@@ -226,5 +247,19 @@ mod tests {
             Some("NetworkingConfig.EndpointsConfig.net.IPAMConfig"),
         );
         check(json!({}), &["back".to_string()], Some("NetworkingConfig.EndpointsConfig"));
+        // What an endpoint may not carry on a swarm network, on a create and on a connect alike.
+        let ep = |e: Value| json!({"NetworkingConfig": {"EndpointsConfig": {"net": e}}});
+        let at = "NetworkingConfig.EndpointsConfig.net";
+        check(ep(json!({"IPAMConfig": {"LinkLocalIPs": ["169.254.0.9"]}})), &[], Some(&format!("{at}.IPAMConfig")));
+        check(ep(json!({"Links": ["db:db"]})), &[], Some(&format!("{at}.Links: --link")));
+        check(ep(json!({"DriverOpts": {"k": "v"}})), &[], Some(&format!("{at}.DriverOpts: --driver-opt")));
+        check(ep(json!({"MacAddress": "02:42:ac:11:00:09"})), &[], Some(&format!("{at}.MacAddress")));
+        // What the docker CLI sends empty is no request.
+        let empty = json!({"IPAMConfig": {"IPv4Address": "", "LinkLocalIPs": []}, "Links": null, "DriverOpts": {},
+            "MacAddress": "", "Aliases": ["a"]});
+        check(ep(empty.clone()), &[], None);
+        assert_eq!(endpoint_refusal(&empty, "net", "EndpointConfig"), None);
+        let links = endpoint_refusal(&json!({"Links": ["db"]}), "net", "EndpointConfig");
+        assert!(links.is_some_and(|l| l.starts_with("EndpointConfig.Links: --link")));
     }
 }

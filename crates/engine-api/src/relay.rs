@@ -844,14 +844,8 @@ async fn network_connect(
         return error(StatusCode::BAD_REQUEST, "Container: name the container to connect".into());
     };
     let ep = field(doc, "EndpointConfig").cloned().unwrap_or_default();
-    let ipam = field(&ep, "IPAMConfig").and_then(|v| v.as_object().cloned()).unwrap_or_default();
-    if ipam.values().any(|v| v.as_str().is_some_and(|s| !s.is_empty())) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "EndpointConfig.IPAMConfig: an address on swarm network {network} is given by the swarm's allocator; leave out --ip/--ip6"
-            ),
-        );
+    if let Some(why) = crate::attach::endpoint_refusal(&ep, network, "EndpointConfig") {
+        return error(StatusCode::BAD_REQUEST, why);
     }
     let attach = match &relay.attach {
         Ok(a) => a.clone(),
@@ -923,11 +917,21 @@ async fn container_start(relay: &Relay, engine: &Arc<DockerEngine>, req: Request
         Ok(m) => m,
         Err(r) => return refused(r),
     };
-    let resp = engine.relay(req).await;
-    if let Some(m) = marked {
-        attach.restart_ended(&m);
+    // Ended however the relay ends: a client gone mid-restart must not leave the container marked, or its
+    // next real stop would keep the attachment.
+    let _mark = RestartMark(attach, marked);
+    engine.relay(req).await
+}
+
+/// A restart `SwarmAttach::restart_begins` marked, ended (`restart_ended`) when dropped.
+struct RestartMark<'a>(&'a Arc<dyn SwarmAttach>, Option<String>);
+
+impl Drop for RestartMark<'_> {
+    fn drop(&mut self) {
+        if let Some(m) = self.1.take() {
+            self.0.restart_ended(&m);
+        }
     }
-    resp
 }
 
 async fn network_by_id(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, full: &str) -> Response {
