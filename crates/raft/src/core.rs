@@ -40,10 +40,12 @@ use crate::{LeaderState, LogReadError, LoggedWrite, Member, Members, ProposeErro
 const MAX_SIZE_PER_MSG: u64 = 1 << 20;
 /// Most in-flight append messages per follower.
 const MAX_INFLIGHT_MSGS: usize = 256;
+/// Bound of the proposal queue between the handles and the driver. A proposer waits for room when it is full.
+pub const PROPOSAL_QUEUE: usize = 4096;
 /// Most forwarded writes a follower waits for at once (further ones fail with `Unknown` at once).
-pub const MAX_FORWARDED_IN_FLIGHT: usize = 4096;
+pub const MAX_FORWARDED_IN_FLIGHT: usize = PROPOSAL_QUEUE;
 /// Most read barriers waiting at once (further ones fail at once).
-pub const MAX_READS_IN_FLIGHT: usize = 4096;
+pub const MAX_READS_IN_FLIGHT: usize = PROPOSAL_QUEUE;
 /// Entries read per storage call when replaying the log at start.
 const REPLAY_CHUNK_ENTRIES: u64 = 1024;
 

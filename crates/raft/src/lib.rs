@@ -98,13 +98,13 @@ mod transport;
 pub use config::{RaftConfig, SnapshotPolicy};
 pub use core::{
     ApplyObserver, Core, Done, LogStorage, MembersDone, MembershipError, Outlets, Proposal, RaftStatus, ReadDone,
-    MAX_FORWARDED_IN_FLIGHT, MAX_READS_IN_FLIGHT,
+    MAX_FORWARDED_IN_FLIGHT, MAX_READS_IN_FLIGHT, PROPOSAL_QUEUE,
 };
 pub use error::RaftError;
 pub use membership::{Member, Members};
 pub use node::{
     RaftNode, StartMode, FORWARD_APPLY_TIMEOUT, INBOUND_QUEUE, MAX_PROPOSALS_PER_READY, MEMBERSHIP_CHANGE_TIMEOUT,
-    PROPOSAL_QUEUE, READ_BARRIER_TIMEOUT,
+    READ_BARRIER_TIMEOUT,
 };
 pub use proposer::{
     CommittedLog, LeaderState, LocalProposer, LogReadError, LogReadFuture, LoggedWrite, ProposeError, ProposeFuture,

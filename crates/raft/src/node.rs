@@ -34,7 +34,7 @@ use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, Message};
 use shoal_store::{decode_request, encode_request, Action, MemoryStore};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::core::{Core, Done, LogStorage, MembershipError, Outlets, Proposal, RaftStatus, ReadDone};
+use crate::core::{Core, Done, LogStorage, MembershipError, Outlets, Proposal, RaftStatus, ReadDone, PROPOSAL_QUEUE};
 use crate::storage::EngineStorage;
 use crate::transport::{Forwarder, Inbound, NoPeers, PeerLink, Transport};
 use crate::{
@@ -42,8 +42,6 @@ use crate::{
     RaftError, ReadBarrierFuture,
 };
 
-/// Bound of the proposal queue between the handles and the driver. A proposer waits for room when it is full.
-pub const PROPOSAL_QUEUE: usize = 4096;
 /// Most proposals taken from the queue before the driver handles the resulting Ready (one group commit).
 pub const MAX_PROPOSALS_PER_READY: usize = 1024;
 /// Bound of the queue of messages received from peers; `step` fails with `RaftError::Busy` when full.

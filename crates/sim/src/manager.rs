@@ -27,7 +27,7 @@ use shoal_manager::dispatcher::{AssignmentSet, Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, RandomIds, Timer};
 use shoal_raft::{
     Core, Done, LeaderState, Outlets, Proposal, ProposeError, ProposeFuture, Proposer, RaftConfig, ReadBarrierFuture,
-    ReadDone, FORWARD_APPLY_TIMEOUT,
+    ReadDone, FORWARD_APPLY_TIMEOUT, MAX_PROPOSALS_PER_READY, PROPOSAL_QUEUE,
 };
 use shoal_store::{encode_request, Action, ManualClock, MemoryStore, Watch};
 use tokio::sync::{oneshot, watch};
@@ -40,10 +40,6 @@ use shoal_manager::ManualTimer;
 pub const ELECTION_TICK: usize = 10;
 /// Leader heartbeat interval, in ticks.
 pub const HEARTBEAT_TICK: usize = 1;
-/// Most proposals appended per step (the driver's `MAX_PROPOSALS_PER_READY`).
-pub const MAX_PROPOSALS_PER_STEP: usize = 1024;
-/// Most writes waiting in one manager's proposer (the driver's `PROPOSAL_QUEUE`); beyond it they fail.
-pub const PROPOSAL_QUEUE: usize = 4096;
 
 /// What the proposer queues for the simulation loop to hand to the core.
 enum Queued {
@@ -114,33 +110,38 @@ fn answered<T: Send + 'static>(
 }
 
 impl SimProposer {
+    /// Queues `q` for the simulation loop, unless `PROPOSAL_QUEUE` wait already (the driver's bound; beyond
+    /// it writes fail here, where the daemon's proposers wait for room).
+    fn push(&self, q: Queued) -> Result<(), ProposeError> {
+        let mut queue = self.queue.lock();
+        if queue.len() >= PROPOSAL_QUEUE {
+            return Err(ProposeError::Unknown(format!("{PROPOSAL_QUEUE} writes already queued")));
+        }
+        queue.push_back(q);
+        Ok(())
+    }
+
     fn enqueue<T: Send + 'static>(
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, ProposeError>>) -> Queued,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, ProposeError>> + Send>> {
-        let mut q = self.queue.lock();
-        if q.len() >= PROPOSAL_QUEUE {
-            return answered(Err(ProposeError::Unknown(format!("{PROPOSAL_QUEUE} writes already queued"))));
-        }
         let (tx, rx) = oneshot::channel();
-        q.push_back(make(tx));
+        if let Err(e) = self.push(make(tx)) {
+            return answered(Err(e));
+        }
         // A dropped sender: the manager crashed.
         Box::pin(async move { rx.await.unwrap_or(Err(ProposeError::Stopped)) })
     }
-}
 
-impl SimProposer {
     /// A follower's write, as `RaftNode::propose` makes it: forwarded to the leader, answered once this
     /// manager applied it (read-your-writes), `Unknown` after `FORWARD_APPLY_TIMEOUT` (the leader's answer
     /// or the entry may be lost).
     fn forward(&self, actions: Vec<Action>, leader: u64) -> ProposeFuture {
-        let mut q = self.queue.lock();
-        if q.len() >= PROPOSAL_QUEUE {
-            return answered(Err(ProposeError::Unknown(format!("{PROPOSAL_QUEUE} writes already queued"))));
-        }
         let (sent, mut sent_rx) = oneshot::channel();
         let (done, mut done_rx) = oneshot::channel();
-        q.push_back(Queued::Forward { actions, leader, done, sent });
+        if let Err(e) = self.push(Queued::Forward { actions, leader, done, sent }) {
+            return answered(Err(e));
+        }
         let mut timeout = self.timer.sleep_ms(FORWARD_APPLY_TIMEOUT.as_millis() as u64);
         let mut appended = false;
         Box::pin(std::future::poll_fn(move |cx| {
@@ -447,14 +448,14 @@ impl Running {
         self.core.tick();
     }
 
-    /// Hands the queued writes and read barriers to the core (at most `MAX_PROPOSALS_PER_STEP`), as the
+    /// Hands the queued writes and read barriers to the core (at most the driver's `MAX_PROPOSALS_PER_READY`), as the
     /// driver hands its commands; `now_ms` is the simulation's time. Returns the writes forwarded to the
     /// leader.
     pub fn take_proposals(&mut self, now_ms: u64) -> Outbox {
         let mut out = Vec::new();
         // Forwards whose caller gave up (its timeout) are forgotten.
         self.forwards.retain(|_, sent| !sent.is_closed());
-        for _ in 0..MAX_PROPOSALS_PER_STEP {
+        for _ in 0..MAX_PROPOSALS_PER_READY {
             let Some(queued) = self.proposer.queue.lock().pop_front() else { break };
             match queued {
                 Queued::Write(actions, done) => {
