@@ -192,8 +192,10 @@ fn updates_roll_back_pause_force_and_start_first_through_the_docker_cli() {
             "--detach",
             "--update-failure-action",
             "rollback",
+            // Long enough that the failing slot is always seen failing inside it, however loaded the machine
+            // (the failure is seen at once; the window only holds the next slot back).
             "--update-monitor",
-            "2s",
+            "30s",
             "--rollback-parallelism",
             "0",
             "--rollback-monitor",
