@@ -157,6 +157,9 @@ fn a_stock_engine_joins_and_is_ready_with_its_hostname_and_version() {
 /// ignores it otherwise, and the engine would wait its 10 s grace period on every stop).
 const TALKER: &str = "trap 'exit 0' TERM; i=0; while :; do echo line-$i; i=$((i+1)); sleep 1; done";
 
+/// The command of a web server task: answers its hostname on port 80, leaving at once on SIGTERM.
+const WEB: &str = "mkdir -p /www && hostname > /www/index.html && trap 'exit 0' TERM; httpd -f -p 80 -h /www & wait";
+
 /// Creates service `name` of `replicas` talkers constrained to the engine; returns its ID.
 fn create_on_engine(d: &DaemonProcess, eng: &SecondEngine, name: &str, replicas: u32) -> String {
     let constraint = format!("node.hostname=={}", eng.hostname());
@@ -382,6 +385,152 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
             Err(format!("{now:?}"))
         }
     });
+}
+
+/// The addresses Shoal gave the running tasks of `service` on network `net` (without their prefix length).
+fn task_addresses(d: &DaemonProcess, service: &str, net: &str) -> Vec<String> {
+    let filter = format!("{{\"service\":[\"{service}\"],\"desired-state\":[\"running\"]}}");
+    let tasks = d.get(&format!("/v1.47/tasks?filters={}", urlencode(&filter)));
+    let mut out = Vec::new();
+    for t in tasks.as_array().into_iter().flatten() {
+        for a in t["NetworksAttachments"].as_array().into_iter().flatten() {
+            if a["Network"]["ID"] == net {
+                out.extend(
+                    a["Addresses"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|x| x.as_str())
+                        .map(|x| x.split('/').next().unwrap_or(x).to_string()),
+                );
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn tasks_on_an_overlay_network_run_on_the_engine_with_the_addresses_shoal_gave() {
+    let Some(eng) = engine("o", 1) else { return };
+    let d = shoal_manager(&eng, 0, None);
+    join(&eng, &d);
+    let net = shoal(&d, &["network", "create", "--driver", "overlay", "appnet"]).trim().to_string();
+    let constraint = format!("node.hostname=={}", eng.hostname());
+    shoal(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "ov",
+            "--replicas",
+            "2",
+            "--network",
+            "appnet",
+            "--constraint",
+            &constraint,
+            docker_engine::TEST_IMAGE,
+            "sh",
+            "-c",
+            WEB,
+        ],
+    );
+    // Before, the engine rejected such tasks after 30 s: "node is missing network attachments".
+    let ids = wait_engine_containers(&eng, &d, "ov", 2);
+    let given = task_addresses(&d, "ov", &net);
+    assert_eq!(given.len(), 2, "{given:?}");
+
+    // The engine made the swarm network with Shoal's ID, and its containers hold the addresses Shoal gave.
+    let inspect = eng.docker_ok(&["network", "inspect", "appnet"]);
+    let inspect: Value = serde_json::from_str(&inspect).expect("network inspect");
+    let n = &inspect[0];
+    assert_eq!(n["Id"], net.as_str(), "{n}");
+    assert_eq!(n["Driver"], "overlay", "{n}");
+    assert_eq!(n["Scope"], "swarm", "{n}");
+    let held: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            let f = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}";
+            eng.docker_ok(&["inspect", "--format", f, id]).trim().to_string()
+        })
+        .collect();
+    let mut sorted_held = held.clone();
+    sorted_held.sort();
+    assert_eq!(sorted_held, given, "the containers' addresses on appnet");
+    // The node's own address on the network (its load-balancer endpoint) is one Shoal gave no task.
+    let endpoints: Vec<String> = n["Containers"]
+        .as_object()
+        .map(|m| m.values().filter_map(|c| c["IPv4Address"].as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    let lb: Vec<&String> =
+        endpoints.iter().filter(|e| !given.iter().any(|g| e.starts_with(&format!("{g}/")))).collect();
+    assert_eq!(lb.len(), 1, "one endpoint besides the tasks': {endpoints:?}");
+
+    // The two tasks reach each other over the overlay, by address and through the engine's DNS: `tasks.ov`
+    // answers the tasks' addresses and `ov` the service's VIP on appnet, both as Shoal gave them.
+    for (from, to) in [(0, 1), (1, 0)] {
+        let url = format!("http://{}/", held[to]);
+        let host = eng.docker_ok(&["exec", &ids[to], "hostname"]);
+        wait_until(&format!("task {from} reaches task {to} at {url}"), TASK_LIMIT, || {
+            let out = eng.docker(&["exec", &ids[from], "timeout", "5", "wget", "-q", "-O", "-", &url]);
+            let page = String::from_utf8_lossy(&out.stdout);
+            if out.status.success() && page.trim() == host.trim() {
+                Ok(())
+            } else {
+                Err(format!("{}: {page}{}", out.status, String::from_utf8_lossy(&out.stderr)))
+            }
+        });
+    }
+    let lookup = |name: &str| -> Vec<String> {
+        let out = eng.docker_ok(&["exec", &ids[0], "nslookup", name]);
+        let mut v: Vec<String> = out
+            .split("Non-authoritative answer:")
+            .skip(1)
+            .flat_map(|part| part.lines().filter_map(|l| l.strip_prefix("Address:")).map(|a| a.trim().to_string()))
+            .filter(|a| !a.contains(':'))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    assert_eq!(lookup("tasks.ov"), given, "tasks.ov");
+    let service = d.get("/v1.47/services/ov");
+    let vip = service["Endpoint"]["VirtualIPs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["NetworkID"] == net.as_str())
+        .and_then(|v| v["Addr"].as_str())
+        .map(|a| a.split('/').next().unwrap_or(a).to_string())
+        .expect("a VIP on appnet");
+    assert_eq!(lookup("ov"), [vip], "ov");
+
+    shoal(&d, &["service", "rm", "ov"]);
+    wait_engine_empty(&eng, &d, "ov", true);
+    // The network goes with the engine's last task on it, and Shoal can remove it.
+    wait_until("appnet gone from the engine", TASK_LIMIT, || {
+        let ls = eng.docker_ok(&["network", "ls", "--format", "{{.Name}}"]);
+        if ls.lines().any(|l| l == "appnet") {
+            Err(ls)
+        } else {
+            Ok(())
+        }
+    });
+    shoal(&d, &["network", "rm", "appnet"]);
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {

@@ -648,7 +648,7 @@ impl World {
     /// most one running task per slot (per node for global modes), counting for services that ever had a
     /// start-first spec only tasks of the current spec, and for jobs only the current iteration.
     /// No two holders of one address in a network, on any manager: tasks whose attachments hold theirs
-    /// (observed RUNNING or earlier, as the allocator counts them) and services' VIPs.
+    /// (observed RUNNING or earlier, as the allocator counts them), services' VIPs and nodes' own attachments.
     fn check_addresses(&self) -> Result<(), String> {
         let mut most = 0;
         for m in &self.managers {
@@ -671,6 +671,17 @@ impl World {
                         let Some(n) = &a.network else { continue };
                         for addr in &a.addresses {
                             if let Some(d) = hold(&n.id, addr, format!("task {}", task.id)) {
+                                return Some(d);
+                            }
+                        }
+                    }
+                }
+                // A node's own attachments (ingress, and the networks of its tasks) hold theirs too.
+                for node in t.nodes().iter() {
+                    for a in &node.attachments {
+                        let Some(n) = &a.network else { continue };
+                        for addr in &a.addresses {
+                            if let Some(d) = hold(&n.id, addr, format!("node {}", node.id)) {
                                 return Some(d);
                             }
                         }

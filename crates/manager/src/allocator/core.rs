@@ -55,6 +55,34 @@ fn task_addresses(t: &Task) -> Vec<(String, IpAddr)> {
     out
 }
 
+/// The nodes whose own attachments a task change may change (`Allocator::allocate_nodes`): the task's node
+/// before and after, when its node, whether it holds its addresses, or its networks changed.
+pub fn nodes_to_revisit(ch: &Change) -> Vec<String> {
+    fn key(t: &Task) -> (String, bool, Vec<&str>) {
+        let nets: Vec<&str> = t.networks.iter().filter_map(|a| a.network.as_ref()).map(|n| n.id.as_str()).collect();
+        (t.node_id.clone(), holds_addresses(t) && !nets.is_empty(), nets)
+    }
+    let old = match &ch.old {
+        Some(Object::Task(o)) => Some(key(o)),
+        _ => None,
+    };
+    let new = match (&ch.kind, &ch.object) {
+        (ActionKind::Remove, _) => None,
+        (_, Object::Task(t)) => Some(key(t)),
+        _ => return Vec::new(),
+    };
+    if old == new {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (node, holds, _) in old.into_iter().chain(new) {
+        if holds && !node.is_empty() && !out.contains(&node) {
+            out.push(node);
+        }
+    }
+    out
+}
+
 /// The addresses a node's own attachments hold (its ingress address, for the routing mesh), for as long as
 /// the node exists.
 fn node_addresses(n: &Node) -> Vec<(String, IpAddr)> {
@@ -434,38 +462,55 @@ impl Allocator {
         Ok(out)
     }
 
-    /// Gives each of `nodes` (every node when `all`) its attachment to the ingress network (SwarmKit's
-    /// `Node.attachments`), keeping the address it has, and drops attachments to networks that are no longer
-    /// the ingress network (their addresses are freed when that write is applied). The routing mesh uses the
-    /// address as the source of what a node forwards to a service's tasks. A node waits (`blocked`) when the
-    /// ingress subnet is full. Bounded by the cluster's nodes.
+    /// The networks node `node_id` needs an attachment of its own on (SwarmKit's `Node.attachments`): the
+    /// ingress network, for its routing mesh, and every network with an address pool that a task on the node
+    /// uses while that task holds its addresses (a Docker Engine worker takes the node's address there as the
+    /// network's load-balancer endpoint, and waits for it before it starts the task).
+    fn node_networks(&self, tables: &Tables, node_id: &str) -> Vec<String> {
+        let mut nets: Vec<String> = self.ingress.iter().cloned().collect();
+        for t in tables.tasks().by_node(node_id).filter(|t| holds_addresses(t)) {
+            for n in t.networks.iter().filter_map(|a| a.network.as_ref()) {
+                if self.pools.contains_key(&n.id) && !nets.contains(&n.id) {
+                    nets.push(n.id.clone());
+                }
+            }
+        }
+        nets
+    }
+
+    /// Gives each of `nodes` (every node when `all`) an attachment to each network it needs
+    /// (`node_networks`), keeping the addresses it has, and drops attachments it no longer needs (their
+    /// addresses are freed when that write is applied). The routing mesh uses the ingress address as the
+    /// source of what a node forwards to a service's tasks. A node waits (`blocked`) when a subnet is full.
+    /// Bounded by the cluster's nodes and their tasks.
     pub fn allocate_nodes(&mut self, tables: &Tables, nodes: &BTreeSet<String>, all: bool, out: &mut AllocatePass) {
         let ids: Vec<String> =
             if all { tables.nodes().iter().map(|n| n.id.clone()).collect() } else { nodes.iter().cloned().collect() };
-        let ingress = self.ingress.clone().and_then(|id| tables.networks().get(&id).map(|n| (**n).clone()));
         for id in ids {
             let Some(node) = tables.nodes().get(&id) else { continue };
-            let is_ingress = |a: &NetworkAttachment| {
-                a.network.as_ref().is_some_and(|n| ingress.as_ref().is_some_and(|i| i.id == n.id))
+            let nets = self.node_networks(tables, &id);
+            let needed = |a: &NetworkAttachment| {
+                a.network.as_ref().is_some_and(|n| nets.contains(&n.id)) && !a.addresses.is_empty()
             };
-            let kept: Vec<NetworkAttachment> =
-                node.attachments.iter().filter(|a| is_ingress(a) && !a.addresses.is_empty()).cloned().collect();
-            let mut want = kept.clone();
-            if want.is_empty() {
-                if let Some(net) = &ingress {
-                    let Some(pool) = self.pools.get_mut(&net.id) else { continue };
-                    let Some(ip) = pool.allocate() else {
-                        tracing::warn!(node = %id, "no address left in the ingress network for the node's routing mesh");
-                        out.blocked = true;
-                        continue;
-                    };
-                    want.push(NetworkAttachment {
-                        network: Some(net.clone()),
-                        addresses: vec![pool.with_prefix(ip)],
-                        aliases: Vec::new(),
-                        driver_attachment_opts: Default::default(),
-                    });
+            let mut want: Vec<NetworkAttachment> = node.attachments.iter().filter(|a| needed(a)).cloned().collect();
+            for net in &nets {
+                if want.iter().any(|a| a.network.as_ref().is_some_and(|n| &n.id == net)) {
+                    continue;
                 }
+                let (Some(network), Some(pool)) = (tables.networks().get(net), self.pools.get_mut(net)) else {
+                    continue;
+                };
+                let Some(ip) = pool.allocate() else {
+                    tracing::warn!(node = %id, network = %network_name(network), "no address left for the node's own attachment");
+                    out.blocked = true;
+                    continue;
+                };
+                want.push(NetworkAttachment {
+                    network: Some((**network).clone()),
+                    addresses: vec![pool.with_prefix(ip)],
+                    aliases: Vec::new(),
+                    driver_attachment_opts: Default::default(),
+                });
             }
             if want != node.attachments {
                 let mut n2 = (**node).clone();

@@ -5,7 +5,7 @@
 //! that failed may have held addresses in memory only).
 //!
 //! What a commit asks for: a service written (its endpoint may need allocating), a task written NEW (its
-//! attachments), and, while some task waits for capacity, anything that freed an address or a port (every
+//! attachments), a task placed, ended or removed (its node's own attachments: `nodes_to_revisit`), and, while some task waits for capacity, anything that freed an address or a port (every
 //! NEW task is looked at again). Bounds: at most `MAX_TRACKED_IDS` IDs are tracked one by one (past that a
 //! pass looks at everything), writes carry at most `MAX_ACTIONS_PER_WRITE` actions and `MAX_BYTES_PER_WRITE`
 //! bytes, and after a failed write the loop waits for the next commit before trying again.
@@ -18,7 +18,7 @@ use shoal_store::{ActionKind, Changes, Commit, Object, Watch, WatchError};
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::sync::watch;
 
-use super::core::Allocator;
+use super::core::{nodes_to_revisit, Allocator};
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 use crate::tasks::observed_state;
@@ -44,7 +44,7 @@ impl Subsystem for AllocatorLoop {
 #[derive(Default)]
 struct Work {
     services: BTreeSet<String>,
-    /// Nodes whose ingress attachment may need allocating.
+    /// Nodes whose own attachments (ingress, and the networks of their tasks) may need allocating or freeing.
     nodes: BTreeSet<String>,
     tasks: BTreeSet<String>,
     all: bool,
@@ -61,14 +61,18 @@ impl Work {
 
     fn note(&mut self, alloc: &mut Allocator, commit: &Commit) {
         for ch in &commit.changes {
-            let ingress_gone = ch.kind == ActionKind::Remove
-                && matches!(&ch.object, Object::Network(n) if alloc.ingress() == Some(n.id.as_str()));
+            // A network removed: every node's attachment to it goes (the ingress network's, or one a node
+            // still holds for tasks that ended).
+            let network_gone = ch.kind == ActionKind::Remove && matches!(&ch.object, Object::Network(_));
             if alloc.apply(ch) && self.blocked {
                 self.all = true;
             }
-            // The ingress network removed: every node's attachment to it goes.
-            if ingress_gone {
+            if network_gone {
                 self.all = true;
+            }
+            if !self.all {
+                // A task placed, ended or removed: its node's own attachments may change.
+                self.nodes.extend(nodes_to_revisit(ch));
             }
             if ch.kind == ActionKind::Remove || self.all {
                 continue;

@@ -9,7 +9,7 @@ use shoal_api::{
     endpoint_spec, port_config, Annotations, EndpointSpec, IpamConfig, IpamOptions, NetworkAttachmentConfig,
     PortConfig, Service, ServiceSpec, Task, TaskSpec, TaskState, TaskStatus,
 };
-use shoal_store::{Changes, MemoryStore, StoreObject};
+use shoal_store::{ActionKind, Change, Changes, MemoryStore, Object, StoreObject};
 
 use super::core::{Allocator, ALLOCATED_MESSAGE};
 use crate::controlapi::network::ingress_network;
@@ -389,6 +389,85 @@ fn a_task_on_a_predefined_network_gets_its_attachment_without_an_address_and_its
         assert!(t.networks[0].addresses.is_empty());
         assert!(!t.on_overlay());
     }
+}
+
+#[test]
+fn a_node_gets_an_address_on_each_network_of_its_running_tasks_until_the_last_one_ends() {
+    let mut fx = Fx::new();
+    fx.network("front", "10.1.0.0/24");
+    fx.network("back", "10.2.0.0/24");
+    fx.write(|c| {
+        for i in 0..2 {
+            c.create(shoal_api::Node { id: format!("node{i}"), ..Default::default() });
+        }
+    });
+    fx.service("web", &["front", "back"], vec![]);
+    fx.tasks("web", 3);
+    fx.pass();
+    // The scheduler's turn: web.0 and web.1 on node0, web.2 on node1; node0's changes revisit only node0.
+    let mut revisit = BTreeSet::new();
+    for (task, node) in [("web.0", "node0"), ("web.1", "node0"), ("web.2", "node1")] {
+        let mut t = (*fx.task(task)).clone();
+        t.node_id = node.into();
+        t.status.as_mut().unwrap().state = TaskState::Assigned as i32;
+        let before = Object::Task(fx.task(task));
+        let ch = Change { kind: ActionKind::Update, object: Object::Task(Arc::new(t.clone())), old: Some(before) };
+        revisit.extend(super::core::nodes_to_revisit(&ch));
+        fx.write(|c| {
+            c.update(t);
+        });
+    }
+    assert_eq!(revisit, BTreeSet::from(["node0".to_string(), "node1".to_string()]));
+    let nodes_pass = |fx: &mut Fx| {
+        let mut out = super::AllocatePass::default();
+        fx.store.view(|t| fx.alloc.allocate_nodes(t, &BTreeSet::new(), true, &mut out));
+        let written = out.nodes.len();
+        fx.write(|c| {
+            for n in out.nodes {
+                c.update(n);
+            }
+        });
+        written
+    };
+    let attached = |fx: &Fx, node: &str| -> Vec<(String, String)> {
+        fx.store.view(|t| {
+            let n = t.nodes().get(node).unwrap().clone();
+            let mut v: Vec<(String, String)> =
+                n.attachments.iter().map(|a| (a.network.as_ref().unwrap().id.clone(), a.addresses.join(","))).collect();
+            v.sort();
+            v
+        })
+    };
+    assert_eq!(nodes_pass(&mut fx), 2);
+    let node0 = attached(&fx, "node0");
+    assert_eq!(node0.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["back", "front", "ingress"]);
+    assert!(node0[0].1.starts_with("10.2.0.") && node0[0].1.ends_with("/24"), "{node0:?}");
+    assert!(node0[1].1.starts_with("10.1.0."), "{node0:?}");
+    // The attachment carries the whole network (its driver state and IPAM), as a Docker Engine reads it.
+    let carried = fx.store.view(|t| t.nodes().get("node0").unwrap().attachments.clone());
+    let front = carried.iter().find(|a| a.network.as_ref().unwrap().id == "front").unwrap();
+    assert_eq!(front.network.as_ref().unwrap().ipam.as_ref().unwrap().configs[0].subnet, "10.1.0.0/24");
+    assert_eq!(nodes_pass(&mut fx), 0, "nothing to do twice");
+    // No address is held twice, by tasks, VIPs or nodes, and a new leader agrees.
+    let mut held = fx.held();
+    for node in ["node0", "node1"] {
+        held.extend(attached(&fx, node).into_iter().map(|(n, a)| format!("{n}:{a}")));
+    }
+    assert_unique(&held);
+    let rebuilt = fx.store.view(Allocator::build);
+    for net in ["front", "back"] {
+        assert_eq!(rebuilt.free_addresses(net), fx.alloc.free_addresses(net), "{net}");
+    }
+    // One of node0's tasks ends: it keeps its attachments; the last one ends: they go, and their addresses
+    // are free again.
+    fx.set_state("web.0", TaskState::Complete);
+    assert_eq!(nodes_pass(&mut fx), 0);
+    let free_before = fx.alloc.free_addresses("front").unwrap();
+    fx.set_state("web.1", TaskState::Failed);
+    assert_eq!(nodes_pass(&mut fx), 1);
+    assert_eq!(attached(&fx, "node0").iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["ingress"]);
+    assert_eq!(fx.alloc.free_addresses("front").unwrap(), free_before + 2, "the task's and the node's");
+    assert_eq!(attached(&fx, "node1").len(), 3);
 }
 
 /// IDs for `missing_predefined_networks` in a test: the name's own.
