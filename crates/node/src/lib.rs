@@ -13,6 +13,7 @@ mod bootstrap;
 mod config;
 pub mod connection_caps;
 pub mod external_ca;
+mod gossip;
 mod identity;
 pub mod join;
 pub mod leader_logs;
@@ -435,6 +436,16 @@ impl Node {
                 cfg.state_dir.clone(),
                 state.store.clone(),
                 raft.clone(),
+                shutdown_rx.clone(),
+            )),
+        ));
+        // Docker's overlay gossip, for Docker Engine workers to find each other through this manager.
+        tasks.push((
+            "overlay-gossip",
+            tokio::spawn(gossip::run(
+                identity.node_id.clone(),
+                std::net::SocketAddr::new(advertised.ip(), shoal_gossip::GOSSIP_PORT),
+                state.store.clone(),
                 shutdown_rx.clone(),
             )),
         ));

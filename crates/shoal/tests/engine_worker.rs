@@ -387,6 +387,40 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
     });
 }
 
+/// The IPv4 addresses the engine's DNS answers for `name` inside container `id`, sorted.
+fn nslookup(eng: &SecondEngine, id: &str, name: &str) -> Vec<String> {
+    let out = eng.docker(&["exec", id, "nslookup", name]);
+    let out = String::from_utf8_lossy(&out.stdout);
+    let mut v: Vec<String> = out
+        .split("Non-authoritative answer:")
+        .skip(1)
+        .flat_map(|part| part.lines().filter_map(|l| l.strip_prefix("Address:")).map(|a| a.trim().to_string()))
+        .filter(|a| !a.contains(':'))
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The address container `id` holds on its (one) network.
+fn container_ip(eng: &SecondEngine, id: &str) -> String {
+    let f = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}";
+    eng.docker_ok(&["inspect", "--format", f, id]).trim().to_string()
+}
+
+/// Waits until container `from` on `eng` gets `want` (a hostname) from `url`.
+fn wait_page(eng: &SecondEngine, from: &str, url: &str, want: &str) {
+    wait_until(&format!("{url} answers {want} from {from}"), TASK_LIMIT, || {
+        let out = eng.docker(&["exec", from, "timeout", "5", "wget", "-q", "-O", "-", url]);
+        let page = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() && page.trim() == want {
+            Ok(())
+        } else {
+            Err(format!("{}: {page}{}", out.status, String::from_utf8_lossy(&out.stderr)))
+        }
+    });
+}
+
 /// The addresses Shoal gave the running tasks of `service` on network `net` (without their prefix length).
 fn task_addresses(d: &DaemonProcess, service: &str, net: &str) -> Vec<String> {
     let filter = format!("{{\"service\":[\"{service}\"],\"desired-state\":[\"running\"]}}");
@@ -461,13 +495,7 @@ fn tasks_on_an_overlay_network_run_on_the_engine_with_the_addresses_shoal_gave()
     assert_eq!(n["Id"], net.as_str(), "{n}");
     assert_eq!(n["Driver"], "overlay", "{n}");
     assert_eq!(n["Scope"], "swarm", "{n}");
-    let held: Vec<String> = ids
-        .iter()
-        .map(|id| {
-            let f = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}";
-            eng.docker_ok(&["inspect", "--format", f, id]).trim().to_string()
-        })
-        .collect();
+    let held: Vec<String> = ids.iter().map(|id| container_ip(&eng, id)).collect();
     let mut sorted_held = held.clone();
     sorted_held.sort();
     assert_eq!(sorted_held, given, "the containers' addresses on appnet");
@@ -485,28 +513,9 @@ fn tasks_on_an_overlay_network_run_on_the_engine_with_the_addresses_shoal_gave()
     for (from, to) in [(0, 1), (1, 0)] {
         let url = format!("http://{}/", held[to]);
         let host = eng.docker_ok(&["exec", &ids[to], "hostname"]);
-        wait_until(&format!("task {from} reaches task {to} at {url}"), TASK_LIMIT, || {
-            let out = eng.docker(&["exec", &ids[from], "timeout", "5", "wget", "-q", "-O", "-", &url]);
-            let page = String::from_utf8_lossy(&out.stdout);
-            if out.status.success() && page.trim() == host.trim() {
-                Ok(())
-            } else {
-                Err(format!("{}: {page}{}", out.status, String::from_utf8_lossy(&out.stderr)))
-            }
-        });
+        wait_page(&eng, &ids[from], &url, host.trim());
     }
-    let lookup = |name: &str| -> Vec<String> {
-        let out = eng.docker_ok(&["exec", &ids[0], "nslookup", name]);
-        let mut v: Vec<String> = out
-            .split("Non-authoritative answer:")
-            .skip(1)
-            .flat_map(|part| part.lines().filter_map(|l| l.strip_prefix("Address:")).map(|a| a.trim().to_string()))
-            .filter(|a| !a.contains(':'))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
+    let lookup = |name: &str| nslookup(&eng, &ids[0], name);
     assert_eq!(lookup("tasks.ov"), given, "tasks.ov");
     let service = d.get("/v1.47/services/ov");
     let vip = service["Endpoint"]["VirtualIPs"]
@@ -531,6 +540,72 @@ fn tasks_on_an_overlay_network_run_on_the_engine_with_the_addresses_shoal_gave()
         }
     });
     shoal(&d, &["network", "rm", "appnet"]);
+}
+
+#[test]
+fn tasks_on_two_engines_reach_each_other_over_an_overlay_through_shoals_gossip() {
+    let Some(a) = engine("a", 1) else { return };
+    let Some(b) = engine("b", 0) else { return };
+    // Two machines on one network: each engine reaches the other's address (gossip on 7946, VXLAN on 4789).
+    let _forwarding = a.forward_with(&b);
+    let d = shoal_manager(&a, 0, None);
+    for eng in [&a, &b] {
+        let id = join(eng, &d);
+        shoal(&d, &["node", "update", "--label-add", "engine=yes", &id]);
+    }
+    let net = shoal(&d, &["network", "create", "--driver", "overlay", "crossnet"]).trim().to_string();
+    shoal(
+        &d,
+        &[
+            "service",
+            "create",
+            "--detach",
+            "--name",
+            "cross",
+            "--mode",
+            "global",
+            "--network",
+            "crossnet",
+            "--constraint",
+            "node.labels.engine==yes",
+            docker_engine::TEST_IMAGE,
+            "sh",
+            "-c",
+            WEB,
+        ],
+    );
+    let on_a = wait_engine_containers(&a, &d, "cross", 1).remove(0);
+    let on_b = wait_engine_containers(&b, &d, "cross", 1).remove(0);
+    let (ip_a, ip_b) = (container_ip(&a, &on_a), container_ip(&b, &on_b));
+    let mut given = task_addresses(&d, "cross", &net);
+    assert_eq!(given, sorted(vec![ip_a.clone(), ip_b.clone()]), "the addresses Shoal gave");
+
+    // The engines found each other through Shoal's manager (its gossip member at 7946; before, the engines'
+    // join was refused there), so each learns where the other's endpoints live: a task on one engine
+    // reaches the task on the other across the overlay, and each engine's DNS knows both tasks.
+    let host_a = a.docker_ok(&["exec", &on_a, "hostname"]);
+    let host_b = b.docker_ok(&["exec", &on_b, "hostname"]);
+    wait_page(&a, &on_a, &format!("http://{ip_b}/"), host_b.trim());
+    wait_page(&b, &on_b, &format!("http://{ip_a}/"), host_a.trim());
+    given.sort();
+    for (eng, c) in [(&a, &on_a), (&b, &on_b)] {
+        wait_until(&format!("tasks.cross from {}", eng.hostname()), TASK_LIMIT, || {
+            let seen = nslookup(eng, c, "tasks.cross");
+            if seen == given {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        });
+    }
+    let log = std::fs::read_to_string(b.log_path()).unwrap_or_default();
+    assert!(
+        log.lines().any(|l| l.contains("joined gossip cluster") && l.contains(&format!("/{}", a.manager_ip(0)))),
+        "the engine names Shoal's manager among its gossip members"
+    );
+    shoal(&d, &["service", "rm", "cross"]);
+    wait_engine_empty(&a, &d, "cross", true);
+    wait_engine_empty(&b, &d, "cross", true);
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {

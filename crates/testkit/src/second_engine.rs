@@ -83,6 +83,7 @@ fn pid_alive(pid: i32) -> bool {
 
 /// Removes what test processes that no longer exist left behind: namespaces, veths, directories.
 fn remove_leftovers() {
+    remove_leftover_rules();
     let dead = |rest: &str| rest.split('-').next().and_then(|p| p.parse::<i32>().ok()).is_some_and(|p| !pid_alive(p));
     if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -308,6 +309,69 @@ impl SecondEngine {
     /// dockerd's PID, while it runs.
     pub fn dockerd_pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+}
+
+/// Forwarding between two engines' veths on the host, until dropped (see [`SecondEngine::forward_with`]).
+#[derive(Debug)]
+pub struct Forwarding {
+    rules: Vec<Vec<String>>,
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        for r in &self.rules {
+            let mut args = vec!["-D".to_string()];
+            args.extend(r.iter().cloned());
+            let _ = Command::new("iptables").args(&args).output();
+        }
+    }
+}
+
+/// The comment that marks this process's forwarding rules (leftovers of dead processes are removed by it).
+fn forward_comment(pid: u32) -> String {
+    format!("{NS_PREFIX}{pid}")
+}
+
+/// Removes forwarding rules whose test process no longer exists.
+fn remove_leftover_rules() {
+    let Ok(out) = Command::new("iptables").args(["-S", "FORWARD"]).output() else { return };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(rest) = line.strip_prefix("-A ") else { continue };
+        let Some(pid) = rest.split(NS_PREFIX).nth(1).and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next()) else {
+            continue;
+        };
+        if pid.parse::<i32>().is_ok_and(|p| !pid_alive(p)) {
+            let mut args = vec!["-D"];
+            args.extend(rest.split_whitespace().map(|a| a.trim_matches('"')));
+            let _ = Command::new("iptables").args(&args).output();
+        }
+    }
+}
+
+impl SecondEngine {
+    /// Lets this engine and `other` reach each other through the host, as two machines on one network do:
+    /// the host forwards between their veths (a host running Docker drops forwarded packets it does not
+    /// know: FORWARD policy DROP). Overlay traffic between engines (gossip on 7946, VXLAN on 4789) takes this
+    /// path. The rules go when the returned guard drops (or with the next `start` after a crash).
+    pub fn forward_with(&self, other: &SecondEngine) -> Forwarding {
+        let comment = forward_comment(std::process::id());
+        let mut rules = Vec::new();
+        for (a, b) in [(&self.veth, &other.veth), (&other.veth, &self.veth)] {
+            let rule: Vec<String> =
+                ["FORWARD", "-i", a, "-o", b, "-m", "comment", "--comment", &comment, "-j", "ACCEPT"]
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect();
+            let mut args = vec!["-I".to_string(), "FORWARD".to_string(), "1".to_string()];
+            args.extend(rule[1..].iter().cloned());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut cmd = vec!["iptables"];
+            cmd.extend(args);
+            run(&cmd);
+            rules.push(rule);
+        }
+        Forwarding { rules }
     }
 }
 

@@ -76,6 +76,7 @@ const WORKSPACE_CRATES: &[&str] = &[
     "shoal-template",
     "shoal-agent",
     "shoal-netplane",
+    "shoal-gossip",
     "shoal-engine-api",
     "shoal-node",
     "shoal-observe",
@@ -90,6 +91,12 @@ const BOUNDARIES: &[Boundary] = &[
         why: "anything else in the workspace (a pure renderer)",
         deps: WORKSPACE_CRATES,
         source: &[],
+    },
+    Boundary {
+        dir: "gossip",
+        why: "anything else in the workspace; outside `shell.rs`, IO and clocks",
+        deps: WORKSPACE_CRATES,
+        source: &[("Instant::now", &["shell.rs"]), ("SystemTime::now", &[]), ("tokio::", &["shell.rs"])],
     },
     Boundary {
         dir: "store",

@@ -1,0 +1,542 @@
+//! The sans-IO gossip member: the table of members it knows, what it answers to a packet (probes, and the
+//! membership news it takes in: alive, suspect, dead) and to a stream (a push-pull state exchange, which is
+//! how a Docker Engine joins, and a probe over TCP). It is the seed the engines join through: it tells each
+//! joiner of the members that joined before, so engines find each other and gossip among themselves. It
+//! does not probe anyone itself, and ignores the network database's own messages (libnetwork's tables);
+//! its push-pull carries an empty network list, so no engine syncs tables with it.
+//!
+//! Must not depend on IO or clocks: time (`now_ms`) and nonces come in.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use prost::Message;
+use rmpv::Value;
+
+use crate::wire::{self, kind, Writer, NONCE_BYTES};
+use crate::GossipError;
+
+/// Most members the table holds (libnetwork's own clusters are far smaller; past this, news of new members
+/// is dropped and logged).
+pub const MAX_MEMBERS: usize = 1024;
+/// How long a member reported dead or gone stays in the table (and in push-pulls, so the news spreads).
+pub const DEAD_KEPT_MS: u64 = 60_000;
+/// The protocol versions this member speaks (memberlist's `Vsn`: protocol min, max, current; delegate min,
+/// max, current), as libnetwork's memberlist announces them.
+pub const VERSIONS: [u8; 6] = [1, 5, 2, 0, 0, 0];
+
+/// A member's state as memberlist numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Answers probes.
+    Alive = 0,
+    /// Suspected by some member to have failed.
+    Suspect = 1,
+    /// Confirmed failed.
+    Dead = 2,
+    /// Left on its own.
+    Left = 3,
+}
+
+impl State {
+    fn from_u64(v: u64) -> State {
+        match v {
+            0 => State::Alive,
+            1 => State::Suspect,
+            2 => State::Dead,
+            _ => State::Left,
+        }
+    }
+}
+
+/// Another member, as last heard of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its address and gossip port.
+    pub addr: SocketAddr,
+    /// Its application metadata (libnetwork sends none).
+    pub meta: Vec<u8>,
+    /// Its incarnation (only the member itself raises it).
+    pub incarnation: u32,
+    /// What it is known as.
+    pub state: State,
+    /// Its protocol versions.
+    pub versions: Vec<u8>,
+    /// When the state last changed (ms on the caller's clock).
+    pub since_ms: u64,
+}
+
+/// One member's description, as alive messages and push-pulls carry it.
+#[derive(Clone, Debug)]
+struct Described {
+    name: String,
+    addr: Option<SocketAddr>,
+    meta: Vec<u8>,
+    incarnation: u32,
+    state: State,
+    versions: Vec<u8>,
+}
+
+fn socket_of(addr: &[u8], port: u64) -> Option<SocketAddr> {
+    let ip: IpAddr = match addr.len() {
+        4 => <[u8; 4]>::try_from(addr).ok()?.into(),
+        16 => <[u8; 16]>::try_from(addr).ok()?.into(),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, u16::try_from(port).ok()?))
+}
+
+fn addr_bytes(a: &SocketAddr) -> Vec<u8> {
+    match a.ip() {
+        IpAddr::V4(v) => v.octets().to_vec(),
+        IpAddr::V6(v) => v.octets().to_vec(),
+    }
+}
+
+fn described(v: &Value, state_field: bool) -> Described {
+    Described {
+        name: wire::field_str(v, if state_field { "Name" } else { "Node" }),
+        addr: socket_of(&wire::field_bytes(v, "Addr"), wire::field_u64(v, "Port")),
+        meta: wire::field_bytes(v, "Meta"),
+        incarnation: u32::try_from(wire::field_u64(v, "Incarnation")).unwrap_or(u32::MAX),
+        state: if state_field { State::from_u64(wire::field_u64(v, "State")) } else { State::Alive },
+        versions: wire::field_bytes(v, "Vsn"),
+    }
+}
+
+/// libnetwork's network database envelope (`GossipMessage`), for the push-pull's application state.
+#[derive(Clone, PartialEq, Message)]
+struct GossipMessage {
+    #[prost(int32, tag = "1")]
+    kind: i32,
+    #[prost(bytes = "vec", tag = "2")]
+    data: Vec<u8>,
+}
+
+/// libnetwork's `NetworkPushPull`: the networks this member is in (none).
+#[derive(Clone, PartialEq, Message)]
+struct NetworkPushPull {
+    #[prost(uint64, tag = "1")]
+    l_time: u64,
+}
+
+/// The network database's message type of a push-pull.
+const NETWORKDB_PUSH_PULL: i32 = 3;
+
+/// What happened to the table, for the shell to log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A member joined, or came back.
+    Joined(String, SocketAddr),
+    /// A member was reported dead or left.
+    Gone(String),
+}
+
+/// The gossip member. See the module doc.
+#[derive(Debug)]
+pub struct Member {
+    name: String,
+    addr: SocketAddr,
+    incarnation: u32,
+    keys: Vec<Vec<u8>>,
+    peers: BTreeMap<String, Peer>,
+    events: Vec<Event>,
+}
+
+/// Packets to send: (destination, bytes).
+pub type Outgoing = Vec<(SocketAddr, Vec<u8>)>;
+
+impl Member {
+    /// A member named `name` reachable at `addr`, with no keys yet (it answers nothing until it has them).
+    pub fn new(name: String, addr: SocketAddr) -> Member {
+        Member { name, addr, incarnation: 1, keys: Vec::new(), peers: BTreeMap::new(), events: Vec::new() }
+    }
+
+    /// This member's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The keys to open messages with; the first seals what this member sends.
+    pub fn set_keys(&mut self, keys: Vec<Vec<u8>>) {
+        self.keys = keys;
+    }
+
+    /// The members known, by name.
+    pub fn peers(&self) -> &BTreeMap<String, Peer> {
+        &self.peers
+    }
+
+    /// What happened since the last call.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn primary_key(&self) -> Result<&[u8], GossipError> {
+        self.keys.first().map(Vec::as_slice).ok_or(GossipError::NoKey)
+    }
+
+    /// Takes in a packet from `from`; returns the packets to send back.
+    pub fn on_packet(
+        &mut self,
+        packet: &[u8],
+        from: SocketAddr,
+        now_ms: u64,
+        nonce: &mut dyn FnMut() -> [u8; NONCE_BYTES],
+    ) -> Result<Outgoing, GossipError> {
+        let plain = wire::open(&self.keys, packet, b"")?;
+        let mut out = Vec::new();
+        self.message(&plain, from, now_ms, 0, &mut out)?;
+        let key = self.primary_key()?.to_vec();
+        out.into_iter().map(|(to, msg)| Ok((to, wire::seal(&key, nonce(), b"", &msg)?))).collect()
+    }
+
+    fn message(
+        &mut self,
+        msg: &[u8],
+        from: SocketAddr,
+        now_ms: u64,
+        depth: u8,
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) -> Result<(), GossipError> {
+        if depth > 4 {
+            return Err(GossipError::Malformed("messages nested too deep".into()));
+        }
+        let Some((&t, mut body)) = msg.split_first() else { return Ok(()) };
+        match t {
+            // The CRC guards against corruption; the AES-GCM tag already did.
+            kind::HAS_CRC if body.len() >= 4 => self.message(&body[4..], from, now_ms, depth + 1, out)?,
+            kind::COMPOUND => {
+                for part in wire::split_compound(body)? {
+                    self.message(part, from, now_ms, depth + 1, out)?;
+                }
+            }
+            kind::COMPRESS => {
+                let plain = wire::decompress(&mut body)?;
+                self.message(&plain, from, now_ms, depth + 1, out)?;
+            }
+            kind::PING => {
+                let v = wire::read_value(&mut body)?;
+                let target = wire::field_str(&v, "Node");
+                if !target.is_empty() && target != self.name {
+                    return Ok(());
+                }
+                let to =
+                    socket_of(&wire::field_bytes(&v, "SourceAddr"), wire::field_u64(&v, "SourcePort")).unwrap_or(from);
+                out.push((to, ack(wire::field_u64(&v, "SeqNo"))));
+            }
+            kind::ALIVE => {
+                let v = wire::read_value(&mut body)?;
+                let d = described(&v, false);
+                self.alive(d, now_ms);
+            }
+            kind::SUSPECT | kind::DEAD => {
+                let v = wire::read_value(&mut body)?;
+                let node = wire::field_str(&v, "Node");
+                let from_node = wire::field_str(&v, "From");
+                let inc = u32::try_from(wire::field_u64(&v, "Incarnation")).unwrap_or(u32::MAX);
+                let state = match (t, from_node == node) {
+                    (kind::SUSPECT, _) => State::Suspect,
+                    (_, true) => State::Left,
+                    _ => State::Dead,
+                };
+                self.failed(&node, inc, state, now_ms, out);
+            }
+            // Probes on others' behalf, answers to probes this member never sends, and the network
+            // database's messages: nothing to do.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// News that `d` is alive.
+    fn alive(&mut self, d: Described, now_ms: u64) {
+        if d.name == self.name {
+            return;
+        }
+        let Some(addr) = d.addr else { return };
+        self.forget_dead(now_ms);
+        let full = self.peers.len() >= MAX_MEMBERS;
+        match self.peers.get_mut(&d.name) {
+            Some(p) if d.incarnation < p.incarnation => {}
+            Some(p) if d.incarnation == p.incarnation && p.state == State::Alive => {}
+            Some(p) => {
+                let back = p.state != State::Alive;
+                p.addr = addr;
+                p.meta = d.meta;
+                p.incarnation = d.incarnation;
+                p.versions = d.versions;
+                if back {
+                    p.state = State::Alive;
+                    p.since_ms = now_ms;
+                    self.events.push(Event::Joined(d.name, addr));
+                }
+            }
+            None if full => {
+                tracing::warn!(member = %d.name, "gossip: {MAX_MEMBERS} members known already; this one is ignored");
+            }
+            None => {
+                self.events.push(Event::Joined(d.name.clone(), addr));
+                self.peers.insert(
+                    d.name,
+                    Peer {
+                        addr,
+                        meta: d.meta,
+                        incarnation: d.incarnation,
+                        state: State::Alive,
+                        versions: d.versions,
+                        since_ms: now_ms,
+                    },
+                );
+            }
+        }
+    }
+
+    /// News that `node` is suspect, dead or gone; about this member, it answers that it is alive.
+    fn failed(&mut self, node: &str, inc: u32, state: State, now_ms: u64, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        if node == self.name {
+            if inc >= self.incarnation {
+                self.incarnation = inc.saturating_add(1);
+                let alive = self.alive_message();
+                for p in self.peers.values().filter(|p| p.state == State::Alive) {
+                    out.push((p.addr, alive.clone()));
+                }
+            }
+            return;
+        }
+        let Some(p) = self.peers.get_mut(node) else { return };
+        if inc < p.incarnation || p.state == state || (state == State::Suspect && p.state != State::Alive) {
+            return;
+        }
+        p.incarnation = inc;
+        p.state = state;
+        p.since_ms = now_ms;
+        if state != State::Suspect {
+            self.events.push(Event::Gone(node.to_string()));
+        }
+    }
+
+    fn forget_dead(&mut self, now_ms: u64) {
+        self.peers.retain(|_, p| {
+            matches!(p.state, State::Alive | State::Suspect) || now_ms.saturating_sub(p.since_ms) < DEAD_KEPT_MS
+        });
+    }
+
+    fn alive_message(&self) -> Vec<u8> {
+        let mut w = Writer::with_type(kind::ALIVE);
+        w.map(6)
+            .key("Incarnation")
+            .uint(u64::from(self.incarnation))
+            .key("Node")
+            .raw(self.name.as_bytes())
+            .key("Addr")
+            .raw(&addr_bytes(&self.addr))
+            .key("Port")
+            .uint(u64::from(self.addr.port()))
+            .key("Meta")
+            .raw(&[])
+            .key("Vsn")
+            .raw(&VERSIONS);
+        w.out
+    }
+
+    /// Takes in a whole stream frame (`[ENCRYPT][length][payload]`); returns the frame to answer with, if
+    /// any (a push-pull answers with this member's state, a probe with an ack).
+    pub fn on_stream(
+        &mut self,
+        frame: &[u8],
+        now_ms: u64,
+        nonce: [u8; NONCE_BYTES],
+    ) -> Result<Option<Vec<u8>>, GossipError> {
+        let mut plain = wire::open_stream(&self.keys, frame)?;
+        if plain.first() == Some(&kind::COMPRESS) {
+            let mut body = &plain[1..];
+            plain = wire::decompress(&mut body)?;
+        }
+        let Some((&t, mut body)) = plain.split_first() else { return Ok(None) };
+        let reply = match t {
+            kind::PUSH_PULL => {
+                let header = wire::read_value(&mut body)?;
+                let n = wire::field_u64(&header, "Nodes");
+                if n > MAX_MEMBERS as u64 * 4 {
+                    return Err(GossipError::Malformed(format!("a push-pull of {n} members")));
+                }
+                let join = wire::field_bool(&header, "Join");
+                let mut states = Vec::new();
+                for _ in 0..n {
+                    states.push(described(&wire::read_value(&mut body)?, true));
+                }
+                let reply = self.local_state(join);
+                let mut ignored = Vec::new();
+                for d in states {
+                    match d.state {
+                        State::Alive => self.alive(d, now_ms),
+                        s => self.failed(&d.name.clone(), d.incarnation, s, now_ms, &mut ignored),
+                    }
+                }
+                reply
+            }
+            kind::PING => {
+                let v = wire::read_value(&mut body)?;
+                ack(wire::field_u64(&v, "SeqNo"))
+            }
+            // A user message (the network database's bulk sync) needs no answer.
+            _ => return Ok(None),
+        };
+        Ok(Some(wire::seal_stream(self.primary_key()?, nonce, &reply)?))
+    }
+
+    /// This member's push-pull: itself and every member it knows, and an empty network list.
+    fn local_state(&self, join: bool) -> Vec<u8> {
+        let user = GossipMessage { kind: NETWORKDB_PUSH_PULL, data: NetworkPushPull { l_time: 1 }.encode_to_vec() }
+            .encode_to_vec();
+        let mut w = Writer::with_type(kind::PUSH_PULL);
+        w.map(3).key("Nodes").uint(self.peers.len() as u64 + 1).key("UserStateLen").uint(user.len() as u64);
+        w.key("Join").bool(join);
+        let me = (self.name.as_str(), self.addr, &[][..], self.incarnation, State::Alive, &VERSIONS[..]);
+        let others =
+            self.peers.iter().map(|(n, p)| (n.as_str(), p.addr, &p.meta[..], p.incarnation, p.state, &p.versions[..]));
+        for (name, addr, meta, inc, state, versions) in std::iter::once(me).chain(others) {
+            w.map(7)
+                .key("Name")
+                .raw(name.as_bytes())
+                .key("Addr")
+                .raw(&addr_bytes(&addr))
+                .key("Port")
+                .uint(u64::from(addr.port()))
+                .key("Meta")
+                .raw(meta)
+                .key("Incarnation")
+                .uint(u64::from(inc))
+                .key("State")
+                .uint(state as u64)
+                .key("Vsn")
+                .raw(versions);
+        }
+        w.out.extend_from_slice(&user);
+        w.out
+    }
+}
+
+fn ack(seq: u64) -> Vec<u8> {
+    let mut w = Writer::with_type(kind::ACK);
+    w.map(2).key("SeqNo").uint(seq).key("Payload").raw(&[]);
+    w.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: [u8; 16] = [5; 16];
+
+    fn member() -> Member {
+        let mut m = Member::new("shoal-1".into(), "10.0.0.1:7946".parse().unwrap());
+        m.set_keys(vec![KEY.to_vec()]);
+        m
+    }
+
+    fn nonce() -> [u8; NONCE_BYTES] {
+        [3; NONCE_BYTES]
+    }
+
+    /// A push-pull as a joining engine sends it: its own state, compressed, in the encrypted envelope.
+    fn join_frame(name: &str, ip: [u8; 4]) -> Vec<u8> {
+        let mut w = Writer::with_type(kind::PUSH_PULL);
+        w.map(3).key("Nodes").uint(1).key("UserStateLen").uint(2).key("Join").bool(true);
+        w.map(7).key("Name").raw(name.as_bytes()).key("Addr").raw(&ip).key("Port").uint(7946);
+        w.key("Meta").raw(&[]).key("Incarnation").uint(1).key("State").uint(0).key("Vsn").raw(&VERSIONS);
+        w.out.extend_from_slice(&[0x08, 0x03]);
+        let packed = weezl::encode::Encoder::new(weezl::BitOrder::Lsb, 8).encode(&w.out).unwrap();
+        let mut c = Writer::with_type(kind::COMPRESS);
+        c.map(2).key("Algo").uint(0).key("Buf").raw(&packed);
+        wire::seal_stream(&KEY, nonce(), &c.out).unwrap()
+    }
+
+    fn names_in_reply(reply: &[u8]) -> Vec<String> {
+        let plain = wire::open_stream(&[KEY.to_vec()], reply).unwrap();
+        assert_eq!(plain[0], kind::PUSH_PULL);
+        let mut body = &plain[1..];
+        let header = wire::read_value(&mut body).unwrap();
+        let n = wire::field_u64(&header, "Nodes");
+        let names = (0..n).map(|_| wire::field_str(&wire::read_value(&mut body).unwrap(), "Name")).collect();
+        let user = GossipMessage::decode(body).unwrap();
+        assert_eq!(user.kind, NETWORKDB_PUSH_PULL);
+        names
+    }
+
+    #[test]
+    fn a_joiner_learns_of_the_members_that_joined_before_it() {
+        let mut m = member();
+        let first = m.on_stream(&join_frame("engine-a", [10, 0, 0, 2]), 0, nonce()).unwrap().unwrap();
+        assert_eq!(names_in_reply(&first), ["shoal-1"]);
+        let second = m.on_stream(&join_frame("engine-b", [10, 0, 0, 3]), 1, nonce()).unwrap().unwrap();
+        // The state goes out before the joiner's is merged, as memberlist does.
+        assert_eq!(names_in_reply(&second), ["shoal-1", "engine-a"]);
+        assert_eq!(m.peers()["engine-a"].addr, "10.0.0.2:7946".parse().unwrap());
+        assert_eq!(
+            m.take_events(),
+            [
+                Event::Joined("engine-a".into(), "10.0.0.2:7946".parse().unwrap()),
+                Event::Joined("engine-b".into(), "10.0.0.3:7946".parse().unwrap())
+            ]
+        );
+        // Without the cluster's key, nothing is read.
+        let mut stranger = Member::new("x".into(), "10.0.0.9:7946".parse().unwrap());
+        stranger.set_keys(vec![vec![6; 16]]);
+        assert!(stranger.on_stream(&join_frame("engine-c", [10, 0, 0, 4]), 0, nonce()).is_err());
+        assert!(stranger.peers().is_empty());
+    }
+
+    #[test]
+    fn a_probe_is_acked_to_its_source_and_a_suspicion_is_refuted() {
+        let mut m = member();
+        m.on_stream(&join_frame("engine-a", [10, 0, 0, 2]), 0, nonce()).unwrap();
+        let mut ping = Writer::with_type(kind::PING);
+        ping.map(2).key("SeqNo").uint(77).key("Node").raw(b"shoal-1");
+        let packet = wire::seal(&KEY, nonce(), b"", &ping.out).unwrap();
+        let from: SocketAddr = "10.0.0.2:7946".parse().unwrap();
+        let out = m.on_packet(&packet, from, 5, &mut nonce).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, from);
+        let plain = wire::open(&[KEY.to_vec()], &out[0].1, b"").unwrap();
+        assert_eq!(plain[0], kind::ACK);
+        assert_eq!(wire::field_u64(&wire::read_value(&mut &plain[1..]).unwrap(), "SeqNo"), 77);
+        // A probe for another name is not answered.
+        let mut other = Writer::with_type(kind::PING);
+        other.map(2).key("SeqNo").uint(1).key("Node").raw(b"someone-else");
+        let packet = wire::seal(&KEY, nonce(), b"", &other.out).unwrap();
+        assert!(m.on_packet(&packet, from, 5, &mut nonce).unwrap().is_empty());
+        // Suspected, in a compound packet: it says it is alive, with a higher incarnation, to every member.
+        let mut suspect = Writer::with_type(kind::SUSPECT);
+        suspect.map(3).key("Incarnation").uint(1).key("Node").raw(b"shoal-1").key("From").raw(b"engine-a");
+        let mut compound = vec![kind::COMPOUND, 1];
+        compound.extend_from_slice(&(suspect.out.len() as u16).to_be_bytes());
+        compound.extend_from_slice(&suspect.out);
+        let packet = wire::seal(&KEY, nonce(), b"", &compound).unwrap();
+        let out = m.on_packet(&packet, from, 6, &mut nonce).unwrap();
+        assert_eq!(out.len(), 1);
+        let plain = wire::open(&[KEY.to_vec()], &out[0].1, b"").unwrap();
+        assert_eq!(plain[0], kind::ALIVE);
+        let alive = wire::read_value(&mut &plain[1..]).unwrap();
+        assert_eq!(wire::field_u64(&alive, "Incarnation"), 2);
+        assert_eq!(wire::field_bytes(&alive, "Addr"), [10, 0, 0, 1]);
+    }
+
+    #[test]
+    fn a_dead_member_stays_known_for_a_while_then_is_forgotten() {
+        let mut m = member();
+        m.on_stream(&join_frame("engine-a", [10, 0, 0, 2]), 0, nonce()).unwrap();
+        m.take_events();
+        let mut dead = Writer::with_type(kind::DEAD);
+        dead.map(3).key("Incarnation").uint(1).key("Node").raw(b"engine-a").key("From").raw(b"engine-b");
+        let packet = wire::seal(&KEY, nonce(), b"", &dead.out).unwrap();
+        m.on_packet(&packet, "10.0.0.3:7946".parse().unwrap(), 1_000, &mut nonce).unwrap();
+        assert_eq!(m.peers()["engine-a"].state, State::Dead);
+        assert_eq!(m.take_events(), [Event::Gone("engine-a".into())]);
+        let reply = m.on_stream(&join_frame("engine-b", [10, 0, 0, 3]), 2_000, nonce()).unwrap().unwrap();
+        assert_eq!(names_in_reply(&reply), ["shoal-1", "engine-a"], "the news of its death spreads");
+        m.on_stream(&join_frame("engine-c", [10, 0, 0, 4]), 1_000 + DEAD_KEPT_MS, nonce()).unwrap();
+        assert!(!m.peers().contains_key("engine-a"));
+    }
+}

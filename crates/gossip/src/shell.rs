@@ -1,0 +1,168 @@
+//! The member's IO: one UDP socket and one TCP listener on the same address (memberlist's transport), the
+//! keys from a watch channel, the clock and the nonces. Bounds: at most `MAX_STREAMS` streams at once, each
+//! one message of at most `wire::MAX_STREAM_BYTES` read within `STREAM_TIMEOUT`; packets of at most 64 KiB.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use ring::rand::{SecureRandom, SystemRandom};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::member::{Event, Member, Peer};
+use crate::wire::{kind, MAX_STREAM_BYTES, NONCE_BYTES};
+
+/// The port Docker Engines gossip on, and join the managers' members at.
+pub const GOSSIP_PORT: u16 = 7946;
+/// Most streams served at once (memberlist's own limit on concurrent push-pulls is 128).
+pub const MAX_STREAMS: usize = 64;
+/// How long a stream may take to send its message.
+pub const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The running member; dropping it stops it.
+#[derive(Debug)]
+pub struct GossipHandle {
+    member: Arc<Mutex<Member>>,
+    task: JoinHandle<()>,
+    addr: SocketAddr,
+}
+
+impl GossipHandle {
+    /// The members known, by name.
+    pub fn peers(&self) -> BTreeMap<String, Peer> {
+        self.member.lock().unwrap_or_else(PoisonError::into_inner).peers().clone()
+    }
+
+    /// The address it serves on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for GossipHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn nonce(rng: &SystemRandom) -> [u8; NONCE_BYTES] {
+    let mut n = [0u8; NONCE_BYTES];
+    // The system's random source does not fail on the systems Shoal runs on; a zero nonce would only weaken
+    // the one message.
+    let _ = rng.fill(&mut n);
+    n
+}
+
+fn log_events(member: &mut Member) {
+    for e in member.take_events() {
+        match e {
+            Event::Joined(name, addr) => tracing::info!(member = %name, %addr, "gossip: member joined"),
+            Event::Gone(name) => tracing::info!(member = %name, "gossip: member gone"),
+        }
+    }
+}
+
+/// Serves member `name` on `addr` (UDP and TCP), with the keys `keys` holds (primary first).
+pub async fn serve(
+    name: String,
+    addr: SocketAddr,
+    mut keys: watch::Receiver<Vec<Vec<u8>>>,
+) -> std::io::Result<GossipHandle> {
+    let udp = UdpSocket::bind(addr).await?;
+    let tcp = TcpListener::bind(addr).await?;
+    let mut m = Member::new(name, addr);
+    m.set_keys(keys.borrow_and_update().clone());
+    let member = Arc::new(Mutex::new(m));
+    let shared = member.clone();
+    let task = tokio::spawn(async move {
+        let epoch = Instant::now();
+        let rng = SystemRandom::new();
+        let streams = Arc::new(Semaphore::new(MAX_STREAMS));
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            tokio::select! {
+                r = udp.recv_from(&mut buf) => {
+                    let Ok((n, from)) = r else { continue };
+                    let now_ms = epoch.elapsed().as_millis() as u64;
+                    let out = {
+                        let mut m = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                        let out = m.on_packet(&buf[..n], from, now_ms, &mut || nonce(&rng));
+                        log_events(&mut m);
+                        out
+                    };
+                    match out {
+                        Ok(out) => {
+                            for (to, bytes) in out {
+                                let _ = udp.send_to(&bytes, to).await;
+                            }
+                        }
+                        Err(e) => tracing::debug!(%from, "gossip packet dropped: {e}"),
+                    }
+                }
+                r = tcp.accept() => {
+                    let Ok((conn, from)) = r else { continue };
+                    let Ok(permit) = streams.clone().try_acquire_owned() else {
+                        tracing::warn!(%from, "gossip: {MAX_STREAMS} streams open already; connection closed");
+                        continue;
+                    };
+                    let member = shared.clone();
+                    let n = nonce(&rng);
+                    let now_ms = epoch.elapsed().as_millis() as u64;
+                    tokio::spawn(async move {
+                        let _permit = permit;
+                        match tokio::time::timeout(STREAM_TIMEOUT, stream(conn, &member, now_ms, n)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => tracing::debug!(%from, "gossip stream: {e}"),
+                            Err(_) => tracing::debug!(%from, "gossip stream timed out"),
+                        }
+                    });
+                }
+                r = keys.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    let k = keys.borrow_and_update().clone();
+                    shared.lock().unwrap_or_else(PoisonError::into_inner).set_keys(k);
+                }
+            }
+        }
+    });
+    Ok(GossipHandle { member, task, addr })
+}
+
+/// Reads one encrypted message from `conn` and writes the member's answer.
+async fn stream(
+    mut conn: TcpStream,
+    member: &Mutex<Member>,
+    now_ms: u64,
+    nonce: [u8; NONCE_BYTES],
+) -> std::io::Result<()> {
+    let mut head = [0u8; 5];
+    conn.read_exact(&mut head[..1]).await?;
+    if head[0] != kind::ENCRYPT {
+        return Err(std::io::Error::other("an unencrypted stream (the cluster's members all encrypt)"));
+    }
+    conn.read_exact(&mut head[1..]).await?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+    if len > MAX_STREAM_BYTES {
+        return Err(std::io::Error::other(format!("a stream message of {len} bytes")));
+    }
+    let mut frame = head.to_vec();
+    frame.resize(5 + len as usize, 0);
+    conn.read_exact(&mut frame[5..]).await?;
+    let reply = {
+        let mut m = member.lock().unwrap_or_else(PoisonError::into_inner);
+        let reply = m.on_stream(&frame, now_ms, nonce);
+        log_events(&mut m);
+        reply
+    };
+    match reply {
+        Ok(Some(bytes)) => conn.write_all(&bytes).await,
+        Ok(None) => Ok(()),
+        Err(e) => Err(std::io::Error::other(e.to_string())),
+    }
+}
