@@ -5,7 +5,8 @@
 //! the Engine API's request bodies and query strings (`engine`), the protobuf messages an agent or another
 //! manager sends and what a handler does with them where no network is needed (`grpc`), Raft proposals and
 //! snapshots applied to a store (`store`), raft transport messages, commit records, the DEK file and
-//! sealed records (`raft`), join tokens, unlock keys, certificates and CSRs (`ca`). [`TARGETS`] lists
+//! sealed records (`raft`), join tokens, unlock keys, certificates and CSRs (`ca`), the overlay gossip's
+//! packets and streams (`gossip`). [`TARGETS`] lists
 //! them by name. Layer 1 is `tests/fuzz.rs`: each target over its checked-in seed corpus
 //! (`corpus/<target>/`) and a few thousand inputs mutated from it by a seeded RNG ([`runner`]); a failure
 //! prints the seed and the file holding the input, and `SHOAL_FUZZ_REPLAY=<file>` replays it. Layer 2 is
@@ -59,6 +60,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "ca_unlock_key", run: targets::ca::unlock_key, dictionary: targets::ca::TOKEN_DICT },
     Target { name: "ca_csr", run: targets::ca::csr, dictionary: targets::ca::CSR_DICT },
     Target { name: "ca_certificate", run: targets::ca::certificate, dictionary: targets::ca::CSR_DICT },
+    Target { name: "gossip_messages", run: targets::gossip::messages, dictionary: targets::gossip::DICT },
 ];
 
 /// The target called `name`.

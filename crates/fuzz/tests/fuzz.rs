@@ -152,6 +152,7 @@ fuzz_tests!(
     ca_unlock_key,
     ca_csr,
     ca_certificate,
+    gossip_messages,
 );
 
 /// Replays one saved input: `SHOAL_FUZZ_TARGET=<name> SHOAL_FUZZ_REPLAY=<file> cargo nextest run -p

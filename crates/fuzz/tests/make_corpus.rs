@@ -400,3 +400,52 @@ fn write_seed_corpus() {
     let der = shoal_ca::parse_cert_pem_chain(root.cert_pem().as_bytes()).unwrap().remove(0);
     write("ca_certificate", "root.der", &der);
 }
+
+/// The gossip member's seeds: what a Docker Engine sends a manager's member, in plaintext (the target seals
+/// it). Run: `cargo nextest run -p shoal-fuzz --run-ignored only write_gossip_seed_corpus`.
+#[test]
+#[ignore = "rewrites the checked-in gossip corpus"]
+fn write_gossip_seed_corpus() {
+    use shoal_gossip::wire::{kind, Writer};
+    let alive = |name: &str, ip: [u8; 4]| {
+        let mut w = Writer::with_type(kind::ALIVE);
+        w.map(6).key("Incarnation").uint(3).key("Node").raw(name.as_bytes()).key("Addr").raw(&ip);
+        w.key("Port").uint(7946).key("Meta").raw(&[]).key("Vsn").raw(&[1, 5, 2, 0, 0, 0]);
+        w.out
+    };
+    let mut ping = Writer::with_type(kind::PING);
+    ping.map(5).key("SeqNo").uint(9).key("Node").raw(b"fuzz").key("SourceAddr").raw(&[10, 0, 0, 3]);
+    ping.key("SourcePort").uint(7946).key("SourceNode").raw(b"engine-b");
+    write("gossip_messages", "ping.bin", &with_selector(0, &ping.out));
+    let mut suspect = Writer::with_type(kind::SUSPECT);
+    suspect.map(3).key("Incarnation").uint(1).key("Node").raw(b"fuzz").key("From").raw(b"engine-a");
+    let parts = [suspect.out.clone(), alive("engine-a", [10, 0, 0, 2])];
+    let mut compound = vec![kind::COMPOUND, parts.len() as u8];
+    for p in &parts {
+        compound.extend_from_slice(&(p.len() as u16).to_be_bytes());
+    }
+    for p in &parts {
+        compound.extend_from_slice(p);
+    }
+    write("gossip_messages", "compound.bin", &with_selector(0, &compound));
+    let mut push = Writer::with_type(kind::PUSH_PULL);
+    push.map(3).key("Nodes").uint(2).key("UserStateLen").uint(4).key("Join").bool(true);
+    for (name, ip, state) in [("engine-a", [10, 0, 0, 2], 0), ("engine-c", [10, 0, 0, 4], 2)] {
+        push.map(7).key("Name").raw(name.as_bytes()).key("Addr").raw(&ip).key("Port").uint(7946);
+        push.key("Meta")
+            .raw(&[])
+            .key("Incarnation")
+            .uint(1)
+            .key("State")
+            .uint(state)
+            .key("Vsn")
+            .raw(&[1, 5, 2, 0, 0, 0]);
+    }
+    push.out.extend_from_slice(&[0x08, 0x03, 0x12, 0x00]);
+    write("gossip_messages", "push-pull.bin", &with_selector(1, &push.out));
+    let mut compressed = Writer::with_type(kind::COMPRESS);
+    let packed = weezl::encode::Encoder::new(weezl::BitOrder::Lsb, 8).encode(&push.out).unwrap();
+    compressed.map(2).key("Algo").uint(0).key("Buf").raw(&packed);
+    write("gossip_messages", "push-pull-lzw.bin", &with_selector(1, &compressed.out));
+    write("gossip_messages", "raw-alive.bin", &with_selector(2, &alive("engine-d", [10, 0, 0, 5])));
+}

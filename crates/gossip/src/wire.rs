@@ -244,16 +244,29 @@ pub fn decompress(buf: &mut &[u8]) -> Result<Vec<u8>, GossipError> {
         return Err(GossipError::Malformed(format!("unknown compression algorithm {algo}")));
     }
     let data = field_bytes(&v, "Buf");
+    // Decoded in chunks, so a small payload that expands without end stops at the bound.
     let mut dec = weezl::decode::Decoder::new(weezl::BitOrder::Lsb, 8);
     let mut out = Vec::new();
-    let result = dec.into_vec(&mut out).decode(&data);
-    if let Err(e) = result.status {
-        return Err(GossipError::Malformed(format!("lzw: {e}")));
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut inp = data.as_slice();
+    loop {
+        let r = dec.decode_bytes(inp, &mut chunk);
+        inp = &inp[r.consumed_in..];
+        out.extend_from_slice(&chunk[..r.consumed_out]);
+        if out.len() > MAX_DECOMPRESSED_BYTES {
+            return Err(GossipError::Malformed(format!(
+                "a compressed payload expands past {MAX_DECOMPRESSED_BYTES} bytes"
+            )));
+        }
+        match r.status {
+            Ok(weezl::LzwStatus::Done) => return Ok(out),
+            Ok(weezl::LzwStatus::Ok) => {}
+            Ok(weezl::LzwStatus::NoProgress) => {
+                return Err(GossipError::Malformed("a compressed payload without its end code".into()))
+            }
+            Err(e) => return Err(GossipError::Malformed(format!("lzw: {e}"))),
+        }
     }
-    if out.len() > MAX_DECOMPRESSED_BYTES {
-        return Err(GossipError::Malformed("decompressed payload too large".into()));
-    }
-    Ok(out)
 }
 
 /// The messages of a COMPOUND body: `[count][lengths: u16 BE each][messages]`.
@@ -326,5 +339,17 @@ mod tests {
         let compound = [2u8, 0, 1, 0, 2, 0xaa, 0xbb, 0xcc];
         assert_eq!(split_compound(&compound).unwrap(), vec![&[0xaa][..], &[0xbb, 0xcc][..]]);
         assert!(split_compound(&[2u8, 0, 5, 0, 1, 0]).is_err());
+        // A payload that expands past the bound is refused, not buffered.
+        let bomb = weezl::encode::Encoder::new(weezl::BitOrder::Lsb, 8)
+            .encode(&vec![0u8; MAX_DECOMPRESSED_BYTES + 1])
+            .unwrap();
+        let mut w = Writer::default();
+        w.map(2).key("Algo").uint(0).key("Buf").raw(&bomb);
+        let err = decompress(&mut w.out.as_slice()).unwrap_err();
+        assert!(err.to_string().contains("expands past"), "{err}");
+        // Without its end code.
+        let mut w = Writer::default();
+        w.map(2).key("Algo").uint(0).key("Buf").raw(&packed[..packed.len() - 2]);
+        assert!(decompress(&mut w.out.as_slice()).is_err());
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod ca;
 pub mod engine;
+pub mod gossip;
 pub mod grpc;
 pub mod raft;
 pub mod store;
