@@ -192,8 +192,9 @@ impl NodeTls {
         Ok(())
     }
 
-    /// Replaces the roots this node trusts (one or more PEM certificates), keeping its certificate: a root
-    /// rotation's bundle, then the new root alone. Connections opened from now on check peers against them.
+    /// Replaces the roots this node trusts (one or more PEM certificates), keeping its certificate: the new
+    /// root the session messages carry once a root rotation is over. Connections opened from now on check peers
+    /// against them.
     pub fn update_roots(&self, root_pem: &str) -> Result<(), TlsError> {
         let (cert, key) = {
             let m = self.inner.read();

@@ -306,6 +306,13 @@ impl SecondEngine {
         self.docker_ok(&["ps", "-q", "--no-trunc", "--filter", &filter]).lines().map(str::to_string).collect()
     }
 
+    /// Takes the engine's side of the veth down: from then on it reaches no manager (its routes go with the
+    /// link), while dockerd and its containers keep running. There is no way back for this engine: a test that
+    /// needs it connected again starts another.
+    pub fn disconnect(&self) {
+        run(&["ip", "-n", &self.ns, "link", "set", "eth0", "down"]);
+    }
+
     /// dockerd's PID, while it runs.
     pub fn dockerd_pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -7,12 +7,16 @@
 //! cross-signed by the old key. While it is set:
 //! - the CA signs with the new root and sends the cross-signed certificate after each one (`Signer`), so
 //!   nodes that trust only the old root accept the new certificates;
-//! - dispatchers send agents both roots to trust (`trust_bundle`);
+//! - dispatchers keep sending the cluster's root, the old one, in `SessionMessage.RootCA` (as SwarmKit's
+//!   do; `dispatcher::SessionRoot`): nodes trust it until the rotation is over, and the certificates they
+//!   are issued meanwhile chain to it through the cross-signed new root;
 //! - the reconciler (`RootRotationReconciler`, leader only) asks every node whose reported certificate
 //!   (`Node.description.tls_info`) is not from the new root to renew (`Node.certificate.status` ROTATE),
 //!   and once every node in the store reports one, finishes: the new root replaces the old one, the join
 //!   tokens are made again with the new root's digest (the old ones stop working) and the rotation is
-//!   cleared. A node that never comes back blocks completion until it is removed (`docker node rm`).
+//!   cleared; the session messages then carry the new root. A node that never comes back (Down, or gone
+//!   after `docker swarm leave`) blocks completion until it is removed (`docker node rm`), as in SwarmKit,
+//!   whose reconciler forgets only deleted nodes.
 //!
 //! Must not know TLS, HTTP or files.
 
@@ -119,7 +123,9 @@ pub fn signer_of(cluster: &Cluster) -> Result<Signer, Status> {
     })
 }
 
-/// The roots nodes must trust: the cluster's root, and during a rotation the new one after it.
+/// The cluster's roots: its root, and during a rotation the new one after it. What an external CA's TLS
+/// certificate and the certificates issued during a rotation are checked against (nodes are sent the
+/// cluster's root alone: `dispatcher::SessionRoot`).
 pub fn trust_bundle(cluster: &Cluster) -> Vec<u8> {
     let Some(rc) = cluster.root_ca.as_ref() else { return Vec::new() };
     let mut out = rc.ca_cert.clone();

@@ -1,7 +1,7 @@
 //! What every session message carries besides the node (`SessionInfo`): the list of managers, so that an
 //! agent that loses the manager it talks to can try the others (and a restarted agent can find the cluster
 //! without the manager it joined through), and the cluster's network encryption keys (the key manager's,
-//! `Cluster.network_bootstrap_keys`). Sans IO: `session_info` reads a store view; `touches_session_info`
+//! `Cluster.network_bootstrap_keys`); and, kept apart (`SessionRoot`), the cluster's root certificate. Sans IO: `session_info` reads a store view; `touches_session_info`
 //! tells whether a commit's change may alter it. The dispatcher keeps the current info in a `watch`
 //! channel, recomputed by one store watcher (`run_session_info`), and resends the session message to every
 //! agent when it changes (a key rotation reaches every agent so).
@@ -108,14 +108,30 @@ pub(crate) async fn run_session_info(
     run_derived(store, move |t| session_info(t, &own_addr), touches_session_info, list).await
 }
 
-/// The roots agents must trust (`SessionMessage.RootCA`): the cluster's, both during a root rotation.
-pub fn trust_roots(tables: &Tables) -> Vec<u8> {
-    tables.clusters().iter().next().map(|c| crate::ca::rotation::trust_bundle(c)).unwrap_or_default()
+/// What session messages say of the cluster's root CA. `root_ca` is what `SessionMessage.RootCA` carries, as
+/// SwarmKit's dispatcher sends it: the cluster's root certificate (`Cluster.root_ca.ca_cert`), which stays
+/// the old root while a rotation lasts and is the new root once it is over. `rotating_to` (the new root while
+/// a rotation lasts, else empty) is not sent: it only makes the start of a rotation a change, so that every
+/// session gets a new message then, as SwarmKit's dispatcher sends one on every cluster update.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SessionRoot {
+    /// `SessionMessage.RootCA`.
+    pub root_ca: Vec<u8>,
+    /// The root a rotation in progress moves to; empty when none is.
+    pub rotating_to: Vec<u8>,
 }
 
-/// Keeps `roots` equal to `trust_roots` of the store, as `run_manager_list` does for the managers.
-pub(crate) async fn run_trust_roots(store: Arc<MemoryStore>, roots: Weak<watch::Sender<Arc<Vec<u8>>>>) {
-    run_derived(store, trust_roots, |ch| matches!(ch.object, Object::Cluster(_)), roots).await
+/// The session root as of `tables` (empty before the cluster has a root).
+pub fn session_root(tables: &Tables) -> SessionRoot {
+    let Some(rc) = tables.clusters().iter().next().and_then(|c| c.root_ca.clone()) else {
+        return SessionRoot::default();
+    };
+    SessionRoot { root_ca: rc.ca_cert, rotating_to: rc.root_rotation.map(|r| r.ca_cert).unwrap_or_default() }
+}
+
+/// Keeps `root` equal to `session_root` of the store, as `run_session_info` does for the managers.
+pub(crate) async fn run_session_root(store: Arc<MemoryStore>, root: Weak<watch::Sender<Arc<SessionRoot>>>) {
+    run_derived(store, session_root, |ch| matches!(ch.object, Object::Cluster(_)), root).await
 }
 
 /// Keeps `out` equal to `compute` of the store, recomputed on every commit with a change `touches` says

@@ -55,7 +55,10 @@ pub use assignments::{
 };
 pub use fanout::{Fanout, NodeWatch, NodeWatchError, NODE_QUEUE_COMMITS};
 pub use heartbeats::Heartbeats;
-pub use managers::{manager_peers, session_info, touches_managers, touches_session_info, SessionInfo, MANAGER_WEIGHT};
+pub use managers::{
+    manager_peers, session_info, session_root, touches_managers, touches_session_info, SessionInfo, SessionRoot,
+    MANAGER_WEIGHT,
+};
 pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 
 use crate::ca::node_identity;
@@ -150,9 +153,10 @@ pub struct Dispatcher {
     /// current by one store watcher started with the first session.
     managers: Arc<watch::Sender<Arc<SessionInfo>>>,
     managers_watched: std::sync::atomic::AtomicBool,
-    /// The roots agents must trust, kept current like `managers`.
-    trust_roots: Arc<watch::Sender<Arc<Vec<u8>>>>,
-    trust_watched: std::sync::atomic::AtomicBool,
+    /// The cluster's root as session messages carry it (`managers::SessionRoot`), kept current like
+    /// `managers`.
+    root: Arc<watch::Sender<Arc<SessionRoot>>>,
+    root_watched: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -213,8 +217,8 @@ impl Dispatcher {
             fanout: Fanout::new(state.store.clone()),
             managers: Arc::new(watch::channel(Arc::new(SessionInfo::default())).0),
             managers_watched: std::sync::atomic::AtomicBool::new(false),
-            trust_roots: Arc::new(watch::channel(Arc::new(Vec::new())).0),
-            trust_watched: std::sync::atomic::AtomicBool::new(false),
+            root: Arc::new(watch::channel(Arc::new(SessionRoot::default())).0),
+            root_watched: std::sync::atomic::AtomicBool::new(false),
             state,
         })
     }
@@ -459,23 +463,24 @@ impl Dispatcher {
         self.managers.subscribe()
     }
 
-    /// The roots agents must trust, kept current from the store from the first call on (see `manager_list`).
-    fn trust_list(&self) -> watch::Receiver<Arc<Vec<u8>>> {
+    /// The cluster's root as session messages carry it, kept current from the store from the first call on
+    /// (see `manager_list`).
+    fn session_root(&self) -> watch::Receiver<Arc<SessionRoot>> {
         use std::sync::atomic::Ordering;
-        if !self.trust_watched.swap(true, Ordering::SeqCst) {
-            self.trust_roots.send_replace(Arc::new(self.state.store.view(managers::trust_roots)));
-            tokio::spawn(managers::run_trust_roots(self.state.store.clone(), Arc::downgrade(&self.trust_roots)));
+        if !self.root_watched.swap(true, Ordering::SeqCst) {
+            self.root.send_replace(Arc::new(self.state.store.view(managers::session_root)));
+            tokio::spawn(managers::run_session_root(self.state.store.clone(), Arc::downgrade(&self.root)));
         }
-        self.trust_roots.subscribe()
+        self.root.subscribe()
     }
 
-    fn session_message(session_id: &str, node: Option<Node>, info: &SessionInfo, roots: &[u8]) -> SessionMessage {
+    fn session_message(session_id: &str, node: Option<Node>, info: &SessionInfo, root: &SessionRoot) -> SessionMessage {
         SessionMessage {
             session_id: session_id.to_string(),
             node,
             managers: info.managers.clone(),
             network_bootstrap_keys: info.network_bootstrap_keys.clone(),
-            root_ca: roots.to_vec(),
+            root_ca: root.root_ca.clone(),
         }
     }
 
@@ -491,9 +496,9 @@ impl Dispatcher {
             self.fanout.view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL_MESSAGES);
         let mut managers = self.manager_list();
-        let mut roots = self.trust_list();
+        let mut root = self.session_root();
         let first =
-            Self::session_message(&session_id, node.clone(), &managers.borrow_and_update(), &roots.borrow_and_update());
+            Self::session_message(&session_id, node.clone(), &managers.borrow_and_update(), &root.borrow_and_update());
         let mut last_node = node;
         tx.send(Ok(first)).await.map_err(|_| Status::cancelled("the agent went away"))?;
         let this = self.clone();
@@ -523,8 +528,8 @@ impl Dispatcher {
                     },
                     // The manager list or the network keys changed: resend them (with the node as last sent).
                     r = managers.changed() => if r.is_err() { break } else { last_node.clone() },
-                    // The roots to trust changed (a root rotation): resend them.
-                    r = roots.changed() => if r.is_err() { break } else { last_node.clone() },
+                    // The cluster's root CA changed (a root rotation started or ended): resend it.
+                    r = root.changed() => if r.is_err() { break } else { last_node.clone() },
                     r = alive.changed() => { if r.is_err() { break } else { continue } }
                     r = leadership.changed() => {
                         if r.is_err() || !leadership.borrow_and_update().is_leader {
@@ -539,7 +544,7 @@ impl Dispatcher {
                     last_node = node.clone();
                 }
                 let msg =
-                    Self::session_message(&session_id, node, &managers.borrow_and_update(), &roots.borrow_and_update());
+                    Self::session_message(&session_id, node, &managers.borrow_and_update(), &root.borrow_and_update());
                 if tx.send(Ok(msg)).await.is_err() {
                     break;
                 }

@@ -730,3 +730,67 @@ async fn oversized_task_statuses_are_refused_and_nothing_is_written() {
     client.update_task_status(status_report("node-1", &sid, "t1", TaskState::Running)).await.unwrap();
     assert_eq!(h.task("t1").status.unwrap().state, TaskState::Running as i32);
 }
+
+/// `SessionMessage.RootCA` is the cluster's root certificate, as SwarmKit's dispatcher sends it: the old root
+/// while a rotation lasts, the new one once it is over; the start and the end of a rotation each reach every
+/// open session as a new message.
+#[tokio::test]
+async fn session_messages_carry_the_cluster_root_and_follow_a_rotation() {
+    async fn next(s: &mut tonic::Streaming<SessionMessage>) -> SessionMessage {
+        tokio::time::timeout(Duration::from_secs(10), s.message())
+            .await
+            .expect("a session message within 10 s")
+            .unwrap()
+            .expect("an open session")
+    }
+    let h = harness().await;
+    let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(START_MS);
+    let old = crate::ca::new_root_ca(now).unwrap();
+    let mut c = Changes::new();
+    c.create(shoal_api::Cluster { id: "c1".into(), root_ca: Some(old.clone()), ..Default::default() });
+    h.state.propose(c).await.unwrap();
+    let write_root = |rc: shoal_api::RootCa| {
+        let mut cluster = h.state.store.view(|t| (**t.clusters().get("c1").unwrap()).clone());
+        cluster.root_ca = Some(rc);
+        let mut c = Changes::new();
+        c.update(cluster);
+        h.state.propose(c)
+    };
+    let mut client = h.client().await;
+    let mut sessions = Vec::new();
+    for node in ["node-1", "node-2"] {
+        let mut s = client.session(req(node, SessionRequest::default())).await.unwrap().into_inner();
+        assert_eq!(next(&mut s).await.root_ca, old.ca_cert, "the first message carries the cluster's root");
+        sessions.push(s);
+    }
+
+    // A rotation starts: every session gets a message, still with the old root (the nodes trust it until the
+    // rotation is over; the certificates they are issued meanwhile chain to it through the cross-signed root).
+    let new = crate::ca::new_root_ca(now).unwrap();
+    let mut rotating = old.clone();
+    rotating.root_rotation = Some(shoal_api::RootRotation {
+        ca_cert: new.ca_cert.clone(),
+        ca_key: new.ca_key.clone(),
+        cross_signed_ca_cert: Vec::new(),
+    });
+    write_root(rotating.clone()).await.unwrap();
+    for s in &mut sessions {
+        let m = next(s).await;
+        assert_eq!(m.root_ca, old.ca_cert, "during the rotation: the cluster's root, the old one");
+        assert!(m.node.is_some() && !m.managers.is_empty(), "the node and the managers ride along");
+    }
+
+    // It ends: every session gets the new root alone, and a new session starts with it.
+    write_root(crate::ca::rotation::finished(&rotating).unwrap()).await.unwrap();
+    for s in &mut sessions {
+        let m = loop {
+            let m = next(s).await;
+            if m.root_ca != old.ca_cert {
+                break m;
+            }
+        };
+        assert_eq!(m.root_ca, new.ca_cert, "after the rotation: the new root");
+    }
+    let mut late = client.session(req("node-3", SessionRequest::default())).await.unwrap().into_inner();
+    assert_eq!(next(&mut late).await.root_ca, new.ca_cert);
+}
