@@ -387,6 +387,14 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
     });
 }
 
+/// Creates service `name` of `WEB` tasks on network `net`, placed as `placement` says.
+fn create_web(d: &DaemonProcess, name: &str, net: &str, placement: &[&str]) {
+    let mut args = vec!["service", "create", "--detach", "--name", name, "--network", net];
+    args.extend_from_slice(placement);
+    args.extend_from_slice(&[docker_engine::TEST_IMAGE, "sh", "-c", WEB]);
+    shoal(d, &args);
+}
+
 /// The IPv4 addresses the engine's DNS answers for `name` inside container `id`, sorted.
 fn nslookup(eng: &SecondEngine, id: &str, name: &str) -> Vec<String> {
     let out = eng.docker(&["exec", id, "nslookup", name]);
@@ -463,26 +471,7 @@ fn tasks_on_an_overlay_network_run_on_the_engine_with_the_addresses_shoal_gave()
     join(&eng, &d);
     let net = shoal(&d, &["network", "create", "--driver", "overlay", "appnet"]).trim().to_string();
     let constraint = format!("node.hostname=={}", eng.hostname());
-    shoal(
-        &d,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "ov",
-            "--replicas",
-            "2",
-            "--network",
-            "appnet",
-            "--constraint",
-            &constraint,
-            docker_engine::TEST_IMAGE,
-            "sh",
-            "-c",
-            WEB,
-        ],
-    );
+    create_web(&d, "ov", "appnet", &["--replicas", "2", "--constraint", &constraint]);
     // Before, the engine rejected such tasks after 30 s: "node is missing network attachments".
     let ids = wait_engine_containers(&eng, &d, "ov", 2);
     let given = task_addresses(&d, "ov", &net);
@@ -554,39 +543,15 @@ fn tasks_on_two_engines_reach_each_other_over_an_overlay_through_shoals_gossip()
         shoal(&d, &["node", "update", "--label-add", "engine=yes", &id]);
     }
     let net = shoal(&d, &["network", "create", "--driver", "overlay", "crossnet"]).trim().to_string();
-    shoal(
-        &d,
-        &[
-            "service",
-            "create",
-            "--detach",
-            "--name",
-            "cross",
-            "--mode",
-            "global",
-            "--network",
-            "crossnet",
-            "--constraint",
-            "node.labels.engine==yes",
-            docker_engine::TEST_IMAGE,
-            "sh",
-            "-c",
-            WEB,
-        ],
-    );
-    let on_a = wait_engine_containers(&a, &d, "cross", 1).remove(0);
-    let on_b = wait_engine_containers(&b, &d, "cross", 1).remove(0);
-    let (ip_a, ip_b) = (container_ip(&a, &on_a), container_ip(&b, &on_b));
-    let mut given = task_addresses(&d, "cross", &net);
-    assert_eq!(given, sorted(vec![ip_a.clone(), ip_b.clone()]), "the addresses Shoal gave");
-
+    create_web(&d, "cross", "crossnet", &["--mode", "global", "--constraint", "node.labels.engine==yes"]);
     // The engines found each other through Shoal's manager (its gossip member at 7946; before, the engines'
     // join was refused there), so each learns where the other's endpoints live: a task on one engine
     // reaches the task on the other across the overlay, and each engine's DNS knows both tasks.
-    let host_a = a.docker_ok(&["exec", &on_a, "hostname"]);
-    let host_b = b.docker_ok(&["exec", &on_b, "hostname"]);
-    wait_page(&a, &on_a, &format!("http://{ip_b}/"), host_b.trim());
-    wait_page(&b, &on_b, &format!("http://{ip_a}/"), host_a.trim());
+    let (on_a, on_b) = cross_reach(&a, &b, &d, "cross");
+    let (ip_a, ip_b) = (container_ip(&a, &on_a), container_ip(&b, &on_b));
+    let mut given = task_addresses(&d, "cross", &net);
+    assert_eq!(given, sorted(vec![ip_a, ip_b]), "the addresses Shoal gave");
+
     given.sort();
     for (eng, c) in [(&a, &on_a), (&b, &on_b)] {
         wait_until(&format!("tasks.cross from {}", eng.hostname()), TASK_LIMIT, || {
@@ -606,6 +571,69 @@ fn tasks_on_two_engines_reach_each_other_over_an_overlay_through_shoals_gossip()
     shoal(&d, &["service", "rm", "cross"]);
     wait_engine_empty(&a, &d, "cross", true);
     wait_engine_empty(&b, &d, "cross", true);
+}
+
+/// The containers of `service` on engines `a` and `b` (one each) reach each other across the overlay by the
+/// addresses they hold; returns their IDs.
+fn cross_reach(a: &SecondEngine, b: &SecondEngine, d: &DaemonProcess, service: &str) -> (String, String) {
+    let on_a = wait_engine_containers(a, d, service, 1).remove(0);
+    let on_b = wait_engine_containers(b, d, service, 1).remove(0);
+    let (ip_a, ip_b) = (container_ip(a, &on_a), container_ip(b, &on_b));
+    let host_a = a.docker_ok(&["exec", &on_a, "hostname"]);
+    let host_b = b.docker_ok(&["exec", &on_b, "hostname"]);
+    wait_page(a, &on_a, &format!("http://{ip_b}/"), host_b.trim());
+    wait_page(b, &on_b, &format!("http://{ip_a}/"), host_a.trim());
+    (on_a, on_b)
+}
+
+#[test]
+fn engines_keep_their_overlay_through_a_leader_kill_and_new_tasks_join_it() {
+    let Some(a) = engine("k", 3) else { return };
+    let Some(b) = engine("l", 0) else { return };
+    let _forwarding = a.forward_with(&b);
+    let m0 = shoal_manager(&a, 0, None);
+    let m1 = shoal_manager(&a, 1, Some(&m0));
+    let m2 = shoal_manager(&a, 2, Some(&m0));
+    let mut managers = [m0, m1, m2];
+    for eng in [&a, &b] {
+        let id = join(eng, &managers[0]);
+        shoal(&managers[0], &["node", "update", "--label-add", "engine=yes", &id]);
+    }
+    shoal(&managers[0], &["network", "create", "--driver", "overlay", "meshnet"]);
+    create_web(&managers[0], "mesh", "meshnet", &["--mode", "global", "--constraint", "node.labels.engine==yes"]);
+    let before = cross_reach(&a, &b, &managers[0], "mesh");
+
+    let leader = shoal_testkit::managers::leader_seen_by(&managers[0]).expect("a leader");
+    let li: usize =
+        leader.strip_prefix("shoal-").and_then(|i| i.parse().ok()).expect("the leader is a shoal-i manager");
+    managers[li].kill9();
+    let survivor = &managers[(li + 1) % 3];
+    wait_until("a new leader", JOIN_LIMIT, || {
+        let l = shoal_testkit::managers::leader_seen_by(survivor)?;
+        if l != leader {
+            Ok(())
+        } else {
+            Err(format!("still {l}"))
+        }
+    });
+    // The same containers still reach each other (the engines gossip directly once they found each other).
+    let (ip_a, ip_b) = (container_ip(&a, &before.0), container_ip(&b, &before.1));
+    let host_b = b.docker_ok(&["exec", &before.1, "hostname"]);
+    wait_page(&a, &before.0, &format!("http://{ip_b}/"), host_b.trim());
+    let host_a = a.docker_ok(&["exec", &before.0, "hostname"]);
+    wait_page(&b, &before.1, &format!("http://{ip_a}/"), host_a.trim());
+    // New tasks, placed and addressed by the new leader, join the overlay across the engines too.
+    shoal(survivor, &["service", "update", "--detach", "--force", "mesh"]);
+    wait_until("the old containers replaced", TASK_LIMIT, || {
+        let now_a = a.running_with_label("com.docker.swarm.service.name", "mesh");
+        let now_b = b.running_with_label("com.docker.swarm.service.name", "mesh");
+        if now_a.len() == 1 && now_b.len() == 1 && now_a[0] != before.0 && now_b[0] != before.1 {
+            Ok(())
+        } else {
+            Err(format!("{now_a:?} {now_b:?}"))
+        }
+    });
+    cross_reach(&a, &b, survivor, "mesh");
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
