@@ -72,8 +72,10 @@ pub async fn serve(
     addr: SocketAddr,
     mut keys: watch::Receiver<Vec<Vec<u8>>>,
 ) -> std::io::Result<GossipHandle> {
-    let udp = UdpSocket::bind(addr).await?;
+    // TCP first: with port 0 (tests) the UDP socket takes the port the listener got.
     let tcp = TcpListener::bind(addr).await?;
+    let addr = SocketAddr::new(addr.ip(), tcp.local_addr()?.port());
+    let udp = UdpSocket::bind(addr).await?;
     let mut m = Member::new(name, addr);
     m.set_keys(keys.borrow_and_update().clone());
     let member = Arc::new(Mutex::new(m));
@@ -164,5 +166,67 @@ async fn stream(
         Ok(Some(bytes)) => conn.write_all(&bytes).await,
         Ok(None) => Ok(()),
         Err(e) => Err(std::io::Error::other(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{self, Writer};
+
+    fn join_frame(key: &[u8]) -> Vec<u8> {
+        let mut w = Writer::with_type(kind::PUSH_PULL);
+        w.map(3).key("Nodes").uint(1).key("UserStateLen").uint(0).key("Join").bool(true);
+        w.map(7).key("Name").raw(b"engine-a").key("Addr").raw(&[127, 0, 0, 1]).key("Port").uint(9);
+        w.key("Meta").raw(&[]).key("Incarnation").uint(1).key("State").uint(0).key("Vsn").raw(&[1, 5, 2, 0, 0, 0]);
+        wire::seal_stream(key, [4; NONCE_BYTES], &w.out).unwrap()
+    }
+
+    /// A push-pull over TCP: the reply's plaintext, or None when the member closed without one.
+    async fn push_pull(addr: SocketAddr, key: &[u8]) -> Option<Vec<u8>> {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(&join_frame(key)).await.unwrap();
+        let mut reply = Vec::new();
+        conn.read_to_end(&mut reply).await.ok()?;
+        if reply.is_empty() {
+            return None;
+        }
+        Some(wire::open_stream(&[key.to_vec()], &reply).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_member_answers_on_its_sockets_and_follows_a_key_rotation() {
+        let (k1, k2) = (vec![1u8; 16], vec![2u8; 16]);
+        let (keys, rx) = watch::channel(vec![k1.clone()]);
+        let h = serve("shoal-m".into(), "127.0.0.1:0".parse().unwrap(), rx).await.unwrap();
+        let addr = h.addr();
+        assert_ne!(addr.port(), 0);
+        let reply = push_pull(addr, &k1).await.expect("an answer");
+        assert_eq!(reply[0], kind::PUSH_PULL);
+        assert!(h.peers().contains_key("engine-a"));
+        // A probe over UDP is acked to its source.
+        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut ping = Writer::with_type(kind::PING);
+        ping.map(2).key("SeqNo").uint(41).key("Node").raw(b"shoal-m");
+        udp.send_to(&wire::seal(&k1, [5; NONCE_BYTES], b"", &ping.out).unwrap(), addr).await.unwrap();
+        let mut buf = [0u8; 1500];
+        let (n, _) = tokio::time::timeout(Duration::from_secs(10), udp.recv_from(&mut buf)).await.unwrap().unwrap();
+        let ack = wire::open(&[k1.clone()], &buf[..n], b"").unwrap();
+        assert_eq!(ack[0], kind::ACK);
+        // The key manager rotates: the new key is taken, the old one no longer opens anything.
+        keys.send(vec![k2.clone()]).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while push_pull(addr, &k2).await.is_none() {
+            assert!(tokio::time::Instant::now() < deadline, "the member never took the new key");
+            tokio::task::yield_now().await;
+        }
+        assert!(push_pull(addr, &k1).await.is_none(), "the old key is refused");
+        // Dropped, it stops serving.
+        drop(h);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).await.is_ok() {
+            assert!(tokio::time::Instant::now() < deadline, "still serving after drop");
+            tokio::task::yield_now().await;
+        }
     }
 }

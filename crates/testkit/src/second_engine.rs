@@ -15,8 +15,8 @@
 //!
 //! Dropping it force-removes its containers, stops dockerd (SIGTERM, then SIGKILL after 30 s), unmounts what
 //! is left under its directory, deletes the namespace (and with it the veth) and the directory, even when the
-//! test failed. Namespaces, veths and directories left by a test process that died are removed by the next
-//! [`SecondEngine::start`].
+//! test failed. Namespaces, veths, directories and forwarding rules ([`SecondEngine::forward_with`], marked
+//! with the test process's ID) left by a test process that died are removed by the next [`SecondEngine::start`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
