@@ -636,6 +636,69 @@ fn engines_keep_their_overlay_through_a_leader_kill_and_new_tasks_join_it() {
     cross_reach(&a, &b, survivor, "mesh");
 }
 
+#[test]
+fn a_stack_with_two_overlays_a_secret_and_a_host_port_runs_across_two_engines() {
+    let Some(a) = engine("s", 1) else { return };
+    let Some(b) = engine("t", 0) else { return };
+    let _forwarding = a.forward_with(&b);
+    let d = shoal_manager(&a, 0, None);
+    join(&a, &d);
+    join(&b, &d);
+    // `web` on engine a (both networks, the secret, a host-mode port), `client` on engine b (front only), `db`
+    // on engine b (back only). DNS round robin: the engines' VIPs need IPVS, which these machines lack.
+    let dir = tempfile::tempdir().expect("a temporary dir");
+    std::fs::write(dir.path().join("token.txt"), "s3cret-token").expect("the secret's file");
+    let web = "mkdir -p /www && cat /run/secrets/token > /www/index.html && trap 'exit 0' TERM; httpd -f -p 80 -h /www & wait";
+    let on = |eng: &SecondEngine| format!("node.hostname=={}", eng.hostname());
+    let compose = serde_json::json!({
+        "version": "3.8",
+        "services": {
+            "web": {"image": docker_engine::TEST_IMAGE, "entrypoint": ["sh", "-c"], "command": [web.replace('$', "$$")],
+                    "networks": ["front", "back"], "secrets": ["token"],
+                    "ports": [{"target": 80, "published": 18080, "protocol": "tcp", "mode": "host"}],
+                    "deploy": {"endpoint_mode": "dnsrr", "placement": {"constraints": [on(&a)]}}},
+            "client": {"image": docker_engine::TEST_IMAGE, "entrypoint": ["sh", "-c"], "command": [TALKER.replace('$', "$$")],
+                       "networks": ["front"], "deploy": {"endpoint_mode": "dnsrr", "placement": {"constraints": [on(&b)]}}},
+            "db": {"image": docker_engine::TEST_IMAGE, "entrypoint": ["sh", "-c"], "command": [WEB.replace('$', "$$")],
+                   "networks": ["back"], "deploy": {"endpoint_mode": "dnsrr", "placement": {"constraints": [on(&b)]}}},
+        },
+        "networks": {"front": {"driver": "overlay"}, "back": {"driver": "overlay"}},
+        "secrets": {"token": {"file": "./token.txt"}},
+    });
+    let file = dir.path().join("stack.yml");
+    std::fs::write(&file, compose.to_string()).expect("the stack file");
+    shoal(&d, &["stack", "deploy", "--resolve-image", "never", "-c", file.to_str().unwrap(), "app"]);
+    let web_c = wait_engine_containers(&a, &d, "app_web", 1).remove(0);
+    let client_c = wait_engine_containers(&b, &d, "app_client", 1).remove(0);
+    let db_c = wait_engine_containers(&b, &d, "app_db", 1).remove(0);
+
+    // The secret reads back in the container on the engine; the client on the other engine reaches web by
+    // its name on front, across the overlay, and gets the secret's content.
+    assert_eq!(a.docker_ok(&["exec", &web_c, "cat", "/run/secrets/token"]), "s3cret-token");
+    wait_page(&b, &client_c, "http://web/", "s3cret-token");
+    // db reaches web on back, and the client (not on back) does not resolve db.
+    wait_page(&b, &db_c, "http://web/", "s3cret-token");
+    assert!(nslookup(&b, &client_c, "db").is_empty(), "db resolves from a network the client is not on");
+    // The host-mode port answers on engine a's address, from outside the engines.
+    wait_until("web's host port on engine a", TASK_LIMIT, || {
+        let addr = format!("{}:18080", a.ip());
+        let mut conn = std::net::TcpStream::connect(&addr).map_err(|e| format!("{addr}: {e}"))?;
+        use std::io::{Read, Write};
+        conn.write_all(b"GET / HTTP/1.0\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut page = String::new();
+        conn.read_to_string(&mut page).map_err(|e| e.to_string())?;
+        if page.ends_with("s3cret-token") {
+            Ok(())
+        } else {
+            Err(page)
+        }
+    });
+    shoal(&d, &["stack", "rm", "app"]);
+    wait_engine_empty(&a, &d, "app_web", true);
+    wait_engine_empty(&b, &d, "app_client", true);
+    wait_engine_empty(&b, &d, "app_db", true);
+}
+
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
