@@ -10,7 +10,9 @@ use std::sync::Arc;
 use shoal_store::{MemoryStore, Object};
 use tokio::sync::watch;
 
-/// The cluster's gossip keys, newest first.
+/// The cluster's gossip keys, the one to seal with first: the second by Lamport time when there are several,
+/// as libnetwork picks its primary key (of the keyring's three, the middle one: a key every node has had
+/// for a rotation's time), then the others.
 fn gossip_keys(store: &MemoryStore) -> Vec<Vec<u8>> {
     let mut keys = store.view(|t| {
         t.clusters()
@@ -19,7 +21,10 @@ fn gossip_keys(store: &MemoryStore) -> Vec<Vec<u8>> {
             .filter(|k| k.subsystem == shoal_manager::keymanager::SUBSYSTEM_GOSSIP)
             .collect::<Vec<_>>()
     });
-    keys.sort_by_key(|k| std::cmp::Reverse(k.lamport_time));
+    keys.sort_by_key(|k| k.lamport_time);
+    if keys.len() > 1 {
+        keys.swap(0, 1);
+    }
     keys.into_iter().map(|k| k.key).collect()
 }
 
@@ -52,5 +57,38 @@ pub(crate) async fn run(name: String, addr: SocketAddr, store: Arc<MemoryStore>,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_api::{Cluster, EncryptionKey};
+    use shoal_store::Changes;
+
+    use super::*;
+
+    #[test]
+    fn the_member_seals_with_the_key_libnetwork_makes_primary_and_opens_with_all() {
+        let store = MemoryStore::default();
+        let key = |subsystem: &str, t: u64| EncryptionKey {
+            subsystem: subsystem.into(),
+            key: vec![t as u8; 16],
+            lamport_time: t,
+            ..Default::default()
+        };
+        let mut c = Changes::new();
+        c.create(Cluster {
+            id: "c".into(),
+            network_bootstrap_keys: vec![
+                key("networking:gossip", 7),
+                key("networking:ipsec", 8),
+                key("networking:gossip", 5),
+                key("networking:gossip", 9),
+            ],
+            ..Default::default()
+        });
+        store.apply(1, c.actions()).unwrap();
+        // The middle of the three by Lamport time first (libnetwork's primary), then the others; no IPsec key.
+        assert_eq!(gossip_keys(&store), [vec![7u8; 16], vec![5u8; 16], vec![9u8; 16]]);
     }
 }
