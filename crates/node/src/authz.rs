@@ -361,6 +361,10 @@ pub enum Guard {
     /// No authentication (`--listen-metrics`: metrics and the live page, no secrets or tokens; loopback is the
     /// documented address).
     None,
+    /// The cluster's `networking:gossip` keys (the overlay gossip with Docker Engines, port 7946): a message
+    /// that does not open with one is dropped unanswered. Every node of the cluster holds them, as in Docker's
+    /// swarm; they rotate every 12 hours.
+    GossipKey,
 }
 
 /// One listener a node opened.

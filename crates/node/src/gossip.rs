@@ -10,6 +10,8 @@ use std::sync::Arc;
 use shoal_store::{MemoryStore, Object};
 use tokio::sync::watch;
 
+use crate::authz::{EntryPoints, Guard};
+
 /// The cluster's gossip keys, the one to seal with first: the second by Lamport time when there are several,
 /// as libnetwork picks its primary key (of the keyring's three, the middle one: a key every node has had
 /// for a rotation's time), then the others.
@@ -29,7 +31,13 @@ fn gossip_keys(store: &MemoryStore) -> Vec<Vec<u8>> {
 }
 
 /// Serves the member named `name` on `addr` until `stop`.
-pub(crate) async fn run(name: String, addr: SocketAddr, store: Arc<MemoryStore>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn run(
+    name: String,
+    addr: SocketAddr,
+    store: Arc<MemoryStore>,
+    entry_points: EntryPoints,
+    mut stop: watch::Receiver<bool>,
+) {
     // Subscribed before the first read, so no key rotation is missed.
     let ((), mut events) = store.view_and_watch(|_| ());
     let (keys, rx) = watch::channel(gossip_keys(&store));
@@ -44,7 +52,7 @@ pub(crate) async fn run(name: String, addr: SocketAddr, store: Arc<MemoryStore>,
             return;
         }
     };
-    tracing::info!(addr = %handle.addr(), "overlay gossip member serving");
+    entry_points.register("overlay-gossip", handle.addr(), Guard::GossipKey);
     loop {
         tokio::select! {
             _ = shoal_manager::stopped(&mut stop) => return,

@@ -446,6 +446,7 @@ impl Node {
                 identity.node_id.clone(),
                 std::net::SocketAddr::new(advertised.ip(), shoal_gossip::GOSSIP_PORT),
                 state.store.clone(),
+                remote_security.authz.entry_points().clone(),
                 shutdown_rx.clone(),
             )),
         ));

@@ -577,6 +577,23 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
                 let mode = std::fs::metadata(address).unwrap().permissions().mode();
                 assert_eq!(mode & 0o007, 0, "{address} is open to other users: {mode:o}");
             }
+            // Docker's overlay gossip: a message not sealed with the cluster's gossip keys gets nothing back
+            // (the engine tests show the keyed side: crates/shoal/tests/engine_worker.rs).
+            "overlay-gossip" => {
+                assert_eq!(guard, "GossipKey", "{e}");
+                use std::io::{Read, Write};
+                let unsealed = [6u8, 0x83, 0xa5, b'N', b'o', b'd', b'e', b's', 0x00];
+                let mut wrong_key = vec![10u8, 0, 0, 0, 45, 1];
+                wrong_key.extend_from_slice(&[7u8; 44]);
+                for attempt in [&unsealed[..], &wrong_key[..]] {
+                    let mut conn = std::net::TcpStream::connect(address).unwrap();
+                    conn.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    conn.write_all(attempt).unwrap();
+                    let mut answer = Vec::new();
+                    let _ = conn.read_to_end(&mut answer);
+                    assert!(answer.is_empty(), "the gossip member answered {attempt:?} with {answer:?}");
+                }
+            }
             // Unauthenticated by design: it must serve nothing sensitive.
             "metrics" => {
                 assert_eq!((address, guard), (metrics.as_str(), "None"));
