@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::names;
 use crate::plan::{plan, Fdb, ForwardChain, Link, LinkKind, Neigh, NetworkNs, Observed, Op, TaskIface, TaskNs};
-use crate::state::{Ipv4Cidr, NodeNetState};
+use crate::state::{Ipv4Cidr, Mac, NodeNetState};
 use crate::Error;
 
 /// Longest any one command may run before it is killed.
@@ -268,65 +268,10 @@ impl Executor {
                 self.ok(Some(&ns), &["ip", "link", "set", name, "up"])
             }
             Op::CreateVxlan { vni, name, port, local, mtu, bridge } => {
-                let ns = netns(vni)?;
-                let ns_arg = path_str(&ns)?;
-                let (id, port, local, mtu) = (vni.to_string(), port.to_string(), local.to_string(), mtu.to_string());
-                // Made in the node's namespace, so its UDP socket is there (on the underlay), then moved.
-                self.ok(
-                    None,
-                    &[
-                        "ip",
-                        "link",
-                        "add",
-                        name,
-                        "mtu",
-                        &mtu,
-                        "type",
-                        "vxlan",
-                        "id",
-                        &id,
-                        "dstport",
-                        &port,
-                        "local",
-                        &local,
-                        "nolearning",
-                        "proxy",
-                    ],
-                )?;
-                self.ok(None, &["ip", "link", "set", name, "netns", ns_arg])?;
-                self.ok(Some(&ns), &["ip", "link", "set", name, "master", bridge, "up"])
+                self.create_vxlan(*vni, name, *port, *local, *mtu, bridge)
             }
             Op::CreateGateway { vni, name, peer, bridge, mtu, addrs, mac } => {
-                let ns = netns(vni)?;
-                let mtu = mtu.to_string();
-                self.ok(
-                    None,
-                    &[
-                        "ip",
-                        "link",
-                        "add",
-                        name,
-                        "mtu",
-                        &mtu,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        peer,
-                        "mtu",
-                        &mtu,
-                        "netns",
-                        path_str(&ns)?,
-                    ],
-                )?;
-                if let Some(mac) = mac {
-                    self.ok(None, &["ip", "link", "set", name, "address", &mac.to_string()])?;
-                }
-                for a in addrs {
-                    self.ok(None, &["ip", "addr", "add", &a.to_string(), "dev", name])?;
-                }
-                self.ok(None, &["ip", "link", "set", name, "up"])?;
-                self.ok(Some(&ns), &["ip", "link", "set", peer, "master", bridge, "up"])
+                self.create_gateway(*vni, name, peer, bridge, *mtu, addrs, *mac)
             }
             Op::SetMaster { vni, name, master } => {
                 self.ok(Some(&netns(vni)?), &["ip", "link", "set", name, "master", master])
@@ -362,34 +307,7 @@ impl Executor {
                 ],
             ),
             Op::CreateVeth { vni, host, bridge, netns: task_ns, ifname, mac, addr, mtu } => {
-                let ns = netns(vni)?;
-                let (mtu, mac) = (mtu.to_string(), mac.to_string());
-                self.ok(
-                    Some(&ns),
-                    &[
-                        "ip",
-                        "link",
-                        "add",
-                        host,
-                        "mtu",
-                        &mtu,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        ifname,
-                        "mtu",
-                        &mtu,
-                        "address",
-                        &mac,
-                        "netns",
-                        path_str(task_ns)?,
-                    ],
-                )?;
-                self.ok(Some(&ns), &["ip", "link", "set", host, "master", bridge, "up"])?;
-                self.ok(Some(task_ns), &["ip", "addr", "add", &addr.to_string(), "dev", ifname])?;
-                self.ok(Some(task_ns), &["ip", "link", "set", ifname, "up"])?;
-                self.ok(Some(task_ns), &["ip", "link", "set", "lo", "up"])
+                self.create_veth(*vni, host, bridge, task_ns, ifname, *mac, *addr, *mtu)
             }
             Op::SetDefaultRoute { netns, via: Some((gw, dev)) } => {
                 self.ok(Some(netns), &["ip", "route", "replace", "default", "via", &gw.to_string(), "dev", dev])
@@ -415,6 +333,135 @@ impl Executor {
                 self.ok(None, &args)
             }
         }
+    }
+
+    /// `Op::CreateVxlan`: made in the node's namespace, so its UDP socket is there (on the underlay), then
+    /// moved into network `vni`'s namespace onto `bridge`.
+    fn create_vxlan(
+        &self,
+        vni: u32,
+        name: &str,
+        port: u16,
+        local: Ipv4Addr,
+        mtu: u16,
+        bridge: &str,
+    ) -> Result<(), Error> {
+        let ns = self.network_netns(vni)?;
+        let ns_arg = path_str(&ns)?;
+        let (id, port, local, mtu) = (vni.to_string(), port.to_string(), local.to_string(), mtu.to_string());
+        // Made in the node's namespace, so its UDP socket is there (on the underlay), then moved.
+        self.ok(
+            None,
+            &[
+                "ip",
+                "link",
+                "add",
+                name,
+                "mtu",
+                &mtu,
+                "type",
+                "vxlan",
+                "id",
+                &id,
+                "dstport",
+                &port,
+                "local",
+                &local,
+                "nolearning",
+                "proxy",
+            ],
+        )?;
+        self.ok(None, &["ip", "link", "set", name, "netns", ns_arg])?;
+        self.ok(Some(&ns), &["ip", "link", "set", name, "master", bridge, "up"])
+    }
+
+    /// `Op::CreateGateway`: the node's end `name` with `mac` and `addrs`, the peer on `bridge` in network
+    /// `vni`'s namespace.
+    #[allow(clippy::too_many_arguments)] // the fields of the op it applies, as `apply_one` matched them
+    fn create_gateway(
+        &self,
+        vni: u32,
+        name: &str,
+        peer: &str,
+        bridge: &str,
+        mtu: u16,
+        addrs: &[Ipv4Cidr],
+        mac: Option<Mac>,
+    ) -> Result<(), Error> {
+        let ns = self.network_netns(vni)?;
+        let mtu = mtu.to_string();
+        self.ok(
+            None,
+            &[
+                "ip",
+                "link",
+                "add",
+                name,
+                "mtu",
+                &mtu,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                peer,
+                "mtu",
+                &mtu,
+                "netns",
+                path_str(&ns)?,
+            ],
+        )?;
+        if let Some(mac) = mac {
+            self.ok(None, &["ip", "link", "set", name, "address", &mac.to_string()])?;
+        }
+        for a in addrs {
+            self.ok(None, &["ip", "addr", "add", &a.to_string(), "dev", name])?;
+        }
+        self.ok(None, &["ip", "link", "set", name, "up"])?;
+        self.ok(Some(&ns), &["ip", "link", "set", peer, "master", bridge, "up"])
+    }
+
+    /// `Op::CreateVeth`: `host` on `bridge` in network `vni`'s namespace, `ifname` in the task's namespace
+    /// `task_ns` with `mac` and `addr`.
+    #[allow(clippy::too_many_arguments)] // the fields of the op it applies, as `apply_one` matched them
+    fn create_veth(
+        &self,
+        vni: u32,
+        host: &str,
+        bridge: &str,
+        task_ns: &Path,
+        ifname: &str,
+        mac: Mac,
+        addr: Ipv4Cidr,
+        mtu: u16,
+    ) -> Result<(), Error> {
+        let ns = self.network_netns(vni)?;
+        let (mtu, mac) = (mtu.to_string(), mac.to_string());
+        self.ok(
+            Some(&ns),
+            &[
+                "ip",
+                "link",
+                "add",
+                host,
+                "mtu",
+                &mtu,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                ifname,
+                "mtu",
+                &mtu,
+                "address",
+                &mac,
+                "netns",
+                path_str(task_ns)?,
+            ],
+        )?;
+        self.ok(Some(&ns), &["ip", "link", "set", host, "master", bridge, "up"])?;
+        self.ok(Some(task_ns), &["ip", "addr", "add", &addr.to_string(), "dev", ifname])?;
+        self.ok(Some(task_ns), &["ip", "link", "set", ifname, "up"])?;
+        self.ok(Some(task_ns), &["ip", "link", "set", "lo", "up"])
     }
 
     /// The comment of the `ip shoal` table in `netns` (the node's when `None`), whose `nft list tables` is

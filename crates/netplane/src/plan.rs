@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use crate::names;
 use crate::nft;
-use crate::state::{mac_for, Ipv4Cidr, Mac, NodeNetState};
+use crate::state::{mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeNetState, TaskState};
 
 /// What the node has, as far as Shoal is concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -290,53 +290,94 @@ fn stale_order(l: &&String) -> (bool, bool, String) {
     )
 }
 
+/// A network namespace that has nothing: what a missing or dead one is planned from.
+static NO_NETWORK_NS: NetworkNs =
+    NetworkNs { dead: false, links: BTreeMap::new(), fdb: BTreeSet::new(), neigh: BTreeSet::new() };
+
+/// A task namespace that has nothing: what an unobserved one is planned from.
+static NO_TASK_NS: TaskNs = TaskNs { ifaces: BTreeMap::new(), default_gw: None, table: None };
+
+/// The plan being drafted: one list of ops per phase (run in the order `Draft::finish` gives), and what the
+/// phases learn for the ones after them.
+#[derive(Default)]
+struct Draft {
+    removals: Vec<Op>,
+    namespaces: Vec<Op>,
+    bridges: Vec<Op>,
+    vxlans: Vec<Op>,
+    gateways: Vec<Op>,
+    masters: Vec<Op>,
+    entries: Vec<Op>,
+    veths: Vec<Op>,
+    routes: Vec<Op>,
+    tables: Vec<Op>,
+    localnet: Vec<Op>,
+    /// Links Shoal wants in the node's namespace.
+    wanted: BTreeSet<String>,
+    /// Links Shoal wants in each network's namespace, by VNI.
+    wanted_in: BTreeMap<u32, BTreeSet<String>>,
+    /// Bridges this plan creates (again): whatever stays must be enslaved to them anew.
+    rebuilt_bridges: BTreeSet<String>,
+    /// Addresses the node can already reach before this plan runs (kept neighbour entries of remote tasks,
+    /// local tasks whose interfaces stay): a published port's DNAT may point only at those until the rest of
+    /// the plan has made the others reachable.
+    reachable: BTreeSet<Ipv4Addr>,
+}
+
+/// The network namespace `vni` as observed, or an empty one when it is missing or dead (it is made anew).
+fn live(current: &Observed, vni: u32) -> &NetworkNs {
+    current.networks.get(&vni).filter(|n| !n.dead).unwrap_or(&NO_NETWORK_NS)
+}
+
 /// The operations that take the node from `current` to `desired` (which must have passed `validate`).
 pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
-    let mtu = desired.overlay_mtu;
-    let mut removals = Vec::new();
-    let mut namespaces = Vec::new();
-    let mut bridges = Vec::new();
-    let mut vxlans = Vec::new();
-    let mut gateways = Vec::new();
-    let mut masters = Vec::new();
-    let mut entries = Vec::new();
-    let mut veths = Vec::new();
-    let mut routes = Vec::new();
-    let mut tables = Vec::new();
-    let mut localnet = Vec::new();
-
-    // Links Shoal wants in the node's namespace and in each network's.
-    let mut wanted: BTreeSet<String> = BTreeSet::new();
-    let mut wanted_in: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
-    let mut rebuilt_bridges: BTreeSet<String> = BTreeSet::new();
-    // Addresses the node can already reach before this plan runs (kept neighbour entries of remote tasks,
-    // local tasks whose interfaces stay): a published port's DNAT may point only at those until the rest of
-    // the plan has made the others reachable.
-    let mut reachable: BTreeSet<Ipv4Addr> = BTreeSet::new();
-    let empty_ns = NetworkNs::default();
-    let live = |vni: u32| current.networks.get(&vni).filter(|n| !n.dead).unwrap_or(&empty_ns);
+    let mut draft = Draft::default();
     let mut networks: Vec<_> = desired.networks.iter().collect();
     networks.sort_by_key(|n| n.vni);
     for n in &networks {
+        draft.network(current, desired, n);
+    }
+    for t in &desired.tasks {
+        draft.task(current, desired, t);
+    }
+    let carry = networks.iter().any(|n| !n.internal);
+    draft.finish(current, desired, carry)
+}
+
+impl Draft {
+    /// Plans network `n`'s namespace, bridge, VXLAN device, gateway veth and forwarding entries.
+    fn network(&mut self, current: &Observed, desired: &NodeNetState, n: &NetworkState) {
         let vni = n.vni;
-        let (br, vx) = (names::bridge(vni), names::vxlan(vni));
         match current.networks.get(&vni) {
             Some(ns) if ns.dead => {
-                removals.push(Op::DeleteNetworkNs { vni });
-                namespaces.push(Op::CreateNetworkNs { vni });
+                self.removals.push(Op::DeleteNetworkNs { vni });
+                self.namespaces.push(Op::CreateNetworkNs { vni });
             }
             Some(_) => {}
-            None => namespaces.push(Op::CreateNetworkNs { vni }),
+            None => self.namespaces.push(Op::CreateNetworkNs { vni }),
         }
-        let ns = live(vni);
+        let vx_ok = self.bridge_and_vxlan(current, desired, vni);
+        let mut in_ns: BTreeSet<String> = [names::bridge(vni), names::vxlan(vni)].into();
+        if !n.internal {
+            in_ns.insert(self.gateway(current, desired, n));
+        }
+        self.forwarding_entries(live(current, vni), n, vx_ok);
+        self.wanted_in.insert(vni, in_ns);
+    }
+
+    /// Plans network `vni`'s bridge and VXLAN device; returns whether the device stays as it is.
+    fn bridge_and_vxlan(&mut self, current: &Observed, desired: &NodeNetState, vni: u32) -> bool {
+        let mtu = desired.overlay_mtu;
+        let ns = live(current, vni);
+        let (br, vx) = (names::bridge(vni), names::vxlan(vni));
         let br_ok =
             ns.links.get(&br).is_some_and(|l| l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs.is_empty());
         if !br_ok {
             if ns.links.contains_key(&br) {
-                removals.push(Op::DeleteNetLink { vni, name: br.clone() });
+                self.removals.push(Op::DeleteNetLink { vni, name: br.clone() });
             }
-            bridges.push(Op::CreateBridge { vni, name: br.clone(), mtu });
-            rebuilt_bridges.insert(br.clone());
+            self.bridges.push(Op::CreateBridge { vni, name: br.clone(), mtu });
+            self.rebuilt_bridges.insert(br.clone());
         }
         let local = desired.underlay_ip.expect("validated: networks need an underlay address");
         let want_vx =
@@ -345,74 +386,78 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
         let vx_ok = vx_link.is_some_and(|l| l.kind == want_vx && l.up && l.mtu == mtu);
         if !vx_ok {
             if vx_link.is_some() {
-                removals.push(Op::DeleteNetLink { vni, name: vx.clone() });
+                self.removals.push(Op::DeleteNetLink { vni, name: vx.clone() });
             }
-            vxlans.push(Op::CreateVxlan {
+            self.vxlans.push(Op::CreateVxlan { vni, name: vx, port: desired.vxlan_port, local, mtu, bridge: br });
+        } else {
+            self.enslave(vni, &vx, vx_link, &br);
+        }
+        vx_ok
+    }
+
+    /// Enslaves `name` (observed as `link`) to bridge `br` when it is not on it, or the bridge is made anew.
+    fn enslave(&mut self, vni: u32, name: &str, link: Option<&Link>, br: &str) {
+        if self.rebuilt_bridges.contains(br) || link.and_then(|l| l.master.as_deref()) != Some(br) {
+            self.masters.push(Op::SetMaster { vni, name: name.to_string(), master: br.to_string() });
+        }
+    }
+
+    /// Plans the gateway veth of non-internal network `n`: the node's end carries the gateway address (the
+    /// routing mesh's source address too, as a /32, so the gateway stays the subnet route's source). Returns
+    /// the name of its end in the network's namespace.
+    fn gateway(&mut self, current: &Observed, desired: &NodeNetState, n: &NetworkState) -> String {
+        let (vni, mtu) = (n.vni, desired.overlay_mtu);
+        let ns = live(current, vni);
+        let br = names::bridge(vni);
+        let (gw, up) = (names::gateway(vni), names::uplink(vni));
+        let mut addrs = vec![Ipv4Cidr { addr: n.gateway, prefix_len: n.subnet.prefix_len }];
+        addrs.extend(
+            desired
+                .ingress
+                .iter()
+                .filter(|i| i.network_id == n.id)
+                .map(|i| Ipv4Cidr { addr: i.address, prefix_len: 32 }),
+        );
+        addrs.sort();
+        // On the ingress network, the other nodes send what answers the mesh's connections to this node's
+        // ingress address, at the MAC their view gives it (`mac_for`): the gateway end must have it.
+        let mac = desired.ingress.iter().find(|i| i.network_id == n.id).map(|i| mac_for(i.address));
+        let gw_link = current.links.get(&gw);
+        let gw_ok = gw_link.is_some_and(|l| {
+            l.kind == LinkKind::Veth && l.up && l.mtu == mtu && l.addrs == addrs && mac.is_none_or(|m| l.mac == Some(m))
+        });
+        let up_link = ns.links.get(&up);
+        let up_ok = up_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
+        let keep = gw_ok && up_ok;
+        if keep {
+            self.enslave(vni, &up, up_link, &br);
+        } else {
+            if gw_link.is_some() {
+                self.removals.push(Op::DeleteLink { name: gw.clone() });
+            } else if up_link.is_some() {
+                self.removals.push(Op::DeleteNetLink { vni, name: up.clone() });
+            }
+            self.gateways.push(Op::CreateGateway {
                 vni,
-                name: vx.clone(),
-                port: desired.vxlan_port,
-                local,
+                name: gw.clone(),
+                peer: up.clone(),
+                bridge: br,
                 mtu,
-                bridge: br.clone(),
+                addrs,
+                mac,
             });
-        } else if rebuilt_bridges.contains(&br) || vx_link.and_then(|l| l.master.as_deref()) != Some(br.as_str()) {
-            masters.push(Op::SetMaster { vni, name: vx.clone(), master: br.clone() });
         }
-        // The gateway veth of a non-internal network: the node's end carries the gateway address (the
-        // routing mesh's source address too, as a /32, so the gateway stays the subnet route's source).
-        let mut in_ns: BTreeSet<String> = [br.clone(), vx.clone()].into();
-        if !n.internal {
-            let (gw, up) = (names::gateway(vni), names::uplink(vni));
-            let mut addrs = vec![Ipv4Cidr { addr: n.gateway, prefix_len: n.subnet.prefix_len }];
-            addrs.extend(
-                desired
-                    .ingress
-                    .iter()
-                    .filter(|i| i.network_id == n.id)
-                    .map(|i| Ipv4Cidr { addr: i.address, prefix_len: 32 }),
-            );
-            addrs.sort();
-            // On the ingress network, the other nodes send what answers the mesh's connections to this node's
-            // ingress address, at the MAC their view gives it (`mac_for`): the gateway end must have it.
-            let mac = desired.ingress.iter().find(|i| i.network_id == n.id).map(|i| mac_for(i.address));
-            let gw_link = current.links.get(&gw);
-            let gw_ok = gw_link.is_some_and(|l| {
-                l.kind == LinkKind::Veth
-                    && l.up
-                    && l.mtu == mtu
-                    && l.addrs == addrs
-                    && mac.is_none_or(|m| l.mac == Some(m))
-            });
-            let up_link = ns.links.get(&up);
-            let up_ok = up_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
-            let keep = gw_ok && up_ok;
-            if keep {
-                if rebuilt_bridges.contains(&br) || up_link.and_then(|l| l.master.as_deref()) != Some(br.as_str()) {
-                    masters.push(Op::SetMaster { vni, name: up.clone(), master: br.clone() });
-                }
-            } else {
-                if gw_link.is_some() {
-                    removals.push(Op::DeleteLink { name: gw.clone() });
-                } else if up_link.is_some() {
-                    removals.push(Op::DeleteNetLink { vni, name: up.clone() });
-                }
-                gateways.push(Op::CreateGateway {
-                    vni,
-                    name: gw.clone(),
-                    peer: up.clone(),
-                    bridge: br.clone(),
-                    mtu,
-                    addrs,
-                    mac,
-                });
-            }
-            if !(keep && gw_link.is_some_and(|l| l.route_localnet)) {
-                localnet.push(Op::RouteLocalnet { link: gw.clone() });
-            }
-            wanted.insert(gw);
-            in_ns.insert(up);
+        if !(keep && gw_link.is_some_and(|l| l.route_localnet)) {
+            self.localnet.push(Op::RouteLocalnet { link: gw.clone() });
         }
-        // Forwarding and neighbour entries live on the VXLAN device: a recreated device has none.
+        self.wanted.insert(gw);
+        up
+    }
+
+    /// Plans the forwarding and neighbour entries of network `n`'s VXLAN device toward its peers (they live
+    /// on the device: a recreated one, `vx_ok` false, has none).
+    fn forwarding_entries(&mut self, ns: &NetworkNs, n: &NetworkState, vx_ok: bool) {
+        let (vni, vx) = (n.vni, names::vxlan(n.vni));
         let (have_fdb, have_neigh): (BTreeSet<&Fdb>, BTreeSet<&Neigh>) = if vx_ok {
             (ns.fdb.iter().filter(|f| f.dev == vx).collect(), ns.neigh.iter().filter(|e| e.dev == vx).collect())
         } else {
@@ -422,35 +467,29 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             n.peers.iter().map(|p| Fdb { dev: vx.clone(), mac: p.mac, dst: p.node_ip }).collect();
         let want_neigh: BTreeSet<Neigh> =
             n.peers.iter().map(|p| Neigh { dev: vx.clone(), ip: p.address, mac: p.mac }).collect();
-        removals
+        self.removals
             .extend(have_fdb.iter().filter(|f| !want_fdb.contains(f)).map(|f| Op::DelFdb { vni, fdb: (*f).clone() }));
-        reachable.extend(have_neigh.iter().filter(|e| want_neigh.contains(e)).map(|e| e.ip));
-        removals.extend(
+        self.reachable.extend(have_neigh.iter().filter(|e| want_neigh.contains(e)).map(|e| e.ip));
+        self.removals.extend(
             have_neigh.iter().filter(|e| !want_neigh.contains(e)).map(|e| Op::DelNeigh { vni, neigh: (*e).clone() }),
         );
-        entries.extend(want_fdb.iter().filter(|f| !have_fdb.contains(f)).map(|f| Op::AddFdb { vni, fdb: f.clone() }));
-        entries.extend(
+        self.entries
+            .extend(want_fdb.iter().filter(|f| !have_fdb.contains(f)).map(|f| Op::AddFdb { vni, fdb: f.clone() }));
+        self.entries.extend(
             want_neigh.iter().filter(|e| !have_neigh.contains(e)).map(|e| Op::AddNeigh { vni, neigh: e.clone() }),
         );
-        wanted_in.insert(vni, in_ns);
     }
 
-    let empty = TaskNs::default();
-    for t in &desired.tasks {
-        let tns = current.tasks.get(&t.netns).unwrap_or(&empty);
+    /// Plans task `t`'s namespace: a veth per attachment, its default route and its table.
+    fn task(&mut self, current: &Observed, desired: &NodeNetState, t: &TaskState) {
+        let tns = current.tasks.get(&t.netns).unwrap_or(&NO_TASK_NS);
         let mut replumbed = false;
         let mut want_ifaces = BTreeSet::new();
         // Names in use in a joined namespace (the container's interfaces, and those this plan gives).
         let mut taken: BTreeSet<String> = tns.ifaces.keys().cloned().collect();
         for (i, a) in t.attachments.iter().enumerate() {
-            let n = desired.network(&a.network_id).expect("validated: attachments name known networks");
-            let vni = n.vni;
-            let ns = live(vni);
-            let host = names::veth(&t.task_id, &n.id);
-            let br = names::bridge(vni);
-            let mac = mac_for(a.address);
             let ifname = if t.joined {
-                match tns.ifaces.iter().find(|(_, f)| f.mac == Some(mac)) {
+                match tns.ifaces.iter().find(|(_, f)| f.mac == Some(mac_for(a.address))) {
                     Some((name, _)) => name.clone(),
                     None => names::free_task_ifname(&taken),
                 }
@@ -458,45 +497,15 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 names::task_ifname(i)
             };
             taken.insert(ifname.clone());
-            let addr = Ipv4Cidr { addr: a.address, prefix_len: n.subnet.prefix_len };
-            let host_link = ns.links.get(&host);
-            let host_ok = host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
-            let inner_ok = tns
-                .ifaces
-                .get(&ifname)
-                .is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
-            if host_ok && inner_ok {
-                reachable.insert(a.address);
-                if rebuilt_bridges.contains(&br) || host_link.and_then(|l| l.master.as_deref()) != Some(br.as_str()) {
-                    masters.push(Op::SetMaster { vni, name: host.clone(), master: br.clone() });
-                }
-            } else {
-                if host_link.is_some() {
-                    removals.push(Op::DeleteNetLink { vni, name: host.clone() });
-                } else if tns.ifaces.contains_key(&ifname) {
-                    removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: ifname.clone() });
-                }
-                veths.push(Op::CreateVeth {
-                    vni,
-                    host: host.clone(),
-                    bridge: br,
-                    netns: t.netns.clone(),
-                    ifname: ifname.clone(),
-                    mac,
-                    addr,
-                    mtu,
-                });
-                replumbed = true;
-            }
+            replumbed |= self.attachment(current, desired, t, tns, a, &ifname);
             want_ifaces.insert(ifname);
-            wanted_in.entry(vni).or_default().insert(host);
         }
         // Interfaces named like Shoal's that no attachment wants any more (a task's networks shrank); in a
         // joined namespace they are the container's own, and its routes too.
         if !t.joined {
             for name in tns.ifaces.keys() {
                 if name.starts_with("eth") && !want_ifaces.contains(name) {
-                    removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: name.clone() });
+                    self.removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: name.clone() });
                 }
             }
             let via = t.attachments.iter().enumerate().find_map(|(i, a)| {
@@ -504,18 +513,100 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
                 (!n.internal).then(|| (n.gateway, names::task_ifname(i)))
             });
             if (replumbed && via.is_some()) || tns.default_gw != via.as_ref().map(|v| v.0) {
-                routes.push(Op::SetDefaultRoute { netns: t.netns.clone(), via });
+                self.routes.push(Op::SetDefaultRoute { netns: t.netns.clone(), via });
             }
         }
         match nft::task_table(desired, t) {
             Some(table) if tns.table.as_deref() != Some(table.tag.as_str()) => {
-                tables.push(Op::ApplyTaskTable { netns: t.netns.clone(), script: table.script })
+                self.tables.push(Op::ApplyTaskTable { netns: t.netns.clone(), script: table.script })
             }
-            None if tns.table.is_some() => tables.push(Op::DeleteTaskTable { netns: t.netns.clone() }),
+            None if tns.table.is_some() => self.tables.push(Op::DeleteTaskTable { netns: t.netns.clone() }),
             _ => {}
         }
     }
 
+    /// Plans the veth of task `t`'s attachment `a`, `ifname` inside the task's namespace `tns`; returns
+    /// whether it is made (again).
+    fn attachment(
+        &mut self,
+        current: &Observed,
+        desired: &NodeNetState,
+        t: &TaskState,
+        tns: &TaskNs,
+        a: &Attachment,
+        ifname: &str,
+    ) -> bool {
+        let mtu = desired.overlay_mtu;
+        let n = desired.network(&a.network_id).expect("validated: attachments name known networks");
+        let vni = n.vni;
+        let ns = live(current, vni);
+        let host = names::veth(&t.task_id, &n.id);
+        let br = names::bridge(vni);
+        let mac = mac_for(a.address);
+        let addr = Ipv4Cidr { addr: a.address, prefix_len: n.subnet.prefix_len };
+        let host_link = ns.links.get(&host);
+        let host_ok = host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
+        let inner_ok =
+            tns.ifaces.get(ifname).is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
+        let replumb = !(host_ok && inner_ok);
+        if !replumb {
+            self.reachable.insert(a.address);
+            self.enslave(vni, &host, host_link, &br);
+        } else {
+            if host_link.is_some() {
+                self.removals.push(Op::DeleteNetLink { vni, name: host.clone() });
+            } else if tns.ifaces.contains_key(ifname) {
+                self.removals.push(Op::DeleteTaskLink { netns: t.netns.clone(), ifname: ifname.to_string() });
+            }
+            self.veths.push(Op::CreateVeth {
+                vni,
+                host: host.clone(),
+                bridge: br,
+                netns: t.netns.clone(),
+                ifname: ifname.to_string(),
+                mac,
+                addr,
+                mtu,
+            });
+        }
+        self.wanted_in.entry(vni).or_default().insert(host);
+        replumb
+    }
+
+    /// The whole plan in its order: stale links and namespaces, the removals, the node's forwarding, table
+    /// and firewall, then the phases (`carry`: the node has a non-internal network).
+    fn finish(mut self, current: &Observed, desired: &NodeNetState, carry: bool) -> Vec<Op> {
+        let mut out = stale_links(current, &self.wanted, &self.wanted_in);
+        out.append(&mut self.removals);
+        if carry && !current.ip_forward {
+            out.push(Op::EnableIpForward);
+        }
+        let (first, last) = node_table(current, desired, &self.reachable);
+        out.extend(first);
+        for chain in &current.firewall {
+            out.extend(plan_forward_chain(chain, carry));
+        }
+        for part in [
+            self.namespaces,
+            self.bridges,
+            self.vxlans,
+            self.gateways,
+            self.masters,
+            self.entries,
+            self.veths,
+            self.routes,
+            self.tables,
+            last,
+            self.localnet,
+        ] {
+            out.extend(part);
+        }
+        out
+    }
+}
+
+/// The deletions of every Shoal link nobody wants, and of network namespaces no network wants.
+fn stale_links(current: &Observed, wanted: &BTreeSet<String>, wanted_in: &BTreeMap<u32, BTreeSet<String>>) -> Vec<Op> {
     // Every Shoal link of the node's namespace nobody wants (a gateway end takes its network end with it;
     // links of an older layout, bridges and VXLAN devices in the node's namespace, go too), veths first.
     let mut stale: Vec<&String> = current.links.keys().filter(|l| !wanted.contains(*l)).collect();
@@ -547,18 +638,16 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             out.push(Op::DeleteNetworkNs { vni: *vni });
         }
     }
-    out.append(&mut removals);
+    out
+}
 
-    let carry = networks.iter().any(|n| !n.internal);
-    let mut node = Vec::new();
-    if carry && !current.ip_forward {
-        node.push(Op::EnableIpForward);
-    }
-    // The node table goes in before any network is linked to the node (isolation). When some published port's
-    // backend becomes reachable only through this plan (its forwarding entries or veth come later), that first
-    // table forwards to the reachable backends only, and the whole table follows at the end: no connection is
-    // DNATed to an address the node cannot reach yet.
-    let mut last = Vec::new();
+/// The node table's ops: those that go before any network is linked to the node (isolation), and those that
+/// go at the very end. When some published port's backend becomes reachable only through this plan (its
+/// forwarding entries or veth come later; `reachable` are those reachable before it), that first table
+/// forwards to the reachable backends only, and the whole table follows at the end: no connection is DNATed
+/// to an address the node cannot reach yet.
+fn node_table(current: &Observed, desired: &NodeNetState, reachable: &BTreeSet<Ipv4Addr>) -> (Vec<Op>, Vec<Op>) {
+    let (mut first, mut last) = (Vec::new(), Vec::new());
     let have = current.node_table.as_deref();
     match nft::node_table(desired) {
         Some(full) if have != Some(full.tag.as_str()) => {
@@ -580,25 +669,17 @@ pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
             match early {
                 Some(early) => {
                     if have != Some(early.tag.as_str()) {
-                        node.push(Op::ApplyNodeTable { script: early.script });
+                        first.push(Op::ApplyNodeTable { script: early.script });
                     }
                     last.push(Op::ApplyNodeTable { script: full.script });
                 }
-                None => node.push(Op::ApplyNodeTable { script: full.script }),
+                None => first.push(Op::ApplyNodeTable { script: full.script }),
             }
         }
-        None if current.node_table.is_some() => node.push(Op::DeleteNodeTable),
+        None if current.node_table.is_some() => first.push(Op::DeleteNodeTable),
         _ => {}
     }
-    for chain in &current.firewall {
-        node.extend(plan_forward_chain(chain, carry));
-    }
-
-    out.extend(node);
-    for part in [namespaces, bridges, vxlans, gateways, masters, entries, veths, routes, tables, last, localnet] {
-        out.extend(part);
-    }
-    out
+    (first, last)
 }
 
 #[cfg(test)]

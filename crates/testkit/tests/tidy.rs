@@ -483,8 +483,6 @@ const LONG_FUNCTIONS_TO_SPLIT: &[(&str, &str)] = &[
     ("crates/bench/src/agents.rs", "run"),
     ("crates/manager/src/orchestrator/update.rs", "rolling_update"),
     ("crates/manager/src/scheduler/mod.rs", "schedule"),
-    ("crates/netplane/src/exec.rs", "apply_one"),
-    ("crates/netplane/src/plan.rs", "plan"),
     ("crates/node/src/lib.rs", "start_with"),
     ("crates/node/src/worker_node.rs", "run_worker"),
     ("crates/shoal/src/cli/service.rs", "run"),
