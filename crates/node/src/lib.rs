@@ -20,6 +20,7 @@ pub mod leader_logs;
 pub mod lifecycle;
 pub mod lock;
 mod locked;
+mod manager_parts;
 pub mod metrics_listener;
 mod raft_member;
 mod raft_status;
@@ -36,13 +37,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_agent::{Agent, AgentConfig, Executor};
+use shoal_agent::Executor;
 use shoal_manager::dispatcher::DispatcherConfig;
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::RaftNode;
-use shoal_store::{MemoryStore, SystemClock};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+
+use manager_parts::{ManagerCore, Wiring};
 
 pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
 pub use config::{DaemonConfig, ExecutorKind, JoinToken, UnlockKeyText};
@@ -122,7 +123,7 @@ pub struct RunningNode {
     raft: RaftNode,
     state: ClusterState,
     shutdown_tx: watch::Sender<bool>,
-    tasks: Vec<(&'static str, JoinHandle<()>)>,
+    tasks: Vec<Started>,
     /// The control socket's server, stopped last (a leave is answered through it after the rest stopped).
     control_api: lifecycle::Closer,
     control_socket: std::path::PathBuf,
@@ -306,20 +307,7 @@ impl Node {
         lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
     ) -> Result<RunningNode, NodeError> {
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
-        let mut identity = match identity::load(&cfg.state_dir)? {
-            Some(id) => id,
-            None => {
-                if RaftNode::has_existing_state(&cfg.state_dir) {
-                    return Err(NodeError::State(format!(
-                        "{} has raft data but no node.json; restore node.json or start with an empty state dir",
-                        cfg.state_dir.display()
-                    )));
-                }
-                let id = NodeIdentity { node_id: shoal_store::IdSource::new_id(&*ids), raft_id: random_raft_id() };
-                identity::store(&cfg.state_dir, &id)?;
-                id
-            }
-        };
+        let mut identity = load_or_create_identity(&cfg.state_dir, &ids)?;
         let hostname = cfg.hostname.clone().unwrap_or_else(machine_hostname);
         let picked = pick_executor(cfg.executor, &cfg, &identity.node_id, &hostname).await?;
         let executor = picked.executor.clone();
@@ -333,289 +321,74 @@ impl Node {
         let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
         let advertised = cfg.advertise_remote_api.unwrap_or(remote_addr);
         cfg.advertise_remote_api = Some(advertised);
-
-        // Raft: bootstrap, join (--join-addr) or recover; the store is recovered before it returns. Client
-        // channels to other managers are mutual TLS with this node's certificate (see `security`).
-        let store = Arc::new(MemoryStore::default());
-        let preloaded_tls = security::load_tls(&cfg.state_dir)?;
-        let channels = security::LateTls::new(preloaded_tls.clone());
-        let (raft, membership) =
-            raft_member::start_raft(&cfg, &mut identity, store.clone(), Arc::new(channels.clone())).await?;
-        let mtls = match preloaded_tls {
-            Some(tls) => security::ManagerTls { tls, pending: None },
-            None => security::manager_tls(&cfg.state_dir, &identity.node_id, &store, cfg.node_cert_expiry_override)?,
-        };
-        channels.set(mtls.tls.clone());
-        // Every write goes through Raft, timed for the metrics.
-        let recorders = shoal_observe::Recorders::new();
-        let proposer = shoal_observe::TimedProposer::new(Arc::new(raft.clone()), recorders.clone());
-        let state = ClusterState::new(store, Arc::new(proposer), Arc::new(SystemClock), ids);
-        let remote_security = security::RemoteSecurity::new(
-            mtls.tls.clone(),
-            &state,
-            &mtls.tls.subject().cluster_id,
-            cfg.node_cert_expiry_override,
-        );
+        let core = ManagerCore::start(&cfg, &mut identity, ids).await?;
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let mut tasks = Vec::new();
         // gRPC (dispatcher, Raft) at once: a joining manager must answer the leader to get its snapshot.
         let dispatcher = shoal_manager::dispatcher::Dispatcher::new(
-            state.clone(),
+            core.state.clone(),
             DispatcherConfig { manager_addr: advertised.to_string(), ..DispatcherConfig::default() },
         );
-        tasks.push((
-            "grpc",
-            services::serve_manager_grpc(
-                &dispatcher,
-                listener,
-                Some(&raft),
-                Some(&remote_security),
-                shutdown_rx.clone(),
-            ),
-        ));
+        let grpc = services::serve_manager_grpc(
+            &dispatcher,
+            listener,
+            Some(&core.raft),
+            Some(&core.remote_security),
+            shutdown_rx.clone(),
+        );
+        let mut tasks = vec![("grpc", grpc)];
         if let Some(listener) = metrics {
-            if let Ok(addr) = listener.local_addr() {
-                // Unauthenticated by design: it shows figures, node names, addresses and task errors, never
-                // secrets, tokens or keys (docs/security.md).
-                remote_security.authz.entry_points().register("metrics", addr, authz::Guard::None);
-            }
-            let started = metrics_listener::start_manager(
-                listener,
-                &state,
-                &raft,
-                &dispatcher,
-                &identity.node_id,
-                recorders,
-                shutdown_rx.clone(),
-            );
-            tasks.extend(started);
+            tasks.extend(core.serve_metrics(listener, &dispatcher, &identity.node_id, &shutdown_rx));
         }
-        let ready = async {
-            raft_member::wait_ready(&state, &raft, membership).await?;
-            if membership == raft_member::Membership::Restarted {
-                // Its cluster and node objects were written when it first started.
-                return Ok(state
-                    .store
-                    .view(|t| t.clusters().by_name(CLUSTER_NAME).map(|c| c.id.clone()))
-                    .unwrap_or_default());
-            }
-            bootstrap::ensure_cluster(
-                &state,
-                bootstrap::LocalManager {
-                    node_id: &identity.node_id,
-                    raft_id: identity.raft_id,
-                    addr: advertised.to_string(),
-                    description: description.clone(),
-                    root_ca: mtls.pending.as_ref().map(|(root, _)| root.clone()),
-                    networking: cfg.init_networking.clone(),
-                },
-            )
-            .await
-        };
-        let cluster_id = match ready.await {
+        let cluster_id = match core.wait_cluster(&cfg, &identity, advertised, description).await {
             Ok(id) => id,
             Err(e) => {
                 let _ = shutdown_tx.send(true);
-                raft.shutdown().await;
+                core.raft.shutdown().await;
                 return Err(e);
             }
         };
-        if let Some((_, certs)) = &mtls.pending {
+        if let Some((_, certs)) = &core.mtls.pending {
             // The root CA is in the cluster object now: keep this manager's certificate.
             join::store_certs(&cfg.state_dir, certs).map_err(|e| NodeError::Security(e.to_string()))?;
         }
-        tasks.push((
-            "leader-subsystems",
-            services::run_leader_subsystems(&state, &dispatcher, Some(&raft), shutdown_rx.clone()),
-        ));
-        // Autolock: follow the cluster's unlock key (the certificate files exist by now).
-        tasks.push((
-            "autolock",
-            tokio::spawn(lock::watch_cluster_unlock_key(
-                cfg.state_dir.clone(),
-                state.store.clone(),
-                raft.clone(),
-                shutdown_rx.clone(),
-            )),
-        ));
-        // Docker's overlay gossip, for Docker Engine workers to find each other through this manager.
-        tasks.push((
-            "overlay-gossip",
-            tokio::spawn(gossip::run(
-                identity.node_id.clone(),
-                std::net::SocketAddr::new(advertised.ip(), shoal_gossip::GOSSIP_PORT),
-                state.store.clone(),
-                remote_security.authz.entry_points().clone(),
-                shutdown_rx.clone(),
-            )),
-        ));
-        // The cluster's Raft snapshot settings, on this member's own log.
-        tasks.push((
-            "raft-snapshot-policy",
-            tokio::spawn(raft_member::follow_snapshot_policy(
-                state.store.clone(),
-                raft.clone(),
-                cfg.raft_snapshot_interval_entries,
-                shutdown_rx.clone(),
-            )),
-        ));
+
+        // The parts that run once the cluster is ready (`manager_parts`).
         let (dispatcher_addr, dispatcher_addr_task) =
-            raft_member::dispatcher_addr_watch(&raft, advertised.to_string(), shutdown_rx.clone());
+            raft_member::dispatcher_addr_watch(&core.raft, advertised.to_string(), shutdown_rx.clone());
         tasks.push(("dispatcher-address", dispatcher_addr_task));
-        tasks.push((
-            "certificate-renewal",
-            tokio::spawn(join::run_renewal(
-                cfg.state_dir.clone(),
-                mtls.tls.clone(),
-                {
-                    let leader = dispatcher_addr.clone();
-                    move || leader.borrow().clone()
-                },
-                shutdown_rx.clone(),
-            )),
-        ));
-
-        // The control socket.
-        let control_socket = cfg.listen_control_api.clone();
-        // Swarm events for `GET /events`, recorded from now on (resumable through the Raft log).
-        let events = shoal_engine_api::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(
-            state.clone(),
-            Some(Arc::new(raft.clone())),
-            Some(shutdown_rx.clone()),
-        ));
-        events.start();
-        let ctx = shoal_engine_api::ApiContext {
-            events,
-            state: state.clone(),
-            node_id: identity.node_id.clone(),
-            node_addr: advertised.to_string(),
-            executor: executor.name().to_string(),
-            hostname: hostname.clone(),
-            leader_logs: Some(Arc::new(leader_logs::RemoteLeaderLogs::new(
-                Arc::new(channels.clone()),
-                dispatcher_addr.clone(),
-                &advertised.to_string(),
-            ))),
-            lifecycle,
+        let wiring = Wiring {
+            cfg: &cfg,
+            node_id: &identity.node_id,
+            advertised,
+            state: &core.state,
+            raft: &core.raft,
+            dispatcher: &dispatcher,
+            tls: &core.mtls.tls,
+            remote_security: &core.remote_security,
+            dispatcher_addr: &dispatcher_addr,
+            shutdown: &shutdown_rx,
         };
+        tasks.extend(wiring.start_parts());
+        let ctx = wiring.api_context(executor.name(), &hostname, &core.channels, lifecycle);
         if let Some(addr) = cfg.listen_api_tcp {
-            // The Engine API over TCP, mutual TLS only (see `api_tcp`).
-            let cluster = shoal_manager::ca::cluster(&state)
-                .ok_or_else(|| NodeError::Security("no cluster object to take the root CA from".into()))?;
-            let root =
-                shoal_manager::ca::root_ca_of(&cluster).map_err(|e| NodeError::Security(e.message().to_string()))?;
-            let validity = shoal_manager::ca::node_cert_expiry(&cluster, cfg.node_cert_expiry_override);
-            let (cert, key) = api_tcp::issue_server_cert(&root, &identity.node_id, &cluster.id, addr, validity)?;
-            let config =
-                api_tcp::server_config(root.cert_pem(), &cert, &key).map_err(|e| NodeError::Security(e.to_string()))?;
-            let listener =
-                tokio::net::TcpListener::bind(addr).await.map_err(|e| NodeError::listen("--listen-api", addr, e))?;
-            let router = shoal_engine_api::router(ctx.clone());
-            tasks.push((
-                "engine-api-tcp",
-                tokio::spawn(api_tcp::serve(
-                    listener,
-                    config,
-                    remote_security.authz.clone(),
-                    router,
-                    shutdown_rx.clone(),
-                )),
-            ));
+            tasks.push(("engine-api-tcp", wiring.serve_api_tcp(addr, ctx.clone()).await?));
         }
-        let (api_stop_tx, api_stop_rx) = watch::channel(false);
-        let entry_points = remote_security.authz.entry_points().clone();
-        entry_points.register("control-socket", control_socket.display(), authz::Guard::SocketFileMode);
-        let control_router =
-            engine_relay(&cfg, Some(&picked)).wrap(shoal_engine_api::router(ctx).merge(entry_points.router()));
-        let control_api = lifecycle::Closer::new(
-            api_stop_tx,
-            tokio::spawn({
-                let stop = wait_true(api_stop_rx);
-                async move {
-                    let limits = shoal_engine_api::connections::ConnectionLimits::default();
-                    let served = shoal_engine_api::connections::serve_unix(unix, control_router, limits, stop).await;
-                    if let Err(e) = served {
-                        tracing::error!(error = %e, "control API server failed");
-                    }
-                }
-            }),
-        );
-
+        let control_api = wiring.serve_control_socket(unix, ctx, &picked);
         if let Some(listener) = swarmkit {
-            // SwarmKit's own API for swarmctl (see `swarmkit_socket`).
-            tasks.push((
-                "swarmkit-api",
-                swarmkit_socket::serve(
-                    listener,
-                    mtls.tls.clone(),
-                    &state,
-                    &raft,
-                    remote_security.authz.entry_points(),
-                    shutdown_rx.clone(),
-                ),
-            ));
+            tasks.push(("swarmkit-api", wiring.serve_swarmkit(listener)));
         }
+        let (agent_parts, demoted) = wiring.start_agent(executor, hostname, remote_addr);
+        tasks.extend(agent_parts);
 
-        // The agent: this node is a worker too.
-        let agent = Agent::new(
-            AgentConfig {
-                node_id: identity.node_id.clone(),
-                manager_addr: format!("http://{remote_addr}"),
-                hostname,
-                state_dir: cfg.state_dir.clone(),
-                engine_labels: Default::default(),
-                generic_resources: cfg.generic_node_resources.clone(),
-            },
-            executor,
-        )
-        .with_manager_source(dispatcher_addr.clone())
-        .with_endpoint_factory(tls::agent_endpoints(&mtls.tls))
-        .with_tls_info(mtls.tls.tls_info());
-        // A root CA rotation: this manager follows it as any node does, through its agent's session.
-        let (node_tx, node_rx) = watch::channel(None);
-        let (roots_tx, roots_rx) = watch::channel(Vec::new());
-        // A demotion: once this manager holds a worker certificate, `run_member` stops it and runs the node as
-        // a worker (see `raft_member::wait_demoted`).
-        let (demoted_tx, demoted) = watch::channel(None);
-        let demotion = raft_member::wait_demoted(
-            cfg.state_dir.clone(),
-            mtls.tls.clone(),
-            state.store.clone(),
-            identity.node_id.clone(),
-            raft.clone(),
-            node_tx.subscribe(),
-            shutdown_rx.clone(),
-        );
-        tasks.push((
-            "demotion",
-            tokio::spawn(async move {
-                if let Some(via) = demotion.await {
-                    demoted_tx.send_replace(Some(via));
-                }
-            }),
-        ));
-        let agent = agent.with_node_sink(node_tx).with_roots_sink(roots_tx);
-        tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
-        tasks.push((
-            "root-rotation",
-            tokio::spawn(join::follow_root_rotation(
-                cfg.state_dir.clone(),
-                mtls.tls.clone(),
-                roots_rx,
-                node_rx,
-                move || dispatcher_addr.borrow().clone(),
-                shutdown_rx.clone(),
-            )),
-        ));
-
+        let control_socket = cfg.listen_control_api.clone();
         tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
         let swarmkit_socket = cfg.listen_swarmkit_api.clone();
         Ok(RunningNode {
             identity,
             cluster_id,
-            raft,
-            state,
+            raft: core.raft,
+            state: core.state,
             shutdown_tx,
             tasks,
             control_api,
@@ -625,6 +398,23 @@ impl Node {
             demoted,
         })
     }
+}
+
+/// This node's identity from the state dir, or a new one (stored) on a first start; refuses a state dir with
+/// Raft data but no identity.
+fn load_or_create_identity(state_dir: &Path, ids: &RandomIds) -> Result<NodeIdentity, NodeError> {
+    if let Some(id) = identity::load(state_dir)? {
+        return Ok(id);
+    }
+    if RaftNode::has_existing_state(state_dir) {
+        return Err(NodeError::State(format!(
+            "{} has raft data but no node.json; restore node.json or start with an empty state dir",
+            state_dir.display()
+        )));
+    }
+    let id = NodeIdentity { node_id: shoal_store::IdSource::new_id(ids), raft_id: random_raft_id() };
+    identity::store(state_dir, &id)?;
+    Ok(id)
 }
 
 impl RunningNode {
@@ -671,18 +461,26 @@ impl RunningNode {
     /// after an answer sent through it (a leave).
     pub(crate) async fn shutdown_all_but_control_api(self, grace: Duration) -> lifecycle::Closer {
         let _ = self.shutdown_tx.send(true);
-        for (name, handle) in self.tasks {
-            let abort = handle.abort_handle();
-            if tokio::time::timeout(grace, handle).await.is_err() {
-                tracing::warn!(part = name, "did not stop in time; aborting");
-                abort.abort();
-            }
-        }
+        stop_parts(self.tasks, grace).await;
         self.raft.shutdown().await;
         if let Some(path) = &self.swarmkit_socket {
             let _ = std::fs::remove_file(path);
         }
         self.control_api
+    }
+}
+
+/// A started part of a node: its name (in logs and at shutdown) and its task.
+pub(crate) type Started = (&'static str, tokio::task::JoinHandle<()>);
+
+/// Waits for each of `parts` (told to stop) in turn, aborting one that does not end within `grace`.
+pub(crate) async fn stop_parts(parts: Vec<Started>, grace: Duration) {
+    for (name, handle) in parts {
+        let abort = handle.abort_handle();
+        if tokio::time::timeout(grace, handle).await.is_err() {
+            tracing::warn!(part = name, "did not stop in time; aborting");
+            abort.abort();
+        }
     }
 }
 
@@ -745,7 +543,7 @@ fn bind_control_socket(control_socket: &Path) -> Result<tokio::net::UnixListener
     Ok(unix)
 }
 
-async fn wait_true(mut rx: watch::Receiver<bool>) {
+pub(crate) async fn wait_true(mut rx: watch::Receiver<bool>) {
     shoal_manager::stopped(&mut rx).await
 }
 

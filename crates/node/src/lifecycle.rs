@@ -228,6 +228,20 @@ impl Closer {
         Closer { stop, task }
     }
 
+    /// Serves `router` on the control socket `listener` until closed.
+    pub(crate) fn serve(listener: tokio::net::UnixListener, router: axum::Router) -> Closer {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let limits = shoal_engine_api::connections::ConnectionLimits::default();
+            if let Err(e) =
+                shoal_engine_api::connections::serve_unix(listener, router, limits, crate::wait_true(stop_rx)).await
+            {
+                tracing::error!(error = %e, "control API server failed");
+            }
+        });
+        Closer::new(stop_tx, task)
+    }
+
     /// Stops the server; in-flight requests finish (bounded by the server's own grace).
     pub(crate) async fn close(self) {
         let _ = self.stop.send(true);
@@ -340,16 +354,7 @@ pub(crate) async fn serve_inactive(
         lifecycle: handle.as_ref(),
     };
     let router = crate::engine_relay(cfg, None).wrap(shoal_engine_api::lifecycle::inactive_router(ctx));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let task = tokio::spawn(async move {
-        let limits = shoal_engine_api::connections::ConnectionLimits::default();
-        if let Err(e) =
-            shoal_engine_api::connections::serve_unix(listener, router, limits, crate::wait_true(stop_rx)).await
-        {
-            tracing::error!(error = %e, "control API server failed");
-        }
-    });
-    let server = Closer::new(stop_tx, task);
+    let server = Closer::serve(listener, router);
     if let Some(mut p) = pending.take() {
         let r = match p.failure.take() {
             Some(e) => Err(e),

@@ -274,74 +274,12 @@ pub(crate) async fn run_worker(
         no_data_plane: executor.data_plane_off(),
     };
     // The control socket's server stops on its own signal: a leave is answered through it after the rest.
-    let (api_stop_tx, api_stop_rx) = watch::channel(false);
     let router = crate::engine_relay(&cfg, Some(&picked)).wrap(shoal_engine_api::worker::worker_router(ctx));
-    let control_api = crate::lifecycle::Closer::new(
-        api_stop_tx,
-        tokio::spawn({
-            let stop = crate::wait_true(api_stop_rx);
-            async move {
-                let limits = shoal_engine_api::connections::ConnectionLimits::default();
-                if let Err(e) = shoal_engine_api::connections::serve_unix(unix, router, limits, stop).await {
-                    tracing::error!(error = %e, "control API server failed");
-                }
-            }
-        }),
-    );
+    let control_api = crate::lifecycle::Closer::serve(unix, router);
 
-    let (node_tx, node_rx) = watch::channel(None);
-    let rotation_node = node_tx.subscribe();
-    let (roots_tx, roots_rx) = watch::channel(Vec::new());
-    // The manager of the agent's current session (renewal and promotion go there).
-    let (session_manager_tx, session_manager) = watch::channel(w.manager_addr.clone());
-    let promoted = wait_promoted(cfg.state_dir.clone(), w.tls.clone(), session_manager.clone(), node_rx);
-    let agent = Agent::new(
-        AgentConfig {
-            node_id: w.node_id.clone(),
-            manager_addr: crate::tls::https_uri(&w.manager_addr),
-            hostname,
-            state_dir: cfg.state_dir.clone(),
-            engine_labels: Default::default(),
-            generic_resources: cfg.generic_node_resources.clone(),
-        },
-        executor,
-    )
-    .with_endpoint_factory(crate::tls::agent_endpoints(&w.tls))
-    .with_node_sink(node_tx)
-    .with_roots_sink(roots_tx)
-    .with_tls_info(w.tls.tls_info())
-    .with_managers(w.more_managers.clone(), Some(managers_file(&cfg.state_dir)))
-    .with_managers_sink(managers_tx)
-    .with_session_manager_sink(session_manager_tx)
-    .with_held_sink(std::sync::Arc::new(move |h: &shoal_agent::dependencies::Held| {
-        held_tx.send_replace(shoal_engine_api::worker::HeldDependencies {
-            secrets: h.secrets.clone(),
-            configs: h.configs.clone(),
-        });
-    }));
-    tasks.push(("agent", tokio::spawn(agent.run(shutdown_rx.clone()))));
-    let rotation_manager = session_manager.clone();
-    tasks.push((
-        "root-rotation",
-        tokio::spawn(join::follow_root_rotation(
-            cfg.state_dir.clone(),
-            w.tls.clone(),
-            roots_rx,
-            rotation_node,
-            move || rotation_manager.borrow().clone(),
-            shutdown_rx.clone(),
-        )),
-    ));
-    let renewal_manager = session_manager.clone();
-    tasks.push((
-        "certificate-renewal",
-        tokio::spawn(join::run_renewal(
-            cfg.state_dir.clone(),
-            w.tls.clone(),
-            move || renewal_manager.borrow().clone(),
-            shutdown_rx.clone(),
-        )),
-    ));
+    let sinks = AgentSinks { managers: managers_tx, held: held_tx };
+    let (parts, promoted, session_manager) = start_agent(&cfg, &w, executor, hostname, sinks, &shutdown_rx);
+    tasks.extend(parts);
     tracing::info!(node_id = %w.node_id, manager = %w.manager_addr, more = ?w.more_managers, control = %control_socket.display(), "worker started");
     session.started(&w.node_id).await;
 
@@ -363,13 +301,7 @@ pub(crate) async fn run_worker(
         Why::Leave(_) => tracing::info!("docker swarm leave: stopping this worker's tasks and leaving the swarm"),
     }
     let _ = shutdown_tx.send(true);
-    for (name, handle) in tasks {
-        let abort = handle.abort_handle();
-        if tokio::time::timeout(grace, handle).await.is_err() {
-            tracing::warn!(part = name, "did not stop in time; aborting");
-            abort.abort();
-        }
-    }
+    crate::stop_parts(tasks, grace).await;
     let exit = match why {
         Why::Stopped => WorkerExit::Stopped,
         Why::Promoted(via) => WorkerExit::Promoted { via },
@@ -380,6 +312,81 @@ pub(crate) async fn run_worker(
     control_api.close().await;
     let _ = std::fs::remove_file(&control_socket);
     Ok(exit)
+}
+
+/// Where the worker's agent tells what its sessions learn, for the control socket's answers.
+struct AgentSinks {
+    /// The managers it knows, as (node ID, address).
+    managers: watch::Sender<Vec<(String, String)>>,
+    /// The secrets and configs it holds.
+    held: watch::Sender<shoal_engine_api::worker::HeldDependencies>,
+}
+
+/// Starts the worker's agent and the parts that follow its session (root rotation, certificate renewal).
+/// Returns them in start order, the promotion's future (resolves once this node holds a manager
+/// certificate) and the manager of the agent's current session (renewal and promotion go there).
+fn start_agent(
+    cfg: &DaemonConfig,
+    w: &WorkerStart,
+    executor: std::sync::Arc<dyn shoal_agent::Executor>,
+    hostname: String,
+    sinks: AgentSinks,
+    shutdown: &watch::Receiver<bool>,
+) -> (Vec<crate::Started>, impl std::future::Future<Output = ()>, watch::Receiver<String>) {
+    let (node_tx, node_rx) = watch::channel(None);
+    let rotation_node = node_tx.subscribe();
+    let (roots_tx, roots_rx) = watch::channel(Vec::new());
+    let (session_manager_tx, session_manager) = watch::channel(w.manager_addr.clone());
+    let promoted = wait_promoted(cfg.state_dir.clone(), w.tls.clone(), session_manager.clone(), node_rx);
+    let held = sinks.held;
+    let agent = Agent::new(
+        AgentConfig {
+            node_id: w.node_id.clone(),
+            manager_addr: crate::tls::https_uri(&w.manager_addr),
+            hostname,
+            state_dir: cfg.state_dir.clone(),
+            engine_labels: Default::default(),
+            generic_resources: cfg.generic_node_resources.clone(),
+        },
+        executor,
+    )
+    .with_endpoint_factory(crate::tls::agent_endpoints(&w.tls))
+    .with_node_sink(node_tx)
+    .with_roots_sink(roots_tx)
+    .with_tls_info(w.tls.tls_info())
+    .with_managers(w.more_managers.clone(), Some(managers_file(&cfg.state_dir)))
+    .with_managers_sink(sinks.managers)
+    .with_session_manager_sink(session_manager_tx)
+    .with_held_sink(std::sync::Arc::new(move |h: &shoal_agent::dependencies::Held| {
+        held.send_replace(shoal_engine_api::worker::HeldDependencies {
+            secrets: h.secrets.clone(),
+            configs: h.configs.clone(),
+        });
+    }));
+    let mut parts = vec![("agent", tokio::spawn(agent.run(shutdown.clone())))];
+    let rotation_manager = session_manager.clone();
+    parts.push((
+        "root-rotation",
+        tokio::spawn(join::follow_root_rotation(
+            cfg.state_dir.clone(),
+            w.tls.clone(),
+            roots_rx,
+            rotation_node,
+            move || rotation_manager.borrow().clone(),
+            shutdown.clone(),
+        )),
+    ));
+    let renewal_manager = session_manager.clone();
+    parts.push((
+        "certificate-renewal",
+        tokio::spawn(join::run_renewal(
+            cfg.state_dir.clone(),
+            w.tls.clone(),
+            move || renewal_manager.borrow().clone(),
+            shutdown.clone(),
+        )),
+    ));
+    (parts, promoted, session_manager)
 }
 
 #[cfg(test)]

@@ -483,8 +483,6 @@ const LONG_FUNCTIONS_TO_SPLIT: &[(&str, &str)] = &[
     ("crates/bench/src/agents.rs", "run"),
     ("crates/manager/src/orchestrator/update.rs", "rolling_update"),
     ("crates/manager/src/scheduler/mod.rs", "schedule"),
-    ("crates/node/src/lib.rs", "start_with"),
-    ("crates/node/src/worker_node.rs", "run_worker"),
     ("crates/shoal/src/cli/service.rs", "run"),
     ("crates/sim/src/lib.rs", "tick"),
     ("crates/sim/src/lib.rs", "service_not_converged"),
