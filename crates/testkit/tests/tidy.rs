@@ -481,8 +481,6 @@ const LONG_FUNCTIONS_TO_SPLIT: &[(&str, &str)] = &[
     ("crates/agent/src/network/desired.rs", "desired"),
     ("crates/agent/src/session.rs", "run_session"),
     ("crates/bench/src/agents.rs", "run"),
-    ("crates/manager/src/orchestrator/update.rs", "rolling_update"),
-    ("crates/manager/src/scheduler/mod.rs", "schedule"),
     ("crates/shoal/src/cli/service.rs", "run"),
     ("crates/sim/src/lib.rs", "tick"),
     ("crates/sim/src/lib.rs", "service_not_converged"),

@@ -156,8 +156,6 @@ fn after_failure(service: &Service, rolling_back: bool, action: FailureAction, t
     svc
 }
 
-/// Runs the update step over `work`; returns the service when it changes (its `update_status`, and its
-/// spec on a rollback).
 /// Tells an out-of-date task to stop: desired SHUTDOWN, or REMOVE for one that never reached a node (a
 /// restart's replacement still waiting its delay when a rollback came), which the reaper then deletes: kept as
 /// history it would be the slot's newest task, what `docker service ps` shows as the current one, in place of
@@ -167,196 +165,271 @@ fn retire(e: &mut super::replicated::Entry) {
     e.set_desired(if never_placed { TaskState::Remove } else { TaskState::Shutdown });
 }
 
+/// Where the service's update stands, from its `update_status`, and the config it runs with.
+struct Phase {
+    /// The status's state.
+    state: UpdateState,
+    /// A rollback is in progress (it runs with the `rollback` config).
+    rolling_back: bool,
+    /// An update or a rollback is in progress.
+    in_progress: bool,
+    cfg: EffectiveUpdateConfig,
+    /// When the update in progress started (now when none is): its tasks are those created since.
+    started_ms: u64,
+}
+
+impl Phase {
+    fn of(service: &Service, now_ms: u64) -> Phase {
+        let status = service.update_status.as_ref();
+        let state = status.map(|s| s.state()).unwrap_or(UpdateState::Unknown);
+        let rolling_back = state == UpdateState::RollbackStarted;
+        let in_progress = rolling_back || state == UpdateState::Updating;
+        let spec = service.spec.as_ref();
+        let cfg = EffectiveUpdateConfig::of(spec.and_then(|s| {
+            if rolling_back {
+                s.rollback.as_ref()
+            } else {
+                s.update.as_ref()
+            }
+        }));
+        let started_ms = if in_progress {
+            status.and_then(|s| s.started_at.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
+        } else {
+            now_ms
+        };
+        Phase { state, rolling_back, in_progress, cfg, started_ms }
+    }
+}
+
+/// What one pass over the service's slots finds, and the old tasks it retires where a new one runs.
+#[derive(Default)]
+struct Survey {
+    /// Slots with out-of-date tasks and no new one: to replace.
+    dirty: Vec<u64>,
+    /// Slots whose replacement is under way.
+    in_flight: u64,
+    /// When the last of this update's new tasks started.
+    last_started_ms: u64,
+    /// When each slot whose new task started and is no longer in flight may be followed by another: SwarmKit
+    /// runs `parallelism` workers that each wait `delay` after their slot's new task started, so a worker is
+    /// busy while its slot is in flight and for `delay` after.
+    cooling_until: Vec<u64>,
+    /// Slots holding a task (runnable or stopping).
+    held: u64,
+    /// The first failure of each slot: (when, task ID).
+    failures: Vec<(u64, String)>,
+}
+
+impl Survey {
+    fn of(work: &mut Work<'_>, phase: &Phase) -> Survey {
+        let mut survey = Survey::default();
+        let slots: Vec<u64> = work.slots.keys().copied().collect();
+        for slot in slots {
+            let class = work.classify(slot);
+            let SlotUpdate { first_started, failure } = this_update_in_slot(work, slot, phase.started_ms);
+            let reached_running = first_started.is_some();
+            if let Some((_, at)) = first_started {
+                survey.last_started_ms = survey.last_started_ms.max(at);
+            }
+            survey.failures.extend(failure);
+            let in_flight_before = survey.in_flight;
+            match class {
+                SlotClass::Runnable => {
+                    survey.held += 1;
+                    survey.runnable_slot(work, slot, reached_running, phase);
+                }
+                SlotClass::Stopping => {
+                    survey.held += 1;
+                    if stops_an_old_task(work, slot) {
+                        survey.in_flight += 1;
+                    }
+                }
+                SlotClass::Finished | SlotClass::Empty => {}
+            }
+            if let Some((_, at)) = first_started {
+                let gate_ms = crate::tasks::wait_end_ms(at, phase.cfg.delay_ms, work.now_ms);
+                if phase.in_progress && survey.in_flight == in_flight_before && work.now_ms < gate_ms {
+                    survey.cooling_until.push(gate_ms);
+                }
+            }
+        }
+        survey
+    }
+
+    /// Surveys runnable `slot` (`reached_running`: a task of this update in it reached RUNNING or ended):
+    /// dirty, in flight, or done once its old tasks are retired (their new one runs).
+    fn runnable_slot(&mut self, work: &mut Work<'_>, slot: u64, reached_running: bool, phase: &Phase) {
+        let entries = &work.slots[&slot];
+        let (mut old, mut new) = (Vec::new(), Vec::new());
+        for (i, e) in entries.iter().enumerate() {
+            if e.runnable() {
+                if work.is_current(&e.task) {
+                    new.push(i);
+                } else {
+                    old.push(i);
+                }
+            }
+        }
+        let new_running = new.iter().any(|&i| observed_state(&entries[i].task) == TaskState::Running);
+        if !old.is_empty() && new.is_empty() {
+            // A global service's task on a node that may not get a new one (paused) is left as is.
+            if work.may_create(slot) {
+                self.dirty.push(slot);
+            }
+        } else if !old.is_empty() && new_running {
+            let entries = work.slots.get_mut(&slot).expect("slot listed");
+            for i in old {
+                retire(&mut entries[i]);
+            }
+        } else if !old.is_empty() {
+            // Start-first: the old task runs until a new one does, even when an earlier new task of
+            // this slot already failed (its restart is starting). Counting the slot as done there
+            // completed the update with both left to run (found by the simulation, `shoal-sim`).
+            self.in_flight += 1;
+        } else if !reached_running
+            && phase.in_progress
+            && new.iter().any(|&i| {
+                let t = &entries[i].task;
+                observed_state(t) < TaskState::Running && created_ms(t) >= phase.started_ms
+            })
+        {
+            self.in_flight += 1;
+        }
+    }
+}
+
+/// This update's tasks in one slot: those created since it started, up to date.
+struct SlotUpdate {
+    /// The first of them (by creation) that reached RUNNING or ended, as (created, status time): the slot's
+    /// start (restarts of a crash-looping task do not move it).
+    first_started: Option<(u64, u64)>,
+    /// The slot's first failure among them, as (when, task ID).
+    failure: Option<(u64, String)>,
+}
+
+/// This update's tasks in `slot` (`started_ms`: when the update started).
+fn this_update_in_slot(work: &Work<'_>, slot: u64, started_ms: u64) -> SlotUpdate {
+    let mut first_started: Option<(u64, u64)> = None;
+    let mut failure: Option<(u64, String)> = None;
+    for e in work.slots[&slot].iter().filter(|e| !e.created && created_ms(&e.task) >= started_ms) {
+        let observed = observed_state(&e.task);
+        if observed < TaskState::Running || !work.is_current(&e.task) {
+            continue;
+        }
+        let (created, at) = (created_ms(&e.task), status_ms(&e.task));
+        if first_started.is_none_or(|(c, _)| created < c) {
+            first_started = Some((created, at));
+        }
+        if is_failure(observed) && failure.as_ref().is_none_or(|(f, _)| at < *f) {
+            failure = Some((at, e.task.id.clone()));
+        }
+    }
+    SlotUpdate { first_started, failure }
+}
+
+/// Whether stopping `slot` still waits for an out-of-date task of its to stop.
+fn stops_an_old_task(work: &Work<'_>, slot: u64) -> bool {
+    work.slots[&slot].iter().any(|e| {
+        e.desired == TaskState::Shutdown
+            && !e.created
+            && task_is_live(work.tables, &e.task)
+            && !work.is_current(&e.task)
+    })
+}
+
+/// Runs the update step over `work`; returns the service when it changes (its `update_status`, and its
+/// spec on a rollback).
 pub(crate) fn rolling_update(work: &mut Work<'_>) -> Option<Service> {
     let service = work.service;
-    let status = service.update_status.as_ref();
-    let state = status.map(|s| s.state()).unwrap_or(UpdateState::Unknown);
-    if matches!(state, UpdateState::Paused | UpdateState::RollbackPaused) {
+    let phase = Phase::of(service, work.now_ms);
+    if matches!(phase.state, UpdateState::Paused | UpdateState::RollbackPaused) {
         return None;
     }
-    let rolling_back = state == UpdateState::RollbackStarted;
-    let in_progress = rolling_back || state == UpdateState::Updating;
-    let spec = service.spec.as_ref();
-    let cfg =
-        EffectiveUpdateConfig::of(
-            spec.and_then(|s| if rolling_back { s.rollback.as_ref() } else { s.update.as_ref() }),
-        );
-    let started_ms = if in_progress {
-        status.and_then(|s| s.started_at.as_ref()).map(shoal_api::timestamp_to_unix_ms).unwrap_or(0)
-    } else {
-        work.now_ms
-    };
-
-    let mut dirty = Vec::new();
-    let mut in_flight = 0u64;
-    let mut last_started_ms = 0u64;
-    // When each slot whose new task started and is no longer in flight may be followed by another: SwarmKit
-    // runs `parallelism` workers that each wait `delay` after their slot's new task started, so a worker is
-    // busy while its slot is in flight and for `delay` after.
-    let mut cooling_until: Vec<u64> = Vec::new();
-    let mut held = 0u64;
-    // The first failure of each slot: (when, task ID).
-    let mut failures: Vec<(u64, String)> = Vec::new();
-    let slots: Vec<u64> = work.slots.keys().copied().collect();
-    for slot in slots {
-        let class = work.classify(slot);
-        let entries = &work.slots[&slot];
-        // This update's tasks in the slot: did one reach RUNNING (or end), did one fail? The slot's start is
-        // that of its first such task (restarts of a crash-looping task do not move it).
-        let mut first_started: Option<(u64, u64)> = None;
-        let mut failure: Option<(u64, String)> = None;
-        for e in entries.iter().filter(|e| !e.created && created_ms(&e.task) >= started_ms) {
-            let observed = observed_state(&e.task);
-            if observed < TaskState::Running || !work.is_current(&e.task) {
-                continue;
-            }
-            let (created, at) = (created_ms(&e.task), status_ms(&e.task));
-            if first_started.is_none_or(|(c, _)| created < c) {
-                first_started = Some((created, at));
-            }
-            if is_failure(observed) && failure.as_ref().is_none_or(|(f, _)| at < *f) {
-                failure = Some((at, e.task.id.clone()));
-            }
-        }
-        let reached_running = first_started.is_some();
-        if let Some((_, at)) = first_started {
-            last_started_ms = last_started_ms.max(at);
-        }
-        failures.extend(failure);
-        let in_flight_before = in_flight;
-        match class {
-            SlotClass::Runnable => {
-                held += 1;
-                let (mut old, mut new) = (Vec::new(), Vec::new());
-                for (i, e) in entries.iter().enumerate() {
-                    if e.runnable() {
-                        if work.is_current(&e.task) {
-                            new.push(i);
-                        } else {
-                            old.push(i);
-                        }
-                    }
-                }
-                let new_running = new.iter().any(|&i| observed_state(&entries[i].task) == TaskState::Running);
-                if !old.is_empty() && new.is_empty() {
-                    // A global service's task on a node that may not get a new one (paused) is left as is.
-                    if work.may_create(slot) {
-                        dirty.push(slot);
-                    }
-                } else if !old.is_empty() && new_running {
-                    let entries = work.slots.get_mut(&slot).expect("slot listed");
-                    for i in old {
-                        retire(&mut entries[i]);
-                    }
-                } else if !old.is_empty() {
-                    // Start-first: the old task runs until a new one does, even when an earlier new task of
-                    // this slot already failed (its restart is starting). Counting the slot as done there
-                    // completed the update with both left to run (found by the simulation, `shoal-sim`).
-                    in_flight += 1;
-                } else if !reached_running
-                    && in_progress
-                    && new.iter().any(|&i| {
-                        let t = &entries[i].task;
-                        observed_state(t) < TaskState::Running && created_ms(t) >= started_ms
-                    })
-                {
-                    in_flight += 1;
-                }
-            }
-            SlotClass::Stopping => {
-                held += 1;
-                let stopping_old = entries.iter().any(|e| {
-                    e.desired == TaskState::Shutdown
-                        && !e.created
-                        && task_is_live(work.tables, &e.task)
-                        && !work.is_current(&e.task)
-                });
-                if stopping_old {
-                    in_flight += 1;
-                }
-            }
-            SlotClass::Finished | SlotClass::Empty => {}
-        }
-        if let Some((_, at)) = first_started {
-            let gate_ms = crate::tasks::wait_end_ms(at, cfg.delay_ms, work.now_ms);
-            if in_progress && in_flight == in_flight_before && work.now_ms < gate_ms {
-                cooling_until.push(gate_ms);
-            }
-        }
-    }
-
-    if in_progress && cfg.failure_action != FailureAction::Continue && !failures.is_empty() {
-        let ratio = failures.len() as f32 / held.max(failures.len() as u64) as f32;
+    let mut survey = Survey::of(work, &phase);
+    let cfg = &phase.cfg;
+    if phase.in_progress && cfg.failure_action != FailureAction::Continue && !survey.failures.is_empty() {
+        let failures = &mut survey.failures;
+        let ratio = failures.len() as f32 / survey.held.max(failures.len() as u64) as f32;
         if ratio > cfg.max_failure_ratio {
             failures.sort();
-            return Some(after_failure(service, rolling_back, cfg.failure_action, &failures[0].1));
+            return Some(after_failure(service, phase.rolling_back, cfg.failure_action, &failures[0].1));
         }
     }
+    let new_status = next_status(work, &phase, &survey);
+    start_replacements(work, cfg, survey);
+    new_status.map(|s| {
+        let mut svc = service.clone();
+        svc.update_status = Some(s);
+        svc
+    })
+}
 
-    let busy = !dirty.is_empty() || in_flight > 0;
+/// The service's next update status, if it changes: completed once nothing is busy and the last new task
+/// was watched for the monitor period (until then, a wake-up at its end), updating when an update starts.
+fn next_status(work: &mut Work<'_>, phase: &Phase, survey: &Survey) -> Option<UpdateStatus> {
+    let status = work.service.update_status.as_ref();
+    let busy = !survey.dirty.is_empty() || survey.in_flight > 0;
     let now = shoal_api::timestamp_from_unix_ms(work.now_ms);
-    let mut new_status = None;
-    if in_progress && !busy {
-        let watch_end = crate::tasks::wait_end_ms(last_started_ms, cfg.watch_ms(), work.now_ms);
-        if last_started_ms == 0 || work.now_ms >= watch_end {
-            let (state, message) = if rolling_back {
+    if phase.in_progress && !busy {
+        let watch_end = crate::tasks::wait_end_ms(survey.last_started_ms, phase.cfg.watch_ms(), work.now_ms);
+        if survey.last_started_ms == 0 || work.now_ms >= watch_end {
+            let (state, message) = if phase.rolling_back {
                 (UpdateState::RollbackCompleted, ROLLBACK_COMPLETED_MESSAGE)
             } else {
                 (UpdateState::Completed, COMPLETED_MESSAGE)
             };
-            new_status = Some(UpdateStatus {
+            return Some(UpdateStatus {
                 state: state as i32,
                 started_at: status.and_then(|s| s.started_at),
                 completed_at: Some(now),
                 message: message.to_string(),
             });
-        } else {
-            work.wake_at(watch_end);
         }
-    } else if busy && state == UpdateState::Unknown {
-        new_status = Some(UpdateStatus {
+        work.wake_at(watch_end);
+    } else if busy && phase.state == UpdateState::Unknown {
+        return Some(UpdateStatus {
             state: UpdateState::Updating as i32,
             started_at: Some(now),
             completed_at: None,
             message: UPDATING_MESSAGE.to_string(),
         });
     }
+    None
+}
 
-    if !dirty.is_empty() {
-        let busy_workers = in_flight + cooling_until.len() as u64;
-        let available =
-            if cfg.parallelism == 0 { dirty.len() as u64 } else { cfg.parallelism.saturating_sub(busy_workers) };
-        if available == 0 {
-            if let Some(&gate_ms) = cooling_until.iter().min() {
-                work.wake_at(gate_ms);
-            }
-        } else {
-            for slot in dirty.into_iter().take(available as usize) {
-                match cfg.order {
-                    UpdateOrder::StopFirst => {
-                        let stale: Vec<usize> = work.slots[&slot]
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, e)| e.runnable() && !work.is_current(&e.task))
-                            .map(|(i, _)| i)
-                            .collect();
-                        let entries = work.slots.get_mut(&slot).expect("slot listed");
-                        for i in stale {
-                            retire(&mut entries[i]);
-                        }
-                    }
-                    UpdateOrder::StartFirst => {
-                        let e = work.new_task(slot, TaskState::Running);
-                        work.add(e);
-                    }
+/// Starts replacing as many dirty slots as the free workers allow (all with parallelism 0), in `cfg.order`;
+/// with none free, wakes when the first cooling worker frees.
+fn start_replacements(work: &mut Work<'_>, cfg: &EffectiveUpdateConfig, survey: Survey) {
+    if survey.dirty.is_empty() {
+        return;
+    }
+    let busy_workers = survey.in_flight + survey.cooling_until.len() as u64;
+    let available =
+        if cfg.parallelism == 0 { survey.dirty.len() as u64 } else { cfg.parallelism.saturating_sub(busy_workers) };
+    if available == 0 {
+        if let Some(&gate_ms) = survey.cooling_until.iter().min() {
+            work.wake_at(gate_ms);
+        }
+        return;
+    }
+    for slot in survey.dirty.into_iter().take(available as usize) {
+        match cfg.order {
+            UpdateOrder::StopFirst => {
+                let stale: Vec<usize> = work.slots[&slot]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| e.runnable() && !work.is_current(&e.task))
+                    .map(|(i, _)| i)
+                    .collect();
+                let entries = work.slots.get_mut(&slot).expect("slot listed");
+                for i in stale {
+                    retire(&mut entries[i]);
                 }
+            }
+            UpdateOrder::StartFirst => {
+                let e = work.new_task(slot, TaskState::Running);
+                work.add(e);
             }
         }
     }
-
-    new_status.map(|s| {
-        let mut svc = service.clone();
-        svc.update_status = Some(s);
-        svc
-    })
 }

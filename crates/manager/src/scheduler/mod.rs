@@ -118,122 +118,169 @@ impl Scheduler {
         pending: &PendingTasks,
         now_ms: u64,
     ) -> SchedulePass {
-        // Group by (service, spec version): tasks of a group share a spec, so filters run once per node.
-        // Keys borrow the service ID from the view: no string is copied per task.
-        let mut groups: BTreeMap<(&str, u64), Vec<&Arc<Task>>> = BTreeMap::new();
-        let selected: Vec<&Arc<Task>> = match pending {
-            PendingTasks::All => tables.tasks().by_state(TaskState::Pending).collect(),
-            PendingTasks::Only(ids) => ids.iter().filter_map(|id| tables.tasks().get(id)).collect(),
-        };
-        let mut preassigned = Vec::new();
-        for t in selected {
-            if is_schedulable(t) && !t.node_id.is_empty() {
-                preassigned.push(t);
-            } else if is_schedulable(t) {
-                let v = t.spec_version.as_ref().map_or(0, |v| v.index);
-                groups.entry((t.service_id.as_str(), v)).or_default().push(t);
-            }
-        }
-        let mut pass = SchedulePass::default();
-        self.check_preassigned(nodes, preassigned, now_ms, &mut pass);
+        let (preassigned, groups) = select(tables, pending);
+        let mut out = SchedulePass::default();
+        self.check_preassigned(nodes, preassigned, now_ms, &mut out);
         if groups.is_empty() {
-            return pass;
+            return out;
         }
-        // The placements made in `nodes`, per group (slot and reservation of each), taken back at the end.
-        let mut placed: Vec<(&str, Vec<(usize, Amount)>)> = Vec::with_capacity(groups.len());
-        // The generic resources given to placed tasks, per node slot, taken back at the end too.
-        let mut generic_placed: Vec<(usize, Vec<shoal_api::GenericResource>)> = Vec::new();
-        // The placed tasks holding host-mode ports, per node slot, taken back at the end too.
-        let mut host_placed: Vec<(usize, &Arc<Task>)> = Vec::new();
+        let mut pass = Pass {
+            out,
+            now: shoal_api::timestamp_from_unix_ms(now_ms),
+            placed: Vec::with_capacity(groups.len()),
+            generic_placed: Vec::new(),
+            host_placed: Vec::new(),
+        };
         let (infos, ids) = nodes.parts_mut();
-        let now = shoal_api::timestamp_from_unix_ms(now_ms);
         for ((service_id, _), mut tasks) in groups {
             tasks.sort_by(|a, b| (a.slot, &a.id).cmp(&(b.slot, &b.id)));
             self.pipeline.set_task(tasks[0]);
-            let mut group_placed = Vec::with_capacity(tasks.len());
+            pass.placed.push((service_id, Vec::with_capacity(tasks.len())));
             let descriptors = preferences::descriptors(tasks[0]);
-            if !descriptors.is_empty() {
+            let unplaced = if descriptors.is_empty() {
+                self.place_spread(infos, ids, service_id, tasks, &mut pass)
+            } else {
                 let mut tree = PreferenceTree::build(infos, service_id, &descriptors);
                 let mut unplaced = Vec::new();
                 for task in tasks {
                     match tree.place(&mut self.pipeline, infos, ids, service_id, task) {
-                        Some((slot, reserved, claims)) => {
-                            group_placed.push((slot, reserved));
-                            if nodeinfo::host_ports(task).next().is_some() {
-                                host_placed.push((slot, task));
-                            }
-                            record(&mut pass, &mut generic_placed, assigned(task, &ids[slot], now), slot, claims);
-                        }
+                        Some((slot, reserved, claims)) => pass.placed(task, &ids[slot], slot, reserved, claims),
                         None => unplaced.push(task),
                     }
                 }
-                placed.push((service_id, group_placed));
-                self.explain_unplaced(unplaced, now, &mut pass);
-                continue;
-            }
-            // Min-heap on (tasks of this service, tasks overall, node ID); the slot finds the node's info.
-            // `best_candidates` keeps at most `tasks.len()` of them (see the module doc) but consumes every
-            // node, so the filters' refusal counts cover all of them.
-            let pipeline = &mut self.pipeline;
-            let passing = infos.iter().enumerate().filter(|(_, info)| pipeline.process(info));
-            let passing = passing.map(|(i, info)| Spread {
-                service_tasks: count32(info.service_tasks(service_id)),
-                total_tasks: count32(info.total_tasks()),
-                key: info.order_key(),
-                id: &ids[i],
-                slot: i,
-            });
-            let mut order = best_candidates(passing, infos.len(), tasks.len());
-            let mut unplaced = Vec::new();
-            for task in tasks {
-                let mut target = None;
-                while let Some(Reverse(best)) = order.pop() {
-                    let info = &mut infos[best.slot];
-                    // Resources and per-node limits shrink as tasks are placed: check again.
-                    if !self.pipeline.process(info) {
-                        continue;
-                    }
-                    let (reserved, claims) = info.place_task(task);
-                    group_placed.push((best.slot, reserved));
-                    if nodeinfo::host_ports(task).next().is_some() {
-                        host_placed.push((best.slot, task));
-                    }
-                    // Only this group's placements changed the node's counts since its entry was made.
-                    debug_assert_eq!(best.service_tasks as usize + 1, info.service_tasks(service_id));
-                    let id = best.id;
-                    order.push(Reverse(Spread {
-                        service_tasks: best.service_tasks.saturating_add(1),
-                        total_tasks: best.total_tasks.saturating_add(1),
-                        ..best
-                    }));
-                    target = Some((id, best.slot, claims));
-                    break;
-                }
-                match target {
-                    Some((node_id, slot, claims)) => {
-                        record(&mut pass, &mut generic_placed, assigned(task, node_id, now), slot, claims);
-                    }
-                    None => unplaced.push(task),
-                }
-            }
-            placed.push((service_id, group_placed));
-            self.explain_unplaced(unplaced, now, &mut pass);
+                unplaced
+            };
+            self.explain_unplaced(unplaced, pass.now, &mut pass.out);
         }
+        pass.take_back(infos)
+    }
+
+    /// Places `tasks` of one group (a service's spec version, no placement preferences), spread over the
+    /// nodes that pass the pipeline; returns those no node took.
+    fn place_spread<'t>(
+        &mut self,
+        infos: &mut [NodeInfo],
+        ids: &[Arc<str>],
+        service_id: &str,
+        tasks: Vec<&'t Arc<Task>>,
+        pass: &mut Pass<'t>,
+    ) -> Vec<&'t Arc<Task>> {
+        // Min-heap on (tasks of this service, tasks overall, node ID); the slot finds the node's info.
+        // `best_candidates` keeps at most `tasks.len()` of them (see the module doc) but consumes every
+        // node, so the filters' refusal counts cover all of them.
+        let pipeline = &mut self.pipeline;
+        let passing = infos.iter().enumerate().filter(|(_, info)| pipeline.process(info));
+        let passing = passing.map(|(i, info)| Spread {
+            service_tasks: count32(info.service_tasks(service_id)),
+            total_tasks: count32(info.total_tasks()),
+            key: info.order_key(),
+            id: &ids[i],
+            slot: i,
+        });
+        let mut order = best_candidates(passing, infos.len(), tasks.len());
+        let mut unplaced = Vec::new();
+        for task in tasks {
+            let mut target = None;
+            while let Some(Reverse(best)) = order.pop() {
+                let info = &mut infos[best.slot];
+                // Resources and per-node limits shrink as tasks are placed: check again.
+                if !self.pipeline.process(info) {
+                    continue;
+                }
+                let (reserved, claims) = info.place_task(task);
+                // Only this group's placements changed the node's counts since its entry was made.
+                debug_assert_eq!(best.service_tasks as usize + 1, info.service_tasks(service_id));
+                order.push(Reverse(Spread {
+                    service_tasks: best.service_tasks.saturating_add(1),
+                    total_tasks: best.total_tasks.saturating_add(1),
+                    ..best
+                }));
+                target = Some((best.id, best.slot, reserved, claims));
+                break;
+            }
+            match target {
+                Some((node_id, slot, reserved, claims)) => pass.placed(task, node_id, slot, reserved, claims),
+                None => unplaced.push(task),
+            }
+        }
+        unplaced
+    }
+}
+
+/// Pending tasks by (service ID, spec version).
+type Groups<'t> = BTreeMap<(&'t str, u64), Vec<&'t Arc<Task>>>;
+
+/// The selected pending tasks the scheduler should handle: those already on a node (to check), and the
+/// others grouped by (service, spec version): tasks of a group share a spec, so filters run once per node.
+/// Keys borrow the service ID from the view: no string is copied per task.
+fn select<'t>(tables: &'t Tables, pending: &PendingTasks) -> (Vec<&'t Arc<Task>>, Groups<'t>) {
+    let mut groups = Groups::new();
+    let selected: Vec<&Arc<Task>> = match pending {
+        PendingTasks::All => tables.tasks().by_state(TaskState::Pending).collect(),
+        PendingTasks::Only(ids) => ids.iter().filter_map(|id| tables.tasks().get(id)).collect(),
+    };
+    let mut preassigned = Vec::new();
+    for t in selected {
+        if is_schedulable(t) && !t.node_id.is_empty() {
+            preassigned.push(t);
+        } else if is_schedulable(t) {
+            let v = t.spec_version.as_ref().map_or(0, |v| v.index);
+            groups.entry((t.service_id.as_str(), v)).or_default().push(t);
+        }
+    }
+    (preassigned, groups)
+}
+
+/// A pass of `Scheduler::schedule` under way: its output, its time, and what it placed in the node set,
+/// taken back at its end (`take_back`).
+struct Pass<'t> {
+    out: SchedulePass,
+    /// What stamps the new statuses.
+    now: shoal_api::prost_types::Timestamp,
+    /// The placements made in the node set, per group (the last is the current one): its service, and the
+    /// slot and reservation of each.
+    placed: Vec<(&'t str, Vec<(usize, Amount)>)>,
+    /// The generic resources given to placed tasks, per node slot.
+    generic_placed: Vec<(usize, Vec<shoal_api::GenericResource>)>,
+    /// The placed tasks holding host-mode ports, per node slot.
+    host_placed: Vec<(usize, &'t Arc<Task>)>,
+}
+
+impl<'t> Pass<'t> {
+    /// Records `task` of the current group, placed on node `slot` (`node_id`) with `reserved` and the generic
+    /// resource units `claims`.
+    fn placed(
+        &mut self,
+        task: &'t Arc<Task>,
+        node_id: &str,
+        slot: usize,
+        reserved: Amount,
+        claims: Vec<shoal_api::GenericResource>,
+    ) {
+        self.placed.last_mut().expect("a group is open").1.push((slot, reserved));
+        if nodeinfo::host_ports(task).next().is_some() {
+            self.host_placed.push((slot, task));
+        }
+        record(&mut self.out, &mut self.generic_placed, assigned(task, node_id, self.now), slot, claims);
+    }
+
+    /// Takes back from `infos` what the pass placed in them, and returns its output.
+    fn take_back(self, infos: &mut [NodeInfo]) -> SchedulePass {
         // Taken back per node and group: one per-service count update per node, not one per task.
-        for (service_id, mut slots) in placed {
+        for (service_id, mut slots) in self.placed {
             slots.sort_unstable_by_key(|&(slot, _)| slot);
             for run in slots.chunk_by(|a, b| a.0 == b.0) {
                 let reserved = run.iter().fold(Amount::default(), |sum, &(_, r)| sum.plus(r));
                 infos[run[0].0].take_back(service_id, run.len(), reserved);
             }
         }
-        for (slot, claims) in generic_placed {
+        for (slot, claims) in self.generic_placed {
             infos[slot].release(&claims);
         }
-        for (slot, task) in host_placed {
+        for (slot, task) in self.host_placed {
             infos[slot].take_back_host_ports(task);
         }
-        pass
+        self.out
     }
 }
 
