@@ -238,132 +238,35 @@ impl Agent {
         }
         let reporter = Arc::new(StatusReporter::new());
         let description = self.description();
-        let platform = description.platform.clone().unwrap_or_default();
-        let mut worker = Worker::new(self.executor.clone(), reporter.clone()).with_node(dependencies::NodeFacts {
-            id: self.config.node_id.clone(),
-            hostname: description.hostname.clone(),
-            os: platform.os,
-            architecture: platform.architecture,
-        });
-        if let Some(sink) = &self.held_sink {
-            worker = worker.with_held_sink(sink.clone());
-        }
+        let mut worker = self.worker(&description, reporter.clone());
         let network = self.executor.network_plane();
-        let mut network_tasks = Vec::new();
-        if let Some(plane) = &network {
-            if !self.executor.tasks_outlive_agent() {
-                // The tasks of an earlier run died with it: nothing of their data plane is kept.
-                plane.clear().await;
-            }
-            network_tasks.push(tokio::spawn(plane.clone().run(shutdown.clone())));
-            let (plane, mut assigned) = (plane.clone(), worker.assigned());
-            network_tasks.push(tokio::spawn(async move {
-                loop {
-                    let now = assigned.borrow_and_update().clone();
-                    plane.set_assigned(now);
-                    if assigned.changed().await.is_err() {
-                        return;
-                    }
-                }
-            }));
-        }
-        // Containers of the engine's own on attachable networks: the attacher follows the assignments here and
-        // each session's connection (`SessionContext::attacher`).
         let attacher = self.executor.engine_attachments();
-        if let Some(att) = &attacher {
-            network_tasks.push(tokio::spawn(att.clone().run(shutdown.clone())));
-            let (att, mut assigned) = (att.clone(), worker.assigned());
-            network_tasks.push(tokio::spawn(async move {
-                loop {
-                    let now = assigned.borrow_and_update().clone();
-                    att.set_assigned(now);
-                    if assigned.changed().await.is_err() {
-                        return;
-                    }
-                }
-            }));
-        }
-        let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
-        // Set when a manager refused because it is not the leader and named the leader: the next session
-        // goes there. At most `MAX_REDIRECTS_IN_A_ROW` such hops without a backoff pause.
-        let mut redirect: Option<String> = None;
-        let mut redirects_in_a_row = 0;
-        // Set once a refusal said this node was removed and its tasks were stopped.
-        let mut stopped_as_removed = false;
-        let scheme = self.config.manager_addr.split_once("://").map_or("http", |(s, _)| s).to_string();
-        let uri = |hostport: &str| format!("{scheme}://{}", remotes::host_port(hostport));
-        let mut remotes = Remotes::new(
-            std::iter::once(self.config.manager_addr.as_str()).chain(self.more_managers.iter().map(String::as_str)),
-        );
+        let network_tasks = self.follow_assignments(&worker, network.as_ref(), attacher.as_ref(), &shutdown).await;
+        let mut reconnect = Reconnect {
+            backoff: Backoff::new(RECONNECT_MIN, RECONNECT_MAX),
+            redirect: None,
+            redirects_in_a_row: 0,
+            stopped_as_removed: false,
+            scheme: self.config.manager_addr.split_once("://").map_or("http", |(s, _)| s).to_string(),
+            remotes: Remotes::new(
+                std::iter::once(self.config.manager_addr.as_str()).chain(self.more_managers.iter().map(String::as_str)),
+            ),
+        };
         loop {
             if *shutdown.borrow() {
                 break;
             }
-            let manager_addr = match (redirect.take(), &self.manager_source) {
+            let manager_addr = match (reconnect.redirect.take(), &self.manager_source) {
                 (Some(leader), _) => leader,
                 (None, Some(rx)) => rx.borrow().clone(),
-                (None, None) => remotes.current().map(&uri).unwrap_or_else(|| self.config.manager_addr.clone()),
+                (None, None) => reconnect
+                    .remotes
+                    .current()
+                    .map(|m| reconnect.uri(m))
+                    .unwrap_or_else(|| self.config.manager_addr.clone()),
             };
-            let mut on_message = |msg: &shoal_api::SessionMessage| {
-                remotes.opened();
-                if let Some(sink) = &self.roots_sink {
-                    if !msg.root_ca.is_empty() {
-                        sink.send_if_modified(|cur| {
-                            let changed = *cur != msg.root_ca;
-                            if changed {
-                                cur.clone_from(&msg.root_ca);
-                            }
-                            changed
-                        });
-                    }
-                }
-                if let Some(sink) = &self.session_manager_sink {
-                    sink.send_if_modified(|cur| {
-                        let now = remotes::host_port(&manager_addr);
-                        let changed = cur != now;
-                        if changed {
-                            *cur = now.to_string();
-                        }
-                        changed
-                    });
-                }
-                if let Some(sink) = &self.managers_sink {
-                    let mut listed: Vec<(String, String)> = msg
-                        .managers
-                        .iter()
-                        .filter_map(|w| w.peer.as_ref())
-                        .map(|p| (p.node_id.clone(), remotes::host_port(&p.addr).to_string()))
-                        .filter(|(_, addr)| !addr.is_empty())
-                        .collect();
-                    listed.sort();
-                    if !listed.is_empty() {
-                        sink.send_if_modified(|cur| {
-                            let changed = *cur != listed;
-                            if changed {
-                                *cur = listed;
-                            }
-                            changed
-                        });
-                    }
-                }
-                if let Some(sink) = &self.network_keys_sink {
-                    sink.send_if_modified(|cur| {
-                        let changed = *cur != msg.network_bootstrap_keys;
-                        if changed {
-                            cur.clone_from(&msg.network_bootstrap_keys);
-                        }
-                        changed
-                    });
-                }
-                if remotes.observe(&msg.managers) {
-                    tracing::info!(node = %self.config.node_id, managers = ?remotes.addrs(), "the cluster's managers changed");
-                    if let Some(file) = &self.managers_file {
-                        if let Err(e) = remotes::save(file, remotes.addrs()) {
-                            tracing::warn!(file = %file.display(), "cannot save the manager list: {e}");
-                        }
-                    }
-                }
-            };
+            let remotes = &mut reconnect.remotes;
+            let mut on_message = |msg: &shoal_api::SessionMessage| self.publish(remotes, &manager_addr, msg);
             let mut description = description.clone();
             let tls_info = self.tls_info.clone().map(|mut rx| {
                 description.tls_info = Some(rx.borrow_and_update().clone());
@@ -377,7 +280,7 @@ impl Agent {
                 tls_info,
                 worker: &mut worker,
                 reporter: reporter.clone(),
-                backoff: &mut backoff,
+                backoff: &mut reconnect.backoff,
                 node_sink: self.node_sink.as_ref(),
                 on_message: &mut on_message,
                 network: network.clone(),
@@ -387,59 +290,194 @@ impl Agent {
                 Ok(()) => break,
                 Err(SessionError::DescriptionChanged) => {
                     tracing::info!(node = %self.config.node_id, "this node's certificate changed: opening a new session to report it");
-                    redirect = Some(manager_addr.clone());
-                    continue;
+                    reconnect.redirect = Some(manager_addr.clone());
                 }
                 Err(e) => {
-                    if e.node_removed() && !stopped_as_removed {
-                        stopped_as_removed = true;
-                        // As SwarmKit's agent: a removed node runs nothing (an empty complete assignment set).
-                        tracing::warn!(
-                            node = %self.config.node_id,
-                            "this node was removed from the swarm (docker node rm): stopping its tasks; its certificate is refused, so to take part again leave (docker swarm leave) and join with a join token"
-                        );
-                        worker.apply(shoal_api::AssignmentsMessage {
-                            r#type: shoal_api::assignments_message::Type::Complete as i32,
-                            ..Default::default()
-                        });
-                    }
-                    if let Some(leader) = e.leader_hint().filter(|_| redirects_in_a_row < MAX_REDIRECTS_IN_A_ROW) {
-                        tracing::info!(node = %self.config.node_id, %leader, "the manager is not the leader; going to the leader");
-                        remotes.redirected(&leader);
-                        redirect = Some(uri(&leader));
-                        redirects_in_a_row += 1;
-                        continue;
-                    }
-                    redirects_in_a_row = 0;
-                    // The next session goes to the next known manager: after a short pause within a round of
-                    // the known managers, after the (growing) backoff once they all failed.
-                    let round_over = remotes.failed(&manager_addr);
-                    let delay = if round_over || self.manager_source.is_some() {
-                        backoff.next_delay(&mut rand::rng())
-                    } else {
-                        RECONNECT_MIN
-                    };
-                    tracing::warn!(node = %self.config.node_id, next = ?remotes.current(), "session with the manager ended: {e}; retrying in {delay:?}");
-                    let mut source = self.manager_source.clone();
-                    let moved = async {
-                        match source.as_mut() {
-                            Some(rx) => {
-                                rx.borrow_and_update();
-                                if rx.changed().await.is_err() {
-                                    std::future::pending::<()>().await;
-                                }
-                            }
-                            None => std::future::pending::<()>().await,
-                        }
-                    };
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = moved => tracing::info!(node = %self.config.node_id, "the manager to talk to changed; reconnecting"),
-                        r = shutdown.changed() => if r.is_err() { break },
+                    if !self.after_session_error(e, &manager_addr, &mut reconnect, &mut worker, &mut shutdown).await {
+                        break;
                     }
                 }
             }
         }
+        self.stop(worker, network, network_tasks).await;
+    }
+
+    /// The worker that runs this node's tasks, reporting through `reporter`.
+    fn worker(&self, description: &NodeDescription, reporter: Arc<StatusReporter>) -> Worker {
+        let platform = description.platform.clone().unwrap_or_default();
+        let worker = Worker::new(self.executor.clone(), reporter).with_node(dependencies::NodeFacts {
+            id: self.config.node_id.clone(),
+            hostname: description.hostname.clone(),
+            os: platform.os,
+            architecture: platform.architecture,
+        });
+        match &self.held_sink {
+            Some(sink) => worker.with_held_sink(sink.clone()),
+            None => worker,
+        }
+    }
+
+    /// Starts the data plane (`network`) and the attacher of the engine's own containers on attachable
+    /// networks (`attacher`; it also follows each session's connection, `SessionContext::attacher`), each
+    /// following the worker's assignments; returns their tasks.
+    async fn follow_assignments(
+        &self,
+        worker: &Worker,
+        network: Option<&Arc<network::NetworkPlane>>,
+        attacher: Option<&Arc<dyn exec::EngineAttachments>>,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        if let Some(plane) = network {
+            if !self.executor.tasks_outlive_agent() {
+                // The tasks of an earlier run died with it: nothing of their data plane is kept.
+                plane.clear().await;
+            }
+            tasks.push(tokio::spawn(plane.clone().run(shutdown.clone())));
+            let plane = plane.clone();
+            tasks.push(follow(worker.assigned(), move |now| plane.set_assigned(now)));
+        }
+        if let Some(att) = attacher {
+            tasks.push(tokio::spawn(att.clone().run(shutdown.clone())));
+            let att = att.clone();
+            tasks.push(follow(worker.assigned(), move |now| att.set_assigned(now)));
+        }
+        tasks
+    }
+
+    /// Passes on what a session message tells (the root CA, the session's manager, the managers, the network
+    /// keys) to the sinks that want it, and keeps the known managers (`remotes`, saved to the managers file
+    /// when they change).
+    fn publish(&self, remotes: &mut Remotes, manager_addr: &str, msg: &shoal_api::SessionMessage) {
+        remotes.opened();
+        if let Some(sink) = &self.roots_sink {
+            if !msg.root_ca.is_empty() {
+                sink.send_if_modified(|cur| {
+                    let changed = *cur != msg.root_ca;
+                    if changed {
+                        cur.clone_from(&msg.root_ca);
+                    }
+                    changed
+                });
+            }
+        }
+        if let Some(sink) = &self.session_manager_sink {
+            sink.send_if_modified(|cur| {
+                let now = remotes::host_port(manager_addr);
+                let changed = cur != now;
+                if changed {
+                    *cur = now.to_string();
+                }
+                changed
+            });
+        }
+        if let Some(sink) = &self.managers_sink {
+            let mut listed: Vec<(String, String)> = msg
+                .managers
+                .iter()
+                .filter_map(|w| w.peer.as_ref())
+                .map(|p| (p.node_id.clone(), remotes::host_port(&p.addr).to_string()))
+                .filter(|(_, addr)| !addr.is_empty())
+                .collect();
+            listed.sort();
+            if !listed.is_empty() {
+                sink.send_if_modified(|cur| {
+                    let changed = *cur != listed;
+                    if changed {
+                        *cur = listed;
+                    }
+                    changed
+                });
+            }
+        }
+        if let Some(sink) = &self.network_keys_sink {
+            sink.send_if_modified(|cur| {
+                let changed = *cur != msg.network_bootstrap_keys;
+                if changed {
+                    cur.clone_from(&msg.network_bootstrap_keys);
+                }
+                changed
+            });
+        }
+        if remotes.observe(&msg.managers) {
+            tracing::info!(node = %self.config.node_id, managers = ?remotes.addrs(), "the cluster's managers changed");
+            if let Some(file) = &self.managers_file {
+                if let Err(e) = remotes::save(file, remotes.addrs()) {
+                    tracing::warn!(file = %file.display(), "cannot save the manager list: {e}");
+                }
+            }
+        }
+    }
+
+    /// After the session with `manager_addr` ended with `e`: stops the tasks of a removed node, goes to the
+    /// leader a refusal named, or waits (a short pause within a round of the known managers, the growing
+    /// backoff once they all failed, less when the manager to talk to changes) before the next session.
+    /// Returns false when `shutdown` ended the wait.
+    async fn after_session_error(
+        &self,
+        e: SessionError,
+        manager_addr: &str,
+        reconnect: &mut Reconnect,
+        worker: &mut Worker,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> bool {
+        if e.node_removed() && !reconnect.stopped_as_removed {
+            reconnect.stopped_as_removed = true;
+            // As SwarmKit's agent: a removed node runs nothing (an empty complete assignment set).
+            tracing::warn!(
+                node = %self.config.node_id,
+                "this node was removed from the swarm (docker node rm): stopping its tasks; its certificate is refused, so to take part again leave (docker swarm leave) and join with a join token"
+            );
+            worker.apply(shoal_api::AssignmentsMessage {
+                r#type: shoal_api::assignments_message::Type::Complete as i32,
+                ..Default::default()
+            });
+        }
+        if let Some(leader) = e.leader_hint().filter(|_| reconnect.redirects_in_a_row < MAX_REDIRECTS_IN_A_ROW) {
+            tracing::info!(node = %self.config.node_id, %leader, "the manager is not the leader; going to the leader");
+            reconnect.remotes.redirected(&leader);
+            reconnect.redirect = Some(reconnect.uri(&leader));
+            reconnect.redirects_in_a_row += 1;
+            return true;
+        }
+        reconnect.redirects_in_a_row = 0;
+        // The next session goes to the next known manager: after a short pause within a round of
+        // the known managers, after the (growing) backoff once they all failed.
+        let round_over = reconnect.remotes.failed(manager_addr);
+        let delay = if round_over || self.manager_source.is_some() {
+            reconnect.backoff.next_delay(&mut rand::rng())
+        } else {
+            RECONNECT_MIN
+        };
+        tracing::warn!(node = %self.config.node_id, next = ?reconnect.remotes.current(), "session with the manager ended: {e}; retrying in {delay:?}");
+        let mut source = self.manager_source.clone();
+        let moved = async {
+            match source.as_mut() {
+                Some(rx) => {
+                    rx.borrow_and_update();
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = moved => tracing::info!(node = %self.config.node_id, "the manager to talk to changed; reconnecting"),
+            r = shutdown.changed() => if r.is_err() { return false },
+        }
+        true
+    }
+
+    /// Stops every task, the data plane's followers, and the data plane (cleared, or only what no kept task
+    /// holds when tasks outlive the agent).
+    async fn stop(
+        &self,
+        mut worker: Worker,
+        network: Option<Arc<network::NetworkPlane>>,
+        network_tasks: Vec<tokio::task::JoinHandle<()>>,
+    ) {
         tracing::info!(node = %self.config.node_id, "agent stopping: stopping its tasks");
         if let Some(plane) = &network {
             plane.set_stopping();
@@ -457,4 +495,42 @@ impl Agent {
             }
         }
     }
+}
+
+/// Where the agent's next session goes, and how long it waits for it.
+struct Reconnect {
+    backoff: Backoff,
+    /// Set when a manager refused because it is not the leader and named the leader: the next session
+    /// goes there. At most `MAX_REDIRECTS_IN_A_ROW` such hops without a backoff pause.
+    redirect: Option<String>,
+    redirects_in_a_row: u32,
+    /// Set once a refusal said this node was removed and its tasks were stopped.
+    stopped_as_removed: bool,
+    /// The scheme of the configured manager address, for the others.
+    scheme: String,
+    /// The known managers.
+    remotes: Remotes,
+}
+
+impl Reconnect {
+    /// The URI of manager `hostport`.
+    fn uri(&self, hostport: &str) -> String {
+        format!("{}://{}", self.scheme, remotes::host_port(hostport))
+    }
+}
+
+/// Passes each value of `assigned` to `set`, the first at once, until the worker is gone.
+fn follow(
+    mut assigned: watch::Receiver<assigned::AssignedTasks>,
+    set: impl Fn(assigned::AssignedTasks) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let now = assigned.borrow_and_update().clone();
+            set(now);
+            if assigned.changed().await.is_err() {
+                return;
+            }
+        }
+    })
 }

@@ -173,14 +173,7 @@ impl Drop for AbortOnDrop {
 pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), SessionError> {
     let addr = ctx.manager_addr.to_string();
     let mut tls_info = ctx.tls_info;
-    let endpoint = match ctx.endpoint_factory {
-        Some(make) => make(&addr).map_err(|reason| SessionError::BadAddress { addr: addr.clone(), reason })?,
-        None => Endpoint::from_shared(addr.clone())
-            .map_err(|e| SessionError::BadAddress { addr: addr.clone(), reason: e.to_string() })?,
-    }
-    .connect_timeout(CALL_TIMEOUT)
-    .tcp_nodelay(true);
-    let channel: Channel = endpoint.connect().await.map_err(|source| SessionError::Connect { addr, source })?;
+    let channel = connect(ctx.endpoint_factory, addr).await?;
     let client_channel = channel.clone();
     let mut client = DispatcherClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let node_id = ctx.node_id.to_string();
@@ -210,50 +203,8 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
         .into_inner();
     ctx.backoff.reset();
 
-    let heartbeat = {
-        let mut client = client.clone();
-        let (node_id, session_id) = (node_id.clone(), session_id.clone());
-        tokio::spawn(async move {
-            loop {
-                let resp = client
-                    .heartbeat(req(&node_id, HeartbeatRequest { session_id: session_id.clone() }, Some(CALL_TIMEOUT)))
-                    .await
-                    .map_err(rpc("Heartbeat"))?
-                    .into_inner();
-                let period = resp.period.as_ref().map(shoal_api::duration_from_proto).unwrap_or(Duration::from_secs(5));
-                tokio::time::sleep(period.max(Duration::from_millis(10))).await;
-            }
-        })
-    };
-    let reporter = {
-        let mut client = client.clone();
-        let (node_id, session_id) = (node_id.clone(), session_id.clone());
-        let reporter = ctx.reporter.clone();
-        tokio::spawn(async move {
-            loop {
-                let batch = reporter.take_batch(STATUS_BATCH_MAX);
-                if batch.is_empty() {
-                    reporter.changed().await;
-                    continue;
-                }
-                let updates = batch
-                    .iter()
-                    .map(|(id, st)| TaskStatusUpdate { task_id: id.clone(), status: Some(st.clone()) })
-                    .collect();
-                let r = client
-                    .update_task_status(req(
-                        &node_id,
-                        UpdateTaskStatusRequest { session_id: session_id.clone(), updates },
-                        Some(CALL_TIMEOUT),
-                    ))
-                    .await;
-                if let Err(status) = r {
-                    reporter.put_back(batch);
-                    return Err(SessionError::Rpc { call: "UpdateTaskStatus", status });
-                }
-            }
-        })
-    };
+    let heartbeat = spawn_heartbeat(client.clone(), node_id.clone(), session_id.clone());
+    let reporter = spawn_status_reporter(client.clone(), node_id.clone(), session_id.clone(), ctx.reporter.clone());
     let (mut heartbeat, mut reporter) = (AbortOnDrop(heartbeat), AbortOnDrop(reporter));
     // Log subscriptions ride on the same connection and end with the session.
     let _logs = AbortOnDrop(tokio::spawn({
@@ -303,6 +254,71 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
             _ = changed(&mut tls_info) => return Err(SessionError::DescriptionChanged),
         }
     }
+}
+
+/// A channel to the manager at `addr` (through `endpoint_factory` when set, for TLS).
+async fn connect(endpoint_factory: Option<&EndpointFactory>, addr: String) -> Result<Channel, SessionError> {
+    let endpoint = match endpoint_factory {
+        Some(make) => make(&addr).map_err(|reason| SessionError::BadAddress { addr: addr.clone(), reason })?,
+        None => Endpoint::from_shared(addr.clone())
+            .map_err(|e| SessionError::BadAddress { addr: addr.clone(), reason: e.to_string() })?,
+    }
+    .connect_timeout(CALL_TIMEOUT)
+    .tcp_nodelay(true);
+    endpoint.connect().await.map_err(|source| SessionError::Connect { addr, source })
+}
+
+/// Sends the session's heartbeats at the period the manager asks for; ends with the first failure.
+fn spawn_heartbeat(
+    mut client: DispatcherClient<Channel>,
+    node_id: String,
+    session_id: String,
+) -> tokio::task::JoinHandle<Result<(), SessionError>> {
+    tokio::spawn(async move {
+        loop {
+            let resp = client
+                .heartbeat(req(&node_id, HeartbeatRequest { session_id: session_id.clone() }, Some(CALL_TIMEOUT)))
+                .await
+                .map_err(rpc("Heartbeat"))?
+                .into_inner();
+            let period = resp.period.as_ref().map(shoal_api::duration_from_proto).unwrap_or(Duration::from_secs(5));
+            tokio::time::sleep(period.max(Duration::from_millis(10))).await;
+        }
+    })
+}
+
+/// Sends the statuses `reporter` collects, in batches of at most `STATUS_BATCH_MAX`; a batch that fails is
+/// put back for the next session, and ends this one.
+fn spawn_status_reporter(
+    mut client: DispatcherClient<Channel>,
+    node_id: String,
+    session_id: String,
+    reporter: Arc<StatusReporter>,
+) -> tokio::task::JoinHandle<Result<(), SessionError>> {
+    tokio::spawn(async move {
+        loop {
+            let batch = reporter.take_batch(STATUS_BATCH_MAX);
+            if batch.is_empty() {
+                reporter.changed().await;
+                continue;
+            }
+            let updates = batch
+                .iter()
+                .map(|(id, st)| TaskStatusUpdate { task_id: id.clone(), status: Some(st.clone()) })
+                .collect();
+            let r = client
+                .update_task_status(req(
+                    &node_id,
+                    UpdateTaskStatusRequest { session_id: session_id.clone(), updates },
+                    Some(CALL_TIMEOUT),
+                ))
+                .await;
+            if let Err(status) = r {
+                reporter.put_back(batch);
+                return Err(SessionError::Rpc { call: "UpdateTaskStatus", status });
+            }
+        }
+    })
 }
 
 /// Resolves when `rx` (when set) has a value not seen yet; never when unset or its sender is gone.

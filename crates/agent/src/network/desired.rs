@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use shoal_api::port_config::{Protocol as WireProtocol, PublishMode};
-use shoal_api::shoal_v1::NodeNetworkView;
+use shoal_api::shoal_v1::{NetworkPeers, NodeNetworkView};
 use shoal_api::{Network, PortConfig, Task, TaskState as WireState};
 use shoal_netplane::{
     mac_for, Attachment, Ipv4Cidr, NetworkState, NodeIngress, NodeNetState, Peer, Protocol, PublishedPort, ServiceVip,
@@ -205,6 +205,45 @@ pub fn desired(
     if let Some(port) = u16::try_from(view.vxlan_udp_port).ok().filter(|p| *p != 0) {
         state.vxlan_port = port;
     }
+    let (mut networks, ingress) = carried_networks(underlay, plumbed, assigned, view);
+    for v in &view.networks {
+        if let Some(n) = networks.get_mut(&v.network_id) {
+            fill_from_view(n, v, underlay);
+        }
+    }
+    // Ingress ports first (every node forwards them), then the host-mode ports of this node's running
+    // tasks; a port already taken (the scheduler and allocator keep them apart) is not forwarded twice.
+    let mut published: BTreeMap<(Protocol, u16), PublishedPort> = BTreeMap::new();
+    if let Some(i) = ingress.as_ref().filter(|i| networks.contains_key(&i.network_id)) {
+        add_ingress_ports(&mut published, view, i, networks[&i.network_id].subnet);
+        state.ingress = Some(i.clone());
+    }
+    add_host_ports(&mut published, plumbed, assigned, &networks);
+    state.published = published.into_values().collect();
+    for (id, t) in plumbed {
+        if t.attachments.iter().any(|(n, _)| !networks.contains_key(&n.id)) {
+            continue;
+        }
+        state.tasks.push(TaskState {
+            task_id: id.clone(),
+            netns: t.netns.clone(),
+            attachments: t.attachments.iter().map(|(_, a)| a.clone()).collect(),
+            joined: t.joined,
+        });
+    }
+    state.networks = networks.into_values().collect();
+    state
+}
+
+/// The networks the node carries, by ID (those of its plumbed tasks, the ingress network, those of its
+/// assigned tasks that hold a network, in that order: the first copy of a network seen is kept), and the
+/// node's own address on the ingress network (the routing mesh).
+fn carried_networks(
+    underlay: Option<Ipv4Addr>,
+    plumbed: &BTreeMap<String, PlumbedTask>,
+    assigned: &HashMap<String, Arc<Task>>,
+    view: &NodeNetworkView,
+) -> (BTreeMap<String, NetworkState>, Option<NodeIngress>) {
     let mut networks: BTreeMap<String, NetworkState> = BTreeMap::new();
     // Only networks the manager's view lists: the view is what says which nodes' addresses lie in their
     // subnets, and an assignment can arrive before the view that names such an overlap.
@@ -240,67 +279,71 @@ pub fn desired(
             }
         }
     }
-    for v in &view.networks {
-        let Some(n) = networks.get_mut(&v.network_id) else { continue };
-        n.peers = v
-            .peers
-            .iter()
-            .filter_map(|p| {
-                let address: Ipv4Addr = p.address.parse().ok()?;
-                let node_ip: Ipv4Addr = p.node_addr.parse().ok()?;
-                (n.subnet.contains(address) && Some(node_ip) != underlay).then(|| Peer {
-                    address,
-                    mac: mac_for(address),
-                    node_ip,
-                })
+    (networks, ingress)
+}
+
+/// Network `n`'s peers (the tasks on other nodes) and services, from the manager's view `v` of it; only
+/// addresses in its subnet are kept.
+fn fill_from_view(n: &mut NetworkState, v: &NetworkPeers, underlay: Option<Ipv4Addr>) {
+    n.peers = v
+        .peers
+        .iter()
+        .filter_map(|p| {
+            let address: Ipv4Addr = p.address.parse().ok()?;
+            let node_ip: Ipv4Addr = p.node_addr.parse().ok()?;
+            (n.subnet.contains(address) && Some(node_ip) != underlay).then(|| Peer {
+                address,
+                mac: mac_for(address),
+                node_ip,
             })
-            .collect();
-        n.services = v
-            .services
-            .iter()
-            .filter(|s| !s.name.is_empty())
-            .map(|s| ServiceVip {
-                service_id: s.service_id.clone(),
-                name: s.name.clone(),
-                aliases: s.aliases.clone(),
-                vip: s.vip.parse().ok().filter(|ip| n.subnet.contains(*ip)),
-                backends: s
-                    .backends
-                    .iter()
-                    .filter_map(|b| b.parse().ok())
-                    .filter(|ip| n.subnet.contains(*ip))
-                    .collect(),
-            })
-            .collect();
-    }
-    // Ingress ports first (every node forwards them), then the host-mode ports of this node's running
-    // tasks; a port already taken (the scheduler and allocator keep them apart) is not forwarded twice.
-    let mut published: BTreeMap<(Protocol, u16), PublishedPort> = BTreeMap::new();
-    if let Some(i) = ingress.as_ref().filter(|i| networks.contains_key(&i.network_id)) {
-        let subnet = networks[&i.network_id].subnet;
-        for s in view.networks.iter().filter(|v| v.network_id == i.network_id).flat_map(|v| &v.services) {
-            for p in &s.ingress_ports {
-                let proto = match WireProtocol::try_from(p.protocol) {
-                    Ok(WireProtocol::Tcp) => Protocol::Tcp,
-                    Ok(WireProtocol::Udp) => Protocol::Udp,
-                    _ => continue,
-                };
-                let (Ok(port), Ok(target_port)) = (u16::try_from(p.published_port), u16::try_from(p.target_port))
-                else {
-                    continue;
-                };
-                let backends =
-                    s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| subnet.contains(*ip)).collect();
-                published.entry((proto, port)).or_insert(PublishedPort {
-                    protocol: proto,
-                    port,
-                    target_port,
-                    backends,
-                });
-            }
+        })
+        .collect();
+    n.services = v
+        .services
+        .iter()
+        .filter(|s| !s.name.is_empty())
+        .map(|s| ServiceVip {
+            service_id: s.service_id.clone(),
+            name: s.name.clone(),
+            aliases: s.aliases.clone(),
+            vip: s.vip.parse().ok().filter(|ip| n.subnet.contains(*ip)),
+            backends: s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| n.subnet.contains(*ip)).collect(),
+        })
+        .collect();
+}
+
+/// Adds the published ports of the services on the ingress network `i` (whose subnet is `subnet`), as the
+/// view lists them, to `published`, with their backends in the subnet.
+fn add_ingress_ports(
+    published: &mut BTreeMap<(Protocol, u16), PublishedPort>,
+    view: &NodeNetworkView,
+    i: &NodeIngress,
+    subnet: Ipv4Cidr,
+) {
+    for s in view.networks.iter().filter(|v| v.network_id == i.network_id).flat_map(|v| &v.services) {
+        for p in &s.ingress_ports {
+            let proto = match WireProtocol::try_from(p.protocol) {
+                Ok(WireProtocol::Tcp) => Protocol::Tcp,
+                Ok(WireProtocol::Udp) => Protocol::Udp,
+                _ => continue,
+            };
+            let (Ok(port), Ok(target_port)) = (u16::try_from(p.published_port), u16::try_from(p.target_port)) else {
+                continue;
+            };
+            let backends = s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| subnet.contains(*ip)).collect();
+            published.entry((proto, port)).or_insert(PublishedPort { protocol: proto, port, target_port, backends });
         }
-        state.ingress = Some(i.clone());
     }
+}
+
+/// Adds the host-mode ports of the plumbed tasks that hold a network to `published`, each to its task's
+/// address on a carried network (`networks`).
+fn add_host_ports(
+    published: &mut BTreeMap<(Protocol, u16), PublishedPort>,
+    plumbed: &BTreeMap<String, PlumbedTask>,
+    assigned: &HashMap<String, Arc<Task>>,
+    networks: &BTreeMap<String, NetworkState>,
+) {
     for id in plumbed.keys() {
         let Some(t) = assigned.get(id) else { continue };
         if !holds_network(t) {
@@ -324,20 +367,6 @@ pub fn desired(
             });
         }
     }
-    state.published = published.into_values().collect();
-    for (id, t) in plumbed {
-        if t.attachments.iter().any(|(n, _)| !networks.contains_key(&n.id)) {
-            continue;
-        }
-        state.tasks.push(TaskState {
-            task_id: id.clone(),
-            netns: t.netns.clone(),
-            attachments: t.attachments.iter().map(|(_, a)| a.clone()).collect(),
-            joined: t.joined,
-        });
-    }
-    state.networks = networks.into_values().collect();
-    state
 }
 
 #[cfg(test)]
