@@ -132,52 +132,32 @@ fn action_end(text: &str, start: usize) -> Result<(usize, usize, u32), TemplateE
 impl Shape {
     /// Reads the shape of `text`, refusing nesting deeper than `limits.max_depth` as it goes.
     pub(crate) fn of(text: &str, limits: &Limits) -> Result<Shape, TemplateError> {
-        let mut shape = Shape::default();
-        let mut current = String::new();
-        let mut nesting: u32 = 0;
-        let mut ranges: u32 = 0;
-        let mut stack: Vec<Frame> = Vec::new();
-        let mut pos = 0;
-        shape.bodies.entry(String::new()).or_default();
-        let too_deep = |depth: u32| -> Result<(), TemplateError> {
-            if depth > limits.max_depth {
-                return Err(TemplateError::Limit(format!(
-                    "the template nests its actions (if, range, with, parentheses) more than {} deep",
-                    limits.max_depth
-                )));
-            }
-            Ok(())
+        let mut reader = Reader {
+            shape: Shape::default(),
+            current: String::new(),
+            nesting: 0,
+            ranges: 0,
+            stack: Vec::new(),
+            max_depth: limits.max_depth,
         };
+        reader.shape.bodies.entry(String::new()).or_default();
+        let mut pos = 0;
         loop {
-            let step = |shape: &mut Shape, current: &str, ranges: u32, depth: u32| {
-                let body = shape.bodies.entry(current.to_string()).or_default();
-                *body.steps_by_ranges.entry(ranges).or_default() += 1;
-                body.max_depth = body.max_depth.max(depth);
-            };
             let Some(open) = text[pos..].find("{{").map(|i| pos + i) else {
                 if pos < text.len() {
-                    step(&mut shape, &current, ranges, nesting);
+                    reader.step(reader.nesting);
                 }
                 break;
             };
             if open > pos {
-                step(&mut shape, &current, ranges, nesting);
+                reader.step(reader.nesting);
             }
             let mut start = open + 2;
             if text[start..].starts_with("- ") {
                 start += 2;
             }
             if text[start..].starts_with("/*") {
-                let Some(close) = text[start + 2..].find("*/").map(|i| start + 2 + i + 2) else {
-                    return Err(TemplateError::Syntax("unclosed comment".into()));
-                };
-                pos = if text[close..].starts_with("}}") {
-                    close + 2
-                } else if text[close..].starts_with(" -}}") {
-                    close + 4
-                } else {
-                    return Err(TemplateError::Syntax("comment ends before the closing delimiter".into()));
-                };
+                pos = comment_end(text, start)?;
                 continue;
             }
             let (end, after, parens) = action_end(text, start)?;
@@ -185,67 +165,129 @@ impl Shape {
             let action = text[start..end].trim();
             let word_end = action.find(|c: char| c.is_whitespace() || c == '(').unwrap_or(action.len());
             let (word, rest) = action.split_at(word_end);
-            let depth = nesting + parens;
-            too_deep(depth)?;
-            match word {
-                "if" | "with" | "range" => {
-                    step(&mut shape, &current, ranges, depth);
-                    let range = word == "range";
-                    stack.push(Frame::Control { range, else_chain: 0 });
-                    nesting += 1;
-                    ranges += u32::from(range);
-                    too_deep(nesting)?;
-                }
-                "end" => match stack.pop() {
-                    None => return Err(TemplateError::Syntax("unexpected {{end}}".into())),
-                    Some(Frame::Control { range, else_chain }) => {
-                        nesting -= 1 + else_chain;
-                        ranges -= u32::from(range);
-                    }
-                    Some(Frame::Definition { outer, nesting: n, ranges: r }) => {
-                        current = outer;
-                        nesting = n;
-                        ranges = r;
-                    }
-                },
-                "else" if matches!(rest.split_whitespace().next(), Some("if" | "with")) => {
-                    // `{{else if}}` is an `{{if}}` inside the `{{else}}`: one level deeper, closed by the same end.
-                    step(&mut shape, &current, ranges, depth);
-                    if let Some(Frame::Control { else_chain, .. }) = stack.last_mut() {
-                        *else_chain += 1;
-                        nesting += 1;
-                        too_deep(nesting)?;
-                    }
-                }
-                "define" | "block" | "template" => {
-                    let callee = literal_name(rest).ok_or_else(|| {
-                        TemplateError::Limit(format!(
-                            "{{{{{word}}}}} needs the template's name as a quoted string: a computed name is not \
-                             supported (it could name any template)"
-                        ))
-                    })?;
-                    if word != "define" {
-                        step(&mut shape, &current, ranges, depth);
-                        let body = shape.bodies.entry(current.clone()).or_default();
-                        body.calls.push(Call { callee: callee.clone(), ranges, depth });
-                    }
-                    if word != "template" {
-                        // The parser nests a definition inside what encloses it.
-                        too_deep(stack.len() as u32 + 1)?;
-                        stack.push(Frame::Definition {
-                            outer: std::mem::replace(&mut current, callee),
-                            nesting,
-                            ranges,
-                        });
-                        shape.bodies.entry(current.clone()).or_default();
-                        nesting = 0;
-                        ranges = 0;
-                    }
-                }
-                _ => step(&mut shape, &current, ranges, depth),
-            }
+            let depth = reader.nesting + parens;
+            reader.too_deep(depth)?;
+            reader.action(word, rest, depth)?;
         }
-        if let Some(open) = stack.last() {
+        reader.finish()
+    }
+}
+
+/// Where the end of the comment that opens at `start` (`/*`) leaves the text: after its closing delimiter.
+fn comment_end(text: &str, start: usize) -> Result<usize, TemplateError> {
+    let Some(close) = text[start + 2..].find("*/").map(|i| start + 2 + i + 2) else {
+        return Err(TemplateError::Syntax("unclosed comment".into()));
+    };
+    if text[close..].starts_with("}}") {
+        Ok(close + 2)
+    } else if text[close..].starts_with(" -}}") {
+        Ok(close + 4)
+    } else {
+        Err(TemplateError::Syntax("comment ends before the closing delimiter".into()))
+    }
+}
+
+/// `Shape::of` under way: the shape so far, the body being read, and where in it the reader is.
+struct Reader {
+    shape: Shape,
+    /// The name of the body being read.
+    current: String,
+    /// Control structures open around the reader in the current body.
+    nesting: u32,
+    /// `{{range}}`s among them.
+    ranges: u32,
+    stack: Vec<Frame>,
+    /// The deepest nesting allowed (`Limits::max_depth`).
+    max_depth: u32,
+}
+
+impl Reader {
+    /// Counts a step (a text run or an action) of the current body at `depth`.
+    fn step(&mut self, depth: u32) {
+        let body = self.shape.bodies.entry(self.current.clone()).or_default();
+        *body.steps_by_ranges.entry(self.ranges).or_default() += 1;
+        body.max_depth = body.max_depth.max(depth);
+    }
+
+    fn too_deep(&self, depth: u32) -> Result<(), TemplateError> {
+        if depth > self.max_depth {
+            return Err(TemplateError::Limit(format!(
+                "the template nests its actions (if, range, with, parentheses) more than {} deep",
+                self.max_depth
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads the action whose first word is `word` (then `rest`), at `depth`.
+    fn action(&mut self, word: &str, rest: &str, depth: u32) -> Result<(), TemplateError> {
+        match word {
+            "if" | "with" | "range" => {
+                self.step(depth);
+                let range = word == "range";
+                self.stack.push(Frame::Control { range, else_chain: 0 });
+                self.nesting += 1;
+                self.ranges += u32::from(range);
+                self.too_deep(self.nesting)?;
+            }
+            "end" => match self.stack.pop() {
+                None => return Err(TemplateError::Syntax("unexpected {{end}}".into())),
+                Some(Frame::Control { range, else_chain }) => {
+                    self.nesting -= 1 + else_chain;
+                    self.ranges -= u32::from(range);
+                }
+                Some(Frame::Definition { outer, nesting, ranges }) => {
+                    self.current = outer;
+                    self.nesting = nesting;
+                    self.ranges = ranges;
+                }
+            },
+            "else" if matches!(rest.split_whitespace().next(), Some("if" | "with")) => {
+                // `{{else if}}` is an `{{if}}` inside the `{{else}}`: one level deeper, closed by the same end.
+                self.step(depth);
+                if let Some(Frame::Control { else_chain, .. }) = self.stack.last_mut() {
+                    *else_chain += 1;
+                    self.nesting += 1;
+                    self.too_deep(self.nesting)?;
+                }
+            }
+            "define" | "block" | "template" => self.named(word, rest, depth)?,
+            _ => self.step(depth),
+        }
+        Ok(())
+    }
+
+    /// Reads `{{define}}`, `{{block}}` (a call and a definition) or `{{template}}` (a call).
+    fn named(&mut self, word: &str, rest: &str, depth: u32) -> Result<(), TemplateError> {
+        let callee = literal_name(rest).ok_or_else(|| {
+            TemplateError::Limit(format!(
+                "{{{{{word}}}}} needs the template's name as a quoted string: a computed name is not \
+                 supported (it could name any template)"
+            ))
+        })?;
+        if word != "define" {
+            self.step(depth);
+            let body = self.shape.bodies.entry(self.current.clone()).or_default();
+            body.calls.push(Call { callee: callee.clone(), ranges: self.ranges, depth });
+        }
+        if word != "template" {
+            // The parser nests a definition inside what encloses it.
+            self.too_deep(self.stack.len() as u32 + 1)?;
+            self.stack.push(Frame::Definition {
+                outer: std::mem::replace(&mut self.current, callee),
+                nesting: self.nesting,
+                ranges: self.ranges,
+            });
+            self.shape.bodies.entry(self.current.clone()).or_default();
+            self.nesting = 0;
+            self.ranges = 0;
+        }
+        Ok(())
+    }
+
+    /// The shape read, once the text is over: refused when a structure is still open.
+    fn finish(self) -> Result<Shape, TemplateError> {
+        if let Some(open) = self.stack.last() {
             let what = match open {
                 Frame::Control { range: true, .. } => "{{range}}",
                 Frame::Control { range: false, .. } => "{{if}} or {{with}}",
@@ -253,9 +295,11 @@ impl Shape {
             };
             return Err(TemplateError::Syntax(format!("unexpected end of the template: a {what} has no {{{{end}}}}")));
         }
-        Ok(shape)
+        Ok(self.shape)
     }
+}
 
+impl Shape {
     /// Refuses recursion, call chains deeper than the limit, and more steps than the limit when each
     /// `{{range}}` runs `range_len` times. Iterative (an explicit stack), in the bodies' call order.
     pub(crate) fn check(&self, limits: &Limits, range_len: u64) -> Result<(), TemplateError> {

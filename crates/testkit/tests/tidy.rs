@@ -478,11 +478,9 @@ fn the_function_measure_skips_literals_comments_and_test_modules() {
 /// (remove it then, so the list only shrinks).
 const LONG_FUNCTIONS_TO_SPLIT: &[(&str, &str)] = &[
     ("crates/bench/src/agents.rs", "run"),
-    ("crates/shoal/src/cli/service.rs", "run"),
     ("crates/sim/src/lib.rs", "tick"),
     ("crates/sim/src/lib.rs", "service_not_converged"),
     ("crates/sim/src/workload.rs", "step"),
-    ("crates/template/src/shape.rs", "of"),
 ];
 
 /// The files of the modules that `file` declares `#[cfg(test)] mod name;`: test code wherever it is named.

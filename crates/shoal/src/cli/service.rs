@@ -510,25 +510,7 @@ pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn W
             let r: ServiceCreateResponse = c.post("/services/create", &spec)?;
             writeln!(out, "{}", r.id).map_err(output::io)
         }
-        ServiceCommand::Ls { format } => {
-            let services: Vec<ServiceJson> = c.get("/services?status=true")?;
-            if format == Format::Json {
-                return output::json(out, &services);
-            }
-            let rows = services
-                .iter()
-                .map(|s| {
-                    vec![
-                        short_id(&s.id),
-                        s.spec.name.clone(),
-                        mode_text(&s.spec.mode).to_string(),
-                        replicas_text(s),
-                        image_of(&s.spec.task_template),
-                    ]
-                })
-                .collect();
-            output::table(out, &["ID", "NAME", "MODE", "REPLICAS", "IMAGE"], rows)
-        }
+        ServiceCommand::Ls { format } => list(c, out, format),
         ServiceCommand::Ps { service, format } => {
             let svc = get_service(c, &service)?;
             let tasks: Vec<TaskJson> = c.get(&format!("/tasks?filters={}", filters_query(&[("service", &svc.id)])))?;
@@ -541,88 +523,10 @@ pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn W
         ServiceCommand::Update(a) => {
             let svc = get_service(c, &a.service)?;
             let mut spec = svc.spec.clone();
-            let cs = spec.task_template.container_spec.get_or_insert_with(Default::default);
-            if let Some(i) = a.image {
-                cs.image = i;
-            }
-            if let Some(args) = a.args {
-                cs.args = split_words(&args)?;
-            }
-            for kv in &a.env_add {
-                check_kv("--env-add", kv)?;
-                let key = kv.split('=').next().unwrap_or_default();
-                cs.env.retain(|e| e.split('=').next() != Some(key));
-                cs.env.push(kv.clone());
-            }
-            for k in &a.env_rm {
-                cs.env.retain(|e| e.split('=').next() != Some(k.as_str()) && e != k);
-            }
-            let target = |f: &Option<FileTargetJson>| f.as_ref().map(|f| f.name.clone());
-            cs.secrets.retain(|r| !a.secret_rm.contains(&r.secret_name));
-            for r in a.secret_add {
-                cs.secrets.retain(|x| target(&x.file) != target(&r.file));
-                cs.secrets.push(r);
-            }
-            cs.configs.retain(|r| !a.config_rm.contains(&r.config_name));
-            for r in a.config_add {
-                cs.configs.retain(|x| target(&x.file) != target(&r.file));
-                cs.configs.push(r);
-            }
-            if !a.constraint_add.is_empty() || !a.constraint_rm.is_empty() {
-                let p = spec.task_template.placement.get_or_insert_with(Default::default);
-                p.constraints.retain(|x| !a.constraint_rm.contains(x));
-                for x in a.constraint_add {
-                    if !p.constraints.contains(&x) {
-                        p.constraints.push(x);
-                    }
-                }
-            }
-            if let Some(n) = a.replicas {
-                match spec.mode.replicated.as_mut() {
-                    Some(r) => r.replicas = Some(n as i64),
-                    None => {
-                        return Err(CliError::Usage(format!(
-                            "--replicas applies to replicated services only; {} is {}",
-                            spec.name,
-                            mode_text(&spec.mode)
-                        )))
-                    }
-                }
-            }
-            if a.force {
-                spec.task_template.force_update += 1;
-            }
-            let update_flags = a.update_parallelism.is_some()
-                || a.update_delay.is_some()
-                || a.update_order.is_some()
-                || a.update_failure_action.is_some()
-                || a.update_monitor.is_some()
-                || a.update_max_failure_ratio.is_some();
-            if update_flags {
-                // Unset fields keep what the service has (SwarmKit's defaults when it has none).
-                let u =
-                    spec.update_config.get_or_insert_with(|| UpdateConfigJson { parallelism: 1, ..Default::default() });
-                if let Some(n) = a.update_parallelism {
-                    u.parallelism = n;
-                }
-                if let Some(d) = a.update_delay {
-                    u.delay = Some(d);
-                }
-                if let Some(o) = a.update_order {
-                    u.order = o;
-                }
-                if let Some(f) = a.update_failure_action {
-                    u.failure_action = f;
-                }
-                if let Some(m) = a.update_monitor {
-                    u.monitor = Some(m);
-                }
-                if let Some(r) = a.update_max_failure_ratio {
-                    u.max_failure_ratio = r;
-                }
-            }
+            let service = a.service.clone();
+            apply_update(&mut spec, *a)?;
             push_update(c, &svc, &spec)?;
-            writeln!(out, "{}", a.service).map_err(output::io)
+            writeln!(out, "{service}").map_err(output::io)
         }
         ServiceCommand::Rollback { service } => {
             let svc = get_service(c, &service)?;
@@ -633,25 +537,7 @@ pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn W
         ServiceCommand::Scale { pairs } => {
             let mut failed = false;
             for pair in pairs {
-                let result = (|| {
-                    let (name, n) = pair.split_once('=').ok_or_else(|| {
-                        CliError::Usage(format!("invalid scale specifier {pair:?}: expected SERVICE=REPLICAS"))
-                    })?;
-                    let n: u64 = n.parse().map_err(|_| {
-                        CliError::Usage(format!("invalid replica count {n:?} in {pair:?}: expected a number"))
-                    })?;
-                    let svc = get_service(c, name)?;
-                    let mut spec = svc.spec.clone();
-                    match spec.mode.replicated.as_mut() {
-                        Some(r) => r.replicas = Some(n as i64),
-                        None => {
-                            return Err(CliError::Usage(format!("scale can only be used with replicated mode: {name}")))
-                        }
-                    }
-                    push_update(c, &svc, &spec)?;
-                    Ok::<_, CliError>(format!("{name} scaled to {n}"))
-                })();
-                match result {
+                match scale(c, &pair) {
                     Ok(line) => writeln!(out, "{line}").map_err(output::io)?,
                     Err(e) => {
                         failed = true;
@@ -681,6 +567,129 @@ pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn W
             Ok(())
         }
     }
+}
+
+/// `service ls`.
+fn list(c: &Client, out: &mut dyn Write, format: Format) -> Result<(), CliError> {
+    let services: Vec<ServiceJson> = c.get("/services?status=true")?;
+    if format == Format::Json {
+        return output::json(out, &services);
+    }
+    let rows = services
+        .iter()
+        .map(|s| {
+            vec![
+                short_id(&s.id),
+                s.spec.name.clone(),
+                mode_text(&s.spec.mode).to_string(),
+                replicas_text(s),
+                image_of(&s.spec.task_template),
+            ]
+        })
+        .collect();
+    output::table(out, &["ID", "NAME", "MODE", "REPLICAS", "IMAGE"], rows)
+}
+
+/// Applies the flags of `service update` to `spec`.
+fn apply_update(spec: &mut ServiceSpecJson, a: UpdateArgs) -> Result<(), CliError> {
+    let cs = spec.task_template.container_spec.get_or_insert_with(Default::default);
+    if let Some(i) = a.image {
+        cs.image = i;
+    }
+    if let Some(args) = a.args {
+        cs.args = split_words(&args)?;
+    }
+    for kv in &a.env_add {
+        check_kv("--env-add", kv)?;
+        let key = kv.split('=').next().unwrap_or_default();
+        cs.env.retain(|e| e.split('=').next() != Some(key));
+        cs.env.push(kv.clone());
+    }
+    for k in &a.env_rm {
+        cs.env.retain(|e| e.split('=').next() != Some(k.as_str()) && e != k);
+    }
+    let target = |f: &Option<FileTargetJson>| f.as_ref().map(|f| f.name.clone());
+    cs.secrets.retain(|r| !a.secret_rm.contains(&r.secret_name));
+    for r in a.secret_add {
+        cs.secrets.retain(|x| target(&x.file) != target(&r.file));
+        cs.secrets.push(r);
+    }
+    cs.configs.retain(|r| !a.config_rm.contains(&r.config_name));
+    for r in a.config_add {
+        cs.configs.retain(|x| target(&x.file) != target(&r.file));
+        cs.configs.push(r);
+    }
+    if !a.constraint_add.is_empty() || !a.constraint_rm.is_empty() {
+        let p = spec.task_template.placement.get_or_insert_with(Default::default);
+        p.constraints.retain(|x| !a.constraint_rm.contains(x));
+        for x in a.constraint_add {
+            if !p.constraints.contains(&x) {
+                p.constraints.push(x);
+            }
+        }
+    }
+    if let Some(n) = a.replicas {
+        match spec.mode.replicated.as_mut() {
+            Some(r) => r.replicas = Some(n as i64),
+            None => {
+                return Err(CliError::Usage(format!(
+                    "--replicas applies to replicated services only; {} is {}",
+                    spec.name,
+                    mode_text(&spec.mode)
+                )))
+            }
+        }
+    }
+    if a.force {
+        spec.task_template.force_update += 1;
+    }
+    let update_flags = a.update_parallelism.is_some()
+        || a.update_delay.is_some()
+        || a.update_order.is_some()
+        || a.update_failure_action.is_some()
+        || a.update_monitor.is_some()
+        || a.update_max_failure_ratio.is_some();
+    if update_flags {
+        // Unset fields keep what the service has (SwarmKit's defaults when it has none).
+        let u = spec.update_config.get_or_insert_with(|| UpdateConfigJson { parallelism: 1, ..Default::default() });
+        if let Some(n) = a.update_parallelism {
+            u.parallelism = n;
+        }
+        if let Some(d) = a.update_delay {
+            u.delay = Some(d);
+        }
+        if let Some(o) = a.update_order {
+            u.order = o;
+        }
+        if let Some(f) = a.update_failure_action {
+            u.failure_action = f;
+        }
+        if let Some(m) = a.update_monitor {
+            u.monitor = Some(m);
+        }
+        if let Some(r) = a.update_max_failure_ratio {
+            u.max_failure_ratio = r;
+        }
+    }
+    Ok(())
+}
+
+/// `service scale` of one `SERVICE=REPLICAS` pair; returns the line to print.
+fn scale(c: &Client, pair: &str) -> Result<String, CliError> {
+    let (name, n) = pair
+        .split_once('=')
+        .ok_or_else(|| CliError::Usage(format!("invalid scale specifier {pair:?}: expected SERVICE=REPLICAS")))?;
+    let n: u64 = n
+        .parse()
+        .map_err(|_| CliError::Usage(format!("invalid replica count {n:?} in {pair:?}: expected a number")))?;
+    let svc = get_service(c, name)?;
+    let mut spec = svc.spec.clone();
+    match spec.mode.replicated.as_mut() {
+        Some(r) => r.replicas = Some(n as i64),
+        None => return Err(CliError::Usage(format!("scale can only be used with replicated mode: {name}"))),
+    }
+    push_update(c, &svc, &spec)?;
+    Ok(format!("{name} scaled to {n}"))
 }
 
 #[cfg(test)]
