@@ -299,7 +299,6 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
     let (nodes, seconds) = if a.smoke { (50, 2) } else { (a.nodes.max(1), a.seconds.max(1)) };
     let job = if a.smoke && a.job > 0 { 500 } else { a.job };
     let phase_timeout = if a.smoke { SMOKE_PHASE_TIMEOUT } else { PHASE_TIMEOUT };
-    let mut job_took: Option<Duration> = None;
     let nofile = procstat::raise_nofile_limit()?;
     let per_conn = a.nodes_per_connection.max(1);
     let manager_rt = tokio::runtime::Builder::new_multi_thread()
@@ -317,156 +316,36 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
     eprintln!("starting the manager");
     let cluster =
         manager_rt.block_on(TestCluster::start(ClusterOptions { workers: 0, raft: true, ..Default::default() }));
-    let addr = cluster.manager_addr();
     let mut table = Table::new(&["measure", "value"]);
     table.row(vec!["simulated nodes".into(), nodes.to_string()]);
     table.row(vec!["HTTP/2 connections".into(), nodes.div_ceil(per_conn).to_string()]);
     table.row(vec!["open-file limit".into(), nofile.to_string()]);
-    let shared = Arc::new(Shared::default());
+    let scene = Scene {
+        manager_rt: &manager_rt,
+        sim_rt: &sim_rt,
+        cluster: &cluster,
+        shared: Arc::new(Shared::default()),
+        nodes,
+        phase_timeout,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
+    let mut job_took: Option<Duration> = None;
     let result = (|| {
-        let handles = sim_rt.block_on(async {
-            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| BenchError::Setup(e.to_string()))?
-                .tcp_nodelay(true)
-                .connect_timeout(CALL_TIMEOUT);
-            let mut channels = Vec::new();
-            for _ in 0..nodes.div_ceil(per_conn) {
-                channels.push(endpoint.connect().await.map_err(|e| BenchError::Request(format!("connect: {e}")))?);
-            }
-            let mut handles = Vec::with_capacity(nodes);
-            for i in 0..nodes {
-                handles.push(tokio::spawn(sim_node(
-                    i,
-                    channels[i / per_conn].clone(),
-                    shared.clone(),
-                    stop_rx.clone(),
-                )));
-            }
-            Ok::<_, BenchError>(handles)
-        })?;
+        let handles = scene.start_nodes(per_conn, &stop_rx)?;
         let cpu0 = manager_cpu_seconds()?;
-        let reg = sim_rt.block_on(wait_count("nodes registered", &shared.registered, nodes, phase_timeout))?;
+        let reg = sim_rt.block_on(wait_count("nodes registered", &scene.shared.registered, nodes, phase_timeout))?;
         let cpu_reg = manager_cpu_seconds()? - cpu0;
         table.row(vec!["registration s".into(), fmt_num(reg.as_secs_f64())]);
         table.row(vec!["registrations/s".into(), fmt_num(nodes as f64 / reg.as_secs_f64().max(1e-9))]);
         table.row(vec!["manager CPU s during registration".into(), fmt_num(cpu_reg)]);
         if job > 0 {
-            let max_concurrent = a.max_concurrent.unwrap_or(nodes as u64).max(1);
-            let mut spec = crate::e2e::sleep_service("agents-job", 0);
-            spec.mode = Some(shoal_api::service_spec::Mode::ReplicatedJob(shoal_api::ReplicatedJob {
-                max_concurrent,
-                total_completions: job,
-            }));
-            let cpu_before = manager_cpu_seconds()?;
-            let start = Instant::now();
-            let svc = manager_rt
-                .block_on(controlapi::create_service(&cluster.state, spec))
-                .map_err(|e| BenchError::Request(e.to_string()))?;
-            let done = |t: &shoal_store::Tables| {
-                t.tasks()
-                    .by_service(&svc.id)
-                    .filter(|t| t.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32))
-                    .count()
-            };
-            // Tasks meant to run and not finished: never more than max_concurrent.
-            let in_flight = |t: &shoal_store::Tables| {
-                t.tasks()
-                    .by_service(&svc.id)
-                    .filter(|t| {
-                        t.desired_state <= TaskState::Complete as i32
-                            && t.status.as_ref().is_none_or(|s| s.state <= TaskState::Running as i32)
-                    })
-                    .count()
-            };
-            // Sampled every `SAMPLE_EVERY` (a view over the job's tasks), not on every commit, so that the
-            // measure does not hold the store's read lock on every write.
-            let mut most_in_flight = 0;
-            let mut last_log = Instant::now();
-            loop {
-                let (n, flying) = cluster.state.store.view(|t| (done(t), in_flight(t)));
-                most_in_flight = most_in_flight.max(flying);
-                if n as u64 >= job {
-                    break;
-                }
-                if start.elapsed() > phase_timeout {
-                    return Err(BenchError::Timeout(format!("{job} completions: {n} after {phase_timeout:?}")));
-                }
-                if last_log.elapsed() >= Duration::from_secs(10) {
-                    eprintln!("{:.0} s: {n} completions, {flying} in flight", start.elapsed().as_secs_f64());
-                    last_log = Instant::now();
-                }
-                std::thread::sleep(SAMPLE_EVERY);
-            }
-            let took = start.elapsed();
-            let cpu = manager_cpu_seconds()? - cpu_before;
-            let (made, complete) = cluster.state.store.view(|t| (t.tasks().by_service(&svc.id).count(), done(t)));
-            table.row(vec!["job completions".into(), job.to_string()]);
-            table.row(vec!["job max concurrent".into(), max_concurrent.to_string()]);
-            table.row(vec!["job complete s".into(), fmt_num(took.as_secs_f64())]);
-            table.row(vec!["completions/s".into(), fmt_num(job as f64 / took.as_secs_f64().max(1e-9))]);
-            table.row(vec!["manager CPU s during the job".into(), fmt_num(cpu)]);
-            table.row(vec!["manager CPU during the job (cores)".into(), fmt_num(cpu / took.as_secs_f64().max(1e-9))]);
-            table.row(vec!["job tasks made / COMPLETE".into(), format!("{made} / {complete}")]);
-            table.row(vec!["most job tasks in flight (sampled)".into(), most_in_flight.to_string()]);
-            if made as u64 != job || complete as u64 != job || most_in_flight as u64 > max_concurrent {
-                return Err(BenchError::Request(format!(
-                    "the job made {made} tasks, {complete} COMPLETE ({job} expected), at most {most_in_flight} in flight \
-                     ({max_concurrent} allowed)"
-                )));
-            }
-            job_took = Some(took);
+            job_took = Some(scene.job(job, a.max_concurrent, &mut table)?);
         } else if a.global {
-            let mut spec = crate::e2e::sleep_service("agents-global", 0);
-            spec.mode = Some(shoal_api::service_spec::Mode::Global(shoal_api::GlobalService {}));
-            let cpu_before = manager_cpu_seconds()?;
-            let start = Instant::now();
-            manager_rt
-                .block_on(controlapi::create_service(&cluster.state, spec))
-                .map_err(|e| BenchError::Request(e.to_string()))?;
-            sim_rt.block_on(wait_count(
-                "global tasks reported RUNNING",
-                &shared.running_reported,
-                nodes,
-                phase_timeout,
-            ))?;
-            let took = start.elapsed();
-            table.row(vec![format!("global service: {nodes} tasks reported RUNNING s"), fmt_num(took.as_secs_f64())]);
-            table.row(vec![
-                "manager CPU s during the global service's start".into(),
-                fmt_num(manager_cpu_seconds()? - cpu_before),
-            ]);
+            scene.global(&mut table)?;
         } else if a.tasks_per_node > 0 {
-            let replicas = nodes * a.tasks_per_node;
-            let start = Instant::now();
-            manager_rt
-                .block_on(controlapi::create_service(
-                    &cluster.state,
-                    crate::e2e::sleep_service("agents-bench", replicas as u64),
-                ))
-                .map_err(|e| BenchError::Request(e.to_string()))?;
-            sim_rt.block_on(wait_count("tasks reported RUNNING", &shared.running_reported, replicas, phase_timeout))?;
-            table.row(vec![format!("{replicas} replicas reported RUNNING s"), fmt_num(start.elapsed().as_secs_f64())]);
+            scene.replicas(nodes * a.tasks_per_node, &mut table)?;
         }
-        shared.latencies.take();
-        shared.measuring.store(true, Ordering::Relaxed);
-        eprintln!("steady window: {seconds} s");
-        let cpu1 = manager_cpu_seconds()?;
-        let t1 = Instant::now();
-        std::thread::sleep(Duration::from_secs(seconds));
-        let cpu2 = manager_cpu_seconds()?;
-        let window = t1.elapsed().as_secs_f64();
-        shared.measuring.store(false, Ordering::Relaxed);
-        let cores = (cpu2 - cpu1) / window;
-        let rss = procstat::rss_kib(std::process::id() as i32)?;
-        let mut lat = shared.latencies.take();
-        lat.sort_by(|x, y| x.total_cmp(y));
-        let down = cluster.state.store.view(|t| {
-            t.nodes()
-                .iter()
-                .filter(|n| n.status.as_ref().is_some_and(|s| s.state == node_status::State::Down as i32))
-                .count()
-        });
+        let steady = scene.steady_window(seconds)?;
         let _ = stop_tx.send(true);
         eprintln!("stopping the simulated nodes");
         sim_rt.block_on(async {
@@ -474,15 +353,8 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
                 let _ = h.await;
             }
         });
-        table.row(vec![format!("manager CPU, steady {seconds} s window (cores)"), fmt_num(cores)]);
-        table.row(vec!["process RSS MiB (manager + simulated nodes)".into(), fmt_num(rss as f64 / 1024.0)]);
-        table.row(vec!["heartbeats in window".into(), lat.len().to_string()]);
-        table.row(vec!["heartbeat p50 ms".into(), fmt_num(report::quantile(&lat, 0.5))]);
-        table.row(vec!["heartbeat p99 ms".into(), fmt_num(report::quantile(&lat, 0.99))]);
-        table.row(vec!["heartbeat errors".into(), shared.heartbeat_errors.load(Ordering::Relaxed).to_string()]);
-        table.row(vec!["sessions lost".into(), shared.sessions_lost.load(Ordering::Relaxed).to_string()]);
-        table.row(vec!["nodes wrongly DOWN".into(), down.to_string()]);
-        Ok::<_, BenchError>((cores, down, shared.sessions_lost.load(Ordering::Relaxed)))
+        steady.rows(seconds, &scene.shared, &mut table);
+        Ok::<_, BenchError>((steady.cores, steady.down, scene.shared.sessions_lost.load(Ordering::Relaxed)))
     })();
     let _ = stop_tx.send(true);
     eprintln!("stopping the manager");
@@ -499,4 +371,213 @@ pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
         )));
     }
     Ok(())
+}
+
+/// The scenario's stage: the manager on its runtime, the simulated nodes on theirs, what they share.
+struct Scene<'a> {
+    manager_rt: &'a tokio::runtime::Runtime,
+    sim_rt: &'a tokio::runtime::Runtime,
+    cluster: &'a TestCluster,
+    shared: Arc<Shared>,
+    /// Simulated nodes.
+    nodes: usize,
+    /// How long a phase may take.
+    phase_timeout: Duration,
+}
+
+/// What the steady window measured.
+struct Steady {
+    /// Manager CPU over the window, in cores.
+    cores: f64,
+    /// Process RSS, KiB.
+    rss_kib: u64,
+    /// Heartbeat latencies in the window, sorted, ms.
+    latencies: Vec<f64>,
+    /// Nodes the manager marked DOWN.
+    down: usize,
+}
+
+impl Steady {
+    /// Its rows of the table, with the heartbeat errors and lost sessions counted in `shared` so far.
+    fn rows(&self, seconds: u64, shared: &Shared, table: &mut Table) {
+        let lat = &self.latencies;
+        table.row(vec![format!("manager CPU, steady {seconds} s window (cores)"), fmt_num(self.cores)]);
+        table.row(vec!["process RSS MiB (manager + simulated nodes)".into(), fmt_num(self.rss_kib as f64 / 1024.0)]);
+        table.row(vec!["heartbeats in window".into(), lat.len().to_string()]);
+        table.row(vec!["heartbeat p50 ms".into(), fmt_num(report::quantile(lat, 0.5))]);
+        table.row(vec!["heartbeat p99 ms".into(), fmt_num(report::quantile(lat, 0.99))]);
+        table.row(vec!["heartbeat errors".into(), shared.heartbeat_errors.load(Ordering::Relaxed).to_string()]);
+        table.row(vec!["sessions lost".into(), shared.sessions_lost.load(Ordering::Relaxed).to_string()]);
+        table.row(vec!["nodes wrongly DOWN".into(), self.down.to_string()]);
+    }
+}
+
+impl Scene<'_> {
+    /// Connects the simulated nodes to the manager, `per_conn` of them per HTTP/2 connection, until `stop`.
+    fn start_nodes(
+        &self,
+        per_conn: usize,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, BenchError> {
+        self.sim_rt.block_on(async {
+            let endpoint = Endpoint::from_shared(format!("http://{}", self.cluster.manager_addr()))
+                .map_err(|e| BenchError::Setup(e.to_string()))?
+                .tcp_nodelay(true)
+                .connect_timeout(CALL_TIMEOUT);
+            let mut channels = Vec::new();
+            for _ in 0..self.nodes.div_ceil(per_conn) {
+                channels.push(endpoint.connect().await.map_err(|e| BenchError::Request(format!("connect: {e}")))?);
+            }
+            let mut handles = Vec::with_capacity(self.nodes);
+            for i in 0..self.nodes {
+                handles.push(tokio::spawn(sim_node(
+                    i,
+                    channels[i / per_conn].clone(),
+                    self.shared.clone(),
+                    stop.clone(),
+                )));
+            }
+            Ok(handles)
+        })
+    }
+
+    /// Runs a replicated job of `job` completions, at most `max_concurrent` (all nodes by default) at once,
+    /// to its end; checks it made and completed exactly `job` tasks within the bound. Returns how long it took.
+    fn job(&self, job: u64, max_concurrent: Option<u64>, table: &mut Table) -> Result<Duration, BenchError> {
+        let max_concurrent = max_concurrent.unwrap_or(self.nodes as u64).max(1);
+        let mut spec = crate::e2e::sleep_service("agents-job", 0);
+        spec.mode = Some(shoal_api::service_spec::Mode::ReplicatedJob(shoal_api::ReplicatedJob {
+            max_concurrent,
+            total_completions: job,
+        }));
+        let cpu_before = manager_cpu_seconds()?;
+        let start = Instant::now();
+        let svc = self
+            .manager_rt
+            .block_on(controlapi::create_service(&self.cluster.state, spec))
+            .map_err(|e| BenchError::Request(e.to_string()))?;
+        let done = |t: &shoal_store::Tables| {
+            t.tasks()
+                .by_service(&svc.id)
+                .filter(|t| t.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32))
+                .count()
+        };
+        // Tasks meant to run and not finished: never more than max_concurrent.
+        let in_flight = |t: &shoal_store::Tables| {
+            t.tasks()
+                .by_service(&svc.id)
+                .filter(|t| {
+                    t.desired_state <= TaskState::Complete as i32
+                        && t.status.as_ref().is_none_or(|s| s.state <= TaskState::Running as i32)
+                })
+                .count()
+        };
+        // Sampled every `SAMPLE_EVERY` (a view over the job's tasks), not on every commit, so that the
+        // measure does not hold the store's read lock on every write.
+        let mut most_in_flight = 0;
+        let mut last_log = Instant::now();
+        loop {
+            let (n, flying) = self.cluster.state.store.view(|t| (done(t), in_flight(t)));
+            most_in_flight = most_in_flight.max(flying);
+            if n as u64 >= job {
+                break;
+            }
+            if start.elapsed() > self.phase_timeout {
+                return Err(BenchError::Timeout(format!("{job} completions: {n} after {:?}", self.phase_timeout)));
+            }
+            if last_log.elapsed() >= Duration::from_secs(10) {
+                eprintln!("{:.0} s: {n} completions, {flying} in flight", start.elapsed().as_secs_f64());
+                last_log = Instant::now();
+            }
+            std::thread::sleep(SAMPLE_EVERY);
+        }
+        let took = start.elapsed();
+        let cpu = manager_cpu_seconds()? - cpu_before;
+        let (made, complete) = self.cluster.state.store.view(|t| (t.tasks().by_service(&svc.id).count(), done(t)));
+        table.row(vec!["job completions".into(), job.to_string()]);
+        table.row(vec!["job max concurrent".into(), max_concurrent.to_string()]);
+        table.row(vec!["job complete s".into(), fmt_num(took.as_secs_f64())]);
+        table.row(vec!["completions/s".into(), fmt_num(job as f64 / took.as_secs_f64().max(1e-9))]);
+        table.row(vec!["manager CPU s during the job".into(), fmt_num(cpu)]);
+        table.row(vec!["manager CPU during the job (cores)".into(), fmt_num(cpu / took.as_secs_f64().max(1e-9))]);
+        table.row(vec!["job tasks made / COMPLETE".into(), format!("{made} / {complete}")]);
+        table.row(vec!["most job tasks in flight (sampled)".into(), most_in_flight.to_string()]);
+        if made as u64 != job || complete as u64 != job || most_in_flight as u64 > max_concurrent {
+            return Err(BenchError::Request(format!(
+                "the job made {made} tasks, {complete} COMPLETE ({job} expected), at most {most_in_flight} in flight \
+                 ({max_concurrent} allowed)"
+            )));
+        }
+        Ok(took)
+    }
+
+    /// Starts a global service and waits until every node reported its task RUNNING.
+    fn global(&self, table: &mut Table) -> Result<(), BenchError> {
+        let nodes = self.nodes;
+        let mut spec = crate::e2e::sleep_service("agents-global", 0);
+        spec.mode = Some(shoal_api::service_spec::Mode::Global(shoal_api::GlobalService {}));
+        let cpu_before = manager_cpu_seconds()?;
+        let start = Instant::now();
+        self.manager_rt
+            .block_on(controlapi::create_service(&self.cluster.state, spec))
+            .map_err(|e| BenchError::Request(e.to_string()))?;
+        self.sim_rt.block_on(wait_count(
+            "global tasks reported RUNNING",
+            &self.shared.running_reported,
+            nodes,
+            self.phase_timeout,
+        ))?;
+        let took = start.elapsed();
+        table.row(vec![format!("global service: {nodes} tasks reported RUNNING s"), fmt_num(took.as_secs_f64())]);
+        table.row(vec![
+            "manager CPU s during the global service's start".into(),
+            fmt_num(manager_cpu_seconds()? - cpu_before),
+        ]);
+        Ok(())
+    }
+
+    /// Starts a service of `replicas` tasks and waits until they are all reported RUNNING.
+    fn replicas(&self, replicas: usize, table: &mut Table) -> Result<(), BenchError> {
+        let start = Instant::now();
+        self.manager_rt
+            .block_on(controlapi::create_service(
+                &self.cluster.state,
+                crate::e2e::sleep_service("agents-bench", replicas as u64),
+            ))
+            .map_err(|e| BenchError::Request(e.to_string()))?;
+        self.sim_rt.block_on(wait_count(
+            "tasks reported RUNNING",
+            &self.shared.running_reported,
+            replicas,
+            self.phase_timeout,
+        ))?;
+        table.row(vec![format!("{replicas} replicas reported RUNNING s"), fmt_num(start.elapsed().as_secs_f64())]);
+        Ok(())
+    }
+
+    /// Measures the manager over a steady window of `seconds`: its CPU, the process's RSS, the heartbeats'
+    /// latencies, and the nodes it wrongly marked DOWN.
+    fn steady_window(&self, seconds: u64) -> Result<Steady, BenchError> {
+        let shared = &self.shared;
+        shared.latencies.take();
+        shared.measuring.store(true, Ordering::Relaxed);
+        eprintln!("steady window: {seconds} s");
+        let cpu1 = manager_cpu_seconds()?;
+        let t1 = Instant::now();
+        std::thread::sleep(Duration::from_secs(seconds));
+        let cpu2 = manager_cpu_seconds()?;
+        let window = t1.elapsed().as_secs_f64();
+        shared.measuring.store(false, Ordering::Relaxed);
+        let cores = (cpu2 - cpu1) / window;
+        let rss_kib = procstat::rss_kib(std::process::id() as i32)?;
+        let mut latencies = shared.latencies.take();
+        latencies.sort_by(|x, y| x.total_cmp(y));
+        let down = self.cluster.state.store.view(|t| {
+            t.nodes()
+                .iter()
+                .filter(|n| n.status.as_ref().is_some_and(|s| s.state == node_status::State::Down as i32))
+                .count()
+        });
+        Ok(Steady { cores, rss_kib, latencies, down })
+    }
 }

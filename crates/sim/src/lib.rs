@@ -33,7 +33,7 @@ use std::sync::Arc;
 use raft::StateRole;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shoal_api::{Service, TaskState};
+use shoal_api::{Service, Task, TaskState};
 use shoal_manager::dispatcher::DispatcherConfig;
 use shoal_manager::ClusterState;
 use shoal_store::{ManualClock, StoreObject, Tables};
@@ -382,7 +382,23 @@ impl World {
         }
         let now_ms = self.now_ms();
         let ids = self.manager_ids();
-        // Deliveries.
+        self.deliver(now_ms, &ids);
+        // The API client.
+        let states: BTreeMap<u64, ClusterState> =
+            self.managers.iter().filter_map(|m| m.run.as_ref().map(|r| (m.id, r.state.clone()))).collect();
+        let events = self.client.step(now_ms, writes, &states, &mut self.rng);
+        for e in events {
+            self.event(e);
+        }
+        self.step_managers(now_ms);
+        self.resolve_acknowledged();
+        self.step_agents(now_ms, &ids);
+        self.trace_step();
+    }
+
+    /// Delivers the messages due this step, the snapshot losses, and the broken streams (`ids`: the
+    /// managers').
+    fn deliver(&mut self, now_ms: u64, ids: &[u64]) {
         for env in self.net.due(&mut self.rng, self.step) {
             match (env.from, env.to, env.msg) {
                 (from, Endpoint::Manager(m), Msg::Raft(msg)) => {
@@ -418,7 +434,7 @@ impl World {
                     };
                     self.send(Endpoint::Manager(m), out);
                 }
-                (Endpoint::Manager(m), Endpoint::Agent(a), msg) => self.agents[a].receive(now_ms, m, msg, &ids),
+                (Endpoint::Manager(m), Endpoint::Agent(a), msg) => self.agents[a].receive(now_ms, m, msg, ids),
                 _ => {}
             }
         }
@@ -432,7 +448,7 @@ impl World {
         for (from, to) in self.net.broken_due(self.step) {
             match (from, to) {
                 (Endpoint::Agent(a), Endpoint::Manager(m)) | (Endpoint::Manager(m), Endpoint::Agent(a)) => {
-                    self.agents[a].connection_broken(now_ms, m, &ids);
+                    self.agents[a].connection_broken(now_ms, m, ids);
                     if let Some(run) = self.managers[m as usize - 1].run.as_mut() {
                         run.drop_stream(a);
                     }
@@ -440,14 +456,10 @@ impl World {
                 _ => {}
             }
         }
-        // The API client.
-        let states: BTreeMap<u64, ClusterState> =
-            self.managers.iter().filter_map(|m| m.run.as_ref().map(|r| (m.id, r.state.clone()))).collect();
-        let events = self.client.step(now_ms, writes, &states, &mut self.rng);
-        for e in events {
-            self.event(e);
-        }
-        // Managers: subsystems, proposals, raft, agents' streams.
+    }
+
+    /// Managers: subsystems, proposals, raft, agents' streams.
+    fn step_managers(&mut self, now_ms: u64) {
         for i in 0..self.managers.len() {
             let id = self.managers[i].id;
             let Some(run) = self.managers[i].run.as_mut() else { continue };
@@ -464,7 +476,10 @@ impl World {
             out.extend(run.serve_agents(&self.node_ids));
             self.send(Endpoint::Manager(id), out);
         }
-        // Acknowledged writes: read the entry that carried each.
+    }
+
+    /// Acknowledged writes: read the entry that carried each.
+    fn resolve_acknowledged(&mut self) {
         for (what, m, index) in std::mem::take(&mut self.client.ledger.to_resolve) {
             let entry =
                 self.managers[m as usize - 1].run.as_ref().and_then(|r| r.applied_log.lock().get(&index).copied());
@@ -472,10 +487,13 @@ impl World {
                 self.client.ledger.acked.push(workload::Acked { what, index, term, digest });
             }
         }
-        // Agents.
+    }
+
+    /// Agents, then who is cut off from the leader now (`ids`: the managers').
+    fn step_agents(&mut self, now_ms: u64, ids: &[u64]) {
         let period = self.mcfg.dispatcher.heartbeat_period_ms_default;
         for i in 0..self.agents.len() {
-            let out = self.agents[i].step(now_ms, period, &ids, self.fail_chance, &mut self.rng);
+            let out = self.agents[i].step(now_ms, period, ids, self.fail_chance, &mut self.rng);
             self.send(Endpoint::Agent(i), out);
         }
         // Who is cut off from the leader now.
@@ -489,6 +507,11 @@ impl World {
                 a.last_cut_off_ms = now_ms;
             }
         }
+    }
+
+    /// Folds who leads and what each manager applied into the trace.
+    fn trace_step(&mut self) {
+        let leader = self.leader();
         let applied: Vec<(u64, u64)> = self
             .managers
             .iter()
@@ -874,86 +897,16 @@ impl World {
 
 /// Why service `s` has not converged (its expected running tasks go into `expected`).
 fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String>) -> Option<String> {
-    use shoal_api::service_spec::Mode;
     use shoal_api::update_status::UpdateState;
     let state = s.update_status.as_ref().map(|u| u.state());
     if matches!(state, Some(UpdateState::Updating | UpdateState::RollbackStarted)) {
-        let tasks: Vec<String> = t
-            .tasks()
-            .by_service(&s.id)
-            .map(|t| {
-                format!(
-                    "{} slot {} {:?}/{:?} v{:?} node {}",
-                    t.id,
-                    t.slot,
-                    t.status.as_ref().map(|s| s.state()),
-                    t.desired_state(),
-                    t.spec_version.as_ref().map(|v| v.index),
-                    t.node_id
-                )
-            })
-            .collect();
-        return Some(format!(
-            "service {} is still updating ({:?}, spec v{:?}): {tasks:?}",
-            s.id,
-            s.update_status,
-            s.spec_version.as_ref().map(|v| v.index)
-        ));
+        return Some(still_updating(t, s));
     }
     let paused = matches!(state, Some(UpdateState::Paused | UpdateState::RollbackPaused));
     let live: Vec<_> = t.tasks().by_service(&s.id).filter(|t| t.desired_state() <= TaskState::Running).collect();
     for task in &live {
-        if task.status.as_ref().map(|st| st.state()) != Some(TaskState::Running) {
-            let st = task.status.clone().unwrap_or_default();
-            return Some(format!(
-                "task {} of service {} (slot {}) is not running: observed {:?} ({:?} {:?}), desired {:?}, node {:?}",
-                task.id,
-                s.id,
-                task.slot,
-                st.state(),
-                st.message,
-                st.err,
-                task.desired_state(),
-                task.node_id
-            ));
-        }
-        let node = t.nodes().get(&task.node_id).map(|n| &**n);
-        if !node.is_some_and(shoal_manager::scheduler::nodeinfo::is_ready_and_active) {
-            return Some(format!(
-                "task {} of service {} runs on node {:?}, which is not ready and active",
-                task.id, s.id, task.node_id
-            ));
-        }
-        if !paused && shoal_manager::orchestrator::dirty::is_task_dirty(s, task, node) {
-            return Some(
-                format!(
-                "task {} of service {} is not up to date: task spec v{:?}, service spec v{:?}, update {:?}, {} tasks",
-                task.id,
-                s.id,
-                task.spec_version.as_ref().map(|v| v.index),
-                s.spec_version.as_ref().map(|v| v.index),
-                s.update_status,
-                live.len()
-            ) + &format!(
-                    "\n  service spec {:?}\n  previous {:?}\n  task spec {:?}\n  all: {:?}",
-                    s.spec.as_ref().map(|x| (&x.task, &x.mode, &x.update)),
-                    s.previous_spec.as_ref().map(|x| (&x.task, &x.mode)),
-                    task.spec,
-                    t.tasks()
-                        .by_service(&s.id)
-                        .map(|x| format!(
-                            "{} slot {} {:?}/{:?} v{:?} node {} created {}",
-                            x.id,
-                            x.slot,
-                            x.status.as_ref().map(|s| s.state()),
-                            x.desired_state(),
-                            x.spec_version.as_ref().map(|v| v.index),
-                            x.node_id,
-                            shoal_manager::orchestrator::created_ms(x) - START_UNIX_MS
-                        ))
-                        .collect::<Vec<_>>()
-                ),
-            );
+        if let Some(why) = task_not_converged(t, s, task, paused, live.len()) {
+            return Some(why);
         }
         expected.insert(task.id.clone());
     }
@@ -964,32 +917,126 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
         .map(|n| n.id.as_str())
         .collect();
     if shoal_manager::orchestrator::jobs::is_job(s) {
-        let iteration = shoal_manager::orchestrator::jobs::current_iteration(s);
-        let current: Vec<_> = t
-            .tasks()
-            .by_service(&s.id)
-            .filter(|t| shoal_manager::orchestrator::jobs::in_iteration(t, iteration))
-            .collect();
-        let complete: BTreeSet<(u64, &str)> = current
-            .iter()
-            .filter(|t| t.status.as_ref().map(|st| st.state()) == Some(TaskState::Complete))
-            .map(|t| {
-                if matches!(s.spec.as_ref().and_then(|sp| sp.mode.as_ref()), Some(Mode::GlobalJob(_))) {
-                    (0, t.node_id.as_str())
-                } else {
-                    (t.slot, "")
-                }
-            })
-            .collect();
-        let done = match s.spec.as_ref().and_then(|sp| sp.mode.as_ref()) {
-            Some(Mode::ReplicatedJob(j)) => complete.len() as u64 == j.total_completions,
-            _ => ready.iter().all(|n| complete.contains(&(0, *n))),
-        };
-        if !done {
-            return Some(format!("job {} iteration {iteration} has completed {complete:?}", s.id));
-        }
-        return None;
+        return job_not_converged(t, s, &ready);
     }
+    tasks_not_converged(s, &live, &ready)
+}
+
+/// Why service `s` has not converged while its update (or rollback) is in progress: its tasks.
+fn still_updating(t: &Tables, s: &Service) -> String {
+    let tasks: Vec<String> = t
+        .tasks()
+        .by_service(&s.id)
+        .map(|t| {
+            format!(
+                "{} slot {} {:?}/{:?} v{:?} node {}",
+                t.id,
+                t.slot,
+                t.status.as_ref().map(|s| s.state()),
+                t.desired_state(),
+                t.spec_version.as_ref().map(|v| v.index),
+                t.node_id
+            )
+        })
+        .collect();
+    format!(
+        "service {} is still updating ({:?}, spec v{:?}): {tasks:?}",
+        s.id,
+        s.update_status,
+        s.spec_version.as_ref().map(|v| v.index)
+    )
+}
+
+/// Why `task` of service `s` (`paused`: its update is; one of `live` tasks meant to run) has not converged:
+/// not running, on a node not ready and active, or not up to date.
+fn task_not_converged(t: &Tables, s: &Service, task: &Task, paused: bool, live: usize) -> Option<String> {
+    if task.status.as_ref().map(|st| st.state()) != Some(TaskState::Running) {
+        let st = task.status.clone().unwrap_or_default();
+        return Some(format!(
+            "task {} of service {} (slot {}) is not running: observed {:?} ({:?} {:?}), desired {:?}, node {:?}",
+            task.id,
+            s.id,
+            task.slot,
+            st.state(),
+            st.message,
+            st.err,
+            task.desired_state(),
+            task.node_id
+        ));
+    }
+    let node = t.nodes().get(&task.node_id).map(|n| &**n);
+    if !node.is_some_and(shoal_manager::scheduler::nodeinfo::is_ready_and_active) {
+        return Some(format!(
+            "task {} of service {} runs on node {:?}, which is not ready and active",
+            task.id, s.id, task.node_id
+        ));
+    }
+    if !paused && shoal_manager::orchestrator::dirty::is_task_dirty(s, task, node) {
+        return Some(
+            format!(
+                "task {} of service {} is not up to date: task spec v{:?}, service spec v{:?}, update {:?}, {} tasks",
+                task.id,
+                s.id,
+                task.spec_version.as_ref().map(|v| v.index),
+                s.spec_version.as_ref().map(|v| v.index),
+                s.update_status,
+                live
+            ) + &format!(
+                "\n  service spec {:?}\n  previous {:?}\n  task spec {:?}\n  all: {:?}",
+                s.spec.as_ref().map(|x| (&x.task, &x.mode, &x.update)),
+                s.previous_spec.as_ref().map(|x| (&x.task, &x.mode)),
+                task.spec,
+                t.tasks()
+                    .by_service(&s.id)
+                    .map(|x| format!(
+                        "{} slot {} {:?}/{:?} v{:?} node {} created {}",
+                        x.id,
+                        x.slot,
+                        x.status.as_ref().map(|s| s.state()),
+                        x.desired_state(),
+                        x.spec_version.as_ref().map(|v| v.index),
+                        x.node_id,
+                        shoal_manager::orchestrator::created_ms(x) - START_UNIX_MS
+                    ))
+                    .collect::<Vec<_>>()
+            ),
+        );
+    }
+    None
+}
+
+/// Why job `s` has not converged: its current iteration has not completed (on every ready node, `ready`,
+/// for a global job).
+fn job_not_converged(t: &Tables, s: &Service, ready: &[&str]) -> Option<String> {
+    use shoal_api::service_spec::Mode;
+    let iteration = shoal_manager::orchestrator::jobs::current_iteration(s);
+    let current: Vec<_> =
+        t.tasks().by_service(&s.id).filter(|t| shoal_manager::orchestrator::jobs::in_iteration(t, iteration)).collect();
+    let complete: BTreeSet<(u64, &str)> = current
+        .iter()
+        .filter(|t| t.status.as_ref().map(|st| st.state()) == Some(TaskState::Complete))
+        .map(|t| {
+            if matches!(s.spec.as_ref().and_then(|sp| sp.mode.as_ref()), Some(Mode::GlobalJob(_))) {
+                (0, t.node_id.as_str())
+            } else {
+                (t.slot, "")
+            }
+        })
+        .collect();
+    let done = match s.spec.as_ref().and_then(|sp| sp.mode.as_ref()) {
+        Some(Mode::ReplicatedJob(j)) => complete.len() as u64 == j.total_completions,
+        _ => ready.iter().all(|n| complete.contains(&(0, *n))),
+    };
+    if !done {
+        return Some(format!("job {} iteration {iteration} has completed {complete:?}", s.id));
+    }
+    None
+}
+
+/// Why service `s` has not converged: its `live` tasks are not one per slot and as many as it wants, or
+/// (global) not one on each ready node.
+fn tasks_not_converged(s: &Service, live: &[&Arc<Task>], ready: &[&str]) -> Option<String> {
+    use shoal_api::service_spec::Mode;
     match s.spec.as_ref().and_then(|sp| sp.mode.as_ref()) {
         Some(Mode::Replicated(r)) => {
             let slots: BTreeSet<u64> = live.iter().map(|t| t.slot).collect();

@@ -176,6 +176,34 @@ fn spec_of(name: &str, rng: &mut StdRng, kind: Kind) -> ServiceSpec {
     s
 }
 
+/// A random change to service `id` (one of `services`): its task, an environment variable, or its count or
+/// update config.
+fn update(state: ClusterState, services: &[std::sync::Arc<Service>], id: &str, rng: &mut StdRng) -> Request {
+    let current = services.iter().find(|s| s.id == id).expect("listed").clone();
+    let mut next = current.spec.clone().unwrap_or_default();
+    let name = next.annotations.as_ref().map(|a| a.name.clone()).unwrap_or_default();
+    let fresh = spec(&name, rng, Kind::Replicated);
+    match rng.random_range(0..3) {
+        0 => next.task = fresh.task,
+        1 => {
+            if let Some(Runtime::Container(c)) = next.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+                c.env = vec![format!("N={}", rng.random_range(0..100))];
+            }
+        }
+        _ => match &mut next.mode {
+            Some(Mode::Replicated(r)) => r.replicas = rng.random_range(0..=MAX_REPLICAS),
+            Some(Mode::ReplicatedJob(j)) => j.total_completions = rng.random_range(1..=MAX_REPLICAS),
+            Some(Mode::GlobalJob(_)) => {}
+            _ => next.update = fresh.update,
+        },
+    }
+    let (id, version) = (id.to_string(), current.version());
+    Box::pin(async move { controlapi::update_service(&state, &id, version, next).await.map(Some) })
+}
+
+/// A request sent to a manager: its answer, the service it wrote (if any).
+type Request = SimFuture<Result<Option<Service>, ControlError>>;
+
 impl Client {
     /// True while a request is waiting for its answer.
     pub fn busy(&self) -> bool {
@@ -218,9 +246,31 @@ impl Client {
         let state = states[&manager].clone();
         let services: Vec<std::sync::Arc<Service>> = controlapi::list_services(&state, &Default::default());
         let nodes = controlapi::list_nodes(&state, &Default::default());
+        let op = self.choose(read, &services, &nodes, rng);
+        let fut = self.request(&op, state, &services, &nodes, rng);
+        self.ledger.sent += 1;
+        self.in_flight = Some(InFlight { op, manager, fut });
+        // The first poll at once: a request to a follower fails here.
+        if let Some(f) = &mut self.in_flight {
+            if let Some(result) = poll_once(&mut f.fut) {
+                let f = self.in_flight.take().expect("in flight");
+                events.push(self.record(f, result));
+            }
+        }
+        events
+    }
+
+    /// The next request (`read`: a read), given the cluster's `services` and `nodes`.
+    fn choose(
+        &self,
+        read: bool,
+        services: &[std::sync::Arc<Service>],
+        nodes: &[std::sync::Arc<shoal_api::Node>],
+        rng: &mut StdRng,
+    ) -> Op {
         let active =
             |n: &shoal_api::Node| n.spec.as_ref().is_none_or(|s| s.availability == Availability::Active as i32);
-        let op = if !self.network {
+        if !self.network {
             Op::Network
         } else if read {
             Op::Read(
@@ -240,49 +290,21 @@ impl Client {
             } else {
                 Op::Update(s.id.clone())
             }
-        };
-        let fut: SimFuture<Result<Option<Service>, ControlError>> = match &op {
-            Op::Create => {
-                self.created += 1;
-                let kind = [
-                    Kind::Replicated,
-                    Kind::Replicated,
-                    Kind::Replicated,
-                    Kind::Global,
-                    Kind::ReplicatedJob,
-                    Kind::GlobalJob,
-                ][rng.random_range(0..6)];
-                let mut spec = spec_of(&format!("svc{}", self.created), rng, kind);
-                if rng.random_bool(0.5) {
-                    if let Some(task) = spec.task.as_mut() {
-                        task.networks =
-                            vec![shoal_api::NetworkAttachmentConfig { target: NETWORK.into(), ..Default::default() }];
-                    }
-                }
-                Box::pin(async move { controlapi::create_service(&state, spec).await.map(Some) })
-            }
-            Op::Update(id) => {
-                let current = services.iter().find(|s| &s.id == id).expect("listed").clone();
-                let mut next = current.spec.clone().unwrap_or_default();
-                let name = next.annotations.as_ref().map(|a| a.name.clone()).unwrap_or_default();
-                let fresh = spec(&name, rng, Kind::Replicated);
-                match rng.random_range(0..3) {
-                    0 => next.task = fresh.task,
-                    1 => {
-                        if let Some(Runtime::Container(c)) = next.task.as_mut().and_then(|t| t.runtime.as_mut()) {
-                            c.env = vec![format!("N={}", rng.random_range(0..100))];
-                        }
-                    }
-                    _ => match &mut next.mode {
-                        Some(Mode::Replicated(r)) => r.replicas = rng.random_range(0..=MAX_REPLICAS),
-                        Some(Mode::ReplicatedJob(j)) => j.total_completions = rng.random_range(1..=MAX_REPLICAS),
-                        Some(Mode::GlobalJob(_)) => {}
-                        _ => next.update = fresh.update,
-                    },
-                }
-                let (id, version) = (id.clone(), current.version());
-                Box::pin(async move { controlapi::update_service(&state, &id, version, next).await.map(Some) })
-            }
+        }
+    }
+
+    /// Sends `op` to the manager whose state is `state`.
+    fn request(
+        &mut self,
+        op: &Op,
+        state: ClusterState,
+        services: &[std::sync::Arc<Service>],
+        nodes: &[std::sync::Arc<shoal_api::Node>],
+        rng: &mut StdRng,
+    ) -> Request {
+        match op {
+            Op::Create => self.create(state, rng),
+            Op::Update(id) => update(state, services, id, rng),
             Op::Remove(id) => {
                 self.ledger.maybe_removed.insert(id.clone());
                 let id = id.clone();
@@ -317,17 +339,23 @@ impl Client {
                 let (id, version) = (id.clone(), node.version());
                 Box::pin(async move { controlapi::update_node(&state, &id, version, spec).await.map(|_| None) })
             }
-        };
-        self.ledger.sent += 1;
-        self.in_flight = Some(InFlight { op, manager, fut });
-        // The first poll at once: a request to a follower fails here.
-        if let Some(f) = &mut self.in_flight {
-            if let Some(result) = poll_once(&mut f.fut) {
-                let f = self.in_flight.take().expect("in flight");
-                events.push(self.record(f, result));
+        }
+    }
+
+    /// A new service, of a random kind, on the network half the time.
+    fn create(&mut self, state: ClusterState, rng: &mut StdRng) -> Request {
+        self.created += 1;
+        let kind =
+            [Kind::Replicated, Kind::Replicated, Kind::Replicated, Kind::Global, Kind::ReplicatedJob, Kind::GlobalJob]
+                [rng.random_range(0..6)];
+        let mut spec = spec_of(&format!("svc{}", self.created), rng, kind);
+        if rng.random_bool(0.5) {
+            if let Some(task) = spec.task.as_mut() {
+                task.networks =
+                    vec![shoal_api::NetworkAttachmentConfig { target: NETWORK.into(), ..Default::default() }];
             }
         }
-        events
+        Box::pin(async move { controlapi::create_service(&state, spec).await.map(Some) })
     }
 
     fn record(&mut self, f: InFlight, result: Result<Option<Service>, ControlError>) -> String {
