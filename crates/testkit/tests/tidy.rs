@@ -473,16 +473,6 @@ fn the_function_measure_skips_literals_comments_and_test_modules() {
     assert_eq!(function_lengths(src), [("a".to_string(), 2, 6), ("b".to_string(), 8, 1)]);
 }
 
-/// Shipped functions still over the limit, as (file, function name): each is a debt to pay by splitting it, not
-/// a place to add to. The test fails on a long function not listed here, and on an entry that is no longer long
-/// (remove it then, so the list only shrinks).
-const LONG_FUNCTIONS_TO_SPLIT: &[(&str, &str)] = &[
-    ("crates/bench/src/agents.rs", "run"),
-    ("crates/sim/src/lib.rs", "tick"),
-    ("crates/sim/src/lib.rs", "service_not_converged"),
-    ("crates/sim/src/workload.rs", "step"),
-];
-
 /// The files of the modules that `file` declares `#[cfg(test)] mod name;`: test code wherever it is named.
 fn test_module_files(file: &Path, text: &str) -> Vec<PathBuf> {
     let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("");
@@ -514,17 +504,11 @@ fn no_shipped_function_is_longer_than_the_limit() {
     let test_modules: Vec<PathBuf> =
         files.iter().flat_map(|f| test_module_files(f, &std::fs::read_to_string(f).unwrap_or_default())).collect();
     let mut long = Vec::new();
-    let mut known = Vec::new();
     for file in files.into_iter().filter(|p| !is_test_file(p) && !test_modules.contains(p)) {
         let text = std::fs::read_to_string(&file).unwrap_or_default();
         let rel = file.strip_prefix(&root).unwrap_or(&file).display().to_string();
         for (name, line, lines) in function_lengths(&text) {
-            if lines <= MAX_FN_LINES {
-                continue;
-            }
-            if LONG_FUNCTIONS_TO_SPLIT.contains(&(rel.as_str(), name.as_str())) {
-                known.push((rel.clone(), name));
-            } else {
+            if lines > MAX_FN_LINES {
                 long.push(format!("{rel}:{line}: fn {name} is {lines} lines"));
             }
         }
@@ -535,7 +519,4 @@ fn no_shipped_function_is_longer_than_the_limit() {
         long.len(),
         long.join("\n")
     );
-    let paid: Vec<_> =
-        LONG_FUNCTIONS_TO_SPLIT.iter().filter(|(f, n)| !known.iter().any(|(kf, kn)| kf == f && kn == n)).collect();
-    assert!(paid.is_empty(), "no longer over {MAX_FN_LINES} lines: remove from LONG_FUNCTIONS_TO_SPLIT: {paid:?}");
 }
