@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -126,8 +126,7 @@ impl Browser {
     /// Waits until `expression` evaluates to something truthy in the page; returns that value. An exception
     /// (the page still loading) counts as not yet. Panics with `what` and the last value after `deadline`.
     pub fn wait_for(&mut self, what: &str, expression: &str, deadline: Duration) -> Value {
-        let end = Instant::now() + deadline;
-        loop {
+        crate::wait::wait_until_every(what, deadline, Duration::from_millis(100), || {
             let v = self.try_eval(expression).unwrap_or_else(|e| Value::String(format!("exception: {e}")));
             let truthy = match &v {
                 Value::String(s) if s.starts_with("exception: ") => false,
@@ -138,13 +137,11 @@ impl Browser {
                 _ => true,
             };
             if truthy {
-                return v;
+                Ok(v)
+            } else {
+                Err(format!("`{expression}` is {v}"))
             }
-            if Instant::now() > end {
-                panic!("timed out after {deadline:?} waiting for {what}: `{expression}` is {v}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        })
     }
 
     /// Saves a PNG screenshot of the page's viewport at `path`.

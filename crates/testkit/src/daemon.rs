@@ -5,7 +5,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::http;
 
@@ -136,13 +136,21 @@ impl DaemonProcess {
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).expect("daemon log");
         let mut child = self.command(extra).stdout(log).stderr(stderr).spawn().expect("start shoal daemon");
-        let start = Instant::now();
-        let status = loop {
+        let socket = &self.socket;
+        // `Some` when it exited, `None` when its control socket answered (it started: fail at once).
+        let exited = crate::wait::poll_until(limit, crate::wait::POLL, || {
             if let Some(status) = child.try_wait().expect("wait for the daemon") {
-                break status;
+                return Ok(Some(status));
             }
-            let answered = http::request(&self.socket, "GET", "/_ping", None).is_ok_and(|r| r.status == 200);
-            if answered || start.elapsed() > limit {
+            if http::request(socket, "GET", "/_ping", None).is_ok_and(|r| r.status == 200) {
+                return Ok(None);
+            }
+            Err("still running".to_string())
+        });
+        let status = match exited {
+            Ok(Some(status)) => status,
+            answered => {
+                let answered = answered.is_ok();
                 let _ = child.kill();
                 let _ = child.wait();
                 let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
@@ -150,7 +158,6 @@ impl DaemonProcess {
                     "the daemon did not exit within {limit:?} (control socket answered: {answered}); stderr:\n{err}"
                 );
             }
-            std::thread::sleep(Duration::from_millis(20));
         };
         let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
         // Keep it in the daemon log too, for a failing test's dump.
@@ -162,20 +169,21 @@ impl DaemonProcess {
     }
 
     fn wait_ready(&mut self) {
-        let start = Instant::now();
-        loop {
-            if let Ok(r) = http::request(&self.socket, "GET", "/_ping", None) {
-                if r.status == 200 {
-                    return;
-                }
+        let (socket, log_path, child) = (&self.socket, &self.log_path, &mut self.child);
+        let ready = crate::wait::poll_until(Duration::from_secs(30), crate::wait::POLL, || {
+            let answer = match http::request(socket, "GET", "/_ping", None) {
+                Ok(r) if r.status == 200 => return Ok(()),
+                Ok(r) => format!("/_ping answered {}", r.status),
+                Err(e) => format!("/_ping: {e}"),
+            };
+            if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                let log = std::fs::read_to_string(log_path).unwrap_or_default();
+                panic!("daemon exited during start ({status}); log:\n{log}");
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("daemon exited during start ({status}); log:\n{}", self.log());
-            }
-            if start.elapsed() > Duration::from_secs(30) {
-                panic!("daemon did not answer /_ping within 30 s; log:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            Err(answer)
+        });
+        if let Err(last) = ready {
+            panic!("daemon did not answer /_ping within 30 s ({last}); log:\n{}", self.log());
         }
     }
 
@@ -221,17 +229,17 @@ impl DaemonProcess {
         let Some(mut child) = self.child.take() else { return true };
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            if start.elapsed() > Duration::from_secs(20) {
+        let exited = crate::wait::poll_until(Duration::from_secs(20), crate::wait::POLL, || match child.try_wait() {
+            Ok(Some(status)) => Ok(status),
+            _ => Err("still running".to_string()),
+        });
+        match exited {
+            Ok(status) => status.success(),
+            Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return false;
+                false
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

@@ -10,7 +10,7 @@
 //! - `netns`: network namespaces for daemons, partitions and delays between them (fault tests);
 //! - `python`: a venv under the target dir with the Docker SDK and schemathesis, made on first use, and a
 //!   runner for Python scripts in it;
-//! - `wait`: wait for a condition with a deadline (never a fixed sleep);
+//! - `wait`: wait for a condition with a deadline (never a fixed sleep), the one copy in the tree;
 //! - `docker_cli`: the stock docker CLI pointed at a Shoal control socket;
 //! - `docker_engine`: the local Docker Engine: the test image, daemons with `--executor docker` whose
 //!   containers are removed on drop;
@@ -34,6 +34,8 @@ pub mod python;
 pub mod second_engine;
 pub mod swarmkit;
 pub mod wait;
+#[cfg(test)]
+mod wait_tests;
 
 pub use api_server::ApiServer;
 pub use cluster::{ClusterOptions, TestCluster, TestWorker};

@@ -73,19 +73,20 @@ pub fn kill9(pid: i32) {
 /// Waits (at most `limit`) for a child started with piped stdout/stderr to exit; returns whether it exited
 /// successfully and what it printed (stderr, then stdout). Kills it and panics with `what` past the limit.
 pub fn wait_exit(mut child: std::process::Child, limit: std::time::Duration, what: &str) -> (bool, String) {
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
+    let exited = crate::wait::poll_until(limit, std::time::Duration::from_millis(50), || {
+        child.try_wait().expect("try_wait").ok_or_else(|| "still running".to_string())
+    });
+    match exited {
+        Ok(status) => {
             let out = child.wait_with_output().expect("wait_with_output");
             let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-            return (status.success(), text);
+            (status.success(), text)
         }
-        if start.elapsed() > limit {
+        Err(_) => {
             let _ = child.kill();
             let _ = child.wait();
             panic!("{what} did not exit within {limit:?}");
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
 
