@@ -101,12 +101,14 @@ impl Cluster {
     }
 }
 
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// The tree's one wait helper (testkit's), included by path: testkit depends on this crate.
+#[path = "../../testkit/src/wait.rs"]
+#[allow(dead_code)] // this test uses part of it
+mod wait;
+
+/// Polls `cond` (every 10 ms) until it holds, failing the test after 20 s.
+async fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    wait::wait_until_async(what, Duration::from_secs(20), Duration::from_millis(10), wait::holds(cond)).await
 }
 
 fn secret(id: &str, name: &str, data: &str) -> Secret {

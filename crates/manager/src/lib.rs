@@ -26,6 +26,10 @@ pub mod state;
 pub mod subsystem;
 pub mod swarmkit_api;
 pub mod tasks;
+#[cfg(test)]
+#[path = "../../testkit/src/wait.rs"]
+#[allow(dead_code)] // the unit tests use part of it
+mod wait;
 pub mod write;
 
 pub use leader::leader_subsystems;

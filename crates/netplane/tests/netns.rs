@@ -190,13 +190,14 @@ fn resolve(netns: PathBuf, name: &str) -> Vec<Ipv4Addr> {
     })
 }
 
-/// Waits until `f` holds, panicking with `what` after `limit`.
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The tree's one wait helper (testkit's), included by path: testkit depends on this crate (through the agent).
+#[path = "../../testkit/src/wait.rs"]
+#[allow(dead_code)] // this test uses part of it
+mod wait;
+
+/// Waits (polling every 20 ms) until `f` holds, panicking with `what` after `limit`.
+fn wait_for(what: &str, limit: Duration, f: impl FnMut() -> bool) {
+    wait::wait_until(what, limit, wait::holds(f))
 }
 
 /// Two node namespaces joined by a veth underlay, each prepared like a Docker host (see the module doc).

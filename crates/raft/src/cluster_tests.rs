@@ -18,6 +18,11 @@ use shoal_store::{Changes, MemoryStore, StoreObject};
 
 use crate::*;
 
+/// The tree's one wait helper (testkit's), included by path: testkit depends on this crate.
+#[path = "../../testkit/src/wait.rs"]
+#[allow(dead_code)] // this test uses part of it
+mod wait;
+
 const DEADLINE: Duration = Duration::from_secs(20);
 /// Fast ticks for most tests: an election takes a few hundred milliseconds.
 const TEST_TICK_MS: u64 = 20;
@@ -26,13 +31,9 @@ async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     tokio::time::timeout(DEADLINE, f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
 }
 
-/// Polls `cond` until it holds, failing the test after `DEADLINE`.
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+/// Polls `cond` (every 5 ms) until it holds, failing the test after `DEADLINE`.
+async fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    wait::wait_until_async(what, DEADLINE, Duration::from_millis(5), wait::holds(cond)).await
 }
 
 fn addr(id: u64) -> String {

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shoal_api::{Annotations, Service, ServiceSpec};
 use shoal_raft::grpc::{self, PlainHttp};
@@ -13,18 +13,20 @@ use shoal_raft::{Proposer, RaftConfig, RaftNode, StartMode};
 use shoal_store::{Changes, MemoryStore};
 use tokio::sync::watch;
 
+/// The tree's one wait helper (testkit's), included by path: testkit depends on this crate.
+#[path = "../../testkit/src/wait.rs"]
+#[allow(dead_code)] // this test uses part of it
+mod wait;
+
 const DEADLINE: Duration = Duration::from_secs(30);
 
 async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     tokio::time::timeout(DEADLINE, f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
 }
 
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Polls `cond` (every 10 ms) until it holds, failing the test after `DEADLINE`.
+async fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    wait::wait_until_async(what, DEADLINE, Duration::from_millis(10), wait::holds(cond)).await
 }
 
 struct Served {

@@ -457,33 +457,37 @@ fn every_control_call_answers_as_swarmkit_does() {
     });
 }
 
-/// The IDs of `service`'s running tasks once there are `n`.
+/// The IDs of `service`'s running tasks once there are `n` (polled every 100 ms, for 60 s at most).
 async fn wait_for_running(c: &mut ControlClient<tonic::transport::Channel>, service: &str, n: usize) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let tasks = c
-            .list_tasks(ListTasksRequest {
-                filters: Some(list_tasks_request::Filters {
-                    service_ids: vec![service.into()],
-                    desired_states: vec![TaskState::Running as i32],
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .tasks;
-        let running: Vec<String> = tasks
-            .iter()
-            .filter(|t| t.status.as_ref().is_some_and(|s| s.state == TaskState::Running as i32))
-            .map(|t| t.id.clone())
-            .collect();
-        if running.len() == n {
-            return running;
+    let what = format!("{n} running tasks of {service}");
+    shoal_testkit::wait::await_until(&what, Duration::from_secs(60), Duration::from_millis(100), || {
+        let mut c = c.clone();
+        async move {
+            let tasks = c
+                .list_tasks(ListTasksRequest {
+                    filters: Some(list_tasks_request::Filters {
+                        service_ids: vec![service.into()],
+                        desired_states: vec![TaskState::Running as i32],
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .tasks;
+            let running: Vec<String> = tasks
+                .iter()
+                .filter(|t| t.status.as_ref().is_some_and(|s| s.state == TaskState::Running as i32))
+                .map(|t| t.id.clone())
+                .collect();
+            if running.len() == n {
+                Ok(running)
+            } else {
+                Err(format!("{} running", running.len()))
+            }
         }
-        assert!(tokio::time::Instant::now() < deadline, "{} of {n} tasks running after 60 s", running.len());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 fn service_entry() -> watch_request::WatchEntry {

@@ -2,15 +2,17 @@
 //! tree. A check returns `Ok(value)` once the condition holds, else `Err(what it saw)`. `wait_until` (a
 //! thread; every 20 ms) and `wait_until_every` (another interval) block and panic at the deadline with the
 //! description, the deadline and the last observation; in a tokio test, `wait_until_async` sleeps between
-//! polls and reads its deadline in tokio time (a test on a paused clock waits in its own time). `poll_until`
-//! and `poll_until_async` return the last observation instead of panicking, for a caller that adds to the
-//! failure (a log, a kill). `holds` makes a check of a boolean condition.
+//! polls and reads its deadline in tokio time (a test on a paused clock waits in its own time), and
+//! `await_until` does so with a check that awaits. `poll_until` and `poll_until_async` return the last
+//! observation instead of panicking, for a caller that adds to the failure (a log, a kill). `holds` makes a
+//! check of a boolean condition.
 //!
 //! The tests of the crates this one depends on (raft, manager, agent, netplane) cannot depend on it without a
 //! cycle, so they include this file by path (`#[path = "../../testkit/src/wait.rs"]`) instead of copying it.
 //! Hence it must use nothing but std and tokio's `time`, and name no workspace crate. Its tests are in
 //! `wait_tests.rs`.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 /// How often `wait_until` polls.
@@ -57,20 +59,31 @@ pub async fn wait_until_async<T>(
     what: &str,
     deadline: Duration,
     every: Duration,
-    check: impl FnMut() -> Result<T, String>,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    await_until(what, deadline, every, || std::future::ready(check())).await
+}
+
+/// `wait_until_async` with a check that awaits (a request, say).
+pub async fn await_until<T, F: Future<Output = Result<T, String>>>(
+    what: &str,
+    deadline: Duration,
+    every: Duration,
+    check: impl FnMut() -> F,
 ) -> T {
     poll_until_async(deadline, every, check).await.unwrap_or_else(|last| timed_out(what, deadline, &last))
 }
 
-/// `poll_until` in a tokio task: sleeps between polls, reads the deadline in tokio time.
-pub async fn poll_until_async<T>(
+/// `poll_until` in a tokio task, with a check that awaits: sleeps between polls, reads the deadline in tokio
+/// time.
+pub async fn poll_until_async<T, F: Future<Output = Result<T, String>>>(
     deadline: Duration,
     every: Duration,
-    mut check: impl FnMut() -> Result<T, String>,
+    mut check: impl FnMut() -> F,
 ) -> Result<T, String> {
     let start = tokio::time::Instant::now();
     loop {
-        let last = match check() {
+        let last = match check().await {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };

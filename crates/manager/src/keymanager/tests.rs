@@ -89,25 +89,29 @@ fn keyring(state: &ClusterState) -> Keyring {
     state.store.view(|t| t.clusters().get("c1").map(|c| Keyring::of(c)).unwrap_or_default())
 }
 
+/// Waits (tokio time, 10 s, every 5 ms) until the cluster's keyring passes `f`; returns it.
 async fn wait_for(state: &ClusterState, what: &str, f: impl Fn(&Keyring) -> bool) -> Keyring {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    crate::wait::wait_until_async(what, Duration::from_secs(10), Duration::from_millis(5), || {
         let ring = keyring(state);
         if f(&ring) {
-            return ring;
+            Ok(ring)
+        } else {
+            Err(format!("{ring:?}"))
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}: {ring:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until the loop sleeps on the timer (so a step of time is seen by that sleep).
 async fn asleep(fx: &Fx) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while fx.timer.pending_sleeps() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the key manager never waited on the timer");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let sleeping = crate::wait::holds(|| fx.timer.pending_sleeps() > 0);
+    crate::wait::wait_until_async(
+        "the key manager to wait on the timer",
+        Duration::from_secs(10),
+        Duration::from_millis(1),
+        sleeping,
+    )
+    .await
 }
 
 fn start(ring: Keyring) -> Fx {

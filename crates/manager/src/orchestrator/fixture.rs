@@ -2,6 +2,7 @@
 //! `LocalProposer`, a `ManualClock`, seeded IDs, and builders for services, tasks and nodes. Test-only.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use shoal_api::node_spec::Availability;
 use shoal_api::service_spec::Mode;
@@ -13,6 +14,12 @@ use shoal_raft::{LocalProposer, Proposer};
 use shoal_store::{Changes, ManualClock, MemoryStore, StoreObject, Tables};
 
 use crate::state::{ClusterState, RandomIds};
+
+/// Waits (in tokio time, polling every 10 ms) until `cond` holds, failing after `deadline`: the tree's one
+/// wait helper (`crate::wait`, testkit's).
+pub async fn wait_until(what: &str, deadline: Duration, cond: impl FnMut() -> bool) {
+    crate::wait::wait_until_async(what, deadline, Duration::from_millis(10), crate::wait::holds(cond)).await
+}
 
 /// The fixture's start time.
 pub const T0: u64 = 1_700_000_000_000;

@@ -14,7 +14,7 @@ use shoal_api::{
 };
 use shoal_store::Changes;
 
-use super::fixture::{node, service, set_image, Fx};
+use super::fixture::{node, service, set_image, wait_until, Fx};
 use super::global::reconcile_global;
 use super::taskreaper::reap;
 use super::*;
@@ -415,14 +415,6 @@ fn the_scheduler_checks_a_task_on_its_node() {
     assert_eq!(observed_state(&on2), TaskState::Pending);
     let err = on2.status.unwrap().err;
     assert!(err.contains("insufficient resources on 1 node"), "{err}");
-}
-
-async fn wait_until(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool) {
-    let end = tokio::time::Instant::now() + deadline;
-    while !cond() {
-        assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -13,7 +13,7 @@ use shoal_api::{
 };
 use shoal_store::Changes;
 
-use super::fixture::{node, service, set_image, Fx};
+use super::fixture::{node, service, set_image, wait_until, Fx};
 use super::replicated::PENDING_MESSAGE;
 use super::taskreaper::{all_slots, reap};
 use super::*;
@@ -441,15 +441,6 @@ fn reaper_deletes_removed_and_orphaned_tasks_once_stopped() {
     let left: Vec<String> = fx.view(|t| t.tasks().iter().map(|t| t.id.clone()).collect());
     assert!(left.contains(&still_running) && left.contains(&"o2".to_string()));
     assert!(!left.contains(&done) && !left.contains(&never_assigned) && !left.contains(&"o1".to_string()));
-}
-
-/// Waits (in tokio time) until `cond` holds, failing after `deadline`.
-async fn wait_until(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool) {
-    let end = tokio::time::Instant::now() + deadline;
-    while !cond() {
-        assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(start_paused = true)]
