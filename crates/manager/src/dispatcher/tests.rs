@@ -150,12 +150,10 @@ fn task(id: &str, node: &str, state: TaskState, desired: TaskState) -> Task {
     }
 }
 
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+/// Waits (10 s, every 5 ms) through the one wait helper (`crate::wait`, testkit's).
+async fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    crate::wait::wait_until_async(what, Duration::from_secs(10), Duration::from_millis(5), crate::wait::holds(cond))
+        .await
 }
 
 async fn open_session(
