@@ -141,6 +141,8 @@ struct StatusRequest {
 pub struct Dispatcher {
     state: ClusterState,
     config: DispatcherConfig,
+    /// Lock order: the store, then the registry. The registry is locked inside store views, so it is never
+    /// held while the store is read or written.
     registry: Mutex<Registry>,
     status_tx: mpsc::Sender<StatusRequest>,
     status_rx: tokio::sync::Mutex<mpsc::Receiver<StatusRequest>>,
@@ -569,6 +571,10 @@ impl Dispatcher {
         self.register_node(node_id, req, addr).await?;
         let session_id = self.state.ids.new_id();
         let (alive_tx, alive_rx) = watch::channel(());
+        // Read from the store before the registry is locked: the registry is taken inside store views
+        // (`register_node`, `expire_heartbeats`), so a store read under the registry's lock deadlocks as soon
+        // as a Raft apply waits for the write lock between the two (seen in `shoal-bench e2e`).
+        let ttl = self.heartbeat_ttl_ms();
         {
             let mut reg = self.registry.lock();
             // Replacing the entry drops the old session's sender, which ends its streams.
@@ -576,7 +582,6 @@ impl Dispatcher {
                 node_id.to_string(),
                 SessionEntry { session_id: session_id.clone(), _alive: alive_tx, alive_rx: alive_rx.clone() },
             );
-            let ttl = self.heartbeat_ttl_ms();
             reg.heartbeats.beat(node_id, self.state.timer.now_ms(), ttl);
         }
         tracing::info!(node = %node_id, session = %session_id, "agent session opened");
