@@ -56,6 +56,25 @@ fn shoal_manager(eng: &SecondEngine, i: usize, join: Option<&DaemonProcess>) -> 
     DaemonProcess::start_with(&shoal_bin(), opts)
 }
 
+/// `kill -9` of the leader of `managers` (manager i is `shoal-{i}`: `shoal_manager`); waits until a survivor
+/// sees a new leader and returns that survivor's index.
+fn kill_the_leader(managers: &mut [DaemonProcess; 3]) -> usize {
+    let leader = shoal_testkit::managers::leader_seen_by(&managers[0]).expect("a leader");
+    let li: usize =
+        leader.strip_prefix("shoal-").and_then(|i| i.parse().ok()).expect("the leader is a shoal-i manager");
+    managers[li].kill9();
+    let survivor = (li + 1) % 3;
+    wait_until("a new leader", JOIN_LIMIT, || {
+        let l = shoal_testkit::managers::leader_seen_by(&managers[survivor])?;
+        if l != leader {
+            Ok(())
+        } else {
+            Err(format!("still {l}"))
+        }
+    });
+    survivor
+}
+
 /// `docker` against a Shoal manager's control socket.
 fn shoal(d: &DaemonProcess, args: &[&str]) -> String {
     docker_cli::ok(d.socket(), args)
@@ -327,21 +346,8 @@ fn the_engine_survives_a_leader_failover_and_shoal_sees_it_leave() {
         }
     });
 
-    // kill -9 the leader.
-    let leader = shoal_testkit::managers::leader_seen_by(&managers[0]).expect("a leader");
-    // Manager i is `shoal-{i}` (shoal_manager).
-    let li: usize =
-        leader.strip_prefix("shoal-").and_then(|i| i.parse().ok()).expect("the leader is a shoal-i manager");
-    managers[li].kill9();
-    let survivor = &managers[(li + 1) % 3];
-    wait_until("a new leader", JOIN_LIMIT, || {
-        let l = shoal_testkit::managers::leader_seen_by(survivor)?;
-        if l != leader {
-            Ok(())
-        } else {
-            Err(format!("still {l}"))
-        }
-    });
+    let survivor = kill_the_leader(&mut managers);
+    let survivor = &managers[survivor];
 
     // The engine's containers kept running through the failover.
     let now = eng.running_with_label("com.docker.swarm.service.name", "web");
@@ -603,19 +609,8 @@ fn engines_keep_their_overlay_through_a_leader_kill_and_new_tasks_join_it() {
     create_web(&managers[0], "mesh", "meshnet", &["--mode", "global", "--constraint", "node.labels.engine==yes"]);
     let before = cross_reach(&a, &b, &managers[0], "mesh");
 
-    let leader = shoal_testkit::managers::leader_seen_by(&managers[0]).expect("a leader");
-    let li: usize =
-        leader.strip_prefix("shoal-").and_then(|i| i.parse().ok()).expect("the leader is a shoal-i manager");
-    managers[li].kill9();
-    let survivor = &managers[(li + 1) % 3];
-    wait_until("a new leader", JOIN_LIMIT, || {
-        let l = shoal_testkit::managers::leader_seen_by(survivor)?;
-        if l != leader {
-            Ok(())
-        } else {
-            Err(format!("still {l}"))
-        }
-    });
+    let survivor = kill_the_leader(&mut managers);
+    let survivor = &managers[survivor];
     // The same containers still reach each other (the engines gossip directly once they found each other).
     let (ip_a, ip_b) = (container_ip(&a, &before.0), container_ip(&b, &before.1));
     let host_b = b.docker_ok(&["exec", &before.1, "hostname"]);

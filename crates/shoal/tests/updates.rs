@@ -196,6 +196,11 @@ fn updates_roll_back_pause_force_and_start_first_through_the_docker_cli() {
             // (the failure is seen at once; the window only holds the next slot back).
             "--update-monitor",
             "30s",
+            // The next slot waits this long after the first slot's new task started, so the failure (at once)
+            // is always seen before a second slot is replaced, however loaded the machine (with no delay the
+            // next slot starts as soon as the new task is RUNNING, before its exit is reported).
+            "--update-delay",
+            "30s",
             "--rollback-parallelism",
             "0",
             "--rollback-monitor",
