@@ -211,7 +211,7 @@ mod tests {
         udp.send_to(&wire::seal(&k1, [5; NONCE_BYTES], b"", &ping.out).unwrap(), addr).await.unwrap();
         let mut buf = [0u8; 1500];
         let (n, _) = tokio::time::timeout(Duration::from_secs(10), udp.recv_from(&mut buf)).await.unwrap().unwrap();
-        let ack = wire::open(&[k1.clone()], &buf[..n], b"").unwrap();
+        let ack = wire::open(std::slice::from_ref(&k1), &buf[..n], b"").unwrap();
         assert_eq!(ack[0], kind::ACK);
         // The key manager rotates: the new key is taken, the old one no longer opens anything.
         keys.send(vec![k2.clone()]).unwrap();
