@@ -825,20 +825,7 @@ impl World {
                     s.update_status
                 )
             });
-            head.into_iter()
-                .chain(t.tasks().by_service(service).map(|x| {
-                    format!(
-                        "{} slot {} {:?}/{:?} spec v{:?} node {} created {} ms",
-                        x.id,
-                        x.slot,
-                        x.status.as_ref().map(|s| s.state()),
-                        x.desired_state(),
-                        x.spec_version.as_ref().map(|v| v.index),
-                        x.node_id,
-                        shoal_manager::orchestrator::created_ms(x).saturating_sub(START_UNIX_MS)
-                    )
-                }))
-                .collect()
+            head.into_iter().chain(t.tasks().by_service(service).map(|x| describe_task(x))).collect()
         })
     }
 
@@ -986,19 +973,7 @@ fn task_not_converged(t: &Tables, s: &Service, task: &Task, paused: bool, live: 
                 s.spec.as_ref().map(|x| (&x.task, &x.mode, &x.update)),
                 s.previous_spec.as_ref().map(|x| (&x.task, &x.mode)),
                 task.spec,
-                t.tasks()
-                    .by_service(&s.id)
-                    .map(|x| format!(
-                        "{} slot {} {:?}/{:?} v{:?} node {} created {}",
-                        x.id,
-                        x.slot,
-                        x.status.as_ref().map(|s| s.state()),
-                        x.desired_state(),
-                        x.spec_version.as_ref().map(|v| v.index),
-                        x.node_id,
-                        shoal_manager::orchestrator::created_ms(x) - START_UNIX_MS
-                    ))
-                    .collect::<Vec<_>>()
+                t.tasks().by_service(&s.id).map(|x| describe_task(x)).collect::<Vec<_>>()
             ),
         );
     }
@@ -1144,4 +1119,19 @@ fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failu
         trace: w.trace,
         leader_loops: w.leader_loops.clone(),
     })
+}
+
+/// One task as the simulation's diagnostics print it: ID, slot, observed/desired state, spec version, node,
+/// and when it was created (ms after the simulation's start).
+fn describe_task(x: &shoal_api::Task) -> String {
+    format!(
+        "{} slot {} {:?}/{:?} spec v{:?} node {} created {} ms",
+        x.id,
+        x.slot,
+        x.status.as_ref().map(|s| s.state()),
+        x.desired_state(),
+        x.spec_version.as_ref().map(|v| v.index),
+        x.node_id,
+        shoal_manager::orchestrator::created_ms(x).saturating_sub(START_UNIX_MS)
+    )
 }
