@@ -60,7 +60,8 @@ pub type HeldSink = Arc<dyn Fn(&Held) + Send + Sync>;
 /// is refused with the data plane's reason (`shoal_netplane::check_encryption`, the one place that decides
 /// it), before any executor sees the task; so is a network attachment task (`AttachNetwork`, for a container
 /// of the engine's own on an attachable network) on a node whose executor has no `Attacher` (`attaches`
-/// false: the process executor, or the docker executor without the data plane).
+/// false: the process executor, or the docker executor without the data plane); so is a task whose
+/// attachments ask for interface names the data plane cannot give (`shoal_netplane::check_ifnames`).
 fn network_refusal(task: &Task, attaches: bool) -> Option<String> {
     if !attaches
         && matches!(
@@ -75,11 +76,17 @@ fn network_refusal(task: &Task, attaches: bool) -> Option<String> {
                 .into(),
         );
     }
-    task.networks
+    let encryption = task
+        .networks
         .iter()
         .filter_map(|a| a.network.as_ref())
-        .find_map(|n| shoal_netplane::check_encryption(&n.id, n.is_encrypted()).err())
-        .map(|e| e.to_string())
+        .find_map(|n| shoal_netplane::check_encryption(&n.id, n.is_encrypted()).err());
+    // The interface names the attachments ask for (`com.docker.network.endpoint.ifname`).
+    let ifnames = crate::network::desired::attachments(task).ok().and_then(|atts| {
+        let atts: Vec<_> = atts.into_iter().map(|(_, a)| a).collect();
+        shoal_netplane::check_ifnames(&atts).err()
+    });
+    encryption.or(ifnames).map(|e| e.to_string())
 }
 
 fn observed(task: &Task) -> TaskState {

@@ -154,6 +154,10 @@ impl std::fmt::Debug for crate::EncryptionKey {
 /// The driver option that asks for an encrypted data path (`docker network create --opt encrypted`).
 pub const ENCRYPTED_OPTION: &str = "encrypted";
 
+/// The endpoint driver option (`--network name=...,driver-opt=...`) that names the task's interface on the
+/// network, as Docker Engines from API 1.45 read it.
+pub const ENDPOINT_IFNAME_OPTION: &str = "com.docker.network.endpoint.ifname";
+
 /// The label of the networks the managers make so that services can run on every node's own predefined
 /// networks (`docker service create --network host`), as SwarmKit labels them.
 pub const PREDEFINED_NETWORK_LABEL: &str = "com.docker.swarm.predefined";

@@ -797,16 +797,6 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
     let api = Api::new();
     let cases: Vec<(&str, Value, &str)> = vec![
         (
-            "/Networks",
-            json!([{"Target": "backend", "DriverOpts": {"a": "b"}}]),
-            "Networks[0].DriverOpts is not supported yet",
-        ),
-        (
-            "/TaskTemplate/Networks",
-            json!([{"Target": "backend", "DriverOpts": {"a": "b"}}]),
-            "TaskTemplate.Networks[0].DriverOpts is not supported yet",
-        ),
-        (
             "/TaskTemplate/ContainerSpec/Configs",
             json!([{"ConfigID": "x", "ConfigName": "c", "Runtime": {}}]),
             "ContainerSpec.Configs[0].Runtime is not supported yet",

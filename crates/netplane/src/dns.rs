@@ -447,7 +447,7 @@ mod tests {
         let task = TaskState {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
-            attachments: vec![Attachment { network_id: "n1".into(), address: ip(1) }],
+            attachments: vec![Attachment { network_id: "n1".into(), address: ip(1), ifname: None }],
             joined: false,
         };
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));

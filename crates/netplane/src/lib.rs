@@ -26,8 +26,8 @@ pub use dns::{resolv_conf, zone_for, Resolver, Zone};
 pub use exec::{probe, Capabilities, Executor};
 pub use plan::{plan, Observed, Op};
 pub use state::{
-    mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeIngress, NodeNetState, Peer, Protocol, PublishedPort,
-    ServiceVip, TaskState,
+    check_ifnames, mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeIngress, NodeNetState, Peer, Protocol,
+    PublishedPort, ServiceVip, TaskState,
 };
 
 /// Whether this data plane can carry `network` (`encrypted`: created with `--opt encrypted`). The one place

@@ -494,7 +494,7 @@ impl Draft {
                     None => names::free_task_ifname(&taken),
                 }
             } else {
-                names::task_ifname(i)
+                t.ifname(i)
             };
             taken.insert(ifname.clone());
             replumbed |= self.attachment(current, desired, t, tns, a, &ifname);
@@ -510,7 +510,7 @@ impl Draft {
             }
             let via = t.attachments.iter().enumerate().find_map(|(i, a)| {
                 let n = desired.network(&a.network_id)?;
-                (!n.internal).then(|| (n.gateway, names::task_ifname(i)))
+                (!n.internal).then(|| (n.gateway, t.ifname(i)))
             });
             if (replumbed && via.is_some()) || tns.default_gw != via.as_ref().map(|v| v.0) {
                 self.routes.push(Op::SetDefaultRoute { netns: t.netns.clone(), via });
@@ -748,7 +748,11 @@ mod tests {
         s.tasks = vec![TaskState {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
-            attachments: vec![Attachment { network_id: "n7".into(), address: Ipv4Addr::new(10, 9, 0, 2) }],
+            attachments: vec![Attachment {
+                network_id: "n7".into(),
+                address: Ipv4Addr::new(10, 9, 0, 2),
+                ifname: None,
+            }],
             joined: false,
         }];
         check(
@@ -789,6 +793,44 @@ mod tests {
     }
 
     #[test]
+    fn an_attachment_that_names_its_interface_gets_it_and_the_route_through_it() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        let mut n8 = net(8);
+        (n8.subnet, n8.gateway) = ("10.8.0.0/24".parse().unwrap(), Ipv4Addr::new(10, 8, 0, 1));
+        s.networks = vec![net(7), n8];
+        let (a7, a8) = (Ipv4Addr::new(10, 9, 0, 2), Ipv4Addr::new(10, 8, 0, 2));
+        s.tasks = vec![TaskState {
+            task_id: "t".into(),
+            netns: "/run/netns/t".into(),
+            attachments: vec![
+                Attachment { network_id: "n7".into(), address: a7, ifname: Some("front0".into()) },
+                Attachment { network_id: "n8".into(), address: a8, ifname: None },
+            ],
+            joined: false,
+        }];
+        s.validate().unwrap();
+        let ops = plan(&Observed::default(), &s);
+        let veths: Vec<&str> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::CreateVeth { ifname, .. } => Some(ifname.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(veths, ["front0", "eth1"]);
+        assert!(ops.contains(&Op::SetDefaultRoute {
+            netns: "/run/netns/t".into(),
+            via: Some((Ipv4Addr::new(10, 9, 0, 1), "front0".into()))
+        }));
+        // A name given twice (against another attachment's eth<i> too), or one the kernel refuses: invalid.
+        for (name, want) in [("eth1", "both be interface eth1"), ("lo", "not lo"), ("a/b", "letters")] {
+            s.tasks[0].attachments[0].ifname = Some(name.into());
+            let err = s.validate().expect_err(want).to_string();
+            assert!(err.contains(want), "{err}");
+        }
+    }
+
+    #[test]
     fn a_joined_namespace_keeps_the_containers_interfaces_and_route() {
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         s.networks = vec![net(7)];
@@ -796,7 +838,7 @@ mod tests {
         s.tasks = vec![TaskState {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
-            attachments: vec![Attachment { network_id: "n7".into(), address: addr }],
+            attachments: vec![Attachment { network_id: "n7".into(), address: addr, ifname: None }],
             joined: true,
         }];
         let mut o = with_network_7(&s);
@@ -1109,7 +1151,11 @@ mod tests {
                     s.tasks = vec![TaskState {
                         task_id: "t".into(),
                         netns: "/run/netns/t".into(),
-                        attachments: vec![Attachment { network_id: "n7".into(), address: Ipv4Addr::new(10, 1, 0, 2) }],
+                        attachments: vec![Attachment {
+                            network_id: "n7".into(),
+                            address: Ipv4Addr::new(10, 1, 0, 2),
+                            ifname: None,
+                        }],
                         joined: false,
                     }]
                 }),

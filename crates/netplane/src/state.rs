@@ -29,6 +29,8 @@ pub const MAX_DNS_LABEL_LEN: usize = 63;
 pub const MAX_VNI: u32 = (1 << 24) - 1;
 /// Longest network, task or service ID accepted.
 pub const MAX_ID_LEN: usize = 64;
+/// Longest interface name the kernel takes (IFNAMSIZ less its terminating zero).
+pub const MAX_IFNAME_LEN: usize = 15;
 /// Most ports published on one node (routing mesh and host mode together). With `MAX_BACKENDS_PER_SERVICE`
 /// it bounds the node table's published-port rules: one rule per port in each of two chains, each with at
 /// most that many map entries. The allocator already keeps ingress ports unique cluster-wide (65,535 per
@@ -299,6 +301,7 @@ impl NodeNetState {
                     t.attachments.len()
                 ));
             }
+            check_ifnames(&t.attachments).map_err(|e| Error::Invalid(format!("task {}: {e}", t.task_id)))?;
             let mut seen = BTreeSet::new();
             for a in &t.attachments {
                 let Some(n) = self.network(&a.network_id) else {
@@ -495,4 +498,55 @@ pub struct Attachment {
     pub network_id: String,
     /// The task's address on it (the prefix length is the network's).
     pub address: Ipv4Addr,
+    /// The name of its interface in the task's namespace, when the attachment asks for one (Docker's endpoint
+    /// driver option `com.docker.network.endpoint.ifname`); `None`: `eth<i>` for attachment `i`. Ignored in a
+    /// joined namespace, where the container's engine named its interfaces.
+    pub ifname: Option<String>,
+}
+
+impl TaskState {
+    /// The interface name of attachment `i` in a namespace made for the task (not joined): its asked name, or
+    /// `eth<i>`.
+    pub fn ifname(&self, i: usize) -> String {
+        attachment_ifname(&self.attachments, i)
+    }
+}
+
+fn attachment_ifname(attachments: &[Attachment], i: usize) -> String {
+    attachments.get(i).and_then(|a| a.ifname.clone()).unwrap_or_else(|| crate::names::task_ifname(i))
+}
+
+/// Checks the interface names of a task's attachments, in the task's order: each asked name is valid
+/// (`check_ifname`), and no two attachments get the same name (an asked name against another's `eth<i>`
+/// too). The agent asks it for every task it is given, so a task that fails it is rejected with this reason.
+pub fn check_ifnames(attachments: &[Attachment]) -> Result<(), Error> {
+    let mut names = BTreeSet::new();
+    for (i, a) in attachments.iter().enumerate() {
+        if let Some(name) = &a.ifname {
+            check_ifname(name)?;
+        }
+        let name = attachment_ifname(attachments, i);
+        if !names.insert(name.clone()) {
+            return Err(Error::Invalid(format!(
+                "two network attachments would both be interface {name}: give each a distinct \
+                 com.docker.network.endpoint.ifname (unnamed attachments are eth<i>, i their place in the list)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks an interface name a task asks for: 1..=15 bytes (the kernel's limit) of letters, digits, '-', '_' and
+/// '.', not `lo`, `.` or `..`.
+pub fn check_ifname(name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_IFNAME_LEN
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && !matches!(name, "lo" | "." | "..");
+    if !ok {
+        return Err(Error::Invalid(format!(
+            "interface name {name:?} must be 1..={MAX_IFNAME_LEN} letters, digits, '-', '_' and '.', and not lo"
+        )));
+    }
+    Ok(())
 }

@@ -140,13 +140,17 @@ async fn tasks_resolve_their_services_by_name_and_the_rest_upstream() {
         TaskState {
             task_id: "client".into(),
             netns: client.path(),
-            attachments: vec![Attachment { network_id: "appnet".into(), address: a(2) }],
+            attachments: vec![Attachment { network_id: "appnet".into(), address: a(2), ifname: None }],
             joined: false,
         },
         TaskState {
             task_id: "lonely".into(),
             netns: lonely.path(),
-            attachments: vec![Attachment { network_id: "private".into(), address: Ipv4Addr::new(10, 51, 0, 2) }],
+            attachments: vec![Attachment {
+                network_id: "private".into(),
+                address: Ipv4Addr::new(10, 51, 0, 2),
+                ifname: None,
+            }],
             joined: false,
         },
     ];

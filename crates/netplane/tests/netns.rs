@@ -323,7 +323,10 @@ fn task(id: &str, ns: &Netns, attachments: &[(&str, Ipv4Addr)]) -> TaskState {
     TaskState {
         task_id: id.into(),
         netns: ns.path(),
-        attachments: attachments.iter().map(|(n, a)| Attachment { network_id: n.to_string(), address: *a }).collect(),
+        attachments: attachments
+            .iter()
+            .map(|(n, a)| Attachment { network_id: n.to_string(), address: *a, ifname: None })
+            .collect(),
         joined: false,
     }
 }

@@ -198,6 +198,55 @@ fn the_readme_daemon_with_the_docker_executor_carries_an_overlay_in_the_hosts_na
     readme_daemon_on_the_host(Tasks::docker(image));
 }
 
+/// An attachment that names the task's interface (`--network name=...,driver-opt=` Docker's
+/// `com.docker.network.endpoint.ifname`): the task's namespace has that interface with the task's address on the
+/// network, and the other attachment keeps its `eth<i>` name. Service `named` stays for the removal below.
+fn named_interface(d: &Daemon, kind: &Tasks) {
+    let front = "name=app_front,driver-opt=com.docker.network.endpoint.ifname=front0";
+    d.docker(&[
+        "service",
+        "create",
+        "-d",
+        "--name",
+        "named",
+        "--network",
+        front,
+        "--network",
+        "app_back",
+        &kind.image,
+        "/bin/sleep",
+        "100000",
+    ]);
+    let task = wait_until("named's task running", WAIT, || {
+        let t = d.docker(&["service", "ps", "named", "--format", "{{.ID}} {{.CurrentState}}", "--no-trunc"]);
+        match t.lines().next() {
+            Some(l) if l.contains("Running") => Ok(l.split(' ').next().unwrap().to_string()),
+            _ => Err(t),
+        }
+    });
+    let addr = |network: &str| {
+        let format = format!(
+            "{{{{range .NetworksAttachments}}}}{{{{if eq .Network.Spec.Name \"{network}\"}}}}{{{{index .Addresses 0}}}}{{{{end}}}}{{{{end}}}}"
+        );
+        d.docker(&["inspect", "--format", &format, &task]).trim().to_string()
+    };
+    let (front_addr, back_addr) = (addr("app_front"), addr("app_back"));
+    let ns = format!("shl-task-{task}");
+    let ifaces = run(&["ip", "netns", "exec", &ns, "ip", "-o", "-4", "addr", "show"]);
+    let name_of = |a: &str| {
+        let l = ifaces.lines().find(|l| l.contains(&format!(" {a} ")));
+        l.and_then(|l| l.split_whitespace().nth(1)).unwrap_or_default().to_string()
+    };
+    // (The CLI sorts a service's networks, so `app_back` may come first: eth0 or eth1.)
+    let back_if = name_of(&back_addr);
+    assert!(
+        name_of(&front_addr) == "front0" && ["eth0", "eth1"].contains(&back_if.as_str()),
+        "{front_addr} {back_addr}:\n{ifaces}"
+    );
+    let opts = d.docker(&["service", "inspect", "named", "--format", "{{json .Spec.TaskTemplate.Networks}}"]);
+    assert!(opts.contains(r#""DriverOpts":{"com.docker.network.endpoint.ifname":"front0"}"#), "{opts}");
+}
+
 fn readme_daemon_on_the_host(kind: Tasks) {
     let forward = run(&["iptables", "-w", "-S", "FORWARD"]);
     eprintln!("the host's FORWARD chain:\n{forward}");
@@ -331,11 +380,15 @@ fn readme_daemon_on_the_host(kind: Tasks) {
         assert!(ours.unwrap() > user, "Shoal's rules come before DOCKER-USER's jump:\n{forward}");
     }
 
+    named_interface(&d, &kind);
+
     // Removing everything, then a clean stop, leaves nothing of Shoal's in the host's namespace.
-    let ids = d.docker(&["service", "ps", "app_web", "app_client", "app_db", "--format", "{{.ID}}", "--no-trunc"]);
+    let ids =
+        d.docker(&["service", "ps", "app_web", "app_client", "app_db", "named", "--format", "{{.ID}}", "--no-trunc"]);
     let node = d.docker(&["info", "--format", "{{.Swarm.NodeID}}"]).trim().to_string();
     // `stack rm` removes the services, then tries the networks (which may still hold tasks being removed).
     let _ = docker_cli::command(&d.socket(), &["stack", "rm", "app"]).output().unwrap();
+    let _ = docker_cli::command(&d.socket(), &["service", "rm", "named"]).output().unwrap();
     // The engine's containers and holders of this node go with the services (docker executor).
     let filter = format!("label=com.docker.swarm.node.id={node}");
     wait_until("the node's containers removed", WAIT, || {

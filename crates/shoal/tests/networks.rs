@@ -257,6 +257,14 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
         "cannot be explicitly attached to the ingress network",
     );
     fails_with(&d, &["service", "create", "-d", "--name", "x", "--network", "nope", "busybox"], "nope");
+    // Driver options of an attachment: only the interface name an overlay endpoint reads, and a valid one.
+    for (opt, fragment) in [
+        ("foo=bar", r#""foo" is not an option an overlay endpoint reads"#),
+        ("com.docker.network.endpoint.ifname=muchtoolongname0", "must be 1 to 15 letters"),
+    ] {
+        let net = format!("name=appnet,driver-opt={opt}");
+        fails_with(&d, &["service", "create", "-d", "--name", "x", "--network", &net, "busybox"], fragment);
+    }
 
     // A /29 has 5 host addresses beside the gateway: one VIP and four tasks; the others say why they wait.
     docker(&d, &["network", "create", "-d", "overlay", "--subnet", "10.9.9.0/29", "small"]);

@@ -85,7 +85,8 @@ pub fn attachments(task: &Task) -> Result<Vec<(Network, Attachment)>, String> {
             .unwrap_or_default()
             .parse()
             .map_err(|_| format!("the task's address {addr:?} on network {} is not IPv4", n.id))?;
-        out.push((n.clone(), Attachment { network_id: n.id.clone(), address: ip }));
+        let ifname = a.driver_attachment_opts.get(shoal_api::ENDPOINT_IFNAME_OPTION).cloned();
+        out.push((n.clone(), Attachment { network_id: n.id.clone(), address: ip, ifname }));
     }
     Ok(out)
 }

@@ -44,17 +44,6 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
             "network attachment tasks are not run by Shoal; use a container spec",
         ),
     ];
-    let lists = [("Networks", &spec.networks), ("TaskTemplate.Networks", &t.networks)];
-    for (list, nets) in lists {
-        for (i, n) in nets.iter().enumerate() {
-            checks.push((
-                format!("{list}[{i}].DriverOpts"),
-                !n.driver_opts.is_empty(),
-                "Shoal's overlay data plane is its own, not a libnetwork driver, and reads no per-attachment \
-                 driver options; leave them out",
-            ));
-        }
-    }
     if let Some(r) = &t.resources {
         let limits = r.limits.as_ref();
         let reservations = r.reservations.as_ref();

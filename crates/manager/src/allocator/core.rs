@@ -16,8 +16,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use shoal_api::{
-    endpoint, endpoint_spec, port_config, Endpoint, Network, NetworkAttachment, Node, PortConfig, Service, Task,
-    TaskState, TaskStatus,
+    endpoint, endpoint_spec, port_config, Endpoint, Network, NetworkAttachment, NetworkAttachmentConfig, Node,
+    PortConfig, Service, Task, TaskState, TaskStatus,
 };
 use shoal_store::{spec_networks, ActionKind, Change, Commit, Object, StoreObject, Tables};
 
@@ -417,20 +417,21 @@ impl Allocator {
         t: &Task,
         endpoint: Option<&Endpoint>,
     ) -> Result<Vec<NetworkAttachment>, String> {
-        let mut wanted: Vec<(String, Vec<String>)> = Vec::new();
+        // The networks with the aliases and driver options the spec gives each (none for ingress).
+        let mut wanted: Vec<NetworkAttachmentConfig> = Vec::new();
         if endpoint.is_some_and(|e| e.ports.iter().any(is_ingress_port)) {
             if let Some(i) = &self.ingress {
-                wanted.push((i.clone(), Vec::new()));
+                wanted.push(NetworkAttachmentConfig { target: i.clone(), ..Default::default() });
             }
         }
         for n in t.spec.as_ref().map(|s| s.networks.as_slice()).unwrap_or(&[]) {
-            if !wanted.iter().any(|(id, _)| id == &n.target) {
-                wanted.push((n.target.clone(), n.aliases.clone()));
+            if !wanted.iter().any(|w| w.target == n.target) {
+                wanted.push(n.clone());
             }
         }
         let mut out = Vec::with_capacity(wanted.len());
         let mut taken: Vec<(String, IpAddr)> = Vec::new();
-        for (id, aliases) in wanted {
+        for NetworkAttachmentConfig { target: id, aliases, driver_attachment_opts, .. } in wanted {
             let found = tables.networks().get(&id);
             // A predefined network (`host`, `bridge`): the node's own, so the attachment has no address.
             if let Some(network) = found.filter(|n| n.predefined_driver().is_some()) {
@@ -438,7 +439,7 @@ impl Allocator {
                     network: Some((**network).clone()),
                     addresses: Vec::new(),
                     aliases,
-                    driver_attachment_opts: Default::default(),
+                    driver_attachment_opts,
                 });
                 continue;
             }
@@ -456,7 +457,7 @@ impl Allocator {
                 network: Some((**network).clone()),
                 addresses: vec![pool.with_prefix(ip)],
                 aliases,
-                driver_attachment_opts: Default::default(),
+                driver_attachment_opts,
             });
         }
         Ok(out)

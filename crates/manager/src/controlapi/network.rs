@@ -16,8 +16,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use shoal_api::{
-    endpoint_spec, ipam_config, port_config, Annotations, Driver, IpamConfig, IpamOptions, Meta, Network, NetworkSpec,
-    ServiceSpec,
+    endpoint_spec, ipam_config, port_config, Annotations, Driver, IpamConfig, IpamOptions, Meta, Network,
+    NetworkAttachmentConfig, NetworkSpec, ServiceSpec, ENDPOINT_IFNAME_OPTION,
 };
 use shoal_store::cidr::Cidr;
 use shoal_store::{Changes, StoreObject, Tables};
@@ -695,6 +695,7 @@ pub fn resolve_service_networks(t: &Tables, spec: &mut ServiceSpec) -> Result<()
         )));
     }
     let mut seen = BTreeSet::new();
+    let mut ifnames = BTreeSet::new();
     for (i, a) in task.networks.iter_mut().enumerate() {
         let n = find_network(t, &a.target).map_err(|e| match e {
             ControlError::NotFound { .. } => invalid(format!(
@@ -722,6 +723,7 @@ pub fn resolve_service_networks(t: &Tables, spec: &mut ServiceSpec) -> Result<()
                 "TaskTemplate.Networks[{i}]: static addresses are not supported; leave them out"
             )));
         }
+        check_driver_opts(i, a, n.predefined_driver(), &mut ifnames)?;
         a.target = n.id.clone();
     }
     let predefined: Vec<&str> = task
@@ -737,6 +739,50 @@ pub fn resolve_service_networks(t: &Tables, spec: &mut ServiceSpec) -> Result<()
             )));
         }
         check_predefined_ports(name, spec.endpoint.as_ref())?;
+    }
+    Ok(())
+}
+
+/// Longest interface name a task's attachment may ask for (the kernel's IFNAMSIZ less its terminating zero).
+const MAX_IFNAME_BYTES: usize = 15;
+
+/// Checks the driver options of a service's attachment `i` (`--network name=...,driver-opt=k=v`): the one
+/// option an overlay endpoint reads, `com.docker.network.endpoint.ifname` (the task's interface name on that
+/// network), a valid interface name given to one attachment only (`ifnames` holds those seen); no option on a
+/// node's own network (`predefined`: the engine's, which applies them from API 1.45 only).
+fn check_driver_opts(
+    i: usize,
+    a: &NetworkAttachmentConfig,
+    predefined: Option<&str>,
+    ifnames: &mut BTreeSet<String>,
+) -> Result<(), ControlError> {
+    let at = format!("TaskTemplate.Networks[{i}].DriverOpts");
+    if let (Some(name), Some(k)) = (predefined, a.driver_attachment_opts.keys().next()) {
+        return Err(invalid(format!(
+            "{at}: {k:?} on the node's own network {name} is not supported (the engine applies endpoint options \
+             from API 1.45, and Shoal's engine may be older); leave the driver options out"
+        )));
+    }
+    for (k, v) in &a.driver_attachment_opts {
+        if k != ENDPOINT_IFNAME_OPTION {
+            return Err(invalid(format!(
+                "{at}: {k:?} is not an option an overlay endpoint reads; the one it reads is \
+                 {ENDPOINT_IFNAME_OPTION} (the task's interface name on the network)"
+            )));
+        }
+        let ok = !v.is_empty()
+            && v.len() <= MAX_IFNAME_BYTES
+            && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && !matches!(v.as_str(), "lo" | "." | "..");
+        if !ok {
+            return Err(invalid(format!(
+                "{at}: interface name {v:?} must be 1 to {MAX_IFNAME_BYTES} letters, digits, '-', '_' and '.', \
+                 and not lo"
+            )));
+        }
+        if !ifnames.insert(v.clone()) {
+            return Err(invalid(format!("{at}: interface name {v:?} is asked for twice; give each network its own")));
+        }
     }
     Ok(())
 }

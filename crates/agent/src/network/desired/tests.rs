@@ -157,7 +157,10 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
     assert!(s.networks[1].internal);
     assert_eq!(s.tasks.len(), 1);
     assert_eq!(s.tasks[0].task_id, "web1");
-    assert_eq!(s.tasks[0].attachments, vec![Attachment { network_id: "net-app".into(), address: ip("10.0.1.2") }]);
+    assert_eq!(
+        s.tasks[0].attachments,
+        vec![Attachment { network_id: "net-app".into(), address: ip("10.0.1.2"), ifname: None }]
+    );
 }
 
 #[test]
