@@ -158,6 +158,10 @@ pub const ENCRYPTED_OPTION: &str = "encrypted";
 /// network, as Docker Engines from API 1.45 read it.
 pub const ENDPOINT_IFNAME_OPTION: &str = "com.docker.network.endpoint.ifname";
 
+/// The engine label a Shoal node reports its data path address in (`--data-path-addr`): the address its
+/// overlay (VXLAN) traffic leaves from and arrives at, when it is not the address the managers know the node by.
+pub const SHOAL_DATA_PATH_ADDR_LABEL: &str = "shoal.data-path-addr";
+
 /// The label of the networks the managers make so that services can run on every node's own predefined
 /// networks (`docker service create --network host`), as SwarmKit labels them.
 pub const PREDEFINED_NETWORK_LABEL: &str = "com.docker.swarm.predefined";

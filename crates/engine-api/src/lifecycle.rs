@@ -95,6 +95,8 @@ pub struct InitOptions {
     pub spec: ClusterSpec,
     /// The node's availability.
     pub availability: Availability,
+    /// The address the node's overlay (VXLAN) traffic uses (`DataPathAddr`; None: the advertised one).
+    pub data_path_addr: Option<IpAddr>,
     /// The address pools and data path port the swarm's networks are made with (checked).
     pub networking: shoal_manager::controlapi::network::SwarmNetworking,
 }
@@ -112,6 +114,8 @@ pub struct JoinOptions {
     pub join_token: String,
     /// The node's availability.
     pub availability: Availability,
+    /// As in `InitOptions`.
+    pub data_path_addr: Option<IpAddr>,
 }
 
 impl std::fmt::Debug for JoinOptions {
@@ -121,6 +125,7 @@ impl std::fmt::Debug for JoinOptions {
             .field("advertise", &self.advertise)
             .field("remote_addrs", &self.remote_addrs)
             .field("availability", &self.availability)
+            .field("data_path_addr", &self.data_path_addr)
             .finish_non_exhaustive()
     }
 }
@@ -266,18 +271,26 @@ pub fn parse_advertise_addr(addr: &str, listen: SocketAddr) -> Result<Option<Soc
     }
 }
 
-/// Refuses `DataPathAddr`: a node's VXLAN traffic goes from and to the address it is known by (its session's
-/// address), and there is no second address for it yet.
-fn refuse_data_path_addr(data_path_addr: &str) -> Result<(), ApiError> {
-    if !data_path_addr.is_empty() {
-        return Err(ApiError::BadRequest(
-            "DataPathAddr is not supported yet: a node's overlay (VXLAN) traffic uses the address the managers know \
-             it by; leave out --data-path-addr, or advertise the address the data traffic should use \
-             (--advertise-addr)"
-                .into(),
+/// Reads `DataPathAddr`: the address of this node its overlay (VXLAN) traffic leaves from and arrives at, when
+/// not the advertised one (empty: none). An IPv4 address of this machine that is not loopback, unspecified,
+/// multicast or broadcast; Shoal's data plane carries IPv4 (no IPv6 address) and reads no interface names.
+pub fn parse_data_path_addr(addr: &str) -> Result<Option<IpAddr>, ApiError> {
+    if addr.is_empty() {
+        return Ok(None);
+    }
+    let bad = |why: &str| ApiError::BadRequest(format!("invalid DataPathAddr {addr:?}: {why}"));
+    let ip: IpAddr = addr.parse().map_err(|_| {
+        bad("not an IP address (Shoal does not read interface names here): give the IPv4 address of this node the overlay traffic should use")
+    })?;
+    let IpAddr::V4(v4) = ip else {
+        return Err(bad("Shoal's overlay data plane carries IPv4 only: give an IPv4 address of this node"));
+    };
+    if v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_broadcast() {
+        return Err(bad(
+            "data path address must be a non-zero unicast IP address of this node, reachable from the others",
         ));
     }
-    Ok(())
+    Ok(Some(ip))
 }
 
 /// The init spec's refusals: what a new cluster's CA cannot honour.
@@ -308,7 +321,7 @@ pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError>
 pub fn check_init(req: InitRequestJson, defaults: &ClusterSpec) -> Result<InitOptions, ApiError> {
     let listen = parse_listen_addr(&req.listen_addr)?;
     let advertise = parse_advertise_addr(&req.advertise_addr, listen)?;
-    refuse_data_path_addr(&req.data_path_addr)?;
+    let data_path_addr = parse_data_path_addr(&req.data_path_addr)?;
     let networking = shoal_manager::controlapi::network::SwarmNetworking::check(
         &req.default_addr_pool,
         req.subnet_size,
@@ -326,14 +339,14 @@ pub fn check_init(req: InitRequestJson, defaults: &ClusterSpec) -> Result<InitOp
     shoal_manager::controlapi::validate_cluster_spec(defaults, &spec)?;
     // `ForceNewCluster` on a node without a swarm: a new cluster is what it makes anyway.
     let _ = req.force_new_cluster;
-    Ok(InitOptions { listen, advertise, spec, availability, networking })
+    Ok(InitOptions { listen, advertise, spec, availability, data_path_addr, networking })
 }
 
 /// Checks a join request.
 pub fn check_join(req: JoinRequestJson) -> Result<JoinOptions, ApiError> {
     let listen = parse_listen_addr(&req.listen_addr)?;
     let advertise = parse_advertise_addr(&req.advertise_addr, listen)?;
-    refuse_data_path_addr(&req.data_path_addr)?;
+    let data_path_addr = parse_data_path_addr(&req.data_path_addr)?;
     let availability = Availability::parse(&req.availability)?;
     if req.remote_addrs.is_empty() {
         return Err(ApiError::BadRequest("at least 1 RemoteAddr is required to join".into()));
@@ -366,7 +379,7 @@ pub fn check_join(req: JoinRequestJson) -> Result<JoinOptions, ApiError> {
         )));
     }
     shoal_ca::parse_join_token(&req.join_token).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok(JoinOptions { listen, advertise, remote_addrs, join_token: req.join_token, availability })
+    Ok(JoinOptions { listen, advertise, remote_addrs, join_token: req.join_token, availability, data_path_addr })
 }
 
 /// An answer whose connection is closed after it (the node's socket server changes under it).
@@ -606,8 +619,13 @@ mod tests {
             (pools.networking.pools.pools[0].to_string(), pools.networking.pools.subnet_size),
             ("10.20.0.0/16".into(), 26)
         );
+        let data = init(r#"{"ListenAddr":"0.0.0.0:2377","DataPathAddr":"10.0.0.1"}"#).unwrap();
+        assert_eq!(data.data_path_addr, Some("10.0.0.1".parse().unwrap()));
         for (body, field) in [
-            (r#"{"ListenAddr":"0.0.0.0:2377","DataPathAddr":"10.0.0.1"}"#, "DataPathAddr"),
+            (r#"{"ListenAddr":"0.0.0.0:2377","DataPathAddr":"eth1"}"#, "does not read interface names"),
+            (r#"{"ListenAddr":"0.0.0.0:2377","DataPathAddr":"127.0.0.1"}"#, "non-zero unicast"),
+            (r#"{"ListenAddr":"0.0.0.0:2377","DataPathAddr":"0.0.0.0"}"#, "non-zero unicast"),
+            (r#"{"ListenAddr":"0.0.0.0:2377","DataPathAddr":"fd00::1"}"#, "IPv4 only"),
             (r#"{"ListenAddr":"0.0.0.0:2377","DataPathPort":80}"#, "data path port 80 is out of range"),
             (r#"{"ListenAddr":"0.0.0.0:2377","DefaultAddrPool":["10.10.0.0/33"]}"#, "invalid address pool"),
             (r#"{"ListenAddr":"0.0.0.0:2377","DefaultAddrPool":["10.10.0.0/16"],"SubnetSize":8}"#, "too small"),

@@ -38,6 +38,13 @@ pub struct DaemonConfig {
     pub listen_remote_api: SocketAddr,
     /// The address other nodes use to reach this one (defaults to `listen_remote_api`).
     pub advertise_remote_api: Option<SocketAddr>,
+    /// The address of this machine the node's overlay (VXLAN) traffic leaves from and arrives at
+    /// (`--data-path-addr`, or the last init's or join's `DataPathAddr`); `None`: the address the managers know
+    /// the node by. Reported to the managers as the engine label `shoal.data-path-addr`.
+    pub data_path_addr: Option<std::net::IpAddr>,
+    /// The daemon's own `--data-path-addr`: what an init or join without `DataPathAddr` uses (never a
+    /// previous swarm's).
+    pub data_path_addr_flag: Option<std::net::IpAddr>,
     /// The node's hostname (defaults to the machine's).
     pub hostname: Option<String>,
     /// Generic resources the node offers to tasks (`--generic-node-resources gpu=UUID1,gpu=UUID2,ssd=4`).
@@ -105,6 +112,8 @@ impl DaemonConfig {
             listen_control_api,
             listen_remote_api: SocketAddr::from(([127, 0, 0, 1], 4242)),
             advertise_remote_api: None,
+            data_path_addr: None,
+            data_path_addr_flag: None,
             hostname: None,
             generic_node_resources: Vec::new(),
             executor: ExecutorKind::Auto,

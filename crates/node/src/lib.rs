@@ -133,6 +133,13 @@ pub struct RunningNode {
     demoted: watch::Receiver<Option<String>>,
 }
 
+/// The engine labels a node's agent reports beside its executor's: its data path address, when it has one
+/// (`shoal_api::SHOAL_DATA_PATH_ADDR_LABEL`: the managers' network view gives it to the other nodes as this
+/// node's VXLAN endpoint).
+pub(crate) fn data_path_label(cfg: &DaemonConfig) -> std::collections::HashMap<String, String> {
+    cfg.data_path_addr.iter().map(|a| (shoal_api::SHOAL_DATA_PATH_ADDR_LABEL.to_string(), a.to_string())).collect()
+}
+
 fn machine_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())

@@ -59,6 +59,9 @@ pub struct SwarmRecord {
     /// The advertised address given by (or picked for) the last init or join.
     #[serde(default)]
     pub advertise_remote_api: Option<SocketAddr>,
+    /// The data path address the last init or join gave.
+    #[serde(default)]
+    pub data_path_addr: Option<std::net::IpAddr>,
 }
 
 fn record_path(state_dir: &Path) -> PathBuf {
@@ -104,6 +107,9 @@ pub(crate) fn prepare_start(cfg: &mut DaemonConfig) -> Result<bool, NodeError> {
         if record.advertise_remote_api.is_some() {
             cfg.advertise_remote_api = record.advertise_remote_api;
         }
+    }
+    if cfg.data_path_addr.is_none() {
+        cfg.data_path_addr = record.data_path_addr;
     }
     if has_cluster_state(&cfg.state_dir)? {
         return Ok(false);
@@ -405,6 +411,7 @@ pub(crate) async fn serve_inactive(
                 let remote = pick_remote(&opts.remote_addrs).await;
                 cfg.listen_remote_api = opts.listen;
                 cfg.advertise_remote_api = opts.advertise.or(flag_advertise(cfg));
+                cfg.data_path_addr = opts.data_path_addr.or(cfg.data_path_addr_flag);
                 cfg.join_addr = Some(remote.clone());
                 cfg.join_token = Some(crate::JoinToken(opts.join_token.clone()));
                 cfg.join_retry_for = API_JOIN_RETRY_FOR;
@@ -444,6 +451,7 @@ fn init_addresses(cfg: &mut DaemonConfig, opts: &InitOptions) -> Result<(), ApiE
     };
     cfg.listen_remote_api = opts.listen;
     cfg.advertise_remote_api = Some(advertise);
+    cfg.data_path_addr = opts.data_path_addr.or(cfg.data_path_addr_flag);
     cfg.init_networking = opts.networking.clone();
     cfg.join_addr = None;
     cfg.join_token = None;
@@ -478,6 +486,7 @@ pub(crate) fn record_member(cfg: &DaemonConfig) -> Result<(), NodeError> {
         inactive: false,
         listen_remote_api: Some(cfg.listen_remote_api),
         advertise_remote_api: cfg.advertise_remote_api,
+        data_path_addr: cfg.data_path_addr,
     };
     if load_record(&cfg.state_dir)? != r {
         store_record(&cfg.state_dir, &r)?;

@@ -345,7 +345,7 @@ fn start_agent(
             manager_addr: crate::tls::https_uri(&w.manager_addr),
             hostname,
             state_dir: cfg.state_dir.clone(),
-            engine_labels: Default::default(),
+            engine_labels: crate::data_path_label(cfg),
             generic_resources: cfg.generic_node_resources.clone(),
         },
         executor,

@@ -25,6 +25,11 @@ pub struct DaemonArgs {
     /// Address other nodes use to reach this one (default: the listen address).
     #[arg(long)]
     advertise_remote_api: Option<SocketAddr>,
+    /// IPv4 address of this machine the node's overlay (VXLAN) traffic leaves from and arrives at, as
+    /// `docker swarm init/join --data-path-addr` [default: the advertised address, or the one the last init or
+    /// join gave].
+    #[arg(long, value_parser = parse_data_path_addr)]
+    data_path_addr: Option<std::net::IpAddr>,
     /// Node hostname (default: the machine's).
     #[arg(long)]
     hostname: Option<String>,
@@ -119,6 +124,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.advertise_remote_api = args.advertise_remote_api;
     cfg.remote_api_from_flags = args.listen_remote_api.is_some() || args.advertise_remote_api.is_some();
     cfg.no_init = args.no_init;
+    (cfg.data_path_addr, cfg.data_path_addr_flag) = (args.data_path_addr, args.data_path_addr);
     cfg.hostname = args.hostname;
     cfg.generic_node_resources = args.generic_node_resources.map(|g| g.0).unwrap_or_default();
     cfg.executor = args.executor;
@@ -228,4 +234,12 @@ pub struct GenericResources(Vec<shoal_node::GenericResource>);
 
 fn parse_generic_resources(s: &str) -> Result<GenericResources, String> {
     shoal_node::parse_generic_node_resources(s).map(GenericResources)
+}
+
+fn parse_data_path_addr(s: &str) -> Result<std::net::IpAddr, String> {
+    match shoal_engine_api::lifecycle::parse_data_path_addr(s) {
+        Ok(Some(ip)) => Ok(ip),
+        Ok(None) => Err("give an IPv4 address".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }

@@ -307,3 +307,53 @@ fn scaling_to_10_and_back_to_1_keeps_the_vip_answering() {
         );
     }
 }
+
+/// `--data-path-addr` (issue 32): each node carries its overlay traffic on a second address of its own, given
+/// at the init (`docker swarm init --data-path-addr` on node-0's socket) and at the join (the daemon's flag on
+/// node-1). Each node drops VXLAN sent to the address it is known by, so only the data path addresses can
+/// carry the overlay: the client on node-1 still gets every answer from the web task on node-0, and node-1's
+/// VXLAN entries point at node-0's data path address.
+#[test]
+fn overlay_traffic_goes_between_the_nodes_data_path_addresses() {
+    let data = |i: usize| format!("10.78.0.{}", 11 + i);
+    let mut c = Cluster::start_first_init("dpa", "process", 2, &["--data-path-addr", &data(0)]);
+    for i in 0..2 {
+        let ns = c.net.ns(i).to_string();
+        let known = c.net.ip(i);
+        let add = ["-n", &ns, "addr", "add", &format!("{}/24", data(i)), "dev", "eth0"];
+        assert!(std::process::Command::new("ip").args(add).status().unwrap().success());
+        let drop =
+            ["netns", "exec", &ns, "iptables", "-w", "-I", "INPUT", "-p", "udp", "--dport", "4789", "-d", &known];
+        assert!(std::process::Command::new("ip").args(drop).args(["-j", "DROP"]).status().unwrap().success());
+    }
+    c.join_with(1, &["--data-path-addr", &data(1)]);
+    let label = |node: &str| {
+        let format = r#"{{index .Description.Engine.Labels "shoal.data-path-addr"}}"#;
+        c.docker(&["node", "inspect", node, "--format", format]).trim().to_string()
+    };
+    assert_eq!((label("node-0"), label("node-1")), (data(0), data(1)));
+
+    c.docker(&["network", "create", "-d", "overlay", "appnet"]);
+    post_service(c.manager(), &python_service("web", "appnet", "node.hostname==node-0", 1, SERVER, &[])).unwrap();
+    let web = address_on(&c.running("web", 1)[0], "appnet");
+    let env = vec!["WEB=1".to_string()];
+    post_service(c.manager(), &python_service("client", "appnet", "node.hostname==node-1", 1, PROBE, &env)).unwrap();
+    let client = c.running("client", 1);
+    let r = c.results(&client[0]);
+    println!("client: {r:?}");
+    let answers = r.iter().find(|l| l.starts_with("ANSWERS")).unwrap();
+    assert_eq!(answers, &format!("ANSWERS {web}=200 errors 0"), "{r:?}");
+    let fdb: String = c
+        .net
+        .network_namespaces(1)
+        .iter()
+        .map(|ns| {
+            let out = std::process::Command::new("ip").args(["netns", "exec", ns, "bridge", "fdb", "show"]).output();
+            String::from_utf8_lossy(&out.unwrap().stdout).into_owned()
+        })
+        .collect();
+    assert!(
+        fdb.contains(&format!("dst {}", data(0))) && !fdb.contains(&format!("dst {}", c.net.ip(0))),
+        "node-1's VXLAN entries: {fdb}"
+    );
+}

@@ -71,7 +71,7 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
     assert!(!ok && err.contains("data path port 80 is out of range: give a port from 1024 to 49151"), "{err}");
     let (ok, _, err) =
         docker_out(&m, &["swarm", "init", "--listen-addr", &m.remote_addr(), "--data-path-addr", "127.0.0.41"]);
-    assert!(!ok && err.contains("DataPathAddr is not supported yet"), "{err}");
+    assert!(!ok && err.contains("invalid DataPathAddr \"127.0.0.41\": data path address must be a non-zero"), "{err}");
     assert_eq!(local_state(&m), "inactive");
 
     let addr = m.remote_addr();

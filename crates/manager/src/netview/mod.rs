@@ -6,7 +6,8 @@
 //!
 //! `node_view` (pure, over a store view) is the whole rule: the networks a node is on are those of its tasks
 //! that are assigned and not yet stopped; for each, the peers are the same network's task addresses on other
-//! nodes (each with that node's underlay address, `Node.status.addr`: the address its session comes from)
+//! nodes (each with that node's underlay address: its data path address when it reports one, else
+//! `Node.status.addr`, the address its session comes from)
 //! and the services are those attached to it, with their VIP there and the addresses of their tasks that run
 //! and are meant to run (a task told to stop leaves its service's backends at once, before it stops). It
 //! also lists the nodes' own addresses that lie inside those networks' subnets (`overlapping_node_addrs`),
@@ -50,10 +51,19 @@ fn address_on(t: &Task, network_id: &str) -> Option<String> {
     ip.parse::<std::net::Ipv4Addr>().ok().map(|ip| ip.to_string())
 }
 
-/// A node's underlay address, when the store knows one.
+/// A node's underlay address, when the store knows one: the data path address it reports
+/// (`shoal_api::SHOAL_DATA_PATH_ADDR_LABEL`, from `--data-path-addr`), else the address its session comes from.
 fn node_addr(t: &Tables, node_id: &str) -> Option<String> {
-    let addr = &t.nodes().get(node_id)?.status.as_ref()?.addr;
-    addr.parse::<std::net::IpAddr>().ok().map(|ip| ip.to_string())
+    let node = t.nodes().get(node_id)?;
+    data_path_addr(node)
+        .or_else(|| node.status.as_ref()?.addr.parse::<std::net::IpAddr>().ok())
+        .map(|ip| ip.to_string())
+}
+
+/// The data path address node `n` reports, when it reports a valid one.
+fn data_path_addr(n: &shoal_api::Node) -> Option<std::net::IpAddr> {
+    let engine = n.description.as_ref()?.engine.as_ref()?;
+    engine.labels.get(shoal_api::SHOAL_DATA_PATH_ADDR_LABEL)?.parse().ok()
 }
 
 /// The networks a service is attached to, with its aliases on each.
@@ -195,7 +205,8 @@ pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
     view
 }
 
-/// Every node's own addresses (`Node.status.addr`, the manager's advertised address) that lie inside a
+/// Every node's own addresses (`Node.status.addr`, the manager's advertised address, its data path address)
+/// that lie inside a
 /// subnet of one of the networks `on`, sorted. Costs nodes x subnets containment tests (the networks of one
 /// node's tasks).
 fn overlapping_node_addrs(t: &Tables, on: &BTreeSet<String>) -> Vec<String> {
@@ -216,7 +227,7 @@ fn overlapping_node_addrs(t: &Tables, on: &BTreeSet<String>) -> Vec<String> {
         .flat_map(|n| {
             let status = n.status.as_ref().and_then(|s| parse(&s.addr));
             let manager = n.manager_status.as_ref().and_then(|m| parse(&m.addr));
-            [status, manager].into_iter().flatten()
+            [status, manager, data_path_addr(n)].into_iter().flatten()
         })
         .filter(|ip| !ip.is_unspecified() && subnets.iter().any(|s| s.offset_of(*ip).is_some()))
         .collect();

@@ -248,6 +248,27 @@ fn a_node_moving_to_another_address_moves_its_peers() {
 }
 
 #[test]
+fn a_node_reporting_a_data_path_address_is_reached_there_and_sees_it_as_its_own() {
+    let mut fx = Fx::new();
+    fx.create(service("s1", "web", &[("net1", &[])], false));
+    fx.create(task("w1", "s1", "n1", TaskState::Running, &["net1"], 2));
+    fx.create(task("w2", "s1", "n2", TaskState::Running, &["net1"], 3));
+    let mut n2 = fx.store.view(|t| (**t.nodes().get("n2").unwrap()).clone());
+    let engine = n2.description.get_or_insert_with(Default::default).engine.get_or_insert_with(Default::default);
+    engine.labels.insert(shoal_api::SHOAL_DATA_PATH_ADDR_LABEL.into(), "172.30.0.2".into());
+    fx.update(n2);
+    assert_eq!(fx.view("n1").networks[0].peers, vec![peer("10.0.1.3", "172.30.0.2")]);
+    assert_eq!(fx.view("n2").node_addr, "172.30.0.2");
+    // A label that is no address is not used: the session's address stands.
+    let mut n2 = fx.store.view(|t| (**t.nodes().get("n2").unwrap()).clone());
+    let engine = n2.description.as_mut().unwrap().engine.as_mut().unwrap();
+    engine.labels.insert(shoal_api::SHOAL_DATA_PATH_ADDR_LABEL.into(), "eth1".into());
+    fx.update(n2);
+    assert_ne!(fx.view("n2").node_addr, "eth1");
+    assert!(!fx.view("n2").node_addr.is_empty());
+}
+
+#[test]
 fn once_a_port_is_published_every_node_carries_ingress_with_its_address_and_the_mesh_ports() {
     let mut fx = Fx::new();
     let ingress = Network {

@@ -166,9 +166,15 @@ impl Cluster {
 
     /// Node `i` joins as a worker (the nodes join in order); returns once every started node is ready.
     pub fn join(&mut self, i: usize) {
+        self.join_with(i, &[]);
+    }
+
+    /// As `join`, with `extra` daemon flags.
+    pub fn join_with(&mut self, i: usize, extra: &[&str]) {
         assert_eq!(i, self.ds.len(), "nodes join in order");
         let token = self.ds[0].get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
-        let join = vec!["--join-addr".into(), self.ds[0].remote_addr(), "--join-token".into(), token];
+        let mut join = vec!["--join-addr".into(), self.ds[0].remote_addr(), "--join-token".into(), token];
+        join.extend(extra.iter().map(|a| a.to_string()));
         let d = DaemonProcess::start_with(&shoal_bin(), options(&self.net, i, self.executor, join));
         self.node_ids.push(node_id(&d));
         self.ds.push(d);
