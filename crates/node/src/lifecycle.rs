@@ -606,14 +606,18 @@ mod tests {
         std::fs::create_dir_all(&c.state_dir).unwrap();
         c.listen_remote_api = "127.0.0.9:4000".parse().unwrap();
         c.advertise_remote_api = Some("127.0.0.9:4000".parse().unwrap());
+        c.data_path_addr = Some("10.1.2.3".parse().unwrap());
         record_member(&c).unwrap();
         let mut again = cfg(dir.path());
         prepare_start(&mut again).unwrap();
         assert_eq!(again.listen_remote_api, c.listen_remote_api);
         assert_eq!(again.advertise_remote_api, c.advertise_remote_api);
+        assert_eq!(again.data_path_addr, c.data_path_addr);
         let mut flags = cfg(dir.path());
         flags.remote_api_from_flags = true;
+        flags.data_path_addr = Some("10.9.9.9".parse().unwrap());
         prepare_start(&mut flags).unwrap();
         assert_eq!(flags.listen_remote_api, cfg(dir.path()).listen_remote_api);
+        assert_eq!(flags.data_path_addr, Some("10.9.9.9".parse().unwrap()), "the flag wins");
     }
 }
