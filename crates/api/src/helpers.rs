@@ -169,6 +169,11 @@ pub const PREDEFINED_NETWORK_LABEL: &str = "com.docker.swarm.predefined";
 /// The predefined networks (name = driver), as Docker's managers make them.
 pub const PREDEFINED_NETWORKS: [&str; 2] = ["host", "bridge"];
 
+/// The drivers of swarm networks that live on each node's engine rather than on an overlay (`docker network
+/// create -d macvlan --scope swarm --config-from <each node's config-only network>`): the manager gives their
+/// tasks no address and their services no VIP; each node's engine makes the network and addresses its tasks.
+pub const NODE_LOCAL_DRIVERS: [&str; 2] = ["macvlan", "ipvlan"];
+
 impl crate::Network {
     /// True when the network was created with `--opt encrypted` (the option in its spec's driver
     /// configuration, whatever its value, as libnetwork reads it).
@@ -192,17 +197,39 @@ impl crate::Network {
     }
 }
 
+impl crate::Network {
+    /// The driver of a network that lives on each node rather than on an overlay: a predefined one (`host`,
+    /// `bridge`) or one of `NODE_LOCAL_DRIVERS`; None for an overlay network.
+    pub fn node_local_driver(&self) -> Option<&str> {
+        self.predefined_driver().or_else(|| {
+            let driver = self.spec.as_ref()?.driver_config.as_ref()?.name.as_str();
+            NODE_LOCAL_DRIVERS.contains(&driver).then_some(driver)
+        })
+    }
+}
+
 impl crate::NetworkAttachment {
     /// The driver of the attachment's network when it is a predefined one (see `Network::predefined_driver`).
     pub fn predefined_driver(&self) -> Option<&str> {
         self.network.as_ref()?.predefined_driver()
     }
+
+    /// The driver of the attachment's network when it lives on each node (see `Network::node_local_driver`).
+    pub fn node_local_driver(&self) -> Option<&str> {
+        self.network.as_ref()?.node_local_driver()
+    }
 }
 
 impl crate::Task {
-    /// The task's attachments to overlay networks (every one but the predefined networks').
+    /// The task's attachments to overlay networks (every one but the node-local networks': predefined,
+    /// macvlan, ipvlan).
     pub fn overlay_attachments(&self) -> impl Iterator<Item = &crate::NetworkAttachment> {
-        self.networks.iter().filter(|a| a.predefined_driver().is_none())
+        self.networks.iter().filter(|a| a.node_local_driver().is_none())
+    }
+
+    /// The task's attachment to a swarm network of the node's engine (`NODE_LOCAL_DRIVERS`), if any.
+    pub fn engine_network(&self) -> Option<&crate::NetworkAttachment> {
+        self.networks.iter().find(|a| a.predefined_driver().is_none() && a.node_local_driver().is_some())
     }
 
     /// True when the task is attached to an overlay network (it needs the node's data plane).

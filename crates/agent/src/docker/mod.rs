@@ -29,6 +29,7 @@
 //! given `PULL_TIMEOUT`. Must not depend on the session or gRPC.
 
 pub mod attach;
+pub mod engine_network;
 pub mod holder;
 pub mod spec;
 
@@ -243,6 +244,16 @@ impl DockerExecutor {
         };
         let docker = docker.negotiate_version().await.map_err(engine("report its API version"))?;
         let info = docker.info().await.map_err(engine("describe itself (/info)"))?;
+        // The engine's own networks a task can run on: `--network host` and `bridge`, and the swarm networks
+        // of each node's engine (macvlan, ipvlan) when the engine has their drivers.
+        let mut plugins = vec![crate::network::network_plugin("bridge"), crate::network::network_plugin("host")];
+        let drivers = info.plugins.as_ref().and_then(|p| p.network.clone()).unwrap_or_default();
+        plugins.extend(
+            shoal_api::NODE_LOCAL_DRIVERS
+                .iter()
+                .filter(|d| drivers.iter().any(|have| have == *d))
+                .map(|d| crate::network::network_plugin(d)),
+        );
         let labels = info
             .labels
             .unwrap_or_default()
@@ -263,8 +274,7 @@ impl DockerExecutor {
             engine: Some(EngineDescription {
                 engine_version: info.server_version.unwrap_or_default(),
                 labels,
-                // The engine's own networks a task can run on (`--network host`, `--network bridge`).
-                plugins: vec![crate::network::network_plugin("bridge"), crate::network::network_plugin("host")],
+                plugins,
             }),
             ..Default::default()
         };
@@ -403,6 +413,7 @@ impl DockerExecutor {
             runtime: RuntimeReport::default(),
             healthcheck: false,
             network,
+            engine_network: engine_network::EngineNetwork::of_task(task),
             creations: self.creations.clone(),
         })
     }
@@ -611,6 +622,8 @@ struct DockerController {
     healthcheck: bool,
     /// For a task on networks: its holder and the data plane.
     network: Option<TaskNetwork>,
+    /// For a task on a swarm network of the node's engine (macvlan, ipvlan): that network.
+    engine_network: Option<engine_network::EngineNetwork>,
     creations: Creations,
 }
 
@@ -822,6 +835,9 @@ impl Controller for DockerController {
             if let Some(net) = &self.network {
                 net.prepare(&self.docker).await?;
             }
+            if let Some(net) = &self.engine_network {
+                net.ensure(&self.docker).await.map_err(ExecutorError::Prepare)?;
+            }
             match self.creations.create(&self.docker, &self.name, (*self.body).clone()).await {
                 Ok(()) => Ok(()),
                 // Created meanwhile (a retried prepare): the same container.
@@ -951,6 +967,9 @@ impl Controller for DockerController {
             force_remove(&self.docker, &self.name).await.map_err(|e| runtime("cannot remove the container", &e))?;
             if let Some(net) = &self.network {
                 net.teardown(&self.docker).await?;
+            }
+            if let Some(net) = &self.engine_network {
+                net.release(&self.docker).await;
             }
             self.files_root.remove(&self.task_id).map_err(ExecutorError::Runtime)
         })

@@ -290,8 +290,12 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
             }
             (Some("host".to_string()), None, extra_hosts(&spec))
         }
-        // The engine's default bridge (`--network bridge`, or no network at all).
-        None => (task.predefined_network().map(str::to_string), opt(&spec.hostname), extra_hosts(&spec)),
+        // The engine's default bridge (`--network bridge`, or no network at all), or a swarm network of the
+        // engine's (macvlan, ipvlan: `engine_network`, which makes it first).
+        None => {
+            let engine_network = super::engine_network::EngineNetwork::of_task(task).map(|n| n.name().to_string());
+            (task.predefined_network().map(str::to_string).or(engine_network), opt(&spec.hostname), extra_hosts(&spec))
+        }
         Some(holder) => {
             // Its published ports are forwarded by the node's data plane into the holder's namespace (ingress
             // ports from every node, host-mode ports from this one), not bound by the engine.

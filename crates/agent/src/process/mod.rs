@@ -183,6 +183,12 @@ fn ports_a_process_cannot_honour(task: &Task, network: &Result<Arc<NetworkPlane>
                 .into(),
         );
     }
+    if let Some(driver) = task.engine_network().and_then(|a| a.node_local_driver()) {
+        return Some(format!(
+            "the process executor has no {driver} network (a Docker Engine makes those); run the task on a node \
+             with the docker executor"
+        ));
+    }
     // On the host network a process is as one without networks: in the node's own namespace.
     if task.on_overlay() {
         let plane = match network {

@@ -80,7 +80,8 @@ pub struct NetworkJson {
     pub attachable: bool,
     /// The routing mesh's network.
     pub ingress: bool,
-    /// Always empty.
+    /// The config-only network of each node that a node-local network (macvlan, ipvlan) takes its settings
+    /// from; empty for others.
     pub config_from: ConfigFromJson,
     /// Always false.
     pub config_only: bool,
@@ -129,10 +130,18 @@ impl NetworkJson {
             internal: spec.internal,
             attachable: spec.attachable,
             ingress: spec.ingress,
-            config_from: ConfigFromJson::default(),
+            config_from: match &spec.config_from {
+                Some(shoal_api::network_spec::ConfigFrom::Network(from)) => ConfigFromJson { network: from.clone() },
+                None => ConfigFromJson::default(),
+            },
             config_only: false,
             containers: BTreeMap::new(),
-            options: n.driver_state.as_ref().map(|d| labels_to_json(&d.options)).unwrap_or_default(),
+            // An overlay's driver state (its VXLAN ID); a node-local network's own options (`parent`).
+            options: if n.node_local_driver().is_some() {
+                spec.driver_config.as_ref().map(|d| labels_to_json(&d.options)).unwrap_or_default()
+            } else {
+                n.driver_state.as_ref().map(|d| labels_to_json(&d.options)).unwrap_or_default()
+            },
             labels: labels_to_json(&ann.labels),
         }
     }
@@ -154,9 +163,10 @@ pub struct NetworkCreateJson {
     pub attachable: bool,
     /// The routing mesh's network (only when none exists).
     pub ingress: bool,
-    /// Refused when true.
+    /// Refused when true (a config-only network is each node's engine's: the relay gives it to the engine
+    /// unless it says `Scope: swarm`).
     pub config_only: bool,
-    /// Refused when set.
+    /// For macvlan and ipvlan: the config-only network of each node that holds the settings.
     pub config_from: Option<ConfigFromJson>,
     /// Address management.
     #[serde(rename = "IPAM")]
@@ -179,23 +189,36 @@ impl NetworkCreateJson {
     /// The spec to create, or a 400 naming the first field Shoal cannot honour.
     pub fn to_api(&self) -> Result<NetworkSpec, ConvertError> {
         let driver = if self.driver.is_empty() { "bridge" } else { self.driver.as_str() };
-        if driver != "overlay" {
+        if driver != "overlay" && !shoal_api::NODE_LOCAL_DRIVERS.contains(&driver) {
             return Err(ConvertError(format!(
-                "Driver {driver:?} is not supported: Shoal manages swarm-scope overlay networks only; use -d overlay"
+                "Driver {driver:?} is not supported for a swarm network: use -d overlay, or macvlan or ipvlan \
+                 (each node's engine makes those)"
             )));
         }
         if !(self.scope.is_empty() || self.scope == "swarm") {
             return Err(ConvertError(format!(
-                "Scope {:?} is not supported: overlay networks are swarm-scope",
+                "Scope {:?} is not supported: swarm networks are swarm-scope",
                 self.scope
             )));
         }
+        if driver != "overlay" && self.scope != "swarm" {
+            return Err(ConvertError(format!(
+                "Driver {driver:?} is not supported without --scope swarm: such a network is the node's engine's own \
+                 (a node with the docker executor gives it to its engine); add --scope swarm for a swarm network"
+            )));
+        }
         if self.config_only {
-            return Err(ConvertError("ConfigOnly networks are not supported yet; give the settings directly".into()));
+            return Err(ConvertError(
+                "a ConfigOnly network is each node's own: create it on each node's engine without --scope swarm, \
+                 then a swarm network with --config-from naming it"
+                    .into(),
+            ));
         }
-        if self.config_from.as_ref().is_some_and(|c| !c.network.is_empty()) {
-            return Err(ConvertError("ConfigFrom is not supported yet; give the settings directly".into()));
-        }
+        let config_from = self
+            .config_from
+            .as_ref()
+            .filter(|c| !c.network.is_empty())
+            .map(|c| shoal_api::network_spec::ConfigFrom::Network(c.network.clone()));
         if self.enable_ipv4 == Some(false) {
             return Err(ConvertError("EnableIPv4 false is not supported: overlay networks are IPv4".into()));
         }
@@ -237,13 +260,13 @@ impl NetworkCreateJson {
                 labels: labels_from_json(&self.labels),
                 indices: vec![],
             }),
-            driver_config: Some(Driver { name: "overlay".into(), options: labels_from_json(&self.options) }),
+            driver_config: Some(Driver { name: driver.into(), options: labels_from_json(&self.options) }),
             ipv6_enabled: false,
             internal: self.internal,
             ipam,
             attachable: self.attachable,
             ingress: self.ingress,
-            config_from: None,
+            config_from,
         })
     }
 }
@@ -407,7 +430,9 @@ mod tests {
         assert_eq!(s.annotations.unwrap().labels["team"], "a");
         for (body, field) in [
             (serde_json::json!({"Name": "x"}), "Driver \"bridge\""),
-            (serde_json::json!({"Name": "x", "Driver": "macvlan"}), "Driver \"macvlan\""),
+            (serde_json::json!({"Name": "x", "Driver": "bridge", "Scope": "swarm"}), "Driver \"bridge\""),
+            (serde_json::json!({"Name": "x", "Driver": "macvlan"}), "Driver \"macvlan\" is not supported without"),
+            (serde_json::json!({"Name": "x", "Driver": "macvlan", "Scope": "swarm", "ConfigOnly": true}), "ConfigOnly"),
             (serde_json::json!({"Name": "x", "Driver": "overlay", "Scope": "local"}), "Scope"),
             (serde_json::json!({"Name": "x", "Driver": "overlay", "EnableIPv6": true}), "EnableIPv6"),
             (serde_json::json!({"Name": "x", "Driver": "overlay", "ConfigOnly": true}), "ConfigOnly"),
@@ -416,6 +441,13 @@ mod tests {
             let e = create(body).unwrap_err();
             assert!(e.contains(field), "{e}");
         }
+        // A swarm network of each node's engine keeps its driver and the config-only network it names.
+        let m = create(
+            serde_json::json!({"Name": "m", "Driver": "macvlan", "Scope": "swarm", "ConfigFrom": {"Network": "cfg"}}),
+        )
+        .unwrap();
+        assert_eq!(m.driver_config.unwrap().name, "macvlan");
+        assert_eq!(m.config_from, Some(shoal_api::network_spec::ConfigFrom::Network("cfg".into())));
     }
 
     #[test]

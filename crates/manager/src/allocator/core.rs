@@ -145,7 +145,7 @@ pub struct Allocator {
     pools: HashMap<String, AddressPool>,
     ports: PortSpace,
     ingress: Option<String>,
-    /// The predefined networks' IDs (`host`, `bridge`: no pool, no VIP).
+    /// The node-local networks' IDs (`host`, `bridge`, macvlan, ipvlan: no pool, no VIP).
     predefined: BTreeSet<String>,
 }
 
@@ -182,7 +182,7 @@ impl Allocator {
         if n.spec.as_ref().is_some_and(|s| s.ingress) {
             self.ingress = Some(n.id.clone());
         }
-        if n.predefined_driver().is_some() {
+        if n.node_local_driver().is_some() {
             self.predefined.insert(n.id.clone());
             return;
         }
@@ -305,7 +305,7 @@ impl Allocator {
             }
         }
         for n in spec_networks(spec) {
-            // A predefined network (`host`, `bridge`) is each node's own: no VIP there.
+            // A node-local network (`host`, `bridge`, macvlan, ipvlan) is each node's own: no VIP there.
             if !nets.iter().any(|x| x == n) && !self.predefined.contains(n) {
                 nets.push(n.to_string());
             }
@@ -433,8 +433,9 @@ impl Allocator {
         let mut taken: Vec<(String, IpAddr)> = Vec::new();
         for NetworkAttachmentConfig { target: id, aliases, driver_attachment_opts, .. } in wanted {
             let found = tables.networks().get(&id);
-            // A predefined network (`host`, `bridge`): the node's own, so the attachment has no address.
-            if let Some(network) = found.filter(|n| n.predefined_driver().is_some()) {
+            // A node-local network (`host`, `bridge`, macvlan, ipvlan): the node's own (its engine addresses
+            // the task), so the attachment has no address.
+            if let Some(network) = found.filter(|n| n.node_local_driver().is_some()) {
                 out.push(NetworkAttachment {
                     network: Some((**network).clone()),
                     addresses: Vec::new(),

@@ -459,10 +459,22 @@ pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
             shoal_api::PREDEFINED_NETWORK_LABEL
         )));
     }
+    if let Some(driver) = spec.driver_config.as_ref().map(|d| d.name.as_str()) {
+        if shoal_api::NODE_LOCAL_DRIVERS.contains(&driver) {
+            return validate_node_local_spec(driver, spec);
+        }
+    }
+    if spec.config_from.is_some() {
+        return Err(invalid(
+            "--config-from is for the drivers whose networks live on each node's engine (macvlan, ipvlan); an \
+             overlay network takes its settings directly",
+        ));
+    }
     if let Some(d) = &spec.driver_config {
         if !(d.name.is_empty() || d.name == OVERLAY_DRIVER) {
             return Err(invalid(format!(
-                "network driver {:?} is not supported: swarm networks use the overlay driver (-d overlay)",
+                "network driver {:?} is not supported: swarm networks use the overlay driver (-d overlay), or \
+                 macvlan or ipvlan for a network of each node's engine",
                 d.name
             )));
         }
@@ -481,8 +493,39 @@ pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
     if spec.ipv6_enabled {
         return Err(invalid("IPv6 networks are not supported yet; leave out --ipv6"));
     }
-    if spec.config_from.is_some() {
-        return Err(invalid("config-only networks (--config-from) are not supported; give the settings directly"));
+    user_ipam(spec)?;
+    Ok(())
+}
+
+/// Checks a swarm network of each node's engine (`driver`: one of `NODE_LOCAL_DRIVERS`): its settings are
+/// either taken from a config-only network of the same name on each node (`--config-from`, nothing else
+/// given) or given here (driver options such as `parent`, one IPv4 subnet), and each node's engine makes it
+/// when a task needs it, addressing the tasks itself. What such a network cannot do in Shoal is refused.
+fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), ControlError> {
+    let refuse = |what: &str, why: &str| Err(invalid(format!("{what} is not supported on a {driver} network: {why}")));
+    if spec.ingress {
+        return refuse("--ingress", "the routing mesh is an overlay network");
+    }
+    if spec.attachable {
+        return refuse("--attachable", "Shoal attaches the engine's containers to overlay networks only");
+    }
+    if spec.ipv6_enabled {
+        return refuse("--ipv6", "Shoal's networks are IPv4 only");
+    }
+    let options = spec.driver_config.as_ref().map(|d| &d.options);
+    if options.is_some_and(|o| o.contains_key(shoal_api::ENCRYPTED_OPTION)) {
+        return refuse("--opt encrypted", "only overlay networks are encrypted");
+    }
+    if let Some(shoal_api::network_spec::ConfigFrom::Network(from)) = &spec.config_from {
+        validate_network_name(from)?;
+        let configured =
+            options.is_some_and(|o| !o.is_empty()) || spec.ipam.as_ref().is_some_and(|i| !i.configs.is_empty());
+        if configured {
+            return Err(invalid(format!(
+                "network {from:?} given with --config-from holds the settings: leave out --opt, --subnet, --ip-range, \
+                 --gateway and --aux-address"
+            )));
+        }
     }
     user_ipam(spec)?;
     Ok(())
@@ -498,11 +541,16 @@ fn pools_of(t: &Tables) -> (Vec<Cidr>, u8) {
     (pools, size)
 }
 
-/// Creates a swarm-scope overlay network.
+/// Creates a swarm-scope network: an overlay, or one of each node's engine (`NODE_LOCAL_DRIVERS`).
 pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<Network, ControlError> {
     validate_network_spec(&spec)?;
     let now = state.now();
     let id = state.ids.new_id();
+    if let Some(driver) = spec.driver_config.as_ref().map(|d| d.name.clone()) {
+        if shoal_api::NODE_LOCAL_DRIVERS.contains(&driver.as_str()) {
+            return create_node_local(state, id, now, spec, driver).await;
+        }
+    }
     let mut spec = spec;
     spec.driver_config.get_or_insert_with(Default::default).name = OVERLAY_DRIVER.into();
     let (network, _) = state
@@ -574,6 +622,44 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
             let n = built(id.clone(), now, spec.clone(), subnet, range, gateway, vni);
             c.create(n.clone());
             Ok(n)
+        })
+        .await?;
+    Ok(state.store.view(|t| t.networks().get(&network.id).map(|n| (**n).clone())).unwrap_or(network))
+}
+
+/// Creates a network of each node's engine: no subnet, VXLAN ID or address is allocated (each engine
+/// addresses its tasks); the driver state names the driver, which a node must report to run its tasks.
+async fn create_node_local(
+    state: &ClusterState,
+    id: String,
+    now: shoal_api::prost_types::Timestamp,
+    spec: NetworkSpec,
+    driver: String,
+) -> Result<Network, ControlError> {
+    let network = Network {
+        id,
+        meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
+        driver_state: Some(Driver { name: driver, options: HashMap::new() }),
+        ipam: spec.ipam.clone(),
+        spec: Some(spec),
+        ..Default::default()
+    };
+    let (network, _) = state
+        .write(|t: &Tables, c: &mut Changes| {
+            let name = network.spec.as_ref().and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str());
+            if let Some(owner) = t.networks().by_name(name) {
+                return Err(ControlError::AlreadyExists(format!(
+                    "network with name {name} already exists (network {}); choose another name",
+                    owner.id
+                )));
+            }
+            if t.networks().len() >= MAX_NETWORKS {
+                return Err(invalid(format!(
+                    "the cluster has {MAX_NETWORKS} networks, the most it may have; remove one"
+                )));
+            }
+            c.create(network.clone());
+            Ok(network.clone())
         })
         .await?;
     Ok(state.store.view(|t| t.networks().get(&network.id).map(|n| (**n).clone())).unwrap_or(network))
@@ -723,19 +809,20 @@ pub fn resolve_service_networks(t: &Tables, spec: &mut ServiceSpec) -> Result<()
                 "TaskTemplate.Networks[{i}]: static addresses are not supported; leave them out"
             )));
         }
-        check_driver_opts(i, a, n.predefined_driver(), &mut ifnames)?;
+        check_driver_opts(i, a, n.node_local_driver().map(|_| n.unique_name().unwrap_or(&n.id)), &mut ifnames)?;
         a.target = n.id.clone();
     }
     let predefined: Vec<&str> = task
         .networks
         .iter()
         .filter_map(|a| t.networks().get(&a.target))
-        .filter_map(|n| n.predefined_driver().map(|_| n.unique_name().unwrap_or(&n.id)))
+        .filter_map(|n| n.node_local_driver().map(|_| n.unique_name().unwrap_or(&n.id)))
         .collect();
     if let Some(name) = predefined.first() {
         if task.networks.len() > 1 {
             return Err(invalid(format!(
-                "network {name} is the node's own network and cannot be combined with other networks; give it alone"
+                "network {name} is the node's own network (its engine's) and cannot be combined with other \
+                 networks; give it alone"
             )));
         }
         check_predefined_ports(name, spec.endpoint.as_ref())?;

@@ -192,7 +192,7 @@ impl Filter for PluginFilter {
             .iter()
             .filter_map(|a| {
                 let n = a.network.as_ref()?;
-                n.predefined_driver().map(str::to_string).or_else(|| n.driver_state.as_ref().map(|d| d.name.clone()))
+                n.node_local_driver().map(str::to_string).or_else(|| n.driver_state.as_ref().map(|d| d.name.clone()))
             })
             .filter(|n| !n.is_empty())
             .collect();

@@ -1,0 +1,205 @@
+//! Swarm networks that live on each node's engine (`shoal_api::NODE_LOCAL_DRIVERS`: macvlan, ipvlan), as a
+//! Docker worker runs them: before a task's container is created, the node's engine gets a network of the
+//! swarm network's name and driver, with its settings taken from the node's config-only network that the
+//! swarm network names (`--config-from`) or from the swarm network's own options and subnet; the container
+//! runs on it (network mode = its name) and the engine addresses it. The network is labelled with the swarm
+//! network's ID (one made from a config-only network takes no label: the engine refuses any other setting
+//! there, so its driver and config-only network identify it), so a network of the same name that is not this
+//! one's is never used: the task is rejected naming it. Once a task's container is removed, the network is removed too when no container uses it any
+//! more (the engine refuses while one does).
+//!
+//! Must not know the data plane: these tasks never touch the overlay.
+
+use std::collections::HashMap;
+
+use bollard::models::{ConfigReference, Ipam, IpamConfig, NetworkCreateRequest};
+use bollard::Docker;
+use shoal_api::{network_spec::ConfigFrom, Network, Task};
+
+use super::{engine_message, engine_status};
+
+/// The label of an engine network made for a swarm network: the swarm network's ID.
+pub const LABEL_SWARM_NETWORK: &str = "com.shoal.swarm.network.id";
+
+/// A task's network on its node's engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineNetwork {
+    /// The swarm network's ID.
+    id: String,
+    /// How the engine makes it (its name is the swarm network's).
+    create: NetworkCreateRequest,
+}
+
+impl EngineNetwork {
+    /// The engine network task `task` runs on, when it is attached to a node-local swarm network.
+    pub fn of_task(task: &Task) -> Option<EngineNetwork> {
+        let n = task.engine_network()?.network.as_ref()?;
+        Some(EngineNetwork::of(n))
+    }
+
+    fn of(n: &Network) -> EngineNetwork {
+        let spec = n.spec.clone().unwrap_or_default();
+        let driver = spec.driver_config.clone().unwrap_or_default();
+        let name = spec.annotations.as_ref().map_or(n.id.clone(), |a| a.name.clone());
+        let config_from = match &spec.config_from {
+            Some(ConfigFrom::Network(from)) => Some(ConfigReference { network: Some(from.clone()) }),
+            None => None,
+        };
+        let ipam = spec.ipam.as_ref().filter(|i| !i.configs.is_empty()).map(|i| Ipam {
+            driver: Some("default".into()),
+            config: Some(
+                i.configs
+                    .iter()
+                    .map(|c| IpamConfig {
+                        subnet: Some(c.subnet.clone()).filter(|s| !s.is_empty()),
+                        ip_range: Some(c.range.clone()).filter(|s| !s.is_empty()),
+                        gateway: Some(c.gateway.clone()).filter(|s| !s.is_empty()),
+                        auxiliary_addresses: Some(c.reserved.clone()).filter(|r| !r.is_empty()),
+                    })
+                    .collect(),
+            ),
+            options: None,
+        });
+        // The engine takes no other setting, labels included, beside a config-only network.
+        let labels = config_from.is_none().then(|| HashMap::from([(LABEL_SWARM_NETWORK.to_string(), n.id.clone())]));
+        EngineNetwork {
+            id: n.id.clone(),
+            create: NetworkCreateRequest {
+                name,
+                driver: Some(driver.name),
+                internal: spec.internal.then_some(true),
+                config_from,
+                ipam,
+                options: Some(driver.options).filter(|o| !o.is_empty()),
+                labels,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Whether the engine's network `found` (of this one's name) is this one: labelled with the swarm network's
+    /// ID, or, for one made from a config-only network (which takes no label), of the same driver and config.
+    fn is_this(&self, found: &bollard::models::NetworkInspect) -> bool {
+        match found.labels.as_ref().and_then(|l| l.get(LABEL_SWARM_NETWORK)) {
+            Some(id) => *id == self.id,
+            None => {
+                self.create.config_from.is_some()
+                    && found.driver == self.create.driver
+                    && found.config_from.as_ref().and_then(|c| c.network.as_ref())
+                        == self.create.config_from.as_ref().and_then(|c| c.network.as_ref())
+            }
+        }
+    }
+
+    /// Its name on the engine (the container's network mode).
+    pub fn name(&self) -> &str {
+        &self.create.name
+    }
+
+    /// Makes the network on the engine unless it is there already (made for this swarm network: by its label).
+    pub async fn ensure(&self, docker: &Docker) -> Result<(), String> {
+        for _ in 0..2 {
+            match docker.inspect_network(self.name(), None).await {
+                Ok(found) => {
+                    return match self.is_this(&found) {
+                        true => Ok(()),
+                        false => Err(format!(
+                            "the engine has a network named {} that is not swarm network {}: rename or remove the \
+                             engine's network, or give the swarm network another name",
+                            self.name(),
+                            self.id
+                        )),
+                    };
+                }
+                Err(e) if engine_status(&e) == Some(404) => {}
+                Err(e) => {
+                    return Err(format!("cannot inspect the engine's network {}: {}", self.name(), engine_message(&e)))
+                }
+            }
+            match docker.create_network(self.create.clone()).await {
+                Ok(_) => return Ok(()),
+                // Made meanwhile (another task of the network): inspect it again.
+                Err(e) if engine_status(&e) == Some(409) => continue,
+                Err(e) => {
+                    let from = match &self.create.config_from {
+                        Some(ConfigReference { network: Some(f) }) => {
+                            format!(" (from the node's config-only network {f}: create it on this node's engine)")
+                        }
+                        _ => String::new(),
+                    };
+                    return Err(format!(
+                        "cannot create network {} on the node's engine{from}: {}",
+                        self.name(),
+                        engine_message(&e)
+                    ));
+                }
+            }
+        }
+        Err(format!("network {} appeared and vanished on the node's engine while it was made; retry", self.name()))
+    }
+
+    /// Removes the network from the engine when no container uses it (the engine refuses while one does, and
+    /// that refusal is the answer: another task still runs on it). A network of that name that is not this
+    /// one stays.
+    pub async fn release(&self, docker: &Docker) {
+        match docker.inspect_network(self.name(), None).await {
+            Ok(found) if self.is_this(&found) => {}
+            _ => return,
+        }
+        match docker.remove_network(self.name()).await {
+            Ok(()) => {}
+            Err(e) if matches!(engine_status(&e), Some(403) | Some(404) | Some(409)) => {}
+            Err(e) => {
+                tracing::warn!(network = %self.name(), "cannot remove the engine's network: {}", engine_message(&e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_api::{Annotations, Driver, IpamConfig as SwarmIpamConfig, IpamOptions, NetworkAttachment, NetworkSpec};
+
+    fn macvlan(config_from: Option<&str>, parent: Option<&str>) -> Network {
+        Network {
+            id: "net1".into(),
+            spec: Some(NetworkSpec {
+                annotations: Some(Annotations { name: "macnet".into(), ..Default::default() }),
+                driver_config: Some(Driver {
+                    name: "macvlan".into(),
+                    options: parent.map(|p| HashMap::from([("parent".to_string(), p.to_string())])).unwrap_or_default(),
+                }),
+                ipam: parent.map(|_| IpamOptions {
+                    configs: vec![SwarmIpamConfig { subnet: "192.168.50.0/24".into(), ..Default::default() }],
+                    ..Default::default()
+                }),
+                config_from: config_from.map(|f| ConfigFrom::Network(f.into())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_task_on_a_macvlan_network_gets_the_engine_network_made_as_the_swarm_network_says() {
+        let mut task = Task::default();
+        assert_eq!(EngineNetwork::of_task(&task), None);
+        task.networks =
+            vec![NetworkAttachment { network: Some(macvlan(Some("macnet-cfg"), None)), ..Default::default() }];
+        let n = EngineNetwork::of_task(&task).unwrap();
+        assert_eq!(n.name(), "macnet");
+        assert_eq!(n.create.driver.as_deref(), Some("macvlan"));
+        assert_eq!(n.create.config_from, Some(ConfigReference { network: Some("macnet-cfg".into()) }));
+        assert_eq!((n.create.ipam.as_ref(), n.create.options.as_ref()), (None, None));
+        assert_eq!(n.create.labels, None, "the engine takes no label beside a config-only network");
+        // Settings given on the swarm network itself go to the engine as they are.
+        task.networks[0].network = Some(macvlan(None, Some("eth9")));
+        let n = EngineNetwork::of_task(&task).unwrap();
+        assert_eq!(n.create.options.as_ref().unwrap()["parent"], "eth9");
+        let subnet = n.create.ipam.as_ref().and_then(|i| i.config.as_ref()).map(|c| c[0].subnet.clone());
+        assert_eq!(subnet, Some(Some("192.168.50.0/24".into())));
+        assert_eq!(n.create.config_from, None);
+        assert_eq!(n.create.labels.as_ref().unwrap()[LABEL_SWARM_NETWORK], "net1");
+    }
+}
