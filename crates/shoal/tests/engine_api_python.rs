@@ -1,5 +1,6 @@
 //! Real clients of the Engine API besides the docker CLI, against a `shoal daemon`: the Python Docker SDK
-//! driving swarm, nodes, services, secrets and configs (`engine_api_python/sdk.py`), and a schemathesis run over the operations
+//! driving swarm, nodes, services, secrets and configs (`engine_api_python/sdk.py`), setting every field of
+//! issue 32 with the running container checked (`engine_api_python/sdk_fields.py`), and a schemathesis run over the operations
 //! Shoal routes, checked against Docker's v1.47 spec (`crates/engine-api/spec/v1.47.yaml`, vendored,
 //! with the status codes the engine answers but the spec leaves out added by `schemathesis_run.py`) with
 //! not_a_server_error, status_code_conformance, content_type_conformance and
@@ -32,6 +33,40 @@ fn the_python_docker_sdk_drives_swarm_nodes_and_services() {
     );
     let text = output_text(&out);
     assert!(out.status.success() && text.contains("OK"), "the SDK script failed:\n{text}\ndaemon log:\n{}", d.log());
+}
+
+/// The SDK setting every service, network and swarm field of issue 32 (`engine_api_python/sdk_fields.py`):
+/// a docker-executor daemon runs the service, and the script checks each field on the running container
+/// through the engine's own API; a second daemon in no swarm takes the SDK's `swarm.init` with the address
+/// pool, subnet size, data path port and data path address.
+#[test]
+fn the_python_docker_sdk_sets_every_field_and_the_containers_show_them() {
+    let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
+    let d = shoal_testkit::docker_engine::EngineDaemon::start(&shoal_bin());
+    let fresh = shoal_testkit::DaemonProcess::start_with(
+        &shoal_bin(),
+        shoal_testkit::DaemonOptions { extra_args: vec!["--no-init".into()], ..Default::default() },
+    );
+    let (socket, init_socket) =
+        (d.socket().to_string_lossy().into_owned(), fresh.socket().to_string_lossy().into_owned());
+    let out = python::run_script(
+        include_str!("engine_api_python/sdk_fields.py"),
+        &[
+            ("SHOAL_SOCKET", &socket),
+            ("ENGINE_SOCKET", "/var/run/docker.sock"),
+            ("TEST_IMAGE", image),
+            ("INIT_SOCKET", &init_socket),
+            ("INIT_LISTEN", &fresh.remote_addr()),
+        ],
+        Duration::from_secs(150),
+    );
+    let text = output_text(&out);
+    assert!(
+        out.status.success() && text.contains("OK"),
+        "the SDK script failed:\n{text}\ndaemon log:\n{}\nfresh daemon log:\n{}",
+        d.log(),
+        fresh.log()
+    );
 }
 
 /// Forwards TCP connections on a loopback port to the control socket (schemathesis speaks HTTP over TCP
