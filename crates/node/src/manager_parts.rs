@@ -297,7 +297,7 @@ impl Wiring<'_> {
                 manager_addr: format!("http://{remote_addr}"),
                 hostname,
                 state_dir: self.cfg.state_dir.clone(),
-                engine_labels: crate::data_path_label(&self.cfg),
+                engine_labels: crate::data_path_label(self.cfg),
                 generic_resources: self.cfg.generic_node_resources.clone(),
             },
             executor,

@@ -27,7 +27,7 @@ fn the_python_docker_sdk_drives_swarm_nodes_and_services() {
     let d = daemon();
     let socket = d.socket().to_string_lossy().into_owned();
     let out = python::run_script(
-        include_str!("engine_api_python/sdk.py"),
+        &[include_str!("engine_api_python/wait.py"), include_str!("engine_api_python/sdk.py")].concat(),
         &[("SHOAL_SOCKET", &socket)],
         Duration::from_secs(150),
     );
@@ -50,7 +50,7 @@ fn the_python_docker_sdk_sets_every_field_and_the_containers_show_them() {
     let (socket, init_socket) =
         (d.socket().to_string_lossy().into_owned(), fresh.socket().to_string_lossy().into_owned());
     let out = python::run_script(
-        include_str!("engine_api_python/sdk_fields.py"),
+        &[include_str!("engine_api_python/wait.py"), include_str!("engine_api_python/sdk_fields.py")].concat(),
         &[
             ("SHOAL_SOCKET", &socket),
             ("ENGINE_SOCKET", "/var/run/docker.sock"),

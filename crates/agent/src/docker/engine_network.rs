@@ -41,10 +41,8 @@ impl EngineNetwork {
         let spec = n.spec.clone().unwrap_or_default();
         let driver = spec.driver_config.clone().unwrap_or_default();
         let name = spec.annotations.as_ref().map_or(n.id.clone(), |a| a.name.clone());
-        let config_from = match &spec.config_from {
-            Some(ConfigFrom::Network(from)) => Some(ConfigReference { network: Some(from.clone()) }),
-            None => None,
-        };
+        let config_from =
+            spec.config_from.as_ref().map(|ConfigFrom::Network(from)| ConfigReference { network: Some(from.clone()) });
         let ipam = spec.ipam.as_ref().filter(|i| !i.configs.is_empty()).map(|i| Ipam {
             driver: Some("default".into()),
             config: Some(

@@ -266,54 +266,7 @@ pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<C
     });
     let dns = spec.dns_config.clone().unwrap_or_default();
     let on_host = task.predefined_network() == Some("host");
-    let (network_mode, hostname, extra_hosts) = match holder {
-        None if task.on_overlay() => {
-            let a = task.overlay_attachments().next().expect("on an overlay");
-            return Err(format!(
-                "the task is attached to network {}: this node has no overlay data plane to connect it; it needs a \
-                 node that reports the overlay network plugin",
-                a.network
-                    .as_ref()
-                    .and_then(|n| n.spec.as_ref())
-                    .and_then(|s| s.annotations.as_ref())
-                    .map_or("", |a| a.name.as_str())
-            ));
-        }
-        // The node's own network (`--network host`): the engine refuses a hostname there, so it is refused here
-        // with the reason; published ports are the ports the task listens on (no mapping, nothing to bind).
-        None if on_host => {
-            if !spec.hostname.is_empty() {
-                return Err(format!(
-                    "ContainerSpec.Hostname {:?}: a task on the host network has the node's hostname; leave --hostname out",
-                    spec.hostname
-                ));
-            }
-            (Some("host".to_string()), None, extra_hosts(&spec))
-        }
-        // The engine's default bridge (`--network bridge`, or no network at all), or a swarm network of the
-        // engine's (macvlan, ipvlan: `engine_network`, which makes it first).
-        None => {
-            let engine_network = super::engine_network::EngineNetwork::of_task(task).map(|n| n.name().to_string());
-            (task.predefined_network().map(str::to_string).or(engine_network), opt(&spec.hostname), extra_hosts(&spec))
-        }
-        Some(holder) => {
-            // Its published ports are forwarded by the node's data plane into the holder's namespace (ingress
-            // ports from every node, host-mode ports from this one), not bound by the engine.
-            if let Some(why) = crate::network::desired::ports_unforwardable(task) {
-                return Err(why);
-            }
-            if !dns.nameservers.is_empty() {
-                return Err(
-                    "a task on a network resolves through the node's resolver (127.0.0.11), which forwards to the \
-                     node's own nameservers: ContainerSpec.DNSConfig.Nameservers (--dns) cannot be honoured; remove it"
-                        .into(),
-                );
-            }
-            // The holder carries the hostname, resolv.conf and hosts (Docker lets only a namespace's first
-            // container set them); this container shares them.
-            (Some(format!("container:{holder}")), None, None)
-        }
-    };
+    let (network_mode, hostname, extra_hosts) = network_settings(task, &spec, holder, &dns)?;
     // Host-mode published ports (SwarmKit's) of a task off networks, bound by the engine on this node;
     // published 0: a port it chooses.
     let (exposed, bindings) = if holder.is_some() || on_host { Default::default() } else { host_port_bindings(task)? };
@@ -396,6 +349,69 @@ fn host_port_bindings(task: &Task) -> Result<(Vec<String>, bollard::models::Port
             .push(bollard::models::PortBinding { host_ip: None, host_port: Some(host_port) });
     }
     Ok((exposed, bindings))
+}
+
+/// A container's network mode, hostname and extra hosts.
+type NetworkSettings = (Option<String>, Option<String>, Option<Vec<String>>);
+
+/// The container's network mode, hostname and extra hosts: in its holder's namespace (`holder`: a task on
+/// overlay networks), on the node's own network (`host`), on the engine's default bridge, or on a swarm
+/// network of the engine's (macvlan, ipvlan); a task these cannot carry is refused with the reason.
+fn network_settings(
+    task: &Task,
+    spec: &ContainerSpec,
+    holder: Option<&str>,
+    dns: &shoal_api::container_spec::DnsConfig,
+) -> Result<NetworkSettings, String> {
+    let on_host = task.predefined_network() == Some("host");
+    Ok(match holder {
+        None if task.on_overlay() => {
+            let a = task.overlay_attachments().next().expect("on an overlay");
+            return Err(format!(
+                "the task is attached to network {}: this node has no overlay data plane to connect it; it needs a \
+                 node that reports the overlay network plugin",
+                a.network
+                    .as_ref()
+                    .and_then(|n| n.spec.as_ref())
+                    .and_then(|s| s.annotations.as_ref())
+                    .map_or("", |a| a.name.as_str())
+            ));
+        }
+        // The node's own network (`--network host`): the engine refuses a hostname there, so it is refused here
+        // with the reason; published ports are the ports the task listens on (no mapping, nothing to bind).
+        None if on_host => {
+            if !spec.hostname.is_empty() {
+                return Err(format!(
+                    "ContainerSpec.Hostname {:?}: a task on the host network has the node's hostname; leave --hostname out",
+                    spec.hostname
+                ));
+            }
+            (Some("host".to_string()), None, extra_hosts(spec))
+        }
+        // The engine's default bridge (`--network bridge`, or no network at all), or a swarm network of the
+        // engine's (macvlan, ipvlan: `engine_network`, which makes it first).
+        None => {
+            let engine_network = super::engine_network::EngineNetwork::of_task(task).map(|n| n.name().to_string());
+            (task.predefined_network().map(str::to_string).or(engine_network), opt(&spec.hostname), extra_hosts(spec))
+        }
+        Some(holder) => {
+            // Its published ports are forwarded by the node's data plane into the holder's namespace (ingress
+            // ports from every node, host-mode ports from this one), not bound by the engine.
+            if let Some(why) = crate::network::desired::ports_unforwardable(task) {
+                return Err(why);
+            }
+            if !dns.nameservers.is_empty() {
+                return Err(
+                    "a task on a network resolves through the node's resolver (127.0.0.11), which forwards to the \
+                     node's own nameservers: ContainerSpec.DNSConfig.Nameservers (--dns) cannot be honoured; remove it"
+                        .into(),
+                );
+            }
+            // The holder carries the hostname, resolv.conf and hosts (Docker lets only a namespace's first
+            // container set them); this container shares them.
+            (Some(format!("container:{holder}")), None, None)
+        }
+    })
 }
 
 #[cfg(test)]

@@ -556,17 +556,7 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
     let (network, _) = state
         .write(|t: &Tables, c: &mut Changes| {
             let name = spec.annotations.as_ref().map_or("", |a| a.name.as_str());
-            if let Some(owner) = t.networks().by_name(name) {
-                return Err(ControlError::AlreadyExists(format!(
-                    "network with name {name} already exists (network {}); choose another name",
-                    owner.id
-                )));
-            }
-            if t.networks().len() >= MAX_NETWORKS {
-                return Err(invalid(format!(
-                    "the cluster has {MAX_NETWORKS} networks, the most it may have; remove one"
-                )));
-            }
+            room_for_network(t, name)?;
             if spec.ingress && t.networks().iter().any(|n| n.spec.as_ref().is_some_and(|s| s.ingress)) {
                 return Err(invalid("an ingress network exists already; remove it first"));
             }
@@ -627,6 +617,21 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
     Ok(state.store.view(|t| t.networks().get(&network.id).map(|n| (**n).clone())).unwrap_or(network))
 }
 
+/// Whether the cluster can take a new network named `name`: the name is free, and it has fewer than
+/// `MAX_NETWORKS`.
+fn room_for_network(t: &Tables, name: &str) -> Result<(), ControlError> {
+    if let Some(owner) = t.networks().by_name(name) {
+        return Err(ControlError::AlreadyExists(format!(
+            "network with name {name} already exists (network {}); choose another name",
+            owner.id
+        )));
+    }
+    if t.networks().len() >= MAX_NETWORKS {
+        return Err(invalid(format!("the cluster has {MAX_NETWORKS} networks, the most it may have; remove one")));
+    }
+    Ok(())
+}
+
 /// Creates a network of each node's engine: no subnet, VXLAN ID or address is allocated (each engine
 /// addresses its tasks); the driver state names the driver, which a node must report to run its tasks.
 async fn create_node_local(
@@ -647,17 +652,7 @@ async fn create_node_local(
     let (network, _) = state
         .write(|t: &Tables, c: &mut Changes| {
             let name = network.spec.as_ref().and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str());
-            if let Some(owner) = t.networks().by_name(name) {
-                return Err(ControlError::AlreadyExists(format!(
-                    "network with name {name} already exists (network {}); choose another name",
-                    owner.id
-                )));
-            }
-            if t.networks().len() >= MAX_NETWORKS {
-                return Err(invalid(format!(
-                    "the cluster has {MAX_NETWORKS} networks, the most it may have; remove one"
-                )));
-            }
+            room_for_network(t, name)?;
             c.create(network.clone());
             Ok(network.clone())
         })

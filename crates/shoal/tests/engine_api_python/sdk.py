@@ -14,16 +14,7 @@ client = docker.DockerClient(base_url="unix://" + os.environ["SHOAL_SOCKET"], ve
 api = client.api
 
 
-def wait(what, cond, limit=90.0):
-    """Polls cond() until it returns something true, for at most limit seconds."""
-    deadline = time.monotonic() + limit
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+# `wait(what, cond, limit)` comes from wait.py, put before this script.
 
 
 def running(svc):

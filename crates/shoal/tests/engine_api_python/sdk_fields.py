@@ -24,16 +24,7 @@ image = os.environ["TEST_IMAGE"]
 SECOND = 1_000_000_000
 
 
-def wait(what, cond, limit=90.0):
-    """Polls cond() until it returns something true, for at most limit seconds."""
-    deadline = time.monotonic() + limit
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+# `wait(what, cond, limit)` comes from wait.py, put before this script.
 
 
 def container_of(svc):
