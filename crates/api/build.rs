@@ -1,5 +1,5 @@
-//! Generates the docker.swarmkit.v1 types and gRPC stubs, and Shoal's own `shoal.v1` services. Uses `$PROTOC` when set, else the vendored protoc,
-//! so a fresh machine needs no system package.
+//! Generates the docker.swarmkit.v1 types and gRPC stubs, and Shoal's own `shoal.v1` services. Uses `$PROTOC` when set,
+//! else the vendored protoc, so a fresh machine needs no system package.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("PROTOC").is_none() {

@@ -220,7 +220,8 @@ impl Agent {
             }
             engine.labels.insert(shoal_api::SHOAL_NO_DATA_PLANE_LABEL.to_string(), why);
         }
-        // Which executor runs its tasks, as `docker info` shows it: `--constraint engine.labels.shoal.executor==docker`.
+        // Which executor runs its tasks, as `docker info` shows it: `--constraint
+        // engine.labels.shoal.executor==docker`.
         engine.labels.insert(SHOAL_EXECUTOR_LABEL.to_string(), self.executor.name().to_string());
         if !self.config.generic_resources.is_empty() {
             d.resources.get_or_insert_with(Default::default).generic = self.config.generic_resources.clone();
@@ -289,7 +290,8 @@ impl Agent {
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,
                 Err(SessionError::DescriptionChanged) => {
-                    tracing::info!(node = %self.config.node_id, "this node's certificate changed: opening a new session to report it");
+                    tracing::info!(node = %self.config.node_id, "this node's certificate changed: opening a new \
+                                                                 session to report it");
                     reconnect.redirect = Some(manager_addr.clone());
                 }
                 Err(e) => {
@@ -426,7 +428,8 @@ impl Agent {
             // As SwarmKit's agent: a removed node runs nothing (an empty complete assignment set).
             tracing::warn!(
                 node = %self.config.node_id,
-                "this node was removed from the swarm (docker node rm): stopping its tasks; its certificate is refused, so to take part again leave (docker swarm leave) and join with a join token"
+                "this node was removed from the swarm (docker node rm): stopping its tasks; its certificate is \
+                 refused, so to take part again leave (docker swarm leave) and join with a join token"
             );
             worker.apply(shoal_api::AssignmentsMessage {
                 r#type: shoal_api::assignments_message::Type::Complete as i32,
@@ -449,7 +452,9 @@ impl Agent {
         } else {
             RECONNECT_MIN
         };
-        tracing::warn!(node = %self.config.node_id, next = ?reconnect.remotes.current(), "session with the manager ended: {e}; retrying in {delay:?}");
+        tracing::warn!(node = %self.config.node_id, next = ?reconnect.remotes.current(), "session with the manager \
+                                                                                          ended: {e}; retrying in \
+                                                                                          {delay:?}");
         let mut source = self.manager_source.clone();
         let moved = async {
             match source.as_mut() {

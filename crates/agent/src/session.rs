@@ -90,7 +90,8 @@ impl SessionError {
     /// certificate is refused until it expires: SwarmKit's blacklist).
     pub fn node_removed(&self) -> bool {
         matches!(self, SessionError::Rpc { status, .. }
-            if status.code() == tonic::Code::PermissionDenied && status.message().contains("was removed from the cluster"))
+            if status.code() == tonic::Code::PermissionDenied && status.message().contains("was removed from the \
+                                                                                            cluster"))
     }
 }
 

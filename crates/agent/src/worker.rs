@@ -263,7 +263,8 @@ impl Worker {
             for (id, r) in leaving {
                 let abort = r.join.abort_handle();
                 if tokio::time::timeout_at(deadline, r.join).await.is_err() {
-                    tracing::warn!(task = %id, "the task's removal did not finish within {REMOVALS_AT_STOP_MAX:?} of the agent's stop; the next start removes what is left");
+                    tracing::warn!(task = %id, "the task's removal did not finish within {REMOVALS_AT_STOP_MAX:?} of \
+                                                the agent's stop; the next start removes what is left");
                     abort.abort();
                 }
             }

@@ -131,6 +131,36 @@ fn description(i: usize) -> NodeDescription {
     }
 }
 
+/// The reports a simulated node makes for assignment `changes`: a service's task runs, a job's task (desired
+/// COMPLETE) is done at once; each task reported once (`reported`).
+fn status_updates(
+    changes: Vec<shoal_api::AssignmentChange>,
+    reported: &mut std::collections::HashSet<String>,
+) -> Vec<TaskStatusUpdate> {
+    let mut updates = Vec::new();
+    for ch in changes {
+        if ch.action != assignment_change::AssignmentAction::Update as i32 {
+            continue;
+        }
+        let Some(assignment::Item::Task(task)) = ch.assignment.and_then(|a| a.item) else { continue };
+        let state = if task.desired_state == TaskState::Running as i32 {
+            TaskState::Running
+        } else if task.desired_state == TaskState::Complete as i32 {
+            TaskState::Complete
+        } else {
+            continue;
+        };
+        if reported.insert(task.id.clone()) {
+            let message = if state == TaskState::Complete { "finished" } else { "started" }.into();
+            updates.push(TaskStatusUpdate {
+                task_id: task.id,
+                status: Some(TaskStatus { state: state as i32, message, ..Default::default() }),
+            });
+        }
+    }
+    updates
+}
+
 /// One simulated node: session, assignments, heartbeats, RUNNING reports; until `stop`.
 async fn sim_node(i: usize, channel: Channel, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let node_id = format!("simnode{i:06}");
@@ -171,14 +201,16 @@ async fn sim_node(i: usize, channel: Channel, shared: Arc<Shared>, mut stop: wat
             _ = stop.changed() => return,
             _ = tokio::time::sleep_until(next_beat) => {
                 let t = Instant::now();
-                let r = client.heartbeat(req(&node_id, HeartbeatRequest { session_id: session_id.clone() }, Some(CALL_TIMEOUT))).await;
+                let r = client.heartbeat(req(&node_id, HeartbeatRequest { session_id: session_id.clone() },
+                    Some(CALL_TIMEOUT))).await;
                 let ms = t.elapsed().as_secs_f64() * 1000.0;
                 match r {
                     Ok(resp) => {
                         if shared.measuring.load(Ordering::Relaxed) {
                             shared.latencies.push(ms);
                         }
-                        let period = resp.into_inner().period.as_ref().map(shoal_api::duration_from_proto).unwrap_or(Duration::from_secs(5));
+                        let period = resp.into_inner().period.as_ref().map(shoal_api::duration_from_proto);
+                        let period = period.unwrap_or(Duration::from_secs(5));
                         next_beat = tokio::time::Instant::now() + period.max(Duration::from_millis(10));
                     }
                     Err(e) => {
@@ -195,36 +227,21 @@ async fn sim_node(i: usize, channel: Channel, shared: Arc<Shared>, mut stop: wat
             },
             m = assignments.message() => match m {
                 Ok(Some(msg)) => {
-                    let mut updates = Vec::new();
-                    for ch in msg.changes {
-                        if ch.action != assignment_change::AssignmentAction::Update as i32 {
-                            continue;
-                        }
-                        let Some(assignment::Item::Task(task)) = ch.assignment.and_then(|a| a.item) else { continue };
-                        // A service's task runs; a job's task (desired COMPLETE) is done at once.
-                        let state = if task.desired_state == TaskState::Running as i32 {
-                            TaskState::Running
-                        } else if task.desired_state == TaskState::Complete as i32 {
-                            TaskState::Complete
-                        } else {
-                            continue;
-                        };
-                        if reported.insert(task.id.clone()) {
-                            updates.push(TaskStatusUpdate {
-                                task_id: task.id,
-                                status: Some(TaskStatus { state: state as i32, message: if state == TaskState::Complete { "finished" } else { "started" }.into(), ..Default::default() }),
-                            });
-                        }
-                    }
+                    let updates = status_updates(msg.changes, &mut reported);
                     if !updates.is_empty() {
-                        let complete = updates.iter().filter(|u| u.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32)).count();
+                        let done = |u: &&TaskStatusUpdate| {
+                            u.status.as_ref().is_some_and(|s| s.state == TaskState::Complete as i32)
+                        };
+                        let complete = updates.iter().filter(done).count();
                         let n = updates.len();
                         // Retried as an agent retries its reports: a lost report would leave a task (and the
                         // phase waiting on it) unfinished.
                         let mut attempt = 0;
                         loop {
                             attempt += 1;
-                            let r = client.update_task_status(req(&node_id, UpdateTaskStatusRequest { session_id: session_id.clone(), updates: updates.clone() }, Some(CALL_TIMEOUT))).await;
+                            let r = client.update_task_status(req(&node_id,
+                                UpdateTaskStatusRequest { session_id: session_id.clone(), updates: updates.clone() },
+                                    Some(CALL_TIMEOUT))).await;
                             match r {
                                 Ok(_) => {
                                     shared.running_reported.fetch_add(n - complete, Ordering::Relaxed);
@@ -232,7 +249,8 @@ async fn sim_node(i: usize, channel: Channel, shared: Arc<Shared>, mut stop: wat
                                     break;
                                 }
                                 Err(e) if attempt < STATUS_ATTEMPTS => {
-                                    eprintln!("node {node_id}: UpdateTaskStatus failed (attempt {attempt}, retrying): {e}");
+                                    eprintln!("node {node_id}: UpdateTaskStatus failed (attempt {attempt}, retrying): \
+                                               {e}");
                                     tokio::time::sleep(STATUS_RETRY).await;
                                 }
                                 Err(e) => {

@@ -1,5 +1,6 @@
-//! Process figures from Linux's /proc: resident memory (VmRSS, and its anonymous and file-backed parts) and CPU time (utime + stime) of a PID or
-//! one of its threads, and raising this process's open-file limit. Must not depend on any scenario.
+//! Process figures from Linux's /proc: resident memory (VmRSS, and its anonymous and file-backed parts) and CPU time
+//! (utime + stime) of a PID or one of its threads, and raising this process's open-file limit. Must not depend on any
+//! scenario.
 
 use crate::report::BenchError;
 

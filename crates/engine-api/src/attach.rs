@@ -133,9 +133,17 @@ pub fn endpoint_refusal(ep: &Value, network: &str, at: &str) -> Option<String> {
         ));
     }
     let refused = [
-        ("Links", "--link: links are for the engine's default bridge; on swarm network {network} containers reach each other by name"),
+        (
+            "Links",
+            "--link: links are for the engine's default bridge; on swarm network {network} containers reach each \
+                   other by name",
+        ),
         ("DriverOpts", "--driver-opt: an attachment to swarm network {network} takes no driver options; leave it out"),
-        ("MacAddress", "--mac-address: the MAC address of an attachment to swarm network {network} is chosen by the node; leave it out"),
+        (
+            "MacAddress",
+            "--mac-address: the MAC address of an attachment to swarm network {network} is chosen by the \
+                        node; leave it out",
+        ),
     ];
     refused
         .iter()

@@ -330,7 +330,8 @@ async fn refuse(mut stream: tokio::net::UnixStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), drain_one_request(&mut stream, 64 << 10)).await;
     let body = r#"{"message":"too many connections to the Engine API: retry shortly"}"#;
     let answer = format!(
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: \
+         close\r\n\r\n{body}",
         body.len()
     );
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
@@ -477,17 +478,20 @@ fn json_answer_for_parse_error(out: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let (reason, message) = match code {
-        "414" => (
-            "URI Too Long",
-            format!("request URI too long: the limit is {MAX_URI_BYTES} bytes"),
-        ),
+        "414" => ("URI Too Long", format!("request URI too long: the limit is {MAX_URI_BYTES} bytes")),
         "431" => (
             "Request Header Fields Too Large",
             format!(
-                "request header fields too large: the limit is {MAX_HEAD_BYTES} bytes for the request line and headers, and {MAX_HEADERS} headers"
+                "request header fields too large: the limit is {MAX_HEAD_BYTES} bytes for the request line and \
+                 headers, and {MAX_HEADERS} headers"
             ),
         ),
-        "400" => ("Bad Request", "malformed HTTP request: the request line or a header could not be parsed".to_string()),
+        "400" => (
+            "Bad Request",
+            "malformed HTTP request: the request line or a header could not be \
+                                  parsed"
+                .to_string(),
+        ),
         _ => return None,
     };
     let body = serde_json::to_string(&crate::json::ErrorResponse { message }).ok()?;

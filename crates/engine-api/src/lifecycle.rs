@@ -280,7 +280,8 @@ pub fn parse_data_path_addr(addr: &str) -> Result<Option<IpAddr>, ApiError> {
     }
     let bad = |why: &str| ApiError::BadRequest(format!("invalid DataPathAddr {addr:?}: {why}"));
     let ip: IpAddr = addr.parse().map_err(|_| {
-        bad("not an IP address (Shoal does not read interface names here): give the IPv4 address of this node the overlay traffic should use")
+        bad("not an IP address (Shoal does not read interface names here): give the IPv4 address of this node the \
+             overlay traffic should use")
     })?;
     let IpAddr::V4(v4) = ip else {
         return Err(bad("Shoal's overlay data plane carries IPv4 only: give an IPv4 address of this node"));
@@ -301,7 +302,8 @@ pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError>
     ] {
         if set {
             return Err(ApiError::BadRequest(format!(
-                "{field} is not supported at init: a new swarm's CA makes its own root; after the init, rotate to your root (docker swarm ca --rotate --ca-cert --ca-key)"
+                "{field} is not supported at init: a new swarm's CA makes its own root; after the init, rotate to your \
+                 root (docker swarm ca --rotate --ca-cert --ca-key)"
             )));
         }
     }
@@ -310,7 +312,9 @@ pub(crate) fn refuse_unsupported_spec(j: &SwarmSpecJson) -> Result<(), ApiError>
         e.check()?;
         if e.ca_cert.is_empty() {
             return Err(ApiError::BadRequest(
-                "CAConfig.ExternalCAs at init needs the signer's root certificate: add cacert=FILE to --external-ca (the root whose key the signer holds)".into(),
+                "CAConfig.ExternalCAs at init needs the signer's root certificate: add cacert=FILE to --external-ca \
+                 (the root whose key the signer holds)"
+                    .into(),
             ));
         }
     }
@@ -416,12 +420,14 @@ pub fn manager_leave_refusal(has_leader: bool, me_reachable: bool, reachable: us
         if me_reachable && reachable.saturating_sub(2) <= unreachable {
             if reachable == 1 && unreachable == 0 {
                 msg.push_str(
-                    "Removing the last manager erases all current state of the swarm. Use `--force` to ignore this message. ",
+                    "Removing the last manager erases all current state of the swarm. Use `--force` to ignore this \
+                     message. ",
                 );
                 return msg;
             }
             msg.push_str(&format!(
-                "Removing this node leaves {} managers out of {}. Without a Raft quorum your swarm will be inaccessible. ",
+                "Removing this node leaves {} managers out of {}. Without a Raft quorum your swarm will be \
+                 inaccessible. ",
                 reachable.saturating_sub(1),
                 reachable + unreachable
             ));
@@ -671,7 +677,13 @@ mod tests {
     #[test]
     fn a_manager_leaving_without_force_gets_dockers_messages() {
         let last = manager_leave_refusal(true, true, 1, 0);
-        assert!(last.ends_with("Removing the last manager erases all current state of the swarm. Use `--force` to ignore this message. "), "{last}");
+        assert!(
+            last.ends_with(
+                "Removing the last manager erases all current state of the swarm. Use `--force` to \
+                                ignore this message. "
+            ),
+            "{last}"
+        );
         let four = manager_leave_refusal(true, true, 3, 1);
         assert!(four.contains("Removing this node leaves 2 managers out of 4."), "{four}");
         assert!(four.ends_with("Use `--force` to suppress this message."));

@@ -361,7 +361,8 @@ mod tests {
             attrs: vec![],
         };
         let f = encode(&m, LineFormat { timestamps: true, details: true, tty: false });
-        let line = b"2023-11-14T22:13:20.000000005Z com.docker.swarm.node.id=n,com.docker.swarm.service.id=s,com.docker.swarm.task.id=t hello\n";
+        let line = b"2023-11-14T22:13:20.000000005Z \
+                     com.docker.swarm.node.id=n,com.docker.swarm.service.id=s,com.docker.swarm.task.id=t hello\n";
         assert_eq!(&f[..8], &[2, 0, 0, 0, 0, 0, 0, line.len() as u8]);
         assert_eq!(&f[8..], &line[..]);
         let raw = encode(&m, LineFormat { timestamps: false, details: false, tty: true });

@@ -140,13 +140,15 @@ impl Engine {
     pub fn docker(addr: &str, control_socket: &Path) -> Engine {
         if addr.starts_with("tcp://") || addr.starts_with("http://") || addr.starts_with("https://") {
             return Engine::absent(format!(
-                "the Docker Engine address {addr} is not a unix socket: the control socket relays to a local engine's unix socket only"
+                "the Docker Engine address {addr} is not a unix socket: the control socket relays to a local engine's \
+                 unix socket only"
             ));
         }
         let socket = PathBuf::from(addr.strip_prefix("unix://").unwrap_or(addr));
         if same_file(&socket, control_socket) {
             return Engine::absent(format!(
-                "the Docker Engine address {addr} is Shoal's own control socket: start the daemon with --engine-addr naming the Docker Engine's socket"
+                "the Docker Engine address {addr} is Shoal's own control socket: start the daemon with --engine-addr \
+                 naming the Docker Engine's socket"
             ));
         }
         let path = socket.clone();
@@ -311,7 +313,9 @@ fn no_engine_501(why: &str, method: &Method, path: &str) -> Response {
     error(
         StatusCode::NOT_IMPLEMENTED,
         format!(
-            "{why}: {method} {path} needs a container engine. Swarm commands (docker service, node, secret, config, network with overlay networks) work on this socket; for containers, images and volumes, use a node started with --executor docker, or point DOCKER_HOST at a Docker Engine's own socket"
+            "{why}: {method} {path} needs a container engine. Swarm commands (docker service, node, secret, config, \
+             network with overlay networks) work on this socket; for containers, images and volumes, use a node \
+             started with --executor docker, or point DOCKER_HOST at a Docker Engine's own socket"
         ),
     )
 }
@@ -756,7 +760,10 @@ async fn container_networks(relay: &Relay, engine: &Arc<DockerEngine>, req: Requ
             return error(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "Could not attach to network {network}: network {network} is not manually attachable: create it with --attachable (docker network create -d overlay --attachable {network}) to run containers on it with docker run or docker network connect, or run this one as a service (docker service create --network {network} ...)"
+                    "Could not attach to network {network}: network {network} is not manually attachable: create it \
+                     with --attachable (docker network create -d overlay --attachable {network}) to run containers on \
+                     it with docker run or docker network connect, or run this one as a service (docker service create \
+                     --network {network} ...)"
                 ),
             );
         }
@@ -1346,9 +1353,12 @@ mod tests {
         let socket = shoal_socket(dir.path(), &engine, limits).await;
 
         let mut s = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        s.write_all(b"POST /v1.47/exec/abc/start HTTP/1.1\r\nHost: d\r\nConnection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n")
-            .await
-            .unwrap();
+        s.write_all(
+            b"POST /v1.47/exec/abc/start HTTP/1.1\r\nHost: d\r\nConnection: Upgrade\r\nUpgrade: \
+                      tcp\r\nContent-Length: 0\r\n\r\n",
+        )
+        .await
+        .unwrap();
         let head = read_head(&mut s).await;
         assert!(head.starts_with("HTTP/1.1 101"), "{head}");
         // The engine was asked at its own version, the rest of the path kept.

@@ -150,7 +150,8 @@ pub(crate) async fn api_version(mut req: Request, next: Next) -> Response {
             return error(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "client version {asked} is too old. Minimum supported API version is {}.{}, please upgrade your client to a newer version",
+                    "client version {asked} is too old. Minimum supported API version is {}.{}, please upgrade your \
+                     client to a newer version",
                     MIN_API_VERSION.0, MIN_API_VERSION.1
                 ),
             );
@@ -199,7 +200,8 @@ pub fn parse_bool_param(q: &std::collections::HashMap<String, String>, name: &st
         Some("1" | "t" | "T" | "TRUE" | "true" | "True") => Ok(true),
         Some("0" | "f" | "F" | "FALSE" | "false" | "False") => Ok(false),
         Some(v) => Err(ApiError::BadRequest(format!(
-            "invalid value for {name}: {v}: expected true or false (1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False)"
+            "invalid value for {name}: {v}: expected true or false (1, t, T, TRUE, true, True, 0, f, F, FALSE, false, \
+             False)"
         ))),
     }
 }

@@ -206,7 +206,8 @@ async fn bad_secrets_and_configs_are_400_and_store_nothing() {
 async fn a_config_shows_its_data_and_follows_the_same_rules() {
     let (state, _) = test_state();
     let data = b"listen 8080\n{{.Service.Name}}\n";
-    let body = json!({"Name": "app.conf", "Labels": {"a": "b"}, "Data": data_to_base64(data), "Templating": {"Name": "golang"}});
+    let body = json!({"Name": "app.conf", "Labels": {"a": "b"}, "Data": data_to_base64(data),
+        "Templating": {"Name": "golang"}});
     let r = call(&state, Method::POST, "/configs/create", Some(body)).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let id = r.body["ID"].as_str().unwrap().to_string();
@@ -214,7 +215,8 @@ async fn a_config_shows_its_data_and_follows_the_same_rules() {
     assert_eq!(r.body["ID"], json!(id));
     assert_eq!(
         r.body["Spec"],
-        json!({"Name": "app.conf", "Labels": {"a": "b"}, "Data": data_to_base64(data), "Templating": {"Name": "golang"}}),
+        json!({"Name": "app.conf", "Labels": {"a": "b"}, "Data": data_to_base64(data),
+            "Templating": {"Name": "golang"}}),
         "{}",
         r.text
     );
@@ -249,7 +251,8 @@ async fn a_config_shows_its_data_and_follows_the_same_rules() {
 fn service(name: &str, secrets: Value, configs: Value) -> Value {
     json!({
         "Name": name,
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "9"], "Secrets": secrets, "Configs": configs}},
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "9"], "Secrets": secrets,
+            "Configs": configs}},
         "Mode": {"Replicated": {"Replicas": 1}}
     })
 }
@@ -269,8 +272,10 @@ async fn services_reference_secrets_and_configs_which_cannot_be_removed_while_us
         .unwrap()
         .to_string();
     // As the docker CLI sends them: both the ID and the name, the file name defaulted to the secret's name.
-    let secret_ref = json!([{"File": {"Name": "db_pw", "UID": "0", "GID": "0", "Mode": 292}, "SecretID": sid, "SecretName": "db_pw"}]);
-    let config_ref = json!([{"File": {"Name": "/etc/app.conf", "UID": "1000", "GID": "1000", "Mode": 288}, "ConfigName": "app.conf"}]);
+    let secret_ref = json!([{"File": {"Name": "db_pw", "UID": "0", "GID": "0", "Mode": 292}, "SecretID": sid,
+        "SecretName": "db_pw"}]);
+    let config_ref = json!([{"File": {"Name": "/etc/app.conf", "UID": "1000", "GID": "1000", "Mode": 288},
+        "ConfigName": "app.conf"}]);
     let r = call(&state, Method::POST, "/services/create", Some(service("web", secret_ref.clone(), config_ref))).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let svc = call(&state, Method::GET, "/services/web", None).await;

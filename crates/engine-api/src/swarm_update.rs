@@ -156,7 +156,9 @@ mod tests {
         let back = merge_spec(&current, &SwarmJson::from_api(&cluster).cluster.spec);
         assert_eq!(back, current);
         // A partial spec (the Python SDK's Swarm.update) changes only what it sets.
-        let partial: SwarmSpecJson = crate::json::decode(br#"{"Name": null, "Raft": {"SnapshotInterval": 5000}, "Orchestration": {"TaskHistoryRetentionLimit": null}}"#).unwrap();
+        let body = br#"{"Name": null, "Raft": {"SnapshotInterval": 5000},
+                        "Orchestration": {"TaskHistoryRetentionLimit": null}}"#;
+        let partial: SwarmSpecJson = crate::json::decode(body).unwrap();
         let merged = merge_spec(&current, &partial);
         let mut want = current.clone();
         want.raft.as_mut().unwrap().snapshot_interval = 5000;

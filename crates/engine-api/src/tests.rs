@@ -480,10 +480,16 @@ async fn api_versions_from_1_24_to_1_47_and_the_engine_message_outside() {
         (
             "/v1.23/info",
             StatusCode::BAD_REQUEST,
-            "client version 1.23 is too old. Minimum supported API version is 1.24, please upgrade your client to a newer version",
+            "client version 1.23 is too old. Minimum supported API version is 1.24, please upgrade your client to a \
+             newer version",
         ),
         ("/v1.12/_ping", StatusCode::BAD_REQUEST, "client version 1.12 is too old"),
-        ("/v1.48/info", StatusCode::BAD_REQUEST, "client version 1.48 is too new. Maximum supported API version is 1.47"),
+        (
+            "/v1.48/info",
+            StatusCode::BAD_REQUEST,
+            "client version 1.48 is too new. Maximum supported API version is \
+                                                  1.47",
+        ),
     ] {
         let r = api.call(Method::GET, uri, None).await;
         if fragment.is_empty() {
@@ -534,7 +540,8 @@ async fn service_specs_are_decoded_as_go_would_and_bad_combinations_refused() {
         .call(
             Method::POST,
             "/services/create",
-            Some(json!({"name": "web", "labels": null, "taskTemplate": {"containerSpec": {"image": "busybox", "args": null}},
+            Some(json!({"name": "web", "labels": null, "taskTemplate": {"containerSpec": {"image": "busybox",
+                "args": null}},
                         "mode": {"replicated": {"Replicas": 5}}, "UpdateConfig": null, "endpointSpec": null})),
         )
         .await;

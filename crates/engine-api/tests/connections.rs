@@ -136,8 +136,11 @@ fn a_slow_body_gets_408_json() {
         ConnectionLimits { body_read_timeout: Duration::from_millis(300), ..ConnectionLimits::default() },
     );
     let mut s = connect(api.socket());
-    s.write_all(b"POST /services/create HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"Name\"")
-        .unwrap();
+    s.write_all(
+        b"POST /services/create HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\nContent-Length: \
+                  100\r\n\r\n{\"Name\"",
+    )
+    .unwrap();
     let a = read_answer(&mut s).expect("an answer");
     assert_eq!(a.status, 408, "{a:?}");
     assert!(a.head.to_ascii_lowercase().contains("content-type: application/json"), "{a:?}");

@@ -313,7 +313,9 @@ fn the_table_parser_reads_rows_and_the_walk_follows_refs_and_arrays() {
         ("A.B[]", "stored", "why")
     );
     let definitions: Yaml = serde_yaml_ng::from_str(
-        "Top:\n  properties:\n    L:\n      type: array\n      items:\n        $ref: '#/definitions/Item'\n    M:\n      type: object\n      additionalProperties:\n        type: string\nItem:\n  allOf:\n    - properties:\n        N:\n          type: integer\n",
+        "Top:\n  properties:\n    L:\n      type: array\n      items:\n        $ref: \
+         '#/definitions/Item'\n    M:\n      type: object\n      additionalProperties:\n        type: \
+         string\nItem:\n  allOf:\n    - properties:\n        N:\n          type: integer\n",
     )
     .unwrap();
     let mut out = Vec::new();

@@ -1,6 +1,7 @@
 //! The seeded runner: a target over its corpus, then over inputs mutated from it, each call guarded by
-//! `catch_unwind`, timed and (with an `AllocProbe`) its allocations measured. A failing input is written to a file (its path and the seed are in the
-//! error) so that `replay` (or `SHOAL_FUZZ_REPLAY=<file>` in the test) runs exactly it again.
+//! `catch_unwind`, timed and (with an `AllocProbe`) its allocations measured. A failing input is written to a file (its
+//! path and the seed are in the error) so that `replay` (or `SHOAL_FUZZ_REPLAY=<file>` in the test) runs exactly it
+//! again.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -103,7 +104,8 @@ pub fn run(
         let path = failures_dir.join(format!("{}-{seed}-{what}.bin", target.name));
         std::fs::write(&path, input).expect("write the failing input");
         format!(
-            "target {} failed on {what} (seed {seed}): {err}\n  input saved to {}\n  replay: SHOAL_FUZZ_TARGET={} SHOAL_FUZZ_REPLAY={} cargo nextest run -p shoal-fuzz --run-ignored only replay",
+            "target {} failed on {what} (seed {seed}): {err}\n  input saved to {}\n  replay: SHOAL_FUZZ_TARGET={} \
+             SHOAL_FUZZ_REPLAY={} cargo nextest run -p shoal-fuzz --run-ignored only replay",
             target.name,
             path.display(),
             target.name,

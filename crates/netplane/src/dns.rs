@@ -2,8 +2,9 @@
 //! namespace on `127.0.0.11:53` (UDP and TCP; the sockets are made in the namespace and served by this
 //! process, so the resolver knows which task asks) and answers from that task's `Zone`: for every service on
 //! the task's networks, `service`, `service.network` and each alias give the VIP (the task addresses in dnsrr
-//! mode), `tasks.service` and `tasks.service.network` (and the same of each alias) the task addresses. Other names are forwarded from the
-//! node's own namespace to the node's resolvers, unless all the task's networks are internal (then REFUSED).
+//! mode), `tasks.service` and `tasks.service.network` (and the same of each alias) the task addresses. Other names are
+//! forwarded from the node's own namespace to the node's resolvers, unless all the task's networks are internal (then
+//! REFUSED).
 //!
 //! DNS messages are read and written with hickory-proto (no hand-written codec). `zone_for` and `answer` are
 //! pure; `Resolver` is the tokio shell. Bounds: `MAX_FORWARDS_IN_FLIGHT` forwarded queries per node (beyond:

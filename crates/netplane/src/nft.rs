@@ -18,8 +18,8 @@
 //!   (`route_localnet`, set after the table: `plan::Op::RouteLocalnet`) for the replies, and the table's
 //!   `loopback_guard` drops whatever else arrives on one for 127.0.0.0/8. A published port with no backend is refused
 //!   (TCP reset, ICMP unreachable otherwise). Such a DNATed connection passes the isolation rules: a task of
-//!   another network may reach the mesh through its own node's address. The rule set is two rules per published port and at most one
-//!   map entry per backend (bounded by `MAX_PUBLISHED_PORTS` and `MAX_BACKENDS_PER_SERVICE`).
+//!   another network may reach the mesh through its own node's address. The rule set is two rules per published port
+//!   and at most one map entry per backend (bounded by `MAX_PUBLISHED_PORTS` and `MAX_BACKENDS_PER_SERVICE`).
 
 use std::fmt::Write;
 use std::net::Ipv4Addr;

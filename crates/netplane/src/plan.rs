@@ -1050,7 +1050,8 @@ mod tests {
             "type nat hook output priority -100; policy accept;\n    fib daddr type local jump published",
             "policy accept;\n    ct status dnat accept\n",
             "oifname \"shlg*\" ip saddr 127.0.0.0/8 ct status dnat masquerade",
-            "iifname \"shlg*\" ip daddr 127.0.0.0/8 ct status dnat accept\n    iifname \"shlg*\" ip daddr 127.0.0.0/8 drop",
+            "iifname \"shlg*\" ip daddr 127.0.0.0/8 ct status dnat accept\n    iifname \"shlg*\" ip daddr 127.0.0.0/8 \
+             drop",
         ] {
             assert!(t.contains(want), "{want:?} missing from\n{t}");
         }

@@ -1,6 +1,6 @@
 //! Cluster bootstrap: on a new cluster's first leadership, write the cluster object (defaults below), the
-//! `ingress` network and this manager's own node object. Idempotent: a start that finds them already there writes nothing, so a crash
-//! between Raft initialisation and this write is repaired on the next start.
+//! `ingress` network and this manager's own node object. Idempotent: a start that finds them already there writes
+//! nothing, so a crash between Raft initialisation and this write is repaired on the next start.
 
 use std::time::Duration;
 

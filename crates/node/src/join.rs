@@ -376,7 +376,8 @@ pub async fn run_renewal(
             let addr = manager_addr();
             match renew_once(&addr, &tls, &state_dir).await {
                 Ok(()) => {
-                    tracing::info!(node = %tls.subject().node_id, not_after = ?tls.not_after(), "node certificate renewed");
+                    tracing::info!(node = %tls.subject().node_id, not_after = ?tls.not_after(), "node certificate \
+                                                                                                 renewed");
                     break;
                 }
                 Err(e) => {
@@ -418,11 +419,21 @@ pub async fn follow_root_rotation(
                         if let Err(e) = store_certs(&state_dir, &certs) {
                             tracing::warn!(error = %e, "cannot write the new trusted roots to the state dir");
                         }
-                        tracing::info!(roots = certs.root_pem.matches("BEGIN CERTIFICATE").count(), "the cluster's root CA changed: trusting the roots the managers sent; renewing the certificate");
+                        tracing::info!(
+                            roots = certs.root_pem.matches("BEGIN CERTIFICATE").count(),
+                            "the cluster's \
+                                                                                                     root CA changed: \
+                                                                                                     trusting the \
+                                                                                                     roots the \
+                                                                                                     managers sent; \
+                                                                                                     renewing the \
+                                                                                                     certificate"
+                        );
                         renew = true;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "the managers sent roots that cannot be used; keeping the current ones")
+                        tracing::warn!(error = %e, "the managers sent roots that cannot be used; keeping the current \
+                                                    ones")
                     }
                 },
                 Err(_) => tracing::warn!("the managers sent roots that are not PEM text; keeping the current ones"),
@@ -447,7 +458,8 @@ pub async fn follow_root_rotation(
                     tracing::info!(node = %tls.subject().node_id, "node certificate renewed for the root CA rotation");
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "certificate renewal for the root CA rotation failed; retrying in {retry:?}");
+                    tracing::warn!(error = %e, "certificate renewal for the root CA rotation failed; retrying in \
+                                                {retry:?}");
                     tokio::select! {
                         _ = tokio::time::sleep(retry) => {}
                         _ = shoal_manager::stopped(&mut shutdown) => return,

@@ -75,7 +75,8 @@ impl LeaderLogs for RemoteLeaderLogs {
             let batches = stream
                 .take_while(move |item| {
                     if let Err(status) = item {
-                        tracing::warn!(leader = %addr, error = %status, "the leader's log stream failed; ending the relay");
+                        tracing::warn!(leader = %addr, error = %status, "the leader's log stream failed; ending the \
+                                                                         relay");
                     }
                     futures::future::ready(item.is_ok())
                 })

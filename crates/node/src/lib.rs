@@ -105,10 +105,14 @@ impl NodeError {
     pub fn listen(flag: &'static str, addr: impl std::fmt::Display, source: std::io::Error) -> NodeError {
         let hint = match source.kind() {
             std::io::ErrorKind::AddrInUse => {
-                "; another program (another shoal daemon?) listens there: stop it, or pick another address with this flag"
+                "; another program (another shoal daemon?) listens there: stop it, or pick another address with this \
+                 flag"
             }
             std::io::ErrorKind::AddrNotAvailable => "; the address is not one of this machine's: pick one it has",
-            std::io::ErrorKind::PermissionDenied => "; ports below 1024 need root, and a socket needs a writable directory",
+            std::io::ErrorKind::PermissionDenied => {
+                "; ports below 1024 need root, and a socket needs a writable \
+                                                     directory"
+            }
             _ => "",
         };
         NodeError::Listen { flag, addr: addr.to_string(), source, hint }
@@ -236,7 +240,8 @@ async fn pick_executor(
         }
         ExecutorKind::Auto => match docker.await {
             Ok(d) => {
-                tracing::info!(engine = %cfg.engine_addr, "--executor auto: using the docker executor (the Docker Engine answered)");
+                tracing::info!(engine = %cfg.engine_addr, "--executor auto: using the docker executor (the Docker \
+                                                           Engine answered)");
                 Ok(PickedExecutor::docker(d.with_network(data_plane(cfg)).await))
             }
             Err(e) => {
@@ -389,7 +394,8 @@ impl Node {
         tasks.extend(agent_parts);
 
         let control_socket = cfg.listen_control_api.clone();
-        tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(), remote = %remote_addr, "node started");
+        tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(),
+            remote = %remote_addr, "node started");
         let swarmkit_socket = cfg.listen_swarmkit_api.clone();
         Ok(RunningNode {
             identity,
@@ -572,7 +578,8 @@ pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output
     let mut cfg = cfg;
     // Before any listener: the remote port's connection caps are drawn from the limit (`connection_caps`).
     if let Err(e) = connection_caps::raise_nofile_limit() {
-        tracing::warn!(error = %e, "could not raise the open-file limit (RLIMIT_NOFILE); the connection caps follow the current one");
+        tracing::warn!(error = %e, "could not raise the open-file limit (RLIMIT_NOFILE); the connection caps follow \
+                                    the current one");
     }
     let _state_dir_lock = lock_state_dir(&cfg.state_dir)?;
     let stop = std::pin::pin!(stop);

@@ -146,8 +146,9 @@ pub(crate) fn clear_state(cfg: &DaemonConfig) -> Result<(), NodeError> {
 }
 
 /// Removes the containers the docker executor ran for this node (Docker's leave removes them too; they
-/// would outlive the node otherwise), their network-namespace holders, and then the node's data plane. Nothing to do for the process executor, whose tasks stopped with the
-/// agent; an engine that cannot be reached is logged (`--executor auto` may have used processes).
+/// would outlive the node otherwise), their network-namespace holders, and then the node's data plane. Nothing to do
+/// for the process executor, whose tasks stopped with the agent; an engine that cannot be reached is logged
+/// (`--executor auto` may have used processes).
 pub(crate) async fn remove_containers(cfg: &DaemonConfig) {
     if cfg.executor == crate::ExecutorKind::Process {
         return;
@@ -397,7 +398,9 @@ pub(crate) async fn serve_inactive(
                         continue;
                     }
                 }
-                tracing::info!(listen = %cfg.listen_remote_api, advertise = ?cfg.advertise_remote_api, "docker swarm init: starting a new swarm");
+                tracing::info!(listen = %cfg.listen_remote_api, advertise = ?cfg.advertise_remote_api, "docker swarm \
+                                                                                                        init: starting \
+                                                                                                        a new swarm");
                 *pending = Some(Pending {
                     reply: Reply::Init(reply),
                     init: Some((opts.spec, opts.availability)),
@@ -509,7 +512,9 @@ async fn rotation_done(state: &shoal_manager::ClusterState, limit: std::time::Du
         }
         if tokio::time::timeout_at(deadline, watch.recv()).await.is_err() {
             return Err(ApiError::Unavailable(format!(
-                "the external CA did not sign this manager's certificate within {}s: check that the signer is running at the --external-ca URL, serves HTTPS with a certificate from the cacert root, and holds that root's key",
+                "the external CA did not sign this manager's certificate within {}s: check that the signer is running \
+                 at the --external-ca URL, serves HTTPS with a certificate from the cacert root, and holds that root's \
+                 key",
                 limit.as_secs()
             )));
         }

@@ -358,7 +358,8 @@ mod tests {
     #[test]
     fn a_wrapped_tls_key_opens_only_with_its_kek() {
         let kek = UnlockKey::generate(&mut rand::rng()).kek();
-        let pem = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n";
+        let pem = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE \
+                   KEY-----\n";
         let wrapped = wrap_pem(&kek, pem);
         assert!(!wrapped.contains("MIGHAgEA"));
         assert_eq!(unwrap_pem(&kek, &wrapped).unwrap(), pem);

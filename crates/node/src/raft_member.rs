@@ -66,7 +66,8 @@ pub(crate) async fn follow_snapshot_policy(
             tokio::select! {
                 _ = shoal_manager::stopped(&mut stop) => return,
                 r = events.recv() => match r {
-                    Ok(commit) if commit.changes.iter().any(|c| matches!(c.object, shoal_store::Object::Cluster(_))) => break,
+                    Ok(commit) if commit.changes.iter().any(|c| matches!(c.object,
+                        shoal_store::Object::Cluster(_))) => break,
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -113,7 +114,8 @@ pub(crate) async fn start_raft(
             let (cfg_for_update, members_now) = (raft_cfg.clone(), members.clone());
             tokio::spawn(async move {
                 if let Err(e) = grpc::update_own_address(&cfg_for_update, &members_now, factory).await {
-                    tracing::error!(error = %e, "cannot record this manager's new address in the raft membership; the other managers cannot reach it until it is");
+                    tracing::error!(error = %e, "cannot record this manager's new address in the raft membership; the \
+                                                 other managers cannot reach it until it is");
                 }
             });
         }
@@ -124,7 +126,8 @@ pub(crate) async fn start_raft(
     }
     if cfg.force_new_cluster {
         return Err(NodeError::Config(format!(
-            "--force-new-cluster recovers an existing manager, but {} holds no raft state; start without it to create a new cluster",
+            "--force-new-cluster recovers an existing manager, but {} holds no raft state; start without it to create \
+             a new cluster",
             cfg.state_dir.display()
         )));
     }
@@ -193,7 +196,8 @@ pub(crate) async fn wait_ready(state: &ClusterState, raft: &RaftNode, how: Membe
     };
     tokio::time::timeout(READY_TIMEOUT, wait).await.map_err(|_| {
         NodeError::Bootstrap(format!(
-            "this manager was not ready within {READY_TIMEOUT:?} (raft status: {:?}); check that a majority of the managers are running and reachable",
+            "this manager was not ready within {READY_TIMEOUT:?} (raft status: {:?}); check that a majority of the \
+             managers are running and reachable",
             raft.status()
         ))
     })?
@@ -300,14 +304,17 @@ pub(crate) async fn wait_demoted(
                 turn += 1;
                 match crate::join::renew_once(&addr, &tls, &state_dir).await {
                     Ok(()) if tls.subject().role == Role::Worker => {
-                        tracing::info!(manager = %addr, "this manager was demoted and left raft: it holds a worker certificate now");
+                        tracing::info!(manager = %addr, "this manager was demoted and left raft: it holds a worker \
+                                                         certificate now");
                         return Some(addr);
                     }
                     Ok(()) => {
-                        tracing::info!(manager = %addr, "demoted, but raft still counts this manager; asking again in {retry:?}")
+                        tracing::info!(manager = %addr, "demoted, but raft still counts this manager; asking again in \
+                                                         {retry:?}")
                     }
                     Err(e) => {
-                        tracing::info!(manager = %addr, error = %e, "demoted: renewal for the worker role failed; retrying in {retry:?}")
+                        tracing::info!(manager = %addr, error = %e, "demoted: renewal for the worker role failed; \
+                                                                     retrying in {retry:?}")
                     }
                 }
             }

@@ -180,7 +180,8 @@ async fn demote(raft: &RaftNode, raft_id: u64, members: &Members, reachable: &BT
     match raft.remove_member(raft_id).await {
         Ok(_) => tracing::info!(raft_id = format_args!("{raft_id:x}"), "demoted manager left raft"),
         Err(e) => {
-            tracing::warn!(raft_id = format_args!("{raft_id:x}"), error = %e, "demoted manager could not leave raft yet")
+            tracing::warn!(raft_id = format_args!("{raft_id:x}"), error = %e, "demoted manager could not leave raft \
+                                                                               yet")
         }
     }
 }

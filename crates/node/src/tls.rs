@@ -393,7 +393,8 @@ pub fn tls_incoming(
             let Some(place) = caps.admit() else {
                 if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
                     let total = caps.caps.total;
-                    tracing::warn!(%peer, suppressed, "remote API connection refused: the port holds {total} connections, its cap");
+                    tracing::warn!(%peer, suppressed, "remote API connection refused: the port holds {total} \
+                                                       connections, its cap");
                 }
                 continue;
             };
@@ -430,7 +431,9 @@ pub fn tls_incoming(
                         if evicted {
                             if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
                                 let cap = caps.caps.unauthenticated;
-                                tracing::warn!(%peer, suppressed, "remote API: {cap} connections without a client certificate, their cap: the oldest closed for this one");
+                                tracing::warn!(%peer, suppressed, "remote API: {cap} connections without a client \
+                                                                   certificate, their cap: the oldest closed for this \
+                                                                   one");
                             }
                         }
                         let _ = tx.send(Ok(SourceBound { inner: stream, _guard: guard })).await;
@@ -438,7 +441,8 @@ pub fn tls_incoming(
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
                     Err(_) => {
                         if let Some(suppressed) = refusals.allow(std::time::Instant::now()) {
-                            tracing::info!(%peer, suppressed, "remote API connection closed: no TLS handshake within {HANDSHAKE_TIMEOUT:?}");
+                            tracing::info!(%peer, suppressed, "remote API connection closed: no TLS handshake within \
+                                                               {HANDSHAKE_TIMEOUT:?}");
                         }
                     }
                 }

@@ -280,7 +280,8 @@ pub(crate) async fn run_worker(
     let sinks = AgentSinks { managers: managers_tx, held: held_tx };
     let (parts, promoted, session_manager) = start_agent(&cfg, &w, executor, hostname, sinks, &shutdown_rx);
     tasks.extend(parts);
-    tracing::info!(node_id = %w.node_id, manager = %w.manager_addr, more = ?w.more_managers, control = %control_socket.display(), "worker started");
+    tracing::info!(node_id = %w.node_id, manager = %w.manager_addr, more = ?w.more_managers,
+        control = %control_socket.display(), "worker started");
     session.started(&w.node_id).await;
 
     enum Why {

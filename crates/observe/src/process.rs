@@ -116,7 +116,8 @@ mod tests {
     #[test]
     fn stat_fields_are_counted_after_the_command_name() {
         // A command name with spaces and parentheses; utime 250 + stime 50 ticks, start 1000 ticks, 8 MiB, 300 pages.
-        let line = "4242 (my (odd) cmd) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 1000 8388608 300 18446744073709551615";
+        let line = "4242 (my (odd) cmd) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 1000 8388608 300 \
+                    18446744073709551615";
         let s = parse_stat(line).expect("parsed");
         assert_eq!(
             s,

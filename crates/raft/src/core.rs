@@ -116,7 +116,8 @@ pub struct RaftStatus {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MembershipError {
     /// This manager is not the leader; membership changes are made by the leader.
-    #[error("this manager is not the raft leader (leader: {}); send the request to the leader", leader_addr.as_deref().unwrap_or("unknown"))]
+    #[error("this manager is not the raft leader (leader: {}); send the request to the \
+             leader", leader_addr.as_deref().unwrap_or("unknown"))]
     NotLeader {
         /// The leader's address, when known.
         leader_addr: Option<String>,

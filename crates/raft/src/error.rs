@@ -11,7 +11,10 @@ pub enum RaftError {
     #[error("invalid raft configuration: {0}; fix the configuration and start again")]
     InvalidConfig(String),
     /// The state directory (or a file in it) could not be created, written or read.
-    #[error("cannot use the raft state at {path}: {source}; check that the directory exists, is writable by this user and the disk is not full")]
+    #[error(
+        "cannot use the raft state at {path}: {source}; check that the directory exists, is writable by this user \
+             and the disk is not full"
+    )]
     StateDir {
         /// The path that failed.
         path: PathBuf,
@@ -20,7 +23,10 @@ pub enum RaftError {
         source: std::io::Error,
     },
     /// The raft log (raft-engine) could not be opened, read or written.
-    #[error("the raft log at {path} failed: {reason}; if another shoal process uses this state dir stop it, otherwise the log may be corrupted (restore the state dir from a backup)")]
+    #[error(
+        "the raft log at {path} failed: {reason}; if another shoal process uses this state dir stop it, otherwise \
+             the log may be corrupted (restore the state dir from a backup)"
+    )]
     Log {
         /// The log directory.
         path: PathBuf,
@@ -28,7 +34,10 @@ pub enum RaftError {
         reason: String,
     },
     /// The raft state on disk is inconsistent (e.g. the snapshot the log refers to is missing).
-    #[error("the raft state at {path} is corrupted: {reason}; restore the state dir from a backup or rejoin this manager to the cluster")]
+    #[error(
+        "the raft state at {path} is corrupted: {reason}; restore the state dir from a backup or rejoin this \
+             manager to the cluster"
+    )]
     Corrupted {
         /// The state directory.
         path: PathBuf,
@@ -37,7 +46,13 @@ pub enum RaftError {
     },
     /// Raft state this member acknowledged (or needs to start safely) is damaged or missing. Nothing on
     /// disk was changed: the operator decides.
-    #[error("the raft state of this manager is damaged: {what} (at {path}); nothing on disk was changed, and this manager will not start without it, so that no acknowledged write is lost. To recover: move this manager's state dir away and start it with --join-addr (a healthy manager's address) and --join-token (from docker swarm join-token -q manager) to rejoin from the other managers, or, if no healthy manager is left, start a healthy copy of a manager state dir (a backup, or another manager's) with --force-new-cluster")]
+    #[error(
+        "the raft state of this manager is damaged: {what} (at {path}); nothing on disk was changed, and this \
+             manager will not start without it, so that no acknowledged write is lost. To recover: move this manager's \
+             state dir away and start it with --join-addr (a healthy manager's address) and --join-token (from docker \
+             swarm join-token -q manager) to rejoin from the other managers, or, if no healthy manager is left, start \
+             a healthy copy of a manager state dir (a backup, or another manager's) with --force-new-cluster"
+    )]
     Damaged {
         /// The damaged file or directory.
         path: PathBuf,
@@ -45,7 +60,10 @@ pub enum RaftError {
         what: String,
     },
     /// A snapshot file could not be decoded.
-    #[error("cannot decode the raft snapshot {path}: {reason}; the file is damaged, remove it only if an older snapshot and the log cover it, or restore from a backup")]
+    #[error(
+        "cannot decode the raft snapshot {path}: {reason}; the file is damaged, remove it only if an older \
+             snapshot and the log cover it, or restore from a backup"
+    )]
     SnapshotDecode {
         /// The snapshot file.
         path: PathBuf,

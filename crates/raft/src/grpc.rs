@@ -105,7 +105,8 @@ pub async fn update_own_address(
             };
             match tokio::time::timeout(JOIN_RETRY_INTERVAL * 10, call).await {
                 Ok(Ok(_)) => {
-                    tracing::info!(addr = %cfg.addr, via = %addr, "this member's new address is recorded in the raft membership");
+                    tracing::info!(addr = %cfg.addr, via = %addr, "this member's new address is recorded in the raft \
+                                                                   membership");
                     return Ok(());
                 }
                 Ok(Err(status)) => {
@@ -443,7 +444,8 @@ impl RaftMembership for MembershipService {
             let owner = self.node.members().members.get(&raft_id).map(|m| m.node_id.clone());
             if node_id.is_empty() || owner.as_deref() != Some(node_id.as_str()) {
                 return Err(Status::permission_denied(format!(
-                    "raft id {raft_id:x} is not a member added for node {node_id:?}: it cannot change that member's address"
+                    "raft id {raft_id:x} is not a member added for node {node_id:?}: it cannot change that member's \
+                     address"
                 )));
             }
             let members =
@@ -532,7 +534,8 @@ impl Forwarder for GrpcForwarder {
                 Ok(Ok(resp)) => Ok(resp.into_inner().index),
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(ProposeError::Unknown(format!(
-                    "the leader at {addr} did not answer within {FORWARD_RPC_TIMEOUT:?}; the write may or may not be applied"
+                    "the leader at {addr} did not answer within {FORWARD_RPC_TIMEOUT:?}; the write may or may not be \
+                     applied"
                 ))),
             }
         })

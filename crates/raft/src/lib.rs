@@ -31,8 +31,8 @@
 //! - **Storage layout** (`state_dir/raft`): `log/` is raft-engine, with the entries in one group and the
 //!   hard state, conf state, latest snapshot metadata and truncation point in another; `snapshots/` holds
 //!   `snapshot-<index>.bin` files (the store's `encode_snapshot` bytes), written to a temporary file, fsync'd,
-//!   renamed and the directory fsync'd; the newest and `keep_old_snapshots` older ones are kept. A snapshot is taken every
-//!   `snapshot_interval_entries` applied entries; then the log is compacted to keep
+//!   renamed and the directory fsync'd; the newest and `keep_old_snapshots` older ones are kept. A snapshot is taken
+//!   every `snapshot_interval_entries` applied entries; then the log is compacted to keep
 //!   `log_entries_for_slow_followers` entries behind it. The snapshot is written on the driver thread, so a
 //!   large store delays the loop while it is written (acceptable at this size; move it to a helper thread
 //!   when stores grow).

@@ -390,7 +390,8 @@ impl RaftNode {
             let alive = self.reachable_members().get(&m.raft_id).copied().unwrap_or(true);
             if alive || m.raft_id == self.inner.raft_id {
                 return Err(MembershipError::Refused(format!(
-                    "a running manager at {addr} is already a member (raft id {:x}); stop it, or remove it first, or use another address",
+                    "a running manager at {addr} is already a member (raft id {:x}); stop it, or remove it first, or \
+                     use another address",
                     m.raft_id
                 )));
             }
@@ -444,7 +445,8 @@ impl RaftNode {
         cc.node_id = raft_id;
         cc.context = member.encode().into();
         let members = self.change_membership(cc).await?;
-        tracing::info!(raft_id = format_args!("{raft_id:x}"), from = %current.addr, to = addr, "raft member address changed");
+        tracing::info!(raft_id = format_args!("{raft_id:x}"), from = %current.addr, to = addr, "raft member address \
+                                                                                                changed");
         Ok(members)
     }
 
@@ -477,7 +479,8 @@ impl RaftNode {
         }
         if raft_id == self.inner.raft_id {
             return Err(MembershipError::Refused(
-                "this manager is the leader and cannot remove itself; stop it so another manager leads, then remove it from there".into(),
+                "this manager is the leader and cannot remove itself; stop it so another manager leads, then remove it \
+                 from there".into(),
             ));
         }
         let members = self.members();
@@ -591,7 +594,8 @@ impl Proposer for RaftNode {
                 match tokio::time::timeout(FORWARD_APPLY_TIMEOUT, rx).await {
                     Ok(r) => r.unwrap_or(Err(ProposeError::Stopped)),
                     Err(_) => Err(ProposeError::Unknown(format!(
-                        "the leader accepted the write but this manager did not apply it within {FORWARD_APPLY_TIMEOUT:?}"
+                        "the leader accepted the write but this manager did not apply it within \
+                         {FORWARD_APPLY_TIMEOUT:?}"
                     ))),
                 }
             });
@@ -735,7 +739,9 @@ fn open_storage(cfg: &RaftConfig, mode: StartMode) -> Result<EngineStorage, Raft
             }
             StartMode::ForceNewCluster => {
                 return Err(RaftError::InvalidConfig(
-                    "force-new-cluster needs an existing raft state to recover; start without it to create a new cluster".into(),
+                    "force-new-cluster needs an existing raft state to recover; start without it to create a new \
+                     cluster"
+                        .into(),
                 ));
             }
         }
@@ -935,7 +941,8 @@ impl Driver {
                     match self.resume() {
                         Ok(d) => self = d,
                         Err(e) => {
-                            tracing::error!(raft_id, error = %e, "raft could not resume after the disk was full, and stopped");
+                            tracing::error!(raft_id, error = %e, "raft could not resume after the disk was full, and \
+                                                                  stopped");
                             *disk_full.lock() = Some(format!(
                                 "raft could not resume after the disk was full ({e}); restart this manager"
                             ));

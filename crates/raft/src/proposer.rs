@@ -48,7 +48,10 @@ pub enum ProposeError {
     #[error("{0}")]
     DiskFull(String),
     /// No leader can take the write: the managers are electing one or this manager cannot reach a quorum.
-    #[error("no leader / lost quorum: {0}; retry in a few seconds, and check that a majority of the managers are running and reachable")]
+    #[error(
+        "no leader / lost quorum: {0}; retry in a few seconds, and check that a majority of the managers are \
+             running and reachable"
+    )]
     NoLeader(String),
 }
 

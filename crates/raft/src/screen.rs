@@ -24,7 +24,8 @@ pub(crate) fn screen_inbound(m: &mut Message, last_index: u64) -> bool {
         return false;
     }
     if matches!(m.get_msg_type(), MsgPropose | MsgReadIndex | MsgTransferLeader) && m.term != 0 {
-        tracing::debug!(from = m.from, kind = ?m.get_msg_type(), term = m.term, "forwarded raft message with a term dropped");
+        tracing::debug!(from = m.from, kind = ?m.get_msg_type(), term = m.term, "forwarded raft message with a term \
+                                                                                 dropped");
         return false;
     }
     // raft-rs reads term 0 as a match for any index beyond its log: an append after an entry of term 0
@@ -33,7 +34,8 @@ pub(crate) fn screen_inbound(m: &mut Message, last_index: u64) -> bool {
     let snapshot_term_0 =
         m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot && m.get_snapshot().get_metadata().term == 0;
     if after_term_0 || snapshot_term_0 {
-        tracing::debug!(from = m.from, kind = ?m.get_msg_type(), "raft message naming term 0 beyond the log start dropped");
+        tracing::debug!(from = m.from, kind = ?m.get_msg_type(), "raft message naming term 0 beyond the log start \
+                                                                  dropped");
         return false;
     }
     // raft-rs rebuilds its configuration from a snapshot's conf state and panics ("invalid restore") when

@@ -116,7 +116,8 @@ fn docker_run_on_an_attachable_overlay_reaches_a_service_by_name_and_gives_its_a
     // The one-off container: its address on the overlay, the service's VIP for its name, the page by name.
     let script = "i=0; until wget -qO- http://web/ >/dev/null 2>&1 || [ $i -ge 100 ]; do i=$((i+1)); sleep 0.1; done; \
         echo \"ADDR $(ip -o -4 addr show | grep -o '10\\.231\\.7\\.[0-9]*' | head -1)\"; \
-        echo \"WEB $(nslookup web 2>/dev/null | sed -n 's/^Address:[[:space:]]*\\([0-9.]*\\)$/\\1/p' | grep -v 127.0.0.11)\"; \
+        echo \"WEB $(nslookup web 2>/dev/null | sed -n 's/^Address:[[:space:]]*\\([0-9.]*\\)$/\\1/p' | grep -v \
+        127.0.0.11)\"; \
         echo \"PAGE $(wget -qO- http://web/)\"";
     let name = format!("attach-once-{}", std::process::id());
     cleanup.0.push(name.clone());

@@ -23,7 +23,8 @@ fn create(d: &DaemonProcess, name: &str, labels: Value, argv: &[&str]) -> String
     let body = serde_json::json!({
         "Name": name,
         "Labels": labels,
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}, "RestartPolicy": {"Delay": 100_000_000u64}},
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv},
+            "RestartPolicy": {"Delay": 100_000_000u64}},
         "Mode": {"Replicated": {"Replicas": 1}},
     });
     shoal_testkit::managers::post_service(d, &body).unwrap_or_else(|e| panic!("create: {e}"))

@@ -397,7 +397,9 @@ impl IdleConnections {
                                     use tokio::io::AsyncReadExt;
                                     tokio::select! {
                                         r = conn.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) { break },
-                                        _ = tokio::time::sleep(Duration::from_millis(200)) => if s.load(Ordering::Relaxed) { break },
+                                        _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                                            if s.load(Ordering::Relaxed) { break }
+                                        }
                                     }
                                 }
                                 o.fetch_sub(1, Ordering::Relaxed);

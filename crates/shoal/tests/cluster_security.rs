@@ -1,8 +1,9 @@
 //! A secured cluster of separate daemon processes on 127.0.0.x: one manager and two workers that joined
 //! with the worker token (roles, a replicated service spread over all three, a worker restart that resumes
-//! its identity, draining a worker moves its tasks), and everything that must be refused with a clear error and no state change: a wrong
-//! token, a rotated-away token, a token for another root CA, plain TCP and TLS without a certificate, a
-//! worker certificate calling a manager-only RPC, another cluster's certificate, a removed node coming back.
+//! its identity, draining a worker moves its tasks), and everything that must be refused with a clear error and no
+//! state change: a wrong token, a rotated-away token, a token for another root CA, plain TCP and TLS without a
+//! certificate, a worker certificate calling a manager-only RPC, another cluster's certificate, a removed node coming
+//! back.
 
 mod common;
 

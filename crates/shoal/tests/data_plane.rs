@@ -156,9 +156,10 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
 
 /// `BENCH` (`label=url` pairs): a first GET of each retried for up to 5 s (the `web` tasks are RUNNING a
 /// moment before they listen, longer on a loaded machine), then 300 sequential GETs, `RESULT RATE label n/s`;
-/// then `RESULT LOOPING` and GETs of http://web/ (each retried up to 30 times, 100 ms apart: a task is RUNNING from its process's
-/// start, a moment before it listens, and the process executor has no health check to wait for) until the file `STOP` exists:
-/// `RESULT LOOP <requests> retried <n> failed <n> answers <distinct addresses>`, then `RESULT DONE`.
+/// then `RESULT LOOPING` and GETs of http://web/ (each retried up to 30 times, 100 ms apart: a task is RUNNING from its
+/// process's start, a moment before it listens, and the process executor has no health check to wait for) until the
+/// file `STOP` exists: `RESULT LOOP <requests> retried <n> failed <n> answers <distinct addresses>`, then `RESULT
+/// DONE`.
 const LOOP: &str = r#"
 import collections, os, time, urllib.request
 def out(*a):

@@ -463,14 +463,16 @@ impl FakeRegistry {
                 });
                 let response = match auth {
                     None => "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"shoal-test\"\r\n\
-                             Docker-Distribution-API-Version: registry/2.0\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                             Docker-Distribution-API-Version: registry/2.0\r\nContent-Length: 0\r\nConnection: \
+                             close\r\n\r\n"
                         .to_string(),
                     Some(a) => {
                         seen2.lock().unwrap().push(a);
                         let body = r#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}"#;
                         format!(
                             "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n\
-                             Docker-Distribution-API-Version: registry/2.0\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                             Docker-Distribution-API-Version: registry/2.0\r\nContent-Length: {}\r\nConnection: \
+                             close\r\n\r\n{body}",
                             body.len()
                         )
                     }

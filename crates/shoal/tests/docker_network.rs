@@ -23,8 +23,8 @@
 //! loses its holder and namespace at once.
 //!
 //! Published ports: `web` (2 replicas off node-2, `-p 8080:80`) answers on every node's address, from another
-//! node and from the node itself, and on every node's 127.0.0.1, both containers over 40 requests, the engine binding nothing (the data
-//! plane forwards into the holders' namespaces); a host-mode port answers on its task's node only; a
+//! node and from the node itself, and on every node's 127.0.0.1, both containers over 40 requests, the engine binding
+//! nothing (the data plane forwards into the holders' namespaces); a host-mode port answers on its task's node only; a
 //! host-mode port of a task only on an `--internal` network is rejected naming the field; scaled to 0, the
 //! port is refused everywhere.
 //!
@@ -287,7 +287,10 @@ fn docker_tasks_reach_a_service_by_name_survive_a_daemon_kill_and_leave_nothing(
     let restarted_at = loop_state(&client).0 .0;
     println!("RESULT kill -9 to both workers ready and adopted: {:?}", killed.elapsed());
     let ((n, retried, failed), fails) = loop_past(&client, restarted_at + 100, "100 more requests after the restart");
-    println!("RESULT kill9 loop: {n} requests ({killed_at} before the kill, {restarted_at} at the restart), retried {retried}, failed {failed}");
+    println!(
+        "RESULT kill9 loop: {n} requests ({killed_at} before the kill, {restarted_at} at the restart), retried \
+              {retried}, failed {failed}"
+    );
     assert_eq!((failed, fails.len()), (0, 0), "no request failed after its retries: {fails:?}");
     // The same links (none removed and made again), containers and holders (adopted, not replaced), and names
     // resolve again.

@@ -49,7 +49,8 @@ fn docker_info_within(d: &DaemonProcess, limit: Duration) -> String {
 #[test]
 fn half_sent_bodies_do_not_stop_docker_info() {
     let d = daemon();
-    let head = b"POST /v1.47/services/create HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"Name\": \"half";
+    let head = b"POST /v1.47/services/create HTTP/1.1\r\nHost: docker\r\nContent-Type: \
+                 application/json\r\nContent-Length: 1000\r\n\r\n{\"Name\": \"half";
     let held: Vec<UnixStream> = (0..1100)
         .filter_map(|_| {
             let mut s = UnixStream::connect(d.socket()).ok()?;

@@ -1,7 +1,7 @@
 //! Real clients of the Engine API besides the docker CLI, against a `shoal daemon`: the Python Docker SDK
 //! driving swarm, nodes, services, secrets and configs (`engine_api_python/sdk.py`), setting every field of
-//! issue 32 with the running container checked (`engine_api_python/sdk_fields.py`), and a schemathesis run over the operations
-//! Shoal routes, checked against Docker's v1.47 spec (`crates/engine-api/spec/v1.47.yaml`, vendored,
+//! issue 32 with the running container checked (`engine_api_python/sdk_fields.py`), and a schemathesis run over the
+//! operations Shoal routes, checked against Docker's v1.47 spec (`crates/engine-api/spec/v1.47.yaml`, vendored,
 //! with the status codes the engine answers but the spec leaves out added by `schemathesis_run.py`) with
 //! not_a_server_error, status_code_conformance, content_type_conformance and
 //! response_schema_conformance, bounded in examples and time. Both run in the test venv

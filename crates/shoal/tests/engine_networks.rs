@@ -8,8 +8,8 @@
 //! removed the engine's `macnet` goes, and the test removes its config-only network and the parent link.
 //!
 //! The parent is one end of a veth pair made by the test (macvlan children of one parent reach each other in
-//! bridge mode without any wire; this kernel has no `dummy` links). Needs root, the engine and the test image; without the engine the test says so and
-//! passes.
+//! bridge mode without any wire; this kernel has no `dummy` links). Needs root, the engine and the test image; without
+//! the engine the test says so and passes.
 
 mod common;
 

@@ -9,11 +9,12 @@
 //!
 //! A stock engine with its defaults spelled out, `--userland-proxy=true` (as this machine's engine, which
 //! `host_data_plane.rs` runs beside, and most hosts): the engine sets its chains in its namespace (the FORWARD
-//! policy DROP is set by the test, as Docker sets it when it turns forwarding on itself), and a plain `docker run -p 9090:80` container of its own has its `docker-proxy` listening.
-//! The userland proxy binds only the ports of Docker's own port bindings (the docker executor asks for none):
-//! Shoal's ingress port (8080) and a host-mode port (8081) answer from the host and on 127.0.0.1, tasks reach
-//! each other by name both ways, and Docker's own published port still answers, through its proxy too. The
-//! same with `--userland-proxy=false` (Docker then DNATs its own port on 127.0.0.1 as well, and runs no proxy).
+//! policy DROP is set by the test, as Docker sets it when it turns forwarding on itself), and a plain `docker run -p
+//! 9090:80` container of its own has its `docker-proxy` listening. The userland proxy binds only the ports of Docker's
+//! own port bindings (the docker executor asks for none): Shoal's ingress port (8080) and a host-mode port (8081)
+//! answer from the host and on 127.0.0.1, tasks reach each other by name both ways, and Docker's own published port
+//! still answers, through its proxy too. The same with `--userland-proxy=false` (Docker then DNATs its own port on
+//! 127.0.0.1 as well, and runs no proxy).
 
 mod common;
 

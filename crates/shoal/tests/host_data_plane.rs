@@ -1,7 +1,7 @@
 //! The data plane in the machine's own network namespace, next to its Docker Engine (issue 30): the README's
 //! daemon (`shoal daemon --state-dir ./shoal-state`, root, its data plane on; with each executor), as a user
-//! runs it on a swarm host, where Docker left the FORWARD policy at DROP and `br_netfilter` on. No namespace of the test's own
-//! hides the host's firewall here, except the "outside" one: a namespace beside the host, linked by a veth,
+//! runs it on a swarm host, where Docker left the FORWARD policy at DROP and `br_netfilter` on. No namespace of the
+//! test's own hides the host's firewall here, except the "outside" one: a namespace beside the host, linked by a veth,
 //! standing for the world beyond it (what the host forwards to it meets the host's FORWARD chain).
 //!
 //! Only one daemon per network namespace carries the data plane (`/run/shoal/netplane-<inode>.lock`): this
@@ -161,8 +161,8 @@ impl Tasks {
 /// The docker executor's `web`: busybox httpd answering with its hostname.
 const DOCKER_WEB: &str = "mkdir -p /www; hostname > /www/index.html; exec httpd -f -p 80 -h /www";
 
-/// The docker executor's `client`: the same `RESULT` lines as `acceptance_stack::CLIENT`, with busybox's nslookup and wget.
-/// (`timeout`, not wget's `-T`, which crashes Debian's static busybox 1.35.)
+/// The docker executor's `client`: the same `RESULT` lines as `acceptance_stack::CLIENT`, with busybox's nslookup and
+/// wget. (`timeout`, not wget's `-T`, which crashes Debian's static busybox 1.35.)
 const DOCKER_CLIENT: &str = r#"
 res() { nslookup "$1" 2>/dev/null | sed -n 's/^Address:[[:space:]]*\([0-9.]*\)$/\1/p' | sort | tr '
 ' ',' | sed 's/,$//'; }
@@ -226,7 +226,8 @@ fn named_interface(d: &Daemon, kind: &Tasks) {
     });
     let addr = |network: &str| {
         let format = format!(
-            "{{{{range .NetworksAttachments}}}}{{{{if eq .Network.Spec.Name \"{network}\"}}}}{{{{index .Addresses 0}}}}{{{{end}}}}{{{{end}}}}"
+            "{{{{range .NetworksAttachments}}}}{{{{if eq .Network.Spec.Name \"{network}\"}}}}{{{{index .Addresses \
+             0}}}}{{{{end}}}}{{{{end}}}}"
         );
         d.docker(&["inspect", "--format", &format, &task]).trim().to_string()
     };
@@ -315,7 +316,8 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     // Each task's address on a network (the server answers with the address a connection arrived at).
     let addrs_on = |network: &str| -> Vec<String> {
         let format = format!(
-            "{{{{range .NetworksAttachments}}}}{{{{if eq .Network.Spec.Name \"{network}\"}}}}{{{{index .Addresses 0}}}}{{{{end}}}}{{{{end}}}}"
+            "{{{{range .NetworksAttachments}}}}{{{{if eq .Network.Spec.Name \"{network}\"}}}}{{{{index .Addresses \
+             0}}}}{{{{end}}}}{{{{end}}}}"
         );
         let mut v: Vec<String> = tasks
             .lines()

@@ -62,7 +62,8 @@ fn a_process_task_on_the_host_network_runs_in_the_nodes_namespace() {
         "import os, socket\nopen({seen:?}, 'w').write(os.readlink('/proc/self/ns/net'))\n\
          s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
          s.bind(('127.0.0.1', {port})); s.listen(8)\n\
-         while True:\n    c, _ = s.accept(); c.recv(4096); c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\nfrom-host-network'); c.close()\n",
+         while True:\n    c, _ = s.accept(); c.recv(4096); c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\nfrom-host-network'); \
+         c.close()\n",
         seen = seen.display().to_string()
     );
     let published = format!("mode=host,target={port},published={port}");

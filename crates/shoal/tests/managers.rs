@@ -1,7 +1,7 @@
 //! Three managers in three daemon processes on 127.0.0.{11,12,13}: the first bootstraps, the others join it
-//! with `--join-addr` (mutual TLS between managers; each joins with the manager token). Every manager serves the Engine API; writes on a
-//! follower are forwarded to the leader. Killing the leader (kill -9) elects another within seconds and
-//! writes continue through a survivor; the killed manager restarts as a follower and the stores converge.
+//! with `--join-addr` (mutual TLS between managers; each joins with the manager token). Every manager serves the Engine
+//! API; writes on a follower are forwarded to the leader. Killing the leader (kill -9) elects another within seconds
+//! and writes continue through a survivor; the killed manager restarts as a follower and the stores converge.
 
 mod common;
 

@@ -533,7 +533,8 @@ fn after_the_leader_dies_mid_creation_no_address_is_held_twice_on_any_manager() 
     let spec = |i: usize| {
         json!({
             "Name": format!("s{i}"),
-            "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3600"]}, "Networks": [{"Target": "appnet"}]},
+            "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3600"]},
+                "Networks": [{"Target": "appnet"}]},
             "Mode": {"Replicated": {"Replicas": 2}},
         })
     };

@@ -260,7 +260,8 @@ fn the_live_page_shows_a_service_created_after_it_loaded_and_a_worker_going_down
     b.navigate(&format!("http://{addr}/"));
     b.wait_for(
         "the page live with both nodes",
-        "document.getElementById('conn').textContent === 'live' && document.querySelectorAll('.node[data-node-state=ready]').length === 2",
+        "document.getElementById('conn').textContent === 'live' && \
+         document.querySelectorAll('.node[data-node-state=ready]').length === 2",
         Duration::from_secs(30),
     );
     // Marks this document: a reload would lose it.

@@ -62,7 +62,8 @@ fn docker_node_rm_releases_the_removed_nodes_attachment_tasks_and_their_addresse
     let mut w = node_at(162, "worker-162", Some((&m, "Worker")));
     let worker_id = w.get("/v1.47/info")["Swarm"]["NodeID"].as_str().unwrap().to_string();
     // A /28: 13 addresses for attachments (network, gateway and broadcast aside).
-    let body = json!({"Name": "small", "Driver": "overlay", "Attachable": true, "IPAM": {"Config": [{"Subnet": "10.161.0.0/28"}]}});
+    let body = json!({"Name": "small", "Driver": "overlay", "Attachable": true,
+        "IPAM": {"Config": [{"Subnet": "10.161.0.0/28"}]}});
     let r = request(m.socket(), "POST", "/v1.47/networks/create", Some(&body.to_string())).unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
     let addr = m.remote_addr();

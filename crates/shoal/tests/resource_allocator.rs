@@ -56,7 +56,8 @@ fn a_worker_attaches_a_container_to_an_attachable_network_and_detaches_it() {
     });
     let net = create_network(
         &m,
-        json!({"Name": "attach", "Driver": "overlay", "Attachable": true, "IPAM": {"Config": [{"Subnet": "10.77.0.0/24"}]}}),
+        json!({"Name": "attach", "Driver": "overlay", "Attachable": true,
+            "IPAM": {"Config": [{"Subnet": "10.77.0.0/24"}]}}),
     );
     create_network(&m, json!({"Name": "closed", "Driver": "overlay"}));
     let addr = m.remote_addr();

@@ -11,7 +11,8 @@ use serde_json::Value;
 fn create(d: &DaemonProcess, name: &str, replicas: u64, argv: &[&str]) -> String {
     let body = serde_json::json!({
         "Name": name,
-        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv}, "RestartPolicy": {"Delay": 100_000_000u64}},
+        "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": argv},
+            "RestartPolicy": {"Delay": 100_000_000u64}},
         "Mode": {"Replicated": {"Replicas": replicas}},
     });
     let r =

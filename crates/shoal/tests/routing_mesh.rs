@@ -7,11 +7,11 @@
 //! node itself (the output path), and on each node's loopback (127.0.0.1:8080), and over many requests both
 //! tasks answer. `docker network inspect ingress`
 //! shows the node's ingress endpoint. A host-mode port (`--publish mode=host,published=8081,target=80`)
-//! answers on its task's node only, and a task of another network reaches the mesh through node addresses; what cannot be forwarded (a host-mode port without a number, a
-//! host-mode port of a task only on `--internal` networks) is rejected on the task with the field named. A
-//! node killed and restarted clears what its crash left and forwards the port again. Scaling the service to 0 refuses the port on every node; removing it
-//! takes its rules away. A clean stop of the daemons leaves no `shl*` link, no Shoal nftables table and no
-//! task namespace.
+//! answers on its task's node only, and a task of another network reaches the mesh through node addresses; what cannot
+//! be forwarded (a host-mode port without a number, a host-mode port of a task only on `--internal` networks) is
+//! rejected on the task with the field named. A node killed and restarted clears what its crash left and forwards the
+//! port again. Scaling the service to 0 refuses the port on every node; removing it takes its rules away. A clean stop
+//! of the daemons leaves no `shl*` link, no Shoal nftables table and no task namespace.
 //!
 //! `RESULT RATE` lines: sequential requests per second (a new TCP connection each, a python3 client in
 //! node-2's namespace) through the mesh on node-0's address, through the mesh on node-2's own address (its

@@ -144,7 +144,8 @@ fn the_docker_cli_manages_secrets_and_configs_and_services_that_use_them() {
     let spec = &svc["Spec"]["TaskTemplate"]["ContainerSpec"];
     assert_eq!(
         spec["Secrets"],
-        json!([{"File": {"Name": "db_pw", "UID": "0", "GID": "0", "Mode": 0o444}, "SecretID": id, "SecretName": "db_pw"}]),
+        json!([{"File": {"Name": "db_pw", "UID": "0", "GID": "0", "Mode": 0o444}, "SecretID": id,
+            "SecretName": "db_pw"}]),
         "{svc}"
     );
     assert_eq!(spec["Configs"][0]["File"], json!({"Name": "/etc/app.conf", "UID": "0", "GID": "0", "Mode": 0o400}));
@@ -205,7 +206,8 @@ fn what_the_cli_cannot_send_is_refused_by_the_engine_api() {
     let svc = json!({
         "Name": "web",
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "9"],
-                         "Secrets": [{"SecretName": "nope", "File": {"Name": "nope", "UID": "0", "GID": "0", "Mode": 292}}]}}
+                         "Secrets": [{"SecretName": "nope", "File": {"Name": "nope", "UID": "0", "GID": "0",
+                             "Mode": 292}}]}}
     })
     .to_string();
     let r = http::request(d.socket(), "POST", "/v1.47/services/create", Some(&svc)).unwrap();
@@ -380,7 +382,8 @@ fn docker_or_api_service(d: &DaemonProcess) {
     let svc = json!({
         "Name": "web",
         "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Args": ["sleep", "3141"],
-                         "Secrets": [{"SecretName": "s05", "File": {"Name": "s05", "UID": "0", "GID": "0", "Mode": 292}}]}}
+                         "Secrets": [{"SecretName": "s05", "File": {"Name": "s05", "UID": "0", "GID": "0",
+                             "Mode": 292}}]}}
     })
     .to_string();
     let r = http::request(d.socket(), "POST", "/v1.47/services/create", Some(&svc)).unwrap();

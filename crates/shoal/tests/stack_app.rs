@@ -8,10 +8,10 @@
 //! Checked by behaviour, from a probe task on the stack's network: `http://front/` answers through both tiers
 //! with a counter that rises by one per request (one store behind two api tasks); the store refuses a request
 //! without the token; `front`'s published port 8080 answers on every node's address through the routing mesh
-//! (the node that runs no front task included), from each node. A redeploy that changes only the api's environment replaces only the api's tasks, and the
-//! counter goes on (the store kept running); `http://tasks.front/` (the compose file's short name) reaches a
-//! front task, as in Docker. `docker stack rm` removes everything the stack made. The nodes' namespaces are
-//! prepared like Docker hosts (`common/netcluster.rs`).
+//! (the node that runs no front task included), from each node. A redeploy that changes only the api's environment
+//! replaces only the api's tasks, and the counter goes on (the store kept running); `http://tasks.front/` (the compose
+//! file's short name) reaches a front task, as in Docker. `docker stack rm` removes everything the stack made. The
+//! nodes' namespaces are prepared like Docker hosts (`common/netcluster.rs`).
 
 mod common;
 
@@ -153,7 +153,9 @@ fn a_three_tier_stack_answers_by_name_keeps_its_secret_and_redeploys_one_tier() 
         for to in 0..3 {
             let url = format!("http://{}:8080/", c.net.ip(to));
             let script = format!(
-                "import time, urllib.request\nfor i in range(50):\n    try:\n        print(urllib.request.urlopen('{url}', timeout=5).read().decode()); break\n    except Exception as e:\n        err = e; time.sleep(0.1)\nelse:\n    print('error', err)\n"
+                "import time, urllib.request\nfor i in \
+                 range(50):\n    try:\n        print(urllib.request.urlopen('{url}', timeout=5).read().decode()); \
+                 break\n    except Exception as e:\n        err = e; time.sleep(0.1)\nelse:\n    print('error', err)\n"
             );
             let out = c.in_node(from, &["python3", "-S", "-c", &script]);
             let m = counts(&[format!("200 {}", out.trim())], "hello");

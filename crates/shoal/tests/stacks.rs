@@ -265,7 +265,8 @@ fn a_compose_key_shoal_cannot_honour_fails_the_deploy_naming_it() {
     // `b` sets a credential spec, which only Windows containers have.
     std::fs::write(
         &compose,
-        "version: \"3.8\"\nservices:\n  a:\n    image: busybox\n    command: sleep 1000\n  b:\n    image: busybox\n    command: sleep 1000\n    credential_spec:\n      file: spec.json\n",
+        "version: \"3.8\"\nservices:\n  a:\n    image: busybox\n    command: sleep 1000\n  b:\n    image: \
+         busybox\n    command: sleep 1000\n    credential_spec:\n      file: spec.json\n",
     )
     .unwrap();
     let out = docker_cli::run(d.socket(), &["stack", "deploy", "-c", compose.to_str().unwrap(), "app"]);

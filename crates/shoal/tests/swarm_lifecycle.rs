@@ -128,7 +128,10 @@ fn no_init_daemons_init_join_and_leave_with_the_docker_cli() {
     let (ok, _, err) = docker_out(&m, &["swarm", "leave"]);
     assert!(!ok, "the last manager does not leave without --force");
     assert!(
-        err.contains("You are attempting to leave the swarm on a node that is participating as a manager. Removing the last manager erases all current state of the swarm. Use `--force` to ignore this message."),
+        err.contains(
+            "You are attempting to leave the swarm on a node that is participating as a manager. Removing the \
+                      last manager erases all current state of the swarm. Use `--force` to ignore this message."
+        ),
         "{err}"
     );
     assert_eq!(local_state(&m), "active");

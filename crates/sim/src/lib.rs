@@ -787,7 +787,8 @@ impl World {
             let strict = tasks.iter().filter(|(_, excused)| !*excused).count();
             if tasks.len() > 1 && strict > 1 {
                 return Err(format!(
-                    "service {service} ({}) slot {slot}{} runs {} tasks ({:?}) on nodes that were not cut off; the leader has: {:?}",
+                    "service {service} ({}) slot {slot}{} runs {} tasks ({:?}) on nodes that were not cut off; the \
+                     leader has: {:?}",
                     kinds.get(&service).map_or("", |k| k.text.as_str()),
                     if node.is_empty() { String::new() } else { format!(" on {node}") },
                     tasks.len(),

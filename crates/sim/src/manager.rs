@@ -161,7 +161,8 @@ impl SimProposer {
             }
             match timeout.as_mut().poll(cx) {
                 Poll::Ready(()) => Poll::Ready(Err(ProposeError::Unknown(format!(
-                    "the write was forwarded to the leader but this manager did not apply it within {FORWARD_APPLY_TIMEOUT:?}"
+                    "the write was forwarded to the leader but this manager did not apply it within \
+                     {FORWARD_APPLY_TIMEOUT:?}"
                 )))),
                 Poll::Pending => Poll::Pending,
             }
@@ -399,7 +400,8 @@ impl Running {
     pub fn debug_raft(&self) -> String {
         let r = &self.raw().raft;
         format!(
-            "role {:?} term {} leader {} commit {} last {} first {} snapshot {} pending {} queued {} leading since term {:?}",
+            "role {:?} term {} leader {} commit {} last {} first {} snapshot {} pending {} queued {} leading since \
+             term {:?}",
             r.state,
             r.term,
             r.leader_id,

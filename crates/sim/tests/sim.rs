@@ -61,10 +61,16 @@ fn seeds(chunk: u64) {
         }
     }
     eprintln!(
-        "{} seeds, {steps} steps, {acked} acknowledged requests ({reads} reads through a barrier), {forwarded} writes forwarded by followers, at most {addresses} network addresses held at once, {faults} faults; failed: {failures:?}",
+        "{} seeds, {steps} steps, {acked} acknowledged requests ({reads} reads through a barrier), {forwarded} writes \
+         forwarded by followers, at most {addresses} network addresses held at once, {faults} faults; failed: \
+         {failures:?}",
         seeds.len()
     );
-    assert!(failures.is_empty(), "failing seeds: {failures:?} (replay one with SHOAL_SIM_SEED=<seed> cargo nextest run -p shoal-sim sim_seeds_0)");
+    assert!(
+        failures.is_empty(),
+        "failing seeds: {failures:?} (replay one with SHOAL_SIM_SEED=<seed> cargo nextest run \
+                                  -p shoal-sim sim_seeds_0)"
+    );
 }
 
 #[test]

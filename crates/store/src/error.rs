@@ -32,7 +32,8 @@ pub enum StoreError {
         owner: String,
     },
     /// The object changed since the writer read it (compare-and-swap failed).
-    #[error("update out of sequence: {} {id} is at version {actual}, the update was based on version {expected}; read it again and retry", kind.name())]
+    #[error("update out of sequence: {} {id} is at version {actual}, the update was based on version {expected}; read \
+             it again and retry", kind.name())]
     VersionConflict {
         /// The table.
         kind: ObjectKind,

@@ -1,6 +1,6 @@
-//! The cluster state: typed tables (nodes, services, tasks, clusters, secrets, configs, networks) with indexes, consistent read views,
-//! all-or-nothing application of committed writes with compare-and-swap on `meta.version`, a bounded watch
-//! queue, and the codecs for Raft proposals and snapshots.
+//! The cluster state: typed tables (nodes, services, tasks, clusters, secrets, configs, networks) with indexes,
+//! consistent read views, all-or-nothing application of committed writes with compare-and-swap on `meta.version`, a
+//! bounded watch queue, and the codecs for Raft proposals and snapshots.
 //!
 //! No IO, no async runtime, no clock reads: time and randomness come in through `Clock` and `IdSource`.
 //! The store does not know about Raft; the raft crate calls `apply` with each committed entry.

@@ -443,9 +443,8 @@ fn no_write_leaves_a_service_referring_to_a_missing_secret_or_config() {
     s.spec = service_using("s1", "web", "new-gone", "cfg1").spec;
     let mut c = Changes::new();
     c.update(s);
-    assert!(
-        matches!(apply(&store, 11, c), Err(StoreError::DanglingReference(m)) if m.starts_with("secret not found: new-gone"))
-    );
+    assert!(matches!(apply(&store, 11, c), Err(StoreError::DanglingReference(m)) if m.starts_with("secret not found: \
+                                                                                               new-gone")));
 }
 
 fn network(id: &str, name: &str, subnet: &str) -> shoal_api::Network {

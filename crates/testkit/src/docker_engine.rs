@@ -78,7 +78,10 @@ pub fn test_image_or_skip() -> Option<&'static str> {
 
 fn build_test_image() {
     let busybox = BUSYBOX_PATHS.iter().map(Path::new).find(|p| p.is_file()).unwrap_or_else(|| {
-        panic!("no static busybox at {BUSYBOX_PATHS:?}: install Debian's busybox-static package (apt-get install busybox-static)")
+        panic!(
+            "no static busybox at {BUSYBOX_PATHS:?}: install Debian's busybox-static package (apt-get install \
+                busybox-static)"
+        )
     });
     let root = tempfile::Builder::new().prefix("shoal-rootfs-").tempdir().expect("rootfs dir");
     let r = root.path();

@@ -1,5 +1,5 @@
-//! Real Python clients for tests (the Docker SDK, schemathesis, prometheus_client's text parsers): a venv under the target dir
-//! (`target/test-venv`), created on first use with the pinned `PACKAGES` installed from PyPI by pip, under a
+//! Real Python clients for tests (the Docker SDK, schemathesis, prometheus_client's text parsers): a venv under the
+//! target dir (`target/test-venv`), created on first use with the pinned `PACKAGES` installed from PyPI by pip, under a
 //! file lock so that concurrent test processes make it once; and a runner for a script with that venv's
 //! interpreter. A fresh machine needs only `python3` with its `venv` module; `cargo nextest run` does the rest.
 //! Must not depend on Shoal's crates.

@@ -283,6 +283,11 @@ const MAX_FN_LINES: usize = 120;
 /// `text` with comments, string literals and char literals blanked to spaces (newlines kept, so line numbers
 /// and braces outside literals stay where they were). Lifetimes (`'a`) are kept.
 fn code_only(text: &str) -> String {
+    blank_literals(text, ' ')
+}
+
+/// As `code_only`, with the characters inside raw string literals blanked to `raw_fill` instead.
+fn blank_literals(text: &str, raw_fill: char) -> String {
     let c: Vec<char> = text.chars().collect();
     let mut out = String::with_capacity(text.len());
     let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });
@@ -336,7 +341,7 @@ fn code_only(text: &str) -> String {
             }
             i = h + 1;
             while i < c.len() && !(c[i] == '"' && (1..=hashes).all(|k| at(i + k) == '#')) {
-                blank(&mut out, c[i]);
+                out.push(if c[i] == '\n' { '\n' } else { raw_fill });
                 i += 1;
             }
             for _ in 0..=hashes {
@@ -495,6 +500,44 @@ fn test_module_files(file: &Path, text: &str) -> Vec<PathBuf> {
         cfg_test = cfg_test && line.starts_with("#[");
     }
     out
+}
+
+/// Longest line of a Rust file, in characters (the repo's rustfmt `max_width`, which rustfmt cannot keep inside
+/// string literals, comments and macro bodies). A line holding a raw string literal may cross it: JSON bodies and
+/// shell scripts in tests read better whole; a normal string is split with a `\` continuation.
+const MAX_LINE_CHARS: usize = 120;
+
+#[test]
+fn no_line_is_longer_than_the_limit_but_in_a_raw_string() {
+    const RAW: char = '\u{1}';
+    let root = root();
+    let mut long = Vec::new();
+    for file in rust_files(&root.join("crates")) {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let marked = blank_literals(&text, RAW);
+        let rel = file.strip_prefix(&root).unwrap_or(&file).display().to_string();
+        for (n, (line, m)) in text.lines().zip(marked.lines()).enumerate() {
+            if line.chars().count() > MAX_LINE_CHARS && !m.contains(RAW) {
+                long.push(format!("{rel}:{}: {} characters", n + 1, line.chars().count()));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "{} lines are over {MAX_LINE_CHARS} characters; wrap the comment, split the string with a `\\` \
+         continuation, or break the macro's arguments:\n{}",
+        long.len(),
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_line_measure_lets_only_raw_strings_cross_the_limit() {
+    let long = "x".repeat(130);
+    let cases = [(format!("let a = r#\"{long}\"#;"), true), (format!("let a = \"{long}\";"), false)];
+    for (line, allowed) in cases {
+        assert_eq!(blank_literals(&line, '\u{1}').contains('\u{1}'), allowed, "{line}");
+    }
 }
 
 #[test]

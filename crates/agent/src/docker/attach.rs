@@ -1,6 +1,6 @@
 //! Containers of the engine's own on attachable swarm networks (`docker run --network <attachable overlay>`
-//! and `docker network connect` on the node's control socket), as dockerd gives them: the container gets an address through SwarmKit's
-//! attachment path and the node's data plane plumbs it like a task.
+//! and `docker network connect` on the node's control socket), as dockerd gives them: the container gets an address
+//! through SwarmKit's attachment path and the node's data plane plumbs it like a task.
 //!
 //! The path, in order:
 //! 1. `Attacher::prepare_holder` makes a network-namespace holder (`holder`, the same `/pause` image and
@@ -170,7 +170,10 @@ pub fn fate(status: Option<&str>, restarting_through_socket: bool) -> Fate {
 /// one with `none` networking stays without any.
 pub fn mode_refusal(mode: &str) -> Option<&'static str> {
     if mode == "host" || mode.starts_with("container:") {
-        Some("container sharing network namespace with another container or host cannot be connected to any other network")
+        Some(
+            "container sharing network namespace with another container or host cannot be connected to any other \
+              network",
+        )
     } else if mode == "none" {
         Some("container cannot be connected to multiple networks with one of the networks in private (none) mode")
     } else {
@@ -435,7 +438,8 @@ impl Attacher {
                 AttachError::Refused(format!("endpoint with name {name} already exists in network {network}"))
             } else {
                 AttachError::Invalid(format!(
-                    "container {name} is on swarm network {} already, and a container joins one swarm network on                      this node: disconnect it first (docker network disconnect {} {name})",
+                    "container {name} is on swarm network {} already, and a container joins one swarm network on this \
+                     node: disconnect it first (docker network disconnect {} {name})",
                     on.last().map_or("", String::as_str),
                     on.last().map_or("", String::as_str),
                 ))
@@ -668,7 +672,8 @@ impl Attacher {
                     tracing::info!(container = %id, attachment = %c.task.id, "restarted container connected again")
                 }
                 Err(e) => {
-                    tracing::warn!(container = %id, attachment = %c.task.id, "cannot connect the restarted container again: {e}")
+                    tracing::warn!(container = %id, attachment = %c.task.id, "cannot connect the restarted container \
+                                                                              again: {e}")
                 }
             }
         }
@@ -816,7 +821,8 @@ impl AttachmentController {
                     Ok(Some(was)) => *self.resolv_was.lock() = Some((path.into(), was)),
                     Ok(None) => {}
                     Err(e) => {
-                        tracing::warn!(container = %self.container, "its names are not resolved by the swarm's resolver: {e}")
+                        tracing::warn!(container = %self.container, "its names are not resolved by the swarm's \
+                                                                     resolver: {e}")
                     }
                 }
             }
@@ -955,7 +961,8 @@ mod tests {
     fn refusals_keep_the_managers_reason_and_name_the_network() {
         let e = status_error("closed", tonic::Status::permission_denied("network closed is not manually attachable"));
         assert!(
-            matches!(&e, AttachError::Refused(m) if m.starts_with("Could not attach to network closed: network closed is not"))
+            matches!(&e, AttachError::Refused(m) if m.starts_with("Could not attach to network closed: network closed \
+                                                                   is not"))
         );
         assert!(matches!(status_error("x", tonic::Status::not_found("network x not found")), AttachError::NotFound(_)));
         assert!(matches!(status_error("x", tonic::Status::unavailable("no leader")), AttachError::Unavailable(_)));

@@ -5,8 +5,8 @@
 //! runs on it (network mode = its name) and the engine addresses it. The network is labelled with the swarm
 //! network's ID (one made from a config-only network takes no label: the engine refuses any other setting
 //! there, so its driver and config-only network identify it), so a network of the same name that is not this
-//! one's is never used: the task is rejected naming it. Once a task's container is removed, the network is removed too when no container uses it any
-//! more (the engine refuses while one does).
+//! one's is never used: the task is rejected naming it. Once a task's container is removed, the network is removed too
+//! when no container uses it any more (the engine refuses while one does).
 //!
 //! Must not know the data plane: these tasks never touch the overlay.
 

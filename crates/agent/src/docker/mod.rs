@@ -21,9 +21,9 @@
 //! the plane reports the namespace plumbed. Its published ports are the data plane's to forward into that
 //! namespace (the routing mesh, host-mode DNAT), never the engine's to bind. A task told to stop is drained
 //! out of the VIPs first (as the process executor's). When the container exits or is removed, its namespace
-//! is released and its holder removed. Holders outlive the agent with their containers: at connect they are listed too, and the plane
-//! keeps their links (`NetworkPlane::resume`) until the worker adopts their tasks, whose namespaces are then
-//! registered again; the holders of tasks not adopted are removed with the first complete assignment set.
+//! is released and its holder removed. Holders outlive the agent with their containers: at connect they are listed too,
+//! and the plane keeps their links (`NetworkPlane::resume`) until the worker adopts their tasks, whose namespaces are
+//! then registered again; the holders of tasks not adopted are removed with the first complete assignment set.
 //!
 //! Bounds: one engine call at a time per controller; health is polled every `HEALTH_POLL`; a pull is
 //! given `PULL_TIMEOUT`. Must not depend on the session or gRPC.
@@ -522,7 +522,8 @@ impl Executor for DockerExecutor {
             let plane = self.network.clone().ok();
             let unassigned = !assigned.contains(&task_id);
             tokio::spawn(async move {
-                tracing::info!(task = %task_id, %container, "removing a network-namespace holder left by an earlier run");
+                tracing::info!(task = %task_id, %container, "removing a network-namespace holder left by an earlier \
+                                                             run");
                 if let Err(e) = force_remove(&docker, &container).await {
                     tracing::warn!(task = %task_id, %container, "cannot remove the holder: {}", engine_message(&e));
                 }
@@ -908,9 +909,11 @@ impl Controller for DockerController {
             let exit = tokio::select! {
                 item = exits.next() => match item {
                     Some(Ok(r)) => Ok(ExitStatus { code: r.status_code as i32, pid }),
-                    Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(ExitStatus { code: code as i32, pid }),
+                    Some(Err(BollardError::DockerContainerWaitError { code,
+                        .. })) => Ok(ExitStatus { code: code as i32, pid }),
                     Some(Err(e)) => Err(runtime("waiting for the container failed", &e)),
-                    None => Err(ExecutorError::Runtime("the engine ended the container wait without an exit code".into())),
+                    None => Err(ExecutorError::Runtime("the engine ended the container wait without an exit \
+                                                        code".into())),
                 },
                 output = self.unhealthy() => {
                     self.kill().await?;

@@ -382,7 +382,8 @@ fn network_settings(
         None if on_host => {
             if !spec.hostname.is_empty() {
                 return Err(format!(
-                    "ContainerSpec.Hostname {:?}: a task on the host network has the node's hostname; leave --hostname out",
+                    "ContainerSpec.Hostname {:?}: a task on the host network has the node's hostname; leave --hostname \
+                     out",
                     spec.hostname
                 ));
             }

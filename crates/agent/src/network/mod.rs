@@ -17,10 +17,10 @@
 //! root, without the kernel's VXLAN and nftables NAT, or when another daemon holds the lock.
 //!
 //! Clean stop and restart: `clear` reconciles the empty state (every Shoal link, network namespace, entry, table
-//! and iptables rule goes) and deletes the task namespaces this daemon made (`/run/netns/shl-task-<task id>`, each recorded by a marker
-//! in `state_dir/task-netns/`, since `/run/netns` is shared by every daemon of the machine); the agent calls
-//! it when it starts and stops with an executor whose tasks die with it. Everything else is rebuilt from the inputs by the next reconcile,
-//! which observes before it plans.
+//! and iptables rule goes) and deletes the task namespaces this daemon made (`/run/netns/shl-task-<task id>`, each
+//! recorded by a marker in `state_dir/task-netns/`, since `/run/netns` is shared by every daemon of the machine); the
+//! agent calls it when it starts and stops with an executor whose tasks die with it. Everything else is rebuilt from
+//! the inputs by the next reconcile, which observes before it plans.
 //!
 //! Tasks that outlive the agent (the docker executor's containers): nothing is cleared at a stop or a start.
 //! A task's namespace is then its container's (`attach_namespace`: `ip netns attach` of the holder's PID
@@ -378,7 +378,12 @@ impl NetworkPlane {
         if i.survivors.is_empty() {
             tracing::info!("every task that outlived the agent is adopted: reconciling the data plane");
         } else if now >= until {
-            tracing::warn!(left = i.survivors.len(), "tasks that outlived the agent were not adopted within {SURVIVOR_HOLD_MAX:?} of the first view: reconciling without them");
+            tracing::warn!(
+                left = i.survivors.len(),
+                "tasks that outlived the agent were not adopted within \
+                                                      {SURVIVOR_HOLD_MAX:?} of the first view: reconciling without \
+                                                      them"
+            );
         } else {
             return Some(until);
         }
@@ -688,7 +693,8 @@ pub async fn follow_view(channel: tonic::transport::Channel, node_id: String, pl
                 }
             }
             Err(status) if status.code() == tonic::Code::Unimplemented => {
-                tracing::warn!(node = %node_id, "the manager serves no network view (shoal.v1.NetworkView); this node cannot carry overlay networks through it");
+                tracing::warn!(node = %node_id, "the manager serves no network view (shoal.v1.NetworkView); this node \
+                                                 cannot carry overlay networks through it");
             }
             Err(status) => tracing::warn!(node = %node_id, "cannot open the network view stream: {status}"),
         }

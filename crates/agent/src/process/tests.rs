@@ -337,7 +337,8 @@ async fn a_process_gets_its_ulimits_oom_score_no_new_privileges_and_dropped_capa
     let mut t = task(
         "tlim",
         &["sh", "-c"],
-        &["ulimit -n; ulimit -Hn; cat /proc/self/oom_score_adj; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status"],
+        &["ulimit -n; ulimit -Hn; cat /proc/self/oom_score_adj; grep -E '^(CapEff|CapBnd|NoNewPrivs)' \
+           /proc/self/status"],
         None,
     );
     let mut spec = TaskSpec::clone(t.spec.as_ref().unwrap());

@@ -416,7 +416,8 @@ mod tests {
     fn what_the_docker_cli_sends_converts_and_what_shoal_cannot_honour_is_refused() {
         let s = create(serde_json::json!({
             "Name": "appnet", "Driver": "overlay", "Scope": "", "EnableIPv4": null, "EnableIPv6": null,
-            "IPAM": {"Driver": "default", "Config": [{"Subnet": "10.5.0.0/24", "IPRange": "10.5.0.128/25", "Gateway": "10.5.0.1"}], "Options": {}},
+            "IPAM": {"Driver": "default", "Config": [{"Subnet": "10.5.0.0/24", "IPRange": "10.5.0.128/25",
+                "Gateway": "10.5.0.1"}], "Options": {}},
             "Internal": true, "Attachable": true, "Ingress": false, "ConfigOnly": false, "ConfigFrom": null,
             "Options": {}, "Labels": {"team": "a"}
         }))

@@ -824,7 +824,8 @@ impl ServiceSpecJson {
         if modes.iter().filter(|set| **set).count() > 1 {
             // The engine's words (daemon/cluster/convert): one of Replicated, Global, ReplicatedJob, GlobalJob.
             return Err(ConvertError(
-                "must specify only one service mode: set one of Mode.Replicated, Mode.Global, Mode.ReplicatedJob, Mode.GlobalJob"
+                "must specify only one service mode: set one of Mode.Replicated, Mode.Global, Mode.ReplicatedJob, \
+                 Mode.GlobalJob"
                     .into(),
             ));
         }
@@ -1495,7 +1496,8 @@ impl EndpointSpecJson {
             if p.publish_mode() == port_config::PublishMode::Ingress && e.mode() == endpoint_spec::ResolutionMode::Dnsrr
             {
                 return Err(ConvertError(format!(
-                    "EndpointSpec: port published with ingress mode can't be used with dnsrr mode (port {}): publish it in host mode or use vip",
+                    "EndpointSpec: port published with ingress mode can't be used with dnsrr mode (port {}): publish \
+                     it in host mode or use vip",
                     p.published_port
                 )));
             }

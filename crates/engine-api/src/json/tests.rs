@@ -142,7 +142,8 @@ fn task_round_trips() {
         "NodeID": "60gvrl6tm78dmak4yl7srz94v",
         "Status": {"Timestamp": "2016-06-07T21:07:31.290032978Z", "State": "failed", "Message": "started",
                    "Err": "exit status 1",
-                   "ContainerStatus": {"ContainerID": "e5d62702a1b48d01c3e02ca1e0212a250801fa8d67caca0b6f35919ebc12f035",
+                   "ContainerStatus": {
+                       "ContainerID": "e5d62702a1b48d01c3e02ca1e0212a250801fa8d67caca0b6f35919ebc12f035",
                                        "PID": 677, "ExitCode": 1},
                    "PortStatus": {"Ports": [{"Protocol": "tcp", "TargetPort": 80, "PublishedPort": 8080,
                                              "PublishMode": "host"}]}},
@@ -380,7 +381,8 @@ fn secrets_and_configs_convert_both_ways_and_a_secret_never_shows_its_data() {
     let shown = serde_json::to_value(SecretJson::from_api(&secret)).unwrap();
     assert_eq!(
         shown,
-        json!({"ID": "s1", "Version": {"Index": 0}, "CreatedAt": "0001-01-01T00:00:00Z", "UpdatedAt": "0001-01-01T00:00:00Z",
+        json!({"ID": "s1", "Version": {"Index": 0}, "CreatedAt": "0001-01-01T00:00:00Z",
+            "UpdatedAt": "0001-01-01T00:00:00Z",
                "Spec": {"Name": "pw", "Labels": {"a": "b"}, "Templating": {"Name": "golang"}}})
     );
     let doc = json!({"ID": "c1", "Version": {"Index": 4}, "CreatedAt": "2017-07-20T13:55:28.678958722Z",

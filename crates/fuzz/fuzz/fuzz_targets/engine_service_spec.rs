@@ -1,4 +1,5 @@
 //! libFuzzer entry for the `engine_service_spec` target of `shoal-fuzz` (see crates/fuzz/README.md).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| (shoal_fuzz::target("engine_service_spec").expect("the target exists").run)(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| (shoal_fuzz::target("engine_service_spec").expect("the target \
+                                                                                             exists").run)(data));

@@ -503,7 +503,8 @@ impl Allocator {
                     continue;
                 };
                 let Some(ip) = pool.allocate() else {
-                    tracing::warn!(node = %id, network = %network_name(network), "no address left for the node's own attachment");
+                    tracing::warn!(node = %id, network = %network_name(network), "no address left for the node's own \
+                                                                                  attachment");
                     out.blocked = true;
                     continue;
                 };

@@ -25,7 +25,11 @@ pub fn missing_predefined_networks(
         .filter(|name| {
             let held = t.networks().by_name(name);
             if held.is_some_and(|n| n.predefined_driver().is_none()) {
-                tracing::warn!(network = name, "a user network holds the name of a predefined network: services cannot use the node's own {name} network until it is renamed");
+                tracing::warn!(
+                    network = name,
+                    "a user network holds the name of a predefined network: services cannot \
+                                                use the node's own {name} network until it is renamed"
+                );
             }
             held.is_none()
         })

@@ -5,10 +5,11 @@
 //! that failed may have held addresses in memory only).
 //!
 //! What a commit asks for: a service written (its endpoint may need allocating), a task written NEW (its
-//! attachments), a task placed, ended or removed (its node's own attachments: `nodes_to_revisit`), and, while some task waits for capacity, anything that freed an address or a port (every
-//! NEW task is looked at again). Bounds: at most `MAX_TRACKED_IDS` IDs are tracked one by one (past that a
-//! pass looks at everything), writes carry at most `MAX_ACTIONS_PER_WRITE` actions and `MAX_BYTES_PER_WRITE`
-//! bytes, and after a failed write the loop waits for the next commit before trying again.
+//! attachments), a task placed, ended or removed (its node's own attachments: `nodes_to_revisit`), and, while some task
+//! waits for capacity, anything that freed an address or a port (every NEW task is looked at again). Bounds: at most
+//! `MAX_TRACKED_IDS` IDs are tracked one by one (past that a pass looks at everything), writes carry at most
+//! `MAX_ACTIONS_PER_WRITE` actions and `MAX_BYTES_PER_WRITE` bytes, and after a failed write the loop waits for the
+//! next commit before trying again.
 //!
 //! Must not depend on other subsystems; only on `ClusterState`.
 

@@ -233,13 +233,15 @@ impl CaService {
             })?;
             external.sign(&signer.external_urls, &signer.trust_pem, csr, subject).await.map_err(|e| {
                 Status::failed_precondition(format!(
-                    "the external CA could not sign the certificate: {e}; start the signer, or point the cluster at a working one (docker swarm update --external-ca)"
+                    "the external CA could not sign the certificate: {e}; start the signer, or point the cluster at a \
+                     working one (docker swarm update --external-ca)"
                 ))
             })?
         } else {
             let root = signer.local().ok_or_else(|| {
                 Status::failed_precondition(
-                    "the cluster holds no key for its root CA and no external CA is configured for it; add one with docker swarm update --external-ca protocol=cfssl,url=https://...",
+                    "the cluster holds no key for its root CA and no external CA is configured for it; add one with \
+                     docker swarm update --external-ca protocol=cfssl,url=https://...",
                 )
             })??;
             let validity = node_cert_expiry(cluster, self.expiry_override);

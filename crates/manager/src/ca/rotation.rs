@@ -166,13 +166,17 @@ pub fn check_external_cas(spec: &ClusterSpec) -> Result<(), String> {
     for e in cas {
         if !e.url.starts_with("https://") || e.url.len() > MAX_EXTERNAL_CA_URL || e.url.len() <= "https://".len() {
             return Err(format!(
-                "CAConfig.ExternalCAs: URL {:?} must be an https:// URL of at most {MAX_EXTERNAL_CA_URL} bytes (the CFSSL signer, e.g. https://ca.example:8888)",
+                "CAConfig.ExternalCAs: URL {:?} must be an https:// URL of at most {MAX_EXTERNAL_CA_URL} bytes (the \
+                 CFSSL signer, e.g. https://ca.example:8888)",
                 e.url.chars().take(100).collect::<String>()
             ));
         }
         if !e.options.is_empty() {
             let names: Vec<&String> = e.options.keys().take(5).collect();
-            return Err(format!("CAConfig.ExternalCAs: options {names:?} are not supported: Shoal sends the CFSSL sign request without options; leave them out"));
+            return Err(format!(
+                "CAConfig.ExternalCAs: options {names:?} are not supported: Shoal sends the CFSSL sign \
+                                request without options; leave them out"
+            ));
         }
         if !e.ca_cert.is_empty() {
             if e.ca_cert.len() > MAX_ROOT_PEM_BYTES {
@@ -220,7 +224,9 @@ pub fn plan_root_change(current: &Cluster, spec: &ClusterSpec, now: SystemTime) 
             .map_err(|e| format!("CAConfig.SigningCAKey: {e}"))?;
         shoal_ca::check_root(&cert, key.as_deref(), now).map_err(|e| format!("CAConfig.SigningCACert: {e}"))?;
         if key.is_none() && external_for(Some(spec), cert.as_bytes(), &rc.ca_cert).is_empty() {
-            return Err("CAConfig.SigningCACert without SigningCAKey needs an external CA that holds its key: give --ca-key, or --external-ca protocol=cfssl,url=https://... for that root".into());
+            return Err("CAConfig.SigningCACert without SigningCAKey needs an external CA that holds its key: give \
+                        --ca-key, or --external-ca protocol=cfssl,url=https://... for that root"
+                .into());
         }
         if same_cert(cert.as_bytes(), desired) && ca.force_rotate == rc.last_forced_rotation {
             return Ok(RootChange::Keep);
@@ -236,7 +242,11 @@ pub fn plan_root_change(current: &Cluster, spec: &ClusterSpec, now: SystemTime) 
         return Ok(RootChange::Keep);
     };
     if rc.ca_key.is_empty() {
-        return Err("the cluster's current root CA key is held by an external CA, and Shoal cross-signs a new root only with a key it holds: the root cannot be rotated".into());
+        return Err(
+            "the cluster's current root CA key is held by an external CA, and Shoal cross-signs a new root only \
+                    with a key it holds: the root cannot be rotated"
+                .into(),
+        );
     }
     let old = RootCa::from_pem(
         std::str::from_utf8(&rc.ca_cert).map_err(|_| "the stored root CA is not PEM".to_string())?,
@@ -382,7 +392,10 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
             if !changes.is_empty() {
                 let finishing = changes.actions().iter().any(|a| matches!(a.object, Object::Cluster(_)));
                 match state.propose(changes).await {
-                    Ok(_) if finishing => tracing::info!("root CA rotation finished: every node holds a certificate from the new root; join tokens replaced"),
+                    Ok(_) if finishing => tracing::info!(
+                        "root CA rotation finished: every node holds a certificate \
+                                                          from the new root; join tokens replaced"
+                    ),
                     Ok(_) => {}
                     Err(e) => {
                         tracing::debug!(error = %e, "root rotation write failed; retrying");

@@ -65,7 +65,8 @@ pub fn validate_cluster_spec(current: &ClusterSpec, spec: &ClusterSpec) -> Resul
         let d = shoal_api::duration_from_proto(hb);
         if d < MIN_HEARTBEAT_PERIOD {
             return Err(invalid(format!(
-                "invalid dispatcher heartbeat period {}: it must be at least {} and at most {} (e.g. --dispatcher-heartbeat 5s)",
+                "invalid dispatcher heartbeat period {}: it must be at least {} and at most {} (e.g. \
+                 --dispatcher-heartbeat 5s)",
                 human(d),
                 human(MIN_HEARTBEAT_PERIOD),
                 human(MAX_HEARTBEAT_PERIOD)

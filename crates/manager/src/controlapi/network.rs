@@ -180,14 +180,16 @@ impl AddressPools {
             })?;
             if c.is_v6() {
                 return Err(invalid(format!(
-                    "address pool {c}: IPv6 pools are not supported (Shoal's overlay networks are IPv4); give an IPv4 CIDR"
+                    "address pool {c}: IPv6 pools are not supported (Shoal's overlay networks are IPv4); give an IPv4 \
+                     CIDR"
                 )));
             }
             for (range, what) in RESERVED_RANGES {
                 let r: Cidr = range.parse().expect("constant");
                 if r.overlaps(&c) {
                     return Err(invalid(format!(
-                        "address pool {c} overlaps the {what} range {r}, which no overlay network may use; give another pool"
+                        "address pool {c} overlaps the {what} range {r}, which no overlay network may use; give \
+                         another pool"
                     )));
                 }
             }
@@ -450,7 +452,8 @@ pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
     validate_network_name(name)?;
     if shoal_api::PREDEFINED_NETWORKS.contains(&name) || name == "none" {
         return Err(ControlError::Conflict(format!(
-            "network with name {name} already exists: {name} is a predefined network (every node's own); choose another name"
+            "network with name {name} already exists: {name} is a predefined network (every node's own); choose \
+             another name"
         )));
     }
     if spec.annotations.as_ref().is_some_and(|a| a.labels.contains_key(shoal_api::PREDEFINED_NETWORK_LABEL)) {
@@ -903,7 +906,8 @@ pub fn check_endpoint(t: &Tables, service_id: &str, spec: &ServiceSpec) -> Resul
     let ingress = |p: &shoal_api::PortConfig| p.publish_mode == port_config::PublishMode::Ingress as i32;
     if e.mode == endpoint_spec::ResolutionMode::Dnsrr as i32 && e.ports.iter().any(ingress) {
         return Err(invalid(
-            "EndpointSpec: port published with ingress mode can't be used with dnsrr mode; use --publish mode=host or --endpoint-mode vip",
+            "EndpointSpec: port published with ingress mode can't be used with dnsrr mode; use --publish mode=host or \
+             --endpoint-mode vip",
         ));
     }
     let mut seen = BTreeSet::new();

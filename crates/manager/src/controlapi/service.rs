@@ -225,7 +225,8 @@ pub fn validate_service_spec(spec: &ServiceSpec) -> Result<(), ControlError> {
         }
         if res.limits.as_ref().is_some_and(|l| !l.generic.is_empty()) {
             return Err(invalid(
-                "Resources.Limits.GenericResources: generic resources are reserved, not limited; set them under Reservations",
+                "Resources.Limits.GenericResources: generic resources are reserved, not limited; set them under \
+                 Reservations",
             ));
         }
         if let Some(r) = &res.reservations {
@@ -645,7 +646,8 @@ fn check_generic_reservations(generic: &[shoal_api::GenericResource]) -> Result<
             Some(Resource::DiscreteResourceSpec(d)) => d,
             Some(Resource::NamedResourceSpec(n)) => {
                 return Err(invalid(format!(
-                    "{FIELD}[{i}]: a task reserves a count of {:?} (DiscreteResourceSpec), not a named unit; the scheduler picks the units",
+                    "{FIELD}[{i}]: a task reserves a count of {:?} (DiscreteResourceSpec), not a named unit; the \
+                     scheduler picks the units",
                     n.kind
                 )))
             }

@@ -513,12 +513,10 @@ async fn node_updates_protect_the_last_manager_and_removal_needs_force() {
     let managers = list_nodes(&state, &NodeFilters { roles: vec!["manager".into()], ..Default::default() });
     assert_eq!(managers[0].id, "m1");
 
-    assert!(
-        matches!(remove_node(&state, "m1", true).await, Err(ControlError::FailedPrecondition(m)) if m.contains("demote"))
-    );
-    assert!(
-        matches!(remove_node(&state, "w1", false).await, Err(ControlError::FailedPrecondition(m)) if m.contains("force"))
-    );
+    assert!(matches!(remove_node(&state, "m1", true).await,
+            Err(ControlError::FailedPrecondition(m)) if m.contains("demote")));
+    assert!(matches!(remove_node(&state, "w1", false).await,
+            Err(ControlError::FailedPrecondition(m)) if m.contains("force")));
     remove_node(&state, "w2", false).await.unwrap();
     remove_node(&state, "w1", true).await.unwrap();
     assert_eq!(list_nodes(&state, &NodeFilters::default()).len(), 1);
@@ -649,7 +647,8 @@ async fn mode_changes_are_refused_naming_the_field() {
     g.mode = Some(service_spec::Mode::Global(shoal_api::GlobalService {}));
     let err = update_service(&state, &svc.id, svc.version(), g.clone()).await.unwrap_err();
     assert!(
-        matches!(&err, ControlError::InvalidArgument(m) if m.contains("Mode: service mode change is not allowed (replicated -> global)")),
+        matches!(&err, ControlError::InvalidArgument(m) if m.contains("Mode: service mode change is not allowed \
+                                                                       (replicated -> global)")),
         "{err:?}"
     );
     let after = state.store.view(|t| t.services().get(&svc.id).cloned()).unwrap();

@@ -219,7 +219,8 @@ impl AssignmentSet {
         }
         let (live, bytes) = build(self, false);
         if bytes <= limit {
-            tracing::warn!(node = %self.node_id, bytes, limit, "assignment set without the node's finished tasks, to fit one message");
+            tracing::warn!(node = %self.node_id, bytes, limit, "assignment set without the node's finished tasks, to \
+                                                                fit one message");
             return Ok(live);
         }
         Err(CompleteTooLarge { node_id: self.node_id.clone(), bytes, limit })

@@ -1,10 +1,10 @@
 //! What every session message carries besides the node (`SessionInfo`): the list of managers, so that an
 //! agent that loses the manager it talks to can try the others (and a restarted agent can find the cluster
 //! without the manager it joined through), and the cluster's network encryption keys (the key manager's,
-//! `Cluster.network_bootstrap_keys`); and, kept apart (`SessionRoot`), the cluster's root certificate. Sans IO: `session_info` reads a store view; `touches_session_info`
-//! tells whether a commit's change may alter it. The dispatcher keeps the current info in a `watch`
-//! channel, recomputed by one store watcher (`run_session_info`), and resends the session message to every
-//! agent when it changes (a key rotation reaches every agent so).
+//! `Cluster.network_bootstrap_keys`); and, kept apart (`SessionRoot`), the cluster's root certificate. Sans IO:
+//! `session_info` reads a store view; `touches_session_info` tells whether a commit's change may alter it. The
+//! dispatcher keeps the current info in a `watch` channel, recomputed by one store watcher (`run_session_info`), and
+//! resends the session message to every agent when it changes (a key rotation reaches every agent so).
 //!
 //! The source is the Node objects' `manager_status` (Raft ID, address, reachability), which the leader keeps
 //! in step with the Raft membership and which every manager has in its replicated store, so the list is the

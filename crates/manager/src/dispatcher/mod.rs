@@ -9,9 +9,10 @@
 //! holds at most `ASSIGNMENT_BATCH_MAX_CHANGES` changes and about `ASSIGNMENT_BATCH_MAX_BYTES` bytes (commits
 //! already queued are batched, no artificial delay); a COMPLETE message holds all of a node's tasks (the
 //! protocol has no partial complete set) within `COMPLETE_MAX_BYTES` (48 MiB): past it without the node's
-//! finished tasks, and a set still past it ends the stream with RESOURCE_EXHAUSTED naming the sizes; the status queue holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full);
-//! a request carries at most `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates
-//! (a single larger request forms its own batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
+//! finished tasks, and a set still past it ends the stream with RESOURCE_EXHAUSTED naming the sizes; the status queue
+//! holds at most `STATUS_QUEUE_REQUESTS` requests (callers wait when it is full); a request carries at most
+//! `MAX_UPDATES_PER_REQUEST` updates; a batch at most `status_batch_max` updates (a single larger request forms its own
+//! batch); a conflicting batch is retried `WRITE_ATTEMPTS` times.
 //!
 //! What a node reports is bounded before anything is written (`limits`): its description
 //! (`MAX_NODE_DESCRIPTION_BYTES` and its parts' counts) and each task status (`MAX_TASK_STATUS_BYTES`); a
@@ -522,7 +523,8 @@ impl Dispatcher {
                             match latest { Some(n) => Some(n), None => continue }
                         }
                         Err(NodeWatchError::Lagged) => {
-                            let (node, w) = this.fanout.view_and_watch(&node_id, |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
+                            let (node, w) = this.fanout.view_and_watch(&node_id,
+                                |t| t.nodes().get(&node_id).map(|n| (**n).clone()));
                             watch = w;
                             match node { Some(n) => Some(n), None => continue }
                         }

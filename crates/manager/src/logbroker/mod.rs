@@ -272,7 +272,8 @@ impl LogBroker {
                 .map(|c| c.node_id.clone())
             {
                 return Err(Status::permission_denied(format!(
-                    "node {node_id} may not publish logs for node {other:?}: a node publishes the lines of its own tasks only"
+                    "node {node_id} may not publish logs for node {other:?}: a node publishes the lines of its own \
+                     tasks only"
                 )));
             }
             sub.out.clone()

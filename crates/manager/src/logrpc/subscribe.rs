@@ -64,7 +64,8 @@ impl LogsRpc for LogsService {
                 let _ = leadership.wait_for(|l| !l.is_leader).await;
             };
             tokio::select! {
-                batch = sub.next() => batch.map(|messages| (Ok(SubscribeLogsMessage { messages }), Some((sub, leadership)))),
+                batch = sub.next() => batch.map(|messages| (Ok(SubscribeLogsMessage { messages }), Some((sub,
+                    leadership)))),
                 _ = lost => None,
             }
         });

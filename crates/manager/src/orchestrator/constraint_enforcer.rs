@@ -247,7 +247,9 @@ async fn run(state: ClusterState, mut stop: watch::Receiver<bool>) {
                         match events.try_recv() {
                             Ok(c) => note(&c, &mut pending),
                             Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => {
-                                pending.extend(state.store.view(|t| t.nodes().iter().map(|n| n.id.clone()).collect::<Vec<_>>()));
+                                let all =
+                                    state.store.view(|t| t.nodes().iter().map(|n| n.id.clone()).collect::<Vec<_>>());
+                                pending.extend(all);
                             }
                             Err(_) => break,
                         }

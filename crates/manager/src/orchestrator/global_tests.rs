@@ -1,7 +1,7 @@
 //! Unit tests of the global orchestrator: the sans-IO core (`reconcile_global`) over a `LocalProposer` and a
 //! `ManualClock` (node eligibility as a table, then joins, drains, down nodes, restarts, rolling updates and
-//! per-node history, a failing update rolled back), the scheduler's check of tasks created with their node, and the loop under tokio's
-//! paused time.
+//! per-node history, a failing update rolled back), the scheduler's check of tasks created with their node, and the
+//! loop under tokio's paused time.
 
 use std::time::Duration;
 

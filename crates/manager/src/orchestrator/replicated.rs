@@ -52,7 +52,8 @@ pub const CLAMPED_MESSAGE: &str = "replica count over the limit";
 /// The message on a service that asks for `wanted` replicas, over `MAX_REPLICAS`.
 pub fn clamped_message(wanted: u64) -> String {
     format!(
-        "{CLAMPED_MESSAGE}: the spec asks for {wanted} replicas, at most {MAX_REPLICAS} run; update the service to {MAX_REPLICAS} or fewer"
+        "{CLAMPED_MESSAGE}: the spec asks for {wanted} replicas, at most {MAX_REPLICAS} run; update the service to \
+         {MAX_REPLICAS} or fewer"
     )
 }
 

@@ -358,7 +358,8 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
                         Some(s) if is_global(s) || is_job(s) => Reconciled::default(),
                         Some(s) => {
                             if replicas(s).is_none() && ls.logged_modes.insert(id.clone()) {
-                                tracing::info!(service = %id, "service mode is not replicated; the replicated orchestrator leaves it alone");
+                                tracing::info!(service = %id, "service mode is not replicated; the replicated \
+                                                               orchestrator leaves it alone");
                             }
                             let wanted = replicas(s).unwrap_or(0);
                             if wanted > crate::limits::MAX_REPLICAS && ls.logged_modes.insert(id.clone()) {
@@ -395,7 +396,9 @@ async fn reconcile_pending(state: &ClusterState, ls: &mut LoopState) -> bool {
                 // Not dropped: a removed service has no next change, and its tasks would run on (the simulation
                 // found one, its writes lost three times to the agent's status updates).
                 let retry_at = state.clock.now_unix_ms().saturating_add(CONFLICT_RETRY_MS);
-                tracing::warn!(service = %id, error = %e, retry_in_ms = CONFLICT_RETRY_MS, "writes of this service keep conflicting; trying again later");
+                tracing::warn!(service = %id, error = %e, retry_in_ms = CONFLICT_RETRY_MS, "writes of this service \
+                                                                                            keep conflicting; trying \
+                                                                                            again later");
                 ls.wakes.entry(id.clone()).and_modify(|w| *w = (*w).min(retry_at)).or_insert(retry_at);
             }
         }

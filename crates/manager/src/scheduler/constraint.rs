@@ -30,7 +30,10 @@ pub enum ConstraintError {
     #[error("invalid constraint {0:?}: expected KEY==VALUE or KEY!=VALUE")]
     NoOperator(String),
     /// The key is not one Shoal knows.
-    #[error("invalid constraint {0:?}: unknown key {1:?} (use node.id, node.hostname, node.role, node.platform.os, node.platform.arch, node.labels.<name> or engine.labels.<name>)")]
+    #[error(
+        "invalid constraint {0:?}: unknown key {1:?} (use node.id, node.hostname, node.role, node.platform.os, \
+             node.platform.arch, node.labels.<name> or engine.labels.<name>)"
+    )]
     UnknownKey(String, String),
     /// The key or value is empty.
     #[error("invalid constraint {0:?}: key and value must not be empty")]

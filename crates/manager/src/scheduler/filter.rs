@@ -172,9 +172,9 @@ impl Filter for MaxReplicasFilter {
 
 /// The node's engine has the plugins the task's networks need (SwarmKit's PluginFilter, for network
 /// drivers): a node that does not report `{type "Network", name "overlay"}` cannot connect an overlay
-/// attachment, so it does not take such a task (nor one on `bridge` without `{"Network", "bridge"}`). A refused node that said why it has no data plane
-/// (`shoal_api::SHOAL_NO_DATA_PLANE_LABEL`, e.g. another Shoal daemon holds its network namespace's) is
-/// named with its reason in the explanation (the first such node of a pass).
+/// attachment, so it does not take such a task (nor one on `bridge` without `{"Network", "bridge"}`). A refused node
+/// that said why it has no data plane (`shoal_api::SHOAL_NO_DATA_PLANE_LABEL`, e.g. another Shoal daemon holds its
+/// network namespace's) is named with its reason in the explanation (the first such node of a pass).
 #[derive(Debug, Default)]
 pub struct PluginFilter {
     drivers: Vec<String>,

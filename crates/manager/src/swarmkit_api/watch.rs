@@ -466,7 +466,8 @@ async fn run(
         let commit = tokio::select! {
             _ = tx.closed() => return,
             _ = stopping => {
-                let _ = tx.send(Err(Status::unavailable("the manager is stopping: watch another manager, resuming from the last version received"))).await;
+                let _ = tx.send(Err(Status::unavailable("the manager is stopping: watch another manager, resuming from \
+                                                         the last version received"))).await;
                 return;
             }
             c = sub.watch.recv() => c,

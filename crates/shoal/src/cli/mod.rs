@@ -1,8 +1,8 @@
-//! The client side of the `shoal` binary: `service`, `node`, `task`, `secret`, `config`, `network`, `ca`, `swarm`, `info`
-//! and `version` commands, which
+//! The client side of the `shoal` binary: `service`, `node`, `task`, `secret`, `config`, `network`, `ca`, `swarm`,
+//! `info` and `version` commands, which
 //! talk to a daemon's Engine API over its control unix socket (`-H/--host` or `SHOAL_HOST`; by default the
-//! socket `shoal daemon` makes by default, see [`default_host`]). Tables look like docker's; `--format json` prints the API objects. Errors print one
-//! line, `shoal: <message>`, on stderr and exit 1 (usage errors exit 2, from clap).
+//! socket `shoal daemon` makes by default, see [`default_host`]). Tables look like docker's; `--format json` prints the
+//! API objects. Errors print one line, `shoal: <message>`, on stderr and exit 1 (usage errors exit 2, from clap).
 //! Must not depend on cluster logic: it only speaks HTTP/JSON.
 
 mod ca;

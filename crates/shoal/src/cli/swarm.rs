@@ -96,7 +96,8 @@ pub fn run(c: &Client, cmd: SwarmCommand, out: &mut dyn Write) -> Result<(), Cli
     let addr = info["Swarm"]["NodeAddr"].as_str().unwrap_or("").to_string();
     writeln!(
         out,
-        "To add a {} to this swarm, run the following command:\n\n    shoal daemon --join-addr {addr} --join-token {token}\n",
+        "To add a {} to this swarm, run the following command:\n\n    shoal daemon --join-addr {addr} --join-token \
+         {token}\n",
         key.to_lowercase()
     )
     .map_err(super::output::io)

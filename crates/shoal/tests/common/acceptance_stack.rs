@@ -232,7 +232,9 @@ impl Outside {
         let out = Command::new("ip")
             .args(["netns", "exec", &self.ns, "/usr/bin/python3", "-S", "-c"])
             .arg(format!(
-                "import socket\ns = socket.create_connection(('{host}', {port}), timeout=3)\ns.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\nd = b''\nwhile True:\n    b = s.recv(4096)\n    if not b: break\n    d += b\nprint(d.split(b'\\r\\n\\r\\n', 1)[1].decode())"
+                "import socket\ns = socket.create_connection(('{host}', {port}), timeout=3)\ns.sendall(b'GET / \
+                 HTTP/1.0\\r\\n\\r\\n')\nd = b''\nwhile True:\n    b = s.recv(4096)\n    if not b: break\n    d += \
+                 b\nprint(d.split(b'\\r\\n\\r\\n', 1)[1].decode())"
             ))
             .output()
             .map_err(|e| e.to_string())?;
