@@ -75,7 +75,7 @@ pub async fn serve(
     // TCP first: with port 0 (tests) the UDP socket takes the port the listener got.
     let tcp = TcpListener::bind(addr).await?;
     let addr = SocketAddr::new(addr.ip(), tcp.local_addr()?.port());
-    let udp = UdpSocket::bind(addr).await?;
+    let udp = Arc::new(UdpSocket::bind(addr).await?);
     let mut m = Member::new(name, addr);
     m.set_keys(keys.borrow_and_update().clone());
     let member = Arc::new(Mutex::new(m));
@@ -90,20 +90,17 @@ pub async fn serve(
                 r = udp.recv_from(&mut buf) => {
                     let Ok((n, from)) = r else { continue };
                     let now_ms = epoch.elapsed().as_millis() as u64;
-                    let out = {
+                    let (out, relays) = {
                         let mut m = shared.lock().unwrap_or_else(PoisonError::into_inner);
                         let out = m.on_packet(&buf[..n], from, now_ms, &mut || nonce(&rng));
                         log_events(&mut m);
-                        out
+                        (out, m.take_relays(&mut || nonce(&rng)))
                     };
                     match out {
-                        Ok(out) => {
-                            for (to, bytes) in out {
-                                let _ = udp.send_to(&bytes, to).await;
-                            }
-                        }
+                        Ok(out) => send_all(&udp, out).await,
                         Err(e) => tracing::debug!(%from, "gossip packet dropped: {e}"),
                     }
+                    send_all(&udp, relays.unwrap_or_default()).await;
                 }
                 r = tcp.accept() => {
                     let Ok((conn, from)) = r else { continue };
@@ -112,11 +109,12 @@ pub async fn serve(
                         continue;
                     };
                     let member = shared.clone();
+                    let udp = udp.clone();
                     let n = nonce(&rng);
                     let now_ms = epoch.elapsed().as_millis() as u64;
                     tokio::spawn(async move {
                         let _permit = permit;
-                        match tokio::time::timeout(STREAM_TIMEOUT, stream(conn, &member, now_ms, n)).await {
+                        match tokio::time::timeout(STREAM_TIMEOUT, stream(conn, &member, &udp, now_ms, n)).await {
                             Ok(Ok(())) => {}
                             Ok(Err(e)) => tracing::debug!(%from, "gossip stream: {e}"),
                             Err(_) => tracing::debug!(%from, "gossip stream timed out"),
@@ -136,10 +134,19 @@ pub async fn serve(
     Ok(GossipHandle { member, task, addr })
 }
 
-/// Reads one encrypted message from `conn` and writes the member's answer.
+/// Sends each packet to its destination (a lost UDP packet is gossip's normal weather).
+async fn send_all(udp: &UdpSocket, packets: Vec<(SocketAddr, Vec<u8>)>) {
+    for (to, bytes) in packets {
+        let _ = udp.send_to(&bytes, to).await;
+    }
+}
+
+/// Reads one encrypted message from `conn`, writes the member's answer, and passes on over `udp` the news
+/// it brought.
 async fn stream(
     mut conn: TcpStream,
     member: &Mutex<Member>,
+    udp: &UdpSocket,
     now_ms: u64,
     nonce: [u8; NONCE_BYTES],
 ) -> std::io::Result<()> {
@@ -156,12 +163,14 @@ async fn stream(
     let mut frame = head.to_vec();
     frame.resize(5 + len as usize, 0);
     conn.read_exact(&mut frame[5..]).await?;
-    let reply = {
+    let (reply, relays) = {
         let mut m = member.lock().unwrap_or_else(PoisonError::into_inner);
         let reply = m.on_stream(&frame, now_ms, nonce);
         log_events(&mut m);
-        reply
+        let rng = SystemRandom::new();
+        (reply, m.take_relays(&mut || self::nonce(&rng)))
     };
+    send_all(udp, relays.unwrap_or_default()).await;
     match reply {
         Ok(Some(bytes)) => conn.write_all(&bytes).await,
         Ok(None) => Ok(()),

@@ -592,9 +592,9 @@ fn cross_reach(a: &SecondEngine, b: &SecondEngine, d: &DaemonProcess, service: &
     (on_a, on_b)
 }
 
+/// Three managers: each engine's broadcasts go to random members, mostly managers, so this is the test that
+/// needs the managers' gossip members to pass news on (docs/design/gossip.md).
 #[test]
-#[ignore = "flaky (2 failures in about 10 runs, at its first or second connectivity wait): run it with \
-            `--run-ignored only` while the cause is found (docs/design/gossip.md, what is left)"]
 fn engines_keep_their_overlay_through_a_leader_kill_and_new_tasks_join_it() {
     let Some(a) = engine("k", 3) else { return };
     let Some(b) = engine("l", 0) else { return };
