@@ -4,7 +4,8 @@
 //! TCP and UDP, encrypted with the cluster's `networking:gossip` keys from the session messages), and joins
 //! it through the managers' addresses. A Docker manager is a member; a Shoal manager runs this one, so
 //! engines can join and learn of each other, then exchange their overlay peers and service records among
-//! themselves. No Rust crate speaks memberlist's own wire format (the `memberlist` crate on crates.io is a
+//! themselves. It passes on the news it hears (new members, network joins and leaves), as every member
+//! must: an engine sends each broadcast to a few random members only. No Rust crate speaks memberlist's own wire format (the `memberlist` crate on crates.io is a
 //! port with a wire format of its own), so `wire` writes it: MessagePack as Go's codec reads it (`rmpv`
 //! reads), AES-GCM (`ring`), LZW (`weezl`).
 //!
