@@ -9,12 +9,16 @@
 //! hears keeps it from the engines it was meant for. News of a member that is new or back, and the network
 //! database's network joins and leaves (`NetworkEvent`), go on from here to every other live member
 //! (`take_relays`), once each. The network memberships it heard of also go into its push-pull, so an
-//! engine that missed one learns it at its next push-pull with any manager. It joins no network itself and
-//! ignores the tables' entries.
+//! engine that missed one learns it at its next push-pull with any manager.
+//!
+//! It also publishes entries of its own (`publish`: the peer records of tasks on Shoal agents, which the
+//! node computes from the store): it joins their networks, sends each change as a table event to every live
+//! member, and sends an engine that joins one of those networks its entries there directly (it answers no
+//! bulk sync). The tables' entries of others it ignores.
 //!
 //! Must not depend on IO or clocks: time (`now_ms`) and nonces come in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use prost::Message;
@@ -161,8 +165,65 @@ struct NetworkEvent {
     network_id: String,
 }
 
+/// libnetwork's `TableEvent`: an entry of table `table_name` in network `network_id`, owned by `node_name`.
+#[derive(Clone, PartialEq, Message)]
+struct TableEvent {
+    #[prost(int32, tag = "1")]
+    kind: i32,
+    #[prost(uint64, tag = "2")]
+    l_time: u64,
+    #[prost(string, tag = "3")]
+    node_name: String,
+    #[prost(string, tag = "4")]
+    network_id: String,
+    #[prost(string, tag = "5")]
+    table_name: String,
+    #[prost(string, tag = "6")]
+    key: String,
+    #[prost(bytes = "vec", tag = "7")]
+    value: Vec<u8>,
+    #[prost(int32, tag = "8")]
+    residual_reap_time: i32,
+}
+
+/// A `TableEvent`'s kinds.
+const TABLE_CREATE: i32 = 1;
+const TABLE_UPDATE: i32 = 2;
+const TABLE_DELETE: i32 = 3;
+/// How long engines keep a deleted entry (libnetwork's `reapEntryInterval`, in seconds).
+const REAP_SECONDS: i32 = 30 * 60;
+
+/// What this member publishes in the network database: (network ID, table, key) -> value.
+pub type Entries = BTreeMap<(String, String, String), Vec<u8>>;
+
+/// The overlay driver's table of endpoints: where each lives (`peer_record`).
+pub const PEER_TABLE: &str = "overlay_peer_table";
+
+/// libnetwork's overlay `PeerRecord`.
+#[derive(Clone, PartialEq, Message)]
+struct PeerRecord {
+    #[prost(string, tag = "1")]
+    endpoint_ip: String,
+    #[prost(string, tag = "2")]
+    endpoint_mac: String,
+    #[prost(string, tag = "3")]
+    tunnel_endpoint_ip: String,
+}
+
+/// A `PEER_TABLE` value: the endpoint at `endpoint_ip` (with its prefix length, `10.0.1.6/24`) has MAC
+/// `endpoint_mac` and lives behind VXLAN endpoint `tunnel_endpoint_ip` (its node's underlay address).
+pub fn peer_record(endpoint_ip: &str, endpoint_mac: &str, tunnel_endpoint_ip: &str) -> Vec<u8> {
+    PeerRecord {
+        endpoint_ip: endpoint_ip.into(),
+        endpoint_mac: endpoint_mac.into(),
+        tunnel_endpoint_ip: tunnel_endpoint_ip.into(),
+    }
+    .encode_to_vec()
+}
+
 /// The network database's message types this member reads.
 const NETWORKDB_NETWORK_EVENT: i32 = 1;
+const NETWORKDB_TABLE_EVENT: i32 = 2;
 const NETWORKDB_PUSH_PULL: i32 = 3;
 /// A `NetworkEvent`'s kinds.
 const NETWORK_JOIN: i32 = 1;
@@ -190,6 +251,12 @@ pub struct Member {
     networks: BTreeMap<(String, String), (u64, bool)>,
     /// Plain messages to pass on: (destination, message).
     relays: Vec<(SocketAddr, Vec<u8>)>,
+    /// The entries this member publishes, with the Lamport time of their last change.
+    published: BTreeMap<(String, String, String), (u64, Vec<u8>)>,
+    /// The networks this member joined (for its entries), with the Lamport time of the join.
+    joined: BTreeMap<String, u64>,
+    /// This member's Lamport clock for what it publishes.
+    clock: u64,
 }
 
 /// Packets to send: (destination, bytes).
@@ -207,6 +274,9 @@ impl Member {
             events: Vec::new(),
             networks: BTreeMap::new(),
             relays: Vec::new(),
+            published: BTreeMap::new(),
+            joined: BTreeMap::new(),
+            clock: 0,
         }
     }
 
@@ -282,6 +352,9 @@ impl Member {
             let mut msg = vec![kind::USER];
             msg.extend_from_slice(body);
             self.relay(&msg, &e.node_name, Some(from));
+            if e.kind == NETWORK_JOIN {
+                self.greet(&e.node_name, &e.network_id);
+            }
         }
     }
 
@@ -304,6 +377,91 @@ impl Member {
                 let mut msg = vec![kind::USER];
                 msg.extend_from_slice(&g.encode_to_vec());
                 self.relay(&msg, &n.node_name, None);
+                if !n.leaving {
+                    self.greet(&n.node_name, &event.network_id.clone());
+                }
+            }
+        }
+    }
+
+    /// Publishes `entries` from now on (the store's view of Shoal agents' endpoints): joins the networks
+    /// they are in and leaves those they no longer are, and tells every live member of each entry that
+    /// changed. `epoch` seeds the Lamport clock (a restarted member's times must be newer than its last
+    /// run's: pass the wall clock in seconds).
+    pub fn publish(&mut self, entries: Entries, epoch: u64) {
+        self.clock = self.clock.max(epoch);
+        let nets: BTreeSet<String> = entries.keys().map(|k| k.0.clone()).collect();
+        for n in &nets {
+            if !self.joined.contains_key(n) {
+                self.clock += 1;
+                self.joined.insert(n.clone(), self.clock);
+                let msg = self.network_event(n, NETWORK_JOIN, self.clock);
+                self.relay(&msg, "", None);
+            }
+        }
+        let gone: Vec<_> = self.published.keys().filter(|k| !entries.contains_key(*k)).cloned().collect();
+        for k in gone {
+            self.clock += 1;
+            let msg = self.table_event(&k, TABLE_DELETE, self.clock, &[]);
+            self.relay(&msg, "", None);
+            self.published.remove(&k);
+        }
+        for (k, v) in entries {
+            let kind_ = match self.published.get(&k) {
+                Some((_, old)) if *old == v => continue,
+                Some(_) => TABLE_UPDATE,
+                None => TABLE_CREATE,
+            };
+            self.clock += 1;
+            let msg = self.table_event(&k, kind_, self.clock, &v);
+            self.relay(&msg, "", None);
+            self.published.insert(k, (self.clock, v));
+        }
+        let left: Vec<String> = self.joined.keys().filter(|n| !nets.contains(*n)).cloned().collect();
+        for n in left {
+            self.clock += 1;
+            let msg = self.network_event(&n, NETWORK_LEAVE, self.clock);
+            self.relay(&msg, "", None);
+            self.joined.remove(&n);
+        }
+    }
+
+    /// A user message: this member's `NetworkEvent` of `kind_` for `network` at `l_time`.
+    fn network_event(&self, network: &str, kind_: i32, l_time: u64) -> Vec<u8> {
+        let e = NetworkEvent { kind: kind_, l_time, node_name: self.name.clone(), network_id: network.into() };
+        user(NETWORKDB_NETWORK_EVENT, e.encode_to_vec())
+    }
+
+    /// A user message: this member's `TableEvent` of `kind_` for entry `k`.
+    fn table_event(&self, k: &(String, String, String), kind_: i32, l_time: u64, value: &[u8]) -> Vec<u8> {
+        let e = TableEvent {
+            kind: kind_,
+            l_time,
+            node_name: self.name.clone(),
+            network_id: k.0.clone(),
+            table_name: k.1.clone(),
+            key: k.2.clone(),
+            value: value.to_vec(),
+            residual_reap_time: if kind_ == TABLE_DELETE { REAP_SECONDS } else { 0 },
+        };
+        user(NETWORKDB_TABLE_EVENT, e.encode_to_vec())
+    }
+
+    /// An engine (`node`, at `to`) joined `network`: it hears this member's join and entries there, which
+    /// its own join's bulk sync would not bring (this member answers no bulk sync).
+    fn greet(&mut self, node: &str, network: &str) {
+        let Some(&joined) = self.joined.get(network) else { return };
+        let Some(to) = self.peers.get(node).map(|p| p.addr) else { return };
+        let mut msgs = vec![self.network_event(network, NETWORK_JOIN, joined)];
+        for (k, (t, v)) in self.published.range((network.to_string(), String::new(), String::new())..) {
+            if k.0 != network {
+                break;
+            }
+            msgs.push(self.table_event(k, TABLE_CREATE, *t, v));
+        }
+        for m in msgs {
+            if self.relays.len() < MAX_RELAYS {
+                self.relays.push((to, m));
             }
         }
     }
@@ -534,6 +692,12 @@ impl Member {
                 node_name: node.clone(),
                 leaving,
             })
+            .chain(self.joined.iter().map(|(network, &l_time)| NetworkEntry {
+                network_id: network.clone(),
+                l_time,
+                node_name: self.name.clone(),
+                leaving: false,
+            }))
             .collect();
         let l_time = networks.iter().map(|n| n.l_time).max().unwrap_or(1);
         let pp = NetworkPushPull { l_time, networks, node_name: String::new() };
@@ -583,6 +747,13 @@ fn alive_message(name: &str, addr: SocketAddr, meta: &[u8], incarnation: u32, ve
         .key("Vsn")
         .raw(versions);
     w.out
+}
+
+/// A memberlist user message carrying the network database's message `kind_`.
+fn user(kind_: i32, data: Vec<u8>) -> Vec<u8> {
+    let mut msg = vec![kind::USER];
+    msg.extend_from_slice(&GossipMessage { kind: kind_, data }.encode_to_vec());
+    msg
 }
 
 fn ack(seq: u64) -> Vec<u8> {
@@ -714,6 +885,71 @@ mod tests {
         let packet = wire::seal(&KEY, nonce(), b"", &alive).unwrap();
         m.on_packet(&packet, C.parse().unwrap(), 4, &mut nonce).unwrap();
         assert_eq!(relays(&mut m), [(A.parse().unwrap(), kind::ALIVE, "engine-b".to_string())]);
+    }
+
+    /// The user messages waiting, decoded: (destination, "JOIN net" / "LEAVE net" / "CREATE net key" ...;
+    /// another node's network event relayed is prefixed with its name).
+    fn published(m: &mut Member) -> Vec<(SocketAddr, String)> {
+        let out = m.take_relays(&mut nonce).unwrap();
+        out.into_iter()
+            .map(|(to, packet)| {
+                let plain = wire::open(&[KEY.to_vec()], &packet, b"").unwrap();
+                assert_eq!(plain[0], kind::USER);
+                let g = GossipMessage::decode(&plain[1..]).unwrap();
+                let what = if g.kind == NETWORKDB_NETWORK_EVENT {
+                    let e = NetworkEvent::decode(g.data.as_slice()).unwrap();
+                    let who = if e.node_name == "shoal-1" { String::new() } else { format!("{}: ", e.node_name) };
+                    format!("{who}{} {}", ["", "JOIN", "LEAVE"][e.kind as usize], e.network_id)
+                } else {
+                    let e = TableEvent::decode(g.data.as_slice()).unwrap();
+                    assert_eq!(e.node_name, "shoal-1");
+                    let kind = ["", "CREATE", "UPDATE", "DELETE"][e.kind as usize];
+                    format!("{kind} {} {}", e.network_id, e.key)
+                };
+                (to, what)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn entries_are_published_with_the_networks_join_and_an_engine_joining_later_hears_them() {
+        let mut m = member();
+        m.on_stream(&join_frame("engine-a", [10, 0, 0, 2]), 0, nonce()).unwrap();
+        m.on_stream(&join_frame("engine-b", [10, 0, 0, 3]), 0, nonce()).unwrap();
+        relays(&mut m);
+        let a: SocketAddr = A.parse().unwrap();
+        let b: SocketAddr = B.parse().unwrap();
+        let key = |k: &str| ("net1".to_string(), PEER_TABLE.to_string(), k.to_string());
+        let entries = |v: &[(&str, &[u8])]| v.iter().map(|(k, x)| (key(k), x.to_vec())).collect::<Entries>();
+        m.publish(entries(&[("t1", b"r1")]), 100);
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            published(&mut m),
+            [(a, s("JOIN net1")), (b, s("JOIN net1")), (a, s("CREATE net1 t1")), (b, s("CREATE net1 t1"))]
+        );
+        // The same entries again: nothing to say. A change, an addition and a removal: each said once.
+        m.publish(entries(&[("t1", b"r1")]), 100);
+        assert!(published(&mut m).is_empty());
+        m.publish(entries(&[("t2", b"r2")]), 100);
+        assert_eq!(
+            published(&mut m),
+            [(a, s("DELETE net1 t1")), (b, s("DELETE net1 t1")), (a, s("CREATE net1 t2")), (b, s("CREATE net1 t2"))]
+        );
+        // The member is in net1 in its push-pulls, and an engine that joins net1 later hears its entries.
+        let reply = m.on_stream(&join_frame("engine-c", [10, 0, 0, 4]), 1, nonce()).unwrap().unwrap();
+        assert!(networks_in_reply(&reply)
+            .iter()
+            .any(|(node, net, _, leaving)| node == "shoal-1" && net == "net1" && !leaving));
+        relays(&mut m);
+        let join = network_event_packet("engine-c", "net1", 5, NETWORK_JOIN);
+        m.on_packet(&join, C.parse().unwrap(), 2, &mut nonce).unwrap();
+        let c: SocketAddr = C.parse().unwrap();
+        let heard: Vec<_> = published(&mut m).into_iter().filter(|(to, _)| *to == c).collect();
+        assert_eq!(heard, [(c, s("JOIN net1")), (c, s("CREATE net1 t2"))]);
+        // No entry left in net1: the member leaves it.
+        m.publish(Entries::new(), 100);
+        let left: Vec<_> = published(&mut m).into_iter().filter(|(to, _)| *to == a).collect();
+        assert_eq!(left, [(a, s("DELETE net1 t2")), (a, s("LEAVE net1"))]);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::member::{Event, Member, Peer};
+use crate::member::{Entries, Event, Member, Peer};
 use crate::wire::{kind, MAX_STREAM_BYTES, NONCE_BYTES};
 
 /// The port Docker Engines gossip on, and join the managers' members at.
@@ -66,11 +66,13 @@ fn log_events(member: &mut Member) {
     }
 }
 
-/// Serves member `name` on `addr` (UDP and TCP), with the keys `keys` holds (primary first).
+/// Serves member `name` on `addr` (UDP and TCP), with the keys `keys` holds (primary first), publishing
+/// the entries `entries` holds (`Member::publish`).
 pub async fn serve(
     name: String,
     addr: SocketAddr,
     mut keys: watch::Receiver<Vec<Vec<u8>>>,
+    mut entries: watch::Receiver<Entries>,
 ) -> std::io::Result<GossipHandle> {
     // TCP first: with port 0 (tests) the UDP socket takes the port the listener got.
     let tcp = TcpListener::bind(addr).await?;
@@ -85,6 +87,7 @@ pub async fn serve(
         let rng = SystemRandom::new();
         let streams = Arc::new(Semaphore::new(MAX_STREAMS));
         let mut buf = vec![0u8; 65_536];
+        let mut entries_open = true;
         loop {
             tokio::select! {
                 r = udp.recv_from(&mut buf) => {
@@ -120,6 +123,23 @@ pub async fn serve(
                             Err(_) => tracing::debug!(%from, "gossip stream timed out"),
                         }
                     });
+                }
+                r = entries.changed(), if entries_open => {
+                    if r.is_err() {
+                        entries_open = false;
+                        continue;
+                    }
+                    let e = entries.borrow_and_update().clone();
+                    let epoch = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0);
+                    let relays = {
+                        let mut m = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                        m.publish(e, epoch);
+                        m.take_relays(&mut || nonce(&rng))
+                    };
+                    send_all(&udp, relays.unwrap_or_default()).await;
                 }
                 r = keys.changed() => {
                     if r.is_err() {
@@ -207,7 +227,9 @@ mod tests {
     async fn the_member_answers_on_its_sockets_and_follows_a_key_rotation() {
         let (k1, k2) = (vec![1u8; 16], vec![2u8; 16]);
         let (keys, rx) = watch::channel(vec![k1.clone()]);
-        let h = serve("shoal-m".into(), "127.0.0.1:0".parse().unwrap(), rx).await.unwrap();
+        let h = serve("shoal-m".into(), "127.0.0.1:0".parse().unwrap(), rx, watch::channel(Default::default()).1)
+            .await
+            .unwrap();
         let addr = h.addr();
         assert_ne!(addr.port(), 0);
         let reply = push_pull(addr, &k1).await.expect("an answer");
