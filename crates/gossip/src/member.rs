@@ -359,8 +359,8 @@ impl Member {
     }
 
     /// A push-pull's application state: the sender's network memberships; what is news is passed on.
-    fn merge_networks(&mut self, user: &[u8]) {
-        let Ok(g) = GossipMessage::decode(user) else { return };
+    fn merge_networks(&mut self, state: &[u8]) {
+        let Ok(g) = GossipMessage::decode(state) else { return };
         if g.kind != NETWORKDB_PUSH_PULL {
             return;
         }
@@ -373,12 +373,10 @@ impl Member {
                     node_name: n.node_name.clone(),
                     network_id: n.network_id,
                 };
-                let g = GossipMessage { kind: NETWORKDB_NETWORK_EVENT, data: event.encode_to_vec() };
-                let mut msg = vec![kind::USER];
-                msg.extend_from_slice(&g.encode_to_vec());
+                let msg = user(NETWORKDB_NETWORK_EVENT, event.encode_to_vec());
                 self.relay(&msg, &n.node_name, None);
                 if !n.leaving {
-                    self.greet(&n.node_name, &event.network_id.clone());
+                    self.greet(&n.node_name, &event.network_id);
                 }
             }
         }
