@@ -4,7 +4,9 @@
 //! TCP and UDP, encrypted with the cluster's `networking:gossip` keys from the session messages), and joins
 //! it through the managers' addresses. A Docker manager is a member; a Shoal manager runs this one, so
 //! engines can join and learn of each other, then exchange their overlay peers and service records among
-//! themselves. No Rust crate speaks memberlist's own wire format (the `memberlist` crate on crates.io is a
+//! themselves. It passes on the news it hears (new members, network joins and leaves), as every member
+//! must: an engine sends each broadcast to a few random members only. And it publishes the peer records of
+//! tasks on Shoal's own agents, so engines reach them on an overlay. No Rust crate speaks memberlist's own wire format (the `memberlist` crate on crates.io is a
 //! port with a wire format of its own), so `wire` writes it: MessagePack as Go's codec reads it (`rmpv`
 //! reads), AES-GCM (`ring`), LZW (`weezl`).
 //!
@@ -16,7 +18,7 @@ pub mod member;
 pub mod shell;
 pub mod wire;
 
-pub use member::{Event, Member, Peer, State};
+pub use member::{peer_record, Entries, Event, Member, Peer, State, PEER_TABLE};
 pub use shell::{serve, GossipHandle, GOSSIP_PORT};
 
 /// What went wrong with a message.

@@ -2,12 +2,23 @@
 //! membership news it takes in: alive, suspect, dead) and to a stream (a push-pull state exchange, which is
 //! how a Docker Engine joins, and a probe over TCP). It is the seed the engines join through: it tells each
 //! joiner of the members that joined before, so engines find each other and gossip among themselves. It
-//! does not probe anyone itself, and ignores the network database's own messages (libnetwork's tables);
-//! its push-pull carries an empty network list, so no engine syncs tables with it.
+//! does not probe anyone itself.
+//!
+//! It passes news on, as every member of a gossip must: an engine broadcasts each piece of news to a few
+//! random members only (memberlist: 4 sends for a cluster under 10), so a member that swallows what it
+//! hears keeps it from the engines it was meant for. News of a member that is new or back, and the network
+//! database's network joins and leaves (`NetworkEvent`), go on from here to every other live member
+//! (`take_relays`), once each. The network memberships it heard of also go into its push-pull, so an
+//! engine that missed one learns it at its next push-pull with any manager.
+//!
+//! It also publishes entries of its own (`publish`: the peer records of tasks on Shoal agents, which the
+//! node computes from the store): it joins their networks, sends each change as a table event to every live
+//! member, and sends an engine that joins one of those networks its entries there directly (it answers no
+//! bulk sync). The tables' entries of others it ignores.
 //!
 //! Must not depend on IO or clocks: time (`now_ms`) and nonces come in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use prost::Message;
@@ -21,6 +32,10 @@ use crate::GossipError;
 pub const MAX_MEMBERS: usize = 1024;
 /// How long a member reported dead or gone stays in the table (and in push-pulls, so the news spreads).
 pub const DEAD_KEPT_MS: u64 = 60_000;
+/// Most (node, network) memberships remembered (a node's entries go with the node).
+pub const MAX_NETWORK_ENTRIES: usize = 16_384;
+/// Most packets waiting to be relayed between two `take_relays` (past this, news is not passed on).
+pub const MAX_RELAYS: usize = 4_096;
 /// The protocol versions this member speaks (memberlist's `Vsn`: protocol min, max, current; delegate min,
 /// max, current), as libnetwork's memberlist announces them.
 pub const VERSIONS: [u8; 6] = [1, 5, 2, 0, 0, 0];
@@ -113,15 +128,106 @@ struct GossipMessage {
     data: Vec<u8>,
 }
 
-/// libnetwork's `NetworkPushPull`: the networks this member is in (none).
+/// libnetwork's `NetworkPushPull`: the network memberships of every node the sender knows.
 #[derive(Clone, PartialEq, Message)]
 struct NetworkPushPull {
     #[prost(uint64, tag = "1")]
     l_time: u64,
+    #[prost(message, repeated, tag = "2")]
+    networks: Vec<NetworkEntry>,
+    #[prost(string, tag = "3")]
+    node_name: String,
 }
 
-/// The network database's message type of a push-pull.
+/// libnetwork's `NetworkEntry`: node `node_name` is in network `network_id` (or leaving it) as of `l_time`.
+#[derive(Clone, PartialEq, Message)]
+struct NetworkEntry {
+    #[prost(string, tag = "1")]
+    network_id: String,
+    #[prost(uint64, tag = "2")]
+    l_time: u64,
+    #[prost(string, tag = "3")]
+    node_name: String,
+    #[prost(bool, tag = "4")]
+    leaving: bool,
+}
+
+/// libnetwork's `NetworkEvent`: node `node_name` joined (1) or left (2) network `network_id` at `l_time`.
+#[derive(Clone, PartialEq, Message)]
+struct NetworkEvent {
+    #[prost(int32, tag = "1")]
+    kind: i32,
+    #[prost(uint64, tag = "2")]
+    l_time: u64,
+    #[prost(string, tag = "3")]
+    node_name: String,
+    #[prost(string, tag = "4")]
+    network_id: String,
+}
+
+/// libnetwork's `TableEvent`: an entry of table `table_name` in network `network_id`, owned by `node_name`.
+#[derive(Clone, PartialEq, Message)]
+struct TableEvent {
+    #[prost(int32, tag = "1")]
+    kind: i32,
+    #[prost(uint64, tag = "2")]
+    l_time: u64,
+    #[prost(string, tag = "3")]
+    node_name: String,
+    #[prost(string, tag = "4")]
+    network_id: String,
+    #[prost(string, tag = "5")]
+    table_name: String,
+    #[prost(string, tag = "6")]
+    key: String,
+    #[prost(bytes = "vec", tag = "7")]
+    value: Vec<u8>,
+    #[prost(int32, tag = "8")]
+    residual_reap_time: i32,
+}
+
+/// A `TableEvent`'s kinds.
+const TABLE_CREATE: i32 = 1;
+const TABLE_UPDATE: i32 = 2;
+const TABLE_DELETE: i32 = 3;
+/// How long engines keep a deleted entry (libnetwork's `reapEntryInterval`, in seconds).
+const REAP_SECONDS: i32 = 30 * 60;
+
+/// What this member publishes in the network database: (network ID, table, key) -> value.
+pub type Entries = BTreeMap<(String, String, String), Vec<u8>>;
+
+/// The overlay driver's table of endpoints: where each lives (`peer_record`).
+pub const PEER_TABLE: &str = "overlay_peer_table";
+
+/// libnetwork's overlay `PeerRecord`.
+#[derive(Clone, PartialEq, Message)]
+struct PeerRecord {
+    #[prost(string, tag = "1")]
+    endpoint_ip: String,
+    #[prost(string, tag = "2")]
+    endpoint_mac: String,
+    #[prost(string, tag = "3")]
+    tunnel_endpoint_ip: String,
+}
+
+/// A `PEER_TABLE` value: the endpoint at `endpoint_ip` (with its prefix length, `10.0.1.6/24`) has MAC
+/// `endpoint_mac` and lives behind VXLAN endpoint `tunnel_endpoint_ip` (its node's underlay address).
+pub fn peer_record(endpoint_ip: &str, endpoint_mac: &str, tunnel_endpoint_ip: &str) -> Vec<u8> {
+    PeerRecord {
+        endpoint_ip: endpoint_ip.into(),
+        endpoint_mac: endpoint_mac.into(),
+        tunnel_endpoint_ip: tunnel_endpoint_ip.into(),
+    }
+    .encode_to_vec()
+}
+
+/// The network database's message types this member reads.
+const NETWORKDB_NETWORK_EVENT: i32 = 1;
+const NETWORKDB_TABLE_EVENT: i32 = 2;
 const NETWORKDB_PUSH_PULL: i32 = 3;
+/// A `NetworkEvent`'s kinds.
+const NETWORK_JOIN: i32 = 1;
+const NETWORK_LEAVE: i32 = 2;
 
 /// What happened to the table, for the shell to log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,6 +247,16 @@ pub struct Member {
     keys: Vec<Vec<u8>>,
     peers: BTreeMap<String, Peer>,
     events: Vec<Event>,
+    /// (node, network) -> (Lamport time, leaving), as last heard.
+    networks: BTreeMap<(String, String), (u64, bool)>,
+    /// Plain messages to pass on: (destination, message).
+    relays: Vec<(SocketAddr, Vec<u8>)>,
+    /// The entries this member publishes, with the Lamport time of their last change.
+    published: BTreeMap<(String, String, String), (u64, Vec<u8>)>,
+    /// The networks this member joined (for its entries), with the Lamport time of the join.
+    joined: BTreeMap<String, u64>,
+    /// This member's Lamport clock for what it publishes.
+    clock: u64,
 }
 
 /// Packets to send: (destination, bytes).
@@ -149,7 +265,19 @@ pub type Outgoing = Vec<(SocketAddr, Vec<u8>)>;
 impl Member {
     /// A member named `name` reachable at `addr`, with no keys yet (it answers nothing until it has them).
     pub fn new(name: String, addr: SocketAddr) -> Member {
-        Member { name, addr, incarnation: 1, keys: Vec::new(), peers: BTreeMap::new(), events: Vec::new() }
+        Member {
+            name,
+            addr,
+            incarnation: 1,
+            keys: Vec::new(),
+            peers: BTreeMap::new(),
+            events: Vec::new(),
+            networks: BTreeMap::new(),
+            relays: Vec::new(),
+            published: BTreeMap::new(),
+            joined: BTreeMap::new(),
+            clock: 0,
+        }
     }
 
     /// This member's name.
@@ -170,6 +298,170 @@ impl Member {
     /// What happened since the last call.
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
+    }
+
+    /// The news to pass on since the last call, sealed: send each packet to its destination over UDP.
+    pub fn take_relays(&mut self, nonce: &mut dyn FnMut() -> [u8; NONCE_BYTES]) -> Result<Outgoing, GossipError> {
+        let relays = std::mem::take(&mut self.relays);
+        let key = self.primary_key()?.to_vec();
+        relays.into_iter().map(|(to, msg)| Ok((to, wire::seal(&key, nonce(), b"", &msg)?))).collect()
+    }
+
+    /// Queues `msg` for every live member but `about` (the news's subject) and `from` (who told it).
+    fn relay(&mut self, msg: &[u8], about: &str, from: Option<SocketAddr>) {
+        for (name, p) in &self.peers {
+            if p.state != State::Alive || name == about || Some(p.addr) == from {
+                continue;
+            }
+            if self.relays.len() >= MAX_RELAYS {
+                tracing::warn!("gossip: {MAX_RELAYS} relays waiting already; news is not passed on");
+                return;
+            }
+            self.relays.push((p.addr, msg.to_vec()));
+        }
+    }
+
+    /// News that `node` joined (or left) `network` at `l_time`; true when it is news (newer than what this
+    /// member knew, about a member it knows), as libnetwork's `handleNetworkEvent` decides.
+    fn network_news(&mut self, node: &str, network: &str, l_time: u64, leaving: bool) -> bool {
+        if node == self.name || !self.peers.contains_key(node) {
+            return false;
+        }
+        let key = (node.to_string(), network.to_string());
+        match self.networks.get(&key) {
+            Some(&(t, _)) if t >= l_time => return false,
+            None if leaving => return false,
+            None if self.networks.len() >= MAX_NETWORK_ENTRIES => {
+                tracing::warn!(%node, %network, "gossip: {MAX_NETWORK_ENTRIES} network memberships known already");
+                return false;
+            }
+            _ => {}
+        }
+        self.networks.insert(key, (l_time, leaving));
+        true
+    }
+
+    /// A user message (the network database's): a network join or leave is remembered and passed on.
+    fn user_message(&mut self, body: &[u8], from: SocketAddr) {
+        let Ok(g) = GossipMessage::decode(body) else { return };
+        if g.kind != NETWORKDB_NETWORK_EVENT {
+            return;
+        }
+        let Ok(e) = NetworkEvent::decode(g.data.as_slice()) else { return };
+        if self.network_news(&e.node_name, &e.network_id, e.l_time, e.kind == NETWORK_LEAVE) {
+            let mut msg = vec![kind::USER];
+            msg.extend_from_slice(body);
+            self.relay(&msg, &e.node_name, Some(from));
+            if e.kind == NETWORK_JOIN {
+                self.greet(&e.node_name, &e.network_id);
+            }
+        }
+    }
+
+    /// A push-pull's application state: the sender's network memberships; what is news is passed on.
+    fn merge_networks(&mut self, state: &[u8]) {
+        let Ok(g) = GossipMessage::decode(state) else { return };
+        if g.kind != NETWORKDB_PUSH_PULL {
+            return;
+        }
+        let Ok(pp) = NetworkPushPull::decode(g.data.as_slice()) else { return };
+        for n in pp.networks {
+            if self.network_news(&n.node_name, &n.network_id, n.l_time, n.leaving) {
+                let event = NetworkEvent {
+                    kind: if n.leaving { NETWORK_LEAVE } else { NETWORK_JOIN },
+                    l_time: n.l_time,
+                    node_name: n.node_name.clone(),
+                    network_id: n.network_id,
+                };
+                let msg = user(NETWORKDB_NETWORK_EVENT, event.encode_to_vec());
+                self.relay(&msg, &n.node_name, None);
+                if !n.leaving {
+                    self.greet(&n.node_name, &event.network_id);
+                }
+            }
+        }
+    }
+
+    /// Publishes `entries` from now on (the store's view of Shoal agents' endpoints): joins the networks
+    /// they are in and leaves those they no longer are, and tells every live member of each entry that
+    /// changed. `epoch` seeds the Lamport clock (a restarted member's times must be newer than its last
+    /// run's: pass the wall clock in seconds).
+    pub fn publish(&mut self, entries: Entries, epoch: u64) {
+        self.clock = self.clock.max(epoch);
+        let nets: BTreeSet<String> = entries.keys().map(|k| k.0.clone()).collect();
+        for n in &nets {
+            if !self.joined.contains_key(n) {
+                self.clock += 1;
+                self.joined.insert(n.clone(), self.clock);
+                let msg = self.network_event(n, NETWORK_JOIN, self.clock);
+                self.relay(&msg, "", None);
+            }
+        }
+        let gone: Vec<_> = self.published.keys().filter(|k| !entries.contains_key(*k)).cloned().collect();
+        for k in gone {
+            self.clock += 1;
+            let msg = self.table_event(&k, TABLE_DELETE, self.clock, &[]);
+            self.relay(&msg, "", None);
+            self.published.remove(&k);
+        }
+        for (k, v) in entries {
+            let kind_ = match self.published.get(&k) {
+                Some((_, old)) if *old == v => continue,
+                Some(_) => TABLE_UPDATE,
+                None => TABLE_CREATE,
+            };
+            self.clock += 1;
+            let msg = self.table_event(&k, kind_, self.clock, &v);
+            self.relay(&msg, "", None);
+            self.published.insert(k, (self.clock, v));
+        }
+        let left: Vec<String> = self.joined.keys().filter(|n| !nets.contains(*n)).cloned().collect();
+        for n in left {
+            self.clock += 1;
+            let msg = self.network_event(&n, NETWORK_LEAVE, self.clock);
+            self.relay(&msg, "", None);
+            self.joined.remove(&n);
+        }
+    }
+
+    /// A user message: this member's `NetworkEvent` of `kind_` for `network` at `l_time`.
+    fn network_event(&self, network: &str, kind_: i32, l_time: u64) -> Vec<u8> {
+        let e = NetworkEvent { kind: kind_, l_time, node_name: self.name.clone(), network_id: network.into() };
+        user(NETWORKDB_NETWORK_EVENT, e.encode_to_vec())
+    }
+
+    /// A user message: this member's `TableEvent` of `kind_` for entry `k`.
+    fn table_event(&self, k: &(String, String, String), kind_: i32, l_time: u64, value: &[u8]) -> Vec<u8> {
+        let e = TableEvent {
+            kind: kind_,
+            l_time,
+            node_name: self.name.clone(),
+            network_id: k.0.clone(),
+            table_name: k.1.clone(),
+            key: k.2.clone(),
+            value: value.to_vec(),
+            residual_reap_time: if kind_ == TABLE_DELETE { REAP_SECONDS } else { 0 },
+        };
+        user(NETWORKDB_TABLE_EVENT, e.encode_to_vec())
+    }
+
+    /// An engine (`node`, at `to`) joined `network`: it hears this member's join and entries there, which
+    /// its own join's bulk sync would not bring (this member answers no bulk sync).
+    fn greet(&mut self, node: &str, network: &str) {
+        let Some(&joined) = self.joined.get(network) else { return };
+        let Some(to) = self.peers.get(node).map(|p| p.addr) else { return };
+        let mut msgs = vec![self.network_event(network, NETWORK_JOIN, joined)];
+        for (k, (t, v)) in self.published.range((network.to_string(), String::new(), String::new())..) {
+            if k.0 != network {
+                break;
+            }
+            msgs.push(self.table_event(k, TABLE_CREATE, *t, v));
+        }
+        for m in msgs {
+            if self.relays.len() < MAX_RELAYS {
+                self.relays.push((to, m));
+            }
+        }
     }
 
     fn primary_key(&self) -> Result<&[u8], GossipError> {
@@ -228,8 +520,9 @@ impl Member {
             kind::ALIVE => {
                 let v = wire::read_value(&mut body)?;
                 let d = described(&v, false);
-                self.alive(d, now_ms);
+                self.alive(d, now_ms, Some(from));
             }
+            kind::USER => self.user_message(body, from),
             kind::SUSPECT | kind::DEAD => {
                 let v = wire::read_value(&mut body)?;
                 let node = wire::field_str(&v, "Node");
@@ -249,8 +542,9 @@ impl Member {
         Ok(())
     }
 
-    /// News that `d` is alive.
-    fn alive(&mut self, d: Described, now_ms: u64) {
+    /// News that `d` is alive (from `from`, when it came in a packet); news of a member that is new, back or
+    /// of a higher incarnation is passed on.
+    fn alive(&mut self, d: Described, now_ms: u64, from: Option<SocketAddr>) {
         if d.name == self.name {
             return;
         }
@@ -262,6 +556,7 @@ impl Member {
             Some(p) if d.incarnation == p.incarnation && p.state == State::Alive => {}
             Some(p) => {
                 let back = p.state != State::Alive;
+                let msg = alive_message(&d.name, addr, &d.meta, d.incarnation, &d.versions);
                 p.addr = addr;
                 p.meta = d.meta;
                 p.incarnation = d.incarnation;
@@ -269,14 +564,17 @@ impl Member {
                 if back {
                     p.state = State::Alive;
                     p.since_ms = now_ms;
-                    self.events.push(Event::Joined(d.name, addr));
+                    self.events.push(Event::Joined(d.name.clone(), addr));
                 }
+                self.relay(&msg, &d.name, from);
             }
             None if full => {
                 tracing::warn!(member = %d.name, "gossip: {MAX_MEMBERS} members known already; this one is ignored");
             }
             None => {
                 self.events.push(Event::Joined(d.name.clone(), addr));
+                let msg = alive_message(&d.name, addr, &d.meta, d.incarnation, &d.versions);
+                self.relay(&msg, &d.name, from);
                 self.peers.insert(
                     d.name,
                     Peer {
@@ -320,24 +618,12 @@ impl Member {
         self.peers.retain(|_, p| {
             matches!(p.state, State::Alive | State::Suspect) || now_ms.saturating_sub(p.since_ms) < DEAD_KEPT_MS
         });
+        let peers = &self.peers;
+        self.networks.retain(|(node, _), _| peers.contains_key(node));
     }
 
     fn alive_message(&self) -> Vec<u8> {
-        let mut w = Writer::with_type(kind::ALIVE);
-        w.map(6)
-            .key("Incarnation")
-            .uint(u64::from(self.incarnation))
-            .key("Node")
-            .raw(self.name.as_bytes())
-            .key("Addr")
-            .raw(&addr_bytes(&self.addr))
-            .key("Port")
-            .uint(u64::from(self.addr.port()))
-            .key("Meta")
-            .raw(&[])
-            .key("Vsn")
-            .raw(&VERSIONS);
-        w.out
+        alive_message(&self.name, self.addr, &[], self.incarnation, &VERSIONS)
     }
 
     /// Takes in a whole stream frame (`[ENCRYPT][length][payload]`); returns the frame to answer with, if
@@ -370,9 +656,15 @@ impl Member {
                 let mut ignored = Vec::new();
                 for d in states {
                     match d.state {
-                        State::Alive => self.alive(d, now_ms),
+                        State::Alive => self.alive(d, now_ms, None),
                         s => self.failed(&d.name.clone(), d.incarnation, s, now_ms, &mut ignored),
                     }
+                }
+                // The rest is the application's state (libnetwork's network memberships), merged after the
+                // members as memberlist does.
+                let user_len = usize::try_from(wire::field_u64(&header, "UserStateLen")).unwrap_or(usize::MAX);
+                if let Some(user) = body.get(..user_len) {
+                    self.merge_networks(user);
                 }
                 reply
             }
@@ -386,10 +678,28 @@ impl Member {
         Ok(Some(wire::seal_stream(self.primary_key()?, nonce, &reply)?))
     }
 
-    /// This member's push-pull: itself and every member it knows, and an empty network list.
+    /// This member's push-pull: itself and every member it knows, and the network memberships it heard of
+    /// (none of its own).
     fn local_state(&self, join: bool) -> Vec<u8> {
-        let user = GossipMessage { kind: NETWORKDB_PUSH_PULL, data: NetworkPushPull { l_time: 1 }.encode_to_vec() }
-            .encode_to_vec();
+        let networks: Vec<NetworkEntry> = self
+            .networks
+            .iter()
+            .map(|((node, network), &(l_time, leaving))| NetworkEntry {
+                network_id: network.clone(),
+                l_time,
+                node_name: node.clone(),
+                leaving,
+            })
+            .chain(self.joined.iter().map(|(network, &l_time)| NetworkEntry {
+                network_id: network.clone(),
+                l_time,
+                node_name: self.name.clone(),
+                leaving: false,
+            }))
+            .collect();
+        let l_time = networks.iter().map(|n| n.l_time).max().unwrap_or(1);
+        let pp = NetworkPushPull { l_time, networks, node_name: String::new() };
+        let user = GossipMessage { kind: NETWORKDB_PUSH_PULL, data: pp.encode_to_vec() }.encode_to_vec();
         let mut w = Writer::with_type(kind::PUSH_PULL);
         w.map(3).key("Nodes").uint(self.peers.len() as u64 + 1).key("UserStateLen").uint(user.len() as u64);
         w.key("Join").bool(join);
@@ -418,6 +728,32 @@ impl Member {
     }
 }
 
+/// An `alive` message about member `name`.
+fn alive_message(name: &str, addr: SocketAddr, meta: &[u8], incarnation: u32, versions: &[u8]) -> Vec<u8> {
+    let mut w = Writer::with_type(kind::ALIVE);
+    w.map(6)
+        .key("Incarnation")
+        .uint(u64::from(incarnation))
+        .key("Node")
+        .raw(name.as_bytes())
+        .key("Addr")
+        .raw(&addr_bytes(&addr))
+        .key("Port")
+        .uint(u64::from(addr.port()))
+        .key("Meta")
+        .raw(meta)
+        .key("Vsn")
+        .raw(versions);
+    w.out
+}
+
+/// A memberlist user message carrying the network database's message `kind_`.
+fn user(kind_: i32, data: Vec<u8>) -> Vec<u8> {
+    let mut msg = vec![kind::USER];
+    msg.extend_from_slice(&GossipMessage { kind: kind_, data }.encode_to_vec());
+    msg
+}
+
 fn ack(seq: u64) -> Vec<u8> {
     let mut w = Writer::with_type(kind::ACK);
     w.map(2).key("SeqNo").uint(seq).key("Payload").raw(&[]);
@@ -442,11 +778,27 @@ mod tests {
 
     /// A push-pull as a joining engine sends it: its own state, compressed, in the encrypted envelope.
     fn join_frame(name: &str, ip: [u8; 4]) -> Vec<u8> {
+        push_pull_frame(name, ip, &[])
+    }
+
+    /// A push-pull from `name` whose network database state is `networks` (node, network, time, leaving).
+    fn push_pull_frame(name: &str, ip: [u8; 4], networks: &[(&str, &str, u64, bool)]) -> Vec<u8> {
+        let networks = networks
+            .iter()
+            .map(|&(node, net, l_time, leaving)| NetworkEntry {
+                network_id: net.into(),
+                l_time,
+                node_name: node.into(),
+                leaving,
+            })
+            .collect();
+        let pp = NetworkPushPull { l_time: 1, networks, node_name: name.into() };
+        let user = GossipMessage { kind: NETWORKDB_PUSH_PULL, data: pp.encode_to_vec() }.encode_to_vec();
         let mut w = Writer::with_type(kind::PUSH_PULL);
-        w.map(3).key("Nodes").uint(1).key("UserStateLen").uint(2).key("Join").bool(true);
+        w.map(3).key("Nodes").uint(1).key("UserStateLen").uint(user.len() as u64).key("Join").bool(true);
         w.map(7).key("Name").raw(name.as_bytes()).key("Addr").raw(&ip).key("Port").uint(7946);
         w.key("Meta").raw(&[]).key("Incarnation").uint(1).key("State").uint(0).key("Vsn").raw(&VERSIONS);
-        w.out.extend_from_slice(&[0x08, 0x03]);
+        w.out.extend_from_slice(&user);
         let packed = weezl::encode::Encoder::new(weezl::BitOrder::Lsb, 8).encode(&w.out).unwrap();
         let mut c = Writer::with_type(kind::COMPRESS);
         c.map(2).key("Algo").uint(0).key("Buf").raw(&packed);
@@ -463,6 +815,185 @@ mod tests {
         let user = GossipMessage::decode(body).unwrap();
         assert_eq!(user.kind, NETWORKDB_PUSH_PULL);
         names
+    }
+
+    /// The network memberships a push-pull reply carries: (node, network, time, leaving).
+    fn networks_in_reply(reply: &[u8]) -> Vec<(String, String, u64, bool)> {
+        let plain = wire::open_stream(&[KEY.to_vec()], reply).unwrap();
+        let mut body = &plain[1..];
+        let n = wire::field_u64(&wire::read_value(&mut body).unwrap(), "Nodes");
+        for _ in 0..n {
+            wire::read_value(&mut body).unwrap();
+        }
+        let pp = NetworkPushPull::decode(GossipMessage::decode(body).unwrap().data.as_slice()).unwrap();
+        pp.networks.into_iter().map(|e| (e.node_name, e.network_id, e.l_time, e.leaving)).collect()
+    }
+
+    /// The relays waiting: (destination, message type, the subject: an alive's node or a network event's
+    /// node and network).
+    fn relays(m: &mut Member) -> Vec<(SocketAddr, u8, String)> {
+        let out = m.take_relays(&mut nonce).unwrap();
+        out.into_iter()
+            .map(|(to, packet)| {
+                let plain = wire::open(&[KEY.to_vec()], &packet, b"").unwrap();
+                let about = match plain[0] {
+                    kind::ALIVE => wire::field_str(&wire::read_value(&mut &plain[1..]).unwrap(), "Node"),
+                    kind::USER => {
+                        let g = GossipMessage::decode(&plain[1..]).unwrap();
+                        let e = NetworkEvent::decode(g.data.as_slice()).unwrap();
+                        format!("{} {} {} {}", e.node_name, e.network_id, e.l_time, e.kind)
+                    }
+                    t => format!("type {t}"),
+                };
+                (to, plain[0], about)
+            })
+            .collect()
+    }
+
+    /// A packet carrying libnetwork's `NetworkEvent` (`kind` 1 join, 2 leave).
+    fn network_event_packet(node: &str, net: &str, l_time: u64, kind_: i32) -> Vec<u8> {
+        let e = NetworkEvent { kind: kind_, l_time, node_name: node.into(), network_id: net.into() };
+        let g = GossipMessage { kind: NETWORKDB_NETWORK_EVENT, data: e.encode_to_vec() };
+        let mut msg = vec![kind::USER];
+        msg.extend_from_slice(&g.encode_to_vec());
+        wire::seal(&KEY, nonce(), b"", &msg).unwrap()
+    }
+
+    const A: &str = "10.0.0.2:7946";
+    const B: &str = "10.0.0.3:7946";
+    const C: &str = "10.0.0.4:7946";
+
+    #[test]
+    fn news_of_a_new_member_goes_on_to_every_other_member_once() {
+        let mut m = member();
+        m.on_stream(&join_frame("engine-a", [10, 0, 0, 2]), 0, nonce()).unwrap();
+        assert!(relays(&mut m).is_empty(), "nobody else to tell");
+        // engine-b joins: engine-a hears of it from here, whatever engine-b's own broadcast reached.
+        m.on_stream(&join_frame("engine-b", [10, 0, 0, 3]), 1, nonce()).unwrap();
+        assert_eq!(relays(&mut m), [(A.parse().unwrap(), kind::ALIVE, "engine-b".to_string())]);
+        // The same news again (engine-b's broadcast, from engine-b): nothing new to pass on.
+        let alive = alive_message("engine-b", B.parse().unwrap(), &[], 1, &VERSIONS);
+        let packet = wire::seal(&KEY, nonce(), b"", &alive).unwrap();
+        m.on_packet(&packet, B.parse().unwrap(), 2, &mut nonce).unwrap();
+        assert!(relays(&mut m).is_empty());
+        // A higher incarnation (engine-b refuted a suspicion) is news, but not for the one who told it.
+        m.on_stream(&join_frame("engine-c", [10, 0, 0, 4]), 3, nonce()).unwrap();
+        relays(&mut m);
+        let alive = alive_message("engine-b", B.parse().unwrap(), &[], 2, &VERSIONS);
+        let packet = wire::seal(&KEY, nonce(), b"", &alive).unwrap();
+        m.on_packet(&packet, C.parse().unwrap(), 4, &mut nonce).unwrap();
+        assert_eq!(relays(&mut m), [(A.parse().unwrap(), kind::ALIVE, "engine-b".to_string())]);
+    }
+
+    /// The user messages waiting, decoded: (destination, "JOIN net" / "LEAVE net" / "CREATE net key" ...;
+    /// another node's network event relayed is prefixed with its name).
+    fn published(m: &mut Member) -> Vec<(SocketAddr, String)> {
+        let out = m.take_relays(&mut nonce).unwrap();
+        out.into_iter()
+            .map(|(to, packet)| {
+                let plain = wire::open(&[KEY.to_vec()], &packet, b"").unwrap();
+                assert_eq!(plain[0], kind::USER);
+                let g = GossipMessage::decode(&plain[1..]).unwrap();
+                let what = if g.kind == NETWORKDB_NETWORK_EVENT {
+                    let e = NetworkEvent::decode(g.data.as_slice()).unwrap();
+                    let who = if e.node_name == "shoal-1" { String::new() } else { format!("{}: ", e.node_name) };
+                    format!("{who}{} {}", ["", "JOIN", "LEAVE"][e.kind as usize], e.network_id)
+                } else {
+                    let e = TableEvent::decode(g.data.as_slice()).unwrap();
+                    assert_eq!(e.node_name, "shoal-1");
+                    let kind = ["", "CREATE", "UPDATE", "DELETE"][e.kind as usize];
+                    format!("{kind} {} {}", e.network_id, e.key)
+                };
+                (to, what)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn entries_are_published_with_the_networks_join_and_an_engine_joining_later_hears_them() {
+        let mut m = member();
+        m.on_stream(&join_frame("engine-a", [10, 0, 0, 2]), 0, nonce()).unwrap();
+        m.on_stream(&join_frame("engine-b", [10, 0, 0, 3]), 0, nonce()).unwrap();
+        relays(&mut m);
+        let a: SocketAddr = A.parse().unwrap();
+        let b: SocketAddr = B.parse().unwrap();
+        let key = |k: &str| ("net1".to_string(), PEER_TABLE.to_string(), k.to_string());
+        let entries = |v: &[(&str, &[u8])]| v.iter().map(|(k, x)| (key(k), x.to_vec())).collect::<Entries>();
+        m.publish(entries(&[("t1", b"r1")]), 100);
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            published(&mut m),
+            [(a, s("JOIN net1")), (b, s("JOIN net1")), (a, s("CREATE net1 t1")), (b, s("CREATE net1 t1"))]
+        );
+        // The same entries again: nothing to say. A change, an addition and a removal: each said once.
+        m.publish(entries(&[("t1", b"r1")]), 100);
+        assert!(published(&mut m).is_empty());
+        m.publish(entries(&[("t2", b"r2")]), 100);
+        assert_eq!(
+            published(&mut m),
+            [(a, s("DELETE net1 t1")), (b, s("DELETE net1 t1")), (a, s("CREATE net1 t2")), (b, s("CREATE net1 t2"))]
+        );
+        // The member is in net1 in its push-pulls, and an engine that joins net1 later hears its entries.
+        let reply = m.on_stream(&join_frame("engine-c", [10, 0, 0, 4]), 1, nonce()).unwrap().unwrap();
+        assert!(networks_in_reply(&reply)
+            .iter()
+            .any(|(node, net, _, leaving)| node == "shoal-1" && net == "net1" && !leaving));
+        relays(&mut m);
+        let join = network_event_packet("engine-c", "net1", 5, NETWORK_JOIN);
+        m.on_packet(&join, C.parse().unwrap(), 2, &mut nonce).unwrap();
+        let c: SocketAddr = C.parse().unwrap();
+        let heard: Vec<_> = published(&mut m).into_iter().filter(|(to, _)| *to == c).collect();
+        assert_eq!(heard, [(c, s("JOIN net1")), (c, s("CREATE net1 t2"))]);
+        // No entry left in net1: the member leaves it.
+        m.publish(Entries::new(), 100);
+        let left: Vec<_> = published(&mut m).into_iter().filter(|(to, _)| *to == a).collect();
+        assert_eq!(left, [(a, s("DELETE net1 t2")), (a, s("LEAVE net1"))]);
+    }
+
+    #[test]
+    fn a_network_join_goes_on_once_and_into_the_next_push_pulls() {
+        let mut m = member();
+        for (name, ip) in [("engine-a", [10, 0, 0, 2]), ("engine-b", [10, 0, 0, 3]), ("engine-c", [10, 0, 0, 4])] {
+            m.on_stream(&join_frame(name, ip), 0, nonce()).unwrap();
+        }
+        relays(&mut m);
+        // engine-a joins net1 and tells this member: engine-b and engine-c hear it from here.
+        let join = network_event_packet("engine-a", "net1", 5, NETWORK_JOIN);
+        m.on_packet(&join, A.parse().unwrap(), 1, &mut nonce).unwrap();
+        let want = "engine-a net1 5 1".to_string();
+        assert_eq!(
+            relays(&mut m),
+            [(B.parse().unwrap(), kind::USER, want.clone()), (C.parse().unwrap(), kind::USER, want)]
+        );
+        // Heard again (from engine-b, which got it from engine-a too): not news.
+        m.on_packet(&join, B.parse().unwrap(), 2, &mut nonce).unwrap();
+        assert!(relays(&mut m).is_empty());
+        // A leave of a network nobody joined, and a join of a member not known: ignored, as libnetwork does.
+        m.on_packet(&network_event_packet("engine-b", "net2", 6, NETWORK_LEAVE), B.parse().unwrap(), 3, &mut nonce)
+            .unwrap();
+        m.on_packet(&network_event_packet("stranger", "net1", 6, NETWORK_JOIN), B.parse().unwrap(), 3, &mut nonce)
+            .unwrap();
+        assert!(relays(&mut m).is_empty());
+        // An engine that missed the join learns it from this member's push-pull; what the push-pull brings
+        // (engine-c's own join, which its broadcasts may not have carried to anyone) goes on to the others.
+        let frame = push_pull_frame("engine-c", [10, 0, 0, 4], &[("engine-c", "net1", 7, false)]);
+        let reply = m.on_stream(&frame, 4, nonce()).unwrap().unwrap();
+        assert_eq!(networks_in_reply(&reply), [("engine-a".to_string(), "net1".to_string(), 5, false)]);
+        let want = "engine-c net1 7 1".to_string();
+        assert_eq!(
+            relays(&mut m),
+            [(A.parse().unwrap(), kind::USER, want.clone()), (B.parse().unwrap(), kind::USER, want)]
+        );
+        // engine-a leaves net1 later: news again; and a member's memberships go with it once it is forgotten.
+        m.on_packet(&network_event_packet("engine-a", "net1", 8, NETWORK_LEAVE), A.parse().unwrap(), 5, &mut nonce)
+            .unwrap();
+        assert_eq!(relays(&mut m).len(), 2);
+        let mut dead = Writer::with_type(kind::DEAD);
+        dead.map(3).key("Incarnation").uint(1).key("Node").raw(b"engine-a").key("From").raw(b"engine-b");
+        m.on_packet(&wire::seal(&KEY, nonce(), b"", &dead.out).unwrap(), B.parse().unwrap(), 6, &mut nonce).unwrap();
+        m.on_stream(&join_frame("engine-d", [10, 0, 0, 5]), 6 + DEAD_KEPT_MS, nonce()).unwrap();
+        let reply = m.on_stream(&join_frame("engine-e", [10, 0, 0, 6]), 7 + DEAD_KEPT_MS, nonce()).unwrap().unwrap();
+        assert_eq!(networks_in_reply(&reply), [("engine-c".to_string(), "net1".to_string(), 7, false)]);
     }
 
     #[test]

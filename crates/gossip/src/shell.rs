@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::member::{Event, Member, Peer};
+use crate::member::{Entries, Event, Member, Peer};
 use crate::wire::{kind, MAX_STREAM_BYTES, NONCE_BYTES};
 
 /// The port Docker Engines gossip on, and join the managers' members at.
@@ -66,16 +66,18 @@ fn log_events(member: &mut Member) {
     }
 }
 
-/// Serves member `name` on `addr` (UDP and TCP), with the keys `keys` holds (primary first).
+/// Serves member `name` on `addr` (UDP and TCP), with the keys `keys` holds (primary first), publishing
+/// the entries `entries` holds (`Member::publish`).
 pub async fn serve(
     name: String,
     addr: SocketAddr,
     mut keys: watch::Receiver<Vec<Vec<u8>>>,
+    mut entries: watch::Receiver<Entries>,
 ) -> std::io::Result<GossipHandle> {
     // TCP first: with port 0 (tests) the UDP socket takes the port the listener got.
     let tcp = TcpListener::bind(addr).await?;
     let addr = SocketAddr::new(addr.ip(), tcp.local_addr()?.port());
-    let udp = UdpSocket::bind(addr).await?;
+    let udp = Arc::new(UdpSocket::bind(addr).await?);
     let mut m = Member::new(name, addr);
     m.set_keys(keys.borrow_and_update().clone());
     let member = Arc::new(Mutex::new(m));
@@ -85,25 +87,23 @@ pub async fn serve(
         let rng = SystemRandom::new();
         let streams = Arc::new(Semaphore::new(MAX_STREAMS));
         let mut buf = vec![0u8; 65_536];
+        let mut entries_open = true;
         loop {
             tokio::select! {
                 r = udp.recv_from(&mut buf) => {
                     let Ok((n, from)) = r else { continue };
                     let now_ms = epoch.elapsed().as_millis() as u64;
-                    let out = {
+                    let (out, relays) = {
                         let mut m = shared.lock().unwrap_or_else(PoisonError::into_inner);
                         let out = m.on_packet(&buf[..n], from, now_ms, &mut || nonce(&rng));
                         log_events(&mut m);
-                        out
+                        (out, m.take_relays(&mut || nonce(&rng)))
                     };
                     match out {
-                        Ok(out) => {
-                            for (to, bytes) in out {
-                                let _ = udp.send_to(&bytes, to).await;
-                            }
-                        }
+                        Ok(out) => send_all(&udp, out).await,
                         Err(e) => tracing::debug!(%from, "gossip packet dropped: {e}"),
                     }
+                    send_all(&udp, relays.unwrap_or_default()).await;
                 }
                 r = tcp.accept() => {
                     let Ok((conn, from)) = r else { continue };
@@ -112,16 +112,34 @@ pub async fn serve(
                         continue;
                     };
                     let member = shared.clone();
+                    let udp = udp.clone();
                     let n = nonce(&rng);
                     let now_ms = epoch.elapsed().as_millis() as u64;
                     tokio::spawn(async move {
                         let _permit = permit;
-                        match tokio::time::timeout(STREAM_TIMEOUT, stream(conn, &member, now_ms, n)).await {
+                        match tokio::time::timeout(STREAM_TIMEOUT, stream(conn, &member, &udp, now_ms, n)).await {
                             Ok(Ok(())) => {}
                             Ok(Err(e)) => tracing::debug!(%from, "gossip stream: {e}"),
                             Err(_) => tracing::debug!(%from, "gossip stream timed out"),
                         }
                     });
+                }
+                r = entries.changed(), if entries_open => {
+                    if r.is_err() {
+                        entries_open = false;
+                        continue;
+                    }
+                    let e = entries.borrow_and_update().clone();
+                    let epoch = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0);
+                    let relays = {
+                        let mut m = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                        m.publish(e, epoch);
+                        m.take_relays(&mut || nonce(&rng))
+                    };
+                    send_all(&udp, relays.unwrap_or_default()).await;
                 }
                 r = keys.changed() => {
                     if r.is_err() {
@@ -136,10 +154,19 @@ pub async fn serve(
     Ok(GossipHandle { member, task, addr })
 }
 
-/// Reads one encrypted message from `conn` and writes the member's answer.
+/// Sends each packet to its destination (a lost UDP packet is gossip's normal weather).
+async fn send_all(udp: &UdpSocket, packets: Vec<(SocketAddr, Vec<u8>)>) {
+    for (to, bytes) in packets {
+        let _ = udp.send_to(&bytes, to).await;
+    }
+}
+
+/// Reads one encrypted message from `conn`, writes the member's answer, and passes on over `udp` the news
+/// it brought.
 async fn stream(
     mut conn: TcpStream,
     member: &Mutex<Member>,
+    udp: &UdpSocket,
     now_ms: u64,
     nonce: [u8; NONCE_BYTES],
 ) -> std::io::Result<()> {
@@ -156,12 +183,14 @@ async fn stream(
     let mut frame = head.to_vec();
     frame.resize(5 + len as usize, 0);
     conn.read_exact(&mut frame[5..]).await?;
-    let reply = {
+    let (reply, relays) = {
         let mut m = member.lock().unwrap_or_else(PoisonError::into_inner);
         let reply = m.on_stream(&frame, now_ms, nonce);
         log_events(&mut m);
-        reply
+        let rng = SystemRandom::new();
+        (reply, m.take_relays(&mut || self::nonce(&rng)))
     };
+    send_all(udp, relays.unwrap_or_default()).await;
     match reply {
         Ok(Some(bytes)) => conn.write_all(&bytes).await,
         Ok(None) => Ok(()),
@@ -198,7 +227,9 @@ mod tests {
     async fn the_member_answers_on_its_sockets_and_follows_a_key_rotation() {
         let (k1, k2) = (vec![1u8; 16], vec![2u8; 16]);
         let (keys, rx) = watch::channel(vec![k1.clone()]);
-        let h = serve("shoal-m".into(), "127.0.0.1:0".parse().unwrap(), rx).await.unwrap();
+        let h = serve("shoal-m".into(), "127.0.0.1:0".parse().unwrap(), rx, watch::channel(Default::default()).1)
+            .await
+            .unwrap();
         let addr = h.addr();
         assert_ne!(addr.port(), 0);
         let reply = push_pull(addr, &k1).await.expect("an answer");

@@ -1,12 +1,15 @@
 //! The manager's member of Docker's overlay gossip (`shoal_gossip`), served on the manager's advertised
 //! address, port 7946, with the cluster's `networking:gossip` keys as the key manager rotates them: Docker
 //! Engine workers join it through the managers' addresses and find each other there (docs/engine-worker.md).
+//! It publishes the peer records of tasks on Shoal's own agents (`peer_entries`, from the store), so the
+//! engines reach those tasks on an overlay.
 //! A port already taken (a Docker manager on the same address, another Shoal manager on 127.0.0.1) is
 //! logged and leaves the rest of the node running.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use shoal_api::TaskState;
 use shoal_store::{MemoryStore, Object};
 use tokio::sync::watch;
 
@@ -30,6 +33,48 @@ fn gossip_keys(store: &MemoryStore) -> Vec<Vec<u8>> {
     keys.into_iter().map(|k| k.key).collect()
 }
 
+/// What the member publishes for Shoal's own agents, so that engines reach their tasks: a
+/// `shoal_gossip::PEER_TABLE` entry for each address a task on a Shoal agent holds on an overlay network
+/// (from ASSIGNED to RUNNING), keyed by the task's ID, behind its node's underlay address. The MAC is Shoal's
+/// data plane's (`02:42` and the IPv4 address, as the engines' overlay driver makes them too).
+fn peer_entries(store: &MemoryStore) -> shoal_gossip::Entries {
+    store.view(|t| {
+        let mut out = shoal_gossip::Entries::new();
+        let live = TaskState::Assigned as i32..=TaskState::Running as i32;
+        for task in t.tasks().iter() {
+            if !task.status.as_ref().is_some_and(|s| live.contains(&s.state)) {
+                continue;
+            }
+            let Some(node) = t.nodes().get(&task.node_id) else { continue };
+            let shoal_agent = node
+                .description
+                .as_ref()
+                .and_then(|d| d.engine.as_ref())
+                .is_some_and(|e| e.labels.contains_key(shoal_api::SHOAL_AGENT_LABEL));
+            let vtep = node.status.as_ref().map(|s| s.addr.clone()).unwrap_or_default();
+            if !shoal_agent || vtep.is_empty() {
+                continue;
+            }
+            for a in &task.networks {
+                let Some(n) = &a.network else { continue };
+                if n.driver_state.as_ref().is_none_or(|d| d.name != "overlay") {
+                    continue;
+                }
+                for addr in &a.addresses {
+                    let Some(std::net::IpAddr::V4(ip)) = addr.split('/').next().and_then(|i| i.parse().ok()) else {
+                        continue;
+                    };
+                    let o = ip.octets();
+                    let mac = format!("02:42:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3]);
+                    let value = shoal_gossip::peer_record(addr, &mac, &vtep);
+                    out.insert((n.id.clone(), shoal_gossip::PEER_TABLE.to_string(), task.id.clone()), value);
+                }
+            }
+        }
+        out
+    })
+}
+
 /// Serves the member named `name` on `addr` until `stop`.
 pub(crate) async fn run(
     name: String,
@@ -41,7 +86,8 @@ pub(crate) async fn run(
     // Subscribed before the first read, so no key rotation is missed.
     let ((), mut events) = store.view_and_watch(|_| ());
     let (keys, rx) = watch::channel(gossip_keys(&store));
-    let handle = match shoal_gossip::serve(name, addr, rx).await {
+    let (entries, entries_rx) = watch::channel(peer_entries(&store));
+    let handle = match shoal_gossip::serve(name, addr, rx, entries_rx).await {
         Ok(h) => h,
         Err(e) => {
             tracing::warn!(
@@ -57,10 +103,18 @@ pub(crate) async fn run(
         tokio::select! {
             _ = shoal_manager::stopped(&mut stop) => return,
             r = events.recv() => match r {
-                Ok(commit) if !commit.changes.iter().any(|c| matches!(c.object, Object::Cluster(_))) => continue,
+                Ok(commit)
+                    if !commit.changes.iter().any(|c| {
+                        matches!(c.object, Object::Cluster(_) | Object::Task(_) | Object::Node(_))
+                    }) =>
+                {
+                    continue
+                }
                 Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                     let now = gossip_keys(&store);
                     keys.send_if_modified(|k| if *k == now { false } else { *k = now; true });
+                    let now = peer_entries(&store);
+                    entries.send_if_modified(|e| if *e == now { false } else { *e = now; true });
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
@@ -74,6 +128,55 @@ mod tests {
     use shoal_store::Changes;
 
     use super::*;
+
+    #[test]
+    fn only_tasks_on_shoal_agents_get_peer_records_while_they_hold_their_addresses() {
+        use shoal_api::{Driver, EngineDescription, Network, NetworkAttachment, Node, NodeDescription, NodeStatus};
+        let node = |id: &str, addr: &str, shoal: bool| Node {
+            id: id.into(),
+            description: Some(NodeDescription {
+                engine: Some(EngineDescription {
+                    labels: if shoal {
+                        [(shoal_api::SHOAL_AGENT_LABEL.to_string(), "0.1".to_string())].into()
+                    } else {
+                        Default::default()
+                    },
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus { addr: addr.into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let on = |driver: &str, net: &str, addr: &str| NetworkAttachment {
+            network: Some(Network {
+                id: net.into(),
+                driver_state: Some(Driver { name: driver.into(), ..Default::default() }),
+                ..Default::default()
+            }),
+            addresses: vec![addr.into()],
+            ..Default::default()
+        };
+        let task = |id: &str, node: &str, state: TaskState, nets: Vec<NetworkAttachment>| shoal_api::Task {
+            id: id.into(),
+            node_id: node.into(),
+            status: Some(shoal_api::TaskStatus { state: state as i32, ..Default::default() }),
+            networks: nets,
+            ..Default::default()
+        };
+        let store = MemoryStore::default();
+        let mut c = Changes::new();
+        c.create(node("shoal-node", "10.79.1.2", true));
+        c.create(node("engine-node", "10.79.2.2", false));
+        c.create(task("t1", "shoal-node", TaskState::Running, vec![on("overlay", "n1", "10.0.1.6/24")]));
+        c.create(task("t2", "engine-node", TaskState::Running, vec![on("overlay", "n1", "10.0.1.3/24")]));
+        c.create(task("t3", "shoal-node", TaskState::Complete, vec![on("overlay", "n1", "10.0.1.7/24")]));
+        c.create(task("t4", "shoal-node", TaskState::Running, vec![on("bridge", "b", "172.17.0.2/16")]));
+        store.apply(1, c.actions()).unwrap();
+        let want = shoal_gossip::peer_record("10.0.1.6/24", "02:42:0a:00:01:06", "10.79.1.2");
+        let key = ("n1".to_string(), shoal_gossip::PEER_TABLE.to_string(), "t1".to_string());
+        assert_eq!(peer_entries(&store), [(key, want)].into());
+    }
 
     #[test]
     fn the_member_seals_with_the_key_libnetwork_makes_primary_and_opens_with_all() {

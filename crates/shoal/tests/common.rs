@@ -20,9 +20,10 @@ pub mod container_checks;
 #[path = "common/acceptance_stack.rs"]
 pub mod acceptance_stack;
 
-/// The binary under test.
+/// The binary under test: cargo's build of it, or the one `SHOAL_TEST_BIN` names (to compare two builds
+/// with one test binary).
 pub fn shoal_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_shoal"))
+    std::env::var_os("SHOAL_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_shoal")))
 }
 
 /// Starts a daemon on a fresh state dir.

@@ -30,6 +30,8 @@ const NS_PREFIX: &str = "shoal-eng-";
 const VETH_PREFIX: &str = "she";
 /// Prefix of the engine's directories in /tmp (short: containerd's socket paths live under the exec root).
 const DIR_PREFIX: &str = "shoal-eng-";
+/// With this set to `1`, the engines log at debug level.
+pub const ENGINE_DEBUG_ENV: &str = "SHOAL_TEST_ENGINE_DEBUG";
 /// How long dockerd may take to answer after it is started.
 const START_LIMIT: Duration = Duration::from_secs(90);
 /// How long dockerd may take to stop on SIGTERM before it is killed.
@@ -174,7 +176,9 @@ impl SecondEngine {
         run(&["ip", "-n", &eng.ns, "link", "set", "lo", "up"]);
         run(&["ip", "-n", &eng.ns, "route", "add", "default", "via", &format!("10.79.{k}.1")]);
         let config = eng.dir.join("daemon.json");
-        std::fs::write(&config, "{}").expect("daemon.json");
+        // `SHOAL_TEST_ENGINE_DEBUG=1` turns on dockerd's debug log (libnetwork's gossip and peer events).
+        let debug = std::env::var_os(ENGINE_DEBUG_ENV).is_some_and(|v| v == "1");
+        std::fs::write(&config, if debug { r#"{"debug": true}"# } else { "{}" }).expect("daemon.json");
         let log = std::fs::File::create(eng.log_path()).expect("dockerd log");
         let child = Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{}", eng.ns))
@@ -418,6 +422,13 @@ impl Drop for SecondEngine {
         unmount_under(&self.dir);
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
         let _ = Command::new("ip").args(["link", "del", &self.veth]).output();
+        if std::thread::panicking() {
+            // A failed test keeps the engine's whole log (its tail is often not enough to see why).
+            let kept = std::env::temp_dir().join(format!("shoal-dockerd-log-{}.log", self.ns));
+            if std::fs::copy(self.log_path(), &kept).is_ok() {
+                eprintln!("--- engine {}: dockerd's log kept at {} ---", self.hostname, kept.display());
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
