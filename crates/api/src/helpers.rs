@@ -208,6 +208,20 @@ impl crate::Network {
     }
 }
 
+impl crate::Node {
+    /// The data path address the node reports (`SHOAL_DATA_PATH_ADDR_LABEL`), when it reports a valid one.
+    pub fn data_path_addr(&self) -> Option<std::net::IpAddr> {
+        let engine = self.description.as_ref()?.engine.as_ref()?;
+        engine.labels.get(SHOAL_DATA_PATH_ADDR_LABEL)?.parse().ok()
+    }
+
+    /// Where the node's overlay (VXLAN) traffic goes: its data path address, else the address its session
+    /// comes from (`NodeStatus.addr`); None when the store knows neither.
+    pub fn underlay_addr(&self) -> Option<std::net::IpAddr> {
+        self.data_path_addr().or_else(|| self.status.as_ref()?.addr.parse().ok())
+    }
+}
+
 impl crate::NetworkAttachment {
     /// The driver of the attachment's network when it is a predefined one (see `Network::predefined_driver`).
     pub fn predefined_driver(&self) -> Option<&str> {

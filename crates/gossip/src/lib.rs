@@ -6,9 +6,9 @@
 //! engines can join and learn of each other, then exchange their overlay peers and service records among
 //! themselves. It passes on the news it hears (new members, network joins and leaves), as every member
 //! must: an engine sends each broadcast to a few random members only. And it publishes the peer records of
-//! tasks on Shoal's own agents, so engines reach them on an overlay. No Rust crate speaks memberlist's own wire format (the `memberlist` crate on crates.io is a
-//! port with a wire format of its own), so `wire` writes it: MessagePack as Go's codec reads it (`rmpv`
-//! reads), AES-GCM (`ring`), LZW (`weezl`).
+//! tasks on Shoal's own agents, so engines reach them on an overlay. No Rust crate speaks memberlist's own wire format
+//! (the `memberlist` crate on crates.io is a port with a wire format of its own), so `wire` writes it: MessagePack as
+//! Go's codec reads it (`rmpv` reads), AES-GCM (`ring`), LZW (`weezl`).
 //!
 //! `wire`: the formats; `member`: the sans-IO member (its table, its answers); `shell`: its UDP socket and TCP
 //! listener. Must not depend on the cluster's state or on other Shoal crates: the keys come in through a

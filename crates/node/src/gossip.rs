@@ -51,7 +51,8 @@ fn peer_entries(store: &MemoryStore) -> shoal_gossip::Entries {
                 .as_ref()
                 .and_then(|d| d.engine.as_ref())
                 .is_some_and(|e| e.labels.contains_key(shoal_api::SHOAL_AGENT_LABEL));
-            let vtep = node.status.as_ref().map(|s| s.addr.clone()).unwrap_or_default();
+            // Where its VXLAN traffic goes: its data path address (`--data-path-addr`), else its session's.
+            let vtep = node.underlay_addr().map(|ip| ip.to_string()).unwrap_or_default();
             if !shoal_agent || vtep.is_empty() {
                 continue;
             }

@@ -645,7 +645,8 @@ fn a_stack_with_two_overlays_a_secret_and_a_host_port_runs_across_two_engines() 
     // on engine b (back only). DNS round robin: the engines' VIPs need IPVS, which these machines lack.
     let dir = tempfile::tempdir().expect("a temporary dir");
     std::fs::write(dir.path().join("token.txt"), "s3cret-token").expect("the secret's file");
-    let web = "mkdir -p /www && cat /run/secrets/token > /www/index.html && trap 'exit 0' TERM; httpd -f -p 80 -h /www & wait";
+    let web = "mkdir -p /www && cat /run/secrets/token > /www/index.html && trap 'exit 0' TERM; \
+               httpd -f -p 80 -h /www & wait";
     let on = |eng: &SecondEngine| format!("node.hostname=={}", eng.hostname());
     let compose = serde_json::json!({
         "version": "3.8",
@@ -654,8 +655,9 @@ fn a_stack_with_two_overlays_a_secret_and_a_host_port_runs_across_two_engines() 
                     "networks": ["front", "back"], "secrets": ["token"],
                     "ports": [{"target": 80, "published": 18080, "protocol": "tcp", "mode": "host"}],
                     "deploy": {"endpoint_mode": "dnsrr", "placement": {"constraints": [on(&a)]}}},
-            "client": {"image": docker_engine::TEST_IMAGE, "entrypoint": ["sh", "-c"], "command": [TALKER.replace('$', "$$")],
-                       "networks": ["front"], "deploy": {"endpoint_mode": "dnsrr", "placement": {"constraints": [on(&b)]}}},
+            "client": {"image": docker_engine::TEST_IMAGE, "entrypoint": ["sh", "-c"],
+                       "command": [TALKER.replace('$', "$$")], "networks": ["front"],
+                       "deploy": {"endpoint_mode": "dnsrr", "placement": {"constraints": [on(&b)]}}},
             "db": {"image": docker_engine::TEST_IMAGE, "entrypoint": ["sh", "-c"], "command": [WEB.replace('$', "$$")],
                    "networks": ["back"], "deploy": {"endpoint_mode": "dnsrr", "placement": {"constraints": [on(&b)]}}},
         },

@@ -54,16 +54,7 @@ fn address_on(t: &Task, network_id: &str) -> Option<String> {
 /// A node's underlay address, when the store knows one: the data path address it reports
 /// (`shoal_api::SHOAL_DATA_PATH_ADDR_LABEL`, from `--data-path-addr`), else the address its session comes from.
 fn node_addr(t: &Tables, node_id: &str) -> Option<String> {
-    let node = t.nodes().get(node_id)?;
-    data_path_addr(node)
-        .or_else(|| node.status.as_ref()?.addr.parse::<std::net::IpAddr>().ok())
-        .map(|ip| ip.to_string())
-}
-
-/// The data path address node `n` reports, when it reports a valid one.
-fn data_path_addr(n: &shoal_api::Node) -> Option<std::net::IpAddr> {
-    let engine = n.description.as_ref()?.engine.as_ref()?;
-    engine.labels.get(shoal_api::SHOAL_DATA_PATH_ADDR_LABEL)?.parse().ok()
+    t.nodes().get(node_id)?.underlay_addr().map(|ip| ip.to_string())
 }
 
 /// The networks a service is attached to, with its aliases on each.
@@ -227,7 +218,7 @@ fn overlapping_node_addrs(t: &Tables, on: &BTreeSet<String>) -> Vec<String> {
         .flat_map(|n| {
             let status = n.status.as_ref().and_then(|s| parse(&s.addr));
             let manager = n.manager_status.as_ref().and_then(|m| parse(&m.addr));
-            [status, manager, data_path_addr(n)].into_iter().flatten()
+            [status, manager, n.data_path_addr()].into_iter().flatten()
         })
         .filter(|ip| !ip.is_unspecified() && subnets.iter().any(|s| s.offset_of(*ip).is_some()))
         .collect();
