@@ -150,6 +150,10 @@ pub const MAX_SECRET_LABEL_BYTES: usize = 64 * 1024;
 /// copy of the node object in the store's watch queue.
 pub const MAX_NODE_LABEL_BYTES: usize = MAX_SECRET_LABEL_BYTES;
 
+/// Most bytes of IPAM options (keys and values) on one network (`docker network create --ipam-opt`; Docker:
+/// none): the same bound as a secret's labels. A network travels in every task attached to it.
+pub const MAX_IPAM_OPTION_BYTES: usize = MAX_SECRET_LABEL_BYTES;
+
 /// Longest node name in a node's spec (a DNS name's 253 characters; Docker: none).
 pub const MAX_NODE_NAME_BYTES: usize = 253;
 

@@ -371,7 +371,7 @@ fn overlay_networks_services_and_published_ports_through_the_docker_cli() {
 }
 
 #[test]
-fn auxiliary_addresses_are_shown_and_never_given_to_a_task() {
+fn auxiliary_addresses_and_ipam_options_are_shown_and_the_addresses_never_given_to_a_task() {
     if no_docker_cli() {
         return;
     }
@@ -399,6 +399,11 @@ fn auxiliary_addresses_are_shown_and_never_given_to_a_task() {
         assert_eq!(r.status, 400, "{:?}", r.body);
         assert!(r.body["message"].as_str().unwrap_or_default().contains(why), "{:?}", r.body);
     }
+    // IPAM options past their bound change nothing either.
+    let big = json!({"Name": "aux", "Driver": "overlay", "IPAM": {"Options": {"k": "v".repeat(70_000)}}});
+    let r = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/networks/create", Some(&big.to_string())).unwrap();
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert!(r.body["message"].as_str().unwrap_or_default().contains("IPAM options are 70001 bytes"), "{:?}", r.body);
     assert!(!docker(&d, &["network", "ls", "--format", "{{.Name}}"]).lines().any(|l| l == "aux"));
 
     // A /29: .1 the gateway, .2 and .4 reserved; three tasks (no VIP in dnsrr mode) get .3, .5 and .6.
@@ -415,10 +420,16 @@ fn auxiliary_addresses_are_shown_and_never_given_to_a_task() {
             "router=10.55.0.2",
             "--aux-address",
             "printer=10.55.0.4",
+            "--ipam-opt",
+            "com.docker.network.ipam.serial=true",
+            "--ipam-opt",
+            "site=lab",
             "aux",
         ],
     );
     let n = inspect(&d, "network", "aux");
+    // IPAM options are kept and shown back, as Docker keeps them.
+    assert_eq!(n["IPAM"]["Options"], json!({"com.docker.network.ipam.serial": "true", "site": "lab"}), "{n}");
     assert_eq!(
         n["IPAM"]["Config"][0]["AuxiliaryAddresses"],
         json!({"printer": "10.55.0.4", "router": "10.55.0.2"}),
@@ -451,6 +462,8 @@ fn auxiliary_addresses_are_shown_and_never_given_to_a_task() {
         .collect();
     got.sort();
     assert_eq!(got, ["10.55.0.3/29", "10.55.0.5/29", "10.55.0.6/29"], "{tasks:?}");
+    let ipam = &tasks[0]["NetworksAttachments"][0]["Network"]["IPAMOptions"]["Driver"];
+    assert_eq!(ipam["Options"]["site"], "lab", "{ipam}");
 }
 
 #[test]

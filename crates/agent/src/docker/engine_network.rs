@@ -43,7 +43,9 @@ impl EngineNetwork {
         let name = spec.annotations.as_ref().map_or(n.id.clone(), |a| a.name.clone());
         let config_from =
             spec.config_from.as_ref().map(|ConfigFrom::Network(from)| ConfigReference { network: Some(from.clone()) });
-        let ipam = spec.ipam.as_ref().filter(|i| !i.configs.is_empty()).map(|i| Ipam {
+        let ipam_options = spec.ipam.as_ref().and_then(|i| i.driver.as_ref()).map(|d| d.options.clone());
+        let ipam_options = ipam_options.filter(|o| !o.is_empty());
+        let ipam = spec.ipam.as_ref().filter(|i| !i.configs.is_empty() || ipam_options.is_some()).map(|i| Ipam {
             driver: Some("default".into()),
             config: Some(
                 i.configs
@@ -55,8 +57,10 @@ impl EngineNetwork {
                         auxiliary_addresses: Some(c.reserved.clone()).filter(|r| !r.is_empty()),
                     })
                     .collect(),
-            ),
-            options: None,
+            )
+            .filter(|c: &Vec<IpamConfig>| !c.is_empty()),
+            // The engine's IPAM driver gets them as Docker's executor gives them.
+            options: ipam_options.clone(),
         });
         // The engine takes no other setting, labels included, beside a config-only network.
         let labels = config_from.is_none().then(|| HashMap::from([(LABEL_SWARM_NETWORK.to_string(), n.id.clone())]));
@@ -170,7 +174,10 @@ mod tests {
                 }),
                 ipam: parent.map(|_| IpamOptions {
                     configs: vec![SwarmIpamConfig { subnet: "192.168.50.0/24".into(), ..Default::default() }],
-                    ..Default::default()
+                    driver: Some(Driver {
+                        name: "default".into(),
+                        options: HashMap::from([("site".to_string(), "lab".to_string())]),
+                    }),
                 }),
                 config_from: config_from.map(|f| ConfigFrom::Network(f.into())),
                 ..Default::default()
@@ -197,6 +204,8 @@ mod tests {
         assert_eq!(n.create.options.as_ref().unwrap()["parent"], "eth9");
         let subnet = n.create.ipam.as_ref().and_then(|i| i.config.as_ref()).map(|c| c[0].subnet.clone());
         assert_eq!(subnet, Some(Some("192.168.50.0/24".into())));
+        let ipam_options = n.create.ipam.as_ref().and_then(|i| i.options.as_ref());
+        assert_eq!(ipam_options.map(|o| o["site"].as_str()), Some("lab"));
         assert_eq!(n.create.config_from, None);
         assert_eq!(n.create.labels.as_ref().unwrap()[LABEL_SWARM_NETWORK], "net1");
     }

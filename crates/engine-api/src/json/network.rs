@@ -39,7 +39,7 @@ pub struct IpamJson {
     pub driver: String,
     /// One config per subnet (Shoal: at most one).
     pub config: Vec<IpamConfigJson>,
-    /// Driver options: refused on create.
+    /// The IPAM driver's options: kept and shown back (the default driver reads none).
     pub options: Option<BTreeMap<String, String>>,
 }
 
@@ -95,6 +95,7 @@ pub struct NetworkJson {
 
 fn ipam_json(i: Option<&IpamOptions>) -> IpamJson {
     let i = i.cloned().unwrap_or_default();
+    let driver_options = i.driver.as_ref().map(|d| d.options.clone().into_iter().collect()).unwrap_or_default();
     IpamJson {
         driver: i.driver.map(|d| d.name).filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into()),
         config: i
@@ -107,8 +108,8 @@ fn ipam_json(i: Option<&IpamOptions>) -> IpamJson {
                 auxiliary_addresses: c.reserved.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             })
             .collect(),
-        // `{}`, as the API document has it (an object, never null).
-        options: Some(BTreeMap::new()),
+        // An object, never null, as the API document has it.
+        options: Some(driver_options),
     }
 }
 
@@ -230,9 +231,6 @@ impl NetworkCreateJson {
             if !(i.driver.is_empty() || i.driver == "default") {
                 return Err(ConvertError(format!("IPAM.Driver {:?} is not supported: use the default IPAM", i.driver)));
             }
-            if i.options.as_ref().is_some_and(|o| !o.is_empty()) {
-                return Err(ConvertError("IPAM.Options are not supported yet; leave them out".into()));
-            }
             if i.config.len() > 1 {
                 return Err(ConvertError(format!(
                     "IPAM.Config has {} entries: Shoal networks have one subnet",
@@ -240,7 +238,11 @@ impl NetworkCreateJson {
                 )));
             }
             ipam = Some(IpamOptions {
-                driver: Some(Driver { name: "default".into(), ..Default::default() }),
+                // The default IPAM's options are kept and shown back, as Docker keeps them (it reads none).
+                driver: Some(Driver {
+                    name: "default".into(),
+                    options: i.options.as_ref().map(labels_from_json).unwrap_or_default(),
+                }),
                 configs: i
                     .config
                     .iter()
@@ -394,7 +396,7 @@ impl NetworkAttachmentStatusJson {
                 },
                 driver_state: driver_json(n.driver_state.as_ref()),
                 ipam_options: SwarmIpamJson {
-                    driver: DriverStateJson { name: ipam.driver, options: BTreeMap::new() },
+                    driver: DriverStateJson { name: ipam.driver, options: ipam.options.unwrap_or_default() },
                     configs: ipam.config,
                 },
             },

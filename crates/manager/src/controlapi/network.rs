@@ -24,6 +24,7 @@ use shoal_store::{Changes, StoreObject, Tables};
 
 use super::{labels_match, resolve, ControlError};
 use crate::allocator::ipam::{choose_subnet, DEFAULT_ADDRESS_POOL, DEFAULT_SUBNET_SIZE, MAX_RANGE_ADDRESSES};
+use crate::limits::MAX_IPAM_OPTION_BYTES;
 use crate::state::ClusterState;
 
 /// The name of the predefined routing-mesh network.
@@ -249,6 +250,8 @@ fn built(
         ..Default::default()
     };
     config.set_family(if subnet.is_v6() { ipam_config::AddressFamily::Ipv6 } else { ipam_config::AddressFamily::Ipv4 });
+    let ipam_options =
+        spec.ipam.as_ref().and_then(|i| i.driver.as_ref()).map(|d| d.options.clone()).unwrap_or_default();
     let mut driver_options = HashMap::from([(VXLAN_ID_OPTION.to_string(), vxlan_id.to_string())]);
     // The driver's state repeats `encrypted`, so `docker network inspect` shows it among the options.
     if let Some(v) = spec.driver_config.as_ref().and_then(|d| d.options.get(shoal_api::ENCRYPTED_OPTION)) {
@@ -260,7 +263,7 @@ fn built(
         spec: Some(spec),
         driver_state: Some(Driver { name: OVERLAY_DRIVER.into(), options: driver_options }),
         ipam: Some(IpamOptions {
-            driver: Some(Driver { name: "default".into(), ..Default::default() }),
+            driver: Some(Driver { name: "default".into(), options: ipam_options }),
             configs: vec![config],
         }),
         pending_delete: false,
@@ -336,8 +339,14 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
         if !(d.name.is_empty() || d.name == "default") {
             return Err(invalid(format!("IPAM driver {:?} is not supported: Shoal's IPAM is the default one", d.name)));
         }
-        if !d.options.is_empty() {
-            return Err(invalid("IPAM driver options are not supported; leave them out"));
+        // Kept with the network and shown back, as Docker keeps them: its default IPAM reads none of them
+        // (swarm's one, `com.docker.network.ipam.serial`, is how Shoal always allocates). Bounded as labels are.
+        let bytes: usize = d.options.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if bytes > MAX_IPAM_OPTION_BYTES {
+            return Err(invalid(format!(
+                "IPAM options are {bytes} bytes, over the limit of {MAX_IPAM_OPTION_BYTES} bytes; give fewer or \
+                 shorter ones"
+            )));
         }
     }
     let Some(c) = ipam.configs.first() else { return Ok(None) };
@@ -521,12 +530,15 @@ fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), Cont
     }
     if let Some(shoal_api::network_spec::ConfigFrom::Network(from)) = &spec.config_from {
         validate_network_name(from)?;
-        let configured =
-            options.is_some_and(|o| !o.is_empty()) || spec.ipam.as_ref().is_some_and(|i| !i.configs.is_empty());
+        let configured = options.is_some_and(|o| !o.is_empty())
+            || spec
+                .ipam
+                .as_ref()
+                .is_some_and(|i| !i.configs.is_empty() || i.driver.as_ref().is_some_and(|d| !d.options.is_empty()));
         if configured {
             return Err(invalid(format!(
                 "network {from:?} given with --config-from holds the settings: leave out --opt, --subnet, --ip-range, \
-                 --gateway and --aux-address"
+                 --gateway, --aux-address and --ipam-opt"
             )));
         }
     }
