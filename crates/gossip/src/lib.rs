@@ -6,7 +6,8 @@
 //! engines can join and learn of each other, then exchange their overlay peers and service records among
 //! themselves. It passes on the news it hears (new members, network joins and leaves), as every member
 //! must: an engine sends each broadcast to a few random members only. And it publishes the peer records of
-//! tasks on Shoal's own agents, so engines reach them on an overlay. No Rust crate speaks memberlist's own wire format
+//! tasks on Shoal's own agents, so engines reach them on an overlay, and their endpoint records, so the
+//! engines' DNS answers their names. No Rust crate speaks memberlist's own wire format
 //! (the `memberlist` crate on crates.io is a port with a wire format of its own), so `wire` writes it: MessagePack as
 //! Go's codec reads it (`rmpv` reads), AES-GCM (`ring`), LZW (`weezl`).
 //!
@@ -18,7 +19,10 @@ pub mod member;
 pub mod shell;
 pub mod wire;
 
-pub use member::{peer_record, Entries, Event, Member, Peer, State, PEER_TABLE};
+pub use member::{
+    endpoint_record, peer_record, Endpoint, Entries, Event, IngressPort, Member, Peer, State, ENDPOINT_TABLE,
+    PEER_TABLE,
+};
 pub use shell::{serve, GossipHandle, GOSSIP_PORT};
 
 /// What went wrong with a message.

@@ -221,6 +221,87 @@ pub fn peer_record(endpoint_ip: &str, endpoint_mac: &str, tunnel_endpoint_ip: &s
     .encode_to_vec()
 }
 
+/// libnetwork's table of service endpoints, which an engine's embedded DNS (`<service>`,
+/// `tasks.<service>`, the task's name) and its load balancer answer from (`endpoint_record`).
+pub const ENDPOINT_TABLE: &str = "endpoint_table";
+
+/// libnetwork's `EndpointRecord` (agent.proto).
+#[derive(Clone, PartialEq, Message)]
+struct EndpointRecord {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(string, tag = "2")]
+    service_name: String,
+    #[prost(string, tag = "3")]
+    service_id: String,
+    #[prost(string, tag = "4")]
+    virtual_ip: String,
+    #[prost(string, tag = "5")]
+    endpoint_ip: String,
+    #[prost(message, repeated, tag = "6")]
+    ingress_ports: Vec<IngressPort>,
+    #[prost(string, repeated, tag = "7")]
+    aliases: Vec<String>,
+    #[prost(string, repeated, tag = "8")]
+    task_aliases: Vec<String>,
+    #[prost(bool, tag = "9")]
+    service_disabled: bool,
+}
+
+/// libnetwork's `PortConfig` (agent.proto): a port the routing mesh publishes.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct IngressPort {
+    /// The port's name.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// TCP 0, UDP 1, SCTP 2.
+    #[prost(int32, tag = "2")]
+    pub protocol: i32,
+    /// The task's port.
+    #[prost(uint32, tag = "3")]
+    pub target_port: u32,
+    /// The port on every node.
+    #[prost(uint32, tag = "4")]
+    pub published_port: u32,
+}
+
+/// A service task's endpoint on a network, as an `ENDPOINT_TABLE` value.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The task's (container's) name, `<service>.<slot>.<task id>`.
+    pub name: String,
+    /// Its service's name and ID.
+    pub service_name: String,
+    /// See `service_name`.
+    pub service_id: String,
+    /// The service's virtual IP on the network, without prefix (empty in DNS round-robin mode).
+    pub virtual_ip: String,
+    /// The task's address on the network, without prefix.
+    pub endpoint_ip: String,
+    /// The service's routing-mesh ports (on the ingress network only).
+    pub ingress_ports: Vec<IngressPort>,
+    /// The service's aliases on the network.
+    pub aliases: Vec<String>,
+    /// The task's own aliases on the network.
+    pub task_aliases: Vec<String>,
+}
+
+/// An `ENDPOINT_TABLE` value for `e`.
+pub fn endpoint_record(e: &Endpoint) -> Vec<u8> {
+    EndpointRecord {
+        name: e.name.clone(),
+        service_name: e.service_name.clone(),
+        service_id: e.service_id.clone(),
+        virtual_ip: e.virtual_ip.clone(),
+        endpoint_ip: e.endpoint_ip.clone(),
+        ingress_ports: e.ingress_ports.clone(),
+        aliases: e.aliases.clone(),
+        task_aliases: e.task_aliases.clone(),
+        service_disabled: false,
+    }
+    .encode_to_vec()
+}
+
 /// The network database's message types this member reads.
 const NETWORKDB_NETWORK_EVENT: i32 = 1;
 const NETWORKDB_TABLE_EVENT: i32 = 2;

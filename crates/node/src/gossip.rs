@@ -1,8 +1,8 @@
 //! The manager's member of Docker's overlay gossip (`shoal_gossip`), served on the manager's advertised
 //! address, port 7946, with the cluster's `networking:gossip` keys as the key manager rotates them: Docker
 //! Engine workers join it through the managers' addresses and find each other there (docs/engine-worker.md).
-//! It publishes the peer records of tasks on Shoal's own agents (`peer_entries`, from the store), so the
-//! engines reach those tasks on an overlay.
+//! It publishes the peer and endpoint records of tasks on Shoal's own agents (`peer_entries`, from the
+//! store), so the engines reach those tasks on an overlay and their DNS answers the tasks' names.
 //! A port already taken (a Docker manager on the same address, another Shoal manager on 127.0.0.1) is
 //! logged and leaves the rest of the node running.
 
@@ -33,18 +33,20 @@ fn gossip_keys(store: &MemoryStore) -> Vec<Vec<u8>> {
     keys.into_iter().map(|k| k.key).collect()
 }
 
-/// What the member publishes for Shoal's own agents, so that engines reach their tasks: a
-/// `shoal_gossip::PEER_TABLE` entry for each address a task on a Shoal agent holds on an overlay network
-/// (from ASSIGNED to RUNNING), keyed by the task's ID, behind its node's underlay address. The MAC is Shoal's
-/// data plane's (`02:42` and the IPv4 address, as the engines' overlay driver makes them too).
+/// What the member publishes for Shoal's own agents, so that engines reach their tasks and find them by
+/// name. For each address a task on a Shoal agent holds on an overlay network, keyed by the task's ID:
+/// - from ASSIGNED to RUNNING, a `shoal_gossip::PEER_TABLE` entry: the address behind its node's underlay
+///   address, with the MAC of Shoal's data plane (`02:42` and the IPv4 address, as the engines' overlay
+///   driver makes them too);
+/// - while RUNNING, a `shoal_gossip::ENDPOINT_TABLE` entry: its name, its service's name, ID, virtual IP on
+///   that network and aliases there, and on the ingress network the service's routing-mesh ports, which an
+///   engine's DNS answers `<task name>`, `<service>` and `tasks.<service>` from.
 fn peer_entries(store: &MemoryStore) -> shoal_gossip::Entries {
     store.view(|t| {
         let mut out = shoal_gossip::Entries::new();
         let live = TaskState::Assigned as i32..=TaskState::Running as i32;
         for task in t.tasks().iter() {
-            if !task.status.as_ref().is_some_and(|s| live.contains(&s.state)) {
-                continue;
-            }
+            let Some(state) = task.status.as_ref().map(|s| s.state).filter(|s| live.contains(s)) else { continue };
             let Some(node) = t.nodes().get(&task.node_id) else { continue };
             let shoal_agent = node
                 .description
@@ -56,6 +58,7 @@ fn peer_entries(store: &MemoryStore) -> shoal_gossip::Entries {
             if !shoal_agent || vtep.is_empty() {
                 continue;
             }
+            let service = t.services().get(&task.service_id).map(|s| &**s);
             for a in &task.networks {
                 let Some(n) = &a.network else { continue };
                 if n.driver_state.as_ref().is_none_or(|d| d.name != "overlay") {
@@ -69,11 +72,56 @@ fn peer_entries(store: &MemoryStore) -> shoal_gossip::Entries {
                     let mac = format!("02:42:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3]);
                     let value = shoal_gossip::peer_record(addr, &mac, &vtep);
                     out.insert((n.id.clone(), shoal_gossip::PEER_TABLE.to_string(), task.id.clone()), value);
+                    if state == TaskState::Running as i32 && !task.service_id.is_empty() {
+                        let e = endpoint(task, service, n, a, ip);
+                        let key = (n.id.clone(), shoal_gossip::ENDPOINT_TABLE.to_string(), task.id.clone());
+                        out.insert(key, shoal_gossip::endpoint_record(&e));
+                    }
                 }
             }
         }
         out
     })
+}
+
+/// A running service task's endpoint on network `n` (its attachment `a`, its address `ip` there), as
+/// Docker's executor describes its container's to libnetwork.
+fn endpoint(
+    task: &shoal_api::Task,
+    service: Option<&shoal_api::Service>,
+    n: &shoal_api::Network,
+    a: &shoal_api::NetworkAttachment,
+    ip: std::net::Ipv4Addr,
+) -> shoal_gossip::Endpoint {
+    let service_endpoint = service.and_then(|s| s.endpoint.as_ref());
+    let virtual_ip = service_endpoint
+        .into_iter()
+        .flat_map(|e| e.virtual_ips.iter())
+        .find(|v| v.network_id == n.id)
+        .map(|v| v.addr.split('/').next().unwrap_or_default().to_string())
+        .unwrap_or_default();
+    let ingress = n.spec.as_ref().is_some_and(|s| s.ingress);
+    let ingress_ports = service_endpoint
+        .into_iter()
+        .flat_map(|e| e.ports.iter())
+        .filter(|p| ingress && p.publish_mode == shoal_api::port_config::PublishMode::Ingress as i32)
+        .map(|p| shoal_gossip::IngressPort {
+            name: p.name.clone(),
+            protocol: p.protocol,
+            target_port: p.target_port,
+            published_port: p.published_port,
+        })
+        .collect();
+    shoal_gossip::Endpoint {
+        name: shoal_agent::naming::task_name(task),
+        service_name: shoal_agent::naming::service_name(task),
+        service_id: task.service_id.clone(),
+        virtual_ip,
+        endpoint_ip: ip.to_string(),
+        ingress_ports,
+        aliases: a.aliases.clone(),
+        task_aliases: Vec::new(),
+    }
 }
 
 /// Serves the member named `name` on `addr` until `stop`.
@@ -106,7 +154,7 @@ pub(crate) async fn run(
             r = events.recv() => match r {
                 Ok(commit)
                     if !commit.changes.iter().any(|c| {
-                        matches!(c.object, Object::Cluster(_) | Object::Task(_) | Object::Node(_))
+                        matches!(c.object, Object::Cluster(_) | Object::Task(_) | Object::Node(_) | Object::Service(_))
                     }) =>
                 {
                     continue
@@ -131,7 +179,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_tasks_on_shoal_agents_get_peer_records_while_they_hold_their_addresses() {
+    fn only_tasks_on_shoal_agents_get_peer_records_while_they_hold_their_addresses_and_names_while_they_run() {
         use shoal_api::{Driver, EngineDescription, Network, NetworkAttachment, Node, NodeDescription, NodeStatus};
         let node = |id: &str, addr: &str, shoal: bool| Node {
             id: id.into(),
@@ -167,16 +215,50 @@ mod tests {
         };
         let store = MemoryStore::default();
         let mut c = Changes::new();
+        let mut t1 = task("t1", "shoal-node", TaskState::Running, vec![on("overlay", "n1", "10.0.1.6/24")]);
+        (t1.service_id, t1.slot) = ("s1".into(), 1);
+        t1.service_annotations = Some(shoal_api::Annotations { name: "web".into(), ..Default::default() }.into());
+        t1.networks[0].aliases = vec!["www".into()];
+        let mut starting = task("t5", "shoal-node", TaskState::Starting, vec![on("overlay", "n1", "10.0.1.8/24")]);
+        starting.service_id = "s1".into();
+        c.create(shoal_api::Service {
+            id: "s1".into(),
+            endpoint: Some(shoal_api::Endpoint {
+                virtual_ips: vec![shoal_api::endpoint::VirtualIp {
+                    network_id: "n1".into(),
+                    addr: "10.0.1.2/24".into(),
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        c.create(t1);
+        c.create(starting);
         c.create(node("shoal-node", "10.79.1.2", true));
         c.create(node("engine-node", "10.79.2.2", false));
-        c.create(task("t1", "shoal-node", TaskState::Running, vec![on("overlay", "n1", "10.0.1.6/24")]));
         c.create(task("t2", "engine-node", TaskState::Running, vec![on("overlay", "n1", "10.0.1.3/24")]));
         c.create(task("t3", "shoal-node", TaskState::Complete, vec![on("overlay", "n1", "10.0.1.7/24")]));
         c.create(task("t4", "shoal-node", TaskState::Running, vec![on("bridge", "b", "172.17.0.2/16")]));
         store.apply(1, c.actions()).unwrap();
-        let want = shoal_gossip::peer_record("10.0.1.6/24", "02:42:0a:00:01:06", "10.79.1.2");
-        let key = ("n1".to_string(), shoal_gossip::PEER_TABLE.to_string(), "t1".to_string());
-        assert_eq!(peer_entries(&store), [(key, want)].into());
+        let key = |table: &str, task: &str| ("n1".to_string(), table.to_string(), task.to_string());
+        let peer = shoal_gossip::peer_record("10.0.1.6/24", "02:42:0a:00:01:06", "10.79.1.2");
+        // A starting task is reached already, and named once it runs.
+        let starting = shoal_gossip::peer_record("10.0.1.8/24", "02:42:0a:00:01:08", "10.79.1.2");
+        let endpoint = shoal_gossip::endpoint_record(&shoal_gossip::Endpoint {
+            name: "web.1.t1".into(),
+            service_name: "web".into(),
+            service_id: "s1".into(),
+            virtual_ip: "10.0.1.2".into(),
+            endpoint_ip: "10.0.1.6".into(),
+            aliases: vec!["www".into()],
+            ..Default::default()
+        });
+        let want = [
+            (key(shoal_gossip::ENDPOINT_TABLE, "t1"), endpoint),
+            (key(shoal_gossip::PEER_TABLE, "t1"), peer),
+            (key(shoal_gossip::PEER_TABLE, "t5"), starting),
+        ];
+        assert_eq!(peer_entries(&store), want.into());
     }
 
     #[test]

@@ -815,8 +815,35 @@ fn a_shoal_task_and_an_engine_task_on_one_overlay_reach_each_other() {
             Err(format!("{}{}", page, String::from_utf8_lossy(&out.stderr)))
         }
     });
+    // And by name: the engine's DNS answers the Shoal task's name, `tasks.<service>` and the service's VIP
+    // from the endpoint record the member publishes for the running task.
+    let vip = d.get("/v1.47/services/shoalweb")["Endpoint"]["VirtualIPs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["NetworkID"] == net.as_str())
+        .and_then(|v| v["Addr"].as_str())
+        .map(|a| a.split('/').next().unwrap_or_default().to_string())
+        .unwrap_or_default();
+    let task_name = format!("shoalweb.{}.{}", shoal_task["Slot"], shoal_task["ID"].as_str().unwrap_or_default());
+    let by_name = shoal_testkit::wait::poll_until(Duration::from_secs(60), poll, || {
+        let out = eng.docker(&["exec", &on_engine, "timeout", "5", "wget", "-q", "-O", "-", "http://tasks.shoalweb/"]);
+        let page = String::from_utf8_lossy(&out.stdout);
+        if !(out.status.success() && page.trim() == shoal_ip) {
+            return Err(format!("tasks.shoalweb: {}{}", page, String::from_utf8_lossy(&out.stderr)));
+        }
+        for (name, want) in [(task_name.as_str(), shoal_ip.as_str()), ("shoalweb", vip.as_str())] {
+            let answers = nslookup(&eng, &on_engine, name);
+            if answers != [want] {
+                return Err(format!("{name}: want {want}, got {answers:?}"));
+            }
+        }
+        Ok(())
+    });
     shoal(&d, &["service", "rm", "engweb", "shoalweb"]);
     wait_engine_empty(&eng, &d, "engweb", true);
     assert!(shoal_to_engine.is_ok(), "Shoal to engine: {shoal_to_engine:?}");
     assert!(engine_to_shoal.is_ok(), "engine to Shoal: {engine_to_shoal:?}");
+    assert!(!vip.is_empty(), "shoalweb has no VIP on {net}");
+    assert!(by_name.is_ok(), "engine to Shoal by name: {by_name:?}");
 }
