@@ -36,6 +36,8 @@ pub const DEAD_KEPT_MS: u64 = 60_000;
 pub const MAX_NETWORK_ENTRIES: usize = 16_384;
 /// Most packets waiting to be relayed between two `take_relays` (past this, news is not passed on).
 pub const MAX_RELAYS: usize = 4_096;
+/// Most answers to bulk syncs waiting for their connection (an engine asks every 30 s per network).
+pub const MAX_STREAMS_OUT: usize = 64;
 /// The protocol versions this member speaks (memberlist's `Vsn`: protocol min, max, current; delegate min,
 /// max, current), as libnetwork's memberlist announces them.
 pub const VERSIONS: [u8; 6] = [1, 5, 2, 0, 0, 0];
@@ -186,6 +188,36 @@ struct TableEvent {
     residual_reap_time: i32,
 }
 
+/// libnetwork's `BulkSyncMessage`: every entry its sender holds in `networks` (`payload`, a compound of
+/// table events); `unsolicited` when it asks for the receiver's in return.
+#[derive(Clone, PartialEq, Message)]
+struct BulkSyncMessage {
+    #[prost(uint64, tag = "1")]
+    l_time: u64,
+    #[prost(bool, tag = "2")]
+    unsolicited: bool,
+    #[prost(string, tag = "3")]
+    node_name: String,
+    #[prost(string, repeated, tag = "4")]
+    networks: Vec<String>,
+    #[prost(bytes = "vec", tag = "5")]
+    payload: Vec<u8>,
+}
+
+/// libnetwork's `CompoundMessage`: several of its messages in one.
+#[derive(Clone, PartialEq, Message)]
+struct CompoundMessage {
+    #[prost(message, repeated, tag = "1")]
+    messages: Vec<SimpleMessage>,
+}
+
+/// One message of a `CompoundMessage`.
+#[derive(Clone, PartialEq, Message)]
+struct SimpleMessage {
+    #[prost(bytes = "vec", tag = "1")]
+    payload: Vec<u8>,
+}
+
 /// A `TableEvent`'s kinds.
 const TABLE_CREATE: i32 = 1;
 const TABLE_UPDATE: i32 = 2;
@@ -306,6 +338,8 @@ pub fn endpoint_record(e: &Endpoint) -> Vec<u8> {
 const NETWORKDB_NETWORK_EVENT: i32 = 1;
 const NETWORKDB_TABLE_EVENT: i32 = 2;
 const NETWORKDB_PUSH_PULL: i32 = 3;
+const NETWORKDB_BULK_SYNC: i32 = 4;
+const NETWORKDB_COMPOUND: i32 = 5;
 /// A `NetworkEvent`'s kinds.
 const NETWORK_JOIN: i32 = 1;
 const NETWORK_LEAVE: i32 = 2;
@@ -338,6 +372,9 @@ pub struct Member {
     joined: BTreeMap<String, u64>,
     /// This member's Lamport clock for what it publishes.
     clock: u64,
+    /// Plain stream messages to send on a connection of their own: (destination, message). Answers to
+    /// bulk syncs, at most `MAX_STREAMS_OUT`.
+    streams: Vec<(SocketAddr, Vec<u8>)>,
 }
 
 /// Packets to send: (destination, bytes).
@@ -358,6 +395,7 @@ impl Member {
             published: BTreeMap::new(),
             joined: BTreeMap::new(),
             clock: 0,
+            streams: Vec::new(),
         }
     }
 
@@ -386,6 +424,58 @@ impl Member {
         let relays = std::mem::take(&mut self.relays);
         let key = self.primary_key()?.to_vec();
         relays.into_iter().map(|(to, msg)| Ok((to, wire::seal(&key, nonce(), b"", &msg)?))).collect()
+    }
+
+    /// Takes the stream messages to send, each on a connection of its own, sealed with the primary key.
+    pub fn take_streams(&mut self, nonce: &mut dyn FnMut() -> [u8; NONCE_BYTES]) -> Result<Outgoing, GossipError> {
+        let streams = std::mem::take(&mut self.streams);
+        let key = self.primary_key()?.to_vec();
+        streams.into_iter().map(|(to, msg)| Ok((to, wire::seal_stream(&key, nonce(), &msg)?))).collect()
+    }
+
+    /// A user message that came on a stream: the network database's bulk sync. An unsolicited one (an
+    /// engine's periodic or joining sync with this member) is answered as libnetwork answers it, with this
+    /// member's entries in the networks it names, on a new stream to its sender; the engine waits 30 s
+    /// for that answer, and logs the sync as timed out without it. The entries it sends are not kept: this
+    /// member keeps no tables but its own.
+    fn stream_user_message(&mut self, user: &[u8]) {
+        let Ok(g) = GossipMessage::decode(user) else { return };
+        if g.kind != NETWORKDB_BULK_SYNC {
+            return;
+        }
+        let Ok(asked) = BulkSyncMessage::decode(g.data.as_slice()) else { return };
+        if !asked.unsolicited || self.streams.len() >= MAX_STREAMS_OUT {
+            return;
+        }
+        let Some(to) = self.peers.get(&asked.node_name).filter(|p| p.state == State::Alive).map(|p| p.addr) else {
+            return;
+        };
+        // Its table clock is witnessed, so what this member publishes next is newer than what it has seen.
+        self.clock = self.clock.max(asked.l_time);
+        let mut messages = Vec::new();
+        for network in &asked.networks {
+            let from = (network.clone(), String::new(), String::new());
+            for (k, (t, v)) in self.published.range(from..).take_while(|(k, _)| &k.0 == network) {
+                // The database's message, without memberlist's user-message type in front.
+                let event = self.table_event(k, TABLE_CREATE, *t, v);
+                messages.push(SimpleMessage { payload: event[1..].to_vec() });
+            }
+        }
+        let payload = GossipMessage { kind: NETWORKDB_COMPOUND, data: CompoundMessage { messages }.encode_to_vec() }
+            .encode_to_vec();
+        let answer = BulkSyncMessage {
+            l_time: self.clock,
+            unsolicited: false,
+            node_name: self.name.clone(),
+            networks: asked.networks,
+            payload,
+        };
+        let body = GossipMessage { kind: NETWORKDB_BULK_SYNC, data: answer.encode_to_vec() }.encode_to_vec();
+        let mut w = Writer::with_type(kind::USER);
+        w.map(1).key("UserMsgLen").uint(body.len() as u64);
+        let mut msg = w.out;
+        msg.extend_from_slice(&body);
+        self.streams.push((to, msg));
     }
 
     /// Queues `msg` for every live member but `about` (the news's subject) and `from` (who told it).
@@ -753,7 +843,15 @@ impl Member {
                 let v = wire::read_value(&mut body)?;
                 ack(wire::field_u64(&v, "SeqNo"))
             }
-            // A user message (the network database's bulk sync) needs no answer.
+            // A user message (the network database's bulk sync) is answered on a stream of its own.
+            kind::USER => {
+                let header = wire::read_value(&mut body)?;
+                let len = usize::try_from(wire::field_u64(&header, "UserMsgLen")).unwrap_or(usize::MAX);
+                if let Some(user) = body.get(..len) {
+                    self.stream_user_message(user);
+                }
+                return Ok(None);
+            }
             _ => return Ok(None),
         };
         Ok(Some(wire::seal_stream(self.primary_key()?, nonce, &reply)?))
@@ -842,7 +940,7 @@ fn ack(seq: u64) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const KEY: [u8; 16] = [5; 16];
@@ -1029,6 +1127,90 @@ mod tests {
         m.publish(Entries::new(), 100);
         let left: Vec<_> = published(&mut m).into_iter().filter(|(to, _)| *to == a).collect();
         assert_eq!(left, [(a, s("DELETE net1 t2")), (a, s("LEAVE net1"))]);
+    }
+
+    /// The database's bulk sync message as an engine sends it: `node`'s entries in `networks` (none here).
+    pub(crate) fn bulk_sync_of(node: &str, networks: &[&str], unsolicited: bool) -> Vec<u8> {
+        let bsm = BulkSyncMessage {
+            l_time: 500,
+            unsolicited,
+            node_name: node.into(),
+            networks: networks.iter().map(|n| n.to_string()).collect(),
+            payload: GossipMessage { kind: NETWORKDB_COMPOUND, data: vec![] }.encode_to_vec(),
+        };
+        GossipMessage { kind: NETWORKDB_BULK_SYNC, data: bsm.encode_to_vec() }.encode_to_vec()
+    }
+
+    /// An unsolicited `bulk_sync_of`.
+    pub(crate) fn bulk_sync(node: &str, networks: &[&str]) -> Vec<u8> {
+        bulk_sync_of(node, networks, true)
+    }
+
+    /// A bulk sync as an engine sends it on a stream.
+    fn bulk_sync_frame(node: &str, networks: &[&str], unsolicited: bool) -> Vec<u8> {
+        let body = bulk_sync_of(node, networks, unsolicited);
+        let mut w = Writer::with_type(kind::USER);
+        w.map(1).key("UserMsgLen").uint(body.len() as u64);
+        w.out.extend_from_slice(&body);
+        wire::seal_stream(&KEY, nonce(), &w.out).unwrap()
+    }
+
+    /// A table event a bulk sync carries: (network, key, Lamport time, kind).
+    pub(crate) type SyncedEvent = (String, String, u64, i32);
+
+    /// A bulk sync answer as its receiver reads it: (its sender, networks, the table events it carries as
+    /// (network, key, Lamport time, kind)), checking that it is a solicited one.
+    pub(crate) fn read_bulk_sync_answer(frame: &[u8], key: &[u8]) -> (String, Vec<String>, Vec<SyncedEvent>) {
+        let plain = wire::open_stream(&[key.to_vec()], frame).unwrap();
+        assert_eq!(plain[0], kind::USER);
+        let mut body = &plain[1..];
+        let len = wire::field_u64(&wire::read_value(&mut body).unwrap(), "UserMsgLen") as usize;
+        assert_eq!(body.len(), len);
+        let g = GossipMessage::decode(body).unwrap();
+        assert_eq!(g.kind, NETWORKDB_BULK_SYNC);
+        let bsm = BulkSyncMessage::decode(g.data.as_slice()).unwrap();
+        assert!(!bsm.unsolicited);
+        let c = GossipMessage::decode(bsm.payload.as_slice()).unwrap();
+        assert_eq!(c.kind, NETWORKDB_COMPOUND);
+        let events = CompoundMessage::decode(c.data.as_slice())
+            .unwrap()
+            .messages
+            .into_iter()
+            .map(|m| {
+                let g = GossipMessage::decode(m.payload.as_slice()).unwrap();
+                assert_eq!(g.kind, NETWORKDB_TABLE_EVENT);
+                let e = TableEvent::decode(g.data.as_slice()).unwrap();
+                assert_eq!(e.node_name, bsm.node_name);
+                (e.network_id, e.key, e.l_time, e.kind)
+            })
+            .collect();
+        (bsm.node_name, bsm.networks, events)
+    }
+
+    #[test]
+    fn an_engines_bulk_sync_is_answered_on_a_stream_of_its_own_with_the_entries_of_its_networks() {
+        let mut m = member();
+        m.on_stream(&join_frame("engine-a", [10, 0, 0, 2]), 0, nonce()).unwrap();
+        let entry = |net: &str, k: &str| ((net.to_string(), PEER_TABLE.to_string(), k.to_string()), b"r".to_vec());
+        m.publish([entry("net1", "t1"), entry("net1", "t2"), entry("net2", "t3")].into(), 100);
+        relays(&mut m);
+        // No answer on the engine's own stream: a new one to its address.
+        assert_eq!(m.on_stream(&bulk_sync_frame("engine-a", &["net1"], true), 1, nonce()).unwrap(), None);
+        let out = m.take_streams(&mut nonce).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, A.parse::<SocketAddr>().unwrap());
+        let (from, networks, events) = read_bulk_sync_answer(&out[0].1, &KEY);
+        assert_eq!((from.as_str(), networks), ("shoal-1", vec!["net1".to_string()]));
+        let keys: Vec<_> = events.iter().map(|(n, k, _, kind)| (n.as_str(), k.as_str(), *kind)).collect();
+        assert_eq!(keys, [("net1", "t1", TABLE_CREATE), ("net1", "t2", TABLE_CREATE)]);
+        // The engine's clock (500) is witnessed: what the member publishes next is newer.
+        m.publish([entry("net1", "t1")].into(), 100);
+        let later = m.published.values().map(|(t, _)| *t).max().unwrap();
+        assert!(m.clock > 500 && later <= m.clock, "{} {later}", m.clock);
+        // An answer to the member's own sync (solicited), and a sync from an unknown node: nothing to send.
+        m.on_stream(&bulk_sync_frame("engine-a", &["net1"], false), 2, nonce()).unwrap();
+        m.on_stream(&bulk_sync_frame("engine-z", &["net1"], true), 2, nonce()).unwrap();
+        assert!(m.take_streams(&mut nonce).unwrap().is_empty());
     }
 
     #[test]

@@ -80,6 +80,8 @@ pub async fn serve(
     let udp = Arc::new(UdpSocket::bind(addr).await?);
     let mut m = Member::new(name, addr);
     m.set_keys(keys.borrow_and_update().clone());
+    // The entries held at the start are published as the first change (a restarted manager's included).
+    entries.mark_changed();
     let member = Arc::new(Mutex::new(m));
     let shared = member.clone();
     let task = tokio::spawn(async move {
@@ -183,19 +185,32 @@ async fn stream(
     let mut frame = head.to_vec();
     frame.resize(5 + len as usize, 0);
     conn.read_exact(&mut frame[5..]).await?;
-    let (reply, relays) = {
+    let (reply, relays, streams) = {
         let mut m = member.lock().unwrap_or_else(PoisonError::into_inner);
         let reply = m.on_stream(&frame, now_ms, nonce);
         log_events(&mut m);
         let rng = SystemRandom::new();
-        (reply, m.take_relays(&mut || self::nonce(&rng)))
+        (reply, m.take_relays(&mut || self::nonce(&rng)), m.take_streams(&mut || self::nonce(&rng)))
     };
     send_all(udp, relays.unwrap_or_default()).await;
-    match reply {
+    let answered = match reply {
         Ok(Some(bytes)) => conn.write_all(&bytes).await,
         Ok(None) => Ok(()),
         Err(e) => Err(std::io::Error::other(e.to_string())),
+    };
+    drop(conn);
+    // Answers that go on a connection of their own (bulk syncs), within the caller's stream timeout.
+    for (to, bytes) in streams.unwrap_or_default() {
+        let sent = async {
+            let mut c = TcpStream::connect(to).await?;
+            c.write_all(&bytes).await?;
+            c.shutdown().await
+        };
+        if let Err(e) = sent.await {
+            tracing::debug!(%to, "gossip: bulk sync answer not sent: {e}");
+        }
     }
+    answered
 }
 
 #[cfg(test)]
@@ -221,6 +236,40 @@ mod tests {
             return None;
         }
         Some(wire::open_stream(&[key.to_vec()], &reply).unwrap())
+    }
+
+    /// An engine's periodic bulk sync: the member answers on a connection of its own to the engine's
+    /// gossip port, with the entries it publishes in the networks the engine named.
+    #[tokio::test]
+    async fn a_bulk_sync_is_answered_on_a_connection_to_the_engine() {
+        let key = vec![7u8; 16];
+        let engine = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = engine.local_addr().unwrap().port();
+        let entries = Entries::from([(("net1".into(), crate::PEER_TABLE.into(), "t1".into()), b"r1".to_vec())]);
+        let (_entries, entries_rx) = watch::channel(entries);
+        let (_keys, keys_rx) = watch::channel(vec![key.clone()]);
+        let h = serve("shoal-m".into(), "127.0.0.1:0".parse().unwrap(), keys_rx, entries_rx).await.unwrap();
+        // The engine joins (its push-pull names its gossip port), then asks for a bulk sync of net1.
+        let mut w = Writer::with_type(kind::PUSH_PULL);
+        w.map(3).key("Nodes").uint(1).key("UserStateLen").uint(0).key("Join").bool(true);
+        w.map(7).key("Name").raw(b"engine-a").key("Addr").raw(&[127, 0, 0, 1]).key("Port").uint(u64::from(port));
+        w.key("Meta").raw(&[]).key("Incarnation").uint(1).key("State").uint(0).key("Vsn").raw(&[1, 5, 2, 0, 0, 0]);
+        let mut conn = TcpStream::connect(h.addr()).await.unwrap();
+        conn.write_all(&wire::seal_stream(&key, [4; NONCE_BYTES], &w.out).unwrap()).await.unwrap();
+        conn.read_to_end(&mut Vec::new()).await.unwrap();
+        let bsm = crate::member::tests::bulk_sync("engine-a", &["net1"]);
+        let mut sync = Writer::with_type(kind::USER);
+        sync.map(1).key("UserMsgLen").uint(bsm.len() as u64);
+        sync.out.extend_from_slice(&bsm);
+        let mut conn = TcpStream::connect(h.addr()).await.unwrap();
+        conn.write_all(&wire::seal_stream(&key, [5; NONCE_BYTES], &sync.out).unwrap()).await.unwrap();
+        drop(conn);
+        let (mut answer, _) = tokio::time::timeout(Duration::from_secs(10), engine.accept()).await.unwrap().unwrap();
+        let mut frame = Vec::new();
+        answer.read_to_end(&mut frame).await.unwrap();
+        let (from, networks, events) = crate::member::tests::read_bulk_sync_answer(&frame, &key);
+        assert_eq!((from.as_str(), networks.as_slice()), ("shoal-m", ["net1".to_string()].as_slice()));
+        assert_eq!(events.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(), ["t1"]);
     }
 
     #[tokio::test]
