@@ -36,6 +36,9 @@ pub const DEAD_KEPT_MS: u64 = 60_000;
 pub const MAX_NETWORK_ENTRIES: usize = 16_384;
 /// Most packets waiting to be relayed between two `take_relays` (past this, news is not passed on).
 pub const MAX_RELAYS: usize = 4_096;
+/// How far another member's Lamport time may move this member's clock at once: a key holder cannot push
+/// it to the end of its range (where nothing this member says would be newer).
+pub const MAX_CLOCK_JUMP: u64 = 1 << 32;
 /// Most answers to bulk syncs waiting for their connection (an engine asks every 30 s per network).
 pub const MAX_STREAMS_OUT: usize = 64;
 /// The protocol versions this member speaks (memberlist's `Vsn`: protocol min, max, current; delegate min,
@@ -451,7 +454,7 @@ impl Member {
             return;
         };
         // Its table clock is witnessed, so what this member publishes next is newer than what it has seen.
-        self.clock = self.clock.max(asked.l_time);
+        self.witness(asked.l_time);
         let mut messages = Vec::new();
         for network in &asked.networks {
             let from = (network.clone(), String::new(), String::new());
@@ -515,6 +518,14 @@ impl Member {
     /// A user message (the network database's): a network join or leave is remembered and passed on.
     fn user_message(&mut self, body: &[u8], from: SocketAddr) {
         let Ok(g) = GossipMessage::decode(body) else { return };
+        if g.kind == NETWORKDB_TABLE_EVENT {
+            // Another member's entry (another manager's member publishes the same keys): its time is
+            // witnessed, so this member's next word on a key is newer than any it heard (`republish`).
+            if let Ok(e) = TableEvent::decode(g.data.as_slice()) {
+                self.witness(e.l_time);
+            }
+            return;
+        }
         if g.kind != NETWORKDB_NETWORK_EVENT {
             return;
         }
@@ -562,7 +573,7 @@ impl Member {
         let nets: BTreeSet<String> = entries.keys().map(|k| k.0.clone()).collect();
         for n in &nets {
             if !self.joined.contains_key(n) {
-                self.clock += 1;
+                self.clock = self.clock.saturating_add(1);
                 self.joined.insert(n.clone(), self.clock);
                 let msg = self.network_event(n, NETWORK_JOIN, self.clock);
                 self.relay(&msg, "", None);
@@ -570,7 +581,7 @@ impl Member {
         }
         let gone: Vec<_> = self.published.keys().filter(|k| !entries.contains_key(*k)).cloned().collect();
         for k in gone {
-            self.clock += 1;
+            self.clock = self.clock.saturating_add(1);
             let msg = self.table_event(&k, TABLE_DELETE, self.clock, &[]);
             self.relay(&msg, "", None);
             self.published.remove(&k);
@@ -581,14 +592,14 @@ impl Member {
                 Some(_) => TABLE_UPDATE,
                 None => TABLE_CREATE,
             };
-            self.clock += 1;
+            self.clock = self.clock.saturating_add(1);
             let msg = self.table_event(&k, kind_, self.clock, &v);
             self.relay(&msg, "", None);
             self.published.insert(k, (self.clock, v));
         }
         let left: Vec<String> = self.joined.keys().filter(|n| !nets.contains(*n)).cloned().collect();
         for n in left {
-            self.clock += 1;
+            self.clock = self.clock.saturating_add(1);
             let msg = self.network_event(&n, NETWORK_LEAVE, self.clock);
             self.relay(&msg, "", None);
             self.joined.remove(&n);
@@ -782,6 +793,29 @@ impl Member {
         p.since_ms = now_ms;
         if state != State::Suspect {
             self.events.push(Event::Gone(node.to_string()));
+            self.republish();
+        }
+    }
+
+    /// Takes another member's Lamport time in (within `MAX_CLOCK_JUMP` of this member's).
+    fn witness(&mut self, l_time: u64) {
+        if l_time <= self.clock.saturating_add(MAX_CLOCK_JUMP) {
+            self.clock = self.clock.max(l_time);
+        }
+    }
+
+    /// Says every entry again, newer than anything heard: an engine deletes the entries of a member that
+    /// fails or leaves, and the entry of a key that several managers' members publish belongs to whichever
+    /// said it last. So when a member goes, the others' entries replace what went with it.
+    fn republish(&mut self) {
+        let keys: Vec<_> = self.published.keys().cloned().collect();
+        for k in keys {
+            self.clock = self.clock.saturating_add(1);
+            let Some((t, v)) = self.published.get_mut(&k) else { continue };
+            *t = self.clock;
+            let v = v.clone();
+            let msg = self.table_event(&k, TABLE_CREATE, self.clock, &v);
+            self.relay(&msg, "", None);
         }
     }
 
@@ -1211,6 +1245,56 @@ pub(crate) mod tests {
         m.on_stream(&bulk_sync_frame("engine-a", &["net1"], false), 2, nonce()).unwrap();
         m.on_stream(&bulk_sync_frame("engine-z", &["net1"], true), 2, nonce()).unwrap();
         assert!(m.take_streams(&mut nonce).unwrap().is_empty());
+    }
+
+    #[test]
+    fn when_a_member_dies_the_entries_are_said_again_newer_than_any_heard() {
+        let mut m = member();
+        m.on_stream(&join_frame("engine-a", [10, 0, 0, 2]), 0, nonce()).unwrap();
+        m.on_stream(&join_frame("shoal-2", [10, 0, 0, 3]), 0, nonce()).unwrap();
+        let key = |k: &str| ("net1".to_string(), PEER_TABLE.to_string(), k.to_string());
+        m.publish([(key("t1"), b"r1".to_vec()), (key("t2"), b"r2".to_vec())].into(), 100);
+        relays(&mut m);
+        // Another manager's member publishes the same key later: its time is witnessed.
+        let theirs = TableEvent {
+            kind: TABLE_UPDATE,
+            l_time: 5_000,
+            node_name: "shoal-2".into(),
+            network_id: "net1".into(),
+            table_name: PEER_TABLE.into(),
+            key: "t1".into(),
+            value: b"r1".to_vec(),
+            residual_reap_time: 0,
+        };
+        let mut msg = vec![kind::USER];
+        msg.extend_from_slice(&user(NETWORKDB_TABLE_EVENT, theirs.encode_to_vec())[1..]);
+        let packet = wire::seal(&KEY, nonce(), b"", &msg).unwrap();
+        m.on_packet(&packet, B.parse().unwrap(), 1, &mut nonce).unwrap();
+        // A time far past the clock is not taken in.
+        let mut far = theirs.clone();
+        far.l_time = u64::MAX;
+        let mut msg = vec![kind::USER];
+        msg.extend_from_slice(&user(NETWORKDB_TABLE_EVENT, far.encode_to_vec())[1..]);
+        m.on_packet(&wire::seal(&KEY, nonce(), b"", &msg).unwrap(), B.parse().unwrap(), 1, &mut nonce).unwrap();
+        assert!(relays(&mut m).is_empty(), "entries are not relayed");
+        // shoal-2 dies: every entry goes again to the live members, newer than 5,000.
+        let mut dead = Writer::with_type(kind::DEAD);
+        dead.map(3).key("Incarnation").uint(1).key("Node").raw(b"shoal-2").key("From").raw(b"engine-a");
+        m.on_packet(&wire::seal(&KEY, nonce(), b"", &dead.out).unwrap(), A.parse().unwrap(), 2, &mut nonce).unwrap();
+        let sent: Vec<_> = m
+            .take_relays(&mut nonce)
+            .unwrap()
+            .into_iter()
+            .map(|(to, packet)| {
+                let plain = wire::open(&[KEY.to_vec()], &packet, b"").unwrap();
+                let g = GossipMessage::decode(&plain[1..]).unwrap();
+                assert_eq!(g.kind, NETWORKDB_TABLE_EVENT);
+                let e = TableEvent::decode(g.data.as_slice()).unwrap();
+                (to, e.key, e.kind, e.l_time)
+            })
+            .collect();
+        let a: SocketAddr = A.parse().unwrap();
+        assert_eq!(sent, [(a, "t1".into(), TABLE_CREATE, 5_001), (a, "t2".into(), TABLE_CREATE, 5_002)]);
     }
 
     #[test]
