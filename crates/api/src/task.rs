@@ -149,16 +149,22 @@ impl<T: Message + Default + Clone> Message for Shared<T> {
 /// SwarmKit's `Task` (objects.proto), with its spec shared (`SharedTaskSpec`).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Task {
+    /// The task's ID.
     #[prost(string, tag = "1")]
     pub id: ::prost::alloc::string::String,
+    /// Its version and times in the store.
     #[prost(message, optional, tag = "2")]
     pub meta: ::core::option::Option<Meta>,
+    /// What to run: the service's task spec when the task was made (shared with its siblings).
     #[prost(message, optional, tag = "3")]
     pub spec: ::core::option::Option<SharedTaskSpec>,
+    /// The service it belongs to (empty for a network attachment task).
     #[prost(string, tag = "4")]
     pub service_id: ::prost::alloc::string::String,
+    /// Its slot in a replicated service or job (0 for a global one, whose tasks are per node).
     #[prost(uint64, tag = "5")]
     pub slot: u64,
+    /// The node it is assigned to (empty until the scheduler places it).
     #[prost(string, tag = "6")]
     pub node_id: ::prost::alloc::string::String,
     /// Nearly always empty: boxed, so that an absent one costs a pointer.
@@ -167,10 +173,13 @@ pub struct Task {
     /// The service's annotations, shared by its tasks (the store interns them as it does the spec).
     #[prost(message, optional, tag = "8")]
     pub service_annotations: ::core::option::Option<Shared<Annotations>>,
+    /// What its node last reported (or the manager decided): state, message, times, container.
     #[prost(message, optional, tag = "9")]
     pub status: ::core::option::Option<TaskStatus>,
+    /// The state the orchestrators want it in (`TaskState`).
     #[prost(enumeration = "TaskState", tag = "10")]
     pub desired_state: i32,
+    /// Its networks, each with the addresses the allocator gave it there.
     #[prost(message, repeated, tag = "11")]
     pub networks: ::prost::alloc::vec::Vec<NetworkAttachment>,
     /// The service's endpoint, shared by its tasks (interned by the store).
@@ -179,10 +188,13 @@ pub struct Task {
     /// Nearly always empty (set only when the task's driver differs from the cluster's default): boxed.
     #[prost(message, optional, boxed, tag = "13")]
     pub log_driver: ::core::option::Option<Box<Driver>>,
+    /// The service spec's version the task was made from.
     #[prost(message, optional, tag = "14")]
     pub spec_version: ::core::option::Option<Version>,
+    /// The generic resources the scheduler gave it from its node's.
     #[prost(message, repeated, tag = "15")]
     pub assigned_generic_resources: ::prost::alloc::vec::Vec<GenericResource>,
+    /// For a job, the iteration the task runs for.
     #[prost(message, optional, tag = "16")]
     pub job_iteration: ::core::option::Option<Version>,
 }

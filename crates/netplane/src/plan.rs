@@ -155,6 +155,7 @@ pub struct TaskIface {
 
 /// One change to the node. `vni` names the network whose namespace an op runs in.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs, reason = "each variant's doc names what its fields are")]
 pub enum Op {
     /// Delete a link of the node's namespace (for a veth, both ends).
     DeleteLink { name: String },

@@ -26,6 +26,7 @@ pub const MAX_UPDATES_PER_REPORT: usize = 100;
 
 /// Where the session stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs, reason = "each variant's doc names what its fields are")]
 pub enum Session {
     /// None; try again at this time (ms).
     Down { retry_at_ms: u64 },

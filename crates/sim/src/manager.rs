@@ -57,6 +57,7 @@ enum Queued {
 
 /// What travels between the simulated nodes.
 #[derive(Debug, Clone)]
+#[allow(missing_docs, reason = "each variant's doc names what its fields are")]
 pub enum Msg {
     /// A Raft message between managers.
     Raft(Box<Message>),

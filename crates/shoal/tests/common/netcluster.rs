@@ -80,11 +80,14 @@ if len(sys.argv) > 4:
     print('RATE %.0f' % (n / took))
 "#;
 
+/// Shoal daemons in network namespaces of their own, joined into one cluster, with their tasks.
 pub struct Cluster {
-    // Dropped before `net`: a namespace lives on while a process is inside it.
+    /// The daemons, the first one the manager. Dropped before `net`: a namespace lives on while a process
+    /// is inside it.
     pub ds: Vec<DaemonProcess>,
     /// The nodes' IDs, in the order of `ds`.
     pub node_ids: Vec<String>,
+    /// The namespaces and links the daemons live in.
     pub net: Net,
     /// "process" or "docker".
     executor: &'static str,
@@ -92,6 +95,7 @@ pub struct Cluster {
     pub tasks_seen: BTreeSet<String>,
 }
 
+/// Daemon `i`'s options in `net` with `executor` and `extra_args`.
 pub fn options(net: &Net, i: usize, executor: &str, extra_args: Vec<String>) -> DaemonOptions {
     DaemonOptions {
         listen_ip: Some(net.ip(i)),
@@ -205,10 +209,12 @@ impl Cluster {
         });
     }
 
+    /// The manager's daemon.
     pub fn manager(&self) -> &DaemonProcess {
         &self.ds[0]
     }
 
+    /// The docker CLI's output of `args` against the manager (the test fails if it fails).
     pub fn docker(&self, args: &[&str]) -> String {
         docker_cli::ok(self.manager().socket(), args)
     }
