@@ -37,7 +37,10 @@ fn main() {
     if native && gnu_linux && glibc_reads_relr() {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+    // Release builds only: the list names a release build's functions (a debug build has other instances and
+    // is not what ships).
+    let release = std::env::var("PROFILE").as_deref() == Ok("release");
+    if release && std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
         let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
         let script = std::path::Path::new(&dir).join("hot-text").join("shoald.ld");
         println!("cargo:rerun-if-changed={}", script.display());
