@@ -8,6 +8,15 @@
 //! Only for a native build against glibc 2.36 or later (the first whose loader reads `DT_RELR`; the linker
 //! then records the need, `GLIBC_ABI_DT_RELR`): elsewhere the binaries keep `RELA` and nothing else changes.
 //! Binutils older than 2.38 warn about the option and ignore it.
+//!
+//! Also gives the linker `hot-text/shoald.ld` for `shoald`: the functions a start, the first idle seconds and
+//! the common requests run (generated from a profile by `hot-text/generate.py`), put first in `.text` (the
+//! script names them in an output section `.text` inserted before `.fini`; the linker adds every other
+//! `.text.*` section after them). A start then touches a few MiB of contiguous text instead of code spread
+//! over all 12 MB: the kernel maps a file page's whole folio (64 KB here) on a fault, so scattered code made
+//! nearly all of the text resident (BENCHMARKS.md, "Session 20"). Only the layout changes; a function missing
+//! from the list (renamed, new) stays where the linker puts it, which costs resident memory, never
+//! correctness. lld (rustc's default linker on x86_64 Linux) and GNU ld both read the script.
 
 use std::process::Command;
 
@@ -27,5 +36,14 @@ fn main() {
         && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu");
     if native && gnu_linux && glibc_reads_relr() {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    }
+    // Release builds only: the list names a release build's functions (a debug build has other instances and
+    // is not what ships).
+    let release = std::env::var("PROFILE").as_deref() == Ok("release");
+    if release && std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+        let script = std::path::Path::new(&dir).join("hot-text").join("shoald.ld");
+        println!("cargo:rerun-if-changed={}", script.display());
+        println!("cargo:rustc-link-arg-bin=shoald=-Wl,-T,{}", script.display());
     }
 }

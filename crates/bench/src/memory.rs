@@ -1,16 +1,17 @@
 //! `memory`: resident memory of a real `shoal daemon` (manager and worker in one process): idle right after
 //! start-up (median of the daemon's RSS sampled over `SETTLE`, also split into anonymous memory and
-//! file-backed pages: the mapped `shoal` binary), then with `--tasks` tasks in its store.
-//! The tasks belong to services of `TASKS_PER_SERVICE` replicas created through the Engine API with a
-//! placement constraint no node satisfies, so they stay PENDING in the store and no process is started:
-//! the figure is the manager's state, not task processes. Waits until every service has all its tasks
-//! (listing each service's tasks), then samples RSS again.
+//! file-backed pages: the mapped `shoald` binary), then with `--tasks` tasks in its store.
+//! The tasks belong to services of `--replicas` replicas (default `TASKS_PER_SERVICE`) created through the
+//! Engine API with a placement constraint no node satisfies, so they stay PENDING in the store and no process
+//! is started: the figure is the manager's state, not task processes. Waits until every service has all its
+//! tasks (listing each service's tasks), then samples RSS again.
 //!
-//! Before each start the `shoal` binary's pages are dropped from the page cache (`posix_fadvise(DONTNEED)`),
-//! so that the daemon's own start reads them in: kernel 6.18 maps a page-cache large folio whole, so the
-//! file-backed part of RSS depends on how the binary's pages were cached (the same binary measured 9.55 MiB
-//! read in by its own start, 9.74 MiB as a fresh copy, 9.88 MiB after `cat` of the file). Dropping clean
-//! cached pages of one file changes nothing else.
+//! Before each start the pages of the `shoal` binary and of the `shoald` beside it (the daemon `shoal daemon`
+//! executes; until session 20 only `shoal`'s were dropped) are dropped from the page cache
+//! (`posix_fadvise(DONTNEED)`), so that the daemon's own start reads them in: kernel 6.18 maps a page-cache
+//! large folio whole, so the file-backed part of RSS depends on how the binary's pages were cached (the same
+//! binary measured 9.55 MiB read in by its own start, 9.74 MiB as a fresh copy, 9.88 MiB after `cat` of the
+//! file). Dropping clean cached pages of one file changes nothing else.
 //! Must not depend on the daemon's internals.
 
 use std::path::Path;
@@ -21,7 +22,7 @@ use crate::engine_client::EngineConn;
 use crate::procstat;
 use crate::report::{self, fmt_num, BenchError, Table};
 
-/// Replicas per created service.
+/// Replicas per created service unless `--replicas` says otherwise.
 pub const TASKS_PER_SERVICE: usize = 1000;
 /// How long RSS is sampled (every 50 ms) before a figure is taken.
 pub const SETTLE: Duration = Duration::from_millis(500);
@@ -34,6 +35,9 @@ pub struct MemoryArgs {
     /// Tasks to hold in the store after the idle measurement (0: idle only).
     #[arg(long, default_value_t = 2000)]
     tasks: usize,
+    /// Replicas per created service (`--tasks 2000 --replicas 10`: 200 services of 10 tasks).
+    #[arg(long, default_value_t = TASKS_PER_SERVICE)]
+    replicas: usize,
     /// Runs (a fresh daemon each); RESULT is the median RSS with the tasks (idle with --tasks 0).
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -72,13 +76,13 @@ fn pending_spec(name: &str, replicas: usize) -> String {
     .to_string()
 }
 
-async fn load_tasks(socket: &Path, tasks: usize) -> Result<(), BenchError> {
+async fn load_tasks(socket: &Path, tasks: usize, replicas: usize) -> Result<(), BenchError> {
     let mut c = EngineConn::connect(socket).await?;
     let mut ids = Vec::new();
     let mut left = tasks;
     let mut i = 0;
     while left > 0 {
-        let n = left.min(TASKS_PER_SERVICE);
+        let n = left.min(replicas.max(1));
         let (status, body) = c.request("POST", "/services/create", Some(pending_spec(&format!("mem-{i}"), n))).await?;
         if status != 201 {
             return Err(BenchError::Request(format!(
@@ -134,12 +138,16 @@ pub fn run(a: MemoryArgs, shoal: &Path) -> Result<(), BenchError> {
     let mut figures = Vec::new();
     for r in 1..=runs {
         drop_cached_pages(shoal)?;
+        let daemon_binary = shoal.with_file_name("shoald");
+        if daemon_binary.exists() {
+            drop_cached_pages(&daemon_binary)?;
+        }
         let daemon = BenchDaemon::start(shoal)?;
         let (idle, anon, file) = settled_rss_parts_kib(daemon.pid())?;
         let mib = |kib: u64| fmt_num(kib as f64 / 1024.0);
         let mut row = vec![r.to_string(), mib(idle), mib(anon), mib(file), tasks.to_string()];
         if tasks > 0 {
-            rt.block_on(load_tasks(daemon.socket(), tasks))?;
+            rt.block_on(load_tasks(daemon.socket(), tasks, a.replicas))?;
             let loaded = settled_rss_kib(daemon.pid())?;
             row.push(fmt_num(loaded as f64 / 1024.0));
             row.push(fmt_num(loaded.saturating_sub(idle) as f64 / tasks as f64));

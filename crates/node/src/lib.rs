@@ -221,34 +221,68 @@ async fn pick_executor(
     node_id: &str,
     hostname: &str,
 ) -> Result<PickedExecutor, NodeError> {
-    let process = || PickedExecutor {
+    // The data plane's probe runs child processes (a network namespace, ip, nft: ~10 ms) and blocks: on a
+    // blocking thread from here on, so that what the caller runs beside this (Raft's start, the certificates)
+    // and the Docker Engine's ping go on meanwhile.
+    let plane = {
+        let cfg = cfg.clone();
+        let probe = tokio::task::spawn_blocking(move || data_plane(&cfg));
+        async move { probe.await.unwrap_or_else(|e| Err(format!("the data plane's probe failed: {e}"))) }
+    };
+    let process = |plane| PickedExecutor {
         executor: Arc::new(
             shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
                 .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(
                     node_id,
                 )))
-                .with_network(data_plane(cfg)),
+                .with_network(plane),
         ),
         attacher: None,
     };
     let docker = shoal_agent::docker::DockerExecutor::connect(&cfg.engine_addr, node_id, ENGINE_PING_WITHIN);
     match kind {
-        ExecutorKind::Process => Ok(process()),
-        ExecutorKind::Docker => {
-            let d = docker.await.map_err(|e| NodeError::Config(e.to_string()))?;
-            Ok(PickedExecutor::docker(d.with_network(data_plane(cfg)).await))
-        }
+        ExecutorKind::Process => Ok(process(plane.await)),
+        ExecutorKind::Docker => match docker.await {
+            Ok(d) => Ok(PickedExecutor::docker(d.with_network(plane.await).await)),
+            Err(e) => {
+                // The probe ends before the start fails (and its files are removed).
+                drop(plane.await);
+                Err(NodeError::Config(e.to_string()))
+            }
+        },
         ExecutorKind::Auto => match docker.await {
             Ok(d) => {
                 tracing::info!(engine = %cfg.engine_addr, "--executor auto: using the docker executor (the Docker \
                                                            Engine answered)");
-                Ok(PickedExecutor::docker(d.with_network(data_plane(cfg)).await))
+                Ok(PickedExecutor::docker(d.with_network(plane.await).await))
             }
             Err(e) => {
                 tracing::info!("--executor auto: using the process executor: {e}");
-                Ok(process())
+                Ok(process(plane.await))
             }
         },
+    }
+}
+
+/// Picks the executor and starts the manager's core (Raft, the node's certificates) side by side: the
+/// executor's probes (the data plane's child processes, the Docker Engine's ping) overlap Raft's first writes
+/// and fsyncs instead of coming before them. A pick that fails stops the core again.
+async fn start_executor_and_core(
+    cfg: &DaemonConfig,
+    identity: &mut NodeIdentity,
+    ids: Arc<RandomIds>,
+    hostname: &str,
+) -> Result<(PickedExecutor, ManagerCore), NodeError> {
+    let node_id = identity.node_id.clone();
+    let (picked, core) =
+        tokio::join!(pick_executor(cfg.executor, cfg, &node_id, hostname), ManagerCore::start(cfg, identity, ids));
+    match (picked, core) {
+        (Ok(picked), Ok(core)) => Ok((picked, core)),
+        (Err(e), Ok(core)) => {
+            core.raft.shutdown().await;
+            Err(e)
+        }
+        (_, Err(e)) => Err(e),
     }
 }
 
@@ -321,19 +355,17 @@ impl Node {
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
         let mut identity = load_or_create_identity(&cfg.state_dir, &ids)?;
         let hostname = cfg.hostname.clone().unwrap_or_else(machine_hostname);
-        let picked = pick_executor(cfg.executor, &cfg, &identity.node_id, &hostname).await?;
+        // The remote API listener's address is this manager's Raft address.
+        let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
+        let advertised = cfg.advertise_remote_api.unwrap_or(remote_addr);
+        cfg.advertise_remote_api = Some(advertised);
+        let (picked, core) = start_executor_and_core(&cfg, &mut identity, ids, &hostname).await?;
         let executor = picked.executor.clone();
         let mut description = executor.describe();
         description.hostname = hostname.clone();
         if !cfg.generic_node_resources.is_empty() {
             description.resources.get_or_insert_with(Default::default).generic = cfg.generic_node_resources.clone();
         }
-
-        // The remote API listener's address is this manager's Raft address.
-        let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
-        let advertised = cfg.advertise_remote_api.unwrap_or(remote_addr);
-        cfg.advertise_remote_api = Some(advertised);
-        let core = ManagerCore::start(&cfg, &mut identity, ids).await?;
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         // gRPC (dispatcher, Raft) at once: a joining manager must answer the leader to get its snapshot.

@@ -1,8 +1,13 @@
 //! mimalloc set up for a long-running process: `shoald` (`shoal daemon`), and `shoal-bench` (which includes
 //! this file, so that its in-process scenarios measure the daemon's allocator as the daemon configures it).
 //!
-//! [`set_up`] runs first thing in `main`, before any thread exists; both options are read by mimalloc when
-//! it uses them (a purge, an arena reservation), so setting them after its constructor ran is in time.
+//! [`set_up`] runs before `main` (an `.init_array` entry, [`SET_UP_BEFORE_MAIN`]), before any thread exists and
+//! before the first allocation: the Rust runtime allocates before `main` (the main thread's stack-guard record,
+//! in `std::rt::init`), and that allocation reserves mimalloc's first arena with the size the option has then.
+//! Set in `main`, as it was until session 20, the reservation option came too late: the first arena was
+//! 1 GiB, not `ARENA_RESERVE_KIB` (`strace -k -e trace=mmap` shows the reservation under `set_current_info`).
+//! The purge delay is read at each purge; both binaries still call [`set_up`] in `main` (harmless, and in
+//! time for a platform without `.init_array`).
 
 #![allow(unsafe_code)]
 
@@ -28,6 +33,17 @@ pub fn set_up() {
         libmimalloc_sys::mi_option_set(OPTION_PURGE_DELAY, PURGE_DELAY_MS);
         libmimalloc_sys::mi_option_set(OPTION_ARENA_RESERVE, ARENA_RESERVE_KIB);
     }
+}
+
+/// [`set_up`], run by the C runtime before `main` (see the module doc).
+#[cfg(all(target_os = "linux", not(test)))]
+#[used]
+#[link_section = ".init_array"]
+pub static SET_UP_BEFORE_MAIN: extern "C" fn() = set_up_before_main;
+
+#[cfg(all(target_os = "linux", not(test)))]
+extern "C" fn set_up_before_main() {
+    set_up();
 }
 
 #[cfg(test)]
