@@ -61,7 +61,7 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// Flags of `agents`.
 #[derive(Debug, clap::Args)]
-pub struct AgentsArgs {
+pub(crate) struct AgentsArgs {
     /// Simulated nodes.
     #[arg(long, default_value_t = 1000)]
     nodes: usize,
@@ -313,7 +313,7 @@ async fn wait_count(what: &str, counter: &AtomicUsize, want: usize, limit: Durat
 }
 
 /// Runs the scenario.
-pub fn run(a: AgentsArgs) -> Result<(), BenchError> {
+pub(crate) fn run(a: AgentsArgs) -> Result<(), BenchError> {
     let (nodes, seconds) = if a.smoke { (50, 2) } else { (a.nodes.max(1), a.seconds.max(1)) };
     let job = if a.smoke && a.job > 0 { 500 } else { a.job };
     let phase_timeout = if a.smoke { SMOKE_PHASE_TIMEOUT } else { PHASE_TIMEOUT };

@@ -13,15 +13,15 @@ use std::time::{Duration, Instant};
 use crate::report::BenchError;
 
 /// How long a daemon may take to answer `/_ping` after it is spawned.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a daemon may take to exit after SIGTERM before it is killed.
-pub const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The hostname the benchmark daemon runs under (its own node).
-pub const MANAGER_HOSTNAME: &str = "shoal-bench-manager";
+pub(crate) const MANAGER_HOSTNAME: &str = "shoal-bench-manager";
 
 /// The `shoal` binary: the given path, else `shoal` next to the running `shoal-bench`.
-pub fn shoal_binary(given: Option<PathBuf>) -> PathBuf {
+pub(crate) fn shoal_binary(given: Option<PathBuf>) -> PathBuf {
     given.unwrap_or_else(|| {
         let me = std::env::current_exe().unwrap_or_default();
         me.with_file_name("shoal")
@@ -29,7 +29,7 @@ pub fn shoal_binary(given: Option<PathBuf>) -> PathBuf {
 }
 
 /// A running daemon, stopped on drop.
-pub struct BenchDaemon {
+pub(crate) struct BenchDaemon {
     child: Option<Child>,
     dir: Option<tempfile::TempDir>,
     socket: PathBuf,
@@ -47,7 +47,7 @@ fn free_port() -> Result<u16, BenchError> {
 }
 
 /// One `GET /_ping` on the control socket; true on a 200 answer.
-pub fn ping(socket: &Path) -> bool {
+pub(crate) fn ping(socket: &Path) -> bool {
     let Ok(mut s) = UnixStream::connect(socket) else { return false };
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     if s.write_all(b"GET /_ping HTTP/1.1\r\nHost: shoal\r\nConnection: close\r\n\r\n").is_err() {
@@ -66,7 +66,7 @@ pub fn ping(socket: &Path) -> bool {
 
 impl BenchDaemon {
     /// Starts `binary daemon` and waits until it answers `/_ping`.
-    pub fn start(binary: &Path) -> Result<BenchDaemon, BenchError> {
+    pub(crate) fn start(binary: &Path) -> Result<BenchDaemon, BenchError> {
         if !binary.exists() {
             return Err(BenchError::Daemon(format!(
                 "{} not found: build it (cargo build --release) or pass --shoal PATH",
@@ -94,7 +94,7 @@ impl BenchDaemon {
     /// Stops the daemon (SIGTERM, as an operator would) and starts it again on the same state dir, waiting
     /// until it answers `/_ping`; `ready_after` is then the time of this start (a restart: identity,
     /// certificates and Raft log already on disk).
-    pub fn restart(&mut self) -> Result<(), BenchError> {
+    pub(crate) fn restart(&mut self) -> Result<(), BenchError> {
         self.stop();
         self.spawn_until_ready()
     }
@@ -146,17 +146,17 @@ impl BenchDaemon {
     }
 
     /// The control socket (Engine API).
-    pub fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         &self.socket
     }
 
     /// The daemon's PID.
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.as_ref().map_or(0, |c| c.id() as i32)
     }
 
     /// What the daemon logged.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.dir.as_ref().and_then(|d| std::fs::read_to_string(d.path().join("daemon.log")).ok()).unwrap_or_default()
     }
 

@@ -19,7 +19,7 @@ use crate::report::{self, fmt_num, BenchError, Table};
 
 /// Flags of `e2e`.
 #[derive(Debug, clap::Args)]
-pub struct E2eArgs {
+pub(crate) struct E2eArgs {
     /// Replicas of the service.
     #[arg(long, default_value_t = 1000)]
     replicas: u64,
@@ -133,7 +133,7 @@ async fn one_run(
 }
 
 /// Runs the scenario.
-pub fn run(a: E2eArgs) -> Result<(), BenchError> {
+pub(crate) fn run(a: E2eArgs) -> Result<(), BenchError> {
     let (replicas, nodes, runs) = if a.smoke { (50, 5, 1) } else { (a.replicas, a.nodes.max(1), a.runs.max(1)) };
     // A global service runs one task per node.
     let replicas = if a.global { nodes as u64 } else { replicas };

@@ -11,13 +11,13 @@ use hyper_util::rt::TokioIo;
 use crate::report::BenchError;
 
 /// One HTTP/1 connection to the control socket.
-pub struct EngineConn {
+pub(crate) struct EngineConn {
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
 }
 
 impl EngineConn {
     /// Connects to `socket`.
-    pub async fn connect(socket: &Path) -> Result<EngineConn, BenchError> {
+    pub(crate) async fn connect(socket: &Path) -> Result<EngineConn, BenchError> {
         let stream = tokio::net::UnixStream::connect(socket)
             .await
             .map_err(|e| BenchError::Request(format!("connect {}: {e}", socket.display())))?;
@@ -29,7 +29,7 @@ impl EngineConn {
     }
 
     /// Sends one request and reads the whole answer: status and body.
-    pub async fn request(
+    pub(crate) async fn request(
         &mut self,
         method: &str,
         path: &str,
@@ -56,7 +56,7 @@ impl EngineConn {
     }
 
     /// GET returning parsed JSON; non-2xx is an error.
-    pub async fn get_json(&mut self, path: &str) -> Result<serde_json::Value, BenchError> {
+    pub(crate) async fn get_json(&mut self, path: &str) -> Result<serde_json::Value, BenchError> {
         let (status, body) = self.request("GET", path, None).await?;
         if !(200..300).contains(&status) {
             return Err(BenchError::Request(format!("GET {path}: {status} {}", String::from_utf8_lossy(&body))));
@@ -66,7 +66,7 @@ impl EngineConn {
 }
 
 /// The Engine API JSON of a replicated service spec named `name` (image busybox, `sleep 3600`).
-pub fn service_spec_json(name: &str, replicas: u64) -> String {
+pub(crate) fn service_spec_json(name: &str, replicas: u64) -> String {
     serde_json::json!({
         "Name": name,
         "TaskTemplate": { "ContainerSpec": { "Image": "busybox", "Args": ["sleep", "3600"] } },

@@ -15,13 +15,13 @@ use shoal_testkit::{http, DaemonProcess};
 use crate::report::{self, fmt_num, BenchError, Table};
 
 /// Pause between write attempts on a survivor.
-pub const RETRY: Duration = Duration::from_millis(5);
+pub(crate) const RETRY: Duration = Duration::from_millis(5);
 /// Most time for a cluster to form, or for a write after the kill.
-pub const DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Flags of `failover`.
 #[derive(Debug, clap::Args)]
-pub struct FailoverArgs {
+pub(crate) struct FailoverArgs {
     /// Clusters (a fresh one each); RESULT is the median.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -31,7 +31,7 @@ pub struct FailoverArgs {
 }
 
 /// Manager on 127.0.0.`i`, joining `join`'s cluster when given.
-pub fn manager(shoal: &Path, i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
+pub(crate) fn manager(shoal: &Path, i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
     let mut opts = DaemonOptions {
         listen_ip: Some(format!("127.0.0.{i}")),
         hostname: Some(format!("bench-manager-{i}")),
@@ -63,7 +63,7 @@ fn create(d: &DaemonProcess, name: &str) -> Result<(), String> {
 
 /// Starts `n` managers on 127.0.0.`first_ip`.. (the others join the first) and waits for a leader; returns
 /// them and the leader's position.
-pub fn cluster(shoal: &Path, n: usize, first_ip: u8) -> Result<(Vec<DaemonProcess>, usize), BenchError> {
+pub(crate) fn cluster(shoal: &Path, n: usize, first_ip: u8) -> Result<(Vec<DaemonProcess>, usize), BenchError> {
     let mut ds: Vec<DaemonProcess> = vec![manager(shoal, first_ip, None)];
     for i in 1..n {
         let d = manager(shoal, first_ip + i as u8, Some(&ds[0]));
@@ -118,7 +118,7 @@ fn one_run(shoal: &Path, run: usize) -> Result<(Duration, Duration), BenchError>
 }
 
 /// Runs the scenario.
-pub fn run(a: FailoverArgs, shoal: &Path) -> Result<(), BenchError> {
+pub(crate) fn run(a: FailoverArgs, shoal: &Path) -> Result<(), BenchError> {
     if !shoal.exists() {
         return Err(BenchError::Daemon(format!("{} not found: build it or pass --shoal PATH", shoal.display())));
     }

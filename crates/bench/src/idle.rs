@@ -13,11 +13,11 @@ use crate::report::{self, fmt_num, BenchError, Table};
 
 /// Time left to start-up work (the first certificate and session set-up, the first heartbeats) before the
 /// measured window opens.
-pub const SETTLE: Duration = Duration::from_secs(5);
+pub(crate) const SETTLE: Duration = Duration::from_secs(5);
 
 /// Flags of `idle`.
 #[derive(Debug, clap::Args)]
-pub struct IdleArgs {
+pub(crate) struct IdleArgs {
     /// Length of the measured window, in seconds.
     #[arg(long, default_value_t = 120)]
     seconds: u64,
@@ -30,7 +30,7 @@ pub struct IdleArgs {
 }
 
 /// Runs the scenario.
-pub fn run(a: IdleArgs, shoal: &Path) -> Result<(), BenchError> {
+pub(crate) fn run(a: IdleArgs, shoal: &Path) -> Result<(), BenchError> {
     let (settle, seconds, runs) =
         if a.smoke { (Duration::from_secs(1), 2, 1) } else { (SETTLE, a.seconds.max(1), a.runs.max(1)) };
     let mut table = Table::new(&["run", "window s", "CPU ms", "ticks per 120 s", "% of a core"]);

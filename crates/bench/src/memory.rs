@@ -23,15 +23,15 @@ use crate::procstat;
 use crate::report::{self, fmt_num, BenchError, Table};
 
 /// Replicas per created service unless `--replicas` says otherwise.
-pub const TASKS_PER_SERVICE: usize = 1000;
+pub(crate) const TASKS_PER_SERVICE: usize = 1000;
 /// How long RSS is sampled (every 50 ms) before a figure is taken.
-pub const SETTLE: Duration = Duration::from_millis(500);
+pub(crate) const SETTLE: Duration = Duration::from_millis(500);
 /// Most time to wait for the orchestrator to create all tasks.
-pub const TASKS_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const TASKS_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Flags of `memory`.
 #[derive(Debug, clap::Args)]
-pub struct MemoryArgs {
+pub(crate) struct MemoryArgs {
     /// Tasks to hold in the store after the idle measurement (0: idle only).
     #[arg(long, default_value_t = 2000)]
     tasks: usize,
@@ -130,7 +130,7 @@ fn drop_cached_pages(path: &Path) -> Result<(), BenchError> {
 }
 
 /// Runs the scenario.
-pub fn run(a: MemoryArgs, shoal: &Path) -> Result<(), BenchError> {
+pub(crate) fn run(a: MemoryArgs, shoal: &Path) -> Result<(), BenchError> {
     let (tasks, runs) = if a.smoke { (200, 1) } else { (a.tasks, a.runs.max(1)) };
     let rt = report::runtime()?;
     let mut table =

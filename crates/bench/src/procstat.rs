@@ -5,13 +5,13 @@
 use crate::report::BenchError;
 
 /// Resident set size of `pid` in KiB (VmRSS of /proc/<pid>/status).
-pub fn rss_kib(pid: i32) -> Result<u64, BenchError> {
+pub(crate) fn rss_kib(pid: i32) -> Result<u64, BenchError> {
     status_kib(pid, "VmRSS")
 }
 
 /// The two parts of the resident set of `pid`, in KiB: anonymous memory (heap, stacks: RssAnon) and
 /// file-backed pages (the mapped binary and libraries: RssFile).
-pub fn rss_parts_kib(pid: i32) -> Result<(u64, u64), BenchError> {
+pub(crate) fn rss_parts_kib(pid: i32) -> Result<(u64, u64), BenchError> {
     Ok((status_kib(pid, "RssAnon")?, status_kib(pid, "RssFile")?))
 }
 
@@ -26,12 +26,12 @@ fn status_kib(pid: i32, field: &str) -> Result<u64, BenchError> {
 }
 
 /// CPU time (user + system) thread `tid` of process `pid` has used, in seconds.
-pub fn thread_cpu_seconds(pid: i32, tid: i32) -> Result<f64, BenchError> {
+pub(crate) fn thread_cpu_seconds(pid: i32, tid: i32) -> Result<f64, BenchError> {
     stat_cpu_seconds(&format!("/proc/{pid}/task/{tid}/stat"))
 }
 
 /// CPU time (user + system) all threads of process `pid` have used, in seconds.
-pub fn process_cpu_seconds(pid: i32) -> Result<f64, BenchError> {
+pub(crate) fn process_cpu_seconds(pid: i32) -> Result<f64, BenchError> {
     stat_cpu_seconds(&format!("/proc/{pid}/stat"))
 }
 
@@ -51,7 +51,7 @@ fn stat_cpu_seconds(path: &str) -> Result<f64, BenchError> {
 
 /// Raises the soft open-file limit to the hard limit (many sockets for simulated agents). Returns the new
 /// soft limit.
-pub fn raise_nofile_limit() -> Result<u64, BenchError> {
+pub(crate) fn raise_nofile_limit() -> Result<u64, BenchError> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| BenchError::Setup(format!("getrlimit: {e}")))?;
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|e| BenchError::Setup(format!("setrlimit: {e}")))?;

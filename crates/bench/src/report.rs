@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 /// Why a benchmark could not run or finish.
 #[derive(Debug, thiserror::Error)]
-pub enum BenchError {
+pub(crate) enum BenchError {
     /// The `shoal` binary or a daemon could not be started or did not become ready.
     #[error("daemon: {0}")]
     Daemon(String),
@@ -23,24 +23,24 @@ pub enum BenchError {
 
 /// A table printed before the RESULT line.
 #[derive(Debug, Default)]
-pub struct Table {
+pub(crate) struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
     /// A table with these column names.
-    pub fn new(header: &[&str]) -> Table {
+    pub(crate) fn new(header: &[&str]) -> Table {
         Table { header: header.iter().map(|s| s.to_string()).collect(), rows: Vec::new() }
     }
 
     /// Adds a row (as many cells as columns).
-    pub fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
     /// Renders with columns padded to their widest cell.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let cols = self.header.len();
         let mut width = vec![0usize; cols];
         for r in std::iter::once(&self.header).chain(&self.rows) {
@@ -59,18 +59,18 @@ impl Table {
 }
 
 /// Prints the table, then the RESULT line (last).
-pub fn finish(table: &Table, scenario: &str, value: f64, unit: &str) {
+pub(crate) fn finish(table: &Table, scenario: &str, value: f64, unit: &str) {
     print!("{}", table.render());
     println!("{}", result_line(scenario, value, unit));
 }
 
 /// `RESULT <scenario> <value> <unit>`, the value with up to 3 decimals.
-pub fn result_line(scenario: &str, value: f64, unit: &str) -> String {
+pub(crate) fn result_line(scenario: &str, value: f64, unit: &str) -> String {
     format!("RESULT {scenario} {} {unit}", fmt_num(value))
 }
 
 /// A number with at most 3 decimals and no trailing zeros.
-pub fn fmt_num(v: f64) -> String {
+pub(crate) fn fmt_num(v: f64) -> String {
     let s = format!("{v:.3}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
     if s.is_empty() || s == "-" {
@@ -81,7 +81,7 @@ pub fn fmt_num(v: f64) -> String {
 }
 
 /// The median of `values` (the mean of the middle two for an even count); 0 for none.
-pub fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     if values.is_empty() {
         return 0.0;
     }
@@ -96,7 +96,7 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// The `p`-quantile (0..=1) of sorted `values`, nearest rank; 0 for none.
-pub fn quantile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn quantile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -105,7 +105,7 @@ pub fn quantile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// A multi-threaded tokio runtime for a scenario.
-pub fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| BenchError::Setup(e.to_string()))
 }
 

@@ -25,7 +25,7 @@ use crate::report::{self, fmt_num, BenchError, Table};
 
 /// Flags of `scheduler`.
 #[derive(Debug, clap::Args)]
-pub struct SchedulerArgs {
+pub(crate) struct SchedulerArgs {
     /// Nodes (all READY and ACTIVE).
     #[arg(long, default_value_t = 1000)]
     nodes: usize,
@@ -189,7 +189,7 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 /// Runs the scenario.
-pub fn run(a: SchedulerArgs) -> Result<(), BenchError> {
+pub(crate) fn run(a: SchedulerArgs) -> Result<(), BenchError> {
     let (nodes, tasks, runs) = if a.smoke { (100, 1000, 2) } else { (a.nodes, a.tasks, a.runs.max(1)) };
     let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| BenchError::Setup(e.to_string()))?;
     let mut table = Table::new(&[

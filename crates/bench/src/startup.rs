@@ -11,7 +11,7 @@ use crate::report::{self, fmt_num, BenchError, Table};
 
 /// Flags of `startup`.
 #[derive(Debug, clap::Args)]
-pub struct StartupArgs {
+pub(crate) struct StartupArgs {
     /// Daemons started one after another (each first start is followed by one restart); RESULT is the
     /// median first start.
     #[arg(long, default_value_t = 11)]
@@ -36,7 +36,7 @@ fn row(table: &mut Table, what: &str, times: &[f64]) -> f64 {
 }
 
 /// Runs the scenario.
-pub fn run(a: StartupArgs, shoal: &Path) -> Result<(), BenchError> {
+pub(crate) fn run(a: StartupArgs, shoal: &Path) -> Result<(), BenchError> {
     let runs = if a.smoke { 3 } else { a.runs.max(1) };
     let mut first = Vec::new();
     let mut restart = Vec::new();

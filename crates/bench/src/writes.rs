@@ -18,7 +18,7 @@ use crate::report::{self, fmt_num, BenchError, Table};
 
 /// How creates are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Via {
+pub(crate) enum Via {
     /// HTTP requests on the control socket.
     Api,
     /// One `shoal service create` process per create.
@@ -30,7 +30,7 @@ pub enum Via {
 
 /// Flags of `writes`.
 #[derive(Debug, clap::Args)]
-pub struct WritesArgs {
+pub(crate) struct WritesArgs {
     /// Concurrent clients (connections, or CLI loops).
     #[arg(long, default_value_t = 8)]
     clients: usize,
@@ -186,7 +186,7 @@ fn spawn_floor_ms(program: &Path, args: &[&str]) -> Result<f64, BenchError> {
 }
 
 /// Runs the scenario.
-pub fn run(a: WritesArgs, shoal: &Path) -> Result<(), BenchError> {
+pub(crate) fn run(a: WritesArgs, shoal: &Path) -> Result<(), BenchError> {
     if !(1..=5).contains(&a.managers) {
         return Err(BenchError::Setup(format!("--managers {}: use 1 to 5", a.managers)));
     }

@@ -42,7 +42,7 @@ fn json<T: serde::Serialize>(v: T) -> ApiResult {
 }
 
 /// `GET|HEAD /_ping`.
-pub async fn ping() -> Response {
+pub(crate) async fn ping() -> Response {
     let mut r = "OK".into_response();
     let h = r.headers_mut();
     h.insert("OSType", HeaderValue::from_static("linux"));
@@ -112,7 +112,7 @@ pub(crate) fn mem_total_bytes() -> i64 {
 }
 
 /// `GET /version`.
-pub async fn version() -> ApiResult {
+pub(crate) async fn version() -> ApiResult {
     let v = env!("CARGO_PKG_VERSION");
     json(SystemVersionJson {
         platform: PlatformNameJson { name: "Shoal".into() },
@@ -131,7 +131,7 @@ pub async fn version() -> ApiResult {
 /// `GET /info`. The swarm part is read after a read barrier, as the other reads are; when no leader confirms
 /// it, the answer still comes (`docker info` must work in a cluster that lost its quorum) with this manager's
 /// last known state and the reason in `Swarm.Error`, as Docker reports an unreachable control plane.
-pub async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
+pub(crate) async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
     let unhealthy = ctx.state.unhealthy();
     let error = match (&unhealthy, read_barrier(&ctx).await) {
         (Some(reason), _) => reason.clone(),
@@ -228,7 +228,7 @@ fn first_cluster(t: &shoal_store::Tables) -> Option<&shoal_api::Cluster> {
 }
 
 /// `GET /swarm`, linearizable like the other reads (503 when no leader confirms it).
-pub async fn swarm(State(ctx): Ctx) -> ApiResult {
+pub(crate) async fn swarm(State(ctx): Ctx) -> ApiResult {
     read_barrier(&ctx).await?;
     let found = ctx.state.store.view(|t| first_cluster(t).map(SwarmJson::from_api));
     match found {
@@ -246,7 +246,7 @@ pub(crate) async fn read_barrier(ctx: &ApiContext) -> Result<(), ApiError> {
 }
 
 /// `GET /services`.
-pub async fn list_services(State(ctx): Ctx, v: ApiVersion, Query(q): Params) -> ApiResult {
+pub(crate) async fn list_services(State(ctx): Ctx, v: ApiVersion, Query(q): Params) -> ApiResult {
     let f = filters::services(q.get("filters").map(String::as_str))?;
     let with_status = versions::services_status_param_read(v) && parse_bool_param(&q, "status")?;
     read_barrier(&ctx).await?;
@@ -306,7 +306,7 @@ fn carry_registry_auth(
 }
 
 /// `POST /services/create`.
-pub async fn create_service(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
+pub(crate) async fn create_service(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
     let mut spec = service_spec_body(v, &headers, &body, SpecWrite::Create)?;
     carry_registry_auth(&mut spec, registry_auth_header(&headers)?, None);
     let svc = controlapi::create_service(&ctx.state, spec).await?;
@@ -330,7 +330,7 @@ fn service_spec_body(
 }
 
 /// `GET /services/{id}[?insertDefaults=true]`.
-pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
+pub(crate) async fn get_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
     let insert_defaults = parse_bool_param(&q, "insertDefaults")?;
     read_barrier(&ctx).await?;
     let s = controlapi::get_service(&ctx.state, &id)?;
@@ -343,13 +343,13 @@ pub async fn get_service(State(ctx): Ctx, Path(id): Path<String>, Query(q): Para
 }
 
 /// `DELETE /services/{id}`.
-pub async fn remove_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn remove_service(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     controlapi::remove_service(&ctx.state, &id).await?;
     Ok(StatusCode::OK.into_response())
 }
 
 /// `POST /services/{id}/update?version=N[&rollback=previous]`.
-pub async fn update_service(
+pub(crate) async fn update_service(
     State(ctx): Ctx,
     v: ApiVersion,
     Path(id): Path<String>,
@@ -389,7 +389,7 @@ pub async fn update_service(
 }
 
 /// `GET /tasks`.
-pub async fn list_tasks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+pub(crate) async fn list_tasks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::tasks(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
     let tasks = controlapi::list_tasks(&ctx.state, &f);
@@ -397,14 +397,14 @@ pub async fn list_tasks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 }
 
 /// `GET /tasks/{id}`.
-pub async fn get_task(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn get_task(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     read_barrier(&ctx).await?;
     let t = controlapi::get_task(&ctx.state, &id)?;
     json(TaskJson::from_api(&t))
 }
 
 /// `GET /nodes`.
-pub async fn list_nodes(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+pub(crate) async fn list_nodes(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::nodes(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
     let nodes = controlapi::list_nodes(&ctx.state, &f);
@@ -412,14 +412,14 @@ pub async fn list_nodes(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 }
 
 /// `GET /nodes/{id}`.
-pub async fn get_node(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn get_node(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     read_barrier(&ctx).await?;
     let n = controlapi::get_node(&ctx.state, &id)?;
     json(NodeJson::from_api(&n))
 }
 
 /// `POST /nodes/{id}/update?version=N`.
-pub async fn update_node(
+pub(crate) async fn update_node(
     State(ctx): Ctx,
     Path(id): Path<String>,
     Query(q): Params,
@@ -435,14 +435,14 @@ pub async fn update_node(
 }
 
 /// `DELETE /nodes/{id}?force=`.
-pub async fn remove_node(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
+pub(crate) async fn remove_node(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
     controlapi::remove_node(&ctx.state, &id, flag(&q, "force")).await?;
     Ok(StatusCode::OK.into_response())
 }
 
 /// `GET /distribution/{name}/json`: Shoal does not talk to registries. The docker CLI warns that the
 /// digest could not be recorded and goes on with the reference as given.
-pub async fn distribution() -> ApiResult {
+pub(crate) async fn distribution() -> ApiResult {
     Err(ApiError::NotImplemented(
         "Shoal does not query registries: the image reference is used as given (pass --no-resolve-image to skip this)"
             .into(),
@@ -450,6 +450,6 @@ pub async fn distribution() -> ApiResult {
 }
 
 /// Any other path.
-pub async fn not_found(uri: axum::http::Uri) -> ApiResult {
+pub(crate) async fn not_found(uri: axum::http::Uri) -> ApiResult {
     Err(ApiError::NotFound(format!("page not found: {} is not an endpoint of the Shoal Engine API", uri.path())))
 }

@@ -27,7 +27,7 @@ type Params = Query<HashMap<String, String>>;
 type ApiResult = Result<Response, ApiError>;
 
 /// `GET /networks`.
-pub async fn list_networks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+pub(crate) async fn list_networks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::networks(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
     // The predefined `host` and `bridge` are the node's own networks: dockerd lists its engine's (the relay
@@ -44,7 +44,7 @@ pub async fn list_networks(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 }
 
 /// `GET /networks/{id}` (ID, name or unique ID prefix). `scope` other than swarm finds nothing, as Docker.
-pub async fn get_network(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
+pub(crate) async fn get_network(State(ctx): Ctx, Path(id): Path<String>, Query(q): Params) -> ApiResult {
     if q.get("verbose").is_some_and(|v| v == "1" || v == "true") {
         return Err(ApiError::BadRequest("verbose network inspect is not supported yet: leave out --verbose".into()));
     }
@@ -90,14 +90,14 @@ fn ingress_sandbox(ctx: &ApiContext, ingress: &str) -> Option<serde_json::Value>
 }
 
 /// `POST /networks/create`.
-pub async fn create_network(State(ctx): Ctx, headers: HeaderMap, body: Bytes) -> ApiResult {
+pub(crate) async fn create_network(State(ctx): Ctx, headers: HeaderMap, body: Bytes) -> ApiResult {
     let req: NetworkCreateJson = json_body(&headers, &body, "network create request")?;
     let n = controlapi::create_network(&ctx.state, req.to_api()?).await?;
     Ok((StatusCode::CREATED, Json(NetworkCreateResponse { id: n.id, warning: String::new() })).into_response())
 }
 
 /// `DELETE /networks/{id}`: 204, or 400 naming the service that uses it.
-pub async fn remove_network(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn remove_network(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     controlapi::remove_network(&ctx.state, &id).await?;
     Ok((StatusCode::NO_CONTENT, [(header::CONTENT_TYPE, "application/json")]).into_response())
 }

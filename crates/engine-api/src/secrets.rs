@@ -39,7 +39,7 @@ fn created(id: String) -> ApiResult {
 }
 
 /// `GET /secrets`.
-pub async fn list_secrets(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+pub(crate) async fn list_secrets(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::secrets(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
     let out: Vec<SecretJson> = controlapi::list_secrets(&ctx.state, &f).iter().map(SecretJson::from_api).collect();
@@ -47,7 +47,7 @@ pub async fn list_secrets(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 }
 
 /// `POST /secrets/create`.
-pub async fn create_secret(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
+pub(crate) async fn create_secret(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
     let spec: SecretSpecJson = json_body(&headers, &body, "secret spec")?;
     refuse_templating_before_1_37(v, "secret", spec.templating.is_some()).map_err(ApiError::BadRequest)?;
     let secret = controlapi::create_secret(&ctx.state, spec.to_api()?).await?;
@@ -55,14 +55,14 @@ pub async fn create_secret(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, b
 }
 
 /// `GET /secrets/{id}` (ID, name or unique ID prefix).
-pub async fn get_secret(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn get_secret(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     read_barrier(&ctx).await?;
     let s = controlapi::get_secret(&ctx.state, &id)?;
     Ok(Json(SecretJson::from_api(&s)).into_response())
 }
 
 /// `POST /secrets/{id}/update?version=N`: labels only.
-pub async fn update_secret(
+pub(crate) async fn update_secret(
     State(ctx): Ctx,
     Path(id): Path<String>,
     Query(q): Params,
@@ -76,13 +76,13 @@ pub async fn update_secret(
 }
 
 /// `DELETE /secrets/{id}`: 204, or 400 naming the services that use it.
-pub async fn remove_secret(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn remove_secret(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     controlapi::remove_secret(&ctx.state, &id).await?;
     no_content()
 }
 
 /// `GET /configs`.
-pub async fn list_configs(State(ctx): Ctx, Query(q): Params) -> ApiResult {
+pub(crate) async fn list_configs(State(ctx): Ctx, Query(q): Params) -> ApiResult {
     let f = filters::secrets(q.get("filters").map(String::as_str))?;
     read_barrier(&ctx).await?;
     let out: Vec<ConfigJson> =
@@ -91,7 +91,7 @@ pub async fn list_configs(State(ctx): Ctx, Query(q): Params) -> ApiResult {
 }
 
 /// `POST /configs/create`.
-pub async fn create_config(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
+pub(crate) async fn create_config(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, body: Bytes) -> ApiResult {
     let spec: ConfigSpecJson = json_body(&headers, &body, "config spec")?;
     refuse_templating_before_1_37(v, "config", spec.templating.is_some()).map_err(ApiError::BadRequest)?;
     let config = controlapi::create_config(&ctx.state, spec.to_api()?).await?;
@@ -99,14 +99,14 @@ pub async fn create_config(State(ctx): Ctx, v: ApiVersion, headers: HeaderMap, b
 }
 
 /// `GET /configs/{id}` (ID, name or unique ID prefix), data included.
-pub async fn get_config(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn get_config(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     read_barrier(&ctx).await?;
     let c = controlapi::get_config(&ctx.state, &id)?;
     Ok(Json(ConfigJson::from_api(&c)).into_response())
 }
 
 /// `POST /configs/{id}/update?version=N`: labels only.
-pub async fn update_config(
+pub(crate) async fn update_config(
     State(ctx): Ctx,
     Path(id): Path<String>,
     Query(q): Params,
@@ -120,7 +120,7 @@ pub async fn update_config(
 }
 
 /// `DELETE /configs/{id}`: 204, or 400 naming the services that use it.
-pub async fn remove_config(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn remove_config(State(ctx): Ctx, Path(id): Path<String>) -> ApiResult {
     controlapi::remove_config(&ctx.state, &id).await?;
     no_content()
 }

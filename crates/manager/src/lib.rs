@@ -27,6 +27,7 @@ pub mod subsystem;
 pub mod swarmkit_api;
 pub mod tasks;
 #[cfg(test)]
+#[allow(unreachable_pub, reason = "testkit's public module, included here by path")]
 #[path = "../../testkit/src/wait.rs"]
 #[allow(dead_code)] // the unit tests use part of it
 mod wait;

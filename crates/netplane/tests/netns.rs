@@ -7,6 +7,7 @@
 //! named `shl-t<pid>-<tag>-...`, deleted on drop even when an assertion fails (a node's network namespaces are
 //! removed first); namespaces of test processes that died are deleted by the next test.
 
+#[allow(unreachable_pub, reason = "testkit's public module, included here by path")]
 #[path = "../../testkit/src/netns_docker_host.rs"]
 mod docker_host;
 
@@ -191,6 +192,7 @@ fn resolve(netns: PathBuf, name: &str) -> Vec<Ipv4Addr> {
 }
 
 /// The tree's one wait helper (testkit's), included by path: testkit depends on this crate (through the agent).
+#[allow(unreachable_pub, reason = "testkit's public module, included here by path")]
 #[path = "../../testkit/src/wait.rs"]
 #[allow(dead_code)] // this test uses part of it
 mod wait;

@@ -13,11 +13,11 @@ use shoal_manager::ClusterState;
 /// The name of the one cluster object.
 pub const CLUSTER_NAME: &str = "default";
 /// Default number of tasks kept per slot.
-pub const DEFAULT_TASK_HISTORY: i64 = 5;
+pub(crate) const DEFAULT_TASK_HISTORY: i64 = 5;
 /// Default heartbeat period.
-pub const DEFAULT_HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
 /// Default node certificate validity.
-pub const DEFAULT_NODE_CERT_EXPIRY: Duration = Duration::from_secs(90 * 24 * 3600);
+pub(crate) const DEFAULT_NODE_CERT_EXPIRY: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// The cluster spec a new cluster starts with.
 pub fn default_cluster_spec() -> ClusterSpec {
@@ -45,7 +45,7 @@ pub fn default_cluster_spec() -> ClusterSpec {
 }
 
 /// What the local manager says about itself.
-pub struct LocalManager<'a> {
+pub(crate) struct LocalManager<'a> {
     /// The node ID.
     pub node_id: &'a str,
     /// The Raft ID.
@@ -64,7 +64,7 @@ pub struct LocalManager<'a> {
 
 /// Writes the cluster object (with its root CA and join tokens) and the local manager's node object if
 /// missing, and adds a root CA to a cluster that has none. Returns the cluster ID.
-pub async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Result<String, crate::NodeError> {
+pub(crate) async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -> Result<String, crate::NodeError> {
     let now = state.now();
     let (new_cluster_id, root_ca) = match me.root_ca.clone() {
         Some(p) => (p.cluster_id, p.root_ca),

@@ -102,7 +102,7 @@ pub struct DaemonConfig {
 }
 
 /// How long a daemon started with `--join-addr` keeps trying to reach its manager.
-pub const DEFAULT_JOIN_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+pub(crate) const DEFAULT_JOIN_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl DaemonConfig {
     /// A config with defaults for everything but the state dir and the control socket.

@@ -22,7 +22,7 @@ fn path(state_dir: &Path) -> PathBuf {
 }
 
 /// Reads the identity, if the state dir has one.
-pub fn load(state_dir: &Path) -> Result<Option<NodeIdentity>, NodeError> {
+pub(crate) fn load(state_dir: &Path) -> Result<Option<NodeIdentity>, NodeError> {
     let p = path(state_dir);
     match std::fs::read(&p) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
@@ -34,7 +34,7 @@ pub fn load(state_dir: &Path) -> Result<Option<NodeIdentity>, NodeError> {
 }
 
 /// Writes the identity durably.
-pub fn store(state_dir: &Path, id: &NodeIdentity) -> Result<(), NodeError> {
+pub(crate) fn store(state_dir: &Path, id: &NodeIdentity) -> Result<(), NodeError> {
     let p = path(state_dir);
     let tmp = state_dir.join("node.json.tmp");
     let bytes = serde_json::to_vec_pretty(id).expect("identity serializes");

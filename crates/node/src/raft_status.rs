@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 /// How often the manager statuses are compared with Raft (reachability changes without an event), while the
 /// cluster has more than one member (or the last pass failed).
-pub const MANAGER_STATUS_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const MANAGER_STATUS_PERIOD: Duration = Duration::from_secs(1);
 
 /// The subsystem; see the module doc.
 pub struct ManagerStatusSubsystem {

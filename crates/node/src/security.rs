@@ -139,7 +139,7 @@ pub(crate) struct LateTls(Arc<std::sync::OnceLock<NodeTls>>);
 
 impl LateTls {
     /// With `tls` already set when it is known.
-    pub fn new(tls: Option<NodeTls>) -> LateTls {
+    pub(crate) fn new(tls: Option<NodeTls>) -> LateTls {
         let late = LateTls::default();
         if let Some(t) = tls {
             late.set(t);
@@ -148,7 +148,7 @@ impl LateTls {
     }
 
     /// Sets the material (once; later calls are ignored).
-    pub fn set(&self, tls: NodeTls) {
+    pub(crate) fn set(&self, tls: NodeTls) {
         let _ = self.0.set(tls);
     }
 }

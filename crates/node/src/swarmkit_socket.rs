@@ -41,20 +41,20 @@ use crate::tls::NodeTls;
 use crate::NodeError;
 
 /// Connections served at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// A client must finish its TLS handshake within this.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The largest request message accepted (gRPC's usual default).
-pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+pub(crate) const MAX_REQUEST_BYTES: usize = 4 << 20;
 /// The most bytes read to find a ClientHello's server name (one TLS record).
-pub const MAX_CLIENT_HELLO_BYTES: usize = 5 + (16 << 10);
+pub(crate) const MAX_CLIENT_HELLO_BYTES: usize = 5 + (16 << 10);
 
 /// A connection after its TLS handshake, whichever library made it.
-pub trait Conn: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+pub(crate) trait Conn: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Conn for T {}
 
 /// Binds the socket at `path` (replacing a stale one), mode 0600.
-pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, NodeError> {
+pub(crate) fn bind(path: &Path) -> Result<tokio::net::UnixListener, NodeError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
     }
@@ -71,7 +71,7 @@ pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, NodeError> {
 
 /// Serves Control, Watch and Health on `listener` with `tls` until `shutdown` turns true; registers the
 /// socket in `entry_points` (its guard: the socket file's mode).
-pub fn serve(
+pub(crate) fn serve(
     listener: tokio::net::UnixListener,
     tls: NodeTls,
     state: &ClusterState,

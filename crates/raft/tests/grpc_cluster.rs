@@ -14,6 +14,7 @@ use shoal_store::{Changes, MemoryStore};
 use tokio::sync::watch;
 
 /// The tree's one wait helper (testkit's), included by path: testkit depends on this crate.
+#[allow(unreachable_pub, reason = "testkit's public module, included here by path")]
 #[path = "../../testkit/src/wait.rs"]
 #[allow(dead_code)] // this test uses part of it
 mod wait;

@@ -27,7 +27,7 @@ const OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 const OPTION_ARENA_RESERVE: libmimalloc_sys::mi_option_t = 23;
 
 /// Sets mimalloc's options. Call on the main thread before any other thread exists.
-pub fn set_up() {
+pub(crate) fn set_up() {
     // SAFETY: option setters, on the main thread before any other thread exists.
     unsafe {
         libmimalloc_sys::mi_option_set(OPTION_PURGE_DELAY, PURGE_DELAY_MS);
@@ -39,7 +39,7 @@ pub fn set_up() {
 #[cfg(all(target_os = "linux", not(test)))]
 #[used]
 #[link_section = ".init_array"]
-pub static SET_UP_BEFORE_MAIN: extern "C" fn() = set_up_before_main;
+pub(crate) static SET_UP_BEFORE_MAIN: extern "C" fn() = set_up_before_main;
 
 #[cfg(all(target_os = "linux", not(test)))]
 extern "C" fn set_up_before_main() {

@@ -9,56 +9,56 @@ use std::time::Duration;
 
 use serde_json::Value;
 use shoal_testkit::prerequisites::{self, Prerequisite};
-pub use shoal_testkit::{docker_cli, process, wait_until, DaemonProcess};
+pub(crate) use shoal_testkit::{docker_cli, process, wait_until, DaemonProcess};
 
 #[path = "common/netcluster.rs"]
-pub mod netcluster;
+pub(crate) mod netcluster;
 
 #[path = "common/container_checks.rs"]
-pub mod container_checks;
+pub(crate) mod container_checks;
 
 #[path = "common/acceptance_stack.rs"]
-pub mod acceptance_stack;
+pub(crate) mod acceptance_stack;
 
 /// The binary under test: cargo's build of it, or the one `SHOAL_TEST_BIN` names (to compare two builds
 /// with one test binary).
-pub fn shoal_bin() -> PathBuf {
+pub(crate) fn shoal_bin() -> PathBuf {
     std::env::var_os("SHOAL_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_shoal")))
 }
 
 /// Starts a daemon on a fresh state dir.
-pub fn daemon() -> DaemonProcess {
+pub(crate) fn daemon() -> DaemonProcess {
     DaemonProcess::start(&shoal_bin())
 }
 
 /// The daemon on 127.0.0.`i` with hostname `hostname`; with `join = Some((d, role))` it joins `d`'s cluster
 /// with its join token for `role` ("Manager" or "Worker").
-pub fn node_at(i: u8, hostname: &str, join: Option<(&DaemonProcess, &str)>) -> DaemonProcess {
+pub(crate) fn node_at(i: u8, hostname: &str, join: Option<(&DaemonProcess, &str)>) -> DaemonProcess {
     shoal_testkit::managers::start_node(&shoal_bin(), i, hostname, join)
 }
 
 /// Manager `i`: hostname `manager-{i}` on 127.0.0.`i`; with `join`, it joins that manager's cluster with its
 /// manager token.
-pub fn manager_at(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
+pub(crate) fn manager_at(i: u8, join: Option<&DaemonProcess>) -> DaemonProcess {
     node_at(i, &format!("manager-{i}"), join.map(|j| (j, "Manager")))
 }
 
 /// Tasks of a service, from the Engine API.
-pub fn tasks_of(d: &DaemonProcess, service: &str) -> Vec<Value> {
+pub(crate) fn tasks_of(d: &DaemonProcess, service: &str) -> Vec<Value> {
     let filters = format!("{{\"service\":{{\"{service}\":true}}}}");
     let v = d.get(&format!("/v1.47/tasks?filters={}", urlencode(&filters)));
     v.as_array().cloned().unwrap_or_default()
 }
 
 /// The names of the services `d` lists.
-pub fn service_names(d: &DaemonProcess) -> Vec<String> {
+pub(crate) fn service_names(d: &DaemonProcess) -> Vec<String> {
     let services = d.get("/v1.47/services");
     let services = services.as_array().expect("a list of services");
     services.iter().map(|s| s["Spec"]["Name"].as_str().unwrap_or("").to_string()).collect()
 }
 
 /// Percent-encodes a query value.
-pub fn urlencode(s: &str) -> String {
+pub(crate) fn urlencode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
@@ -68,18 +68,24 @@ pub fn urlencode(s: &str) -> String {
 }
 
 /// State of a task JSON ("running", ...).
-pub fn state(t: &Value) -> &str {
+pub(crate) fn state(t: &Value) -> &str {
     t["Status"]["State"].as_str().unwrap_or("")
 }
 
 /// Desired state of a task JSON.
-pub fn desired(t: &Value) -> &str {
+pub(crate) fn desired(t: &Value) -> &str {
     t["DesiredState"].as_str().unwrap_or("")
 }
 
 /// Waits until the service has exactly `n` tasks running with desired state running, and `n` processes with
 /// the given command line exist. Returns the running tasks.
-pub fn wait_running(d: &DaemonProcess, service: &str, n: usize, argv: &[&str], deadline: Duration) -> Vec<Value> {
+pub(crate) fn wait_running(
+    d: &DaemonProcess,
+    service: &str,
+    n: usize,
+    argv: &[&str],
+    deadline: Duration,
+) -> Vec<Value> {
     wait_until(&format!("{n} running tasks of {service} and {n} `{}` processes", argv.join(" ")), deadline, || {
         let tasks = tasks_of(d, service);
         let running: Vec<Value> =
@@ -94,30 +100,30 @@ pub fn wait_running(d: &DaemonProcess, service: &str, n: usize, argv: &[&str], d
 }
 
 /// The docker CLI against the daemon, asserting success.
-pub fn docker(d: &DaemonProcess, args: &[&str]) -> String {
+pub(crate) fn docker(d: &DaemonProcess, args: &[&str]) -> String {
     docker_cli::ok(d.socket(), args)
 }
 
 /// Whether to skip a test that drives the docker CLI: a missing CLI fails the test, unless
 /// `SHOAL_TEST_SKIP_MISSING` names it (`shoal_testkit::prerequisites`).
-pub fn no_docker_cli() -> bool {
+pub(crate) fn no_docker_cli() -> bool {
     prerequisites::skip_unless(Prerequisite::DockerCli)
 }
 
 /// Our own CLI against the daemon's control socket `socket`, not started.
-pub fn shoal_command(socket: &Path, args: &[&str]) -> Command {
+pub(crate) fn shoal_command(socket: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(shoal_bin());
     cmd.arg("-H").arg(format!("unix://{}", socket.display())).args(args);
     cmd
 }
 
 /// Runs our own CLI against the daemon.
-pub fn shoal_cli(socket: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn shoal_cli(socket: &Path, args: &[&str]) -> std::process::Output {
     shoal_command(socket, args).output().expect("run shoal")
 }
 
 /// Starts the docker CLI with `args` on `socket`; its output lines arrive on the channel as it prints them.
-pub fn docker_lines(socket: &Path, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+pub(crate) fn docker_lines(socket: &Path, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
     let mut child = docker_cli::command(socket, args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -136,20 +142,20 @@ pub fn docker_lines(socket: &Path, args: &[&str]) -> (Child, mpsc::Receiver<Stri
 }
 
 /// A `docker service logs -f --tail 0` process, killed when dropped.
-pub struct Follower {
+pub(crate) struct Follower {
     child: Child,
     lines: mpsc::Receiver<String>,
 }
 
 impl Follower {
     /// Starts following `target` (a service or task) through the control socket `socket`.
-    pub fn start(socket: &std::path::Path, target: &str) -> Follower {
+    pub(crate) fn start(socket: &std::path::Path, target: &str) -> Follower {
         let (child, lines) = docker_lines(socket, &["service", "logs", "-f", "--tail", "0", target]);
         Follower { child, lines }
     }
 
     /// Waits for a line containing `needle`, failing after `deadline`.
-    pub fn wait_for(&self, needle: &str, deadline: Duration) -> String {
+    pub(crate) fn wait_for(&self, needle: &str, deadline: Duration) -> String {
         let end = std::time::Instant::now() + deadline;
         loop {
             let left = end.saturating_duration_since(std::time::Instant::now());
@@ -164,7 +170,7 @@ impl Follower {
 
 impl Follower {
     /// Waits for the process to exit (its log stream ended), failing after `deadline`.
-    pub fn wait_exit(&mut self, deadline: Duration) -> std::process::ExitStatus {
+    pub(crate) fn wait_exit(&mut self, deadline: Duration) -> std::process::ExitStatus {
         wait_until("`docker service logs -f` to exit", deadline, || match self.child.try_wait() {
             Ok(Some(status)) => Ok(status),
             Ok(None) => Err("still running".into()),
@@ -173,7 +179,7 @@ impl Follower {
     }
 
     /// Waits for a line starting with `prefix`.
-    pub fn wait_for_prefix(&self, prefix: &str, deadline: Duration) -> String {
+    pub(crate) fn wait_for_prefix(&self, prefix: &str, deadline: Duration) -> String {
         let end = std::time::Instant::now() + deadline;
         loop {
             let left = end.saturating_duration_since(std::time::Instant::now());
@@ -197,7 +203,7 @@ impl Drop for Follower {
 
 /// Milliseconds since the epoch of an RFC 3339 UTC time as the Engine API writes it
 /// (`2026-12-01T03:17:15.123456789Z`).
-pub fn chrono_ms(s: &str) -> Option<u64> {
+pub(crate) fn chrono_ms(s: &str) -> Option<u64> {
     let (date, time) = s.strip_suffix('Z')?.split_once('T')?;
     let mut d = date.split('-').map(|p| p.parse::<i64>());
     let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);

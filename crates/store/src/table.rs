@@ -296,7 +296,7 @@ fn observed_state(t: &Task) -> i32 {
 /// Values of one kind kept per service for sharing, at most: a service has its current spec and, during an
 /// update or a rollback, the previous one; a few more cover tasks that differ in what the orchestrator copies
 /// per task.
-pub const INTERNED_SPECS_PER_SERVICE: usize = 4;
+pub(crate) const INTERNED_SPECS_PER_SERVICE: usize = 4;
 
 /// What the tasks of one service share, held weakly: their specs, the service's annotations and endpoint as
 /// copied into each task.

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use tokio::sync::oneshot;
 
 /// Spawn requests that may wait for the spawner thread.
-pub const SPAWN_QUEUE: usize = 64;
+pub(super) const SPAWN_QUEUE: usize = 64;
 
 struct SpawnRequest {
     cmd: std::process::Command,

@@ -26,7 +26,7 @@ use crate::tasks::observed_state;
 use crate::write::{chunk_actions, MAX_ACTIONS_PER_WRITE};
 
 /// Most service or task IDs tracked one by one before a pass looks at every service and NEW task.
-pub const MAX_TRACKED_IDS: usize = 10_000;
+pub(super) const MAX_TRACKED_IDS: usize = 10_000;
 
 /// The allocator subsystem.
 #[derive(Debug, Default)]

@@ -21,7 +21,7 @@ use shoal_api::prost::Message;
 use shoal_store::ACTION_OVERHEAD_BYTES;
 
 /// Longest service name accepted (a DNS label).
-pub const MAX_NAME_LEN: usize = 63;
+pub(super) const MAX_NAME_LEN: usize = 63;
 
 /// How many times `remove_service` re-reads and retries when a task changed under it; after that it removes
 /// the service alone (the orchestrator marks its tasks), which only the service itself changing can stop.

@@ -18,7 +18,7 @@ use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
 /// How long the loop waits before trying a failed write again.
-pub const RETRY_MS: u64 = 1_000;
+pub(super) const RETRY_MS: u64 = 1_000;
 
 /// The key manager as a leader-only subsystem.
 pub struct KeyManager {

@@ -17,14 +17,14 @@ use crate::state::{ClusterState, RandomIds};
 
 /// Waits (in tokio time, polling every 10 ms) until `cond` holds, failing after `deadline`: the tree's one
 /// wait helper (`crate::wait`, testkit's).
-pub async fn wait_until(what: &str, deadline: Duration, cond: impl FnMut() -> bool) {
+pub(crate) async fn wait_until(what: &str, deadline: Duration, cond: impl FnMut() -> bool) {
     crate::wait::wait_until_async(what, deadline, Duration::from_millis(10), crate::wait::holds(cond)).await
 }
 
 /// The fixture's start time.
-pub const T0: u64 = 1_700_000_000_000;
+pub(crate) const T0: u64 = 1_700_000_000_000;
 
-pub struct Fx {
+pub(crate) struct Fx {
     pub store: Arc<MemoryStore>,
     pub proposer: Arc<LocalProposer>,
     pub clock: Arc<ManualClock>,
@@ -32,7 +32,7 @@ pub struct Fx {
 }
 
 impl Fx {
-    pub fn new() -> Fx {
+    pub(crate) fn new() -> Fx {
         let store = Arc::new(MemoryStore::default());
         let proposer = Arc::new(LocalProposer::new(store.clone()));
         let clock = Arc::new(ManualClock::new(T0));
@@ -40,51 +40,51 @@ impl Fx {
         Fx { store, proposer, clock, state }
     }
 
-    pub fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         use shoal_store::Clock;
         self.clock.now_unix_ms()
     }
 
     /// Proposes and applies at once (LocalProposer resolves immediately).
-    pub fn apply(&self, changes: Changes) {
+    pub(crate) fn apply(&self, changes: Changes) {
         if changes.is_empty() {
             return;
         }
         futures::executor::block_on(self.proposer.propose(changes.into_actions())).expect("write applies");
     }
 
-    pub fn view<R>(&self, f: impl FnOnce(&Tables) -> R) -> R {
+    pub(crate) fn view<R>(&self, f: impl FnOnce(&Tables) -> R) -> R {
         self.store.view(f)
     }
 
-    pub fn create<T: StoreObject>(&self, obj: T) {
+    pub(crate) fn create<T: StoreObject>(&self, obj: T) {
         let mut c = Changes::new();
         c.create(obj);
         self.apply(c);
     }
 
-    pub fn service(&self, id: &str) -> Service {
+    pub(crate) fn service(&self, id: &str) -> Service {
         (*self.view(|t| t.services().get(id).cloned()).expect("service exists")).clone()
     }
 
-    pub fn task(&self, id: &str) -> Task {
+    pub(crate) fn task(&self, id: &str) -> Task {
         (*self.view(|t| t.tasks().get(id).cloned()).expect("task exists")).clone()
     }
 
     /// The service's tasks, sorted by slot then creation.
-    pub fn tasks(&self, service_id: &str) -> Vec<Task> {
+    pub(crate) fn tasks(&self, service_id: &str) -> Vec<Task> {
         let mut v: Vec<Task> = self.view(|t| t.tasks().by_service(service_id).map(|t| (**t).clone()).collect());
         v.sort_by(|a, b| (a.slot, super::created_ms(a), &a.id).cmp(&(b.slot, super::created_ms(b), &b.id)));
         v
     }
 
     /// Tasks meant to run (desired <= RUNNING), by slot.
-    pub fn runnable(&self, service_id: &str) -> Vec<Task> {
+    pub(crate) fn runnable(&self, service_id: &str) -> Vec<Task> {
         self.tasks(service_id).into_iter().filter(|t| t.desired_state() <= TaskState::Running).collect()
     }
 
     /// What an agent report does: moves the task's observed state (and node, when given).
-    pub fn set_state(&self, task_id: &str, state: TaskState) {
+    pub(crate) fn set_state(&self, task_id: &str, state: TaskState) {
         let mut t = self.task(task_id);
         let mut st = t.status.clone().unwrap_or_default();
         st.state = state as i32;
@@ -96,7 +96,7 @@ impl Fx {
     }
 
     /// Places a task on a node at the given state (what the scheduler and agent would do).
-    pub fn place(&self, task_id: &str, node_id: &str, state: TaskState) {
+    pub(crate) fn place(&self, task_id: &str, node_id: &str, state: TaskState) {
         let mut t = self.task(task_id);
         t.node_id = node_id.to_string();
         t.status = Some(TaskStatus {
@@ -110,7 +110,7 @@ impl Fx {
     }
 
     /// Runs one reconcile pass of a service and applies it; returns the wake time.
-    pub fn reconcile(&self, service_id: &str) -> Option<u64> {
+    pub(crate) fn reconcile(&self, service_id: &str) -> Option<u64> {
         let now = self.now();
         let r = self.view(|t| {
             let s = t.services().get(service_id).cloned().expect("service exists");
@@ -121,7 +121,7 @@ impl Fx {
     }
 
     /// Number of actions one reconcile pass would write (without applying them).
-    pub fn pending_changes(&self, service_id: &str) -> usize {
+    pub(crate) fn pending_changes(&self, service_id: &str) -> usize {
         let now = self.now();
         self.view(|t| {
             let s = t.services().get(service_id).cloned().expect("service exists");
@@ -131,7 +131,7 @@ impl Fx {
 
     /// Updates a service like the control API: new spec, spec_version = the write's index, the old ones
     /// previous, no update status.
-    pub fn update_service(&self, id: &str, f: impl FnOnce(&mut ServiceSpec)) {
+    pub(crate) fn update_service(&self, id: &str, f: impl FnOnce(&mut ServiceSpec)) {
         let mut s = self.service(id);
         s.previous_spec = s.spec.clone();
         s.previous_spec_version = s.spec_version;
@@ -143,7 +143,7 @@ impl Fx {
         self.apply(c);
     }
 
-    pub fn set_node<F: FnOnce(&mut Node)>(&self, id: &str, f: F) {
+    pub(crate) fn set_node<F: FnOnce(&mut Node)>(&self, id: &str, f: F) {
         let mut n = (*self.view(|t| t.nodes().get(id).cloned()).expect("node exists")).clone();
         f(&mut n);
         let mut c = Changes::new();
@@ -153,7 +153,7 @@ impl Fx {
 }
 
 /// A replicated service running `image`.
-pub fn service(id: &str, replicas: u64) -> Service {
+pub(crate) fn service(id: &str, replicas: u64) -> Service {
     Service {
         id: id.into(),
         spec: Some(ServiceSpec {
@@ -174,7 +174,7 @@ pub fn service(id: &str, replicas: u64) -> Service {
 }
 
 /// A ready, active linux/x86_64 worker with 4 CPUs and 8 GiB.
-pub fn node(id: &str) -> Node {
+pub(crate) fn node(id: &str) -> Node {
     Node {
         id: id.into(),
         spec: Some(NodeSpec { availability: Availability::Active as i32, ..Default::default() }),
@@ -190,7 +190,7 @@ pub fn node(id: &str) -> Node {
 }
 
 /// Sets the image of a service spec's container.
-pub fn set_image(spec: &mut ServiceSpec, image: &str) {
+pub(crate) fn set_image(spec: &mut ServiceSpec, image: &str) {
     if let Some(shoal_api::task_spec::Runtime::Container(c)) = spec.task.as_mut().and_then(|t| t.runtime.as_mut()) {
         c.image = image.to_string();
     }

@@ -35,15 +35,15 @@ use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 use crate::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 
 /// Most commits drained from the watch queue before a pass.
-pub const MAX_EVENTS_PER_BATCH: usize = 10_000;
+pub(super) const MAX_EVENTS_PER_BATCH: usize = 10_000;
 /// Most services reconciled from one read view.
-pub const MAX_SERVICES_PER_PASS: usize = 1000;
+pub(super) const MAX_SERVICES_PER_PASS: usize = 1000;
 /// Most write attempts for one service in one round.
-pub const MAX_ATTEMPTS: u32 = 3;
+pub(super) const MAX_ATTEMPTS: u32 = 3;
 /// How long a service whose writes conflicted `MAX_ATTEMPTS` times in a row waits before its next try.
-pub const CONFLICT_RETRY_MS: u64 = 500;
+pub(super) const CONFLICT_RETRY_MS: u64 = 500;
 /// Longest timer sleep, so that a clock that moved is noticed.
-pub const MAX_TIMER_SLEEP_MS: u64 = 1000;
+pub(super) const MAX_TIMER_SLEEP_MS: u64 = 1000;
 /// Pause after a write failed for a reason other than a conflict (e.g. lost leadership).
 const BACKOFF_MS: u64 = 100;
 

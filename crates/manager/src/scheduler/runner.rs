@@ -32,9 +32,9 @@ use crate::tasks::observed_state;
 use crate::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 
 /// Most commits collected before a pass.
-pub const MAX_EVENTS_PER_BATCH: usize = 10_000;
+pub(super) const MAX_EVENTS_PER_BATCH: usize = 10_000;
 /// Most task IDs tracked one by one; past that the pass reads the PENDING index.
-pub const MAX_TRACKED_IDS: usize = 10_000;
+pub(super) const MAX_TRACKED_IDS: usize = 10_000;
 /// Most write attempts per pass; tasks whose writes still conflict go to the next pass.
 pub(crate) const MAX_ATTEMPTS: u32 = 3;
 /// Pause after a write failed for a reason other than a conflict (e.g. lost leadership), in ms.

@@ -35,7 +35,7 @@ use crate::state::ClusterState;
 /// Most entries one request may hold.
 pub const MAX_WATCH_ENTRIES: usize = 64;
 /// Most selectors one entry may hold.
-pub const MAX_FILTERS_PER_ENTRY: usize = 16;
+pub(super) const MAX_FILTERS_PER_ENTRY: usize = 16;
 /// Messages queued for one subscriber between the store's watch queue and the connection.
 pub const SUBSCRIBER_QUEUE_MESSAGES: usize = 64;
 /// Log entries read per step of a replay.

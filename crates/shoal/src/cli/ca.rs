@@ -48,7 +48,7 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CliError> {
 }
 
 /// Runs a ca command.
-pub fn run(c: &Client, cmd: CaCommand, out: &mut dyn Write) -> Result<(), CliError> {
+pub(super) fn run(c: &Client, cmd: CaCommand, out: &mut dyn Write) -> Result<(), CliError> {
     let (name, dir) = match cmd {
         CaCommand::IssueClientCert { name, out } => (name, out),
         CaCommand::RevokeClientCert { cert, serial } => return revoke(c, cert, serial, out),

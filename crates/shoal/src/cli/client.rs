@@ -17,9 +17,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Longest a request (connect, send, read the whole answer) may take.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest response body read.
-pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+pub(super) const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest response head (status line and headers) read.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most headers in a response.
@@ -58,7 +58,7 @@ pub enum CliError {
 }
 
 /// Turns `unix:///path` or a bare path into a socket path.
-pub fn socket_path(host: &str) -> Result<PathBuf, CliError> {
+pub(super) fn socket_path(host: &str) -> Result<PathBuf, CliError> {
     if let Some(p) = host.strip_prefix("unix://") {
         return Ok(PathBuf::from(p));
     }
@@ -309,12 +309,12 @@ fn read_response<S: TimedRead>(r: &mut Reader<S>) -> Result<(StatusCode, Vec<u8>
 }
 
 /// Percent-encodes one path segment or query value.
-pub fn enc(s: &str) -> String {
+pub(super) fn enc(s: &str) -> String {
     urlencoding::encode(s).into_owned()
 }
 
 /// A `filters=` query value for Docker's filter syntax: `{"name": {"value": true}, ...}`.
-pub fn filters_query(pairs: &[(&str, &str)]) -> String {
+pub(super) fn filters_query(pairs: &[(&str, &str)]) -> String {
     let mut map = serde_json::Map::new();
     for (k, v) in pairs {
         let entry = map.entry(k.to_string()).or_insert_with(|| serde_json::Value::Object(Default::default()));

@@ -64,7 +64,7 @@ pub enum NetworkCommand {
 }
 
 /// Runs a network command.
-pub fn run(c: &Client, cmd: NetworkCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
+pub(super) fn run(c: &Client, cmd: NetworkCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
     match cmd {
         NetworkCommand::Create { driver, subnet, gateway, ip_range, attachable, internal, label, name } => {
             let mut labels = std::collections::BTreeMap::new();

@@ -86,7 +86,7 @@ fn manager_status(n: &NodeJson) -> String {
 }
 
 /// Runs a node command.
-pub fn run_node(c: &Client, cmd: NodeCommand, out: &mut dyn Write) -> Result<(), CliError> {
+pub(super) fn run_node(c: &Client, cmd: NodeCommand, out: &mut dyn Write) -> Result<(), CliError> {
     match cmd {
         NodeCommand::Ls { format } => {
             let nodes: Vec<NodeJson> = c.get("/nodes")?;
@@ -141,7 +141,7 @@ pub fn run_node(c: &Client, cmd: NodeCommand, out: &mut dyn Write) -> Result<(),
 }
 
 /// Runs a task command.
-pub fn run_task(c: &Client, cmd: TaskCommand, out: &mut dyn Write) -> Result<(), CliError> {
+pub(super) fn run_task(c: &Client, cmd: TaskCommand, out: &mut dyn Write) -> Result<(), CliError> {
     match cmd {
         TaskCommand::Ls { service, node, desired_state, format } => {
             let mut f: Vec<(&str, &str)> = Vec::new();

@@ -18,7 +18,7 @@ pub enum Format {
 }
 
 /// Writes `rows` under `header` as columns separated by three spaces, without borders, like `docker ls`.
-pub fn table(out: &mut dyn Write, header: &[&str], rows: Vec<Vec<String>>) -> Result<(), CliError> {
+pub(super) fn table(out: &mut dyn Write, header: &[&str], rows: Vec<Vec<String>>) -> Result<(), CliError> {
     let mut t = Table::new();
     t.load_preset(presets::NOTHING).set_content_arrangement(ContentArrangement::Disabled);
     t.set_header(header.to_vec());
@@ -35,23 +35,23 @@ pub fn table(out: &mut dyn Write, header: &[&str], rows: Vec<Vec<String>>) -> Re
 }
 
 /// Writes `v` as indented JSON.
-pub fn json(out: &mut dyn Write, v: &impl serde::Serialize) -> Result<(), CliError> {
+pub(super) fn json(out: &mut dyn Write, v: &impl serde::Serialize) -> Result<(), CliError> {
     let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Usage(e.to_string()))?;
     writeln!(out, "{s}").map_err(io)
 }
 
 /// Maps a write error (e.g. a closed pipe).
-pub fn io(e: std::io::Error) -> CliError {
+pub(super) fn io(e: std::io::Error) -> CliError {
     CliError::Usage(format!("cannot write the output: {e}"))
 }
 
 /// The first 12 characters of an ID, as docker prints them.
-pub fn short_id(id: &str) -> String {
+pub(super) fn short_id(id: &str) -> String {
     id.chars().take(12).collect()
 }
 
 /// "running" -> "Running".
-pub fn capitalize(s: &str) -> String {
+pub(super) fn capitalize(s: &str) -> String {
     let mut c = s.chars();
     match c.next() {
         Some(f) => f.to_uppercase().chain(c).collect(),
@@ -60,7 +60,7 @@ pub fn capitalize(s: &str) -> String {
 }
 
 /// How long ago an RFC 3339 time was, in docker's words ("less than a second", "5 seconds", "2 minutes").
-pub fn ago(rfc3339: &str, now: SystemTime) -> String {
+pub(super) fn ago(rfc3339: &str, now: SystemTime) -> String {
     let Ok(t) = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339) else {
         return String::new();
     };

@@ -16,7 +16,7 @@ use super::output::{self, ago, Format};
 
 /// Which of the two kinds a command is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(super) enum Kind {
     /// `/secrets`.
     Secret,
     /// `/configs`.
@@ -109,7 +109,7 @@ fn labels(label: &[String]) -> Result<BTreeMap<String, String>, CliError> {
 }
 
 /// Runs a secret (`kind` Secret) or config command.
-pub fn run(
+pub(super) fn run(
     c: &Client,
     kind: Kind,
     cmd: SecretCommand,

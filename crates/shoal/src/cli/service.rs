@@ -257,13 +257,13 @@ fn parse_config_ref(v: &str) -> Result<ConfigReferenceJson, String> {
 }
 
 /// Parses "5s", "1m30s" into nanoseconds.
-pub fn parse_duration_ns(s: &str) -> Result<i64, String> {
+pub(super) fn parse_duration_ns(s: &str) -> Result<i64, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 5s, 1m30s)"))?;
     i64::try_from(d.as_nanos()).map_err(|_| format!("duration {s:?} is too long"))
 }
 
 /// Parses a CPU count ("0.5") into nano-CPUs.
-pub fn parse_cpus(s: &str) -> Result<i64, String> {
+pub(super) fn parse_cpus(s: &str) -> Result<i64, String> {
     let f: f64 = s.parse().map_err(|_| format!("invalid CPU count {s:?}: expected a number like 0.5"))?;
     if !f.is_finite() || f < 0.0 {
         return Err(format!("invalid CPU count {s:?}: must be 0 or more"));
@@ -272,7 +272,7 @@ pub fn parse_cpus(s: &str) -> Result<i64, String> {
 }
 
 /// Parses a byte count with an optional k/m/g suffix (powers of 1024).
-pub fn parse_bytes(s: &str) -> Result<i64, String> {
+pub(super) fn parse_bytes(s: &str) -> Result<i64, String> {
     let lower = s.trim().to_ascii_lowercase();
     let lower = lower.trim_end_matches('b');
     let (num, mult) = match lower.chars().last() {
@@ -293,7 +293,7 @@ fn check_kv(what: &str, v: &str) -> Result<(), CliError> {
 }
 
 /// Splits a shell-like string into words, honoring single and double quotes and backslashes.
-pub fn split_words(s: &str) -> Result<Vec<String>, CliError> {
+pub(super) fn split_words(s: &str) -> Result<Vec<String>, CliError> {
     let mut words = Vec::new();
     let mut cur = String::new();
     let mut in_word = false;
@@ -448,7 +448,12 @@ fn image_of(spec: &shoal_engine_api::json::TaskSpecJson) -> String {
 }
 
 /// Prints tasks as `service ps` / `task ls` do: history tasks of a slot indented under the newest.
-pub fn print_tasks(c: &Client, out: &mut dyn Write, mut tasks: Vec<TaskJson>, format: Format) -> Result<(), CliError> {
+pub(super) fn print_tasks(
+    c: &Client,
+    out: &mut dyn Write,
+    mut tasks: Vec<TaskJson>,
+    format: Format,
+) -> Result<(), CliError> {
     if format == Format::Json {
         return output::json(out, &tasks);
     }
@@ -503,7 +508,7 @@ pub fn print_tasks(c: &Client, out: &mut dyn Write, mut tasks: Vec<TaskJson>, fo
 }
 
 /// Runs a service command.
-pub fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
+pub(super) fn run(c: &Client, cmd: ServiceCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
     match cmd {
         ServiceCommand::Create(a) => {
             let spec = build_spec(*a)?;

@@ -62,7 +62,7 @@ pub enum SwarmCommand {
 }
 
 /// Runs a swarm command.
-pub fn run(c: &Client, cmd: SwarmCommand, out: &mut dyn Write) -> Result<(), CliError> {
+pub(super) fn run(c: &Client, cmd: SwarmCommand, out: &mut dyn Write) -> Result<(), CliError> {
     let (quiet, rotate, role) = match cmd {
         SwarmCommand::JoinToken { quiet, rotate, role } => (quiet, rotate, role),
         SwarmCommand::Update { autolock, rebalance } => return super::swarm_lock::update(c, autolock, rebalance, out),

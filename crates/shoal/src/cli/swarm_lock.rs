@@ -39,7 +39,7 @@ fn print_key(out: &mut dyn Write, key: &str, quiet: bool) -> Result<(), CliError
 }
 
 /// `shoal swarm update --autolock=BOOL`.
-pub fn update(
+pub(super) fn update(
     c: &Client,
     autolock: Option<bool>,
     rebalance: Option<bool>,
@@ -66,7 +66,7 @@ pub fn update(
 }
 
 /// `shoal swarm unlock-key [-q] [--rotate]`.
-pub fn show_key(c: &Client, quiet: bool, rotate: bool, out: &mut dyn Write) -> Result<(), CliError> {
+pub(super) fn show_key(c: &Client, quiet: bool, rotate: bool, out: &mut dyn Write) -> Result<(), CliError> {
     if rotate {
         let swarm: Value = c.get("/swarm")?;
         if !swarm["Spec"]["EncryptionConfig"]["AutoLockManagers"].as_bool().unwrap_or(false) {
@@ -83,7 +83,7 @@ pub fn show_key(c: &Client, quiet: bool, rotate: bool, out: &mut dyn Write) -> R
 }
 
 /// `shoal swarm unlock [--key-file F]`: `input` is stdin unless a key file is given.
-pub fn unlock(
+pub(super) fn unlock(
     c: &Client,
     key_file: Option<&Path>,
     input: &mut dyn BufRead,

@@ -18,7 +18,7 @@ use super::wait_until;
 const WAIT: Duration = Duration::from_secs(90);
 
 /// The port the outside listener answers on.
-pub const OUTSIDE_PORT: u16 = 8099;
+pub(crate) const OUTSIDE_PORT: u16 = 8099;
 
 /// `get(host, port)`: one HTTP/1.0 GET of `/` over a fresh connection, the body decoded (Python, for the
 /// stack's task scripts; a macro so that scripts can `concat!` it).
@@ -46,7 +46,7 @@ pub(crate) use py_get;
 /// to), and the outside listener (`OUTSIDE`, port 8099), one `RESULT <what> <answer>=<count> ...` line each,
 /// then `RESULT DONE`. Each target's first GET is retried for up to 10 s (the VIP's backends are set a moment
 /// after RUNNING).
-pub const CLIENT: &str = concat!(
+pub(crate) const CLIENT: &str = concat!(
     "\nimport collections, os, socket, time\n",
     py_get!(),
     r#"def names(n):
@@ -86,7 +86,7 @@ time.sleep(100000)
 /// rest the entrypoint) with 2 replicas publishing `published` (ingress) on `front` and `back`, `db` runs the
 /// same on `back`, `client` runs `client` on `front` with `OUTSIDE=<outside>` and no restart. `$` in the
 /// scripts is escaped from compose's interpolation. A test adds placement or environment to it.
-pub fn compose(image: &str, web: &[String], client: &[String], outside: &str, published: u16) -> Value {
+pub(crate) fn compose(image: &str, web: &[String], client: &[String], outside: &str, published: u16) -> Value {
     let escaped = |v: &[String]| -> Vec<String> { v.iter().map(|a| a.replace('$', "$$")).collect() };
     let (web, client) = (escaped(web), escaped(client));
     let (entry, web_cmd) = web.split_at(web.len() - 1);
@@ -106,7 +106,7 @@ pub fn compose(image: &str, web: &[String], client: &[String], outside: &str, pu
 }
 
 /// The counts of a `RESULT <what> answer=n ...` line.
-pub fn counts(line: &str) -> BTreeMap<String, u32> {
+pub(crate) fn counts(line: &str) -> BTreeMap<String, u32> {
     line.split_whitespace()
         .skip(1)
         .filter_map(|kv| kv.rsplit_once('='))
@@ -118,7 +118,7 @@ pub fn counts(line: &str) -> BTreeMap<String, u32> {
 /// the two tasks' addresses `web_addrs` (sorted), `db` (on no network of the client's) to nothing; both tasks
 /// answer through the name and the VIP (at least 5 of 40 each: an even spread misses that with probability
 /// below 1e-6) with nothing failing, and the outside listener answers all 40.
-pub fn check_client(r: &[String], vip: &str, web_addrs: &[String]) {
+pub(crate) fn check_client(r: &[String], vip: &str, web_addrs: &[String]) {
     assert!(r.contains(&format!("web {vip}")), "web resolves to its VIP on front {vip}: {r:?}");
     assert!(r.contains(&format!("tasks.web {}", web_addrs.join(","))), "tasks.web is {web_addrs:?}: {r:?}");
     let db = r.iter().find(|l| l.starts_with("db")).unwrap_or_else(|| panic!("no db line: {r:?}"));
@@ -136,7 +136,7 @@ pub fn check_client(r: &[String], vip: &str, web_addrs: &[String]) {
 
 /// The VIP (without its prefix length) of service `service` on network `network`, with `docker` (the CLI
 /// against a manager).
-pub fn vip_on(docker: impl Fn(&[&str]) -> String, service: &str, network: &str) -> String {
+pub(crate) fn vip_on(docker: impl Fn(&[&str]) -> String, service: &str, network: &str) -> String {
     let id = docker(&["network", "inspect", network, "--format", "{{.Id}}"]);
     let format = "{{range .Endpoint.VirtualIPs}}{{.NetworkID}} {{.Addr}}\n{{end}}";
     let vips = docker(&["service", "inspect", service, "--format", format]);
@@ -157,7 +157,7 @@ fn run(args: &[&str]) -> String {
 
 /// The outside world: a namespace with an HTTP listener on port 8099 answering `outside`, at `ip`, that the
 /// nodes reach through a router (their FORWARD chain on the way out, masqueraded). Deleted on drop.
-pub struct Outside {
+pub(crate) struct Outside {
     ns: String,
     /// The address the outside reaches a node at (the host's end of the veth; a node's own address on the
     /// underlay).
@@ -171,7 +171,7 @@ impl Outside {
     /// Beside the machine's own namespace, linked by a veth (`dpo<pid>` on the host, 10.251.<n>.1/30;
     /// 10.251.<n>.2 inside, its default route via the host): what the host forwards to it meets the host's
     /// FORWARD chain.
-    pub fn beside_host() -> Outside {
+    pub(crate) fn beside_host() -> Outside {
         let pid = std::process::id();
         let n = pid % 250 + 1;
         let (ns, link) = (format!("shoal-t-{pid}-outside"), format!("dpo{pid}"));
@@ -192,7 +192,7 @@ impl Outside {
     /// On the underlay of `net` (a veth into its hub's bridge, 10.77.0.254/24), which becomes every node's
     /// default router; the listener is at 10.250.0.1, beyond it (not on the nodes' subnet, so a task's
     /// connection leaves its node by its default route, as to the internet). `host_ip` is node 0's address.
-    pub fn router_of(net: &Net, nodes: usize) -> Outside {
+    pub(crate) fn router_of(net: &Net, nodes: usize) -> Outside {
         let ns = format!("{}-out", net.hub());
         let (router, ip) = ("10.77.0.254", "10.250.0.1");
         let mut o = Outside { ns: ns.clone(), host_ip: net.ip(0), ip: ip.into(), server: None };
@@ -228,7 +228,7 @@ impl Outside {
     }
 
     /// A GET from inside the outside namespace: the body, or the error.
-    pub fn get(&self, host: &str, port: u16) -> Result<String, String> {
+    pub(crate) fn get(&self, host: &str, port: u16) -> Result<String, String> {
         let out = Command::new("ip")
             .args(["netns", "exec", &self.ns, "/usr/bin/python3", "-S", "-c"])
             .arg(format!(

@@ -12,7 +12,7 @@ use super::{docker_cli, wait_until, DaemonProcess};
 const WAIT: Duration = Duration::from_secs(90);
 
 /// One thing checked on a task's container.
-pub enum Check {
+pub(crate) enum Check {
     /// `docker inspect` of the container: the value at this JSON pointer.
     Inspect(&'static str, Value),
     /// `docker exec` of this shell line in the container: its output contains the text.
@@ -23,7 +23,7 @@ pub enum Check {
 }
 
 /// The running container of task `task_id` (all nodes share the machine's engine).
-pub fn container_of_task(task_id: &str) -> String {
+pub(crate) fn container_of_task(task_id: &str) -> String {
     let filter = format!("label=com.docker.swarm.task.id={task_id}");
     wait_until(&format!("the running container of task {task_id}"), WAIT, || {
         let id = engine_ok(&["ps", "-q", "--no-trunc", "--filter", &filter]).trim().to_string();
@@ -36,7 +36,7 @@ pub fn container_of_task(task_id: &str) -> String {
 }
 
 /// Runs `checks` on `container`, a container of `service`; `what` names it in failures.
-pub fn check_container(d: &DaemonProcess, what: &str, service: &str, container: &str, checks: &[Check]) {
+pub(crate) fn check_container(d: &DaemonProcess, what: &str, service: &str, container: &str, checks: &[Check]) {
     let inspect: Value = serde_json::from_str(&engine_ok(&["inspect", container])).unwrap();
     let inspect = &inspect[0];
     for c in checks {

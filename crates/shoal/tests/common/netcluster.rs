@@ -18,19 +18,19 @@ use shoal_testkit::netns::Net;
 use super::{desired, docker_cli, shoal_bin, state, tasks_of, wait_until, DaemonProcess};
 
 /// The remote API port of every node (each has its own namespace, hence its own port space).
-pub const PORT: u16 = 4242;
+pub(crate) const PORT: u16 = 4242;
 const WAIT: Duration = Duration::from_secs(60);
 /// Docker tasks wait longer (the holder image is loaded, containers are created through the engine).
 const DOCKER_WAIT: Duration = Duration::from_secs(90);
 
 /// The python3 of the process executor's tasks.
-pub const PYTHON: &str = "/usr/bin/python3";
+pub(crate) const PYTHON: &str = "/usr/bin/python3";
 
 /// An HTTP server on port 80 answering every request with the address the connection arrived at (the task's
 /// own address on the network, also when the client connected to the VIP or through the mesh). Only `socket`
 /// is imported (python runs with `-S`): it listens within milliseconds of its start, so a task reported
 /// RUNNING answers almost at once (the process executor has no health check to wait for).
-pub const SERVER: &str = r#"
+pub(crate) const SERVER: &str = r#"
 import socket
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -53,7 +53,7 @@ while True:
 /// `CLIENT host port n [rate]`: `n` sequential GETs (a connection each, 3 s timeout), then one line
 /// `answer=count ...` (failures counted as `error:<kind>`); with `rate`, one more line `RATE <requests/s>`
 /// (and the first failure ends the run).
-pub const CLIENT: &str = r#"
+pub(crate) const CLIENT: &str = r#"
 import socket, sys, time, collections
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 seen = collections.Counter()
@@ -81,7 +81,7 @@ if len(sys.argv) > 4:
 "#;
 
 /// Shoal daemons in network namespaces of their own, joined into one cluster, with their tasks.
-pub struct Cluster {
+pub(crate) struct Cluster {
     /// The daemons, the first one the manager. Dropped before `net`: a namespace lives on while a process
     /// is inside it.
     pub ds: Vec<DaemonProcess>,
@@ -96,7 +96,7 @@ pub struct Cluster {
 }
 
 /// Daemon `i`'s options in `net` with `executor` and `extra_args`.
-pub fn options(net: &Net, i: usize, executor: &str, extra_args: Vec<String>) -> DaemonOptions {
+pub(crate) fn options(net: &Net, i: usize, executor: &str, extra_args: Vec<String>) -> DaemonOptions {
     DaemonOptions {
         listen_ip: Some(net.ip(i)),
         port: Some(PORT),
@@ -117,17 +117,17 @@ fn node_id(d: &DaemonProcess) -> String {
 
 impl Cluster {
     /// Three process-executor nodes.
-    pub fn start(tag: &str) -> Cluster {
+    pub(crate) fn start(tag: &str) -> Cluster {
         Cluster::start_with(tag, "process")
     }
 
     /// Three docker-executor nodes; dropping the cluster removes their containers and holders too.
-    pub fn start_docker(tag: &str) -> Cluster {
+    pub(crate) fn start_docker(tag: &str) -> Cluster {
         Cluster::start_with(tag, "docker")
     }
 
     /// One node (a one-node swarm) with `executor`, in its namespace prepared like a Docker host.
-    pub fn start_one(tag: &str, executor: &'static str) -> Cluster {
+    pub(crate) fn start_one(tag: &str, executor: &'static str) -> Cluster {
         Cluster::start_nodes(tag, executor, 1)
     }
 
@@ -144,7 +144,7 @@ impl Cluster {
     }
 
     /// The namespaces of `nodes` nodes, with only node-0 (the manager) started: the others join with `join`.
-    pub fn start_first(tag: &str, executor: &'static str, nodes: usize) -> Cluster {
+    pub(crate) fn start_first(tag: &str, executor: &'static str, nodes: usize) -> Cluster {
         let net = Net::docker_hosts(tag, nodes);
         let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, executor, vec![]));
         let c =
@@ -155,7 +155,7 @@ impl Cluster {
 
     /// As `start_first`, with node-0 started in no swarm (`--no-init`) and made the swarm's first manager by
     /// `docker swarm init` on its socket with `init_args` added (the address flags are given here).
-    pub fn start_first_init(tag: &str, executor: &'static str, nodes: usize, init_args: &[&str]) -> Cluster {
+    pub(crate) fn start_first_init(tag: &str, executor: &'static str, nodes: usize, init_args: &[&str]) -> Cluster {
         let net = Net::docker_hosts(tag, nodes);
         let first = DaemonProcess::start_with(&shoal_bin(), options(&net, 0, executor, vec!["--no-init".into()]));
         let addr = format!("{}:{PORT}", net.ip(0));
@@ -169,12 +169,12 @@ impl Cluster {
     }
 
     /// Node `i` joins as a worker (the nodes join in order); returns once every started node is ready.
-    pub fn join(&mut self, i: usize) {
+    pub(crate) fn join(&mut self, i: usize) {
         self.join_with(i, &[]);
     }
 
     /// As `join`, with `extra` daemon flags.
-    pub fn join_with(&mut self, i: usize, extra: &[&str]) {
+    pub(crate) fn join_with(&mut self, i: usize, extra: &[&str]) {
         assert_eq!(i, self.ds.len(), "nodes join in order");
         let token = self.ds[0].get("/v1.47/swarm")["JoinTokens"]["Worker"].as_str().expect("worker token").to_string();
         let mut join = vec!["--join-addr".into(), self.ds[0].remote_addr(), "--join-token".into(), token];
@@ -210,17 +210,17 @@ impl Cluster {
     }
 
     /// The manager's daemon.
-    pub fn manager(&self) -> &DaemonProcess {
+    pub(crate) fn manager(&self) -> &DaemonProcess {
         &self.ds[0]
     }
 
     /// The docker CLI's output of `args` against the manager (the test fails if it fails).
-    pub fn docker(&self, args: &[&str]) -> String {
+    pub(crate) fn docker(&self, args: &[&str]) -> String {
         docker_cli::ok(self.manager().socket(), args)
     }
 
     /// The service's running tasks, once there are `n`.
-    pub fn running(&mut self, service: &str, n: usize) -> Vec<Value> {
+    pub(crate) fn running(&mut self, service: &str, n: usize) -> Vec<Value> {
         let wait = if self.executor == "docker" { DOCKER_WAIT } else { WAIT };
         let tasks = wait_until(&format!("{n} running tasks of {service}"), wait, || {
             let tasks = tasks_of(self.manager(), service);
@@ -244,14 +244,14 @@ impl Cluster {
     }
 
     /// The first virtual IP of `service` (without its prefix length).
-    pub fn vip(&self, service: &str) -> String {
+    pub(crate) fn vip(&self, service: &str) -> String {
         let ep = &self.manager().get(&format!("/v1.47/services/{service}"))["Endpoint"];
         let vip = ep["VirtualIPs"][0]["Addr"].as_str().unwrap_or_else(|| panic!("{service} has no VIP: {ep}"));
         vip.split('/').next().unwrap().to_string()
     }
 
     /// The hostname index of the node task `t` runs on.
-    pub fn node_of(&self, t: &Value) -> usize {
+    pub(crate) fn node_of(&self, t: &Value) -> usize {
         let node = t["NodeID"].as_str().unwrap();
         let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"]
             .as_str()
@@ -261,7 +261,7 @@ impl Cluster {
     }
 
     /// Runs `cmd` in node `i`'s namespace; its output.
-    pub fn in_node(&self, i: usize, cmd: &[&str]) -> String {
+    pub(crate) fn in_node(&self, i: usize, cmd: &[&str]) -> String {
         let out = std::process::Command::new("ip")
             .args(["netns", "exec", self.net.ns(i)])
             .args(cmd)
@@ -271,19 +271,19 @@ impl Cluster {
     }
 
     /// The engine's containers (running or not, holders too) of node `i`.
-    pub fn containers(&self, i: usize) -> Vec<String> {
+    pub(crate) fn containers(&self, i: usize) -> Vec<String> {
         shoal_testkit::docker_engine::containers_of_node(&self.node_ids[i])
     }
 
     /// What Shoal's data plane has on node `i`: the Shoal links (`shl*`) of its namespace and of its networks'
     /// namespaces, those namespaces, and its iptables FORWARD rules (comment `shoal-netplane`, both back ends).
-    pub fn shoal_links(&self, i: usize) -> Vec<String> {
+    pub(crate) fn shoal_links(&self, i: usize) -> Vec<String> {
         self.shoal_links_with_index(i).iter().map(|l| l.split('#').next().unwrap_or_default().to_string()).collect()
     }
 
     /// As `shoal_links`, links with their interface index (`name#index`, `name#index@<network namespace>`: a
     /// link made again gets a new one).
-    pub fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String> {
+    pub(crate) fn shoal_links_with_index(&self, i: usize) -> BTreeSet<String> {
         let links = |out: String, at: &str| -> Vec<String> {
             out.lines()
                 .filter_map(|l| {
@@ -306,7 +306,7 @@ impl Cluster {
     }
 
     /// The task namespaces (`/run/netns/shl-task-<id>`) of the tasks seen that are still there.
-    pub fn task_namespaces(&self) -> Vec<String> {
+    pub(crate) fn task_namespaces(&self) -> Vec<String> {
         self.tasks_seen
             .iter()
             .map(|id| format!("shl-task-{id}"))
@@ -315,13 +315,13 @@ impl Cluster {
     }
 
     /// `CLIENT` run in node `from`'s namespace against `host:port`: the answers counted.
-    pub fn get(&self, from: usize, host: &str, port: u16, n: u32) -> BTreeMap<String, u32> {
+    pub(crate) fn get(&self, from: usize, host: &str, port: u16, n: u32) -> BTreeMap<String, u32> {
         let out = self.client(from, host, port, n, false);
         parse_counts(out.lines().next().unwrap_or(""))
     }
 
     /// `CLIENT` run in node `from`'s namespace against `host:port`: its output (`rate`: with the `RATE` line).
-    pub fn client(&self, from: usize, host: &str, port: u16, n: u32, rate: bool) -> String {
+    pub(crate) fn client(&self, from: usize, host: &str, port: u16, n: u32, rate: bool) -> String {
         let mut cmd = std::process::Command::new("ip");
         cmd.args([
             "netns",
@@ -344,12 +344,12 @@ impl Cluster {
     }
 
     /// The `RESULT` lines task `t` printed, once it printed `DONE`.
-    pub fn results(&self, t: &Value) -> Vec<String> {
+    pub(crate) fn results(&self, t: &Value) -> Vec<String> {
         self.results_until(t, "DONE")
     }
 
     /// The `RESULT` lines task `t` printed, once one of them is `last`.
-    pub fn results_until(&self, t: &Value, last: &str) -> Vec<String> {
+    pub(crate) fn results_until(&self, t: &Value, last: &str) -> Vec<String> {
         let id = t["ID"].as_str().unwrap();
         let node = t["NodeID"].as_str().unwrap();
         let host = self.manager().get(&format!("/v1.47/nodes/{node}"))["Description"]["Hostname"]
@@ -408,7 +408,7 @@ impl Drop for Cluster {
 }
 
 /// Task `t`'s address on `network` (without its prefix length).
-pub fn address_on(t: &Value, network: &str) -> String {
+pub(crate) fn address_on(t: &Value, network: &str) -> String {
     let a = t["NetworksAttachments"]
         .as_array()
         .unwrap()
@@ -419,7 +419,7 @@ pub fn address_on(t: &Value, network: &str) -> String {
 }
 
 /// The counts of a `CLIENT` answer line.
-pub fn parse_counts(line: &str) -> BTreeMap<String, u32> {
+pub(crate) fn parse_counts(line: &str) -> BTreeMap<String, u32> {
     line.split_whitespace()
         .filter_map(|kv| kv.rsplit_once('='))
         .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(0)))
