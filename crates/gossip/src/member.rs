@@ -459,9 +459,7 @@ impl Member {
         for network in &asked.networks {
             let from = (network.clone(), String::new(), String::new());
             for (k, (t, v)) in self.published.range(from..).take_while(|(k, _)| &k.0 == network) {
-                // The database's message, without memberlist's user-message type in front.
-                let event = self.table_event(k, TABLE_CREATE, *t, v);
-                messages.push(SimpleMessage { payload: event[1..].to_vec() });
+                messages.push(SimpleMessage { payload: self.table_gossip(k, TABLE_CREATE, *t, v) });
             }
         }
         let payload = GossipMessage { kind: NETWORKDB_COMPOUND, data: CompoundMessage { messages }.encode_to_vec() }
@@ -614,6 +612,13 @@ impl Member {
 
     /// A user message: this member's `TableEvent` of `kind_` for entry `k`.
     fn table_event(&self, k: &(String, String, String), kind_: i32, l_time: u64, value: &[u8]) -> Vec<u8> {
+        let mut msg = vec![kind::USER];
+        msg.extend_from_slice(&self.table_gossip(k, kind_, l_time, value));
+        msg
+    }
+
+    /// The network database's message (`GossipMessage`) of this member's `TableEvent` for entry `k`.
+    fn table_gossip(&self, k: &(String, String, String), kind_: i32, l_time: u64, value: &[u8]) -> Vec<u8> {
         let e = TableEvent {
             kind: kind_,
             l_time,
@@ -624,11 +629,11 @@ impl Member {
             value: value.to_vec(),
             residual_reap_time: if kind_ == TABLE_DELETE { REAP_SECONDS } else { 0 },
         };
-        user(NETWORKDB_TABLE_EVENT, e.encode_to_vec())
+        GossipMessage { kind: NETWORKDB_TABLE_EVENT, data: e.encode_to_vec() }.encode_to_vec()
     }
 
-    /// An engine (`node`, at `to`) joined `network`: it hears this member's join and entries there, which
-    /// its own join's bulk sync would not bring (this member answers no bulk sync).
+    /// An engine (`node`, at `to`) joined `network`: it hears this member's join and entries there at once
+    /// (its own join's bulk sync goes to two random nodes of the network, perhaps not this member).
     fn greet(&mut self, node: &str, network: &str) {
         let Some(&joined) = self.joined.get(network) else { return };
         let Some(to) = self.peers.get(node).map(|p| p.addr) else { return };

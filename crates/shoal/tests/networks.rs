@@ -473,11 +473,13 @@ fn the_python_docker_sdk_creates_lists_and_removes_networks() {
     let script = r#"
 import os, docker
 c = docker.DockerClient(base_url="unix://" + os.environ["SHOAL_SOCKET"])
-ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.33.0.0/24")])
+ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.33.0.0/24")],
+                               options={"site": "lab"})
 n = c.networks.create("pynet", driver="overlay", attachable=True, ipam=ipam, labels={"k": "v"})
 got = c.networks.get(n.id)
 assert got.name == "pynet", got.attrs
 assert got.attrs["IPAM"]["Config"][0]["Subnet"] == "10.33.0.0/24", got.attrs
+assert got.attrs["IPAM"]["Options"] == {"site": "lab"}, got.attrs
 assert got.attrs["Attachable"] is True
 names = sorted(x.name for x in c.networks.list())
 assert names == ["ingress", "pynet"], names

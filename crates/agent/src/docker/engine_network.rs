@@ -60,7 +60,7 @@ impl EngineNetwork {
             )
             .filter(|c: &Vec<IpamConfig>| !c.is_empty()),
             // The engine's IPAM driver gets them as Docker's executor gives them.
-            options: ipam_options.clone(),
+            options: ipam_options,
         });
         // The engine takes no other setting, labels included, beside a config-only network.
         let labels = config_from.is_none().then(|| HashMap::from([(LABEL_SWARM_NETWORK.to_string(), n.id.clone())]));

@@ -341,7 +341,7 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
         }
         // Kept with the network and shown back, as Docker keeps them: its default IPAM reads none of them
         // (swarm's one, `com.docker.network.ipam.serial`, is how Shoal always allocates). Bounded as labels are.
-        let bytes: usize = d.options.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let bytes = super::secret::map_bytes(&d.options);
         if bytes > MAX_IPAM_OPTION_BYTES {
             return Err(invalid(format!(
                 "IPAM options are {bytes} bytes, over the limit of {MAX_IPAM_OPTION_BYTES} bytes; give fewer or \

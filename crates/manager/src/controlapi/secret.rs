@@ -78,7 +78,8 @@ pub(super) fn validate_name(kind: &str, name: &str) -> Result<(), ControlError> 
     Ok(())
 }
 
-fn map_bytes(m: &HashMap<String, String>) -> usize {
+/// The bytes of a string map's keys and values.
+pub(super) fn map_bytes(m: &HashMap<String, String>) -> usize {
     m.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
