@@ -12,6 +12,7 @@ pub mod authz;
 mod bootstrap;
 mod config;
 pub mod connection_caps;
+pub(crate) mod control_socket;
 pub mod external_ca;
 mod gossip;
 mod identity;
@@ -128,9 +129,9 @@ pub struct RunningNode {
     state: ClusterState,
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<Started>,
-    /// The control socket's server, stopped last (a leave is answered through it after the rest stopped).
-    control_api: lifecycle::Closer,
-    control_socket: std::path::PathBuf,
+    /// The control socket when this node has its own (`Node::start`), closed last; a daemon's outlives its
+    /// nodes (`run_daemon`).
+    own_control: Option<control_socket::ControlSocket>,
     swarmkit_socket: Option<std::path::PathBuf>,
     remote_addr: std::net::SocketAddr,
     /// Set to the manager that issued this node a worker certificate once it is demoted.
@@ -292,12 +293,17 @@ pub struct Node;
 impl Node {
     /// Starts a node from `cfg`. Returns once the control socket answers.
     pub async fn start(cfg: DaemonConfig) -> Result<RunningNode, NodeError> {
-        Self::start_in(cfg, Default::default()).await
+        let control = control_socket::ControlSocket::new(&cfg.listen_control_api);
+        let mut node = Self::start_in(cfg, &control, Default::default()).await?;
+        node.own_control = Some(control);
+        Ok(node)
     }
 
-    /// `start`, with the node's swarm lifecycle for its control socket (`/swarm/leave`).
+    /// `start`, on the daemon's `control` socket (bound here if it is not yet), with the node's swarm
+    /// lifecycle for it (`/swarm/leave`).
     pub(crate) async fn start_in(
         cfg: DaemonConfig,
+        control: &control_socket::ControlSocket,
         lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
     ) -> Result<RunningNode, NodeError> {
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| NodeError::io(&cfg.state_dir, e))?;
@@ -310,25 +316,17 @@ impl Node {
             Some(addr) => Some(metrics_listener::bind(addr).await?),
             None => None,
         };
-        let unix = bind_control_socket(&cfg.listen_control_api)?;
+        control.bind()?;
         let swarmkit = match &cfg.listen_swarmkit_api {
-            Some(path) => match swarmkit_socket::bind(path) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    let _ = std::fs::remove_file(&cfg.listen_control_api);
-                    return Err(e);
-                }
-            },
+            Some(path) => Some(swarmkit_socket::bind(path)?),
             None => None,
         };
         let first_start = identity::load(&cfg.state_dir)?.is_none() && !RaftNode::has_existing_state(&cfg.state_dir);
         let entries_before = first_start.then(|| state_dir_entries(&cfg.state_dir));
         let state_dir = cfg.state_dir.clone();
-        let control_socket = cfg.listen_control_api.clone();
         let swarmkit_socket = cfg.listen_swarmkit_api.clone();
-        let started = Self::start_with(cfg, listener, unix, metrics, swarmkit, lifecycle).await;
+        let started = Self::start_with(cfg, listener, control, metrics, swarmkit, lifecycle).await;
         if started.is_err() {
-            let _ = std::fs::remove_file(&control_socket);
             if let Some(path) = &swarmkit_socket {
                 let _ = std::fs::remove_file(path);
             }
@@ -347,7 +345,7 @@ impl Node {
     async fn start_with(
         mut cfg: DaemonConfig,
         listener: tokio::net::TcpListener,
-        unix: tokio::net::UnixListener,
+        control: &control_socket::ControlSocket,
         metrics: Option<tokio::net::TcpListener>,
         swarmkit: Option<tokio::net::UnixListener>,
         lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
@@ -418,15 +416,14 @@ impl Node {
         if let Some(addr) = cfg.listen_api_tcp {
             tasks.push(("engine-api-tcp", wiring.serve_api_tcp(addr, ctx.clone()).await?));
         }
-        let control_api = wiring.serve_control_socket(unix, ctx, &picked);
+        control.install(wiring.control_router(ctx, &picked))?;
         if let Some(listener) = swarmkit {
             tasks.push(("swarmkit-api", wiring.serve_swarmkit(listener)));
         }
         let (agent_parts, demoted) = wiring.start_agent(executor, hostname, remote_addr);
         tasks.extend(agent_parts);
 
-        let control_socket = cfg.listen_control_api.clone();
-        tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control_socket.display(),
+        tracing::info!(node_id = %identity.node_id, %cluster_id, control = %control.path().display(),
             remote = %remote_addr, "node started");
         let swarmkit_socket = cfg.listen_swarmkit_api.clone();
         Ok(RunningNode {
@@ -436,8 +433,7 @@ impl Node {
             state: core.state,
             shutdown_tx,
             tasks,
-            control_api,
-            control_socket,
+            own_control: None,
             swarmkit_socket,
             remote_addr,
             demoted,
@@ -493,25 +489,25 @@ impl RunningNode {
 
     /// Stops the node: the agent first (so every task process is stopped), then the servers and the
     /// leader-only subsystems, then Raft. Bounded: each part gets `grace` to finish before it is aborted.
-    pub async fn shutdown(self, grace: Duration) {
-        let socket = self.control_socket.clone();
-        let control_api = self.shutdown_all_but_control_api(grace).await;
-        if tokio::time::timeout(grace, control_api.close()).await.is_err() {
-            tracing::warn!(part = "engine-api", "did not stop in time");
+    pub async fn shutdown(mut self, grace: Duration) {
+        let own_control = self.own_control.take();
+        self.shutdown_parts(grace).await;
+        if let Some(control) = own_control {
+            if tokio::time::timeout(grace, control.close()).await.is_err() {
+                tracing::warn!(part = "engine-api", "did not stop in time");
+            }
         }
-        let _ = std::fs::remove_file(&socket);
     }
 
-    /// Stops everything as `shutdown` does but the control socket's server, which is returned to be closed
-    /// after an answer sent through it (a leave).
-    pub(crate) async fn shutdown_all_but_control_api(self, grace: Duration) -> lifecycle::Closer {
+    /// Stops everything as `shutdown` does but a daemon's control socket, which outlives the node (a leave
+    /// is answered through it once the node is inactive).
+    pub(crate) async fn shutdown_parts(self, grace: Duration) {
         let _ = self.shutdown_tx.send(true);
         stop_parts(self.tasks, grace).await;
         self.raft.shutdown().await;
         if let Some(path) = &self.swarmkit_socket {
             let _ = std::fs::remove_file(path);
         }
-        self.control_api
     }
 }
 
@@ -572,22 +568,6 @@ fn state_dir_entries(dir: &Path) -> std::collections::BTreeSet<std::ffi::OsStrin
     std::fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect()).unwrap_or_default()
 }
 
-/// Binds the control socket (replacing a stale one), mode 0660.
-fn bind_control_socket(control_socket: &Path) -> Result<tokio::net::UnixListener, NodeError> {
-    if let Some(dir) = control_socket.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
-    }
-    match std::fs::remove_file(control_socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(NodeError::io(control_socket, e)),
-    }
-    let unix = tokio::net::UnixListener::bind(control_socket)
-        .map_err(|e| NodeError::listen("--listen-control-api", control_socket.display(), e))?;
-    set_mode(control_socket, 0o660)?;
-    Ok(unix)
-}
-
 pub(crate) async fn wait_true(mut rx: watch::Receiver<bool>) {
     shoal_manager::stopped(&mut rx).await
 }
@@ -607,26 +587,40 @@ pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), NodeError> {
 /// worker, restarted in-process as a manager when promoted; or a manager, restarted in-process as a worker
 /// when demoted), and back to inactive on leave.
 pub async fn run_daemon(cfg: DaemonConfig, stop: impl std::future::Future<Output = ()>) -> Result<(), NodeError> {
-    let mut cfg = cfg;
     // Before any listener: the remote port's connection caps are drawn from the limit (`connection_caps`).
     if let Err(e) = connection_caps::raise_nofile_limit() {
         tracing::warn!(error = %e, "could not raise the open-file limit (RLIMIT_NOFILE); the connection caps follow \
                                     the current one");
     }
     let _state_dir_lock = lock_state_dir(&cfg.state_dir)?;
+    let control = control_socket::ControlSocket::new(&cfg.listen_control_api);
+    let ran = run_states(cfg, &control, stop).await;
+    control.close().await;
+    ran
+}
+
+/// `run_daemon`'s moves between the lifecycle's states, on the daemon's one control socket.
+async fn run_states(
+    mut cfg: DaemonConfig,
+    control: &control_socket::ControlSocket,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), NodeError> {
     let stop = std::pin::pin!(stop);
     let mut stop = stop;
     let (handle, mut requests) = lifecycle::channel();
     let mut pending: Option<lifecycle::Pending> = None;
     loop {
         if lifecycle::prepare_start(&mut cfg)? {
-            match lifecycle::serve_inactive(&mut cfg, &handle, &mut requests, &mut pending, stop.as_mut()).await? {
+            match lifecycle::serve_inactive(&mut cfg, control, &handle, &mut requests, &mut pending, stop.as_mut())
+                .await?
+            {
                 lifecycle::InactiveExit::Stopped => return Ok(()),
                 lifecycle::InactiveExit::Start => {}
             }
         }
         let from_request = pending.is_some();
-        let mut session = lifecycle::Session { handle: &handle, requests: &mut requests, pending: &mut pending };
+        let mut session =
+            lifecycle::Session { handle: &handle, control, requests: &mut requests, pending: &mut pending };
         match run_member(&mut cfg, &mut session, stop.as_mut()).await {
             Ok(MemberExit::Stopped) => return Ok(()),
             Ok(MemberExit::Left(leave)) => {
@@ -696,7 +690,7 @@ async fn run_member(
                 worker_node::WorkerExit::Promoted { via } => cfg.join_addr = Some(via),
             }
         }
-        let node = Node::start_in(cfg.clone(), session.handle.as_ref()).await?;
+        let node = Node::start_in(cfg.clone(), session.control, session.handle.as_ref()).await?;
         // Only once started: a first start that fails leaves nothing behind.
         if let Err(e) = lifecycle::record_member(cfg) {
             node.shutdown(GRACE).await;
@@ -728,8 +722,8 @@ async fn run_member(
             }
             Why::Leave(reply) => {
                 tracing::info!("docker swarm leave: stopping this manager and leaving the swarm");
-                let control_api = node.shutdown_all_but_control_api(GRACE).await;
-                return Ok(MemberExit::Left(Box::new(lifecycle::Pending::leave(reply, control_api))));
+                node.shutdown_parts(GRACE).await;
+                return Ok(MemberExit::Left(Box::new(lifecycle::Pending::leave(reply))));
             }
             Why::Demoted(via) => {
                 // Its tasks stop with the manager's agent and start again under the worker's: never twice.

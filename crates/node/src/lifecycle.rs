@@ -11,11 +11,11 @@
 //! - Leaving: its parts stop (its tasks with them), everything in the state dir but the state dir lock and
 //!   the control socket is removed, and `swarm.json` records that it left.
 //!
-//! Init and join come from the inactive socket as a `Request` with a reply channel; the answer is sent only
-//! once the node is in its new state: after a successful start its new control socket already answers (the
-//! old server is closed after the answer), and after a failure the state the attempt wrote is removed and
-//! the inactive socket is bound again before the error is sent. Leave is answered by the old control
-//! server after the new inactive one is up. Requests are taken one at a time (a queue of one; a second
+//! The daemon's one control socket (`control_socket`) stays bound through every state; each state installs
+//! what answers on it. Init and join come from the inactive socket as a `Request` with a reply channel; the
+//! answer is sent only once the node is in its new state: after a successful start the new state's router
+//! already answers, and after a failure the state the attempt wrote is removed and the inactive router is
+//! back before the error is sent. Leave is answered once the inactive router is back. Requests are taken one at a time (a queue of one; a second
 //! request meanwhile is refused, "in progress").
 //!
 //! `swarm.json` also keeps the listen and advertise addresses an init or join gave, so a restart uses them
@@ -32,9 +32,9 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use shoal_engine_api::lifecycle::{Availability, InitOptions, JoinOptions, LifecycleRef, SwarmLifecycle, SWARM_EXISTS};
 use shoal_engine_api::ApiError;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot};
 
+use crate::control_socket::ControlSocket;
 use crate::{DaemonConfig, NodeError};
 
 /// The file that records the node's lifecycle state and the addresses of its last init or join.
@@ -224,38 +224,6 @@ impl SwarmLifecycle for Handle {
     }
 }
 
-/// A server to close once an answer has been sent through it: its stop signal and its task.
-pub(crate) struct Closer {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-impl Closer {
-    pub(crate) fn new(stop: watch::Sender<bool>, task: JoinHandle<()>) -> Closer {
-        Closer { stop, task }
-    }
-
-    /// Serves `router` on the control socket `listener` until closed.
-    pub(crate) fn serve(listener: tokio::net::UnixListener, router: axum::Router) -> Closer {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            let limits = shoal_engine_api::connections::ConnectionLimits::default();
-            if let Err(e) =
-                shoal_engine_api::connections::serve_unix(listener, router, limits, crate::wait_true(stop_rx)).await
-            {
-                tracing::error!(error = %e, "control API server failed");
-            }
-        });
-        Closer::new(stop_tx, task)
-    }
-
-    /// Stops the server; in-flight requests finish (bounded by the server's own grace).
-    pub(crate) async fn close(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-}
-
 /// Where an answer goes.
 pub(crate) enum Reply {
     Init(oneshot::Sender<Result<String, ApiError>>),
@@ -272,8 +240,8 @@ impl Reply {
     }
 }
 
-/// What the node must still do about a request in progress: what the start it asked for needs, where the
-/// answer goes, and the server to close after it.
+/// What the node must still do about a request in progress: what the start it asked for needs, and where
+/// the answer goes.
 pub(crate) struct Pending {
     pub reply: Reply,
     /// For an init: the spec to write and this node's availability once the cluster exists.
@@ -282,28 +250,17 @@ pub(crate) struct Pending {
     pub join_availability: Option<Availability>,
     /// An error to answer once the inactive socket is back.
     pub failure: Option<ApiError>,
-    old_server: Option<Closer>,
 }
 
 impl Pending {
-    /// Answers and closes the old server.
-    pub(crate) async fn answer(mut self, r: Result<String, ApiError>) {
-        let old = self.old_server.take();
+    /// Answers the request (on the connection it came on: the control socket's server stays).
+    pub(crate) fn answer(self, r: Result<String, ApiError>) {
         self.reply.send(r);
-        if let Some(old) = old {
-            old.close().await;
-        }
     }
 
-    /// A leave, answered through `old_server` once the node is inactive.
-    pub(crate) fn leave(reply: oneshot::Sender<Result<(), ApiError>>, old_server: Closer) -> Pending {
-        Pending {
-            reply: Reply::Leave(reply),
-            init: None,
-            join_availability: None,
-            failure: None,
-            old_server: Some(old_server),
-        }
+    /// A leave, answered once the node is inactive.
+    pub(crate) fn leave(reply: oneshot::Sender<Result<(), ApiError>>) -> Pending {
+        Pending { reply: Reply::Leave(reply), init: None, join_availability: None, failure: None }
     }
 }
 
@@ -311,6 +268,8 @@ impl Pending {
 /// answer waits for the start.
 pub(crate) struct Session<'a> {
     pub handle: &'a Handle,
+    /// The daemon's control socket, where each state installs what answers.
+    pub control: &'a ControlSocket,
     pub requests: &'a mut mpsc::Receiver<Request>,
     pub pending: &'a mut Option<Pending>,
 }
@@ -319,7 +278,7 @@ impl Session<'_> {
     /// The node is up (`node_id`): answer the init or join that started it.
     pub(crate) async fn started(&mut self, node_id: &str) {
         if let Some(p) = self.pending.take() {
-            p.answer(Ok(node_id.to_string())).await;
+            p.answer(Ok(node_id.to_string()));
         }
     }
 
@@ -349,25 +308,25 @@ pub(crate) enum InactiveExit {
 /// attempt (a failure, a leave) is sent once this socket answers.
 pub(crate) async fn serve_inactive(
     cfg: &mut DaemonConfig,
+    control: &ControlSocket,
     handle: &Handle,
     requests: &mut mpsc::Receiver<Request>,
     pending: &mut Option<Pending>,
     stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Result<InactiveExit, NodeError> {
-    let listener = crate::bind_control_socket(&cfg.listen_control_api)?;
     let ctx = shoal_engine_api::lifecycle::InactiveContext {
         hostname: cfg.hostname.clone().unwrap_or_else(crate::machine_hostname),
         default_spec: crate::default_cluster_spec(),
         lifecycle: handle.as_ref(),
     };
     let router = crate::engine_relay(cfg, None).wrap(shoal_engine_api::lifecycle::inactive_router(ctx));
-    let server = Closer::serve(listener, router);
+    control.install(router)?;
     if let Some(mut p) = pending.take() {
         let r = match p.failure.take() {
             Some(e) => Err(e),
             None => Ok(String::new()),
         };
-        p.answer(r).await;
+        p.answer(r);
     }
     tracing::info!(
         control = %cfg.listen_control_api.display(),
@@ -376,17 +335,11 @@ pub(crate) async fn serve_inactive(
     let mut stop = stop;
     loop {
         let req = tokio::select! {
-            _ = stop.as_mut() => {
-                server.close().await;
-                return Ok(InactiveExit::Stopped);
-            }
+            _ = stop.as_mut() => return Ok(InactiveExit::Stopped),
             r = requests.recv() => r,
         };
         match req {
-            None => {
-                server.close().await;
-                return Ok(InactiveExit::Stopped);
-            }
+            None => return Ok(InactiveExit::Stopped),
             Some(Request::Leave(reply)) => {
                 let _ = reply.send(Err(ApiError::Unavailable(shoal_engine_api::lifecycle::NO_SWARM.into())));
             }
@@ -406,7 +359,6 @@ pub(crate) async fn serve_inactive(
                     init: Some((opts.spec, opts.availability)),
                     join_availability: None,
                     failure: None,
-                    old_server: Some(server),
                 });
                 return Ok(InactiveExit::Start);
             }
@@ -424,7 +376,6 @@ pub(crate) async fn serve_inactive(
                     init: None,
                     join_availability: Some(opts.availability),
                     failure: None,
-                    old_server: Some(server),
                 });
                 return Ok(InactiveExit::Start);
             }

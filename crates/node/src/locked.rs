@@ -43,7 +43,6 @@ pub(crate) async fn serve_until_unlocked(
     session: &mut crate::lifecycle::Session<'_>,
 ) -> Result<LockedExit, NodeError> {
     let node_id = crate::identity::load(&cfg.state_dir)?.map(|i| i.node_id).unwrap_or_default();
-    let listener = crate::bind_control_socket(&cfg.listen_control_api)?;
     let (unlocked_tx, mut unlocked_rx) = watch::channel(false);
     let ctx = shoal_engine_api::locked::LockedContext {
         node_id,
@@ -52,30 +51,16 @@ pub(crate) async fn serve_until_unlocked(
         lifecycle: session.handle.as_ref(),
     };
     let router = crate::engine_relay(cfg, None).wrap(shoal_engine_api::locked::locked_router(ctx));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let server = tokio::spawn(async move {
-        let limits = shoal_engine_api::connections::ConnectionLimits::default();
-        if let Err(e) =
-            shoal_engine_api::connections::serve_unix(listener, router, limits, crate::wait_true(stop_rx)).await
-        {
-            tracing::error!(error = %e, "control API server failed");
-        }
-    });
+    session.control.install(router)?;
     tracing::warn!(
         control = %cfg.listen_control_api.display(),
         "this manager is locked (autolock): unlock it with `docker swarm unlock` or `shoal swarm unlock`"
     );
+    // The unlock answer, in flight, is sent by the locked router while the manager starts.
     let exit = tokio::select! {
         _ = stop => LockedExit::Stopped,
         _ = unlocked_rx.wait_for(|u| *u) => LockedExit::Unlocked,
-        reply = session.next_leave() => {
-            let server = crate::lifecycle::Closer::new(stop_tx, server);
-            return Ok(LockedExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, server))));
-        }
+        reply = session.next_leave() => LockedExit::Left(Box::new(crate::lifecycle::Pending::leave(reply))),
     };
-    // In-flight requests (the unlock answer) finish before the socket closes.
-    let _ = stop_tx.send(true);
-    let _ = server.await;
-    let _ = std::fs::remove_file(&cfg.listen_control_api);
     Ok(exit)
 }

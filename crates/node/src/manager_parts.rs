@@ -21,8 +21,8 @@ use crate::raft_member::Membership;
 use crate::security::{self, LateTls, ManagerTls, RemoteSecurity};
 use crate::tls::NodeTls;
 use crate::{
-    api_tcp, authz, engine_relay, gossip, join, leader_logs, lifecycle, lock, raft_member, services, swarmkit_socket,
-    tls, DaemonConfig, NodeError, NodeIdentity, PickedExecutor, Started, CLUSTER_NAME,
+    api_tcp, authz, engine_relay, gossip, join, leader_logs, lock, raft_member, services, swarmkit_socket, tls,
+    DaemonConfig, NodeError, NodeIdentity, PickedExecutor, Started, CLUSTER_NAME,
 };
 
 /// What a manager runs on before it serves anything: Raft (bootstrapped, joined or recovered, the store
@@ -252,19 +252,11 @@ impl Wiring<'_> {
         )))
     }
 
-    /// The Engine API on the control socket `unix`, with the relay to the node's engine; stopped by its
-    /// closer, apart from the other parts (a leave is answered through it after the rest stopped).
-    pub(crate) fn serve_control_socket(
-        &self,
-        unix: tokio::net::UnixListener,
-        ctx: ApiContext,
-        picked: &PickedExecutor,
-    ) -> lifecycle::Closer {
+    /// What answers on the control socket: the Engine API, with the relay to the node's engine.
+    pub(crate) fn control_router(&self, ctx: ApiContext, picked: &PickedExecutor) -> axum::Router {
         let entry_points = self.remote_security.authz.entry_points().clone();
         entry_points.register("control-socket", self.cfg.listen_control_api.display(), authz::Guard::SocketFileMode);
-        let control_router =
-            engine_relay(self.cfg, Some(picked)).wrap(shoal_engine_api::router(ctx).merge(entry_points.router()));
-        lifecycle::Closer::serve(unix, control_router)
+        engine_relay(self.cfg, Some(picked)).wrap(shoal_engine_api::router(ctx).merge(entry_points.router()))
     }
 
     /// SwarmKit's own API for swarmctl on `listener` (see `swarmkit_socket`).

@@ -253,12 +253,11 @@ pub(crate) async fn run_worker(
     let mut tasks = Vec::new();
 
     let control_socket = cfg.listen_control_api.clone();
-    // The metrics listener first: a taken address stops the start before the control socket is made.
+    // The metrics listener first: a taken address stops the start before the control socket answers as a worker.
     if let Some(addr) = cfg.listen_metrics {
         let listener = crate::metrics_listener::bind(addr).await?;
         tasks.push(crate::metrics_listener::start_worker(listener, &w.node_id, shutdown_rx.clone()));
     }
-    let unix = crate::bind_control_socket(&control_socket)?;
     // The managers this worker knows, by address only until a session message names them.
     let known = std::iter::once(&w.manager_addr).chain(&w.more_managers);
     let (managers_tx, managers_rx) = watch::channel(known.map(|a| (String::new(), a.clone())).collect());
@@ -273,9 +272,8 @@ pub(crate) async fn run_worker(
         lifecycle: session.handle.as_ref(),
         no_data_plane: executor.data_plane_off(),
     };
-    // The control socket's server stops on its own signal: a leave is answered through it after the rest.
     let router = crate::engine_relay(&cfg, Some(&picked)).wrap(shoal_engine_api::worker::worker_router(ctx));
-    let control_api = crate::lifecycle::Closer::serve(unix, router);
+    session.control.install(router)?;
 
     let sinks = AgentSinks { managers: managers_tx, held: held_tx };
     let (parts, promoted, session_manager) = start_agent(&cfg, &w, executor, hostname, sinks, &shutdown_rx);
@@ -303,16 +301,11 @@ pub(crate) async fn run_worker(
     }
     let _ = shutdown_tx.send(true);
     crate::stop_parts(tasks, grace).await;
-    let exit = match why {
+    Ok(match why {
         Why::Stopped => WorkerExit::Stopped,
         Why::Promoted(via) => WorkerExit::Promoted { via },
-        Why::Leave(reply) => {
-            return Ok(WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply, control_api))))
-        }
-    };
-    control_api.close().await;
-    let _ = std::fs::remove_file(&control_socket);
-    Ok(exit)
+        Why::Leave(reply) => WorkerExit::Left(Box::new(crate::lifecycle::Pending::leave(reply))),
+    })
 }
 
 /// Where the worker's agent tells what its sessions learn, for the control socket's answers.

@@ -393,3 +393,86 @@ fn a_new_cert_expiry_applies_to_the_next_certificate_a_node_gets() {
     let want = Duration::from_secs(31 * 3600);
     assert!(life.abs_diff(want) < Duration::from_secs(120), "issued for {life:?}, want about {want:?}");
 }
+
+/// Sends one HTTP/1.1 request on `stream` (kept alive) and reads its answer: the status and the body.
+fn exchange(stream: &mut std::os::unix::net::UnixStream, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone the stream"));
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("read the status line");
+    let status = line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("status line {line:?}"));
+    let mut length = 0;
+    loop {
+        line.clear();
+        reader.read_line(&mut line).expect("read a header");
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().expect("a content length");
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).expect("read the body");
+    assert!(reader.buffer().is_empty(), "nothing follows the answer");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Docker's SDKs keep connections open in a pool, and a CLI may connect at any moment: the control socket
+/// stays bound through `swarm init`, so a keep-alive connection opened while the node was in no swarm is
+/// answered by the new manager afterwards, and no connection made during the init is refused or reset.
+#[test]
+fn connections_held_or_made_during_swarm_init_are_answered_by_the_new_manager() {
+    let d = shoal_testkit::DaemonProcess::start_with(
+        &shoal_bin(),
+        DaemonOptions { extra_args: vec!["--no-init".into()], ..Default::default() },
+    );
+    let mut held = std::os::unix::net::UnixStream::connect(d.socket()).expect("connect to the control socket");
+    let (status, body) = exchange(&mut held, "GET", "/info", "");
+    assert!(status == 200 && body.contains(r#""LocalNodeState":"inactive""#), "{status} {body}");
+
+    // Connections made, one after the other, all through the init.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let socket = d.socket().to_path_buf();
+    let pinger = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            let mut made = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                made += 1;
+                match std::os::unix::net::UnixStream::connect(&socket) {
+                    Ok(mut s) => match std::panic::catch_unwind(move || exchange(&mut s, "GET", "/_ping", "")) {
+                        Ok((200, _)) => {}
+                        Ok((status, body)) => failures.push(format!("{status} {body}")),
+                        Err(_) => failures.push("the connection broke".to_string()),
+                    },
+                    Err(e) => failures.push(format!("connect: {e}")),
+                }
+            }
+            (made, failures)
+        })
+    };
+    let addr = d.remote_addr();
+    let init = format!(r#"{{"ListenAddr":"{addr}","AdvertiseAddr":"{addr}"}}"#);
+    let mut conn = std::os::unix::net::UnixStream::connect(d.socket()).expect("connect to the control socket");
+    let (status, body) = exchange(&mut conn, "POST", "/swarm/init", &init);
+    assert_eq!(status, 200, "{body}\n{}", d.log());
+
+    // The held connection, idle through the init, now reaches the manager.
+    let (status, body) = exchange(&mut held, "GET", "/swarm", "");
+    assert!(status == 200 && body.contains(r#""JoinTokens""#), "{status} {body}");
+    let (status, body) = exchange(&mut held, "GET", "/info", "");
+    assert!(status == 200 && body.contains(r#""LocalNodeState":"active""#), "{status} {body}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (made, failures) = pinger.join().expect("the pinger thread");
+    assert!(failures.is_empty(), "{} of {made} connections made during the init failed: {failures:?}", failures.len());
+}
