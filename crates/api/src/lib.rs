@@ -23,6 +23,11 @@ pub mod shoal_v1 {
 pub use prost;
 pub use prost_types;
 
+/// The `Health.Check` service name only Shoal's managers report SERVING on their remote port: a manager
+/// about to join Raft asks for it, to tell a Shoal cluster from a Docker swarm (whose health server answers
+/// NOT_FOUND for a name it does not know).
+pub const SHOAL_MANAGER_HEALTH: &str = "shoal.Manager";
+
 pub mod generic;
 mod helpers;
 pub mod unknown_fields;

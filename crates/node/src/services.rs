@@ -70,7 +70,8 @@ pub fn serve_manager_grpc(
         .add_optional_service(m)
         .add_optional_service(p)
         .add_optional_service(ca)
-        .add_optional_service(node_ca);
+        .add_optional_service(node_ca)
+        .add_service(shoal_manager::swarmkit_api::HealthService::remote().server());
     let stop = {
         let mut rx = shutdown;
         async move { shoal_manager::stopped(&mut rx).await }

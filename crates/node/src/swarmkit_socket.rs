@@ -95,7 +95,7 @@ pub(crate) fn serve(
                 .server()
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
-        .add_service(HealthService.server());
+        .add_service(HealthService::socket().server());
     let incoming = tls_unix_incoming(listener, tls, shutdown.clone());
     let stop = {
         let mut rx = shutdown;

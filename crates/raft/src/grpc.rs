@@ -581,11 +581,29 @@ pub async fn start_member(
     RaftNode::start_with(cfg, store, transport, Some(GrpcForwarder::new(factory)), mode).await
 }
 
+/// Why the manager on `channel` is not one this manager can join Raft through, when its health server says
+/// it is a Docker Engine's SwarmKit: it answers NOT_FOUND for `SHOAL_MANAGER_HEALTH`. Any other answer (a
+/// Shoal manager's SERVING, or no Health service at all, as on Shoal managers before it was served there)
+/// lets the join go on.
+async fn not_a_shoal_manager(channel: Channel) -> Option<String> {
+    let request = shoal_api::HealthCheckRequest { service: shoal_api::SHOAL_MANAGER_HEALTH.to_string() };
+    match shoal_api::health_client::HealthClient::new(channel).check(request).await {
+        Err(status) if status.code() == tonic::Code::NotFound => Some(
+            "it is a Docker Engine's swarm manager, and a Shoal manager cannot be a member of a Docker swarm's Raft \
+             group yet (it would take the swarm's quorum with it): join this node with the swarm's worker token \
+             instead, and remove the node entry this attempt left with `docker node rm <node ID>` on a Docker manager"
+                .to_string(),
+        ),
+        _ => None,
+    }
+}
+
 /// Joins the cluster a manager at `manager_addr` belongs to: asks `RaftMembership.Join` (following up to
 /// `JOIN_REDIRECTS` redirects to the leader, and retrying every `JOIN_RETRY_INTERVAL` while the manager
 /// knows no leader, for at most `JOIN_TIMEOUT` in all) to add `cfg.addr` as a voter, then starts this member with the
 /// Raft ID it was given (`cfg.raft_id` is replaced) and waits for the leader's snapshot. The node must
-/// serve `services(&node)` at `cfg.addr` promptly: until it answers, the cluster counts it as down.
+/// serve `services(&node)` at `cfg.addr` promptly: until it answers, the cluster counts it as down. A
+/// Docker swarm's manager is refused before anything is asked of it (`not_a_shoal_manager`).
 pub async fn join_cluster(
     mut cfg: RaftConfig,
     store: Arc<MemoryStore>,
@@ -600,6 +618,9 @@ pub async fn join_cluster(
         let unreachable = |reason: String| JoinError::Unreachable { addr: addr.clone(), reason };
         let call = async {
             let channel = endpoint.connect().await.map_err(|e| Err(unreachable(e.to_string())))?;
+            if let Some(refusal) = not_a_shoal_manager(channel.clone()).await {
+                return Err(Err(JoinError::Refused { addr: addr.clone(), reason: refusal }));
+            }
             let mut request = Request::new(JoinRequest { addr: cfg.addr.clone() });
             if let Ok(v) = cfg.node_id.parse() {
                 request.metadata_mut().insert(NODE_ID_METADATA, v);
