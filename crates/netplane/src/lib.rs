@@ -27,7 +27,7 @@ pub use exec::{probe, Capabilities, Executor};
 pub use plan::{plan, Observed, Op};
 pub use state::{
     check_ifnames, mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeIngress, NodeNetState, Peer, Protocol,
-    PublishedPort, ServiceVip, TaskState,
+    PublishedPort, ServiceVip, Subnet, TaskState,
 };
 
 /// Whether this data plane can carry `network` (`encrypted`: created with `--opt encrypted`). The one place

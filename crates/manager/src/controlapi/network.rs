@@ -380,6 +380,12 @@ fn user_ipam(spec: &NetworkSpec, max_configs: usize) -> Result<Vec<UserIpam>, Co
     if n > max_configs {
         return Err(invalid(format!("{n} IPAM configs given: a network has at most {max_configs} subnets")));
     }
+    if n > 1 && spec.internal {
+        return Err(invalid(format!(
+            "{n} IPAM configs given on an internal network: the data plane routes between a network's subnets \
+             through their gateways on each node, which an internal network does not have; give one --subnet"
+        )));
+    }
     if n > 1 && ipam.configs.iter().any(|c| c.subnet.is_empty()) {
         return Err(invalid("several IPAM configs given: give each its --subnet"));
     }
