@@ -347,10 +347,10 @@ fn check_node_overlap(t: &Tables, subnet: &Cidr) -> Result<(), ControlError> {
 /// A user's subnet, with the IP range and gateway given inside it.
 type UserIpam = (Cidr, Option<Cidr>, Option<std::net::IpAddr>);
 
-/// Most IPv4 subnets an overlay network is given today: one. The manager allocates several (a VXLAN ID and
-/// an address pool per subnet, up to `MAX_OVERLAY_SUBNETS`), but the nodes' data plane does not carry them
-/// yet (docs/design/overlay-subnets.md, part 1): raise this to `MAX_OVERLAY_SUBNETS` with it.
-pub(crate) const OVERLAY_SUBNETS_CARRIED: usize = 1;
+/// Most IPv4 subnets an overlay network is given: `MAX_OVERLAY_SUBNETS`, each with a VXLAN ID and an address
+/// pool of its own, which the nodes' data plane carries as a bridge, VXLAN device and gateway end per subnet
+/// (docs/design/overlay-subnets.md, part 1).
+pub(crate) const OVERLAY_SUBNETS_CARRIED: usize = crate::limits::MAX_OVERLAY_SUBNETS;
 
 /// The user's IPAM settings, checked: at most `max_configs` IPv4 subnets (none of them overlapping another),
 /// each with its range, gateway and auxiliary addresses inside it. Empty: the network's subnet is chosen
@@ -373,9 +373,7 @@ fn user_ipam(spec: &NetworkSpec, max_configs: usize) -> Result<Vec<UserIpam>, Co
     }
     let n = ipam.configs.len();
     if n > max_configs && max_configs == 1 {
-        return Err(invalid(format!(
-            "{n} IPAM configs given: Shoal's data plane carries one subnet per network yet; give one --subnet"
-        )));
+        return Err(invalid(format!("{n} IPAM configs given: this network takes one subnet; give one --subnet")));
     }
     if n > max_configs {
         return Err(invalid(format!("{n} IPAM configs given: a network has at most {max_configs} subnets")));
@@ -1265,10 +1263,9 @@ mod tests {
         }
     }
 
-    /// A network of several subnets (docs/design/overlay-subnets.md, part 1). Through the API they are
-    /// refused while the data plane carries one; the write behind it, with the bound of `MAX_OVERLAY_SUBNETS`,
-    /// gives each config its gateway, range and auxiliary addresses and a VXLAN ID of its own, in order, and
-    /// refuses what overlaps.
+    /// A network of several subnets (docs/design/overlay-subnets.md, part 1): each config gets its gateway,
+    /// range and auxiliary addresses and a VXLAN ID of its own, in order, up to `MAX_OVERLAY_SUBNETS`; what
+    /// overlaps is refused, and so are several subnets on an internal network or a macvlan one.
     #[tokio::test]
     async fn several_subnets_get_a_vxlan_id_each_in_order_and_are_checked_each() {
         use crate::limits::MAX_OVERLAY_SUBNETS;
@@ -1286,20 +1283,17 @@ mod tests {
             second.gateway = "10.41.0.254".into();
             vec![first, second]
         };
-        let e = create_network(&state, with("two", two())).await.unwrap_err().to_string();
-        assert!(e.contains("2 IPAM configs given: Shoal's data plane carries one subnet per network yet"), "{e}");
+        let mut internal = with("internal", two());
+        internal.internal = true;
+        let e = create_network(&state, internal).await.unwrap_err().to_string();
+        assert!(e.contains("2 IPAM configs given on an internal network"), "{e}");
+        let mut macvlan = with("mac", two());
+        macvlan.driver_config = Some(Driver { name: "macvlan".into(), ..Default::default() });
+        let e = create_network(&state, macvlan).await.unwrap_err().to_string();
+        assert!(e.contains("2 IPAM configs given: this network takes one subnet"), "{e}");
         let create = |spec: NetworkSpec| {
             let state = state.clone();
-            async move {
-                let id = state.ids.new_id();
-                let now = state.now();
-                state
-                    .write(|t: &Tables, c: &mut Changes| {
-                        create_overlay(t, c, id.clone(), now, &spec, MAX_OVERLAY_SUBNETS)
-                    })
-                    .await
-                    .map(|(n, _)| n)
-            }
+            async move { create_network(&state, spec).await }
         };
         let other = create(named("other", "")).await.unwrap();
         assert_eq!(vxlan_ids(&other), [FIRST_VXLAN_ID]);
