@@ -7,7 +7,8 @@
 //!   a VIP with no backend refuses (TCP reset, ICMP unreachable otherwise).
 //! - On the node (where each non-internal network has its gateway end `shlg<vni>`, `names`, one per subnet):
 //!   networks cannot reach each other through the node (forward hook; a network's own subnets do), and what
-//!   leaves a network through the node is masqueraded. Internal networks have no gateway end: they reach nothing outside their namespace.
+//!   leaves a network through the node is masqueraded. Internal networks have no gateway end: they reach
+//!   nothing outside their namespace.
 //! - On the node, published ports (routing mesh and host mode): a connection to any local address on a
 //!   published port, arriving (prerouting) or opened on the node itself (output, loopback included), is
 //!   DNATed to one backend, `numgen inc` spreading connections evenly (conntrack keeps each on its backend); what

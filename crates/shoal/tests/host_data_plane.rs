@@ -470,11 +470,12 @@ print(d.split(b'\r\n\r\n', 1)[1].decode().strip())
 "#;
 
 /// An overlay of two IPv4 subnets (docs/design/overlay-subnets.md, part 1) in the host's own namespace with the
-/// README's daemon: a network whose IPAM configs are A with an IP range of 4 addresses, then B (made through
-/// the Engine API, as an SDK makes it). The VIP and three tasks fill the first range, so of five tasks two are on the second subnet; each running
-/// task reaches every task of the other subnet (an HTTP GET from inside its namespace, routed through its
-/// subnet's gateway and the host), and a task of the second subnet reaches the service's VIP on the first.
-/// Removing the service and the network, then a clean stop, leaves nothing of Shoal's in the host's namespace.
+/// README's daemon: a network whose IPAM configs are A with an IP range of 4 addresses, then B (made through the
+/// Engine API, as an SDK makes it). The VIP and three tasks fill the first range, so of five tasks two are on the
+/// second subnet; each running task reaches every task of the other subnet (an HTTP GET from inside its namespace,
+/// routed through its subnet's gateway and the host), and a task of the second subnet reaches the service's VIP on
+/// the first. Removing the service and the network, then a clean stop, leaves nothing of Shoal's in the host's
+/// namespace.
 #[test]
 fn the_readme_daemon_routes_between_the_subnets_of_an_overlay_in_the_hosts_namespace() {
     if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::DockerCli) {
@@ -545,8 +546,8 @@ fn two_subnets_on_the_host(kind: Tasks) {
         "{{.ID}}",
         "--no-trunc",
     ]);
-    let format =
-        "{{range .NetworksAttachments}}{{if eq .Network.Spec.Name \"two_subnets\"}}{{index .Addresses 0}}{{end}}{{end}}";
+    let format = "{{range .NetworksAttachments}}{{if eq .Network.Spec.Name \"two_subnets\"}}{{index .Addresses \
+                  0}}{{end}}{{end}}";
     // (task ID, its address without the prefix); each address with its subnet's /24.
     let tasks: Vec<(String, String)> = ids
         .lines()

@@ -12,8 +12,9 @@
 //!
 //! What a network needs is read from the `Network` object each attachment carries (the allocator copies it
 //! into the task): its VXLAN IDs (driver option `com.docker.network.driver.overlay.vxlanid_list`, one per
-//! subnet), each IPAM config's subnet and gateway in order, `internal`, and `encrypted` (driver option). A network without them
-//! cannot be carried, and a task attached to it is refused by `task_support` with the reason.
+//! subnet), each IPAM config's subnet and gateway in order, `internal`, and `encrypted` (driver option). A
+//! network without them cannot be carried, and a task attached to it is refused by `task_support` with the
+//! reason.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;

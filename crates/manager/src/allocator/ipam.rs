@@ -1,7 +1,7 @@
 //! IP address management in the manager (SwarmKit's cnmallocator with libnetwork's default IPAM, our own
-//! code): one `AddressPool` per network subnet (a network of several subnets has a `NetworkPools`, which
-//! allocates from the first with room, in config order), a bitmap over the allocation range (the IP range a user gave,
-//! else the subnet) with the network address, the broadcast address and the gateway reserved; addresses are
+//! code): one `AddressPool` per network subnet (a network's are its `NetworkPools`, which allocates from the
+//! first with room, in config order), a bitmap over the allocation range (the IP range a user gave, else the
+//! subnet) with the network address, the broadcast address and the gateway reserved; addresses are
 //! handed out next-fit from a cursor, so a freed address is reused only after the rest of the range. And the
 //! choice of a new network's subnet: the first `subnet_size` block of the cluster's address pools that
 //! overlaps no existing network.

@@ -2,13 +2,13 @@
 //! networks created, read, listed and removed; the predefined `ingress` network made with the cluster; and
 //! what a service spec may say about networks and ports (`resolve_service_networks`, `check_endpoint`).
 //!
-//! A network's subnets (the user's, else the first free `SubnetSize` block of the cluster's address pools),
-//! each one's gateway (the subnet's first address unless given) and VXLAN ID are chosen here, in the write that creates
-//! it; the store refuses an overlapping subnet or a VXLAN ID in use when the write is applied, so two
-//! creates from one view cannot both get one. A subnet may not overlap the loopback, link-local, "this
-//! network" or multicast ranges, nor hold a node's own address (the error names the node); a subnet chosen
-//! from the pools skips the nodes' addresses. Removal is refused while a service uses the network (naming
-//! it) or a task still holds an address in it.
+//! A network's subnets (the user's, at most `MAX_OVERLAY_SUBNETS`, else the first free `SubnetSize` block of the
+//! cluster's address pools), each one's gateway (the subnet's first address unless given) and VXLAN ID are chosen
+//! here, in the write that creates it; the store refuses an overlapping subnet or a VXLAN ID in use when the write
+//! is applied, so two creates from one view cannot both get one. A subnet may not overlap the loopback, link-local,
+//! "this network" or multicast ranges, nor hold a node's own address (the error names the node); a subnet chosen
+//! from the pools skips the nodes' addresses. Removal is refused while a service uses the network (naming it) or a
+//! task still holds an address in it.
 //!
 //! Must not depend on HTTP, JSON, processes or Docker.
 
