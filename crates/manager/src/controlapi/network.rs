@@ -378,6 +378,12 @@ fn user_ipam(spec: &NetworkSpec, max_configs: usize) -> Result<Vec<UserIpam>, Co
     if n > max_configs {
         return Err(invalid(format!("{n} IPAM configs given: a network has at most {max_configs} subnets")));
     }
+    if n > 1 && spec.ingress {
+        return Err(invalid(format!(
+            "{n} IPAM configs given on the ingress network: the routing mesh's network has one subnet (each node's \
+             ingress address is in it); give one --subnet"
+        )));
+    }
     if n > 1 && spec.internal {
         return Err(invalid(format!(
             "{n} IPAM configs given on an internal network: the data plane routes between a network's subnets \
@@ -1287,6 +1293,10 @@ mod tests {
         internal.internal = true;
         let e = create_network(&state, internal).await.unwrap_err().to_string();
         assert!(e.contains("2 IPAM configs given on an internal network"), "{e}");
+        let mut ingress = with("ingress2", two());
+        ingress.ingress = true;
+        let e = create_network(&state, ingress).await.unwrap_err().to_string();
+        assert!(e.contains("2 IPAM configs given on the ingress network"), "{e}");
         let mut macvlan = with("mac", two());
         macvlan.driver_config = Some(Driver { name: "macvlan".into(), ..Default::default() });
         let e = create_network(&state, macvlan).await.unwrap_err().to_string();
