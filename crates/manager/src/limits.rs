@@ -154,6 +154,10 @@ pub const MAX_NODE_LABEL_BYTES: usize = MAX_SECRET_LABEL_BYTES;
 /// none): the same bound as a secret's labels. A network travels in every task attached to it.
 pub const MAX_IPAM_OPTION_BYTES: usize = MAX_SECRET_LABEL_BYTES;
 
+/// Most IPv4 subnets (`IPAM.Config` entries) of one overlay network (Docker: none). Each takes a VXLAN ID
+/// of its own, and each node carrying the network makes a bridge and a VXLAN device per subnet.
+pub const MAX_OVERLAY_SUBNETS: usize = 16;
+
 /// Longest node name in a node's spec (a DNS name's 253 characters; Docker: none).
 pub const MAX_NODE_NAME_BYTES: usize = 253;
 

@@ -437,6 +437,7 @@ mod tests {
             vni: 10,
             subnet: "10.9.0.0/16".parse().unwrap(),
             gateway: Ipv4Addr::new(10, 9, 0, 1),
+            more_subnets: Vec::new(),
             internal: false,
             encrypted: false,
             peers: Vec::new(),

@@ -146,9 +146,19 @@ impl Executor {
                 };
                 tns.ifaces.insert(name.to_string(), iface);
             }
-            let routes = self.json(ns, &["ip", "-j", "route", "show", "default"])?;
-            tns.default_gw =
-                routes.as_array().and_then(|r| r.first()).and_then(|r| r["gateway"].as_str()?.parse().ok());
+            // The main table's routes through a gateway: the default one, and those to a network's other subnets.
+            let routes = self.json(ns, &["ip", "-j", "route", "show"])?;
+            for r in routes.as_array().into_iter().flatten() {
+                let Some(gw) = r["gateway"].as_str().and_then(|g| g.parse::<Ipv4Addr>().ok()) else { continue };
+                match str_of(r, "dst") {
+                    "default" => tns.default_gw = tns.default_gw.or(Some(gw)),
+                    dst => {
+                        if let Ok(dst) = dst.parse::<Ipv4Cidr>() {
+                            tns.routes.insert((dst, gw));
+                        }
+                    }
+                }
+            }
             let tables = self.run(ns, &["nft", "list", "tables"], None)?;
             tns.table = self.table_tag(ns, &tables)?;
             obs.tasks.insert(t.netns.clone(), tns);
@@ -267,8 +277,8 @@ impl Executor {
                 self.ok(Some(&ns), &["ip", "link", "add", name, "mtu", &mtu.to_string(), "type", "bridge"])?;
                 self.ok(Some(&ns), &["ip", "link", "set", name, "up"])
             }
-            Op::CreateVxlan { vni, name, port, local, mtu, bridge } => {
-                self.create_vxlan(*vni, name, *port, *local, *mtu, bridge)
+            Op::CreateVxlan { vni, id, name, port, local, mtu, bridge } => {
+                self.create_vxlan(*vni, *id, name, *port, *local, *mtu, bridge)
             }
             Op::CreateGateway { vni, name, peer, bridge, mtu, addrs, mac } => {
                 self.create_gateway(*vni, name, peer, bridge, *mtu, addrs, *mac)
@@ -313,6 +323,9 @@ impl Executor {
                 self.ok(Some(netns), &["ip", "route", "replace", "default", "via", &gw.to_string(), "dev", dev])
             }
             Op::SetDefaultRoute { netns, via: None } => self.ok(Some(netns), &["ip", "route", "del", "default"]),
+            Op::AddRoute { netns, dst, via, dev } => {
+                self.ok(Some(netns), &["ip", "route", "replace", &dst.to_string(), "via", &via.to_string(), "dev", dev])
+            }
             Op::EnableIpForward => self.ok(None, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
             Op::RouteLocalnet { link } => {
                 self.ok(None, &["sysctl", "-qw", &format!("net.ipv4.conf.{link}.route_localnet=1")])
@@ -337,9 +350,11 @@ impl Executor {
 
     /// `Op::CreateVxlan`: made in the node's namespace, so its UDP socket is there (on the underlay), then
     /// moved into network `vni`'s namespace onto `bridge`.
+    #[allow(clippy::too_many_arguments)] // the fields of the op it applies, as `apply_one` matched them
     fn create_vxlan(
         &self,
         vni: u32,
+        id: u32,
         name: &str,
         port: u16,
         local: Ipv4Addr,
@@ -348,7 +363,7 @@ impl Executor {
     ) -> Result<(), Error> {
         let ns = self.network_netns(vni)?;
         let ns_arg = path_str(&ns)?;
-        let (id, port, local, mtu) = (vni.to_string(), port.to_string(), local.to_string(), mtu.to_string());
+        let (id, port, local, mtu) = (id.to_string(), port.to_string(), local.to_string(), mtu.to_string());
         // Made in the node's namespace, so its UDP socket is there (on the underlay), then moved.
         self.ok(
             None,

@@ -8,6 +8,10 @@
 //! service, its VIP DNATed to the backends in an nftables table of Shoal's own in every task namespace; and a
 //! DNS resolver (`dns`) answering each task's service names inside its namespace.
 //!
+//! A network of several IPv4 subnets has a bridge, VXLAN device (with that subnet's VNI) and gateway end per
+//! subnet in its one namespace; the node routes between them and each task has a route to the others through
+//! its own subnet's gateway (docs/design/overlay-subnets.md).
+//!
 //! One seam: the agent describes the node's wanted state as a `NodeNetState`, `plan` (sans-IO) compares it with
 //! an `Observed` and returns `Op`s, and the `Executor` observes and applies them (`Executor::reconcile` does
 //! all three). This crate knows nothing of the store, the agent or the API types: the agent maps those to a
@@ -27,7 +31,7 @@ pub use exec::{probe, Capabilities, Executor};
 pub use plan::{plan, Observed, Op};
 pub use state::{
     check_ifnames, mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeIngress, NodeNetState, Peer, Protocol,
-    PublishedPort, ServiceVip, TaskState,
+    PublishedPort, ServiceVip, Subnet, TaskState,
 };
 
 /// Whether this data plane can carry `network` (`encrypted`: created with `--opt encrypted`). The one place

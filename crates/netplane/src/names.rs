@@ -2,7 +2,9 @@
 //! `shl-net-<node key>-<vni>` under /run/netns (the node key is the inode of the node's network namespace, so
 //! the daemons of several node namespaces on one machine never share a name), holding its bridge `shlb<vni>`,
 //! its VXLAN device `shlx<vni>`, the network end `shlu<vni>` of its gateway veth and the bridge ends
-//! `shlv<hash>` of its tasks' veths; in the node's namespace, the gateway end `shlg<vni>`. Every link starts
+//! `shlv<hash>` of its tasks' veths; in the node's namespace, the gateway end `shlg<vni>`. A network of
+//! several subnets has a bridge, VXLAN device and gateway veth per subnet, each named by that subnet's VNI
+//! (unique in the cluster, so no two subnets share a name), in the namespace named by its first VNI. Every link starts
 //! with `shl`; the nftables table is `ip shoal` on the node and in each task namespace; the node's iptables
 //! FORWARD rules carry the comment `shoal-netplane`. Interface names stay within the kernel's 15 bytes. Pure
 //! functions.

@@ -5,9 +5,10 @@
 //! - In a task namespace: the VIPs of the task's networks. Connections the task opens to a VIP are DNATed in the
 //!   output hook to one backend chosen by `numgen random mod N` (conntrack keeps a connection on its backend);
 //!   a VIP with no backend refuses (TCP reset, ICMP unreachable otherwise).
-//! - On the node (where each non-internal network has its gateway end `shlg<vni>`, `names`): networks cannot
-//!   reach each other through the node (forward hook), and what leaves a network through the node is
-//!   masqueraded. Internal networks have no gateway end: they reach nothing outside their namespace.
+//! - On the node (where each non-internal network has its gateway end `shlg<vni>`, `names`, one per subnet):
+//!   networks cannot reach each other through the node (forward hook; a network's own subnets do), and what
+//!   leaves a network through the node is masqueraded. Internal networks have no gateway end: they reach
+//!   nothing outside their namespace.
 //! - On the node, published ports (routing mesh and host mode): a connection to any local address on a
 //!   published port, arriving (prerouting) or opened on the node itself (output, loopback included), is
 //!   DNATed to one backend, `numgen inc` spreading connections evenly (conntrack keeps each on its backend); what
@@ -97,10 +98,15 @@ pub fn node_table(state: &NodeNetState) -> Option<Table> {
     let mut post = String::new();
     // An internal network has no gateway end on the node: nothing of it reaches the node, nothing needs a rule.
     for n in networks.into_iter().filter(|n| !n.internal) {
-        let gw = names::gateway(n.vni);
-        let _ = writeln!(fwd, "    iifname \"{gw}\" oifname \"{}*\" oifname != \"{gw}\" drop", names::GATEWAY_PREFIX);
-        let net = format!("{}/{}", n.subnet.network(), n.subnet.prefix_len);
-        let _ = writeln!(post, "    ip saddr {net} oifname != \"{gw}\" masquerade");
+        // A network of several subnets has a gateway end per subnet: the node routes between them (a task
+        // reaches another subnet through its own subnet's gateway), unmasqueraded.
+        let ends: Vec<String> = n.subnets().map(|s| format!("\"{}\"", names::gateway(s.vni))).collect();
+        let gw = if ends.len() == 1 { ends[0].clone() } else { format!("{{ {} }}", ends.join(", ")) };
+        let _ = writeln!(fwd, "    iifname {gw} oifname \"{}*\" oifname != {gw} drop", names::GATEWAY_PREFIX);
+        for sub in n.subnets() {
+            let net = format!("{}/{}", sub.subnet.network(), sub.subnet.prefix_len);
+            let _ = writeln!(post, "    ip saddr {net} oifname != {gw} masquerade");
+        }
     }
     if !state.published.is_empty() {
         // A connection to a published port is one the node chose to forward (its DNAT), whichever network it

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use crate::names;
 use crate::nft;
-use crate::state::{mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeNetState, TaskState};
+use crate::state::{mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeNetState, Subnet, TaskState};
 
 /// What the node has, as far as Shoal is concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -136,6 +136,9 @@ pub struct TaskNs {
     pub ifaces: BTreeMap<String, TaskIface>,
     /// The gateway of its default route.
     pub default_gw: Option<Ipv4Addr>,
+    /// Its other routes through a gateway (destination, gateway): those to the other subnets of a network of
+    /// several (docs/design/overlay-subnets.md).
+    pub routes: BTreeSet<(Ipv4Cidr, Ipv4Addr)>,
     /// The comment of its `ip shoal` table, when it exists.
     pub table: Option<String>,
 }
@@ -173,9 +176,10 @@ pub enum Op {
     DeleteNetworkNs { vni: u32 },
     /// Create the network's bridge in its namespace, up, without addresses.
     CreateBridge { vni: u32, name: String, mtu: u16 },
-    /// Create a VXLAN device without learning, with ARP proxy, in the node's namespace (its UDP socket stays
-    /// there, on the underlay), then move it into the network's namespace, enslaved to `bridge`, up.
-    CreateVxlan { vni: u32, name: String, port: u16, local: Ipv4Addr, mtu: u16, bridge: String },
+    /// Create a VXLAN device of VXLAN ID `id` (its subnet's) without learning, with ARP proxy, in the node's
+    /// namespace (its UDP socket stays there, on the underlay), then move it into the network's namespace,
+    /// enslaved to `bridge`, up.
+    CreateVxlan { vni: u32, id: u32, name: String, port: u16, local: Ipv4Addr, mtu: u16, bridge: String },
     /// Create the network's gateway veth: `name` in the node's namespace with `addrs` (the gateway, and on the
     /// ingress network the node's own ingress address as a /32) and `mac` if given, up; `peer` in the
     /// network's namespace on `bridge`, up.
@@ -208,6 +212,9 @@ pub enum Op {
     },
     /// Set (or remove, `None`) the default route of a task namespace.
     SetDefaultRoute { netns: PathBuf, via: Option<(Ipv4Addr, String)> },
+    /// Add (or replace) a route of a task namespace to `dst` through gateway `via` on interface `dev`: to
+    /// another subnet of a network of several, through the gateway of the task's own subnet.
+    AddRoute { netns: PathBuf, dst: Ipv4Cidr, via: Ipv4Addr, dev: String },
     /// Let the node forward IPv4 (needed for traffic out of non-internal networks).
     EnableIpForward,
     /// Let the node route loopback addresses through a network's gateway end (`route_localnet`), so a
@@ -296,7 +303,7 @@ static NO_NETWORK_NS: NetworkNs =
     NetworkNs { dead: false, links: BTreeMap::new(), fdb: BTreeSet::new(), neigh: BTreeSet::new() };
 
 /// A task namespace that has nothing: what an unobserved one is planned from.
-static NO_TASK_NS: TaskNs = TaskNs { ifaces: BTreeMap::new(), default_gw: None, table: None };
+static NO_TASK_NS: TaskNs = TaskNs { ifaces: BTreeMap::new(), default_gw: None, routes: BTreeSet::new(), table: None };
 
 /// The plan being drafted: one list of ops per phase (run in the order `Draft::finish` gives), and what the
 /// phases learn for the ones after them.
@@ -357,20 +364,26 @@ impl Draft {
             Some(_) => {}
             None => self.namespaces.push(Op::CreateNetworkNs { vni }),
         }
-        let vx_ok = self.bridge_and_vxlan(current, desired, vni);
-        let mut in_ns: BTreeSet<String> = [names::bridge(vni), names::vxlan(vni)].into();
-        if !n.internal {
-            in_ns.insert(self.gateway(current, desired, n));
+        // One bridge, VXLAN device and (unless internal) gateway end per subnet, each named by its own VNI
+        // (unique in the cluster), all in the namespace named by the first one's.
+        let mut in_ns: BTreeSet<String> = BTreeSet::new();
+        for sub in n.subnets() {
+            let vx_ok = self.bridge_and_vxlan(current, desired, vni, sub.vni);
+            in_ns.extend([names::bridge(sub.vni), names::vxlan(sub.vni)]);
+            if !n.internal {
+                in_ns.insert(self.gateway(current, desired, n, sub));
+            }
+            self.forwarding_entries(live(current, vni), n, sub.vni, vx_ok);
         }
-        self.forwarding_entries(live(current, vni), n, vx_ok);
         self.wanted_in.insert(vni, in_ns);
     }
 
-    /// Plans network `vni`'s bridge and VXLAN device; returns whether the device stays as it is.
-    fn bridge_and_vxlan(&mut self, current: &Observed, desired: &NodeNetState, vni: u32) -> bool {
+    /// Plans the bridge and VXLAN device of the subnet with VXLAN ID `id` in network `vni`'s namespace;
+    /// returns whether the device stays as it is.
+    fn bridge_and_vxlan(&mut self, current: &Observed, desired: &NodeNetState, vni: u32, id: u32) -> bool {
         let mtu = desired.overlay_mtu;
         let ns = live(current, vni);
-        let (br, vx) = (names::bridge(vni), names::vxlan(vni));
+        let (br, vx) = (names::bridge(id), names::vxlan(id));
         let br_ok =
             ns.links.get(&br).is_some_and(|l| l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs.is_empty());
         if !br_ok {
@@ -382,14 +395,14 @@ impl Draft {
         }
         let local = desired.underlay_ip.expect("validated: networks need an underlay address");
         let want_vx =
-            LinkKind::Vxlan { vni, port: desired.vxlan_port, local: Some(local), learning: false, proxy: true };
+            LinkKind::Vxlan { vni: id, port: desired.vxlan_port, local: Some(local), learning: false, proxy: true };
         let vx_link = ns.links.get(&vx);
         let vx_ok = vx_link.is_some_and(|l| l.kind == want_vx && l.up && l.mtu == mtu);
         if !vx_ok {
             if vx_link.is_some() {
                 self.removals.push(Op::DeleteNetLink { vni, name: vx.clone() });
             }
-            self.vxlans.push(Op::CreateVxlan { vni, name: vx, port: desired.vxlan_port, local, mtu, bridge: br });
+            self.vxlans.push(Op::CreateVxlan { vni, id, name: vx, port: desired.vxlan_port, local, mtu, bridge: br });
         } else {
             self.enslave(vni, &vx, vx_link, &br);
         }
@@ -403,26 +416,22 @@ impl Draft {
         }
     }
 
-    /// Plans the gateway veth of non-internal network `n`: the node's end carries the gateway address (the
-    /// routing mesh's source address too, as a /32, so the gateway stays the subnet route's source). Returns
+    /// Plans the gateway veth of subnet `sub` of non-internal network `n`: the node's end carries the
+    /// subnet's gateway address (the routing mesh's source address too, as a /32, so the gateway stays the
+    /// subnet route's source), and the node routes between a network's subnets through these ends. Returns
     /// the name of its end in the network's namespace.
-    fn gateway(&mut self, current: &Observed, desired: &NodeNetState, n: &NetworkState) -> String {
+    fn gateway(&mut self, current: &Observed, desired: &NodeNetState, n: &NetworkState, sub: Subnet) -> String {
         let (vni, mtu) = (n.vni, desired.overlay_mtu);
         let ns = live(current, vni);
-        let br = names::bridge(vni);
-        let (gw, up) = (names::gateway(vni), names::uplink(vni));
-        let mut addrs = vec![Ipv4Cidr { addr: n.gateway, prefix_len: n.subnet.prefix_len }];
-        addrs.extend(
-            desired
-                .ingress
-                .iter()
-                .filter(|i| i.network_id == n.id)
-                .map(|i| Ipv4Cidr { addr: i.address, prefix_len: 32 }),
-        );
+        let br = names::bridge(sub.vni);
+        let (gw, up) = (names::gateway(sub.vni), names::uplink(sub.vni));
+        let ingress = desired.ingress.iter().find(|i| i.network_id == n.id && sub.subnet.contains(i.address));
+        let mut addrs = vec![Ipv4Cidr { addr: sub.gateway, prefix_len: sub.subnet.prefix_len }];
+        addrs.extend(ingress.map(|i| Ipv4Cidr { addr: i.address, prefix_len: 32 }));
         addrs.sort();
         // On the ingress network, the other nodes send what answers the mesh's connections to this node's
         // ingress address, at the MAC their view gives it (`mac_for`): the gateway end must have it.
-        let mac = desired.ingress.iter().find(|i| i.network_id == n.id).map(|i| mac_for(i.address));
+        let mac = ingress.map(|i| mac_for(i.address));
         let gw_link = current.links.get(&gw);
         let gw_ok = gw_link.is_some_and(|l| {
             l.kind == LinkKind::Veth && l.up && l.mtu == mtu && l.addrs == addrs && mac.is_none_or(|m| l.mac == Some(m))
@@ -455,19 +464,20 @@ impl Draft {
         up
     }
 
-    /// Plans the forwarding and neighbour entries of network `n`'s VXLAN device toward its peers (they live
-    /// on the device: a recreated one, `vx_ok` false, has none).
-    fn forwarding_entries(&mut self, ns: &NetworkNs, n: &NetworkState, vx_ok: bool) {
-        let (vni, vx) = (n.vni, names::vxlan(n.vni));
+    /// Plans the forwarding and neighbour entries of the VXLAN device of network `n`'s subnet with VXLAN ID
+    /// `id` toward its peers there (they live on the device: a recreated one, `vx_ok` false, has none).
+    fn forwarding_entries(&mut self, ns: &NetworkNs, n: &NetworkState, id: u32, vx_ok: bool) {
+        let (vni, vx) = (n.vni, names::vxlan(id));
+        let peers: Vec<_> = n.peers.iter().filter(|p| n.subnet_of(p.address).is_some_and(|s| s.vni == id)).collect();
         let (have_fdb, have_neigh): (BTreeSet<&Fdb>, BTreeSet<&Neigh>) = if vx_ok {
             (ns.fdb.iter().filter(|f| f.dev == vx).collect(), ns.neigh.iter().filter(|e| e.dev == vx).collect())
         } else {
             (BTreeSet::new(), BTreeSet::new())
         };
         let want_fdb: BTreeSet<Fdb> =
-            n.peers.iter().map(|p| Fdb { dev: vx.clone(), mac: p.mac, dst: p.node_ip }).collect();
+            peers.iter().map(|p| Fdb { dev: vx.clone(), mac: p.mac, dst: p.node_ip }).collect();
         let want_neigh: BTreeSet<Neigh> =
-            n.peers.iter().map(|p| Neigh { dev: vx.clone(), ip: p.address, mac: p.mac }).collect();
+            peers.iter().map(|p| Neigh { dev: vx.clone(), ip: p.address, mac: p.mac }).collect();
         self.removals
             .extend(have_fdb.iter().filter(|f| !want_fdb.contains(f)).map(|f| Op::DelFdb { vni, fdb: (*f).clone() }));
         self.reachable.extend(have_neigh.iter().filter(|e| want_neigh.contains(e)).map(|e| e.ip));
@@ -498,7 +508,9 @@ impl Draft {
                 t.ifname(i)
             };
             taken.insert(ifname.clone());
-            replumbed |= self.attachment(current, desired, t, tns, a, &ifname);
+            let made = self.attachment(current, desired, t, tns, a, &ifname);
+            replumbed |= made;
+            self.subnet_routes(desired, t, tns, a, &ifname, made);
             want_ifaces.insert(ifname);
         }
         // Interfaces named like Shoal's that no attachment wants any more (a task's networks shrank); in a
@@ -511,7 +523,7 @@ impl Draft {
             }
             let via = t.attachments.iter().enumerate().find_map(|(i, a)| {
                 let n = desired.network(&a.network_id)?;
-                (!n.internal).then(|| (n.gateway, t.ifname(i)))
+                (!n.internal).then(|| (n.subnet_of(a.address).map_or(n.gateway, |s| s.gateway), t.ifname(i)))
             });
             if (replumbed && via.is_some()) || tns.default_gw != via.as_ref().map(|v| v.0) {
                 self.routes.push(Op::SetDefaultRoute { netns: t.netns.clone(), via });
@@ -542,9 +554,11 @@ impl Draft {
         let vni = n.vni;
         let ns = live(current, vni);
         let host = names::veth(&t.task_id, &n.id);
-        let br = names::bridge(vni);
+        // The bridge of the subnet that holds the address (validated: one does).
+        let sub = n.subnet_of(a.address).expect("validated: an attachment's address is in its network");
+        let br = names::bridge(sub.vni);
         let mac = mac_for(a.address);
-        let addr = Ipv4Cidr { addr: a.address, prefix_len: n.subnet.prefix_len };
+        let addr = Ipv4Cidr { addr: a.address, prefix_len: sub.subnet.prefix_len };
         let host_link = ns.links.get(&host);
         let host_ok = host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
         let inner_ok =
@@ -572,6 +586,34 @@ impl Draft {
         }
         self.wanted_in.entry(vni).or_default().insert(host);
         replumb
+    }
+
+    /// Plans the routes of task `t`'s attachment `a` (interface `ifname`) to the other subnets of its
+    /// network, through the gateway of its own subnet (libnetwork's `AddStaticRoute`); `made`: the interface is
+    /// made (again) by this plan, so its routes are gone with the old one. Joined namespaces get them too
+    /// (they are the network's own, and go with the interface).
+    fn subnet_routes(
+        &mut self,
+        desired: &NodeNetState,
+        t: &TaskState,
+        tns: &TaskNs,
+        a: &Attachment,
+        ifname: &str,
+        made: bool,
+    ) {
+        let n = desired.network(&a.network_id).expect("validated: attachments name known networks");
+        let Some(own) = n.subnet_of(a.address) else { return };
+        for other in n.subnets().filter(|s| s.vni != own.vni) {
+            let dst = Ipv4Cidr { addr: other.subnet.network(), prefix_len: other.subnet.prefix_len };
+            if made || !tns.routes.contains(&(dst, own.gateway)) {
+                self.routes.push(Op::AddRoute {
+                    netns: t.netns.clone(),
+                    dst,
+                    via: own.gateway,
+                    dev: ifname.to_string(),
+                });
+            }
+        }
     }
 
     /// The whole plan in its order: stale links and namespaces, the removals, the node's forwarding, table
@@ -630,7 +672,11 @@ fn stale_links(current: &Observed, wanted: &BTreeSet<String>, wanted_in: &BTreeM
             .links
             .keys()
             .filter(|l| !want_links.contains(*l))
-            .filter(|l| !(l.starts_with(names::UPLINK_PREFIX) && current.links.contains_key(&names::gateway(*vni))))
+            .filter(|l| {
+                // An uplink goes with its gateway end (`shlu<id>` with `shlg<id>`, `id` its subnet's VNI).
+                let gateway = l.strip_prefix(names::UPLINK_PREFIX).map(|id| format!("{}{id}", names::GATEWAY_PREFIX));
+                !gateway.is_some_and(|g| current.links.contains_key(&g))
+            })
             .filter(|l| want.is_some() || !l.starts_with(names::BRIDGE_PREFIX))
             .collect();
         stale.sort_by_key(stale_order);
@@ -688,6 +734,7 @@ mod tests {
     use super::*;
     use crate::state::{Attachment, NetworkState, Peer, TaskState};
     use crate::Error;
+    use std::path::Path;
 
     fn net(vni: u32) -> NetworkState {
         NetworkState {
@@ -696,6 +743,7 @@ mod tests {
             vni,
             subnet: "10.9.0.0/24".parse().unwrap(),
             gateway: Ipv4Addr::new(10, 9, 0, 1),
+            more_subnets: Vec::new(),
             internal: false,
             encrypted: false,
             peers: Vec::new(),
@@ -791,6 +839,172 @@ mod tests {
             addr: "10.9.0.2/24".parse().unwrap(),
             mtu: 1450,
         }));
+    }
+
+    /// A network of two subnets (docs/design/overlay-subnets.md): a bridge, VXLAN device (with its own VNI)
+    /// and gateway end per subnet, in the network's one namespace; each task on its address's subnet bridge,
+    /// with its default route and a route to the other subnet through its own subnet's gateway; each peer's
+    /// entries on the VXLAN device of its subnet; the node table lets the two gateway ends reach each other.
+    /// Observed as applied, nothing is left to do.
+    #[test]
+    fn a_network_of_two_subnets_gets_a_bridge_vxlan_and_gateway_per_subnet_and_routes_between_them() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        let mut n = net(7);
+        let second = Subnet { vni: 8, subnet: "10.19.0.0/24".parse().unwrap(), gateway: Ipv4Addr::new(10, 19, 0, 1) };
+        n.more_subnets = vec![second];
+        let (p1, p2) = (Ipv4Addr::new(10, 9, 0, 9), Ipv4Addr::new(10, 19, 0, 9));
+        let other_node = Ipv4Addr::new(192, 0, 2, 2);
+        n.peers = [p1, p2].map(|a| Peer { address: a, mac: mac_for(a), node_ip: other_node }).into();
+        s.networks = vec![n];
+        let (a1, a2) = (Ipv4Addr::new(10, 9, 0, 2), Ipv4Addr::new(10, 19, 0, 2));
+        let task = |id: &str, address| TaskState {
+            task_id: id.into(),
+            netns: format!("/run/netns/{id}").into(),
+            attachments: vec![Attachment { network_id: "n7".into(), address, ifname: None }],
+            joined: false,
+        };
+        s.tasks = vec![task("a", a1), task("b", a2)];
+        s.validate().unwrap();
+        let ops = plan(&Observed::default(), &s);
+        let has = |op: Op| assert!(ops.contains(&op), "{op:?} missing from {ops:#?}");
+        for (id, sub) in [(7, "10.9.0.1/24"), (8, "10.19.0.1/24")] {
+            has(Op::CreateBridge { vni: 7, name: format!("shlb{id}"), mtu: 1450 });
+            has(Op::CreateVxlan {
+                vni: 7,
+                id,
+                name: format!("shlx{id}"),
+                port: 4789,
+                local: Ipv4Addr::new(192, 0, 2, 1),
+                mtu: 1450,
+                bridge: format!("shlb{id}"),
+            });
+            has(Op::CreateGateway {
+                vni: 7,
+                name: format!("shlg{id}"),
+                peer: format!("shlu{id}"),
+                bridge: format!("shlb{id}"),
+                mtu: 1450,
+                addrs: vec![sub.parse().unwrap()],
+                mac: None,
+            });
+        }
+        for (peer, dev) in [(p1, "shlx7"), (p2, "shlx8")] {
+            has(Op::AddFdb { vni: 7, fdb: Fdb { dev: dev.into(), mac: mac_for(peer), dst: other_node } });
+            has(Op::AddNeigh { vni: 7, neigh: Neigh { dev: dev.into(), ip: peer, mac: mac_for(peer) } });
+        }
+        assert_eq!(ops.iter().filter(|o| matches!(o, Op::AddFdb { .. })).count(), 2, "each peer on one device");
+        let (gw1, gw2) = (Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(10, 19, 0, 1));
+        for (id, addr, br, gw, other) in
+            [("a", a1, "shlb7", gw1, "10.19.0.0/24"), ("b", a2, "shlb8", gw2, "10.9.0.0/24")]
+        {
+            let netns: PathBuf = format!("/run/netns/{id}").into();
+            has(Op::CreateVeth {
+                vni: 7,
+                host: names::veth(id, "n7"),
+                bridge: br.into(),
+                netns: netns.clone(),
+                ifname: "eth0".into(),
+                mac: mac_for(addr),
+                addr: Ipv4Cidr { addr, prefix_len: 24 },
+                mtu: 1450,
+            });
+            has(Op::SetDefaultRoute { netns: netns.clone(), via: Some((gw, "eth0".into())) });
+            has(Op::AddRoute { netns, dst: other.parse().unwrap(), via: gw, dev: "eth0".into() });
+        }
+        let table = nft::node_table(&s).unwrap().script;
+        assert!(
+            table.contains(r#"iifname { "shlg7", "shlg8" } oifname "shlg*" oifname != { "shlg7", "shlg8" } drop"#),
+            "{table}"
+        );
+        assert!(table.contains(r#"ip saddr 10.19.0.0/24 oifname != { "shlg7", "shlg8" } masquerade"#), "{table}");
+
+        // The node as that plan leaves it: nothing more to do.
+        let mut o =
+            Observed { ip_forward: true, node_table: Some(nft::node_table(&s).unwrap().tag), ..Observed::default() };
+        let mut ns = NetworkNs::default();
+        for (id, sub) in [(7u32, "10.9.0.1/24"), (8, "10.19.0.1/24")] {
+            let br = format!("shlb{id}");
+            o.links.insert(format!("shlg{id}"), Link { addrs: vec![sub.parse().unwrap()], ..link(LinkKind::Veth) });
+            ns.links.insert(br.clone(), link(LinkKind::Bridge));
+            let vx = LinkKind::Vxlan { vni: id, port: 4789, local: s.underlay_ip, learning: false, proxy: true };
+            for (name, kind) in [(format!("shlx{id}"), vx), (format!("shlu{id}"), LinkKind::Veth)] {
+                ns.links.insert(name, Link { master: Some(br.clone()), ..link(kind) });
+            }
+        }
+        for (peer, dev) in [(p1, "shlx7"), (p2, "shlx8")] {
+            ns.fdb.insert(Fdb { dev: dev.into(), mac: mac_for(peer), dst: other_node });
+            ns.neigh.insert(Neigh { dev: dev.into(), ip: peer, mac: mac_for(peer) });
+        }
+        for (id, addr, br, gw, other) in
+            [("a", a1, "shlb7", gw1, "10.19.0.0/24"), ("b", a2, "shlb8", gw2, "10.9.0.0/24")]
+        {
+            ns.links.insert(names::veth(id, "n7"), Link { master: Some(br.into()), ..link(LinkKind::Veth) });
+            let mut tns = TaskNs { default_gw: Some(gw), ..TaskNs::default() };
+            tns.ifaces.insert(
+                "eth0".into(),
+                TaskIface {
+                    mac: Some(mac_for(addr)),
+                    addrs: vec![Ipv4Cidr { addr, prefix_len: 24 }],
+                    mtu: 1450,
+                    up: true,
+                },
+            );
+            tns.routes.insert((other.parse().unwrap(), gw));
+            o.tasks.insert(format!("/run/netns/{id}").into(), tns);
+        }
+        o.networks.insert(7, ns);
+        check(&o, &s, &[]);
+        // A route to the other subnet gone (someone deleted it): only it comes back.
+        o.tasks.get_mut(Path::new("/run/netns/a")).unwrap().routes.clear();
+        check(&o, &s, &["AddRoute"]);
+    }
+
+    #[test]
+    fn subnets_of_a_network_are_checked() {
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        let sub = |vni, subnet: &str, gw| Subnet { vni, subnet: subnet.parse().unwrap(), gateway: gw };
+        let refused = |s: &NodeNetState, want: &str| {
+            let e = s.validate().expect_err(want).to_string();
+            assert!(e.contains(want), "{e} should contain {want:?}");
+        };
+        let mut n = net(7);
+        n.more_subnets = vec![sub(8, "10.9.0.128/25", Ipv4Addr::new(10, 9, 0, 129))];
+        s.networks = vec![n.clone()];
+        refused(&s, "overlap or share a VNI");
+        s.networks[0].more_subnets = vec![sub(7, "10.19.0.0/24", Ipv4Addr::new(10, 19, 0, 1))];
+        refused(&s, "overlap or share a VNI");
+        s.networks[0].more_subnets = vec![sub(8, "10.19.0.0/24", Ipv4Addr::new(10, 20, 0, 1))];
+        refused(&s, "gateway 10.20.0.1 is outside subnet 10.19.0.0/24");
+        s.networks[0].more_subnets = vec![sub(8, "10.19.0.0/24", Ipv4Addr::new(10, 19, 0, 1))];
+        s.validate().unwrap();
+        s.networks[0].internal = true;
+        refused(&s, "an internal network of several subnets is not carried yet");
+        s.networks[0].internal = false;
+        // Another network may not reuse the second subnet's VNI; a task may not take its gateway.
+        let mut other = net(8);
+        (other.id, other.subnet, other.gateway) =
+            ("o".into(), "10.29.0.0/24".parse().unwrap(), Ipv4Addr::new(10, 29, 0, 1));
+        s.networks.push(other);
+        refused(&s, "VNI 8 is used by two networks");
+        s.networks.pop();
+        s.tasks = vec![TaskState {
+            task_id: "t".into(),
+            netns: "/run/netns/t".into(),
+            attachments: vec![Attachment {
+                network_id: "n7".into(),
+                address: Ipv4Addr::new(10, 19, 0, 1),
+                ifname: None,
+            }],
+            joined: false,
+        }];
+        refused(&s, "address 10.19.0.1 is not a host address of network n7's subnets");
+        s.tasks[0].attachments[0].address = Ipv4Addr::new(10, 19, 0, 7);
+        s.validate().unwrap();
+        s.networks[0].more_subnets = (0..16)
+            .map(|i| sub(100 + i, &format!("10.{}.0.0/24", 100 + i), Ipv4Addr::new(10, 100 + i as u8, 0, 1)))
+            .collect();
+        s.tasks.clear();
+        refused(&s, "17 subnets; at most 16");
     }
 
     #[test]

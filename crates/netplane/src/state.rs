@@ -13,6 +13,8 @@ use crate::Error;
 pub const MAX_NETWORKS: usize = 256;
 /// Most task namespaces one node plumbs.
 pub const MAX_TASKS: usize = 1024;
+/// Most IPv4 subnets of one network (the manager's bound too): each has a bridge and a VXLAN device of its own.
+pub const MAX_SUBNETS_PER_NETWORK: usize = 16;
 /// Most networks one task is attached to.
 pub const MAX_ATTACHMENTS_PER_TASK: usize = 16;
 /// Most remote peers (task addresses on other nodes) of one network.
@@ -59,6 +61,16 @@ impl Ipv4Cidr {
     /// Whether `ip` lies in this prefix.
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         u32::from(ip) & self.mask() == u32::from(self.network())
+    }
+
+    /// The broadcast address (host bits set).
+    pub fn broadcast(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.network()) | !self.mask())
+    }
+
+    /// Whether this prefix and `other` share an address.
+    pub fn overlaps(&self, other: &Ipv4Cidr) -> bool {
+        self.contains(other.network()) || other.contains(self.network())
     }
 
     fn mask(&self) -> u32 {
@@ -231,8 +243,10 @@ impl NodeNetState {
             if !ids.insert(n.id.as_str()) {
                 return inv(format!("network {} is listed twice", n.id));
             }
-            if !vnis.insert(n.vni) {
-                return inv(format!("VNI {} is used by two networks", n.vni));
+            for s in n.subnets() {
+                if !vnis.insert(s.vni) {
+                    return inv(format!("VNI {} is used by two networks", s.vni));
+                }
             }
         }
         if let Some(i) = &self.ingress {
@@ -274,7 +288,7 @@ impl NodeNetState {
                     p.backends.len()
                 ));
             }
-            if let Some(b) = p.backends.iter().find(|b| !self.networks.iter().any(|n| n.subnet.contains(**b))) {
+            if let Some(b) = p.backends.iter().find(|b| !self.networks.iter().any(|n| n.contains(**b))) {
                 return inv(format!(
                     "published port {}/{}: backend {b} is on none of the node's networks",
                     p.port, p.protocol
@@ -310,10 +324,10 @@ impl NodeNetState {
                 if !seen.insert(a.network_id.as_str()) {
                     return inv(format!("task {} is attached twice to network {}", t.task_id, a.network_id));
                 }
-                if !n.subnet.contains(a.address) || a.address == n.gateway || a.address == n.subnet.network() {
+                if !n.subnet_of(a.address).is_some_and(|s| s.holds_host(a.address)) {
                     return inv(format!(
-                        "task {}: address {} is not a host address of network {}'s subnet {}",
-                        t.task_id, a.address, n.id, n.subnet
+                        "task {}: address {} is not a host address of network {}'s subnets",
+                        t.task_id, a.address, n.id
                     ));
                 }
             }
@@ -341,12 +355,15 @@ pub struct NetworkState {
     pub id: String,
     /// Its name (the suffix of `service.network` names).
     pub name: String,
-    /// Its VXLAN network identifier, 1..=16777215.
+    /// The VXLAN network identifier of its first subnet, 1..=16777215; it names the network's namespace.
     pub vni: u32,
-    /// Its subnet.
+    /// Its first subnet.
     pub subnet: Ipv4Cidr,
-    /// Its gateway (on each node's bridge unless `internal`).
+    /// The first subnet's gateway (on each node's gateway end unless `internal`).
     pub gateway: Ipv4Addr,
+    /// Its other IPv4 subnets, in the order of its IPAM configs (docs/design/overlay-subnets.md): each with
+    /// its own VNI, bridge, VXLAN device and gateway end; the node routes between a network's subnets.
+    pub more_subnets: Vec<Subnet>,
     /// No route out of the network and none into it (`docker network create --internal`).
     pub internal: bool,
     /// Encrypted data path (`--opt encrypted`): refused, the kernel here has neither IPsec ESP nor WireGuard.
@@ -357,7 +374,41 @@ pub struct NetworkState {
     pub services: Vec<ServiceVip>,
 }
 
+/// One IPv4 subnet of a network, with its own VXLAN ID and gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Subnet {
+    /// Its VXLAN network identifier (`vxlanid_list` gives one per subnet, in order).
+    pub vni: u32,
+    /// The subnet.
+    pub subnet: Ipv4Cidr,
+    /// Its gateway.
+    pub gateway: Ipv4Addr,
+}
+
+impl Subnet {
+    /// Whether `ip` is a host address of this subnet that is not its gateway.
+    fn holds_host(&self, ip: Ipv4Addr) -> bool {
+        self.subnet.contains(ip) && ip != self.gateway && ip != self.subnet.network() && ip != self.subnet.broadcast()
+    }
+}
+
 impl NetworkState {
+    /// Its subnets in order: the first (`vni`, `subnet`, `gateway`), then `more_subnets`.
+    pub fn subnets(&self) -> impl Iterator<Item = Subnet> + '_ {
+        std::iter::once(Subnet { vni: self.vni, subnet: self.subnet, gateway: self.gateway })
+            .chain(self.more_subnets.iter().copied())
+    }
+
+    /// The subnet that holds `ip`, if one does.
+    pub fn subnet_of(&self, ip: Ipv4Addr) -> Option<Subnet> {
+        self.subnets().find(|s| s.subnet.contains(ip))
+    }
+
+    /// Whether one of its subnets holds `ip`.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        self.subnet_of(ip).is_some()
+    }
+
     fn validate(&self) -> Result<(), Error> {
         let inv = |m: String| Err(Error::Invalid(m));
         check_id("network", &self.id)?;
@@ -372,6 +423,38 @@ impl NetworkState {
         if !self.subnet.contains(self.gateway) {
             return inv(format!("network {}: gateway {} is outside subnet {}", self.id, self.gateway, self.subnet));
         }
+        if self.more_subnets.len() >= MAX_SUBNETS_PER_NETWORK {
+            return inv(format!(
+                "network {}: {} subnets; at most {MAX_SUBNETS_PER_NETWORK}",
+                self.id,
+                self.more_subnets.len() + 1
+            ));
+        }
+        if self.internal && !self.more_subnets.is_empty() {
+            return inv(format!(
+                "network {}: an internal network of several subnets is not carried yet (its subnets are routed on \
+                 the node, through the gateway ends an internal network does not have); give it one subnet",
+                self.id
+            ));
+        }
+        let all: Vec<Subnet> = self.subnets().collect();
+        for (i, s) in all.iter().enumerate().skip(1) {
+            if s.vni == 0 || s.vni > MAX_VNI {
+                return inv(format!("network {}: VNI {} is outside 1..={MAX_VNI}", self.id, s.vni));
+            }
+            if !(8..=30).contains(&s.subnet.prefix_len) {
+                return inv(format!("network {}: subnet {} must have a prefix length in 8..=30", self.id, s.subnet));
+            }
+            if !s.subnet.contains(s.gateway) {
+                return inv(format!("network {}: gateway {} is outside subnet {}", self.id, s.gateway, s.subnet));
+            }
+            if let Some(o) = all[..i].iter().find(|o| o.vni == s.vni || o.subnet.overlaps(&s.subnet)) {
+                return inv(format!(
+                    "network {}: subnets {} (VNI {}) and {} (VNI {}) overlap or share a VNI",
+                    self.id, o.subnet, o.vni, s.subnet, s.vni
+                ));
+            }
+        }
         if self.peers.len() > MAX_PEERS_PER_NETWORK {
             return inv(format!(
                 "network {}: {} remote peers; at most {MAX_PEERS_PER_NETWORK}",
@@ -381,8 +464,8 @@ impl NetworkState {
         }
         let mut addrs = BTreeSet::new();
         for p in &self.peers {
-            if !self.subnet.contains(p.address) {
-                return inv(format!("network {}: peer {} is outside subnet {}", self.id, p.address, self.subnet));
+            if !self.contains(p.address) {
+                return inv(format!("network {}: peer {} is outside its subnets", self.id, p.address));
             }
             if !addrs.insert(p.address) {
                 return inv(format!("network {}: peer address {} is listed twice", self.id, p.address));
@@ -405,13 +488,12 @@ impl NetworkState {
             for a in &s.aliases {
                 check_dns_name("alias", a)?;
             }
-            if s.vip.is_some_and(|vip| !self.subnet.contains(vip) || !vips.insert(vip)) {
+            if s.vip.is_some_and(|vip| !self.contains(vip) || !vips.insert(vip)) {
                 return inv(format!(
-                    "network {}: service {} VIP {} is outside subnet {} or used twice",
+                    "network {}: service {} VIP {} is outside its subnets or used twice",
                     self.id,
                     s.service_id,
                     s.vip.unwrap_or(Ipv4Addr::UNSPECIFIED),
-                    self.subnet
                 ));
             }
             if s.backends.len() > MAX_BACKENDS_PER_SERVICE {
@@ -421,8 +503,8 @@ impl NetworkState {
                     s.backends.len()
                 ));
             }
-            if let Some(b) = s.backends.iter().find(|b| !self.subnet.contains(**b)) {
-                return inv(format!("service {}: backend {b} is outside subnet {}", s.service_id, self.subnet));
+            if let Some(b) = s.backends.iter().find(|b| !self.contains(**b)) {
+                return inv(format!("service {}: backend {b} is outside network {}'s subnets", s.service_id, self.id));
             }
         }
         Ok(())

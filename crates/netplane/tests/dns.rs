@@ -106,6 +106,7 @@ fn net(id: &str, third: u8, internal: bool, services: Vec<ServiceVip>) -> Networ
         vni: 7000 + u32::from(third),
         subnet: format!("10.{third}.0.0/24").parse().unwrap(),
         gateway: Ipv4Addr::new(10, third, 0, 1),
+        more_subnets: Vec::new(),
         internal,
         encrypted: false,
         peers: Vec::new(),

@@ -314,6 +314,7 @@ fn network(id: &str, vni: u32, third: u8, internal: bool) -> NetworkState {
         vni,
         subnet: format!("10.{third}.0.0/24").parse().unwrap(),
         gateway: Ipv4Addr::new(10, third, 0, 1),
+        more_subnets: Vec::new(),
         internal,
         encrypted: false,
         peers: Vec::new(),

@@ -154,6 +154,44 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
     assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
 }
 
+/// An overlay of two subnets across nodes (docs/design/overlay-subnets.md, part 1): its first IP range holds the
+/// VIP and three tasks of `web` (all on node-0), so the rest of `web` and the client (on node-1) are on the
+/// second subnet. The client reaches every `web` task: those of the first subnet through its gateway, node-1's
+/// routing between the network's bridges and the first subnet's VXLAN device; those of the second over its
+/// own subnet's VXLAN device. A clean stop leaves no task namespace.
+#[test]
+fn tasks_reach_each_other_across_the_subnets_of_an_overlay_and_across_nodes() {
+    let mut c = Cluster::start("dpsub");
+    let body = json!({"Name": "two", "Driver": "overlay", "IPAM": {"Config": [
+        {"Subnet": "10.215.0.0/24", "IPRange": "10.215.0.8/30"}, {"Subnet": "10.216.0.0/24"}]}});
+    let r =
+        shoal_testkit::http::request(c.manager().socket(), "POST", "/v1.47/networks/create", Some(&body.to_string()))
+            .unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+    post_service(c.manager(), &python_service("web", "two", "node.hostname==node-0", 5, SERVER, &[])).unwrap();
+    let web = c.running("web", 5);
+    let mut web_addrs: Vec<String> = web.iter().map(|t| address_on(t, "two")).collect();
+    web_addrs.sort();
+    let on_first = web_addrs.iter().filter(|a| a.starts_with("10.215.0.")).count();
+    assert_eq!(on_first, 3, "the VIP and three tasks fill the first range: {web_addrs:?}");
+    let reach: Vec<String> = web_addrs.iter().map(|a| format!("{a}:80")).collect();
+    let env = vec![format!("REACH={}", reach.join(" "))];
+    post_service(c.manager(), &python_service("client", "two", "node.hostname==node-1", 1, PROBE, &env)).unwrap();
+    let client = c.running("client", 1);
+    let mine = address_on(&client[0], "two");
+    assert!(mine.starts_with("10.216.0."), "the client is on the second subnet: {mine}");
+    let r = c.results(&client[0]);
+    println!("client: {r:?}");
+    for t in &reach {
+        assert!(r.contains(&format!("REACH {t} ok")), "the client on {mine} reaches {t}: {r:?}");
+    }
+    for d in &mut c.ds {
+        assert!(d.stop(), "the daemon stops cleanly");
+    }
+    let left = c.task_namespaces();
+    assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
+}
+
 /// `BENCH` (`label=url` pairs): a first GET of each retried for up to 5 s (the `web` tasks are RUNNING a
 /// moment before they listen, longer on a loaded machine), then 300 sequential GETs, `RESULT RATE label n/s`;
 /// then `RESULT LOOPING` and GETs of http://web/ (each retried up to 30 times, 100 ms apart: a task is RUNNING from its

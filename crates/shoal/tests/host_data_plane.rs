@@ -248,23 +248,20 @@ fn named_interface(d: &Daemon, kind: &Tasks) {
     assert!(opts.contains(r#""DriverOpts":{"com.docker.network.endpoint.ifname":"front0"}"#), "{opts}");
 }
 
-fn readme_daemon_on_the_host(kind: Tasks) {
-    let forward = run(&["iptables", "-w", "-S", "FORWARD"]);
-    eprintln!("the host's FORWARD chain:\n{forward}");
-    assert_eq!(host_leftovers(), Vec::<String>::new(), "Shoal's data plane is already in the host's namespace");
-    let outside = Outside::beside_host();
-
+/// The README's daemon (`shoal daemon --state-dir ./shoal-state`) with `executor`, in a scratch directory, once
+/// its node is ready with the overlay plugin (its data plane carries networks).
+fn start_readme_daemon(executor: &str) -> (tempfile::TempDir, Daemon) {
     let dir = tempfile::tempdir_in(shoal_testkit::scratch_dir()).unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
     let mut cmd = Command::new(shoal_bin());
     cmd.current_dir(dir.path())
-        .args(["daemon", "--state-dir", "./shoal-state", "--executor", kind.executor, "--listen-remote-api", &listen])
+        .args(["daemon", "--state-dir", "./shoal-state", "--executor", executor, "--listen-remote-api", &listen])
         .env_remove("SHOAL_HOST")
         .env_remove("SHOAL_STATE_DIR")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap());
-    let mut d = Daemon { child: Some(cmd.spawn().unwrap()), dir: dir.path().to_path_buf() };
+    let d = Daemon { child: Some(cmd.spawn().unwrap()), dir: dir.path().to_path_buf() };
     wait_until("the node ready with the overlay plugin", WAIT, || {
         let out = docker_cli::command(
             &d.socket(),
@@ -283,6 +280,17 @@ fn readme_daemon_on_the_host(kind: Tasks) {
         );
         Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
     });
+
+    (dir, d)
+}
+
+fn readme_daemon_on_the_host(kind: Tasks) {
+    let forward = run(&["iptables", "-w", "-S", "FORWARD"]);
+    eprintln!("the host's FORWARD chain:\n{forward}");
+    assert_eq!(host_leftovers(), Vec::<String>::new(), "Shoal's data plane is already in the host's namespace");
+    let outside = Outside::beside_host();
+
+    let (dir, mut d) = start_readme_daemon(kind.executor);
 
     // The acceptance's stack (issue 30): `web` (2 replicas, a published port) on two overlay networks, `client`
     // on `front` with it, `db` on `back` with it, deployed with `docker stack deploy` as a user would.
@@ -443,4 +451,206 @@ fn readme_daemon_on_the_host(kind: Tasks) {
     let left = host_leftovers();
     assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
     assert!(ids.lines().count() >= 4 && tasks_left().is_empty(), "task namespaces left: {:?} of {ids}", tasks_left());
+}
+
+/// From inside a task's namespace (`ip netns exec`, the host's python3): one HTTP GET of `addr`:80, printing
+/// the answer's body (the process executor's server answers with the address it was reached at, the docker
+/// executor's busybox httpd with its hostname).
+const GET: &str = r#"
+import socket, sys
+c = socket.create_connection((sys.argv[1], 80), timeout=3)
+c.sendall(b'GET / HTTP/1.0\r\n\r\n')
+d = b''
+while True:
+    b = c.recv(4096)
+    if not b:
+        break
+    d += b
+print(d.split(b'\r\n\r\n', 1)[1].decode().strip())
+"#;
+
+/// An overlay of two IPv4 subnets (docs/design/overlay-subnets.md, part 1) in the host's own namespace with the
+/// README's daemon: a network whose IPAM configs are A with an IP range of 4 addresses, then B (made through the
+/// Engine API, as an SDK makes it). The VIP and three tasks fill the first range, so of five tasks two are on the
+/// second subnet; each running task reaches every task of the other subnet (an HTTP GET from inside its namespace,
+/// routed through its subnet's gateway and the host), and a task of the second subnet reaches the service's VIP on
+/// the first. Removing the service and the network, then a clean stop, leaves nothing of Shoal's in the host's
+/// namespace.
+#[test]
+fn the_readme_daemon_routes_between_the_subnets_of_an_overlay_in_the_hosts_namespace() {
+    if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::DockerCli) {
+        return;
+    }
+    two_subnets_on_the_host(Tasks::process());
+}
+
+/// The same with `--executor docker` (the engine's containers in their holders' namespaces).
+#[test]
+fn the_readme_daemon_with_the_docker_executor_routes_between_the_subnets_of_an_overlay() {
+    let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
+    two_subnets_on_the_host(Tasks::docker(image));
+}
+
+fn two_subnets_on_the_host(kind: Tasks) {
+    assert_eq!(host_leftovers(), Vec::<String>::new(), "Shoal's data plane is already in the host's namespace");
+    let (_dir, mut d) = start_readme_daemon(kind.executor);
+    let (first, second) = ("10.213.0.", "10.214.0.");
+    // Through the Engine API, as an SDK sends it: the configs in order (`docker network create --subnet A
+    // --subnet B` sends them in the order of a Go map, so either may come first, and a compose file's
+    // schema has no `ip_range`).
+    let body = r#"{"Name": "two_subnets", "Driver": "overlay", "IPAM": {"Config": [
+        {"Subnet": "10.213.0.0/24", "IPRange": "10.213.0.8/30"}, {"Subnet": "10.214.0.0/24"}]}}"#;
+    let socket = d.socket();
+    let created = run(&[
+        "curl",
+        "-sS",
+        "--fail-with-body",
+        "--unix-socket",
+        socket.to_str().unwrap(),
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        "http://localhost/v1.41/networks/create",
+    ]);
+    assert!(created.contains("\"Id\""), "{created}");
+    // One VXLAN ID per subnet, in order, as a Docker Engine worker reads them.
+    let vnis = d.docker(&[
+        "network",
+        "inspect",
+        "two_subnets",
+        "--format",
+        "{{index .Options \"com.docker.network.driver.overlay.vxlanid_list\"}}",
+    ]);
+    assert_eq!(vnis.trim().split(',').count(), 2, "{vnis}");
+    let mut args =
+        vec!["service", "create", "-d", "--name", "two_spread", "--network", "two_subnets", "--replicas", "5"];
+    args.push(&kind.image);
+    args.extend(kind.web.iter().map(String::as_str));
+    d.docker(&args);
+    wait_until("two_spread 5/5", WAIT, || {
+        let text = d.docker(&["service", "ls", "--filter", "name=two_spread", "--format", "{{.Replicas}}"]);
+        if text.trim() == "5/5" {
+            Ok(())
+        } else {
+            Err(format!("{text}{}", d.docker(&["service", "ps", "--no-trunc", "two_spread"])))
+        }
+    });
+    let ids = d.docker(&[
+        "service",
+        "ps",
+        "two_spread",
+        "--filter",
+        "desired-state=running",
+        "--format",
+        "{{.ID}}",
+        "--no-trunc",
+    ]);
+    let format = "{{range .NetworksAttachments}}{{if eq .Network.Spec.Name \"two_subnets\"}}{{index .Addresses \
+                  0}}{{end}}{{end}}";
+    // (task ID, its address without the prefix); each address with its subnet's /24.
+    let tasks: Vec<(String, String)> = ids
+        .lines()
+        .map(|id| {
+            let a = d.docker(&["inspect", "--format", format, id]).trim().to_string();
+            assert!(a.ends_with("/24"), "{id}: {a}");
+            (id.to_string(), a.trim_end_matches("/24").to_string())
+        })
+        .collect();
+    let on = |prefix: &str| -> Vec<&(String, String)> { tasks.iter().filter(|(_, a)| a.starts_with(prefix)).collect() };
+    let (on_first, on_second) = (on(first), on(second));
+    let network = d.docker(&["network", "inspect", "two_subnets", "--format", "{{json .IPAM}}"]);
+    assert_eq!((on_first.len(), on_second.len()), (3, 2), "{tasks:?}\n{network}");
+    let vip = acceptance_stack::vip_on(|a| d.docker(a), "two_spread", "two_subnets");
+    assert_eq!(vip, "10.213.0.8", "the VIP is the first pool's first free address");
+
+    // From inside each running task: every task of the other subnet answers, through the task's gateway and
+    // the host (the first answer may wait for the data plane's reconcile of the last task).
+    let get = |from: &str, addr: &str| -> Result<String, String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &format!("shl-task-{from}"), "/usr/bin/python3", "-S", "-c", GET, addr])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let body = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !body.is_empty() {
+            Ok(body)
+        } else {
+            Err(format!("{from} -> {addr}: {body}{}", String::from_utf8_lossy(&out.stderr)))
+        }
+    };
+    for (from, mine) in &tasks {
+        let (others, gateway, other_subnet) = if mine.starts_with(first) {
+            (&on_second, "10.213.0.1", "10.214.0.0/24")
+        } else {
+            (&on_first, "10.214.0.1", "10.213.0.0/24")
+        };
+        // The route to the other subnet, through the task's own subnet's gateway (libnetwork's static route).
+        let ns = format!("shl-task-{from}");
+        let route = run(&["ip", "netns", "exec", &ns, "ip", "route", "show", other_subnet]);
+        assert!(route.contains(&format!("via {gateway} ")), "{mine}: {route}");
+        for (_, addr) in others {
+            let body = wait_until(&format!("{mine} reaches {addr}"), WAIT, || get(from, addr));
+            if kind.executor == "process" {
+                assert_eq!(&body, addr, "{mine} -> {addr}: the server answers with the address it was reached at");
+            }
+        }
+    }
+    let body = wait_until("a task of the second subnet reaches the VIP", WAIT, || get(&on_second[0].0, &vip));
+    if kind.executor == "process" {
+        assert!(tasks.iter().any(|(_, a)| *a == body), "the VIP answered from {body}, no task of {tasks:?}");
+    }
+
+    // Removing the service and the network leaves nothing of Shoal's in the host's namespace.
+    d.docker(&["service", "rm", "two_spread"]);
+    wait_until("the network removed", WAIT, || {
+        let all = d.docker(&["network", "ls", "--format", "{{.Name}}"]);
+        if !all.lines().any(|n| n == "two_subnets") {
+            return Ok(());
+        }
+        let out = docker_cli::command(&d.socket(), &["network", "rm", "two_subnets"]).output().unwrap();
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    let filter = "label=com.docker.swarm.service.name=two_spread";
+    wait_until("the service's containers removed", WAIT, || {
+        let left = if kind.executor == "docker" {
+            shoal_testkit::docker_engine::engine_ok(&["ps", "-aq", "--filter", filter])
+        } else {
+            String::new()
+        };
+        if left.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+    wait_until("nothing of Shoal's left in the host's namespace", WAIT, || {
+        let left = host_leftovers();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+    let tasks_left = || -> Vec<String> {
+        tasks
+            .iter()
+            .filter(|(id, _)| Path::new("/run/netns").join(format!("shl-task-{id}")).exists())
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
+    wait_until("the removed tasks' namespaces released", WAIT, || {
+        let left = tasks_left();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+    assert!(d.stop(), "a clean stop on SIGTERM");
+    let left = host_leftovers();
+    assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
 }

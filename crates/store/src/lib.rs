@@ -21,8 +21,8 @@ pub use codec::{decode_request, decode_snapshot, encode_request, encode_snapshot
 pub use error::StoreError;
 pub use ids::IdSource;
 pub use memory::{
-    spec_networks, Change, Commit, MemoryStore, ServiceTotals, Tables, Watch, DEFAULT_WATCH_QUEUE_COMMITS,
-    MAX_FAILED_APPLIES_KEPT, VXLAN_ID_OPTION,
+    parse_vxlan_ids, spec_networks, Change, Commit, MemoryStore, ServiceTotals, Tables, Watch,
+    DEFAULT_WATCH_QUEUE_COMMITS, MAX_FAILED_APPLIES_KEPT, VXLAN_ID_OPTION,
 };
 pub use object::{Action, ActionKind, Object, ObjectKind, StoreObject, ACTION_OVERHEAD_BYTES};
 pub use table::{Table, TaskTable};

@@ -363,9 +363,14 @@ impl Tables {
 
     /// A network's subnets must not overlap any other network's.
     fn check_network_subnets(&self, network: &Network) -> Result<(), StoreError> {
-        let vni = |n: &Network| n.driver_state.as_ref().and_then(|d| d.options.get(VXLAN_ID_OPTION).cloned());
-        if let Some(v) = vni(network) {
-            if let Some(other) = self.networks.iter().find(|o| o.id != network.id && vni(o).as_ref() == Some(&v)) {
+        let vnis = |n: &Network| {
+            n.driver_state
+                .as_ref()
+                .and_then(|d| d.options.get(VXLAN_ID_OPTION))
+                .map_or_else(Vec::new, |l| parse_vxlan_ids(l))
+        };
+        for v in vnis(network) {
+            if let Some(other) = self.networks.iter().find(|o| o.id != network.id && vnis(o).contains(&v)) {
                 return Err(StoreError::AddressConflict(format!(
                     "VXLAN ID {v} of network {} is in use by network {}; create the network again",
                     network.unique_name().unwrap_or(&network.id),
@@ -515,8 +520,14 @@ fn container_of_spec(spec: &shoal_api::ServiceSpec) -> Option<&shoal_api::Contai
     }
 }
 
-/// The driver option holding an overlay network's VXLAN ID (libnetwork's key), unique per cluster.
+/// The driver option holding an overlay network's VXLAN IDs (libnetwork's key): one per IPv4 subnet, in the
+/// order of its IPAM configs, comma-separated; each unique per cluster.
 pub const VXLAN_ID_OPTION: &str = "com.docker.network.driver.overlay.vxlanid_list";
+
+/// The VXLAN IDs of a `VXLAN_ID_OPTION` value, in order (those that parse).
+pub fn parse_vxlan_ids(list: &str) -> Vec<u32> {
+    list.split(',').filter_map(|v| v.trim().parse().ok()).collect()
+}
 
 /// The network IDs a service spec attaches to (the task spec's and the deprecated service-level list).
 pub fn spec_networks(spec: &shoal_api::ServiceSpec) -> impl Iterator<Item = &str> + '_ {

@@ -11,9 +11,10 @@
 //! (the node table handles TCP and UDP; the process executor refuses such tasks).
 //!
 //! What a network needs is read from the `Network` object each attachment carries (the allocator copies it
-//! into the task): its VXLAN ID (driver option `com.docker.network.driver.overlay.vxlanid_list`), its first
-//! IPAM config's subnet and gateway, `internal`, and `encrypted` (driver option). A network without them
-//! cannot be carried, and a task attached to it is refused by `task_support` with the reason.
+//! into the task): its VXLAN IDs (driver option `com.docker.network.driver.overlay.vxlanid_list`, one per
+//! subnet), each IPAM config's subnet and gateway in order, `internal`, and `encrypted` (driver option). A
+//! network without them cannot be carried, and a task attached to it is refused by `task_support` with the
+//! reason.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -25,7 +26,7 @@ use shoal_api::shoal_v1::{NetworkPeers, NodeNetworkView};
 use shoal_api::{Network, PortConfig, Task, TaskState as WireState};
 use shoal_netplane::{
     mac_for, Attachment, Ipv4Cidr, NetworkState, NodeIngress, NodeNetState, Peer, Protocol, PublishedPort, ServiceVip,
-    TaskState,
+    Subnet, TaskState,
 };
 
 /// The driver option that marks an encrypted overlay (`docker network create --opt encrypted`).
@@ -35,33 +36,55 @@ pub const ENCRYPTED_OPTION: &str = "encrypted";
 pub fn network_state(n: &Network) -> Result<NetworkState, String> {
     let name = n.spec.as_ref().and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str());
     let label = if name.is_empty() { n.id.as_str() } else { name };
-    let vni = n
+    // One VXLAN ID per IPv4 subnet, in the order of the IPAM configs (libnetwork's `vxlanid_list`).
+    let vnis: Vec<u32> = n
         .driver_state
         .as_ref()
         .and_then(|d| d.options.get(VXLAN_ID_OPTION))
-        .and_then(|v| v.split(',').next()?.trim().parse::<u32>().ok())
-        .ok_or_else(|| {
-            format!("network {label} has no VXLAN ID (its allocation is incomplete); recreate the network")
-        })?;
-    let config =
-        n.ipam.as_ref().and_then(|i| i.configs.first()).ok_or_else(|| format!("network {label} has no IPv4 subnet"))?;
-    let subnet: Ipv4Cidr = config.subnet.parse().map_err(|e| format!("network {label}: {e}"))?;
-    let gateway: Ipv4Addr = config
-        .gateway
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .parse()
-        .map_err(|_| format!("network {label} has no IPv4 gateway ({:?})", config.gateway))?;
+        .map(|v| v.split(',').map(|id| id.trim().parse::<u32>()).collect::<Result<_, _>>())
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    if vnis.is_empty() {
+        return Err(format!("network {label} has no VXLAN ID (its allocation is incomplete); recreate the network"));
+    }
+    let configs = n.ipam.as_ref().map(|i| i.configs.as_slice()).unwrap_or_default();
+    if configs.is_empty() {
+        return Err(format!("network {label} has no IPv4 subnet"));
+    }
+    if configs.len() != vnis.len() {
+        return Err(format!(
+            "network {label} has {} subnets but {} VXLAN IDs (its allocation is incomplete); recreate the network",
+            configs.len(),
+            vnis.len()
+        ));
+    }
+    let mut subnets = Vec::with_capacity(configs.len());
+    for (config, vni) in configs.iter().zip(vnis) {
+        let subnet: Ipv4Cidr = config.subnet.parse().map_err(|e| format!("network {label}: {e}"))?;
+        let gateway: Ipv4Addr = config
+            .gateway
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|_| format!("network {label} has no IPv4 gateway ({:?})", config.gateway))?;
+        subnets.push(Subnet {
+            vni,
+            subnet: Ipv4Cidr { addr: subnet.network(), prefix_len: subnet.prefix_len },
+            gateway,
+        });
+    }
+    let first = subnets.remove(0);
     let spec = n.spec.as_ref();
     let encrypted =
         spec.and_then(|s| s.driver_config.as_ref()).is_some_and(|d| d.options.contains_key(ENCRYPTED_OPTION));
     Ok(NetworkState {
         id: n.id.clone(),
         name: name.to_string(),
-        vni,
-        subnet: Ipv4Cidr { addr: subnet.network(), prefix_len: subnet.prefix_len },
-        gateway,
+        vni: first.vni,
+        subnet: first.subnet,
+        gateway: first.gateway,
+        more_subnets: subnets,
         internal: spec.is_some_and(|s| s.internal),
         encrypted,
         peers: Vec::new(),
@@ -108,6 +131,13 @@ pub fn task_support(task: &Task, encryption: bool) -> Result<(), String> {
         let s = network_state(&n)?;
         if s.encrypted && !encryption {
             return Err(shoal_netplane::Error::EncryptionUnsupported { network: s.name }.to_string());
+        }
+        if s.internal && !s.more_subnets.is_empty() {
+            return Err(format!(
+                "network {} is internal and has several subnets, which this node's data plane does not carry yet \
+                 (it routes between a network's subnets through their gateways on the node)",
+                s.name
+            ));
         }
     }
     Ok(())
@@ -178,12 +208,13 @@ pub fn overlap_reason(n: &NetworkState, underlay: Option<Ipv4Addr>, view: &NodeN
     let held = underlay
         .into_iter()
         .chain(view.overlapping_node_addrs.iter().filter_map(|a| a.parse::<Ipv4Addr>().ok()))
-        .find(|ip| n.subnet.contains(*ip))?;
+        .find(|ip| n.contains(*ip))?;
     let whose = if Some(held) == underlay { "this node's own address" } else { "the address of a node" };
+    let subnet = n.subnet_of(held).map_or(n.subnet, |s| s.subnet);
     Some(format!(
-        "network {}: its subnet {} holds {whose} {held}, and carrying it would cut this node off from that \
+        "network {}: its subnet {subnet} holds {whose} {held}, and carrying it would cut this node off from that \
          address; remove the network and create it again with a subnet outside the nodes' networks",
-        n.name, n.subnet
+        n.name
     ))
 }
 
@@ -292,11 +323,7 @@ fn fill_from_view(n: &mut NetworkState, v: &NetworkPeers, underlay: Option<Ipv4A
         .filter_map(|p| {
             let address: Ipv4Addr = p.address.parse().ok()?;
             let node_ip: Ipv4Addr = p.node_addr.parse().ok()?;
-            (n.subnet.contains(address) && Some(node_ip) != underlay).then(|| Peer {
-                address,
-                mac: mac_for(address),
-                node_ip,
-            })
+            (n.contains(address) && Some(node_ip) != underlay).then(|| Peer { address, mac: mac_for(address), node_ip })
         })
         .collect();
     n.services = v
@@ -307,8 +334,8 @@ fn fill_from_view(n: &mut NetworkState, v: &NetworkPeers, underlay: Option<Ipv4A
             service_id: s.service_id.clone(),
             name: s.name.clone(),
             aliases: s.aliases.clone(),
-            vip: s.vip.parse().ok().filter(|ip| n.subnet.contains(*ip)),
-            backends: s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| n.subnet.contains(*ip)).collect(),
+            vip: s.vip.parse().ok().filter(|ip| n.contains(*ip)),
+            backends: s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| n.contains(*ip)).collect(),
         })
         .collect();
 }
@@ -357,7 +384,7 @@ fn add_host_ports(
             else {
                 continue;
             };
-            if port == 0 || !networks.values().any(|n| n.subnet.contains(backend)) {
+            if port == 0 || !networks.values().any(|n| n.contains(backend)) {
                 continue;
             }
             published.entry((proto, port)).or_insert(PublishedPort {

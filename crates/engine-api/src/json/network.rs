@@ -231,12 +231,7 @@ impl NetworkCreateJson {
             if !(i.driver.is_empty() || i.driver == "default") {
                 return Err(ConvertError(format!("IPAM.Driver {:?} is not supported: use the default IPAM", i.driver)));
             }
-            if i.config.len() > 1 {
-                return Err(ConvertError(format!(
-                    "IPAM.Config has {} entries: Shoal networks have one subnet",
-                    i.config.len()
-                )));
-            }
+            // Several configs are several subnets: the control API checks them and their bound.
             ipam = Some(IpamOptions {
                 // The default IPAM's options are kept and shown back, as Docker keeps them (it reads none).
                 driver: Some(Driver {

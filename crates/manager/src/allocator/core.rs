@@ -21,7 +21,7 @@ use shoal_api::{
 };
 use shoal_store::{spec_networks, ActionKind, Change, Commit, Object, StoreObject, Tables};
 
-use super::ipam::{parse_address, AddressPool};
+use super::ipam::{parse_address, AddressPool, NetworkPools};
 use super::ports::PortSpace;
 use crate::tasks::observed_state;
 
@@ -108,18 +108,22 @@ fn service_ports(s: &Service) -> Vec<(i32, u32)> {
         .collect()
 }
 
-/// The pool a network's IPAM options describe (its first IPv4 or IPv6 config).
-pub fn network_pool(n: &Network) -> Option<AddressPool> {
-    let c = n.ipam.as_ref()?.configs.first()?;
-    let subnet = c.subnet.parse().ok()?;
-    let range = if c.range.is_empty() { None } else { Some(c.range.parse().ok()?) };
-    let gateway = if c.gateway.is_empty() { None } else { Some(c.gateway.parse().ok()?) };
-    let mut pool = AddressPool::new(subnet, range, gateway)?;
-    // Auxiliary addresses (`--aux-address`) are never handed out (those outside the IP range never would be).
-    for ip in c.reserved.values().filter_map(|a| a.parse().ok()) {
-        pool.reserve(ip);
+/// The pools a network's IPAM options describe: one per config, in config order (`None` when it has no
+/// config, or one that does not parse: the control API writes only valid ones).
+pub fn network_pools(n: &Network) -> Option<NetworkPools> {
+    let mut pools = Vec::new();
+    for c in &n.ipam.as_ref()?.configs {
+        let subnet = c.subnet.parse().ok()?;
+        let range = if c.range.is_empty() { None } else { Some(c.range.parse().ok()?) };
+        let gateway = if c.gateway.is_empty() { None } else { Some(c.gateway.parse().ok()?) };
+        let mut pool = AddressPool::new(subnet, range, gateway)?;
+        // Auxiliary addresses (`--aux-address`) are never handed out (those outside the IP range never would be).
+        for ip in c.reserved.values().filter_map(|a| a.parse().ok()) {
+            pool.reserve(ip);
+        }
+        pools.push(pool);
     }
-    Some(pool)
+    NetworkPools::new(pools)
 }
 
 fn network_name(n: &Network) -> &str {
@@ -142,7 +146,7 @@ pub struct AllocatePass {
 /// The address pools and ingress ports, in step with the store.
 #[derive(Debug, Default)]
 pub struct Allocator {
-    pools: HashMap<String, AddressPool>,
+    pools: HashMap<String, NetworkPools>,
     ports: PortSpace,
     ingress: Option<String>,
     /// The node-local networks' IDs (`host`, `bridge`, macvlan, ipvlan: no pool, no VIP).
@@ -186,7 +190,7 @@ impl Allocator {
             self.predefined.insert(n.id.clone());
             return;
         }
-        match network_pool(n) {
+        match network_pools(n) {
             Some(p) => {
                 self.pools.insert(n.id.clone(), p);
             }

@@ -1,6 +1,7 @@
 //! IP address management in the manager (SwarmKit's cnmallocator with libnetwork's default IPAM, our own
-//! code): one `AddressPool` per network subnet, a bitmap over the allocation range (the IP range a user gave,
-//! else the subnet) with the network address, the broadcast address and the gateway reserved; addresses are
+//! code): one `AddressPool` per network subnet (a network's are its `NetworkPools`, which allocates from the
+//! first with room, in config order), a bitmap over the allocation range (the IP range a user gave, else the
+//! subnet) with the network address, the broadcast address and the gateway reserved; addresses are
 //! handed out next-fit from a cursor, so a freed address is reused only after the rest of the range. And the
 //! choice of a new network's subnet: the first `subnet_size` block of the cluster's address pools that
 //! overlaps no existing network.
@@ -124,6 +125,56 @@ impl AddressPool {
     }
 }
 
+/// The addresses of one network: one `AddressPool` per IPAM config, in config order. An address (a task's,
+/// a node's, a VIP) comes from the first pool that has one free: SwarmKit's rule (`allocateNetworkIPs` tries
+/// the pools in turn), in a fixed order where SwarmKit's map has none.
+#[derive(Clone, Debug)]
+pub struct NetworkPools {
+    pools: Vec<AddressPool>,
+}
+
+impl NetworkPools {
+    /// The pools of a network, in config order; `None` when there is none.
+    pub fn new(pools: Vec<AddressPool>) -> Option<NetworkPools> {
+        (!pools.is_empty()).then_some(NetworkPools { pools })
+    }
+
+    /// Addresses left to allocate, in all the pools.
+    pub fn free(&self) -> u64 {
+        self.pools.iter().map(AddressPool::free).sum()
+    }
+
+    /// The pool whose subnet holds `addr` (subnets of one network do not overlap).
+    fn pool_of(&mut self, addr: IpAddr) -> Option<&mut AddressPool> {
+        self.pools.iter_mut().find(|p| p.subnet.offset_of(addr).is_some())
+    }
+
+    /// Marks `addr` taken in its subnet's pool (idempotent); false when no pool's range holds it.
+    pub fn reserve(&mut self, addr: IpAddr) -> bool {
+        self.pool_of(addr).is_some_and(|p| p.reserve(addr))
+    }
+
+    /// Frees `addr` (idempotent).
+    pub fn release(&mut self, addr: IpAddr) {
+        if let Some(p) = self.pool_of(addr) {
+            p.release(addr);
+        }
+    }
+
+    /// The next free address of the first pool that has one, or `None` when every pool is full.
+    pub fn allocate(&mut self) -> Option<IpAddr> {
+        self.pools.iter_mut().find_map(AddressPool::allocate)
+    }
+
+    /// `addr` with the prefix length of the subnet that holds it, as the store keeps attachment addresses.
+    pub fn with_prefix(&self, addr: IpAddr) -> String {
+        match self.pools.iter().find(|p| p.subnet.offset_of(addr).is_some()) {
+            Some(p) => p.with_prefix(addr),
+            None => addr.to_string(),
+        }
+    }
+}
+
 /// The address part of an attachment address (`10.0.0.3/24` or a bare address).
 pub fn parse_address(s: &str) -> Option<IpAddr> {
     s.split('/').next()?.parse().ok()
@@ -184,6 +235,28 @@ mod tests {
         assert_eq!(got, ["10.1.4.0", "10.1.4.2", "10.1.4.3"].map(ip));
         assert!(AddressPool::new(c("10.1.0.0/16"), Some(c("10.2.0.0/24")), None).is_none());
         assert!(AddressPool::new(c("10.0.0.0/8"), None, None).is_none(), "2^24 addresses is past the bound");
+    }
+
+    #[test]
+    fn a_network_of_several_subnets_allocates_from_the_first_pool_with_room_in_config_order() {
+        let first = AddressPool::new(c("10.5.0.0/24"), Some(c("10.5.0.8/30")), Some(ip("10.5.0.1"))).unwrap();
+        let second = AddressPool::new(c("10.6.0.0/24"), None, Some(ip("10.6.0.1"))).unwrap();
+        let mut p = NetworkPools::new(vec![first, second]).unwrap();
+        assert_eq!(p.free(), 4 + 253);
+        let got: Vec<_> = (0..6).map(|_| p.allocate().unwrap()).collect();
+        assert_eq!(got, ["10.5.0.8", "10.5.0.9", "10.5.0.10", "10.5.0.11", "10.6.0.2", "10.6.0.3"].map(ip));
+        assert_eq!(p.with_prefix(ip("10.5.0.9")), "10.5.0.9/24");
+        assert_eq!(p.with_prefix(ip("10.6.0.3")), "10.6.0.3/24");
+        // A freed address of the first subnet is the next one given: the first pool with room wins.
+        p.release(ip("10.5.0.10"));
+        assert_eq!(p.allocate(), Some(ip("10.5.0.10")));
+        assert_eq!(p.allocate(), Some(ip("10.6.0.4")));
+        // Reserving finds the pool by subnet; an address of neither is no pool's.
+        assert!(p.reserve(ip("10.6.0.9")));
+        assert!(!p.reserve(ip("10.7.0.9")));
+        assert!(!p.reserve(ip("10.5.0.40")), "inside the first subnet, outside its range");
+        assert_eq!(p.free(), 253 - 4);
+        assert!(NetworkPools::new(Vec::new()).is_none());
     }
 
     #[test]

@@ -19,7 +19,7 @@ mod runner;
 #[cfg(test)]
 mod tests;
 
-pub use self::core::{needs_allocation, network_pool, AllocatePass, Allocator, ALLOCATED_MESSAGE};
+pub use self::core::{needs_allocation, network_pools, AllocatePass, Allocator, ALLOCATED_MESSAGE};
 pub use runner::AllocatorLoop;
 
 use crate::subsystem::Subsystem;

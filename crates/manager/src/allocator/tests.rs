@@ -480,3 +480,71 @@ impl shoal_store::IdSource for NoIds {
         format!("predefined-{}", N.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
     }
 }
+
+/// An overlay of two subnets (docs/design/overlay-subnets.md, part 1), made by the control API's write: the
+/// VIP and the tasks take addresses from the first subnet while its small IP range has room, then from the
+/// second, each with its own subnet's prefix; a freed address of the first is the next one given; and a core
+/// rebuilt from the store agrees.
+#[test]
+fn a_network_of_two_subnets_fills_the_first_range_then_the_second() {
+    let mut fx = Fx::new();
+    let spec = shoal_api::NetworkSpec {
+        annotations: Some(Annotations { name: "two".into(), ..Default::default() }),
+        ipam: Some(IpamOptions {
+            driver: None,
+            configs: vec![
+                IpamConfig { subnet: "10.30.0.0/24".into(), range: "10.30.0.8/30".into(), ..Default::default() },
+                IpamConfig { subnet: "10.31.0.0/24".into(), ..Default::default() },
+            ],
+        }),
+        ..Default::default()
+    };
+    let net = fx.store.view(|t| {
+        let mut c = Changes::new();
+        let n = crate::controlapi::network::create_overlay(
+            t,
+            &mut c,
+            "two".into(),
+            ts(),
+            &spec,
+            crate::limits::MAX_OVERLAY_SUBNETS,
+        )
+        .unwrap();
+        (n, c)
+    });
+    let (n, c) = net;
+    fx.index += 1;
+    let commit = fx.store.apply(fx.index, c.actions()).unwrap();
+    fx.alloc.apply_commit(&commit);
+    assert_eq!(crate::controlapi::network::vxlan_ids(&n).len(), 2);
+    fx.service("web", &["two"], vec![]);
+    fx.tasks("web", 5);
+    assert!(!fx.pass());
+    let s = fx.store.view(|t| t.services().get("web").cloned()).unwrap();
+    assert_eq!(s.endpoint.as_ref().unwrap().virtual_ips[0].addr, "10.30.0.8/24", "the VIP from the first pool");
+    let mut got: Vec<String> = (0..5).map(|i| fx.task(&format!("web.{i}")).networks[0].addresses[0].clone()).collect();
+    got.sort();
+    assert_eq!(got, ["10.30.0.10/24", "10.30.0.11/24", "10.30.0.9/24", "10.31.0.2/24", "10.31.0.3/24"]);
+    assert_unique(&fx.held());
+    let rebuilt = fx.store.view(Allocator::build);
+    assert_eq!(rebuilt.free_addresses("two"), fx.alloc.free_addresses("two"));
+    assert_eq!(fx.alloc.free_addresses("two"), Some(253 - 2));
+    // A task on the first subnet ends: its address is the next one a new task gets.
+    let first = (0..5).find(|i| fx.task(&format!("web.{i}")).networks[0].addresses[0] == "10.30.0.9/24").unwrap();
+    fx.set_state(&format!("web.{first}"), TaskState::Failed);
+    let spec_task = fx.task("web.0").spec.clone();
+    fx.write(|c| {
+        let mut t = Task {
+            id: "web.new".into(),
+            service_id: "web".into(),
+            slot: 9,
+            spec: spec_task,
+            status: Some(TaskStatus { state: TaskState::New as i32, ..Default::default() }),
+            ..Default::default()
+        };
+        t.set_desired_state(TaskState::Running);
+        c.create(t);
+    });
+    assert!(!fx.pass());
+    assert_eq!(fx.task("web.new").networks[0].addresses[0], "10.30.0.9/24");
+}

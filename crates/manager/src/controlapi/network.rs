@@ -2,13 +2,13 @@
 //! networks created, read, listed and removed; the predefined `ingress` network made with the cluster; and
 //! what a service spec may say about networks and ports (`resolve_service_networks`, `check_endpoint`).
 //!
-//! A network's subnet (the user's, else the first free `SubnetSize` block of the cluster's address pools),
-//! gateway (the subnet's first address unless given) and VXLAN ID are chosen here, in the write that creates
-//! it; the store refuses an overlapping subnet or a VXLAN ID in use when the write is applied, so two
-//! creates from one view cannot both get one. A subnet may not overlap the loopback, link-local, "this
-//! network" or multicast ranges, nor hold a node's own address (the error names the node); a subnet chosen
-//! from the pools skips the nodes' addresses. Removal is refused while a service uses the network (naming
-//! it) or a task still holds an address in it.
+//! A network's subnets (the user's, at most `MAX_OVERLAY_SUBNETS`, else the first free `SubnetSize` block of the
+//! cluster's address pools), each one's gateway (the subnet's first address unless given) and VXLAN ID are chosen
+//! here, in the write that creates it; the store refuses an overlapping subnet or a VXLAN ID in use when the write
+//! is applied, so two creates from one view cannot both get one. A subnet may not overlap the loopback, link-local,
+//! "this network" or multicast ranges, nor hold a node's own address (the error names the node); a subnet chosen
+//! from the pools skips the nodes' addresses. Removal is refused while a service uses the network (naming it) or a
+//! task still holds an address in it.
 //!
 //! Must not depend on HTTP, JSON, processes or Docker.
 
@@ -81,7 +81,7 @@ fn ingress_network_on(id: String, now: shoal_api::prost_types::Timestamp, subnet
         ingress: true,
         ..Default::default()
     };
-    built(id, now, spec, subnet, None, None, FIRST_VXLAN_ID)
+    built(id, now, spec, &[(subnet, None, None)], &[FIRST_VXLAN_ID])
 }
 
 /// The UDP port of VXLAN traffic unless the swarm was made with another (`--data-path-port`).
@@ -230,29 +230,44 @@ impl AddressPools {
     }
 }
 
+/// The network object of an overlay: one IPAM config per subnet, in order (each with its range, gateway,
+/// the subnet's first host unless given, and the user's auxiliary addresses of that config), and one VXLAN
+/// ID per subnet in the same order (`vnis`), written as libnetwork's `vxlanid_list`: comma-separated.
 fn built(
     id: String,
     now: shoal_api::prost_types::Timestamp,
     spec: NetworkSpec,
-    subnet: Cidr,
-    range: Option<Cidr>,
-    gateway: Option<std::net::IpAddr>,
-    vxlan_id: u32,
+    subnets: &[UserIpam],
+    vnis: &[u32],
 ) -> Network {
-    let gateway = gateway.or_else(|| subnet.nth(1)).map(|g| g.to_string()).unwrap_or_default();
-    // The user's auxiliary addresses (checked by `user_ipam`), which the allocator never hands out.
-    let reserved = spec.ipam.as_ref().and_then(|i| i.configs.first()).map(|c| c.reserved.clone()).unwrap_or_default();
-    let mut config = IpamConfig {
-        subnet: subnet.to_string(),
-        range: range.map(|r| r.to_string()).unwrap_or_default(),
-        gateway,
-        reserved,
-        ..Default::default()
-    };
-    config.set_family(if subnet.is_v6() { ipam_config::AddressFamily::Ipv6 } else { ipam_config::AddressFamily::Ipv4 });
+    debug_assert_eq!(subnets.len(), vnis.len(), "one VXLAN ID per subnet");
+    let configs = subnets
+        .iter()
+        .enumerate()
+        .map(|(i, (subnet, range, gateway))| {
+            let gateway = gateway.or_else(|| subnet.nth(1)).map(|g| g.to_string()).unwrap_or_default();
+            // The user's auxiliary addresses (checked by `user_ipam`), which the allocator never hands out.
+            let reserved =
+                spec.ipam.as_ref().and_then(|s| s.configs.get(i)).map(|c| c.reserved.clone()).unwrap_or_default();
+            let mut config = IpamConfig {
+                subnet: subnet.to_string(),
+                range: range.map(|r| r.to_string()).unwrap_or_default(),
+                gateway,
+                reserved,
+                ..Default::default()
+            };
+            config.set_family(if subnet.is_v6() {
+                ipam_config::AddressFamily::Ipv6
+            } else {
+                ipam_config::AddressFamily::Ipv4
+            });
+            config
+        })
+        .collect();
     let ipam_options =
         spec.ipam.as_ref().and_then(|i| i.driver.as_ref()).map(|d| d.options.clone()).unwrap_or_default();
-    let mut driver_options = HashMap::from([(VXLAN_ID_OPTION.to_string(), vxlan_id.to_string())]);
+    let list = vnis.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",");
+    let mut driver_options = HashMap::from([(VXLAN_ID_OPTION.to_string(), list)]);
     // The driver's state repeats `encrypted`, so `docker network inspect` shows it among the options.
     if let Some(v) = spec.driver_config.as_ref().and_then(|d| d.options.get(shoal_api::ENCRYPTED_OPTION)) {
         driver_options.insert(shoal_api::ENCRYPTED_OPTION.to_string(), v.clone());
@@ -262,17 +277,17 @@ fn built(
         meta: Some(Meta { version: None, created_at: Some(now), updated_at: Some(now) }),
         spec: Some(spec),
         driver_state: Some(Driver { name: OVERLAY_DRIVER.into(), options: driver_options }),
-        ipam: Some(IpamOptions {
-            driver: Some(Driver { name: "default".into(), options: ipam_options }),
-            configs: vec![config],
-        }),
+        ipam: Some(IpamOptions { driver: Some(Driver { name: "default".into(), options: ipam_options }), configs }),
         pending_delete: false,
     }
 }
 
-/// The VXLAN ID of a network, if it has one.
-pub fn vxlan_id(n: &Network) -> Option<u32> {
-    n.driver_state.as_ref()?.options.get(VXLAN_ID_OPTION)?.parse().ok()
+/// The VXLAN IDs of a network, one per subnet in order (none when it has no driver state of the overlay's).
+pub fn vxlan_ids(n: &Network) -> Vec<u32> {
+    n.driver_state
+        .as_ref()
+        .and_then(|d| d.options.get(VXLAN_ID_OPTION))
+        .map_or_else(Vec::new, |l| shoal_store::parse_vxlan_ids(l))
 }
 
 fn validate_network_name(name: &str) -> Result<(), ControlError> {
@@ -332,9 +347,16 @@ fn check_node_overlap(t: &Tables, subnet: &Cidr) -> Result<(), ControlError> {
 /// A user's subnet, with the IP range and gateway given inside it.
 type UserIpam = (Cidr, Option<Cidr>, Option<std::net::IpAddr>);
 
-/// The user's IPAM settings, checked: at most one IPv4 subnet with its range and gateway inside it.
-fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
-    let Some(ipam) = &spec.ipam else { return Ok(None) };
+/// Most IPv4 subnets an overlay network is given: `MAX_OVERLAY_SUBNETS`, each with a VXLAN ID and an address
+/// pool of its own, which the nodes' data plane carries as a bridge, VXLAN device and gateway end per subnet
+/// (docs/design/overlay-subnets.md, part 1).
+pub(crate) const OVERLAY_SUBNETS_CARRIED: usize = crate::limits::MAX_OVERLAY_SUBNETS;
+
+/// The user's IPAM settings, checked: at most `max_configs` IPv4 subnets (none of them overlapping another),
+/// each with its range, gateway and auxiliary addresses inside it. Empty: the network's subnet is chosen
+/// from the cluster's pools.
+fn user_ipam(spec: &NetworkSpec, max_configs: usize) -> Result<Vec<UserIpam>, ControlError> {
+    let Some(ipam) = &spec.ipam else { return Ok(Vec::new()) };
     if let Some(d) = &ipam.driver {
         if !(d.name.is_empty() || d.name == "default") {
             return Err(invalid(format!("IPAM driver {:?} is not supported: Shoal's IPAM is the default one", d.name)));
@@ -349,10 +371,44 @@ fn user_ipam(spec: &NetworkSpec) -> Result<Option<UserIpam>, ControlError> {
             )));
         }
     }
-    let Some(c) = ipam.configs.first() else { return Ok(None) };
-    if ipam.configs.len() > 1 {
-        return Err(invalid(format!("{} IPAM configs given: Shoal networks have one subnet", ipam.configs.len())));
+    let n = ipam.configs.len();
+    if n > max_configs && max_configs == 1 {
+        return Err(invalid(format!("{n} IPAM configs given: this network takes one subnet; give one --subnet")));
     }
+    if n > max_configs {
+        return Err(invalid(format!("{n} IPAM configs given: a network has at most {max_configs} subnets")));
+    }
+    if n > 1 && spec.ingress {
+        return Err(invalid(format!(
+            "{n} IPAM configs given on the ingress network: the routing mesh's network has one subnet (each node's \
+             ingress address is in it); give one --subnet"
+        )));
+    }
+    if n > 1 && spec.internal {
+        return Err(invalid(format!(
+            "{n} IPAM configs given on an internal network: the data plane routes between a network's subnets \
+             through their gateways on each node, which an internal network does not have; give one --subnet"
+        )));
+    }
+    if n > 1 && ipam.configs.iter().any(|c| c.subnet.is_empty()) {
+        return Err(invalid("several IPAM configs given: give each its --subnet"));
+    }
+    let mut out: Vec<UserIpam> = Vec::with_capacity(n);
+    for c in &ipam.configs {
+        let Some(u) = user_ipam_config(c)? else { return Ok(Vec::new()) };
+        if let Some((other, _, _)) = out.iter().find(|(o, _, _)| o.overlaps(&u.0)) {
+            return Err(invalid(format!(
+                "subnets {other} and {} of this network overlap; give subnets that do not",
+                u.0
+            )));
+        }
+        out.push(u);
+    }
+    Ok(out)
+}
+
+/// One IPAM config of the user's, checked (`user_ipam`); None when it gives no subnet.
+fn user_ipam_config(c: &IpamConfig) -> Result<Option<UserIpam>, ControlError> {
     if c.subnet.is_empty() {
         if !c.reserved.is_empty() {
             return Err(invalid("auxiliary addresses need a subnet to lie in: give --subnet too"));
@@ -505,7 +561,7 @@ pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
     if spec.ipv6_enabled {
         return Err(invalid("IPv6 networks are not supported yet; leave out --ipv6"));
     }
-    user_ipam(spec)?;
+    user_ipam(spec, OVERLAY_SUBNETS_CARRIED)?;
     Ok(())
 }
 
@@ -542,7 +598,7 @@ fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), Cont
             )));
         }
     }
-    user_ipam(spec)?;
+    user_ipam(spec, 1)?;
     Ok(())
 }
 
@@ -569,67 +625,80 @@ pub async fn create_network(state: &ClusterState, spec: NetworkSpec) -> Result<N
     let mut spec = spec;
     spec.driver_config.get_or_insert_with(Default::default).name = OVERLAY_DRIVER.into();
     let (network, _) = state
-        .write(|t: &Tables, c: &mut Changes| {
-            let name = spec.annotations.as_ref().map_or("", |a| a.name.as_str());
-            room_for_network(t, name)?;
-            if spec.ingress && t.networks().iter().any(|n| n.spec.as_ref().is_some_and(|s| s.ingress)) {
-                return Err(invalid("an ingress network exists already; remove it first"));
-            }
-            // A subnet chosen from the pools also skips the nodes' own addresses.
-            let taken: Vec<Cidr> = t
-                .networks()
-                .iter()
-                .flat_map(|n| n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse().ok()))
-                .chain(
-                    node_addresses(t)
-                        .into_iter()
-                        .filter_map(|(ip, _, _)| Cidr::new(ip, if ip.is_ipv4() { 32 } else { 128 })),
-                )
-                .collect();
-            let (subnet, range, gateway) = match user_ipam(&spec)? {
-                Some(u) => {
-                    check_node_overlap(t, &u.0)?;
-                    u
-                }
-                None => {
-                    let (pools, size) = pools_of(t);
-                    let s = choose_subnet(&pools, size, &taken).ok_or_else(|| {
-                        invalid(format!(
-                            "no /{size} subnet is left in the address pools ({}); give --subnet or remove a network",
-                            pools.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
-                        ))
-                    })?;
-                    (s, None, None)
-                }
-            };
-            // The overlapping network with the lowest subnet, so the message does not depend on table order.
-            if let Some((theirs, other)) = t
-                .networks()
-                .iter()
-                .filter_map(|n| {
-                    let theirs = n
-                        .ipam
-                        .iter()
-                        .flat_map(|i| i.configs.iter())
-                        .filter_map(|c| c.subnet.parse::<Cidr>().ok())
-                        .find(|c| c.overlaps(&subnet))?;
-                    Some((theirs, n.clone()))
-                })
-                .min_by(|a, b| a.0.cmp(&b.0))
-            {
-                return Err(ControlError::Conflict(format!(
-                    "subnet {subnet} overlaps subnet {theirs} of network {}; choose another subnet",
-                    other.unique_name().unwrap_or(&other.id)
-                )));
-            }
-            let used: BTreeSet<u32> = t.networks().iter().filter_map(|n| vxlan_id(n)).collect();
-            let vni = (FIRST_VXLAN_ID..).find(|v| !used.contains(v)).expect("fewer networks than IDs");
-            let n = built(id.clone(), now, spec.clone(), subnet, range, gateway, vni);
-            c.create(n.clone());
-            Ok(n)
-        })
+        .write(|t: &Tables, c: &mut Changes| create_overlay(t, c, id.clone(), now, &spec, OVERLAY_SUBNETS_CARRIED))
         .await?;
     Ok(state.store.view(|t| t.networks().get(&network.id).map(|n| (**n).clone())).unwrap_or(network))
+}
+
+/// The write that creates overlay network `id` from `spec` (checked by `validate_network_spec`) with at most
+/// `max_subnets` subnets: the user's, else one chosen from the cluster's pools, each overlapping no other
+/// network's, and a free VXLAN ID for each.
+pub(crate) fn create_overlay(
+    t: &Tables,
+    c: &mut Changes,
+    id: String,
+    now: shoal_api::prost_types::Timestamp,
+    spec: &NetworkSpec,
+    max_subnets: usize,
+) -> Result<Network, ControlError> {
+    let name = spec.annotations.as_ref().map_or("", |a| a.name.as_str());
+    room_for_network(t, name)?;
+    if spec.ingress && t.networks().iter().any(|n| n.spec.as_ref().is_some_and(|s| s.ingress)) {
+        return Err(invalid("an ingress network exists already; remove it first"));
+    }
+    let mut subnets = user_ipam(spec, max_subnets)?;
+    if subnets.is_empty() {
+        // A subnet chosen from the pools also skips the nodes' own addresses.
+        let taken: Vec<Cidr> = t
+            .networks()
+            .iter()
+            .flat_map(|n| n.ipam.iter().flat_map(|i| i.configs.iter()).filter_map(|c| c.subnet.parse().ok()))
+            .chain(
+                node_addresses(t)
+                    .into_iter()
+                    .filter_map(|(ip, _, _)| Cidr::new(ip, if ip.is_ipv4() { 32 } else { 128 })),
+            )
+            .collect();
+        let (pools, size) = pools_of(t);
+        let s = choose_subnet(&pools, size, &taken).ok_or_else(|| {
+            invalid(format!(
+                "no /{size} subnet is left in the address pools ({}); give --subnet or remove a network",
+                pools.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        subnets.push((s, None, None));
+    } else {
+        for (subnet, _, _) in &subnets {
+            check_node_overlap(t, subnet)?;
+        }
+    }
+    for (subnet, _, _) in &subnets {
+        // The overlapping network with the lowest subnet, so the message does not depend on table order.
+        if let Some((theirs, other)) = t
+            .networks()
+            .iter()
+            .filter_map(|n| {
+                let theirs = n
+                    .ipam
+                    .iter()
+                    .flat_map(|i| i.configs.iter())
+                    .filter_map(|c| c.subnet.parse::<Cidr>().ok())
+                    .find(|c| c.overlaps(subnet))?;
+                Some((theirs, n.clone()))
+            })
+            .min_by(|a, b| a.0.cmp(&b.0))
+        {
+            return Err(ControlError::Conflict(format!(
+                "subnet {subnet} overlaps subnet {theirs} of network {}; choose another subnet",
+                other.unique_name().unwrap_or(&other.id)
+            )));
+        }
+    }
+    let used: BTreeSet<u32> = t.networks().iter().flat_map(|n| vxlan_ids(n)).collect();
+    let vnis: Vec<u32> = (FIRST_VXLAN_ID..).filter(|v| !used.contains(v)).take(subnets.len()).collect();
+    let n = built(id, now, spec.clone(), &subnets, &vnis);
+    c.create(n.clone());
+    Ok(n)
 }
 
 /// Whether the cluster can take a new network named `name`: the name is free, and it has fewer than
@@ -998,7 +1067,7 @@ mod tests {
         let b = create_network(&state, named("b", "")).await.unwrap();
         assert_eq!((subnet(&a), subnet(&b)), ("192.168.0.0/26".to_string(), "192.168.0.64/26".to_string()));
         assert_eq!(a.ipam.as_ref().unwrap().configs[0].gateway, "192.168.0.1");
-        assert_ne!(vxlan_id(&a), vxlan_id(&b));
+        assert_ne!(vxlan_ids(&a), vxlan_ids(&b));
         let e = create_network(&state, named("c", "192.168.0.0/24")).await.unwrap_err().to_string();
         assert!(e.contains("overlaps subnet 192.168.0.0/26 of network a"), "{e}");
         let e = create_network(&state, named("A", "")).await.unwrap_err().to_string();
@@ -1198,5 +1267,93 @@ mod tests {
             let e = with(nets, ports).unwrap_err();
             assert!(e.contains(says), "{nets:?}: {e}");
         }
+    }
+
+    /// A network of several subnets (docs/design/overlay-subnets.md, part 1): each config gets its gateway,
+    /// range and auxiliary addresses and a VXLAN ID of its own, in order, up to `MAX_OVERLAY_SUBNETS`; what
+    /// overlaps is refused, and so are several subnets on an internal network or a macvlan one.
+    #[tokio::test]
+    async fn several_subnets_get_a_vxlan_id_each_in_order_and_are_checked_each() {
+        use crate::limits::MAX_OVERLAY_SUBNETS;
+        let (state, _) = cluster();
+        let config = |subnet: &str| IpamConfig { subnet: subnet.into(), ..Default::default() };
+        let with = |name: &str, configs: Vec<IpamConfig>| NetworkSpec {
+            ipam: Some(IpamOptions { driver: None, configs }),
+            ..named(name, "")
+        };
+        let two = || {
+            let mut first = config("10.40.0.0/24");
+            first.range = "10.40.0.8/29".into();
+            first.reserved = [("router".to_string(), "10.40.0.9".to_string())].into();
+            let mut second = config("10.41.0.0/24");
+            second.gateway = "10.41.0.254".into();
+            vec![first, second]
+        };
+        let mut internal = with("internal", two());
+        internal.internal = true;
+        let e = create_network(&state, internal).await.unwrap_err().to_string();
+        assert!(e.contains("2 IPAM configs given on an internal network"), "{e}");
+        let mut ingress = with("ingress2", two());
+        ingress.ingress = true;
+        let e = create_network(&state, ingress).await.unwrap_err().to_string();
+        assert!(e.contains("2 IPAM configs given on the ingress network"), "{e}");
+        let mut macvlan = with("mac", two());
+        macvlan.driver_config = Some(Driver { name: "macvlan".into(), ..Default::default() });
+        let e = create_network(&state, macvlan).await.unwrap_err().to_string();
+        assert!(e.contains("2 IPAM configs given: this network takes one subnet"), "{e}");
+        let create = |spec: NetworkSpec| {
+            let state = state.clone();
+            async move { create_network(&state, spec).await }
+        };
+        let other = create(named("other", "")).await.unwrap();
+        assert_eq!(vxlan_ids(&other), [FIRST_VXLAN_ID]);
+        let n = create(with("two", two())).await.unwrap();
+        assert_eq!(vxlan_ids(&n), [FIRST_VXLAN_ID + 1, FIRST_VXLAN_ID + 2]);
+        let opts = &n.driver_state.as_ref().unwrap().options;
+        assert_eq!(opts[VXLAN_ID_OPTION], format!("{},{}", FIRST_VXLAN_ID + 1, FIRST_VXLAN_ID + 2));
+        let configs = &n.ipam.as_ref().unwrap().configs;
+        let got: Vec<_> = configs.iter().map(|c| (c.subnet.as_str(), c.range.as_str(), c.gateway.as_str())).collect();
+        assert_eq!(got, [("10.40.0.0/24", "10.40.0.8/29", "10.40.0.1"), ("10.41.0.0/24", "", "10.41.0.254")]);
+        assert_eq!(configs[0].reserved["router"], "10.40.0.9");
+        assert!(configs[1].reserved.is_empty());
+        // What is refused, each naming the config.
+        let refused = |configs: Vec<IpamConfig>, want: &'static str| {
+            let create = &create;
+            async move {
+                let e = create(with("bad", configs)).await.unwrap_err().to_string();
+                assert!(e.contains(want), "{e} should contain {want:?}");
+            }
+        };
+        refused(
+            vec![config("10.50.0.0/24"), config("10.50.0.128/25")],
+            "subnets 10.50.0.0/24 and 10.50.0.128/25 of this network overlap",
+        )
+        .await;
+        refused(vec![config("10.50.0.0/24"), config("10.41.0.0/16")], "overlaps subnet 10.41.0.0/24 of network two")
+            .await;
+        refused(vec![config("10.50.0.0/24"), config("fd00::/64")], "IPv6 networks are not supported yet").await;
+        refused(vec![config("10.50.0.0/24"), config("")], "give each its --subnet").await;
+        let mut aux = config("10.51.0.0/24");
+        aux.reserved = [("x".to_string(), "10.50.0.9".to_string())].into();
+        refused(
+            vec![config("10.50.0.0/24"), aux],
+            "auxiliary address x=10.50.0.9 is not a host address of subnet 10.51.0.0/24",
+        )
+        .await;
+        let many: Vec<IpamConfig> = (0..=MAX_OVERLAY_SUBNETS).map(|i| config(&format!("10.60.{i}.0/24"))).collect();
+        refused(many, "17 IPAM configs given: a network has at most 16 subnets").await;
+        // The VXLAN IDs of a removed network are free again; the store refuses one in use in any position.
+        remove_network(&state, "other").await.unwrap();
+        let again = create(named("again", "")).await.unwrap();
+        assert_eq!(vxlan_ids(&again), [FIRST_VXLAN_ID]);
+        let mut clash = (*state.store.view(|t| t.networks().get(&again.id).cloned()).unwrap()).clone();
+        clash.driver_state.as_mut().unwrap().options.insert(VXLAN_ID_OPTION.into(), format!("{}", FIRST_VXLAN_ID + 2));
+        let mut c = Changes::new();
+        c.update(clash);
+        let e = state.propose(c).await.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("VXLAN ID {} of network again is in use by network two", FIRST_VXLAN_ID + 2)),
+            "{e}"
+        );
     }
 }

@@ -369,3 +369,53 @@ fn the_vxlan_devices_use_the_port_the_view_names() {
     assert_eq!((s.vxlan_port, s.networks.len()), (7789, 1));
     s.validate().unwrap();
 }
+
+/// A network of two subnets as the manager writes it (docs/design/overlay-subnets.md): `vxlanid_list` gives a
+/// VXLAN ID per IPAM config, in order; the view's peers and backends on either subnet are kept; a list that
+/// does not match the configs, or an internal network of several subnets, is not carried, with the reason.
+#[test]
+fn a_network_of_two_subnets_carries_a_vni_gateway_and_peers_per_subnet() {
+    let mut two = network("net-two", "two", 4097, 1, false, false);
+    two.driver_state.as_mut().unwrap().options.insert(VXLAN_ID_OPTION.into(), "4097,4099".into());
+    two.ipam.as_mut().unwrap().configs.push(IpamConfig {
+        subnet: "10.0.9.0/24".into(),
+        gateway: "10.0.9.254".into(),
+        ..Default::default()
+    });
+    let s = network_state(&two).unwrap();
+    assert_eq!((s.vni, s.subnet.to_string(), s.gateway), (4097, "10.0.1.0/24".to_string(), ip("10.0.1.1")));
+    assert_eq!(s.more_subnets.len(), 1);
+    let second = s.more_subnets[0];
+    assert_eq!(
+        (second.vni, second.subnet.to_string(), second.gateway),
+        (4099, "10.0.9.0/24".to_string(), ip("10.0.9.254"))
+    );
+    let t = task("t1", TaskState::Running, &[(&two, 2)]);
+    task_support(&t, false).unwrap();
+    let view = NodeNetworkView {
+        node_addr: "192.0.2.1".into(),
+        networks: vec![NetworkPeers {
+            network_id: "net-two".into(),
+            peers: ["10.0.1.7", "10.0.9.7", "10.0.5.7"]
+                .iter()
+                .map(|a| RemotePeer { address: a.to_string(), node_addr: "192.0.2.2".into() })
+                .collect(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let assigned: HashMap<String, Arc<Task>> = [(t.id.clone(), Arc::new(t.clone()))].into();
+    let state = desired(Some(ip("192.0.2.1")), &plumbed(&t), &assigned, &view);
+    let peers: Vec<Ipv4Addr> = state.networks[0].peers.iter().map(|p| p.address).collect();
+    assert_eq!(peers, [ip("10.0.1.7"), ip("10.0.9.7")], "10.0.5.7 is in neither subnet");
+    state.validate().unwrap();
+    // One VXLAN ID for two subnets: the allocation is incomplete.
+    let mut short = two.clone();
+    short.driver_state.as_mut().unwrap().options.insert(VXLAN_ID_OPTION.into(), "4097".into());
+    let e = network_state(&short).unwrap_err();
+    assert!(e.contains("has 2 subnets but 1 VXLAN IDs"), "{e}");
+    // Internal with two subnets: refused on the task, naming the network.
+    two.spec.as_mut().unwrap().internal = true;
+    let e = task_support(&task("t2", TaskState::Running, &[(&two, 3)]), false).unwrap_err();
+    assert!(e.contains("network two is internal and has several subnets"), "{e}");
+}
