@@ -193,6 +193,18 @@ pub fn event_json(e: &watch_message::Event) -> Option<EventJson> {
     })
 }
 
+/// Adds `e` to the `KEPT_EVENTS` last events, kept in time order for replays and their time window: an
+/// object's time is stamped when its write is made, and writes made at once may commit in another order (a
+/// few milliseconds apart), so an event can be older than the last one kept. Live subscribers get events in
+/// commit order.
+fn keep(events: &mut VecDeque<Arc<EventJson>>, e: Arc<EventJson>) {
+    if events.len() == KEPT_EVENTS {
+        events.pop_front();
+    }
+    let at = events.iter().rposition(|kept| kept.time_nano <= e.time_nano).map_or(0, |i| i + 1);
+    events.insert(at, e);
+}
+
 struct Kept {
     events: VecDeque<Arc<EventJson>>,
     live: broadcast::Sender<Arc<EventJson>>,
@@ -233,10 +245,7 @@ impl EventLog {
     fn push(&self, e: EventJson) {
         let e = Arc::new(e);
         let mut k = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        if k.events.len() == KEPT_EVENTS {
-            k.events.pop_front();
-        }
-        k.events.push_back(e.clone());
+        keep(&mut k.events, e.clone());
         let _ = k.live.send(e);
     }
 
@@ -486,6 +495,22 @@ mod tests {
             time: 1,
             time_nano: 1_000_000_000,
         }
+    }
+
+    #[test]
+    fn kept_events_are_in_time_order_when_writes_commit_out_of_it() {
+        let at = |t: i64| Arc::new(EventJson { time_nano: t, ..ev("service", "update", "s", "web") });
+        let mut kept = VecDeque::new();
+        for t in [391, 391, 375, 413, 100, 439] {
+            keep(&mut kept, at(t));
+        }
+        let times: Vec<i64> = kept.iter().map(|e| e.time_nano).collect();
+        assert_eq!(times, [100, 375, 391, 391, 413, 439]);
+        for t in 0..KEPT_EVENTS as i64 {
+            keep(&mut kept, at(1000 + t));
+        }
+        assert_eq!(kept.len(), KEPT_EVENTS);
+        assert_eq!(kept.front().map(|e| e.time_nano), Some(1000), "the oldest go first");
     }
 
     #[test]
