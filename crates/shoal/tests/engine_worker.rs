@@ -847,3 +847,38 @@ fn a_shoal_task_and_an_engine_task_on_one_overlay_reach_each_other() {
     assert!(!vip.is_empty(), "shoalweb has no VIP on {net}");
     assert!(by_name.is_ok(), "engine to Shoal by name: {by_name:?}");
 }
+
+/// An overlay of two subnets (docs/design/overlay-subnets.md) on an engine worker: the engine reads one
+/// VXLAN ID per subnet from the network's `vxlanid_list`, as a Docker manager writes it, and its containers
+/// hold the addresses Shoal gave in both subnets and reach each other across them.
+#[test]
+fn tasks_on_an_overlay_of_two_subnets_run_on_the_engine_and_reach_each_other_across_them() {
+    let Some(eng) = engine("2s", 1) else { return };
+    let d = shoal_manager(&eng, 0, None);
+    join(&eng, &d);
+    // Through the Engine API, which keeps the configs' order; the first range holds four addresses (the VIP
+    // and the engine's own endpoint take two of them), so the tasks spill into the second subnet.
+    let body = r#"{"Name": "twonet", "Driver": "overlay", "IPAM": {"Config": [
+        {"Subnet": "10.215.0.0/24", "IPRange": "10.215.0.8/30"}, {"Subnet": "10.216.0.0/24"}]}}"#;
+    let created = shoal_testkit::http::request(d.socket(), "POST", "/v1.47/networks/create", Some(body))
+        .expect("POST /networks/create");
+    assert_eq!(created.status, 201, "{}", created.body);
+    let net = created.body["Id"].as_str().expect("the network's ID").to_string();
+    let constraint = format!("node.hostname=={}", eng.hostname());
+    create_web(&d, "two", "twonet", &["--replicas", "4", "--constraint", &constraint]);
+    let ids = wait_engine_containers(&eng, &d, "two", 4);
+    let given = task_addresses(&d, "two", &net);
+    let mut held: Vec<String> = ids.iter().map(|id| container_ip(&eng, id)).collect();
+    held.sort();
+    assert_eq!(held, given, "the containers' addresses on twonet");
+    let first = ids.iter().find(|id| container_ip(&eng, id).starts_with("10.215.0.")).expect("a task in 10.215.0.0/24");
+    let second =
+        ids.iter().find(|id| container_ip(&eng, id).starts_with("10.216.0.")).expect("a task in 10.216.0.0/24");
+    for (from, to) in [(first, second), (second, first)] {
+        let url = format!("http://{}/", container_ip(&eng, to));
+        let host = eng.docker_ok(&["exec", to, "hostname"]);
+        wait_page(&eng, from, &url, host.trim());
+    }
+    shoal(&d, &["service", "rm", "two"]);
+    wait_engine_empty(&eng, &d, "two", true);
+}
