@@ -12,11 +12,16 @@ use crate::subsystem::Subsystem;
 
 /// The leader-only subsystems: the orchestrators, reaper, constraint enforcer and rebalancer, the allocator,
 /// the key manager (its key material from `key_rng`: the OS's in the daemon, a seeded one in the
-/// simulation), the scheduler, the dispatcher's loop and the root-rotation reconciler.
-pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>, key_rng: Box<dyn RngCore + Send>) -> Vec<Box<dyn Subsystem>> {
+/// simulation; rotating every `key_rotation_ms`, `keymanager::ROTATION_INTERVAL_MS` unless the daemon was
+/// told otherwise), the scheduler, the dispatcher's loop and the root-rotation reconciler.
+pub fn leader_subsystems(
+    dispatcher: &Arc<Dispatcher>,
+    key_rng: Box<dyn RngCore + Send>,
+    key_rotation_ms: u64,
+) -> Vec<Box<dyn Subsystem>> {
     let mut list = crate::orchestrator::subsystems();
     list.push(crate::allocator::subsystem());
-    list.push(Box::new(crate::keymanager::KeyManager::with_rng(key_rng, crate::keymanager::ROTATION_INTERVAL_MS)));
+    list.push(Box::new(crate::keymanager::KeyManager::with_rng(key_rng, key_rotation_ms)));
     list.push(crate::scheduler::subsystem());
     list.push(dispatcher.subsystem());
     list.push(Box::new(crate::ca::rotation::RootRotationReconciler));

@@ -57,6 +57,9 @@ pub struct DaemonConfig {
     pub data_plane: bool,
     /// Raft tick interval.
     pub raft_tick_interval_ms: u64,
+    /// How often this manager, while it leads, rotates the overlay networks' encryption and gossip keys
+    /// (SwarmKit's 12 hours by default).
+    pub network_key_rotation_ms: u64,
     /// Raft ticks without a leader's message before a follower campaigns (randomized in [n, 2n)).
     pub raft_election_tick: usize,
     /// Raft ticks between the leader's heartbeats.
@@ -119,6 +122,7 @@ impl DaemonConfig {
             executor: ExecutorKind::Auto,
             data_plane: false,
             raft_tick_interval_ms: 100,
+            network_key_rotation_ms: shoal_manager::keymanager::ROTATION_INTERVAL_MS,
             raft_election_tick: 10,
             raft_heartbeat_tick: 1,
             engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),

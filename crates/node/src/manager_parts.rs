@@ -148,7 +148,10 @@ pub(crate) type Part = (&'static str, fn(&Wiring<'_>) -> JoinHandle<()>);
 /// The parts a manager starts from its wiring once its cluster is ready, in order (after the dispatcher
 /// address watch, whose address the renewal follows).
 pub(crate) const PARTS_WHEN_READY: &[Part] = &[
-    ("leader-subsystems", |w| services::run_leader_subsystems(w.state, w.dispatcher, Some(w.raft), w.shutdown.clone())),
+    ("leader-subsystems", |w| {
+        let rotation = w.cfg.network_key_rotation_ms;
+        services::run_leader_subsystems(w.state, w.dispatcher, Some(w.raft), rotation, w.shutdown.clone())
+    }),
     // Autolock: follow the cluster's unlock key (the certificate files exist by now).
     ("autolock", |w| {
         tokio::spawn(lock::watch_cluster_unlock_key(

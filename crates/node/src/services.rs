@@ -13,10 +13,10 @@ use tokio::task::JoinHandle;
 use crate::raft_status::ManagerStatusSubsystem;
 
 /// The leader-only subsystems, in start order (`shoal_manager::leader`'s one list), with key material from the
-/// operating system's RNG.
-pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>) -> Vec<Box<dyn Subsystem>> {
+/// operating system's RNG, the network keys rotating every `key_rotation_ms`.
+pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>, key_rotation_ms: u64) -> Vec<Box<dyn Subsystem>> {
     use rand::SeedableRng;
-    shoal_manager::leader_subsystems(dispatcher, Box::new(rand::rngs::StdRng::from_os_rng()))
+    shoal_manager::leader_subsystems(dispatcher, Box::new(rand::rngs::StdRng::from_os_rng()), key_rotation_ms)
 }
 
 /// Starts the dispatcher's gRPC server on `listener` and the leader-only subsystems; both stop when
@@ -30,7 +30,10 @@ pub fn start_manager_services(
     let dispatcher = Dispatcher::new(state.clone(), dispatcher_config);
     vec![
         ("grpc", serve_manager_grpc(&dispatcher, listener, None, None, shutdown.clone())),
-        ("leader-subsystems", run_leader_subsystems(state, &dispatcher, None, shutdown)),
+        (
+            "leader-subsystems",
+            run_leader_subsystems(state, &dispatcher, None, shoal_manager::keymanager::ROTATION_INTERVAL_MS, shutdown),
+        ),
     ]
 }
 
@@ -95,14 +98,15 @@ pub fn serve_manager_grpc(
 }
 
 /// Runs the leader-only subsystems while this manager leads, until `shutdown`; with `raft`, also the loop
-/// that keeps managers' `Node.manager_status` current.
+/// that keeps managers' `Node.manager_status` current; the network keys rotate every `key_rotation_ms`.
 pub fn run_leader_subsystems(
     state: &ClusterState,
     dispatcher: &Arc<Dispatcher>,
     raft: Option<&RaftNode>,
+    key_rotation_ms: u64,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let mut list = leader_subsystems(dispatcher);
+    let mut list = leader_subsystems(dispatcher, key_rotation_ms);
     if let Some(raft) = raft {
         list.push(Box::new(ManagerStatusSubsystem::new(raft.clone())));
     }

@@ -81,6 +81,11 @@ pub struct DaemonArgs {
     /// itself with it instead of waiting for `docker swarm unlock`.
     #[arg(long)]
     unlock_key_file: Option<PathBuf>,
+    /// How often the leading manager rotates the overlay networks' encryption and gossip keys (nodes keep the
+    /// last three, so one that missed a rotation still reads the others), e.g. `12h` (SwarmKit's), `30m`. At
+    /// least one second.
+    #[arg(long, default_value = "12h", value_parser = parse_key_rotation)]
+    network_key_rotation_interval: std::time::Duration,
     /// Take a Raft snapshot (and compact the log) every this many applied entries.
     #[arg(long)]
     raft_snapshot_interval_entries: Option<u64>,
@@ -133,6 +138,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.join_addr = args.join_addr;
     cfg.force_new_cluster = args.force_new_cluster;
     cfg.raft_tick_interval_ms = args.raft_tick_interval_ms;
+    cfg.network_key_rotation_ms = u64::try_from(args.network_key_rotation_interval.as_millis()).unwrap_or(u64::MAX);
     cfg.raft_election_tick = args.election_tick;
     cfg.raft_heartbeat_tick = args.heartbeat_tick;
     cfg.join_token = args.join_token.map(shoal_node::JoinToken);
@@ -191,6 +197,14 @@ fn parse_log_filter(s: &str) -> Result<Targets, String> {
     s.parse::<Targets>().map_err(|e| {
         format!("{s:?}: {e}; use a level (error, warn, info, debug, trace) or target=level, comma-separated")
     })
+}
+
+fn parse_key_rotation(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e}: give a duration such as 12h, 30m or 90s"))?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err(format!("{s} is shorter than one second: the keys would rotate faster than nodes can follow"));
+    }
+    Ok(d)
 }
 
 fn parse_tcp_addr(s: &str) -> Result<SocketAddr, String> {

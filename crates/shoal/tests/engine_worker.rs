@@ -735,8 +735,39 @@ fn a_failing_test_leaves_no_engine_behind() {
 /// could not resolve the Shoal task's address, and neither direction worked.
 #[test]
 fn a_shoal_task_and_an_engine_task_on_one_overlay_reach_each_other() {
-    let Some(eng) = engine("m", 0) else { return };
-    let Some(host) = engine("n", 0) else { return };
+    shoal_and_engine_tasks_reach_each_other(("m", "n"), &[], |_| {});
+}
+
+/// The key manager's rotations reach the engine: with the network keys rotating every 4 s, once four
+/// rotations have passed since the engine joined (none of the keys it was given then is left), the engine
+/// and Shoal's node still gossip (the engine learns the Shoal task's records from Shoal's member, which
+/// reads and writes only the current keys), and their tasks reach each other by address and by name while
+/// the keys go on rotating.
+#[test]
+fn a_shoal_task_and_an_engine_task_reach_each_other_after_the_network_keys_rotated() {
+    let rotations = |d: &DaemonProcess| d.log().matches("network encryption keys written (rotate)").count();
+    shoal_and_engine_tasks_reach_each_other(("q", "u"), &["--network-key-rotation-interval", "4s"], |d| {
+        let before = rotations(d);
+        wait_until("four network key rotations", Duration::from_secs(60), || {
+            let now = rotations(d);
+            if now >= before + 4 {
+                Ok(())
+            } else {
+                Err(format!("{} so far", now - before))
+            }
+        });
+    });
+}
+
+/// A Shoal node (docker executor, in the namespace of second engine `tags.1`, its own engine) and engine
+/// `tags.0` as its worker, on one overlay; `after_join` runs once the engine joined, before the services.
+fn shoal_and_engine_tasks_reach_each_other(
+    tags: (&str, &str),
+    daemon_args: &[&str],
+    after_join: impl Fn(&DaemonProcess),
+) {
+    let Some(eng) = engine(tags.0, 0) else { return };
+    let Some(host) = engine(tags.1, 0) else { return };
     let _forwarding = eng.forward_with(&host);
     let d = DaemonProcess::start_with(
         &shoal_bin(),
@@ -745,10 +776,12 @@ fn a_shoal_task_and_an_engine_task_on_one_overlay_reach_each_other() {
             listen_ip: Some(host.ip()),
             port: Some(common::netcluster::PORT),
             hostname: Some("shoal-0".into()),
+            extra_args: daemon_args.iter().map(|a| a.to_string()).collect(),
             ..DaemonOptions::default()
         },
     );
     join(&eng, &d);
+    after_join(&d);
     let net = shoal(&d, &["network", "create", "--driver", "overlay", "mixnet"]).trim().to_string();
     create_web(&d, "engweb", "mixnet", &["--constraint", &format!("node.hostname=={}", eng.hostname())]);
     let server = common::netcluster::SERVER;

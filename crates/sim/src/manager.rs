@@ -532,7 +532,11 @@ impl Running {
                 let (stop, stop_rx) = watch::channel(false);
                 // The daemon's own list (`shoal_manager::leader`), the key manager's RNG seeded from this run's.
                 let key_rng = Box::new(StdRng::seed_from_u64(self.rng.random()));
-                let list = shoal_manager::leader_subsystems(&self.dispatcher, key_rng);
+                let list = shoal_manager::leader_subsystems(
+                    &self.dispatcher,
+                    key_rng,
+                    shoal_manager::keymanager::ROTATION_INTERVAL_MS,
+                );
                 let loops = list.iter().map(|s| (s.name(), s.run(self.state.clone(), stop_rx.clone()))).collect();
                 self.leader = Some(LeaderLoops { term: st.term, _stop: stop, loops });
             }
