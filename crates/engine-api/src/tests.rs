@@ -847,8 +847,8 @@ async fn fields_shoal_cannot_honour_are_refused_by_name() {
         ),
         (
             "/TaskTemplate/ContainerSpec/Mounts",
-            json!([{"Type": "bind", "Source": "/a", "Target": "/b", "Consistency": "cached"}]),
-            "ContainerSpec.Mounts[0].Consistency is not supported yet",
+            json!([{"Type": "bind", "Source": "/a", "Target": "/b", "Consistency": "sideways"}]),
+            "Mount.Consistency",
         ),
         (
             "/TaskTemplate/Resources/Limits/GenericResources",
@@ -985,7 +985,7 @@ async fn security_and_resource_settings_and_mount_options_are_stored_and_shown_b
             "NoNewPrivileges": true,
         },
         "Mounts": [
-            {"Type": "bind", "Source": "/a", "Target": "/b",
+            {"Type": "bind", "Source": "/a", "Target": "/b", "Consistency": "cached",
              "BindOptions": {"Propagation": "rslave", "NonRecursive": true, "CreateMountpoint": true}},
             {"Type": "tmpfs", "Target": "/t",
              "TmpfsOptions": {"SizeBytes": 1 << 20, "Mode": 0o1777, "Options": [["noexec"], ["nr_inodes", "1k"]]}},

@@ -275,7 +275,7 @@ fn container_settings_reach_the_running_container_as_docker_applies_them() {
                 "--mount",
                 &shared_bind,
                 "--mount",
-                &format!("type=bind,source={plain},target=/plain,bind-nonrecursive=true,readonly"),
+                &format!("type=bind,source={plain},target=/plain,bind-nonrecursive=true,readonly,consistency=cached"),
                 "--mount",
                 "type=tmpfs,target=/scratch,tmpfs-size=2097152,tmpfs-mode=1770",
             ]),
@@ -285,6 +285,8 @@ fn container_settings_reach_the_running_container_as_docker_applies_them() {
                     "/HostConfig/Mounts/1/BindOptions",
                     json!({"Propagation": "rprivate", "NonRecursive": true}),
                 ),
+                // A compose file's `:cached`: the engine keeps it and, on Linux, applies nothing for it.
+                Check::Inspect("/HostConfig/Mounts/1/Consistency", json!("cached")),
                 Check::Inspect("/HostConfig/Mounts/2/TmpfsOptions", json!({"SizeBytes": 2097152, "Mode": 1016})),
                 Check::Exec("grep ' /scratch ' /proc/mounts", "size=2048k,mode=1770".into()),
             ]),

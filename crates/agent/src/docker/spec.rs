@@ -130,6 +130,13 @@ fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
         volume_options,
         bind_options,
         tmpfs_options,
+        // The engine keeps it with the container's mount and, on Linux, applies nothing for it.
+        consistency: match m.consistency() {
+            mount::Consistency::Default => None,
+            mount::Consistency::Consistent => Some("consistent".into()),
+            mount::Consistency::Cached => Some("cached".into()),
+            mount::Consistency::Delegated => Some("delegated".into()),
+        },
         ..Default::default()
     })
 }

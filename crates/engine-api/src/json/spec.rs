@@ -460,9 +460,10 @@ pub struct MountJson {
     /// Cluster volume options.
     #[serde(skip_serializing)]
     pub cluster_options: serde_json::Value,
-    /// Consistency ("default" is accepted).
-    #[serde(skip_serializing)]
-    pub consistency: serde_json::Value,
+    /// How far the host's and the container's views may differ: "default", "consistent", "cached" or
+    /// "delegated" (a Docker Desktop setting; engines on Linux apply nothing for it).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub consistency: String,
 }
 
 /// `Mount.BindOptions`.
@@ -1199,6 +1200,12 @@ const SECCOMP_MODE: &[(&str, SeccompMode)] =
     &[("default", SeccompMode::Default), ("unconfined", SeccompMode::Unconfined), ("custom", SeccompMode::Custom)];
 const APPARMOR_MODE: &[(&str, AppArmorMode)] =
     &[("default", AppArmorMode::Default), ("disabled", AppArmorMode::Disabled)];
+const CONSISTENCY: &[(&str, mount::Consistency)] = &[
+    ("default", mount::Consistency::Default),
+    ("consistent", mount::Consistency::Consistent),
+    ("cached", mount::Consistency::Cached),
+    ("delegated", mount::Consistency::Delegated),
+];
 const PROPAGATION: &[(&str, Propagation)] = &[
     ("rprivate", Propagation::Rprivate),
     ("private", Propagation::Private),
@@ -1246,6 +1253,12 @@ impl MountJson {
             ..Default::default()
         };
         m.set_type(enum_from_str("Mount.Type", &self.kind, MOUNT_TYPE, mount::Type::Volume)?);
+        m.set_consistency(enum_from_str(
+            "Mount.Consistency",
+            &self.consistency,
+            CONSISTENCY,
+            mount::Consistency::Default,
+        )?);
         if let Some(v) = &self.volume_options {
             // As the engine answers for a container's mount.
             if m.r#type() != mount::Type::Volume {
@@ -1335,6 +1348,10 @@ impl MountJson {
                 mode: t.mode,
                 options: tmpfs_options_from_api(&t.options),
             }),
+            consistency: match m.consistency() {
+                mount::Consistency::Default => String::new(),
+                other => enum_to_str(other, CONSISTENCY).into(),
+            },
             ..Default::default()
         }
     }

@@ -60,7 +60,6 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
         ));
     }
     if let Some(c) = &t.container_spec {
-        let not_applied = "Shoal's executors do not apply it yet; leave it out";
         checks.push((
             "TaskTemplate.ContainerSpec.Privileges.CredentialSpec".into(),
             c.privileges.as_ref().is_some_and(|p| is_set(&p.credential_spec)),
@@ -85,11 +84,6 @@ pub fn refuse_unsupported(spec: &ServiceSpecJson) -> Result<(), ConvertError> {
                 format!("TaskTemplate.ContainerSpec.Mounts[{i}].ClusterOptions"),
                 is_set(&m.cluster_options),
                 "cluster (CSI) volumes need a CSI plugin, which Shoal's executors do not drive; use a volume mount",
-            ));
-            checks.push((
-                format!("TaskTemplate.ContainerSpec.Mounts[{i}].Consistency"),
-                is_set_beyond_default(&m.consistency),
-                not_applied,
             ));
         }
     }
