@@ -15,8 +15,8 @@
 //! what answers on it. Init and join come from the inactive socket as a `Request` with a reply channel; the
 //! answer is sent only once the node is in its new state: after a successful start the new state's router
 //! already answers, and after a failure the state the attempt wrote is removed and the inactive router is
-//! back before the error is sent. Leave is answered once the inactive router is back. Requests are taken one at a time (a queue of one; a second
-//! request meanwhile is refused, "in progress").
+//! back before the error is sent. Leave is answered once the inactive router is back. Requests are taken
+//! one at a time (a queue of one; a second request meanwhile is refused, "in progress").
 //!
 //! `swarm.json` also keeps the listen and advertise addresses an init or join gave, so a restart uses them
 //! unless the daemon's flags name addresses themselves.

@@ -3,9 +3,9 @@
 //! that serves is healthy: there is no separate not-serving state to report.
 //!
 //! Two servers have one: the SwarmKit API socket (`Control`, `Watch`, with or without the package prefix)
-//! and a manager's remote port (`Raft`, as SwarmKit's managers report it, and `shoal_api::SHOAL_MANAGER_HEALTH`, a name only
-//! Shoal's managers know: a joining manager asks for it to tell a Shoal cluster from a Docker swarm, whose
-//! health server answers NOT_FOUND).
+//! and a manager's remote port (`Raft`, as SwarmKit's managers report it, and
+//! `shoal_api::SHOAL_MANAGER_HEALTH`, a name only Shoal's managers know: a joining manager asks for it to
+//! tell a Shoal cluster from a Docker swarm, whose health server answers NOT_FOUND).
 
 use shoal_api::health_check_response::ServingStatus;
 use shoal_api::health_server::Health;
