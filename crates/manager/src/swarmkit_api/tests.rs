@@ -128,7 +128,7 @@ async fn watch_requests_are_checked_before_anything_is_sent() {
         }
     };
     check(vec![], "at least one entry").await;
-    check(vec![entry("volume", ALL, vec![])], "cannot be watched").await;
+    check(vec![entry("resource", ALL, vec![])], "cannot be watched").await;
     check(vec![entry("service", 0, vec![])], "not a mask").await;
     check(vec![entry("service", 8, vec![])], "not a mask").await;
     check(vec![entry("service", ALL, vec![select_by::By::NodeId("n".into())])], "does not apply").await;
