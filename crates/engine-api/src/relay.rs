@@ -1006,6 +1006,8 @@ async fn volume_create(relay: &Relay, engine: Option<&Arc<DockerEngine>>, req: R
     match engine {
         _ if cluster => shoal(relay, req).await,
         Some(engine) => engine.relay(req).await,
+        // A body that is no JSON object is Shoal's 400 (the engine would say the same) on a node without one.
+        None if !doc.is_object() => shoal(relay, req).await,
         None => no_engine(why, req.method(), req.uri().path()),
     }
 }
