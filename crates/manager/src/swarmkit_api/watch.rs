@@ -127,7 +127,8 @@ fn kind_of(name: &str) -> Result<ObjectKind, Status> {
         "" => return Err(Status::invalid_argument("no kind of object specified: set kind (e.g. \"service\")")),
         other => {
             return Err(Status::invalid_argument(format!(
-                "kind {other:?} cannot be watched on Shoal: use node, service, task, cluster, secret, config, network or volume"
+                "kind {other:?} cannot be watched on Shoal: use node, service, task, cluster, secret, config, network \
+                 or volume"
             )))
         }
     })
