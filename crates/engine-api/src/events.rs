@@ -174,7 +174,8 @@ pub fn event_json(e: &watch_message::Event) -> Option<EventJson> {
             let name = n.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.clone()).unwrap_or_default();
             ("network", &n.id, &n.meta, BTreeMap::from([("name".to_string(), name)]))
         }
-        object::Object::Task(_) | object::Object::Cluster(_) => return None,
+        // Docker reports no swarm event for a cluster volume either.
+        object::Object::Task(_) | object::Object::Cluster(_) | object::Object::Volume(_) => return None,
     };
     let (action, at) = match action {
         WatchActionKind::WatchActionCreate => ("create", nanos(meta.as_ref().and_then(|m| m.created_at.as_ref()))),

@@ -28,6 +28,7 @@ pub mod swarm_update;
 mod tests;
 pub mod unlock;
 pub mod versions;
+mod volumes;
 pub mod worker;
 
 use std::future::Future;
@@ -120,6 +121,9 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/networks", get(networks::list_networks))
         .route("/networks/create", post(networks::create_network))
         .route("/networks/{id}", get(networks::get_network).delete(networks::remove_network))
+        .route("/volumes", get(volumes::list_volumes))
+        .route("/volumes/create", post(volumes::create_volume))
+        .route("/volumes/{name}", get(volumes::get_volume).put(volumes::update_volume).delete(volumes::remove_volume))
         .route("/distribution/{*name}", get(handlers::distribution))
         .route("/events", get(events::events))
         .fallback(handlers::not_found);

@@ -10,6 +10,11 @@
 //!   swarm's; both event streams in one.
 //! - `/networks/create` goes to Shoal for the `overlay` driver (or `Scope: swarm`), else to the engine;
 //!   `/networks/{id}` to Shoal when Shoal has that network, else to the engine.
+//! - `GET /volumes` is asked of both and merged: the engine's local volumes, then the swarm's cluster volumes
+//!   (on a node whose Shoal answers no volumes, a worker, the engine's alone). `POST /volumes/create` goes to
+//!   Shoal when it carries a `ClusterVolumeSpec`, else to the engine; `/volumes/{name}` (inspect, update,
+//!   delete) to Shoal when the swarm has a cluster volume of that exact name or ID, else to the engine
+//!   (`/volumes/prune` is the engine's). A node without an engine serves the cluster volumes alone.
 //! - `POST /containers/create` naming an attachable swarm network is made in a holder's namespace that the
 //!   node plumbs (`attach::SwarmAttach`, given by `Engine::with_attach`); a non-attachable one is refused
 //!   (403, as dockerd); `POST /containers/{id}/start` of such a container waits for the plumbing, and a
@@ -249,6 +254,12 @@ enum Route {
     NetworkDisconnect,
     /// `POST /containers/{id}/start` and `/restart`: a container on a swarm network is plumbed first.
     ContainerStart,
+    /// `GET /volumes`: the engine's local volumes and the swarm's cluster volumes.
+    Volumes,
+    /// `POST /volumes/create`: Shoal's for a cluster volume.
+    VolumeCreate,
+    /// `/volumes/{name}`: Shoal's when it has a cluster volume of that name or ID.
+    VolumeByName,
 }
 
 fn route(method: &Method, path: &str) -> Route {
@@ -268,6 +279,10 @@ fn route(method: &Method, path: &str) -> Route {
         ("containers", ["create"]) if method == Method::POST => Route::ContainerNetworks,
         ("containers", [_, "start" | "restart"]) if method == Method::POST => Route::ContainerStart,
         ("networks", [_]) => Route::NetworkById,
+        ("volumes", []) if get => Route::Volumes,
+        ("volumes", ["create"]) if method == Method::POST => Route::VolumeCreate,
+        ("volumes", ["prune"]) => Route::Engine,
+        ("volumes", [_]) => Route::VolumeByName,
         ("info" | "version" | "events" | "", _) => Route::Shoal,
         (s, _) if SHOAL_SEGMENTS.contains(&s) => Route::Shoal,
         (s, _) if ENGINE_SEGMENTS.contains(&s) => Route::Engine,
@@ -335,6 +350,8 @@ async fn dispatch(State(relay): State<Arc<Relay>>, req: Request) -> Response {
                     StatusCode::NOT_FOUND,
                     format!("page not found: {bare} is not an endpoint of the Docker Engine API"),
                 ),
+                Route::VolumeCreate => volume_create(&relay, None, req, why).await,
+                Route::VolumeByName => volume_by_name(&relay, None, req, &full, why).await,
                 _ => shoal(&relay, req).await,
             };
         }
@@ -351,6 +368,9 @@ async fn dispatch(State(relay): State<Arc<Relay>>, req: Request) -> Response {
         Route::ContainerNetworks => container_networks(&relay, &engine, req, &full).await,
         Route::NetworkDisconnect => network_disconnect(&relay, &engine, req, &full).await,
         Route::ContainerStart => container_start(&relay, &engine, req, &bare).await,
+        Route::Volumes => merge_volumes(&relay, &engine, req).await,
+        Route::VolumeCreate => volume_create(&relay, Some(&engine), req, "").await,
+        Route::VolumeByName => volume_by_name(&relay, Some(&engine), req, &full, "").await,
     }
 }
 
@@ -957,6 +977,64 @@ async fn network_by_id(relay: &Relay, engine: &Arc<DockerEngine>, req: Request, 
     }
 }
 
+async fn merge_volumes(relay: &Relay, engine: &DockerEngine, req: Request) -> Response {
+    let (shoal, engine_answer) = both(relay, engine, req).await;
+    match (shoal, engine_answer) {
+        (Ok((parts, swarm)), Ok(local)) => json_response(parts, &merge::volumes(local, swarm)),
+        (Ok((parts, swarm)), Err(e)) => {
+            tracing::debug!(error = %e, "GET /volumes: the engine's volumes left out");
+            json_response(parts, &swarm)
+        }
+        // A node whose Shoal answers no volumes (a worker, a node in no swarm): the engine's alone.
+        (Err(_), Ok(local)) => json_response(Response::new(Body::empty()).into_parts().0, &local),
+        (Err(resp), Err(_)) => resp,
+    }
+}
+
+/// `POST /volumes/create`: Shoal's when the body carries a `ClusterVolumeSpec`, else the engine's (or, on a
+/// node without one, the answer saying `why`).
+async fn volume_create(relay: &Relay, engine: Option<&Arc<DockerEngine>>, req: Request, why: &str) -> Response {
+    let (parts, bytes, doc) = match read_json_body(req).await {
+        Ok(read) => read,
+        Err(resp) => return resp,
+    };
+    let cluster = doc
+        .as_object()
+        .and_then(|o| o.iter().find(|(k, _)| k.eq_ignore_ascii_case("ClusterVolumeSpec")))
+        .is_some_and(|(_, v)| !v.is_null());
+    let req = Request::from_parts(parts, Body::from(bytes));
+    match engine {
+        _ if cluster => shoal(relay, req).await,
+        Some(engine) => engine.relay(req).await,
+        // A body that is no JSON object is Shoal's 400 (the engine would say the same) on a node without one.
+        None if !doc.is_object() => shoal(relay, req).await,
+        None => no_engine(why, req.method(), req.uri().path()),
+    }
+}
+
+/// `/volumes/{name}`: Shoal's when the swarm has a cluster volume of that exact name or ID, else the engine's
+/// (or, on a node without one, the answer saying `why`).
+async fn volume_by_name(
+    relay: &Relay,
+    engine: Option<&Arc<DockerEngine>>,
+    req: Request,
+    full: &str,
+    why: &str,
+) -> Response {
+    let mut probe = Request::new(Body::empty());
+    *probe.uri_mut() = full.parse().unwrap_or_default();
+    if shoal(relay, probe).await.status().is_success() {
+        return shoal(relay, req).await;
+    }
+    match engine {
+        Some(engine) => engine.relay(req).await,
+        None => {
+            let bare = crate::request::split_version(full).map_or(full, |(_, p)| p);
+            no_engine(why, req.method(), bare)
+        }
+    }
+}
+
 async fn merge_events(relay: &Relay, engine: &DockerEngine, req: Request) -> Response {
     let mut engine_req = copy_head(&req);
     let shoal_resp = shoal(relay, req).await;
@@ -1063,6 +1141,25 @@ pub mod merge {
         serde_json::Value::Array(out)
     }
 
+    /// The engine's local volumes, then the swarm's cluster volumes (`{"Volumes": [...], "Warnings": [...]}`
+    /// each; the engine's warnings kept).
+    pub fn volumes(mut local: serde_json::Value, swarm: serde_json::Value) -> serde_json::Value {
+        if !local.is_object() {
+            local = serde_json::json!({});
+        }
+        let mine = match swarm.get("Volumes") {
+            Some(serde_json::Value::Array(a)) => a.clone(),
+            _ => Vec::new(),
+        };
+        let list = local.as_object_mut().map(|o| o.entry("Volumes").or_insert_with(|| serde_json::json!([])));
+        match list {
+            Some(serde_json::Value::Array(a)) => a.extend(mine),
+            Some(other) => *other = serde_json::Value::Array(mine),
+            None => {}
+        }
+        local
+    }
+
     /// A byte stream cut into whole lines (each with its `\n`), so that two streams of JSON lines can be
     /// interleaved line by line; a line longer than `MAX_EVENT_LINE_BYTES` is dropped; the stream ends at the
     /// first error.
@@ -1116,6 +1213,12 @@ mod tests {
         check(Method::POST, "/containers/abc/restart", Route::ContainerStart);
         check(Method::POST, "/containers/abc/stop", Route::Engine);
         check(Method::POST, "/networks/prune", Route::Engine);
+        check(Method::GET, "/volumes", Route::Volumes);
+        check(Method::POST, "/volumes/create", Route::VolumeCreate);
+        check(Method::GET, "/volumes/data", Route::VolumeByName);
+        check(Method::PUT, "/volumes/data", Route::VolumeByName);
+        check(Method::DELETE, "/volumes/data", Route::VolumeByName);
+        check(Method::POST, "/volumes/prune", Route::Engine);
         for p in [
             "/services",
             "/services/x/update",
@@ -1136,7 +1239,6 @@ mod tests {
             "/exec/x/start",
             "/images/json",
             "/build",
-            "/volumes",
             "/system/df",
             "/plugins",
             "/session",
@@ -1184,6 +1286,19 @@ mod tests {
         merge::info(&mut alone, Err("the engine: no answer".into()));
         assert!(alone["Warnings"][0].as_str().unwrap().contains("no answer"), "{alone}");
         assert_eq!(alone["Containers"], 0);
+    }
+
+    #[test]
+    fn volumes_list_local_then_the_swarm_s() {
+        let local = serde_json::json!({"Volumes": [{"Name": "l"}], "Warnings": ["w"]});
+        let swarm = serde_json::json!({"Volumes": [{"Name": "c", "Scope": "global"}], "Warnings": []});
+        let merged = merge::volumes(local, swarm.clone());
+        assert_eq!(
+            merged,
+            serde_json::json!({"Volumes": [{"Name": "l"}, {"Name": "c", "Scope": "global"}], "Warnings": ["w"]})
+        );
+        let merged = merge::volumes(serde_json::json!({"Volumes": null, "Warnings": null}), swarm);
+        assert_eq!(merged["Volumes"][0]["Name"], "c");
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub const TARGETS: &[Target] = &[
         dictionary: targets::engine::SERVICE_DICT,
     },
     Target { name: "engine_secret_spec", run: targets::engine::secret_spec, dictionary: targets::engine::SECRET_DICT },
+    Target { name: "engine_volume", run: targets::engine::volume_create, dictionary: targets::engine::VOLUME_DICT },
     Target { name: "engine_node_spec", run: targets::engine::node_spec, dictionary: targets::engine::NODE_DICT },
     Target { name: "engine_swarm_spec", run: targets::engine::swarm_spec, dictionary: targets::engine::SWARM_DICT },
     Target { name: "engine_small_bodies", run: targets::engine::small_bodies, dictionary: targets::engine::SMALL_DICT },

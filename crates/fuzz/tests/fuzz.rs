@@ -135,6 +135,7 @@ macro_rules! fuzz_tests {
 fuzz_tests!(
     engine_service_spec,
     engine_secret_spec,
+    engine_volume,
     engine_node_spec,
     engine_swarm_spec,
     engine_small_bodies,

@@ -123,6 +123,29 @@ fn config() -> Config {
     }
 }
 
+fn volume() -> Volume {
+    Volume {
+        id: "vol1".into(),
+        meta: Some(Meta { version: Some(Version { index: 10 }), created_at: ts(100), updated_at: ts(100) }),
+        spec: Some(VolumeSpec {
+            annotations: Some(Annotations { name: "data".into(), ..Default::default() }),
+            group: "db".into(),
+            driver: Some(Driver { name: "csi.example.com".into(), options: [("size".into(), "1G".into())].into() }),
+            access_mode: Some(VolumeAccessMode {
+                access_type: Some(volume_access_mode::AccessType::Mount(Default::default())),
+                ..Default::default()
+            }),
+            accessibility_requirements: Some(TopologyRequirement {
+                requisite: vec![Topology { segments: [("zone".into(), "z1".into())].into() }],
+                ..Default::default()
+            }),
+            capacity_range: Some(CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 #[test]
 #[ignore = "rewrites the checked-in binary corpus"]
 fn write_seed_corpus() {
@@ -134,6 +157,9 @@ fn write_seed_corpus() {
     c.create(secret()).create(config());
     write("store_proposal", "secret-config.bin", &encode_request(9, c.actions()));
     let mut c = Changes::new();
+    c.create(volume());
+    write("store_proposal", "volume.bin", &encode_request(10, c.actions()));
+    let mut c = Changes::new();
     c.update(task(1)).remove(std::sync::Arc::new(task(2)));
     write("store_proposal", "update-remove.bin", &encode_request(8, c.actions()));
     let snap = StoreSnapshot {
@@ -144,6 +170,7 @@ fn write_seed_corpus() {
         secrets: vec![secret()],
         configs: vec![config()],
         networks: vec![],
+        volumes: vec![volume()],
     };
     write("store_snapshot", "small.bin", &encode_snapshot(snap));
     write("store_snapshot", "empty.bin", &encode_snapshot(StoreSnapshot::default()));

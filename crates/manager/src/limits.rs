@@ -1,10 +1,10 @@
 //! The bounds on what a request can make the cluster hold or do, and the checks that enforce them. Every
-//! service, cluster, secret and config spec passes these before anything is written; each error names the
-//! field, the value and the limit. Where Docker (moby's daemon, SwarmKit's controlapi) has a rule, the same
-//! rule applies (negative durations and counts refused, health-check durations of 0 or at least 1 ms, a
-//! dispatcher heartbeat of at least 1 s, a node certificate of at least 1 h, secret data under 500 KiB and
-//! config data under 1000 KiB); where Docker has none, the upper bound
-//! is the one named on each constant, chosen so no valid spec can exhaust a manager or outlive its removal.
+//! service, cluster, secret, config and cluster volume spec passes these before anything is written; each
+//! error names the field, the value and the limit. Where Docker (moby's daemon, SwarmKit's controlapi) has a
+//! rule, the same rule applies (negative durations and counts refused, health-check durations of 0 or at
+//! least 1 ms, a dispatcher heartbeat of at least 1 s, a node certificate of at least 1 h, secret data under
+//! 500 KiB and config data under 1000 KiB); where Docker has none, the upper bound is the one named on each
+//! constant, chosen so no valid spec can exhaust a manager or outlive its removal.
 //! What nodes report about themselves (descriptions, task statuses) is bounded here too, and checked by the
 //! dispatcher before anything is written; so are node specs (labels as a secret's).
 //!
@@ -192,6 +192,37 @@ pub const MAX_TARGET_NAME_BYTES: usize = 4096;
 /// Most secret references, and most config references, in one service's container spec (Docker: none; the
 /// spec size bound would allow tens of thousands). Each is a file the agent writes for every task.
 pub const MAX_REFERENCES_PER_SERVICE: usize = 1000;
+
+/// Most bytes of a cluster volume's driver: its plugin's name and the options passed to the plugin's
+/// CreateVolume as parameters (Docker: none). A volume travels in every task that mounts it (layer 2), and the
+/// CSI spec bounds a parameter map by nothing smaller: 64 KiB as a secret's labels.
+pub const MAX_VOLUME_DRIVER_BYTES: usize = MAX_SECRET_LABEL_BYTES;
+
+/// Longest CSI plugin name (the CSI spec's 63 characters; Docker: none): 255 bytes leaves room for a
+/// reverse-DNS name.
+pub const MAX_VOLUME_DRIVER_NAME_BYTES: usize = 255;
+
+/// Most secrets a cluster volume passes to its plugin (Docker: none; a plugin takes a handful of credentials).
+pub const MAX_VOLUME_SECRETS: usize = 64;
+
+/// Longest key of a secret a cluster volume passes to its plugin.
+pub const MAX_VOLUME_SECRET_KEY_BYTES: usize = 256;
+
+/// Most topologies in each of a cluster volume's `Requisite` and `Preferred` lists (Docker: none; a
+/// topology is a zone or a node, and a cluster of 64 zones is beyond what the scheduler's filter will try).
+pub const MAX_VOLUME_TOPOLOGIES: usize = 64;
+
+/// Most bytes of one topology's segments, keys and values (the CSI spec: a key of at most 63 characters with a
+/// 63-character prefix, a value of at most 63; 16 such segments fit in 4 KiB).
+pub const MAX_VOLUME_TOPOLOGY_BYTES: usize = 4096;
+
+/// Most bytes of a cluster volume's mount flags (the CSI spec's own bound on `mount_flags`: 4 KiB), and
+/// of its file system type.
+pub const MAX_VOLUME_MOUNT_FLAGS_BYTES: usize = 4096;
+
+/// Largest encoded cluster volume spec: every bound above together stays under it, so it is the last guard
+/// against a shape no single bound names (256 KiB; one volume per Raft write stays far from the proposal limit).
+pub const MAX_VOLUME_SPEC_BYTES: usize = 256 * 1024;
 
 pub(crate) fn invalid(msg: impl Into<String>) -> ControlError {
     ControlError::InvalidArgument(msg.into())

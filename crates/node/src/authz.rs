@@ -107,6 +107,11 @@ pub const RPC_ACCESS: &[(&str, Access)] = &[
     ("/docker.swarmkit.v1.Control/ListConfigs", Access::Managers),
     ("/docker.swarmkit.v1.Control/CreateConfig", Access::Managers),
     ("/docker.swarmkit.v1.Control/RemoveConfig", Access::Managers),
+    ("/docker.swarmkit.v1.Control/CreateVolume", Access::Managers),
+    ("/docker.swarmkit.v1.Control/GetVolume", Access::Managers),
+    ("/docker.swarmkit.v1.Control/UpdateVolume", Access::Managers),
+    ("/docker.swarmkit.v1.Control/ListVolumes", Access::Managers),
+    ("/docker.swarmkit.v1.Control/RemoveVolume", Access::Managers),
     ("/docker.swarmkit.v1.Watch/Watch", Access::Managers),
     // Shoal's own: each node's data-plane view, computed for the node of the caller's certificate.
     ("/shoal.v1.NetworkView/Watch", Access::Nodes),

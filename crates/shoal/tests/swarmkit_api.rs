@@ -395,6 +395,69 @@ fn every_control_call_answers_as_swarmkit_does() {
         assert_eq!(listed.len(), 1);
         c.remove_config(RemoveConfigRequest { config_id: config.id }).await.unwrap();
 
+        // Cluster volumes (layer 1: stored, no plugin called), seen by the Engine API too.
+        let vspec = VolumeSpec {
+            annotations: Some(Annotations { name: "vol".into(), ..Default::default() }),
+            driver: Some(Driver { name: "csi.example.com".into(), ..Default::default() }),
+            access_mode: Some(VolumeAccessMode {
+                access_type: Some(volume_access_mode::AccessType::Block(Default::default())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let volume = c
+            .create_volume(CreateVolumeRequest { spec: Some(vspec.clone()) })
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(
+            c.create_volume(CreateVolumeRequest { spec: Some(vspec) }).await.unwrap_err().code(),
+            Code::AlreadyExists
+        );
+        let no_mode = VolumeSpec {
+            annotations: Some(Annotations { name: "vol2".into(), ..Default::default() }),
+            driver: Some(Driver { name: "csi.example.com".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let refused = c.create_volume(CreateVolumeRequest { spec: Some(no_mode) }).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        assert!(refused.message().starts_with("AccessMode:"), "{}", refused.message());
+        let got =
+            c.get_volume(GetVolumeRequest { volume_id: volume.id.clone() }).await.unwrap().into_inner().volume.unwrap();
+        let mut drained = got.spec.clone().unwrap();
+        drained.availability = volume_spec::VolumeAvailability::Drain as i32;
+        let updated = c
+            .update_volume(UpdateVolumeRequest {
+                volume_id: volume.id.clone(),
+                volume_version: version(&got.meta),
+                spec: Some(drained),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(updated.spec.as_ref().unwrap().availability, volume_spec::VolumeAvailability::Drain as i32);
+        let listed = c
+            .list_volumes(ListVolumesRequest {
+                filters: Some(list_volumes_request::Filters {
+                    drivers: vec!["csi.example.com".into()],
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .volumes;
+        assert_eq!(listed.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), [volume.id.as_str()]);
+        let ls = docker_cli::ok(n.d.socket(), &["volume", "ls", "--format", "{{.Name}} {{.Driver}} {{.Scope}}"]);
+        assert_eq!(ls.trim(), "vol csi.example.com global");
+        c.remove_volume(RemoveVolumeRequest { volume_id: volume.id.clone(), force: false }).await.unwrap();
+        let gone = c.get_volume(GetVolumeRequest { volume_id: volume.id }).await.unwrap_err();
+        assert_eq!(gone.code(), Code::NotFound);
+
         // A field Shoal's protos do not define is refused, not dropped: SwarmKit's TaskSpec.resource_references
         // (11) here.
         use shoal_api::prost::encoding::{encode_key, encode_varint, WireType};

@@ -9,8 +9,9 @@
 //! Raft, and every member applies the committed list with `apply(index, ..)`. Application is deterministic and
 //! all-or-nothing: an update whose version no longer matches, a create whose ID or name is taken, or a remove
 //! of a missing object fails the whole list, on every member alike; so does a service write that refers to a
-//! missing secret or config, or the removal of one a service refers to (the one cross-table rule: a writer's
-//! view cannot guarantee it, since a removal and a service write may be proposed from the same view).
+//! missing secret or config, or the removal of one a service refers to or of a cluster volume a service mounts
+//! (the one cross-table rule: a writer's view cannot guarantee it, since a removal and a service write may be
+//! proposed from the same view).
 //! Applied objects get `meta.version.index = index` (the Raft index), which is what the next compare-and-swap
 //! checks against.
 //!
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use shoal_api::{Cluster, Config, Network, Node, Secret, Service, StoreSnapshot};
+use shoal_api::{Cluster, Config, Network, Node, Secret, Service, StoreSnapshot, Volume};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::mpsc;
 
@@ -121,6 +122,7 @@ pub struct Tables {
     secrets: Table<Secret>,
     configs: Table<Config>,
     networks: Table<Network>,
+    volumes: Table<Volume>,
     service_totals: ServiceTotals,
     last_index: u64,
 }
@@ -210,6 +212,10 @@ impl Tables {
     pub fn networks(&self) -> &Table<Network> {
         &self.networks
     }
+    /// Cluster volumes by ID and by unique name.
+    pub fn volumes(&self) -> &Table<Volume> {
+        &self.volumes
+    }
     /// The Raft index of the last applied write (or of the snapshot restored).
     pub fn last_index(&self) -> u64 {
         self.last_index
@@ -225,6 +231,7 @@ impl Tables {
             ObjectKind::Secret => self.secrets.get(id).cloned().map(Object::Secret),
             ObjectKind::Config => self.configs.get(id).cloned().map(Object::Config),
             ObjectKind::Network => self.networks.get(id).cloned().map(Object::Network),
+            ObjectKind::Volume => self.volumes.get(id).cloned().map(Object::Volume),
         }
     }
 
@@ -235,6 +242,7 @@ impl Tables {
             Object::Secret(c) => (c.unique_name()?, self.secrets.name_owner(c.unique_name()?)),
             Object::Config(c) => (c.unique_name()?, self.configs.name_owner(c.unique_name()?)),
             Object::Network(c) => (c.unique_name()?, self.networks.name_owner(c.unique_name()?)),
+            Object::Volume(c) => (c.unique_name()?, self.volumes.name_owner(c.unique_name()?)),
             _ => return None,
         };
         owner.map(|o| (o, name.to_string()))
@@ -256,6 +264,7 @@ impl Tables {
             Object::Secret(o) => self.secrets.insert(o).map(Object::Secret),
             Object::Config(o) => self.configs.insert(o).map(Object::Config),
             Object::Network(o) => self.networks.insert(o).map(Object::Network),
+            Object::Volume(o) => self.volumes.insert(o).map(Object::Volume),
         }
     }
 
@@ -274,6 +283,7 @@ impl Tables {
             ObjectKind::Secret => self.secrets.remove(id).map(Object::Secret),
             ObjectKind::Config => self.configs.remove(id).map(Object::Config),
             ObjectKind::Network => self.networks.remove(id).map(Object::Network),
+            ObjectKind::Volume => self.volumes.remove(id).map(Object::Volume),
         }
     }
 
@@ -397,14 +407,16 @@ impl Tables {
         Ok(())
     }
 
-    /// No service's current spec may refer to a secret or config being removed.
+    /// No service's current spec may refer to a secret or config being removed, nor mount a cluster volume
+    /// being removed (`type=cluster` naming it by name or ID).
     fn check_unreferenced(&self, obj: &Object) -> Result<(), StoreError> {
         let uses = |c: &shoal_api::ContainerSpec| match obj {
             Object::Secret(s) => c.secrets.iter().any(|r| r.secret_id == s.id),
             Object::Config(s) => c.configs.iter().any(|r| r.config_id == s.id),
+            Object::Volume(v) => mounts_volume(c, v),
             _ => false,
         };
-        if !matches!(obj, Object::Secret(_) | Object::Config(_)) {
+        if !matches!(obj, Object::Secret(_) | Object::Config(_) | Object::Volume(_)) {
             return Ok(());
         }
         if let Some(svc) = self.services.iter().find(|s| container_of(s).is_some_and(uses)) {
@@ -444,7 +456,7 @@ impl Tables {
                     self.check_network_unused(&current)?;
                 }
             }
-            (ActionKind::Remove, Object::Secret(_) | Object::Config(_)) => {
+            (ActionKind::Remove, Object::Secret(_) | Object::Config(_) | Object::Volume(_)) => {
                 if let Some(current) = self.current(kind, &id) {
                     self.check_unreferenced(&current)?;
                 }
@@ -520,6 +532,17 @@ fn container_of_spec(spec: &shoal_api::ServiceSpec) -> Option<&shoal_api::Contai
     }
 }
 
+/// True when a container spec mounts cluster volume `v` (a `type=cluster` mount whose source is its name,
+/// case-insensitively as names are unique, or its ID). A mount naming a group (`group:<name>`) names no one
+/// volume: layer 1 does not count it (the volume manager of layer 2 counts the volumes published to tasks).
+pub fn mounts_volume(c: &shoal_api::ContainerSpec, v: &shoal_api::Volume) -> bool {
+    let name = v.unique_name().unwrap_or("");
+    c.mounts.iter().any(|m| {
+        m.r#type == shoal_api::mount::Type::Cluster as i32
+            && (m.source == v.id || (!name.is_empty() && m.source.eq_ignore_ascii_case(name)))
+    })
+}
+
 /// The driver option holding an overlay network's VXLAN IDs (libnetwork's key): one per IPv4 subnet, in the
 /// order of its IPAM configs, comma-separated; each unique per cluster.
 pub const VXLAN_ID_OPTION: &str = "com.docker.network.driver.overlay.vxlanid_list";
@@ -555,6 +578,7 @@ fn stamp(obj: &Object, index: u64) -> Object {
         Object::Secret(o) => Object::Secret(with_version(o, index)),
         Object::Config(o) => Object::Config(with_version(o, index)),
         Object::Network(o) => Object::Network(with_version(o, index)),
+        Object::Volume(o) => Object::Volume(with_version(o, index)),
     }
 }
 
@@ -704,6 +728,7 @@ impl MemoryStore {
             secrets: t.secrets.iter().map(|o| (**o).clone()).collect(),
             configs: t.configs.iter().map(|o| (**o).clone()).collect(),
             networks: t.networks.iter().map(|o| (**o).clone()).collect(),
+            volumes: t.volumes.iter().map(|o| (**o).clone()).collect(),
         };
         (t.last_index, snap)
     }
@@ -734,6 +759,9 @@ impl MemoryStore {
         }
         for o in snap.networks {
             t.networks.insert(Arc::new(o));
+        }
+        for o in snap.volumes {
+            t.volumes.insert(Arc::new(o));
         }
         let mut tables = self.tables.write();
         *tables = t;

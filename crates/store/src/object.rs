@@ -1,10 +1,10 @@
-//! The seven object kinds the store holds, behind one trait (`StoreObject`) and one enum (`Object`), and the
+//! The eight object kinds the store holds, behind one trait (`StoreObject`) and one enum (`Object`), and the
 //! conversions to and from SwarmKit's `StoreAction` wire form.
 
 use std::sync::Arc;
 
 use shoal_api::{
-    store_action, Cluster, Config, Meta, Network, Node, Secret, Service, StoreAction, StoreActionKind, Task,
+    store_action, Cluster, Config, Meta, Network, Node, Secret, Service, StoreAction, StoreActionKind, Task, Volume,
 };
 
 /// Which table an object lives in.
@@ -24,6 +24,8 @@ pub enum ObjectKind {
     Config,
     /// Networks: overlay networks tasks attach to, with their address ranges.
     Network,
+    /// Cluster volumes: storage a CSI plugin provides, which services mount with `type=cluster`.
+    Volume,
 }
 
 impl ObjectKind {
@@ -37,6 +39,7 @@ impl ObjectKind {
             ObjectKind::Secret => "secret",
             ObjectKind::Config => "config",
             ObjectKind::Network => "network",
+            ObjectKind::Volume => "volume",
         }
     }
 }
@@ -93,6 +96,7 @@ store_object!(Cluster, Cluster, |c| c.spec.as_ref().and_then(|s| s.annotations.a
 store_object!(Secret, Secret, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 store_object!(Config, Config, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 store_object!(Network, Network, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
+store_object!(Volume, Volume, |c| c.spec.as_ref().and_then(|s| s.annotations.as_ref()).map(|a| a.name.as_str()));
 
 /// A stored object of any kind, shared.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,6 +115,8 @@ pub enum Object {
     Config(Arc<Config>),
     /// A network.
     Network(Arc<Network>),
+    /// A cluster volume.
+    Volume(Arc<Volume>),
 }
 
 impl Object {
@@ -124,6 +130,7 @@ impl Object {
             Object::Secret(_) => ObjectKind::Secret,
             Object::Config(_) => ObjectKind::Config,
             Object::Network(_) => ObjectKind::Network,
+            Object::Volume(_) => ObjectKind::Volume,
         }
     }
 
@@ -137,6 +144,7 @@ impl Object {
             Object::Secret(o) => &o.id,
             Object::Config(o) => &o.id,
             Object::Network(o) => &o.id,
+            Object::Volume(o) => &o.id,
         }
     }
 
@@ -150,6 +158,7 @@ impl Object {
             Object::Secret(o) => o.version(),
             Object::Config(o) => o.version(),
             Object::Network(o) => o.version(),
+            Object::Volume(o) => o.version(),
         }
     }
 
@@ -163,6 +172,7 @@ impl Object {
             store_action::Target::Secret(o) => Object::Secret(Arc::new(o)),
             store_action::Target::Config(o) => Object::Config(Arc::new(o)),
             store_action::Target::Network(o) => Object::Network(Arc::new(o)),
+            store_action::Target::Volume(o) => Object::Volume(Arc::new(o)),
         }
     }
 
@@ -177,6 +187,7 @@ impl Object {
             Object::Secret(o) => o.encoded_len(),
             Object::Config(o) => o.encoded_len(),
             Object::Network(o) => o.encoded_len(),
+            Object::Volume(o) => o.encoded_len(),
         }
     }
 
@@ -190,6 +201,7 @@ impl Object {
             Object::Secret(o) => store_action::Target::Secret((**o).clone()),
             Object::Config(o) => store_action::Target::Config((**o).clone()),
             Object::Network(o) => store_action::Target::Network((**o).clone()),
+            Object::Volume(o) => store_action::Target::Volume((**o).clone()),
         }
     }
 }

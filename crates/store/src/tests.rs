@@ -334,6 +334,75 @@ fn secrets_and_configs_have_unique_names_per_kind_and_survive_snapshots_and_prop
     assert_eq!(other.view(|t| t.configs().get("cfg1").map(|s| s.version())), Some(3));
 }
 
+fn volume(id: &str, name: &str) -> shoal_api::Volume {
+    shoal_api::Volume {
+        id: id.into(),
+        spec: Some(shoal_api::VolumeSpec {
+            annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+            driver: Some(shoal_api::Driver { name: "csi.example.com".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn mounting(id: &str, source: &str) -> Service {
+    let mut s = service(id, id);
+    s.spec.as_mut().unwrap().task = Some(shoal_api::TaskSpec {
+        runtime: Some(shoal_api::task_spec::Runtime::Container(shoal_api::ContainerSpec {
+            mounts: vec![shoal_api::Mount {
+                r#type: shoal_api::mount::Type::Cluster as i32,
+                source: source.into(),
+                target: "/data".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })),
+        ..Default::default()
+    });
+    s
+}
+
+#[test]
+fn cluster_volumes_have_unique_names_survive_snapshots_and_proposals_and_stay_while_mounted() {
+    let store = MemoryStore::default();
+    let mut c = Changes::new();
+    // A volume may share its name with a secret: names are unique per table.
+    c.create(volume("vol1", "data")).create(volume("vol2", "logs")).create(secret("sec1", "data", b"pw"));
+    apply(&store, 3, c).unwrap();
+    let mut dup = Changes::new();
+    dup.create(volume("vol3", "DATA"));
+    assert!(matches!(apply(&store, 4, dup), Err(StoreError::NameConflict { kind: ObjectKind::Volume, .. })));
+
+    let bytes = encode_request(9, Changes::new().create(volume("vol4", "x")).actions());
+    let (_, actions) = decode_request(&bytes).unwrap();
+    assert_eq!(actions[0].object.kind(), ObjectKind::Volume);
+    let (index, snap) = store.snapshot();
+    let other = MemoryStore::default();
+    other.restore(index, decode_snapshot(&encode_snapshot(snap)).unwrap());
+    assert_eq!(
+        other.view(|t| t.volumes().by_name("data").map(|v| (v.id.clone(), v.version()))),
+        Some(("vol1".into(), 3))
+    );
+
+    // A service mounting one (type=cluster, by name in any case or by ID) holds it; an unmounted one goes.
+    let mut c = Changes::new();
+    c.create(mounting("s1", "Data")).create(mounting("s2", "vol2"));
+    apply(&store, 5, c).unwrap();
+    for (index, id) in [(6, "vol1"), (7, "vol2")] {
+        let v = store.view(|t| t.volumes().get(id).cloned()).unwrap();
+        let mut c = Changes::new();
+        c.remove(v);
+        let err = apply(&store, index, c).unwrap_err();
+        assert!(matches!(err, StoreError::DanglingReference(ref m) if m.contains("is in use by service")), "{err}");
+    }
+    let mut c = Changes::new();
+    c.remove(store.view(|t| t.services().get("s2").cloned()).unwrap());
+    c.remove(store.view(|t| t.volumes().get("vol2").cloned()).unwrap());
+    apply(&store, 8, c).unwrap();
+    assert_eq!(store.view(|t| t.volumes().len()), 1);
+}
+
 #[test]
 fn service_totals_follow_writes_and_snapshots() {
     use shoal_api::{service_spec::Mode, GlobalService, ReplicatedService, TaskSpec};

@@ -65,6 +65,14 @@ fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
         mount::Type::Bind => MountType::BIND,
         mount::Type::Volume => MountType::VOLUME,
         mount::Type::Tmpfs => MountType::TMPFS,
+        mount::Type::Cluster => {
+            return Err(format!(
+                "the cluster volume {:?} (type=cluster, target {}) cannot be mounted yet: Shoal stores cluster volumes \
+                 but publishes none to a node (no CSI plugin is called; docs/design/cluster-volumes.md); use bind, \
+                 volume or tmpfs",
+                m.source, m.target
+            ))
+        }
         other => {
             return Err(format!(
                 "mount type {} (target {}) is not supported by the docker executor; use bind, volume or tmpfs",
@@ -673,6 +681,21 @@ mod tests {
             ..Default::default()
         });
         assert!(create_body(&npipe, "n", None).unwrap_err().contains("not supported"));
+        let cluster = task(ContainerSpec {
+            image: "i".into(),
+            mounts: vec![shoal_api::Mount {
+                r#type: mount::Type::Cluster as i32,
+                source: "data".into(),
+                target: "/data".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let why = create_body(&cluster, "n", None).unwrap_err();
+        assert!(
+            why.starts_with("the cluster volume \"data\" (type=cluster, target /data) cannot be mounted yet"),
+            "{why}"
+        );
     }
 
     #[test]

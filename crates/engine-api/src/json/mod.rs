@@ -12,6 +12,7 @@ pub mod system;
 #[cfg(test)]
 mod tests;
 pub mod unsupported;
+pub mod volume;
 
 pub use common::{ConvertError, VersionJson};
 pub use go_decode::{decode, DecodeError};

@@ -31,6 +31,10 @@
 //! resolved to IDs and its published ports checked (an ingress port another service holds is refused,
 //! naming it).
 //!
+//! Cluster volumes (`volume`): created, listed, their availability and labels updated, and removed (refused
+//! while a service mounts one with `type=cluster`, naming the services); layer 1 calls no CSI plugin
+//! (docs/design/cluster-volumes.md).
+//!
 //! Must not depend on HTTP, JSON, processes or Docker.
 
 mod cluster;
@@ -45,6 +49,9 @@ mod service;
 mod task;
 #[cfg(test)]
 pub(crate) mod tests;
+mod volume;
+#[cfg(test)]
+mod volume_tests;
 
 pub use cluster::{
     autolock_on, get_cluster, manager_unlock_key, update_cluster, update_cluster_rotating, validate_cluster_spec,
@@ -66,6 +73,10 @@ pub use service::{
     update_service, validate_service_spec, ServiceFilters, ServiceStatus,
 };
 pub use task::{get_task, list_tasks, task_name, TaskFilters};
+pub use volume::{
+    create_volume, find_volume_exact, get_volume, list_volumes, remove_volume, update_volume, validate_volume_spec,
+    VolumeFilters,
+};
 
 pub use crate::ca::is_blacklisted;
 pub use crate::error::ControlError;

@@ -3,8 +3,9 @@
 //! (names exact, prefixes, `key`/`key=value` label maps where an empty value asks for the key only). A
 //! cluster is answered without its CA key and unlock keys, a secret without its data, as SwarmKit does.
 //!
-//! Not served (no such object in Shoal, or no such operation): task removal, extensions, resources and
-//! volumes: the node's socket answers UNIMPLEMENTED naming them.
+//! Not served (no such object in Shoal, or no such operation): task removal, extensions and resources: the
+//! node's socket answers UNIMPLEMENTED naming them. Cluster volumes are served as stored objects (layer 1: no
+//! CSI plugin is called, docs/design/cluster-volumes.md).
 
 use std::collections::HashMap;
 
@@ -447,5 +448,49 @@ impl Control for ControlService {
         let id = required("config ID", &req.get_ref().config_id)?.to_string();
         control(controlapi::remove_config(&self.state, &id).await)?;
         ok(RemoveConfigResponse {})
+    }
+
+    async fn create_volume(&self, req: Request<CreateVolumeRequest>) -> Answer<CreateVolumeResponse> {
+        let spec = req.into_inner().spec.ok_or_else(|| Status::invalid_argument("spec must be provided"))?;
+        let v = control(controlapi::create_volume(&self.state, spec).await)?;
+        ok(CreateVolumeResponse { volume: Some(v) })
+    }
+
+    async fn get_volume(&self, req: Request<GetVolumeRequest>) -> Answer<GetVolumeResponse> {
+        let id = required("volume ID", &req.get_ref().volume_id)?.to_string();
+        read_barrier(&self.state).await?;
+        let v = control(controlapi::get_volume(&self.state, &id))?;
+        ok(GetVolumeResponse { volume: Some((*v).clone()) })
+    }
+
+    async fn update_volume(&self, req: Request<UpdateVolumeRequest>) -> Answer<UpdateVolumeResponse> {
+        let r = req.into_inner();
+        required("volume ID", &r.volume_id)?;
+        let version = version_of("volume version", r.volume_version.as_ref())?;
+        let spec = r.spec.ok_or_else(|| Status::invalid_argument("spec must be provided"))?;
+        let v = control(controlapi::update_volume(&self.state, &r.volume_id, version, spec).await)?;
+        ok(UpdateVolumeResponse { volume: Some(v) })
+    }
+
+    async fn list_volumes(&self, req: Request<ListVolumesRequest>) -> Answer<ListVolumesResponse> {
+        read_barrier(&self.state).await?;
+        let f = req.into_inner().filters.unwrap_or_default();
+        let filters = controlapi::VolumeFilters {
+            names: f.names,
+            name_prefixes: f.name_prefixes,
+            id_prefixes: f.id_prefixes,
+            labels: label_list(&f.labels),
+            groups: f.groups,
+            drivers: f.drivers,
+        };
+        let volumes = controlapi::list_volumes(&self.state, &filters).into_iter().map(|v| (*v).clone()).collect();
+        ok(ListVolumesResponse { volumes })
+    }
+
+    async fn remove_volume(&self, req: Request<RemoveVolumeRequest>) -> Answer<RemoveVolumeResponse> {
+        let r = req.get_ref();
+        let id = required("volume ID", &r.volume_id)?.to_string();
+        control(controlapi::remove_volume(&self.state, &id, r.force).await)?;
+        ok(RemoveVolumeResponse {})
     }
 }

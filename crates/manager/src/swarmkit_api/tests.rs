@@ -128,7 +128,7 @@ async fn watch_requests_are_checked_before_anything_is_sent() {
         }
     };
     check(vec![], "at least one entry").await;
-    check(vec![entry("volume", ALL, vec![])], "cannot be watched").await;
+    check(vec![entry("resource", ALL, vec![])], "cannot be watched").await;
     check(vec![entry("service", 0, vec![])], "not a mask").await;
     check(vec![entry("service", 8, vec![])], "not a mask").await;
     check(vec![entry("service", ALL, vec![select_by::By::NodeId("n".into())])], "does not apply").await;
@@ -201,4 +201,63 @@ async fn a_subscriber_that_falls_behind_is_told_where_to_resume() {
     assert!(received < writes, "the queue is bounded: {received} of {writes} events were held");
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
     assert!(status.message().contains(&format!("resume_from = {last}")), "{}", status.message());
+}
+
+#[tokio::test]
+async fn volumes_are_served_with_swarmkits_codes_and_watched_by_kind_and_name() {
+    let (state, _) = cluster();
+    let c = ControlService::new(state.clone());
+    let w = WatchService::new(state, None, None);
+    let req = WatchRequest {
+        entries: vec![entry("volume", ALL, vec![select_by::By::Name("data".into())])],
+        resume_from: None,
+        include_old_object: false,
+    };
+    let mut stream = w.watch(Request::new(req)).await.unwrap().into_inner();
+    assert!(stream.next().await.unwrap().unwrap().events.is_empty(), "the first message says the watch is set up");
+    let spec = |name: &str| VolumeSpec {
+        annotations: Some(Annotations { name: name.into(), ..Default::default() }),
+        driver: Some(Driver { name: "csi.example.com".into(), ..Default::default() }),
+        access_mode: Some(VolumeAccessMode {
+            access_type: Some(volume_access_mode::AccessType::Mount(Default::default())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let create = |s: VolumeSpec| c.create_volume(Request::new(CreateVolumeRequest { spec: Some(s) }));
+    create(spec("other")).await.unwrap();
+    let data = create(spec("data")).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(create(spec("data")).await.unwrap_err().code(), Code::AlreadyExists);
+    assert_eq!(create(VolumeSpec { driver: None, ..spec("x") }).await.unwrap_err().code(), Code::InvalidArgument);
+    let missing = c.get_volume(Request::new(GetVolumeRequest { volume_id: "nope".into() })).await;
+    assert_eq!(missing.unwrap_err().code(), Code::NotFound);
+    let stale = c
+        .update_volume(Request::new(UpdateVolumeRequest {
+            volume_id: data.id.clone(),
+            volume_version: Some(Version { index: 0 }),
+            spec: data.spec.clone(),
+        }))
+        .await;
+    assert_eq!(stale.unwrap_err().code(), Code::FailedPrecondition);
+    let listed = c
+        .list_volumes(Request::new(ListVolumesRequest {
+            filters: Some(list_volumes_request::Filters { name_prefixes: vec!["da".into()], ..Default::default() }),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .volumes;
+    assert_eq!(listed.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), [data.id.as_str()]);
+    c.remove_volume(Request::new(RemoveVolumeRequest { volume_id: data.id.clone(), force: false })).await.unwrap();
+
+    // Only the volume named `data` is seen: its create, then its removal.
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        for e in stream.next().await.unwrap().unwrap().events {
+            let Some(object::Object::Volume(v)) = e.object.and_then(|o| o.object) else { panic!("not a volume") };
+            seen.push((e.action, v.id));
+        }
+    }
+    let (create, remove) = (WatchActionKind::WatchActionCreate as i32, WatchActionKind::WatchActionRemove as i32);
+    assert_eq!(seen, [(create, data.id.clone()), (remove, data.id)]);
 }

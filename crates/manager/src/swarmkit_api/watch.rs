@@ -123,10 +123,12 @@ fn kind_of(name: &str) -> Result<ObjectKind, Status> {
         "secret" => ObjectKind::Secret,
         "config" => ObjectKind::Config,
         "network" => ObjectKind::Network,
+        "volume" => ObjectKind::Volume,
         "" => return Err(Status::invalid_argument("no kind of object specified: set kind (e.g. \"service\")")),
         other => {
             return Err(Status::invalid_argument(format!(
-                "kind {other:?} cannot be watched on Shoal: use node, service, task, cluster, secret, config or network"
+                "kind {other:?} cannot be watched on Shoal: use node, service, task, cluster, secret, config, network \
+                 or volume"
             )))
         }
     })
@@ -258,6 +260,7 @@ impl UniqueName for Object {
             Object::Secret(o) => o.unique_name(),
             Object::Config(o) => o.unique_name(),
             Object::Network(o) => o.unique_name(),
+            Object::Volume(o) => o.unique_name(),
         }
     }
 }
@@ -337,6 +340,7 @@ fn wire(o: &Object, version: Option<u64>) -> WireObject {
         }
         Object::Config(c) => object::Object::Config(stamp(&**c, version)),
         Object::Network(n) => object::Object::Network(stamp(&**n, version)),
+        Object::Volume(v) => object::Object::Volume(stamp(&**v, version)),
     };
     WireObject { object: Some(inner) }
 }
