@@ -46,5 +46,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_protos(&["proto/shoal_netview.proto"], &["proto"])?;
+    // The Container Storage Interface (package csi.v1): what cluster-volume plugins serve.
+    println!("cargo:rerun-if-changed=proto/csi.proto");
+    tonic_prost_build::configure()
+        // The secrets a plugin is given must never reach a log line through `{:?}`.
+        .skip_debug([
+            "csi.v1.CreateVolumeRequest",
+            "csi.v1.DeleteVolumeRequest",
+            "csi.v1.ControllerPublishVolumeRequest",
+            "csi.v1.ControllerUnpublishVolumeRequest",
+        ])
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(&["proto/csi.proto"], &["proto"])?;
     Ok(())
 }

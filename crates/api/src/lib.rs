@@ -20,6 +20,69 @@ pub mod shoal_v1 {
     tonic::include_proto!("shoal.v1");
 }
 
+/// The Container Storage Interface v1 (package `csi.v1`, `proto/csi.proto`): the identity and controller
+/// services of a cluster-volume plugin, as a manager calls them.
+#[allow(clippy::all, missing_docs, rust_2018_idioms)]
+pub mod csi {
+    tonic::include_proto!("csi.v1");
+
+    /// The secrets' keys, never their values.
+    struct SecretKeys<'a>(&'a std::collections::HashMap<String, String>);
+
+    impl std::fmt::Debug for SecretKeys<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let mut keys: Vec<&String> = self.0.keys().collect();
+            keys.sort();
+            f.debug_set().entries(keys).finish()
+        }
+    }
+
+    impl std::fmt::Debug for CreateVolumeRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("CreateVolumeRequest")
+                .field("name", &self.name)
+                .field("capacity_range", &self.capacity_range)
+                .field("volume_capabilities", &self.volume_capabilities)
+                .field("parameters", &self.parameters)
+                .field("secrets", &SecretKeys(&self.secrets))
+                .field("accessibility_requirements", &self.accessibility_requirements)
+                .finish()
+        }
+    }
+
+    impl std::fmt::Debug for DeleteVolumeRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("DeleteVolumeRequest")
+                .field("volume_id", &self.volume_id)
+                .field("secrets", &SecretKeys(&self.secrets))
+                .finish()
+        }
+    }
+
+    impl std::fmt::Debug for ControllerPublishVolumeRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("ControllerPublishVolumeRequest")
+                .field("volume_id", &self.volume_id)
+                .field("node_id", &self.node_id)
+                .field("volume_capability", &self.volume_capability)
+                .field("readonly", &self.readonly)
+                .field("secrets", &SecretKeys(&self.secrets))
+                .field("volume_context", &self.volume_context)
+                .finish()
+        }
+    }
+
+    impl std::fmt::Debug for ControllerUnpublishVolumeRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("ControllerUnpublishVolumeRequest")
+                .field("volume_id", &self.volume_id)
+                .field("node_id", &self.node_id)
+                .field("secrets", &SecretKeys(&self.secrets))
+                .finish()
+        }
+    }
+}
+
 pub use prost;
 pub use prost_types;
 

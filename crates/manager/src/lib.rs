@@ -26,6 +26,7 @@ pub mod state;
 pub mod subsystem;
 pub mod swarmkit_api;
 pub mod tasks;
+pub mod volumes;
 #[cfg(test)]
 #[allow(unreachable_pub, reason = "testkit's public module, included here by path")]
 #[path = "../../testkit/src/wait.rs"]
@@ -33,6 +34,6 @@ pub mod tasks;
 mod wait;
 pub mod write;
 
-pub use leader::leader_subsystems;
+pub use leader::{leader_subsystems, LeaderConfig};
 pub use state::{ClusterState, ManualTimer, RandomIds, SleepFuture, Timer, TokioTimer, WriteError};
 pub use subsystem::{run_while_leader, stopped, Subsystem, SubsystemFuture};

@@ -828,7 +828,8 @@ mod tests {
 
     const CLUSTER: &str = "cluster1";
 
-    /// Every `/package.Service/Method` declared in the proto files.
+    /// Every `/package.Service/Method` declared in the proto files, but the CSI's (`csi.v1`): those are a
+    /// volume plugin's services, which Shoal calls and never serves.
     fn methods_in_protos() -> Vec<String> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../api/proto");
         let mut out = Vec::new();
@@ -838,6 +839,9 @@ mod tests {
                 .lines()
                 .find_map(|l| l.trim().strip_prefix("package ").map(|p| p.trim_end_matches(';').trim().to_string()))
                 .unwrap_or_default();
+            if package == "csi.v1" {
+                continue;
+            }
             let mut service = None;
             for line in text.lines().map(str::trim) {
                 if line.starts_with("//") {

@@ -60,6 +60,9 @@ pub struct DaemonConfig {
     /// How often this manager, while it leads, rotates the overlay networks' encryption and gossip keys
     /// (SwarmKit's 12 hours by default).
     pub network_key_rotation_ms: u64,
+    /// The CSI plugins this manager's volume manager calls for cluster volumes: each plugin's name (a
+    /// volume's driver) and the unix socket its controller service listens on.
+    pub csi_plugins: Vec<(String, PathBuf)>,
     /// Raft ticks without a leader's message before a follower campaigns (randomized in [n, 2n)).
     pub raft_election_tick: usize,
     /// Raft ticks between the leader's heartbeats.
@@ -123,6 +126,7 @@ impl DaemonConfig {
             data_plane: false,
             raft_tick_interval_ms: 100,
             network_key_rotation_ms: shoal_manager::keymanager::ROTATION_INTERVAL_MS,
+            csi_plugins: Vec::new(),
             raft_election_tick: 10,
             raft_heartbeat_tick: 1,
             engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),

@@ -13,6 +13,7 @@ mod bootstrap;
 mod config;
 pub mod connection_caps;
 pub(crate) mod control_socket;
+mod csi_plugins;
 pub mod external_ca;
 mod gossip;
 mod identity;

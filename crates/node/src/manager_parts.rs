@@ -149,8 +149,11 @@ pub(crate) type Part = (&'static str, fn(&Wiring<'_>) -> JoinHandle<()>);
 /// address watch, whose address the renewal follows).
 pub(crate) const PARTS_WHEN_READY: &[Part] = &[
     ("leader-subsystems", |w| {
-        let rotation = w.cfg.network_key_rotation_ms;
-        services::run_leader_subsystems(w.state, w.dispatcher, Some(w.raft), rotation, w.shutdown.clone())
+        let cfg = shoal_manager::LeaderConfig {
+            key_rotation_ms: w.cfg.network_key_rotation_ms,
+            volume_plugins: std::sync::Arc::new(crate::csi_plugins::CsiPlugins::new(&w.cfg.csi_plugins)),
+        };
+        services::run_leader_subsystems(w.state, w.dispatcher, Some(w.raft), &cfg, w.shutdown.clone())
     }),
     // Autolock: follow the cluster's unlock key (the certificate files exist by now).
     ("autolock", |w| {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
-use shoal_manager::{ClusterState, Subsystem};
+use shoal_manager::{ClusterState, LeaderConfig, Subsystem};
 use shoal_raft::RaftNode;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -13,10 +13,10 @@ use tokio::task::JoinHandle;
 use crate::raft_status::ManagerStatusSubsystem;
 
 /// The leader-only subsystems, in start order (`shoal_manager::leader`'s one list), with key material from the
-/// operating system's RNG, the network keys rotating every `key_rotation_ms`.
-pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>, key_rotation_ms: u64) -> Vec<Box<dyn Subsystem>> {
+/// operating system's RNG.
+pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>, cfg: &LeaderConfig) -> Vec<Box<dyn Subsystem>> {
     use rand::SeedableRng;
-    shoal_manager::leader_subsystems(dispatcher, Box::new(rand::rngs::StdRng::from_os_rng()), key_rotation_ms)
+    shoal_manager::leader_subsystems(dispatcher, Box::new(rand::rngs::StdRng::from_os_rng()), cfg)
 }
 
 /// Starts the dispatcher's gRPC server on `listener` and the leader-only subsystems; both stop when
@@ -30,10 +30,7 @@ pub fn start_manager_services(
     let dispatcher = Dispatcher::new(state.clone(), dispatcher_config);
     vec![
         ("grpc", serve_manager_grpc(&dispatcher, listener, None, None, shutdown.clone())),
-        (
-            "leader-subsystems",
-            run_leader_subsystems(state, &dispatcher, None, shoal_manager::keymanager::ROTATION_INTERVAL_MS, shutdown),
-        ),
+        ("leader-subsystems", run_leader_subsystems(state, &dispatcher, None, &LeaderConfig::default(), shutdown)),
     ]
 }
 
@@ -98,15 +95,15 @@ pub fn serve_manager_grpc(
 }
 
 /// Runs the leader-only subsystems while this manager leads, until `shutdown`; with `raft`, also the loop
-/// that keeps managers' `Node.manager_status` current; the network keys rotate every `key_rotation_ms`.
+/// that keeps managers' `Node.manager_status` current.
 pub fn run_leader_subsystems(
     state: &ClusterState,
     dispatcher: &Arc<Dispatcher>,
     raft: Option<&RaftNode>,
-    key_rotation_ms: u64,
+    cfg: &LeaderConfig,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let mut list = leader_subsystems(dispatcher, key_rotation_ms);
+    let mut list = leader_subsystems(dispatcher, cfg);
     if let Some(raft) = raft {
         list.push(Box::new(ManagerStatusSubsystem::new(raft.clone())));
     }

@@ -86,6 +86,10 @@ pub struct DaemonArgs {
     /// least one second.
     #[arg(long, default_value = "12h", value_parser = parse_key_rotation)]
     network_key_rotation_interval: std::time::Duration,
+    /// A CSI plugin for cluster volumes, as NAME=unix:///path/to/its.sock (repeatable): while this manager
+    /// leads, it has the plugin NAME (a volume's driver) create and delete the volumes that name it.
+    #[arg(long = "csi-plugin", value_name = "NAME=unix:///PATH", value_parser = parse_csi_plugin)]
+    csi_plugins: Vec<(String, PathBuf)>,
     /// Take a Raft snapshot (and compact the log) every this many applied entries.
     #[arg(long)]
     raft_snapshot_interval_entries: Option<u64>,
@@ -139,6 +143,7 @@ pub fn run(args: DaemonArgs) -> i32 {
     cfg.force_new_cluster = args.force_new_cluster;
     cfg.raft_tick_interval_ms = args.raft_tick_interval_ms;
     cfg.network_key_rotation_ms = u64::try_from(args.network_key_rotation_interval.as_millis()).unwrap_or(u64::MAX);
+    cfg.csi_plugins = args.csi_plugins;
     cfg.raft_election_tick = args.election_tick;
     cfg.raft_heartbeat_tick = args.heartbeat_tick;
     cfg.join_token = args.join_token.map(shoal_node::JoinToken);
@@ -199,6 +204,18 @@ fn parse_log_filter(s: &str) -> Result<Targets, String> {
     })
 }
 
+fn parse_csi_plugin(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, socket) = s.split_once('=').ok_or_else(|| format!("{s:?}: use NAME=unix:///path/to/plugin.sock"))?;
+    if name.is_empty() || name.len() > 255 {
+        return Err(format!("{s:?}: the plugin's name (a volume's driver) must be 1 to 255 bytes"));
+    }
+    let path = socket.strip_prefix("unix://").unwrap_or(socket);
+    if !path.starts_with('/') {
+        return Err(format!("{s:?}: the plugin's socket must be an absolute path, as unix:///path/to/plugin.sock"));
+    }
+    Ok((name.to_string(), PathBuf::from(path)))
+}
+
 fn parse_key_rotation(s: &str) -> Result<std::time::Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e}: give a duration such as 12h, 30m or 90s"))?;
     if d < std::time::Duration::from_secs(1) {
@@ -227,8 +244,24 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_log_filter;
+    use super::{parse_csi_plugin, parse_log_filter};
     use tracing::Level;
+
+    #[test]
+    fn csi_plugins_are_a_name_and_an_absolute_unix_socket() {
+        let p = parse_csi_plugin("csi.example=unix:///run/csi/x.sock").unwrap();
+        assert_eq!(p, ("csi.example".to_string(), std::path::PathBuf::from("/run/csi/x.sock")));
+        assert_eq!(parse_csi_plugin("n=/run/x.sock").unwrap().1, std::path::PathBuf::from("/run/x.sock"));
+        for (bad, says) in [
+            ("no-equals", "use NAME=unix:///path"),
+            ("=unix:///run/x.sock", "1 to 255 bytes"),
+            ("n=unix://run/x.sock", "absolute path"),
+            ("n=relative.sock", "absolute path"),
+        ] {
+            let err = parse_csi_plugin(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn log_filters_take_a_level_and_target_directives() {

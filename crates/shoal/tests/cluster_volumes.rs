@@ -1,4 +1,4 @@
-//! Cluster volumes, layer 1 (issue 37, docs/design/cluster-volumes.md), as a user drives them against a `shoal
+//! Cluster volumes, layers 1 and 2 (issue 37, docs/design/cluster-volumes.md), as a user drives them against a `shoal
 //! daemon`: `curl` on the control socket speaks the Engine API's `/volumes` with a `ClusterVolumeSpec`, because
 //! the stock docker CLI here is 20.10, which has no cluster-volume flags (`docker volume create --type/--scope
 //! /--sharing/--availability` and `docker volume update` arrived with Docker 23); that CLI is used where it
@@ -8,8 +8,9 @@
 //! `type=cluster` (naming the service), and it survives a daemon restart (Raft log and snapshot). Every bound
 //! and every malformed request is a 400 with a JSON `message`, and nothing is written.
 //!
-//! No CSI plugin is called in layer 1: the volume is only stored, and a task mounting it is rejected by the
-//! executor with its reason.
+//! Without `--csi-plugin` no plugin is called: the volume is only stored. With it (the last test), the suite's
+//! plugin creates and deletes volumes. Volumes are not published to nodes yet, so a task mounting one is
+//! rejected by the executor with its reason.
 
 mod common;
 
@@ -302,4 +303,119 @@ fn cluster_volumes_are_listed_beside_the_engine_s_local_volumes() {
     docker_cli::ok(d.socket(), &["volume", "rm", &local.0]);
     let gone = docker_cli::run(d.socket(), &["volume", "inspect", &local.0]);
     assert!(!gone.status.success());
+}
+
+/// The cluster volume `name` as inspected, or `None` once it is gone (a 404).
+fn inspect_if_any(d: &DaemonProcess, name: &str) -> Option<Value> {
+    match curl(d, "GET", &format!("/volumes/{name}"), None) {
+        (200, v) => Some(v),
+        (404, _) => None,
+        (status, v) => panic!("GET /volumes/{name}: {status} {v}"),
+    }
+}
+
+/// Layer 2: with `--csi-plugin`, the leader has the plugin create each new volume and delete each removed one.
+/// The test plugin (`shoal_testkit::csi_plugin`) makes a volume a directory and records every call.
+#[test]
+fn a_csi_plugin_creates_and_deletes_cluster_volumes_retried_until_it_answers_and_across_a_restart() {
+    use shoal_testkit::csi_plugin::{CsiCall, TestCsiPlugin};
+    let bad = Command::new(shoal_bin()).args(["daemon", "--csi-plugin", "csi.shoal.test"]).output().unwrap();
+    assert!(!bad.status.success());
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(said.contains("use NAME=unix:///path/to/plugin.sock"), "a flag without a socket is refused: {said}");
+    let plugin = TestCsiPlugin::start();
+    let flags = vec!["--csi-plugin".to_string(), format!("csi.shoal.test=unix://{}", plugin.socket().display())];
+    let mut d =
+        DaemonProcess::start_with(&shoal_bin(), DaemonOptions { extra_args: flags.clone(), ..Default::default() });
+    let secret = json!({"Name": "db-pass", "Data": "czNjcmV0"}); // base64 of "s3cret"
+    let (status, answer) = curl(&d, "POST", "/secrets/create", Some(&secret.to_string()));
+    assert_eq!(status, 201, "{answer}");
+    let body = |name: &str| {
+        let mut b = create_body(name);
+        b["Driver"] = json!("csi.shoal.test");
+        b["ClusterVolumeSpec"]["Secrets"] = json!([{"Key": "password", "Secret": "db-pass"}]);
+        b.to_string()
+    };
+
+    // Created by the plugin: its ID, capacity, context and topology in `ClusterVolume.Info`.
+    let (status, created) = curl(&d, "POST", "/volumes/create", Some(&body("data")));
+    assert_eq!(status, 201, "{created}");
+    let info = wait_until("the plugin to create the volume", WAIT, || {
+        let v = inspect(&d, "data");
+        let info = v["ClusterVolume"]["Info"].clone();
+        if info["VolumeID"].is_string() {
+            Ok(info)
+        } else {
+            Err(format!("{v}"))
+        }
+    });
+    assert_eq!(info["VolumeID"], "csi-data");
+    assert_eq!(info["CapacityBytes"], 1073741824);
+    assert_eq!(info["VolumeContext"]["path"], plugin.volume_dir("csi-data").display().to_string());
+    assert_eq!(info["AccessibleTopology"], json!([{"Segments": {"zone": "z1"}}]));
+    assert!(plugin.volume_dir("csi-data").is_dir(), "the plugin made the volume");
+    let create = CsiCall::Create {
+        name: "data".into(),
+        parameters: [("size".into(), "1G".into())].into(),
+        secrets: [("password".into(), "s3cret".into())].into(),
+        required_bytes: 1073741824,
+        modes: vec![1], // SINGLE_NODE_WRITER, for a single-node, one-writer volume
+    };
+    assert_eq!(plugin.calls(), vec![create.clone()], "one CreateVolume, with the secret's data");
+
+    // A plugin that fails: the removal waits (the volume is still listed) and is retried until it answers.
+    plugin.set_failing(true);
+    let (status, answer) = curl(&d, "DELETE", "/volumes/data", None);
+    assert_eq!(status, 204, "{answer}");
+    wait_until("a refused DeleteVolume", WAIT, || {
+        let calls = plugin.calls();
+        if calls.len() >= 2 {
+            Ok(())
+        } else {
+            Err(format!("{calls:?}"))
+        }
+    });
+    assert!(inspect_if_any(&d, "data").is_some(), "kept while its plugin has not deleted it");
+    assert!(plugin.volume_dir("csi-data").is_dir());
+
+    // A volume created while the plugin fails, and a restart meanwhile: the new leader creates it.
+    let (status, created) = curl(&d, "POST", "/volumes/create", Some(&body("logs")));
+    assert_eq!(status, 201, "{created}");
+    assert!(d.stop(), "the daemon stops cleanly");
+    d.restart(&flags);
+    plugin.set_failing(false);
+    wait_until("the removed volume deleted by its plugin", WAIT, || match inspect_if_any(&d, "data") {
+        None => Ok(()),
+        Some(v) => Err(format!("{v}")),
+    });
+    assert!(!plugin.volume_dir("csi-data").exists(), "the plugin deleted the volume");
+    wait_until("the second volume created by its plugin", WAIT, || {
+        let v = inspect(&d, "logs");
+        if v["ClusterVolume"]["Info"]["VolumeID"] == "csi-logs" {
+            Ok(())
+        } else {
+            Err(format!("{v}"))
+        }
+    });
+    let calls = plugin.calls();
+    let delete =
+        CsiCall::Delete { volume_id: "csi-data".into(), secrets: [("password".into(), "s3cret".into())].into() };
+    let creates_logs = |c: &CsiCall| matches!(c, CsiCall::Create { name, .. } if name == "logs");
+    assert!(calls[1..].iter().all(|c| *c == delete || creates_logs(c)), "only those two, retried: {calls:?}");
+    assert!(calls.contains(&delete) && calls.iter().any(creates_logs), "{calls:?}");
+
+    // A volume whose plugin no manager has: never created, removed at once (nothing to ask of a plugin);
+    // `--force` removes a created one without asking its plugin.
+    let mut other = create_body("elsewhere");
+    other["Driver"] = json!("csi.not.here");
+    let (status, created) = curl(&d, "POST", "/volumes/create", Some(&other.to_string()));
+    assert_eq!(status, 201, "{created}");
+    assert!(inspect(&d, "elsewhere")["ClusterVolume"]["Info"].is_null());
+    assert_eq!(curl(&d, "DELETE", "/volumes/elsewhere", None).0, 204);
+    assert!(inspect_if_any(&d, "elsewhere").is_none(), "removed at once");
+    let before = plugin.calls().len();
+    assert_eq!(curl(&d, "DELETE", "/volumes/logs?force=1", None).0, 204);
+    assert!(inspect_if_any(&d, "logs").is_none(), "a forced removal is at once");
+    assert_eq!(plugin.calls().len(), before, "and asks nothing of the plugin");
+    assert!(plugin.volume_dir("csi-logs").is_dir(), "so the plugin's volume stays");
 }

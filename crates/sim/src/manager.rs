@@ -535,7 +535,7 @@ impl Running {
                 let list = shoal_manager::leader_subsystems(
                     &self.dispatcher,
                     key_rng,
-                    shoal_manager::keymanager::ROTATION_INTERVAL_MS,
+                    &shoal_manager::LeaderConfig::default(),
                 );
                 let loops = list.iter().map(|s| (s.name(), s.run(self.state.clone(), stop_rx.clone()))).collect();
                 self.leader = Some(LeaderLoops { term: st.term, _stop: stop, loops });

@@ -114,7 +114,7 @@ fn daemon_leader_loops() -> Vec<&'static str> {
     let state = ClusterState::new(store, proposer, clock, Arc::new(RandomIds::seeded(1)));
     let dispatcher = Dispatcher::new(state, DispatcherConfig::default());
     let rng = Box::new(rand::rngs::StdRng::seed_from_u64(1));
-    shoal_manager::leader_subsystems(&dispatcher, rng, shoal_manager::keymanager::ROTATION_INTERVAL_MS)
+    shoal_manager::leader_subsystems(&dispatcher, rng, &shoal_manager::LeaderConfig::default())
         .iter()
         .map(|s| s.name())
         .collect()

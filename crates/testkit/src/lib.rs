@@ -21,6 +21,7 @@
 pub mod api_server;
 pub mod cdp;
 pub mod cluster;
+pub mod csi_plugin;
 pub mod daemon;
 pub mod docker_cli;
 pub mod docker_engine;

@@ -41,7 +41,7 @@ mod cluster;
 mod config;
 pub mod network;
 mod node;
-mod references;
+pub(crate) mod references;
 mod secret;
 #[cfg(test)]
 mod secret_tests;

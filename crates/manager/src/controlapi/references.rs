@@ -22,7 +22,7 @@ use crate::limits::{invalid, MAX_REFERENCES_PER_SERVICE, MAX_TARGET_NAME_BYTES};
 
 /// Names of the services whose container spec `uses` (the current spec; a previous spec is not run unless
 /// rolled back to, which checks its references again), sorted.
-pub(super) fn services_using(t: &Tables, uses: impl Fn(&ContainerSpec) -> bool) -> Vec<String> {
+pub(crate) fn services_using(t: &Tables, uses: impl Fn(&ContainerSpec) -> bool) -> Vec<String> {
     let mut names: Vec<String> = t
         .services()
         .iter()

@@ -7,11 +7,11 @@
 //! written, and a removal is refused while a service mounts the volume (`type=cluster` naming it), naming
 //! the services, as for secrets and configs.
 //!
-//! Layer 1 calls no plugin: a volume is stored as it is asked for, with no `VolumeInfo` and no publish
-//! status, and a removal deletes it at once. SwarmKit instead marks it `pending_delete` for the volume manager
-//! to call the plugin's DeleteVolume first; that arrives with the volume manager (layer 2), and `force` then
-//! skips the plugin as it does in SwarmKit. A mount naming a group (`group:<name>`) is not counted as a use of
-//! any one volume here: layer 2 counts the volumes published to tasks.
+//! Nothing here calls a plugin: a volume is stored as it is asked for, with no `VolumeInfo`, which the volume
+//! manager (`crate::volumes`) writes once the plugin has created it. Removing a created volume marks it
+//! `pending_delete` for the volume manager to have the plugin delete it first (as SwarmKit does); `force`, or a
+//! volume no plugin created yet, removes it at once. A mount naming a group (`group:<name>`) is not counted as
+//! a use of any one volume here: publishing (layer 3) counts the volumes published to tasks.
 //!
 //! Must not depend on HTTP or JSON.
 
@@ -346,9 +346,10 @@ pub async fn update_volume(
         .ok_or_else(|| ControlError::not_found("volume", reference))
 }
 
-/// Removes volume `reference` at once (layer 1 has no plugin to call first); refused (400, naming them)
-/// while services mount it, `force` or not.
-pub async fn remove_volume(state: &ClusterState, reference: &str, _force: bool) -> Result<(), ControlError> {
+/// Removes volume `reference`: at once when forced or when no plugin created it yet, else marks it pending
+/// deletion for the volume manager (refused, naming the nodes, while it is published). Refused (400, naming
+/// them) while services mount it, `force` or not.
+pub async fn remove_volume(state: &ClusterState, reference: &str, force: bool) -> Result<(), ControlError> {
     state
         .write(|t: &Tables, c: &mut Changes| {
             let volume = find(t, reference)?;
@@ -356,7 +357,26 @@ pub async fn remove_volume(state: &ClusterState, reference: &str, _force: bool) 
             if !users.is_empty() {
                 return Err(in_use("volume", volume_name(volume), &users));
             }
-            c.remove(volume.clone());
+            if force || !crate::volumes::created(volume) {
+                // Forced, or no plugin made it yet: nothing to ask of a plugin (a create answered after this
+                // is undone by the volume manager, which finds the object gone).
+                c.remove(volume.clone());
+                return Ok(());
+            }
+            if !volume.publish_status.is_empty() {
+                let nodes: Vec<&str> = volume.publish_status.iter().map(|p| p.node_id.as_str()).collect();
+                return Err(ControlError::FailedPrecondition(format!(
+                    "volume {} is still in use: it is published to node {}; remove the tasks that use it first, or \
+                     remove it with --force (its plugin is then not asked to delete it)",
+                    volume_name(volume),
+                    nodes.join(", ")
+                )));
+            }
+            if !volume.pending_delete {
+                let mut v = (**volume).clone();
+                v.pending_delete = true;
+                c.update(v);
+            }
             Ok(())
         })
         .await?;

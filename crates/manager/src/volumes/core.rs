@@ -1,0 +1,168 @@
+//! What the volume manager does next for a volume, and the CSI requests it sends, from the store alone
+//! (no IO): SwarmKit's conversions (`manager/csi/plugin.go`, `internal/csi/capability`).
+
+use std::collections::HashMap;
+
+use shoal_api::{csi, volume_access_mode, Volume, VolumeAccessMode, VolumeInfo};
+use shoal_store::Tables;
+
+use crate::controlapi::references::services_using;
+
+/// The next step for one volume.
+#[derive(Debug, PartialEq)]
+pub enum Work {
+    /// Have `plugin` create the volume, then write its answer to `VolumeInfo`.
+    Create {
+        /// The volume's driver.
+        plugin: String,
+        /// The request.
+        request: csi::CreateVolumeRequest,
+    },
+    /// Have `plugin` delete the volume (pending deletion), then remove it from the store.
+    Delete {
+        /// The volume's driver.
+        plugin: String,
+        /// The request.
+        request: csi::DeleteVolumeRequest,
+    },
+    /// Remove it from the store at once: pending deletion of a volume no plugin created.
+    Remove,
+    /// Nothing can be asked yet; why (a secret it names is gone, a service mounts a volume pending
+    /// deletion). The volume is looked at again when it, a secret or a service changes, and on the retries.
+    Wait(String),
+    /// Nothing to do.
+    Nothing,
+}
+
+/// Whether a plugin has created the volume (its `VolumeInfo` carries the plugin's ID of it).
+pub fn created(v: &Volume) -> bool {
+    v.volume_info.as_ref().is_some_and(|i| !i.volume_id.is_empty())
+}
+
+/// The next step for `v` in the view `t`.
+pub fn next_work(t: &Tables, v: &Volume) -> Work {
+    let Some(spec) = v.spec.as_ref() else { return Work::Nothing };
+    let plugin = spec.driver.as_ref().map(|d| d.name.clone()).unwrap_or_default();
+    if v.pending_delete {
+        if !created(v) {
+            return Work::Remove;
+        }
+        let users = services_using(t, |c| shoal_store::mounts_volume(c, v));
+        if !users.is_empty() {
+            return Work::Wait(format!(
+                "the volume is pending deletion but {} mount{} it again; it is deleted once none does",
+                users.join(", "),
+                if users.len() == 1 { "s" } else { "" }
+            ));
+        }
+        return match secrets(t, v) {
+            Ok(secrets) => Work::Delete {
+                plugin,
+                request: csi::DeleteVolumeRequest {
+                    volume_id: v.volume_info.as_ref().map(|i| i.volume_id.clone()).unwrap_or_default(),
+                    secrets,
+                },
+            },
+            Err(why) => Work::Wait(why),
+        };
+    }
+    if created(v) {
+        return Work::Nothing;
+    }
+    match create_request(t, v) {
+        Ok(request) => Work::Create { plugin, request },
+        Err(why) => Work::Wait(why),
+    }
+}
+
+/// The secrets a volume passes to its plugin, by key, read from the store (by name or ID); a secret that is
+/// gone is an error naming it (a plugin must never be called with credentials left out).
+fn secrets(t: &Tables, v: &Volume) -> Result<HashMap<String, String>, String> {
+    let mut out = HashMap::new();
+    for s in v.spec.as_ref().map(|s| s.secrets.as_slice()).unwrap_or_default() {
+        let found = t.secrets().get(&s.secret).or_else(|| t.secrets().by_name(&s.secret));
+        let Some(secret) = found else {
+            return Err(format!(
+                "the secret {:?} the volume gives its plugin as {:?} does not exist: create it again (docker secret \
+                 create), or remove the volume with --force",
+                s.secret, s.key
+            ));
+        };
+        let data = secret.spec.as_ref().map(|s| s.data.as_slice()).unwrap_or_default();
+        out.insert(s.key.clone(), String::from_utf8_lossy(data).into_owned());
+    }
+    Ok(out)
+}
+
+/// `CreateVolume` for `v`: its name, the driver's options as parameters, its secrets, its access mode as the
+/// one capability, its capacity range and topology requirement.
+pub fn create_request(t: &Tables, v: &Volume) -> Result<csi::CreateVolumeRequest, String> {
+    let spec = v.spec.as_ref().ok_or("the volume has no spec")?;
+    Ok(csi::CreateVolumeRequest {
+        name: spec.annotations.as_ref().map(|a| a.name.clone()).unwrap_or_default(),
+        capacity_range: spec
+            .capacity_range
+            .as_ref()
+            .map(|c| csi::CapacityRange { required_bytes: c.required_bytes, limit_bytes: c.limit_bytes }),
+        volume_capabilities: spec.access_mode.as_ref().map(capability).into_iter().collect(),
+        parameters: spec.driver.as_ref().map(|d| d.options.clone().into_iter().collect()).unwrap_or_default(),
+        secrets: secrets(t, v)?,
+        accessibility_requirements: spec.accessibility_requirements.as_ref().map(|r| csi::TopologyRequirement {
+            requisite: r.requisite.iter().map(topology).collect(),
+            preferred: r.preferred.iter().map(topology).collect(),
+        }),
+    })
+}
+
+fn topology(t: &shoal_api::Topology) -> csi::Topology {
+    csi::Topology { segments: t.segments.clone().into_iter().collect() }
+}
+
+/// A volume's access mode as a CSI capability (SwarmKit's `capability.MakeCapability`): one node with any
+/// writer sharing is single-node-writer, read-only sharing the reader-only modes, several nodes with one or
+/// all writers the multi-node writer modes; a multi-node volume with no sharing has no CSI mode (`UNKNOWN`),
+/// as in SwarmKit.
+pub fn capability(mode: &VolumeAccessMode) -> csi::VolumeCapability {
+    use csi::volume_capability::access_mode::Mode;
+    use volume_access_mode::{Scope, Sharing};
+    let scope = Scope::try_from(mode.scope).unwrap_or(Scope::SingleNode);
+    let sharing = Sharing::try_from(mode.sharing).unwrap_or(Sharing::None);
+    let csi_mode = match (scope, sharing) {
+        (Scope::SingleNode, Sharing::ReadOnly) => Mode::SingleNodeReaderOnly,
+        (Scope::SingleNode, _) => Mode::SingleNodeWriter,
+        (Scope::MultiNode, Sharing::ReadOnly) => Mode::MultiNodeReaderOnly,
+        (Scope::MultiNode, Sharing::OneWriter) => Mode::MultiNodeSingleWriter,
+        (Scope::MultiNode, Sharing::All) => Mode::MultiNodeMultiWriter,
+        (Scope::MultiNode, Sharing::None) => Mode::Unknown,
+    };
+    let access_type = match &mode.access_type {
+        Some(volume_access_mode::AccessType::Block(_)) => {
+            Some(csi::volume_capability::AccessType::Block(csi::volume_capability::BlockVolume {}))
+        }
+        Some(volume_access_mode::AccessType::Mount(m)) => {
+            Some(csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
+                fs_type: m.fs_type.clone(),
+                mount_flags: m.mount_flags.clone(),
+            }))
+        }
+        None => None,
+    };
+    csi::VolumeCapability {
+        access_type,
+        access_mode: Some(csi::volume_capability::AccessMode { mode: csi_mode as i32 }),
+    }
+}
+
+/// What a plugin's `CreateVolume` answered, as the volume's `VolumeInfo`.
+pub fn volume_info(v: csi::Volume) -> VolumeInfo {
+    VolumeInfo {
+        capacity_bytes: v.capacity_bytes,
+        volume_context: v.volume_context.into_iter().collect(),
+        volume_id: v.volume_id,
+        accessible_topology: v
+            .accessible_topology
+            .into_iter()
+            .map(|t| shoal_api::Topology { segments: t.segments.into_iter().collect() })
+            .collect(),
+    }
+}

@@ -1,0 +1,252 @@
+//! `TestCsiPlugin`: a small CSI plugin for the suite, served on a unix socket from its own thread: the
+//! identity service and a controller service that makes each volume a directory under its root (a host-path
+//! driver), answering as a real plugin does (idempotent by name, the directory's path in the volume context,
+//! the first requisite topology as the volume's), and recording every call with what it was given. Calls can
+//! be made to fail, to test retries. Stopped, and its socket and directories removed, on drop.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use shoal_api::csi;
+use tonic::{Request, Response, Status};
+
+/// One call the plugin answered (or refused, when failing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CsiCall {
+    /// `CreateVolume`.
+    Create {
+        /// The volume's name.
+        name: String,
+        /// The parameters (the volume's driver options).
+        parameters: HashMap<String, String>,
+        /// The secrets, by key, with their data.
+        secrets: HashMap<String, String>,
+        /// The required capacity.
+        required_bytes: i64,
+        /// The access modes asked for (`csi::volume_capability::access_mode::Mode` numbers).
+        modes: Vec<i32>,
+    },
+    /// `DeleteVolume`.
+    Delete {
+        /// The plugin's ID of the volume.
+        volume_id: String,
+        /// The secrets, by key, with their data.
+        secrets: HashMap<String, String>,
+    },
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    root: PathBuf,
+    calls: Mutex<Vec<CsiCall>>,
+    failing: AtomicBool,
+}
+
+/// A running test plugin.
+#[derive(Debug)]
+pub struct TestCsiPlugin {
+    socket: PathBuf,
+    shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestCsiPlugin {
+    /// Serves the plugin on a new socket (with its volumes' directories beside it); returns once it listens.
+    pub fn start() -> TestCsiPlugin {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("csi.sock");
+        let root = dir.path().join("volumes");
+        std::fs::create_dir(&root).expect("the plugin's root");
+        let shared = Arc::new(Shared { root, ..Default::default() });
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind the plugin's socket");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let served = shared.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::UnixListener::from_std(listener).expect("tokio listener");
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                let served = tonic::transport::Server::builder()
+                    .add_service(csi::identity_server::IdentityServer::new(Identity))
+                    .add_service(csi::controller_server::ControllerServer::new(Controller(served)))
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = stop_rx.await;
+                    })
+                    .await;
+                if let Err(e) = served {
+                    eprintln!("the test CSI plugin stopped: {e}");
+                }
+            });
+        });
+        TestCsiPlugin { socket, shared, stop: Some(stop_tx), thread: Some(thread), _dir: dir }
+    }
+
+    /// The socket, as `--csi-plugin NAME=unix://<this>` names it.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Every call answered so far, in order.
+    pub fn calls(&self) -> Vec<CsiCall> {
+        self.shared.calls.lock().expect("calls").clone()
+    }
+
+    /// From now on, refuse (`true`) or answer (`false`) every controller call (a refused call is still
+    /// recorded).
+    pub fn set_failing(&self, failing: bool) {
+        self.shared.failing.store(failing, Ordering::SeqCst);
+    }
+
+    /// The directory that holds the volume with this plugin ID.
+    pub fn volume_dir(&self, volume_id: &str) -> PathBuf {
+        self.shared.root.join(volume_id)
+    }
+}
+
+impl Drop for TestCsiPlugin {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Identity;
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for Identity {
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: "csi.shoal.test".into(),
+            vendor_version: "1".into(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        use csi::plugin_capability::{service, Service, Type};
+        let capability =
+            |t: service::Type| csi::PluginCapability { r#type: Some(Type::Service(Service { r#type: t as i32 })) };
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse {
+            capabilities: vec![
+                capability(service::Type::ControllerService),
+                capability(service::Type::VolumeAccessibilityConstraints),
+            ],
+        }))
+    }
+
+    async fn probe(&self, _: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
+        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
+    }
+}
+
+struct Controller(Arc<Shared>);
+
+impl Controller {
+    fn record(&self, call: CsiCall) -> Result<(), Status> {
+        self.0.calls.lock().expect("calls").push(call);
+        if self.0.failing.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("the test plugin was told to fail"));
+        }
+        Ok(())
+    }
+}
+
+/// A volume's ID: its name, prefixed (so that a test tells the plugin's ID from the swarm's).
+fn volume_id(name: &str) -> String {
+    format!("csi-{name}")
+}
+
+#[tonic::async_trait]
+impl csi::controller_server::Controller for Controller {
+    async fn create_volume(
+        &self,
+        request: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let r = request.into_inner();
+        self.record(CsiCall::Create {
+            name: r.name.clone(),
+            parameters: r.parameters.clone(),
+            secrets: r.secrets.clone(),
+            required_bytes: r.capacity_range.as_ref().map(|c| c.required_bytes).unwrap_or(0),
+            modes: r.volume_capabilities.iter().filter_map(|c| c.access_mode.as_ref()).map(|m| m.mode).collect(),
+        })?;
+        if r.name.is_empty() || r.name.contains('/') || r.name.starts_with('.') {
+            return Err(Status::invalid_argument(format!("bad volume name {:?}", r.name)));
+        }
+        let id = volume_id(&r.name);
+        let dir = self.0.root.join(&id);
+        std::fs::create_dir_all(&dir).map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
+        Ok(Response::new(csi::CreateVolumeResponse {
+            volume: Some(csi::Volume {
+                capacity_bytes: r.capacity_range.map(|c| c.required_bytes).unwrap_or(0),
+                volume_id: id,
+                volume_context: [("path".to_string(), dir.display().to_string())].into(),
+                accessible_topology: r
+                    .accessibility_requirements
+                    .and_then(|t| t.requisite.into_iter().next())
+                    .into_iter()
+                    .collect(),
+            }),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let r = request.into_inner();
+        self.record(CsiCall::Delete { volume_id: r.volume_id.clone(), secrets: r.secrets.clone() })?;
+        if r.volume_id.is_empty() || r.volume_id.contains('/') || r.volume_id.starts_with('.') {
+            return Err(Status::invalid_argument(format!("bad volume ID {:?}", r.volume_id)));
+        }
+        let dir = self.0.root.join(&r.volume_id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            // Deleting a volume that is gone succeeds (the CSI spec: idempotent).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Status::internal(format!("{}: {e}", dir.display()))),
+        }
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        Err(Status::unimplemented("the test plugin does not publish (it has no PUBLISH_UNPUBLISH_VOLUME)"))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        Err(Status::unimplemented("the test plugin does not publish (it has no PUBLISH_UNPUBLISH_VOLUME)"))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        use csi::controller_service_capability::{rpc, Rpc, Type};
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities: vec![csi::ControllerServiceCapability {
+                r#type: Some(Type::Rpc(Rpc { r#type: rpc::Type::CreateDeleteVolume as i32 })),
+            }],
+        }))
+    }
+}
