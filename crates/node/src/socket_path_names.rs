@@ -186,7 +186,7 @@ impl AuthorityFix {
 fn frame_header(len: usize, kind: u8, flags: u8, stream: u32, out: &mut Vec<u8>) {
     // Callers cut frames to MAX_FRAME_BYTES (tests: at most MAX_HEADER_BLOCK_BYTES + 1), within 24 bits.
     debug_assert!(len < 1 << 24, "an HTTP/2 frame length has 24 bits");
-    out.extend_from_slice(&u32::try_from(len).expect("a frame of at most 16 MiB").to_be_bytes()[1..]);
+    out.extend_from_slice(&u32::try_from(len).expect("frames are cut to MAX_FRAME_BYTES").to_be_bytes()[1..]);
     out.push(kind);
     out.push(flags);
     out.extend_from_slice(&stream.to_be_bytes());

@@ -685,7 +685,7 @@ impl TaskNetwork {
 }
 
 /// A pid the engine reported (an `i64`) as the host's: refused, not truncated, when out of range.
-pub(crate) fn host_pid(pid: i64) -> Result<u32, String> {
+fn host_pid(pid: i64) -> Result<u32, String> {
     u32::try_from(pid).map_err(|_| format!("the engine reported pid {pid}, which is not a process id"))
 }
 
