@@ -411,7 +411,7 @@ mod tests {
             RewrapIntent::decode(&intent.encode()).map(|i| (i.tls_key, i.dek)),
             Some((intent.tls_key, intent.dek))
         );
-        for len in [u64::MAX, u64::MAX - 7, 1 << 40, 4] {
+        for len in [u64::MAX, u64::MAX - 7, 1 << 40, 7] {
             let mut bytes = INTENT_MAGIC.to_vec();
             bytes.extend_from_slice(&len.to_be_bytes());
             bytes.extend_from_slice(b"keydek");
