@@ -67,7 +67,7 @@ pub fn log_options(o: &LogSubscriptionOptions) -> LogOptions {
     let wants = |s: WireStream| o.streams.is_empty() || o.streams.contains(&(s as i32));
     LogOptions {
         follow: o.follow,
-        tail: (o.tail < 0).then(|| (-(o.tail + 1)) as usize),
+        tail: (o.tail < 0).then(|| usize::try_from(-(o.tail + 1)).unwrap_or(usize::MAX)),
         since: o.since.as_ref().map(|t| {
             SystemTime::UNIX_EPOCH + Duration::new(t.seconds.max(0) as u64, t.nanos.clamp(0, 999_999_999) as u32)
         }),
@@ -166,7 +166,8 @@ impl Publisher {
             let (tx, queued_bytes) = (tx.clone(), queued_bytes.clone());
             async move {
                 let bytes = msg.messages.iter().map(|m| m.data.len()).sum::<usize>().clamp(1, PUBLISH_QUEUE_BYTES);
-                let permit = queued_bytes.acquire_many_owned(bytes as u32).await.map_err(|_| ())?;
+                let bytes = u32::try_from(bytes).expect("clamped to PUBLISH_QUEUE_BYTES, 1 MiB");
+                let permit = queued_bytes.acquire_many_owned(bytes).await.map_err(|_| ())?;
                 tx.send((msg, permit)).await.map_err(|_| ())
             }
         };

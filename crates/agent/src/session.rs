@@ -118,7 +118,7 @@ impl Backoff {
         let exp = self.min.saturating_mul(1u32 << self.attempt.min(16)).min(self.max);
         self.attempt = self.attempt.saturating_add(1);
         let half = exp / 2;
-        half + Duration::from_nanos(rng.random_range(0..=half.as_nanos().min(u64::MAX as u128) as u64))
+        half + Duration::from_nanos(rng.random_range(0..=u64::try_from(half.as_nanos()).unwrap_or(u64::MAX)))
     }
 
     /// Back to the minimum (after a session was established).

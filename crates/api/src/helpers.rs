@@ -17,7 +17,10 @@ pub const SHOAL_NO_DATA_PLANE_LABEL: &str = "shoal.no-data-plane";
 
 /// Converts milliseconds since the Unix epoch to a protobuf timestamp.
 pub fn timestamp_from_unix_ms(ms: u64) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
+    prost_types::Timestamp {
+        seconds: (ms / 1000) as i64,
+        nanos: i32::try_from((ms % 1000) * 1_000_000).expect("under 10^9 nanoseconds"),
+    }
 }
 
 /// Converts a protobuf timestamp to milliseconds since the Unix epoch (0 for times before it).

@@ -115,7 +115,9 @@ fn walk(
     let mut pos = 0;
     while pos < b.len() {
         let tag = varint(b, &mut pos)?;
-        let number = (tag >> 3) as u32;
+        // Protobuf field numbers fit 29 bits: a larger one is refused, not truncated onto a known field.
+        let number =
+            u32::try_from(tag >> 3).map_err(|_| Malformed(format!("field number {} is too large", tag >> 3)))?;
         let wire = tag & 7;
         let start = pos;
         let zero = match wire {
@@ -129,7 +131,8 @@ fn walk(
                 b.get(start..pos).is_some_and(|v| v.iter().all(|x| *x == 0))
             }
             2 => {
-                let len = varint(b, &mut pos)? as usize;
+                let len = usize::try_from(varint(b, &mut pos)?)
+                    .map_err(|_| Malformed("length does not fit this machine's address space".into()))?;
                 pos = pos.checked_add(len).ok_or_else(|| Malformed("length overflows".into()))?;
                 len == 0
             }
@@ -150,7 +153,8 @@ fn walk(
             Some(f) => {
                 if let (Some(t), 2) = (&f.message_type, wire) {
                     let mut inner = start;
-                    let len = varint(b, &mut inner)? as usize;
+                    // Checked above: this length was read and bounded by the message's end.
+                    let len = usize::try_from(varint(b, &mut inner)?).expect("checked when the field was read");
                     let sub = &b[inner..inner + len];
                     let p = if path.is_empty() { f.name.clone() } else { format!("{path}.{}", f.name) };
                     walk(d, t, sub, &p, depth + 1, out)?;
@@ -195,5 +199,11 @@ mod tests {
         assert!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &[0x0a, 0x05, 1]).is_err());
         assert!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &[0x0b]).is_err());
         assert!(unknown_fields(".docker.swarmkit.v1.ServiceSpec", &[0xff; 11]).is_err());
+        // Field number 2^32 + 1 (a varint, value 0) is refused rather than read as field 1, annotations.
+        let mut huge = Vec::new();
+        prost::encoding::encode_varint(((1u64 << 32) + 1) << 3, &mut huge);
+        huge.push(0);
+        let err = unknown_fields(".docker.swarmkit.v1.ServiceSpec", &huge).unwrap_err();
+        assert!(err.to_string().contains("field number 4294967297 is too large"), "{err}");
     }
 }

@@ -92,7 +92,7 @@ async fn one_run(
             t.networks = vec![shoal_api::NetworkAttachmentConfig { target: n.id, ..Default::default() }];
         }
     }
-    let mut want = replicas as usize;
+    let mut want = usize::try_from(replicas).map_err(|_| BenchError::Setup(format!("{replicas} replicas")))?;
     if global {
         spec.mode = Some(service_spec::Mode::Global(GlobalService {}));
         want = cluster.state.store.view(|t| {

@@ -66,7 +66,11 @@ fn create(d: &DaemonProcess, name: &str) -> Result<(), String> {
 pub(crate) fn cluster(shoal: &Path, n: usize, first_ip: u8) -> Result<(Vec<DaemonProcess>, usize), BenchError> {
     let mut ds: Vec<DaemonProcess> = vec![manager(shoal, first_ip, None)];
     for i in 1..n {
-        let d = manager(shoal, first_ip + i as u8, Some(&ds[0]));
+        let ip = u8::try_from(i)
+            .ok()
+            .and_then(|i| first_ip.checked_add(i))
+            .ok_or_else(|| BenchError::Setup(format!("{n} managers from address .{first_ip} run past .255")))?;
+        let d = manager(shoal, ip, Some(&ds[0]));
         ds.push(d);
     }
     let host = wait(&format!("{n} managers with a leader"), || leader(&ds[0], n))?;

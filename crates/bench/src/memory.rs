@@ -61,7 +61,11 @@ fn settled_rss_parts_kib(pid: i32) -> Result<(u64, u64, u64), BenchError> {
         file.push(f as f64);
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok((report::median(&rss) as u64, report::median(&anon) as u64, report::median(&file) as u64))
+    #[expect(clippy::cast_possible_truncation, reason = "the median of u64 KiB samples is a whole u64 or a half")]
+    fn kib(samples: &[f64]) -> u64 {
+        report::median(samples) as u64
+    }
+    Ok((kib(&rss), kib(&anon), kib(&file)))
 }
 
 fn pending_spec(name: &str, replicas: usize) -> String {

@@ -100,6 +100,7 @@ pub(crate) fn quantile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
+    #[expect(clippy::cast_possible_truncation, reason = "p is in 0..=1, so the rank is at most the length")]
     let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
 }

@@ -195,7 +195,7 @@ mod tests {
     fn seal_then_open_round_trips_and_hides_the_plaintext() {
         let mut rng = rand::rng();
         for len in [0usize, 1, 17, 4096] {
-            let plain: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let plain: Vec<u8> = (0..len).map(|i| u8::try_from(i % 251).unwrap()).collect();
             let sealed = seal(&key(1), 7, b"entry", &plain, &mut rng);
             assert_eq!(sealed.len(), len + OVERHEAD);
             assert_eq!(sealed_key_id(&sealed), Ok(7));

@@ -93,12 +93,13 @@ pub fn cert_issuer_info(chain_pem: &[u8], trust_pem: &[u8]) -> Result<IssuerInfo
 /// DER tag and length bytes of a `len`-byte value.
 fn der_header(tag: u8, len: usize) -> Vec<u8> {
     let mut out = vec![tag];
-    if len < 0x80 {
-        out.push(len as u8);
-    } else {
-        let bytes: Vec<u8> = len.to_be_bytes().into_iter().skip_while(|b| *b == 0).collect();
-        out.push(0x80 | bytes.len() as u8);
-        out.extend(bytes);
+    match u8::try_from(len) {
+        Ok(short) if short < 0x80 => out.push(short),
+        _ => {
+            let bytes: Vec<u8> = len.to_be_bytes().into_iter().skip_while(|b| *b == 0).collect();
+            out.push(0x80 | u8::try_from(bytes.len()).expect("a usize has at most 8 bytes"));
+            out.extend(bytes);
+        }
     }
     out
 }

@@ -35,7 +35,7 @@ fn to_base36(bytes: &[u8], width: usize) -> String {
         let mut rem: u32 = 0;
         for b in num.iter_mut() {
             let cur = (rem << 8) | u32::from(*b);
-            *b = (cur / 36) as u8;
+            *b = u8::try_from(cur / 36).expect("rem < 36, so cur < 36 * 256");
             rem = cur % 36;
         }
         digits.push(char::from_digit(rem, 36).expect("digit < 36"));

@@ -140,7 +140,7 @@ fn nanos(t: Option<&shoal_api::prost_types::Timestamp>) -> Option<i64> {
 }
 
 fn now_nanos() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp_nanos() as i64
+    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos()).unwrap_or(i64::MAX)
 }
 
 /// Docker's message for one Watch event (`None` for kinds Docker does not report: tasks, the cluster).

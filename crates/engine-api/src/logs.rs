@@ -163,7 +163,8 @@ pub fn encode(m: &LogMessage, f: LineFormat) -> Vec<u8> {
     let stream = if m.stream == LogStream::Stderr as i32 { 2u8 } else { 1u8 };
     let mut frame = Vec::with_capacity(line.len() + 8);
     frame.extend([stream, 0, 0, 0]);
-    frame.extend((line.len() as u32).to_be_bytes());
+    // A line is one log message's data, which came in one gRPC message: far under 4 GiB.
+    frame.extend(u32::try_from(line.len()).expect("a log line under 4 GiB").to_be_bytes());
     frame.extend(line);
     frame
 }
@@ -363,7 +364,7 @@ mod tests {
         let f = encode(&m, LineFormat { timestamps: true, details: true, tty: false });
         let line = b"2023-11-14T22:13:20.000000005Z \
                      com.docker.swarm.node.id=n,com.docker.swarm.service.id=s,com.docker.swarm.task.id=t hello\n";
-        assert_eq!(&f[..8], &[2, 0, 0, 0, 0, 0, 0, line.len() as u8]);
+        assert_eq!(&f[..8], &[2, 0, 0, 0, 0, 0, 0, u8::try_from(line.len()).unwrap()]);
         assert_eq!(&f[8..], &line[..]);
         let raw = encode(&m, LineFormat { timestamps: false, details: false, tty: true });
         assert_eq!(raw, b"hello\n");

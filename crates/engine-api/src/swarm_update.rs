@@ -25,7 +25,7 @@ use crate::ApiContext;
 fn duration_from_ns(ns: i64) -> Option<shoal_api::prost_types::Duration> {
     (ns != 0).then(|| shoal_api::prost_types::Duration {
         seconds: ns.div_euclid(1_000_000_000),
-        nanos: ns.rem_euclid(1_000_000_000) as i32,
+        nanos: i32::try_from(ns.rem_euclid(1_000_000_000)).expect("under 10^9 nanoseconds"),
     })
 }
 

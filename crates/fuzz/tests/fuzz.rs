@@ -98,7 +98,7 @@ fn fuzz(name: &str) {
         Err(_) => name.bytes().fold(1469598103934665603u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))),
     };
     let default_iterations = if CORPUS_ONLY.contains(&name) { 0 } else { 5000 };
-    let iterations = env_u64("SHOAL_FUZZ_ITERATIONS").unwrap_or(default_iterations) as usize;
+    let iterations = usize::try_from(env_u64("SHOAL_FUZZ_ITERATIONS").unwrap_or(default_iterations)).unwrap();
     let budget = Duration::from_secs(env_u64("SHOAL_FUZZ_BUDGET_SECS").unwrap_or(20));
     println!("fuzz target {name}: seed {seed} (SHOAL_FUZZ_SEED={seed} runs the same inputs)");
     match runner::run(target, Some(PROBE), &corpus_root(), &failures_dir(), seed, iterations, budget) {

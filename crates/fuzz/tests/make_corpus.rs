@@ -2,6 +2,7 @@
 //! types and encoders, so the seeds are what a peer really sends. Run it again after a wire change:
 //! `cargo nextest run -p shoal-fuzz --run-ignored only write_seed_corpus`. The JSON and query seeds are
 //! written by hand (taken from what the docker CLI sends) and are not touched.
+#![expect(clippy::cast_possible_truncation, reason = "test data is small: seed messages of a few hundred bytes")]
 
 use std::path::{Path, PathBuf};
 

@@ -1203,7 +1203,7 @@ pub(crate) mod tests {
         let plain = wire::open_stream(&[key.to_vec()], frame).unwrap();
         assert_eq!(plain[0], kind::USER);
         let mut body = &plain[1..];
-        let len = wire::field_u64(&wire::read_value(&mut body).unwrap(), "UserMsgLen") as usize;
+        let len = usize::try_from(wire::field_u64(&wire::read_value(&mut body).unwrap(), "UserMsgLen")).unwrap();
         assert_eq!(body.len(), len);
         let g = GossipMessage::decode(body).unwrap();
         assert_eq!(g.kind, NETWORKDB_BULK_SYNC);
@@ -1394,7 +1394,7 @@ pub(crate) mod tests {
         let mut suspect = Writer::with_type(kind::SUSPECT);
         suspect.map(3).key("Incarnation").uint(1).key("Node").raw(b"shoal-1").key("From").raw(b"engine-a");
         let mut compound = vec![kind::COMPOUND, 1];
-        compound.extend_from_slice(&(suspect.out.len() as u16).to_be_bytes());
+        compound.extend_from_slice(&u16::try_from(suspect.out.len()).unwrap().to_be_bytes());
         compound.extend_from_slice(&suspect.out);
         let packet = wire::seal(&KEY, nonce(), b"", &compound).unwrap();
         let out = m.on_packet(&packet, from, 6, &mut nonce).unwrap();

@@ -94,7 +94,7 @@ pub async fn serve(
             tokio::select! {
                 r = udp.recv_from(&mut buf) => {
                     let Ok((n, from)) = r else { continue };
-                    let now_ms = epoch.elapsed().as_millis() as u64;
+                    let now_ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
                     let (out, relays) = {
                         let mut m = shared.lock().unwrap_or_else(PoisonError::into_inner);
                         let out = m.on_packet(&buf[..n], from, now_ms, &mut || nonce(&rng));
@@ -116,7 +116,7 @@ pub async fn serve(
                     let member = shared.clone();
                     let udp = udp.clone();
                     let n = nonce(&rng);
-                    let now_ms = epoch.elapsed().as_millis() as u64;
+                    let now_ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
                     tokio::spawn(async move {
                         let _permit = permit;
                         match tokio::time::timeout(STREAM_TIMEOUT, stream(conn, &member, &udp, now_ms, n)).await {

@@ -66,11 +66,13 @@ impl Writer {
 
     /// A map header of `n` entries.
     pub fn map(&mut self, n: usize) -> &mut Self {
-        if n < 16 {
-            self.out.push(0x80 | n as u8);
+        if let Ok(small @ 0..16) = u8::try_from(n) {
+            self.out.push(0x80 | small);
         } else {
+            // The maps written are structs of a few fields: more than a map16 holds is a bug here.
+            let n = u16::try_from(n).expect("a map of at most 65,535 entries");
             self.out.push(0xde);
-            self.out.extend_from_slice(&(n as u16).to_be_bytes());
+            self.out.extend_from_slice(&n.to_be_bytes());
         }
         self
     }
@@ -78,14 +80,16 @@ impl Writer {
     /// A byte string in the raw format (also used for Go strings).
     pub fn raw(&mut self, b: &[u8]) -> &mut Self {
         let n = b.len();
-        if n < 32 {
-            self.out.push(0xa0 | n as u8);
-        } else if n <= usize::from(u16::MAX) {
+        if let Ok(small @ 0..32) = u8::try_from(n) {
+            self.out.push(0xa0 | small);
+        } else if let Ok(n) = u16::try_from(n) {
             self.out.push(0xda);
-            self.out.extend_from_slice(&(n as u16).to_be_bytes());
+            self.out.extend_from_slice(&n.to_be_bytes());
         } else {
+            // Strings are names and messages bounded by MAX_STREAM_BYTES, far under 4 GiB.
+            let n = u32::try_from(n).expect("a byte string under 4 GiB");
             self.out.push(0xdb);
-            self.out.extend_from_slice(&(n as u32).to_be_bytes());
+            self.out.extend_from_slice(&n.to_be_bytes());
         }
         self.out.extend_from_slice(b);
         self
@@ -98,8 +102,8 @@ impl Writer {
 
     /// An unsigned integer.
     pub fn uint(&mut self, v: u64) -> &mut Self {
-        if v < 128 {
-            self.out.push(v as u8);
+        if let Ok(small @ 0..128) = u8::try_from(v) {
+            self.out.push(small);
         } else if let Ok(b) = u8::try_from(v) {
             self.out.extend_from_slice(&[0xcc, b]);
         } else if let Ok(h) = u16::try_from(v) {
@@ -218,7 +222,8 @@ pub fn open(keys: &[Vec<u8>], msg: &[u8], aad: &[u8]) -> Result<Vec<u8>, GossipE
 /// A stream message in its encrypted envelope: `[ENCRYPT][length: u32 BE][payload]`, the first five bytes
 /// authenticated.
 pub fn seal_stream(key: &[u8], nonce: [u8; NONCE_BYTES], plain: &[u8]) -> Result<Vec<u8>, GossipError> {
-    let len = (1 + NONCE_BYTES + plain.len() + 16) as u32;
+    let len = u32::try_from(1 + NONCE_BYTES + plain.len() + 16)
+        .map_err(|_| GossipError::Malformed(format!("a stream message of {} bytes is too large", plain.len())))?;
     let mut head = vec![kind::ENCRYPT];
     head.extend_from_slice(&len.to_be_bytes());
     let sealed = seal(key, nonce, &head, plain)?;

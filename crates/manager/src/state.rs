@@ -59,7 +59,7 @@ pub struct TokioTimer {
 impl Timer for TokioTimer {
     fn now_ms(&self) -> u64 {
         let origin = *self.origin.get_or_init(tokio::time::Instant::now);
-        tokio::time::Instant::now().saturating_duration_since(origin).as_millis() as u64
+        u64::try_from(tokio::time::Instant::now().saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
     }
 
     fn sleep_ms(&self, ms: u64) -> SleepFuture {

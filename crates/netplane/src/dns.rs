@@ -423,7 +423,7 @@ mod tests {
     use crate::state::{Attachment, NetworkState, ServiceVip};
 
     fn state(backends: usize) -> (NodeNetState, TaskState) {
-        let ip = |i: usize| Ipv4Addr::new(10, 9, (i / 250) as u8, (i % 250 + 2) as u8);
+        let ip = |i: usize| Ipv4Addr::new(10, 9, u8::try_from(i / 250).unwrap(), u8::try_from(i % 250 + 2).unwrap());
         let svc = |name: &str, vip: Option<Ipv4Addr>, backends: Vec<Ipv4Addr>| ServiceVip {
             service_id: format!("id-{name}"),
             name: name.into(),

@@ -141,7 +141,7 @@ impl Executor {
                 let iface = TaskIface {
                     mac: str_of(l, "address").parse().ok(),
                     addrs: inet_addrs(l),
-                    mtu: l["mtu"].as_u64().unwrap_or(0) as u16,
+                    mtu: num_of(&l["mtu"]).unwrap_or(0),
                     up: has_flag(l, "UP"),
                 };
                 tns.ifaces.insert(name.to_string(), iface);
@@ -583,8 +583,8 @@ fn shoal_links(listing: &Value) -> std::collections::BTreeMap<String, Link> {
             "bridge" => LinkKind::Bridge,
             "veth" => LinkKind::Veth,
             "vxlan" => LinkKind::Vxlan {
-                vni: data["id"].as_u64().unwrap_or(0) as u32,
-                port: data["port"].as_u64().unwrap_or(0) as u16,
+                vni: num_of(&data["id"]).unwrap_or(0),
+                port: num_of(&data["port"]).unwrap_or(0),
                 local: data["local"].as_str().and_then(|s| s.parse().ok()),
                 learning: data["learning"].as_bool().unwrap_or(true),
                 proxy: data["proxy"].as_bool().unwrap_or(false),
@@ -595,7 +595,7 @@ fn shoal_links(listing: &Value) -> std::collections::BTreeMap<String, Link> {
             kind,
             master: l["master"].as_str().map(str::to_string),
             up: has_flag(l, "UP"),
-            mtu: l["mtu"].as_u64().unwrap_or(0) as u16,
+            mtu: num_of(&l["mtu"]).unwrap_or(0),
             addrs: inet_addrs(l),
             mac: str_of(l, "address").parse().ok(),
             // Read by `observe` with the node's other settings.
@@ -624,6 +624,12 @@ fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("")
 }
 
+/// A number of `ip -j`'s output as `T`: `None` when it is missing or out of `T`'s range (read as unknown, as a
+/// missing one is, never truncated into another value).
+fn num_of<T: TryFrom<u64>>(v: &Value) -> Option<T> {
+    v.as_u64().and_then(|n| T::try_from(n).ok())
+}
+
 fn has_flag(link: &Value, flag: &str) -> bool {
     link["flags"].as_array().is_some_and(|f| f.iter().any(|x| x.as_str() == Some(flag)))
 }
@@ -636,7 +642,7 @@ fn inet_addrs(link: &Value) -> Vec<Ipv4Cidr> {
         .filter(|a| a["family"].as_str() == Some("inet"))
         .filter_map(|a| {
             let addr: Ipv4Addr = a["local"].as_str()?.parse().ok()?;
-            Some(Ipv4Cidr { addr, prefix_len: a["prefixlen"].as_u64()? as u8 })
+            Some(Ipv4Cidr { addr, prefix_len: num_of(&a["prefixlen"])? })
         })
         .collect();
     out.sort();

@@ -1001,7 +1001,9 @@ mod tests {
         s.tasks[0].attachments[0].address = Ipv4Addr::new(10, 19, 0, 7);
         s.validate().unwrap();
         s.networks[0].more_subnets = (0..16)
-            .map(|i| sub(100 + i, &format!("10.{}.0.0/24", 100 + i), Ipv4Addr::new(10, 100 + i as u8, 0, 1)))
+            .map(|i| {
+                sub(100 + i, &format!("10.{}.0.0/24", 100 + i), Ipv4Addr::new(10, 100 + u8::try_from(i).unwrap(), 0, 1))
+            })
             .collect();
         s.tasks.clear();
         refused(&s, "17 subnets; at most 16");
@@ -1322,7 +1324,7 @@ mod tests {
             ),
             (
                 Box::new(|s| {
-                    s.published = (1..=MAX_PUBLISHED_PORTS as u16 + 1)
+                    s.published = (1..=u16::try_from(MAX_PUBLISHED_PORTS).unwrap() + 1)
                         .map(|port| PublishedPort { protocol: Protocol::Tcp, port, target_port: 80, backends: vec![] })
                         .collect()
                 }),

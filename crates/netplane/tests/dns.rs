@@ -56,7 +56,7 @@ fn ask(
             let mut c = TcpStream::connect_timeout(&SocketAddr::V4(RESOLVER_ADDR), Duration::from_secs(3))
                 .map_err(|e| e.to_string())?;
             c.set_read_timeout(timeout).unwrap();
-            c.write_all(&(q.len() as u16).to_be_bytes()).unwrap();
+            c.write_all(&u16::try_from(q.len()).unwrap().to_be_bytes()).unwrap();
             c.write_all(&q).unwrap();
             let mut len = [0u8; 2];
             c.read_exact(&mut len).map_err(|e| e.to_string())?;

@@ -67,8 +67,9 @@ impl RemoteCaps {
     /// Half of what `FD_RESERVE` leaves of `nofile`, within [`MIN_REMOTE_CONNECTIONS`,
     /// `MAX_REMOTE_CONNECTIONS`]; an eighth of that (at least 16) without a certificate.
     pub fn for_nofile(nofile: u64) -> RemoteCaps {
-        let total = (nofile.saturating_sub(FD_RESERVE) / 2)
-            .clamp(MIN_REMOTE_CONNECTIONS as u64, MAX_REMOTE_CONNECTIONS as u64) as usize;
+        let total = usize::try_from(nofile.saturating_sub(FD_RESERVE) / 2)
+            .unwrap_or(usize::MAX)
+            .clamp(MIN_REMOTE_CONNECTIONS, MAX_REMOTE_CONNECTIONS);
         let unauthenticated = (total / 8).clamp(16, MAX_UNAUTHENTICATED_CONNECTIONS);
         RemoteCaps { total, unauthenticated }
     }

@@ -266,7 +266,7 @@ mod tests {
         let store = MemoryStore::default();
         let key = |subsystem: &str, t: u64| EncryptionKey {
             subsystem: subsystem.into(),
-            key: vec![t as u8; 16],
+            key: vec![u8::try_from(t).unwrap(); 16],
             lamport_time: t,
             ..Default::default()
         };

@@ -257,9 +257,11 @@ impl RewrapIntent {
 
     fn decode(b: &[u8]) -> Option<RewrapIntent> {
         let rest = b.strip_prefix(INTENT_MAGIC)?;
-        let len = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?) as usize;
-        let tls_key = rest.get(8..8 + len)?.to_vec();
-        let dek = rest.get(8 + len..)?.to_vec();
+        // A length read off the disk: one past the file's end (or past usize) is a torn or corrupt intent.
+        let len = usize::try_from(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?)).ok()?;
+        let end = len.checked_add(8)?;
+        let tls_key = rest.get(8..end)?.to_vec();
+        let dek = rest.get(end..)?.to_vec();
         (!dek.is_empty()).then_some(RewrapIntent { tls_key, dek })
     }
 
@@ -400,6 +402,21 @@ mod tests {
         key_table().set(state, Some(kek));
         assert_eq!(data_keys(state).unwrap(), Some(keys));
         key_table().set(state, None);
+    }
+
+    #[test]
+    fn an_intent_with_a_length_past_its_end_is_refused_without_a_panic() {
+        let intent = RewrapIntent { tls_key: b"key".to_vec(), dek: b"dek".to_vec() };
+        assert_eq!(
+            RewrapIntent::decode(&intent.encode()).map(|i| (i.tls_key, i.dek)),
+            Some((intent.tls_key, intent.dek))
+        );
+        for len in [u64::MAX, u64::MAX - 7, 1 << 40, 7] {
+            let mut bytes = INTENT_MAGIC.to_vec();
+            bytes.extend_from_slice(&len.to_be_bytes());
+            bytes.extend_from_slice(b"keydek");
+            assert!(RewrapIntent::decode(&bytes).is_none(), "length {len}");
+        }
     }
 
     #[test]

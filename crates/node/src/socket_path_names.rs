@@ -184,7 +184,9 @@ impl AuthorityFix {
 }
 
 fn frame_header(len: usize, kind: u8, flags: u8, stream: u32, out: &mut Vec<u8>) {
-    out.extend_from_slice(&(len as u32).to_be_bytes()[1..]);
+    // Callers cut frames to MAX_FRAME_BYTES (tests: at most MAX_HEADER_BLOCK_BYTES + 1), within 24 bits.
+    debug_assert!(len < 1 << 24, "an HTTP/2 frame length has 24 bits");
+    out.extend_from_slice(&u32::try_from(len).expect("frames are cut to MAX_FRAME_BYTES").to_be_bytes()[1..]);
     out.push(kind);
     out.push(flags);
     out.extend_from_slice(&stream.to_be_bytes());
@@ -464,6 +466,7 @@ mod tests {
     use super::*;
 
     /// A ClientHello record with `sni` as its server name (or none), the shape Go's and rustls's have.
+    #[expect(clippy::cast_possible_truncation, reason = "test data is small: a name and a few extensions")]
     pub(crate) fn client_hello(sni: Option<&[u8]>) -> Vec<u8> {
         let mut ext = Vec::new();
         if let Some(name) = sni {

@@ -378,7 +378,7 @@ mod tests {
         use shoal_api::prost::Message;
         let frame = |flag: u8, msg: &[u8]| {
             let mut b = vec![flag];
-            b.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+            b.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
             b.extend_from_slice(msg);
             b
         };

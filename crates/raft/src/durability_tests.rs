@@ -251,7 +251,7 @@ async fn a_flipped_byte_anywhere_in_the_log_stops_the_start_without_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     written(dir.path(), 40, None).await;
     let f = log_file(dir.path());
-    let len = std::fs::metadata(&f).unwrap().len() as usize;
+    let len = usize::try_from(std::fs::metadata(&f).unwrap().len()).unwrap();
     let pristine = raft_files(dir.path());
     // The file header, a record in the middle, and one near the end (all acknowledged records).
     for at in [10, len / 2, len * 3 / 4] {

@@ -223,7 +223,7 @@ impl RaftNode {
         // the wall clock keeps them distinct across restarts too (matching is by index, then ID).
         let base = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
             .unwrap_or(0);
         let next_request_id = ((raft_id & 0xffff) << 48) | (base & ((1 << 48) - 1));
         Ok(RaftNode {
@@ -703,7 +703,7 @@ fn probe_space(path: &Path, bytes: u64) -> std::io::Result<()> {
         let chunk = vec![0u8; 64 << 10];
         let mut left = bytes;
         while left > 0 {
-            let n = left.min(chunk.len() as u64) as usize;
+            let n = chunk.len().min(usize::try_from(left).unwrap_or(usize::MAX));
             f.write_all(&chunk[..n])?;
             left -= n as u64;
         }

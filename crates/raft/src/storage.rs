@@ -361,7 +361,7 @@ fn bytes_are_zero(path: &Path, from: u64, to: u64) -> bool {
     let mut left = to - from;
     let mut buf = vec![0u8; 64 * 1024];
     while left > 0 {
-        let want = left.min(buf.len() as u64) as usize;
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
         match f.read(&mut buf[..want]) {
             Ok(0) | Err(_) => return false,
             Ok(n) => {
@@ -743,7 +743,8 @@ impl EngineStorage {
 
     /// Reads entries `[low, high)` for replay at start (opened: plain data).
     pub(crate) fn read_entries(&self, low: u64, high: u64) -> Result<Vec<Entry>, RaftError> {
-        let mut out = Vec::with_capacity((high - low) as usize);
+        // A capacity hint only.
+        let mut out = Vec::with_capacity(usize::try_from(high - low).unwrap_or(0));
         self.engine()
             .fetch_entries_to::<EntryCodec>(LOG_REGION, low, high, None, &mut out)
             .map_err(|e| engine_err(&self.log_dir, format!("reading entries {low}..{high}: {e}")))?;
@@ -986,8 +987,10 @@ impl raft::Storage for EngineStorage {
         if high > self.last() + 1 {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
-        let mut out = Vec::with_capacity((high - low) as usize);
-        let max = max_size.into().map(|m| m as usize);
+        // A capacity hint only.
+        let mut out = Vec::with_capacity(usize::try_from(high - low).unwrap_or(0));
+        // raft-rs passes u64::MAX for "no limit": saturating keeps that meaning.
+        let max = max_size.into().map(|m| usize::try_from(m).unwrap_or(usize::MAX));
         self.engine().fetch_entries_to::<EntryCodec>(LOG_REGION, low, high, max, &mut out).map_err(store_err)?;
         if out.is_empty() && high > low {
             return Err(raft::Error::Store(StorageError::Unavailable));

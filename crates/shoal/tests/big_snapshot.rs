@@ -14,7 +14,7 @@ const LABEL_BYTES: usize = 1 << 20;
 
 /// Creates service `name` (no replicas) with a label of `LABEL_BYTES` bytes made from `seed`.
 fn create_big(d: &DaemonProcess, name: &str, seed: usize) {
-    let fill: String = (0..LABEL_BYTES).map(|i| (b'a' + ((i + seed) % 26) as u8) as char).collect();
+    let fill: String = (0..LABEL_BYTES).map(|i| char::from(b'a' + u8::try_from((i + seed) % 26).unwrap())).collect();
     let body = serde_json::json!({
         "Name": name,
         "Labels": {"fill": fill},

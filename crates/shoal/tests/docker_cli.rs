@@ -105,14 +105,15 @@ fn a_killed_task_is_replaced_and_kept_in_history() {
 
     // Keep killing: the history of a slot never grows past the retention limit (5 tasks per slot).
     for round in 0..6 {
-        let slot1 = wait_until("slot 1 running", Duration::from_secs(10), || {
+        let slot1 = i32::try_from(wait_until("slot 1 running", Duration::from_secs(10), || {
             tasks_of(&d, "web")
                 .into_iter()
                 .find(|t| t["Slot"] == 1 && state(t) == "running" && desired(t) == "running")
                 .and_then(|t| t["Status"]["ContainerStatus"]["PID"].as_i64())
                 .filter(|pid| *pid > 0)
                 .ok_or_else(|| "no running task in slot 1".to_string())
-        }) as i32;
+        }))
+        .unwrap();
         process::kill9(slot1);
         wait_until(&format!("replacement {round}"), Duration::from_secs(10), || {
             let pids = process::pids_with_cmdline(&["sleep", "3142"]);

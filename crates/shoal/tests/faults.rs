@@ -129,7 +129,10 @@ fn options(net: &Net, i: usize, extra_args: Vec<String>) -> DaemonOptions {
 /// The seed of this run: `SHOAL_FAULT_SEED`, else the clock; printed so that a failure can be replayed.
 fn seed(test: &str) -> u64 {
     let seed = std::env::var("SHOAL_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap())
+            .unwrap_or(1)
     });
     println!("{test}: SHOAL_FAULT_SEED={seed}");
     seed

@@ -123,7 +123,7 @@ fn a_worker_reregistering_with_maximum_descriptions_and_maximum_node_labels_keep
     while start.elapsed() < attack {
         round += 1;
         // A maximum-size description, different each time.
-        match session(&mut client, description_of(MAX_NODE_DESCRIPTION_BYTES, round as u8)) {
+        match session(&mut client, description_of(MAX_NODE_DESCRIPTION_BYTES, u8::try_from(round % 256).unwrap())) {
             Ok(stream) => {
                 accepted += 1;
                 open.push(stream);
@@ -177,7 +177,7 @@ fn a_worker_reregistering_with_maximum_descriptions_and_maximum_node_labels_keep
             );
         }
     }
-    let refills = attack.as_millis() as u64 / REGISTRATION_REFILL_MS + 1;
+    let refills = u64::try_from(attack.as_millis()).unwrap() / REGISTRATION_REFILL_MS + 1;
     eprintln!(
         "{round} rounds: {accepted} sessions written, {rate_refused} refused for the rate, {label_writes} label \
          writes; max RSS {} MiB, max raft dir {} MiB",

@@ -33,7 +33,7 @@ fn post(d: &DaemonProcess, path: &str, body: &Value) -> Result<Value, String> {
 fn set_heartbeat_period(m: &DaemonProcess, period: Duration) {
     let swarm = m.get("/v1.47/swarm");
     let mut spec = swarm["Spec"].clone();
-    spec["Dispatcher"]["HeartbeatPeriod"] = (period.as_nanos() as u64).into();
+    spec["Dispatcher"]["HeartbeatPeriod"] = u64::try_from(period.as_nanos()).unwrap().into();
     let path = format!("/v1.47/swarm/update?version={}", swarm["Version"]["Index"]);
     post(m, &path, &spec).expect("swarm update");
 }

@@ -45,11 +45,14 @@ impl SimStorage {
         self.truncated.0 + self.entries.len() as u64
     }
 
+    /// Where entry `idx` (at or past the log's first) is in `entries`.
+    fn pos(&self, idx: u64) -> usize {
+        usize::try_from(idx - self.first()).expect("an offset in the in-memory log")
+    }
+
     /// Entries `[low, high)` (the caller keeps within the log).
     fn read(&self, low: u64, high: u64) -> Vec<Entry> {
-        let lo = (low - self.first()) as usize;
-        let hi = (high - self.first()) as usize;
-        self.entries[lo..hi].to_vec()
+        self.entries[self.pos(low)..self.pos(high)].to_vec()
     }
 
     /// Appends a Ready's entries (replacing any conflicting suffix) and its hard state; synced when there
@@ -59,7 +62,7 @@ impl SimStorage {
         if let Some(first) = entries.first() {
             assert!(first.index > self.truncated.0, "append at {} behind the log start {}", first.index, self.first());
             assert!(first.index <= self.last() + 1, "append at {} leaves a gap after {}", first.index, self.last());
-            self.entries.truncate((first.index - self.first()) as usize);
+            self.entries.truncate(self.pos(first.index));
             self.entries.extend_from_slice(entries);
             sync = true;
         }
@@ -93,8 +96,8 @@ impl SimStorage {
     fn record(&mut self, meta: SnapshotMetadata, data: Vec<u8>, compact_through: u64) {
         let through = compact_through.min(meta.index).min(self.last());
         if through > self.truncated.0 {
-            let term = self.entries[(through - self.first()) as usize].term;
-            self.entries.drain(..(through - self.truncated.0) as usize);
+            let term = self.entries[self.pos(through)].term;
+            self.entries.drain(..=self.pos(through));
             self.truncated = (through, term);
         }
         self.snapshot = meta;
@@ -224,7 +227,7 @@ impl raft::Storage for SimStorage {
         if idx > self.last() {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
-        Ok(self.entries[(idx - self.first()) as usize].term)
+        Ok(self.entries[self.pos(idx)].term)
     }
 
     fn first_index(&self) -> raft::Result<u64> {

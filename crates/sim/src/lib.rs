@@ -183,7 +183,7 @@ impl World {
         let clocks: Vec<Arc<ManualClock>> = voters.iter().map(|_| Arc::new(ManualClock::new(START_UNIX_MS))).collect();
         let mut managers: Vec<Manager> = voters
             .iter()
-            .map(|id| Manager::new(*id, &mcfg, clocks[*id as usize - 1].clone(), seed ^ (id << 56)))
+            .map(|id| Manager::new(*id, &mcfg, clocks[index_of(*id)].clone(), seed ^ (id << 56)))
             .collect();
         for m in &mut managers {
             m.start(&mcfg, &timer);
@@ -403,18 +403,18 @@ impl World {
             match (env.from, env.to, env.msg) {
                 (from, Endpoint::Manager(m), Msg::Raft(msg)) => {
                     let snapshot = msg.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot;
-                    if let Some(run) = self.managers[m as usize - 1].run.as_mut() {
+                    if let Some(run) = self.managers[index_of(m)].run.as_mut() {
                         run.step_raft(*msg);
                     }
                     // The transport reports a snapshot it delivered (`PeerLink::report_snapshot`).
                     if let (true, Endpoint::Manager(f)) = (snapshot, from) {
-                        if let Some(run) = self.managers[f as usize - 1].run.as_mut() {
+                        if let Some(run) = self.managers[index_of(f)].run.as_mut() {
                             run.report_snapshot(m, true);
                         }
                     }
                 }
                 (Endpoint::Manager(f), Endpoint::Manager(m), Msg::Forward { id, data }) => {
-                    let out = match self.managers[m as usize - 1].run.as_mut() {
+                    let out = match self.managers[index_of(m)].run.as_mut() {
                         Some(run) => run.receive_forward(f, id, data),
                         None => Vec::new(),
                     };
@@ -422,13 +422,13 @@ impl World {
                 }
                 (_, Endpoint::Manager(m), Msg::Forwarded { id, result }) => {
                     self.forwarded += u64::from(result.is_ok());
-                    if let Some(run) = self.managers[m as usize - 1].run.as_mut() {
+                    if let Some(run) = self.managers[index_of(m)].run.as_mut() {
                         run.receive_forwarded(id, result);
                     }
                 }
                 (Endpoint::Agent(a), Endpoint::Manager(m), msg) => {
                     let node = self.node_ids[a].clone();
-                    let out = match self.managers[m as usize - 1].run.as_mut() {
+                    let out = match self.managers[index_of(m)].run.as_mut() {
                         Some(run) => run.receive_from_agent(now_ms, a, &node, msg),
                         None => Vec::new(),
                     };
@@ -440,7 +440,7 @@ impl World {
         }
         for (from, to) in std::mem::take(&mut self.net.lost_notices) {
             if let (Endpoint::Manager(f), Endpoint::Manager(t)) = (from, to) {
-                if let Some(run) = self.managers[f as usize - 1].run.as_mut() {
+                if let Some(run) = self.managers[index_of(f)].run.as_mut() {
                     run.report_snapshot(t, false);
                 }
             }
@@ -449,7 +449,7 @@ impl World {
             match (from, to) {
                 (Endpoint::Agent(a), Endpoint::Manager(m)) | (Endpoint::Manager(m), Endpoint::Agent(a)) => {
                     self.agents[a].connection_broken(now_ms, m, ids);
-                    if let Some(run) = self.managers[m as usize - 1].run.as_mut() {
+                    if let Some(run) = self.managers[index_of(m)].run.as_mut() {
                         run.drop_stream(a);
                     }
                 }
@@ -481,8 +481,7 @@ impl World {
     /// Acknowledged writes: read the entry that carried each.
     fn resolve_acknowledged(&mut self) {
         for (what, m, index) in std::mem::take(&mut self.client.ledger.to_resolve) {
-            let entry =
-                self.managers[m as usize - 1].run.as_ref().and_then(|r| r.applied_log.lock().get(&index).copied());
+            let entry = self.managers[index_of(m)].run.as_ref().and_then(|r| r.applied_log.lock().get(&index).copied());
             if let Some((term, digest)) = entry {
                 self.client.ledger.acked.push(workload::Acked { what, index, term, digest });
             }
@@ -539,7 +538,7 @@ impl World {
                 // Two "leaders" of different terms can coexist briefly (the old one has not heard yet);
                 // the newest term is the leader.
                 many.iter()
-                    .max_by_key(|id| self.managers[**id as usize - 1].run.as_ref().map(|r| r.leader_state().term))
+                    .max_by_key(|id| self.managers[index_of(**id)].run.as_ref().map(|r| r.leader_state().term))
                     .copied()
             }
         }
@@ -633,7 +632,7 @@ impl World {
         }
         // No node is marked down by a leader that heard its heartbeat well within the heartbeat TTL.
         if let Some(l) = self.leader() {
-            let run = self.managers[l as usize - 1].run.as_ref().expect("the leader is up");
+            let run = self.managers[index_of(l)].run.as_ref().expect("the leader is up");
             let down: BTreeSet<String> = run.store.view(|t| {
                 t.nodes()
                     .iter()
@@ -802,7 +801,7 @@ impl World {
 
     /// The tasks of a service in the leader's store, for failure messages.
     fn leader_tasks(&self, service: &str) -> Vec<String> {
-        let Some(run) = self.leader().and_then(|l| self.managers[l as usize - 1].run.as_ref()) else {
+        let Some(run) = self.leader().and_then(|l| self.managers[index_of(l)].run.as_ref()) else {
             return Vec::new();
         };
         run.store.view(|t| {
@@ -833,7 +832,7 @@ impl World {
     /// Why the cluster has not converged yet (None: it has).
     fn not_converged(&self) -> Option<String> {
         let leader = self.leader()?;
-        let lrun = self.managers[leader as usize - 1].run.as_ref()?;
+        let lrun = self.managers[index_of(leader)].run.as_ref()?;
         let index = lrun.applied();
         for m in &self.managers {
             let run = m.run.as_ref()?;
@@ -884,6 +883,11 @@ impl World {
 }
 
 /// Why service `s` has not converged (its expected running tasks go into `expected`).
+/// The position in `World::managers` of manager `id` (Raft ids are 1, 2, ... in order).
+fn index_of(id: u64) -> usize {
+    usize::try_from(id - 1).expect("a manager's Raft id counts from 1")
+}
+
 fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String>) -> Option<String> {
     use shoal_api::update_status::UpdateState;
     let state = s.update_status.as_ref().map(|u| u.state());

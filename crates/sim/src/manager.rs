@@ -143,7 +143,7 @@ impl SimProposer {
         if let Err(e) = self.push(Queued::Forward { actions, leader, done, sent }) {
             return answered(Err(e));
         }
-        let mut timeout = self.timer.sleep_ms(FORWARD_APPLY_TIMEOUT.as_millis() as u64);
+        let mut timeout = self.timer.sleep_ms(u64::try_from(FORWARD_APPLY_TIMEOUT.as_millis()).unwrap_or(u64::MAX));
         let mut appended = false;
         Box::pin(std::future::poll_fn(move |cx| {
             use std::task::Poll;

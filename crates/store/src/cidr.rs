@@ -107,7 +107,7 @@ fn join(v6: bool, bits: u128) -> IpAddr {
     if v6 {
         IpAddr::V6(Ipv6Addr::from(bits))
     } else {
-        IpAddr::V4(Ipv4Addr::from(bits as u32))
+        IpAddr::V4(Ipv4Addr::from(u32::try_from(bits).expect("an IPv4 prefix and its offsets stay within 32 bits")))
     }
 }
 

@@ -272,7 +272,7 @@ impl Reader {
         }
         if word != "template" {
             // The parser nests a definition inside what encloses it.
-            self.too_deep(self.stack.len() as u32 + 1)?;
+            self.too_deep(u32::try_from(self.stack.len() + 1).unwrap_or(u32::MAX))?;
             self.stack.push(Frame::Definition {
                 outer: std::mem::replace(&mut self.current, callee),
                 nesting: self.nesting,

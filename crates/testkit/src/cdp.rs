@@ -259,11 +259,11 @@ impl WebSocket {
     fn send_frame(&mut self, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
         let mut frame = vec![0x80 | opcode];
         let len = payload.len();
-        if len < 126 {
-            frame.push(0x80 | len as u8);
-        } else if len <= u16::MAX as usize {
+        if let Ok(small @ 0..126) = u8::try_from(len) {
+            frame.push(0x80 | small);
+        } else if let Ok(len) = u16::try_from(len) {
             frame.push(0x80 | 126);
-            frame.extend_from_slice(&(len as u16).to_be_bytes());
+            frame.extend_from_slice(&len.to_be_bytes());
         } else {
             frame.push(0x80 | 127);
             frame.extend_from_slice(&(len as u64).to_be_bytes());
@@ -302,7 +302,8 @@ impl WebSocket {
             if masked {
                 self.reader.read_exact(&mut mask).map_err(|e| e.to_string())?;
             }
-            let mut payload = vec![0u8; len as usize];
+            let len = usize::try_from(len).map_err(|_| format!("a CDP frame of {len} bytes"))?;
+            let mut payload = vec![0u8; len];
             self.reader.read_exact(&mut payload).map_err(|e| e.to_string())?;
             if masked {
                 payload.iter_mut().enumerate().for_each(|(i, b)| *b ^= mask[i % 4]);

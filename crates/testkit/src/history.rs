@@ -107,7 +107,7 @@ impl History {
 
     /// Nanoseconds since the history started.
     pub fn now_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Runs `call` as one operation of `client` on `key` and records it with the outcome and note it returns;

@@ -826,7 +826,7 @@ impl AttachmentController {
                     }
                 }
             }
-            return self.plane.join_namespace(&self.task, pid as u32).await.map(|_| ());
+            return self.plane.join_namespace(&self.task, super::host_pid(pid)?).await.map(|_| ());
         };
         let mut h = self.docker.inspect_container(&holder, None).await.map_err(|e| engine_message(&e))?;
         if !is_running(&h) {
@@ -839,7 +839,7 @@ impl AttachmentController {
         }
         let pid = h.state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0 && is_running(&h));
         let pid = pid.ok_or_else(|| format!("the network-namespace holder {holder} is not running"))?;
-        self.plane.attach_namespace(&self.task, pid as u32).await.map(|_| ())
+        self.plane.attach_namespace(&self.task, super::host_pid(pid)?).await.map(|_| ())
     }
 }
 

@@ -673,7 +673,7 @@ impl TaskNetwork {
         let c = docker.inspect_container(container, None).await.map_err(|e| engine_message(&e))?;
         let pid = c.state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0 && is_running(&c));
         let pid = pid.ok_or_else(|| format!("the network-namespace holder {container} is not running"))?;
-        self.plane.attach_namespace(&self.task, pid as u32).await.map(|_| ())
+        self.plane.attach_namespace(&self.task, host_pid(pid)?).await.map(|_| ())
     }
 
     /// Releases the task's namespace and removes its holder (once its container no longer runs).
@@ -682,6 +682,17 @@ impl TaskNetwork {
         holder.map_err(|e| runtime("cannot remove the network-namespace holder", &e))?;
         self.plane.release(&self.task.id).await.map_err(ExecutorError::Runtime)
     }
+}
+
+/// A pid the engine reported (an `i64`) as the host's: refused, not truncated, when out of range.
+fn host_pid(pid: i64) -> Result<u32, String> {
+    u32::try_from(pid).map_err(|_| format!("the engine reported pid {pid}, which is not a process id"))
+}
+
+/// An exit code the engine reported (an `i64`) as the executor's `i32`: an out-of-range one saturates
+/// rather than wrapping into another code (a large positive one into 0, success).
+fn exit_code(code: i64) -> i32 {
+    i32::try_from(code).unwrap_or(if code < 0 { i32::MIN } else { i32::MAX })
 }
 
 fn runtime(what: &str, e: &BollardError) -> ExecutorError {
@@ -875,7 +886,7 @@ impl Controller for DockerController {
                     .await
                     .map_err(start_err)?
                     .ok_or(ExecutorError::Start("the container was removed".into()))?;
-                self.pid = c.state.as_ref().and_then(|s| s.pid).unwrap_or(0) as i32;
+                self.pid = c.state.as_ref().and_then(|s| s.pid).and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
                 self.runtime = runtime_report(&c, self.network.as_ref());
                 if !self.healthcheck || !is_running(&c) {
                     return Ok(self.pid);
@@ -897,7 +908,7 @@ impl Controller for DockerController {
             if self.pid == 0 {
                 // Adopted after an agent restart: learn the container's pid and healthcheck.
                 if let Ok(Some(c)) = self.inspect().await {
-                    self.pid = c.state.as_ref().and_then(|s| s.pid).unwrap_or(0) as i32;
+                    self.pid = c.state.as_ref().and_then(|s| s.pid).and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
                     self.healthcheck = has_healthcheck(&c);
                     self.runtime = runtime_report(&c, self.network.as_ref());
                 }
@@ -908,9 +919,9 @@ impl Controller for DockerController {
             let pid = self.pid;
             let exit = tokio::select! {
                 item = exits.next() => match item {
-                    Some(Ok(r)) => Ok(ExitStatus { code: r.status_code as i32, pid }),
+                    Some(Ok(r)) => Ok(ExitStatus { code: exit_code(r.status_code), pid }),
                     Some(Err(BollardError::DockerContainerWaitError { code,
-                        .. })) => Ok(ExitStatus { code: code as i32, pid }),
+                        .. })) => Ok(ExitStatus { code: exit_code(code), pid }),
                     Some(Err(e)) => Err(runtime("waiting for the container failed", &e)),
                     None => Err(ExecutorError::Runtime("the engine ended the container wait without an exit \
                                                         code".into())),
@@ -951,8 +962,9 @@ impl Controller for DockerController {
                     }
                 }
             }
-            let opts =
-                StopContainerOptionsBuilder::default().t(self.grace.as_secs().min(i32::MAX as u64) as i32).build();
+            let opts = StopContainerOptionsBuilder::default()
+                .t(i32::try_from(self.grace.as_secs()).unwrap_or(i32::MAX))
+                .build();
             match self.docker.stop_container(&self.name, Some(opts)).await {
                 Ok(()) => Ok(()),
                 Err(e) if matches!(engine_status(&e), Some(304 | 404)) => Ok(()),
@@ -1029,7 +1041,7 @@ impl DockerExecutor {
         let since = opts.since;
         let since_secs = since
             .and_then(|s| s.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs().min(i32::MAX as u64) as i32);
+            .map_or(0, |d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX));
         let query = bollard::query_parameters::LogsOptionsBuilder::default()
             .follow(opts.follow)
             .stdout(both || opts.stdout)

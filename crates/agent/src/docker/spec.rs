@@ -49,7 +49,7 @@ pub fn labels(task: &Task, node_id: &str) -> HashMap<String, String> {
 }
 
 fn nanos(d: &Option<shoal_api::prost_types::Duration>) -> Option<i64> {
-    d.as_ref().map(|d| shoal_api::duration_from_proto(d).as_nanos().min(i64::MAX as u128) as i64)
+    d.as_ref().map(|d| i64::try_from(shoal_api::duration_from_proto(d).as_nanos()).unwrap_or(i64::MAX))
 }
 
 fn non_empty(v: &[String]) -> Option<Vec<String>> {

@@ -599,7 +599,7 @@ impl NetworkPlane {
                         generation,
                         networks = state.networks.len(),
                         tasks = state.tasks.len(),
-                        took_ms = t0.elapsed().as_millis() as u64,
+                        took_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX),
                         "data plane reconciled"
                     ),
                     Err(e) => tracing::warn!(generation, "data plane reconcile failed (retrying): {e}"),

@@ -132,8 +132,8 @@ fn tail_offset(path: &Path, n: usize) -> (u64, usize) {
     let mut newlines = 0usize;
     let mut buf = vec![0u8; READ_CHUNK];
     while pos > 0 {
-        let start = pos.saturating_sub(READ_CHUNK as u64);
-        let len = (pos - start) as usize;
+        let len = usize::try_from(pos).map_or(READ_CHUNK, |p| p.min(READ_CHUNK));
+        let start = pos - len as u64;
         if f.seek(SeekFrom::Start(start)).is_err() || f.read_exact(&mut buf[..len]).is_err() {
             break;
         }

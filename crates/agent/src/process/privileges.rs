@@ -87,10 +87,10 @@ pub fn capability_numbers(names: &[String], field: &str) -> Result<Vec<u32>, Str
         let upper = n.to_ascii_uppercase();
         let bare = upper.strip_prefix("CAP_").unwrap_or(&upper);
         if bare == "ALL" {
-            return Ok((0..CAPABILITIES.len() as u32).collect());
+            return Ok((0u32..).zip(CAPABILITIES).map(|(i, _)| i).collect());
         }
-        match CAPABILITIES.iter().position(|c| *c == bare) {
-            Some(i) => out.push(i as u32),
+        match (0u32..).zip(CAPABILITIES).find(|(_, c)| *c == bare) {
+            Some((i, _)) => out.push(i),
             None => return Err(format!("{field}: unknown capability {n:?}")),
         }
     }

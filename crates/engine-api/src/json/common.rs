@@ -64,9 +64,11 @@ pub fn time_from_json(field: &str, s: &str) -> Result<Option<prost_types::Timest
     let t = OffsetDateTime::parse(s, &Rfc3339)
         .map_err(|e| ConvertError(format!("invalid {field} {s:?}: expected an RFC 3339 time ({e})")))?;
     let nanos = t.unix_timestamp_nanos();
+    let seconds = i64::try_from(nanos.div_euclid(1_000_000_000))
+        .map_err(|_| ConvertError(format!("invalid {field} {s:?}: out of range")))?;
     Ok(Some(prost_types::Timestamp {
-        seconds: nanos.div_euclid(1_000_000_000) as i64,
-        nanos: nanos.rem_euclid(1_000_000_000) as i32,
+        seconds,
+        nanos: i32::try_from(nanos.rem_euclid(1_000_000_000)).expect("under 10^9 nanoseconds"),
     }))
 }
 

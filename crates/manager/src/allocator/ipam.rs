@@ -39,8 +39,9 @@ impl AddressPool {
         if !subnet.contains(&range) || range.size() > MAX_RANGE_ADDRESSES {
             return None;
         }
-        let size = range.size() as u64;
-        let mut p = AddressPool { subnet, range, bits: vec![0; size.div_ceil(64) as usize], free: size, cursor: 0 };
+        let size = u64::try_from(range.size()).expect("checked against MAX_RANGE_ADDRESSES");
+        let words = usize::try_from(size.div_ceil(64)).expect("checked against MAX_RANGE_ADDRESSES");
+        let mut p = AddressPool { subnet, range, bits: vec![0; words], free: size, cursor: 0 };
         // The network and broadcast addresses are nobody's (IPv4 subnets of more than two addresses).
         if !subnet.is_v6() && subnet.size() > 2 {
             for a in [subnet.nth(0), subnet.nth(subnet.size() - 1)].into_iter().flatten() {
@@ -64,7 +65,7 @@ impl AddressPool {
     }
 
     fn index(&self, addr: IpAddr) -> Option<u64> {
-        self.range.offset_of(addr).map(|o| o as u64)
+        self.range.offset_of(addr).and_then(|o| u64::try_from(o).ok())
     }
 
     fn taken(&self, i: u64) -> bool {
@@ -107,7 +108,7 @@ impl AddressPool {
         if self.free == 0 {
             return None;
         }
-        let size = self.range.size() as u64;
+        let size = u64::try_from(self.range.size()).expect("bounded by MAX_RANGE_ADDRESSES when the pool was made");
         for step in 0..size {
             let i = (self.cursor + step) % size;
             if !self.taken(i) {

@@ -204,13 +204,15 @@ impl AddressPools {
         }
         let size = match subnet_size {
             0 => DEFAULT_SUBNET_SIZE,
-            s if s > u32::from(MAX_POOL_SUBNET_SIZE) => {
-                return Err(invalid(format!(
-                    "subnet size {s} is out of range: a network's mask length may be at most {MAX_POOL_SUBNET_SIZE} \
-                     (--default-addr-pool-mask-length)"
-                )))
-            }
-            s => s as u8,
+            s => match u8::try_from(s) {
+                Ok(size) if size <= MAX_POOL_SUBNET_SIZE => size,
+                _ => {
+                    return Err(invalid(format!(
+                        "subnet size {s} is out of range: a network's mask length may be at most \
+                         {MAX_POOL_SUBNET_SIZE} (--default-addr-pool-mask-length)"
+                    )))
+                }
+            },
         };
         if let Some(p) = parsed.iter().find(|p| p.prefix_len() > size) {
             return Err(invalid(format!(
@@ -608,7 +610,10 @@ fn pools_of(t: &Tables) -> (Vec<Cidr>, u8) {
         .map(|c| c.default_address_pool.iter().filter_map(|p| p.parse().ok()).collect())
         .filter(|p: &Vec<Cidr>| !p.is_empty())
         .unwrap_or_else(|| vec![DEFAULT_ADDRESS_POOL.parse().expect("constant")]);
-    let size = cluster.map(|c| c.subnet_size).filter(|s| (1..=30).contains(s)).map_or(DEFAULT_SUBNET_SIZE, |s| s as u8);
+    let size = cluster
+        .and_then(|c| u8::try_from(c.subnet_size).ok())
+        .filter(|s| (1..=30).contains(s))
+        .unwrap_or(DEFAULT_SUBNET_SIZE);
     (pools, size)
 }
 

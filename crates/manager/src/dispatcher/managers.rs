@@ -258,7 +258,11 @@ mod tests {
         rx.changed().await.unwrap();
         assert_eq!(addrs(&rx.borrow_and_update().managers), vec!["10.0.0.9:4242"]);
         // The cluster's network keys: created, then rotated.
-        let key = |t: u64| shoal_api::EncryptionKey { lamport_time: t, key: vec![t as u8; 16], ..Default::default() };
+        let key = |t: u64| shoal_api::EncryptionKey {
+            lamport_time: t,
+            key: vec![u8::try_from(t).unwrap(); 16],
+            ..Default::default()
+        };
         let mut cluster =
             shoal_api::Cluster { id: "c1".into(), network_bootstrap_keys: vec![key(1)], ..Default::default() };
         store.apply(3, Changes::new().create(cluster.clone()).actions()).unwrap();

@@ -326,7 +326,7 @@ impl Dispatcher {
                 .iter()
                 .next()
                 .and_then(|c| c.spec.as_ref()?.dispatcher.as_ref()?.heartbeat_period)
-                .map(|d| shoal_api::duration_from_proto(&d).as_millis() as u64)
+                .map(|d| u64::try_from(shoal_api::duration_from_proto(&d).as_millis()).unwrap_or(u64::MAX))
         });
         match from_cluster {
             Some(ms) if ms > 0 => ms,
@@ -1001,7 +1001,7 @@ impl Subsystem for DispatcherSubsystem {
             // Times on `state.timer`, in ms.
             let flush_every = d.config.status_flush_ms.max(1);
             let mut last_flush = state.timer.now_ms().checked_sub(flush_every);
-            let recheck_ms = EXPIRY_RECHECK.as_millis() as u64;
+            let recheck_ms = u64::try_from(EXPIRY_RECHECK.as_millis()).expect("a constant of seconds");
             loop {
                 let now = state.timer.now_ms();
                 let expiry_in = d

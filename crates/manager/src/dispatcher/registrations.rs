@@ -35,7 +35,8 @@ impl Bucket {
         if refills == 0 {
             return self;
         }
-        let tokens = (u64::from(self.tokens) + refills).min(u64::from(REGISTRATION_BURST)) as u32;
+        let tokens = u32::try_from((u64::from(self.tokens) + refills).min(u64::from(REGISTRATION_BURST)))
+            .expect("at most REGISTRATION_BURST");
         // Keep the part of a period already elapsed, unless the bucket is full.
         let at_ms = if tokens == REGISTRATION_BURST { now_ms } else { self.at_ms + refills * REGISTRATION_REFILL_MS };
         Bucket { tokens, at_ms }

@@ -65,7 +65,7 @@ fn damaged_or_foreign_keys_are_replaced_and_the_clock_never_goes_back() {
     let good = |t: u64| EncryptionKey {
         subsystem: SUBSYSTEM_GOSSIP.into(),
         algorithm: Algorithm::Aes128Gcm as i32,
-        key: vec![t as u8; KEY_LEN_BYTES],
+        key: vec![u8::try_from(t).unwrap(); KEY_LEN_BYTES],
         lamport_time: t,
     };
     let short = EncryptionKey { key: vec![1; 5], ..good(90) };

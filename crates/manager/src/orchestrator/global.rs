@@ -42,13 +42,18 @@ pub struct NodeKeys {
 impl NodeKeys {
     /// The node ID of a key.
     pub fn node_id(&self, key: u64) -> &str {
-        &self.ids[key as usize]
+        &self.ids[node_index(key)]
     }
 
     /// True when the key's node may get a new task.
     pub fn may_create(&self, key: u64) -> bool {
-        self.creatable.get(key as usize).copied().unwrap_or(false)
+        self.creatable.get(node_index(key)).copied().unwrap_or(false)
     }
+}
+
+/// The index in a pass's node list of a global service's key (a key is made from such an index).
+pub(crate) fn node_index(key: u64) -> usize {
+    usize::try_from(key).expect("a global key is an index of the pass's nodes")
 }
 
 /// True for a global service.

@@ -46,7 +46,7 @@ use shoal_api::service_spec::Mode;
 use shoal_api::{Service, Task, TaskState, Version};
 use shoal_store::{Changes, IdSource, StoreObject, Tables};
 
-use super::global::{node_eligibility, Eligibility};
+use super::global::{node_eligibility, node_index, Eligibility};
 use super::replicated::{Reconciled, MAX_NEW_TASKS_PER_PASS, MAX_NEW_TASK_BYTES_PER_PASS};
 use super::restart::{restarts_in_window, EffectivePolicy};
 use super::{history_key, node_is_down, node_is_drained, observed_state, task_is_live};
@@ -153,7 +153,8 @@ impl<'a> Pass<'a> {
 
     /// A new task for `key` of the current iteration.
     fn new_task(&self, key: u64, desired: TaskState) -> Entry {
-        let (slot, node_id) = if self.global() { (0, self.nodes[key as usize].clone()) } else { (key, String::new()) };
+        let (slot, node_id) =
+            if self.global() { (0, self.nodes[node_index(key)].clone()) } else { (key, String::new()) };
         let mut t = super::replicated::new_service_task(
             self.tables,
             self.service,
@@ -393,9 +394,8 @@ fn reconcile_replicated_job(pass: &mut Pass<'_>) {
 }
 
 fn reconcile_global_job(pass: &mut Pass<'_>) {
-    let count = pass.nodes.len() as u64;
-    for key in 0..count {
-        let node = pass.tables.nodes().get(&pass.nodes[key as usize]).map(|n| &**n);
+    for (i, key) in (0..pass.nodes.len()).zip(0u64..) {
+        let node = pass.tables.nodes().get(&pass.nodes[i]).map(|n| &**n);
         let eligibility = node_eligibility(pass.service, node);
         if eligibility == Eligibility::Shutdown {
             // Gone, down, drained or no longer matching: its unfinished task stops, with no replacement.

@@ -236,7 +236,7 @@ fn random_completions_and_failures_never_exceed_max_concurrent_and_end_at_the_to
             }
             steps += 1;
             assert!(steps < 1000, "seed {seed}: no end");
-            let t = &flying[rng.below(flying.len() as u64) as usize];
+            let t = &flying[usize::try_from(rng.below(flying.len() as u64)).unwrap()];
             let end = if rng.below(3) == 0 { TaskState::Failed } else { TaskState::Complete };
             fx.set_state(&t.id, end);
         }

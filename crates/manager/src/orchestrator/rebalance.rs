@@ -127,7 +127,8 @@ pub fn plan(tables: &Tables, now_ms: u64, ids: &dyn IdSource) -> Plan {
         // Simulate moves one at a time: the fullest node gives one to the emptiest destination while they
         // differ by two or more, up to the parallelism.
         let mut sources: Vec<(usize, &str)> = per_node.iter().map(|(n, ts)| (ts.len(), *n)).collect();
-        let budget = if cfg.parallelism == 0 { usize::MAX } else { cfg.parallelism as usize };
+        let budget =
+            if cfg.parallelism == 0 { usize::MAX } else { usize::try_from(cfg.parallelism).unwrap_or(usize::MAX) };
         let mut moved: HashMap<&str, usize> = HashMap::new();
         for _ in 0..budget {
             sources.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));

@@ -357,7 +357,7 @@ impl<'a> Work<'a> {
     /// Step 3, scale down: removes the extra held slots.
     fn scale_down(&mut self, replicas: u64) {
         let held = self.held_slots();
-        let extra = (held.len() as u64).saturating_sub(replicas) as usize;
+        let extra = held.len().saturating_sub(usize::try_from(replicas).unwrap_or(usize::MAX));
         if extra == 0 {
             return;
         }

@@ -41,7 +41,7 @@ impl EffectivePolicy {
     /// The policy with defaults applied (see `of`).
     pub fn from_policy(p: Option<&RestartPolicy>) -> EffectivePolicy {
         let ms = |d: Option<&shoal_api::prost_types::Duration>| {
-            d.map(|d| shoal_api::duration_from_proto(d).as_millis() as u64)
+            d.map(|d| u64::try_from(shoal_api::duration_from_proto(d).as_millis()).unwrap_or(u64::MAX))
         };
         match p {
             None => EffectivePolicy {

@@ -55,7 +55,7 @@ pub fn retention_limit(tables: &Tables) -> usize {
     match limit {
         0 => DEFAULT_RETENTION_LIMIT,
         n if n < 0 => 0,
-        n => n as usize,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
     }
 }
 

@@ -81,7 +81,7 @@ pub struct EffectiveUpdateConfig {
 }
 
 fn ms(d: Option<&shoal_api::prost_types::Duration>) -> Option<u64> {
-    d.map(|d| shoal_api::duration_from_proto(d).as_millis().min(u64::MAX as u128) as u64)
+    d.map(|d| u64::try_from(shoal_api::duration_from_proto(d).as_millis()).unwrap_or(u64::MAX))
 }
 
 impl EffectiveUpdateConfig {
@@ -412,7 +412,7 @@ fn start_replacements(work: &mut Work<'_>, cfg: &EffectiveUpdateConfig, survey: 
         }
         return;
     }
-    for slot in survey.dirty.into_iter().take(available as usize) {
+    for slot in survey.dirty.into_iter().take(usize::try_from(available).unwrap_or(usize::MAX)) {
         match cfg.order {
             UpdateOrder::StopFirst => {
                 let stale: Vec<usize> = work.slots[&slot]

@@ -1,5 +1,6 @@
 //! Unit tests of the scheduler: spread, each filter, the pending explanation, and the loop reacting to a
 //! node that becomes ready. The core runs over a `LocalProposer` store; the loop under tokio's paused time.
+#![expect(clippy::cast_possible_truncation, reason = "test data is small: random picks below a few hundred")]
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

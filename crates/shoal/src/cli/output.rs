@@ -64,7 +64,9 @@ pub(super) fn ago(rfc3339: &str, now: SystemTime) -> String {
     let Ok(t) = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339) else {
         return String::new();
     };
-    let then = SystemTime::UNIX_EPOCH + Duration::from_nanos(t.unix_timestamp_nanos().max(0) as u64);
+    // Nanoseconds past u64 (after the year 2554) saturate rather than wrap into the past.
+    let nanos = u64::try_from(t.unix_timestamp_nanos().max(0)).unwrap_or(u64::MAX);
+    let then = SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos);
     let secs = now.duration_since(then).unwrap_or_default().as_secs();
     let unit = |n: u64, one: &str| {
         if n == 1 {

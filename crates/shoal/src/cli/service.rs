@@ -268,7 +268,14 @@ pub(super) fn parse_cpus(s: &str) -> Result<i64, String> {
     if !f.is_finite() || f < 0.0 {
         return Err(format!("invalid CPU count {s:?}: must be 0 or more"));
     }
-    Ok((f * 1e9).round() as i64)
+    let nanos = (f * 1e9).round();
+    // 2^63 as f64: at or past it the count does not fit nano-CPUs in an i64 (a cast would saturate).
+    if nanos >= 9_223_372_036_854_775_808.0 {
+        return Err(format!("invalid CPU count {s:?}: too large"));
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "finite, not negative, and checked under 2^63 just above")]
+    let nanos = nanos as i64;
+    Ok(nanos)
 }
 
 /// Parses a byte count with an optional k/m/g suffix (powers of 1024).
@@ -728,6 +735,8 @@ mod tests {
         assert!(parse_duration_ns("soon").is_err());
         assert_eq!(parse_cpus("0.5").unwrap(), 500_000_000);
         assert!(parse_cpus("-1").is_err());
+        assert_eq!(parse_cpus("9e9").unwrap(), 9_000_000_000_000_000_000);
+        assert!(parse_cpus("1e10").unwrap_err().contains("too large"));
         assert_eq!(parse_bytes("100m").unwrap(), 100 << 20);
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert!(parse_bytes("lots").is_err());
