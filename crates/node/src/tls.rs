@@ -171,9 +171,11 @@ fn build(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Material, TlsE
 }
 
 /// OpenSSL's server side with `cert_pem` (the leaf first) and `key_pem`, HTTP/2 by ALPN, no client
-/// certificate asked for (as the rustls side of the SwarmKit API socket).
+/// certificate asked for (as the rustls side of the SwarmKit API socket). No session tickets and no session
+/// cache: the clients that come here (`swarmctl`, one process per command) never resume a session, and each
+/// of OpenSSL's two TLS 1.3 tickets cost a session encoded, copied and encrypted on every connection.
 fn openssl_server(cert_pem: &str, key_pem: &str) -> Result<openssl::ssl::SslAcceptor, openssl::error::ErrorStack> {
-    use openssl::ssl::{select_next_proto, AlpnError, SslAcceptor, SslMethod};
+    use openssl::ssl::{select_next_proto, AlpnError, SslAcceptor, SslMethod, SslSessionCacheMode};
     let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())?;
     let mut chain = openssl::x509::X509::stack_from_pem(cert_pem.as_bytes())?.into_iter();
     if let Some(leaf) = chain.next() {
@@ -186,6 +188,8 @@ fn openssl_server(cert_pem: &str, key_pem: &str) -> Result<openssl::ssl::SslAcce
     b.set_private_key(&key)?;
     b.check_private_key()?;
     b.set_alpn_select_callback(|_, offered| select_next_proto(b"\x02h2", offered).ok_or(AlpnError::NOACK));
+    b.set_num_tickets(0)?;
+    b.set_session_cache_mode(SslSessionCacheMode::OFF);
     Ok(b.build())
 }
 
