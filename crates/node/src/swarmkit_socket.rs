@@ -410,7 +410,7 @@ mod tests {
         incoming.next().await.unwrap().expect("the server side of the handshake");
         let cert = client.ssl().peer_certificate().unwrap();
         let cn = cert.subject_name().entries_by_nid(openssl::nid::Nid::COMMONNAME).next().unwrap();
-        cn.data().as_utf8().unwrap().to_string()
+        String::from_utf8(cn.data().as_slice().to_vec()).unwrap()
     }
 
     #[tokio::test]
