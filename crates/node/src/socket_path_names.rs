@@ -779,11 +779,11 @@ mod tests {
     #[test]
     fn broken_huffman_or_cut_off_strings_are_refused() {
         for broken in [
-            "41 8c f1e3 c2e5 f23a 6ba0 ab90 f4",   // the string is cut off
-            "41 81 00",                            // padding that is not EOS's leading ones
-            "41 82 ff ff",                         // more than 7 bits of padding (EOS)
-            "40 88 25a8 49e9 5ba9 7d7f",           // the name without its value
-            "3f ff ff ff ff 7f",                   // an integer past 2^28
+            "41 8c f1e3 c2e5 f23a 6ba0 ab90 f4", // the string is cut off
+            "41 81 00",                          // padding that is not EOS's leading ones
+            "41 82 ff ff",                       // more than 7 bits of padding (EOS)
+            "40 88 25a8 49e9 5ba9 7d7f",         // the name without its value
+            "3f ff ff ff ff 7f",                 // an integer past 2^28
         ] {
             assert!(matches!(without_huffman(&hex(broken)), Err(FixError::Malformed(_))), "{broken}");
         }

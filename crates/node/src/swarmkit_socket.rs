@@ -380,11 +380,8 @@ mod tests {
     /// A certificate and key for node `id`, signed by `root`.
     fn node_cert(root: &shoal_ca::RootCa, id: &str) -> (String, String) {
         let csr = shoal_ca::generate_node_key_and_csr().unwrap();
-        let subject = shoal_ca::NodeSubject {
-            node_id: id.into(),
-            role: shoal_ca::Role::Manager,
-            cluster_id: "c1".into(),
-        };
+        let subject =
+            shoal_ca::NodeSubject { node_id: id.into(), role: shoal_ca::Role::Manager, cluster_id: "c1".into() };
         let cert = root
             .sign_csr(&csr.csr_pem, &subject, Duration::from_secs(3600), std::time::SystemTime::now(), &mut rand::rng())
             .unwrap();
@@ -431,7 +428,11 @@ mod tests {
         );
         let (cert, key) = node_cert(&root, "after");
         tls.update(&cert, &key).unwrap();
-        assert_eq!(cn_seen_by_path(&path, &mut incoming).await, "after", "a new connection gets the renewed certificate");
+        assert_eq!(
+            cn_seen_by_path(&path, &mut incoming).await,
+            "after",
+            "a new connection gets the renewed certificate"
+        );
         assert!(!std::ptr::eq(tls.openssl_acceptor().unwrap().context(), shared.context()));
         assert_eq!(cn_seen_by_path(&path, &mut incoming).await, "after");
     }
