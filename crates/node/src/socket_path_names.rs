@@ -14,9 +14,10 @@
 //! `AuthorityFix` is a sans-IO rewriter of the client's side of an HTTP/2 connection: the preface and every
 //! frame pass through untouched except header blocks (HEADERS and its CONTINUATIONs), which are decoded
 //! with the client's HPACK context and encoded again with one of its own towards the server (so both
-//! sides' dynamic tables stay consistent), padding dropped, priority kept. Bounds: a header block of at most
-//! `MAX_HEADER_BLOCK_BYTES` (beyond it the connection is refused), frames sent on of at most 16,384 bytes
-//! (HTTP/2's default `SETTINGS_MAX_FRAME_SIZE`, which the server keeps).
+//! sides' dynamic tables stay consistent), padding dropped, priority kept. Huffman-coded strings are written
+//! out first (`without_huffman`), with one decoder built once: loona-hpack builds its tables for each string.
+//! Bounds: a header block of at most `MAX_HEADER_BLOCK_BYTES` (beyond it the connection is refused), frames
+//! sent on of at most 16,384 bytes (HTTP/2's default `SETTINGS_MAX_FRAME_SIZE`, which the server keeps).
 //!
 //! Must not know what is served; only TLS records and HTTP/2 frames.
 
