@@ -349,7 +349,8 @@ fn huffman_decoder() -> std::sync::MutexGuard<'static, loona_hpack::huffman::Huf
 }
 
 /// `block` with every Huffman-coded string literal written out as plain octets (RFC 7541, 5.2), the rest
-/// byte for byte: the same header list, for a decoder that then does no Huffman decoding.
+/// byte for byte: the same header list, for a decoder that then does no Huffman decoding. Its size is bounded by
+/// the block's: a string grows at most 8/5 (the shortest code is 5 bits), its length by a few bytes.
 fn without_huffman(block: &[u8]) -> Result<Vec<u8>, FixError> {
     let malformed = |m: &str| FixError::Malformed(format!("header compression: {m}"));
     let mut out = Vec::with_capacity(block.len() * 2);
