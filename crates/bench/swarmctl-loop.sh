@@ -27,7 +27,7 @@ swarmd*)
     ;;
 esac
 pid=$!
-trap "kill $pid; wait $pid 2>/dev/null; rm -rf $d" EXIT
+trap "kill $pid; wait $pid 2>/dev/null || true; rm -rf $d" EXIT
 for i in $(seq 100); do [ -S $d/sk.sock ] && $swarmctl -s $d/sk.sock node ls >/dev/null 2>&1 && break; sleep 0.1; done
 # A quiet second after the start, so its work is not counted.
 sleep 1
