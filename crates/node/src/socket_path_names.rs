@@ -14,9 +14,10 @@
 //! `AuthorityFix` is a sans-IO rewriter of the client's side of an HTTP/2 connection: the preface and every
 //! frame pass through untouched except header blocks (HEADERS and its CONTINUATIONs), which are decoded
 //! with the client's HPACK context and encoded again with one of its own towards the server (so both
-//! sides' dynamic tables stay consistent), padding dropped, priority kept. Bounds: a header block of at most
-//! `MAX_HEADER_BLOCK_BYTES` (beyond it the connection is refused), frames sent on of at most 16,384 bytes
-//! (HTTP/2's default `SETTINGS_MAX_FRAME_SIZE`, which the server keeps).
+//! sides' dynamic tables stay consistent), padding dropped, priority kept. Huffman-coded strings are written
+//! out first (`without_huffman`), with one decoder built once: loona-hpack builds its tables for each string.
+//! Bounds: a header block of at most `MAX_HEADER_BLOCK_BYTES` (beyond it the connection is refused), frames
+//! sent on of at most 16,384 bytes (HTTP/2's default `SETTINGS_MAX_FRAME_SIZE`, which the server keeps).
 //!
 //! Must not know what is served; only TLS records and HTTP/2 frames.
 
@@ -282,6 +283,7 @@ impl AuthorityFix {
             return Ok(());
         }
         let (stream, first_flags, priority, block) = self.block.take().expect("a block is being collected");
+        let block = without_huffman(&block)?;
         let mut fields =
             self.decoder.decode(&block).map_err(|e| FixError::Malformed(format!("header compression: {e:?}")))?;
         for (name, value) in fields.iter_mut() {
@@ -316,6 +318,93 @@ impl AuthorityFix {
         }
         Ok(())
     }
+}
+
+/// The integer at `block[*pos]` with a `prefix_bits`-bit prefix (RFC 7541, 5.1), at most 2^28: its value;
+/// `*pos` moves past it.
+fn hpack_integer(block: &[u8], pos: &mut usize, prefix_bits: u32) -> Result<usize, FixError> {
+    let short = || FixError::Malformed("header compression: a cut-off integer".into());
+    let mask = (1usize << prefix_bits) - 1;
+    let mut value = *block.get(*pos).ok_or_else(short)? as usize & mask;
+    *pos += 1;
+    if value < mask {
+        return Ok(value);
+    }
+    for shift in (0..28).step_by(7) {
+        let b = *block.get(*pos).ok_or_else(short)?;
+        *pos += 1;
+        value += ((b & 0x7f) as usize) << shift;
+        if b & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err(FixError::Malformed("header compression: an integer too large".into()))
+}
+
+/// The Huffman decoder of `without_huffman`: loona-hpack builds its tables (257 codes in hash maps) for every
+/// Huffman-coded string it decodes itself, most of the cost of a request's headers; built once here.
+fn huffman_decoder() -> std::sync::MutexGuard<'static, loona_hpack::huffman::HuffmanDecoder> {
+    static DECODER: std::sync::OnceLock<std::sync::Mutex<loona_hpack::huffman::HuffmanDecoder>> =
+        std::sync::OnceLock::new();
+    let m = DECODER.get_or_init(|| std::sync::Mutex::new(loona_hpack::huffman::HuffmanDecoder::new()));
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `block` with every Huffman-coded string literal written out as plain octets (RFC 7541, 5.2), the rest
+/// byte for byte: the same header list, for a decoder that then does no Huffman decoding. Its size is bounded by
+/// the block's: a string grows at most 8/5 (the shortest code is 5 bits), its length by a few bytes.
+fn without_huffman(block: &[u8]) -> Result<Vec<u8>, FixError> {
+    let malformed = |m: &str| FixError::Malformed(format!("header compression: {m}"));
+    let mut out = Vec::with_capacity(block.len() * 2);
+    let mut pos = 0;
+    let string = |pos: &mut usize, out: &mut Vec<u8>| -> Result<(), FixError> {
+        let huffman = block.get(*pos).ok_or_else(|| malformed("a cut-off string"))? & 0x80 != 0;
+        let len = hpack_integer(block, pos, 7)?;
+        let octets = block.get(*pos..*pos + len).ok_or_else(|| malformed("a cut-off string"))?;
+        *pos += len;
+        let decoded;
+        let plain = if huffman {
+            decoded = huffman_decoder().decode(octets).map_err(|e| malformed(&format!("{e:?}")))?;
+            &decoded[..]
+        } else {
+            octets
+        };
+        // The length with a 7-bit prefix, the Huffman bit clear.
+        if plain.len() < 127 {
+            out.push(plain.len() as u8);
+        } else {
+            out.push(127);
+            let mut rest = plain.len() - 127;
+            while rest >= 128 {
+                out.push((rest % 128) as u8 | 0x80);
+                rest /= 128;
+            }
+            out.push(rest as u8);
+        }
+        out.extend_from_slice(plain);
+        Ok(())
+    };
+    while pos < block.len() {
+        let first = block[pos];
+        let start = pos;
+        // Indexed (1xxxxxxx), a table size update (001xxxxx), or a literal (01xxxxxx, 0000xxxx, 0001xxxx)
+        // whose name is indexed or, with index 0, a string; then its value.
+        let (prefix_bits, literal) = match first {
+            f if f & 0x80 != 0 => (7, false),
+            f if f & 0xc0 == 0x40 => (6, true),
+            f if f & 0xe0 == 0x20 => (5, false),
+            _ => (4, true),
+        };
+        let index = hpack_integer(block, &mut pos, prefix_bits)?;
+        out.extend_from_slice(&block[start..pos]);
+        if literal {
+            if index == 0 {
+                string(&mut pos, &mut out)?;
+            }
+            string(&mut pos, &mut out)?;
+        }
+    }
+    Ok(out)
 }
 
 /// A connection whose first bytes were read to look at them, handed on with those bytes first.
@@ -622,5 +711,86 @@ mod tests {
         frame_header(1, FRAME_CONTINUATION, FLAG_END_HEADERS, 1, &mut wire);
         wire.push(0);
         assert!(matches!(fix.feed(&wire, &mut Vec::new()), Err(FixError::Malformed(_))));
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    /// RFC 7541, C.4: three requests with Huffman-coded strings, each referring to the previous ones' entries.
+    const RFC_HUFFMAN_REQUESTS: [&str; 3] = [
+        "8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff",
+        "8286 84be 5886 a8eb 1064 9cbf",
+        "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf",
+    ];
+
+    #[test]
+    fn huffman_coded_strings_are_written_out_with_the_same_meaning() {
+        // The RFC's requests, then literals without indexing and never indexed with new names, one of 200
+        // octets (a length past the 7-bit prefix), and a table size update.
+        let mut blocks: Vec<Vec<u8>> = RFC_HUFFMAN_REQUESTS.iter().map(|b| hex(b)).collect();
+        let mut long = hex("3f e1 1f 00 03");
+        long.extend_from_slice(b"abc");
+        long.extend_from_slice(&hex("7f 49"));
+        long.extend_from_slice(&[b'v'; 200]);
+        long.extend_from_slice(&hex("10 01"));
+        long.push(b'n');
+        long.extend_from_slice(&hex("89 25 a8 49 e9 5b b8 e8 b4 bf"));
+        blocks.push(long);
+        let (mut direct, mut via) = (loona_hpack::Decoder::new(), loona_hpack::Decoder::new());
+        for block in &blocks {
+            let plain = without_huffman(block).unwrap();
+            assert_eq!(without_huffman(&plain).unwrap(), plain, "nothing is left to write out");
+            assert_eq!(via.decode(&plain).unwrap(), direct.decode(block).unwrap(), "{block:02x?}");
+        }
+        let expected: Vec<(Vec<u8>, Vec<u8>)> = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/index.html"),
+            (":authority", "www.example.com"),
+            ("custom-key", "custom-value"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+        let (mut direct, mut via) = (loona_hpack::Decoder::new(), loona_hpack::Decoder::new());
+        let mut last = Vec::new();
+        for block in &blocks[..3] {
+            last = via.decode(&without_huffman(block).unwrap()).unwrap();
+            assert_eq!(last, direct.decode(block).unwrap());
+        }
+        assert_eq!(last, expected);
+        assert_eq!(without_huffman(&hex("82 86")).unwrap(), hex("82 86"), "no string: byte for byte");
+    }
+
+    #[test]
+    fn huffman_coded_authorities_are_replaced_too() {
+        let mut fix = AuthorityFix::with_rule(|a| (a == b"www.example.com").then(|| b"localhost".to_vec()));
+        let mut wire = PREFACE.to_vec();
+        for (i, block) in RFC_HUFFMAN_REQUESTS.iter().enumerate() {
+            wire.extend_from_slice(&headers_frame(&hex(block), FLAG_END_HEADERS, 1 + 2 * i as u32));
+        }
+        let mut out = Vec::new();
+        fix.feed(&wire, &mut out).unwrap();
+        let blocks = server_side(&out, &mut loona_hpack::Decoder::new());
+        assert_eq!(blocks.len(), 3);
+        for b in &blocks {
+            assert!(b.contains(&(":authority".into(), "localhost".into())), "{b:?}");
+        }
+        assert!(blocks[2].contains(&("custom-key".into(), "custom-value".into())), "{:?}", blocks[2]);
+    }
+
+    #[test]
+    fn broken_huffman_or_cut_off_strings_are_refused() {
+        for broken in [
+            "41 8c f1e3 c2e5 f23a 6ba0 ab90 f4", // the string is cut off
+            "41 81 00",                          // padding that is not EOS's leading ones
+            "41 82 ff ff",                       // more than 7 bits of padding (EOS)
+            "40 88 25a8 49e9 5ba9 7d7f",         // the name without its value
+            "3f ff ff ff ff 7f",                 // an integer past 2^28
+        ] {
+            assert!(matches!(without_huffman(&hex(broken)), Err(FixError::Malformed(_))), "{broken}");
+        }
     }
 }

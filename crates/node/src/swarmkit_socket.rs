@@ -178,7 +178,7 @@ async fn handshake(mut stream: UnixStream, tls: &NodeTls) -> std::io::Result<Box
     match sni {
         Sni::NotADnsName(name) => {
             tracing::debug!(server_name = %String::from_utf8_lossy(&name), "a client named the socket by its path");
-            let acceptor = openssl_acceptor(tls).map_err(std::io::Error::other)?;
+            let acceptor = tls.openssl_acceptor().map_err(std::io::Error::other)?;
             let ssl = openssl::ssl::Ssl::new(acceptor.context()).map_err(std::io::Error::other)?;
             let mut s = tokio_openssl::SslStream::new(ssl, stream).map_err(std::io::Error::other)?;
             Pin::new(&mut s).accept().await.map_err(std::io::Error::other)?;
@@ -189,26 +189,6 @@ async fn handshake(mut stream: UnixStream, tls: &NodeTls) -> std::io::Result<Box
             Ok(Box::new(s))
         }
     }
-}
-
-/// OpenSSL's server side with the node's current certificate and key, HTTP/2 by ALPN, no client
-/// certificate asked for (as the rustls side of this socket).
-fn openssl_acceptor(tls: &NodeTls) -> Result<openssl::ssl::SslAcceptor, openssl::error::ErrorStack> {
-    use openssl::ssl::{select_next_proto, AlpnError, SslAcceptor, SslMethod};
-    let (cert_pem, key_pem) = tls.cert_and_key_pem();
-    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())?;
-    let mut chain = openssl::x509::X509::stack_from_pem(cert_pem.as_bytes())?.into_iter();
-    if let Some(leaf) = chain.next() {
-        b.set_certificate(&leaf)?;
-    }
-    for extra in chain {
-        b.add_extra_chain_cert(extra)?;
-    }
-    let key = openssl::pkey::PKey::private_key_from_pem(key_pem.as_bytes())?;
-    b.set_private_key(&key)?;
-    b.check_private_key()?;
-    b.set_alpn_select_callback(|_, offered| select_next_proto(b"\x02h2", offered).ok_or(AlpnError::NOACK));
-    Ok(b.build())
 }
 
 /// A connection that holds one of the `MAX_CONNECTIONS` places until it is dropped.
@@ -395,5 +375,65 @@ mod tests {
         assert!(s.message().contains("field 5"), "{}", s.message());
         assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(1, &ok)).is_some());
         assert!(check_messages(".docker.swarmkit.v1.GetNodeRequest", &frame(0, &ok)[..3]).is_some());
+    }
+
+    /// A certificate and key for node `id`, signed by `root`.
+    fn node_cert(root: &shoal_ca::RootCa, id: &str) -> (String, String) {
+        let csr = shoal_ca::generate_node_key_and_csr().unwrap();
+        let subject =
+            shoal_ca::NodeSubject { node_id: id.into(), role: shoal_ca::Role::Manager, cluster_id: "c1".into() };
+        let cert = root
+            .sign_csr(&csr.csr_pem, &subject, Duration::from_secs(3600), std::time::SystemTime::now(), &mut rand::rng())
+            .unwrap();
+        (cert, csr.key_pem)
+    }
+
+    /// The common name of the certificate the socket at `path` presents to a client that names it by its path
+    /// (answered by OpenSSL, as `swarmctl` is), taken from `incoming` once the server's handshake is done.
+    async fn cn_seen_by_path<S>(path: &Path, incoming: &mut S) -> String
+    where
+        S: futures::Stream<Item = Result<Held<Box<dyn Conn>>, std::io::Error>> + Unpin,
+    {
+        use futures::StreamExt;
+        let unix = UnixStream::connect(path).await.unwrap();
+        let mut b = openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client()).unwrap();
+        b.set_verify(openssl::ssl::SslVerifyMode::NONE);
+        b.set_alpn_protos(b"\x02h2").unwrap();
+        let mut conf = b.build().configure().unwrap();
+        conf.set_verify_hostname(false);
+        let ssl = conf.into_ssl(&path.to_string_lossy()).unwrap();
+        let mut client = tokio_openssl::SslStream::new(ssl, unix).unwrap();
+        Pin::new(&mut client).connect().await.unwrap();
+        incoming.next().await.unwrap().expect("the server side of the handshake");
+        let cert = client.ssl().peer_certificate().unwrap();
+        let cn = cert.subject_name().entries_by_nid(openssl::nid::Nid::COMMONNAME).next().unwrap();
+        String::from_utf8(cn.data().as_slice().to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn path_named_connections_share_one_acceptor_and_see_a_renewed_certificate() {
+        let root = shoal_ca::RootCa::generate(std::time::SystemTime::now(), &mut rand::rng()).unwrap();
+        let (cert, key) = node_cert(&root, "before");
+        let tls = NodeTls::new(root.cert_pem(), &cert, &key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("swarmd.sock");
+        let (_stop, shutdown) = watch::channel(false);
+        let mut incoming = tls_unix_incoming(bind(&path).unwrap(), tls.clone(), shutdown);
+        assert_eq!(cn_seen_by_path(&path, &mut incoming).await, "before");
+        let shared = tls.openssl_acceptor().unwrap();
+        assert_eq!(cn_seen_by_path(&path, &mut incoming).await, "before");
+        assert!(
+            std::ptr::eq(tls.openssl_acceptor().unwrap().context(), shared.context()),
+            "one OpenSSL context for every connection with the same certificate"
+        );
+        let (cert, key) = node_cert(&root, "after");
+        tls.update(&cert, &key).unwrap();
+        assert_eq!(
+            cn_seen_by_path(&path, &mut incoming).await,
+            "after",
+            "a new connection gets the renewed certificate"
+        );
+        assert!(!std::ptr::eq(tls.openssl_acceptor().unwrap().context(), shared.context()));
+        assert_eq!(cn_seen_by_path(&path, &mut incoming).await, "after");
     }
 }

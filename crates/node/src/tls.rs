@@ -105,6 +105,10 @@ struct Material {
     subject: NodeSubject,
     not_after: std::time::SystemTime,
     server: Arc<rustls::ServerConfig>,
+    /// The SwarmKit API socket's OpenSSL server side with this certificate and key, built at its first use
+    /// (most nodes never need it) and then shared by every connection: one per material, so a renewal or a
+    /// new root installs an empty cell and the next connection gets the new certificate.
+    openssl: Arc<std::sync::OnceLock<openssl::ssl::SslAcceptor>>,
 }
 
 /// A node's TLS identity: root CA, its certificate and key. Cheap to clone (shared); `update` swaps in a
@@ -162,7 +166,31 @@ fn build(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Material, TlsE
         subject: info.subject,
         not_after: info.not_after,
         server: Arc::new(server),
+        openssl: Arc::default(),
     })
+}
+
+/// OpenSSL's server side with `cert_pem` (the leaf first) and `key_pem`, HTTP/2 by ALPN, no client
+/// certificate asked for (as the rustls side of the SwarmKit API socket). No session tickets and no session
+/// cache: the clients that come here (`swarmctl`, one process per command) never resume a session, and each
+/// of OpenSSL's two TLS 1.3 tickets cost a session encoded, copied and encrypted on every connection.
+fn openssl_server(cert_pem: &str, key_pem: &str) -> Result<openssl::ssl::SslAcceptor, openssl::error::ErrorStack> {
+    use openssl::ssl::{select_next_proto, AlpnError, SslAcceptor, SslMethod, SslSessionCacheMode};
+    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())?;
+    let mut chain = openssl::x509::X509::stack_from_pem(cert_pem.as_bytes())?.into_iter();
+    if let Some(leaf) = chain.next() {
+        b.set_certificate(&leaf)?;
+    }
+    for extra in chain {
+        b.add_extra_chain_cert(extra)?;
+    }
+    let key = openssl::pkey::PKey::private_key_from_pem(key_pem.as_bytes())?;
+    b.set_private_key(&key)?;
+    b.check_private_key()?;
+    b.set_alpn_select_callback(|_, offered| select_next_proto(b"\x02h2", offered).ok_or(AlpnError::NOACK));
+    b.set_num_tickets(0)?;
+    b.set_session_cache_mode(SslSessionCacheMode::OFF);
+    Ok(b.build())
 }
 
 impl NodeTls {
@@ -230,10 +258,20 @@ impl NodeTls {
         self.inner.read().cert_pem.clone()
     }
 
-    /// The current certificate and its key, PEM (for the SwarmKit API socket's OpenSSL side).
-    pub(crate) fn cert_and_key_pem(&self) -> (String, String) {
-        let m = self.inner.read();
-        (m.cert_pem.clone(), m.key_pem.clone())
+    /// The SwarmKit API socket's OpenSSL server side with the current certificate and key (see
+    /// `openssl_server`): built once per certificate, then shared.
+    pub(crate) fn openssl_acceptor(&self) -> Result<openssl::ssl::SslAcceptor, openssl::error::ErrorStack> {
+        let (cell, cert_pem, key_pem) = {
+            let m = self.inner.read();
+            if let Some(a) = m.openssl.get() {
+                return Ok(a.clone());
+            }
+            (m.openssl.clone(), m.cert_pem.clone(), m.key_pem.clone())
+        };
+        // Two first connections may both build one; the cell keeps the first. A renewal meanwhile installed a
+        // new cell, so this one, of the old certificate, is no longer reached.
+        let built = openssl_server(&cert_pem, &key_pem)?;
+        Ok(cell.get_or_init(|| built).clone())
     }
 
     /// The root CA certificate, PEM.
