@@ -370,16 +370,17 @@ fn without_huffman(block: &[u8]) -> Result<Vec<u8>, FixError> {
             octets
         };
         // The length with a 7-bit prefix, the Huffman bit clear.
-        if plain.len() < 127 {
-            out.push(plain.len() as u8);
-        } else {
-            out.push(127);
-            let mut rest = plain.len() - 127;
-            while rest >= 128 {
-                out.push((rest % 128) as u8 | 0x80);
-                rest /= 128;
+        match u8::try_from(plain.len()) {
+            Ok(n @ 0..127) => out.push(n),
+            _ => {
+                out.push(127);
+                let mut rest = plain.len() - 127;
+                while rest >= 128 {
+                    out.push(0x80 | u8::try_from(rest % 128).expect("below 128"));
+                    rest /= 128;
+                }
+                out.push(u8::try_from(rest).expect("below 128"));
             }
-            out.push(rest as u8);
         }
         out.extend_from_slice(plain);
         Ok(())
@@ -768,8 +769,8 @@ mod tests {
     fn huffman_coded_authorities_are_replaced_too() {
         let mut fix = AuthorityFix::with_rule(|a| (a == b"www.example.com").then(|| b"localhost".to_vec()));
         let mut wire = PREFACE.to_vec();
-        for (i, block) in RFC_HUFFMAN_REQUESTS.iter().enumerate() {
-            wire.extend_from_slice(&headers_frame(&hex(block), FLAG_END_HEADERS, 1 + 2 * i as u32));
+        for (i, block) in (0u32..).zip(RFC_HUFFMAN_REQUESTS.iter()) {
+            wire.extend_from_slice(&headers_frame(&hex(block), FLAG_END_HEADERS, 1 + 2 * i));
         }
         let mut out = Vec::new();
         fix.feed(&wire, &mut out).unwrap();
