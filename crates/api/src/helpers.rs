@@ -211,6 +211,13 @@ impl crate::Network {
     }
 }
 
+impl crate::Volume {
+    /// Whether its CSI plugin has created it: its `VolumeInfo` carries the plugin's ID of it.
+    pub fn created_by_plugin(&self) -> bool {
+        self.volume_info.as_ref().is_some_and(|i| !i.volume_id.is_empty())
+    }
+}
+
 impl crate::Node {
     /// The data path address the node reports (`SHOAL_DATA_PATH_ADDR_LABEL`), when it reports a valid one.
     pub fn data_path_addr(&self) -> Option<std::net::IpAddr> {

@@ -357,7 +357,7 @@ pub async fn remove_volume(state: &ClusterState, reference: &str, force: bool) -
             if !users.is_empty() {
                 return Err(in_use("volume", volume_name(volume), &users));
             }
-            if force || !crate::volumes::created(volume) {
+            if force || !volume.created_by_plugin() {
                 // Forced, or no plugin made it yet: nothing to ask of a plugin (a create answered after this
                 // is undone by the volume manager, which finds the object gone).
                 c.remove(volume.clone());

@@ -36,7 +36,7 @@ pub enum Work {
 
 /// Whether a plugin has created the volume (its `VolumeInfo` carries the plugin's ID of it).
 pub fn created(v: &Volume) -> bool {
-    v.volume_info.as_ref().is_some_and(|i| !i.volume_id.is_empty())
+    v.created_by_plugin()
 }
 
 /// The next step for `v` in the view `t`.
