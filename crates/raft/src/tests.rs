@@ -341,7 +341,12 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
-            let m = e.metadata().unwrap();
+            // A log file purged between the listing and this look holds nothing any more.
+            let m = match e.metadata() {
+                Ok(m) => m,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => return 0,
+                Err(err) => panic!("{}: {err}", e.path().display()),
+            };
             if m.is_dir() {
                 dir_bytes(&e.path())
             } else {

@@ -150,9 +150,25 @@ trait LeaveVia {
 
 impl LeaveVia for RaftNode {
     async fn remove_member_via(self, addr: &str) {
-        let mut client =
-            shoal_api::raft_membership_client::RaftMembershipClient::connect(format!("http://{addr}")).await.unwrap();
-        let me = shoal_api::RaftMember { raft_id: self.id(), ..Default::default() };
-        client.leave(shoal_api::LeaveRequest { node: Some(me) }).await.unwrap();
+        // A manager that is no longer the leader (an election under load) names the leader: ask it instead, as
+        // a leaving manager does.
+        let mut addr = addr.to_string();
+        for _ in 0..5 {
+            let mut client = shoal_api::raft_membership_client::RaftMembershipClient::connect(format!("http://{addr}"))
+                .await
+                .unwrap();
+            let me = shoal_api::RaftMember { raft_id: self.id(), ..Default::default() };
+            match client.leave(shoal_api::LeaveRequest { node: Some(me) }).await {
+                Ok(_) => return,
+                Err(status) => {
+                    let leader = status.metadata().get(grpc::LEADER_ADDR_METADATA).and_then(|v| v.to_str().ok());
+                    match leader {
+                        Some(leader) if leader != addr => addr = leader.to_string(),
+                        _ => panic!("Leave at {addr}: {status:?}"),
+                    }
+                }
+            }
+        }
+        panic!("Leave: more than 5 redirects");
     }
 }
