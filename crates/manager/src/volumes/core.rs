@@ -34,17 +34,12 @@ pub enum Work {
     Nothing,
 }
 
-/// Whether a plugin has created the volume (its `VolumeInfo` carries the plugin's ID of it).
-pub fn created(v: &Volume) -> bool {
-    v.created_by_plugin()
-}
-
 /// The next step for `v` in the view `t`.
 pub fn next_work(t: &Tables, v: &Volume) -> Work {
     let Some(spec) = v.spec.as_ref() else { return Work::Nothing };
     let plugin = spec.driver.as_ref().map(|d| d.name.clone()).unwrap_or_default();
     if v.pending_delete {
-        if !created(v) {
+        if !v.created_by_plugin() {
             return Work::Remove;
         }
         let users = services_using(t, |c| shoal_store::mounts_volume(c, v));
@@ -66,7 +61,7 @@ pub fn next_work(t: &Tables, v: &Volume) -> Work {
             Err(why) => Work::Wait(why),
         };
     }
-    if created(v) {
+    if v.created_by_plugin() {
         return Work::Nothing;
     }
     match create_request(t, v) {

@@ -22,8 +22,8 @@ use std::pin::Pin;
 
 use shoal_api::csi;
 
-pub use self::core::{capability, create_request, created, next_work, volume_info, Work};
-pub use self::runner::{VolumeManager, CALL_TIMEOUT_MS, RETRY_MAX_MS, RETRY_MIN_MS};
+pub use self::core::{capability, create_request, next_work, volume_info, Work};
+pub use self::runner::{VolumeManager, CALL_TIMEOUT_MS, MAX_VOLUME_INFO_BYTES, RETRY_MAX_MS, RETRY_MIN_MS};
 
 /// A plugin call in flight.
 pub type PluginFuture<T> = Pin<Box<dyn Future<Output = Result<T, PluginError>> + Send + 'static>>;

@@ -9,11 +9,13 @@ use shoal_store::{Object, WatchError};
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::sync::watch;
 
-use super::core::{created, next_work, volume_info, Work};
+use super::core::{next_work, volume_info, Work};
 use super::{ControllerPlugins, PluginError, PluginFuture};
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
+/// The largest `VolumeInfo` (a plugin's answer to `CreateVolume`, encoded) written to the store.
+pub const MAX_VOLUME_INFO_BYTES: usize = 64 * 1024;
 /// How long a plugin call may take (SwarmKit's `CSIRPCTimeout`).
 pub const CALL_TIMEOUT_MS: u64 = 15_000;
 /// The first retry of a volume whose step failed comes after this long, each next one after twice as long...
@@ -152,7 +154,7 @@ async fn step(
             Outcome::Retry
         }
         Work::Remove => finish(state, id, |t, c| {
-            if let Some(v) = t.volumes().get(id).filter(|v| v.pending_delete && !created(v)) {
+            if let Some(v) = t.volumes().get(id).filter(|v| v.pending_delete && !v.created_by_plugin()) {
                 c.remove(v.clone());
             }
         })
@@ -176,10 +178,17 @@ async fn step(
             };
             let plugin_id = made.volume_id.clone();
             let info = volume_info(made);
+            let size = shoal_api::prost::Message::encoded_len(&info);
+            if size > MAX_VOLUME_INFO_BYTES {
+                // Bounded before it is written: what a plugin answers lands in every manager's store.
+                tracing::warn!(volume = %name, %plugin, size, "the plugin's answer to CreateVolume is over \
+                    {MAX_VOLUME_INFO_BYTES} bytes (volume context and topologies): not kept; fix the plugin");
+                return Outcome::Retry;
+            }
             let mut gone = false;
             let written = finish(state, id, |t, c| match t.volumes().get(id) {
                 None => gone = true,
-                Some(v) if created(v) => {}
+                Some(v) if v.created_by_plugin() => {}
                 Some(v) => {
                     let mut v = (**v).clone();
                     v.volume_info = Some(info.clone());

@@ -32,6 +32,7 @@ enum Seen {
 struct Fake {
     seen: Mutex<Vec<Seen>>,
     failing: AtomicBool,
+    huge: AtomicBool,
     hold: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
 }
 
@@ -54,6 +55,7 @@ impl ControllerPlugins for Arc<Fake> {
             requisite,
         ));
         let failing = self.failing.load(Ordering::SeqCst);
+        let context = if self.huge.load(Ordering::SeqCst) { "x".repeat(MAX_VOLUME_INFO_BYTES) } else { "v".into() };
         let hold = self.hold.lock().unwrap().take();
         let name = r.name;
         Box::pin(async move {
@@ -66,7 +68,7 @@ impl ControllerPlugins for Arc<Fake> {
             Ok(shoal_api::csi::Volume {
                 capacity_bytes: required,
                 volume_id: format!("fake-{name}"),
-                volume_context: [("k".to_string(), "v".to_string())].into(),
+                volume_context: [("k".to_string(), context)].into(),
                 accessible_topology: vec![shoal_api::csi::Topology { segments: [("zone".into(), "z1".into())].into() }],
             })
         })
@@ -177,7 +179,7 @@ async fn a_new_volume_is_created_by_its_plugin_and_its_answer_kept() {
     let fx = start();
     secret(&fx.state).await;
     controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
-    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| created(&v))).await;
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
     assert_eq!(fx.seen(), vec![created_with("data")], "one CreateVolume with SwarmKit's request");
     let info = fx.volume("data").unwrap().volume_info.clone().unwrap();
     assert_eq!(info.volume_id, "fake-data");
@@ -223,7 +225,7 @@ async fn a_failed_create_is_retried_after_the_backoff_and_not_before() {
     fx.asleep_or_idle().await;
     assert_eq!(fx.seen().len(), 2, "the second retry waits twice as long");
     fx.timer.advance_ms(1);
-    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| created(&v))).await;
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
     assert_eq!(fx.seen(), vec![created_with("data"); 3]);
 }
 
@@ -232,7 +234,7 @@ async fn a_removed_volume_is_deleted_by_its_plugin_before_it_goes() {
     let fx = start();
     secret(&fx.state).await;
     controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
-    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| created(&v))).await;
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
     fx.fake.failing.store(true, Ordering::SeqCst);
     controlapi::remove_volume(&fx.state, "data", false).await.unwrap();
     fx.until("a delete", |fx| fx.seen().len() == 2).await;
@@ -262,7 +264,7 @@ async fn forced_removals_and_volumes_no_plugin_made_go_at_once_without_a_call() 
 
     fx.fake.failing.store(false, Ordering::SeqCst);
     controlapi::create_volume(&fx.state, spec("forced")).await.unwrap();
-    fx.until("the volume's info", |fx| fx.volume("forced").is_some_and(|v| created(&v))).await;
+    fx.until("the volume's info", |fx| fx.volume("forced").is_some_and(|v| v.created_by_plugin())).await;
     let calls = fx.seen().len();
     controlapi::remove_volume(&fx.state, "forced", true).await.unwrap();
     assert!(fx.volume("forced").is_none());
@@ -286,7 +288,7 @@ async fn a_volume_whose_secret_is_gone_waits_without_a_call_until_it_is_back() {
     let waits = fx.state.store.view(|t| next_work(t, t.volumes().by_name("data").unwrap()));
     assert!(matches!(&waits, Work::Wait(m) if m.contains("\"db-pass\"")), "{waits:?}");
     secret(&fx.state).await;
-    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| created(&v))).await;
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
     assert_eq!(fx.seen().len(), 2);
 }
 
@@ -327,4 +329,18 @@ fn backoff_doubles_up_to_its_bound() {
     assert_eq!(runner::backoff_ms(1), RETRY_MIN_MS);
     assert_eq!(runner::backoff_ms(2), 2 * RETRY_MIN_MS);
     assert_eq!(runner::backoff_ms(40), RETRY_MAX_MS);
+}
+
+#[tokio::test]
+async fn a_plugin_answer_over_the_bound_is_not_kept_and_the_create_is_retried() {
+    let fx = start();
+    secret(&fx.state).await;
+    fx.fake.huge.store(true, Ordering::SeqCst);
+    controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
+    fx.until("a first create", |fx| fx.seen().len() == 1).await;
+    fx.asleep().await;
+    assert!(fx.volume("data").is_some_and(|v| v.volume_info.is_none()), "an answer over the bound is not written");
+    fx.fake.huge.store(false, Ordering::SeqCst);
+    fx.timer.advance_ms(RETRY_MIN_MS);
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
 }
