@@ -55,6 +55,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "csi.v1.DeleteVolumeRequest",
             "csi.v1.ControllerPublishVolumeRequest",
             "csi.v1.ControllerUnpublishVolumeRequest",
+            "csi.v1.NodeStageVolumeRequest",
+            "csi.v1.NodePublishVolumeRequest",
         ])
         .build_client(true)
         .build_server(true)

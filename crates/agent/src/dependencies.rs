@@ -147,7 +147,8 @@ impl Dependencies {
             assignment::Item::Config(c) => {
                 self.configs.insert(c.id.clone(), Arc::new(c.clone()));
             }
-            assignment::Item::Task(_) => return false,
+            // Tasks, and cluster volumes (the worker publishes those itself).
+            assignment::Item::Task(_) | assignment::Item::Volume(_) => return false,
         }
         true
     }

@@ -21,7 +21,7 @@ pub mod shoal_v1 {
 }
 
 /// The Container Storage Interface v1 (package `csi.v1`, `proto/csi.proto`): the identity and controller
-/// services of a cluster-volume plugin, as a manager calls them.
+/// services of a cluster-volume plugin, as a manager calls them, and its node service, as a worker calls it.
 #[allow(clippy::all, missing_docs, rust_2018_idioms)]
 pub mod csi {
     tonic::include_proto!("csi.v1");
@@ -81,6 +81,34 @@ pub mod csi {
                 .finish()
         }
     }
+
+    impl std::fmt::Debug for NodeStageVolumeRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("NodeStageVolumeRequest")
+                .field("volume_id", &self.volume_id)
+                .field("publish_context", &self.publish_context)
+                .field("staging_target_path", &self.staging_target_path)
+                .field("volume_capability", &self.volume_capability)
+                .field("secrets", &SecretKeys(&self.secrets))
+                .field("volume_context", &self.volume_context)
+                .finish()
+        }
+    }
+
+    impl std::fmt::Debug for NodePublishVolumeRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("NodePublishVolumeRequest")
+                .field("volume_id", &self.volume_id)
+                .field("publish_context", &self.publish_context)
+                .field("staging_target_path", &self.staging_target_path)
+                .field("target_path", &self.target_path)
+                .field("volume_capability", &self.volume_capability)
+                .field("readonly", &self.readonly)
+                .field("secrets", &SecretKeys(&self.secrets))
+                .field("volume_context", &self.volume_context)
+                .finish()
+        }
+    }
 }
 
 pub use prost;
@@ -96,4 +124,4 @@ mod helpers;
 pub mod unknown_fields;
 pub use helpers::*;
 mod task;
-pub use task::{Shared, SharedTaskSpec, Task};
+pub use task::{Shared, SharedTaskSpec, Task, VolumeAttachments};

@@ -16,6 +16,7 @@ use prost::{DecodeError, Message};
 
 use crate::{
     Annotations, Driver, Endpoint, GenericResource, Meta, NetworkAttachment, TaskSpec, TaskState, TaskStatus, Version,
+    VolumeAttachment,
 };
 
 /// A message shared among the tasks that hold an equal one (`Arc`, copy-on-write): a task's spec, its
@@ -197,6 +198,75 @@ pub struct Task {
     /// For a job, the iteration the task runs for.
     #[prost(message, optional, tag = "16")]
     pub job_iteration: ::core::option::Option<Version>,
+    /// The cluster volumes the scheduler chose for its `type=cluster` mounts (nearly always none: see
+    /// `VolumeAttachments`).
+    #[prost(message, repeated, tag = "17")]
+    pub volumes: VolumeAttachments,
+}
+
+/// A task's volume attachments: a `Vec` that costs one pointer inline while it is empty (nearly every task),
+/// so that `Task` keeps its size class. It reads as a `Vec` through `Deref`; a write through `DerefMut`
+/// allocates it. prost's generated code for a repeated field takes it through those same derefs, so it
+/// encodes exactly as `repeated VolumeAttachment volumes = 17`.
+#[derive(Clone, Default)]
+pub struct VolumeAttachments(Option<Box<Vec<VolumeAttachment>>>);
+
+impl PartialEq for VolumeAttachments {
+    /// Equal when they hold the same attachments (an empty one allocated or not).
+    fn eq(&self, other: &VolumeAttachments) -> bool {
+        **self == **other
+    }
+}
+
+/// What an empty `VolumeAttachments` reads as.
+static NO_VOLUME_ATTACHMENTS: Vec<VolumeAttachment> = Vec::new();
+
+impl VolumeAttachments {
+    /// Empties it, freeing what it held.
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl std::ops::Deref for VolumeAttachments {
+    type Target = Vec<VolumeAttachment>;
+
+    fn deref(&self) -> &Vec<VolumeAttachment> {
+        self.0.as_deref().unwrap_or(&NO_VOLUME_ATTACHMENTS)
+    }
+}
+
+impl std::ops::DerefMut for VolumeAttachments {
+    fn deref_mut(&mut self) -> &mut Vec<VolumeAttachment> {
+        self.0.get_or_insert_with(Default::default)
+    }
+}
+
+impl std::fmt::Debug for VolumeAttachments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl From<Vec<VolumeAttachment>> for VolumeAttachments {
+    fn from(v: Vec<VolumeAttachment>) -> VolumeAttachments {
+        VolumeAttachments((!v.is_empty()).then(|| Box::new(v)))
+    }
+}
+
+impl<'a> IntoIterator for &'a VolumeAttachments {
+    type Item = &'a VolumeAttachment;
+    type IntoIter = std::slice::Iter<'a, VolumeAttachment>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl FromIterator<VolumeAttachment> for VolumeAttachments {
+    fn from_iter<I: IntoIterator<Item = VolumeAttachment>>(iter: I) -> VolumeAttachments {
+        iter.into_iter().collect::<Vec<_>>().into()
+    }
 }
 
 #[cfg(test)]
@@ -250,8 +320,9 @@ mod tests {
         use std::mem::size_of;
         assert_eq!(size_of::<Option<Box<Annotations>>>(), 8);
         assert_eq!(size_of::<Option<Shared<Endpoint>>>(), 8);
-        // 424 + the `Arc`'s two counts = 440: within mimalloc's 448-byte size class (456 took a 512 one).
-        assert!(size_of::<Task>() <= 424, "Task is {} bytes inline", size_of::<Task>());
+        // 432 + the `Arc`'s two counts = 448: mimalloc's 448-byte size class, full (456 took a 512 one). The
+        // volume attachments (field 17) cost a pointer: `VolumeAttachments`.
+        assert!(size_of::<Task>() <= 432, "Task is {} bytes inline", size_of::<Task>());
     }
 
     /// The boxed and shared fields encode as the plain messages would (fields 7, 8, 12, 13), and decode back.
@@ -284,5 +355,32 @@ mod tests {
         let back = Task::decode(bytes.as_slice()).expect("decode");
         assert_eq!(back, t);
         assert_eq!(back.service_annotations.as_deref(), Some(&ann));
+    }
+
+    /// The volume attachments encode as `repeated VolumeAttachment volumes = 17` would, decode back, and an
+    /// empty list allocated by a write compares equal to one never written.
+    #[test]
+    fn volume_attachments_keep_the_wire_form_and_cost_nothing_when_empty() {
+        let a = VolumeAttachment { id: "v1".into(), source: "data".into(), target: "/data".into() };
+        let b = VolumeAttachment { id: "v2".into(), source: "group:g".into(), target: "/more".into() };
+        let t = Task { id: "t1".into(), volumes: vec![a.clone(), b.clone()].into(), ..Default::default() };
+        let bytes = t.encode_to_vec();
+        let mut expect = Vec::new();
+        prost::encoding::string::encode(1, &t.id, &mut expect);
+        prost::encoding::message::encode(17, &a, &mut expect);
+        prost::encoding::message::encode(17, &b, &mut expect);
+        assert_eq!(bytes, expect);
+        let back = Task::decode(bytes.as_slice()).expect("decode");
+        assert_eq!(back.volumes.as_slice(), &[a.clone(), b]);
+        assert_eq!(back, t);
+
+        let mut empty = Task { id: "t1".into(), ..Default::default() };
+        assert!(empty.volumes.is_empty());
+        assert!(empty.volumes.iter_mut().next().is_none());
+        assert_eq!(empty, Task { id: "t1".into(), ..Default::default() }, "an allocated empty list is still empty");
+        empty.volumes.push(a);
+        empty.volumes.clear();
+        assert_eq!(empty.encode_to_vec(), Task { id: "t1".into(), ..Default::default() }.encode_to_vec());
+        assert_eq!(std::mem::size_of::<VolumeAttachments>(), 8);
     }
 }

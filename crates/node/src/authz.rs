@@ -64,6 +64,7 @@ pub const RPC_ACCESS: &[(&str, Access)] = &[
     ("/docker.swarmkit.v1.Dispatcher/Heartbeat", Access::Nodes),
     ("/docker.swarmkit.v1.Dispatcher/UpdateTaskStatus", Access::Nodes),
     ("/docker.swarmkit.v1.Dispatcher/Assignments", Access::Nodes),
+    ("/docker.swarmkit.v1.Dispatcher/UpdateVolumeStatus", Access::Nodes),
     ("/docker.swarmkit.v1.LogBroker/ListenSubscriptions", Access::Nodes),
     ("/docker.swarmkit.v1.LogBroker/PublishLogs", Access::Nodes),
     ("/docker.swarmkit.v1.ResourceAllocator/AttachNetwork", Access::Nodes),

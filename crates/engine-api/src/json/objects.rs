@@ -270,6 +270,22 @@ pub struct TaskJson {
     /// The generic resource units the scheduler gave the task (named units, or a count of a discrete kind).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub assigned_generic_resources: Vec<super::spec::GenericResourceJson>,
+    /// The cluster volumes the scheduler chose for the task's `type=cluster` mounts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeAttachmentJson>,
+}
+
+/// `Task.Volumes[]`: the volume chosen for one cluster mount.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct VolumeAttachmentJson {
+    /// The swarm's ID of the volume.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// The mount's source (a volume name, or `group:NAME`).
+    pub source: String,
+    /// The mount's target in the container.
+    pub target: String,
 }
 
 fn is_zero_u64(v: &u64) -> bool {
@@ -368,6 +384,11 @@ impl TaskJson {
                 .iter()
                 .map(super::spec::GenericResourceJson::from_api)
                 .collect(),
+            volumes: t
+                .volumes
+                .iter()
+                .map(|v| VolumeAttachmentJson { id: v.id.clone(), source: v.source.clone(), target: v.target.clone() })
+                .collect(),
         }
     }
 
@@ -418,6 +439,15 @@ impl TaskJson {
                 .iter()
                 .map(|g| g.to_api("AssignedGenericResources"))
                 .collect::<Result<_, _>>()?,
+            volumes: self
+                .volumes
+                .iter()
+                .map(|v| shoal_api::VolumeAttachment {
+                    id: v.id.clone(),
+                    source: v.source.clone(),
+                    target: v.target.clone(),
+                })
+                .collect(),
             ..Default::default()
         })
     }
@@ -536,6 +566,25 @@ pub struct NodeDescriptionJson {
     /// TLS details (empty until the CA lands).
     #[serde(rename = "TLSInfo")]
     pub tls_info: TlsInfoJson,
+    /// What each CSI plugin on the node answered to `NodeGetInfo`.
+    #[serde(rename = "CSIInfo", skip_serializing_if = "Vec::is_empty")]
+    pub csi_info: Vec<NodeCsiInfoJson>,
+}
+
+/// `Node.Description.CSIInfo[]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct NodeCsiInfoJson {
+    /// The plugin's name (a volume's driver).
+    pub plugin_name: String,
+    /// The plugin's own ID of the node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// How many volumes the plugin can publish to the node (0: no limit).
+    pub max_volumes_per_node: i64,
+    /// Where the node is in the plugin's topology.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accessible_topology: Option<super::volume::TopologyJson>,
 }
 
 /// `Node.Description.Engine`.
@@ -664,6 +713,16 @@ impl NodeJson {
                         .collect(),
                 },
                 tls_info: d.tls_info.as_ref().map(TlsInfoJson::from_api).unwrap_or_default(),
+                csi_info: d
+                    .csi_info
+                    .iter()
+                    .map(|c| NodeCsiInfoJson {
+                        plugin_name: c.plugin_name.clone(),
+                        node_id: c.node_id.clone(),
+                        max_volumes_per_node: c.max_volumes_per_node,
+                        accessible_topology: c.accessible_topology.as_ref().map(super::volume::topology_from_api),
+                    })
+                    .collect(),
             },
             status: NodeStatusJson {
                 state: enum_to_str(st.state(), NODE_STATE).into(),
@@ -738,6 +797,16 @@ impl NodeJson {
                     })
                 },
                 fips: false,
+                csi_info: d
+                    .csi_info
+                    .iter()
+                    .map(|c| shoal_api::NodeCsiInfo {
+                        plugin_name: c.plugin_name.clone(),
+                        node_id: c.node_id.clone(),
+                        max_volumes_per_node: c.max_volumes_per_node,
+                        accessible_topology: c.accessible_topology.as_ref().map(super::volume::topology_to_api),
+                    })
+                    .collect(),
             }),
             status: Some(status),
             manager_status,

@@ -245,11 +245,11 @@ const PUBLISH_STATE: &[(&str, volume_publish_status::State)] = &[
     ("pending-controller-unpublish", volume_publish_status::State::PendingUnpublish),
 ];
 
-fn topology_to_api(t: &TopologyJson) -> Topology {
+pub(crate) fn topology_to_api(t: &TopologyJson) -> Topology {
     Topology { segments: labels_from_json(&t.segments) }
 }
 
-fn topology_from_api(t: &Topology) -> TopologyJson {
+pub(crate) fn topology_from_api(t: &Topology) -> TopologyJson {
     TopologyJson { segments: labels_to_json(&t.segments) }
 }
 

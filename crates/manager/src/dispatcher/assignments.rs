@@ -369,6 +369,7 @@ mod tests {
                     assignment::Item::Task(t) => ("task", t.id),
                     assignment::Item::Secret(s) => ("secret", s.id),
                     assignment::Item::Config(s) => ("config", s.id),
+                    assignment::Item::Volume(v) => ("volume", v.id),
                 };
                 (kind, id, c.action)
             })

@@ -28,6 +28,7 @@ mod heartbeats;
 mod managers;
 pub mod registrations;
 pub mod status;
+pub mod volumes;
 
 #[cfg(test)]
 mod tests;
@@ -43,7 +44,7 @@ use shoal_api::prost::Message;
 use shoal_api::{
     assignments_message, node_spec, node_status, AssignmentsMessage, AssignmentsRequest, HeartbeatRequest,
     HeartbeatResponse, Node, NodeRole, NodeSpec, NodeStatus, SessionMessage, SessionRequest, UpdateTaskStatusRequest,
-    UpdateTaskStatusResponse,
+    UpdateTaskStatusResponse, UpdateVolumeStatusRequest, UpdateVolumeStatusResponse,
 };
 use shoal_raft::ProposeError;
 use shoal_store::{ObjectKind, StoreError};
@@ -648,6 +649,41 @@ impl Dispatcher {
         }
     }
 
+    /// `UpdateVolumeStatus` (see `volumes`): answers once the new states are committed.
+    async fn update_volume_status(&self, node_id: String, req: UpdateVolumeStatusRequest) -> Result<(), Status> {
+        self.session_alive(&node_id, &req.session_id)?;
+        let ids = volumes::unpublished_ids(&req)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        for _ in 0..WRITE_ATTEMPTS {
+            let now = self.state.timer.now_ms();
+            let written = self
+                .state
+                .write(|t, c| {
+                    volumes::mark_unpublished(t, c, &node_id, &ids, now);
+                    Ok::<(), std::convert::Infallible>(())
+                })
+                .await;
+            match written {
+                Ok(_) => return Ok(()),
+                Err(WriteError::Propose(e)) if crate::write::is_conflict(&e) => continue,
+                Err(e) => return Err(Status::unavailable(format!("the volume states were not written ({e}); retry"))),
+            }
+        }
+        Err(Status::unavailable("the volumes kept changing while their states were written; retry"))
+    }
+
+    /// `UpdateVolumeStatus` in process (tests).
+    pub async fn update_volume_status_in_process(
+        &self,
+        node_id: &str,
+        req: UpdateVolumeStatusRequest,
+    ) -> Result<(), Status> {
+        self.check_leader()?;
+        self.update_volume_status(node_id.to_string(), req).await
+    }
+
     /// Writes queued status updates: at most one batch (`status_batch_max` updates, or one larger request).
     /// Returns the number of updates taken from the queue (written, or dropped as stale). Called by the
     /// leader-only loop; callable from tests.
@@ -971,6 +1007,16 @@ impl DispatcherRpc for DispatcherService {
         let node_id = node_identity(&request)?;
         self.0.update_task_status(node_id, request.into_inner()).await?;
         Ok(Response::new(UpdateTaskStatusResponse {}))
+    }
+
+    async fn update_volume_status(
+        &self,
+        request: Request<UpdateVolumeStatusRequest>,
+    ) -> Result<Response<UpdateVolumeStatusResponse>, Status> {
+        self.0.check_leader()?;
+        let node_id = node_identity(&request)?;
+        self.0.update_volume_status(node_id, request.into_inner()).await?;
+        Ok(Response::new(UpdateVolumeStatusResponse {}))
     }
 
     async fn assignments(
