@@ -31,6 +31,8 @@ struct Plugin {
 struct Connected {
     channel: Channel,
     controller: bool,
+    /// The controller publishes volumes to nodes (`PUBLISH_UNPUBLISH_VOLUME`).
+    publishes: bool,
 }
 
 impl CsiPlugins {
@@ -90,8 +92,22 @@ impl Plugin {
             matches!(&c.r#type, Some(csi::plugin_capability::Type::Service(s))
                 if s.r#type == csi::plugin_capability::service::Type::ControllerService as i32)
         });
-        tracing::info!(plugin = %self.name, socket = %self.socket.display(), controller, "connected to a CSI plugin");
-        let c = Connected { channel, controller };
+        let publishes = if controller {
+            let caps = csi::controller_client::ControllerClient::new(channel.clone())
+                .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+                .await
+                .map_err(|s| self.failed("ControllerGetCapabilities", &s))?
+                .into_inner();
+            caps.capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(csi::controller_service_capability::Type::Rpc(r))
+                    if r.r#type == csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32)
+            })
+        } else {
+            false
+        };
+        tracing::info!(plugin = %self.name, socket = %self.socket.display(), controller, publishes,
+            "connected to a CSI plugin");
+        let c = Connected { channel, controller, publishes };
         *held = Some(c.clone());
         Ok(c)
     }
@@ -153,6 +169,46 @@ impl ControllerPlugins for CsiPlugins {
                 Err(s) => {
                     plugin.forget().await;
                     Err(plugin.failed("DeleteVolume", &s))
+                }
+            }
+        })
+    }
+
+    fn controller_publish(
+        &self,
+        plugin: &str,
+        request: csi::ControllerPublishVolumeRequest,
+    ) -> PluginFuture<HashMap<String, String>> {
+        let plugin = self.plugin(plugin);
+        Box::pin(async move {
+            let plugin = plugin?;
+            let c = plugin.connection().await?;
+            if !c.publishes {
+                return Ok(HashMap::new());
+            }
+            match csi::controller_client::ControllerClient::new(c.channel).controller_publish_volume(request).await {
+                Ok(r) => Ok(r.into_inner().publish_context),
+                Err(s) => {
+                    plugin.forget().await;
+                    Err(plugin.failed("ControllerPublishVolume", &s))
+                }
+            }
+        })
+    }
+
+    fn controller_unpublish(&self, plugin: &str, request: csi::ControllerUnpublishVolumeRequest) -> PluginFuture<()> {
+        let plugin = self.plugin(plugin);
+        Box::pin(async move {
+            let plugin = plugin?;
+            let c = plugin.connection().await?;
+            if !c.publishes {
+                return Ok(());
+            }
+            match csi::controller_client::ControllerClient::new(c.channel).controller_unpublish_volume(request).await {
+                Ok(_) => Ok(()),
+                Err(s) => {
+                    plugin.forget().await;
+                    Err(plugin.failed("ControllerUnpublishVolume", &s))
                 }
             }
         })

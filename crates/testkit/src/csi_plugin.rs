@@ -1,7 +1,8 @@
 //! `TestCsiPlugin`: a small CSI plugin for the suite, served on a unix socket from its own thread: the
 //! identity service and a controller service that makes each volume a directory under its root (a host-path
 //! driver), answering as a real plugin does (idempotent by name, the directory's path in the volume context,
-//! the first requisite topology as the volume's), and recording every call with what it was given. Calls can
+//! the first requisite topology as the volume's; publishing to a node answers a context naming the node), and
+//! recording every call with what it was given. Calls can
 //! be made to fail, to test retries. Stopped, and its socket and directories removed, on drop.
 
 use std::collections::HashMap;
@@ -34,6 +35,24 @@ pub enum CsiCall {
         volume_id: String,
         /// The secrets, by key, with their data.
         secrets: HashMap<String, String>,
+    },
+    /// `ControllerPublishVolume`.
+    ControllerPublish {
+        /// The plugin's ID of the volume.
+        volume_id: String,
+        /// The plugin's ID of the node (what its `NodeGetInfo` answered there).
+        node_id: String,
+        /// Read-only.
+        readonly: bool,
+        /// The secrets, by key, with their data.
+        secrets: HashMap<String, String>,
+    },
+    /// `ControllerUnpublishVolume`.
+    ControllerUnpublish {
+        /// The plugin's ID of the volume.
+        volume_id: String,
+        /// The plugin's ID of the node.
+        node_id: String,
     },
 }
 
@@ -226,16 +245,34 @@ impl csi::controller_server::Controller for Controller {
 
     async fn controller_publish_volume(
         &self,
-        _: Request<csi::ControllerPublishVolumeRequest>,
+        request: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        Err(Status::unimplemented("the test plugin does not publish (it has no PUBLISH_UNPUBLISH_VOLUME)"))
+        let r = request.into_inner();
+        self.record(CsiCall::ControllerPublish {
+            volume_id: r.volume_id.clone(),
+            node_id: r.node_id.clone(),
+            readonly: r.readonly,
+            secrets: r.secrets.clone(),
+        })?;
+        if r.node_id.is_empty() {
+            return Err(Status::invalid_argument("ControllerPublishVolume without a node ID"));
+        }
+        if !self.0.root.join(&r.volume_id).is_dir() {
+            return Err(Status::not_found(format!("no volume {:?}", r.volume_id)));
+        }
+        // What the node needs to find it: its node-side calls get this back.
+        Ok(Response::new(csi::ControllerPublishVolumeResponse {
+            publish_context: [("published-to".to_string(), r.node_id)].into(),
+        }))
     }
 
     async fn controller_unpublish_volume(
         &self,
-        _: Request<csi::ControllerUnpublishVolumeRequest>,
+        request: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        Err(Status::unimplemented("the test plugin does not publish (it has no PUBLISH_UNPUBLISH_VOLUME)"))
+        let r = request.into_inner();
+        self.record(CsiCall::ControllerUnpublish { volume_id: r.volume_id, node_id: r.node_id })?;
+        Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
     }
 
     async fn controller_get_capabilities(
@@ -244,9 +281,10 @@ impl csi::controller_server::Controller for Controller {
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         use csi::controller_service_capability::{rpc, Rpc, Type};
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
-            capabilities: vec![csi::ControllerServiceCapability {
-                r#type: Some(Type::Rpc(Rpc { r#type: rpc::Type::CreateDeleteVolume as i32 })),
-            }],
+            capabilities: [rpc::Type::CreateDeleteVolume, rpc::Type::PublishUnpublishVolume]
+                .into_iter()
+                .map(|t| csi::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })) })
+                .collect(),
         }))
     }
 }

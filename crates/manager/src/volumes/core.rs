@@ -3,10 +3,11 @@
 
 use std::collections::HashMap;
 
-use shoal_api::{csi, volume_access_mode, Volume, VolumeAccessMode, VolumeInfo};
+use shoal_api::{csi, volume_access_mode, volume_publish_status, Volume, VolumeAccessMode, VolumeInfo};
 use shoal_store::Tables;
 
 use crate::controlapi::references::services_using;
+use crate::tasks::observed_state;
 
 /// The next step for one volume.
 #[derive(Debug, PartialEq)]
@@ -27,6 +28,29 @@ pub enum Work {
     },
     /// Remove it from the store at once: pending deletion of a volume no plugin created.
     Remove,
+    /// Publications to move without a call (`released`): no live task on the node uses the volume any more,
+    /// or the node is gone.
+    Release,
+    /// Have `plugin` publish the volume to the swarm node `node` (`PENDING_PUBLISH`), then mark it
+    /// `PUBLISHED` with the plugin's publish context.
+    Publish {
+        /// The volume's driver.
+        plugin: String,
+        /// The swarm's node ID.
+        node: String,
+        /// The request, with the plugin's ID of the node.
+        request: csi::ControllerPublishVolumeRequest,
+    },
+    /// Have `plugin` unpublish the volume from the swarm node `node` (`PENDING_UNPUBLISH`), then drop that
+    /// publication.
+    Unpublish {
+        /// The volume's driver.
+        plugin: String,
+        /// The swarm's node ID.
+        node: String,
+        /// The request, with the plugin's ID of the node.
+        request: csi::ControllerUnpublishVolumeRequest,
+    },
     /// Nothing can be asked yet; why (a secret it names is gone, a service mounts a volume pending
     /// deletion). The volume is looked at again when it, a secret or a service changes, and on the retries.
     Wait(String),
@@ -61,6 +85,12 @@ pub fn next_work(t: &Tables, v: &Volume) -> Work {
             Err(why) => Work::Wait(why),
         };
     }
+    if released(t, v).is_some() {
+        return Work::Release;
+    }
+    if let Some(work) = publication_work(t, v, &plugin) {
+        return work;
+    }
     if v.created_by_plugin() {
         return Work::Nothing;
     }
@@ -68,6 +98,110 @@ pub fn next_work(t: &Tables, v: &Volume) -> Work {
         Ok(request) => Work::Create { plugin, request },
         Err(why) => Work::Wait(why),
     }
+}
+
+/// How many tasks on `node_id` use volume `volume_id` and may still run (observed state not terminal).
+pub fn live_users(t: &Tables, volume_id: &str, node_id: &str) -> usize {
+    t.tasks()
+        .by_node(node_id)
+        .filter(|task| task.volumes.iter().any(|a| a.id == volume_id) && !observed_state(task).is_terminal())
+        .count()
+}
+
+/// The plugin's ID of swarm node `node_id`: what its `NodeGetInfo` answered there, as the node reports it.
+fn csi_node_id(t: &Tables, node_id: &str, plugin: &str) -> Option<String> {
+    let node = t.nodes().get(node_id)?;
+    let info = node.description.as_ref()?.csi_info.iter().find(|i| i.plugin_name == plugin)?;
+    (!info.node_id.is_empty()).then(|| info.node_id.clone())
+}
+
+/// `v` with the publications that must move without a plugin call moved, or `None` when none must:
+/// - `PUBLISHED` on a node where no live task uses it: `PENDING_NODE_UNPUBLISH` (the node unpublishes it,
+///   then says so through `UpdateVolumeStatus`);
+/// - `PENDING_PUBLISH` that no live task needs any more: `PENDING_UNPUBLISH` (the intent was written before
+///   the call, so the plugin may have published it);
+/// - `PUBLISHED` or `PENDING_NODE_UNPUBLISH` on a node that is gone: `PENDING_UNPUBLISH` (no node is left to
+///   unpublish it).
+pub fn released(t: &Tables, v: &Volume) -> Option<Volume> {
+    use volume_publish_status::State;
+    let mut out: Option<Volume> = None;
+    for (i, st) in v.publish_status.iter().enumerate() {
+        let gone = t.nodes().get(&st.node_id).is_none();
+        let users = || live_users(t, &v.id, &st.node_id);
+        let next = match State::try_from(st.state) {
+            Ok(State::Published | State::PendingNodeUnpublish) if gone => {
+                Some((State::PendingUnpublish, "the node was removed"))
+            }
+            Ok(State::Published) if users() == 0 => {
+                Some((State::PendingNodeUnpublish, "no task on the node uses the volume: the node unpublishes it"))
+            }
+            Ok(State::PendingPublish) if gone || users() == 0 => {
+                Some((State::PendingUnpublish, "no task on the node needs the volume any more"))
+            }
+            _ => None,
+        };
+        if let Some((state, message)) = next {
+            let o = out.get_or_insert_with(|| v.clone());
+            o.publish_status[i].state = state as i32;
+            o.publish_status[i].message = message.to_string();
+        }
+    }
+    out
+}
+
+/// The next plugin call for `v`'s publications: an unpublish first (it frees the volume for other nodes),
+/// then a publish; `Wait` when the call cannot be made yet (the node has not reported the plugin, a secret
+/// is gone); `None` when there is none to make.
+fn publication_work(t: &Tables, v: &Volume, plugin: &str) -> Option<Work> {
+    use volume_publish_status::State;
+    let info = v.volume_info.as_ref();
+    let volume_id = info.map(|i| i.volume_id.clone()).unwrap_or_default();
+    if let Some(st) = v.publish_status.iter().find(|s| s.state == State::PendingUnpublish as i32) {
+        let Some(csi_node) = csi_node_id(t, &st.node_id, plugin) else {
+            return Some(Work::Wait(format!(
+                "the volume must be unpublished from node {}, which is gone (or no longer reports the plugin \
+                 {plugin:?}), so the plugin's ID of that node is unknown: unpublish it with the storage's own \
+                 tools, then remove the volume with --force",
+                st.node_id
+            )));
+        };
+        return Some(match secrets(t, v) {
+            Ok(secrets) => Work::Unpublish {
+                plugin: plugin.to_string(),
+                node: st.node_id.clone(),
+                request: csi::ControllerUnpublishVolumeRequest { volume_id, node_id: csi_node, secrets },
+            },
+            Err(why) => Work::Wait(why),
+        });
+    }
+    // The first publication whose node reports the plugin; one that does not waits without holding the others.
+    let pending = || v.publish_status.iter().filter(|s| s.state == State::PendingPublish as i32);
+    let Some((st, csi_node)) = pending().find_map(|st| csi_node_id(t, &st.node_id, plugin).map(|n| (st, n))) else {
+        let st = pending().next()?;
+        return Some(Work::Wait(format!(
+            "node {} reports no CSI plugin {plugin:?}: start its daemon with --csi-plugin \
+             {plugin}=unix:///path/to/the/plugin.sock",
+            st.node_id
+        )));
+    };
+    let spec = v.spec.as_ref()?;
+    let read_only =
+        spec.access_mode.as_ref().is_some_and(|m| m.sharing == volume_access_mode::Sharing::ReadOnly as i32);
+    Some(match secrets(t, v) {
+        Ok(secrets) => Work::Publish {
+            plugin: plugin.to_string(),
+            node: st.node_id.clone(),
+            request: csi::ControllerPublishVolumeRequest {
+                volume_id,
+                node_id: csi_node,
+                volume_capability: spec.access_mode.as_ref().map(capability),
+                readonly: read_only,
+                secrets,
+                volume_context: info.map(|i| i.volume_context.clone().into_iter().collect()).unwrap_or_default(),
+            },
+        },
+        Err(why) => Work::Wait(why),
+    })
 }
 
 /// The secrets a volume passes to its plugin, by key, read from the store (by name or ID); a secret that is

@@ -22,7 +22,7 @@ use std::pin::Pin;
 
 use shoal_api::csi;
 
-pub use self::core::{capability, create_request, next_work, volume_info, Work};
+pub use self::core::{capability, create_request, live_users, next_work, released, volume_info, Work};
 pub use self::runner::{VolumeManager, CALL_TIMEOUT_MS, MAX_VOLUME_INFO_BYTES, RETRY_MAX_MS, RETRY_MIN_MS};
 
 /// A plugin call in flight.
@@ -58,6 +58,15 @@ pub trait ControllerPlugins: Send + Sync + std::fmt::Debug + 'static {
     fn create_volume(&self, plugin: &str, request: csi::CreateVolumeRequest) -> PluginFuture<csi::Volume>;
     /// The plugin's `DeleteVolume`; nothing for a plugin without a controller service.
     fn delete_volume(&self, plugin: &str, request: csi::DeleteVolumeRequest) -> PluginFuture<()>;
+    /// The plugin's `ControllerPublishVolume`, answering its publish context; an empty context, without a
+    /// call, for a plugin whose controller cannot publish (no `PUBLISH_UNPUBLISH_VOLUME`), as in SwarmKit.
+    fn controller_publish(
+        &self,
+        plugin: &str,
+        request: csi::ControllerPublishVolumeRequest,
+    ) -> PluginFuture<std::collections::HashMap<String, String>>;
+    /// The plugin's `ControllerUnpublishVolume`; nothing for a plugin whose controller cannot publish.
+    fn controller_unpublish(&self, plugin: &str, request: csi::ControllerUnpublishVolumeRequest) -> PluginFuture<()>;
 }
 
 /// No plugin at all: every call is `NotConfigured` (a manager started without `--csi-plugin`, the
@@ -71,6 +80,18 @@ impl ControllerPlugins for NoPlugins {
         Box::pin(async move { Err(e) })
     }
     fn delete_volume(&self, plugin: &str, _: csi::DeleteVolumeRequest) -> PluginFuture<()> {
+        let e = PluginError::NotConfigured(plugin.to_string());
+        Box::pin(async move { Err(e) })
+    }
+    fn controller_publish(
+        &self,
+        plugin: &str,
+        _: csi::ControllerPublishVolumeRequest,
+    ) -> PluginFuture<std::collections::HashMap<String, String>> {
+        let e = PluginError::NotConfigured(plugin.to_string());
+        Box::pin(async move { Err(e) })
+    }
+    fn controller_unpublish(&self, plugin: &str, _: csi::ControllerUnpublishVolumeRequest) -> PluginFuture<()> {
         let e = PluginError::NotConfigured(plugin.to_string());
         Box::pin(async move { Err(e) })
     }

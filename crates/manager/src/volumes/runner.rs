@@ -9,7 +9,7 @@ use shoal_store::{Object, WatchError};
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::sync::watch;
 
-use super::core::{next_work, volume_info, Work};
+use super::core::{next_work, released, volume_info, Work};
 use super::{ControllerPlugins, PluginError, PluginFuture};
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
@@ -80,7 +80,11 @@ async fn run(state: ClusterState, plugins: Arc<dyn ControllerPlugins>, mut stop:
             // What changed meanwhile (without waiting).
             loop {
                 match events.try_recv() {
-                    Ok(commit) => queue(&commit, &mut todo, &retrying),
+                    Ok(commit) => {
+                        if queue(&commit, &mut todo, &retrying) {
+                            todo.extend(state.store.view(all_volumes));
+                        }
+                    }
                     Err(TryRecvError::Lagged(_)) => todo = state.store.view(all_volumes),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Closed) => return,
@@ -98,7 +102,11 @@ async fn run(state: ClusterState, plugins: Arc<dyn ControllerPlugins>, mut stop:
             biased;
             _ = stopped(&mut stop) => return,
             r = events.recv() => match r {
-                Ok(commit) => queue(&commit, &mut todo, &retrying),
+                Ok(commit) => {
+                    if queue(&commit, &mut todo, &retrying) {
+                        todo.extend(state.store.view(all_volumes));
+                    }
+                }
                 Err(WatchError::Lagged(_)) => todo = state.store.view(all_volumes),
                 Err(WatchError::Closed) => return,
             },
@@ -107,18 +115,29 @@ async fn run(state: ClusterState, plugins: Arc<dyn ControllerPlugins>, mut stop:
     }
 }
 
-/// Queues what a commit may have given work to: a volume created or changed; and, when a secret or a
-/// service changed, the volumes waiting (one may wait for that secret, or for a service to let go of it).
-fn queue(commit: &shoal_store::Commit, todo: &mut BTreeSet<String>, retrying: &BTreeMap<String, u32>) {
+/// Queues what a commit may have given work to: a volume created or changed; the volumes of a task that
+/// changed (it may have ended, so its node may let go of them); and, when a secret, a service or a node
+/// changed, the volumes waiting (one may wait for that secret, for a service to let go of it, or for a node
+/// to report its plugin). True when a node was removed: every volume is looked at (its publications there).
+fn queue(commit: &shoal_store::Commit, todo: &mut BTreeSet<String>, retrying: &BTreeMap<String, u32>) -> bool {
+    let mut rescan = false;
     for change in &commit.changes {
         match &change.object {
             Object::Volume(v) if change.kind != shoal_store::ActionKind::Remove => {
                 todo.insert(v.id.clone());
             }
-            Object::Secret(_) | Object::Service(_) => todo.extend(retrying.keys().cloned()),
+            Object::Task(t) => {
+                todo.extend(t.volumes.iter().map(|a| a.id.clone()));
+                if let Some(Object::Task(old)) = &change.old {
+                    todo.extend(old.volumes.iter().map(|a| a.id.clone()));
+                }
+            }
+            Object::Node(_) if change.kind == shoal_store::ActionKind::Remove => rescan = true,
+            Object::Secret(_) | Object::Service(_) | Object::Node(_) => todo.extend(retrying.keys().cloned()),
             _ => {}
         }
     }
+    rescan
 }
 
 /// Runs a plugin call, bounded by `CALL_TIMEOUT_MS`; `None` when the loop is told to stop first.
@@ -160,6 +179,80 @@ async fn step(
         })
         .await
         .map_or(Outcome::Retry, |()| Outcome::Done),
+        Work::Release => finish(state, id, |t, c| {
+            if let Some(v) = t.volumes().get(id).and_then(|v| released(t, v)) {
+                c.update(v);
+            }
+        })
+        .await
+        .map_or(Outcome::Retry, |()| Outcome::Done),
+        Work::Publish { plugin, node, request } => {
+            let Some(answer) = call(state, stop, plugins.controller_publish(&plugin, request)).await else {
+                return Outcome::Stopped;
+            };
+            let context = match answer {
+                Ok(context) => context,
+                Err(e) => {
+                    tracing::warn!(volume = %name, %plugin, %node, "cannot publish the cluster volume: {e}");
+                    return Outcome::Retry;
+                }
+            };
+            if context.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_VOLUME_INFO_BYTES {
+                tracing::warn!(volume = %name, %plugin, %node, "the plugin's publish context is over \
+                    {MAX_VOLUME_INFO_BYTES} bytes: not kept; fix the plugin");
+                return Outcome::Retry;
+            }
+            let written = finish(state, id, |t, c| {
+                use shoal_api::volume_publish_status::State;
+                let Some(v) = t.volumes().get(id) else { return };
+                let Some(i) =
+                    v.publish_status.iter().position(|s| s.node_id == node && s.state == State::PendingPublish as i32)
+                else {
+                    // Released meanwhile: the unpublish that follows undoes this publish.
+                    return;
+                };
+                let mut v = (**v).clone();
+                v.publish_status[i].state = State::Published as i32;
+                v.publish_status[i].publish_context = context.clone().into_iter().collect();
+                v.publish_status[i].message = String::new();
+                c.update(v);
+            })
+            .await;
+            match written {
+                Ok(()) => {
+                    tracing::info!(volume = %name, %plugin, %node, "cluster volume published");
+                    Outcome::Done
+                }
+                Err(()) => Outcome::Retry,
+            }
+        }
+        Work::Unpublish { plugin, node, request } => {
+            let Some(answer) = call(state, stop, plugins.controller_unpublish(&plugin, request)).await else {
+                return Outcome::Stopped;
+            };
+            if let Err(e) = answer {
+                tracing::warn!(volume = %name, %plugin, %node, "cannot unpublish the cluster volume: {e}");
+                return Outcome::Retry;
+            }
+            let written = finish(state, id, |t, c| {
+                use shoal_api::volume_publish_status::State;
+                let Some(v) = t.volumes().get(id) else { return };
+                if !v.publish_status.iter().any(|s| s.node_id == node && s.state == State::PendingUnpublish as i32) {
+                    return;
+                }
+                let mut v = (**v).clone();
+                v.publish_status.retain(|s| !(s.node_id == node && s.state == State::PendingUnpublish as i32));
+                c.update(v);
+            })
+            .await;
+            match written {
+                Ok(()) => {
+                    tracing::info!(volume = %name, %plugin, %node, "cluster volume unpublished");
+                    Outcome::Done
+                }
+                Err(()) => Outcome::Retry,
+            }
+        }
         Work::Create { plugin, request } => {
             let secrets = request.secrets.clone();
             let Some(answer) = call(state, stop, plugins.create_volume(&plugin, request)).await else {

@@ -24,6 +24,8 @@ use crate::ManualTimer;
 enum Seen {
     Create(String, HashMap<String, String>, HashMap<String, String>, Vec<i32>, i64, usize),
     Delete(String, HashMap<String, String>),
+    Publish(String, String, bool, HashMap<String, String>),
+    Unpublish(String, String),
 }
 
 /// A plugin that records its calls; it fails while `failing`, and holds a create while `hold` is set until
@@ -74,6 +76,20 @@ impl ControllerPlugins for Arc<Fake> {
         })
     }
 
+    fn controller_publish(
+        &self,
+        _: &str,
+        r: shoal_api::csi::ControllerPublishVolumeRequest,
+    ) -> PluginFuture<HashMap<String, String>> {
+        self.seen.lock().unwrap().push(Seen::Publish(r.volume_id, r.node_id.clone(), r.readonly, r.secrets));
+        self.answer([("device".to_string(), format!("/dev/for-{}", r.node_id))].into())
+    }
+
+    fn controller_unpublish(&self, _: &str, r: shoal_api::csi::ControllerUnpublishVolumeRequest) -> PluginFuture<()> {
+        self.seen.lock().unwrap().push(Seen::Unpublish(r.volume_id, r.node_id));
+        self.answer(())
+    }
+
     fn delete_volume(&self, _: &str, r: shoal_api::csi::DeleteVolumeRequest) -> PluginFuture<()> {
         self.seen.lock().unwrap().push(Seen::Delete(r.volume_id, r.secrets));
         let failing = self.failing.load(Ordering::SeqCst);
@@ -82,6 +98,19 @@ impl ControllerPlugins for Arc<Fake> {
                 Err(PluginError::Failed("the fake plugin fails".into()))
             } else {
                 Ok(())
+            }
+        })
+    }
+}
+
+impl Fake {
+    fn answer<T: Send + 'static>(&self, value: T) -> PluginFuture<T> {
+        let failing = self.failing.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if failing {
+                Err(PluginError::Failed("the fake plugin fails".into()))
+            } else {
+                Ok(value)
             }
         })
     }
@@ -343,4 +372,171 @@ async fn a_plugin_answer_over_the_bound_is_not_kept_and_the_create_is_retried() 
     fx.fake.huge.store(false, Ordering::SeqCst);
     fx.timer.advance_ms(RETRY_MIN_MS);
     fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
+}
+
+/// A node reporting the test plugin (`csi_node`: the plugin's ID of it; `None`: it does not report it).
+async fn node(state: &ClusterState, id: &str, csi_node: Option<&str>) {
+    let node = shoal_api::Node {
+        id: id.into(),
+        description: Some(shoal_api::NodeDescription {
+            hostname: id.into(),
+            csi_info: csi_node
+                .map(|n| shoal_api::NodeCsiInfo {
+                    plugin_name: "csi.test".into(),
+                    node_id: n.into(),
+                    ..Default::default()
+                })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    state.propose(shoal_store::Changes::new().create(node).clone()).await.unwrap();
+}
+
+/// A task on `node` using volume `volume_id`, in `state`.
+fn task_on(id: &str, node: &str, volume_id: &str, state: shoal_api::TaskState) -> shoal_api::Task {
+    shoal_api::Task {
+        id: id.into(),
+        node_id: node.into(),
+        desired_state: shoal_api::TaskState::Running as i32,
+        status: Some(shoal_api::TaskStatus { state: state as i32, ..Default::default() }),
+        volumes: vec![shoal_api::VolumeAttachment {
+            id: volume_id.into(),
+            source: "data".into(),
+            target: "/data".into(),
+        }]
+        .into(),
+        ..Default::default()
+    }
+}
+
+impl Fx {
+    fn states(&self, name: &str) -> Vec<(String, i32)> {
+        self.volume(name)
+            .map(|v| v.publish_status.iter().map(|s| (s.node_id.clone(), s.state)).collect())
+            .unwrap_or_default()
+    }
+
+    /// What the scheduler writes: the task placed, and the volume marked PENDING_PUBLISH for its node.
+    async fn place(&self, task: shoal_api::Task, name: &str) {
+        self.state
+            .write(|t, c| {
+                let mut v = (**t.volumes().by_name(name).unwrap()).clone();
+                v.publish_status.push(shoal_api::VolumePublishStatus {
+                    node_id: task.node_id.clone(),
+                    state: volume_publish_status::State::PendingPublish as i32,
+                    ..Default::default()
+                });
+                c.update(v);
+                c.create(task.clone());
+                Ok::<(), std::convert::Infallible>(())
+            })
+            .await
+            .unwrap();
+    }
+}
+
+use shoal_api::volume_publish_status;
+
+/// The whole chain of one publication: PENDING_PUBLISH -> ControllerPublishVolume with the plugin's ID of
+/// the node -> PUBLISHED with the context; the task ends -> PENDING_NODE_UNPUBLISH; the node says it
+/// unpublished (the dispatcher's write) -> PENDING_UNPUBLISH -> ControllerUnpublishVolume -> no publication.
+#[tokio::test]
+async fn a_volume_is_published_to_the_node_of_its_task_and_unpublished_after_the_task_ends() {
+    use volume_publish_status::State;
+    let fx = start();
+    secret(&fx.state).await;
+    controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
+    let vid = fx.volume("data").unwrap().id.clone();
+    node(&fx.state, "n1", Some("csi-n1")).await;
+    fx.place(task_on("t1", "n1", &vid, shoal_api::TaskState::Assigned), "data").await;
+    fx.until("published", |fx| fx.states("data") == vec![("n1".into(), State::Published as i32)]).await;
+    let secrets: HashMap<String, String> = [("password".into(), "s3cret".into())].into();
+    assert_eq!(fx.seen()[1..], [Seen::Publish("fake-data".into(), "csi-n1".into(), false, secrets.clone())]);
+    let context = fx.volume("data").unwrap().publish_status[0].publish_context.clone();
+    assert_eq!(context.get("device").map(String::as_str), Some("/dev/for-csi-n1"));
+
+    // Removal is refused while it is published.
+    let refused = controlapi::remove_volume(&fx.state, "data", false).await;
+    assert!(matches!(&refused, Err(ControlError::FailedPrecondition(m)) if m.contains("n1")), "{refused:?}");
+
+    // The task ends: the node is asked to unpublish it; nothing is asked of the plugin yet.
+    let ended = task_on("t1", "n1", &vid, shoal_api::TaskState::Complete);
+    fx.state
+        .write(|t, c| {
+            let mut done = ended.clone();
+            done.meta = t.tasks().get("t1").unwrap().meta.clone();
+            c.update(done);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
+    fx.until("asked of the node", |fx| fx.states("data") == vec![("n1".into(), State::PendingNodeUnpublish as i32)])
+        .await;
+    assert_eq!(fx.seen().len(), 2);
+
+    // A node cannot end another node's publication; its own goes on to the plugin.
+    let ids = std::collections::BTreeSet::from([vid.clone()]);
+    mark(&fx, "n2", &ids).await;
+    assert_eq!(fx.states("data"), vec![("n1".into(), State::PendingNodeUnpublish as i32)]);
+    mark(&fx, "n1", &ids).await;
+    fx.until("unpublished", |fx| fx.states("data").is_empty()).await;
+    assert_eq!(fx.seen()[2..], [Seen::Unpublish("fake-data".into(), "csi-n1".into())]);
+    controlapi::remove_volume(&fx.state, "data", false).await.unwrap();
+}
+
+/// A publication whose node does not report the plugin waits, saying which flag its daemon needs; one whose
+/// task ended before it was published is unpublished through the plugin all the same (the old leader may
+/// have made the call); a failed publish is retried after the backoff.
+#[tokio::test]
+async fn publications_wait_for_the_nodes_plugin_and_a_task_ended_early_is_unpublished_anyway() {
+    use volume_publish_status::State;
+    let fx = start();
+    secret(&fx.state).await;
+    controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
+    let vid = fx.volume("data").unwrap().id.clone();
+    node(&fx.state, "bare", None).await;
+    fx.place(task_on("t1", "bare", &vid, shoal_api::TaskState::Assigned), "data").await;
+    fx.asleep().await;
+    let waits = fx.state.store.view(|t| next_work(t, t.volumes().by_name("data").unwrap()));
+    assert!(matches!(&waits, Work::Wait(m) if m.contains("--csi-plugin csi.test=")), "{waits:?}");
+    assert_eq!(fx.seen().len(), 1, "no publish without the plugin's ID of the node");
+
+    node(&fx.state, "n2", Some("csi-n2")).await;
+    fx.fake.failing.store(true, Ordering::SeqCst);
+    fx.place(task_on("t2", "n2", &vid, shoal_api::TaskState::Assigned), "data").await;
+    fx.until("a failed publish", |fx| fx.seen().iter().any(|s| matches!(s, Seen::Publish(..)))).await;
+    // t2 ends before the plugin answers: the publication goes to PENDING_UNPUBLISH, and the plugin is asked
+    // to unpublish once it answers again.
+    fx.state
+        .write(|t, c| {
+            let mut done = task_on("t2", "n2", &vid, shoal_api::TaskState::Failed);
+            done.meta = t.tasks().get("t2").unwrap().meta.clone();
+            c.update(done);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
+    fx.until("released", |fx| fx.states("data").contains(&("n2".into(), State::PendingUnpublish as i32))).await;
+    fx.fake.failing.store(false, Ordering::SeqCst);
+    fx.asleep().await;
+    fx.timer.advance_ms(RETRY_MAX_MS);
+    fx.until("unpublished from n2", |fx| !fx.states("data").iter().any(|(n, _)| n == "n2")).await;
+    assert!(fx.seen().contains(&Seen::Unpublish("fake-data".into(), "csi-n2".into())), "{:?}", fx.seen());
+    assert_eq!(fx.states("data"), vec![("bare".into(), State::PendingPublish as i32)]);
+}
+
+/// What the dispatcher writes when `node` says it unpublished `ids`.
+async fn mark(fx: &Fx, node: &str, ids: &std::collections::BTreeSet<String>) {
+    fx.state
+        .write(|t, c| {
+            crate::dispatcher::volumes::mark_unpublished(t, c, node, ids, 1);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .await
+        .unwrap();
 }
