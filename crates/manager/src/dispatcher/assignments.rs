@@ -1,4 +1,4 @@
-//! The set of tasks, secrets and configs one node must know about, sans IO: the COMPLETE set from a view, and
+//! The set of tasks, secrets, configs and cluster volumes one node must know about, sans IO: the COMPLETE set from a view, and
 //! the INCREMENTAL changes a store commit makes to it. No async, no store writes, no clock.
 //!
 //! A task belongs to a node's set when `node_id` is that node and its observed state is at least ASSIGNED
@@ -11,7 +11,13 @@
 //! data) before the task in the same message, once per node however many tasks use them. A task releases
 //! them when its observed state passes RUNNING or it leaves the set; a secret or config no task holds any
 //! more is sent as a REMOVE carrying only its ID. A referenced object missing from the store is not sent
-//! (the agent then rejects the task, naming it). A node never receives a secret none of its tasks uses.
+//! (the agent then rejects the task, naming it). A node never receives a secret none of its tasks (or of
+//! the volumes published to it) uses.
+//!
+//! Cluster volumes (SwarmKit's): a volume `PUBLISHED` to the node is sent as a `VolumeAssignment` (never
+//! the whole Volume: the plugin's IDs and contexts, the access mode, its secrets by ID, which it holds as a
+//! task does); `PENDING_NODE_UNPUBLISH` sends it as a REMOVE, which the node answers with
+//! `UpdateVolumeStatus` once it has unpublished it (`volumes`).
 //!
 //! Bound: `sent` holds one entry per task in the node's set; `holders` one per secret/config sent, each with
 //! the IDs of the tasks holding it; `held_by` one per task holding any. A COMPLETE set holds at most
@@ -24,8 +30,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use shoal_api::{
-    assignment, assignment_change::AssignmentAction, task_spec, Assignment, AssignmentChange, Config, ContainerSpec,
-    Secret, Task, TaskState,
+    assignment, assignment_change::AssignmentAction, task_spec, volume_publish_status, Assignment, AssignmentChange,
+    Config, ContainerSpec, Secret, Task, TaskState, Volume, VolumeAssignment, VolumeSecret,
 };
 use shoal_store::{ActionKind, Change, Object, Tables};
 
@@ -62,7 +68,12 @@ impl Dependency {
     /// The assignment that carries this dependency, looked up in `tables`; `None` when it is not stored.
     pub fn lookup(&self, tables: &Tables) -> Option<assignment::Item> {
         match self {
-            Dependency::Secret(id) => tables.secrets().get(id).map(|s| assignment::Item::Secret((**s).clone())),
+            // A volume names its secrets by name or ID; a task's references carry the ID.
+            Dependency::Secret(id) => tables
+                .secrets()
+                .get(id)
+                .or_else(|| tables.secrets().by_name(id))
+                .map(|s| assignment::Item::Secret((**s).clone())),
             Dependency::Config(id) => tables.configs().get(id).map(|c| assignment::Item::Config((**c).clone())),
         }
     }
@@ -131,6 +142,7 @@ pub fn agent_cares(old: &Task, new: &Task) -> bool {
         || old.endpoint != new.endpoint
         || old.log_driver != new.log_driver
         || old.job_iteration != new.job_iteration
+        || old.volumes != new.volumes
 }
 
 fn change(task: &Task, action: AssignmentAction) -> AssignmentChange {
@@ -148,8 +160,11 @@ pub struct AssignmentSet {
     sent: HashMap<String, Arc<Task>>,
     /// Each secret/config sent, with the IDs of the tasks holding it (never empty).
     holders: HashMap<Dependency, HashSet<String>>,
-    /// Each task holding dependencies, with those it holds.
+    /// Each task (or cluster volume) holding dependencies, with those it holds.
     held_by: HashMap<String, Vec<Dependency>>,
+    /// Each cluster volume sent, with the publication state it was sent for (`PUBLISHED`: an UPDATE;
+    /// `PENDING_NODE_UNPUBLISH`: a REMOVE) and what was sent.
+    volumes: HashMap<String, (i32, VolumeAssignment)>,
 }
 
 impl AssignmentSet {
@@ -160,6 +175,7 @@ impl AssignmentSet {
             sent: HashMap::new(),
             holders: HashMap::new(),
             held_by: HashMap::new(),
+            volumes: HashMap::new(),
         }
     }
 
@@ -199,7 +215,11 @@ impl AssignmentSet {
             set.sent.clear();
             set.holders.clear();
             set.held_by.clear();
+            set.volumes.clear();
             let mut deps = Vec::new();
+            for v in tables.volumes().iter() {
+                set.on_volume(v, &mut deps, &mut |d| d.lookup(tables));
+            }
             let mut tasks = Vec::new();
             for task in tables.tasks().by_node(&set.node_id) {
                 let finished = task.status.as_ref().is_some_and(|s| s.state().is_terminal());
@@ -235,8 +255,11 @@ impl AssignmentSet {
         out: &mut Vec<AssignmentChange>,
         lookup: &mut dyn FnMut(&Dependency) -> Option<assignment::Item>,
     ) {
-        let Object::Task(task) = &c.object else {
-            return;
+        let task = match &c.object {
+            Object::Task(task) => task,
+            Object::Volume(v) if c.kind == ActionKind::Remove => return self.forget_volume(&v.id, out),
+            Object::Volume(v) => return self.on_volume(v, out, lookup),
+            _ => return,
         };
         if c.kind != ActionKind::Remove && is_assigned_to(task, &self.node_id) {
             let send = match self.sent.get(&task.id) {
@@ -289,6 +312,101 @@ impl AssignmentSet {
         }
         if !held.is_empty() {
             self.held_by.insert(task.id.clone(), held);
+        }
+    }
+
+    /// What volume `v`'s publication on this node asks of the node, appended to `out` when it changed since
+    /// it was last sent (SwarmKit's dispatcher): `PUBLISHED` sends the `VolumeAssignment` (UPDATE, its
+    /// secrets before it, as ordinary secret assignments, the assignment naming them by ID);
+    /// `PENDING_NODE_UNPUBLISH` sends it as a REMOVE (the node unpublishes it and reports so), whether or not
+    /// the node had it (it may have restarted); the other states, or no publication, send nothing and forget
+    /// it.
+    fn on_volume(
+        &mut self,
+        v: &Volume,
+        out: &mut Vec<AssignmentChange>,
+        lookup: &mut dyn FnMut(&Dependency) -> Option<assignment::Item>,
+    ) {
+        use volume_publish_status::State;
+        let Some(st) = v.publish_status.iter().find(|s| s.node_id == self.node_id) else {
+            return self.forget_volume(&v.id, out);
+        };
+        if st.state != State::Published as i32 && st.state != State::PendingNodeUnpublish as i32 {
+            return self.forget_volume(&v.id, out);
+        }
+        let spec = v.spec.clone().unwrap_or_default();
+        let info = v.volume_info.clone().unwrap_or_default();
+        let mut a = VolumeAssignment {
+            id: v.id.clone(),
+            volume_id: info.volume_id,
+            driver: spec.driver,
+            volume_context: info.volume_context,
+            publish_context: st.publish_context.clone(),
+            access_mode: spec.access_mode,
+            secrets: spec.secrets,
+        };
+        if st.state == State::PendingNodeUnpublish as i32 {
+            if self.volumes.get(&v.id).is_some_and(|(s, _)| *s == st.state) {
+                return;
+            }
+            out.push(AssignmentChange {
+                assignment: Some(Assignment { item: Some(assignment::Item::Volume(a.clone())) }),
+                action: AssignmentAction::Remove as i32,
+            });
+            self.volumes.insert(v.id.clone(), (st.state, a));
+            self.release(&v.id, out);
+            return;
+        }
+        // Its secrets, by ID: sent (once per node) before it.
+        let mut held = Vec::with_capacity(a.secrets.len());
+        let mut refs = Vec::with_capacity(a.secrets.len());
+        for s in &a.secrets {
+            // Not stored (removed meanwhile): not sent; the node cannot stage the volume and says why.
+            let Some(assignment::Item::Secret(secret)) = lookup(&Dependency::Secret(s.secret.clone())) else {
+                refs.push(s.clone());
+                continue;
+            };
+            refs.push(VolumeSecret { key: s.key.clone(), secret: secret.id.clone() });
+            let d = Dependency::Secret(secret.id.clone());
+            match self.holders.get_mut(&d) {
+                Some(holders) => {
+                    holders.insert(v.id.clone());
+                }
+                None => {
+                    out.push(update(assignment::Item::Secret(secret)));
+                    self.holders.insert(d.clone(), HashSet::from([v.id.clone()]));
+                }
+            }
+            held.push(d);
+        }
+        a.secrets = refs;
+        if self.volumes.get(&v.id).is_some_and(|(s, sent)| *s == st.state && *sent == a) {
+            // Unchanged: the holds just taken are the ones already recorded.
+            return;
+        }
+        let before = self.held_by.insert(v.id.clone(), held);
+        out.push(update(assignment::Item::Volume(a.clone())));
+        self.volumes.insert(v.id.clone(), (st.state, a));
+        // Secrets it no longer names (a changed spec cannot change them, but a secret may be re-created).
+        if let Some(before) = before {
+            let now: HashSet<&Dependency> = self.held_by.get(&v.id).map(|h| h.iter().collect()).unwrap_or_default();
+            for d in before.into_iter().filter(|d| !now.contains(d)) {
+                if let Some(holders) = self.holders.get_mut(&d) {
+                    holders.remove(&v.id);
+                    if holders.is_empty() {
+                        self.holders.remove(&d);
+                        out.push(d.removal());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops tracking volume `id` (no publication on this node any more, or removed): its secrets are
+    /// released; nothing is sent for the volume itself.
+    fn forget_volume(&mut self, id: &str, out: &mut Vec<AssignmentChange>) {
+        if self.volumes.remove(id).is_some() {
+            self.release(id, out);
         }
     }
 
@@ -554,5 +672,107 @@ mod tests {
         assert!(h.set.dependencies().is_empty());
         let out = h.write(Changes::new().remove(Arc::new(h.task("a"))).clone());
         assert_eq!(actions(&out), vec![e("task", "a", REM)]);
+    }
+
+    fn volume(id: &str, publications: &[(&str, volume_publish_status::State)]) -> Volume {
+        Volume {
+            id: id.into(),
+            spec: Some(shoal_api::VolumeSpec {
+                annotations: Some(shoal_api::Annotations { name: format!("name-{id}"), ..Default::default() }),
+                driver: Some(shoal_api::Driver { name: "csi.test".into(), ..Default::default() }),
+                // By name, as a user gives it.
+                secrets: vec![VolumeSecret { key: "password".into(), secret: "name-s1".into() }],
+                ..Default::default()
+            }),
+            volume_info: Some(shoal_api::VolumeInfo { volume_id: format!("plugin-{id}"), ..Default::default() }),
+            publish_status: publications
+                .iter()
+                .map(|(node, state)| shoal_api::VolumePublishStatus {
+                    node_id: node.to_string(),
+                    state: *state as i32,
+                    publish_context: [("device".to_string(), format!("/dev/{node}"))].into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn named_secret(id: &str) -> Secret {
+        let mut s = secret(id, b"pw");
+        s.spec.as_mut().unwrap().annotations =
+            Some(shoal_api::Annotations { name: format!("name-{id}"), ..Default::default() });
+        s
+    }
+
+    /// A volume published to the node is sent as a VolumeAssignment (its secret first, named by ID, with the
+    /// node's publish context) in the COMPLETE set and when it becomes PUBLISHED; once the node is to
+    /// unpublish it, as a REMOVE (its secret then released); nothing for other nodes' publications, for the
+    /// states in between, or for an unchanged volume written again.
+    #[test]
+    fn published_volumes_are_assigned_with_their_secrets_and_removed_when_the_node_must_unpublish() {
+        use volume_publish_status::State;
+        let mut c = Changes::new();
+        c.create(named_secret("s1"));
+        c.create(volume("v1", &[("n1", State::Published), ("n2", State::Published)]));
+        c.create(volume("v2", &[("n1", State::PendingPublish)]));
+        let (mut h, complete) = Harness::new("n1", c);
+        assert_eq!(actions(&complete), vec![e("secret", "s1", UPD), e("volume", "v1", UPD)]);
+        let Some(assignment::Item::Volume(a)) = complete[1].assignment.as_ref().and_then(|a| a.item.clone()) else {
+            panic!("a volume assignment: {complete:?}")
+        };
+        assert_eq!(a.volume_id, "plugin-v1");
+        assert_eq!(a.publish_context.get("device").map(String::as_str), Some("/dev/n1"));
+        assert_eq!(a.secrets, vec![VolumeSecret { key: "password".into(), secret: "s1".into() }], "by ID");
+        assert_eq!(a.driver.as_ref().map(|d| d.name.as_str()), Some("csi.test"));
+
+        // v2 is published: sent; its secret is already on the node.
+        let mut v2 = h.store.view(|t| (**t.volumes().get("v2").unwrap()).clone());
+        v2.publish_status[0].state = State::Published as i32;
+        assert_eq!(actions(&h.write(Changes::new().update(v2.clone()).clone())), vec![e("volume", "v2", UPD)]);
+        // Written again unchanged: nothing.
+        let v2 = h.store.view(|t| (**t.volumes().get("v2").unwrap()).clone());
+        assert!(h.write(Changes::new().update(v2.clone()).clone()).is_empty());
+
+        // Another node's publication moves: nothing for n1.
+        let mut v1 = h.store.view(|t| (**t.volumes().get("v1").unwrap()).clone());
+        v1.publish_status[1].state = State::PendingNodeUnpublish as i32;
+        assert!(h.write(Changes::new().update(v1.clone()).clone()).is_empty());
+
+        // n1 must unpublish v1: a REMOVE; the secret stays (v2 holds it).
+        let mut v1 = h.store.view(|t| (**t.volumes().get("v1").unwrap()).clone());
+        v1.publish_status[0].state = State::PendingNodeUnpublish as i32;
+        assert_eq!(actions(&h.write(Changes::new().update(v1).clone())), vec![e("volume", "v1", REM)]);
+        // ... and v2 too: a REMOVE, then the secret no volume holds any more.
+        let mut v2 = h.store.view(|t| (**t.volumes().get("v2").unwrap()).clone());
+        v2.publish_status[0].state = State::PendingNodeUnpublish as i32;
+        assert_eq!(
+            actions(&h.write(Changes::new().update(v2).clone())),
+            vec![e("volume", "v2", REM), e("secret", "s1", REM)]
+        );
+        // The node unpublished v1 (PENDING_UNPUBLISH), then the plugin did (no publication): nothing sent.
+        let mut v1 = h.store.view(|t| (**t.volumes().get("v1").unwrap()).clone());
+        v1.publish_status[0].state = State::PendingUnpublish as i32;
+        assert!(h.write(Changes::new().update(v1.clone()).clone()).is_empty());
+        let mut v1 = h.store.view(|t| (**t.volumes().get("v1").unwrap()).clone());
+        v1.publish_status.remove(0);
+        assert!(h.write(Changes::new().update(v1).clone()).is_empty());
+        // A COMPLETE set after a reconnect sends the pending REMOVE again (the node may have restarted).
+        let again = h.store.view(|t| h.set.complete(t)).unwrap();
+        assert_eq!(actions(&again), vec![e("volume", "v2", REM)]);
+    }
+
+    /// The fanout hands a volume's change to every node it is or was published to.
+    #[test]
+    fn volume_changes_concern_the_nodes_they_are_published_to() {
+        use volume_publish_status::State;
+        let new = volume("v1", &[("n1", State::Published), ("n2", State::PendingPublish)]);
+        let old = volume("v1", &[("n1", State::PendingPublish), ("n3", State::PendingUnpublish)]);
+        let ch = Change {
+            kind: ActionKind::Update,
+            object: Object::Volume(Arc::new(new)),
+            old: Some(Object::Volume(Arc::new(old))),
+        };
+        assert_eq!(super::super::fanout::nodes_of_for_tests(&ch), vec!["n1", "n2", "n3"]);
     }
 }

@@ -1,7 +1,7 @@
 //! `Fanout`: one watcher of the store for all of a dispatcher's agent streams. A router task receives every
 //! commit once and hands each node only the changes that concern it (its node object; tasks assigned to
-//! it now or before the change), so a commit costs O(its changes), not O(open streams). Without it every
-//! stream watched the store itself, and N agents registering (N commits) cost N^2 wake-ups: with 10k
+//! it now or before the change; cluster volumes published to it now or before), so a commit costs O(its
+//! changes), not O(open streams). Without it every stream watched the store itself, and N agents registering (N commits) cost N^2 wake-ups: with 10k
 //! simulated nodes the manager spent minutes of CPU on registration alone.
 //!
 //! Same contract as `MemoryStore::view_and_watch`: `view_and_watch` subscribes before it reads, and every
@@ -75,20 +75,40 @@ pub struct NodeWatch {
     routes: Weak<Mutex<Routes>>,
 }
 
-/// The nodes a change concerns: a node object's own ID; a task's node, and its previous node if it moved.
-fn nodes_of(ch: &Change) -> [Option<&str>; 2] {
+/// The nodes a change concerns: a node object's own ID; a task's node, and its previous node if it moved; the
+/// nodes a cluster volume is (or was, before the change) published to. Each at most once.
+fn nodes_of(ch: &Change) -> Vec<&str> {
     match (&ch.object, &ch.old) {
-        (Object::Node(n), _) => [Some(n.id.as_str()), None],
+        (Object::Node(n), _) => vec![n.id.as_str()],
         (Object::Task(t), old) => {
-            let now = (!t.node_id.is_empty()).then_some(t.node_id.as_str());
-            let before = match old {
-                Some(Object::Task(o)) if !o.node_id.is_empty() && o.node_id != t.node_id => Some(o.node_id.as_str()),
-                _ => None,
-            };
-            [now, before]
+            let mut out = Vec::with_capacity(2);
+            if !t.node_id.is_empty() {
+                out.push(t.node_id.as_str());
+            }
+            if let Some(Object::Task(o)) = old {
+                if !o.node_id.is_empty() && o.node_id != t.node_id {
+                    out.push(o.node_id.as_str());
+                }
+            }
+            out
         }
-        _ => [None, None],
+        (Object::Volume(v), old) => {
+            let mut out: Vec<&str> = v.publish_status.iter().map(|s| s.node_id.as_str()).collect();
+            if let Some(Object::Volume(o)) = old {
+                out.extend(o.publish_status.iter().map(|s| s.node_id.as_str()));
+            }
+            out.sort_unstable();
+            out.dedup();
+            out
+        }
+        _ => Vec::new(),
     }
+}
+
+/// `nodes_of`, for the assignment tests.
+#[cfg(test)]
+pub(super) fn nodes_of_for_tests(ch: &Change) -> Vec<&str> {
+    nodes_of(ch)
 }
 
 impl Fanout {
@@ -196,7 +216,7 @@ async fn route(mut watch: Watch, routes: Weak<Mutex<Routes>>) {
             Ok(commit) => {
                 let mut per_node: HashMap<&str, Vec<Change>> = HashMap::new();
                 for ch in &commit.changes {
-                    for node in nodes_of(ch).into_iter().flatten() {
+                    for node in nodes_of(ch) {
                         per_node.entry(node).or_default().push(ch.clone());
                     }
                 }
