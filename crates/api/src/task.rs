@@ -209,6 +209,7 @@ pub struct Task {
 /// allocates it. prost's generated code for a repeated field takes it through those same derefs, so it
 /// encodes exactly as `repeated VolumeAttachment volumes = 17`.
 #[derive(Clone, Default)]
+#[expect(clippy::box_collection, reason = "the point: one pointer inline instead of a Vec's three words")]
 pub struct VolumeAttachments(Option<Box<Vec<VolumeAttachment>>>);
 
 impl PartialEq for VolumeAttachments {

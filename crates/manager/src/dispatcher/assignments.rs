@@ -1,5 +1,6 @@
-//! The set of tasks, secrets, configs and cluster volumes one node must know about, sans IO: the COMPLETE set from a view, and
-//! the INCREMENTAL changes a store commit makes to it. No async, no store writes, no clock.
+//! The set of tasks, secrets, configs and cluster volumes one node must know about, sans IO: the COMPLETE
+//! set from a view, and the INCREMENTAL changes a store commit makes to it. No async, no store writes, no
+//! clock.
 //!
 //! A task belongs to a node's set when `node_id` is that node and its observed state is at least ASSIGNED
 //! (tasks with desired state >= SHUTDOWN stay in it until they are deleted or move away, so the agent stops

@@ -42,6 +42,7 @@ pub mod nodeinfo;
 pub mod nodeset;
 pub mod preferences;
 mod runner;
+pub mod volumes;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -87,7 +88,19 @@ pub struct SchedulePass {
     pub assigned: usize,
     /// Number of pending tasks no node could take.
     pub unplaced: usize,
+    /// The tasks placed with cluster volumes, and the volumes they use (publications added): written together
+    /// in one write, apart from `changes`, so that the volumes' version checks cover the tasks.
+    pub volume_changes: Changes,
+    /// The IDs of the tasks in `volume_changes`.
+    pub volume_tasks: Vec<String>,
+    /// Tasks with cluster volumes left for the next pass (over `MAX_VOLUME_TASKS_PER_PASS`).
+    pub deferred: Vec<String>,
 }
+
+/// Most tasks with cluster volumes placed in one pass: they are written in one atomic write with their
+/// volumes, which must stay within `write::MAX_ACTIONS_PER_WRITE` and `MAX_BYTES_PER_WRITE`; the rest wait
+/// for the next pass, which follows at once.
+pub const MAX_VOLUME_TASKS_PER_PASS: usize = 32;
 
 /// The scheduling core. Holds only the filter pipeline (reused between groups); every decision is a
 /// function of the view and node set passed to `schedule`.
@@ -118,9 +131,12 @@ impl Scheduler {
         pending: &PendingTasks,
         now_ms: u64,
     ) -> SchedulePass {
-        let (preassigned, groups) = select(tables, pending);
+        let (preassigned, groups, with_volumes) = select(tables, pending);
         let mut out = SchedulePass::default();
         self.check_preassigned(nodes, preassigned, now_ms, &mut out);
+        if !with_volumes.is_empty() {
+            self.place_with_volumes(tables, nodes, with_volumes, now_ms, &mut out);
+        }
         if groups.is_empty() {
             return out;
         }
@@ -210,25 +226,30 @@ impl Scheduler {
 /// Pending tasks by (service ID, spec version).
 type Groups<'t> = BTreeMap<(&'t str, u64), Vec<&'t Arc<Task>>>;
 
-/// The selected pending tasks the scheduler should handle: those already on a node (to check), and the
-/// others grouped by (service, spec version): tasks of a group share a spec, so filters run once per node.
-/// Keys borrow the service ID from the view: no string is copied per task.
-fn select<'t>(tables: &'t Tables, pending: &PendingTasks) -> (Vec<&'t Arc<Task>>, Groups<'t>) {
+/// The selected pending tasks the scheduler should handle: those already on a node (to check), the others
+/// grouped by (service, spec version): tasks of a group share a spec, so filters run once per node; and
+/// apart, those that mount cluster volumes (placed one by one, `place_with_volumes`). Keys borrow the
+/// service ID from the view: no string is copied per task.
+fn select<'t>(tables: &'t Tables, pending: &PendingTasks) -> (Vec<&'t Arc<Task>>, Groups<'t>, Vec<&'t Arc<Task>>) {
     let mut groups = Groups::new();
     let selected: Vec<&Arc<Task>> = match pending {
         PendingTasks::All => tables.tasks().by_state(TaskState::Pending).collect(),
         PendingTasks::Only(ids) => ids.iter().filter_map(|id| tables.tasks().get(id)).collect(),
     };
     let mut preassigned = Vec::new();
+    let mut with_volumes = Vec::new();
     for t in selected {
-        if is_schedulable(t) && !t.node_id.is_empty() {
+        if is_schedulable(t) && volumes::uses_cluster_volumes(t) {
+            with_volumes.push(t);
+        } else if is_schedulable(t) && !t.node_id.is_empty() {
             preassigned.push(t);
         } else if is_schedulable(t) {
             let v = t.spec_version.as_ref().map_or(0, |v| v.index);
             groups.entry((t.service_id.as_str(), v)).or_default().push(t);
         }
     }
-    (preassigned, groups)
+    with_volumes.sort_by(|a, b| (&a.service_id, a.slot, &a.id).cmp(&(&b.service_id, b.slot, &b.id)));
+    (preassigned, groups, with_volumes)
 }
 
 /// A pass of `Scheduler::schedule` under way: its output, its time, and what it placed in the node set,
@@ -355,6 +376,125 @@ impl Scheduler {
         }
         for (node_id, claims) in claimed {
             if let Some(info) = nodes.get_mut(node_id) {
+                info.release(&claims);
+            }
+        }
+    }
+}
+
+impl Scheduler {
+    /// Places the tasks that mount cluster volumes, one at a time (`volumes`): each goes to the first node,
+    /// in spread order (its own node for a task created on one), that passes the pipeline and can use a
+    /// volume for each of its cluster mounts. The tasks and the volumes they use are written together
+    /// (`SchedulePass::volume_changes`). One that fits nowhere stays PENDING with the pipeline's refusals and
+    /// the volumes' reason.
+    fn place_with_volumes(
+        &mut self,
+        tables: &Tables,
+        nodes: &mut NodeSet,
+        tasks: Vec<&Arc<Task>>,
+        now_ms: u64,
+        out: &mut SchedulePass,
+    ) {
+        let now = shoal_api::timestamp_from_unix_ms(now_ms);
+        let mut set = volumes::VolumeSet::build(tables);
+        // What this pass placed in the node set, taken back at the end (their commits count them).
+        let mut placed: Vec<(String, &Arc<Task>, Amount, Vec<shoal_api::GenericResource>)> = Vec::new();
+        for (n, task) in tasks.into_iter().enumerate() {
+            if n >= MAX_VOLUME_TASKS_PER_PASS {
+                out.deferred.push(task.id.clone());
+                continue;
+            }
+            self.pipeline.set_task(task);
+            let mut refused_by_volumes: BTreeMap<String, usize> = BTreeMap::new();
+            let (infos, _) = nodes.parts_mut();
+            let mut order: Vec<usize> =
+                (0..infos.len()).filter(|&i| task.node_id.is_empty() || infos[i].id() == task.node_id).collect();
+            order.sort_by_key(|&i| {
+                let info = &infos[i];
+                (info.service_tasks(&task.service_id), info.total_tasks(), info.order_key(), info.id().to_string())
+            });
+            let mut target = None;
+            for i in order {
+                let info = &mut infos[i];
+                let fits = if task.node_id.is_empty() {
+                    self.pipeline.process(info)
+                } else {
+                    // A task created on its node already counts in that node's load.
+                    info.remove_task(task);
+                    let fits = self.pipeline.process(info);
+                    info.add_task(task);
+                    fits
+                };
+                if !fits {
+                    continue;
+                }
+                match set.choose(task, info.node()) {
+                    Ok(attachments) => {
+                        target = Some((i, attachments));
+                        break;
+                    }
+                    Err(why) => *refused_by_volumes.entry(why).or_insert(0) += 1,
+                }
+            }
+            let Some((i, attachments)) = target else {
+                out.unplaced += 1;
+                let mut reasons: Vec<String> = Vec::new();
+                let pipeline = self.pipeline.explain();
+                if !pipeline.is_empty() {
+                    reasons.push(pipeline);
+                }
+                for (why, n) in refused_by_volumes {
+                    reasons
+                        .push(format!("{why} on {}", if n == 1 { "1 node".to_string() } else { format!("{n} nodes") }));
+                }
+                let err = if reasons.is_empty() {
+                    format!("{NO_SUITABLE_NODE} (node {} not found)", task.node_id)
+                } else {
+                    format!("{NO_SUITABLE_NODE} ({})", reasons.join("; "))
+                };
+                let status = task.status.clone().unwrap_or_default();
+                if status.err != err {
+                    let mut t = (**task).clone();
+                    t.status = Some(TaskStatus { err, timestamp: Some(now), ..status });
+                    out.changes.update(t);
+                }
+                continue;
+            };
+            let info = &mut infos[i];
+            let node_id = info.id().to_string();
+            let mut t = assigned(task, &node_id, now);
+            if task.node_id.is_empty() {
+                let (reserved, claims) = info.place_task(task);
+                if !claims.is_empty() {
+                    t.assigned_generic_resources = claims.clone();
+                }
+                placed.push((node_id.clone(), task, reserved, claims));
+            } else {
+                let claims = info.claim_generic(task);
+                if !claims.is_empty() {
+                    info.claim(&claims);
+                    t.assigned_generic_resources = claims.clone();
+                    placed.push((node_id.clone(), task, Amount::default(), claims));
+                }
+            }
+            set.reserve(task, &node_id, &attachments);
+            t.volumes = attachments.into();
+            out.volume_tasks.push(t.id.clone());
+            out.volume_changes.update(t);
+            out.assigned += 1;
+        }
+        for v in set.take_written() {
+            let mut v = v;
+            v.meta.get_or_insert_with(Default::default).updated_at = Some(now);
+            out.volume_changes.update(v);
+        }
+        for (node_id, task, reserved, claims) in placed {
+            if let Some(info) = nodes.get_mut(&node_id) {
+                if task.node_id.is_empty() {
+                    info.take_back(&task.service_id, 1, reserved);
+                    info.take_back_host_ports(task);
+                }
                 info.release(&claims);
             }
         }

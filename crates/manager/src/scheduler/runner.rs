@@ -90,6 +90,8 @@ impl Wanted {
     fn note(&mut self, ch: &Change, unplaced: bool) {
         match &ch.object {
             Object::Node(_) => self.all = true,
+            // A volume created, made active or released may let a waiting task use it.
+            Object::Volume(_) if unplaced => self.all = true,
             Object::Task(t) => {
                 if ch.kind != ActionKind::Remove && is_schedulable(t) {
                     self.ids.insert(t.id.clone());
@@ -220,16 +222,23 @@ async fn pass(state: &ClusterState, scheduler: &mut Scheduler, mem: &mut Memory,
         });
         let Some(result) = result else { return false };
         mem.unplaced = result.unplaced > 0;
-        if result.changes.is_empty() {
+        mem.wanted.retry(result.deferred.iter().cloned());
+        if result.changes.is_empty() && result.volume_changes.is_empty() {
             return true;
         }
         tracing::debug!(assigned = result.assigned, unplaced = result.unplaced, "scheduling pass");
-        let groups = result
+        // Each group is keyed by the tasks it places (to look at again if its write fails).
+        let mut groups: Vec<(Vec<String>, shoal_store::Changes)> = result
             .changes
             .into_actions()
             .into_iter()
-            .map(|a| (a.object.id().to_string(), shoal_store::Changes::from(vec![a])))
+            .map(|a| (vec![a.object.id().to_string()], shoal_store::Changes::from(vec![a])))
             .collect();
+        if !result.volume_changes.is_empty() {
+            // The tasks placed with cluster volumes and those volumes: one write (bounded by the volumes'
+            // rarity; a write over `MAX_ACTIONS_PER_WRITE` is split, and a conflict in any part retries them).
+            groups.push((result.volume_tasks, result.volume_changes));
+        }
         let failed = propose_grouped(state, groups, MAX_ACTIONS_PER_WRITE).await;
         if failed.is_empty() {
             return true;
@@ -237,11 +246,11 @@ async fn pass(state: &ClusterState, scheduler: &mut Scheduler, mem: &mut Memory,
         if failed.iter().any(|(_, e)| !is_conflict(e)) {
             // Not a conflict (leadership lost, no quorum): a pause, then the next pass tries them again.
             tracing::debug!("scheduler write failed; retrying after {BACKOFF_MS} ms");
-            mem.wanted.retry(failed.into_iter().map(|(id, _)| id));
+            mem.wanted.retry(failed.into_iter().flat_map(|(ids, _)| ids));
             state.sleep_ms(BACKOFF_MS).await;
             return true;
         }
-        retry = Some(failed.into_iter().map(|(id, _)| id).collect());
+        retry = Some(failed.into_iter().flat_map(|(ids, _)| ids).collect());
     }
     // Still conflicting: the next pass tries them again. No later event would bring them back: the commits
     // they conflicted with are already taken in (found by the simulation, `shoal-sim`).

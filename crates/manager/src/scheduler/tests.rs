@@ -828,3 +828,182 @@ fn a_pending_network_task_names_why_a_node_has_no_data_plane() {
         format!("no suitable node (missing plugin on 1 node (no data plane on node host-a: {why}))")
     );
 }
+
+mod cluster_volumes {
+    use shoal_api::volume_access_mode::{Scope, Sharing};
+    use shoal_api::volume_publish_status::State;
+    use shoal_api::volume_spec::VolumeAvailability;
+    use shoal_api::{mount, Mount, NodeCsiInfo, Topology, Volume, VolumeAccessMode, VolumeInfo, VolumeSpec};
+
+    use super::*;
+
+    /// A node running the test plugin (`zone`: its place in the plugin's topology).
+    fn csi_node(id: &str, zone: Option<&str>) -> shoal_api::Node {
+        let mut n = node(id);
+        n.description.as_mut().unwrap().csi_info = vec![NodeCsiInfo {
+            plugin_name: "csi.test".into(),
+            node_id: format!("csi-{id}"),
+            max_volumes_per_node: 0,
+            accessible_topology: zone.map(|z| Topology { segments: [("zone".into(), z.into())].into() }),
+        }];
+        n
+    }
+
+    fn volume(id: &str, group: &str, scope: Scope, sharing: Sharing) -> Volume {
+        Volume {
+            id: id.into(),
+            spec: Some(VolumeSpec {
+                annotations: Some(Annotations { name: format!("vol-{id}"), ..Default::default() }),
+                group: group.into(),
+                driver: Some(shoal_api::Driver { name: "csi.test".into(), ..Default::default() }),
+                access_mode: Some(VolumeAccessMode { scope: scope as i32, sharing: sharing as i32, access_type: None }),
+                ..Default::default()
+            }),
+            volume_info: Some(VolumeInfo { volume_id: format!("plugin-{id}"), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    fn mounting(mut s: Service, source: &str, readonly: bool) -> Service {
+        let task = s.spec.as_mut().unwrap().task.as_mut().unwrap();
+        if let Some(shoal_api::task_spec::Runtime::Container(c)) = task.runtime.as_mut() {
+            c.mounts.push(Mount {
+                r#type: mount::Type::Cluster as i32,
+                source: source.into(),
+                target: "/data".into(),
+                readonly,
+                ..Default::default()
+            });
+        }
+        s
+    }
+
+    /// Runs a pass and applies all it writes, the volume write included.
+    fn pass(fx: &Fx) -> SchedulePass {
+        let mut s = Scheduler::new();
+        let now = fx.now();
+        let mut set = fx.view(NodeSet::build);
+        let mut pass = fx.view(|t| s.schedule(t, &mut set, &PendingTasks::All, now));
+        fx.apply(std::mem::take(&mut pass.changes));
+        fx.apply(std::mem::take(&mut pass.volume_changes));
+        pass
+    }
+
+    fn add(fx: &Fx, svc: Service) -> SchedulePass {
+        let id = svc.id.clone();
+        fx.create(svc);
+        fx.reconcile(&id);
+        pass(fx)
+    }
+
+    fn publications(fx: &Fx, id: &str) -> Vec<(String, i32)> {
+        fx.view(|t| t.volumes().get(id).unwrap().publish_status.iter().map(|p| (p.node_id.clone(), p.state)).collect())
+    }
+
+    fn err(fx: &Fx, service: &str) -> Vec<String> {
+        fx.runnable(service).iter().filter(|t| t.node_id.is_empty()).map(|t| t.status.clone().unwrap().err).collect()
+    }
+
+    /// A task mounting a cluster volume goes only to a node running its plugin, carries the volume chosen for
+    /// its mount, and the volume is marked PENDING_PUBLISH for that node in the same write.
+    #[test]
+    fn a_task_goes_where_its_volume_can_be_published_and_the_publication_is_written_with_it() {
+        let fx = Fx::new();
+        fx.create(node("plain"));
+        fx.create(csi_node("n1", None));
+        fx.create(volume("v1", "", Scope::SingleNode, Sharing::All));
+        let p = add(&fx, mounting(service("s", 1), "vol-v1", false));
+        assert_eq!((p.assigned, p.unplaced), (1, 0));
+        let t = &fx.runnable("s")[0];
+        assert_eq!(t.node_id, "n1");
+        assert_eq!(t.volumes.len(), 1);
+        assert_eq!(
+            (t.volumes[0].id.as_str(), t.volumes[0].source.as_str(), t.volumes[0].target.as_str()),
+            ("v1", "vol-v1", "/data")
+        );
+        assert_eq!(publications(&fx, "v1"), vec![("n1".into(), State::PendingPublish as i32)]);
+        // A second task on the same node and volume adds no second publication.
+        fx.create(mounting(service("s2", 1), "vol-v1", false));
+        fx.reconcile("s2");
+        pass(&fx);
+        assert_eq!(fx.runnable("s2")[0].node_id, "n1");
+        assert_eq!(publications(&fx, "v1"), vec![("n1".into(), State::PendingPublish as i32)]);
+    }
+
+    /// What keeps a task off a volume, each with its reason on the pending task: a name no created volume
+    /// has, a volume not active, no node with the plugin, sharing none already used, a single-node volume on
+    /// another node, a read-only volume mounted read-write, a node outside the volume's topology.
+    #[test]
+    fn a_task_waits_with_the_reason_its_volume_cannot_be_used() {
+        let fx = Fx::new();
+        fx.create(node("plain"));
+        let p = add(&fx, mounting(service("a", 1), "vol-nope", false));
+        assert_eq!(p.unplaced, 1);
+        assert!(
+            err(&fx, "a")[0].contains("no created cluster volume named \"vol-nope\" on 1 node"),
+            "{:?}",
+            err(&fx, "a")
+        );
+
+        fx.create(volume("v1", "", Scope::MultiNode, Sharing::None));
+        add(&fx, mounting(service("b", 1), "vol-v1", false));
+        assert!(err(&fx, "b")[0].contains("does not run the CSI plugin \"csi.test\""), "{:?}", err(&fx, "b"));
+
+        fx.create(csi_node("n1", Some("z1")));
+        fx.create(csi_node("n2", Some("z2")));
+        pass(&fx);
+        assert_eq!(err(&fx, "b"), Vec::<String>::new(), "placed once a node runs the plugin");
+        // Sharing none: one task at a time.
+        add(&fx, mounting(service("c", 1), "vol-v1", false));
+        assert!(err(&fx, "c")[0].contains("is in use (sharing: none)"), "{:?}", err(&fx, "c"));
+
+        // Single node: a second task goes to the same node only.
+        let mut single = volume("v2", "", Scope::SingleNode, Sharing::All);
+        single.volume_info.as_mut().unwrap().accessible_topology =
+            vec![Topology { segments: [("zone".into(), "z2".into())].into() }];
+        fx.create(single);
+        add(&fx, mounting(service("d", 3), "vol-v2", false));
+        let nodes: Vec<String> = fx.runnable("d").iter().map(|t| t.node_id.clone()).collect();
+        assert_eq!(nodes, vec!["n2"; 3], "the topology allows only n2, and all share it");
+
+        // Read-only sharing refuses a read-write mount and takes a read-only one.
+        fx.create(volume("v3", "", Scope::MultiNode, Sharing::ReadOnly));
+        add(&fx, mounting(service("e", 1), "vol-v3", false));
+        assert!(err(&fx, "e")[0].contains("is read-only: mount it with readonly"), "{:?}", err(&fx, "e"));
+        let p = add(&fx, mounting(service("f", 2), "vol-v3", true));
+        assert_eq!(p.assigned, 2);
+
+        // Paused: no new task.
+        let mut paused = volume("v4", "", Scope::MultiNode, Sharing::All);
+        paused.spec.as_mut().unwrap().availability = VolumeAvailability::Pause as i32;
+        fx.create(paused);
+        add(&fx, mounting(service("g", 1), "vol-v4", false));
+        assert!(err(&fx, "g")[0].contains("is not active"), "{:?}", err(&fx, "g"));
+    }
+
+    /// A group mount takes any volume of the group that is free; a volume being unpublished from a node is
+    /// not used there until it is done.
+    #[test]
+    fn a_group_mount_takes_a_free_volume_and_unpublishing_volumes_are_not_used() {
+        let fx = Fx::new();
+        fx.create(csi_node("n1", None));
+        fx.create(volume("g1", "pool", Scope::MultiNode, Sharing::None));
+        fx.create(volume("g2", "pool", Scope::MultiNode, Sharing::None));
+        let p = add(&fx, mounting(service("s", 3), "group:pool", false));
+        assert_eq!((p.assigned, p.unplaced), (2, 1));
+        let mut used: Vec<String> =
+            fx.runnable("s").iter().flat_map(|t| t.volumes.iter().map(|a| a.id.clone()).collect::<Vec<_>>()).collect();
+        used.sort();
+        assert_eq!(used, vec!["g1", "g2"]);
+
+        let mut v = volume("u", "", Scope::MultiNode, Sharing::All);
+        v.publish_status = vec![shoal_api::VolumePublishStatus {
+            node_id: "n1".into(),
+            state: State::PendingNodeUnpublish as i32,
+            ..Default::default()
+        }];
+        fx.create(v);
+        add(&fx, mounting(service("u", 1), "vol-u", false));
+        assert!(err(&fx, "u")[0].contains("being unpublished from the node"), "{:?}", err(&fx, "u"));
+    }
+}

@@ -468,7 +468,7 @@ async fn a_volume_is_published_to_the_node_of_its_task_and_unpublished_after_the
     fx.state
         .write(|t, c| {
             let mut done = ended.clone();
-            done.meta = t.tasks().get("t1").unwrap().meta.clone();
+            done.meta = t.tasks().get("t1").unwrap().meta;
             c.update(done);
             Ok::<(), std::convert::Infallible>(())
         })
@@ -515,7 +515,7 @@ async fn publications_wait_for_the_nodes_plugin_and_a_task_ended_early_is_unpubl
     fx.state
         .write(|t, c| {
             let mut done = task_on("t2", "n2", &vid, shoal_api::TaskState::Failed);
-            done.meta = t.tasks().get("t2").unwrap().meta.clone();
+            done.meta = t.tasks().get("t2").unwrap().meta;
             c.update(done);
             Ok::<(), std::convert::Infallible>(())
         })
