@@ -132,9 +132,14 @@ pub struct EngineDaemon {
 impl EngineDaemon {
     /// Starts `binary daemon --executor docker` on a fresh state dir.
     pub fn start(binary: &Path) -> EngineDaemon {
+        EngineDaemon::start_with_args(binary, Vec::new())
+    }
+
+    /// Starts `binary daemon --executor docker` with `extra_args` on a fresh state dir.
+    pub fn start_with_args(binary: &Path, extra_args: Vec<String>) -> EngineDaemon {
         let daemon = DaemonProcess::start_with(
             binary,
-            DaemonOptions { executor: Some("docker".into()), ..DaemonOptions::default() },
+            DaemonOptions { executor: Some("docker".into()), extra_args, ..DaemonOptions::default() },
         );
         let info = daemon.get("/v1.47/info");
         let node_id = info["Swarm"]["NodeID"].as_str().unwrap_or_default().to_string();

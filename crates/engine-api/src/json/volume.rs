@@ -180,7 +180,7 @@ pub struct ClusterVolumeJson {
     /// Where it is published (empty in layer 1: nothing is published yet).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub publish_status: Vec<PublishStatusJson>,
-    /// What the plugin said of it (absent in layer 1: no plugin is called yet).
+    /// What the plugin said of it (absent until its plugin created it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub info: Option<VolumeInfoJson>,
 }

@@ -28,6 +28,8 @@ pub enum Work {
     },
     /// Remove it from the store at once: pending deletion of a volume no plugin created.
     Remove,
+    /// Reject the live tasks that use the volume (`drained`): its availability is `drain`.
+    Drain,
     /// Publications to move without a call (`released`): no live task on the node uses the volume any more,
     /// or the node is gone.
     Release,
@@ -85,6 +87,9 @@ pub fn next_work(t: &Tables, v: &Volume) -> Work {
             Err(why) => Work::Wait(why),
         };
     }
+    if is_drained(v) && t.tasks().iter().any(|task| drains(task, &v.id)) {
+        return Work::Drain;
+    }
     if released(t, v).is_some() {
         return Work::Release;
     }
@@ -106,6 +111,49 @@ pub fn live_users(t: &Tables, volume_id: &str, node_id: &str) -> usize {
         .by_node(node_id)
         .filter(|task| task.volumes.iter().any(|a| a.id == volume_id) && !observed_state(task).is_terminal())
         .count()
+}
+
+/// The status message of a task rejected because its volume is drained.
+pub const DRAINED_MESSAGE: &str = "task rejected: its cluster volume is drained";
+/// The status error of such a task (SwarmKit's).
+pub const DRAINED_ERR: &str = "attached to volume which is being drained";
+
+fn is_drained(v: &Volume) -> bool {
+    v.spec.as_ref().is_some_and(|s| s.availability == shoal_api::volume_spec::VolumeAvailability::Drain as i32)
+}
+
+/// True when `task` uses volume `volume_id` and is meant to run and has not ended (SwarmKit's volume
+/// enforcer: desired at most COMPLETE, observed before COMPLETE).
+fn drains(task: &shoal_api::Task, volume_id: &str) -> bool {
+    use shoal_api::TaskState;
+    task.volumes.iter().any(|a| a.id == volume_id)
+        && task.desired_state() <= TaskState::Complete
+        && observed_state(task) < TaskState::Complete
+}
+
+/// The tasks to reject because `v` is drained, each REJECTED at `now_ms` (SwarmKit's volume enforcer): their
+/// orchestrators replace them, and the scheduler keeps the replacements off the volume while it is drained.
+/// The observed state is the agent's, but a rejection only moves it forward, as the constraint enforcer's.
+pub fn drained(t: &Tables, v: &Volume, now_ms: u64) -> Vec<shoal_api::Task> {
+    if !is_drained(v) {
+        return Vec::new();
+    }
+    let now = shoal_api::timestamp_from_unix_ms(now_ms);
+    t.tasks()
+        .iter()
+        .filter(|task| drains(task, &v.id))
+        .map(|task| {
+            let mut task = (**task).clone();
+            task.status = Some(shoal_api::TaskStatus {
+                timestamp: Some(now),
+                state: shoal_api::TaskState::Rejected as i32,
+                message: DRAINED_MESSAGE.to_string(),
+                err: DRAINED_ERR.to_string(),
+                ..task.status.clone().unwrap_or_default()
+            });
+            task
+        })
+        .collect()
 }
 
 /// The plugin's ID of swarm node `node_id`: what its `NodeGetInfo` answered there, as the node reports it.

@@ -22,7 +22,10 @@ use std::pin::Pin;
 
 use shoal_api::csi;
 
-pub use self::core::{capability, create_request, live_users, next_work, released, volume_info, Work};
+pub use self::core::{
+    capability, create_request, drained, live_users, next_work, released, volume_info, Work, DRAINED_ERR,
+    DRAINED_MESSAGE,
+};
 pub use self::runner::{VolumeManager, CALL_TIMEOUT_MS, MAX_VOLUME_INFO_BYTES, RETRY_MAX_MS, RETRY_MIN_MS};
 
 /// A plugin call in flight.

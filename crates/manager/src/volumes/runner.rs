@@ -9,7 +9,7 @@ use shoal_store::{Object, WatchError};
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::sync::watch;
 
-use super::core::{next_work, released, volume_info, Work};
+use super::core::{drained, next_work, released, volume_info, Work};
 use super::{ControllerPlugins, PluginError, PluginFuture};
 use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
@@ -179,6 +179,18 @@ async fn step(
         })
         .await
         .map_or(Outcome::Retry, |()| Outcome::Done),
+        Work::Drain => {
+            let now = state.clock.now_unix_ms();
+            finish(state, id, |t, c| {
+                let Some(v) = t.volumes().get(id) else { return };
+                for task in drained(t, v, now) {
+                    tracing::info!(volume = %name, task = %task.id, "task rejected: its cluster volume is drained");
+                    c.update(task);
+                }
+            })
+            .await
+            .map_or(Outcome::Retry, |()| Outcome::Done)
+        }
         Work::Release => finish(state, id, |t, c| {
             if let Some(v) = t.volumes().get(id).and_then(|v| released(t, v)) {
                 c.update(v);

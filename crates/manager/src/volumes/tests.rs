@@ -540,3 +540,45 @@ async fn mark(fx: &Fx, node: &str, ids: &std::collections::BTreeSet<String>) {
         .await
         .unwrap();
 }
+
+/// `docker volume update --availability drain`: the live tasks using the volume are rejected (SwarmKit's
+/// volume enforcer), so their orchestrators replace them, and the volume is then released from their node;
+/// a task already ended is left alone.
+#[tokio::test]
+async fn draining_a_volume_rejects_the_tasks_using_it_and_releases_it() {
+    use volume_publish_status::State;
+    let fx = start();
+    secret(&fx.state).await;
+    controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
+    let vid = fx.volume("data").unwrap().id.clone();
+    node(&fx.state, "n1", Some("csi-n1")).await;
+    fx.place(task_on("t1", "n1", &vid, shoal_api::TaskState::Running), "data").await;
+    fx.state
+        .propose(shoal_store::Changes::new().create(task_on("old", "n1", &vid, shoal_api::TaskState::Failed)).clone())
+        .await
+        .unwrap();
+    fx.until("published", |fx| fx.states("data") == vec![("n1".into(), State::Published as i32)]).await;
+
+    let v = fx.volume("data").unwrap();
+    let mut s = v.spec.clone().unwrap();
+    s.availability = shoal_api::volume_spec::VolumeAvailability::Drain as i32;
+    let version = v.meta.as_ref().and_then(|m| m.version.as_ref()).map(|x| x.index).unwrap();
+    controlapi::update_volume(&fx.state, &v.id, version, s).await.unwrap();
+    let task = |id: &str| fx.state.store.view(|t| t.tasks().get(id).cloned()).unwrap();
+    fx.until("the task rejected", |_| {
+        task("t1").status.as_ref().is_some_and(|s| s.state == shoal_api::TaskState::Rejected as i32)
+    })
+    .await;
+    let st = task("t1").status.clone().unwrap();
+    assert_eq!((st.message.as_str(), st.err.as_str()), (DRAINED_MESSAGE, DRAINED_ERR));
+    assert_eq!(
+        task("old").status.as_ref().unwrap().state,
+        shoal_api::TaskState::Failed as i32,
+        "an ended task is left alone"
+    );
+    fx.until("released from the node", |fx| {
+        fx.states("data") == vec![("n1".into(), State::PendingNodeUnpublish as i32)]
+    })
+    .await;
+}
