@@ -55,3 +55,35 @@ pub fn mark_unpublished(t: &Tables, c: &mut Changes, node_id: &str, ids: &BTreeS
         c.update(v);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_api::update_volume_status_request::VolumeStatusUpdate;
+
+    fn request(updates: Vec<(&str, bool)>) -> UpdateVolumeStatusRequest {
+        UpdateVolumeStatusRequest {
+            session_id: "s".into(),
+            updates: updates
+                .into_iter()
+                .map(|(id, unpublished)| VolumeStatusUpdate { id: id.into(), unpublished })
+                .collect(),
+        }
+    }
+
+    /// What a node reports is bounded before anything is read or written: the count and each ID's length
+    /// (INVALID_ARGUMENT naming the bound); repeats count once, and updates that are not unpublications ask
+    /// nothing.
+    #[test]
+    fn a_volume_status_report_is_bounded_and_only_unpublications_count() {
+        let ids = unpublished_ids(&request(vec![("v1", true), ("v1", true), ("v2", false)])).unwrap();
+        assert_eq!(ids.into_iter().collect::<Vec<_>>(), vec!["v1".to_string()]);
+        let many: Vec<(&str, bool)> = vec![("v", true); MAX_VOLUME_UPDATES_PER_REQUEST + 1];
+        let e = unpublished_ids(&request(many)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains(&format!("at most {MAX_VOLUME_UPDATES_PER_REQUEST}")), "{}", e.message());
+        let long = "x".repeat(MAX_VOLUME_ID_BYTES + 1);
+        let e = unpublished_ids(&request(vec![(&long, true)])).unwrap_err();
+        assert!(e.message().contains("volume IDs are at most"), "{}", e.message());
+    }
+}
