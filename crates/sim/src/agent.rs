@@ -66,6 +66,12 @@ pub struct Agent {
     batch: u64,
     /// The last time (ms) this agent was not in a working session with the leader (set by the simulation).
     pub last_cut_off_ms: u64,
+    /// Cluster volumes published to this node (a `VolumeAssignment` received): a task that mounts one starts
+    /// only once it is here, as the real agent's does.
+    volumes: std::collections::BTreeSet<String>,
+    /// Cluster volumes it was told to unpublish (a REMOVE): it reports them, retried until written.
+    unpublished: std::collections::BTreeSet<String>,
+    volumes_report_in_flight: bool,
 }
 
 /// How long a session may go without a heartbeat answer before the agent gives it up, in periods.
@@ -87,6 +93,9 @@ impl Agent {
             report_in_flight: None,
             batch: 0,
             last_cut_off_ms: 0,
+            volumes: Default::default(),
+            unpublished: Default::default(),
+            volumes_report_in_flight: false,
         }
     }
 
@@ -113,6 +122,9 @@ impl Agent {
         }
         self.unreported.clear();
         self.report_in_flight = None;
+        self.volumes.clear();
+        self.unpublished.clear();
+        self.volumes_report_in_flight = false;
         self.session = Session::Down { retry_at_ms: 0 };
     }
 
@@ -128,6 +140,7 @@ impl Agent {
         }
         self.session = Session::Down { retry_at_ms: now_ms + backoff_ms };
         self.report_in_flight = None;
+        self.volumes_report_in_flight = false;
     }
 
     fn set_state(&mut self, id: &str, state: TaskState, message: &str) {
@@ -197,6 +210,10 @@ impl Agent {
             if state >= target {
                 continue;
             }
+            // A task starts only once its cluster volumes are published here.
+            if state == TaskState::Ready && l.task.volumes.iter().any(|a| !self.volumes.contains(&a.id)) {
+                continue;
+            }
             let next = match state {
                 s if s < TaskState::Accepted => TaskState::Accepted,
                 TaskState::Accepted => TaskState::Preparing,
@@ -211,6 +228,13 @@ impl Agent {
                 l.completes_at_ms = job.then(|| now_ms + rng.random_range(200..2000));
             }
             self.set_state(&id, next, "");
+        }
+        if let (Session::Up { manager, session, .. }, false) = (&self.session, self.volumes_report_in_flight) {
+            if !self.unpublished.is_empty() {
+                self.volumes_report_in_flight = true;
+                let ids = self.unpublished.iter().cloned().collect();
+                out.push((Endpoint::Manager(*manager), Msg::VolumesUnpublished { session: session.clone(), ids }));
+            }
         }
         if let (Session::Up { manager, session, .. }, None) = (&self.session, &self.report_in_flight) {
             if !self.unreported.is_empty() {
@@ -279,6 +303,17 @@ impl Agent {
                     }
                 }
             }
+            Msg::VolumesAnswer { session, ids, ok } => {
+                if !matches!(&self.session, Session::Up { session: s, .. } if *s == session) {
+                    return;
+                }
+                self.volumes_report_in_flight = false;
+                if ok {
+                    for id in ids {
+                        self.unpublished.remove(&id);
+                    }
+                }
+            }
             Msg::Assignments { session, complete, changes } => {
                 if !matches!(&self.session, Session::Up { session: s, .. } if *s == session) {
                     return;
@@ -307,9 +342,23 @@ impl Agent {
 
     fn assign(&mut self, complete: bool, changes: Vec<AssignmentChange>) {
         let mut seen = std::collections::BTreeSet::new();
+        let mut volumes_seen = std::collections::BTreeSet::new();
         for c in changes {
             let remove = c.action == AssignmentAction::Remove as i32;
-            let Some(assignment::Item::Task(task)) = c.assignment.and_then(|a| a.item) else { continue };
+            let item = c.assignment.and_then(|a| a.item);
+            if let Some(assignment::Item::Volume(v)) = &item {
+                // Unpublishing takes no time here; publishing neither.
+                if remove {
+                    self.volumes.remove(&v.id);
+                    self.unpublished.insert(v.id.clone());
+                } else {
+                    self.volumes.insert(v.id.clone());
+                    self.unpublished.remove(&v.id);
+                    volumes_seen.insert(v.id.clone());
+                }
+                continue;
+            }
+            let Some(assignment::Item::Task(task)) = item else { continue };
             let id = task.id.clone();
             if remove {
                 self.tasks.remove(&id);
@@ -333,6 +382,7 @@ impl Agent {
         if complete {
             self.tasks.retain(|id, _| seen.contains(id));
             self.unreported.retain(|id, _| seen.contains(id));
+            self.volumes.retain(|id| volumes_seen.contains(id));
         }
     }
 }

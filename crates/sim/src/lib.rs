@@ -11,8 +11,9 @@
 //! Checked after every step (`checks`): no acknowledged write lost (its entry is at its index on every
 //! manager that applied that index, and an acknowledged service exists on every manager that applied it
 //! unless a removal was sent), the same entry at each index on every manager, at most one leader per term,
-//! and no slot running two tasks except while a node is or was just cut off (SwarmKit replaces the tasks of
-//! a node it marks down, which may still run them). At the end: one leader, identical stores, every
+//! no slot running two tasks except while a node is or was just cut off (SwarmKit replaces the tasks of
+//! a node it marks down, which may still run them), and the workload's single-node cluster volume never
+//! published to two nodes at once at its plugin (`csi`). At the end: one leader, identical stores, every
 //! service's tasks running as its spec says, and nothing else running.
 //!
 //! `run(seed, &SimConfig)` returns a `Report` or a `Failure` naming the seed, the step and the check; the
@@ -21,6 +22,7 @@
 //! Must not read the wall clock, spawn threads or open sockets.
 
 pub mod agent;
+pub mod csi;
 pub mod disk;
 pub mod exec;
 pub mod manager;
@@ -106,6 +108,8 @@ pub struct Report {
     pub trace: u64,
     /// The leader-only loops a leader ran (the first seen), by name.
     pub leader_loops: Vec<&'static str>,
+    /// The cluster volume's publications and unpublications at the simulated CSI plugin.
+    pub volume_publications: (u64, u64),
 }
 
 /// A check that failed.
@@ -178,6 +182,7 @@ impl World {
             snapshot_interval_entries: 40,
             log_entries_for_slow_followers: 10,
             dispatcher: DispatcherConfig { heartbeat_period_ms_default: 1000, ..Default::default() },
+            csi: csi::SimCsi::default(),
         };
         let timer = Arc::new(ManualTimer::default());
         let clocks: Vec<Arc<ManualClock>> = voters.iter().map(|_| Arc::new(ManualClock::new(START_UNIX_MS))).collect();
@@ -550,6 +555,9 @@ impl World {
 
     /// The checks of every step.
     fn check(&mut self) -> Result<(), String> {
+        if let Some(v) = self.mcfg.csi.violation() {
+            return Err(v);
+        }
         for m in &self.managers {
             let Some(run) = &m.run else { continue };
             let (role, term, _) = run.raft_state();
@@ -1123,6 +1131,7 @@ fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failu
         lost: w.net.lost,
         trace: w.trace,
         leader_loops: w.leader_loops.clone(),
+        volume_publications: w.mcfg.csi.publications(),
     })
 }
 

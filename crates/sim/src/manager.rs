@@ -73,6 +73,10 @@ pub enum Msg {
     HeartbeatAnswer { session: String, ok: bool },
     /// Manager -> agent: a status report was written (or not).
     StatusAnswer { session: String, batch: u64, ok: bool },
+    /// Agent -> manager: it unpublished these cluster volumes (`UpdateVolumeStatus`).
+    VolumesUnpublished { session: String, ids: Vec<String> },
+    /// Manager -> agent: that report was written (or not).
+    VolumesAnswer { session: String, ids: Vec<String>, ok: bool },
     /// Manager -> agent: an assignments message of the session's stream.
     Assignments { session: String, complete: bool, changes: Vec<AssignmentChange> },
     /// Manager -> agent: the session's streams ended (this manager lost leadership, or the session expired).
@@ -238,6 +242,7 @@ pub struct Running {
     pub applied_log: AppliedLog,
     /// When this manager last answered a heartbeat of each node OK (simulation time, ms).
     pub last_beat_ok_ms: BTreeMap<String, u64>,
+    csi: crate::csi::SimCsi,
 }
 
 /// Settings of the simulated managers.
@@ -251,6 +256,8 @@ pub struct ManagerConfig {
     pub log_entries_for_slow_followers: u64,
     /// The dispatcher's settings.
     pub dispatcher: DispatcherConfig,
+    /// The CSI plugin every manager's volume manager calls (one storage system).
+    pub csi: crate::csi::SimCsi,
 }
 
 impl ManagerConfig {
@@ -349,6 +356,7 @@ impl Manager {
             forwards: BTreeMap::new(),
             applied_log,
             last_beat_ok_ms: BTreeMap::new(),
+            csi: cfg.csi.clone(),
         });
     }
 
@@ -532,11 +540,9 @@ impl Running {
                 let (stop, stop_rx) = watch::channel(false);
                 // The daemon's own list (`shoal_manager::leader`), the key manager's RNG seeded from this run's.
                 let key_rng = Box::new(StdRng::seed_from_u64(self.rng.random()));
-                let list = shoal_manager::leader_subsystems(
-                    &self.dispatcher,
-                    key_rng,
-                    &shoal_manager::LeaderConfig::default(),
-                );
+                let cfg =
+                    shoal_manager::LeaderConfig { volume_plugins: Arc::new(self.csi.clone()), ..Default::default() };
+                let list = shoal_manager::leader_subsystems(&self.dispatcher, key_rng, &cfg);
                 let loops = list.iter().map(|s| (s.name(), s.run(self.state.clone(), stop_rx.clone()))).collect();
                 self.leader = Some(LeaderLoops { term: st.term, _stop: stop, loops });
             }
@@ -573,6 +579,12 @@ impl Running {
                             }],
                             ..Default::default()
                         }),
+                        // It runs the workload's CSI plugin.
+                        csi_info: vec![shoal_api::NodeCsiInfo {
+                            plugin_name: crate::csi::PLUGIN.into(),
+                            node_id: crate::csi::SimCsi::node_id(&node),
+                            ..Default::default()
+                        }],
                         ..Default::default()
                     };
                     let req = SessionRequest { description: Some(description), session_id: String::new() };
@@ -604,6 +616,24 @@ impl Running {
                     };
                     let ok = d.update_task_status_in_process(&node, req).await.is_ok();
                     Some((agent, Msg::StatusAnswer { session, batch, ok }))
+                }));
+            }
+            Msg::VolumesUnpublished { session, ids } => {
+                let d = self.dispatcher.clone();
+                let node = node_id.to_string();
+                self.rpcs.push(Box::pin(async move {
+                    let req = shoal_api::UpdateVolumeStatusRequest {
+                        session_id: session.clone(),
+                        updates: ids
+                            .iter()
+                            .map(|id| shoal_api::update_volume_status_request::VolumeStatusUpdate {
+                                id: id.clone(),
+                                unpublished: true,
+                            })
+                            .collect(),
+                    };
+                    let ok = d.update_volume_status_in_process(&node, req).await.is_ok();
+                    Some((agent, Msg::VolumesAnswer { session, ids, ok }))
                 }));
             }
             _ => {}

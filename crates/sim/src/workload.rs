@@ -85,11 +85,15 @@ enum Op {
     Read(BTreeSet<String>),
     /// Create the overlay network `NETWORK` that services may join.
     Network,
+    /// Create the cluster volume `VOLUME` that replicated services may mount.
+    Volume,
 }
 
 /// The overlay network the client makes first; about half of the services it creates join it, so the
 /// allocator gives their tasks and VIPs addresses (`World::check_addresses`).
 pub const NETWORK: &str = "simnet";
+/// The cluster volume of the workload (single-node, shared by all its tasks, on the simulated CSI plugin).
+pub const VOLUME: &str = "simdisk";
 
 /// What a read found missing: the services it had to see and did not.
 const STALE: &str = "stale read, missing";
@@ -108,6 +112,8 @@ pub struct Client {
     created: u64,
     /// Whether `NETWORK` exists (its creation was acknowledged, or refused as existing).
     network: bool,
+    /// Whether `VOLUME` exists (likewise).
+    volume: bool,
     /// The manager it believes leads.
     pub leader_guess: u64,
     /// The ledger.
@@ -272,6 +278,8 @@ impl Client {
             |n: &shoal_api::Node| n.spec.as_ref().is_none_or(|s| s.availability == Availability::Active as i32);
         if !self.network {
             Op::Network
+        } else if !self.volume {
+            Op::Volume
         } else if read {
             Op::Read(
                 self.ledger.created.keys().filter(|id| !self.ledger.maybe_removed.contains(*id)).cloned().collect(),
@@ -318,6 +326,20 @@ impl Client {
                 };
                 Box::pin(async move { controlapi::create_network(&state, spec).await.map(|_| None) })
             }
+            Op::Volume => {
+                use shoal_api::volume_access_mode::{Scope, Sharing};
+                let spec = shoal_api::VolumeSpec {
+                    annotations: Some(Annotations { name: VOLUME.into(), ..Default::default() }),
+                    driver: Some(shoal_api::Driver { name: crate::csi::PLUGIN.into(), ..Default::default() }),
+                    access_mode: Some(shoal_api::VolumeAccessMode {
+                        scope: Scope::SingleNode as i32,
+                        sharing: Sharing::All as i32,
+                        access_type: Some(shoal_api::volume_access_mode::AccessType::Mount(Default::default())),
+                    }),
+                    ..Default::default()
+                };
+                Box::pin(async move { controlapi::create_volume(&state, spec).await.map(|_| None) })
+            }
             Op::Read(must_see) => {
                 let must_see = must_see.clone();
                 Box::pin(async move {
@@ -355,6 +377,18 @@ impl Client {
                     vec![shoal_api::NetworkAttachmentConfig { target: NETWORK.into(), ..Default::default() }];
             }
         }
+        // A replicated service may mount the cluster volume: all its tasks then share one node, and move
+        // only once the volume is unpublished from the old one.
+        if matches!(kind, Kind::Replicated) && rng.random_bool(0.3) {
+            if let Some(Runtime::Container(c)) = spec.task.as_mut().and_then(|t| t.runtime.as_mut()) {
+                c.mounts = vec![shoal_api::Mount {
+                    r#type: shoal_api::mount::Type::Cluster as i32,
+                    source: VOLUME.into(),
+                    target: "/data".into(),
+                    ..Default::default()
+                }];
+            }
+        }
         Box::pin(async move { controlapi::create_service(&state, spec).await.map(Some) })
     }
 
@@ -366,9 +400,13 @@ impl Client {
             Op::Node(id, drain) => format!("{} {id}", if *drain { "drain" } else { "activate" }),
             Op::Read(must_see) => format!("read on manager {} ({} services to see)", f.manager, must_see.len()),
             Op::Network => format!("create network {NETWORK}"),
+            Op::Volume => format!("create volume {VOLUME}"),
         };
         if let (Op::Network, Ok(_) | Err(ControlError::AlreadyExists(_))) = (&f.op, &result) {
             self.network = true;
+        }
+        if let (Op::Volume, Ok(_) | Err(ControlError::AlreadyExists(_))) = (&f.op, &result) {
+            self.volume = true;
         }
         if let (Op::Read(_), Ok(_)) = (&f.op, &result) {
             self.ledger.reads += 1;

@@ -43,6 +43,7 @@ fn seeds(chunk: u64) {
         }
     };
     let (mut steps, mut acked, mut reads, mut forwarded, mut faults, mut addresses) = (0, 0, 0, 0, 0, 0);
+    let (mut published, mut unpublished) = (0, 0);
     let mut failures = Vec::new();
     for seed in &seeds {
         match run(*seed, &cfg) {
@@ -53,6 +54,8 @@ fn seeds(chunk: u64) {
                 forwarded += r.forwarded;
                 addresses = addresses.max(r.most_addresses);
                 faults += r.faults;
+                published += r.volume_publications.0;
+                unpublished += r.volume_publications.1;
             }
             Err(f) => {
                 eprintln!("{f}");
@@ -62,10 +65,13 @@ fn seeds(chunk: u64) {
     }
     eprintln!(
         "{} seeds, {steps} steps, {acked} acknowledged requests ({reads} reads through a barrier), {forwarded} writes \
-         forwarded by followers, at most {addresses} network addresses held at once, {faults} faults; failed: \
-         {failures:?}",
+         forwarded by followers, at most {addresses} network addresses held at once, {faults} faults, \
+         {published} cluster volume publications and {unpublished} unpublications; failed: {failures:?}",
         seeds.len()
     );
+    if seeds.len() >= 10 && failures.is_empty() {
+        assert!(published > 0 && unpublished > 0, "the workload's cluster volume was never published and unpublished");
+    }
     assert!(
         failures.is_empty(),
         "failing seeds: {failures:?} (replay one with SHOAL_SIM_SEED=<seed> cargo nextest run \
