@@ -419,3 +419,110 @@ fn a_csi_plugin_creates_and_deletes_cluster_volumes_retried_until_it_answers_and
     assert_eq!(plugin.calls().len(), before, "and asks nothing of the plugin");
     assert!(plugin.volume_dir("csi-logs").is_dir(), "so the plugin's volume stays");
 }
+
+/// Layer 3, end to end on the README's default path (the host's namespace, the docker executor): a service
+/// mounting a cluster volume (`Mounts: [{Type: cluster}]`, as Docker 23's `--mount type=cluster` sends it) is
+/// placed on the node that runs the plugin; the manager publishes the volume there (`ControllerPublishVolume`
+/// with the plugin's ID of the node), the node stages and publishes it, and the container writes into the
+/// plugin's volume. The removal is refused while it is published. When the service goes, the node
+/// unpublishes it, then the manager (`ControllerUnpublishVolume`), and the volume can be removed.
+#[test]
+fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends() {
+    use shoal_testkit::csi_plugin::{CsiCall, TestCsiPlugin};
+    if prerequisites::skip_unless(Prerequisite::DockerEngine) {
+        return;
+    }
+    let image = shoal_testkit::docker_engine::ensure_test_image();
+    let plugin = TestCsiPlugin::start();
+    let flags = vec!["--csi-plugin".to_string(), format!("csi.shoal.test=unix://{}", plugin.socket().display())];
+    let d = shoal_testkit::docker_engine::EngineDaemon::start_with_args(&shoal_bin(), flags);
+    let node_id = d.node_id().to_string();
+
+    // The node reports the plugin (its NodeGetInfo) in its description.
+    let csi_node = wait_until("the node to report its CSI plugin", WAIT, || {
+        let (status, node) = curl(&d, "GET", &format!("/nodes/{node_id}"), None);
+        assert_eq!(status, 200, "{node}");
+        let info = &node["Description"]["CSIInfo"][0];
+        match (info["PluginName"].as_str(), info["NodeID"].as_str()) {
+            (Some("csi.shoal.test"), Some(id)) if !id.is_empty() => Ok(id.to_string()),
+            _ => Err(format!("{node}")),
+        }
+    });
+
+    let volume = json!({
+        "Name": "data",
+        "Driver": "csi.shoal.test",
+        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
+    });
+    let (status, created) = curl(&d, "POST", "/volumes/create", Some(&volume.to_string()));
+    assert_eq!(status, 201, "{created}");
+    wait_until("the plugin to create the volume", WAIT, || {
+        let v = inspect(&d, "data");
+        if v["ClusterVolume"]["Info"]["VolumeID"] == "csi-data" {
+            Ok(())
+        } else {
+            Err(format!("{v}"))
+        }
+    });
+
+    let service = json!({
+        "Name": "volume-user",
+        "TaskTemplate": {
+            "ContainerSpec": {
+                "Image": image,
+                "Command": ["sh", "-c", "echo written-by-the-task > /data/hello && exec sleep 3600"],
+                "Mounts": [{"Type": "cluster", "Source": "data", "Target": "/data"}]
+            }
+        },
+        "Mode": {"Replicated": {"Replicas": 1}}
+    });
+    let (status, answer) = curl(&d, "POST", "/services/create", Some(&service.to_string()));
+    assert_eq!(status, 201, "{answer}");
+    let hello = plugin.volume_dir("csi-data").join("hello");
+    wait_until(
+        "the task to write into the plugin's volume",
+        Duration::from_secs(60),
+        || match std::fs::read_to_string(&hello) {
+            Ok(text) if text.trim() == "written-by-the-task" => Ok(()),
+            other => Err(format!("{other:?}; volume {}", inspect(&d, "data"))),
+        },
+    );
+    let published = inspect(&d, "data")["ClusterVolume"]["PublishStatus"].clone();
+    assert_eq!(published[0]["NodeID"], json!(node_id), "{published}");
+    assert_eq!(published[0]["State"], "published", "{published}");
+    assert_eq!(published[0]["PublishContext"]["published-to"], json!(csi_node), "{published}");
+    assert!(
+        plugin.calls().iter().any(
+            |c| matches!(c, CsiCall::ControllerPublish { volume_id, node_id, .. } if volume_id == "csi-data" && *node_id == csi_node)
+        ),
+        "{:?}",
+        plugin.calls()
+    );
+    let (_, tasks) = curl(&d, "GET", "/tasks?filters=%7B%22service%22%3A%5B%22volume-user%22%5D%7D", None);
+    assert_eq!(tasks[0]["Volumes"][0]["Source"], "data", "{tasks}");
+
+    // Published: the removal is refused, naming the node.
+    refused(&d, "DELETE", "/volumes/data", "", 400, &node_id);
+
+    // The service goes: the node unpublishes the volume, then the plugin's controller does.
+    let (status, answer) = curl(&d, "DELETE", "/services/volume-user", None);
+    assert_eq!(status, 200, "{answer}");
+    wait_until("the volume unpublished", Duration::from_secs(60), || {
+        let v = inspect(&d, "data");
+        let unpublished = plugin
+            .calls()
+            .iter()
+            .any(|c| matches!(c, CsiCall::ControllerUnpublish { volume_id, .. } if volume_id == "csi-data"));
+        if v["ClusterVolume"]["PublishStatus"].as_array().is_none_or(|a| a.is_empty()) && unpublished {
+            Ok(())
+        } else {
+            Err(format!("{v} {:?}", plugin.calls()))
+        }
+    });
+    assert_eq!(curl(&d, "DELETE", "/volumes/data", None).0, 204);
+    wait_until("the volume deleted", WAIT, || match inspect_if_any(&d, "data") {
+        None => Ok(()),
+        Some(v) => Err(format!("{v}")),
+    });
+    assert!(!plugin.volume_dir("csi-data").exists(), "the plugin deleted the volume");
+}
