@@ -491,13 +491,11 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
     assert_eq!(published[0]["NodeID"], json!(node_id), "{published}");
     assert_eq!(published[0]["State"], "published", "{published}");
     assert_eq!(published[0]["PublishContext"]["published-to"], json!(csi_node), "{published}");
-    assert!(
-        plugin.calls().iter().any(
-            |c| matches!(c, CsiCall::ControllerPublish { volume_id, node_id, .. } if volume_id == "csi-data" && *node_id == csi_node)
-        ),
-        "{:?}",
-        plugin.calls()
-    );
+    let published_to_node = |c: &CsiCall| {
+        matches!(c, CsiCall::ControllerPublish { volume_id, node_id, .. }
+            if volume_id == "csi-data" && *node_id == csi_node)
+    };
+    assert!(plugin.calls().iter().any(published_to_node), "{:?}", plugin.calls());
     let (_, tasks) = curl(&d, "GET", "/tasks?filters=%7B%22service%22%3A%5B%22volume-user%22%5D%7D", None);
     assert_eq!(tasks[0]["Volumes"][0]["Source"], "data", "{tasks}");
 

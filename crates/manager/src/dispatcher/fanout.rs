@@ -1,8 +1,9 @@
 //! `Fanout`: one watcher of the store for all of a dispatcher's agent streams. A router task receives every
 //! commit once and hands each node only the changes that concern it (its node object; tasks assigned to
 //! it now or before the change; cluster volumes published to it now or before), so a commit costs O(its
-//! changes), not O(open streams). Without it every stream watched the store itself, and N agents registering (N commits) cost N^2 wake-ups: with 10k
-//! simulated nodes the manager spent minutes of CPU on registration alone.
+//! changes), not O(open streams). Without it every stream watched the store itself, and N agents
+//! registering (N commits) cost N^2 wake-ups: with 10k simulated nodes the manager spent minutes of CPU on
+//! registration alone.
 //!
 //! Same contract as `MemoryStore::view_and_watch`: `view_and_watch` subscribes before it reads, and every
 //! commit after the view is delivered, none before (routed commits at or below the view's index are

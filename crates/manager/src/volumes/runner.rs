@@ -199,127 +199,12 @@ async fn step(
         .await
         .map_or(Outcome::Retry, |()| Outcome::Done),
         Work::Publish { plugin, node, request } => {
-            let Some(answer) = call(state, stop, plugins.controller_publish(&plugin, request)).await else {
-                return Outcome::Stopped;
-            };
-            let context = match answer {
-                Ok(context) => context,
-                Err(e) => {
-                    tracing::warn!(volume = %name, %plugin, %node, "cannot publish the cluster volume: {e}");
-                    return Outcome::Retry;
-                }
-            };
-            if context.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_VOLUME_INFO_BYTES {
-                tracing::warn!(volume = %name, %plugin, %node, "the plugin's publish context is over \
-                    {MAX_VOLUME_INFO_BYTES} bytes: not kept; fix the plugin");
-                return Outcome::Retry;
-            }
-            let written = finish(state, id, |t, c| {
-                use shoal_api::volume_publish_status::State;
-                let Some(v) = t.volumes().get(id) else { return };
-                let Some(i) =
-                    v.publish_status.iter().position(|s| s.node_id == node && s.state == State::PendingPublish as i32)
-                else {
-                    // Released meanwhile: the unpublish that follows undoes this publish.
-                    return;
-                };
-                let mut v = (**v).clone();
-                v.publish_status[i].state = State::Published as i32;
-                v.publish_status[i].publish_context = context.clone().into_iter().collect();
-                v.publish_status[i].message = String::new();
-                c.update(v);
-            })
-            .await;
-            match written {
-                Ok(()) => {
-                    tracing::info!(volume = %name, %plugin, %node, "cluster volume published");
-                    Outcome::Done
-                }
-                Err(()) => Outcome::Retry,
-            }
+            publish(state, plugins, stop, id, &name, plugin, node, request).await
         }
         Work::Unpublish { plugin, node, request } => {
-            let Some(answer) = call(state, stop, plugins.controller_unpublish(&plugin, request)).await else {
-                return Outcome::Stopped;
-            };
-            if let Err(e) = answer {
-                tracing::warn!(volume = %name, %plugin, %node, "cannot unpublish the cluster volume: {e}");
-                return Outcome::Retry;
-            }
-            let written = finish(state, id, |t, c| {
-                use shoal_api::volume_publish_status::State;
-                let Some(v) = t.volumes().get(id) else { return };
-                if !v.publish_status.iter().any(|s| s.node_id == node && s.state == State::PendingUnpublish as i32) {
-                    return;
-                }
-                let mut v = (**v).clone();
-                v.publish_status.retain(|s| !(s.node_id == node && s.state == State::PendingUnpublish as i32));
-                c.update(v);
-            })
-            .await;
-            match written {
-                Ok(()) => {
-                    tracing::info!(volume = %name, %plugin, %node, "cluster volume unpublished");
-                    Outcome::Done
-                }
-                Err(()) => Outcome::Retry,
-            }
+            unpublish(state, plugins, stop, id, &name, plugin, node, request).await
         }
-        Work::Create { plugin, request } => {
-            let secrets = request.secrets.clone();
-            let Some(answer) = call(state, stop, plugins.create_volume(&plugin, request)).await else {
-                return Outcome::Stopped;
-            };
-            let made = match answer {
-                Ok(made) if !made.volume_id.is_empty() => made,
-                Ok(_) => {
-                    tracing::warn!(volume = %name, %plugin, "the plugin created the volume but gave no volume ID");
-                    return Outcome::Retry;
-                }
-                Err(e) => {
-                    tracing::warn!(volume = %name, %plugin, "cannot create the cluster volume: {e}");
-                    return Outcome::Retry;
-                }
-            };
-            let plugin_id = made.volume_id.clone();
-            let info = volume_info(made);
-            let size = shoal_api::prost::Message::encoded_len(&info);
-            if size > MAX_VOLUME_INFO_BYTES {
-                // Bounded before it is written: what a plugin answers lands in every manager's store.
-                tracing::warn!(volume = %name, %plugin, size, "the plugin's answer to CreateVolume is over \
-                    {MAX_VOLUME_INFO_BYTES} bytes (volume context and topologies): not kept; fix the plugin");
-                return Outcome::Retry;
-            }
-            let mut gone = false;
-            let written = finish(state, id, |t, c| match t.volumes().get(id) {
-                None => gone = true,
-                Some(v) if v.created_by_plugin() => {}
-                Some(v) => {
-                    let mut v = (**v).clone();
-                    v.volume_info = Some(info.clone());
-                    c.update(v);
-                }
-            })
-            .await;
-            if gone {
-                // Removed while the plugin was creating it: nothing will delete it later, so do it now.
-                tracing::info!(volume = %name, %plugin, "the volume was removed while it was created: deleting it");
-                let request = csi::DeleteVolumeRequest { volume_id: plugin_id, secrets };
-                match call(state, stop, plugins.delete_volume(&plugin, request)).await {
-                    None => return Outcome::Stopped,
-                    Some(Err(e)) => tracing::warn!(volume = %name, %plugin, "cannot delete the volume: {e}"),
-                    Some(Ok(())) => {}
-                }
-                return Outcome::Done;
-            }
-            match written {
-                Ok(()) => {
-                    tracing::info!(volume = %name, %plugin, "cluster volume created");
-                    Outcome::Done
-                }
-                Err(()) => Outcome::Retry,
-            }
-        }
+        Work::Create { plugin, request } => create(state, plugins, stop, id, &name, plugin, request).await,
         Work::Delete { plugin, request } => {
             let Some(answer) = call(state, stop, plugins.delete_volume(&plugin, request)).await else {
                 return Outcome::Stopped;
@@ -342,6 +227,164 @@ async fn step(
                 Err(()) => Outcome::Retry,
             }
         }
+    }
+}
+
+/// `Work::Publish`: the plugin's `ControllerPublishVolume`, then `PUBLISHED` with its context (if the
+/// publication is still pending; one released meanwhile is undone by the unpublish that follows).
+#[expect(clippy::too_many_arguments, reason = "the step's context, passed through")]
+async fn publish(
+    state: &ClusterState,
+    plugins: &dyn ControllerPlugins,
+    stop: &mut watch::Receiver<bool>,
+    id: &str,
+    name: &str,
+    plugin: String,
+    node: String,
+    request: csi::ControllerPublishVolumeRequest,
+) -> Outcome {
+    let Some(answer) = call(state, stop, plugins.controller_publish(&plugin, request)).await else {
+        return Outcome::Stopped;
+    };
+    let context = match answer {
+        Ok(context) => context,
+        Err(e) => {
+            tracing::warn!(volume = %name, %plugin, %node, "cannot publish the cluster volume: {e}");
+            return Outcome::Retry;
+        }
+    };
+    if context.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_VOLUME_INFO_BYTES {
+        tracing::warn!(volume = %name, %plugin, %node, "the plugin's publish context is over \
+                {MAX_VOLUME_INFO_BYTES} bytes: not kept; fix the plugin");
+        return Outcome::Retry;
+    }
+    let written = finish(state, id, |t, c| {
+        use shoal_api::volume_publish_status::State;
+        let Some(v) = t.volumes().get(id) else { return };
+        let Some(i) =
+            v.publish_status.iter().position(|s| s.node_id == node && s.state == State::PendingPublish as i32)
+        else {
+            // Released meanwhile: the unpublish that follows undoes this publish.
+            return;
+        };
+        let mut v = (**v).clone();
+        v.publish_status[i].state = State::Published as i32;
+        v.publish_status[i].publish_context = context.clone().into_iter().collect();
+        v.publish_status[i].message = String::new();
+        c.update(v);
+    })
+    .await;
+    match written {
+        Ok(()) => {
+            tracing::info!(volume = %name, %plugin, %node, "cluster volume published");
+            Outcome::Done
+        }
+        Err(()) => Outcome::Retry,
+    }
+}
+
+/// `Work::Unpublish`: the plugin's `ControllerUnpublishVolume`, then the publication dropped.
+#[expect(clippy::too_many_arguments, reason = "the step's context, passed through")]
+async fn unpublish(
+    state: &ClusterState,
+    plugins: &dyn ControllerPlugins,
+    stop: &mut watch::Receiver<bool>,
+    id: &str,
+    name: &str,
+    plugin: String,
+    node: String,
+    request: csi::ControllerUnpublishVolumeRequest,
+) -> Outcome {
+    let Some(answer) = call(state, stop, plugins.controller_unpublish(&plugin, request)).await else {
+        return Outcome::Stopped;
+    };
+    if let Err(e) = answer {
+        tracing::warn!(volume = %name, %plugin, %node, "cannot unpublish the cluster volume: {e}");
+        return Outcome::Retry;
+    }
+    let written = finish(state, id, |t, c| {
+        use shoal_api::volume_publish_status::State;
+        let Some(v) = t.volumes().get(id) else { return };
+        if !v.publish_status.iter().any(|s| s.node_id == node && s.state == State::PendingUnpublish as i32) {
+            return;
+        }
+        let mut v = (**v).clone();
+        v.publish_status.retain(|s| !(s.node_id == node && s.state == State::PendingUnpublish as i32));
+        c.update(v);
+    })
+    .await;
+    match written {
+        Ok(()) => {
+            tracing::info!(volume = %name, %plugin, %node, "cluster volume unpublished");
+            Outcome::Done
+        }
+        Err(()) => Outcome::Retry,
+    }
+}
+
+/// `Work::Create`: the plugin's `CreateVolume`, then its answer as the volume's `VolumeInfo` (bounded); a
+/// volume removed meanwhile is deleted again.
+async fn create(
+    state: &ClusterState,
+    plugins: &dyn ControllerPlugins,
+    stop: &mut watch::Receiver<bool>,
+    id: &str,
+    name: &str,
+    plugin: String,
+    request: csi::CreateVolumeRequest,
+) -> Outcome {
+    let secrets = request.secrets.clone();
+    let Some(answer) = call(state, stop, plugins.create_volume(&plugin, request)).await else {
+        return Outcome::Stopped;
+    };
+    let made = match answer {
+        Ok(made) if !made.volume_id.is_empty() => made,
+        Ok(_) => {
+            tracing::warn!(volume = %name, %plugin, "the plugin created the volume but gave no volume ID");
+            return Outcome::Retry;
+        }
+        Err(e) => {
+            tracing::warn!(volume = %name, %plugin, "cannot create the cluster volume: {e}");
+            return Outcome::Retry;
+        }
+    };
+    let plugin_id = made.volume_id.clone();
+    let info = volume_info(made);
+    let size = shoal_api::prost::Message::encoded_len(&info);
+    if size > MAX_VOLUME_INFO_BYTES {
+        // Bounded before it is written: what a plugin answers lands in every manager's store.
+        tracing::warn!(volume = %name, %plugin, size, "the plugin's answer to CreateVolume is over \
+                {MAX_VOLUME_INFO_BYTES} bytes (volume context and topologies): not kept; fix the plugin");
+        return Outcome::Retry;
+    }
+    let mut gone = false;
+    let written = finish(state, id, |t, c| match t.volumes().get(id) {
+        None => gone = true,
+        Some(v) if v.created_by_plugin() => {}
+        Some(v) => {
+            let mut v = (**v).clone();
+            v.volume_info = Some(info.clone());
+            c.update(v);
+        }
+    })
+    .await;
+    if gone {
+        // Removed while the plugin was creating it: nothing will delete it later, so do it now.
+        tracing::info!(volume = %name, %plugin, "the volume was removed while it was created: deleting it");
+        let request = csi::DeleteVolumeRequest { volume_id: plugin_id, secrets };
+        match call(state, stop, plugins.delete_volume(&plugin, request)).await {
+            None => return Outcome::Stopped,
+            Some(Err(e)) => tracing::warn!(volume = %name, %plugin, "cannot delete the volume: {e}"),
+            Some(Ok(())) => {}
+        }
+        return Outcome::Done;
+    }
+    match written {
+        Ok(()) => {
+            tracing::info!(volume = %name, %plugin, "cluster volume created");
+            Outcome::Done
+        }
+        Err(()) => Outcome::Retry,
     }
 }
 
