@@ -291,10 +291,16 @@ impl NodeTls {
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&m.root_pem))
             .identity(Identity::from_pem(&m.cert_pem, &m.key_pem))
-            .domain_name(MANAGER_SERVER_NAME);
+            .domain_name(MANAGER_SERVER_NAME)
+            .assume_http2(true);
         https_endpoint(addr)?.tls_config(tls).map_err(|e| TlsError::Config(e.to_string()))
     }
 }
+
+// Every client endpoint to a manager offers `h2` by ALPN and speaks HTTP/2 even when the server selects no
+// protocol (`assume_http2`): SwarmKit's managers before swarmkit 9a32e2735 (January 2025: Docker 20.10 and
+// the engines of the years after it) name no protocol in their server TLS config, and tonic otherwise refuses
+// such a connection ("HTTP/2 was not negotiated"). Shoal's own servers always select `h2`.
 
 /// `https://IP:PORT` for an address given as `IP:PORT`, `http://IP:PORT` or `https://IP:PORT`.
 pub fn https_uri(addr: &str) -> String {
@@ -321,14 +327,17 @@ fn https_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
 /// An endpoint with no client certificate that trusts `root_pem` for the server (a joining node asking
 /// the CA for its first certificate, after it checked the root against its token).
 pub fn endpoint_trusting_root(addr: &str, root_pem: &str) -> Result<Endpoint, TlsError> {
-    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(root_pem)).domain_name(MANAGER_SERVER_NAME);
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(root_pem))
+        .domain_name(MANAGER_SERVER_NAME)
+        .assume_http2(true);
     https_endpoint(addr)?.tls_config(tls).map_err(|e| TlsError::Config(e.to_string()))
 }
 
 /// An endpoint that accepts any server certificate: only for `GetRootCACertificate` when joining, whose
 /// answer is trusted only if its digest matches the join token (an impostor cannot produce that).
 pub fn bootstrap_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
-    let tls = ClientTlsConfig::new().domain_name(MANAGER_SERVER_NAME);
+    let tls = ClientTlsConfig::new().domain_name(MANAGER_SERVER_NAME).assume_http2(true);
     https_endpoint(addr)?
         .tls_config_with_verifier(tls, Arc::new(AnyServerCert(provider())))
         .map_err(|e| TlsError::Config(e.to_string()))
@@ -582,4 +591,65 @@ pub(crate) async fn accept_bounded(
 pub fn agent_endpoints(tls: &NodeTls) -> shoal_agent::session::EndpointFactory {
     let tls = tls.clone();
     Arc::new(move |addr: &str| tls.endpoint(addr).map_err(|e| e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server certificate for a manager of a new cluster root, and this node's TLS over it.
+    fn manager_tls() -> (NodeTls, shoal_ca::RootCa) {
+        let root = shoal_ca::RootCa::generate(std::time::SystemTime::now(), &mut rand::rng()).unwrap();
+        let csr = shoal_ca::generate_node_key_and_csr().unwrap();
+        let subject = NodeSubject { node_id: "m1".into(), role: Role::Manager, cluster_id: "c1".into() };
+        let cert = root
+            .sign_csr(&csr.csr_pem, &subject, Duration::from_secs(3600), std::time::SystemTime::now(), &mut rand::rng())
+            .unwrap();
+        (NodeTls::new(root.cert_pem(), &cert, &csr.key_pem).unwrap(), root)
+    }
+
+    /// A manager whose TLS selects no application protocol (as SwarmKit's before January 2025 do) still
+    /// answers Shoal's clients: they speak HTTP/2 without ALPN's say-so, with and without a client
+    /// certificate.
+    #[tokio::test]
+    async fn clients_speak_http2_to_a_server_that_selects_no_alpn_protocol() {
+        let (tls, root) = manager_tls();
+        let mut config = (*tls.server_config()).clone();
+        config.alpn_protocols.clear();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<TlsStream<TcpStream>, std::io::Error>>(4);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { return };
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    if let Ok(stream) = acceptor.accept(tcp).await {
+                        assert_eq!(stream.get_ref().1.alpn_protocol(), None, "the server selected no protocol");
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                });
+            }
+        });
+        let served = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(shoal_manager::swarmkit_api::HealthService::remote().server())
+                .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        );
+        let check = |endpoint: Endpoint| async move {
+            let channel = endpoint.connect().await.map_err(|e| format!("{e:?}"))?;
+            let mut client = shoal_api::health_client::HealthClient::new(channel);
+            let request = shoal_api::HealthCheckRequest { service: "Raft".into() };
+            client.check(request).await.map(|r| r.into_inner().status).map_err(|e| e.to_string())
+        };
+        let serving = shoal_api::health_check_response::ServingStatus::Serving as i32;
+        assert_eq!(check(tls.endpoint(&addr.to_string()).unwrap()).await, Ok(serving), "mutual TLS");
+        let trusting = endpoint_trusting_root(&addr.to_string(), root.cert_pem()).unwrap();
+        assert_eq!(check(trusting).await, Ok(serving), "a joining node's first call");
+        assert_eq!(check(bootstrap_endpoint(&addr.to_string()).unwrap()).await, Ok(serving), "the root's fetch");
+        accepting.abort();
+        served.abort();
+    }
 }
