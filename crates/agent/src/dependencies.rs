@@ -147,10 +147,15 @@ impl Dependencies {
             assignment::Item::Config(c) => {
                 self.configs.insert(c.id.clone(), Arc::new(c.clone()));
             }
-            // Tasks, and cluster volumes (the worker publishes those itself).
+            // Tasks, and cluster volumes (the worker hands those to its `Volumes`).
             assignment::Item::Task(_) | assignment::Item::Volume(_) => return false,
         }
         true
+    }
+
+    /// The data of secret `id`, if this node holds it.
+    pub fn secret_data(&self, id: &str) -> Option<&[u8]> {
+        self.secrets.get(id).and_then(|s| s.spec.as_ref()).map(|s| s.data.as_slice())
     }
 
     /// Drops everything (a COMPLETE set starts from nothing).

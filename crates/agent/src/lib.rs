@@ -21,6 +21,7 @@ pub mod runner;
 pub mod session;
 pub mod task_files;
 pub mod testing;
+pub mod volumes;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -97,6 +98,9 @@ pub struct Agent {
     roots_sink: Option<watch::Sender<Vec<u8>>>,
     /// When set, gets the cluster's network encryption keys as session messages bring them.
     network_keys_sink: Option<watch::Sender<Vec<shoal_api::EncryptionKey>>>,
+    /// When set, the node's cluster volumes (its CSI plugins; what they say of the node, `NodeGetInfo`, is
+    /// reported in the description).
+    volumes: Option<volumes::Volumes>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -122,7 +126,15 @@ impl Agent {
             tls_info: None,
             roots_sink: None,
             network_keys_sink: None,
+            volumes: None,
         }
+    }
+
+    /// Publishes the cluster volumes assigned to this node through `volumes`, and reports what its plugins
+    /// say of the node (`NodeGetInfo`, asked when the agent starts) in the node description.
+    pub fn with_volumes(mut self, volumes: volumes::Volumes) -> Agent {
+        self.volumes = Some(volumes);
+        self
     }
 
     /// Reports `info` in the node description, and opens a new session whenever it changes (a renewed
@@ -238,11 +250,17 @@ impl Agent {
             tracing::warn!(dir = %self.config.state_dir.display(), "cannot create the agent's task directory: {e}");
         }
         let reporter = Arc::new(StatusReporter::new());
-        let description = self.description();
+        let mut description = self.description();
+        if let Some(v) = &self.volumes {
+            description.csi_info = v.node_info().await;
+        }
         let mut worker = self.worker(&description, reporter.clone());
         let network = self.executor.network_plane();
         let attacher = self.executor.engine_attachments();
-        let network_tasks = self.follow_assignments(&worker, network.as_ref(), attacher.as_ref(), &shutdown).await;
+        let mut network_tasks = self.follow_assignments(&worker, network.as_ref(), attacher.as_ref(), &shutdown).await;
+        if let Some(v) = &self.volumes {
+            network_tasks.push(tokio::spawn(v.clone().run(shutdown.clone())));
+        }
         let mut reconnect = Reconnect {
             backoff: Backoff::new(RECONNECT_MIN, RECONNECT_MAX),
             redirect: None,
@@ -286,6 +304,7 @@ impl Agent {
                 on_message: &mut on_message,
                 network: network.clone(),
                 attacher: attacher.clone(),
+                volumes: self.volumes.clone(),
             };
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,
@@ -313,6 +332,10 @@ impl Agent {
             os: platform.os,
             architecture: platform.architecture,
         });
+        let worker = match &self.volumes {
+            Some(v) => worker.with_volumes(v.clone()),
+            None => worker,
+        };
         match &self.held_sink {
             Some(sink) => worker.with_held_sink(sink.clone()),
             None => worker,

@@ -159,6 +159,8 @@ pub struct SessionContext<'a> {
     pub network: Option<Arc<crate::network::NetworkPlane>>,
     /// When set, told this session's connection (attach and detach requests go over it).
     pub attacher: Option<Arc<dyn crate::exec::EngineAttachments>>,
+    /// When set, the node's cluster volumes: those it unpublished are reported (`UpdateVolumeStatus`).
+    pub volumes: Option<crate::volumes::Volumes>,
 }
 
 /// Aborts a spawned helper task when the session ends, however it ends.
@@ -207,6 +209,10 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
     let heartbeat = spawn_heartbeat(client.clone(), node_id.clone(), session_id.clone());
     let reporter = spawn_status_reporter(client.clone(), node_id.clone(), session_id.clone(), ctx.reporter.clone());
     let (mut heartbeat, mut reporter) = (AbortOnDrop(heartbeat), AbortOnDrop(reporter));
+    let mut volume_reports = AbortOnDrop(match ctx.volumes.clone() {
+        Some(v) => spawn_volume_reporter(client.clone(), node_id.clone(), session_id.clone(), v),
+        None => tokio::spawn(std::future::pending()),
+    });
     // Log subscriptions ride on the same connection and end with the session.
     let _logs = AbortOnDrop(tokio::spawn({
         let listener = crate::logs::run_listener(
@@ -252,6 +258,7 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
             },
             r = &mut heartbeat.0 => return Err(joined(r)),
             r = &mut reporter.0 => return Err(joined(r)),
+            r = &mut volume_reports.0 => return Err(joined(r)),
             _ = changed(&mut tls_info) => return Err(SessionError::DescriptionChanged),
         }
     }
@@ -317,6 +324,32 @@ fn spawn_status_reporter(
             if let Err(status) = r {
                 reporter.put_back(batch);
                 return Err(SessionError::Rpc { call: "UpdateTaskStatus", status });
+            }
+        }
+    })
+}
+
+/// Reports the cluster volumes this node unpublished (`UpdateVolumeStatus`), so the manager has the plugin's
+/// controller unpublish them; a report that fails is put back for the next session, and ends this one.
+fn spawn_volume_reporter(
+    mut client: DispatcherClient<Channel>,
+    node_id: String,
+    session_id: String,
+    volumes: crate::volumes::Volumes,
+) -> tokio::task::JoinHandle<Result<(), SessionError>> {
+    use shoal_api::update_volume_status_request::VolumeStatusUpdate;
+    tokio::spawn(async move {
+        loop {
+            let ids = volumes.take_unpublished();
+            if ids.is_empty() {
+                volumes.reports_changed().await;
+                continue;
+            }
+            let updates = ids.iter().map(|id| VolumeStatusUpdate { id: id.clone(), unpublished: true }).collect();
+            let request = shoal_api::UpdateVolumeStatusRequest { session_id: session_id.clone(), updates };
+            if let Err(status) = client.update_volume_status(req(&node_id, request, Some(CALL_TIMEOUT))).await {
+                volumes.put_back(ids);
+                return Err(SessionError::Rpc { call: "UpdateVolumeStatus", status });
             }
         }
     })

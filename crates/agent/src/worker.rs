@@ -51,6 +51,8 @@ pub struct Worker {
     node: NodeFacts,
     /// Told what is held whenever it changes, and the last thing it was told.
     held_sink: Option<(HeldSink, Held)>,
+    /// The node's cluster volumes, when it runs CSI plugins.
+    volumes: Option<crate::volumes::Volumes>,
 }
 
 /// Told the IDs and names of the secrets and configs the worker holds whenever they change.
@@ -106,7 +108,15 @@ impl Worker {
             deps: Dependencies::new(),
             node: NodeFacts::default(),
             held_sink: None,
+            volumes: None,
         }
+    }
+
+    /// Publishes the cluster volumes assigned to this node through `volumes`, and runs the tasks that mount
+    /// them once they are published.
+    pub fn with_volumes(mut self, volumes: crate::volumes::Volumes) -> Worker {
+        self.volumes = Some(volumes);
+        self
     }
 
     /// Renders templates with `node`'s facts (`{{.Node.*}}`).
@@ -157,6 +167,10 @@ impl Worker {
             if self.deps.apply(&item, change.action == AssignmentAction::Remove as i32) {
                 continue;
             }
+            if let assignment::Item::Volume(v) = item {
+                self.assign_volume(v, change.action == AssignmentAction::Remove as i32);
+                continue;
+            }
             let assignment::Item::Task(task) = item else {
                 continue;
             };
@@ -187,6 +201,30 @@ impl Worker {
         }
     }
 
+    /// A cluster volume published to this node (or to unpublish): handed to `volumes` with its secrets' data
+    /// by key (sent before it as secret assignments). A node without CSI plugins cannot have one; it says so.
+    fn assign_volume(&mut self, v: shoal_api::VolumeAssignment, remove: bool) {
+        let Some(volumes) = &self.volumes else {
+            tracing::warn!(volume = %v.id, "a cluster volume was assigned to this node, which runs no CSI plugin: \
+                start its daemon with --csi-plugin NAME=unix:///path/to/the/plugin.sock");
+            return;
+        };
+        let mut secrets = std::collections::HashMap::new();
+        for s in &v.secrets {
+            match self.deps.secret_data(&s.secret) {
+                Some(data) => {
+                    secrets.insert(s.key.clone(), String::from_utf8_lossy(data).into_owned());
+                }
+                None if !remove => {
+                    tracing::warn!(volume = %v.id, secret = %s.secret, "the secret a cluster volume needs was not \
+                        sent to this node: its plugin gets it without that key");
+                }
+                None => {}
+            }
+        }
+        volumes.assign(v, secrets, remove);
+    }
+
     fn upsert(&mut self, task: Task) {
         if let Some(r) = self.runners.get(&task.id) {
             let task = Arc::new(task);
@@ -212,6 +250,15 @@ impl Worker {
             self.reporter.report(&task.id, status(to, LOST_TASK_MESSAGE, LOST_TASK_MESSAGE));
             return;
         }
+        // Cluster mounts become bind mounts of their volumes' publish paths; the task waits for them.
+        let (expanded, awaited) = match expanded {
+            Ok(e) => match crate::volumes::bind_cluster_mounts(&e, self.volumes.as_ref()) {
+                None => (Ok(e), None),
+                Some(Ok((bound, ids))) => (Ok(bound), Some(ids)),
+                Some(Err(why)) => (Err(why), None),
+            },
+            Err(why) => (Err(why), None),
+        };
         let ctlr = match (network_refusal(&task, self.executor.engine_attachments().is_some()), expanded) {
             (Some(why), _) | (None, Err(why)) => Err(ExecutorError::InvalidSpec(why)),
             (None, Ok(expanded)) if has_references(&expanded) => match self.deps.files_for(&expanded, &self.node) {
@@ -219,6 +266,13 @@ impl Worker {
                 Err(why) => Err(ExecutorError::InvalidSpec(why)),
             },
             (None, Ok(expanded)) => self.executor.controller(&expanded, Vec::new()),
+        };
+        let ctlr = match (ctlr, awaited, &self.volumes) {
+            (Ok(inner), Some(ids), Some(v)) => {
+                Ok(Box::new(crate::volumes::AwaitVolumes::new(inner, ids, v.published()))
+                    as Box<dyn crate::exec::Controller>)
+            }
+            (other, _, _) => other,
         };
         self.spawn_runner(task, ctlr);
     }

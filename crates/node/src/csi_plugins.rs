@@ -4,7 +4,12 @@
 //! is not used) and asked whether it has a controller service (`GetPluginCapabilities`); for one without,
 //! creating a volume answers the volume's name as its ID and deleting does nothing, as SwarmKit does.
 //!
-//! Must not know the cluster's state: it carries the requests the manager's `volumes` module builds.
+//! The same clients serve a worker's side (`NodeVolumes`, for the agent's `volumes`): `NodeGetInfo` for the
+//! node's description, and `NodeStageVolume` (when the plugin's node service has `STAGE_UNSTAGE_VOLUME`)
+//! then `NodePublishVolume` for a volume published to the node, the reverse to unpublish it.
+//!
+//! Must not know the cluster's state: it carries the requests the manager's `volumes` module and the
+//! agent's build.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +38,16 @@ struct Connected {
     controller: bool,
     /// The controller publishes volumes to nodes (`PUBLISH_UNPUBLISH_VOLUME`).
     publishes: bool,
+}
+
+/// The node's cluster volumes, published under `<state dir>/csi` through the plugins the daemon's
+/// `--csi-plugin` flags name; `None` without such flags.
+pub(crate) fn node_volumes(cfg: &crate::DaemonConfig) -> Option<shoal_agent::volumes::Volumes> {
+    if cfg.csi_plugins.is_empty() {
+        return None;
+    }
+    let plugins = Arc::new(CsiPlugins::new(&cfg.csi_plugins));
+    Some(shoal_agent::volumes::Volumes::new(cfg.state_dir.join("csi"), plugins))
 }
 
 impl CsiPlugins {
@@ -211,6 +226,171 @@ impl ControllerPlugins for CsiPlugins {
                     Err(plugin.failed("ControllerUnpublishVolume", &s))
                 }
             }
+        })
+    }
+}
+
+/// The most bytes a plugin's `NodeGetInfo` answer may take in the node description (its node ID and
+/// topology, encoded); a larger one is left out, with a warning.
+pub(crate) const MAX_NODE_INFO_BYTES: usize = 4096;
+
+impl Plugin {
+    /// Whether the plugin's node service stages volumes (`STAGE_UNSTAGE_VOLUME`).
+    async fn stages(&self, channel: Channel) -> Result<bool, PluginError> {
+        use csi::node_service_capability::{rpc, Type};
+        let caps = csi::node_client::NodeClient::new(channel)
+            .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+            .await
+            .map_err(|s| self.failed("NodeGetCapabilities", &s))?
+            .into_inner();
+        Ok(caps
+            .capabilities
+            .iter()
+            .any(|c| matches!(&c.r#type, Some(Type::Rpc(r)) if r.r#type == rpc::Type::StageUnstageVolume as i32)))
+    }
+
+    /// A failed node call: the connection is made again next time.
+    async fn node_failed(&self, what: &str, status: &tonic::Status) -> String {
+        self.forget().await;
+        self.failed(what, status).to_string()
+    }
+}
+
+fn create_dir(path: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(path).map_err(|e| format!("cannot create {}: {e}", path.display()))
+}
+
+impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
+    fn publish(
+        &self,
+        a: &shoal_api::VolumeAssignment,
+        secrets: HashMap<String, String>,
+        staging: &Path,
+        target: &Path,
+    ) -> shoal_agent::exec::BoxFuture<'static, Result<(), String>> {
+        let plugin = self.plugin(a.driver.as_ref().map(|d| d.name.as_str()).unwrap_or_default());
+        let (a, staging, target) = (a.clone(), staging.to_path_buf(), target.to_path_buf());
+        Box::pin(async move {
+            let plugin = plugin.map_err(|e| e.to_string())?;
+            let c = plugin.connection().await.map_err(|e| e.to_string())?;
+            let stages = plugin.stages(c.channel.clone()).await.map_err(|e| e.to_string())?;
+            let capability = a.access_mode.as_ref().map(shoal_manager::volumes::capability);
+            let readonly = a
+                .access_mode
+                .as_ref()
+                .is_some_and(|m| m.sharing == shoal_api::volume_access_mode::Sharing::ReadOnly as i32);
+            let mut node = csi::node_client::NodeClient::new(c.channel);
+            let staging_path = if stages {
+                create_dir(&staging)?;
+                let request = csi::NodeStageVolumeRequest {
+                    volume_id: a.volume_id.clone(),
+                    publish_context: a.publish_context.clone().into_iter().collect(),
+                    staging_target_path: staging.display().to_string(),
+                    volume_capability: capability.clone(),
+                    secrets: secrets.clone(),
+                    volume_context: a.volume_context.clone().into_iter().collect(),
+                };
+                if let Err(s) = node.node_stage_volume(request).await {
+                    return Err(plugin.node_failed("NodeStageVolume", &s).await);
+                }
+                staging.display().to_string()
+            } else {
+                String::new()
+            };
+            // The CO makes the target's parent; the plugin makes the target (the CSI specification).
+            create_dir(target.parent().unwrap_or(Path::new("/")))?;
+            let request = csi::NodePublishVolumeRequest {
+                volume_id: a.volume_id.clone(),
+                publish_context: a.publish_context.clone().into_iter().collect(),
+                staging_target_path: staging_path,
+                target_path: target.display().to_string(),
+                volume_capability: capability,
+                readonly,
+                secrets,
+                volume_context: a.volume_context.clone().into_iter().collect(),
+            };
+            match node.node_publish_volume(request).await {
+                Ok(_) => Ok(()),
+                Err(s) => Err(plugin.node_failed("NodePublishVolume", &s).await),
+            }
+        })
+    }
+
+    fn unpublish(
+        &self,
+        a: &shoal_api::VolumeAssignment,
+        staging: &Path,
+        target: &Path,
+    ) -> shoal_agent::exec::BoxFuture<'static, Result<(), String>> {
+        let plugin = self.plugin(a.driver.as_ref().map(|d| d.name.as_str()).unwrap_or_default());
+        let (a, staging, target) = (a.clone(), staging.to_path_buf(), target.to_path_buf());
+        Box::pin(async move {
+            let plugin = plugin.map_err(|e| e.to_string())?;
+            let c = plugin.connection().await.map_err(|e| e.to_string())?;
+            let stages = plugin.stages(c.channel.clone()).await.map_err(|e| e.to_string())?;
+            let mut node = csi::node_client::NodeClient::new(c.channel);
+            let request = csi::NodeUnpublishVolumeRequest {
+                volume_id: a.volume_id.clone(),
+                target_path: target.display().to_string(),
+            };
+            if let Err(s) = node.node_unpublish_volume(request).await {
+                return Err(plugin.node_failed("NodeUnpublishVolume", &s).await);
+            }
+            if stages {
+                let request = csi::NodeUnstageVolumeRequest {
+                    volume_id: a.volume_id.clone(),
+                    staging_target_path: staging.display().to_string(),
+                };
+                if let Err(s) = node.node_unstage_volume(request).await {
+                    return Err(plugin.node_failed("NodeUnstageVolume", &s).await);
+                }
+            }
+            // What Shoal made for it: the staging directory and the target's parent (both empty now).
+            if let Some(dir) = target.parent() {
+                let _ = std::fs::remove_dir(&staging);
+                let _ = std::fs::remove_dir(dir);
+            }
+            Ok(())
+        })
+    }
+
+    fn node_info(&self) -> shoal_agent::exec::BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
+        let plugins: Vec<Arc<Plugin>> = self.plugins.values().cloned().collect();
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for plugin in plugins {
+                let answer = match plugin.connection().await {
+                    Ok(c) => csi::node_client::NodeClient::new(c.channel)
+                        .node_get_info(csi::NodeGetInfoRequest {})
+                        .await
+                        .map_err(|s| plugin.failed("NodeGetInfo", &s).to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                let info = match answer {
+                    Ok(r) => r.into_inner(),
+                    Err(e) => {
+                        tracing::warn!(plugin = %plugin.name, "the node cannot report this CSI plugin: {e}");
+                        continue;
+                    }
+                };
+                let info = shoal_api::NodeCsiInfo {
+                    plugin_name: plugin.name.clone(),
+                    node_id: info.node_id,
+                    max_volumes_per_node: info.max_volumes_per_node,
+                    accessible_topology: info
+                        .accessible_topology
+                        .map(|t| shoal_api::Topology { segments: t.segments.into_iter().collect() }),
+                };
+                let size = shoal_api::prost::Message::encoded_len(&info);
+                if size > MAX_NODE_INFO_BYTES || info.node_id.is_empty() {
+                    tracing::warn!(plugin = %plugin.name, size, "the CSI plugin's NodeGetInfo answer is empty or over \
+                        {MAX_NODE_INFO_BYTES} bytes: the node does not report it");
+                    continue;
+                }
+                out.push(info);
+            }
+            out.sort_by(|a, b| a.plugin_name.cmp(&b.plugin_name));
+            out
         })
     }
 }

@@ -303,6 +303,10 @@ impl Wiring<'_> {
         .with_manager_source(self.dispatcher_addr.clone())
         .with_endpoint_factory(tls::agent_endpoints(self.tls))
         .with_tls_info(self.tls.tls_info());
+        let agent = match crate::csi_plugins::node_volumes(self.cfg) {
+            Some(v) => agent.with_volumes(v),
+            None => agent,
+        };
         let (node_tx, node_rx) = watch::channel(None);
         let (roots_tx, roots_rx) = watch::channel(Vec::new());
         let (demoted_tx, demoted) = watch::channel(None);

@@ -357,6 +357,10 @@ fn start_agent(
             configs: h.configs.clone(),
         });
     }));
+    let agent = match crate::csi_plugins::node_volumes(cfg) {
+        Some(v) => agent.with_volumes(v),
+        None => agent,
+    };
     let mut parts = vec![("agent", tokio::spawn(agent.run(shutdown.clone())))];
     let rotation_manager = session_manager.clone();
     parts.push((

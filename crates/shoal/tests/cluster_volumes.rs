@@ -8,9 +8,9 @@
 //! `type=cluster` (naming the service), and it survives a daemon restart (Raft log and snapshot). Every bound
 //! and every malformed request is a 400 with a JSON `message`, and nothing is written.
 //!
-//! Without `--csi-plugin` no plugin is called: the volume is only stored. With it (the last test), the suite's
-//! plugin creates and deletes volumes. Volumes are not published to nodes yet, so a task mounting one is
-//! rejected by the executor with its reason.
+//! Without `--csi-plugin` no plugin is called: the volume is only stored. With it, the suite's plugin creates
+//! and deletes volumes, and (the last test) publishes one to the node of a task that mounts it, which the
+//! container then writes into.
 
 mod common;
 
@@ -216,8 +216,8 @@ fn a_cluster_volume_is_created_bounded_updated_held_by_its_service_and_kept_acro
     let (status, answer) = put(version, &json!({"Availability": "pause"}));
     assert_eq!(status, 200, "a field left out stays as it is: {answer}");
 
-    // A service mounting it (type=cluster, which the 20.10 CLI cannot write) holds it; its task is rejected by
-    // the executor, as layer 1 publishes nothing.
+    // A service mounting it (type=cluster, which the 20.10 CLI cannot write) holds it; with no plugin to create
+    // the volume, its task stays pending, saying why.
     let service = json!({
         "Name": "db",
         "TaskTemplate": {"ContainerSpec": {
@@ -230,10 +230,11 @@ fn a_cluster_volume_is_created_bounded_updated_held_by_its_service_and_kept_acro
     let svc_id = svc["ID"].as_str().unwrap().to_string();
     let (_, mounted) = curl(&d, "GET", &format!("/services/{svc_id}"), None);
     assert_eq!(mounted["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"][0]["Type"], "cluster");
-    wait_until("the task mounting the cluster volume is rejected with its reason", WAIT, || {
+    wait_until("the task mounting the cluster volume to wait with its reason", WAIT, || {
         let errs: Vec<String> =
             tasks_of(&d, "db").iter().filter_map(|t| t["Status"]["Err"].as_str().map(str::to_string)).collect();
-        errs.iter().find(|e| e.contains("Mounts")).cloned().ok_or_else(|| format!("{errs:?}"))
+        let why = "no suitable node (no created cluster volume named \"data\" on 1 node)";
+        errs.iter().find(|e| e.as_str() == why).cloned().ok_or_else(|| format!("{errs:?}"))
     });
     refused(&d, "DELETE", "/volumes/data", "", 400, "volume 'data' is in use by the following service: db");
     refused(&d, "DELETE", "/volumes/data?force=1", "", 400, "in use by the following service: db");
@@ -424,8 +425,8 @@ fn a_csi_plugin_creates_and_deletes_cluster_volumes_retried_until_it_answers_and
 /// mounting a cluster volume (`Mounts: [{Type: cluster}]`, as Docker 23's `--mount type=cluster` sends it) is
 /// placed on the node that runs the plugin; the manager publishes the volume there (`ControllerPublishVolume`
 /// with the plugin's ID of the node), the node stages and publishes it, and the container writes into the
-/// plugin's volume. The removal is refused while it is published. When the service goes, the node
-/// unpublishes it, then the manager (`ControllerUnpublishVolume`), and the volume can be removed.
+/// plugin's volume. The removal is refused while it is in use. When the service goes, the node unpublishes
+/// it, then the manager (`ControllerUnpublishVolume`), and the volume can be removed.
 #[test]
 fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends() {
     use shoal_testkit::csi_plugin::{CsiCall, TestCsiPlugin};
@@ -499,8 +500,8 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
     let (_, tasks) = curl(&d, "GET", "/tasks?filters=%7B%22service%22%3A%5B%22volume-user%22%5D%7D", None);
     assert_eq!(tasks[0]["Volumes"][0]["Source"], "data", "{tasks}");
 
-    // Published: the removal is refused, naming the node.
-    refused(&d, "DELETE", "/volumes/data", "", 400, &node_id);
+    // In use: the removal is refused, naming the service.
+    refused(&d, "DELETE", "/volumes/data", "", 400, "volume-user");
 
     // The service goes: the node unpublishes the volume, then the plugin's controller does.
     let (status, answer) = curl(&d, "DELETE", "/services/volume-user", None);
@@ -517,6 +518,31 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
             Err(format!("{v} {:?}", plugin.calls()))
         }
     });
+    // The node's side, in order: stage (with the controller's publish context), publish at the node's path,
+    // and the reverse.
+    let node_calls: Vec<String> = plugin
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            CsiCall::NodeStage { volume_id, publish_context } => {
+                Some(format!("stage {volume_id} {:?}", publish_context.get("published-to")))
+            }
+            CsiCall::NodePublish { volume_id, target_path, readonly } => {
+                let under_state_dir = target_path.ends_with("/publish") && target_path.contains("/csi/");
+                Some(format!("publish {volume_id} {under_state_dir} {readonly}"))
+            }
+            CsiCall::NodeUnpublish { volume_id } => Some(format!("unpublish {volume_id}")),
+            CsiCall::NodeUnstage { volume_id } => Some(format!("unstage {volume_id}")),
+            _ => None,
+        })
+        .collect();
+    let staged = format!("stage csi-data {:?}", Some(&csi_node));
+    assert_eq!(
+        node_calls,
+        [staged.as_str(), "publish csi-data true false", "unpublish csi-data", "unstage csi-data"],
+        "{:?}",
+        plugin.calls()
+    );
     assert_eq!(curl(&d, "DELETE", "/volumes/data", None).0, 204);
     wait_until("the volume deleted", WAIT, || match inspect_if_any(&d, "data") {
         None => Ok(()),

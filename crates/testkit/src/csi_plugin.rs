@@ -54,13 +54,44 @@ pub enum CsiCall {
         /// The plugin's ID of the node.
         node_id: String,
     },
+    /// `NodeStageVolume`.
+    NodeStage {
+        /// The plugin's ID of the volume.
+        volume_id: String,
+        /// What `ControllerPublishVolume` answered.
+        publish_context: HashMap<String, String>,
+    },
+    /// `NodePublishVolume`.
+    NodePublish {
+        /// The plugin's ID of the volume.
+        volume_id: String,
+        /// Where (the plugin bind-mounts the volume's directory there).
+        target_path: String,
+        /// Read-only.
+        readonly: bool,
+    },
+    /// `NodeUnpublishVolume`.
+    NodeUnpublish {
+        /// The plugin's ID of the volume.
+        volume_id: String,
+    },
+    /// `NodeUnstageVolume`.
+    NodeUnstage {
+        /// The plugin's ID of the volume.
+        volume_id: String,
+    },
 }
+
+/// The plugin's ID of the node it runs on, as `NodeGetInfo` answers it.
+pub const TEST_PLUGIN_NODE_ID: &str = "csi-node-1";
 
 #[derive(Debug, Default)]
 struct Shared {
     root: PathBuf,
     calls: Mutex<Vec<CsiCall>>,
     failing: AtomicBool,
+    /// The targets the node service bind-mounted and has not unmounted (unmounted on drop).
+    mounted: Mutex<Vec<PathBuf>>,
 }
 
 /// A running test plugin.
@@ -92,7 +123,8 @@ impl TestCsiPlugin {
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
                 let served = tonic::transport::Server::builder()
                     .add_service(csi::identity_server::IdentityServer::new(Identity))
-                    .add_service(csi::controller_server::ControllerServer::new(Controller(served)))
+                    .add_service(csi::controller_server::ControllerServer::new(Controller(served.clone())))
+                    .add_service(csi::node_server::NodeServer::new(Node(served)))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stop_rx.await;
                     })
@@ -134,6 +166,10 @@ impl Drop for TestCsiPlugin {
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // A test that failed half-way leaves no mount behind.
+        for target in std::mem::take(&mut *self.shared.mounted.lock().expect("mounts")) {
+            let _ = std::process::Command::new("umount").arg(&target).output();
         }
     }
 }
@@ -285,6 +321,120 @@ impl csi::controller_server::Controller for Controller {
                 .into_iter()
                 .map(|t| csi::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })) })
                 .collect(),
+        }))
+    }
+}
+
+/// The node service: stage records; publish bind-mounts the volume's directory on the target (made here, as
+/// the CSI specification has the plugin do); unpublish unmounts it and removes the target.
+struct Node(Arc<Shared>);
+
+impl Node {
+    fn record(&self, call: CsiCall) -> Result<(), Status> {
+        Controller(self.0.clone()).record(call)
+    }
+}
+
+fn run(cmd: &mut std::process::Command) -> Result<(), Status> {
+    let out = cmd.output().map_err(|e| Status::internal(format!("{cmd:?}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Status::internal(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim())))
+    }
+}
+
+#[tonic::async_trait]
+impl csi::node_server::Node for Node {
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let r = request.into_inner();
+        self.record(CsiCall::NodeStage { volume_id: r.volume_id.clone(), publish_context: r.publish_context })?;
+        if r.staging_target_path.is_empty() {
+            return Err(Status::invalid_argument("NodeStageVolume without a staging path"));
+        }
+        Ok(Response::new(csi::NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        self.record(CsiCall::NodeUnstage { volume_id: request.into_inner().volume_id })?;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let r = request.into_inner();
+        self.record(CsiCall::NodePublish {
+            volume_id: r.volume_id.clone(),
+            target_path: r.target_path.clone(),
+            readonly: r.readonly,
+        })?;
+        if r.volume_id.is_empty() || r.volume_id.contains('/') || r.volume_id.starts_with('.') {
+            return Err(Status::invalid_argument(format!("bad volume ID {:?}", r.volume_id)));
+        }
+        let source = self.0.root.join(&r.volume_id);
+        let target = PathBuf::from(&r.target_path);
+        if self.0.mounted.lock().expect("mounts").contains(&target) {
+            return Ok(Response::new(csi::NodePublishVolumeResponse {}));
+        }
+        std::fs::create_dir_all(&target).map_err(|e| Status::internal(format!("{}: {e}", target.display())))?;
+        run(std::process::Command::new("mount").arg("--bind").arg(&source).arg(&target))?;
+        self.0.mounted.lock().expect("mounts").push(target);
+        Ok(Response::new(csi::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let r = request.into_inner();
+        self.record(CsiCall::NodeUnpublish { volume_id: r.volume_id.clone() })?;
+        let target = PathBuf::from(&r.target_path);
+        let was_mounted = {
+            let mut mounted = self.0.mounted.lock().expect("mounts");
+            let before = mounted.len();
+            mounted.retain(|t| *t != target);
+            mounted.len() != before
+        };
+        if was_mounted {
+            run(std::process::Command::new("umount").arg(&target))?;
+        }
+        // Unpublishing what is not published succeeds (idempotent).
+        match std::fs::remove_dir(&target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Status::internal(format!("{}: {e}", target.display()))),
+        }
+        Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        use csi::node_service_capability::{rpc, Rpc, Type};
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities: vec![csi::NodeServiceCapability {
+                r#type: Some(Type::Rpc(Rpc { r#type: rpc::Type::StageUnstageVolume as i32 })),
+            }],
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: TEST_PLUGIN_NODE_ID.to_string(),
+            max_volumes_per_node: 0,
+            accessible_topology: None,
         }))
     }
 }

@@ -67,9 +67,9 @@ fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
         mount::Type::Tmpfs => MountType::TMPFS,
         mount::Type::Cluster => {
             return Err(format!(
-                "the cluster volume {:?} (type=cluster, target {}) cannot be mounted yet: Shoal stores cluster volumes \
-                 but publishes none to a node (no CSI plugin is called; docs/design/cluster-volumes.md); use bind, \
-                 volume or tmpfs",
+                "the cluster volume {:?} (type=cluster, target {}) is not published on this node: the agent binds a \
+                 task's cluster mounts to the volumes the managers publish to the node, and this one was not bound \
+                 (docs/design/cluster-volumes.md)",
                 m.source, m.target
             ))
         }
@@ -693,7 +693,7 @@ mod tests {
         });
         let why = create_body(&cluster, "n", None).unwrap_err();
         assert!(
-            why.starts_with("the cluster volume \"data\" (type=cluster, target /data) cannot be mounted yet"),
+            why.starts_with("the cluster volume \"data\" (type=cluster, target /data) is not published on this node"),
             "{why}"
         );
     }

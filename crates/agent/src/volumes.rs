@@ -1,0 +1,453 @@
+//! Cluster volumes on this node (layer 3 of docs/design/cluster-volumes.md, the worker's half). The
+//! dispatcher sends a `VolumeAssignment` once the manager has published a volume to this node (UPDATE), and
+//! again as a REMOVE once no task here needs it. `Volumes` keeps what each volume should be (published or
+//! not) and a loop makes it so through the node's CSI plugins (`NodeVolumes`: `NodeStageVolume` when the
+//! plugin stages, then `NodePublishVolume`; the reverse to unpublish), retrying a failed call with a backoff
+//! (`RETRY_MIN` doubling to `RETRY_MAX`). Each volume is published at `<root>/<volume ID>/publish` (staged
+//! at `.../staging`), a path known before the call, so a task's cluster mount becomes a bind mount of it
+//! (`bind_cluster_mounts`) and the task waits, in `prepare`, until the volume is published (`AwaitVolumes`,
+//! at most `PUBLISH_WAIT`). A volume unpublished is reported to the manager (`take_unpublished`, sent by
+//! the session as `UpdateVolumeStatus`), which then has the plugin's controller unpublish it.
+//!
+//! Bounds: one entry per volume assigned to this node. Must not know gRPC or how a plugin is reached.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use shoal_api::{mount, task_spec, Task, VolumeAssignment};
+use tokio::sync::{watch, Notify};
+
+use crate::exec::{BoxFuture, Controller, ExecutorError, ExitStatus, RuntimeReport};
+
+/// The first retry of a failed plugin call comes after this long, each next one after twice as long...
+pub const RETRY_MIN: Duration = Duration::from_millis(500);
+/// ...up to this.
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a task waits for its volumes to be published here before it is rejected (its orchestrator then
+/// replaces it).
+pub const PUBLISH_WAIT: Duration = Duration::from_secs(120);
+
+/// The node side of the CSI plugins this node runs (the node crate's gRPC clients; a fake in tests).
+pub trait NodeVolumes: Send + Sync + 'static {
+    /// Stages `a` at `staging` (when its plugin stages volumes), then publishes it at `target`, with the
+    /// secrets' data by key.
+    fn publish(
+        &self,
+        a: &VolumeAssignment,
+        secrets: HashMap<String, String>,
+        staging: &Path,
+        target: &Path,
+    ) -> BoxFuture<'static, Result<(), String>>;
+    /// Unpublishes `a` from `target`, then unstages it from `staging` (when its plugin stages volumes).
+    fn unpublish(&self, a: &VolumeAssignment, staging: &Path, target: &Path) -> BoxFuture<'static, Result<(), String>>;
+    /// What each plugin's `NodeGetInfo` answers, for the node description (a plugin that cannot be reached
+    /// is left out, with a warning).
+    fn node_info(&self) -> BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>>;
+}
+
+/// What a volume should be. No `Debug`: it holds the secrets' data.
+#[derive(Clone, PartialEq)]
+enum Want {
+    Published(VolumeAssignment, HashMap<String, String>),
+    Unpublished(VolumeAssignment),
+}
+
+#[derive(Default)]
+struct State {
+    /// What each volume should be, and whether it is so.
+    want: BTreeMap<String, (Want, bool)>,
+    /// Volumes unpublished and not yet reported.
+    unpublished: BTreeSet<String>,
+}
+
+/// This node's cluster volumes (cheap to clone).
+#[derive(Clone)]
+pub struct Volumes {
+    root: PathBuf,
+    plugins: Arc<dyn NodeVolumes>,
+    state: Arc<Mutex<State>>,
+    published: watch::Sender<BTreeSet<String>>,
+    wake: Arc<Notify>,
+    reports: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Volumes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Volumes").field("root", &self.root).field("published", &*self.published.borrow()).finish()
+    }
+}
+
+impl Volumes {
+    /// Volumes published under `root` through `plugins`.
+    pub fn new(root: PathBuf, plugins: Arc<dyn NodeVolumes>) -> Volumes {
+        Volumes {
+            root,
+            plugins,
+            state: Arc::default(),
+            published: watch::channel(BTreeSet::new()).0,
+            wake: Arc::default(),
+            reports: Arc::default(),
+        }
+    }
+
+    /// What the node's plugins say of it (`NodeGetInfo`), for its description.
+    pub async fn node_info(&self) -> Vec<shoal_api::NodeCsiInfo> {
+        self.plugins.node_info().await
+    }
+
+    /// Where volume `id` (the swarm's ID) is published on this node.
+    pub fn target(&self, id: &str) -> PathBuf {
+        self.root.join(id).join("publish")
+    }
+
+    fn staging(&self, id: &str) -> PathBuf {
+        self.root.join(id).join("staging")
+    }
+
+    /// Takes a `VolumeAssignment` change: publish it (UPDATE, with its secrets' data by key), or unpublish it
+    /// (REMOVE; a volume this node never had is reported unpublished at once, as it may have had it before a
+    /// restart).
+    pub fn assign(&self, a: VolumeAssignment, secrets: HashMap<String, String>, remove: bool) {
+        let want = if remove { Want::Unpublished(a.clone()) } else { Want::Published(a.clone(), secrets) };
+        let mut st = self.state.lock();
+        match st.want.get(&a.id) {
+            Some((w, _)) if *w == want => return,
+            _ => {}
+        }
+        if !remove {
+            st.unpublished.remove(&a.id);
+        }
+        st.want.insert(a.id.clone(), (want, false));
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// The volumes published here now.
+    pub fn published(&self) -> watch::Receiver<BTreeSet<String>> {
+        self.published.subscribe()
+    }
+
+    /// The volumes unpublished since the last call, to report (put back with `put_back` if the report fails).
+    pub fn take_unpublished(&self) -> Vec<String> {
+        std::mem::take(&mut self.state.lock().unpublished).into_iter().collect()
+    }
+
+    /// Puts back volumes whose report failed.
+    pub fn put_back(&self, ids: Vec<String>) {
+        let mut st = self.state.lock();
+        for id in ids {
+            // Assigned again meanwhile: nothing to report any more.
+            if !matches!(st.want.get(&id), Some((Want::Published(..), _))) {
+                st.unpublished.insert(id);
+            }
+        }
+        drop(st);
+        self.reports.notify_one();
+    }
+
+    /// Resolves once there may be unpublished volumes to report.
+    pub async fn reports_changed(&self) {
+        self.reports.notified().await;
+    }
+
+    /// The next volume to work on: one whose state is not what it should be.
+    fn next(&self) -> Option<(String, Want)> {
+        let st = self.state.lock();
+        st.want.iter().find(|(_, (_, done))| !done).map(|(id, (w, _))| (id.clone(), w.clone()))
+    }
+
+    /// Makes each volume what it should be, until `shutdown` turns true.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut delay = RETRY_MIN;
+        loop {
+            let wake = self.wake.notified();
+            let Some((id, want)) = self.next() else {
+                tokio::select! {
+                    _ = wake => continue,
+                    _ = shutdown.changed() => return,
+                }
+            };
+            let (staging, target) = (self.staging(&id), self.target(&id));
+            let result = match &want {
+                Want::Published(a, secrets) => self.plugins.publish(a, secrets.clone(), &staging, &target).await,
+                Want::Unpublished(a) => self.plugins.unpublish(a, &staging, &target).await,
+            };
+            match result {
+                Ok(()) => {
+                    delay = RETRY_MIN;
+                    self.done(&id, &want);
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %id, "cluster volume: {e}; retrying in {delay:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.changed() => return,
+                    }
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// Records that `id` is now as `want` said (unless it was assigned otherwise meanwhile).
+    fn done(&self, id: &str, want: &Want) {
+        let mut st = self.state.lock();
+        let Some((w, done)) = st.want.get_mut(id) else { return };
+        if w != want {
+            return;
+        }
+        *done = true;
+        match want {
+            Want::Published(..) => {
+                tracing::info!(volume = %id, "cluster volume published on this node");
+                self.published.send_modify(|p| {
+                    p.insert(id.to_string());
+                });
+            }
+            Want::Unpublished(_) => {
+                tracing::info!(volume = %id, "cluster volume unpublished from this node");
+                st.want.remove(id);
+                st.unpublished.insert(id.to_string());
+                self.published.send_modify(|p| {
+                    p.remove(id);
+                });
+                self.reports.notify_one();
+            }
+        }
+    }
+}
+
+/// `task` with each cluster mount turned into a bind mount of its volume's publish path (the volume the
+/// scheduler chose, `task.volumes`), and the IDs of those volumes; an error names a cluster mount no volume
+/// was chosen for. `None` when the task mounts no cluster volume.
+pub fn bind_cluster_mounts(task: &Task, volumes: Option<&Volumes>) -> Option<Result<(Task, Vec<String>), String>> {
+    let cluster = |m: &shoal_api::Mount| m.r#type == mount::Type::Cluster as i32;
+    let container = match task.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
+        Some(task_spec::Runtime::Container(c)) if c.mounts.iter().any(cluster) => c,
+        _ => return None,
+    };
+    let Some(volumes) = volumes else {
+        return Some(Err("the task mounts a cluster volume (type=cluster) but this node runs no CSI plugin: start \
+                         its daemon with --csi-plugin NAME=unix:///path/to/the/plugin.sock"
+            .to_string()));
+    };
+    let mut c = container.clone();
+    let mut ids = Vec::new();
+    for m in c.mounts.iter_mut().filter(|m| cluster(m)) {
+        let Some(a) = task.volumes.iter().find(|a| a.source == m.source && a.target == m.target) else {
+            return Some(Err(format!(
+                "no cluster volume was chosen for the mount of {:?} at {}: the task must be scheduled again",
+                m.source, m.target
+            )));
+        };
+        m.r#type = mount::Type::Bind as i32;
+        m.source = volumes.target(&a.id).display().to_string();
+        ids.push(a.id.clone());
+    }
+    let mut out = task.clone();
+    if let Some(spec) = out.spec.as_mut() {
+        spec.runtime = Some(task_spec::Runtime::Container(c));
+    }
+    Some(Ok((out, ids)))
+}
+
+/// A task's controller that, in `prepare`, first waits until its cluster volumes are published on this
+/// node (at most `PUBLISH_WAIT`).
+pub struct AwaitVolumes {
+    inner: Box<dyn Controller>,
+    ids: Vec<String>,
+    published: watch::Receiver<BTreeSet<String>>,
+    wait: Duration,
+}
+
+impl AwaitVolumes {
+    /// Wraps `inner`, waiting for `ids` in `published`.
+    pub fn new(inner: Box<dyn Controller>, ids: Vec<String>, published: watch::Receiver<BTreeSet<String>>) -> Self {
+        AwaitVolumes { inner, ids, published, wait: PUBLISH_WAIT }
+    }
+}
+
+impl Controller for AwaitVolumes {
+    fn prepare(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            let ids = self.ids.clone();
+            let ready = self.published.wait_for(|p| ids.iter().all(|id| p.contains(id)));
+            match tokio::time::timeout(self.wait, ready).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) => {
+                    return Err(ExecutorError::InvalidSpec("the node's cluster volumes stopped".to_string()));
+                }
+                Err(_) => {
+                    return Err(ExecutorError::InvalidSpec(format!(
+                        "the cluster volumes {:?} were not published to this node within {:?}",
+                        self.ids, self.wait
+                    )));
+                }
+            }
+            self.inner.prepare().await
+        })
+    }
+    fn start(&mut self) -> BoxFuture<'_, Result<i32, ExecutorError>> {
+        self.inner.start()
+    }
+    fn wait(&mut self) -> BoxFuture<'_, Result<ExitStatus, ExecutorError>> {
+        self.inner.wait()
+    }
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        self.inner.shutdown()
+    }
+    fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        self.inner.terminate()
+    }
+    fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        self.inner.remove()
+    }
+    fn report(&self) -> RuntimeReport {
+        self.inner.report()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_api::{ContainerSpec, Mount, TaskSpec, VolumeAttachment};
+
+    /// A plugin that records its calls and fails the first `fail` of them.
+    #[derive(Default)]
+    struct Fake {
+        calls: Mutex<Vec<String>>,
+        fail: Mutex<u32>,
+    }
+
+    impl Fake {
+        fn answer(&self, call: String) -> BoxFuture<'static, Result<(), String>> {
+            self.calls.lock().push(call);
+            let mut fail = self.fail.lock();
+            let r = if *fail > 0 {
+                *fail -= 1;
+                Err("the fake plugin fails".to_string())
+            } else {
+                Ok(())
+            };
+            Box::pin(std::future::ready(r))
+        }
+    }
+
+    impl NodeVolumes for Arc<Fake> {
+        fn publish(
+            &self,
+            a: &VolumeAssignment,
+            secrets: HashMap<String, String>,
+            _: &Path,
+            target: &Path,
+        ) -> BoxFuture<'static, Result<(), String>> {
+            let mut keys: Vec<&String> = secrets.keys().collect();
+            keys.sort();
+            self.answer(format!("publish {} at {} with {keys:?}", a.volume_id, target.display()))
+        }
+        fn unpublish(&self, a: &VolumeAssignment, _: &Path, _: &Path) -> BoxFuture<'static, Result<(), String>> {
+            self.answer(format!("unpublish {}", a.volume_id))
+        }
+        fn node_info(&self) -> BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
+            Box::pin(std::future::ready(Vec::new()))
+        }
+    }
+
+    /// Waits for volumes to report, and takes them.
+    async fn reported(v: &Volumes) -> Vec<String> {
+        loop {
+            let ids = v.take_unpublished();
+            if !ids.is_empty() {
+                return ids;
+            }
+            v.reports_changed().await;
+        }
+    }
+
+    fn assignment(id: &str) -> VolumeAssignment {
+        VolumeAssignment { id: id.into(), volume_id: format!("plugin-{id}"), ..Default::default() }
+    }
+
+    /// A volume is published (retried after a failure, with its secrets), reported published, then on a
+    /// REMOVE unpublished and reported for `UpdateVolumeStatus`; a failed report is put back; a REMOVE of a
+    /// volume the node does not have is unpublished and reported all the same.
+    #[tokio::test]
+    async fn volumes_are_published_retried_unpublished_and_reported() {
+        let fake = Arc::new(Fake::default());
+        *fake.fail.lock() = 1;
+        let v = Volumes::new(PathBuf::from("/state/csi"), Arc::new(fake.clone()));
+        let (stop, stopped) = watch::channel(false);
+        let running = tokio::spawn(v.clone().run(stopped));
+        let mut published = v.published();
+        v.assign(assignment("v1"), [("password".to_string(), "s3cret".to_string())].into(), false);
+        published.wait_for(|p| p.contains("v1")).await.unwrap();
+        let publish = "publish plugin-v1 at /state/csi/v1/publish with [\"password\"]".to_string();
+        assert_eq!(*fake.calls.lock(), vec![publish.clone(), publish], "retried after the failure");
+        assert!(v.take_unpublished().is_empty());
+
+        v.assign(assignment("v1"), HashMap::new(), true);
+        published.wait_for(|p| p.is_empty()).await.unwrap();
+        let ids = reported(&v).await;
+        assert_eq!(ids, vec!["v1".to_string()]);
+        v.put_back(ids);
+        assert_eq!(v.take_unpublished(), vec!["v1".to_string()], "a failed report is put back");
+
+        v.assign(assignment("v9"), HashMap::new(), true);
+        assert_eq!(reported(&v).await, vec!["v9".to_string()]);
+        assert_eq!(fake.calls.lock().last().map(String::as_str), Some("unpublish plugin-v9"));
+        stop.send(true).unwrap();
+        running.await.unwrap();
+    }
+
+    fn task_mounting(source: &str, attached: Option<&str>) -> Task {
+        let mount = Mount {
+            r#type: mount::Type::Cluster as i32,
+            source: source.into(),
+            target: "/data".into(),
+            readonly: true,
+            ..Default::default()
+        };
+        Task {
+            id: "t1".into(),
+            spec: Some(
+                TaskSpec {
+                    runtime: Some(task_spec::Runtime::Container(ContainerSpec {
+                        mounts: vec![mount],
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }
+                .into(),
+            ),
+            volumes: attached
+                .map(|id| VolumeAttachment { id: id.into(), source: source.into(), target: "/data".into() })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A cluster mount becomes a read-only-as-asked bind mount of its volume's publish path; a mount the
+    /// scheduler chose no volume for, or a node without plugins, is an error saying what to do; a task
+    /// without cluster mounts is left alone.
+    #[test]
+    fn cluster_mounts_become_bind_mounts_of_the_publish_path() {
+        let v = Volumes::new(PathBuf::from("/state/csi"), Arc::new(Arc::new(Fake::default())));
+        let (bound, ids) = bind_cluster_mounts(&task_mounting("data", Some("v1")), Some(&v)).unwrap().unwrap();
+        assert_eq!(ids, vec!["v1".to_string()]);
+        let Some(task_spec::Runtime::Container(c)) = bound.spec.as_ref().and_then(|s| s.runtime.as_ref()) else {
+            panic!("a container")
+        };
+        assert_eq!(c.mounts[0].r#type, mount::Type::Bind as i32);
+        assert_eq!(c.mounts[0].source, "/state/csi/v1/publish");
+        assert!(c.mounts[0].readonly);
+        let e = bind_cluster_mounts(&task_mounting("data", None), Some(&v)).unwrap().unwrap_err();
+        assert!(e.contains("no cluster volume was chosen"), "{e}");
+        let e = bind_cluster_mounts(&task_mounting("data", Some("v1")), None).unwrap().unwrap_err();
+        assert!(e.contains("--csi-plugin NAME=unix://"), "{e}");
+        assert!(bind_cluster_mounts(&Task::default(), Some(&v)).is_none());
+    }
+}
