@@ -249,6 +249,13 @@ impl Plugin {
             .any(|c| matches!(&c.r#type, Some(Type::Rpc(r)) if r.r#type == rpc::Type::StageUnstageVolume as i32)))
     }
 
+    /// The connection for a node call, and whether the plugin's node service stages volumes.
+    async fn node_connection(&self) -> Result<(Connected, bool), String> {
+        let c = self.connection().await.map_err(|e| e.to_string())?;
+        let stages = self.stages(c.channel.clone()).await.map_err(|e| e.to_string())?;
+        Ok((c, stages))
+    }
+
     /// A failed node call: the connection is made again next time.
     async fn node_failed(&self, what: &str, status: &tonic::Status) -> String {
         self.forget().await;
@@ -272,8 +279,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
         let (a, staging, target) = (a.clone(), staging.to_path_buf(), target.to_path_buf());
         Box::pin(async move {
             let plugin = plugin.map_err(|e| e.to_string())?;
-            let c = plugin.connection().await.map_err(|e| e.to_string())?;
-            let stages = plugin.stages(c.channel.clone()).await.map_err(|e| e.to_string())?;
+            let (c, stages) = plugin.node_connection().await?;
             let capability = a.access_mode.as_ref().map(shoal_manager::volumes::capability);
             let readonly = a
                 .access_mode
@@ -326,8 +332,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
         let (a, staging, target) = (a.clone(), staging.to_path_buf(), target.to_path_buf());
         Box::pin(async move {
             let plugin = plugin.map_err(|e| e.to_string())?;
-            let c = plugin.connection().await.map_err(|e| e.to_string())?;
-            let stages = plugin.stages(c.channel.clone()).await.map_err(|e| e.to_string())?;
+            let (c, stages) = plugin.node_connection().await?;
             let mut node = csi::node_client::NodeClient::new(c.channel);
             let request = csi::NodeUnpublishVolumeRequest {
                 volume_id: a.volume_id.clone(),

@@ -374,6 +374,16 @@ async fn a_plugin_answer_over_the_bound_is_not_kept_and_the_create_is_retried() 
     fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
 }
 
+/// A running volume manager with the volume "data" created by its plugin, and the volume's ID.
+async fn created() -> (Fx, String) {
+    let fx = start();
+    secret(&fx.state).await;
+    controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
+    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
+    let vid = fx.volume("data").unwrap().id.clone();
+    (fx, vid)
+}
+
 /// A node reporting the test plugin (`csi_node`: the plugin's ID of it; `None`: it does not report it).
 async fn node(state: &ClusterState, id: &str, csi_node: Option<&str>) {
     let node = shoal_api::Node {
@@ -446,11 +456,7 @@ use shoal_api::volume_publish_status;
 #[tokio::test]
 async fn a_volume_is_published_to_the_node_of_its_task_and_unpublished_after_the_task_ends() {
     use volume_publish_status::State;
-    let fx = start();
-    secret(&fx.state).await;
-    controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
-    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
-    let vid = fx.volume("data").unwrap().id.clone();
+    let (fx, vid) = created().await;
     node(&fx.state, "n1", Some("csi-n1")).await;
     fx.place(task_on("t1", "n1", &vid, shoal_api::TaskState::Assigned), "data").await;
     fx.until("published", |fx| fx.states("data") == vec![("n1".into(), State::Published as i32)]).await;
@@ -494,11 +500,7 @@ async fn a_volume_is_published_to_the_node_of_its_task_and_unpublished_after_the
 #[tokio::test]
 async fn publications_wait_for_the_nodes_plugin_and_a_task_ended_early_is_unpublished_anyway() {
     use volume_publish_status::State;
-    let fx = start();
-    secret(&fx.state).await;
-    controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
-    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
-    let vid = fx.volume("data").unwrap().id.clone();
+    let (fx, vid) = created().await;
     node(&fx.state, "bare", None).await;
     fx.place(task_on("t1", "bare", &vid, shoal_api::TaskState::Assigned), "data").await;
     fx.asleep().await;
@@ -547,11 +549,7 @@ async fn mark(fx: &Fx, node: &str, ids: &std::collections::BTreeSet<String>) {
 #[tokio::test]
 async fn draining_a_volume_rejects_the_tasks_using_it_and_releases_it() {
     use volume_publish_status::State;
-    let fx = start();
-    secret(&fx.state).await;
-    controlapi::create_volume(&fx.state, spec("data")).await.unwrap();
-    fx.until("the volume's info", |fx| fx.volume("data").is_some_and(|v| v.created_by_plugin())).await;
-    let vid = fx.volume("data").unwrap().id.clone();
+    let (fx, vid) = created().await;
     node(&fx.state, "n1", Some("csi-n1")).await;
     fx.place(task_on("t1", "n1", &vid, shoal_api::TaskState::Running), "data").await;
     fx.state
