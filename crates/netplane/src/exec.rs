@@ -656,23 +656,91 @@ pub struct Capabilities {
     pub vxlan: bool,
     /// nftables with NAT and `numgen` maps works.
     pub nft_nat: bool,
+}
+
+/// What this kernel offers encrypted overlays, which the data plane refuses for now (`check_encryption`),
+/// measured as `Capabilities` are. Apart from `probe` because nothing on a daemon's start reads it, and on a
+/// kernel without them each check costs a `modprobe` helper the kernel runs (4-6 ms each on the development
+/// machine, where both are false), which the start waited for (BENCHMARKS.md, session 23).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncryptionCapabilities {
     /// An IPsec ESP state (AES-GCM, as Docker's encrypted overlays) can be installed.
     pub esp: bool,
     /// WireGuard devices can be made.
     pub wireguard: bool,
 }
 
+/// The checks of `probe`: the word a check prints when it passes, and its command.
+const DATA_PLANE_CHECKS: &[(&str, &str)] = &[
+    ("vxlan", "ip link add shlprobe type vxlan id 1 dstport 4789 nolearning"),
+    (
+        "nft_nat",
+        "printf 'table ip p { chain c { type nat hook output priority -100; ip daddr 192.0.2.9 dnat to numgen \
+         random mod 2 map { 0 : 192.0.2.1, 1 : 192.0.2.2 }; }; }' | nft -f -",
+    ),
+];
+
+/// The checks of `probe_encryption`, as `DATA_PLANE_CHECKS`.
+const ENCRYPTION_CHECKS: &[(&str, &str)] = &[
+    (
+        "esp",
+        "ip xfrm state add src 192.0.2.1 dst 192.0.2.2 proto esp spi 0x100 reqid 1 mode transport aead \
+         'rfc4106(gcm(aes))' 0x0102030405060708090a0b0c0d0e0f1011121314 128",
+    ),
+    ("wireguard", "ip link add shlprobew type wireguard"),
+];
+
+/// The shell script that runs `checks` side by side (each in the background, then `wait`: the probe takes as
+/// long as its slowest check, not their sum) and prints the word of each that passed, one a line.
+fn probe_script(checks: &[(&str, &str)]) -> String {
+    let mut script: String =
+        checks.iter().map(|(word, command)| format!("{command} >/dev/null 2>&1 && echo {word} &\n")).collect();
+    script.push_str("wait\n");
+    script
+}
+
+/// Runs `checks` in a throwaway network namespace; the words of those that passed.
+fn run_probe(checks: &[(&str, &str)]) -> Result<Vec<String>, Error> {
+    let script = probe_script(checks);
+    let out =
+        run_bounded(Command::new("unshare").args(["--net", "sh", "-c", &script]), "unshare --net sh -c <probe>", None)?;
+    Ok(out.lines().map(|l| l.trim().to_string()).collect())
+}
+
 /// Measures `Capabilities` (needs root; leaves nothing behind: the namespace dies with the probe).
 pub fn probe() -> Result<Capabilities, Error> {
-    let script = r#"
-ip link add shlprobe type vxlan id 1 dstport 4789 nolearning 2>/dev/null && echo vxlan
-printf 'table ip p { chain c { type nat hook output priority -100; ip daddr 192.0.2.9 dnat to numgen random mod 2 map { 0 : 192.0.2.1, 1 : 192.0.2.2 }; }; }' | nft -f - 2>/dev/null && echo nft_nat
-ip xfrm state add src 192.0.2.1 dst 192.0.2.2 proto esp spi 0x100 reqid 1 mode transport aead 'rfc4106(gcm(aes))' 0x0102030405060708090a0b0c0d0e0f1011121314 128 2>/dev/null && echo esp
-ip link add shlprobew type wireguard 2>/dev/null && echo wireguard
-true
-"#;
-    let out =
-        run_bounded(Command::new("unshare").args(["--net", "sh", "-c", script]), "unshare --net sh -c <probe>", None)?;
-    let has = |w: &str| out.lines().any(|l| l.trim() == w);
-    Ok(Capabilities { vxlan: has("vxlan"), nft_nat: has("nft_nat"), esp: has("esp"), wireguard: has("wireguard") })
+    let passed = run_probe(DATA_PLANE_CHECKS)?;
+    let has = |w: &str| passed.iter().any(|l| l == w);
+    Ok(Capabilities { vxlan: has("vxlan"), nft_nat: has("nft_nat") })
+}
+
+/// Measures `EncryptionCapabilities` (needs root; leaves nothing behind, as `probe`).
+pub fn probe_encryption() -> Result<EncryptionCapabilities, Error> {
+    let passed = run_probe(ENCRYPTION_CHECKS)?;
+    let has = |w: &str| passed.iter().any(|l| l == w);
+    Ok(EncryptionCapabilities { esp: has("esp"), wireguard: has("wireguard") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_script_prints_the_words_of_the_checks_that_passed_and_runs_them_side_by_side() {
+        // The second check blocks until the third writes to a FIFO: run one after the other, they would hang
+        // until the command's bound and fail; side by side, both pass.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fifo = dir.path().join("fifo");
+        let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+        assert!(made.success(), "mkfifo failed");
+        let reads = format!("read line < {}", fifo.display());
+        let writes = format!("echo x > {}", fifo.display());
+        let checks: &[(&str, &str)] =
+            &[("fails", "false"), ("reads", &reads), ("writes", &writes), ("piped", "echo x | grep -q x")];
+        let out = run_bounded(Command::new("sh").args(["-c", &probe_script(checks)]), "sh -c <probe>", None)
+            .expect("the script runs");
+        let mut words: Vec<&str> = out.lines().collect();
+        words.sort_unstable();
+        assert_eq!(words, ["piped", "reads", "writes"]);
+    }
 }

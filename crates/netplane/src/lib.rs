@@ -27,7 +27,7 @@ pub mod state;
 use std::path::PathBuf;
 
 pub use dns::{resolv_conf, zone_for, Resolver, Zone};
-pub use exec::{probe, Capabilities, Executor};
+pub use exec::{probe, probe_encryption, Capabilities, EncryptionCapabilities, Executor};
 pub use plan::{plan, Observed, Op};
 pub use state::{
     check_ifnames, mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeIngress, NodeNetState, Peer, Protocol,

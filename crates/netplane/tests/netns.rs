@@ -640,8 +640,9 @@ fn a_published_port_answers_on_both_nodes_through_the_mesh_and_is_refused_withou
 #[test]
 fn the_kernel_has_what_the_data_plane_needs_and_encrypted_networks_are_refused() {
     let caps = shoal_netplane::probe().expect("probe");
+    let encryption = shoal_netplane::probe_encryption().expect("probe of encryption");
     // Measured on the development machine: vxlan and nft_nat true, esp and wireguard false.
-    eprintln!("kernel capabilities: {caps:?}");
+    eprintln!("kernel capabilities: {caps:?} {encryption:?}");
     assert!(caps.vxlan && caps.nft_nat, "{caps:?}");
 
     let nodes = Nodes::new("enc");

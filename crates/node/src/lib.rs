@@ -217,20 +217,34 @@ impl PickedExecutor {
     }
 }
 
+/// The data plane's probe (`data_plane`), running. It runs child processes (a network namespace, ip, nft:
+/// ~10 ms) and blocks: on a blocking thread from its spawn on, so that what the caller runs beside it (the
+/// node's identity, Raft's start, the certificates) and the Docker Engine's ping go on meanwhile. Every path
+/// that spawned one awaits it (`result`), also when the start fails, so that it never outlives the start's
+/// clean-up of a failed first start (it makes `task-netns` in the state dir).
+pub(crate) struct PlaneProbe(tokio::task::JoinHandle<Result<Arc<shoal_agent::network::NetworkPlane>, String>>);
+
+impl PlaneProbe {
+    /// Starts the probe for `cfg`.
+    pub(crate) fn spawn(cfg: &DaemonConfig) -> PlaneProbe {
+        let cfg = cfg.clone();
+        PlaneProbe(tokio::task::spawn_blocking(move || data_plane(&cfg)))
+    }
+
+    /// Waits for the probe's answer.
+    pub(crate) async fn result(self) -> Result<Arc<shoal_agent::network::NetworkPlane>, String> {
+        self.0.await.unwrap_or_else(|e| Err(format!("the data plane's probe failed: {e}")))
+    }
+}
+
 async fn pick_executor(
     kind: ExecutorKind,
     cfg: &DaemonConfig,
     node_id: &str,
     hostname: &str,
+    probe: PlaneProbe,
 ) -> Result<PickedExecutor, NodeError> {
-    // The data plane's probe runs child processes (a network namespace, ip, nft: ~10 ms) and blocks: on a
-    // blocking thread from here on, so that what the caller runs beside this (Raft's start, the certificates)
-    // and the Docker Engine's ping go on meanwhile.
-    let plane = {
-        let cfg = cfg.clone();
-        let probe = tokio::task::spawn_blocking(move || data_plane(&cfg));
-        async move { probe.await.unwrap_or_else(|e| Err(format!("the data plane's probe failed: {e}"))) }
-    };
+    let plane = probe.result();
     let process = |plane| PickedExecutor {
         executor: Arc::new(
             shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
@@ -274,10 +288,13 @@ async fn start_executor_and_core(
     identity: &mut NodeIdentity,
     ids: Arc<RandomIds>,
     hostname: &str,
+    probe: PlaneProbe,
 ) -> Result<(PickedExecutor, ManagerCore), NodeError> {
     let node_id = identity.node_id.clone();
-    let (picked, core) =
-        tokio::join!(pick_executor(cfg.executor, cfg, &node_id, hostname), ManagerCore::start(cfg, identity, ids));
+    let (picked, core) = tokio::join!(
+        pick_executor(cfg.executor, cfg, &node_id, hostname, probe),
+        ManagerCore::start(cfg, identity, ids)
+    );
     match (picked, core) {
         (Ok(picked), Ok(core)) => Ok((picked, core)),
         (Err(e), Ok(core)) => {
@@ -351,14 +368,26 @@ impl Node {
         swarmkit: Option<tokio::net::UnixListener>,
         lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
     ) -> Result<RunningNode, NodeError> {
+        // The data plane's probe first: its child processes run while the identity is written (a first
+        // start's fsyncs) and Raft starts.
+        let probe = PlaneProbe::spawn(&cfg);
         let ids: Arc<RandomIds> = Arc::new(RandomIds::from_os());
-        let mut identity = load_or_create_identity(&cfg.state_dir, &ids)?;
-        let hostname = cfg.hostname.clone().unwrap_or_else(machine_hostname);
         // The remote API listener's address is this manager's Raft address.
-        let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
+        let prepared = load_or_create_identity(&cfg.state_dir, &ids).and_then(|identity| {
+            let remote_addr = listener.local_addr().map_err(|e| NodeError::io(Path::new("remote api"), e))?;
+            Ok((identity, remote_addr))
+        });
+        let (mut identity, remote_addr) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                drop(probe.result().await);
+                return Err(e);
+            }
+        };
+        let hostname = cfg.hostname.clone().unwrap_or_else(machine_hostname);
         let advertised = cfg.advertise_remote_api.unwrap_or(remote_addr);
         cfg.advertise_remote_api = Some(advertised);
-        let (picked, core) = start_executor_and_core(&cfg, &mut identity, ids, &hostname).await?;
+        let (picked, core) = start_executor_and_core(&cfg, &mut identity, ids, &hostname, probe).await?;
         let executor = picked.executor.clone();
         let mut description = executor.describe();
         description.hostname = hostname.clone();

@@ -247,7 +247,8 @@ pub(crate) async fn run_worker(
     session: &mut crate::lifecycle::Session<'_>,
 ) -> Result<WorkerExit, NodeError> {
     let hostname = cfg.hostname.clone().unwrap_or_else(crate::machine_hostname);
-    let picked = crate::pick_executor(cfg.executor, &cfg, &w.node_id, &hostname).await?;
+    let picked =
+        crate::pick_executor(cfg.executor, &cfg, &w.node_id, &hostname, crate::PlaneProbe::spawn(&cfg)).await?;
     let executor = picked.executor.clone();
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
