@@ -734,7 +734,9 @@ mod tests {
         let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
         assert!(made.success(), "mkfifo failed");
         let reads = format!("read line < {}", fifo.display());
-        let writes = format!("echo x > {}", fifo.display());
+        // In a shell of its own: the script sends each check's output to /dev/null, which would override a
+        // redirection written on the check itself.
+        let writes = format!("sh -c 'echo x > {}'", fifo.display());
         let checks: &[(&str, &str)] =
             &[("fails", "false"), ("reads", &reads), ("writes", &writes), ("piped", "echo x | grep -q x")];
         let out = run_bounded(Command::new("sh").args(["-c", &probe_script(checks)]), "sh -c <probe>", None)
