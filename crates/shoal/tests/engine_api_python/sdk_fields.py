@@ -120,7 +120,8 @@ ports = wait("the task's port status", lambda: [t for t in svc.tasks() if t["Sta
 assert ports[0]["Status"]["PortStatus"]["Ports"][0]["PublishedPort"] == 18480, ports[0]["Status"]
 svc.remove()
 wait("the service's containers gone",
-     lambda: engine.containers.list(all=True, filters={"label": "com.docker.swarm.service.name=sdkf-web"}) == [])
+     lambda: engine.containers.list(all=True, sparse=True,
+                                    filters={"label": "com.docker.swarm.service.name=sdkf-web"}) == [])
 try:
     engine.volumes.get("sdkf-sdkf-web-1").remove()
 except docker.errors.NotFound:
