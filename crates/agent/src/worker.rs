@@ -215,9 +215,12 @@ impl Worker {
                 Some(data) => {
                     secrets.insert(s.key.clone(), String::from_utf8_lossy(data).into_owned());
                 }
+                // Never called with a credential left out (as the manager's volume manager): its tasks wait, and
+                // are rejected after `volumes::PUBLISH_WAIT`, until the volume is sent again with it.
                 None if !remove => {
                     tracing::warn!(volume = %v.id, secret = %s.secret, "the secret a cluster volume needs was not \
-                        sent to this node: its plugin gets it without that key");
+                        sent to this node: the volume is not published here");
+                    return;
                 }
                 None => {}
             }

@@ -163,10 +163,7 @@ impl ControllerPlugins for CsiPlugins {
                 Ok(r) => r.into_inner().volume.ok_or_else(|| {
                     PluginError::Failed(format!("the CSI plugin {:?} created a volume but described none", plugin.name))
                 }),
-                Err(s) => {
-                    plugin.forget().await;
-                    Err(plugin.failed("CreateVolume", &s))
-                }
+                Err(s) => Err(plugin.call_failed("CreateVolume", &s).await),
             }
         })
     }
@@ -181,10 +178,7 @@ impl ControllerPlugins for CsiPlugins {
             }
             match csi::controller_client::ControllerClient::new(c.channel).delete_volume(request).await {
                 Ok(_) => Ok(()),
-                Err(s) => {
-                    plugin.forget().await;
-                    Err(plugin.failed("DeleteVolume", &s))
-                }
+                Err(s) => Err(plugin.call_failed("DeleteVolume", &s).await),
             }
         })
     }
@@ -203,10 +197,7 @@ impl ControllerPlugins for CsiPlugins {
             }
             match csi::controller_client::ControllerClient::new(c.channel).controller_publish_volume(request).await {
                 Ok(r) => Ok(r.into_inner().publish_context),
-                Err(s) => {
-                    plugin.forget().await;
-                    Err(plugin.failed("ControllerPublishVolume", &s))
-                }
+                Err(s) => Err(plugin.call_failed("ControllerPublishVolume", &s).await),
             }
         })
     }
@@ -221,10 +212,7 @@ impl ControllerPlugins for CsiPlugins {
             }
             match csi::controller_client::ControllerClient::new(c.channel).controller_unpublish_volume(request).await {
                 Ok(_) => Ok(()),
-                Err(s) => {
-                    plugin.forget().await;
-                    Err(plugin.failed("ControllerUnpublishVolume", &s))
-                }
+                Err(s) => Err(plugin.call_failed("ControllerUnpublishVolume", &s).await),
             }
         })
     }
@@ -256,10 +244,10 @@ impl Plugin {
         Ok((c, stages))
     }
 
-    /// A failed node call: the connection is made again next time.
-    async fn node_failed(&self, what: &str, status: &tonic::Status) -> String {
+    /// A failed call: the connection is made again next time.
+    async fn call_failed(&self, what: &str, status: &tonic::Status) -> PluginError {
         self.forget().await;
-        self.failed(what, status).to_string()
+        self.failed(what, status)
     }
 }
 
@@ -297,7 +285,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
                     volume_context: a.volume_context.clone().into_iter().collect(),
                 };
                 if let Err(s) = node.node_stage_volume(request).await {
-                    return Err(plugin.node_failed("NodeStageVolume", &s).await);
+                    return Err(plugin.call_failed("NodeStageVolume", &s).await.to_string());
                 }
                 staging.display().to_string()
             } else {
@@ -317,7 +305,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
             };
             match node.node_publish_volume(request).await {
                 Ok(_) => Ok(()),
-                Err(s) => Err(plugin.node_failed("NodePublishVolume", &s).await),
+                Err(s) => Err(plugin.call_failed("NodePublishVolume", &s).await.to_string()),
             }
         })
     }
@@ -339,7 +327,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
                 target_path: target.display().to_string(),
             };
             if let Err(s) = node.node_unpublish_volume(request).await {
-                return Err(plugin.node_failed("NodeUnpublishVolume", &s).await);
+                return Err(plugin.call_failed("NodeUnpublishVolume", &s).await.to_string());
             }
             if stages {
                 let request = csi::NodeUnstageVolumeRequest {
@@ -347,7 +335,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
                     staging_target_path: staging.display().to_string(),
                 };
                 if let Err(s) = node.node_unstage_volume(request).await {
-                    return Err(plugin.node_failed("NodeUnstageVolume", &s).await);
+                    return Err(plugin.call_failed("NodeUnstageVolume", &s).await.to_string());
                 }
             }
             // What Shoal made for it: the staging directory and the target's parent (both empty now).

@@ -488,6 +488,9 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
             other => Err(format!("{other:?}; volume {}", inspect(&d, "data"))),
         },
     );
+    // The stock docker CLI (20.10) sees the service running on this node.
+    let ps = docker_cli::ok(d.socket(), &["service", "ps", "volume-user", "--format", "{{.CurrentState}} {{.Node}}"]);
+    assert!(ps.lines().any(|l| l.starts_with("Running")), "{ps}");
     let published = inspect(&d, "data")["ClusterVolume"]["PublishStatus"].clone();
     assert_eq!(published[0]["NodeID"], json!(node_id), "{published}");
     assert_eq!(published[0]["State"], "published", "{published}");

@@ -20,8 +20,6 @@ struct Storage {
     published: BTreeMap<String, BTreeSet<String>>,
     /// The first time a single-node volume was published to a second node.
     violation: Option<String>,
-    /// Calls answered.
-    calls: u64,
     /// `ControllerPublishVolume` and `ControllerUnpublishVolume` calls answered.
     publishes: u64,
     unpublishes: u64,
@@ -35,11 +33,6 @@ impl SimCsi {
     /// The first violation of the publishing property, if any.
     pub fn violation(&self) -> Option<String> {
         self.0.lock().violation.clone()
-    }
-
-    /// Calls answered so far.
-    pub fn calls(&self) -> u64 {
-        self.0.lock().calls
     }
 
     /// Publish and unpublish calls answered so far.
@@ -69,14 +62,11 @@ impl ControllerPlugins for SimCsi {
         if plugin != PLUGIN {
             return ready(Err(PluginError::NotConfigured(plugin.to_string())));
         }
-        self.0.lock().calls += 1;
         ready(Ok(csi::Volume { volume_id: format!("sim-{}", r.name), ..Default::default() }))
     }
 
     fn delete_volume(&self, _: &str, r: csi::DeleteVolumeRequest) -> PluginFuture<()> {
-        let mut s = self.0.lock();
-        s.calls += 1;
-        s.published.remove(&r.volume_id);
+        self.0.lock().published.remove(&r.volume_id);
         ready(Ok(()))
     }
 
@@ -86,7 +76,6 @@ impl ControllerPlugins for SimCsi {
         r: csi::ControllerPublishVolumeRequest,
     ) -> PluginFuture<HashMap<String, String>> {
         let mut s = self.0.lock();
-        s.calls += 1;
         s.publishes += 1;
         let nodes = s.published.entry(r.volume_id.clone()).or_default();
         nodes.insert(r.node_id.clone());
@@ -99,7 +88,6 @@ impl ControllerPlugins for SimCsi {
 
     fn controller_unpublish(&self, _: &str, r: csi::ControllerUnpublishVolumeRequest) -> PluginFuture<()> {
         let mut s = self.0.lock();
-        s.calls += 1;
         s.unpublishes += 1;
         if let Some(nodes) = s.published.get_mut(&r.volume_id) {
             nodes.remove(&r.node_id);

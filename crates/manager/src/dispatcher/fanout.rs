@@ -77,39 +77,40 @@ pub struct NodeWatch {
 }
 
 /// The nodes a change concerns: a node object's own ID; a task's node, and its previous node if it moved; the
-/// nodes a cluster volume is (or was, before the change) published to. Each at most once.
-fn nodes_of(ch: &Change) -> Vec<&str> {
+/// nodes a cluster volume is (or was, before the change) published to. Each at most once; only a volume's
+/// change (rare) allocates.
+fn for_nodes_of<'a>(ch: &'a Change, mut f: impl FnMut(&'a str)) {
     match (&ch.object, &ch.old) {
-        (Object::Node(n), _) => vec![n.id.as_str()],
+        (Object::Node(n), _) => f(n.id.as_str()),
         (Object::Task(t), old) => {
-            let mut out = Vec::with_capacity(2);
             if !t.node_id.is_empty() {
-                out.push(t.node_id.as_str());
+                f(t.node_id.as_str());
             }
             if let Some(Object::Task(o)) = old {
                 if !o.node_id.is_empty() && o.node_id != t.node_id {
-                    out.push(o.node_id.as_str());
+                    f(o.node_id.as_str());
                 }
             }
-            out
         }
         (Object::Volume(v), old) => {
-            let mut out: Vec<&str> = v.publish_status.iter().map(|s| s.node_id.as_str()).collect();
+            let mut nodes: Vec<&str> = v.publish_status.iter().map(|s| s.node_id.as_str()).collect();
             if let Some(Object::Volume(o)) = old {
-                out.extend(o.publish_status.iter().map(|s| s.node_id.as_str()));
+                nodes.extend(o.publish_status.iter().map(|s| s.node_id.as_str()));
             }
-            out.sort_unstable();
-            out.dedup();
-            out
+            nodes.sort_unstable();
+            nodes.dedup();
+            nodes.into_iter().for_each(f);
         }
-        _ => Vec::new(),
+        _ => {}
     }
 }
 
-/// `nodes_of`, for the assignment tests.
+/// `for_nodes_of`, collected, for the assignment tests.
 #[cfg(test)]
 pub(super) fn nodes_of_for_tests(ch: &Change) -> Vec<&str> {
-    nodes_of(ch)
+    let mut out = Vec::new();
+    for_nodes_of(ch, |n| out.push(n));
+    out
 }
 
 impl Fanout {
@@ -217,9 +218,7 @@ async fn route(mut watch: Watch, routes: Weak<Mutex<Routes>>) {
             Ok(commit) => {
                 let mut per_node: HashMap<&str, Vec<Change>> = HashMap::new();
                 for ch in &commit.changes {
-                    for node in nodes_of(ch) {
-                        per_node.entry(node).or_default().push(ch.clone());
-                    }
+                    for_nodes_of(ch, |node| per_node.entry(node).or_default().push(ch.clone()));
                 }
                 let routes = routes.lock();
                 for (node, changes) in per_node {

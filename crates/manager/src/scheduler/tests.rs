@@ -1006,4 +1006,24 @@ mod cluster_volumes {
         add(&fx, mounting(service("u", 1), "vol-u", false));
         assert!(err(&fx, "u")[0].contains("being unpublished from the node"), "{:?}", err(&fx, "u"));
     }
+
+    /// A plugin's `max_volumes_per_node` is honoured: a node holding that many of its volumes takes no task
+    /// needing another one (it may still take one using a volume it already holds).
+    #[test]
+    fn a_node_takes_no_more_volumes_than_its_plugin_allows() {
+        let fx = Fx::new();
+        let mut n = csi_node("n1", None);
+        n.description.as_mut().unwrap().csi_info[0].max_volumes_per_node = 1;
+        fx.create(n);
+        fx.create(volume("a", "", Scope::MultiNode, Sharing::All));
+        fx.create(volume("b", "", Scope::MultiNode, Sharing::All));
+        assert_eq!(add(&fx, mounting(service("s1", 1), "vol-a", false)).assigned, 1);
+        add(&fx, mounting(service("s2", 1), "vol-b", false));
+        assert!(
+            err(&fx, "s2")[0].contains("holds 1 volumes of the CSI plugin \"csi.test\", its limit"),
+            "{:?}",
+            err(&fx, "s2")
+        );
+        assert_eq!(add(&fx, mounting(service("s3", 1), "vol-a", false)).assigned, 1, "a volume it holds");
+    }
 }

@@ -4,7 +4,8 @@
 //! - its plugin created it (`VolumeInfo.VolumeID`) and it is not pending deletion;
 //! - its availability is `active` (`pause` and `drain` keep new tasks off it);
 //! - the node runs its plugin (the node reports it in `Description.CSIInfo`: the volume manager needs the
-//!   plugin's ID of the node to publish it there), and the node is in the volume's accessible topology;
+//!   plugin's ID of the node to publish it there), the node is in the volume's accessible topology, and it
+//!   holds fewer of the plugin's volumes than the plugin's `max_volumes_per_node` (when set);
 //! - it is not being unpublished from that node, and a single-node volume is not published to another;
 //! - its sharing allows one more use: `none` no other live task, `one-writer` no other writer, `read-only`
 //!   read-only mounts only, `all` anything. Uses are the live tasks (observed state not terminal) whose
@@ -46,7 +47,6 @@ pub fn uses_cluster_volumes(task: &Task) -> bool {
 
 #[derive(Debug, Clone)]
 struct Use {
-    task_id: String,
     node_id: String,
     read_only: bool,
 }
@@ -88,11 +88,7 @@ impl VolumeSet {
             for a in task.volumes.iter() {
                 let read_only =
                     cluster_mounts(task).any(|m| m.source == a.source && m.target == a.target && m.readonly);
-                set.uses.entry(a.id.clone()).or_default().push(Use {
-                    task_id: task.id.clone(),
-                    node_id: task.node_id.clone(),
-                    read_only,
-                });
+                set.uses.entry(a.id.clone()).or_default().push(Use { node_id: task.node_id.clone(), read_only });
             }
         }
         set
@@ -156,6 +152,15 @@ impl VolumeSet {
         let Some(info) = info else {
             return Err(format!("the node does not run the CSI plugin {plugin:?} of the cluster volume {name:?}"));
         };
+        if info.max_volumes_per_node > 0 && !v.publish_status.iter().any(|p| p.node_id == node.id) {
+            let held = self.published_on(&node.id, plugin);
+            if u64::try_from(info.max_volumes_per_node).is_ok_and(|max| held >= max) {
+                return Err(format!(
+                    "the node holds {held} volumes of the CSI plugin {plugin:?}, its limit (NodeGetInfo's \
+                     max_volumes_per_node)"
+                ));
+            }
+        }
         let accessible = v.volume_info.as_ref().map(|i| i.accessible_topology.as_slice()).unwrap_or_default();
         if !in_topology(info.accessible_topology.as_ref(), accessible) {
             return Err(format!("the node is outside the accessible topology of the cluster volume {name:?}"));
@@ -195,6 +200,18 @@ impl VolumeSet {
         }
     }
 
+    /// How many volumes of `plugin` are published (or on their way) to `node_id`, this pass's included.
+    fn published_on(&self, node_id: &str, plugin: &str) -> u64 {
+        let count = self
+            .volumes
+            .keys()
+            .filter_map(|id| self.current(id))
+            .filter(|v| v.spec.as_ref().and_then(|s| s.driver.as_ref()).is_some_and(|d| d.name == plugin))
+            .filter(|v| v.publish_status.iter().any(|p| p.node_id == node_id))
+            .count();
+        u64::try_from(count).unwrap_or(u64::MAX)
+    }
+
     /// The volume as this pass last changed it, else as in the view.
     fn current(&self, id: &str) -> Option<Volume> {
         self.written.get(id).cloned().or_else(|| self.volumes.get(id).map(|v| (**v).clone()))
@@ -205,11 +222,7 @@ impl VolumeSet {
     pub fn reserve(&mut self, task: &Task, node_id: &str, attachments: &[VolumeAttachment]) {
         for a in attachments {
             let read_only = cluster_mounts(task).any(|m| m.source == a.source && m.target == a.target && m.readonly);
-            self.uses.entry(a.id.clone()).or_default().push(Use {
-                task_id: task.id.clone(),
-                node_id: node_id.to_string(),
-                read_only,
-            });
+            self.uses.entry(a.id.clone()).or_default().push(Use { node_id: node_id.to_string(), read_only });
             let Some(mut v) = self.current(&a.id) else { continue };
             if !v.publish_status.iter().any(|p| p.node_id == node_id) {
                 v.publish_status.push(VolumePublishStatus {
@@ -219,14 +232,6 @@ impl VolumeSet {
                 });
             }
             self.written.insert(a.id.clone(), v);
-        }
-    }
-
-    /// Takes back what `reserve` recorded for `task_id` (its uses; the volumes stay to be written, which is
-    /// harmless: the volume manager releases a publication no task needs).
-    pub fn release(&mut self, task_id: &str) {
-        for uses in self.uses.values_mut() {
-            uses.retain(|u| u.task_id != task_id);
         }
     }
 
