@@ -558,7 +558,7 @@ fn a_stored_replica_count_over_the_limit_is_clamped_filled_in_bounded_steps_and_
     assert_eq!(fx.tasks("s1").len(), 2 * MAX_NEW_TASKS_PER_PASS, "the next pass goes on");
     assert_eq!(fx.service("s1").update_status.unwrap().message, clamped_message(1_000_000_000), "kept");
     // The service can be scaled back within the limit (filling all MAX_REPLICAS takes 25 passes: too slow
-    // for a debug unit test; the end-to-end test in crates/shoal/tests/bounds.rs runs it).
+    // for a debug unit test; the end-to-end test in crates/shoal/tests/e2e/bounds.rs runs it).
     set_replicas(&fx, "s1", MAX_REPLICAS / 25);
     fx.reconcile("s1");
     assert_eq!(fx.runnable("s1").len() as u64, MAX_REPLICAS / 25);

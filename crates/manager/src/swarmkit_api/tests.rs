@@ -1,6 +1,6 @@
 //! Unit tests of the SwarmKit API services over a `LocalProposer` store: error codes, filters, and the
 //! Watch stream's entries, selectors and versions. The end-to-end tests over the socket are in
-//! `crates/shoal/tests/swarmkit_api.rs`.
+//! `crates/shoal/tests/e2e/swarmkit_api.rs`.
 
 use shoal_api::control_server::Control;
 use shoal_api::watch_server::Watch;

@@ -1,0 +1,171 @@
+//! Swarm networks of each node's engine (issue 32): a macvlan network made as swarm users make one, with the
+//! stock docker CLI on the daemon's socket, in this machine's own namespace beside its Docker Engine (the
+//! README's daemon with the docker executor). A config-only network on the node (`docker network create
+//! --config-only --subnet --ip-range -o parent=`, which the socket gives to the engine), a swarm network
+//! taking its settings from it (`-d macvlan --scope swarm --config-from`, which Shoal keeps), and a service of
+//! two replicas on it: each container runs on the engine's `macnet` with an address of the node's range, and
+//! one reaches the other over macvlan. What such a network cannot do is refused by name; once the service is
+//! removed the engine's `macnet` goes, and the test removes its config-only network and the parent link.
+//!
+//! The parent is one end of a veth pair made by the test (macvlan children of one parent reach each other in
+//! bridge mode without any wire; this kernel has no `dummy` links). Needs root, the engine and the test image; without
+//! the engine the test says so and passes.
+
+use crate::common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::container_checks::container_of_task;
+use common::*;
+use shoal_testkit::docker_engine::{self, engine, engine_ok, EngineDaemon};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The parent link (with its veth peer), removed when dropped.
+struct Parent(String);
+
+impl Parent {
+    fn new() -> Parent {
+        let name = format!("shltp{}", std::process::id() % 100_000);
+        let peer = format!("{name}x");
+        let _ = Command::new("ip").args(["link", "del", &name]).output();
+        let ok = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success(), "ip {args:?}");
+        ok(&["link", "add", &name, "type", "veth", "peer", "name", &peer]);
+        ok(&["link", "set", &name, "up"]);
+        ok(&["link", "set", &peer, "up"]);
+        Parent(name)
+    }
+}
+
+impl Drop for Parent {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).output();
+    }
+}
+
+/// The engine's network `name` and the config-only one, removed when dropped (a failed test leaves neither).
+struct EngineNetworks(Vec<String>);
+
+impl Drop for EngineNetworks {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = engine(&["network", "rm", n]);
+        }
+    }
+}
+
+fn fails(d: &EngineDaemon, args: &[&str], fragment: &str) {
+    let out = docker_cli::command(d.socket(), args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success() && err.contains(fragment), "docker {args:?}: {err}");
+}
+
+#[test]
+fn a_macvlan_swarm_network_from_each_nodes_config_only_network_runs_tasks_on_the_engine() {
+    let Some(image) = docker_engine::test_image_or_skip() else { return };
+    let tag = std::process::id() % 100_000;
+    let (cfg, net) = (format!("shlt-maccfg-{tag}"), format!("shlt-macnet-{tag}"));
+    let parent = Parent::new();
+    let _cleanup = EngineNetworks(vec![net.clone(), cfg.clone()]);
+    let d = EngineDaemon::start(&shoal_bin());
+
+    // The node's settings: its engine's config-only network (given to the engine by the socket).
+    let parent_opt = format!("parent={}", parent.0);
+    docker(
+        &d,
+        &[
+            "network",
+            "create",
+            "--config-only",
+            "--subnet",
+            "192.168.231.0/24",
+            "--ip-range",
+            "192.168.231.128/26",
+            "-o",
+            &parent_opt,
+            &cfg,
+        ],
+    );
+    assert_eq!(engine_ok(&["network", "inspect", &cfg, "--format", "{{.ConfigOnly}}"]).trim(), "true");
+    // The swarm network takes them; what it cannot do is refused by name, and nothing is made.
+    fails(
+        &d,
+        &[
+            "network",
+            "create",
+            "-d",
+            "macvlan",
+            "--scope",
+            "swarm",
+            "--config-from",
+            &cfg,
+            "--subnet",
+            "10.9.0.0/24",
+            "x",
+        ],
+        "holds the settings",
+    );
+    fails(
+        &d,
+        &["network", "create", "-d", "macvlan", "--scope", "swarm", "--attachable", "--config-from", &cfg, "x"],
+        "--attachable is not supported on a macvlan network",
+    );
+    fails(&d, &["network", "create", "-d", "overlay", "--config-from", &cfg, "x"], "--config-from is for the drivers");
+    docker(&d, &["network", "create", "-d", "macvlan", "--scope", "swarm", "--config-from", &cfg, &net]);
+    let shown = docker(&d, &["network", "inspect", &net, "--format", "{{.Driver}} {{.Scope}} {{.ConfigFrom.Network}}"]);
+    assert_eq!(shown.trim(), format!("macvlan swarm {cfg}"));
+    // Such a network is each node's own: it is taken alone, and publishes nothing through the routing mesh.
+    fails(&d, &["service", "create", "-d", "--name", "x", "--network", &net, "-p", "8080:80", image], "routing mesh");
+
+    let web = "mkdir -p /www; hostname > /www/index.html; exec httpd -f -p 80 -h /www";
+    docker(
+        &d,
+        &["service", "create", "-d", "--name", "mac", "--network", &net, "--replicas", "2", image, "sh", "-c", web],
+    );
+    let tasks = wait_until("mac's two tasks running", WAIT, || {
+        let ts = tasks_of(&d, "mac");
+        let running: Vec<String> =
+            ts.iter().filter(|t| state(t) == "running").map(|t| t["ID"].as_str().unwrap().to_string()).collect();
+        if running.len() == 2 {
+            Ok(running)
+        } else {
+            Err(format!("{:?}", ts.iter().map(|t| (state(t), t["Status"]["Err"].clone())).collect::<Vec<_>>()))
+        }
+    });
+    let containers: Vec<String> = tasks.iter().map(|t| container_of_task(t)).collect();
+    let format = format!("{{{{(index .NetworkSettings.Networks \"{net}\").IPAddress}}}}");
+    let addrs: Vec<String> =
+        containers.iter().map(|c| engine_ok(&["inspect", "--format", &format, c]).trim().to_string()).collect();
+    for a in &addrs {
+        let last: u8 = a.rsplit('.').next().and_then(|o| o.parse().ok()).unwrap_or(0);
+        assert!(a.starts_with("192.168.231.") && (128..192).contains(&last), "{a} is in the node's range: {addrs:?}");
+    }
+    let made = engine_ok(&["network", "inspect", &net, "--format", "{{.Driver}} {{.ConfigFrom.Network}}"]);
+    assert_eq!(made.trim(), format!("macvlan {cfg}"), "the engine's {net} is made from the node's config");
+    // One task reaches the other over macvlan (a page with its hostname).
+    let page = wait_until("a page from the other task", WAIT, || {
+        let out = engine(&["exec", &containers[0], "wget", "-q", "-O", "-", &format!("http://{}/", addrs[1])]);
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !text.is_empty() {
+            Ok(text)
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    });
+    let host = engine_ok(&["inspect", "--format", "{{.Config.Hostname}}", &containers[1]]);
+    assert_eq!(page, host.trim());
+
+    // Removed: the tasks' containers go, then the engine's network; the swarm network and the config go too.
+    docker(&d, &["service", "rm", "mac"]);
+    wait_until("the engine's network removed with the last task", WAIT, || {
+        let out = engine(&["network", "inspect", &net]);
+        if out.status.success() {
+            Err("still there".into())
+        } else {
+            Ok(())
+        }
+    });
+    docker(&d, &["network", "rm", &net]);
+    docker(&d, &["network", "rm", &cfg]);
+}
