@@ -4,6 +4,11 @@
 //! the first requisite topology as the volume's; publishing to a node answers a context naming the node), and
 //! recording every call with what it was given. Calls can
 //! be made to fail, to test retries. Stopped, and its socket and directories removed, on drop.
+//!
+//! The plugin can play several nodes of a cluster ([`TestCsiPlugin::start_nodes`]): one socket per node, each
+//! answering `NodeGetInfo` with its own node ID and topology, all over one root, as network storage would
+//! be (a file written through one node's publication is there through another's). The node-side calls are
+//! recorded with the ID of the node they reached.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -56,6 +61,8 @@ pub enum CsiCall {
     },
     /// `NodeStageVolume`.
     NodeStage {
+        /// The plugin's ID of the node whose socket was called.
+        node: String,
         /// The plugin's ID of the volume.
         volume_id: String,
         /// What `ControllerPublishVolume` answered.
@@ -63,6 +70,8 @@ pub enum CsiCall {
     },
     /// `NodePublishVolume`.
     NodePublish {
+        /// The plugin's ID of the node whose socket was called.
+        node: String,
         /// The plugin's ID of the volume.
         volume_id: String,
         /// Where (the plugin bind-mounts the volume's directory there).
@@ -72,18 +81,35 @@ pub enum CsiCall {
     },
     /// `NodeUnpublishVolume`.
     NodeUnpublish {
+        /// The plugin's ID of the node whose socket was called.
+        node: String,
         /// The plugin's ID of the volume.
         volume_id: String,
     },
     /// `NodeUnstageVolume`.
     NodeUnstage {
+        /// The plugin's ID of the node whose socket was called.
+        node: String,
         /// The plugin's ID of the volume.
         volume_id: String,
     },
 }
 
-/// The plugin's ID of the node it runs on, as `NodeGetInfo` answers it.
+/// The plugin's ID of the node it runs on, as `NodeGetInfo` answers it (for [`TestCsiPlugin::start`]).
 pub const TEST_PLUGIN_NODE_ID: &str = "csi-node-1";
+
+/// The topology key of [`PluginNode::zone`].
+pub const ZONE_KEY: &str = "zone";
+
+/// One node the plugin plays: what its `NodeGetInfo` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginNode {
+    /// The plugin's ID of the node.
+    pub node_id: String,
+    /// Its topology segment `zone=<this>`, if any (a volume created with a requisite topology is accessible
+    /// only there).
+    pub zone: Option<String>,
+}
 
 #[derive(Debug, Default)]
 struct Shared {
@@ -97,49 +123,75 @@ struct Shared {
 /// A running test plugin.
 #[derive(Debug)]
 pub struct TestCsiPlugin {
-    socket: PathBuf,
+    sockets: Vec<PathBuf>,
     shared: Arc<Shared>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
 
 impl TestCsiPlugin {
-    /// Serves the plugin on a new socket (with its volumes' directories beside it); returns once it listens.
+    /// Serves the plugin on a new socket (with its volumes' directories beside it), as the one node
+    /// [`TEST_PLUGIN_NODE_ID`] with no topology; returns once it listens.
     pub fn start() -> TestCsiPlugin {
+        TestCsiPlugin::start_nodes(&[PluginNode { node_id: TEST_PLUGIN_NODE_ID.into(), zone: None }])
+    }
+
+    /// Serves the plugin as these nodes, one socket each ([`TestCsiPlugin::node_socket`]), over one root;
+    /// returns once they listen.
+    pub fn start_nodes(nodes: &[PluginNode]) -> TestCsiPlugin {
+        assert!(!nodes.is_empty(), "the plugin plays at least one node");
         let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join("csi.sock");
         let root = dir.path().join("volumes");
         std::fs::create_dir(&root).expect("the plugin's root");
         let shared = Arc::new(Shared { root, ..Default::default() });
-        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind the plugin's socket");
-        listener.set_nonblocking(true).expect("non-blocking");
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let sockets: Vec<PathBuf> = (0..nodes.len()).map(|i| dir.path().join(format!("csi-{i}.sock"))).collect();
+        let listeners: Vec<_> = sockets
+            .iter()
+            .map(|socket| {
+                let listener = std::os::unix::net::UnixListener::bind(socket).expect("bind the plugin's socket");
+                listener.set_nonblocking(true).expect("non-blocking");
+                listener
+            })
+            .collect();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let served = shared.clone();
+        let nodes = nodes.to_vec();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(async move {
-                let listener = tokio::net::UnixListener::from_std(listener).expect("tokio listener");
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-                let served = tonic::transport::Server::builder()
-                    .add_service(csi::identity_server::IdentityServer::new(Identity))
-                    .add_service(csi::controller_server::ControllerServer::new(Controller(served.clone())))
-                    .add_service(csi::node_server::NodeServer::new(Node(served)))
-                    .serve_with_incoming_shutdown(incoming, async {
-                        let _ = stop_rx.await;
-                    })
-                    .await;
-                if let Err(e) = served {
-                    eprintln!("the test CSI plugin stopped: {e}");
+                let mut servers = tokio::task::JoinSet::new();
+                for (listener, node) in listeners.into_iter().zip(nodes) {
+                    let listener = tokio::net::UnixListener::from_std(listener).expect("tokio listener");
+                    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                    let mut stop = stop_rx.clone();
+                    let server = tonic::transport::Server::builder()
+                        .add_service(csi::identity_server::IdentityServer::new(Identity))
+                        .add_service(csi::controller_server::ControllerServer::new(Controller(served.clone())))
+                        .add_service(csi::node_server::NodeServer::new(Node(served.clone(), node)))
+                        .serve_with_incoming_shutdown(incoming, async move {
+                            let _ = stop.wait_for(|stopped| *stopped).await;
+                        });
+                    servers.spawn(server);
+                }
+                while let Some(served) = servers.join_next().await {
+                    if let Ok(Err(e)) = served {
+                        eprintln!("the test CSI plugin stopped: {e}");
+                    }
                 }
             });
         });
-        TestCsiPlugin { socket, shared, stop: Some(stop_tx), thread: Some(thread), _dir: dir }
+        TestCsiPlugin { sockets, shared, stop: Some(stop_tx), thread: Some(thread), _dir: dir }
     }
 
-    /// The socket, as `--csi-plugin NAME=unix://<this>` names it.
+    /// The (first node's) socket, as `--csi-plugin NAME=unix://<this>` names it.
     pub fn socket(&self) -> &Path {
-        &self.socket
+        &self.sockets[0]
+    }
+
+    /// The socket of the `i`th node given to [`TestCsiPlugin::start_nodes`].
+    pub fn node_socket(&self, i: usize) -> &Path {
+        &self.sockets[i]
     }
 
     /// Every call answered so far, in order.
@@ -162,7 +214,7 @@ impl TestCsiPlugin {
 impl Drop for TestCsiPlugin {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(true);
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -327,11 +379,15 @@ impl csi::controller_server::Controller for Controller {
 
 /// The node service: stage records; publish bind-mounts the volume's directory on the target (made here, as
 /// the CSI specification has the plugin do); unpublish unmounts it and removes the target.
-struct Node(Arc<Shared>);
+struct Node(Arc<Shared>, PluginNode);
 
 impl Node {
     fn record(&self, call: CsiCall) -> Result<(), Status> {
         Controller(self.0.clone()).record(call)
+    }
+
+    fn id(&self) -> String {
+        self.1.node_id.clone()
     }
 }
 
@@ -351,7 +407,11 @@ impl csi::node_server::Node for Node {
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let r = request.into_inner();
-        self.record(CsiCall::NodeStage { volume_id: r.volume_id.clone(), publish_context: r.publish_context })?;
+        self.record(CsiCall::NodeStage {
+            node: self.id(),
+            volume_id: r.volume_id.clone(),
+            publish_context: r.publish_context,
+        })?;
         if r.staging_target_path.is_empty() {
             return Err(Status::invalid_argument("NodeStageVolume without a staging path"));
         }
@@ -362,7 +422,7 @@ impl csi::node_server::Node for Node {
         &self,
         request: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        self.record(CsiCall::NodeUnstage { volume_id: request.into_inner().volume_id })?;
+        self.record(CsiCall::NodeUnstage { node: self.id(), volume_id: request.into_inner().volume_id })?;
         Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
     }
 
@@ -372,6 +432,7 @@ impl csi::node_server::Node for Node {
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let r = request.into_inner();
         self.record(CsiCall::NodePublish {
+            node: self.id(),
             volume_id: r.volume_id.clone(),
             target_path: r.target_path.clone(),
             readonly: r.readonly,
@@ -395,7 +456,7 @@ impl csi::node_server::Node for Node {
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        self.record(CsiCall::NodeUnpublish { volume_id: r.volume_id.clone() })?;
+        self.record(CsiCall::NodeUnpublish { node: self.id(), volume_id: r.volume_id.clone() })?;
         let target = PathBuf::from(&r.target_path);
         let was_mounted = {
             let mut mounted = self.0.mounted.lock().expect("mounts");
@@ -432,9 +493,13 @@ impl csi::node_server::Node for Node {
         _: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
         Ok(Response::new(csi::NodeGetInfoResponse {
-            node_id: TEST_PLUGIN_NODE_ID.to_string(),
+            node_id: self.id(),
             max_volumes_per_node: 0,
-            accessible_topology: None,
+            accessible_topology: self
+                .1
+                .zone
+                .as_ref()
+                .map(|zone| csi::Topology { segments: [(ZONE_KEY.to_string(), zone.clone())].into() }),
         }))
     }
 }

@@ -22,6 +22,9 @@ pub enum Prerequisite {
     Dockerd,
     /// CFSSL's `cfssl` (the external CA test's signer).
     Cfssl,
+    /// A docker CLI of Docker 23 or later: the cluster-volume flags (`docker volume create --type/--scope/
+    /// --sharing/--topology-required`, `--mount type=cluster`).
+    DockerCli23,
 }
 
 impl Prerequisite {
@@ -32,6 +35,7 @@ impl Prerequisite {
             Prerequisite::DockerEngine => "docker-engine",
             Prerequisite::Dockerd => "dockerd",
             Prerequisite::Cfssl => "cfssl",
+            Prerequisite::DockerCli23 => "docker-cli-23",
         }
     }
 
@@ -42,6 +46,10 @@ impl Prerequisite {
             Prerequisite::DockerEngine => "apt-get install docker.io and start dockerd",
             Prerequisite::Dockerd => "apt-get install docker.io (dockerd at /usr/sbin/dockerd) and start it",
             Prerequisite::Cfssl => "apt-get install golang-cfssl",
+            Prerequisite::DockerCli23 => {
+                "a docker CLI of version 23 or later first on PATH (our machines have 28.2 in /usr/local/bin; \
+                 Debian 12's docker.io is 20.10, Debian 13's docker-cli is 26)"
+            }
         }
     }
 
@@ -52,6 +60,10 @@ impl Prerequisite {
             Prerequisite::DockerEngine => engine_answers(),
             Prerequisite::Dockerd => engine_answers() && std::path::Path::new("/usr/sbin/dockerd").exists(),
             Prerequisite::Cfssl => Command::new("cfssl").arg("version").output().is_ok_and(|o| o.status.success()),
+            Prerequisite::DockerCli23 => Command::new("docker")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success() && cli_major(&String::from_utf8_lossy(&o.stdout)) >= Some(23)),
         }
     }
 }
@@ -82,6 +94,11 @@ fn decide_missing(p: Prerequisite, allowed: Option<&str>) -> bool {
     );
 }
 
+/// The major version in `docker --version`'s "Docker version 28.2.2, build e6534b4".
+fn cli_major(said: &str) -> Option<u32> {
+    said.strip_prefix("Docker version ")?.split('.').next()?.trim().parse().ok()
+}
+
 /// True when the docker CLI is installed and the local engine (not a `DOCKER_HOST` of the caller's) answers.
 fn engine_answers() -> bool {
     Command::new("docker")
@@ -94,6 +111,13 @@ fn engine_answers() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cli_s_major_version_is_read_from_its_version_line() {
+        assert_eq!(cli_major("Docker version 28.2.2, build e6534b4\n"), Some(28));
+        assert_eq!(cli_major("Docker version 20.10.24+dfsg1, build 297e128"), Some(20));
+        assert_eq!(cli_major("podman version 4.3.1"), None);
+    }
 
     #[test]
     fn a_missing_prerequisite_skips_only_when_named() {

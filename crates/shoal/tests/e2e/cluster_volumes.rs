@@ -1,16 +1,16 @@
-//! Cluster volumes, layers 1 and 2 (issue 37, docs/design/cluster-volumes.md), as a user drives them against a `shoal
-//! daemon`: `curl` on the control socket speaks the Engine API's `/volumes` with a `ClusterVolumeSpec`, because
-//! the stock docker CLI here is 20.10, which has no cluster-volume flags (`docker volume create --type/--scope
-//! /--sharing/--availability` and `docker volume update` arrived with Docker 23); that CLI is used where it
-//! works (`docker volume ls/inspect/rm/create` of a local volume). The volume is created, listed (beside the
-//! engine's local volumes on a docker-executor node), inspected by name and ID, its availability updated (any
-//! other change refused with a 400 naming the field), its removal refused while a service mounts it with
-//! `type=cluster` (naming the service), and it survives a daemon restart (Raft log and snapshot). Every bound
-//! and every malformed request is a 400 with a JSON `message`, and nothing is written.
+//! Cluster volumes (issue 37, docs/design/cluster-volumes.md), as a user drives them against a `shoal daemon`.
+//! Layers 1 and 2 speak the Engine API's `/volumes` with `curl` on the control socket (every bound and
+//! malformed body is checked byte for byte that way) and use the stock docker CLI for `docker volume
+//! ls/inspect/rm/create` of a local volume: the volume is created, listed (beside the engine's local volumes on
+//! a docker-executor node), inspected by name and ID, its availability updated (any other change refused with a
+//! 400 naming the field), its removal refused while a service mounts it with `type=cluster` (naming the
+//! service), and it survives a daemon restart (Raft log and snapshot). Every bound and every malformed request
+//! is a 400 with a JSON `message`, and nothing is written.
 //!
 //! Without `--csi-plugin` no plugin is called: the volume is only stored. With it, the suite's plugin creates
-//! and deletes volumes, and (the last test) publishes one to the node of a task that mounts it, which the
-//! container then writes into.
+//! and deletes volumes and publishes them to the nodes of the tasks that mount them, whose containers write
+//! into them. The last test is the issue's acceptance with the docker CLI of Docker 23 or later (its
+//! cluster-volume flags, `--mount type=cluster`) on two nodes.
 
 use crate::common;
 
@@ -216,7 +216,7 @@ fn a_cluster_volume_is_created_bounded_updated_held_by_its_service_and_kept_acro
     let (status, answer) = put(version, &json!({"Availability": "pause"}));
     assert_eq!(status, 200, "a field left out stays as it is: {answer}");
 
-    // A service mounting it (type=cluster, which the 20.10 CLI cannot write) holds it; with no plugin to create
+    // A service mounting it (type=cluster) holds it; with no plugin to create
     // the volume, its task stays pending, saying why.
     let service = json!({
         "Name": "db",
@@ -488,7 +488,7 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
             other => Err(format!("{other:?}; volume {}", inspect(&d, "data"))),
         },
     );
-    // The stock docker CLI (20.10) sees the service running on this node.
+    // The stock docker CLI sees the service running on this node.
     let ps = docker_cli::ok(d.socket(), &["service", "ps", "volume-user", "--format", "{{.CurrentState}} {{.Node}}"]);
     assert!(ps.lines().any(|l| l.starts_with("Running")), "{ps}");
     let published = inspect(&d, "data")["ClusterVolume"]["PublishStatus"].clone();
@@ -527,15 +527,15 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
         .calls()
         .into_iter()
         .filter_map(|c| match c {
-            CsiCall::NodeStage { volume_id, publish_context } => {
+            CsiCall::NodeStage { volume_id, publish_context, .. } => {
                 Some(format!("stage {volume_id} {:?}", publish_context.get("published-to")))
             }
-            CsiCall::NodePublish { volume_id, target_path, readonly } => {
+            CsiCall::NodePublish { volume_id, target_path, readonly, .. } => {
                 let under_state_dir = target_path.ends_with("/publish") && target_path.contains("/csi/");
                 Some(format!("publish {volume_id} {under_state_dir} {readonly}"))
             }
-            CsiCall::NodeUnpublish { volume_id } => Some(format!("unpublish {volume_id}")),
-            CsiCall::NodeUnstage { volume_id } => Some(format!("unstage {volume_id}")),
+            CsiCall::NodeUnpublish { volume_id, .. } => Some(format!("unpublish {volume_id}")),
+            CsiCall::NodeUnstage { volume_id, .. } => Some(format!("unstage {volume_id}")),
             _ => None,
         })
         .collect();
@@ -552,4 +552,198 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
         Some(v) => Err(format!("{v}")),
     });
     assert!(!plugin.volume_dir("csi-data").exists(), "the plugin deleted the volume");
+}
+
+/// The node IDs of the service's tasks that should run and do (`docker service ps`'s view, through the API).
+fn running_nodes(d: &DaemonProcess, service: &str) -> Vec<String> {
+    let filter = urlencode(&json!({"service": [service], "desired-state": ["running"]}).to_string());
+    let (status, tasks) = curl(d, "GET", &format!("/tasks?filters={filter}"), None);
+    assert_eq!(status, 200, "{tasks}");
+    let mut nodes: Vec<String> = tasks
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["Status"]["State"] == "running")
+        .map(|t| t["NodeID"].as_str().unwrap_or("").to_string())
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// The stock CLI's one-line refusal: the command fails and says `fragment`.
+fn cli_refused(d: &DaemonProcess, args: &[&str], fragment: &str) {
+    let out = docker_cli::run(d.socket(), args);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains(fragment), "docker {args:?}: {said:?} should contain {fragment:?}");
+}
+
+/// A node that reports the plugin, with the plugin's ID of it.
+fn wait_csi_node(d: &DaemonProcess, node_id: &str) -> String {
+    wait_until("the node to report its CSI plugin", WAIT, || {
+        let (_, node) = curl(d, "GET", &format!("/nodes/{node_id}"), None);
+        let info = &node["Description"]["CSIInfo"][0];
+        match (node["Status"]["State"].as_str(), info["NodeID"].as_str()) {
+            (Some("ready"), Some(id)) if !id.is_empty() => Ok(id.to_string()),
+            _ => Err(format!("{node}")),
+        }
+    })
+}
+
+/// The plugin's calls about one volume's publications, one line each, in order: the controller's
+/// publish/unpublish and each node's stage/publish/unpublish/unstage, with the plugin's ID of the node.
+fn publication_calls(plugin: &shoal_testkit::csi_plugin::TestCsiPlugin, volume: &str) -> Vec<String> {
+    use shoal_testkit::csi_plugin::CsiCall;
+    plugin
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            CsiCall::ControllerPublish { volume_id, node_id, .. } => Some((volume_id, format!("publish to {node_id}"))),
+            CsiCall::ControllerUnpublish { volume_id, node_id } => {
+                Some((volume_id, format!("unpublish from {node_id}")))
+            }
+            CsiCall::NodeStage { node, volume_id, .. } => Some((volume_id, format!("{node}: stage"))),
+            CsiCall::NodePublish { node, volume_id, .. } => Some((volume_id, format!("{node}: publish"))),
+            CsiCall::NodeUnpublish { node, volume_id } => Some((volume_id, format!("{node}: unpublish"))),
+            CsiCall::NodeUnstage { node, volume_id } => Some((volume_id, format!("{node}: unstage"))),
+            _ => None,
+        })
+        .filter(|(v, _)| v == volume)
+        .map(|(_, line)| line)
+        .collect()
+}
+
+/// Issue 37's acceptance, with the stock docker CLI of Docker 23 or later on two nodes (the docker executor,
+/// the host's engine, the README's default path): `docker volume create` of a cluster volume; a service of one
+/// replica with `--mount type=cluster` writes into it on the first node; `docker volume rm` is refused naming
+/// the service; the first node is drained and the task moves to the second: the volume is unpublished from the
+/// first node (node, then controller) before it is published on the second, and the file is there. A volume
+/// whose topology allows only the second node keeps its task there, and when that node is drained the pending
+/// task says why. The plugin plays both nodes over one root, as network storage would be.
+#[test]
+fn a_cluster_volume_follows_its_task_to_another_node_and_its_topology_keeps_a_task_where_it_is_allowed() {
+    use shoal_testkit::csi_plugin::{PluginNode, TestCsiPlugin};
+    if prerequisites::skip_unless(Prerequisite::DockerEngine) || prerequisites::skip_unless(Prerequisite::DockerCli23) {
+        return;
+    }
+    let image = shoal_testkit::docker_engine::ensure_test_image();
+    let plugin = TestCsiPlugin::start_nodes(&[
+        PluginNode { node_id: "csi-node-a".into(), zone: Some("z1".into()) },
+        PluginNode { node_id: "csi-node-b".into(), zone: Some("z2".into()) },
+    ]);
+    let flag = |i: usize| {
+        vec!["--csi-plugin".to_string(), format!("csi.shoal.test=unix://{}", plugin.node_socket(i).display())]
+    };
+    let m = shoal_testkit::docker_engine::EngineDaemon::start_with_args(&shoal_bin(), flag(0));
+    let (a, b_join) = (m.node_id().to_string(), shoal_testkit::managers::join_token(&m, "Worker"));
+    assert_eq!(wait_csi_node(&m, &a), "csi-node-a");
+    let cli = |args: &[&str]| docker_cli::ok(m.socket(), args);
+
+    let created = |name: &str| {
+        wait_until("the plugin to create the volume", WAIT, || {
+            let v = inspect(&m, name);
+            if v["ClusterVolume"]["Info"]["VolumeID"] == format!("csi-{name}") {
+                Ok(v)
+            } else {
+                Err(format!("{v}"))
+            }
+        })
+    };
+    cli(&["volume", "create", "--driver", "csi.shoal.test", "--type", "mount", "--scope", "single"]
+        .into_iter()
+        .chain(["--sharing", "onewriter", "--availability", "active", "--required-bytes", "1G", "data"])
+        .collect::<Vec<_>>());
+    created("data");
+    let mount = "type=cluster,src=data,dst=/data";
+    let write = "hostname >> /data/log && exec sleep 3600";
+    cli(&["service", "create", "--detach", "--name", "volume-owner", "--mount", mount, image, "sh", "-c", write]);
+    let log = plugin.volume_dir("csi-data").join("log");
+    let written_on = |nodes: &[&str], lines: usize| {
+        let what = format!("the task running on {nodes:?}, {lines} lines written into the volume");
+        wait_until(&what, Duration::from_secs(90), || {
+            let written = std::fs::read_to_string(&log).unwrap_or_default().lines().count();
+            let running = running_nodes(&m, "volume-owner");
+            if running == nodes && written == lines {
+                Ok(())
+            } else {
+                Err(format!("on {running:?}, {written} lines; {}; {:?}", inspect(&m, "data"), plugin.calls()))
+            }
+        })
+    };
+    written_on(&[&a], 1);
+    cli_refused(&m, &["volume", "rm", "data"], "volume-owner");
+
+    // A second node joins with the plugin; the first is drained: the task moves, and so does the volume.
+    let mut join = vec!["--join-addr".to_string(), m.remote_addr(), "--join-token".to_string(), b_join];
+    join.extend(flag(1));
+    let w = shoal_testkit::docker_engine::EngineDaemon::start_with_args(&shoal_bin(), join);
+    let b = w.node_id().to_string();
+    assert_eq!(wait_csi_node(&m, &b), "csi-node-b");
+    cli(&["node", "update", "--availability", "drain", &a]);
+    written_on(&[&b], 2);
+    let status = cli(&["volume", "inspect", "data", "--format", "{{json .ClusterVolume.PublishStatus}}"]);
+    let status: Value = serde_json::from_str(&status).expect("PublishStatus as JSON");
+    assert_eq!(status, json!([{"NodeID": b, "State": "published", "PublishContext": {"published-to": "csi-node-b"}}]));
+    assert!(
+        matches!(plugin.calls().first(), Some(shoal_testkit::csi_plugin::CsiCall::Create { name, .. }) if name == "data"),
+        "{:?}",
+        plugin.calls()
+    );
+    let expected = ["publish to csi-node-a", "csi-node-a: stage", "csi-node-a: publish", "csi-node-a: unpublish"]
+        .into_iter()
+        .chain(["csi-node-a: unstage", "unpublish from csi-node-a"])
+        .chain(["publish to csi-node-b", "csi-node-b: stage", "csi-node-b: publish"]);
+    assert_eq!(publication_calls(&plugin, "csi-data"), expected.collect::<Vec<_>>(), "{:?}", plugin.calls());
+
+    // Once the service is gone the volume is unpublished and can be removed.
+    cli(&["service", "rm", "volume-owner"]);
+    wait_until("the volume unpublished from the second node", Duration::from_secs(60), || {
+        let calls = publication_calls(&plugin, "csi-data");
+        if calls.last().map(String::as_str) == Some("unpublish from csi-node-b") {
+            Ok(())
+        } else {
+            Err(format!("{calls:?}"))
+        }
+    });
+    cli(&["volume", "rm", "data"]);
+    wait_until("the plugin to delete the volume", WAIT, || match plugin.volume_dir("csi-data").exists() {
+        false => Ok(()),
+        true => Err(format!("{:?}", inspect_if_any(&m, "data"))),
+    });
+
+    // Topology: a volume accessible only in zone z2 (the second node) takes all three of its tasks there,
+    // though the first node is active again and empty; with the second node drained they wait, saying why.
+    cli(&["node", "update", "--availability", "active", &a]);
+    cli(&["volume", "create", "--driver", "csi.shoal.test", "--type", "mount", "--scope", "multi"]
+        .into_iter()
+        .chain(["--sharing", "all", "--topology-required", "zone=z2", "pinned"])
+        .collect::<Vec<_>>());
+    let pinned = created("pinned");
+    assert_eq!(pinned["ClusterVolume"]["Info"]["AccessibleTopology"], json!([{"Segments": {"zone": "z2"}}]));
+    let mount = "type=cluster,src=pinned,dst=/data";
+    cli(&["service", "create", "--detach", "--name", "pinned-owner", "--replicas", "3", "--mount", mount, image]
+        .into_iter()
+        .chain(["sleep", "3600"])
+        .collect::<Vec<_>>());
+    wait_until("three tasks running on the second node", Duration::from_secs(60), || {
+        match running_nodes(&m, "pinned-owner") {
+            nodes if nodes == [b.as_str(); 3] => Ok(()),
+            nodes => Err(format!("{nodes:?}")),
+        }
+    });
+    cli(&["node", "update", "--availability", "drain", &b]);
+    let why = "outside the accessible topology of the cluster volume \"pinned\"";
+    wait_until("the tasks pending, saying why", Duration::from_secs(60), || {
+        let ps = cli(&["service", "ps", "pinned-owner", "--no-trunc", "--filter", "desired-state=running"]
+            .into_iter()
+            .chain(["--format", "{{.CurrentState}}|{{.Error}}"])
+            .collect::<Vec<_>>());
+        let pending = ps.lines().filter(|l| l.starts_with("Pending") && l.contains(why)).count();
+        if pending == 3 {
+            Ok(())
+        } else {
+            Err(ps)
+        }
+    });
+    assert!(running_nodes(&m, "pinned-owner").is_empty());
+    drop(w);
 }
