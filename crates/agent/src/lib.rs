@@ -260,6 +260,7 @@ impl Agent {
         let mut network_tasks = self.follow_assignments(&worker, network.as_ref(), attacher.as_ref(), &shutdown).await;
         if let Some(v) = &self.volumes {
             network_tasks.push(tokio::spawn(v.clone().run(shutdown.clone())));
+            network_tasks.push(tokio::spawn(v.clone().refresh_node_info(shutdown.clone())));
         }
         let mut reconnect = Reconnect {
             backoff: Backoff::new(RECONNECT_MIN, RECONNECT_MAX),
@@ -291,6 +292,11 @@ impl Agent {
                 description.tls_info = Some(rx.borrow_and_update().clone());
                 rx
             });
+            let csi_info = self.volumes.as_ref().map(|v| {
+                let mut rx = v.node_info_changes();
+                description.csi_info = rx.borrow_and_update().clone();
+                rx
+            });
             let ctx = SessionContext {
                 manager_addr: &manager_addr,
                 endpoint_factory: self.endpoint_factory.as_ref(),
@@ -305,12 +311,13 @@ impl Agent {
                 network: network.clone(),
                 attacher: attacher.clone(),
                 volumes: self.volumes.clone(),
+                csi_info,
             };
             match run_session(ctx, &mut shutdown).await {
                 Ok(()) => break,
                 Err(SessionError::DescriptionChanged) => {
-                    tracing::info!(node = %self.config.node_id, "this node's certificate changed: opening a new \
-                                                                 session to report it");
+                    tracing::info!(node = %self.config.node_id, "this node's description changed (its certificate \
+                        or what its CSI plugins say of it): opening a new session to report it");
                     reconnect.redirect = Some(manager_addr.clone());
                 }
                 Err(e) => {

@@ -161,6 +161,9 @@ pub struct SessionContext<'a> {
     pub attacher: Option<Arc<dyn crate::exec::EngineAttachments>>,
     /// When set, the node's cluster volumes: those it unpublished are reported (`UpdateVolumeStatus`).
     pub volumes: Option<crate::volumes::Volumes>,
+    /// When set, the session ends (`DescriptionChanged`) as soon as this changes: what the node's CSI plugins
+    /// say of it, which the next session's description carries.
+    pub csi_info: Option<watch::Receiver<Vec<shoal_api::NodeCsiInfo>>>,
 }
 
 /// Aborts a spawned helper task when the session ends, however it ends.
@@ -176,6 +179,7 @@ impl Drop for AbortOnDrop {
 pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), SessionError> {
     let addr = ctx.manager_addr.to_string();
     let mut tls_info = ctx.tls_info;
+    let mut csi_info = ctx.csi_info;
     let channel = connect(ctx.endpoint_factory, addr).await?;
     let client_channel = channel.clone();
     let mut client = DispatcherClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -260,6 +264,7 @@ pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver
             r = &mut reporter.0 => return Err(joined(r)),
             r = &mut volume_reports.0 => return Err(joined(r)),
             _ = changed(&mut tls_info) => return Err(SessionError::DescriptionChanged),
+            _ = changed(&mut csi_info) => return Err(SessionError::DescriptionChanged),
         }
     }
 }

@@ -9,6 +9,11 @@
 //! at most `PUBLISH_WAIT`). A volume unpublished is reported to the manager (`take_unpublished`, sent by
 //! the session as `UpdateVolumeStatus`), which then has the plugin's controller unpublish it.
 //!
+//! What the plugins say of the node (`NodeGetInfo`) goes in its description. A plugin that does not answer
+//! when the agent starts (started after the daemon, or restarting) is asked again, with the same backoff, until
+//! every plugin has answered (`refresh_node_info`); each new answer changes `node_info_changes`, and the
+//! session opens anew to report it, so a task waiting for a node with the plugin is then placed.
+//!
 //! Bounds: one entry per volume assigned to this node. Must not know gRPC or how a plugin is reached.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -46,6 +51,8 @@ pub trait NodeVolumes: Send + Sync + 'static {
     /// What each plugin's `NodeGetInfo` answers, for the node description (a plugin that cannot be reached
     /// is left out, with a warning).
     fn node_info(&self) -> BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>>;
+    /// How many plugins the node runs (`node_info` answers for at most this many).
+    fn plugin_count(&self) -> usize;
 }
 
 /// What a volume should be. No `Debug`: it holds the secrets' data.
@@ -70,6 +77,7 @@ pub struct Volumes {
     plugins: Arc<dyn NodeVolumes>,
     state: Arc<Mutex<State>>,
     published: watch::Sender<BTreeSet<String>>,
+    info: watch::Sender<Vec<shoal_api::NodeCsiInfo>>,
     wake: Arc<Notify>,
     reports: Arc<Notify>,
 }
@@ -88,14 +96,52 @@ impl Volumes {
             plugins,
             state: Arc::default(),
             published: watch::channel(BTreeSet::new()).0,
+            info: watch::channel(Vec::new()).0,
             wake: Arc::default(),
             reports: Arc::default(),
         }
     }
 
-    /// What the node's plugins say of it (`NodeGetInfo`), for its description.
+    /// What the node's plugins say of it (`NodeGetInfo`), for its description; asked anew, and kept for
+    /// `node_info_changes`.
     pub async fn node_info(&self) -> Vec<shoal_api::NodeCsiInfo> {
-        self.plugins.node_info().await
+        let info = self.plugins.node_info().await;
+        self.info.send_if_modified(|known| {
+            let changed = *known != info;
+            if changed {
+                known.clone_from(&info);
+            }
+            changed
+        });
+        info
+    }
+
+    /// What the node's plugins said of it last, changed each time a plugin's answer is new.
+    pub fn node_info_changes(&self) -> watch::Receiver<Vec<shoal_api::NodeCsiInfo>> {
+        self.info.subscribe()
+    }
+
+    /// Until every plugin has answered `NodeGetInfo` (or `shutdown` turns true), asks again, after
+    /// `RETRY_MIN` doubling to `RETRY_MAX`.
+    pub async fn refresh_node_info(self, mut shutdown: watch::Receiver<bool>) {
+        let mut delay = RETRY_MIN;
+        while self.info.borrow().len() < self.plugins.plugin_count() {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.changed() => return,
+            }
+            delay = (delay * 2).min(RETRY_MAX);
+            let before = self.info.borrow().len();
+            let now = self.node_info().await.len();
+            if now > before {
+                tracing::info!(
+                    answered = now,
+                    of = self.plugins.plugin_count(),
+                    "a CSI plugin answered NodeGetInfo: \
+                    the node reports it"
+                );
+            }
+        }
     }
 
     /// Where volume `id` (the swarm's ID) is published on this node.
@@ -354,6 +400,57 @@ mod tests {
         fn node_info(&self) -> BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
             Box::pin(std::future::ready(Vec::new()))
         }
+        fn plugin_count(&self) -> usize {
+            0
+        }
+    }
+
+    /// A node with one plugin whose `NodeGetInfo` gives these answers in turn (then the last one again).
+    struct Answers(Mutex<Vec<Vec<shoal_api::NodeCsiInfo>>>);
+
+    impl NodeVolumes for Answers {
+        fn publish(
+            &self,
+            _: &VolumeAssignment,
+            _: HashMap<String, String>,
+            _: &Path,
+            _: &Path,
+        ) -> BoxFuture<'static, Result<(), String>> {
+            Box::pin(std::future::ready(Ok(())))
+        }
+        fn unpublish(&self, _: &VolumeAssignment, _: &Path, _: &Path) -> BoxFuture<'static, Result<(), String>> {
+            Box::pin(std::future::ready(Ok(())))
+        }
+        fn node_info(&self) -> BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
+            let mut answers = self.0.lock();
+            let next = if answers.len() > 1 { answers.remove(0) } else { answers[0].clone() };
+            Box::pin(std::future::ready(next))
+        }
+        fn plugin_count(&self) -> usize {
+            1
+        }
+    }
+
+    /// A plugin that did not answer `NodeGetInfo` when the agent started is asked again, with the backoff,
+    /// until it answers; its answer changes what the session reports, and then the asking stops.
+    #[tokio::test(start_paused = true)]
+    async fn a_plugin_that_answers_late_is_asked_again_and_then_reported() {
+        let info = shoal_api::NodeCsiInfo { plugin_name: "p".into(), node_id: "n1".into(), ..Default::default() };
+        let answers = Arc::new(Answers(Mutex::new(vec![vec![], vec![], vec![], vec![info.clone()]])));
+        let dir = tempfile::tempdir().unwrap();
+        let v = Volumes::new(dir.path().to_path_buf(), answers.clone());
+        assert!(v.node_info().await.is_empty(), "not up when the agent starts");
+        let mut changes = v.node_info_changes();
+        let (_stop, shutdown) = watch::channel(false);
+        let started = tokio::time::Instant::now();
+        let refresh = tokio::spawn(v.clone().refresh_node_info(shutdown));
+        changes.changed().await.unwrap();
+        assert_eq!(*changes.borrow_and_update(), vec![info]);
+        // Asked after 0.5 s, 1 s and 2 s: the third answer was the first one.
+        assert_eq!(started.elapsed(), RETRY_MIN * 7);
+        refresh.await.unwrap();
+        let left = answers.as_ref().0.lock().len();
+        assert_eq!(left, 1, "not asked again once it answered");
     }
 
     /// Waits for volumes to report, and takes them.

@@ -347,6 +347,10 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
         })
     }
 
+    fn plugin_count(&self) -> usize {
+        self.plugins.len()
+    }
+
     fn node_info(&self) -> shoal_agent::exec::BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
         let plugins: Vec<Arc<Plugin>> = self.plugins.values().cloned().collect();
         Box::pin(async move {

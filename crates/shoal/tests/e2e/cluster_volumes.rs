@@ -747,3 +747,61 @@ fn a_cluster_volume_follows_its_task_to_another_node_and_its_topology_keeps_a_ta
     assert!(running_nodes(&m, "pinned-owner").is_empty());
     drop(w);
 }
+
+/// A plugin that starts after the daemon (its socket is not there yet): the volume waits to be created and
+/// the task to be placed, the pending task saying so; once the plugin serves, the manager creates the volume,
+/// the node asks `NodeGetInfo` again and opens a new session to report it, and the task is placed and writes.
+#[test]
+fn a_plugin_started_after_the_daemon_is_found_and_the_waiting_task_placed() {
+    use shoal_testkit::csi_plugin::TestCsiPlugin;
+    if prerequisites::skip_unless(Prerequisite::DockerEngine) {
+        return;
+    }
+    let image = shoal_testkit::docker_engine::ensure_test_image();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let link = dir.path().join("plugin.sock");
+    // Declared before the daemon so that it is dropped after it (its mounts go once no container holds them).
+    let mut plugin: Option<TestCsiPlugin> = None;
+    let flags = vec!["--csi-plugin".to_string(), format!("csi.shoal.test=unix://{}", link.display())];
+    let d = shoal_testkit::docker_engine::EngineDaemon::start_with_args(&shoal_bin(), flags);
+    let volume = json!({
+        "Name": "late",
+        "Driver": "csi.shoal.test",
+        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
+    });
+    assert_eq!(curl(&d, "POST", "/volumes/create", Some(&volume.to_string())).0, 201);
+    let service = json!({
+        "Name": "late-user",
+        "TaskTemplate": {
+            "ContainerSpec": {
+                "Image": image,
+                "Command": ["sh", "-c", "echo placed > /data/hello && exec sleep 3600"],
+                "Mounts": [{"Type": "cluster", "Source": "late", "Target": "/data"}]
+            }
+        },
+        "Mode": {"Replicated": {"Replicas": 1}}
+    });
+    let (status, answer) = curl(&d, "POST", "/services/create", Some(&service.to_string()));
+    assert_eq!(status, 201, "{answer}");
+    wait_until("the task pending, saying why", WAIT, || {
+        let (_, tasks) = curl(&d, "GET", "/tasks", None);
+        let task = &tasks[0];
+        match (task["Status"]["State"].as_str(), task["Status"]["Err"].as_str()) {
+            (Some("pending"), Some(why)) if why.contains("late") => Ok(()),
+            _ => Err(format!("{tasks}")),
+        }
+    });
+
+    let started = plugin.insert(TestCsiPlugin::start());
+    std::os::unix::fs::symlink(started.socket(), &link).expect("link the plugin's socket");
+    let hello = started.volume_dir("csi-late").join("hello");
+    wait_until("the task placed, writing into the volume", Duration::from_secs(90), || {
+        match std::fs::read_to_string(&hello) {
+            Ok(text) if text.trim() == "placed" => Ok(()),
+            other => Err(format!("{other:?}; {}", curl(&d, "GET", "/tasks", None).1)),
+        }
+    });
+    let (_, node) = curl(&d, "GET", &format!("/nodes/{}", d.node_id()), None);
+    assert_eq!(node["Description"]["CSIInfo"][0]["NodeID"], "csi-node-1", "{node}");
+    drop(d);
+}
