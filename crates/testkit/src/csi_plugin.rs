@@ -118,6 +118,10 @@ struct Shared {
     failing: AtomicBool,
     /// The targets the node service bind-mounted and has not unmounted (unmounted on drop).
     mounted: Mutex<Vec<PathBuf>>,
+    /// How long `ControllerPublishVolume` takes (after it is recorded, before it answers).
+    publish_delay: Mutex<std::time::Duration>,
+    /// The nodes each volume is published to now (by the controller), and the most it was at once.
+    publications: Mutex<HashMap<String, (std::collections::BTreeSet<String>, usize)>>,
 }
 
 /// A running test plugin.
@@ -197,6 +201,17 @@ impl TestCsiPlugin {
     /// Every call answered so far, in order.
     pub fn calls(&self) -> Vec<CsiCall> {
         self.shared.calls.lock().expect("calls").clone()
+    }
+
+    /// From now on, `ControllerPublishVolume` answers this long after it is called (a call in flight when
+    /// the manager that made it dies completes all the same, as a real plugin's would).
+    pub fn set_publish_delay(&self, delay: std::time::Duration) {
+        *self.shared.publish_delay.lock().expect("delay") = delay;
+    }
+
+    /// The most nodes the controller had the volume with this plugin ID published to at once.
+    pub fn most_nodes_published_at_once(&self, volume_id: &str) -> usize {
+        self.shared.publications.lock().expect("publications").get(volume_id).map_or(0, |(_, most)| *most)
     }
 
     /// From now on, refuse (`true`) or answer (`false`) every controller call (a refused call is still
@@ -348,6 +363,15 @@ impl csi::controller_server::Controller for Controller {
         if !self.0.root.join(&r.volume_id).is_dir() {
             return Err(Status::not_found(format!("no volume {:?}", r.volume_id)));
         }
+        let delay = *self.0.publish_delay.lock().expect("delay");
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let mut publications = self.0.publications.lock().expect("publications");
+        let (nodes, most) = publications.entry(r.volume_id.clone()).or_default();
+        nodes.insert(r.node_id.clone());
+        *most = (*most).max(nodes.len());
+        drop(publications);
         // What the node needs to find it: its node-side calls get this back.
         Ok(Response::new(csi::ControllerPublishVolumeResponse {
             publish_context: [("published-to".to_string(), r.node_id)].into(),
@@ -359,7 +383,10 @@ impl csi::controller_server::Controller for Controller {
         request: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        self.record(CsiCall::ControllerUnpublish { volume_id: r.volume_id, node_id: r.node_id })?;
+        self.record(CsiCall::ControllerUnpublish { volume_id: r.volume_id.clone(), node_id: r.node_id.clone() })?;
+        if let Some((nodes, _)) = self.0.publications.lock().expect("publications").get_mut(&r.volume_id) {
+            nodes.remove(&r.node_id);
+        }
         Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
     }
 

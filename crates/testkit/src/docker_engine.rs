@@ -137,10 +137,12 @@ impl EngineDaemon {
 
     /// Starts `binary daemon --executor docker` with `extra_args` on a fresh state dir.
     pub fn start_with_args(binary: &Path, extra_args: Vec<String>) -> EngineDaemon {
-        let daemon = DaemonProcess::start_with(
-            binary,
-            DaemonOptions { executor: Some("docker".into()), extra_args, ..DaemonOptions::default() },
-        );
+        EngineDaemon::start_with(binary, DaemonOptions { extra_args, ..DaemonOptions::default() })
+    }
+
+    /// Starts `binary daemon --executor docker` with these options (their executor is replaced).
+    pub fn start_with(binary: &Path, opts: DaemonOptions) -> EngineDaemon {
+        let daemon = DaemonProcess::start_with(binary, DaemonOptions { executor: Some("docker".into()), ..opts });
         let info = daemon.get("/v1.47/info");
         let node_id = info["Swarm"]["NodeID"].as_str().unwrap_or_default().to_string();
         assert!(!node_id.is_empty(), "/info has no Swarm.NodeID: {info}");

@@ -805,3 +805,99 @@ fn a_plugin_started_after_the_daemon_is_found_and_the_waiting_task_placed() {
     assert_eq!(node["Description"]["CSIInfo"][0]["NodeID"], "csi-node-1", "{node}");
     drop(d);
 }
+
+/// Issue 37's last acceptance: the leader is killed (`kill -9`) while the plugin's controller is publishing a
+/// single-writer volume for a task on another manager. The new leader publishes it again (to the same node),
+/// the task runs and writes into it, and the plugin never had the volume published to two nodes.
+#[test]
+fn a_leader_killed_during_a_publish_leaves_the_new_leader_to_finish_it_on_one_node() {
+    use shoal_testkit::csi_plugin::{CsiCall, PluginNode, TestCsiPlugin};
+    use shoal_testkit::docker_engine::EngineDaemon;
+    if prerequisites::skip_unless(Prerequisite::DockerEngine) {
+        return;
+    }
+    let image = shoal_testkit::docker_engine::ensure_test_image();
+    let nodes: Vec<PluginNode> = (1..=3).map(|i| PluginNode { node_id: format!("csi-node-{i}"), zone: None }).collect();
+    let plugin = TestCsiPlugin::start_nodes(&nodes);
+    let start = |i: usize, join: Option<&EngineDaemon>| {
+        let mut extra_args =
+            vec!["--csi-plugin".to_string(), format!("csi.shoal.test=unix://{}", plugin.node_socket(i).display())];
+        if let Some(leader) = join {
+            let token = shoal_testkit::managers::join_token(leader, "Manager");
+            extra_args.extend(["--join-addr".to_string(), leader.remote_addr(), "--join-token".to_string(), token]);
+        }
+        let opts = DaemonOptions {
+            listen_ip: Some(format!("127.0.0.{}", 61 + i)),
+            hostname: Some(format!("volume-manager-{}", i + 1)),
+            extra_args,
+            ..Default::default()
+        };
+        EngineDaemon::start_with(&shoal_bin(), opts)
+    };
+    let mut m1 = start(0, None);
+    let m2 = start(1, Some(&m1));
+    let m3 = start(2, Some(&m1));
+    for (m, csi) in [(&m1, "csi-node-1"), (&m2, "csi-node-2"), (&m3, "csi-node-3")] {
+        assert_eq!(wait_csi_node(&m1, m.node_id()), csi);
+    }
+    let (_, leader) = curl(&m1, "GET", &format!("/nodes/{}", m1.node_id()), None);
+    assert_eq!(leader["ManagerStatus"]["Leader"], true, "the first manager leads: {leader}");
+
+    let volume = json!({
+        "Name": "shared",
+        "Driver": "csi.shoal.test",
+        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
+    });
+    assert_eq!(curl(&m1, "POST", "/volumes/create", Some(&volume.to_string())).0, 201);
+    wait_until("the plugin to create the volume", WAIT, || match plugin.volume_dir("csi-shared").is_dir() {
+        true => Ok(()),
+        false => Err(format!("{:?}", plugin.calls())),
+    });
+    plugin.set_publish_delay(Duration::from_secs(3));
+    let service = json!({
+        "Name": "survivor",
+        "TaskTemplate": {
+            "ContainerSpec": {
+                "Image": image,
+                "Command": ["sh", "-c", "echo survived > /data/hello && exec sleep 3600"],
+                "Mounts": [{"Type": "cluster", "Source": "shared", "Target": "/data"}]
+            },
+            "Placement": {"Constraints": [format!("node.id=={}", m2.node_id())]}
+        },
+        "Mode": {"Replicated": {"Replicas": 1}}
+    });
+    let (status, answer) = curl(&m1, "POST", "/services/create", Some(&service.to_string()));
+    assert_eq!(status, 201, "{answer}");
+    let publishes = || {
+        plugin
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                CsiCall::ControllerPublish { volume_id, node_id, .. } if volume_id == "csi-shared" => Some(node_id),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    wait_until("the leader to call ControllerPublishVolume", WAIT, || match publishes().len() {
+        0 => Err(format!("{:?}", plugin.calls())),
+        _ => Ok(()),
+    });
+    m1.kill9();
+    plugin.set_publish_delay(Duration::ZERO);
+
+    let hello = plugin.volume_dir("csi-shared").join("hello");
+    wait_until("the task to run on the second manager and write", Duration::from_secs(90), || {
+        match std::fs::read_to_string(&hello) {
+            Ok(text) if text.trim() == "survived" => Ok(()),
+            other => Err(format!("{other:?}; {:?}", plugin.calls())),
+        }
+    });
+    let published = publishes();
+    assert!(published.len() >= 2, "the new leader published it again: {published:?}");
+    assert!(published.iter().all(|n| n == "csi-node-2"), "only ever to the task's node: {published:?}");
+    assert_eq!(plugin.most_nodes_published_at_once("csi-shared"), 1);
+    let status = inspect(&m2, "shared")["ClusterVolume"]["PublishStatus"].clone();
+    assert_eq!(status.as_array().map(Vec::len), Some(1), "{status}");
+    assert_eq!((status[0]["NodeID"].as_str(), status[0]["State"].as_str()), (Some(m2.node_id()), Some("published")));
+    drop((m2, m3));
+}
