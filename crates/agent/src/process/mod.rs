@@ -25,8 +25,13 @@
 //! VIP sends it new connections as it goes. Its published ports are forwarded by the node's data plane
 //! (ingress ports from every node, host-mode ports from this one); what the plane cannot forward is refused
 //! (`ports_a_process_cannot_honour`).
+//!
+//! Mounts: bind mounts, and cluster mounts (which the worker turns into binds of the volumes' publish paths),
+//! are made in the process's own mount namespace over the node's existing paths (`mounts`); volume and tmpfs
+//! mounts need a container and are refused.
 
 pub mod logs;
+mod mounts;
 pub mod privileges;
 mod spawner;
 
@@ -144,11 +149,10 @@ fn container_spec(task: &Task) -> Option<&ContainerSpec> {
 /// names them. A task that sets any is rejected with them named, never run without them.
 fn settings_a_process_cannot_honour(task: &Task, c: &ContainerSpec) -> Vec<&'static str> {
     let limits = task.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.limits.as_ref());
-    let checks: [(&'static str, bool); 17] = [
+    let checks: [(&'static str, bool); 16] = [
         ("ContainerSpec.User", !c.user.is_empty()),
         ("ContainerSpec.Groups", !c.groups.is_empty()),
         ("ContainerSpec.Hostname", !c.hostname.is_empty()),
-        ("ContainerSpec.Mounts", !c.mounts.is_empty()),
         ("ContainerSpec.DNSConfig", c.dns_config.as_ref().is_some_and(|d| *d != Default::default())),
         ("ContainerSpec.Hosts", !c.hosts.is_empty()),
         ("ContainerSpec.Healthcheck", c.healthcheck.as_ref().is_some_and(|h| *h != Default::default())),
@@ -266,6 +270,7 @@ impl Executor for ProcessExecutor {
                  change the setting"
             ))
         })?;
+        let binds = mounts::binds_of(&spec).map_err(ExecutorError::InvalidSpec)?;
         let argv: Vec<String> = spec.command.iter().chain(spec.args.iter()).cloned().collect();
         if argv.is_empty() {
             return Err(ExecutorError::InvalidSpec(format!(
@@ -314,6 +319,7 @@ impl Executor for ProcessExecutor {
             network: if task.on_overlay() { self.network.clone().ok() } else { None },
             netns: None,
             task: Arc::new(task.clone()),
+            binds,
             limits,
             child: None,
             pid: 0,
@@ -362,6 +368,8 @@ struct ProcessController {
     netns: Option<PathBuf>,
     /// The task as assigned (its attachments).
     task: Arc<Task>,
+    /// Its bind mounts (and cluster mounts, as binds of their publish paths), made in its mount namespace.
+    binds: Vec<mounts::Bind>,
     /// Its ulimits, OOM score, capabilities and no-new-privileges, applied before exec.
     limits: privileges::ProcessLimits,
     child: Option<tokio::process::Child>,
@@ -430,6 +438,7 @@ impl Controller for ProcessController {
                     )));
                 }
             }
+            mounts::check(&self.binds).map_err(ExecutorError::InvalidSpec)?;
             std::fs::create_dir_all(&self.task_dir)
                 .map_err(|e| ExecutorError::Prepare(io_err("cannot create", &self.task_dir, e)))?;
             if let Some((root, files)) = &self.files {
@@ -460,12 +469,22 @@ impl Controller for ProcessController {
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());
             self.limits.clone().apply(&mut cmd);
+            let mut ns = mounts::Namespaces { netns: None, binds: self.binds.clone() };
             if let (Some(plane), Some(netns)) = (&self.network, &self.netns) {
                 plane.wait_plumbed(&self.task_id).await.map_err(ExecutorError::Start)?;
-                let ns = std::fs::File::open(netns)
+                let file = std::fs::File::open(netns)
                     .map_err(|e| ExecutorError::Start(io_err("cannot open the task's network namespace", netns, e)))?;
-                enter_task_network(&mut cmd, ns, &self.task_dir.join(RESOLV_CONF)).map_err(ExecutorError::Start)?;
+                ns.netns = Some(file);
+                // The node's resolver at 127.0.0.11, over /etc/resolv.conf for this process only.
+                ns.binds.push(mounts::Bind {
+                    source: self.task_dir.join(RESOLV_CONF),
+                    target: PathBuf::from("/etc/resolv.conf"),
+                    readonly: false,
+                    non_recursive: true,
+                    create_target: false,
+                });
             }
+            mounts::enter_namespaces(&mut cmd, ns).map_err(ExecutorError::Start)?;
             let mut child = self
                 .spawner
                 .spawn(cmd)
@@ -586,40 +605,6 @@ impl Drop for ProcessController {
 
 /// The task's resolv.conf, in its task directory.
 const RESOLV_CONF: &str = "resolv.conf";
-
-/// Makes `cmd`'s process enter the network namespace `netns` and see `resolv` as `/etc/resolv.conf` (in a
-/// mount namespace of its own, so the node's file is untouched).
-#[allow(unsafe_code)]
-fn enter_task_network(cmd: &mut std::process::Command, netns: std::fs::File, resolv: &Path) -> Result<(), String> {
-    use std::ffi::CString;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::process::CommandExt;
-    let source = CString::new(resolv.as_os_str().as_bytes()).map_err(|_| format!("bad path {}", resolv.display()))?;
-    let target = CString::new("/etc/resolv.conf").expect("no NUL");
-    let root = CString::new("/").expect("no NUL");
-    // SAFETY: the closure runs in the forked child before exec and only makes system calls (setns, unshare,
-    // mount) on values prepared before the fork; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let none = std::ptr::null();
-            if libc::mount(none, root.as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::mount(source.as_ptr(), target.as_ptr(), none, libc::MS_BIND, std::ptr::null()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests;

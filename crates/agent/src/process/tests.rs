@@ -198,7 +198,7 @@ fn settings_a_process_cannot_have_reject_the_task_naming_each() {
             container(t).healthcheck =
                 Some(shoal_api::HealthConfig { test: vec!["CMD".into(), "true".into()], ..Default::default() });
         },
-        &["ContainerSpec.Mounts", "ContainerSpec.Healthcheck"],
+        &["ContainerSpec.Healthcheck"],
     );
     check(
         &|t| {
@@ -373,4 +373,42 @@ async fn a_process_gets_its_ulimits_oom_score_no_new_privileges_and_dropped_capa
     t.spec = Some(spec.into());
     let err = exec.controller(&t, Vec::new()).err().expect("rejected").to_string();
     assert!(err.contains("ContainerSpec.Sysctls"), "{err}");
+}
+
+/// A bind mount (what a cluster mount becomes) is made for the process only: it reads the source's file at the
+/// target, a read-only one cannot write there, and the node's own target stays empty.
+#[tokio::test]
+async fn a_bind_mount_is_the_process_s_own_and_read_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = ProcessExecutor::new(dir.path(), "h", HashMap::new());
+    let (source, target) = (dir.path().join("source"), dir.path().join("target"));
+    std::fs::create_dir_all(&source).unwrap();
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(source.join("f"), "from-the-source\n").unwrap();
+    let script = format!(
+        "cat {t}/f; echo more > {t}/rw; (echo no > {t}/../ro/g) 2>/dev/null && echo wrote || echo read-only",
+        t = target.display()
+    );
+    let mut t = task("tb", &["sh", "-c"], &[&script], None);
+    let ro_target = dir.path().join("ro");
+    std::fs::create_dir_all(&ro_target).unwrap();
+    if let Some(task_spec::Runtime::Container(c)) = t.spec.as_mut().unwrap().runtime.as_mut() {
+        let bind = |s: &Path, t: &Path, readonly: bool| shoal_api::Mount {
+            r#type: shoal_api::mount::Type::Bind as i32,
+            source: s.display().to_string(),
+            target: t.display().to_string(),
+            readonly,
+            ..Default::default()
+        };
+        c.mounts = vec![bind(&source, &target, false), bind(&source, &ro_target, true)];
+    }
+    let mut c = started(&exec, &t).await;
+    let exit = tokio::time::timeout(Duration::from_secs(10), c.wait()).await.unwrap().unwrap();
+    let log = std::fs::read_to_string(exec.task_dir("tb").join("stdout.log")).unwrap();
+    assert_eq!(exit.code, 0, "{log}");
+    assert!(log.contains("from-the-source") && log.contains("read-only"), "{log}");
+    assert_eq!(std::fs::read_to_string(source.join("rw")).unwrap(), "more\n", "written through the mount");
+    assert!(!source.join("g").exists());
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "the node's own target is untouched");
+    c.remove().await.unwrap();
 }

@@ -683,11 +683,10 @@ fn a_cluster_volume_follows_its_task_to_another_node_and_its_topology_keeps_a_ta
     let status = cli(&["volume", "inspect", "data", "--format", "{{json .ClusterVolume.PublishStatus}}"]);
     let status: Value = serde_json::from_str(&status).expect("PublishStatus as JSON");
     assert_eq!(status, json!([{"NodeID": b, "State": "published", "PublishContext": {"published-to": "csi-node-b"}}]));
-    assert!(
-        matches!(plugin.calls().first(), Some(shoal_testkit::csi_plugin::CsiCall::Create { name, .. }) if name == "data"),
-        "{:?}",
-        plugin.calls()
-    );
+    let first = plugin.calls().into_iter().next();
+    let created_first =
+        matches!(&first, Some(shoal_testkit::csi_plugin::CsiCall::Create { name, .. }) if name == "data");
+    assert!(created_first, "the first call creates the volume: {first:?}");
     let expected = ["publish to csi-node-a", "csi-node-a: stage", "csi-node-a: publish", "csi-node-a: unpublish"]
         .into_iter()
         .chain(["csi-node-a: unstage", "unpublish from csi-node-a"])
@@ -900,4 +899,55 @@ fn a_leader_killed_during_a_publish_leaves_the_new_leader_to_finish_it_on_one_no
     assert_eq!(status.as_array().map(Vec::len), Some(1), "{status}");
     assert_eq!((status[0]["NodeID"].as_str(), status[0]["State"].as_str()), (Some(m2.node_id()), Some("published")));
     drop((m2, m3));
+}
+
+/// The process executor: a task's cluster mount is made in the process's own mount namespace over an existing
+/// directory of the node, the process writes into the plugin's volume through it, the node's directory stays
+/// empty, and the volume is unpublished when the service goes.
+#[test]
+fn a_process_task_writes_into_its_cluster_volume_through_its_own_mount() {
+    use shoal_testkit::csi_plugin::{CsiCall, TestCsiPlugin};
+    let plugin = TestCsiPlugin::start();
+    let target = tempfile::tempdir().expect("the mount's target on the node");
+    let flags = vec!["--csi-plugin".to_string(), format!("csi.shoal.test=unix://{}", plugin.socket().display())];
+    let d = DaemonProcess::start_with(&shoal_bin(), DaemonOptions { extra_args: flags, ..Default::default() });
+    let volume = json!({
+        "Name": "pv",
+        "Driver": "csi.shoal.test",
+        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
+    });
+    assert_eq!(curl(&d, "POST", "/volumes/create", Some(&volume.to_string())).0, 201);
+    let dir = target.path().display().to_string();
+    let service = json!({
+        "Name": "process-volume-user",
+        "TaskTemplate": {
+            "ContainerSpec": {
+                "Image": "none",
+                "Command": ["sh", "-c", format!("echo from-a-process > {dir}/hello && exec sleep 3600")],
+                "Mounts": [{"Type": "cluster", "Source": "pv", "Target": dir}]
+            }
+        },
+        "Mode": {"Replicated": {"Replicas": 1}}
+    });
+    let (status, answer) = curl(&d, "POST", "/services/create", Some(&service.to_string()));
+    assert_eq!(status, 201, "{answer}");
+    let hello = plugin.volume_dir("csi-pv").join("hello");
+    wait_until("the process to write into the plugin's volume", Duration::from_secs(60), || {
+        match std::fs::read_to_string(&hello) {
+            Ok(text) if text.trim() == "from-a-process" => Ok(()),
+            other => Err(format!("{other:?}; {}", curl(&d, "GET", "/tasks", None).1)),
+        }
+    });
+    assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0, "the node's own directory is untouched");
+    assert_eq!(curl(&d, "DELETE", "/services/process-volume-user", None).0, 200);
+    wait_until("the volume unpublished", Duration::from_secs(60), || {
+        match plugin
+            .calls()
+            .iter()
+            .any(|c| matches!(c, CsiCall::ControllerUnpublish { volume_id, .. } if volume_id == "csi-pv"))
+        {
+            true => Ok(()),
+            false => Err(format!("{:?}", plugin.calls())),
+        }
+    });
 }
