@@ -693,6 +693,19 @@ fn a_cluster_volume_follows_its_task_to_another_node_and_its_topology_keeps_a_ta
         .chain(["publish to csi-node-b", "csi-node-b: stage", "csi-node-b: publish"]);
     assert_eq!(publication_calls(&plugin, "csi-data"), expected.collect::<Vec<_>>(), "{:?}", plugin.calls());
 
+    // `docker volume ls --cluster` lists it; `docker volume update --availability drain` stops its task (the
+    // replacement waits), and `active` lets the task run again, on the node the volume is published to.
+    assert!(cli(&["volume", "ls", "--cluster", "-q"]).lines().any(|l| l == "data"));
+    cli(&["volume", "update", "--availability", "drain", "data"]);
+    wait_until("the task stopped by the drained volume", Duration::from_secs(60), || {
+        match running_nodes(&m, "volume-owner") {
+            nodes if nodes.is_empty() => Ok(()),
+            nodes => Err(format!("{nodes:?}")),
+        }
+    });
+    cli(&["volume", "update", "--availability", "active", "data"]);
+    written_on(&[&b], 3);
+
     // Once the service is gone the volume is unpublished and can be removed.
     cli(&["service", "rm", "volume-owner"]);
     wait_until("the volume unpublished from the second node", Duration::from_secs(60), || {
