@@ -9,6 +9,12 @@
 //! at most `PUBLISH_WAIT`). A volume unpublished is reported to the manager (`take_unpublished`, sent by
 //! the session as `UpdateVolumeStatus`), which then has the plugin's controller unpublish it.
 //!
+//! A volume is never unpublished under a task of this node that may still be running: from the start of its
+//! `prepare` until its process is known to have stopped (its `wait` returned, or its shutdown or terminate
+//! succeeded, or it was removed), the task holds its volumes (`hold`), and a REMOVE of a held volume waits
+//! until the last hold is let go. The managers already order the REMOVE after the task's end is reported;
+//! this is the node's own check, against a view that is behind.
+//!
 //! What the plugins say of the node (`NodeGetInfo`) goes in its description. A plugin that does not answer
 //! when the agent starts (started after the daemon, or restarting) is asked again, with the same backoff, until
 //! every plugin has answered (`refresh_node_info`); each new answer changes `node_info_changes`, and the
@@ -68,6 +74,8 @@ struct State {
     want: BTreeMap<String, (Want, bool)>,
     /// Volumes unpublished and not yet reported.
     unpublished: BTreeSet<String>,
+    /// How many tasks of this node hold each volume (may still be running with it).
+    holds: BTreeMap<String, usize>,
 }
 
 /// This node's cluster volumes (cheap to clone).
@@ -166,7 +174,34 @@ impl Volumes {
         if !remove {
             st.unpublished.remove(&a.id);
         }
+        if remove && st.holds.contains_key(&a.id) {
+            tracing::info!(volume = %a.id, "the managers ask to unpublish a cluster volume that a task of this node \
+                still uses: it is unpublished once the task stops");
+        }
         st.want.insert(a.id.clone(), (want, false));
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// A task of this node may run with these volumes from now on: none of them is unpublished until `let_go`.
+    pub fn hold(&self, ids: &[String]) {
+        let mut st = self.state.lock();
+        for id in ids {
+            *st.holds.entry(id.clone()).or_default() += 1;
+        }
+    }
+
+    /// The task that held these volumes has stopped.
+    pub fn let_go(&self, ids: &[String]) {
+        let mut st = self.state.lock();
+        for id in ids {
+            if let Some(n) = st.holds.get_mut(id) {
+                *n -= 1;
+                if *n == 0 {
+                    st.holds.remove(id);
+                }
+            }
+        }
         drop(st);
         self.wake.notify_one();
     }
@@ -199,10 +234,14 @@ impl Volumes {
         self.reports.notified().await;
     }
 
-    /// The next volume to work on: one whose state is not what it should be.
+    /// The next volume to work on: one whose state is not what it should be (a held volume is not
+    /// unpublished).
     fn next(&self) -> Option<(String, Want)> {
         let st = self.state.lock();
-        st.want.iter().find(|(_, (_, done))| !done).map(|(id, (w, _))| (id.clone(), w.clone()))
+        st.want
+            .iter()
+            .find(|(id, (w, done))| !done && (matches!(w, Want::Published(..)) || !st.holds.contains_key(*id)))
+            .map(|(id, (w, _))| (id.clone(), w.clone()))
     }
 
     /// Makes each volume what it should be, until `shutdown` turns true.
@@ -301,24 +340,95 @@ pub fn bind_cluster_mounts(task: &Task, volumes: Option<&Volumes>) -> Option<Res
 }
 
 /// A task's controller that, in `prepare`, first waits until its cluster volumes are published on this
-/// node (at most `PUBLISH_WAIT`).
+/// node (at most `PUBLISH_WAIT`), and holds them (`Volumes::hold`) until its process has stopped.
 pub struct AwaitVolumes {
     inner: Box<dyn Controller>,
     ids: Vec<String>,
+    volumes: Volumes,
     published: watch::Receiver<BTreeSet<String>>,
     wait: Duration,
+    holding: bool,
 }
 
 impl AwaitVolumes {
-    /// Wraps `inner`, waiting for `ids` in `published`.
-    pub fn new(inner: Box<dyn Controller>, ids: Vec<String>, published: watch::Receiver<BTreeSet<String>>) -> Self {
-        AwaitVolumes { inner, ids, published, wait: PUBLISH_WAIT }
+    /// Wraps `inner`, waiting for `ids` to be published by `volumes`.
+    pub fn new(inner: Box<dyn Controller>, ids: Vec<String>, volumes: Volumes) -> Self {
+        let published = volumes.published();
+        AwaitVolumes { inner, ids, volumes, published, wait: PUBLISH_WAIT, holding: false }
+    }
+
+    fn let_go(&mut self) {
+        if std::mem::take(&mut self.holding) {
+            self.volumes.let_go(&self.ids);
+        }
+    }
+
+    /// Lets go of the volumes when `r` says the process has stopped.
+    fn stopped_if_ok<T>(&mut self, r: Result<T, ExecutorError>) -> Result<T, ExecutorError> {
+        if r.is_ok() {
+            self.let_go();
+        }
+        r
+    }
+}
+
+impl Drop for AwaitVolumes {
+    fn drop(&mut self) {
+        self.let_go();
     }
 }
 
 impl Controller for AwaitVolumes {
     fn prepare(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
         Box::pin(async move {
+            if !self.holding {
+                self.volumes.hold(&self.ids);
+                self.holding = true;
+            }
+            let r = self.await_published().await;
+            if r.is_err() {
+                self.let_go();
+            }
+            r
+        })
+    }
+    fn start(&mut self) -> BoxFuture<'_, Result<i32, ExecutorError>> {
+        self.inner.start()
+    }
+    fn wait(&mut self) -> BoxFuture<'_, Result<ExitStatus, ExecutorError>> {
+        Box::pin(async move {
+            let r = self.inner.wait().await;
+            self.stopped_if_ok(r)
+        })
+    }
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            let r = self.inner.shutdown().await;
+            self.stopped_if_ok(r)
+        })
+    }
+    fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            let r = self.inner.terminate().await;
+            self.stopped_if_ok(r)
+        })
+    }
+    fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
+        Box::pin(async move {
+            let r = self.inner.remove().await;
+            self.let_go();
+            r
+        })
+    }
+    fn report(&self) -> RuntimeReport {
+        self.inner.report()
+    }
+}
+
+impl AwaitVolumes {
+    /// Waits until the volumes are published here (at most `wait`), then prepares the inner controller.
+    async fn await_published(&mut self) -> Result<(), ExecutorError> {
+        {
             let ids = self.ids.clone();
             let ready = self.published.wait_for(|p| ids.iter().all(|id| p.contains(id)));
             match tokio::time::timeout(self.wait, ready).await {
@@ -333,26 +443,8 @@ impl Controller for AwaitVolumes {
                     )));
                 }
             }
-            self.inner.prepare().await
-        })
-    }
-    fn start(&mut self) -> BoxFuture<'_, Result<i32, ExecutorError>> {
-        self.inner.start()
-    }
-    fn wait(&mut self) -> BoxFuture<'_, Result<ExitStatus, ExecutorError>> {
-        self.inner.wait()
-    }
-    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
-        self.inner.shutdown()
-    }
-    fn terminate(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
-        self.inner.terminate()
-    }
-    fn remove(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
-        self.inner.remove()
-    }
-    fn report(&self) -> RuntimeReport {
-        self.inner.report()
+        }
+        self.inner.prepare().await
     }
 }
 
@@ -495,6 +587,41 @@ mod tests {
         v.assign(assignment("v9"), HashMap::new(), true);
         assert_eq!(reported(&v).await, vec!["v9".to_string()]);
         assert_eq!(fake.calls.lock().last().map(String::as_str), Some("unpublish plugin-v9"));
+        stop.send(true).unwrap();
+        running.await.unwrap();
+    }
+
+    /// A REMOVE of a volume that a task of this node holds waits until the task's process has stopped (the
+    /// node's own check, whatever the managers' view); a task that never started lets go when dropped.
+    #[tokio::test(start_paused = true)]
+    async fn a_volume_is_not_unpublished_under_a_task_that_may_still_run() {
+        use crate::exec::Executor;
+        let fake = Arc::new(Fake::default());
+        let v = Volumes::new(PathBuf::from("/state/csi"), Arc::new(fake.clone()));
+        let (stop, stopped) = watch::channel(false);
+        let running = tokio::spawn(v.clone().run(stopped));
+        v.assign(assignment("v1"), HashMap::new(), false);
+        let exec = crate::testing::FakeExecutor::new();
+        let controller = |id: &str| {
+            let inner = exec.controller(&Task { id: id.into(), ..Default::default() }, Vec::new()).unwrap();
+            AwaitVolumes::new(inner, vec!["v1".into()], v.clone())
+        };
+        let (mut c, mut idle) = (controller("t1"), controller("t2"));
+        c.prepare().await.unwrap();
+        idle.prepare().await.unwrap();
+        c.start().await.unwrap();
+        v.assign(assignment("v1"), HashMap::new(), true);
+        // Paused time: a minute passes at once, and the loop has had every chance to unpublish.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let unpublished = || fake.calls.lock().iter().any(|c| c.starts_with("unpublish"));
+        assert!(!unpublished(), "held: {:?}", fake.calls.lock());
+        drop(idle);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!unpublished(), "still held by the running task");
+        assert!(exec.exit("t1", 0));
+        c.wait().await.unwrap();
+        assert_eq!(reported(&v).await, vec!["v1".to_string()]);
+        assert_eq!(fake.calls.lock().last().map(String::as_str), Some("unpublish plugin-v1"));
         stop.send(true).unwrap();
         running.await.unwrap();
     }

@@ -272,7 +272,7 @@ impl Worker {
         };
         let ctlr = match (ctlr, awaited, &self.volumes) {
             (Ok(inner), Some(ids), Some(v)) => {
-                Ok(Box::new(crate::volumes::AwaitVolumes::new(inner, ids, v.published()))
+                Ok(Box::new(crate::volumes::AwaitVolumes::new(inner, ids, v.clone()))
                     as Box<dyn crate::exec::Controller>)
             }
             (other, _, _) => other,
