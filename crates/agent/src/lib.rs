@@ -20,6 +20,7 @@ mod rpc;
 pub mod runner;
 pub mod session;
 pub mod task_files;
+#[cfg(any(test, feature = "test-doors"))]
 pub mod testing;
 pub mod volumes;
 pub mod worker;

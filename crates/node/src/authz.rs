@@ -648,6 +648,7 @@ enum Mode {
     /// By verified client certificate, decided by the module.
     Mtls(Authorizer),
     /// By the node ID a caller claims in metadata: in-process test harnesses only.
+    #[cfg(any(test, feature = "test-doors"))]
     TrustMetadataForTests,
 }
 
@@ -661,6 +662,7 @@ impl std::fmt::Debug for AuthzLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.mode {
             Mode::Mtls(a) => f.debug_struct("AuthzLayer").field("cluster_id", &a.cluster_id).finish(),
+            #[cfg(any(test, feature = "test-doors"))]
             Mode::TrustMetadataForTests => f.write_str("AuthzLayer(trust metadata, tests only)"),
         }
     }
@@ -668,16 +670,20 @@ impl std::fmt::Debug for AuthzLayer {
 
 impl AuthzLayer {
     /// FOR IN-PROCESS TESTS ONLY (plain HTTP/2, no certificates): believes the node ID a caller claims in
-    /// the `x-shoal-node-id` metadata and checks nothing. Never use it on a network.
+    /// the `x-shoal-node-id` metadata and checks nothing. Never use it on a network; the shipped daemon does
+    /// not have it (the `test-doors` feature).
+    #[cfg(any(test, feature = "test-doors"))]
     pub fn trust_metadata_for_tests() -> AuthzLayer {
         AuthzLayer { mode: Mode::TrustMetadataForTests }
     }
 
     /// The caller's identity if the call may go on, with what a stream needs to re-check it.
-    #[allow(clippy::type_complexity)]
+    // Without the test doors the mode has one variant (mutual TLS), and the match is a plain destructuring.
+    #[allow(clippy::type_complexity, clippy::infallible_destructuring_match)]
     fn check<B>(&self, req: &http::Request<B>) -> Result<(Option<NodeSubject>, Option<(Authorizer, Recheck)>), Status> {
         let authz = match &self.mode {
             Mode::Mtls(a) => a,
+            #[cfg(any(test, feature = "test-doors"))]
             Mode::TrustMetadataForTests => {
                 let claimed = req
                     .headers()

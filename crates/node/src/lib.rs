@@ -51,7 +51,9 @@ pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
 pub use config::{DaemonConfig, ExecutorKind, JoinToken, UnlockKeyText};
 pub use identity::NodeIdentity;
 pub use raft_status::ManagerStatusSubsystem;
-pub use services::{leader_subsystems, run_leader_subsystems, serve_manager_grpc, start_manager_services};
+#[cfg(any(test, feature = "test-doors"))]
+pub use services::start_manager_services;
+pub use services::{leader_subsystems, run_leader_subsystems, serve_manager_grpc};
 /// Generic resources a node offers (`--generic-node-resources`), and their parser.
 pub use shoal_api::{generic::parse_offer as parse_generic_node_resources, GenericResource};
 
@@ -405,7 +407,7 @@ impl Node {
             &dispatcher,
             listener,
             Some(&core.raft),
-            Some(&core.remote_security),
+            &core.remote_security,
             shutdown_rx.clone(),
         );
         let mut tasks = vec![("grpc", grpc)];

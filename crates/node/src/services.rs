@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
+use shoal_manager::dispatcher::Dispatcher;
 use shoal_manager::{ClusterState, LeaderConfig, Subsystem};
 use shoal_raft::RaftNode;
 use tokio::sync::watch;
@@ -19,26 +19,39 @@ pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>, cfg: &LeaderConfig) -> Ve
     shoal_manager::leader_subsystems(dispatcher, Box::new(rand::rngs::StdRng::from_os_rng()), cfg)
 }
 
-/// Starts the dispatcher's gRPC server on `listener` and the leader-only subsystems; both stop when
-/// `shutdown` turns true. Returns their join handles, named.
+/// FOR THE IN-PROCESS TEST HARNESS ONLY (the `test-doors` feature, absent from the shipped daemon): starts the
+/// dispatcher's gRPC server on `listener` over plain HTTP/2, believing the node ID a caller claims, and the
+/// leader-only subsystems; both stop when `shutdown` turns true. Returns their join handles, named.
+#[cfg(any(test, feature = "test-doors"))]
 pub fn start_manager_services(
     state: &ClusterState,
-    dispatcher_config: DispatcherConfig,
+    dispatcher_config: shoal_manager::dispatcher::DispatcherConfig,
     listener: tokio::net::TcpListener,
     shutdown: watch::Receiver<bool>,
 ) -> Vec<(&'static str, JoinHandle<()>)> {
     let dispatcher = Dispatcher::new(state.clone(), dispatcher_config);
     vec![
-        ("grpc", serve_manager_grpc(&dispatcher, listener, None, None, shutdown.clone())),
+        ("grpc", serve_grpc(&dispatcher, listener, None, None, shutdown.clone())),
         ("leader-subsystems", run_leader_subsystems(state, &dispatcher, None, &LeaderConfig::default(), shutdown)),
     ]
 }
 
 /// Serves the manager's gRPC services on `listener` until `shutdown`: the dispatcher, and when `raft` is
-/// given its `Raft`, `RaftMembership` and `RaftProposals` services. With `security` (every real node):
-/// mutual TLS, the authorization layer in front of every method, and the CA services. Without it (the
-/// in-process test harness only): plain HTTP/2 and callers identified by the node ID they claim.
+/// given its `Raft`, `RaftMembership` and `RaftProposals` services, behind mutual TLS, the authorization
+/// layer in front of every method, with the CA services.
 pub fn serve_manager_grpc(
+    dispatcher: &Arc<Dispatcher>,
+    listener: tokio::net::TcpListener,
+    raft: Option<&RaftNode>,
+    security: &crate::security::RemoteSecurity,
+    shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    serve_grpc(dispatcher, listener, raft, Some(security), shutdown)
+}
+
+/// `serve_manager_grpc`; without `security` (the test doors only): plain HTTP/2 and callers identified by the
+/// node ID they claim.
+fn serve_grpc(
     dispatcher: &Arc<Dispatcher>,
     listener: tokio::net::TcpListener,
     raft: Option<&RaftNode>,
@@ -53,7 +66,10 @@ pub fn serve_manager_grpc(
     let authz = match (security, listener.local_addr()) {
         (Some(s), Ok(addr)) => s.authz.grpc_layer(addr),
         (Some(s), Err(_)) => s.authz.grpc_layer("the remote API port"),
+        #[cfg(any(test, feature = "test-doors"))]
         (None, _) => crate::authz::AuthzLayer::trust_metadata_for_tests(),
+        #[cfg(not(any(test, feature = "test-doors")))]
+        (None, _) => unreachable!("only the test doors serve the manager's gRPC without its security"),
     };
     let (ca, node_ca) = match security {
         Some(s) => (Some(s.ca.ca_server()), Some(s.ca.node_ca_server())),

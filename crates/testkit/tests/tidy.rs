@@ -211,6 +211,63 @@ fn the_dependency_reader_sees_only_normal_dependencies() {
     assert_eq!(normal_dependencies(toml), ["a", "b", "d"]);
 }
 
+/// The lines of `section` (e.g. `[dependencies]`) in `manifest`.
+fn section_lines<'a>(manifest: &'a str, section: &str) -> Vec<&'a str> {
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in manifest.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            inside = trimmed == section;
+        } else if inside && !trimmed.starts_with('#') {
+            out.push(trimmed);
+        }
+    }
+    out
+}
+
+/// The test doors (`test-doors`: a manager gRPC server without TLS that believes the node ID a caller claims,
+/// the fake executor) are in no build of the shipped binaries: `cargo build` builds only the `shoal` crate, and no
+/// crate it links turns the feature on or has it by default (the test crates turn it on, and a build of the whole
+/// workspace unifies features, so they must not be in that default build).
+#[test]
+fn the_shipped_daemon_is_built_without_the_test_doors() {
+    let root = root();
+    let workspace = std::fs::read_to_string(root.join("Cargo.toml")).expect("workspace manifest");
+    assert!(
+        workspace.lines().any(|l| l.trim() == r#"default-members = ["crates/shoal"]"#),
+        "the workspace's default-members must be only crates/shoal, so that `cargo build` leaves the test crates out"
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec!["shoal".to_string()];
+    let mut broken = Vec::new();
+    while let Some(dir) = todo.pop() {
+        if !seen.insert(dir.clone()) {
+            continue;
+        }
+        let manifest = std::fs::read_to_string(root.join("crates").join(&dir).join("Cargo.toml")).expect("manifest");
+        for line in section_lines(&manifest, "[dependencies]") {
+            if line.contains("test-doors") {
+                broken.push(format!("crates/{dir} turns on the test doors for the shipped daemon: {line}"));
+            }
+        }
+        for line in section_lines(&manifest, "[features]") {
+            if line.starts_with("default") && line.contains("test-doors") {
+                broken.push(format!("crates/{dir} has the test doors by default: {line}"));
+            }
+        }
+        let deps = normal_dependencies(&manifest);
+        todo.extend(deps.iter().filter_map(|d| d.strip_prefix("shoal-")).map(str::to_string));
+    }
+    for test_crate in ["testkit", "sim", "bench", "fuzz"] {
+        if seen.contains(test_crate) {
+            broken.push(format!("the shoal crate links crates/{test_crate}, which opens the test doors"));
+        }
+    }
+    assert!(seen.contains("manager") && seen.contains("node") && seen.contains("agent"), "{seen:?}");
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
 #[test]
 fn each_crate_knows_only_what_the_architecture_lets_it() {
     let root = root();

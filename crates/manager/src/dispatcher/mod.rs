@@ -169,12 +169,15 @@ impl std::fmt::Debug for Dispatcher {
     }
 }
 
+#[cfg(any(test, feature = "test-doors"))]
 /// The interceptor type of `Dispatcher::grpc_service_trusting_metadata_for_tests`.
 pub type MetadataInterceptor = fn(Request<()>) -> Result<Request<()>, Status>;
 
 /// FOR IN-PROCESS TESTS ONLY: a tonic interceptor that believes the node ID a caller claims in the
 /// `NODE_ID_METADATA_KEY` metadata and records it as the caller's identity (role worker, no cluster). It
-/// authenticates nothing; a real node's gRPC server never installs it (identity comes from mTLS there).
+/// authenticates nothing; a real node's gRPC server never installs it (identity comes from mTLS there), and
+/// the shipped daemon does not have it (the `test-doors` feature).
+#[cfg(any(test, feature = "test-doors"))]
 pub fn insecure_identity_from_metadata(mut req: Request<()>) -> Result<Request<()>, Status> {
     let id = req.metadata().get(NODE_ID_METADATA_KEY).and_then(|v| v.to_str().ok()).unwrap_or("").trim().to_string();
     if !id.is_empty() {
@@ -257,6 +260,7 @@ impl Dispatcher {
 
     /// FOR IN-PROCESS TESTS ONLY: the service behind `insecure_identity_from_metadata`, which believes the
     /// node ID a caller claims in gRPC metadata. Never serve this on a network.
+    #[cfg(any(test, feature = "test-doors"))]
     pub fn grpc_service_trusting_metadata_for_tests(
         self: &Arc<Self>,
     ) -> tonic::service::interceptor::InterceptedService<DispatcherServer<impl DispatcherRpc>, MetadataInterceptor>
@@ -269,6 +273,7 @@ impl Dispatcher {
 
     /// Serves [`Self::grpc_service_trusting_metadata_for_tests`] over plain TCP on `listener` in a new task,
     /// until that task is aborted (tests only).
+    #[cfg(any(test, feature = "test-doors"))]
     pub fn serve_trusting_metadata_for_tests(
         self: &Arc<Self>,
         listener: tokio::net::TcpListener,
