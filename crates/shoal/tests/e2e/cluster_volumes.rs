@@ -450,13 +450,7 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
         }
     });
 
-    let volume = json!({
-        "Name": "data",
-        "Driver": "csi.shoal.test",
-        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
-    });
-    let (status, created) = curl(&d, "POST", "/volumes/create", Some(&volume.to_string()));
-    assert_eq!(status, 201, "{created}");
+    create_single_writer(&d, "data");
     wait_until("the plugin to create the volume", WAIT, || {
         let v = inspect(&d, "data");
         if v["ClusterVolume"]["Info"]["VolumeID"] == "csi-data" {
@@ -466,19 +460,8 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
         }
     });
 
-    let service = json!({
-        "Name": "volume-user",
-        "TaskTemplate": {
-            "ContainerSpec": {
-                "Image": image,
-                "Command": ["sh", "-c", "echo written-by-the-task > /data/hello && exec sleep 3600"],
-                "Mounts": [{"Type": "cluster", "Source": "data", "Target": "/data"}]
-            }
-        },
-        "Mode": {"Replicated": {"Replicas": 1}}
-    });
-    let (status, answer) = curl(&d, "POST", "/services/create", Some(&service.to_string()));
-    assert_eq!(status, 201, "{answer}");
+    let write = "echo written-by-the-task > /data/hello && exec sleep 3600";
+    create_volume_user(&d, "volume-user", (image, write), ("data", "/data"), None);
     let hello = plugin.volume_dir("csi-data").join("hello");
     wait_until(
         "the task to write into the plugin's volume",
@@ -552,6 +535,36 @@ fn a_task_writes_into_its_cluster_volume_which_is_unpublished_when_the_task_ends
         Some(v) => Err(format!("{v}")),
     });
     assert!(!plugin.volume_dir("csi-data").exists(), "the plugin deleted the volume");
+}
+
+/// Creates (201) a single-node, single-writer cluster volume of the suite's plugin (`csi.shoal.test`).
+fn create_single_writer(d: &DaemonProcess, name: &str) {
+    let volume = json!({
+        "Name": name,
+        "Driver": "csi.shoal.test",
+        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
+    });
+    let (status, created) = curl(d, "POST", "/volumes/create", Some(&volume.to_string()));
+    assert_eq!(status, 201, "{created}");
+}
+
+/// Creates (201) service `name`: one replica of `(image, sh -c script)` with the cluster volume `(source,
+/// target)` mounted, held by a placement constraint if given.
+fn create_volume_user(d: &DaemonProcess, name: &str, run: (&str, &str), mount: (&str, &str), held: Option<&str>) {
+    let service = json!({
+        "Name": name,
+        "TaskTemplate": {
+            "ContainerSpec": {
+                "Image": run.0,
+                "Command": ["sh", "-c", run.1],
+                "Mounts": [{"Type": "cluster", "Source": mount.0, "Target": mount.1}]
+            },
+            "Placement": {"Constraints": held.into_iter().collect::<Vec<_>>()}
+        },
+        "Mode": {"Replicated": {"Replicas": 1}}
+    });
+    let (status, answer) = curl(d, "POST", "/services/create", Some(&service.to_string()));
+    assert_eq!(status, 201, "{answer}");
 }
 
 /// The node IDs of the service's tasks that should run and do (`docker service ps`'s view, through the API).
@@ -776,25 +789,9 @@ fn a_plugin_started_after_the_daemon_is_found_and_the_waiting_task_placed() {
     let mut plugin: Option<TestCsiPlugin> = None;
     let flags = vec!["--csi-plugin".to_string(), format!("csi.shoal.test=unix://{}", link.display())];
     let d = shoal_testkit::docker_engine::EngineDaemon::start_with_args(&shoal_bin(), flags);
-    let volume = json!({
-        "Name": "late",
-        "Driver": "csi.shoal.test",
-        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
-    });
-    assert_eq!(curl(&d, "POST", "/volumes/create", Some(&volume.to_string())).0, 201);
-    let service = json!({
-        "Name": "late-user",
-        "TaskTemplate": {
-            "ContainerSpec": {
-                "Image": image,
-                "Command": ["sh", "-c", "echo placed > /data/hello && exec sleep 3600"],
-                "Mounts": [{"Type": "cluster", "Source": "late", "Target": "/data"}]
-            }
-        },
-        "Mode": {"Replicated": {"Replicas": 1}}
-    });
-    let (status, answer) = curl(&d, "POST", "/services/create", Some(&service.to_string()));
-    assert_eq!(status, 201, "{answer}");
+    create_single_writer(&d, "late");
+    let write = "echo placed > /data/hello && exec sleep 3600";
+    create_volume_user(&d, "late-user", (image, write), ("late", "/data"), None);
     wait_until("the task pending, saying why", WAIT, || {
         let (_, tasks) = curl(&d, "GET", "/tasks", None);
         let task = &tasks[0];
@@ -855,31 +852,15 @@ fn a_leader_killed_during_a_publish_leaves_the_new_leader_to_finish_it_on_one_no
     let (_, leader) = curl(&m1, "GET", &format!("/nodes/{}", m1.node_id()), None);
     assert_eq!(leader["ManagerStatus"]["Leader"], true, "the first manager leads: {leader}");
 
-    let volume = json!({
-        "Name": "shared",
-        "Driver": "csi.shoal.test",
-        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
-    });
-    assert_eq!(curl(&m1, "POST", "/volumes/create", Some(&volume.to_string())).0, 201);
+    create_single_writer(&m1, "shared");
     wait_until("the plugin to create the volume", WAIT, || match plugin.volume_dir("csi-shared").is_dir() {
         true => Ok(()),
         false => Err(format!("{:?}", plugin.calls())),
     });
     plugin.set_publish_delay(Duration::from_secs(3));
-    let service = json!({
-        "Name": "survivor",
-        "TaskTemplate": {
-            "ContainerSpec": {
-                "Image": image,
-                "Command": ["sh", "-c", "echo survived > /data/hello && exec sleep 3600"],
-                "Mounts": [{"Type": "cluster", "Source": "shared", "Target": "/data"}]
-            },
-            "Placement": {"Constraints": [format!("node.id=={}", m2.node_id())]}
-        },
-        "Mode": {"Replicated": {"Replicas": 1}}
-    });
-    let (status, answer) = curl(&m1, "POST", "/services/create", Some(&service.to_string()));
-    assert_eq!(status, 201, "{answer}");
+    let held = format!("node.id=={}", m2.node_id());
+    let write = "echo survived > /data/hello && exec sleep 3600";
+    create_volume_user(&m1, "survivor", (image, write), ("shared", "/data"), Some(&held));
     let publishes = || {
         plugin
             .calls()
@@ -924,26 +905,10 @@ fn a_process_task_writes_into_its_cluster_volume_through_its_own_mount() {
     let target = tempfile::tempdir().expect("the mount's target on the node");
     let flags = vec!["--csi-plugin".to_string(), format!("csi.shoal.test=unix://{}", plugin.socket().display())];
     let d = DaemonProcess::start_with(&shoal_bin(), DaemonOptions { extra_args: flags, ..Default::default() });
-    let volume = json!({
-        "Name": "pv",
-        "Driver": "csi.shoal.test",
-        "ClusterVolumeSpec": {"AccessMode": {"Scope": "single", "Sharing": "onewriter", "MountVolume": {}}}
-    });
-    assert_eq!(curl(&d, "POST", "/volumes/create", Some(&volume.to_string())).0, 201);
+    create_single_writer(&d, "pv");
     let dir = target.path().display().to_string();
-    let service = json!({
-        "Name": "process-volume-user",
-        "TaskTemplate": {
-            "ContainerSpec": {
-                "Image": "none",
-                "Command": ["sh", "-c", format!("echo from-a-process > {dir}/hello && exec sleep 3600")],
-                "Mounts": [{"Type": "cluster", "Source": "pv", "Target": dir}]
-            }
-        },
-        "Mode": {"Replicated": {"Replicas": 1}}
-    });
-    let (status, answer) = curl(&d, "POST", "/services/create", Some(&service.to_string()));
-    assert_eq!(status, 201, "{answer}");
+    let write = format!("echo from-a-process > {dir}/hello && exec sleep 3600");
+    create_volume_user(&d, "process-volume-user", ("none", &write), ("pv", &dir), None);
     let hello = plugin.volume_dir("csi-pv").join("hello");
     wait_until("the process to write into the plugin's volume", Duration::from_secs(60), || {
         match std::fs::read_to_string(&hello) {
