@@ -11,6 +11,7 @@
 //! Must not know the data plane: these tasks never touch the overlay.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bollard::models::{ConfigReference, Ipam, IpamConfig, NetworkCreateRequest};
 use bollard::Docker;
@@ -158,6 +159,48 @@ impl EngineNetwork {
     }
 }
 
+/// The node's tasks on each engine network, counted from a task's prepare to its container's removal, with
+/// the engine calls that make and remove those networks made under one lock: a network is removed only when
+/// the last task counted on it is removed, so a task between its container's creation and its start (the
+/// engine counts only started containers as the network's users) never loses it to another task's removal.
+#[derive(Clone, Default)]
+pub struct EngineNetworkUsers(Arc<tokio::sync::Mutex<HashMap<String, usize>>>);
+
+impl EngineNetworkUsers {
+    /// Makes `net` on the engine unless it is there, and counts one more task on it.
+    pub async fn hold(&self, net: &EngineNetwork, docker: &Docker) -> Result<(), String> {
+        let mut users = self.0.lock().await;
+        net.ensure(docker).await?;
+        *users.entry(net.name().to_string()).or_default() += 1;
+        Ok(())
+    }
+
+    /// Counts one task fewer on `net` when `held` (it was counted), and removes the network from the engine
+    /// once none is left (an uncounted task's removal, such as a container adopted at a restart that never
+    /// prepared, removes it only when no task of this agent holds it).
+    pub async fn let_go(&self, net: &EngineNetwork, docker: &Docker, held: bool) {
+        let mut users = self.0.lock().await;
+        let left = match users.get_mut(net.name()) {
+            Some(n) if held => {
+                *n = n.saturating_sub(1);
+                *n
+            }
+            Some(n) => *n,
+            None => 0,
+        };
+        if left == 0 {
+            users.remove(net.name());
+            net.release(docker).await;
+        }
+    }
+
+    /// How many tasks are counted on the network named `name`.
+    #[cfg(test)]
+    async fn users_of(&self, name: &str) -> usize {
+        self.0.lock().await.get(name).copied().unwrap_or(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +251,49 @@ mod tests {
         assert_eq!(ipam_options.map(|o| o["site"].as_str()), Some("lab"));
         assert_eq!(n.create.config_from, None);
         assert_eq!(n.create.labels.as_ref().unwrap()[LABEL_SWARM_NETWORK], "net1");
+    }
+
+    /// A network the engine makes without any link of the host's: a bridge, labelled as the swarm network's.
+    fn bridge(name: &str) -> EngineNetwork {
+        let mut n = macvlan(None, None);
+        n.spec.as_mut().unwrap().annotations.as_mut().unwrap().name = name.into();
+        n.spec.as_mut().unwrap().driver_config.as_mut().unwrap().name = "bridge".into();
+        EngineNetwork::of(&n)
+    }
+
+    struct Removed(String);
+
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("docker").args(["network", "rm", &self.0]).output();
+        }
+    }
+
+    #[tokio::test]
+    async fn an_engine_network_stays_while_a_task_holds_it_and_goes_with_the_last() {
+        let docker = Docker::connect_with_unix_defaults().expect("this test needs the Docker Engine's socket");
+        let name = format!("shlt-users-{}", std::process::id());
+        let net = bridge(&name);
+        let _cleanup = Removed(name.clone());
+        let exists = |docker: Docker, name: String| async move { docker.inspect_network(&name, None).await.is_ok() };
+        let users = EngineNetworkUsers::default();
+        users.hold(&net, &docker).await.expect("the engine makes the network");
+        users.hold(&net, &docker).await.unwrap();
+        assert!(exists(docker.clone(), name.clone()).await);
+        assert_eq!(users.users_of(&name).await, 2);
+        // The first task's removal leaves it to the second (whose container may be created and not started).
+        users.let_go(&net, &docker, true).await;
+        assert!(exists(docker.clone(), name.clone()).await, "removed while a task still holds it");
+        // An uncounted removal (an adopted container) leaves it too while a task holds it.
+        users.let_go(&net, &docker, false).await;
+        assert!(exists(docker.clone(), name.clone()).await, "removed by an uncounted task while one holds it");
+        users.let_go(&net, &docker, true).await;
+        assert!(!exists(docker.clone(), name.clone()).await, "still there after the last task's removal");
+        assert_eq!(users.users_of(&name).await, 0);
+        // Made again for the next task.
+        users.hold(&net, &docker).await.unwrap();
+        assert!(exists(docker.clone(), name.clone()).await);
+        users.let_go(&net, &docker, true).await;
+        assert!(!exists(docker, name).await);
     }
 }

@@ -106,6 +106,8 @@ pub struct DockerExecutor {
     holder_image: Arc<tokio::sync::OnceCell<()>>,
     /// Container creations under way (see `Creations`).
     creations: Creations,
+    /// This node's tasks on each of the engine's networks made for swarm networks (macvlan, ipvlan).
+    engine_networks: engine_network::EngineNetworkUsers,
     /// Containers of the engine's own on attachable swarm networks (with the data plane only).
     attacher: Option<Arc<attach::Attacher>>,
 }
@@ -319,6 +321,7 @@ impl DockerExecutor {
             holders: Mutex::new(Some(holders)),
             holder_image: Arc::new(tokio::sync::OnceCell::new()),
             creations: Creations::default(),
+            engine_networks: engine_network::EngineNetworkUsers::default(),
             attacher: None,
         })
     }
@@ -414,6 +417,8 @@ impl DockerExecutor {
             healthcheck: false,
             network,
             engine_network: engine_network::EngineNetwork::of_task(task),
+            engine_networks: self.engine_networks.clone(),
+            holds_engine_network: false,
             creations: self.creations.clone(),
         })
     }
@@ -625,6 +630,9 @@ struct DockerController {
     network: Option<TaskNetwork>,
     /// For a task on a swarm network of the node's engine (macvlan, ipvlan): that network.
     engine_network: Option<engine_network::EngineNetwork>,
+    engine_networks: engine_network::EngineNetworkUsers,
+    /// This task counts among `engine_network`'s users (from its prepare to its removal).
+    holds_engine_network: bool,
     creations: Creations,
 }
 
@@ -835,6 +843,12 @@ impl DockerController {
 impl Controller for DockerController {
     fn prepare(&mut self) -> BoxFuture<'_, Result<(), ExecutorError>> {
         Box::pin(async move {
+            // First, so another task's removal never takes the network between this container's creation and its
+            // start (an adopted container's network counts too).
+            if let (Some(net), false) = (&self.engine_network, self.holds_engine_network) {
+                self.engine_networks.hold(net, &self.docker).await.map_err(ExecutorError::Prepare)?;
+                self.holds_engine_network = true;
+            }
             if self.inspect().await.map_err(|e| ExecutorError::Prepare(engine_message(&e)))?.is_some() {
                 return Ok(());
             }
@@ -846,9 +860,6 @@ impl Controller for DockerController {
             }
             if let Some(net) = &self.network {
                 net.prepare(&self.docker).await?;
-            }
-            if let Some(net) = &self.engine_network {
-                net.ensure(&self.docker).await.map_err(ExecutorError::Prepare)?;
             }
             match self.creations.create(&self.docker, &self.name, (*self.body).clone()).await {
                 Ok(()) => Ok(()),
@@ -984,7 +995,7 @@ impl Controller for DockerController {
                 net.teardown(&self.docker).await?;
             }
             if let Some(net) = &self.engine_network {
-                net.release(&self.docker).await;
+                self.engine_networks.let_go(net, &self.docker, std::mem::take(&mut self.holds_engine_network)).await;
             }
             self.files_root.remove(&self.task_id).map_err(ExecutorError::Runtime)
         })

@@ -572,7 +572,9 @@ pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
 /// given) or given here (driver options such as `parent`, one IPv4 subnet), and each node's engine makes it
 /// when a task needs it, addressing the tasks itself. What such a network cannot do in Shoal is refused.
 fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), ControlError> {
-    let refuse = |what: &str, why: &str| Err(invalid(format!("{what} is not supported on a {driver} network: {why}")));
+    let article = if driver.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+    let refuse =
+        |what: &str, why: &str| Err(invalid(format!("{what} is not supported on {article} {driver} network: {why}")));
     if spec.ingress {
         return refuse("--ingress", "the routing mesh is an overlay network");
     }
