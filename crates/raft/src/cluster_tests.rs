@@ -113,6 +113,14 @@ impl Transport for SimTransport {
     fn attach(&self, link: PeerLink) {
         self.net.links.lock().insert(self.id, link);
     }
+
+    /// A stopped member's address refuses connections; a cut link answers nothing.
+    fn probe(&self, raft_id: u64) {
+        let gone = !self.net.cut.lock().contains(&(self.id, raft_id)) && !self.net.nodes.lock().contains_key(&raft_id);
+        if let (true, Some(link)) = (gone, self.net.links.lock().get(&self.id)) {
+            link.report_gone(raft_id);
+        }
+    }
 }
 
 /// Forwards to the node whose simulated address is `leader_addr`, unless the link is cut.

@@ -237,6 +237,10 @@ fn raft_config(cfg: &RaftConfig, applied: u64) -> raft::Config {
 }
 
 /// Whether `raft_id` is the only voter (it then campaigns as soon as it starts).
+/// Ticks without a word from the leader (it sends a heartbeat every tick) after which a follower probes it
+/// (`Core::silent_leader`).
+pub(crate) const PROBE_SILENT_LEADER_TICKS: usize = 3;
+
 pub(crate) fn is_single_voter(cs: &ConfState, raft_id: u64) -> bool {
     cs.voters == [raft_id] && cs.learners.is_empty() && cs.voters_outgoing.is_empty()
 }
@@ -594,6 +598,38 @@ impl<S: LogStorage> Core<S> {
     pub fn tick(&mut self) {
         self.raw.tick();
         self.reseed_election_timeout();
+    }
+
+    /// The leader the transport should probe now (`Transport::probe`, after each tick): this member follows it
+    /// and has heard nothing from it for `PROBE_SILENT_LEADER_TICKS` ticks, and less than an election timeout
+    /// (after that an election starts anyway). The probe asks whether its process is still there.
+    pub fn silent_leader(&self) -> Option<u64> {
+        let r = &self.raw.raft;
+        let silent = r.election_elapsed >= PROBE_SILENT_LEADER_TICKS && r.election_elapsed < r.election_timeout();
+        (r.state == StateRole::Follower && r.leader_id != raft::INVALID_ID && silent).then_some(r.leader_id)
+    }
+
+    /// The transport found nothing listening at `peer`'s address (its connection was refused: the host answers
+    /// and the process is gone). When `peer` is this member's leader, its lease is over: this member's
+    /// election clock moves to the end of the election timeout, so it grants pre-votes at once and campaigns
+    /// after the randomized rest of its timeout, instead of waiting out the whole timeout first. Timing only:
+    /// an election still needs a quorum's votes, and a leader that is in fact alive keeps its followers with
+    /// its next heartbeat. Returns whether the clock moved.
+    pub fn peer_gone(&mut self, peer: u64) -> bool {
+        let r = &mut self.raw.raft;
+        let base = r.election_timeout();
+        if r.state != StateRole::Follower || r.leader_id != peer || r.election_elapsed >= base {
+            return false;
+        }
+        tracing::info!(
+            raft_id = self.cfg.raft_id,
+            leader = peer,
+            term = r.term,
+            "the leader's process is gone \
+            (its port refuses connections): its lease is over"
+        );
+        r.election_elapsed = base;
+        true
     }
 
     /// raft-rs draws election timeouts from an unseeded RNG whenever it resets its timer (on every role or

@@ -14,6 +14,7 @@
 //! Must not know the store's contents or the manager's subsystems.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -51,6 +52,8 @@ pub const PEER_IN_FLIGHT: usize = 64;
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 /// Timeout of connecting to a manager (the `PlainHttp` endpoints).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a probe of a silent leader waits for its connection (`Transport::probe`).
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Timeout of forwarding a write to the leader.
 pub const FORWARD_RPC_TIMEOUT: Duration = Duration::from_secs(5);
 /// Timeout of one `RaftMembership.Join` call.
@@ -172,6 +175,8 @@ pub struct GrpcTransport {
     runtime: tokio::runtime::Handle,
     link: OnceLock<PeerLink>,
     peers: Mutex<HashMap<u64, Peer>>,
+    /// A probe is under way (`Transport::probe`: one at a time).
+    probing: Arc<AtomicBool>,
 }
 
 struct Peer {
@@ -187,6 +192,7 @@ impl GrpcTransport {
             runtime: tokio::runtime::Handle::current(),
             link: OnceLock::new(),
             peers: Mutex::new(HashMap::new()),
+            probing: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -207,6 +213,28 @@ impl GrpcTransport {
 impl Transport for GrpcTransport {
     fn attach(&self, link: PeerLink) {
         let _ = self.link.set(link);
+    }
+
+    /// A TCP connection to the peer's address, closed at once: refused means the host answered and nothing
+    /// listens there (the process is gone); a timeout (`PROBE_TIMEOUT`: a partition, a host down) or a
+    /// connection says nothing.
+    fn probe(&self, raft_id: u64) {
+        let Some(link) = self.link.get() else { return };
+        let Some(addr) = link.members().addr(raft_id).map(str::to_string) else { return };
+        if self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (link, probing) = (link.clone(), self.probing.clone());
+        self.runtime.spawn(async move {
+            let connect = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await;
+            probing.store(false, Ordering::Release);
+            if let Ok(Err(e)) = connect {
+                if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                    tracing::debug!(raft_id, addr, "raft peer's address refuses connections");
+                    link.report_gone(raft_id);
+                }
+            }
+        });
     }
 
     fn send(&self, msgs: Vec<Message>) {
@@ -655,4 +683,51 @@ pub async fn join_cluster(
         Members::from_wire(&shoal_api::ClusterSnapshot { members: resp.members, removed: resp.removed_members });
     tracing::info!(raft_id = format_args!("{:x}", resp.raft_id), leader = %addr, "joined the raft cluster");
     Ok(start_member(cfg, store, factory, StartMode::Join { members }).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::Member;
+    use crate::transport::Inbound;
+    use tokio::sync::watch;
+
+    fn members(addrs: &[(u64, String)]) -> Members {
+        let mut m = Members::default();
+        for (id, addr) in addrs {
+            m.members.insert(*id, Member { raft_id: *id, node_id: String::new(), addr: addr.clone() });
+        }
+        m
+    }
+
+    /// A probe reports a peer gone only when its address refuses the connection: a listening port says nothing.
+    #[tokio::test]
+    async fn a_probe_reports_a_peer_gone_only_when_its_port_refuses_connections() {
+        let listening = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed_addr = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let all = members(&[(2, listening.local_addr().unwrap().to_string()), (3, closed_addr)]);
+        let (in_tx, mut in_rx) = mpsc::channel(8);
+        let (_members_tx, members_rx) = watch::channel(all);
+        let transport = GrpcTransport::new(Arc::new(PlainHttp));
+        transport.attach(PeerLink { inbound: in_tx, members: members_rx });
+
+        let finished = |t: &GrpcTransport| !t.probing.load(Ordering::Acquire);
+        transport.probe(2);
+        let (accepted, _) = listening.accept().await.expect("the probe connects");
+        drop(accepted);
+        while !finished(&transport) {
+            tokio::task::yield_now().await;
+        }
+        assert!(in_rx.try_recv().is_err(), "a listening peer was reported");
+        transport.probe(3);
+        match tokio::time::timeout(Duration::from_secs(10), in_rx.recv()).await {
+            Ok(Some(Inbound::Gone(3))) => {}
+            other => panic!("expected peer 3 gone, got {other:?}"),
+        }
+        // Unknown members are not probed.
+        transport.probe(9);
+        assert!(finished(&transport));
+    }
 }

@@ -932,6 +932,9 @@ impl Driver {
                 _ = ticker.tick(), if self.paused.is_some() || self.core.needs_ticks() => {
                     if self.paused.is_none() {
                         self.core.tick();
+                        if let Some(leader) = self.core.silent_leader() {
+                            self.transport.probe(leader);
+                        }
                     }
                 }
             }
@@ -1044,6 +1047,9 @@ impl Driver {
             Inbound::Message(m) => self.core.step_message(m),
             Inbound::Unreachable(id) => self.core.report_unreachable(id),
             Inbound::SnapshotStatus(id, delivered) => self.core.report_snapshot(id, delivered),
+            Inbound::Gone(id) => {
+                self.core.peer_gone(id);
+            }
         }
     }
 }

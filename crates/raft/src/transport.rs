@@ -23,6 +23,8 @@ pub(crate) enum Inbound {
     Unreachable(u64),
     /// A snapshot sent to this peer was delivered (`true`) or failed (`false`).
     SnapshotStatus(u64, bool),
+    /// A probe found nothing listening at this peer's address (`Transport::probe`).
+    Gone(u64),
 }
 
 /// The node's side of a transport: current members' addresses and delivery reports. Cheap to clone.
@@ -44,6 +46,11 @@ impl PeerLink {
         let _ = self.inbound.try_send(Inbound::Unreachable(raft_id));
     }
 
+    /// Tells the node that nothing listens at `raft_id`'s address any more (`Transport::probe`).
+    pub fn report_gone(&self, raft_id: u64) {
+        let _ = self.inbound.try_send(Inbound::Gone(raft_id));
+    }
+
     /// Tells raft-rs whether a snapshot sent to `raft_id` arrived, so it resumes replication or resends.
     pub fn report_snapshot(&self, raft_id: u64, delivered: bool) {
         let _ = self.inbound.try_send(Inbound::SnapshotStatus(raft_id, delivered));
@@ -56,6 +63,13 @@ impl PeerLink {
 pub trait Transport: Send + Sync + 'static {
     /// Sends messages (each names its destination in `to`).
     fn send(&self, msgs: Vec<Message>);
+
+    /// Checks, without blocking, whether `raft_id`'s process is still there, and reports through
+    /// `PeerLink::report_gone` when its address refuses connections (a timeout or any other answer reports
+    /// nothing). Asked for a follower's silent leader; by default nothing is checked.
+    fn probe(&self, raft_id: u64) {
+        let _ = raft_id;
+    }
 
     /// Called once when the node starts, before any `send`: where to find addresses and report failures.
     fn attach(&self, link: PeerLink) {

@@ -67,11 +67,14 @@ pub struct SimConfig {
     pub converge_steps: u64,
     /// Inject faults (false: only the workload).
     pub faults: bool,
+    /// Followers probe a silent leader as the daemon's transport does (`Transport::probe`); false: they wait
+    /// out the election timeout, as without the probe.
+    pub probe_leaders: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { managers: 3, agents: 4, fault_steps: 400, converge_steps: 1200, faults: true }
+        SimConfig { managers: 3, agents: 4, fault_steps: 400, converge_steps: 1200, faults: true, probe_leaders: true }
     }
 }
 
@@ -149,6 +152,8 @@ struct World {
     net: Network<Msg>,
     client: Client,
     fail_chance: f64,
+    /// `SimConfig::probe_leaders`.
+    probe_leaders: bool,
     /// Writes followers forwarded that the leader appended.
     forwarded: u64,
     /// The most addresses held at once in the workload's network (tasks and VIPs), as checked.
@@ -207,6 +212,7 @@ impl World {
             net: Network::new(),
             client: Client::default(),
             fail_chance: 0.0,
+            probe_leaders: cfg.probe_leaders,
             forwarded: 0,
             most_addresses: Default::default(),
             leaders: BTreeMap::new(),
@@ -465,6 +471,10 @@ impl World {
 
     /// Managers: subsystems, proposals, raft, agents' streams.
     fn step_managers(&mut self, now_ms: u64) {
+        let crashed: Vec<u64> = match self.probe_leaders {
+            true => self.managers.iter().filter(|m| !m.is_up()).map(|m| m.id).collect(),
+            false => Vec::new(),
+        };
         for i in 0..self.managers.len() {
             let id = self.managers[i].id;
             let Some(run) = self.managers[i].run.as_mut() else { continue };
@@ -474,6 +484,13 @@ impl World {
             }
             let forwards = run.take_proposals(now_ms);
             run.tick();
+            // The daemon's transport probes a silent leader: a crashed manager's host refuses the connection
+            // unless a partition is in the way (then the probe times out and says nothing).
+            if let Some(leader) = run.silent_leader() {
+                if crashed.contains(&leader) && self.net.same_side(Endpoint::Manager(id), Endpoint::Manager(leader)) {
+                    run.peer_gone(leader);
+                }
+            }
             let msgs = run.raft_ready(now_ms);
             let mut out: Vec<(Endpoint, Msg)> =
                 msgs.into_iter().map(|m| (Endpoint::Manager(m.to), Msg::Raft(Box::new(m)))).collect();
@@ -1068,6 +1085,41 @@ pub fn run_traced(seed: u64, cfg: &SimConfig) -> (Result<Report, Failure>, Vec<S
     let result = run_world_with(w, seed, cfg, Some(log.clone()));
     let events = std::mem::take(&mut *log.lock());
     (result, events)
+}
+
+/// Steps (Raft ticks of `STEP_MS`) from a crash of the leader of a formed cluster, with no other fault and no
+/// writes, to another manager leading; the invariants are checked at every step.
+pub fn failover_steps(seed: u64, cfg: &SimConfig) -> Result<u64, Failure> {
+    const LIMIT: u64 = 500;
+    let mut w = World::new(seed, cfg);
+    w.event(format!("seed {seed}: failover"));
+    let old = loop {
+        w.tick(false);
+        w.check().map_err(|e| w.fail(e, seed))?;
+        // Formed: a leader every manager follows.
+        let leader =
+            w.leader().filter(|l| w.managers.iter().all(|m| m.run.as_ref().is_some_and(|r| r.raft_state().2 == *l)));
+        match leader {
+            Some(l) if w.step > 20 => break l,
+            _ if w.step > LIMIT => return Err(w.fail(format!("no leader within {LIMIT} steps"), seed)),
+            _ => {}
+        }
+    };
+    let i = index_of(old);
+    w.managers[i].crash(false);
+    w.net.set_down(Endpoint::Manager(old), true);
+    w.event(format!("crash leader {old}"));
+    let crashed_at = w.step;
+    loop {
+        w.tick(false);
+        w.check().map_err(|e| w.fail(e, seed))?;
+        if w.leader().is_some_and(|l| l != old) {
+            return Ok(w.step - crashed_at);
+        }
+        if w.step - crashed_at > LIMIT {
+            return Err(w.fail(format!("no new leader within {LIMIT} steps of the crash"), seed));
+        }
+    }
 }
 
 fn run_world(w: World, seed: u64, cfg: &SimConfig) -> Result<Report, Failure> {

@@ -459,6 +459,16 @@ impl Running {
         self.core.tick();
     }
 
+    /// The leader the daemon's transport would probe after this tick (`Core::silent_leader`).
+    pub fn silent_leader(&self) -> Option<u64> {
+        self.core.silent_leader()
+    }
+
+    /// What the daemon's transport reports when the probed peer's address refuses connections.
+    pub fn peer_gone(&mut self, peer: u64) {
+        self.core.peer_gone(peer);
+    }
+
     /// Hands the queued writes and read barriers to the core (at most the driver's `MAX_PROPOSALS_PER_READY`), as the
     /// driver hands its commands; `now_ms` is the simulation's time. Returns the writes forwarded to the
     /// leader.

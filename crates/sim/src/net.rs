@@ -100,6 +100,12 @@ impl<M> Network<M> {
         up(&a) && up(&b) && side(&a) == side(&b)
     }
 
+    /// True when `a` and `b` are on the same side of any partition (up or not).
+    pub fn same_side(&self, a: Endpoint, b: Endpoint) -> bool {
+        let side = |e: &Endpoint| self.side.get(e).copied().unwrap_or(0);
+        side(&a) == side(&b)
+    }
+
     /// Marks an endpoint down or up.
     pub fn set_down(&mut self, e: Endpoint, down: bool) {
         self.down.insert(e, down);
