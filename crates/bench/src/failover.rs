@@ -159,6 +159,8 @@ fn wait<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T, BenchError
 /// manager had gone), and the kill of its leader to the first write through a survivor.
 struct Run {
     formed: Duration,
+    /// The highest term logged before the kill (0 would mean the logs were not read).
+    term: u64,
     false_elections: u64,
     failover: Duration,
 }
@@ -170,7 +172,8 @@ fn one_run(shoal: &Path, run: usize, hold: Duration) -> Result<Run, BenchError> 
     wait("a first write", || create(&ds[(old + 1) % 3], &format!("before-{run}")).ok())?;
     let term = highest_term(&ds);
     std::thread::sleep(hold);
-    let false_elections = highest_term(&ds).saturating_sub(term);
+    let term_at_kill = highest_term(&ds);
+    let false_elections = term_at_kill.saturating_sub(term);
     ds[old].kill9();
     let killed = Instant::now();
     let survivor = &ds[(old + 1) % 3];
@@ -179,7 +182,7 @@ fn one_run(shoal: &Path, run: usize, hold: Duration) -> Result<Run, BenchError> 
         attempt += 1;
         create(survivor, &format!("after-{run}-{attempt}")).ok()
     })?;
-    Ok(Run { formed, false_elections, failover: killed.elapsed() })
+    Ok(Run { formed, term: term_at_kill, false_elections, failover: killed.elapsed() })
 }
 
 /// Runs the scenario.
@@ -190,13 +193,14 @@ pub(crate) fn run(a: FailoverArgs, shoal: &Path) -> Result<(), BenchError> {
     let runs = if a.smoke { 1 } else { a.runs.max(1) };
     let _load = Load::start(a.load)?;
     let hold = Duration::from_secs(a.hold);
-    let mut table = Table::new(&["run", "cluster formed ms", "false elections", "kill -9 to write ms"]);
+    let mut table =
+        Table::new(&["run", "cluster formed ms", "term at the kill", "false elections", "kill -9 to write ms"]);
     let mut times = Vec::new();
     for r in 1..=runs {
         let run = one_run(shoal, r, hold)?;
         let ms = run.failover.as_secs_f64() * 1000.0;
         let formed = fmt_num(run.formed.as_secs_f64() * 1000.0);
-        table.row(vec![r.to_string(), formed, run.false_elections.to_string(), fmt_num(ms)]);
+        table.row(vec![r.to_string(), formed, run.term.to_string(), run.false_elections.to_string(), fmt_num(ms)]);
         times.push(ms);
     }
     report::finish(&table, "failover", report::median(&times), "ms");

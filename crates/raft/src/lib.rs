@@ -62,6 +62,13 @@
 //!   Adding a member takes a snapshot and compacts the log past its first entry, so a new member always
 //!   starts from a snapshot that names it. pre-vote and check-quorum are on: an isolated leader steps down
 //!   after an election timeout, and a rejoining member does not disrupt a healthy leader.
+//! - **A leader whose process is gone.** A follower that has heard nothing from its leader for three ticks
+//!   asks the transport to probe it (`Core::silent_leader`, `Transport::probe`: a TCP connection to its Raft
+//!   address). A refused connection (the host answers, nothing listens: the process died) ends the leader's
+//!   lease there (`Core::peer_gone`): the follower's election clock moves to the end of the election timeout,
+//!   so the followers grant pre-votes at once and campaign after the randomized rest of their timeouts. A
+//!   crashed leader is replaced about 0.7 s sooner with the default timing; a host that is down or cut off
+//!   (the probe times out) is waited out as before, and a loaded machine's late heartbeats cause no election.
 //! - **Follower writes.** With a `Forwarder`, `propose` on a follower sends the encoded request to the
 //!   leader (`RaftProposals.ForwardProposal`), then resolves when the local store applies the entry with
 //!   the same request ID (read-your-writes), or fails after `FORWARD_APPLY_TIMEOUT`. Without a reachable
