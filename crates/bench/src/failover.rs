@@ -4,8 +4,8 @@
 //! service create that succeeds through a survivor's Engine API (tried every `RETRY`). RESULT: the median
 //! over `--runs` clusters. `--load N` keeps N busy loops running throughout; `--hold S` keeps each formed
 //! cluster S seconds before the kill and counts the elections meanwhile (the Raft terms its managers logged),
-//! which are false ones: no manager had gone. Daemons come from the test harness (`shoal_testkit::DaemonProcess`), which
-//! stops them and removes their dirs on drop.
+//! which are false ones: no manager had gone. Daemons come from the test harness
+//! (`shoal_testkit::DaemonProcess`), which stops them and removes their dirs on drop.
 //! Must not depend on the daemon's internals.
 
 use std::path::Path;
