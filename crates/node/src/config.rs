@@ -125,7 +125,7 @@ impl DaemonConfig {
             executor: ExecutorKind::Auto,
             data_plane: false,
             raft_tick_interval_ms: 100,
-            network_key_rotation_ms: shoal_manager::keymanager::ROTATION_INTERVAL_MS,
+            network_key_rotation_ms: shoal_manager::NETWORK_KEY_ROTATION_INTERVAL_MS,
             csi_plugins: Vec::new(),
             raft_election_tick: 10,
             raft_heartbeat_tick: 1,

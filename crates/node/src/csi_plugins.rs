@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shoal_api::csi;
-use shoal_manager::volumes::{ControllerPlugins, PluginError, PluginFuture};
+use shoal_manager::{ControllerPlugins, PluginError, PluginFuture};
 use tonic::transport::{Channel, Endpoint};
 
 /// The plugins, by name.
@@ -268,7 +268,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
         Box::pin(async move {
             let plugin = plugin.map_err(|e| e.to_string())?;
             let (c, stages) = plugin.node_connection().await?;
-            let capability = a.access_mode.as_ref().map(shoal_manager::volumes::capability);
+            let capability = a.access_mode.as_ref().map(shoal_manager::volume_capability);
             let readonly = a
                 .access_mode
                 .as_ref()

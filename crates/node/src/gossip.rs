@@ -23,7 +23,7 @@ fn gossip_keys(store: &MemoryStore) -> Vec<Vec<u8>> {
         t.clusters()
             .iter()
             .flat_map(|c| c.network_bootstrap_keys.clone())
-            .filter(|k| k.subsystem == shoal_manager::keymanager::SUBSYSTEM_GOSSIP)
+            .filter(|k| k.subsystem == shoal_manager::SUBSYSTEM_GOSSIP)
             .collect::<Vec<_>>()
     });
     keys.sort_by_key(|k| k.lamport_time);

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_agent::Executor;
-use shoal_manager::dispatcher::DispatcherConfig;
+use shoal_manager::DispatcherConfig;
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::RaftNode;
 use tokio::sync::watch;
@@ -399,7 +399,7 @@ impl Node {
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         // gRPC (dispatcher, Raft) at once: a joining manager must answer the leader to get its snapshot.
-        let dispatcher = shoal_manager::dispatcher::Dispatcher::new(
+        let dispatcher = shoal_manager::Dispatcher::new(
             core.state.clone(),
             DispatcherConfig { manager_addr: advertised.to_string(), ..DispatcherConfig::default() },
         );

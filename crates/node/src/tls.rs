@@ -635,7 +635,7 @@ mod tests {
         });
         let served = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(shoal_manager::swarmkit_api::HealthService::remote().server())
+                .add_service(shoal_manager::HealthService::remote().server())
                 .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(rx)),
         );
         let check = |endpoint: Endpoint| async move {
