@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_agent::process::ProcessExecutor;
 use shoal_agent::testing::{FakeBehavior, FakeExecutor};
+use shoal_agent::ProcessExecutor;
 use shoal_agent::{Agent, AgentConfig, Executor};
 use shoal_api::{node_status, task_spec, ContainerSpec, Task, TaskSpec, TaskState, TaskStatus};
 use shoal_manager::{ClusterState, RandomIds};

@@ -42,12 +42,12 @@ struct Connected {
 
 /// The node's cluster volumes, published under `<state dir>/csi` through the plugins the daemon's
 /// `--csi-plugin` flags name; `None` without such flags.
-pub(crate) fn node_volumes(cfg: &crate::DaemonConfig) -> Option<shoal_agent::volumes::Volumes> {
+pub(crate) fn node_volumes(cfg: &crate::DaemonConfig) -> Option<shoal_agent::Volumes> {
     if cfg.csi_plugins.is_empty() {
         return None;
     }
     let plugins = Arc::new(CsiPlugins::new(&cfg.csi_plugins));
-    Some(shoal_agent::volumes::Volumes::new(cfg.state_dir.join("csi"), plugins))
+    Some(shoal_agent::Volumes::new(cfg.state_dir.join("csi"), plugins))
 }
 
 impl CsiPlugins {
@@ -255,14 +255,14 @@ fn create_dir(path: &Path) -> Result<(), String> {
     std::fs::create_dir_all(path).map_err(|e| format!("cannot create {}: {e}", path.display()))
 }
 
-impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
+impl shoal_agent::NodeVolumes for CsiPlugins {
     fn publish(
         &self,
         a: &shoal_api::VolumeAssignment,
         secrets: HashMap<String, String>,
         staging: &Path,
         target: &Path,
-    ) -> shoal_agent::exec::BoxFuture<'static, Result<(), String>> {
+    ) -> shoal_agent::BoxFuture<'static, Result<(), String>> {
         let plugin = self.plugin(a.driver.as_ref().map(|d| d.name.as_str()).unwrap_or_default());
         let (a, staging, target) = (a.clone(), staging.to_path_buf(), target.to_path_buf());
         Box::pin(async move {
@@ -315,7 +315,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
         a: &shoal_api::VolumeAssignment,
         staging: &Path,
         target: &Path,
-    ) -> shoal_agent::exec::BoxFuture<'static, Result<(), String>> {
+    ) -> shoal_agent::BoxFuture<'static, Result<(), String>> {
         let plugin = self.plugin(a.driver.as_ref().map(|d| d.name.as_str()).unwrap_or_default());
         let (a, staging, target) = (a.clone(), staging.to_path_buf(), target.to_path_buf());
         Box::pin(async move {
@@ -351,7 +351,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
         self.plugins.len()
     }
 
-    fn node_info(&self) -> shoal_agent::exec::BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
+    fn node_info(&self) -> shoal_agent::BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
         let plugins: Vec<Arc<Plugin>> = self.plugins.values().cloned().collect();
         Box::pin(async move {
             let mut out = Vec::new();

@@ -113,8 +113,8 @@ fn endpoint(
         })
         .collect();
     shoal_gossip::Endpoint {
-        name: shoal_agent::naming::task_name(task),
-        service_name: shoal_agent::naming::service_name(task),
+        name: shoal_agent::task_name(task),
+        service_name: shoal_agent::service_name(task),
         service_id: task.service_id.clone(),
         virtual_ip,
         endpoint_ip: ip.to_string(),

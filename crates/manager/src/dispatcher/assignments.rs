@@ -37,7 +37,7 @@ use shoal_api::{
 use shoal_store::{ActionKind, Change, Object, Tables};
 
 /// Most encoded bytes of a COMPLETE set's changes: below the 64 MiB an agent decodes in one message
-/// (`shoal_agent::session::MAX_MESSAGE_BYTES`), with room for the message's envelope.
+/// (`shoal_agent::MAX_MESSAGE_BYTES`), with room for the message's envelope.
 pub(crate) const COMPLETE_MAX_BYTES: usize = 48 << 20;
 
 /// A node's COMPLETE set is over `COMPLETE_MAX_BYTES` even without its finished tasks.
