@@ -9,4 +9,4 @@ use std::sync::Arc;
 use shoal_api::Task;
 
 /// The tasks assigned to this node, by ID, as of the last assignments message.
-pub type AssignedTasks = Arc<HashMap<String, Arc<Task>>>;
+pub(crate) type AssignedTasks = Arc<HashMap<String, Arc<Task>>>;

@@ -68,11 +68,11 @@ pub struct TaskFile {
 }
 
 /// All the files one task gets, secrets first, in reference order.
-pub type TaskFiles = Vec<TaskFile>;
+pub(crate) type TaskFiles = Vec<TaskFile>;
 
 /// What templates may read about the node (SwarmKit's `{{.Node.*}}`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeFacts {
+pub(crate) struct NodeFacts {
     /// This node's ID (the task's `node_id` is used when set).
     pub id: String,
     /// The hostname.
@@ -94,7 +94,7 @@ pub struct Held {
 
 /// The secrets and configs this node holds, by ID.
 #[derive(Default)]
-pub struct Dependencies {
+pub(crate) struct Dependencies {
     secrets: HashMap<String, Arc<Secret>>,
     configs: HashMap<String, Arc<Config>>,
 }
@@ -121,19 +121,19 @@ fn container(task: &Task) -> Option<&ContainerSpec> {
 }
 
 /// True when `task` references any secret or config.
-pub fn has_references(task: &Task) -> bool {
+pub(crate) fn has_references(task: &Task) -> bool {
     container(task).is_some_and(|c| !c.secrets.is_empty() || !c.configs.is_empty())
 }
 
 impl Dependencies {
     /// Nothing held.
-    pub fn new() -> Dependencies {
+    pub(crate) fn new() -> Dependencies {
         Dependencies::default()
     }
 
     /// Applies one assignment item if it is a secret or config (`remove` for a REMOVE change); returns
     /// false for other items (tasks).
-    pub fn apply(&mut self, item: &assignment::Item, remove: bool) -> bool {
+    pub(crate) fn apply(&mut self, item: &assignment::Item, remove: bool) -> bool {
         match item {
             assignment::Item::Secret(s) if remove => {
                 self.secrets.remove(&s.id);
@@ -154,18 +154,18 @@ impl Dependencies {
     }
 
     /// The data of secret `id`, if this node holds it.
-    pub fn secret_data(&self, id: &str) -> Option<&[u8]> {
+    pub(crate) fn secret_data(&self, id: &str) -> Option<&[u8]> {
         self.secrets.get(id).and_then(|s| s.spec.as_ref()).map(|s| s.data.as_slice())
     }
 
     /// Drops everything (a COMPLETE set starts from nothing).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.secrets.clear();
         self.configs.clear();
     }
 
     /// IDs and names of what is held.
-    pub fn held(&self) -> Held {
+    pub(crate) fn held(&self) -> Held {
         let mut secrets: Vec<(String, String)> =
             self.secrets.values().map(|s| (s.id.clone(), secret_name(s).to_string())).collect();
         let mut configs: Vec<(String, String)> =
@@ -177,7 +177,7 @@ impl Dependencies {
 
     /// The files `task` gets from its secret and config references, rendered for it on `node`. An error
     /// names what cannot be honoured and never carries secret data.
-    pub fn files_for(&self, task: &Task, node: &NodeFacts) -> Result<TaskFiles, String> {
+    pub(crate) fn files_for(&self, task: &Task, node: &NodeFacts) -> Result<TaskFiles, String> {
         let Some(c) = container(task) else { return Ok(Vec::new()) };
         let mut files = Vec::with_capacity(c.secrets.len() + c.configs.len());
         for r in &c.secrets {
@@ -255,7 +255,7 @@ impl Dependencies {
 }
 
 /// SwarmKit's template context for `task` on `node` (`.Task.Slot` is the node ID for slotless tasks).
-pub fn template_data(task: &Task, node: &NodeFacts) -> shoal_template::Data {
+pub(crate) fn template_data(task: &Task, node: &NodeFacts) -> shoal_template::Data {
     let service = task.service_annotations.clone().unwrap_or_default();
     let node_id = if task.node_id.is_empty() { node.id.as_str() } else { task.node_id.as_str() };
     let slot = if task.slot != 0 { task.slot.to_string() } else { node_id.to_string() };
@@ -325,7 +325,7 @@ fn render(
     }
 }
 
-pub mod expand;
+pub(crate) mod expand;
 
 #[cfg(test)]
 mod tests;

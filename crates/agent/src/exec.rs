@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use shoal_api::{NodeDescription, Task};
 
-pub use crate::dependencies::TaskFiles;
+pub(crate) use crate::dependencies::TaskFiles;
 
 /// A boxed, sendable future: the controller methods' return type (keeps the traits object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -38,7 +38,7 @@ pub struct RuntimeReport {
 
 /// The host-mode ports of `task` as its spec publishes them (what an executor binds or forwards without
 /// choosing a number).
-pub fn host_mode_ports(task: &Task) -> Vec<shoal_api::PortConfig> {
+pub(crate) fn host_mode_ports(task: &Task) -> Vec<shoal_api::PortConfig> {
     use shoal_api::port_config::PublishMode;
     task.endpoint
         .iter()
@@ -69,7 +69,7 @@ pub enum ExecutorError {
 }
 
 /// The stop grace period from a task's container spec (default 10 s), at most `MAX_STOP_GRACE_PERIOD`.
-pub fn stop_grace_period(task: &Task) -> Duration {
+pub(crate) fn stop_grace_period(task: &Task) -> Duration {
     task.spec
         .as_ref()
         .and_then(|s| match &s.runtime {
@@ -83,10 +83,10 @@ pub fn stop_grace_period(task: &Task) -> Duration {
 
 /// The longest grace the agent gives a task to stop (the control API's bound): a spec stored before the
 /// bound existed cannot keep a stopped or removed service's task running for longer.
-pub const MAX_STOP_GRACE_PERIOD: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_STOP_GRACE_PERIOD: Duration = Duration::from_secs(3600);
 
 /// Grace between the polite stop signal and the kill, when the spec sets none.
-pub const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(10);
 
 /// One line a task printed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,7 +115,7 @@ pub struct LogOptions {
 }
 
 /// A task's log lines, in order; ends when the task's output ends (or at once without `follow`).
-pub type LogStream = futures::stream::BoxStream<'static, Result<LogLine, ExecutorError>>;
+pub(crate) type LogStream = futures::stream::BoxStream<'static, Result<LogLine, ExecutorError>>;
 
 /// Runs tasks of one kind (processes, containers) on this node.
 pub trait Executor: Send + Sync + 'static {

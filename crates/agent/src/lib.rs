@@ -6,35 +6,57 @@
 //!
 //! The agent knows nothing of the store, Raft or the manager's internals: it talks to managers only over
 //! the Dispatcher gRPC protocol.
+//!
+//! The facade: every module is internal; other crates use `Agent` and what this root re-exports, grouped
+//! below (the seams, the session, the executors, what the agent holds and publishes). The one public module
+//! is `testing`, the test doors' fake executor, built only with the `test-doors` feature.
 
-pub mod assigned;
-pub mod dependencies;
-pub mod docker;
-pub mod exec;
-pub mod logs;
-pub mod naming;
-pub mod network;
-pub mod process;
-pub mod remotes;
+mod assigned;
+mod dependencies;
+mod docker;
+mod exec;
+mod logs;
+mod naming;
+mod network;
+mod process;
+mod remotes;
 mod rpc;
-pub mod runner;
-pub mod session;
-pub mod task_files;
+mod runner;
+mod session;
+mod task_files;
+// The test doors' scriptable fake executor (the `test-doors` feature): a module of test fakes, used by name
+// (`testing::FakeExecutor`) in every test crate.
 #[cfg(any(test, feature = "test-doors"))]
 pub mod testing;
-pub mod volumes;
-pub mod worker;
+mod volumes;
+mod worker;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+// The agent's seams: the executor a node picks, and what it reports.
 pub use exec::{BoxFuture, Controller, Executor, ExecutorError, ExitStatus};
-pub use remotes::Remotes;
-pub use session::{Backoff, SessionError, NODE_ID_METADATA_KEY};
 pub use shoal_api::NodeDescription;
-pub use worker::LOST_TASK_MESSAGE;
+pub use worker::{HeldSink, LOST_TASK_MESSAGE};
+
+// The session with the managers: reconnecting, the known managers (saved between runs), the TLS endpoints.
+pub use remotes::{load as load_managers, save as save_managers, Remotes, MANAGERS_FILE};
+pub use session::{Backoff, EndpointFactory, SessionError, MAX_MESSAGE_BYTES, NODE_ID_METADATA_KEY};
+
+// The executors: local processes and the Docker Engine (with its attacher of the engine's own containers).
+pub use docker::attach::{container_labels, AttachError, Attacher, HolderFacts};
+pub use docker::holder::LABEL_HOLDER_TASK_ID;
+pub use docker::{remove_node_containers, DockerExecutor, DEFAULT_ENGINE_ADDR};
+pub use process::ProcessExecutor;
+pub use task_files::{default_root as default_task_files_root, FilesRoot};
+
+// What the agent holds and publishes: secrets and configs, the data plane, cluster volumes, task names.
+pub use dependencies::{FileKind, Held};
+pub use naming::{service_name, task_name};
+pub use network::NetworkPlane;
+pub use volumes::{NodeVolumes, Volumes};
 
 use runner::StatusReporter;
 use session::{run_session, SessionContext};
@@ -84,7 +106,7 @@ pub struct Agent {
     node_sink: Option<watch::Sender<Option<shoal_api::Node>>>,
     /// More managers to try after `config.manager_addr` (e.g. the list saved by an earlier run).
     more_managers: Vec<String>,
-    /// When set, the manager list is saved there whenever it changes (see `remotes::save`).
+    /// When set, the manager list is saved there whenever it changes (see `save_managers`).
     managers_file: Option<PathBuf>,
     /// When set, gets the cluster's managers as `(node ID, host:port)`, sorted, whenever a session message
     /// lists them.
@@ -152,7 +174,7 @@ impl Agent {
     }
 
     /// Knows `more` managers besides `config.manager_addr` (tried after it, in order), and keeps the list
-    /// the dispatcher sends in `file` when set (read it back with `remotes::load` on the next start).
+    /// the dispatcher sends in `file` when set (read it back with `load_managers` on the next start).
     pub fn with_managers(mut self, more: Vec<String>, file: Option<PathBuf>) -> Agent {
         self.more_managers = more;
         self.managers_file = file;

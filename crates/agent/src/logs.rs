@@ -30,22 +30,22 @@ use crate::exec::{Executor, LogOptions};
 use crate::rpc::NODE_ID_METADATA_KEY;
 
 /// Most log subscriptions served at once.
-pub const MAX_SUBSCRIPTIONS: usize = 64;
+pub(crate) const MAX_SUBSCRIPTIONS: usize = 64;
 /// Most lines in one published message.
-pub const PUBLISH_BATCH: usize = 128;
+pub(crate) const PUBLISH_BATCH: usize = 128;
 /// Published messages waiting for the manager.
-pub const PUBLISH_QUEUE: usize = 16;
+pub(crate) const PUBLISH_QUEUE: usize = 16;
 /// Most bytes of line data in one published message (one line more than it at most, and no line is longer
 /// than `PUBLISH_LINE_BYTES`), well within a gRPC message.
-pub const PUBLISH_BATCH_BYTES: usize = 256 << 10;
+pub(crate) const PUBLISH_BATCH_BYTES: usize = 256 << 10;
 /// Most bytes of line data in published messages waiting for the manager, per subscription.
-pub const PUBLISH_QUEUE_BYTES: usize = 1 << 20;
+pub(crate) const PUBLISH_QUEUE_BYTES: usize = 1 << 20;
 /// Longest line data in one log message: a longer line is sent as consecutive parts of this size.
-pub const PUBLISH_LINE_BYTES: usize = 64 << 10;
+pub(crate) const PUBLISH_LINE_BYTES: usize = 64 << 10;
 /// Pause before listening again after the subscription stream failed.
-pub const LISTEN_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const LISTEN_RETRY: Duration = Duration::from_secs(1);
 /// How often a followed subscription retries tasks whose output could not be opened yet.
-pub const OPEN_RETRY: Duration = Duration::from_millis(500);
+pub(crate) const OPEN_RETRY: Duration = Duration::from_millis(500);
 
 fn request<T>(node_id: &str, msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
@@ -56,14 +56,14 @@ fn request<T>(node_id: &str, msg: T) -> tonic::Request<T> {
 }
 
 /// True when `task` (on node `node_id`) is selected.
-pub fn selects(sel: &LogSelector, node_id: &str, task: &Task) -> bool {
+pub(crate) fn selects(sel: &LogSelector, node_id: &str, task: &Task) -> bool {
     sel.task_ids.contains(&task.id)
         || sel.service_ids.contains(&task.service_id)
         || sel.node_ids.iter().any(|n| n == node_id)
 }
 
 /// The executor's reading options for the wire options (SwarmKit's tail: 0 = all, -n-1 = the last n).
-pub fn log_options(o: &LogSubscriptionOptions) -> LogOptions {
+pub(crate) fn log_options(o: &LogSubscriptionOptions) -> LogOptions {
     let wants = |s: WireStream| o.streams.is_empty() || o.streams.contains(&(s as i32));
     LogOptions {
         follow: o.follow,
@@ -77,7 +77,7 @@ pub fn log_options(o: &LogSubscriptionOptions) -> LogOptions {
 }
 
 /// Listens for subscriptions on `channel` until aborted (the session owns this task).
-pub async fn run_listener(
+pub(crate) async fn run_listener(
     channel: Channel,
     node_id: String,
     tasks: watch::Receiver<AssignedTasks>,

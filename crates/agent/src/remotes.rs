@@ -20,10 +20,10 @@ use shoal_api::WeightedPeer;
 /// The file (in the node's state dir) that keeps the last manager list.
 pub const MANAGERS_FILE: &str = "managers.json";
 /// Most managers remembered.
-pub const MAX_MANAGERS: usize = 64;
+pub(crate) const MAX_MANAGERS: usize = 64;
 
 /// `addr` without a URI scheme or trailing slash: `https://10.0.0.1:4242/` -> `10.0.0.1:4242`.
-pub fn host_port(addr: &str) -> &str {
+pub(crate) fn host_port(addr: &str) -> &str {
     let rest = addr.split_once("://").map_or(addr, |(_, r)| r);
     rest.trim_end_matches('/')
 }

@@ -18,7 +18,7 @@ use crate::exec::{Controller, ExecutorError, ExitStatus, RuntimeReport};
 
 /// What the runner does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Move to this state; no controller call.
     Report(TaskState),
     /// Call `prepare`, then READY (or REJECTED).
@@ -36,7 +36,7 @@ pub enum Step {
 }
 
 /// The next step for a task in `observed` state whose desired state is `desired`.
-pub fn next_step(observed: TaskState, desired: TaskState) -> Step {
+pub(crate) fn next_step(observed: TaskState, desired: TaskState) -> Step {
     use TaskState::*;
     if observed.is_terminal() {
         return Step::Done;
@@ -62,57 +62,53 @@ pub fn next_step(observed: TaskState, desired: TaskState) -> Step {
 /// Latest status per task, waiting to be sent to the dispatcher. Coalescing: a newer status for a task
 /// replaces an unsent older one. Bound: one entry per task the agent runs.
 #[derive(Debug, Default)]
-pub struct StatusReporter {
+pub(crate) struct StatusReporter {
     pending: Mutex<BTreeMap<String, TaskStatus>>,
     notify: Notify,
 }
 
 impl StatusReporter {
     /// An empty reporter.
-    pub fn new() -> StatusReporter {
+    pub(crate) fn new() -> StatusReporter {
         StatusReporter::default()
     }
 
     /// Queues `status` for `task_id`.
-    pub fn report(&self, task_id: &str, status: TaskStatus) {
+    pub(crate) fn report(&self, task_id: &str, status: TaskStatus) {
         self.pending.lock().insert(task_id.to_string(), status);
         self.notify.notify_one();
     }
 
     /// Takes up to `max` queued statuses.
-    pub fn take_batch(&self, max: usize) -> Vec<(String, TaskStatus)> {
+    pub(crate) fn take_batch(&self, max: usize) -> Vec<(String, TaskStatus)> {
         let mut pending = self.pending.lock();
         let keys: Vec<String> = pending.keys().take(max).cloned().collect();
         keys.into_iter().filter_map(|k| pending.remove(&k).map(|s| (k, s))).collect()
     }
 
     /// Puts back a batch that could not be sent, unless a newer status arrived meanwhile.
-    pub fn put_back(&self, batch: Vec<(String, TaskStatus)>) {
+    pub(crate) fn put_back(&self, batch: Vec<(String, TaskStatus)>) {
         let mut pending = self.pending.lock();
         for (id, st) in batch {
             pending.entry(id).or_insert(st);
         }
     }
 
-    /// Number of queued statuses.
-    pub fn len(&self) -> usize {
-        self.pending.lock().len()
-    }
-
     /// True when nothing is queued.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.pending.lock().is_empty()
     }
 
     /// Resolves when a status is queued (immediately if one was queued since the last wait).
-    pub async fn changed(&self) {
+    pub(crate) async fn changed(&self) {
         self.notify.notified().await
     }
 }
 
 /// What the worker tells a runner: the latest task, and whether to wind down.
 #[derive(Clone, Debug)]
-pub struct RunnerInput {
+pub(crate) struct RunnerInput {
     /// The task as last assigned (desired state, spec).
     pub task: Arc<Task>,
     /// The task left the node's assignments: stop it and remove it.
@@ -126,7 +122,7 @@ fn now() -> shoal_api::prost_types::Timestamp {
 }
 
 /// A status with state, message and optional error text.
-pub fn status(state: TaskState, message: &str, err: &str) -> TaskStatus {
+pub(crate) fn status(state: TaskState, message: &str, err: &str) -> TaskStatus {
     TaskStatus {
         timestamp: Some(now()),
         state: state as i32,
@@ -205,7 +201,7 @@ impl Runner {
 
 /// Runs one task until it is removed or the agent stops. `ctlr` is `Err` when the executor refused the
 /// task (it is then REJECTED).
-pub async fn run_task(
+pub(crate) async fn run_task(
     initial: TaskStatus,
     ctlr: Result<Box<dyn Controller>, ExecutorError>,
     reporter: Arc<StatusReporter>,

@@ -26,11 +26,11 @@ use crate::worker::Worker;
 
 pub use crate::rpc::NODE_ID_METADATA_KEY;
 /// Most statuses per UpdateTaskStatus request.
-pub const STATUS_BATCH_MAX: usize = 100;
+pub(crate) const STATUS_BATCH_MAX: usize = 100;
 /// Largest message the agent accepts (a COMPLETE assignment set of a busy node).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Timeout of one unary call (heartbeat, status update) and of connecting.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a session ended.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +69,7 @@ pub enum SessionError {
 
 /// gRPC metadata key in which a manager that is not the Raft leader names the leader's address (the
 /// dispatcher sets it; same key as the managers' own redirects).
-pub const LEADER_ADDR_METADATA_KEY: &str = "x-shoal-leader-addr";
+pub(crate) const LEADER_ADDR_METADATA_KEY: &str = "x-shoal-leader-addr";
 
 impl SessionError {
     /// The leader's address (`host:port`) when the manager refused because it is not the leader and named
@@ -132,7 +132,7 @@ impl Backoff {
 pub type EndpointFactory = std::sync::Arc<dyn Fn(&str) -> Result<Endpoint, String> + Send + Sync>;
 
 /// Everything one session needs.
-pub struct SessionContext<'a> {
+pub(crate) struct SessionContext<'a> {
     /// Manager URI.
     pub manager_addr: &'a str,
     /// How to reach it (plain HTTP/2 from the URI when `None`).
@@ -176,7 +176,10 @@ impl Drop for AbortOnDrop {
 }
 
 /// Runs one session until it fails (`Err`) or `shutdown` turns true (`Ok`).
-pub async fn run_session(ctx: SessionContext<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), SessionError> {
+pub(crate) async fn run_session(
+    ctx: SessionContext<'_>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), SessionError> {
     let addr = ctx.manager_addr.to_string();
     let mut tls_info = ctx.tls_info;
     let mut csi_info = ctx.csi_info;

@@ -16,12 +16,12 @@ use std::path::{Component, Path, PathBuf};
 use crate::dependencies::{FileKind, TaskFile};
 
 /// The environment variable naming a process task's secrets directory.
-pub const SECRETS_DIR_ENV: &str = "SHOAL_SECRETS_DIR";
+pub(crate) const SECRETS_DIR_ENV: &str = "SHOAL_SECRETS_DIR";
 /// The environment variable naming a process task's configs directory.
-pub const CONFIGS_DIR_ENV: &str = "SHOAL_CONFIGS_DIR";
+pub(crate) const CONFIGS_DIR_ENV: &str = "SHOAL_CONFIGS_DIR";
 /// Where Docker puts secrets with a relative target (and where an absolute secret target of a process
 /// task may point: it is then taken relative to `SHOAL_SECRETS_DIR`).
-pub const DOCKER_SECRETS_DIR: &str = "/run/secrets";
+pub(crate) const DOCKER_SECRETS_DIR: &str = "/run/secrets";
 
 /// The default root of node `node_id`'s task files.
 pub fn default_root(node_id: &str) -> PathBuf {
@@ -50,7 +50,7 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> String {
 }
 
 /// Checks that `path` (or its nearest existing ancestor) is on a tmpfs or ramfs.
-pub fn check_in_memory(path: &Path) -> Result<(), String> {
+pub(crate) fn check_in_memory(path: &Path) -> Result<(), String> {
     let mut probe = path;
     while !probe.exists() {
         probe = probe.parent().unwrap_or(Path::new("/"));
@@ -70,7 +70,7 @@ pub fn check_in_memory(path: &Path) -> Result<(), String> {
 }
 
 /// A relative target path made safe: no empty, `.` or `..` components.
-pub fn relative_target(name: &str) -> Result<PathBuf, String> {
+pub(crate) fn relative_target(name: &str) -> Result<PathBuf, String> {
     let p = Path::new(name);
     let ok = !name.is_empty()
         && !name.contains('\0')
@@ -192,7 +192,7 @@ impl FilesRoot {
 /// Where a process task finds a file, relative to its secrets or configs directory: a relative target as
 /// it is; a secret's absolute target under `/run/secrets/` relative to that; any other absolute target
 /// cannot be honoured by a process (it would have to write outside its directory).
-pub fn process_place(f: &TaskFile) -> Result<PathBuf, String> {
+pub(crate) fn process_place(f: &TaskFile) -> Result<PathBuf, String> {
     let what = match f.kind {
         FileKind::Secret => "secret",
         FileKind::Config => "config",
@@ -218,7 +218,7 @@ pub fn process_place(f: &TaskFile) -> Result<PathBuf, String> {
 
 /// Where a file appears in a container (Docker's rule): an absolute target as it is; a relative one under
 /// `/run/secrets/` for a secret and under `/` for a config.
-pub fn container_path(f: &TaskFile) -> Result<String, String> {
+pub(crate) fn container_path(f: &TaskFile) -> Result<String, String> {
     if f.target.starts_with('/') {
         relative_target(&f.target[1..]).map_err(|e| format!("{}: {e}", f.source))?;
         return Ok(f.target.clone());

@@ -34,12 +34,12 @@ use tokio::sync::{watch, Notify};
 use crate::exec::{BoxFuture, Controller, ExecutorError, ExitStatus, RuntimeReport};
 
 /// The first retry of a failed plugin call comes after this long, each next one after twice as long...
-pub const RETRY_MIN: Duration = Duration::from_millis(500);
+pub(crate) const RETRY_MIN: Duration = Duration::from_millis(500);
 /// ...up to this.
-pub const RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long a task waits for its volumes to be published here before it is rejected (its orchestrator then
 /// replaces it).
-pub const PUBLISH_WAIT: Duration = Duration::from_secs(120);
+pub(crate) const PUBLISH_WAIT: Duration = Duration::from_secs(120);
 
 /// The node side of the CSI plugins this node runs (the node crate's gRPC clients; a fake in tests).
 pub trait NodeVolumes: Send + Sync + 'static {
@@ -308,7 +308,10 @@ impl Volumes {
 /// `task` with each cluster mount turned into a bind mount of its volume's publish path (the volume the
 /// scheduler chose, `task.volumes`), and the IDs of those volumes; an error names a cluster mount no volume
 /// was chosen for. `None` when the task mounts no cluster volume.
-pub fn bind_cluster_mounts(task: &Task, volumes: Option<&Volumes>) -> Option<Result<(Task, Vec<String>), String>> {
+pub(crate) fn bind_cluster_mounts(
+    task: &Task,
+    volumes: Option<&Volumes>,
+) -> Option<Result<(Task, Vec<String>), String>> {
     let cluster = |m: &shoal_api::Mount| m.r#type == mount::Type::Cluster as i32;
     let container = match task.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
         Some(task_spec::Runtime::Container(c)) if c.mounts.iter().any(cluster) => c,
@@ -341,7 +344,7 @@ pub fn bind_cluster_mounts(task: &Task, volumes: Option<&Volumes>) -> Option<Res
 
 /// A task's controller that, in `prepare`, first waits until its cluster volumes are published on this
 /// node (at most `PUBLISH_WAIT`), and holds them (`Volumes::hold`) until its process has stopped.
-pub struct AwaitVolumes {
+pub(crate) struct AwaitVolumes {
     inner: Box<dyn Controller>,
     ids: Vec<String>,
     volumes: Volumes,
@@ -352,7 +355,7 @@ pub struct AwaitVolumes {
 
 impl AwaitVolumes {
     /// Wraps `inner`, waiting for `ids` to be published by `volumes`.
-    pub fn new(inner: Box<dyn Controller>, ids: Vec<String>, volumes: Volumes) -> Self {
+    pub(crate) fn new(inner: Box<dyn Controller>, ids: Vec<String>, volumes: Volumes) -> Self {
         let published = volumes.published();
         AwaitVolumes { inner, ids, volumes, published, wait: PUBLISH_WAIT, holding: false }
     }

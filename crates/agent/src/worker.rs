@@ -28,7 +28,7 @@ use crate::runner::{run_task, status, RunnerInput, StatusReporter};
 
 /// Longest the agent's stop waits for the removals of tasks on their way out when their runtime objects
 /// outlive it (under the node's 15 s per part).
-pub const REMOVALS_AT_STOP_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const REMOVALS_AT_STOP_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The message a lost task is failed with.
 pub const LOST_TASK_MESSAGE: &str = "task process was lost (agent restarted)";
@@ -38,10 +38,10 @@ struct RunnerHandle {
     join: JoinHandle<()>,
 }
 
-pub use crate::assigned::AssignedTasks;
+pub(crate) use crate::assigned::AssignedTasks;
 
 /// The set of task runners on this node.
-pub struct Worker {
+pub(crate) struct Worker {
     executor: Arc<dyn Executor>,
     reporter: Arc<StatusReporter>,
     runners: HashMap<String, RunnerHandle>,
@@ -97,7 +97,7 @@ fn observed(task: &Task) -> TaskState {
 
 impl Worker {
     /// A worker with no tasks.
-    pub fn new(executor: Arc<dyn Executor>, reporter: Arc<StatusReporter>) -> Worker {
+    pub(crate) fn new(executor: Arc<dyn Executor>, reporter: Arc<StatusReporter>) -> Worker {
         let (assigned_tx, _) = watch::channel(AssignedTasks::default());
         Worker {
             executor,
@@ -114,46 +114,36 @@ impl Worker {
 
     /// Publishes the cluster volumes assigned to this node through `volumes`, and runs the tasks that mount
     /// them once they are published.
-    pub fn with_volumes(mut self, volumes: crate::volumes::Volumes) -> Worker {
+    pub(crate) fn with_volumes(mut self, volumes: crate::volumes::Volumes) -> Worker {
         self.volumes = Some(volumes);
         self
     }
 
     /// Renders templates with `node`'s facts (`{{.Node.*}}`).
-    pub fn with_node(mut self, node: NodeFacts) -> Worker {
+    pub(crate) fn with_node(mut self, node: NodeFacts) -> Worker {
         self.node = node;
         self
     }
 
     /// Tells `sink` what secrets and configs the worker holds (IDs and names) whenever that changes.
-    pub fn with_held_sink(mut self, sink: HeldSink) -> Worker {
+    pub(crate) fn with_held_sink(mut self, sink: HeldSink) -> Worker {
         sink(&Held::default());
         self.held_sink = Some((sink, Held::default()));
         self
     }
 
-    /// IDs and names of the secrets and configs held now.
-    pub fn held(&self) -> Held {
-        self.deps.held()
-    }
-
     /// The executor tasks run with.
-    pub fn executor(&self) -> Arc<dyn Executor> {
+    pub(crate) fn executor(&self) -> Arc<dyn Executor> {
         self.executor.clone()
     }
 
     /// Watches the set of tasks assigned to this node (for log subscriptions).
-    pub fn assigned(&self) -> watch::Receiver<AssignedTasks> {
+    pub(crate) fn assigned(&self) -> watch::Receiver<AssignedTasks> {
         self.assigned_tx.subscribe()
     }
 
-    /// IDs of the tasks with a live runner.
-    pub fn task_ids(&self) -> Vec<String> {
-        self.runners.iter().filter(|(_, r)| !r.join.is_finished()).map(|(id, _)| id.clone()).collect()
-    }
-
     /// Applies one assignments message.
-    pub fn apply(&mut self, msg: AssignmentsMessage) {
+    pub(crate) fn apply(&mut self, msg: AssignmentsMessage) {
         self.runners.retain(|_, r| !r.join.is_finished());
         let complete = msg.r#type == assignments_message::Type::Complete as i32;
         let mut seen = HashSet::new();
@@ -297,7 +287,7 @@ impl Worker {
     /// Stops every task (graceful stop, then kill) and waits for the runners to end. When the executor's
     /// tasks outlive the agent, only the runners end and the tasks keep running, but for those on their way
     /// out, which are removed first (bounded).
-    pub async fn stop_all(&mut self) {
+    pub(crate) async fn stop_all(&mut self) {
         if self.executor.tasks_outlive_agent() {
             // Containers keep running without the agent; the next agent adopts them. Those of tasks on their
             // way out (removed, or desired REMOVE: a `service rm`, a scale-down) are stopped and removed now,

@@ -14,12 +14,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_agent::remotes::{self, MANAGERS_FILE};
 use shoal_agent::testing::FakeExecutor;
+use shoal_agent::{load_managers, MANAGERS_FILE};
 use shoal_agent::{Agent, AgentConfig};
 use shoal_api::{node_status, ManagerStatus, Node, Task, TaskState, TaskStatus};
-use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, RandomIds};
+use shoal_manager::{Dispatcher, DispatcherConfig};
 use shoal_raft::LocalProposer;
 use shoal_store::{Changes, ManualClock, MemoryStore};
 use tokio::net::{TcpListener, TcpStream};
@@ -213,18 +213,18 @@ async fn an_agent_that_loses_its_manager_opens_its_session_with_another_one() {
     let file = dir.path().join(MANAGERS_FILE);
     let mut both = vec![a_proxy.addr.to_string(), b.addr.to_string()];
     both.sort();
-    wait_for("the manager list saved", || remotes::load(&file).ok() == Some(both.clone())).await;
+    wait_for("the manager list saved", || load_managers(&file).ok() == Some(both.clone())).await;
     assert!(b.node("node-1").is_none());
 
     // A is gone: the agent's next session is with B.
     a_proxy.cut(true);
     wait_for("the node ready on manager B", || b.node_state("node-1") == READY).await;
     // B lists only itself: that is the list now.
-    wait_for("B's list saved", || remotes::load(&file).ok() == Some(vec![b.addr.to_string()])).await;
+    wait_for("B's list saved", || load_managers(&file).ok() == Some(vec![b.addr.to_string()])).await;
     agent.stop().await;
 
     // A new agent that was given only A (still gone) finds B from the saved list.
-    let saved = remotes::load(&file).unwrap();
+    let saved = load_managers(&file).unwrap();
     let agent = start_agent(a_proxy.addr, "worker-1-restarted", dir.path(), saved, &fake);
     wait_for("the restarted agent's session on B", || {
         b.node("node-1").and_then(|n| n.description).is_some_and(|d| d.hostname == "worker-1-restarted")

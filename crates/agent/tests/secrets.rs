@@ -7,15 +7,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_agent::dependencies::{FileKind, Held};
 use shoal_agent::testing::FakeExecutor;
 use shoal_agent::{Agent, AgentConfig};
+use shoal_agent::{FileKind, Held};
 use shoal_api::{
     config_reference, secret_reference, task_spec, Annotations, Config, ConfigReference, ConfigSpec, ContainerSpec,
     Driver, FileTarget, Secret, SecretReference, SecretSpec, Task, TaskSpec, TaskState, TaskStatus,
 };
-use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, RandomIds};
+use shoal_manager::{Dispatcher, DispatcherConfig};
 use shoal_raft::LocalProposer;
 use shoal_store::{Changes, ManualClock, MemoryStore};
 use tokio::sync::watch;

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_agent::process::ProcessExecutor;
 use shoal_agent::testing::{FakeBehavior, FakeExecutor};
+use shoal_agent::ProcessExecutor;
 use shoal_agent::{Agent, AgentConfig, Executor};
 use shoal_api::{node_status, task_spec, ContainerSpec, Task, TaskSpec, TaskState, TaskStatus};
-use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, RandomIds};
+use shoal_manager::{Dispatcher, DispatcherConfig};
 use shoal_raft::LocalProposer;
 use shoal_store::{Changes, ManualClock, MemoryStore};
 use tokio::sync::watch;
@@ -226,7 +226,7 @@ async fn the_process_executor_end_to_end_reports_exit_codes_and_rejections() {
 #[tokio::test]
 async fn the_agent_is_given_the_network_keys_and_their_rotation() {
     use rand::SeedableRng;
-    use shoal_manager::keymanager::Keyring;
+    use shoal_manager::Keyring;
     let c = cluster().await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let ring = Keyring::default().completed(&mut rng).unwrap();

@@ -17,7 +17,7 @@ use shoal_api::{
     node_spec, node_status, task_spec, Annotations, ContainerSpec, Node, NodeDescription, NodeSpec, NodeStatus,
     Placement, Platform, Resources, Task, TaskSpec, TaskState, TaskStatus, Version,
 };
-use shoal_manager::scheduler::{NodeSet, PendingTasks, Scheduler};
+use shoal_manager::{NodeSet, PendingTasks, Scheduler};
 use shoal_raft::{LocalProposer, Proposer};
 use shoal_store::{Changes, MemoryStore};
 

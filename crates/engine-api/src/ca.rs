@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use shoal_manager::ca::{issue_client_cert, ClientCertError};
+use shoal_manager::{issue_client_cert, ClientCertError};
 
 use crate::error::ApiError;
 use crate::ApiContext;
@@ -87,6 +87,6 @@ pub async fn revoke_client_cert(
         &body,
         "revocation request {\"Certificate\": <PEM>} or {\"Serial\": <hex>}",
     )?;
-    let revoked = shoal_manager::ca::revoke_client_cert(&ctx.state, Some(&req.serial), Some(&req.certificate)).await?;
+    let revoked = shoal_manager::revoke_client_cert(&ctx.state, Some(&req.serial), Some(&req.certificate)).await?;
     Ok(Json(RevokeResponse { serial: revoked.serial, name: revoked.name }).into_response())
 }

@@ -1,6 +1,6 @@
 //! `GET /events`: Docker's swarm events (types `service`, `node`, `secret`, `config`; actions create, update,
 //! remove; scope `swarm`), made as dockerd makes them from SwarmKit's Watch stream: this node's `EventLog`
-//! consumes `shoal_manager::swarmkit_api::WatchService` (the same stream `swarmctl`'s clients get, with old
+//! consumes `shoal_manager::WatchService` (the same stream `swarmctl`'s clients get, with old
 //! objects) and turns each event into Docker's `events.Message`, with the attributes dockerd adds for
 //! updates (`replicas.old/new`, `image.old/new`, `updatestate.old/new` for services; `availability`,
 //! `role`, `state`, `leader`, `reachability` `.old/.new` for nodes). Times are the object's `updated_at`
@@ -26,7 +26,7 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use shoal_api::{object, service_spec, task_spec, watch_message, Node, Service, WatchActionKind, WatchRequest};
-use shoal_manager::swarmkit_api::WatchService;
+use shoal_manager::WatchService;
 use std::sync::Mutex;
 use tokio::sync::broadcast;
 use tokio_stream::StreamExt;

@@ -106,7 +106,7 @@ pub async fn update_swarm(
     // Read as the engine reads them (strconv.ParseBool: a bad value is a 400).
     let rotate_unlock_key = parse_bool_param(&q, "rotateManagerUnlockKey")?;
     // `docker swarm join-token --rotate worker|manager`: fresh secrets, same root CA digest.
-    let rotate = shoal_manager::ca::RotateTokens {
+    let rotate = shoal_manager::RotateTokens {
         worker: parse_bool_param(&q, "rotateWorkerToken")?,
         manager: parse_bool_param(&q, "rotateManagerToken")?,
     };
@@ -129,9 +129,7 @@ pub async fn update_swarm(
         ));
     }
     controlapi::update_cluster_rotating(&ctx.state, &cluster.id, version, spec, rotate_unlock_key).await?;
-    shoal_manager::ca::rotate_join_tokens(&ctx.state, rotate)
-        .await
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    shoal_manager::rotate_join_tokens(&ctx.state, rotate).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     Ok(StatusCode::OK.into_response())
 }
 

@@ -32,7 +32,7 @@ pub(crate) fn test_state() -> (ClusterState, Arc<LocalProposer>) {
 
 pub(crate) fn ctx(state: ClusterState) -> ApiContext {
     ApiContext {
-        events: crate::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(state.clone(), None, None)),
+        events: crate::events::EventLog::new(shoal_manager::WatchService::new(state.clone(), None, None)),
         state,
         node_id: "node1".into(),
         node_addr: "127.0.0.1:4242".into(),
@@ -441,7 +441,7 @@ async fn nodes_list_inspect_update_remove() {
 async fn swarm_update_rotates_join_tokens_at_the_current_version() {
     let api = Api::new();
     let mut cluster = Cluster { id: "cluster1".into(), ..Default::default() };
-    cluster.root_ca = Some(shoal_manager::ca::new_root_ca(std::time::SystemTime::now()).unwrap());
+    cluster.root_ca = Some(shoal_manager::new_root_ca(std::time::SystemTime::now()).unwrap());
     api.seed(|c| {
         c.create(cluster);
     })

@@ -31,13 +31,13 @@ use crate::controlapi::network::{MAX_ALIASES, MAX_ALIAS_BYTES};
 use crate::state::{ClusterState, WriteError};
 
 /// The longest container ID accepted (Docker's are 64 hex characters).
-pub const MAX_CONTAINER_ID_BYTES: usize = 128;
+pub(crate) const MAX_CONTAINER_ID_BYTES: usize = 128;
 /// Most network attachments one node holds at once.
-pub const MAX_ATTACHMENTS_PER_NODE: usize = 1024;
+pub(crate) const MAX_ATTACHMENTS_PER_NODE: usize = 1024;
 /// The status message of a new attachment task (SwarmKit's).
-pub const CREATED_MESSAGE: &str = "created";
+pub(crate) const CREATED_MESSAGE: &str = "created";
 
-pub use crate::tasks::is_attachment_task;
+pub(crate) use crate::tasks::is_attachment_task;
 
 /// The ResourceAllocator service over a `ClusterState`.
 #[derive(Clone, Debug)]

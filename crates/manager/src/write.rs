@@ -14,15 +14,15 @@ use shoal_store::{Action, Changes};
 use crate::state::ClusterState;
 
 /// The most actions proposed in one write.
-pub const MAX_ACTIONS_PER_WRITE: usize = 1000;
+pub(crate) const MAX_ACTIONS_PER_WRITE: usize = 1000;
 
 /// The most encoded bytes of actions proposed in one write: half of Raft's 8 MiB proposal limit, so a
 /// write always fits with room for the request's envelope and the log entry's sealing.
-pub const MAX_BYTES_PER_WRITE: usize = 4 << 20;
+pub(crate) const MAX_BYTES_PER_WRITE: usize = 4 << 20;
 
 /// Splits `actions` into consecutive chunks of at most `max_actions` actions and `MAX_BYTES_PER_WRITE`
 /// bytes (an action larger than that forms its own chunk).
-pub fn chunk_actions(actions: Vec<Action>, max_actions: usize) -> Vec<Vec<Action>> {
+pub(crate) fn chunk_actions(actions: Vec<Action>, max_actions: usize) -> Vec<Vec<Action>> {
     let max_actions = max_actions.max(1);
     let mut out = Vec::new();
     let mut cur: Vec<Action> = Vec::new();
@@ -46,7 +46,7 @@ pub fn chunk_actions(actions: Vec<Action>, max_actions: usize) -> Vec<Vec<Action
 /// actions and `MAX_BYTES_PER_WRITE` bytes (a key with more is split over several writes). Returns the keys
 /// whose write failed, with the error. Writes are sent one after another; a failure does not stop the later
 /// ones.
-pub async fn propose_grouped<K: Clone>(
+pub(crate) async fn propose_grouped<K: Clone>(
     state: &ClusterState,
     groups: Vec<(K, Changes)>,
     max_actions: usize,
@@ -100,6 +100,6 @@ async fn flush<K>(
 }
 
 /// True for errors where re-reading the state and retrying may succeed (the state changed under us).
-pub fn is_conflict(e: &ProposeError) -> bool {
+pub(crate) fn is_conflict(e: &ProposeError) -> bool {
     matches!(e, ProposeError::Store(_) | ProposeError::Unknown(_) | ProposeError::TooLarge { .. })
 }

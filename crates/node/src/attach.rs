@@ -9,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use shoal_agent::docker::attach::{container_labels, AttachError, Attacher, HolderFacts};
+use shoal_agent::{container_labels, AttachError, Attacher, HolderFacts};
 use shoal_engine_api::attach::{AttachFuture, AttachRefusal, Prepared, SwarmAttach};
 
 /// `SwarmAttach` over the node's attacher.

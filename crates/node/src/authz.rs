@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use rustls::pki_types::CertificateDer;
 use shoal_api::NodeRole;
 use shoal_ca::{NodeSubject, Role};
-use shoal_manager::ca::PeerIdentity;
+use shoal_manager::PeerIdentity;
 use shoal_store::{ActionKind, MemoryStore, Object, Tables};
 use tokio::sync::watch;
 use tokio_stream::Stream;
@@ -191,7 +191,7 @@ pub fn facts_in(t: &Tables, cert: &PeerCert, now: SystemTime) -> Facts {
     Facts {
         state_known: true,
         removed: shoal_manager::controlapi::is_blacklisted(&cluster, &cert.subject.node_id, now),
-        revoked: shoal_manager::ca::is_client_cert_revoked(&cluster, &cert.serial, now),
+        revoked: shoal_manager::is_client_cert_revoked(&cluster, &cert.serial, now),
         node: t.nodes().get(&cert.subject.node_id).map(|n| {
             let desired = n.spec.as_ref().map(|s| s.desired_role()).unwrap_or(NodeRole::Worker);
             (n.role(), desired)
@@ -687,7 +687,7 @@ impl AuthzLayer {
             Mode::TrustMetadataForTests => {
                 let claimed = req
                     .headers()
-                    .get(shoal_manager::dispatcher::NODE_ID_METADATA_KEY)
+                    .get(shoal_manager::NODE_ID_METADATA_KEY)
                     .and_then(|v| v.to_str().ok())
                     .map(str::trim)
                     .filter(|s| !s.is_empty());

@@ -70,7 +70,7 @@ pub(crate) async fn ensure_cluster(state: &ClusterState, me: LocalManager<'_>) -
         Some(p) => (p.cluster_id, p.root_ca),
         None => (
             state.ids.new_id(),
-            shoal_manager::ca::new_root_ca(std::time::SystemTime::now())
+            shoal_manager::new_root_ca(std::time::SystemTime::now())
                 .map_err(|e| crate::NodeError::Bootstrap(format!("cannot create the root CA: {e}")))?,
         ),
     };

@@ -52,7 +52,7 @@ pub struct DaemonConfig {
     /// Which executor to use.
     pub executor: ExecutorKind,
     /// Connect tasks to overlay networks (the process executor, when root and the kernel allow; see
-    /// `shoal_agent::network`). Off by default here (in-process nodes share their test's namespace); the
+    /// `shoal_agent::NetworkPlane`). Off by default here (in-process nodes share their test's namespace); the
     /// daemon's default is on (`--no-data-plane` turns it off).
     pub data_plane: bool,
     /// Raft tick interval.
@@ -125,11 +125,11 @@ impl DaemonConfig {
             executor: ExecutorKind::Auto,
             data_plane: false,
             raft_tick_interval_ms: 100,
-            network_key_rotation_ms: shoal_manager::keymanager::ROTATION_INTERVAL_MS,
+            network_key_rotation_ms: shoal_manager::NETWORK_KEY_ROTATION_INTERVAL_MS,
             csi_plugins: Vec::new(),
             raft_election_tick: 10,
             raft_heartbeat_tick: 1,
-            engine_addr: shoal_agent::docker::DEFAULT_ENGINE_ADDR.to_string(),
+            engine_addr: shoal_agent::DEFAULT_ENGINE_ADDR.to_string(),
             join_addr: None,
             force_new_cluster: false,
             init_networking: Default::default(),

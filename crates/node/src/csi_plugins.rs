@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shoal_api::csi;
-use shoal_manager::volumes::{ControllerPlugins, PluginError, PluginFuture};
+use shoal_manager::{ControllerPlugins, PluginError, PluginFuture};
 use tonic::transport::{Channel, Endpoint};
 
 /// The plugins, by name.
@@ -42,12 +42,12 @@ struct Connected {
 
 /// The node's cluster volumes, published under `<state dir>/csi` through the plugins the daemon's
 /// `--csi-plugin` flags name; `None` without such flags.
-pub(crate) fn node_volumes(cfg: &crate::DaemonConfig) -> Option<shoal_agent::volumes::Volumes> {
+pub(crate) fn node_volumes(cfg: &crate::DaemonConfig) -> Option<shoal_agent::Volumes> {
     if cfg.csi_plugins.is_empty() {
         return None;
     }
     let plugins = Arc::new(CsiPlugins::new(&cfg.csi_plugins));
-    Some(shoal_agent::volumes::Volumes::new(cfg.state_dir.join("csi"), plugins))
+    Some(shoal_agent::Volumes::new(cfg.state_dir.join("csi"), plugins))
 }
 
 impl CsiPlugins {
@@ -255,20 +255,20 @@ fn create_dir(path: &Path) -> Result<(), String> {
     std::fs::create_dir_all(path).map_err(|e| format!("cannot create {}: {e}", path.display()))
 }
 
-impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
+impl shoal_agent::NodeVolumes for CsiPlugins {
     fn publish(
         &self,
         a: &shoal_api::VolumeAssignment,
         secrets: HashMap<String, String>,
         staging: &Path,
         target: &Path,
-    ) -> shoal_agent::exec::BoxFuture<'static, Result<(), String>> {
+    ) -> shoal_agent::BoxFuture<'static, Result<(), String>> {
         let plugin = self.plugin(a.driver.as_ref().map(|d| d.name.as_str()).unwrap_or_default());
         let (a, staging, target) = (a.clone(), staging.to_path_buf(), target.to_path_buf());
         Box::pin(async move {
             let plugin = plugin.map_err(|e| e.to_string())?;
             let (c, stages) = plugin.node_connection().await?;
-            let capability = a.access_mode.as_ref().map(shoal_manager::volumes::capability);
+            let capability = a.access_mode.as_ref().map(shoal_manager::volume_capability);
             let readonly = a
                 .access_mode
                 .as_ref()
@@ -315,7 +315,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
         a: &shoal_api::VolumeAssignment,
         staging: &Path,
         target: &Path,
-    ) -> shoal_agent::exec::BoxFuture<'static, Result<(), String>> {
+    ) -> shoal_agent::BoxFuture<'static, Result<(), String>> {
         let plugin = self.plugin(a.driver.as_ref().map(|d| d.name.as_str()).unwrap_or_default());
         let (a, staging, target) = (a.clone(), staging.to_path_buf(), target.to_path_buf());
         Box::pin(async move {
@@ -351,7 +351,7 @@ impl shoal_agent::volumes::NodeVolumes for CsiPlugins {
         self.plugins.len()
     }
 
-    fn node_info(&self) -> shoal_agent::exec::BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
+    fn node_info(&self) -> shoal_agent::BoxFuture<'static, Vec<shoal_api::NodeCsiInfo>> {
         let plugins: Vec<Arc<Plugin>> = self.plugins.values().cloned().collect();
         Box::pin(async move {
             let mut out = Vec::new();

@@ -1,5 +1,5 @@
 //! The external CA client (SwarmKit's `ca/external.go`): node certificates signed by a CFSSL-compatible
-//! signer over HTTPS. The CA (`shoal_manager::ca`) calls it when the cluster lists external CAs for the root
+//! signer over HTTPS. The CA (`shoal_manager::CaService`) calls it when the cluster lists external CAs for the root
 //! it signs with (`docker swarm update --external-ca protocol=cfssl,url=https://...`).
 //!
 //! One request per signer, in the listed order, until one answers: `POST` of CFSSL's sign request
@@ -141,7 +141,7 @@ async fn post(url: &str, trust_pem: &str, body: Vec<u8>) -> Result<String, Strin
 }
 
 #[tonic::async_trait]
-impl shoal_manager::ca::ExternalSigner for CfsslSigner {
+impl shoal_manager::ExternalSigner for CfsslSigner {
     async fn sign(
         &self,
         urls: &[String],

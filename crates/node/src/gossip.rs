@@ -23,7 +23,7 @@ fn gossip_keys(store: &MemoryStore) -> Vec<Vec<u8>> {
         t.clusters()
             .iter()
             .flat_map(|c| c.network_bootstrap_keys.clone())
-            .filter(|k| k.subsystem == shoal_manager::keymanager::SUBSYSTEM_GOSSIP)
+            .filter(|k| k.subsystem == shoal_manager::SUBSYSTEM_GOSSIP)
             .collect::<Vec<_>>()
     });
     keys.sort_by_key(|k| k.lamport_time);
@@ -113,8 +113,8 @@ fn endpoint(
         })
         .collect();
     shoal_gossip::Endpoint {
-        name: shoal_agent::naming::task_name(task),
-        service_name: shoal_agent::naming::service_name(task),
+        name: shoal_agent::task_name(task),
+        service_name: shoal_agent::service_name(task),
         service_id: task.service_id.clone(),
         virtual_ip,
         endpoint_ip: ip.to_string(),

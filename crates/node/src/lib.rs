@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_agent::Executor;
-use shoal_manager::dispatcher::DispatcherConfig;
+use shoal_manager::DispatcherConfig;
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::RaftNode;
 use tokio::sync::watch;
@@ -157,11 +157,11 @@ fn machine_hostname() -> String {
 }
 
 /// The node's data plane for the executor, or why it has none.
-fn data_plane(cfg: &DaemonConfig) -> Result<Arc<shoal_agent::network::NetworkPlane>, String> {
+fn data_plane(cfg: &DaemonConfig) -> Result<Arc<shoal_agent::NetworkPlane>, String> {
     if !cfg.data_plane {
         return Err("the daemon was started with --no-data-plane".into());
     }
-    let plane = shoal_agent::network::NetworkPlane::open(&cfg.state_dir);
+    let plane = shoal_agent::NetworkPlane::open(&cfg.state_dir);
     match &plane {
         Ok(_) => tracing::info!("data plane on: this node connects tasks to overlay networks"),
         Err(why) => tracing::warn!("data plane off: {why}; tasks with networks will not be placed on this node"),
@@ -210,11 +210,11 @@ pub const ENGINE_PING_WITHIN: Duration = Duration::from_secs(2);
 /// (what the Engine API's relay plumbs the engine's own containers on attachable networks through).
 pub(crate) struct PickedExecutor {
     pub(crate) executor: Arc<dyn Executor>,
-    pub(crate) attacher: Option<Arc<shoal_agent::docker::attach::Attacher>>,
+    pub(crate) attacher: Option<Arc<shoal_agent::Attacher>>,
 }
 
 impl PickedExecutor {
-    fn docker(d: shoal_agent::docker::DockerExecutor) -> PickedExecutor {
+    fn docker(d: shoal_agent::DockerExecutor) -> PickedExecutor {
         PickedExecutor { attacher: d.attacher(), executor: Arc::new(d) }
     }
 }
@@ -224,7 +224,7 @@ impl PickedExecutor {
 /// node's identity, Raft's start, the certificates) and the Docker Engine's ping go on meanwhile. Every path
 /// that spawned one awaits it (`result`), also when the start fails, so that it never outlives the start's
 /// clean-up of a failed first start (it makes `task-netns` in the state dir).
-pub(crate) struct PlaneProbe(tokio::task::JoinHandle<Result<Arc<shoal_agent::network::NetworkPlane>, String>>);
+pub(crate) struct PlaneProbe(tokio::task::JoinHandle<Result<Arc<shoal_agent::NetworkPlane>, String>>);
 
 impl PlaneProbe {
     /// Starts the probe for `cfg`.
@@ -234,7 +234,7 @@ impl PlaneProbe {
     }
 
     /// Waits for the probe's answer.
-    pub(crate) async fn result(self) -> Result<Arc<shoal_agent::network::NetworkPlane>, String> {
+    pub(crate) async fn result(self) -> Result<Arc<shoal_agent::NetworkPlane>, String> {
         self.0.await.unwrap_or_else(|e| Err(format!("the data plane's probe failed: {e}")))
     }
 }
@@ -249,15 +249,13 @@ async fn pick_executor(
     let plane = probe.result();
     let process = |plane| PickedExecutor {
         executor: Arc::new(
-            shoal_agent::process::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
-                .with_files_root(shoal_agent::task_files::FilesRoot::new(shoal_agent::task_files::default_root(
-                    node_id,
-                )))
+            shoal_agent::ProcessExecutor::new(&cfg.state_dir, hostname, Default::default())
+                .with_files_root(shoal_agent::FilesRoot::new(shoal_agent::default_task_files_root(node_id)))
                 .with_network(plane),
         ),
         attacher: None,
     };
-    let docker = shoal_agent::docker::DockerExecutor::connect(&cfg.engine_addr, node_id, ENGINE_PING_WITHIN);
+    let docker = shoal_agent::DockerExecutor::connect(&cfg.engine_addr, node_id, ENGINE_PING_WITHIN);
     match kind {
         ExecutorKind::Process => Ok(process(plane.await)),
         ExecutorKind::Docker => match docker.await {
@@ -399,7 +397,7 @@ impl Node {
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         // gRPC (dispatcher, Raft) at once: a joining manager must answer the leader to get its snapshot.
-        let dispatcher = shoal_manager::dispatcher::Dispatcher::new(
+        let dispatcher = shoal_manager::Dispatcher::new(
             core.state.clone(),
             DispatcherConfig { manager_addr: advertised.to_string(), ..DispatcherConfig::default() },
         );

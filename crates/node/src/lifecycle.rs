@@ -154,7 +154,7 @@ pub(crate) async fn remove_containers(cfg: &DaemonConfig) {
         return;
     }
     let Ok(Some(identity)) = crate::identity::load(&cfg.state_dir) else { return };
-    match shoal_agent::docker::remove_node_containers(&cfg.engine_addr, &identity.node_id).await {
+    match shoal_agent::remove_node_containers(&cfg.engine_addr, &identity.node_id).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(containers = n, "removed this node's containers"),
         Err(e) => tracing::info!(error = %e, "did not remove this node's containers"),
@@ -162,7 +162,7 @@ pub(crate) async fn remove_containers(cfg: &DaemonConfig) {
     // The data plane outlived the stopped agent with its containers: with them gone, it goes too (every
     // Shoal link, table and task namespace this daemon made).
     if cfg.data_plane {
-        match shoal_agent::network::NetworkPlane::open(&cfg.state_dir) {
+        match shoal_agent::NetworkPlane::open(&cfg.state_dir) {
             Ok(plane) => plane.clear().await,
             Err(why) => tracing::info!("did not remove the data plane: {why}"),
         }

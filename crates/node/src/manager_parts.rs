@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use shoal_agent::{Agent, AgentConfig, Executor};
 use shoal_engine_api::ApiContext;
-use shoal_manager::dispatcher::Dispatcher;
+use shoal_manager::Dispatcher;
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::RaftNode;
 use shoal_store::{MemoryStore, SystemClock};
@@ -209,7 +209,7 @@ impl Wiring<'_> {
         channels: &LateTls,
         lifecycle: shoal_engine_api::lifecycle::LifecycleRef,
     ) -> ApiContext {
-        let events = shoal_engine_api::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(
+        let events = shoal_engine_api::events::EventLog::new(shoal_manager::WatchService::new(
             self.state.clone(),
             Some(Arc::new(self.raft.clone())),
             Some(self.shutdown.clone()),
@@ -239,10 +239,10 @@ impl Wiring<'_> {
         addr: std::net::SocketAddr,
         ctx: ApiContext,
     ) -> Result<JoinHandle<()>, NodeError> {
-        let cluster = shoal_manager::ca::cluster(self.state)
+        let cluster = shoal_manager::current_cluster(self.state)
             .ok_or_else(|| NodeError::Security("no cluster object to take the root CA from".into()))?;
-        let root = shoal_manager::ca::root_ca_of(&cluster).map_err(|e| NodeError::Security(e.message().to_string()))?;
-        let validity = shoal_manager::ca::node_cert_expiry(&cluster, self.cfg.node_cert_expiry_override);
+        let root = shoal_manager::root_ca_of(&cluster).map_err(|e| NodeError::Security(e.message().to_string()))?;
+        let validity = shoal_manager::node_cert_expiry(&cluster, self.cfg.node_cert_expiry_override);
         let (cert, key) = api_tcp::issue_server_cert(&root, self.node_id, &cluster.id, addr, validity)?;
         let config =
             api_tcp::server_config(root.cert_pem(), &cert, &key).map_err(|e| NodeError::Security(e.to_string()))?;

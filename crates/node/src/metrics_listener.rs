@@ -85,7 +85,7 @@ pub fn start_manager(
     listener: TcpListener,
     state: &shoal_manager::ClusterState,
     raft: &shoal_raft::RaftNode,
-    dispatcher: &Arc<shoal_manager::dispatcher::Dispatcher>,
+    dispatcher: &Arc<shoal_manager::Dispatcher>,
     node_id: &str,
     recorders: shoal_observe::Recorders,
     stop: watch::Receiver<bool>,

@@ -72,9 +72,9 @@ pub(crate) fn manager_tls(
     let cluster = store.view(|t| t.clusters().by_name(CLUSTER_NAME).cloned());
     if let Some(c) = cluster.as_ref().filter(|c| c.root_ca.as_ref().is_some_and(|r| !r.ca_cert.is_empty())) {
         // The cluster has its root (an earlier start crashed before writing the files): sign from it.
-        let root = shoal_manager::ca::root_ca_of(c).map_err(|e| NodeError::Security(e.message().to_string()))?;
+        let root = shoal_manager::root_ca_of(c).map_err(|e| NodeError::Security(e.message().to_string()))?;
         let subject = NodeSubject { node_id: node_id.to_string(), role: Role::Manager, cluster_id: c.id.clone() };
-        let certs = sign_locally(&root, &subject, shoal_manager::ca::node_cert_expiry(c, expiry_override))?;
+        let certs = sign_locally(&root, &subject, shoal_manager::node_cert_expiry(c, expiry_override))?;
         join::store_certs(state_dir, &certs).map_err(|e| NodeError::Security(e.to_string()))?;
         let tls = certs.tls().map_err(|e| NodeError::Security(e.to_string()))?;
         return Ok(ManagerTls { tls, pending: None });
@@ -84,7 +84,7 @@ pub(crate) fn manager_tls(
         Some(c) => c.id.clone(),
         None => shoal_store::IdSource::new_id(&shoal_manager::RandomIds::from_os()),
     };
-    let root_ca = shoal_manager::ca::new_root_ca(SystemTime::now()).map_err(|e| NodeError::Security(e.to_string()))?;
+    let root_ca = shoal_manager::new_root_ca(SystemTime::now()).map_err(|e| NodeError::Security(e.to_string()))?;
     let root = RootCa::from_pem(
         std::str::from_utf8(&root_ca.ca_cert).expect("generated PEM"),
         std::str::from_utf8(&root_ca.ca_key).expect("generated PEM"),
@@ -106,7 +106,7 @@ pub struct RemoteSecurity {
     /// The authorization module every certificate-authenticated entry point of this manager asks.
     pub authz: crate::authz::Authorizer,
     /// The CA and NodeCA services.
-    pub ca: shoal_manager::ca::CaService,
+    pub ca: shoal_manager::CaService,
 }
 
 impl RemoteSecurity {
@@ -120,7 +120,7 @@ impl RemoteSecurity {
         RemoteSecurity {
             tls,
             authz: crate::authz::Authorizer::new(state.store.clone(), cluster_id),
-            ca: shoal_manager::ca::CaService::new(state.clone(), expiry_override)
+            ca: shoal_manager::CaService::new(state.clone(), expiry_override)
                 .with_external_signer(Arc::new(crate::external_ca::CfsslSigner)),
         }
     }

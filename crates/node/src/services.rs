@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use shoal_manager::dispatcher::Dispatcher;
+use shoal_manager::Dispatcher;
 use shoal_manager::{ClusterState, LeaderConfig, Subsystem};
 use shoal_raft::RaftNode;
 use tokio::sync::watch;
@@ -12,8 +12,8 @@ use tokio::task::JoinHandle;
 
 use crate::raft_status::ManagerStatusSubsystem;
 
-/// The leader-only subsystems, in start order (`shoal_manager::leader`'s one list), with key material from the
-/// operating system's RNG.
+/// The leader-only subsystems, in start order (`shoal_manager::leader_subsystems`, the one list), with key
+/// material from the operating system's RNG.
 pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>, cfg: &LeaderConfig) -> Vec<Box<dyn Subsystem>> {
     use rand::SeedableRng;
     shoal_manager::leader_subsystems(dispatcher, Box::new(rand::rngs::StdRng::from_os_rng()), cfg)
@@ -25,7 +25,7 @@ pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>, cfg: &LeaderConfig) -> Ve
 #[cfg(any(test, feature = "test-doors"))]
 pub fn start_manager_services(
     state: &ClusterState,
-    dispatcher_config: shoal_manager::dispatcher::DispatcherConfig,
+    dispatcher_config: shoal_manager::DispatcherConfig,
     listener: tokio::net::TcpListener,
     shutdown: watch::Receiver<bool>,
 ) -> Vec<(&'static str, JoinHandle<()>)> {
@@ -81,13 +81,13 @@ fn serve_grpc(
         .add_service(dispatcher.log_broker_service())
         .add_service(dispatcher.logs_service())
         .add_service(dispatcher.network_view_service())
-        .add_service(shoal_manager::resourceapi::ResourceAllocatorService::new(dispatcher.state().clone()).server())
+        .add_service(shoal_manager::ResourceAllocatorService::new(dispatcher.state().clone()).server())
         .add_optional_service(r)
         .add_optional_service(m)
         .add_optional_service(p)
         .add_optional_service(ca)
         .add_optional_service(node_ca)
-        .add_service(shoal_manager::swarmkit_api::HealthService::remote().server());
+        .add_service(shoal_manager::HealthService::remote().server());
     let stop = {
         let mut rx = shutdown;
         async move { shoal_manager::stopped(&mut rx).await }

@@ -18,7 +18,7 @@
 //! ClientHello read first, at most `MAX_CLIENT_HELLO_BYTES`) within `HANDSHAKE_TIMEOUT`, request messages of
 //! at most `MAX_REQUEST_BYTES`.
 //!
-//! Must not know what the services do; they are `shoal_manager::swarmkit_api`'s.
+//! Must not know what the services do; they are `shoal_manager`'s (`ControlService`, `WatchService`, `HealthService`).
 
 use std::future::Future;
 use std::path::Path;
@@ -28,8 +28,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use shoal_manager::swarmkit_api::{ControlService, HealthService, WatchService};
 use shoal_manager::ClusterState;
+use shoal_manager::{ControlService, HealthService, WatchService};
 use shoal_raft::RaftNode;
 use tokio::net::UnixStream;
 use tokio::sync::{watch, OwnedSemaphorePermit};
@@ -91,9 +91,7 @@ pub(crate) fn serve(
         .add_service(control)
         .add_service(watch)
         .add_service(
-            shoal_manager::logrpc::LogsService::new(state.clone())
-                .server()
-                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            shoal_manager::LogsService::new(state.clone()).server().max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(HealthService::socket().server());
     let incoming = tls_unix_incoming(listener, tls, shutdown.clone());

@@ -588,7 +588,7 @@ pub(crate) async fn accept_bounded(
 }
 
 /// The agent's endpoint factory over `tls` (mutual TLS with the node's current certificate).
-pub fn agent_endpoints(tls: &NodeTls) -> shoal_agent::session::EndpointFactory {
+pub fn agent_endpoints(tls: &NodeTls) -> shoal_agent::EndpointFactory {
     let tls = tls.clone();
     Arc::new(move |addr: &str| tls.endpoint(addr).map_err(|e| e.to_string()))
 }
@@ -635,7 +635,7 @@ mod tests {
         });
         let served = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(shoal_manager::swarmkit_api::HealthService::remote().server())
+                .add_service(shoal_manager::HealthService::remote().server())
                 .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(rx)),
         );
         let check = |endpoint: Endpoint| async move {

@@ -81,13 +81,13 @@ pub(crate) fn remembered_manager(state_dir: &Path) -> Result<Option<String>, Nod
 }
 
 fn managers_file(state_dir: &Path) -> PathBuf {
-    state_dir.join(shoal_agent::remotes::MANAGERS_FILE)
+    state_dir.join(shoal_agent::MANAGERS_FILE)
 }
 
 /// The managers a worker tries, in order: `first` (an explicit `--join-addr`), then the list saved by the
 /// agent, then `last` (the remembered join manager); without duplicates.
 fn managers_in_order(state_dir: &Path, first: Option<&str>, last: Option<&str>) -> Result<Vec<String>, NodeError> {
-    let saved = shoal_agent::remotes::load(&managers_file(state_dir)).map_err(NodeError::State)?;
+    let saved = shoal_agent::load_managers(&managers_file(state_dir)).map_err(NodeError::State)?;
     let all = first.into_iter().map(str::to_string).chain(saved).chain(last.map(str::to_string));
     Ok(shoal_agent::Remotes::new(all).addrs().to_vec())
 }
@@ -352,7 +352,7 @@ fn start_agent(
     .with_managers(w.more_managers.clone(), Some(managers_file(&cfg.state_dir)))
     .with_managers_sink(sinks.managers)
     .with_session_manager_sink(session_manager_tx)
-    .with_held_sink(std::sync::Arc::new(move |h: &shoal_agent::dependencies::Held| {
+    .with_held_sink(std::sync::Arc::new(move |h: &shoal_agent::Held| {
         held.send_replace(shoal_engine_api::worker::HeldDependencies {
             secrets: h.secrets.clone(),
             configs: h.configs.clone(),
@@ -398,7 +398,7 @@ mod tests {
         let none = managers_in_order(dir.path(), None, None).unwrap();
         assert!(none.is_empty());
         assert_eq!(managers_in_order(dir.path(), None, Some("m1:1")).unwrap(), ["m1:1"]);
-        shoal_agent::remotes::save(&managers_file(dir.path()), &["m2:1".into(), "m3:1".into()]).unwrap();
+        shoal_agent::save_managers(&managers_file(dir.path()), &["m2:1".into(), "m3:1".into()]).unwrap();
         // Without --join-addr: the saved list first (the join manager may be gone), then join.json.
         assert_eq!(managers_in_order(dir.path(), None, Some("m1:1")).unwrap(), ["m2:1", "m3:1", "m1:1"]);
         // An explicit --join-addr goes first; no address twice.

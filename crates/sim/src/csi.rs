@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use shoal_api::csi;
-use shoal_manager::volumes::{ControllerPlugins, PluginError, PluginFuture};
+use shoal_manager::{ControllerPlugins, PluginError, PluginFuture};
 
 /// The plugin's name (a volume's driver).
 pub const PLUGIN: &str = "sim.csi";

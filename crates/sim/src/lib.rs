@@ -36,8 +36,8 @@ use raft::StateRole;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shoal_api::{Service, Task, TaskState};
-use shoal_manager::dispatcher::DispatcherConfig;
 use shoal_manager::ClusterState;
+use shoal_manager::DispatcherConfig;
 use shoal_store::{ManualClock, StoreObject, Tables};
 
 use agent::Agent;
@@ -659,11 +659,7 @@ impl World {
         if let Some(l) = self.leader() {
             let run = self.managers[index_of(l)].run.as_ref().expect("the leader is up");
             let down: BTreeSet<String> = run.store.view(|t| {
-                t.nodes()
-                    .iter()
-                    .filter(|n| shoal_manager::orchestrator::node_is_down(Some(n)))
-                    .map(|n| n.id.clone())
-                    .collect()
+                t.nodes().iter().filter(|n| shoal_manager::node_is_down(Some(n))).map(|n| n.id.clone()).collect()
             });
             let period = self.mcfg.dispatcher.heartbeat_period_ms_default;
             let ttl = period * u64::from(self.mcfg.dispatcher.missed_heartbeats_before_down);
@@ -780,12 +776,12 @@ impl World {
                     if start_first {
                         self.start_first.borrow_mut().insert(s.id.clone());
                     }
-                    let job = shoal_manager::orchestrator::jobs::is_job(s);
+                    let job = shoal_manager::is_job(s);
                     kinds.entry(s.id.clone()).or_insert_with(|| Kind {
                         global: matches!(mode, Some(Mode::Global(_) | Mode::GlobalJob(_))),
                         start_first,
                         spec_version: s.spec_version.as_ref().map_or(0, |v| v.index),
-                        iteration: job.then(|| shoal_manager::orchestrator::jobs::current_iteration(s)),
+                        iteration: job.then(|| shoal_manager::current_iteration(s)),
                         text: format!("{mode:?}, update {:?}", s.update_status.as_ref().map(|u| u.state())),
                     });
                 }
@@ -800,7 +796,7 @@ impl World {
                 if k.start_first && t.spec_version.as_ref().map_or(0, |v| v.index) != k.spec_version {
                     continue;
                 }
-                if k.iteration.is_some_and(|i| !shoal_manager::orchestrator::jobs::in_iteration(t, i)) {
+                if k.iteration.is_some_and(|i| !shoal_manager::in_iteration(t, i)) {
                     continue;
                 }
                 let node = if k.global { t.node_id.clone() } else { String::new() };
@@ -927,13 +923,9 @@ fn service_not_converged(t: &Tables, s: &Service, expected: &mut BTreeSet<String
         }
         expected.insert(task.id.clone());
     }
-    let ready: Vec<&str> = t
-        .nodes()
-        .iter()
-        .filter(|n| shoal_manager::scheduler::nodeinfo::is_ready_and_active(n))
-        .map(|n| n.id.as_str())
-        .collect();
-    if shoal_manager::orchestrator::jobs::is_job(s) {
+    let ready: Vec<&str> =
+        t.nodes().iter().filter(|n| shoal_manager::is_ready_and_active(n)).map(|n| n.id.as_str()).collect();
+    if shoal_manager::is_job(s) {
         return job_not_converged(t, s, &ready);
     }
     tasks_not_converged(s, &live, &ready)
@@ -982,13 +974,13 @@ fn task_not_converged(t: &Tables, s: &Service, task: &Task, paused: bool, live: 
         ));
     }
     let node = t.nodes().get(&task.node_id).map(|n| &**n);
-    if !node.is_some_and(shoal_manager::scheduler::nodeinfo::is_ready_and_active) {
+    if !node.is_some_and(shoal_manager::is_ready_and_active) {
         return Some(format!(
             "task {} of service {} runs on node {:?}, which is not ready and active",
             task.id, s.id, task.node_id
         ));
     }
-    if !paused && shoal_manager::orchestrator::dirty::is_task_dirty(s, task, node) {
+    if !paused && shoal_manager::is_task_dirty(s, task, node) {
         return Some(
             format!(
                 "task {} of service {} is not up to date: task spec v{:?}, service spec v{:?}, update {:?}, {} tasks",
@@ -1014,9 +1006,8 @@ fn task_not_converged(t: &Tables, s: &Service, task: &Task, paused: bool, live: 
 /// for a global job).
 fn job_not_converged(t: &Tables, s: &Service, ready: &[&str]) -> Option<String> {
     use shoal_api::service_spec::Mode;
-    let iteration = shoal_manager::orchestrator::jobs::current_iteration(s);
-    let current: Vec<_> =
-        t.tasks().by_service(&s.id).filter(|t| shoal_manager::orchestrator::jobs::in_iteration(t, iteration)).collect();
+    let iteration = shoal_manager::current_iteration(s);
+    let current: Vec<_> = t.tasks().by_service(&s.id).filter(|t| shoal_manager::in_iteration(t, iteration)).collect();
     let complete: BTreeSet<(u64, &str)> = current
         .iter()
         .filter(|t| t.status.as_ref().map(|st| st.state()) == Some(TaskState::Complete))
@@ -1198,6 +1189,6 @@ fn describe_task(x: &shoal_api::Task) -> String {
         x.desired_state(),
         x.spec_version.as_ref().map(|v| v.index),
         x.node_id,
-        shoal_manager::orchestrator::created_ms(x).saturating_sub(START_UNIX_MS)
+        shoal_manager::created_ms(x).saturating_sub(START_UNIX_MS)
     )
 }

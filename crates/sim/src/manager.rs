@@ -23,7 +23,7 @@ use raft::{RawNode, StateRole};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shoal_api::{AssignmentChange, SessionRequest, TaskStatus, UpdateTaskStatusRequest};
-use shoal_manager::dispatcher::{AssignmentSet, Dispatcher, DispatcherConfig};
+use shoal_manager::{AssignmentSet, Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, RandomIds, Timer};
 use shoal_raft::{
     Core, Done, LeaderState, Outlets, Proposal, ProposeError, ProposeFuture, Proposer, RaftConfig, ReadBarrierFuture,
@@ -548,7 +548,8 @@ impl Running {
             self.leader = None;
             if st.is_leader {
                 let (stop, stop_rx) = watch::channel(false);
-                // The daemon's own list (`shoal_manager::leader`), the key manager's RNG seeded from this run's.
+                // The daemon's own list (`shoal_manager::leader_subsystems`), the key manager's RNG seeded from
+                // this run's.
                 let key_rng = Box::new(StdRng::seed_from_u64(self.rng.random()));
                 let cfg =
                     shoal_manager::LeaderConfig { volume_plugins: Arc::new(self.csi.clone()), ..Default::default() };
@@ -687,7 +688,7 @@ impl Running {
             }
             let mut changes = Vec::new();
             let store = self.store.clone();
-            let mut lookup = |d: &shoal_manager::dispatcher::Dependency| store.view(|t| d.lookup(t));
+            let mut lookup = |d: &shoal_manager::Dependency| store.view(|t| d.lookup(t));
             let mut lagged = false;
             loop {
                 match s.watch.try_recv() {

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use rand::SeedableRng;
-use shoal_manager::dispatcher::{Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, RandomIds};
+use shoal_manager::{Dispatcher, DispatcherConfig};
 use shoal_raft::LocalProposer;
 use shoal_sim::{failover_steps, run, SimConfig};
 use shoal_store::{ManualClock, MemoryStore};

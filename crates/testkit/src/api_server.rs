@@ -47,7 +47,7 @@ impl ApiServer {
             hostname: hostname.into(),
             leader_logs: None,
             lifecycle: Default::default(),
-            events: shoal_engine_api::events::EventLog::new(shoal_manager::swarmkit_api::WatchService::new(
+            events: shoal_engine_api::events::EventLog::new(shoal_manager::WatchService::new(
                 state.clone(),
                 None,
                 None,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use shoal_agent::testing::FakeExecutor;
 use shoal_agent::{Agent, AgentConfig};
-use shoal_manager::dispatcher::DispatcherConfig;
+use shoal_manager::DispatcherConfig;
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::{LocalProposer, Proposer, RaftConfig, RaftNode};
 use shoal_store::{Clock, MemoryStore, SystemClock, Tables};

@@ -2,7 +2,8 @@
 //! paragraph saying what it does, and each crate's direct dependencies and source respect the "what it must not
 //! know" column of docs/ARCHITECTURE.md (the table below is that column, in checkable form: a dependency or a
 //! source pattern added against it fails here, naming the crate and the rule), and no shipped function is over
-//! 120 lines (measured from the source text: comments, literals and `#[cfg(test)]` modules and files left out).
+//! 120 lines (measured from the source text: comments, literals and `#[cfg(test)]` modules and files left out),
+//! and the crates with a facade (issue 34) declare no `pub mod` at their root but the few listed here.
 //!
 //! Reads files only; must not depend on any workspace crate.
 
@@ -619,4 +620,50 @@ fn no_shipped_function_is_longer_than_the_limit() {
         long.len(),
         long.join("\n")
     );
+}
+
+/// The crates whose root is a facade: their modules are internal and the crate root re-exports what other
+/// crates use. Each `pub mod` a facade crate's lib.rs may still declare, with the reason it stays public.
+const FACADES: &[(&str, &[(&str, &str)])] = &[
+    ("manager", &[("controlapi", "the control API, itself a facade: every write of the Engine API goes through it")]),
+    ("agent", &[("testing", "the test doors' fake executor, only with the test-doors feature, used by name in tests")]),
+];
+
+/// The modules `lib` declares `pub mod` (at any indentation, whatever attributes precede them).
+fn public_modules(lib: &str) -> Vec<String> {
+    lib.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|rest| rest.trim_end_matches(|c: char| c == ';' || c == '{' || c.is_whitespace()).to_string())
+        .collect()
+}
+
+#[test]
+fn the_module_reader_sees_only_pub_mod() {
+    let lib = "pub mod a;\nmod b;\npub(crate) mod c;\n#[cfg(test)]\n    pub mod d {\n";
+    assert_eq!(public_modules(lib), ["a", "d"]);
+}
+
+#[test]
+fn facade_crates_keep_their_modules_internal() {
+    let root = root();
+    let mut broken = Vec::new();
+    for (krate, allowed) in FACADES {
+        let path = root.join("crates").join(krate).join("src/lib.rs");
+        let lib = std::fs::read_to_string(&path).expect("lib.rs");
+        let public = public_modules(&lib);
+        for m in &public {
+            if !allowed.iter().any(|(name, _)| name == m) {
+                broken.push(format!(
+                    "crates/{krate}/src/lib.rs: `pub mod {m}`: make it `mod {m};` and re-export from the crate root \
+                     what other crates use (or list it in FACADES with the reason it is public)"
+                ));
+            }
+        }
+        for (name, _) in *allowed {
+            if !public.iter().any(|m| m == name) {
+                broken.push(format!("FACADES lists crates/{krate}'s `pub mod {name}`, which it no longer declares"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
 }

@@ -21,7 +21,7 @@ enum Field {
 
 /// `task` with its container spec's templates expanded for `node`; the task itself when it has none. An
 /// error is SwarmKit's message, for rejecting the task.
-pub fn expand_container_spec(task: &Task, node: &NodeFacts) -> Result<Task, String> {
+pub(crate) fn expand_container_spec(task: &Task, node: &NodeFacts) -> Result<Task, String> {
     let Some(task_spec::Runtime::Container(c)) = task.spec.as_ref().and_then(|s| s.runtime.as_ref()) else {
         return Ok(task.clone());
     };

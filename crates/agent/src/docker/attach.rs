@@ -65,17 +65,17 @@ use crate::exec::{BoxFuture, Controller, ExecutorError, ExitStatus};
 use crate::network::NetworkPlane;
 
 /// Label on a container of ours: its holder's container ID.
-pub const LABEL_ATTACH_HOLDER: &str = "com.shoal.attach.holder";
+pub(crate) const LABEL_ATTACH_HOLDER: &str = "com.shoal.attach.holder";
 /// Label on a container of ours: the swarm network it was created on (as the user named it).
-pub const LABEL_ATTACH_NETWORK: &str = "com.shoal.attach.network";
+pub(crate) const LABEL_ATTACH_NETWORK: &str = "com.shoal.attach.network";
 /// Label on a container of ours: its aliases on that network, comma-separated.
-pub const LABEL_ATTACH_ALIASES: &str = "com.shoal.attach.aliases";
+pub(crate) const LABEL_ATTACH_ALIASES: &str = "com.shoal.attach.aliases";
 /// Label on a holder of such a container.
-pub const LABEL_ATTACH_HOLDS: &str = "com.shoal.attach.holds";
+pub(crate) const LABEL_ATTACH_HOLDS: &str = "com.shoal.attach.holds";
 /// Prefix of the holders' names.
-pub const HOLDER_PREFIX: &str = "shl-attach.";
+pub(crate) const HOLDER_PREFIX: &str = "shl-attach.";
 /// Longest the manager may take to answer an attach or detach.
-pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
 /// Pause before the engine's event stream is opened again after it ended.
 const EVENTS_RETRY: Duration = Duration::from_secs(1);
 
@@ -128,7 +128,7 @@ pub fn container_labels(holder: &str, network: &str, aliases: &[String]) -> Hash
 }
 
 /// The container an attachment task is for, when it is one.
-pub fn attachment_container(t: &Task) -> Option<&str> {
+pub(crate) fn attachment_container(t: &Task) -> Option<&str> {
     match t.spec.as_ref()?.runtime.as_ref()? {
         task_spec::Runtime::Attachment(a) if t.service_id.is_empty() => Some(a.container_id.as_str()),
         _ => None,
@@ -142,7 +142,7 @@ fn holds(t: &Task) -> bool {
 
 /// What becomes of a container's attachments when something happened to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fate {
+pub(crate) enum Fate {
     /// They stay: the container runs on, is being restarted by the engine's restart policy (the engine
     /// marks it restarting before it sends the `die` event, moby's daemon/monitor.go), or by a restart
     /// through the control socket; or it is not started yet (created) or is being removed (a `destroy`
@@ -156,7 +156,7 @@ pub enum Fate {
 
 /// The fate of a container's attachments, from the container's status as the engine shows it now (`None`:
 /// the engine has no such container) and whether a restart of it through the control socket is under way.
-pub fn fate(status: Option<&str>, restarting_through_socket: bool) -> Fate {
+pub(crate) fn fate(status: Option<&str>, restarting_through_socket: bool) -> Fate {
     match status {
         None => Fate::Gone,
         Some(_) if restarting_through_socket => Fate::Keep,
@@ -168,7 +168,7 @@ pub fn fate(status: Option<&str>, restarting_through_socket: bool) -> Fate {
 /// Why a container with network mode `mode` cannot be connected to a swarm network, in dockerd's words
 /// (`None`: it can). A container sharing another's namespace (or the host's) has none of its own to join,
 /// one with `none` networking stays without any.
-pub fn mode_refusal(mode: &str) -> Option<&'static str> {
+pub(crate) fn mode_refusal(mode: &str) -> Option<&'static str> {
     if mode == "host" || mode.starts_with("container:") {
         Some(
             "container sharing network namespace with another container or host cannot be connected to any other \
@@ -186,7 +186,7 @@ pub fn mode_refusal(mode: &str) -> Option<&'static str> {
 /// resolver at 127.0.0.11 is its only nameserver, its search domains and options stay, `ndots:0` is added
 /// when it sets none. One already pointing at 127.0.0.11 alone (the engine's own embedded resolver, on a
 /// user-defined network: it intercepts that address in the namespace) is left as it is.
-pub fn joined_resolv_conf(current: &str) -> Option<String> {
+pub(crate) fn joined_resolv_conf(current: &str) -> Option<String> {
     let servers: Vec<&str> =
         current.lines().filter_map(|l| l.trim().strip_prefix("nameserver")).map(str::trim).collect();
     if !servers.is_empty() && servers.iter().all(|s| *s == holder::RESOLVER) {

@@ -20,11 +20,11 @@ use shoal_api::{network_spec::ConfigFrom, Network, Task};
 use super::{engine_message, engine_status};
 
 /// The label of an engine network made for a swarm network: the swarm network's ID.
-pub const LABEL_SWARM_NETWORK: &str = "com.shoal.swarm.network.id";
+pub(crate) const LABEL_SWARM_NETWORK: &str = "com.shoal.swarm.network.id";
 
 /// A task's network on its node's engine.
 #[derive(Clone, Debug, PartialEq)]
-pub struct EngineNetwork {
+pub(crate) struct EngineNetwork {
     /// The swarm network's ID.
     id: String,
     /// How the engine makes it (its name is the swarm network's).
@@ -33,7 +33,7 @@ pub struct EngineNetwork {
 
 impl EngineNetwork {
     /// The engine network task `task` runs on, when it is attached to a node-local swarm network.
-    pub fn of_task(task: &Task) -> Option<EngineNetwork> {
+    pub(crate) fn of_task(task: &Task) -> Option<EngineNetwork> {
         let n = task.engine_network()?.network.as_ref()?;
         Some(EngineNetwork::of(n))
     }
@@ -95,12 +95,12 @@ impl EngineNetwork {
     }
 
     /// Its name on the engine (the container's network mode).
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.create.name
     }
 
     /// Makes the network on the engine unless it is there already (made for this swarm network: by its label).
-    pub async fn ensure(&self, docker: &Docker) -> Result<(), String> {
+    pub(crate) async fn ensure(&self, docker: &Docker) -> Result<(), String> {
         for _ in 0..2 {
             match docker.inspect_network(self.name(), None).await {
                 Ok(found) => {
@@ -144,7 +144,7 @@ impl EngineNetwork {
     /// Removes the network from the engine when no container uses it (the engine refuses while one does, and
     /// that refusal is the answer: another task still runs on it). A network of that name that is not this
     /// one stays.
-    pub async fn release(&self, docker: &Docker) {
+    pub(crate) async fn release(&self, docker: &Docker) {
         match docker.inspect_network(self.name(), None).await {
             Ok(found) if self.is_this(&found) => {}
             _ => return,

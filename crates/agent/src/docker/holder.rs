@@ -32,17 +32,17 @@ use shoal_api::Task;
 use super::spec;
 
 /// The holder image (its tag changes whenever the program or the tarball does).
-pub const HOLDER_IMAGE: &str = "shoal-netns-holder:1";
+pub(crate) const HOLDER_IMAGE: &str = "shoal-netns-holder:1";
 /// Longest the engine may take to load the holder image (a 5 KiB tarball).
-pub const IMPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const IMPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Label: the task whose network namespace a holder keeps.
 pub const LABEL_HOLDER_TASK_ID: &str = "com.shoal.netns-holder.task.id";
 /// The node's resolver, as every task on a network sees it.
-pub const RESOLVER: &str = "127.0.0.11";
+pub(crate) const RESOLVER: &str = "127.0.0.11";
 
 /// The holder's program: a static x86-64 ELF executable, one loadable segment at 0x400000 holding this
 /// header and the code at 0x400078: `mov eax, 34` (`pause`), `syscall`, `jmp` back.
-pub const PAUSE_X86_64: [u8; 129] = {
+pub(crate) const PAUSE_X86_64: [u8; 129] = {
     let mut b = [0u8; 129];
     let ident = [0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
     let mut i = 0;
@@ -80,7 +80,7 @@ pub const PAUSE_X86_64: [u8; 129] = {
 };
 
 /// Whether this machine can run the holder's program (`Err`: why, for the task's rejection).
-pub fn supported() -> Result<(), String> {
+pub(crate) fn supported() -> Result<(), String> {
     if std::env::consts::ARCH == "x86_64" {
         Ok(())
     } else {
@@ -93,7 +93,7 @@ pub fn supported() -> Result<(), String> {
 }
 
 /// A tar archive (ustar) of regular files `(path, mode, data)`, owned by root, dated 1970.
-pub fn tar(files: &[(&str, u32, &[u8])]) -> Vec<u8> {
+pub(crate) fn tar(files: &[(&str, u32, &[u8])]) -> Vec<u8> {
     fn octal(field: &mut [u8], value: u64) {
         let s = format!("{value:0width$o}", width = field.len() - 1);
         field[..s.len()].copy_from_slice(s.as_bytes());
@@ -130,7 +130,7 @@ fn sha256_hex(data: &[u8]) -> String {
 /// The holder image as `docker save` writes one (what `POST /images/load` takes): one layer holding
 /// `/pause`, a config whose every field is fixed, so the image ID (the config's digest) is the same wherever
 /// and however often it is loaded: daemons sharing an engine that load it at once make one image.
-pub fn image_archive() -> Vec<u8> {
+pub(crate) fn image_archive() -> Vec<u8> {
     let layer = tar(&[("pause", 0o755, &PAUSE_X86_64)]);
     let layer_id = sha256_hex(&layer);
     let config = serde_json::json!({
@@ -157,7 +157,7 @@ pub fn image_archive() -> Vec<u8> {
 }
 
 /// Loads `HOLDER_IMAGE` into the engine unless it has it.
-pub async fn ensure_image(docker: &Docker) -> Result<(), String> {
+pub(crate) async fn ensure_image(docker: &Docker) -> Result<(), String> {
     match docker.inspect_image(HOLDER_IMAGE).await {
         Ok(_) => return Ok(()),
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
@@ -184,7 +184,7 @@ pub async fn ensure_image(docker: &Docker) -> Result<(), String> {
 }
 
 /// The name of task `task_id`'s holder.
-pub fn name(task_id: &str) -> String {
+pub(crate) fn name(task_id: &str) -> String {
     format!("{NAME_PREFIX}{task_id}")
 }
 
@@ -193,7 +193,7 @@ const NAME_PREFIX: &str = "shl-netns.";
 /// The create body of `task`'s holder: network mode `none`, the task's hostname, the node's resolver and the
 /// task's extra hosts (which the task's container shares), no restart (a holder that dies is replaced with
 /// its task).
-pub fn create_body(task: &Task, node_id: &str) -> ContainerCreateBody {
+pub(crate) fn create_body(task: &Task, node_id: &str) -> ContainerCreateBody {
     let c = spec::container_spec(task);
     let dns = c.dns_config.clone().unwrap_or_default();
     let mut options = vec!["ndots:0".to_string()];

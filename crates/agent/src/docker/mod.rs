@@ -28,10 +28,10 @@
 //! Bounds: one engine call at a time per controller; health is polled every `HEALTH_POLL`; a pull is
 //! given `PULL_TIMEOUT`. Must not depend on the session or gRPC.
 
-pub mod attach;
-pub mod engine_network;
-pub mod holder;
-pub mod spec;
+pub(crate) mod attach;
+pub(crate) mod engine_network;
+pub(crate) mod holder;
+pub(crate) mod spec;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -58,11 +58,11 @@ use crate::task_files::FilesRoot;
 /// The engine address used when none is given.
 pub const DEFAULT_ENGINE_ADDR: &str = "unix:///var/run/docker.sock";
 /// How often a starting or running container's health is checked.
-pub const HEALTH_POLL: Duration = Duration::from_millis(250);
+pub(crate) const HEALTH_POLL: Duration = Duration::from_millis(250);
 /// The longest an image pull may take before the task is rejected.
-pub const PULL_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const PULL_TIMEOUT: Duration = Duration::from_secs(300);
 /// Timeout of one engine request (a stop waits up to the grace period, so this is generous).
-pub const ENGINE_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const ENGINE_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Why the executor could not connect to the engine.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +113,7 @@ pub struct DockerExecutor {
 }
 
 /// Longest the agent's stop waits for the container creations under way (`Executor::settle`).
-pub const CREATIONS_AT_STOP_MAX: Duration = Duration::from_secs(4);
+pub(crate) const CREATIONS_AT_STOP_MAX: Duration = Duration::from_secs(4);
 
 /// The engine's container creations under way, each on a tokio task of its own: a runner aborted at the
 /// agent's stop does not cut one off halfway, which the engine would finish after a `docker swarm leave`
@@ -195,7 +195,7 @@ fn engine_message(e: &BollardError) -> String {
 }
 
 /// Connects to the engine at `addr` (`unix://PATH`, a socket path, or `tcp://HOST:PORT`).
-pub fn client(addr: &str) -> Result<Docker, DockerError> {
+pub(crate) fn client(addr: &str) -> Result<Docker, DockerError> {
     let unreachable = |e: BollardError| DockerError::Unreachable { addr: addr.to_string(), reason: e.to_string() };
     let secs = ENGINE_REQUEST_TIMEOUT.as_secs();
     let docker = if let Some(rest) = addr.strip_prefix("tcp://").or_else(|| addr.strip_prefix("http://")) {

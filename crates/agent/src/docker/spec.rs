@@ -17,28 +17,28 @@ use shoal_api::{mount, task_spec, ContainerSpec, Privileges, Task};
 use crate::exec::stop_grace_period;
 
 /// Label: the service ID of the task a container runs.
-pub const LABEL_SERVICE_ID: &str = "com.docker.swarm.service.id";
+pub(crate) const LABEL_SERVICE_ID: &str = "com.docker.swarm.service.id";
 /// Label: the service name.
-pub const LABEL_SERVICE_NAME: &str = "com.docker.swarm.service.name";
+pub(crate) const LABEL_SERVICE_NAME: &str = "com.docker.swarm.service.name";
 /// Label: the task ID.
-pub const LABEL_TASK_ID: &str = "com.docker.swarm.task.id";
+pub(crate) const LABEL_TASK_ID: &str = "com.docker.swarm.task.id";
 /// Label: the task name (`<service>.<slot>.<task id>`).
-pub const LABEL_TASK_NAME: &str = "com.docker.swarm.task.name";
+pub(crate) const LABEL_TASK_NAME: &str = "com.docker.swarm.task.name";
 /// Label: the node that runs the container; the agent finds its containers by it after a restart.
-pub const LABEL_NODE_ID: &str = "com.docker.swarm.node.id";
+pub(crate) const LABEL_NODE_ID: &str = "com.docker.swarm.node.id";
 
 /// The task's container spec (an empty one when the task has none).
-pub fn container_spec(task: &Task) -> ContainerSpec {
+pub(crate) fn container_spec(task: &Task) -> ContainerSpec {
     match task.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
         Some(task_spec::Runtime::Container(c)) => c.clone(),
         _ => ContainerSpec::default(),
     }
 }
 
-pub use crate::naming::{service_name, task_name};
+pub(crate) use crate::naming::{service_name, task_name};
 
 /// The labels a task's container carries: the spec's, then the swarm ones (which win).
-pub fn labels(task: &Task, node_id: &str) -> HashMap<String, String> {
+pub(crate) fn labels(task: &Task, node_id: &str) -> HashMap<String, String> {
     let mut l: HashMap<String, String> = container_spec(task).labels.into_iter().collect();
     l.insert(LABEL_SERVICE_ID.into(), task.service_id.clone());
     l.insert(LABEL_SERVICE_NAME.into(), service_name(task));
@@ -151,7 +151,7 @@ fn mount_of(m: &shoal_api::Mount) -> Result<Mount, String> {
 
 /// The engine's `SecurityOpt` entries for the spec's privileges, as SwarmKit's executor writes them (a default
 /// seccomp or AppArmor profile is the engine's own: nothing to say).
-pub fn security_opts(p: &Privileges) -> Vec<String> {
+pub(crate) fn security_opts(p: &Privileges) -> Vec<String> {
     let mut opts = Vec::new();
     if let Some(c) = &p.selinux_context {
         if c.disable {
@@ -182,24 +182,24 @@ pub fn security_opts(p: &Privileges) -> Vec<String> {
 
 /// The container's log configuration: the task's log driver (the service's, else the cluster's default, as
 /// the orchestrator set it); none, or one without a name: the engine's default driver.
-pub fn log_config(task: &Task) -> Option<HostConfigLogConfig> {
+pub(crate) fn log_config(task: &Task) -> Option<HostConfigLogConfig> {
     let d = task.log_driver.as_deref().filter(|d| !d.name.is_empty())?;
     Some(HostConfigLogConfig { typ: Some(d.name.clone()), config: (!d.options.is_empty()).then(|| d.options.clone()) })
 }
 
 /// The API version of the engine that first applies `Mount.VolumeOptions.Subpath`.
-pub const SUBPATH_API: (usize, usize) = (1, 45);
+pub(crate) const SUBPATH_API: (usize, usize) = (1, 45);
 /// ... `Mount.BindOptions.CreateMountpoint`.
-pub const CREATE_MOUNTPOINT_API: (usize, usize) = (1, 42);
+pub(crate) const CREATE_MOUNTPOINT_API: (usize, usize) = (1, 42);
 /// ... `Mount.BindOptions.ReadOnlyForceRecursive` (and recursively read-only binds at all: before it, every
 /// read-only bind was read-only at its top only).
-pub const READ_ONLY_FORCE_RECURSIVE_API: (usize, usize) = (1, 44);
+pub(crate) const READ_ONLY_FORCE_RECURSIVE_API: (usize, usize) = (1, 44);
 /// ... `Mount.TmpfsOptions.Options`.
-pub const TMPFS_OPTIONS_API: (usize, usize) = (1, 46);
+pub(crate) const TMPFS_OPTIONS_API: (usize, usize) = (1, 46);
 
 /// Refuses what the node's engine, speaking API `engine_api` (major, minor), is too old to apply, naming the
 /// field and the versions: the engine would ignore it rather than refuse it.
-pub fn refuse_newer_than_engine(task: &Task, engine_api: (usize, usize)) -> Result<(), String> {
+pub(crate) fn refuse_newer_than_engine(task: &Task, engine_api: (usize, usize)) -> Result<(), String> {
     let spec = container_spec(task);
     for (i, m) in spec.mounts.iter().enumerate() {
         let bind = m.bind_options.as_ref();
@@ -244,7 +244,7 @@ pub fn refuse_newer_than_engine(task: &Task, engine_api: (usize, usize)) -> Resu
 
 /// The spec's hosts entries as the engine wants them: SwarmKit's are "IP name [alias...]", Docker's
 /// "name:IP" per name.
-pub fn extra_hosts(spec: &ContainerSpec) -> Option<Vec<String>> {
+pub(crate) fn extra_hosts(spec: &ContainerSpec) -> Option<Vec<String>> {
     let hosts: Vec<String> = spec
         .hosts
         .iter()
@@ -260,7 +260,7 @@ pub fn extra_hosts(spec: &ContainerSpec) -> Option<Vec<String>> {
 /// The create body of a task's container; `holder`: the container whose network namespace it joins (a task
 /// on networks, `holder`). Fails (the task is then rejected) when the spec asks for something this executor
 /// cannot do.
-pub fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<ContainerCreateBody, String> {
+pub(crate) fn create_body(task: &Task, node_id: &str, holder: Option<&str>) -> Result<ContainerCreateBody, String> {
     let spec = container_spec(task);
     if spec.image.is_empty() {
         return Err("the task has no image; set the service's image".into());

@@ -30,10 +30,10 @@ use shoal_netplane::{
 };
 
 /// The driver option that marks an encrypted overlay (`docker network create --opt encrypted`).
-pub const ENCRYPTED_OPTION: &str = "encrypted";
+pub(crate) const ENCRYPTED_OPTION: &str = "encrypted";
 
 /// A network as the data plane needs it, read from the `Network` object an attachment carries.
-pub fn network_state(n: &Network) -> Result<NetworkState, String> {
+pub(crate) fn network_state(n: &Network) -> Result<NetworkState, String> {
     let name = n.spec.as_ref().and_then(|s| s.annotations.as_ref()).map_or("", |a| a.name.as_str());
     let label = if name.is_empty() { n.id.as_str() } else { name };
     // One VXLAN ID per IPv4 subnet, in the order of the IPAM configs (libnetwork's `vxlanid_list`).
@@ -94,10 +94,10 @@ pub fn network_state(n: &Network) -> Result<NetworkState, String> {
 
 /// libnetwork's overlay driver key for the VXLAN ID (the manager's allocator writes it; `shoal_store`'s
 /// `VXLAN_ID_OPTION`, which the agent does not link).
-pub const VXLAN_ID_OPTION: &str = "com.docker.network.driver.overlay.vxlanid_list";
+pub(crate) const VXLAN_ID_OPTION: &str = "com.docker.network.driver.overlay.vxlanid_list";
 
 /// A task's attachments as the data plane plumbs them, in the task's order.
-pub fn attachments(task: &Task) -> Result<Vec<(Network, Attachment)>, String> {
+pub(crate) fn attachments(task: &Task) -> Result<Vec<(Network, Attachment)>, String> {
     let mut out = Vec::new();
     for a in task.overlay_attachments() {
         let Some(n) = &a.network else { continue };
@@ -116,7 +116,7 @@ pub fn attachments(task: &Task) -> Result<Vec<(Network, Attachment)>, String> {
 
 /// A task whose network namespace the executor made, with what it is attached to.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PlumbedTask {
+pub(crate) struct PlumbedTask {
     /// Its namespace.
     pub netns: PathBuf,
     /// The networks (as the task carries them) and its address on each.
@@ -126,7 +126,7 @@ pub struct PlumbedTask {
 }
 
 /// Whether the node could carry `task`'s networks: `Err` names what is missing.
-pub fn task_support(task: &Task, encryption: bool) -> Result<(), String> {
+pub(crate) fn task_support(task: &Task, encryption: bool) -> Result<(), String> {
     for (n, _) in attachments(task)? {
         let s = network_state(&n)?;
         if s.encrypted && !encryption {
@@ -144,7 +144,7 @@ pub fn task_support(task: &Task, encryption: bool) -> Result<(), String> {
 }
 
 /// The data plane's protocol for a port's (`None`: SCTP, which the node table does not forward).
-pub fn port_protocol(p: &PortConfig) -> Option<Protocol> {
+pub(crate) fn port_protocol(p: &PortConfig) -> Option<Protocol> {
     match WireProtocol::try_from(p.protocol) {
         Ok(WireProtocol::Tcp) => Some(Protocol::Tcp),
         Ok(WireProtocol::Udp) => Some(Protocol::Udp),
@@ -155,7 +155,7 @@ pub fn port_protocol(p: &PortConfig) -> Option<Protocol> {
 /// The address a host-mode port of `task` is forwarded to: the task's address on its first non-internal
 /// network (the one its default route leaves by, so replies come back through the node). `None` when it
 /// is only on internal networks, which reach nothing outside.
-pub fn host_port_backend(task: &Task) -> Option<Ipv4Addr> {
+pub(crate) fn host_port_backend(task: &Task) -> Option<Ipv4Addr> {
     attachments(task).ok()?.into_iter().find_map(|(n, a)| {
         let internal = n.spec.as_ref().is_some_and(|s| s.internal);
         (!internal).then_some(a.address)
@@ -166,7 +166,7 @@ pub fn host_port_backend(task: &Task) -> Option<Ipv4Addr> {
 /// can be): ingress ports and host-mode ports are forwarded by the node table for TCP and UDP, a host-mode
 /// port needs its number, and a backend on a network that reaches outside (not only `--internal` ones).
 /// Both executors refuse such a task with this reason, the field named.
-pub fn ports_unforwardable(task: &Task) -> Option<String> {
+pub(crate) fn ports_unforwardable(task: &Task) -> Option<String> {
     for p in task.endpoint.iter().flat_map(|e| e.ports.iter()) {
         if port_protocol(p).is_none() {
             return Some(format!(
@@ -204,7 +204,7 @@ fn holds_network(task: &Task) -> bool {
 /// Why this node must not carry network `n` (`None`: it may): its subnet holds this node's own address
 /// (`underlay`) or another node's (`view.overlapping_node_addrs`, from the manager), so traffic to that
 /// address would go into the overlay and the node would be cut off from it.
-pub fn overlap_reason(n: &NetworkState, underlay: Option<Ipv4Addr>, view: &NodeNetworkView) -> Option<String> {
+pub(crate) fn overlap_reason(n: &NetworkState, underlay: Option<Ipv4Addr>, view: &NodeNetworkView) -> Option<String> {
     let held = underlay
         .into_iter()
         .chain(view.overlapping_node_addrs.iter().filter_map(|a| a.parse::<Ipv4Addr>().ok()))
@@ -223,7 +223,7 @@ pub fn overlap_reason(n: &NetworkState, underlay: Option<Ipv4Addr>, view: &NodeN
 /// `task_support`) are left out, with their tasks, and so are networks whose subnet holds a node's address
 /// (`overlap_reason`): the node keeps its underlay when such a network appears, and carries nothing more
 /// once it goes.
-pub fn desired(
+pub(crate) fn desired(
     underlay: Option<Ipv4Addr>,
     plumbed: &BTreeMap<String, PlumbedTask>,
     assigned: &HashMap<String, Arc<Task>>,

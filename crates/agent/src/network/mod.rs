@@ -29,7 +29,7 @@
 //! not taken for stale ones (the resolver's sockets died with the agent and are made again by the first
 //! reconcile). Who may delete a task namespace stays the same: the plane, for a task it registered.
 
-pub mod desired;
+pub(crate) mod desired;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -48,23 +48,23 @@ use crate::assigned::AssignedTasks;
 use desired::PlumbedTask;
 
 /// Prefix of the task namespaces the agent makes (`ip netns` names, under `/run/netns`).
-pub const TASK_NETNS_PREFIX: &str = "shl-task-";
+pub(crate) const TASK_NETNS_PREFIX: &str = "shl-task-";
 /// Where `ip netns` keeps named namespaces.
-pub const NETNS_DIR: &str = "/run/netns";
+pub(crate) const NETNS_DIR: &str = "/run/netns";
 /// Longest wait for a task's namespace to be plumbed before its start fails.
-pub const PLUMB_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const PLUMB_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait for a released task's interfaces to be removed before its namespace is deleted anyway.
-pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause before a failed reconcile is tried again (unless an input changes first).
-pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(2);
+pub(crate) const RETRY_AFTER_ERROR: Duration = Duration::from_secs(2);
 /// Longest a stopping task waits to leave this node's VIPs before its stop signal.
-pub const DRAIN_WAIT_MAX: Duration = Duration::from_secs(10);
+pub(crate) const DRAIN_WAIT_MAX: Duration = Duration::from_secs(10);
 /// Longest the plane waits, once the manager's first view arrived, for the tasks that outlived the agent to be
 /// registered again before it reconciles anyway. (Before the first view it waits as long as it takes: without
 /// a view it could carry nothing, and would only remove what the tasks use.)
-pub const SURVIVOR_HOLD_MAX: Duration = Duration::from_secs(60);
+pub(crate) const SURVIVOR_HOLD_MAX: Duration = Duration::from_secs(60);
 /// Largest view message accepted from the manager.
-pub const MAX_VIEW_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const MAX_VIEW_BYTES: usize = 64 * 1024 * 1024;
 /// Bounds of the pause before the view stream is opened again after it failed.
 const VIEW_RETRY_MIN: Duration = Duration::from_millis(200);
 const VIEW_RETRY_MAX: Duration = Duration::from_secs(5);
@@ -72,12 +72,12 @@ const VIEW_RETRY_MAX: Duration = Duration::from_secs(5);
 const NETNS_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The plugin a node reports when it carries overlay networks (what the scheduler's PluginFilter looks for).
-pub fn overlay_plugin() -> shoal_api::PluginDescription {
+pub(crate) fn overlay_plugin() -> shoal_api::PluginDescription {
     network_plugin("overlay")
 }
 
 /// A network driver a node reports (`overlay`; `host` on every node, `bridge` where an engine runs tasks).
-pub fn network_plugin(driver: &str) -> shoal_api::PluginDescription {
+pub(crate) fn network_plugin(driver: &str) -> shoal_api::PluginDescription {
     shoal_api::PluginDescription { r#type: "Network".into(), name: driver.into() }
 }
 
@@ -671,7 +671,7 @@ impl NetworkPlane {
 
 /// Follows the manager's `shoal.v1.NetworkView` stream on `channel` into `plane` until the task is dropped,
 /// opening it again after a failure (bounded backoff).
-pub async fn follow_view(channel: tonic::transport::Channel, node_id: String, plane: Arc<NetworkPlane>) {
+pub(crate) async fn follow_view(channel: tonic::transport::Channel, node_id: String, plane: Arc<NetworkPlane>) {
     let mut client = NetworkViewClient::new(channel).max_decoding_message_size(MAX_VIEW_BYTES);
     let mut delay = VIEW_RETRY_MIN;
     loop {

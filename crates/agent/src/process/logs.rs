@@ -16,14 +16,14 @@ use tokio::sync::mpsc;
 use crate::exec::{ExecutorError, LogLine, LogOptions, LogStream};
 
 /// Longest line kept whole; longer ones are split into several records.
-pub const MAX_LINE_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024;
 /// How often a followed log file is checked for new lines.
-pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
+pub(crate) const FOLLOW_POLL: Duration = Duration::from_millis(100);
 /// Lines read ahead of a slow consumer.
-pub const READ_QUEUE: usize = 256;
+pub(crate) const READ_QUEUE: usize = 256;
 
 /// The log file of one stream in a task dir.
-pub fn log_path(task_dir: &Path, stderr: bool) -> PathBuf {
+pub(crate) fn log_path(task_dir: &Path, stderr: bool) -> PathBuf {
     task_dir.join(if stderr { "stderr.log" } else { "stdout.log" })
 }
 
@@ -44,7 +44,7 @@ fn parse(line: &[u8], stderr: bool) -> Option<LogLine> {
 }
 
 /// Copies `pipe` into `path` as timestamped records until the pipe closes.
-pub async fn relay(mut pipe: impl AsyncRead + Unpin, path: PathBuf) {
+pub(crate) async fn relay(mut pipe: impl AsyncRead + Unpin, path: PathBuf) {
     let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await {
         Ok(f) => f,
         Err(e) => {
@@ -154,7 +154,7 @@ fn tail_offset(path: &Path, n: usize) -> (u64, usize) {
 /// The task's lines per `opts`, merged by time: both files are read a chunk at a time (with `tail`, from
 /// where their last lines start), so memory stays bounded however long the log is; with `follow`, what is
 /// appended later is read from where the reading stopped.
-pub fn read(task_dir: PathBuf, opts: &LogOptions) -> Result<LogStream, ExecutorError> {
+pub(crate) fn read(task_dir: PathBuf, opts: &LogOptions) -> Result<LogStream, ExecutorError> {
     if !task_dir.is_dir() {
         return Err(ExecutorError::Runtime(format!("no output recorded at {}", task_dir.display())));
     }

@@ -30,9 +30,9 @@
 //! are made in the process's own mount namespace over the node's existing paths (`mounts`); volume and tmpfs
 //! mounts need a container and are refused.
 
-pub mod logs;
+pub(crate) mod logs;
 mod mounts;
-pub mod privileges;
+pub(crate) mod privileges;
 mod spawner;
 
 use std::collections::HashMap;
@@ -51,14 +51,14 @@ use crate::task_files::{process_place, FilesRoot, CONFIGS_DIR_ENV, SECRETS_DIR_E
 use spawner::Spawner;
 
 /// How long an exited task's output relays get to record its last lines.
-pub const RELAY_DRAIN: Duration = Duration::from_secs(1);
+pub(crate) const RELAY_DRAIN: Duration = Duration::from_secs(1);
 
 /// How long a task on a network keeps running after this node's VIPs dropped it, before its stop signal: the
 /// time for the other nodes to drop it too.
-pub const NETWORK_DRAIN: Duration = Duration::from_secs(2);
+pub(crate) const NETWORK_DRAIN: Duration = Duration::from_secs(2);
 
 /// PATH given to tasks when the daemon has none.
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Runs tasks as local processes.
 pub struct ProcessExecutor {
@@ -117,7 +117,7 @@ impl ProcessExecutor {
 }
 
 /// Docker's name for this machine's architecture.
-pub fn docker_arch() -> &'static str {
+pub(crate) fn docker_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "x86_64",
         "aarch64" => "aarch64",

@@ -81,7 +81,7 @@ const RLIMITS: [(&str, libc::__rlimit_resource_t); 16] = [
 ];
 
 /// The capability numbers `names` stand for (`NET_ADMIN`, `CAP_NET_ADMIN`, any case; `ALL`: every one).
-pub fn capability_numbers(names: &[String], field: &str) -> Result<Vec<u32>, String> {
+pub(crate) fn capability_numbers(names: &[String], field: &str) -> Result<Vec<u32>, String> {
     let mut out = Vec::new();
     for n in names {
         let upper = n.to_ascii_uppercase();
@@ -100,14 +100,14 @@ pub fn capability_numbers(names: &[String], field: &str) -> Result<Vec<u32>, Str
 }
 
 /// A hexadecimal capability mask of /proc/<pid>/status (`CapEff:\t000001ffffffffff`).
-pub fn status_mask(status: &str, key: &str) -> Option<u64> {
+pub(crate) fn status_mask(status: &str, key: &str) -> Option<u64> {
     let line = status.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
     u64::from_str_radix(line.trim(), 16).ok()
 }
 
 /// What a process task gets of its container spec's limits and privileges, ready for `pre_exec`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcessLimits {
+pub(crate) struct ProcessLimits {
     /// (resource, soft, hard).
     rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     /// `oom_score_adj` as the bytes to write.
@@ -120,7 +120,11 @@ pub struct ProcessLimits {
 impl ProcessLimits {
     /// Checks `c` against what a plain process can have (`daemon_status`: the daemon's /proc/self/status;
     /// `apparmor`: its /proc/self/attr/current, if any); `Err` names what it cannot, as the task's rejection.
-    pub fn from_spec(c: &ContainerSpec, daemon_status: &str, apparmor: Option<&str>) -> Result<ProcessLimits, String> {
+    pub(crate) fn from_spec(
+        c: &ContainerSpec,
+        daemon_status: &str,
+        apparmor: Option<&str>,
+    ) -> Result<ProcessLimits, String> {
         let mut limits = ProcessLimits::default();
         for u in &c.ulimits {
             let resource = RLIMITS
@@ -205,13 +209,13 @@ impl ProcessLimits {
     }
 
     /// Nothing to apply.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == ProcessLimits::default()
     }
 
     /// Applies the limits in `cmd`'s child, between fork and exec.
     #[allow(unsafe_code)]
-    pub fn apply(self, cmd: &mut std::process::Command) {
+    pub(crate) fn apply(self, cmd: &mut std::process::Command) {
         use std::os::unix::process::CommandExt;
         if self.is_empty() {
             return;

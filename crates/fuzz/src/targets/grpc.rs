@@ -18,8 +18,8 @@ use shoal_api::{
     SubscribeLogsRequest, SubscriptionMessage, Task, TaskState, TaskStatus, UpdateTaskStatusRequest,
 };
 use shoal_ca::{NodeSubject, Role};
-use shoal_manager::ca::{new_root_ca, CaService, PeerIdentity};
-use shoal_manager::dispatcher::status::{apply_updates, check_update, StatusUpdate};
+use shoal_manager::{apply_updates, check_update, StatusUpdate};
+use shoal_manager::{new_root_ca, CaService, PeerIdentity};
 use shoal_manager::{ClusterState, RandomIds};
 use shoal_raft::{LocalProposer, Members};
 use shoal_store::{Changes, ManualClock, MemoryStore};

@@ -19,18 +19,18 @@ use shoal_api::{
     endpoint, endpoint_spec, port_config, Endpoint, Network, NetworkAttachment, NetworkAttachmentConfig, Node,
     PortConfig, Service, Task, TaskState, TaskStatus,
 };
-use shoal_store::{spec_networks, ActionKind, Change, Commit, Object, StoreObject, Tables};
+use shoal_store::{spec_networks, ActionKind, Change, Object, StoreObject, Tables};
 
 use super::ipam::{parse_address, AddressPool, NetworkPools};
 use super::ports::PortSpace;
 use crate::tasks::observed_state;
 
 /// The status message of a task whose attachments are allocated (the scheduler's turn).
-pub const ALLOCATED_MESSAGE: &str = "pending task scheduling";
+pub(crate) const ALLOCATED_MESSAGE: &str = "pending task scheduling";
 
 /// Whether tasks of a service with this spec need the allocator before the scheduler (networks, or ports
 /// whose numbers and holders the endpoint records). Those that do not are created PENDING directly.
-pub fn needs_allocation(spec: Option<&shoal_api::ServiceSpec>) -> bool {
+pub(crate) fn needs_allocation(spec: Option<&shoal_api::ServiceSpec>) -> bool {
     spec.is_some_and(|s| spec_networks(s).next().is_some() || s.endpoint.as_ref().is_some_and(|e| !e.ports.is_empty()))
 }
 
@@ -57,7 +57,7 @@ fn task_addresses(t: &Task) -> Vec<(String, IpAddr)> {
 
 /// The nodes whose own attachments a task change may change (`Allocator::allocate_nodes`): the task's node
 /// before and after, when its node, whether it holds its addresses, or its networks changed.
-pub fn nodes_to_revisit(ch: &Change) -> Vec<String> {
+pub(crate) fn nodes_to_revisit(ch: &Change) -> Vec<String> {
     fn key(t: &Task) -> (String, bool, Vec<&str>) {
         let nets: Vec<&str> = t.networks.iter().filter_map(|a| a.network.as_ref()).map(|n| n.id.as_str()).collect();
         (t.node_id.clone(), holds_addresses(t) && !nets.is_empty(), nets)
@@ -110,7 +110,7 @@ fn service_ports(s: &Service) -> Vec<(i32, u32)> {
 
 /// The pools a network's IPAM options describe: one per config, in config order (`None` when it has no
 /// config, or one that does not parse: the control API writes only valid ones).
-pub fn network_pools(n: &Network) -> Option<NetworkPools> {
+pub(crate) fn network_pools(n: &Network) -> Option<NetworkPools> {
     let mut pools = Vec::new();
     for c in &n.ipam.as_ref()?.configs {
         let subnet = c.subnet.parse().ok()?;
@@ -132,7 +132,7 @@ fn network_name(n: &Network) -> &str {
 
 /// What one pass decided: objects to write, in that order (services first: their tasks copy the endpoint).
 #[derive(Debug, Default)]
-pub struct AllocatePass {
+pub(crate) struct AllocatePass {
     /// Services with a new endpoint.
     pub services: Vec<Service>,
     /// Tasks moved to PENDING with their attachments, or left NEW with a new explanation.
@@ -145,7 +145,7 @@ pub struct AllocatePass {
 
 /// The address pools and ingress ports, in step with the store.
 #[derive(Debug, Default)]
-pub struct Allocator {
+pub(crate) struct Allocator {
     pools: HashMap<String, NetworkPools>,
     ports: PortSpace,
     ingress: Option<String>,
@@ -155,7 +155,7 @@ pub struct Allocator {
 
 impl Allocator {
     /// Everything `tables` holds, reserved.
-    pub fn build(tables: &Tables) -> Allocator {
+    pub(crate) fn build(tables: &Tables) -> Allocator {
         let mut a = Allocator::default();
         for n in tables.networks().iter() {
             a.add_network(n);
@@ -173,12 +173,13 @@ impl Allocator {
     }
 
     /// Addresses left in network `network`'s pool.
-    pub fn free_addresses(&self, network: &str) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn free_addresses(&self, network: &str) -> Option<u64> {
         self.pools.get(network).map(|p| p.free())
     }
 
     /// The ingress network's ID, when the cluster has one.
-    pub fn ingress(&self) -> Option<&str> {
+    pub(crate) fn ingress(&self) -> Option<&str> {
         self.ingress.as_deref()
     }
 
@@ -233,7 +234,7 @@ impl Allocator {
     }
 
     /// Takes one committed change into account. True when it freed an address or a port.
-    pub fn apply(&mut self, ch: &Change) -> bool {
+    pub(crate) fn apply(&mut self, ch: &Change) -> bool {
         match (&ch.kind, &ch.object) {
             (ActionKind::Remove, Object::Network(n)) => {
                 self.pools.remove(&n.id);
@@ -286,7 +287,8 @@ impl Allocator {
     }
 
     /// Takes a whole commit into account; true when something was freed.
-    pub fn apply_commit(&mut self, c: &Commit) -> bool {
+    #[cfg(test)]
+    pub(crate) fn apply_commit(&mut self, c: &shoal_store::Commit) -> bool {
         let mut freed = false;
         for ch in &c.changes {
             freed |= self.apply(ch);
@@ -318,7 +320,7 @@ impl Allocator {
     }
 
     /// True when the service's endpoint is what its spec asks for (nothing to allocate or free).
-    pub fn endpoint_current(&self, s: &Service) -> bool {
+    pub(crate) fn endpoint_current(&self, s: &Service) -> bool {
         let Some(spec) = &s.spec else { return true };
         let want_spec = spec.endpoint.as_ref();
         let want_ports = want_spec.map(|e| e.ports.as_slice()).unwrap_or(&[]);
@@ -489,7 +491,13 @@ impl Allocator {
     /// addresses are freed when that write is applied). The routing mesh uses the ingress address as the
     /// source of what a node forwards to a service's tasks. A node waits (`blocked`) when a subnet is full.
     /// Bounded by the cluster's nodes and their tasks.
-    pub fn allocate_nodes(&mut self, tables: &Tables, nodes: &BTreeSet<String>, all: bool, out: &mut AllocatePass) {
+    pub(crate) fn allocate_nodes(
+        &mut self,
+        tables: &Tables,
+        nodes: &BTreeSet<String>,
+        all: bool,
+        out: &mut AllocatePass,
+    ) {
         let ids: Vec<String> =
             if all { tables.nodes().iter().map(|n| n.id.clone()).collect() } else { nodes.iter().cloned().collect() };
         for id in ids {
@@ -529,7 +537,7 @@ impl Allocator {
 
     /// One pass over `services` (IDs whose endpoint may need allocating) and `tasks` (IDs of tasks that may
     /// be NEW; `all_new` adds every NEW task). `now` stamps new statuses.
-    pub fn pass(
+    pub(crate) fn pass(
         &mut self,
         tables: &Tables,
         services: &BTreeSet<String>,

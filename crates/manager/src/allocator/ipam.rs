@@ -14,16 +14,16 @@ use std::net::IpAddr;
 use shoal_store::cidr::Cidr;
 
 /// Largest allocation range (addresses) a network may have: its bitmap is then 128 KiB.
-pub const MAX_RANGE_ADDRESSES: u128 = 1 << 20;
+pub(crate) const MAX_RANGE_ADDRESSES: u128 = 1 << 20;
 
 /// The cluster's default address pool and subnet size when the cluster object sets none (Docker's).
-pub const DEFAULT_ADDRESS_POOL: &str = "10.0.0.0/8";
+pub(crate) const DEFAULT_ADDRESS_POOL: &str = "10.0.0.0/8";
 /// See `DEFAULT_ADDRESS_POOL`.
-pub const DEFAULT_SUBNET_SIZE: u8 = 24;
+pub(crate) const DEFAULT_SUBNET_SIZE: u8 = 24;
 
 /// The addresses of one subnet: which are taken.
 #[derive(Clone, Debug)]
-pub struct AddressPool {
+pub(crate) struct AddressPool {
     subnet: Cidr,
     range: Cidr,
     bits: Vec<u64>,
@@ -34,7 +34,7 @@ pub struct AddressPool {
 impl AddressPool {
     /// A pool over `subnet`, allocating inside `range` (the subnet when `None`), with `gateway` reserved.
     /// `None` when the range is not inside the subnet or larger than `MAX_RANGE_ADDRESSES`.
-    pub fn new(subnet: Cidr, range: Option<Cidr>, gateway: Option<IpAddr>) -> Option<AddressPool> {
+    pub(crate) fn new(subnet: Cidr, range: Option<Cidr>, gateway: Option<IpAddr>) -> Option<AddressPool> {
         let range = range.unwrap_or(subnet);
         if !subnet.contains(&range) || range.size() > MAX_RANGE_ADDRESSES {
             return None;
@@ -54,13 +54,9 @@ impl AddressPool {
         Some(p)
     }
 
-    /// The subnet.
-    pub fn subnet(&self) -> Cidr {
-        self.subnet
-    }
-
     /// Addresses left to allocate.
-    pub fn free(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn free(&self) -> u64 {
         self.free
     }
 
@@ -86,7 +82,7 @@ impl AddressPool {
 
     /// Marks `addr` taken (idempotent). False when it lies outside the allocation range (a user-given
     /// address elsewhere in the subnet is simply not this pool's to track).
-    pub fn reserve(&mut self, addr: IpAddr) -> bool {
+    pub(crate) fn reserve(&mut self, addr: IpAddr) -> bool {
         match self.index(addr) {
             Some(i) => {
                 self.set(i, true);
@@ -97,14 +93,14 @@ impl AddressPool {
     }
 
     /// Frees `addr` (idempotent).
-    pub fn release(&mut self, addr: IpAddr) {
+    pub(crate) fn release(&mut self, addr: IpAddr) {
         if let Some(i) = self.index(addr) {
             self.set(i, false);
         }
     }
 
     /// The next free address after the last one given, or `None` when the range is full.
-    pub fn allocate(&mut self) -> Option<IpAddr> {
+    pub(crate) fn allocate(&mut self) -> Option<IpAddr> {
         if self.free == 0 {
             return None;
         }
@@ -121,7 +117,7 @@ impl AddressPool {
     }
 
     /// `addr` written as the store keeps attachment addresses: with the subnet's prefix length.
-    pub fn with_prefix(&self, addr: IpAddr) -> String {
+    pub(crate) fn with_prefix(&self, addr: IpAddr) -> String {
         format!("{addr}/{}", self.subnet.prefix_len())
     }
 }
@@ -130,18 +126,19 @@ impl AddressPool {
 /// a node's, a VIP) comes from the first pool that has one free: SwarmKit's rule (`allocateNetworkIPs` tries
 /// the pools in turn), in a fixed order where SwarmKit's map has none.
 #[derive(Clone, Debug)]
-pub struct NetworkPools {
+pub(crate) struct NetworkPools {
     pools: Vec<AddressPool>,
 }
 
 impl NetworkPools {
     /// The pools of a network, in config order; `None` when there is none.
-    pub fn new(pools: Vec<AddressPool>) -> Option<NetworkPools> {
+    pub(crate) fn new(pools: Vec<AddressPool>) -> Option<NetworkPools> {
         (!pools.is_empty()).then_some(NetworkPools { pools })
     }
 
     /// Addresses left to allocate, in all the pools.
-    pub fn free(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn free(&self) -> u64 {
         self.pools.iter().map(AddressPool::free).sum()
     }
 
@@ -151,24 +148,24 @@ impl NetworkPools {
     }
 
     /// Marks `addr` taken in its subnet's pool (idempotent); false when no pool's range holds it.
-    pub fn reserve(&mut self, addr: IpAddr) -> bool {
+    pub(crate) fn reserve(&mut self, addr: IpAddr) -> bool {
         self.pool_of(addr).is_some_and(|p| p.reserve(addr))
     }
 
     /// Frees `addr` (idempotent).
-    pub fn release(&mut self, addr: IpAddr) {
+    pub(crate) fn release(&mut self, addr: IpAddr) {
         if let Some(p) = self.pool_of(addr) {
             p.release(addr);
         }
     }
 
     /// The next free address of the first pool that has one, or `None` when every pool is full.
-    pub fn allocate(&mut self) -> Option<IpAddr> {
+    pub(crate) fn allocate(&mut self) -> Option<IpAddr> {
         self.pools.iter_mut().find_map(AddressPool::allocate)
     }
 
     /// `addr` with the prefix length of the subnet that holds it, as the store keeps attachment addresses.
-    pub fn with_prefix(&self, addr: IpAddr) -> String {
+    pub(crate) fn with_prefix(&self, addr: IpAddr) -> String {
         match self.pools.iter().find(|p| p.subnet.offset_of(addr).is_some()) {
             Some(p) => p.with_prefix(addr),
             None => addr.to_string(),
@@ -177,13 +174,13 @@ impl NetworkPools {
 }
 
 /// The address part of an attachment address (`10.0.0.3/24` or a bare address).
-pub fn parse_address(s: &str) -> Option<IpAddr> {
+pub(crate) fn parse_address(s: &str) -> Option<IpAddr> {
     s.split('/').next()?.parse().ok()
 }
 
 /// The first block of `/size` in `pools` (in order) that overlaps none of `taken`; `None` when every block
 /// is used. Costs at most blocks x networks overlap tests, bounded by the pool sizes and network count.
-pub fn choose_subnet(pools: &[Cidr], size: u8, taken: &[Cidr]) -> Option<Cidr> {
+pub(crate) fn choose_subnet(pools: &[Cidr], size: u8, taken: &[Cidr]) -> Option<Cidr> {
     for pool in pools {
         let mut index: u128 = 0;
         while let Some(candidate) = pool.subnet(size, index) {

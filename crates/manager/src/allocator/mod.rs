@@ -11,20 +11,22 @@
 //!
 //! Must not depend on other subsystems or on IO other than `ClusterState`.
 
-pub mod core;
-pub mod ipam;
-pub mod ports;
-pub mod predefined;
+pub(crate) mod core;
+pub(crate) mod ipam;
+pub(crate) mod ports;
+pub(crate) mod predefined;
 mod runner;
 #[cfg(test)]
 mod tests;
 
-pub use self::core::{needs_allocation, network_pools, AllocatePass, Allocator, ALLOCATED_MESSAGE};
-pub use runner::AllocatorLoop;
+pub(crate) use self::core::needs_allocation;
+#[cfg(test)]
+pub(crate) use self::core::AllocatePass;
+pub(crate) use runner::AllocatorLoop;
 
 use crate::subsystem::Subsystem;
 
 /// The allocator as a leader-only subsystem.
-pub fn subsystem() -> Box<dyn Subsystem> {
+pub(crate) fn subsystem() -> Box<dyn Subsystem> {
     Box::new(AllocatorLoop)
 }

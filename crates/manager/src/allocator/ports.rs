@@ -8,25 +8,25 @@
 use std::collections::HashMap;
 
 /// First port of the dynamic range.
-pub const DYNAMIC_PORT_START: u32 = 30000;
+pub(crate) const DYNAMIC_PORT_START: u32 = 30000;
 /// Last port of the dynamic range.
-pub const DYNAMIC_PORT_END: u32 = 32767;
+pub(crate) const DYNAMIC_PORT_END: u32 = 32767;
 
 /// Which service holds each ingress port.
 #[derive(Clone, Debug, Default)]
-pub struct PortSpace {
+pub(crate) struct PortSpace {
     held: HashMap<(i32, u32), String>,
     cursor: u32,
 }
 
 impl PortSpace {
     /// The service holding `port` of `protocol`, if any.
-    pub fn holder(&self, protocol: i32, port: u32) -> Option<&str> {
+    pub(crate) fn holder(&self, protocol: i32, port: u32) -> Option<&str> {
         self.held.get(&(protocol, port)).map(String::as_str)
     }
 
     /// Marks the port held by `service` (idempotent). False when another service holds it.
-    pub fn reserve(&mut self, protocol: i32, port: u32, service: &str) -> bool {
+    pub(crate) fn reserve(&mut self, protocol: i32, port: u32, service: &str) -> bool {
         match self.held.get(&(protocol, port)) {
             Some(s) => s == service,
             None => {
@@ -37,14 +37,14 @@ impl PortSpace {
     }
 
     /// Frees the port if `service` holds it.
-    pub fn release(&mut self, protocol: i32, port: u32, service: &str) {
+    pub(crate) fn release(&mut self, protocol: i32, port: u32, service: &str) {
         if self.held.get(&(protocol, port)).is_some_and(|s| s == service) {
             self.held.remove(&(protocol, port));
         }
     }
 
     /// The next free port of the dynamic range for `protocol`, now held by `service`.
-    pub fn allocate(&mut self, protocol: i32, service: &str) -> Option<u32> {
+    pub(crate) fn allocate(&mut self, protocol: i32, service: &str) -> Option<u32> {
         let span = DYNAMIC_PORT_END - DYNAMIC_PORT_START + 1;
         for step in 0..span {
             let port = DYNAMIC_PORT_START + (self.cursor + step) % span;

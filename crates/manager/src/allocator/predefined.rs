@@ -15,7 +15,7 @@ use shoal_store::{IdSource, Tables};
 /// `com.docker.swarm.predefined`, the driver named as the network, no subnet, no VXLAN ID. Those of
 /// `PREDEFINED_NETWORKS` whose name `t` does not hold yet (a user network with such a name, from before
 /// the names were reserved, keeps it: that predefined network is then missing, with a warning).
-pub fn missing_predefined_networks(
+pub(crate) fn missing_predefined_networks(
     t: &Tables,
     ids: &dyn IdSource,
     now: shoal_api::prost_types::Timestamp,

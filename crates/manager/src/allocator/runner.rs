@@ -30,7 +30,7 @@ pub(super) const MAX_TRACKED_IDS: usize = 10_000;
 
 /// The allocator subsystem.
 #[derive(Debug, Default)]
-pub struct AllocatorLoop;
+pub(crate) struct AllocatorLoop;
 
 impl Subsystem for AllocatorLoop {
     fn name(&self) -> &'static str {

@@ -9,7 +9,7 @@
 //! Who may call what is decided before a handler runs (the node's authorization layer, which also puts the
 //! caller's verified certificate subject in the request as `PeerIdentity`). Must not know TLS, HTTP or files.
 
-pub mod rotation;
+pub(crate) mod rotation;
 #[cfg(test)]
 mod tests;
 
@@ -35,14 +35,14 @@ use crate::state::{ClusterState, WriteError};
 pub struct PeerIdentity(pub NodeSubject);
 
 /// The caller's verified identity, if it presented a certificate.
-pub fn peer_identity<T>(req: &Request<T>) -> Option<&NodeSubject> {
+pub(crate) fn peer_identity<T>(req: &Request<T>) -> Option<&NodeSubject> {
     req.extensions().get::<PeerIdentity>().map(|p| &p.0)
 }
 
 /// Most bytes of a CSR the CA accepts.
-pub const MAX_CSR_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_CSR_BYTES: usize = 16 * 1024;
 /// Most labels a joining node may ask for.
-pub const MAX_JOIN_LABELS: usize = 64;
+pub(crate) const MAX_JOIN_LABELS: usize = 64;
 
 /// Root CA material for a new cluster: a fresh root and both join tokens, as stored in `Cluster.root_ca`.
 pub fn new_root_ca(now: SystemTime) -> Result<RootCaProto, shoal_ca::CaError> {
@@ -453,7 +453,7 @@ pub fn issue_client_cert(state: &ClusterState, name: &str, csr_pem: &str) -> Res
 /// The key under which an operator certificate's revocation is kept in `Cluster.blacklisted_certificates`
 /// (SwarmKit's map of removed nodes' certificates, keyed by node ID; node IDs never contain ':', so the
 /// two kinds of entries cannot collide). `serial_hex` as `shoal_ca::cert_serial_hex` gives it.
-pub fn client_cert_revocation_key(serial_hex: &str) -> String {
+pub(crate) fn client_cert_revocation_key(serial_hex: &str) -> String {
     format!("client-cert-serial:{serial_hex}")
 }
 
@@ -559,7 +559,7 @@ pub fn is_blacklisted(cluster: &shoal_api::Cluster, id: &str, now: std::time::Sy
 /// Extracts the caller's node ID: the CN of its verified client certificate, which the authorization layer
 /// put in the request (`ca::PeerIdentity`). The one place that knows where a dispatcher caller's identity
 /// comes from.
-pub fn node_identity<T>(req: &Request<T>) -> Result<String, Status> {
+pub(crate) fn node_identity<T>(req: &Request<T>) -> Result<String, Status> {
     match peer_identity(req) {
         Some(subject) if !subject.node_id.is_empty() => Ok(subject.node_id.clone()),
         _ => Err(Status::unauthenticated(

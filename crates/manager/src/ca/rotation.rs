@@ -34,13 +34,13 @@ use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
 /// Most external CAs a cluster may list.
-pub const MAX_EXTERNAL_CAS: usize = 8;
+pub(crate) const MAX_EXTERNAL_CAS: usize = 8;
 /// Longest external CA URL.
-pub const MAX_EXTERNAL_CA_URL: usize = 2048;
+pub(crate) const MAX_EXTERNAL_CA_URL: usize = 2048;
 /// Largest root certificate or key given in a spec.
-pub const MAX_ROOT_PEM_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_ROOT_PEM_BYTES: usize = 64 * 1024;
 /// Most nodes asked to renew in one write.
-pub const MAX_MARKS_PER_WRITE: usize = 500;
+pub(crate) const MAX_MARKS_PER_WRITE: usize = 500;
 /// Pause after a failed reconciler write.
 const BACKOFF_MS: u64 = 200;
 
@@ -52,7 +52,7 @@ fn text(bytes: &[u8], what: &str) -> Result<String, Status> {
 /// after each certificate (the cross-signed new root during a rotation), and the external CAs that hold the
 /// key of that root.
 #[derive(Clone)]
-pub struct Signer {
+pub(crate) struct Signer {
     /// The signing root, PEM.
     pub cert_pem: String,
     /// Its key, PEM, when the cluster holds it.
@@ -73,7 +73,7 @@ impl std::fmt::Debug for Signer {
 
 impl Signer {
     /// The root as a local signer, when the cluster holds its key.
-    pub fn local(&self) -> Option<Result<RootCa, Status>> {
+    pub(crate) fn local(&self) -> Option<Result<RootCa, Status>> {
         self.key_pem.as_ref().map(|k| {
             RootCa::from_pem(&self.cert_pem, k)
                 .map_err(|e| Status::internal(format!("stored root CA is unusable: {e}")))
@@ -103,7 +103,7 @@ fn same_cert(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// What signs node certificates in `cluster` now (see the module doc).
-pub fn signer_of(cluster: &Cluster) -> Result<Signer, Status> {
+pub(crate) fn signer_of(cluster: &Cluster) -> Result<Signer, Status> {
     let rc = cluster
         .root_ca
         .as_ref()
@@ -126,7 +126,7 @@ pub fn signer_of(cluster: &Cluster) -> Result<Signer, Status> {
 /// The cluster's roots: its root, and during a rotation the new one after it. What an external CA's TLS
 /// certificate and the certificates issued during a rotation are checked against (nodes are sent the
 /// cluster's root alone: `dispatcher::SessionRoot`).
-pub fn trust_bundle(cluster: &Cluster) -> Vec<u8> {
+pub(crate) fn trust_bundle(cluster: &Cluster) -> Vec<u8> {
     let Some(rc) = cluster.root_ca.as_ref() else { return Vec::new() };
     let mut out = rc.ca_cert.clone();
     if let Some(r) = &rc.root_rotation {
@@ -139,7 +139,7 @@ pub fn trust_bundle(cluster: &Cluster) -> Vec<u8> {
 }
 
 /// The issuer every node's certificate must name for the rotation to finish: the new root's.
-pub fn desired_issuer(cluster: &Cluster) -> Option<IssuerInfo> {
+pub(crate) fn desired_issuer(cluster: &Cluster) -> Option<IssuerInfo> {
     let rc = cluster.root_ca.as_ref()?;
     let cert = rc.root_rotation.as_ref().map(|r| &r.ca_cert).unwrap_or(&rc.ca_cert);
     shoal_ca::root_issuer_info(cert).ok()
@@ -147,7 +147,7 @@ pub fn desired_issuer(cluster: &Cluster) -> Option<IssuerInfo> {
 
 /// What a cluster update does to the root CA.
 #[derive(Debug, Clone, PartialEq)]
-pub enum RootChange {
+pub(crate) enum RootChange {
     /// Nothing.
     Keep,
     /// Start a rotation (replacing one in progress).
@@ -158,7 +158,7 @@ pub enum RootChange {
 
 /// Checks `spec`'s external CAs (SwarmKit's rules that Shoal honours): CFSSL over HTTPS, no options, a
 /// certificate that parses when one is given; at most `MAX_EXTERNAL_CAS`.
-pub fn check_external_cas(spec: &ClusterSpec) -> Result<(), String> {
+pub(crate) fn check_external_cas(spec: &ClusterSpec) -> Result<(), String> {
     let cas = spec.ca_config.as_ref().map(|c| c.external_cas.as_slice()).unwrap_or(&[]);
     if cas.len() > MAX_EXTERNAL_CAS {
         return Err(format!("CAConfig.ExternalCAs lists {} signers: the limit is {MAX_EXTERNAL_CAS}", cas.len()));
@@ -193,7 +193,7 @@ pub fn check_external_cas(spec: &ClusterSpec) -> Result<(), String> {
 
 /// What `spec` asks of the root CA of `current` (see the module doc), with a new root made or checked and
 /// cross-signed here. Errors are the operator's to fix and name the field.
-pub fn plan_root_change(current: &Cluster, spec: &ClusterSpec, now: SystemTime) -> Result<RootChange, String> {
+pub(crate) fn plan_root_change(current: &Cluster, spec: &ClusterSpec, now: SystemTime) -> Result<RootChange, String> {
     let rc = current.root_ca.clone().unwrap_or_default();
     let ca = spec.ca_config.clone().unwrap_or_default();
     let desired: &[u8] = rc.root_rotation.as_ref().map(|r| r.ca_cert.as_slice()).unwrap_or(&rc.ca_cert);
@@ -263,7 +263,7 @@ pub fn plan_root_change(current: &Cluster, spec: &ClusterSpec, now: SystemTime) 
 }
 
 /// `rc` with `change` applied; `force_rotate` is remembered as handled.
-pub fn apply_root_change(rc: &mut RootCaProto, change: RootChange, force_rotate: u64) {
+pub(crate) fn apply_root_change(rc: &mut RootCaProto, change: RootChange, force_rotate: u64) {
     match change {
         RootChange::Keep => {}
         RootChange::Start(r) => rc.root_rotation = Some(r),
@@ -273,7 +273,7 @@ pub fn apply_root_change(rc: &mut RootCaProto, change: RootChange, force_rotate:
 }
 
 /// The root CA once its rotation is over: the new root, its key, its hash, new join tokens for it.
-pub fn finished(rc: &RootCaProto) -> Option<RootCaProto> {
+pub(crate) fn finished(rc: &RootCaProto) -> Option<RootCaProto> {
     let r = rc.root_rotation.as_ref()?;
     let digest = shoal_ca::cert_digest(&r.ca_cert);
     let mut rng = rand::rng();
@@ -314,7 +314,7 @@ fn rotate_state(n: &Node) -> bool {
 
 /// Progress of a rotation, as of `tables`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RotationProgress {
+pub(crate) struct RotationProgress {
     /// Nodes in the store.
     pub nodes: usize,
     /// Nodes that report a certificate from the new root.
@@ -323,7 +323,7 @@ pub struct RotationProgress {
 
 /// The reconciler's pass over `tables`: marks (at most `MAX_MARKS_PER_WRITE`) nodes to renew, or finishes the
 /// rotation once every node reports a certificate from the new root. Empty when no rotation is on.
-pub fn reconcile(tables: &Tables) -> (Changes, RotationProgress) {
+pub(crate) fn reconcile(tables: &Tables) -> (Changes, RotationProgress) {
     let mut changes = Changes::new();
     let Some(cluster) = tables.clusters().iter().next().cloned() else { return (changes, Default::default()) };
     let Some(rc) = cluster.root_ca.as_ref().filter(|r| r.root_rotation.is_some()) else {
@@ -365,7 +365,7 @@ fn matters(commit: &shoal_store::Commit) -> bool {
 
 /// The root rotation reconciler (leader only; see the module doc).
 #[derive(Debug, Default)]
-pub struct RootRotationReconciler;
+pub(crate) struct RootRotationReconciler;
 
 impl Subsystem for RootRotationReconciler {
     fn name(&self) -> &'static str {

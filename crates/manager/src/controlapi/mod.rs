@@ -80,7 +80,10 @@ pub use volume::{
 
 pub use crate::ca::is_blacklisted;
 pub use crate::error::ControlError;
-pub use crate::limits;
+/// The bounds on what a request can make the cluster hold or do (the crate's `limits`, which this API enforces).
+pub mod limits {
+    pub use crate::limits::*;
+}
 
 use std::sync::Arc;
 

@@ -37,8 +37,8 @@ use shoal_api::{
 use shoal_store::{ActionKind, Change, Object, Tables};
 
 /// Most encoded bytes of a COMPLETE set's changes: below the 64 MiB an agent decodes in one message
-/// (`shoal_agent::session::MAX_MESSAGE_BYTES`), with room for the message's envelope.
-pub const COMPLETE_MAX_BYTES: usize = 48 << 20;
+/// (`shoal_agent::MAX_MESSAGE_BYTES`), with room for the message's envelope.
+pub(crate) const COMPLETE_MAX_BYTES: usize = 48 << 20;
 
 /// A node's COMPLETE set is over `COMPLETE_MAX_BYTES` even without its finished tasks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,7 +97,7 @@ fn container(task: &Task) -> Option<&ContainerSpec> {
 }
 
 /// The secrets and configs `task`'s container spec references, without repeats, secrets first.
-pub fn dependencies_of(task: &Task) -> Vec<Dependency> {
+pub(crate) fn dependencies_of(task: &Task) -> Vec<Dependency> {
     let Some(c) = container(task) else { return Vec::new() };
     if c.secrets.is_empty() && c.configs.is_empty() {
         return Vec::new();
@@ -119,7 +119,7 @@ pub fn dependencies_of(task: &Task) -> Vec<Dependency> {
 }
 
 /// True when `task` belongs in `node_id`'s assignment set.
-pub fn is_assigned_to(task: &Task, node_id: &str) -> bool {
+pub(crate) fn is_assigned_to(task: &Task, node_id: &str) -> bool {
     let observed = task.status.as_ref().map_or(0, |s| s.state);
     task.node_id == node_id && observed >= TaskState::Assigned as i32
 }
@@ -131,7 +131,7 @@ fn holds_dependencies(task: &Task) -> bool {
 
 /// True when `new` differs from `old` in a field the agent acts on. Status and meta are the agent's own
 /// reports and the store's bookkeeping: changes there alone are not sent.
-pub fn agent_cares(old: &Task, new: &Task) -> bool {
+pub(crate) fn agent_cares(old: &Task, new: &Task) -> bool {
     old.desired_state != new.desired_state
         || old.spec != new.spec
         || old.spec_version != new.spec_version

@@ -22,7 +22,7 @@ use shoal_store::{Change, MemoryStore, Object, Tables, Watch, WatchError};
 use tokio::sync::mpsc;
 
 /// Most routed commits queued for one subscriber before it is told it lagged.
-pub const NODE_QUEUE_COMMITS: usize = 256;
+pub(crate) const NODE_QUEUE_COMMITS: usize = 256;
 
 /// What the router hands a subscriber.
 enum Routed {
@@ -46,7 +46,7 @@ struct Routes {
 }
 
 /// The per-dispatcher router of store commits to node streams.
-pub struct Fanout {
+pub(crate) struct Fanout {
     store: Arc<MemoryStore>,
     routes: Arc<Mutex<Routes>>,
 }
@@ -59,7 +59,7 @@ impl std::fmt::Debug for Fanout {
 
 /// Why `NodeWatch::recv` returned no changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeWatchError {
+pub(crate) enum NodeWatchError {
     /// Changes were dropped: read a fresh view (`Fanout::view_and_watch` again).
     Lagged,
     /// The store's watch queue closed.
@@ -67,7 +67,7 @@ pub enum NodeWatchError {
 }
 
 /// One node's stream of changes. Dropping it unsubscribes.
-pub struct NodeWatch {
+pub(crate) struct NodeWatch {
     rx: mpsc::Receiver<Routed>,
     lagged: Arc<AtomicBool>,
     after_index: u64,
@@ -115,13 +115,13 @@ pub(super) fn nodes_of_for_tests(ch: &Change) -> Vec<&str> {
 
 impl Fanout {
     /// A fanout over `store`; the router starts with the first subscriber.
-    pub fn new(store: Arc<MemoryStore>) -> Fanout {
+    pub(crate) fn new(store: Arc<MemoryStore>) -> Fanout {
         Fanout { store, routes: Arc::new(Mutex::new(Routes::default())) }
     }
 
     /// Subscribes to the changes that concern `node_id`, then runs `f` on a view: every commit after the
     /// view is delivered by the returned watch, none before. Must be called within a tokio runtime.
-    pub fn view_and_watch<R>(&self, node_id: &str, f: impl FnOnce(&Tables) -> R) -> (R, NodeWatch) {
+    pub(crate) fn view_and_watch<R>(&self, node_id: &str, f: impl FnOnce(&Tables) -> R) -> (R, NodeWatch) {
         let (tx, rx) = mpsc::channel(NODE_QUEUE_COMMITS);
         let lagged = Arc::new(AtomicBool::new(false));
         let id = {
@@ -164,7 +164,7 @@ impl NodeWatch {
     }
 
     /// The next commit's changes for this node.
-    pub async fn recv(&mut self) -> Result<Vec<Change>, NodeWatchError> {
+    pub(crate) async fn recv(&mut self) -> Result<Vec<Change>, NodeWatchError> {
         loop {
             let Some(r) = self.rx.recv().await else { return Err(NodeWatchError::Closed) };
             if let Some(out) = self.accept(r) {
@@ -174,7 +174,7 @@ impl NodeWatch {
     }
 
     /// A commit's changes already queued, without waiting; `None` when nothing is queued.
-    pub fn try_recv(&mut self) -> Option<Result<Vec<Change>, NodeWatchError>> {
+    pub(crate) fn try_recv(&mut self) -> Option<Result<Vec<Change>, NodeWatchError>> {
         loop {
             match self.rx.try_recv() {
                 Ok(r) => {

@@ -9,26 +9,27 @@ use std::collections::{BTreeSet, HashMap};
 
 /// Per-node heartbeat deadlines, ordered so that expiry is O(expired) rather than a scan.
 #[derive(Debug, Default)]
-pub struct Heartbeats {
+pub(crate) struct Heartbeats {
     deadline_by_node: HashMap<String, u64>,
     by_deadline: BTreeSet<(u64, String)>,
 }
 
 impl Heartbeats {
     /// No node tracked.
-    pub fn new() -> Heartbeats {
+    #[cfg(test)]
+    pub(crate) fn new() -> Heartbeats {
         Heartbeats::default()
     }
 
     /// Records a heartbeat (or a new session) from `node_id`: it must send the next one before
     /// `now_ms + ttl_ms`, where `ttl_ms` is the period times the heartbeats it may miss.
-    pub fn beat(&mut self, node_id: &str, now_ms: u64, ttl_ms: u64) {
+    pub(crate) fn beat(&mut self, node_id: &str, now_ms: u64, ttl_ms: u64) {
         self.set_deadline(node_id, now_ms.saturating_add(ttl_ms));
     }
 
     /// Starts tracking `node_id` with the given deadline, unless it is already tracked with a later one
     /// (used for the grace period when this manager becomes leader).
-    pub fn track_at_least(&mut self, node_id: &str, deadline_ms: u64) {
+    pub(crate) fn track_at_least(&mut self, node_id: &str, deadline_ms: u64) {
         if self.deadline_by_node.get(node_id).is_some_and(|d| *d >= deadline_ms) {
             return;
         }
@@ -43,24 +44,26 @@ impl Heartbeats {
     }
 
     /// Stops tracking `node_id`.
-    pub fn forget(&mut self, node_id: &str) {
+    #[cfg(test)]
+    pub(crate) fn forget(&mut self, node_id: &str) {
         if let Some(old) = self.deadline_by_node.remove(node_id) {
             self.by_deadline.remove(&(old, node_id.to_string()));
         }
     }
 
     /// True when `node_id` is tracked (it has a live deadline).
-    pub fn is_tracked(&self, node_id: &str) -> bool {
+    pub(crate) fn is_tracked(&self, node_id: &str) -> bool {
         self.deadline_by_node.contains_key(node_id)
     }
 
     /// The deadline of `node_id`, if tracked.
-    pub fn deadline(&self, node_id: &str) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn deadline(&self, node_id: &str) -> Option<u64> {
         self.deadline_by_node.get(node_id).copied()
     }
 
     /// Removes and returns every node whose deadline is at or before `now_ms`, earliest first.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<String> {
+    pub(crate) fn expire(&mut self, now_ms: u64) -> Vec<String> {
         let mut expired = Vec::new();
         while let Some((deadline, _)) = self.by_deadline.first() {
             if *deadline > now_ms {
@@ -74,17 +77,19 @@ impl Heartbeats {
     }
 
     /// The earliest deadline, if any node is tracked.
-    pub fn next_deadline(&self) -> Option<u64> {
+    pub(crate) fn next_deadline(&self) -> Option<u64> {
         self.by_deadline.first().map(|(deadline, _)| *deadline)
     }
 
     /// Number of tracked nodes.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.deadline_by_node.len()
     }
 
     /// True when no node is tracked.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.deadline_by_node.is_empty()
     }
 }

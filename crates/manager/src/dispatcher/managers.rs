@@ -21,11 +21,11 @@ use shoal_store::{Change, MemoryStore, Object, Tables, WatchError};
 use tokio::sync::watch;
 
 /// The weight every listed manager gets (SwarmKit's default observation weight).
-pub const MANAGER_WEIGHT: i64 = 10;
+pub(crate) const MANAGER_WEIGHT: i64 = 10;
 
 /// The managers an agent may talk to, as of `tables`; `own_addr` (this dispatcher's advertised address)
 /// is always listed when not empty.
-pub fn manager_peers(tables: &Tables, own_addr: &str) -> Vec<WeightedPeer> {
+pub(crate) fn manager_peers(tables: &Tables, own_addr: &str) -> Vec<WeightedPeer> {
     let mut peers: Vec<Peer> = tables
         .nodes()
         .iter()
@@ -45,7 +45,7 @@ pub fn manager_peers(tables: &Tables, own_addr: &str) -> Vec<WeightedPeer> {
 
 /// What a session message carries besides the node.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct SessionInfo {
+pub(crate) struct SessionInfo {
     /// `manager_peers`.
     pub managers: Vec<WeightedPeer>,
     /// The cluster's network encryption keys.
@@ -53,7 +53,7 @@ pub struct SessionInfo {
 }
 
 /// The session info as of `tables`; `own_addr` as in `manager_peers`.
-pub fn session_info(tables: &Tables, own_addr: &str) -> SessionInfo {
+pub(crate) fn session_info(tables: &Tables, own_addr: &str) -> SessionInfo {
     SessionInfo {
         managers: manager_peers(tables, own_addr),
         network_bootstrap_keys: tables
@@ -67,7 +67,7 @@ pub fn session_info(tables: &Tables, own_addr: &str) -> SessionInfo {
 
 /// True when `ch` may change `session_info`: `touches_managers`, or a cluster change whose network keys
 /// differ between before and after.
-pub fn touches_session_info(ch: &Change) -> bool {
+pub(crate) fn touches_session_info(ch: &Change) -> bool {
     let keys = |o: Option<&Object>| match o {
         Some(Object::Cluster(c)) => Some(c.network_bootstrap_keys.clone()),
         _ => None,
@@ -83,7 +83,7 @@ pub fn touches_session_info(ch: &Change) -> bool {
 
 /// True when `ch` may change `manager_peers`: a node change where the node had or has a manager status
 /// that differs between before and after.
-pub fn touches_managers(ch: &Change) -> bool {
+pub(crate) fn touches_managers(ch: &Change) -> bool {
     let status = |o: Option<&Object>| match o {
         Some(Object::Node(n)) => n.manager_status.as_ref().map(|m| (m.addr.clone(), m.reachability)),
         _ => None,
@@ -114,7 +114,7 @@ pub(crate) async fn run_session_info(
 /// a rotation lasts, else empty) is not sent: it only makes the start of a rotation a change, so that every
 /// session gets a new message then, as SwarmKit's dispatcher sends one on every cluster update.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct SessionRoot {
+pub(crate) struct SessionRoot {
     /// `SessionMessage.RootCA`.
     pub root_ca: Vec<u8>,
     /// The root a rotation in progress moves to; empty when none is.
@@ -122,7 +122,7 @@ pub struct SessionRoot {
 }
 
 /// The session root as of `tables` (empty before the cluster has a root).
-pub fn session_root(tables: &Tables) -> SessionRoot {
+pub(crate) fn session_root(tables: &Tables) -> SessionRoot {
     let Some(rc) = tables.clusters().iter().next().and_then(|c| c.root_ca.clone()) else {
         return SessionRoot::default();
     };

@@ -22,13 +22,13 @@
 //! UpdateTaskStatus answers after the batch holding its updates is committed, so an error means the
 //! agent should retry and success means the store has the statuses.
 
-mod assignments;
+pub(crate) mod assignments;
 mod fanout;
 mod heartbeats;
 mod managers;
-pub mod registrations;
-pub mod status;
-pub mod volumes;
+pub(crate) mod registrations;
+pub(crate) mod status;
+pub(crate) mod volumes;
 
 #[cfg(test)]
 mod tests;
@@ -52,16 +52,15 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-pub use assignments::{
-    agent_cares, dependencies_of, is_assigned_to, AssignmentSet, CompleteTooLarge, Dependency, COMPLETE_MAX_BYTES,
-};
-pub use fanout::{Fanout, NodeWatch, NodeWatchError, NODE_QUEUE_COMMITS};
-pub use heartbeats::Heartbeats;
-pub use managers::{
-    manager_peers, session_info, session_root, touches_managers, touches_session_info, SessionInfo, SessionRoot,
-    MANAGER_WEIGHT,
-};
-pub use status::{apply_updates, check_update, SkipReason, StatusUpdate};
+#[cfg(test)]
+pub(crate) use assignments::COMPLETE_MAX_BYTES;
+pub(crate) use assignments::{AssignmentSet, CompleteTooLarge, Dependency};
+pub(crate) use fanout::{Fanout, NodeWatchError};
+pub(crate) use heartbeats::Heartbeats;
+#[cfg(test)]
+pub(crate) use managers::MANAGER_WEIGHT;
+pub(crate) use managers::{SessionInfo, SessionRoot};
+pub(crate) use status::{apply_updates, check_update, SkipReason, StatusUpdate};
 
 use crate::ca::node_identity;
 use crate::state::{ClusterState, WriteError};
@@ -72,22 +71,22 @@ use crate::write::chunk_actions;
 /// (in-process tests); real nodes are identified by their certificate.
 pub const NODE_ID_METADATA_KEY: &str = "x-shoal-node-id";
 /// Messages buffered per response stream before the sender waits for the client.
-pub const STREAM_CHANNEL_MESSAGES: usize = 16;
+pub(crate) const STREAM_CHANNEL_MESSAGES: usize = 16;
 /// Most changes in one INCREMENTAL assignments message.
-pub const ASSIGNMENT_BATCH_MAX_CHANGES: usize = 1000;
+pub(crate) const ASSIGNMENT_BATCH_MAX_CHANGES: usize = 1000;
 /// Queued commits are added to an INCREMENTAL message only while it holds less than this many encoded
 /// bytes (each task carries its spec; agents decode messages of up to 64 MiB). One commit's changes always
 /// go whole, and a commit holds at most 4 MiB of writes (`write::MAX_BYTES_PER_WRITE`).
-pub const ASSIGNMENT_BATCH_MAX_BYTES: usize = 16 << 20;
+pub(crate) const ASSIGNMENT_BATCH_MAX_BYTES: usize = 16 << 20;
 /// Most status requests queued for the flusher; further callers wait.
-pub const STATUS_QUEUE_REQUESTS: usize = 1024;
+pub(crate) const STATUS_QUEUE_REQUESTS: usize = 1024;
 /// Most updates in one UpdateTaskStatus request.
-pub const MAX_UPDATES_PER_REQUEST: usize = 10_000;
+pub(crate) const MAX_UPDATES_PER_REQUEST: usize = 10_000;
 /// Attempts for one store write that keeps hitting version conflicts.
-pub const WRITE_ATTEMPTS: usize = 5;
+pub(crate) const WRITE_ATTEMPTS: usize = 5;
 /// Longest the leader-only loop sleeps before it looks at the heartbeat deadlines again: a deadline set
 /// meanwhile (a new session) or a clock that jumped is noticed within this.
-pub const EXPIRY_RECHECK: Duration = Duration::from_secs(1);
+pub(crate) const EXPIRY_RECHECK: Duration = Duration::from_secs(1);
 
 /// Dispatcher settings.
 #[derive(Clone, Debug)]
@@ -171,14 +170,14 @@ impl std::fmt::Debug for Dispatcher {
 
 #[cfg(any(test, feature = "test-doors"))]
 /// The interceptor type of `Dispatcher::grpc_service_trusting_metadata_for_tests`.
-pub type MetadataInterceptor = fn(Request<()>) -> Result<Request<()>, Status>;
+pub(crate) type MetadataInterceptor = fn(Request<()>) -> Result<Request<()>, Status>;
 
 /// FOR IN-PROCESS TESTS ONLY: a tonic interceptor that believes the node ID a caller claims in the
 /// `NODE_ID_METADATA_KEY` metadata and records it as the caller's identity (role worker, no cluster). It
 /// authenticates nothing; a real node's gRPC server never installs it (identity comes from mTLS there), and
 /// the shipped daemon does not have it (the `test-doors` feature).
 #[cfg(any(test, feature = "test-doors"))]
-pub fn insecure_identity_from_metadata(mut req: Request<()>) -> Result<Request<()>, Status> {
+pub(crate) fn insecure_identity_from_metadata(mut req: Request<()>) -> Result<Request<()>, Status> {
     let id = req.metadata().get(NODE_ID_METADATA_KEY).and_then(|v| v.to_str().ok()).unwrap_or("").trim().to_string();
     if !id.is_empty() {
         req.extensions_mut().insert(crate::ca::PeerIdentity(shoal_ca::NodeSubject {

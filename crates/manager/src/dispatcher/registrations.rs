@@ -18,7 +18,7 @@ pub const REGISTRATION_BURST: u32 = 20;
 /// off in the middle of one; at 64 KiB a write, 20 and one a second still bound a node to 64 KiB/s.)
 pub const REGISTRATION_REFILL_MS: u64 = 1_000;
 /// Past this many tracked nodes, the ones whose bucket is full again are forgotten.
-pub const TRACKED_NODES_PRUNE_AT: usize = 4096;
+pub(crate) const TRACKED_NODES_PRUNE_AT: usize = 4096;
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -45,13 +45,13 @@ impl Bucket {
 
 /// The buckets of the nodes that wrote recently.
 #[derive(Debug, Default)]
-pub struct Registrations {
+pub(crate) struct Registrations {
     buckets: HashMap<String, Bucket>,
 }
 
 impl Registrations {
     /// Takes a write for `node` at `now_ms`, or says in how many milliseconds the next one is allowed.
-    pub fn take(&mut self, node: &str, now_ms: u64) -> Result<(), u64> {
+    pub(crate) fn take(&mut self, node: &str, now_ms: u64) -> Result<(), u64> {
         if self.buckets.len() >= TRACKED_NODES_PRUNE_AT && !self.buckets.contains_key(node) {
             self.buckets.retain(|_, b| b.at(now_ms).tokens < REGISTRATION_BURST);
         }
@@ -65,7 +65,7 @@ impl Registrations {
     }
 
     /// Gives back a write taken at `now_ms` that was not made (the store write failed).
-    pub fn give_back(&mut self, node: &str, now_ms: u64) {
+    pub(crate) fn give_back(&mut self, node: &str, now_ms: u64) {
         if let Some(b) = self.buckets.get_mut(node) {
             let refilled = b.at(now_ms);
             *b = Bucket { tokens: (refilled.tokens + 1).min(REGISTRATION_BURST), ..refilled };
@@ -73,7 +73,8 @@ impl Registrations {
     }
 
     /// Nodes tracked now.
-    pub fn tracked(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn tracked(&self) -> usize {
         self.buckets.len()
     }
 }

@@ -10,13 +10,13 @@ use shoal_store::{Changes, Tables};
 use tonic::Status;
 
 /// Most volume updates in one `UpdateVolumeStatus` request.
-pub const MAX_VOLUME_UPDATES_PER_REQUEST: usize = 1_000;
+pub(crate) const MAX_VOLUME_UPDATES_PER_REQUEST: usize = 1_000;
 /// Longest volume ID a node may name (Shoal's and SwarmKit's IDs are 25 characters).
-pub const MAX_VOLUME_ID_BYTES: usize = 64;
+pub(crate) const MAX_VOLUME_ID_BYTES: usize = 64;
 
 /// The volume IDs a request reports unpublished, bounded and without repeats; INVALID_ARGUMENT naming the
 /// bound otherwise (and nothing is written).
-pub fn unpublished_ids(req: &UpdateVolumeStatusRequest) -> Result<BTreeSet<String>, Status> {
+pub(crate) fn unpublished_ids(req: &UpdateVolumeStatusRequest) -> Result<BTreeSet<String>, Status> {
     if req.updates.len() > MAX_VOLUME_UPDATES_PER_REQUEST {
         return Err(Status::invalid_argument(format!(
             "{} volume updates in one request; send at most {MAX_VOLUME_UPDATES_PER_REQUEST} per request",
@@ -39,7 +39,7 @@ pub fn unpublished_ids(req: &UpdateVolumeStatusRequest) -> Result<BTreeSet<Strin
 }
 
 /// Moves each of `ids` that `node_id` was asked to unpublish to `PENDING_UNPUBLISH`.
-pub fn mark_unpublished(t: &Tables, c: &mut Changes, node_id: &str, ids: &BTreeSet<String>, now_ms: u64) {
+pub(crate) fn mark_unpublished(t: &Tables, c: &mut Changes, node_id: &str, ids: &BTreeSet<String>, now_ms: u64) {
     use volume_publish_status::State;
     for id in ids {
         let Some(v) = t.volumes().get(id) else { continue };

@@ -26,20 +26,20 @@ use rand::RngCore;
 use shoal_api::encryption_key::Algorithm;
 use shoal_api::{Cluster, EncryptionKey};
 
-pub use runner::KeyManager;
+pub(crate) use runner::KeyManager;
 
 /// The length of a key: AES-128.
-pub const KEY_LEN_BYTES: usize = 16;
+pub(crate) const KEY_LEN_BYTES: usize = 16;
 /// Keys kept per subsystem: the newest and the ones before it, so a rotation never strands an agent.
-pub const KEYRING_SIZE: usize = 3;
+pub(crate) const KEYRING_SIZE: usize = 3;
 /// How often the keys rotate (SwarmKit's default).
 pub const ROTATION_INTERVAL_MS: u64 = 12 * 60 * 60 * 1000;
 /// The subsystem of the overlay control plane's gossip keys.
 pub const SUBSYSTEM_GOSSIP: &str = "networking:gossip";
 /// The subsystem of the encrypted data path's keys (IPsec in Docker's overlay driver).
-pub const SUBSYSTEM_IPSEC: &str = "networking:ipsec";
+pub(crate) const SUBSYSTEM_IPSEC: &str = "networking:ipsec";
 /// Every subsystem the key manager keeps keys for, in the order the keys are stored.
-pub const SUBSYSTEMS: [&str; 2] = [SUBSYSTEM_GOSSIP, SUBSYSTEM_IPSEC];
+pub(crate) const SUBSYSTEMS: [&str; 2] = [SUBSYSTEM_GOSSIP, SUBSYSTEM_IPSEC];
 
 /// The network keys and the Lamport clock a cluster object holds.
 #[derive(Clone, PartialEq, Eq, Default, Debug)]

@@ -21,7 +21,7 @@ use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 pub(super) const RETRY_MS: u64 = 1_000;
 
 /// The key manager as a leader-only subsystem.
-pub struct KeyManager {
+pub(crate) struct KeyManager {
     rotation_interval_ms: u64,
     rng: Arc<Mutex<Box<dyn RngCore + Send>>>,
 }
@@ -40,12 +40,12 @@ impl Default for KeyManager {
 
 impl KeyManager {
     /// Keys from a CSPRNG seeded by the operating system, rotated every `ROTATION_INTERVAL_MS`.
-    pub fn new() -> KeyManager {
+    pub(crate) fn new() -> KeyManager {
         KeyManager::with_rng(Box::new(StdRng::from_os_rng()), ROTATION_INTERVAL_MS)
     }
 
     /// Keys from `rng`, rotated every `rotation_interval_ms` (tests: a seeded RNG).
-    pub fn with_rng(rng: Box<dyn RngCore + Send>, rotation_interval_ms: u64) -> KeyManager {
+    pub(crate) fn with_rng(rng: Box<dyn RngCore + Send>, rotation_interval_ms: u64) -> KeyManager {
         KeyManager { rotation_interval_ms: rotation_interval_ms.max(1), rng: Arc::new(Mutex::new(rng)) }
     }
 }

@@ -31,12 +31,12 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 /// Subscription messages queued per connected node.
-pub const LISTENER_QUEUE: usize = 64;
+pub(crate) const LISTENER_QUEUE: usize = 64;
 /// Batches of lines queued per subscriber.
-pub const SUBSCRIBER_QUEUE: usize = 16;
+pub(crate) const SUBSCRIBER_QUEUE: usize = 16;
 /// How long a subscription without `follow` waits for a line or a close from the nodes that have not
 /// finished their part before it ends without them.
-pub const SILENT_NODES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const SILENT_NODES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Listener {
     serial: u64,

@@ -10,11 +10,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::logbroker::{ListenerStream, LogBroker};
 
-mod subscribe;
-pub use subscribe::{LogsServer, LogsService};
+pub(crate) mod subscribe;
+pub(crate) use subscribe::{LogsServer, LogsService};
 
 /// The LogBroker gRPC server type.
-pub type LogBrokerServer = shoal_api::log_broker_server::LogBrokerServer<LogBrokerService>;
+pub(crate) type LogBrokerServer = shoal_api::log_broker_server::LogBrokerServer<LogBrokerService>;
 
 /// The gRPC face of the broker: nodes listen and publish.
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use crate::state::ClusterState;
 
 /// The Logs gRPC server type.
-pub type LogsServer = shoal_api::logs_server::LogsServer<LogsService>;
+pub(crate) type LogsServer = shoal_api::logs_server::LogsServer<LogsService>;
 
 /// `Logs.SubscribeLogs` over this manager's broker; clones share it.
 #[derive(Clone, Debug)]

@@ -28,8 +28,8 @@ use shoal_api::{
 };
 use shoal_store::Tables;
 
-pub use service::{NetworkViewService, MIN_RECOMPUTE_INTERVAL_MS};
-pub use shoal_api::shoal_v1::network_view_server::NetworkViewServer;
+pub(crate) use service::NetworkViewService;
+pub(crate) use shoal_api::shoal_v1::network_view_server::NetworkViewServer;
 
 /// A task still holds its address on a node: assigned there and not stopped (its namespace may exist).
 fn holds_address(t: &Task) -> bool {
@@ -102,7 +102,7 @@ fn ingress_attachment<'a>(n: &'a Node, ingress: &str) -> Option<&'a NetworkAttac
 
 /// What node `node_id` needs for its data plane (see the module doc). Deterministic: networks by ID, peers
 /// by address, services by name, backends by address.
-pub fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
+pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
     let mut view = NodeNetworkView {
         node_addr: node_addr(t, node_id).unwrap_or_default(),
         vxlan_udp_port: t

@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 use crate::ClusterState;
 
 /// The shortest time between two computations of one node's view.
-pub const MIN_RECOMPUTE_INTERVAL_MS: u64 = 100;
+pub(crate) const MIN_RECOMPUTE_INTERVAL_MS: u64 = 100;
 
 /// Serves each node its data-plane view (see the module doc).
 #[derive(Debug, Clone)]

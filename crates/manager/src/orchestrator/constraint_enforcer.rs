@@ -40,18 +40,18 @@ use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 use crate::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 
 /// The status message of a task the enforcer rejected.
-pub const REJECTED_MESSAGE: &str = "task rejected by constraint enforcer";
+pub(crate) const REJECTED_MESSAGE: &str = "task rejected by constraint enforcer";
 /// The status error of a task the enforcer rejected.
-pub const REJECTED_ERR: &str = "assigned node no longer meets constraints";
+pub(crate) const REJECTED_ERR: &str = "assigned node no longer meets constraints";
 /// Most commits drained from the watch queue before a pass.
-pub const MAX_EVENTS_PER_BATCH: usize = 10_000;
+pub(crate) const MAX_EVENTS_PER_BATCH: usize = 10_000;
 /// Most checks of one node in a row whose write conflicted (the next change of the node brings it back).
-pub const MAX_ATTEMPTS: u32 = 3;
+pub(crate) const MAX_ATTEMPTS: u32 = 3;
 /// Pause after a write failed for another reason than a conflict (e.g. lost leadership).
 const BACKOFF_MS: u64 = 100;
 
 /// The rejections for the tasks of `node` that no longer fit it (see the module doc), stamped `now_ms`.
-pub fn reject_noncompliant(tables: &Tables, node: &Node, now_ms: u64) -> Changes {
+pub(crate) fn reject_noncompliant(tables: &Tables, node: &Node, now_ms: u64) -> Changes {
     let mut changes = Changes::new();
     let active = node.spec.as_ref().map(|s| s.availability()).unwrap_or(Availability::Active) == Availability::Active;
     if !active {
@@ -177,7 +177,7 @@ fn node_change_matters(kind: ActionKind, old: Option<&Object>, new: &Node) -> bo
 
 /// The constraint enforcer subsystem (leader only).
 #[derive(Debug, Default)]
-pub struct ConstraintEnforcer;
+pub(crate) struct ConstraintEnforcer;
 
 impl Subsystem for ConstraintEnforcer {
     fn name(&self) -> &'static str {

@@ -34,19 +34,19 @@ use crate::scheduler::filter::platform_matches;
 
 /// The nodes a pass over a global service works on: key `k` of `Work::slots` is node `ids[k]`.
 #[derive(Debug, Clone, Default)]
-pub struct NodeKeys {
+pub(crate) struct NodeKeys {
     ids: Vec<String>,
     creatable: Vec<bool>,
 }
 
 impl NodeKeys {
     /// The node ID of a key.
-    pub fn node_id(&self, key: u64) -> &str {
+    pub(crate) fn node_id(&self, key: u64) -> &str {
         &self.ids[node_index(key)]
     }
 
     /// True when the key's node may get a new task.
-    pub fn may_create(&self, key: u64) -> bool {
+    pub(crate) fn may_create(&self, key: u64) -> bool {
         self.creatable.get(node_index(key)).copied().unwrap_or(false)
     }
 }
@@ -57,13 +57,13 @@ pub(crate) fn node_index(key: u64) -> usize {
 }
 
 /// True for a global service.
-pub fn is_global(service: &Service) -> bool {
+pub(crate) fn is_global(service: &Service) -> bool {
     matches!(service.spec.as_ref().and_then(|s| s.mode.as_ref()), Some(Mode::Global(_)))
 }
 
 /// How one node stands for a global service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Eligibility {
+pub(crate) enum Eligibility {
     /// Ready, active and matching: it gets a task.
     Create,
     /// It keeps what it runs but gets nothing new (paused, or not ready yet).
@@ -109,12 +109,12 @@ fn eligibility(node: Option<&Node>, placement: &Placement) -> Eligibility {
 }
 
 /// How `node` stands for `service` (see `Eligibility`).
-pub fn node_eligibility(service: &Service, node: Option<&Node>) -> Eligibility {
+pub(crate) fn node_eligibility(service: &Service, node: Option<&Node>) -> Eligibility {
     eligibility(node, &Placement::of(service))
 }
 
 /// Reconciles one global service (see the module doc). Services of other modes get no change.
-pub fn reconcile_global(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn IdSource) -> Reconciled {
+pub(crate) fn reconcile_global(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn IdSource) -> Reconciled {
     if !is_global(service) {
         return Reconciled::default();
     }

@@ -57,7 +57,7 @@ pub fn is_job(service: &Service) -> bool {
 }
 
 /// True for a global job.
-pub fn is_global_job(service: &Service) -> bool {
+pub(crate) fn is_global_job(service: &Service) -> bool {
     matches!(service.spec.as_ref().and_then(|s| s.mode.as_ref()), Some(Mode::GlobalJob(_)))
 }
 
@@ -79,7 +79,7 @@ fn active(desired: TaskState) -> bool {
 /// True when `task`, which ended without completing (or whose node is lost), gets a replacement: its
 /// restart condition is not NONE and the restarts already made under its key are fewer than
 /// `max_attempts` (0: unlimited). A COMPLETE task is never restarted.
-pub fn should_restart_job<'a>(task: &Task, history: impl IntoIterator<Item = &'a Task>) -> bool {
+pub(crate) fn should_restart_job<'a>(task: &Task, history: impl IntoIterator<Item = &'a Task>) -> bool {
     if observed_state(task) == TaskState::Complete {
         return false;
     }
@@ -289,7 +289,7 @@ impl<'a> Pass<'a> {
 /// What a replicated job's current iteration holds: slots with a completed task, with a task meant to run,
 /// and exhausted ones.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct JobCounts {
+pub(crate) struct JobCounts {
     /// Slots (or nodes) whose task completed.
     pub complete: u64,
     /// Slots (or nodes) with a task meant to run.
@@ -299,7 +299,7 @@ pub struct JobCounts {
 }
 
 /// Reconciles one job (see the module doc). Services of other modes get no change.
-pub fn reconcile_job(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn IdSource) -> Reconciled {
+pub(crate) fn reconcile_job(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn IdSource) -> Reconciled {
     if !is_job(service) {
         return Reconciled::default();
     }
@@ -418,7 +418,8 @@ fn reconcile_global_job(pass: &mut Pass<'_>) {
 }
 
 /// Counts a replicated job's current iteration (for tests and status): see `JobCounts`.
-pub fn job_counts(tables: &Tables, service: &Service) -> JobCounts {
+#[cfg(test)]
+pub(crate) fn job_counts(tables: &Tables, service: &Service) -> JobCounts {
     let iteration = current_iteration(service);
     let mut by_key: BTreeMap<(u64, &str), Vec<&Arc<Task>>> = BTreeMap::new();
     let global = is_global_job(service);

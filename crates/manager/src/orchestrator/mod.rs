@@ -12,16 +12,16 @@
 //! (subsystems only talk through the store); from the scheduler it reads only the pure constraint and
 //! platform matchers and resource arithmetic.
 
-pub mod constraint_enforcer;
-pub mod dirty;
-pub mod global;
-pub mod jobs;
-pub mod rebalance;
-pub mod replicated;
+pub(crate) mod constraint_enforcer;
+pub(crate) mod dirty;
+pub(crate) mod global;
+pub(crate) mod jobs;
+pub(crate) mod rebalance;
+pub(crate) mod replicated;
 mod replicated_loop;
-pub mod restart;
-pub mod taskreaper;
-pub mod update;
+pub(crate) mod restart;
+pub(crate) mod taskreaper;
+pub(crate) mod update;
 
 #[cfg(test)]
 pub(crate) mod fixture;
@@ -37,19 +37,20 @@ mod update_tests;
 use shoal_api::{node_status, Node, Task, TaskState};
 use shoal_store::Tables;
 
-pub use constraint_enforcer::ConstraintEnforcer;
-pub use replicated::{reconcile_service, remove_service_tasks, Reconciled};
-pub use replicated_loop::{GlobalOrchestrator, JobsOrchestrator, ReplicatedOrchestrator};
-pub use taskreaper::TaskReaper;
+pub(crate) use constraint_enforcer::ConstraintEnforcer;
+#[cfg(test)]
+pub(crate) use replicated::{reconcile_service, remove_service_tasks};
+pub(crate) use replicated_loop::{GlobalOrchestrator, JobsOrchestrator, ReplicatedOrchestrator};
+pub(crate) use taskreaper::TaskReaper;
 
-pub use crate::tasks::{created_ms, observed_state, status_ms};
+pub(crate) use crate::tasks::{created_ms, observed_state, status_ms};
 
 use crate::subsystem::Subsystem;
 
 /// The leader-only orchestration subsystems: the replicated and global orchestrators (each with the
 /// restart supervisor and update supervisor), the jobs orchestrator, the task reaper, the constraint enforcer
 /// and the rebalancer.
-pub fn subsystems() -> Vec<Box<dyn Subsystem>> {
+pub(crate) fn subsystems() -> Vec<Box<dyn Subsystem>> {
     vec![
         Box::new(ReplicatedOrchestrator),
         Box::new(GlobalOrchestrator),
@@ -69,14 +70,14 @@ pub fn node_is_down(node: Option<&Node>) -> bool {
 }
 
 /// True when the node is drained (availability DRAIN): its tasks are to be moved elsewhere.
-pub fn node_is_drained(node: Option<&Node>) -> bool {
+pub(crate) fn node_is_drained(node: Option<&Node>) -> bool {
     node.and_then(|n| n.spec.as_ref())
         .is_some_and(|s| s.availability == shoal_api::node_spec::Availability::Drain as i32)
 }
 
 /// True when the task may still be running somewhere: it reached a node (observed >= ASSIGNED), has not
 /// reached a terminal state, and its node is not down.
-pub fn task_is_live(tables: &Tables, t: &Task) -> bool {
+pub(crate) fn task_is_live(tables: &Tables, t: &Task) -> bool {
     let observed = observed_state(t);
     observed >= TaskState::Assigned
         && !observed.is_terminal()

@@ -36,12 +36,12 @@ use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
 /// How long a node's object must be unchanged before tasks move to it.
-pub const SETTLE_MS: u64 = 5_000;
+pub(crate) const SETTLE_MS: u64 = 5_000;
 /// Least time between two passes.
-pub const DEBOUNCE_MS: u64 = 1_000;
+pub(crate) const DEBOUNCE_MS: u64 = 1_000;
 
 /// True when the cluster setting is on.
-pub fn enabled(tables: &Tables) -> bool {
+pub(crate) fn enabled(tables: &Tables) -> bool {
     tables
         .clusters()
         .iter()
@@ -50,7 +50,7 @@ pub fn enabled(tables: &Tables) -> bool {
 
 /// What a pass decided: the tasks to stop, and when to look again for nodes that have not settled yet.
 #[derive(Debug, Default)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Tasks set to desired SHUTDOWN.
     pub changes: Changes,
     /// The earliest time a node that is not settled yet will be (ms since the epoch).
@@ -59,7 +59,7 @@ pub struct Plan {
 
 /// The moves of every settled replicated service (see the module doc), stamped `now_ms`; `ids` names the
 /// replacements of start-first moves.
-pub fn plan(tables: &Tables, now_ms: u64, ids: &dyn IdSource) -> Plan {
+pub(crate) fn plan(tables: &Tables, now_ms: u64, ids: &dyn IdSource) -> Plan {
     let mut plan = Plan::default();
     if !enabled(tables) {
         return plan;
@@ -204,7 +204,7 @@ fn finish_start_first_moves(tasks: &[&Arc<Task>], now_ms: u64, changes: &mut Cha
 
 /// The rebalancer as a leader-only subsystem.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Rebalancer;
+pub(crate) struct Rebalancer;
 
 impl Subsystem for Rebalancer {
     fn name(&self) -> &'static str {

@@ -35,22 +35,22 @@ use crate::limits::MAX_REPLICAS;
 use super::{history_key, node_is_down, node_is_drained, observed_state, restart, task_is_live, update};
 
 /// The status message of a task the orchestrator just created.
-pub const PENDING_MESSAGE: &str = "pending task scheduling";
+pub(crate) const PENDING_MESSAGE: &str = "pending task scheduling";
 /// The status message of a new task waiting for the allocator (SwarmKit's).
-pub const NEW_MESSAGE: &str = "created";
+pub(crate) const NEW_MESSAGE: &str = "created";
 
 /// Most tasks one pass over one service creates to fill empty slots.
-pub const MAX_NEW_TASKS_PER_PASS: usize = 10_000;
+pub(crate) const MAX_NEW_TASKS_PER_PASS: usize = 10_000;
 
 /// Most encoded bytes of the tasks one pass over one service creates to fill empty slots (at least one
 /// task is created, however big).
-pub const MAX_NEW_TASK_BYTES_PER_PASS: usize = 64 << 20;
+pub(crate) const MAX_NEW_TASK_BYTES_PER_PASS: usize = 64 << 20;
 
 /// The start of the message a service whose stored replica count is over the limit carries.
-pub const CLAMPED_MESSAGE: &str = "replica count over the limit";
+pub(crate) const CLAMPED_MESSAGE: &str = "replica count over the limit";
 
 /// The message on a service that asks for `wanted` replicas, over `MAX_REPLICAS`.
-pub fn clamped_message(wanted: u64) -> String {
+pub(crate) fn clamped_message(wanted: u64) -> String {
     format!(
         "{CLAMPED_MESSAGE}: the spec asks for {wanted} replicas, at most {MAX_REPLICAS} run; update the service to \
          {MAX_REPLICAS} or fewer"
@@ -59,7 +59,7 @@ pub fn clamped_message(wanted: u64) -> String {
 
 /// What one reconcile pass decided.
 #[derive(Debug, Default)]
-pub struct Reconciled {
+pub(crate) struct Reconciled {
     /// The writes to propose (task creations and desired-state updates, maybe a service update-status
     /// update). Empty when the service is in line with its spec.
     pub changes: Changes,
@@ -194,7 +194,7 @@ fn default_log_driver(tables: &Tables) -> Option<shoal_api::Driver> {
 }
 
 /// The version tasks created now carry: the service's `spec_version`, or its object version when unset.
-pub fn service_spec_version(service: &Service) -> Version {
+pub(crate) fn service_spec_version(service: &Service) -> Version {
     service.spec_version.unwrap_or(Version { index: service.version() })
 }
 
@@ -416,7 +416,7 @@ impl<'a> Work<'a> {
 }
 
 /// The replica count of a replicated service, `None` for other modes.
-pub fn replicas(service: &Service) -> Option<u64> {
+pub(crate) fn replicas(service: &Service) -> Option<u64> {
     match service.spec.as_ref()?.mode.as_ref()? {
         Mode::Replicated(r) => Some(r.replicas),
         _ => None,
@@ -425,7 +425,7 @@ pub fn replicas(service: &Service) -> Option<u64> {
 
 /// Reconciles one replicated service (see the module doc). Services of other modes get no change.
 /// `now_ms` stamps new tasks and decides restart and update delays; `ids` names new tasks.
-pub fn reconcile_service(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn IdSource) -> Reconciled {
+pub(crate) fn reconcile_service(tables: &Tables, service: &Service, now_ms: u64, ids: &dyn IdSource) -> Reconciled {
     let Some(wanted) = replicas(service) else { return Reconciled::default() };
     let replicas = wanted.min(MAX_REPLICAS);
     let mut slots: BTreeMap<u64, Vec<Entry>> = BTreeMap::new();
@@ -452,7 +452,7 @@ pub fn reconcile_service(tables: &Tables, service: &Service, now_ms: u64, ids: &
 
 /// The writes for a deleted service: every task of `service_id` not yet marked gets desired REMOVE (the
 /// reaper deletes them once they stopped).
-pub fn remove_service_tasks(tables: &Tables, service_id: &str, now_ms: u64) -> Changes {
+pub(crate) fn remove_service_tasks(tables: &Tables, service_id: &str, now_ms: u64) -> Changes {
     let mut changes = Changes::new();
     let now = shoal_api::timestamp_from_unix_ms(now_ms);
     for t in tables.tasks().by_service(service_id) {

@@ -79,7 +79,7 @@ impl Kind {
 
 /// The replicated orchestrator subsystem (with the restart supervisor and the rolling updater).
 #[derive(Debug, Default)]
-pub struct ReplicatedOrchestrator;
+pub(crate) struct ReplicatedOrchestrator;
 
 impl Subsystem for ReplicatedOrchestrator {
     fn name(&self) -> &'static str {
@@ -94,7 +94,7 @@ impl Subsystem for ReplicatedOrchestrator {
 /// The global orchestrator subsystem: one task per eligible node (`global`), with the same restart
 /// supervisor and rolling updater.
 #[derive(Debug, Default)]
-pub struct GlobalOrchestrator;
+pub(crate) struct GlobalOrchestrator;
 
 impl Subsystem for GlobalOrchestrator {
     fn name(&self) -> &'static str {
@@ -108,7 +108,7 @@ impl Subsystem for GlobalOrchestrator {
 
 /// The jobs orchestrator subsystem: replicated and global jobs run to completion (`jobs`).
 #[derive(Debug, Default)]
-pub struct JobsOrchestrator;
+pub(crate) struct JobsOrchestrator;
 
 impl Subsystem for JobsOrchestrator {
     fn name(&self) -> &'static str {

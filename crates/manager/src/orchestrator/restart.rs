@@ -16,11 +16,11 @@ use shoal_api::{RestartPolicy, Task, TaskSpec, TaskState};
 use super::{created_ms, observed_state, status_ms};
 
 /// The restart delay SwarmKit applies when a task spec sets none: 5 seconds.
-pub const DEFAULT_RESTART_DELAY_MS: u64 = 5_000;
+pub(crate) const DEFAULT_RESTART_DELAY_MS: u64 = 5_000;
 
 /// A restart policy with its defaults applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EffectivePolicy {
+pub(crate) struct EffectivePolicy {
     /// When to restart.
     pub condition: RestartCondition,
     /// How long a replacement waits before it may run.
@@ -34,12 +34,12 @@ pub struct EffectivePolicy {
 impl EffectivePolicy {
     /// The policy of a task spec: condition ANY and a 5 s delay when the spec has no restart policy; a 5 s
     /// delay when the policy sets no delay.
-    pub fn of(spec: Option<&TaskSpec>) -> EffectivePolicy {
+    pub(crate) fn of(spec: Option<&TaskSpec>) -> EffectivePolicy {
         Self::from_policy(spec.and_then(|s| s.restart.as_ref()))
     }
 
     /// The policy with defaults applied (see `of`).
-    pub fn from_policy(p: Option<&RestartPolicy>) -> EffectivePolicy {
+    pub(crate) fn from_policy(p: Option<&RestartPolicy>) -> EffectivePolicy {
         let ms = |d: Option<&shoal_api::prost_types::Duration>| {
             d.map(|d| u64::try_from(shoal_api::duration_from_proto(d).as_millis()).unwrap_or(u64::MAX))
         };
@@ -63,7 +63,7 @@ impl EffectivePolicy {
 /// The number of restarts already made in `task`'s slot that count against `max_attempts`: the slot's
 /// tasks of the same spec version, except the first one (the original), created within the window that
 /// ends at `task`'s last status change.
-pub fn restarts_in_window<'a>(
+pub(crate) fn restarts_in_window<'a>(
     task: &Task,
     slot_history: impl IntoIterator<Item = &'a Task>,
     policy: &EffectivePolicy,
@@ -79,7 +79,7 @@ pub fn restarts_in_window<'a>(
 /// True when `task`, which stopped (or whose node went down), should get a replacement in its slot.
 /// `slot_history` is every task of the slot (it may include `task`). A task whose observed state is not
 /// terminal (its node went down) counts as failed.
-pub fn should_restart<'a>(task: &Task, slot_history: impl IntoIterator<Item = &'a Task>) -> bool {
+pub(crate) fn should_restart<'a>(task: &Task, slot_history: impl IntoIterator<Item = &'a Task>) -> bool {
     let policy = EffectivePolicy::of(task.spec.as_deref());
     let by_condition = match policy.condition {
         RestartCondition::None => false,
@@ -91,7 +91,7 @@ pub fn should_restart<'a>(task: &Task, slot_history: impl IntoIterator<Item = &'
 
 /// When a replacement created at `created_ms` with this spec may be told to run, seen at `now_ms`
 /// (`tasks::wait_end_ms`: a creation stamp from a clock far ahead does not stretch the delay).
-pub fn ready_at_ms(task: &Task, now_ms: u64) -> u64 {
+pub(crate) fn ready_at_ms(task: &Task, now_ms: u64) -> u64 {
     crate::tasks::wait_end_ms(created_ms(task), EffectivePolicy::of(task.spec.as_deref()).delay_ms, now_ms)
 }
 

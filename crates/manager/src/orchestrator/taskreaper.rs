@@ -28,22 +28,22 @@ use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 use crate::write::{is_conflict, propose_grouped, MAX_ACTIONS_PER_WRITE};
 
 /// History kept per slot when the cluster sets none (SwarmKit's default).
-pub const DEFAULT_RETENTION_LIMIT: usize = 5;
+pub(crate) const DEFAULT_RETENTION_LIMIT: usize = 5;
 /// The reaper flushes collected slots at most this long after the first one.
-pub const FLUSH_AFTER_MS: u64 = 250;
+pub(crate) const FLUSH_AFTER_MS: u64 = 250;
 /// The reaper flushes as soon as this many slots are collected.
-pub const MAX_DIRTY_SLOTS: usize = 1000;
+pub(crate) const MAX_DIRTY_SLOTS: usize = 1000;
 /// Most deletions proposed per write (also bounded by `write::MAX_ACTIONS_PER_WRITE`).
-pub const MAX_DELETES_PER_WRITE: usize = MAX_ACTIONS_PER_WRITE;
+pub(crate) const MAX_DELETES_PER_WRITE: usize = MAX_ACTIONS_PER_WRITE;
 /// Most attempts per flush when a deletion conflicts (a task changed or vanished meanwhile).
 const MAX_ATTEMPTS: u32 = 3;
 
 /// One slot of one service: what the reaper groups history by.
-pub type SlotKey = (String, u64);
+pub(crate) type SlotKey = (String, u64);
 
 /// The retention limit in force: the cluster's `task_history_retention_limit` (0 or no cluster: the
 /// default; negative: 0).
-pub fn retention_limit(tables: &Tables) -> usize {
+pub(crate) fn retention_limit(tables: &Tables) -> usize {
     let limit = tables
         .clusters()
         .iter()
@@ -66,7 +66,7 @@ fn stopped_or_never_assigned(t: &Task) -> bool {
 }
 
 /// The deletions for the given slots (see the module doc). Each task is deleted at most once.
-pub fn reap<'a>(tables: &Tables, keys: impl IntoIterator<Item = &'a SlotKey>) -> Changes {
+pub(crate) fn reap<'a>(tables: &Tables, keys: impl IntoIterator<Item = &'a SlotKey>) -> Changes {
     let limit = retention_limit(tables);
     let mut changes = Changes::new();
     for (service_id, slot) in keys {
@@ -134,13 +134,13 @@ fn trim_history(mut keep: Vec<&Arc<Task>>, limit: usize, changes: &mut Changes) 
 }
 
 /// Every slot that has a task.
-pub fn all_slots(tables: &Tables) -> BTreeSet<SlotKey> {
+pub(crate) fn all_slots(tables: &Tables) -> BTreeSet<SlotKey> {
     tables.tasks().iter().map(|t| (t.service_id.clone(), t.slot)).collect()
 }
 
 /// The task reaper subsystem.
 #[derive(Debug, Default)]
-pub struct TaskReaper;
+pub(crate) struct TaskReaper;
 
 impl Subsystem for TaskReaper {
     fn name(&self) -> &'static str {

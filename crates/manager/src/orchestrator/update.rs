@@ -52,20 +52,20 @@ use super::replicated::{SlotClass, Work};
 use super::{created_ms, observed_state, status_ms, task_is_live};
 
 /// The status message while an update runs.
-pub const UPDATING_MESSAGE: &str = "update in progress";
+pub(crate) const UPDATING_MESSAGE: &str = "update in progress";
 /// The status message once an update is done.
-pub const COMPLETED_MESSAGE: &str = "update completed";
+pub(crate) const COMPLETED_MESSAGE: &str = "update completed";
 /// The status message once a rollback is done.
-pub const ROLLBACK_COMPLETED_MESSAGE: &str = "rollback completed";
+pub(crate) const ROLLBACK_COMPLETED_MESSAGE: &str = "rollback completed";
 /// The status message of a rollback the user asked for (`docker service rollback`).
-pub const MANUAL_ROLLBACK_MESSAGE: &str = "manually requested rollback";
+pub(crate) const MANUAL_ROLLBACK_MESSAGE: &str = "manually requested rollback";
 /// The monitor period when the config sets none (SwarmKit's default).
-pub const DEFAULT_MONITOR_MS: u64 = 5000;
+pub(crate) const DEFAULT_MONITOR_MS: u64 = 5000;
 
 /// An update config with SwarmKit's defaults applied (parallelism 1, no delay, 5 s monitor, pause on the
 /// first failure, stop-first).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EffectiveUpdateConfig {
+pub(crate) struct EffectiveUpdateConfig {
     /// Slots replaced at once (0 = all).
     pub parallelism: u64,
     /// Pause between batches.
@@ -86,7 +86,7 @@ fn ms(d: Option<&shoal_api::prost_types::Duration>) -> Option<u64> {
 
 impl EffectiveUpdateConfig {
     /// The effective config of an optional `UpdateConfig`.
-    pub fn of(c: Option<&UpdateConfig>) -> EffectiveUpdateConfig {
+    pub(crate) fn of(c: Option<&UpdateConfig>) -> EffectiveUpdateConfig {
         match c {
             None => EffectiveUpdateConfig {
                 parallelism: 1,
@@ -109,7 +109,7 @@ impl EffectiveUpdateConfig {
 
     /// How long the update is watched after its last new task started: the monitor period, or the delay
     /// plus one second when the delay is at least as long (as SwarmKit, so the watch outlasts the delay).
-    pub fn watch_ms(&self) -> u64 {
+    pub(crate) fn watch_ms(&self) -> u64 {
         if self.delay_ms >= self.monitor_ms {
             self.delay_ms.saturating_add(1000)
         } else {
@@ -120,12 +120,12 @@ impl EffectiveUpdateConfig {
 
 /// True for an observed state that ends a task meant to run early: it failed, was rejected, exited or was
 /// lost. (SHUTDOWN is reported only after the manager asked for it.)
-pub fn is_failure(state: TaskState) -> bool {
+pub(crate) fn is_failure(state: TaskState) -> bool {
     matches!(state, TaskState::Failed | TaskState::Rejected | TaskState::Complete | TaskState::Orphaned)
 }
 
 /// The message of a failure action.
-pub fn failure_message(rolling_back: bool, action: FailureAction, has_previous: bool, task_id: &str) -> String {
+pub(crate) fn failure_message(rolling_back: bool, action: FailureAction, has_previous: bool, task_id: &str) -> String {
     let what = "due to failure or early termination of task";
     match (rolling_back, action) {
         (true, _) => format!("rollback paused {what} {task_id}"),

@@ -5,7 +5,7 @@ use shoal_api::{Node, NodeRole};
 
 /// How a constraint compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operator {
+pub(crate) enum Operator {
     /// `==`
     Eq,
     /// `!=`
@@ -14,7 +14,7 @@ pub enum Operator {
 
 /// One parsed constraint.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Constraint {
+pub(crate) struct Constraint {
     /// The key, as written (e.g. `node.labels.zone`); matching is case-insensitive on the fixed keys.
     pub key: String,
     /// The comparison.
@@ -25,7 +25,7 @@ pub struct Constraint {
 
 /// Why a constraint string is not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConstraintError {
+pub(crate) enum ConstraintError {
     /// No `==` or `!=` in the expression.
     #[error("invalid constraint {0:?}: expected KEY==VALUE or KEY!=VALUE")]
     NoOperator(String),
@@ -44,7 +44,7 @@ pub enum ConstraintError {
 }
 
 /// Parses every constraint, failing on the first bad one.
-pub fn parse(exprs: &[String]) -> Result<Vec<Constraint>, ConstraintError> {
+pub(crate) fn parse(exprs: &[String]) -> Result<Vec<Constraint>, ConstraintError> {
     exprs.iter().map(|e| parse_one(e)).collect()
 }
 
@@ -106,7 +106,7 @@ impl Constraint {
 
     /// True when `node` satisfies the constraint. Values compare case-insensitively, except labels'
     /// values which compare exactly. A missing value never equals, and always differs.
-    pub fn matches(&self, node: &Node) -> bool {
+    pub(crate) fn matches(&self, node: &Node) -> bool {
         let is_label = self.key.to_ascii_lowercase().contains(".labels.");
         let equal = match self.node_value(node) {
             None => false,

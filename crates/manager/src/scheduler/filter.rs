@@ -11,7 +11,7 @@ use super::constraint::{self, Constraint};
 use super::nodeinfo::{generic_need, Amount, NodeInfo};
 
 /// One test a node must pass to take a task.
-pub trait Filter: Send {
+pub(crate) trait Filter: Send {
     /// Prepares for `task`; returns false when the filter does not apply to it (then it is skipped).
     fn set_task(&mut self, task: &Task) -> bool;
     /// True when the node passes.
@@ -30,7 +30,7 @@ fn nodes(n: usize) -> String {
 
 /// The node is READY and its availability is ACTIVE (not paused or drained).
 #[derive(Debug, Default)]
-pub struct ReadyFilter;
+pub(crate) struct ReadyFilter;
 
 impl Filter for ReadyFilter {
     fn set_task(&mut self, _task: &Task) -> bool {
@@ -47,7 +47,7 @@ impl Filter for ReadyFilter {
 
 /// The node has the CPU, memory and generic resources the task reserves, after what its other tasks hold.
 #[derive(Debug, Default)]
-pub struct ResourceFilter {
+pub(crate) struct ResourceFilter {
     need: Amount,
     generic: Vec<(String, i64)>,
 }
@@ -75,7 +75,7 @@ impl Filter for ResourceFilter {
 
 /// The node satisfies the task's placement constraints (`scheduler::constraint`).
 #[derive(Debug, Default)]
-pub struct ConstraintFilter {
+pub(crate) struct ConstraintFilter {
     constraints: Vec<Constraint>,
     invalid: bool,
 }
@@ -108,7 +108,7 @@ impl Filter for ConstraintFilter {
 
 /// The node's platform is one of the task's `placement.platforms` (any, when the list is empty).
 #[derive(Debug, Default)]
-pub struct PlatformFilter {
+pub(crate) struct PlatformFilter {
     platforms: Vec<Platform>,
 }
 
@@ -123,7 +123,7 @@ fn normalize_arch(a: &str) -> String {
 
 /// True when the node's platform is one of `platforms` (any, when the list is empty). The global
 /// orchestrator uses it too, to choose the nodes a global service runs on.
-pub fn platform_matches(platforms: &[Platform], node: &shoal_api::Node) -> bool {
+pub(crate) fn platform_matches(platforms: &[Platform], node: &shoal_api::Node) -> bool {
     if platforms.is_empty() {
         return true;
     }
@@ -151,7 +151,7 @@ impl Filter for PlatformFilter {
 
 /// The node holds fewer than `placement.max_replicas` tasks of the task's service (when set).
 #[derive(Debug, Default)]
-pub struct MaxReplicasFilter {
+pub(crate) struct MaxReplicasFilter {
     service_id: String,
     max: u64,
 }
@@ -176,7 +176,7 @@ impl Filter for MaxReplicasFilter {
 /// that said why it has no data plane (`shoal_api::SHOAL_NO_DATA_PLANE_LABEL`, e.g. another Shoal daemon holds its
 /// network namespace's) is named with its reason in the explanation (the first such node of a pass).
 #[derive(Debug, Default)]
-pub struct PluginFilter {
+pub(crate) struct PluginFilter {
     drivers: Vec<String>,
     /// The first refused node's hostname (or ID) and reason, when it gave one.
     reason: std::sync::Mutex<Option<(String, String)>>,
@@ -226,7 +226,7 @@ impl Filter for PluginFilter {
 
 /// No task on the node holds a host-mode port the task publishes (SwarmKit's HostPortFilter).
 #[derive(Debug, Default)]
-pub struct HostPortFilter {
+pub(crate) struct HostPortFilter {
     ports: Vec<(i32, u32)>,
 }
 
@@ -251,7 +251,7 @@ struct Stage {
 
 /// The filters in order (ready, resources, constraints, platform, max replicas, plugins, host ports), with
 /// failure counts.
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     stages: Vec<Stage>,
 }
 
@@ -278,7 +278,7 @@ impl std::fmt::Debug for Pipeline {
 
 impl Pipeline {
     /// Prepares every filter for `task` and clears the failure counts.
-    pub fn set_task(&mut self, task: &Task) {
+    pub(crate) fn set_task(&mut self, task: &Task) {
         for s in &mut self.stages {
             s.enabled = s.filter.set_task(task);
             s.failures = 0;
@@ -286,7 +286,7 @@ impl Pipeline {
     }
 
     /// Runs the node through the filters; on refusal, counts it against the first filter that refused.
-    pub fn process(&mut self, node: &NodeInfo) -> bool {
+    pub(crate) fn process(&mut self, node: &NodeInfo) -> bool {
         for s in &mut self.stages {
             if s.enabled && !s.filter.check(node) {
                 s.failures += 1;
@@ -297,7 +297,7 @@ impl Pipeline {
     }
 
     /// The refusals, most frequent first (ties in pipeline order), joined by "; "; empty when none.
-    pub fn explain(&self) -> String {
+    pub(crate) fn explain(&self) -> String {
         let mut counted: Vec<(usize, usize)> =
             self.stages.iter().enumerate().filter(|(_, s)| s.failures > 0).map(|(i, s)| (i, s.failures)).collect();
         counted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));

@@ -36,13 +36,13 @@
 //! matches placement constraints.
 //! Must not depend on other subsystems or on IO other than `ClusterState`.
 
-pub mod constraint;
-pub mod filter;
-pub mod nodeinfo;
-pub mod nodeset;
-pub mod preferences;
+pub(crate) mod constraint;
+pub(crate) mod filter;
+pub(crate) mod nodeinfo;
+pub(crate) mod nodeset;
+pub(crate) mod preferences;
 mod runner;
-pub mod volumes;
+pub(crate) mod volumes;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -51,22 +51,22 @@ use std::sync::Arc;
 use shoal_api::{Task, TaskState, TaskStatus};
 use shoal_store::{Changes, StoreObject, Tables};
 
-pub use filter::{Filter, Pipeline};
-pub use nodeinfo::{Amount, NodeInfo, TaskLoad};
+pub(crate) use filter::Pipeline;
+pub(crate) use nodeinfo::{Amount, NodeInfo};
 pub use nodeset::NodeSet;
-pub use preferences::PreferenceTree;
-pub use runner::SchedulerLoop;
+pub(crate) use preferences::PreferenceTree;
+pub(crate) use runner::SchedulerLoop;
 
 use crate::subsystem::Subsystem;
 use crate::tasks::observed_state;
 
 /// The status message of a task the scheduler placed.
-pub const ASSIGNED_MESSAGE: &str = "scheduler assigned task to node";
+pub(crate) const ASSIGNED_MESSAGE: &str = "scheduler assigned task to node";
 /// The start of `status.err` for a task no node can take.
-pub const NO_SUITABLE_NODE: &str = "no suitable node";
+pub(crate) const NO_SUITABLE_NODE: &str = "no suitable node";
 
 /// The scheduler as a leader-only subsystem.
-pub fn subsystem() -> Box<dyn Subsystem> {
+pub(crate) fn subsystem() -> Box<dyn Subsystem> {
     Box::new(SchedulerLoop)
 }
 
@@ -100,7 +100,7 @@ pub struct SchedulePass {
 /// Most tasks with cluster volumes placed in one pass: they are written in one atomic write with their
 /// volumes, which must stay within `write::MAX_ACTIONS_PER_WRITE` and `MAX_BYTES_PER_WRITE`; the rest wait
 /// for the next pass, which follows at once.
-pub const MAX_VOLUME_TASKS_PER_PASS: usize = 32;
+pub(crate) const MAX_VOLUME_TASKS_PER_PASS: usize = 32;
 
 /// The scheduling core. Holds only the filter pipeline (reused between groups); every decision is a
 /// function of the view and node set passed to `schedule`.
@@ -111,7 +111,7 @@ pub struct Scheduler {
 
 /// True when the scheduler should place (or, with a node already set, check) this task: observed PENDING
 /// and meant to run (desired up to RUNNING, or COMPLETE for a job's task).
-pub fn is_schedulable(t: &Task) -> bool {
+pub(crate) fn is_schedulable(t: &Task) -> bool {
     observed_state(t) == TaskState::Pending && t.desired_state() <= TaskState::Complete
 }
 

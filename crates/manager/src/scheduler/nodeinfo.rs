@@ -65,7 +65,7 @@ impl Amount {
 
 /// The generic resources a task reserves, by kind (`Reservations.GenericResources`: counts only, as the
 /// control API accepts them).
-pub fn generic_need(t: &Task) -> Vec<(&str, i64)> {
+pub(crate) fn generic_need(t: &Task) -> Vec<(&str, i64)> {
     let r = t.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.reservations.as_ref());
     let Some(r) = r else { return Vec::new() };
     r.generic
@@ -120,7 +120,7 @@ pub struct Claimed {
 }
 
 /// True when the task counts on its node: it has a node and its observed state is not terminal.
-pub fn holds_resources(t: &Task) -> bool {
+pub(crate) fn holds_resources(t: &Task) -> bool {
     !t.node_id.is_empty() && !observed_state(t).is_terminal()
 }
 
@@ -133,7 +133,7 @@ pub fn is_ready_and_active(n: &Node) -> bool {
 
 /// The first 16 bytes of a node ID as a big-endian number, zero-padded. Comparing two keys gives the order
 /// of the IDs whenever the keys differ; equal keys need the full IDs.
-pub fn id_order_key(id: &str) -> u128 {
+pub(crate) fn id_order_key(id: &str) -> u128 {
     let mut b = [0u8; 16];
     let n = id.len().min(16);
     b[..n].copy_from_slice(&id.as_bytes()[..n]);
@@ -156,7 +156,7 @@ pub struct TaskLoad {
 }
 
 /// The host-mode ports a task publishes with a number (those it holds on its node).
-pub fn host_ports(t: &Task) -> impl Iterator<Item = (i32, u32)> + '_ {
+pub(crate) fn host_ports(t: &Task) -> impl Iterator<Item = (i32, u32)> + '_ {
     let ports = t.endpoint.as_ref().map(|e| e.ports.as_slice()).unwrap_or(&[]);
     ports
         .iter()

@@ -29,7 +29,7 @@ const ENGINE_LABELS: &str = "engine.labels.";
 
 /// A spread descriptor the tree can group by.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Descriptor {
+pub(crate) enum Descriptor {
     /// `node.labels.<name>`: a label of the node's spec.
     NodeLabel(String),
     /// `engine.labels.<name>`: a label the node's engine reports.
@@ -44,7 +44,7 @@ const ATTRIBUTES: [&str; 5] = ["node.id", "node.hostname", "node.role", "node.pl
 
 impl Descriptor {
     /// Parses `node.labels.<name>` or `engine.labels.<name>` (the prefix in any case, as SwarmKit reads it).
-    pub fn parse(descriptor: &str) -> Option<Descriptor> {
+    pub(crate) fn parse(descriptor: &str) -> Option<Descriptor> {
         let label = |prefix: &str| {
             let head = descriptor.get(..prefix.len())?;
             let name = &descriptor[prefix.len()..];
@@ -84,7 +84,7 @@ impl Descriptor {
 
 /// The spread descriptors of a task's placement preferences, in order. Descriptors the tree cannot group by
 /// are left out (the API refuses them at create and update, so only an older stored spec can hold one).
-pub fn descriptors(task: &Task) -> Vec<Descriptor> {
+pub(crate) fn descriptors(task: &Task) -> Vec<Descriptor> {
     let prefs = task.spec.as_ref().and_then(|s| s.placement.as_ref()).map(|p| p.preferences.as_slice()).unwrap_or(&[]);
     prefs
         .iter()
@@ -114,13 +114,13 @@ enum BranchKind<'a> {
 
 /// The decision tree of one group's pass.
 #[derive(Debug)]
-pub struct PreferenceTree<'a> {
+pub(crate) struct PreferenceTree<'a> {
     root: Branch<'a>,
 }
 
 impl<'a> PreferenceTree<'a> {
     /// The tree of every node in `infos` (IDs in `ids`, by slot) by `descriptors`, counting `service_id`'s tasks.
-    pub fn build(infos: &[NodeInfo], service_id: &str, descriptors: &[Descriptor]) -> PreferenceTree<'a> {
+    pub(crate) fn build(infos: &[NodeInfo], service_id: &str, descriptors: &[Descriptor]) -> PreferenceTree<'a> {
         let mut root = Branch::new(descriptors.is_empty());
         for (slot, info) in infos.iter().enumerate() {
             let tasks = info.service_tasks(service_id);
@@ -145,7 +145,7 @@ impl<'a> PreferenceTree<'a> {
 
     /// Places `task` on the best node under the tree (see the module doc), counting it there; returns the
     /// node's slot and the task's reservations, or `None` when no node of any branch can take it.
-    pub fn place(
+    pub(crate) fn place(
         &mut self,
         pipeline: &mut Pipeline,
         infos: &mut [NodeInfo],

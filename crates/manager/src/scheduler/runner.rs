@@ -42,7 +42,7 @@ const BACKOFF_MS: u64 = 100;
 
 /// The scheduler subsystem.
 #[derive(Debug, Default)]
-pub struct SchedulerLoop;
+pub(crate) struct SchedulerLoop;
 
 impl Subsystem for SchedulerLoop {
     fn name(&self) -> &'static str {

@@ -32,7 +32,7 @@ use shoal_store::Tables;
 use crate::tasks::observed_state;
 
 /// The cluster mounts of `task`'s container.
-pub fn cluster_mounts(task: &Task) -> impl Iterator<Item = &Mount> {
+pub(crate) fn cluster_mounts(task: &Task) -> impl Iterator<Item = &Mount> {
     let mounts = match task.spec.as_ref().and_then(|s| s.runtime.as_ref()) {
         Some(task_spec::Runtime::Container(c)) => c.mounts.as_slice(),
         _ => &[],
@@ -41,7 +41,7 @@ pub fn cluster_mounts(task: &Task) -> impl Iterator<Item = &Mount> {
 }
 
 /// True when `task` mounts a cluster volume.
-pub fn uses_cluster_volumes(task: &Task) -> bool {
+pub(crate) fn uses_cluster_volumes(task: &Task) -> bool {
     cluster_mounts(task).next().is_some()
 }
 
@@ -53,7 +53,7 @@ struct Use {
 
 /// The cluster volumes of one view, with their uses, and the volume writes a pass builds.
 #[derive(Debug, Default)]
-pub struct VolumeSet {
+pub(crate) struct VolumeSet {
     volumes: BTreeMap<String, Arc<Volume>>,
     by_name: HashMap<String, String>,
     by_group: BTreeMap<String, Vec<String>>,
@@ -64,7 +64,7 @@ pub struct VolumeSet {
 
 impl VolumeSet {
     /// The created volumes of `t` and their uses by live tasks.
-    pub fn build(t: &Tables) -> VolumeSet {
+    pub(crate) fn build(t: &Tables) -> VolumeSet {
         let mut set = VolumeSet::default();
         for v in t.volumes().iter() {
             if !v.created_by_plugin() || v.pending_delete {
@@ -96,7 +96,7 @@ impl VolumeSet {
 
     /// The volume of each of `task`'s cluster mounts usable on `node`, or why the node cannot take it (the
     /// first mount that found none). Nothing is reserved.
-    pub fn choose(&self, task: &Task, node: &shoal_api::Node) -> Result<Vec<VolumeAttachment>, String> {
+    pub(crate) fn choose(&self, task: &Task, node: &shoal_api::Node) -> Result<Vec<VolumeAttachment>, String> {
         let mut chosen: Vec<(String, bool)> = Vec::new();
         let mut out = Vec::new();
         for m in cluster_mounts(task) {
@@ -219,7 +219,7 @@ impl VolumeSet {
 
     /// Records `task` placed on `node_id` with `attachments`: the uses, and each volume's publication on the
     /// node (`PENDING_PUBLISH` when it has none there). Every volume it uses is written with it.
-    pub fn reserve(&mut self, task: &Task, node_id: &str, attachments: &[VolumeAttachment]) {
+    pub(crate) fn reserve(&mut self, task: &Task, node_id: &str, attachments: &[VolumeAttachment]) {
         for a in attachments {
             let read_only = cluster_mounts(task).any(|m| m.source == a.source && m.target == a.target && m.readonly);
             self.uses.entry(a.id.clone()).or_default().push(Use { node_id: node_id.to_string(), read_only });
@@ -236,14 +236,14 @@ impl VolumeSet {
     }
 
     /// The volumes to write with the pass's tasks.
-    pub fn take_written(&mut self) -> Vec<Volume> {
+    pub(crate) fn take_written(&mut self) -> Vec<Volume> {
         std::mem::take(&mut self.written).into_values().collect()
     }
 }
 
 /// True when a node at `node` (its place in the plugin's topology; `None`: it says nothing) can reach a
 /// volume accessible from `accessible` (empty: from anywhere): every segment of one of them is the node's.
-pub fn in_topology(node: Option<&Topology>, accessible: &[Topology]) -> bool {
+pub(crate) fn in_topology(node: Option<&Topology>, accessible: &[Topology]) -> bool {
     let Some(node) = node else { return true };
     accessible.is_empty() || accessible.iter().any(|t| t.segments.iter().all(|(k, v)| node.segments.get(k) == Some(v)))
 }

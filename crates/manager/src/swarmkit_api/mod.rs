@@ -12,13 +12,12 @@
 
 mod control;
 mod health;
-mod watch;
+pub(crate) mod watch;
 
 pub use control::ControlService;
 pub use health::HealthService;
-pub use watch::{
-    WatchService, LOG_READ_CHUNK_ENTRIES, MAX_EVENTS_PER_MESSAGE, MAX_WATCH_ENTRIES, SUBSCRIBER_QUEUE_MESSAGES,
-};
+#[cfg(test)]
+pub(crate) use watch::{WatchService, MAX_WATCH_ENTRIES, SUBSCRIBER_QUEUE_MESSAGES};
 
 use tonic::Status;
 
@@ -26,7 +25,7 @@ use crate::controlapi::ControlError;
 use crate::state::ClusterState;
 
 /// The gRPC status SwarmKit's controlapi answers for `e`.
-pub fn status_of(e: ControlError) -> Status {
+pub(crate) fn status_of(e: ControlError) -> Status {
     let msg = e.to_string();
     match e {
         ControlError::NotFound { .. } => Status::not_found(msg),

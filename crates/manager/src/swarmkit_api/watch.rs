@@ -33,15 +33,15 @@ use super::read_barrier;
 use crate::state::ClusterState;
 
 /// Most entries one request may hold.
-pub const MAX_WATCH_ENTRIES: usize = 64;
+pub(crate) const MAX_WATCH_ENTRIES: usize = 64;
 /// Most selectors one entry may hold.
 pub(super) const MAX_FILTERS_PER_ENTRY: usize = 16;
 /// Messages queued for one subscriber between the store's watch queue and the connection.
-pub const SUBSCRIBER_QUEUE_MESSAGES: usize = 64;
+pub(crate) const SUBSCRIBER_QUEUE_MESSAGES: usize = 64;
 /// Log entries read per step of a replay.
-pub const LOG_READ_CHUNK_ENTRIES: u64 = 256;
+pub(crate) const LOG_READ_CHUNK_ENTRIES: u64 = 256;
 /// Most events in one message; a larger commit is sent as several messages of the same version.
-pub const MAX_EVENTS_PER_MESSAGE: usize = 1000;
+pub(crate) const MAX_EVENTS_PER_MESSAGE: usize = 1000;
 
 /// The Watch service over a manager's store, resuming through `log` when there is one.
 #[derive(Clone)]

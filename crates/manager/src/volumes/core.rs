@@ -11,7 +11,7 @@ use crate::tasks::observed_state;
 
 /// The next step for one volume.
 #[derive(Debug, PartialEq)]
-pub enum Work {
+pub(crate) enum Work {
     /// Have `plugin` create the volume, then write its answer to `VolumeInfo`.
     Create {
         /// The volume's driver.
@@ -61,7 +61,7 @@ pub enum Work {
 }
 
 /// The next step for `v` in the view `t`.
-pub fn next_work(t: &Tables, v: &Volume) -> Work {
+pub(crate) fn next_work(t: &Tables, v: &Volume) -> Work {
     let Some(spec) = v.spec.as_ref() else { return Work::Nothing };
     let plugin = spec.driver.as_ref().map(|d| d.name.clone()).unwrap_or_default();
     if v.pending_delete {
@@ -106,7 +106,7 @@ pub fn next_work(t: &Tables, v: &Volume) -> Work {
 }
 
 /// How many tasks on `node_id` use volume `volume_id` and may still run (observed state not terminal).
-pub fn live_users(t: &Tables, volume_id: &str, node_id: &str) -> usize {
+pub(crate) fn live_users(t: &Tables, volume_id: &str, node_id: &str) -> usize {
     t.tasks()
         .by_node(node_id)
         .filter(|task| task.volumes.iter().any(|a| a.id == volume_id) && !observed_state(task).is_terminal())
@@ -114,9 +114,9 @@ pub fn live_users(t: &Tables, volume_id: &str, node_id: &str) -> usize {
 }
 
 /// The status message of a task rejected because its volume is drained.
-pub const DRAINED_MESSAGE: &str = "task rejected: its cluster volume is drained";
+pub(crate) const DRAINED_MESSAGE: &str = "task rejected: its cluster volume is drained";
 /// The status error of such a task (SwarmKit's).
-pub const DRAINED_ERR: &str = "attached to volume which is being drained";
+pub(crate) const DRAINED_ERR: &str = "attached to volume which is being drained";
 
 fn is_drained(v: &Volume) -> bool {
     v.spec.as_ref().is_some_and(|s| s.availability == shoal_api::volume_spec::VolumeAvailability::Drain as i32)
@@ -134,7 +134,7 @@ fn drains(task: &shoal_api::Task, volume_id: &str) -> bool {
 /// The tasks to reject because `v` is drained, each REJECTED at `now_ms` (SwarmKit's volume enforcer): their
 /// orchestrators replace them, and the scheduler keeps the replacements off the volume while it is drained.
 /// The observed state is the agent's, but a rejection only moves it forward, as the constraint enforcer's.
-pub fn drained(t: &Tables, v: &Volume, now_ms: u64) -> Vec<shoal_api::Task> {
+pub(crate) fn drained(t: &Tables, v: &Volume, now_ms: u64) -> Vec<shoal_api::Task> {
     if !is_drained(v) {
         return Vec::new();
     }
@@ -170,7 +170,7 @@ fn csi_node_id(t: &Tables, node_id: &str, plugin: &str) -> Option<String> {
 ///   the call, so the plugin may have published it);
 /// - `PUBLISHED` or `PENDING_NODE_UNPUBLISH` on a node that is gone: `PENDING_UNPUBLISH` (no node is left to
 ///   unpublish it).
-pub fn released(t: &Tables, v: &Volume) -> Option<Volume> {
+pub(crate) fn released(t: &Tables, v: &Volume) -> Option<Volume> {
     use volume_publish_status::State;
     let mut out: Option<Volume> = None;
     for (i, st) in v.publish_status.iter().enumerate() {
@@ -273,7 +273,7 @@ fn secrets(t: &Tables, v: &Volume) -> Result<HashMap<String, String>, String> {
 
 /// `CreateVolume` for `v`: its name, the driver's options as parameters, its secrets, its access mode as the
 /// one capability, its capacity range and topology requirement.
-pub fn create_request(t: &Tables, v: &Volume) -> Result<csi::CreateVolumeRequest, String> {
+pub(crate) fn create_request(t: &Tables, v: &Volume) -> Result<csi::CreateVolumeRequest, String> {
     let spec = v.spec.as_ref().ok_or("the volume has no spec")?;
     Ok(csi::CreateVolumeRequest {
         name: spec.annotations.as_ref().map(|a| a.name.clone()).unwrap_or_default(),
@@ -331,7 +331,7 @@ pub fn capability(mode: &VolumeAccessMode) -> csi::VolumeCapability {
 }
 
 /// What a plugin's `CreateVolume` answered, as the volume's `VolumeInfo`.
-pub fn volume_info(v: csi::Volume) -> VolumeInfo {
+pub(crate) fn volume_info(v: csi::Volume) -> VolumeInfo {
     VolumeInfo {
         capacity_bytes: v.capacity_bytes,
         volume_context: v.volume_context.into_iter().collect(),

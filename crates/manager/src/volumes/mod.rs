@@ -12,7 +12,7 @@
 //!
 //! Must not know how a plugin is reached (sockets, gRPC channels).
 
-mod core;
+pub(crate) mod core;
 mod runner;
 #[cfg(test)]
 mod tests;
@@ -22,11 +22,11 @@ use std::pin::Pin;
 
 use shoal_api::csi;
 
-pub use self::core::{
-    capability, create_request, drained, live_users, next_work, released, volume_info, Work, DRAINED_ERR,
-    DRAINED_MESSAGE,
-};
-pub use self::runner::{VolumeManager, CALL_TIMEOUT_MS, MAX_VOLUME_INFO_BYTES, RETRY_MAX_MS, RETRY_MIN_MS};
+#[cfg(test)]
+pub(crate) use self::core::{capability, next_work, Work, DRAINED_ERR, DRAINED_MESSAGE};
+pub(crate) use self::runner::VolumeManager;
+#[cfg(test)]
+pub(crate) use self::runner::{MAX_VOLUME_INFO_BYTES, RETRY_MAX_MS, RETRY_MIN_MS};
 
 /// A plugin call in flight.
 pub type PluginFuture<T> = Pin<Box<dyn Future<Output = Result<T, PluginError>> + Send + 'static>>;
@@ -75,7 +75,7 @@ pub trait ControllerPlugins: Send + Sync + std::fmt::Debug + 'static {
 /// No plugin at all: every call is `NotConfigured` (a manager started without `--csi-plugin`, the
 /// simulation).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct NoPlugins;
+pub(crate) struct NoPlugins;
 
 impl ControllerPlugins for NoPlugins {
     fn create_volume(&self, plugin: &str, _: csi::CreateVolumeRequest) -> PluginFuture<csi::Volume> {

@@ -15,23 +15,23 @@ use crate::state::ClusterState;
 use crate::subsystem::{stopped, Subsystem, SubsystemFuture};
 
 /// The largest `VolumeInfo` (a plugin's answer to `CreateVolume`, encoded) written to the store.
-pub const MAX_VOLUME_INFO_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_VOLUME_INFO_BYTES: usize = 64 * 1024;
 /// How long a plugin call may take (SwarmKit's `CSIRPCTimeout`).
-pub const CALL_TIMEOUT_MS: u64 = 15_000;
+pub(crate) const CALL_TIMEOUT_MS: u64 = 15_000;
 /// The first retry of a volume whose step failed comes after this long, each next one after twice as long...
-pub const RETRY_MIN_MS: u64 = 500;
+pub(crate) const RETRY_MIN_MS: u64 = 500;
 /// ...up to this.
-pub const RETRY_MAX_MS: u64 = 60_000;
+pub(crate) const RETRY_MAX_MS: u64 = 60_000;
 
 /// The leader-only volume manager (see the module doc of `volumes`).
 #[derive(Debug, Clone)]
-pub struct VolumeManager {
+pub(crate) struct VolumeManager {
     plugins: Arc<dyn ControllerPlugins>,
 }
 
 impl VolumeManager {
     /// A volume manager calling `plugins`.
-    pub fn new(plugins: Arc<dyn ControllerPlugins>) -> VolumeManager {
+    pub(crate) fn new(plugins: Arc<dyn ControllerPlugins>) -> VolumeManager {
         VolumeManager { plugins }
     }
 }

@@ -44,7 +44,7 @@ use shoal_testkit::docker_engine::{self, engine, engine_ok};
 use shoal_testkit::managers::post_service;
 
 const WAIT: Duration = Duration::from_secs(90);
-/// The label of a network-namespace holder (`shoal_agent::docker::holder::LABEL_HOLDER_TASK_ID`).
+/// The label of a network-namespace holder (`shoal_agent::LABEL_HOLDER_TASK_ID`).
 const HOLDER_LABEL: &str = "com.shoal.netns-holder.task.id";
 
 /// The web task: its first line is its interfaces (`FIRST ...`), then busybox httpd serves its hostname.

@@ -17,7 +17,7 @@ use shoal_api::dispatcher_client::DispatcherClient;
 use shoal_api::prost::Message;
 use shoal_api::{NodeDescription, NodeTlsInfo, SessionRequest};
 use shoal_manager::controlapi::limits::{MAX_NODE_DESCRIPTION_BYTES, MAX_NODE_LABEL_BYTES};
-use shoal_manager::dispatcher::registrations::{REGISTRATION_BURST, REGISTRATION_REFILL_MS};
+use shoal_manager::{REGISTRATION_BURST, REGISTRATION_REFILL_MS};
 use shoal_testkit::http::request;
 
 /// How long the worker and the operator keep at it.
