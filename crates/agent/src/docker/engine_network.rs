@@ -164,11 +164,11 @@ impl EngineNetwork {
 /// the last task counted on it is removed, so a task between its container's creation and its start (the
 /// engine counts only started containers as the network's users) never loses it to another task's removal.
 #[derive(Clone, Default)]
-pub struct EngineNetworkUsers(Arc<tokio::sync::Mutex<HashMap<String, usize>>>);
+pub(crate) struct EngineNetworkUsers(Arc<tokio::sync::Mutex<HashMap<String, usize>>>);
 
 impl EngineNetworkUsers {
     /// Makes `net` on the engine unless it is there, and counts one more task on it.
-    pub async fn hold(&self, net: &EngineNetwork, docker: &Docker) -> Result<(), String> {
+    pub(crate) async fn hold(&self, net: &EngineNetwork, docker: &Docker) -> Result<(), String> {
         let mut users = self.0.lock().await;
         net.ensure(docker).await?;
         *users.entry(net.name().to_string()).or_default() += 1;
@@ -178,7 +178,7 @@ impl EngineNetworkUsers {
     /// Counts one task fewer on `net` when `held` (it was counted), and removes the network from the engine
     /// once none is left (an uncounted task's removal, such as a container adopted at a restart that never
     /// prepared, removes it only when no task of this agent holds it).
-    pub async fn let_go(&self, net: &EngineNetwork, docker: &Docker, held: bool) {
+    pub(crate) async fn let_go(&self, net: &EngineNetwork, docker: &Docker, held: bool) {
         let mut users = self.0.lock().await;
         let left = match users.get_mut(net.name()) {
             Some(n) if held => {
