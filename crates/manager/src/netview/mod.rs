@@ -178,6 +178,7 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
                 backends,
                 aliases,
                 ingress_ports: if ingress.as_deref() == Some(n) { ingress_ports(s) } else { Vec::new() },
+                backends6: Vec::new(),
             });
         }
     }
@@ -188,7 +189,7 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
             .remove(n.as_str())
             .unwrap_or_default()
             .into_iter()
-            .map(|(address, node_addr)| RemotePeer { address, node_addr })
+            .map(|(address, node_addr)| RemotePeer { address, node_addr, address6: String::new() })
             .collect();
         ps.sort_by_key(|p| p.address.parse::<std::net::Ipv4Addr>().ok());
         view.networks.push(NetworkPeers { network_id: n.clone(), peers: ps, services: svcs });

@@ -137,7 +137,7 @@ fn task(id: &str, service: &str, node: &str, state: TaskState, networks: &[&str]
 }
 
 fn peer(address: &str, node_addr: &str) -> RemotePeer {
-    RemotePeer { address: address.into(), node_addr: node_addr.into() }
+    RemotePeer { address: address.into(), node_addr: node_addr.into(), address6: String::new() }
 }
 
 fn backends(id: &str, name: &str, vip: &str, b: &[&str], aliases: &[&str]) -> ServiceBackends {
@@ -148,6 +148,7 @@ fn backends(id: &str, name: &str, vip: &str, b: &[&str], aliases: &[&str]) -> Se
         backends: b.iter().map(|s| s.to_string()).collect(),
         aliases: aliases.iter().map(|s| s.to_string()).collect(),
         ingress_ports: vec![],
+        backends6: vec![],
     }
 }
 

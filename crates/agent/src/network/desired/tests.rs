@@ -110,10 +110,10 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
             NetworkPeers {
                 network_id: "net-app".into(),
                 peers: vec![
-                    RemotePeer { address: "10.0.1.3".into(), node_addr: "192.168.0.2".into() },
+                    RemotePeer { address: "10.0.1.3".into(), node_addr: "192.168.0.2".into(), ..Default::default() },
                     // Outside the subnet, or claiming this node: ignored.
-                    RemotePeer { address: "10.9.9.9".into(), node_addr: "192.168.0.2".into() },
-                    RemotePeer { address: "10.0.1.4".into(), node_addr: "192.168.0.1".into() },
+                    RemotePeer { address: "10.9.9.9".into(), node_addr: "192.168.0.2".into(), ..Default::default() },
+                    RemotePeer { address: "10.0.1.4".into(), node_addr: "192.168.0.1".into(), ..Default::default() },
                 ],
                 services: vec![ServiceBackends {
                     service_id: "s1".into(),
@@ -122,6 +122,7 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
                     backends: vec!["10.0.1.2".into(), "10.0.1.3".into()],
                     aliases: vec!["www".into()],
                     ingress_ports: vec![],
+                    backends6: vec![],
                 }],
             },
             NetworkPeers { network_id: "net-other".into(), ..Default::default() },
@@ -218,7 +219,11 @@ fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_t
         node_addr: "192.168.0.1".into(),
         networks: vec![NetworkPeers {
             network_id: "net-ing".into(),
-            peers: vec![RemotePeer { address: "10.0.0.3".into(), node_addr: "192.168.0.2".into() }],
+            peers: vec![RemotePeer {
+                address: "10.0.0.3".into(),
+                node_addr: "192.168.0.2".into(),
+                ..Default::default()
+            }],
             services: vec![ServiceBackends {
                 service_id: "s2".into(),
                 name: "front".into(),
@@ -229,6 +234,7 @@ fn the_mesh_forwards_ingress_ports_to_the_backends_and_host_ports_to_the_local_t
                     MeshPort { protocol: P::Tcp as i32, published_port: 8080, target_port: 80 },
                     MeshPort { protocol: P::Udp as i32, published_port: 5353, target_port: 53 },
                 ],
+                backends6: vec![],
             }],
         }]
         .into_iter()
@@ -398,7 +404,7 @@ fn a_network_of_two_subnets_carries_a_vni_gateway_and_peers_per_subnet() {
             network_id: "net-two".into(),
             peers: ["10.0.1.7", "10.0.9.7", "10.0.5.7"]
                 .iter()
-                .map(|a| RemotePeer { address: a.to_string(), node_addr: "192.0.2.2".into() })
+                .map(|a| RemotePeer { address: a.to_string(), node_addr: "192.0.2.2".into(), ..Default::default() })
                 .collect(),
             ..Default::default()
         }],
