@@ -2,7 +2,8 @@
 //! namespace on `127.0.0.11:53` (UDP and TCP; the sockets are made in the namespace and served by this
 //! process, so the resolver knows which task asks) and answers from that task's `Zone`: for every service on
 //! the task's networks, `service`, `service.network` and each alias give the VIP (the task addresses in dnsrr
-//! mode), `tasks.service` and `tasks.service.network` (and the same of each alias) the task addresses. Other names are
+//! mode), `tasks.service` and `tasks.service.network` (and the same of each alias) the task addresses. On a network
+//! with IPv6 the same names answer AAAA with the tasks' IPv6 addresses (there is no IPv6 VIP). Other names are
 //! forwarded from the node's own namespace to the node's resolvers, unless all the task's networks are internal (then
 //! REFUSED).
 //!
@@ -12,13 +13,13 @@
 //! (beyond: closed), `TCP_IDLE_TIMEOUT`, messages of `MAX_MESSAGE_BYTES`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -69,6 +70,8 @@ pub fn upstreams_from_resolv_conf(text: &str) -> Vec<SocketAddr> {
 pub struct Zone {
     /// Lower-case name (no trailing dot) -> addresses, sorted.
     pub names: BTreeMap<String, Vec<Ipv4Addr>>,
+    /// The same names' IPv6 addresses (AAAA), on networks with IPv6, sorted.
+    pub names6: BTreeMap<String, Vec<Ipv6Addr>>,
     /// Whether other names are forwarded (some network of the task is not internal).
     pub forward: bool,
 }
@@ -76,6 +79,7 @@ pub struct Zone {
 /// The zone of `task` in `state` (which has passed `validate`).
 pub fn zone_for(state: &NodeNetState, task: &TaskState) -> Zone {
     let mut names: BTreeMap<String, BTreeSet<Ipv4Addr>> = BTreeMap::new();
+    let mut names6: BTreeMap<String, BTreeSet<Ipv6Addr>> = BTreeMap::new();
     let mut forward = false;
     for a in &task.attachments {
         let Some(n) = state.network(&a.network_id) else {
@@ -102,9 +106,24 @@ pub fn zone_for(state: &NodeNetState, task: &TaskState) -> Zone {
                     names.entry(full).or_default().extend(s.backends.iter().copied());
                 }
             }
+            // AAAA: every name of the service gives its tasks' IPv6 addresses.
+            if n.ipv6.is_some() {
+                for name in std::iter::once(&s.name).chain(&s.aliases) {
+                    let name = name.to_ascii_lowercase();
+                    for full in
+                        [name.clone(), format!("{name}.{net}"), format!("tasks.{name}"), format!("tasks.{name}.{net}")]
+                    {
+                        names6.entry(full).or_default().extend(s.backends6.iter().copied());
+                    }
+                }
+            }
         }
     }
-    Zone { names: names.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect(), forward }
+    Zone {
+        names: names.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect(),
+        names6: names6.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect(),
+        forward,
+    }
 }
 
 /// What to do with one query.
@@ -150,16 +169,20 @@ pub fn answer(zone: &Zone, query: &[u8], udp: bool) -> Answer {
     }
     let query = &q.queries[0];
     let name = query.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
-    let Some(addrs) = zone.names.get(&name) else {
+    let (addrs, addrs6) = (zone.names.get(&name), zone.names6.get(&name));
+    if addrs.is_none() && addrs6.is_none() {
         return if zone.forward { Answer::Forward } else { reply(ResponseCode::Refused, Vec::new()) };
-    };
-    let records = match query.query_type() {
-        RecordType::A | RecordType::ANY => {
-            addrs.iter().map(|ip| Record::from_rdata(query.name().clone(), TTL_SECS, RData::A(A(*ip)))).collect()
-        }
-        // The name exists but has no records of this type (AAAA and the rest): NOERROR, empty.
+    }
+    let a = || addrs.into_iter().flatten().map(|ip| RData::A(A(*ip)));
+    let aaaa = || addrs6.into_iter().flatten().map(|ip| RData::AAAA(AAAA(*ip)));
+    let data: Vec<RData> = match query.query_type() {
+        RecordType::A => a().collect(),
+        RecordType::AAAA => aaaa().collect(),
+        RecordType::ANY => a().chain(aaaa()).collect(),
+        // The name exists but has no records of this type: NOERROR, empty.
         _ => Vec::new(),
     };
+    let records = data.into_iter().map(|d| Record::from_rdata(query.name().clone(), TTL_SECS, d)).collect();
     reply(ResponseCode::NoError, records)
 }
 
@@ -403,6 +426,20 @@ pub fn query_bytes(id: u16, name: &str, rtype: RecordType) -> Vec<u8> {
     m.to_vec().unwrap_or_default()
 }
 
+/// The AAAA records of a response (for tests and tools).
+pub fn parse_response6(bytes: &[u8]) -> Option<Vec<Ipv6Addr>> {
+    let m = Message::from_vec(bytes).ok()?;
+    Some(
+        m.answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::AAAA(a) => Some(a.0),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
 /// The response code and A records of a response (for tests and tools).
 pub fn parse_response(bytes: &[u8]) -> Option<(ResponseCode, bool, Vec<Ipv4Addr>)> {
     let m = Message::from_vec(bytes).ok()?;
@@ -430,6 +467,7 @@ mod tests {
             aliases: if name == "web" { vec!["www".into()] } else { Vec::new() },
             vip,
             backends,
+            backends6: Vec::new(),
         };
         let net = NetworkState {
             id: "n1".into(),
@@ -445,11 +483,12 @@ mod tests {
                 svc("web", Some(Ipv4Addr::new(10, 9, 200, 1)), (0..backends).map(ip).collect()),
                 svc("db", None, vec![ip(0)]),
             ],
+            ipv6: None,
         };
         let task = TaskState {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
-            attachments: vec![Attachment { network_id: "n1".into(), address: ip(1), ifname: None }],
+            attachments: vec![Attachment { network_id: "n1".into(), address: ip(1), ifname: None, address6: None }],
             joined: false,
         };
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
@@ -491,6 +530,29 @@ mod tests {
         let internal = Zone { forward: false, ..z };
         check(&internal, "example.org", RecordType::A, Some((ResponseCode::Refused, &[])));
         assert_eq!(answer(&internal, b"not dns", true), Answer::Drop);
+    }
+
+    #[test]
+    fn names_on_an_ipv6_network_answer_aaaa_with_the_tasks_ipv6_addresses() {
+        let (mut s, t) = state(2);
+        let v6 = |h: u16| Ipv6Addr::new(0xfd00, 9, 0, 0, 0, 0, 0, h);
+        s.networks[0].ipv6 = Some(crate::state::Subnet6 { subnet: "fd00:9::/64".parse().unwrap(), gateway: v6(1) });
+        s.networks[0].services[0].backends6 = vec![v6(3), v6(2)];
+        s.validate().expect("valid");
+        let z = zone_for(&s, &t);
+        let aaaa = |name: &str| {
+            let Answer::Reply(b) = answer(&z, &query_bytes(7, name, RecordType::AAAA), true) else { panic!("{name}") };
+            (parse_response(&b).expect("a response").0, parse_response6(&b).expect("a response"))
+        };
+        let ok = ResponseCode::NoError;
+        for name in ["web", "web.appnet", "www", "tasks.web", "tasks.www.appnet"] {
+            assert_eq!(aaaa(name), (ok, vec![v6(2), v6(3)]), "{name}");
+        }
+        // A stays IPv4 (the VIP); a service without IPv6 backends has the name and no AAAA.
+        check(&z, "web", RecordType::A, Some((ok, &[Ipv4Addr::new(10, 9, 200, 1)])));
+        assert_eq!(aaaa("db"), (ok, vec![]));
+        let Answer::Reply(b) = answer(&z, &query_bytes(7, "web", RecordType::ANY), true) else { panic!("ANY") };
+        assert_eq!((parse_response(&b).unwrap().2.len(), parse_response6(&b).unwrap().len()), (1, 2));
     }
 
     #[test]

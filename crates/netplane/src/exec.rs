@@ -11,7 +11,7 @@
 //! name is left: `observe` reports it `dead` and the planner makes it again.
 
 use std::io::{Read, Write};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::names;
 use crate::plan::{plan, Fdb, ForwardChain, Link, LinkKind, Neigh, NetworkNs, Observed, Op, TaskIface, TaskNs};
-use crate::state::{Ipv4Cidr, Mac, NodeNetState};
+use crate::state::{Ipv4Cidr, Ipv6Cidr, Mac, NodeNetState};
 use crate::Error;
 
 /// Longest any one command may run before it is killed.
@@ -141,6 +141,7 @@ impl Executor {
                 let iface = TaskIface {
                     mac: str_of(l, "address").parse().ok(),
                     addrs: inet_addrs(l),
+                    addrs6: inet6_addrs(l),
                     mtu: num_of(&l["mtu"]).unwrap_or(0),
                     up: has_flag(l, "UP"),
                 };
@@ -316,8 +317,12 @@ impl Executor {
                     "permanent",
                 ],
             ),
-            Op::CreateVeth { vni, host, bridge, netns: task_ns, ifname, mac, addr, mtu } => {
-                self.create_veth(*vni, host, bridge, task_ns, ifname, *mac, *addr, *mtu)
+            Op::CreateVeth { vni, host, bridge, netns: task_ns, ifname, mac, addr, addr6, mtu } => {
+                self.create_veth(*vni, host, bridge, task_ns, ifname, *mac, *addr, *mtu)?;
+                match addr6 {
+                    Some(a) => self.add_ipv6(task_ns, ifname, *a),
+                    None => Ok(()),
+                }
             }
             Op::SetDefaultRoute { netns, via: Some((gw, dev)) } => {
                 self.ok(Some(netns), &["ip", "route", "replace", "default", "via", &gw.to_string(), "dev", dev])
@@ -477,6 +482,15 @@ impl Executor {
         self.ok(Some(task_ns), &["ip", "addr", "add", &addr.to_string(), "dev", ifname])?;
         self.ok(Some(task_ns), &["ip", "link", "set", ifname, "up"])?;
         self.ok(Some(task_ns), &["ip", "link", "set", "lo", "up"])
+    }
+
+    /// The IPv6 address `addr` on `ifname` in `task_ns`, with IPv6 turned on for the interface first (an
+    /// engine may have turned it off in a container's namespace) and no duplicate address detection (the
+    /// manager's allocation makes the address unique; detection would hold it tentative for a second).
+    fn add_ipv6(&self, task_ns: &Path, ifname: &str, addr: Ipv6Cidr) -> Result<(), Error> {
+        let key = format!("net.ipv6.conf.{ifname}.disable_ipv6=0");
+        self.ok(Some(task_ns), &["sysctl", "-qw", &key])?;
+        self.ok(Some(task_ns), &["ip", "-6", "addr", "replace", &addr.to_string(), "dev", ifname, "nodad"])
     }
 
     /// The comment of the `ip shoal` table in `netns` (the node's when `None`), whose `nft list tables` is
@@ -643,6 +657,22 @@ fn inet_addrs(link: &Value) -> Vec<Ipv4Cidr> {
         .filter_map(|a| {
             let addr: Ipv4Addr = a["local"].as_str()?.parse().ok()?;
             Some(Ipv4Cidr { addr, prefix_len: num_of(&a["prefixlen"])? })
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The global IPv6 addresses of an `ip -j addr show` entry (link-local ones are the kernel's).
+fn inet6_addrs(link: &Value) -> Vec<Ipv6Cidr> {
+    let mut out: Vec<Ipv6Cidr> = link["addr_info"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["family"].as_str() == Some("inet6") && a["scope"].as_str() == Some("global"))
+        .filter_map(|a| {
+            let addr: Ipv6Addr = a["local"].as_str()?.parse().ok()?;
+            Some(Ipv6Cidr { addr, prefix_len: num_of(&a["prefixlen"])? })
         })
         .collect();
     out.sort();

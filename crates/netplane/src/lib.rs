@@ -30,8 +30,8 @@ pub use dns::{resolv_conf, zone_for, Resolver, Zone};
 pub use exec::{probe, probe_encryption, Capabilities, EncryptionCapabilities, Executor};
 pub use plan::{plan, Observed, Op};
 pub use state::{
-    check_ifnames, mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeIngress, NodeNetState, Peer, Protocol,
-    PublishedPort, ServiceVip, Subnet, TaskState,
+    check_ifnames, mac_for, Attachment, Ipv4Cidr, Ipv6Cidr, Mac, NetworkState, NodeIngress, NodeNetState, Peer,
+    Protocol, PublishedPort, ServiceVip, Subnet, Subnet6, TaskState,
 };
 
 /// Whether this data plane can carry `network` (`encrypted`: created with `--opt encrypted`). The one place

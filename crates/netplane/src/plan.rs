@@ -14,12 +14,12 @@
 //! the node routes, masquerades and forwards published ports.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 use crate::names;
 use crate::nft;
-use crate::state::{mac_for, Attachment, Ipv4Cidr, Mac, NetworkState, NodeNetState, Subnet, TaskState};
+use crate::state::{mac_for, Attachment, Ipv4Cidr, Ipv6Cidr, Mac, NetworkState, NodeNetState, Subnet, TaskState};
 
 /// What the node has, as far as Shoal is concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -123,8 +123,9 @@ pub struct Fdb {
 pub struct Neigh {
     /// The VXLAN device.
     pub dev: String,
-    /// The remote task's address.
-    pub ip: Ipv4Addr,
+    /// The remote task's address (IPv4, or IPv6 on a network with IPv6: answered by the device's neighbour
+    /// discovery proxy).
+    pub ip: IpAddr,
     /// Its MAC.
     pub mac: Mac,
 }
@@ -150,6 +151,8 @@ pub struct TaskIface {
     pub mac: Option<Mac>,
     /// Its IPv4 addresses.
     pub addrs: Vec<Ipv4Cidr>,
+    /// Its global IPv6 addresses (link-local ones are the kernel's and not listed).
+    pub addrs6: Vec<Ipv6Cidr>,
     /// Its MTU.
     pub mtu: u16,
     /// Administratively up.
@@ -199,7 +202,7 @@ pub enum Op {
     /// Add (or replace) a neighbour entry.
     AddNeigh { vni: u32, neigh: Neigh },
     /// Create a veth: end `host` on `bridge` in the network's namespace, the other end `ifname` in `netns`
-    /// with `mac` and `addr`, up.
+    /// with `mac`, `addr` and `addr6` (IPv6 turned on for it, no duplicate address detection), up.
     CreateVeth {
         vni: u32,
         host: String,
@@ -208,6 +211,7 @@ pub enum Op {
         ifname: String,
         mac: Mac,
         addr: Ipv4Cidr,
+        addr6: Option<Ipv6Cidr>,
         mtu: u16,
     },
     /// Set (or remove, `None`) the default route of a task namespace.
@@ -476,11 +480,20 @@ impl Draft {
         };
         let want_fdb: BTreeSet<Fdb> =
             peers.iter().map(|p| Fdb { dev: vx.clone(), mac: p.mac, dst: p.node_ip }).collect();
-        let want_neigh: BTreeSet<Neigh> =
-            peers.iter().map(|p| Neigh { dev: vx.clone(), ip: p.address, mac: p.mac }).collect();
+        // A peer's IPv6 address shares its IPv4 one's MAC (one interface per task and network).
+        let want_neigh: BTreeSet<Neigh> = peers
+            .iter()
+            .flat_map(|p| {
+                let v6 = p.address6.filter(|a| n.contains6(*a)).map(IpAddr::V6);
+                std::iter::once(IpAddr::V4(p.address)).chain(v6).map(|ip| Neigh { dev: vx.clone(), ip, mac: p.mac })
+            })
+            .collect();
         self.removals
             .extend(have_fdb.iter().filter(|f| !want_fdb.contains(f)).map(|f| Op::DelFdb { vni, fdb: (*f).clone() }));
-        self.reachable.extend(have_neigh.iter().filter(|e| want_neigh.contains(e)).map(|e| e.ip));
+        self.reachable.extend(have_neigh.iter().filter(|e| want_neigh.contains(e)).filter_map(|e| match e.ip {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(_) => None,
+        }));
         self.removals.extend(
             have_neigh.iter().filter(|e| !want_neigh.contains(e)).map(|e| Op::DelNeigh { vni, neigh: (*e).clone() }),
         );
@@ -559,10 +572,12 @@ impl Draft {
         let br = names::bridge(sub.vni);
         let mac = mac_for(a.address);
         let addr = Ipv4Cidr { addr: a.address, prefix_len: sub.subnet.prefix_len };
+        let addr6 = a.address6.zip(n.ipv6).map(|(ip, s)| Ipv6Cidr { addr: ip, prefix_len: s.subnet.prefix_len });
         let host_link = ns.links.get(&host);
         let host_ok = host_link.is_some_and(|l| l.kind == LinkKind::Veth && l.up && l.mtu == mtu);
-        let inner_ok =
-            tns.ifaces.get(ifname).is_some_and(|f| f.mac == Some(mac) && f.addrs == [addr] && f.up && f.mtu == mtu);
+        let inner_ok = tns.ifaces.get(ifname).is_some_and(|f| {
+            f.mac == Some(mac) && f.addrs == [addr] && f.addrs6 == addr6.as_slice() && f.up && f.mtu == mtu
+        });
         let replumb = !(host_ok && inner_ok);
         if !replumb {
             self.reachable.insert(a.address);
@@ -581,6 +596,7 @@ impl Draft {
                 ifname: ifname.to_string(),
                 mac,
                 addr,
+                addr6,
                 mtu,
             });
         }
@@ -748,6 +764,7 @@ mod tests {
             encrypted: false,
             peers: Vec::new(),
             services: Vec::new(),
+            ipv6: None,
         }
     }
 
@@ -792,7 +809,8 @@ mod tests {
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         let mut n = net(7);
         let remote = Ipv4Addr::new(10, 9, 0, 9);
-        n.peers = vec![Peer { address: remote, mac: mac_for(remote), node_ip: Ipv4Addr::new(192, 0, 2, 2) }];
+        n.peers =
+            vec![Peer { address: remote, mac: mac_for(remote), node_ip: Ipv4Addr::new(192, 0, 2, 2), address6: None }];
         s.networks = vec![n];
         s.tasks = vec![TaskState {
             task_id: "t".into(),
@@ -801,6 +819,7 @@ mod tests {
                 network_id: "n7".into(),
                 address: Ipv4Addr::new(10, 9, 0, 2),
                 ifname: None,
+                address6: None,
             }],
             joined: false,
         }];
@@ -838,7 +857,99 @@ mod tests {
             mac: mac_for(Ipv4Addr::new(10, 9, 0, 2)),
             addr: "10.9.0.2/24".parse().unwrap(),
             mtu: 1450,
+            addr6: None,
         }));
+    }
+
+    /// A dual-stack network: the task's one interface gets its IPv6 address too, each peer an IPv6 neighbour
+    /// entry with its IPv4 one's MAC; an interface found without its IPv6 address is made again; nothing is
+    /// left to do once applied. Bad IPv6 states are refused.
+    #[test]
+    fn an_ipv6_network_gives_the_task_its_ipv6_address_and_peers_ipv6_neighbours() {
+        use crate::state::Subnet6;
+        use std::net::Ipv6Addr;
+        let v6 = |h: u16| Ipv6Addr::new(0xfd00, 9, 0, 0, 0, 0, 0, h);
+        let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
+        let mut n = net(7);
+        n.ipv6 = Some(Subnet6 { subnet: "fd00:9::/64".parse().unwrap(), gateway: v6(1) });
+        let remote = Ipv4Addr::new(10, 9, 0, 9);
+        n.peers = vec![Peer {
+            address: remote,
+            mac: mac_for(remote),
+            node_ip: Ipv4Addr::new(192, 0, 2, 2),
+            address6: Some(v6(9)),
+        }];
+        s.networks = vec![n];
+        let local = Ipv4Addr::new(10, 9, 0, 2);
+        s.tasks = vec![TaskState {
+            task_id: "t".into(),
+            netns: "/run/netns/t".into(),
+            attachments: vec![Attachment {
+                network_id: "n7".into(),
+                address: local,
+                ifname: None,
+                address6: Some(v6(2)),
+            }],
+            joined: false,
+        }];
+        s.validate().expect("valid");
+        let observed = with_network_7(&s);
+        let ops = plan(&observed, &s);
+        let neigh =
+            |ip: IpAddr| Op::AddNeigh { vni: 7, neigh: Neigh { dev: "shlx7".into(), ip, mac: mac_for(remote) } };
+        assert!(ops.contains(&neigh(remote.into())) && ops.contains(&neigh(v6(9).into())), "{ops:?}");
+        let veth = ops.iter().find_map(|o| match o {
+            Op::CreateVeth { addr6, .. } => Some(*addr6),
+            _ => None,
+        });
+        assert_eq!(veth, Some(Some("fd00:9::2/64".parse().unwrap())), "{ops:?}");
+
+        // Applied: nothing to do. Without its IPv6 address the interface is made again.
+        let mut applied = observed.clone();
+        let ns = applied.networks.get_mut(&7).unwrap();
+        for ip in [IpAddr::from(remote), v6(9).into()] {
+            ns.neigh.insert(Neigh { dev: "shlx7".into(), ip, mac: mac_for(remote) });
+        }
+        ns.fdb.insert(Fdb { dev: "shlx7".into(), mac: mac_for(remote), dst: Ipv4Addr::new(192, 0, 2, 2) });
+        let host = names::veth("t", "n7");
+        ns.links.insert(host, Link { master: Some("shlb7".into()), ..link(LinkKind::Veth) });
+        let iface = TaskIface {
+            mac: Some(mac_for(local)),
+            addrs: vec!["10.9.0.2/24".parse().unwrap()],
+            addrs6: vec!["fd00:9::2/64".parse().unwrap()],
+            mtu: 1450,
+            up: true,
+        };
+        let tns = TaskNs {
+            ifaces: [("eth0".to_string(), iface)].into(),
+            default_gw: Some(Ipv4Addr::new(10, 9, 0, 1)),
+            table: nft::task_table(&s, &s.tasks[0]).map(|t| t.tag),
+            ..TaskNs::default()
+        };
+        applied.tasks.insert("/run/netns/t".into(), tns);
+        assert_eq!(plan(&applied, &s), Vec::<Op>::new());
+        applied.tasks.get_mut(Path::new("/run/netns/t")).unwrap().ifaces.get_mut("eth0").unwrap().addrs6.clear();
+        assert!(kinds(&plan(&applied, &s)).contains(&"CreateVeth".to_string()));
+
+        let refused = |s: &NodeNetState, want: &str| {
+            let e = s.validate().expect_err(want).to_string();
+            assert!(e.contains(want), "{e} should contain {want:?}");
+        };
+        let mut bad = s.clone();
+        bad.tasks[0].attachments[0].address6 = Some(v6(1));
+        refused(&bad, "IPv6 address fd00:9::1 is not a host address");
+        bad.tasks[0].attachments[0].address6 = Some(Ipv6Addr::new(0xfd00, 8, 0, 0, 0, 0, 0, 2));
+        refused(&bad, "is not a host address of network n7's IPv6 subnet");
+        let mut bad = s.clone();
+        bad.networks[0].peers[0].address6 = Some(Ipv6Addr::new(0xfd00, 8, 0, 0, 0, 0, 0, 2));
+        refused(&bad, "peer IPv6 address fd00:8::2 is outside its IPv6 subnet");
+        let mut bad = s.clone();
+        bad.networks[0].ipv6 = Some(Subnet6 { subnet: "fd00:9::/32".parse().unwrap(), gateway: v6(1) });
+        refused(&bad, "must have a prefix length in 48..=120");
+        let mut bad = s.clone();
+        bad.networks[0].more_subnets =
+            vec![Subnet { vni: 8, subnet: "10.19.0.0/24".parse().unwrap(), gateway: Ipv4Addr::new(10, 19, 0, 1) }];
+        refused(&bad, "an IPv6 network takes one IPv4 subnet beside its IPv6 one");
     }
 
     /// A network of two subnets (docs/design/overlay-subnets.md): a bridge, VXLAN device (with its own VNI)
@@ -854,13 +965,13 @@ mod tests {
         n.more_subnets = vec![second];
         let (p1, p2) = (Ipv4Addr::new(10, 9, 0, 9), Ipv4Addr::new(10, 19, 0, 9));
         let other_node = Ipv4Addr::new(192, 0, 2, 2);
-        n.peers = [p1, p2].map(|a| Peer { address: a, mac: mac_for(a), node_ip: other_node }).into();
+        n.peers = [p1, p2].map(|a| Peer { address: a, mac: mac_for(a), node_ip: other_node, address6: None }).into();
         s.networks = vec![n];
         let (a1, a2) = (Ipv4Addr::new(10, 9, 0, 2), Ipv4Addr::new(10, 19, 0, 2));
         let task = |id: &str, address| TaskState {
             task_id: id.into(),
             netns: format!("/run/netns/{id}").into(),
-            attachments: vec![Attachment { network_id: "n7".into(), address, ifname: None }],
+            attachments: vec![Attachment { network_id: "n7".into(), address, ifname: None, address6: None }],
             joined: false,
         };
         s.tasks = vec![task("a", a1), task("b", a2)];
@@ -890,7 +1001,7 @@ mod tests {
         }
         for (peer, dev) in [(p1, "shlx7"), (p2, "shlx8")] {
             has(Op::AddFdb { vni: 7, fdb: Fdb { dev: dev.into(), mac: mac_for(peer), dst: other_node } });
-            has(Op::AddNeigh { vni: 7, neigh: Neigh { dev: dev.into(), ip: peer, mac: mac_for(peer) } });
+            has(Op::AddNeigh { vni: 7, neigh: Neigh { dev: dev.into(), ip: peer.into(), mac: mac_for(peer) } });
         }
         assert_eq!(ops.iter().filter(|o| matches!(o, Op::AddFdb { .. })).count(), 2, "each peer on one device");
         let (gw1, gw2) = (Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(10, 19, 0, 1));
@@ -907,6 +1018,7 @@ mod tests {
                 mac: mac_for(addr),
                 addr: Ipv4Cidr { addr, prefix_len: 24 },
                 mtu: 1450,
+                addr6: None,
             });
             has(Op::SetDefaultRoute { netns: netns.clone(), via: Some((gw, "eth0".into())) });
             has(Op::AddRoute { netns, dst: other.parse().unwrap(), via: gw, dev: "eth0".into() });
@@ -933,7 +1045,7 @@ mod tests {
         }
         for (peer, dev) in [(p1, "shlx7"), (p2, "shlx8")] {
             ns.fdb.insert(Fdb { dev: dev.into(), mac: mac_for(peer), dst: other_node });
-            ns.neigh.insert(Neigh { dev: dev.into(), ip: peer, mac: mac_for(peer) });
+            ns.neigh.insert(Neigh { dev: dev.into(), ip: peer.into(), mac: mac_for(peer) });
         }
         for (id, addr, br, gw, other) in
             [("a", a1, "shlb7", gw1, "10.19.0.0/24"), ("b", a2, "shlb8", gw2, "10.9.0.0/24")]
@@ -947,6 +1059,7 @@ mod tests {
                     addrs: vec![Ipv4Cidr { addr, prefix_len: 24 }],
                     mtu: 1450,
                     up: true,
+                    addrs6: Vec::new(),
                 },
             );
             tns.routes.insert((other.parse().unwrap(), gw));
@@ -994,6 +1107,7 @@ mod tests {
                 network_id: "n7".into(),
                 address: Ipv4Addr::new(10, 19, 0, 1),
                 ifname: None,
+                address6: None,
             }],
             joined: false,
         }];
@@ -1020,8 +1134,8 @@ mod tests {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
             attachments: vec![
-                Attachment { network_id: "n7".into(), address: a7, ifname: Some("front0".into()) },
-                Attachment { network_id: "n8".into(), address: a8, ifname: None },
+                Attachment { network_id: "n7".into(), address: a7, ifname: Some("front0".into()), address6: None },
+                Attachment { network_id: "n8".into(), address: a8, ifname: None, address6: None },
             ],
             joined: false,
         }];
@@ -1055,7 +1169,7 @@ mod tests {
         s.tasks = vec![TaskState {
             task_id: "t".into(),
             netns: "/run/netns/t".into(),
-            attachments: vec![Attachment { network_id: "n7".into(), address: addr, ifname: None }],
+            attachments: vec![Attachment { network_id: "n7".into(), address: addr, ifname: None, address6: None }],
             joined: true,
         }];
         let mut o = with_network_7(&s);
@@ -1065,6 +1179,7 @@ mod tests {
             addrs: vec!["172.17.0.2/16".parse().unwrap()],
             mtu: 1500,
             up: true,
+            addrs6: Vec::new(),
         };
         let mut tns = TaskNs { default_gw: Some(Ipv4Addr::new(172, 17, 0, 1)), ..TaskNs::default() };
         tns.ifaces.insert("eth0".into(), bridge_if);
@@ -1077,7 +1192,13 @@ mod tests {
         // Plumbed: found by its MAC, nothing to do.
         tns.ifaces.insert(
             "eth1".into(),
-            TaskIface { mac: Some(mac_for(addr)), addrs: vec!["10.9.0.2/24".parse().unwrap()], mtu: 1450, up: true },
+            TaskIface {
+                mac: Some(mac_for(addr)),
+                addrs: vec!["10.9.0.2/24".parse().unwrap()],
+                mtu: 1450,
+                up: true,
+                addrs6: Vec::new(),
+            },
         );
         o.tasks.insert("/run/netns/t".into(), tns.clone());
         o.networks
@@ -1210,12 +1331,13 @@ mod tests {
         let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
         let mut n = net(7);
         let remote = Ipv4Addr::new(10, 9, 0, 9);
-        n.peers = vec![Peer { address: remote, mac: mac_for(remote), node_ip: Ipv4Addr::new(192, 0, 2, 3) }];
+        n.peers =
+            vec![Peer { address: remote, mac: mac_for(remote), node_ip: Ipv4Addr::new(192, 0, 2, 3), address6: None }];
         s.networks = vec![n];
         let mut o = with_network_7(&s);
         let ns = o.networks.get_mut(&7).unwrap();
         ns.fdb.insert(Fdb { dev: "shlx7".into(), mac: mac_for(remote), dst: Ipv4Addr::new(192, 0, 2, 2) });
-        ns.neigh.insert(Neigh { dev: "shlx7".into(), ip: remote, mac: mac_for(remote) });
+        ns.neigh.insert(Neigh { dev: "shlx7".into(), ip: remote.into(), mac: mac_for(remote) });
         check(&o, &s, &["DelFdb", "AddFdb"]);
     }
 
@@ -1360,6 +1482,7 @@ mod tests {
                         aliases: Vec::new(),
                         vip: Some(Ipv4Addr::new(10, 9, 0, 100)),
                         backends: vec![Ipv4Addr::new(10, 9, 0, 2); 1025],
+                        backends6: Vec::new(),
                     }]
                 }),
                 "at most 1024",
@@ -1373,6 +1496,7 @@ mod tests {
                             network_id: "n7".into(),
                             address: Ipv4Addr::new(10, 1, 0, 2),
                             ifname: None,
+                            address6: None,
                         }],
                         joined: false,
                     }]

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
 use crate::Error;
@@ -27,6 +27,10 @@ pub const MAX_BACKENDS_PER_SERVICE: usize = 1024;
 pub const MAX_ALIASES: usize = 32;
 /// Longest service, alias or network name (one DNS label).
 pub const MAX_DNS_LABEL_LEN: usize = 63;
+/// Shortest IPv6 prefix of a network (the manager's bound too).
+pub const MIN_IPV6_PREFIX_LEN: u8 = 48;
+/// Longest IPv6 prefix of a network: a few addresses at least.
+pub const MAX_IPV6_PREFIX_LEN: u8 = 120;
 /// Largest VXLAN network identifier (24 bits).
 pub const MAX_VNI: u32 = (1 << 24) - 1;
 /// Longest network, task or service ID accepted.
@@ -99,6 +103,55 @@ impl std::str::FromStr for Ipv4Cidr {
             return Err(bad());
         }
         Ok(Ipv4Cidr { addr, prefix_len })
+    }
+}
+
+/// An IPv6 address with its prefix length (`fd00:1::2/64`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ipv6Cidr {
+    /// The address.
+    pub addr: Ipv6Addr,
+    /// The prefix length, 0..=128.
+    pub prefix_len: u8,
+}
+
+impl Ipv6Cidr {
+    /// The network address (host bits cleared): the subnet-router anycast address, nobody's.
+    pub fn network(&self) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.addr) & self.mask())
+    }
+
+    /// Whether `ip` lies in this prefix.
+    pub fn contains(&self, ip: Ipv6Addr) -> bool {
+        u128::from(ip) & self.mask() == u128::from(self.network())
+    }
+
+    fn mask(&self) -> u128 {
+        if self.prefix_len == 0 {
+            0
+        } else {
+            u128::MAX << (128 - u32::from(self.prefix_len.min(128)))
+        }
+    }
+}
+
+impl fmt::Display for Ipv6Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+impl std::str::FromStr for Ipv6Cidr {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || Error::Invalid(format!("{s:?} is not an IPv6 prefix like fd00:1::/64"));
+        let (a, p) = s.split_once('/').ok_or_else(bad)?;
+        let addr = a.parse().map_err(|_| bad())?;
+        let prefix_len: u8 = p.parse().map_err(|_| bad())?;
+        if prefix_len > 128 {
+            return Err(bad());
+        }
+        Ok(Ipv6Cidr { addr, prefix_len })
     }
 }
 
@@ -330,6 +383,12 @@ impl NodeNetState {
                         t.task_id, a.address, n.id
                     ));
                 }
+                if let Some(a6) = a.address6.filter(|a6| !n.ipv6.is_some_and(|s| s.holds_host(*a6))) {
+                    return inv(format!(
+                        "task {}: IPv6 address {a6} is not a host address of network {}'s IPv6 subnet",
+                        t.task_id, n.id
+                    ));
+                }
             }
         }
         Ok(())
@@ -364,6 +423,11 @@ pub struct NetworkState {
     /// Its other IPv4 subnets, in the order of its IPAM configs (docs/design/overlay-subnets.md): each with
     /// its own VNI, bridge, VXLAN device and gateway end; the node routes between a network's subnets.
     pub more_subnets: Vec<Subnet>,
+    /// Its IPv6 subnet (`docker network create --ipv6`), on the bridge and VXLAN device of its one IPv4
+    /// subnet (dual stack; docs/design/overlay-subnets.md, part 2): a task's IPv6 address is on the same
+    /// interface as its IPv4 one, with the same MAC. On-link only, as on a Docker overlay: nothing routes IPv6
+    /// into or out of the network.
+    pub ipv6: Option<Subnet6>,
     /// No route out of the network and none into it (`docker network create --internal`).
     pub internal: bool,
     /// Encrypted data path (`--opt encrypted`): refused, the kernel here has neither IPsec ESP nor WireGuard.
@@ -383,6 +447,22 @@ pub struct Subnet {
     pub subnet: Ipv4Cidr,
     /// Its gateway.
     pub gateway: Ipv4Addr,
+}
+
+/// The IPv6 subnet of a network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Subnet6 {
+    /// The subnet.
+    pub subnet: Ipv6Cidr,
+    /// Its gateway as the manager gave it (reserved; nothing routes through it).
+    pub gateway: Ipv6Addr,
+}
+
+impl Subnet6 {
+    /// Whether `ip` is a host address of this subnet: not its subnet-router anycast address nor its gateway.
+    pub fn holds_host(&self, ip: Ipv6Addr) -> bool {
+        self.subnet.contains(ip) && ip != self.gateway && ip != self.subnet.network()
+    }
 }
 
 impl Subnet {
@@ -407,6 +487,11 @@ impl NetworkState {
     /// Whether one of its subnets holds `ip`.
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         self.subnet_of(ip).is_some()
+    }
+
+    /// Whether its IPv6 subnet holds `ip`.
+    pub fn contains6(&self, ip: Ipv6Addr) -> bool {
+        self.ipv6.is_some_and(|s| s.subnet.contains(ip))
     }
 
     fn validate(&self) -> Result<(), Error> {
@@ -437,6 +522,7 @@ impl NetworkState {
                 self.id
             ));
         }
+        self.validate_ipv6()?;
         let all: Vec<Subnet> = self.subnets().collect();
         for (i, s) in all.iter().enumerate().skip(1) {
             if s.vni == 0 || s.vni > MAX_VNI {
@@ -469,6 +555,15 @@ impl NetworkState {
             }
             if !addrs.insert(p.address) {
                 return inv(format!("network {}: peer address {} is listed twice", self.id, p.address));
+            }
+        }
+        let mut addrs6 = BTreeSet::new();
+        for a in self.peers.iter().filter_map(|p| p.address6) {
+            if !self.ipv6.is_some_and(|s| s.holds_host(a)) || !addrs6.insert(a) {
+                return inv(format!(
+                    "network {}: peer IPv6 address {a} is outside its IPv6 subnet or listed twice",
+                    self.id
+                ));
             }
         }
         if self.services.len() > MAX_SERVICES_PER_NETWORK {
@@ -506,6 +601,45 @@ impl NetworkState {
             if let Some(b) = s.backends.iter().find(|b| !self.contains(**b)) {
                 return inv(format!("service {}: backend {b} is outside network {}'s subnets", s.service_id, self.id));
             }
+            if s.backends6.len() > MAX_BACKENDS_PER_SERVICE {
+                return inv(format!(
+                    "service {}: {} IPv6 backends; at most {MAX_BACKENDS_PER_SERVICE}",
+                    s.service_id,
+                    s.backends6.len()
+                ));
+            }
+            if let Some(b) = s.backends6.iter().find(|b| !self.contains6(**b)) {
+                return inv(format!(
+                    "service {}: IPv6 backend {b} is outside network {}'s IPv6 subnet",
+                    s.service_id, self.id
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl NetworkState {
+    /// Checks the IPv6 subnet: beside one IPv4 subnet only (its interfaces are that subnet's), a prefix length
+    /// in `MIN_IPV6_PREFIX_LEN..=MAX_IPV6_PREFIX_LEN`, the gateway inside.
+    fn validate_ipv6(&self) -> Result<(), Error> {
+        let Some(v6) = self.ipv6 else { return Ok(()) };
+        let inv = |m: String| Err(Error::Invalid(m));
+        if !self.more_subnets.is_empty() {
+            return inv(format!(
+                "network {}: an IPv6 network takes one IPv4 subnet beside its IPv6 one (it has {})",
+                self.id,
+                self.more_subnets.len() + 1
+            ));
+        }
+        if !(MIN_IPV6_PREFIX_LEN..=MAX_IPV6_PREFIX_LEN).contains(&v6.subnet.prefix_len) {
+            return inv(format!(
+                "network {}: IPv6 subnet {} must have a prefix length in {MIN_IPV6_PREFIX_LEN}..={MAX_IPV6_PREFIX_LEN}",
+                self.id, v6.subnet
+            ));
+        }
+        if !v6.subnet.contains(v6.gateway) {
+            return inv(format!("network {}: IPv6 gateway {} is outside subnet {}", self.id, v6.gateway, v6.subnet));
         }
         Ok(())
     }
@@ -535,6 +669,8 @@ pub struct Peer {
     pub mac: Mac,
     /// The underlay address of the node it runs on.
     pub node_ip: Ipv4Addr,
+    /// The same task's IPv6 address, on a network with IPv6 (same MAC).
+    pub address6: Option<Ipv6Addr>,
 }
 
 /// A service on one network: its names, virtual IP and the task addresses behind it.
@@ -551,6 +687,9 @@ pub struct ServiceVip {
     pub vip: Option<Ipv4Addr>,
     /// The addresses of its running tasks on this network (any node); empty: connections are refused.
     pub backends: Vec<Ipv4Addr>,
+    /// Their IPv6 addresses, on a network with IPv6: what the service's names answer for AAAA (there is no
+    /// IPv6 VIP).
+    pub backends6: Vec<Ipv6Addr>,
 }
 
 /// A local task with network attachments.
@@ -580,6 +719,8 @@ pub struct Attachment {
     pub network_id: String,
     /// The task's address on it (the prefix length is the network's).
     pub address: Ipv4Addr,
+    /// Its IPv6 address, on a network with IPv6 (the prefix length is the IPv6 subnet's).
+    pub address6: Option<Ipv6Addr>,
     /// The name of its interface in the task's namespace, when the attachment asks for one (Docker's endpoint
     /// driver option `com.docker.network.endpoint.ifname`); `None`: `eth<i>` for attachment `i`. Ignored in a
     /// joined namespace, where the container's engine named its interfaces.

@@ -111,6 +111,7 @@ fn net(id: &str, third: u8, internal: bool, services: Vec<ServiceVip>) -> Networ
         encrypted: false,
         peers: Vec::new(),
         services,
+        ipv6: None,
     }
 }
 
@@ -124,15 +125,23 @@ async fn tasks_resolve_their_services_by_name_and_the_rest_upstream() {
         aliases: vec!["www".into()],
         vip: Some(a(200)),
         backends,
+        backends6: Vec::new(),
     };
-    let db =
-        ServiceVip { service_id: "db-id".into(), name: "db".into(), aliases: vec![], vip: None, backends: vec![a(5)] };
+    let db = ServiceVip {
+        service_id: "db-id".into(),
+        name: "db".into(),
+        aliases: vec![],
+        vip: None,
+        backends: vec![a(5)],
+        backends6: Vec::new(),
+    };
     let secret = ServiceVip {
         service_id: "s-id".into(),
         name: "secret".into(),
         aliases: vec![],
         vip: Some(Ipv4Addr::new(10, 51, 0, 200)),
         backends: vec![],
+        backends6: Vec::new(),
     };
     let mut s = NodeNetState::new(Ipv4Addr::new(192, 0, 2, 1));
     s.networks =
@@ -141,7 +150,7 @@ async fn tasks_resolve_their_services_by_name_and_the_rest_upstream() {
         TaskState {
             task_id: "client".into(),
             netns: client.path(),
-            attachments: vec![Attachment { network_id: "appnet".into(), address: a(2), ifname: None }],
+            attachments: vec![Attachment { network_id: "appnet".into(), address: a(2), ifname: None, address6: None }],
             joined: false,
         },
         TaskState {
@@ -151,6 +160,7 @@ async fn tasks_resolve_their_services_by_name_and_the_rest_upstream() {
                 network_id: "private".into(),
                 address: Ipv4Addr::new(10, 51, 0, 2),
                 ifname: None,
+                address6: None,
             }],
             joined: false,
         },

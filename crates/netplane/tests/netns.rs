@@ -12,7 +12,7 @@
 mod docker_host;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use shoal_netplane::{
     mac_for, Attachment, Executor, NetworkState, NodeIngress, NodeNetState, Op, Peer, Protocol, PublishedPort,
-    ServiceVip, TaskState,
+    ServiceVip, Subnet6, TaskState,
 };
 
 const PREFIX: &str = "shl-t";
@@ -132,7 +132,14 @@ struct Server {
 
 impl Server {
     fn start(netns: PathBuf, addr: Ipv4Addr, reply: &str) -> Server {
-        let addr = SocketAddr::V4(SocketAddrV4::new(addr, PORT));
+        Server::start_at(netns, SocketAddr::V4(SocketAddrV4::new(addr, PORT)), reply)
+    }
+
+    fn start_v6(netns: PathBuf, addr: Ipv6Addr, reply: &str) -> Server {
+        Server::start_at(netns, SocketAddr::V6(SocketAddrV6::new(addr, PORT, 0, 0)), reply)
+    }
+
+    fn start_at(netns: PathBuf, addr: SocketAddr, reply: &str) -> Server {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = sync_channel(1);
         let (s, p, reply) = (stop.clone(), netns.clone(), reply.to_string());
@@ -319,6 +326,7 @@ fn network(id: &str, vni: u32, third: u8, internal: bool) -> NetworkState {
         encrypted: false,
         peers: Vec::new(),
         services: Vec::new(),
+        ipv6: None,
     }
 }
 
@@ -328,14 +336,14 @@ fn task(id: &str, ns: &Netns, attachments: &[(&str, Ipv4Addr)]) -> TaskState {
         netns: ns.path(),
         attachments: attachments
             .iter()
-            .map(|(n, a)| Attachment { network_id: n.to_string(), address: *a, ifname: None })
+            .map(|(n, a)| Attachment { network_id: n.to_string(), address: *a, ifname: None, address6: None })
             .collect(),
         joined: false,
     }
 }
 
 fn peer(address: Ipv4Addr, node: usize) -> Peer {
-    Peer { address, mac: mac_for(address), node_ip: NODE_IPS[node] }
+    Peer { address, mac: mac_for(address), node_ip: NODE_IPS[node], address6: None }
 }
 
 /// Whether `from` reaches `to`: a TCP connection to its port 9, where nothing listens, is answered (refused
@@ -347,6 +355,77 @@ fn ping(from: &Netns, to: Ipv4Addr) -> bool {
             Err(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
         }
     })
+}
+
+/// Whether `from` reaches IPv6 address `to` (as `ping`: port 9 refused within a second).
+fn ping6(from: &Netns, to: Ipv6Addr) -> bool {
+    in_netns(from.path(), move || {
+        match TcpStream::connect_timeout(&SocketAddr::V6(SocketAddrV6::new(to, 9, 0, 0)), Duration::from_secs(1)) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        }
+    })
+}
+
+/// A dual-stack network (`--ipv6`): each task has its IPv6 address beside its IPv4 one on one interface, and
+/// reaches the others' over IPv6 on its node (bridged) and across VXLAN (the device's neighbour discovery
+/// proxy answers for remote tasks), on a node prepared like a Docker host; the same state again changes
+/// nothing, and a lost IPv6 neighbour entry is restored.
+#[test]
+fn tasks_of_an_ipv6_network_reach_each_other_over_ipv6_across_vxlan() {
+    let nodes = Nodes::new("v6");
+    let (a0, b0, a1) = (Ipv4Addr::new(10, 50, 0, 2), Ipv4Addr::new(10, 50, 0, 3), Ipv4Addr::new(10, 50, 0, 4));
+    let v6 = |h: u16| Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, h);
+    let (a0_6, b0_6, a1_6) = (v6(2), v6(3), v6(4));
+    let (t_a0, t_b0, t_a1) = (nodes.task("a0"), nodes.task("b0"), nodes.task("a1"));
+    let mut net = network("dual", 5050, 50, false);
+    net.ipv6 = Some(Subnet6 { subnet: "fd00:50::/64".parse().unwrap(), gateway: v6(1) });
+    let with6 = |id: &str, ns: &Netns, a: Ipv4Addr, a6: Ipv6Addr| {
+        let mut t = task(id, ns, &[("dual", a)]);
+        t.attachments[0].address6 = Some(a6);
+        t
+    };
+    let peer6 = |a: Ipv4Addr, a6: Ipv6Addr, node: usize| Peer { address6: Some(a6), ..peer(a, node) };
+    let mut s0 = NodeNetState::new(NODE_IPS[0]);
+    net.peers = vec![peer6(a1, a1_6, 1)];
+    s0.networks = vec![net.clone()];
+    s0.tasks = vec![with6("a0", &t_a0, a0, a0_6), with6("b0", &t_b0, b0, b0_6)];
+    let mut s1 = NodeNetState::new(NODE_IPS[1]);
+    net.peers = vec![peer6(a0, a0_6, 0), peer6(b0, b0_6, 0)];
+    s1.networks = vec![net];
+    s1.tasks = vec![with6("a1", &t_a1, a1, a1_6)];
+    let (e0, e1) = (nodes.exec(0), nodes.exec(1));
+    e0.reconcile(&s0).expect("node 0");
+    e1.reconcile(&s1).expect("node 1");
+
+    let global = t_a0.output(&["ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"]);
+    assert!(global.contains("fd00:50::2/64"), "a0's IPv6 address: {global}");
+    wait_for("a0 to reach a1 over IPv6 across VXLAN", Duration::from_secs(5), || ping6(&t_a0, a1_6));
+    assert!(ping6(&t_a1, a0_6) && ping6(&t_a1, b0_6), "node 1 reaches both tasks of node 0 over IPv6");
+    assert!(ping6(&t_a0, b0_6), "tasks of one node reach each other over IPv6");
+    assert!(ping(&t_a0, a1), "IPv4 still works beside it");
+    let srv = Server::start_v6(t_a1.path(), a1_6, "a1 over IPv6");
+    let got = in_netns(t_b0.path(), move || {
+        let mut c =
+            TcpStream::connect_timeout(&SocketAddr::V6(SocketAddrV6::new(a1_6, PORT, 0, 0)), Duration::from_secs(2))
+                .expect("TCP b0 -> a1 over IPv6");
+        let mut s = String::new();
+        c.read_to_string(&mut s).expect("read");
+        s
+    });
+    assert_eq!(got, "a1 over IPv6");
+    assert_eq!(e0.reconcile(&s0).expect("node 0 again"), Vec::<Op>::new());
+    assert_eq!(e1.reconcile(&s1).expect("node 1 again"), Vec::<Op>::new());
+
+    // A lost IPv6 neighbour entry (by hand, or a crash) is restored, and traffic follows.
+    nodes.in_network(1, 5050, &["ip", "-6", "neigh", "flush", "dev", "shlx5050", "nud", "permanent"]);
+    let ops = e1.reconcile(&s1).expect("node 1 repaired");
+    assert!(ops.iter().all(|o| matches!(o, Op::AddNeigh { neigh, .. } if neigh.ip.is_ipv6())), "{ops:?}");
+    assert_eq!(ops.len(), 2, "{ops:?}");
+    wait_for("a1 to reach a0 over IPv6 after the repair", Duration::from_secs(5), || ping6(&t_a1, a0_6));
+
+    drop(srv);
+    nodes.tear_down(&[e0, e1]);
 }
 
 #[test]
@@ -464,6 +543,7 @@ fn a_vip_spreads_connections_over_its_backends_and_follows_them() {
         aliases: Vec::new(),
         vip: Some(vip),
         backends: vec![web1, web2],
+        backends6: Vec::new(),
     }];
     let mut s0 = NodeNetState::new(NODE_IPS[0]);
     let mut n0 = appnet.clone();
@@ -814,6 +894,7 @@ fn the_data_plane_rates_through_the_vip_and_the_mesh_against_direct_connections(
         aliases: Vec::new(),
         vip: Some(vip),
         backends: vec![web1, web2],
+        backends6: Vec::new(),
     }];
     let published: Vec<PublishedPort> = [PORT, BULK_PORT]
         .map(|port| PublishedPort { protocol: Protocol::Tcp, port, target_port: port, backends: vec![in1, in2] })

@@ -12,12 +12,13 @@
 //!
 //! What a network needs is read from the `Network` object each attachment carries (the allocator copies it
 //! into the task): its VXLAN IDs (driver option `com.docker.network.driver.overlay.vxlanid_list`, one per
-//! subnet), each IPAM config's subnet and gateway in order, `internal`, and `encrypted` (driver option). A
+//! IPv4 subnet), each IPAM config's subnet and gateway in order (an IPv6 config, `--ipv6`, is the network's
+//! IPv6 subnet and has no VXLAN ID of its own), `internal`, and `encrypted` (driver option). A
 //! network without them cannot be carried, and a task attached to it is refused by `task_support` with the
 //! reason.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -25,8 +26,8 @@ use shoal_api::port_config::{Protocol as WireProtocol, PublishMode};
 use shoal_api::shoal_v1::{NetworkPeers, NodeNetworkView};
 use shoal_api::{Network, PortConfig, Task, TaskState as WireState};
 use shoal_netplane::{
-    mac_for, Attachment, Ipv4Cidr, NetworkState, NodeIngress, NodeNetState, Peer, Protocol, PublishedPort, ServiceVip,
-    Subnet, TaskState,
+    mac_for, Attachment, Ipv4Cidr, Ipv6Cidr, NetworkState, NodeIngress, NodeNetState, Peer, Protocol, PublishedPort,
+    ServiceVip, Subnet, Subnet6, TaskState,
 };
 
 /// The driver option that marks an encrypted overlay (`docker network create --opt encrypted`).
@@ -47,7 +48,14 @@ pub(crate) fn network_state(n: &Network) -> Result<NetworkState, String> {
     if vnis.is_empty() {
         return Err(format!("network {label} has no VXLAN ID (its allocation is incomplete); recreate the network"));
     }
-    let configs = n.ipam.as_ref().map(|i| i.configs.as_slice()).unwrap_or_default();
+    let all = n.ipam.as_ref().map(|i| i.configs.as_slice()).unwrap_or_default();
+    // IPv6 configs (`--ipv6`) get no VXLAN ID: they share the IPv4 subnet's interfaces.
+    let (configs6, configs): (Vec<_>, Vec<_>) = all.iter().partition(|c| c.subnet.contains(':'));
+    let ipv6 = match configs6.as_slice() {
+        [] => None,
+        [c] => Some(subnet6(label, &c.subnet, &c.gateway)?),
+        more => return Err(format!("network {label} has {} IPv6 subnets; a node carries one", more.len())),
+    };
     if configs.is_empty() {
         return Err(format!("network {label} has no IPv4 subnet"));
     }
@@ -85,11 +93,24 @@ pub(crate) fn network_state(n: &Network) -> Result<NetworkState, String> {
         subnet: first.subnet,
         gateway: first.gateway,
         more_subnets: subnets,
+        ipv6,
         internal: spec.is_some_and(|s| s.internal),
         encrypted,
         peers: Vec::new(),
         services: Vec::new(),
     })
+}
+
+/// A network's IPv6 subnet and gateway as its IPAM config gives them (the subnet's first host address when the
+/// config has no gateway, as the manager gives it).
+fn subnet6(label: &str, subnet: &str, gateway: &str) -> Result<Subnet6, String> {
+    let s: Ipv6Cidr = subnet.parse().map_err(|e| format!("network {label}: {e}"))?;
+    let s = Ipv6Cidr { addr: s.network(), prefix_len: s.prefix_len };
+    let gateway = match gateway.split('/').next().unwrap_or_default() {
+        "" => Ipv6Addr::from(u128::from(s.addr) + 1),
+        g => g.parse().map_err(|_| format!("network {label}'s IPv6 gateway {gateway:?} is not an IPv6 address"))?,
+    };
+    Ok(Subnet6 { subnet: s, gateway })
 }
 
 /// libnetwork's overlay driver key for the VXLAN ID (the manager's allocator writes it; `shoal_store`'s
@@ -108,8 +129,10 @@ pub(crate) fn attachments(task: &Task) -> Result<Vec<(Network, Attachment)>, Str
             .unwrap_or_default()
             .parse()
             .map_err(|_| format!("the task's address {addr:?} on network {} is not IPv4", n.id))?;
+        // On an IPv6 network the manager gives a second address, the IPv6 one.
+        let address6 = a.addresses.iter().skip(1).find_map(|a| a.split('/').next()?.parse::<Ipv6Addr>().ok());
         let ifname = a.driver_attachment_opts.get(shoal_api::ENDPOINT_IFNAME_OPTION).cloned();
-        out.push((n.clone(), Attachment { network_id: n.id.clone(), address: ip, ifname }));
+        out.push((n.clone(), Attachment { network_id: n.id.clone(), address: ip, address6, ifname }));
     }
     Ok(out)
 }
@@ -323,7 +346,13 @@ fn fill_from_view(n: &mut NetworkState, v: &NetworkPeers, underlay: Option<Ipv4A
         .filter_map(|p| {
             let address: Ipv4Addr = p.address.parse().ok()?;
             let node_ip: Ipv4Addr = p.node_addr.parse().ok()?;
-            (n.contains(address) && Some(node_ip) != underlay).then(|| Peer { address, mac: mac_for(address), node_ip })
+            let address6 = p.address6.parse().ok().filter(|a| n.ipv6.is_some_and(|s| s.holds_host(*a)));
+            (n.contains(address) && Some(node_ip) != underlay).then(|| Peer {
+                address,
+                mac: mac_for(address),
+                node_ip,
+                address6,
+            })
         })
         .collect();
     n.services = v
@@ -336,6 +365,7 @@ fn fill_from_view(n: &mut NetworkState, v: &NetworkPeers, underlay: Option<Ipv4A
             aliases: s.aliases.clone(),
             vip: s.vip.parse().ok().filter(|ip| n.contains(*ip)),
             backends: s.backends.iter().filter_map(|b| b.parse().ok()).filter(|ip| n.contains(*ip)).collect(),
+            backends6: s.backends6.iter().filter_map(|b| b.parse().ok()).filter(|ip| n.contains6(*ip)).collect(),
         })
         .collect();
 }

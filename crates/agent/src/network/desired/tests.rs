@@ -143,7 +143,12 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
     );
     assert_eq!(
         a.peers,
-        vec![Peer { address: ip("10.0.1.3"), mac: mac_for(ip("10.0.1.3")), node_ip: ip("192.168.0.2") }]
+        vec![Peer {
+            address: ip("10.0.1.3"),
+            mac: mac_for(ip("10.0.1.3")),
+            node_ip: ip("192.168.0.2"),
+            address6: None
+        }]
     );
     assert_eq!(
         a.services,
@@ -153,6 +158,7 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
             aliases: vec!["www".into()],
             vip: Some(ip("10.0.1.200")),
             backends: vec![ip("10.0.1.2"), ip("10.0.1.3")],
+            backends6: Vec::new(),
         }]
     );
     assert!(s.networks[1].internal);
@@ -160,7 +166,7 @@ fn networks_come_from_assignments_tasks_from_namespaces_peers_and_services_from_
     assert_eq!(s.tasks[0].task_id, "web1");
     assert_eq!(
         s.tasks[0].attachments,
-        vec![Attachment { network_id: "net-app".into(), address: ip("10.0.1.2"), ifname: None }]
+        vec![Attachment { network_id: "net-app".into(), address: ip("10.0.1.2"), ifname: None, address6: None }]
     );
 }
 
@@ -424,4 +430,57 @@ fn a_network_of_two_subnets_carries_a_vni_gateway_and_peers_per_subnet() {
     two.spec.as_mut().unwrap().internal = true;
     let e = task_support(&task("t2", TaskState::Running, &[(&two, 3)]), false).unwrap_err();
     assert!(e.contains("network two is internal and has several subnets"), "{e}");
+}
+
+/// An IPv6 network (`--ipv6`): its IPv6 config is the network's IPv6 subnet (no VXLAN ID of its own, the
+/// gateway the subnet's first address when none is given), the task's second address its IPv6 one, and the
+/// view's IPv6 peer and backend addresses are kept when they are in the subnet.
+#[test]
+fn an_ipv6_network_gives_the_subnet_the_tasks_ipv6_address_and_the_peers_and_backends_ipv6_ones() {
+    let mut dual = network("net-dual", "dual", 4100, 7, false, false);
+    dual.ipam.as_mut().unwrap().configs.push(IpamConfig { subnet: "fd00:7::/64".into(), ..Default::default() });
+    let s = network_state(&dual).expect("an IPv6 network is carried");
+    assert_eq!((s.vni, s.more_subnets.len()), (4100, 0), "the IPv6 config has no VXLAN ID");
+    let v6 = |h: u16| std::net::Ipv6Addr::new(0xfd00, 7, 0, 0, 0, 0, 0, h);
+    assert_eq!(s.ipv6.map(|x| (x.subnet.to_string(), x.gateway)), Some(("fd00:7::/64".into(), v6(1))));
+    let mut t = task("web1", TaskState::Running, &[(&dual, 2)]);
+    t.networks[0].addresses.push("fd00:7::2/64".into());
+    let a = attachments(&t).unwrap();
+    assert_eq!((a[0].1.address, a[0].1.address6), (ip("10.0.7.2"), Some(v6(2))));
+
+    let view = NodeNetworkView {
+        node_addr: "192.168.0.1".into(),
+        networks: vec![NetworkPeers {
+            network_id: "net-dual".into(),
+            peers: vec![
+                RemotePeer {
+                    address: "10.0.7.3".into(),
+                    node_addr: "192.168.0.2".into(),
+                    address6: "fd00:7::3".into(),
+                },
+                // An IPv6 address outside the subnet is dropped, the peer kept.
+                RemotePeer {
+                    address: "10.0.7.4".into(),
+                    node_addr: "192.168.0.2".into(),
+                    address6: "fd00:8::4".into(),
+                },
+            ],
+            services: vec![ServiceBackends {
+                service_id: "s1".into(),
+                name: "web".into(),
+                vip: "10.0.7.200".into(),
+                backends: vec!["10.0.7.2".into(), "10.0.7.3".into()],
+                backends6: vec!["fd00:7::2".into(), "fd00:7::3".into(), "fd00:9::1".into()],
+                ..Default::default()
+            }],
+        }],
+        ..Default::default()
+    };
+    let got = desired(Some(ip("192.168.0.1")), &plumbed(&t), &HashMap::new(), &view);
+    got.validate().expect("valid");
+    let n = got.network("net-dual").expect("carried");
+    let peers: Vec<_> = n.peers.iter().map(|p| (p.address, p.address6)).collect();
+    assert_eq!(peers, [(ip("10.0.7.3"), Some(v6(3))), (ip("10.0.7.4"), None)]);
+    assert_eq!(n.services[0].backends6, [v6(2), v6(3)]);
+    assert_eq!(got.tasks[0].attachments[0].address6, Some(v6(2)));
 }
