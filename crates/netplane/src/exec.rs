@@ -174,12 +174,13 @@ impl Executor {
         }
         const SEP: &str = "@@shoal@@";
         let script = format!(
-            "ip -j -d addr show && echo {SEP} && bridge -j fdb show && echo {SEP} && ip -j neigh show nud permanent"
+            "ip -j -d addr show && echo {SEP} && bridge -j fdb show && echo {SEP} && ip -j neigh show nud permanent \
+             && echo {SEP} && cat /proc/sys/net/ipv4/ip_forward"
         );
         let out = self.run(Some(path), &["sh", "-c", &script], None)?;
         let parts: Vec<&str> = out.split(SEP).collect();
-        let [links, fdb, neigh] = parts.as_slice() else {
-            return Err(Error::Parse { command: script, detail: format!("{} parts, not 3", parts.len()) });
+        let [links, fdb, neigh, forward] = parts.as_slice() else {
+            return Err(Error::Parse { command: script, detail: format!("{} parts, not 4", parts.len()) });
         };
         let parse = |text: &str| -> Result<Value, Error> {
             if text.trim().is_empty() {
@@ -187,7 +188,8 @@ impl Executor {
             }
             serde_json::from_str(text).map_err(|e| Error::Parse { command: script.clone(), detail: e.to_string() })
         };
-        let mut ns = NetworkNs { links: shoal_links(&parse(links)?), ..NetworkNs::default() };
+        let mut ns =
+            NetworkNs { links: shoal_links(&parse(links)?), ip_forward: forward.trim() == "1", ..NetworkNs::default() };
         for f in parse(fdb)?.as_array().into_iter().flatten() {
             let dev = str_of(f, "ifname");
             let (Some(dst), Ok(mac)) = (f["dst"].as_str().and_then(|d| d.parse().ok()), str_of(f, "mac").parse())
@@ -273,11 +275,15 @@ impl Executor {
                 let name = names::network_netns(self.node_key()?, *vni);
                 self.ok(None, &["ip", "netns", "delete", &name])
             }
-            Op::CreateBridge { vni, name, mtu } => {
+            Op::CreateBridge { vni, name, mtu, addrs } => {
                 let ns = netns(vni)?;
                 self.ok(Some(&ns), &["ip", "link", "add", name, "mtu", &mtu.to_string(), "type", "bridge"])?;
+                for a in addrs {
+                    self.ok(Some(&ns), &["ip", "addr", "add", &a.to_string(), "dev", name])?;
+                }
                 self.ok(Some(&ns), &["ip", "link", "set", name, "up"])
             }
+            Op::EnableNetnsForward { vni } => self.ok(Some(&netns(vni)?), &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
             Op::CreateVxlan { vni, id, name, port, local, mtu, bridge } => {
                 self.create_vxlan(*vni, *id, name, *port, *local, *mtu, bridge)
             }

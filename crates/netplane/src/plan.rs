@@ -51,6 +51,9 @@ pub struct NetworkNs {
     pub fdb: BTreeSet<Fdb>,
     /// Permanent neighbour entries of its VXLAN device.
     pub neigh: BTreeSet<Neigh>,
+    /// Whether the namespace forwards IPv4 (`net.ipv4.ip_forward` there): an internal network of several
+    /// subnets is routed between its bridges here.
+    pub ip_forward: bool,
 }
 
 /// The filter FORWARD chain of one iptables back end.
@@ -177,8 +180,11 @@ pub enum Op {
     CreateNetworkNs { vni: u32 },
     /// Delete the network's namespace (its links were deleted first).
     DeleteNetworkNs { vni: u32 },
-    /// Create the network's bridge in its namespace, up, without addresses.
-    CreateBridge { vni: u32, name: String, mtu: u16 },
+    /// Create the network's bridge in its namespace, with `addrs` (its subnet's gateway on an internal network
+    /// of several subnets, routed in the namespace; else none), up.
+    CreateBridge { vni: u32, name: String, mtu: u16, addrs: Vec<Ipv4Cidr> },
+    /// Let a network's namespace forward IPv4: an internal network of several subnets is routed there.
+    EnableNetnsForward { vni: u32 },
     /// Create a VXLAN device of VXLAN ID `id` (its subnet's) without learning, with ARP proxy, in the node's
     /// namespace (its UDP socket stays there, on the underlay), then move it into the network's namespace,
     /// enslaved to `bridge`, up.
@@ -304,7 +310,7 @@ fn stale_order(l: &&String) -> (bool, bool, String) {
 
 /// A network namespace that has nothing: what a missing or dead one is planned from.
 static NO_NETWORK_NS: NetworkNs =
-    NetworkNs { dead: false, links: BTreeMap::new(), fdb: BTreeSet::new(), neigh: BTreeSet::new() };
+    NetworkNs { dead: false, links: BTreeMap::new(), fdb: BTreeSet::new(), neigh: BTreeSet::new(), ip_forward: false };
 
 /// A task namespace that has nothing: what an unobserved one is planned from.
 static NO_TASK_NS: TaskNs = TaskNs { ifaces: BTreeMap::new(), default_gw: None, routes: BTreeSet::new(), table: None };
@@ -369,10 +375,21 @@ impl Draft {
             None => self.namespaces.push(Op::CreateNetworkNs { vni }),
         }
         // One bridge, VXLAN device and (unless internal) gateway end per subnet, each named by its own VNI
-        // (unique in the cluster), all in the namespace named by the first one's.
+        // (unique in the cluster), all in the namespace named by the first one's. An internal network has no
+        // gateway ends on the node: with several subnets its gateways are on the bridges and its namespace
+        // routes between them (as libnetwork's overlay sandbox does), with no way out.
+        let routed_in_ns = n.internal && !n.more_subnets.is_empty();
+        if routed_in_ns && !live(current, vni).ip_forward {
+            self.namespaces.push(Op::EnableNetnsForward { vni });
+        }
         let mut in_ns: BTreeSet<String> = BTreeSet::new();
         for sub in n.subnets() {
-            let vx_ok = self.bridge_and_vxlan(current, desired, vni, sub.vni);
+            let addrs: Vec<Ipv4Cidr> = if routed_in_ns {
+                vec![Ipv4Cidr { addr: sub.gateway, prefix_len: sub.subnet.prefix_len }]
+            } else {
+                Vec::new()
+            };
+            let vx_ok = self.bridge_and_vxlan(current, desired, vni, sub.vni, addrs);
             in_ns.extend([names::bridge(sub.vni), names::vxlan(sub.vni)]);
             if !n.internal {
                 in_ns.insert(self.gateway(current, desired, n, sub));
@@ -382,19 +399,26 @@ impl Draft {
         self.wanted_in.insert(vni, in_ns);
     }
 
-    /// Plans the bridge and VXLAN device of the subnet with VXLAN ID `id` in network `vni`'s namespace;
-    /// returns whether the device stays as it is.
-    fn bridge_and_vxlan(&mut self, current: &Observed, desired: &NodeNetState, vni: u32, id: u32) -> bool {
+    /// Plans the bridge (with `addrs`) and VXLAN device of the subnet with VXLAN ID `id` in network `vni`'s
+    /// namespace; returns whether the device stays as it is.
+    fn bridge_and_vxlan(
+        &mut self,
+        current: &Observed,
+        desired: &NodeNetState,
+        vni: u32,
+        id: u32,
+        addrs: Vec<Ipv4Cidr>,
+    ) -> bool {
         let mtu = desired.overlay_mtu;
         let ns = live(current, vni);
         let (br, vx) = (names::bridge(id), names::vxlan(id));
         let br_ok =
-            ns.links.get(&br).is_some_and(|l| l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs.is_empty());
+            ns.links.get(&br).is_some_and(|l| l.kind == LinkKind::Bridge && l.up && l.mtu == mtu && l.addrs == addrs);
         if !br_ok {
             if ns.links.contains_key(&br) {
                 self.removals.push(Op::DeleteNetLink { vni, name: br.clone() });
             }
-            self.bridges.push(Op::CreateBridge { vni, name: br.clone(), mtu });
+            self.bridges.push(Op::CreateBridge { vni, name: br.clone(), mtu, addrs });
             self.rebuilt_bridges.insert(br.clone());
         }
         let local = desired.underlay_ip.expect("validated: networks need an underlay address");
@@ -979,7 +1003,7 @@ mod tests {
         let ops = plan(&Observed::default(), &s);
         let has = |op: Op| assert!(ops.contains(&op), "{op:?} missing from {ops:#?}");
         for (id, sub) in [(7, "10.9.0.1/24"), (8, "10.19.0.1/24")] {
-            has(Op::CreateBridge { vni: 7, name: format!("shlb{id}"), mtu: 1450 });
+            has(Op::CreateBridge { vni: 7, name: format!("shlb{id}"), mtu: 1450, addrs: vec![] });
             has(Op::CreateVxlan {
                 vni: 7,
                 id,
@@ -1070,6 +1094,37 @@ mod tests {
         // A route to the other subnet gone (someone deleted it): only it comes back.
         o.tasks.get_mut(Path::new("/run/netns/a")).unwrap().routes.clear();
         check(&o, &s, &["AddRoute"]);
+
+        // Internal: no gateway end on the node; each bridge has its subnet's gateway and the network's
+        // namespace forwards, so the subnets are routed there; the tasks keep their routes to the other subnet
+        // and have no default route.
+        s.networks[0].internal = true;
+        s.validate().unwrap();
+        let ops = plan(&Observed::default(), &s);
+        let has = |op: Op| assert!(ops.contains(&op), "{op:?} missing from {ops:#?}");
+        has(Op::EnableNetnsForward { vni: 7 });
+        for (id, gw) in [(7, "10.9.0.1/24"), (8, "10.19.0.1/24")] {
+            has(Op::CreateBridge { vni: 7, name: format!("shlb{id}"), mtu: 1450, addrs: vec![gw.parse().unwrap()] });
+        }
+        assert!(!kinds(&ops).iter().any(|k| k == "CreateGateway" || k == "SetDefaultRoute" || k == "EnableIpForward"));
+        assert_eq!(kinds(&ops).iter().filter(|k| *k == "AddRoute").count(), 2, "{ops:#?}");
+        // Applied: nothing to do; the namespace's forwarding found off is turned on again.
+        o.links.clear();
+        o.node_table = Some(nft::node_table(&s).unwrap().tag);
+        let ns = o.networks.get_mut(&7).unwrap();
+        ns.links.retain(|name, _| !name.starts_with("shlu"));
+        for (id, gw) in [(7, "10.9.0.1/24"), (8, "10.19.0.1/24")] {
+            ns.links.get_mut(&format!("shlb{id}")).unwrap().addrs = vec![gw.parse().unwrap()];
+        }
+        ns.ip_forward = true;
+        for t in o.tasks.values_mut() {
+            t.default_gw = None;
+        }
+        let a = o.tasks.get_mut(Path::new("/run/netns/a")).unwrap();
+        a.routes.insert(("10.19.0.0/24".parse().unwrap(), gw1));
+        check(&o, &s, &[]);
+        o.networks.get_mut(&7).unwrap().ip_forward = false;
+        check(&o, &s, &["EnableNetnsForward"]);
     }
 
     #[test]
@@ -1090,9 +1145,6 @@ mod tests {
         refused(&s, "gateway 10.20.0.1 is outside subnet 10.19.0.0/24");
         s.networks[0].more_subnets = vec![sub(8, "10.19.0.0/24", Ipv4Addr::new(10, 19, 0, 1))];
         s.validate().unwrap();
-        s.networks[0].internal = true;
-        refused(&s, "an internal network of several subnets is not carried yet");
-        s.networks[0].internal = false;
         // Another network may not reuse the second subnet's VNI; a task may not take its gateway.
         let mut other = net(8);
         (other.id, other.subnet, other.gateway) =

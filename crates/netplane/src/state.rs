@@ -515,13 +515,6 @@ impl NetworkState {
                 self.more_subnets.len() + 1
             ));
         }
-        if self.internal && !self.more_subnets.is_empty() {
-            return inv(format!(
-                "network {}: an internal network of several subnets is not carried yet (its subnets are routed on \
-                 the node, through the gateway ends an internal network does not have); give it one subnet",
-                self.id
-            ));
-        }
         self.validate_ipv6()?;
         let all: Vec<Subnet> = self.subnets().collect();
         for (i, s) in all.iter().enumerate().skip(1) {

@@ -428,6 +428,53 @@ fn tasks_of_an_ipv6_network_reach_each_other_over_ipv6_across_vxlan() {
     nodes.tear_down(&[e0, e1]);
 }
 
+/// An internal network of two subnets: its gateways are on its bridges and its namespace routes between them,
+/// so a task of the first subnet reaches tasks of the second on its node and across VXLAN, and nothing outside
+/// the network (the nodes' underlay addresses); the same state again changes nothing.
+#[test]
+fn an_internal_network_of_two_subnets_is_routed_in_its_namespace_and_nowhere_else() {
+    let nodes = Nodes::new("in2");
+    let (a0, c0, b1) = (Ipv4Addr::new(10, 60, 0, 2), Ipv4Addr::new(10, 61, 0, 2), Ipv4Addr::new(10, 61, 0, 3));
+    let (t_a0, t_c0, t_b1) = (nodes.task("a0"), nodes.task("c0"), nodes.task("b1"));
+    let mut net = network("closed", 6060, 60, true);
+    net.more_subnets = vec![shoal_netplane::Subnet {
+        vni: 6061,
+        subnet: "10.61.0.0/24".parse().unwrap(),
+        gateway: Ipv4Addr::new(10, 61, 0, 1),
+    }];
+    let mut s0 = NodeNetState::new(NODE_IPS[0]);
+    net.peers = vec![peer(b1, 1)];
+    s0.networks = vec![net.clone()];
+    s0.tasks = vec![task("a0", &t_a0, &[("closed", a0)]), task("c0", &t_c0, &[("closed", c0)])];
+    let mut s1 = NodeNetState::new(NODE_IPS[1]);
+    net.peers = vec![peer(a0, 0), peer(c0, 0)];
+    s1.networks = vec![net];
+    s1.tasks = vec![task("b1", &t_b1, &[("closed", b1)])];
+    let (e0, e1) = (nodes.exec(0), nodes.exec(1));
+    e0.reconcile(&s0).expect("node 0");
+    e1.reconcile(&s1).expect("node 1");
+
+    wait_for("a0 to reach b1 across subnets and nodes", Duration::from_secs(5), || ping(&t_a0, b1));
+    assert!(ping(&t_a0, c0) && ping(&t_c0, a0), "the subnets are routed to each other on one node");
+    assert!(ping(&t_b1, a0), "node 1's task of the second subnet reaches the first subnet's on node 0");
+    let srv = Server::start(t_b1.path(), b1, "b1");
+    assert_eq!(fetch(t_a0.path(), b1, Duration::from_secs(2)).expect("TCP a0 -> b1"), "b1");
+    assert_eq!(t_a0.output(&["ip", "route", "show", "default"]).trim(), "", "an internal network has a default route");
+    for ip in NODE_IPS {
+        assert!(!ping(&t_a0, ip) && !ping(&t_b1, ip), "an internal network reached the underlay address {ip}");
+    }
+    assert_eq!(e0.reconcile(&s0).expect("node 0 again"), Vec::<Op>::new());
+    assert_eq!(e1.reconcile(&s1).expect("node 1 again"), Vec::<Op>::new());
+    // Forwarding turned off in the network's namespace (a new namespace inherits the host's setting, which
+    // may be off): the subnets are cut, and the next reconcile turns it on again.
+    nodes.in_network(0, 6060, &["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
+    assert!(!ping(&t_a0, c0), "the subnets are routed without forwarding");
+    assert_eq!(e0.reconcile(&s0).expect("node 0 repaired"), vec![Op::EnableNetnsForward { vni: 6060 }]);
+    wait_for("a0 to reach c0 again", Duration::from_secs(5), || ping(&t_a0, c0));
+    drop(srv);
+    nodes.tear_down(&[e0, e1]);
+}
+
 #[test]
 fn tasks_reach_each_other_across_vxlan_and_only_on_their_network() {
     let nodes = Nodes::new("vx");

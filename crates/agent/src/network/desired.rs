@@ -155,13 +155,6 @@ pub(crate) fn task_support(task: &Task, encryption: bool) -> Result<(), String> 
         if s.encrypted && !encryption {
             return Err(shoal_netplane::Error::EncryptionUnsupported { network: s.name }.to_string());
         }
-        if s.internal && !s.more_subnets.is_empty() {
-            return Err(format!(
-                "network {} is internal and has several subnets, which this node's data plane does not carry yet \
-                 (it routes between a network's subnets through their gateways on the node)",
-                s.name
-            ));
-        }
     }
     Ok(())
 }

@@ -42,6 +42,18 @@ def addrs(name):
         return []
 for name in os.environ.get('LOOKUP', '').split():
     out('LOOKUP', name, ' '.join(addrs(name)) or 'none')
+want6 = int(os.environ.get('WANT6', '1'))
+for name in os.environ.get('LOOKUP6', '').split():
+    deadline = time.time() + 30
+    while True:
+        try:
+            found = sorted({a[4][0] for a in socket.getaddrinfo(name, 80, socket.AF_INET6, socket.SOCK_STREAM)})
+        except socket.gaierror:
+            found = []
+        if len(found) >= want6 or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    out('LOOKUP6', name, ' '.join(found) or 'none')
 want = int(os.environ.get('WEB', '0'))
 if want:
     deadline = time.time() + 50
@@ -66,14 +78,11 @@ if want:
     out('ANSWERS', ' '.join(f'{k}={v}' for k, v in sorted(seen.items())), 'errors', errors)
 for target in os.environ.get('REACH', '').split():
     host, port = target.rsplit(':', 1)
-    s = socket.socket()
-    s.settimeout(2)
     try:
-        s.connect((host, int(port)))
+        socket.create_connection((host, int(port)), timeout=2).close()
         out('REACH', target, 'ok')
     except OSError:
         out('REACH', target, 'fail')
-    s.close()
 out('DONE')
 time.sleep(100000)
 "#;
@@ -185,6 +194,43 @@ fn tasks_reach_each_other_across_the_subnets_of_an_overlay_and_across_nodes() {
     for t in &reach {
         assert!(r.contains(&format!("REACH {t} ok")), "the client on {mine} reaches {t}: {r:?}");
     }
+    for d in &mut c.ds {
+        assert!(d.stop(), "the daemon stops cleanly");
+    }
+    let left = c.task_namespaces();
+    assert!(left.is_empty(), "task namespaces left after a clean stop: {left:?}");
+}
+
+/// An IPv6 overlay across nodes (docs/design/overlay-subnets.md, part 2): `web`'s two tasks on node-0, a client
+/// on node-1 on the same `--ipv6` network. Each task has an IPv4 and an IPv6 address; the client reaches both
+/// `web` tasks over IPv6 across VXLAN (node-1's neighbour entries for node-0's tasks) and `tasks.web` gives it
+/// their IPv6 addresses (AAAA).
+#[test]
+fn tasks_of_an_ipv6_overlay_reach_each_other_over_ipv6_across_nodes() {
+    let mut c = Cluster::start("dpv6");
+    c.docker(&["network", "create", "-d", "overlay", "--ipv6", "--subnet", "fd00:217::/64", "dual"]);
+    let server6 = SERVER.replace("socket.socket()", "socket.socket(socket.AF_INET6)").replace("'0.0.0.0'", "'::'");
+    post_service(c.manager(), &python_service("web", "dual", "node.hostname==node-0", 2, &server6, &[])).unwrap();
+    let web = c.running("web", 2);
+    let address6 = |t: &Value| -> String {
+        let a = t["NetworksAttachments"].as_array().unwrap().iter().find(|a| a["Network"]["Spec"]["Name"] == "dual");
+        let addrs: Vec<&str> = a.unwrap()["Addresses"].as_array().unwrap().iter().filter_map(|x| x.as_str()).collect();
+        assert_eq!(addrs.len(), 2, "an IPv4 and an IPv6 address: {addrs:?}");
+        assert!(addrs[1].starts_with("fd00:217::") && addrs[1].ends_with("/64"), "{addrs:?}");
+        addrs[1].trim_end_matches("/64").to_string()
+    };
+    let mut web6: Vec<String> = web.iter().map(address6).collect();
+    web6.sort();
+    let reach: Vec<String> = web6.iter().map(|a| format!("{a}:80")).collect();
+    let env = vec![format!("REACH={}", reach.join(" ")), "LOOKUP6=tasks.web".to_string(), "WANT6=2".to_string()];
+    post_service(c.manager(), &python_service("client", "dual", "node.hostname==node-1", 1, PROBE, &env)).unwrap();
+    let client = c.running("client", 1);
+    let r = c.results(&client[0]);
+    println!("client: {r:?}");
+    for t in &reach {
+        assert!(r.contains(&format!("REACH {t} ok")), "the client reaches {t} over IPv6: {r:?}");
+    }
+    assert!(r.contains(&format!("LOOKUP6 tasks.web {}", web6.join(" "))), "AAAA of tasks.web: {r:?}");
     for d in &mut c.ds {
         assert!(d.stop(), "the daemon stops cleanly");
     }

@@ -654,3 +654,203 @@ fn two_subnets_on_the_host(kind: Tasks) {
     let left = host_leftovers();
     assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
 }
+
+/// A dual-stack server for the process executor: listens on `[::]:80` (IPv4 too) and answers with the
+/// address it was reached at.
+const SERVER6: &str = r#"
+import socket
+s = socket.socket(socket.AF_INET6)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+s.bind(('::', 80))
+s.listen(128)
+while True:
+    c, _ = s.accept()
+    try:
+        c.settimeout(2)
+        c.recv(4096)
+        b = c.getsockname()[0].encode()
+        c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n' % len(b) + b)
+    except OSError:
+        pass
+    finally:
+        c.close()
+"#;
+
+/// `GET6 addr`: an HTTP GET to `[addr]:80` over IPv6; prints the body.
+const GET6: &str = r#"
+import socket, sys
+c = socket.create_connection((sys.argv[1], 80), timeout=3)
+assert c.family == socket.AF_INET6
+c.sendall(b'GET / HTTP/1.0\r\n\r\n')
+d = b''
+while True:
+    b = c.recv(4096)
+    if not b:
+        break
+    d += b
+print(d.split(b'\r\n\r\n', 1)[1].decode().strip())
+"#;
+
+/// `AAAA name`: asks the task's resolver (127.0.0.11) for `name`'s AAAA records; prints them sorted, one a line.
+const AAAA: &str = r#"
+import socket, struct, sys
+q = struct.pack('>HHHHHH', 7, 0x100, 1, 0, 0, 0)
+for l in sys.argv[1].split('.'):
+    q += bytes([len(l)]) + l.encode()
+q += b'\0' + struct.pack('>HH', 28, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+s.sendto(q, ('127.0.0.11', 53))
+r = s.recv(4096)
+an = struct.unpack('>H', r[6:8])[0]
+i = len(q)
+out = []
+for _ in range(an):
+    i += 2
+    t, _, _, n = struct.unpack('>HHIH', r[i:i + 10])
+    i += 10
+    if t == 28:
+        out.append(socket.inet_ntop(socket.AF_INET6, r[i:i + n]))
+    i += n
+print('\n'.join(sorted(out)))
+"#;
+
+/// An IPv6 overlay (`docker network create --ipv6`, docs/design/overlay-subnets.md part 2) in the host's own
+/// namespace with the README's daemon, made with the stock docker CLI: the network shows `EnableIPv6` and both
+/// subnets, each task has an IPv4 and an IPv6 address on it, every task reaches every other over IPv6 (an HTTP
+/// GET from inside its namespace), `tasks.<service>` answers AAAA with the tasks' IPv6 addresses, and removing
+/// the service and the network leaves nothing of Shoal's in the host's namespace.
+#[test]
+fn the_readme_daemon_carries_an_ipv6_overlay_in_the_hosts_namespace() {
+    if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::DockerCli) {
+        return;
+    }
+    let py = |script: &str| ["/usr/bin/python3", "-S", "-c", script].map(String::from).to_vec();
+    ipv6_on_the_host(Tasks { web: py(SERVER6), ..Tasks::process() });
+}
+
+/// The same with `--executor docker` (busybox httpd listens on IPv6 too).
+#[test]
+fn the_readme_daemon_with_the_docker_executor_carries_an_ipv6_overlay() {
+    let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
+    ipv6_on_the_host(Tasks::docker(image));
+}
+
+fn ipv6_on_the_host(kind: Tasks) {
+    assert_eq!(host_leftovers(), Vec::<String>::new(), "Shoal's data plane is already in the host's namespace");
+    let (_dir, mut d) = start_readme_daemon(kind.executor);
+    d.docker(&[
+        "network",
+        "create",
+        "-d",
+        "overlay",
+        "--ipv6",
+        "--subnet",
+        "10.216.0.0/24",
+        "--subnet",
+        "fd00:216::/64",
+        "dual6",
+    ]);
+    let shown = d.docker(&["network", "inspect", "dual6", "--format", "{{.EnableIPv6}} {{json .IPAM.Config}}"]);
+    assert!(
+        shown.starts_with("true ") && shown.contains("fd00:216::/64") && shown.contains("10.216.0.0/24"),
+        "{shown}"
+    );
+    let mut args = vec!["service", "create", "-d", "--name", "web6", "--network", "dual6", "--replicas", "3"];
+    args.push(&kind.image);
+    args.extend(kind.web.iter().map(String::as_str));
+    d.docker(&args);
+    wait_until("web6 3/3", WAIT, || {
+        let text = d.docker(&["service", "ls", "--filter", "name=web6", "--format", "{{.Replicas}}"]);
+        if text.trim() == "3/3" {
+            Ok(())
+        } else {
+            Err(format!("{text}{}", d.docker(&["service", "ps", "--no-trunc", "web6"])))
+        }
+    });
+    let ids =
+        d.docker(&["service", "ps", "web6", "--filter", "desired-state=running", "--format", "{{.ID}}", "--no-trunc"]);
+    let format =
+        "{{range .NetworksAttachments}}{{if eq .Network.Spec.Name \"dual6\"}}{{json .Addresses}}{{end}}{{end}}";
+    // (task ID, its IPv6 address without the prefix).
+    let tasks: Vec<(String, String)> = ids
+        .lines()
+        .map(|id| {
+            let a: Vec<String> = serde_json::from_str(d.docker(&["inspect", "--format", format, id]).trim()).unwrap();
+            assert!(a.len() == 2 && a[0].starts_with("10.216.0.") && a[1].starts_with("fd00:216::"), "{id}: {a:?}");
+            (id.to_string(), a[1].trim_end_matches("/64").to_string())
+        })
+        .collect();
+    assert_eq!(tasks.len(), 3, "{tasks:?}");
+    let in_task = |from: &str, script: &str, arg: &str| -> Result<String, String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &format!("shl-task-{from}"), "/usr/bin/python3", "-S", "-c", script, arg])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let body = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !body.is_empty() {
+            Ok(body)
+        } else {
+            Err(format!("{from} {arg}: {body}{}", String::from_utf8_lossy(&out.stderr)))
+        }
+    };
+    for (from, mine) in &tasks {
+        for (_, addr) in tasks.iter().filter(|(_, a)| a != mine) {
+            let body = wait_until(&format!("{mine} reaches {addr} over IPv6"), WAIT, || in_task(from, GET6, addr));
+            if kind.executor == "process" {
+                assert_eq!(&body, addr, "{mine} -> {addr}: the server answers with the address it was reached at");
+            }
+        }
+    }
+    let mut want: Vec<String> = tasks.iter().map(|(_, a)| a.clone()).collect();
+    want.sort();
+    let got = wait_until("tasks.web6 answers AAAA", WAIT, || {
+        let got = in_task(&tasks[0].0, AAAA, "tasks.web6")?;
+        if got.lines().count() == 3 {
+            Ok(got)
+        } else {
+            Err(got)
+        }
+    });
+    assert_eq!(got.lines().collect::<Vec<_>>(), want);
+
+    d.docker(&["service", "rm", "web6"]);
+    wait_until("the network removed", WAIT, || {
+        let out = docker_cli::command(&d.socket(), &["network", "rm", "dual6"]).output().unwrap();
+        let all = d.docker(&["network", "ls", "--format", "{{.Name}}"]);
+        if !all.lines().any(|n| n == "dual6") {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    wait_until("the service's containers removed", WAIT, || {
+        let left = if kind.executor == "docker" {
+            shoal_testkit::docker_engine::engine_ok(&[
+                "ps",
+                "-aq",
+                "--filter",
+                "label=com.docker.swarm.service.name=web6",
+            ])
+        } else {
+            String::new()
+        };
+        if left.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+    wait_until("nothing of Shoal's left in the host's namespace", WAIT, || {
+        let left = host_leftovers();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+    assert!(d.stop(), "a clean stop on SIGTERM");
+    let left = host_leftovers();
+    assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
+}
