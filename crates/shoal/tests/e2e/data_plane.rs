@@ -170,8 +170,19 @@ fn tasks_reach_a_service_by_name_across_nodes_and_only_on_their_network() {
 /// own subnet's VXLAN device. A clean stop leaves no task namespace.
 #[test]
 fn tasks_reach_each_other_across_the_subnets_of_an_overlay_and_across_nodes() {
-    let mut c = Cluster::start("dpsub");
-    let body = json!({"Name": "two", "Driver": "overlay", "IPAM": {"Config": [
+    across_subnets_and_nodes("dpsub", false);
+}
+
+/// The same on an `--internal` network: no gateway on the nodes, its subnets routed in each node's namespace of
+/// the network (docs/design/overlay-subnets.md).
+#[test]
+fn tasks_reach_each_other_across_the_subnets_of_an_internal_overlay_and_across_nodes() {
+    across_subnets_and_nodes("dpsin", true);
+}
+
+fn across_subnets_and_nodes(tag: &str, internal: bool) {
+    let mut c = Cluster::start(tag);
+    let body = json!({"Name": "two", "Driver": "overlay", "Internal": internal, "IPAM": {"Config": [
         {"Subnet": "10.215.0.0/24", "IPRange": "10.215.0.8/30"}, {"Subnet": "10.216.0.0/24"}]}});
     let r =
         shoal_testkit::http::request(c.manager().socket(), "POST", "/v1.47/networks/create", Some(&body.to_string()))

@@ -481,25 +481,37 @@ fn the_readme_daemon_routes_between_the_subnets_of_an_overlay_in_the_hosts_names
     if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::DockerCli) {
         return;
     }
-    two_subnets_on_the_host(Tasks::process());
+    two_subnets_on_the_host(Tasks::process(), false);
+}
+
+/// The same on an `--internal` network: no gateway end on the host; each subnet's gateway is on its bridge in
+/// the network's namespace, which routes between them.
+#[test]
+fn the_readme_daemon_routes_between_the_subnets_of_an_internal_overlay_in_the_hosts_namespace() {
+    if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::DockerCli) {
+        return;
+    }
+    two_subnets_on_the_host(Tasks::process(), true);
 }
 
 /// The same with `--executor docker` (the engine's containers in their holders' namespaces).
 #[test]
 fn the_readme_daemon_with_the_docker_executor_routes_between_the_subnets_of_an_overlay() {
     let Some(image) = shoal_testkit::docker_engine::test_image_or_skip() else { return };
-    two_subnets_on_the_host(Tasks::docker(image));
+    two_subnets_on_the_host(Tasks::docker(image), false);
 }
 
-fn two_subnets_on_the_host(kind: Tasks) {
+fn two_subnets_on_the_host(kind: Tasks, internal: bool) {
     assert_eq!(host_leftovers(), Vec::<String>::new(), "Shoal's data plane is already in the host's namespace");
     let (_dir, mut d) = start_readme_daemon(kind.executor);
     let (first, second) = ("10.213.0.", "10.214.0.");
     // Through the Engine API, as an SDK sends it: the configs in order (`docker network create --subnet A
     // --subnet B` sends them in the order of a Go map, so either may come first, and a compose file's
     // schema has no `ip_range`).
-    let body = r#"{"Name": "two_subnets", "Driver": "overlay", "IPAM": {"Config": [
-        {"Subnet": "10.213.0.0/24", "IPRange": "10.213.0.8/30"}, {"Subnet": "10.214.0.0/24"}]}}"#;
+    let body = format!(
+        r#"{{"Name": "two_subnets", "Driver": "overlay", "Internal": {internal}, "IPAM": {{"Config": [
+        {{"Subnet": "10.213.0.0/24", "IPRange": "10.213.0.8/30"}}, {{"Subnet": "10.214.0.0/24"}}]}}}}"#
+    );
     let socket = d.socket();
     let created = run(&[
         "curl",
@@ -510,7 +522,7 @@ fn two_subnets_on_the_host(kind: Tasks) {
         "-H",
         "Content-Type: application/json",
         "-d",
-        body,
+        &body,
         "http://localhost/v1.41/networks/create",
     ]);
     assert!(created.contains("\"Id\""), "{created}");
@@ -588,6 +600,11 @@ fn two_subnets_on_the_host(kind: Tasks) {
         let ns = format!("shl-task-{from}");
         let route = run(&["ip", "netns", "exec", &ns, "ip", "route", "show", other_subnet]);
         assert!(route.contains(&format!("via {gateway} ")), "{mine}: {route}");
+        if internal {
+            let default = run(&["ip", "netns", "exec", &ns, "ip", "route", "show", "default"]);
+            assert_eq!(default.trim(), "", "{mine}: an internal network's task has a default route");
+            assert!(!run(&["ip", "-o", "link", "show"]).contains("shlg"), "an internal network has a gateway end");
+        }
         for (_, addr) in others {
             let body = wait_until(&format!("{mine} reaches {addr}"), WAIT, || get(from, addr));
             if kind.executor == "process" {
