@@ -175,7 +175,7 @@ pub struct NetworkCreateJson {
     /// Refused when false.
     #[serde(rename = "EnableIPv4")]
     pub enable_ipv4: Option<bool>,
-    /// Refused when true.
+    /// An IPv6 subnet beside the IPv4 one (the control API checks the configs).
     #[serde(rename = "EnableIPv6")]
     pub enable_ipv6: Option<bool>,
     /// Driver options (the control API refuses those it does not know).
@@ -223,9 +223,6 @@ impl NetworkCreateJson {
         if self.enable_ipv4 == Some(false) {
             return Err(ConvertError("EnableIPv4 false is not supported: overlay networks are IPv4".into()));
         }
-        if self.enable_ipv6 == Some(true) {
-            return Err(ConvertError("EnableIPv6 is not supported yet: overlay networks are IPv4 only".into()));
-        }
         let mut ipam = None;
         if let Some(i) = &self.ipam {
             if !(i.driver.is_empty() || i.driver == "default") {
@@ -258,7 +255,7 @@ impl NetworkCreateJson {
                 indices: vec![],
             }),
             driver_config: Some(Driver { name: driver.into(), options: labels_from_json(&self.options) }),
-            ipv6_enabled: false,
+            ipv6_enabled: self.enable_ipv6 == Some(true),
             internal: self.internal,
             ipam,
             attachable: self.attachable,
@@ -432,13 +429,18 @@ mod tests {
             (serde_json::json!({"Name": "x", "Driver": "macvlan"}), "Driver \"macvlan\" is not supported without"),
             (serde_json::json!({"Name": "x", "Driver": "macvlan", "Scope": "swarm", "ConfigOnly": true}), "ConfigOnly"),
             (serde_json::json!({"Name": "x", "Driver": "overlay", "Scope": "local"}), "Scope"),
-            (serde_json::json!({"Name": "x", "Driver": "overlay", "EnableIPv6": true}), "EnableIPv6"),
             (serde_json::json!({"Name": "x", "Driver": "overlay", "ConfigOnly": true}), "ConfigOnly"),
             (serde_json::json!({"Name": "x", "Driver": "overlay", "IPAM": {"Driver": "dhcp"}}), "IPAM.Driver"),
         ] {
             let e = create(body).unwrap_err();
             assert!(e.contains(field), "{e}");
         }
+        // EnableIPv6 reaches the spec with its configs (the control API checks them).
+        let v6 = create(serde_json::json!({"Name": "d", "Driver": "overlay", "EnableIPv6": true,
+            "IPAM": {"Config": [{"Subnet": "fd00:1::/64"}]}}))
+        .unwrap();
+        assert!(v6.ipv6_enabled);
+        assert_eq!(v6.ipam.unwrap().configs[0].subnet, "fd00:1::/64");
         // A swarm network of each node's engine keeps its driver and the config-only network it names.
         let m = create(
             serde_json::json!({"Name": "m", "Driver": "macvlan", "Scope": "swarm", "ConfigFrom": {"Network": "cfg"}}),

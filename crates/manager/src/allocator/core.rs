@@ -460,9 +460,19 @@ impl Allocator {
                 return Err(format!("no IP address left in network {}", network_name(network)));
             };
             taken.push((id.clone(), ip));
+            let mut addresses = vec![pool.with_prefix(ip)];
+            // An IPv6 network gives the task its IPv6 address too, second (the nodes read it there).
+            if pool.has_v6() {
+                let Some(ip6) = pool.allocate6() else {
+                    self.hold(&taken, &[]);
+                    return Err(format!("no IPv6 address left in network {}", network_name(network)));
+                };
+                taken.push((id.clone(), ip6));
+                addresses.push(pool.with_prefix(ip6));
+            }
             out.push(NetworkAttachment {
                 network: Some((**network).clone()),
-                addresses: vec![pool.with_prefix(ip)],
+                addresses,
                 aliases,
                 driver_attachment_opts,
             });

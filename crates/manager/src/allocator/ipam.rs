@@ -15,6 +15,11 @@ use shoal_store::cidr::Cidr;
 
 /// Largest allocation range (addresses) a network may have: its bitmap is then 128 KiB.
 pub(crate) const MAX_RANGE_ADDRESSES: u128 = 1 << 20;
+/// An IPv6 subnet's (or IP range's) addresses are given from its first `IPV6_RANGE_ADDRESSES` only: a /64 has
+/// 2^64, far past what a bitmap can hold and what a cluster's tasks need (an 8 KiB bitmap).
+pub(crate) const IPV6_RANGE_ADDRESSES: u128 = 1 << IPV6_RANGE_BITS;
+/// See `IPV6_RANGE_ADDRESSES`.
+const IPV6_RANGE_BITS: u8 = 16;
 
 /// The cluster's default address pool and subnet size when the cluster object sets none (Docker's).
 pub(crate) const DEFAULT_ADDRESS_POOL: &str = "10.0.0.0/8";
@@ -34,8 +39,12 @@ pub(crate) struct AddressPool {
 impl AddressPool {
     /// A pool over `subnet`, allocating inside `range` (the subnet when `None`), with `gateway` reserved.
     /// `None` when the range is not inside the subnet or larger than `MAX_RANGE_ADDRESSES`.
+    /// An IPv6 range allocates from its first `IPV6_RANGE_ADDRESSES` addresses.
     pub(crate) fn new(subnet: Cidr, range: Option<Cidr>, gateway: Option<IpAddr>) -> Option<AddressPool> {
-        let range = range.unwrap_or(subnet);
+        let mut range = range.unwrap_or(subnet);
+        if range.is_v6() && range.size() > IPV6_RANGE_ADDRESSES {
+            range = Cidr::new(range.nth(0)?, 128 - IPV6_RANGE_BITS)?;
+        }
         if !subnet.contains(&range) || range.size() > MAX_RANGE_ADDRESSES {
             return None;
         }
@@ -47,6 +56,10 @@ impl AddressPool {
             for a in [subnet.nth(0), subnet.nth(subnet.size() - 1)].into_iter().flatten() {
                 p.reserve(a);
             }
+        }
+        // An IPv6 subnet's first address is its subnet-router anycast address, nobody's.
+        if let Some(a) = subnet.nth(0).filter(|_| subnet.is_v6()) {
+            p.reserve(a);
         }
         if let Some(g) = gateway {
             p.reserve(g);
@@ -122,18 +135,32 @@ impl AddressPool {
     }
 }
 
-/// The addresses of one network: one `AddressPool` per IPAM config, in config order. An address (a task's,
-/// a node's, a VIP) comes from the first pool that has one free: SwarmKit's rule (`allocateNetworkIPs` tries
-/// the pools in turn), in a fixed order where SwarmKit's map has none.
+/// The addresses of one network: one `AddressPool` per IPv4 IPAM config, in config order, and the pool of
+/// its IPv6 config when it has one (`--ipv6`). An IPv4 address (a task's, a node's, a VIP) comes from the first
+/// pool that has one free: SwarmKit's rule (`allocateNetworkIPs` tries the pools in turn), in a fixed order
+/// where SwarmKit's map has none. A task on an IPv6 network gets an IPv6 address too (dual stack, as later
+/// engines give); nodes and VIPs stay IPv4.
 #[derive(Clone, Debug)]
 pub(crate) struct NetworkPools {
     pools: Vec<AddressPool>,
+    v6: Option<AddressPool>,
 }
 
 impl NetworkPools {
-    /// The pools of a network, in config order; `None` when there is none.
-    pub(crate) fn new(pools: Vec<AddressPool>) -> Option<NetworkPools> {
-        (!pools.is_empty()).then_some(NetworkPools { pools })
+    /// The pools of a network, in config order (an IPv6 one apart); `None` when there is no IPv4 one.
+    pub(crate) fn new(all: Vec<AddressPool>) -> Option<NetworkPools> {
+        let (v6, pools): (Vec<AddressPool>, Vec<AddressPool>) = all.into_iter().partition(|p| p.subnet.is_v6());
+        (!pools.is_empty()).then(|| NetworkPools { pools, v6: v6.into_iter().next() })
+    }
+
+    /// Whether the network has an IPv6 subnet.
+    pub(crate) fn has_v6(&self) -> bool {
+        self.v6.is_some()
+    }
+
+    /// The next free IPv6 address, or `None` when the network has none left (or no IPv6 subnet).
+    pub(crate) fn allocate6(&mut self) -> Option<IpAddr> {
+        self.v6.as_mut()?.allocate()
     }
 
     /// Addresses left to allocate, in all the pools.
@@ -144,7 +171,7 @@ impl NetworkPools {
 
     /// The pool whose subnet holds `addr` (subnets of one network do not overlap).
     fn pool_of(&mut self, addr: IpAddr) -> Option<&mut AddressPool> {
-        self.pools.iter_mut().find(|p| p.subnet.offset_of(addr).is_some())
+        self.pools.iter_mut().chain(self.v6.as_mut()).find(|p| p.subnet.offset_of(addr).is_some())
     }
 
     /// Marks `addr` taken in its subnet's pool (idempotent); false when no pool's range holds it.
@@ -166,7 +193,7 @@ impl NetworkPools {
 
     /// `addr` with the prefix length of the subnet that holds it, as the store keeps attachment addresses.
     pub(crate) fn with_prefix(&self, addr: IpAddr) -> String {
-        match self.pools.iter().find(|p| p.subnet.offset_of(addr).is_some()) {
+        match self.pools.iter().chain(self.v6.as_ref()).find(|p| p.subnet.offset_of(addr).is_some()) {
             Some(p) => p.with_prefix(addr),
             None => addr.to_string(),
         }
@@ -255,6 +282,32 @@ mod tests {
         assert!(!p.reserve(ip("10.5.0.40")), "inside the first subnet, outside its range");
         assert_eq!(p.free(), 253 - 4);
         assert!(NetworkPools::new(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn an_ipv6_pool_gives_from_its_first_addresses_past_the_anycast_and_gateway_and_apart_from_ipv4() {
+        let v6 = AddressPool::new(c("fd00:1::/64"), None, Some(ip("fd00:1::1"))).unwrap();
+        assert_eq!(
+            v6.free(),
+            u64::try_from(IPV6_RANGE_ADDRESSES - 2).unwrap(),
+            "the first 2^16, less ::0 and the gateway"
+        );
+        let v4 = AddressPool::new(c("10.7.0.0/24"), None, Some(ip("10.7.0.1"))).unwrap();
+        let mut p = NetworkPools::new(vec![v6, v4]).unwrap();
+        assert!(p.has_v6());
+        assert_eq!(p.allocate(), Some(ip("10.7.0.2")), "IPv4 addresses come from the IPv4 pool only");
+        assert_eq!(p.allocate6(), Some(ip("fd00:1::2")));
+        assert_eq!(p.with_prefix(ip("fd00:1::2")), "fd00:1::2/64");
+        p.release(ip("fd00:1::2"));
+        assert!(p.reserve(ip("fd00:1::3")));
+        assert!(!p.reserve(ip("fd00:1::1:0:0")), "past the first 2^16 addresses: no pool's");
+        assert_eq!(p.allocate6(), Some(ip("fd00:1::4")), "next-fit past the reserved one");
+        // A small IP range runs out; an IPv6-only pool list has no IPv4 pool and is no network's.
+        let tiny = AddressPool::new(c("fd00:2::/64"), Some(c("fd00:2::10/126")), None).unwrap();
+        let mut t = NetworkPools::new(vec![AddressPool::new(c("10.8.0.0/24"), None, None).unwrap(), tiny]).unwrap();
+        assert_eq!((0..5).map(|_| t.allocate6()).filter(Option::is_some).count(), 4);
+        assert!(NetworkPools::new(vec![AddressPool::new(c("fd00:3::/64"), None, None).unwrap()]).is_none());
+        assert!(!NetworkPools::new(vec![AddressPool::new(c("10.9.0.0/24"), None, None).unwrap()]).unwrap().has_v6());
     }
 
     #[test]

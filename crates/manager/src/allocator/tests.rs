@@ -548,3 +548,76 @@ fn a_network_of_two_subnets_fills_the_first_range_then_the_second() {
     assert!(!fx.pass());
     assert_eq!(fx.task("web.new").networks[0].addresses[0], "10.30.0.9/24");
 }
+
+/// An `--ipv6` network made by the control API: each task gets its IPv4 address and its IPv6 one, second; the
+/// VIP is IPv4 only; a core rebuilt from the store gives no IPv6 address twice; a small IPv6 range runs out
+/// and the task waits, naming it.
+#[test]
+fn a_task_on_an_ipv6_network_gets_an_ipv4_and_an_ipv6_address_and_the_vip_stays_ipv4() {
+    let mut fx = Fx::new();
+    let spec = shoal_api::NetworkSpec {
+        annotations: Some(Annotations { name: "dual".into(), ..Default::default() }),
+        ipv6_enabled: true,
+        ipam: Some(IpamOptions {
+            driver: None,
+            configs: vec![
+                IpamConfig { subnet: "10.40.0.0/24".into(), ..Default::default() },
+                IpamConfig { subnet: "fd00:40::/64".into(), range: "fd00:40::10/126".into(), ..Default::default() },
+            ],
+        }),
+        ..Default::default()
+    };
+    let (_, c) = fx.store.view(|t| {
+        let mut c = Changes::new();
+        let n = crate::controlapi::network::create_overlay(t, &mut c, "dual".into(), ts(), &spec, 16).unwrap();
+        (n, c)
+    });
+    fx.index += 1;
+    let commit = fx.store.apply(fx.index, c.actions()).unwrap();
+    fx.alloc.apply_commit(&commit);
+    fx.service("web", &["dual"], vec![]);
+    fx.tasks("web", 3);
+    assert!(!fx.pass());
+    let s = fx.store.view(|t| t.services().get("web").cloned()).unwrap();
+    let vips = &s.endpoint.as_ref().unwrap().virtual_ips;
+    assert_eq!((vips.len(), vips[0].addr.as_str()), (1, "10.40.0.2/24"), "one IPv4 VIP");
+    let mut got: Vec<Vec<String>> =
+        (0..3).map(|i| fx.task(&format!("web.{i}")).networks[0].addresses.clone()).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [["10.40.0.3/24", "fd00:40::10/64"], ["10.40.0.4/24", "fd00:40::11/64"], ["10.40.0.5/24", "fd00:40::12/64"]]
+    );
+    assert_unique(&fx.held());
+    // A new leader's core, rebuilt from the store, continues past the held IPv6 addresses; the range's
+    // fourth is the last.
+    fx.alloc = fx.store.view(Allocator::build);
+    let spec_task = fx.task("web.0").spec.clone();
+    fx.write(|c| {
+        for i in 3..5 {
+            let mut t = Task {
+                id: format!("web.{i}"),
+                service_id: "web".into(),
+                slot: i,
+                spec: spec_task.clone(),
+                status: Some(TaskStatus { state: TaskState::New as i32, ..Default::default() }),
+                ..Default::default()
+            };
+            t.set_desired_state(TaskState::Running);
+            c.create(t);
+        }
+    });
+    assert!(fx.pass(), "a task waits for an IPv6 address");
+    let mut states: Vec<(TaskState, String, Vec<String>)> = (3..5)
+        .map(|i| {
+            let t = fx.task(&format!("web.{i}"));
+            let st = t.status.as_ref().unwrap();
+            (st.state(), st.err.clone(), t.networks.first().map(|a| a.addresses.clone()).unwrap_or_default())
+        })
+        .collect();
+    states.sort_by_key(|s| s.0 as i32);
+    assert_eq!(states[0].0, TaskState::New);
+    assert_eq!(states[0].1, "no IPv6 address left in network dual");
+    assert_eq!(states[1].2, ["10.40.0.6/24", "fd00:40::13/64"]);
+    assert_unique(&fx.held());
+}

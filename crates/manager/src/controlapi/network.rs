@@ -242,15 +242,19 @@ fn built(
     subnets: &[UserIpam],
     vnis: &[u32],
 ) -> Network {
-    debug_assert_eq!(subnets.len(), vnis.len(), "one VXLAN ID per subnet");
+    debug_assert_eq!(subnets.iter().filter(|s| !s.0.is_v6()).count(), vnis.len(), "one VXLAN ID per IPv4 subnet");
     let configs = subnets
         .iter()
-        .enumerate()
-        .map(|(i, (subnet, range, gateway))| {
+        .map(|(subnet, range, gateway)| {
             let gateway = gateway.or_else(|| subnet.nth(1)).map(|g| g.to_string()).unwrap_or_default();
-            // The user's auxiliary addresses (checked by `user_ipam`), which the allocator never hands out.
-            let reserved =
-                spec.ipam.as_ref().and_then(|s| s.configs.get(i)).map(|c| c.reserved.clone()).unwrap_or_default();
+            // The user's auxiliary addresses (checked by `user_ipam`), which the allocator never hands out: the
+            // config of this subnet's (a CLI sends the configs in no fixed order).
+            let reserved = spec
+                .ipam
+                .as_ref()
+                .and_then(|s| s.configs.iter().find(|c| c.subnet.parse::<Cidr>().ok() == Some(*subnet)))
+                .map(|c| c.reserved.clone())
+                .unwrap_or_default();
             let mut config = IpamConfig {
                 subnet: subnet.to_string(),
                 range: range.map(|r| r.to_string()).unwrap_or_default(),
@@ -373,7 +377,9 @@ fn user_ipam(spec: &NetworkSpec, max_configs: usize) -> Result<Vec<UserIpam>, Co
             )));
         }
     }
-    let n = ipam.configs.len();
+    // IPv6 configs (`--ipv6 --subnet <IPv6 prefix>`) apart: the rules below are the IPv4 subnets'.
+    let (v6, v4): (Vec<&IpamConfig>, Vec<&IpamConfig>) = ipam.configs.iter().partition(|c| c.subnet.contains(':'));
+    let n = v4.len();
     if n > max_configs && max_configs == 1 {
         return Err(invalid(format!("{n} IPAM configs given: this network takes one subnet; give one --subnet")));
     }
@@ -386,18 +392,30 @@ fn user_ipam(spec: &NetworkSpec, max_configs: usize) -> Result<Vec<UserIpam>, Co
              ingress address is in it); give one --subnet"
         )));
     }
-    if n > 1 && spec.internal {
-        return Err(invalid(format!(
-            "{n} IPAM configs given on an internal network: the data plane routes between a network's subnets \
-             through their gateways on each node, which an internal network does not have; give one --subnet"
-        )));
-    }
-    if n > 1 && ipam.configs.iter().any(|c| c.subnet.is_empty()) {
+    if n > 1 && v4.iter().any(|c| c.subnet.is_empty()) {
         return Err(invalid("several IPAM configs given: give each its --subnet"));
     }
-    let mut out: Vec<UserIpam> = Vec::with_capacity(n);
-    for c in &ipam.configs {
-        let Some(u) = user_ipam_config(c)? else { return Ok(Vec::new()) };
+    if !v6.is_empty() && !spec.ipv6_enabled {
+        return Err(invalid(format!(
+            "subnet {} is IPv6: add --ipv6 (EnableIPv6) to give the network an IPv6 subnet",
+            v6[0].subnet
+        )));
+    }
+    if v6.len() > 1 {
+        return Err(invalid(format!("{} IPv6 subnets given: an IPv6 network has one; give one", v6.len())));
+    }
+    if !v6.is_empty() && n > 1 {
+        return Err(invalid(format!(
+            "{n} IPv4 subnets given beside an IPv6 one: an IPv6 network takes one IPv4 subnet (its tasks' interfaces \
+             carry both addresses); give one IPv4 --subnet"
+        )));
+    }
+    let mut out: Vec<UserIpam> = Vec::with_capacity(n + v6.len());
+    for c in v4 {
+        let Some(u) = user_ipam_config(c)? else {
+            // No IPv4 subnet given: the pools' choice, with the IPv6 one (if any) beside it.
+            return v6.into_iter().map(user_ipam6_config).collect();
+        };
         if let Some((other, _, _)) = out.iter().find(|(o, _, _)| o.overlaps(&u.0)) {
             return Err(invalid(format!(
                 "subnets {other} and {} of this network overlap; give subnets that do not",
@@ -406,7 +424,57 @@ fn user_ipam(spec: &NetworkSpec, max_configs: usize) -> Result<Vec<UserIpam>, Co
         }
         out.push(u);
     }
+    for c in v6 {
+        out.push(user_ipam6_config(c)?);
+    }
     Ok(out)
+}
+
+/// Ranges no IPv6 subnet may overlap, with what they are (as `RESERVED_RANGES` for IPv4).
+const RESERVED_RANGES_V6: [(&str, &str); 3] =
+    [("::/8", "loopback, unspecified and IPv4-mapped"), ("fe80::/10", "link-local"), ("ff00::/8", "multicast")];
+
+/// The IPv6 config of an `--ipv6` network, checked: a prefix length in
+/// `MIN_IPV6_PREFIX_LEN..=MAX_IPV6_PREFIX_LEN`, outside the reserved ranges, its range and gateway inside it
+/// (the gateway not the subnet-router anycast address), its auxiliary addresses as IPv4's.
+fn user_ipam6_config(c: &IpamConfig) -> Result<UserIpam, ControlError> {
+    use crate::limits::{MAX_IPV6_PREFIX_LEN, MIN_IPV6_PREFIX_LEN};
+    let subnet: Cidr = c.subnet.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(e.to_string()))?;
+    if !(MIN_IPV6_PREFIX_LEN..=MAX_IPV6_PREFIX_LEN).contains(&subnet.prefix_len()) {
+        return Err(invalid(format!(
+            "IPv6 subnet {subnet}: give a prefix length from /{MIN_IPV6_PREFIX_LEN} to /{MAX_IPV6_PREFIX_LEN} (a /64 \
+             is usual)"
+        )));
+    }
+    for (range, what) in RESERVED_RANGES_V6 {
+        let r: Cidr = range.parse().expect("constant");
+        if r.overlaps(&subnet) {
+            return Err(invalid(format!(
+                "IPv6 subnet {subnet} overlaps the {what} range {r}; choose a unique local prefix such as fd00:1::/64"
+            )));
+        }
+    }
+    let range = if c.range.is_empty() {
+        None
+    } else {
+        let r: Cidr = c.range.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(format!("IP range: {e}")))?;
+        if !subnet.contains(&r) {
+            return Err(invalid(format!("IP range {r} is not inside subnet {subnet}")));
+        }
+        Some(r)
+    };
+    let gateway = if c.gateway.is_empty() {
+        None
+    } else {
+        let g: std::net::IpAddr =
+            c.gateway.parse().map_err(|_| invalid(format!("gateway {:?} is not an IP address", c.gateway)))?;
+        if subnet.offset_of(g).is_none_or(|o| o == 0) {
+            return Err(invalid(format!("gateway {g} is not a host address of subnet {subnet}")));
+        }
+        Some(g)
+    };
+    check_aux_addresses(&c.reserved, &subnet, gateway.or_else(|| subnet.nth(1)))?;
+    Ok((subnet, range, gateway))
 }
 
 /// One IPAM config of the user's, checked (`user_ipam`); None when it gives no subnet.
@@ -560,10 +628,16 @@ pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
             )));
         }
     }
-    if spec.ipv6_enabled {
-        return Err(invalid("IPv6 networks are not supported yet; leave out --ipv6"));
+    if spec.ipv6_enabled && spec.ingress {
+        return Err(invalid("--ipv6 is not supported on the ingress network: the routing mesh is IPv4"));
     }
-    user_ipam(spec, OVERLAY_SUBNETS_CARRIED)?;
+    let subnets = user_ipam(spec, OVERLAY_SUBNETS_CARRIED)?;
+    if spec.ipv6_enabled && !subnets.iter().any(|(s, _, _)| s.is_v6()) {
+        return Err(invalid(
+            "--ipv6 needs an IPv6 subnet: give --subnet an IPv6 prefix such as fd00:1::/64 (Shoal chooses IPv4 \
+             subnets only)",
+        ));
+    }
     Ok(())
 }
 
@@ -582,7 +656,7 @@ fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), Cont
         return refuse("--attachable", "Shoal attaches the engine's containers to overlay networks only");
     }
     if spec.ipv6_enabled {
-        return refuse("--ipv6", "Shoal's networks are IPv4 only");
+        return refuse("--ipv6", "IPv6 is carried on overlay networks only");
     }
     let options = spec.driver_config.as_ref().map(|d| &d.options);
     if options.is_some_and(|o| o.contains_key(shoal_api::ENCRYPTED_OPTION)) {
@@ -654,7 +728,7 @@ pub(crate) fn create_overlay(
         return Err(invalid("an ingress network exists already; remove it first"));
     }
     let mut subnets = user_ipam(spec, max_subnets)?;
-    if subnets.is_empty() {
+    if !subnets.iter().any(|(s, _, _)| !s.is_v6()) {
         // A subnet chosen from the pools also skips the nodes' own addresses.
         let taken: Vec<Cidr> = t
             .networks()
@@ -673,7 +747,10 @@ pub(crate) fn create_overlay(
                 pools.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
             ))
         })?;
-        subnets.push((s, None, None));
+        for (subnet, _, _) in &subnets {
+            check_node_overlap(t, subnet)?;
+        }
+        subnets.insert(0, (s, None, None));
     } else {
         for (subnet, _, _) in &subnets {
             check_node_overlap(t, subnet)?;
@@ -702,7 +779,9 @@ pub(crate) fn create_overlay(
         }
     }
     let used: BTreeSet<u32> = t.networks().iter().flat_map(|n| vxlan_ids(n)).collect();
-    let vnis: Vec<u32> = (FIRST_VXLAN_ID..).filter(|v| !used.contains(v)).take(subnets.len()).collect();
+    // One VXLAN ID per IPv4 subnet (an IPv6 one shares the IPv4 one's interfaces, as in libnetwork).
+    let v4 = subnets.iter().filter(|(s, _, _)| !s.is_v6()).count();
+    let vnis: Vec<u32> = (FIRST_VXLAN_ID..).filter(|v| !used.contains(v)).take(v4).collect();
     let n = built(id, now, spec.clone(), &subnets, &vnis);
     c.create(n.clone());
     Ok(n)
@@ -1160,7 +1239,7 @@ mod tests {
         assert_eq!(spec(&|_| {}), "");
         assert!(spec(&|s| s.driver_config = Some(Driver { name: "bridge".into(), ..Default::default() }))
             .contains("\"bridge\" is not supported"));
-        assert!(spec(&|s| s.ipv6_enabled = true).contains("IPv6"));
+        assert!(spec(&|s| s.ipv6_enabled = true).contains("--ipv6 needs an IPv6 subnet"));
         assert!(spec(&|s| s.annotations.as_mut().unwrap().name = "-x".into()).contains("invalid network name"));
         assert!(spec(&|s| s.ipam = ipam("10.9.0.1/24", "", "")).contains("the network address is 10.9.0.0/24"));
         assert!(spec(&|s| s.ipam = ipam("10.9.0.0/24", "10.8.0.0/25", "")).contains("not inside subnet"));
@@ -1276,9 +1355,70 @@ mod tests {
         }
     }
 
+    /// An `--ipv6` overlay (docs/design/overlay-subnets.md, part 2): its IPv6 config is kept second, with its
+    /// family and gateway (the prefix's first host address unless given), and takes no VXLAN ID; without an
+    /// IPv4 config one is chosen from the pools. What cannot be carried is refused, naming why.
+    #[tokio::test]
+    async fn an_ipv6_network_keeps_its_ipv6_subnet_beside_one_ipv4_subnet() {
+        let (state, _) = cluster();
+        let config = |subnet: &str| IpamConfig { subnet: subnet.into(), ..Default::default() };
+        let v6 = |name: &str, configs: Vec<IpamConfig>| NetworkSpec {
+            ipv6_enabled: true,
+            ipam: Some(IpamOptions { driver: None, configs }),
+            ..named(name, "")
+        };
+        // The docker CLI sends the configs in no fixed order: the IPv6 one first here.
+        let n = create_network(&state, v6("dual", vec![config("fd00:1::/64"), config("10.80.0.0/24")])).await.unwrap();
+        assert_eq!(vxlan_ids(&n).len(), 1, "one VXLAN ID: the IPv4 subnet's");
+        let configs = &n.ipam.as_ref().unwrap().configs;
+        let got: Vec<_> = configs.iter().map(|c| (c.subnet.as_str(), c.gateway.as_str(), c.family())).collect();
+        assert_eq!(
+            got,
+            [
+                ("10.80.0.0/24", "10.80.0.1", ipam_config::AddressFamily::Ipv4),
+                ("fd00:1::/64", "fd00:1::1", ipam_config::AddressFamily::Ipv6)
+            ]
+        );
+        assert!(n.spec.as_ref().unwrap().ipv6_enabled);
+        // Only the IPv6 subnet given: the IPv4 one comes from the pools, first.
+        let mut only6 = config("fd00:2::/64");
+        only6.gateway = "fd00:2::fe".into();
+        let n = create_network(&state, v6("only6", vec![only6])).await.unwrap();
+        let configs = &n.ipam.as_ref().unwrap().configs;
+        assert!(configs[0].subnet.starts_with("10.") && configs[1].gateway == "fd00:2::fe", "{configs:?}");
+        // An internal IPv6 network is carried too.
+        let mut internal = v6("closed6", vec![config("fd00:3::/64")]);
+        internal.internal = true;
+        create_network(&state, internal).await.unwrap();
+        for (spec, want) in [
+            (v6("a", vec![config("10.81.0.0/24")]), "--ipv6 needs an IPv6 subnet"),
+            (v6("b", vec![config("fd00:1:0:0:8000::/65")]), "overlaps subnet fd00:1::/64 of network dual"),
+            (v6("c", vec![config("fd00:4::/64"), config("fd00:5::/64")]), "2 IPv6 subnets given"),
+            (
+                v6("d", vec![config("10.82.0.0/24"), config("10.83.0.0/24"), config("fd00:6::/64")]),
+                "an IPv6 network takes one IPv4 subnet",
+            ),
+            (v6("e", vec![config("fd00:7::/32")]), "give a prefix length from /48 to /120"),
+            (v6("f", vec![config("fe80::/64")]), "link-local"),
+            (
+                NetworkSpec { ipv6_enabled: false, ..v6("g", vec![config("fd00:8::/64")]) },
+                "subnet fd00:8::/64 is IPv6: add --ipv6",
+            ),
+            (NetworkSpec { ingress: true, ..v6("h", vec![config("fd00:9::/64")]) }, "not supported on the ingress"),
+        ] {
+            let e = create_network(&state, spec).await.unwrap_err().to_string();
+            assert!(e.contains(want), "{e} should contain {want:?}");
+        }
+        let mut gw = config("fd00:10::/64");
+        gw.gateway = "fd00:10::".into();
+        let e = create_network(&state, v6("i", vec![gw])).await.unwrap_err().to_string();
+        assert!(e.contains("gateway fd00:10:: is not a host address"), "{e}");
+    }
+
     /// A network of several subnets (docs/design/overlay-subnets.md, part 1): each config gets its gateway,
     /// range and auxiliary addresses and a VXLAN ID of its own, in order, up to `MAX_OVERLAY_SUBNETS`; what
-    /// overlaps is refused, and so are several subnets on an internal network or a macvlan one.
+    /// overlaps is refused, and so are several subnets on the ingress network or a macvlan one; an internal
+    /// network takes several too.
     #[tokio::test]
     async fn several_subnets_get_a_vxlan_id_each_in_order_and_are_checked_each() {
         use crate::limits::MAX_OVERLAY_SUBNETS;
@@ -1296,10 +1436,6 @@ mod tests {
             second.gateway = "10.41.0.254".into();
             vec![first, second]
         };
-        let mut internal = with("internal", two());
-        internal.internal = true;
-        let e = create_network(&state, internal).await.unwrap_err().to_string();
-        assert!(e.contains("2 IPAM configs given on an internal network"), "{e}");
         let mut ingress = with("ingress2", two());
         ingress.ingress = true;
         let e = create_network(&state, ingress).await.unwrap_err().to_string();
@@ -1338,7 +1474,11 @@ mod tests {
         .await;
         refused(vec![config("10.50.0.0/24"), config("10.41.0.0/16")], "overlaps subnet 10.41.0.0/24 of network two")
             .await;
-        refused(vec![config("10.50.0.0/24"), config("fd00::/64")], "IPv6 networks are not supported yet").await;
+        refused(vec![config("10.50.0.0/24"), config("fd00::/64")], "is IPv6: add --ipv6").await;
+        let mut internal = with("internal", vec![config("10.70.0.0/24"), config("10.71.0.0/24")]);
+        internal.internal = true;
+        let internal = create(internal).await.unwrap();
+        assert_eq!(vxlan_ids(&internal).len(), 2, "an internal network of two subnets");
         refused(vec![config("10.50.0.0/24"), config("")], "give each its --subnet").await;
         let mut aux = config("10.51.0.0/24");
         aux.reserved = [("x".to_string(), "10.50.0.9".to_string())].into();

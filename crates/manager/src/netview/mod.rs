@@ -51,6 +51,16 @@ fn address_on(t: &Task, network_id: &str) -> Option<String> {
     ip.parse::<std::net::Ipv4Addr>().ok().map(|ip| ip.to_string())
 }
 
+/// The task's IPv6 address on network `network_id` (an `--ipv6` network's second address), without its prefix.
+fn address6_on(t: &Task, network_id: &str) -> Option<String> {
+    let a = t.networks.iter().find(|a| a.network.as_ref().is_some_and(|n| n.id == network_id))?;
+    a.addresses
+        .iter()
+        .skip(1)
+        .find_map(|s| s.split('/').next()?.parse::<std::net::Ipv6Addr>().ok())
+        .map(|ip| ip.to_string())
+}
+
 /// A node's underlay address, when the store knows one: the data path address it reports
 /// (`shoal_api::SHOAL_DATA_PATH_ADDR_LABEL`, from `--data-path-addr`), else the address its session comes from.
 fn node_addr(t: &Tables, node_id: &str) -> Option<String> {
@@ -141,14 +151,15 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
     if on.is_empty() {
         return view;
     }
-    let mut peers: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+    // Network -> task address -> (its node's address, the task's IPv6 address or "").
+    let mut peers: BTreeMap<&str, BTreeMap<String, (String, String)>> = BTreeMap::new();
     // Other nodes' ingress addresses: the sources of what they forward to this node's tasks.
     if let (Some(ingress), true) = (&ingress, view.ingress.is_some()) {
         for n in t.nodes().iter().filter(|n| n.id != node_id) {
             let (Some(a), Some(addr)) = (ingress_attachment(n, ingress), node_addr(t, &n.id)) else { continue };
             if let Some(ip) = a.addresses.first().and_then(|s| s.split('/').next()?.parse::<std::net::Ipv4Addr>().ok())
             {
-                peers.entry(ingress.as_str()).or_default().insert(ip.to_string(), addr);
+                peers.entry(ingress.as_str()).or_default().insert(ip.to_string(), (addr, String::new()));
             }
         }
     }
@@ -156,7 +167,8 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
         let Some(addr) = node_addr(t, &task.node_id) else { continue };
         for n in on.iter().map(String::as_str) {
             if let Some(ip) = address_on(task, n) {
-                peers.entry(n).or_default().insert(ip, addr.clone());
+                let ip6 = address6_on(task, n).unwrap_or_default();
+                peers.entry(n).or_default().insert(ip, (addr.clone(), ip6));
             }
         }
     }
@@ -171,6 +183,10 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
                 t.tasks().by_service(&s.id).filter(|t| is_backend(t)).filter_map(|t| address_on(t, n)).collect();
             backends.sort_by_key(|b| b.parse::<std::net::Ipv4Addr>().ok());
             backends.dedup();
+            let mut backends6: Vec<String> =
+                t.tasks().by_service(&s.id).filter(|t| is_backend(t)).filter_map(|t| address6_on(t, n)).collect();
+            backends6.sort_by_key(|b| b.parse::<std::net::Ipv6Addr>().ok());
+            backends6.dedup();
             services.entry(n.to_string()).or_default().push(ServiceBackends {
                 service_id: s.id.clone(),
                 name: name.to_string(),
@@ -178,7 +194,7 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
                 backends,
                 aliases,
                 ingress_ports: if ingress.as_deref() == Some(n) { ingress_ports(s) } else { Vec::new() },
-                backends6: Vec::new(),
+                backends6,
             });
         }
     }
@@ -189,7 +205,7 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
             .remove(n.as_str())
             .unwrap_or_default()
             .into_iter()
-            .map(|(address, node_addr)| RemotePeer { address, node_addr, address6: String::new() })
+            .map(|(address, (node_addr, address6))| RemotePeer { address, node_addr, address6 })
             .collect();
         ps.sort_by_key(|p| p.address.parse::<std::net::Ipv4Addr>().ok());
         view.networks.push(NetworkPeers { network_id: n.clone(), peers: ps, services: svcs });

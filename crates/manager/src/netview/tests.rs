@@ -375,3 +375,29 @@ fn the_view_carries_the_clusters_data_path_port() {
     fx.update(c);
     assert_eq!(fx.view("n1").vxlan_udp_port, 7789);
 }
+
+/// On an `--ipv6` network each peer carries its task's IPv6 address (the attachment's second) and each service
+/// its running tasks' IPv6 addresses; a network without IPv6 has neither.
+#[test]
+fn an_ipv6_network_gives_peers_and_backends_their_ipv6_addresses() {
+    let mut fx = Fx::new();
+    fx.create(service("s1", "web", &[("net1", &[])], false));
+    let with6 = |mut t: Task, h: u8| {
+        t.networks[0].addresses.push(format!("fd00:1::{h}/64"));
+        t
+    };
+    fx.create(with6(task("w1", "s1", "n1", TaskState::Running, &["net1"], 2), 2));
+    fx.create(with6(task("w2", "s1", "n2", TaskState::Running, &["net1"], 3), 3));
+    fx.create(with6(task("w3", "s1", "n3", TaskState::Assigned, &["net1"], 4), 4));
+    let v = fx.view("n1");
+    let n = &v.networks[0];
+    let peers: Vec<(&str, &str)> = n.peers.iter().map(|p| (p.address.as_str(), p.address6.as_str())).collect();
+    assert_eq!(peers, [("10.0.1.3", "fd00:1::3"), ("10.0.1.4", "fd00:1::4")]);
+    assert_eq!(n.services[0].backends, ["10.0.1.2", "10.0.1.3"]);
+    assert_eq!(n.services[0].backends6, ["fd00:1::2", "fd00:1::3"], "the running ones");
+    fx.create(service("s3", "other", &[("net2", &[])], false));
+    fx.create(task("o1", "s3", "n2", TaskState::Running, &["net2"], 2));
+    fx.create(task("o2", "s3", "n1", TaskState::Running, &["net2"], 3));
+    let n2 = fx.view("n1").networks.into_iter().find(|n| n.network_id == "net2").unwrap();
+    assert_eq!((n2.peers[0].address6.as_str(), n2.services[0].backends6.len()), ("", 0));
+}

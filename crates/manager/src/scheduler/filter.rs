@@ -224,6 +224,44 @@ impl Filter for PluginFilter {
     }
 }
 
+/// A task on an IPv6 overlay (`--ipv6`) goes to Shoal nodes only: a stock Docker Engine worker (a node whose
+/// description lacks `shoal_api::SHOAL_AGENT_LABEL`) is not given one, since Docker Engine 20.10's swarm
+/// overlays do not carry IPv6 between nodes (docs/design/overlay-subnets.md).
+#[derive(Debug, Default)]
+pub(crate) struct Ipv6Filter {
+    /// The first refused engine's version, for the explanation.
+    version: std::sync::Mutex<Option<String>>,
+}
+
+impl Filter for Ipv6Filter {
+    fn set_task(&mut self, task: &Task) -> bool {
+        *self.version.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        task.networks
+            .iter()
+            .filter_map(|a| a.network.as_ref())
+            .any(|n| n.node_local_driver().is_none() && n.spec.as_ref().is_some_and(|s| s.ipv6_enabled))
+    }
+    fn check(&self, n: &NodeInfo) -> bool {
+        let engine = n.node().description.as_ref().and_then(|d| d.engine.as_ref());
+        let shoal = engine.is_some_and(|e| e.labels.contains_key(shoal_api::SHOAL_AGENT_LABEL));
+        if !shoal {
+            let mut v = self.version.lock().unwrap_or_else(|e| e.into_inner());
+            if v.is_none() {
+                *v = Some(engine.map(|e| e.engine_version.clone()).unwrap_or_default());
+            }
+        }
+        shoal
+    }
+    fn explain(&self, n: usize) -> String {
+        let version = self.version.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
+        let engine = if version.is_empty() { "Docker Engine".to_string() } else { format!("Docker Engine {version}") };
+        format!(
+            "IPv6 overlay networks are carried by Shoal nodes only: {} ({engine}) do not carry a swarm IPv6 overlay",
+            nodes(n)
+        )
+    }
+}
+
 /// No task on the node holds a host-mode port the task publishes (SwarmKit's HostPortFilter).
 #[derive(Debug, Default)]
 pub(crate) struct HostPortFilter {
@@ -249,7 +287,7 @@ struct Stage {
     failures: usize,
 }
 
-/// The filters in order (ready, resources, constraints, platform, max replicas, plugins, host ports), with
+/// The filters in order (ready, resources, constraints, platform, max replicas, plugins, IPv6, host ports), with
 /// failure counts.
 pub(crate) struct Pipeline {
     stages: Vec<Stage>,
@@ -264,6 +302,7 @@ impl Default for Pipeline {
             Box::new(PlatformFilter::default()),
             Box::new(MaxReplicasFilter::default()),
             Box::new(PluginFilter::default()),
+            Box::new(Ipv6Filter::default()),
             Box::new(HostPortFilter::default()),
         ];
         Pipeline { stages: filters.into_iter().map(|filter| Stage { filter, enabled: false, failures: 0 }).collect() }

@@ -1027,3 +1027,32 @@ mod cluster_volumes {
         assert_eq!(add(&fx, mounting(service("s3", 1), "vol-a", false)).assigned, 1, "a volume it holds");
     }
 }
+
+/// A task on an IPv6 overlay goes to Shoal nodes only: a stock Docker Engine worker (no `shoal.agent` label)
+/// is refused, naming its engine's version; its IPv4-only tasks it still takes.
+#[test]
+fn a_task_on_an_ipv6_overlay_goes_only_to_shoal_nodes() {
+    let fx = Fx::new();
+    let mut engine = with_overlay_plugin(node("n1"));
+    engine.description.as_mut().unwrap().engine.as_mut().unwrap().engine_version = "20.10.24".into();
+    fx.create(engine);
+    let mut t1 = net_task("t1", "s", 0, "overlay");
+    let n = t1.networks[0].network.as_mut().unwrap();
+    n.spec = Some(shoal_api::NetworkSpec { ipv6_enabled: true, ..Default::default() });
+    fx.create(t1);
+    fx.create(net_task("t2", "plain", 0, "overlay"));
+    let pass = run_pass(&fx);
+    assert_eq!((pass.assigned, pass.unplaced), (1, 1));
+    let t1 = fx.view(|t| t.tasks().get("t1").cloned()).unwrap();
+    assert_eq!(
+        t1.status.as_ref().unwrap().err,
+        "no suitable node (IPv6 overlay networks are carried by Shoal nodes only: 1 node (Docker Engine 20.10.24) \
+         do not carry a swarm IPv6 overlay)"
+    );
+    let mut shoal = with_overlay_plugin(node("n2"));
+    shoal.description.as_mut().unwrap().engine.as_mut().unwrap().labels =
+        [(shoal_api::SHOAL_AGENT_LABEL.to_string(), "0.1.0".to_string())].into();
+    fx.create(shoal);
+    assert_eq!(run_pass(&fx).assigned, 1);
+    assert_eq!(fx.view(|t| t.tasks().get("t1").unwrap().node_id.clone()), "n2");
+}
