@@ -141,6 +141,21 @@ assert [n.id for n in client.networks.list(names=["sdkf-net"])] == [net.id]
 net.remove()
 assert client.networks.list(names=["sdkf-net"]) == []
 
+# An IPv6 overlay: its IPv6 subnet beside an IPv4 one chosen from the pools, the gateway its first address.
+v6 = client.networks.create("sdkf-v6", driver="overlay", enable_ipv6=True,
+                            ipam=IPAMConfig(pool_configs=[IPAMPool(subnet="fd00:231::/64")]))
+got = client.networks.get(v6.id).attrs
+configs = got["IPAM"]["Config"]
+assert got["EnableIPv6"] is True and len(configs) == 2, got
+assert configs[1]["Subnet"] == "fd00:231::/64" and configs[1]["Gateway"] == "fd00:231::1", configs
+assert configs[0]["Subnet"].startswith("10."), configs
+v6.remove()
+try:
+    client.networks.create("sdkf-v6bad", driver="overlay", enable_ipv6=True)
+    raise AssertionError("an IPv6 network without an IPv6 subnet was made")
+except docker.errors.APIError as e:
+    assert e.status_code == 400 and "needs an IPv6 subnet" in str(e), e
+
 # Swarm init with the networking options, on a daemon in no swarm.
 init = docker.DockerClient(base_url="unix://" + os.environ["INIT_SOCKET"], version="1.47", timeout=60)
 listen = os.environ["INIT_LISTEN"]
