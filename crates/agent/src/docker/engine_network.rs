@@ -71,6 +71,7 @@ impl EngineNetwork {
                 name,
                 driver: Some(driver.name),
                 internal: spec.internal.then_some(true),
+                enable_ipv6: spec.ipv6_enabled.then_some(true),
                 config_from,
                 ipam,
                 options: Some(driver.options).filter(|o| !o.is_empty()),

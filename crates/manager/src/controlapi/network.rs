@@ -655,9 +655,6 @@ fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), Cont
     if spec.attachable {
         return refuse("--attachable", "Shoal attaches the engine's containers to overlay networks only");
     }
-    if spec.ipv6_enabled {
-        return refuse("--ipv6", "IPv6 is carried on overlay networks only");
-    }
     let options = spec.driver_config.as_ref().map(|d| &d.options);
     if options.is_some_and(|o| o.contains_key(shoal_api::ENCRYPTED_OPTION)) {
         return refuse("--opt encrypted", "only overlay networks are encrypted");
@@ -665,6 +662,7 @@ fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), Cont
     if let Some(shoal_api::network_spec::ConfigFrom::Network(from)) = &spec.config_from {
         validate_network_name(from)?;
         let configured = options.is_some_and(|o| !o.is_empty())
+            || spec.ipv6_enabled
             || spec
                 .ipam
                 .as_ref()
@@ -672,11 +670,16 @@ fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), Cont
         if configured {
             return Err(invalid(format!(
                 "network {from:?} given with --config-from holds the settings: leave out --opt, --subnet, --ip-range, \
-                 --gateway, --aux-address and --ipam-opt"
+                 --gateway, --aux-address, --ipam-opt and --ipv6"
             )));
         }
     }
-    user_ipam(spec, 1)?;
+    // `--ipv6` with its IPv6 subnet beside the IPv4 one: the engine's network gets both, and the engine
+    // addresses each task in both.
+    let subnets = user_ipam(spec, 1)?;
+    if spec.ipv6_enabled && !subnets.iter().any(|(s, _, _)| s.is_v6()) {
+        return refuse("--ipv6 without an IPv6 subnet", "give --subnet an IPv6 prefix too (the engine's IPAM needs one)");
+    }
     Ok(())
 }
 

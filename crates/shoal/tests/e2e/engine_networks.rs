@@ -254,3 +254,54 @@ fn kernel_has_ipvlan(parent: &str) -> bool {
     let _ = Command::new("ip").args(["link", "del", &child]).output();
     made.is_ok_and(|s| s.success())
 }
+
+/// A macvlan swarm network with its own parent and an IPv6 subnet beside its IPv4 one (`--ipv6`): the engine's
+/// network is made with both, each task's container has an address in each, and one task fetches the other's
+/// page over IPv6. `--ipv6` without an IPv6 subnet, or beside `--config-from`, is refused by name.
+#[test]
+fn a_macvlan_swarm_network_with_ipv6_gives_tasks_both_addresses_on_the_engine() {
+    let Some(image) = docker_engine::test_image_or_skip() else { return };
+    let net = format!("shlt-mac6-{}", std::process::id() % 100_000);
+    let parent = Parent::new();
+    let _cleanup = EngineNetworks(vec![net.clone()]);
+    let d = EngineDaemon::start(&shoal_bin());
+    let parent_opt = format!("parent={}", parent.0);
+    let base = ["network", "create", "-d", "macvlan", "--scope", "swarm", "--ipv6", "-o", &parent_opt];
+    fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        base.iter().chain(extra).copied().collect()
+    }
+    fails(&d, &with(&base, &["--subnet", "192.168.234.0/24", "x"]), "--ipv6 without an IPv6 subnet is not supported");
+    fails(
+        &d,
+        &["network", "create", "-d", "macvlan", "--scope", "swarm", "--ipv6", "--config-from", "cfg", "x"],
+        "holds the settings",
+    );
+    docker(&d, &with(&base, &["--subnet", "192.168.234.0/24", "--subnet", "fd00:234::/64", &net]));
+
+    two_tasks_reach_each_other(&d, image, &net, "192.168.234.", 2..255);
+    let on_engine = engine_ok(&["network", "inspect", &net, "--format", "{{.EnableIPv6}} {{json .IPAM.Config}}"]);
+    assert!(on_engine.starts_with("true ") && on_engine.contains("fd00:234::/64"), "the engine's {net}: {on_engine}");
+    let containers: Vec<String> = tasks_of(&d, "two")
+        .iter()
+        .filter(|t| state(t) == "running")
+        .map(|t| container_of_task(t["ID"].as_str().unwrap()))
+        .collect();
+    let format = format!("{{{{(index .NetworkSettings.Networks \"{net}\").GlobalIPv6Address}}}}");
+    let addrs: Vec<String> =
+        containers.iter().map(|c| engine_ok(&["inspect", "--format", &format, c]).trim().to_string()).collect();
+    assert!(addrs.len() == 2 && addrs.iter().all(|a| a.starts_with("fd00:234::")), "{addrs:?}");
+    let page = wait_until("a page from the other task over IPv6", WAIT, || {
+        let url = format!("http://[{}]/", addrs[1]);
+        let out = engine(&["exec", &containers[0], "wget", "-q", "-O", "-", &url]);
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !text.is_empty() {
+            Ok(text)
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    });
+    let host = engine_ok(&["inspect", "--format", "{{.Config.Hostname}}", &containers[1]]);
+    assert_eq!(page, host.trim());
+    remove_service_and_its_engine_network(&d, &net);
+    docker(&d, &["network", "rm", &net]);
+}
