@@ -454,15 +454,7 @@ fn user_ipam6_config(c: &IpamConfig) -> Result<UserIpam, ControlError> {
             )));
         }
     }
-    let range = if c.range.is_empty() {
-        None
-    } else {
-        let r: Cidr = c.range.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(format!("IP range: {e}")))?;
-        if !subnet.contains(&r) {
-            return Err(invalid(format!("IP range {r} is not inside subnet {subnet}")));
-        }
-        Some(r)
-    };
+    let range = ip_range_in(c, &subnet)?;
     let gateway = if c.gateway.is_empty() {
         None
     } else {
@@ -506,15 +498,7 @@ fn user_ipam_config(c: &IpamConfig) -> Result<Option<UserIpam>, ControlError> {
             "subnet {subnet} is too small: give a prefix of /30 or shorter (4 addresses or more)"
         )));
     }
-    let range = if c.range.is_empty() {
-        None
-    } else {
-        let r: Cidr = c.range.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(format!("IP range: {e}")))?;
-        if !subnet.contains(&r) {
-            return Err(invalid(format!("IP range {r} is not inside subnet {subnet}")));
-        }
-        Some(r)
-    };
+    let range = ip_range_in(c, &subnet)?;
     if range.unwrap_or(subnet).size() > MAX_RANGE_ADDRESSES {
         return Err(invalid(format!(
             "subnet {subnet} has more than {MAX_RANGE_ADDRESSES} addresses to allocate: give a /12 or smaller, or an \
@@ -533,6 +517,18 @@ fn user_ipam_config(c: &IpamConfig) -> Result<Option<UserIpam>, ControlError> {
     };
     check_aux_addresses(&c.reserved, &subnet, gateway.or_else(|| subnet.nth(1)))?;
     Ok(Some((subnet, range, gateway)))
+}
+
+/// A config's IP range (`--ip-range`), checked to lie inside `subnet`; `None` when it gives none.
+fn ip_range_in(c: &IpamConfig, subnet: &Cidr) -> Result<Option<Cidr>, ControlError> {
+    if c.range.is_empty() {
+        return Ok(None);
+    }
+    let r: Cidr = c.range.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(format!("IP range: {e}")))?;
+    if !subnet.contains(&r) {
+        return Err(invalid(format!("IP range {r} is not inside subnet {subnet}")));
+    }
+    Ok(Some(r))
 }
 
 /// Most auxiliary addresses (`--aux-address name=ip`) one network may reserve.
@@ -678,7 +674,10 @@ fn validate_node_local_spec(driver: &str, spec: &NetworkSpec) -> Result<(), Cont
     // addresses each task in both.
     let subnets = user_ipam(spec, 1)?;
     if spec.ipv6_enabled && !subnets.iter().any(|(s, _, _)| s.is_v6()) {
-        return refuse("--ipv6 without an IPv6 subnet", "give --subnet an IPv6 prefix too (the engine's IPAM needs one)");
+        return refuse(
+            "--ipv6 without an IPv6 subnet",
+            "give --subnet an IPv6 prefix too (the engine's IPAM needs one)",
+        );
     }
     Ok(())
 }

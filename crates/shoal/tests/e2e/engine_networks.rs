@@ -157,8 +157,13 @@ fn two_tasks_reach_each_other(d: &EngineDaemon, image: &str, net: &str, prefix: 
         let octet: u8 = a.rsplit('.').next().and_then(|o| o.parse().ok()).unwrap_or(0);
         assert!(a.starts_with(prefix) && last.contains(&octet), "{a} is in the node's range: {addrs:?}");
     }
-    let page = wait_until("a page from the other task", WAIT, || {
-        let out = engine(&["exec", &containers[0], "wget", "-q", "-O", "-", &format!("http://{}/", addrs[1])]);
+    page_is_the_others_hostname(&containers, &format!("http://{}/", addrs[1]));
+}
+
+/// Waits for `containers[0]` to fetch `url` (the second container's page), which is its hostname.
+fn page_is_the_others_hostname(containers: &[String], url: &str) {
+    let page = wait_until(&format!("a page from the other task at {url}"), WAIT, || {
+        let out = engine(&["exec", &containers[0], "wget", "-q", "-O", "-", url]);
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if out.status.success() && !text.is_empty() {
             Ok(text)
@@ -290,18 +295,7 @@ fn a_macvlan_swarm_network_with_ipv6_gives_tasks_both_addresses_on_the_engine() 
     let addrs: Vec<String> =
         containers.iter().map(|c| engine_ok(&["inspect", "--format", &format, c]).trim().to_string()).collect();
     assert!(addrs.len() == 2 && addrs.iter().all(|a| a.starts_with("fd00:234::")), "{addrs:?}");
-    let page = wait_until("a page from the other task over IPv6", WAIT, || {
-        let url = format!("http://[{}]/", addrs[1]);
-        let out = engine(&["exec", &containers[0], "wget", "-q", "-O", "-", &url]);
-        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if out.status.success() && !text.is_empty() {
-            Ok(text)
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).to_string())
-        }
-    });
-    let host = engine_ok(&["inspect", "--format", "{{.Config.Hostname}}", &containers[1]]);
-    assert_eq!(page, host.trim());
+    page_is_the_others_hostname(&containers, &format!("http://[{}]/", addrs[1]));
     remove_service_and_its_engine_network(&d, &net);
     docker(&d, &["network", "rm", &net]);
 }

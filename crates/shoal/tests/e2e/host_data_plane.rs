@@ -618,40 +618,7 @@ fn two_subnets_on_the_host(kind: Tasks, internal: bool) {
     }
 
     // Removing the service and the network leaves nothing of Shoal's in the host's namespace.
-    d.docker(&["service", "rm", "two_spread"]);
-    wait_until("the network removed", WAIT, || {
-        let all = d.docker(&["network", "ls", "--format", "{{.Name}}"]);
-        if !all.lines().any(|n| n == "two_subnets") {
-            return Ok(());
-        }
-        let out = docker_cli::command(&d.socket(), &["network", "rm", "two_subnets"]).output().unwrap();
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    });
-    let filter = "label=com.docker.swarm.service.name=two_spread";
-    wait_until("the service's containers removed", WAIT, || {
-        let left = if kind.executor == "docker" {
-            shoal_testkit::docker_engine::engine_ok(&["ps", "-aq", "--filter", filter])
-        } else {
-            String::new()
-        };
-        if left.trim().is_empty() {
-            Ok(())
-        } else {
-            Err(left)
-        }
-    });
-    wait_until("nothing of Shoal's left in the host's namespace", WAIT, || {
-        let left = host_leftovers();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    });
+    remove_service_and_network(&d, &kind, "two_spread", "two_subnets");
     let tasks_left = || -> Vec<String> {
         tasks
             .iter()
@@ -672,42 +639,44 @@ fn two_subnets_on_the_host(kind: Tasks, internal: bool) {
     assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
 }
 
-/// A dual-stack server for the process executor: listens on `[::]:80` (IPv4 too) and answers with the
-/// address it was reached at.
-const SERVER6: &str = r#"
-import socket
-s = socket.socket(socket.AF_INET6)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-s.bind(('::', 80))
-s.listen(128)
-while True:
-    c, _ = s.accept()
-    try:
-        c.settimeout(2)
-        c.recv(4096)
-        b = c.getsockname()[0].encode()
-        c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n' % len(b) + b)
-    except OSError:
-        pass
-    finally:
-        c.close()
-"#;
-
-/// `GET6 addr`: an HTTP GET to `[addr]:80` over IPv6; prints the body.
-const GET6: &str = r#"
-import socket, sys
-c = socket.create_connection((sys.argv[1], 80), timeout=3)
-assert c.family == socket.AF_INET6
-c.sendall(b'GET / HTTP/1.0\r\n\r\n')
-d = b''
-while True:
-    b = c.recv(4096)
-    if not b:
-        break
-    d += b
-print(d.split(b'\r\n\r\n', 1)[1].decode().strip())
-"#;
+/// Removes `service` and then `network` (retried while the service's tasks still hold addresses), and waits
+/// until the service's containers are gone and nothing of Shoal's is left in the host's namespace.
+fn remove_service_and_network(d: &Daemon, kind: &Tasks, service: &str, network: &str) {
+    d.docker(&["service", "rm", service]);
+    wait_until("the network removed", WAIT, || {
+        let all = d.docker(&["network", "ls", "--format", "{{.Name}}"]);
+        if !all.lines().any(|n| n == network) {
+            return Ok(());
+        }
+        let out = docker_cli::command(&d.socket(), &["network", "rm", network]).output().unwrap();
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    let filter = format!("label=com.docker.swarm.service.name={service}");
+    wait_until("the service's containers removed", WAIT, || {
+        let left = if kind.executor == "docker" {
+            shoal_testkit::docker_engine::engine_ok(&["ps", "-aq", "--filter", &filter])
+        } else {
+            String::new()
+        };
+        if left.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+    wait_until("nothing of Shoal's left in the host's namespace", WAIT, || {
+        let left = host_leftovers();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+}
 
 /// `AAAA name`: asks the task's resolver (127.0.0.11) for `name`'s AAAA records; prints them sorted, one a line.
 const AAAA: &str = r#"
@@ -743,8 +712,10 @@ fn the_readme_daemon_carries_an_ipv6_overlay_in_the_hosts_namespace() {
     if shoal_testkit::prerequisites::skip_unless(shoal_testkit::prerequisites::Prerequisite::DockerCli) {
         return;
     }
+    // The process executor's server, on `[::]:80` (IPv4 too: the socket is dual stack by default).
+    let server6 = SERVER.replace("socket.socket()", "socket.socket(socket.AF_INET6)").replace("'0.0.0.0'", "'::'");
     let py = |script: &str| ["/usr/bin/python3", "-S", "-c", script].map(String::from).to_vec();
-    ipv6_on_the_host(Tasks { web: py(SERVER6), ..Tasks::process() });
+    ipv6_on_the_host(Tasks { web: py(&server6), ..Tasks::process() });
 }
 
 /// The same with `--executor docker` (busybox httpd listens on IPv6 too).
@@ -814,7 +785,7 @@ fn ipv6_on_the_host(kind: Tasks) {
     };
     for (from, mine) in &tasks {
         for (_, addr) in tasks.iter().filter(|(_, a)| a != mine) {
-            let body = wait_until(&format!("{mine} reaches {addr} over IPv6"), WAIT, || in_task(from, GET6, addr));
+            let body = wait_until(&format!("{mine} reaches {addr} over IPv6"), WAIT, || in_task(from, GET, addr));
             if kind.executor == "process" {
                 assert_eq!(&body, addr, "{mine} -> {addr}: the server answers with the address it was reached at");
             }
@@ -832,41 +803,7 @@ fn ipv6_on_the_host(kind: Tasks) {
     });
     assert_eq!(got.lines().collect::<Vec<_>>(), want);
 
-    d.docker(&["service", "rm", "web6"]);
-    wait_until("the network removed", WAIT, || {
-        let out = docker_cli::command(&d.socket(), &["network", "rm", "dual6"]).output().unwrap();
-        let all = d.docker(&["network", "ls", "--format", "{{.Name}}"]);
-        if !all.lines().any(|n| n == "dual6") {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    });
-    wait_until("the service's containers removed", WAIT, || {
-        let left = if kind.executor == "docker" {
-            shoal_testkit::docker_engine::engine_ok(&[
-                "ps",
-                "-aq",
-                "--filter",
-                "label=com.docker.swarm.service.name=web6",
-            ])
-        } else {
-            String::new()
-        };
-        if left.trim().is_empty() {
-            Ok(())
-        } else {
-            Err(left)
-        }
-    });
-    wait_until("nothing of Shoal's left in the host's namespace", WAIT, || {
-        let left = host_leftovers();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    });
+    remove_service_and_network(&d, &kind, "web6", "dual6");
     assert!(d.stop(), "a clean stop on SIGTERM");
     let left = host_leftovers();
     assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
