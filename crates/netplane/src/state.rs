@@ -319,35 +319,7 @@ impl NodeNetState {
                 ));
             }
         }
-        if self.published.len() > MAX_PUBLISHED_PORTS {
-            return inv(format!("{} published ports on one node; at most {MAX_PUBLISHED_PORTS}", self.published.len()));
-        }
-        let mut ports = BTreeSet::new();
-        for p in &self.published {
-            if p.port == 0 || p.target_port == 0 {
-                return inv(format!(
-                    "published port {}/{} -> {}: ports must be 1..=65535",
-                    p.port, p.protocol, p.target_port
-                ));
-            }
-            if !ports.insert((p.protocol, p.port)) {
-                return inv(format!("port {}/{} is published twice", p.port, p.protocol));
-            }
-            if p.backends.len() > MAX_BACKENDS_PER_SERVICE {
-                return inv(format!(
-                    "published port {}/{}: {} backends; at most {MAX_BACKENDS_PER_SERVICE}",
-                    p.port,
-                    p.protocol,
-                    p.backends.len()
-                ));
-            }
-            if let Some(b) = p.backends.iter().find(|b| !self.networks.iter().any(|n| n.contains(**b))) {
-                return inv(format!(
-                    "published port {}/{}: backend {b} is on none of the node's networks",
-                    p.port, p.protocol
-                ));
-            }
-        }
+        self.validate_published()?;
         let mut task_ids = BTreeSet::new();
         let mut netns_paths = BTreeSet::new();
         for t in &self.tasks {
@@ -389,6 +361,43 @@ impl NodeNetState {
                         t.task_id, n.id
                     ));
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl NodeNetState {
+    /// Checks the published ports: their count, numbers, uniqueness and backends (each on one of the networks).
+    fn validate_published(&self) -> Result<(), Error> {
+        let inv = |m: String| Err(Error::Invalid(m));
+        if self.published.len() > MAX_PUBLISHED_PORTS {
+            return inv(format!("{} published ports on one node; at most {MAX_PUBLISHED_PORTS}", self.published.len()));
+        }
+        let mut ports = BTreeSet::new();
+        for p in &self.published {
+            if p.port == 0 || p.target_port == 0 {
+                return inv(format!(
+                    "published port {}/{} -> {}: ports must be 1..=65535",
+                    p.port, p.protocol, p.target_port
+                ));
+            }
+            if !ports.insert((p.protocol, p.port)) {
+                return inv(format!("port {}/{} is published twice", p.port, p.protocol));
+            }
+            if p.backends.len() > MAX_BACKENDS_PER_SERVICE {
+                return inv(format!(
+                    "published port {}/{}: {} backends; at most {MAX_BACKENDS_PER_SERVICE}",
+                    p.port,
+                    p.protocol,
+                    p.backends.len()
+                ));
+            }
+            if let Some(b) = p.backends.iter().find(|b| !self.networks.iter().any(|n| n.contains(**b))) {
+                return inv(format!(
+                    "published port {}/{}: backend {b} is on none of the node's networks",
+                    p.port, p.protocol
+                ));
             }
         }
         Ok(())
