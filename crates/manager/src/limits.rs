@@ -157,9 +157,11 @@ pub const MAX_IPAM_OPTION_BYTES: usize = MAX_SECRET_LABEL_BYTES;
 /// Most IPv4 subnets (`IPAM.Config` entries) of one overlay network (Docker: none). Each takes a VXLAN ID
 /// of its own, and each node carrying the network makes a bridge and a VXLAN device per subnet.
 pub const MAX_OVERLAY_SUBNETS: usize = 16;
-/// Shortest IPv6 prefix of an `--ipv6` network's subnet (the data plane's bound too).
+/// Shortest IPv6 prefix of an `--ipv6` network's subnet (the data plane's bound too): a shorter one is not worth
+/// having, since tasks take their addresses from the range's first 2^16 only (`allocator::ipam`).
 pub const MIN_IPV6_PREFIX_LEN: u8 = 48;
-/// Longest IPv6 prefix of an `--ipv6` network's subnet: a few addresses at least.
+/// Longest IPv6 prefix of an `--ipv6` network's subnet: 256 addresses at least, so a network is not too small to
+/// allocate from (an IPv4 subnet's bound is /30, but IPv6 prefixes are not short of room).
 pub const MAX_IPV6_PREFIX_LEN: u8 = 120;
 
 /// Longest node name in a node's spec (a DNS name's 253 characters; Docker: none).

@@ -23,7 +23,9 @@ use shoal_store::cidr::Cidr;
 use shoal_store::{Changes, StoreObject, Tables};
 
 use super::{labels_match, resolve, ControlError};
-use crate::allocator::ipam::{choose_subnet, DEFAULT_ADDRESS_POOL, DEFAULT_SUBNET_SIZE, MAX_RANGE_ADDRESSES};
+use crate::allocator::ipam::{
+    choose_subnet, DEFAULT_ADDRESS_POOL, DEFAULT_SUBNET_SIZE, IPV6_RANGE_ADDRESSES, MAX_RANGE_ADDRESSES,
+};
 use crate::limits::MAX_IPAM_OPTION_BYTES;
 use crate::state::ClusterState;
 
@@ -350,6 +352,16 @@ fn check_node_overlap(t: &Tables, subnet: &Cidr) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// The first IPv6 config the user gave (`--subnet <IPv6 prefix>`), if any.
+fn ipv6_config(spec: &NetworkSpec) -> Option<&IpamConfig> {
+    spec.ipam.as_ref()?.configs.iter().find(|c| is_ipv6_config(c))
+}
+
+/// Whether an IPAM config is an IPv6 one: its subnet is an IPv6 prefix (a bad one is refused when parsed).
+fn is_ipv6_config(c: &IpamConfig) -> bool {
+    c.subnet.contains(':')
+}
+
 /// A user's subnet, with the IP range and gateway given inside it.
 type UserIpam = (Cidr, Option<Cidr>, Option<std::net::IpAddr>);
 
@@ -378,7 +390,7 @@ fn user_ipam(spec: &NetworkSpec, max_configs: usize) -> Result<Vec<UserIpam>, Co
         }
     }
     // IPv6 configs (`--ipv6 --subnet <IPv6 prefix>`) apart: the rules below are the IPv4 subnets'.
-    let (v6, v4): (Vec<&IpamConfig>, Vec<&IpamConfig>) = ipam.configs.iter().partition(|c| c.subnet.contains(':'));
+    let (v6, v4): (Vec<&IpamConfig>, Vec<&IpamConfig>) = ipam.configs.iter().partition(|c| is_ipv6_config(c));
     let n = v4.len();
     if n > max_configs && max_configs == 1 {
         return Err(invalid(format!("{n} IPAM configs given: this network takes one subnet; give one --subnet")));
@@ -440,10 +452,20 @@ const RESERVED_RANGES_V6: [(&str, &str); 3] =
 fn user_ipam6_config(c: &IpamConfig) -> Result<UserIpam, ControlError> {
     use crate::limits::{MAX_IPV6_PREFIX_LEN, MIN_IPV6_PREFIX_LEN};
     let subnet: Cidr = c.subnet.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(e.to_string()))?;
-    if !(MIN_IPV6_PREFIX_LEN..=MAX_IPV6_PREFIX_LEN).contains(&subnet.prefix_len()) {
+    let len = subnet.prefix_len();
+    if !(MIN_IPV6_PREFIX_LEN..=MAX_IPV6_PREFIX_LEN).contains(&len) {
+        let why = if len < MIN_IPV6_PREFIX_LEN {
+            format!(
+                "a prefix shorter than /{MIN_IPV6_PREFIX_LEN} is more than one network is worth (tasks take addresses \
+                 from the first {IPV6_RANGE_ADDRESSES} of it)"
+            )
+        } else {
+            let fewest = 1u32 << (128 - MAX_IPV6_PREFIX_LEN);
+            format!("a prefix longer than /{MAX_IPV6_PREFIX_LEN} leaves fewer than {fewest} addresses to allocate")
+        };
         return Err(invalid(format!(
             "IPv6 subnet {subnet}: give a prefix length from /{MIN_IPV6_PREFIX_LEN} to /{MAX_IPV6_PREFIX_LEN} (a /64 \
-             is usual)"
+             is usual): {why}"
         )));
     }
     for (range, what) in RESERVED_RANGES_V6 {
@@ -482,7 +504,8 @@ fn user_ipam_config(c: &IpamConfig) -> Result<Option<UserIpam>, ControlError> {
     }
     let subnet: Cidr = c.subnet.parse().map_err(|e: shoal_store::cidr::CidrError| invalid(e.to_string()))?;
     if subnet.is_v6() {
-        return Err(invalid(format!("subnet {subnet}: IPv6 networks are not supported yet; give an IPv4 subnet")));
+        // `user_ipam` sends IPv6 configs to `user_ipam6_config`; this would be a config it did not recognise.
+        return Err(invalid(format!("subnet {subnet} is IPv6 where an IPv4 subnet is wanted; give an IPv4 subnet")));
     }
     for (range, what) in RESERVED_RANGES {
         let r: Cidr = range.parse().expect("constant");
@@ -624,8 +647,12 @@ pub fn validate_network_spec(spec: &NetworkSpec) -> Result<(), ControlError> {
             )));
         }
     }
-    if spec.ipv6_enabled && spec.ingress {
-        return Err(invalid("--ipv6 is not supported on the ingress network: the routing mesh is IPv4"));
+    // Before `user_ipam`, whose "add --ipv6" would send the user round in a circle here.
+    if spec.ingress && (spec.ipv6_enabled || ipv6_config(spec).is_some()) {
+        return Err(invalid(
+            "--ipv6 and IPv6 subnets are not supported on the ingress network: the routing mesh is IPv4; give an \
+             IPv4 --subnet",
+        ));
     }
     let subnets = user_ipam(spec, OVERLAY_SUBNETS_CARRIED)?;
     if spec.ipv6_enabled && !subnets.iter().any(|(s, _, _)| s.is_v6()) {
@@ -1400,13 +1427,19 @@ mod tests {
                 v6("d", vec![config("10.82.0.0/24"), config("10.83.0.0/24"), config("fd00:6::/64")]),
                 "an IPv6 network takes one IPv4 subnet",
             ),
-            (v6("e", vec![config("fd00:7::/32")]), "give a prefix length from /48 to /120"),
+            (v6("e", vec![config("fd00:7::/32")]), "from /48 to /120 (a /64 is usual): a prefix shorter than /48"),
+            (v6("e2", vec![config("fd00:7::/121")]), "leaves fewer than 256 addresses to allocate"),
             (v6("f", vec![config("fe80::/64")]), "link-local"),
             (
                 NetworkSpec { ipv6_enabled: false, ..v6("g", vec![config("fd00:8::/64")]) },
                 "subnet fd00:8::/64 is IPv6: add --ipv6",
             ),
             (NetworkSpec { ingress: true, ..v6("h", vec![config("fd00:9::/64")]) }, "not supported on the ingress"),
+            // An IPv6 subnet where IPv6 is not carried is refused for what it is, not sent to --ipv6 and back.
+            (
+                NetworkSpec { ingress: true, ipv6_enabled: false, ..v6("h2", vec![config("fd00:9::/64")]) },
+                "IPv6 subnets are not supported on the ingress network",
+            ),
         ] {
             let e = create_network(&state, spec).await.unwrap_err().to_string();
             assert!(e.contains(want), "{e} should contain {want:?}");
