@@ -21,9 +21,9 @@
 use shoal_api::resource_allocator_server::{ResourceAllocator, ResourceAllocatorServer};
 use shoal_api::{
     task_spec, AttachNetworkRequest, AttachNetworkResponse, DetachNetworkRequest, DetachNetworkResponse, Meta, Network,
-    NetworkAttachmentConfig, NetworkAttachmentSpec, Task, TaskSpec, TaskState, TaskStatus,
+    NetworkAttachmentConfig, NetworkAttachmentSpec, Node, Task, TaskSpec, TaskState, TaskStatus,
 };
-use shoal_store::{Changes, Tables};
+use shoal_store::{Changes, StoreObject, Tables};
 use tonic::{Request, Response, Status};
 
 use crate::ca::node_identity;
@@ -104,6 +104,23 @@ fn check_config(config: &NetworkAttachmentConfig, container_id: &str) -> Result<
     Ok(())
 }
 
+/// Refuses to attach a Docker Engine node's container to an IPv6 overlay (`--ipv6`): the engine's swarm overlays
+/// do not carry IPv6, and the attachment task would wait for ever on the scheduler's `Ipv6Filter` while
+/// `docker run` waits on it.
+fn check_ipv6_carried(network: &Network, node: &Node) -> Result<(), Status> {
+    if !network.spec.as_ref().is_some_and(|s| s.ipv6_enabled) {
+        return Ok(());
+    }
+    match crate::controlapi::docker_engine_version(node) {
+        Some(version) => Err(Status::failed_precondition(format!(
+            "network {} is an IPv6 overlay: this node runs Docker Engine {version}, whose swarm overlays do not \
+             carry IPv6; attach containers of Shoal nodes, or use a network without --ipv6",
+            network.unique_name().unwrap_or(&network.id)
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The network `target` names: an ID, else a name.
 fn find_network<'a>(t: &'a Tables, target: &str) -> Option<&'a Network> {
     t.networks().get(target).or_else(|| t.networks().by_name(target)).map(|n| &**n)
@@ -131,9 +148,9 @@ impl ResourceAllocator for ResourceAllocatorService {
                         config.target
                     )));
                 }
-                if t.nodes().get(&node_id).is_none() {
-                    return Err(Status::not_found(format!("node {node_id} not found")));
-                }
+                let node =
+                    t.nodes().get(&node_id).ok_or_else(|| Status::not_found(format!("node {node_id} not found")))?;
+                check_ipv6_carried(network, node)?;
                 let held = t.tasks().by_node(&node_id).filter(|t| is_attachment_task(t)).count();
                 if held >= MAX_ATTACHMENTS_PER_NODE {
                     return Err(Status::resource_exhausted(format!(
@@ -202,5 +219,42 @@ impl ResourceAllocator for ResourceAllocatorService {
             .map_err(store_status)?;
         tracing::info!(node = %node_id, attachment = %id, "network attachment removed");
         Ok(Response::new(DetachNetworkResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Docker Engine node's container is not attached to an IPv6 overlay (its task would never be placed); a
+    /// Shoal node's is, and so is an engine's to an IPv4 one.
+    #[test]
+    fn an_engine_node_is_not_attached_to_an_ipv6_overlay() {
+        let engine = |labels: &[(&str, &str)]| Node {
+            id: "n1".into(),
+            description: Some(shoal_api::NodeDescription {
+                engine: Some(shoal_api::EngineDescription {
+                    engine_version: "20.10.24".into(),
+                    labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let network = |ipv6_enabled: bool| Network {
+            id: "net1".into(),
+            spec: Some(shoal_api::NetworkSpec {
+                annotations: Some(shoal_api::Annotations { name: "v6".into(), ..Default::default() }),
+                ipv6_enabled,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = check_ipv6_carried(&network(true), &engine(&[])).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.message().contains("network v6 is an IPv6 overlay: this node runs Docker Engine 20.10.24"), "{e}");
+        assert!(check_ipv6_carried(&network(true), &engine(&[(shoal_api::SHOAL_AGENT_LABEL, "0.1.0")])).is_ok());
+        assert!(check_ipv6_carried(&network(false), &engine(&[])).is_ok());
     }
 }

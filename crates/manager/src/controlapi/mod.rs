@@ -63,6 +63,7 @@ pub use config::{
 pub use network::{
     create_network, find_network, get_network, list_networks, remove_network, validate_network_spec, NetworkFilters,
 };
+pub(crate) use node::docker_engine_version;
 pub use node::{get_node, list_nodes, node_name, remove_node, update_node, NodeFilters};
 pub use secret::{
     create_secret, get_secret, list_secrets, remove_secret, update_secret, validate_secret_spec, SecretFilters,

@@ -101,7 +101,7 @@ pub fn list_nodes(state: &ClusterState, filters: &NodeFilters) -> Vec<Arc<Node>>
 
 /// The engine version of a node that described itself as a stock Docker Engine (an engine description
 /// without Shoal's agent label), `None` for a Shoal node or one that has not described itself yet.
-fn docker_engine_version(node: &Node) -> Option<String> {
+pub(crate) fn docker_engine_version(node: &Node) -> Option<String> {
     let engine = node.description.as_ref()?.engine.as_ref()?;
     if engine.labels.contains_key(shoal_api::SHOAL_AGENT_LABEL) {
         return None;
