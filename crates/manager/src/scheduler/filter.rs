@@ -254,9 +254,10 @@ impl Filter for Ipv6Filter {
     }
     fn explain(&self, n: usize) -> String {
         let version = self.version.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
-        let engine = if version.is_empty() { "Docker Engine".to_string() } else { format!("Docker Engine {version}") };
+        let engine = if version.is_empty() { String::new() } else { format!(" ({version})") };
         format!(
-            "IPv6 overlay networks are carried by Shoal nodes only: {} ({engine}) do not carry a swarm IPv6 overlay",
+            "IPv6 overlay not carried on {}: Docker Engine workers{engine} do not carry swarm IPv6 overlays, Shoal \
+             nodes do",
             nodes(n)
         )
     }

@@ -1046,8 +1046,8 @@ fn a_task_on_an_ipv6_overlay_goes_only_to_shoal_nodes() {
     let t1 = fx.view(|t| t.tasks().get("t1").cloned()).unwrap();
     assert_eq!(
         t1.status.as_ref().unwrap().err,
-        "no suitable node (IPv6 overlay networks are carried by Shoal nodes only: 1 node (Docker Engine 20.10.24) \
-         do not carry a swarm IPv6 overlay)"
+        "no suitable node (IPv6 overlay not carried on 1 node: Docker Engine workers (20.10.24) do not carry swarm \
+         IPv6 overlays, Shoal nodes do)"
     );
     let mut shoal = with_overlay_plugin(node("n2"));
     shoal.description.as_mut().unwrap().engine.as_mut().unwrap().labels =
