@@ -178,6 +178,12 @@ impl Allocator {
         self.pools.get(network).map(|p| p.free())
     }
 
+    /// IPv6 addresses left in network `network`'s pool (`None` without one).
+    #[cfg(test)]
+    pub(crate) fn free6_addresses(&self, network: &str) -> Option<u64> {
+        self.pools.get(network).and_then(|p| p.free6())
+    }
+
     /// The ingress network's ID, when the cluster has one.
     pub(crate) fn ingress(&self) -> Option<&str> {
         self.ingress.as_deref()

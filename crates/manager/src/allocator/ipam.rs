@@ -169,6 +169,12 @@ impl NetworkPools {
         self.pools.iter().map(AddressPool::free).sum()
     }
 
+    /// IPv6 addresses left to allocate; `None` without an IPv6 subnet.
+    #[cfg(test)]
+    pub(crate) fn free6(&self) -> Option<u64> {
+        self.v6.as_ref().map(AddressPool::free)
+    }
+
     /// The pool whose subnet holds `addr` (subnets of one network do not overlap).
     fn pool_of(&mut self, addr: IpAddr) -> Option<&mut AddressPool> {
         self.pools.iter_mut().chain(self.v6.as_mut()).find(|p| p.subnet.offset_of(addr).is_some())

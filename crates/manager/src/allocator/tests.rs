@@ -98,6 +98,30 @@ impl Fx {
         });
     }
 
+    /// An `--ipv6` network `id`, made by the control API as `docker network create` makes it.
+    fn ipv6_network(&mut self, id: &str, subnet: &str, subnet6: &str, range6: &str) {
+        let spec = shoal_api::NetworkSpec {
+            annotations: Some(Annotations { name: id.into(), ..Default::default() }),
+            ipv6_enabled: true,
+            ipam: Some(IpamOptions {
+                driver: None,
+                configs: vec![
+                    IpamConfig { subnet: subnet.into(), ..Default::default() },
+                    IpamConfig { subnet: subnet6.into(), range: range6.into(), ..Default::default() },
+                ],
+            }),
+            ..Default::default()
+        };
+        let (_, c) = self.store.view(|t| {
+            let mut c = Changes::new();
+            let n = crate::controlapi::network::create_overlay(t, &mut c, id.into(), ts(), &spec, 16).unwrap();
+            (n, c)
+        });
+        self.index += 1;
+        let commit = self.store.apply(self.index, c.actions()).unwrap();
+        self.alloc.apply_commit(&commit);
+    }
+
     /// One pass over everything, its writes applied.
     fn pass(&mut self) -> bool {
         let out = self.store.view(|t| {
@@ -555,26 +579,7 @@ fn a_network_of_two_subnets_fills_the_first_range_then_the_second() {
 #[test]
 fn a_task_on_an_ipv6_network_gets_an_ipv4_and_an_ipv6_address_and_the_vip_stays_ipv4() {
     let mut fx = Fx::new();
-    let spec = shoal_api::NetworkSpec {
-        annotations: Some(Annotations { name: "dual".into(), ..Default::default() }),
-        ipv6_enabled: true,
-        ipam: Some(IpamOptions {
-            driver: None,
-            configs: vec![
-                IpamConfig { subnet: "10.40.0.0/24".into(), ..Default::default() },
-                IpamConfig { subnet: "fd00:40::/64".into(), range: "fd00:40::10/126".into(), ..Default::default() },
-            ],
-        }),
-        ..Default::default()
-    };
-    let (_, c) = fx.store.view(|t| {
-        let mut c = Changes::new();
-        let n = crate::controlapi::network::create_overlay(t, &mut c, "dual".into(), ts(), &spec, 16).unwrap();
-        (n, c)
-    });
-    fx.index += 1;
-    let commit = fx.store.apply(fx.index, c.actions()).unwrap();
-    fx.alloc.apply_commit(&commit);
+    fx.ipv6_network("dual", "10.40.0.0/24", "fd00:40::/64", "fd00:40::10/126");
     fx.service("web", &["dual"], vec![]);
     fx.tasks("web", 3);
     assert!(!fx.pass());
@@ -620,4 +625,53 @@ fn a_task_on_an_ipv6_network_gets_an_ipv4_and_an_ipv6_address_and_the_vip_stays_
     assert_eq!(states[0].1, "no IPv6 address left in network dual");
     assert_eq!(states[1].2, ["10.40.0.6/24", "fd00:40::13/64"]);
     assert_unique(&fx.held());
+}
+
+/// On an `--ipv6` network a task that ends frees both its addresses (the IPv6 one is given again), a node's own
+/// attachment there (its load-balancer endpoint) is IPv4 only, and a core rebuilt from the store counts the same
+/// free IPv6 addresses.
+#[test]
+fn an_ended_task_frees_its_ipv6_address_and_a_nodes_attachment_stays_ipv4() {
+    let mut fx = Fx::new();
+    fx.ipv6_network("dual", "10.41.0.0/24", "fd00:41::/64", "fd00:41::/126");
+    fx.write(|c| {
+        c.create(shoal_api::Node { id: "node0".into(), ..Default::default() });
+    });
+    fx.service("web", &["dual"], vec![]);
+    fx.tasks("web", 3);
+    assert!(fx.pass(), "one task waits for an IPv6 address");
+    // The range's four addresses less the subnet-router anycast one (fd00:41::) and the gateway (fd00:41::1).
+    assert_eq!(fx.alloc.free6_addresses("dual"), Some(0), "two tasks took the range's last two");
+    let ended = fx.task("web.0").networks[0].addresses.clone();
+    assert!(ended[1].starts_with("fd00:41::") && ended[1].ends_with("/64"), "{ended:?}");
+    let waiting: Vec<String> =
+        (0..3).map(|i| format!("web.{i}")).filter(|id| fx.task(id).networks.is_empty()).collect();
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    fx.set_state("web.0", TaskState::Complete);
+    assert_eq!(fx.alloc.free6_addresses("dual"), Some(1));
+    assert!(!fx.pass());
+    let got = fx.task(&waiting[0]).networks[0].addresses.clone();
+    assert_eq!(got[1], ended[1], "the freed IPv6 address is given again");
+    assert_unique(&fx.held());
+    // A task placed on node0: the node's attachment on the network has one address, an IPv4 one.
+    let mut t = (*fx.task("web.1")).clone();
+    t.node_id = "node0".into();
+    t.status.as_mut().unwrap().state = TaskState::Assigned as i32;
+    fx.write(|c| {
+        c.update(t);
+    });
+    let mut out = super::AllocatePass::default();
+    fx.store.view(|t| fx.alloc.allocate_nodes(t, &BTreeSet::new(), true, &mut out));
+    let node = out.nodes.iter().find(|n| n.id == "node0").expect("node0 gets attachments");
+    let dual = node.attachments.iter().find(|a| a.network.as_ref().unwrap().id == "dual").unwrap();
+    assert_eq!(dual.addresses.len(), 1, "{dual:?}");
+    assert!(dual.addresses[0].starts_with("10.41.0.") && dual.addresses[0].ends_with("/24"), "{dual:?}");
+    fx.write(|c| {
+        for n in out.nodes {
+            c.update(n);
+        }
+    });
+    let rebuilt = fx.store.view(Allocator::build);
+    assert_eq!(rebuilt.free6_addresses("dual"), fx.alloc.free6_addresses("dual"));
+    assert_eq!(rebuilt.free_addresses("dual"), fx.alloc.free_addresses("dual"));
 }
