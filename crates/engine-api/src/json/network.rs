@@ -318,6 +318,9 @@ pub struct SwarmNetworkSpecJson {
     pub labels: BTreeMap<String, String>,
     /// The driver.
     pub driver_configuration: DriverStateJson,
+    /// `--ipv6` (left out when false, as Docker leaves it out).
+    #[serde(rename = "IPv6Enabled", skip_serializing_if = "std::ops::Not::not")]
+    pub ipv6_enabled: bool,
     /// Internal.
     pub internal: bool,
     /// Attachable.
@@ -381,6 +384,7 @@ impl NetworkAttachmentStatusJson {
                     name: ann.name,
                     labels: labels_to_json(&ann.labels),
                     driver_configuration: driver_json(spec.driver_config.as_ref()),
+                    ipv6_enabled: spec.ipv6_enabled,
                     internal: spec.internal,
                     attachable: spec.attachable,
                     ingress: spec.ingress,
@@ -463,6 +467,34 @@ mod tests {
         let j = serde_json::to_value(NetworkAttachmentStatusJson::from_api(&a)).unwrap();
         assert_eq!(j["Network"]["Spec"]["Name"], "appnet");
         assert_eq!(j["Addresses"][0], "10.0.1.3/24");
+        assert!(j["Network"]["Spec"].get("IPv6Enabled").is_none(), "left out when false, as Docker does");
+    }
+
+    /// An `--ipv6` network as the manager stores it (its IPv4 config first, its IPv6 one second) shows both
+    /// configs and `EnableIPv6`; a task's attachment shows both addresses, IPv4 first.
+    #[test]
+    fn an_ipv6_network_shows_both_configs_and_its_tasks_both_addresses() {
+        let mut n = shoal_manager_free_network();
+        n.spec.as_mut().unwrap().ipv6_enabled = true;
+        n.ipam.as_mut().unwrap().configs.push(IpamConfig {
+            subnet: "fd00:1::/64".into(),
+            gateway: "fd00:1::1".into(),
+            ..Default::default()
+        });
+        let j = serde_json::to_value(NetworkJson::from_api(&n)).unwrap();
+        assert_eq!(j["EnableIPv6"], true);
+        let configs: Vec<(&str, &str)> = j["IPAM"]["Config"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["Subnet"].as_str().unwrap(), c["Gateway"].as_str().unwrap()))
+            .collect();
+        assert_eq!(configs, [("10.0.1.0/24", "10.0.1.1"), ("fd00:1::/64", "fd00:1::1")]);
+        let addresses = vec!["10.0.1.3/24".to_string(), "fd00:1::2/64".to_string()];
+        let a = NetworkAttachment { network: Some(n), addresses, ..Default::default() };
+        let j = serde_json::to_value(NetworkAttachmentStatusJson::from_api(&a)).unwrap();
+        assert_eq!(j["Network"]["Spec"]["IPv6Enabled"], true);
+        assert_eq!(j["Addresses"], serde_json::json!(["10.0.1.3/24", "fd00:1::2/64"]));
     }
 
     fn shoal_manager_free_network() -> Network {
