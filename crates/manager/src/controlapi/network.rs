@@ -1444,6 +1444,9 @@ mod tests {
             let e = create_network(&state, spec).await.unwrap_err().to_string();
             assert!(e.contains(want), "{e} should contain {want:?}");
         }
+        // An overlap with another network's IPv6 subnet is a conflict (409), as an IPv4 one is.
+        let e = create_network(&state, v6("b2", vec![config("fd00:1::/48")])).await.unwrap_err();
+        assert!(matches!(&e, ControlError::Conflict(m) if m.contains("overlaps subnet fd00:1::/64")), "{e}");
         let mut gw = config("fd00:10::/64");
         gw.gateway = "fd00:10::".into();
         let e = create_network(&state, v6("i", vec![gw])).await.unwrap_err().to_string();

@@ -1039,16 +1039,24 @@ fn a_task_on_an_ipv6_overlay_goes_only_to_shoal_nodes() {
     let mut t1 = net_task("t1", "s", 0, "overlay");
     let n = t1.networks[0].network.as_mut().unwrap();
     n.spec = Some(shoal_api::NetworkSpec { ipv6_enabled: true, ..Default::default() });
+    // A task preassigned to the engine (a global service's) is checked there too.
+    let mut t3 = t1.clone();
+    t3.id = "t3".into();
+    t3.node_id = "n1".into();
     fx.create(t1);
+    fx.create(t3);
     fx.create(net_task("t2", "plain", 0, "overlay"));
     let pass = run_pass(&fx);
-    assert_eq!((pass.assigned, pass.unplaced), (1, 1));
-    let t1 = fx.view(|t| t.tasks().get("t1").cloned()).unwrap();
-    assert_eq!(
-        t1.status.as_ref().unwrap().err,
-        "no suitable node (IPv6 overlay not carried on 1 node: Docker Engine workers (20.10.24) do not carry swarm \
-         IPv6 overlays, Shoal nodes do)"
-    );
+    assert_eq!((pass.assigned, pass.unplaced), (1, 2));
+    for id in ["t1", "t3"] {
+        let t = fx.view(|t| t.tasks().get(id).cloned()).unwrap();
+        assert_eq!(
+            t.status.as_ref().unwrap().err,
+            "no suitable node (IPv6 overlay not carried on 1 node: Docker Engine workers (20.10.24) do not carry \
+             swarm IPv6 overlays, Shoal nodes do)",
+            "{id}"
+        );
+    }
     let mut shoal = with_overlay_plugin(node("n2"));
     shoal.description.as_mut().unwrap().engine.as_mut().unwrap().labels =
         [(shoal_api::SHOAL_AGENT_LABEL.to_string(), "0.1.0".to_string())].into();
