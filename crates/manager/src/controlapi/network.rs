@@ -584,7 +584,9 @@ fn check_aux_addresses(
         }
         let ip: std::net::IpAddr =
             value.parse().map_err(|_| invalid(format!("auxiliary address {name}={value:?} is not an IP address")))?;
-        if subnet.offset_of(ip).is_none_or(|o| o == 0 || o == subnet.size() - 1) {
+        // An IPv4 subnet's last address is its broadcast address; IPv6 has none.
+        let last = subnet.size() - 1;
+        if subnet.offset_of(ip).is_none_or(|o| o == 0 || (o == last && !subnet.is_v6())) {
             return Err(invalid(format!(
                 "auxiliary address {name}={ip} is not a host address of subnet {subnet} (no matching subnet for \
                  aux-address)"
@@ -1451,6 +1453,18 @@ mod tests {
         gw.gateway = "fd00:10::".into();
         let e = create_network(&state, v6("i", vec![gw])).await.unwrap_err().to_string();
         assert!(e.contains("gateway fd00:10:: is not a host address"), "{e}");
+        // IPv6 auxiliary addresses: host addresses of the prefix (its last one too: IPv6 has no broadcast).
+        let aux = |a: &str| {
+            let mut c = config("fd00:11::/120");
+            c.reserved = [("r".to_string(), a.to_string())].into();
+            v6("aux6", vec![c])
+        };
+        let e = create_network(&state, aux("fd00:11::")).await.unwrap_err().to_string();
+        assert!(e.contains("auxiliary address r=fd00:11:: is not a host address"), "{e}");
+        let e = create_network(&state, aux("fd00:12::5")).await.unwrap_err().to_string();
+        assert!(e.contains("not a host address of subnet fd00:11::/120"), "{e}");
+        let n = create_network(&state, aux("fd00:11::ff")).await.unwrap();
+        assert_eq!(n.ipam.as_ref().unwrap().configs[1].reserved["r"], "fd00:11::ff");
     }
 
     /// A network of several subnets (docs/design/overlay-subnets.md, part 1): each config gets its gateway,
