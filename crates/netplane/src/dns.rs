@@ -87,34 +87,28 @@ pub fn zone_for(state: &NodeNetState, task: &TaskState) -> Zone {
         };
         forward |= !n.internal;
         let net = n.name.to_ascii_lowercase();
+        let v6 = n.ipv6.is_some();
         for s in &n.services {
             let answer: Vec<Ipv4Addr> = match s.vip {
                 Some(vip) => vec![vip],
                 None => s.backends.clone(),
             };
+            // Each name gives the VIP (the tasks in dnsrr mode) for A and the tasks' IPv6 addresses for AAAA (no
+            // IPv6 VIP); `tasks.` of the name and of each alias, as libnetwork does (a stack's service
+            // `vote_redis` has the compose file's short name `redis` as its alias, and `tasks.redis` gives its
+            // tasks), the tasks for both.
             for name in std::iter::once(&s.name).chain(&s.aliases) {
                 let name = name.to_ascii_lowercase();
-                for full in [name.clone(), format!("{name}.{net}")] {
-                    names.entry(full).or_default().extend(answer.iter().copied());
-                }
-            }
-            // `tasks.` of the name and of each alias, as libnetwork does: a stack's service `vote_redis` has the
-            // compose file's short name `redis` as its alias, and `tasks.redis` gives its tasks.
-            for name in std::iter::once(&s.name).chain(&s.aliases) {
-                let name = name.to_ascii_lowercase();
-                for full in [format!("tasks.{name}"), format!("tasks.{name}.{net}")] {
-                    names.entry(full).or_default().extend(s.backends.iter().copied());
-                }
-            }
-            // AAAA: every name of the service gives its tasks' IPv6 addresses.
-            if n.ipv6.is_some() {
-                for name in std::iter::once(&s.name).chain(&s.aliases) {
-                    let name = name.to_ascii_lowercase();
-                    for full in
-                        [name.clone(), format!("{name}.{net}"), format!("tasks.{name}"), format!("tasks.{name}.{net}")]
-                    {
-                        names6.entry(full).or_default().extend(s.backends6.iter().copied());
+                for (full, a) in [
+                    (name.clone(), &answer),
+                    (format!("{name}.{net}"), &answer),
+                    (format!("tasks.{name}"), &s.backends),
+                    (format!("tasks.{name}.{net}"), &s.backends),
+                ] {
+                    if v6 {
+                        names6.entry(full.clone()).or_default().extend(s.backends6.iter().copied());
                     }
+                    names.entry(full).or_default().extend(a.iter().copied());
                 }
             }
         }

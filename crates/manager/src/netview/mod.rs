@@ -43,22 +43,13 @@ fn is_backend(t: &Task) -> bool {
     s == TaskState::Running && t.desired_state <= TaskState::Running as i32 && !t.node_id.is_empty()
 }
 
-/// The task's address on network `network_id`, without its prefix length.
-fn address_on(t: &Task, network_id: &str) -> Option<String> {
+/// The task's addresses on network `network_id`, without their prefix lengths: its IPv4 one, and its IPv6 one
+/// on an `--ipv6` network (the attachment's second address; empty otherwise).
+fn addresses_on(t: &Task, network_id: &str) -> Option<(String, String)> {
     let a = t.networks.iter().find(|a| a.network.as_ref().is_some_and(|n| n.id == network_id))?;
-    let addr = a.addresses.first()?;
-    let ip = addr.split('/').next().unwrap_or_default();
-    ip.parse::<std::net::Ipv4Addr>().ok().map(|ip| ip.to_string())
-}
-
-/// The task's IPv6 address on network `network_id` (an `--ipv6` network's second address), without its prefix.
-fn address6_on(t: &Task, network_id: &str) -> Option<String> {
-    let a = t.networks.iter().find(|a| a.network.as_ref().is_some_and(|n| n.id == network_id))?;
-    a.addresses
-        .iter()
-        .skip(1)
-        .find_map(|s| s.split('/').next()?.parse::<std::net::Ipv6Addr>().ok())
-        .map(|ip| ip.to_string())
+    let ip = a.addresses.first()?.split('/').next().unwrap_or_default().parse::<std::net::Ipv4Addr>().ok()?;
+    let ip6 = a.addresses.iter().skip(1).find_map(|s| s.split('/').next()?.parse::<std::net::Ipv6Addr>().ok());
+    Some((ip.to_string(), ip6.map(|ip| ip.to_string()).unwrap_or_default()))
 }
 
 /// A node's underlay address, when the store knows one: the data path address it reports
@@ -166,8 +157,7 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
     for task in t.tasks().iter().filter(|t| t.node_id != node_id && holds_address(t)) {
         let Some(addr) = node_addr(t, &task.node_id) else { continue };
         for n in on.iter().map(String::as_str) {
-            if let Some(ip) = address_on(task, n) {
-                let ip6 = address6_on(task, n).unwrap_or_default();
+            if let Some((ip, ip6)) = addresses_on(task, n) {
                 peers.entry(n).or_default().insert(ip, (addr.clone(), ip6));
             }
         }
@@ -179,12 +169,11 @@ pub(crate) fn node_view(t: &Tables, node_id: &str) -> NodeNetworkView {
             if !on.contains(n) {
                 continue;
             }
-            let mut backends: Vec<String> =
-                t.tasks().by_service(&s.id).filter(|t| is_backend(t)).filter_map(|t| address_on(t, n)).collect();
+            let (mut backends, mut backends6): (Vec<String>, Vec<String>) =
+                t.tasks().by_service(&s.id).filter(|t| is_backend(t)).filter_map(|t| addresses_on(t, n)).unzip();
+            backends6.retain(|b| !b.is_empty());
             backends.sort_by_key(|b| b.parse::<std::net::Ipv4Addr>().ok());
             backends.dedup();
-            let mut backends6: Vec<String> =
-                t.tasks().by_service(&s.id).filter(|t| is_backend(t)).filter_map(|t| address6_on(t, n)).collect();
             backends6.sort_by_key(|b| b.parse::<std::net::Ipv6Addr>().ok());
             backends6.dedup();
             services.entry(n.to_string()).or_default().push(ServiceBackends {
