@@ -27,12 +27,13 @@ use shoal_testkit::docker_engine::{self, engine, engine_ok, EngineDaemon};
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// The parent link (with its veth peer), removed when dropped.
+/// The parent link (with its veth peer), removed when dropped. Its name is not Shoal's (`shl*`): it lives in the
+/// host's namespace, where the host data-plane tests running beside it count Shoal's links as leftovers.
 struct Parent(String);
 
 impl Parent {
     fn new() -> Parent {
-        let name = format!("shltp{}", std::process::id() % 100_000);
+        let name = format!("tstpar{}", std::process::id() % 100_000);
         let peer = format!("{name}x");
         let _ = Command::new("ip").args(["link", "del", &name]).output();
         let ok = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success(), "ip {args:?}");
