@@ -168,7 +168,7 @@ pub(crate) async fn info(State(ctx): Ctx, v: ApiVersion) -> ApiResult {
             remote_managers: remote,
             nodes: t.nodes().len() as u64,
             managers: managers.len() as u64,
-            cluster: first_cluster(t).map(|c| SwarmJson::from_api(c).cluster),
+            cluster: first_cluster(t).map(|c| swarm_json(c).cluster),
         };
         (swarm, no_data_plane)
     });
@@ -227,10 +227,22 @@ fn first_cluster(t: &shoal_store::Tables) -> Option<&shoal_api::Cluster> {
     t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)).map(|c| &**c)
 }
 
+/// The swarm's document for a cluster object, with what the daemon's rules derive from it: the root CA's
+/// issuer (the CA's parsing) and the data path port (the network's rule).
+pub(crate) fn swarm_json(c: &shoal_api::Cluster) -> SwarmJson {
+    let issuer = c.root_ca.as_ref().and_then(|r| shoal_ca::root_issuer_info(&r.ca_cert).ok()).unwrap_or_default();
+    let derived = crate::json::ClusterDerived {
+        root_issuer_subject: issuer.subject,
+        root_issuer_public_key: issuer.public_key,
+        data_path_port: shoal_manager::controlapi::network::data_path_port(c),
+    };
+    SwarmJson::from_api(c, &derived)
+}
+
 /// `GET /swarm`, linearizable like the other reads (503 when no leader confirms it).
 pub(crate) async fn swarm(State(ctx): Ctx) -> ApiResult {
     read_barrier(&ctx).await?;
-    let found = ctx.state.store.view(|t| first_cluster(t).map(SwarmJson::from_api));
+    let found = ctx.state.store.view(|t| first_cluster(t).map(swarm_json));
     match found {
         Some(s) => json(s),
         None => Err(ApiError::Unavailable(

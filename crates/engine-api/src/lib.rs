@@ -13,7 +13,7 @@ pub mod error;
 pub mod events;
 pub mod filters;
 mod handlers;
-pub mod json;
+pub use shoal_engine_json as json;
 pub mod lifecycle;
 pub mod locked;
 pub mod logs;

@@ -271,27 +271,10 @@ pub fn parse_advertise_addr(addr: &str, listen: SocketAddr) -> Result<Option<Soc
     }
 }
 
-/// Reads `DataPathAddr`: the address of this node its overlay (VXLAN) traffic leaves from and arrives at, when
-/// not the advertised one (empty: none). An IPv4 address of this machine that is not loopback, unspecified,
-/// multicast or broadcast; Shoal's data plane carries IPv4 (no IPv6 address) and reads no interface names.
+/// Reads `DataPathAddr` by `shoal_engine_json::data_path_addr`'s rule (the `--data-path-addr` flag's too); a
+/// bad one is a 400 naming why.
 pub fn parse_data_path_addr(addr: &str) -> Result<Option<IpAddr>, ApiError> {
-    if addr.is_empty() {
-        return Ok(None);
-    }
-    let bad = |why: &str| ApiError::BadRequest(format!("invalid DataPathAddr {addr:?}: {why}"));
-    let ip: IpAddr = addr.parse().map_err(|_| {
-        bad("not an IP address (Shoal does not read interface names here): give the IPv4 address of this node the \
-             overlay traffic should use")
-    })?;
-    let IpAddr::V4(v4) = ip else {
-        return Err(bad("Shoal's overlay data plane carries IPv4 only: give an IPv4 address of this node"));
-    };
-    if v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_broadcast() {
-        return Err(bad(
-            "data path address must be a non-zero unicast IP address of this node, reachable from the others",
-        ));
-    }
-    Ok(Some(ip))
+    crate::json::data_path_addr(addr).map_err(ApiError::BadRequest)
 }
 
 /// The init spec's refusals: what a new cluster's CA cannot honour.

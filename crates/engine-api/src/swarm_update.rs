@@ -136,7 +136,6 @@ pub async fn update_swarm(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::json::SwarmJson;
 
     #[test]
     fn a_posted_spec_round_trips_and_keeps_what_the_api_does_not_carry() {
@@ -144,14 +143,14 @@ mod tests {
         current.ca_config.as_mut().unwrap().node_cert_expiry =
             Some(shoal_api::prost_types::Duration { seconds: 7_776_000, nanos: 0 });
         let cluster = shoal_api::Cluster { id: "c".into(), spec: Some(current.clone()), ..Default::default() };
-        let mut j = SwarmJson::from_api(&cluster).cluster.spec;
+        let mut j = crate::handlers::swarm_json(&cluster).cluster.spec;
         j.orchestration.task_history_retention_limit = Some(3);
         j.ca_config.node_cert_expiry = 48 * 3600 * 1_000_000_000;
         let merged = merge_spec(&current, &j);
         assert_eq!(merged.orchestration.as_ref().unwrap().task_history_retention_limit, 3);
         assert_eq!(merged.ca_config.as_ref().unwrap().node_cert_expiry.as_ref().unwrap().seconds, 48 * 3600);
         // Unchanged fields come back as they were.
-        let back = merge_spec(&current, &SwarmJson::from_api(&cluster).cluster.spec);
+        let back = merge_spec(&current, &crate::handlers::swarm_json(&cluster).cluster.spec);
         assert_eq!(back, current);
         // A partial spec (the Python SDK's Swarm.update) changes only what it sets.
         let body = br#"{"Name": null, "Raft": {"SnapshotInterval": 5000},

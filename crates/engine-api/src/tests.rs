@@ -1133,3 +1133,21 @@ async fn service_logs_show_a_line_only_as_published_by_its_tasks_node() {
     assert!(body.contains("genuine"), "{body:?}");
     assert!(!body.contains("forged"), "{body:?}");
 }
+
+/// The unlock and client-certificate requests decode as Go's `encoding/json` would: keys in any case, null
+/// members as absent (the JSON crate's own test covers its documents the same way).
+#[test]
+fn the_unlock_and_client_cert_requests_decode_keys_in_any_case() {
+    for doc in
+        [r#"{"UnlockKey": "SWMKEY-1-abc"}"#, r#"{"unlockkey": "SWMKEY-1-abc"}"#, r#"{"UNLOCKKEY": "SWMKEY-1-abc"}"#]
+    {
+        let u: crate::unlock::UnlockRequestJson = crate::json::decode(doc.as_bytes()).unwrap();
+        assert_eq!(u.unlock_key, "SWMKEY-1-abc", "{doc}");
+    }
+    let null: crate::unlock::UnlockRequestJson = crate::json::decode(br#"{"UnlockKey": null}"#).unwrap();
+    assert_eq!(null.unlock_key, "");
+    for doc in [r#"{"Name": "alice", "CSR": "-----BEGIN"}"#, r#"{"name": "alice", "csr": "-----BEGIN"}"#] {
+        let r: crate::ca::ClientCertRequest = crate::json::decode(doc.as_bytes()).unwrap();
+        assert_eq!((r.name.as_str(), r.csr.as_str()), ("alice", "-----BEGIN"), "{doc}");
+    }
+}

@@ -1,12 +1,13 @@
-//! `shoal`, the client: every subcommand but `daemon` is a client of the Engine API on the control socket
-//! (`shoal::cli`). `shoal daemon ...` executes `shoald` from this binary's folder with the same arguments
-//! (and the same `argv[0]`, so the process looks as it did), once they parsed: the daemon is the same
-//! process, with its own binary. On the system allocator: a client process allocates little and briefly.
+//! `shoal`, the client: `shoal_cli` and nothing else of this package; every subcommand but `daemon` is a
+//! client of the Engine API on the control socket. `shoal daemon ...` executes `shoald` from this binary's
+//! folder with the same arguments (and the same `argv[0]`, so the process looks as it did), once they parsed:
+//! the daemon is the same process, with its own binary. On the system allocator: a client process
+//! allocates little and briefly.
 
 use std::os::unix::process::CommandExt;
 
 fn main() {
-    std::process::exit(shoal::main_with(|_checked| exec_daemon()));
+    std::process::exit(shoal_cli::main_with(|_checked| exec_daemon()));
 }
 
 /// Replaces this process with `shoald` (found next to this binary) given this process's arguments;

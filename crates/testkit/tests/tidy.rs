@@ -80,6 +80,25 @@ const WORKSPACE_CRATES: &[&str] = &[
     "shoal-netplane",
     "shoal-gossip",
     "shoal-engine-api",
+    "shoal-engine-json",
+    "shoal-node",
+    "shoal-observe",
+    "shoal-testkit",
+    "shoal-cli",
+    "shoal",
+];
+
+/// The daemon's crates: what the client must not depend on, directly or through another crate.
+const DAEMON_CRATES: &[&str] = &[
+    "shoal-store",
+    "shoal-raft",
+    "shoal-ca",
+    "shoal-manager",
+    "shoal-template",
+    "shoal-agent",
+    "shoal-netplane",
+    "shoal-gossip",
+    "shoal-engine-api",
     "shoal-node",
     "shoal-observe",
     "shoal-testkit",
@@ -166,6 +185,24 @@ const BOUNDARIES: &[Boundary] = &[
         deps: &["shoal-raft", "raft", "shoal-agent", "shoal-node", "bollard"],
         source: &[],
     },
+    Boundary {
+        dir: "engine-json",
+        why: "HTTP, the store, any daemon crate",
+        deps: &[
+            "axum",
+            "hyper",
+            "shoal-store",
+            "shoal-raft",
+            "shoal-ca",
+            "shoal-manager",
+            "shoal-agent",
+            "shoal-netplane",
+            "shoal-engine-api",
+            "shoal-node",
+        ],
+        source: &[],
+    },
+    Boundary { dir: "cli", why: "cluster logic; any daemon crate", deps: DAEMON_CRATES, source: &[] },
     Boundary {
         dir: "sim",
         why: "wall clocks, threads, sockets, the node crate",
@@ -267,6 +304,39 @@ fn the_shipped_daemon_is_built_without_the_test_doors() {
     }
     assert!(seen.contains("manager") && seen.contains("node") && seen.contains("agent"), "{seen:?}");
     assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+/// The client (`shoal_cli`) reaches no daemon crate through any path: its workspace dependencies, followed
+/// transitively, are the Engine API's documents and the wire types they convert to, nothing else.
+#[test]
+fn the_client_depends_on_no_daemon_crate_through_any_path() {
+    let root = root();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec!["cli".to_string()];
+    while let Some(dir) = todo.pop() {
+        if !seen.insert(dir.clone()) {
+            continue;
+        }
+        let manifest = std::fs::read_to_string(root.join("crates").join(&dir).join("Cargo.toml")).expect("manifest");
+        let deps = normal_dependencies(&manifest);
+        todo.extend(deps.iter().filter(|d| d.starts_with("shoal-")).map(|d| d["shoal-".len()..].to_string()));
+    }
+    let daemon: Vec<_> = seen.iter().filter(|d| DAEMON_CRATES.contains(&format!("shoal-{d}").as_str())).collect();
+    assert!(daemon.is_empty(), "the client (crates/cli) reaches daemon crates: {daemon:?}");
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["api", "cli", "engine-json"]);
+}
+
+/// The `shoal` binary (crates/shoal/src/main.rs) is the client crate and nothing else of its package: the only
+/// workspace crate it names is `shoal_cli`, so it cannot reach the daemon's library beside it.
+#[test]
+fn the_client_binary_uses_only_the_client_crate() {
+    let main = std::fs::read_to_string(root().join("crates/shoal/src/main.rs")).expect("main.rs");
+    let named: std::collections::BTreeSet<&str> = main
+        .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| w.starts_with("shoal") && w.contains("::"))
+        .map(|w| w.split("::").next().unwrap_or(""))
+        .collect();
+    assert_eq!(named.into_iter().collect::<Vec<_>>(), ["shoal_cli"], "crates/shoal/src/main.rs");
 }
 
 #[test]

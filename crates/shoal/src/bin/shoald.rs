@@ -10,5 +10,5 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     mimalloc_setup::set_up();
-    std::process::exit(shoal::main_with(shoal::daemon::run));
+    std::process::exit(shoal_cli::main_with(shoal::daemon::run));
 }

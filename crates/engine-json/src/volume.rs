@@ -457,7 +457,7 @@ mod tests {
 
     #[test]
     fn a_create_converts_both_ways_and_an_inspected_spec_applies_as_no_change() {
-        let req: VolumeCreateJson = crate::json::decode(create_body().to_string().as_bytes()).unwrap();
+        let req: VolumeCreateJson = crate::decode(create_body().to_string().as_bytes()).unwrap();
         assert!(req.is_cluster());
         let spec = req.to_api().unwrap();
         assert_eq!(spec.group, "db");
@@ -486,13 +486,13 @@ mod tests {
     fn bad_values_name_the_field() {
         let mut body = create_body();
         body["ClusterVolumeSpec"]["AccessMode"]["Sharing"] = "some".into();
-        let req: VolumeCreateJson = crate::json::decode(body.to_string().as_bytes()).unwrap();
+        let req: VolumeCreateJson = crate::decode(body.to_string().as_bytes()).unwrap();
         assert!(req.to_api().unwrap_err().0.contains("AccessMode.Sharing"));
         let mut body = create_body();
         body["ClusterVolumeSpec"]["AccessMode"]["BlockVolume"] = serde_json::json!({});
-        let req: VolumeCreateJson = crate::json::decode(body.to_string().as_bytes()).unwrap();
+        let req: VolumeCreateJson = crate::decode(body.to_string().as_bytes()).unwrap();
         assert!(req.to_api().unwrap_err().0.contains("not both"));
-        let local: VolumeCreateJson = crate::json::decode(br#"{"Name": "x"}"#).unwrap();
+        let local: VolumeCreateJson = crate::decode(br#"{"Name": "x"}"#).unwrap();
         assert!(!local.is_cluster());
         assert!(local.to_api().unwrap_err().0.starts_with("ClusterVolumeSpec:"));
     }

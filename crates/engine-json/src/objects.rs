@@ -648,14 +648,25 @@ impl TlsInfoJson {
     }
 
     /// The cluster's: its root CA, and the root's own subject and key (what a certificate it issued names).
-    pub fn of_root(root_pem: &[u8]) -> TlsInfoJson {
-        let issuer = shoal_ca::root_issuer_info(root_pem).unwrap_or_default();
+    pub fn of_root(root_pem: &[u8], derived: &ClusterDerived) -> TlsInfoJson {
         TlsInfoJson {
             trust_root: String::from_utf8_lossy(root_pem).into_owned(),
-            cert_issuer_subject: b64(&issuer.subject),
-            cert_issuer_public_key: b64(&issuer.public_key),
+            cert_issuer_subject: b64(&derived.root_issuer_subject),
+            cert_issuer_public_key: b64(&derived.root_issuer_public_key),
         }
     }
+}
+
+/// What a swarm's document shows that the daemon works out from the cluster object by its own rules (the
+/// CA's certificate parsing, the network's port rule); the caller gives it, so this crate knows neither.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterDerived {
+    /// The root CA certificate's own subject (DER): what a certificate it issued names as its issuer.
+    pub root_issuer_subject: Vec<u8>,
+    /// The root CA certificate's public key (DER).
+    pub root_issuer_public_key: Vec<u8>,
+    /// The VXLAN (data path) UDP port the cluster uses.
+    pub data_path_port: u16,
 }
 
 /// `Node.Status`.
@@ -1021,8 +1032,8 @@ pub struct TaskDefaultsJson {
 }
 
 impl SwarmJson {
-    /// Converts from the stored cluster object.
-    pub fn from_api(c: &Cluster) -> SwarmJson {
+    /// Converts from the stored cluster object, with what the daemon derived from it.
+    pub fn from_api(c: &Cluster, derived: &ClusterDerived) -> SwarmJson {
         let (version, created_at, updated_at) = meta_parts(c.meta.as_ref());
         let spec = c.spec.clone().unwrap_or_default();
         let ann = spec.annotations.clone().unwrap_or_default();
@@ -1082,9 +1093,9 @@ impl SwarmJson {
                             .map(|d| DriverJson { name: d.name.clone(), options: labels_to_json(&d.options) }),
                     },
                 },
-                tls_info: c.root_ca.as_ref().map(|r| TlsInfoJson::of_root(&r.ca_cert)).unwrap_or_default(),
+                tls_info: c.root_ca.as_ref().map(|r| TlsInfoJson::of_root(&r.ca_cert, derived)).unwrap_or_default(),
                 root_rotation_in_progress: c.root_ca.as_ref().is_some_and(|r| r.root_rotation.is_some()),
-                data_path_port: u32::from(shoal_manager::controlapi::network::data_path_port(c)),
+                data_path_port: u32::from(derived.data_path_port),
                 // The cluster's pools when it sets them (networks get their subnets there), else Docker's.
                 default_addr_pool: if c.default_address_pool.is_empty() {
                     vec![DEFAULT_ADDR_POOL.to_string()]

@@ -4,9 +4,7 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use shoal_engine_api::json::network::{
-    IpamConfigJson, IpamJson, NetworkCreateJson, NetworkCreateResponse, NetworkJson,
-};
+use shoal_engine_json::network::{IpamConfigJson, IpamJson, NetworkCreateJson, NetworkCreateResponse, NetworkJson};
 
 use super::client::{enc, CliError, Client};
 use super::output::{self, Format};

@@ -1,16 +1,16 @@
 //! `shoal service ...`: create, ls, ps, inspect, update, rollback, scale, rm, over the Engine API. Specs are built and
-//! edited as the API's JSON documents (`shoal_engine_api::json`). Must not depend on cluster logic.
+//! edited as the API's JSON documents (`shoal_engine_json`). Must not depend on cluster logic.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::time::SystemTime;
 
 use clap::{Args, Subcommand};
-use shoal_engine_api::json::spec::{
+use shoal_engine_json::spec::{
     ConfigReferenceJson, ContainerSpecJson, FileTargetJson, ModeJson, PlacementJson, ReplicatedJson,
     ResourceValuesJson, ResourcesJson, RestartPolicyJson, SecretReferenceJson, UpdateConfigJson,
 };
-use shoal_engine_api::json::{
+use shoal_engine_json::{
     NodeJson, ServiceCreateResponse, ServiceJson, ServiceSpecJson, ServiceUpdateResponse, TaskJson,
 };
 
@@ -448,7 +448,7 @@ fn mode_text(m: &ModeJson) -> &'static str {
     }
 }
 
-fn image_of(spec: &shoal_engine_api::json::TaskSpecJson) -> String {
+fn image_of(spec: &shoal_engine_json::TaskSpecJson) -> String {
     let image = spec.container_spec.as_ref().map(|c| c.image.as_str()).unwrap_or("");
     // Hide a pinned digest, as docker does.
     image.split('@').next().unwrap_or(image).to_string()

@@ -7,9 +7,9 @@ use std::io::{Read, Write};
 use std::time::SystemTime;
 
 use clap::Subcommand;
-use shoal_engine_api::json::secret::data_to_base64;
-use shoal_engine_api::json::spec::DriverJson;
-use shoal_engine_api::json::{ConfigJson, ConfigSpecJson, IdResponse, SecretJson, SecretSpecJson};
+use shoal_engine_json::secret::data_to_base64;
+use shoal_engine_json::spec::DriverJson;
+use shoal_engine_json::{ConfigJson, ConfigSpecJson, IdResponse, SecretJson, SecretSpecJson};
 
 use super::client::{enc, CliError, Client};
 use super::output::{self, ago, Format};

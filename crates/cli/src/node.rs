@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use shoal_engine_api::json::{InfoJson, NodeJson, TaskJson};
+use shoal_engine_json::{InfoJson, NodeJson, TaskJson};
 
 use super::client::{enc, filters_query, CliError, Client};
 use super::output::{self, capitalize, Format};

@@ -406,7 +406,7 @@ mod tests {
     use super::*;
 
     fn create(body: serde_json::Value) -> Result<NetworkSpec, String> {
-        let j: NetworkCreateJson = crate::json::go_decode::from_value(body).unwrap();
+        let j: NetworkCreateJson = crate::go_decode::from_value(body).unwrap();
         j.to_api().map_err(|e| e.0)
     }
 

@@ -1,12 +1,17 @@
-//! The client side of the `shoal` binary: `service`, `node`, `task`, `secret`, `config`, `network`, `ca`, `swarm`,
-//! `info` and `version` commands, which
-//! talk to a daemon's Engine API over its control unix socket (`-H/--host` or `SHOAL_HOST`; by default the
-//! socket `shoal daemon` makes by default, see [`default_host`]). Tables look like docker's; `--format json` prints the
-//! API objects. Errors print one line, `shoal: <message>`, on stderr and exit 1 (usage errors exit 2, from clap).
-//! Must not depend on cluster logic: it only speaks HTTP/JSON.
+//! `shoal-cli`, the client side of Shoal: the `shoal` binary's command line and its `service`, `node`, `task`,
+//! `secret`, `config`, `network`, `ca`, `swarm`, `info` and `version` commands, which talk to a daemon's
+//! Engine API over its control unix socket (`-H/--host` or `SHOAL_HOST`; by default the socket `shoal daemon`
+//! makes by default, see [`default_host`]). Tables look like docker's; `--format json` prints the API objects.
+//! Errors print one line, `shoal: <message>`, on stderr and exit 1 (usage errors exit 2, from clap).
+//! `shoal daemon`'s flags are here too (`daemon_args`): the client checks them before it runs `shoald`.
+//!
+//! Must not know cluster logic or depend on any daemon crate (node, manager, agent, raft, store, ca,
+//! engine-api): it speaks HTTP/JSON, with the Engine API's documents from `shoal_engine_json`. A test in
+//! testkit checks its dependencies.
 
 mod ca;
 mod client;
+mod daemon_args;
 mod network;
 mod node;
 mod output;
@@ -16,15 +21,61 @@ mod swarm;
 mod swarm_lock;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tree_tests {
+    use super::Args;
+    use clap::CommandFactory;
+
+    /// The subcommands are built lazily (`defer`), so a mistake in one would only show when it is used:
+    /// build and check the whole tree.
+    #[test]
+    fn the_whole_command_tree_is_valid() {
+        Args::command().debug_assert();
+    }
+}
 
 use std::io::Write;
 
-use clap::Subcommand;
-use shoal_engine_api::json::{InfoJson, SystemVersionJson};
+use clap::{Parser, Subcommand};
+use shoal_engine_json::{InfoJson, SystemVersionJson};
 
 pub use client::{CliError, Client};
+pub use daemon_args::{DaemonArgs, ExecutorChoice, GenericResources};
 use node::{NodeCommand, TaskCommand};
 use service::ServiceCommand;
+
+/// Shoal: a container orchestrator on the design of Docker SwarmKit.
+#[derive(Debug, Parser)]
+#[command(name = "shoal", version, about, propagate_version = true)]
+pub struct Args {
+    /// Control socket of the daemon to talk to (unix:///path or a path) [default: the socket `shoal daemon`
+    /// makes by default: $SHOAL_STATE_DIR/control.sock, else ./shoal-state/control.sock]
+    #[arg(short = 'H', long = "host", env = "SHOAL_HOST", global = true)]
+    host: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+#[command(defer = true)]
+enum Command {
+    /// Run a Shoal node (manager and worker).
+    Daemon(Box<DaemonArgs>),
+    #[command(flatten)]
+    Client(ClientCommand),
+}
+
+/// Parses the command line and runs it: `shoal daemon` through `daemon` (given its flags, already checked:
+/// the client runs `shoald`, which parses them again; `shoald` runs the daemon), every other subcommand as a
+/// client. The process's exit code.
+pub fn main_with(daemon: impl FnOnce(DaemonArgs) -> i32) -> i32 {
+    let args = Args::parse();
+    match args.command {
+        Command::Daemon(d) => daemon(*d),
+        Command::Client(c) => run(&args.host.unwrap_or_else(default_host), c),
+    }
+}
 
 /// The state dir `shoal daemon` uses when neither `--state-dir` nor `SHOAL_STATE_DIR` is given.
 pub const DEFAULT_STATE_DIR: &str = "./shoal-state";

@@ -53,7 +53,7 @@ pub(super) fn run(c: &Client, cmd: CaCommand, out: &mut dyn Write) -> Result<(),
         CaCommand::IssueClientCert { name, out } => (name, out),
         CaCommand::RevokeClientCert { cert, serial } => return revoke(c, cert, serial, out),
     };
-    let csr = shoal_ca::generate_node_key_and_csr().map_err(|e| CliError::Usage(e.to_string()))?;
+    let csr = key_and_csr(&name)?;
     let resp: Value = c.post("/shoal/v1/ca/client-cert", &serde_json::json!({ "Name": name, "CSR": csr.csr_pem }))?;
     let field =
         |k: &str| resp[k].as_str().map(str::to_string).ok_or_else(|| CliError::Api(format!("the answer has no {k}")));
@@ -63,6 +63,23 @@ pub(super) fn run(c: &Client, cmd: CaCommand, out: &mut dyn Write) -> Result<(),
     write_file(&dir.join("cert.pem"), cert.as_bytes(), 0o644)?;
     write_file(&dir.join("ca.pem"), root.as_bytes(), 0o644)?;
     writeln!(out, "{}", dir.display()).map_err(super::output::io)
+}
+
+/// A private key (P-256, as the cluster's node keys) and a certificate signing request for `name`, made here:
+/// the key never leaves the machine. The CA sets the certificate's subject itself; the request's only proves
+/// the key.
+struct KeyAndCsr {
+    key_pem: String,
+    csr_pem: String,
+}
+
+fn key_and_csr(name: &str) -> Result<KeyAndCsr, CliError> {
+    let failed = |e: rcgen::Error| CliError::Usage(format!("cannot make a key and a certificate request: {e}"));
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(failed)?;
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name.push(rcgen::DnType::CommonName, name);
+    let csr = params.serialize_request(&key).map_err(failed)?;
+    Ok(KeyAndCsr { key_pem: key.serialize_pem(), csr_pem: csr.pem().map_err(failed)? })
 }
 
 fn revoke(c: &Client, cert: Option<PathBuf>, serial: Option<String>, out: &mut dyn Write) -> Result<(), CliError> {
