@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA};
-use hickory_proto::rr::{Name, RData, Record, RecordType};
+use hickory_proto::rr::{RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
@@ -32,19 +32,19 @@ use crate::Error;
 /// Where the resolver listens in each task namespace.
 pub const RESOLVER_ADDR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 11), 53);
 /// TTL of Shoal's answers: short, so clients follow backends that come and go.
-pub const TTL_SECS: u32 = 10;
+pub(crate) const TTL_SECS: u32 = 10;
 /// Most forwarded queries in flight on one node.
-pub const MAX_FORWARDS_IN_FLIGHT: usize = 64;
+pub(crate) const MAX_FORWARDS_IN_FLIGHT: usize = 64;
 /// How long a forwarded query waits for each upstream resolver.
-pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most TCP connections one task holds to the resolver.
-pub const MAX_TCP_CONNECTIONS_PER_TASK: usize = 16;
+pub(crate) const MAX_TCP_CONNECTIONS_PER_TASK: usize = 16;
 /// A TCP connection idle this long is closed.
-pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest DNS message read or relayed.
-pub const MAX_MESSAGE_BYTES: usize = 4096;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
 /// Most upstream resolvers tried.
-pub const MAX_UPSTREAMS: usize = 3;
+pub(crate) const MAX_UPSTREAMS: usize = 3;
 /// Pause after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// The UDP answer size a query without EDNS may get (RFC 1035).
@@ -67,7 +67,7 @@ pub fn upstreams_from_resolv_conf(text: &str) -> Vec<SocketAddr> {
 
 /// The names one task resolves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Zone {
+pub(crate) struct Zone {
     /// Lower-case name (no trailing dot) -> addresses, sorted.
     pub names: BTreeMap<String, Vec<Ipv4Addr>>,
     /// The same names' IPv6 addresses (AAAA), on networks with IPv6, sorted.
@@ -77,7 +77,7 @@ pub struct Zone {
 }
 
 /// The zone of `task` in `state` (which has passed `validate`).
-pub fn zone_for(state: &NodeNetState, task: &TaskState) -> Zone {
+pub(crate) fn zone_for(state: &NodeNetState, task: &TaskState) -> Zone {
     let mut names: BTreeMap<String, BTreeSet<Ipv4Addr>> = BTreeMap::new();
     let mut names6: BTreeMap<String, BTreeSet<Ipv6Addr>> = BTreeMap::new();
     let mut forward = false;
@@ -122,7 +122,7 @@ pub fn zone_for(state: &NodeNetState, task: &TaskState) -> Zone {
 
 /// What to do with one query.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// Send these bytes back.
     Reply(Vec<u8>),
     /// Not Shoal's name: forward the query as it is.
@@ -132,7 +132,7 @@ pub enum Answer {
 }
 
 /// Answers `query` (wire bytes) from `zone`; `udp` limits the answer's size (truncated answers set TC).
-pub fn answer(zone: &Zone, query: &[u8], udp: bool) -> Answer {
+pub(crate) fn answer(zone: &Zone, query: &[u8], udp: bool) -> Answer {
     let Ok(q) = Message::from_vec(query) else {
         return Answer::Drop;
     };
@@ -411,17 +411,19 @@ async fn forward(shared: &Shared, query: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// A query for `name` and `rtype`, as wire bytes (for tests and tools).
+#[cfg(any(test, feature = "test-doors"))]
 pub fn query_bytes(id: u16, name: &str, rtype: RecordType) -> Vec<u8> {
     let mut m = Message::new(id, MessageType::Query, OpCode::Query);
     m.metadata.recursion_desired = true;
-    if let Ok(n) = Name::from_ascii(name) {
+    if let Ok(n) = hickory_proto::rr::Name::from_ascii(name) {
         m.add_query(hickory_proto::op::Query::query(n, rtype));
     }
     m.to_vec().unwrap_or_default()
 }
 
 /// The AAAA records of a response (for tests and tools).
-pub fn parse_response6(bytes: &[u8]) -> Option<Vec<Ipv6Addr>> {
+#[cfg(test)]
+pub(crate) fn parse_response6(bytes: &[u8]) -> Option<Vec<Ipv6Addr>> {
     let m = Message::from_vec(bytes).ok()?;
     Some(
         m.answers
@@ -435,6 +437,7 @@ pub fn parse_response6(bytes: &[u8]) -> Option<Vec<Ipv6Addr>> {
 }
 
 /// The response code and A records of a response (for tests and tools).
+#[cfg(any(test, feature = "test-doors"))]
 pub fn parse_response(bytes: &[u8]) -> Option<(ResponseCode, bool, Vec<Ipv4Addr>)> {
     let m = Message::from_vec(bytes).ok()?;
     let addrs = m

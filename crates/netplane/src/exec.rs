@@ -24,11 +24,11 @@ use crate::state::{Ipv4Cidr, Ipv6Cidr, Mac, NodeNetState};
 use crate::Error;
 
 /// Longest any one command may run before it is killed.
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of a command's stdout (and of its stderr) read.
-pub const MAX_OUTPUT_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_OUTPUT_BYTES: u64 = 16 << 20;
 /// Where `ip netns` keeps named namespaces (the networks' namespaces are there).
-pub const NETNS_DIR: &str = "/run/netns";
+pub(crate) const NETNS_DIR: &str = "/run/netns";
 /// Pause between checks of a running command.
 const POLL_PERIOD: Duration = Duration::from_millis(1);
 
@@ -698,6 +698,7 @@ pub struct Capabilities {
 /// measured as `Capabilities` are. Apart from `probe` because nothing on a daemon's start reads it, and on a
 /// kernel without them each check costs a `modprobe` helper the kernel runs (4-6 ms each on the development
 /// machine, where both are false), which the start waited for (BENCHMARKS.md, session 23).
+#[cfg(any(test, feature = "test-doors"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EncryptionCapabilities {
     /// An IPsec ESP state (AES-GCM, as Docker's encrypted overlays) can be installed.
@@ -717,6 +718,7 @@ const DATA_PLANE_CHECKS: &[(&str, &str)] = &[
 ];
 
 /// The checks of `probe_encryption`, as `DATA_PLANE_CHECKS`.
+#[cfg(any(test, feature = "test-doors"))]
 const ENCRYPTION_CHECKS: &[(&str, &str)] = &[
     (
         "esp",
@@ -751,6 +753,7 @@ pub fn probe() -> Result<Capabilities, Error> {
 }
 
 /// Measures `EncryptionCapabilities` (needs root; leaves nothing behind, as `probe`).
+#[cfg(any(test, feature = "test-doors"))]
 pub fn probe_encryption() -> Result<EncryptionCapabilities, Error> {
     let passed = run_probe(ENCRYPTION_CHECKS)?;
     let has = |w: &str| passed.iter().any(|l| l == w);

@@ -16,23 +16,43 @@
 //! an `Observed` and returns `Op`s, and the `Executor` observes and applies them (`Executor::reconcile` does
 //! all three). This crate knows nothing of the store, the agent or the API types: the agent maps those to a
 //! `NodeNetState`. See docs/design/netplane.md.
+//!
+//! The facade: every module is internal; other crates use what this root declares and re-exports (the seam
+//! above, the resolver, `check_encryption` and `Error`) and, with the `test-doors` feature only, the helpers
+//! this crate's integration tests use (grouped below).
 
-pub mod dns;
-pub mod exec;
-pub mod names;
-pub mod nft;
-pub mod plan;
-pub mod state;
+// The modules marked below hold items only the test doors re-export: without the feature those are `pub` but
+// unreached (with it, as in any build of the whole workspace, `unreachable_pub` checks them).
+#[cfg_attr(not(any(test, feature = "test-doors")), allow(unreachable_pub, reason = "test doors' items"))]
+mod dns;
+mod exec;
+#[cfg_attr(not(any(test, feature = "test-doors")), allow(unreachable_pub, reason = "test doors' items"))]
+mod names;
+mod nft;
+mod plan;
+mod state;
 
 use std::path::PathBuf;
 
-pub use dns::{resolv_conf, zone_for, Resolver, Zone};
-pub use exec::{probe, probe_encryption, Capabilities, EncryptionCapabilities, Executor};
-pub use plan::{plan, Observed, Op};
+// The seam the agent drives: the node's wanted state, and the executor that observes, plans and applies it.
+pub use exec::{probe, Capabilities, Executor};
+pub use plan::{Observed, Op};
 pub use state::{
     check_ifnames, mac_for, Attachment, Ipv4Cidr, Ipv6Cidr, Mac, NetworkState, NodeIngress, NodeNetState, Peer,
     Protocol, PublishedPort, ServiceVip, Subnet, Subnet6, TaskState,
 };
+
+// The DNS resolver in each task namespace, and the resolv.conf a task is given.
+pub use dns::{resolv_conf, upstreams_from_resolv_conf, Resolver};
+
+// The test doors (the `test-doors` feature): this crate's integration tests query the resolver, probe for
+// encryption and find a network's namespace by name.
+#[cfg(any(test, feature = "test-doors"))]
+pub use dns::{parse_response, query_bytes, RESOLVER_ADDR};
+#[cfg(any(test, feature = "test-doors"))]
+pub use exec::{probe_encryption, EncryptionCapabilities};
+#[cfg(any(test, feature = "test-doors"))]
+pub use names::{network_netns, network_netns_vni};
 
 /// Whether this data plane can carry `network` (`encrypted`: created with `--opt encrypted`). The one place
 /// that decides it: `NetworkState::validate` asks it, and so does the agent for every task it is given

@@ -10,21 +10,21 @@
 //! functions.
 
 /// Name of the nftables table (family `ip`) Shoal owns, on the node and in each task namespace.
-pub const NFT_TABLE: &str = "shoal";
+pub(crate) const NFT_TABLE: &str = "shoal";
 /// Prefix of the bridges.
-pub const BRIDGE_PREFIX: &str = "shlb";
+pub(crate) const BRIDGE_PREFIX: &str = "shlb";
 /// Prefix of the VXLAN devices.
-pub const VXLAN_PREFIX: &str = "shlx";
+pub(crate) const VXLAN_PREFIX: &str = "shlx";
 /// Prefix of the bridge ends of task veths (in the network's namespace).
-pub const VETH_PREFIX: &str = "shlv";
+pub(crate) const VETH_PREFIX: &str = "shlv";
 /// Prefix of the node ends of the networks' gateway veths (in the node's namespace).
-pub const GATEWAY_PREFIX: &str = "shlg";
+pub(crate) const GATEWAY_PREFIX: &str = "shlg";
 /// Prefix of the network ends of the gateway veths (in the network's namespace, on the bridge).
-pub const UPLINK_PREFIX: &str = "shlu";
+pub(crate) const UPLINK_PREFIX: &str = "shlu";
 /// Prefix of the networks' namespaces (`ip netns` names).
-pub const NETWORK_NETNS_PREFIX: &str = "shl-net-";
+pub(crate) const NETWORK_NETNS_PREFIX: &str = "shl-net-";
 /// Comment of the iptables FORWARD rules Shoal owns on the node.
-pub const IPTABLES_COMMENT: &str = "shoal-netplane";
+pub(crate) const IPTABLES_COMMENT: &str = "shoal-netplane";
 
 /// The namespace of the network with VNI `vni` on the node whose network namespace has inode `node_key`.
 pub fn network_netns(node_key: u64, vni: u32) -> String {
@@ -37,49 +37,49 @@ pub fn network_netns_vni(node_key: u64, name: &str) -> Option<u32> {
 }
 
 /// The node end of the gateway veth of the network with VNI `vni`: it carries the gateway address.
-pub fn gateway(vni: u32) -> String {
+pub(crate) fn gateway(vni: u32) -> String {
     format!("{GATEWAY_PREFIX}{vni}")
 }
 
 /// The network end of that veth, a port of the network's bridge.
-pub fn uplink(vni: u32) -> String {
+pub(crate) fn uplink(vni: u32) -> String {
     format!("{UPLINK_PREFIX}{vni}")
 }
 
 /// The bridge of the network with VNI `vni`.
-pub fn bridge(vni: u32) -> String {
+pub(crate) fn bridge(vni: u32) -> String {
     format!("{BRIDGE_PREFIX}{vni}")
 }
 
 /// The VXLAN device of the network with VNI `vni`.
-pub fn vxlan(vni: u32) -> String {
+pub(crate) fn vxlan(vni: u32) -> String {
     format!("{VXLAN_PREFIX}{vni}")
 }
 
 /// The host end of the veth of task `task_id` on network `network_id` (a hash: IDs are longer than 15 bytes).
-pub fn veth(task_id: &str, network_id: &str) -> String {
+pub(crate) fn veth(task_id: &str, network_id: &str) -> String {
     let h = fnv1a64(&[task_id.as_bytes(), b"/", network_id.as_bytes()]);
     format!("{VETH_PREFIX}{:010x}", h & 0xff_ffff_ffff)
 }
 
 /// The interface of attachment `index` inside the task's namespace.
-pub fn task_ifname(index: usize) -> String {
+pub(crate) fn task_ifname(index: usize) -> String {
     format!("eth{index}")
 }
 
 /// The interface a new attachment gets in a joined namespace (a container's own): the lowest `eth<N>` not
 /// in `taken`, as Docker names the interface of a network connected to a running container.
-pub fn free_task_ifname(taken: &std::collections::BTreeSet<String>) -> String {
+pub(crate) fn free_task_ifname(taken: &std::collections::BTreeSet<String>) -> String {
     (0..=taken.len()).map(task_ifname).find(|n| !taken.contains(n)).expect("one of len + 1 names is free")
 }
 
 /// Whether a host link name is one Shoal made.
-pub fn is_shoal_link(name: &str) -> bool {
+pub(crate) fn is_shoal_link(name: &str) -> bool {
     [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX, GATEWAY_PREFIX, UPLINK_PREFIX].iter().any(|p| name.starts_with(p))
 }
 
 /// 64-bit FNV-1a over the concatenation of `parts` (names and nftables content tags; not security relevant).
-pub fn fnv1a64(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
         for b in *p {

@@ -30,7 +30,7 @@ use crate::state::{NetworkState, NodeNetState, PublishedPort, TaskState};
 
 /// A rendered table: its content tag and the script that installs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Table {
+pub(crate) struct Table {
     /// `shoal:<hash>`, the table's comment.
     pub tag: String,
     /// The `nft -f` script replacing the table atomically.
@@ -45,7 +45,7 @@ fn finish(body: String) -> Table {
 }
 
 /// The task namespace's table, or `None` when none of its networks has a VIP.
-pub fn task_table(state: &NodeNetState, task: &TaskState) -> Option<Table> {
+pub(crate) fn task_table(state: &NodeNetState, task: &TaskState) -> Option<Table> {
     let vips: Vec<(Ipv4Addr, &[Ipv4Addr])> = task
         .attachments
         .iter()
@@ -88,7 +88,7 @@ pub fn task_table(state: &NodeNetState, task: &TaskState) -> Option<Table> {
 }
 
 /// The node's table, or `None` when the node carries no network.
-pub fn node_table(state: &NodeNetState) -> Option<Table> {
+pub(crate) fn node_table(state: &NodeNetState) -> Option<Table> {
     if state.networks.is_empty() {
         return None;
     }

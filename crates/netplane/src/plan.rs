@@ -250,7 +250,7 @@ pub enum Op {
 /// gateway end (isolation between networks is the node table's, whose forward chain drops first), and what
 /// comes back to it or was DNATed to it (a published port). Traffic between tasks of one network is bridged in
 /// the network's namespace and never meets them.
-pub fn forward_rules() -> Vec<Vec<String>> {
+pub(crate) fn forward_rules() -> Vec<Vec<String>> {
     let g = format!("{}+", names::GATEWAY_PREFIX);
     let c = names::IPTABLES_COMMENT;
     [
@@ -348,7 +348,7 @@ fn live(current: &Observed, vni: u32) -> &NetworkNs {
 }
 
 /// The operations that take the node from `current` to `desired` (which must have passed `validate`).
-pub fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
+pub(crate) fn plan(current: &Observed, desired: &NodeNetState) -> Vec<Op> {
     let mut draft = Draft::default();
     let mut networks: Vec<_> = desired.networks.iter().collect();
     networks.sort_by_key(|n| n.vni);

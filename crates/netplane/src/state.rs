@@ -10,42 +10,42 @@ use std::path::PathBuf;
 use crate::Error;
 
 /// Most overlay networks one node carries.
-pub const MAX_NETWORKS: usize = 256;
+pub(crate) const MAX_NETWORKS: usize = 256;
 /// Most task namespaces one node plumbs.
-pub const MAX_TASKS: usize = 1024;
+pub(crate) const MAX_TASKS: usize = 1024;
 /// Most IPv4 subnets of one network (the manager's bound too): each has a bridge and a VXLAN device of its own.
-pub const MAX_SUBNETS_PER_NETWORK: usize = 16;
+pub(crate) const MAX_SUBNETS_PER_NETWORK: usize = 16;
 /// Most networks one task is attached to.
-pub const MAX_ATTACHMENTS_PER_TASK: usize = 16;
+pub(crate) const MAX_ATTACHMENTS_PER_TASK: usize = 16;
 /// Most remote peers (task addresses on other nodes) of one network.
-pub const MAX_PEERS_PER_NETWORK: usize = 65_536;
+pub(crate) const MAX_PEERS_PER_NETWORK: usize = 65_536;
 /// Most services with a VIP on one network.
-pub const MAX_SERVICES_PER_NETWORK: usize = 1024;
+pub(crate) const MAX_SERVICES_PER_NETWORK: usize = 1024;
 /// Most backends behind one VIP.
-pub const MAX_BACKENDS_PER_SERVICE: usize = 1024;
+pub(crate) const MAX_BACKENDS_PER_SERVICE: usize = 1024;
 /// Most aliases of one service on one network.
-pub const MAX_ALIASES: usize = 32;
+pub(crate) const MAX_ALIASES: usize = 32;
 /// Longest service, alias or network name (one DNS label).
-pub const MAX_DNS_LABEL_LEN: usize = 63;
+pub(crate) const MAX_DNS_LABEL_LEN: usize = 63;
 /// Shortest IPv6 prefix of a network (the manager's bound too).
-pub const MIN_IPV6_PREFIX_LEN: u8 = 48;
+pub(crate) const MIN_IPV6_PREFIX_LEN: u8 = 48;
 /// Longest IPv6 prefix of a network: a few addresses at least.
-pub const MAX_IPV6_PREFIX_LEN: u8 = 120;
+pub(crate) const MAX_IPV6_PREFIX_LEN: u8 = 120;
 /// Largest VXLAN network identifier (24 bits).
-pub const MAX_VNI: u32 = (1 << 24) - 1;
+pub(crate) const MAX_VNI: u32 = (1 << 24) - 1;
 /// Longest network, task or service ID accepted.
-pub const MAX_ID_LEN: usize = 64;
+pub(crate) const MAX_ID_LEN: usize = 64;
 /// Longest interface name the kernel takes (IFNAMSIZ less its terminating zero).
-pub const MAX_IFNAME_LEN: usize = 15;
+pub(crate) const MAX_IFNAME_LEN: usize = 15;
 /// Most ports published on one node (routing mesh and host mode together). With `MAX_BACKENDS_PER_SERVICE`
 /// it bounds the node table's published-port rules: one rule per port in each of two chains, each with at
 /// most that many map entries. The allocator already keeps ingress ports unique cluster-wide (65,535 per
 /// protocol at most) and the scheduler host ports unique per node.
-pub const MAX_PUBLISHED_PORTS: usize = 4096;
+pub(crate) const MAX_PUBLISHED_PORTS: usize = 4096;
 /// Default UDP port of the VXLAN data path (as Docker's `--data-path-port`).
-pub const DEFAULT_VXLAN_PORT: u16 = 4789;
+pub(crate) const DEFAULT_VXLAN_PORT: u16 = 4789;
 /// Default MTU inside overlays: an underlay of 1500 less the 50 bytes of VXLAN encapsulation.
-pub const DEFAULT_OVERLAY_MTU: u16 = 1450;
+pub(crate) const DEFAULT_OVERLAY_MTU: u16 = 1450;
 
 /// An IPv4 address with its prefix length (`10.0.0.2/24`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -763,7 +763,7 @@ pub fn check_ifnames(attachments: &[Attachment]) -> Result<(), Error> {
 
 /// Checks an interface name a task asks for: 1..=15 bytes (the kernel's limit) of letters, digits, '-', '_' and
 /// '.', not `lo`, `.` or `..`.
-pub fn check_ifname(name: &str) -> Result<(), Error> {
+pub(crate) fn check_ifname(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= MAX_IFNAME_LEN
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')

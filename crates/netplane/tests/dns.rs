@@ -11,7 +11,7 @@ use std::time::Duration;
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{RData, Record, RecordType};
-use shoal_netplane::dns::{parse_response, query_bytes, RESOLVER_ADDR};
+use shoal_netplane::{parse_response, query_bytes, RESOLVER_ADDR};
 use shoal_netplane::{Attachment, NetworkState, NodeNetState, Resolver, ServiceVip, TaskState};
 
 const UPSTREAM_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 99);

@@ -187,14 +187,14 @@ fn fetch(netns: PathBuf, addr: Ipv4Addr, timeout: Duration) -> std::io::Result<S
 
 /// Resolves `name` (A) from inside `netns` through the resolver on 127.0.0.11.
 fn resolve(netns: PathBuf, name: &str) -> Vec<Ipv4Addr> {
-    let q = shoal_netplane::dns::query_bytes(7, name, hickory_proto::rr::RecordType::A);
+    let q = shoal_netplane::query_bytes(7, name, hickory_proto::rr::RecordType::A);
     in_netns(netns, move || {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
         s.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
-        s.send_to(&q, shoal_netplane::dns::RESOLVER_ADDR).expect("send");
+        s.send_to(&q, shoal_netplane::RESOLVER_ADDR).expect("send");
         let mut b = vec![0u8; 4096];
         let n = s.recv(&mut b).expect("DNS answer");
-        shoal_netplane::dns::parse_response(&b[..n]).expect("response").2
+        shoal_netplane::parse_response(&b[..n]).expect("response").2
     })
 }
 
@@ -260,7 +260,7 @@ impl Nodes {
 
     /// The name of network `vni`'s namespace on node `i`.
     fn network_ns(&self, i: usize, vni: u32) -> String {
-        shoal_netplane::names::network_netns(inode(&self.nodes[i].path()).expect("node namespace"), vni)
+        shoal_netplane::network_netns(inode(&self.nodes[i].path()).expect("node namespace"), vni)
     }
 
     /// Runs a command in network `vni`'s namespace on node `i`.
@@ -298,7 +298,7 @@ impl Nodes {
                 .into_iter()
                 .flatten()
                 .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| shoal_netplane::names::network_netns_vni(key, n).is_some()),
+                .filter(|n| shoal_netplane::network_netns_vni(key, n).is_some()),
         );
         left.extend(docker_host::shoal_rules(&self.nodes[i].name));
         left.join(", ")

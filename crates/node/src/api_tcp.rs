@@ -29,16 +29,20 @@ use crate::tls::{TlsError, HANDSHAKE_TIMEOUT, REFUSAL_LOG_PERIOD};
 use crate::NodeError;
 
 /// Most Engine API connections over TCP at once.
-pub const MAX_API_CONNECTIONS: usize = 256;
+pub(crate) const MAX_API_CONNECTIONS: usize = 256;
 /// Most TLS handshakes in progress at once from one source address.
-pub const MAX_API_HANDSHAKES_PER_SOURCE: usize = 8;
+pub(crate) const MAX_API_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Most connections (handshaking or established) one source address holds at once: a client's pool needs a
 /// few; several operators behind one address still fit.
-pub const MAX_API_CONNECTIONS_PER_SOURCE: usize = 32;
+pub(crate) const MAX_API_CONNECTIONS_PER_SOURCE: usize = 32;
 
 /// The TLS server configuration: `cert_pem`/`key_pem` as the server identity, client certificates required
 /// and verified against `root_pem`.
-pub fn server_config(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+pub(crate) fn server_config(
+    root_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(root_pem.as_bytes()) {
@@ -64,7 +68,7 @@ pub fn server_config(root_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Ar
 }
 
 /// Issues the API server certificate for `listen` from the cluster's root (the manager holds it).
-pub fn issue_server_cert(
+pub(crate) fn issue_server_cert(
     root: &RootCa,
     node_id: &str,
     cluster_id: &str,
@@ -81,7 +85,7 @@ pub fn issue_server_cert(
 
 /// Serves `router` on `listener` with `config` until `stop` turns true, every request decided by `authz`
 /// (with which the listener registers as `engine-api-tcp`).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     authz: Authorizer,

@@ -37,7 +37,7 @@ use tonic::Status;
 
 /// Who may call a method or route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub(crate) enum Access {
     /// Anyone, with or without a certificate (a joining node has none yet); removed nodes, revoked and
     /// foreign certificates are still refused.
     Anyone,
@@ -56,7 +56,7 @@ pub enum Access {
 
 /// Every gRPC method Shoal serves, with who may call it. Keep it complete: a test fails when a method in
 /// `crates/api/proto` is missing here. Modeled on SwarmKit's per-method `tls_authorization` options.
-pub const RPC_ACCESS: &[(&str, Access)] = &[
+pub(crate) const RPC_ACCESS: &[(&str, Access)] = &[
     ("/docker.swarmkit.v1.CA/GetRootCACertificate", Access::Anyone),
     ("/docker.swarmkit.v1.NodeCA/IssueNodeCertificate", Access::Anyone),
     ("/docker.swarmkit.v1.NodeCA/NodeCertificateStatus", Access::Anyone),
@@ -119,14 +119,14 @@ pub const RPC_ACCESS: &[(&str, Access)] = &[
 ];
 
 /// Who may call `path` on the remote gRPC port (manager-only when the method is not in `RPC_ACCESS`).
-pub fn access_for(path: &str) -> Access {
+pub(crate) fn access_for(path: &str) -> Access {
     RPC_ACCESS.iter().find(|(p, _)| *p == path).map(|(_, a)| *a).unwrap_or(Access::Managers)
 }
 
 /// Who may call `path` on the Engine API over TCP: managers and operators, except for the operator
 /// certificate endpoints (`/shoal/v1/ca/...`, with or without a `/vN.NN` prefix), which only the local
 /// control socket serves (a stolen operator certificate must not mint itself a successor).
-pub fn engine_api_access(path: &str) -> Access {
+pub(crate) fn engine_api_access(path: &str) -> Access {
     let unversioned = match path.strip_prefix("/v") {
         Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit()) => {
             rest.find('/').map(|i| &rest[i..]).unwrap_or("/")
@@ -141,13 +141,14 @@ pub fn engine_api_access(path: &str) -> Access {
 }
 
 /// The message of the 403 answer to a worker's certificate on the Engine API over TCP.
-pub const FORBIDDEN: &str = "this certificate may not use the Engine API: it needs the manager role or a client \
+pub(crate) const FORBIDDEN: &str =
+    "this certificate may not use the Engine API: it needs the manager role or a client \
 certificate from `shoal ca issue-client-cert` (worker certificates are refused)";
 
 /// A caller's verified client certificate: who it names, and its serial (by which an operator certificate
 /// is revoked).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerCert {
+pub(crate) struct PeerCert {
     /// CN (node ID or operator name), OU (role), O (cluster ID).
     pub subject: NodeSubject,
     /// The serial number, `shoal_ca::cert_serial_hex`.
@@ -156,12 +157,12 @@ pub struct PeerCert {
 
 /// Why a certificate could not be taken for a caller's identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NotShoalCert;
+pub(crate) struct NotShoalCert;
 
 impl PeerCert {
     /// The caller's certificate from a verified chain (the leaf first); `Ok(None)` for no certificate,
     /// `Err` for one Shoal did not issue (no role OU).
-    pub fn from_chain(certs: &[CertificateDer<'_>]) -> Result<Option<PeerCert>, NotShoalCert> {
+    pub(crate) fn from_chain(certs: &[CertificateDer<'_>]) -> Result<Option<PeerCert>, NotShoalCert> {
         let Some(leaf) = certs.first() else { return Ok(None) };
         let subject = shoal_ca::parse_cert(leaf).map_err(|_| NotShoalCert)?.subject;
         let serial = shoal_ca::cert_serial_hex(leaf).map_err(|_| NotShoalCert)?;
@@ -171,7 +172,7 @@ impl PeerCert {
 
 /// What the store says about a certificate's holder, read for one decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// The store holds a cluster object (false on a manager that is joining and has no snapshot yet: it
     /// cannot tell removed nodes apart, so it trusts the certificate's role until then).
     pub state_known: bool,
@@ -184,7 +185,7 @@ pub struct Facts {
 }
 
 /// What the store says about `cert`'s holder now.
-pub fn facts_in(t: &Tables, cert: &PeerCert, now: SystemTime) -> Facts {
+pub(crate) fn facts_in(t: &Tables, cert: &PeerCert, now: SystemTime) -> Facts {
     let Some(cluster) = t.clusters().iter().min_by(|a, b| a.id.cmp(&b.id)).cloned() else {
         return Facts::default();
     };
@@ -201,7 +202,7 @@ pub fn facts_in(t: &Tables, cert: &PeerCert, now: SystemTime) -> Facts {
 
 /// A caller's standing in the cluster, from its certificate and the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
+pub(crate) enum Standing {
     /// A manager (desired role manager: a promoted worker with its manager certificate counts, as it must
     /// join Raft).
     Manager,
@@ -219,7 +220,7 @@ pub enum Standing {
 /// A refusal: UNAUTHENTICATED (no certificate) or PERMISSION_DENIED / 403, with a message that says why and
 /// what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// No certificate at all (gRPC UNAUTHENTICATED); otherwise forbidden.
     pub unauthenticated: bool,
     /// Why, and what to do.
@@ -232,7 +233,7 @@ impl Refusal {
     }
 
     /// As a gRPC status.
-    pub fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         if self.unauthenticated {
             Status::unauthenticated(self.message.clone())
         } else {
@@ -241,7 +242,7 @@ impl Refusal {
     }
 
     /// As the Engine API's JSON error: 403 `{"message": ...}`.
-    pub fn http_response(&self) -> axum::response::Response {
+    pub(crate) fn http_response(&self) -> axum::response::Response {
         use axum::response::IntoResponse;
         let status =
             if self.unauthenticated { axum::http::StatusCode::UNAUTHORIZED } else { axum::http::StatusCode::FORBIDDEN };
@@ -251,7 +252,7 @@ impl Refusal {
 
 /// The decision for one call of `what` needing `access`: the caller's certificate (if any), this cluster's ID,
 /// and what the store says about its holder (`facts`, read only when there is a certificate). Pure.
-pub fn decide(
+pub(crate) fn decide(
     what: &str,
     access: Access,
     caller: Option<&PeerCert>,
@@ -359,7 +360,7 @@ pub fn decide(
 
 /// How a listener authenticates its callers, as `GET /shoal/v1/entry-points` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Guard {
+pub(crate) enum Guard {
     /// Mutual TLS, every request decided by this module from the store.
     CertificateAndClusterState,
     /// A local unix socket whose file mode (0600, root) is the access control: its user is the operator.
@@ -376,7 +377,7 @@ pub enum Guard {
 /// One listener a node opened.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct EntryPoint {
+pub(crate) struct EntryPoint {
     /// What it serves (`remote-grpc`, `engine-api-tcp`, `control-socket`, `swarmkit-socket`, `metrics`).
     pub name: String,
     /// `IP:PORT` or a socket path.
@@ -387,23 +388,23 @@ pub struct EntryPoint {
 
 /// The entry points a node opened, in the order they registered. Shared by every clone.
 #[derive(Debug, Clone, Default)]
-pub struct EntryPoints(Arc<Mutex<Vec<EntryPoint>>>);
+pub(crate) struct EntryPoints(Arc<Mutex<Vec<EntryPoint>>>);
 
 impl EntryPoints {
     /// Records a listener (and logs it).
-    pub fn register(&self, name: &str, address: impl std::fmt::Display, guard: Guard) {
+    pub(crate) fn register(&self, name: &str, address: impl std::fmt::Display, guard: Guard) {
         let e = EntryPoint { name: name.to_string(), address: address.to_string(), guard };
         tracing::info!(name = %e.name, address = %e.address, guard = ?e.guard, "entry point open");
         self.0.lock().push(e);
     }
 
     /// Every registered listener.
-    pub fn list(&self) -> Vec<EntryPoint> {
+    pub(crate) fn list(&self) -> Vec<EntryPoint> {
         self.0.lock().clone()
     }
 
     /// `GET /shoal/v1/entry-points`, for the control socket: the registered listeners as JSON.
-    pub fn router(&self) -> axum::Router {
+    pub(crate) fn router(&self) -> axum::Router {
         let me = self.clone();
         axum::Router::new().route(
             "/shoal/v1/entry-points",
@@ -417,12 +418,12 @@ impl EntryPoints {
 
 /// How often the change watcher looks for state it was not told about (a snapshot installed on this
 /// manager replaces the store without per-object events) and whether its authorizer is gone.
-pub const RECHECK_PERIOD: Duration = Duration::from_millis(500);
+pub(crate) const RECHECK_PERIOD: Duration = Duration::from_millis(500);
 
 /// The authorization module of one manager: its store, its cluster's ID, the change signal long-lived
 /// streams re-check on, and the entry-point registry. Cheap to clone.
 #[derive(Clone)]
-pub struct Authorizer {
+pub(crate) struct Authorizer {
     store: Arc<MemoryStore>,
     cluster_id: Arc<str>,
     changes: Arc<watch::Sender<u64>>,
@@ -478,35 +479,35 @@ async fn watch_changes(store: Arc<MemoryStore>, changes: Weak<watch::Sender<u64>
 impl Authorizer {
     /// The module for the cluster `cluster_id` whose state is `store`. Starts the change watcher (it ends
     /// when the last clone is dropped), so call it inside the runtime.
-    pub fn new(store: Arc<MemoryStore>, cluster_id: &str) -> Authorizer {
+    pub(crate) fn new(store: Arc<MemoryStore>, cluster_id: &str) -> Authorizer {
         let changes = Arc::new(watch::channel(0).0);
         tokio::spawn(watch_changes(store.clone(), Arc::downgrade(&changes)));
         Authorizer { store, cluster_id: cluster_id.into(), changes, entry_points: EntryPoints::default() }
     }
 
-    /// The cluster this module authorizes for.
-    pub fn cluster_id(&self) -> &str {
-        &self.cluster_id
-    }
-
     /// The registry of this node's entry points.
-    pub fn entry_points(&self) -> &EntryPoints {
+    pub(crate) fn entry_points(&self) -> &EntryPoints {
         &self.entry_points
     }
 
     /// Decides one call of `what` needing `access` by `caller`, from the store as it is now.
-    pub fn check(&self, what: &str, access: Access, caller: Option<&PeerCert>) -> Result<Option<Standing>, Refusal> {
+    pub(crate) fn check(
+        &self,
+        what: &str,
+        access: Access,
+        caller: Option<&PeerCert>,
+    ) -> Result<Option<Standing>, Refusal> {
         let now = SystemTime::now();
         decide(what, access, caller, &self.cluster_id, |c| self.store.view(|t| facts_in(t, c, now)))
     }
 
     /// A signal that moves whenever someone's standing may have changed (see `touches_standing`).
-    pub fn changes(&self) -> watch::Receiver<u64> {
+    pub(crate) fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
 
     /// The gRPC layer for the remote port (registered as `remote-grpc` on `address`).
-    pub fn grpc_layer(&self, address: impl std::fmt::Display) -> AuthzLayer {
+    pub(crate) fn grpc_layer(&self, address: impl std::fmt::Display) -> AuthzLayer {
         self.entry_points.register("remote-grpc", address, Guard::CertificateAndClusterState);
         AuthzLayer { mode: Mode::Mtls(self.clone()) }
     }
@@ -514,7 +515,7 @@ impl Authorizer {
     /// The HTTP layer for one connection of the Engine API over TCP whose client presented `caller`:
     /// every request is decided by `engine_api_access`, and a streamed answer ends once the caller no
     /// longer passes. (The listener registers itself with `register`.)
-    pub fn engine_api_gate(&self, caller: Option<PeerCert>) -> EngineApiGate {
+    pub(crate) fn engine_api_gate(&self, caller: Option<PeerCert>) -> EngineApiGate {
         EngineApiGate { authz: self.clone(), caller: caller.map(Arc::new) }
     }
 
@@ -540,7 +541,7 @@ enum End {
 
 /// A body that is re-checked whenever `Authorizer::changes` moves, and ends (see `End`) once the check
 /// fails.
-pub struct Revocable<B> {
+pub(crate) struct Revocable<B> {
     inner: B,
     changes: Option<tokio_stream::wrappers::WatchStream<u64>>,
     recheck: Recheck,
@@ -654,7 +655,7 @@ enum Mode {
 
 /// The authorization layer put in front of every gRPC service of a node's remote API.
 #[derive(Clone)]
-pub struct AuthzLayer {
+pub(crate) struct AuthzLayer {
     mode: Mode,
 }
 
@@ -673,7 +674,7 @@ impl AuthzLayer {
     /// the `x-shoal-node-id` metadata and checks nothing. Never use it on a network; the shipped daemon does
     /// not have it (the `test-doors` feature).
     #[cfg(any(test, feature = "test-doors"))]
-    pub fn trust_metadata_for_tests() -> AuthzLayer {
+    pub(crate) fn trust_metadata_for_tests() -> AuthzLayer {
         AuthzLayer { mode: Mode::TrustMetadataForTests }
     }
 
@@ -726,7 +727,7 @@ impl<S> tower::Layer<S> for AuthzLayer {
 
 /// The service `AuthzLayer` wraps around the gRPC routes.
 #[derive(Clone, Debug)]
-pub struct Authz<S> {
+pub(crate) struct Authz<S> {
     inner: S,
     layer: AuthzLayer,
 }
@@ -793,14 +794,14 @@ const REFUSED_BODY_DRAIN_TIME: std::time::Duration = std::time::Duration::from_s
 /// The Engine API over TCP's gate for one connection: every request decided by the module, every answer
 /// revocable (see `Authorizer::engine_api_gate`).
 #[derive(Clone, Debug)]
-pub struct EngineApiGate {
+pub(crate) struct EngineApiGate {
     authz: Authorizer,
     caller: Option<Arc<PeerCert>>,
 }
 
 impl EngineApiGate {
     /// Wraps `router` so that each request passes the gate first.
-    pub fn around(self, router: axum::Router) -> axum::Router {
+    pub(crate) fn around(self, router: axum::Router) -> axum::Router {
         router.layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
             let gate = self.clone();
             async move {

@@ -11,7 +11,7 @@ use shoal_api::{
 use shoal_manager::ClusterState;
 
 /// The name of the one cluster object.
-pub const CLUSTER_NAME: &str = "default";
+pub(crate) const CLUSTER_NAME: &str = "default";
 /// Default number of tasks kept per slot.
 pub(crate) const DEFAULT_TASK_HISTORY: i64 = 5;
 /// Default heartbeat period.
@@ -20,7 +20,7 @@ pub(crate) const DEFAULT_HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
 pub(crate) const DEFAULT_NODE_CERT_EXPIRY: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// The cluster spec a new cluster starts with.
-pub fn default_cluster_spec() -> ClusterSpec {
+pub(crate) fn default_cluster_spec() -> ClusterSpec {
     ClusterSpec {
         annotations: Some(Annotations { name: CLUSTER_NAME.into(), ..Default::default() }),
         orchestration: Some(OrchestrationConfig {

@@ -26,24 +26,24 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 /// Descriptors kept for everything but the remote port's connections.
 pub const FD_RESERVE: u64 = 512;
 /// The remote port holds at most this many connections however high the descriptor limit.
-pub const MAX_REMOTE_CONNECTIONS: usize = 16_384;
+pub(crate) const MAX_REMOTE_CONNECTIONS: usize = 16_384;
 /// ... and at least this many, however low (a limit below `FD_RESERVE` + 128 leaves the reserve smaller).
-pub const MIN_REMOTE_CONNECTIONS: usize = 64;
+pub(crate) const MIN_REMOTE_CONNECTIONS: usize = 64;
 /// At most this many of them are without a client certificate, however high the limit.
-pub const MAX_UNAUTHENTICATED_CONNECTIONS: usize = 1024;
+pub(crate) const MAX_UNAUTHENTICATED_CONNECTIONS: usize = 1024;
 /// A connection without a client certificate that sends nothing for this long is closed.
 pub const UNAUTHENTICATED_IDLE: Duration = Duration::from_secs(10);
 /// A connection without a client certificate is closed this long after its handshake in any case.
-pub const UNAUTHENTICATED_LIFETIME: Duration = Duration::from_secs(120);
+pub(crate) const UNAUTHENTICATED_LIFETIME: Duration = Duration::from_secs(120);
 
 /// The soft limit on open files now (`RLIMIT_NOFILE`), or `None` if it cannot be read.
-pub fn nofile_limit() -> Option<u64> {
+pub(crate) fn nofile_limit() -> Option<u64> {
     getrlimit(Resource::RLIMIT_NOFILE).ok().map(|(soft, _)| soft)
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (a daemon holding many connections needs more than
 /// the 1,024 many hosts give by default). Returns the soft limit before and after; logs the change once.
-pub fn raise_nofile_limit() -> Result<(u64, u64), nix::Error> {
+pub(crate) fn raise_nofile_limit() -> Result<(u64, u64), nix::Error> {
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
     if soft >= hard {
         tracing::info!(limit = soft, "open-file limit (RLIMIT_NOFILE) already at its hard limit");
@@ -79,7 +79,7 @@ impl RemoteCaps {
 /// client certificate also takes a place among the `unauthenticated`, closing the oldest such connection
 /// when they are all taken.
 #[derive(Debug, Clone)]
-pub struct ListenerCaps {
+pub(crate) struct ListenerCaps {
     /// The caps in force.
     pub caps: RemoteCaps,
     total: Arc<Semaphore>,
@@ -95,18 +95,18 @@ struct Unauthenticated {
 
 impl ListenerCaps {
     /// Places for `caps`.
-    pub fn new(caps: RemoteCaps) -> ListenerCaps {
+    pub(crate) fn new(caps: RemoteCaps) -> ListenerCaps {
         ListenerCaps { caps, total: Arc::new(Semaphore::new(caps.total)), unauthenticated: Arc::default() }
     }
 
     /// A connection's place, or `None` at the cap (the caller closes the connection at once).
-    pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
+    pub(crate) fn admit(&self) -> Option<OwnedSemaphorePermit> {
         self.total.clone().try_acquire_owned().ok()
     }
 
     /// Wraps an established connection. `authenticated`: it presented a client certificate. Returns the
     /// connection and whether an older connection without a certificate was closed to make room for it.
-    pub fn establish<S>(&self, inner: S, place: OwnedSemaphorePermit, authenticated: bool) -> (Capped<S>, bool) {
+    pub(crate) fn establish<S>(&self, inner: S, place: OwnedSemaphorePermit, authenticated: bool) -> (Capped<S>, bool) {
         if authenticated {
             return (Capped { inner, _place: place, unauthenticated: None }, false);
         }
@@ -133,12 +133,14 @@ impl ListenerCaps {
     }
 
     /// Connections held now.
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
         self.caps.total - self.total.available_permits()
     }
 
     /// Connections without a certificate held now (not yet closed, nor told to close).
-    pub fn held_unauthenticated(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn held_unauthenticated(&self) -> usize {
         self.unauthenticated.lock().live.len()
     }
 }
@@ -164,7 +166,7 @@ impl Drop for Limits {
 /// A connection holding its places; without a certificate, it ends (reads fail with `TimedOut`) after
 /// `UNAUTHENTICATED_IDLE` without a byte read, `UNAUTHENTICATED_LIFETIME` after it was established, or when
 /// a newer one takes its place at the cap.
-pub struct Capped<S> {
+pub(crate) struct Capped<S> {
     inner: S,
     _place: OwnedSemaphorePermit,
     unauthenticated: Option<Limits>,

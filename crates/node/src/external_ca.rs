@@ -21,17 +21,17 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use shoal_ca::NodeSubject;
 
 /// Longest wait to connect to a signer and finish the TLS handshake.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest wait for a signer's answer once connected.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest answer read from a signer.
-pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+pub(crate) const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// CFSSL's sign endpoint, used when an external CA's URL has no path.
-pub const CFSSL_SIGN_PATH: &str = "/api/v1/cfssl/sign";
+pub(crate) const CFSSL_SIGN_PATH: &str = "/api/v1/cfssl/sign";
 
 /// The CFSSL client (see the module doc).
 #[derive(Debug, Default, Clone)]
-pub struct CfsslSigner;
+pub(crate) struct CfsslSigner;
 
 /// `https://host[:port][/path]` split into host, port (443 by default) and path (CFSSL's sign path when empty).
 fn split_url(url: &str) -> Result<(String, u16, String), String> {
@@ -71,7 +71,7 @@ fn client_config(trust_pem: &str) -> Result<rustls::ClientConfig, String> {
 }
 
 /// CFSSL's sign request for `csr_pem` and `subject` (SwarmKit's `PrepareCSR`).
-pub fn sign_request(csr_pem: &str, subject: &NodeSubject) -> serde_json::Value {
+pub(crate) fn sign_request(csr_pem: &str, subject: &NodeSubject) -> serde_json::Value {
     serde_json::json!({
         "certificate_request": csr_pem,
         "hosts": [subject.role.ou(), subject.node_id],
@@ -80,7 +80,7 @@ pub fn sign_request(csr_pem: &str, subject: &NodeSubject) -> serde_json::Value {
 }
 
 /// The certificate in a CFSSL answer, or the signer's own error messages.
-pub fn certificate_of(status: u16, body: &[u8]) -> Result<String, String> {
+pub(crate) fn certificate_of(status: u16, body: &[u8]) -> Result<String, String> {
     let v: serde_json::Value = serde_json::from_slice(body)
         .map_err(|_| format!("the signer answered {status} with something that is not CFSSL's JSON"))?;
     if v["success"].as_bool() == Some(true) {

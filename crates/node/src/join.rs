@@ -19,16 +19,17 @@ use shoal_api::{
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
 
+use crate::statedir::certs_dir;
 use crate::tls::{NodeTls, TlsError};
 
 /// Attempts to read an issued certificate with NodeCertificateStatus before giving up.
-pub const STATUS_ATTEMPTS: u32 = 20;
+pub(crate) const STATUS_ATTEMPTS: u32 = 20;
 /// Pause between NodeCertificateStatus attempts.
-pub const STATUS_RETRY: Duration = Duration::from_millis(250);
+pub(crate) const STATUS_RETRY: Duration = Duration::from_millis(250);
 /// Shortest wait before retrying a failed renewal.
-pub const RENEW_RETRY_MIN: Duration = Duration::from_secs(1);
+pub(crate) const RENEW_RETRY_MIN: Duration = Duration::from_secs(1);
 /// Longest wait before retrying a failed renewal.
-pub const RENEW_RETRY_MAX: Duration = Duration::from_secs(60);
+pub(crate) const RENEW_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Why joining or renewing failed.
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +116,6 @@ impl NodeCerts {
     }
 }
 
-pub use crate::statedir::certs_dir;
-
 const ROOT_FILE: &str = "swarm-root-ca.crt";
 const CERT_FILE: &str = "swarm-node.crt";
 const KEY_FILE: &str = "swarm-node.key";
@@ -164,7 +163,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), JoinError> {
 /// Writes the certificate files durably, mode 0600 in a 0700 directory. Each file is replaced atomically;
 /// a crash between the key and the certificate leaves a pair that does not match, which `NodeTls::new`
 /// refuses at the next start (the node must then join again).
-pub fn store_certs(state_dir: &Path, certs: &NodeCerts) -> Result<(), JoinError> {
+pub(crate) fn store_certs(state_dir: &Path, certs: &NodeCerts) -> Result<(), JoinError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = certs_dir(state_dir);
     std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
@@ -212,14 +211,14 @@ impl JoinError {
 }
 
 /// The longest wait between two join attempts to a manager that cannot be reached yet.
-pub const JOIN_RETRY_MAX: Duration = Duration::from_secs(5);
+pub(crate) const JOIN_RETRY_MAX: Duration = Duration::from_secs(5);
 /// The first wait between two join attempts.
-pub const JOIN_RETRY_MIN: Duration = Duration::from_millis(200);
+pub(crate) const JOIN_RETRY_MIN: Duration = Duration::from_millis(200);
 
 /// `join`, retried while the manager cannot be reached yet (`JoinError::is_transient`) for up to
 /// `retry_for`, with a delay doubling from `JOIN_RETRY_MIN` to `JOIN_RETRY_MAX`, each retry logged. A
 /// final error, or a transient one once the time is up, is returned (the latter saying how long it tried).
-pub async fn join_retrying(
+pub(crate) async fn join_retrying(
     addr: &str,
     token: &str,
     state_dir: &Path,
@@ -255,7 +254,7 @@ pub async fn join_retrying(
 
 /// Downloads the root CA from the manager at `addr` and returns it only if its digest is the one `token`
 /// names.
-pub async fn fetch_root_ca(addr: &str, token: &str) -> Result<String, JoinError> {
+pub(crate) async fn fetch_root_ca(addr: &str, token: &str) -> Result<String, JoinError> {
     let parsed = shoal_ca::parse_join_token(token).map_err(JoinError::Token)?;
     let channel = connect(crate::tls::bootstrap_endpoint(addr), addr).await?;
     let resp = CaClient::new(channel)
@@ -317,7 +316,7 @@ async fn issue(
 /// Joins the cluster of the manager at `addr` with `token`: checks the root CA against the token, gets a
 /// certificate (the role is the token's; the node object gets `availability`), writes the files, and
 /// returns the node ID and the material.
-pub async fn join(
+pub(crate) async fn join(
     addr: &str,
     token: &str,
     state_dir: &Path,
@@ -334,7 +333,7 @@ pub async fn join(
 }
 
 /// Renews `tls`'s certificate through the CA at `addr` (mutual TLS, no token), stores and installs it.
-pub async fn renew_once(addr: &str, tls: &NodeTls, state_dir: &Path) -> Result<(), JoinError> {
+pub(crate) async fn renew_once(addr: &str, tls: &NodeTls, state_dir: &Path) -> Result<(), JoinError> {
     let csr = shoal_ca::generate_node_key_and_csr()?;
     let channel = connect(tls.endpoint(addr), addr).await?;
     let (_, cert_pem) = issue(channel, addr, &csr.csr_pem, "", Default::default()).await?;
@@ -349,7 +348,7 @@ pub async fn renew_once(addr: &str, tls: &NodeTls, state_dir: &Path) -> Result<(
 /// the certificate's issued life, renews through `manager_addr()` (retrying with a doubling delay from
 /// `RENEW_RETRY_MIN` to `RENEW_RETRY_MAX`), and starts over with the new certificate. Open connections
 /// and running tasks are not touched.
-pub async fn run_renewal(
+pub(crate) async fn run_renewal(
     state_dir: PathBuf,
     tls: NodeTls,
     manager_addr: impl Fn() -> String + Send + 'static,
@@ -398,7 +397,7 @@ pub async fn run_renewal(
 /// node's Node object (`node`) asks for a renewal (certificate status ROTATE), renews. Renewals go through
 /// `manager_addr()` and are retried with a doubling delay from `RENEW_RETRY_MIN` to `RENEW_RETRY_MAX`. Open
 /// connections and tasks are not touched. Returns on `shutdown`.
-pub async fn follow_root_rotation(
+pub(crate) async fn follow_root_rotation(
     state_dir: PathBuf,
     tls: NodeTls,
     mut roots: watch::Receiver<Vec<u8>>,

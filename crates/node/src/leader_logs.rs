@@ -15,10 +15,10 @@ use shoal_raft::grpc::ChannelFactory;
 use tokio::sync::watch;
 
 /// How long connecting to the leader and opening the subscription may take.
-pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Subscribes at the leader for the control API of a manager that does not lead.
-pub struct RemoteLeaderLogs {
+pub(crate) struct RemoteLeaderLogs {
     factory: Arc<dyn ChannelFactory>,
     /// The leader's address as `http://host:port`; this manager's own address when no leader is known.
     leader: watch::Receiver<String>,
@@ -35,7 +35,11 @@ impl std::fmt::Debug for RemoteLeaderLogs {
 impl RemoteLeaderLogs {
     /// Relays from the leader named by `leader` (the dispatcher-address watch: `http://` + address, or
     /// `own_addr` when no leader is known), over channels from `factory`.
-    pub fn new(factory: Arc<dyn ChannelFactory>, leader: watch::Receiver<String>, own_addr: &str) -> RemoteLeaderLogs {
+    pub(crate) fn new(
+        factory: Arc<dyn ChannelFactory>,
+        leader: watch::Receiver<String>,
+        own_addr: &str,
+    ) -> RemoteLeaderLogs {
         RemoteLeaderLogs { factory, leader, own: format!("http://{own_addr}") }
     }
 }

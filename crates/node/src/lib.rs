@@ -5,35 +5,47 @@
 //! bootstraps the cluster on first start, serves gRPC on the remote address and the Engine API on the control
 //! socket, and runs the agent. `RunningNode::shutdown` stops everything in reverse order, so no task process
 //! outlives the daemon. This crate does no argument parsing (that is the `shoal` binary).
+//!
+//! The facade: every module is internal; other crates use what this root declares and re-exports: the daemon
+//! (`run_daemon`, `DaemonConfig` and its parts, `Node`, `RunningNode`, `NodeError`) and, with the `test-doors`
+//! feature only, what the test crates reach a node's state dir and sockets with (grouped below).
 
-pub mod api_tcp;
+mod api_tcp;
 mod attach;
-pub mod authz;
+mod authz;
 mod bootstrap;
 mod config;
-pub mod connection_caps;
+// The modules marked below hold items only the test doors re-export: without the feature those are `pub` but
+// unreached (with it, as in any build of the whole workspace, `unreachable_pub` checks them).
+#[cfg_attr(not(any(test, feature = "test-doors")), allow(unreachable_pub, reason = "test doors' items"))]
+mod connection_caps;
 pub(crate) mod control_socket;
 mod csi_plugins;
-pub mod external_ca;
+mod external_ca;
 mod gossip;
 mod identity;
-pub mod join;
-pub mod leader_logs;
-pub mod lifecycle;
-pub mod lock;
+#[cfg_attr(not(any(test, feature = "test-doors")), allow(unreachable_pub, reason = "test doors' items"))]
+mod join;
+mod leader_logs;
+mod lifecycle;
+#[cfg_attr(not(any(test, feature = "test-doors")), allow(unreachable_pub, reason = "test doors' items"))]
+mod lock;
 mod locked;
 mod manager_parts;
-pub mod metrics_listener;
+mod metrics_listener;
 mod raft_member;
 mod raft_status;
-pub mod security;
+mod security;
 mod services;
-pub mod socket_path_names;
-pub mod source_limits;
+#[cfg_attr(not(any(test, feature = "test-doors")), allow(unreachable_pub, reason = "test doors' items"))]
+mod socket_path_names;
+mod source_limits;
+#[cfg_attr(not(any(test, feature = "test-doors")), allow(unreachable_pub, reason = "test doors' items"))]
 mod statedir;
 mod swarmkit_socket;
-pub mod tls;
-pub mod worker_node;
+#[cfg_attr(not(any(test, feature = "test-doors")), allow(unreachable_pub, reason = "test doors' items"))]
+mod tls;
+mod worker_node;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -47,15 +59,32 @@ use tokio::sync::watch;
 
 use manager_parts::{ManagerCore, Wiring};
 
-pub use bootstrap::{default_cluster_spec, CLUSTER_NAME};
+use bootstrap::{default_cluster_spec, CLUSTER_NAME};
+
+// The daemon: its settings (the `shoal daemon` flags) and its run; with `Node`, `RunningNode`, `NodeError` and
+// `run_daemon` below, all the shipped binary uses of this crate.
 pub use config::{DaemonConfig, ExecutorKind, JoinToken, UnlockKeyText};
 pub use identity::NodeIdentity;
-pub use raft_status::ManagerStatusSubsystem;
-#[cfg(any(test, feature = "test-doors"))]
-pub use services::start_manager_services;
-pub use services::{leader_subsystems, run_leader_subsystems, serve_manager_grpc};
 /// Generic resources a node offers (`--generic-node-resources`), and their parser.
 pub use shoal_api::{generic::parse_offer as parse_generic_node_resources, GenericResource};
+
+// The test doors (the `test-doors` feature): the harness's manager gRPC server without TLS, and what the test
+// crates reach a daemon's state dir and sockets with (its certificates and TLS, its unlock, the remote port's
+// connection caps, the `:authority` rewrite a grpc-go client needs on the SwarmKit socket).
+#[cfg(any(test, feature = "test-doors"))]
+pub use connection_caps::{RemoteCaps, FD_RESERVE, UNAUTHENTICATED_IDLE};
+#[cfg(any(test, feature = "test-doors"))]
+pub use join::{load_certs, NodeCerts};
+#[cfg(any(test, feature = "test-doors"))]
+pub use lock::unlock;
+#[cfg(any(test, feature = "test-doors"))]
+pub use services::start_manager_services;
+#[cfg(any(test, feature = "test-doors"))]
+pub use socket_path_names::{AuthorityFix, FixedAuthority};
+#[cfg(any(test, feature = "test-doors"))]
+pub use statedir::certs_dir;
+#[cfg(any(test, feature = "test-doors"))]
+pub use tls::{endpoint_trusting_root, local_socket_client_config, NodeTls};
 
 /// Why a node could not start or run.
 #[derive(Debug, thiserror::Error)]

@@ -38,18 +38,18 @@ use crate::control_socket::ControlSocket;
 use crate::{DaemonConfig, NodeError};
 
 /// The file that records the node's lifecycle state and the addresses of its last init or join.
-pub const SWARM_RECORD: &str = "swarm.json";
+pub(crate) const SWARM_RECORD: &str = "swarm.json";
 
 /// How long a join through the API (`docker swarm join`) keeps trying a manager it cannot reach (Docker's
 /// `swarmConnectTimeout`).
-pub const API_JOIN_RETRY_FOR: Duration = Duration::from_secs(20);
+pub(crate) const API_JOIN_RETRY_FOR: Duration = Duration::from_secs(20);
 
 /// How long one manager named in a join request gets to accept a TCP connection when several are named.
 const REMOTE_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What `swarm.json` holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SwarmRecord {
+pub(crate) struct SwarmRecord {
     /// The node left its swarm (or an init or join failed) and waits for init or join.
     #[serde(default)]
     pub inactive: bool,
@@ -69,7 +69,7 @@ fn record_path(state_dir: &Path) -> PathBuf {
 }
 
 /// Reads `swarm.json` (absent: the default record).
-pub fn load_record(state_dir: &Path) -> Result<SwarmRecord, NodeError> {
+pub(crate) fn load_record(state_dir: &Path) -> Result<SwarmRecord, NodeError> {
     let p = record_path(state_dir);
     match std::fs::read(&p) {
         Ok(b) => serde_json::from_slice(&b).map_err(|e| {
@@ -449,7 +449,7 @@ pub(crate) fn record_member(cfg: &DaemonConfig) -> Result<(), NodeError> {
 }
 
 /// Longest an init with an external CA waits for the signer to issue this manager's certificate.
-pub const INIT_EXTERNAL_CA_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const INIT_EXTERNAL_CA_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Resolves once the cluster has no root rotation in progress, or fails after `limit`.
 async fn rotation_done(state: &shoal_manager::ClusterState, limit: std::time::Duration) -> Result<(), ApiError> {

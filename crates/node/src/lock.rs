@@ -122,7 +122,7 @@ fn security(e: impl std::fmt::Display) -> NodeError {
 }
 
 /// True when the state dir's DEK is sealed and this process holds no KEK for it: the manager is locked.
-pub fn is_locked(state_dir: &Path) -> Result<bool, NodeError> {
+pub(crate) fn is_locked(state_dir: &Path) -> Result<bool, NodeError> {
     finish_interrupted_rewrap(state_dir)?;
     let sealed = matches!(read_dek_file(state_dir)?, Some(DekFile::Sealed(_)));
     Ok(sealed && key_table().kek(state_dir).is_none())

@@ -17,12 +17,12 @@ use crate::source_limits::{LogLimiter, SourceLimits};
 use crate::tls::REFUSAL_LOG_PERIOD;
 
 /// Most connections to the metrics listener at once.
-pub const MAX_METRICS_CONNECTIONS: usize = 256;
+pub(crate) const MAX_METRICS_CONNECTIONS: usize = 256;
 /// Most connections one source address holds at once (a Prometheus server needs one; a few pages more).
-pub const MAX_METRICS_CONNECTIONS_PER_SOURCE: usize = 32;
+pub(crate) const MAX_METRICS_CONNECTIONS_PER_SOURCE: usize = 32;
 
 /// Serves `router` on `listener` until `stop` turns true.
-pub async fn serve(listener: TcpListener, router: Router, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn serve(listener: TcpListener, router: Router, mut stop: watch::Receiver<bool>) {
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_METRICS_CONNECTIONS));
     // No handshake here: a connection is established as soon as it is accepted.
     let sources = SourceLimits::new(MAX_METRICS_CONNECTIONS_PER_SOURCE, MAX_METRICS_CONNECTIONS_PER_SOURCE);
@@ -67,7 +67,7 @@ pub async fn serve(listener: TcpListener, router: Router, mut stop: watch::Recei
 }
 
 /// Binds `--listen-metrics`.
-pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, crate::NodeError> {
+pub(crate) async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, crate::NodeError> {
     let listener = TcpListener::bind(addr).await.map_err(|e| crate::NodeError::listen("--listen-metrics", addr, e))?;
     if !addr.ip().is_loopback() {
         tracing::warn!(
@@ -81,7 +81,7 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, crate::Node
 
 /// Starts the listener of a manager: its metrics (store, Raft, dispatcher, process) and the live page with
 /// its feed. Returns the tasks, named.
-pub fn start_manager(
+pub(crate) fn start_manager(
     listener: TcpListener,
     state: &shoal_manager::ClusterState,
     raft: &shoal_raft::RaftNode,
@@ -121,7 +121,7 @@ pub fn start_manager(
 }
 
 /// Starts the listener of a worker: node and process metrics only (it has no store to show).
-pub fn start_worker(
+pub(crate) fn start_worker(
     listener: TcpListener,
     node_id: &str,
     stop: watch::Receiver<bool>,

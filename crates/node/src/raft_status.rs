@@ -20,13 +20,13 @@ use tokio::sync::watch;
 pub(crate) const MANAGER_STATUS_PERIOD: Duration = Duration::from_secs(1);
 
 /// The subsystem; see the module doc.
-pub struct ManagerStatusSubsystem {
+pub(crate) struct ManagerStatusSubsystem {
     raft: RaftNode,
 }
 
 impl ManagerStatusSubsystem {
     /// Keeps manager statuses for `raft`'s cluster.
-    pub fn new(raft: RaftNode) -> ManagerStatusSubsystem {
+    pub(crate) fn new(raft: RaftNode) -> ManagerStatusSubsystem {
         ManagerStatusSubsystem { raft }
     }
 }

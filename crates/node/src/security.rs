@@ -29,7 +29,7 @@ impl ChannelFactory for NodeTls {
 
 /// A root CA and cluster ID made for a cluster that has none yet; `bootstrap::ensure_cluster` writes them.
 #[derive(Clone)]
-pub struct PendingRoot {
+pub(crate) struct PendingRoot {
     /// The cluster ID to create the cluster with (the existing one for a cluster without a root CA).
     pub cluster_id: String,
     /// The root CA material and join tokens.
@@ -100,7 +100,7 @@ pub(crate) fn manager_tls(
 /// What a manager's remote API server needs for mutual TLS: its certificate material, the authorization
 /// layer, and the CA services to mount.
 #[derive(Clone)]
-pub struct RemoteSecurity {
+pub(crate) struct RemoteSecurity {
     /// The server's (and this node's client) certificate material.
     pub tls: NodeTls,
     /// The authorization module every certificate-authenticated entry point of this manager asks.
@@ -111,7 +111,7 @@ pub struct RemoteSecurity {
 
 impl RemoteSecurity {
     /// Security for a manager of `cluster_id` over `state`.
-    pub fn new(
+    pub(crate) fn new(
         tls: NodeTls,
         state: &ClusterState,
         cluster_id: &str,

@@ -14,7 +14,7 @@ use crate::raft_status::ManagerStatusSubsystem;
 
 /// The leader-only subsystems, in start order (`shoal_manager::leader_subsystems`, the one list), with key
 /// material from the operating system's RNG.
-pub fn leader_subsystems(dispatcher: &Arc<Dispatcher>, cfg: &LeaderConfig) -> Vec<Box<dyn Subsystem>> {
+pub(crate) fn leader_subsystems(dispatcher: &Arc<Dispatcher>, cfg: &LeaderConfig) -> Vec<Box<dyn Subsystem>> {
     use rand::SeedableRng;
     shoal_manager::leader_subsystems(dispatcher, Box::new(rand::rngs::StdRng::from_os_rng()), cfg)
 }
@@ -39,7 +39,7 @@ pub fn start_manager_services(
 /// Serves the manager's gRPC services on `listener` until `shutdown`: the dispatcher, and when `raft` is
 /// given its `Raft`, `RaftMembership` and `RaftProposals` services, behind mutual TLS, the authorization
 /// layer in front of every method, with the CA services.
-pub fn serve_manager_grpc(
+pub(crate) fn serve_manager_grpc(
     dispatcher: &Arc<Dispatcher>,
     listener: tokio::net::TcpListener,
     raft: Option<&RaftNode>,
@@ -112,7 +112,7 @@ fn serve_grpc(
 
 /// Runs the leader-only subsystems while this manager leads, until `shutdown`; with `raft`, also the loop
 /// that keeps managers' `Node.manager_status` current.
-pub fn run_leader_subsystems(
+pub(crate) fn run_leader_subsystems(
     state: &ClusterState,
     dispatcher: &Arc<Dispatcher>,
     raft: Option<&RaftNode>,

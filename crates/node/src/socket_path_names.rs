@@ -27,11 +27,11 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The longest header block accepted (a request's headers, all its CONTINUATIONs together).
-pub const MAX_HEADER_BLOCK_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_HEADER_BLOCK_BYTES: usize = 256 * 1024;
 /// The frame size sent on (HTTP/2's initial `SETTINGS_MAX_FRAME_SIZE`).
 const MAX_FRAME_BYTES: usize = 16_384;
 /// The authority put in place of one that does not parse.
-pub const REPLACEMENT_AUTHORITY: &str = "localhost";
+pub(crate) const REPLACEMENT_AUTHORITY: &str = "localhost";
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADERS: u8 = 0x1;
@@ -43,7 +43,7 @@ const FLAG_PRIORITY: u8 = 0x20;
 
 /// What the start of a connection says about its TLS server name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sni {
+pub(crate) enum Sni {
     /// More bytes are needed to tell.
     Incomplete,
     /// Not a TLS ClientHello, no server name, or one rustls takes (a DNS name): the usual path.
@@ -54,7 +54,7 @@ pub enum Sni {
 
 /// Reads the server name of the ClientHello at the start of `bytes` (the first TLS record; a ClientHello
 /// that does not fit in it is `Acceptable`: rustls judges it).
-pub fn client_hello_sni(bytes: &[u8]) -> Sni {
+pub(crate) fn client_hello_sni(bytes: &[u8]) -> Sni {
     if bytes.len() < 5 {
         return Sni::Incomplete;
     }
@@ -133,10 +133,10 @@ pub enum FixError {
 }
 
 /// What to put in place of an `:authority` (`None`: keep it).
-pub type AuthorityRule = Box<dyn Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync>;
+pub(crate) type AuthorityRule = Box<dyn Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync>;
 
 /// The server's rule: an authority that does not parse becomes `REPLACEMENT_AUTHORITY`.
-pub fn unparsable_to_localhost(authority: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn unparsable_to_localhost(authority: &[u8]) -> Option<Vec<u8>> {
     tonic::codegen::http::uri::Authority::try_from(authority)
         .is_err()
         .then(|| REPLACEMENT_AUTHORITY.as_bytes().to_vec())
@@ -410,14 +410,14 @@ fn without_huffman(block: &[u8]) -> Result<Vec<u8>, FixError> {
 
 /// A connection whose first bytes were read to look at them, handed on with those bytes first.
 #[derive(Debug)]
-pub struct Replay<S> {
+pub(crate) struct Replay<S> {
     head: Vec<u8>,
     inner: S,
 }
 
 impl<S> Replay<S> {
     /// `inner` with `head` (already read from it) to be read again first.
-    pub fn new(head: Vec<u8>, inner: S) -> Replay<S> {
+    pub(crate) fn new(head: Vec<u8>, inner: S) -> Replay<S> {
         Replay { head, inner }
     }
 }
@@ -472,6 +472,7 @@ impl<S> FixedAuthority<S> {
     }
 
     /// A client's side of `inner`: what is written is rewritten by `fix` before it is sent.
+    #[cfg(any(test, feature = "test-doors"))] // the test crates' client; the daemon only serves
     pub fn on_writes(inner: S, fix: AuthorityFix) -> FixedAuthority<S> {
         FixedAuthority { inner, fix, reads: false, ready: Vec::new(), scratch: Box::new([]) }
     }

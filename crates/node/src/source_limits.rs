@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// The source already has `max_handshakes` handshakes in progress.
     Handshakes,
     /// The source already holds `max_connections` connections.
@@ -30,7 +30,7 @@ struct Held {
 /// The counts per source address. Entries exist only while a source holds a connection, so the map holds
 /// at most as many entries as there are open connections.
 #[derive(Debug, Clone)]
-pub struct SourceLimits {
+pub(crate) struct SourceLimits {
     max_handshakes: usize,
     max_connections: usize,
     held: Arc<Mutex<HashMap<IpAddr, Held>>>,
@@ -38,14 +38,14 @@ pub struct SourceLimits {
 
 impl SourceLimits {
     /// Limits of `max_handshakes` handshakes and `max_connections` connections per source address.
-    pub fn new(max_handshakes: usize, max_connections: usize) -> SourceLimits {
+    pub(crate) fn new(max_handshakes: usize, max_connections: usize) -> SourceLimits {
         // A refused `admit` then always finds a non-empty entry, so no empty entry is ever left behind.
         assert!(max_handshakes >= 1 && max_connections >= 1, "limits of at least one connection");
         SourceLimits { max_handshakes, max_connections, held: Arc::default() }
     }
 
     /// Takes a handshake place and a connection place for a new connection from `ip`.
-    pub fn admit(&self, ip: IpAddr) -> Result<SourceGuard, Refused> {
+    pub(crate) fn admit(&self, ip: IpAddr) -> Result<SourceGuard, Refused> {
         let mut held = self.held.lock();
         let h = held.entry(ip).or_default();
         if h.connections >= self.max_connections {
@@ -60,12 +60,14 @@ impl SourceLimits {
     }
 
     /// Connections `ip` holds now (handshaking or established).
-    pub fn connections(&self, ip: IpAddr) -> usize {
+    #[cfg(test)]
+    pub(crate) fn connections(&self, ip: IpAddr) -> usize {
         self.held.lock().get(&ip).map_or(0, |h| h.connections)
     }
 
     /// Handshakes `ip` has in progress now.
-    pub fn handshakes(&self, ip: IpAddr) -> usize {
+    #[cfg(test)]
+    pub(crate) fn handshakes(&self, ip: IpAddr) -> usize {
         self.held.lock().get(&ip).map_or(0, |h| h.handshakes)
     }
 
@@ -85,7 +87,7 @@ impl SourceLimits {
 
 /// One connection's places; dropping it gives them back.
 #[derive(Debug)]
-pub struct SourceGuard {
+pub(crate) struct SourceGuard {
     limits: SourceLimits,
     ip: IpAddr,
     handshaking: bool,
@@ -93,7 +95,7 @@ pub struct SourceGuard {
 
 impl SourceGuard {
     /// The handshake finished: the connection keeps only its connection place.
-    pub fn established(&mut self) {
+    pub(crate) fn established(&mut self) {
         if self.handshaking {
             self.handshaking = false;
             let mut held = self.limits.held.lock();
@@ -112,20 +114,20 @@ impl Drop for SourceGuard {
 
 /// At most one line per `every`; the lines left out in between are counted into the next one.
 #[derive(Debug)]
-pub struct LogLimiter {
+pub(crate) struct LogLimiter {
     every: Duration,
     state: Mutex<(Option<Instant>, u64)>,
 }
 
 impl LogLimiter {
     /// A limiter writing at most one line per `every`.
-    pub fn new(every: Duration) -> LogLimiter {
+    pub(crate) fn new(every: Duration) -> LogLimiter {
         LogLimiter { every, state: Mutex::new((None, 0)) }
     }
 
     /// `Some(n)` when a line should be written now, `n` being the lines suppressed since the last one;
     /// `None` when this one is suppressed.
-    pub fn allow(&self, now: Instant) -> Option<u64> {
+    pub(crate) fn allow(&self, now: Instant) -> Option<u64> {
         let mut s = self.state.lock();
         match s.0 {
             Some(last) if now.saturating_duration_since(last) < self.every => {

@@ -21,7 +21,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
-use shoal_ca::{NodeSubject, Role};
+use shoal_ca::NodeSubject;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
@@ -31,29 +31,29 @@ use crate::connection_caps::{Capped, ListenerCaps, RemoteCaps};
 use crate::source_limits::{LogLimiter, Refused, SourceGuard, SourceLimits};
 
 /// The DNS name every manager certificate carries; clients check it, so only a manager can serve them.
-pub const MANAGER_SERVER_NAME: &str = "swarm-manager";
+pub(crate) const MANAGER_SERVER_NAME: &str = "swarm-manager";
 /// Longest a TLS handshake may take on the server before the connection is dropped: a peer that connects
 /// and sends nothing holds a handshake place this long.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Most handshakes in progress at once on one listener; further connections wait to be accepted.
-pub const MAX_PENDING_HANDSHAKES: usize = 256;
+pub(crate) const MAX_PENDING_HANDSHAKES: usize = 256;
 /// Most handshakes in progress at once from one source address on the remote gRPC port; a connection beyond
 /// it is closed at once, so one address cannot take the listener's handshake places or fill its backlog.
-pub const MAX_HANDSHAKES_PER_SOURCE: usize = 32;
+pub(crate) const MAX_HANDSHAKES_PER_SOURCE: usize = 32;
 /// Most connections (handshaking or established) one source address holds at once on the remote gRPC port.
 /// A node needs a few (its agent's session, Raft, forwarded proposals); the bound leaves room for many nodes
 /// behind one NAT address.
-pub const MAX_CONNECTIONS_PER_SOURCE: usize = 512;
+pub(crate) const MAX_CONNECTIONS_PER_SOURCE: usize = 512;
 /// At most one log line per this period about refused or timed-out connections (with the count left out).
-pub const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
+pub(crate) const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
 /// Connections that finished their handshake and wait for the gRPC server to take them.
-pub const ACCEPTED_QUEUE: usize = 64;
+pub(crate) const ACCEPTED_QUEUE: usize = 64;
 /// Timeout of connecting (TCP + TLS) from a client endpoint.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 pings on every connection to a manager, this often...
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 /// ...and a connection whose ping is not answered within this is closed.
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why TLS material could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +122,7 @@ pub struct NodeTls {
 
 /// What a node reports about its certificate (`NodeDescription.tls_info`): the roots it trusts and who issued
 /// its certificate.
-pub fn tls_info_of(root_pem: &str, cert_pem: &str) -> shoal_api::NodeTlsInfo {
+pub(crate) fn tls_info_of(root_pem: &str, cert_pem: &str) -> shoal_api::NodeTlsInfo {
     let issuer = shoal_ca::cert_issuer_info(cert_pem.as_bytes(), root_pem.as_bytes()).unwrap_or_default();
     shoal_api::NodeTlsInfo {
         trust_root: root_pem.as_bytes().to_vec(),
@@ -303,7 +303,7 @@ impl NodeTls {
 // such a connection ("HTTP/2 was not negotiated"). Shoal's own servers always select `h2`.
 
 /// `https://IP:PORT` for an address given as `IP:PORT`, `http://IP:PORT` or `https://IP:PORT`.
-pub fn https_uri(addr: &str) -> String {
+pub(crate) fn https_uri(addr: &str) -> String {
     let hostport = addr.trim_start_matches("https://").trim_start_matches("http://").trim_end_matches('/');
     format!("https://{hostport}")
 }
@@ -336,7 +336,7 @@ pub fn endpoint_trusting_root(addr: &str, root_pem: &str) -> Result<Endpoint, Tl
 
 /// An endpoint that accepts any server certificate: only for `GetRootCACertificate` when joining, whose
 /// answer is trusted only if its digest matches the join token (an impostor cannot produce that).
-pub fn bootstrap_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
+pub(crate) fn bootstrap_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
     let tls = ClientTlsConfig::new().domain_name(MANAGER_SERVER_NAME).assume_http2(true);
     https_endpoint(addr)?
         .tls_config_with_verifier(tls, Arc::new(AnyServerCert(provider())))
@@ -346,6 +346,7 @@ pub fn bootstrap_endpoint(addr: &str) -> Result<Endpoint, TlsError> {
 /// The client side of the SwarmKit API socket as `swarmctl` sets it up: TLS that accepts the node's
 /// certificate unverified (the socket's file mode is the access control), HTTP/2 by ALPN. For tests and
 /// tools that talk to `--listen-swarmkit-api`.
+#[cfg(any(test, feature = "test-doors"))] // the test crates' client; the daemon only serves
 pub fn local_socket_client_config() -> rustls::ClientConfig {
     let mut c = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -397,17 +398,6 @@ impl ServerCertVerifier for AnyServerCert {
     }
 }
 
-/// The subject of a connection's verified client certificate (the first of `certs`), if it has one that
-/// Shoal issued. TLS already verified the chain to the cluster root.
-pub fn peer_subject(certs: &[CertificateDer<'static>]) -> Option<NodeSubject> {
-    certs.first().and_then(|c| shoal_ca::parse_cert(c).ok()).map(|i| i.subject)
-}
-
-/// Whether `role` is a node role (not an operator's client certificate).
-pub fn is_node_role(role: Role) -> bool {
-    matches!(role, Role::Manager | Role::Worker)
-}
-
 /// TLS connections accepted on `listener`, for `tonic::transport::Server::serve_with_incoming`. Each
 /// handshake runs in its own task (at most `MAX_PENDING_HANDSHAKES` at once, `HANDSHAKE_TIMEOUT` each) with
 /// the server configuration current at accept time. Per source address, at most `MAX_HANDSHAKES_PER_SOURCE`
@@ -417,7 +407,7 @@ pub fn is_node_role(role: Role) -> bool {
 /// unknown CA) at debug level. The listener's overall caps (`connection_caps`: all connections, and those
 /// without a client certificate, which are also closed when silent) apply on top. The stream ends when the
 /// receiver is dropped.
-pub fn tls_incoming(
+pub(crate) fn tls_incoming(
     listener: TcpListener,
     tls: NodeTls,
 ) -> tokio_stream::wrappers::ReceiverStream<Result<SourceBound<Capped<TlsStream<TcpStream>>>, std::io::Error>> {
@@ -501,7 +491,7 @@ pub fn tls_incoming(
 
 /// A connection that holds its source address's place (`source_limits`) until it is dropped.
 #[derive(Debug)]
-pub struct SourceBound<S> {
+pub(crate) struct SourceBound<S> {
     inner: S,
     _guard: SourceGuard,
 }
@@ -588,7 +578,7 @@ pub(crate) async fn accept_bounded(
 }
 
 /// The agent's endpoint factory over `tls` (mutual TLS with the node's current certificate).
-pub fn agent_endpoints(tls: &NodeTls) -> shoal_agent::EndpointFactory {
+pub(crate) fn agent_endpoints(tls: &NodeTls) -> shoal_agent::EndpointFactory {
     let tls = tls.clone();
     Arc::new(move |addr: &str| tls.endpoint(addr).map_err(|e| e.to_string()))
 }
@@ -596,6 +586,7 @@ pub fn agent_endpoints(tls: &NodeTls) -> shoal_agent::EndpointFactory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shoal_ca::Role;
 
     /// A server certificate for a manager of a new cluster root, and this node's TLS over it.
     fn manager_tls() -> (NodeTls, shoal_ca::RootCa) {

@@ -33,7 +33,7 @@ use crate::{identity, DaemonConfig, NodeError, NodeIdentity};
 
 /// How a node starts.
 #[derive(Debug)]
-pub enum StartAs {
+pub(crate) enum StartAs {
     /// As a manager (`Node::start`): a new cluster, a restart, or a join with a manager token (its
     /// certificate is then in the state dir).
     Manager,
@@ -43,7 +43,7 @@ pub enum StartAs {
 
 /// What a worker needs to run.
 #[derive(Debug)]
-pub struct WorkerStart {
+pub(crate) struct WorkerStart {
     /// Its node ID (its certificate's CN).
     pub node_id: String,
     /// Its TLS identity.
@@ -99,7 +99,7 @@ fn security(e: impl std::fmt::Display) -> NodeError {
 /// Decides how this node starts, joining first when this is the first start with `--join-token` (the node
 /// object then gets `availability`). A manager that cannot be reached yet is retried for
 /// `cfg.join_retry_for` (see `join::join_retrying`).
-pub async fn prepare(
+pub(crate) async fn prepare(
     cfg: &DaemonConfig,
     availability: shoal_api::node_spec::Availability,
 ) -> Result<StartAs, NodeError> {

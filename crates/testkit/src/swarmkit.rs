@@ -11,7 +11,7 @@ use tonic::transport::{Channel, Endpoint};
 /// A channel to the socket at `path` (each connection a new TLS session over a new unix connection).
 pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
     let path = path.to_path_buf();
-    let config = Arc::new(shoal_node::tls::local_socket_client_config());
+    let config = Arc::new(shoal_node::local_socket_client_config());
     // The URI only names the authority the requests carry; the connector below ignores it.
     Endpoint::from_static("http://swarmkit.sock")
         .connect_with_connector(tower::service_fn(move |_| {
@@ -31,7 +31,7 @@ pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
 /// the path is the TLS server name (OpenSSL sends it as given, as Go does) and, rewritten into each
 /// request's headers, the HTTP/2 `:authority` (tonic itself only sends authorities that parse).
 pub async fn channel_as_grpc_go_with_a_path(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    use shoal_node::socket_path_names::{AuthorityFix, FixedAuthority};
+    use shoal_node::{AuthorityFix, FixedAuthority};
     let path = path.to_path_buf();
     Endpoint::from_static("http://swarmkit.sock")
         .connect_with_connector(tower::service_fn(move |_| {

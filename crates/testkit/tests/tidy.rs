@@ -697,6 +697,8 @@ fn no_shipped_function_is_longer_than_the_limit() {
 const FACADES: &[(&str, &[(&str, &str)])] = &[
     ("manager", &[("controlapi", "the control API, itself a facade: every write of the Engine API goes through it")]),
     ("agent", &[("testing", "the test doors' fake executor, only with the test-doors feature, used by name in tests")]),
+    ("node", &[]),
+    ("netplane", &[]),
 ];
 
 /// The modules `lib` declares `pub mod` (at any indentation, whatever attributes precede them).

@@ -223,7 +223,7 @@ impl NetworkPlane {
         let markers = state_dir.join("task-netns");
         std::fs::create_dir_all(&markers).map_err(|e| format!("cannot create {}: {e}", markers.display()))?;
         let upstreams = std::fs::read_to_string("/etc/resolv.conf")
-            .map(|t| shoal_netplane::dns::upstreams_from_resolv_conf(&t))
+            .map(|t| shoal_netplane::upstreams_from_resolv_conf(&t))
             .unwrap_or_default();
         Ok(Arc::new(NetworkPlane {
             inputs: Mutex::new(Inputs::default()),

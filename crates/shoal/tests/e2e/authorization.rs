@@ -145,8 +145,8 @@ fn rt() -> tokio::runtime::Runtime {
 /// A gRPC channel to `addr` with `id`'s certificate (and this cluster's root for the server).
 async fn channel(addr: &str, id: &Identity) -> Result<tonic::transport::Channel, String> {
     let read = |f: &str| std::fs::read_to_string(id.dir.join(f)).unwrap();
-    let tls = shoal_node::tls::NodeTls::new(&read("ca.pem"), &read("cert.pem"), &read("key.pem"))
-        .map_err(|e| e.to_string())?;
+    let tls =
+        shoal_node::NodeTls::new(&read("ca.pem"), &read("cert.pem"), &read("key.pem")).map_err(|e| e.to_string())?;
     tls.endpoint(addr).map_err(|e| e.to_string())?.connect().await.map_err(|e| format!("{e:?}"))
 }
 
@@ -605,7 +605,7 @@ fn every_entry_point_decides_from_the_current_cluster_state() {
                 }
             }
             other => panic!(
-                "entry point {other} ({address}, {guard}) has no row in this matrix: make it ask shoal_node::authz and \
+                "entry point {other} ({address}, {guard}) has no row in this matrix: make it ask node/src/authz.rs and \
                  add its calls here"
             ),
         }

@@ -371,7 +371,7 @@ fn three_managers_every_one_locks_and_rotation_reaches_followers() {
     wait_same_key(&[&m2, &m3], &new_key);
     for d in [&m1, &m2, &m3] {
         wait_until("the key files sealed under the new key", Duration::from_secs(20), || {
-            shoal_node::lock::unlock(d.state_dir(), &new_key).map_err(|e| e.to_string())
+            shoal_node::unlock(d.state_dir(), &new_key).map_err(|e| e.to_string())
         });
         wait_keys(d, true, None);
     }

@@ -76,7 +76,7 @@ fn certificates_renew_repeatedly_while_tasks_keep_running() {
     assert_eq!(tasks_of(&m, "steady").len(), 4, "no task was replaced");
 
     // The worker's certificate on disk is a fresh 12 s one.
-    let certs = shoal_node::join::load_certs(w.state_dir()).unwrap().unwrap();
+    let certs = shoal_node::load_certs(w.state_dir()).unwrap().unwrap();
     let der = shoal_ca::parse_cert_pem_chain(certs.cert_pem.as_bytes()).unwrap();
     let info = shoal_ca::parse_cert(&der[0]).unwrap();
     let life = info.not_after.duration_since(info.not_before).unwrap();

@@ -97,8 +97,8 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
 
-fn node_tls(state_dir: &Path) -> shoal_node::tls::NodeTls {
-    shoal_node::join::load_certs(state_dir).unwrap().expect("certificates in the state dir").tls().unwrap()
+fn node_tls(state_dir: &Path) -> shoal_node::NodeTls {
+    shoal_node::load_certs(state_dir).unwrap().expect("certificates in the state dir").tls().unwrap()
 }
 
 #[test]
@@ -249,7 +249,7 @@ fn refusals_are_clear_and_change_nothing() {
     });
     assert!(plain.is_err(), "a plain HTTP/2 call was answered");
     let anonymous = rt.block_on(async {
-        let ch = shoal_node::tls::endpoint_trusting_root(&addr, &w_tls.root_pem()).unwrap().connect().await.unwrap();
+        let ch = shoal_node::endpoint_trusting_root(&addr, &w_tls.root_pem()).unwrap().connect().await.unwrap();
         DispatcherClient::new(ch).heartbeat(HeartbeatRequest { session_id: "x".into() }).await.unwrap_err()
     });
     assert_eq!(anonymous.code(), tonic::Code::Unauthenticated, "{anonymous:?}");

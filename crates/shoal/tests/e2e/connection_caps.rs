@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use shoal_node::connection_caps::{RemoteCaps, FD_RESERVE, UNAUTHENTICATED_IDLE};
+use shoal_node::{RemoteCaps, FD_RESERVE, UNAUTHENTICATED_IDLE};
 use shoal_testkit::http::request;
 use shoal_testkit::DaemonOptions;
 
@@ -82,7 +82,7 @@ fn silent_connections_from_many_addresses_leave_the_control_socket_answering_and
 
     raise_own_limit(HARD * 3);
     let target: SocketAddr = m.remote_addr().parse().unwrap();
-    let config = Arc::new(shoal_node::tls::local_socket_client_config());
+    let config = Arc::new(shoal_node::local_socket_client_config());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let started = Instant::now();
     let held = rt.block_on(async {

@@ -101,7 +101,7 @@ fn a_worker_reregistering_with_maximum_descriptions_and_maximum_node_labels_keep
         }
     });
     // The worker's agent stops; its certificate stays in its state dir for the hostile client.
-    let tls = shoal_node::join::load_certs(w.state_dir()).unwrap().expect("the worker's certificates").tls().unwrap();
+    let tls = shoal_node::load_certs(w.state_dir()).unwrap().expect("the worker's certificates").tls().unwrap();
     assert!(w.stop());
     let pid = m.pid();
     let raft_dir = m.state_dir().join("raft");

@@ -302,9 +302,9 @@ fn a_follower_manager_serves_service_logs_from_the_leader() {
 fn start_with_certs_only(state_dir: &std::path::Path) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let certs = shoal_node::join::certs_dir(&state);
+    let certs = shoal_node::certs_dir(&state);
     std::fs::create_dir_all(&certs).unwrap();
-    for f in std::fs::read_dir(shoal_node::join::certs_dir(state_dir)).unwrap() {
+    for f in std::fs::read_dir(shoal_node::certs_dir(state_dir)).unwrap() {
         let f = f.unwrap();
         std::fs::copy(f.path(), certs.join(f.file_name())).unwrap();
     }

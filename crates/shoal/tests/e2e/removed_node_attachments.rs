@@ -15,12 +15,12 @@ use shoal_api::resource_allocator_client::ResourceAllocatorClient;
 use shoal_api::{AttachNetworkRequest, NetworkAttachmentConfig};
 use shoal_testkit::http::request;
 
-fn node_tls(state_dir: &Path) -> shoal_node::tls::NodeTls {
-    shoal_node::join::load_certs(state_dir).unwrap().expect("certificates in the state dir").tls().unwrap()
+fn node_tls(state_dir: &Path) -> shoal_node::NodeTls {
+    shoal_node::load_certs(state_dir).unwrap().expect("certificates in the state dir").tls().unwrap()
 }
 
 /// Attaches `n` containers of the node holding `tls` to network `target`; returns the attachment IDs.
-fn attach_all(tls: &shoal_node::tls::NodeTls, addr: &str, target: &str, prefix: &str, n: usize) -> Vec<String> {
+fn attach_all(tls: &shoal_node::NodeTls, addr: &str, target: &str, prefix: &str, n: usize) -> Vec<String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut c = ResourceAllocatorClient::new(tls.endpoint(addr).unwrap().connect().await.unwrap());

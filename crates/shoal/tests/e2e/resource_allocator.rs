@@ -15,8 +15,8 @@ use shoal_api::resource_allocator_client::ResourceAllocatorClient;
 use shoal_api::{AttachNetworkRequest, DetachNetworkRequest, NetworkAttachmentConfig};
 use tonic::transport::Channel;
 
-fn node_tls(state_dir: &Path) -> shoal_node::tls::NodeTls {
-    shoal_node::join::load_certs(state_dir).unwrap().expect("certificates in the state dir").tls().unwrap()
+fn node_tls(state_dir: &Path) -> shoal_node::NodeTls {
+    shoal_node::load_certs(state_dir).unwrap().expect("certificates in the state dir").tls().unwrap()
 }
 
 fn create_network(d: &DaemonProcess, body: Value) -> String {
@@ -37,7 +37,7 @@ fn attach(target: &str, container: &str) -> AttachNetworkRequest {
     }
 }
 
-async fn client(tls: &shoal_node::tls::NodeTls, addr: &str) -> ResourceAllocatorClient<Channel> {
+async fn client(tls: &shoal_node::NodeTls, addr: &str) -> ResourceAllocatorClient<Channel> {
     ResourceAllocatorClient::new(tls.endpoint(addr).unwrap().connect().await.unwrap())
 }
 
