@@ -15,18 +15,6 @@ pub enum ExecutorKind {
     Docker,
 }
 
-impl std::str::FromStr for ExecutorKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(ExecutorKind::Auto),
-            "process" => Ok(ExecutorKind::Process),
-            "docker" => Ok(ExecutorKind::Docker),
-            other => Err(format!("unknown executor {other:?}: use auto, process or docker")),
-        }
-    }
-}
-
 /// How to run one node.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {

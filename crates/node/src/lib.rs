@@ -65,8 +65,6 @@ use bootstrap::{default_cluster_spec, CLUSTER_NAME};
 // `run_daemon` below, all the shipped binary uses of this crate.
 pub use config::{DaemonConfig, ExecutorKind, JoinToken, UnlockKeyText};
 pub use identity::NodeIdentity;
-/// Generic resources a node offers (`--generic-node-resources`), and their parser.
-pub use shoal_api::{generic::parse_offer as parse_generic_node_resources, GenericResource};
 
 // The test doors (the `test-doors` feature): the harness's manager gRPC server without TLS, and what the test
 // crates reach a daemon's state dir and sockets with (its certificates and TLS, its unlock, the remote port's
