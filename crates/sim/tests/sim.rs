@@ -2,7 +2,8 @@
 //! in parallel, each seed a fault phase of 400 steps (40 s of simulated time) and a heal phase. The
 //! environment changes that: `SHOAL_SIM_SEED` replays one seed (in `sim_seeds_0`; the other chunks skip),
 //! `SHOAL_SIM_SEEDS` and `SHOAL_SIM_FIRST_SEED` choose how many from where, `SHOAL_SIM_STEPS` the length of
-//! the fault phase. A failing seed prints itself, its last events and the command that replays it.
+//! the fault phase, `SHOAL_SIM_MEMBERSHIP=1` adds Raft membership changes. A failing seed prints itself,
+//! its last events and the command that replays it.
 
 use std::sync::Arc;
 
@@ -26,6 +27,9 @@ fn config() -> SimConfig {
     let mut cfg = SimConfig::default();
     if let Some(steps) = env_u64("SHOAL_SIM_STEPS") {
         cfg.fault_steps = steps;
+    }
+    if let Some(on) = env_u64("SHOAL_SIM_MEMBERSHIP") {
+        cfg.membership_changes = on != 0;
     }
     cfg
 }
