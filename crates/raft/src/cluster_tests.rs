@@ -455,6 +455,22 @@ async fn a_member_is_removed_and_the_rest_keep_committing() {
     c.shutdown().await;
 }
 
+/// A member added but never started (the joining manager's Join answer was lost, and it joins again under
+/// another ID) is not reachable, though raft-rs marks an added member recently active: a demotion must not
+/// leave a quorum that needs it (found by the simulation with membership changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_but_never_started_is_not_reachable() {
+    let c = Cluster::start(2, 11, fast).await;
+    let leader = c.wait_leader(&[1, 2]).await;
+    let other = [1, 2].into_iter().find(|id| *id != leader).unwrap();
+    within("add a member that never starts", c.node(leader).add_member_with_id(9, &addr(9), "")).await.expect("add");
+    let l = c.node(leader);
+    wait_for("the new member to be listed", || l.reachable_members().contains_key(&9)).await;
+    assert_eq!(l.reachable_members().get(&9), Some(&false), "{:?}", l.reachable_members());
+    assert!(!l.removal_keeps_quorum(other), "removing {other} would leave {leader} and the absent 9");
+    c.shutdown().await;
+}
+
 /// §5 (persistent state) and §7: every member stops, all restart from disk with the same membership and
 /// data, elect a leader and continue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -925,8 +925,12 @@ impl<S: LogStorage> Core<S> {
             reachable.clear();
             if role_leader {
                 let me = self.cfg.raft_id;
+                // raft-rs marks a member it adds recently active before it was ever heard from (so that a quorum
+                // check does not depose the leader at once): counting it would let a removal leave a quorum
+                // that needs a member that never started (a join whose answer was lost). A member counts once
+                // it has acknowledged an entry this term.
                 for (id, pr) in raft.prs().iter() {
-                    reachable.insert(*id, *id == me || pr.recent_active);
+                    reachable.insert(*id, *id == me || (pr.recent_active && pr.matched > 0));
                 }
             }
         }
