@@ -8,7 +8,9 @@
 //! stops for good.
 //!
 //! Checked after every step: every manager has the same configuration at the same applied index; a member
-//! removed, once a quorum of the configuration that removed it applied that, never leads again; a leader's
+//! removed, once a quorum of the configuration that removed it applied that, never leads a later term (it
+//! may go on leading the term it leads then: raft-rs does not step a leader down when it applies its own
+//! removal, and the daemon relies on its manager stopping once it is a worker); a leader's
 //! commit index is durable on a majority of its configuration (before or after this step's change), so a
 //! removed member never counts toward a quorum. At the end: every member's configuration is the expected one.
 //!
@@ -65,8 +67,10 @@ pub(crate) struct Membership {
     next_change_step: u64,
     /// Removed managers still running, and the step they stop at.
     retire_at: BTreeMap<u64, u64>,
-    /// Removed members whose removal a quorum of the new configuration applied.
-    gone: BTreeSet<u64>,
+    /// Removed members whose removal a quorum of the new configuration applied, and the highest term any
+    /// manager had then: they must never lead a later term (raft-rs lets a leader that applies its own
+    /// removal go on leading its term; the daemon stops its manager once it is a worker).
+    gone: BTreeMap<u64, u64>,
     /// The configuration at each applied index seen.
     conf_at: BTreeMap<u64, ConfKey>,
     /// Per leader: its voters and commit index at the last check, and its term.
@@ -283,10 +287,16 @@ impl World {
         for m in &self.managers {
             let Some(run) = &m.run else { continue };
             let (role, term, _) = run.raft_state();
-            if role == StateRole::Leader && self.members.gone.contains(&m.id) {
+            let gone_in = self.members.gone.get(&m.id).copied();
+            if role == StateRole::Leader && gone_in.is_some_and(|t| term > t) {
                 return Err(format!(
-                    "manager {} leads term {term} after a quorum of the configuration that removed it applied that",
-                    m.id
+                    "manager {} leads term {term}, begun after a quorum of the configuration that removed it applied \
+                     that (in term {gone_in:?}) \
+                     ({}; its voters {:?}; configurations applied {:?})",
+                    m.id,
+                    run.debug_raft(),
+                    run.conf_state().voters,
+                    self.members.conf_at.iter().rev().take(3).collect::<Vec<_>>()
                 ));
             }
         }
@@ -307,7 +317,7 @@ impl World {
             present.extend(voters.iter().copied());
         }
         for (id, (index, voters)) in removed {
-            if self.members.gone.contains(&id) {
+            if self.members.gone.contains_key(&id) {
                 continue;
             }
             let applied = voters
@@ -320,7 +330,8 @@ impl World {
                 })
                 .count();
             if applied > voters.len() / 2 {
-                self.members.gone.insert(id);
+                let term = self.managers.iter().filter_map(|m| m.run.as_ref().map(|r| r.raft_state().1)).max();
+                self.members.gone.insert(id, term.unwrap_or(0));
             }
         }
     }
