@@ -71,8 +71,7 @@ pub struct SimConfig {
     /// Followers probe a silent leader as the daemon's transport does (`Transport::probe`); false: they wait
     /// out the election timeout, as without the probe.
     pub probe_leaders: bool,
-    /// The workload demotes managers and has new ones join (`membership`); false (the default until the
-    /// removed-leader finding is settled): fixed voters.
+    /// The workload demotes managers and has new ones join (`membership`); false: fixed voters.
     pub membership_changes: bool,
 }
 
@@ -85,7 +84,7 @@ impl Default for SimConfig {
             converge_steps: 1200,
             faults: true,
             probe_leaders: true,
-            membership_changes: false,
+            membership_changes: true,
         }
     }
 }

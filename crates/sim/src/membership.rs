@@ -118,7 +118,13 @@ impl World {
         if !self.members.enabled {
             return;
         }
-        if writes && self.step >= self.members.next_change_step {
+        // The operator changes the membership once the last change is done (the leader's members are the
+        // wanted ones), so it stays within one voter of `VOTERS`.
+        let done = self.members.op.is_none()
+            && self.leader().and_then(|l| self.managers[index_of(l)].run.as_ref()).is_some_and(|r| {
+                r.members().members.keys().copied().collect::<BTreeSet<u64>>() == self.members.expected
+            });
+        if writes && done && self.step >= self.members.next_change_step {
             self.members.next_change_step = self.step + self.rng.random_range(40..120);
             let n = self.members.expected.len();
             let add = n < VOTERS || (n == VOTERS && self.rng.random_bool(0.5));
@@ -228,23 +234,27 @@ impl World {
         let run = self.managers[index_of(leader)].run.as_mut().expect("the leader is up");
         let deadline_step = step + u64::try_from(MEMBERSHIP_CHANGE_TIMEOUT.as_millis()).unwrap_or(0) / crate::STEP_MS;
         let mut cc = ConfChange::default();
-        let extra = members.members.keys().copied().find(|id| !expected.contains(id));
-        let (join, target) = if let Some(t) = extra {
-            if t == leader {
-                let to = members.members.keys().copied().find(|id| *id != t && reachable.get(id) == Some(&true));
-                let ok = to.map(|to| run.transfer_leader(to));
-                self.event(format!("demoted leader {t} hands leadership to {to:?} ({ok:?})"));
-                return;
-            }
-            // `RaftNode::removal_keeps_quorum`: the members left must have a reachable quorum.
+        // `RaftNode::removal_keeps_quorum`: the members left must have a reachable quorum. A member whose
+        // join answer was lost (never started, unreachable) goes first: the joining manager's next Join
+        // replaces it.
+        let keeps_quorum = |t: u64| {
             let remaining: Vec<u64> = members.members.keys().copied().filter(|id| *id != t).collect();
             let alive = remaining.iter().filter(|id| reachable.get(id) == Some(&true)).count();
-            if remaining.is_empty() || alive <= remaining.len() / 2 {
-                self.event(format!("removal of manager {t} postponed: no reachable quorum without it ({reachable:?})"));
-                return;
-            }
+            !remaining.is_empty() && alive > remaining.len() / 2
+        };
+        let extra: Vec<u64> = members.members.keys().copied().filter(|id| !expected.contains(id)).collect();
+        let removable = extra.iter().copied().find(|t| *t != leader && keeps_quorum(*t));
+        let (join, target) = if let Some(t) = removable {
             cc.set_change_type(ConfChangeType::RemoveNode);
             (false, t)
+        } else if extra.contains(&leader) {
+            let to = members.members.keys().copied().find(|id| *id != leader && reachable.get(id) == Some(&true));
+            let ok = to.map(|to| run.transfer_leader(to));
+            self.event(format!("demoted leader {leader} hands leadership to {to:?} ({ok:?})"));
+            return;
+        } else if !extra.is_empty() {
+            self.event(format!("removal of {extra:?} postponed: no reachable quorum without it ({reachable:?})"));
+            return;
         } else if let Some(t) = expected.iter().copied().find(|id| !members.members.contains_key(id)) {
             let member = crate::disk::member(t);
             cc.set_change_type(ConfChangeType::AddNode);
