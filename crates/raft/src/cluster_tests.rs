@@ -471,6 +471,30 @@ async fn a_member_added_but_never_started_is_not_reachable() {
     c.shutdown().await;
 }
 
+/// A removed member is not heard: a message of a higher term from it moves no member's term (raft-rs would
+/// follow it, or grant it a vote; found by the simulation with membership changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_member_is_not_heard() {
+    let mut c = Cluster::start(3, 13, fast).await;
+    let leader = c.wait_leader(&[1, 2, 3]).await;
+    let mut others = [1, 2, 3].into_iter().filter(|id| *id != leader);
+    let (victim, f) = (others.next().unwrap(), others.next().unwrap());
+    let members = within("remove", c.node(leader).remove_member(victim)).await.unwrap();
+    c.stop(victim).await;
+    wait_for("the follower applies the removal", || c.node(f).members() == members).await;
+    let term = c.node(f).status().term;
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgHeartbeat);
+    m.from = victim;
+    m.to = f;
+    m.term = term + 5;
+    c.node(f).step(m).unwrap();
+    let commit = within("write", c.node(leader).propose(create("after"))).await.unwrap();
+    c.wait_converged(&[leader, f], commit.index).await;
+    assert_eq!(c.node(f).status().term, term, "the removed member's term was taken");
+    c.shutdown().await;
+}
+
 /// §5 (persistent state) and §7: every member stops, all restart from disk with the same membership and
 /// data, elect a leader and continue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

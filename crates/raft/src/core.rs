@@ -574,6 +574,13 @@ impl<S: LogStorage> Core<S> {
             tracing::debug!(to = m.to, from = m.from, "raft message for another member id dropped");
             return;
         }
+        // A member removed from the cluster (as this member applied it) is not heard (SwarmKit's transport
+        // refuses it too): raft-rs grants votes to a candidate outside its configuration, so a removed
+        // member that had not applied its removal yet could be elected by those that had.
+        if self.raw.store().members().removed.contains(&m.from) {
+            tracing::debug!(from = m.from, "raft message from a removed member dropped");
+            return;
+        }
         if !screen_inbound(&mut m, self.raw.raft.raft_log.last_index()) {
             return;
         }
