@@ -455,6 +455,46 @@ async fn a_member_is_removed_and_the_rest_keep_committing() {
     c.shutdown().await;
 }
 
+/// A member added but never started (the joining manager's Join answer was lost, and it joins again under
+/// another ID) is not reachable, though raft-rs marks an added member recently active: a demotion must not
+/// leave a quorum that needs it (found by the simulation with membership changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_but_never_started_is_not_reachable() {
+    let c = Cluster::start(2, 11, fast).await;
+    let leader = c.wait_leader(&[1, 2]).await;
+    let other = [1, 2].into_iter().find(|id| *id != leader).unwrap();
+    within("add a member that never starts", c.node(leader).add_member_with_id(9, &addr(9), "")).await.expect("add");
+    let l = c.node(leader);
+    wait_for("the new member to be listed", || l.reachable_members().contains_key(&9)).await;
+    assert_eq!(l.reachable_members().get(&9), Some(&false), "{:?}", l.reachable_members());
+    assert!(!l.removal_keeps_quorum(other), "removing {other} would leave {leader} and the absent 9");
+    c.shutdown().await;
+}
+
+/// A removed member is not heard: a message of a higher term from it moves no member's term (raft-rs would
+/// follow it, or grant it a vote; found by the simulation with membership changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_member_is_not_heard() {
+    let mut c = Cluster::start(3, 13, fast).await;
+    let leader = c.wait_leader(&[1, 2, 3]).await;
+    let mut others = [1, 2, 3].into_iter().filter(|id| *id != leader);
+    let (victim, f) = (others.next().unwrap(), others.next().unwrap());
+    let members = within("remove", c.node(leader).remove_member(victim)).await.unwrap();
+    c.stop(victim).await;
+    wait_for("the follower applies the removal", || c.node(f).members() == members).await;
+    let term = c.node(f).status().term;
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgHeartbeat);
+    m.from = victim;
+    m.to = f;
+    m.term = term + 5;
+    c.node(f).step(m).unwrap();
+    let commit = within("write", c.node(leader).propose(create("after"))).await.unwrap();
+    c.wait_converged(&[leader, f], commit.index).await;
+    assert_eq!(c.node(f).status().term, term, "the removed member's term was taken");
+    c.shutdown().await;
+}
+
 /// §5 (persistent state) and §7: every member stops, all restart from disk with the same membership and
 /// data, elect a leader and continue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

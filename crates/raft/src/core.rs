@@ -574,6 +574,13 @@ impl<S: LogStorage> Core<S> {
             tracing::debug!(to = m.to, from = m.from, "raft message for another member id dropped");
             return;
         }
+        // A member removed from the cluster (as this member applied it) is not heard (SwarmKit's transport
+        // refuses it too): raft-rs grants votes to a candidate outside its configuration, so a removed
+        // member that had not applied its removal yet could be elected by those that had.
+        if self.raw.store().members().removed.contains(&m.from) {
+            tracing::debug!(from = m.from, "raft message from a removed member dropped");
+            return;
+        }
         if !screen_inbound(&mut m, self.raw.raft.raft_log.last_index()) {
             return;
         }
@@ -925,8 +932,12 @@ impl<S: LogStorage> Core<S> {
             reachable.clear();
             if role_leader {
                 let me = self.cfg.raft_id;
+                // raft-rs marks a member it adds recently active before it was ever heard from (so that a quorum
+                // check does not depose the leader at once): counting it would let a removal leave a quorum
+                // that needs a member that never started (a join whose answer was lost). A member counts once
+                // it has acknowledged an entry this term.
                 for (id, pr) in raft.prs().iter() {
-                    reachable.insert(*id, *id == me || pr.recent_active);
+                    reachable.insert(*id, *id == me || (pr.recent_active && pr.matched > 0));
                 }
             }
         }

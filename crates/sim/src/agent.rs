@@ -137,6 +137,9 @@ impl Agent {
     fn go_down(&mut self, now_ms: u64, backoff_ms: u64, managers: &[u64]) {
         if let Some(pos) = managers.iter().position(|m| *m == self.prefer) {
             self.prefer = managers[(pos + 1) % managers.len()];
+        } else if let Some(first) = managers.first() {
+            // Its manager was removed from Raft and stopped.
+            self.prefer = *first;
         }
         self.session = Session::Down { retry_at_ms: now_ms + backoff_ms };
         self.report_in_flight = None;

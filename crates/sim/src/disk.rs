@@ -10,7 +10,13 @@ use std::path::PathBuf;
 
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
-use shoal_raft::{LogStorage, Members, RaftError};
+use shoal_raft::{LogStorage, Member, Members, RaftError};
+
+/// Manager `raft_id` as the members list names it: its node ID and Raft address (made up: messages are
+/// routed by Raft ID).
+pub fn member(raft_id: u64) -> Member {
+    Member { raft_id, node_id: format!("manager-{raft_id}"), addr: format!("10.0.0.{raft_id}:4242") }
+}
 
 /// The log, hard state, conf state and latest snapshot of one member.
 #[derive(Clone, Debug, Default)]
@@ -33,8 +39,26 @@ pub struct SimStorage {
 
 impl SimStorage {
     /// A new member's disk: no log, the given voters.
+    /// The members are recorded with their addresses, as the daemon's bootstrap and joins record them.
     pub fn with_voters(voters: Vec<u64>) -> SimStorage {
-        SimStorage { conf_state: ConfState { voters, ..Default::default() }, ..Default::default() }
+        let members =
+            Members { members: voters.iter().map(|id| (*id, member(*id))).collect(), removed: Default::default() };
+        SimStorage { conf_state: ConfState { voters, ..Default::default() }, members, ..Default::default() }
+    }
+
+    /// A joining member's disk (`StartMode::Join`): no log, no configuration, the members the leader
+    /// answered with; the leader's snapshot fills it.
+    pub fn joining(members: Members) -> SimStorage {
+        SimStorage { members, ..Default::default() }
+    }
+
+    /// The term of entry `idx` if this disk holds it (in the log, or covered by the snapshot: then the
+    /// snapshot's term, as any index at or behind it is committed and applied).
+    pub fn durable_term(&self, idx: u64) -> Option<u64> {
+        if idx <= self.truncated.0 || idx <= self.snapshot.index {
+            return Some(0);
+        }
+        (idx <= self.last()).then(|| self.entries[self.pos(idx)].term)
     }
 
     fn first(&self) -> u64 {

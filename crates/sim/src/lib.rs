@@ -26,6 +26,7 @@ pub mod csi;
 pub mod disk;
 pub mod exec;
 pub mod manager;
+mod membership;
 pub mod net;
 pub mod workload;
 
@@ -70,11 +71,21 @@ pub struct SimConfig {
     /// Followers probe a silent leader as the daemon's transport does (`Transport::probe`); false: they wait
     /// out the election timeout, as without the probe.
     pub probe_leaders: bool,
+    /// The workload demotes managers and has new ones join (`membership`); false: fixed voters.
+    pub membership_changes: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { managers: 3, agents: 4, fault_steps: 400, converge_steps: 1200, faults: true, probe_leaders: true }
+        SimConfig {
+            managers: 3,
+            agents: 4,
+            fault_steps: 400,
+            converge_steps: 1200,
+            faults: true,
+            probe_leaders: true,
+            membership_changes: true,
+        }
     }
 }
 
@@ -113,6 +124,8 @@ pub struct Report {
     pub leader_loops: Vec<&'static str>,
     /// The cluster volume's publications and unpublications at the simulated CSI plugin.
     pub volume_publications: (u64, u64),
+    /// Raft membership changes applied (managers removed and added).
+    pub membership_changes: u64,
 }
 
 /// A check that failed.
@@ -141,7 +154,10 @@ impl std::fmt::Display for Failure {
 }
 
 struct World {
+    seed: u64,
     mcfg: ManagerConfig,
+    /// Membership changes: what is wanted, the change in flight, what the checks remember.
+    members: membership::Membership,
     rng: StdRng,
     step: u64,
     timer: Arc<ManualTimer>,
@@ -201,6 +217,8 @@ impl World {
         let node_ids: Vec<String> = (0..cfg.agents).map(|i| format!("node{i:02}")).collect();
         let agents = node_ids.iter().enumerate().map(|(i, n)| Agent::new(i, n.clone())).collect();
         World {
+            seed,
+            members: membership::Membership::new(&voters, cfg.membership_changes),
             mcfg,
             rng: StdRng::seed_from_u64(seed),
             step: 0,
@@ -255,8 +273,9 @@ impl World {
         self.observed.remove(&id);
     }
 
+    /// The managers that may run (started, not removed and stopped).
     fn manager_ids(&self) -> Vec<u64> {
-        self.managers.iter().map(|m| m.id).collect()
+        self.managers.iter().filter(|m| m.may_run()).map(|m| m.id).collect()
     }
 
     /// Faults of one step of the fault phase.
@@ -281,7 +300,7 @@ impl World {
             }
             5..=24 => {
                 let i = self.rng.random_range(0..n);
-                if self.managers[i].is_up() {
+                if self.managers[i].is_up() || !self.managers[i].may_run() {
                     return;
                 }
                 self.managers[i].start(&self.mcfg, &self.timer);
@@ -354,7 +373,11 @@ impl World {
 
     /// Ends every fault: all up, healed, lossless, no task failures.
     fn heal(&mut self) {
+        self.heal_membership();
         for i in 0..self.managers.len() {
+            if !self.managers[i].may_run() {
+                continue;
+            }
             if !self.managers[i].is_up() {
                 self.managers[i].start(&self.mcfg, &self.timer);
                 self.forget_checks(self.managers[i].id);
@@ -394,6 +417,7 @@ impl World {
         let now_ms = self.now_ms();
         let ids = self.manager_ids();
         self.deliver(now_ms, &ids);
+        self.step_membership(writes);
         // The API client.
         let states: BTreeMap<u64, ClusterState> =
             self.managers.iter().filter_map(|m| m.run.as_ref().map(|r| (m.id, r.state.clone()))).collect();
@@ -680,6 +704,7 @@ impl World {
         if let Some(e) = self.client.ledger.stale_reads.first() {
             return Err(format!("a read through a read barrier missed an acknowledged write: {e}"));
         }
+        self.check_membership()?;
         self.check_addresses()?;
         self.check_slots()
     }
@@ -852,10 +877,13 @@ impl World {
 
     /// Why the cluster has not converged yet (None: it has).
     fn not_converged(&self) -> Option<String> {
+        if let Some(why) = self.membership_not_converged() {
+            return Some(why);
+        }
         let leader = self.leader()?;
         let lrun = self.managers[index_of(leader)].run.as_ref()?;
         let index = lrun.applied();
-        for m in &self.managers {
+        for m in self.managers.iter().filter(|m| m.may_run()) {
             let run = m.run.as_ref()?;
             if run.applied() != index || run.commit() != lrun.commit() {
                 return Some(format!(
@@ -875,7 +903,7 @@ impl World {
             v
         };
         let want = lrun.store.view(summary);
-        for m in &self.managers {
+        for m in self.managers.iter().filter(|m| m.may_run()) {
             if m.run.as_ref()?.store.view(summary) != want {
                 return Some(format!("manager {}'s store differs from the leader's", m.id));
             }
@@ -1175,6 +1203,7 @@ fn run_phases(w: &mut World, seed: u64, cfg: &SimConfig) -> Result<Report, Failu
         trace: w.trace,
         leader_loops: w.leader_loops.clone(),
         volume_publications: w.mcfg.csi.publications(),
+        membership_changes: w.members.changes,
     })
 }
 

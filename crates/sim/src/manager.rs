@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use raft::eraftpb::{Entry, Message};
+use raft::eraftpb::{ConfChange, ConfState, Entry, Message};
 use raft::{RawNode, StateRole};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -26,8 +26,8 @@ use shoal_api::{AssignmentChange, SessionRequest, TaskStatus, UpdateTaskStatusRe
 use shoal_manager::{AssignmentSet, Dispatcher, DispatcherConfig};
 use shoal_manager::{ClusterState, RandomIds, Timer};
 use shoal_raft::{
-    Core, Done, LeaderState, Outlets, Proposal, ProposeError, ProposeFuture, Proposer, RaftConfig, ReadBarrierFuture,
-    ReadDone, FORWARD_APPLY_TIMEOUT, MAX_PROPOSALS_PER_READY, PROPOSAL_QUEUE,
+    Core, Done, LeaderState, LogStorage, Members, MembersDone, Outlets, Proposal, ProposeError, ProposeFuture,
+    Proposer, RaftConfig, ReadBarrierFuture, ReadDone, FORWARD_APPLY_TIMEOUT, MAX_PROPOSALS_PER_READY, PROPOSAL_QUEUE,
 };
 use shoal_store::{encode_request, Action, ManualClock, MemoryStore, Watch};
 use tokio::sync::{oneshot, watch};
@@ -287,6 +287,8 @@ pub struct Manager {
     disk: SimStorage,
     seed: u64,
     starts: u64,
+    /// Removed from Raft and stopped for good (a demoted manager runs as a worker from then on).
+    pub retired: bool,
 }
 
 /// A 64-bit digest of bytes (FNV-1a), for comparing entries.
@@ -315,7 +317,49 @@ fn observe_applied(id: u64, log: AppliedLog) -> shoal_raft::ApplyObserver {
 impl Manager {
     /// A manager with an empty disk, not started.
     pub fn new(id: u64, cfg: &ManagerConfig, clock: Arc<ManualClock>, seed: u64) -> Manager {
-        Manager { id, clock, run: None, disk: SimStorage::with_voters(cfg.voters.clone()), seed, starts: 0 }
+        Manager {
+            id,
+            clock,
+            run: None,
+            disk: SimStorage::with_voters(cfg.voters.clone()),
+            seed,
+            starts: 0,
+            retired: false,
+        }
+    }
+
+    /// A manager the leader just added (`StartMode::Join`): no configuration yet, the members as the leader
+    /// answered; it waits for the leader's snapshot.
+    pub fn joining(id: u64, members: Members, clock: Arc<ManualClock>, seed: u64) -> Manager {
+        Manager { id, clock, run: None, disk: SimStorage::joining(members), seed, starts: 0, retired: false }
+    }
+
+    /// Whether it may run: started once (a member, or one being removed) and not retired.
+    pub fn may_run(&self) -> bool {
+        self.starts > 0 && !self.retired
+    }
+
+    /// Stops for good: removed from Raft, it runs as a worker from now on.
+    pub fn retire(&mut self) {
+        self.crash(false);
+        self.retired = true;
+    }
+
+    /// The configuration on its disk (up or crashed).
+    pub fn conf_state(&self) -> ConfState {
+        match &self.run {
+            Some(run) => run.conf_state(),
+            None => self.disk.conf_state().clone(),
+        }
+    }
+
+    /// The term of entry `index` in its log or snapshot (up or crashed): what survives on its disk.
+    pub fn durable_term(&self, index: u64) -> Option<u64> {
+        let disk = match &self.run {
+            Some(run) => run.core.storage(),
+            None => &self.disk,
+        };
+        disk.durable_term(index)
     }
 
     /// Starts (or restarts) from the disk: the core recovers the store and builds the raft node.
@@ -433,6 +477,35 @@ impl Running {
             }
             None => "no progress".into(),
         }
+    }
+
+    /// The configuration as applied (persisted with the members).
+    pub fn conf_state(&self) -> ConfState {
+        self.core.storage().conf_state().clone()
+    }
+
+    /// The members as applied.
+    pub fn members(&self) -> Members {
+        self.core.storage().members().clone()
+    }
+
+    /// On a leader: which members were heard from recently (the daemon's `RaftNode::reachable_members`).
+    pub fn reachable(&self) -> BTreeMap<u64, bool> {
+        self.core.outlets().reachable.lock().clone()
+    }
+
+    /// Proposes a membership change through the core, as the daemon's driver does (`Command::ConfChange`);
+    /// returns the index it was appended at (none if refused at once).
+    pub fn propose_conf_change(&mut self, cc: ConfChange, done: MembersDone) -> Option<u64> {
+        let before = self.raw().raft.raft_log.last_index();
+        self.core.propose_conf_change(cc, done);
+        let after = self.raw().raft.raft_log.last_index();
+        (after > before).then_some(after)
+    }
+
+    /// Hands leadership to `to` (a demoted leader does, `Core::transfer_leader`).
+    pub fn transfer_leader(&mut self, to: u64) -> bool {
+        self.core.transfer_leader(to).is_ok()
     }
 
     /// Syncs done by the disk.

@@ -2,7 +2,8 @@
 //! in parallel, each seed a fault phase of 400 steps (40 s of simulated time) and a heal phase. The
 //! environment changes that: `SHOAL_SIM_SEED` replays one seed (in `sim_seeds_0`; the other chunks skip),
 //! `SHOAL_SIM_SEEDS` and `SHOAL_SIM_FIRST_SEED` choose how many from where, `SHOAL_SIM_STEPS` the length of
-//! the fault phase. A failing seed prints itself, its last events and the command that replays it.
+//! the fault phase, `SHOAL_SIM_MEMBERSHIP=0` keeps the Raft voters fixed. A failing seed prints itself,
+//! its last events and the command that replays it.
 
 use std::sync::Arc;
 
@@ -27,6 +28,9 @@ fn config() -> SimConfig {
     if let Some(steps) = env_u64("SHOAL_SIM_STEPS") {
         cfg.fault_steps = steps;
     }
+    if let Some(on) = env_u64("SHOAL_SIM_MEMBERSHIP") {
+        cfg.membership_changes = on != 0;
+    }
     cfg
 }
 
@@ -44,6 +48,7 @@ fn seeds(chunk: u64) {
     };
     let (mut steps, mut acked, mut reads, mut forwarded, mut faults, mut addresses) = (0, 0, 0, 0, 0, 0);
     let (mut published, mut unpublished) = (0, 0);
+    let mut membership_changes = 0;
     let mut failures = Vec::new();
     for seed in &seeds {
         match run(*seed, &cfg) {
@@ -56,6 +61,7 @@ fn seeds(chunk: u64) {
                 faults += r.faults;
                 published += r.volume_publications.0;
                 unpublished += r.volume_publications.1;
+                membership_changes += r.membership_changes;
             }
             Err(f) => {
                 eprintln!("{f}");
@@ -66,11 +72,13 @@ fn seeds(chunk: u64) {
     eprintln!(
         "{} seeds, {steps} steps, {acked} acknowledged requests ({reads} reads through a barrier), {forwarded} writes \
          forwarded by followers, at most {addresses} network addresses held at once, {faults} faults, \
-         {published} cluster volume publications and {unpublished} unpublications; failed: {failures:?}",
+         {published} cluster volume publications and {unpublished} unpublications, {membership_changes} raft \
+         membership changes; failed: {failures:?}",
         seeds.len()
     );
     if seeds.len() >= 10 && failures.is_empty() {
         assert!(published > 0 && unpublished > 0, "the workload's cluster volume was never published and unpublished");
+        assert!(!cfg.membership_changes || membership_changes > 0, "the raft membership never changed");
     }
     assert!(
         failures.is_empty(),
