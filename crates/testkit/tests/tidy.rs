@@ -699,6 +699,14 @@ const FACADES: &[(&str, &[(&str, &str)])] = &[
     ("agent", &[("testing", "the test doors' fake executor, only with the test-doors feature, used by name in tests")]),
     ("node", &[]),
     ("netplane", &[]),
+    (
+        "raft",
+        &[
+            ("encryption", "the at-rest key files (DEK) the node reads, writes and rotates with its KEK"),
+            ("grpc", "the Raft transport's services and channel factory, which the node wires into its one server"),
+            ("fuzz_hooks", "the private decoders the fuzz targets drive (hidden from the docs; not an API)"),
+        ],
+    ),
 ];
 
 /// The modules `lib` declares `pub mod` (at any indentation, whatever attributes precede them).
