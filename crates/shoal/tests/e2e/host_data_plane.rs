@@ -431,26 +431,34 @@ fn readme_daemon_on_the_host(kind: Tasks) {
             Err(format!("{left:?}"))
         }
     });
-    // The removed tasks' namespaces are released by the agent once their containers are gone (a stop before
-    // that leaves them to the next start: issue 30, item 4).
-    let tasks_left = || -> Vec<String> {
-        ids.lines()
-            .filter(|id| Path::new("/run/netns").join(format!("shl-task-{id}")).exists())
-            .map(str::to_string)
-            .collect()
-    };
+    let ids: Vec<&str> = ids.lines().collect();
+    wait_task_namespaces_released(&ids);
+    assert!(d.stop(), "a clean stop on SIGTERM");
+    let left = host_leftovers();
+    assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
+    let still = task_namespaces_left(&ids);
+    assert!(ids.len() >= 4 && still.is_empty(), "task namespaces left: {still:?} of {ids:?}");
+}
+
+/// The tasks of `ids` whose network namespace (`shl-task-<id>`) still exists.
+fn task_namespaces_left(ids: &[&str]) -> Vec<String> {
+    ids.iter()
+        .filter(|id| Path::new("/run/netns").join(format!("shl-task-{id}")).exists())
+        .map(|id| id.to_string())
+        .collect()
+}
+
+/// Waits until the agent has released the namespaces of the removed tasks `ids` (once their containers are
+/// gone; a stop before that leaves them to the next start: issue 30, item 4).
+fn wait_task_namespaces_released(ids: &[&str]) {
     wait_until("the removed tasks' namespaces released", WAIT, || {
-        let left = tasks_left();
+        let left = task_namespaces_left(ids);
         if left.is_empty() {
             Ok(())
         } else {
             Err(format!("{left:?}"))
         }
     });
-    assert!(d.stop(), "a clean stop on SIGTERM");
-    let left = host_leftovers();
-    assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
-    assert!(ids.lines().count() >= 4 && tasks_left().is_empty(), "task namespaces left: {:?} of {ids}", tasks_left());
 }
 
 /// From inside a task's namespace (`ip netns exec`, the host's python3): one HTTP GET of `addr`:80, printing
@@ -619,21 +627,7 @@ fn two_subnets_on_the_host(kind: Tasks, internal: bool) {
 
     // Removing the service and the network leaves nothing of Shoal's in the host's namespace.
     remove_service_and_network(&d, &kind, "two_spread", "two_subnets");
-    let tasks_left = || -> Vec<String> {
-        tasks
-            .iter()
-            .filter(|(id, _)| Path::new("/run/netns").join(format!("shl-task-{id}")).exists())
-            .map(|(id, _)| id.clone())
-            .collect()
-    };
-    wait_until("the removed tasks' namespaces released", WAIT, || {
-        let left = tasks_left();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    });
+    wait_task_namespaces_released(&tasks.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>());
     assert!(d.stop(), "a clean stop on SIGTERM");
     let left = host_leftovers();
     assert!(left.is_empty(), "left in the host's namespace: {left:?}\n{}", d.log());
