@@ -21,18 +21,6 @@ mod swarm;
 mod swarm_lock;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tree_tests {
-    use super::Args;
-    use clap::CommandFactory;
-
-    /// The subcommands are built lazily (`defer`), so a mistake in one would only show when it is used:
-    /// build and check the whole tree.
-    #[test]
-    fn the_whole_command_tree_is_valid() {
-        Args::command().debug_assert();
-    }
-}
 
 use std::io::Write;
 

@@ -233,3 +233,11 @@ fn node_commands_and_info() {
     let version = s.ok(&["version"]);
     assert!(version.contains("API version: 1.47"), "{version}");
 }
+
+/// The subcommands are built lazily (`defer`), so a mistake in one would only show when it is used: build and
+/// check the whole tree.
+#[test]
+fn the_whole_command_tree_is_valid() {
+    use clap::CommandFactory;
+    Args::command().debug_assert();
+}
