@@ -130,8 +130,7 @@ impl Client {
                 .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&bytes).trim()));
             return Err(CliError::Api(msg));
         }
-        let bytes = if bytes.is_empty() { Bytes::from_static(b"null") } else { bytes };
-        serde_json::from_slice(&bytes).map_err(|e| self.transport(format!("unexpected answer to {path}: {e}")))
+        decode_answer(&bytes).map_err(|e| self.transport(format!("unexpected answer to {path}: {e}")))
     }
 
     /// `GET path` as JSON.
@@ -325,6 +324,16 @@ pub(super) fn filters_query(pairs: &[(&str, &str)]) -> String {
     enc(&serde_json::Value::Object(map).to_string())
 }
 
+/// Decodes an answer's body as the docker CLI (Go's `encoding/json`) does: a `null` member is the zero value,
+/// keys match case-insensitively. The daemon merges the node's Docker Engine's answers into some of its own
+/// (`/info`), and the engine sends `null` for empty lists. An empty body is JSON `null`.
+fn decode_answer<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    if bytes.is_empty() {
+        return serde_json::from_slice(b"null").map_err(|e| e.to_string());
+    }
+    shoal_engine_json::decode(bytes).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +409,19 @@ mod tests {
         assert!(parse(raw).unwrap_err().contains("chunk size"));
         let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab";
         assert!(parse(raw).unwrap_err().contains("inside the body"));
+    }
+
+    /// The `/info` of a daemon beside a Docker Engine carries the engine's `"Authorization": null`: the client
+    /// reads it as docker's does, an empty list (it failed on every such host before).
+    #[test]
+    fn answers_decode_as_go_does_with_null_members() {
+        let info = br#"{"Name":"n","Plugins":{"Authorization":null,"Log":["json-file"]},"Swarm":{"NodeID":"x"}}"#;
+        assert!(serde_json::from_slice::<shoal_engine_json::InfoJson>(info).is_err(), "the strict decoder fails");
+        let i: shoal_engine_json::InfoJson = decode_answer(info).unwrap();
+        assert_eq!((i.name.as_str(), i.swarm.node_id.as_str()), ("n", "x"));
+        let v: serde_json::Value = decode_answer(br#"{"a":[1,null]}"#).unwrap();
+        assert_eq!(v, serde_json::json!({"a": [1, null]}));
+        decode_answer::<()>(b"").unwrap();
     }
 
     #[test]

@@ -82,6 +82,46 @@ fn the_cli_finds_a_daemon_started_with_the_defaults() {
     assert!(!ok && text.contains("cannot connect") && text.contains("SHOAL_HOST"), "{text}");
 }
 
+/// The README's daemon as a user starts it, with no `--executor`: beside this machine's Docker Engine it runs
+/// the docker executor, and its `/info` merges the engine's, whose empty lists are `null`
+/// (`"Authorization": null`). `shoal info` and `shoal version` read it as the docker CLI does (they failed on
+/// every host with an engine, "invalid type: null, expected a sequence").
+#[test]
+fn the_cli_reads_the_info_of_the_default_daemon_beside_a_docker_engine() {
+    use shoal_testkit::prerequisites::{skip_unless, Prerequisite};
+    if skip_unless(Prerequisite::DockerEngine) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let remote = format!("127.0.0.1:{}", free_port());
+    let mut cmd = Command::new(shoal_bin());
+    cmd.current_dir(dir.path())
+        .args(["daemon", "--listen-remote-api", &remote])
+        .env_remove("SHOAL_HOST")
+        .env_remove("SHOAL_STATE_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut d = Started(Some(cmd.spawn().unwrap()));
+    let text =
+        wait_until("shoal info on the default daemon", Duration::from_secs(30), || match info_in(dir.path(), &[]) {
+            (true, text) if text.contains("Swarm: active") => Ok(text),
+            (_, text) => Err(text),
+        });
+    assert!(text.contains("Executor: docker"), "the default daemon beside an engine runs docker: {text}");
+    let socket = dir.path().join("shoal-state/control.sock");
+    let raw = shoal_testkit::http::request(&socket, "GET", "/v1.47/info", None).unwrap();
+    assert!(raw.body["Plugins"].is_object(), "the engine's plugins are merged in: {}", raw.body);
+    let out = Command::new(shoal_bin()).current_dir(dir.path()).arg("version").env_remove("SHOAL_HOST").output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // SIGTERM, the daemon's clean stop: it runs in the host's namespace, where its data plane must not stay.
+    let child = d.0.take().unwrap();
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let (stopped, text) = wait_exit(child, Duration::from_secs(30), "shoal daemon");
+    assert!(stopped, "a clean stop: {text}");
+}
+
 #[test]
 fn a_start_on_a_taken_address_names_the_flag_and_leaves_nothing_behind() {
     let first = daemon();
